@@ -1,0 +1,209 @@
+"""Agent manifests: TOML text validated with marshmallow into a `Manifest`.
+
+Unknown keys are ignored (manifests written for other runtimes still load);
+wrong types and out-of-range values are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates
+
+from agentd.errors import BadRequest
+
+PROFILES: dict[str, list[str]] = {
+    "minimal": ["file_read", "file_list"],
+    "coding": ["file_read", "file_write", "file_list", "shell_exec", "web_fetch"],
+    "research": ["web_fetch", "web_search", "file_read", "file_write"],
+    "messaging": ["agent_send", "agent_list", "memory_store", "memory_recall"],
+    "automation": ["file_read", "file_write", "file_list", "shell_exec", "web_fetch", "web_search",
+                   "agent_send", "agent_list", "memory_store", "memory_recall"],
+    "full": ["*"],
+}
+# `custom` is accepted in a manifest (it means "all tools") but not listed as a profile.
+PROFILE_NAMES = set(PROFILES) | {"custom"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,63}$")
+MANIFEST_LIMIT = 1024 * 1024
+
+
+class ManifestError(BadRequest):
+    """A manifest that cannot be used; the message starts with `invalid manifest format`."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"invalid manifest format: {detail}")
+
+
+class _Strict(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+
+class _StrList(fields.List):
+    """A list of strings that also accepts one bare string."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(fields.String(), **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[str]:
+        if isinstance(value, str):
+            value = [value]
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+class ModelSchema(_Strict):
+    provider = fields.String(load_default="default")
+    model = fields.String(load_default="default")
+    system_prompt = fields.String(load_default="You are a helpful AI agent.")
+    max_tokens = fields.Integer(load_default=4096, strict=True, validate=validate.Range(min=1, max=1_000_000))
+    temperature = fields.Float(load_default=0.7, validate=validate.Range(min=0.0, max=2.0))
+    api_key_env = fields.String(load_default="")
+    base_url = fields.String(load_default="")
+
+    @pre_load
+    def _name_alias(self, data: Any, **_: Any) -> Any:
+        if isinstance(data, dict) and "model" not in data and "name" in data:
+            data = dict(data)
+            data["model"] = data.pop("name")
+        return data
+
+
+class FallbackSchema(_Strict):
+    provider = fields.String(required=True)
+    model = fields.String(required=True)
+    api_key_env = fields.String(load_default="")
+    base_url = fields.String(load_default="")
+
+
+class CapabilitiesSchema(_Strict):
+    tools = _StrList(load_default=list)
+    network = _StrList(load_default=list)
+    memory_read = _StrList(load_default=list)
+    memory_write = _StrList(load_default=list)
+    shell = _StrList(load_default=list)
+    agent_message = _StrList(load_default=list)
+    agent_spawn = fields.Boolean(load_default=False)
+    max_llm_tokens_per_hour = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
+
+
+class ResourcesSchema(_Strict):
+    max_llm_tokens_per_hour = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
+    max_iterations = fields.Integer(load_default=None, strict=True, allow_none=True,
+                                    validate=validate.Range(min=1, max=1000))
+    tool_timeout_secs = fields.Float(load_default=120.0, validate=validate.Range(min=0.1, max=3600))
+
+
+class AutonomousSchema(_Strict):
+    max_iterations = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=1000))
+
+
+class IdentitySchema(_Strict):
+    emoji = fields.String(load_default="🤖")
+    avatar_url = fields.String(load_default=None, allow_none=True)
+    color = fields.String(load_default="#3fb950", validate=validate.Regexp(r"^#[0-9A-Fa-f]{3,8}$"))
+
+
+class ManifestSchema(_Strict):
+    name = fields.String(required=True)
+    description = fields.String(load_default="")
+    version = fields.String(load_default="0.1.0")
+    author = fields.String(load_default="")
+    profile = fields.String(load_default=None, allow_none=True)
+    tags = _StrList(load_default=list)
+    skills = _StrList(load_default=list)
+    mcp_servers = _StrList(load_default=list)
+    model = fields.Nested(ModelSchema, load_default=lambda: ModelSchema().load({}))
+    fallback_models = fields.List(fields.Nested(FallbackSchema), load_default=list)
+    capabilities = fields.Nested(CapabilitiesSchema, load_default=lambda: CapabilitiesSchema().load({}))
+    resources = fields.Nested(ResourcesSchema, load_default=lambda: ResourcesSchema().load({}))
+    autonomous = fields.Nested(AutonomousSchema, load_default=lambda: AutonomousSchema().load({}))
+    identity = fields.Nested(IdentitySchema, load_default=lambda: IdentitySchema().load({}))
+
+    @validates("name")
+    def _name(self, value: str, **_: Any) -> None:
+        if not NAME_RE.match(value):
+            raise ValidationError("must be 1-64 letters, digits, spaces, '_', '.' or '-', "
+                                  "starting with a letter or digit")
+
+    @validates("profile")
+    def _profile(self, value: str | None, **_: Any) -> None:
+        if value is not None and value.lower() not in PROFILE_NAMES:
+            raise ValidationError(f"unknown profile {value!r}; one of {', '.join(sorted(PROFILE_NAMES))}")
+
+
+@dataclass
+class Manifest:
+    """A validated manifest. `data` is the normalised dict that gets persisted."""
+
+    data: dict[str, Any]
+    toml_text: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def profile(self) -> str | None:
+        return self.data["profile"]
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.data["model"]
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return self.data["capabilities"]
+
+    @property
+    def max_iterations(self) -> int:
+        return self.data["resources"].get("max_iterations") or self.data["autonomous"]["max_iterations"]
+
+    @property
+    def tokens_per_hour(self) -> int:
+        # The spec shows the key under [capabilities]; other runtimes put it in [resources].
+        return self.data["capabilities"]["max_llm_tokens_per_hour"] or self.data["resources"]["max_llm_tokens_per_hour"]
+
+    @property
+    def tool_timeout(self) -> float:
+        return float(self.data["resources"]["tool_timeout_secs"])
+
+
+def _flatten(messages: Any, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+        out.append(f"{prefix}: {' '.join(messages)}")
+    elif isinstance(messages, list):
+        for i, value in enumerate(messages):
+            out += _flatten(value, f"{prefix}[{i}]")
+    else:
+        out.append(f"{prefix}: {messages}")
+    return out
+
+
+def parse_manifest(text: str) -> Manifest:
+    """Parse and validate manifest TOML; raises ManifestError naming what and where."""
+    if len(text.encode("utf-8")) > MANIFEST_LIMIT:
+        raise ManifestError("manifest is larger than 1 MB")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"TOML syntax error: {exc}") from None
+    try:
+        data = ManifestSchema().load(raw)
+    except ValidationError as exc:
+        raise ManifestError("; ".join(_flatten(exc.messages))) from None
+    if data["profile"] is not None:
+        data["profile"] = data["profile"].lower()
+    return Manifest(data=data, toml_text=text)
+
+
+def profile_list() -> list[dict[str, Any]]:
+    """The body of GET /api/profiles."""
+    return [{"name": name, "tools": list(tools)} for name, tools in PROFILES.items()]

@@ -1,0 +1,41 @@
+"""The HTTP layer: a Flask application factory and its blueprints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+from flask import Flask
+
+from agentd.api.errors import register_error_handlers
+from agentd.api.middleware import install_middleware
+from agentd.kernel import Kernel
+
+
+def _asset_dir(name: str) -> str:
+    """templates/ and static/ live at the repo top level; installs copy them to share/agentd."""
+    source = Path(__file__).resolve().parents[2] / name
+    if source.is_dir():
+        return str(source)
+    return str(Path(sys.prefix) / "share" / "agentd" / name)
+
+
+def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> Flask:
+    """Build the Flask app serving `kernel`."""
+    app = Flask("agentd", template_folder=_asset_dir("templates"),
+                static_folder=_asset_dir("static"), static_url_path="/static")
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
+    app.extensions["agentd.kernel"] = kernel
+    app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
+
+    from agentd.api import dashboard, routes_system
+    from agentd.api.sockets import register_sockets
+
+    install_middleware(app, kernel.config)
+    register_error_handlers(app)
+    app.register_blueprint(routes_system.bp)
+    app.register_blueprint(dashboard.bp)
+    register_sockets(app)
+    return app

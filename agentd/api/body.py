@@ -1,0 +1,78 @@
+"""Reading request bodies: size caps, content type, JSON syntax, schema validation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import request
+from marshmallow import Schema, ValidationError
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from agentd.errors import AgentdError, BadRequest, PayloadTooLarge
+
+# Default cap for JSON routes. Large enough for a 1 MB manifest after JSON
+# escaping, small enough that a 2 MB body is refused before it is parsed.
+JSON_BODY_LIMIT = 1_572_864
+
+
+class UnsupportedMediaType(AgentdError):
+    status = 415
+
+
+def raw_body(max_bytes: int) -> bytes:
+    """The request body, refusing more than `max_bytes` (declared or streamed)."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise PayloadTooLarge(f"request body too large: {request.content_length} bytes (limit {max_bytes})")
+    request.max_content_length = max_bytes
+    try:
+        return request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)") from None
+
+
+def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) -> Any:
+    """Parse the body as JSON; 413/415/400 with a clear message otherwise."""
+    data = raw_body(max_bytes)
+    if not data.strip():
+        if allow_empty:
+            return None
+        raise BadRequest("request body is empty; expected JSON")
+    mimetype = request.mimetype or ""
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json (got {request.content_type or 'none'})")
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise BadRequest("malformed JSON: body is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def format_validation(messages: Any, prefix: str = "") -> str:
+    """Flatten marshmallow's nested messages into `field: problem; ...`."""
+    parts: list[str] = []
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "_schema":
+                name = prefix or "body"
+            parts.append(format_validation(value, name))
+    elif isinstance(messages, list):
+        texts = [m if isinstance(m, str) else format_validation(m, prefix) for m in messages]
+        return f"{prefix}: {' '.join(texts)}" if prefix else " ".join(texts)
+    else:
+        return f"{prefix}: {messages}" if prefix else str(messages)
+    return "; ".join(parts)
+
+
+def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT) -> dict[str, Any]:
+    """Parse the JSON body and validate it with a marshmallow schema."""
+    body = json_body(max_bytes)
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return schema.load(body)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid request: {format_validation(exc.messages)}") from None

@@ -1,0 +1,83 @@
+"""Error shapes: `{"error": msg}` on native routes, OpenAI's object under /v1/.
+
+Every failure, including Flask's own 404/405/413 and unexpected exceptions,
+leaves through `error_response`, so a client never sees HTML or a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from agentd.errors import AgentdError
+
+log = logging.getLogger("agentd.api")
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+_HTTP_MESSAGES = {
+    404: "not found",
+    405: "method not allowed",
+    413: "request body too large",
+}
+
+
+def error_response(status: int, message: str, *, code: str | None = None,
+                   retry_after: float | None = None) -> Response:
+    """A JSON error in the shape the request's route family expects."""
+    if request.path.startswith("/v1/"):
+        body = {"error": {"message": message,
+                          "type": _OPENAI_TYPES.get(status, "server_error"),
+                          "code": code}}
+    else:
+        body = {"error": message}
+    response = jsonify(body)
+    response.status_code = status
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, int(-(-retry_after // 1))))
+    return response
+
+
+def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name).rstrip(".")
+    if status == 404:
+        message = f"not found: {request.method} {request.path}"
+    elif status == 405:
+        allowed = exc.valid_methods if hasattr(exc, "valid_methods") else None
+        message = f"method {request.method} not allowed on {request.path}"
+        response = error_response(405, message)
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
+    return error_response(status, message)
+
+
+def _agentd_error(exc: AgentdError) -> Response:
+    return error_response(exc.status, exc.message, code=getattr(exc, "code", None),
+                          retry_after=exc.retry_after)
+
+
+def _unexpected(exc: Exception) -> Response:
+    request_id = getattr(g, "request_id", "-")
+    log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
+    return error_response(500, f"internal server error (request id {request_id})")
+
+
+def register_error_handlers(app: Flask) -> None:
+    """Install the three handlers: HTTP errors, our own errors, everything else."""
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(AgentdError, _agentd_error)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,45 @@
+"""Server-Sent Events responses that reach the client event by event.
+
+waitress sends headers only with the first non-empty chunk, so the stream opens
+with a comment line; heartbeats are comments too, and they are how we notice a
+client that left (a write to a closed socket fails).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+from flask import Response, stream_with_context
+
+HEARTBEAT_SECS = 15.0
+
+
+def format_event(event: str | None, data: Any) -> str:
+    """One SSE event; `event=None` gives a data-only event (OpenAI style)."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n"
+
+
+def comment(text: str = "") -> str:
+    """An SSE comment line (ignored by clients; used to open streams and keep them alive)."""
+    return f": {text}\n\n"
+
+
+def sse_response(chunks: Iterable[str], on_close: Any = None) -> Response:
+    """Wrap an iterator of pre-formatted SSE strings into a streaming response."""
+
+    def body() -> Iterator[str]:
+        try:
+            yield comment("stream open")
+            yield from chunks
+        finally:
+            if on_close is not None:
+                on_close()
+
+    response = Response(stream_with_context(body()), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    # Reverse proxies (nginx) buffer responses unless told not to.
+    response.headers["X-Accel-Buffering"] = "no"
+    return response

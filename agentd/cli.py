@@ -1,0 +1,161 @@
+"""The `agentd` command line (argh): start, stop, status, doctor, init."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import argh
+import requests
+
+from agentd.client import ApiClient, find_daemon, read_daemon_file
+from agentd.config import Config, home_dir, load_config, write_default_config
+from agentd.errors import AgentdError
+
+
+def _fail(message: str, code: int = 1) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _config() -> Config:
+    try:
+        return load_config()
+    except AgentdError as exc:
+        _fail(exc.message)
+        raise  # unreachable; keeps type checkers calm
+
+
+def _client(config: Config) -> ApiClient:
+    info = find_daemon(config)
+    if info is None:
+        _fail(f"agentd is not running (no live daemon for {config.daemon_file})")
+    return ApiClient(info.base_url, config.api_key)
+
+
+def start() -> None:
+    """Start the daemon in the foreground (Ctrl-C or `agentd stop` ends it)."""
+    from agentd.daemon import run_daemon
+
+    write_default_config(home_dir())
+    config = _config()
+    try:
+        run_daemon(config)
+    except AgentdError as exc:
+        _fail(exc.message)
+
+
+def stop() -> None:
+    """Stop the running daemon: graceful first, forced after 5 seconds."""
+    config = _config()
+    info = read_daemon_file(config.daemon_file)
+    if info is None:
+        _fail("agentd is not running (no daemon.json)")
+    client = ApiClient(info.base_url, config.api_key, timeout=5)
+    try:
+        response = client.request("POST", "/api/shutdown")
+        asked = response.ok
+        if not asked:
+            print(f"shutdown request refused: HTTP {response.status_code} {response.text.strip()}",
+                  file=sys.stderr)
+    except requests.RequestException:
+        asked = False
+    if asked:
+        for _ in range(10):
+            time.sleep(0.5)
+            if find_daemon(config) is None and not _pid_alive(info.pid):
+                print("agentd stopped")
+                return
+    if _pid_alive(info.pid):
+        try:
+            os.kill(info.pid, signal.SIGKILL)
+        except OSError as exc:
+            _fail(f"cannot kill pid {info.pid}: {exc}")
+        config.daemon_file.unlink(missing_ok=True)
+        print("agentd stopped (forced)")
+        return
+    config.daemon_file.unlink(missing_ok=True)
+    if asked:
+        print("agentd stopped")
+    else:
+        _fail("agentd was not running (removed stale daemon.json)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; /proc tells the truth on Linux.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@argh.arg("--json", dest="as_json", help="print the raw JSON body")
+def status(as_json: bool = False) -> None:
+    """Show the running daemon's status and agents."""
+    config = _config()
+    response = _client(config).request("GET", "/api/status")
+    if not response.ok:
+        _fail(f"status request failed: HTTP {response.status_code} {response.text.strip()}")
+    body = response.json()
+    if as_json:
+        print(json.dumps(body, indent=2))
+        return
+    rows = [("status", body["status"]), ("listening", body["api_listen"]),
+            ("uptime", f"{body['uptime_seconds']} s"), ("home", body["home_dir"]),
+            ("default model", f"{body['default_provider']}/{body['default_model']}"),
+            ("log level", body["log_level"]), ("agents", str(body["agent_count"]))]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+    if body["agents"]:
+        print()
+        print(_table(["NAME", "ID", "STATE", "MODE", "MODEL"],
+                     [[a["name"], a["id"], a["state"], a["mode"],
+                       f"{a['model_provider']}/{a['model_name']}"] for a in body["agents"]]))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+@argh.arg("--json", dest="as_json", help="print the checks as JSON")
+def doctor(as_json: bool = False) -> None:
+    """Check the installation; exits non-zero when any check fails."""
+    from agentd.doctor import run_checks
+
+    checks = run_checks(home_dir())
+    if as_json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        for c in checks:
+            print(f"[{c.status:4}] {c.name:16} {c.message}")
+    if any(c.status == "fail" for c in checks):
+        raise SystemExit(1)
+
+
+def init() -> None:
+    """Create the home directory and a commented config.toml (kept if present)."""
+    home = home_dir()
+    existed = (home / "config.toml").exists()
+    path = write_default_config(home)
+    print(f"{'kept existing' if existed else 'wrote'} {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `agentd` console script."""
+    parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
+    parser.add_commands([start, stop, status, doctor, init])
+    parser.dispatch(argv=argv)

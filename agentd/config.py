@@ -1,0 +1,278 @@
+"""Typed daemon configuration: `$AGENTD_HOME/config.toml` plus environment overrides.
+
+Reading uses Python's `tomllib` (TOML 1.0). The only file we ever write is the
+commented template from `agentd init`, so there is one way to write as well.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentd.errors import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:4200"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass
+class ApiConfig:
+    """The `[api]` table."""
+
+    listen_addr: str = DEFAULT_LISTEN
+    rate_limit_per_second: float = 30.0
+    rate_limit_burst: int = 60
+    cors_origins: list[str] = field(default_factory=list)
+    # Every SSE stream and WebSocket holds a waitress worker for its whole life,
+    # so the pool is sized for long-lived connections, not just for HTTP.
+    threads: int = 64
+    max_streams: int = 48
+    shutdown_grace_secs: float = 10.0
+
+
+@dataclass
+class DefaultModel:
+    """The `[default_model]` table: what `provider = "default"` means in a manifest."""
+
+    provider: str = "anthropic"
+    model: str = "claude-sonnet-4-20250514"
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    base_url: str = ""
+
+
+@dataclass
+class Config:
+    """Everything the daemon reads at start."""
+
+    home: Path
+    api: ApiConfig = field(default_factory=ApiConfig)
+    api_key: str = ""
+    log_level: str = "info"
+    network_enabled: bool = False
+    default_model: DefaultModel = field(default_factory=DefaultModel)
+    provider_urls: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def api_listen(self) -> str:
+        return self.api.listen_addr
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.api.listen_addr)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.api.listen_addr)[1]
+
+    @property
+    def config_path(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "agentd.db"
+
+    @property
+    def daemon_file(self) -> Path:
+        return self.home / "daemon.json"
+
+    @property
+    def agents_dir(self) -> Path:
+        return self.home / "agents"
+
+    @property
+    def workspaces_dir(self) -> Path:
+        return self.home / "workspaces"
+
+    @property
+    def secrets_path(self) -> Path:
+        return self.home / "secrets.env"
+
+
+def home_dir() -> Path:
+    """`$AGENTD_HOME`, else `~/.agentd`."""
+    env = os.environ.get("AGENTD_HOME", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".agentd"
+
+
+def split_listen(addr: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:4200`) and validate the port."""
+    addr = addr.strip()
+    if addr.startswith("["):
+        host, sep, port_text = addr[1:].partition("]:")
+    else:
+        host, sep, port_text = addr.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"listen address {addr!r} must look like host:port")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"listen address {addr!r}: port {port_text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"listen address {addr!r}: port {port} is outside 1-65535")
+    return host, port
+
+
+def _expect(value: Any, kinds: type | tuple[type, ...], key: str, what: str) -> Any:
+    # bool is an int in Python; a port or a rate given as `true` is still wrong.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise ConfigError(f"config key {key}: expected {what}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ConfigError(f"config key {key}: expected {what}, got {type(value).__name__}")
+    return value
+
+
+def _api_table(data: dict[str, Any]) -> ApiConfig:
+    api = ApiConfig()
+    table = data.get("api", {})
+    _expect(table, dict, "api", "a table")
+    if "api_listen" in data:
+        api.listen_addr = _expect(data["api_listen"], str, "api_listen", "a string")
+    if "listen_addr" in table:
+        api.listen_addr = _expect(table["listen_addr"], str, "api.listen_addr", "a string")
+    if "rate_limit_per_second" in table:
+        rate = _expect(table["rate_limit_per_second"], (int, float), "api.rate_limit_per_second", "a number")
+        if rate <= 0:
+            raise ConfigError("config key api.rate_limit_per_second: must be greater than 0")
+        api.rate_limit_per_second = float(rate)
+        api.rate_limit_burst = max(1, int(rate * 2))
+    if "rate_limit_burst" in table:
+        burst = _expect(table["rate_limit_burst"], int, "api.rate_limit_burst", "an integer")
+        if burst < 1:
+            raise ConfigError("config key api.rate_limit_burst: must be at least 1")
+        api.rate_limit_burst = burst
+    if "cors_origins" in table:
+        origins = _expect(table["cors_origins"], list, "api.cors_origins", "an array of strings")
+        for origin in origins:
+            _expect(origin, str, "api.cors_origins", "an array of strings")
+        api.cors_origins = [o.rstrip("/") for o in origins]
+    for key in ("threads", "max_streams"):
+        if key in table:
+            value = _expect(table[key], int, f"api.{key}", "an integer")
+            if not 1 <= value <= 1024:
+                raise ConfigError(f"config key api.{key}: must be between 1 and 1024")
+            setattr(api, key, value)
+    if "shutdown_grace_secs" in table:
+        grace = _expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
+        api.shutdown_grace_secs = float(grace)
+    return api
+
+
+def _default_model_table(data: dict[str, Any]) -> DefaultModel:
+    model = DefaultModel()
+    table = _expect(data.get("default_model", {}), dict, "default_model", "a table")
+    for key in ("provider", "model", "api_key_env", "base_url"):
+        if key in table:
+            setattr(model, key, _expect(table[key], str, f"default_model.{key}", "a string"))
+    return model
+
+
+def parse_config(data: dict[str, Any], home: Path) -> Config:
+    """Validate a parsed TOML document into a `Config` (no environment applied)."""
+    cfg = Config(home=home, raw=data)
+    cfg.api = _api_table(data)
+    if "api_key" in data:
+        cfg.api_key = _expect(data["api_key"], str, "api_key", "a string").strip()
+    if "log_level" in data:
+        level = _expect(data["log_level"], str, "log_level", "a string").lower()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"config key log_level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
+        cfg.log_level = level
+    if "network_enabled" in data:
+        cfg.network_enabled = _expect(data["network_enabled"], bool, "network_enabled", "a boolean")
+    cfg.default_model = _default_model_table(data)
+    urls = _expect(data.get("provider_urls", {}), dict, "provider_urls", "a table")
+    for name, url in urls.items():
+        _expect(url, str, f"provider_urls.{name}", "a string")
+    cfg.provider_urls = dict(urls)
+    split_listen(cfg.api.listen_addr)
+    return cfg
+
+
+def load_config(home: Path | None = None) -> Config:
+    """Read `config.toml` (absent file = defaults) and apply environment overrides.
+
+    Raises ConfigError naming the file, line or key at fault.
+    """
+    home = home or home_dir()
+    path = home / "config.toml"
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"cannot parse {path}: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+    try:
+        cfg = parse_config(data, home)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config {path}: {exc.message}") from None
+    listen = os.environ.get("AGENTD_LISTEN", "").strip()
+    if listen:
+        try:
+            split_listen(listen)
+        except ConfigError as exc:
+            raise ConfigError(f"AGENTD_LISTEN: {exc.message}") from None
+        cfg.api.listen_addr = listen
+    if not cfg.api_key:
+        cfg.api_key = os.environ.get("AGENTD_API_KEY", "").strip()
+    return cfg
+
+
+DEFAULT_CONFIG_TEXT = """\
+# agentd configuration. Every key is optional; the values shown are the defaults.
+# Secrets never go in this file: keys ending in _env name environment variables.
+
+# Address the HTTP API listens on. AGENTD_LISTEN overrides it.
+api_listen = "127.0.0.1:4200"
+
+# Bearer key for the API. Empty: only loopback clients are served.
+# AGENTD_API_KEY is used when this is empty.
+api_key = ""
+
+# debug, info, warning, error or critical
+log_level = "info"
+
+# Whether agents may use network tools by default.
+network_enabled = false
+
+[api]
+# Requests per second per client IP (GCRA), and the burst allowed on top.
+rate_limit_per_second = 30
+rate_limit_burst = 60
+# Extra browser origins allowed by CORS when api_key is set.
+cors_origins = []
+# waitress worker threads. Every SSE stream and WebSocket holds one for its
+# whole life, so keep this well above max_streams.
+threads = 64
+# Cap on concurrent SSE streams + WebSockets, so plain HTTP never starves.
+max_streams = 48
+# Seconds in-flight requests get to finish on shutdown.
+shutdown_grace_secs = 10
+
+[default_model]
+# What provider = "default" and model = "default" mean in an agent manifest.
+provider = "anthropic"
+model = "claude-sonnet-4-20250514"
+api_key_env = "ANTHROPIC_API_KEY"
+"""
+
+
+def write_default_config(home: Path) -> Path:
+    """Create the home layout and a commented config.toml unless one exists."""
+    home.mkdir(parents=True, exist_ok=True)
+    for sub in ("data", "agents", "workspaces"):
+        (home / sub).mkdir(exist_ok=True)
+    path = home / "config.toml"
+    if not path.exists():
+        path.write_text(DEFAULT_CONFIG_TEXT, encoding="utf-8")
+    return path

@@ -1,0 +1,125 @@
+"""`agentd doctor`: installation checks, each ok / warn / fail with a message."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentd.client import find_daemon, read_daemon_file
+from agentd.config import Config, load_config, split_listen
+from agentd.errors import AgentdError
+from agentd.store.db import SQLITE_MAGIC
+
+DISK_WARN_BYTES = 100 * 1024 * 1024
+
+
+@dataclass
+class Check:
+    """One diagnostic result."""
+
+    name: str
+    status: str  # ok | warn | fail
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"check": self.name, "status": self.status, "message": self.message}
+
+
+def _port_free(addr: str) -> bool:
+    host, port = split_listen(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _check_manifests(agents_dir: Path) -> Check:
+    from agentd.agents.manifest import ManifestError, parse_manifest
+
+    files = sorted(agents_dir.glob("*.toml")) if agents_dir.is_dir() else []
+    bad = []
+    for path in files:
+        try:
+            parse_manifest(path.read_text(encoding="utf-8"))
+        except (ManifestError, OSError, UnicodeDecodeError) as exc:
+            bad.append(f"{path.name}: {getattr(exc, 'message', exc)}")
+    if bad:
+        return Check("agent_manifests", "fail", "; ".join(bad))
+    return Check("agent_manifests", "ok", f"{len(files)} manifest(s) valid")
+
+
+def _check_keys(cfg: Config) -> Check:
+    env = cfg.default_model.api_key_env
+    if not env:
+        return Check("provider_keys", "ok", f"default provider {cfg.default_model.provider} needs no key")
+    if os.environ.get(env):
+        return Check("provider_keys", "ok", f"{env} is set for {cfg.default_model.provider}")
+    return Check("provider_keys", "warn",
+                 f"{env} is not set: agents on the default provider {cfg.default_model.provider} cannot run")
+
+
+def _check_secrets_file(path: Path) -> Check | None:
+    if not path.exists():
+        return None
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return Check("secrets_file", "warn", f"{path} has mode {oct(mode)}; run chmod 600 {path}")
+    return Check("secrets_file", "ok", f"{path} is private (0600)")
+
+
+def run_checks(home: Path) -> list[Check]:
+    """Run every check in order; later checks are skipped when the config is unusable."""
+    checks: list[Check] = []
+    if home.is_dir():
+        checks.append(Check("home_dir", "ok", str(home)))
+    else:
+        checks.append(Check("home_dir", "warn", f"{home} does not exist; `agentd init` creates it"))
+    config_path = home / "config.toml"
+    try:
+        if config_path.exists():
+            tomllib.loads(config_path.read_text(encoding="utf-8"))
+        cfg = load_config(home)
+        checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
+                            else "no config.toml; defaults apply"))
+    except (AgentdError, tomllib.TOMLDecodeError, OSError) as exc:
+        checks.append(Check("config", "fail", getattr(exc, "message", str(exc))))
+        return checks
+    live = find_daemon(cfg)
+    if live is not None:
+        checks.append(Check("daemon", "ok", f"running at {live.base_url} (pid {live.pid})"))
+    else:
+        if _port_free(cfg.api_listen):
+            checks.append(Check("port", "ok", f"{cfg.api_listen} is free"))
+        else:
+            checks.append(Check("port", "warn", f"{cfg.api_listen} is in use by another program"))
+        if read_daemon_file(cfg.daemon_file) is not None or cfg.daemon_file.exists():
+            checks.append(Check("stale_daemon_file", "warn",
+                                f"{cfg.daemon_file} exists but no daemon answers; "
+                                "`agentd start` removes it"))
+    if not cfg.db_path.exists():
+        checks.append(Check("database", "warn", f"{cfg.db_path} missing; it is created on first start"))
+    else:
+        with open(cfg.db_path, "rb") as fh:
+            magic_ok = fh.read(16) == SQLITE_MAGIC or cfg.db_path.stat().st_size == 0
+        checks.append(Check("database", "ok" if magic_ok else "fail",
+                            f"{cfg.db_path} is a SQLite database" if magic_ok
+                            else f"{cfg.db_path} is not a SQLite file"))
+    probe = home if home.exists() else home.parent
+    free = shutil.disk_usage(probe).free
+    checks.append(Check("disk_space", "warn" if free < DISK_WARN_BYTES else "ok",
+                        f"{free // (1024 * 1024)} MB free"))
+    checks.append(_check_manifests(cfg.agents_dir))
+    checks.append(_check_keys(cfg))
+    secrets = _check_secrets_file(cfg.secrets_path)
+    if secrets is not None:
+        checks.append(secrets)
+    return checks

@@ -1,0 +1,128 @@
+"""The kernel: composition root that owns every service below the API.
+
+The HTTP layer holds exactly one `Kernel` and calls its methods; nothing here
+knows about Flask or HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from agentd import __version__
+from agentd.config import Config
+from agentd.store import Store, open_store
+
+log = logging.getLogger("agentd.kernel")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(dt: datetime) -> str:
+    """ISO 8601 UTC with an explicit offset (naive datetimes are taken as UTC)."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.isoformat()
+
+
+class Kernel:
+    """Owns the store, the executor and (later) agents, catalog, metering, workflows."""
+
+    def __init__(self, config: Config, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.started_at = utcnow()
+        self._started_mono = time.monotonic()
+        self.executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-run")
+        self.stopping = threading.Event()
+        self._shutdown_hook: Callable[[], None] | None = None
+        # Long-lived connections (SSE + WebSocket) each pin a waitress worker;
+        # capping them keeps threads free for plain HTTP.
+        self.stream_slots = threading.BoundedSemaphore(config.api.max_streams)
+
+    @classmethod
+    def open(cls, config: Config) -> "Kernel":
+        """Open the database and build every service."""
+        config.home.mkdir(parents=True, exist_ok=True)
+        store = open_store(config.db_path)
+        return cls(config, store)
+
+    # -- lifecycle -------------------------------------------------------
+    def set_shutdown_hook(self, hook: Callable[[], None]) -> None:
+        """The daemon registers how to stop the server (used by POST /api/shutdown)."""
+        self._shutdown_hook = hook
+
+    def request_shutdown(self) -> None:
+        """Ask the daemon to stop gracefully; returns at once."""
+        self.stopping.set()
+        if self._shutdown_hook is not None:
+            self._shutdown_hook()
+
+    def close(self) -> None:
+        """Release everything; called once by the daemon after the server stopped."""
+        self.stopping.set()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+
+    # -- status ----------------------------------------------------------
+    @property
+    def uptime_seconds(self) -> int:
+        return int(time.monotonic() - self._started_mono)
+
+    def agent_summaries(self) -> list[dict[str, Any]]:
+        """Short agent records for status pages (agents arrive with the agents module)."""
+        return []
+
+    def status(self) -> dict[str, Any]:
+        """The body of GET /api/status."""
+        agents = self.agent_summaries()
+        return {
+            "status": "running",
+            "version": __version__,
+            "agent_count": len(agents),
+            "default_provider": self.config.default_model.provider,
+            "default_model": self.config.default_model.model,
+            "uptime_seconds": self.uptime_seconds,
+            "api_listen": self.config.api_listen,
+            "home_dir": str(self.config.home),
+            "log_level": self.config.log_level,
+            "network_enabled": self.config.network_enabled,
+            "agents": agents,
+        }
+
+    def health_detail(self, pool: dict[str, int]) -> dict[str, Any]:
+        """The body of GET /api/health/detail; `pool` is the HTTP server's thread use."""
+        db_ok = self.store.ping()
+        return {
+            "status": "ok" if db_ok else "degraded",
+            "version": __version__,
+            "uptime_seconds": self.uptime_seconds,
+            "database": "connected" if db_ok else "error",
+            "agent_count": len(self.agent_summaries()),
+            "thread_pool": pool,
+            "started_at": iso(self.started_at),
+        }
+
+    @staticmethod
+    def version() -> dict[str, str]:
+        """The body of GET /api/version (seven string fields, plus python_version)."""
+        from agentd.buildinfo import build_date, git_sha
+
+        return {
+            "name": "agentd",
+            "version": __version__,
+            "build_date": build_date(),
+            "git_sha": git_sha(),
+            # The spec's field comes from the Rust original; agentd has no Rust toolchain.
+            "rust_version": "none",
+            "python_version": platform.python_version(),
+            "platform": platform.system().lower(),
+            "arch": platform.machine(),
+        }

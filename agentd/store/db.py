@@ -1,0 +1,159 @@
+"""The Pony ORM database: all entities in one place, bound to SQLite (WAL, FKs on).
+
+Entities are defined by a function rather than at import time so that every
+`Store` gets its own `Database` (Pony binds entity classes to one database).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from pony import orm
+from pony.orm import Database, Optional, PrimaryKey, Required, Set
+
+from agentd.errors import AgentdError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class StoreError(AgentdError):
+    """The database cannot be opened (locked, corrupt, unwritable)."""
+
+
+def _define_entities(db: Database) -> SimpleNamespace:
+    class Setting(db.Entity):
+        """Small persisted daemon settings (budget limit, provider URLs...)."""
+        _table_ = "settings"
+        key = PrimaryKey(str)
+        value = Optional(orm.Json)
+
+    class AgentRow(db.Entity):
+        _table_ = "agents"
+        id = PrimaryKey(str)
+        name = Required(str, unique=True)
+        manifest_toml = Required(orm.LongStr)
+        manifest = Required(orm.Json)
+        mode = Required(str, default="Auto")
+        state = Required(str, default="Running")
+        created_at = Required(datetime)
+        last_active = Required(datetime)
+        session_id = Required(str)
+        sessions = Set("SessionRow")
+        kv = Set("KvRow")
+        uploads = Set("UploadRow")
+
+    class SessionRow(db.Entity):
+        _table_ = "sessions"
+        id = PrimaryKey(str)
+        agent = Required(AgentRow)
+        label = Optional(str, nullable=True)
+        messages = Optional(orm.Json)
+        created_at = Required(datetime)
+
+    class KvRow(db.Entity):
+        _table_ = "memory_kv"
+        agent = Required(AgentRow)
+        key = Required(str)
+        value = Optional(orm.Json)
+        updated_at = Required(datetime)
+        PrimaryKey(agent, key)
+
+    class UploadRow(db.Entity):
+        _table_ = "uploads"
+        id = PrimaryKey(str)
+        agent = Required(AgentRow)
+        filename = Required(str)
+        content_type = Required(str)
+        size = Required(int)
+        path = Required(str)
+        created_at = Required(datetime)
+
+    return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
+                           KvRow=KvRow, UploadRow=UploadRow)
+
+
+@dataclass
+class Store:
+    """An open database and its entity classes (`store.e.AgentRow`, ...)."""
+
+    db: Database
+    e: SimpleNamespace
+    path: Path
+
+    def ping(self) -> bool:
+        """True when a trivial query succeeds."""
+        try:
+            with orm.db_session:
+                self.db.select("SELECT 1")
+            return True
+        except Exception:  # noqa: BLE001 - any failure means "not healthy"
+            return False
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        with orm.db_session:
+            row = self.e.Setting.get(key=key)
+            return default if row is None else row.value
+
+    def set_setting(self, key: str, value: Any) -> None:
+        with orm.db_session:
+            row = self.e.Setting.get(key=key)
+            if row is None:
+                self.e.Setting(key=key, value=value)
+            else:
+                row.value = value
+
+    def close(self) -> None:
+        """Close this thread's connection (the process is about to exit)."""
+        self.db.disconnect()
+
+
+def _check_not_locked(path: Path) -> None:
+    # A daemon that cannot write must say so at start, not on the first request.
+    try:
+        conn = sqlite3.connect(str(path), timeout=1.0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise StoreError(f"database {path} is locked by another process") from None
+        raise StoreError(f"cannot open database {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"database {path} is not a valid SQLite file: {exc}") from None
+
+
+def open_store(path: Path) -> Store:
+    """Open (creating if needed) the SQLite database and its schema."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as fh:
+            if fh.read(16) != SQLITE_MAGIC:
+                raise StoreError(f"database {path} is not a SQLite file")
+    _check_not_locked(path)
+    db = Database()
+
+    @db.on_connect(provider="sqlite")
+    def _pragmas(_db: Database, connection: Any) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA busy_timeout = 5000")
+
+    entities = _define_entities(db)
+    try:
+        db.bind(provider="sqlite", filename=str(path), create_db=True)
+        db.generate_mapping(create_tables=True)
+    except Exception as exc:  # Pony wraps sqlite errors in its own types
+        text = str(exc)
+        if "locked" in text:
+            raise StoreError(f"database {path} is locked by another process") from None
+        raise StoreError(f"cannot open database {path}: {text}") from None
+    return Store(db=db, e=entities, path=path)

@@ -1,0 +1,137 @@
+"""Test support: start the real `agentd start` in a subprocess with a temp home."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+# Tests hammer the API; the default 30 req/s would turn them into rate-limit tests.
+FAST_API = "[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_home(root: Path, config_text: str | None = None) -> Path:
+    """A fresh AGENTD_HOME with the given config.toml (FAST_API when None)."""
+    home = root / "agentd-home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(FAST_API if config_text is None else config_text)
+    return home
+
+
+def agentd_env(home: Path, port: int | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    env["AGENTD_HOME"] = str(home)
+    if port is not None:
+        env["AGENTD_LISTEN"] = f"127.0.0.1:{port}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m agentd ARGS` to completion."""
+    return subprocess.run([sys.executable, "-m", "agentd", *args], env=agentd_env(home, port, **(env_extra or {})),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class Daemon:
+    """A real daemon process: `python -m agentd start` on a free port."""
+
+    def __init__(self, home: Path, port: int | None = None, api_key: str = "",
+                 env_extra: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.api_key = api_key
+        self.env_extra = env_extra or {}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = home / "daemon.log"
+        self.http = requests.Session()
+        if api_key:
+            self.http.headers["Authorization"] = f"Bearer {api_key}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> "Daemon":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentd", "start"],
+                                     env=agentd_env(self.home, self.port, **self.env_extra),
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(f"{self.url}/api/health", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon not healthy after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", 60)
+        return self.http.request(method, f"{self.url}{path}", **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("POST", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> requests.Response:
+        return self.request("DELETE", path, **kwargs)
+
+    def daemon_file(self) -> dict[str, Any] | None:
+        path = self.home / "daemon.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, wait, SIGKILL as a last resort; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise RuntimeError(f"daemon ignored SIGTERM:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case (no cleanup runs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -1,0 +1,92 @@
+"""Config parsing, validation messages and environment overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentd.config import DEFAULT_CONFIG_TEXT, load_config, split_listen, write_default_config
+from agentd.errors import ConfigError
+
+
+def write(home: Path, text: str) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(text)
+    return home
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("AGENTD_LISTEN", "AGENTD_API_KEY", "AGENTD_HOME"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_defaults_without_a_file(tmp_path: Path) -> None:
+    cfg = load_config(tmp_path)
+    assert cfg.api_listen == "127.0.0.1:4200"
+    assert cfg.api.rate_limit_per_second == 30
+    assert cfg.api.threads >= 32
+    assert cfg.api_key == ""
+    assert cfg.log_level == "info"
+
+
+def test_default_template_parses_to_defaults(tmp_path: Path) -> None:
+    write_default_config(tmp_path)
+    assert (tmp_path / "config.toml").read_text() == DEFAULT_CONFIG_TEXT
+    cfg = load_config(tmp_path)
+    assert cfg.api_listen == "127.0.0.1:4200"
+    assert (tmp_path / "data").is_dir() and (tmp_path / "agents").is_dir()
+
+
+def test_listen_addr_alias_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, '[api]\nlisten_addr = "127.0.0.1:5000"\n')
+    assert load_config(tmp_path).api_listen == "127.0.0.1:5000"
+    write(tmp_path, 'api_listen = "127.0.0.1:5001"\n')
+    assert load_config(tmp_path).port == 5001
+    monkeypatch.setenv("AGENTD_LISTEN", "127.0.0.1:6000")
+    assert load_config(tmp_path).api_listen == "127.0.0.1:6000"
+
+
+def test_api_key_from_env_only_when_file_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTD_API_KEY", "from-env")
+    write(tmp_path, "")
+    assert load_config(tmp_path).api_key == "from-env"
+    write(tmp_path, 'api_key = "from-file"\n')
+    assert load_config(tmp_path).api_key == "from-file"
+
+
+def test_unparsable_toml_names_the_line(tmp_path: Path) -> None:
+    write(tmp_path, 'log_level = "info"\napi_listen = \n')
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert "line 2" in err.value.message and "config.toml" in err.value.message
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('api_listen = 4200\n', "api_listen: expected a string"),
+    ('api_listen = "127.0.0.1:70000"\n', "outside 1-65535"),
+    ('api_listen = "127.0.0.1:0"\n', "outside 1-65535"),
+    ('api_listen = "localhost"\n', "host:port"),
+    ('[api]\nrate_limit_per_second = "fast"\n', "api.rate_limit_per_second: expected a number"),
+    ('[api]\nrate_limit_per_second = true\n', "got a boolean"),
+    ('[api]\nthreads = 0\n', "api.threads"),
+    ('[api]\ncors_origins = "http://x"\n', "api.cors_origins"),
+    ('log_level = "loud"\n', "log_level"),
+    ('[default_model]\nprovider = 3\n', "default_model.provider"),
+])
+def test_wrong_types_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:
+    write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert fragment in err.value.message
+
+
+def test_bad_env_listen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTD_LISTEN", "127.0.0.1:99999")
+    with pytest.raises(ConfigError, match="AGENTD_LISTEN"):
+        load_config(tmp_path)
+
+
+def test_split_listen_ipv6() -> None:
+    assert split_listen("[::1]:4200") == ("::1", 4200)
