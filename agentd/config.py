@@ -44,6 +44,31 @@ class DefaultModel:
 
 
 @dataclass
+class LlmConfig:
+    """The `[llm]` table: how provider calls behave."""
+
+    timeout_secs: float = 120.0
+    retries: int = 3
+
+
+@dataclass
+class ToolsConfig:
+    """The `[tools]` table: limits and backends of the built-in tools."""
+
+    # web_fetch refuses loopback/private/link-local targets unless the host is listed here.
+    fetch_allow_hosts: list[str] = field(default_factory=list)
+    fetch_max_bytes: int = 1_048_576
+    fetch_timeout_secs: float = 30.0
+    # A search backend answering JSON like SearXNG (`{"results": [{title, url, content}]}`);
+    # `{query}` in the URL is replaced by the URL-encoded query.
+    search_url: str = ""
+    shell_timeout_secs: float = 30.0
+    shell_max_output_bytes: int = 102_400
+    shell_deny: list[str] = field(default_factory=lambda: ["sudo", "su", "shutdown", "reboot", "mkfs", "dd"])
+    approval_timeout_secs: float = 300.0
+
+
+@dataclass
 class Config:
     """Everything the daemon reads at start."""
 
@@ -54,6 +79,8 @@ class Config:
     network_enabled: bool = False
     default_model: DefaultModel = field(default_factory=DefaultModel)
     provider_urls: dict[str, str] = field(default_factory=dict)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -175,6 +202,32 @@ def _default_model_table(data: dict[str, Any]) -> DefaultModel:
     return model
 
 
+def _tools_table(data: dict[str, Any]) -> ToolsConfig:
+    tools = ToolsConfig()
+    table = _expect(data.get("tools", {}), dict, "tools", "a table")
+    for key in ("fetch_allow_hosts", "shell_deny"):
+        if key in table:
+            values = _expect(table[key], list, f"tools.{key}", "an array of strings")
+            for value in values:
+                _expect(value, str, f"tools.{key}", "an array of strings")
+            setattr(tools, key, list(values))
+    if "search_url" in table:
+        tools.search_url = _expect(table["search_url"], str, "tools.search_url", "a string")
+    for key in ("fetch_max_bytes", "shell_max_output_bytes"):
+        if key in table:
+            value = _expect(table[key], int, f"tools.{key}", "an integer")
+            if value < 1:
+                raise ConfigError(f"config key tools.{key}: must be at least 1")
+            setattr(tools, key, value)
+    for key in ("fetch_timeout_secs", "shell_timeout_secs", "approval_timeout_secs"):
+        if key in table:
+            value = _expect(table[key], (int, float), f"tools.{key}", "a number")
+            if value <= 0:
+                raise ConfigError(f"config key tools.{key}: must be greater than 0")
+            setattr(tools, key, float(value))
+    return tools
+
+
 def parse_config(data: dict[str, Any], home: Path) -> Config:
     """Validate a parsed TOML document into a `Config` (no environment applied)."""
     cfg = Config(home=home, raw=data)
@@ -193,6 +246,18 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     for name, url in urls.items():
         _expect(url, str, f"provider_urls.{name}", "a string")
     cfg.provider_urls = dict(urls)
+    cfg.tools = _tools_table(data)
+    llm = _expect(data.get("llm", {}), dict, "llm", "a table")
+    if "timeout_secs" in llm:
+        timeout = _expect(llm["timeout_secs"], (int, float), "llm.timeout_secs", "a number")
+        if timeout <= 0:
+            raise ConfigError("config key llm.timeout_secs: must be greater than 0")
+        cfg.llm.timeout_secs = float(timeout)
+    if "retries" in llm:
+        retries = _expect(llm["retries"], int, "llm.retries", "an integer")
+        if not 0 <= retries <= 10:
+            raise ConfigError("config key llm.retries: must be between 0 and 10")
+        cfg.llm.retries = retries
     split_listen(cfg.api.listen_addr)
     return cfg
 
@@ -258,6 +323,19 @@ threads = 64
 max_streams = 48
 # Seconds in-flight requests get to finish on shutdown.
 shutdown_grace_secs = 10
+
+[tools]
+# Hosts web_fetch may reach even though they are loopback or private addresses.
+fetch_allow_hosts = []
+# JSON search backend for web_search (SearXNG style); {query} is replaced.
+search_url = ""
+# Seconds a tool call in Manual mode waits for approval before it is rejected.
+approval_timeout_secs = 300
+
+[llm]
+# Seconds to wait for a provider's answer, and retries on 429/5xx/timeouts.
+timeout_secs = 120
+retries = 3
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

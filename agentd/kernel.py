@@ -11,25 +11,20 @@ import platform
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
+from agentd.kernel_time import iso, utcnow
+from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.manager import AgentHandle, AgentManager
+from agentd.llm.catalog import Catalog
+from agentd.llm.types import ChatResponse
+from agentd.memory.kv import KvMemory
+from agentd.metering import Metering
 from agentd.store import Store, open_store
 
 log = logging.getLogger("agentd.kernel")
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def iso(dt: datetime) -> str:
-    """ISO 8601 UTC with an explicit offset (naive datetimes are taken as UTC)."""
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.isoformat()
 
 
 class Kernel:
@@ -46,6 +41,20 @@ class Kernel:
         # Long-lived connections (SSE + WebSocket) each pin a waitress worker;
         # capping them keeps threads free for plain HTTP.
         self.stream_slots = threading.BoundedSemaphore(config.api.max_streams)
+        self.catalog = Catalog.load()
+        self.kv = KvMemory(store)
+        self.approvals = ApprovalQueue()
+        self.metering = Metering(store, self.catalog)
+        self.agents = AgentManager(config, store, self.catalog, self.kv, self.approvals,
+                                   self.executor, self._record_usage)
+        loaded = self.agents.load()
+        if loaded:
+            log.info("restored %d agent(s)", loaded)
+
+    def _record_usage(self, handle: AgentHandle, provider: str, model: str,
+                      response: ChatResponse) -> float | None:
+        return self.metering.record(handle.id, handle.name, provider, model,
+                                    response.usage.input_tokens, response.usage.output_tokens)
 
     @classmethod
     def open(cls, config: Config) -> "Kernel":
@@ -68,6 +77,8 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        for handle in self.agents.handles():
+            self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.store.close()
 
@@ -77,8 +88,8 @@ class Kernel:
         return int(time.monotonic() - self._started_mono)
 
     def agent_summaries(self) -> list[dict[str, Any]]:
-        """Short agent records for status pages (agents arrive with the agents module)."""
-        return []
+        """Short agent records for status pages."""
+        return [self.agents.summary(h) for h in self.agents.handles()]
 
     def status(self) -> dict[str, Any]:
         """The body of GET /api/status."""

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import Daemon, make_home  # noqa: E402
+from support import FAST_API, Daemon, make_home  # noqa: E402
 
 
 @pytest.fixture
@@ -38,5 +38,36 @@ def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """One daemon (no API key) shared by the read-mostly tests of a module."""
     home = make_home(tmp_path_factory.mktemp("shared"))
     daemon = Daemon(home).start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_llm():
+    """A real fake-LLM HTTP server on 127.0.0.1 for the whole test session."""
+    from fakellm import FakeLLM
+
+    server = FakeLLM().start()
+    yield server
+    server.stop()
+
+
+def llm_config(fake, extra: str = "") -> str:
+    """Config pointing every driver family at the fake LLM."""
+    return (FAST_API + "\n[llm]\ntimeout_secs = 3\nretries = 2\n"
+            "\n[default_model]\nprovider = \"openai\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
+            f"\n[provider_urls]\nopenai = \"{fake.openai_base}\"\nanthropic = \"{fake.anthropic_base}\"\n"
+            f"gemini = \"{fake.gemini_base}\"\ndeepseek = \"{fake.openai_base}\"\n" + extra)
+
+
+LLM_ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic",
+           "GEMINI_API_KEY": "test-gemini", "DEEPSEEK_API_KEY": "test-deepseek"}
+
+
+@pytest.fixture(scope="module")
+def agent_daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    """A daemon whose providers all point at the fake LLM (shared by a module)."""
+    home = make_home(tmp_path_factory.mktemp("agents"), llm_config(fake_llm))
+    daemon = Daemon(home, env_extra=LLM_ENV).start()
     yield daemon
     daemon.stop()

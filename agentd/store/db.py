@@ -73,8 +73,22 @@ def _define_entities(db: Database) -> SimpleNamespace:
         path = Required(str)
         created_at = Required(datetime)
 
+    class UsageRow(db.Entity):
+        """One model call: who, which model, tokens and what it cost."""
+        _table_ = "usage"
+        id = PrimaryKey(int, auto=True)
+        agent_id = Required(str, index=True)
+        agent_name = Required(str)
+        provider = Required(str)
+        model = Required(str, index=True)
+        input_tokens = Required(int)
+        output_tokens = Required(int)
+        cost_usd = Required(float)
+        priced = Required(bool, default=True)
+        at = Required(datetime, index=True)
+
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
-                           KvRow=KvRow, UploadRow=UploadRow)
+                           KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow)
 
 
 @dataclass

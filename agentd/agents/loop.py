@@ -1,0 +1,225 @@
+"""The agent loop: model turns with tool execution between them.
+
+One run = iterations of (LLM call -> tool calls) until the model answers without
+tool calls or a limit is hit. The loop knows nothing of HTTP; it emits events
+to a sink and returns a `RunResult`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from agentd.agents.events import Event, Sink
+from agentd.agents.loop_guard import LoopGuard
+from agentd.agents.tools import Tool, ToolContext, ToolError, validate_args
+from agentd.errors import AgentdError
+from agentd.llm.think import ThinkFilter, strip_think
+from agentd.llm.types import (ChatRequest, ChatResponse, LLMError, Message, ToolCallDelta,
+                              ToolCallEnd, ToolCallStart, ToolSpec, TextDelta, Usage)
+
+log = logging.getLogger("agentd.loop")
+
+# Tools run on their own pool so a slow tool cannot starve agent runs.
+_TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool")
+
+LlmCall = Callable[[ChatRequest, Callable[[Any], None] | None, threading.Event], ChatResponse]
+Approver = Callable[[str, dict[str, Any]], str]   # (tool, input) -> "approved" | other
+
+
+class RunCancelled(AgentdError):
+    """The run was stopped (POST /stop, kill or shutdown)."""
+
+    status = 409
+
+
+class LoopStopped(AgentdError):
+    """The loop guard's circuit breaker ended the run."""
+
+    status = 500
+
+
+@dataclass
+class RunResult:
+    """What a run produced, and the messages to append to the session."""
+
+    response: str
+    usage: Usage
+    iterations: int
+    finish_reason: str
+    new_messages: list[Message]
+    cost_usd: float | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RunSpec:
+    """Everything one run needs, assembled by the agent manager."""
+
+    model: str
+    system: str
+    history: list[Message]
+    user: Message
+    tools: list[Tool]
+    tool_ctx: ToolContext
+    llm: LlmCall
+    max_iterations: int
+    tool_timeout: float
+    max_tokens: int | None = None
+    temperature: float | None = None
+    emit: Sink | None = None
+    approver: Approver | None = None
+    on_usage: Callable[[ChatResponse], None] | None = None
+    mode_note: str = ""
+
+
+class AgentLoop:
+    """Runs one message through the model and tools."""
+
+    def __init__(self, spec: RunSpec, cancel: threading.Event) -> None:
+        self.spec = spec
+        self.cancel = cancel
+        self.guard = LoopGuard()
+        self.usage = Usage()
+        self.offered = {t.name: t for t in spec.tools}
+        self.tool_specs = [ToolSpec(t.name, t.description, t.parameters) for t in spec.tools]
+        # Kept on the object so a run that fails or is cancelled can still save its progress.
+        self.new_messages: list[Message] = [spec.user]
+
+    def _emit(self, type_: str, **data: Any) -> None:
+        if self.spec.emit is not None:
+            self.spec.emit(Event(type_, data))
+
+    def _check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise RunCancelled("run cancelled")
+
+    def _call_model(self, messages: list[Message]) -> ChatResponse:
+        spec = self.spec
+        request = ChatRequest(model=spec.model, messages=messages, system=spec.system,
+                              tools=self.tool_specs, max_tokens=spec.max_tokens,
+                              temperature=spec.temperature)
+        on_event = None
+        think = ThinkFilter()
+        if spec.emit is not None:
+            def on_event(event: Any) -> None:
+                if isinstance(event, TextDelta):
+                    visible = think.feed(event.text)
+                    if visible:
+                        self._emit("text_delta", content=visible)
+                elif isinstance(event, ToolCallStart):
+                    self._emit("tool_use", id=event.id, tool=event.name, index=event.index)
+                elif isinstance(event, ToolCallDelta):
+                    self._emit("tool_args_delta", index=event.index, arguments=event.arguments)
+                elif isinstance(event, ToolCallEnd):
+                    self._emit("tool_input", id=event.id, tool=event.name, input=event.arguments,
+                               index=event.index)
+        try:
+            response = spec.llm(request, on_event, self.cancel)
+        except LLMError as exc:
+            if exc.kind == "cancelled":
+                raise RunCancelled("run cancelled") from None
+            raise
+        if spec.emit is not None:
+            tail = think.flush()
+            if tail:
+                self._emit("text_delta", content=tail)
+        self.usage = self.usage + response.usage
+        if spec.on_usage is not None:
+            spec.on_usage(response)
+        return response
+
+    def run(self) -> RunResult:
+        """Iterate until a final answer, a limit, cancellation or a fatal error."""
+        spec = self.spec
+        messages = list(spec.history) + [spec.user]
+        new_messages = self.new_messages
+        all_calls: list[dict[str, Any]] = []
+        self._emit("phase", phase="streaming", detail=spec.mode_note or None)
+        for iteration in range(1, spec.max_iterations + 1):
+            self._check_cancel()
+            if iteration > 1:
+                self._emit("phase", phase="thinking", detail=f"iteration {iteration}")
+            response = self._call_model(messages)
+            if not response.tool_calls:
+                text = strip_think(response.text)
+                final = Message(role="assistant", content=text)
+                new_messages.append(final)
+                self._emit("phase", phase="done", detail=None)
+                return RunResult(text, self.usage, iteration, response.finish_reason,
+                                 new_messages, tool_calls=all_calls)
+            assistant = Message(role="assistant", content=strip_think(response.text),
+                                tool_calls=response.tool_calls)
+            messages.append(assistant)
+            new_messages.append(assistant)
+            for call in response.tool_calls:
+                self._check_cancel()
+                all_calls.append({"id": call.id, "name": call.name, "arguments": call.arguments})
+                result, is_error = self._run_tool(call.id, call.name, call.arguments)
+                tool_msg = Message(role="tool", content=result, tool_call_id=call.id,
+                                   tool_name=call.name, is_error=is_error)
+                messages.append(tool_msg)
+                new_messages.append(tool_msg)
+                if self.guard.tripped:
+                    raise LoopStopped(
+                        f"loop guard stopped the run: {self.guard.blocked} tool calls were blocked "
+                        "for repeating identical arguments")
+        # The model was still calling tools when the iteration budget ran out.
+        text = f"[stopped after {spec.max_iterations} iterations: the agent was still calling tools]"
+        new_messages.append(Message(role="assistant", content=text))
+        self._emit("phase", phase="done", detail="max_iterations")
+        return RunResult(text, self.usage, spec.max_iterations, "tool_calls", new_messages,
+                         tool_calls=all_calls)
+
+    def _run_tool(self, call_id: str, name: str, args: dict[str, Any]) -> tuple[str, bool]:
+        """Gate, guard, approve, execute; always returns a result for the model."""
+        if self.spec.emit is not None:
+            self._emit("phase", phase="tool_use", detail=name)
+        verdict = self.guard.check(name, args)
+        if verdict.action == "block":
+            result, is_error = verdict.message, True
+        else:
+            result, is_error = self._execute(name, args)
+            if verdict.action == "warn":
+                result = f"{result}\n\n{verdict.message}"
+        self._emit("tool_result", id=call_id, tool=name, input=args, result=result, is_error=is_error)
+        return result, is_error
+
+    def _execute(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
+        tool = self.offered.get(name)
+        if tool is None:
+            return (f"permission denied: tool '{name}' is not available to this agent"
+                    f"{' (' + self.spec.mode_note + ')' if self.spec.mode_note else ''}"), True
+        if not isinstance(args, dict):
+            return f"invalid arguments for '{name}': expected a JSON object", True
+        try:
+            validate_args(tool, args)
+        except ToolError as exc:
+            return f"error: {exc}", True
+        if self.spec.approver is not None:
+            self._emit("phase", phase="awaiting_approval", detail=name)
+            decision = self.spec.approver(name, args)
+            if decision != "approved":
+                reason = {"rejected": "a human rejected it", "timeout": "approval timed out",
+                          "cancelled": "the run was cancelled"}.get(decision, decision)
+                return f"denied: the call to '{name}' was not performed because {reason}.", True
+        future = _TOOL_POOL.submit(tool.run, self.spec.tool_ctx, args)
+        try:
+            output = future.result(timeout=self.spec.tool_timeout)
+            return (output if isinstance(output, str) else json.dumps(output)), False
+        except FutureTimeout:
+            return f"error: tool '{name}' timed out after {self.spec.tool_timeout:g}s", True
+        except ToolError as exc:
+            return f"error: {exc}", True
+        except Exception as exc:  # noqa: BLE001 - a crashing tool is the model's problem to route around
+            log.warning("tool %s raised", name, exc_info=True)
+            return f"error: tool '{name}' failed: {type(exc).__name__}: {exc}", True
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:16]}"

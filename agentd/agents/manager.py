@@ -1,0 +1,695 @@
+"""Agent registry and message dispatch: spawn, list, message, stop, kill, sessions.
+
+Agents live in memory for speed and in the store for durability; every change
+is written through before the call returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from pony import orm
+
+from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.events import Event, Sink
+from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
+from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
+from agentd.agents.session import api_view, estimate_tokens, history_for_model, to_stored
+from agentd.agents.signing import verify_envelope
+from agentd.agents.tools import Tool, ToolContext, ToolError, all_tools
+from agentd.config import Config
+from agentd.errors import AgentdError, BadRequest, Conflict, NotFound, TooManyRequests
+from agentd.kernel_time import iso, utcnow
+from agentd.llm import drivers
+from agentd.llm.catalog import Catalog
+from agentd.llm.types import ChatRequest, ChatResponse, ImagePart, LLMError, Message, ProviderEndpoint, Usage
+from agentd.memory.kv import KvMemory
+from agentd.store import Store
+
+log = logging.getLogger("agentd.agents")
+
+MODES = ("Auto", "Manual", "Observe")
+MESSAGE_LIMIT = 64 * 1024
+UPLOAD_LIMIT = 10 * 1024 * 1024
+UPLOAD_TYPES = ("image/", "text/", "audio/", "application/pdf")
+COMPACT_KEEP = 10
+CAPABILITY_TOOLS = {"shell": {"shell_exec"}, "network": {"web_fetch", "web_search"},
+                    "agent_spawn": {"agent_spawn"}}
+
+
+def parse_uuid(value: str, what: str = "agent") -> str:
+    """Normalise a UUID path segment; 400 when it is not one."""
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, AttributeError, TypeError):
+        raise BadRequest(f"invalid {what} id: {value!r} is not a UUID") from None
+
+
+class AgentRunError(AgentdError):
+    """A run failed; the message says which provider/model/tool and why."""
+
+    status = 500
+
+
+@dataclass
+class AgentHandle:
+    """The in-memory side of one agent."""
+
+    id: str
+    name: str
+    manifest: Manifest
+    mode: str
+    state: str
+    created_at: datetime
+    last_active: datetime
+    session_id: str
+    provider: str
+    model: str
+    api_key_env: str
+    base_url: str
+    run_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancel: threading.Event | None = None
+    token_log: collections.deque = field(default_factory=collections.deque)
+    killed: bool = False
+
+
+@dataclass
+class RunOptions:
+    """Per-request overrides (the OpenAI-compatible API passes these)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    extra_system: str = ""
+    images: list[ImagePart] = field(default_factory=list)
+
+
+class AgentManager:
+    """Owns every agent; the kernel exposes it to the API."""
+
+    def __init__(self, config: Config, store: Store, catalog: Catalog, kv: KvMemory,
+                 approvals: ApprovalQueue, executor: ThreadPoolExecutor,
+                 record_usage: Callable[[AgentHandle, str, str, ChatResponse], float | None],
+                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.catalog = catalog
+        self.kv = kv
+        self.approvals = approvals
+        self.executor = executor
+        self.record_usage = record_usage
+        self.preflight = preflight
+        self._agents: dict[str, AgentHandle] = {}
+        self._by_name: dict[str, str] = {}
+        self._lock = threading.RLock()
+        self.uploads_dir = config.home / "uploads"
+        # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
+        self.url_overrides: dict[str, str] = {}
+
+    # -- loading and spawning ---------------------------------------------
+    def load(self) -> int:
+        """Bring persisted agents back (same ids, mode and session)."""
+        with orm.db_session:
+            rows = list(self.store.e.AgentRow.select())
+            for row in rows:
+                try:
+                    manifest = parse_manifest(row.manifest_toml)
+                except AgentdError as exc:
+                    log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
+                    continue
+                handle = self._handle(row.id, manifest, row.mode, row.created_at, row.session_id)
+                handle.last_active = row.last_active
+                self._register(handle)
+        return len(self._agents)
+
+    def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
+        spec = manifest.model
+        default = self.config.default_model
+        provider, model = spec["provider"], spec["model"]
+        api_key_env, base_url = spec["api_key_env"], spec["base_url"]
+        if provider in ("", "default") or model in ("", "default"):
+            provider = default.provider if provider in ("", "default") else provider
+            model = default.model if model in ("", "default") else model
+            api_key_env = api_key_env or default.api_key_env
+            base_url = base_url or default.base_url
+        for sep in ("/", ":"):
+            prefix = provider + sep
+            if model.startswith(prefix) and self.catalog.get_model(model) is None:
+                model = model[len(prefix):]
+        info = self.catalog.get_model(model)
+        if info is not None:
+            model = info.id
+        return provider, model, api_key_env, base_url
+
+    def _handle(self, agent_id: str, manifest: Manifest, mode: str, created_at: datetime,
+                session_id: str) -> AgentHandle:
+        provider, model, env, base = self._resolve_model(manifest)
+        return AgentHandle(id=agent_id, name=manifest.name, manifest=manifest, mode=mode,
+                           state="Running", created_at=created_at, last_active=created_at,
+                           session_id=session_id, provider=provider, model=model,
+                           api_key_env=env, base_url=base)
+
+    def _register(self, handle: AgentHandle) -> None:
+        with self._lock:
+            self._agents[handle.id] = handle
+            self._by_name[handle.name] = handle.id
+
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
+        """Validate, persist and register a new agent."""
+        if signed_manifest is not None:
+            manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+        if not manifest_toml or not manifest_toml.strip():
+            raise BadRequest("manifest_toml is required")
+        manifest = parse_manifest(manifest_toml)
+        now = utcnow()
+        handle = self._handle(str(uuid.uuid4()), manifest, "Auto", now, str(uuid.uuid4()))
+        if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
+            raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
+                             f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        with self._lock:
+            if manifest.name in self._by_name:
+                raise Conflict(f"an agent named {manifest.name!r} already exists")
+            with orm.db_session:
+                row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
+                                            manifest=manifest.data, mode=handle.mode, state=handle.state,
+                                            created_at=now, last_active=now, session_id=handle.session_id)
+                self.store.e.SessionRow(id=handle.session_id, agent=row, messages=[], created_at=now)
+            self._register(handle)
+        log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
+        return handle
+
+    # -- lookup -------------------------------------------------------------
+    def get(self, agent_id: str) -> AgentHandle:
+        """By UUID; 400 for a malformed id, 404 for an unknown one."""
+        key = parse_uuid(agent_id)
+        handle = self._agents.get(key)
+        if handle is None or handle.killed:
+            raise NotFound("agent not found")
+        return handle
+
+    def find(self, ref: str) -> AgentHandle | None:
+        """By id or exact name (tools and workflows refer to agents either way)."""
+        try:
+            handle = self._agents.get(str(uuid.UUID(ref)))
+        except (ValueError, AttributeError):
+            handle = None
+        if handle is None:
+            agent_id = self._by_name.get(ref)
+            handle = self._agents.get(agent_id) if agent_id else None
+        return None if handle is None or handle.killed else handle
+
+    def by_name(self, name: str) -> AgentHandle | None:
+        agent_id = self._by_name.get(name)
+        return self._agents.get(agent_id) if agent_id else None
+
+    def handles(self) -> list[AgentHandle]:
+        with self._lock:
+            return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
+
+    def count(self) -> int:
+        return len(self._agents)
+
+    # -- views --------------------------------------------------------------
+    def auth_status(self, handle: AgentHandle) -> str:
+        provider = self.catalog.get_provider(handle.provider)
+        env = handle.api_key_env or (provider.api_key_env if provider else "")
+        if provider is not None and not provider.key_required and not handle.api_key_env:
+            return "not_required"
+        if not env:
+            return "not_required"
+        return "configured" if os.environ.get(env) else "missing"
+
+    def summary(self, handle: AgentHandle) -> dict[str, Any]:
+        """Short form used by /api/status."""
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "created_at": iso(handle.created_at), "model_provider": handle.provider,
+                "model_name": handle.model, "profile": handle.manifest.profile or "custom"}
+
+    def list_item(self, handle: AgentHandle) -> dict[str, Any]:
+        """One item of GET /api/agents."""
+        info = self.catalog.get_model(handle.model)
+        auth = self.auth_status(handle)
+        identity = handle.manifest.data["identity"]
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "created_at": iso(handle.created_at), "last_active": iso(handle.last_active),
+                "model_provider": handle.provider, "model_name": handle.model,
+                "model_tier": info.tier if info else "custom", "auth_status": auth,
+                "ready": handle.state == "Running" and auth != "missing",
+                "profile": handle.manifest.profile or "custom",
+                "identity": {"emoji": identity["emoji"], "avatar_url": identity["avatar_url"],
+                             "color": identity["color"]}}
+
+    def detail(self, handle: AgentHandle) -> dict[str, Any]:
+        """GET /api/agents/{id}."""
+        data = handle.manifest.data
+        tools, caps = self.effective_tools(handle)
+        item = self.list_item(handle)
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "profile": item["profile"], "created_at": item["created_at"],
+                "last_active": item["last_active"], "session_id": handle.session_id,
+                "model": {"provider": handle.provider, "model": handle.model},
+                "capabilities": {"tools": [t.name for t in tools], "network": bool(caps["network"])},
+                "description": data["description"], "tags": data["tags"],
+                "identity": item["identity"], "skills": data["skills"],
+                "skills_mode": "allowlist" if data["skills"] else "all",
+                "mcp_servers": data["mcp_servers"],
+                "mcp_servers_mode": "allowlist" if data["mcp_servers"] else "all",
+                "fallback_models": data["fallback_models"],
+                "system_prompt": data["model"]["system_prompt"]}
+
+    # -- tools --------------------------------------------------------------
+    def effective_tools(self, handle: AgentHandle, mode: str | None = None) -> tuple[list[Tool], dict[str, Any]]:
+        """The tools offered to the model, and the capabilities that gate them.
+
+        A named profile grants the capabilities its tools need; with no profile or
+        an explicit list, shell, network and spawning must be granted explicitly.
+        """
+        caps = dict(handle.manifest.capabilities)
+        declared = caps["tools"]
+        profile = handle.manifest.profile
+        available = {t.name: t for t in all_tools()}
+        if declared and "*" not in declared:
+            names = [n for n in declared if n in available]
+        elif profile and profile not in ("full", "custom"):
+            names = list(PROFILES[profile])
+            self._imply(caps, names)
+        else:
+            names = list(available)
+            if profile == "full":
+                self._imply(caps, names)
+        tools = [available[n] for n in names if n in available]
+        tools = [t for t in tools if t.capability is None or caps.get(t.capability)]
+        mode = mode or handle.mode
+        if mode == "Observe":
+            tools = [t for t in tools if t.read_only]
+            caps["read_only_mode"] = True
+        return tools, caps
+
+    @staticmethod
+    def _imply(caps: dict[str, Any], names: list[str]) -> None:
+        for capability, tool_names in CAPABILITY_TOOLS.items():
+            if tool_names & set(names) and not caps.get(capability):
+                caps[capability] = True if capability == "agent_spawn" else ["*"]
+
+    # -- provider endpoints ---------------------------------------------------
+    def endpoint(self, provider_id: str, api_key_env: str = "", base_url: str = "") -> ProviderEndpoint:
+        """Where and how to call `provider_id`, with the key read from the environment now."""
+        info = self.catalog.get_provider(provider_id)
+        if info is None and not base_url:
+            raise LLMError(f"{provider_id}: unknown provider", provider=provider_id, model="",
+                           kind="bad_request")
+        url = (base_url or self.url_overrides.get(provider_id)
+               or self.config.provider_urls.get(provider_id) or (info.base_url if info else ""))
+        env = api_key_env or (info.api_key_env if info else "")
+        return ProviderEndpoint(provider=provider_id, kind=info.kind if info else "openai",
+                                base_url=url, api_key=os.environ.get(env, "") if env else "",
+                                api_key_env=env, timeout=self.config.llm.timeout_secs,
+                                key_required=(info.key_required if info else bool(env)) or bool(api_key_env))
+
+    def _llm_call(self, handle: AgentHandle) -> Callable[..., ChatResponse]:
+        chain = [(handle.provider, handle.model, handle.api_key_env, handle.base_url)]
+        for fb in handle.manifest.data["fallback_models"]:
+            chain.append((fb["provider"], self.catalog.resolve(fb["model"]), fb["api_key_env"], fb["base_url"]))
+
+        def call(request: ChatRequest, on_event: Callable[[Any], None] | None,
+                 cancel: threading.Event) -> ChatResponse:
+            errors: list[LLMError] = []
+            for provider, model, env, base in chain:
+                delivered = [False]
+
+                def forward(event: Any) -> None:
+                    delivered[0] = True
+                    on_event(event)  # type: ignore[misc]
+
+                try:
+                    endpoint = self.endpoint(provider, env, base)
+                    response = drivers.complete(endpoint, replace(request, model=model),
+                                                on_event=forward if on_event else None, cancel=cancel,
+                                                retries=self.config.llm.retries)
+                except LLMError as exc:
+                    if exc.kind == "cancelled" or delivered[0]:
+                        raise
+                    errors.append(exc)
+                    log.warning("model call failed: %s", exc.message)
+                    continue
+                response.model = model
+                cost = self.record_usage(handle, provider, model, response)
+                response.cost_usd = cost  # type: ignore[attr-defined]
+                return response
+            if len(errors) == 1:
+                raise errors[0]
+            raise LLMError("all models failed: " + "; ".join(e.message for e in errors),
+                           provider=errors[0].provider, model=errors[0].model, kind=errors[-1].kind,
+                           http_status=errors[-1].http_status, retry_after=errors[-1].retry_after)
+
+        return call
+
+    # -- quotas -----------------------------------------------------------------
+    def _check_quota(self, handle: AgentHandle) -> None:
+        limit = handle.manifest.tokens_per_hour
+        if not limit:
+            return
+        now = time.time()
+        log_ = handle.token_log
+        while log_ and log_[0][0] <= now - 3600:
+            log_.popleft()
+        used = sum(n for _, n in log_)
+        if used >= limit:
+            retry = int(log_[0][0] + 3600 - now) + 1 if log_ else 60
+            raise TooManyRequests(
+                f"message delivery failed: quota exceeded: {used} of {limit} LLM tokens used in the "
+                "last hour (max_llm_tokens_per_hour)", retry_after=retry)
+
+    # -- running ------------------------------------------------------------------
+    def build_user_message(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]],
+                           images: list[ImagePart] | None = None) -> tuple[Message, list[dict[str, Any]]]:
+        """The user turn: text, attached text files inline, images as base64 parts."""
+        parts = [text]
+        image_parts = list(images or [])
+        refs: list[dict[str, Any]] = []
+        for att in attachments:
+            upload = self._upload(handle, att.get("file_id", ""))
+            ctype = upload["content_type"]
+            data = Path(upload["path"]).read_bytes()
+            if ctype.startswith("image/"):
+                image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
+                refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
+            elif ctype.startswith("text/"):
+                parts.append(f"\n[attached file {upload['filename']}]\n{data.decode('utf-8', 'replace')}")
+            else:
+                parts.append(f"\n[attached file {upload['filename']} ({ctype}, {len(data)} bytes); "
+                             "its content cannot be shown to the model]")
+        if image_parts:
+            info = self.catalog.get_model(handle.model)
+            if info is not None and not info.supports_vision:
+                raise BadRequest(f"model {handle.model} does not support images; "
+                                 "use a vision-capable model or send text only")
+        return Message(role="user", content="".join(parts), images=image_parts), refs
+
+    def run(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
+            emit: Sink | None = None, options: RunOptions | None = None,
+            lock_timeout: float | None = None) -> RunResult:
+        """Run one message to completion in the calling thread."""
+        options = options or RunOptions()
+        self.precheck(handle)
+        user, image_refs = self.build_user_message(handle, text, attachments or [], options.images)
+        acquired = handle.run_lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout)
+        if not acquired:
+            raise Conflict(f"agent {handle.name} is busy with another run")
+        cancel = threading.Event()
+        try:
+            if handle.killed:
+                raise NotFound("agent not found")
+            handle.cancel = cancel
+            return self._run_locked(handle, user, image_refs, emit, options, cancel)
+        finally:
+            handle.cancel = None
+            handle.run_lock.release()
+
+    def _run_locked(self, handle: AgentHandle, user: Message, image_refs: list[dict[str, Any]],
+                    emit: Sink | None, options: RunOptions, cancel: threading.Event) -> RunResult:
+        stored = self._load_session(handle)
+        tools, caps = self.effective_tools(handle)
+        model_cfg = handle.manifest.model
+        system = model_cfg["system_prompt"]
+        if options.extra_system:
+            system = f"{system}\n\n{options.extra_system}"
+        workspace = self.config.workspaces_dir / handle.name
+        ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
+                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
+                          cancel=cancel)
+        approver = None
+        if handle.mode == "Manual":
+            def approver(tool: str, args: dict[str, Any]) -> str:
+                approval = self.approvals.request(handle.id, handle.name, tool, args)
+                if emit is not None:
+                    emit(Event("phase", {"phase": "awaiting_approval",
+                                         "detail": f"{tool} (approval {approval.id})"}))
+                return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
+        costs: list[float | None] = []
+
+        def on_usage(response: ChatResponse) -> None:
+            costs.append(getattr(response, "cost_usd", None))
+            handle.token_log.append((time.time(), response.usage.input_tokens + response.usage.output_tokens))
+
+        spec = RunSpec(model=handle.model, system=system, history=history_for_model(stored), user=user,
+                       tools=tools, tool_ctx=ctx, llm=self._llm_call(handle),
+                       max_iterations=handle.manifest.max_iterations,
+                       tool_timeout=handle.manifest.tool_timeout,
+                       max_tokens=options.max_tokens or model_cfg["max_tokens"],
+                       temperature=options.temperature if options.temperature is not None
+                       else model_cfg["temperature"],
+                       emit=emit, approver=approver, on_usage=on_usage,
+                       mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "")
+        loop = AgentLoop(spec, cancel)
+        try:
+            result = loop.run()
+        except RunCancelled:
+            self._save_session(handle, stored, loop.new_messages, image_refs)
+            raise
+        except LLMError as exc:
+            self._save_session(handle, stored, loop.new_messages, image_refs)
+            raise AgentRunError(f"message delivery failed: {exc.message}",
+                                retry_after=exc.retry_after) from None
+        except LoopStopped as exc:
+            self._save_session(handle, stored, loop.new_messages, image_refs)
+            raise AgentRunError(f"message delivery failed: {exc.message}") from None
+        self._save_session(handle, stored, result.new_messages, image_refs)
+        result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
+        return result
+
+    def submit(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
+               emit: Sink | None = None, options: RunOptions | None = None) -> Future:
+        """Run on the kernel's bounded executor (different agents in parallel)."""
+        return self.executor.submit(self.run, handle, text, attachments, emit, options)
+
+    def precheck(self, handle: AgentHandle) -> None:
+        """Refusals that must happen before a response starts (quota, budget)."""
+        self._check_quota(handle)
+        if self.preflight is not None:
+            self.preflight(handle)
+
+    def stop(self, handle: AgentHandle) -> bool:
+        """Cancel the current run; True when one was running."""
+        cancel = handle.cancel
+        self.approvals.cancel_agent(handle.id)
+        if cancel is None:
+            return False
+        cancel.set()
+        return True
+
+    # -- session ------------------------------------------------------------------
+    def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        with orm.db_session:
+            row = self.store.e.SessionRow.get(id=handle.session_id)
+            return list(row.messages or []) if row is not None else []
+
+    def _save_session(self, handle: AgentHandle, before: list[dict[str, Any]], new: list[Message],
+                      image_refs: list[dict[str, Any]]) -> None:
+        if handle.killed:
+            return
+        added = [to_stored(m) for m in new]
+        if added and image_refs:
+            added[0]["images"] = image_refs
+        now = utcnow()
+        with orm.db_session:
+            row = self.store.e.SessionRow.get(id=handle.session_id)
+            agent_row = self.store.e.AgentRow.get(id=handle.id)
+            if agent_row is None:
+                return
+            if row is None:
+                row = self.store.e.SessionRow(id=handle.session_id, agent=agent_row, messages=[],
+                                              created_at=now)
+            row.messages = before + added
+            agent_row.last_active = now
+        handle.last_active = now
+
+    def session(self, handle: AgentHandle) -> dict[str, Any]:
+        """GET /api/agents/{id}/session."""
+        stored = self._load_session(handle)
+        with orm.db_session:
+            row = self.store.e.SessionRow.get(id=handle.session_id)
+            label = row.label if row is not None else None
+        messages = api_view(stored)
+        return {"session_id": handle.session_id, "agent_id": handle.id,
+                "message_count": len(messages),
+                "context_window_tokens": estimate_tokens(stored, handle.manifest.model["system_prompt"]),
+                "label": label, "messages": messages}
+
+    def delete_session(self, session_id: str) -> None:
+        """Clear a session's history (the agent keeps the same session id)."""
+        key = parse_uuid(session_id, "session")
+        with orm.db_session:
+            row = self.store.e.SessionRow.get(id=key)
+            if row is None:
+                raise NotFound("session not found")
+            row.messages = []
+
+    def reset_session(self, handle: AgentHandle) -> None:
+        self.delete_session(handle.session_id)
+
+    def compact(self, handle: AgentHandle) -> dict[str, Any]:
+        """Summarise older messages with the agent's own model; keep the recent ones."""
+        with handle.run_lock:
+            stored = self._load_session(handle)
+            split = len(stored) - COMPACT_KEEP
+            # Never separate a tool result from the call that asked for it.
+            while split > 0 and stored[split]["role"] == "tool":
+                split -= 1
+            if split <= 1:
+                return {"status": "ok", "compacted": False, "summarized_messages": 0,
+                        "kept_messages": len(stored),
+                        "message": f"no compaction needed ({len(stored)} messages)"}
+            older, kept = stored[:split], stored[split:]
+            transcript = "\n\n".join(f"{m['role'].capitalize()}: {m.get('content', '')}"
+                                     for m in older if m.get("content"))[-100_000:]
+            request = ChatRequest(model=handle.model, system=(
+                "You summarise conversations. Write a concise summary of the conversation below that keeps "
+                "every fact, decision, name, number and open task needed to continue it."),
+                messages=[Message(role="user", content=transcript)], max_tokens=1024, temperature=0.3)
+            try:
+                response = self._llm_call(handle)(request, None, threading.Event())
+            except LLMError as exc:
+                raise AgentRunError(f"compaction failed: {exc.message}") from None
+            from agentd.llm.think import strip_think
+
+            summary = strip_think(response.text).strip() or "(empty summary)"
+            new = [{"role": "user", "content": f"[Summary of the earlier conversation]\n{summary}"}] + kept
+            with orm.db_session:
+                row = self.store.e.SessionRow.get(id=handle.session_id)
+                row.messages = new
+        return {"status": "ok", "compacted": True, "summarized_messages": len(older),
+                "kept_messages": len(kept),
+                "message": f"compacted {len(older)} messages into a summary of {len(summary)} chars, "
+                           f"kept {len(kept)} recent messages"}
+
+    # -- mode and kill --------------------------------------------------------------
+    def set_mode(self, handle: AgentHandle, mode: str) -> None:
+        if mode not in MODES:
+            raise BadRequest(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
+        handle.mode = mode
+        handle.last_active = utcnow()
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=handle.id)
+            row.mode = mode
+            row.last_active = handle.last_active
+
+    def kill(self, handle: AgentHandle) -> None:
+        """Cancel any run, forget the agent and delete everything it owned."""
+        with self._lock:
+            handle.killed = True
+            handle.state = "Terminated"
+            self._agents.pop(handle.id, None)
+            if self._by_name.get(handle.name) == handle.id:
+                del self._by_name[handle.name]
+        self.stop(handle)
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=handle.id)
+            if row is not None:
+                for upload in row.uploads:
+                    Path(upload.path).unlink(missing_ok=True)
+                row.sessions.clear()
+                orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
+                orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
+                orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
+                row.delete()
+        log.info("killed agent %s (%s)", handle.name, handle.id)
+
+    # -- uploads ----------------------------------------------------------------------
+    def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        """Store an uploaded file for later `attachments`."""
+        if not data:
+            raise BadRequest("uploaded file is empty")
+        if len(data) > UPLOAD_LIMIT:
+            from agentd.errors import PayloadTooLarge
+            raise PayloadTooLarge("file too large (max 10 MB)")
+        if not content_type.startswith(UPLOAD_TYPES):
+            raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
+                             "audio/*, application/pdf")
+        file_id = str(uuid.uuid4())
+        self.uploads_dir.mkdir(parents=True, exist_ok=True)
+        path = self.uploads_dir / file_id
+        path.write_bytes(data)
+        safe_name = os.path.basename(filename or "upload")[:200] or "upload"
+        with orm.db_session:
+            self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
+                                   content_type=content_type, size=len(data), path=str(path),
+                                   created_at=utcnow())
+        return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
+
+    def _upload(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+        key = parse_uuid(file_id, "file")
+        with orm.db_session:
+            row = self.store.e.UploadRow.get(id=key)
+            if row is None or row.agent.id != handle.id:
+                raise BadRequest(f"unknown attachment file_id {file_id}: upload it to this agent first")
+            return {"id": row.id, "filename": row.filename, "content_type": row.content_type,
+                    "path": row.path}
+
+    # -- operations tools use ---------------------------------------------------------
+    def ops_for(self, handle: AgentHandle) -> "AgentOpsImpl":
+        return AgentOpsImpl(self)
+
+
+class AgentOpsImpl:
+    """What tools may do to other agents and memory, on behalf of one agent."""
+
+    NESTED_LOCK_TIMEOUT = 30.0
+
+    def __init__(self, manager: AgentManager) -> None:
+        self.m = manager
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        return [{"id": h.id, "name": h.name, "state": h.state, "mode": h.mode,
+                 "model": f"{h.provider}/{h.model}", "description": h.manifest.data["description"],
+                 "tags": h.manifest.data["tags"]} for h in self.m.handles()]
+
+    def find_agents(self, query: str) -> list[dict[str, Any]]:
+        q = query.lower()
+        return [a for a in self.list_agents()
+                if q in a["name"].lower() or q in a["description"].lower()
+                or any(q in t.lower() for t in a["tags"])]
+
+    def send_to_agent(self, caller_id: str, target: str, message: str) -> str:
+        handle = self.m.find(target)
+        if handle is None:
+            raise ToolError(f"no agent with id or name {target!r}")
+        if handle.id == caller_id:
+            raise ToolError("an agent cannot send a message to itself")
+        # Run inline (not on the executor) so nested sends cannot starve the pool.
+        try:
+            result = self.m.run(handle, message, lock_timeout=self.NESTED_LOCK_TIMEOUT)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        return result.response
+
+    def spawn_agent(self, caller_id: str, manifest_toml: str) -> dict[str, Any]:
+        try:
+            handle = self.m.spawn(manifest_toml)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        return {"agent_id": handle.id, "name": handle.name}
+
+    def kill_agent(self, caller_id: str, target: str) -> None:
+        handle = self.m.find(target)
+        if handle is None:
+            raise ToolError(f"no agent with id or name {target!r}")
+        if handle.id == caller_id:
+            raise ToolError("an agent cannot kill itself")
+        self.m.kill(handle)
+
+    def kv_get(self, agent_id: str, key: str) -> tuple[bool, Any]:
+        return self.m.kv.get(agent_id, key)
+
+    def kv_set(self, agent_id: str, key: str, value: Any) -> None:
+        self.m.kv.set(agent_id, key, value)

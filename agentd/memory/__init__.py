@@ -1,0 +1,1 @@
+"""Per-agent memory: key-value (semantic memory and the graph come later)."""

@@ -1,0 +1,234 @@
+"""The CLI and daemon lifecycle: start, second start, stale files, stop, status, doctor, init."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from support import FAST_API, Daemon, agentd_env, free_port, make_home, run_cli
+
+
+def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    d = Daemon(home).start()
+    info = d.daemon_file()
+    assert info["listen_addr"] == f"127.0.0.1:{d.port}"
+    assert info["pid"] == d.proc.pid
+    assert info["started_at"].endswith("+00:00")
+    assert stat.S_IMODE((home / "daemon.json").stat().st_mode) == 0o600
+    assert d.stop() == 0
+    assert not (home / "daemon.json").exists()
+    assert "agentd stopped" in d.log()
+
+
+def test_second_start_refuses(daemon_factory) -> None:
+    d = daemon_factory()
+    r = run_cli(d.home, "start", port=free_port())
+    assert r.returncode == 1
+    assert "already running" in r.stderr and str(d.port) in r.stderr
+    assert d.get("/api/health").ok
+
+
+def test_stale_daemon_file_is_removed(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    (home / "daemon.json").write_text(json.dumps(
+        {"listen_addr": f"127.0.0.1:{free_port()}", "pid": 999999, "started_at": "2020-01-01T00:00:00+00:00"}))
+    d = Daemon(home).start()
+    try:
+        assert d.daemon_file()["pid"] == d.proc.pid
+        assert "stale" in d.log()
+    finally:
+        d.stop()
+
+
+def test_port_in_use_fails_clearly(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        r = run_cli(home, "start", port=port)
+    assert r.returncode == 1
+    assert f"127.0.0.1:{port} is already in use" in r.stderr
+    assert not (home / "daemon.json").exists()
+
+
+def test_malformed_config_names_the_line(tmp_path: Path) -> None:
+    home = make_home(tmp_path, 'log_level = "info"\n[api]\nthreads = = 3\n')
+    r = run_cli(home, "start", port=free_port())
+    assert r.returncode == 1
+    assert "config.toml" in r.stderr and "line 3" in r.stderr
+    home2 = make_home(tmp_path / "b", '[api]\nthreads = "many"\n')
+    r = run_cli(home2, "start", port=free_port())
+    assert r.returncode == 1 and "api.threads" in r.stderr
+
+
+def test_locked_database_fails_clearly(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    (home / "data").mkdir()
+    conn = sqlite3.connect(home / "data" / "agentd.db")
+    conn.execute("CREATE TABLE hold (x)")
+    conn.commit()
+    conn.execute("BEGIN EXCLUSIVE")
+    try:
+        r = run_cli(home, "start", port=free_port())
+    finally:
+        conn.rollback()
+        conn.close()
+    assert r.returncode == 1 and "locked" in r.stderr
+
+
+def test_stop_command(daemon_factory) -> None:
+    d = daemon_factory()
+    r = run_cli(d.home, "stop", port=d.port)
+    assert r.returncode == 0 and "agentd stopped" in r.stdout
+    assert d.proc.wait(10) == 0
+    assert not (d.home / "daemon.json").exists()
+
+
+def test_stop_without_daemon(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    r = run_cli(home, "stop")
+    assert r.returncode == 1 and "not running" in r.stderr
+
+
+def test_stop_forces_a_hung_daemon(tmp_path: Path) -> None:
+    """A process that holds daemon.json but never shuts down is killed after 5 s."""
+    home = make_home(tmp_path)
+    port = free_port()
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (home / "daemon.json").write_text(json.dumps(
+        {"listen_addr": f"127.0.0.1:{port}", "pid": hung.pid, "started_at": "x"}))
+    try:
+        r = run_cli(home, "stop")
+        assert r.returncode == 0 and "forced" in r.stdout
+        assert hung.wait(5) == -9
+    finally:
+        hung.kill()
+    assert not (home / "daemon.json").exists()
+
+
+def test_shutdown_endpoint_stops_gracefully(daemon_factory) -> None:
+    d = daemon_factory()
+    r = d.post("/api/shutdown")
+    assert r.json() == {"status": "shutting_down"}
+    assert d.proc.wait(15) == 0
+    assert not (d.home / "daemon.json").exists()
+
+
+def test_status_table_and_json(daemon_factory) -> None:
+    d = daemon_factory()
+    r = run_cli(d.home, "status")
+    assert r.returncode == 0
+    assert "status" in r.stdout and "running" in r.stdout and f"127.0.0.1:{d.port}" in r.stdout
+    r = run_cli(d.home, "status", "--json")
+    body = json.loads(r.stdout)
+    assert body["status"] == "running" and body["api_listen"] == f"127.0.0.1:{d.port}"
+
+
+def test_status_without_daemon(tmp_path: Path) -> None:
+    r = run_cli(make_home(tmp_path), "status")
+    assert r.returncode == 1 and "not running" in r.stderr
+
+
+def test_cli_uses_the_api_key(daemon_factory) -> None:
+    d = daemon_factory(FAST_API.replace("[api]", 'api_key = "k1"\n[api]'), api_key="k1")
+    assert requests.get(f"{d.url}/api/status").status_code == 401
+    r = run_cli(d.home, "status", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "running"
+    r = run_cli(d.home, "stop")
+    assert r.returncode == 0 and "agentd stopped" in r.stdout
+
+
+def test_init_writes_commented_config(tmp_path: Path) -> None:
+    home = tmp_path / "fresh"
+    r = subprocess.run([sys.executable, "-m", "agentd", "init"], env=agentd_env(home),
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "wrote" in r.stdout
+    text = (home / "config.toml").read_text()
+    assert text.startswith("#") and 'api_listen = "127.0.0.1:4200"' in text
+    r = subprocess.run([sys.executable, "-m", "agentd", "init"], env=agentd_env(home),
+                       capture_output=True, text=True)
+    assert "kept existing" in r.stdout
+
+
+def doctor(home: Path, port: int | None = None, **env: str) -> tuple[int, dict[str, dict]]:
+    r = run_cli(home, "doctor", "--json", port=port, env_extra=env)
+    checks = {c["check"]: c for c in json.loads(r.stdout)}
+    return r.returncode, checks
+
+
+def test_doctor_healthy_install(daemon_factory) -> None:
+    d = daemon_factory()
+    (d.home / "agents").mkdir(exist_ok=True)
+    (d.home / "agents" / "ok.toml").write_text('name = "ok"\n')
+    code, checks = doctor(d.home, d.port, ANTHROPIC_API_KEY="x")
+    assert code == 0
+    assert checks["daemon"]["status"] == "ok"
+    assert checks["config"]["status"] == "ok"
+    assert checks["database"]["status"] == "ok"
+    assert checks["agent_manifests"]["status"] == "ok"
+    assert checks["provider_keys"]["status"] == "ok"
+    assert checks["disk_space"]["status"] in ("ok", "warn")
+
+
+def test_doctor_reports_failures(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    (home / "agents").mkdir()
+    (home / "agents" / "bad.toml").write_text('name = 3\n')
+    (home / "data").mkdir()
+    (home / "data" / "agentd.db").write_bytes(b"not a database at all....")
+    (home / "daemon.json").write_text(json.dumps({"listen_addr": "127.0.0.1:1", "pid": 1, "started_at": "x"}))
+    (home / "secrets.env").write_text("X=1\n")
+    os.chmod(home / "secrets.env", 0o644)
+    code, checks = doctor(home, free_port())
+    assert code == 1
+    assert checks["database"]["status"] == "fail"
+    assert checks["agent_manifests"]["status"] == "fail" and "bad.toml" in checks["agent_manifests"]["message"]
+    assert checks["stale_daemon_file"]["status"] == "warn"
+    assert checks["secrets_file"]["status"] == "warn"
+    assert checks["provider_keys"]["status"] == "warn"
+    r = run_cli(home, "doctor", port=free_port())
+    assert "[fail]" in r.stdout and r.returncode == 1
+
+
+def test_doctor_with_broken_config(tmp_path: Path) -> None:
+    home = make_home(tmp_path, "api_listen = [\n")
+    code, checks = doctor(home)
+    assert code == 1 and checks["config"]["status"] == "fail"
+
+
+def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "agentd", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for command in ("start", "stop", "status", "doctor", "init"):
+        assert command in r.stdout
+
+
+@pytest.mark.slow
+def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
+    d = daemon_factory()
+    response: dict = {}
+
+    def slow_stream() -> None:
+        r = requests.get(f"{d.url}/api/_sse/ticks?n=3&interval=0.7", stream=True, timeout=30)
+        response["text"] = r.text
+
+    import threading
+    t = threading.Thread(target=slow_stream)
+    t.start()
+    time.sleep(0.3)
+    d.proc.send_signal(15)
+    t.join(30)
+    assert '"done":true' in response.get("text", "")
+    assert d.proc.wait(15) == 0
