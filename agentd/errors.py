@@ -13,12 +13,14 @@ class AgentdError(Exception):
     status = 500
 
     def __init__(self, message: str, *, status: int | None = None,
-                 retry_after: int | None = None) -> None:
+                 retry_after: float | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
             self.status = status
         self.retry_after = retry_after
+        # Machine-readable code for the OpenAI-style error shape (e.g. model_not_found).
+        self.code = code
 
 
 class BadRequest(AgentdError):

@@ -13,9 +13,9 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,8 +127,10 @@ class AgentManager:
                 except AgentdError as exc:
                     log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
                     continue
-                handle = self._handle(row.id, manifest, row.mode, row.created_at, row.session_id)
-                handle.last_active = row.last_active
+                # SQLite hands datetimes back naive; they were written as UTC.
+                handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
+                                      row.session_id)
+                handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
                 self._register(handle)
         return len(self._agents)
 
@@ -398,18 +400,21 @@ class AgentManager:
 
     def run(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
             emit: Sink | None = None, options: RunOptions | None = None,
-            lock_timeout: float | None = None) -> RunResult:
-        """Run one message to completion in the calling thread."""
+            lock_timeout: float | None = None, cancel: threading.Event | None = None) -> RunResult:
+        """Run one message to completion in the calling thread.
+
+        `cancel` lets the caller stop the run; stop() and kill() set it too.
+        """
         options = options or RunOptions()
         self.precheck(handle)
         user, image_refs = self.build_user_message(handle, text, attachments or [], options.images)
         acquired = handle.run_lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout)
         if not acquired:
             raise Conflict(f"agent {handle.name} is busy with another run")
-        cancel = threading.Event()
+        cancel = cancel or threading.Event()
         try:
-            if handle.killed:
-                raise NotFound("agent not found")
+            if handle.killed or cancel.is_set():
+                raise RunCancelled("run cancelled")
             handle.cancel = cancel
             return self._run_locked(handle, user, image_refs, emit, options, cancel)
         finally:
@@ -469,9 +474,20 @@ class AgentManager:
         return result
 
     def submit(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
-               emit: Sink | None = None, options: RunOptions | None = None) -> Future:
+               emit: Sink | None = None, options: RunOptions | None = None,
+               cancel: threading.Event | None = None) -> Future:
         """Run on the kernel's bounded executor (different agents in parallel)."""
-        return self.executor.submit(self.run, handle, text, attachments, emit, options)
+        return self.executor.submit(self.run, handle, text, attachments, emit, options, None, cancel)
+
+    def wait(self, future: Future, cancel: threading.Event) -> RunResult:
+        """Wait for a submitted run; returns promptly (RunCancelled) once it is stopped,
+        even while the provider call it is waiting on has not answered yet."""
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except FutureTimeout:
+                if cancel.is_set():
+                    raise RunCancelled("run cancelled") from None
 
     def precheck(self, handle: AgentHandle) -> None:
         """Refusals that must happen before a response starts (quota, budget)."""
@@ -483,7 +499,7 @@ class AgentManager:
         """Cancel the current run; True when one was running."""
         cancel = handle.cancel
         self.approvals.cancel_agent(handle.id)
-        if cancel is None:
+        if cancel is None or cancel.is_set():
             return False
         cancel.set()
         return True

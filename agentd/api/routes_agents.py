@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -68,8 +69,9 @@ def message(agent_id: str):
     text = message_text(data)
     agents = kernel().agents
     agents.precheck(handle)
+    cancel = threading.Event()
     try:
-        result = agents.submit(handle, text, data["attachments"]).result()
+        result = agents.wait(agents.submit(handle, text, data["attachments"], cancel=cancel), cancel)
     except RunCancelled:
         raise Conflict("run cancelled: the agent was stopped before it answered") from None
     return jsonify(result_body(result))

@@ -1,18 +1,199 @@
-"""WebSocket routes (flask-sock). Agent sockets arrive with the agents module."""
+"""WebSocket routes (flask-sock): the agent socket and a diagnostic echo.
+
+Agent socket frames (JSON text both ways):
+  client: {type: "message", content, attachments?} | {type: "ping"} |
+          {type: "command", command: "stop" | "reset" | "compact"}
+  server: connected {agent_id}, typing {state: start|tool|stop, tool?}, text_delta {content},
+          tool_start {id, tool}, tool_end {id, tool, input}, tool_result {id, tool, result, is_error},
+          phase {phase, detail}, response {content, input_tokens, output_tokens, iterations, cost_usd},
+          error {content}, pong, command_result {command, message}
+"""
 
 from __future__ import annotations
 
-from flask import Flask
+import json
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from agentd.agents.events import Event
+from agentd.agents.loop import RunCancelled
+from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
+from agentd.errors import AgentdError
+
+log = logging.getLogger("agentd.ws")
+
+FRAME_LIMIT = 64 * 1024
+MESSAGES_PER_MINUTE = 10
+
+
+class AgentSocket:
+    """One connected client talking to one agent."""
+
+    def __init__(self, ws: Any, kernel: Any, handle: AgentHandle) -> None:
+        self.ws = ws
+        self.kernel = kernel
+        self.handle = handle
+        self._send_lock = threading.Lock()
+        self._recent: deque[float] = deque()
+        self.open = True
+
+    def send(self, type_: str, **data: Any) -> None:
+        """Send one frame; a client that left is noted, not raised."""
+        if not self.open:
+            return
+        frame = json.dumps({"type": type_, **data}, separators=(",", ":"))
+        try:
+            with self._send_lock:
+                self.ws.send(frame)
+        except (ConnectionClosed, OSError):
+            self.open = False
+
+    def on_event(self, event: Event) -> None:
+        d = event.data
+        if event.type == "text_delta":
+            self.send("text_delta", content=d["content"])
+        elif event.type == "tool_use":
+            self.send("typing", state="tool", tool=d["tool"])
+            self.send("tool_start", id=d["id"], tool=d["tool"])
+        elif event.type == "tool_input":
+            self.send("tool_end", id=d["id"], tool=d["tool"], input=d["input"])
+        elif event.type == "tool_result":
+            self.send("tool_result", id=d["id"], tool=d["tool"], result=d["result"], is_error=d["is_error"])
+        elif event.type == "phase":
+            self.send("phase", phase=d["phase"], detail=d["detail"])
+
+    def _rate_ok(self) -> bool:
+        now = time.monotonic()
+        while self._recent and self._recent[0] <= now - 60:
+            self._recent.popleft()
+        if len(self._recent) >= MESSAGES_PER_MINUTE:
+            return False
+        self._recent.append(now)
+        return True
+
+    def handle_message(self, frame: dict[str, Any]) -> None:
+        content = frame.get("content")
+        if not isinstance(content, str) or not content.strip():
+            self.send("error", content="missing or empty 'content' field")
+            return
+        if len(content.encode("utf-8")) > MESSAGE_LIMIT:
+            self.send("error", content="message too large (max 64 KB)")
+            return
+        if not self._rate_ok():
+            self.send("error", content=f"rate limit exceeded: at most {MESSAGES_PER_MINUTE} messages a minute")
+            return
+        attachments = frame.get("attachments") or []
+        agents = self.kernel.agents
+        try:
+            agents.precheck(self.handle)
+        except AgentdError as exc:
+            self.send("error", content=exc.message)
+            return
+        self.send("typing", state="start")
+        future = agents.submit(self.handle, content, attachments, emit=self.on_event)
+
+        def finished(f: Any) -> None:
+            exc = f.exception()
+            if exc is None:
+                r = f.result()
+                self.send("response", content=r.response, input_tokens=r.usage.input_tokens,
+                          output_tokens=r.usage.output_tokens, iterations=r.iterations, cost_usd=r.cost_usd)
+            elif isinstance(exc, RunCancelled):
+                self.send("error", content="run cancelled")
+            else:
+                self.send("error", content=exc.message if isinstance(exc, AgentdError) else "internal error")
+            self.send("typing", state="stop")
+
+        future.add_done_callback(finished)
+
+    def handle_command(self, frame: dict[str, Any]) -> None:
+        command = frame.get("command")
+        agents = self.kernel.agents
+        if command == "stop":
+            stopped = agents.stop(self.handle)
+            self.send("command_result", command="stop", message="run cancelled" if stopped else "no run in progress")
+        elif command in ("reset", "new"):
+            agents.reset_session(self.handle)
+            self.send("command_result", command=command, message="session reset; history cleared")
+        elif command == "compact":
+            def compact() -> None:
+                try:
+                    result = agents.compact(self.handle)
+                    self.send("command_result", command="compact", message=result["message"])
+                except AgentdError as exc:
+                    self.send("error", content=exc.message)
+            self.kernel.executor.submit(compact)
+        else:
+            self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
+
+    def serve(self) -> None:
+        self.send("connected", agent_id=self.handle.id)
+        while self.open and not self.kernel.stopping.is_set():
+            try:
+                raw = self.ws.receive(timeout=1.0)
+            except ConnectionClosed:
+                break
+            if raw is None:
+                continue
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", "replace")
+            if len(raw.encode("utf-8")) > FRAME_LIMIT:
+                self.send("error", content=f"frame too large (max {FRAME_LIMIT // 1024} KB)")
+                continue
+            try:
+                frame = json.loads(raw)
+            except json.JSONDecodeError:
+                frame = {"type": "message", "content": raw}
+            if not isinstance(frame, dict):
+                frame = {"type": "message", "content": raw}
+            kind = frame.get("type")
+            if kind == "ping":
+                self.send("pong")
+            elif kind == "message":
+                self.handle_message(frame)
+            elif kind == "command":
+                self.handle_command(frame)
+            else:
+                self.send("error", content=f"unknown frame type {kind!r}")
+        self.open = False
 
 
 def register_sockets(app: Flask) -> Sock:
-    """Attach flask-sock and the diagnostic echo socket."""
+    """Attach flask-sock, the agent socket and the diagnostic echo socket."""
     # Dead peers are noticed only when a write fails; pings every 25 s make sure one does.
-    app.config.setdefault("SOCK_SERVER_OPTIONS", {"ping_interval": 25, "max_message_size": 65536})
+    # Oversized frames are refused in the handler with an error frame, so the
+    # transport limit sits well above FRAME_LIMIT.
+    app.config.setdefault("SOCK_SERVER_OPTIONS", {"ping_interval": 25, "max_message_size": 4 * FRAME_LIMIT})
     sock = Sock(app)
+    # Built per app: flask-sock registers routes on the blueprint as it decorates.
+    bp = Blueprint("sockets", __name__)
 
-    @sock.route("/api/_ws/echo")
+    @bp.before_request
+    def _check_agent() -> None:
+        # Refuse unknown agents with a plain 404 before the upgrade happens.
+        if request.view_args and "agent_id" in request.view_args:
+            current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"])
+
+    @sock.route("/api/agents/<agent_id>/ws", bp=bp)
+    def agent_socket(ws, agent_id: str) -> None:  # type: ignore[no-untyped-def]
+        kernel = current_app.extensions["agentd.kernel"]
+        handle = kernel.agents.get(agent_id)
+        if not kernel.stream_slots.acquire(blocking=False):
+            ws.send(json.dumps({"type": "error", "content": "too many concurrent streams; try again shortly"}))
+            return
+        try:
+            AgentSocket(ws, kernel, handle).serve()
+        finally:
+            kernel.stream_slots.release()
+
+    @sock.route("/api/_ws/echo", bp=bp)
     def echo(ws) -> None:  # type: ignore[no-untyped-def]
         """Echo every frame back; used to check the WebSocket transport."""
         while True:
@@ -21,4 +202,5 @@ def register_sockets(app: Flask) -> Sock:
                 return
             ws.send(data)
 
+    app.register_blueprint(bp)
     return sock

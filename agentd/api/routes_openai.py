@@ -1,0 +1,238 @@
+"""The OpenAI-compatible API: /v1/chat/completions and /v1/models.
+
+The `model` names an agent; the agent's own session supplies the history, so
+only the last user message is the run's input and `system` messages become
+extra instructions for that run.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+from flask import Blueprint, jsonify
+
+from agentd.agents.loop import RunCancelled
+from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.api import body
+from agentd.api.routes_agents import MESSAGE_LIMIT
+from agentd.api.routes_system import kernel
+from agentd.api.runs import acquire_stream_slot, start_live_run
+from agentd.api.sse import format_event, sse_response
+from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge
+from agentd.llm.types import ImagePart
+
+bp = Blueprint("openai", __name__)
+
+PREFIX = "agentd:"
+DATA_URI = re.compile(r"^data:(image/[A-Za-z0-9.+-]+);base64,(.*)$", re.S)
+# Parameters that would change the answer but that an agent run cannot honour.
+UNSUPPORTED = {
+    "tools": lambda v: bool(v), "functions": lambda v: bool(v), "tool_choice": lambda v: v not in (None, "none", "auto"),
+    "function_call": lambda v: v is not None, "logprobs": lambda v: bool(v), "top_logprobs": lambda v: v is not None,
+    "n": lambda v: v not in (None, 1), "stop": lambda v: bool(v),
+    "presence_penalty": lambda v: v not in (None, 0, 0.0), "frequency_penalty": lambda v: v not in (None, 0, 0.0),
+    "logit_bias": lambda v: bool(v), "top_p": lambda v: v not in (None, 1, 1.0),
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+}
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"no agent found for model '{model}'", code="model_not_found")
+
+
+def resolve_agent(model: str) -> AgentHandle:
+    """`agentd:<name>`, then an agent UUID, then a plain agent name."""
+    agents = kernel().agents
+    handle = agents.by_name(model[len(PREFIX):]) if model.startswith(PREFIX) else agents.find(model)
+    if handle is None or handle.killed:
+        raise ModelNotFound(model)
+    return handle
+
+
+def _number(data: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise BadRequest(f"'{key}' must be {'an integer' if kind is int else 'a number'}")
+    if not low <= value <= high:
+        raise BadRequest(f"'{key}' must be between {low:g} and {high:g}")
+    return value
+
+
+def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:
+    if content is None:
+        return "", []
+    if isinstance(content, str):
+        return content, []
+    if not isinstance(content, list):
+        raise BadRequest(f"messages[{index}].content must be a string or an array of parts")
+    texts: list[str] = []
+    images: list[ImagePart] = []
+    for j, part in enumerate(content):
+        where = f"messages[{index}].content[{j}]"
+        if not isinstance(part, dict):
+            raise BadRequest(f"{where} must be an object")
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") == "image_url":
+            url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
+            if not isinstance(url, str):
+                raise BadRequest(f"{where}.image_url.url must be a string")
+            match = DATA_URI.match(url)
+            if match is None:
+                raise BadRequest(f"{where}: only base64 data URIs (data:image/<type>;base64,...) are "
+                                 "supported; image URLs are not fetched")
+            try:
+                base64.b64decode(match.group(2), validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest(f"{where}: image data is not valid base64") from None
+            images.append(ImagePart(match.group(1), match.group(2)))
+        else:
+            raise BadRequest(f"{where}: unsupported part type {part.get('type')!r}")
+    return "\n".join(texts), images
+
+
+def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
+    """Validate a chat completion request: (agent, input text, options, stream, include_usage)."""
+    for key, rejects in UNSUPPORTED.items():
+        if key in data and rejects(data[key]):
+            raise BadRequest(f"unsupported parameter '{key}': agentd agents choose their own tools and "
+                             "sampling; remove it from the request")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a string (an agent name, agentd:<name> or id)")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty array")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean")
+    options = RunOptions(max_tokens=_number(data, "max_tokens", int, 1, 1_000_000),
+                         temperature=_number(data, "temperature", float, 0.0, 2.0))
+    if options.max_tokens is None:
+        options.max_tokens = _number(data, "max_completion_tokens", int, 1, 1_000_000)
+    stream_options = data.get("stream_options") or {}
+    include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
+    handle = resolve_agent(model)
+    systems: list[str] = []
+    user_text, user_images, found = "", [], False
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system",
+                                                                         "developer", "tool"):
+            raise BadRequest(f"messages[{i}] must be an object with role user, assistant or system")
+        text, images = _parts(message.get("content"), i)
+        if message["role"] in ("system", "developer"):
+            systems.append(text)
+        elif message["role"] == "user":
+            user_text, user_images, found = text, images, True
+    if not found or not (user_text.strip() or user_images):
+        raise BadRequest("no user message found in request", code="missing_message")
+    if len(user_text.encode("utf-8")) > MESSAGE_LIMIT:
+        raise PayloadTooLarge("message too large (max 64 KB)")
+    options.extra_system = "\n\n".join(s for s in systems if s.strip())
+    options.images = user_images
+    return handle, user_text or "(image)", options, stream, include_usage
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens}
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    data = body.json_body()
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    handle, text, options, stream, include_usage = parse_request(data)
+    completion_id = f"chatcmpl-{uuid.uuid4()}"
+    created = int(time.time())
+    if stream:
+        return _stream(handle, text, options, completion_id, created, include_usage)
+    agents = kernel().agents
+    agents.precheck(handle)
+    cancel = threading.Event()
+    try:
+        result = agents.wait(agents.submit(handle, text, [], options=options, cancel=cancel), cancel)
+    except RunCancelled:
+        raise AgentdError("agent processing failed: the run was stopped") from None
+    message: dict[str, Any] = {"role": "assistant", "content": result.response}
+    if result.finish_reason == "tool_calls" and result.tool_calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                                 for c in result.tool_calls]
+    return jsonify({"id": completion_id, "object": "chat.completion", "created": created,
+                    "model": handle.name,
+                    "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
+                    "usage": _usage(result.usage.input_tokens, result.usage.output_tokens)})
+
+
+def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: str, created: int,
+            include_usage: bool):
+    k = kernel()
+    acquire_stream_slot(k)
+    try:
+        run = start_live_run(k, handle, text, [], options)
+    except BaseException:
+        k.stream_slots.release()
+        raise
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return format_event(None, {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                                   "model": handle.name,
+                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    def events() -> Iterator[str]:
+        yield chunk({"role": "assistant"})
+        for event in run.events():
+            if event is None:
+                yield ": keep-alive\n\n"
+                continue
+            d = event.data
+            if event.type == "text_delta":
+                yield chunk({"content": d["content"]})
+            elif event.type == "tool_use":
+                yield chunk({"tool_calls": [{"index": d.get("index", 0), "id": d["id"], "type": "function",
+                                             "function": {"name": d["tool"], "arguments": ""}}]})
+            elif event.type == "tool_args_delta":
+                yield chunk({"tool_calls": [{"index": d.get("index", 0),
+                                             "function": {"arguments": d["arguments"]}}]})
+            elif event.type == "done":
+                yield chunk({}, d["finish_reason"])
+                if include_usage:
+                    yield format_event(None, {"id": completion_id, "object": "chat.completion.chunk",
+                                              "created": created, "model": handle.name, "choices": [],
+                                              "usage": _usage(d["input_tokens"], d["output_tokens"])})
+                break
+            elif event.type == "stopped":
+                yield chunk({}, "stop")
+                break
+            elif event.type == "error":
+                yield format_event(None, {"error": {"message": d["message"], "type": "server_error",
+                                                    "code": None}})
+                break
+        yield "data: [DONE]\n\n"
+
+    def closed() -> None:
+        run.close()
+        k.stream_slots.release()
+
+    return sse_response(events(), on_close=closed)
+
+
+@bp.get("/v1/models")
+def models():
+    agents = kernel().agents
+    return jsonify({"object": "list",
+                    "data": [{"id": f"{PREFIX}{h.name}", "object": "model",
+                              "created": int(h.created_at.timestamp()), "owned_by": "agentd"}
+                             for h in agents.handles()]})
