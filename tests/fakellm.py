@@ -136,8 +136,9 @@ Request log
      "headers": case-insensitive dict (stored lower-case; ``h["Authorization"]`` works),
      "json": parsed body or None, "time": time.time() at arrival,
      "provider": "openai" | "anthropic" | "gemini" | None,
-     "status": response status once sent (None before), "done": time.time() when the response
-     (including the whole stream) was completely written, else None,
+     "status": response status once sent (None before), "done": time.time() just before the last
+     bytes of the response (the end of a stream) were written, else None -- so once a client has read
+     the whole response, ``done`` is set,
      "peer": "ip:port" of the client socket (same peer = same keep-alive connection)}
 """
 
@@ -833,8 +834,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.entry["status"] = status
         head = self._head(status, [("Content-Type", content_type), ("Content-Length", str(len(body))),
                                    *(extra or [])])
+        self.entry["done"] = time.time()  # set before the last write: a client holding the response sees it
         self.wfile.write(head + body)
-        self.entry["done"] = time.time()
 
     def _send_json(self, status: int, obj: Any, extra: list[tuple[str, str]] | None = None) -> None:
         self._send(status, _dumps(obj).encode(), extra=extra)
@@ -860,8 +861,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             frame = b"%x\r\n%s\r\n" % (len(data), data) if chunked else data
             self.wfile.write(pending + frame)
             pending = b""
-        self.wfile.write(pending + (b"0\r\n\r\n" if chunked else b""))
         self.entry["done"] = time.time()
+        self.wfile.write(pending + (b"0\r\n\r\n" if chunked else b""))
 
     # -- routing ------------------------------------------------------------------------------------
 
