@@ -25,7 +25,9 @@ from agentd.api.ws_transport import install as install_ws_transport
 from agentd.client import DaemonInfo, is_healthy, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
-from agentd.kernel import Kernel, iso, utcnow
+from agentd.kernel import Kernel
+from agentd.kernel_time import iso, utcnow
+from agentd.providers import load_secrets
 
 log = logging.getLogger("agentd.daemon")
 
@@ -95,6 +97,8 @@ class Daemon:
         """Open the kernel, bind the port, write daemon.json."""
         cfg = self.config
         check_not_running(cfg)
+        # Keys saved through the API come back; the real environment wins.
+        load_secrets(cfg.secrets_path)
         self.kernel = Kernel.open(cfg)
         self.kernel.set_shutdown_hook(self.request_stop)
         app = create_app(self.kernel, self._pool_stats)

@@ -19,9 +19,11 @@ from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
+from agentd.llm.custom_models import CustomModels
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
 from agentd.metering import Metering
+from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
 
 log = logging.getLogger("agentd.kernel")
@@ -42,11 +44,14 @@ class Kernel:
         # capping them keeps threads free for plain HTTP.
         self.stream_slots = threading.BoundedSemaphore(config.api.max_streams)
         self.catalog = Catalog.load()
+        self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)
         self.approvals = ApprovalQueue()
         self.metering = Metering(store, self.catalog)
         self.agents = AgentManager(config, store, self.catalog, self.kv, self.approvals,
-                                   self.executor, self._record_usage)
+                                   self.executor, self._record_usage,
+                                   preflight=lambda _handle: self.metering.check_budget())
+        self.providers = ProviderKeys(config, self.catalog, self.agents)
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)

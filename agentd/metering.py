@@ -1,33 +1,167 @@
-"""Usage metering: every model call is recorded with tokens and cost."""
+"""Usage metering and the monthly budget.
+
+Every model call is a `UsageRow` (agent, provider, model, tokens, cost, time).
+Reports are SQL aggregates over the period, so they stay exact however many
+agents spend at once. The budget is enforced before each run from an in-memory
+running total that is rebuilt from the database at start and at each new month.
+"""
 
 from __future__ import annotations
 
+import calendar
 import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from pony import orm
 
-from agentd.kernel_time import utcnow
+from agentd.errors import TooManyRequests
+from agentd.kernel_time import iso, utcnow
 from agentd.llm.catalog import Catalog
 from agentd.store import Store
 
+ALERT_LEVELS = ((1.0, "critical", "budget exhausted: new agent runs are refused until the period ends"),
+                (0.8, "warning", "80% of the monthly budget is spent"))
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """Start and end (exclusive) of the calendar month holding `now`, UTC."""
+    start = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    days = calendar.monthrange(now.year, now.month)[1]
+    return start, start + timedelta(days=days)
+
+
+def _naive(dt: datetime) -> datetime:
+    # The database stores UTC wall time without an offset.
+    return dt.astimezone(timezone.utc).replace(tzinfo=None) if dt.tzinfo else dt
+
 
 class Metering:
-    """Records model calls in the store and prices them from the catalog."""
+    """Records model calls, reports usage and enforces the budget."""
 
     def __init__(self, store: Store, catalog: Catalog) -> None:
         self.store = store
         self.catalog = catalog
         self.enabled = True
         self._lock = threading.Lock()
+        self._period_start, self._period_end = month_bounds(utcnow())
+        self._spent = self._sum_cost(self._period_start, self._period_end)
 
+    # -- recording --------------------------------------------------------------
     def record(self, agent_id: str, agent_name: str, provider: str, model: str,
                input_tokens: int, output_tokens: int) -> float | None:
         """Persist one call; returns its cost in USD (None when the model has no price)."""
         cost = self.catalog.cost_usd(model, input_tokens, output_tokens)
         if not self.enabled:
             return cost
+        now = utcnow()
         with orm.db_session:
             self.store.e.UsageRow(agent_id=agent_id, agent_name=agent_name, provider=provider,
                                   model=model, input_tokens=input_tokens, output_tokens=output_tokens,
-                                  cost_usd=cost or 0.0, priced=cost is not None, at=utcnow())
+                                  cost_usd=cost or 0.0, priced=cost is not None, at=now)
+        with self._lock:
+            self._roll(now)
+            before = self._spent
+            self._spent += cost or 0.0
+            self._maybe_alert(before, self._spent, now)
         return cost
+
+    def _roll(self, now: datetime) -> None:
+        if now >= self._period_end:
+            self._period_start, self._period_end = month_bounds(now)
+            self._spent = self._sum_cost(self._period_start, self._period_end)
+
+    # -- budget -------------------------------------------------------------------
+    @property
+    def limit_usd(self) -> float:
+        return float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+
+    def set_limit(self, limit_usd: float) -> None:
+        self.store.set_setting("budget_limit_usd", float(limit_usd))
+        with self._lock:
+            self._maybe_alert(0.0, self._spent, utcnow())
+
+    def _alerts_key(self) -> str:
+        return f"budget_alerts:{self._period_start.date().isoformat()}"
+
+    def _maybe_alert(self, before: float, after: float, now: datetime) -> None:
+        limit = self.limit_usd
+        if limit <= 0:
+            return
+        alerts = self.store.get_setting(self._alerts_key(), []) or []
+        seen = {a["level"] for a in alerts}
+        for fraction, level, message in ALERT_LEVELS:
+            if after >= limit * fraction and level not in seen:
+                alerts.append({"level": level, "message": message, "threshold": fraction,
+                               "limit_usd": limit, "at": iso(now)})
+                seen.add(level)
+        self.store.set_setting(self._alerts_key(), sorted(alerts, key=lambda a: a["threshold"]))
+
+    def check_budget(self) -> None:
+        """Refuse a new run when this month's spend has reached the limit (429)."""
+        limit = self.limit_usd
+        if limit <= 0:
+            return
+        now = utcnow()
+        with self._lock:
+            self._roll(now)
+            spent = self._spent
+            end = self._period_end
+        if spent >= limit:
+            raise TooManyRequests(
+                f"message delivery failed: budget exceeded: ${spent:.4f} of ${limit:.2f} spent this month",
+                retry_after=max(1, int((end - now).total_seconds())))
+
+    def budget(self) -> dict[str, Any]:
+        """GET /api/budget."""
+        start, end = month_bounds(utcnow())
+        spent = self._sum_cost(start, end)
+        limit = self.limit_usd
+        alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}", []) or []
+        return {"limit_usd": limit, "spent_usd": round(spent, 10),
+                "remaining_usd": round(max(0.0, limit - spent), 10) if limit > 0 else None,
+                "period_start": iso(start), "period_end": iso(end),
+                "alerts": [a for a in alerts if limit > 0]}
+
+    # -- reports ----------------------------------------------------------------------
+    def _sum_cost(self, start: datetime, end: datetime) -> float:
+        with orm.db_session:
+            rows = self.store.db.select("SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE at >= $s AND at < $e",
+                                        {"s": _naive(start), "e": _naive(end)})
+        return float(rows[0])
+
+    def period(self, since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+        """The report window: the current month unless `since`/`until` narrow it."""
+        start, end = month_bounds(utcnow())
+        return since or start, until or end
+
+    def totals(self, start: datetime, end: datetime) -> dict[str, Any]:
+        """GET /api/usage."""
+        with orm.db_session:
+            row = self.store.db.select(
+                "SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
+                "COALESCE(SUM(cost_usd), 0), COUNT(*) FROM usage WHERE at >= $s AND at < $e",
+                {"s": _naive(start), "e": _naive(end)})[0]
+        return {"total_input_tokens": int(row[0]), "total_output_tokens": int(row[1]),
+                "total_cost_usd": round(float(row[2]), 10), "requests": int(row[3]),
+                "period_start": iso(start), "period_end": iso(end)}
+
+    def by_model(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """GET /api/usage/by-model."""
+        with orm.db_session:
+            rows = self.store.db.select(
+                "SELECT model, SUM(input_tokens), SUM(output_tokens), SUM(cost_usd), COUNT(*) FROM usage "
+                "WHERE at >= $s AND at < $e GROUP BY model ORDER BY SUM(cost_usd) DESC, model",
+                {"s": _naive(start), "e": _naive(end)})
+        return [{"model": r[0], "input_tokens": int(r[1]), "output_tokens": int(r[2]),
+                 "cost_usd": round(float(r[3]), 10), "requests": int(r[4])} for r in rows]
+
+    def by_agent(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """GET /api/budget/agents."""
+        with orm.db_session:
+            rows = self.store.db.select(
+                "SELECT agent_id, MAX(agent_name), SUM(cost_usd), SUM(input_tokens), SUM(output_tokens) "
+                "FROM usage WHERE at >= $s AND at < $e GROUP BY agent_id ORDER BY SUM(cost_usd) DESC",
+                {"s": _naive(start), "e": _naive(end)})
+        return [{"agent_id": r[0], "agent_name": r[1], "spent_usd": round(float(r[2]), 10),
+                 "input_tokens": int(r[3]), "output_tokens": int(r[4])} for r in rows]

@@ -30,7 +30,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.extensions["agentd.kernel"] = kernel
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
 
-    from agentd.api import dashboard, routes_agents, routes_memory, routes_openai, routes_stream, routes_system
+    from agentd.api import (dashboard, routes_agents, routes_catalog, routes_memory, routes_openai,
+                            routes_stream, routes_system)
     from agentd.api.sockets import register_sockets
 
     install_middleware(app, kernel.config)
@@ -40,6 +41,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_memory.bp)
     app.register_blueprint(routes_stream.bp)
     app.register_blueprint(routes_openai.bp)
+    app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(dashboard.bp)
     register_sockets(app)
     return app

@@ -1,0 +1,47 @@
+"""User-defined models: validated elsewhere, kept in the catalog and persisted in the store."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from agentd.errors import Conflict, NotFound
+from agentd.llm.catalog import Catalog, ModelInfo
+from agentd.store import Store
+
+SETTING = "custom_models"
+
+
+class CustomModels:
+    """Adds and removes tier-`custom` models and keeps them across restarts."""
+
+    def __init__(self, store: Store, catalog: Catalog) -> None:
+        self.store = store
+        self.catalog = catalog
+        self._lock = threading.Lock()
+        for data in store.get_setting(SETTING, []) or []:
+            self.catalog.add_custom(self._info(data))
+
+    @staticmethod
+    def _info(data: dict[str, Any]) -> ModelInfo:
+        fields = {k: v for k, v in data.items() if k != "tier"}
+        return ModelInfo(tier="custom", aliases=[], **fields)
+
+    def add(self, data: dict[str, Any]) -> str:
+        """Add a model (tier becomes `custom`); 409 when the id or an alias is taken."""
+        with self._lock:
+            if self.catalog.get_model(data["id"]) is not None:
+                raise Conflict(f"a model with id {data['id']!r} already exists")
+            self.catalog.add_custom(self._info(data))
+            stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != data["id"]]
+            stored.append({k: v for k, v in data.items() if k != "tier"})
+            self.store.set_setting(SETTING, stored)
+        return data["id"]
+
+    def remove(self, model_id: str) -> None:
+        """Remove a custom model; 404 for unknown or built-in ids."""
+        with self._lock:
+            if not self.catalog.remove_custom(model_id):
+                raise NotFound(f"custom model not found: {model_id}")
+            stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != model_id]
+            self.store.set_setting(SETTING, stored)

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Agent benchmark: what agentd adds on top of the model call.
+
+Against the fake LLM answering instantly (in its own process), prints:
+- messages/s through POST /api/agents/{id}/message with 1 agent and with 32 agents in
+  parallel, next to the fake LLM called directly at the same concurrency, as a ratio
+  and as added milliseconds per message (p50);
+- the added overhead of a 3-iteration tool run;
+- spawn rate and GET /api/agents latency with 1,000 agents;
+- with `--metering-ratio`, the same 1-agent run with usage recording off vs on.
+Figures only; nothing is asserted.
+
+    python scripts/bench_agents.py [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
+
+
+def start_fake() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakellm.py"), "--port", str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def timed_loop(fn, clients: int, seconds: float) -> list[float]:
+    """Run fn(client_index) in `clients` threads for `seconds`; per-call latencies."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    stop_at = time.perf_counter() + seconds
+    barrier = threading.Barrier(clients)
+
+    def worker(i: int) -> None:
+        fn(i)  # warm the connection
+        barrier.wait()
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            fn(i)
+            latencies[i].append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [x for own in latencies for x in own]
+
+
+def summary(latencies: list[float], seconds: float) -> tuple[float, float]:
+    return len(latencies) / seconds, statistics.median(latencies) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--agents", type=int, default=1000)
+    args = parser.parse_args()
+    fake, fake_url = start_fake()
+    tmp = tempfile.TemporaryDirectory()
+    config = (FAST_API + f'\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+              f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{fake_url}/v1"\n')
+    daemon = Daemon(make_home(Path(tmp.name), config), env_extra={"OPENAI_API_KEY": "bench"}).start()
+    try:
+        sessions = [requests.Session() for _ in range(32)]
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+
+        def direct(i: int) -> None:
+            sessions[i].post(f"{fake_url}/v1/chat/completions", json=body).raise_for_status()
+
+        ids = []
+        for i in range(32):
+            r = daemon.post("/api/agents", json={"manifest_toml": f'name = "bench{i}"\nprofile = "minimal"\n'})
+            ids.append(r.json()["agent_id"])
+
+        def via_agent(i: int) -> None:
+            r = sessions[i].post(f"{daemon.url}/api/agents/{ids[i]}/message", json={"message": "hi"})
+            r.raise_for_status()
+
+        print("messages/s through POST /api/agents/{id}/message vs the fake LLM called directly")
+        print(f"{'clients':>7} | {'direct/s':>9} {'p50 ms':>7} | {'agentd/s':>9} {'p50 ms':>7} | ratio | added p50 ms")
+        for clients in (1, 32):
+            d_rate, d_p50 = summary(timed_loop(direct, clients, args.seconds), args.seconds)
+            a_rate, a_p50 = summary(timed_loop(via_agent, clients, args.seconds), args.seconds)
+            print(f"{clients:>7} | {d_rate:>9.0f} {d_p50:>7.2f} | {a_rate:>9.0f} {a_p50:>7.2f} | "
+                  f"{a_rate / d_rate:.2f} | {a_p50 - d_p50:.2f}")
+
+        tool_msg = {"message": '[[tool:file_list {"path": "."} x2]]'}
+
+        def tool_run(i: int) -> None:
+            r = sessions[0].post(f"{daemon.url}/api/agents/{ids[0]}/message", json=tool_msg)
+            assert r.json()["iterations"] == 3, r.text
+
+        lat = timed_loop(tool_run, 1, args.seconds)
+        d_rate, d_p50 = summary(timed_loop(direct, 1, args.seconds), args.seconds)
+        t_p50 = statistics.median(lat) * 1000
+        print(f"3-iteration tool run: p50 {t_p50:.2f} ms = 3 model calls ({3 * d_p50:.2f} ms direct) "
+              f"+ {t_p50 - 3 * d_p50:.2f} ms added ({(t_p50 - 3 * d_p50) / 3:.2f} ms per iteration)")
+
+        began = time.perf_counter()
+        for i in range(args.agents - 32):
+            r = sessions[0].post(f"{daemon.url}/api/agents",
+                                 json={"manifest_toml": f'name = "spawn{i}"\nprofile = "minimal"\n'})
+            r.raise_for_status()
+        spawn_time = time.perf_counter() - began
+        print(f"spawn rate: {(args.agents - 32) / spawn_time:.0f} agents/s")
+        lat = []
+        for _ in range(20):
+            start = time.perf_counter()
+            agents = sessions[0].get(f"{daemon.url}/api/agents").json()
+            lat.append(time.perf_counter() - start)
+        print(f"GET /api/agents with {len(agents)} agents: p50 {statistics.median(lat) * 1000:.1f} ms")
+    finally:
+        daemon.stop()
+        fake.terminate()
+        fake.wait(10)
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
