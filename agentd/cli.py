@@ -146,6 +146,64 @@ def doctor(as_json: bool = False) -> None:
         raise SystemExit(1)
 
 
+@argh.arg("--json", dest="as_json", help="print the raw JSON")
+@argh.arg("--since", help="ISO 8601 start (default: start of this month, UTC)")
+@argh.arg("--until", help="ISO 8601 end (default: end of this month)")
+def usage(as_json: bool = False, since: str = "", until: str = "") -> None:
+    """Token and cost totals for the period, and per model."""
+    client = _client(_config())
+    params = {k: v for k, v in (("since", since), ("until", until)) if v}
+    totals = _get(client, "/api/usage", params)
+    models = _get(client, "/api/usage/by-model", params)
+    if as_json:
+        print(json.dumps({"totals": totals, "by_model": models}, indent=2))
+        return
+    print(f"period      {totals['period_start']} .. {totals['period_end']}")
+    print(f"tokens      {totals['total_input_tokens']} in / {totals['total_output_tokens']} out")
+    print(f"cost        ${totals['total_cost_usd']:.6f}")
+    if models:
+        print()
+        print(_table(["MODEL", "REQUESTS", "INPUT", "OUTPUT", "COST USD"],
+                     [[m["model"], m["requests"], m["input_tokens"], m["output_tokens"],
+                       f"{m['cost_usd']:.6f}"] for m in models]))
+
+
+@argh.arg("--set", dest="set_limit", type=float, help="set the monthly limit in USD (0 = unlimited)")
+@argh.arg("--json", dest="as_json", help="print the raw JSON")
+def budget(set_limit: float | None = None, as_json: bool = False) -> None:
+    """Show the monthly budget, or set it with --set."""
+    client = _client(_config())
+    if set_limit is not None:
+        response = client.request("PUT", "/api/budget", json={"limit_usd": set_limit})
+        if not response.ok:
+            _fail(f"cannot set budget: {response.json().get('error', response.text)}")
+    status = _get(client, "/api/budget")
+    agents = _get(client, "/api/budget/agents")
+    if as_json:
+        print(json.dumps({"budget": status, "agents": agents}, indent=2))
+        return
+    limit = status["limit_usd"]
+    print(f"limit       {'unlimited' if not limit else f'${limit:.2f}'}")
+    print(f"spent       ${status['spent_usd']:.6f}")
+    if status["remaining_usd"] is not None:
+        print(f"remaining   ${status['remaining_usd']:.6f}")
+    print(f"period      {status['period_start']} .. {status['period_end']}")
+    for alert in status["alerts"]:
+        print(f"alert       [{alert['level']}] {alert['message']} ({alert['at']})")
+    if agents:
+        print()
+        print(_table(["AGENT", "SPENT USD", "INPUT", "OUTPUT"],
+                     [[a["agent_name"], f"{a['spent_usd']:.6f}", a["input_tokens"], a["output_tokens"]]
+                      for a in agents]))
+
+
+def _get(client: ApiClient, path: str, params: dict[str, str] | None = None) -> Any:
+    response = client.request("GET", path, params=params)
+    if not response.ok:
+        _fail(f"GET {path} failed: HTTP {response.status_code} {response.text.strip()}")
+    return response.json()
+
+
 def init() -> None:
     """Create the home directory and a commented config.toml (kept if present)."""
     home = home_dir()
@@ -157,5 +215,5 @@ def init() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agentd` console script."""
     parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
-    parser.add_commands([start, stop, status, doctor, init])
+    parser.add_commands([start, stop, status, doctor, init, usage, budget])
     parser.dispatch(argv=argv)
