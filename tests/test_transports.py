@@ -282,7 +282,8 @@ def test_openai_length_and_tool_usage_cover_every_call(agent_daemon, oa) -> None
     spawn(agent_daemon, name, extra='profile = "minimal"')
     completion = oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "[[length]] cut"}])
     assert completion.choices[0].finish_reason == "length"
-    direct = agent_daemon.post(f"/api/agents/{spawn(agent_daemon, extra='profile = \"minimal\"')}/message",
+    other = spawn(agent_daemon, extra='profile = "minimal"')
+    direct = agent_daemon.post(f"/api/agents/{other}/message",
                                json={"message": '[[tool:file_list {"path": "."}]]'}).json()
     completion = oa.chat.completions.create(
         model=name, messages=[{"role": "user", "content": '[[tool:file_list {"path": "."}]]'}])

@@ -1,0 +1,118 @@
+"""Anthropic Messages API wire format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+from agentd.llm.drivers.assemble import Assembler, Listener
+from agentd.llm.drivers.transport import bad_response, iter_sse, parse_event_json
+from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
+
+API_VERSION = "2023-06-01"
+# The Messages API requires max_tokens; used when neither manifest nor request sets one.
+DEFAULT_MAX_TOKENS = 4096
+FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+
+
+def _blocks(m: Message) -> list[dict[str, Any]]:
+    if m.role == "tool":
+        return [{"type": "tool_result", "tool_use_id": m.tool_call_id or "", "content": m.content,
+                 "is_error": m.is_error}]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    blocks += [{"type": "image", "source": {"type": "base64", "media_type": i.media_type, "data": i.data_b64}}
+               for i in m.images]
+    blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in m.tool_calls]
+    return blocks
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Tool results travel as user turns, and the API wants roles to alternate: merge neighbours."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = "assistant" if m.role == "assistant" else "user"
+        blocks = _blocks(m)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return out
+
+
+def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """URL, headers and body of one call."""
+    body: dict[str, Any] = {"model": request.model, "messages": _messages(request.messages),
+                            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS}
+    if request.system:
+        body["system"] = request.system
+    if request.tools:
+        body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                         for t in request.tools]
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if stream:
+        body["stream"] = True
+    headers = {"anthropic-version": API_VERSION}
+    if endpoint.api_key:
+        headers["x-api-key"] = endpoint.api_key
+    return f"{endpoint.base_url.rstrip('/')}/v1/messages", headers, body
+
+
+def _usage(data: Any) -> Usage:
+    if not isinstance(data, dict):
+        return Usage()
+    return Usage(int(data.get("input_tokens") or 0), int(data.get("output_tokens") or 0))
+
+
+def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatResponse:
+    """A non-streamed answer."""
+    content = data.get("content")
+    if not isinstance(content, list):
+        raise bad_response(endpoint, model, "no content in the answer")
+    text = "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    calls = [ToolCall(b.get("id", ""), b.get("name", ""), b.get("input") if isinstance(b.get("input"), dict) else {})
+             for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+    finish = "tool_calls" if calls else FINISH.get(data.get("stop_reason") or "end_turn", "stop")
+    return ChatResponse(text=text, tool_calls=calls, finish_reason=finish, usage=_usage(data.get("usage")),
+                        model=str(data.get("model") or model))
+
+
+def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Response,
+                 on_event: Listener) -> ChatResponse:
+    """A streamed answer, event by event."""
+    out = Assembler(on_event)
+    for event in iter_sse(response):
+        data = parse_event_json(endpoint, model, event.data)
+        kind = data.get("type") or event.event
+        if kind == "message_start":
+            usage = _usage((data.get("message") or {}).get("usage"))
+            out.input_tokens, out.output_tokens = usage.input_tokens, usage.output_tokens
+        elif kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                out.start_call(int(data.get("index", 0)), block.get("id"), block.get("name") or "")
+            elif block.get("text"):
+                out.add_text(block["text"])
+        elif kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                out.add_text(delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta":
+                out.add_arguments(int(data.get("index", 0)), delta.get("partial_json") or "")
+        elif kind == "content_block_stop":
+            out.end_call(int(data.get("index", 0)))
+        elif kind == "message_delta":
+            stop = (data.get("delta") or {}).get("stop_reason")
+            if stop:
+                out.finish = FINISH.get(stop, "stop")
+            if isinstance(data.get("usage"), dict) and "output_tokens" in data["usage"]:
+                out.output_tokens = int(data["usage"]["output_tokens"] or 0)
+        elif kind == "error":
+            detail = (data.get("error") or {}).get("message", "unknown error")
+            raise bad_response(endpoint, model, f"the stream reported an error: {detail}")
+        elif kind == "message_stop":
+            break
+    return out.response(model)

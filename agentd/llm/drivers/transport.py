@@ -1,0 +1,178 @@
+"""HTTP plumbing shared by every driver: sessions, error mapping, SSE parsing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from agentd.llm.types import LLMError, ProviderEndpoint
+
+_local = threading.local()
+ERROR_TEXT_LIMIT = 300
+
+
+def session() -> requests.Session:
+    """One keep-alive session per thread: connection reuse without sharing pools across threads."""
+    s = getattr(_local, "session", None)
+    if s is None:
+        s = requests.Session()
+        _local.session = s
+    return s
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One Server-Sent Event: its `event:` name (may be empty) and joined `data:` lines."""
+
+    event: str
+    data: str
+
+
+def iter_sse(response: requests.Response) -> Iterator[SseEvent]:
+    """Parse an SSE body as it arrives; tolerates `\\n` and `\\r\\n` line endings."""
+    buffer = b""
+    event, data = "", []
+    for chunk in response.iter_content(chunk_size=None):
+        buffer += chunk
+        while True:
+            nl = buffer.find(b"\n")
+            if nl < 0:
+                break
+            line = buffer[:nl].rstrip(b"\r").decode("utf-8", errors="replace")
+            buffer = buffer[nl + 1:]
+            if not line:
+                if data:
+                    yield SseEvent(event, "\n".join(data))
+                event, data = "", []
+            elif line.startswith(":"):
+                continue  # comment / keep-alive
+            else:
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "data":
+                    data.append(value)
+                elif name == "event":
+                    event = value
+    tail = buffer.rstrip(b"\r\n").decode("utf-8", errors="replace")
+    if tail.startswith("data:"):
+        data.append(tail[5:].lstrip(" "))
+    if data:
+        yield SseEvent(event, "\n".join(data))
+
+
+def where(endpoint: ProviderEndpoint, model: str) -> str:
+    """The prefix of every error message: which provider and model failed."""
+    return f"{endpoint.provider} model {model}"
+
+
+def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, str],
+         body: dict[str, Any], stream: bool) -> requests.Response:
+    """POST JSON; network failures and non-2xx answers become `LLMError`s."""
+    try:
+        response = session().post(url, json=body, headers=headers, stream=stream,
+                                  timeout=(endpoint.connect_timeout, endpoint.timeout))
+    except requests.RequestException as exc:
+        raise network_error(endpoint, model, exc) from None
+    if response.status_code >= 400:
+        try:
+            raise http_error(endpoint, model, response)
+        finally:
+            response.close()
+    return response
+
+
+def network_error(endpoint: ProviderEndpoint, model: str, exc: Exception) -> LLMError:
+    """Map a requests exception (before or during the body) to a timeout or unreachable error."""
+    text = str(exc)
+    if isinstance(exc, requests.Timeout) or "timed out" in text.lower():
+        return LLMError(f"{where(endpoint, model)}: timed out after {endpoint.timeout:g}s waiting for "
+                        f"{endpoint.base_url}", provider=endpoint.provider, model=model, kind="timeout")
+    if isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return LLMError(f"{where(endpoint, model)}: cannot reach {endpoint.base_url}: connection failed",
+                        provider=endpoint.provider, model=model, kind="unreachable")
+    return LLMError(f"{where(endpoint, model)}: the connection broke: {type(exc).__name__}",
+                    provider=endpoint.provider, model=model, kind="server")
+
+
+_KIND_BY_STATUS = {400: "bad_request", 401: "auth", 403: "auth", 404: "not_found", 408: "server",
+                   409: "server", 413: "bad_request", 422: "bad_request", 429: "rate_limit"}
+
+
+def http_error(endpoint: ProviderEndpoint, model: str, response: requests.Response) -> LLMError:
+    """An error answer from the provider, with its own message when it gave one."""
+    status = response.status_code
+    kind = _KIND_BY_STATUS.get(status, "server" if status >= 500 else "bad_request")
+    detail = provider_message(response)
+    if kind == "auth":
+        detail = f"the provider rejected the API key ({detail})" if detail else "the provider rejected the API key"
+    retry_after = None
+    raw = response.headers.get("Retry-After")
+    if raw:
+        try:
+            retry_after = max(0.0, float(raw))
+        except ValueError:
+            retry_after = None
+    message = f"{where(endpoint, model)}: HTTP {status}" + (f": {detail}" if detail else "")
+    return LLMError(message, provider=endpoint.provider, model=model, kind=kind, http_status=status,
+                    retry_after=retry_after)
+
+
+def provider_message(response: requests.Response) -> str:
+    """The human message inside an OpenAI-, Anthropic- or Gemini-shaped error body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:ERROR_TEXT_LIMIT].strip()
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("type") or "")[:ERROR_TEXT_LIMIT]
+    if isinstance(error, str):
+        return error[:ERROR_TEXT_LIMIT]
+    return ""
+
+
+def read_json(endpoint: ProviderEndpoint, model: str, response: requests.Response) -> dict[str, Any]:
+    """Decode a non-streamed answer; anything but a JSON object is a bad response."""
+    try:
+        data = response.json()
+    except ValueError:  # requests' JSONDecodeError is also a RequestException: catch it first
+        raise bad_response(endpoint, model, "the answer is not valid JSON") from None
+    except requests.RequestException as exc:
+        raise network_error(endpoint, model, exc) from None
+    if not isinstance(data, dict):
+        raise bad_response(endpoint, model, "the answer is not a JSON object")
+    return data
+
+
+def parse_event_json(endpoint: ProviderEndpoint, model: str, data: str) -> dict[str, Any]:
+    """Decode one stream event's data."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise bad_response(endpoint, model, "a stream event is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise bad_response(endpoint, model, "a stream event is not a JSON object")
+    return obj
+
+
+def bad_response(endpoint: ProviderEndpoint, model: str, why: str) -> LLMError:
+    return LLMError(f"{where(endpoint, model)}: unusable response: {why}", provider=endpoint.provider,
+                    model=model, kind="bad_response")
+
+
+def parse_arguments(raw: Any) -> dict[str, Any]:
+    """Tool-call arguments as a dict; malformed JSON from the model becomes {} (the tool then says what is missing)."""
+    if isinstance(raw, dict):
+        return raw
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
