@@ -7,7 +7,6 @@ Against the fake LLM answering instantly (in its own process), prints:
   and as added milliseconds per message (p50);
 - the added overhead of a 3-iteration tool run;
 - spawn rate and GET /api/agents latency with 1,000 agents;
-- with `--metering-ratio`, the same 1-agent run with usage recording off vs on.
 Figures only; nothing is asserted.
 
     python scripts/bench_agents.py [--seconds 3]
@@ -17,53 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
-
-
-def start_fake() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakellm.py"), "--port", str(port)],
-                            stdout=subprocess.PIPE, text=True)
-    proc.stdout.readline()
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def timed_loop(fn, clients: int, seconds: float) -> list[float]:
-    """Run fn(client_index) in `clients` threads for `seconds`; per-call latencies."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    stop_at = time.perf_counter() + seconds
-    barrier = threading.Barrier(clients)
-
-    def worker(i: int) -> None:
-        fn(i)  # warm the connection
-        barrier.wait()
-        while time.perf_counter() < stop_at:
-            start = time.perf_counter()
-            fn(i)
-            latencies[i].append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [x for own in latencies for x in own]
-
-
-def summary(latencies: list[float], seconds: float) -> tuple[float, float]:
-    return len(latencies) / seconds, statistics.median(latencies) * 1000
+from benchlib import bench_daemon, fake_llm, summary, timed_loop
 
 
 def main() -> None:
@@ -71,12 +28,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--agents", type=int, default=1000)
     args = parser.parse_args()
-    fake, fake_url = start_fake()
-    tmp = tempfile.TemporaryDirectory()
-    config = (FAST_API + f'\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
-              f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{fake_url}/v1"\n')
-    daemon = Daemon(make_home(Path(tmp.name), config), env_extra={"OPENAI_API_KEY": "bench"}).start()
-    try:
+    with fake_llm() as fake_url, bench_daemon(fake_url) as daemon:
         sessions = [requests.Session() for _ in range(32)]
         body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -125,11 +77,6 @@ def main() -> None:
             agents = sessions[0].get(f"{daemon.url}/api/agents").json()
             lat.append(time.perf_counter() - start)
         print(f"GET /api/agents with {len(agents)} agents: p50 {statistics.median(lat) * 1000:.1f} ms")
-    finally:
-        daemon.stop()
-        fake.terminate()
-        fake.wait(10)
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,417 @@
+"""WebSockets on the waitress port: hand flask-sock a socket that waitress lets go of.
+
+waitress never gives a WSGI application its connection, and simple-websocket
+(under flask-sock) needs one: it looks for ``environ["werkzeug.socket"]`` and
+otherwise fails the handshake with 500 "Cannot obtain socket from WSGI
+environment". This module closes the gap without patching waitress globally:
+``install(server)`` gives one server a channel class (and through it a task
+class) that, for a request carrying ``Upgrade: websocket``, puts a *lazy*
+socket into the environ.
+
+* Nothing happens until simple-websocket first uses that object (any attribute
+  access, i.e. the moment it sends the 101 response). A request the app
+  answers on its own -- 401, 404, a rejected handshake -- never touches it and
+  is served as ordinary HTTP on a connection that stays usable.
+* On first use the channel is *hijacked*: waitress's asyncore loop stops
+  polling it (readable()/writable() are False) and it takes no more requests.
+  simple-websocket gets an ``os.dup()`` of the descriptor, never waitress's own
+  socket object: its reader thread closes the socket it is given, and closing
+  a descriptor that waitress still polls kills waitress's main loop.
+* The dup keeps a (long) timeout rather than blocking mode, because O_NONBLOCK
+  lives on the open file shared by both descriptors; ``recv`` simply waits
+  again when the timeout expires, so idle sockets stay open, while a client
+  that stops reading fails a ``send`` after ``SEND_TIMEOUT`` seconds instead of
+  pinning a thread forever.
+* ``send``/``sendall`` are one full ``sendall`` under a lock, so frames written
+  by several threads (the handler, simple-websocket's reader answering pings)
+  never interleave on the wire and are never cut short by a partial send.
+  Note that wsproto's *framing* state is not thread-safe either: an app that
+  calls ``ws.send`` from several threads should still hold one lock around it
+  (``agentd.api.sockets`` does).
+* A peer that vanished (mid-handshake or later) costs one log line and no
+  traceback: the failed write is dropped, the socket is shut down, and the
+  handler learns of it through simple-websocket's ``ConnectionClosed``.
+* When the handler returns, whatever the WSGI app returns is discarded (no
+  HTTP response is written into the WebSocket stream), the task waits up to
+  ``CLOSE_TIMEOUT`` seconds for the close handshake, then ``shutdown()``s the
+  socket so simple-websocket's reader thread always exits, and waitress closes
+  the channel.
+
+Each open WebSocket holds one waitress worker thread for its whole life.
+Recommended settings::
+
+    server = ws_transport.create_server(
+        app, host=..., port=...,
+        threads=HTTP_HEADROOM + MAX_WEBSOCKETS + MAX_SSE_STREAMS,
+        connection_limit=...,       # well above threads (waitress default 100)
+        asyncore_use_poll=True,     # select() breaks past 1024 descriptors
+    )
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 25}  # flask-sock
+
+The ping keeps idle sockets alive through proxies and NATs and detects dead
+peers; waitress's ``channel_timeout`` does not apply to a hijacked channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+import waitress
+from waitress.channel import HTTPChannel
+from waitress.task import WSGITask
+
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "SEND_TIMEOUT",
+    "WebSocketChannel",
+    "WebSocketTask",
+    "active_websockets",
+    "close_websockets",
+    "create_server",
+    "install",
+]
+
+log = logging.getLogger("agentd.ws.transport")
+
+#: Seconds a finished handler waits for the client to answer the close frame.
+CLOSE_TIMEOUT = 2.0
+#: Socket timeout of a hijacked connection: bounds each send (recv just retries).
+SEND_TIMEOUT = 60.0
+
+# Close frame "1001 going away" as a server sends it (unmasked, 2-byte payload).
+_GOING_AWAY_FRAME = b"\x88\x02\x03\xe9"
+
+
+class _Registry:
+    """The hijacked connections of one server, for shutdown and monitoring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: set[_WebSocketStream] = set()
+
+    def add(self, stream: _WebSocketStream) -> None:
+        with self._lock:
+            self._streams.add(stream)
+
+    def discard(self, stream: _WebSocketStream) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+    def snapshot(self) -> list[_WebSocketStream]:
+        with self._lock:
+            return list(self._streams)
+
+
+class _WebSocketStream(socket.socket):
+    """The dup'd connection simple-websocket reads and writes after the hijack."""
+
+    def __init__(self, *, fileno: int | None = None, peer: str = "?") -> None:
+        if fileno is None:
+            # Stand-in for a connection that was already gone at hijack time:
+            # an unconnected socket gives the selector a valid descriptor and
+            # fails every operation, which simple-websocket treats as a close.
+            super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        else:
+            super().__init__(fileno=fileno)
+        # A timeout, not blocking mode: O_NONBLOCK is shared with waitress's
+        # descriptor (same open file), and a timeout keeps it set.
+        self.settimeout(SEND_TIMEOUT)
+        self.peer = peer
+        # Serialises every write and guards close/shutdown against a send in
+        # flight: CPython reads the descriptor number before the syscall, so a
+        # concurrent close could make that syscall hit a reused descriptor.
+        self._ws_lock = threading.RLock()
+        self._ws_closed = threading.Event()
+        self._ws_dead = fileno is None
+        self._ws_handshake_done = False
+        self._ws_reader_started = False
+
+    # -- used by simple-websocket --------------------------------------------
+
+    def fileno(self) -> int:
+        # Only simple-websocket's reader calls this (to register a selector
+        # when pings are on); from then on it may be waiting on the descriptor.
+        with self._ws_lock:
+            self._ws_reader_started = True
+        return super().fileno()
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        with self._ws_lock:
+            self._ws_reader_started = True
+            if self._ws_dead or self._ws_closed.is_set():
+                return b""  # simple-websocket reads this as "closed"
+        while True:
+            try:
+                return super().recv(bufsize, flags)
+            except TimeoutError:
+                # The timeout exists for sends; an idle socket is fine.
+                if self._ws_dead or self._ws_closed.is_set():
+                    return b""
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        # simple-websocket ignores the return value of send(), so a partial
+        # send would truncate a frame: always write it all.
+        self.sendall(data, flags)
+        return len(data)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        with self._ws_lock:
+            if self._ws_dead or self._ws_closed.is_set():
+                return  # the peer is gone; the reader reports the close
+            try:
+                super().sendall(data, flags)
+            except OSError as exc:
+                # A vanished client is routine: one line, no traceback, and
+                # no exception into simple-websocket's reader thread (it would
+                # die without closing the socket) or into the handler.
+                if self._ws_handshake_done:
+                    log.debug("websocket client %s gone while sending: %s", self.peer, exc)
+                else:
+                    log.info("websocket client %s went away during the handshake: %s",
+                             self.peer, exc)
+                self._ws_dead = True
+                self._shutdown_locked()
+                return
+            self._ws_handshake_done = True
+
+    def close(self) -> None:
+        with self._ws_lock:
+            super().close()
+            self._ws_closed.set()
+
+    # -- used by this module -------------------------------------------------
+
+    def _shutdown_locked(self) -> None:
+        if self._ws_closed.is_set():
+            return
+        try:
+            super().shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already reset by the peer
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until simple-websocket's reader has closed the socket."""
+        return self._ws_closed.wait(timeout)
+
+    def abort(self) -> None:
+        """Shut the connection down so the reader thread wakes up and exits."""
+        with self._ws_lock:
+            self._shutdown_locked()
+            if not self._ws_reader_started:
+                # No reader thread ever used it (the handshake failed before
+                # one started, or it has not run yet and will see "closed"),
+                # so nobody else will close it.
+                super().close()
+                self._ws_closed.set()
+
+    def going_away(self) -> None:
+        """Send close 1001 and shut down (server shutdown)."""
+        with self._ws_lock:
+            if self._ws_dead or self._ws_closed.is_set():
+                return
+            try:
+                super().sendall(_GOING_AWAY_FRAME)
+            except OSError:
+                pass
+            self._ws_dead = True
+            self._shutdown_locked()
+
+
+class _LazySocket:
+    """What ``environ["werkzeug.socket"]`` holds: hijacks on first use.
+
+    Dunder lookups (repr, bool, copying the environ) bypass ``__getattr__``,
+    so only real use by simple-websocket (``send``, ``recv``, ``fileno`` ...)
+    takes the connection away from waitress.
+    """
+
+    def __init__(self, task: WebSocketTask) -> None:
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._task.hijack(), name)
+
+    def __repr__(self) -> str:
+        return f"<lazy websocket for {self._task.request.path}>"
+
+
+class WebSocketTask(WSGITask):
+    """A WSGI task that can give its connection to a WebSocket handler."""
+
+    _ws_lazy: _LazySocket | None = None
+    _ws_stream: _WebSocketStream | None = None
+
+    def __init__(self, channel: HTTPChannel, request: Any) -> None:
+        super().__init__(channel, request)
+        self._ws_hijack_lock = threading.Lock()
+
+    def get_environment(self) -> dict[str, Any]:
+        environ = super().get_environment()
+        if self._ws_lazy is None and "websocket" in environ.get("HTTP_UPGRADE", "").lower():
+            self._ws_lazy = _LazySocket(self)
+            environ["werkzeug.socket"] = self._ws_lazy
+        return environ
+
+    def hijack(self) -> _WebSocketStream:
+        """Take the connection from waitress (once) and return the dup'd socket."""
+        with self._ws_hijack_lock:
+            if self._ws_stream is not None:
+                return self._ws_stream
+            channel = self.channel
+            channel.hijack()
+            # Whatever happens now, no HTTP response may be written: mark the
+            # header as sent so waitress never writes an error page into the
+            # WebSocket stream, and close the channel when the task ends.
+            self.wrote_header = True
+            self.close_on_finish = True
+            peer = "%s:%s" % tuple(channel.addr[:2]) if channel.addr else "?"
+            try:
+                fd = os.dup(channel.socket.fileno())
+            except (OSError, AttributeError, ValueError) as exc:
+                log.info("websocket client %s went away before the handshake: %s", peer, exc)
+                stream = _WebSocketStream(peer=peer)
+            else:
+                stream = _WebSocketStream(fileno=fd, peer=peer)
+            self._ws_stream = stream
+            registry = _registry_of(channel.server)
+            if registry is not None:
+                registry.add(stream)
+            return stream
+
+    def execute(self) -> None:
+        try:
+            super().execute()
+        except Exception:
+            if self._ws_stream is None:
+                raise  # ordinary HTTP: waitress answers 500 as usual
+            # After the hijack there is no HTTP left to answer with.
+            log.exception("websocket request %s failed after the upgrade", self.request.path)
+        finally:
+            if self._ws_stream is not None:
+                self._finish_websocket(self._ws_stream)
+
+    def _finish_websocket(self, stream: _WebSocketStream) -> None:
+        try:
+            if stream._ws_handshake_done:
+                # flask-sock has sent the close frame; give the client a
+                # moment to answer so the close handshake completes cleanly.
+                stream.wait_closed(CLOSE_TIMEOUT)
+            stream.abort()
+        finally:
+            registry = _registry_of(self.channel.server)
+            if registry is not None:
+                registry.discard(stream)
+
+    def write(self, data: bytes) -> None:
+        if self._ws_stream is not None:
+            # The app's post-handshake "response" is meaningless; count it as
+            # written so waitress does not warn about a short Content-Length.
+            self.content_bytes_written += len(data)
+            return
+        super().write(data)
+
+    def finish(self) -> None:
+        if self._ws_stream is not None:
+            return
+        super().finish()
+
+
+class WebSocketChannel(HTTPChannel):
+    """An HTTP channel that steps aside once its connection is hijacked."""
+
+    task_class = WebSocketTask
+    ws_hijacked = False
+
+    def __init__(self, server: Any, sock: socket.socket, addr: Any, adj: Any,
+                 map: dict[int, Any] | None = None) -> None:
+        # Held by the main loop while reading, so no read can race the
+        # hijack and swallow the first bytes meant for the WebSocket.
+        self._ws_hijack_lock = threading.Lock()
+        super().__init__(server, sock, addr, adj, map=map)
+
+    def hijack(self) -> None:
+        """Stop waitress from reading, writing or parsing on this connection."""
+        with self._ws_hijack_lock:
+            self.ws_hijacked = True
+
+    def readable(self) -> bool:
+        if self.ws_hijacked:
+            return False
+        return super().readable()
+
+    def writable(self) -> bool:
+        if self.ws_hijacked:
+            # Only wake up to close the channel once the task has finished
+            # (service() sets close_when_flushed); there is never output.
+            return bool(self.will_close or self.close_when_flushed)
+        return super().writable()
+
+    def handle_read(self) -> None:
+        with self._ws_hijack_lock:
+            if self.ws_hijacked:
+                return
+            super().handle_read()
+
+
+def _servers_of(server: Any) -> list[Any]:
+    """The listening servers behind what waitress.create_server returned."""
+    if hasattr(server, "channel_class"):
+        return [server]
+    # A MultiSocketServer (several listen addresses): its servers are in the map.
+    return [s for s in getattr(server, "map", {}).values() if hasattr(s, "channel_class")]
+
+
+def _registry_of(server: Any) -> _Registry | None:
+    return getattr(server, "_agentd_ws_registry", None)
+
+
+def install(server: Any) -> Any:
+    """Make flask-sock routes work on ``server`` (from ``waitress.create_server``).
+
+    Sets the server instance's ``channel_class`` -- waitress itself is not
+    patched -- so call it before the server accepts connections. Accepts a
+    ``MultiSocketServer`` too. Returns ``server``. Idempotent.
+    """
+    servers = _servers_of(server)
+    if not servers:
+        raise TypeError(f"not a waitress server: {server!r}")
+    registry = _registry_of(server) or _Registry()
+    for srv in servers:
+        current = srv.channel_class
+        if not issubclass(current, WebSocketChannel):
+            if current is not HTTPChannel:
+                raise TypeError(f"server already uses a custom channel class {current!r}")
+            srv.channel_class = WebSocketChannel
+        srv._agentd_ws_registry = registry
+    server._agentd_ws_registry = registry
+    return server
+
+
+def create_server(app: Any, **waitress_kwargs: Any) -> Any:
+    """``waitress.create_server(app, **waitress_kwargs)`` with WebSockets installed."""
+    return install(waitress.create_server(app, **waitress_kwargs))
+
+
+def active_websockets(server: Any) -> int:
+    """Number of hijacked connections whose handler is still running."""
+    registry = _registry_of(server)
+    return len(registry.snapshot()) if registry is not None else 0
+
+
+def close_websockets(server: Any) -> int:
+    """Send "1001 going away" to every open WebSocket and shut it down.
+
+    For server shutdown: handlers then see ``ConnectionClosed`` and return,
+    releasing their worker threads. Returns how many sockets were closed.
+    """
+    registry = _registry_of(server)
+    streams = registry.snapshot() if registry is not None else []
+    for stream in streams:
+        stream.going_away()
+    return len(streams)

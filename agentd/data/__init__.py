@@ -1,0 +1,1 @@
+"""Catalog data files (providers, models, aliases) shipped with the package."""

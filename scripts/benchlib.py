@@ -1,0 +1,82 @@
+"""Shared pieces of the benchmarks: the fake LLM in its own process, a daemon, load loops.
+
+The benchmarks print figures only; nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
+
+__all__ = ["ROOT", "Daemon", "free_port", "fake_llm", "bench_daemon", "timed_loop", "summary", "percentile"]
+
+
+@contextmanager
+def fake_llm() -> Iterator[str]:
+    """The fake LLM in a separate process (so it does not share our GIL); yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fakellm.py"), "--port", str(port),
+                             "--max-log", "100"], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def bench_daemon(fake_url: str, extra_config: str = "", env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon in a temp home whose default model is gpt-4o on the fake LLM."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = (FAST_API + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                  f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{fake_url}/v1"\n' + extra_config)
+        daemon = Daemon(make_home(Path(tmp), config), env_extra={"OPENAI_API_KEY": "bench", **(env or {})}).start()
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+
+
+def timed_loop(fn: Callable[[int], object], clients: int, seconds: float) -> list[float]:
+    """Run fn(client_index) in `clients` threads for `seconds`; every call's latency in seconds."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    stop_at = time.perf_counter() + seconds
+    barrier = threading.Barrier(clients)
+
+    def worker(i: int) -> None:
+        fn(i)  # warm the connection
+        barrier.wait()
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            fn(i)
+            latencies[i].append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [x for own in latencies for x in own]
+
+
+def summary(latencies: list[float], seconds: float) -> tuple[float, float]:
+    """(calls per second, p50 in ms)."""
+    return len(latencies) / seconds, statistics.median(latencies) * 1000
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]

@@ -1,0 +1,539 @@
+"""agentd.api.ws_transport: flask-sock WebSockets on a real waitress server.
+
+One waitress server (via ws_transport.create_server) runs in a background
+thread for the whole module; websocket-client and requests talk to it over
+127.0.0.1. Nothing here asserts on wall-clock time: waits poll a condition
+with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import psutil
+import pytest
+import requests
+import websocket
+from flask import Flask, jsonify, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+from simple_websocket import Server as SimpleServer
+from waitress import wasyncore
+from wsproto.events import TextMessage
+
+from agentd.api import ws_transport
+
+WAIT = 10.0  # generous deadline for conditions that normally hold in milliseconds
+
+
+# -- the app under test ------------------------------------------------------
+
+class Hooks:
+    """Events a test uses to steer or observe a handler."""
+
+    def __init__(self) -> None:
+        self.gate_arrived = threading.Event()
+        self.gate_open = threading.Event()
+        self.stubborn_done = threading.Event()
+
+
+def make_app(hooks: Hooks) -> Flask:
+    app = Flask(__name__)
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 25}  # the recommended setting
+    sock = Sock(app)
+
+    @app.before_request
+    def gatekeeper() -> Any:
+        if request.path == "/ws/private" and request.args.get("token") != "secret":
+            # Rejected before flask-sock touches the socket: must stay plain HTTP.
+            return jsonify(error="unauthorized"), 401
+        if request.path == "/ws/gated":
+            hooks.gate_arrived.set()
+            hooks.gate_open.wait(WAIT)
+        return None
+
+    @app.get("/http")
+    def plain() -> Any:
+        return jsonify(ok=True, n=int(request.args.get("n", 0)))
+
+    def echo(ws: Any) -> None:
+        while True:
+            ws.send(ws.receive())
+
+    for path in ("/ws/echo", "/ws/private", "/ws/gated"):
+        sock.route(path, endpoint=path)(echo)
+
+    @app.route("/ws/echo-noping", websocket=True)
+    def echo_noping() -> str:
+        # simple-websocket without pings: its reader blocks in recv() instead
+        # of a selector, exercising the other read path of the transport.
+        ws = SimpleServer(request.environ)
+        try:
+            while True:
+                ws.send(ws.receive())
+        except ConnectionClosed:
+            pass
+        return "a body after the upgrade must be discarded"
+
+    @sock.route("/ws/spam")
+    def spam(ws: Any) -> None:
+        n = 0
+        while True:  # until the client is gone (ConnectionClosed)
+            ws.send(f"spam {n}")
+            n += 1
+
+    @sock.route("/ws/once")
+    def once(ws: Any) -> None:
+        ws.send("bye")  # flask-sock then sends the close frame
+
+    @sock.route("/ws/stubborn")
+    def stubborn(ws: Any) -> None:
+        ws.send("ready")
+        try:
+            while True:
+                ws.receive()
+        except ConnectionClosed:
+            pass
+        # The reader has closed the socket; a careless handler keeps writing.
+        try:
+            for _ in range(20):
+                ws.sock.send(b"\x81\x01x")
+        finally:
+            hooks.stubborn_done.set()
+
+    @sock.route("/ws/two-threads")
+    def two_threads(ws: Any) -> None:
+        count, size = (int(x) for x in ws.receive().split())
+        # A small send buffer makes each big frame take several partial
+        # send() calls: without the transport's lock they would interleave.
+        ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        framing = threading.Lock()
+
+        def pump(tag: str) -> None:
+            for i in range(count):
+                body = f"{tag}:{i}:" + tag * size
+                # wsproto's framing state is not thread-safe, so frames are
+                # built under a lock -- but written outside it, concurrently:
+                # keeping those writes whole is the transport's job.
+                with framing:
+                    frame = ws.ws.send(TextMessage(data=body))
+                ws.sock.send(frame)
+
+        pumps = [threading.Thread(target=pump, args=(tag,)) for tag in "ab"]
+        for t in pumps:
+            t.start()
+        for t in pumps:
+            t.join()
+        ws.send("done")
+        ws.receive()  # until the client closes
+
+    return app
+
+
+# -- fixtures ----------------------------------------------------------------
+
+class Capture(logging.Handler):
+    """Collects warnings, errors, tracebacks and our transport's lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def problems(self) -> list[str]:
+        # "waitress.queue" warns whenever a task waits for a worker thread
+        # (e.g. right after start, before the workers are idle): load noise,
+        # which agentd.daemon silences too.
+        return [f"{r.name}: {r.getMessage()}" for r in self.records
+                if (r.levelno >= logging.WARNING or r.exc_info) and r.name != "waitress.queue"]
+
+
+class Server:
+    def __init__(self, hooks: Hooks, **waitress_kwargs: Any) -> None:
+        self.hooks = hooks
+        options = dict(threads=48, connection_limit=200, asyncore_use_poll=True, ident="test")
+        options.update(waitress_kwargs)
+        self.waitress = ws_transport.create_server(
+            make_app(hooks), host="127.0.0.1", port=0, **options)
+        self.port = self.waitress.effective_port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="test-waitress-loop", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        # The same shape as agentd.daemon's loop: short polls until told to stop.
+        while not self._stop.is_set():
+            wasyncore.loop(timeout=0.05, map=self.waitress._map, use_poll=True, count=1)
+
+    def url(self, path: str) -> str:
+        return f"ws://127.0.0.1:{self.port}{path}"
+
+    def http(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+        ws_transport.close_websockets(self.waitress)
+        self.waitress.task_dispatcher.shutdown(timeout=WAIT)
+        self.waitress.close()
+        wasyncore.close_all(self.waitress._map)
+
+
+@pytest.fixture(scope="module")
+def capture() -> Iterator[Capture]:
+    handler = Capture()
+    root = logging.getLogger()
+    transport_log = logging.getLogger("agentd.ws.transport")
+    old_level = transport_log.level
+    transport_log.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+    thread_errors: list[str] = []
+    old_hook = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread_errors.append(f"{args.thread.name if args.thread else '?'}: {args.exc_value!r}")
+
+    threading.excepthook = hook
+    handler.thread_errors = thread_errors  # type: ignore[attr-defined]
+    yield handler
+    threading.excepthook = old_hook
+    root.removeHandler(handler)
+    transport_log.setLevel(old_level)
+
+
+@pytest.fixture(scope="module")
+def server(capture: Capture) -> Iterator[Server]:
+    srv = Server(Hooks())
+    yield srv
+    srv.stop()
+    assert not srv._thread.is_alive()
+
+
+@pytest.fixture(autouse=True)
+def clean_logs(capture: Capture) -> Iterator[Capture]:
+    """Every test: no warnings, no tracebacks, no thread died."""
+    capture.records.clear()
+    capture.thread_errors.clear()  # type: ignore[attr-defined]
+    yield capture
+    assert capture.problems() == []
+    assert capture.thread_errors == []  # type: ignore[attr-defined]
+
+
+# -- helpers -----------------------------------------------------------------
+
+def wait_for(cond: Callable[[], bool], what: str, deadline: float = WAIT) -> None:
+    end = time.monotonic() + deadline
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def connect(server: Server, path: str = "/ws/echo", **kwargs: Any) -> websocket.WebSocket:
+    return websocket.create_connection(server.url(path), timeout=WAIT, **kwargs)
+
+
+def http_ok(server: Server, n: int = 0) -> None:
+    r = requests.get(server.http(f"/http?n={n}"), timeout=WAIT)
+    assert r.status_code == 200 and r.json() == {"ok": True, "n": n}
+
+
+def drop(ws: websocket.WebSocket, reset: bool = False) -> None:
+    """Vanish without a close frame: FIN, or RST with reset=True."""
+    if reset:
+        ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    ws.sock.close()
+
+
+def upgrade_request(port: int, path: str) -> bytes:
+    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n").encode()
+
+
+def read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body, read off a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before the response headers"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers["content-length"])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside the response body"
+        body += chunk
+    return lines[0], headers, body
+
+
+def open_fds() -> int:
+    return psutil.Process().num_fds()
+
+
+# -- tests -------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/ws/echo", "/ws/echo-noping"])
+def test_echo_round_trips(server: Server, path: str) -> None:
+    ws = connect(server, path)
+    try:
+        for i in range(300):
+            ws.send(f"message {i}")
+            assert ws.recv() == f"message {i}"
+        big = "x" * (2 * 1024 * 1024)  # several partial socket writes each way
+        ws.send(big)
+        assert ws.recv() == big
+        ws.send_binary(bytes(range(256)))
+        assert ws.recv() == bytes(range(256))
+    finally:
+        ws.close()
+    http_ok(server)
+
+
+def test_concurrent_sockets_with_plain_http(server: Server) -> None:
+    sockets, messages = 24, 100
+    errors: list[str] = []
+    done = threading.Event()
+    http_count = [0]
+
+    def talk(k: int) -> None:
+        try:
+            ws = connect(server)
+            try:
+                for i in range(messages):
+                    ws.send(f"{k}/{i}")
+                    got = ws.recv()
+                    if got != f"{k}/{i}":
+                        errors.append(f"socket {k}: sent {k}/{i}, got {got!r}")
+                        return
+            finally:
+                ws.close()
+        except Exception as exc:  # reported below
+            errors.append(f"socket {k}: {exc!r}")
+
+    def browse() -> None:
+        try:
+            while not done.is_set():
+                http_ok(server, http_count[0])
+                http_count[0] += 1
+        except Exception as exc:
+            errors.append(f"http: {exc!r}")
+
+    browser = threading.Thread(target=browse)
+    talkers = [threading.Thread(target=talk, args=(k,)) for k in range(sockets)]
+    browser.start()
+    for t in talkers:
+        t.start()
+    for t in talkers:
+        t.join(WAIT * 3)
+    done.set()
+    browser.join(WAIT)
+    assert errors == []
+    assert http_count[0] > 0
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+def test_abrupt_disconnect(server: Server, reset: bool) -> None:
+    # Mid-conversation: a message in flight, its echo never read.
+    ws = connect(server)
+    ws.send("hello")
+    assert ws.recv() == "hello"
+    ws.send("never read")
+    drop(ws, reset)
+    # While the server is busy sending.
+    spammer = connect(server, "/ws/spam")
+    for _ in range(50):
+        assert spammer.recv().startswith("spam ")
+    drop(spammer, reset)
+
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+    http_ok(server)
+    again = connect(server)
+    again.send("still here")
+    assert again.recv() == "still here"
+    again.close()
+
+
+def test_handler_writing_after_reader_closed(server: Server) -> None:
+    server.hooks.stubborn_done.clear()
+    ws = connect(server, "/ws/stubborn")
+    assert ws.recv() == "ready"
+    drop(ws)
+    assert server.hooks.stubborn_done.wait(WAIT)
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    http_ok(server)
+
+
+def test_client_gone_during_handshake(server: Server, capture: Capture) -> None:
+    hooks = server.hooks
+    hooks.gate_arrived.clear()
+    hooks.gate_open.clear()
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    raw.sendall(upgrade_request(server.port, "/ws/gated"))
+    assert hooks.gate_arrived.wait(WAIT)  # the app holds the request...
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    raw.close()  # ...while the client resets the connection
+    hooks.gate_open.set()
+
+    def logged() -> bool:
+        return any("during the handshake" in r.getMessage() for r in capture.records)
+
+    wait_for(logged, "the one-line handshake log")
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    line = [r for r in capture.records if "during the handshake" in r.getMessage()]
+    assert len(line) == 1 and line[0].exc_info is None and line[0].levelno == logging.INFO
+    http_ok(server)
+    ws = connect(server)
+    ws.send("ok")
+    assert ws.recv() == "ok"
+    ws.close()
+
+
+def test_rejected_upgrade_is_plain_http(server: Server) -> None:
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        connect(server, "/ws/private")
+    assert info.value.status_code == 401
+
+    # On one raw connection: the 401 is a normal response and the connection
+    # keeps serving HTTP afterwards, i.e. it was never hijacked.
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    try:
+        raw.sendall(upgrade_request(server.port, "/ws/private"))
+        status, headers, body = read_response(raw)
+        assert status == "HTTP/1.1 401 UNAUTHORIZED"
+        assert json.loads(body) == {"error": "unauthorized"}
+        assert headers.get("connection", "").lower() != "close"
+        raw.sendall(f"GET /http?n=7 HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        status, _, body = read_response(raw)
+        assert status == "HTTP/1.1 200 OK" and json.loads(body) == {"ok": True, "n": 7}
+    finally:
+        raw.close()
+
+    ws = connect(server, "/ws/private?token=secret")
+    ws.send("authorised")
+    assert ws.recv() == "authorised"
+    ws.close()
+
+
+def test_no_leaked_threads_or_fds(server: Server) -> None:
+    http_ok(server)
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "a quiet server")
+    base_threads, base_fds = threading.active_count(), open_fds()
+
+    clients = [connect(server, "/ws/echo-noping" if k % 2 else "/ws/echo") for k in range(20)]
+    for k, ws in enumerate(clients):
+        ws.send(f"hi {k}")
+        assert ws.recv() == f"hi {k}"
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 20, "20 live sockets")
+    assert threading.active_count() >= base_threads + 20  # one reader thread each
+    for k, ws in enumerate(clients):
+        if k < 12:
+            ws.close()
+        else:
+            drop(ws, reset=k % 2 == 0)
+
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+    wait_for(lambda: threading.active_count() <= base_threads + 1, "reader threads to exit")
+    wait_for(lambda: open_fds() <= base_fds + 3, "descriptors to be closed")
+    http_ok(server)
+
+
+def test_two_threads_sending_keep_frames_whole(server: Server) -> None:
+    count, size = 40, 100_000
+    ws = connect(server, "/ws/two-threads")
+    try:
+        ws.send(f"{count} {size}")
+        seen = {"a": 0, "b": 0}
+        while True:
+            msg = ws.recv()
+            if msg == "done":
+                break
+            tag, index, body = msg.split(":", 2)
+            assert tag in seen, f"garbled frame starting {msg[:40]!r}"
+            assert int(index) == seen[tag], "frames of one thread out of order or lost"
+            assert body == tag * size, "frame payload damaged"
+            seen[tag] += 1
+        assert seen == {"a": count, "b": count}
+    finally:
+        ws.close()
+
+
+def test_close_websockets_for_shutdown(server: Server) -> None:
+    ws = connect(server)
+    ws.send("x")
+    assert ws.recv() == "x"
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 1, "one live socket")
+    assert ws_transport.close_websockets(server.waitress) == 1
+    opcode, frame = ws.recv_data_frame(control_frame=True)
+    assert opcode == websocket.ABNF.OPCODE_CLOSE
+    assert struct.unpack("!H", frame.data[:2])[0] == 1001
+    ws.shutdown()
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    http_ok(server)
+
+
+def test_install_is_per_server_and_idempotent() -> None:
+    import waitress
+    from waitress.channel import HTTPChannel
+
+    app = Flask(__name__)
+    plain = waitress.create_server(app, host="127.0.0.1", port=0)
+    patched = waitress.create_server(app, host="127.0.0.1", port=0)
+    try:
+        assert ws_transport.install(patched) is patched
+        ws_transport.install(patched)
+        assert patched.channel_class is ws_transport.WebSocketChannel
+        assert plain.channel_class is HTTPChannel  # waitress itself untouched
+        assert HTTPChannel.task_class is not ws_transport.WebSocketTask
+    finally:
+        for srv in (plain, patched):
+            srv.task_dispatcher.shutdown(timeout=WAIT)
+            srv.close()
+            wasyncore.close_all(srv._map)
+
+
+def test_unresponsive_client_is_shut_down(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handler returns and flask-sock sends its close frame, but the client
+    # never answers it: after CLOSE_TIMEOUT the transport shuts the socket
+    # down, so simple-websocket's reader exits instead of lingering.
+    monkeypatch.setattr(ws_transport, "CLOSE_TIMEOUT", 0.2)
+    ws = connect(server, "/ws/once")
+    try:
+        assert ws.recv() == "bye"
+        data = b""
+        while True:
+            chunk = ws.sock.recv(4096)  # raw: websocket-client would answer the close
+            if not chunk:
+                break
+            data += chunk
+        assert data[:1] == b"\x88"  # the close frame, then EOF
+    finally:
+        ws.sock.close()
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+
+
+def test_request_lookahead_does_not_steal_frames() -> None:
+    # With channel_request_lookahead waitress keeps reading a channel while its
+    # task runs; a hijacked channel must still never be read again.
+    srv = Server(Hooks(), threads=4, channel_request_lookahead=5)
+    try:
+        ws = connect(srv)
+        for i in range(100):
+            ws.send(f"m{i}")
+            assert ws.recv() == f"m{i}"
+        ws.close()
+        http_ok(srv)
+    finally:
+        srv.stop()
