@@ -30,7 +30,9 @@ def build(ref: Path) -> tuple[list[dict], list[dict], dict[str, str]]:
         kind = KINDS.get(p["api_format"])
         if kind is None or p["id"] in DROPPED:
             continue
-        providers.append({"id": p["id"], "display_name": p["display_name"], "api_key_env": p["api_key_env"],
+        # Local runners take no key: the spec gives them an empty api_key_env.
+        env = p["api_key_env"] if p["key_required"] else ""
+        providers.append({"id": p["id"], "display_name": p["display_name"], "api_key_env": env,
                           "base_url": p["base_url"], "key_required": bool(p["key_required"]), "kind": kind})
     kept = {p["id"]: p for p in providers}
     local = {p["id"] for p in providers if not p["key_required"]}

@@ -14,6 +14,7 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates
 
 from agentd.errors import BadRequest
+from agentd.schema_fields import StrictFloat
 
 PROFILES: dict[str, list[str]] = {
     "minimal": ["file_read", "file_list"],
@@ -59,7 +60,7 @@ class ModelSchema(_Strict):
     model = fields.String(load_default="default")
     system_prompt = fields.String(load_default="You are a helpful AI agent.")
     max_tokens = fields.Integer(load_default=4096, strict=True, validate=validate.Range(min=1, max=1_000_000))
-    temperature = fields.Float(load_default=0.7, validate=validate.Range(min=0.0, max=2.0))
+    temperature = StrictFloat(load_default=0.7, validate=validate.Range(min=0.0, max=2.0))
     api_key_env = fields.String(load_default="")
     base_url = fields.String(load_default="")
 
@@ -93,7 +94,7 @@ class ResourcesSchema(_Strict):
     max_llm_tokens_per_hour = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
     max_iterations = fields.Integer(load_default=None, strict=True, allow_none=True,
                                     validate=validate.Range(min=1, max=1000))
-    tool_timeout_secs = fields.Float(load_default=120.0, validate=validate.Range(min=0.1, max=3600))
+    tool_timeout_secs = StrictFloat(load_default=120.0, validate=validate.Range(min=0.1, max=3600))
 
 
 class AutonomousSchema(_Strict):

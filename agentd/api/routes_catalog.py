@@ -9,6 +9,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from agentd.api import body
 from agentd.api.routes_system import kernel
+from agentd.schema_fields import StrictFloat
 from agentd.errors import BadRequest, NotFound
 
 bp = Blueprint("catalog", __name__)
@@ -26,8 +27,8 @@ class CustomModelSchema(Schema):
     tier = fields.String(load_default="custom", validate=validate.OneOf(TIERS))
     context_window = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
     max_output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
-    input_cost_per_m = fields.Float(required=True, validate=validate.Range(min=0))
-    output_cost_per_m = fields.Float(required=True, validate=validate.Range(min=0))
+    input_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
+    output_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
     supports_tools = fields.Boolean(required=True, truthy={True}, falsy={False})
     supports_vision = fields.Boolean(required=True, truthy={True}, falsy={False})
     supports_streaming = fields.Boolean(required=True, truthy={True}, falsy={False})
@@ -42,7 +43,7 @@ class BudgetSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    limit_usd = fields.Float(required=True, strict=True, validate=validate.Range(min=0))
+    limit_usd = StrictFloat(required=True, validate=validate.Range(min=0))
 
 
 def _iso_arg(name: str) -> datetime | None:

@@ -1,0 +1,103 @@
+"""shell_exec: run one program, without a shell, in the agent workspace."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from agentd.agents.tools.base import ToolContext, ToolError, tool
+from agentd.agents.tools.files import workspace_root
+
+# Without a shell these do nothing useful, and their presence means the model expects
+# shell semantics (pipes, redirects, chaining, substitution) we will not provide.
+METACHARACTERS = (";", "|", "&", "`", "$(", "${", ">", "<", "\n", "\r")
+POLL = 0.05
+
+
+def _check(ctx: ToolContext, command: str) -> list[str]:
+    for meta in METACHARACTERS:
+        if meta in command:
+            raise ToolError(f"shell metacharacter {meta!r} is not allowed: commands run without a shell "
+                            "(one program with its arguments)")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ToolError(f"cannot parse the command: {exc}") from None
+    if not argv:
+        raise ToolError("empty command")
+    program = os.path.basename(argv[0])
+    if program in ctx.tools_config.shell_deny:
+        raise ToolError(f"'{program}' is denied by the daemon's shell policy")
+    allowed = ctx.capabilities.get("shell") or []
+    if allowed is True:
+        allowed = ["*"]
+    if "*" not in allowed and program not in allowed:
+        raise ToolError(f"'{program}' is not in this agent's shell allowlist ({', '.join(allowed) or 'empty'})")
+    return argv
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@tool("shell_exec", "Run one program with arguments (no shell: no pipes, redirects or chaining) in the "
+      "agent workspace; returns the exit code and combined output.",
+      {"command": {"type": "string", "description": "Program and arguments, e.g. 'ls -la'"},
+       "timeout_secs": {"type": "number", "description": "Seconds before the program is killed"}},
+      ("command",), capability="shell")
+def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
+    argv = _check(ctx, args["command"])
+    cfg = ctx.tools_config
+    timeout = min(float(args.get("timeout_secs") or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
+    try:
+        # Own session: a timeout kills the whole process group, grandchildren included.
+        proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except FileNotFoundError:
+        raise ToolError(f"program not found: {argv[0]}") from None
+    except PermissionError:
+        raise ToolError(f"permission denied running {argv[0]}") from None
+    limit = cfg.shell_max_output_bytes
+    drain = _Drain(proc, limit)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if ctx.cancel is not None and ctx.cancel.is_set():
+            _kill(proc)
+            raise ToolError("command cancelled with the run")
+        if time.monotonic() >= deadline:
+            _kill(proc)
+            raise ToolError(f"command timed out after {timeout:g}s and was killed")
+        time.sleep(POLL)
+    drain.thread.join(5)
+    text = bytes(drain.kept).decode("utf-8", errors="replace")
+    if drain.total > limit:
+        text += f"\n[output truncated at {limit} bytes of {drain.total}]"
+    return f"exit code {proc.returncode}\n{text}"
+
+
+class _Drain:
+    """Reads the pipe while the program runs (a full pipe would stall it); keeps the first `limit` bytes."""
+
+    def __init__(self, proc: subprocess.Popen, limit: int) -> None:
+        self.kept = bytearray()
+        self.total = 0
+        self.limit = limit
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True, name="shell-drain")
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            while chunk := proc.stdout.read1(65536):
+                self.total += len(chunk)
+                room = self.limit - len(self.kept)
+                if room > 0:
+                    self.kept += chunk[:room]
