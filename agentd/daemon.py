@@ -29,6 +29,7 @@ from agentd.kernel import Kernel
 from agentd.kernel_time import iso, utcnow
 from agentd.providers import load_secrets
 
+SWITCH_INTERVAL = float(os.environ.get("AGENTD_SWITCH_INTERVAL", "0.0005"))
 log = logging.getLogger("agentd.daemon")
 
 
@@ -162,6 +163,9 @@ class Daemon:
 def run_daemon(config: Config) -> None:
     """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
     setup_logging(config.log_level)
+    # Many short critical sections (SQLite write lock, queues) are handed between threads;
+    # the default 5 ms GIL switch interval turns that into lock convoys under load.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     daemon = Daemon(config)
     daemon.start()
     daemon.serve()

@@ -22,6 +22,8 @@ import requests
 
 from benchlib import bench_daemon, fake_llm, summary, timed_loop
 
+SESSION_TURNS = 10
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,11 +46,18 @@ def main() -> None:
             r = sessions[i].post(f"{daemon.url}/api/agents/{ids[i]}/message", json={"message": "hi"})
             r.raise_for_status()
 
+        def fresh_session(i: int, calls: int) -> None:
+            # A conversation of SESSION_TURNS messages, then a new one: sessions stay realistic
+            # instead of growing for the whole run (every message resends the full history).
+            if calls % SESSION_TURNS == 0:
+                sessions[i].post(f"{daemon.url}/api/agents/{ids[i]}/session/reset").raise_for_status()
+
         print("messages/s through POST /api/agents/{id}/message vs the fake LLM called directly")
+        print(f"(each agent's session is reset every {SESSION_TURNS} messages, untimed)")
         print(f"{'clients':>7} | {'direct/s':>9} {'p50 ms':>7} | {'agentd/s':>9} {'p50 ms':>7} | ratio | added p50 ms")
         for clients in (1, 32):
             d_rate, d_p50 = summary(timed_loop(direct, clients, args.seconds), args.seconds)
-            a_rate, a_p50 = summary(timed_loop(via_agent, clients, args.seconds), args.seconds)
+            a_rate, a_p50 = summary(timed_loop(via_agent, clients, args.seconds, fresh_session), args.seconds)
             print(f"{clients:>7} | {d_rate:>9.0f} {d_p50:>7.2f} | {a_rate:>9.0f} {a_p50:>7.2f} | "
                   f"{a_rate / d_rate:.2f} | {a_p50 - d_p50:.2f}")
 
@@ -58,7 +67,7 @@ def main() -> None:
             r = sessions[0].post(f"{daemon.url}/api/agents/{ids[0]}/message", json=tool_msg)
             assert r.json()["iterations"] == 3, r.text
 
-        lat = timed_loop(tool_run, 1, args.seconds)
+        lat = timed_loop(tool_run, 1, args.seconds, fresh_session)
         d_rate, d_p50 = summary(timed_loop(direct, 1, args.seconds), args.seconds)
         t_p50 = statistics.median(lat) * 1000
         print(f"3-iteration tool run: p50 {t_p50:.2f} ms = 3 model calls ({3 * d_p50:.2f} ms direct) "

@@ -50,8 +50,12 @@ def bench_daemon(fake_url: str, extra_config: str = "", env: dict[str, str] | No
             daemon.stop()
 
 
-def timed_loop(fn: Callable[[int], object], clients: int, seconds: float) -> list[float]:
-    """Run fn(client_index) in `clients` threads for `seconds`; every call's latency in seconds."""
+def timed_loop(fn: Callable[[int], object], clients: int, seconds: float,
+               between: Callable[[int, int], object] | None = None) -> list[float]:
+    """Run fn(client_index) in `clients` threads for `seconds`; every call's latency in seconds.
+
+    `between(client_index, calls_so_far)`, when given, runs before each call, untimed.
+    """
     latencies: list[list[float]] = [[] for _ in range(clients)]
     stop_at = time.perf_counter() + seconds
     barrier = threading.Barrier(clients)
@@ -60,6 +64,8 @@ def timed_loop(fn: Callable[[int], object], clients: int, seconds: float) -> lis
         fn(i)  # warm the connection
         barrier.wait()
         while time.perf_counter() < stop_at:
+            if between is not None:
+                between(i, len(latencies[i]))
             start = time.perf_counter()
             fn(i)
             latencies[i].append(time.perf_counter() - start)

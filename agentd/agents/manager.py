@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import json
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
 from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
-from agentd.agents.session import api_view, estimate_tokens, history_for_model, to_stored
+from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.agents.signing import verify_envelope
 from agentd.agents.tools import Tool, ToolContext, ToolError, all_tools
 from agentd.config import Config
@@ -82,6 +83,11 @@ class AgentHandle:
     cancel: threading.Event | None = None
     token_log: collections.deque = field(default_factory=collections.deque)
     killed: bool = False
+    # The session's stored messages, once read; every write replaces it.
+    session_cache: list[dict[str, Any]] | None = None
+    # The same messages converted for the model, extended as runs append (long sessions
+    # would otherwise be converted again on every message).
+    llm_history: list[Message] | None = None
 
 
 @dataclass
@@ -185,7 +191,7 @@ class AgentManager:
                 row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
                                             manifest=manifest.data, mode=handle.mode, state=handle.state,
                                             created_at=now, last_active=now, session_id=handle.session_id)
-                self.store.e.SessionRow(id=handle.session_id, agent=row, messages=[], created_at=now)
+                self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         return handle
@@ -447,7 +453,7 @@ class AgentManager:
             costs.append(getattr(response, "cost_usd", None))
             handle.token_log.append((time.time(), response.usage.input_tokens + response.usage.output_tokens))
 
-        spec = RunSpec(model=handle.model, system=system, history=history_for_model(stored), user=user,
+        spec = RunSpec(model=handle.model, system=system, history=self._history(handle, stored), user=user,
                        tools=tools, tool_ctx=ctx, llm=self._llm_call(handle),
                        max_iterations=handle.manifest.max_iterations,
                        tool_timeout=handle.manifest.tool_timeout,
@@ -506,9 +512,34 @@ class AgentManager:
 
     # -- session ------------------------------------------------------------------
     def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
-        with orm.db_session:
-            row = self.store.e.SessionRow.get(id=handle.session_id)
-            return list(row.messages or []) if row is not None else []
+        """The stored messages; kept in memory after the first read (writes go through here too)."""
+        if handle.session_cache is None:
+            with orm.db_session:
+                row = self.store.e.SessionRow.get(id=handle.session_id)
+                handle.session_cache = json.loads(row.messages or "[]") if row is not None else []
+        return list(handle.session_cache)
+
+    def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]],
+                       appended: bool = False) -> None:
+        """Inside a db_session: persist `messages` and make them the cached copy.
+
+        `appended`: `messages` is the cached session plus new messages at the end.
+        """
+        row.messages = json.dumps(messages, ensure_ascii=False)
+        previous = handle.llm_history
+        handle.session_cache = messages
+        if appended and previous is not None and len(previous) <= len(messages):
+            # Appended to what was cached (the usual case): convert only the new tail.
+            handle.llm_history = previous + [to_llm(m) for m in messages[len(previous):]]
+        else:
+            handle.llm_history = None
+
+    @staticmethod
+    def _history(handle: AgentHandle, stored: list[dict[str, Any]]) -> list[Message]:
+        cached = handle.llm_history
+        if cached is None or len(cached) != len(stored):
+            cached = handle.llm_history = [to_llm(m) for m in stored]
+        return clean_history(cached)
 
     def _save_session(self, handle: AgentHandle, before: list[dict[str, Any]], new: list[Message],
                       image_refs: list[dict[str, Any]]) -> None:
@@ -524,9 +555,8 @@ class AgentManager:
             if agent_row is None:
                 return
             if row is None:
-                row = self.store.e.SessionRow(id=handle.session_id, agent=agent_row, messages=[],
-                                              created_at=now)
-            row.messages = before + added
+                row = self.store.e.SessionRow(id=handle.session_id, agent=agent_row, created_at=now)
+            self._write_session(handle, row, before + added, appended=True)
             agent_row.last_active = now
         handle.last_active = now
 
@@ -549,7 +579,10 @@ class AgentManager:
             row = self.store.e.SessionRow.get(id=key)
             if row is None:
                 raise NotFound("session not found")
-            row.messages = []
+            owner = self._agents.get(row.agent.id)
+            row.messages = "[]"
+            if owner is not None:
+                owner.session_cache, owner.llm_history = [], None
 
     def reset_session(self, handle: AgentHandle) -> None:
         self.delete_session(handle.session_id)
@@ -583,7 +616,7 @@ class AgentManager:
             new = [{"role": "user", "content": f"[Summary of the earlier conversation]\n{summary}"}] + kept
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)
-                row.messages = new
+                self._write_session(handle, row, new)
         return {"status": "ok", "compacted": True, "summarized_messages": len(older),
                 "kept_messages": len(kept),
                 "message": f"compacted {len(older)} messages into a summary of {len(summary)} chars, "

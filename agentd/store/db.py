@@ -52,7 +52,9 @@ def _define_entities(db: Database) -> SimpleNamespace:
         id = PrimaryKey(str)
         agent = Required(AgentRow)
         label = Optional(str, nullable=True)
-        messages = Optional(orm.Json)
+        # Raw JSON text, not orm.Json: Pony wraps Json values in change-tracking
+        # objects, which cost more than the model call on long sessions.
+        messages = Optional(orm.LongStr, default="[]")
         created_at = Required(datetime)
 
     class KvRow(db.Entity):
