@@ -38,11 +38,14 @@ def fake_llm() -> Iterator[str]:
 
 
 @contextmanager
-def bench_daemon(fake_url: str, extra_config: str = "", env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """A daemon in a temp home whose default model is gpt-4o on the fake LLM."""
+def bench_daemon(fake_url: str, api_extra: str = "", env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon in a temp home whose default model is gpt-4o on the fake LLM.
+
+    `api_extra`: more `key = value` lines for the `[api]` table.
+    """
     with tempfile.TemporaryDirectory() as tmp:
-        config = (FAST_API + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
-                  f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{fake_url}/v1"\n' + extra_config)
+        config = (FAST_API + api_extra + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                  f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{fake_url}/v1"\n')
         daemon = Daemon(make_home(Path(tmp), config), env_extra={"OPENAI_API_KEY": "bench", **(env or {})}).start()
         try:
             yield daemon
