@@ -46,6 +46,8 @@ class Metering:
         self._lock = threading.Lock()
         self._period_start, self._period_end = month_bounds(utcnow())
         self._spent = self._sum_cost(self._period_start, self._period_end)
+        # Read on every run and every model call: kept in memory, written through.
+        self._limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
 
     # -- recording --------------------------------------------------------------
     def record(self, agent_id: str, agent_name: str, provider: str, model: str,
@@ -55,10 +57,15 @@ class Metering:
         if not self.enabled:
             return cost
         now = utcnow()
+        row = {"a": agent_id, "n": agent_name, "p": provider, "m": model, "i": input_tokens,
+               "o": output_tokens, "c": cost or 0.0, "pr": cost is not None, "at": _naive(now)}
+        # One plain INSERT: this runs on every model call, and building a Pony entity
+        # costs several times the statement itself.
         with orm.db_session:
-            self.store.e.UsageRow(agent_id=agent_id, agent_name=agent_name, provider=provider,
-                                  model=model, input_tokens=input_tokens, output_tokens=output_tokens,
-                                  cost_usd=cost or 0.0, priced=cost is not None, at=now)
+            self.store.db.execute(
+                "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, "
+                "cost_usd, priced, at) VALUES ($(row['a']), $(row['n']), $(row['p']), $(row['m']), "
+                "$(row['i']), $(row['o']), $(row['c']), $(row['pr']), $(row['at']))")
         with self._lock:
             self._roll(now)
             before = self._spent
@@ -74,11 +81,12 @@ class Metering:
     # -- budget -------------------------------------------------------------------
     @property
     def limit_usd(self) -> float:
-        return float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        return self._limit
 
     def set_limit(self, limit_usd: float) -> None:
         self.store.set_setting("budget_limit_usd", float(limit_usd))
         with self._lock:
+            self._limit = float(limit_usd)
             self._maybe_alert(0.0, self._spent, utcnow())
 
     def _alerts_key(self) -> str:
@@ -114,8 +122,10 @@ class Metering:
 
     def budget(self) -> dict[str, Any]:
         """GET /api/budget."""
-        start, end = month_bounds(utcnow())
-        spent = self._sum_cost(start, end)
+        now = utcnow()
+        with self._lock:
+            self._roll(now)
+            start, end, spent = self._period_start, self._period_end, self._spent
         limit = self.limit_usd
         alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}", []) or []
         return {"limit_usd": limit, "spent_usd": round(spent, 10),

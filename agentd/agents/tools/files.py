@@ -46,6 +46,8 @@ def read_text(path: Path, raw: str) -> str:
         raise ToolError(f"no such file: {raw}")
     if path.is_dir():
         raise ToolError(f"{raw} is a directory; use file_list")
+    if not path.is_file():  # a FIFO or device would block or never end
+        raise ToolError(f"{raw} is not a regular file")
     if path.stat().st_size > READ_LIMIT:
         raise ToolError(f"{raw} is larger than {READ_LIMIT} bytes")
     data = path.read_bytes()

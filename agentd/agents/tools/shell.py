@@ -17,6 +17,21 @@ from agentd.agents.tools.files import workspace_root
 # shell semantics (pipes, redirects, chaining, substitution) we will not provide.
 METACHARACTERS = (";", "|", "&", "`", "$(", "${", ">", "<", "\n", "\r")
 POLL = 0.05
+# Programs that run another program from their arguments: the deny list applies to what they run.
+WRAPPERS = {"env", "nice", "nohup", "timeout", "stdbuf", "setsid", "xargs", "time", "ionice", "command",
+            "exec", "doas", "chrt", "taskset"}
+
+
+def _wrapped_programs(argv: list[str]) -> list[str]:
+    """Basenames of the programs a command would run, looking through wrappers like `env` or `nice`.
+
+    A heuristic (options taking values are not parsed), so a denied name anywhere after a
+    wrapper counts: refusing `nice -n 5 sudo id` matters more than allowing `env echo sudo`.
+    """
+    names = [os.path.basename(argv[0])]
+    if names[0] in WRAPPERS:
+        names += [os.path.basename(a) for a in argv[1:] if not a.startswith("-") and "=" not in a]
+    return names
 
 
 def _check(ctx: ToolContext, command: str) -> list[str]:
@@ -31,8 +46,9 @@ def _check(ctx: ToolContext, command: str) -> list[str]:
     if not argv:
         raise ToolError("empty command")
     program = os.path.basename(argv[0])
-    if program in ctx.tools_config.shell_deny:
-        raise ToolError(f"'{program}' is denied by the daemon's shell policy")
+    for name in _wrapped_programs(argv):
+        if name in ctx.tools_config.shell_deny:
+            raise ToolError(f"'{name}' is denied by the daemon's shell policy")
     allowed = ctx.capabilities.get("shell") or []
     if allowed is True:
         allowed = ["*"]
@@ -56,7 +72,10 @@ def _kill(proc: subprocess.Popen) -> None:
 def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
     argv = _check(ctx, args["command"])
     cfg = ctx.tools_config
-    timeout = min(float(args.get("timeout_secs") or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
+    requested = args.get("timeout_secs")
+    if requested is not None and requested <= 0:
+        raise ToolError("timeout_secs must be greater than 0")
+    timeout = min(float(requested or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
     try:
         # Own session: a timeout kills the whole process group, grandchildren included.
         proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL,
@@ -76,8 +95,11 @@ def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
             _kill(proc)
             raise ToolError(f"command timed out after {timeout:g}s and was killed")
         time.sleep(POLL)
+    # Background children left behind would outlive the call (and may hold the pipe open):
+    # the session is the command's alone, so end whatever is left of it.
+    _kill(proc)
     drain.thread.join(5)
-    text = bytes(drain.kept).decode("utf-8", errors="replace")
+    text = drain.text()
     if drain.total > limit:
         text += f"\n[output truncated at {limit} bytes of {drain.total}]"
     return f"exit code {proc.returncode}\n{text}"
@@ -90,14 +112,21 @@ class _Drain:
         self.kept = bytearray()
         self.total = 0
         self.limit = limit
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True, name="shell-drain")
         self.thread.start()
+
+    def text(self) -> str:
+        """What was kept so far, decoded (safe while the reader is still running)."""
+        with self.lock:
+            return bytes(self.kept).decode("utf-8", errors="replace")
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
         with proc.stdout:
             while chunk := proc.stdout.read1(65536):
-                self.total += len(chunk)
-                room = self.limit - len(self.kept)
-                if room > 0:
-                    self.kept += chunk[:room]
+                with self.lock:
+                    self.total += len(chunk)
+                    room = self.limit - len(self.kept)
+                    if room > 0:
+                        self.kept += chunk[:room]

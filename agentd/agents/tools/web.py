@@ -9,12 +9,29 @@ from typing import Any
 from urllib.parse import quote_plus, urljoin, urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 
 MAX_REDIRECTS = 5
 SAFE_METHODS = {"GET", "HEAD"}
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+# Credentials meant for one host must not follow a redirect to another.
+_HOST_BOUND_HEADERS = {"authorization", "cookie", "proxy-authorization"}
+
+
+def blocked_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """True for anything that is not a public unicast address (loopback, private, CGNAT, ...)."""
+    # is_global also covers ranges the named predicates miss in 3.11, e.g. 100.64.0.0/10.
+    return (address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
+            or address.is_reserved or address.is_unspecified or not address.is_global)
+
+
+def _refusal(host: str, address: Any) -> ToolError:
+    return ToolError(f"refusing to fetch {host}: it resolves to the private or loopback address "
+                     f"{address} (add the host to [tools] fetch_allow_hosts to permit it)")
 
 
 def _host_allowed_by_caps(ctx: ToolContext, host: str) -> None:
@@ -43,10 +60,52 @@ def check_url(ctx: ToolContext, url: str) -> None:
         raise ToolError(f"cannot resolve host {host}: {exc}") from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if (address.is_private or address.is_loopback or address.is_link_local or address.is_multicast
-                or address.is_reserved or address.is_unspecified):
-            raise ToolError(f"refusing to fetch {host}: it resolves to the private or loopback address "
-                            f"{address} (add the host to [tools] fetch_allow_hosts to permit it)")
+        if blocked_address(address):
+            raise _refusal(host, address)
+
+
+def guarded_session(allow_hosts: list[str]) -> requests.Session:
+    """A session whose direct connections re-check the peer address once connected.
+
+    check_url resolves the name before the request, but the HTTP client resolves it again;
+    a DNS answer that changes in between (rebinding) would otherwise reach a private address.
+    Checking the connected socket, before anything is sent, closes that gap. Connections
+    through an environment proxy use requests' own proxy manager and are not affected.
+    """
+    allowed = {h.lower() for h in allow_hosts}
+
+    def check_peer(host: str, sock: socket.socket) -> None:
+        if host.lower().strip("[]") in allowed:
+            return
+        address = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
+        if blocked_address(address):
+            sock.close()
+            raise _refusal(host, address)
+
+    class Conn(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            check_peer(self.host, sock)
+            return sock
+
+    class TLSConn(HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            check_peer(self.host, sock)
+            return sock
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Conn
+
+    class TLSPool(HTTPSConnectionPool):
+        ConnectionCls = TLSConn
+
+    adapter = HTTPAdapter()
+    adapter.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
 
 
 def _read_capped(response: requests.Response, limit: int) -> tuple[bytes, bool]:
@@ -71,7 +130,7 @@ def web_fetch(ctx: ToolContext, args: dict[str, Any]) -> str:
     headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
     cfg = ctx.tools_config
     url = args["url"]
-    with requests.Session() as session:
+    with guarded_session(cfg.fetch_allow_hosts) as session:
         for _ in range(MAX_REDIRECTS + 1):
             check_url(ctx, url)
             try:
@@ -84,12 +143,18 @@ def web_fetch(ctx: ToolContext, args: dict[str, Any]) -> str:
             with response:
                 if response.is_redirect and "Location" in response.headers:
                     # Each hop is checked again: a public URL may redirect to a private one.
-                    url = urljoin(url, response.headers["Location"])
+                    target = urljoin(url, response.headers["Location"])
+                    if urlsplit(target).hostname != urlsplit(url).hostname:
+                        headers = {k: v for k, v in headers.items() if k.lower() not in _HOST_BOUND_HEADERS}
+                    url = target
                     if response.status_code in (301, 302, 303) and method != "HEAD":
                         method, args = "GET", {**args, "body": None}
                     continue
                 body, cut = _read_capped(response, cfg.fetch_max_bytes)
-                text = body.decode(response.encoding or "utf-8", errors="replace")
+                try:
+                    text = body.decode(response.encoding or "utf-8", errors="replace")
+                except LookupError:  # the server named a charset Python does not know
+                    text = body.decode("utf-8", errors="replace")
                 note = f"\n[truncated at {cfg.fetch_max_bytes} bytes]" if cut else ""
                 return f"HTTP {response.status_code}\n{text}{note}"
     raise ToolError(f"too many redirects (more than {MAX_REDIRECTS})")
@@ -111,6 +176,8 @@ def web_search(ctx: ToolContext, args: dict[str, Any]) -> str:
         results = response.json().get("results") or []
     except (requests.RequestException, ValueError, AttributeError) as exc:
         raise ToolError(f"the search backend failed: {type(exc).__name__}") from None
+    if not isinstance(results, list):
+        raise ToolError("the search backend answered an unexpected shape ('results' is not a list)")
     limit = max(1, min(int(args.get("max_results") or 5), 20))
     lines = []
     for i, item in enumerate(results[:limit], 1):
