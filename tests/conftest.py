@@ -54,7 +54,7 @@ def fake_llm():
 
 def llm_config(fake, extra: str = "") -> str:
     """Config pointing every driver family at the fake LLM."""
-    return (FAST_API + "\n[llm]\ntimeout_secs = 3\nretries = 2\n"
+    return (FAST_API + "\n[llm]\ntimeout_secs = 3\nretries = 1\n"
             "\n[default_model]\nprovider = \"openai\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
             f"\n[provider_urls]\nopenai = \"{fake.openai_base}\"\nanthropic = \"{fake.anthropic_base}\"\n"
             f"gemini = \"{fake.gemini_base}\"\ndeepseek = \"{fake.openai_base}\"\n" + extra)

@@ -149,9 +149,11 @@ def test_garbage_is_a_bad_response(fake, stream) -> None:
 
 
 def test_timeout_and_unreachable(fake) -> None:
+    fake.reset()
     with pytest.raises(LLMError) as err:
-        drivers.complete(endpoint(fake, "openai", timeout=0.5), ask("[[hang]]"))
+        drivers.complete(endpoint(fake, "openai", timeout=0.3), ask("[[hang]]"), retries=1)
     assert err.value.kind == "timeout" and "timed out" in err.value.message
+    assert fake.wait_requests(2) and len(fake.requests) == 2  # a timeout is retried once
     dead = endpoint(fake, "openai", base_url=f"http://127.0.0.1:{free_port()}/v1")
     with pytest.raises(LLMError) as err:
         drivers.complete(dead, ask("hi"), retries=0)

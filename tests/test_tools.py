@@ -139,6 +139,12 @@ def test_shell_policy(tmp_path) -> None:
             run(ctx, "shell_exec", command=command)
     with pytest.raises(ToolError, match="denied"):
         run(ctx, "shell_exec", command="sudo id")
+    wide = make_ctx(tmp_path, shell=["*"])
+    for command in ("/usr/bin/sudo id", "env FOO=1 sudo id", "nice -n 5 dd if=/dev/zero"):
+        with pytest.raises(ToolError, match="denied by the daemon's shell policy"):
+            run(wide, "shell_exec", command=command)
+    with pytest.raises(ToolError, match="greater than 0"):
+        run(ctx, "shell_exec", command="echo hi", timeout_secs=-1)
     with pytest.raises(ToolError, match="timed out after 1s"):
         run(ctx, "shell_exec", command="sleep 30", timeout_secs=1)
     out = run(ctx, "shell_exec", command="python3 -c 'print(\"x\" * 200000)'")
@@ -154,15 +160,26 @@ def test_shell_kills_the_process_group(tmp_path) -> None:
         f"open({str(marker)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n"))
     with pytest.raises(ToolError, match="timed out"):
         run(ctx, "shell_exec", command="python3 spawn.py", timeout_secs=1)
-    pid = int(marker.read_text())
-    for _ in range(100):
+    _assert_gone(int(marker.read_text()))
+    # A background child left by a command that exits normally is ended too.
+    run(ctx, "file_write", path="bg.py", content=(
+        "import subprocess\np = subprocess.Popen(['sleep', '60'], stdout=subprocess.DEVNULL)\n"
+        f"open({str(marker)!r}, 'w').write(str(p.pid))\n"))
+    assert run(ctx, "shell_exec", command="python3 bg.py") == "exit code 0\n"
+    _assert_gone(int(marker.read_text()))
+
+
+def _assert_gone(pid: int) -> None:
+    """The process is dead: gone, or a zombie waiting for init to reap it (which can be slow)."""
+    for _ in range(250):
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
+            return
         threading.Event().wait(0.02)
-    else:
-        raise AssertionError("grandchild survived the timeout")
+    raise AssertionError(f"process {pid} survived")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -172,12 +189,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path.startswith("/redirect"):
             self.send_response(302)
-            self.send_header("Location", f"http://localhost:{self.server.server_port}/page")
+            target = "headers" if self.path.startswith("/redirect-headers") else "page"
+            self.send_header("Location", f"http://localhost:{self.server.server_port}/{target}")
             self.end_headers()
             return
         if self.path.startswith("/search"):
             body = json.dumps({"results": [{"title": "T1", "url": "http://a", "content": "c1"},
                                            {"title": "T2", "url": "http://b", "content": "c2"}]}).encode()
+        elif self.path.startswith("/headers"):
+            body = f"auth={self.headers.get('Authorization')} x={self.headers.get('X-Trace')}".encode()
         elif self.path.startswith("/big"):
             body = b"y" * 10_000
         else:
@@ -213,6 +233,12 @@ def test_web_fetch_allowlisted_host_redirects_and_caps(tmp_path, site) -> None:
     # The redirect goes to `localhost`, which is not allowlisted: re-checked and refused.
     with pytest.raises(ToolError, match="localhost"):
         run(ctx, "web_fetch", url=f"{site}/redirect")
+    # Both names allowed: the redirect is followed, but credentials stay with the first host.
+    ctx.tools_config.fetch_allow_hosts = ["127.0.0.1", "localhost"]
+    out = run(ctx, "web_fetch", url=f"{site}/redirect-headers", headers={"Authorization": "Bearer s", "X-Trace": "1"})
+    assert out == "HTTP 200\nauth=None x=1"
+    same_host = run(ctx, "web_fetch", url=f"{site}/headers", headers={"Authorization": "Bearer s"})
+    assert same_host.endswith("auth=Bearer s x=None")
     out = run(ctx, "web_fetch", url=f"{site}/big")
     assert out.endswith("[truncated at 2048 bytes]") and out.split("\n")[1] == "y" * 2048
     ctx.capabilities["read_only_mode"] = True
@@ -221,6 +247,38 @@ def test_web_fetch_allowlisted_host_redirects_and_caps(tmp_path, site) -> None:
     narrow = make_ctx(tmp_path, network=["example.com"])
     with pytest.raises(ToolError, match="network allowlist"):
         run(narrow, "web_fetch", url=f"{site}/page")
+
+
+def test_web_fetch_checks_the_connected_address(tmp_path, site, monkeypatch) -> None:
+    """DNS rebinding: the name looks public when checked, then resolves to loopback on connect."""
+    import socket
+
+    real = socket.getaddrinfo
+    port = int(site.rsplit(":", 1)[1])
+    calls: list[str] = []
+
+    def rebinding(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host != "rebind.example":
+            return real(host, *args, **kwargs)
+        calls.append(host)
+        ip = "93.184.216.34" if len(calls) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (ip, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    ctx = make_ctx(tmp_path, network=["*"])
+    with pytest.raises(ToolError, match="rebind.example.*private or loopback address 127.0.0.1"):
+        run(ctx, "web_fetch", url=f"http://rebind.example:{port}/page")
+    assert len(calls) == 2
+    # CGNAT space is not public either, though 3.11's is_private misses it.
+    with pytest.raises(ToolError, match="private or loopback"):
+        run(ctx, "web_fetch", url="http://100.64.1.1/")
+
+
+def test_file_read_refuses_special_files(ctx) -> None:
+    ctx.workspace.mkdir(parents=True)
+    os.mkfifo(ctx.workspace / "pipe")
+    with pytest.raises(ToolError, match="not a regular file"):
+        run(ctx, "file_read", path="pipe")
 
 
 def test_web_search(tmp_path, site) -> None:

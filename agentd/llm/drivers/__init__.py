@@ -61,7 +61,7 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
             return _cancellable(lambda: _attempt(fmt, endpoint, request, listener if on_event else None),
                                 cancel, endpoint, request.model)
         except LLMError as exc:
-            if not exc.retryable or exc.kind == "timeout" or attempt >= retries or delivered.is_set():
+            if not exc.retryable or attempt >= retries or delivered.is_set():
                 raise
             delay = _delay(attempt, exc.retry_after)
             attempt += 1
