@@ -28,8 +28,8 @@ class ApiConfig:
     cors_origins: list[str] = field(default_factory=list)
     # Every SSE stream and WebSocket holds a waitress worker for its whole life,
     # so the pool is sized for long-lived connections, not just for HTTP.
-    threads: int = 64
-    max_streams: int = 48
+    threads: int = 128
+    max_streams: int = 96
     shutdown_grace_secs: float = 10.0
 
 
@@ -318,9 +318,9 @@ rate_limit_burst = 60
 cors_origins = []
 # waitress worker threads. Every SSE stream and WebSocket holds one for its
 # whole life, so keep this well above max_streams.
-threads = 64
+threads = 128
 # Cap on concurrent SSE streams + WebSockets, so plain HTTP never starves.
-max_streams = 48
+max_streams = 96
 # Seconds in-flight requests get to finish on shutdown.
 shutdown_grace_secs = 10
 

@@ -21,7 +21,7 @@ import waitress
 from waitress import wasyncore
 
 from agentd.api import create_app
-from agentd.api.ws_transport import install as install_ws_transport
+from agentd.api.ws_transport import close_websockets, install as install_ws_transport
 from agentd.client import DaemonInfo, is_healthy, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
@@ -134,6 +134,8 @@ class Daemon:
     def _drain(self) -> None:
         server, kernel = self.server, self.kernel
         kernel.stopping.set()
+        # WebSocket handlers wait on their client; "going away" frees their workers now.
+        close_websockets(server)
         # Stop accepting: close only the listening socket, keep the trigger and
         # the open channels so in-flight responses are still flushed.
         try:

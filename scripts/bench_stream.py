@@ -107,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     prompt = f"[[chunks:{args.chunks}]] [[pace:{args.pace_ms}]]"
 
-    with fake_llm() as fake_url, bench_daemon(fake_url, "max_streams = 64\nthreads = 96\n") as daemon:
+    with fake_llm() as fake_url, bench_daemon(fake_url) as daemon:
         ids = [daemon.post("/api/agents", json={"manifest_toml": f'name = "s{i}"\nprofile = "minimal"\n'})
                .json()["agent_id"] for i in range(32)]
         session = requests.Session()
