@@ -141,7 +141,7 @@ def test_message_round_trip_with_cost(agent_daemon, fake_llm) -> None:
 
 def test_unpriced_model_gives_null_cost(agent_daemon) -> None:
     agent_id = spawn(agent_daemon, model=(
-        f'[model]\nprovider = "openai"\nmodel = "my-local-finetune"\n'))
+        '[model]\nprovider = "openai"\nmodel = "my-local-finetune"\n'))
     body = say(agent_daemon, agent_id, "hi").json()
     assert body["response"] == "echo: hi" and body["cost_usd"] is None
 

@@ -11,7 +11,7 @@ import pytest
 from agentd.llm import drivers
 from agentd.llm.think import ThinkFilter, strip_think
 from agentd.llm.types import (ChatRequest, ImagePart, LLMError, Message, ProviderEndpoint, TextDelta,
-                              ToolCall, ToolCallDelta, ToolCallEnd, ToolCallStart, ToolSpec)
+                              ToolCallDelta, ToolCallEnd, ToolCallStart, ToolSpec)
 from support import free_port
 
 KINDS = ["openai", "anthropic", "gemini"]

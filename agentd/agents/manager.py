@@ -34,7 +34,7 @@ from agentd.errors import AgentdError, BadRequest, Conflict, NotFound, TooManyRe
 from agentd.kernel_time import iso, utcnow
 from agentd.llm import drivers
 from agentd.llm.catalog import Catalog
-from agentd.llm.types import ChatRequest, ChatResponse, ImagePart, LLMError, Message, ProviderEndpoint, Usage
+from agentd.llm.types import ChatRequest, ChatResponse, ImagePart, LLMError, Message, ProviderEndpoint
 from agentd.memory.kv import KvMemory
 from agentd.store import Store
 

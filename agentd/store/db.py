@@ -89,8 +89,37 @@ def _define_entities(db: Database) -> SimpleNamespace:
         priced = Required(bool, default=True)
         at = Required(datetime, index=True)
 
+    class WorkflowRow(db.Entity):
+        """A workflow definition; `steps` holds the validated, normalised steps."""
+        _table_ = "workflows"
+        id = PrimaryKey(str)
+        name = Required(str)
+        description = Optional(str, default="")
+        steps = Required(orm.Json)
+        created_at = Required(datetime)
+        updated_at = Required(datetime)
+
+    class WorkflowRunRow(db.Entity):
+        """One run of a workflow. Not a foreign key to WorkflowRow: a run record outlives
+        nothing it needs (it carries the workflow's name) and retention prunes it."""
+        _table_ = "workflow_runs"
+        id = PrimaryKey(str)
+        workflow_id = Required(str, index=True)
+        workflow_name = Required(str)
+        status = Required(str, index=True)
+        input = Optional(orm.LongStr, default="")
+        output = Optional(orm.LongStr, nullable=True)
+        error = Optional(orm.LongStr, nullable=True)
+        # Raw JSON text (see SessionRow.messages): rewritten after every step.
+        step_results = Optional(orm.LongStr, default="[]")
+        steps_completed = Required(int, default=0)
+        created_at = Required(datetime, index=True)
+        started_at = Optional(datetime, nullable=True)
+        completed_at = Optional(datetime, nullable=True)
+
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
-                           KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow)
+                           KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
+                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow)
 
 
 @dataclass

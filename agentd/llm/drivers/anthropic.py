@@ -7,7 +7,7 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
-from agentd.llm.drivers.transport import bad_response, iter_sse, parse_event_json
+from agentd.llm.drivers.transport import bad_response, iter_sse, merge_turns, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 API_VERSION = "2023-06-01"
@@ -27,24 +27,9 @@ def _blocks(m: Message) -> list[dict[str, Any]]:
     return blocks
 
 
-def _messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Tool results travel as user turns, and the API wants roles to alternate: merge neighbours."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        role = "assistant" if m.role == "assistant" else "user"
-        blocks = _blocks(m)
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    return out
-
-
 def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> tuple[str, dict[str, str], dict[str, Any]]:
     """URL, headers and body of one call."""
-    body: dict[str, Any] = {"model": request.model, "messages": _messages(request.messages),
+    body: dict[str, Any] = {"model": request.model, "messages": merge_turns(request.messages, "assistant", "content", _blocks),
                             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS}
     if request.system:
         body["system"] = request.system
@@ -62,9 +47,7 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
 
 
 def _usage(data: Any) -> Usage:
-    if not isinstance(data, dict):
-        return Usage()
-    return Usage(int(data.get("input_tokens") or 0), int(data.get("output_tokens") or 0))
+    return usage_from(data, "input_tokens", "output_tokens") or Usage()
 
 
 def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatResponse:

@@ -7,7 +7,7 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener, new_call_id
-from agentd.llm.drivers.transport import bad_response, iter_sse, parse_event_json
+from agentd.llm.drivers.transport import bad_response, iter_sse, merge_turns, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
@@ -41,23 +41,9 @@ def _parts(m: Message) -> list[dict[str, Any]]:
     return parts
 
 
-def _contents(messages: list[Message]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        role = "model" if m.role == "assistant" else "user"
-        parts = _parts(m)
-        if not parts:
-            continue
-        if out and out[-1]["role"] == role:
-            out[-1]["parts"].extend(parts)
-        else:
-            out.append({"role": role, "parts": parts})
-    return out
-
-
 def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> tuple[str, dict[str, str], dict[str, Any]]:
     """URL, headers and body of one call."""
-    body: dict[str, Any] = {"contents": _contents(request.messages)}
+    body: dict[str, Any] = {"contents": merge_turns(request.messages, "model", "parts", _parts)}
     if request.system:
         body["systemInstruction"] = {"parts": [{"text": request.system}]}
     if request.tools:
@@ -78,9 +64,7 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
 
 
 def _usage(data: Any) -> Usage | None:
-    if not isinstance(data, dict):
-        return None
-    return Usage(int(data.get("promptTokenCount") or 0), int(data.get("candidatesTokenCount") or 0))
+    return usage_from(data, "promptTokenCount", "candidatesTokenCount")
 
 
 def _candidate(data: dict[str, Any]) -> dict[str, Any]:

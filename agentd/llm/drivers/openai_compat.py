@@ -8,7 +8,7 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
-from agentd.llm.drivers.transport import bad_response, iter_sse, parse_arguments, parse_event_json
+from agentd.llm.drivers.transport import bad_response, iter_sse, parse_arguments, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -51,9 +51,7 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
 
 
 def _usage(data: Any) -> Usage:
-    if not isinstance(data, dict):
-        return Usage()
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+    return usage_from(data, "prompt_tokens", "completion_tokens") or Usage()
 
 
 def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatResponse:

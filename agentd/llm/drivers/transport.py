@@ -6,11 +6,11 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
-from agentd.llm.types import LLMError, ProviderEndpoint
+from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 
 _local = threading.local()
 ERROR_TEXT_LIMIT = 300
@@ -176,3 +176,27 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def usage_from(data: Any, input_key: str, output_key: str) -> Usage | None:
+    """Token counts from a provider's usage object; None when there is none."""
+    if not isinstance(data, dict):
+        return None
+    return Usage(int(data.get(input_key) or 0), int(data.get(output_key) or 0))
+
+
+def merge_turns(messages: list[Message], assistant_role: str, key: str,
+                convert: Callable[[Message], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Anthropic and Gemini want user/assistant turns to alternate, and tool results travel
+    as user turns: consecutive messages of one side become one turn with their parts joined."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = assistant_role if m.role == "assistant" else "user"
+        parts = convert(m)
+        if not parts:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1][key].extend(parts)
+        else:
+            out.append({"role": role, key: parts})
+    return out
