@@ -26,6 +26,7 @@ from agentd.memory.kv import KvMemory
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
+from agentd.workflows import WorkflowEngine
 
 log = logging.getLogger("agentd.kernel")
 
@@ -58,6 +59,9 @@ class Kernel:
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
+        self.workflows = WorkflowEngine(store, self.agents, self.executor)
+        # No run survives a restart: runs left `running` by a crash are marked failed now.
+        self.workflows.recover()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse) -> float | None:
@@ -87,6 +91,7 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        self.workflows.close()
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)

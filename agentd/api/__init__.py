@@ -31,7 +31,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
 
     from agentd.api import (dashboard, routes_agents, routes_catalog, routes_memory, routes_openai,
-                            routes_stream, routes_system)
+                            routes_stream, routes_system, routes_workflows)
     from agentd.api.sockets import register_sockets
 
     install_middleware(app, kernel.config)
@@ -42,6 +42,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_stream.bp)
     app.register_blueprint(routes_openai.bp)
     app.register_blueprint(routes_catalog.bp)
+    app.register_blueprint(routes_workflows.bp)
     app.register_blueprint(dashboard.bp)
     register_sockets(app)
     return app
