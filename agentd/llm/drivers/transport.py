@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,11 +17,21 @@ _local = threading.local()
 ERROR_TEXT_LIMIT = 300
 
 
+_PROXY_SETTINGS = ("http_proxy", "https_proxy", "all_proxy")
+
+
 def session() -> requests.Session:
     """One keep-alive session per thread: connection reuse without sharing pools across threads."""
     s = getattr(_local, "session", None)
     if s is None:
         s = requests.Session()
+        # With trust_env, requests rescans os.environ for proxies on every call: the largest
+        # CPU cost of a model call in profiles. Keep it only when a proxy is configured
+        # (no_proxy matching needs it); a CA bundle variable is read once here instead.
+        s.trust_env = any(k.lower() in _PROXY_SETTINGS for k in os.environ)
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle:
+            s.verify = bundle
         _local.session = s
     return s
 
