@@ -70,6 +70,20 @@ def test_sse_tool_events_and_totals(agent_daemon) -> None:
     assert done["usage"]["input_tokens"] > 0 and done["iterations"] == 2
 
 
+@pytest.mark.parametrize("provider,model", [("anthropic", "claude-sonnet-4-6"), ("gemini", "gemini-2.5-flash")])
+def test_sse_streams_from_every_driver_family(agent_daemon, provider, model) -> None:
+    """Deltas come from each provider's own streaming API, tool calls included."""
+    agent_id = spawn(agent_daemon, extra='profile = "minimal"',
+                     model=f'[model]\nprovider = "{provider}"\nmodel = "{model}"\n')
+    events = stream(agent_daemon, agent_id, "[[chunks:4]] [[think]]")
+    chunks = [e["content"] for n, e in events if n == "chunk"]
+    assert len(chunks) >= 2 and "".join(chunks).split() == ["w1", "w2", "w3", "w4"]
+    events = stream(agent_daemon, agent_id, '[[tool:file_list {"path": "."}]]')
+    names = [n for n, _ in events]
+    assert names.index("tool_use") < names.index("tool_result") < names.index("done")
+    assert events[-1][1]["iterations"] == 2 and events[-1][1]["usage"]["output_tokens"] > 0
+
+
 def test_sse_never_leaks_think(agent_daemon) -> None:
     agent_id = spawn(agent_daemon)
     events = stream(agent_daemon, agent_id, "[[think]] hidden thoughts")
