@@ -12,7 +12,7 @@ from agentd.agents.manager import MESSAGE_LIMIT, UPLOAD_LIMIT, AgentHandle
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.api.schemas import MessageSchema, ModeSchema, SpawnSchema
+from agentd.api.schemas import MESSAGE_SCHEMA, ModeSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 
 bp = Blueprint("agents", __name__)
@@ -65,7 +65,7 @@ def detail(agent_id: str):
 @bp.post("/api/agents/<agent_id>/message")
 def message(agent_id: str):
     handle = agent(agent_id)
-    data = body.load(MessageSchema())
+    data = body.load(MESSAGE_SCHEMA)
     text = message_text(data)
     agents = kernel().agents
     agents.precheck(handle)

@@ -10,7 +10,7 @@ from agentd.api import body
 from agentd.api.routes_agents import agent, message_text
 from agentd.api.routes_system import kernel
 from agentd.api.runs import acquire_stream_slot, start_live_run
-from agentd.api.schemas import MessageSchema
+from agentd.api.schemas import MESSAGE_SCHEMA
 from agentd.api.sse import comment, format_event, sse_response
 
 bp = Blueprint("stream", __name__)
@@ -19,7 +19,7 @@ bp = Blueprint("stream", __name__)
 @bp.post("/api/agents/<agent_id>/message/stream")
 def message_stream(agent_id: str):
     handle = agent(agent_id)
-    data = body.load(MessageSchema())
+    data = body.load(MESSAGE_SCHEMA)
     text = message_text(data)
     k = kernel()
     acquire_stream_slot(k)
