@@ -51,7 +51,7 @@ class Kernel:
         self.approvals = ApprovalQueue()
         self.metering = Metering(store, self.catalog)
         # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
-        self._metering_off = os.environ.get("AGENTD_BENCH_NO_METERING") == "1"
+        self.metering.enabled = os.environ.get("AGENTD_BENCH_NO_METERING") != "1"
         self.agents = AgentManager(config, store, self.catalog, self.kv, self.approvals,
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
@@ -65,8 +65,6 @@ class Kernel:
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse) -> float | None:
-        if self._metering_off:
-            return self.catalog.cost_usd(model, response.usage.input_tokens, response.usage.output_tokens)
         return self.metering.record(handle.id, handle.name, provider, model,
                                     response.usage.input_tokens, response.usage.output_tokens)
 

@@ -23,6 +23,12 @@ from agentd.store import Store
 ALERT_LEVELS = ((1.0, "critical", "budget exhausted: new agent runs are refused until the period ends"),
                 (0.8, "warning", "80% of the monthly budget is spent"))
 
+_USAGE_COLUMNS = ("agent_id", "agent_name", "provider", "model", "input_tokens", "output_tokens",
+                  "cost_usd", "priced", "at")
+# Pony binds `$name` from the locals mapping passed to execute().
+_INSERT_USAGE = (f"INSERT INTO usage ({', '.join(_USAGE_COLUMNS)}) "
+                 f"VALUES ({', '.join('$' + c for c in _USAGE_COLUMNS)})")
+
 
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     """Start and end (exclusive) of the calendar month holding `now`, UTC."""
@@ -57,15 +63,13 @@ class Metering:
         if not self.enabled:
             return cost
         now = utcnow()
-        row = {"a": agent_id, "n": agent_name, "p": provider, "m": model, "i": input_tokens,
-               "o": output_tokens, "c": cost or 0.0, "pr": cost is not None, "at": _naive(now)}
+        row = {"agent_id": agent_id, "agent_name": agent_name, "provider": provider, "model": model,
+               "input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost or 0.0,
+               "priced": cost is not None, "at": _naive(now)}
         # One plain INSERT: this runs on every model call, and building a Pony entity
         # costs several times the statement itself.
         with orm.db_session:
-            self.store.db.execute(
-                "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, "
-                "cost_usd, priced, at) VALUES ($(row['a']), $(row['n']), $(row['p']), $(row['m']), "
-                "$(row['i']), $(row['o']), $(row['c']), $(row['pr']), $(row['at']))")
+            self.store.db.execute(_INSERT_USAGE, {}, row)
         with self._lock:
             self._roll(now)
             before = self._spent
