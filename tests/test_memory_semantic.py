@@ -6,6 +6,7 @@ the agent-loop tests use the fake LLM and read what it was sent.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -482,3 +483,83 @@ def test_contradiction_check() -> None:
     assert contradicts("I have two cats", "I have three cats")
     assert not contradicts("The user's dog is called Rex", "The user has a dog named Rex")
     assert not contradicts("Bob is not vegetarian", "Bob isn't a vegetarian")
+
+
+class _Embeddings:
+    """A stand-in for a provider's OpenAI-format `POST /v1/embeddings` (documented request and
+    answer shapes). Vectors are hashed bags of words, so texts sharing words are close."""
+
+    def __init__(self, fail_first: int = 0, status: int = 500) -> None:
+        import http.server
+        import threading
+
+        self.seen: list[dict[str, Any]] = []
+        self.fail_left = fail_first
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "json": body})
+                if outer.fail_left > 0:
+                    outer.fail_left -= 1
+                    self._send(status, {"error": {"message": "try again", "type": "server_error"}})
+                    return
+                inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+                data = [{"object": "embedding", "index": i, "embedding": _bag(t)} for i, t in enumerate(inputs)]
+                self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+
+            def _send(self, code: int, payload: dict[str, Any]) -> None:
+                raw = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _bag(text: str) -> list[float]:
+    import hashlib
+
+    vector = [0.0] * 64
+    for word in re.findall(r"[a-z]+", text.lower()):
+        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1.0
+    return vector
+
+
+def test_provider_embeddings_over_http(daemon_factory, fake_llm) -> None:
+    server = _Embeddings(fail_first=1)
+    try:
+        extra = (f'mistral = "{server.url}"\n\n[memory]\nembedding_provider = "mistral"\n'
+                 'embedding_model = "mistral-embed"\n')
+        d = daemon_factory(llm_config(fake_llm, extra), env_extra={**LLM_ENV, "MISTRAL_API_KEY": "sk-embed"})
+        agent = spawn(d)
+        kept = remember(d, agent, "penguins live in antarctica")["id"]
+        remember(d, agent, "volcanoes erupt molten rock")
+        assert len(server.seen) == 3  # one 500, retried, then the second fragment
+        first = server.seen[0]
+        assert first["path"] == "/v1/embeddings" and first["auth"] == "Bearer sk-embed"
+        assert first["json"] == {"model": "mistral-embed", "input": ["penguins live in antarctica"]}
+        assert recall(d, agent, "where do penguins live", limit=1)[0]["id"] == kept
+        exported = d.get(f"{base(agent)}/export").json()
+        assert exported["embedding_model"] == "mistral/mistral-embed"
+        assert len(exported["memories"][0]["embedding"]) == 64
+        # A provider that keeps refusing: a clear error, nothing stored.
+        server.fail_left = 10
+        r = d.post(f"{base(agent)}/memories", json={"content": "never stored"})
+        assert r.status_code == 502 and "embeddings failed" in r.json()["error"]
+        assert d.get(f"{base(agent)}/memories").json()["total"] == 2
+    finally:
+        server.close()
