@@ -57,10 +57,25 @@ def parse_uuid(value: str, what: str = "agent") -> str:
         raise BadRequest(f"invalid {what} id: {value!r} is not a UUID") from None
 
 
+STOPPED_NOTE = "[run stopped before the agent answered]"
+
+
 class AgentRunError(AgentdError):
-    """A run failed; the message says which provider/model/tool and why."""
+    """A run failed; the message says which provider/model/tool and why.
+
+    `kind` is the LLMError kind that ended it (missing_key, auth, rate_limit, server,
+    timeout, unreachable, bad_request, ...) or `loop_guard`; `http_status` the
+    provider's own status when it answered one. The API layers map both to their
+    conventions.
+    """
 
     status = 500
+
+    def __init__(self, message: str, *, retry_after: float | None = None, kind: str = "server",
+                 http_status: int | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.kind = kind
+        self.http_status = http_status
 
 
 @dataclass
@@ -194,6 +209,8 @@ class AgentManager:
                 self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
+        for warning in manifest.warnings:
+            log.warning("agent %s manifest: %s", handle.name, warning)
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -463,18 +480,25 @@ class AgentManager:
                        emit=emit, approver=approver, on_usage=on_usage,
                        mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "")
         loop = AgentLoop(spec, cancel)
+
+        def save_unanswered(note: str) -> None:
+            # A run that ends without an answer still closes its turn, so the history the
+            # model sees next time never holds a user message nobody answered.
+            self._save_session(handle, stored, loop.new_messages + [Message(role="assistant", content=note)],
+                               image_refs)
+
         try:
             result = loop.run()
         except RunCancelled:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
+            save_unanswered(STOPPED_NOTE)
             raise
         except LLMError as exc:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
-            raise AgentRunError(f"message delivery failed: {exc.message}",
-                                retry_after=exc.retry_after) from None
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise AgentRunError(f"message delivery failed: {exc.message}", retry_after=exc.retry_after,
+                                kind=exc.kind, http_status=exc.http_status) from None
         except LoopStopped as exc:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
-            raise AgentRunError(f"message delivery failed: {exc.message}") from None
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
         self._save_session(handle, stored, result.new_messages, image_refs)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
@@ -609,7 +633,8 @@ class AgentManager:
             try:
                 response = self._llm_call(handle)(request, None, threading.Event())
             except LLMError as exc:
-                raise AgentRunError(f"compaction failed: {exc.message}") from None
+                raise AgentRunError(f"compaction failed: {exc.message}", kind=exc.kind,
+                                    http_status=exc.http_status) from None
             from agentd.llm.think import strip_think
 
             summary = strip_think(response.text).strip() or "(empty summary)"
