@@ -11,7 +11,6 @@ import base64
 import binascii
 import json
 import re
-import threading
 import time
 import uuid
 from typing import Any, Iterator
@@ -23,7 +22,7 @@ from agentd.agents.manager import AgentHandle, RunOptions
 from agentd.api import body
 from agentd.api.routes_agents import MESSAGE_LIMIT
 from agentd.api.routes_system import kernel
-from agentd.api.runs import acquire_stream_slot, start_live_run
+from agentd.api.runs import acquire_stream_slot, run_blocking, start_live_run
 from agentd.api.sse import format_event, sse_response
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge
 from agentd.llm.types import ImagePart
@@ -158,11 +157,8 @@ def chat_completions():
     created = int(time.time())
     if stream:
         return _stream(handle, text, options, completion_id, created, include_usage)
-    agents = kernel().agents
-    agents.precheck(handle)
-    cancel = threading.Event()
     try:
-        result = agents.wait(agents.submit(handle, text, [], options=options, cancel=cancel), cancel)
+        result = run_blocking(kernel(), handle, text, [], options)
     except RunCancelled:
         raise AgentdError("agent processing failed: the run was stopped") from None
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
