@@ -43,10 +43,16 @@ class CallGuard:
         self._lock = threading.Lock()
 
     # -- called by the reading thread --------------------------------------------------
-    def attach(self, conn: Any) -> None:
-        """The connection this attempt uses; interrupted at once if the guard already tripped."""
+    def attach(self, sock: Any) -> None:
+        """The socket this attempt uses; interrupted at once if the guard already tripped.
+
+        The socket itself is kept, not the connection: http.client drops the connection's
+        reference (`conn.sock = None`) when the answer says `Connection: close`, while the
+        response goes on reading from the same socket."""
+        if sock is None:
+            return
         with self._lock:
-            self._conn = conn
+            self._conn = sock
             tripped = self.reason is not None
         if tripped:
             self._interrupt()
@@ -88,8 +94,7 @@ class CallGuard:
 
     def _interrupt(self) -> None:
         with self._lock:
-            conn = self._conn
-        sock = getattr(conn, "sock", None)
+            sock = self._conn
         if sock is None:
             return
         try:
@@ -168,11 +173,11 @@ class _Tracked:
         guard = current_guard()
         if guard is not None:
             guard.reused = getattr(self, "sock", None) is not None
-            guard.attach(self)
+            guard.attach(getattr(self, "sock", None))
         result = super().request(*args, **kwargs)  # type: ignore[misc]
         if guard is not None:
             guard.sent = True
-            guard.attach(self)  # the socket exists now even when this connection was new
+            guard.attach(getattr(self, "sock", None))  # the socket exists now even when this connection was new
         return result
 
 

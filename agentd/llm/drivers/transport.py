@@ -153,6 +153,8 @@ def network_error(endpoint: ProviderEndpoint, model: str, exc: Exception,
     if isinstance(exc, requests.Timeout) or "timed out" in text.lower():
         return LLMError(f"{where(endpoint, model)}: timed out after {endpoint.timeout:g}s waiting for "
                         f"{endpoint.base_url}", provider=endpoint.provider, model=model, kind="timeout")
+    if guard is not None and guard.last_byte is not None:
+        return truncated(endpoint, model, f"end of stream: the connection broke ({type(exc).__name__})")
     if guard is not None and guard.received:
         return LLMError(f"{where(endpoint, model)}: the connection broke while reading the answer: "
                         f"{type(exc).__name__}", provider=endpoint.provider, model=model, kind="server")
