@@ -26,6 +26,9 @@ class ApiConfig:
     rate_limit_per_second: float = 30.0
     rate_limit_burst: int = 60
     cors_origins: list[str] = field(default_factory=list)
+    # Host names served besides loopback names and the listen address (DNS rebinding
+    # guard): exact names, `*.example.com` wildcards, or "*" to turn the check off.
+    allowed_hosts: list[str] = field(default_factory=list)
     # Every SSE stream and WebSocket holds a waitress worker for its whole life,
     # so the pool is sized for long-lived connections, not just for HTTP.
     threads: int = 128
@@ -193,6 +196,13 @@ def _api_table(data: dict[str, Any]) -> ApiConfig:
         for origin in origins:
             _expect(origin, str, "api.cors_origins", "an array of strings")
         api.cors_origins = [o.rstrip("/") for o in origins]
+    if "allowed_hosts" in table:
+        hosts = _expect(table["allowed_hosts"], list, "api.allowed_hosts", "an array of strings")
+        for host in hosts:
+            _expect(host, str, "api.allowed_hosts", "an array of strings")
+            if not host.strip():
+                raise ConfigError("config key api.allowed_hosts: entries must not be empty")
+        api.allowed_hosts = [h.strip() for h in hosts]
     for key in ("threads", "max_streams"):
         if key in table:
             value = _expect(table[key], int, f"api.{key}", "an integer")
@@ -337,8 +347,12 @@ network_enabled = false
 # Requests per second per client IP (GCRA), and the burst allowed on top.
 rate_limit_per_second = 30
 rate_limit_burst = 60
-# Extra browser origins allowed by CORS when api_key is set.
+# Extra browser origins allowed by CORS when api_key is set; state-changing
+# requests from any other web origin are refused (with or without api_key).
 cors_origins = []
+# Host names served besides localhost/127.0.0.1/[::1] and the listen address
+# (e.g. the name a reverse proxy forwards): exact, "*.example.com", or "*" (off).
+allowed_hosts = []
 # waitress worker threads. Every SSE stream and WebSocket holds one for its
 # whole life, so keep this well above max_streams.
 threads = 128

@@ -141,7 +141,7 @@ class AgentLoop:
         messages = list(spec.history) + [spec.user]
         new_messages = self.new_messages
         all_calls: list[dict[str, Any]] = []
-        self._emit("phase", phase="streaming", detail=spec.mode_note or None)
+        self._emit("phase", phase="streaming", detail=spec.mode_note)
         for iteration in range(1, spec.max_iterations + 1):
             self._check_cancel()
             if iteration > 1:
@@ -151,7 +151,7 @@ class AgentLoop:
                 text = strip_think(response.text)
                 final = Message(role="assistant", content=text)
                 new_messages.append(final)
-                self._emit("phase", phase="done", detail=None)
+                self._emit("phase", phase="done", detail="")
                 return RunResult(text, self.usage, iteration, response.finish_reason,
                                  new_messages, tool_calls=all_calls)
             assistant = Message(role="assistant", content=strip_think(response.text),

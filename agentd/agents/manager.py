@@ -59,21 +59,27 @@ def parse_uuid(value: str, what: str = "agent") -> str:
         raise BadRequest(f"invalid {what} id: {value!r} is not a UUID") from None
 
 
+STOPPED_NOTE = "[run stopped before the agent answered]"
+
+
 class AgentRunError(AgentdError):
     """A run failed; the message says which provider/model/tool and why.
 
-    `kind` is the model error's kind (timeout, rate_limit, auth, ...; "" for other
-    failures), `provider`/`model` the call that failed, and `retryable` whether sending
-    the same request again may succeed (the /v1 layer turns it into `x-should-retry`).
+    `kind` is the LLMError kind that ended it (missing_key, auth, rate_limit, server,
+    timeout, unreachable, bad_request, reset, truncated, ...) or `loop_guard`;
+    `http_status` the provider's own status when it answered one; `provider`/`model`
+    the call that failed; `retryable` whether sending the same request again may
+    succeed. The API layers map them to their conventions; `status` is the native one.
     """
 
     status = 500
 
-    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None,
-                 code: str | None = None, kind: str = "", provider: str = "", model: str = "",
-                 retryable: bool = False) -> None:
-        super().__init__(message, status=status, retry_after=retry_after, code=code)
+    def __init__(self, message: str, *, retry_after: float | None = None, kind: str = "server",
+                 http_status: int | None = None, status: int | None = None, provider: str = "",
+                 model: str = "", retryable: bool = False) -> None:
+        super().__init__(message, status=status, retry_after=retry_after)
         self.kind = kind
+        self.http_status = http_status
         self.provider = provider
         self.model = model
         self.retryable = retryable
@@ -90,8 +96,8 @@ def run_error(exc: LLMError, prefix: str = "message delivery failed") -> AgentRu
     if exc.kind == "server" and exc.http_status == 503:
         status = 503
     return AgentRunError(f"{prefix}: {exc.message}", status=status, retry_after=exc.retry_after,
-                         code=exc.kind, kind=exc.kind, provider=exc.provider, model=exc.model,
-                         retryable=exc.retryable)
+                         kind=exc.kind, http_status=exc.http_status, provider=exc.provider,
+                         model=exc.model, retryable=exc.retryable)
 
 
 @dataclass
@@ -241,6 +247,8 @@ class AgentManager:
                 self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
+        for warning in manifest.warnings:
+            log.warning("agent %s manifest: %s", handle.name, warning)
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -526,19 +534,26 @@ class AgentManager:
                        emit=emit, approver=approver, on_usage=on_usage,
                        mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "")
         loop = AgentLoop(spec, cancel)
+
+        def save_unanswered(note: str) -> None:
+            # A run that ends without an answer still closes its turn, so the history the
+            # model sees next time never holds a user message nobody answered.
+            self._save_session(handle, stored, loop.new_messages + [Message(role="assistant", content=note)],
+                               image_refs)
+
         try:
             result = loop.run()
         except RunCancelled:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
+            save_unanswered(STOPPED_NOTE)
             raise
         except LLMError as exc:
-            # A call that failed mid-stream saved nothing of its partial text: the session
-            # keeps the user message and any completed tool turns, never a cut-off reply.
-            self._save_session(handle, stored, loop.new_messages, image_refs)
+            # The turn is closed with a failure note; text a cut-off stream had already
+            # sent is not recorded as the reply.
+            save_unanswered(f"[run failed: {exc.message}]")
             raise run_error(exc) from None
         except LoopStopped as exc:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
-            raise AgentRunError(f"message delivery failed: {exc.message}") from None
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
         self._save_session(handle, stored, result.new_messages, image_refs)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
@@ -562,7 +577,8 @@ class AgentManager:
                 if len(handle.waiting) >= limit:
                     raise TooManyRequests(
                         f"agent {handle.name} is busy: {len(handle.waiting)} requests are already waiting "
-                        f"for it (max_queue {limit}); try again later", retry_after=BUSY_RETRY_AFTER)
+                        f"for it (max_queue {limit}); try again later", retry_after=BUSY_RETRY_AFTER,
+                        code="agent_busy")
                 handle.waiting.append(job)
                 return job.future
             handle.busy = True
@@ -760,7 +776,8 @@ class AgentManager:
             try:
                 response = self._llm_call(handle)(request, None, threading.Event())
             except LLMError as exc:
-                raise AgentRunError(f"compaction failed: {exc.message}") from None
+                raise AgentRunError(f"compaction failed: {exc.message}", kind=exc.kind,
+                                    http_status=exc.http_status) from None
             from agentd.llm.think import strip_think
 
             summary = strip_think(response.text).strip() or "(empty summary)"

@@ -48,7 +48,9 @@ def spawn():
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
     handle = kernel().agents.spawn(manifest, data["signed_manifest"])
-    return jsonify({"agent_id": handle.id, "name": handle.name}), 201
+    # Unknown manifest keys do not fail a spawn; they are reported so a typo is seen.
+    return jsonify({"agent_id": handle.id, "name": handle.name,
+                    "warnings": handle.manifest.warnings}), 201
 
 
 @bp.get("/api/agents")

@@ -22,6 +22,7 @@ from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
+from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
@@ -69,7 +70,7 @@ class AgentSocket:
         elif event.type == "tool_result":
             self.send("tool_result", id=d["id"], tool=d["tool"], result=d["result"], is_error=d["is_error"])
         elif event.type == "phase":
-            self.send("phase", phase=d["phase"], detail=d["detail"])
+            self.send("phase", phase=d["phase"], detail=d.get("detail") or "")
 
     def _rate_ok(self) -> bool:
         now = time.monotonic()
@@ -108,6 +109,8 @@ class AgentSocket:
         self._runs[future] = cancel
 
         def finished(f: Any) -> None:
+            # `typing: stop` goes first: the final frame must be the last one a client sees.
+            self.send("typing", state="stop")
             exc = f.exception()
             if exc is None:
                 r = f.result()
@@ -117,7 +120,6 @@ class AgentSocket:
                 self.send("error", content="run cancelled")
             else:
                 self.send("error", content=exc.message if isinstance(exc, AgentdError) else "internal error")
-            self.send("typing", state="stop")
             self._runs.pop(f, None)
 
         future.add_done_callback(finished)
@@ -158,8 +160,11 @@ class AgentSocket:
                 self.send("error", content=f"frame too large (max {FRAME_LIMIT // 1024} KB)")
                 continue
             try:
-                frame = json.loads(raw)
-            except json.JSONDecodeError:
+                frame = jsonsafe.loads(raw)
+            except jsonsafe.JsonTooDeep:
+                self.send("error", content=jsonsafe.TOO_DEEP_MESSAGE)
+                continue
+            except ValueError:
                 frame = {"type": "message", "content": raw}
             if not isinstance(frame, dict):
                 frame = {"type": "message", "content": raw}
