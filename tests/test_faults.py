@@ -191,6 +191,9 @@ def test_v1_timeout_is_an_openai_error(fast, up) -> None:
     assert r.status_code == 504
     error = r.json()["error"]
     assert set(error) == {"message", "type", "code"} and "timed out" in error["message"]
+    assert error["type"] == "server_error" and error["code"] == "upstream_timeout"
+    # agentd already spent the retries the deadline allowed: clients must not multiply them.
+    assert r.headers["x-should-retry"] == "false"
 
 
 def test_dripping_stream_fails_within_the_deadline(fast, up) -> None:
