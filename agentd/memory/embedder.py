@@ -171,8 +171,8 @@ class ProviderEmbedder:
         return matrix
 
     def _call(self, batch: list[str]) -> list[list[float]]:
-        from agentd.llm.drivers import BACKOFF_BASE, BACKOFF_MAX, RETRY_AFTER_MAX
-        from agentd.llm.drivers.transport import post, read_json
+        """One embeddings request under the same deadline, guard and retry policy as chat calls."""
+        from agentd.llm.drivers import BACKOFF_BASE, BACKOFF_MAX, MIN_ATTEMPT_SECS, RETRY_AFTER_MAX
         from agentd.llm.types import LLMError
 
         endpoint = self._endpoint()
@@ -182,22 +182,44 @@ class ProviderEmbedder:
         if endpoint.api_key:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"
         url = endpoint.base_url.rstrip("/") + "/embeddings"
+        deadline = time.monotonic() + endpoint.timeout
         attempt = 0
         while True:
             try:
-                response = post(endpoint, self.model, url, headers, {"model": self.model, "input": batch}, False)
-                try:
-                    data = read_json(endpoint, self.model, response)
-                finally:
-                    response.close()
-                return _vectors(data, len(batch), self.name)
+                return _vectors(_attempt(endpoint, self.model, url, headers, batch, deadline), len(batch), self.name)
             except LLMError as exc:
-                if not exc.retryable or attempt >= self._retries:
-                    raise EmbeddingError(f"embeddings failed: {exc.message}") from None
                 delay = (min(exc.retry_after, RETRY_AFTER_MAX) if exc.retry_after is not None
                          else min(BACKOFF_BASE * (2 ** attempt), BACKOFF_MAX))
+                if (not exc.retryable or attempt >= self._retries
+                        or time.monotonic() + delay + MIN_ATTEMPT_SECS >= deadline):
+                    raise EmbeddingError(f"embeddings failed: {exc.message}") from None
                 attempt += 1
                 time.sleep(delay)
+
+
+def _attempt(endpoint: "ProviderEndpoint", model: str, url: str, headers: dict[str, str], batch: list[str],
+             deadline: float) -> dict[str, Any]:
+    """One guarded HTTP exchange; every failure comes out as an LLMError."""
+    import requests
+
+    from agentd.llm.drivers.guard import CallGuard, guarded
+    from agentd.llm.drivers.transport import Interrupted, guard_error, network_error, post, read_json
+
+    guard = CallGuard(deadline, None, threading.Event())
+    if guard.remaining() <= 0:
+        guard.reason = "timeout"
+        raise guard_error(endpoint, model, guard)
+    try:
+        with guarded(guard):
+            response = post(endpoint, model, url, headers, {"model": model, "input": batch}, False, guard)
+            try:
+                return read_json(endpoint, model, response)
+            finally:
+                response.close()
+    except Interrupted:
+        raise guard_error(endpoint, model, guard) from None
+    except (requests.RequestException, OSError) as exc:
+        raise network_error(endpoint, model, exc, guard) from None
 
 
 def _vectors(data: dict[str, Any], count: int, name: str) -> list[list[float]]:
