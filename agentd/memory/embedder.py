@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -50,6 +52,27 @@ class Embedder(Protocol):
     def dimensions(self) -> int | None: ...
 
     def embed(self, texts: list[str]) -> "np.ndarray": ...
+
+
+def import_numpy() -> None:
+    """Import numpy with single-threaded BLAS (once, before anything else imports it).
+
+    Recall is a matrix-vector product: memory-bound, and run from many request threads at
+    once. OpenBLAS's own threads only fight those (10x slower at 10k rows on 2 busy cores).
+    The variable is read when the library loads, then put back so tool subprocesses do not
+    inherit it.
+    """
+    if "numpy" in sys.modules:
+        return
+    previous = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if previous is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = previous
 
 
 def _normalise(matrix: "np.ndarray") -> "np.ndarray":
@@ -97,6 +120,7 @@ class LocalEmbedder:
             if self._session is not None:
                 return
             started = time.perf_counter()
+            import_numpy()
             import onnxruntime as ort
             from tokenizers import Tokenizer
 

@@ -243,6 +243,37 @@ class SemanticMemory:
                 index.remove(fid)
 
     # -- reads ----------------------------------------------------------------------------
+    def _rows(self, agent_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Fragments by id in one plain query (recall's hot path: Pony's object loading and
+        lazy LongStr reads cost more than the search itself)."""
+        with orm.db_session:
+            cursor = self.store.db.get_connection().cursor()
+            found = cursor.execute(_ROW_SQL.format(",".join("?" * len(ids))), [agent_id, *ids]).fetchall()
+        out = {}
+        for (fid, owner, content, metadata, source, scope, confidence, created, accessed, count,
+             superseded) in found:
+            out[fid] = {"id": fid, "agent_id": owner, "content": content, "metadata": json.loads(metadata or "{}"),
+                        "source": source, "scope": scope, "confidence": confidence,
+                        "created_at": iso(_as_dt(created)), "accessed_at": iso(_as_dt(accessed)),
+                        "access_count": count, "superseded_by": superseded}
+        return out
+
+    def _touch(self, agent_id: str, items: list[dict[str, Any]]) -> None:
+        """Count the access of what recall returned (one UPDATE)."""
+        now = utcnow()
+        ids = [item["id"] for item in items]
+        params: dict[str, Any] = {"now": now, "a": agent_id}
+        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
+        names = ", ".join(f"$i{n}" for n in range(len(ids)))
+        with orm.db_session:
+            # Through Pony (not the raw connection) so the session knows to commit.
+            self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now, "
+                                  f"access_count = access_count + 1 WHERE agent_id = $a AND id IN ({names})",
+                                  params)
+        for item in items:
+            item["accessed_at"] = iso(now)
+            item["access_count"] += 1
+
     def get(self, agent_id: str, fid: str) -> dict[str, Any]:
         with orm.db_session:
             row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
@@ -292,26 +323,23 @@ class SemanticMemory:
         if not hits:
             return []
         hits = _prefer_newer(hits)
-        wanted = [h.id for h in hits]
-        with orm.db_session:
-            rows = {r.id: r for r in orm.select(m for m in self.store.e.MemoryRow
-                                                if m.agent_id == agent_id and m.id in wanted)}
-            ordered = _supersede_order([h for h in hits if h.id in rows], rows)
-            out = []
-            now = utcnow()
-            for hit in ordered:
-                row = rows[hit.id]
-                if skip is not None and skip(row.content):
-                    continue
-                if touch:
-                    row.accessed_at = now
-                    row.access_count += 1
-                item = fragment(row)
-                item["score"] = round(hit.score, 6)
-                out.append(item)
-                if len(out) >= limit:
-                    break
+        rows = self._rows(agent_id, [h.id for h in hits])
+        out = []
+        for hit in _supersede_order([h for h in hits if h.id in rows], rows):
+            item = rows[hit.id]
+            if skip is not None and skip(item["content"]):
+                continue
+            item["score"] = round(hit.score, 6)
+            out.append(item)
+            if len(out) >= limit:
+                break
+        if touch and out:
+            self._touch(agent_id, out)
         return out
+
+
+_ROW_SQL = ("SELECT id, agent_id, content, metadata, source, scope, confidence, created_at, accessed_at, "
+            "access_count, superseded_by FROM memory_fragments WHERE agent_id = ? AND id IN ({})")
 
 
 def _as_dt(value: Any) -> datetime:
@@ -334,11 +362,11 @@ def _prefer_newer(hits: list[Hit]) -> list[Hit]:
     return out
 
 
-def _supersede_order(hits: list[Hit], rows: dict[str, Any]) -> list[Hit]:
+def _supersede_order(hits: list[Hit], rows: dict[str, dict[str, Any]]) -> list[Hit]:
     """A superseded fragment never ranks above the newer fact that contradicts it."""
     out = list(hits)
     for hit in list(out):
-        newer = rows[hit.id].superseded_by
+        newer = rows[hit.id].pop("superseded_by", None)
         if newer and newer in rows:
             old_pos = next(i for i, h in enumerate(out) if h.id == hit.id)
             new_pos = next(i for i, h in enumerate(out) if h.id == newer)

@@ -74,6 +74,9 @@ class MemoryService:
         if self._semantic is None:
             with self._init_lock:
                 if self._semantic is None:
+                    from agentd.memory.embedder import import_numpy
+
+                    import_numpy()
                     from agentd.memory.semantic import SemanticMemory
 
                     self._semantic = SemanticMemory(self.store, lambda: self.embedder)
