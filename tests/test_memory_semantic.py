@@ -563,3 +563,27 @@ def test_provider_embeddings_over_http(daemon_factory, fake_llm) -> None:
         assert d.get(f"{base(agent)}/memories").json()["total"] == 2
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_scheduled_consolidation_and_restart(daemon_factory, fake_llm) -> None:
+    # 0.0005 h = 1.8 s between scheduled runs.
+    d = daemon_factory(llm_config(fake_llm, "\n[memory]\nconsolidate_every_hours = 0.0005\n"), env_extra=LLM_ENV)
+    agent = spawn(d)
+    stale = fragment("The archive room key hangs by the door", confidence=0.5)
+    assert d.post(f"{base(agent)}/import", json=doc([stale])).json()["memories_imported"] == 1
+    kept = remember(d, agent, "The fire drill is on the first Monday of the month")["id"]
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if d.get(f"{base(agent)}/memories/{stale['id']}").json()["confidence"] < 0.5:
+            break
+        time.sleep(0.2)
+    assert d.get(f"{base(agent)}/memories/{stale['id']}").json()["confidence"] in (0.45, 0.405, 0.3645)
+    assert d.get(f"{base(agent)}/memories/{kept}").json()["confidence"] == 1.0
+    # After a restart the index is rebuilt from the store: recall by meaning still works.
+    d.stop()
+    d.start()
+    found = recall(d, agent, "When do we practise evacuating the building?", limit=1)
+    assert found[0]["id"] == kept
+    assert remember(d, agent, "The fire drill happens on the first Monday of each month") == \
+        {"id": kept, "merged": True}
