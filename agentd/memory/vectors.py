@@ -152,7 +152,12 @@ class AgentIndex:
             rows = np.flatnonzero(keep)
             if rows.size == 0:
                 return []
-            scores = self.vectors[rows] @ query
+            if rows.size * 4 >= n:
+                # Most rows pass: scoring all of them beats copying them out first.
+                scores = self.vectors[:n] @ query
+                scores = scores[rows]
+            else:
+                scores = self.vectors[rows] @ query
         k = min(k, scores.shape[0])
         top = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
         top = top[np.argsort(-scores[top], kind="stable")]
