@@ -85,6 +85,8 @@ def replace_section(text: str, path: list[str], values: dict[str, Any] | None) -
         after = keep[first:]
         if new and after and after[0].strip():
             new += "\n"
+        if not new and before and not before[-1].strip() and (not after or not after[0].strip()):
+            before = before[:-1]  # the blank line that separated the removed table
         out = "".join(before) + new + "".join(after)
     else:
         out = text
