@@ -113,3 +113,161 @@ class IrcUser:
         except OSError:
             pass
         self.sock.close()
+
+
+class MailServers:
+    """aiosmtpd (SMTP) delivering into per-user Maildirs that a real dovecot serves over IMAP.
+
+    Users log in with their local part (`bot`, `alice`...) and the password `mailpass`.
+    """
+
+    PASSWORD = "mailpass"
+
+    def __init__(self, root: Path, users: tuple[str, ...] = ("bot", "alice", "mallory")) -> None:
+        self.binary = need("dovecot")
+        pytest.importorskip("aiosmtpd", reason="aiosmtpd (test extra) is not installed")
+        # dovecot's auth process runs as user dovecot: the directory must be traversable
+        # (pytest's own tmp dirs are 0700), so use a fresh 0755 directory of our own.
+        import tempfile
+        self.root = Path(tempfile.mkdtemp(prefix="agentd-mail-"))
+        os.chmod(self.root, 0o755)
+        self.users = users
+        self.imap_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.smtp = None
+        self.received: list[bytes] = []
+
+    @staticmethod
+    def mail_ids() -> tuple[int, int]:
+        """dovecot refuses to access mail as root: as root, mail belongs to `nobody`."""
+        if os.getuid() != 0:
+            return os.getuid(), os.getgid()
+        import pwd
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+
+    def own(self, path: Path) -> None:
+        if os.getuid() != 0:
+            return
+        uid, gid = self.mail_ids()
+        for dirpath, dirnames, filenames in os.walk(path):
+            os.chown(dirpath, uid, gid)
+            for name in filenames:
+                os.chown(os.path.join(dirpath, name), uid, gid)
+
+    def maildir(self, user: str) -> Path:
+        return self.root / "mail" / user / "Maildir"
+
+    def start(self) -> "MailServers":
+        import mailbox
+
+        from aiosmtpd.controller import Controller
+
+        root = self.root
+        for sub in ("run", "state", "mail"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        for user in self.users:
+            self.maildir(user).parent.mkdir(parents=True, exist_ok=True)
+            mailbox.Maildir(str(self.maildir(user)), create=True)
+        (root / "passwd").write_text("".join(f"{u}:{{PLAIN}}{self.PASSWORD}::::::\n" for u in self.users))
+        uid, gid = self.mail_ids()
+        self.own(root / "mail")
+        (root / "dovecot.conf").write_text(f"""
+protocols = imap
+listen = 127.0.0.1
+base_dir = {root}/run
+state_dir = {root}/state
+log_path = {root}/dovecot.log
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+first_valid_uid = 0
+mail_location = maildir:{root}/mail/%n/Maildir
+passdb {{
+  driver = passwd-file
+  args = scheme=PLAIN username_format=%n {root}/passwd
+}}
+userdb {{
+  driver = static
+  args = uid={uid} gid={gid} home={root}/mail/%n
+}}
+service imap-login {{
+  inet_listener imap {{
+    port = {self.imap_port}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+}}
+service stats {{
+  unix_listener stats-reader {{
+    mode = 0666
+  }}
+  unix_listener stats-writer {{
+    mode = 0666
+  }}
+}}
+""")
+        self.proc = subprocess.Popen([self.binary, "-F", "-c", str(root / "dovecot.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.imap_port)
+        servers = self
+
+        class Deliver:
+            async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd API
+                servers.received.append(envelope.content)
+                for rcpt in envelope.rcpt_tos:
+                    user = rcpt.split("@", 1)[0].lower()
+                    if user in servers.users:
+                        mailbox.Maildir(str(servers.maildir(user))).add(envelope.content)
+                        servers.own(servers.maildir(user))
+                return "250 Message accepted for delivery"
+
+        self.smtp = Controller(Deliver(), hostname="127.0.0.1", port=free_port())
+        self.smtp.start()
+        self.smtp_port = self.smtp.port
+        return self
+
+    def stop(self) -> None:
+        if self.smtp is not None:
+            self.smtp.stop()
+            self.smtp = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def restart_imap(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(5)
+        self.proc = subprocess.Popen([self.binary, "-F", "-c", str(self.root / "dovecot.conf")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.imap_port)
+
+    def send(self, sender: str, to: str, subject: str, body: str, **headers: str) -> str:
+        """A user sends mail through the SMTP server; returns its Message-ID."""
+        import smtplib
+        from email.message import EmailMessage
+        from email.utils import make_msgid
+
+        msg = EmailMessage()
+        msg["From"], msg["To"], msg["Subject"] = sender, to, subject
+        msg["Message-ID"] = make_msgid(domain="test.example")
+        for key, value in headers.items():
+            msg[key.replace("_", "-")] = value
+        msg.set_content(body)
+        with smtplib.SMTP("127.0.0.1", self.smtp_port, timeout=10) as smtp:
+            smtp.send_message(msg)
+        return str(msg["Message-ID"])
+
+    def inbox(self, user: str) -> list:
+        import email
+        import email.policy
+        import mailbox
+
+        box = mailbox.Maildir(str(self.maildir(user)), factory=None)
+        return [email.message_from_bytes(box.get_bytes(key), policy=email.policy.default) for key in box.keys()]
