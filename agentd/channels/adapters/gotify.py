@@ -20,6 +20,12 @@ class GotifyAdapter(WebSocketAdapter):
         self.client_token = self.env("client_token_env")
         self.app_token = self.env("app_token_env")
         self.own_ids: collections.deque[str] = collections.deque(maxlen=200)
+        # Our replies come back on the stream: learn our application's id (GET /application
+        # lists the client's applications with their tokens) to recognise them even when
+        # the echo arrives before the POST has answered.
+        apps = self.http.json("GET", f"{self.base}/application", headers={"X-Gotify-Key": self.client_token},
+                              retries=1)
+        self.app_id = next((str(a.get("id")) for a in apps if a.get("token") == self.app_token), "")
 
     def ws_url(self) -> str:
         return self.base.replace("http", "ws", 1) + "/stream"
@@ -31,7 +37,7 @@ class GotifyAdapter(WebSocketAdapter):
         if not isinstance(data, dict) or "message" not in data:
             return
         message_id = str(data.get("id", ""))
-        if message_id in self.own_ids:
+        if message_id in self.own_ids or (self.app_id and str(data.get("appid")) == self.app_id):
             return
         app = str(data.get("appid", ""))
         conversation = Conversation(self.name, f"app-{app}", app)

@@ -62,20 +62,25 @@ class TelegramAdapter(PollingAdapter):
             self.prepare()
         sent = []
         for part in split_text(text, self.max_message_len):
-            params: dict[str, Any] = {"chat_id": conversation.chat_id, "text": part}
+            params: dict[str, Any] = {"chat_id": _chat_id(conversation.chat_id), "text": part}
             if conversation.meta.get("reply_to") and not conversation.direct:
                 params["reply_to_message_id"] = conversation.meta["reply_to"]
             sent.append(str(self.call("sendMessage", **params).get("message_id")))
         return ",".join(sent)
 
     def send_typing(self, conversation: Conversation) -> None:
-        self.call("sendChatAction", retries=0, chat_id=conversation.chat_id, action="typing")
+        self.call("sendChatAction", retries=0, chat_id=_chat_id(conversation.chat_id), action="typing")
 
     def test_target(self, override: str = "") -> Conversation:
         chat = override or str(self.settings.get("default_chat_id") or "")
         if not chat:
             raise ChannelError("no test target: set default_chat_id or pass chat_id")
         return Conversation(self.name, chat, direct=True)
+
+
+def _chat_id(value: str) -> int | str:
+    """Numeric chat ids go out as integers, @channelusername as a string (Bot API)."""
+    return int(value) if value.lstrip("-").isdigit() else value
 
 
 ADAPTER = TelegramAdapter

@@ -81,7 +81,7 @@ class HttpSender:
             if response.status_code not in RETRY_STATUS or attempt + 1 >= attempts:
                 raise ChannelError(f"{method} {_short(url)}: HTTP {response.status_code} "
                                    f"{response.text[:200]}")
-            wait = retry_after_secs(response.headers.get("Retry-After"))
+            wait = retry_after_secs(response.headers.get("Retry-After")) or _body_retry_after(response)
             wait = delay if wait is None else min(wait, self.max_wait)
             log.info("%s %s: HTTP %s, retrying in %.1fs", method, _short(url), response.status_code, wait)
             if self.stop.wait(wait):
@@ -99,6 +99,19 @@ class HttpSender:
 
     def close(self) -> None:
         self.session.close()
+
+
+def _body_retry_after(response: requests.Response) -> float | None:
+    """Platforms that say it in the body: Telegram `parameters.retry_after`, Discord `retry_after`."""
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    value = data.get("retry_after", (data.get("parameters") or {}).get("retry_after")
+                     if isinstance(data.get("parameters"), dict) else None)
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
 def _short(url: str) -> str:
