@@ -76,3 +76,32 @@ def test_reconnect_and_clean_stop(channel_daemon, telegram):
     time.sleep(1.5)
     assert len(telegram.polls) == polls  # nothing polls any more
     assert audit(channel_daemon, "channel.stop", "telegram")[0]["detail"]["reason"] == "removed"
+
+
+def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, fake_llm):
+    setup(channel_daemon, telegram)
+    telegram.user_says(901, "[[slow:0.6]] first")
+    telegram.user_says(901, "second")
+    telegram.user_says(902, "[[slow:0.6]] other user")
+    wait_for(lambda: len(telegram.replies_to(901)) == 2 and telegram.replies_to(902), what="replies")
+    assert telegram.replies_to(901) == ["echo: first", "echo: second"]  # in order despite the slow first
+    # 902's model call started while 901's slow one was still running: conversations run in parallel.
+    calls = {r["json"]["messages"][-1]["content"]: r for r in fake_llm.requests
+             if r["path"].endswith("/chat/completions") and r["json"]["messages"][-1]["role"] == "user"}
+    first, other = calls["[[slow:0.6]] first"], calls["[[slow:0.6]] other user"]
+    assert other["time"] < first["done"] and first["time"] < other["done"]
+    telegram.user_says(903, "[[think]] ponder")
+    wait_for(lambda: telegram.replies_to(903), what="think reply")
+    assert telegram.replies_to(903) == ["echo: ponder"]
+    telegram.user_says(904, "[[fail:500]] boom")
+    wait_for(lambda: telegram.replies_to(904), what="apology")
+    assert telegram.replies_to(904)[0].startswith("Sorry, something went wrong")
+    error = audit(channel_daemon, "channel.error", "telegram")[0]["detail"]
+    assert "500" in error["error"] and "boom" not in str(error)
+    telegram.user_says(901, "/new")
+    wait_for(lambda: len(telegram.replies_to(901)) == 3, what="/new answer")
+    assert telegram.replies_to(901)[2] == "Started a new conversation."
+    telegram.user_says(901, "fresh start")
+    wait_for(lambda: len(telegram.replies_to(901)) == 4, what="reply after /new")
+    call = next(r for r in reversed(fake_llm.requests) if "fresh start" in str(r["json"]))
+    assert "second" not in str(call["json"]["messages"])  # history of 901 was cleared

@@ -194,3 +194,12 @@ def test_audit_records_agent_lifecycle_newest_first(channel_daemon):
     assert rows[0]["detail"] == {"agent_id": created["agent_id"]} and rows[0]["id"] > rows[1]["id"]
     assert any(r["event"] == "kernel.start" for r in audit(channel_daemon))
     assert channel_daemon.get("/api/audit/recent?limit=abc").status_code == 400
+
+
+def test_dashboard_channels_page_shows_recent_events(channel_daemon):
+    channel_daemon.post("/api/channels/gitter/configure", json={"default_agent": "helper"})
+    page = channel_daemon.get("/channels")
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert 'data-channel="gitter"' in page.text and "channel.configure" in page.text
+    assert "not implemented yet" in page.text
+    channel_daemon.delete("/api/channels/gitter/configure")
