@@ -36,8 +36,8 @@ def hook(channel_daemon):
 def test_signed_message_is_answered_with_signed_callback(channel_daemon, hook):
     url, callback = hook
     body = json.dumps({"sender_id": "u-42", "sender_name": "Ann", "message": "ping via hook"}).encode()
-    response = requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body),
-                                                      "Content-Type": "application/json"}, timeout=5)
+    response = requests.post(url + "webhook", data=body, headers={"X-Webhook-Signature": sign(body),
+                                                                  "Content-Type": "application/json"}, timeout=5)
     assert response.status_code == 202
     assert response.json()["status"] == "accepted"
     wait_for(lambda: callback.requests, what="callback")
@@ -92,3 +92,19 @@ def test_listener_is_gone_after_remove(channel_daemon):
     with pytest.raises(requests.ConnectionError):
         requests.post(f"http://127.0.0.1:{port}/", json={}, timeout=2)
     assert channel(channel_daemon, "webhook")["active"] is False
+
+
+def test_without_a_set_secret_nothing_is_signed(channel_daemon):
+    callback, port = Recorder(), free_port()
+    try:
+        configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
+                  secret_env="UNSET_SECRET_VARIABLE")
+        wait_active(channel_daemon, "webhook")
+        response = requests.post(f"http://127.0.0.1:{port}/", json={"sender_id": "s", "message": "plain"}, timeout=5)
+        assert response.status_code == 202
+        wait_for(lambda: callback.requests, what="callback")
+        assert "X-Webhook-Signature" not in callback.requests[0]["headers"]
+        assert json.loads(callback.requests[0]["body"])["message"] == "echo: plain"
+    finally:
+        remove(channel_daemon, "webhook")
+        callback.close()

@@ -64,7 +64,7 @@ class WebhookAdapter(Adapter):
         raise NotImplementedError
 
     def routes(self) -> dict[tuple[str, str], Handler]:
-        """{(method, path): handler} served on the adapter's own port."""
+        """{(method, path): handler} served on the adapter's own port ("*": any path)."""
         raise NotImplementedError
 
     def verify(self, request: Request) -> bool:
@@ -116,7 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         adapter = self.server.adapter
         parts = urlsplit(self.path)
-        handler = adapter.routes().get((self.command, parts.path))
+        routes = adapter.routes()
+        handler = routes.get((self.command, parts.path)) or routes.get((self.command, "*"))
         if handler is None:
             self._answer(404, {"error": "not found"})
             return
