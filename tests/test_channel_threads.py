@@ -78,3 +78,18 @@ def test_webhook_listener_thread_ends():
     adapter.stop()
     assert adapter.threads_alive() == 0 and not adapter.health()
     assert os.environ["TEST_WEBHOOK_SECRET"]  # (the env fixture ran)
+
+
+def test_stop_interrupts_a_long_poll_in_flight():
+    fake = FakeTelegram(CHANNEL_ENV["TELEGRAM_BOT_TOKEN"]).start()
+    got: list = []
+    adapter = make("telegram", got, api_url=fake.url, long_poll_secs=60)
+    try:
+        fake.user_says(5, "first")
+        adapter.start()
+        wait_for(lambda: got, what="first update")
+        wait_for(lambda: len(fake.polls) >= 2, what="next long poll waiting")  # blocks up to 60 s
+        adapter.stop(timeout=5)
+        assert adapter.threads_alive() == 0  # the 60 s poll was cut, not waited for
+    finally:
+        fake.stop()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from agentd.agents.manager import AgentManager
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
-from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog, ChannelInfo,
+from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
                                      field_views, settings_for, validate)
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
