@@ -118,10 +118,20 @@ def _define_entities(db: Database) -> SimpleNamespace:
         started_at = Optional(datetime, nullable=True)
         completed_at = Optional(datetime, nullable=True)
 
+    class AuditRow(db.Entity):
+        """One audit-trail entry (agentd/audit.py): event name, subject, small detail map."""
+        _table_ = "audit"
+        id = PrimaryKey(int, auto=True)
+        at = Required(datetime)
+        event = Required(str, index=True)
+        subject = Optional(str, default="")
+        detail = Optional(orm.Json)
+
     memory = _define_memory_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
-                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow, **memory)
+                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
+                           AuditRow=AuditRow, **memory)
 
 
 def _define_memory_entities(db: Database) -> dict[str, Any]:
