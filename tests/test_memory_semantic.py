@@ -587,3 +587,30 @@ def test_scheduled_consolidation_and_restart(daemon_factory, fake_llm) -> None:
     assert found[0]["id"] == kept
     assert remember(d, agent, "The fire drill happens on the first Monday of each month") == \
         {"id": kept, "merged": True}
+
+
+def test_vector_index_keeps_rows_in_step() -> None:
+    import numpy as np
+
+    from agentd.memory.vectors import AgentIndex
+
+    index = AgentIndex(4, capacity=2)
+    basis = np.eye(4, dtype=np.float32)
+    for i, (source, scope) in enumerate([("system", "a"), ("document", "b"), ("system", "b"), ("inference", "a")]):
+        index.put(f"f{i}", basis[i], created=100.0 + i, confidence=0.25 * (i + 1), source=source, scope=scope)
+    assert len(index) == 4 and index.vectors.shape[0] >= 4
+    assert [h.id for h in index.search(basis[2], 1)] == ["f2"]
+    index.remove("f0")  # the last row moves into slot 0
+    assert index.pos == {"f3": 0, "f1": 1, "f2": 2} and index.ids == ["f3", "f1", "f2"]
+    assert [h.id for h in index.search(basis[3], 1)] == ["f3"] and index.search(basis[3], 1)[0].score == 1.0
+    assert [h.id for h in index.search(basis[0], 3)][0] != "f0"
+    keep = index.mask(source="system")
+    assert [index.ids[i] for i in np.flatnonzero(keep)] == ["f2"]
+    keep = index.mask(scope="b", min_confidence=0.6)
+    assert [index.ids[i] for i in np.flatnonzero(keep)] == ["f2"]
+    keep = index.mask(after=101.5, before=103.5)
+    assert sorted(index.ids[i] for i in np.flatnonzero(keep)) == ["f2", "f3"]
+    assert index.mask(scope="nope").sum() == 0
+    assert index.search(basis[1], 5, index.mask(only={"f1"}))[0].id == "f1"
+    index.put("f1", basis[3], created=200.0, confidence=1.0, source="system", scope="a")  # replace in place
+    assert len(index) == 3 and index.search(basis[1], 1)[0].score == 0.0

@@ -148,6 +148,11 @@ class SemanticMemory:
                 self.store.db.execute("DELETE FROM memory_fragments WHERE agent_id = $a", {"a": agent_id})
             self._indexes.pop(agent_id, None)
 
+    def loaded_ids(self, agent_id: str) -> list[str] | None:
+        """The agent's fragment ids when its index is in memory (None: not loaded yet)."""
+        index = self._indexes.get(agent_id)
+        return None if index is None else list(index.ids) if len(index) <= 64 else index.ids
+
     def count(self, agent_id: str) -> int:
         index = self._indexes.get(agent_id)
         if index is not None:

@@ -44,7 +44,10 @@ class MemoryService:
         self._embedder: Embedder | None = None
         self._semantic: SemanticMemory | None = None
         self._init_lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue(QUEUE_LIMIT)
+        self._queue: queue.Queue[tuple[str, str, str, dict[str, Any]] | None] = queue.Queue(QUEUE_LIMIT)
+        # agent id -> {fragment id: user message} of exchanges auto-remembered by this process,
+        # so a run whose agent remembers nothing but its current session skips the recall.
+        self._exchanges: dict[str, dict[str, str]] = {}
         self._worker: threading.Thread | None = None
         self._dead: set[str] = set()
         self._stop = threading.Event()
@@ -156,6 +159,7 @@ class MemoryService:
     def forget_agent(self, agent_id: str) -> None:
         """Delete everything an agent remembered (called when the agent is killed)."""
         self._dead.add(agent_id)
+        self._exchanges.pop(agent_id, None)
         if self._semantic is not None:
             self._semantic.forget_agent(agent_id)
         else:
@@ -175,10 +179,10 @@ class MemoryService:
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
         try:
-            if self._semantic is None and self._count(agent_id) == 0:
-                return system  # nothing to recall: do not load the model for it
             asked = {f"{ASKED}{m.get('content')}" for m in history
                      if m.get("role") == "user" and isinstance(m.get("content"), str)}
+            if self._nothing_to_recall(agent_id, asked):
+                return system  # (and the model is not loaded or run for nothing)
 
             def in_session(content: str) -> bool:
                 return content.split(ANSWERED, 1)[0] in asked
@@ -195,6 +199,19 @@ class MemoryService:
                  f"(newer facts override older ones):\n{lines}")
         return f"{system}\n\n{block}" if system else block
 
+    def _nothing_to_recall(self, agent_id: str, asked: set[str]) -> bool:
+        """True when the agent has no fragments, or only exchanges of its current session."""
+        known = self._exchanges.get(agent_id)
+        in_session: set[str] = set()
+        if known:
+            kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in asked}
+            self._exchanges[agent_id] = kept  # forget exchanges that left the session
+            in_session = set(kept)
+        ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
+        if ids is None:
+            return self._count(agent_id) == 0
+        return len(ids) <= len(in_session) and set(ids) <= in_session
+
     def _count(self, agent_id: str) -> int:
         from pony import orm
 
@@ -208,7 +225,7 @@ class MemoryService:
             return
         content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT]
         try:
-            self._queue.put_nowait((agent_id, content, {"session_id": session_id}))
+            self._queue.put_nowait((agent_id, user_text, content, {"session_id": session_id}))
         except queue.Full:
             log.warning("memory queue full; exchange of agent %s not remembered", agent_id)
             return
@@ -224,10 +241,11 @@ class MemoryService:
             try:
                 if item is None:
                     return
-                agent_id, content, metadata = item
+                agent_id, user_text, content, metadata = item
                 if agent_id in self._dead:
                     continue
-                self.semantic.remember(agent_id, content, "conversation", "episodic", metadata)
+                stored = self.semantic.remember(agent_id, content, "conversation", "episodic", metadata)
+                self._exchanges.setdefault(agent_id, {})[stored["id"]] = user_text
             except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
                 log.exception("remembering an exchange failed")
             finally:
