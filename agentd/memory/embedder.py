@@ -121,6 +121,9 @@ class LocalEmbedder:
                 return
             started = time.perf_counter()
             import_numpy()
+            # The tokenizers library otherwise starts a Rust thread pool (one thread per core)
+            # on first use that lives for good; embedding here is one text at a time anyway.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             import onnxruntime as ort
             from tokenizers import Tokenizer
 
@@ -133,7 +136,7 @@ class LocalEmbedder:
                 raise EmbeddingError(f"the embedding model {path} does not match its pinned sha256")
             tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
             tokenizer.enable_truncation(max_length=MAX_TOKENS)
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            tokenizer.no_padding()  # the file pads to 128; we pad each batch to its longest
             options = ort.SessionOptions()
             # One thread per call: recalls run in parallel request threads, and the
             # machine's cores are better spent on those than on splitting one tiny batch.
@@ -158,7 +161,12 @@ class LocalEmbedder:
             return np.zeros((0, LOCAL_DIMENSIONS), dtype=np.float32)
         out = []
         for start in range(0, len(texts), BATCH):
-            encodings = self._tokenizer.encode_batch(texts[start:start + BATCH])
+            # One encode() per text, not encode_batch(): the batch call starts a Rust thread
+            # pool that then lives in the daemon for good (the model itself runs on one thread).
+            encodings = [self._tokenizer.encode(text) for text in texts[start:start + BATCH]]
+            width = max(len(e.ids) for e in encodings)
+            for e in encodings:
+                e.pad(width, pad_id=0, pad_token="[PAD]")
             ids = np.array([e.ids for e in encodings], dtype=np.int64)
             mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
             hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
