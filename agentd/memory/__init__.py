@@ -1,1 +1,1 @@
-"""Per-agent memory: key-value (semantic memory and the graph come later)."""
+"""Per-agent memory: key-value (kv.py), semantic memory and the knowledge graph (service.py)."""
