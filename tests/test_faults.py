@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import statistics
 import threading
 import time
@@ -234,12 +235,21 @@ def _stop_by(how: str, d: Daemon, agent_id: str, name: str, holder: dict) -> Non
         assert d.post(f"/api/agents/{agent_id}/stop").json()["was_running"] is True
     elif how == "delete":
         assert d.delete(f"/api/agents/{agent_id}").status_code == 200
+    elif how == "client-abrupt":  # the peer vanishes: no close frame, just a dead socket
+        sock = holder["client"].sock
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+    elif "thread" in holder:  # a plain request whose client gave up waiting (its read timed out)
+        holder["thread"].join(10)
+        assert isinstance(holder["result"].get("error"), requests.ReadTimeout)
+        holder["stopped_at"] = holder["result"]["at"]
     else:  # the client goes away
         holder["client"].close()
 
 
 @pytest.mark.parametrize("how,transport", [("stop", "sse"), ("delete", "sse"), ("client", "sse"),
-                                           ("client", "ws"), ("client", "v1"), ("stop", "message")])
+                                           ("client", "ws"), ("client-abrupt", "ws"), ("client", "v1"),
+                                           ("stop", "message"), ("client", "message")])
 def test_stopping_closes_the_upstream_and_frees_the_thread(slow, up, how, transport) -> None:
     baseline = warm_baseline(slow, up)
     fault = f"hang-{uuid.uuid4().hex[:6]}"
@@ -254,16 +264,25 @@ def test_stopping_closes_the_upstream_and_frees_the_thread(slow, up, how, transp
         ws.send(json.dumps({"type": "message", "content": "wait"}))
     else:
         result: dict[str, Any] = {}
-        t = threading.Thread(target=lambda: result.update(
-            r=slow.post(f"/api/agents/{agent_id}/message", json={"message": "wait"})))
+
+        def plain() -> None:
+            try:
+                result["r"] = requests.post(f"{slow.url}/api/agents/{agent_id}/message", json={"message": "wait"},
+                                            timeout=60 if how == "stop" else 1.5)
+            except requests.ReadTimeout as exc:
+                result["error"], result["at"] = exc, time.time()
+
+        t = holder["thread"] = threading.Thread(target=plain)
+        holder["result"] = result
         t.start()
     conn = up.wait_conns(fault, 1)[0]
     assert conn.closed_at is None
     stopped_at = time.time()
     _stop_by(how, slow, agent_id, name, holder)
+    stopped_at = holder.get("stopped_at", stopped_at)
     assert conn.done.wait(5)
     assert conn.closed_at - stopped_at < 1 + SLACK / 2
-    if transport == "message":
+    if transport == "message" and how == "stop":
         t.join(5)
         assert result["r"].status_code == 409
     if how != "client" and transport in ("sse",):
