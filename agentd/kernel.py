@@ -21,6 +21,7 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
+from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
 from agentd.metering import Metering
@@ -150,6 +151,9 @@ class Kernel:
             "agent_count": len(self.agent_summaries()),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
+            # Every live thread of the process, and the model calls holding a connection.
+            "process_threads": threading.active_count(),
+            "model_calls_in_flight": active_calls(),
         }
 
     @staticmethod

@@ -305,6 +305,8 @@ def test_many_stopped_calls_leave_nothing_behind(slow, up) -> None:
     for conn in up.by_fault(fault):
         assert conn.done.wait(3)
     assert settle(slow, baseline) <= baseline
+    detail = slow.get("/api/health/detail").json()
+    assert detail["model_calls_in_flight"] == 0 and detail["process_threads"] <= baseline
     healthy, _ = spawn(slow, up, "ok")
     r = slow.post(f"/api/agents/{healthy}/message", json={"message": "still there?"}, timeout=10)
     assert r.status_code == 200 and r.json()["response"] == "hello from upstream"
