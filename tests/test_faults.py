@@ -529,3 +529,41 @@ def test_reset_after_the_request_was_sent_is_reported_as_such(fast, up) -> None:
     assert "connection reset" in error and "after the request was sent" in error and "cannot reach" not in error
     assert len(up.by_fault("reset")) - before == 1  # not retried: the provider may have received it
     assert "status=502" in failure_line(fast, name)
+
+
+# -- the drivers on their own (fast, in-process) ------------------------------------------------
+
+def _endpoint(up: Upstream, fault: str, kind: str, timeout: float = 2.0):
+    from agentd.llm.types import ProviderEndpoint
+
+    base = up.base(fault, anthropic=kind != "openai")
+    return ProviderEndpoint(f"p-{kind}", kind, base, api_key="k", timeout=timeout, stream_idle=IDLE)
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+def test_driver_cut_stream_is_truncated_in_every_format(up, kind) -> None:
+    from agentd.llm import drivers
+    from agentd.llm.types import ChatRequest, LLMError, Message
+
+    seen: list = []
+    request = ChatRequest(model="m", messages=[Message("user", "hi")])
+    with pytest.raises(LLMError) as err:
+        drivers.complete(_endpoint(up, "cut", kind), request, on_event=seen.append, retries=3)
+    assert err.value.kind == "truncated" and "cut off" in err.value.message
+    assert "".join(e.text for e in seen) == "tok1 tok2 "  # delivered, then the error: not retried
+    result = drivers.complete(_endpoint(up, "ok", kind), request, on_event=lambda e: None)
+    assert result.text == "tok1 tok2 " and result.finish_reason == "stop"
+
+
+def test_driver_gives_up_when_retry_after_passes_the_deadline(up) -> None:
+    from agentd.llm import drivers
+    from agentd.llm.types import ChatRequest, LLMError, Message
+
+    fault = f"status-429-30-{uuid.uuid4().hex[:6]}"
+    started = time.monotonic()
+    with pytest.raises(LLMError) as err:
+        drivers.complete(_endpoint(up, fault, "openai"), ChatRequest(model="m", messages=[Message("user", "x")]),
+                         retries=3)
+    # Waiting 30 s cannot end before the 2 s deadline: the 429 is reported at once, with its Retry-After.
+    assert err.value.kind == "rate_limit" and err.value.retry_after == 30
+    assert time.monotonic() - started < 1 and len(up.by_fault(fault)) == 1
