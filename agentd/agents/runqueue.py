@@ -97,7 +97,9 @@ class RunQueues:
 
     @staticmethod
     def withdraw(future: Future) -> bool:
-        """Take a run that has not started out of its agent's queue; True if it was queued."""
+        """Take a run that has not started out of its agent's queue; True if it was queued.
+
+        Its cancel event is set either way, so a run that already started stops too."""
         handle, job = getattr(future, "agentd_job", (None, None))
         if handle is None:
             return False
