@@ -517,7 +517,7 @@ def test_upstream_429_and_503_keep_status_and_retry_after(fast, up, code) -> Non
     r = v1_open(fast, name, "busy?", stream=False)
     assert r.status_code == code and r.headers["Retry-After"] == "1"
     events = list(sse(sse_open(fast, agent_id, "busy?")))
-    assert events[-1][1] == "error" and events[-1][2]["status"] == code
+    assert events[-1][1] == "error" and events[-1][2]["status"] == code and events[-1][2]["retry_after"] == 1
 
 
 def test_reset_after_the_request_was_sent_is_reported_as_such(fast, up) -> None:
