@@ -105,3 +105,14 @@ def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, 
     wait_for(lambda: len(telegram.replies_to(901)) == 4, what="reply after /new")
     call = next(r for r in reversed(fake_llm.requests) if "fresh start" in str(r["json"]))
     assert "second" not in str(call["json"]["messages"])  # history of 901 was cleared
+
+
+def test_test_endpoint_delivers_or_says_why(channel_daemon, telegram):
+    setup(channel_daemon, telegram, default_chat_id="4242")
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "are you there"})
+    assert response.json() == {"status": "success", "message": "test message delivered to 4242"}
+    assert telegram.replies_to(4242) == ["are you there"]
+    telegram.stop()  # platform down: a clear error, not a fake success
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "again", "chat_id": "77"})
+    assert response.status_code == 502 and response.json()["error"].startswith("test message not delivered")
+    telegram.start()
