@@ -160,8 +160,9 @@ class FakeGateway:
                 self._json({"qr_data_url": gateway.qr, "session_id": "sess-1", "connected": False})
 
             def do_GET(self) -> None:  # noqa: N802
-                assert self.path == "/login/status?session_id=sess-1", self.path
-                if gateway.connected:
+                if self.path != "/login/status?session_id=sess-1":
+                    self._json({"connected": False, "message": "Unknown session", "expired": False})
+                elif gateway.connected:
                     self._json({"connected": True, "message": "ok", "expired": False, "phone_number": "+15550001"})
                 else:
                     self._json({"connected": False, "message": "Waiting for scan...", "expired": False})
@@ -192,6 +193,10 @@ def test_qr_login_through_gateway(tmp_path, qr):
         assert daemon.get("/api/channels/whatsapp/qr/status?session_id=nope").status_code == 404
         assert daemon.post("/api/channels/telegram/qr/start").status_code == 400
         assert daemon.post("/api/channels/nosuch/qr/start").status_code == 404
+        gateway.server.shutdown()
+        gateway.server.server_close()
+        response = daemon.post("/api/channels/whatsapp/qr/start")
+        assert response.status_code == 502 and "unreachable" in response.json()["error"]
     finally:
         daemon.stop()
         gateway.server.shutdown()
@@ -201,6 +206,8 @@ def test_qr_without_gateway_is_503(channel_daemon):
     response = channel_daemon.post("/api/channels/whatsapp/qr/start")
     assert response.status_code == 503
     assert "WHATSAPP_WEB_GATEWAY_URL" in response.json()["error"]
+    response = channel_daemon.get("/api/channels/whatsapp/qr/status?session_id=x")
+    assert response.status_code == 503 and "WHATSAPP_WEB_GATEWAY_URL" in response.json()["error"]
 
 
 def test_audit_records_agent_lifecycle_newest_first(channel_daemon):
