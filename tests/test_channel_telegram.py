@@ -116,3 +116,20 @@ def test_test_endpoint_delivers_or_says_why(channel_daemon, telegram):
     response = channel_daemon.post("/api/channels/telegram/test", json={"message": "again", "chat_id": "77"})
     assert response.status_code == 502 and response.json()["error"].startswith("test message not delivered")
     telegram.start()
+
+
+def test_failing_platform_backs_off_and_recovers(channel_daemon, telegram):
+    setup(channel_daemon, telegram)
+    telegram.broken = True
+    wait_for(lambda: not channel(channel_daemon, "telegram")["active"], what="inactive while failing")
+    polls = len(telegram.polls)
+    time.sleep(2.0)
+    errors = [e for e in audit(channel_daemon, "channel.connection_error", "telegram")
+              if "502" in e["detail"]["error"]]
+    assert len(errors) == 1  # one entry per outage, not one per retry
+    assert channel_daemon.get("/api/health").status_code == 200
+    telegram.broken = False
+    wait_active(channel_daemon, "telegram", timeout=15)
+    assert len(telegram.polls) > polls
+    telegram.user_says(1001, "recovered")
+    wait_for(lambda: telegram.replies_to(1001), what="reply after recovery")
