@@ -24,6 +24,7 @@ from agentd.llm.custom_models import CustomModels
 from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
+from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
@@ -63,6 +64,10 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # Semantic memory + knowledge graph; numpy and the model load on first use.
+        self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
+        self.agents.memory = self.memory
+        self.memory.start()
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
@@ -112,6 +117,7 @@ class Kernel:
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.memory.close()
         self.store.close()
 
     # -- status ----------------------------------------------------------
