@@ -34,11 +34,12 @@ class LiveRun:
     sink: QueueSink
     future: Future
     cancel: threading.Event
+    heartbeat: float = HEARTBEAT_SECS  # `[api] sse_keepalive_secs`
 
-    def events(self, heartbeat: float = HEARTBEAT_SECS) -> Iterator[Event | None]:
+    def events(self, heartbeat: float | None = None) -> Iterator[Event | None]:
         """Events in order, None when it is time for a keep-alive, then a final
         `done`, `stopped` or `error` event."""
-        yield from self.sink.events(heartbeat)
+        yield from self.sink.events(heartbeat or self.heartbeat)
 
     def close(self) -> None:
         """The consumer left: stop delivering (the run itself goes on)."""
@@ -88,4 +89,4 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
 
     threading.Thread(target=watch_cancel, daemon=True, name="agentd-cancel-watch").start()
     future.add_done_callback(finished)
-    return LiveRun(handle, sink, future, cancel)
+    return LiveRun(handle, sink, future, cancel, kernel.config.api.sse_keepalive_secs)
