@@ -251,9 +251,11 @@ def test_rate_limit_and_request_log_use_the_real_client(tmp_path: Path) -> None:
     stack = Stack(tmp_path, config_text(top={"log_level": "debug"}, rate_limit_per_second=0.01,
                                         rate_limit_burst=2), api_key=KEY)
     try:
-        first = {"X-Forwarded-For": REMOTE}
-        assert [stack.get("/agentd/api/agents", headers=bearer(**first)).status_code for _ in range(3)] == \
-            [200, 200, 429]
+        # The client forges a different address at the left each time; the hop the
+        # outer proxy appended (REMOTE) is what counts.
+        codes = [stack.get("/agentd/api/agents", headers=bearer(**{"X-Forwarded-For": f"192.0.2.{i}, {REMOTE}"}))
+                 .status_code for i in range(3)]
+        assert codes == [200, 200, 429], "forged left-most hops got fresh rate-limit budgets"
         r = stack.get("/agentd/api/agents", headers=bearer(**{"X-Forwarded-For": OTHER_REMOTE}))
         assert r.status_code == 200, "one remote client's flood throttled another behind the same proxy"
         assert r.headers["X-RateLimit-Remaining"] == "1"
