@@ -111,7 +111,10 @@ class Daemon:
                 channel_timeout=300, ident="agentd",
                 # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
                 # them; that layer strips them itself for untrusted peers.
-                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies)
+                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies,
+                # Keep reading while a request runs, so waitress notices a client that left
+                # (environ["waitress.client_disconnected"]) and its run can be withdrawn.
+                channel_request_lookahead=1)
         except OSError as exc:
             self.kernel.close()
             if exc.errno == errno.EADDRINUSE:
@@ -137,6 +140,9 @@ class Daemon:
     def _drain(self) -> None:
         server, kernel = self.server, self.kernel
         kernel.stopping.set()
+        # Stop means stop: runs end now and their provider connections close at once,
+        # so the grace period below only has to flush answers.
+        kernel.agents.stop_all()
         # WebSocket handlers wait on their client; "going away" frees their workers now.
         close_websockets(server)
         # Stop accepting: close only the listening socket, keep the trigger and

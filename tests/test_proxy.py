@@ -265,6 +265,10 @@ def test_rate_limit_and_request_log_use_the_real_client(tmp_path: Path) -> None:
         log = stack.daemon.log()
         assert f"GET /api/agents -> 429" in log and f"client {REMOTE} via 127.0.0.1" in log
         assert f"client {OTHER_REMOTE} via 127.0.0.1" in log
+        # With the daemon gone, nginx answers in the API's error shape.
+        stack.daemon.stop()
+        r = stack.get("/agentd/api/health")
+        assert r.status_code == 502 and r.json() == {"error": "agentd is not reachable"}
     finally:
         stack.stop()
 
