@@ -387,7 +387,7 @@ def test_doctor_warns_about_trusted_proxies_without_a_key(tmp_path: Path) -> Non
 
 def test_dashboard_login_under_prefix_and_https(keyed: Stack) -> None:
     """Login redirects, form actions, the cookie's path and its Secure flag behind nginx."""
-    if keyed.get("/agentd/login").status_code == 404:
+    if not (ROOT / "agentd" / "api" / "pages").is_dir():
         pytest.skip("this tree has no dashboard login (issue 11) yet")
     http = requests.Session()  # keeps the session cookie between requests
     tls = {"verify": keyed.verify, "allow_redirects": False, "timeout": 30}
