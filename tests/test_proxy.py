@@ -410,3 +410,25 @@ def test_dashboard_login_under_prefix_and_https(keyed: Stack) -> None:
     links = re.findall(r'(?:href|src|action|data-[a-z-]*url)="([^"#]+)"', page.text)
     local = [link for link in links if link.startswith("/")]
     assert local and all(link.startswith("/agentd/") for link in local), local
+
+
+def test_webhook_audit_names_the_sender_behind_a_trusted_proxy(tmp_path: Path, fake_llm) -> None:
+    from channel_fixtures import AGENT_TOML, CHANNEL_ENV, audit, configure, wait_active, wait_for
+
+    config = llm_config(fake_llm).replace("[api]\n", '[api]\ntrusted_proxies = ["127.0.0.1"]\n', 1)
+    d = Daemon(make_home(tmp_path, config), env_extra={**LLM_ENV, **CHANNEL_ENV}).start()
+    try:
+        assert d.post("/api/agents", json={"manifest_toml": AGENT_TOML}).status_code == 201
+        port = free_port()
+        configure(d, "webhook", listen_port=port, callback_url="http://127.0.0.1:9/cb",
+                  secret_env="TEST_WEBHOOK_SECRET", default_agent="helper")
+        wait_active(d, "webhook")
+        for xff in (REMOTE, f"127.0.0.1, {OTHER_REMOTE}, 127.0.0.1"):
+            r = requests.post(f"http://127.0.0.1:{port}/", data=b"{}", timeout=5,
+                              headers={"X-Forwarded-For": xff, "X-Webhook-Signature": "sha256=00"})
+            assert r.status_code == 401
+        wait_for(lambda: len(audit(d, "channel.refused", "webhook")) == 2, what="audit entries")
+        remotes = [e["detail"]["remote"] for e in audit(d, "channel.refused", "webhook")]
+        assert remotes == [OTHER_REMOTE, REMOTE]
+    finally:
+        d.stop()

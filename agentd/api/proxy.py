@@ -29,15 +29,15 @@ checks the peer per request (ProxyFix) or knows X-Forwarded-Prefix (waitress).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 from typing import Any, Callable, Iterable
 
-log = logging.getLogger("agentd.proxy")
+from agentd.forwarded import TrustedProxies, forwarded_elements, hop_address, parse_ip, parse_networks
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+__all__ = ["ProxyHeaders", "TrustedProxies", "install_proxy_headers", "parse_ip", "parse_networks"]
+
+log = logging.getLogger("agentd.proxy")
 
 # WSGI keys of every header this layer interprets; stripped from untrusted peers.
 FORWARDED_KEYS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORWARDED_HOST",
@@ -47,63 +47,6 @@ PEER_KEY = "agentd.proxy_peer"
 
 _HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{1,5})?$")
 _PREFIX_RE = re.compile(r"^(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+/?$")
-_MAX_HOP = 100
-
-
-def parse_networks(entries: Iterable[str]) -> list[IPNetwork]:
-    """`["127.0.0.1", "10.0.0.0/8", "::1"]` as networks; ValueError names a bad entry."""
-    networks: list[IPNetwork] = []
-    for entry in entries:
-        text = entry.strip()
-        try:
-            networks.append(ipaddress.ip_network(text, strict=False))
-        except ValueError:
-            raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
-    return networks
-
-
-def parse_ip(text: str) -> IPAddress | None:
-    """An address from a hop: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`, `[2001:db8::1]:80`,
-    optionally quoted (as in `Forwarded`). None for anything else (`unknown`, `_hidden`)."""
-    text = text.strip().strip('"').strip()
-    if text.startswith("["):
-        end = text.find("]")
-        text = text[1:end] if end > 0 else ""
-    elif text.count(":") == 1:
-        text = text.split(":", 1)[0]
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        return ip.ipv4_mapped
-    return ip
-
-
-class TrustedProxies:
-    """The set of peers whose forwarding headers are believed."""
-
-    def __init__(self, entries: Iterable[str]) -> None:
-        self.networks = parse_networks(entries)
-
-    def __bool__(self) -> bool:
-        return bool(self.networks)
-
-    def contains(self, addr: str | IPAddress | None) -> bool:
-        """True when `addr` lies in one of the trusted networks."""
-        ip = parse_ip(addr) if isinstance(addr, str) else addr
-        if ip is None:
-            return False
-        return any(ip.version == net.version and ip in net for net in self.networks)
-
-
-def _hop_address(hop: str) -> str:
-    """A hop as REMOTE_ADDR: the normalised address, else the (bounded) token itself,
-    which is never loopback to anything that checks."""
-    ip = parse_ip(hop)
-    if ip is not None:
-        return str(ip)
-    return hop.strip().strip('"')[:_MAX_HOP] or "unknown"
 
 
 def _last(value: str | None) -> str:
@@ -111,19 +54,6 @@ def _last(value: str | None) -> str:
     if not value:
         return ""
     return value.rsplit(",", 1)[-1].strip()
-
-
-def _forwarded_elements(value: str) -> list[dict[str, str]]:
-    """RFC 7239 `Forwarded`: one dict of lower-cased parameter names per element."""
-    elements = []
-    for element in value.split(","):
-        params: dict[str, str] = {}
-        for pair in element.split(";"):
-            name, sep, val = pair.strip().partition("=")
-            if sep:
-                params[name.strip().lower()] = val.strip().strip('"')
-        elements.append(params)
-    return elements
 
 
 class ProxyHeaders:
@@ -144,16 +74,6 @@ class ProxyHeaders:
             environ.pop(key, None)
         return self.app(environ, start_response)
 
-    def client_index(self, hops: list[str]) -> int | None:
-        """Index of the right-most hop that is not a trusted proxy (0 when all are;
-        None when there are no hops). A hop that is no address at all (`unknown`,
-        an obfuscated id) is never a proxy we trust, so it ends the walk."""
-        for index in range(len(hops) - 1, -1, -1):
-            ip = parse_ip(hops[index])
-            if ip is None or not self.trusted.contains(ip):
-                return index
-        return 0 if hops else None
-
     def _apply(self, environ: dict[str, Any]) -> None:
         xff = environ.get("HTTP_X_FORWARDED_FOR")
         forwarded = environ.get("HTTP_FORWARDED")
@@ -167,17 +87,17 @@ class ProxyHeaders:
         if xff is not None:
             hops = [h for h in xff.split(",") if h.strip()]
         elif forwarded:
-            elements = _forwarded_elements(forwarded)
+            elements = forwarded_elements(forwarded)
             hops = [e.get("for", "unknown") for e in elements]
-            index = self.client_index(hops)
+            index = self.trusted.client_index(hops)
             if index is not None:
                 # The element the first proxy appended describes the client's own
                 # request: the Host it asked for and the scheme it used.
                 proto = proto or elements[index].get("proto", "").lower()
                 host = host or elements[index].get("host", "")
-        index = self.client_index(hops)
+        index = self.trusted.client_index(hops)
         if index is not None:
-            client = _hop_address(hops[index])
+            client = hop_address(hops[index])
             environ["REMOTE_ADDR"] = client
             environ["REMOTE_HOST"] = client
         if proto in ("http", "https"):
