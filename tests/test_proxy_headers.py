@@ -119,3 +119,15 @@ def test_config_keys() -> None:
         parse_config({"api": {"trusted_proxies": "127.0.0.1"}}, Path("."))
     with pytest.raises(ConfigError, match="sse_keepalive_secs: must be between"):
         parse_config({"api": {"sse_keepalive_secs": 0}}, Path("."))
+
+
+def test_real_client_for_other_listeners() -> None:
+    from agentd.forwarded import real_client
+
+    trusted = TrustedProxies(["127.0.0.1"])
+    headers = {"X-Forwarded-For": "127.0.0.1, 203.0.113.7", "Forwarded": "for=192.0.2.9"}
+    assert real_client("127.0.0.1", headers.get, trusted) == "203.0.113.7"
+    assert real_client("127.0.0.1", {"Forwarded": "for=192.0.2.9, for=127.0.0.1"}.get, trusted) == "192.0.2.9"
+    assert real_client("198.51.100.3", headers.get, trusted) == "198.51.100.3"
+    assert real_client("127.0.0.1", {}.get, trusted) == "127.0.0.1"
+    assert real_client("127.0.0.1", headers.get, TrustedProxies([])) == "127.0.0.1"
