@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
+from agentd.forwarded import TrustedProxies
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
@@ -83,6 +84,7 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
+        self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
