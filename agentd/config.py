@@ -6,6 +6,7 @@ commented template from `agentd init`, so there is one way to write as well.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ class ApiConfig:
     threads: int = 128
     max_streams: int = 96
     shutdown_grace_secs: float = 10.0
+    # Reverse proxies (addresses or CIDRs) whose X-Forwarded-* / Forwarded headers
+    # are believed; empty: every peer is the client itself.
+    trusted_proxies: list[str] = field(default_factory=list)
+    # SSE keep-alive comment interval; below common proxy read timeouts (nginx: 60 s).
+    sse_keepalive_secs: float = 15.0
 
 
 @dataclass
@@ -229,7 +235,27 @@ def _api_table(data: dict[str, Any]) -> ApiConfig:
     if "shutdown_grace_secs" in table:
         grace = _expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
         api.shutdown_grace_secs = float(grace)
+    _proxy_keys(table, api)
     return api
+
+
+def _proxy_keys(table: dict[str, Any], api: ApiConfig) -> None:
+    """`[api] trusted_proxies` and `sse_keepalive_secs` (reverse proxy deployments)."""
+    if "trusted_proxies" in table:
+        entries = _expect(table["trusted_proxies"], list, "api.trusted_proxies", "an array of strings")
+        for entry in entries:
+            _expect(entry, str, "api.trusted_proxies", "an array of strings")
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(f"config key api.trusted_proxies: {entry!r} is not an IP address "
+                                  "or CIDR network") from None
+        api.trusted_proxies = [e.strip() for e in entries]
+    if "sse_keepalive_secs" in table:
+        secs = _expect(table["sse_keepalive_secs"], (int, float), "api.sse_keepalive_secs", "a number")
+        if not 0.1 <= secs <= 3600:
+            raise ConfigError("config key api.sse_keepalive_secs: must be between 0.1 and 3600")
+        api.sse_keepalive_secs = float(secs)
 
 
 def _default_model_table(data: dict[str, Any]) -> DefaultModel:
@@ -405,6 +431,12 @@ threads = 128
 max_streams = 96
 # Seconds in-flight requests get to finish on shutdown.
 shutdown_grace_secs = 10
+# Reverse proxies (addresses or CIDRs, e.g. ["127.0.0.1"]) whose X-Forwarded-For,
+# -Proto, -Host, -Prefix and Forwarded headers are believed. Set api_key too:
+# clients behind the proxy are remote and need it. See docs/deploy.md.
+trusted_proxies = []
+# Seconds between SSE keep-alive comments (keep below the proxy's read timeout).
+sse_keepalive_secs = 15
 
 [tools]
 # Hosts web_fetch may reach even though they are loopback or private addresses.

@@ -16,11 +16,13 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
+from agentd.forwarded import TrustedProxies
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
+from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
@@ -82,6 +84,7 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
+        self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
@@ -156,6 +159,9 @@ class Kernel:
             "agent_count": len(self.agent_summaries()),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
+            # Every live thread of the process, and the model calls holding a connection.
+            "process_threads": threading.active_count(),
+            "model_calls_in_flight": active_calls(),
         }
 
     @staticmethod
