@@ -98,6 +98,13 @@ def warm_baseline(d: Daemon, up: Upstream) -> int:
     agent_id, _ = spawn(d, up, "ok")
     assert d.post(f"/api/agents/{agent_id}/message", json={"message": "warm"}).status_code == 200
     list(sse(sse_open(d, agent_id, "warm")))
+    # The first exchange is remembered in the background, which loads the embedding model
+    # (its runtime keeps a thread): wait until it is stored so the baseline includes it.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if d.get(f"/api/memory/agents/{agent_id}/memories").json()["total"] >= 1:
+            break
+        time.sleep(0.1)
     time.sleep(0.3)
     return threads(d)
 
