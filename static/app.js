@@ -30,12 +30,17 @@
       .then(function (list) {
         var mine = list.filter(function (a) { return a.agent_id === agentId; });
         if (!mine.length && tries > 0) { setTimeout(function () { loadApprovals(agentId, box, tries - 1); }, 400); return; }
-        box.textContent = "";
-        mine.forEach(function (a) { box.appendChild(approvalCard(a)); });
+        mine.forEach(function (a) {
+          var old = box.querySelector('[data-id="' + a.id + '"]');
+          if (old && old.querySelector("button[data-decision]")) return;
+          var card = approvalCard(a);
+          if (old) box.replaceChild(card, old); else box.appendChild(card);
+        });
       });
   }
   function approvalCard(a) {
     var card = el("div", "approval card");
+    card.dataset.id = a.id;
     var p = el("p"); p.appendChild(el("strong", null, a.tool)); p.appendChild(document.createTextNode(" is waiting for approval"));
     card.appendChild(p);
     card.appendChild(el("pre", null, JSON.stringify(a.input, null, 1)));

@@ -24,7 +24,7 @@ bp = Blueprint("pages", __name__)
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'")
 # Endpoints reachable without a session (the login form itself, the icon).
-OPEN_ENDPOINTS = frozenset({"pages.login", "pages.favicon"})
+OPEN_ENDPOINTS = frozenset({"pages.login", "pages.login_submit", "pages.favicon"})
 
 
 def kernel() -> Kernel:
@@ -49,7 +49,7 @@ def _gate() -> Response | None:
     elif request.endpoint not in OPEN_ENDPOINTS and not is_authorized(config):
         target = request.full_path if request.query_string else request.path
         return redirect(url_for("pages.login", next=target), code=303)
-    if request.method == "POST" and request.endpoint != "pages.login" and not dashauth.csrf_ok():
+    if request.method == "POST" and request.endpoint != "pages.login_submit" and not dashauth.csrf_ok():
         return error_response(403, "missing or invalid CSRF token: reload the page and try again")
     return None
 
@@ -75,6 +75,12 @@ def _usd(value: float | None) -> str:
     if value is None:
         return "–"
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+@bp.app_template_filter("when")
+def _when(value: str | None) -> str:
+    """An ISO 8601 UTC time as `YYYY-MM-DD HH:MM:SS` (the page says UTC once)."""
+    return (value or "")[:19].replace("T", " ")
 
 
 @bp.app_template_filter("tokens")
