@@ -160,6 +160,21 @@ def test_untrusted_text_is_escaped(dash) -> None:
 
 # -- the no-JavaScript chat ---------------------------------------------------------------
 
+def test_agents_list_pages_and_filters(dash) -> None:
+    client, kernel = dash
+    for i in range(105):
+        spawn(kernel, f"bot-{i:03d}")
+    html = page(client, "/agents").get_data(as_text=True)
+    assert html.count('<tr><td><a href="/agents/') == 100 and "1–100 of 105" in html
+    assert ">bot-000</a>" in html and ">bot-100</a>" not in html and 'href="/agents?page=2"' in html
+    html = page(client, "/agents?page=2").get_data(as_text=True)
+    assert html.count('<tr><td><a href="/agents/') == 5 and ">bot-104</a>" in html and "101–105 of 105" in html
+    html = page(client, "/agents?q=BOT-10").get_data(as_text=True)
+    assert html.count('<tr><td><a href="/agents/') == 5 and "page=" not in html
+    assert "No agent matches." in page(client, "/agents?q=nobody").get_data(as_text=True)
+    assert page(client, "/agents?page=x").status_code == 200
+
+
 def test_chat_post_answers_303_and_page_shows_reply(dash) -> None:
     client, kernel = dash
     agent_id = spawn(kernel)

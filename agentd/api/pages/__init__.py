@@ -12,7 +12,9 @@ the session's CSRF token or is refused with 403 before anything changes.
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, current_app, redirect, request, url_for
+import time
+
+from flask import Blueprint, Response, current_app, g, redirect, request, url_for
 
 from agentd.api import dashauth
 from agentd.api.errors import error_response, is_api_path
@@ -60,6 +62,10 @@ def _page_headers(response: Response) -> Response:
         response.headers.setdefault("Content-Security-Policy", CSP)
         if response.mimetype == "text/html":
             response.headers.setdefault("Cache-Control", "no-store")
+            started = g.get("started")
+            if started is not None:
+                # Server time of the page (scripts/bench_dashboard.py reads it; so do browsers' dev tools).
+                response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
     return dashauth.set_cookie_if_needed(response)
 
 

@@ -13,11 +13,13 @@ from agentd.api.pages.channels import channel_rows
 @bp.get("/")
 def index():
     k = kernel()
-    status = k.status()
     pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
-    states = Counter(a["state"] for a in status["agents"])
+    # GET /api/health/detail's figures; agent states counted from the handles (the full
+    # /api/status body would build a summary of every agent only to count them).
+    health = k.health_detail(pool)
+    states = Counter(h.state for h in k.agents.handles())
     channels, _live = channel_rows(k)
-    return render_template("overview.html", status=status, health=k.health_detail(pool),
+    return render_template("overview.html", config=k.config, health=health,
                            states=sorted(states.items()), budget=k.metering.budget(),
                            approvals=k.approvals.pending(), runs=k.workflows.recent_runs(10),
                            channels=[c for c in channels if c.get("configured")],
