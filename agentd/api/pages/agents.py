@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from flask import render_template, request
@@ -12,6 +11,7 @@ from agentd.agents.manager import MODES
 from agentd.agents.manifest import MANIFEST_LIMIT
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.routes_agents import message_text
+from agentd.api.runs import run_blocking
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
 
 HISTORY_SHOWN = 200  # the newest messages rendered on the agent page
@@ -88,15 +88,13 @@ def agent_page(agent_id: str):
 @bp.post("/agents/<agent_id>/message")
 def agent_message(agent_id: str):
     """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back."""
-    agents = kernel().agents
-    handle = agents.get(agent_id)
+    k = kernel()
+    handle = k.agents.get(agent_id)
     text = request.form.get("message", "")
     try:
         text = message_text({"message": text})
-        agents.precheck(handle)
-        cancel = threading.Event()
         try:
-            agents.wait(agents.submit(handle, text, [], cancel=cancel), cancel)
+            run_blocking(k, handle, text, [])
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:

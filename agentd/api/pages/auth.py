@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from flask import redirect, render_template, request, url_for
+from flask import redirect, render_template, request
 
 from agentd.api import dashauth
 from agentd.api.pages import bp, kernel, see_other
