@@ -445,6 +445,7 @@ def test_error_pages_are_html_and_api_errors_stay_json(dash) -> None:
         assert r.status_code == status and r.mimetype == "text/html", path
         html = r.get_data(as_text=True)
         assert f"<h1>Error {status}</h1>" in html and "Traceback" not in html
+        assert "Set-Cookie" not in r.headers  # an error never starts a session
     r = client.delete("/agents", environ_base=LOCAL)
     assert r.status_code == 405 and r.mimetype == "text/html"
     r = page(client, "/api/agents/00000000-0000-4000-8000-000000000000")

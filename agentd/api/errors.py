@@ -45,7 +45,8 @@ def _html_error(status: int, message: str) -> Response:
     from markupsafe import escape
 
     try:
-        html = render_template("error.html", status=status, message=message)
+        # no_session: an error (a refused Host, say) never starts a dashboard session.
+        html = render_template("error.html", status=status, message=message, no_session=True)
     except Exception:  # noqa: BLE001 - the error page itself must never fail
         log.exception("error page failed to render")
         html = f"<!doctype html><title>Error {status}</title><h1>Error {status}</h1><p>{escape(message)}</p>"
