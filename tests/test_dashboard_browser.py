@@ -163,6 +163,11 @@ def test_phone_width_layout(browser, agent_daemon) -> None:
         browser.get(f"{d.url}/usage")
         assert browser.find_element(By.CSS_SELECTOR, "svg.bars rect.bar")
         browser.save_screenshot(str(SHOTS / "agentd-dashboard-usage-phone.png"))
+        # Wide tables scroll inside their box; the page itself never gets wider than the screen.
+        for path in ("/", "/agents", "/models", "/providers", "/approvals", "/workflows", "/channels"):
+            browser.get(f"{d.url}{path}")
+            width = browser.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 390, f"{path} is {width}px wide on a 390px screen"
     finally:
         browser.set_window_size(1280, 900)
 
