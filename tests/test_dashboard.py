@@ -333,6 +333,18 @@ def test_login_flow_and_cookie_flags(keyed) -> None:
     assert client.get("/api/status", environ_base=REMOTE).status_code == 401
 
 
+def test_login_redirects_keep_a_proxy_prefix(keyed) -> None:
+    client, _ = keyed
+    prefix = {"base_url": "http://localhost/agentd", "environ_base": REMOTE}
+    r = client.get("/usage", **prefix)
+    assert r.status_code == 303 and r.headers["Location"] == "/agentd/login?next=/usage"
+    html = client.get("/login?next=/usage", **prefix).get_data(as_text=True)
+    assert 'action="/agentd/login"' in html
+    r = client.post("/login", data={"api_key": KEY, "next": "/usage", "csrf_token": token_of(html)}, **prefix)
+    assert r.status_code == 303 and r.headers["Location"] == "/agentd/usage"
+    assert "Path=/agentd" in cookie_header(r)
+
+
 def test_login_cookie_is_secure_over_https_and_next_is_local(keyed) -> None:
     client, _ = keyed
     r = client.post("/login", data={"api_key": KEY, "next": "//evil.example/x"}, environ_base=REMOTE,

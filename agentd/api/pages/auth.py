@@ -52,8 +52,8 @@ def login_submit():
         return _login_page("invalid API key", 401, new_session=False)
     dashauth.start_session(authenticated=True)
     target = _safe_next(request.form.get("next"))
-    # `next` is a path under this app (it was built with url_for).
-    return redirect(target, code=303) if target else see_other("pages.index")
+    # `next` is a path inside the app; behind a proxy prefix the prefix goes in front.
+    return redirect(request.script_root + target, code=303) if target else see_other("pages.index")
 
 
 @bp.post("/logout")
