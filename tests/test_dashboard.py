@@ -132,6 +132,9 @@ def test_pages_carry_csp_and_frame_headers_and_no_inline_script(dash) -> None:
 
 def test_no_key_dashboard_serves_loopback_only(dash) -> None:
     client, _ = dash
+    r = page(client, "/login")
+    assert r.status_code == 200 and "nothing to log in to" in r.get_data(as_text=True)
+    assert 'name="api_key"' not in r.get_data(as_text=True)
     r = client.get("/agents", environ_base=REMOTE)
     assert r.status_code == 401 and r.mimetype == "text/html"
     assert "loopback" in r.get_data(as_text=True)

@@ -30,7 +30,10 @@ def _login_page(error: str = "", status: int = 200, new_session: bool = True):
 
 @bp.get("/login")
 def login():
-    if not kernel().config.api_key or dashauth.cookie_authenticates():
+    if not kernel().config.api_key:
+        # Nothing to sign in to: say so (200) rather than bounce.
+        return render_template("login.html", no_key=True, no_session=True, error="", next="")
+    if dashauth.cookie_authenticates():
         return see_other("pages.index")
     return _login_page()
 
