@@ -433,20 +433,53 @@ def test_workflow_pages_and_run_form(dash) -> None:
 
 def test_channels_page_without_and_with_runtime(dash) -> None:
     client, kernel = dash
-    assert getattr(kernel, "channels", None) is None or not callable(getattr(kernel.channels, "listing", None))
-    r = page(client, "/channels")
-    assert r.status_code == 200 and "channel runtime is not part of this daemon yet" in r.get_data(as_text=True)
-    # The runtime (another part of agentd) supplies GET /api/channels items when present.
-    kernel.channels = SimpleNamespace(listing=lambda: [
-        {"name": "irc", "display_name": "IRC", "category": "messaging", "description": XSS,
-         "configured": True, "active": True},
-        {"name": "ntfy", "display_name": "ntfy", "category": "notifications", "description": "push",
-         "configured": False, "active": False}])
-    html = page(client, "/channels").get_data(as_text=True)
-    assert "1 / 2 configured" in html and "IRC" in html and "active" in html and XSS not in html
-    html = page(client, "/channels?category=notifications").get_data(as_text=True)
-    assert "ntfy" in html and "IRC" not in html
-    assert "IRC" in page(client, "/").get_data(as_text=True)
+    runtime = getattr(kernel, "channels", None)
+    try:
+        # Without the channels runtime: the catalogue alone, saying so.
+        kernel.channels = None
+        r = page(client, "/channels")
+        assert r.status_code == 200 and "channel runtime is not part of this daemon yet" in r.get_data(as_text=True)
+        # With it: its GET /api/channels items.
+        kernel.channels = SimpleNamespace(list=lambda: [
+            {"name": "irc", "display_name": "IRC", "category": "messaging", "description": XSS,
+             "configured": True, "active": True},
+            {"name": "ntfy", "display_name": "ntfy", "category": "notifications", "description": "push",
+             "configured": False, "active": False}])
+        html = page(client, "/channels").get_data(as_text=True)
+        assert "1 / 2 configured" in html and "IRC" in html and "active" in html and XSS not in html
+        assert "not part of this daemon" not in html
+        html = page(client, "/channels?category=notifications").get_data(as_text=True)
+        assert "ntfy" in html and "IRC" not in html
+        assert "IRC" in page(client, "/").get_data(as_text=True)
+    finally:
+        kernel.channels = runtime
+
+
+def test_memory_page_with_and_without_semantic_memory(dash) -> None:
+    client, kernel = dash
+    agent_id = spawn(kernel)
+    service = getattr(kernel, "memory", None)
+    seen: list = []
+
+    def fake_page(agent: str, limit: int, offset: int) -> dict:
+        seen.append((agent, limit, offset))
+        items = [{"id": str(i), "content": f"fact {i} {XSS}", "source": "user_provided", "scope": "semantic",
+                  "confidence": 1.0, "created_at": "2026-01-02T03:04:05+00:00"} for i in range(offset, min(offset + limit, 60))]
+        return {"memories": items, "total": 60}
+
+    try:
+        kernel.memory = None
+        html = page(client, f"/agents/{agent_id}/memory").get_data(as_text=True)
+        assert "Semantic memory is not available on this daemon." in html
+        kernel.memory = SimpleNamespace(page=fake_page)
+        html = page(client, f"/agents/{agent_id}/memory").get_data(as_text=True)
+        assert "fact 0 " in html and "fact 49 " in html and "fact 50 " not in html and XSS not in html
+        assert "1–50 of 60" in html and "2026-01-02 03:04:05" in html
+        html = page(client, f"/agents/{agent_id}/memory?page=2").get_data(as_text=True)
+        assert "fact 50 " in html and "51–60 of 60" in html
+        assert seen == [(agent_id, 50, 0), (agent_id, 50, 50)]
+    finally:
+        kernel.memory = service
 
 
 # -- errors, prefix, budgets, labels ------------------------------------------------------------

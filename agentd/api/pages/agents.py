@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import render_template, request
+from flask import current_app, render_template, request, url_for
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MODES
@@ -147,21 +147,29 @@ def agent_kill(agent_id: str):
     return see_other("pages.agents_list")
 
 
-def _memories(k: Any, agent_id: str) -> list[dict[str, Any]] | None:
-    """Semantic memories when the memory service exists (another issue adds it), else None."""
-    memory = getattr(k, "memory", None)
-    lister = getattr(memory, "list_memories", None)
-    if not callable(lister):
+MEMORIES_SHOWN = 50
+
+
+def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
+    """A page of semantic memories (GET /api/memory/agents/{id}/memories) when the daemon
+    has the memory service, else None."""
+    pager = getattr(getattr(k, "memory", None), "page", None)
+    if not callable(pager):
         return None
-    return list(lister(agent_id))
+    return pager(agent_id, MEMORIES_SHOWN, offset)
 
 
 @bp.get("/agents/<agent_id>/memory")
 def agent_memory(agent_id: str):
     k = kernel()
     handle = k.agents.get(agent_id)
+    offset = max(0, (_page_number() - 1) * MEMORIES_SHOWN)
+    memories = _memories(k, handle.id, offset)
+    json_url = (url_for("memory.list_memories", agent_id=handle.id)
+                if memories is not None and "memory.list_memories" in current_app.view_functions else "")
     return render_template("memory.html", agent=k.agents.summary(handle), kv=sorted(k.kv.all(handle.id).items()),
-                           memories=_memories(k, handle.id))
+                           memories=memories, memories_json=json_url, offset=offset, page=_page_number(),
+                           per_page=MEMORIES_SHOWN)
 
 
 @bp.get("/approvals")
