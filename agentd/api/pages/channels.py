@@ -17,6 +17,7 @@ from agentd.kernel import Kernel
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "data" / "channels.json"
 _cache: dict[str, list[dict[str, Any]]] = {}
+EVENTS_SHOWN = 50
 
 
 def _catalogue() -> list[dict[str, Any]]:
@@ -43,12 +44,19 @@ def channel_rows(k: Kernel) -> tuple[list[dict[str, Any]], bool]:
     return _catalogue(), False
 
 
+def _channel_events(k: Kernel) -> list[dict[str, Any]] | None:
+    """Recent `channel.*` audit events (GET /api/audit/recent?event=channel.), when audited."""
+    audit = getattr(k, "audit", None)
+    return audit.recent(EVENTS_SHOWN, "channel.") if audit is not None else None
+
+
 @bp.get("/channels")
 def channels():
-    rows, live = channel_rows(kernel())
+    k = kernel()
+    rows, live = channel_rows(k)
     category = request.args.get("category") or ""
     categories = sorted({r.get("category", "") for r in rows if r.get("category")})
     shown = [r for r in rows if not category or r.get("category") == category]
     return render_template("channels.html", channels=shown, live=live, categories=categories,
                            category=category, configured=sum(1 for r in rows if r.get("configured")),
-                           total=len(rows))
+                           total=len(rows), events=_channel_events(k))
