@@ -46,5 +46,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
     app.register_blueprint(dashboard.bp)
+    from agentd.api import routes_docs
+    app.register_blueprint(routes_docs.bp)
     register_sockets(app)
     return app

@@ -70,9 +70,12 @@ def format_validation(messages: Any, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
-def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT) -> dict[str, Any]:
-    """Parse the JSON body and validate it with a marshmallow schema."""
-    body = json_body(max_bytes)
+def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) -> dict[str, Any]:
+    """Parse the JSON body and validate it with a marshmallow schema (an empty body
+    counts as `{}` when `allow_empty`)."""
+    body = json_body(max_bytes, allow_empty=allow_empty)
+    if body is None and allow_empty:
+        body = {}
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     try:
