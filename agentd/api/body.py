@@ -76,6 +76,11 @@ def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool 
     body = json_body(max_bytes, allow_empty=allow_empty)
     if body is None and allow_empty:
         body = {}
+    return validate(schema, body)
+
+
+def validate(schema: Schema, body: Any) -> dict[str, Any]:
+    """Validate an already parsed body with a marshmallow schema (400 naming each field)."""
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     try:

@@ -105,10 +105,7 @@ def _ok_response(op: Operation) -> dict[str, Any]:
     if op.websocket:
         return {"description": op.ok_description or "Switching Protocols: the WebSocket is open"}
     if op.response is not None:
-        schema = op.response
-        if op.response_media == "text/event-stream" and isinstance(schema, dict):
-            schema = {"type": "string", **schema}
-        response["content"] = {op.response_media: {"schema": schema}}
+        response["content"] = {op.response_media: {"schema": op.response}}
         if op.sse_alt:
             response["content"]["text/event-stream"] = {"schema": out.SSE}
     return response

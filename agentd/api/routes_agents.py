@@ -54,6 +54,10 @@ def result_body(result: RunResult) -> dict[str, Any]:
             "SetMode": ("agents.set_mode", {"agent_id": "$response.body#/agent_id"}),
             "PutMemory": ("memory.put_key", {"agent_id": "$response.body#/agent_id"}),
             "ListMemory": ("memory.all_keys", {"agent_id": "$response.body#/agent_id"}),
+            "StreamMessage": ("stream.message_stream", {"agent_id": "$response.body#/agent_id"}),
+            "Upload": ("agents.upload", {"agent_id": "$response.body#/agent_id"}),
+            "StopRun": ("agents.stop", {"agent_id": "$response.body#/agent_id"}),
+            "ResetSession": ("agents.reset", {"agent_id": "$response.body#/agent_id"}),
             "KillAgent": ("agents.kill", {"agent_id": "$response.body#/agent_id"})})
 def spawn():
     data = body.load(SpawnSchema())
@@ -76,7 +80,8 @@ def list_agents():
 
 
 @bp.get("/api/agents/<agent_id>")
-@doc("Agent detail", tags="agents", response=out.AgentDetailSchema)
+@doc("Agent detail", tags="agents", response=out.AgentDetailSchema,
+     links={"ClearSession": ("agents.delete_session", {"session_id": "$response.body#/session_id"})})
 def detail(agent_id: str):
     return jsonify(kernel().agents.detail(agent(agent_id)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, request
@@ -12,11 +13,12 @@ from agentd.api.apidoc import doc
 from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.schema_fields import StrictFloat
+from agentd.schema_fields import StrictBoolean, StrictFloat
 from agentd.errors import BadRequest, NotFound
 
 bp = Blueprint("catalog", __name__)
 
+_FRACTION = re.compile(r"\.\d+")
 TIERS = ("frontier", "smart", "balanced", "fast", "local", "custom")
 
 
@@ -32,9 +34,9 @@ class CustomModelSchema(Schema):
     max_output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
     input_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
     output_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
-    supports_tools = fields.Boolean(required=True, truthy={True}, falsy={False})
-    supports_vision = fields.Boolean(required=True, truthy={True}, falsy={False})
-    supports_streaming = fields.Boolean(required=True, truthy={True}, falsy={False})
+    supports_tools = StrictBoolean(required=True)
+    supports_vision = StrictBoolean(required=True)
+    supports_streaming = StrictBoolean(required=True)
 
     @validates("provider")
     def _known(self, value: str, **_: object) -> None:
@@ -53,8 +55,10 @@ def _iso_arg(name: str) -> datetime | None:
     value = request.args.get(name)
     if value is None or value == "":
         return None
+    # RFC 3339 allows lower-case t/z and any number of fractional digits; Python's parser does not.
+    text = _FRACTION.sub(lambda m: m.group(0)[:7], value.upper().replace("Z", "+00:00"))
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text)
     except ValueError:
         raise BadRequest(f"'{name}' must be an ISO 8601 date or time, got {value!r}") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

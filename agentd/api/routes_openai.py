@@ -106,12 +106,20 @@ def generation_params(data: dict[str, Any]) -> GenerationParams:
                             user=data.get("user") or None, **penalties)
 
 
-def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
-    """Check a validated chat completion request: (agent, input text, options, stream, include_usage)."""
+def refuse_unsupported(data: Any) -> None:
+    """400 naming the first parameter an agent run cannot honour (checked before the schema,
+    so the message says why rather than which values the schema allows)."""
+    if not isinstance(data, dict):
+        return
     for key, rejects in REFUSED.items():
         if key in data and rejects(data[key]):
             raise BadRequest(f"unsupported parameter '{key}': agentd agents choose their own tools and "
                              "answer with one choice; remove it from the request")
+
+
+def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
+    """Check a validated chat completion request: (agent, input text, options, stream, include_usage)."""
+    refuse_unsupported(data)
     model, messages = data["model"], data["messages"]
     stream = data.get("stream", False)
     options = RunOptions(max_tokens=data.get("max_tokens") or data.get("max_completion_tokens"),
@@ -206,7 +214,9 @@ def chat_completions():
 
 
 def _chat_completions():
-    handle, text, options, stream, include_usage = parse_request(body.load(CHAT_REQUEST_SCHEMA))
+    raw = body.json_body()
+    refuse_unsupported(raw)
+    handle, text, options, stream, include_usage = parse_request(body.validate(CHAT_REQUEST_SCHEMA, raw))
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     created = int(time.time())
     dropped = dropped_params(handle, options.params)

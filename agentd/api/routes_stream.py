@@ -33,6 +33,9 @@ def message_stream(agent_id: str):
     data = body.load(MESSAGE_SCHEMA)
     text = message_text(data)
     k = kernel()
+    if data["attachments"]:
+        # A bad attachment is a 400 now, not an `error` event after a 200 stream has begun.
+        k.agents.build_user_message(handle, text, data["attachments"])
     acquire_stream_slot(k)
     try:
         run = start_live_run(k, handle, text, data["attachments"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate
 
-from agentd.schema_fields import StrictFloat
+from agentd.schema_fields import StrictBoolean, StrictFloat
 
 # A string with at least one non-whitespace character (JSON Schema `pattern` searches).
 NOT_BLANK = r"[\s\S]*\S"
@@ -28,7 +28,8 @@ class SpawnSchema(_Body):
 
 
 class AttachmentSchema(Schema):
-    file_id = fields.String(required=True, metadata={"description": "id from POST /api/agents/{id}/upload"})
+    file_id = fields.String(required=True, metadata={"description": "id from POST /api/agents/{id}/upload",
+                                                     "format": "uuid"})
     filename = fields.String(load_default="")
     content_type = fields.String(load_default="")
 
@@ -59,7 +60,8 @@ class ProviderKeySchema(_Body):
 
 
 class ProviderUrlSchema(_Body):
-    base_url = fields.String(required=True, metadata={"description": "http(s) URL of the provider's API"})
+    base_url = fields.String(required=True, validate=validate.Regexp(r"^\s*https?://", error="must be an http:// or https:// URL"),
+                             metadata={"description": "http(s) URL of the provider's API, with a host"})
 
 
 class WorkflowRunSchema(_Body):
@@ -110,8 +112,9 @@ class ModelsQuery(_Query):
 
 
 class PeriodQuery(_Query):
-    since = fields.String(metadata={"description": "ISO 8601 start (default: start of this month)"})
-    until = fields.String(metadata={"description": "ISO 8601 end (default: now)"})
+    since = fields.String(metadata={"description": "Start, ISO 8601 date or date-time "
+                                                   "(default: start of this month)"})
+    until = fields.String(metadata={"description": "End, ISO 8601 (default: now); must be after `since`"})
 
 
 class TicksQuery(_Query):
@@ -166,7 +169,7 @@ class ChatRequestSchema(Schema):
     model = fields.String(required=True, validate=validate.Length(min=1), metadata={
         "description": "The agent: `agentd:<name>`, its id, or its name"})
     messages = fields.List(fields.Nested(ChatMessageSchema), required=True, validate=validate.Length(min=1))
-    stream = fields.Boolean(truthy={True}, falsy={False})
+    stream = StrictBoolean()
     stream_options = fields.Dict(allow_none=True, metadata={"description": "`{include_usage: true}`"})
     max_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))
     max_completion_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))
@@ -179,7 +182,17 @@ class ChatRequestSchema(Schema):
     frequency_penalty = StrictFloat(allow_none=True, validate=validate.Range(-2.0, 2.0))
     response_format = fields.Nested(ResponseFormatSchema, allow_none=True)
     user = fields.String(allow_none=True, metadata={"description": "End-user id, passed on where supported"})
-    n = fields.Integer(strict=True, allow_none=True, metadata={"description": "Only 1 is supported"})
+    # Accepted only with the values that change nothing (the route refuses others by name).
+    n = fields.Integer(strict=True, allow_none=True, validate=validate.OneOf([1]),
+                       metadata={"description": "Only 1 (one choice per run)"})
+    tools = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0), metadata={
+        "description": "Refused when non-empty: agents own their tools"})
+    functions = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0))
+    tool_choice = fields.String(allow_none=True, validate=validate.OneOf(("none", "auto")))
+    function_call = fields.String(allow_none=True, validate=validate.OneOf(("none", "auto")))
+    logprobs = StrictBoolean(allow_none=True, validate=validate.OneOf([False]))
+    top_logprobs = fields.Raw(allow_none=True, validate=validate.OneOf([None]), metadata={"type": "null"})
+    logit_bias = fields.Dict(allow_none=True, validate=validate.Length(max=0), metadata={"maxProperties": 0})
 
 
 CHAT_REQUEST_SCHEMA = ChatRequestSchema()

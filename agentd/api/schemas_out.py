@@ -469,5 +469,8 @@ class ModelListSchema(Out):
 
 
 # SSE bodies are text; the event grammar is in each operation's description.
-SSE = {"type": "string", "description": "Server-Sent Events"}
+SSE = {"type": "object", "description": "One Server-Sent Event (`event` name and JSON `data`)",
+       "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+                      "retry": {"type": "integer"}},
+       "required": ["data"]}
 ANY_JSON: dict = {"description": "Any JSON value"}
