@@ -50,8 +50,19 @@ class DefaultModel:
 class LlmConfig:
     """The `[llm]` table: how provider calls behave."""
 
-    timeout_secs: float = 120.0
+    # Bounds the whole call: connect, every retry and backoff, the whole body or stream.
+    timeout_secs: float = 300.0
     retries: int = 3
+    # A stream fails when no byte arrives for this long (reasoning models may pause).
+    stream_idle_secs: float = 60.0
+
+
+@dataclass
+class AgentsConfig:
+    """The `[agents]` table: how requests to one agent wait for each other."""
+
+    # Requests waiting for a busy agent (beyond the one running); more get 429.
+    max_queue: int = 8
 
 
 @dataclass
@@ -84,6 +95,7 @@ class Config:
     provider_urls: dict[str, str] = field(default_factory=dict)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -268,6 +280,17 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= retries <= 10:
             raise ConfigError("config key llm.retries: must be between 0 and 10")
         cfg.llm.retries = retries
+    if "stream_idle_secs" in llm:
+        idle = _expect(llm["stream_idle_secs"], (int, float), "llm.stream_idle_secs", "a number")
+        if idle <= 0:
+            raise ConfigError("config key llm.stream_idle_secs: must be greater than 0")
+        cfg.llm.stream_idle_secs = float(idle)
+    agents = _expect(data.get("agents", {}), dict, "agents", "a table")
+    if "max_queue" in agents:
+        max_queue = _expect(agents["max_queue"], int, "agents.max_queue", "an integer")
+        if not 0 <= max_queue <= 10_000:
+            raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
+        cfg.agents.max_queue = max_queue
     split_listen(cfg.api.listen_addr)
     return cfg
 
@@ -347,9 +370,15 @@ search_url = ""
 approval_timeout_secs = 300
 
 [llm]
-# Seconds to wait for a provider's answer, and retries on 429/5xx/timeouts.
-timeout_secs = 120
+# Seconds one model call may take in all (connect, retries, backoff, the whole answer),
+# retries on 429/5xx/timeouts, and seconds a stream may go without a byte.
+timeout_secs = 300
 retries = 3
+stream_idle_secs = 60
+
+[agents]
+# Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
+max_queue = 8
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

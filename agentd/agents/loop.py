@@ -36,6 +36,7 @@ class RunCancelled(AgentdError):
     """The run was stopped (POST /stop, kill or shutdown)."""
 
     status = 409
+    retryable = False  # a stopped run is not sent again (x-should-retry: false on /v1)
 
 
 class LoopStopped(AgentdError):

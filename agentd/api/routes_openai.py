@@ -12,7 +12,6 @@ import binascii
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 from typing import Any, Iterator
@@ -27,7 +26,7 @@ from agentd.api import body
 from agentd.api.routes_agents import MESSAGE_LIMIT
 from agentd.api.errors import error_response
 from agentd.api.routes_system import kernel
-from agentd.api.runs import acquire_stream_slot, start_live_run
+from agentd.api.runs import acquire_stream_slot, run_blocking, start_live_run
 from agentd.api.sse import format_event, sse_response
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
@@ -165,6 +164,8 @@ _RUN_FAILURES: dict[str, tuple[int, str]] = {
     "not_found": (502, "upstream_model_not_found"),
     "bad_response": (502, "upstream_bad_response"),
     "loop_guard": (500, "loop_guard_stopped"),
+    "reset": (502, "upstream_connection_reset"),
+    "truncated": (502, "upstream_stream_truncated"),
 }
 
 
@@ -182,7 +183,7 @@ def run_failure(exc: AgentdError) -> Response:
         status, code = _RUN_FAILURES.get(exc.kind, (500, "agent_error"))
         return _final(status, exc.message, code, exc.retry_after)
     # Budget or token quota: retrying before Retry-After cannot succeed.
-    code = "budget_exceeded" if "budget" in exc.message else "quota_exceeded"
+    code = exc.code or ("budget_exceeded" if "budget" in exc.message else "quota_exceeded")
     return _final(429, exc.message, code, exc.retry_after)
 
 
@@ -222,10 +223,7 @@ def _chat_completions():
     dropped = dropped_params(handle, options.params)
     if stream:
         return _with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
-    agents = kernel().agents
-    agents.precheck(handle)
-    cancel = threading.Event()
-    result = agents.wait(agents.submit(handle, text, [], options=options, cancel=cancel), cancel)
+    result = run_blocking(kernel(), handle, text, [], options)
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",

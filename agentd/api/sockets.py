@@ -55,6 +55,8 @@ class AgentSocket:
         self._send_lock = threading.Lock()
         self._recent: deque[float] = deque()
         self.open = True
+        # This socket's runs (queued or running): a client that goes away stops them.
+        self._runs: dict[Any, threading.Event] = {}
 
     def send(self, type_: str, **data: Any) -> None:
         """Send one frame; a client that left is noted, not raised."""
@@ -108,8 +110,14 @@ class AgentSocket:
         except AgentdError as exc:
             self.send("error", content=exc.message)
             return
+        cancel = threading.Event()
+        try:
+            future = agents.submit(self.handle, content, attachments, emit=self.on_event, cancel=cancel)
+        except AgentdError as exc:  # e.g. the agent's queue is full
+            self.send("error", content=exc.message)
+            return
         self.send("typing", state="start")
-        future = agents.submit(self.handle, content, attachments, emit=self.on_event)
+        self._runs[future] = cancel
 
         def finished(f: Any) -> None:
             # `typing: stop` goes first: the final frame must be the last one a client sees.
@@ -123,6 +131,7 @@ class AgentSocket:
                 self.send("error", content="run cancelled")
             else:
                 self.send("error", content=exc.message if isinstance(exc, AgentdError) else "internal error")
+            self._runs.pop(f, None)
 
         future.add_done_callback(finished)
 
@@ -150,7 +159,8 @@ class AgentSocket:
         self.send("connected", agent_id=self.handle.id)
         while self.open and not self.kernel.stopping.is_set():
             try:
-                raw = self.ws.receive(timeout=1.0)
+                # A short wait: a client that left is noticed (and its run stopped) promptly.
+                raw = self.ws.receive(timeout=0.25)
             except ConnectionClosed:
                 break
             if raw is None:
@@ -179,6 +189,14 @@ class AgentSocket:
             else:
                 self.send("error", content=f"unknown frame type {kind!r}")
         self.open = False
+        self.stop_runs()
+
+    def stop_runs(self) -> None:
+        """The client is gone: withdraw this socket's queued runs and cancel its running one."""
+        agents = self.kernel.agents
+        for future, cancel in list(self._runs.items()):
+            if not future.done() and not agents.withdraw(future):
+                cancel.set()
 
 
 def register_sockets(app: Flask) -> Sock:
