@@ -3,7 +3,9 @@
 All checks, all four phases (examples, coverage, fuzzing and the stateful phase that follows
 the document's OpenAPI links: spawn -> detail/message/memory/kill, PUT kv -> GET/DELETE kv,
 custom model -> GET/DELETE, workflow -> detail/run/runs/delete, run -> run detail), a bounded
-number of examples and a fixed seed so CI is reproducible. The daemon has an API key (so
+number of examples and a fixed seed so CI is reproducible. tests/fuzz_hooks.py makes most
+positive spawn and custom-model cases valid (a TOML manifest with a fresh name, a catalog
+provider) so the stateful phase has resources to follow links from. The daemon has an API key (so
 `ignored_auth` checks that protected routes refuse requests without it) and every provider
 points at the fake LLM, so message routes run real agent loops.
 
@@ -15,6 +17,7 @@ the fuzzer found while this was built has a regression test in tests/test_openap
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +33,10 @@ MAX_EXAMPLES = 8
 SEED = 21
 
 CONFIG = """
+[phases.stateful.generation]
+# More scenarios for the stateful phase: each one spawns, links and cleans up through the API.
+max-examples = 40
+
 [checks]
 # Every check (the command line's `--checks all` would override the per-operation switches below).
 enabled = true
@@ -118,6 +125,8 @@ def test_schemathesis_finds_nothing(tmp_path: Path, fake_llm) -> None:
     st = shutil.which("st") or str(Path(sys.executable).with_name("st"))
     home = make_home(tmp_path / "fuzz", f'api_key = "{API_KEY}"\n' + llm_config(fake_llm))
     daemon = Daemon(home, api_key=API_KEY, env_extra=LLM_ENV).start()
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # tests/fuzz_hooks.py: valid spawns
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     try:
@@ -129,11 +138,13 @@ def test_schemathesis_finds_nothing(tmp_path: Path, fake_llm) -> None:
              # Destructive: it stops the daemon under test, ending the run for every other operation.
              "--exclude-path", "/api/shutdown",
              "-H", f"Authorization: Bearer {API_KEY}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=840)
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
     finally:
         daemon.stop()
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-12000:]
     summary = output[output.rfind("SUMMARY"):]
     assert "Tested:" in summary and "failure" not in summary.lower(), summary
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in summary, summary
     assert "Traceback" not in daemon.log() and "unhandled error" not in daemon.log()

@@ -49,8 +49,9 @@ class Operation:
     ok_description: str = ""
     ok_headers: tuple[str, ...] = ()
     errors: dict[int, str] = field(default_factory=dict)
-    # link name -> (target operationId, {target parameter: runtime expression})
-    links: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    # link name -> (target operationId, {target parameter: runtime expression}[, request body
+    # with runtime expressions inside])
+    links: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     public: bool = False
     websocket: bool = False
 

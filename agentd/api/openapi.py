@@ -147,9 +147,12 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
         result["requestBody"] = {"required": op.body_required, "content": {op.body_media: media}}
     responses: dict[str, Any] = {str(op.ok): _ok_response(op)}
     if op.links:
-        responses[str(op.ok)]["links"] = {
-            name: {"operationId": target, "parameters": mapping}
-            for name, (target, mapping) in op.links.items()}
+        links: dict[str, Any] = {}
+        for name, (target, mapping, *body) in op.links.items():
+            links[name] = {"operationId": target, "parameters": mapping}
+            if body:
+                links[name]["requestBody"] = body[0]
+        responses[str(op.ok)]["links"] = links
     statuses = dict.fromkeys((400, 429, 500), "")
     if not op.public:
         statuses[401] = ""

@@ -58,6 +58,11 @@ def result_body(result: RunResult) -> dict[str, Any]:
             "Upload": ("agents.upload", {"agent_id": "$response.body#/agent_id"}),
             "StopRun": ("agents.stop", {"agent_id": "$response.body#/agent_id"}),
             "ResetSession": ("agents.reset", {"agent_id": "$response.body#/agent_id"}),
+            "CreateWorkflow": ("workflows.create", {}, {
+                "name": "$response.body#/name", "description": "a workflow over a new agent",
+                "steps": [{"agent_name": "$response.body#/name"},
+                          {"agent_name": "$response.body#/name", "mode": "fan_out"},
+                          {"mode": "collect"}]}),
             "KillAgent": ("agents.kill", {"agent_id": "$response.body#/agent_id"})})
 def spawn():
     data = body.load(SpawnSchema())
