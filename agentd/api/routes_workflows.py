@@ -10,7 +10,7 @@ from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.manager import MESSAGE_LIMIT
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.errors import BadRequest, PayloadTooLarge
+from agentd.errors import PayloadTooLarge
 
 bp = Blueprint("workflows", __name__)
 
