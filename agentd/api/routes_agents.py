@@ -170,7 +170,7 @@ def delete_session(session_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/upload")
-@doc("Upload a file for later `attachments`", tags="agents", ok=201, response=out.UploadSchema,
+@doc("Upload a file for later attachments", tags="agents", ok=201, response=out.UploadSchema,
      body={"type": "object", "required": ["file"],
            "properties": {"file": {"type": "string", "contentMediaType": "application/octet-stream",
                                    "description": "image/*, text/*, audio/* or application/pdf; max 10 MB"},

@@ -307,7 +307,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
 
 
 @bp.get("/v1/models")
-@doc("The agents as OpenAI models (`agentd:<name>`)", tags="openai", response=out.ModelListSchema)
+@doc("The agents as OpenAI models (agentd:<name>)", tags="openai", response=out.ModelListSchema)
 def models():
     agents = kernel().agents
     return jsonify({"object": "list",

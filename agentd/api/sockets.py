@@ -216,7 +216,7 @@ def register_sockets(app: Flask) -> Sock:
             current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"])
 
     @sock.route("/api/agents/<agent_id>/ws", bp=bp)
-    @doc("WebSocket: talk to an agent", tags="agents", websocket=True, errors={
+    @doc("WebSocket: talk to an agent", tags="agents", websocket=True, ok=101, errors={
         400: "Not a WebSocket handshake, or refused by the request guard",
         503: "Too many concurrent streams"}, description=WS_DESCRIPTION)
     def agent_socket(ws, agent_id: str) -> None:  # type: ignore[no-untyped-def]
@@ -231,7 +231,7 @@ def register_sockets(app: Flask) -> Sock:
             kernel.stream_slots.release()
 
     @sock.route("/api/_ws/echo", bp=bp)
-    @doc("WebSocket: echo every frame back (diagnostic)", tags="system", websocket=True,
+    @doc("WebSocket: echo every frame back (diagnostic)", tags="system", websocket=True, ok=101,
          errors={400: "Not a WebSocket handshake"})
     def echo(ws) -> None:  # type: ignore[no-untyped-def]
         """Echo every frame back; used to check the WebSocket transport."""
