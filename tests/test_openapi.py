@@ -195,3 +195,21 @@ def test_usage_period_accepts_rfc3339_spellings(agent_daemon) -> None:
         r = agent_daemon.get("/api/usage", params={"since": since})
         assert r.status_code == 200, since
         assert r.json()["period_start"].startswith("2026-01-01T00:00:00")
+
+
+@pytest.mark.parametrize("directive", ["[[fail:503]]", "[[fail:429]]", "[[fail:401]]", "[[fail:400]]",
+                                       "[[fail:404]]", "[[garbage]]"])
+def test_upstream_failure_statuses_are_documented(agent_daemon, directive) -> None:
+    """What the run routes answer when the provider fails is listed in the document."""
+    paths = agent_daemon.get("/api/openapi.json").json()["paths"]
+    name = f"f-{spawn(agent_daemon)[:6]}"
+    agent_id = spawn(agent_daemon, name)
+    native = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": f"{directive} x"})
+    openai_style = agent_daemon.post("/v1/chat/completions", json={
+        "model": name, "messages": [{"role": "user", "content": f"{directive} y"}]})
+    for response, path in ((native, "/api/agents/{agent_id}/message"), (openai_style, "/v1/chat/completions")):
+        assert response.status_code >= 400, (directive, path)
+        assert str(response.status_code) in paths[path]["post"]["responses"], (directive, path,
+                                                                               response.status_code)
+    assert isinstance(native.json()["error"], str)
+    assert set(openai_style.json()["error"]) == {"message", "type", "code"}

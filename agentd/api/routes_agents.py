@@ -94,12 +94,14 @@ def detail(agent_id: str):
 @bp.post("/api/agents/<agent_id>/message")
 @doc("Send a message and wait for the answer", tags="agents", body=MessageSchema,
      response=out.MessageResultSchema, body_example={"message": "hello"},
-     errors={409: "The run was stopped before the agent answered, or the agent is busy",
+     errors={409: "The run was stopped before the agent answered",
              413: "Message over 64 KB",
-             429: "Budget or the agent's token quota exhausted (`Retry-After`), or the provider "
-                  "still throttled after retries",
-             502: "The provider refused the request or answered something unusable",
-             503: "The provider failed or was unreachable after retries",
+             429: "Budget or the agent's token quota exhausted, the agent's queue is full "
+                  "(`agent_busy`), or the provider still throttled after retries (`Retry-After`)",
+             500: "The run failed: the provider refused the key or the request, no key is set, "
+                  "or the loop guard stopped the run (the message says which)",
+             502: "The provider reset the connection or cut the stream off",
+             503: "The provider answered 503 after retries, or the daemon is shutting down",
              504: "The provider timed out"})
 def message(agent_id: str):
     handle = agent(agent_id)

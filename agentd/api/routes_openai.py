@@ -201,12 +201,16 @@ def run_failure(exc: AgentdError) -> Response:
                  "lines, then `data: [DONE]`.",
      errors={401: "Provider key missing or rejected (`missing_provider_key`, `provider_auth_failed`)",
              404: "No agent for `model` (`model_not_found`)",
-             409: "The run was stopped (`run_cancelled`) or the agent is busy",
+             409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
-             429: "Budget or quota exhausted, or the provider still throttled after retries",
-             502: "The provider refused the request or answered something unusable",
-             503: "The provider failed or was unreachable after retries, or too many streams",
-             504: "The provider timed out"})
+             429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
+                  "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
+             500: "The loop guard stopped the run (`loop_guard_stopped`)",
+             502: "The provider refused the request, answered something unusable, reset the connection "
+                  "or cut the stream off (`upstream_*`)",
+             503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
+                  "too many streams",
+             504: "The provider timed out (`upstream_timeout`)"})
 def chat_completions():
     try:
         return _chat_completions()

@@ -26,8 +26,9 @@ bp = Blueprint("stream", __name__)
                  "usage: {input_tokens, output_tokens}, iterations, cost_usd}` (`stopped: true` when stopped); "
                  "`error` `{error, status}`. Comment lines are keep-alives. Refusals before the stream "
                  "starts (quota, budget, stream cap) are plain JSON errors.",
-     errors={413: "Message over 64 KB", 429: "Budget or the agent's token quota exhausted",
-             503: "Too many concurrent streams (`Retry-After`)"})
+     errors={413: "Message over 64 KB",
+             429: "Budget or the agent's token quota exhausted, or the agent's queue is full",
+             503: "Too many concurrent streams (`Retry-After`), or the daemon is shutting down"})
 def message_stream(agent_id: str):
     handle = agent(agent_id)
     data = body.load(MESSAGE_SCHEMA)
