@@ -213,3 +213,20 @@ def test_upstream_failure_statuses_are_documented(agent_daemon, directive) -> No
                                                                                response.status_code)
     assert isinstance(native.json()["error"], str)
     assert set(openai_style.json()["error"]) == {"message", "type", "code"}
+
+
+def test_channel_test_body_types_are_checked(agent_daemon) -> None:
+    """`target: {}` after an empty chat_id was silently ignored (and the adapter called)."""
+    r = agent_daemon.post("/api/channels/discord/test", json={"chat_id": "", "target": {}})
+    assert r.status_code == 400 and "target" in r.json()["error"]
+    r = agent_daemon.post("/api/channels/discord/test", json={"message": "  "})
+    assert r.status_code == 400 and "message" in r.json()["error"]
+
+
+def test_json_null_is_not_an_empty_body(agent_daemon) -> None:
+    """Routes whose body is optional took a JSON `null` for "no body"."""
+    headers = {"Content-Type": "application/json"}
+    r = agent_daemon.post("/api/channels/discord/test", data="null", headers=headers)
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]
+    r = agent_daemon.post(f"/api/workflows/{'0' * 8}-0000-4000-8000-{'0' * 12}/run", data="null", headers=headers)
+    assert r.status_code == 400

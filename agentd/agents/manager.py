@@ -176,6 +176,8 @@ class AgentManager:
         self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
+        # The kernel's audit hook: called as on_lifecycle(event, handle) for spawn and kill.
+        self.on_lifecycle: Callable[[str, AgentHandle], None] | None = None
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -251,6 +253,8 @@ class AgentManager:
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
             log.warning("agent %s manifest: %s", handle.name, warning)
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("agent.spawn", handle)
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -680,6 +684,26 @@ class AgentManager:
         cancel.set()
         return True
 
+    def run_conversation(self, handle: AgentHandle, session_id: str, text: str,
+                         label: str = "") -> RunResult:
+        """Run `text` in another session of this agent (one per channel conversation).
+
+        The run sees the agent's current manifest, mode and quota, but reads and writes
+        session `session_id` (created, labelled `label`, on first use), so two
+        conversations never share history. Runs of different conversations may overlap.
+        """
+        with orm.db_session:
+            if self.store.e.SessionRow.get(id=session_id) is None:
+                agent_row = self.store.e.AgentRow.get(id=handle.id)
+                if agent_row is None:
+                    raise NotFound("agent not found")
+                self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
+                                        messages="[]", created_at=utcnow())
+        view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None,
+                       session_cache=None, llm_history=None, waiting=collections.deque(), busy=False,
+                       queue_lock=threading.Lock())
+        return self.run(view, text)
+
     # -- session ------------------------------------------------------------------
     def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """The stored messages; kept in memory after the first read (writes go through here too)."""
@@ -825,6 +849,8 @@ class AgentManager:
                 orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
                 row.delete()
         log.info("killed agent %s (%s)", handle.name, handle.id)
+        if self.on_lifecycle is not None:
+            self.on_lifecycle("agent.kill", handle)
 
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:

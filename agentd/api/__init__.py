@@ -48,5 +48,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(dashboard.bp)
     from agentd.api import routes_docs
     app.register_blueprint(routes_docs.bp)
+    from agentd.api import routes_channels
+    app.register_blueprint(routes_channels.bp)
     register_sockets(app)
     return app

@@ -73,10 +73,10 @@ def format_validation(messages: Any, prefix: str = "") -> str:
 def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) -> dict[str, Any]:
     """Parse the JSON body and validate it with a marshmallow schema (an empty body
     counts as `{}` when `allow_empty`)."""
-    body = json_body(max_bytes, allow_empty=allow_empty)
-    if body is None and allow_empty:
-        body = {}
-    return validate(schema, body)
+    if allow_empty and not raw_body(max_bytes).strip():
+        return validate(schema, {})
+    # A JSON `null` body is not an empty one: it fails the object check below.
+    return validate(schema, json_body(max_bytes))
 
 
 def validate(schema: Schema, body: Any) -> dict[str, Any]:

@@ -123,6 +123,23 @@ class TicksQuery(_Query):
         "description": "Seconds between ticks (more than 10 count as 10)"})
 
 
+class ChannelTestBodySchema(_Body):
+    message = fields.String(load_default="Test message from agentd",
+                            validate=validate.Regexp(NOT_BLANK, error="must be a non-empty string"))
+    chat_id = fields.String(metadata={"description": "Where to send (platform chat/room id)"})
+    channel_id = fields.String(metadata={"description": "Same as chat_id"})
+    target = fields.String(metadata={"description": "Same as chat_id"})
+
+
+class QrStatusQuery(_Query):
+    session_id = fields.String(required=True, metadata={"description": "From POST .../qr/start"})
+
+
+class AuditQuery(_Query):
+    limit = fields.Integer(validate=validate.Range(min=1), metadata={"description": "At most this many (default 50)"})
+    event = fields.String(metadata={"description": "Only events whose name starts with this"})
+
+
 # -- OpenAI-compatible chat completions ------------------------------------------------------
 
 class StopField(fields.Field):

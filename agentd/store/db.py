@@ -118,9 +118,19 @@ def _define_entities(db: Database) -> SimpleNamespace:
         started_at = Optional(datetime, nullable=True)
         completed_at = Optional(datetime, nullable=True)
 
+    class AuditRow(db.Entity):
+        """One audit-trail entry (agentd/audit.py): event name, subject, small detail map."""
+        _table_ = "audit"
+        id = PrimaryKey(int, auto=True)
+        at = Required(datetime)
+        event = Required(str, index=True)
+        subject = Optional(str, default="")
+        detail = Optional(orm.Json)
+
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
-                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow)
+                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
+                           AuditRow=AuditRow)
 
 
 @dataclass
