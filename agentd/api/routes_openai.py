@@ -118,7 +118,6 @@ def refuse_unsupported(data: Any) -> None:
 
 def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
     """Check a validated chat completion request: (agent, input text, options, stream, include_usage)."""
-    refuse_unsupported(data)
     model, messages = data["model"], data["messages"]
     stream = data.get("stream", False)
     options = RunOptions(max_tokens=data.get("max_tokens") or data.get("max_completion_tokens"),
