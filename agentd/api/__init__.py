@@ -47,6 +47,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
     app.register_blueprint(pages.bp)
+    from agentd.api import routes_docs
+    app.register_blueprint(routes_docs.bp)
     from agentd.api import routes_channels
     app.register_blueprint(routes_channels.bp)
     register_sockets(app)
