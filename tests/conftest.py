@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -10,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import FAST_API, STARTED, Daemon, make_home, stop_shared as _stop_shared  # noqa: E402
+from support import FAST_API, STARTED, Daemon, make_home, take_daemon_hits  # noqa: E402
+from support import stop_shared as _stop_shared  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,6 +43,21 @@ def _daemons_stop_cleanly(request: pytest.FixtureRequest) -> Iterator[None]:
         problems += daemon.problems()
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+def _feed_mutmut_stats() -> None:
+    """mutmut's stats phase: count the functions the daemons ran as covered by this test."""
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+
+    state()._stats.update(take_daemon_hits())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # tryfirst: before mutmut's own collector reads and clears its per-test set.
+    _feed_mutmut_stats()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -100,12 +100,22 @@ class Daemon:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def hits_path(self) -> Path:
+        """Where the daemon lists the mutated functions it ran (mutmut's stats phase only)."""
+        return self.home / "mutmut-hits.txt"
+
     def start(self, wait: bool = True) -> "Daemon":
         STARTED.append(self)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentd", "start"],
-                                     env=agentd_env(self.home, self.port, **self.env_extra),
-                                     stdout=log, stderr=subprocess.STDOUT)
+        env = agentd_env(self.home, self.port, **self.env_extra)
+        command = [sys.executable, "-m", "agentd", "start"]
+        if os.environ.get("MUTANT_UNDER_TEST"):
+            # Under mutmut: run the mutated copy in the working directory and report
+            # which of its functions ran (tests/mutmut_daemon.py explains why).
+            command = [sys.executable, str(Path(__file__).resolve().parent / "mutmut_daemon.py"), "start"]
+            env["AGENTD_MUTMUT_HITS"] = str(self.hits_path)
+        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
             self.wait_healthy()
@@ -220,3 +230,18 @@ def stop_shared(daemon: Daemon) -> None:
     problems = daemon.stop_and_check()
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+def take_daemon_hits() -> set[str]:
+    """Names of mutated functions the daemons ran since the last call (mutmut stats phase)."""
+    names: set[str] = set()
+    for daemon in STARTED:
+        path = daemon.hits_path
+        taken = path.with_suffix(".taken")
+        try:
+            os.replace(path, taken)
+        except FileNotFoundError:
+            continue
+        names.update(line for line in taken.read_text(encoding="utf-8").splitlines() if line)
+        taken.unlink()
+    return names
