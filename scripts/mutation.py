@@ -4,6 +4,7 @@
     python scripts/mutation.py agentd/api/ratelimit.py agentd/memory/kv.py
     python scripts/mutation.py --survivors agentd/agents/loop_guard.py   # also print surviving diffs
     python scripts/mutation.py --all-tests agentd/metering.py            # whole suite, not the mapped files
+    python scripts/mutation.py --baseline 424a618 agentd/metering.py     # the tests as they were at a commit
 
 Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, static/,
 templates/ and a setup.cfg whose [mutmut] section names just that module), so runs are
@@ -50,16 +51,18 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/approvals.py": ["tests/test_agents.py", "tests/test_guards_daemon.py"],
 }
 DEFAULT_MODULES = list(TESTS)
-ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_daemon_check.py"]
+ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_daemon_check.py",
+             "--ignore=tests/test_mutation_setup.py"]
 
 
-def slug(module: str) -> str:
-    return module.replace("/", "_").removesuffix(".py")
+def slug(module: str, baseline: str | None = None) -> str:
+    name = module.replace("/", "_").removesuffix(".py")
+    return f"{name}@{baseline}" if baseline else name
 
 
-def prepare(module: str, tests: list[str], fresh: bool) -> Path:
+def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = None) -> Path:
     """A scratch project whose [mutmut] section mutates `module` and runs `tests`."""
-    work = SCRATCH / slug(module)
+    work = SCRATCH / slug(module, baseline)
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -69,6 +72,20 @@ def prepare(module: str, tests: list[str], fresh: bool) -> Path:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(ROOT / name, target, ignore=ignore)
+    mutants = work / "mutants"
+    if mutants.exists():
+        # mutmut never refreshes its copies of files it does not mutate: drop them so
+        # today's code and tests are used; the mutated module and its results stay.
+        keep = {mutants / module, mutants / (module + ".meta"), mutants / (module + ".spans")}
+        for path in mutants.rglob("*"):
+            if path.is_file() and path not in keep and path.parent != mutants:
+                path.unlink()
+    prepare_config(work, module, tests)
+    return work
+
+
+def prepare_config(work: Path, module: str, tests: list[str]) -> None:
+    """setup.cfg of the scratch copy: [mutmut] for this module and these tests."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     section = cfg["mutmut"]
@@ -77,7 +94,6 @@ def prepare(module: str, tests: list[str], fresh: bool) -> Path:
     section["use_git_change_detection"] = "false"
     with open(work / "setup.cfg", "w") as f:
         cfg.write(f)
-    return work
 
 
 def statuses(work: Path, module: str) -> dict[str, str]:
@@ -97,9 +113,29 @@ def score(counts: Counter) -> float:
     return 100.0 * killed / tested if tested else 0.0
 
 
+def use_baseline_tests(work: Path, rev: str, tests: list[str]) -> list[str]:
+    """Swap in the test files of git revision `rev` (keeping today's daemon/mutmut plumbing:
+    conftest.py, support.py, fakellm.py, mutmut_daemon.py) to measure the suite as it was."""
+    plumbing = {name: (work / "tests" / name).read_bytes()
+                for name in ("conftest.py", "support.py", "fakellm.py", "mutmut_daemon.py")}
+    shutil.rmtree(work / "tests")
+    archive = subprocess.run(["git", "archive", rev, "tests"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    for name, data in plumbing.items():
+        (work / "tests" / name).write_bytes(data)
+    fakellm_tests = work / "tests" / "test_fakellm.py"
+    if fakellm_tests.exists():   # tests of the test tool, not of the product
+        fakellm_tests.unlink()
+    kept = [t for t in tests if t.startswith("-") or (work / t.split("::")[0]).exists()]
+    return kept if any(not t.startswith("-") for t in kept) else ALL_TESTS
+
+
 def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str], float]:
     tests = ALL_TESTS if args.all_tests else TESTS.get(module, ALL_TESTS)
-    work = prepare(module, tests, args.fresh)
+    work = prepare(module, tests, args.fresh, args.baseline)
+    if args.baseline:
+        tests = use_baseline_tests(work, args.baseline, tests)
+        prepare_config(work, module, tests)
     started = time.monotonic()
     log = work / "mutmut.log"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -120,6 +156,7 @@ def main() -> None:
     parser.add_argument("--all-tests", action="store_true", help="run the whole product suite per mutant")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results for these modules")
     parser.add_argument("--survivors", action="store_true", help="print the diff of every surviving mutant")
+    parser.add_argument("--baseline", metavar="REV", help="score the test files of git revision REV instead")
     args = parser.parse_args()
     rows = []
     for module in args.modules or DEFAULT_MODULES:
@@ -128,7 +165,7 @@ def main() -> None:
         print(f"{module}: {score(counts):.1f}% ({counts['killed'] + counts['timeout']} killed of "
               f"{sum(counts.values()) - counts['skipped']}; {dict(counts)}) in {took:.0f}s", flush=True)
         if args.survivors:
-            work = SCRATCH / slug(module)
+            work = SCRATCH / slug(module, args.baseline)
             for name, status in sorted(result.items()):
                 if status not in ("killed", "timeout", "caught by type check", "skipped"):
                     diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work,
