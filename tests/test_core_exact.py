@@ -107,6 +107,36 @@ def test_gcra_idle_client_gets_exactly_one_burst() -> None:
     assert sum(limiter.hit("new").allowed for _ in range(6)) == 5
 
 
+def test_gcra_sweep_runs_every_n_calls_and_forgets_idle_clients() -> None:
+    clock = Clock()
+    limiter = GcraLimiter(rate=2, burst=5, clock=clock)
+    assert (limiter.burst, limiter.interval, limiter.tolerance) == (5, 0.5, 2.5)
+    limiter._SWEEP_EVERY = 4
+    limiter.hit("a")
+    limiter.hit("b")
+    clock.now += 100          # a and b are idle now
+    limiter.hit("c")          # call 3: no sweep yet
+    assert set(limiter._tat) == {"a", "b", "c"}, "BUG: the idle-client sweep runs before every N-th call"
+    limiter.hit("d")          # call 4: sweep
+    assert set(limiter._tat) == {"c", "d"}, "BUG: idle clients are never forgotten (the table grows without bound)"
+    for key in "efg":
+        limiter.hit(key)      # calls 5-7: no sweep
+    assert set(limiter._tat) == {"c", "d", "e", "f", "g"}
+    clock.now += 100
+    limiter.hit("h")          # call 8: sweep again
+    assert set(limiter._tat) == {"h"}
+
+
+def test_gcra_boundary_is_exact() -> None:
+    clock = Clock(1000.0)
+    limiter = GcraLimiter(rate=2, burst=1, clock=clock)
+    assert limiter.hit("ip").allowed
+    clock.now = 1000.5 - 1e-6          # exactly when the next request is due (1 us slack)
+    assert limiter.hit("ip").allowed, "BUG: a request exactly at its allowed time is refused"
+    clock.now = 1001.0 - 2e-6          # just before the next one is due
+    assert not limiter.hit("ip").allowed, "BUG: a request before its allowed time is let through"
+
+
 def test_gcra_sweep_forgets_only_idle_clients() -> None:
     clock = Clock()
     limiter = GcraLimiter(rate=1, burst=1, clock=clock)

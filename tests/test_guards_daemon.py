@@ -242,3 +242,26 @@ def test_max_streams_reached_is_503(daemon_factory, fake_llm) -> None:
             break
         time.sleep(0.1)
     assert r.status_code == 200 and "event: done" in r.text, "BUG: a finished stream keeps its slot"
+
+
+# -- KV isolation through the API and the memory tools ---------------------------------------------
+
+def test_kv_same_key_isolated_between_agents(guarded) -> None:
+    d = guarded
+    a, b = spawn(d, extra='profile = "messaging"'), spawn(d, extra='profile = "messaging"')
+    kv = "/api/memory/agents/{}/kv"
+    assert d.put(kv.format(a) + "/shared", json="from a").status_code == 200
+    assert d.put(kv.format(b) + "/shared", json="from b").status_code == 200
+    assert d.get(kv.format(a) + "/shared").json() == "from a", "BUG: KV get/put crosses agents"
+    assert d.get(kv.format(b) + "/shared").json() == "from b", "BUG: KV put overwrote another agent's key"
+    assert d.get(kv.format(a)).json() == {"shared": "from a"}, "BUG: KV list shows another agent's keys"
+    assert d.delete(kv.format(a) + "/shared").json() == {"status": "deleted"}
+    assert d.get(kv.format(b) + "/shared").json() == "from b", \
+        "BUG: KV delete removed another agent's key of the same name"
+    assert d.get(kv.format(a) + "/shared").status_code == 404
+    assert d.delete(kv.format(a) + "/shared").status_code == 404
+    # The memory tools go through the same per-agent scope.
+    say(d, a, '[[tool:memory_store {"key": "shared", "value": "tool a"}]]')
+    assert d.get(kv.format(b) + "/shared").json() == "from b"
+    body = say(d, b, '[[tool:memory_recall {"key": "shared"}]]').json()
+    assert "from b" in body["response"] and "tool a" not in body["response"], body
