@@ -9,6 +9,7 @@ running total that is rebuilt from the database at start and at each new month.
 from __future__ import annotations
 
 import calendar
+import math
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
@@ -125,7 +126,7 @@ class Metering:
         if spent >= limit:
             raise TooManyRequests(
                 f"message delivery failed: budget exceeded: ${spent:.4f} of ${limit:.2f} spent this month",
-                retry_after=max(1, int((end - now).total_seconds())))
+                retry_after=max(1, math.ceil((end - now).total_seconds())))
 
     def budget(self) -> dict[str, Any]:
         """GET /api/budget."""

@@ -425,6 +425,11 @@ def test_month_rolls_over(store) -> None:
     metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
     with pytest.raises(TooManyRequests):
         metering.check_budget()
+    # Retry-After is the time to the period's end, rounded up (never "retry in 0 s" too early).
+    clock.at = datetime(2026, 2, 28, 23, 59, 58, 250000, tzinfo=timezone.utc)
+    with pytest.raises(TooManyRequests) as exc:
+        metering.check_budget()
+    assert exc.value.retry_after == 2, "BUG: the budget's Retry-After is rounded down"
     # January's spend is still reported for January.
     jan = metering.totals(datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 2, 1, tzinfo=timezone.utc))
     assert jan["requests"] == 1 and jan["total_cost_usd"] == pytest.approx(0.0026)
