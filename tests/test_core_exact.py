@@ -247,7 +247,8 @@ def test_api_key_exact_match_is_accepted_every_way(tmp_path: Path) -> None:
     assert client.get("/api/ping", headers={"X-API-Key": KEY}).status_code == 200
     assert client.get(f"/api/ping?token={KEY}").status_code == 200
     r = client.get("/api/ping")
-    assert r.status_code == 401 and r.get_json()["error"].startswith("missing API key")
+    assert r.status_code == 401 and r.get_json()["error"] == "missing API key: send Authorization: Bearer <api_key>"
+    assert r.headers["X-RateLimit-Limit"] == "100", "refused requests are rate limited too"
     r = client.get("/api/ping", headers={"Authorization": f"Basic {KEY}"})
     assert r.status_code == 401, "BUG: a non-Bearer Authorization scheme is accepted"
     r = client.get("/v1/ping", headers={"Authorization": "Bearer wrong"})
@@ -263,7 +264,11 @@ def test_no_key_serves_loopback_only(tmp_path: Path) -> None:
     assert client.get("/api/ping", environ_base={"REMOTE_ADDR": "127.9.9.9"}).status_code == 200
     r = client.get("/api/ping", environ_base={"REMOTE_ADDR": "10.0.0.7"})
     assert r.status_code == 401, "BUG: a non-loopback client is served without an API key"
-    assert "API key required for non-loopback clients" in r.get_json()["error"]
+    assert r.get_json()["error"] == (
+        "API key required for non-loopback clients: set api_key in config.toml (or AGENTD_API_KEY) and "
+        "send Authorization: Bearer <key>, or bind to 127.0.0.1")
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    assert client.get("/api/ping", environ_base={"REMOTE_ADDR": "::1"}).status_code == 200
     r = client.get("/api/ping", environ_base={"REMOTE_ADDR": "128.0.0.1"})
     assert r.status_code == 401
 
@@ -481,3 +486,119 @@ def test_kv_same_key_in_two_agents_is_isolated(store) -> None:
     kv.set(a, "b", [1])
     kv.set(a, "a", {"k": 1})
     assert list(kv.all(a)) == ["a", "b", "z"], "KV list is sorted by key"
+
+
+# -- error shapes (agentd/api/errors.py) ------------------------------------------------------------
+
+def error_app(tmp_path: Path) -> Flask:
+    from agentd import errors
+
+    app = make_app(tmp_path, Clock(), {"api": {"rate_limit_per_second": 1000, "rate_limit_burst": 1000}})
+    app.config["MAX_CONTENT_LENGTH"] = 100
+    kinds = {"bad": errors.BadRequest, "unauth": errors.Unauthorized, "forbidden": errors.Forbidden,
+             "missing": errors.NotFound, "conflict": errors.Conflict, "large": errors.PayloadTooLarge,
+             "quota": errors.TooManyRequests}
+
+    def raiser(kind: str):
+        extra = {"retry_after": float(request_arg("retry", "0") or 0)} if kind == "quota" else {}
+        code = request_arg("code", None)
+        raise kinds[kind](f"{kind} happened", code=code, **extra)
+
+    def boom():
+        raise RuntimeError("secret internal detail")
+
+    def upload():
+        from flask import request as r
+        r.get_data()
+        return jsonify({"ok": True})
+
+    for prefix in ("/api", "/v1"):
+        app.add_url_rule(f"{prefix}/raise/<kind>", f"raise{prefix}", raiser)
+        app.add_url_rule(f"{prefix}/boom", f"boom{prefix}", boom)
+        app.add_url_rule(f"{prefix}/upload", f"upload{prefix}", upload, methods=["POST"])
+    return app
+
+
+def request_arg(name: str, default):
+    from flask import request
+    return request.args.get(name, default)
+
+
+@pytest.mark.parametrize("kind, status, openai_type", [
+    ("bad", 400, "invalid_request_error"), ("unauth", 401, "authentication_error"),
+    ("forbidden", 403, "permission_error"), ("missing", 404, "invalid_request_error"),
+    ("conflict", 409, "invalid_request_error"), ("large", 413, "invalid_request_error"),
+    ("quota", 429, "rate_limit_error"),
+])
+def test_error_shapes_native_and_openai(tmp_path: Path, kind: str, status: int, openai_type: str) -> None:
+    client = error_app(tmp_path).test_client()
+    r = client.get(f"/api/raise/{kind}")
+    assert r.status_code == status and r.get_json() == {"error": f"{kind} happened"}
+    r = client.get(f"/v1/raise/{kind}?code=some_code")
+    assert r.status_code == status
+    assert r.get_json() == {"error": {"message": f"{kind} happened", "type": openai_type, "code": "some_code"}}
+    r = client.get(f"/v1/raise/{kind}")
+    assert r.get_json()["error"]["code"] is None
+
+
+@pytest.mark.parametrize("retry, header", [("0.01", "1"), ("0.999", "1"), ("1", "1"), ("1.001", "2"),
+                                           ("59.5", "60"), ("0", "1")])
+def test_retry_after_header_is_rounded_up(tmp_path: Path, retry: str, header: str) -> None:
+    client = error_app(tmp_path).test_client()
+    r = client.get(f"/api/raise/quota?retry={retry}")
+    assert r.status_code == 429 and r.headers["Retry-After"] == header, \
+        f"BUG: Retry-After for {retry}s is {r.headers.get('Retry-After')}, expected {header} (rounded up)"
+    assert "Retry-After" not in client.get("/api/raise/bad").headers
+
+
+def test_http_errors_are_json(tmp_path: Path) -> None:
+    client = error_app(tmp_path).test_client()
+    r = client.get("/api/nope")
+    assert r.status_code == 404 and r.get_json() == {"error": "not found: GET /api/nope"}
+    r = client.get("/v1/nope")
+    assert r.get_json() == {"error": {"message": "not found: GET /v1/nope", "type": "invalid_request_error",
+                                      "code": None}}
+    r = client.delete("/api/upload")
+    assert r.status_code == 405 and r.get_json() == {"error": "method DELETE not allowed on /api/upload"}
+    assert r.headers["Allow"] == "OPTIONS, POST"
+    r = client.post("/v1/upload", data=b"x" * 101)
+    assert r.status_code == 413 and r.get_json()["error"]["message"] == "request body too large"
+    assert r.get_json()["error"]["type"] == "invalid_request_error"
+
+
+def test_unexpected_errors_hide_the_detail(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    client = error_app(tmp_path).test_client()
+    r = client.get("/api/boom")
+    request_id = r.headers["X-Request-Id"]
+    assert r.status_code == 500 and r.get_json() == {"error": f"internal server error (request id {request_id})"}
+    assert "secret" not in r.get_data(as_text=True)
+    assert any(request_id in rec.getMessage() and rec.exc_info for rec in caplog.records), \
+        "the failure is logged with its request id and traceback"
+    r = client.get("/v1/boom")
+    assert r.get_json()["error"]["type"] == "server_error" and r.get_json()["error"]["code"] is None
+
+
+def test_public_routes_need_no_key_and_only_for_get(tmp_path: Path) -> None:
+    app = make_app(tmp_path, Clock(), {"api_key": KEY, "api": {"rate_limit_per_second": 100,
+                                                               "rate_limit_burst": 100}})
+
+    @app.route("/api/health", methods=["GET", "POST"])
+    def health():
+        return jsonify({"status": "ok"})
+
+    @app.route("/api/version")
+    def version():
+        return jsonify({"version": "x"})
+
+    @app.route("/favicon.ico")
+    def favicon():
+        return "icon"
+
+    client = app.test_client()
+    for path in ("/api/health", "/api/version", "/favicon.ico", "/"):
+        assert client.get(path).status_code == 200, f"BUG: public {path} needs a key"
+        assert client.head(path).status_code == 200
+    assert client.get("/static/app.css").status_code == 404, "static files are public (404 here, not 401)"
+    assert client.post("/api/health").status_code == 401, "BUG: a public path accepts POST without a key"
+    for path in ("/api/healthz", "/api/health/x", "/api/versions", "/staticx/a", "/api/static/a"):
+        assert client.get(path).status_code == 401, f"BUG: {path} is treated as public"
