@@ -54,6 +54,17 @@ def _feed_mutmut_stats() -> None:
     state()._stats.update(take_daemon_hits())
 
 
+DAEMON_FIXTURES = {"agent_daemon", "shared_daemon", "daemon_factory", "guarded", "fresh"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under mutmut (which runs with -x), run in-process tests before the daemon ones:
+    most mutants are killed by a fast test, so the slow ones rarely have to start."""
+    if os.environ.get("MUTANT_UNDER_TEST") in (None, "", "stats", "fail"):
+        return
+    items.sort(key=lambda item: bool(DAEMON_FIXTURES & set(getattr(item, "fixturenames", ()))))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # tryfirst: before mutmut's own collector reads and clears its per-test set.
