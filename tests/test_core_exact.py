@@ -602,3 +602,66 @@ def test_public_routes_need_no_key_and_only_for_get(tmp_path: Path) -> None:
     assert client.post("/api/health").status_code == 401, "BUG: a public path accepts POST without a key"
     for path in ("/api/healthz", "/api/health/x", "/api/versions", "/staticx/a", "/api/static/a"):
         assert client.get(path).status_code == 401, f"BUG: {path} is treated as public"
+
+
+def test_metering_reports_have_exact_shapes_and_running_totals(store) -> None:
+    clock = Now(datetime(2026, 3, 10, 12, 0, tzinfo=timezone.utc))
+    metering = Metering(store, Catalog.load(), now=clock)
+    assert metering.limit_usd == 0, "a fresh install has no budget limit"
+    metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)       # 0.0026
+    metering.record("a1", "alpha", "openai", "gpt-4o", 2000, 30)       # 0.0053
+    metering.record("b2", "beta", "openai", "no-such-model", 50, 70)   # unpriced: $0
+    assert metering.budget()["spent_usd"] == pytest.approx(0.0079, abs=1e-12), \
+        "BUG: the running budget total is not the sum of the recorded costs"
+    start, end = metering.period(None, None)
+    assert (start, end) == (datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 4, 1, tzinfo=timezone.utc))
+    assert metering.totals(start, end) == {
+        "total_input_tokens": 3050, "total_output_tokens": 110, "total_cost_usd": pytest.approx(0.0079, abs=1e-12),
+        "requests": 3, "period_start": "2026-03-01T00:00:00+00:00", "period_end": "2026-04-01T00:00:00+00:00"}
+    assert metering.by_agent(start, end) == [
+        {"agent_id": "a1", "agent_name": "alpha", "spent_usd": pytest.approx(0.0079, abs=1e-12),
+         "input_tokens": 3000, "output_tokens": 40},
+        {"agent_id": "b2", "agent_name": "beta", "spent_usd": 0.0, "input_tokens": 50, "output_tokens": 70}]
+    assert [r["model"] for r in metering.by_model(start, end)] == ["gpt-4o", "no-such-model"]
+    from pony import orm
+    with orm.db_session:
+        priced = store.db.select("SELECT model, priced FROM usage ORDER BY id")
+    assert [tuple(r) for r in priced] == [("gpt-4o", 1), ("gpt-4o", 1), ("no-such-model", 0)], \
+        "usage rows record whether the model had a price"
+    # An explicit window narrows the report.
+    since = datetime(2026, 3, 10, 12, 0, 1, tzinfo=timezone.utc)
+    assert metering.period(since, None) == (since, end)
+    assert metering.totals(since, end)["requests"] == 0
+
+
+def test_budget_limit_survives_a_restart(store) -> None:
+    metering = Metering(store, Catalog.load())
+    metering.set_limit(12.5)
+    assert Metering(store, Catalog.load()).limit_usd == 12.5, "BUG: the budget limit is lost on restart"
+    metering.set_limit(0)
+    again = Metering(store, Catalog.load())
+    assert again.limit_usd == 0
+    again.record("a1", "alpha", "openai", "gpt-4o", 10**6, 10**6)     # $12.50
+    again.check_budget()   # 0 = unlimited
+
+
+def test_report_windows_honour_time_zones(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as time_module
+
+    # The machine's zone must not matter: the database holds UTC wall time.
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time_module.tzset()
+    try:
+        clock = Now(datetime(2026, 1, 31, 23, 30, tzinfo=timezone.utc))
+        metering = Metering(store, Catalog.load(), now=clock)
+        metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
+        plus_one = timezone(timedelta(hours=1))
+        # 2026-02-01 00:00 at +01:00 is 2026-01-31 23:00 UTC: the record is inside.
+        window = (datetime(2026, 2, 1, 0, 0, tzinfo=plus_one), datetime(2026, 2, 1, 1, 0, tzinfo=plus_one))
+        assert metering.totals(*window)["requests"] == 1, "BUG: report windows ignore the time zone offset"
+        naive = (datetime(2026, 1, 31, 23, 0), datetime(2026, 2, 1, 0, 0))   # naive = UTC
+        assert metering.totals(*naive)["requests"] == 1, "BUG: naive times are read as local time, not UTC"
+        assert metering.totals(datetime(2026, 1, 31, 23, 31), datetime(2026, 2, 1))["requests"] == 0
+    finally:
+        monkeypatch.delenv("TZ")
+        time_module.tzset()
