@@ -112,6 +112,9 @@ def statuses(work: Path, module: str) -> dict[str, str]:
     return {name: status_by_exit_code[code] for name, code in data["exit_code_by_key"].items()}
 
 
+KILLED = ("killed", "timeout", "caught by type check", "skipped")
+
+
 def score(counts: Counter) -> float:
     killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
     tested = sum(counts.values()) - counts["skipped"]
@@ -144,9 +147,14 @@ def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str],
     started = time.monotonic()
     log = work / "mutmut.log"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # mutmut keeps earlier verdicts; mutants that survived before are run again explicitly,
+    # since the tests may have changed since.
+    again = [name for name, status in statuses(work, module).items() if status not in KILLED]
     with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
-                              cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
+        proc = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
+        if again and proc.returncode == 0:
+            proc = subprocess.run(command + again, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
     took = time.monotonic() - started
     result = statuses(work, module)
     if proc.returncode != 0 or not result:
