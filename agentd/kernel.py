@@ -27,6 +27,9 @@ from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
+from agentd.audit import AuditLog
+from agentd.channels.qr import QrLogins
+from agentd.channels.runtime import ChannelManager
 
 log = logging.getLogger("agentd.kernel")
 
@@ -39,7 +42,10 @@ class Kernel:
         self.store = store
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
-        self.executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-run")
+        # Runs never wait here for an agent (each agent queues its own requests), so one
+        # worker per long-held request keeps a stuck provider from blocking other agents.
+        self.executor = ThreadPoolExecutor(max_workers=max(32, config.api.max_streams + 32),
+                                           thread_name_prefix="agentd-run")
         self.stopping = threading.Event()
         self._shutdown_hook: Callable[[], None] | None = None
         # Long-lived connections (SSE + WebSocket) each pin a waitress worker;
@@ -62,6 +68,16 @@ class Kernel:
         self.workflows = WorkflowEngine(store, self.agents, self.executor)
         # No run survives a restart: runs left `running` by a crash are marked failed now.
         self.workflows.recover()
+        # Audit trail + channels (agentd/audit.py, agentd/channels/).
+        self.audit = AuditLog(store)
+        self.agents.on_lifecycle = lambda event, handle: self.audit.record(
+            event, handle.name, {"agent_id": handle.id})
+        self.audit.record("kernel.start", "agentd", {"version": __version__})
+        raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
+        self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
+                                       store, self.agents, self.audit.record)
+        self.qr_logins = QrLogins()
+        self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse) -> float | None:
@@ -89,6 +105,8 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        self.channels.close()
+        self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():
             self.agents.stop(handle)

@@ -389,9 +389,10 @@ def test_budget_exactly_at_the_limit_is_refused_just_under_is_allowed(store) -> 
     b = metering.budget()
     assert b["limit_usd"] == pytest.approx(0.0026 + 1e-9) and b["spent_usd"] == pytest.approx(0.0026)
     assert b["remaining_usd"] == pytest.approx(1e-9, abs=1e-12)
+    assert b["limited"] is True
     metering.set_limit(0)
     metering.check_budget()
-    assert metering.budget()["remaining_usd"] is None
+    assert metering.budget()["limited"] is False
 
 
 def test_budget_alerts_fire_exactly_at_80_and_100_percent(store) -> None:

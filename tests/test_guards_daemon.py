@@ -230,7 +230,12 @@ def test_max_streams_reached_is_503(daemon_factory, fake_llm) -> None:
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     err = r.json()["error"]
     assert set(err) == {"message", "type", "code"} and err["message"] == "too many concurrent streams; try again shortly"
-    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "plain http still works"}).status_code == 200
+    # A plain message waits for its agent on a server thread, so it needs a slot too.
+    other = spawn(d)
+    r = d.post(f"/api/agents/{other}/message", json={"message": "no slot left"})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert r.json() == {"error": "server busy: too many requests are waiting for agents; try again shortly"}
+    assert d.get("/api/agents").status_code == 200, "plain HTTP keeps working while the slots are taken"
     rest = b"\n".join(lines)
     assert b"event: done" in rest
     held.close()

@@ -61,7 +61,8 @@ def _define_entities(db: Database) -> SimpleNamespace:
         _table_ = "memory_kv"
         agent = Required(AgentRow)
         key = Required(str)
-        value = Optional(orm.Json)
+        # Any JSON value, `null` included (stored as SQL NULL, read back as None).
+        value = Optional(orm.Json, nullable=True)
         updated_at = Required(datetime)
         PrimaryKey(agent, key)
 
@@ -117,9 +118,19 @@ def _define_entities(db: Database) -> SimpleNamespace:
         started_at = Optional(datetime, nullable=True)
         completed_at = Optional(datetime, nullable=True)
 
+    class AuditRow(db.Entity):
+        """One audit-trail entry (agentd/audit.py): event name, subject, small detail map."""
+        _table_ = "audit"
+        id = PrimaryKey(int, auto=True)
+        at = Required(datetime)
+        event = Required(str, index=True)
+        subject = Optional(str, default="")
+        detail = Optional(orm.Json)
+
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
-                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow)
+                           WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
+                           AuditRow=AuditRow)
 
 
 @dataclass

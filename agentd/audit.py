@@ -1,0 +1,62 @@
+"""The kernel audit trail: a persisted, append-only list of what happened.
+
+Channel events (configure, remove, start, stop, connection errors, refused senders,
+inbound/outbound message ids: never message text), agent spawn/kill and daemon
+start/shutdown. `GET /api/audit/recent` reads it newest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from pony import orm
+
+from agentd.kernel_time import iso, utcnow
+from agentd.store import Store
+
+log = logging.getLogger("agentd.audit")
+KEEP = 10_000  # rows kept; older ones are pruned as new ones arrive
+RECENT_MAX = 1000
+
+
+class AuditLog:
+    """Append and read audit entries (thread-safe; each call is its own transaction)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._writes = 0
+        self._lock = threading.Lock()
+
+    def record(self, event: str, subject: str = "", detail: dict[str, Any] | None = None) -> None:
+        """Append one entry; a failure to write is logged, never raised to the caller."""
+        try:
+            with orm.db_session:
+                self.store.e.AuditRow(at=utcnow(), event=event, subject=subject or "",
+                                      detail=detail or {})
+        except Exception:  # noqa: BLE001 - auditing must not break what it observes
+            log.exception("cannot write audit entry %s", event)
+            return
+        with self._lock:
+            self._writes += 1
+            prune = self._writes % 500 == 0
+        if prune:
+            self._prune()
+
+    def _prune(self) -> None:
+        with orm.db_session:
+            newest = orm.max(a.id for a in self.store.e.AuditRow) or 0
+            orm.delete(a for a in self.store.e.AuditRow if a.id <= newest - KEEP)
+
+    def recent(self, limit: int = 50, prefix: str = "") -> list[dict[str, Any]]:
+        """Newest first; `prefix` filters by event name (e.g. "channel.")."""
+        limit = max(1, min(int(limit), RECENT_MAX))
+        with orm.db_session:
+            query = self.store.e.AuditRow.select()
+            if prefix:
+                query = query.filter(lambda a: a.event.startswith(prefix))
+            rows = query.order_by(orm.desc(self.store.e.AuditRow.id)).limit(limit)
+            return [{"id": r.id, "timestamp": iso(r.at),
+                     "event": r.event, "subject": r.subject, "detail": dict(r.detail or {})}
+                    for r in rows]

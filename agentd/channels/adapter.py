@@ -1,0 +1,151 @@
+"""The adapter seam: what every channel adapter implements and what the runtime gives it.
+
+Adapters are synchronous like the rest of agentd: `start()` spawns the adapter's own
+threads (never waitress request threads) and returns; `stop()` ends them. Inbound
+messages go to `ctx.deliver(...)`, which never blocks the reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Conversation:
+    """Where a message came from and where the reply goes.
+
+    `chat_id` is the platform's chat/room/channel (for a direct message: the
+    user's own address on that platform); `meta` carries what a reply needs
+    (thread ids, email headers...).
+    """
+
+    channel: str
+    chat_id: str
+    user_id: str = ""
+    direct: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """One session per key: platform + chat, plus the user for direct messages."""
+        if self.direct:
+            return f"{self.channel}:dm:{self.user_id or self.chat_id}"
+        return f"{self.channel}:chat:{self.chat_id}"
+
+
+@dataclass
+class Inbound:
+    """One message from a platform user."""
+
+    conversation: Conversation
+    sender_id: str
+    text: str
+    message_id: str = ""
+    sender_name: str = ""
+    # Other names the sender is known by (username next to a numeric id...), for allow-lists.
+    sender_aliases: tuple[str, ...] = ()
+
+
+class ChannelError(Exception):
+    """A platform call failed (the message says which and why)."""
+
+
+class ChannelContext:
+    """What the runtime hands an adapter: delivery, audit, persisted state, settings."""
+
+    def __init__(self, name: str, listen_host: str,
+                 deliver: Callable[[Inbound], None],
+                 audit: Callable[..., None],
+                 load_state: Callable[[], dict[str, Any]],
+                 save_state: Callable[[dict[str, Any]], None]) -> None:
+        self.name = name
+        self.listen_host = listen_host
+        self.deliver = deliver
+        self._audit = audit
+        self.load_state = load_state
+        self.save_state = save_state
+        self.log = logging.getLogger(f"agentd.channels.{name}")
+
+    def audit(self, event: str, **detail: Any) -> None:
+        """Write a `channel.<event>` entry for this adapter to the audit trail."""
+        self._audit(f"channel.{event}", self.name, detail)
+
+
+class Adapter:
+    """Base class of every adapter (subclass one of the bases in `bases/`)."""
+
+    #: the platform's maximum message length (the sender splits longer replies)
+    max_message_len = 4000
+    #: keys whose values must be set (env var names resolved) before start()
+    required_env: tuple[str, ...] = ()
+
+    def __init__(self, ctx: ChannelContext, settings: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.name = ctx.name
+        self.stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- helpers for subclasses -------------------------------------------------
+    def env(self, key: str, required: bool = True) -> str:
+        """The value of the environment variable named by setting `key` (a `*_env` key)."""
+        var = self.settings.get(key) or ""
+        value = os.environ.get(var, "") if var else ""
+        if required and not value:
+            raise ChannelError(f"environment variable {var or '(unset ' + key + ')'} is not set")
+        return value
+
+    def spawn(self, target: Callable[[], None], role: str) -> threading.Thread:
+        """Start a daemon thread named `channel-<name>-<role>`; stop() joins it."""
+        thread = threading.Thread(target=self._guard(target), name=f"channel-{self.name}-{role}",
+                                  daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def _guard(self, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception as exc:  # noqa: BLE001 - an adapter thread must never die silently
+                self.ctx.log.exception("adapter thread failed")
+                self.ctx.audit("error", error=f"{type(exc).__name__}: {exc}")
+        return run
+
+    # -- the seam -------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect and start the adapter's own threads; returns at once."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask every thread to end, close connections, join the threads."""
+        self.stopping.set()
+        self.close()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def close(self) -> None:
+        """Break blocking reads so threads notice `stopping` (sockets, streams)."""
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        """Deliver `text` to the conversation; returns the platform's message id (or "")."""
+        raise NotImplementedError
+
+    def send_typing(self, conversation: Conversation) -> None:
+        """Show a typing indicator where the platform has one."""
+
+    def health(self) -> bool:
+        """True while the adapter is connected and working."""
+        return False
+
+    def test_target(self, override: str = "") -> Conversation:
+        """Where `POST /api/channels/{name}/test` sends (`override` from the request)."""
+        raise ChannelError("this adapter has no test target; pass chat_id in the request")
+
+    def threads_alive(self) -> int:
+        return sum(1 for t in self._threads if t.is_alive())

@@ -1,0 +1,16 @@
+"""Adapter implementations, one module per platform; `load(name)` imports lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+# Adapters implemented so far (issue 14 brings the other 32 onto the same bases).
+IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify", "mattermost")
+
+
+def load(name: str) -> type | None:
+    """The adapter class for `name`, or None when it is not implemented yet."""
+    if name not in IMPLEMENTED:
+        return None
+    module = importlib.import_module(f"agentd.channels.adapters.{name}")
+    return module.ADAPTER

@@ -1,0 +1,141 @@
+"""Email: IMAP polling for new mail (UIDs tracked and persisted with UIDVALIDITY, so
+a message is answered once even across restarts), SMTP replies threaded with
+In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import imaplib
+import smtplib
+import ssl
+from email.message import EmailMessage
+from email.utils import make_msgid, parseaddr
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.polling import PollingAdapter
+
+
+class EmailAdapter(PollingAdapter):
+    max_message_len = 100_000
+
+    def prepare(self) -> None:
+        self.password = self.env("password_env")
+        self.username = str(self.settings.get("username") or "")
+        self.address = str(self.settings.get("from_address") or self.username)
+        self.poll_interval = float(self.settings.get("poll_interval_secs") or 30)
+
+    def _imap(self) -> imaplib.IMAP4:
+        host, port = str(self.settings.get("imap_host")), int(self.settings.get("imap_port") or 993)
+        security = self.settings.get("imap_security") or "tls"
+        if security == "tls":
+            conn: imaplib.IMAP4 = imaplib.IMAP4_SSL(host, port, timeout=30)
+        else:
+            conn = imaplib.IMAP4(host, port, timeout=30)
+            if security == "starttls":
+                conn.starttls(ssl.create_default_context())
+        conn.login(self.username, self.password)
+        return conn
+
+    def poll_once(self) -> None:
+        conn = self._imap()
+        try:
+            for folder in self.settings.get("folders") or ["INBOX"]:
+                self._poll_folder(conn, folder)
+        finally:
+            try:
+                conn.logout()
+            except (imaplib.IMAP4.error, OSError):
+                pass
+
+    def _poll_folder(self, conn: imaplib.IMAP4, folder: str) -> None:
+        status, _ = conn.select(folder)
+        if status != "OK":
+            raise ChannelError(f"cannot select folder {folder}")
+        validity = (conn.response("UIDVALIDITY")[1] or [b""])[0]
+        validity = validity.decode() if isinstance(validity, bytes) else str(validity or "")
+        cursor = self.state.get(folder) or {}
+        if cursor.get("validity") != validity:  # new mailbox (or first run): answer unread mail
+            cursor = {"validity": validity, "last_uid": 0}
+            _, data = conn.uid("SEARCH", None, "UNSEEN")
+        else:
+            _, data = conn.uid("SEARCH", None, f"UID {cursor['last_uid'] + 1}:*")
+        uids = sorted(int(u) for u in (data[0] or b"").split() if int(u) > cursor["last_uid"])
+        for uid in uids:
+            _, parts = conn.uid("FETCH", str(uid), "(RFC822)")
+            raw = next((p[1] for p in parts if isinstance(p, tuple)), None)
+            # Persist before answering: a crash must not make us answer twice.
+            cursor["last_uid"] = uid
+            self.save_cursor(**{folder: dict(cursor)})
+            conn.uid("STORE", str(uid), "+FLAGS", "(\\Seen)")
+            if raw:
+                self._handle(email.message_from_bytes(raw, policy=email.policy.default))
+        if not uids:
+            self.save_cursor(**{folder: dict(cursor)})
+
+    def _handle(self, msg: email.message.EmailMessage) -> None:
+        sender = parseaddr(str(msg.get("Reply-To") or msg.get("From") or ""))[1].lower()
+        auto = str(msg.get("Auto-Submitted") or "no").lower()
+        if not sender or sender == self.address.lower() or auto != "no" or sender.startswith("mailer-daemon"):
+            return  # our own mail, bounces and auto-replies are never answered (no mail loops)
+        body = msg.get_body(preferencelist=("plain",))
+        text = body.get_content() if body is not None else ""
+        lines = []
+        for line in text.splitlines():
+            if line.strip() == "--":
+                break  # signature
+            if not line.startswith(">"):
+                lines.append(line)
+        text = "\n".join(lines).strip()
+        if not text:
+            return
+        message_id = str(msg.get("Message-ID") or "").strip()
+        meta = {"subject": str(msg.get("Subject") or ""), "message_id": message_id,
+                "references": str(msg.get("References") or "").strip()}
+        conversation = Conversation(self.name, sender, sender, direct=True, meta=meta)
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, message_id=message_id,
+                                 sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "password"):
+            self.prepare()
+        meta = conversation.meta
+        msg = EmailMessage()
+        msg["From"] = self.address
+        msg["To"] = conversation.chat_id
+        subject = meta.get("subject") or "Message from agentd"
+        msg["Subject"] = subject if subject.lower().startswith("re:") or not meta.get("message_id") else f"Re: {subject}"
+        domain = self.address.rpartition("@")[2] or "agentd.local"
+        msg["Message-ID"] = make_msgid(domain=domain)
+        if meta.get("message_id"):
+            msg["In-Reply-To"] = meta["message_id"]
+            msg["References"] = " ".join(p for p in (meta.get("references"), meta["message_id"]) if p)
+        msg["Auto-Submitted"] = "auto-replied"
+        msg.set_content(text)
+        self._smtp_send(msg)
+        return str(msg["Message-ID"])
+
+    def _smtp_send(self, msg: EmailMessage) -> None:
+        host, port = str(self.settings.get("smtp_host")), int(self.settings.get("smtp_port") or 587)
+        security = self.settings.get("smtp_security") or "starttls"
+        try:
+            smtp = (smtplib.SMTP_SSL(host, port, timeout=30) if security == "tls"
+                    else smtplib.SMTP(host, port, timeout=30))
+            with smtp:
+                if security == "starttls":
+                    smtp.starttls(context=ssl.create_default_context())
+                smtp.ehlo()
+                if smtp.has_extn("auth"):
+                    smtp.login(self.username, self.password)
+                smtp.send_message(msg)
+        except (smtplib.SMTPException, OSError) as exc:
+            raise ChannelError(f"SMTP {host}:{port}: {exc}") from None
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or str(self.settings.get("test_recipient") or "") or self.username
+        if "@" not in target:
+            raise ChannelError("no test target: set test_recipient or pass chat_id (an address)")
+        return Conversation(self.name, target, target, direct=True)
+
+
+ADAPTER = EmailAdapter

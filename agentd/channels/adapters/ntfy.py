@@ -1,0 +1,76 @@
+"""ntfy: subscribe to a topic over Server-Sent Events (`GET /<topic>/sse`, resuming with
+`since=<last id>`), publish replies with `POST /<topic>`. Optional Bearer token.
+
+ntfy messages carry no sender identity, so `allowed_users` cannot apply; the topic
+itself (and ntfy's access control) decides who may write. Our own replies come back
+on the same topic and are recognised by the ids the server gave them."""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Iterator
+
+import requests
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import split_text
+from agentd.channels.bases.streaming import StreamingAdapter, sse_events
+
+OWN_TAG = "agentd"
+
+
+class NtfyAdapter(StreamingAdapter):
+    max_message_len = 4000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        token = self.env("token_env", required=False) if settings.get("token_env") else ""
+        if token:
+            self.http.session.headers["Authorization"] = f"Bearer {token}"
+        self.base = (settings.get("server_url") or "https://ntfy.sh").rstrip("/")
+        self.topic = str(settings.get("topic") or "")
+        if not self.topic:
+            raise ChannelError("topic is not set")
+        self.own_ids: collections.deque[str] = collections.deque(maxlen=200)
+
+    def open_stream(self) -> requests.Response:
+        since = self.state.get("since") or "none"  # "none": only messages from now on
+        return self.stream(f"{self.base}/{self.topic}/sse", params={"since": since})
+
+    def handle_lines(self, lines: Iterator[str]) -> None:
+        for event in sse_events(lines):
+            if event.get("event") != "message":
+                continue
+            try:
+                data = json.loads(event["data"])
+            except ValueError:
+                continue
+            if data.get("event", "message") != "message":
+                continue
+            message_id = str(data.get("id", ""))
+            self.save_cursor(since=message_id)
+            if message_id in self.own_ids or OWN_TAG in (data.get("tags") or []):
+                continue
+            text = str(data.get("message") or "").strip()
+            if not text:
+                continue
+            conversation = Conversation(self.name, self.topic)
+            self.ctx.deliver(Inbound(conversation, sender_id=str(data.get("title") or "ntfy"), text=text,
+                                     message_id=message_id))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        ids = []
+        for part in split_text(text, self.max_message_len):
+            answer = self.http.json("POST", f"{self.base}/{conversation.chat_id}", data=part.encode("utf-8"),
+                                    headers={"Tags": OWN_TAG, "Title": conversation.meta.get("agent") or "agentd"})
+            message_id = str(answer.get("id", ""))
+            self.own_ids.append(message_id)
+            ids.append(message_id)
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        return Conversation(self.name, override or self.topic)
+
+
+ADAPTER = NtfyAdapter

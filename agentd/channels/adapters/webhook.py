@@ -1,0 +1,81 @@
+"""Generic webhook: inbound JSON POSTs on its own listener, replies POSTed to a callback.
+
+Inbound `{"sender_id", "sender_name", "message"}`; when `secret_env` names a set
+variable, `X-Webhook-Signature: sha256=<hex HMAC-SHA256(secret, raw body)>` is
+checked before the body is parsed (401 otherwise). Answers 202 at once; the reply
+goes to `callback_url` as `{"sender_id", "message", "agent"}`, signed the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender
+from agentd.channels.bases.webhook import Request, WebhookAdapter, check_hmac, hmac_sha256_hex
+
+SIGNATURE_HEADER = "X-Webhook-Signature"
+
+
+class GenericWebhookAdapter(WebhookAdapter):
+    max_message_len = 64_000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+
+    def secret(self) -> str:
+        var = self.settings.get("secret_env") or ""
+        return os.environ.get(var, "") if var else ""
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("listen_port") or 8460)
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}  # any path: senders differ in where they post
+
+    def verify(self, request: Request) -> bool:
+        secret = self.secret()
+        return not secret or check_hmac(secret, request.body, request.headers.get(SIGNATURE_HEADER.lower()))
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        sender, text = data.get("sender_id"), data.get("message")
+        if not isinstance(sender, str) or not sender or not isinstance(text, str) or not text.strip():
+            raise ValueError("sender_id and message must be non-empty strings")
+        name = data.get("sender_name") if isinstance(data.get("sender_name"), str) else ""
+        message_id = str(uuid.uuid4())
+        conversation = Conversation(self.name, sender, sender, direct=True)
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, message_id=message_id,
+                                 sender_name=name or sender))
+        return 202, {"status": "accepted", "message_id": message_id}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        url = self.settings.get("callback_url") or ""
+        if not url:
+            raise ChannelError("callback_url is not set: replies have nowhere to go")
+        agent = conversation.meta.get("agent", "")
+        body = json.dumps({"sender_id": conversation.user_id or conversation.chat_id, "message": text,
+                           "agent": agent or self.settings.get("default_agent") or ""}).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        secret = self.secret()
+        if secret:
+            headers[SIGNATURE_HEADER] = "sha256=" + hmac_sha256_hex(secret, body)
+        self.http.request("POST", url, data=body, headers=headers)
+        return str(uuid.uuid4())
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or "agentd-test"
+        return Conversation(self.name, target, target, direct=True)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = GenericWebhookAdapter

@@ -1,0 +1,145 @@
+"""Webhook base: the adapter's own HTTP listener (bound to `[channels] listen_host`,
+127.0.0.1 by default) with signature checks that run before any parsing."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+from agentd.channels.adapter import Adapter
+
+MAX_BODY = 1024 * 1024
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+
+# A handler answers (status, JSON-able body).
+Handler = Callable[[Request], tuple[int, Any]]
+
+
+def hmac_sha256_hex(secret: str, body: bytes) -> str:
+    return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+def check_hmac(secret: str, body: bytes, header_value: str | None, prefix: str = "sha256=") -> bool:
+    """Constant-time check of `<prefix><hex HMAC-SHA256(secret, body)>`."""
+    if not header_value or not header_value.startswith(prefix):
+        return False
+    expected = prefix + hmac_sha256_hex(secret, body)
+    return hmac.compare_digest(expected.encode(), header_value.strip().encode())
+
+
+def within_window(timestamp: str | None, window: float = 300.0) -> bool:
+    """Replay protection: the platform's timestamp is within `window` seconds of now."""
+    try:
+        return abs(time.time() - float(timestamp or "")) <= window
+    except ValueError:
+        return False
+
+
+class WebhookAdapter(Adapter):
+    """Subclasses implement `listen_port()`, `routes()` and `verify(request)`."""
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.server: ThreadingHTTPServer | None = None
+
+    def listen_port(self) -> int:
+        raise NotImplementedError
+
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        """{(method, path): handler} served on the adapter's own port ("*": any path)."""
+        raise NotImplementedError
+
+    def verify(self, request: Request) -> bool:
+        """The platform's signature/token check; runs before the body is parsed."""
+        return True
+
+    def start(self) -> None:
+        self.prepare()
+        self.server = _Server((self.ctx.listen_host, self.listen_port()), self)
+        self.spawn(self.server.serve_forever, "listener")
+
+    def prepare(self) -> None:
+        """Checks before the listener opens; raise ChannelError."""
+
+    def close(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.shutdown()  # ends serve_forever (called from the stopping thread)
+            server.server_close()
+
+    def health(self) -> bool:
+        return self.server is not None and not self.stopping.is_set()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], adapter: WebhookAdapter) -> None:
+        self.adapter = adapter
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        self.server.adapter.ctx.log.debug("webhook %s", format % args)
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self) -> None:
+        adapter = self.server.adapter
+        parts = urlsplit(self.path)
+        routes = adapter.routes()
+        handler = routes.get((self.command, parts.path)) or routes.get((self.command, "*"))
+        if handler is None:
+            self._answer(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            self.close_connection = True
+            self._answer(413, {"error": "body too large"})
+            return
+        body = self.rfile.read(length) if length else b""
+        request = Request(self.command, parts.path, parse_qs(parts.query),
+                          {k.lower(): v for k, v in self.headers.items()}, body)
+        if not adapter.verify(request):
+            adapter.ctx.audit("refused", reason="bad signature", remote=self.client_address[0])
+            self._answer(401, {"error": "invalid signature"})
+            return
+        try:
+            status, answer = handler(request)
+        except ValueError as exc:
+            status, answer = 400, {"error": f"bad request: {exc}"}
+        except Exception:  # noqa: BLE001 - never a traceback to the platform
+            adapter.ctx.log.exception("webhook handler failed")
+            status, answer = 500, {"error": "internal error"}
+        self._answer(status, answer)
+
+    do_GET = do_POST = do_PUT = _handle

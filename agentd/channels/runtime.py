@@ -1,0 +1,300 @@
+"""The channel manager: configured adapters' lifecycle, routing to agents, audit.
+
+Owned by the kernel. Reads `[channels.<name>]` sections of config.toml, starts one
+adapter per section, and hands every inbound message to the per-conversation
+dispatcher, which runs it against the conversation's own session of the routed agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import tomllib
+import uuid
+from typing import Any, Callable
+
+from agentd.agents.manager import AgentManager
+from agentd.channels import adapters as registry
+from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
+from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
+                                     field_views, settings_for, validate)
+from agentd.channels.dispatch import Dispatcher
+from agentd.channels.tomledit import edit_file
+from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.llm.think import strip_think
+from agentd.store import Store
+
+log = logging.getLogger("agentd.channels")
+SESSION_NS = uuid.UUID("6f1c2a8e-3b7d-4c55-9a61-0d2f7e4b9c13")
+APOLOGY = "Sorry, something went wrong while answering your message. Please try again later."
+TYPING_EVERY = 4.0
+
+
+class NotImplementedAdapter(AgentdError):
+    status = 501
+
+
+class ChannelManager:
+    """Start/stop/reload adapters and route their messages to agents."""
+
+    def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
+                 audit: Callable[[str, str, dict[str, Any]], None]) -> None:
+        self.config_path = config_path
+        self.store = store
+        self.agents = agents
+        self.audit = audit
+        self.catalog = ChannelCatalog.load()
+        self._lock = threading.RLock()
+        self.sections: dict[str, dict[str, Any]] = {}
+        self.running: dict[str, Adapter] = {}
+        self._apply_globals(raw_channels)
+        self.dispatcher = Dispatcher(self.workers, self.queue_limit)
+        self._initial = raw_channels
+
+    def _apply_globals(self, raw: dict[str, Any]) -> None:
+        self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
+        self.workers = int(raw.get("workers", 8))
+        self.queue_limit = int(raw.get("queue_limit", 32))
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start_all(self) -> None:
+        """Start every configured adapter (called once when the daemon starts)."""
+        self._reconcile(self._sections_of(self._initial))
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self.running):
+                self._stop(name, reason="shutdown")
+        self.dispatcher.close()
+
+    def _sections_of(self, raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in self.catalog.names():
+            section = raw.get(name)
+            if isinstance(section, dict):
+                out[name] = section
+        return out
+
+    def _reconcile(self, sections: dict[str, dict[str, Any]]) -> None:
+        with self._lock:
+            for name in list(self.sections):
+                if name not in sections:
+                    self._stop(name, reason="removed")
+                    self.sections.pop(name)
+            for name, section in sections.items():
+                if self.sections.get(name) == section and (name in self.running
+                                                           or registry.load(name) is None):
+                    continue
+                self._stop(name, reason="reconfigured")
+                self.sections[name] = section
+                self._start(name)
+
+    def _start(self, name: str) -> bool:
+        info = self.catalog.get(name)
+        cls = registry.load(name)
+        if cls is None:
+            return False
+        try:
+            settings = settings_for(info, validate(info, self.sections[name]))
+            adapter = cls(self._context(name), settings)
+            adapter.start()
+        except (AgentdError, ChannelError, OSError, ValueError) as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            log.warning("channel %s could not start: %s", name, message)
+            self.audit("channel.start_failed", name, {"error": message[:300]})
+            return False
+        self.running[name] = adapter
+        self.audit("channel.start", name, {})
+        return True
+
+    def _stop(self, name: str, reason: str) -> None:
+        adapter = self.running.pop(name, None)
+        if adapter is None:
+            return
+        try:
+            adapter.stop()
+        except Exception:  # noqa: BLE001 - a failing stop must not keep the others running
+            log.exception("channel %s: stop failed", name)
+        self.audit("channel.stop", name, {"reason": reason})
+
+    def _context(self, name: str) -> ChannelContext:
+        key = f"channel_state:{name}"
+        return ChannelContext(
+            name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
+            audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
+            save_state=lambda state: self.store.set_setting(key, state))
+
+    # -- API operations ----------------------------------------------------------------
+    def list(self) -> list[dict[str, Any]]:
+        """GET /api/channels: the 40 adapters with configured/active and field states."""
+        out = []
+        for info in self.catalog.items:
+            section = self.sections.get(info.name)
+            adapter = self.running.get(info.name)
+            data = info.data
+            item = {k: data[k] for k in ("name", "display_name", "icon", "description", "category",
+                                         "difficulty", "setup_time", "quick_setup", "setup_type")}
+            item.update(configured=section is not None,
+                        active=adapter is not None and bool(adapter.health()),
+                        implemented=registry.load(info.name) is not None,
+                        fields=field_views(info, section), setup_steps=data["setup_steps"],
+                        config_template=data["config_template"])
+            out.append(item)
+        return out
+
+    def configure(self, name: str, body: Any) -> dict[str, Any]:
+        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter."""
+        info = self.catalog.get(name)
+        values = validate(info, body)
+        with self._lock:
+            edit_file(self.config_path, ["channels", name], values)
+            self.audit("channel.configure", name, {"keys": sorted(values)})
+            self._stop(name, reason="reconfigured")
+            self.sections[name] = values
+            started = self._start(name)
+        result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
+        if registry.load(name) is None:
+            result["note"] = f"{name}: configuration saved; this adapter is not implemented yet"
+        elif not started:
+            result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
+        return result
+
+    def remove(self, name: str) -> dict[str, Any]:
+        """Remove `[channels.<name>]` and stop its adapter."""
+        self.catalog.get(name)
+        with self._lock:
+            edit_file(self.config_path, ["channels", name], None)
+            self._stop(name, reason="removed")
+            self.sections.pop(name, None)
+            self.audit("channel.remove", name, {})
+        return {"status": "removed", "channel": name}
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read config.toml; start/stop/restart the adapters whose section changed."""
+        try:
+            text = self.config_path.read_text(encoding="utf-8") if self.config_path.exists() else ""
+            raw = tomllib.loads(text).get("channels", {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise BadRequest(f"cannot reload channels: {self.config_path}: {exc}") from None
+        if not isinstance(raw, dict):
+            raise BadRequest("cannot reload channels: [channels] must be a table")
+        self._reconcile(self._sections_of(raw))
+        self.audit("channel.reload", "", {"active": len(self.running)})
+        return {"status": "reloaded", "channels_active": len(self.running)}
+
+    def test(self, name: str, message: str, target: str = "") -> dict[str, Any]:
+        """Send a real message through the adapter's sender to its configured target."""
+        info = self.catalog.get(name)
+        cls = registry.load(name)
+        if cls is None:
+            raise NotImplementedAdapter(f"{name}: adapter not implemented yet; its configuration "
+                                        "is saved but no message can be sent")
+        section = self.sections.get(name)
+        if section is None:
+            raise BadRequest(f"channel {name} is not configured")
+        adapter = self.running.get(name)
+        if adapter is None:  # not running (failed start): its sender still works
+            adapter = cls(self._context(name), settings_for(info, validate(info, section)))
+        try:
+            conversation = adapter.test_target(target)
+            message_id = adapter.send(conversation, message)
+        except ChannelError as exc:
+            self.audit("channel.test_failed", name, {"error": str(exc)[:300]})
+            raise AgentdError(f"test message not delivered: {exc}", status=502) from None
+        self.audit("channel.outbound", name, {"message_id": message_id, "test": True,
+                                              "conversation": conversation.key})
+        return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
+
+    # -- inbound routing ---------------------------------------------------------------
+    def _deliver(self, name: str, msg: Inbound) -> None:
+        """Called by adapter readers: allow-list check, then queue (never blocks)."""
+        settings = self.sections.get(name, {})
+        refused = self._refusal(settings, msg)
+        if refused:
+            self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
+                                                 "message_id": msg.message_id, "reason": refused})
+            return
+        self.audit("channel.inbound", name, {"message_id": msg.message_id, "sender": msg.sender_id,
+                                             "conversation": msg.conversation.key})
+        if not self.dispatcher.submit(msg.conversation.key, lambda: self._answer(name, msg)):
+            self.audit("channel.dropped", name, {"message_id": msg.message_id,
+                                                 "conversation": msg.conversation.key})
+
+    @staticmethod
+    def _refusal(settings: dict[str, Any], msg: Inbound) -> str:
+        users = [u.lower() for key in USER_LISTS for u in settings.get(key) or []]
+        names = {n.lower() for n in (msg.sender_id, *msg.sender_aliases) if n}
+        if users and not any(n in users or ("@" in n and "@" + n.split("@", 1)[1] in users) for n in names):
+            return "sender not in allowed_users"
+        chats = [c.lower() for key in CHAT_LISTS for c in settings.get(key) or []]
+        if chats and not msg.conversation.direct and msg.conversation.chat_id.lower() not in chats:
+            return "chat not in allowed_channels"
+        return ""
+
+    def _answer(self, name: str, msg: Inbound) -> None:
+        """On a dispatcher worker: run the agent in the conversation's session, reply."""
+        adapter = self.running.get(name)
+        if adapter is None:
+            return
+        conversation = msg.conversation
+        try:
+            handle = self._route(name)
+            conversation.meta.setdefault("agent", handle.name)
+            if msg.text.strip().lower() in ("/new", "/reset"):
+                try:  # only this conversation's session: other users keep theirs
+                    self.agents.delete_session(self._session_id(handle.id, conversation.key))
+                except NotFound:
+                    pass
+                reply = "Started a new conversation."
+            else:
+                reply = self._run(adapter, handle, conversation, msg.text)
+        except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
+            error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            log.warning("channel %s: message %s failed: %s", name, msg.message_id, error)
+            self.audit("channel.error", name, {"message_id": msg.message_id, "error": error[:300]})
+            reply = APOLOGY
+        if not reply.strip():
+            return
+        try:
+            sent_id = adapter.send(conversation, reply)
+        except Exception as exc:  # noqa: BLE001
+            self.audit("channel.send_failed", name, {"in_reply_to": msg.message_id, "error": str(exc)[:300]})
+            return
+        self.audit("channel.outbound", name, {"message_id": sent_id, "in_reply_to": msg.message_id,
+                                              "conversation": conversation.key})
+
+    def _route(self, name: str):  # type: ignore[no-untyped-def]
+        agent_name = self.sections.get(name, {}).get("default_agent")
+        if agent_name:
+            handle = self.agents.find(agent_name)
+            if handle is None:
+                raise ChannelError(f"default_agent {agent_name!r} does not exist")
+            return handle
+        handles = self.agents.handles()
+        if not handles:
+            raise ChannelError("no agent is running to answer channel messages")
+        return handles[0]
+
+    @staticmethod
+    def _session_id(agent_id: str, key: str) -> str:
+        return str(uuid.uuid5(SESSION_NS, f"{agent_id}|{key}"))
+
+    def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str) -> str:  # type: ignore[no-untyped-def]
+        done = threading.Event()
+
+        def typing() -> None:
+            while not done.is_set():
+                try:
+                    adapter.send_typing(conversation)
+                except Exception as exc:  # noqa: BLE001 - typing is cosmetic
+                    log.debug("typing indicator failed: %s", exc)
+                if done.wait(TYPING_EVERY):
+                    return
+
+        threading.Thread(target=typing, name=f"channel-{adapter.name}-typing", daemon=True).start()
+        try:
+            result = self.agents.run_conversation(handle, self._session_id(handle.id, conversation.key),
+                                                  text, label=conversation.key)
+        finally:
+            done.set()
+        return strip_think(result.response).strip()

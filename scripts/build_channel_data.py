@@ -1,0 +1,93 @@
+"""Regenerate agentd/data/channels.json from the reference catalogue.
+
+Keeps the spec's 40 adapters (`in_spec_40`), the fields the API shows, each adapter's
+supported config keys with their defaults and value kinds, and agentd's own additions
+(the `EXTRA_KEYS` below: base URLs and knobs tests and self-hosted servers need, and
+what the README's channel table says about each adapter's inbound mode).
+
+    python scripts/build_channel_data.py [/path/to/reference/channels.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SOURCE = Path("/work/shared/reference/channels.json")
+TARGET = ROOT / "agentd" / "data" / "channels.json"
+
+KINDS = {"String": "text", "Option<String>": "text", "u16": "number", "u32": "number",
+         "u64": "number", "i64": "number", "f64": "number", "bool": "bool",
+         "Vec<String>": "list", "Vec<i64>": "list", "Vec<u64>": "list"}
+
+# agentd's own keys on top of the reference ones: (key, kind, default).
+EXTRA_KEYS: dict[str, list[tuple[str, str, object]]] = {
+    "telegram": [("long_poll_secs", "number", 25)],
+    "matrix": [("long_poll_secs", "number", 25)],
+    "email": [("imap_security", "text", "tls"), ("smtp_security", "text", "starttls"),
+              ("from_address", "text", ""), ("test_recipient", "text", "")],
+    "irc": [("tls_verify", "bool", True), ("send_interval_secs", "number", 0.5)],
+    "ntfy": [],
+    "gotify": [],
+    "mattermost": [("default_channel_id", "text", "")],
+    "webhook": [],
+}
+COMMON = [("default_agent", "text", None), ("allowed_users", "list", []),
+          ("allowed_channels", "list", [])]
+# Inbound mode, whether the platform must reach us (public URL) and what we use.
+INBOUND = {
+    "telegram": "long-poll", "matrix": "long-poll (/sync)", "email": "IMAP polling",
+    "irc": "TCP line socket", "ntfy": "SSE stream", "gotify": "WebSocket",
+    "mattermost": "WebSocket", "webhook": "webhook (own listener)",
+}
+
+
+def kind_of(rust_type: str) -> str:
+    if rust_type.startswith("Option<") and rust_type[7:-1] in KINDS:
+        return KINDS[rust_type[7:-1]]
+    if rust_type.startswith("HashMap") or rust_type == "ChannelOverrides":
+        return "table"
+    return KINDS.get(rust_type, "text")
+
+
+def build(source: Path) -> list[dict]:
+    out = []
+    for item in json.loads(source.read_text()):
+        if not item.get("in_spec_40"):
+            continue
+        keys: dict[str, dict] = {}
+        for key, kind, default in COMMON:
+            keys[key] = {"kind": kind, "default": default}
+        for spec in item["config_keys_supported"]:
+            keys[spec["key"]] = {"kind": kind_of(spec["rust_type"]), "default": spec["default"]}
+        for field in item["fields"]:  # a field the UI shows is always a valid key
+            kind = {"number": "number", "list": "list"}.get(field["type"], "text")
+            keys.setdefault(field["key"], {"kind": kind, "default": None})
+        for key, kind, default in EXTRA_KEYS.get(item["name"], []):
+            keys[key] = {"kind": kind, "default": default, "agentd": True}
+        out.append({
+            "name": item["name"], "display_name": item["display_name"], "icon": item["icon"],
+            "description": item["description"], "category": item["category"],
+            "difficulty": item["difficulty"], "setup_time": item["setup_time"],
+            "quick_setup": item["quick_setup"], "setup_type": item["setup_type"],
+            "fields": item["fields"], "setup_steps": item["setup_steps"],
+            "config_template": item["config_template"], "protocol": item["protocol"],
+            "is_qr_adapter": item["is_qr_adapter"], "inbound": INBOUND.get(item["name"], ""),
+            "keys": keys,
+        })
+    if len(out) != 40:
+        raise SystemExit(f"expected the spec's 40 adapters, found {len(out)}")
+    return out
+
+
+def main() -> None:
+    source = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_SOURCE
+    data = build(source)
+    TARGET.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {len(data)} adapters to {TARGET}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Shared fixtures and helpers for the channel tests: a daemon wired to the fake LLM
+with one agent, configure/audit helpers, and waiting for conditions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home
+
+AGENT_TOML = 'name = "helper"\nprofile = "minimal"\n[model]\nprovider = "default"\nmodel = "default"\n'
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def audit(daemon: Daemon, event: str = "", subject: str = "") -> list[dict[str, Any]]:
+    """Audit entries (newest first), optionally only one event name / subject."""
+    rows = daemon.get("/api/audit/recent?limit=500").json()
+    return [r for r in rows if (not event or r["event"] == event) and (not subject or r["subject"] == subject)]
+
+
+def configure(daemon: Daemon, name: str, **keys: Any) -> dict[str, Any]:
+    response = daemon.post(f"/api/channels/{name}/configure", json=keys)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def channel(daemon: Daemon, name: str) -> dict[str, Any]:
+    return next(c for c in daemon.get("/api/channels").json() if c["name"] == name)
+
+
+def wait_active(daemon: Daemon, name: str, timeout: float = 30.0) -> None:
+    wait_for(lambda: channel(daemon, name)["active"], timeout, what=f"{name} active")
+
+
+def remove(daemon: Daemon, name: str) -> None:
+    response = daemon.delete(f"/api/channels/{name}/configure")
+    assert response.status_code == 200, response.text
+
+
+def start_channel_daemon(root: Path, fake_llm, env: dict[str, str] | None = None,
+                         extra_config: str = "") -> Daemon:
+    home = make_home(root, llm_config(fake_llm, extra_config))
+    daemon = Daemon(home, env_extra={**LLM_ENV, **(env or {})}).start()
+    created = daemon.post("/api/agents", json={"manifest_toml": AGENT_TOML})
+    assert created.status_code == 201, created.text
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def channel_daemon(tmp_path_factory, fake_llm) -> Iterator[Daemon]:
+    """A daemon (fake LLM behind it) with one agent, `helper`; channel secrets in its env."""
+    daemon = start_channel_daemon(tmp_path_factory.mktemp("channels"), fake_llm, env=CHANNEL_ENV)
+    yield daemon
+    daemon.stop()
+
+
+# Secrets the channel tests' daemons see (the fakes accept exactly these).
+CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "123456:TESTTOKEN",
+               "MATRIX_ACCESS_TOKEN": "syt_matrix_token", "NTFY_TOKEN": "tk_ntfy",
+               "GOTIFY_APP_TOKEN": "AppTokenX", "GOTIFY_CLIENT_TOKEN": "ClientTokenY",
+               "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}

@@ -1,0 +1,107 @@
+"""Telegram adapter against a fake Bot API: long-poll round trip with typing, per-user
+sessions, allow-list refusal, 429 retried after retry_after, reconnect, clean stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from channel_fixtures import (CHANNEL_ENV, audit, channel, channel_daemon, configure, remove,  # noqa: F401
+                              wait_active, wait_for)
+from fakes.telegram import FakeTelegram
+
+
+@pytest.fixture
+def telegram(channel_daemon):
+    fake = FakeTelegram(CHANNEL_ENV["TELEGRAM_BOT_TOKEN"]).start()
+    yield fake
+    channel_daemon.delete("/api/channels/telegram/configure")
+    fake.stop()
+
+
+def setup(daemon, fake, **extra):
+    configure(daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url, long_poll_secs=1,
+              default_agent="helper", **extra)
+    wait_active(daemon, "telegram")
+
+
+def test_message_reaches_agent_and_reply_reaches_user(channel_daemon, telegram, fake_llm):
+    setup(channel_daemon, telegram)
+    telegram.user_says(501, "hello bot", username="ann")
+    wait_for(lambda: telegram.replies_to(501), what="reply")
+    assert telegram.replies_to(501) == ["echo: hello bot"]
+    assert {"chat_id": 501, "action": "typing"} in telegram.actions
+    # A second user gets their own session: ann's words never reach bob's model call.
+    telegram.user_says(502, "second user here", username="bob")
+    wait_for(lambda: telegram.replies_to(502), what="reply to bob")
+    bob_call = next(r for r in reversed(fake_llm.requests)
+                    if "second user here" in str(r["json"]))
+    assert "hello bot" not in str(bob_call["json"]["messages"])
+    telegram.user_says(501, "and again", username="ann")
+    wait_for(lambda: len(telegram.replies_to(501)) == 2, what="second reply")
+    ann_call = next(r for r in reversed(fake_llm.requests) if "and again" in str(r["json"]))
+    assert "hello bot" in str(ann_call["json"]["messages"])  # ann's own history is kept
+
+
+def test_allow_list_refusal(channel_daemon, telegram):
+    setup(channel_daemon, telegram, allowed_users=["ann"])
+    telegram.user_says(601, "intruder", username="mallory")
+    telegram.user_says(602, "member", username="ann")  # allowed by username
+    wait_for(lambda: telegram.replies_to(602), what="reply to ann")
+    refused = [e for e in audit(channel_daemon, "channel.refused", "telegram") if e["detail"]["sender"] == "601"]
+    assert refused and telegram.replies_to(601) == []
+
+
+def test_rate_limited_send_is_retried(channel_daemon, telegram):
+    setup(channel_daemon, telegram)
+    telegram.throttle = [1]
+    telegram.user_says(701, "throttled")
+    asked = time.time()
+    wait_for(lambda: telegram.replies_to(701), what="reply after 429")
+    assert telegram.replies_to(701) == ["echo: throttled"] and telegram.throttle == []
+    assert telegram.sent[-1]["at"] - asked >= 1.0  # waited retry_after before trying again
+
+
+def test_reconnect_and_clean_stop(channel_daemon, telegram):
+    setup(channel_daemon, telegram)
+    telegram.restart()
+    wait_for(lambda: audit(channel_daemon, "channel.reconnected", "telegram"), what="reconnect")
+    telegram.user_says(801, "after restart")
+    wait_for(lambda: telegram.replies_to(801), what="reply after restart")
+    remove(channel_daemon, "telegram")
+    assert channel(channel_daemon, "telegram")["active"] is False
+    time.sleep(1.5)  # a poll in flight when stop() ran has ended by now
+    polls = len(telegram.polls)
+    time.sleep(1.5)
+    assert len(telegram.polls) == polls  # nothing polls any more
+    assert audit(channel_daemon, "channel.stop", "telegram")[0]["detail"]["reason"] == "removed"
+
+
+def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, fake_llm):
+    setup(channel_daemon, telegram)
+    telegram.user_says(901, "[[slow:0.6]] first")
+    telegram.user_says(901, "second")
+    telegram.user_says(902, "[[slow:0.6]] other user")
+    wait_for(lambda: len(telegram.replies_to(901)) == 2 and telegram.replies_to(902), what="replies")
+    assert telegram.replies_to(901) == ["echo: first", "echo: second"]  # in order despite the slow first
+    # 902's model call started while 901's slow one was still running: conversations run in parallel.
+    calls = {r["json"]["messages"][-1]["content"]: r for r in fake_llm.requests
+             if r["path"].endswith("/chat/completions") and r["json"]["messages"][-1]["role"] == "user"}
+    first, other = calls["[[slow:0.6]] first"], calls["[[slow:0.6]] other user"]
+    assert other["time"] < first["done"] and first["time"] < other["done"]
+    telegram.user_says(903, "[[think]] ponder")
+    wait_for(lambda: telegram.replies_to(903), what="think reply")
+    assert telegram.replies_to(903) == ["echo: ponder"]
+    telegram.user_says(904, "[[fail:500]] boom")
+    wait_for(lambda: telegram.replies_to(904), what="apology")
+    assert telegram.replies_to(904)[0].startswith("Sorry, something went wrong")
+    error = audit(channel_daemon, "channel.error", "telegram")[0]["detail"]
+    assert "500" in error["error"] and "boom" not in str(error)
+    telegram.user_says(901, "/new")
+    wait_for(lambda: len(telegram.replies_to(901)) == 3, what="/new answer")
+    assert telegram.replies_to(901)[2] == "Started a new conversation."
+    telegram.user_says(901, "fresh start")
+    wait_for(lambda: len(telegram.replies_to(901)) == 4, what="reply after /new")
+    call = next(r for r in reversed(fake_llm.requests) if "fresh start" in str(r["json"]))
+    assert "second" not in str(call["json"]["messages"])  # history of 901 was cleared

@@ -1,0 +1,169 @@
+"""Unit tests of the channel runtime's parts: TOML section editor, sender retries and
+splitting, SSE parsing, dispatcher ordering, allow-list matching, config validation."""
+
+from __future__ import annotations
+
+import threading
+import time
+import tomllib
+
+import pytest
+import responses
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, retry_after_secs, split_text
+from agentd.channels.bases.streaming import sse_events
+from agentd.channels.bases.webhook import check_hmac, hmac_sha256_hex, within_window
+from agentd.channels.catalog import ChannelCatalog, validate
+from agentd.channels.dispatch import Dispatcher
+from agentd.channels.runtime import ChannelManager
+from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
+
+DOC = """# top
+api_key = ""  # keep
+
+[channels]
+listen_host = "127.0.0.1"
+
+[channels.irc]
+server = "a"
+
+[channels.irc.overrides]
+x = 1
+# belongs to llm
+
+[llm]
+retries = 1
+"""
+
+
+def test_replace_section_keeps_everything_else():
+    out = replace_section(DOC, ["channels", "irc"], {"server": "b", "port": 6667})
+    assert out.startswith(DOC[:DOC.index("[channels.irc]")])
+    assert out.endswith("# belongs to llm\n\n[llm]\nretries = 1\n")
+    parsed = tomllib.loads(out)
+    assert parsed["channels"]["irc"] == {"server": "b", "port": 6667}
+    assert parsed["channels"]["listen_host"] == "127.0.0.1"
+
+
+def test_remove_then_add_round_trips():
+    removed = replace_section(DOC, ["channels", "irc"], None)
+    assert "channels.irc" not in removed and "# belongs to llm" in removed and "x = 1" not in removed
+    added = replace_section(DOC, ["channels", "telegram"], {"bot_token_env": "T"})
+    assert added.startswith(DOC)
+    assert replace_section(added, ["channels", "telegram"], None) == DOC
+
+
+def test_edit_file_refuses_inline_definitions(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('channels = { irc = { server = "a" } }\n')
+    with pytest.raises(ConfigEditError):
+        edit_file(path, ["channels", "irc"], {"server": "b"})
+    assert path.read_text() == 'channels = { irc = { server = "a" } }\n'  # untouched
+    path.write_text("# c\n")
+    edit_file(path, ["channels", "irc"], {"server": "b"})
+    assert path.read_text() == '# c\n\n[channels.irc]\nserver = "b"\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]  # no temp file left
+
+
+def test_split_text_respects_limits():
+    text = "word " * 100 + "\n\n" + "x" * 50
+    parts = split_text(text, 64)
+    assert all(len(p) <= 64 for p in parts)
+    assert " ".join(parts).split() == text.split()[:-1] + ["x" * 50]
+    assert split_text("short", 10) == ["short"]
+    assert split_text("y" * 25, 10) == ["y" * 10, "y" * 10, "y" * 5]
+
+
+@responses.activate
+def test_sender_retries_429_honouring_retry_after():
+    url = "http://platform.test/send"
+    responses.post(url, status=429, headers={"Retry-After": "0.3"}, json={})
+    responses.post(url, status=503, json={})
+    responses.post(url, status=200, json={"ok": True})
+    sender = HttpSender(retries=3)
+    start = time.monotonic()
+    assert sender.json("POST", url, json={}) == {"ok": True}
+    assert time.monotonic() - start >= 0.3
+    assert len(responses.calls) == 3
+
+
+@responses.activate
+def test_sender_gives_up_and_stops():
+    url = "http://platform.test/send"
+    responses.post(url, status=400, json={"description": "bad chat"})
+    with pytest.raises(ChannelError, match="HTTP 400"):
+        HttpSender().request("POST", url)
+    responses.replace(responses.POST, url, status=429, headers={"Retry-After": "30"})
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(ChannelError, match="stopped"):
+        HttpSender(stop=stop).request("POST", url)
+    assert retry_after_secs("2") == 2.0 and retry_after_secs(None) is None
+
+
+def test_sse_parsing():
+    lines = [": comment", "event: open", "data: {}", "", "id: 7", "data: line1", "data: line2", "", "data: tail"]
+    assert list(sse_events(iter(lines))) == [{"event": "open", "data": "{}"},
+                                             {"id": "7", "event": "message", "data": "line1\nline2"}]
+
+
+def test_hmac_helpers():
+    body = b'{"a":1}'
+    good = "sha256=" + hmac_sha256_hex("k", body)
+    assert check_hmac("k", body, good) and not check_hmac("k", body + b" ", good)
+    assert not check_hmac("k", body, None) and not check_hmac("j", body, good)
+    assert within_window(str(time.time())) and not within_window(str(time.time() - 3600))
+    assert not within_window("not a number")
+
+
+def test_dispatcher_orders_per_key_and_parallelises_keys():
+    dispatcher = Dispatcher(workers=4, queue_limit=3)
+    seen: list[tuple[str, int]] = []
+    gate = threading.Event()
+    running = []
+
+    def job(key: str, n: int):
+        def run():
+            running.append(key)
+            if key == "a":
+                gate.wait(5)
+            seen.append((key, n))
+        return run
+
+    assert dispatcher.submit("a", job("a", 1))
+    for n in (2, 3):
+        assert dispatcher.submit("a", job("a", n))
+    assert not dispatcher.submit("a", job("a", 4))  # queue of 3 is full: dropped, not blocked
+    assert dispatcher.submit("b", job("b", 1))
+    deadline = time.monotonic() + 5
+    while ("b", 1) not in seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("b", 1) in seen and ("a", 1) not in seen  # b ran while a was blocked
+    gate.set()
+    while len(seen) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [n for k, n in seen if k == "a"] == [1, 2, 3]
+    dispatcher.close()
+
+
+def test_allow_lists():
+    refusal = ChannelManager._refusal
+    conv = Conversation("irc", "#room", "bob")
+    msg = Inbound(conv, sender_id="Bob", text="hi", sender_aliases=("bobby",))
+    assert refusal({}, msg) == ""
+    assert refusal({"allowed_users": ["bob"]}, msg) == ""
+    assert refusal({"allowed_users": ["BOBBY"]}, msg) == ""
+    assert refusal({"allowed_users": ["alice"]}, msg) == "sender not in allowed_users"
+    assert refusal({"allowed_channels": ["#other"]}, msg) == "chat not in allowed_channels"
+    assert refusal({"allowed_rooms": ["#room"]}, msg) == ""
+    mail = Inbound(Conversation("email", "a@corp.example", "a@corp.example", direct=True), "a@corp.example", "x")
+    assert refusal({"allowed_senders": ["@corp.example"]}, mail) == ""
+    assert refusal({"allowed_senders": ["@other.example"]}, mail) != ""
+
+
+def test_validate_normalises():
+    info = ChannelCatalog.load().get("email")
+    values = validate(info, {"imap_port": "993", "allowed_senders": "a@x, b@y", "password_env": "MAIL_PW"})
+    assert values == {"imap_port": 993, "allowed_senders": ["a@x", "b@y"], "password_env": "MAIL_PW"}
+    assert validate(info, {"fields": {"username": "me"}}) == {"username": "me"}

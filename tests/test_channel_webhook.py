@@ -1,0 +1,110 @@
+"""Webhook adapter: its own listener, HMAC-SHA256 signatures checked inbound (before
+parsing) and sent outbound, 202 at once, reply POSTed to callback_url."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+import pytest
+import requests
+
+from channel_fixtures import audit, channel, channel_daemon, configure, remove, wait_active, wait_for  # noqa: F401
+from fakes.recorder import Recorder
+from support import free_port
+
+SECRET = "s3cret-hmac"  # the value of TEST_WEBHOOK_SECRET in the daemon's environment
+
+
+def sign(body: bytes, secret: str = SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+@pytest.fixture
+def hook(channel_daemon):
+    callback = Recorder()
+    port = free_port()
+    configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url + "/cb",
+              secret_env="TEST_WEBHOOK_SECRET", default_agent="helper")
+    wait_active(channel_daemon, "webhook")
+    yield f"http://127.0.0.1:{port}/", callback
+    remove(channel_daemon, "webhook")
+    callback.close()
+
+
+def test_signed_message_is_answered_with_signed_callback(channel_daemon, hook):
+    url, callback = hook
+    body = json.dumps({"sender_id": "u-42", "sender_name": "Ann", "message": "ping via hook"}).encode()
+    response = requests.post(url + "webhook", data=body, headers={"X-Webhook-Signature": sign(body),
+                                                                  "Content-Type": "application/json"}, timeout=5)
+    assert response.status_code == 202
+    assert response.json()["status"] == "accepted"
+    wait_for(lambda: callback.requests, what="callback")
+    sent = callback.requests[0]
+    assert sent["path"] == "/cb"
+    assert json.loads(sent["body"]) == {"sender_id": "u-42", "message": "echo: ping via hook", "agent": "helper"}
+    assert sent["headers"]["X-Webhook-Signature"] == sign(sent["body"])
+    assert audit(channel_daemon, "channel.inbound", "webhook")[0]["detail"]["message_id"] == \
+        response.json()["message_id"]
+
+
+@pytest.mark.parametrize("signature", [None, "sha256=" + "0" * 64, "md5=abc"])
+def test_missing_or_bad_signature_is_refused_before_the_agent(channel_daemon, hook, fake_llm, signature):
+    url, callback = hook
+    body = json.dumps({"sender_id": "u-1", "message": "forged"}).encode()
+    headers = {"Content-Type": "application/json"}
+    if signature:
+        headers["X-Webhook-Signature"] = signature
+    before = len(fake_llm.requests)
+    response = requests.post(url, data=body, headers=headers, timeout=5)
+    assert response.status_code == 401
+    assert response.json() == {"error": "invalid signature"}
+    # A body signed with another secret is refused too.
+    response = requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body, "other")}, timeout=5)
+    assert response.status_code == 401
+    assert audit(channel_daemon, "channel.refused", "webhook")[0]["detail"]["reason"] == "bad signature"
+    assert len(fake_llm.requests) == before and callback.requests == []
+
+
+def test_bad_body_is_400_and_allow_list_refuses(channel_daemon, hook):
+    url, callback = hook
+    body = b'{"sender_id": 5}'
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 400
+    configure(channel_daemon, "webhook", listen_port=int(url.rsplit(":", 1)[1].strip("/")),
+              callback_url=callback.url + "/cb", secret_env="TEST_WEBHOOK_SECRET", allowed_users=["vip"])
+    wait_active(channel_daemon, "webhook")
+    for sender in ("intruder", "vip"):
+        body = json.dumps({"sender_id": sender, "message": f"from {sender}"}).encode()
+        assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)},
+                             timeout=5).status_code == 202
+    wait_for(lambda: callback.requests, what="reply to vip")
+    assert [json.loads(r["body"])["sender_id"] for r in callback.requests] == ["vip"]
+    refused = audit(channel_daemon, "channel.refused", "webhook")[0]["detail"]
+    assert (refused["sender"], refused["reason"]) == ("intruder", "sender not in allowed_users")
+
+
+def test_listener_is_gone_after_remove(channel_daemon):
+    port = free_port()
+    configure(channel_daemon, "webhook", listen_port=port, callback_url="http://127.0.0.1:9/none")
+    wait_active(channel_daemon, "webhook")
+    remove(channel_daemon, "webhook")
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"http://127.0.0.1:{port}/", json={}, timeout=2)
+    assert channel(channel_daemon, "webhook")["active"] is False
+
+
+def test_without_a_set_secret_nothing_is_signed(channel_daemon):
+    callback, port = Recorder(), free_port()
+    try:
+        configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
+                  secret_env="UNSET_SECRET_VARIABLE")
+        wait_active(channel_daemon, "webhook")
+        response = requests.post(f"http://127.0.0.1:{port}/", json={"sender_id": "s", "message": "plain"}, timeout=5)
+        assert response.status_code == 202
+        wait_for(lambda: callback.requests, what="callback")
+        assert "X-Webhook-Signature" not in callback.requests[0]["headers"]
+        assert json.loads(callback.requests[0]["body"])["message"] == "echo: plain"
+    finally:
+        remove(channel_daemon, "webhook")
+        callback.close()
