@@ -82,9 +82,9 @@ def is_authorized(config: Config) -> bool:
     return hmac.compare_digest(presented.encode(), config.api_key.encode())
 
 
-def install_middleware(app: Flask, config: Config) -> None:
-    """Register the before/after hooks on `app`."""
-    limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst)
+def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None:
+    """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
+    limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
 
     @app.before_request
