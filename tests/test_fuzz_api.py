@@ -118,6 +118,12 @@ checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "501", "502"
 checks.positive_data_acceptance.enabled = false
 
 [[operations]]
+include-operation-id = ["memory.add_relation", "memory.import_memory"]
+# A relation's ends must name entities that exist (in the agent's graph, or for an import in the
+# document); ids must be unique within an import document: server state and cross-item rules.
+checks.positive_data_acceptance.enabled = false
+
+[[operations]]
 include-operation-id = ["catalog.add_custom", "catalog.remove_custom"]
 # GET /api/models/{model_id} takes any model id (a path converter), including ones that start
 # with "custom", so Flask's Allow header for /api/models/custom[/x] rightly lists GET; the

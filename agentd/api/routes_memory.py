@@ -7,6 +7,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api import body
+from agentd.api import schemas_memory as ms
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, NotFound
@@ -85,6 +86,9 @@ def _int_arg(name: str, default: int) -> int:
 
 
 @bp.post(f"{_BASE}/memories")
+@doc("Remember a fragment (near-duplicates are merged)", tags="memory", body=ms.REMEMBER, ok=201,
+     response=ms.REMEMBERED, body_example={"content": "The user's favourite drink is green tea"},
+     errors={502: "the embeddings provider failed"})
 def remember(agent_id: str):
     data = _obj()
     result = kernel().memory.remember(agent(agent_id).id, data.get("content"), data.get("source"),
@@ -93,23 +97,30 @@ def remember(agent_id: str):
 
 
 @bp.get(f"{_BASE}/memories")
+@doc("The agent's fragments, newest first", tags="memory", query=ms.MemoryPageQuery, response=ms.PAGE)
 def list_memories(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.page(handle.id, _int_arg("limit", 50), _int_arg("offset", 0)))
 
 
 @bp.get(f"{_BASE}/memories/<memory_id>")
+@doc("One fragment (without its vector)", tags="memory", response=ms.FRAGMENT,
+     errors={404: "No such agent or fragment"})
 def get_memory(agent_id: str, memory_id: str):
     return jsonify(kernel().memory.get(agent(agent_id).id, memory_id))
 
 
 @bp.delete(f"{_BASE}/memories/<memory_id>")
+@doc("Forget one fragment", tags="memory", response=ms.DELETED, errors={404: "No such agent or fragment"})
 def delete_memory(agent_id: str, memory_id: str):
     kernel().memory.delete(agent(agent_id).id, memory_id)
     return jsonify({"status": "deleted", "id": memory_id})
 
 
 @bp.post(f"{_BASE}/recall")
+@doc("Fragments closest in meaning to a query, best first", tags="memory", body=ms.RECALL,
+     response=ms.RECALLED, body_example={"query": "What does the user like to drink?", "limit": 3},
+     errors={502: "the embeddings provider failed"})
 def recall(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -119,6 +130,8 @@ def recall(agent_id: str):
 
 
 @bp.post(f"{_BASE}/entities")
+@doc("Add (or update) a knowledge-graph entity", tags="memory", body=ms.ENTITY, ok=201, response=ms.CREATED,
+     body_example={"entity_type": "person", "name": "Alice", "properties": {"role": "engineer"}})
 def add_entity(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -127,6 +140,8 @@ def add_entity(agent_id: str):
 
 
 @bp.post(f"{_BASE}/relations")
+@doc("Relate two entities (by id or name)", tags="memory", body=ms.RELATION, ok=201, response=ms.CREATED,
+     errors={404: "No such agent or entity"})
 def add_relation(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -136,27 +151,32 @@ def add_relation(agent_id: str):
 
 
 @bp.post(f"{_BASE}/graph/query")
+@doc("Knowledge-graph pattern query, following relations up to max_depth hops", tags="memory",
+     body=ms.GRAPH_QUERY, body_required=False, response=ms.MATCHES)
 def query_graph(agent_id: str):
     handle = agent(agent_id)
-    data = body.json_body(allow_empty=True) or {}
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
+    # No body means no pattern; a JSON null or any other non-object is refused.
+    data = _obj() if body.raw_body(body.JSON_BODY_LIMIT).strip() else {}
     matches = kernel().memory.query_graph(handle.id, data.get("source"), data.get("relation"), data.get("target"),
                                           data.get("max_depth"))
     return jsonify({"matches": matches})
 
 
 @bp.post(f"{_BASE}/consolidate")
+@doc("Merge near-duplicates, decay and drop idle fragments", tags="memory", response=ms.CONSOLIDATION)
 def consolidate(agent_id: str):
     return jsonify(kernel().memory.consolidate(agent(agent_id).id))
 
 
 @bp.get(f"{_BASE}/export")
+@doc("Everything the agent remembers, vectors included, as one document", tags="memory", response=ms.EXPORT)
 def export(agent_id: str):
     return jsonify(kernel().memory.export(agent(agent_id).id))
 
 
 @bp.post(f"{_BASE}/import")
+@doc("Import an export document (ids kept; known ids skipped; checked whole before anything is written)",
+     tags="memory", body=ms.IMPORT, response=ms.IMPORTED, errors={502: "the embeddings provider failed"})
 def import_memory(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.import_doc(handle.id, body.json_body(IMPORT_LIMIT)))

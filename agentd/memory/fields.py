@@ -6,7 +6,9 @@ pass user input straight in.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -34,9 +36,18 @@ class MemoryFilter:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def _encodable(value: str, name: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{name} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
 def text(value: Any, name: str, limit: int = MAX_CONTENT) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadRequest(f"{name} must be a non-empty string")
+    _encodable(value, name)
     if len(value) > limit:
         raise BadRequest(f"{name} is too long ({len(value)} characters, limit {limit})")
     return value
@@ -60,6 +71,11 @@ def obj(value: Any, name: str) -> dict[str, Any]:
     for key in value:
         if not key or len(key) > MAX_NAME:
             raise BadRequest(f"{name} keys must be 1-{MAX_NAME} characters")
+        _encodable(key, f"{name} key")
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise BadRequest(f"{name} must not hold NaN or infinite numbers") from None
     return value
 
 
@@ -75,20 +91,30 @@ def score(value: Any, name: str = "min_score") -> float:
     return float(value)
 
 
+_FRACTION = re.compile(r"\.\d+")
+
+
+def parse_time(value: Any, name: str) -> datetime:
+    """An RFC 3339 / ISO 8601 time as aware UTC (a naive time is UTC)."""
+    if isinstance(value, str):
+        # RFC 3339 allows lower-case t/z and any number of fractional digits; Python's parser does not.
+        text = _FRACTION.sub(lambda m: m.group(0)[:7], value.strip().upper().replace("Z", "+00:00"))
+        try:
+            parsed = datetime.fromisoformat(text)
+            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+        except (ValueError, OverflowError):
+            pass
+    raise BadRequest(f"{name} must be an ISO 8601 timestamp")
+
+
 def timestamp(value: Any, name: str) -> float:
     """ISO 8601 (a naive time is UTC) or epoch seconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value.strip())
-        except ValueError:
-            pass
-        else:
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=timezone.utc)
-            return parsed.timestamp()
-    raise BadRequest(f"{name} must be an ISO 8601 timestamp")
+    try:
+        return parse_time(value, name).timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise BadRequest(f"{name} must be an ISO 8601 timestamp") from None
 
 
 def memory_filter(value: Any) -> MemoryFilter:

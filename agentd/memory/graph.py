@@ -69,11 +69,11 @@ class KnowledgeGraph:
                                  and x.name.lower() == name.lower()).first()
             if row is None:
                 row = e(agent_id=agent_id, id=entity_id or str(uuid.uuid4()), entity_type=entity_type, name=name,
-                        properties=json.dumps(properties, ensure_ascii=False), created_at=now, updated_at=now)
+                        properties=json.dumps(properties), created_at=now, updated_at=now)
                 return {"id": row.id, "created": True}
             merged = json.loads(row.properties or "{}")
             merged.update(properties)
-            row.properties = json.dumps(merged, ensure_ascii=False)
+            row.properties = json.dumps(merged)
             row.name = name
             row.updated_at = now
             return {"id": row.id, "created": False}
@@ -92,11 +92,11 @@ class KnowledgeGraph:
             if row is not None:
                 merged = json.loads(row.properties or "{}")
                 merged.update(properties)
-                row.properties = json.dumps(merged, ensure_ascii=False)
+                row.properties = json.dumps(merged)
                 row.confidence = confidence
                 return {"id": row.id, "created": False}
             row = r(agent_id=agent_id, id=str(uuid.uuid4()), source=src.id, relation=relation, target=dst.id,
-                    properties=json.dumps(properties, ensure_ascii=False), confidence=confidence,
+                    properties=json.dumps(properties), confidence=confidence,
                     created_at=utcnow())
             return {"id": row.id, "created": True}
 

@@ -9,7 +9,8 @@ adds nothing) and re-embeds vectors that came from another model.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+import math
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,7 @@ def export(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str) -> di
 
 
 def _time(value: Any, where: str) -> datetime:
-    if not isinstance(value, str):
-        raise BadRequest(f"{where} must be an ISO 8601 timestamp")
-    return datetime.fromtimestamp(fields.timestamp(value, where), tz=timezone.utc)
+    return fields.parse_time(value, where)
 
 
 def _list(doc: dict[str, Any], key: str) -> list[Any]:
@@ -61,8 +60,8 @@ def _memory(item: dict[str, Any], i: int) -> dict[str, Any]:
     where = f"memories[{i}]"
     embedding = item.get("embedding") or []
     if not isinstance(embedding, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                  for v in embedding):
-        raise BadRequest(f"{where}.embedding must be an array of numbers")
+                                                  and math.isfinite(v) for v in embedding):
+        raise BadRequest(f"{where}.embedding must be an array of finite numbers")
     superseded = item.get("superseded_by")
     if superseded is not None and not isinstance(superseded, str):
         raise BadRequest(f"{where}.superseded_by must be a string or null")
@@ -164,14 +163,14 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
                 if e["id"] in known_entities:
                     continue
                 store.e.EntityRow(agent_id=agent_id, id=e["id"], entity_type=e["entity_type"], name=e["name"],
-                                  properties=json.dumps(e["properties"], ensure_ascii=False),
+                                  properties=json.dumps(e["properties"]),
                                   created_at=e["created_at"], updated_at=e["updated_at"])
                 counts["entities_imported"] += 1
             for r in relations:
                 if store.e.RelationRow.get(agent_id=agent_id, id=r["id"]) is not None:
                     continue
                 store.e.RelationRow(agent_id=agent_id, id=r["id"], source=r["source"], relation=r["relation"],
-                                    target=r["target"], properties=json.dumps(r["properties"], ensure_ascii=False),
+                                    target=r["target"], properties=json.dumps(r["properties"]),
                                     confidence=r["confidence"], created_at=r["created_at"])
                 counts["relations_imported"] += 1
         for m in new_memories:

@@ -61,7 +61,7 @@ def epoch(dt: datetime) -> float:
 
 def canonical(value: Any) -> str:
     """The side table's form of a metadata value: compact JSON with sorted keys."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:
@@ -203,7 +203,7 @@ class SemanticMemory:
         """Inside a db_session: one fragment row and its metadata rows."""
         self.store.e.MemoryRow(agent_id=agent_id, id=fid, content=content,
                                embedding=None if vector is None else vector.astype("<f4").tobytes(),
-                               model=model, metadata=json.dumps(metadata, ensure_ascii=False), source=source,
+                               model=model, metadata=json.dumps(metadata), source=source,
                                scope=scope, confidence=float(confidence), created_at=created,
                                accessed_at=accessed, access_count=access_count)
         for key, value in metadata.items():
@@ -219,7 +219,7 @@ class SemanticMemory:
             row.content = content
             row.embedding = vector.astype("<f4").tobytes()
             row.model = self.embedder.name
-            row.metadata = json.dumps(merged, ensure_ascii=False)
+            row.metadata = json.dumps(merged)
             row.confidence = max(row.confidence, float(confidence))
             row.access_count += access_count
             row.accessed_at = utcnow()
