@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any
 
 from pony import orm
@@ -31,16 +32,23 @@ SELECT node, MIN(depth) FROM reach GROUP BY node
 """
 
 
+def stamp(value: Any) -> str:
+    """ISO 8601 of a stored time (raw text when Pony could not parse it back)."""
+    if not isinstance(value, datetime):
+        value = datetime.fromisoformat(str(value))
+    return iso(value)
+
+
 def entity_view(row: Any) -> dict[str, Any]:
     return {"id": row.id, "entity_type": row.entity_type, "name": row.name,
-            "properties": json.loads(row.properties or "{}"), "created_at": iso(row.created_at),
-            "updated_at": iso(row.updated_at)}
+            "properties": json.loads(row.properties or "{}"), "created_at": stamp(row.created_at),
+            "updated_at": stamp(row.updated_at)}
 
 
 def relation_view(row: Any) -> dict[str, Any]:
     return {"id": row.id, "source": row.source, "relation": row.relation, "target": row.target,
             "properties": json.loads(row.properties or "{}"), "confidence": row.confidence,
-            "created_at": iso(row.created_at)}
+            "created_at": stamp(row.created_at)}
 
 
 class KnowledgeGraph:

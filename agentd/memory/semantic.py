@@ -59,6 +59,12 @@ def epoch(dt: datetime) -> float:
     return dt.timestamp()
 
 
+def stamp(value: Any) -> str:
+    """ISO 8601 of a stored time. Pony hands back the raw text when a time was stored
+    without fractional seconds (a whole-second import), so both forms are accepted."""
+    return iso(_as_dt(value))
+
+
 def canonical(value: Any) -> str:
     """The side table's form of a metadata value: compact JSON with sorted keys."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -68,8 +74,8 @@ def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:
     """The API shape of a fragment row (without its vector unless asked)."""
     out = {"id": row.id, "agent_id": row.agent_id, "content": row.content,
            "metadata": json.loads(row.metadata or "{}"), "source": row.source, "scope": row.scope,
-           "confidence": row.confidence, "created_at": iso(row.created_at),
-           "accessed_at": iso(row.accessed_at), "access_count": row.access_count}
+           "confidence": row.confidence, "created_at": stamp(row.created_at),
+           "accessed_at": stamp(row.accessed_at), "access_count": row.access_count}
     if embedding:
         out["embedding"] = (np.frombuffer(row.embedding, dtype="<f4").tolist() if row.embedding else [])
         out["embedding_model"] = row.model
@@ -259,7 +265,7 @@ class SemanticMemory:
              superseded) in found:
             out[fid] = {"id": fid, "agent_id": owner, "content": content, "metadata": json.loads(metadata or "{}"),
                         "source": source, "scope": scope, "confidence": confidence,
-                        "created_at": iso(_as_dt(created)), "accessed_at": iso(_as_dt(accessed)),
+                        "created_at": stamp(created), "accessed_at": stamp(accessed),
                         "access_count": count, "superseded_by": superseded}
         return out
 
