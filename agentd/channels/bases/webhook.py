@@ -98,6 +98,15 @@ class _Server(ThreadingHTTPServer):
         self.adapter = adapter
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanished (reset, broken pipe, timeout) is a log line, not a traceback.
+        import sys
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            self.adapter.ctx.log.info("webhook client %s: %s", client_address[0], exc)
+            return
+        self.adapter.ctx.log.exception("webhook request from %s failed", client_address[0])
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
@@ -143,6 +152,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(413, {"error": "body too large"})
             return
         body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client left mid-body: nobody to answer
+            self.close_connection = True
+            return
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
