@@ -101,10 +101,10 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback to stderr for any error in a handler thread;
-        # a client that vanished mid-request is routine for a listener on the network.
+        # a client that vanished (reset, broken pipe, timeout) is a log line instead.
         exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            self.adapter.ctx.log.info("webhook client %s went away: %s", client_address[0], type(exc).__name__)
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            self.adapter.ctx.log.info("webhook client %s: %s", client_address[0], exc)
             return
         self.adapter.ctx.log.exception("webhook request from %s failed", client_address[0])
 
@@ -158,6 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(413, {"error": "body too large"})
             return
         body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client left mid-body: nobody to answer
+            self.close_connection = True
+            return
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
