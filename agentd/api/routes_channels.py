@@ -1,8 +1,8 @@
-"""Channels (spec "Channels" table) and the audit trail."""
+"""Channels (spec "Channels" table) and the audit trail (the /channels page is in api/pages/)."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, render_template, request
+from flask import Blueprint, jsonify, request
 from marshmallow import ValidationError
 
 from agentd.api import schemas_out as out
@@ -94,13 +94,3 @@ def audit_recent():
     if limit < 1:
         raise BadRequest("limit: must be at least 1")
     return jsonify(kernel().audit.recent(limit, request.args.get("event", "")))
-
-
-@bp.get("/channels")
-def channels_page():
-    """Dashboard page: every adapter's state and the recent channel audit events."""
-    k = kernel()
-    response = current_app.make_response(render_template(
-        "channels.html", channels=k.channels.list(), events=k.audit.recent(50, "channel.")))
-    response.headers["Content-Security-Policy"] = "default-src 'self'; frame-ancestors 'none'"
-    return response
