@@ -89,6 +89,22 @@ class ToolsConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """The `[memory]` table: semantic memory, embeddings, recall in the loop, upkeep."""
+
+    # "" = the bundled local model; else a provider id whose OpenAI-format /embeddings is used.
+    embedding_provider: str = ""
+    embedding_model: str = ""
+    decay_days: float = 30.0
+    decay_factor: float = 0.9
+    decay_floor: float = 0.1
+    consolidate_every_hours: float = 24.0
+    auto_remember: bool = True
+    recall_limit: int = 5
+    min_score: float = 0.3
+
+
+@dataclass
 class Config:
     """Everything the daemon reads at start."""
 
@@ -101,6 +117,7 @@ class Config:
     provider_urls: dict[str, str] = field(default_factory=dict)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -276,6 +293,33 @@ def _tools_table(data: dict[str, Any]) -> ToolsConfig:
     return tools
 
 
+def _memory_table(data: dict[str, Any]) -> MemoryConfig:
+    memory = MemoryConfig()
+    table = _expect(data.get("memory", {}), dict, "memory", "a table")
+    for key in ("embedding_provider", "embedding_model"):
+        if key in table:
+            setattr(memory, key, _expect(table[key], str, f"memory.{key}", "a string").strip())
+    if memory.embedding_provider and not memory.embedding_model:
+        raise ConfigError("config key memory.embedding_model: required when memory.embedding_provider is set")
+    if "auto_remember" in table:
+        memory.auto_remember = _expect(table["auto_remember"], bool, "memory.auto_remember", "a boolean")
+    if "recall_limit" in table:
+        limit = _expect(table["recall_limit"], int, "memory.recall_limit", "an integer")
+        if not 0 <= limit <= 50:
+            raise ConfigError("config key memory.recall_limit: must be between 0 and 50")
+        memory.recall_limit = limit
+    bounds = {"decay_days": (0.0, None), "consolidate_every_hours": (0.0, None), "min_score": (-1.0, 1.0),
+              "decay_factor": (0.0, 1.0), "decay_floor": (0.0, 1.0)}
+    for key, (low, high) in bounds.items():
+        if key in table:
+            value = float(_expect(table[key], (int, float), f"memory.{key}", "a number"))
+            if value < low or (high is not None and value > high):
+                limits = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+                raise ConfigError(f"config key memory.{key}: must be {limits}")
+            setattr(memory, key, value)
+    return memory
+
+
 def parse_config(data: dict[str, Any], home: Path) -> Config:
     """Validate a parsed TOML document into a `Config` (no environment applied)."""
     cfg = Config(home=home, raw=data)
@@ -306,6 +350,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= retries <= 10:
             raise ConfigError("config key llm.retries: must be between 0 and 10")
         cfg.llm.retries = retries
+    cfg.memory = _memory_table(data)
     if "stream_idle_secs" in llm:
         idle = _expect(llm["stream_idle_secs"], (int, float), "llm.stream_idle_secs", "a number")
         if idle <= 0:
@@ -411,6 +456,20 @@ stream_idle_secs = 60
 [agents]
 # Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
 max_queue = 8
+
+[memory]
+# Embeddings: "" = the bundled all-MiniLM-L6-v2 model (offline); or a provider id whose
+# OpenAI-format /embeddings endpoint is used, with embedding_model naming its model.
+embedding_provider = ""
+# Remember every exchange as an episodic fragment, and recall this many fragments
+# (scoring at least min_score) into the system prompt before each model call (0 = off).
+auto_remember = true
+recall_limit = 5
+min_score = 0.3
+# Consolidation: merge near-duplicates; fragments not accessed for decay_days lose
+# confidence (x decay_factor per run) and are dropped below decay_floor. 0 = no schedule.
+consolidate_every_hours = 24
+decay_days = 30
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

@@ -22,8 +22,10 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
+from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
+from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
@@ -63,6 +65,10 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # Semantic memory + knowledge graph; numpy and the model load on first use.
+        self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
+        self.agents.memory = self.memory
+        self.memory.start()
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
@@ -113,6 +119,7 @@ class Kernel:
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.memory.close()
         self.store.close()
 
     # -- status ----------------------------------------------------------
@@ -152,6 +159,9 @@ class Kernel:
             "agent_count": len(self.agent_summaries()),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
+            # Every live thread of the process, and the model calls holding a connection.
+            "process_threads": threading.active_count(),
+            "model_calls_in_flight": active_calls(),
         }
 
     @staticmethod
