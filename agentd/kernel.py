@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
+from agentd.forwarded import TrustedProxies
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
@@ -24,6 +25,7 @@ from agentd.llm.custom_models import CustomModels
 from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
+from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
@@ -63,6 +65,10 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # Semantic memory + knowledge graph; numpy and the model load on first use.
+        self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
+        self.agents.memory = self.memory
+        self.memory.start()
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
@@ -78,6 +84,7 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
+        self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
@@ -112,6 +119,7 @@ class Kernel:
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.memory.close()
         self.store.close()
 
     # -- status ----------------------------------------------------------

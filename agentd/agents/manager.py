@@ -158,6 +158,9 @@ class AgentManager:
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
         self._lock = threading.RLock()
+        # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
+        # auto-remember after runs, cleanup on kill.
+        self.memory: Any = None
         self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
@@ -500,6 +503,8 @@ class AgentManager:
         system = model_cfg["system_prompt"]
         if options.extra_system:
             system = f"{system}\n\n{options.extra_system}"
+        if self.memory is not None:
+            system = self.memory.system_context(handle.id, user.content or "", stored, system)
         workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
@@ -549,6 +554,8 @@ class AgentManager:
             save_unanswered(f"[run failed: {exc.message}]")
             raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
         self._save_session(handle, stored, result.new_messages, image_refs)
+        if self.memory is not None:
+            self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
 
@@ -756,6 +763,8 @@ class AgentManager:
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
                 orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
                 row.delete()
+        if self.memory is not None:
+            self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)
         if self.on_lifecycle is not None:
             self.on_lifecycle("agent.kill", handle)
@@ -848,3 +857,9 @@ class AgentOpsImpl:
 
     def kv_set(self, agent_id: str, key: str, value: Any) -> None:
         self.m.kv.set(agent_id, key, value)
+
+    def memory_service(self) -> Any:
+        """Semantic memory and the knowledge graph (agentd.memory.service.MemoryService)."""
+        if self.m.memory is None:
+            raise ToolError("semantic memory is not available here")
+        return self.m.memory

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from agentd.channels.adapter import Adapter
+from agentd.forwarded import real_client
 
 MAX_BODY = 1024 * 1024
 
@@ -101,9 +102,17 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 15  # seconds a client may stall mid-request before its socket is dropped
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         self.server.adapter.ctx.log.debug("webhook %s", format % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server's own errors (malformed request lines...) in JSON, never an HTML page.
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # unparsable request line: still send a status line
+            self.request_version = "HTTP/1.0"
+        self._answer(code, {"error": message or "bad request"})
 
     def _answer(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode("utf-8")
@@ -121,7 +130,14 @@ class _Handler(BaseHTTPRequestHandler):
         if handler is None:
             self._answer(404, {"error": "not found"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._answer(400, {"error": "bad Content-Length"})
+            return
         if length > MAX_BODY:
             self.close_connection = True
             self._answer(413, {"error": "body too large"})
@@ -130,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
-            adapter.ctx.audit("refused", reason="bad signature", remote=self.client_address[0])
+            remote = real_client(self.client_address[0], self.headers.get, adapter.ctx.trusted_proxies)
+            adapter.ctx.audit("refused", reason="bad signature", remote=remote)
             self._answer(401, {"error": "invalid signature"})
             return
         try:
