@@ -156,7 +156,7 @@ class Kernel:
             "version": __version__,
             "uptime_seconds": self.uptime_seconds,
             "database": "connected" if db_ok else "error",
-            "agent_count": len(self.agent_summaries()),
+            "agent_count": len(self.agents.handles()),  # a count needs no summaries
             "thread_pool": pool,
             "started_at": iso(self.started_at),
             # Every live thread of the process, and the model calls holding a connection.

@@ -9,9 +9,10 @@ running total that is rebuilt from the database at start and at each new month.
 from __future__ import annotations
 
 import calendar
+import math
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Callable
 
 from pony import orm
 
@@ -48,12 +49,15 @@ def _naive(dt: datetime) -> datetime:
 class Metering:
     """Records model calls, reports usage and enforces the budget."""
 
-    def __init__(self, store: Store, catalog: Catalog) -> None:
+    def __init__(self, store: Store, catalog: Catalog,
+                 now: Callable[[], datetime] = utcnow) -> None:
         self.store = store
         self.catalog = catalog
         self.enabled = True
+        # The clock (UTC, aware); tests pass one they can move across a month end.
+        self._now = now
         self._lock = threading.Lock()
-        self._period_start, self._period_end = month_bounds(utcnow())
+        self._period_start, self._period_end = month_bounds(self._now())
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
         self._limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
@@ -65,7 +69,7 @@ class Metering:
         cost = self.catalog.cost_usd(model, input_tokens, output_tokens)
         if not self.enabled:
             return cost
-        now = utcnow()
+        now = self._now()
         row = {"agent_id": agent_id, "agent_name": agent_name, "provider": provider, "model": model,
                "input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost or 0.0,
                "priced": cost is not None, "at": _naive(now)}
@@ -94,7 +98,7 @@ class Metering:
         self.store.set_setting("budget_limit_usd", float(limit_usd))
         with self._lock:
             self._limit = float(limit_usd)
-            self._maybe_alert(0.0, self._spent, utcnow())
+            self._maybe_alert(0.0, self._spent, self._now())
 
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
@@ -118,7 +122,7 @@ class Metering:
         limit = self.limit_usd
         if limit <= 0:
             return
-        now = utcnow()
+        now = self._now()
         with self._lock:
             self._roll(now)
             spent = self._spent
@@ -127,11 +131,11 @@ class Metering:
             raise TooManyRequests(
                 f"message delivery failed: budget exceeded: {format_usd(spent)} of {format_usd(limit)} "
                 "spent this month",
-                retry_after=max(1, int((end - now).total_seconds())))
+                retry_after=max(1, math.ceil((end - now).total_seconds())))
 
     def budget(self) -> dict[str, Any]:
         """GET /api/budget."""
-        now = utcnow()
+        now = self._now()
         with self._lock:
             self._roll(now)
             start, end, spent = self._period_start, self._period_end, self._spent
@@ -154,7 +158,7 @@ class Metering:
 
     def period(self, since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
         """The report window: the current month unless `since`/`until` narrow it."""
-        start, end = month_bounds(utcnow())
+        start, end = month_bounds(self._now())
         return since or start, until or end
 
     def totals(self, start: datetime, end: datetime) -> dict[str, Any]:
@@ -187,3 +191,14 @@ class Metering:
                 {"s": _naive(start), "e": _naive(end)})
         return [{"agent_id": r[0], "agent_name": r[1], "spent_usd": round(float(r[2]), 10),
                  "input_tokens": int(r[3]), "output_tokens": int(r[4])} for r in rows]
+
+    def by_day(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """Spend per UTC day in the window (days without calls are absent), oldest first."""
+        with orm.db_session:
+            # date() exists in SQLite and PostgreSQL alike.
+            rows = self.store.db.select(
+                "SELECT date(at), SUM(cost_usd), SUM(input_tokens), SUM(output_tokens), COUNT(*) FROM usage "
+                "WHERE at >= $s AND at < $e GROUP BY date(at) ORDER BY date(at)",
+                {"s": _naive(start), "e": _naive(end)})
+        return [{"day": str(r[0])[:10], "cost_usd": round(float(r[1]), 10), "input_tokens": int(r[2]),
+                 "output_tokens": int(r[3]), "requests": int(r[4])} for r in rows]

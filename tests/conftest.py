@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -10,7 +11,76 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import FAST_API, Daemon, make_home  # noqa: E402
+from support import FAST_API, STARTED, Daemon, make_home, take_daemon_hits  # noqa: E402
+from support import stop_shared as _stop_shared  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "daemon_may_crash(reason): the test makes a daemon exit non-zero "
+                                       "or log a traceback on purpose (turns off the clean-stop check)")
+
+
+@pytest.fixture(autouse=True)
+def _daemons_stop_cleanly(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test when a daemon logged a Python traceback during it, or when a daemon
+    the test started exited non-zero (issue 19, item 6).
+
+    Daemons started by the test itself are stopped (SIGTERM) first if still running;
+    longer-lived (module) daemons have the log they wrote during this test checked, and
+    their exit code is checked by their own fixture. Opt out per daemon with
+    `Daemon.expect_crash(reason)` or per test with `@pytest.mark.daemon_may_crash(reason)`."""
+    before = len(STARTED)
+    for daemon in STARTED:
+        daemon.new_log()  # what earlier tests left is theirs, not this test's
+    yield
+    if request.node.get_closest_marker("daemon_may_crash"):
+        for daemon in STARTED[before:]:
+            daemon.expect_crash("test marked daemon_may_crash")
+    problems: list[str] = []
+    for daemon in STARTED[before:]:
+        problems += daemon.stop_and_check()
+    for daemon in STARTED[:before]:
+        problems += daemon.problems()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+def _feed_mutmut_stats() -> None:
+    """mutmut's stats phase: count the functions the daemons ran as covered by this test."""
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.state import state
+
+    state()._stats.update(take_daemon_hits())
+
+
+DAEMON_FIXTURES = {"agent_daemon", "shared_daemon", "daemon_factory", "guarded", "fresh"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under mutmut (which runs with -x), run in-process tests before the daemon ones:
+    most mutants are killed by a fast test, so the slow ones rarely have to start."""
+    if os.environ.get("MUTANT_UNDER_TEST") in (None, "", "stats", "fail"):
+        return
+    items.sort(key=lambda item: bool(DAEMON_FIXTURES & set(getattr(item, "fixturenames", ()))))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # tryfirst: before mutmut's own collector reads and clears its per-test set.
+    _feed_mutmut_stats()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_daemon_checked() -> Iterator[None]:
+    """Safety net for daemons kept by module fixtures of test files: at the end of the
+    session each one is stopped and checked like the rest."""
+    yield
+    problems: list[str] = []
+    for daemon in STARTED:
+        problems += daemon.stop_and_check()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
 
 
 @pytest.fixture
@@ -30,7 +100,7 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         try:
             daemon.stop()
         except RuntimeError:
-            pass
+            pass  # reported by _daemons_stop_cleanly
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +109,7 @@ def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     home = make_home(tmp_path_factory.mktemp("shared"))
     daemon = Daemon(home).start()
     yield daemon
-    daemon.stop()
+    _stop_shared(daemon)
 
 
 @pytest.fixture(scope="session")
@@ -70,4 +140,4 @@ def agent_daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator
     home = make_home(tmp_path_factory.mktemp("agents"), llm_config(fake_llm))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     yield daemon
-    daemon.stop()
+    _stop_shared(daemon)

@@ -72,6 +72,8 @@ Directives (several can be combined; unknown or malformed ``[[...]]`` stay liter
 ``[[tools:N1 A1 | N2 A2 ...]]``          several tool calls in ONE response (parallel), once; then text as above
 ``[[think]]``                            reply ``<think>secret reasoning</think>`` + normal reply
 ``[[think:unclosed]]``                   reply normal reply + ``<think>never closed...``
+``[[think:calls]]``                      tool-call responses also carry the text ``<think>secret reasoning</think>calling
+                                         a tool`` (OpenAI wire format only; a model reasoning aloud before a call)
 ``[[slow:SECONDS]]``                     sleep SECONDS (float) before answering
 ``[[pace:MS]]``                          sleep MS milliseconds before every stream chunk/event after the first
 ``[[chunks:N]]``                         reply ``w1 w2 ... wN`` (in streams: one chunk per word)
@@ -280,10 +282,10 @@ def _apply(script: Script, name: str, text: str, pos: int, has_arg: bool) -> int
         elif name == "think":
             if arg is None:
                 script.think = "closed"
-            elif arg.strip() == "unclosed":
-                script.think = "unclosed"
+            elif arg.strip() in ("unclosed", "calls"):
+                script.think = arg.strip()
             else:
-                raise _BadDirective("think:unclosed expected")
+                raise _BadDirective("think:unclosed or think:calls expected")
         elif name == "slow" and arg is not None:
             script.slow = max(0.0, float(arg))
         elif name == "pace" and arg is not None:
@@ -620,7 +622,7 @@ def _openai_usage(plan: _Plan) -> dict[str, int]:
 
 
 def _openai_json(plan: _Plan, conv: _Conv) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": plan.text if plan.kind == "text" else None,
+    message: dict[str, Any] = {"role": "assistant", "content": plan.text if plan.kind == "text" else plan.text or None,
                                "refusal": None}
     if plan.calls:
         message["tool_calls"] = [{"id": f"call_{c.uid}", "type": "function",
@@ -641,9 +643,8 @@ def _openai_stream(plan: _Plan, conv: _Conv) -> Iterator[bytes]:
         return b"data: " + _dumps(data).encode() + b"\n\n"
 
     yield chunk({"role": "assistant", "content": "" if plan.kind == "text" else None})
-    if plan.kind == "text":
-        for piece in stream_pieces(plan.text):
-            yield chunk({"content": piece})
+    for piece in stream_pieces(plan.text) if plan.text else ():
+        yield chunk({"content": piece})
     for index, call in enumerate(plan.calls):
         yield chunk({"tool_calls": [{"index": index, "id": f"call_{call.uid}", "type": "function",
                                      "function": {"name": call.name, "arguments": ""}}]})
@@ -1129,6 +1130,9 @@ class FakeLLM:
             plan.kind, plan.finish = "calls", "tool"
             plan.calls = [_Call(uuid.uuid4().hex[:24], name, args) for name, args in script.tools]
             plan.output_tokens = len(plan.calls)
+            if script.think == "calls":  # reasoning text next to the calls (OpenAI format only)
+                plan.text = THINK_TEXT + "calling a tool"
+                plan.output_tokens += count_words(plan.text)
             return plan
         if script.tools:
             text = "tool said: " + (results[-1] if results else "")[:500]

@@ -17,6 +17,12 @@ import requests
 # Tests hammer the API; the default 30 req/s would turn them into rate-limit tests.
 FAST_API = "[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
 
+TRACEBACK = "Traceback (most recent call last)"
+
+# Every Daemon ever started in this test process, in start order. The autouse fixture
+# `_daemons_stop_cleanly` (conftest.py) checks each one's log and exit code.
+STARTED: list["Daemon"] = []
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
@@ -44,10 +50,30 @@ def agentd_env(home: Path, port: int | None = None, **extra: str) -> dict[str, s
 
 
 def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,
-            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m agentd ARGS` to completion."""
-    return subprocess.run([sys.executable, "-m", "agentd", *args], env=agentd_env(home, port, **(env_extra or {})),
-                          capture_output=True, text=True, timeout=timeout)
+            env_extra: dict[str, str] | None = None,
+            allow_traceback: bool = False) -> subprocess.CompletedProcess:
+    """Run `python -m agentd ARGS` to completion.
+
+    A Python traceback in its output fails the calling test: a CLI answers with a message,
+    never a crash. A test that expects one passes `allow_traceback=True`."""
+    result = subprocess.run([sys.executable, "-m", "agentd", *args],
+                            env=agentd_env(home, port, **(env_extra or {})),
+                            capture_output=True, text=True, timeout=timeout)
+    if not allow_traceback:
+        for stream in (result.stdout, result.stderr):
+            assert TRACEBACK not in stream, (
+                f"`agentd {' '.join(args)}` printed a Python traceback (exit {result.returncode}):\n"
+                f"{traceback_excerpt(stream)}")
+    return result
+
+
+def traceback_excerpt(text: str, lines: int = 40) -> str:
+    """The first traceback in `text` and the lines after it (for failure messages)."""
+    start = text.find(TRACEBACK)
+    if start < 0:
+        return ""
+    begin = text.rfind("\n", 0, start) + 1
+    return "\n".join(text[begin:].splitlines()[:lines])
 
 
 class Daemon:
@@ -61,6 +87,11 @@ class Daemon:
         self.env_extra = env_extra or {}
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "daemon.log"
+        # Set by expect_crash(): this daemon may exit non-zero / log a traceback on purpose.
+        self.crash_expected: str = ""
+        self.killed = False           # the test SIGKILLed it: its exit code says nothing
+        self.checked_log_offset = 0   # log bytes already checked for tracebacks
+        self.exit_checked = False     # the exit code was looked at (report it once)
         self.http = requests.Session()
         if api_key:
             self.http.headers["Authorization"] = f"Bearer {api_key}"
@@ -69,17 +100,30 @@ class Daemon:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def hits_path(self) -> Path:
+        """Where the daemon lists the mutated functions it ran (mutmut's stats phase only)."""
+        return self.home / "mutmut-hits.txt"
+
     def start(self, wait: bool = True) -> "Daemon":
+        STARTED.append(self)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentd", "start"],
-                                     env=agentd_env(self.home, self.port, **self.env_extra),
-                                     stdout=log, stderr=subprocess.STDOUT)
+        env = agentd_env(self.home, self.port, **self.env_extra)
+        command = [sys.executable, "-m", "agentd", "start"]
+        if os.environ.get("MUTANT_UNDER_TEST"):
+            # Under mutmut: run the mutated copy in the working directory and report
+            # which of its functions ran (tests/mutmut_daemon.py explains why).
+            command = [sys.executable, str(Path(__file__).resolve().parent / "mutmut_daemon.py"), "start"]
+            env["AGENTD_MUTMUT_HITS"] = str(self.hits_path)
+        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
             self.wait_healthy()
         return self
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
+        if os.environ.get("MUTANT_UNDER_TEST"):
+            timeout = max(timeout, 120.0)   # mutated code imports mutmut; mutation runs load the machine
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -133,5 +177,73 @@ class Daemon:
     def kill(self) -> None:
         """SIGKILL: the crash case (no cleanup runs)."""
         if self.proc is not None and self.proc.poll() is None:
+            self.killed = True
             self.proc.kill()
             self.proc.wait(10)
+
+    # -- the stop-time check (item 6 of issue 19) ---------------------------------------------
+    def expect_crash(self, reason: str) -> "Daemon":
+        """Opt out of the clean-stop check: this test makes the daemon fail on purpose."""
+        self.crash_expected = reason
+        return self
+
+    def new_log(self) -> str:
+        """Log text written since the last call (the part not yet checked)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.checked_log_offset)
+                data = f.read()
+        except OSError:
+            return ""
+        self.checked_log_offset += len(data)
+        return data.decode(errors="replace")
+
+    def problems(self) -> list[str]:
+        """Why this daemon did not behave: a traceback in its (new) log, a non-zero exit."""
+        if self.crash_expected:
+            return []
+        found = []
+        text = self.new_log()
+        if TRACEBACK in text:
+            found.append(f"daemon {self.url} (home {self.home}) logged a Python traceback:\n"
+                         f"{traceback_excerpt(text)}")
+        if self.proc is not None and not self.killed and not self.exit_checked:
+            code = self.proc.poll()
+            self.exit_checked = code is not None
+            if code not in (None, 0):
+                found.append(f"daemon {self.url} (home {self.home}) exited with code {code}:\n"
+                             f"{self.log()[-3000:]}")
+        return found
+
+    def stop_and_check(self) -> list[str]:
+        """Stop (SIGTERM) if still running, then report problems (see `problems`)."""
+        try:
+            self.stop()
+        except RuntimeError as exc:
+            if not self.crash_expected:
+                return [str(exc)]
+        return self.problems()
+
+
+def stop_shared(daemon: Daemon) -> None:
+    """Teardown of a module-scoped daemon: it must stop with exit 0 and a clean log."""
+    import pytest
+
+    problems = daemon.stop_and_check()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+def take_daemon_hits() -> set[str]:
+    """Names of mutated functions the daemons ran since the last call (mutmut stats phase)."""
+    names: set[str] = set()
+    for daemon in STARTED:
+        path = daemon.hits_path
+        taken = path.with_suffix(".taken")
+        try:
+            os.replace(path, taken)
+        except FileNotFoundError:
+            continue
+        names.update(line for line in taken.read_text(encoding="utf-8").splitlines() if line)
+        taken.unlink()
+    return names

@@ -290,15 +290,11 @@ def test_web_search(tmp_path, site) -> None:
     assert out == "1. T1\n   http://a\n   c1"
 
 
-def test_memory_agents_and_time(ctx) -> None:
+def test_memory_spawn_and_time(ctx) -> None:
     assert run(ctx, "memory_recall", key="k") == "no value stored under k"
     assert run(ctx, "memory_store", key="k", value={"a": [1, 2]}) == "stored k"
     assert json.loads(run(ctx, "memory_recall", key="k")) == {"a": [1, 2]}
-    assert json.loads(run(ctx, "agent_list"))[0]["name"] == "alpha"
-    assert json.loads(run(ctx, "agent_find", query="poems"))[0]["id"] == "a1"
-    assert run(ctx, "agent_send", agent="alpha", message="hi") == "alpha got: hi"
-    with pytest.raises(ToolError, match="no agent"):
-        run(ctx, "agent_send", agent="ghost", message="hi")
+    # agent_list/agent_find/agent_send run against the daemon's real manager in test_agent_messaging.py
     assert json.loads(run(ctx, "agent_spawn", manifest_toml='name = "c"')) == {"agent_id": "new", "name": "child"}
     stamp = run(ctx, "system_time")
     assert stamp[:2] == "20" and "Z (unix " in stamp

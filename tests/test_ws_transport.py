@@ -1,5 +1,10 @@
 """agentd.api.ws_transport: flask-sock WebSockets on a real waitress server.
 
+This module tests the transport itself with hostile handlers the product does not have
+(stubborn writers, two writer threads, handshake aborts). The daemon's own app -- the agent
+socket and the echo socket of `python -m agentd start` -- is tested in test_ws_daemon.py and
+test_transports.py.
+
 One waitress server (via ws_transport.create_server) runs in a background
 thread for the whole module; websocket-client and requests talk to it over
 127.0.0.1. Nothing here asserts on wall-clock time: waits poll a condition

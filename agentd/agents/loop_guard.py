@@ -26,8 +26,9 @@ class Verdict:
 
 
 def call_key(name: str, arguments: Any) -> str:
-    """Canonical identity of a call: name plus sorted, compact JSON of its arguments."""
-    return name + "|" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Canonical identity of a call: JSON of [name, arguments] with sorted keys (so the same
+    arguments in another key order are the same call)."""
+    return json.dumps([name, arguments], sort_keys=True)
 
 
 @dataclass

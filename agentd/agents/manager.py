@@ -36,6 +36,7 @@ from agentd.kernel_time import iso, utcnow
 from agentd.llm import drivers
 from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatRequest, ChatResponse, ImagePart, LLMError, Message, ProviderEndpoint
+from agentd.llm.types import GenerationParams
 from agentd.memory.kv import KvMemory
 from agentd.store import Store
 
@@ -138,6 +139,7 @@ class RunOptions:
     temperature: float | None = None
     extra_system: str = ""
     images: list[ImagePart] = field(default_factory=list)
+    params: GenerationParams = field(default_factory=GenerationParams)
 
 
 class AgentManager:
@@ -531,7 +533,8 @@ class AgentManager:
                        temperature=options.temperature if options.temperature is not None
                        else model_cfg["temperature"],
                        emit=emit, approver=approver, on_usage=on_usage,
-                       mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "")
+                       mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "",
+                       params=options.params)
         loop = AgentLoop(spec, cancel)
 
         def save_unanswered(note: str) -> None:

@@ -32,7 +32,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.extensions["agentd.kernel"] = kernel
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
 
-    from agentd.api import (dashboard, routes_agents, routes_catalog, routes_memory, routes_openai,
+    from agentd.api import (pages, routes_agents, routes_catalog, routes_memory, routes_openai,
                             routes_stream, routes_system, routes_workflows)
     from agentd.api.sockets import register_sockets
 
@@ -46,7 +46,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_openai.bp)
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
-    app.register_blueprint(dashboard.bp)
+    app.register_blueprint(pages.bp)
+    from agentd.api import routes_docs
+    app.register_blueprint(routes_docs.bp)
     from agentd.api import routes_channels
     app.register_blueprint(routes_channels.bp)
     register_sockets(app)

@@ -15,6 +15,7 @@ import uuid
 
 from flask import Flask, Response, g, request
 
+from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
 from agentd.config import Config
@@ -22,8 +23,11 @@ from agentd.config import Config
 log = logging.getLogger("agentd.http")
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
+# The API description documents nothing secret (issue 21).
+PUBLIC_GET |= {"/api/openapi.json", "/api"}
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"
 CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -73,13 +77,14 @@ def is_authorized(config: Config) -> bool:
         return is_loopback(request.remote_addr)
     presented = _presented_key()
     if presented is None:
-        return False
+        # The dashboard's own fetch/SSE calls carry its login cookie instead of the key.
+        return dashauth.cookie_authenticates()
     return hmac.compare_digest(presented.encode(), config.api_key.encode())
 
 
-def install_middleware(app: Flask, config: Config) -> None:
-    """Register the before/after hooks on `app`."""
-    limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst)
+def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None:
+    """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
+    limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
 
     @app.before_request
@@ -111,9 +116,14 @@ def install_middleware(app: Flask, config: Config) -> None:
 
     @app.before_request
     def _auth() -> Response | None:
-        if _is_public(request.path, request.method):
+        if _is_public(request.path, request.method) or request.blueprint == "pages":
+            # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
             return None
         if is_authorized(config):
+            if (config.api_key and _presented_key() is None and request.method in STATE_CHANGING
+                    and not dashauth.csrf_ok(request.headers.get(dashauth.CSRF_HEADER) or "")):
+                # Authenticated by the dashboard cookie alone: a change needs the CSRF header too.
+                return error_response(403, f"missing or invalid CSRF token: send {dashauth.CSRF_HEADER}")
             return None
         if not config.api_key:
             response = error_response(

@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass
 
 
+_SLACK = 1e-6         # seconds
+_SLACK_CELLS = 1e-6   # fraction of one request
+
+
 @dataclass(frozen=True)
 class Decision:
     """Outcome of one request: allowed or not, plus the headers' values."""
@@ -47,11 +51,13 @@ class GcraLimiter:
             tat = max(self._tat.get(key, now), now)
             new_tat = tat + self.interval
             allow_at = new_tat - self.tolerance
-            if now < allow_at:
+            # A microsecond of slack: TAT accumulates `interval` by float addition, and
+            # without it the last request of a full burst can be refused (rate 10, burst 5).
+            if now < allow_at - _SLACK:
                 remaining = 0
                 return Decision(False, remaining, tat - now, allow_at - now)
             self._tat[key] = new_tat
-            remaining = int(math.floor((now - (new_tat - self.tolerance)) / self.interval + 1e-9))
+            remaining = int(math.floor((now - (new_tat - self.tolerance)) / self.interval + _SLACK_CELLS))
             return Decision(True, max(0, remaining), new_tat - now, 0.0)
 
     def _sweep(self, now: float) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fakellm import FakeLLM, parse_script, stream_pieces  # noqa: E402
 
@@ -780,7 +780,7 @@ def test_max_log_trims() -> None:
 
 
 def test_cli_foreground() -> None:
-    script = Path(__file__).resolve().parent / "fakellm.py"
+    script = Path(__file__).resolve().parents[1] / "fakellm.py"
     proc = subprocess.Popen([sys.executable, str(script), "--port", "0", "--key", "kk"],
                             stdout=subprocess.PIPE, text=True)
     try:

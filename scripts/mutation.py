@@ -1,0 +1,196 @@
+"""Mutation testing of agentd's core, one module at a time, with the score of each.
+
+    python scripts/mutation.py                      # every core module (hours on 2 cores)
+    python scripts/mutation.py agentd/api/ratelimit.py agentd/memory/kv.py
+    python scripts/mutation.py --survivors agentd/agents/loop_guard.py   # also print surviving diffs
+    python scripts/mutation.py --all-tests agentd/metering.py            # whole suite, not the mapped files
+    python scripts/mutation.py --baseline 424a618 agentd/metering.py     # the tests as they were at a commit
+
+Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, static/,
+templates/ and a setup.cfg whose [mutmut] section names just that module), so runs are
+independent, incremental (mutmut keeps its results there; --fresh starts over) and can
+use a focused test selection: TESTS below maps each module to the test files that exercise
+it. A narrower selection can only lower a score, never inflate it; --all-tests uses the
+whole product suite as setup.cfg's [mutmut] section does.
+
+Score = killed / (mutants - skipped): "no tests" and "suspicious" mutants count as not
+killed; a timeout counts as killed (mutmut's own convention). Tests that start the daemon
+run the mutated copy: see tests/mutmut_daemon.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRATCH = ROOT / ".mutation"
+
+# module -> test files that exercise it (all paths relative to the repo root).
+TESTS: dict[str, list[str]] = {
+    "agentd/api/ratelimit.py": ["tests/test_ratelimit.py", "tests/test_core_exact.py",
+                                "tests/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
+    "agentd/api/middleware.py": ["tests/test_core_exact.py", "tests/test_http_shell.py",
+                                 "tests/test_guards_daemon.py::test_api_key_near_misses_through_the_daemon",
+                                 "tests/test_guards_daemon.py::test_cors_near_misses_through_the_daemon",
+                                 "tests/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
+    "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py"],
+    "agentd/memory/kv.py": ["tests/test_core_exact.py",
+                            "tests/test_guards_daemon.py::test_kv_same_key_isolated_between_agents"],
+    "agentd/metering.py": ["tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
+    "agentd/agents/loop_guard.py": ["tests/test_core_exact.py",
+                                    "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
+    "agentd/agents/approvals.py": ["tests/test_agents.py::test_manual_mode_waits_for_approval",
+                                   "tests/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
+    "agentd/agents/tools/files.py": ["tests/test_tools.py"],
+    "agentd/agents/tools/shell.py": ["tests/test_tools.py"],
+    "agentd/agents/tools/web.py": ["tests/test_tools.py"],
+    "agentd/api/sse.py": ["tests/test_transports.py"],
+}
+DEFAULT_MODULES = list(TESTS)
+ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_daemon_check.py",
+             "--ignore=tests/test_mutation_setup.py"]
+
+
+def slug(module: str, baseline: str | None = None) -> str:
+    name = module.replace("/", "_").removesuffix(".py")
+    return f"{name}@{baseline}" if baseline else name
+
+
+def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = None) -> Path:
+    """A scratch project whose [mutmut] section mutates `module` and runs `tests`."""
+    work = SCRATCH / slug(module, baseline)
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "mutants", ".mutation")
+    for name in ("agentd", "tests", "static", "templates"):
+        target = work / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(ROOT / name, target, ignore=ignore)
+    mutants = work / "mutants"
+    if mutants.exists():
+        # mutmut never refreshes its copies of files it does not mutate: drop them so
+        # today's code and tests are used; the mutated module and its results stay.
+        keep = {mutants / module, mutants / (module + ".meta"), mutants / (module + ".spans")}
+        for path in mutants.rglob("*"):
+            if path.is_file() and path not in keep and path.parent != mutants:
+                path.unlink()
+    prepare_config(work, module, tests)
+    return work
+
+
+def prepare_config(work: Path, module: str, tests: list[str]) -> None:
+    """setup.cfg of the scratch copy: [mutmut] for this module and these tests."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    section = cfg["mutmut"]
+    section["only_mutate"] = "\n" + module
+    section["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
+    section["use_git_change_detection"] = "false"
+    with open(work / "setup.cfg", "w") as f:
+        cfg.write(f)
+
+
+def statuses(work: Path, module: str) -> dict[str, str]:
+    """mutant name -> mutmut status, read from mutmut's own result file."""
+    from mutmut.stats import status_by_exit_code
+
+    meta = work / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return {}
+    data = json.loads(meta.read_text())
+    return {name: status_by_exit_code[code] for name, code in data["exit_code_by_key"].items()}
+
+
+KILLED = ("killed", "timeout", "caught by type check", "skipped")
+
+
+def score(counts: Counter) -> float:
+    killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
+    tested = sum(counts.values()) - counts["skipped"]
+    return 100.0 * killed / tested if tested else 0.0
+
+
+def use_baseline_tests(work: Path, rev: str, tests: list[str]) -> list[str]:
+    """Swap in the test files of git revision `rev` (keeping today's daemon/mutmut plumbing:
+    conftest.py, support.py, fakellm.py, mutmut_daemon.py) to measure the suite as it was."""
+    plumbing = {name: (work / "tests" / name).read_bytes()
+                for name in ("conftest.py", "support.py", "fakellm.py", "mutmut_daemon.py")}
+    shutil.rmtree(work / "tests")
+    archive = subprocess.run(["git", "archive", rev, "tests"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    for name, data in plumbing.items():
+        (work / "tests" / name).write_bytes(data)
+    fakellm_tests = work / "tests" / "test_fakellm.py"
+    if fakellm_tests.exists():   # tests of the test tool, not of the product
+        fakellm_tests.unlink()
+    kept = [t for t in tests if t.startswith("-") or (work / t.split("::")[0]).exists()]
+    return kept if any(not t.startswith("-") for t in kept) else ALL_TESTS
+
+
+def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str], float]:
+    tests = ALL_TESTS if args.all_tests else TESTS.get(module, ALL_TESTS)
+    work = prepare(module, tests, args.fresh, args.baseline)
+    if args.baseline:
+        tests = use_baseline_tests(work, args.baseline, tests)
+        prepare_config(work, module, tests)
+    started = time.monotonic()
+    log = work / "mutmut.log"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # mutmut keeps earlier verdicts; mutants that survived before are run again explicitly,
+    # since the tests may have changed since.
+    again = [name for name, status in statuses(work, module).items() if status not in KILLED]
+    with open(log, "w") as out:
+        command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
+        proc = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
+        if again and proc.returncode == 0:
+            proc = subprocess.run(command + again, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
+    took = time.monotonic() - started
+    result = statuses(work, module)
+    if proc.returncode != 0 or not result:
+        print(f"{module}: mutmut failed (exit {proc.returncode}); see {log}", file=sys.stderr)
+    return Counter(result.values()), result, took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="source files to mutate (default: the mapped core modules)")
+    parser.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
+    parser.add_argument("--all-tests", action="store_true", help="run the whole product suite per mutant")
+    parser.add_argument("--fresh", action="store_true", help="forget earlier results for these modules")
+    parser.add_argument("--survivors", action="store_true", help="print the diff of every surviving mutant")
+    parser.add_argument("--baseline", metavar="REV", help="score the test files of git revision REV instead")
+    args = parser.parse_args()
+    rows = []
+    for module in args.modules or DEFAULT_MODULES:
+        counts, result, took = run(module, args)
+        rows.append((module, counts, score(counts), took))
+        print(f"{module}: {score(counts):.1f}% ({counts['killed'] + counts['timeout']} killed of "
+              f"{sum(counts.values()) - counts['skipped']}; {dict(counts)}) in {took:.0f}s", flush=True)
+        if args.survivors:
+            work = SCRATCH / slug(module, args.baseline)
+            for name, status in sorted(result.items()):
+                if status not in ("killed", "timeout", "caught by type check", "skipped"):
+                    diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work,
+                                          capture_output=True, text=True).stdout
+                    print(f"--- {status}: {name}\n{diff}")
+    print("\nmodule | score | killed | survived | no tests | other | total")
+    for module, counts, pct, _ in rows:
+        killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
+        other = sum(counts.values()) - killed - counts["survived"] - counts["no tests"]
+        print(f"{module} | {pct:.1f}% | {killed} | {counts['survived']} | {counts['no tests']} | {other} | "
+              f"{sum(counts.values())}")
+
+
+if __name__ == "__main__":
+    main()

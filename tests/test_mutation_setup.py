@@ -1,0 +1,97 @@
+"""Mutation testing must exercise code reached only through the daemon (issue 19, item 1).
+
+mutmut runs the tests with the working directory set to its `mutants/` copy and names the
+active mutant in MUTANT_UNDER_TEST. These tests break one function on purpose in such a
+copy and check that a daemon started by the test support really runs the broken copy, and
+that during mutmut's stats phase the daemon reports the mutated functions it ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+
+from support import Daemon, make_home, take_daemon_hits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def broken_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `mutants/`-like copy of the package whose health check is deliberately broken."""
+    copy = tmp_path / "mutants"
+    shutil.copytree(ROOT / "agentd", copy / "agentd", ignore=shutil.ignore_patterns("__pycache__"))
+    for assets in ("static", "templates"):
+        shutil.copytree(ROOT / assets, copy / assets)
+    routes = copy / "agentd" / "api" / "routes_system.py"
+    text = routes.read_text()
+    assert '"status": "ok"' in text
+    routes.write_text(text.replace('"status": "ok"', '"status": "deliberately-broken"', 1))
+    monkeypatch.chdir(copy)
+    return copy
+
+
+def test_daemon_runs_the_mutated_copy(broken_copy: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "agentd.api.routes_system.x_nothing__mutmut_1")
+    d = Daemon(make_home(tmp_path / "home")).start()
+    try:
+        body = requests.get(f"{d.url}/api/health", timeout=10).json()
+        assert body["status"] == "deliberately-broken", \
+            "the daemon under mutation testing ran the installed package, not the mutated copy"
+    finally:
+        assert d.stop() == 0
+
+
+def test_without_mutmut_the_daemon_runs_the_checkout(broken_copy: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("MUTANT_UNDER_TEST", raising=False)
+    d = Daemon(make_home(tmp_path / "home"))
+    # Outside mutmut the daemon runs `python -m agentd` from the current directory as well,
+    # so the copy is what runs here too; the launcher only differs in reporting hits.
+    d.start()
+    try:
+        assert requests.get(f"{d.url}/api/health", timeout=10).json()["status"] == "deliberately-broken"
+        assert not d.hits_path.exists()
+    finally:
+        assert d.stop() == 0
+
+
+def test_stats_phase_reports_the_daemons_function_hits(broken_copy: Path, tmp_path: Path, monkeypatch) -> None:
+    """A trampolined function (as mutmut generates them) run by the daemon is reported."""
+    pytest.importorskip("mutmut")
+    init = broken_copy / "agentd" / "api" / "routes_system.py"
+    # The shape mutmut gives a mutated function: a trampoline that records a stats hit.
+    init.write_text(init.read_text() + '''
+
+from mutmut.mutation.trampoline import wrap_in_trampoline as _mutmut_mutated
+
+
+def x_probe__mutmut_orig() -> str:
+    return "probe"
+
+
+@_mutmut_mutated({"_mutmut_orig": x_probe__mutmut_orig})
+def probe() -> str:
+    return x_probe__mutmut_orig()
+
+
+@bp.get("/api/_probe")
+def probe_route():
+    return {"probe": probe()}
+''')
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    d = Daemon(make_home(tmp_path / "home")).start()
+    try:
+        take_daemon_hits()   # whatever start-up ran
+        assert requests.get(f"{d.url}/api/_probe", timeout=10).json() == {"probe": "probe"}
+        hits = take_daemon_hits()
+        assert "agentd.api.routes_system.x_probe" in hits, hits
+        assert requests.get(f"{d.url}/api/_probe", timeout=10).ok
+        assert "agentd.api.routes_system.x_probe" in take_daemon_hits(), "a hit is reported again in a later test"
+    finally:
+        monkeypatch.delenv("MUTANT_UNDER_TEST")
+        assert d.stop() == 0
+        os.environ.pop("AGENTD_MUTMUT_HITS", None)
