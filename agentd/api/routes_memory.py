@@ -6,8 +6,9 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.schemas_memory import (EntitySchema, GraphQuerySchema, MemoryPageQuery, RecallSchema,
+                                       RelationSchema, RememberSchema)
 from agentd.api import body
-from agentd.api import schemas_memory as ms
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, NotFound
@@ -86,9 +87,12 @@ def _int_arg(name: str, default: int) -> int:
 
 
 @bp.post(f"{_BASE}/memories")
-@doc("Remember a fragment (near-duplicates are merged)", tags="memory", body=ms.REMEMBER, ok=201,
-     response=ms.REMEMBERED, body_example={"content": "The user's favourite drink is green tea"},
-     errors={502: "the embeddings provider failed"})
+@doc("Remember a fragment (embedded for recall; near-duplicates merge)", tags="memory", body=RememberSchema,
+     ok=201, response=out.RememberedSchema, body_example={"content": "The user prefers tea", "scope": "preferences"},
+     links={"GetMemory": ("memory.get_memory", {"agent_id": "$request.path.agent_id",
+                                                "memory_id": "$response.body#/id"}),
+            "DeleteMemory": ("memory.delete_memory", {"agent_id": "$request.path.agent_id",
+                                                      "memory_id": "$response.body#/id"})})
 def remember(agent_id: str):
     data = _obj()
     result = kernel().memory.remember(agent(agent_id).id, data.get("content"), data.get("source"),
@@ -97,30 +101,30 @@ def remember(agent_id: str):
 
 
 @bp.get(f"{_BASE}/memories")
-@doc("The agent's fragments, newest first", tags="memory", query=ms.MemoryPageQuery, response=ms.PAGE)
+@doc("The agent's fragments, newest first", tags="memory", query=MemoryPageQuery,
+     response=out.FragmentPageSchema)
 def list_memories(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.page(handle.id, _int_arg("limit", 50), _int_arg("offset", 0)))
 
 
 @bp.get(f"{_BASE}/memories/<memory_id>")
-@doc("One fragment (without its vector)", tags="memory", response=ms.FRAGMENT,
-     errors={404: "No such agent or fragment"})
+@doc("One fragment", tags="memory", response=out.FragmentSchema, errors={404: "No such agent or memory"})
 def get_memory(agent_id: str, memory_id: str):
     return jsonify(kernel().memory.get(agent(agent_id).id, memory_id))
 
 
 @bp.delete(f"{_BASE}/memories/<memory_id>")
-@doc("Forget one fragment", tags="memory", response=ms.DELETED, errors={404: "No such agent or fragment"})
+@doc("Forget one fragment", tags="memory", response=out.FragmentDeletedSchema,
+     errors={404: "No such agent or memory"})
 def delete_memory(agent_id: str, memory_id: str):
     kernel().memory.delete(agent(agent_id).id, memory_id)
     return jsonify({"status": "deleted", "id": memory_id})
 
 
 @bp.post(f"{_BASE}/recall")
-@doc("Fragments closest in meaning to a query, best first", tags="memory", body=ms.RECALL,
-     response=ms.RECALLED, body_example={"query": "What does the user like to drink?", "limit": 3},
-     errors={502: "the embeddings provider failed"})
+@doc("Fragments nearest in meaning to a query", tags="memory", body=RecallSchema,
+     response=out.RecallResultSchema, body_example={"query": "drinks", "limit": 3})
 def recall(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -130,8 +134,8 @@ def recall(agent_id: str):
 
 
 @bp.post(f"{_BASE}/entities")
-@doc("Add (or update) a knowledge-graph entity", tags="memory", body=ms.ENTITY, ok=201, response=ms.CREATED,
-     body_example={"entity_type": "person", "name": "Alice", "properties": {"role": "engineer"}})
+@doc("Add (or find) a knowledge-graph entity", tags="memory", body=EntitySchema, ok=201,
+     response=out.GraphAddedSchema, body_example={"entity_type": "person", "name": "Ada"})
 def add_entity(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -140,8 +144,8 @@ def add_entity(agent_id: str):
 
 
 @bp.post(f"{_BASE}/relations")
-@doc("Relate two entities (by id or name)", tags="memory", body=ms.RELATION, ok=201, response=ms.CREATED,
-     errors={404: "No such agent or entity"})
+@doc("Add a relation between two entities", tags="memory", body=RelationSchema, ok=201,
+     response=out.GraphAddedSchema, body_example={"source": "Ada", "relation": "knows_about", "target": "engines"})
 def add_relation(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -151,11 +155,11 @@ def add_relation(agent_id: str):
 
 
 @bp.post(f"{_BASE}/graph/query")
-@doc("Knowledge-graph pattern query, following relations up to max_depth hops", tags="memory",
-     body=ms.GRAPH_QUERY, body_required=False, response=ms.MATCHES)
+@doc("Match a (source, relation, target) pattern up to max_depth hops", tags="memory",
+     body=GraphQuerySchema, body_required=False, response=out.GraphMatchesSchema)
 def query_graph(agent_id: str):
     handle = agent(agent_id)
-    # No body means no pattern; a JSON null or any other non-object is refused.
+    # No body means no pattern; a JSON `null` is not "no body" and fails the object check.
     data = _obj() if body.raw_body(body.JSON_BODY_LIMIT).strip() else {}
     matches = kernel().memory.query_graph(handle.id, data.get("source"), data.get("relation"), data.get("target"),
                                           data.get("max_depth"))
@@ -163,20 +167,23 @@ def query_graph(agent_id: str):
 
 
 @bp.post(f"{_BASE}/consolidate")
-@doc("Merge near-duplicates, decay and drop idle fragments", tags="memory", response=ms.CONSOLIDATION)
+@doc("Merge near-duplicates and decay old, unused fragments now", tags="memory",
+     response=out.ConsolidationSchema)
 def consolidate(agent_id: str):
     return jsonify(kernel().memory.consolidate(agent(agent_id).id))
 
 
 @bp.get(f"{_BASE}/export")
-@doc("Everything the agent remembers, vectors included, as one document", tags="memory", response=ms.EXPORT)
+@doc("Everything the agent remembers, as one portable JSON document", tags="memory",
+     response=out.MemoryExportSchema)
 def export(agent_id: str):
     return jsonify(kernel().memory.export(agent(agent_id).id))
 
 
 @bp.post(f"{_BASE}/import")
-@doc("Import an export document (ids kept; known ids skipped; checked whole before anything is written)",
-     tags="memory", body=ms.IMPORT, response=ms.IMPORTED, errors={502: "the embeddings provider failed"})
+@doc("Import an export document (fragments from another embedding model are re-embedded)", tags="memory",
+     body={"type": "object", "description": "A document from GET .../export"}, response=out.MemoryImportSchema,
+     errors={413: "Document over 64 MB"})
 def import_memory(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.import_doc(handle.id, body.json_body(IMPORT_LIMIT)))
