@@ -191,3 +191,14 @@ class Metering:
                 {"s": _naive(start), "e": _naive(end)})
         return [{"agent_id": r[0], "agent_name": r[1], "spent_usd": round(float(r[2]), 10),
                  "input_tokens": int(r[3]), "output_tokens": int(r[4])} for r in rows]
+
+    def by_day(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """Spend per UTC day in the window (days without calls are absent), oldest first."""
+        with orm.db_session:
+            # date() exists in SQLite and PostgreSQL alike.
+            rows = self.store.db.select(
+                "SELECT date(at), SUM(cost_usd), SUM(input_tokens), SUM(output_tokens), COUNT(*) FROM usage "
+                "WHERE at >= $s AND at < $e GROUP BY date(at) ORDER BY date(at)",
+                {"s": _naive(start), "e": _naive(end)})
+        return [{"day": str(r[0])[:10], "cost_usd": round(float(r[1]), 10), "input_tokens": int(r[2]),
+                 "output_tokens": int(r[3]), "requests": int(r[4])} for r in rows]

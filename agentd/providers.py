@@ -72,9 +72,18 @@ def validate_url(url: Any) -> str:
     """An http(s) URL with a host, without a trailing slash."""
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("base_url must be a non-empty string")
-    parsed = urlparse(url.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.hostname is None:
-        raise BadRequest(f"base_url must be an http:// or https:// URL with a host, got {url!r}")
+    problem = f"base_url must be an http:// or https:// URL with a host, got {url!r}"
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url.strip()):
+        raise BadRequest(problem)
+    try:
+        parsed = urlparse(url.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.hostname is None:
+            raise BadRequest(problem)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        # What requests cannot send to would fail every later call to this provider.
+        requests.models.PreparedRequest().prepare_url(url.strip(), None)
+    except (ValueError, requests.exceptions.RequestException):
+        raise BadRequest(problem) from None
     return url.strip().rstrip("/")
 
 

@@ -42,9 +42,14 @@ def test_dm_and_channel_mention_are_answered(channel_daemon, ircd):
         assert line.endswith("PRIVMSG #agents :alice: echo: what is up?")
         assert not any("just chatting" in l for l in alice.lines if l.startswith(":agentbot!"))
 
+        # The test endpoint sends a real message to the configured target (first channel).
+        sent = channel_daemon.post("/api/channels/irc/test", json={"message": "test from agentd"})
+        assert sent.status_code == 200 and sent.json()["status"] == "success"
+        alice.wait(lambda l: l.startswith(":agentbot!") and l.endswith("PRIVMSG #agents :test from agentd"))
+
         inbound = audit(channel_daemon, "channel.inbound", "irc")
         assert [e["detail"]["conversation"] for e in inbound[:2]] == ["irc:chat:#agents", "irc:dm:alice"]
-        outbound = audit(channel_daemon, "channel.outbound", "irc")
+        outbound = [e for e in audit(channel_daemon, "channel.outbound", "irc") if not e["detail"].get("test")]
         assert outbound[0]["detail"]["in_reply_to"] == inbound[0]["detail"]["message_id"]
         # Only ids go to the audit trail, never the text.
         assert "hello there" not in str(audit(channel_daemon))

@@ -105,3 +105,31 @@ def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, 
     wait_for(lambda: len(telegram.replies_to(901)) == 4, what="reply after /new")
     call = next(r for r in reversed(fake_llm.requests) if "fresh start" in str(r["json"]))
     assert "second" not in str(call["json"]["messages"])  # history of 901 was cleared
+
+
+def test_test_endpoint_delivers_or_says_why(channel_daemon, telegram):
+    setup(channel_daemon, telegram, default_chat_id="4242")
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "are you there"})
+    assert response.json() == {"status": "success", "message": "test message delivered to 4242"}
+    assert telegram.replies_to(4242) == ["are you there"]
+    telegram.stop()  # platform down: a clear error, not a fake success
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "again", "chat_id": "77"})
+    assert response.status_code == 502 and response.json()["error"].startswith("test message not delivered")
+    telegram.start()
+
+
+def test_failing_platform_backs_off_and_recovers(channel_daemon, telegram):
+    setup(channel_daemon, telegram)
+    telegram.broken = True
+    wait_for(lambda: not channel(channel_daemon, "telegram")["active"], what="inactive while failing")
+    polls = len(telegram.polls)
+    time.sleep(2.0)
+    errors = [e for e in audit(channel_daemon, "channel.connection_error", "telegram")
+              if "502" in e["detail"]["error"]]
+    assert len(errors) == 1  # one entry per outage, not one per retry
+    assert channel_daemon.get("/api/health").status_code == 200
+    telegram.broken = False
+    wait_active(channel_daemon, "telegram", timeout=15)
+    assert len(telegram.polls) > polls
+    telegram.user_says(1001, "recovered")
+    wait_for(lambda: telegram.replies_to(1001), what="reply after recovery")

@@ -108,3 +108,36 @@ def test_without_a_set_secret_nothing_is_signed(channel_daemon):
     finally:
         remove(channel_daemon, "webhook")
         callback.close()
+
+
+def test_listener_survives_hostile_clients(channel_daemon, hook):
+    import socket
+
+    url, callback = hook
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    for head in (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+                 b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                 b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+                 b"POST /\x00 HTTP/9.9\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(head)
+            status = sock.recv(200).split(b" ")[1]
+            assert status in (b"400", b"413", b"505"), head
+    # A client that stalls mid-body holds one thread only; others are served meanwhile.
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+    stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    body = json.dumps({"sender_id": "ok", "message": "still here"}).encode()
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202
+    wait_for(lambda: callback.requests, what="reply while another client stalls")
+    stalled.close()
+
+
+def test_oversized_message_is_refused_not_run(channel_daemon, hook, fake_llm):
+    url, callback = hook
+    body = json.dumps({"sender_id": "big", "message": "x" * (70 * 1024)}).encode()
+    before = len(fake_llm.requests)
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202
+    wait_for(lambda: [e for e in audit(channel_daemon, "channel.refused", "webhook")
+                      if e["detail"].get("sender") == "big"], what="refusal")
+    assert audit(channel_daemon, "channel.refused", "webhook")[0]["detail"]["reason"] == "message larger than 64 KB"
+    assert len(fake_llm.requests) == before and callback.requests == []

@@ -108,7 +108,7 @@ def test_no_key_serves_loopback_only(client) -> None:
 
 
 def test_key_required_everywhere_but_public_routes(keyed) -> None:
-    for path in ("/api/health", "/api/version", "/", "/static/style.css"):
+    for path in ("/api/health", "/api/version", "/login", "/static/app.css"):
         assert keyed.get(path, environ_base=REMOTE).status_code == 200, path
     r = keyed.get("/api/status", environ_base=LOCAL)  # loopback still needs the key
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
@@ -124,9 +124,10 @@ def test_key_required_everywhere_but_public_routes(keyed) -> None:
     assert keyed.post("/api/shutdown", environ_base=LOCAL).status_code == 401
 
 
-def test_dashboard_shell_hides_data_without_key(keyed) -> None:
-    page = keyed.get("/", environ_base=REMOTE).get_data(as_text=True)
-    assert "Sign in required" in page and "Uptime" not in page
+def test_dashboard_hides_data_without_key(keyed) -> None:
+    r = keyed.get("/", environ_base=REMOTE)
+    assert r.status_code == 303 and r.headers["Location"].startswith("/login")
+    assert "Uptime" not in r.get_data(as_text=True)
     page = keyed.get("/?token=s3cret", environ_base=REMOTE).get_data(as_text=True)
     assert "Uptime" in page
 
@@ -197,7 +198,7 @@ def test_health_version_status_shapes(shared_daemon) -> None:
 def test_dashboard_is_html(shared_daemon) -> None:
     r = shared_daemon.get("/")
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
-    assert "<h1>agentd</h1>" in r.text and "Agents" in r.text
+    assert "<h1>Overview</h1>" in r.text and "Agents" in r.text
 
 
 class SourceAdapter(HTTPAdapter):

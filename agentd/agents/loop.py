@@ -20,7 +20,7 @@ from agentd.agents.loop_guard import LoopGuard
 from agentd.agents.tools import Tool, ToolContext, ToolError, validate_args
 from agentd.errors import AgentdError
 from agentd.llm.think import ThinkFilter, strip_think
-from agentd.llm.types import (ChatRequest, ChatResponse, LLMError, Message, ToolCallDelta,
+from agentd.llm.types import (ChatRequest, ChatResponse, GenerationParams, LLMError, Message, ToolCallDelta,
                               ToolCallEnd, ToolCallStart, ToolSpec, TextDelta, Usage)
 
 log = logging.getLogger("agentd.loop")
@@ -77,6 +77,7 @@ class RunSpec:
     approver: Approver | None = None
     on_usage: Callable[[ChatResponse], None] | None = None
     mode_note: str = ""
+    params: GenerationParams = field(default_factory=GenerationParams)
 
 
 class AgentLoop:
@@ -104,7 +105,7 @@ class AgentLoop:
         spec = self.spec
         request = ChatRequest(model=spec.model, messages=messages, system=spec.system,
                               tools=self.tool_specs, max_tokens=spec.max_tokens,
-                              temperature=spec.temperature)
+                              temperature=spec.temperature, params=spec.params)
         on_event = None
         think = ThinkFilter()
         if spec.emit is not None:

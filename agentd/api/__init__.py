@@ -11,6 +11,7 @@ from flask import Flask
 from agentd.api.errors import register_error_handlers
 from agentd.api.guard import install_guard
 from agentd.api.middleware import install_middleware
+from agentd.api.proxy import install_proxy_headers
 from agentd.kernel import Kernel
 
 
@@ -31,7 +32,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.extensions["agentd.kernel"] = kernel
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
 
-    from agentd.api import (dashboard, routes_agents, routes_catalog, routes_memory, routes_openai,
+    from agentd.api import (pages, routes_agents, routes_catalog, routes_memory, routes_openai,
                             routes_stream, routes_system, routes_workflows)
     from agentd.api.sockets import register_sockets
 
@@ -45,8 +46,12 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_openai.bp)
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
-    app.register_blueprint(dashboard.bp)
+    app.register_blueprint(pages.bp)
+    from agentd.api import routes_docs
+    app.register_blueprint(routes_docs.bp)
     from agentd.api import routes_channels
     app.register_blueprint(routes_channels.bp)
     register_sockets(app)
+    # Outermost: the guard, rate limiter, auth and logs see the real client.
+    install_proxy_headers(app, kernel.config.api.trusted_proxies)
     return app

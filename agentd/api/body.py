@@ -70,9 +70,17 @@ def format_validation(messages: Any, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
-def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT) -> dict[str, Any]:
-    """Parse the JSON body and validate it with a marshmallow schema."""
-    body = json_body(max_bytes)
+def load(schema: Schema, max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) -> dict[str, Any]:
+    """Parse the JSON body and validate it with a marshmallow schema (an empty body
+    counts as `{}` when `allow_empty`)."""
+    if allow_empty and not raw_body(max_bytes).strip():
+        return validate(schema, {})
+    # A JSON `null` body is not an empty one: it fails the object check below.
+    return validate(schema, json_body(max_bytes))
+
+
+def validate(schema: Schema, body: Any) -> dict[str, Any]:
+    """Validate an already parsed body with a marshmallow schema (400 naming each field)."""
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     try:

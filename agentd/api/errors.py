@@ -34,9 +34,33 @@ _HTTP_MESSAGES = {
 }
 
 
+def is_api_path(path: str) -> bool:
+    """JSON routes (/api, /v1); every other path belongs to the dashboard and gets HTML."""
+    return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1")
+
+
+def _html_error(status: int, message: str) -> Response:
+    """A readable error page for dashboard paths (status kept, no traceback)."""
+    from flask import render_template
+    from markupsafe import escape
+
+    try:
+        # no_session: an error (a refused Host, say) never starts a dashboard session.
+        html = render_template("error.html", status=status, message=message, no_session=True)
+    except Exception:  # noqa: BLE001 - the error page itself must never fail
+        log.exception("error page failed to render")
+        html = f"<!doctype html><title>Error {status}</title><h1>Error {status}</h1><p>{escape(message)}</p>"
+    return Response(html, status=status, mimetype="text/html")
+
+
 def error_response(status: int, message: str, *, code: str | None = None,
                    retry_after: float | None = None) -> Response:
-    """A JSON error in the shape the request's route family expects."""
+    """A JSON error in the shape the request's route family expects (HTML off the API)."""
+    if not is_api_path(request.path):
+        response = _html_error(status, message)
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(max(1, int(-(-retry_after // 1))))
+        return response
     if request.path.startswith("/v1/"):
         body = {"error": {"message": message,
                           "type": _OPENAI_TYPES.get(status, "server_error"),

@@ -15,6 +15,7 @@ import uuid
 
 from flask import Flask, Response, g, request
 
+from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
 from agentd.config import Config
@@ -22,8 +23,11 @@ from agentd.config import Config
 log = logging.getLogger("agentd.http")
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
+# The API description documents nothing secret (issue 21).
+PUBLIC_GET |= {"/api/openapi.json", "/api"}
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"
 CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -73,7 +77,8 @@ def is_authorized(config: Config) -> bool:
         return is_loopback(request.remote_addr)
     presented = _presented_key()
     if presented is None:
-        return False
+        # The dashboard's own fetch/SSE calls carry its login cookie instead of the key.
+        return dashauth.cookie_authenticates()
     return hmac.compare_digest(presented.encode(), config.api_key.encode())
 
 
@@ -81,6 +86,8 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
     """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
     limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
+    # The dashboard session authority comes from the same config as the key check.
+    app.extensions.setdefault("agentd.sessions", dashauth.Sessions(config.api_key))
 
     @app.before_request
     def _start() -> Response | None:
@@ -111,9 +118,14 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
 
     @app.before_request
     def _auth() -> Response | None:
-        if _is_public(request.path, request.method):
+        if _is_public(request.path, request.method) or request.blueprint == "pages":
+            # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
             return None
         if is_authorized(config):
+            if (config.api_key and _presented_key() is None and request.method in STATE_CHANGING
+                    and not dashauth.csrf_ok(request.headers.get(dashauth.CSRF_HEADER) or "")):
+                # Authenticated by the dashboard cookie alone: a change needs the CSRF header too.
+                return error_response(403, f"missing or invalid CSRF token: send {dashauth.CSRF_HEADER}")
             return None
         if not config.api_key:
             response = error_response(
@@ -143,10 +155,15 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
         headers.setdefault("X-Frame-Options", "DENY")
         headers.setdefault("Referrer-Policy", "strict-origin-when-cross-origin")
         if request.path.startswith(("/api/", "/v1/")):
-            headers["Cache-Control"] = "no-store"
+            if response.mimetype != "text/event-stream":
+                # Event streams keep their `no-cache` (agentd.api.sse), which proxies know.
+                headers["Cache-Control"] = "no-store"
             headers.setdefault("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
         if log.isEnabledFor(logging.DEBUG):
             took = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
-            log.debug("%s %s -> %s (%.1f ms, request %s)", request.method, request.path,
-                      response.status_code, took, headers["X-Request-Id"])
+            # remote_addr is the real client; behind a trusted proxy the peer is noted too.
+            peer = request.environ.get("agentd.proxy_peer", request.remote_addr)
+            via = f" via {peer}" if peer != request.remote_addr else ""
+            log.debug("%s %s -> %s (%.1f ms, request %s, client %s%s)", request.method, request.path,
+                      response.status_code, took, headers["X-Request-Id"], request.remote_addr, via)
         return response

@@ -6,13 +6,15 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import MESSAGE_LIMIT, UPLOAD_LIMIT, AgentHandle
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
-from agentd.api.schemas import MESSAGE_SCHEMA, ModeSchema, SpawnSchema
+from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema, ModeSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 
 bp = Blueprint("agents", __name__)
@@ -40,6 +42,29 @@ def result_body(result: RunResult) -> dict[str, Any]:
 
 
 @bp.post("/api/agents")
+@doc("Spawn an agent from a manifest", tags="agents", body=SpawnSchema, ok=201, response=out.SpawnedSchema,
+     body_example={"manifest_toml": 'name = "helper"\nprofile = "minimal"\n'},
+     description="Unknown manifest keys do not fail a spawn; they are listed in `warnings`.",
+     errors={400: "Invalid manifest (`invalid manifest format: <key>: <problem>`)",
+             403: "Signed manifest failed verification", 409: "An agent with this name exists",
+             413: "Manifest over 1 MB"},
+     links={"GetAgent": ("agents.detail", {"agent_id": "$response.body#/agent_id"}),
+            "MessageAgent": ("agents.message", {"agent_id": "$response.body#/agent_id"}),
+            "GetSession": ("agents.session", {"agent_id": "$response.body#/agent_id"}),
+            "SetMode": ("agents.set_mode", {"agent_id": "$response.body#/agent_id"}),
+            "PutMemory": ("memory.put_key", {"agent_id": "$response.body#/agent_id"}),
+            "ListMemory": ("memory.all_keys", {"agent_id": "$response.body#/agent_id"}),
+            "Remember": ("memory.remember", {"agent_id": "$response.body#/agent_id"}),
+            "StreamMessage": ("stream.message_stream", {"agent_id": "$response.body#/agent_id"}),
+            "Upload": ("agents.upload", {"agent_id": "$response.body#/agent_id"}),
+            "StopRun": ("agents.stop", {"agent_id": "$response.body#/agent_id"}),
+            "ResetSession": ("agents.reset", {"agent_id": "$response.body#/agent_id"}),
+            "CreateWorkflow": ("workflows.create", {}, {
+                "name": "$response.body#/name", "description": "a workflow over a new agent",
+                "steps": [{"agent_name": "$response.body#/name"},
+                          {"agent_name": "$response.body#/name", "mode": "fan_out"},
+                          {"mode": "collect"}]}),
+            "KillAgent": ("agents.kill", {"agent_id": "$response.body#/agent_id"})})
 def spawn():
     data = body.load(SpawnSchema())
     manifest = data["manifest_toml"]
@@ -54,17 +79,31 @@ def spawn():
 
 
 @bp.get("/api/agents")
+@doc("List agents", tags="agents", response={"type": "array", "items": out.AgentItemSchema})
 def list_agents():
     agents = kernel().agents
     return jsonify([agents.list_item(h) for h in agents.handles()])
 
 
 @bp.get("/api/agents/<agent_id>")
+@doc("Agent detail", tags="agents", response=out.AgentDetailSchema,
+     links={"ClearSession": ("agents.delete_session", {"session_id": "$response.body#/session_id"})})
 def detail(agent_id: str):
     return jsonify(kernel().agents.detail(agent(agent_id)))
 
 
 @bp.post("/api/agents/<agent_id>/message")
+@doc("Send a message and wait for the answer", tags="agents", body=MessageSchema,
+     response=out.MessageResultSchema, body_example={"message": "hello"},
+     errors={409: "The run was stopped before the agent answered",
+             413: "Message over 64 KB",
+             429: "Budget or the agent's token quota exhausted, the agent's queue is full "
+                  "(`agent_busy`), or the provider still throttled after retries (`Retry-After`)",
+             500: "The run failed: the provider refused the key or the request, no key is set, "
+                  "or the loop guard stopped the run (the message says which)",
+             502: "The provider reset the connection or cut the stream off",
+             503: "The provider answered 503 after retries, or the daemon is shutting down",
+             504: "The provider timed out"})
 def message(agent_id: str):
     handle = agent(agent_id)
     data = body.load(MESSAGE_SCHEMA)
@@ -77,11 +116,14 @@ def message(agent_id: str):
 
 
 @bp.get("/api/agents/<agent_id>/session")
+@doc("The agent's session (conversation history)", tags="agents", response=out.SessionSchema)
 def session(agent_id: str):
     return jsonify(kernel().agents.session(agent(agent_id)))
 
 
 @bp.put("/api/agents/<agent_id>/mode")
+@doc("Set the agent's mode", tags="agents", body=ModeSchema, response=out.ModeSetSchema,
+     body_example={"mode": "Observe"})
 def set_mode(agent_id: str):
     handle = agent(agent_id)
     data = body.load(ModeSchema())
@@ -90,6 +132,7 @@ def set_mode(agent_id: str):
 
 
 @bp.delete("/api/agents/<agent_id>")
+@doc("Kill the agent (a run in flight is cancelled)", tags="agents", response=out.KilledSchema)
 def kill(agent_id: str):
     handle = agent(agent_id)
     kernel().agents.kill(handle)
@@ -97,6 +140,7 @@ def kill(agent_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/stop")
+@doc("Cancel the agent's current run", tags="agents", response=out.StoppedSchema)
 def stop(agent_id: str):
     handle = agent(agent_id)
     was_running = kernel().agents.stop(handle)
@@ -106,11 +150,15 @@ def stop(agent_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/session/compact")
+@doc("Summarise older messages with the agent's own model, keep the last 10", tags="agents",
+     response=out.CompactSchema, errors={409: "The agent is busy", 502: "The provider refused the request",
+                                         503: "The provider failed", 504: "The provider timed out"})
 def compact(agent_id: str):
     return jsonify(kernel().agents.compact(agent(agent_id)))
 
 
 @bp.post("/api/agents/<agent_id>/session/reset")
+@doc("Clear the agent's session", tags="agents", response=out.ResetSchema)
 def reset(agent_id: str):
     handle = agent(agent_id)
     kernel().agents.reset_session(handle)
@@ -118,12 +166,21 @@ def reset(agent_id: str):
 
 
 @bp.delete("/api/sessions/<session_id>")
+@doc("Clear a session's history", tags="agents", response=out.SessionDeletedSchema)
 def delete_session(session_id: str):
     kernel().agents.delete_session(session_id)
     return jsonify({"status": "deleted", "session_id": session_id})
 
 
 @bp.post("/api/agents/<agent_id>/upload")
+@doc("Upload a file for later attachments", tags="agents", ok=201, response=out.UploadSchema,
+     body={"type": "object", "required": ["file"],
+           "properties": {"file": {"type": "string", "contentMediaType": "application/octet-stream",
+                                   "description": "image/*, text/*, audio/* or application/pdf; max 10 MB"},
+                          "filename": {"type": "string"}}},
+     body_media="multipart/form-data",
+     errors={400: "No `file` part, an empty file or an unsupported type", 413: "File over 10 MB",
+             415: "Not multipart/form-data"})
 def upload(agent_id: str):
     handle = agent(agent_id)
     body.raw_body(UPLOAD_LIMIT + 64 * 1024)
@@ -139,22 +196,28 @@ def upload(agent_id: str):
 
 
 @bp.get("/api/profiles")
+@doc("Tool profiles", tags="agents", response={"type": "array", "items": out.ProfileSchema})
 def profiles():
     return jsonify(profile_list())
 
 
 @bp.get("/api/approvals")
+@doc("Pending Manual-mode tool calls", tags="approvals", response={"type": "array", "items": out.ApprovalSchema})
 def approvals():
     return jsonify(kernel().approvals.pending())
 
 
 @bp.post("/api/approvals/<approval_id>/approve")
+@doc("Approve a pending tool call", tags="approvals", response=out.ApprovalDecisionSchema,
+     errors={409: "Already decided"})
 def approve(approval_id: str):
     approval = kernel().approvals.approve(approval_id)
     return jsonify({"status": "approved", "id": approval.id, "tool": approval.tool})
 
 
 @bp.post("/api/approvals/<approval_id>/reject")
+@doc("Reject a pending tool call", tags="approvals", response=out.ApprovalDecisionSchema,
+     errors={409: "Already decided"})
 def reject(approval_id: str):
     approval = kernel().approvals.reject(approval_id)
     return jsonify({"status": "rejected", "id": approval.id, "tool": approval.tool})

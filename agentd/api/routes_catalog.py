@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, request
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates
 
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
+from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.schema_fields import StrictFloat
+from agentd.schema_fields import StrictBoolean, StrictFloat
 from agentd.errors import BadRequest, NotFound
 
 bp = Blueprint("catalog", __name__)
 
+_FRACTION = re.compile(r"\.\d+")
 TIERS = ("frontier", "smart", "balanced", "fast", "local", "custom")
 
 
@@ -29,9 +34,9 @@ class CustomModelSchema(Schema):
     max_output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
     input_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
     output_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
-    supports_tools = fields.Boolean(required=True, truthy={True}, falsy={False})
-    supports_vision = fields.Boolean(required=True, truthy={True}, falsy={False})
-    supports_streaming = fields.Boolean(required=True, truthy={True}, falsy={False})
+    supports_tools = StrictBoolean(required=True)
+    supports_vision = StrictBoolean(required=True)
+    supports_streaming = StrictBoolean(required=True)
 
     @validates("provider")
     def _known(self, value: str, **_: object) -> None:
@@ -50,8 +55,10 @@ def _iso_arg(name: str) -> datetime | None:
     value = request.args.get(name)
     if value is None or value == "":
         return None
+    # RFC 3339 allows lower-case t/z and any number of fractional digits; Python's parser does not.
+    text = _FRACTION.sub(lambda m: m.group(0)[:7], value.upper().replace("Z", "+00:00"))
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text)
     except ValueError:
         raise BadRequest(f"'{name}' must be an ISO 8601 date or time, got {value!r}") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
@@ -67,6 +74,8 @@ def _window() -> tuple[datetime, datetime]:
 # -- models -------------------------------------------------------------------------
 
 @bp.get("/api/models")
+@doc("The model catalog (built-in and custom)", tags="models", query=ModelsQuery,
+     response={"type": "array", "items": out.ModelSchema})
 def models():
     provider = request.args.get("provider") or None
     tier = request.args.get("tier") or None
@@ -74,11 +83,13 @@ def models():
 
 
 @bp.get("/api/models/aliases")
+@doc("Alias -> model id map", tags="models", response={"type": "object", "additionalProperties": {"type": "string"}})
 def aliases():
     return jsonify(kernel().catalog.aliases())
 
 
 @bp.get("/api/models/<path:model_id>")
+@doc("One model by id or alias", tags="models", response=out.ModelSchema)
 def model(model_id: str):
     info = kernel().catalog.get_model(model_id)
     if info is None:
@@ -87,6 +98,14 @@ def model(model_id: str):
 
 
 @bp.post("/api/models/custom")
+@doc("Add a custom model", tags="models", body=CustomModelSchema, ok=201, response=out.ModelAddedSchema,
+     body_example={"id": "my-model", "display_name": "My model", "provider": "openai", "tier": "custom",
+                   "context_window": 8192, "max_output_tokens": 1024, "input_cost_per_m": 0.5,
+                   "output_cost_per_m": 1.5, "supports_tools": True, "supports_vision": False,
+                   "supports_streaming": True},
+     errors={409: "A model with this id exists"},
+     links={"GetModel": ("catalog.model", {"model_id": "$response.body#/model_id"}),
+            "RemoveModel": ("catalog.remove_custom", {"model_id": "$response.body#/model_id"})})
 def add_custom():
     data = body.load(CustomModelSchema())
     model_id = kernel().custom_models.add(data)
@@ -94,6 +113,7 @@ def add_custom():
 
 
 @bp.delete("/api/models/custom/<path:model_id>")
+@doc("Remove a custom model", tags="models", response=out.ModelRemovedSchema)
 def remove_custom(model_id: str):
     kernel().custom_models.remove(model_id)
     return jsonify({"status": "removed", "model_id": model_id})
@@ -102,35 +122,36 @@ def remove_custom(model_id: str):
 # -- providers ------------------------------------------------------------------------
 
 @bp.get("/api/providers")
+@doc("LLM providers and their key status", tags="providers", response={"type": "array", "items": out.ProviderSchema})
 def providers():
     return jsonify(kernel().providers.listing())
 
 
-def _field(name: str) -> object:
-    data = body.json_body()
-    if not isinstance(data, dict) or name not in data:
-        raise BadRequest(f"request body must be a JSON object with '{name}'")
-    return data[name]
-
-
 @bp.post("/api/providers/<name>/key")
+@doc("Set a provider's API key (kept in the environment, never in config.toml)", tags="providers",
+     body=ProviderKeySchema, response=out.KeySetSchema)
 def set_key(name: str):
     kernel().providers.get(name)
-    return jsonify(kernel().providers.set_key(name, _field("api_key")))
+    return jsonify(kernel().providers.set_key(name, body.load(ProviderKeySchema())["api_key"]))
 
 
 @bp.delete("/api/providers/<name>/key")
+@doc("Remove a provider's API key", tags="providers", response=out.KeyRemovedSchema)
 def delete_key(name: str):
     return jsonify(kernel().providers.delete_key(name))
 
 
 @bp.put("/api/providers/<name>/url")
+@doc("Set a provider's base URL", tags="providers", body=ProviderUrlSchema, response=out.UrlSetSchema)
 def set_url(name: str):
     kernel().providers.get(name)
-    return jsonify(kernel().providers.set_url(name, _field("base_url")))
+    return jsonify(kernel().providers.set_url(name, body.load(ProviderUrlSchema())["base_url"]))
 
 
 @bp.post("/api/providers/<name>/test")
+@doc("Check a provider's key with a live call", tags="providers", response=out.ProviderTestSchema,
+     errors={502: "The provider refused the key or failed", 503: "The provider was unreachable",
+             504: "The provider timed out"})
 def test_provider(name: str):
     return jsonify(kernel().providers.test(name))
 
@@ -138,23 +159,30 @@ def test_provider(name: str):
 # -- usage and budget ------------------------------------------------------------------
 
 @bp.get("/api/usage")
+@doc("Token and cost totals for a period (default: this month)", tags="usage", query=PeriodQuery,
+     response=out.UsageSchema)
 def usage():
     start, end = _window()
     return jsonify(kernel().metering.totals(start, end))
 
 
 @bp.get("/api/usage/by-model")
+@doc("Usage per model for a period", tags="usage", query=PeriodQuery,
+     response={"type": "array", "items": out.UsageByModelSchema})
 def usage_by_model():
     start, end = _window()
     return jsonify(kernel().metering.by_model(start, end))
 
 
 @bp.get("/api/budget")
+@doc("Monthly budget, spend and alerts", tags="usage", response=out.BudgetStatusSchema)
 def budget():
     return jsonify(kernel().metering.budget())
 
 
 @bp.put("/api/budget")
+@doc("Set the monthly budget (0 = no limit)", tags="usage", body=BudgetSchema, response=out.BudgetSetSchema,
+     body_example={"limit_usd": 25.0})
 def set_budget():
     data = body.load(BudgetSchema())
     kernel().metering.set_limit(data["limit_usd"])
@@ -162,6 +190,7 @@ def set_budget():
 
 
 @bp.get("/api/budget/agents")
+@doc("Spend per agent this month", tags="usage", response={"type": "array", "items": out.BudgetAgentSchema})
 def budget_agents():
     start, end = kernel().metering.period(None, None)
     return jsonify(kernel().metering.by_agent(start, end))

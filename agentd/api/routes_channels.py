@@ -1,9 +1,13 @@
-"""Channels (spec "Channels" table) and the audit trail."""
+"""Channels (spec "Channels" table) and the audit trail (the /channels page is in api/pages/)."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, render_template, request
+from flask import Blueprint, jsonify, request
+from marshmallow import ValidationError
 
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
+from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
@@ -12,40 +16,52 @@ bp = Blueprint("channels", __name__)
 
 
 @bp.get("/api/channels")
+@doc("The channel adapters and their state", tags="channels", response={"type": "array", "items": out.ChannelSchema})
 def list_channels():
     return jsonify(kernel().channels.list())
 
 
 @bp.post("/api/channels/reload")
+@doc("Re-read [channels] from config.toml and restart adapters", tags="channels",
+     response=out.ChannelsReloadedSchema, errors={400: "config.toml cannot be read or [channels] is not a table"})
 def reload_channels():
     return jsonify(kernel().channels.reload())
 
 
 @bp.post("/api/channels/<name>/configure")
+@doc("Configure an adapter (written to config.toml, started at once)", tags="channels",
+     body={"type": "object", "additionalProperties": True,
+           "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
+                          "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
+                          "variables, never secrets"},
+     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, wrong type or a secret given as a value"})
 def configure(name: str):
     return jsonify(kernel().channels.configure(name, body.json_body()))
 
 
 @bp.delete("/api/channels/<name>/configure")
+@doc("Remove an adapter's configuration and stop it", tags="channels", response=out.ChannelRemovedSchema)
 def remove(name: str):
     return jsonify(kernel().channels.remove(name))
 
 
 @bp.post("/api/channels/<name>/test")
+@doc("Send a test message through a configured adapter", tags="channels", body_required=False,
+     body=ChannelTestBodySchema,
+     response=out.ChannelTestSchema,
+     errors={400: "The channel is not configured", 501: "The adapter is not implemented yet",
+             502: "The platform did not take the message"})
 def test(name: str):
-    data = body.json_body(allow_empty=True) or {}
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    message = data.get("message", "Test message from agentd")
+    data = body.load(ChannelTestBodySchema(), allow_empty=True)
+    message = data["message"]
     target = data.get("chat_id") or data.get("channel_id") or data.get("target") or ""
-    if not isinstance(message, str) or not message.strip():
-        raise BadRequest("message: must be a non-empty string")
-    if not isinstance(target, str):
-        raise BadRequest("chat_id: must be a string")
     return jsonify(kernel().channels.test(name, message, target))
 
 
 @bp.post("/api/channels/<name>/qr/start")
+@doc("Start a QR login (WhatsApp Web gateway)", tags="channels", response=out.QrStartSchema,
+     errors={400: "This channel has no QR login", 502: "The gateway failed",
+             503: "No gateway configured"})
 def qr_start(name: str):
     k = kernel()
     k.qr_logins.check_channel(name, name in k.channels.catalog.names())
@@ -53,13 +69,22 @@ def qr_start(name: str):
 
 
 @bp.get("/api/channels/<name>/qr/status")
+@doc("State of a QR login", tags="channels", query=QrStatusQuery, response=out.QrStatusSchema,
+     errors={400: "No session_id, or this channel has no QR login", 404: "Unknown channel or session",
+             502: "The gateway failed", 503: "No gateway configured"})
 def qr_status(name: str):
     k = kernel()
     k.qr_logins.check_channel(name, name in k.channels.catalog.names())
-    return jsonify(k.qr_logins.status(request.args.get("session_id", "")))
+    try:
+        args = QrStatusQuery().load(request.args)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid query: {body.format_validation(exc.messages)}") from None
+    return jsonify(k.qr_logins.status(args["session_id"]))
 
 
 @bp.get("/api/audit/recent")
+@doc("Recent audit events, newest first", tags="system", query=AuditQuery,
+     response={"type": "array", "items": out.AuditEventSchema})
 def audit_recent():
     raw = request.args.get("limit", "50")
     try:
@@ -69,13 +94,3 @@ def audit_recent():
     if limit < 1:
         raise BadRequest("limit: must be at least 1")
     return jsonify(kernel().audit.recent(limit, request.args.get("event", "")))
-
-
-@bp.get("/channels")
-def channels_page():
-    """Dashboard page: every adapter's state and the recent channel audit events."""
-    k = kernel()
-    response = current_app.make_response(render_template(
-        "channels.html", channels=k.channels.list(), events=k.audit.recent(50, "channel.")))
-    response.headers["Content-Security-Policy"] = "default-src 'self'; frame-ancestors 'none'"
-    return response

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import re
 import time
 import uuid
@@ -17,6 +18,8 @@ from typing import Any, Iterator
 
 from flask import Blueprint, Response, jsonify
 
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
@@ -26,21 +29,24 @@ from agentd.api.routes_system import kernel
 from agentd.api.runs import acquire_stream_slot, run_blocking, start_live_run
 from agentd.api.sse import format_event, sse_response
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
-from agentd.llm.types import ImagePart
+from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
+from agentd.llm import params as llm_params
+from agentd.llm.types import GenerationParams, ImagePart
+
+log = logging.getLogger("agentd.api")
 
 bp = Blueprint("openai", __name__)
 
 PREFIX = "agentd:"
 DATA_URI = re.compile(r"^data:(image/[A-Za-z0-9.+-]+);base64,(.*)$", re.S)
-# Parameters that would change the answer but that an agent run cannot honour.
-UNSUPPORTED = {
+# Parameters that would change the answer but that an agent run cannot honour: the agent
+# owns its tools, and a run yields exactly one choice without log probabilities.
+REFUSED = {
     "tools": lambda v: bool(v), "functions": lambda v: bool(v), "tool_choice": lambda v: v not in (None, "none", "auto"),
-    "function_call": lambda v: v is not None, "logprobs": lambda v: bool(v), "top_logprobs": lambda v: v is not None,
-    "n": lambda v: v not in (None, 1), "stop": lambda v: bool(v),
-    "presence_penalty": lambda v: v not in (None, 0, 0.0), "frequency_penalty": lambda v: v not in (None, 0, 0.0),
-    "logit_bias": lambda v: bool(v), "top_p": lambda v: v not in (None, 1, 1.0),
-    "response_format": lambda v: v not in (None, {"type": "text"}),
+    "function_call": lambda v: v not in (None, "none", "auto"), "logprobs": lambda v: bool(v),
+    "top_logprobs": lambda v: v is not None, "n": lambda v: v not in (None, 1), "logit_bias": lambda v: bool(v),
 }
+DROPPED_HEADER = "x-agentd-dropped-params"
 
 
 class ModelNotFound(NotFound):
@@ -55,17 +61,6 @@ def resolve_agent(model: str) -> AgentHandle:
     if handle is None or handle.killed:
         raise ModelNotFound(model)
     return handle
-
-
-def _number(data: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise BadRequest(f"'{key}' must be {'an integer' if kind is int else 'a number'}")
-    if not low <= value <= high:
-        raise BadRequest(f"'{key}' must be between {low:g} and {high:g}")
-    return value
 
 
 def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:
@@ -101,34 +96,38 @@ def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:
     return "\n".join(texts), images
 
 
-def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
-    """Validate a chat completion request: (agent, input text, options, stream, include_usage)."""
-    for key, rejects in UNSUPPORTED.items():
+def generation_params(data: dict[str, Any]) -> GenerationParams:
+    """The client's sampling and output options; defaults (penalty 0, format text) count as not given."""
+    fmt = data.get("response_format")
+    penalties = {k: data.get(k) or None for k in ("presence_penalty", "frequency_penalty")}
+    return GenerationParams(top_p=data.get("top_p"), stop=data.get("stop") or (), seed=data.get("seed"),
+                            response_format=fmt if fmt and fmt["type"] != "text" else None,
+                            user=data.get("user") or None, **penalties)
+
+
+def refuse_unsupported(data: Any) -> None:
+    """400 naming the first parameter an agent run cannot honour (checked before the schema,
+    so the message says why rather than which values the schema allows)."""
+    if not isinstance(data, dict):
+        return
+    for key, rejects in REFUSED.items():
         if key in data and rejects(data[key]):
             raise BadRequest(f"unsupported parameter '{key}': agentd agents choose their own tools and "
-                             "sampling; remove it from the request")
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required and must be a string (an agent name, agentd:<name> or id)")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' is required and must be a non-empty array")
+                             "answer with one choice; remove it from the request")
+
+
+def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
+    """Check a validated chat completion request: (agent, input text, options, stream, include_usage)."""
+    model, messages = data["model"], data["messages"]
     stream = data.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean")
-    options = RunOptions(max_tokens=_number(data, "max_tokens", int, 1, 1_000_000),
-                         temperature=_number(data, "temperature", float, 0.0, 2.0))
-    if options.max_tokens is None:
-        options.max_tokens = _number(data, "max_completion_tokens", int, 1, 1_000_000)
+    options = RunOptions(max_tokens=data.get("max_tokens") or data.get("max_completion_tokens"),
+                         temperature=data.get("temperature"), params=generation_params(data))
     stream_options = data.get("stream_options") or {}
     include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
     handle = resolve_agent(model)
     systems: list[str] = []
     user_text, user_images, found = "", [], False
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system",
-                                                                         "developer", "tool"):
-            raise BadRequest(f"messages[{i}] must be an object with role user, assistant or system")
         text, images = _parts(message.get("content"), i)
         if message["role"] in ("system", "developer"):
             systems.append(text)
@@ -188,6 +187,29 @@ def run_failure(exc: AgentdError) -> Response:
 
 
 @bp.post("/v1/chat/completions")
+@doc("OpenAI-compatible chat completion with an agent", tags="openai", body=ChatRequestSchema,
+     response=out.ChatCompletionSchema, ok_headers=("x-agentd-dropped-params",), sse_alt=True,
+     body_example={"model": "agentd:helper", "messages": [{"role": "user", "content": "hello"}]},
+     description="`model` names the agent. The last user message is the run's input (the agent's session "
+                 "supplies history); system/developer messages are extra instructions for this run. "
+                 "`top_p`, `stop`, `seed`, `presence_penalty`, `frequency_penalty`, `max_completion_tokens`, "
+                 "`user` and `response_format` go to the agent's model; what its provider has no "
+                 "equivalent for is dropped and named in `x-agentd-dropped-params`. `tools`, `functions`, "
+                 "`tool_choice` (other than none/auto), `n` > 1, `logprobs` and `logit_bias` are refused "
+                 "with 400. With `stream: true` the answer is `text/event-stream`: `data: {chat.completion.chunk}` "
+                 "lines, then `data: [DONE]`.",
+     errors={401: "Provider key missing or rejected (`missing_provider_key`, `provider_auth_failed`)",
+             404: "No agent for `model` (`model_not_found`)",
+             409: "The run was stopped (`run_cancelled`)",
+             413: "Message over 64 KB",
+             429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
+                  "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
+             500: "The loop guard stopped the run (`loop_guard_stopped`)",
+             502: "The provider refused the request, answered something unusable, reset the connection "
+                  "or cut the stream off (`upstream_*`)",
+             503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
+                  "too many streams",
+             504: "The provider timed out (`upstream_timeout`)"})
 def chat_completions():
     try:
         return _chat_completions()
@@ -196,24 +218,42 @@ def chat_completions():
 
 
 def _chat_completions():
-    data = body.json_body()
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    handle, text, options, stream, include_usage = parse_request(data)
+    raw = body.json_body()
+    refuse_unsupported(raw)
+    handle, text, options, stream, include_usage = parse_request(body.validate(CHAT_REQUEST_SCHEMA, raw))
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     created = int(time.time())
+    dropped = dropped_params(handle, options.params)
     if stream:
-        return _stream(handle, text, options, completion_id, created, include_usage)
+        return _with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
     result = run_blocking(kernel(), handle, text, [], options)
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
                                  for c in result.tool_calls]
-    return jsonify({"id": completion_id, "object": "chat.completion", "created": created,
-                    "model": handle.name,
-                    "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
-                    "usage": _usage(result.usage.input_tokens, result.usage.output_tokens)})
+    return _with_dropped(jsonify({"id": completion_id, "object": "chat.completion", "created": created,
+                                  "model": handle.name,
+                                  "choices": [{"index": 0, "message": message,
+                                               "finish_reason": result.finish_reason}],
+                                  "usage": _usage(result.usage.input_tokens, result.usage.output_tokens)}),
+                         dropped)
+
+
+def dropped_params(handle: AgentHandle, params: GenerationParams) -> list[str]:
+    """What the agent's provider has no equivalent for (dropped, not refused), logged once."""
+    info = kernel().catalog.get_provider(handle.provider)
+    names = llm_params.dropped(info.kind if info else "openai", params)
+    if names:
+        log.info("agent %s: %s has no equivalent for %s; dropped", handle.name, handle.provider,
+                 ", ".join(names))
+    return names
+
+
+def _with_dropped(response: Response, dropped: list[str]) -> Response:
+    if dropped:
+        response.headers[DROPPED_HEADER] = ", ".join(dropped)
+    return response
 
 
 def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: str, created: int,
@@ -270,6 +310,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
 
 
 @bp.get("/v1/models")
+@doc("The agents as OpenAI models (agentd:<name>)", tags="openai", response=out.ModelListSchema)
 def models():
     agents = kernel().agents
     return jsonify({"object": "list",

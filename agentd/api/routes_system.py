@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 
 from flask import Blueprint, current_app, jsonify, request
+from marshmallow import ValidationError
 
+from agentd.api import schemas_out as out
+from agentd.api.body import format_validation
+from agentd.api.apidoc import doc
+from agentd.api.schemas import TicksQuery
 from agentd.api.sse import format_event, sse_response
 from agentd.errors import BadRequest
 from agentd.kernel import Kernel
@@ -19,11 +24,13 @@ def kernel() -> Kernel:
 
 
 @bp.get("/api/health")
+@doc("Liveness probe", public=True, response=out.HealthSchema, tags="system")
 def health():
     return jsonify({"status": "ok"})
 
 
 @bp.get("/api/health/detail")
+@doc("Health with database state and thread-pool use", response=out.HealthDetailSchema, tags="system")
 def health_detail():
     k = kernel()
     pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
@@ -31,30 +38,39 @@ def health_detail():
 
 
 @bp.get("/api/version")
+@doc("Name, version and build of the daemon", public=True, response=out.VersionSchema, tags="system")
 def version():
     return jsonify(Kernel.version())
 
 
 @bp.get("/api/status")
+@doc("Daemon status and its agents", response=out.StatusSchema, tags="system")
 def status():
     return jsonify(kernel().status())
 
 
 @bp.post("/api/shutdown")
+@doc("Stop the daemon gracefully", response=out.StatusOnlySchema, tags="system",
+     description="Answers `{status: shutting_down}`, then stops accepting connections, gives "
+                 "in-flight requests `shutdown_grace_secs` and exits.")
 def shutdown():
     kernel().request_shutdown()
     return jsonify({"status": "shutting_down"})
 
 
 @bp.get("/api/_sse/ticks")
+@doc("Diagnostic SSE stream of tick events", query=TicksQuery, response=out.SSE,
+     response_media="text/event-stream", tags="system",
+     description="`n` events `tick` `{n, sent_at}` `interval` seconds apart, then `done` `{done: true}`. "
+                 "Checks that a reverse proxy passes events through unbuffered.")
 def sse_ticks():
     """Diagnostic stream: `n` tick events `interval` seconds apart (checks that
     events are delivered one by one through every proxy in between)."""
     try:
-        count = min(int(request.args.get("n", 3)), 100)
-        interval = min(float(request.args.get("interval", 0.5)), 10.0)
-    except ValueError:
-        raise BadRequest("n must be an integer and interval a number") from None
+        args = TicksQuery().load(request.args)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid query: {format_validation(exc.messages)}") from None
+    count, interval = min(args["n"], 100), min(args["interval"], 10.0)
 
     def ticks():
         for i in range(count):

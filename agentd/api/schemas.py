@@ -1,8 +1,18 @@
-"""marshmallow schemas for request bodies (strict types, clear messages)."""
+"""marshmallow schemas for request bodies and query strings (strict types, clear messages).
+
+The routes validate with these classes and the OpenAPI document is built from the
+same classes (agentd/api/openapi.py), so what is documented is what is checked.
+"""
 
 from __future__ import annotations
 
-from marshmallow import RAISE, Schema, fields
+from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate
+
+from agentd.schema_fields import StrictBoolean, StrictFloat
+
+# A string with at least one non-whitespace character (JSON Schema `pattern` searches).
+NOT_BLANK = r"[\s\S]*\S"
+MODES = ("Auto", "Manual", "Observe")
 
 
 class _Body(Schema):
@@ -11,12 +21,15 @@ class _Body(Schema):
 
 
 class SpawnSchema(_Body):
-    manifest_toml = fields.String(load_default=None, allow_none=True)
-    signed_manifest = fields.String(load_default=None, allow_none=True)
+    manifest_toml = fields.String(load_default=None, allow_none=True, metadata={
+        "description": "Agent manifest (TOML, max 1 MB). Required unless `signed_manifest` is given"})
+    signed_manifest = fields.String(load_default=None, allow_none=True, metadata={
+        "description": "Ed25519-signed manifest envelope (JSON text)"})
 
 
 class AttachmentSchema(Schema):
-    file_id = fields.String(required=True)
+    file_id = fields.String(required=True, metadata={"description": "id from POST /api/agents/{id}/upload",
+                                                     "format": "uuid"})
     filename = fields.String(load_default="")
     content_type = fields.String(load_default="")
 
@@ -24,9 +37,10 @@ class AttachmentSchema(Schema):
 class MessageSchema(Schema):
     # Unknown keys (sender_id, ...) are ignored: clients of other runtimes send them.
     class Meta:
-        unknown = "exclude"
+        unknown = EXCLUDE
 
-    message = fields.String(required=True)
+    message = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="message is empty"),
+                            metadata={"description": "The message (max 64 KB)", "maxLength": 65536})
     attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list)
 
 
@@ -36,4 +50,167 @@ MESSAGE_SCHEMA = MessageSchema()
 
 
 class ModeSchema(_Body):
-    mode = fields.String(required=True)
+    mode = fields.String(required=True, validate=validate.OneOf(MODES))
+
+
+class ProviderKeySchema(_Body):
+    api_key = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="api_key is empty"),
+                            metadata={"description": "The key; kept in the daemon's environment and "
+                                                     "secrets file, never in config.toml"})
+
+
+class ProviderUrlSchema(_Body):
+    base_url = fields.String(required=True, validate=validate.Regexp(r"^\s*https?://", error="must be an http:// or https:// URL"),
+                             metadata={"description": "http(s) URL of the provider's API, with a host"})
+
+
+class WorkflowRunSchema(_Body):
+    input = fields.String(load_default="", metadata={"description": "The first step's {{input}} (max 64 KB)"})
+
+
+# -- workflows (documented here; agentd/workflows/definition.py checks the semantics) --------
+
+class WorkflowAgentRefSchema(_Body):
+    id = fields.String(metadata={"description": "Agent id"})
+    name = fields.String(metadata={"description": "Agent name"})
+
+
+class WorkflowStepSchema(_Body):
+    name = fields.String(allow_none=True, validate=validate.Length(min=1, max=200))
+    agent_name = fields.String(allow_none=True, metadata={"description": "Agent by name"})
+    agent_id = fields.String(allow_none=True, metadata={"description": "Agent by id"})
+    agent = fields.Nested(WorkflowAgentRefSchema, allow_none=True)
+    prompt = fields.String(allow_none=True, metadata={"description": "Template: {{input}}, {{var}}"})
+    mode = fields.String(allow_none=True, validate=validate.OneOf(
+        ("sequential", "fan_out", "collect", "conditional", "loop")))
+    timeout_secs = fields.Integer(allow_none=True, strict=True, validate=validate.Range(1, 3600))
+    error_mode = fields.String(allow_none=True, validate=validate.OneOf(("fail", "skip", "retry")))
+    max_retries = fields.Integer(allow_none=True, strict=True, validate=validate.Range(1, 10))
+    output_var = fields.String(allow_none=True, validate=validate.Regexp(r"^[A-Za-z_][A-Za-z0-9_]*$"))
+    condition = fields.String(allow_none=True)
+    max_iterations = fields.Integer(allow_none=True, strict=True, validate=validate.Range(1, 100))
+    until = fields.String(allow_none=True)
+
+
+class WorkflowSchema(_Body):
+    name = fields.String(required=True, validate=[validate.Length(max=200), validate.Regexp(NOT_BLANK)])
+    description = fields.String(allow_none=True)
+    steps = fields.List(fields.Nested(WorkflowStepSchema), required=True,
+                        validate=validate.Length(min=1, max=100))
+
+
+# -- query strings ------------------------------------------------------------------
+
+class _Query(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+
+class ModelsQuery(_Query):
+    provider = fields.String(metadata={"description": "Only this provider's models"})
+    tier = fields.String(metadata={"description": "Only this tier"})
+
+
+class PeriodQuery(_Query):
+    since = fields.String(metadata={"description": "Start, ISO 8601 date or date-time "
+                                                   "(default: start of this month)"})
+    until = fields.String(metadata={"description": "End, ISO 8601 (default: now); must be after `since`"})
+
+
+class TicksQuery(_Query):
+    n = fields.Integer(load_default=3, metadata={"description": "Number of ticks (more than 100 count as 100)"})
+    interval = fields.Float(load_default=0.5, validate=validate.Range(min=0), metadata={
+        "description": "Seconds between ticks (more than 10 count as 10)"})
+
+
+class ChannelTestBodySchema(_Body):
+    message = fields.String(load_default="Test message from agentd",
+                            validate=validate.Regexp(NOT_BLANK, error="must be a non-empty string"))
+    chat_id = fields.String(metadata={"description": "Where to send (platform chat/room id)"})
+    channel_id = fields.String(metadata={"description": "Same as chat_id"})
+    target = fields.String(metadata={"description": "Same as chat_id"})
+
+
+class QrStatusQuery(_Query):
+    session_id = fields.String(required=True, validate=validate.Regexp(NOT_BLANK),
+                               metadata={"description": "From POST .../qr/start"})
+
+
+class AuditQuery(_Query):
+    limit = fields.Integer(validate=validate.Range(min=1), metadata={"description": "At most this many (default 50)"})
+    event = fields.String(metadata={"description": "Only events whose name starts with this"})
+
+
+# -- OpenAI-compatible chat completions ------------------------------------------------------
+
+class StopField(fields.Field):
+    """`stop`: a string or an array of up to 4 strings; loads as a tuple."""
+
+    def _deserialize(self, value, attr, data, **kwargs):  # type: ignore[override]
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and len(value) <= 4 and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValidationError("must be a string or an array of at most 4 strings")
+
+
+class ResponseFormatSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    type = fields.String(required=True, validate=validate.OneOf(("text", "json_object", "json_schema")))
+    json_schema = fields.Dict(metadata={"description": "`{name, schema, strict}` with type json_schema"})
+
+
+class ChatMessageSchema(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    role = fields.String(required=True, validate=validate.OneOf(("system", "developer", "user", "assistant",
+                                                                 "tool")))
+    content = fields.Raw(allow_none=True, metadata={
+        "description": "A string, or an array of parts: `{type: text, text}` and "
+                       "`{type: image_url, image_url: {url: data:image/...;base64,...}}`",
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]})
+
+
+class ChatRequestSchema(Schema):
+    """POST /v1/chat/completions. Unknown fields are accepted and ignored, as OpenAI
+    clients send many; the ones that would change the answer and cannot be honoured
+    are refused by the route (agentd/api/routes_openai.py `REFUSED`)."""
+
+    class Meta:
+        unknown = INCLUDE
+
+    model = fields.String(required=True, validate=validate.Length(min=1), metadata={
+        "description": "The agent: `agentd:<name>`, its id, or its name"})
+    messages = fields.List(fields.Nested(ChatMessageSchema), required=True, validate=validate.Length(min=1))
+    stream = StrictBoolean()
+    stream_options = fields.Dict(allow_none=True, metadata={"description": "`{include_usage: true}`"})
+    max_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))
+    max_completion_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))
+    temperature = StrictFloat(allow_none=True, validate=validate.Range(0.0, 2.0))
+    top_p = StrictFloat(allow_none=True, validate=validate.Range(0.0, 1.0))
+    stop = StopField(allow_none=True, metadata={"anyOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}, {"type": "null"}]})
+    seed = fields.Integer(strict=True, allow_none=True)
+    presence_penalty = StrictFloat(allow_none=True, validate=validate.Range(-2.0, 2.0))
+    frequency_penalty = StrictFloat(allow_none=True, validate=validate.Range(-2.0, 2.0))
+    response_format = fields.Nested(ResponseFormatSchema, allow_none=True)
+    user = fields.String(allow_none=True, metadata={"description": "End-user id, passed on where supported"})
+    # Accepted only with the values that change nothing (the route refuses others by name).
+    n = fields.Integer(strict=True, allow_none=True, validate=validate.OneOf([1]),
+                       metadata={"description": "Only 1 (one choice per run)"})
+    tools = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0), metadata={
+        "description": "Refused when non-empty: agents own their tools"})
+    functions = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0))
+    tool_choice = fields.String(allow_none=True, validate=validate.OneOf(("none", "auto")))
+    function_call = fields.String(allow_none=True, validate=validate.OneOf(("none", "auto")))
+    logprobs = StrictBoolean(allow_none=True, validate=validate.OneOf([False]))
+    top_logprobs = fields.Raw(allow_none=True, validate=validate.OneOf([None]), metadata={"type": "null"})
+    logit_bias = fields.Dict(allow_none=True, validate=validate.Length(max=0), metadata={"maxProperties": 0})
+
+
+CHAT_REQUEST_SCHEMA = ChatRequestSchema()

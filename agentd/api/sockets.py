@@ -26,11 +26,22 @@ from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
+from agentd.api.apidoc import doc
 from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.ws")
 
 FRAME_LIMIT = 64 * 1024
+WS_DESCRIPTION = (
+    "Upgrade with a WebSocket handshake (`Upgrade: websocket`); auth like the API (Bearer header or "
+    "`?token=`); an unknown agent is a 404 before the upgrade. Frames are JSON text.\n\n"
+    "Client frames: `{type: message, content, attachments?}` runs a message (non-JSON text counts as a "
+    "message); `{type: ping}` is answered with `pong`; `{type: command, command: stop|reset|new|compact}`.\n\n"
+    "Server frames: `connected {agent_id}`; `typing {state: start|tool|stop, tool?}`; `text_delta {content}`; "
+    "`tool_start {id, tool}`; `tool_end {id, tool, input}`; `tool_result {id, tool, result, is_error}`; "
+    "`phase {phase, detail}`; `response {content, input_tokens, output_tokens, iterations, cost_usd}`; "
+    "`error {content}` (frames over 64 KB, more than 10 messages a minute, unknown types, failed runs); "
+    "`command_result {command, message}`; `pong`.")
 MESSAGES_PER_MINUTE = 10
 
 
@@ -205,6 +216,9 @@ def register_sockets(app: Flask) -> Sock:
             current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"])
 
     @sock.route("/api/agents/<agent_id>/ws", bp=bp)
+    @doc("WebSocket: talk to an agent", tags="agents", websocket=True, ok=101, errors={
+        400: "Not a WebSocket handshake, or refused by the request guard",
+        503: "Too many concurrent streams"}, description=WS_DESCRIPTION)
     def agent_socket(ws, agent_id: str) -> None:  # type: ignore[no-untyped-def]
         kernel = current_app.extensions["agentd.kernel"]
         handle = kernel.agents.get(agent_id)
@@ -217,6 +231,8 @@ def register_sockets(app: Flask) -> Sock:
             kernel.stream_slots.release()
 
     @sock.route("/api/_ws/echo", bp=bp)
+    @doc("WebSocket: echo every frame back (diagnostic)", tags="system", websocket=True, ok=101,
+         errors={400: "Not a WebSocket handshake"})
     def echo(ws) -> None:  # type: ignore[no-untyped-def]
         """Echo every frame back; used to check the WebSocket transport."""
         while True:

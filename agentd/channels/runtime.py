@@ -13,7 +13,7 @@ import tomllib
 import uuid
 from typing import Any, Callable
 
-from agentd.agents.manager import AgentManager
+from agentd.agents.manager import MESSAGE_LIMIT, AgentManager
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
@@ -21,6 +21,7 @@ from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
 from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.forwarded import TrustedProxies
 from agentd.llm.think import strip_think
 from agentd.store import Store
 
@@ -43,6 +44,8 @@ class ChannelManager:
         self.store = store
         self.agents = agents
         self.audit = audit
+        # Set by the kernel from `[api] trusted_proxies` before start_all().
+        self.trusted_proxies = TrustedProxies(())
         self.catalog = ChannelCatalog.load()
         self._lock = threading.RLock()
         self.sections: dict[str, dict[str, Any]] = {}
@@ -68,6 +71,10 @@ class ChannelManager:
         self.dispatcher.close()
 
     def _sections_of(self, raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        known = set(self.catalog.names())
+        for name, value in raw.items():
+            if isinstance(value, dict) and name not in known:
+                log.warning("config [channels.%s]: unknown channel adapter, ignored", name)
         out = {}
         for name in self.catalog.names():
             section = raw.get(name)
@@ -119,10 +126,12 @@ class ChannelManager:
 
     def _context(self, name: str) -> ChannelContext:
         key = f"channel_state:{name}"
-        return ChannelContext(
+        ctx = ChannelContext(
             name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
             save_state=lambda state: self.store.set_setting(key, state))
+        ctx.trusted_proxies = self.trusted_proxies
+        return ctx
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
@@ -178,6 +187,13 @@ class ChannelManager:
             raise BadRequest(f"cannot reload channels: {self.config_path}: {exc}") from None
         if not isinstance(raw, dict):
             raise BadRequest("cannot reload channels: [channels] must be a table")
+        host = str(raw.get("listen_host", "127.0.0.1"))
+        if host != self.listen_host:  # listeners must re-bind: restart every adapter
+            with self._lock:
+                self.listen_host = host
+                for name in list(self.running):
+                    self._stop(name, reason="listen_host changed")
+                self.sections.clear()
         self._reconcile(self._sections_of(raw))
         self.audit("channel.reload", "", {"active": len(self.running)})
         return {"status": "reloaded", "channels_active": len(self.running)}
@@ -197,6 +213,9 @@ class ChannelManager:
             adapter = cls(self._context(name), settings_for(info, validate(info, section)))
         try:
             conversation = adapter.test_target(target)
+        except ChannelError as exc:
+            raise BadRequest(str(exc)) from None
+        try:
             message_id = adapter.send(conversation, message)
         except ChannelError as exc:
             self.audit("channel.test_failed", name, {"error": str(exc)[:300]})
@@ -210,6 +229,8 @@ class ChannelManager:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
         refused = self._refusal(settings, msg)
+        if not refused and len(msg.text.encode("utf-8")) > MESSAGE_LIMIT:
+            refused = "message larger than 64 KB"
         if refused:
             self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
                                                  "message_id": msg.message_id, "reason": refused})

@@ -62,6 +62,30 @@ class Usage:
         return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
 
 
+@dataclass(frozen=True)
+class GenerationParams:
+    """Per-request sampling and output options a client passed (OpenAI names).
+
+    None / empty means "not given": the provider's default applies. Each wire
+    format maps what it has an equivalent for and names the rest in its
+    `UNSUPPORTED_PARAMS` (dropped, with a log line).
+    """
+
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # {"type": "json_object"} or {"type": "json_schema", "json_schema": {name, schema, strict}}
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+
+    def given(self) -> list[str]:
+        """The names of the parameters that were set."""
+        return [name for name in ("top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+                                  "response_format", "user") if getattr(self, name) not in (None, ())]
+
+
 @dataclass
 class ChatRequest:
     """One model call."""
@@ -72,6 +96,7 @@ class ChatRequest:
     tools: list[ToolSpec] = field(default_factory=list)
     max_tokens: int | None = None
     temperature: float | None = None
+    params: GenerationParams = field(default_factory=GenerationParams)
 
 
 @dataclass

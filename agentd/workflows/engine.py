@@ -157,6 +157,10 @@ class WorkflowEngine:
         workflow = self.get(workflow_id)
         return self.db.runs(workflow["id"])
 
+    def recent_runs(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The newest runs across all workflows (the dashboard's overview)."""
+        return self.db.recent_runs(limit)
+
     def run_detail(self, run_id: str) -> dict[str, Any]:
         run = self.db.run(parse_uuid(run_id, "run"))
         if run is None:

@@ -155,6 +155,12 @@ class WorkflowStore:
             rows = orm.select(r for r in self.store.e.WorkflowRunRow if r.workflow_id == workflow_id)
             return [self._item(r) for r in rows.order_by(lambda r: orm.desc(r.created_at))]
 
+    def recent_runs(self, limit: int) -> list[dict[str, Any]]:
+        """The newest run list items of every workflow."""
+        with orm.db_session:
+            rows = orm.select(r for r in self.store.e.WorkflowRunRow).order_by(lambda r: orm.desc(r.created_at))
+            return [self._item(r) for r in rows[:limit]]
+
     def run(self, run_id: str) -> dict[str, Any] | None:
         """One run with its input, output and step results."""
         with orm.db_session:

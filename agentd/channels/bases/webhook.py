@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +14,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from agentd.channels.adapter import Adapter
+from agentd.forwarded import real_client
 
 MAX_BODY = 1024 * 1024
 
@@ -97,21 +99,43 @@ class _Server(ThreadingHTTPServer):
         self.adapter = adapter
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr for any error in a handler thread;
+        # a client that vanished (reset, broken pipe, timeout) is a log line instead.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            self.adapter.ctx.log.info("webhook client %s: %s", client_address[0], exc)
+            return
+        self.adapter.ctx.log.exception("webhook request from %s failed", client_address[0])
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 15  # seconds a client may stall mid-request before its socket is dropped
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         self.server.adapter.ctx.log.debug("webhook %s", format % args)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server's own errors (malformed request lines...) in JSON, never an HTML page.
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # unparsable request line: still send a status line
+            self.request_version = "HTTP/1.0"
+        self._answer(code, {"error": message or "bad request"})
+
     def _answer(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The sender hung up before reading the answer (a hostile or impatient
+            # client); nothing to deliver, and nothing to log as a crash.
+            self.close_connection = True
 
     def _handle(self) -> None:
         adapter = self.server.adapter
@@ -121,16 +145,27 @@ class _Handler(BaseHTTPRequestHandler):
         if handler is None:
             self._answer(404, {"error": "not found"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._answer(400, {"error": "bad Content-Length"})
+            return
         if length > MAX_BODY:
             self.close_connection = True
             self._answer(413, {"error": "body too large"})
             return
         body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client left mid-body: nobody to answer
+            self.close_connection = True
+            return
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
-            adapter.ctx.audit("refused", reason="bad signature", remote=self.client_address[0])
+            remote = real_client(self.client_address[0], self.headers.get, adapter.ctx.trusted_proxies)
+            adapter.ctx.audit("refused", reason="bad signature", remote=remote)
             self._answer(401, {"error": "invalid signature"})
             return
         try:

@@ -9,11 +9,14 @@ import requests
 from agentd.llm.drivers.assemble import Assembler, Listener
 from agentd.llm.drivers.guard import CallGuard
 from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
+from agentd.llm.params import json_instruction, log_dropped
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 API_VERSION = "2023-06-01"
 # The Messages API requires max_tokens; used when neither manifest nor request sets one.
 DEFAULT_MAX_TOKENS = 4096
+# No equivalent in the Messages API; JSON output is asked for in the system prompt instead.
+UNSUPPORTED_PARAMS = frozenset({"seed", "presence_penalty", "frequency_penalty"})
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
@@ -32,13 +35,22 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
     """URL, headers and body of one call."""
     body: dict[str, Any] = {"model": request.model, "messages": merge_turns(request.messages, "assistant", "content", _blocks),
                             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS}
-    if request.system:
-        body["system"] = request.system
+    system = "\n\n".join(s for s in (request.system, json_instruction(request.params)) if s)
+    if system:
+        body["system"] = system
     if request.tools:
         body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
                          for t in request.tools]
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    p = request.params
+    if p.top_p is not None:
+        body["top_p"] = p.top_p
+    if p.stop:
+        body["stop_sequences"] = list(p.stop)
+    if p.user:
+        body["metadata"] = {"user_id": p.user}
+    log_dropped(endpoint.provider, request.model, "anthropic", p)
     if stream:
         body["stream"] = True
     headers = {"anthropic-version": API_VERSION}

@@ -9,8 +9,11 @@ import requests
 from agentd.llm.drivers.assemble import Assembler, Listener, new_call_id
 from agentd.llm.drivers.guard import CallGuard
 from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
-from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
+from agentd.llm.params import json_schema_of, log_dropped, wants_json
+from agentd.llm.types import ChatRequest, ChatResponse, GenerationParams, Message, ProviderEndpoint, ToolCall, Usage
 
+# generationConfig has no per-request end-user field.
+UNSUPPORTED_PARAMS = frozenset({"user"})
 FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
 # Gemini's function schemas are an OpenAPI subset; other JSON-schema keys are rejected by the API.
 SCHEMA_KEYS = {"type", "description", "properties", "required", "items", "enum", "format", "nullable"}
@@ -42,6 +45,23 @@ def _parts(m: Message) -> list[dict[str, Any]]:
     return parts
 
 
+def _generation_params(p: GenerationParams) -> dict[str, Any]:
+    """The client's generation parameters as generationConfig fields."""
+    out: dict[str, Any] = {}
+    for name, key in (("top_p", "topP"), ("seed", "seed"), ("presence_penalty", "presencePenalty"),
+                      ("frequency_penalty", "frequencyPenalty")):
+        if getattr(p, name) is not None:
+            out[key] = getattr(p, name)
+    if p.stop:
+        out["stopSequences"] = list(p.stop)
+    if wants_json(p):
+        out["responseMimeType"] = "application/json"
+        schema = json_schema_of(p)
+        if schema is not None:
+            out["responseSchema"] = gemini_schema(schema)
+    return out
+
+
 def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> tuple[str, dict[str, str], dict[str, Any]]:
     """URL, headers and body of one call."""
     body: dict[str, Any] = {"contents": merge_turns(request.messages, "model", "parts", _parts)}
@@ -56,6 +76,8 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
         config["maxOutputTokens"] = request.max_tokens
     if request.temperature is not None:
         config["temperature"] = request.temperature
+    config.update(_generation_params(request.params))
+    log_dropped(endpoint.provider, request.model, "gemini", request.params)
     if config:
         body["generationConfig"] = config
     base = endpoint.base_url.rstrip("/")

@@ -10,7 +10,10 @@ import requests
 from agentd.llm.drivers.assemble import Assembler, Listener
 from agentd.llm.drivers.guard import CallGuard
 from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, parse_arguments, parse_event_json, usage_from
-from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
+from agentd.llm.types import ChatRequest, ChatResponse, GenerationParams, Message, ProviderEndpoint, ToolCall, Usage
+
+# Every OpenAI-style parameter goes through as it came; compatible servers ignore or refuse what they lack.
+UNSUPPORTED_PARAMS: frozenset[str] = frozenset()
 
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
           "content_filter": "stop"}
@@ -44,11 +47,24 @@ def prepare(endpoint: ProviderEndpoint, request: ChatRequest, stream: bool) -> t
         body["max_tokens"] = request.max_tokens
     if request.temperature is not None:
         body["temperature"] = request.temperature
+    body.update(_params(request.params))
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     return f"{endpoint.base_url.rstrip('/')}/chat/completions", headers, body
+
+
+def _params(p: GenerationParams) -> dict[str, Any]:
+    """The client's generation parameters under their own (OpenAI) names."""
+    out: dict[str, Any] = {}
+    for name in ("top_p", "seed", "presence_penalty", "frequency_penalty", "response_format", "user"):
+        value = getattr(p, name)
+        if value is not None:
+            out[name] = value
+    if p.stop:
+        out["stop"] = list(p.stop)
+    return out
 
 
 def _usage(data: Any) -> Usage:

@@ -1,0 +1,98 @@
+"""The server-rendered dashboard: one blueprint, one module per group of pages.
+
+Views call the same kernel operations as the JSON routes and render Jinja
+templates (autoescaped). Every page works without JavaScript; static/app.js only
+streams chat replies and decides approvals in place.
+
+Access: without an api_key the dashboard serves loopback clients only (like the
+API). With a key, every page but /login redirects (303) to /login until the
+browser holds a session cookie (see agentd/api/dashauth.py). Every POST carries
+the session's CSRF token or is refused with 403 before anything changes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, g, redirect, request, url_for
+
+from agentd.api import dashauth
+from agentd.api.errors import error_response, is_api_path
+from agentd.api.middleware import is_authorized, is_loopback
+from agentd.kernel import Kernel
+
+bp = Blueprint("pages", __name__)
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'")
+# Endpoints reachable without a session (the login form itself, the icon).
+OPEN_ENDPOINTS = frozenset({"pages.login", "pages.login_submit", "pages.favicon"})
+
+
+def kernel() -> Kernel:
+    """The kernel this app serves."""
+    return current_app.extensions["agentd.kernel"]
+
+
+def see_other(endpoint: str, **values: str) -> Response:
+    """303 to another dashboard page (a POST's answer: the browser then GETs it)."""
+    return redirect(url_for(endpoint, **values), code=303)
+
+
+@bp.before_request
+def _gate() -> Response | None:
+    config = kernel().config
+    if request.endpoint == "pages.favicon":
+        return None
+    if not config.api_key:
+        if not is_loopback(request.remote_addr):
+            return error_response(401, "this daemon has no api_key, so its dashboard serves only "
+                                       "loopback clients; set api_key in config.toml to sign in from elsewhere")
+    elif request.endpoint not in OPEN_ENDPOINTS and not is_authorized(config):
+        target = request.full_path if request.query_string else request.path
+        return redirect(url_for("pages.login", next=target), code=303)
+    if request.method == "POST" and request.endpoint != "pages.login_submit" and not dashauth.csrf_ok():
+        return error_response(403, "missing or invalid CSRF token: reload the page and try again")
+    return None
+
+
+@bp.after_app_request
+def _page_headers(response: Response) -> Response:
+    if not is_api_path(request.path):
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        if response.mimetype == "text/html":
+            response.headers.setdefault("Cache-Control", "no-store")
+            started = g.get("started")
+            if started is not None:
+                # Server time of the page (scripts/bench_dashboard.py reads it; so do browsers' dev tools).
+                response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
+    return dashauth.set_cookie_if_needed(response)
+
+
+@bp.app_context_processor
+def _template_globals() -> dict:
+    config = kernel().config
+    return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
+            "logged_in": dashauth.cookie_authenticates}
+
+
+@bp.app_template_filter("usd")
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+@bp.app_template_filter("when")
+def _when(value: str | None) -> str:
+    """An ISO 8601 UTC time as `YYYY-MM-DD HH:MM:SS` (the page says UTC once)."""
+    return (value or "")[:19].replace("T", " ")
+
+
+@bp.app_template_filter("tokens")
+def _tokens(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+from agentd.api.pages import (agents, auth, catalog, channels, overview,  # noqa: E402,F401
+                              workflows)

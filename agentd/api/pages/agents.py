@@ -1,0 +1,192 @@
+"""Agents: list and spawn, the agent page with chat, session actions, memory, approvals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app, render_template, request, url_for
+
+from agentd.agents.loop import RunCancelled
+from agentd.agents.manager import MODES
+from agentd.agents.manifest import MANIFEST_LIMIT
+from agentd.api.pages import bp, kernel, see_other
+from agentd.api.routes_agents import message_text
+from agentd.api.runs import run_blocking
+from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
+
+HISTORY_SHOWN = 200  # the newest messages rendered on the agent page
+PAGE_SIZE = 100      # agents per /agents page (1,000 rows would be ~170 KB and ~140 ms)
+
+
+def _spend_by_agent() -> dict[str, float]:
+    metering = kernel().metering
+    start, end = metering.period(None, None)
+    return {row["agent_id"]: row["spent_usd"] for row in metering.by_agent(start, end)}
+
+
+def _page_number() -> int:
+    try:
+        return max(1, int(request.args.get("page", "1")))
+    except ValueError:
+        return 1
+
+
+def _agents_page(status: int = 200, error: str = "", manifest: str = ""):
+    agents = kernel().agents
+    query = (request.args.get("q") or "").strip()
+    handles = agents.handles()
+    if query:
+        handles = [h for h in handles if query.lower() in h.name.lower()]
+    pages = max(1, -(-len(handles) // PAGE_SIZE))
+    number = min(_page_number(), pages)
+    first = (number - 1) * PAGE_SIZE
+    # Only the rows shown are turned into list items (the costly part with many agents).
+    items = [agents.list_item(h) for h in handles[first:first + PAGE_SIZE]]
+    return render_template("agents.html", agents=items, total=len(handles), first=first, page=number,
+                           pages=pages, query=query, spend=_spend_by_agent(), error=error,
+                           manifest=manifest), status
+
+
+@bp.get("/agents")
+def agents_list():
+    return _agents_page()
+
+
+@bp.post("/agents")
+def agents_spawn():
+    manifest = request.form.get("manifest_toml", "")
+    try:
+        if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
+            raise PayloadTooLarge("manifest too large (max 1 MB)")
+        if not manifest.strip():
+            raise BadRequest("invalid request: manifest_toml is required")
+        handle = kernel().agents.spawn(manifest, None)
+    except AgentdError as exc:
+        # Shown inline above the form, which keeps what was typed.
+        return _agents_page(exc.status, exc.message, manifest)
+    return see_other("pages.agent_page", agent_id=handle.id)
+
+
+def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = ""):
+    k = kernel()
+    handle = k.agents.get(agent_id)
+    detail = k.agents.detail(handle)
+    session = k.agents.session(handle)
+    messages = session["messages"]
+    hidden = max(0, len(messages) - HISTORY_SHOWN)
+    pending = [a for a in k.approvals.pending() if a["agent_id"] == handle.id]
+    return render_template("agent.html", agent=detail, session=session, messages=messages[hidden:],
+                           hidden=hidden, modes=MODES, approvals=pending, error=error, draft=draft,
+                           spend=_spend_by_agent().get(handle.id, 0.0)), status
+
+
+@bp.get("/agents/<agent_id>")
+def agent_page(agent_id: str):
+    return _agent_page(agent_id)
+
+
+@bp.post("/agents/<agent_id>/message")
+def agent_message(agent_id: str):
+    """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back."""
+    k = kernel()
+    handle = k.agents.get(agent_id)
+    text = request.form.get("message", "")
+    try:
+        text = message_text({"message": text})
+        try:
+            run_blocking(k, handle, text, [])
+        except RunCancelled:
+            raise Conflict("run cancelled: the agent was stopped before it answered") from None
+    except AgentdError as exc:
+        return _agent_page(agent_id, exc.status, exc.message, draft=text)
+    return see_other("pages.agent_page", agent_id=handle.id, _anchor="latest")
+
+
+@bp.post("/agents/<agent_id>/mode")
+def agent_mode(agent_id: str):
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    try:
+        agents.set_mode(handle, request.form.get("mode", ""))
+    except AgentdError as exc:
+        return _agent_page(agent_id, exc.status, exc.message)
+    return see_other("pages.agent_page", agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/stop")
+def agent_stop(agent_id: str):
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    agents.stop(handle)
+    return see_other("pages.agent_page", agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/compact")
+def agent_compact(agent_id: str):
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    try:
+        agents.compact(handle)
+    except AgentdError as exc:
+        return _agent_page(agent_id, exc.status, exc.message)
+    return see_other("pages.agent_page", agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/reset")
+def agent_reset(agent_id: str):
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    agents.reset_session(handle)
+    return see_other("pages.agent_page", agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/kill")
+def agent_kill(agent_id: str):
+    agents = kernel().agents
+    agents.kill(agents.get(agent_id))
+    return see_other("pages.agents_list")
+
+
+MEMORIES_SHOWN = 50
+
+
+def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
+    """A page of semantic memories (GET /api/memory/agents/{id}/memories) when the daemon
+    has the memory service, else None."""
+    pager = getattr(getattr(k, "memory", None), "page", None)
+    if not callable(pager):
+        return None
+    return pager(agent_id, MEMORIES_SHOWN, offset)
+
+
+@bp.get("/agents/<agent_id>/memory")
+def agent_memory(agent_id: str):
+    k = kernel()
+    handle = k.agents.get(agent_id)
+    offset = max(0, (_page_number() - 1) * MEMORIES_SHOWN)
+    memories = _memories(k, handle.id, offset)
+    json_url = (url_for("memory.list_memories", agent_id=handle.id)
+                if memories is not None and "memory.list_memories" in current_app.view_functions else "")
+    return render_template("memory.html", agent=k.agents.summary(handle), kv=sorted(k.kv.all(handle.id).items()),
+                           memories=memories, memories_json=json_url, offset=offset, page=_page_number(),
+                           per_page=MEMORIES_SHOWN)
+
+
+@bp.get("/approvals")
+def approvals():
+    return render_template("approvals.html", approvals=kernel().approvals.pending())
+
+
+@bp.post("/approvals/<approval_id>/<decision>")
+def approval_decide(approval_id: str, decision: str):
+    queue = kernel().approvals
+    if decision == "approve":
+        queue.approve(approval_id)
+    elif decision == "reject":
+        queue.reject(approval_id)
+    else:
+        raise BadRequest("decision must be approve or reject")
+    back = request.form.get("back", "")
+    if back.startswith("agent:"):
+        return see_other("pages.agent_page", agent_id=back[6:])
+    return see_other("pages.approvals")

@@ -1,0 +1,65 @@
+"""`/login` and `/logout` (only meaningful when the daemon has an api_key)."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import redirect, render_template, request
+
+from agentd.api import dashauth
+from agentd.api.pages import bp, kernel, see_other
+from agentd.errors import Forbidden
+
+
+def _safe_next(target: str | None) -> str:
+    """Only paths on this site (no scheme, no `//host`): no open redirect."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return ""
+    return target
+
+
+def _login_page(error: str = "", status: int = 200, new_session: bool = True):
+    # A failed login sets no cookie at all: it re-renders with the session it came with.
+    has_session = dashauth.current_session() is not None
+    if new_session:
+        dashauth.ensure_session()
+        has_session = True
+    return render_template("login.html", error=error, no_session=not has_session,
+                           next=_safe_next(request.values.get("next"))), status
+
+
+@bp.get("/login")
+def login():
+    if not kernel().config.api_key:
+        # Nothing to sign in to: say so (200) rather than bounce.
+        return render_template("login.html", no_key=True, no_session=True, error="", next="")
+    if dashauth.cookie_authenticates():
+        return see_other("pages.index")
+    return _login_page()
+
+
+@bp.post("/login")
+def login_submit():
+    key = kernel().config.api_key
+    if not key:
+        return see_other("pages.index")
+    # The form carries the anonymous session's token; a wrong one is refused. A login
+    # without a session cookie at all is still accepted: logging a browser into the one
+    # identity this daemon has gains an attacker nothing, and cross-site posts never get
+    # here (request guard) nor carry the SameSite=Strict cookie.
+    token = request.form.get(dashauth.CSRF_FIELD)
+    if token is not None and dashauth.current_session() is not None and not dashauth.csrf_ok(token):
+        raise Forbidden("missing or invalid CSRF token: reload the page and try again")
+    presented = request.form.get("api_key", "")
+    if not hmac.compare_digest(presented.encode("utf-8"), key.encode("utf-8")):
+        return _login_page("invalid API key", 401, new_session=False)
+    dashauth.start_session(authenticated=True)
+    target = _safe_next(request.form.get("next"))
+    # `next` is a path inside the app; behind a proxy prefix the prefix goes in front.
+    return redirect(request.script_root + target, code=303) if target else see_other("pages.index")
+
+
+@bp.post("/logout")
+def logout():
+    dashauth.end_session()
+    return see_other("pages.login") if kernel().config.api_key else see_other("pages.index")

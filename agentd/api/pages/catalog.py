@@ -1,0 +1,63 @@
+"""Usage and budget, the model catalog, providers (with a connection test)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flask import render_template, request
+
+from agentd.api.pages import bp, kernel
+from agentd.api.routes_catalog import TIERS
+from agentd.errors import AgentdError
+from agentd.kernel_time import utcnow
+
+
+def _every_day(rows: list[dict], start, end) -> list[dict]:
+    """One entry per day from the period start to today (days without calls at zero)."""
+    by_day = {r["day"]: r for r in rows}
+    last = min(end - timedelta(days=1), utcnow()).date()
+    day, out = start.date(), []
+    while day <= last:
+        out.append(by_day.get(day.isoformat(), {"day": day.isoformat(), "cost_usd": 0.0}))
+        day += timedelta(days=1)
+    return out
+
+
+@bp.get("/usage")
+def usage():
+    metering = kernel().metering
+    start, end = metering.period(None, None)
+    days = _every_day(metering.by_day(start, end), start, end)
+    return render_template("usage.html", totals=metering.totals(start, end),
+                           models=metering.by_model(start, end), agents=metering.by_agent(start, end),
+                           budget=metering.budget(), days=days)
+
+
+@bp.get("/models")
+def models():
+    catalog = kernel().catalog
+    provider = request.args.get("provider") or None
+    tier = request.args.get("tier") or None
+    return render_template("models.html", models=catalog.models(provider=provider, tier=tier),
+                           aliases=sorted(catalog.aliases().items()), providers=catalog.providers(),
+                           tiers=TIERS, provider=provider or "", tier=tier or "")
+
+
+def _providers_page(result: dict | None = None, status: int = 200):
+    return render_template("providers.html", providers=kernel().providers.listing(), result=result), status
+
+
+@bp.get("/providers")
+def providers():
+    return _providers_page()
+
+
+@bp.post("/providers/<name>/test")
+def provider_test(name: str):
+    """Runs the same test as POST /api/providers/{name}/test and shows its outcome in the page."""
+    try:
+        outcome = kernel().providers.test(name)
+    except AgentdError as exc:
+        return _providers_page({"provider": name, "ok": False, "message": exc.message}, exc.status)
+    return _providers_page({"provider": name, "ok": True,
+                            "message": f"reached {name} in {outcome.get('response_time_ms')} ms"})

@@ -1,0 +1,31 @@
+"""`/`: the overview, and the favicon."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from flask import current_app, render_template
+
+from agentd.api.pages import bp, kernel
+from agentd.api.pages.channels import channel_rows
+
+
+@bp.get("/")
+def index():
+    k = kernel()
+    pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
+    # GET /api/health/detail's figures; agent states counted from the handles (the full
+    # /api/status body would build a summary of every agent only to count them).
+    health = k.health_detail(pool)
+    states = Counter(h.state for h in k.agents.handles())
+    channels, _live = channel_rows(k)
+    return render_template("overview.html", config=k.config, health=health,
+                           states=sorted(states.items()), budget=k.metering.budget(),
+                           approvals=k.approvals.pending(), runs=k.workflows.recent_runs(10),
+                           channels=[c for c in channels if c.get("configured")],
+                           channel_total=len(channels))
+
+
+@bp.get("/favicon.ico")
+def favicon():
+    return current_app.send_static_file("favicon.svg")

@@ -1,0 +1,67 @@
+"""Helpers and shared shapes of the response schemas (errors, SSE)."""
+
+from __future__ import annotations
+
+from marshmallow import INCLUDE, Schema, fields, validate
+
+
+class Out(Schema):
+    """Base of response schemas: documented fields required, extra fields allowed."""
+
+    class Meta:
+        unknown = INCLUDE
+
+
+def req(field: fields.Field) -> fields.Field:
+    """Mark a field as always present."""
+    field.required = True
+    return field
+
+
+def Str(**kw) -> fields.Field:  # noqa: N802 - reads like a type in the tables below
+    return req(fields.String(**kw))
+
+
+def Int(**kw) -> fields.Field:  # noqa: N802
+    return req(fields.Integer(**kw))
+
+
+def Num(**kw) -> fields.Field:  # noqa: N802
+    return req(fields.Float(**kw))
+
+
+def Bool(**kw) -> fields.Field:  # noqa: N802
+    return req(fields.Boolean(**kw))
+
+
+def NullStr() -> fields.Field:  # noqa: N802
+    return req(fields.String(allow_none=True))
+
+
+def status(*values: str) -> fields.Field:
+    """A `status` field with its possible values."""
+    return req(fields.String(validate=validate.OneOf(values)))
+
+
+# -- errors ------------------------------------------------------------------------
+
+class ErrorSchema(Out):
+    error = Str(metadata={"description": "What went wrong"})
+
+
+class OpenAIErrorBody(Out):
+    message = Str()
+    type = Str(metadata={"example": "invalid_request_error"})
+    code = req(fields.String(allow_none=True))
+
+
+class OpenAIErrorSchema(Out):
+    error = req(fields.Nested(OpenAIErrorBody))
+
+
+# SSE bodies are text; the event grammar is in each operation's description.
+SSE = {"type": "object", "description": "One Server-Sent Event (`event` name and JSON `data`)",
+       "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+                      "retry": {"type": "integer"}},
+       "required": ["data"]}
+ANY_JSON: dict = {"description": "Any JSON value"}

@@ -1,0 +1,243 @@
+"""The OpenAPI document (issue 21): every route documented, served publicly at
+/api/openapi.json with the package version, built from the schemas that validate requests,
+linked from the /api page; plus regression tests for what schemathesis found."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import requests
+from flask import Flask, jsonify
+
+import agentd
+from agentd.api import create_app
+from agentd.api.apidoc import doc, is_api_path
+from agentd.api.openapi import build_document, openapi_path
+from agentd.config import parse_config
+from agentd.kernel import Kernel
+
+from test_agents import spawn
+
+API_KEY = "doc-key"
+
+
+@pytest.fixture
+def app(tmp_path: Path):
+    kernel = Kernel.open(parse_config({}, tmp_path))
+    yield create_app(kernel)
+    kernel.close()
+
+
+def undocumented(app: Flask, document: dict) -> list[str]:
+    """API routes (method + path) the document lacks, and documented ones nobody routes."""
+    routed = {(m.lower(), openapi_path(r.rule)) for r in app.url_map.iter_rules() if is_api_path(r.rule)
+              for m in (r.methods or set()) - {"HEAD", "OPTIONS"}}
+    documented = {(m, p) for p, ops in document["paths"].items() for m in ops}
+    return sorted(f"{m.upper()} {p}" for m, p in routed ^ documented)
+
+
+def test_every_route_is_documented(app) -> None:
+    assert undocumented(app, build_document(app)) == []
+
+
+def test_a_route_added_without_documentation_fails(app) -> None:
+    @app.get("/api/_test/new-thing")
+    def new_thing():
+        return jsonify({})
+
+    assert undocumented(app, build_document(app)) == ["GET /api/_test/new-thing"]
+
+    @app.get("/api/_test/documented")
+    @doc("A documented test route", response={"type": "object"})
+    def documented():
+        return jsonify({})
+
+    assert undocumented(app, build_document(app)) == ["GET /api/_test/new-thing"]
+
+
+def test_pages_are_not_part_of_the_api(app) -> None:
+    paths = build_document(app)["paths"]
+    assert "/api" not in paths and "/" not in paths and not any(p.startswith("/static") for p in paths)
+
+
+def test_document_shape(app) -> None:
+    d = build_document(app)
+    assert d["openapi"] == "3.1.0" and d["info"]["version"] == agentd.__version__
+    for path, ops in d["paths"].items():
+        names = re.findall(r"{([^}]+)}", path)
+        for method, op in ops.items():
+            where = f"{method.upper()} {path}"
+            params = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
+            assert params == set(names), where
+            assert op["summary"] and op["operationId"], where
+            statuses = set(op["responses"])
+            assert {"400", "429", "500"} <= statuses, where
+            assert ("401" in statuses) == (op.get("security") != []), where
+            error = "OpenAIError" if path.startswith("/v1/") else "Error"
+            for status, response in op["responses"].items():
+                if status.startswith(("4", "5")):
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref == f"#/components/schemas/{error}", where
+    assert d["components"]["schemas"]["Error"]["required"] == ["error"]
+    assert set(d["components"]["schemas"]["OpenAIErrorBody"]["properties"]) == {"message", "type", "code"}
+    # SSE routes answer text/event-stream; the WebSocket is described in text.
+    sse = d["paths"]["/api/agents/{agent_id}/message/stream"]["post"]["responses"]["200"]["content"]
+    assert list(sse) == ["text/event-stream"]
+    assert set(d["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]) == {
+        "application/json", "text/event-stream"}
+    ws = d["paths"]["/api/agents/{agent_id}/ws"]["get"]
+    assert "text_delta" in ws["description"] and "Upgrade" in ws["description"]
+    # Public routes carry an empty security requirement.
+    for path in ("/api/health", "/api/version", "/api/openapi.json"):
+        assert d["paths"][path]["get"]["security"] == []
+
+
+def test_request_schemas_are_the_validating_classes(app) -> None:
+    """The document's body schemas come from the marshmallow classes the routes load with."""
+    schemas = build_document(app)["components"]["schemas"]
+    assert schemas["Mode"]["properties"]["mode"]["enum"] == ["Auto", "Manual", "Observe"]
+    assert schemas["Mode"]["additionalProperties"] is False
+    assert set(schemas["Spawn"]["properties"]) == {"manifest_toml", "signed_manifest"}
+    assert schemas["CustomModel"]["properties"]["tier"]["enum"][0] == "frontier"
+    chat = schemas["ChatRequest"]["properties"]
+    assert chat["top_p"]["maximum"] == 1.0 and chat["n"]["enum"] == [1, None] and chat["tools"]["maxItems"] == 0
+
+
+def test_served_publicly_with_the_package_version(daemon_factory) -> None:
+    d = daemon_factory(f'api_key = "{API_KEY}"\n[api]\nrate_limit_per_second = 1000\n', api_key=API_KEY)
+    anonymous = requests.get(f"{d.url}/api/openapi.json", timeout=10)
+    assert anonymous.status_code == 200 and anonymous.headers["Content-Type"] == "application/json"
+    document = anonymous.json()
+    assert document["info"]["version"] == agentd.__version__ == d.get("/api/version").json()["version"]
+    assert requests.get(f"{d.url}/api/status", timeout=10).status_code == 401
+    page = requests.get(f"{d.url}/api", timeout=10)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert 'href="/api/openapi.json"' in page.text
+    for path, ops in document["paths"].items():
+        assert f"<code>{path}</code>" in page.text.replace("&lt;", "<").replace("&gt;", ">")
+        for method in ops:
+            assert f"<code>{method.upper()}</code>" in page.text
+
+
+def test_schema_validation_matches_the_document(agent_daemon) -> None:
+    agent_id = spawn(agent_daemon)
+    r = agent_daemon.put(f"/api/agents/{agent_id}/mode", json={"mode": "Sideways"})
+    assert r.status_code == 400 and "mode" in r.json()["error"]
+    r = agent_daemon.put(f"/api/agents/{agent_id}/mode", json={"mode": "Observe", "extra": 1})
+    assert r.status_code == 400 and "extra" in r.json()["error"]
+    assert agent_daemon.put(f"/api/agents/{agent_id}/mode", json={"mode": "Observe"}).status_code == 200
+
+
+# -- regressions: what the fuzzer found ---------------------------------------------------------
+
+def test_blank_message_is_refused_by_the_schema(agent_daemon) -> None:
+    agent_id = spawn(agent_daemon)
+    for text in ("", "   \n\t"):
+        r = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": text})
+        assert r.status_code == 400 and "message is empty" in r.json()["error"]
+
+
+def test_booleans_are_json_booleans(agent_daemon) -> None:
+    """`stream: 0` was taken as false and `supports_tools: 1` as true (1 == True in Python)."""
+    name = f"b-{spawn(agent_daemon)[:6]}"
+    spawn(agent_daemon, name)
+    r = agent_daemon.post("/v1/chat/completions", json={"model": name, "stream": 0,
+                                                         "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
+    model = {"id": "bool-model", "display_name": "B", "provider": "openai", "context_window": 10,
+             "max_output_tokens": 10, "input_cost_per_m": 0, "output_cost_per_m": 0,
+             "supports_tools": 1, "supports_vision": False, "supports_streaming": True}
+    r = agent_daemon.post("/api/models/custom", json=model)
+    assert r.status_code == 400 and "supports_tools" in r.json()["error"]
+
+
+def test_refused_openai_parameters_are_refused_whatever_their_shape(agent_daemon) -> None:
+    name = f"r-{spawn(agent_daemon)[:6]}"
+    spawn(agent_daemon, name)
+    for extra in ({"logit_bias": {"x": {}}}, {"tools": [{}]}, {"n": 2}, {"top_logprobs": 0}):
+        r = agent_daemon.post("/v1/chat/completions", json={"model": name, **extra,
+                                                             "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400, extra
+        assert f"'{next(iter(extra))}'" in r.json()["error"]["message"]
+
+
+def test_sse_refuses_a_bad_attachment_before_the_stream(agent_daemon) -> None:
+    """It used to answer 200, open the stream and only then send an `error` event."""
+    agent_id = spawn(agent_daemon)
+    r = agent_daemon.post(f"/api/agents/{agent_id}/message/stream",
+                          json={"message": "hi", "attachments": [{"file_id": ""}]})
+    assert r.status_code == 400 and r.headers["Content-Type"] == "application/json"
+    assert "file" in r.json()["error"]
+
+
+def test_provider_url_that_requests_cannot_use_is_refused(agent_daemon) -> None:
+    """An unusable URL used to be stored, and every later call to that provider failed."""
+    for url in ("http://[", "http://host:99999", "http://exa mple.com", "http://a\x00b", "ftp://x"):
+        r = agent_daemon.put("/api/providers/groq/url", json={"base_url": url})
+        assert r.status_code == 400, url
+    ok = agent_daemon.put("/api/providers/groq/url", json={"base_url": "https://api.groq.com/openai/v1/"})
+    assert ok.status_code == 200 and ok.json()["base_url"] == "https://api.groq.com/openai/v1"
+
+
+def test_sse_ticks_query_is_validated(agent_daemon) -> None:
+    """A negative or NaN interval reached time.sleep() (a 500)."""
+    for query in ("n=2&interval=-1", "n=2&interval=nan", "n=x"):
+        r = agent_daemon.get(f"/api/_sse/ticks?{query}")
+        assert r.status_code == 400, query
+    r = agent_daemon.get("/api/_sse/ticks?n=2&interval=0")
+    assert r.status_code == 200 and r.text.count("event: tick") == 2
+
+
+def test_usage_period_accepts_rfc3339_spellings(agent_daemon) -> None:
+    for since in ("2026-01-01t00:00:00z", "2026-01-01T00:00:00.123456789Z", "2026-01-01"):
+        r = agent_daemon.get("/api/usage", params={"since": since})
+        assert r.status_code == 200, since
+        assert r.json()["period_start"].startswith("2026-01-01T00:00:00")
+
+
+@pytest.mark.parametrize("directive", ["[[fail:503]]", "[[fail:429]]", "[[fail:401]]", "[[fail:400]]",
+                                       "[[fail:404]]", "[[garbage]]"])
+def test_upstream_failure_statuses_are_documented(agent_daemon, directive) -> None:
+    """What the run routes answer when the provider fails is listed in the document."""
+    paths = agent_daemon.get("/api/openapi.json").json()["paths"]
+    name = f"f-{spawn(agent_daemon)[:6]}"
+    agent_id = spawn(agent_daemon, name)
+    native = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": f"{directive} x"})
+    openai_style = agent_daemon.post("/v1/chat/completions", json={
+        "model": name, "messages": [{"role": "user", "content": f"{directive} y"}]})
+    for response, path in ((native, "/api/agents/{agent_id}/message"), (openai_style, "/v1/chat/completions")):
+        assert response.status_code >= 400, (directive, path)
+        assert str(response.status_code) in paths[path]["post"]["responses"], (directive, path,
+                                                                               response.status_code)
+    assert isinstance(native.json()["error"], str)
+    assert set(openai_style.json()["error"]) == {"message", "type", "code"}
+
+
+def test_channel_test_body_types_are_checked(agent_daemon) -> None:
+    """`target: {}` after an empty chat_id was silently ignored (and the adapter called)."""
+    r = agent_daemon.post("/api/channels/discord/test", json={"chat_id": "", "target": {}})
+    assert r.status_code == 400 and "target" in r.json()["error"]
+    r = agent_daemon.post("/api/channels/discord/test", json={"message": "  "})
+    assert r.status_code == 400 and "message" in r.json()["error"]
+
+
+def test_json_null_is_not_an_empty_body(agent_daemon) -> None:
+    """Routes whose body is optional took a JSON `null` for "no body"."""
+    headers = {"Content-Type": "application/json"}
+    r = agent_daemon.post("/api/channels/discord/test", data="null", headers=headers)
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]
+    r = agent_daemon.post(f"/api/workflows/{'0' * 8}-0000-4000-8000-{'0' * 12}/run", data="null", headers=headers)
+    assert r.status_code == 400
+
+
+def test_graph_query_null_body_and_qr_status_without_session(agent_daemon) -> None:
+    agent_id = spawn(agent_daemon)
+    headers = {"Content-Type": "application/json"}
+    r = agent_daemon.post(f"/api/memory/agents/{agent_id}/graph/query", data="null", headers=headers)
+    assert r.status_code == 400
+    assert agent_daemon.post(f"/api/memory/agents/{agent_id}/graph/query").status_code == 200
+    # Checked before the (unconfigured) QR gateway is asked: 400, not 503.
+    r = agent_daemon.get("/api/channels/whatsapp/qr/status")
+    assert r.status_code == 400 and "session_id" in r.json()["error"]
