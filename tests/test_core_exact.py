@@ -113,7 +113,9 @@ def test_gcra_sweep_runs_every_n_calls_and_forgets_idle_clients() -> None:
     assert (limiter.burst, limiter.interval, limiter.tolerance) == (5, 0.5, 2.5)
     limiter._SWEEP_EVERY = 4
     limiter.hit("a")
-    limiter.hit("b")
+    clock.now += 100
+    limiter.hit("b")          # call 2: a is idle but the sweep waits for call 4
+    assert set(limiter._tat) == {"a", "b"}, "BUG: the idle-client sweep runs before every N-th call"
     clock.now += 100          # a and b are idle now
     limiter.hit("c")          # call 3: no sweep yet
     assert set(limiter._tat) == {"a", "b", "c"}, "BUG: the idle-client sweep runs before every N-th call"
@@ -483,10 +485,15 @@ def test_kv_same_key_in_two_agents_is_isolated(store) -> None:
     assert kv.get(a, "color") == (False, None)
     assert kv.delete(a, "color") is False and kv.delete(a, "size") is False
     assert kv.all(b) == {"color": "red", "size": 3}
+    kv.set(a, "keep", 1)
+    kv.set(a, "drop", 2)
+    assert kv.delete(a, "drop") is True and kv.all(a) == {"keep": 1}, "BUG: KV delete removed the wrong key"
+    assert kv.delete(a, "missing") is False and kv.all(a) == {"keep": 1}, \
+        "BUG: deleting a missing key removed another key of the same agent"
     kv.set(a, "z", 0)
     kv.set(a, "b", [1])
     kv.set(a, "a", {"k": 1})
-    assert list(kv.all(a)) == ["a", "b", "z"], "KV list is sorted by key"
+    assert list(kv.all(a)) == ["a", "b", "keep", "z"], "KV list is sorted by key"
 
 
 # -- error shapes (agentd/api/errors.py) ------------------------------------------------------------
@@ -513,6 +520,16 @@ def error_app(tmp_path: Path) -> Flask:
         r.get_data()
         return jsonify({"ok": True})
 
+    from werkzeug import exceptions as wz
+
+    def teapot():
+        raise wz.ImATeapot(description="")
+
+    def odd():
+        raise wz.UnsupportedMediaType(description="only JSON here. Really X.")
+
+    app.add_url_rule("/api/teapot", "teapot", teapot)
+    app.add_url_rule("/api/odd", "odd", odd)
     for prefix in ("/api", "/v1"):
         app.add_url_rule(f"{prefix}/raise/<kind>", f"raise{prefix}", raiser)
         app.add_url_rule(f"{prefix}/boom", f"boom{prefix}", boom)
@@ -562,6 +579,11 @@ def test_http_errors_are_json(tmp_path: Path) -> None:
     r = client.delete("/api/upload")
     assert r.status_code == 405 and r.get_json() == {"error": "method DELETE not allowed on /api/upload"}
     assert r.headers["Allow"] == "OPTIONS, POST"
+    r = client.get("/api/teapot")
+    assert r.status_code == 418 and r.get_json() == {"error": "I'm a teapot"}
+    r = client.get("/api/odd")
+    assert r.status_code == 415 and r.get_json() == {"error": "only JSON here. Really X"}, \
+        "werkzeug's description without its final period"
     r = client.post("/v1/upload", data=b"x" * 101)
     assert r.status_code == 413 and r.get_json()["error"]["message"] == "request body too large"
     assert r.get_json()["error"]["type"] == "invalid_request_error"
@@ -573,8 +595,9 @@ def test_unexpected_errors_hide_the_detail(tmp_path: Path, caplog: pytest.LogCap
     request_id = r.headers["X-Request-Id"]
     assert r.status_code == 500 and r.get_json() == {"error": f"internal server error (request id {request_id})"}
     assert "secret" not in r.get_data(as_text=True)
-    assert any(request_id in rec.getMessage() and rec.exc_info for rec in caplog.records), \
-        "the failure is logged with its request id and traceback"
+    logged = [rec for rec in caplog.records if rec.name == "agentd.api" and rec.exc_info]
+    assert [rec.getMessage() for rec in logged] == [f"unhandled error in GET /api/boom (request {request_id})"], \
+        "the failure is logged once with method, path, request id and traceback"
     r = client.get("/v1/boom")
     assert r.get_json()["error"]["type"] == "server_error" and r.get_json()["error"]["code"] is None
 
