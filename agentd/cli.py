@@ -15,6 +15,7 @@ import requests
 from agentd.client import ApiClient, find_daemon, read_daemon_file
 from agentd.config import Config, home_dir, load_config, write_default_config
 from agentd.errors import AgentdError
+from agentd.money import format_usd
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -183,9 +184,9 @@ def budget(set_limit: float | None = None, as_json: bool = False) -> None:
         print(json.dumps({"budget": status, "agents": agents}, indent=2))
         return
     limit = status["limit_usd"]
-    print(f"limit       {'unlimited' if not limit else f'${limit:.2f}'}")
+    print(f"limit       {format_usd(limit) if status.get('limited', limit > 0) else 'unlimited'}")
     print(f"spent       ${status['spent_usd']:.6f}")
-    if status["remaining_usd"] is not None:
+    if status.get("limited", limit > 0):
         print(f"remaining   ${status['remaining_usd']:.6f}")
     print(f"period      {status['period_start']} .. {status['period_end']}")
     for alert in status["alerts"]:

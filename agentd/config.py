@@ -26,6 +26,9 @@ class ApiConfig:
     rate_limit_per_second: float = 30.0
     rate_limit_burst: int = 60
     cors_origins: list[str] = field(default_factory=list)
+    # Host names served besides loopback names and the listen address (DNS rebinding
+    # guard): exact names, `*.example.com` wildcards, or "*" to turn the check off.
+    allowed_hosts: list[str] = field(default_factory=list)
     # Every SSE stream and WebSocket holds a waitress worker for its whole life,
     # so the pool is sized for long-lived connections, not just for HTTP.
     threads: int = 128
@@ -47,8 +50,19 @@ class DefaultModel:
 class LlmConfig:
     """The `[llm]` table: how provider calls behave."""
 
-    timeout_secs: float = 120.0
+    # Bounds the whole call: connect, every retry and backoff, the whole body or stream.
+    timeout_secs: float = 300.0
     retries: int = 3
+    # A stream fails when no byte arrives for this long (reasoning models may pause).
+    stream_idle_secs: float = 60.0
+
+
+@dataclass
+class AgentsConfig:
+    """The `[agents]` table: how requests to one agent wait for each other."""
+
+    # Requests waiting for a busy agent (beyond the one running); more get 429.
+    max_queue: int = 8
 
 
 @dataclass
@@ -81,6 +95,7 @@ class Config:
     provider_urls: dict[str, str] = field(default_factory=dict)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -181,6 +196,13 @@ def _api_table(data: dict[str, Any]) -> ApiConfig:
         for origin in origins:
             _expect(origin, str, "api.cors_origins", "an array of strings")
         api.cors_origins = [o.rstrip("/") for o in origins]
+    if "allowed_hosts" in table:
+        hosts = _expect(table["allowed_hosts"], list, "api.allowed_hosts", "an array of strings")
+        for host in hosts:
+            _expect(host, str, "api.allowed_hosts", "an array of strings")
+            if not host.strip():
+                raise ConfigError("config key api.allowed_hosts: entries must not be empty")
+        api.allowed_hosts = [h.strip() for h in hosts]
     for key in ("threads", "max_streams"):
         if key in table:
             value = _expect(table[key], int, f"api.{key}", "an integer")
@@ -258,6 +280,17 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= retries <= 10:
             raise ConfigError("config key llm.retries: must be between 0 and 10")
         cfg.llm.retries = retries
+    if "stream_idle_secs" in llm:
+        idle = _expect(llm["stream_idle_secs"], (int, float), "llm.stream_idle_secs", "a number")
+        if idle <= 0:
+            raise ConfigError("config key llm.stream_idle_secs: must be greater than 0")
+        cfg.llm.stream_idle_secs = float(idle)
+    agents = _expect(data.get("agents", {}), dict, "agents", "a table")
+    if "max_queue" in agents:
+        max_queue = _expect(agents["max_queue"], int, "agents.max_queue", "an integer")
+        if not 0 <= max_queue <= 10_000:
+            raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
+        cfg.agents.max_queue = max_queue
     split_listen(cfg.api.listen_addr)
     return cfg
 
@@ -314,8 +347,12 @@ network_enabled = false
 # Requests per second per client IP (GCRA), and the burst allowed on top.
 rate_limit_per_second = 30
 rate_limit_burst = 60
-# Extra browser origins allowed by CORS when api_key is set.
+# Extra browser origins allowed by CORS when api_key is set; state-changing
+# requests from any other web origin are refused (with or without api_key).
 cors_origins = []
+# Host names served besides localhost/127.0.0.1/[::1] and the listen address
+# (e.g. the name a reverse proxy forwards): exact, "*.example.com", or "*" (off).
+allowed_hosts = []
 # waitress worker threads. Every SSE stream and WebSocket holds one for its
 # whole life, so keep this well above max_streams.
 threads = 128
@@ -333,9 +370,15 @@ search_url = ""
 approval_timeout_secs = 300
 
 [llm]
-# Seconds to wait for a provider's answer, and retries on 429/5xx/timeouts.
-timeout_secs = 120
+# Seconds one model call may take in all (connect, retries, backoff, the whole answer),
+# retries on 429/5xx/timeouts, and seconds a stream may go without a byte.
+timeout_secs = 300
 retries = 3
+stream_idle_secs = 60
+
+[agents]
+# Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
+max_queue = 8
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

@@ -108,7 +108,10 @@ class Daemon:
             self.server = waitress.create_server(
                 app, host=host, port=port, threads=cfg.api.threads,
                 connection_limit=max(1000, cfg.api.threads * 4), asyncore_use_poll=True,
-                channel_timeout=300, ident="agentd", clear_untrusted_proxy_headers=True)
+                channel_timeout=300, ident="agentd", clear_untrusted_proxy_headers=True,
+                # Keep reading while a request runs, so waitress notices a client that left
+                # (environ["waitress.client_disconnected"]) and its run can be withdrawn.
+                channel_request_lookahead=1)
         except OSError as exc:
             self.kernel.close()
             if exc.errno == errno.EADDRINUSE:
@@ -134,6 +137,9 @@ class Daemon:
     def _drain(self) -> None:
         server, kernel = self.server, self.kernel
         kernel.stopping.set()
+        # Stop means stop: runs end now and their provider connections close at once,
+        # so the grace period below only has to flush answers.
+        kernel.agents.stop_all()
         # WebSocket handlers wait on their client; "going away" frees their workers now.
         close_websockets(server)
         # Stop accepting: close only the listening socket, keep the trigger and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import socket
@@ -76,6 +77,26 @@ def _check_secrets_file(path: Path) -> Check | None:
     return Check("secrets_file", "ok", f"{path} is private (0600)")
 
 
+def _check_exposure(cfg: Config) -> Check:
+    """Listening beyond loopback without a key serves the API to the whole network."""
+    from agentd.api.guard import host_name
+
+    host = host_name(cfg.host)
+    loopback = host == "localhost"
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+    if loopback:
+        return Check("exposure", "ok", f"listening on loopback ({cfg.api_listen})")
+    if cfg.api_key:
+        return Check("exposure", "ok", f"listening on {cfg.api_listen}; api_key is set")
+    return Check("exposure", "warn",
+                 f"listening on non-loopback address {cfg.api_listen} without an api_key: remote clients "
+                 "are refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1")
+
+
 def run_checks(home: Path) -> list[Check]:
     """Run every check in order; later checks are skipped when the config is unusable."""
     checks: list[Check] = []
@@ -119,6 +140,7 @@ def run_checks(home: Path) -> list[Check]:
                         f"{free // (1024 * 1024)} MB free"))
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_keys(cfg))
+    checks.append(_check_exposure(cfg))
     secrets = _check_secrets_file(cfg.secrets_path)
     if secrets is not None:
         checks.append(secrets)

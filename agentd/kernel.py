@@ -42,7 +42,10 @@ class Kernel:
         self.store = store
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
-        self.executor = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-run")
+        # Runs never wait here for an agent (each agent queues its own requests), so one
+        # worker per long-held request keeps a stuck provider from blocking other agents.
+        self.executor = ThreadPoolExecutor(max_workers=max(32, config.api.max_streams + 32),
+                                           thread_name_prefix="agentd-run")
         self.stopping = threading.Event()
         self._shutdown_hook: Callable[[], None] | None = None
         # Long-lived connections (SSE + WebSocket) each pin a waitress worker;

@@ -18,10 +18,13 @@ from pony import orm
 from agentd.errors import TooManyRequests
 from agentd.kernel_time import iso, utcnow
 from agentd.llm.catalog import Catalog
+from agentd.money import format_usd
 from agentd.store import Store
 
-ALERT_LEVELS = ((1.0, "critical", "budget exhausted: new agent runs are refused until the period ends"),
-                (0.8, "warning", "80% of the monthly budget is spent"))
+ALERT_LEVELS = ((1.0, "critical", "budget exhausted: {spent} of {limit} spent; new agent runs are refused "
+                                  "until the period ends"),
+                (0.8, "warning", "80% of the monthly budget is spent: {spent} of {limit}"))
+
 
 _USAGE_COLUMNS = ("agent_id", "agent_name", "provider", "model", "input_tokens", "output_tokens",
                   "cost_usd", "priced", "at")
@@ -104,7 +107,8 @@ class Metering:
         seen = {a["level"] for a in alerts}
         for fraction, level, message in ALERT_LEVELS:
             if after >= limit * fraction and level not in seen:
-                alerts.append({"level": level, "message": message, "threshold": fraction,
+                alerts.append({"level": level, "threshold": fraction,
+                               "message": message.format(spent=format_usd(after), limit=format_usd(limit)),
                                "limit_usd": limit, "at": iso(now)})
                 seen.add(level)
         self.store.set_setting(self._alerts_key(), sorted(alerts, key=lambda a: a["threshold"]))
@@ -121,7 +125,8 @@ class Metering:
             end = self._period_end
         if spent >= limit:
             raise TooManyRequests(
-                f"message delivery failed: budget exceeded: ${spent:.4f} of ${limit:.2f} spent this month",
+                f"message delivery failed: budget exceeded: {format_usd(spent)} of {format_usd(limit)} "
+                "spent this month",
                 retry_after=max(1, int((end - now).total_seconds())))
 
     def budget(self) -> dict[str, Any]:
@@ -132,8 +137,11 @@ class Metering:
             start, end, spent = self._period_start, self._period_end, self._spent
         limit = self.limit_usd
         alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}", []) or []
+        # Always numbers (no limit: limit_usd 0 and remaining_usd 0, as the original reports);
+        # `limited` tells "no limit" apart from "exhausted".
         return {"limit_usd": limit, "spent_usd": round(spent, 10),
-                "remaining_usd": round(max(0.0, limit - spent), 10) if limit > 0 else None,
+                "remaining_usd": round(max(0.0, limit - spent), 10) if limit > 0 else 0.0,
+                "limited": limit > 0,
                 "period_start": iso(start), "period_end": iso(end),
                 "alerts": [a for a in alerts if limit > 0]}
 

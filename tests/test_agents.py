@@ -240,7 +240,7 @@ def test_provider_failures(agent_daemon) -> None:
     r = say(d, agent_id, "[[garbage]]")
     assert r.status_code == 500 and "openai" in r.json()["error"]
     r = say(d, agent_id, "[[hang]]")
-    assert r.status_code == 500 and "tim" in r.json()["error"].lower()
+    assert r.status_code == 504 and "tim" in r.json()["error"].lower()
     assert d.get("/api/health").ok
 
 

@@ -50,7 +50,7 @@ def test_sse_text_stream(agent_daemon) -> None:
     name, done = events[-1]
     assert name == "done" and done["done"] is True
     assert done["usage"]["input_tokens"] > 0 and done["usage"]["output_tokens"] > 0
-    assert ("phase", {"phase": "streaming", "detail": None}) in events
+    assert ("phase", {"phase": "streaming", "detail": ""}) in events
 
 
 def test_sse_tool_events_and_totals(agent_daemon) -> None:
@@ -176,7 +176,7 @@ def test_websocket_conversation(agent_daemon) -> None:
         assert text.split() == ["w1", "w2", "w3", "w4"]
         response = frames[-1]
         assert response["iterations"] == 1 and response["input_tokens"] > 0 and "cost_usd" in response
-        assert json.loads(ws.recv()) == {"type": "typing", "state": "stop"}
+        assert frames[-2] == {"type": "typing", "state": "stop"}, "typing stop must precede the response"
         ws.send(json.dumps({"type": "message", "content": '[[tool:file_list {"path": "."}]]'}))
         frames = frames_until(ws, "response")
         kinds = [f["type"] for f in frames]

@@ -36,6 +36,7 @@ class RunCancelled(AgentdError):
     """The run was stopped (POST /stop, kill or shutdown)."""
 
     status = 409
+    retryable = False  # a stopped run is not sent again (x-should-retry: false on /v1)
 
 
 class LoopStopped(AgentdError):
@@ -140,7 +141,7 @@ class AgentLoop:
         messages = list(spec.history) + [spec.user]
         new_messages = self.new_messages
         all_calls: list[dict[str, Any]] = []
-        self._emit("phase", phase="streaming", detail=spec.mode_note or None)
+        self._emit("phase", phase="streaming", detail=spec.mode_note)
         for iteration in range(1, spec.max_iterations + 1):
             self._check_cancel()
             if iteration > 1:
@@ -150,7 +151,7 @@ class AgentLoop:
                 text = strip_think(response.text)
                 final = Message(role="assistant", content=text)
                 new_messages.append(final)
-                self._emit("phase", phase="done", detail=None)
+                self._emit("phase", phase="done", detail="")
                 return RunResult(text, self.usage, iteration, response.finish_reason,
                                  new_messages, tool_calls=all_calls)
             assistant = Message(role="assistant", content=strip_think(response.text),

@@ -45,6 +45,8 @@ MESSAGE_LIMIT = 64 * 1024
 UPLOAD_LIMIT = 10 * 1024 * 1024
 UPLOAD_TYPES = ("image/", "text/", "audio/", "application/pdf")
 COMPACT_KEEP = 10
+BUSY_RETRY_AFTER = 2  # seconds a client refused for a busy agent is told to wait
+WAIT_POLL = 0.1  # how often a waiting request checks for stop and client disconnects
 CAPABILITY_TOOLS = {"shell": {"shell_exec"}, "network": {"web_fetch", "web_search"},
                     "agent_spawn": {"agent_spawn"}}
 
@@ -57,10 +59,57 @@ def parse_uuid(value: str, what: str = "agent") -> str:
         raise BadRequest(f"invalid {what} id: {value!r} is not a UUID") from None
 
 
+STOPPED_NOTE = "[run stopped before the agent answered]"
+
+
 class AgentRunError(AgentdError):
-    """A run failed; the message says which provider/model/tool and why."""
+    """A run failed; the message says which provider/model/tool and why.
+
+    `kind` is the LLMError kind that ended it (missing_key, auth, rate_limit, server,
+    timeout, unreachable, bad_request, reset, truncated, ...) or `loop_guard`;
+    `http_status` the provider's own status when it answered one; `provider`/`model`
+    the call that failed; `retryable` whether sending the same request again may
+    succeed. The API layers map them to their conventions; `status` is the native one.
+    """
 
     status = 500
+
+    def __init__(self, message: str, *, retry_after: float | None = None, kind: str = "server",
+                 http_status: int | None = None, status: int | None = None, provider: str = "",
+                 model: str = "", retryable: bool = False) -> None:
+        super().__init__(message, status=status, retry_after=retry_after)
+        self.kind = kind
+        self.http_status = http_status
+        self.provider = provider
+        self.model = model
+        self.retryable = retryable
+
+
+# What the client gets for a model call that failed this way (everything else: 500).
+_RUN_STATUS = {"timeout": 504, "rate_limit": 429, "reset": 502, "truncated": 502}
+
+
+def run_error(exc: LLMError, prefix: str = "message delivery failed") -> AgentRunError:
+    """The client-facing error of a failed model call: 504 timeout, upstream 429/503 kept
+    (with Retry-After), 502 for a reset connection or a cut-off stream."""
+    status = _RUN_STATUS.get(exc.kind, 500)
+    if exc.kind == "server" and exc.http_status == 503:
+        status = 503
+    return AgentRunError(f"{prefix}: {exc.message}", status=status, retry_after=exc.retry_after,
+                         kind=exc.kind, http_status=exc.http_status, provider=exc.provider,
+                         model=exc.model, retryable=exc.retryable)
+
+
+@dataclass
+class QueuedRun:
+    """A message waiting for its agent (or running): what to run and where the result goes."""
+
+    text: str
+    attachments: list[dict[str, Any]] | None
+    emit: Sink | None
+    options: RunOptions | None
+    cancel: threading.Event
+    future: Future
 
 
 @dataclass
@@ -88,6 +137,10 @@ class AgentHandle:
     # The same messages converted for the model, extended as runs append (long sessions
     # would otherwise be converted again on every message).
     llm_history: list[Message] | None = None
+    # Requests waiting for this agent: they hold no run-pool worker while they wait.
+    waiting: collections.deque = field(default_factory=collections.deque)
+    busy: bool = False
+    queue_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -196,6 +249,8 @@ class AgentManager:
                 self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
+        for warning in manifest.warnings:
+            log.warning("agent %s manifest: %s", handle.name, warning)
         if self.on_lifecycle is not None:
             self.on_lifecycle("agent.spawn", handle)
         return handle
@@ -326,6 +381,7 @@ class AgentManager:
         return ProviderEndpoint(provider=provider_id, kind=info.kind if info else "openai",
                                 base_url=url, api_key=os.environ.get(env, "") if env else "",
                                 api_key_env=env, timeout=self.config.llm.timeout_secs,
+                                stream_idle=self.config.llm.stream_idle_secs,
                                 key_required=(info.key_required if info else bool(env)) or bool(api_key_env))
 
     def _llm_call(self, handle: AgentHandle) -> Callable[..., ChatResponse]:
@@ -336,6 +392,8 @@ class AgentManager:
         def call(request: ChatRequest, on_event: Callable[[Any], None] | None,
                  cancel: threading.Event) -> ChatResponse:
             errors: list[LLMError] = []
+            # One deadline for the call, fallbacks included.
+            deadline = time.monotonic() + self.config.llm.timeout_secs
             for provider, model, env, base in chain:
                 delivered = [False]
 
@@ -347,9 +405,9 @@ class AgentManager:
                     endpoint = self.endpoint(provider, env, base)
                     response = drivers.complete(endpoint, replace(request, model=model),
                                                 on_event=forward if on_event else None, cancel=cancel,
-                                                retries=self.config.llm.retries)
+                                                retries=self.config.llm.retries, deadline=deadline)
                 except LLMError as exc:
-                    if exc.kind == "cancelled" or delivered[0]:
+                    if exc.kind in ("cancelled", "timeout") or delivered[0]:
                         raise
                     errors.append(exc)
                     log.warning("model call failed: %s", exc.message)
@@ -422,11 +480,24 @@ class AgentManager:
         if not acquired:
             raise Conflict(f"agent {handle.name} is busy with another run")
         cancel = cancel or threading.Event()
+        started = time.monotonic()
         try:
             if handle.killed or cancel.is_set():
                 raise RunCancelled("run cancelled")
             handle.cancel = cancel
             return self._run_locked(handle, user, image_refs, emit, options, cancel)
+        except RunCancelled:
+            log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
+                     handle.provider, handle.model, time.monotonic() - started)
+            raise
+        except Exception as exc:
+            # One line per failed run, streamed or not, whatever failed.
+            cause = exc.message if isinstance(exc, AgentdError) else f"{type(exc).__name__}: {exc}"
+            log.warning("run failed: agent=%s provider=%s model=%s status=%s cause=%s duration=%.2fs",
+                        handle.name, getattr(exc, "provider", "") or handle.provider,
+                        getattr(exc, "model", "") or handle.model, getattr(exc, "status", 500), cause,
+                        time.monotonic() - started)
+            raise
         finally:
             handle.cancel = None
             handle.run_lock.release()
@@ -467,18 +538,26 @@ class AgentManager:
                        emit=emit, approver=approver, on_usage=on_usage,
                        mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "")
         loop = AgentLoop(spec, cancel)
+
+        def save_unanswered(note: str) -> None:
+            # A run that ends without an answer still closes its turn, so the history the
+            # model sees next time never holds a user message nobody answered.
+            self._save_session(handle, stored, loop.new_messages + [Message(role="assistant", content=note)],
+                               image_refs)
+
         try:
             result = loop.run()
         except RunCancelled:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
+            save_unanswered(STOPPED_NOTE)
             raise
         except LLMError as exc:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
-            raise AgentRunError(f"message delivery failed: {exc.message}",
-                                retry_after=exc.retry_after) from None
+            # The turn is closed with a failure note; text a cut-off stream had already
+            # sent is not recorded as the reply.
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise run_error(exc) from None
         except LoopStopped as exc:
-            self._save_session(handle, stored, loop.new_messages, image_refs)
-            raise AgentRunError(f"message delivery failed: {exc.message}") from None
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
         self._save_session(handle, stored, result.new_messages, image_refs)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
@@ -486,18 +565,106 @@ class AgentManager:
     def submit(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
                emit: Sink | None = None, options: RunOptions | None = None,
                cancel: threading.Event | None = None) -> Future:
-        """Run on the kernel's bounded executor (different agents in parallel)."""
-        return self.executor.submit(self.run, handle, text, attachments, emit, options, None, cancel)
+        """Queue a run for `handle`; different agents run in parallel on the kernel's executor.
 
-    def wait(self, future: Future, cancel: threading.Event) -> RunResult:
+        While the agent is busy the request waits in the agent's own queue (bounded by
+        `[agents] max_queue`, beyond which it is refused with 429), holding no worker:
+        the worker that finishes a run takes the agent's next one.
+        """
+        job = QueuedRun(text, attachments, emit, options, cancel or threading.Event(), Future())
+        job.future.agentd_job = (handle, job)  # type: ignore[attr-defined]
+        with handle.queue_lock:
+            if handle.killed:
+                raise NotFound("agent not found")
+            if handle.busy:
+                limit = self.config.agents.max_queue
+                if len(handle.waiting) >= limit:
+                    raise TooManyRequests(
+                        f"agent {handle.name} is busy: {len(handle.waiting)} requests are already waiting "
+                        f"for it (max_queue {limit}); try again later", retry_after=BUSY_RETRY_AFTER,
+                        code="agent_busy")
+                handle.waiting.append(job)
+                return job.future
+            handle.busy = True
+        try:
+            self.executor.submit(self._drain, handle, job)
+        except RuntimeError:  # the executor is shut down: the daemon is stopping
+            with handle.queue_lock:
+                handle.busy = False
+            raise AgentdError("the daemon is shutting down", status=503) from None
+        return job.future
+
+    def _drain(self, handle: AgentHandle, job: QueuedRun | None) -> None:
+        """Run `job`, then the agent's queued requests in order, on this one worker."""
+        while job is not None:
+            self._run_job(handle, job)
+            with handle.queue_lock:
+                job = handle.waiting.popleft() if handle.waiting else None
+                if job is None:
+                    handle.busy = False
+
+    def _run_job(self, handle: AgentHandle, job: QueuedRun) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return
+        if job.cancel.is_set() or handle.killed:
+            job.future.set_exception(RunCancelled("run cancelled before it started"))
+            return
+        try:
+            result = self.run(handle, job.text, job.attachments, job.emit, job.options, None, job.cancel)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+
+    def withdraw(self, future: Future) -> bool:
+        """Take a run that has not started out of its agent's queue; True if it was queued."""
+        handle, job = getattr(future, "agentd_job", (None, None))
+        if handle is None:
+            return False
+        job.cancel.set()
+        with handle.queue_lock:
+            try:
+                handle.waiting.remove(job)
+            except ValueError:
+                return False
+        if job.future.set_running_or_notify_cancel():
+            job.future.set_exception(RunCancelled("run withdrawn before it started"))
+        return True
+
+    def _cancel_queued(self, handle: AgentHandle) -> int:
+        with handle.queue_lock:
+            jobs = list(handle.waiting)
+            handle.waiting.clear()
+        for job in jobs:
+            job.cancel.set()
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(RunCancelled("run cancelled before it started"))
+        return len(jobs)
+
+    def stop_all(self) -> None:
+        """Shutdown: cancel every queued and running run (their provider calls close at once)."""
+        for handle in list(self._agents.values()):
+            self._cancel_queued(handle)
+            self.stop(handle)
+
+    def wait(self, future: Future, cancel: threading.Event,
+             disconnected: Callable[[], bool] | None = None) -> RunResult:
         """Wait for a submitted run; returns promptly (RunCancelled) once it is stopped,
-        even while the provider call it is waiting on has not answered yet."""
+        even while the provider call it is waiting on has not answered yet.
+
+        `disconnected` tells whether the client went away: a queued run is then withdrawn
+        (never started) and a running one cancelled.
+        """
         while True:
             try:
-                return future.result(timeout=0.1)
+                return future.result(timeout=WAIT_POLL)
             except FutureTimeout:
                 if cancel.is_set():
                     raise RunCancelled("run cancelled") from None
+                if disconnected is not None and disconnected():
+                    if not self.withdraw(future):
+                        cancel.set()
+                    raise RunCancelled("the client disconnected") from None
 
     def precheck(self, handle: AgentHandle) -> None:
         """Refusals that must happen before a response starts (quota, budget)."""
@@ -632,7 +799,8 @@ class AgentManager:
             try:
                 response = self._llm_call(handle)(request, None, threading.Event())
             except LLMError as exc:
-                raise AgentRunError(f"compaction failed: {exc.message}") from None
+                raise AgentRunError(f"compaction failed: {exc.message}", kind=exc.kind,
+                                    http_status=exc.http_status) from None
             from agentd.llm.think import strip_think
 
             summary = strip_think(response.text).strip() or "(empty summary)"
@@ -664,6 +832,7 @@ class AgentManager:
             self._agents.pop(handle.id, None)
             if self._by_name.get(handle.name) == handle.id:
                 del self._by_name[handle.name]
+        self._cancel_queued(handle)
         self.stop(handle)
         with orm.db_session:
             row = self.store.e.AgentRow.get(id=handle.id)

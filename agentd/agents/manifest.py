@@ -1,11 +1,14 @@
 """Agent manifests: TOML text validated with marshmallow into a `Manifest`.
 
-Unknown keys are ignored (manifests written for other runtimes still load);
-wrong types and out-of-range values are errors that name the key.
+Wrong types and out-of-range values are errors that name the key. Unknown keys
+do not fail a spawn (manifests written for other runtimes must still load) but
+are reported: each becomes a warning, with a suggestion when it looks like a
+typo of a known key (`profle` -> `profile`), returned by POST /api/agents and logged.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -135,6 +138,9 @@ class ManifestSchema(_Strict):
             raise ValidationError(f"unknown profile {value!r}; one of {', '.join(sorted(PROFILE_NAMES))}")
 
 
+_SCHEMA = ManifestSchema()
+
+
 @dataclass
 class Manifest:
     """A validated manifest. `data` is the normalised dict that gets persisted."""
@@ -142,6 +148,7 @@ class Manifest:
     data: dict[str, Any]
     toml_text: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -188,6 +195,29 @@ def _flatten(messages: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _unknown_keys(raw: Any, schema: Schema, where: str = "") -> list[str]:
+    """Warnings for keys of `raw` that `schema` (and its nested tables) does not define."""
+    if not isinstance(raw, dict):
+        return []
+    warnings: list[str] = []
+    known = {name: f for name, f in schema.fields.items()}
+    if isinstance(schema, ModelSchema):
+        known.setdefault("name", known["model"])  # accepted alias of `model`
+    for key, value in raw.items():
+        path = f"{where}.{key}" if where else str(key)
+        field_ = known.get(key)
+        if field_ is None:
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
+            hint = f" (did you mean '{f'{where}.' if where else ''}{close[0]}'?)" if close else ""
+            warnings.append(f"unknown key '{path}' ignored{hint}")
+        elif isinstance(field_, fields.Nested):
+            warnings += _unknown_keys(value, field_.schema, path)
+        elif isinstance(field_, fields.List) and isinstance(field_.inner, fields.Nested) and isinstance(value, list):
+            for i, item in enumerate(value):
+                warnings += _unknown_keys(item, field_.inner.schema, f"{path}[{i}]")
+    return warnings
+
+
 def parse_manifest(text: str) -> Manifest:
     """Parse and validate manifest TOML; raises ManifestError naming what and where."""
     if len(text.encode("utf-8")) > MANIFEST_LIMIT:
@@ -197,12 +227,12 @@ def parse_manifest(text: str) -> Manifest:
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"TOML syntax error: {exc}") from None
     try:
-        data = ManifestSchema().load(raw)
+        data = _SCHEMA.load(raw)
     except ValidationError as exc:
         raise ManifestError("; ".join(_flatten(exc.messages))) from None
     if data["profile"] is not None:
         data["profile"] = data["profile"].lower()
-    return Manifest(data=data, toml_text=text)
+    return Manifest(data=data, toml_text=text, warnings=_unknown_keys(raw, _SCHEMA))
 
 
 def profile_list() -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Callable
 from flask import Flask
 
 from agentd.api.errors import register_error_handlers
+from agentd.api.guard import install_guard
 from agentd.api.middleware import install_middleware
 from agentd.kernel import Kernel
 
@@ -35,6 +36,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     from agentd.api.sockets import register_sockets
 
     install_middleware(app, kernel.config)
+    install_guard(app, kernel.config)
     register_error_handlers(app)
     app.register_blueprint(routes_system.bp)
     app.register_blueprint(routes_agents.bp)

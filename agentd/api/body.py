@@ -9,6 +9,7 @@ from flask import request
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from agentd import jsonsafe
 from agentd.errors import AgentdError, BadRequest, PayloadTooLarge
 
 # Default cap for JSON routes. Large enough for a 1 MB manifest after JSON
@@ -43,7 +44,9 @@ def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) ->
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {request.content_type or 'none'})")
     try:
-        return json.loads(data)
+        return jsonsafe.loads(data)
+    except jsonsafe.JsonTooDeep:
+        raise BadRequest(jsonsafe.TOO_DEEP_MESSAGE) from None
     except UnicodeDecodeError:
         raise BadRequest("malformed JSON: body is not UTF-8") from None
     except json.JSONDecodeError as exc:

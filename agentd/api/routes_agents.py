@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -12,6 +11,7 @@ from agentd.agents.manager import MESSAGE_LIMIT, UPLOAD_LIMIT, AgentHandle
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
+from agentd.api.runs import run_blocking
 from agentd.api.schemas import MESSAGE_SCHEMA, ModeSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 
@@ -48,7 +48,9 @@ def spawn():
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
     handle = kernel().agents.spawn(manifest, data["signed_manifest"])
-    return jsonify({"agent_id": handle.id, "name": handle.name}), 201
+    # Unknown manifest keys do not fail a spawn; they are reported so a typo is seen.
+    return jsonify({"agent_id": handle.id, "name": handle.name,
+                    "warnings": handle.manifest.warnings}), 201
 
 
 @bp.get("/api/agents")
@@ -67,11 +69,8 @@ def message(agent_id: str):
     handle = agent(agent_id)
     data = body.load(MESSAGE_SCHEMA)
     text = message_text(data)
-    agents = kernel().agents
-    agents.precheck(handle)
-    cancel = threading.Event()
     try:
-        result = agents.wait(agents.submit(handle, text, data["attachments"], cancel=cancel), cancel)
+        result = run_blocking(kernel(), handle, text, data["attachments"])
     except RunCancelled:
         raise Conflict("run cancelled: the agent was stopped before it answered") from None
     return jsonify(result_body(result))

@@ -11,21 +11,21 @@ import base64
 import binascii
 import json
 import re
-import threading
 import time
 import uuid
 from typing import Any, Iterator
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, Response, jsonify
 
 from agentd.agents.loop import RunCancelled
-from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
 from agentd.api.routes_agents import MESSAGE_LIMIT
+from agentd.api.errors import error_response
 from agentd.api.routes_system import kernel
-from agentd.api.runs import acquire_stream_slot, start_live_run
+from agentd.api.runs import acquire_stream_slot, run_blocking, start_live_run
 from agentd.api.sse import format_event, sse_response
-from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge
+from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
 from agentd.llm.types import ImagePart
 
 bp = Blueprint("openai", __name__)
@@ -148,8 +148,54 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
             "total_tokens": input_tokens + output_tokens}
 
 
+# How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
+# `type` follows from the status (401 authentication_error, 429 rate_limit_error,
+# 5xx server_error). Each answer is final for this request (agentd already retried
+# the provider), so it says `x-should-retry: false`: without it the official SDKs
+# retry 409/429/5xx twice, multiplying upstream calls and undoing a user's stop.
+_RUN_FAILURES: dict[str, tuple[int, str]] = {
+    "missing_key": (401, "missing_provider_key"),
+    "auth": (401, "provider_auth_failed"),
+    "rate_limit": (429, "upstream_rate_limited"),
+    "server": (503, "upstream_unavailable"),
+    "unreachable": (503, "upstream_unavailable"),
+    "timeout": (504, "upstream_timeout"),
+    "bad_request": (502, "upstream_rejected_request"),
+    "not_found": (502, "upstream_model_not_found"),
+    "bad_response": (502, "upstream_bad_response"),
+    "loop_guard": (500, "loop_guard_stopped"),
+    "reset": (502, "upstream_connection_reset"),
+    "truncated": (502, "upstream_stream_truncated"),
+}
+
+
+def _final(status: int, message: str, code: str, retry_after: float | None = None) -> Response:
+    response = error_response(status, message, code=code, retry_after=retry_after)
+    response.headers["x-should-retry"] = "false"
+    return response
+
+
+def run_failure(exc: AgentdError) -> Response:
+    """The /v1 answer for an error raised while checking or running an agent."""
+    if isinstance(exc, RunCancelled):
+        return _final(409, "the run was stopped before the agent answered", "run_cancelled")
+    if isinstance(exc, AgentRunError):
+        status, code = _RUN_FAILURES.get(exc.kind, (500, "agent_error"))
+        return _final(status, exc.message, code, exc.retry_after)
+    # Budget or token quota: retrying before Retry-After cannot succeed.
+    code = exc.code or ("budget_exceeded" if "budget" in exc.message else "quota_exceeded")
+    return _final(429, exc.message, code, exc.retry_after)
+
+
 @bp.post("/v1/chat/completions")
 def chat_completions():
+    try:
+        return _chat_completions()
+    except (RunCancelled, AgentRunError, TooManyRequests) as exc:
+        return run_failure(exc)
+
+
+def _chat_completions():
     data = body.json_body()
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
@@ -158,13 +204,7 @@ def chat_completions():
     created = int(time.time())
     if stream:
         return _stream(handle, text, options, completion_id, created, include_usage)
-    agents = kernel().agents
-    agents.precheck(handle)
-    cancel = threading.Event()
-    try:
-        result = agents.wait(agents.submit(handle, text, [], options=options, cancel=cancel), cancel)
-    except RunCancelled:
-        raise AgentdError("agent processing failed: the run was stopped") from None
+    result = run_blocking(kernel(), handle, text, [], options)
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",

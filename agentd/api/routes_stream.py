@@ -43,7 +43,7 @@ def message_stream(agent_id: str):
                 yield format_event("tool_result", {"tool": d["tool"], "input": d["input"], "id": d["id"],
                                                    "result": d["result"], "is_error": d["is_error"]})
             elif kind == "phase":
-                yield format_event("phase", {"phase": d["phase"], "detail": d["detail"]})
+                yield format_event("phase", {"phase": d["phase"], "detail": d.get("detail") or ""})
             elif kind == "done":
                 yield format_event("done", {"done": True, "usage": {"input_tokens": d["input_tokens"],
                                                                      "output_tokens": d["output_tokens"]},

@@ -1,21 +1,25 @@
 """Starting a run whose events a transport consumes (SSE, OpenAI stream, WebSocket).
 
 Every live transport follows the same steps: refuse early (quota, budget,
-stream cap) while a plain JSON error can still be sent, start the run on the
-kernel's executor with a queue as its sink, and always finish the queue and
-free the stream slot, whatever happens.
+stream cap, a busy agent's full queue) while a plain JSON error can still be
+sent, start the run on the kernel's executor with a queue as its sink, and
+always finish the queue and free the stream slot, whatever happens. A client
+that goes away stops its run (or withdraws it, if it was still queued).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
+
+from flask import request
 
 from agentd.agents.events import Event, QueueSink
-from agentd.agents.loop import RunCancelled
-from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.agents.loop import RunCancelled, RunResult
+from agentd.agents.manager import AgentHandle, AgentManager, RunOptions
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 
@@ -26,6 +30,14 @@ class TooManyStreams(AgentdError):
     status = 503
 
 
+POLL_SECS = 0.1  # how often a live transport checks for stop and client disconnects
+
+
+def client_disconnected() -> Callable[[], bool] | None:
+    """waitress's check for the current request's client having gone away (None elsewhere)."""
+    return request.environ.get("waitress.client_disconnected")
+
+
 @dataclass
 class LiveRun:
     """A run in flight and the queue its events arrive on."""
@@ -34,21 +46,64 @@ class LiveRun:
     sink: QueueSink
     future: Future
     cancel: threading.Event
+    manager: AgentManager
+    disconnected: Callable[[], bool] | None = None
 
     def events(self, heartbeat: float = HEARTBEAT_SECS) -> Iterator[Event | None]:
         """Events in order, None when it is time for a keep-alive, then a final
-        `done`, `stopped` or `error` event."""
-        yield from self.sink.events(heartbeat)
+        `done`, `stopped` or `error` event. Ends early, stopping the run, when the client
+        disconnects."""
+        quiet_since = time.monotonic()
+        for event in self.sink.events(POLL_SECS):
+            if self.disconnected is not None and self.disconnected():
+                self.stop_run()
+                return
+            if event is not None:
+                quiet_since = time.monotonic()
+                yield event
+                continue
+            if self.cancel.is_set() and not self.future.done():
+                # POST /stop: end the stream now; the run itself ends within moments.
+                yield Event("stopped", {"message": "run stopped"})
+                return
+            if time.monotonic() - quiet_since >= heartbeat:
+                quiet_since = time.monotonic()
+                yield None
+
+    def stop_run(self) -> None:
+        """Withdraw the run if it is still queued, else cancel it."""
+        if not self.future.done() and not self.manager.withdraw(self.future):
+            self.cancel.set()
 
     def close(self) -> None:
-        """The consumer left: stop delivering (the run itself goes on)."""
+        """The consumer left: stop delivering and stop the run (a stream nobody reads is not
+        worth a provider call)."""
         self.sink.close()
+        self.stop_run()
 
 
-def acquire_stream_slot(kernel: Kernel) -> None:
+def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly") -> None:
     """Long-lived connections are capped so plain HTTP always has threads."""
     if not kernel.stream_slots.acquire(blocking=False):
-        raise TooManyStreams("too many concurrent streams; try again shortly", retry_after=1)
+        raise TooManyStreams(message, retry_after=1)
+
+
+def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
+                 options: RunOptions | None = None) -> RunResult:
+    """Run a message for a plain (non-streaming) request and wait for its result.
+
+    The wait holds a server thread, so it takes one of the capped long-lived slots; a
+    client that disconnects meanwhile withdraws its queued run or stops its running one.
+    """
+    agents = kernel.agents
+    agents.precheck(handle)
+    acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly")
+    try:
+        cancel = threading.Event()
+        future = agents.submit(handle, text, attachments, options=options, cancel=cancel)
+        return agents.wait(future, cancel, client_disconnected())
+    finally:
+        kernel.stream_slots.release()
 
 
 def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
@@ -57,21 +112,9 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
     kernel.agents.precheck(handle)
     sink = QueueSink()
     cancel = threading.Event()
-    # The stop endpoint cancels the run; the transport must end at once even if
-    # the provider has not answered yet, so it watches the same event.
-    watcher_done = threading.Event()
-
-    def watch_cancel() -> None:
-        while not watcher_done.is_set():
-            if cancel.wait(0.1):
-                sink(Event("stopped", {"message": "run stopped"}))
-                sink.finish()
-                return
-
     future = kernel.agents.submit(handle, text, attachments, emit=sink, options=options, cancel=cancel)
 
     def finished(f: Future) -> None:
-        watcher_done.set()
         exc = f.exception()
         if exc is None:
             result = f.result()
@@ -83,9 +126,11 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
             sink(Event("stopped", {"message": "run stopped"}))
         else:
             message = exc.message if isinstance(exc, AgentdError) else f"internal error: {exc}"
-            sink(Event("error", {"message": message, "status": getattr(exc, "status", 500)}))
+            sink(Event("error", {"message": message, "status": getattr(exc, "status", 500),
+                                 "retry_after": getattr(exc, "retry_after", None),
+                                 "code": getattr(exc, "code", None),
+                                 "retryable": bool(getattr(exc, "retryable", False))}))
         sink.finish()
 
-    threading.Thread(target=watch_cancel, daemon=True, name="agentd-cancel-watch").start()
     future.add_done_callback(finished)
-    return LiveRun(handle, sink, future, cancel)
+    return LiveRun(handle, sink, future, cancel, kernel.agents, client_disconnected())

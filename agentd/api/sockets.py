@@ -22,6 +22,7 @@ from flask import Blueprint, Flask, current_app, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
+from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
@@ -43,6 +44,8 @@ class AgentSocket:
         self._send_lock = threading.Lock()
         self._recent: deque[float] = deque()
         self.open = True
+        # This socket's runs (queued or running): a client that goes away stops them.
+        self._runs: dict[Any, threading.Event] = {}
 
     def send(self, type_: str, **data: Any) -> None:
         """Send one frame; a client that left is noted, not raised."""
@@ -67,7 +70,7 @@ class AgentSocket:
         elif event.type == "tool_result":
             self.send("tool_result", id=d["id"], tool=d["tool"], result=d["result"], is_error=d["is_error"])
         elif event.type == "phase":
-            self.send("phase", phase=d["phase"], detail=d["detail"])
+            self.send("phase", phase=d["phase"], detail=d.get("detail") or "")
 
     def _rate_ok(self) -> bool:
         now = time.monotonic()
@@ -96,10 +99,18 @@ class AgentSocket:
         except AgentdError as exc:
             self.send("error", content=exc.message)
             return
+        cancel = threading.Event()
+        try:
+            future = agents.submit(self.handle, content, attachments, emit=self.on_event, cancel=cancel)
+        except AgentdError as exc:  # e.g. the agent's queue is full
+            self.send("error", content=exc.message)
+            return
         self.send("typing", state="start")
-        future = agents.submit(self.handle, content, attachments, emit=self.on_event)
+        self._runs[future] = cancel
 
         def finished(f: Any) -> None:
+            # `typing: stop` goes first: the final frame must be the last one a client sees.
+            self.send("typing", state="stop")
             exc = f.exception()
             if exc is None:
                 r = f.result()
@@ -109,7 +120,7 @@ class AgentSocket:
                 self.send("error", content="run cancelled")
             else:
                 self.send("error", content=exc.message if isinstance(exc, AgentdError) else "internal error")
-            self.send("typing", state="stop")
+            self._runs.pop(f, None)
 
         future.add_done_callback(finished)
 
@@ -137,7 +148,8 @@ class AgentSocket:
         self.send("connected", agent_id=self.handle.id)
         while self.open and not self.kernel.stopping.is_set():
             try:
-                raw = self.ws.receive(timeout=1.0)
+                # A short wait: a client that left is noticed (and its run stopped) promptly.
+                raw = self.ws.receive(timeout=0.25)
             except ConnectionClosed:
                 break
             if raw is None:
@@ -148,8 +160,11 @@ class AgentSocket:
                 self.send("error", content=f"frame too large (max {FRAME_LIMIT // 1024} KB)")
                 continue
             try:
-                frame = json.loads(raw)
-            except json.JSONDecodeError:
+                frame = jsonsafe.loads(raw)
+            except jsonsafe.JsonTooDeep:
+                self.send("error", content=jsonsafe.TOO_DEEP_MESSAGE)
+                continue
+            except ValueError:
                 frame = {"type": "message", "content": raw}
             if not isinstance(frame, dict):
                 frame = {"type": "message", "content": raw}
@@ -163,6 +178,14 @@ class AgentSocket:
             else:
                 self.send("error", content=f"unknown frame type {kind!r}")
         self.open = False
+        self.stop_runs()
+
+    def stop_runs(self) -> None:
+        """The client is gone: withdraw this socket's queued runs and cancel its running one."""
+        agents = self.kernel.agents
+        for future, cancel in list(self._runs.items()):
+            if not future.done() and not agents.withdraw(future):
+                cancel.set()
 
 
 def register_sockets(app: Flask) -> Sock:

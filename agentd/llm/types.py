@@ -135,12 +135,14 @@ class ProviderEndpoint:
     api_key: str = ""
     api_key_env: str = ""
     key_required: bool = True
-    timeout: float = 120.0
+    timeout: float = 120.0  # the whole call: connect, retries, backoff, body or stream
     connect_timeout: float = 10.0
+    stream_idle: float = 60.0  # a stream fails after this long without a byte
 
 
 LLM_ERROR_KINDS = frozenset({"missing_key", "auth", "rate_limit", "server", "timeout", "unreachable",
-                             "bad_response", "not_found", "bad_request", "cancelled"})
+                             "bad_response", "not_found", "bad_request", "cancelled",
+                             "reset", "truncated"})
 
 
 class LLMError(AgentdError):
@@ -159,4 +161,4 @@ class LLMError(AgentdError):
     @property
     def retryable(self) -> bool:
         """Worth another attempt: throttling, server trouble, or a network failure."""
-        return self.kind in ("rate_limit", "server", "timeout", "unreachable")
+        return self.kind in ("rate_limit", "server", "timeout", "unreachable", "truncated")

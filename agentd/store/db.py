@@ -61,7 +61,8 @@ def _define_entities(db: Database) -> SimpleNamespace:
         _table_ = "memory_kv"
         agent = Required(AgentRow)
         key = Required(str)
-        value = Optional(orm.Json)
+        # Any JSON value, `null` included (stored as SQL NULL, read back as None).
+        value = Optional(orm.Json, nullable=True)
         updated_at = Required(datetime)
         PrimaryKey(agent, key)
 

@@ -3,12 +3,18 @@
 It picks the wire format by the endpoint's kind, retries throttling and server
 errors with backoff (honouring Retry-After) as long as nothing has been streamed
 to the caller yet, and gives up at once when the run is cancelled.
+
+One deadline bounds the whole call (`endpoint.timeout`: connect, every attempt and
+backoff, the whole body or stream); a stream also fails after `endpoint.stream_idle`
+seconds without a byte. The call runs in the caller's thread; a watchdog shuts its
+socket down when the deadline passes or the call is cancelled (see guard.py), so a
+stopped call never leaves a thread or a connection behind.
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from types import ModuleType
 from typing import Any, Callable
 
@@ -16,22 +22,25 @@ import requests
 
 from agentd.llm.drivers import anthropic, gemini, openai_compat
 from agentd.llm.drivers.assemble import Assembler
-from agentd.llm.drivers.transport import network_error, post, read_json
+from agentd.llm.drivers.guard import CallGuard, guarded
+from agentd.llm.drivers.transport import Interrupted, guard_error, network_error, post, read_json
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
 
 FORMATS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic, "gemini": gemini}
 BACKOFF_BASE = 0.25
 BACKOFF_MAX = 8.0
 RETRY_AFTER_MAX = 30.0
-# Calls that may be cancelled run here so the caller can walk away from a hung socket.
-_CALLS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentd-llm")
-_CANCEL_POLL = 0.05
+# Don't start another attempt with less time than this left before the deadline.
+MIN_ATTEMPT_SECS = 0.05
 
 
 def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callable[[Any], None] | None = None,
-             cancel: threading.Event | None = None, retries: int = 3) -> ChatResponse:
+             cancel: threading.Event | None = None, retries: int = 3,
+             deadline: float | None = None) -> ChatResponse:
     """Call the model once (plus retries). Streams when `on_event` is given.
 
+    `deadline` (time.monotonic()) defaults to now + `endpoint.timeout`; callers that try
+    several models pass one deadline for all of them.
     Raises `LLMError`; kind `cancelled` when `cancel` was set during the call.
     """
     fmt = FORMATS.get(endpoint.kind)
@@ -48,6 +57,8 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
                        model=request.model, kind="bad_request")
     delivered = threading.Event()
     cancel = cancel or threading.Event()
+    if deadline is None:
+        deadline = time.monotonic() + endpoint.timeout
 
     def listener(event: Any) -> None:
         if cancel.is_set():
@@ -57,13 +68,21 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
 
     attempt = 0
     while True:
+        guard = CallGuard(deadline, endpoint.stream_idle if on_event else None, cancel)
+        if cancel.is_set():
+            guard.reason = "cancelled"
+        elif guard.remaining() <= 0:
+            guard.reason = "timeout"
+        if guard.reason is not None:
+            raise guard_error(endpoint, request.model, guard)
         try:
-            return _cancellable(lambda: _attempt(fmt, endpoint, request, listener if on_event else None),
-                                cancel, endpoint, request.model)
+            return _attempt(fmt, endpoint, request, listener if on_event else None, guard)
         except LLMError as exc:
-            if not exc.retryable or attempt >= retries or delivered.is_set():
+            if exc.kind == "cancelled" or not exc.retryable or attempt >= retries or delivered.is_set():
                 raise
             delay = _delay(attempt, exc.retry_after)
+            if time.monotonic() + delay + MIN_ATTEMPT_SECS >= deadline:
+                raise  # no time left for another attempt: report this one (a 429 keeps its Retry-After)
             attempt += 1
             if cancel.wait(delay):
                 raise _cancelled_error(endpoint, request.model) from None
@@ -84,20 +103,11 @@ def _cancelled_error(endpoint: ProviderEndpoint, model: str) -> LLMError:
                     model=model, kind="cancelled")
 
 
-def _cancellable(fn: Callable[[], ChatResponse], cancel: threading.Event, endpoint: ProviderEndpoint,
-                 model: str) -> ChatResponse:
-    """Run `fn` on the call pool; stop waiting (and let it die on its timeout) when cancelled."""
-    if cancel.is_set():
-        raise _cancelled_error(endpoint, model)
-    future = _CALLS.submit(fn)
-    while True:
-        try:
-            return future.result(timeout=_CANCEL_POLL)
-        except TimeoutError:
-            if cancel.is_set():
-                raise _cancelled_error(endpoint, model) from None
-        except _Cancelled:
-            raise _cancelled_error(endpoint, model) from None
+def active_calls() -> int:
+    """Model calls in flight in this process (for health details and tests)."""
+    from agentd.llm.drivers.guard import WATCHDOG
+
+    return WATCHDOG.active()
 
 
 def _replay(result: ChatResponse, on_event: Callable[[Any], None]) -> None:
@@ -109,10 +119,35 @@ def _replay(result: ChatResponse, on_event: Callable[[Any], None]) -> None:
 
 
 def _attempt(fmt: ModuleType, endpoint: ProviderEndpoint, request: ChatRequest,
-             on_event: Callable[[Any], None] | None) -> ChatResponse:
+             on_event: Callable[[Any], None] | None, guard: CallGuard) -> ChatResponse:
+    """One HTTP exchange under `guard`; every failure comes out as an `LLMError`."""
+    model = request.model
+    try:
+        with guarded(guard):
+            result = _exchange(fmt, endpoint, request, on_event, guard)
+    except _Cancelled:
+        raise _cancelled_error(endpoint, model) from None
+    except LLMError:
+        if guard.reason is not None:  # e.g. a body cut short by the guard reads as garbage
+            raise guard_error(endpoint, model, guard) from None
+        raise
+    except Interrupted:
+        raise guard_error(endpoint, model, guard) from None
+    except Exception as exc:  # noqa: BLE001 - requests, urllib3 and socket errors alike
+        if not isinstance(exc, (requests.RequestException, OSError)) and type(exc).__module__.split(".")[0] not in (
+                "urllib3", "http"):
+            raise  # a bug or a failing listener, not the network
+        raise network_error(endpoint, model, exc, guard) from None
+    if guard.reason == "cancelled":
+        raise _cancelled_error(endpoint, model)
+    return result
+
+
+def _exchange(fmt: ModuleType, endpoint: ProviderEndpoint, request: ChatRequest,
+              on_event: Callable[[Any], None] | None, guard: CallGuard) -> ChatResponse:
     stream = on_event is not None
     url, headers, body = fmt.prepare(endpoint, request, stream)
-    response = post(endpoint, request.model, url, headers, body, stream)
+    response = post(endpoint, request.model, url, headers, body, stream, guard)
     try:
         if not stream:
             return fmt.parse(endpoint, request.model, read_json(endpoint, request.model, response))
@@ -121,9 +156,6 @@ def _attempt(fmt: ModuleType, endpoint: ProviderEndpoint, request: ChatRequest,
             result = fmt.parse(endpoint, request.model, read_json(endpoint, request.model, response))
             _replay(result, on_event)
             return result
-        try:
-            return fmt.parse_stream(endpoint, request.model, response, on_event)
-        except requests.RequestException as exc:
-            raise network_error(endpoint, request.model, exc) from None
+        return fmt.parse_stream(endpoint, request.model, response, on_event, guard)
     finally:
         response.close()

@@ -7,7 +7,8 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
-from agentd.llm.drivers.transport import bad_response, iter_sse, merge_turns, parse_event_json, usage_from
+from agentd.llm.drivers.guard import CallGuard
+from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 API_VERSION = "2023-06-01"
@@ -64,10 +65,11 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
 
 
 def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Response,
-                 on_event: Listener) -> ChatResponse:
+                 on_event: Listener, guard: CallGuard) -> ChatResponse:
     """A streamed answer, event by event."""
     out = Assembler(on_event)
-    for event in iter_sse(response):
+    finished = False  # message_stop ends an answer; a body that stops before it was cut off
+    for event in iter_sse(response, guard):
         data = parse_event_json(endpoint, model, event.data)
         kind = data.get("type") or event.event
         if kind == "message_start":
@@ -97,5 +99,8 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
             detail = (data.get("error") or {}).get("message", "unknown error")
             raise bad_response(endpoint, model, f"the stream reported an error: {detail}")
         elif kind == "message_stop":
+            finished = True
             break
+    if not finished:
+        raise truncated(endpoint, model, "message_stop")
     return out.response(model)

@@ -7,7 +7,8 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener, new_call_id
-from agentd.llm.drivers.transport import bad_response, iter_sse, merge_turns, parse_event_json, usage_from
+from agentd.llm.drivers.guard import CallGuard
+from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 FINISH = {"STOP": "stop", "MAX_TOKENS": "length"}
@@ -90,10 +91,11 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
 
 
 def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Response,
-                 on_event: Listener) -> ChatResponse:
+                 on_event: Listener, guard: CallGuard) -> ChatResponse:
     """A streamed answer: each SSE event is a partial generateContent response."""
     out = Assembler(on_event)
-    for event in iter_sse(response):
+    finished = False  # Gemini has no end event: the last chunk carries finishReason
+    for event in iter_sse(response, guard):
         data = parse_event_json(endpoint, model, event.data)
         if "error" in data:
             raise bad_response(endpoint, model, f"the stream reported an error: {data['error']}")
@@ -105,8 +107,11 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.add_text(part["text"])
         if candidate.get("finishReason"):
+            finished = True
             out.finish = FINISH.get(candidate["finishReason"], "stop")
         usage = _usage(data.get("usageMetadata"))
         if usage is not None:
             out.input_tokens, out.output_tokens = usage.input_tokens, usage.output_tokens
+    if not finished:
+        raise truncated(endpoint, model, "finishReason")
     return out.response(model)

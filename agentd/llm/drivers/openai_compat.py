@@ -8,7 +8,8 @@ from typing import Any
 import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
-from agentd.llm.drivers.transport import bad_response, iter_sse, parse_arguments, parse_event_json, usage_from
+from agentd.llm.drivers.guard import CallGuard
+from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, parse_arguments, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
@@ -71,11 +72,14 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
 
 
 def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Response,
-                 on_event: Listener) -> ChatResponse:
+                 on_event: Listener, guard: CallGuard) -> ChatResponse:
     """A streamed answer: text and tool-call fragments as they come, usage from the final chunk."""
     out = Assembler(on_event)
-    for event in iter_sse(response):
+    # [DONE] or a finish_reason ends an answer; a body that stops before either was cut off.
+    finished = False
+    for event in iter_sse(response, guard):
         if event.data.strip() == "[DONE]":
+            finished = True
             break
         chunk = parse_event_json(endpoint, model, event.data)
         if "error" in chunk:
@@ -94,5 +98,8 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
                     out.start_call(index, call.get("id"), function.get("name") or "")
                 out.add_arguments(index, function.get("arguments") or "")
             if choice.get("finish_reason"):
+                finished = True
                 out.finish = FINISH.get(choice["finish_reason"], "stop")
+    if not finished:
+        raise truncated(endpoint, model, "[DONE] or finish_reason")
     return out.response(model)

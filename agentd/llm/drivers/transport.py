@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import requests
 
+from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 
 _local = threading.local()
@@ -25,6 +26,11 @@ def session() -> requests.Session:
     s = getattr(_local, "session", None)
     if s is None:
         s = requests.Session()
+        # Connections register with the calling thread's CallGuard so a hung or cancelled
+        # call can be interrupted from the watchdog (see guard.py).
+        adapter = GuardedAdapter()
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
         # With trust_env, requests rescans os.environ for proxies on every call: the largest
         # CPU cost of a model call in profiles. Keep it only when a proxy is configured
         # (no_proxy matching needs it); a CA bundle variable is read once here instead.
@@ -44,11 +50,36 @@ class SseEvent:
     data: str
 
 
-def iter_sse(response: requests.Response) -> Iterator[SseEvent]:
+class Interrupted(Exception):
+    """The guard shut the connection down; the attempt fails with the guard's reason."""
+
+
+READ_SIZE = 64 * 1024
+
+
+def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes]:
+    """The body as bytes arrive, whatever the framing.
+
+    `read1` returns whatever is available: a close-delimited body (no Content-Length, no
+    chunked encoding) is not held back until a buffer fills, as `iter_content` would.
+    """
+    raw = response.raw
+    guard.streaming()
+    while True:
+        data = raw.read1(READ_SIZE, decode_content=True)
+        if guard.reason is not None:
+            raise Interrupted(guard.reason)
+        if not data:
+            return
+        guard.got_bytes()
+        yield data
+
+
+def iter_sse(response: requests.Response, guard: CallGuard) -> Iterator[SseEvent]:
     """Parse an SSE body as it arrives; tolerates `\\n` and `\\r\\n` line endings."""
     buffer = b""
     event, data = "", []
-    for chunk in response.iter_content(chunk_size=None):
+    for chunk in read_chunks(response, guard):
         buffer += chunk
         while True:
             nl = buffer.find(b"\n")
@@ -82,13 +113,15 @@ def where(endpoint: ProviderEndpoint, model: str) -> str:
 
 
 def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, str],
-         body: dict[str, Any], stream: bool) -> requests.Response:
-    """POST JSON; network failures and non-2xx answers become `LLMError`s."""
-    try:
-        response = session().post(url, json=body, headers=headers, stream=stream,
-                                  timeout=(endpoint.connect_timeout, endpoint.timeout))
-    except requests.RequestException as exc:
-        raise network_error(endpoint, model, exc) from None
+         body: dict[str, Any], stream: bool, guard: CallGuard) -> requests.Response:
+    """POST JSON under `guard`; non-2xx answers become `LLMError`s, network failures raise as is."""
+    remaining = guard.remaining()
+    if remaining <= 0:
+        raise Interrupted("timeout")
+    # The guard enforces the deadline; the read timeout is only a backstop.
+    response = session().post(url, json=body, headers=headers, stream=True,
+                              timeout=(max(0.05, min(endpoint.connect_timeout, remaining)), remaining + 1))
+    guard.received = True
     if response.status_code >= 400:
         try:
             raise http_error(endpoint, model, response)
@@ -97,13 +130,44 @@ def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, st
     return response
 
 
-def network_error(endpoint: ProviderEndpoint, model: str, exc: Exception) -> LLMError:
-    """Map a requests exception (before or during the body) to a timeout or unreachable error."""
+def guard_error(endpoint: ProviderEndpoint, model: str, guard: CallGuard) -> LLMError:
+    """The error of an attempt the guard interrupted."""
+    if guard.reason == "cancelled":
+        return LLMError(f"{endpoint.provider} model {model}: call cancelled", provider=endpoint.provider,
+                        model=model, kind="cancelled")
+    if guard.reason == "idle":
+        return LLMError(f"{where(endpoint, model)}: timed out: the stream stalled, no data for "
+                        f"{guard.idle:g}s from {endpoint.base_url} (stream_idle_secs)",
+                        provider=endpoint.provider, model=model, kind="timeout")
+    return LLMError(f"{where(endpoint, model)}: timed out after {endpoint.timeout:g}s waiting for "
+                    f"{endpoint.base_url} (timeout_secs)", provider=endpoint.provider, model=model,
+                    kind="timeout")
+
+
+def network_error(endpoint: ProviderEndpoint, model: str, exc: Exception,
+                  guard: CallGuard | None = None) -> LLMError:
+    """Map a network failure (before or during the body) to what happened, as far as is known."""
+    if guard is not None and guard.reason is not None:
+        return guard_error(endpoint, model, guard)
     text = str(exc)
     if isinstance(exc, requests.Timeout) or "timed out" in text.lower():
         return LLMError(f"{where(endpoint, model)}: timed out after {endpoint.timeout:g}s waiting for "
                         f"{endpoint.base_url}", provider=endpoint.provider, model=model, kind="timeout")
-    if isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.exceptions.ChunkedEncodingError):
+    if guard is not None and guard.last_byte is not None:
+        return truncated(endpoint, model, f"end of stream: the connection broke ({type(exc).__name__})")
+    if guard is not None and guard.received:
+        return LLMError(f"{where(endpoint, model)}: the connection broke while reading the answer: "
+                        f"{type(exc).__name__}", provider=endpoint.provider, model=model, kind="server")
+    if guard is not None and guard.sent:
+        if guard.reused:
+            # A kept-alive connection the server had already closed: nothing was processed.
+            return LLMError(f"{where(endpoint, model)}: the kept-alive connection to {endpoint.base_url} "
+                            "was closed", provider=endpoint.provider, model=model, kind="unreachable")
+        return LLMError(f"{where(endpoint, model)}: connection reset by {endpoint.base_url} after the "
+                        "request was sent (the provider may have received it; not retried)",
+                        provider=endpoint.provider, model=model, kind="reset")
+    if isinstance(exc, (requests.ConnectionError, OSError)) and not isinstance(
+            exc, requests.exceptions.ChunkedEncodingError):
         return LLMError(f"{where(endpoint, model)}: cannot reach {endpoint.base_url}: connection failed",
                         provider=endpoint.provider, model=model, kind="unreachable")
     return LLMError(f"{where(endpoint, model)}: the connection broke: {type(exc).__name__}",
@@ -153,11 +217,15 @@ def read_json(endpoint: ProviderEndpoint, model: str, response: requests.Respons
         data = response.json()
     except ValueError:  # requests' JSONDecodeError is also a RequestException: catch it first
         raise bad_response(endpoint, model, "the answer is not valid JSON") from None
-    except requests.RequestException as exc:
-        raise network_error(endpoint, model, exc) from None
     if not isinstance(data, dict):
         raise bad_response(endpoint, model, "the answer is not a JSON object")
     return data
+
+
+def truncated(endpoint: ProviderEndpoint, model: str, missing: str) -> LLMError:
+    """A stream that ended without its end marker: an error, never a complete answer."""
+    return LLMError(f"{where(endpoint, model)}: the stream was cut off before the answer was complete "
+                    f"(no {missing})", provider=endpoint.provider, model=model, kind="truncated")
 
 
 def parse_event_json(endpoint: ProviderEndpoint, model: str, data: str) -> dict[str, Any]:

@@ -1,0 +1,128 @@
+"""The request guard: runs before CORS, rate limiting, auth and every handler.
+
+It keeps a daemon that serves loopback clients without a key from being driven by
+web pages the user happens to visit:
+
+* Host allow-list (DNS rebinding): a page on `attacker.example` that resolves to
+  127.0.0.1 still sends `Host: attacker.example`; only loopback names, the listen
+  address and `[api] allowed_hosts` are served.
+* Cross-site refusal: a browser marks requests from other sites with `Origin` and
+  `Sec-Fetch-Site`. A state-changing request from another origin (a form post, a
+  `fetch` with `mode: no-cors`) is refused before its body is read. Requests with
+  neither header (curl, SDKs, scripts) are not browsers' and pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+from typing import Iterable
+
+from flask import Flask, Response, request
+
+from agentd.api.errors import error_response
+from agentd.config import Config
+
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+CROSS_SITE_VALUES = frozenset({"cross-site", "same-site"})
+CROSS_SITE_MESSAGE = "cross-site request refused"
+HOST_MESSAGE = "host not allowed"
+
+
+def host_name(host_header: str) -> str:
+    """The name part of a Host header: lowercase, no port, no brackets, no trailing dot."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end > 0 else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def _is_loopback_host(name: str) -> bool:
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class HostPolicy:
+    """Which Host headers the daemon answers."""
+
+    def __init__(self, listen_host: str, allowed: Iterable[str]) -> None:
+        self.listen_host = host_name(listen_host) if listen_host else ""
+        self.any = False
+        self.exact: set[str] = set()
+        self.patterns: list[str] = []
+        for entry in allowed:
+            entry = entry.strip().lower().rstrip(".")
+            if entry == "*":
+                self.any = True
+            elif "*" in entry:
+                self.patterns.append(entry)
+            elif entry:
+                self.exact.add(host_name(entry))
+
+    def allows(self, host_header: str | None) -> bool:
+        """True when a request carrying this Host header may be served."""
+        if self.any or host_header is None:
+            # No Host header at all (HTTP/1.0): not a browser on a rebinding name.
+            return True
+        name = host_name(host_header)
+        if not name:
+            return False
+        if _is_loopback_host(name) or name == self.listen_host or name in self.exact:
+            return True
+        # `*.example.com` matches sub.example.com (any depth), never example.com itself.
+        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+
+class OriginPolicy:
+    """Which browser origins may send state-changing requests."""
+
+    def __init__(self, port: int, cors_origins: Iterable[str]) -> None:
+        # The daemon's own loopback origins are the same daemon under another name.
+        self.trusted = {f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}"}
+        self.trusted.update(o.rstrip("/").lower() for o in cors_origins)
+
+    def refuses(self, method: str, origin: str | None, fetch_site: str | None, own_origin: str,
+                upgrade: str | None = None) -> bool:
+        """True when this request is a cross-site state change.
+
+        A WebSocket handshake is a GET, but the socket sends messages to agents and
+        browsers apply no CORS to it, so it is judged like a POST.
+        """
+        if method not in STATE_CHANGING and (upgrade or "").lower() != "websocket":
+            return False
+        if origin is not None:
+            normalized = origin.strip().rstrip("/").lower()
+            # `Origin: null` (sandboxed frames, file: pages) is never trusted.
+            return not (normalized == own_origin.lower() or normalized in self.trusted)
+        return (fetch_site or "").strip().lower() in CROSS_SITE_VALUES
+
+
+def _own_origin() -> str:
+    scheme = request.scheme or "http"
+    return f"{scheme}://{request.host}"
+
+
+def install_guard(app: Flask, config: Config) -> None:
+    """Register the guard as the app's first before-request hook."""
+    hosts = HostPolicy(config.host, config.api.allowed_hosts)
+    origins = OriginPolicy(config.port, config.api.cors_origins)
+
+    def _guard() -> Response | None:
+        environ = request.environ
+        if not hosts.allows(environ.get("HTTP_HOST")):
+            return error_response(400, HOST_MESSAGE)
+        if origins.refuses(request.method, environ.get("HTTP_ORIGIN"), environ.get("HTTP_SEC_FETCH_SITE"),
+                           _own_origin(), environ.get("HTTP_UPGRADE")):
+            return error_response(403, CROSS_SITE_MESSAGE)
+        return None
+
+    # First in line: nothing (rate limiter, auth, body parsing) runs for a refused request.
+    app.before_request_funcs.setdefault(None, []).insert(0, _guard)

@@ -1,0 +1,211 @@
+"""Bounding and interrupting one model call: a deadline, an idle limit and cancellation.
+
+`requests` only knows per-socket-read timeouts, so a provider that drips one byte at a
+time, or a caller that wants to stop, cannot end a call through it. Each attempt runs
+under a `CallGuard`; one watchdog thread checks every active guard and, when the call
+is cancelled, past its deadline or idle too long, shuts the socket down. The blocked
+read in the run's own thread then returns at once, the attempt fails with the guard's
+reason, and no thread is left behind waiting on a dead connection.
+
+The guard learns the socket through a connection class mounted on the session: every
+request registers its urllib3 connection with the guard of the calling thread, so the
+socket can be interrupted before the headers arrive (a hang) as well as mid-body.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+_local = threading.local()
+WATCH_INTERVAL = 0.05  # seconds between watchdog checks: the precision of every bound here
+
+
+class CallGuard:
+    """The limits of one attempt: absolute `deadline` (monotonic), stream idle limit, cancel event."""
+
+    def __init__(self, deadline: float, idle: float | None, cancel: threading.Event) -> None:
+        self.deadline = deadline
+        self.idle = idle
+        self.cancel = cancel
+        self.reason: str | None = None  # cancelled | timeout | idle, once tripped
+        self.sent = False  # the request left (its bytes were written)
+        self.reused = False  # ... on a kept-alive connection
+        self.received = False  # a byte of the answer arrived
+        self.last_byte: float | None = None  # set while reading a stream body
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    # -- called by the reading thread --------------------------------------------------
+    def attach(self, sock: Any) -> None:
+        """The socket this attempt uses; interrupted at once if the guard already tripped.
+
+        The socket itself is kept, not the connection: http.client drops the connection's
+        reference (`conn.sock = None`) when the answer says `Connection: close`, while the
+        response goes on reading from the same socket."""
+        if sock is None:
+            return
+        with self._lock:
+            self._conn = sock
+            tripped = self.reason is not None
+        if tripped:
+            self._interrupt()
+
+    def streaming(self) -> None:
+        """The body is being read as a stream: the idle limit applies from now."""
+        self.last_byte = time.monotonic()
+
+    def got_bytes(self) -> None:
+        self.received = True
+        if self.last_byte is not None:
+            self.last_byte = time.monotonic()
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # -- called by the watchdog --------------------------------------------------------
+    def check(self, now: float) -> None:
+        if self.reason is not None:
+            return
+        if self.cancel.is_set():
+            reason = "cancelled"
+        elif now >= self.deadline:
+            reason = "timeout"
+        elif self.idle is not None and self.last_byte is not None and now - self.last_byte >= self.idle:
+            reason = "idle"
+        else:
+            return
+        with self._lock:
+            self.reason = reason
+        self._interrupt()
+
+    def trip(self, reason: str) -> None:
+        """Interrupt now (used when the reading thread itself decides to stop)."""
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        with self._lock:
+            sock = self._conn
+        if sock is None:
+            return
+        try:
+            # shutdown (not close) wakes a recv blocked in another thread on Linux.
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Watchdog:
+    """One thread for every guard in the process; sleeps while no call is active."""
+
+    def __init__(self) -> None:
+        self._guards: set[CallGuard] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentd-llm-watchdog", daemon=True)
+        self._thread.start()
+
+    def add(self, guard: CallGuard) -> None:
+        with self._lock:
+            self._guards.add(guard)
+        self._wake.set()
+
+    def remove(self, guard: CallGuard) -> None:
+        with self._lock:
+            self._guards.discard(guard)
+
+    def active(self) -> int:
+        """How many model calls are in flight."""
+        with self._lock:
+            return len(self._guards)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                guards = list(self._guards)
+                if not guards:
+                    self._wake.clear()
+            if not guards:
+                self._wake.wait()
+                continue
+            now = time.monotonic()
+            for guard in guards:
+                guard.check(now)
+            time.sleep(WATCH_INTERVAL)
+
+
+WATCHDOG = _Watchdog()
+
+
+class guarded:
+    """Context manager: make `guard` the calling thread's guard and watch it."""
+
+    def __init__(self, guard: CallGuard) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> CallGuard:
+        _local.guard = self.guard
+        WATCHDOG.add(self.guard)
+        return self.guard
+
+    def __exit__(self, *exc: Any) -> None:
+        WATCHDOG.remove(self.guard)
+        _local.guard = None
+
+
+def current_guard() -> CallGuard | None:
+    return getattr(_local, "guard", None)
+
+
+class _Tracked:
+    """Mixin for urllib3 connections: tell the calling thread's guard which socket to interrupt."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401 - urllib3's signature
+        guard = current_guard()
+        if guard is not None:
+            guard.reused = getattr(self, "sock", None) is not None
+            guard.attach(getattr(self, "sock", None))
+        result = super().request(*args, **kwargs)  # type: ignore[misc]
+        if guard is not None:
+            guard.sent = True
+            guard.attach(getattr(self, "sock", None))  # the socket exists now even when this connection was new
+        return result
+
+
+class _TrackedHTTPConnection(_Tracked, HTTPConnection):
+    pass
+
+
+class _TrackedHTTPSConnection(_Tracked, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTPConnection
+
+
+class _SPool(HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPSConnection
+
+
+class GuardedAdapter(HTTPAdapter):
+    """An HTTPAdapter whose connections register with the calling thread's guard."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _SPool}
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if hasattr(manager, "pool_classes_by_scheme"):
+            manager.pool_classes_by_scheme = {"http": _Pool, "https": _SPool}
+        return manager
