@@ -5,6 +5,7 @@ the next send calls) and the contract the shared channel tests drive:
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -21,13 +22,14 @@ class FakePlatform(FakeServer):
         self.throttle: list[int] = []
         self.sent: list[dict[str, Any]] = []   # what the bot posted, in the platform's format
         self.polls: list[float] = []           # when each inbound read was served
-        self.next_id = 1000
         super().__init__(self.app)
 
+    # Ids keep growing across fake instances: an adapter's persisted cursor (last post id...)
+    # outlives one test's fake, as it would outlive a platform restart.
+    _ids = itertools.count(1001)
+
     def new_id(self) -> int:
-        with self.lock:
-            self.next_id += 1
-            return self.next_id
+        return next(FakePlatform._ids)
 
     def throttled(self, body: Any = None):  # type: ignore[no-untyped-def]
         """A 429 with Retry-After when a throttle is scripted, else None."""
