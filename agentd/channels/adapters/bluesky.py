@@ -57,7 +57,7 @@ class BlueskyAdapter(PollingAdapter):
             self.save_cursor(seen_at=newest)
             self.xrpc("POST", "app.bsky.notification.updateSeen", json={"seenAt": newest}, retries=0)
         elif seen_at is None:
-            self.save_cursor(seen_at=_now())
+            self.save_cursor(seen_at=_now(lag=1.0))  # a second of slack for clocks
 
     def _handle(self, note: dict[str, Any]) -> None:
         author, record = note.get("author") or {}, note.get("record") or {}
@@ -90,8 +90,8 @@ class BlueskyAdapter(PollingAdapter):
         return Conversation(self.name, override or "timeline")  # a top-level post
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+def _now(lag: float = 0.0) -> str:
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=lag)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 ADAPTER = BlueskyAdapter

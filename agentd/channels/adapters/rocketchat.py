@@ -45,7 +45,7 @@ class RocketChatAdapter(PollingAdapter):
             messages = sorted(self.api("GET", f"{kind}.history", params=params, retries=0).get("messages", []),
                               key=lambda m: m["ts"])
             if oldest is None:  # a room seen for the first time: its history is not answered
-                cursors[room_id] = messages[-1]["ts"] if messages else _now()
+                cursors[room_id] = messages[-1]["ts"] if messages else _now(lag=1.0)
                 continue
             for message in (m for m in messages if m["ts"] > oldest):
                 cursors[room_id] = message["ts"]
@@ -89,8 +89,8 @@ class RocketChatAdapter(PollingAdapter):
         return Conversation(self.name, target)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+def _now(lag: float = 0.0) -> str:
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=lag)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 ADAPTER = RocketChatAdapter
