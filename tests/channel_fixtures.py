@@ -15,7 +15,7 @@ from support import Daemon, make_home
 AGENT_TOML = 'name = "helper"\nprofile = "minimal"\n[model]\nprovider = "default"\nmodel = "default"\n'
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
              what: str = "condition") -> Any:
     """Poll `predicate` until it returns something truthy; fail the test on timeout."""
     deadline = time.monotonic() + timeout
@@ -43,7 +43,7 @@ def channel(daemon: Daemon, name: str) -> dict[str, Any]:
     return next(c for c in daemon.get("/api/channels").json() if c["name"] == name)
 
 
-def wait_active(daemon: Daemon, name: str, timeout: float = 10.0) -> None:
+def wait_active(daemon: Daemon, name: str, timeout: float = 30.0) -> None:
     wait_for(lambda: channel(daemon, name)["active"], timeout, what=f"{name} active")
 
 

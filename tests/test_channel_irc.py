@@ -42,9 +42,14 @@ def test_dm_and_channel_mention_are_answered(channel_daemon, ircd):
         assert line.endswith("PRIVMSG #agents :alice: echo: what is up?")
         assert not any("just chatting" in l for l in alice.lines if l.startswith(":agentbot!"))
 
+        # The test endpoint sends a real message to the configured target (first channel).
+        sent = channel_daemon.post("/api/channels/irc/test", json={"message": "test from agentd"})
+        assert sent.status_code == 200 and sent.json()["status"] == "success"
+        alice.wait(lambda l: l.startswith(":agentbot!") and l.endswith("PRIVMSG #agents :test from agentd"))
+
         inbound = audit(channel_daemon, "channel.inbound", "irc")
         assert [e["detail"]["conversation"] for e in inbound[:2]] == ["irc:chat:#agents", "irc:dm:alice"]
-        outbound = audit(channel_daemon, "channel.outbound", "irc")
+        outbound = [e for e in audit(channel_daemon, "channel.outbound", "irc") if not e["detail"].get("test")]
         assert outbound[0]["detail"]["in_reply_to"] == inbound[0]["detail"]["message_id"]
         # Only ids go to the audit trail, never the text.
         assert "hello there" not in str(audit(channel_daemon))
@@ -113,3 +118,27 @@ def test_adapter_threads_end_on_stop(ircd):
     adapter.stop()
     assert adapter.threads_alive() == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("channel-irc")]
+
+
+def test_tls_connection(channel_daemon, tmp_path):
+    """use_tls: the adapter talks to ngircd's TLS port (self-signed: tls_verify = false)."""
+    server = Ngircd(tmp_path / "tls", tls=True).start()
+    try:
+        configure(channel_daemon, "irc", server="127.0.0.1", port=server.tls_port, nick="tlsbot",
+                  use_tls=True, tls_verify=False, default_agent="helper", send_interval_secs=0.1)
+        wait_active(channel_daemon, "irc")
+        user = IrcUser(server.port, "erin")  # the user connects in plain text; the server relays
+        try:
+            user.send("PRIVMSG tlsbot :over tls")
+            assert user.wait(lambda l: "PRIVMSG erin " in l).endswith(":echo: over tls")
+        finally:
+            user.close()
+        # With verification on, the self-signed certificate is refused: never active.
+        configure(channel_daemon, "irc", server="127.0.0.1", port=server.tls_port, nick="tlsbot",
+                  use_tls=True, default_agent="helper")
+        wait_for(lambda: [e for e in audit(channel_daemon, "channel.connection_error", "irc")
+                          if "CERTIFICATE_VERIFY_FAILED" in e["detail"]["error"]], what="verify failure")
+        assert channel(channel_daemon, "irc")["active"] is False
+    finally:
+        remove(channel_daemon, "irc")
+        server.stop()

@@ -76,3 +76,60 @@ def test_reconnect_and_clean_stop(channel_daemon, telegram):
     time.sleep(1.5)
     assert len(telegram.polls) == polls  # nothing polls any more
     assert audit(channel_daemon, "channel.stop", "telegram")[0]["detail"]["reason"] == "removed"
+
+
+def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, fake_llm):
+    setup(channel_daemon, telegram)
+    telegram.user_says(901, "[[slow:0.6]] first")
+    telegram.user_says(901, "second")
+    telegram.user_says(902, "[[slow:0.6]] other user")
+    wait_for(lambda: len(telegram.replies_to(901)) == 2 and telegram.replies_to(902), what="replies")
+    assert telegram.replies_to(901) == ["echo: first", "echo: second"]  # in order despite the slow first
+    # 902's model call started while 901's slow one was still running: conversations run in parallel.
+    calls = {r["json"]["messages"][-1]["content"]: r for r in fake_llm.requests
+             if r["path"].endswith("/chat/completions") and r["json"]["messages"][-1]["role"] == "user"}
+    first, other = calls["[[slow:0.6]] first"], calls["[[slow:0.6]] other user"]
+    assert other["time"] < first["done"] and first["time"] < other["done"]
+    telegram.user_says(903, "[[think]] ponder")
+    wait_for(lambda: telegram.replies_to(903), what="think reply")
+    assert telegram.replies_to(903) == ["echo: ponder"]
+    telegram.user_says(904, "[[fail:500]] boom")
+    wait_for(lambda: telegram.replies_to(904), what="apology")
+    assert telegram.replies_to(904)[0].startswith("Sorry, something went wrong")
+    error = audit(channel_daemon, "channel.error", "telegram")[0]["detail"]
+    assert "500" in error["error"] and "boom" not in str(error)
+    telegram.user_says(901, "/new")
+    wait_for(lambda: len(telegram.replies_to(901)) == 3, what="/new answer")
+    assert telegram.replies_to(901)[2] == "Started a new conversation."
+    telegram.user_says(901, "fresh start")
+    wait_for(lambda: len(telegram.replies_to(901)) == 4, what="reply after /new")
+    call = next(r for r in reversed(fake_llm.requests) if "fresh start" in str(r["json"]))
+    assert "second" not in str(call["json"]["messages"])  # history of 901 was cleared
+
+
+def test_test_endpoint_delivers_or_says_why(channel_daemon, telegram):
+    setup(channel_daemon, telegram, default_chat_id="4242")
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "are you there"})
+    assert response.json() == {"status": "success", "message": "test message delivered to 4242"}
+    assert telegram.replies_to(4242) == ["are you there"]
+    telegram.stop()  # platform down: a clear error, not a fake success
+    response = channel_daemon.post("/api/channels/telegram/test", json={"message": "again", "chat_id": "77"})
+    assert response.status_code == 502 and response.json()["error"].startswith("test message not delivered")
+    telegram.start()
+
+
+def test_failing_platform_backs_off_and_recovers(channel_daemon, telegram):
+    setup(channel_daemon, telegram)
+    telegram.broken = True
+    wait_for(lambda: not channel(channel_daemon, "telegram")["active"], what="inactive while failing")
+    polls = len(telegram.polls)
+    time.sleep(2.0)
+    errors = [e for e in audit(channel_daemon, "channel.connection_error", "telegram")
+              if "502" in e["detail"]["error"]]
+    assert len(errors) == 1  # one entry per outage, not one per retry
+    assert channel_daemon.get("/api/health").status_code == 200
+    telegram.broken = False
+    wait_active(channel_daemon, "telegram", timeout=15)
+    assert len(telegram.polls) > polls
+    telegram.user_says(1001, "recovered")
+    wait_for(lambda: telegram.replies_to(1001), what="reply after recovery")

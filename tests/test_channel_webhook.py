@@ -36,8 +36,8 @@ def hook(channel_daemon):
 def test_signed_message_is_answered_with_signed_callback(channel_daemon, hook):
     url, callback = hook
     body = json.dumps({"sender_id": "u-42", "sender_name": "Ann", "message": "ping via hook"}).encode()
-    response = requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body),
-                                                      "Content-Type": "application/json"}, timeout=5)
+    response = requests.post(url + "webhook", data=body, headers={"X-Webhook-Signature": sign(body),
+                                                                  "Content-Type": "application/json"}, timeout=5)
     assert response.status_code == 202
     assert response.json()["status"] == "accepted"
     wait_for(lambda: callback.requests, what="callback")
@@ -92,3 +92,41 @@ def test_listener_is_gone_after_remove(channel_daemon):
     with pytest.raises(requests.ConnectionError):
         requests.post(f"http://127.0.0.1:{port}/", json={}, timeout=2)
     assert channel(channel_daemon, "webhook")["active"] is False
+
+
+def test_without_a_set_secret_nothing_is_signed(channel_daemon):
+    callback, port = Recorder(), free_port()
+    try:
+        configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
+                  secret_env="UNSET_SECRET_VARIABLE")
+        wait_active(channel_daemon, "webhook")
+        response = requests.post(f"http://127.0.0.1:{port}/", json={"sender_id": "s", "message": "plain"}, timeout=5)
+        assert response.status_code == 202
+        wait_for(lambda: callback.requests, what="callback")
+        assert "X-Webhook-Signature" not in callback.requests[0]["headers"]
+        assert json.loads(callback.requests[0]["body"])["message"] == "echo: plain"
+    finally:
+        remove(channel_daemon, "webhook")
+        callback.close()
+
+
+def test_listener_survives_hostile_clients(channel_daemon, hook):
+    import socket
+
+    url, callback = hook
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    for head in (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+                 b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                 b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+                 b"POST /\x00 HTTP/9.9\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(head)
+            status = sock.recv(200).split(b" ")[1]
+            assert status in (b"400", b"413", b"505"), head
+    # A client that stalls mid-body holds one thread only; others are served meanwhile.
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+    stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    body = json.dumps({"sender_id": "ok", "message": "still here"}).encode()
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202
+    wait_for(lambda: callback.requests, what="reply while another client stalls")
+    stalled.close()

@@ -101,6 +101,14 @@ def test_reload_applies_hand_edits(tmp_path):
         assert response.json() == {"status": "reloaded", "channels_active": 1}
         wait_for(lambda: channel(daemon, "webhook")["active"], what="webhook active")
         text = (home / "config.toml").read_text()
+        # listen_host changed by hand: the listener re-binds on the new address.
+        with open(home / "config.toml", "a") as fh:
+            fh.write('[channels]\nlisten_host = "127.0.0.2"\n')
+        assert daemon.post("/api/channels/reload").json() == {"status": "reloaded", "channels_active": 1}
+        wait_for(lambda: channel(daemon, "webhook")["active"], what="webhook active again")
+        import requests
+        assert requests.post(f"http://127.0.0.2:{port}/", json={"sender_id": "a", "message": "b"},
+                             timeout=5).status_code == 202
         (home / "config.toml").write_text(text[:text.index("[channels.webhook]")])
         assert daemon.post("/api/channels/reload").json() == {"status": "reloaded", "channels_active": 0}
         assert channel(daemon, "webhook")["active"] is False
@@ -116,6 +124,15 @@ def test_test_endpoint_errors(channel_daemon):
     response = channel_daemon.post("/api/channels/telegram/test", json={"message": "x"})
     assert response.status_code == 400 and "not configured" in response.json()["error"]
     assert channel_daemon.post("/api/channels/irc/test", json={"message": 5}).status_code == 400
+    # Configured but with no target to send to: the client must say where (400, not a fake success).
+    configure(channel_daemon, "ntfy", topic="t1", server_url="http://127.0.0.1:9")
+    configure(channel_daemon, "matrix", access_token_env="MATRIX_ACCESS_TOKEN", homeserver_url="http://127.0.0.1:9")
+    response = channel_daemon.post("/api/channels/matrix/test", json={"message": "x"})
+    assert response.status_code == 400 and "no test target" in response.json()["error"]
+    response = channel_daemon.post("/api/channels/ntfy/test", json={"message": "x"})  # nothing listens on :9
+    assert response.status_code == 502 and "not delivered" in response.json()["error"]
+    channel_daemon.delete("/api/channels/matrix/configure")
+    channel_daemon.delete("/api/channels/ntfy/configure")
 
 
 class FakeGateway:
@@ -143,8 +160,9 @@ class FakeGateway:
                 self._json({"qr_data_url": gateway.qr, "session_id": "sess-1", "connected": False})
 
             def do_GET(self) -> None:  # noqa: N802
-                assert self.path == "/login/status?session_id=sess-1", self.path
-                if gateway.connected:
+                if self.path != "/login/status?session_id=sess-1":
+                    self._json({"connected": False, "message": "Unknown session", "expired": False})
+                elif gateway.connected:
                     self._json({"connected": True, "message": "ok", "expired": False, "phone_number": "+15550001"})
                 else:
                     self._json({"connected": False, "message": "Waiting for scan...", "expired": False})
@@ -175,6 +193,10 @@ def test_qr_login_through_gateway(tmp_path, qr):
         assert daemon.get("/api/channels/whatsapp/qr/status?session_id=nope").status_code == 404
         assert daemon.post("/api/channels/telegram/qr/start").status_code == 400
         assert daemon.post("/api/channels/nosuch/qr/start").status_code == 404
+        gateway.server.shutdown()
+        gateway.server.server_close()
+        response = daemon.post("/api/channels/whatsapp/qr/start")
+        assert response.status_code == 502 and "unreachable" in response.json()["error"]
     finally:
         daemon.stop()
         gateway.server.shutdown()
@@ -184,6 +206,8 @@ def test_qr_without_gateway_is_503(channel_daemon):
     response = channel_daemon.post("/api/channels/whatsapp/qr/start")
     assert response.status_code == 503
     assert "WHATSAPP_WEB_GATEWAY_URL" in response.json()["error"]
+    response = channel_daemon.get("/api/channels/whatsapp/qr/status?session_id=x")
+    assert response.status_code == 503 and "WHATSAPP_WEB_GATEWAY_URL" in response.json()["error"]
 
 
 def test_audit_records_agent_lifecycle_newest_first(channel_daemon):
@@ -194,3 +218,12 @@ def test_audit_records_agent_lifecycle_newest_first(channel_daemon):
     assert rows[0]["detail"] == {"agent_id": created["agent_id"]} and rows[0]["id"] > rows[1]["id"]
     assert any(r["event"] == "kernel.start" for r in audit(channel_daemon))
     assert channel_daemon.get("/api/audit/recent?limit=abc").status_code == 400
+
+
+def test_dashboard_channels_page_shows_recent_events(channel_daemon):
+    channel_daemon.post("/api/channels/gitter/configure", json={"default_agent": "helper"})
+    page = channel_daemon.get("/channels")
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert 'data-channel="gitter"' in page.text and "channel.configure" in page.text
+    assert "not implemented yet" in page.text
+    channel_daemon.delete("/api/channels/gitter/configure")

@@ -697,7 +697,8 @@ class AgentManager:
                 self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
                                         messages="[]", created_at=utcnow())
         view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None,
-                       session_cache=None, llm_history=None)
+                       session_cache=None, llm_history=None, waiting=collections.deque(), busy=False,
+                       queue_lock=threading.Lock())
         return self.run(view, text)
 
     # -- session ------------------------------------------------------------------

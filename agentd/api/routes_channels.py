@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, current_app, jsonify, render_template, request
 
 from agentd.api import body
 from agentd.api.routes_system import kernel
@@ -69,3 +69,13 @@ def audit_recent():
     if limit < 1:
         raise BadRequest("limit: must be at least 1")
     return jsonify(kernel().audit.recent(limit, request.args.get("event", "")))
+
+
+@bp.get("/channels")
+def channels_page():
+    """Dashboard page: every adapter's state and the recent channel audit events."""
+    k = kernel()
+    response = current_app.make_response(render_template(
+        "channels.html", channels=k.channels.list(), events=k.audit.recent(50, "channel.")))
+    response.headers["Content-Security-Policy"] = "default-src 'self'; frame-ancestors 'none'"
+    return response

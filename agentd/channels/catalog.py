@@ -86,7 +86,7 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
 
 def _coerce(key: str, kind: str, value: Any) -> Any:
     if key.endswith("_env"):
-        if not isinstance(value, str) or not ENV_NAME.match(value):
+        if not isinstance(value, str) or not ENV_NAME.match(value) or len(value) > 100:
             # Never echo the value: it may be the secret itself.
             raise BadRequest(f"{key}: must be the NAME of an environment variable "
                              "(like MY_TOKEN: A-Z, 0-9, _), not the secret itself")

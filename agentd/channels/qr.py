@@ -88,16 +88,20 @@ class QrLogins:
 
     def status(self, session_id: str) -> dict[str, Any]:
         """GET /api/channels/whatsapp/qr/status?session_id=."""
+        self._gateway()  # 503 first when no gateway is configured
         if not session_id:
             raise BadRequest("session_id query parameter is required")
-        with self._lock:
-            known = self._sessions.get(session_id)
-        if known is None:
-            raise NotFound(f"unknown QR session {session_id!r}")
         data = self._call("GET", "/login/status", params={"session_id": session_id})
         if data.get("connected"):
             return {"status": "connected", "phone_number": str(data.get("phone_number") or "")}
         fresh = self._qr_of(data)
+        with self._lock:
+            known = self._sessions.get(session_id)
+            if known is None:
+                # Started elsewhere (or before a restart): the gateway is the authority.
+                if not fresh and not data.get("expired"):
+                    raise NotFound(f"unknown QR session {session_id!r}")
+                known = self._sessions[session_id] = {"qr": fresh, "at": utcnow()}
         if fresh:
             known.update(qr=fresh, at=utcnow())
         expires = known["at"] + QR_LIFETIME

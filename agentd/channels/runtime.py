@@ -16,7 +16,7 @@ from typing import Any, Callable
 from agentd.agents.manager import AgentManager
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
-from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog, ChannelInfo,
+from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
                                      field_views, settings_for, validate)
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
@@ -68,6 +68,10 @@ class ChannelManager:
         self.dispatcher.close()
 
     def _sections_of(self, raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        known = set(self.catalog.names())
+        for name, value in raw.items():
+            if isinstance(value, dict) and name not in known:
+                log.warning("config [channels.%s]: unknown channel adapter, ignored", name)
         out = {}
         for name in self.catalog.names():
             section = raw.get(name)
@@ -178,6 +182,13 @@ class ChannelManager:
             raise BadRequest(f"cannot reload channels: {self.config_path}: {exc}") from None
         if not isinstance(raw, dict):
             raise BadRequest("cannot reload channels: [channels] must be a table")
+        host = str(raw.get("listen_host", "127.0.0.1"))
+        if host != self.listen_host:  # listeners must re-bind: restart every adapter
+            with self._lock:
+                self.listen_host = host
+                for name in list(self.running):
+                    self._stop(name, reason="listen_host changed")
+                self.sections.clear()
         self._reconcile(self._sections_of(raw))
         self.audit("channel.reload", "", {"active": len(self.running)})
         return {"status": "reloaded", "channels_active": len(self.running)}
@@ -197,6 +208,9 @@ class ChannelManager:
             adapter = cls(self._context(name), settings_for(info, validate(info, section)))
         try:
             conversation = adapter.test_target(target)
+        except ChannelError as exc:
+            raise BadRequest(str(exc)) from None
+        try:
             message_id = adapter.send(conversation, message)
         except ChannelError as exc:
             self.audit("channel.test_failed", name, {"error": str(exc)[:300]})

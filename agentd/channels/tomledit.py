@@ -109,7 +109,10 @@ def _lookup(doc: dict[str, Any], path: list[str]) -> Any:
 
 def edit_file(path: Path, table: list[str], values: dict[str, Any] | None) -> None:
     """Set (or with None remove) one table of a TOML file atomically."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigEditError(f"cannot read {path}: {exc}", status=500) from None
     new = replace_section(text, table, values)
     try:
         parsed = tomllib.loads(new)
@@ -119,7 +122,10 @@ def edit_file(path: Path, table: list[str], values: dict[str, Any] | None) -> No
         # The table is also defined some other way (inline table, dotted keys).
         raise ConfigEditError(f"cannot edit {path}: [{'.'.join(table)}] is defined in a form "
                               "this editor does not rewrite; edit the file by hand")
-    write_atomic(path, new)
+    try:
+        write_atomic(path, new)
+    except OSError as exc:
+        raise ConfigEditError(f"cannot write {path}: {exc}", status=500) from None
 
 
 def write_atomic(path: Path, text: str) -> None:

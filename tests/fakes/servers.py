@@ -36,24 +36,38 @@ def need(binary: str) -> str:
 class Ngircd:
     """A real ngircd on 127.0.0.1:<free port>; restart() keeps the port."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tls: bool = False) -> None:
         self.binary = need("ngircd")
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o755)
         self.port = free_port()
         (root / "motd").write_text("welcome\n")
+        ssl_section = ""
+        if tls:  # a self-signed certificate; the server also listens with TLS on tls_port
+            openssl = shutil.which("openssl") or pytest.skip("openssl is not installed")
+            subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-subj", "/CN=127.0.0.1", "-keyout", str(root / "key.pem"),
+                            "-out", str(root / "cert.pem")], check=True, capture_output=True)
+            for name in ("key.pem", "cert.pem"):
+                os.chmod(root / name, 0o644)
+            self.tls_port = free_port()
+            ssl_section = (f"[SSL]\nCertFile = {root / 'cert.pem'}\nKeyFile = {root / 'key.pem'}\n"
+                           f"Ports = {self.tls_port}\n")
         (root / "ngircd.conf").write_text(
             "[Global]\nName = irc.test\nInfo = test server\nListen = 127.0.0.1\n"
             f"Ports = {self.port}\nMotdFile = {root / 'motd'}\nPidFile = {root / 'ngircd.pid'}\n"
             "[Limits]\nMaxConnectionsIP = 0\nPingTimeout = 120\nPongTimeout = 20\n"
-            "[Options]\nPAM = no\nIdent = no\nDNS = no\n")
+            "[Options]\nPAM = no\nIdent = no\nDNS = no\n" + ssl_section)
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Ngircd":
         self.proc = subprocess.Popen([self.binary, "-n", "-f", str(self.root / "ngircd.conf")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port)
+        if self.tls:
+            wait_port(self.tls_port)
         return self
 
     def stop(self) -> None:

@@ -22,7 +22,8 @@ class FakeTelegram(FakeServer):
         self.polls: list[dict[str, Any]] = []
         self.next_update = 100
         self.next_message = 1
-        self.throttle: list[int] = []  # Retry-After seconds for the next sendMessage calls
+        self.throttle: list[int] = []
+        self.broken = False  # getUpdates answers 502 HTML while set  # Retry-After seconds for the next sendMessage calls
         self.cond = threading.Condition()
         app = Flask("fake-telegram")
 
@@ -48,6 +49,8 @@ class FakeTelegram(FakeServer):
                                                "username": "agentd_bot"}})
 
     def _get_updates(self, p):
+        if self.broken:
+            return "<html>502 Bad Gateway</html>", 502
         offset, timeout = int(p.get("offset") or 0), float(p.get("timeout") or 0)
         self.polls.append({"offset": offset, "timeout": timeout, "at": time.time()})
         deadline = time.monotonic() + timeout

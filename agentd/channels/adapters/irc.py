@@ -84,6 +84,7 @@ class IrcAdapter(LineSocketAdapter):
             for chunk in _fit(paragraph, LINE_BYTES - len(prefix.encode())):
                 self.send_line(f"PRIVMSG {conversation.chat_id} :{prefix}{chunk}")
                 count += 1
+        self.flush()  # "sent" means written to the server, not just queued
         return f"{conversation.chat_id}:{count}"
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ class GenericWebhookAdapter(WebhookAdapter):
         return int(self.settings.get("listen_port") or 8460)
 
     def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "/"): self._inbound, ("POST", "/webhook"): self._inbound}
+        return {("POST", "*"): self._inbound}  # any path: senders differ in where they post
 
     def verify(self, request: Request) -> bool:
         secret = self.secret()

@@ -12,7 +12,7 @@ import socket
 import ssl
 import time
 
-from agentd.channels.adapter import Adapter
+from agentd.channels.adapter import Adapter, ChannelError
 from agentd.channels.bases.backoff import Backoff
 
 
@@ -29,6 +29,7 @@ class LineSocketAdapter(Adapter):
         self.sock: socket.socket | None = None
         self.healthy = False
         self._outbox: "queue.Queue[bytes]" = queue.Queue(maxsize=1000)
+        self.send_error = ""
 
     def address(self) -> tuple[str, int, bool, bool]:
         """(host, port, use_tls, verify_certificate)."""
@@ -118,8 +119,23 @@ class LineSocketAdapter(Adapter):
             tokens -= 1
             try:
                 self._write(data)
-            except OSError as exc:
+            except (OSError, ConnectionError) as exc:
+                self.send_error = str(exc)
                 self.ctx.log.warning("send failed: %s", exc)
+            finally:
+                self._outbox.task_done()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued line was written; ChannelError if one failed or time ran out."""
+        self.send_error = ""
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline:
+            if self.stopping.wait(0.02):
+                break
+        if self._outbox.unfinished_tasks:
+            raise ChannelError("lines still queued: not delivered in time")
+        if self.send_error:
+            raise ChannelError(f"send failed: {self.send_error}")
 
     def _drop(self) -> None:
         sock, self.sock = self.sock, None

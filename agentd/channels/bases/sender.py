@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 import requests
+import requests.adapters
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from agentd.channels.adapter import ChannelError
 
@@ -50,6 +55,37 @@ def retry_after_secs(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+class _TrackingAdapter(requests.adapters.HTTPAdapter):
+    """Remembers every socket it opens, so `abort()` can end a read blocked in another
+    thread (a long poll or a stream) the moment an adapter stops."""
+
+    def __init__(self, sockets: "weakref.WeakSet[socket.socket]") -> None:
+        self._sockets = sockets
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        sockets = self._sockets
+
+        class Http(HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                sockets.add(self.sock)
+
+        class Https(HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                sockets.add(self.sock)
+
+        class HttpPool(HTTPConnectionPool):
+            ConnectionCls = Http
+
+        class HttpsPool(HTTPSConnectionPool):
+            ConnectionCls = Https
+
+        self.poolmanager.pool_classes_by_scheme = {"http": HttpPool, "https": HttpsPool}
+
+
 class HttpSender:
     """A requests.Session with the retry policy every platform call shares."""
 
@@ -57,6 +93,9 @@ class HttpSender:
                  stop: threading.Event | None = None, headers: dict[str, str] | None = None) -> None:
         self.session = requests.Session()
         self.session.trust_env = False  # platform URLs are configured, not taken from proxies
+        self._sockets: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
+        for prefix in ("http://", "https://"):
+            self.session.mount(prefix, _TrackingAdapter(self._sockets))
         if headers:
             self.session.headers.update(headers)
         self.timeout, self.retries, self.max_wait = timeout, retries, max_wait
@@ -97,7 +136,16 @@ class HttpSender:
         except ValueError:
             raise ChannelError(f"{method} {_short(url)}: answer is not JSON") from None
 
+    def abort(self) -> None:
+        """Shut down every open connection: blocked reads in other threads end now."""
+        for sock in list(self._sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
+        self.abort()
         self.session.close()
 
 

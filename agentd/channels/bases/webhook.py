@@ -64,7 +64,7 @@ class WebhookAdapter(Adapter):
         raise NotImplementedError
 
     def routes(self) -> dict[tuple[str, str], Handler]:
-        """{(method, path): handler} served on the adapter's own port."""
+        """{(method, path): handler} served on the adapter's own port ("*": any path)."""
         raise NotImplementedError
 
     def verify(self, request: Request) -> bool:
@@ -101,9 +101,17 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 15  # seconds a client may stall mid-request before its socket is dropped
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         self.server.adapter.ctx.log.debug("webhook %s", format % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server's own errors (malformed request lines...) in JSON, never an HTML page.
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # unparsable request line: still send a status line
+            self.request_version = "HTTP/1.0"
+        self._answer(code, {"error": message or "bad request"})
 
     def _answer(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode("utf-8")
@@ -116,11 +124,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         adapter = self.server.adapter
         parts = urlsplit(self.path)
-        handler = adapter.routes().get((self.command, parts.path))
+        routes = adapter.routes()
+        handler = routes.get((self.command, parts.path)) or routes.get((self.command, "*"))
         if handler is None:
             self._answer(404, {"error": "not found"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            self._answer(400, {"error": "bad Content-Length"})
+            return
         if length > MAX_BODY:
             self.close_connection = True
             self._answer(413, {"error": "body too large"})

@@ -4,6 +4,7 @@ reconnect with backoff; stop() closes the socket so the reader ends at once."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -82,8 +83,7 @@ class WebSocketAdapter(Adapter):
                 self.backoff.wait(self.stopping)
             finally:
                 ws, self.ws = self.ws, None
-                if ws is not None:
-                    ws.shutdown()
+                _kill(ws)
 
     def _read(self, ws: websocket.WebSocket) -> None:
         last_seen = time.monotonic()
@@ -107,10 +107,22 @@ class WebSocketAdapter(Adapter):
                 self.on_message(message)
 
     def close(self) -> None:
-        ws = self.ws
-        if ws is not None:
-            ws.shutdown()
+        _kill(self.ws)
         self.http.close()
 
     def health(self) -> bool:
         return self.healthy
+
+
+def _kill(ws: websocket.WebSocket | None) -> None:
+    """Close at once. shutdown() first: a bare close() leaves a recv() blocked in the
+    reader thread waiting (and the TCP connection open) until its timeout."""
+    if ws is None:
+        return
+    sock = ws.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    ws.shutdown()

@@ -1,0 +1,1 @@
+"""Channel adapters: connect agents to chat platforms (see runtime.py for the flow)."""
