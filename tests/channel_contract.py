@@ -8,6 +8,7 @@ fake (see tests/fakes/platform.py for what a fake offers)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, start_channel_daemon, wait_active, wait_for
+from channel_fixtures import CHANNEL_ENV, channel, configure, remove, start_channel_daemon, wait_active, wait_for
 
 # Secrets of the platforms below (the fakes accept exactly these).
 POLL_ENV = {"SIGNAL_UNUSED": "x", "REDDIT_CLIENT_SECRET": "reddit-secret", "REDDIT_PASSWORD": "reddit-pass",
@@ -26,13 +27,27 @@ POLL_ENV = {"SIGNAL_UNUSED": "x", "REDDIT_CLIENT_SECRET": "reddit-secret", "REDD
             "XMPP_PASSWORD": "xmpp-pass", "MUMBLE_PASSWORD": "", "KEYBASE_PAPERKEY": "paper key words"}
 
 
+_SHARED: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, fake_llm):
-    """A daemon with the agent `helper` and the platforms' secrets in its environment."""
-    started = start_channel_daemon(tmp_path_factory.mktemp("channels"), fake_llm,
-                                   env={**CHANNEL_ENV, **POLL_ENV})
-    yield started
-    started.stop()
+    """A daemon with the agent `helper` and the platforms' secrets in its environment,
+    shared by every test module of this family in one test process (each test removes
+    its channel when done), stopped when the process exits."""
+    if "daemon" not in _SHARED:
+        started = start_channel_daemon(tmp_path_factory.mktemp("channels"), fake_llm,
+                                       env={**CHANNEL_ENV, **POLL_ENV})
+        _SHARED["daemon"] = started
+        atexit.register(started.stop)
+    yield _SHARED["daemon"]
+
+
+def audit(daemon, event: str, subject: str) -> list[dict[str, Any]]:
+    """The newest 500 `event` entries (exact name) about `subject`, newest first (filtered
+    server-side, so a busy shared daemon's other entries never push them out)."""
+    rows = daemon.get(f"/api/audit/recent?limit=500&event={event}").json()
+    return [r for r in rows if r["event"] == event and r["subject"] == subject]
 
 
 @dataclass
@@ -100,7 +115,7 @@ def reconnect_and_stop(daemon, case: Case, fake, down_for: float = 1.0) -> None:
     wait_for(lambda: "echo: after restart" in case.replies(fake, chat), what="reply after restart")
     remove(daemon, case.name)
     assert channel(daemon, case.name)["active"] is False
-    time.sleep(1.0)  # a read in flight when stop() ran has ended by now
+    time.sleep(0.5)  # a read in flight when stop() ran has ended by now (stop aborts it)
     polls = len(fake.polls)
     time.sleep(1.0)
     assert len(fake.polls) == polls  # nothing reads from the platform any more

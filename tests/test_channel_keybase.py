@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import tomllib
 
-from channel_contract import daemon  # noqa: F401 - module fixture
-from channel_fixtures import audit, channel, configure
+from channel_contract import audit, daemon  # noqa: F401 - module fixture
+from channel_fixtures import channel, configure
 
 
 def test_keybase_saves_config_and_explains_what_is_missing(daemon):  # noqa: F811

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import channel_contract as contract
-from channel_contract import daemon  # noqa: F401 - module fixture
-from channel_fixtures import audit, channel, configure, remove, wait_active, wait_for
+from channel_contract import audit, daemon  # noqa: F401 - module fixture
+from channel_fixtures import channel, configure, remove, wait_active, wait_for
 from fakes.mumble import MumbleUser, Murmur
 
 

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from channel_contract import POLL_ENV, daemon, in_process  # noqa: F401 - module fixture
-from channel_fixtures import audit, channel, configure, remove, wait_active, wait_for
+from channel_contract import POLL_ENV, audit, daemon, in_process  # noqa: F401 - module fixture
+from channel_fixtures import channel, configure, remove, wait_active, wait_for
 from fakes.servers import IrcUser, Ngircd
 
 TOKEN = POLL_ENV["TWITCH_OAUTH_TOKEN"]

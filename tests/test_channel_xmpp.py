@@ -10,8 +10,8 @@ import time
 import pytest
 
 import channel_contract as contract
-from channel_contract import POLL_ENV, daemon  # noqa: F401 - module fixture
-from channel_fixtures import audit, channel, configure, remove, wait_active, wait_for
+from channel_contract import POLL_ENV, audit, daemon  # noqa: F401 - module fixture
+from channel_fixtures import channel, configure, remove, wait_active, wait_for
 from fakes.xmpp import DOMAIN, MUC, Prosody, XmppUser
 
 BOT = f"agentbot@{DOMAIN}"
