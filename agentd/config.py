@@ -6,6 +6,7 @@ commented template from `agentd init`, so there is one way to write as well.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ class ApiConfig:
     threads: int = 128
     max_streams: int = 96
     shutdown_grace_secs: float = 10.0
+    # Reverse proxies (addresses or CIDRs) whose X-Forwarded-* / Forwarded headers
+    # are believed; empty: every peer is the client itself.
+    trusted_proxies: list[str] = field(default_factory=list)
+    # SSE keep-alive comment interval; below common proxy read timeouts (nginx: 60 s).
+    sse_keepalive_secs: float = 15.0
 
 
 @dataclass
@@ -83,6 +89,22 @@ class ToolsConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """The `[memory]` table: semantic memory, embeddings, recall in the loop, upkeep."""
+
+    # "" = the bundled local model; else a provider id whose OpenAI-format /embeddings is used.
+    embedding_provider: str = ""
+    embedding_model: str = ""
+    decay_days: float = 30.0
+    decay_factor: float = 0.9
+    decay_floor: float = 0.1
+    consolidate_every_hours: float = 24.0
+    auto_remember: bool = True
+    recall_limit: int = 5
+    min_score: float = 0.3
+
+
+@dataclass
 class Config:
     """Everything the daemon reads at start."""
 
@@ -95,6 +117,7 @@ class Config:
     provider_urls: dict[str, str] = field(default_factory=dict)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -212,7 +235,27 @@ def _api_table(data: dict[str, Any]) -> ApiConfig:
     if "shutdown_grace_secs" in table:
         grace = _expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
         api.shutdown_grace_secs = float(grace)
+    _proxy_keys(table, api)
     return api
+
+
+def _proxy_keys(table: dict[str, Any], api: ApiConfig) -> None:
+    """`[api] trusted_proxies` and `sse_keepalive_secs` (reverse proxy deployments)."""
+    if "trusted_proxies" in table:
+        entries = _expect(table["trusted_proxies"], list, "api.trusted_proxies", "an array of strings")
+        for entry in entries:
+            _expect(entry, str, "api.trusted_proxies", "an array of strings")
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(f"config key api.trusted_proxies: {entry!r} is not an IP address "
+                                  "or CIDR network") from None
+        api.trusted_proxies = [e.strip() for e in entries]
+    if "sse_keepalive_secs" in table:
+        secs = _expect(table["sse_keepalive_secs"], (int, float), "api.sse_keepalive_secs", "a number")
+        if not 0.1 <= secs <= 3600:
+            raise ConfigError("config key api.sse_keepalive_secs: must be between 0.1 and 3600")
+        api.sse_keepalive_secs = float(secs)
 
 
 def _default_model_table(data: dict[str, Any]) -> DefaultModel:
@@ -250,6 +293,33 @@ def _tools_table(data: dict[str, Any]) -> ToolsConfig:
     return tools
 
 
+def _memory_table(data: dict[str, Any]) -> MemoryConfig:
+    memory = MemoryConfig()
+    table = _expect(data.get("memory", {}), dict, "memory", "a table")
+    for key in ("embedding_provider", "embedding_model"):
+        if key in table:
+            setattr(memory, key, _expect(table[key], str, f"memory.{key}", "a string").strip())
+    if memory.embedding_provider and not memory.embedding_model:
+        raise ConfigError("config key memory.embedding_model: required when memory.embedding_provider is set")
+    if "auto_remember" in table:
+        memory.auto_remember = _expect(table["auto_remember"], bool, "memory.auto_remember", "a boolean")
+    if "recall_limit" in table:
+        limit = _expect(table["recall_limit"], int, "memory.recall_limit", "an integer")
+        if not 0 <= limit <= 50:
+            raise ConfigError("config key memory.recall_limit: must be between 0 and 50")
+        memory.recall_limit = limit
+    bounds = {"decay_days": (0.0, None), "consolidate_every_hours": (0.0, None), "min_score": (-1.0, 1.0),
+              "decay_factor": (0.0, 1.0), "decay_floor": (0.0, 1.0)}
+    for key, (low, high) in bounds.items():
+        if key in table:
+            value = float(_expect(table[key], (int, float), f"memory.{key}", "a number"))
+            if value < low or (high is not None and value > high):
+                limits = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+                raise ConfigError(f"config key memory.{key}: must be {limits}")
+            setattr(memory, key, value)
+    return memory
+
+
 def parse_config(data: dict[str, Any], home: Path) -> Config:
     """Validate a parsed TOML document into a `Config` (no environment applied)."""
     cfg = Config(home=home, raw=data)
@@ -280,6 +350,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= retries <= 10:
             raise ConfigError("config key llm.retries: must be between 0 and 10")
         cfg.llm.retries = retries
+    cfg.memory = _memory_table(data)
     if "stream_idle_secs" in llm:
         idle = _expect(llm["stream_idle_secs"], (int, float), "llm.stream_idle_secs", "a number")
         if idle <= 0:
@@ -360,6 +431,12 @@ threads = 128
 max_streams = 96
 # Seconds in-flight requests get to finish on shutdown.
 shutdown_grace_secs = 10
+# Reverse proxies (addresses or CIDRs, e.g. ["127.0.0.1"]) whose X-Forwarded-For,
+# -Proto, -Host, -Prefix and Forwarded headers are believed. Set api_key too:
+# clients behind the proxy are remote and need it. See docs/deploy.md.
+trusted_proxies = []
+# Seconds between SSE keep-alive comments (keep below the proxy's read timeout).
+sse_keepalive_secs = 15
 
 [tools]
 # Hosts web_fetch may reach even though they are loopback or private addresses.
@@ -379,6 +456,20 @@ stream_idle_secs = 60
 [agents]
 # Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
 max_queue = 8
+
+[memory]
+# Embeddings: "" = the bundled all-MiniLM-L6-v2 model (offline); or a provider id whose
+# OpenAI-format /embeddings endpoint is used, with embedding_model naming its model.
+embedding_provider = ""
+# Remember every exchange as an episodic fragment, and recall this many fragments
+# (scoring at least min_score) into the system prompt before each model call (0 = off).
+auto_remember = true
+recall_limit = 5
+min_score = 0.3
+# Consolidation: merge near-duplicates; fragments not accessed for decay_days lose
+# confidence (x decay_factor per run) and are dropped below decay_floor. 0 = no schedule.
+consolidate_every_hours = 24
+decay_days = 30
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

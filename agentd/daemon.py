@@ -108,7 +108,10 @@ class Daemon:
             self.server = waitress.create_server(
                 app, host=host, port=port, threads=cfg.api.threads,
                 connection_limit=max(1000, cfg.api.threads * 4), asyncore_use_poll=True,
-                channel_timeout=300, ident="agentd", clear_untrusted_proxy_headers=True,
+                channel_timeout=300, ident="agentd",
+                # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
+                # them; that layer strips them itself for untrusted peers.
+                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies,
                 # Keep reading while a request runs, so waitress notices a client that left
                 # (environ["waitress.client_disconnected"]) and its run can be withdrawn.
                 channel_request_lookahead=1)

@@ -97,6 +97,19 @@ def _check_exposure(cfg: Config) -> Check:
                  "are refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1")
 
 
+def _check_proxies(cfg: Config) -> Check | None:
+    """Behind a trusted proxy, clients are remote: without a key none of them is served."""
+    proxies = cfg.api.trusted_proxies
+    if not proxies:
+        return None
+    if cfg.api_key:
+        return Check("trusted_proxies", "ok", f"forwarding headers trusted from {', '.join(proxies)}; "
+                     "api_key is set")
+    return Check("trusted_proxies", "warn",
+                 f"trusted_proxies is set ({', '.join(proxies)}) but api_key is not: clients behind "
+                 "the proxy are remote and get 401; set api_key (or AGENTD_API_KEY)")
+
+
 def run_checks(home: Path) -> list[Check]:
     """Run every check in order; later checks are skipped when the config is unusable."""
     checks: list[Check] = []
@@ -141,6 +154,9 @@ def run_checks(home: Path) -> list[Check]:
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_keys(cfg))
     checks.append(_check_exposure(cfg))
+    proxies = _check_proxies(cfg)
+    if proxies is not None:
+        checks.append(proxies)
     secrets = _check_secrets_file(cfg.secrets_path)
     if secrets is not None:
         checks.append(secrets)

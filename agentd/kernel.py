@@ -16,13 +16,16 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
+from agentd.forwarded import TrustedProxies
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
+from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
+from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.store import Store, open_store
@@ -62,6 +65,10 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # Semantic memory + knowledge graph; numpy and the model load on first use.
+        self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
+        self.agents.memory = self.memory
+        self.memory.start()
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
@@ -70,13 +77,13 @@ class Kernel:
         self.workflows.recover()
         # Audit trail + channels (agentd/audit.py, agentd/channels/).
         self.audit = AuditLog(store)
-        self.agents.on_lifecycle = lambda event, handle: self.audit.record(
-            event, handle.name, {"agent_id": handle.id})
+        self.agents.audit_hook = self.audit.record
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
+        self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
@@ -111,6 +118,7 @@ class Kernel:
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.memory.close()
         self.store.close()
 
     # -- status ----------------------------------------------------------
@@ -150,6 +158,9 @@ class Kernel:
             "agent_count": len(self.agent_summaries()),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
+            # Every live thread of the process, and the model calls holding a connection.
+            "process_threads": threading.active_count(),
+            "model_calls_in_flight": active_calls(),
         }
 
     @staticmethod

@@ -1,11 +1,12 @@
 """A provider that misbehaves on purpose: a raw-socket HTTP server on 127.0.0.1.
 
-It speaks just enough of the OpenAI chat-completions and Anthropic Messages wire formats
-to be a provider, and fails in the ways real ones do. The fault is the first segment of
+It speaks just enough of the OpenAI chat-completions, Anthropic Messages and Gemini
+generateContent wire formats to be a provider, and fails in the ways real ones do. The fault is the first segment of
 the request path, so each agent picks its own through its manifest's `base_url`::
 
     http://127.0.0.1:PORT/hang/v1      (OpenAI: POST /hang/v1/chat/completions)
-    http://127.0.0.1:PORT/cut          (Anthropic: POST /cut/v1/messages)
+    http://127.0.0.1:PORT/cut          (Anthropic: POST /cut/v1/messages;
+                                        Gemini: POST /cut/v1beta/models/M:streamGenerateContent)
 
 Faults (`-` separates parameters):
 
@@ -13,8 +14,8 @@ Faults (`-` separates parameters):
     hang            read the request, answer nothing, wait for the client to close
     drip            headers at once, then the body one byte every 100 ms
     stall           stream: one content chunk, then silence (the connection stays open)
-    cut             stream: two content chunks, then close without [DONE] / finish_reason
-                    (OpenAI) or message_stop (Anthropic)
+    cut             stream: two content chunks, then the end of the body without [DONE] /
+                    finish_reason (OpenAI), message_stop (Anthropic) or finishReason (Gemini)
     close-S-N       close-delimited stream (no Content-Length, no chunked encoding,
                     Connection: close): N content chunks S seconds apart, then the end
     chunked-S-N     the same timing with chunked encoding
@@ -121,7 +122,9 @@ class Upstream:
             conn.request_at = time.time()
             with self._lock:
                 self.conns.append(conn)
-            _Reply(client, conn, "/v1/messages" in path).run()
+            wire = "anthropic" if "/v1/messages" in path else "gemini" if "/v1beta/" in path else "openai"
+            conn.stream = conn.stream or ":streamGenerateContent" in path
+            _Reply(client, conn, wire).run()
         except OSError:
             pass
         finally:
@@ -167,10 +170,11 @@ def _read_request(client: socket.socket) -> tuple[str, dict[str, Any]]:
 class _Reply:
     """Writes one answer with the connection's fault."""
 
-    def __init__(self, client: socket.socket, conn: Conn, anthropic: bool) -> None:
+    def __init__(self, client: socket.socket, conn: Conn, wire: str) -> None:
         self.client = client
         self.conn = conn
-        self.anthropic = anthropic
+        self.wire = wire
+        self.anthropic = wire == "anthropic"
         params = conn.fault.split("-")
         self.kind, self.params = params[0], params[1:]
 
@@ -220,6 +224,10 @@ class _Reply:
         self.conn.closed_at = time.time()
 
     def _whole(self, text: str) -> dict[str, Any]:
+        if self.wire == "gemini":
+            return {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                                    "finishReason": "STOP"}],
+                    "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4}}
         if self.anthropic:
             return {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
                     "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
@@ -246,6 +254,17 @@ class _Reply:
     def _events(self, texts: list[str], end: bool) -> list[str]:
         """SSE events: a start, one per text, and (when `end`) the end of the answer."""
         out: list[str] = []
+        if self.wire == "gemini":  # no start event; the last chunk carries finishReason
+            def part(text: str, finish: str | None = None) -> str:
+                candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}}
+                if finish:
+                    candidate["finishReason"] = finish
+                return "data: " + json.dumps({"candidates": [candidate]}) + "\r\n\r\n"
+            out.append(part(""))
+            out += [part(t) for t in texts]
+            if end:
+                out.append(part("", "STOP"))
+            return out
         if self.anthropic:
             def ev(name: str, data: dict[str, Any]) -> str:
                 return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +26,7 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
 from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
+from agentd.agents.runqueue import QueuedRun, RunQueues
 from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.agents.signing import verify_envelope
 from agentd.agents.tools import Tool, ToolContext, ToolError, all_tools
@@ -45,8 +46,6 @@ MESSAGE_LIMIT = 64 * 1024
 UPLOAD_LIMIT = 10 * 1024 * 1024
 UPLOAD_TYPES = ("image/", "text/", "audio/", "application/pdf")
 COMPACT_KEEP = 10
-BUSY_RETRY_AFTER = 2  # seconds a client refused for a busy agent is told to wait
-WAIT_POLL = 0.1  # how often a waiting request checks for stop and client disconnects
 CAPABILITY_TOOLS = {"shell": {"shell_exec"}, "network": {"web_fetch", "web_search"},
                     "agent_spawn": {"agent_spawn"}}
 
@@ -98,18 +97,6 @@ def run_error(exc: LLMError, prefix: str = "message delivery failed") -> AgentRu
     return AgentRunError(f"{prefix}: {exc.message}", status=status, retry_after=exc.retry_after,
                          kind=exc.kind, http_status=exc.http_status, provider=exc.provider,
                          model=exc.model, retryable=exc.retryable)
-
-
-@dataclass
-class QueuedRun:
-    """A message waiting for its agent (or running): what to run and where the result goes."""
-
-    text: str
-    attachments: list[dict[str, Any]] | None
-    emit: Sink | None
-    options: RunOptions | None
-    cancel: threading.Event
-    future: Future
 
 
 @dataclass
@@ -171,11 +158,23 @@ class AgentManager:
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
         self._lock = threading.RLock()
+        # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
+        # auto-remember after runs, cleanup on kill.
+        self.memory: Any = None
         self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
+<<<<<<< HEAD
+        # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
+        # refused manifest signatures.
+        self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
+=======
+        self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
+                                lambda h, job: self.run(h, job.text, job.attachments, job.emit, job.options,
+                                                        None, job.cancel))
         # The kernel's audit hook: called as on_lifecycle(event, handle) for spawn and kill.
         self.on_lifecycle: Callable[[str, AgentHandle], None] | None = None
+>>>>>>> main
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -230,7 +229,12 @@ class AgentManager:
     def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
         """Validate, persist and register a new agent."""
         if signed_manifest is not None:
-            manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+            try:
+                manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+            except AgentdError as exc:
+                if self.audit_hook is not None:
+                    self.audit_hook("agent.signature_rejected", "", {"error": exc.message[:200]})
+                raise
         if not manifest_toml or not manifest_toml.strip():
             raise BadRequest("manifest_toml is required")
         manifest = parse_manifest(manifest_toml)
@@ -251,8 +255,8 @@ class AgentManager:
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
             log.warning("agent %s manifest: %s", handle.name, warning)
-        if self.on_lifecycle is not None:
-            self.on_lifecycle("agent.spawn", handle)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.spawn", handle.name, {"agent_id": handle.id})
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -510,6 +514,8 @@ class AgentManager:
         system = model_cfg["system_prompt"]
         if options.extra_system:
             system = f"{system}\n\n{options.extra_system}"
+        if self.memory is not None:
+            system = self.memory.system_context(handle.id, user.content or "", stored, system)
         workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
@@ -559,112 +565,35 @@ class AgentManager:
             save_unanswered(f"[run failed: {exc.message}]")
             raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
         self._save_session(handle, stored, result.new_messages, image_refs)
+        if self.memory is not None:
+            self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
 
     def submit(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
                emit: Sink | None = None, options: RunOptions | None = None,
                cancel: threading.Event | None = None) -> Future:
-        """Queue a run for `handle`; different agents run in parallel on the kernel's executor.
-
-        While the agent is busy the request waits in the agent's own queue (bounded by
-        `[agents] max_queue`, beyond which it is refused with 429), holding no worker:
-        the worker that finishes a run takes the agent's next one.
-        """
-        job = QueuedRun(text, attachments, emit, options, cancel or threading.Event(), Future())
-        job.future.agentd_job = (handle, job)  # type: ignore[attr-defined]
-        with handle.queue_lock:
-            if handle.killed:
-                raise NotFound("agent not found")
-            if handle.busy:
-                limit = self.config.agents.max_queue
-                if len(handle.waiting) >= limit:
-                    raise TooManyRequests(
-                        f"agent {handle.name} is busy: {len(handle.waiting)} requests are already waiting "
-                        f"for it (max_queue {limit}); try again later", retry_after=BUSY_RETRY_AFTER,
-                        code="agent_busy")
-                handle.waiting.append(job)
-                return job.future
-            handle.busy = True
-        try:
-            self.executor.submit(self._drain, handle, job)
-        except RuntimeError:  # the executor is shut down: the daemon is stopping
-            with handle.queue_lock:
-                handle.busy = False
-            raise AgentdError("the daemon is shutting down", status=503) from None
-        return job.future
-
-    def _drain(self, handle: AgentHandle, job: QueuedRun | None) -> None:
-        """Run `job`, then the agent's queued requests in order, on this one worker."""
-        while job is not None:
-            self._run_job(handle, job)
-            with handle.queue_lock:
-                job = handle.waiting.popleft() if handle.waiting else None
-                if job is None:
-                    handle.busy = False
-
-    def _run_job(self, handle: AgentHandle, job: QueuedRun) -> None:
-        if not job.future.set_running_or_notify_cancel():
-            return
-        if job.cancel.is_set() or handle.killed:
-            job.future.set_exception(RunCancelled("run cancelled before it started"))
-            return
-        try:
-            result = self.run(handle, job.text, job.attachments, job.emit, job.options, None, job.cancel)
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(result)
+        """Queue a run for `handle`; different agents run in parallel on the kernel's executor,
+        and a request waiting for a busy agent holds no worker (see runqueue.py)."""
+        return self.queues.submit(handle, QueuedRun(text, attachments, emit, options,
+                                                    cancel or threading.Event(), Future()))
 
     def withdraw(self, future: Future) -> bool:
         """Take a run that has not started out of its agent's queue; True if it was queued."""
-        handle, job = getattr(future, "agentd_job", (None, None))
-        if handle is None:
-            return False
-        job.cancel.set()
-        with handle.queue_lock:
-            try:
-                handle.waiting.remove(job)
-            except ValueError:
-                return False
-        if job.future.set_running_or_notify_cancel():
-            job.future.set_exception(RunCancelled("run withdrawn before it started"))
-        return True
-
-    def _cancel_queued(self, handle: AgentHandle) -> int:
-        with handle.queue_lock:
-            jobs = list(handle.waiting)
-            handle.waiting.clear()
-        for job in jobs:
-            job.cancel.set()
-            if job.future.set_running_or_notify_cancel():
-                job.future.set_exception(RunCancelled("run cancelled before it started"))
-        return len(jobs)
+        return self.queues.withdraw(future)
 
     def stop_all(self) -> None:
         """Shutdown: cancel every queued and running run (their provider calls close at once)."""
         for handle in list(self._agents.values()):
-            self._cancel_queued(handle)
+            self.queues.cancel_queued(handle)
             self.stop(handle)
 
     def wait(self, future: Future, cancel: threading.Event,
              disconnected: Callable[[], bool] | None = None) -> RunResult:
-        """Wait for a submitted run; returns promptly (RunCancelled) once it is stopped,
-        even while the provider call it is waiting on has not answered yet.
-
-        `disconnected` tells whether the client went away: a queued run is then withdrawn
-        (never started) and a running one cancelled.
-        """
-        while True:
-            try:
-                return future.result(timeout=WAIT_POLL)
-            except FutureTimeout:
-                if cancel.is_set():
-                    raise RunCancelled("run cancelled") from None
-                if disconnected is not None and disconnected():
-                    if not self.withdraw(future):
-                        cancel.set()
-                    raise RunCancelled("the client disconnected") from None
+        """Wait for a submitted run; returns promptly (RunCancelled) once it is stopped, even
+        while its provider call has not answered; a client that went away (`disconnected`)
+        withdraws a queued run and cancels a running one."""
+        return self.queues.wait(future, cancel, disconnected)
 
     def precheck(self, handle: AgentHandle) -> None:
         """Refusals that must happen before a response starts (quota, budget)."""
@@ -833,7 +762,7 @@ class AgentManager:
             self._agents.pop(handle.id, None)
             if self._by_name.get(handle.name) == handle.id:
                 del self._by_name[handle.name]
-        self._cancel_queued(handle)
+        self.queues.cancel_queued(handle)
         self.stop(handle)
         with orm.db_session:
             row = self.store.e.AgentRow.get(id=handle.id)
@@ -845,9 +774,11 @@ class AgentManager:
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
                 orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
                 row.delete()
+        if self.memory is not None:
+            self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)
-        if self.on_lifecycle is not None:
-            self.on_lifecycle("agent.kill", handle)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})
 
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
@@ -937,3 +868,9 @@ class AgentOpsImpl:
 
     def kv_set(self, agent_id: str, key: str, value: Any) -> None:
         self.m.kv.set(agent_id, key, value)
+
+    def memory_service(self) -> Any:
+        """Semantic memory and the knowledge graph (agentd.memory.service.MemoryService)."""
+        if self.m.memory is None:
+            raise ToolError("semantic memory is not available here")
+        return self.m.memory

@@ -11,6 +11,7 @@ from flask import Flask
 from agentd.api.errors import register_error_handlers
 from agentd.api.guard import install_guard
 from agentd.api.middleware import install_middleware
+from agentd.api.proxy import install_proxy_headers
 from agentd.kernel import Kernel
 
 
@@ -49,4 +50,6 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     from agentd.api import routes_channels
     app.register_blueprint(routes_channels.bp)
     register_sockets(app)
+    # Outermost: the guard, rate limiter, auth and logs see the real client.
+    install_proxy_headers(app, kernel.config.api.trusted_proxies)
     return app

@@ -143,10 +143,15 @@ def install_middleware(app: Flask, config: Config) -> None:
         headers.setdefault("X-Frame-Options", "DENY")
         headers.setdefault("Referrer-Policy", "strict-origin-when-cross-origin")
         if request.path.startswith(("/api/", "/v1/")):
-            headers["Cache-Control"] = "no-store"
+            if response.mimetype != "text/event-stream":
+                # Event streams keep their `no-cache` (agentd.api.sse), which proxies know.
+                headers["Cache-Control"] = "no-store"
             headers.setdefault("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
         if log.isEnabledFor(logging.DEBUG):
             took = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
-            log.debug("%s %s -> %s (%.1f ms, request %s)", request.method, request.path,
-                      response.status_code, took, headers["X-Request-Id"])
+            # remote_addr is the real client; behind a trusted proxy the peer is noted too.
+            peer = request.environ.get("agentd.proxy_peer", request.remote_addr)
+            via = f" via {peer}" if peer != request.remote_addr else ""
+            log.debug("%s %s -> %s (%.1f ms, request %s, client %s%s)", request.method, request.path,
+                      response.status_code, took, headers["X-Request-Id"], request.remote_addr, via)
         return response

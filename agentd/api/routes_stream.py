@@ -55,7 +55,10 @@ def message_stream(agent_id: str):
                                             "usage": {"input_tokens": 0, "output_tokens": 0}})
                 return
             elif kind == "error":
-                yield format_event("error", {"error": d["message"], "status": d["status"]})
+                error = {"error": d["message"], "status": d["status"]}
+                if d.get("retry_after") is not None:  # an upstream 429/503 said when to come back
+                    error["retry_after"] = d["retry_after"]
+                yield format_event("error", error)
                 return
 
     def closed() -> None:

@@ -48,11 +48,13 @@ class LiveRun:
     cancel: threading.Event
     manager: AgentManager
     disconnected: Callable[[], bool] | None = None
+    heartbeat_secs: float = HEARTBEAT_SECS  # `[api] sse_keepalive_secs`
 
-    def events(self, heartbeat: float = HEARTBEAT_SECS) -> Iterator[Event | None]:
+    def events(self, heartbeat: float | None = None) -> Iterator[Event | None]:
         """Events in order, None when it is time for a keep-alive, then a final
         `done`, `stopped` or `error` event. Ends early, stopping the run, when the client
         disconnects."""
+        heartbeat = heartbeat or self.heartbeat_secs
         quiet_since = time.monotonic()
         for event in self.sink.events(POLL_SECS):
             if self.disconnected is not None and self.disconnected():
@@ -133,4 +135,5 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
         sink.finish()
 
     future.add_done_callback(finished)
-    return LiveRun(handle, sink, future, cancel, kernel.agents, client_disconnected())
+    return LiveRun(handle, sink, future, cancel, kernel.agents, client_disconnected(),
+                   kernel.config.api.sse_keepalive_secs)

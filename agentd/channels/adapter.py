@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agentd.forwarded import TrustedProxies
+
 
 @dataclass
 class Conversation:
@@ -69,6 +71,9 @@ class ChannelContext:
         self.load_state = load_state
         self.save_state = save_state
         self.log = logging.getLogger(f"agentd.channels.{name}")
+        # `[api] trusted_proxies`: a webhook listener behind one of them records the
+        # real sender (agentd.forwarded.real_client), not the proxy.
+        self.trusted_proxies = TrustedProxies(())
 
     def audit(self, event: str, **detail: Any) -> None:
         """Write a `channel.<event>` entry for this adapter to the audit trail."""

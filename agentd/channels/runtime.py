@@ -13,7 +13,7 @@ import tomllib
 import uuid
 from typing import Any, Callable
 
-from agentd.agents.manager import AgentManager
+from agentd.agents.manager import MESSAGE_LIMIT, AgentManager
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
@@ -21,6 +21,7 @@ from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
 from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.forwarded import TrustedProxies
 from agentd.llm.think import strip_think
 from agentd.store import Store
 
@@ -43,6 +44,8 @@ class ChannelManager:
         self.store = store
         self.agents = agents
         self.audit = audit
+        # Set by the kernel from `[api] trusted_proxies` before start_all().
+        self.trusted_proxies = TrustedProxies(())
         self.catalog = ChannelCatalog.load()
         self._lock = threading.RLock()
         self.sections: dict[str, dict[str, Any]] = {}
@@ -123,10 +126,12 @@ class ChannelManager:
 
     def _context(self, name: str) -> ChannelContext:
         key = f"channel_state:{name}"
-        return ChannelContext(
+        ctx = ChannelContext(
             name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
             save_state=lambda state: self.store.set_setting(key, state))
+        ctx.trusted_proxies = self.trusted_proxies
+        return ctx
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
@@ -224,6 +229,8 @@ class ChannelManager:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
         refused = self._refusal(settings, msg)
+        if not refused and len(msg.text.encode("utf-8")) > MESSAGE_LIMIT:
+            refused = "message larger than 64 KB"
         if refused:
             self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
                                                  "message_id": msg.message_id, "reason": refused})

@@ -127,10 +127,80 @@ def _define_entities(db: Database) -> SimpleNamespace:
         subject = Optional(str, default="")
         detail = Optional(orm.Json)
 
+    memory = _define_memory_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow)
+                           AuditRow=AuditRow, **memory)
+
+
+def _define_memory_entities(db: Database) -> dict[str, Any]:
+    """Semantic memory and the knowledge graph (agentd/memory/). Rows carry a plain
+    `agent_id` column, not a foreign key: AgentManager.kill asks the memory service to
+    delete them, and fragments are addressed as (agent_id, id) so an export imports
+    into another agent with its ids kept."""
+
+    class MemoryRow(db.Entity):
+        _table_ = "memory_fragments"
+        key = PrimaryKey(int, auto=True)
+        agent_id = Required(str)
+        id = Required(str)
+        content = Required(orm.LongStr)
+        embedding = Optional(bytes, nullable=True)  # little-endian float32, L2-normalised
+        model = Optional(str, default="")
+        metadata = Optional(orm.LongStr, default="{}")  # JSON text
+        source = Required(str)
+        scope = Required(str)
+        # optimistic=False: Pony's optimistic check compares floats read back from SQLite
+        # exactly and reports false conflicts; every write to a fragment holds the agent's lock.
+        confidence = Required(float, optimistic=False)
+        created_at = Required(datetime)
+        accessed_at = Required(datetime, optimistic=False)
+        access_count = Required(int, default=0, optimistic=False)
+        superseded_by = Optional(str, nullable=True)
+        orm.composite_key(agent_id, id)
+        orm.composite_index(agent_id, created_at)
+
+    class MemoryMetaRow(db.Entity):
+        """One metadata key/value of a fragment; value is canonical JSON text."""
+        _table_ = "memory_metadata"
+        agent_id = Required(str)
+        memory_id = Required(str)
+        key = Required(str)
+        value = Required(str)
+        PrimaryKey(agent_id, memory_id, key)
+        orm.composite_index(agent_id, key, value)
+
+    class EntityRow(db.Entity):
+        _table_ = "kg_entities"
+        key = PrimaryKey(int, auto=True)
+        agent_id = Required(str)
+        id = Required(str)
+        entity_type = Required(str)
+        name = Required(str)
+        properties = Optional(orm.LongStr, default="{}")
+        created_at = Required(datetime)
+        updated_at = Required(datetime)
+        orm.composite_key(agent_id, id)
+        orm.composite_index(agent_id, name)
+
+    class RelationRow(db.Entity):
+        _table_ = "kg_relations"
+        key = PrimaryKey(int, auto=True)
+        agent_id = Required(str)
+        id = Required(str)
+        source = Required(str)
+        relation = Required(str)
+        target = Required(str)
+        properties = Optional(orm.LongStr, default="{}")
+        confidence = Required(float, default=1.0, optimistic=False)
+        created_at = Required(datetime)
+        orm.composite_key(agent_id, id)
+        orm.composite_index(agent_id, source)
+        orm.composite_index(agent_id, target)
+
+    return {"MemoryRow": MemoryRow, "MemoryMetaRow": MemoryMetaRow, "EntityRow": EntityRow,
+            "RelationRow": RelationRow}
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from agentd.channels.adapter import Adapter
+from agentd.forwarded import real_client
 
 MAX_BODY = 1024 * 1024
 
@@ -145,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
-            adapter.ctx.audit("refused", reason="bad signature", remote=self.client_address[0])
+            remote = real_client(self.client_address[0], self.headers.get, adapter.ctx.trusted_proxies)
+            adapter.ctx.audit("refused", reason="bad signature", remote=remote)
             self._answer(401, {"error": "invalid signature"})
             return
         try:

@@ -1,0 +1,114 @@
+"""Who the client is behind trusted proxies (no web framework here: the WSGI layer in
+agentd/api/proxy.py and the channel webhook listeners both use it).
+
+The client is the right-most hop of `X-Forwarded-For` (or of the `for=` values of
+`Forwarded`) that is not a trusted proxy: each trusted proxy appends the peer it
+saw, so whatever a client writes at the left of the list is never reached.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Callable, Iterable
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_MAX_HOP = 100
+
+
+def parse_networks(entries: Iterable[str]) -> list[IPNetwork]:
+    """`["127.0.0.1", "10.0.0.0/8", "::1"]` as networks; ValueError names a bad entry."""
+    networks: list[IPNetwork] = []
+    for entry in entries:
+        text = entry.strip()
+        try:
+            networks.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            raise ValueError(f"{entry!r} is not an IP address or CIDR network") from None
+    return networks
+
+
+def parse_ip(text: str) -> IPAddress | None:
+    """An address from a hop: `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1`, `[2001:db8::1]:80`,
+    optionally quoted (as in `Forwarded`). None for anything else (`unknown`, `_hidden`)."""
+    text = text.strip().strip('"').strip()
+    if text.startswith("["):
+        end = text.find("]")
+        text = text[1:end] if end > 0 else ""
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return ip.ipv4_mapped
+    return ip
+
+
+class TrustedProxies:
+    """The set of peers whose forwarding headers are believed."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self.networks = parse_networks(entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+    def contains(self, addr: str | IPAddress | None) -> bool:
+        """True when `addr` lies in one of the trusted networks."""
+        ip = parse_ip(addr) if isinstance(addr, str) else addr
+        if ip is None:
+            return False
+        return any(ip.version == net.version and ip in net for net in self.networks)
+
+    def client_index(self, hops: list[str]) -> int | None:
+        """Index of the right-most hop that is not a trusted proxy (0 when all are;
+        None when there are no hops). A hop that is no address at all (`unknown`,
+        an obfuscated id) is never a proxy we trust, so it ends the walk."""
+        for index in range(len(hops) - 1, -1, -1):
+            ip = parse_ip(hops[index])
+            if ip is None or not self.contains(ip):
+                return index
+        return 0 if hops else None
+
+
+def hop_address(hop: str) -> str:
+    """A hop as REMOTE_ADDR: the normalised address, else the (bounded) token itself,
+    which is never loopback to anything that checks."""
+    ip = parse_ip(hop)
+    if ip is not None:
+        return str(ip)
+    return hop.strip().strip('"')[:_MAX_HOP] or "unknown"
+
+
+def forwarded_elements(value: str) -> list[dict[str, str]]:
+    """RFC 7239 `Forwarded`: one dict of lower-cased parameter names per element."""
+    elements = []
+    for element in value.split(","):
+        params: dict[str, str] = {}
+        for pair in element.split(";"):
+            name, sep, val = pair.strip().partition("=")
+            if sep:
+                params[name.strip().lower()] = val.strip().strip('"')
+        elements.append(params)
+    return elements
+
+
+def real_client(peer: str, header: Callable[[str], str | None], trusted: TrustedProxies) -> str:
+    """The client's address for a connection from `peer`; `header(name)` reads a request
+    header. Forwarding headers count only when `peer` is a trusted proxy."""
+    if not trusted or not trusted.contains(peer):
+        return peer
+    xff, forwarded = header("X-Forwarded-For"), header("Forwarded")
+    # X-Forwarded-For wins, as in agentd.api.proxy: a Forwarded header next to it may be
+    # the client's own, passed through unchecked.
+    if xff is not None:
+        hops = [h for h in xff.split(",") if h.strip()]
+    elif forwarded:
+        hops = [e.get("for", "unknown") for e in forwarded_elements(forwarded)]
+    else:
+        hops = []
+    index = trusted.client_index(hops)
+    return hop_address(hops[index]) if index is not None else peer

@@ -1,0 +1,123 @@
+"""Validation of memory inputs, shared by the HTTP routes and the agent tools.
+
+Every check raises BadRequest with a message naming the field, so a route or a tool can
+pass user input straight in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from agentd.errors import BadRequest
+
+SOURCES = ("conversation", "document", "observation", "inference", "user_provided", "system")
+MAX_CONTENT = 32_000
+MAX_NAME = 256
+MAX_DEPTH = 16
+ENTITY_TYPES = ("person", "organization", "project", "concept", "event", "location", "document", "tool")
+RELATION_TYPES = ("works_at", "knows_about", "related_to", "depends_on", "owned_by", "created_by", "located_in",
+                  "part_of", "uses", "produces")
+
+
+@dataclass
+class MemoryFilter:
+    """Recall filters; `after`/`before` are epoch seconds (exclusive bounds on created_at)."""
+
+    source: str | None = None
+    scope: str | None = None
+    min_confidence: float | None = None
+    after: float | None = None
+    before: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def text(value: Any, name: str, limit: int = MAX_CONTENT) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{name} must be a non-empty string")
+    if len(value) > limit:
+        raise BadRequest(f"{name} is too long ({len(value)} characters, limit {limit})")
+    return value
+
+
+def source(value: Any) -> str:
+    if value not in SOURCES:
+        raise BadRequest(f"source must be one of {', '.join(SOURCES)}")
+    return value
+
+
+def confidence(value: Any, name: str = "confidence") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not 0 <= value <= 1:
+        raise BadRequest(f"{name} must be a number between 0 and 1")
+    return float(value)
+
+
+def obj(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{name} must be a JSON object")
+    for key in value:
+        if not key or len(key) > MAX_NAME:
+            raise BadRequest(f"{name} keys must be 1-{MAX_NAME} characters")
+    return value
+
+
+def integer(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"{name} must be an integer between {low} and {high}")
+    return value
+
+
+def score(value: Any, name: str = "min_score") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not -1 <= value <= 1:
+        raise BadRequest(f"{name} must be a number between -1 and 1")
+    return float(value)
+
+
+def timestamp(value: Any, name: str) -> float:
+    """ISO 8601 (a naive time is UTC) or epoch seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
+        else:
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=timezone.utc)
+            return parsed.timestamp()
+    raise BadRequest(f"{name} must be an ISO 8601 timestamp")
+
+
+def memory_filter(value: Any) -> MemoryFilter:
+    """The `filter` object of a recall."""
+    if value is None:
+        return MemoryFilter()
+    data = obj(value, "filter")
+    known = {"source", "scope", "min_confidence", "after", "before", "metadata"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BadRequest(f"filter has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    flt = MemoryFilter()
+    if data.get("source") is not None:
+        flt.source = source(data["source"])
+    if data.get("scope") is not None:
+        flt.scope = text(data["scope"], "filter.scope", MAX_NAME)
+    if data.get("min_confidence") is not None:
+        flt.min_confidence = confidence(data["min_confidence"], "filter.min_confidence")
+    if data.get("after") is not None:
+        flt.after = timestamp(data["after"], "filter.after")
+    if data.get("before") is not None:
+        flt.before = timestamp(data["before"], "filter.before")
+    if data.get("metadata") is not None:
+        flt.metadata = obj(data["metadata"], "filter.metadata")
+    return flt
+
+
+def kind(value: Any, name: str) -> str:
+    """An entity or relation type: a spec name or any custom word (`{"custom": "x"}` too)."""
+    if isinstance(value, dict) and set(value) == {"custom"}:
+        value = value["custom"]
+    return text(value, name, 64).strip()

@@ -1,0 +1,180 @@
+"""Export and import of one agent's memory as a single JSON document.
+
+The document keeps ids, every fragment field and the vectors (with the embedding model's
+name), plus entities and relations. Import checks the whole document before it writes
+anything, writes in one transaction, skips ids the agent already has (so importing twice
+adds nothing) and re-embeds vectors that came from another model.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from pony import orm
+
+from agentd.errors import BadRequest
+from agentd.kernel_time import iso, utcnow
+from agentd.memory import fields
+from agentd.memory.graph import KnowledgeGraph
+from agentd.memory.semantic import SemanticMemory, epoch, fragment
+
+FORMAT = "agentd.memory"
+VERSION = 1
+
+
+def export(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str) -> dict[str, Any]:
+    """Everything the agent remembers, vectors included."""
+    with orm.db_session:
+        rows = orm.select(m for m in semantic.store.e.MemoryRow if m.agent_id == agent_id).order_by(lambda m: m.key)
+        memories = []
+        for row in rows:
+            item = fragment(row, embedding=True)
+            item["superseded_by"] = row.superseded_by
+            memories.append(item)
+    entities, relations = graph.export(agent_id)
+    models = {m.pop("embedding_model") for m in memories}
+    return {"format": FORMAT, "version": VERSION, "agent_id": agent_id, "exported_at": iso(utcnow()),
+            "embedding_model": models.pop() if len(models) == 1 else semantic.embedder.name,
+            "memories": memories, "entities": entities, "relations": relations}
+
+
+def _time(value: Any, where: str) -> datetime:
+    if not isinstance(value, str):
+        raise BadRequest(f"{where} must be an ISO 8601 timestamp")
+    return datetime.fromtimestamp(fields.timestamp(value, where), tz=timezone.utc)
+
+
+def _list(doc: dict[str, Any], key: str) -> list[Any]:
+    value = doc.get(key, [])
+    if not isinstance(value, list):
+        raise BadRequest(f"{key} must be an array")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise BadRequest(f"{key}[{i}] must be an object")
+    return value
+
+
+def _memory(item: dict[str, Any], i: int) -> dict[str, Any]:
+    where = f"memories[{i}]"
+    embedding = item.get("embedding") or []
+    if not isinstance(embedding, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  for v in embedding):
+        raise BadRequest(f"{where}.embedding must be an array of numbers")
+    superseded = item.get("superseded_by")
+    if superseded is not None and not isinstance(superseded, str):
+        raise BadRequest(f"{where}.superseded_by must be a string or null")
+    return {"id": fields.text(item.get("id"), f"{where}.id", fields.MAX_NAME),
+            "content": fields.text(item.get("content"), f"{where}.content"),
+            "source": _named(fields.source, item.get("source"), where),
+            "scope": fields.text(item.get("scope"), f"{where}.scope", fields.MAX_NAME),
+            "confidence": fields.confidence(item.get("confidence"), f"{where}.confidence"),
+            "metadata": fields.obj(item.get("metadata", {}), f"{where}.metadata"),
+            "created_at": _time(item.get("created_at"), f"{where}.created_at"),
+            "accessed_at": _time(item.get("accessed_at", item.get("created_at")), f"{where}.accessed_at"),
+            "access_count": fields.integer(item.get("access_count", 0), f"{where}.access_count", 0, 2**31),
+            "embedding": embedding, "superseded_by": superseded}
+
+
+def _named(check: Any, value: Any, where: str) -> Any:
+    try:
+        return check(value)
+    except BadRequest as exc:
+        raise BadRequest(f"{where}.{exc.message}") from None
+
+
+def validate(doc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Check the whole document; BadRequest naming the first fault."""
+    if not isinstance(doc, dict):
+        raise BadRequest("import document must be a JSON object")
+    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise BadRequest(f"import document must have format {FORMAT!r} and version {VERSION} "
+                         "(the output of GET .../export)")
+    if not isinstance(doc.get("embedding_model", ""), str):
+        raise BadRequest("embedding_model must be a string")
+    memories = [_memory(m, i) for i, m in enumerate(_list(doc, "memories"))]
+    entities = []
+    for i, e in enumerate(_list(doc, "entities")):
+        where = f"entities[{i}]"
+        entities.append({"id": fields.text(e.get("id"), f"{where}.id", fields.MAX_NAME),
+                         "entity_type": fields.kind(e.get("entity_type"), f"{where}.entity_type"),
+                         "name": fields.text(e.get("name"), f"{where}.name", fields.MAX_NAME),
+                         "properties": fields.obj(e.get("properties", {}), f"{where}.properties"),
+                         "created_at": _time(e.get("created_at"), f"{where}.created_at"),
+                         "updated_at": _time(e.get("updated_at", e.get("created_at")), f"{where}.updated_at")})
+    relations = []
+    for i, r in enumerate(_list(doc, "relations")):
+        where = f"relations[{i}]"
+        relations.append({"id": fields.text(r.get("id"), f"{where}.id", fields.MAX_NAME),
+                          "source": fields.text(r.get("source"), f"{where}.source", fields.MAX_NAME),
+                          "relation": fields.kind(r.get("relation"), f"{where}.relation"),
+                          "target": fields.text(r.get("target"), f"{where}.target", fields.MAX_NAME),
+                          "properties": fields.obj(r.get("properties", {}), f"{where}.properties"),
+                          "confidence": fields.confidence(r.get("confidence", 1.0), f"{where}.confidence"),
+                          "created_at": _time(r.get("created_at"), f"{where}.created_at")})
+    for kind, items in (("memories", memories), ("entities", entities), ("relations", relations)):
+        ids = [x["id"] for x in items]
+        if len(ids) != len(set(ids)):
+            raise BadRequest(f"{kind} contains the same id twice")
+    return memories, entities, relations
+
+
+def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, doc: Any) -> dict[str, Any]:
+    """The spec's import report: counts of what was added, and `errors` (notes on what was not)."""
+    memories, entities, relations = validate(doc)
+    embedder = semantic.embedder
+    errors: list[str] = []
+    store = semantic.store
+    with semantic.lock(agent_id):
+        index = semantic.index(agent_id)
+        with orm.db_session:
+            known_entities = set(store.db.select("SELECT id FROM kg_entities WHERE agent_id = $a", {"a": agent_id}))
+        doc_entities = {e["id"] for e in entities}
+        for r in relations:
+            for end in ("source", "target"):
+                if r[end] not in doc_entities and r[end] not in known_entities:
+                    raise BadRequest(f"relation {r['id']}: {end} entity {r[end]} is neither in the document "
+                                     "nor in this agent's graph")
+        new_memories = [m for m in memories if m["id"] not in index.pos]
+        same_model = doc.get("embedding_model") == embedder.name
+        dims = embedder.dimensions
+        redo = [m for m in new_memories
+                if not same_model or not m["embedding"] or (dims is not None and len(m["embedding"]) != dims)]
+        if redo:
+            vectors = embedder.embed([m["content"] for m in redo])
+            for m, v in zip(redo, vectors):
+                m["vector"] = v
+        for m in new_memories:
+            if "vector" not in m:
+                vector = np.asarray(m["embedding"], dtype=np.float32)
+                norm = float(np.linalg.norm(vector))
+                # Our own vectors are already unit length: keep them bit for bit.
+                m["vector"] = vector if abs(norm - 1.0) < 1e-4 else vector / max(norm, 1e-12)
+        counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": 0}
+        with orm.db_session:
+            for m in new_memories:
+                semantic._insert(agent_id, m["id"], m["content"], m["vector"], embedder.name, m["metadata"],
+                                 m["source"], m["scope"], m["confidence"], m["created_at"], m["accessed_at"],
+                                 m["access_count"])
+                store.e.MemoryRow.get(agent_id=agent_id, id=m["id"]).superseded_by = m["superseded_by"]
+            counts["memories_imported"] = len(new_memories)
+            for e in entities:
+                if e["id"] in known_entities:
+                    continue
+                store.e.EntityRow(agent_id=agent_id, id=e["id"], entity_type=e["entity_type"], name=e["name"],
+                                  properties=json.dumps(e["properties"], ensure_ascii=False),
+                                  created_at=e["created_at"], updated_at=e["updated_at"])
+                counts["entities_imported"] += 1
+            for r in relations:
+                if store.e.RelationRow.get(agent_id=agent_id, id=r["id"]) is not None:
+                    continue
+                store.e.RelationRow(agent_id=agent_id, id=r["id"], source=r["source"], relation=r["relation"],
+                                    target=r["target"], properties=json.dumps(r["properties"], ensure_ascii=False),
+                                    confidence=r["confidence"], created_at=r["created_at"])
+                counts["relations_imported"] += 1
+        for m in new_memories:
+            index.put(m["id"], m["vector"], epoch(m["created_at"]), m["confidence"], m["source"], m["scope"])
+    # Vectors from another model are not comparable with ours: say how many were redone.
+    return {**counts, "memories_reembedded": len(redo), "errors": errors}

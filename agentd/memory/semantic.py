@@ -1,0 +1,381 @@
+"""Semantic memory: remember fragments by meaning, recall them with filters, dedup on write.
+
+Rows live in the store (`memory_fragments`, vectors as float32 blobs; metadata also in the
+indexed `memory_metadata` side table). Search runs over a per-agent `AgentIndex` kept in
+step with every write. Writes to one agent are serialised by that agent's lock, so a
+dedup decision and the insert it leads to cannot interleave with another write.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import numpy as np
+from pony import orm
+
+from agentd.errors import NotFound
+from agentd.kernel_time import iso, utcnow
+from agentd.memory.embedder import Embedder
+from agentd.memory.fields import MemoryFilter
+from agentd.memory.vectors import AgentIndex, Hit
+from agentd.store import Store
+
+DEDUP_THRESHOLD = 0.92
+# A contradicting fragment this close to an older one supersedes it: both are kept and the
+# newer one ranks first whenever both are recalled.
+SUPERSEDE_THRESHOLD = 0.85
+NEAR_TIE = 0.01
+
+_NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot",
+                        "without", "nowhere"})
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())}
+_TOKEN = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?|\d+(?:[.,:]\d+)*")
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+
+
+def _signature(text: str) -> tuple[tuple[str, ...], bool]:
+    """(numbers in order of size, negated?) of a sentence, for the contradiction check."""
+    lowered = text.lower()
+    tokens = _TOKEN.findall(lowered)
+    numbers = _NUMBER.findall(lowered) + [_NUMBER_WORDS[t] for t in tokens if t in _NUMBER_WORDS]
+    negations = sum(1 for t in tokens if t in _NEGATIONS or t.endswith(("n't", "n’t")))
+    return tuple(sorted(numbers)), negations % 2 == 1
+
+
+def contradicts(a: str, b: str) -> bool:
+    """True when two similar sentences differ in a number or in negation."""
+    return _signature(a) != _signature(b)
+
+
+def epoch(dt: datetime) -> float:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def canonical(value: Any) -> str:
+    """The side table's form of a metadata value: compact JSON with sorted keys."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:
+    """The API shape of a fragment row (without its vector unless asked)."""
+    out = {"id": row.id, "agent_id": row.agent_id, "content": row.content,
+           "metadata": json.loads(row.metadata or "{}"), "source": row.source, "scope": row.scope,
+           "confidence": row.confidence, "created_at": iso(row.created_at),
+           "accessed_at": iso(row.accessed_at), "access_count": row.access_count}
+    if embedding:
+        out["embedding"] = (np.frombuffer(row.embedding, dtype="<f4").tolist() if row.embedding else [])
+        out["embedding_model"] = row.model
+    return out
+
+
+class SemanticMemory:
+    """remember / recall / list / get / delete, per agent."""
+
+    def __init__(self, store: Store, embedder: Callable[[], Embedder]) -> None:
+        self.store = store
+        self._embedder_factory = embedder
+        self._indexes: dict[str, AgentIndex] = {}
+        self._locks: dict[str, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder_factory()
+
+    def lock(self, agent_id: str) -> threading.RLock:
+        with self._guard:
+            lock = self._locks.get(agent_id)
+            if lock is None:
+                lock = self._locks[agent_id] = threading.RLock()
+            return lock
+
+    # -- the index ------------------------------------------------------------------------
+    def index(self, agent_id: str) -> AgentIndex:
+        """The agent's index, rebuilt from the store on first use (re-embedding rows whose
+        vector came from another model)."""
+        found = self._indexes.get(agent_id)
+        if found is not None:
+            return found
+        with self.lock(agent_id):
+            found = self._indexes.get(agent_id)
+            if found is not None:
+                return found
+            built = self._build(agent_id)
+            self._indexes[agent_id] = built
+            return built
+
+    def _build(self, agent_id: str) -> AgentIndex:
+        embedder = self.embedder
+        with orm.db_session:
+            rows = self.store.db.select(
+                "SELECT id, embedding, model, content, created_at, confidence, source, scope "
+                "FROM memory_fragments WHERE agent_id = $a ORDER BY key", {"a": agent_id})
+        stale = [r for r in rows if r[2] != embedder.name or not r[1]]
+        if stale:
+            vectors = embedder.embed([r[3] for r in stale])
+            with orm.db_session:
+                for r, v in zip(stale, vectors):
+                    row = self.store.e.MemoryRow.get(agent_id=agent_id, id=r[0])
+                    if row is not None:
+                        row.embedding, row.model = v.astype("<f4").tobytes(), embedder.name
+            fresh = {r[0]: v for r, v in zip(stale, vectors)}
+        else:
+            fresh = {}
+        dims = embedder.dimensions or (len(next(iter(fresh.values()))) if fresh else None)
+        if dims is None:
+            dims = len(rows[0][1]) // 4 if rows else 384
+        index = AgentIndex(dims, capacity=max(64, len(rows)))
+        if rows:
+            matrix = np.frombuffer(b"".join(fresh[r[0]].astype("<f4").tobytes() if r[0] in fresh else r[1]
+                                            for r in rows), dtype="<f4").reshape(len(rows), dims)
+            index.bulk([r[0] for r in rows], matrix, (epoch(_as_dt(r[4])) for r in rows),
+                       (r[5] for r in rows), [r[6] for r in rows], [r[7] for r in rows])
+        return index
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Delete every fragment of an agent (its index goes too)."""
+        with self.lock(agent_id):
+            with orm.db_session:
+                self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a", {"a": agent_id})
+                self.store.db.execute("DELETE FROM memory_fragments WHERE agent_id = $a", {"a": agent_id})
+            self._indexes.pop(agent_id, None)
+
+    def loaded_ids(self, agent_id: str) -> list[str] | None:
+        """The agent's fragment ids when its index is in memory (None: not loaded yet)."""
+        index = self._indexes.get(agent_id)
+        return None if index is None else list(index.ids) if len(index) <= 64 else index.ids
+
+    def count(self, agent_id: str) -> int:
+        index = self._indexes.get(agent_id)
+        if index is not None:
+            return len(index)
+        with orm.db_session:
+            return self.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a",
+                                        {"a": agent_id})[0]
+
+    # -- writes ---------------------------------------------------------------------------
+    def remember(self, agent_id: str, content: str, source: str = "user_provided", scope: str = "semantic",
+                 metadata: dict[str, Any] | None = None, confidence: float = 1.0) -> dict[str, Any]:
+        """Store a fragment, or merge it into a near-duplicate; `{id, merged}`."""
+        metadata = metadata or {}
+        vector = self.embedder.embed([content])[0]
+        with self.lock(agent_id):
+            index = self.index(agent_id)
+            hits = index.similar(vector, scope)
+            for hit in hits:
+                if hit.score < SUPERSEDE_THRESHOLD:
+                    break
+                existing = self._content(agent_id, hit.id)
+                if existing is None:
+                    continue
+                if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
+                    self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                    return {"id": hit.id, "merged": True}
+            now = utcnow()
+            fid = str(uuid.uuid4())
+            superseded = [h.id for h in hits if h.score >= SUPERSEDE_THRESHOLD]
+            with orm.db_session:
+                self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
+                             confidence, now, now, 0)
+                for old in superseded:
+                    row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
+                    if row is not None and contradicts(row.content, content):
+                        row.superseded_by = fid
+            index.put(fid, vector, epoch(now), confidence, source, scope)
+            return {"id": fid, "merged": False}
+
+    def _content(self, agent_id: str, fid: str) -> str | None:
+        with orm.db_session:
+            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+            return None if row is None else row.content
+
+    def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
+                metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
+                accessed: datetime, access_count: int) -> None:
+        """Inside a db_session: one fragment row and its metadata rows."""
+        self.store.e.MemoryRow(agent_id=agent_id, id=fid, content=content,
+                               embedding=None if vector is None else vector.astype("<f4").tobytes(),
+                               model=model, metadata=json.dumps(metadata, ensure_ascii=False), source=source,
+                               scope=scope, confidence=float(confidence), created_at=created,
+                               accessed_at=accessed, access_count=access_count)
+        for key, value in metadata.items():
+            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+
+    def _merge(self, agent_id: str, index: AgentIndex, fid: str, content: str, vector: np.ndarray,
+               metadata: dict[str, Any], confidence: float, access_count: int = 0) -> None:
+        """Newer wording replaces the content; metadata merged; confidence is the max."""
+        with orm.db_session:
+            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+            merged = json.loads(row.metadata or "{}")
+            merged.update(metadata)
+            row.content = content
+            row.embedding = vector.astype("<f4").tobytes()
+            row.model = self.embedder.name
+            row.metadata = json.dumps(merged, ensure_ascii=False)
+            row.confidence = max(row.confidence, float(confidence))
+            row.access_count += access_count
+            row.accessed_at = utcnow()
+            self._write_meta(agent_id, fid, merged)
+            created, conf, source, scope = row.created_at, row.confidence, row.source, row.scope
+        index.put(fid, vector, epoch(created), conf, source, scope)
+
+    def _write_meta(self, agent_id: str, fid: str, metadata: dict[str, Any]) -> None:
+        self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a AND memory_id = $f",
+                              {"a": agent_id, "f": fid})
+        for key, value in metadata.items():
+            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+
+    def delete(self, agent_id: str, fid: str) -> None:
+        """Remove one fragment; NotFound when the agent has none with that id."""
+        with self.lock(agent_id):
+            with orm.db_session:
+                row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+                if row is None:
+                    raise NotFound(f"memory not found: {fid}")
+                row.delete()
+                self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a AND memory_id = $f",
+                                      {"a": agent_id, "f": fid})
+            index = self._indexes.get(agent_id)
+            if index is not None:
+                index.remove(fid)
+
+    # -- reads ----------------------------------------------------------------------------
+    def _rows(self, agent_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Fragments by id in one plain query (recall's hot path: Pony's object loading and
+        lazy LongStr reads cost more than the search itself)."""
+        with orm.db_session:
+            cursor = self.store.db.get_connection().cursor()
+            found = cursor.execute(_ROW_SQL.format(",".join("?" * len(ids))), [agent_id, *ids]).fetchall()
+        out = {}
+        for (fid, owner, content, metadata, source, scope, confidence, created, accessed, count,
+             superseded) in found:
+            out[fid] = {"id": fid, "agent_id": owner, "content": content, "metadata": json.loads(metadata or "{}"),
+                        "source": source, "scope": scope, "confidence": confidence,
+                        "created_at": iso(_as_dt(created)), "accessed_at": iso(_as_dt(accessed)),
+                        "access_count": count, "superseded_by": superseded}
+        return out
+
+    def _touch(self, agent_id: str, items: list[dict[str, Any]]) -> None:
+        """Count the access of what recall returned (one UPDATE)."""
+        now = utcnow()
+        ids = [item["id"] for item in items]
+        params: dict[str, Any] = {"now": now, "a": agent_id}
+        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
+        names = ", ".join(f"$i{n}" for n in range(len(ids)))
+        with orm.db_session:
+            # Through Pony (not the raw connection) so the session knows to commit.
+            self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now, "
+                                  f"access_count = access_count + 1 WHERE agent_id = $a AND id IN ({names})",
+                                  params)
+        for item in items:
+            item["accessed_at"] = iso(now)
+            item["access_count"] += 1
+
+    def get(self, agent_id: str, fid: str) -> dict[str, Any]:
+        with orm.db_session:
+            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+            if row is None:
+                raise NotFound(f"memory not found: {fid}")
+            return fragment(row)
+
+    def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
+        """Newest first."""
+        with orm.db_session:
+            query = orm.select(m for m in self.store.e.MemoryRow if m.agent_id == agent_id)
+            total = query.count()
+            rows = query.order_by(lambda m: (orm.desc(m.created_at), orm.desc(m.key)))[offset:offset + limit]
+            return {"memories": [fragment(r) for r in rows], "total": total}
+
+    def _metadata_ids(self, agent_id: str, metadata: dict[str, Any]) -> set[str]:
+        """Fragments matching every metadata pair: index lookups on the side table."""
+        found: set[str] | None = None
+        with orm.db_session:
+            for key, value in metadata.items():
+                ids = set(self.store.db.select(
+                    "SELECT memory_id FROM memory_metadata WHERE agent_id = $a AND key = $k AND value = $v",
+                    {"a": agent_id, "k": key, "v": canonical(value)}))
+                found = ids if found is None else found & ids
+                if not found:
+                    return set()
+        return found or set()
+
+    def recall(self, agent_id: str, query: str, limit: int = 5, min_score: float | None = None,
+               flt: MemoryFilter | None = None, touch: bool = True,
+               skip: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
+        """Filter, then exact cosine top-k; newer wins near-ties and superseded facts.
+
+        `skip(content)` drops fragments the caller already has (the loop skips exchanges
+        still in the session). Returned fragments get accessed_at/access_count updated.
+        """
+        if self.count(agent_id) == 0:
+            return []
+        vector = self.embedder.embed([query])[0]
+        index = self.index(agent_id)
+        flt = flt or MemoryFilter()
+        only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None
+        keep = index.mask(flt.source, flt.scope, flt.min_confidence, flt.after, flt.before, only)
+        hits = index.search(vector, limit * 2 + 8, keep)
+        if min_score is not None:
+            hits = [h for h in hits if h.score >= min_score]
+        if not hits:
+            return []
+        hits = _prefer_newer(hits)
+        rows = self._rows(agent_id, [h.id for h in hits])
+        out = []
+        for hit in _supersede_order([h for h in hits if h.id in rows], rows):
+            item = rows[hit.id]
+            if skip is not None and skip(item["content"]):
+                continue
+            item["score"] = round(hit.score, 6)
+            out.append(item)
+            if len(out) >= limit:
+                break
+        if touch and out:
+            self._touch(agent_id, out)
+        return out
+
+
+_ROW_SQL = ("SELECT id, agent_id, content, metadata, source, scope, confidence, created_at, accessed_at, "
+            "access_count, superseded_by FROM memory_fragments WHERE agent_id = ? AND id IN ({})")
+
+
+def _as_dt(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def _prefer_newer(hits: list[Hit]) -> list[Hit]:
+    """Within NEAR_TIE of each other, the newer fragment goes first."""
+    out = list(hits)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(out) - 1):
+            a, b = out[i], out[i + 1]
+            if a.score - b.score <= NEAR_TIE and b.created > a.created:
+                out[i], out[i + 1] = b, a
+                changed = True
+    return out
+
+
+def _supersede_order(hits: list[Hit], rows: dict[str, dict[str, Any]]) -> list[Hit]:
+    """A superseded fragment never ranks above the newer fact that contradicts it."""
+    out = list(hits)
+    for hit in list(out):
+        newer = rows[hit.id].pop("superseded_by", None)
+        if newer and newer in rows:
+            old_pos = next(i for i, h in enumerate(out) if h.id == hit.id)
+            new_pos = next(i for i, h in enumerate(out) if h.id == newer)
+            if old_pos < new_pos:
+                moved = out.pop(old_pos)
+                out.insert(new_pos, moved)
+    return out

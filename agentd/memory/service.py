@@ -1,0 +1,298 @@
+"""The memory service the kernel owns (`kernel.memory`): one entry point for routes, tools
+and the agent loop.
+
+Cheap to build: numpy, onnxruntime and the model are loaded by the first operation that
+needs vectors, so a daemon whose agents never touch semantic memory never pays for them.
+Auto-remember runs on one background worker, off the request path; the loop hooks never
+raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from agentd.config import MemoryConfig
+from agentd.memory import fields
+from agentd.memory.graph import KnowledgeGraph
+from agentd.store import Store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentd.llm.types import ProviderEndpoint
+    from agentd.memory.embedder import Embedder
+    from agentd.memory.semantic import SemanticMemory
+
+log = logging.getLogger("agentd.memory")
+
+QUEUE_LIMIT = 1000
+CONTEXT_HEADING = "## Relevant memories"
+ASKED, ANSWERED = "User asked: ", "\nI responded: "
+
+
+class MemoryService:
+    """Semantic memory, the knowledge graph, consolidation and export/import."""
+
+    def __init__(self, config: MemoryConfig, store: Store,
+                 endpoint: Callable[[str], "ProviderEndpoint"] | None = None, retries: int = 3) -> None:
+        self.config = config
+        self.store = store
+        self.graph = KnowledgeGraph(store)
+        self._endpoint = endpoint
+        self._retries = retries
+        self._embedder: Embedder | None = None
+        self._semantic: SemanticMemory | None = None
+        self._init_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, str, str, dict[str, Any]] | None] = queue.Queue(QUEUE_LIMIT)
+        # agent id -> {fragment id: user message} of exchanges auto-remembered by this process,
+        # so a run whose agent remembers nothing but its current session skips the recall.
+        self._exchanges: dict[str, dict[str, str]] = {}
+        self._worker: threading.Thread | None = None
+        self._dead: set[str] = set()
+        self._stop = threading.Event()
+        self._scheduler: threading.Thread | None = None
+
+    # -- lazily built parts ---------------------------------------------------------------
+    @property
+    def embedder(self) -> "Embedder":
+        if self._embedder is None:
+            with self._init_lock:
+                if self._embedder is None:
+                    from agentd.memory.embedder import LocalEmbedder, ProviderEmbedder
+
+                    cfg = self.config
+                    if cfg.embedding_provider:
+                        endpoint = self._endpoint
+                        if endpoint is None:
+                            raise RuntimeError("provider embeddings need the kernel's endpoint lookup")
+                        self._embedder = ProviderEmbedder(cfg.embedding_provider, cfg.embedding_model,
+                                                          lambda: endpoint(cfg.embedding_provider), self._retries)
+                    else:
+                        self._embedder = LocalEmbedder()
+        return self._embedder
+
+    @property
+    def semantic(self) -> "SemanticMemory":
+        if self._semantic is None:
+            with self._init_lock:
+                if self._semantic is None:
+                    from agentd.memory.embedder import import_numpy
+
+                    import_numpy()
+                    from agentd.memory.semantic import SemanticMemory
+
+                    self._semantic = SemanticMemory(self.store, lambda: self.embedder)
+        return self._semantic
+
+    @property
+    def loaded(self) -> bool:
+        """Whether anything heavy (numpy, the model) has been loaded yet."""
+        return self._semantic is not None
+
+    # -- operations (arguments validated here, for routes and tools alike) ----------------
+    def remember(self, agent_id: str, content: Any, source: Any = None, scope: Any = None,
+                 metadata: Any = None, confidence: Any = None) -> dict[str, Any]:
+        return self.semantic.remember(
+            agent_id, fields.text(content, "content"),
+            fields.source(source) if source is not None else "user_provided",
+            fields.text(scope, "scope", fields.MAX_NAME) if scope is not None else "semantic",
+            fields.obj(metadata, "metadata") if metadata is not None else {},
+            fields.confidence(confidence) if confidence is not None else 1.0)
+
+    def recall(self, agent_id: str, query: Any, limit: Any = None, min_score: Any = None,
+               flt: Any = None) -> list[dict[str, Any]]:
+        return self.semantic.recall(
+            agent_id, fields.text(query, "query"),
+            fields.integer(limit, "limit", 1, 100) if limit is not None else 5,
+            fields.score(min_score) if min_score is not None else None, fields.memory_filter(flt))
+
+    def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
+        return self.semantic.page(agent_id, fields.integer(limit, "limit", 1, 1000),
+                                  fields.integer(offset, "offset", 0, 2**31))
+
+    def get(self, agent_id: str, memory_id: str) -> dict[str, Any]:
+        return self.semantic.get(agent_id, memory_id)
+
+    def delete(self, agent_id: str, memory_id: str) -> None:
+        self.semantic.delete(agent_id, memory_id)
+
+    def add_entity(self, agent_id: str, entity_type: Any, name: Any, properties: Any = None) -> dict[str, Any]:
+        return self.graph.add_entity(agent_id, fields.kind(entity_type, "entity_type"),
+                                     fields.text(name, "name", fields.MAX_NAME).strip(),
+                                     fields.obj(properties, "properties") if properties is not None else {})
+
+    def add_relation(self, agent_id: str, source: Any, relation: Any, target: Any, properties: Any = None,
+                     confidence: Any = None) -> dict[str, Any]:
+        return self.graph.add_relation(agent_id, fields.text(source, "source", fields.MAX_NAME),
+                                       fields.kind(relation, "relation"),
+                                       fields.text(target, "target", fields.MAX_NAME),
+                                       fields.obj(properties, "properties") if properties is not None else {},
+                                       fields.confidence(confidence) if confidence is not None else 1.0)
+
+    def query_graph(self, agent_id: str, source: Any = None, relation: Any = None, target: Any = None,
+                    max_depth: Any = None) -> list[dict[str, Any]]:
+        def optional(value: Any, name: str) -> str | None:
+            return None if value is None else fields.text(value, name, fields.MAX_NAME)
+
+        return self.graph.query(agent_id, optional(source, "source"),
+                                None if relation is None else fields.kind(relation, "relation"),
+                                optional(target, "target"),
+                                fields.integer(max_depth, "max_depth", 1, fields.MAX_DEPTH)
+                                if max_depth is not None else 1)
+
+    def consolidate(self, agent_id: str) -> dict[str, Any]:
+        from agentd.memory.maintenance import consolidate
+
+        return consolidate(self.semantic, agent_id, self.config)
+
+    def export(self, agent_id: str) -> dict[str, Any]:
+        from agentd.memory.portable import export
+
+        return export(self.semantic, self.graph, agent_id)
+
+    def import_doc(self, agent_id: str, doc: Any) -> dict[str, Any]:
+        from agentd.memory.portable import import_doc
+
+        return import_doc(self.semantic, self.graph, agent_id, doc)
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Delete everything an agent remembered (called when the agent is killed)."""
+        self._dead.add(agent_id)
+        self._exchanges.pop(agent_id, None)
+        if self._semantic is not None:
+            self._semantic.forget_agent(agent_id)
+        else:
+            from pony import orm
+
+            with orm.db_session:
+                self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a", {"a": agent_id})
+                self.store.db.execute("DELETE FROM memory_fragments WHERE agent_id = $a", {"a": agent_id})
+        self.graph.forget_agent(agent_id)
+
+    # -- the agent loop -------------------------------------------------------------------
+    def system_context(self, agent_id: str, user_text: str, history: list[dict[str, Any]], system: str) -> str:
+        """`system` plus the fragments most relevant to the user's message (never raises).
+
+        Exchanges still in the session are skipped: the model already sees them.
+        """
+        if self.config.recall_limit <= 0 or not user_text.strip():
+            return system
+        try:
+            asked = {f"{ASKED}{m.get('content')}" for m in history
+                     if m.get("role") == "user" and isinstance(m.get("content"), str)}
+            if self._nothing_to_recall(agent_id, asked):
+                return system  # (and the model is not loaded or run for nothing)
+
+            def in_session(content: str) -> bool:
+                return content.split(ANSWERED, 1)[0] in asked
+
+            found = self.semantic.recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
+                                         skip=in_session)
+        except Exception:  # noqa: BLE001 - memory must never fail a run
+            log.exception("memory recall for agent %s failed", agent_id)
+            return system
+        if not found:
+            return system
+        lines = "\n".join(f"- {f['content']}" for f in found)
+        block = (f"{CONTEXT_HEADING}\nFacts remembered from earlier conversations, most relevant first "
+                 f"(newer facts override older ones):\n{lines}")
+        return f"{system}\n\n{block}" if system else block
+
+    def _nothing_to_recall(self, agent_id: str, asked: set[str]) -> bool:
+        """True when the agent has no fragments, or only exchanges of its current session."""
+        known = self._exchanges.get(agent_id)
+        in_session: set[str] = set()
+        if known:
+            kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in asked}
+            self._exchanges[agent_id] = kept  # forget exchanges that left the session
+            in_session = set(kept)
+        ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
+        if ids is None:
+            return self._count(agent_id) == 0
+        return len(ids) <= len(in_session) and set(ids) <= in_session
+
+    def _count(self, agent_id: str) -> int:
+        from pony import orm
+
+        with orm.db_session:
+            return self.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a",
+                                        {"a": agent_id})[0]
+
+    def after_exchange(self, agent_id: str, session_id: str, user_text: str, answer: str) -> None:
+        """Queue the exchange as an episodic fragment (never blocks, never raises)."""
+        if not self.config.auto_remember or not user_text.strip() or not answer.strip():
+            return
+        content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT]
+        try:
+            self._queue.put_nowait((agent_id, user_text, content, {"session_id": session_id}))
+        except queue.Full:
+            log.warning("memory queue full; exchange of agent %s not remembered", agent_id)
+            return
+        if self._worker is None:
+            with self._init_lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._work, name="agentd-memory", daemon=True)
+                    self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                agent_id, user_text, content, metadata = item
+                if agent_id in self._dead:
+                    continue
+                stored = self.semantic.remember(agent_id, content, "conversation", "episodic", metadata)
+                self._exchanges.setdefault(agent_id, {})[stored["id"]] = user_text
+            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
+                log.exception("remembering an exchange failed")
+            finally:
+                self._queue.task_done()
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Wait until queued exchanges are stored (shutdown, tests)."""
+        done = threading.Event()
+        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+        done.wait(timeout)
+
+    # -- schedule -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start scheduled consolidation (`[memory] consolidate_every_hours`, 0 = never)."""
+        hours = self.config.consolidate_every_hours
+        if hours <= 0 or self._scheduler is not None:
+            return
+        self._scheduler = threading.Thread(target=self._schedule, args=(hours * 3600.0,),
+                                           name="agentd-memory-consolidate", daemon=True)
+        self._scheduler.start()
+
+    def _schedule(self, period: float) -> None:
+        while not self._stop.wait(period):
+            try:
+                if self._count_all() == 0:
+                    continue
+                from agentd.memory.maintenance import agents_with_memories
+
+                for agent_id in agents_with_memories(self.semantic):
+                    if self._stop.is_set():
+                        return
+                    report = self.consolidate(agent_id)
+                    log.info("consolidated memory of agent %s: %s", agent_id, report)
+            except Exception:  # noqa: BLE001
+                log.exception("scheduled memory consolidation failed")
+
+    def _count_all(self) -> int:
+        from pony import orm
+
+        with orm.db_session:
+            return self.store.db.select("SELECT COUNT(*) FROM memory_fragments")[0]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._worker is not None:
+            self.drain(5.0)
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                pass

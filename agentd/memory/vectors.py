@@ -1,0 +1,170 @@
+"""The per-agent in-memory vector index: one float32 matrix plus the columns recall filters on.
+
+Kept in step with every write (add, replace, remove) and rebuilt from the store the first
+time an agent's memory is used after a start. Exact search: one matrix-vector product over
+the rows a filter leaves, then a partial sort for the top k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from agentd.memory.fields import SOURCES
+
+_SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
+
+
+@dataclass
+class Hit:
+    """One search result: fragment id, cosine score and creation time (epoch seconds)."""
+
+    id: str
+    score: float
+    created: float
+
+
+class AgentIndex:
+    """Vectors and filter columns of one agent's fragments; callers hold `lock`-free access
+    through the owning SemanticMemory, which serialises writes per agent."""
+
+    def __init__(self, dimensions: int, capacity: int = 64) -> None:
+        self.dimensions = dimensions
+        self.ids: list[str] = []
+        self.pos: dict[str, int] = {}
+        self.vectors = np.zeros((capacity, dimensions), dtype=np.float32)
+        self.created = np.zeros(capacity, dtype=np.float64)
+        self.confidence = np.zeros(capacity, dtype=np.float32)
+        self.source = np.zeros(capacity, dtype=np.int8)
+        self.scope = np.zeros(capacity, dtype=np.int32)
+        self.scope_codes: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _grow(self, needed: int) -> None:
+        capacity = self.vectors.shape[0]
+        if needed <= capacity:
+            return
+        new = max(needed, capacity * 2)
+        for name in ("vectors", "created", "confidence", "source", "scope"):
+            old = getattr(self, name)
+            grown = np.zeros((new,) + old.shape[1:], dtype=old.dtype)
+            grown[:capacity] = old
+            setattr(self, name, grown)
+
+    def scope_code(self, scope: str) -> int:
+        code = self.scope_codes.get(scope)
+        if code is None:
+            code = self.scope_codes[scope] = len(self.scope_codes)
+        return code
+
+    def put(self, fid: str, vector: np.ndarray, created: float, confidence: float, source: str,
+            scope: str) -> None:
+        """Add a fragment, or replace the row of one already indexed."""
+        row = self.pos.get(fid)
+        if row is None:
+            row = len(self.ids)
+            self._grow(row + 1)
+            self.ids.append(fid)
+            self.pos[fid] = row
+        self.vectors[row] = vector
+        self.created[row] = created
+        self.confidence[row] = confidence
+        self.source[row] = _SOURCE_CODE.get(source, -1)
+        self.scope[row] = self.scope_code(scope)
+
+    def bulk(self, ids: list[str], vectors: np.ndarray, created: Iterable[float], confidence: Iterable[float],
+             sources: Iterable[str], scopes: Iterable[str]) -> None:
+        """Load many fragments at once (the rebuild from the store)."""
+        start = len(self.ids)
+        count = len(ids)
+        self._grow(start + count)
+        self.vectors[start:start + count] = vectors
+        self.created[start:start + count] = np.fromiter(created, dtype=np.float64, count=count)
+        self.confidence[start:start + count] = np.fromiter(confidence, dtype=np.float32, count=count)
+        self.source[start:start + count] = [_SOURCE_CODE.get(s, -1) for s in sources]
+        self.scope[start:start + count] = [self.scope_code(s) for s in scopes]
+        for offset, fid in enumerate(ids):
+            self.pos[fid] = start + offset
+        self.ids.extend(ids)
+
+    def set_confidence(self, fid: str, confidence: float) -> None:
+        row = self.pos.get(fid)
+        if row is not None:
+            self.confidence[row] = confidence
+
+    def remove(self, fid: str) -> None:
+        """Drop a fragment by moving the last row into its slot."""
+        row = self.pos.pop(fid, None)
+        if row is None:
+            return
+        last = len(self.ids) - 1
+        if row != last:
+            moved = self.ids[last]
+            self.ids[row] = moved
+            self.pos[moved] = row
+            for name in ("vectors", "created", "confidence", "source", "scope"):
+                column = getattr(self, name)
+                column[row] = column[last]
+        self.ids.pop()
+
+    def mask(self, source: str | None = None, scope: str | None = None, min_confidence: float | None = None,
+             after: float | None = None, before: float | None = None,
+             only: set[str] | None = None) -> np.ndarray | None:
+        """Rows passing every given filter (None when nothing filters)."""
+        n = len(self.ids)
+        keep: np.ndarray | None = None
+
+        def both(cond: np.ndarray) -> None:
+            nonlocal keep
+            keep = cond if keep is None else keep & cond
+
+        if source is not None:
+            both(self.source[:n] == _SOURCE_CODE.get(source, -2))
+        if scope is not None:
+            code = self.scope_codes.get(scope)
+            both(self.scope[:n] == code if code is not None else np.zeros(n, dtype=bool))
+        if min_confidence is not None:
+            both(self.confidence[:n] >= np.float32(min_confidence))
+        if after is not None:
+            both(self.created[:n] > after)
+        if before is not None:
+            both(self.created[:n] < before)
+        if only is not None:
+            rows = np.zeros(n, dtype=bool)
+            positions = [self.pos[f] for f in only if f in self.pos]
+            rows[positions] = True
+            both(rows)
+        return keep
+
+    def search(self, query: np.ndarray, k: int, keep: np.ndarray | None = None) -> list[Hit]:
+        """The k best rows by cosine (vectors are normalised, so a dot product)."""
+        n = len(self.ids)
+        if n == 0 or k <= 0:
+            return []
+        if keep is None:
+            rows = None
+            scores = self.vectors[:n] @ query
+        else:
+            rows = np.flatnonzero(keep)
+            if rows.size == 0:
+                return []
+            if rows.size * 4 >= n:
+                # Most rows pass: scoring all of them beats copying them out first.
+                scores = self.vectors[:n] @ query
+                scores = scores[rows]
+            else:
+                scores = self.vectors[rows] @ query
+        k = min(k, scores.shape[0])
+        top = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+        top = top[np.argsort(-scores[top], kind="stable")]
+        index = top if rows is None else rows[top]
+        return [Hit(self.ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
+
+    def similar(self, vector: np.ndarray, scope: str, exclude: str | None = None) -> list[Hit]:
+        """Rows of `scope` by similarity to `vector`, best first (dedup and consolidation)."""
+        hits = self.search(vector, 8, self.mask(scope=scope))
+        return [h for h in hits if h.id != exclude]

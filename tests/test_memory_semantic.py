@@ -1,0 +1,616 @@
+"""Semantic memory and the knowledge graph, end to end through the real daemon.
+
+Every test drives `agentd start` over HTTP with the bundled embedding model (no network);
+the agent-loop tests use the fake LLM and read what it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home
+
+STOP = {"the", "a", "an", "is", "in", "my", "i", "me", "of", "at", "on", "to", "does", "do", "this", "what",
+        "which", "when", "we", "our", "for", "be", "must", "could", "name"}
+
+
+def spawn(d: Daemon, extra: str = "") -> str:
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    toml = f'name = "{name}"\n{extra}\n[model]\nprovider = "default"\nmodel = "default"\n'
+    r = d.post("/api/agents", json={"manifest_toml": toml})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"]
+
+
+def base(agent_id: str) -> str:
+    return f"/api/memory/agents/{agent_id}"
+
+
+def remember(d: Daemon, agent_id: str, content: str, **fields: Any) -> dict[str, Any]:
+    r = d.post(f"{base(agent_id)}/memories", json={"content": content, **fields})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def recall(d: Daemon, agent_id: str, query: str, **body: Any) -> list[dict[str, Any]]:
+    r = d.post(f"{base(agent_id)}/recall", json={"query": query, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["memories"]
+
+
+def words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in STOP}
+
+
+FACTS = ["The user's favourite drink is green tea",
+         "My sister works as a nurse in Berlin",
+         "Our office cat is called Whiskers",
+         "The quarterly report is due on Friday",
+         "I am allergic to peanuts",
+         "Bob plays the violin in an orchestra"]
+QUESTIONS = [("What beverage does this person prefer?", 0),
+             ("Which city is my sibling employed in?", 1),
+             ("Name of the pet feline at work?", 2),
+             ("When must the financial summary be submitted?", 3),
+             ("Which foods could trigger a reaction for me?", 4),
+             ("What musical instrument does Robert perform?", 5)]
+
+
+@pytest.fixture(scope="module")
+def d(agent_daemon: Daemon) -> Daemon:
+    return agent_daemon
+
+
+def test_recall_by_meaning_without_shared_words(d: Daemon) -> None:
+    agent = spawn(d)
+    ids = [remember(d, agent, fact)["id"] for fact in FACTS]
+    for question, expected in QUESTIONS:
+        assert not words(question) & words(FACTS[expected]), question  # a keyword match cannot pass
+        found = recall(d, agent, question, limit=3)
+        assert found[0]["id"] == ids[expected], (question, found)
+        assert found[0]["content"] == FACTS[expected]
+        assert found[0]["score"] > found[1]["score"]
+        assert set(found[0]) >= {"id", "agent_id", "content", "metadata", "source", "scope", "confidence",
+                                 "created_at", "accessed_at", "access_count", "score"}
+        assert "embedding" not in found[0]
+    # Recall counts accesses of what it returned (once per recall above).
+    got = d.get(f"{base(agent)}/memories/{ids[0]}").json()
+    assert got["access_count"] >= 1 and got["accessed_at"] >= got["created_at"]
+    untouched = d.get(f"{base(agent)}/memories/{ids[5]}").json()
+    before = untouched["access_count"]
+    recall(d, agent, "What musical instrument does Robert perform?", limit=1)
+    assert d.get(f"{base(agent)}/memories/{ids[5]}").json()["access_count"] == before + 1
+    # min_score drops weak matches; limit caps.
+    assert recall(d, agent, "What beverage does this person prefer?", min_score=0.5, limit=5)[0]["id"] == ids[0]
+    assert len(recall(d, agent, "What beverage does this person prefer?", min_score=0.5, limit=5)) == 1
+    assert len(recall(d, agent, "anything", limit=2)) == 2
+
+
+def test_write_validation_and_unknown_agent(d: Daemon) -> None:
+    agent = spawn(d)
+    bad = [({"content": ""}, "content"), ({"content": 5}, "content"), ({}, "content"),
+           ({"content": "x", "source": "gossip"}, "source"), ({"content": "x", "confidence": 1.5}, "confidence"),
+           ({"content": "x", "confidence": "high"}, "confidence"), ({"content": "x", "metadata": [1]}, "metadata"),
+           ({"content": "x", "scope": ""}, "scope")]
+    for body, field in bad:
+        r = d.post(f"{base(agent)}/memories", json=body)
+        assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
+    r = d.post(f"{base(agent)}/memories", json=["not", "an", "object"])
+    assert r.status_code == 400
+    assert d.get(f"{base(agent)}/memories").json() == {"memories": [], "total": 0}
+    created = remember(d, agent, "Default fields apply")
+    assert created["merged"] is False
+    got = d.get(f"{base(agent)}/memories/{created['id']}").json()
+    assert (got["source"], got["scope"], got["confidence"], got["metadata"], got["access_count"]) == \
+        ("user_provided", "semantic", 1.0, {}, 0)
+    ghost = str(uuid.uuid4())
+    for method, path, body in [("post", "memories", {"content": "x"}), ("get", "memories", None),
+                               ("post", "recall", {"query": "x"}), ("post", "entities", {}),
+                               ("post", "consolidate", None), ("get", "export", None)]:
+        r = d.request(method, f"{base(ghost)}/{path}", json=body)
+        assert r.status_code == 404 and r.json()["error"], (path, r.text)
+    assert d.post(f"{base(agent)}/recall", json={"query": "x", "limit": 0}).status_code == 400
+    assert d.post(f"{base(agent)}/recall", json={"query": "x", "filter": {"colour": "red"}}).status_code == 400
+    assert d.post(f"{base(agent)}/recall", json={"query": "x", "filter": {"after": "yesterday"}}).status_code == 400
+    assert d.get(f"{base(agent)}/memories/{uuid.uuid4()}").status_code == 404
+
+
+def test_dedup_merges_paraphrases_but_keeps_contradictions(d: Daemon) -> None:
+    agent = spawn(d)
+    first = remember(d, agent, "The user's dog is called Rex", metadata={"topic": "pets"}, confidence=0.6)
+    again = remember(d, agent, "The user has a dog named Rex", metadata={"checked": True}, confidence=0.9)
+    assert again == {"id": first["id"], "merged": True}
+    merged = d.get(f"{base(agent)}/memories/{first['id']}").json()
+    assert merged["content"] == "The user has a dog named Rex"
+    assert merged["metadata"] == {"topic": "pets", "checked": True}
+    assert merged["confidence"] == 0.9
+    assert d.get(f"{base(agent)}/memories").json()["total"] == 1
+
+    positive = remember(d, agent, "Bob is vegetarian")
+    negative = remember(d, agent, "Bob is not vegetarian")
+    assert negative["merged"] is False and negative["id"] != positive["id"]
+    found = recall(d, agent, "Does Bob eat meat?", limit=2)
+    assert [f["id"] for f in found] == [negative["id"], positive["id"]]  # the newer fact first
+
+    moved = remember(d, agent, "Alice no longer lives in Paris")
+    assert moved["merged"] is False
+    three = remember(d, agent, "The meeting is at 3pm")
+    four = remember(d, agent, "The meeting is at 4pm")
+    assert four["merged"] is False and four["id"] != three["id"]
+    assert [f["id"] for f in recall(d, agent, "When is the meeting?", limit=2)] == [four["id"], three["id"]]
+    assert d.get(f"{base(agent)}/memories").json()["total"] == 6
+
+
+def test_every_filter(d: Daemon) -> None:
+    agent = spawn(d)
+    a = remember(d, agent, "Deploys go out on Tuesdays", source="document", scope="procedural",
+                 metadata={"team": "ops", "level": 2}, confidence=0.4)["id"]
+    time.sleep(0.05)
+    middle = datetime.now(timezone.utc).isoformat()
+    time.sleep(0.05)
+    b = remember(d, agent, "Releases are shipped every Tuesday afternoon", source="observation",
+                 scope="semantic", metadata={"team": "ops", "level": 3}, confidence=0.9)["id"]
+    c = remember(d, agent, "Rollouts happen weekly, midweek", source="observation", scope="procedural",
+                 metadata={"team": "web", "level": 2}, confidence=0.7)["id"]
+
+    def ids(flt: dict[str, Any]) -> set[str]:
+        return {f["id"] for f in recall(d, agent, "When do we release software?", limit=10, filter=flt)}
+
+    assert ids({}) == {a, b, c}
+    assert ids({"source": "observation"}) == {b, c}
+    assert ids({"source": "document"}) == {a}
+    assert ids({"source": "system"}) == set()
+    assert ids({"scope": "procedural"}) == {a, c}
+    assert ids({"min_confidence": 0.7}) == {b, c}
+    assert ids({"after": middle}) == {b, c}
+    assert ids({"before": middle}) == {a}
+    assert ids({"metadata": {"team": "ops"}}) == {a, b}
+    assert ids({"metadata": {"team": "ops", "level": 2}}) == {a}
+    assert ids({"metadata": {"level": "2"}}) == set()  # equality keeps the JSON type
+    assert ids({"metadata": {"team": "ops"}, "scope": "semantic", "source": "observation"}) == {b}
+    assert d.post(f"{base(agent)}/recall", json={"query": "q", "filter": {"source": "gossip"}}).status_code == 400
+
+
+def test_agents_never_see_each_others_memories(d: Daemon) -> None:
+    one, two = spawn(d), spawn(d)
+    secret = remember(d, one, "The vault password hint is the name of my first teacher")["id"]
+    remember(d, two, "The garden needs watering twice a week")
+    found = recall(d, two, "What helps me remember the vault password?", limit=10)
+    assert [f["content"] for f in found] == ["The garden needs watering twice a week"]
+    assert d.get(f"{base(two)}/memories/{secret}").status_code == 404
+    assert d.delete(f"{base(two)}/memories/{secret}").status_code == 404
+    assert d.get(f"{base(two)}/memories").json()["total"] == 1
+    # The same text in another agent is its own fragment, not a merge.
+    copy = remember(d, two, "The vault password hint is the name of my first teacher")
+    assert copy["merged"] is False and copy["id"] != secret
+
+
+def test_list_paging_get_and_delete(d: Daemon) -> None:
+    agent = spawn(d)
+    ids = [remember(d, agent, text)["id"] for text in
+           ["Paris is the capital of France", "Photosynthesis needs sunlight", "Rust has a borrow checker"]]
+    page = d.get(f"{base(agent)}/memories?limit=2&offset=0").json()
+    assert page["total"] == 3 and [m["id"] for m in page["memories"]] == [ids[2], ids[1]]
+    assert [m["id"] for m in d.get(f"{base(agent)}/memories?limit=2&offset=2").json()["memories"]] == [ids[0]]
+    assert d.get(f"{base(agent)}/memories?limit=abc").status_code == 400
+    assert d.delete(f"{base(agent)}/memories/{ids[1]}").json()["status"] == "deleted"
+    assert d.get(f"{base(agent)}/memories/{ids[1]}").status_code == 404
+    assert [f["id"] for f in recall(d, agent, "How do plants make food from light?", limit=3)][0] != ids[1]
+    assert d.get(f"{base(agent)}/memories").json()["total"] == 2
+
+
+def entity(d: Daemon, agent: str, kind: str, name: str, **props: Any) -> str:
+    r = d.post(f"{base(agent)}/entities", json={"entity_type": kind, "name": name, "properties": props})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def relate(d: Daemon, agent: str, source: str, relation: str, target: str, **body: Any) -> str:
+    r = d.post(f"{base(agent)}/relations", json={"source": source, "relation": relation, "target": target, **body})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def triples(d: Daemon, agent: str, **pattern: Any) -> list[tuple[str, str, str]]:
+    r = d.post(f"{base(agent)}/graph/query", json=pattern)
+    assert r.status_code == 200, r.text
+    return [(m["source"]["name"], m["relation"]["relation"], m["target"]["name"]) for m in r.json()["matches"]]
+
+
+def test_graph_depth_cycles_and_validation(d: Daemon) -> None:
+    agent = spawn(d)
+    alice = entity(d, agent, "person", "Alice", role="engineer")
+    acme = entity(d, agent, "organization", "Acme")
+    paris = entity(d, agent, "location", "Paris")
+    entity(d, agent, {"custom": "hobby"}, "Chess")
+    relate(d, agent, alice, "works_at", acme, confidence=0.8)
+    relate(d, agent, "Acme", "located_in", "Paris")
+    relate(d, agent, paris, "related_to", alice)  # a cycle back to the start
+    relate(d, agent, "Alice", "enjoys", "Chess")  # a custom relation
+    assert triples(d, agent, source=alice) == [("Alice", "works_at", "Acme"), ("Alice", "enjoys", "Chess")]
+    assert triples(d, agent, source="alice", max_depth=2) == [
+        ("Alice", "works_at", "Acme"), ("Alice", "enjoys", "Chess"), ("Acme", "located_in", "Paris")]
+    full = triples(d, agent, source=alice, max_depth=16)
+    assert len(full) == len(set(full)) == 4  # the cycle ends, each relation once
+    assert triples(d, agent, source=alice, relation="works_at", max_depth=3) == [("Alice", "works_at", "Acme")]
+    assert triples(d, agent, target="Paris", max_depth=2) == [("Acme", "located_in", "Paris"),
+                                                              ("Alice", "works_at", "Acme")]
+    assert triples(d, agent, source=alice, target=paris, max_depth=2) == [("Alice", "works_at", "Acme"),
+                                                                           ("Acme", "located_in", "Paris")]
+    assert triples(d, agent, source=alice, target=paris, max_depth=1) == []
+    assert len(triples(d, agent)) == 4
+    assert triples(d, agent, relation="located_in") == [("Acme", "located_in", "Paris")]
+    match = d.post(f"{base(agent)}/graph/query", json={"source": alice}).json()["matches"][0]
+    assert match["source"]["properties"] == {"role": "engineer"} and match["source"]["entity_type"] == "person"
+    assert match["relation"]["confidence"] == 0.8 and match["relation"]["source"] == alice
+    # Unknown entities, bad bodies.
+    r = d.post(f"{base(agent)}/relations", json={"source": alice, "relation": "knows", "target": "Nobody"})
+    assert r.status_code == 404 and "Nobody" in r.json()["error"]
+    for body in [{"entity_type": "person"}, {"entity_type": "", "name": "x"}, {"name": "x", "entity_type": 3},
+                 {"name": "x", "entity_type": "person", "properties": "p"}]:
+        assert d.post(f"{base(agent)}/entities", json=body).status_code == 400, body
+    for pattern in [{"max_depth": 0}, {"max_depth": 99}, {"max_depth": "2"}, {"source": 5}]:
+        assert d.post(f"{base(agent)}/graph/query", json=pattern).status_code == 400, pattern
+    assert d.post(f"{base(agent)}/relations", json={"source": alice, "relation": "x", "target": acme,
+                                                    "confidence": 2}).status_code == 400
+    other = spawn(d)
+    assert triples(d, other) == []
+    assert d.post(f"{base(other)}/relations", json={"source": alice, "relation": "knows",
+                                                    "target": acme}).status_code == 404
+
+
+def old(days: float) -> str:
+    return (datetime.now(timezone.utc) - timedelta(days=days)).isoformat()
+
+
+def doc(memories: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"format": "agentd.memory", "version": 1, "embedding_model": "someone-else/model",
+            "memories": memories, "entities": [], "relations": [], **extra}
+
+
+def fragment(content: str, **fields: Any) -> dict[str, Any]:
+    return {"id": str(uuid.uuid4()), "content": content, "source": "document", "scope": "semantic",
+            "confidence": 1.0, "metadata": {}, "created_at": old(60), "accessed_at": old(60), "access_count": 0,
+            "embedding": [0.5, 0.5, 0.5], **fields}
+
+
+def test_consolidation_merges_decays_and_drops(d: Daemon) -> None:
+    agent = spawn(d)
+    dup_a = fragment("The backup job runs every night at midnight", created_at=old(5), accessed_at=old(1))
+    dup_b = fragment("Every night at midnight the backup job runs", created_at=old(4), accessed_at=old(1),
+                     metadata={"checked": True})
+    stale = fragment("The old wiki lives on the intranet", confidence=0.8)
+    faded = fragment("The printer on floor two jams often", confidence=0.105)
+    fresh = fragment("The coffee machine is on the third floor", accessed_at=old(1))
+    report = d.post(f"{base(agent)}/import", json=doc([dup_a, dup_b, stale, faded, fresh])).json()
+    assert report["memories_imported"] == 5 and report["memories_reembedded"] == 5
+    r = d.post(f"{base(agent)}/consolidate")
+    assert r.status_code == 200
+    report = r.json()
+    assert set(report) >= {"memories_merged", "memories_decayed", "duration_ms"}
+    assert report["memories_merged"] == 1
+    assert report["memories_decayed"] == 2 and report["memories_dropped"] == 1
+    assert isinstance(report["duration_ms"], int)
+    assert d.get(f"{base(agent)}/memories/{dup_b['id']}").status_code == 404
+    kept = d.get(f"{base(agent)}/memories/{dup_a['id']}").json()
+    assert kept["content"] == dup_b["content"] and kept["metadata"] == {"checked": True}
+    assert d.get(f"{base(agent)}/memories/{stale['id']}").json()["confidence"] == pytest.approx(0.72)
+    assert d.get(f"{base(agent)}/memories/{faded['id']}").status_code == 404
+    assert d.get(f"{base(agent)}/memories/{fresh['id']}").json()["confidence"] == 1.0
+    assert d.get(f"{base(agent)}/memories").json()["total"] == 3
+    again = d.post(f"{base(agent)}/consolidate").json()
+    assert again["memories_merged"] == 0 and again["memories_decayed"] == 1
+
+
+def test_export_import_round_trip(d: Daemon) -> None:
+    source, target = spawn(d), spawn(d)
+    ids = [remember(d, source, f, metadata={"n": i}, scope="preferences" if i % 2 else "semantic")["id"]
+           for i, f in enumerate(FACTS[:4])]
+    recall(d, source, "What beverage does this person prefer?", limit=1)
+    alice = entity(d, source, "person", "Alice")
+    acme = entity(d, source, "organization", "Acme")
+    rel = relate(d, source, alice, "works_at", acme)
+    exported = d.get(f"{base(source)}/export").json()
+    assert exported["format"] == "agentd.memory" and exported["version"] == 1
+    assert exported["embedding_model"] == "all-MiniLM-L6-v2-onnx-int8"
+    assert [m["id"] for m in exported["memories"]] == ids
+    assert all(len(m["embedding"]) == 384 for m in exported["memories"])
+    assert [e["id"] for e in exported["entities"]] == [alice, acme] and exported["relations"][0]["id"] == rel
+
+    report = d.post(f"{base(target)}/import", json=exported).json()
+    assert report == {"memories_imported": 4, "entities_imported": 2, "relations_imported": 1,
+                      "memories_reembedded": 0, "errors": []}
+    assert d.post(f"{base(target)}/import", json=exported).json() == {
+        "memories_imported": 0, "entities_imported": 0, "relations_imported": 0, "memories_reembedded": 0,
+        "errors": []}
+    again = d.get(f"{base(target)}/export").json()
+    for key in ("memories", "entities", "relations"):
+        strip = [{k: v for k, v in item.items() if k != "agent_id"} for item in again[key]]
+        assert strip == [{k: v for k, v in item.items() if k != "agent_id"} for item in exported[key]], key
+    assert recall(d, target, "Which city is my sibling employed in?", limit=1)[0]["id"] == ids[1]
+    assert triples(d, target, source="Alice") == [("Alice", "works_at", "Acme")]
+
+    # Bad documents: 400 and nothing written, even when the fault is in the last item.
+    fresh = spawn(d)
+    good = fragment("Tea is best brewed at eighty degrees")
+    bad_docs = [[1, 2], {"format": "other", "version": 1}, doc([good, fragment("x", source="gossip")]),
+                doc([good, fragment("x", confidence=3)]), doc([good, fragment("")]),
+                doc([good, fragment("y", created_at="not a date")]), doc([good, good]),
+                doc([good], relations=[{"id": "r1", "source": "e1", "relation": "uses", "target": "e2",
+                                        "created_at": old(1)}]),
+                doc([good], entities=[{"id": "e1", "name": "n"}])]
+    for bad in bad_docs:
+        r = d.post(f"{base(fresh)}/import", json=bad)
+        assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+    assert d.get(f"{base(fresh)}/memories").json()["total"] == 0
+    assert triples(d, fresh) == []
+    # A vector from another model is re-embedded, so recall by meaning still works.
+    report = d.post(f"{base(fresh)}/import", json=doc([good])).json()
+    assert report["memories_imported"] == 1 and report["memories_reembedded"] == 1
+    assert recall(d, fresh, "What temperature should the water be for a cuppa?", limit=1)[0]["id"] == good["id"]
+
+
+def _system_prompts(fake, since: int) -> list[str]:
+    out = []
+    for req in fake.requests[since:]:
+        body = req.get("json") or {}
+        out.append("\n".join(m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "system"))
+    return out
+
+
+def _wait_for(d: Daemon, agent: str, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        page = d.get(f"{base(agent)}/memories").json()
+        if page["total"] >= count:
+            return page["memories"]
+        time.sleep(0.1)
+    raise AssertionError(f"agent {agent} has fewer than {count} memories")
+
+
+def test_fact_from_a_cleared_session_reaches_the_model(d: Daemon, fake_llm) -> None:
+    agent, other = spawn(d), spawn(d)
+    r = d.post(f"/api/agents/{agent}/message", json={"message": "Please note that my favourite drink is green tea"})
+    assert r.status_code == 200, r.text
+    stored = _wait_for(d, agent, 1)
+    assert stored[0]["scope"] == "episodic" and stored[0]["source"] == "conversation"
+    assert stored[0]["content"] == ("User asked: Please note that my favourite drink is green tea\n"
+                                    "I responded: echo: Please note that my favourite drink is green tea")
+    assert d.post(f"/api/agents/{agent}/session/reset").status_code == 200
+    assert d.get(f"/api/agents/{agent}/session").json()["messages"] == []
+
+    mark = len(fake_llm.requests)
+    assert d.post(f"/api/agents/{agent}/message", json={"message": "What beverage do I like?"}).status_code == 200
+    system = _system_prompts(fake_llm, mark)[0]
+    assert "## Relevant memories" in system and "favourite drink is green tea" in system
+
+    # Another agent asking the same never sees it.
+    mark = len(fake_llm.requests)
+    assert d.post(f"/api/agents/{other}/message", json={"message": "What beverage do I like?"}).status_code == 200
+    assert "green tea" not in _system_prompts(fake_llm, mark)[0]
+
+    # Exchanges still in the session are not repeated into the prompt.
+    mark = len(fake_llm.requests)
+    assert d.post(f"/api/agents/{other}/message", json={"message": "What beverage do I like?"}).status_code == 200
+    assert "Relevant memories" not in _system_prompts(fake_llm, mark)[0]
+
+
+def test_memory_tools_in_the_loop(d: Daemon) -> None:
+    agent = spawn(d, 'profile = "full"')
+    say = lambda text: d.post(f"/api/agents/{agent}/message", json={"message": text}).json()["response"]  # noqa: E731
+    out = say('[[tool:memory_remember {"content": "The staging server is in Frankfurt", "scope": "semantic"}]]')
+    assert out.startswith("tool said: remembered as memory ")
+    fid = out.rsplit(" ", 1)[1]
+    got = d.get(f"{base(agent)}/memories/{fid}").json()
+    assert got["source"] == "inference" and got["content"] == "The staging server is in Frankfurt"
+    out = say('[[tool:memory_search {"query": "Where is the test environment hosted?", "scope": "semantic"}]]')
+    assert "Frankfurt" in out and fid in out
+    say('[[tool:knowledge_add_entity {"name": "Dana", "entity_type": "person"}]]')
+    say('[[tool:knowledge_add_entity {"name": "Globex", "entity_type": "organization"}]]')
+    out = say('[[tool:knowledge_add_relation {"source": "Dana", "relation": "works_at", "target": "Globex"}]]')
+    assert out.startswith("tool said: relation Dana works_at Globex has id ")
+    out = say('[[tool:knowledge_query {"source": "Dana", "max_depth": 2}]]')
+    assert '"target": "Globex"' in out
+    out = say('[[tool:knowledge_add_relation {"source": "Dana", "relation": "knows", "target": "Nobody"}]]')
+    assert "entity not found: Nobody" in out
+    assert triples(d, agent, source="Dana") == [("Dana", "works_at", "Globex")]
+
+
+def test_killing_an_agent_deletes_its_memory(d: Daemon) -> None:
+    agent, keeper = spawn(d), spawn(d)
+    remember(d, agent, "A fact to be forgotten")
+    remember(d, keeper, "A fact to be kept")
+    entity(d, agent, "concept", "Ephemera")
+    assert d.delete(f"/api/agents/{agent}").status_code == 200
+    db = sqlite3.connect(f"file:{Path(d.home) / 'data' / 'agentd.db'}?mode=ro", uri=True)
+    try:
+        for table in ("memory_fragments", "memory_metadata", "kg_entities", "kg_relations"):
+            assert db.execute(f"SELECT COUNT(*) FROM {table} WHERE agent_id = ?", (agent,)).fetchone()[0] == 0
+        assert db.execute("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = ?", (keeper,)).fetchone()[0] == 1
+    finally:
+        db.close()
+    assert d.get(f"{base(agent)}/memories").status_code == 404
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.slow
+def test_model_loads_only_when_memory_is_first_used(daemon_factory, fake_llm) -> None:
+    d = daemon_factory(llm_config(fake_llm, "\n[memory]\nauto_remember = false\n"), env_extra=LLM_ENV)
+    pid = d.daemon_file()["pid"]
+    agent = spawn(d)
+    assert d.post(f"/api/agents/{agent}/message", json={"message": "hello"}).status_code == 200
+    assert "onnxruntime" not in _maps(pid)  # no memories yet: nothing loaded for recall
+    assert "onnxruntime" not in _maps(pid)
+    remember(d, agent, "Loaded now")
+    assert "onnxruntime" in _maps(pid)
+    assert d.get(f"{base(agent)}/memories").json()["total"] == 1  # auto_remember off: only the explicit one
+
+
+def test_memory_config_is_validated() -> None:
+    from agentd.config import parse_config
+    from agentd.errors import ConfigError
+
+    cfg = parse_config({"memory": {"recall_limit": 3, "min_score": 0.5, "auto_remember": False}}, Path("/tmp"))
+    assert (cfg.memory.recall_limit, cfg.memory.min_score, cfg.memory.auto_remember) == (3, 0.5, False)
+    assert cfg.memory.decay_days == 30 and cfg.memory.consolidate_every_hours == 24
+    for bad, what in [({"recall_limit": -1}, "recall_limit"), ({"min_score": 2}, "min_score"),
+                      ({"auto_remember": "yes"}, "auto_remember"), ({"embedding_provider": "openai"}, "embedding_model"),
+                      ({"decay_days": -3}, "decay_days")]:
+        with pytest.raises(ConfigError, match=what):
+            parse_config({"memory": bad}, Path("/tmp"))
+
+
+def test_contradiction_check() -> None:
+    from agentd.memory.semantic import contradicts
+
+    assert contradicts("Bob is vegetarian", "Bob is not vegetarian")
+    assert contradicts("Bob is vegetarian", "Bob isn't vegetarian")
+    assert contradicts("Alice lives in Paris", "Alice no longer lives in Paris")
+    assert contradicts("Meet at 3pm", "Meet at 4pm")
+    assert contradicts("I have two cats", "I have three cats")
+    assert not contradicts("The user's dog is called Rex", "The user has a dog named Rex")
+    assert not contradicts("Bob is not vegetarian", "Bob isn't a vegetarian")
+
+
+class _Embeddings:
+    """A stand-in for a provider's OpenAI-format `POST /v1/embeddings` (documented request and
+    answer shapes). Vectors are hashed bags of words, so texts sharing words are close."""
+
+    def __init__(self, fail_first: int = 0, status: int = 500) -> None:
+        import http.server
+        import threading
+
+        self.seen: list[dict[str, Any]] = []
+        self.fail_left = fail_first
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "json": body})
+                if outer.fail_left > 0:
+                    outer.fail_left -= 1
+                    self._send(status, {"error": {"message": "try again", "type": "server_error"}})
+                    return
+                inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+                data = [{"object": "embedding", "index": i, "embedding": _bag(t)} for i, t in enumerate(inputs)]
+                self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+
+            def _send(self, code: int, payload: dict[str, Any]) -> None:
+                raw = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _bag(text: str) -> list[float]:
+    import hashlib
+
+    vector = [0.0] * 64
+    for word in re.findall(r"[a-z]+", text.lower()):
+        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1.0
+    return vector
+
+
+def test_provider_embeddings_over_http(daemon_factory, fake_llm) -> None:
+    server = _Embeddings(fail_first=1)
+    try:
+        extra = (f'mistral = "{server.url}"\n\n[memory]\nembedding_provider = "mistral"\n'
+                 'embedding_model = "mistral-embed"\n')
+        d = daemon_factory(llm_config(fake_llm, extra), env_extra={**LLM_ENV, "MISTRAL_API_KEY": "sk-embed"})
+        agent = spawn(d)
+        kept = remember(d, agent, "penguins live in antarctica")["id"]
+        remember(d, agent, "volcanoes erupt molten rock")
+        assert len(server.seen) == 3  # one 500, retried, then the second fragment
+        first = server.seen[0]
+        assert first["path"] == "/v1/embeddings" and first["auth"] == "Bearer sk-embed"
+        assert first["json"] == {"model": "mistral-embed", "input": ["penguins live in antarctica"]}
+        assert recall(d, agent, "where do penguins live", limit=1)[0]["id"] == kept
+        exported = d.get(f"{base(agent)}/export").json()
+        assert exported["embedding_model"] == "mistral/mistral-embed"
+        assert len(exported["memories"][0]["embedding"]) == 64
+        # A provider that keeps refusing: a clear error, nothing stored.
+        server.fail_left = 10
+        r = d.post(f"{base(agent)}/memories", json={"content": "never stored"})
+        assert r.status_code == 502 and "embeddings failed" in r.json()["error"]
+        assert d.get(f"{base(agent)}/memories").json()["total"] == 2
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_scheduled_consolidation_and_restart(daemon_factory, fake_llm) -> None:
+    # 0.0005 h = 1.8 s between scheduled runs.
+    d = daemon_factory(llm_config(fake_llm, "\n[memory]\nconsolidate_every_hours = 0.0005\n"), env_extra=LLM_ENV)
+    agent = spawn(d)
+    stale = fragment("The archive room key hangs by the door", confidence=0.5)
+    assert d.post(f"{base(agent)}/import", json=doc([stale])).json()["memories_imported"] == 1
+    kept = remember(d, agent, "The fire drill is on the first Monday of the month")["id"]
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if d.get(f"{base(agent)}/memories/{stale['id']}").json()["confidence"] < 0.5:
+            break
+        time.sleep(0.2)
+    assert d.get(f"{base(agent)}/memories/{stale['id']}").json()["confidence"] in (0.45, 0.405, 0.3645)
+    assert d.get(f"{base(agent)}/memories/{kept}").json()["confidence"] == 1.0
+    # After a restart the index is rebuilt from the store: recall by meaning still works.
+    d.stop()
+    d.start()
+    found = recall(d, agent, "When do we practise evacuating the building?", limit=1)
+    assert found[0]["id"] == kept
+    assert remember(d, agent, "The fire drill happens on the first Monday of each month") == \
+        {"id": kept, "merged": True}
+
+
+def test_vector_index_keeps_rows_in_step() -> None:
+    import numpy as np
+
+    from agentd.memory.vectors import AgentIndex
+
+    index = AgentIndex(4, capacity=2)
+    basis = np.eye(4, dtype=np.float32)
+    for i, (source, scope) in enumerate([("system", "a"), ("document", "b"), ("system", "b"), ("inference", "a")]):
+        index.put(f"f{i}", basis[i], created=100.0 + i, confidence=0.25 * (i + 1), source=source, scope=scope)
+    assert len(index) == 4 and index.vectors.shape[0] >= 4
+    assert [h.id for h in index.search(basis[2], 1)] == ["f2"]
+    index.remove("f0")  # the last row moves into slot 0
+    assert index.pos == {"f3": 0, "f1": 1, "f2": 2} and index.ids == ["f3", "f1", "f2"]
+    assert [h.id for h in index.search(basis[3], 1)] == ["f3"] and index.search(basis[3], 1)[0].score == 1.0
+    assert [h.id for h in index.search(basis[0], 3)][0] != "f0"
+    keep = index.mask(source="system")
+    assert [index.ids[i] for i in np.flatnonzero(keep)] == ["f2"]
+    keep = index.mask(scope="b", min_confidence=0.6)
+    assert [index.ids[i] for i in np.flatnonzero(keep)] == ["f2"]
+    keep = index.mask(after=101.5, before=103.5)
+    assert sorted(index.ids[i] for i in np.flatnonzero(keep)) == ["f2", "f3"]
+    assert index.mask(scope="nope").sum() == 0
+    assert index.search(basis[1], 5, index.mask(only={"f1"}))[0].id == "f1"
+    index.put("f1", basis[3], created=200.0, confidence=1.0, source="system", scope="a")  # replace in place
+    assert len(index) == 3 and index.search(basis[1], 1)[0].score == 0.0
