@@ -141,12 +141,12 @@ class MumbleAdapter(Adapter):
         if self.session < 0:
             raise ChannelError("not connected to the Mumble server")
         if conversation.direct:
-            target = next((s for s, n in self.users.items() if n == conversation.chat_id), None)
+            target = next((s for s, n in list(self.users.items()) if n == conversation.chat_id), None)
             if target is None:
                 raise ChannelError(f"user {conversation.chat_id} is not on the server")
             where = (2, target)
         else:
-            cid = next((c for c, n in self.channels.items() if n == conversation.chat_id), self.my_channel)
+            cid = next((c for c, n in list(self.channels.items()) if n == conversation.chat_id), self.my_channel)
             where = (3, cid)
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         for part in split_text(prefix + text, self.max_message_len):
