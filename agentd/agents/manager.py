@@ -164,17 +164,12 @@ class AgentManager:
         self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
-<<<<<<< HEAD
-        # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
-        # refused manifest signatures.
-        self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
-=======
         self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
                                 lambda h, job: self.run(h, job.text, job.attachments, job.emit, job.options,
                                                         None, job.cancel))
-        # The kernel's audit hook: called as on_lifecycle(event, handle) for spawn and kill.
-        self.on_lifecycle: Callable[[str, AgentHandle], None] | None = None
->>>>>>> main
+        # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
+        # refused manifest signatures.
+        self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
