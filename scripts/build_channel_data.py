@@ -43,6 +43,38 @@ INBOUND = {
     "mattermost": "WebSocket", "webhook": "webhook (own listener)",
 }
 
+# Issue 14, polling / line-socket / real-server adapters: base URLs and poll knobs.
+EXTRA_KEYS.update({
+    "signal": [("receive_timeout_secs", "number", 2), ("poll_interval_secs", "number", 0.5)],
+    "keybase": [],
+    "reddit": [("api_url", "text", "https://oauth.reddit.com"), ("auth_url", "text", "https://www.reddit.com"),
+               ("poll_interval_secs", "number", 10)],
+    "bluesky": [("poll_interval_secs", "number", 10)],
+    "linkedin": [("api_url", "text", "https://api.linkedin.com"), ("poll_interval_secs", "number", 15)],
+    "twist": [("api_url", "text", "https://api.twist.com"), ("poll_interval_secs", "number", 5)],
+    "zulip": [("long_poll_secs", "number", 30)],
+    "discourse": [("poll_interval_secs", "number", 5)],
+    "nextcloud": [("long_poll_secs", "number", 20), ("poll_interval_secs", "number", 2)],
+    "rocketchat": [("poll_interval_secs", "number", 2)],
+    "twitch": [("server", "text", "irc.chat.twitch.tv"), ("port", "number", 6667), ("use_tls", "bool", False),
+               ("tls_verify", "bool", True), ("send_interval_secs", "number", 1.5)],
+    "xmpp": [("use_tls", "bool", True), ("tls_verify", "bool", True), ("nickname", "text", "agentd")],
+    "mumble": [("tls_verify", "bool", False), ("ping_secs", "number", 15)],
+})
+INBOUND.update({
+    "signal": "polling (signal-cli REST)", "keybase": "none (needs the Keybase client)",
+    "reddit": "polling", "bluesky": "polling (notifications)", "linkedin": "polling",
+    "twist": "polling", "zulip": "long-poll (event queue)", "discourse": "polling",
+    "nextcloud": "long-poll (lookIntoFuture)", "rocketchat": "polling", "twitch": "TCP line socket (IRC)",
+    "xmpp": "XMPP stream (slixmpp)", "mumble": "TLS socket (Mumble protocol)",
+})
+# Descriptions that must say what the platform needs beyond agentd.
+DESCRIPTIONS = {
+    "keybase": "Keybase chat bot adapter. Needs the Keybase client binary (`keybase chat api`), "
+               "which agentd does not ship: the configuration is validated and saved, but the "
+               "adapter cannot connect.",
+}
+
 
 def kind_of(rust_type: str) -> str:
     if rust_type.startswith("Option<") and rust_type[7:-1] in KINDS:
@@ -69,7 +101,7 @@ def build(source: Path) -> list[dict]:
             keys[key] = {"kind": kind, "default": default, "agentd": True}
         out.append({
             "name": item["name"], "display_name": item["display_name"], "icon": item["icon"],
-            "description": item["description"], "category": item["category"],
+            "description": DESCRIPTIONS.get(item["name"], item["description"]), "category": item["category"],
             "difficulty": item["difficulty"], "setup_time": item["setup_time"],
             "quick_setup": item["quick_setup"], "setup_type": item["setup_type"],
             "fields": item["fields"], "setup_steps": item["setup_steps"],

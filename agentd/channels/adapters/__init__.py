@@ -6,6 +6,8 @@ import importlib
 
 # Adapters implemented so far (issue 14 brings the other 32 onto the same bases).
 IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify", "mattermost")
+# Issue 14: polling, line-socket and real-server adapters.
+IMPLEMENTED += ("signal", "zulip", "discourse", "rocketchat", "nextcloud", "reddit", "bluesky", "twist", "linkedin", "keybase", "twitch", "xmpp", "mumble")
 
 
 def load(name: str) -> type | None:

@@ -1,0 +1,197 @@
+"""Mumble text chat over the control channel (TLS to the server's TCP port): Version +
+Authenticate, a Ping every `ping_secs`, the users and channels the server announces, and
+TextMessage in and out. Direct messages to the bot are answered privately; messages in
+its channel are answered when they start with its name ("agentd: ..."). It moves into
+`channel` (by name) after login. Voice is ignored. The protocol's few messages are
+encoded by hand (mumble_wire.py) because no maintained Python client fits: pymumble
+pins protobuf 3.x, needs libopus and uses the removed ssl.wrap_socket."""
+
+from __future__ import annotations
+
+import html
+import re
+import socket
+import ssl
+import threading
+import time
+
+from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
+from agentd.channels.adapters import mumble_wire as wire
+from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.sender import split_text
+
+REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 4: "wrong server password",
+           5: "username in use", 6: "server full", 7: "certificate required", 8: "authenticator failed"}
+
+
+class MumbleAdapter(Adapter):
+    max_message_len = 5000  # the server's default textmessagelength
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.username = str(settings.get("username") or "agentd")
+        self.backoff = Backoff(initial=0.5, maximum=30.0)
+        self.sock: ssl.SSLSocket | None = None
+        self.session = -1
+        self.users: dict[int, str] = {}
+        self.channels: dict[int, str] = {}
+        self.my_channel = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if not self.settings.get("host"):
+            raise ChannelError("host is not set")
+        self.password = self.env("password_env", required=False) if self.settings.get("password_env") else ""
+        self.spawn(self._loop, "reader")
+        self.spawn(self._pinger, "ping")
+
+    def _connect(self) -> ssl.SSLSocket:
+        context = ssl.create_default_context()
+        if not self.settings.get("tls_verify"):  # most servers use a self-signed certificate
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        host = str(self.settings["host"])
+        raw = socket.create_connection((host, int(self.settings.get("port") or 64738)), timeout=15)
+        sock = context.wrap_socket(raw, server_hostname=host)
+        sock.settimeout(None)
+        return sock
+
+    def _loop(self) -> None:
+        failing = False
+        while not self.stopping.is_set():
+            try:
+                self.sock = self._connect()
+                self.session, self.users, self.channels = -1, {}, {}
+                self._send(wire.VERSION, [(1, wire.CLIENT_VERSION), (2, "agentd"), (3, "agentd"), (4, "")])
+                self._send(wire.AUTHENTICATE, [(1, self.username), (2, self.password), (5, True)])
+                while not self.stopping.is_set():
+                    kind, fields = wire.read_frame(self._recv_exact)
+                    self._dispatch(kind, fields)
+                    if failing and self.session >= 0:
+                        self.ctx.audit("reconnected")
+                        failing = False
+                        self.backoff.reset()
+            except Exception as exc:  # noqa: BLE001 - any failure: back off, connect again
+                self.session = -1
+                if self.stopping.is_set():
+                    break
+                if not failing:
+                    self.ctx.audit("connection_error", error=str(exc)[:300])
+                    self.ctx.log.warning("mumble: %s", exc)
+                failing = True
+                self._drop()
+                self.backoff.wait(self.stopping)
+        self._drop()
+
+    def _recv_exact(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data)) if self.sock else b""
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            data += chunk
+        return data
+
+    def _dispatch(self, kind: int, fields: dict) -> None:  # type: ignore[type-arg]
+        first = lambda n, default=None: fields.get(n, [default])[0]  # noqa: E731
+        if kind == wire.REJECT:
+            reason = first(2, b"").decode("utf-8", "replace")
+            raise ChannelError(f"login rejected: {REJECTS.get(first(1, 0), 'refused')} {reason}".strip())
+        if kind == wire.CHANNEL_STATE:
+            self.channels[first(1, 0)] = first(3, b"").decode() or self.channels.get(first(1, 0), "")
+        elif kind == wire.USER_STATE:
+            session = first(1)
+            if first(3) is not None:
+                self.users[session] = first(3).decode()
+            if session == self.session and first(5) is not None:
+                self.my_channel = first(5)
+        elif kind == wire.USER_REMOVE:
+            self.users.pop(first(1), None)
+        elif kind == wire.SERVER_SYNC:
+            self.session = first(1)
+            wanted = str(self.settings.get("channel") or "")
+            target = next((cid for cid, name in self.channels.items() if name == wanted), None)
+            if wanted and target is None:
+                self.ctx.log.warning("mumble: channel %r not found; staying in the root channel", wanted)
+            elif target is not None:
+                self._send(wire.USER_STATE, [(1, self.session), (5, target)])
+                self.my_channel = target
+        elif kind == wire.TEXT_MESSAGE:
+            self._text(fields)
+
+    def _text(self, fields: dict) -> None:  # type: ignore[type-arg]
+        actor = fields.get(1, [None])[0]
+        name = self.users.get(actor, "")
+        raw = re.sub(r"<br\s*/?>", "\n", fields.get(5, [b""])[0].decode("utf-8", "replace"))
+        text = html.unescape(re.sub(r"<[^>]+>", "", raw)).strip()  # Mumble text is HTML
+        if actor is None or actor == self.session or not name or not text:
+            return
+        if self.session in fields.get(2, []):
+            conversation = Conversation(self.name, name, name, direct=True)
+        else:
+            prefix = re.match(rf"{re.escape(self.username)}\s*[:,]\s*", text, re.IGNORECASE)
+            if not prefix:
+                return  # channel chatter not addressed to us
+            text = text[prefix.end():]
+            channel = self.channels.get(fields.get(3, [self.my_channel])[0], "")
+            conversation = Conversation(self.name, channel, name, meta={"addressee": name})
+        self.ctx.deliver(Inbound(conversation, sender_id=name, text=text, sender_name=name,
+                                 message_id=f"{actor}:{time.time_ns()}"))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if self.session < 0:
+            raise ChannelError("not connected to the Mumble server")
+        if conversation.direct:
+            target = next((s for s, n in list(self.users.items()) if n == conversation.chat_id), None)
+            if target is None:
+                raise ChannelError(f"user {conversation.chat_id} is not on the server")
+            where = (2, target)
+        else:
+            cid = next((c for c, n in list(self.channels.items()) if n == conversation.chat_id), self.my_channel)
+            where = (3, cid)
+        prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
+        for part in split_text(prefix + text, self.max_message_len):
+            self._send(wire.TEXT_MESSAGE, [where, (5, html.escape(part).replace("\n", "<br>"))])
+        return f"{conversation.chat_id}:{time.time_ns()}"
+
+    def _send(self, kind: int, fields: list) -> None:  # type: ignore[type-arg]
+        with self._lock:  # the reader, the pinger and the senders share one TLS socket
+            if self.sock is None:
+                raise ChannelError("not connected to the Mumble server")
+            self.sock.sendall(wire.frame(kind, fields))
+
+    def _pinger(self) -> None:
+        interval = float(self.settings.get("ping_secs") or 15)  # the server drops clients silent for 30 s
+        while not self.stopping.wait(interval):
+            if self.session >= 0:
+                try:
+                    self._send(wire.PING, [(1, int(time.time()))])
+                except (OSError, ChannelError) as exc:
+                    self.ctx.log.debug("mumble ping failed: %s", exc)
+
+    def _drop(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # breaks the reader's recv()
+            except OSError:
+                pass
+
+    def health(self) -> bool:
+        return self.session >= 0 and self.sock is not None
+
+    def test_target(self, override: str = "") -> Conversation:
+        if override:
+            return Conversation(self.name, override, override, direct=override not in self.channels.values())
+        return Conversation(self.name, str(self.settings.get("channel") or "Root"))
+
+
+ADAPTER = MumbleAdapter

@@ -1,0 +1,96 @@
+"""Nextcloud Talk (OCS API v2, `OCS-APIRequest: true`, Bearer token): lists the bot's
+conversations (`GET .../spreed/api/v4/room`), long-polls each room's chat with
+`lookIntoFuture=1` from the last known message id (persisted; history before the first
+start is not answered), replies with `POST .../spreed/api/v1/chat/{token}` {message,
+replyTo}. Group conversations are answered when the bot is mentioned; one-to-one always."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.bases.sender import split_text
+
+ONE_TO_ONE = 1
+
+
+class NextcloudAdapter(PollingAdapter):
+    max_message_len = 32_000
+
+    def prepare(self) -> None:
+        self.base = str(self.settings.get("server_url") or "").rstrip("/")
+        if not self.base:
+            raise ChannelError("server_url is not set")
+        self.http.session.headers.update({"Authorization": f"Bearer {self.env('token_env')}",
+                                          "OCS-APIRequest": "true", "Accept": "application/json"})
+        self.long_poll = int(self.settings.get("long_poll_secs") or 20)
+        self.me = ""
+
+    def ocs(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.http.json(method, f"{self.base}/ocs/v2.php/{path}", **kwargs)["ocs"]["data"]
+
+    def poll_once(self) -> None:
+        if not self.me:
+            self.me = str(self.ocs("GET", "cloud/user", retries=0)["id"])
+        allowed = set(self.settings.get("allowed_rooms") or [])
+        rooms = [r for r in self.ocs("GET", "apps/spreed/api/v4/room", retries=0) if not allowed or r["token"] in allowed]
+        # One room: wait server-side for news. Several: quick looks and a pause between rounds.
+        wait = self.long_poll if len(rooms) == 1 else 0
+        self.poll_interval = 0.0 if wait else float(self.settings.get("poll_interval_secs") or 2)
+        cursors = dict(self.state.get("rooms") or {})
+        for room in rooms:
+            token = room["token"]
+            if token not in cursors:  # first sight: start after its newest message
+                cursors[token] = int((room.get("lastMessage") or {}).get("id") or 0)
+                self.save_cursor(rooms=cursors)
+            response = self.http.request("GET", f"{self.base}/ocs/v2.php/apps/spreed/api/v1/chat/{token}",
+                                         params={"lookIntoFuture": 1, "lastKnownMessageId": cursors[token],
+                                                 "timeout": wait, "limit": 100, "setReadMarker": 0},
+                                         timeout=wait + 15, retries=0)
+            if response.status_code == 304:  # nothing new within the timeout
+                continue
+            for message in response.json()["ocs"]["data"]:
+                cursors[token] = max(cursors[token], int(message["id"]))
+                self.save_cursor(rooms=cursors)
+                self._handle(room, message)
+
+    def _handle(self, room: dict[str, Any], message: dict[str, Any]) -> None:
+        if message.get("messageType") != "comment" or message.get("actorType") != "users" \
+                or message.get("actorId") == self.me:
+            return  # system messages, bots, guests and ourselves
+        text, mentioned = str(message.get("message") or ""), False
+        for key, param in (message.get("messageParameters") or {}).items():
+            if isinstance(param, dict) and param.get("type") == "user" and param.get("id") == self.me:
+                mentioned, text = True, text.replace("{" + key + "}", "")
+            elif isinstance(param, dict):
+                text = text.replace("{" + key + "}", "@" + str(param.get("name") or param.get("id")))
+        direct = room.get("type") == ONE_TO_ONE
+        if not direct and not mentioned:
+            return
+        user = str(message["actorId"])
+        conversation = Conversation(self.name, room["token"], user, direct=direct, meta={"reply_to": message["id"]})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(text.split()),
+                                 message_id=str(message["id"]),
+                                 sender_name=str(message.get("actorDisplayName") or user)))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        ids = []
+        for part in split_text(text, self.max_message_len):
+            body: dict[str, Any] = {"message": part}
+            if conversation.meta.get("reply_to"):
+                body["replyTo"] = conversation.meta["reply_to"]
+            sent = self.ocs("POST", f"apps/spreed/api/v1/chat/{conversation.chat_id}", json=body)
+            ids.append(str(sent.get("id", "")))
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or next(iter(self.settings.get("allowed_rooms") or []), "")
+        if not target:
+            raise ChannelError("no test target: set allowed_rooms or pass chat_id (a conversation token)")
+        return Conversation(self.name, target)
+
+
+ADAPTER = NextcloudAdapter

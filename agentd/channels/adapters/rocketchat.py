@@ -1,0 +1,96 @@
+"""Rocket.Chat REST API (`X-Auth-Token` + `X-User-Id`): polls the history of the
+channels the bot has joined (`channels.list.joined` + `channels.history`) and of its
+direct rooms (`im.list` + `im.history`) from a persisted timestamp per room, replies
+with `chat.postMessage` (in the thread when the message was in one). Channel messages
+are answered when they mention the bot; direct messages always."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.bases.sender import split_text
+
+
+class RocketChatAdapter(PollingAdapter):
+    max_message_len = 5000
+
+    def prepare(self) -> None:
+        self.base = str(self.settings.get("server_url") or "").rstrip("/")
+        user_id = str(self.settings.get("user_id") or "")
+        if not self.base or not user_id:
+            raise ChannelError("server_url and user_id must be set")
+        self.http.session.headers.update({"X-Auth-Token": self.env("token_env"), "X-User-Id": user_id})
+        self.poll_interval = float(self.settings.get("poll_interval_secs") or 2)
+        self.me = ""
+
+    def api(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data = self.http.json(method, f"{self.base}/api/v1/{path}", **kwargs)
+        if not data.get("success", False):
+            raise ChannelError(f"{path}: {data.get('error') or data}")
+        return data
+
+    def poll_once(self) -> None:
+        if not self.me:
+            self.me = str(self.api("GET", "me", retries=0)["username"])
+        rooms = [("channels", r["_id"], "#" + r["name"]) for r in self.api(
+            "GET", "channels.list.joined", retries=0).get("channels", [])]
+        rooms += [("im", r["_id"], r["_id"]) for r in self.api("GET", "im.list", retries=0).get("ims", [])]
+        cursors = dict(self.state.get("rooms") or {})
+        for kind, room_id, chat in rooms:
+            oldest = cursors.get(room_id)
+            params = {"roomId": room_id, "count": 100, **({"oldest": oldest} if oldest else {})}
+            messages = sorted(self.api("GET", f"{kind}.history", params=params, retries=0).get("messages", []),
+                              key=lambda m: m["ts"])
+            if oldest is None:  # a room seen for the first time: its history is not answered
+                cursors[room_id] = messages[-1]["ts"] if messages else _now(lag=1.0)
+                continue
+            for message in (m for m in messages if m["ts"] > oldest):
+                cursors[room_id] = message["ts"]
+                self.save_cursor(rooms=cursors)
+                self._handle(message, chat, direct=kind == "im")
+        self.save_cursor(rooms=cursors)
+
+    def _handle(self, message: dict[str, Any], chat: str, direct: bool) -> None:
+        user = message.get("u") or {}
+        text = str(message.get("msg") or "")
+        if user.get("username") == self.me or message.get("t") or not text:
+            return  # our own messages and system messages (joins, topic changes...)
+        mention = f"@{self.me}"
+        mentioned = any(m.get("username") == self.me for m in message.get("mentions") or []) or mention in text
+        if not direct and not mentioned:
+            return
+        text = " ".join(w for w in text.split() if w != mention)
+        conversation = Conversation(self.name, chat, str(user.get("_id")), direct=direct,
+                                    meta={"tmid": message.get("tmid") or ("" if direct else message["_id"]),
+                                          "room_id": message.get("rid")})
+        self.ctx.deliver(Inbound(conversation, sender_id=str(user.get("username")), text=text,
+                                 message_id=str(message["_id"]), sender_name=str(user.get("name") or ""),
+                                 sender_aliases=(str(user.get("_id")),)))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        ids = []
+        target = conversation.meta.get("room_id") or conversation.chat_id
+        for part in split_text(text, self.max_message_len):
+            body = {"roomId" if not target.startswith(("#", "@")) else "channel": target, "text": part}
+            if conversation.meta.get("tmid"):
+                body["tmid"] = conversation.meta["tmid"]
+            ids.append(str(self.api("POST", "chat.postMessage", json=body).get("message", {}).get("_id", "")))
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or next(iter(self.settings.get("allowed_channels") or []), "")
+        if not target:
+            raise ChannelError("no test target: set allowed_channels or pass chat_id (#channel, @user or a room id)")
+        return Conversation(self.name, target)
+
+
+def _now(lag: float = 0.0) -> str:
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=lag)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+ADAPTER = RocketChatAdapter

@@ -1,0 +1,85 @@
+"""Twist API v3 (Bearer token): polls the threads updated since the persisted timestamp
+in the workspace's channels (`threads/get?newer_than_ts=`), reads their new comments
+(`comments/get`), and answers comments that mention the bot
+(`[Name](twist-mention://<id>)`) with `POST comments/add` {thread_id, content}."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.bases.sender import split_text
+
+
+class TwistAdapter(PollingAdapter):
+    max_message_len = 10_000
+
+    def prepare(self) -> None:
+        self.base = str(self.settings.get("api_url") or "https://api.twist.com").rstrip("/") + "/api/v3"
+        self.workspace = str(self.settings.get("workspace_id") or "")
+        if not self.workspace:
+            raise ChannelError("workspace_id is not set")
+        self.http.session.headers["Authorization"] = f"Bearer {self.env('token_env')}"
+        self.poll_interval = float(self.settings.get("poll_interval_secs") or 5)
+        self.me = 0
+
+    def poll_once(self) -> None:
+        if not self.me:
+            self.me = int(self.http.json("GET", f"{self.base}/users/get_session_user", retries=0)["id"])
+            self.mention = re.compile(rf"\[[^\]]*\]\(twist-mention://{self.me}\)")
+        since = self.state.get("since")
+        if since is None:  # first start: only what happens from now on
+            self.save_cursor(since=int(time.time()))
+            return
+        channels = self.http.json("GET", f"{self.base}/channels/get", params={"workspace_id": self.workspace},
+                                  retries=0)
+        # Timestamps are whole seconds: look one second back and skip comments already seen.
+        seen, newest = list(self.state.get("seen") or []), since
+        since -= 1
+        for channel in channels:
+            threads = self.http.json("GET", f"{self.base}/threads/get",
+                                     params={"channel_id": channel["id"], "newer_than_ts": since}, retries=0)
+            for thread in threads:
+                comments = self.http.json("GET", f"{self.base}/comments/get",
+                                          params={"thread_id": thread["id"], "newer_than_ts": since}, retries=0)
+                for comment in sorted(comments, key=lambda c: c["posted_ts"]):
+                    if comment["posted_ts"] > since and comment["id"] not in seen:
+                        newest = max(newest, comment["posted_ts"])
+                        seen = (seen + [comment["id"]])[-300:]
+                        self.save_cursor(since=newest, seen=seen)
+                        self._handle(comment, str(channel.get("name") or channel["id"]))
+
+    def _handle(self, comment: dict[str, Any], channel: str) -> None:
+        # The chat is the channel's name: `allowed_channels` lists names (the runtime checks them).
+        text = str(comment.get("content") or "")
+        if comment.get("creator") == self.me or not self.mention.search(text):
+            return
+        user = str(comment["creator"])
+        conversation = Conversation(self.name, channel, user,
+                                    meta={"thread_id": comment["thread_id"]})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(self.mention.sub("", text).split()),
+                                 message_id=str(comment["id"]), sender_name=str(comment.get("creator_name") or ""),
+                                 sender_aliases=(str(comment.get("creator_name") or ""),)))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        thread = conversation.meta.get("thread_id")
+        if not thread:
+            raise ChannelError("twist replies go to a thread: pass chat_id as the thread id")
+        ids = []
+        for part in split_text(text, self.max_message_len):
+            made = self.http.json("POST", f"{self.base}/comments/add", json={"thread_id": int(thread), "content": part})
+            ids.append(str(made.get("id", "")))
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override.isdigit():
+            raise ChannelError("no test target: pass chat_id (a thread id)")
+        return Conversation(self.name, override, meta={"thread_id": override})
+
+
+ADAPTER = TwistAdapter

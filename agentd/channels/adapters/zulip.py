@@ -1,0 +1,108 @@
+"""Zulip REST API (HTTP Basic: bot email + API key): registers an event queue
+(`POST /api/v1/register`, message events, raw Markdown), long-polls
+`GET /api/v1/events`, replies with `POST /api/v1/messages` (same stream and topic, or
+a private message), typing with `POST /api/v1/typing`. A queue the server forgot
+(BAD_EVENT_QUEUE_ID) is registered again. Stream messages are answered when they
+mention the bot; private messages always."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import requests
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.bases.sender import split_text
+
+
+class ZulipAdapter(PollingAdapter):
+    max_message_len = 10_000
+
+    def prepare(self) -> None:
+        self.base = str(self.settings.get("server_url") or "").rstrip("/")
+        self.email = str(self.settings.get("bot_email") or "")
+        if not self.base or not self.email:
+            raise ChannelError("server_url and bot_email must be set")
+        self.http.session.auth = (self.email, self.env("api_key_env"))
+        self.long_poll = float(self.settings.get("long_poll_secs") or 30)
+        self.queue_id = ""
+
+    def api(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data = self.http.json(method, f"{self.base}/api/v1/{path}", **kwargs)
+        if data.get("result") != "success":
+            raise ChannelError(f"{path}: {data.get('code')}: {data.get('msg')}")
+        return data
+
+    def poll_once(self) -> None:
+        if not self.queue_id:
+            me = self.api("GET", "users/me", retries=0)
+            self.user_id, self.full_name = me["user_id"], me.get("full_name", "")
+            queue = self.api("POST", "register", retries=0, data={
+                "event_types": json.dumps(["message"]), "apply_markdown": "false"})
+            self.queue_id, self.last_event = queue["queue_id"], queue["last_event_id"]
+        try:  # the server holds the request until events arrive (heartbeats at the latest)
+            response = self.http.session.get(f"{self.base}/api/v1/events", timeout=(10, self.long_poll),
+                                             params={"queue_id": self.queue_id, "last_event_id": self.last_event})
+        except requests.exceptions.ReadTimeout:
+            return  # nothing happened; the queue keeps our place
+        data = response.json()
+        if response.status_code == 400 and data.get("code") == "BAD_EVENT_QUEUE_ID":
+            self.queue_id = ""  # expired on the server: register a new one
+            return
+        if data.get("result") != "success":
+            raise ChannelError(f"events: HTTP {response.status_code} {data.get('msg')}")
+        for event in data.get("events", []):
+            self.last_event = max(self.last_event, int(event["id"]))
+            if event.get("type") == "message":
+                self._handle(event["message"], event.get("flags") or [])
+
+    def _handle(self, message: dict[str, Any], flags: list[str]) -> None:
+        if message.get("sender_id") == self.user_id:
+            return
+        text = str(message.get("content") or "")
+        sender = str(message.get("sender_email"))
+        if message.get("type") == "stream":
+            mention = f"@**{self.full_name}**"
+            if "mentioned" not in flags and mention not in text:
+                return
+            text = text.replace(mention, "").strip()
+            stream = str(message.get("display_recipient"))
+            conversation = Conversation(self.name, stream, sender,
+                                        meta={"topic": message.get("subject", ""), "to": stream})
+        else:
+            conversation = Conversation(self.name, sender, sender, direct=True,
+                                        meta={"to": [sender], "user_ids": [message.get("sender_id")]})
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=re.sub(r"\s+", " ", text).strip(),
+                                 message_id=str(message.get("id")),
+                                 sender_name=str(message.get("sender_full_name") or sender),
+                                 sender_aliases=(str(message.get("sender_id")),)))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        ids = []
+        for part in split_text(text, self.max_message_len):
+            if conversation.direct:
+                body = {"type": "private", "to": json.dumps(conversation.meta.get("to") or [conversation.chat_id])}
+            else:
+                body = {"type": "stream", "to": conversation.chat_id,
+                        "topic": conversation.meta.get("topic") or "agentd"}
+            ids.append(str(self.api("POST", "messages", data={**body, "content": part}).get("id")))
+        return ",".join(ids)
+
+    def send_typing(self, conversation: Conversation) -> None:
+        if conversation.direct and conversation.meta.get("user_ids"):
+            self.api("POST", "typing", retries=0, data={"op": "start",
+                                                        "to": json.dumps(conversation.meta["user_ids"])})
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or next(iter(self.settings.get("streams") or []), "")
+        if not target:
+            raise ChannelError("no test target: set streams or pass chat_id (a stream name)")
+        return Conversation(self.name, target, meta={"topic": "agentd test"})
+
+
+ADAPTER = ZulipAdapter

@@ -1,0 +1,98 @@
+"""A fake Nextcloud Talk server (https://nextcloud-talk.readthedocs.io): OCS v2 envelope,
+`OCS-APIRequest: true` required, Bearer auth; `GET /ocs/v2.php/cloud/user`,
+`GET .../spreed/api/v4/room`, chat `GET .../spreed/api/v1/chat/{token}` with
+lookIntoFuture=1 + lastKnownMessageId + timeout (304 when nothing new) and
+`POST .../chat/{token}` {message, replyTo} answering 201 with the message."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import jsonify, request
+
+from fakes.platform import FakePlatform
+
+BOT = "agentbot"
+ROOMS = {"dmann": (1, "ann"), "dmmallory": (1, "mallory"), "teamroom": (2, "Team")}
+CHAT = "/ocs/v2.php/apps/spreed/api/v1/chat/<token>"
+
+
+def ocs(data: Any, status: int = 200):  # type: ignore[no-untyped-def]
+    meta = {"status": "ok" if status < 300 else "failure", "statuscode": status, "message": "OK"}
+    return jsonify({"ocs": {"meta": meta, "data": data}}), status
+
+
+class FakeNextcloud(FakePlatform):
+    def __init__(self, token: str) -> None:
+        super().__init__("nextcloud")
+        self.messages: list[dict[str, Any]] = []
+        app = self.app
+
+        @app.before_request
+        def auth():
+            if request.headers.get("OCS-APIRequest") != "true":
+                return jsonify({"message": "CSRF check failed"}), 412
+            if request.headers.get("Authorization") != f"Bearer {token}":
+                return ocs([], 401)
+
+        @app.get("/ocs/v2.php/cloud/user")
+        def user():
+            return ocs({"id": BOT, "display-name": "Agent Bot", "enabled": True})
+
+        @app.get("/ocs/v2.php/apps/spreed/api/v4/room")
+        def rooms():
+            out = []
+            for token_, (kind, name) in ROOMS.items():
+                last = next((m for m in reversed(self.messages) if m["token"] == token_), None)
+                out.append({"token": token_, "type": kind, "name": name, "displayName": name,
+                            **({"lastMessage": last} if last else {})})
+            return ocs(out)
+
+        @app.get(CHAT)
+        def receive(token: str):
+            assert request.args["lookIntoFuture"] == "1"
+            self.polled()
+            last, deadline = int(request.args["lastKnownMessageId"]), time.monotonic() + int(request.args["timeout"])
+            with self.lock:
+                while True:
+                    found = [m for m in self.messages if m["token"] == token and m["id"] > last]
+                    if found or time.monotonic() >= deadline:
+                        break
+                    self.lock.wait(max(0.01, deadline - time.monotonic()))
+            if not found:
+                return "", 304
+            response, status = ocs(found[:int(request.args.get("limit", 100))])
+            response.headers["X-Chat-Last-Given"] = str(found[-1]["id"])
+            return response, status
+
+        @app.post(CHAT)
+        def post(token: str):
+            limited = self.throttled({"ocs": {"meta": {"status": "failure", "statuscode": 429}, "data": []}})
+            if limited is not None:
+                return limited
+            body = request.get_json()
+            message = self._add(token, BOT, body["message"], parent=body.get("replyTo"))
+            self.record(**message)
+            return ocs(message, 201)
+
+    def _add(self, token: str, actor: str, text: str, parameters: dict | None = None,
+             parent: int | None = None) -> dict[str, Any]:
+        message = {"id": self.new_id(), "token": token, "actorType": "users", "actorId": actor,
+                   "actorDisplayName": actor.title(), "timestamp": int(time.time()), "message": text,
+                   "messageParameters": parameters or [], "systemMessage": "", "messageType": "comment",
+                   "isReplyable": True, **({"parent": {"id": parent}} if parent else {})}
+        with self.lock:
+            self.messages.append(message)
+            self.lock.notify_all()
+        return message
+
+    def user_says(self, user: str, text: str, room: str = "", mention: bool = False) -> str:
+        """In the user's one-to-one room unless `room` is given; returns the room token."""
+        room = room or f"dm{user}"
+        params = {"mention-user1": {"type": "user", "id": BOT, "name": "Agent Bot"}} if mention else None
+        self._add(room, user, ("{mention-user1} " if mention else "") + text, params)
+        return room
+
+    def replies(self, room: str) -> list[str]:
+        return [m["message"] for m in self.sent if m["token"] == room]

@@ -1,0 +1,72 @@
+"""A fake signal-cli-rest-api (https://bbernhard.github.io/signal-cli-rest-api/):
+`GET /v1/receive/{number}?timeout=` hands over the queued envelopes (and removes them),
+`POST /v2/send` {message, number, recipients} answers 201 {timestamp},
+`PUT /v1/typing-indicator/{number}` {recipient} answers 204."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import jsonify, request
+
+from fakes.platform import FakePlatform
+
+BOT = "+15550000001"
+NUMBERS = {"ann": "+15550000002", "mallory": "+15550000003", "bob": "+15550000004"}
+
+
+class FakeSignal(FakePlatform):
+    def __init__(self) -> None:
+        super().__init__("signal")
+        self.queue: list[dict[str, Any]] = []
+        self.typing: list[str] = []
+        app = self.app
+
+        @app.get("/v1/receive/<number>")
+        def receive(number: str):
+            if number != BOT:
+                return jsonify({"error": "User " + number + " is not registered."}), 400
+            self.polled()
+            deadline = time.monotonic() + float(request.args.get("timeout", 1))
+            with self.lock:
+                while not self.queue and time.monotonic() < deadline:
+                    self.lock.wait(deadline - time.monotonic())
+                envelopes, self.queue = self.queue, []
+            return jsonify(envelopes)
+
+        @app.post("/v2/send")
+        def send():
+            limited = self.throttled({"error": "Rate limit exceeded"})
+            if limited is not None:
+                return limited
+            body = request.get_json()
+            if body.get("number") != BOT or not body.get("recipients") or not body.get("message"):
+                return jsonify({"error": "Couldn't process request - invalid request"}), 400
+            stamp = int(time.time() * 1000)
+            self.record(number=body["number"], recipients=body["recipients"], message=body["message"],
+                        timestamp=stamp)
+            return jsonify({"timestamp": str(stamp)}), 201
+
+        @app.put("/v1/typing-indicator/<number>")
+        def typing(number: str):
+            self.typing.append(request.get_json()["recipient"])
+            return "", 204
+
+    def user_says(self, user: str, text: str, group: str = "") -> str:
+        number = NUMBERS.get(user, user)
+        stamp = int(time.time() * 1000)
+        message: dict[str, Any] = {"timestamp": stamp, "message": text, "expiresInSeconds": 0,
+                                   "viewOnce": False}
+        if group:
+            message["groupInfo"] = {"groupId": group, "type": "DELIVER"}
+        envelope = {"envelope": {"source": number, "sourceNumber": number, "sourceUuid": f"uuid-{user}",
+                                 "sourceName": user.title(), "sourceDevice": 1, "timestamp": stamp,
+                                 "dataMessage": message}, "account": BOT}
+        with self.lock:
+            self.queue.append(envelope)
+            self.lock.notify_all()
+        return number
+
+    def replies(self, recipient: str) -> list[str]:
+        return [m["message"] for m in self.sent if m["recipients"] == [recipient]]

@@ -1,0 +1,164 @@
+"""A real prosody (Debian package) for the XMPP tests, in a temp dir on a free port:
+c2s with optional STARTTLS (self-signed certificate), SCRAM logins, users registered
+with prosodyctl, and a MUC component `conference.localhost`. `XmppUser` is the platform
+user: a plain slixmpp client on its own event-loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agentd.channels.adapters.xmpp import drain
+from fakes.servers import need, wait_port
+from support import free_port
+
+DOMAIN, MUC = "localhost", "conference.localhost"
+
+
+class Prosody:
+    def __init__(self) -> None:
+        self.binary = need("prosody")
+        self.ctl = need("prosodyctl")
+        # prosody may drop to its own user: the directory must be traversable by it.
+        self.root = Path(tempfile.mkdtemp(prefix="agentd-prosody-"))
+        os.chmod(self.root, 0o755)
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        (self.root / "data").mkdir()
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                        f"/CN={DOMAIN}", "-keyout", str(self.root / "key.pem"), "-out", str(self.root / "cert.pem")],
+                       check=True, capture_output=True)
+        root = self.root
+        self.config = root / "prosody.cfg.lua"
+        self.config.write_text(f"""
+pidfile = "{root}/prosody.pid"
+data_path = "{root}/data"
+run_as_root = true
+interfaces = {{ "127.0.0.1" }}
+c2s_ports = {{ {self.port} }}
+c2s_direct_tls_ports = {{ }}
+s2s_ports = {{ }}
+http_ports = {{ }}
+https_ports = {{ }}
+admin_socket = "{root}/admin.sock"
+log = {{ info = "{root}/prosody.log" }}
+authentication = "internal_hashed"
+c2s_require_encryption = false
+allow_registration = false
+modules_enabled = {{ "roster"; "saslauth"; "tls"; "disco"; "ping"; "presence"; "message"; "iq" }}
+modules_disabled = {{ "s2s"; "admin_shell" }}
+certificates = "{root}"
+ssl = {{ key = "{root}/key.pem"; certificate = "{root}/cert.pem" }}
+VirtualHost "{DOMAIN}"
+Component "{MUC}" "muc"
+    muc_room_locking = false
+    restrict_room_creation = false
+""")
+        for path in root.rglob("*"):
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+    def register(self, user: str, password: str) -> None:
+        subprocess.run([self.ctl, "--config", str(self.config), "register", user, DOMAIN, password],
+                       check=True, capture_output=True, timeout=30)
+
+    def start(self) -> "Prosody":
+        self.proc = subprocess.Popen([self.binary, "-F", "--config", str(self.config)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self, down_for: float = 0.5) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class XmppUser:
+    """A person on the server: logs in, chats, joins rooms; `received` collects (from, type, body)."""
+
+    def __init__(self, server: Prosody, user: str, password: str) -> None:
+        import slixmpp
+
+        self.jid = f"{user}@{DOMAIN}"
+        self.received: list[tuple[str, str, str]] = []
+        self.states: list[tuple[str, str]] = []
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            client = slixmpp.ClientXMPP(self.jid, password)
+            client.register_plugin("xep_0045")
+            client.register_plugin("xep_0085")
+            client.enable_direct_tls = False
+            client.ssl_context.check_hostname = False
+            client.ssl_context.verify_mode = ssl.CERT_NONE
+
+            async def session_start(_: Any) -> None:
+                client.send_presence()
+                await client.get_roster()
+                ready.set()
+
+            def on_message(msg: Any) -> None:
+                if msg["body"]:
+                    self.received.append((str(msg["from"]), msg["type"], msg["body"]))
+
+            def on_state(msg: Any) -> None:  # body-less chat states do not raise "message"
+                self.states.append((str(msg["from"].bare), msg["chat_state"]))
+
+            client.add_event_handler("session_start", session_start)
+            client.add_event_handler("message", on_message)
+            client.add_event_handler("chatstate", on_state)
+            client.add_event_handler("groupchat_message", lambda m: None)  # also arrives as "message"
+            self.client = client
+            client.connect("127.0.0.1", server.port)
+            self.loop.run_forever()
+            drain(self.loop)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        if not ready.wait(15):
+            raise RuntimeError(f"{self.jid} could not log in")
+
+    def call(self, fn: Any) -> Any:
+        async def run() -> Any:
+            result = fn()
+            return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(15)
+
+    def say(self, to: str, text: str, mtype: str = "chat") -> None:
+        self.call(lambda: self.client.send_message(mto=to, mbody=text, mtype=mtype))
+
+    def join(self, room: str, nick: str) -> None:
+        self.call(lambda: self.client.plugin["xep_0045"].join_muc_wait(room, nick, maxstanzas=0, timeout=10))
+
+    def bodies(self, sender_prefix: str) -> list[str]:
+        return [body for sender, _, body in self.received if sender.startswith(sender_prefix)]
+
+    def close(self) -> None:
+        def stop() -> None:
+            self.client.disconnect(wait=0)
+            self.loop.call_later(0.2, self.loop.stop)
+        self.loop.call_soon_threadsafe(stop)
+        self.thread.join(5)
