@@ -74,3 +74,5 @@ CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "1234
                "MATRIX_ACCESS_TOKEN": "syt_matrix_token", "NTFY_TOKEN": "tk_ntfy",
                "GOTIFY_APP_TOKEN": "AppTokenX", "GOTIFY_CLIENT_TOKEN": "ClientTokenY",
                "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}
+# The webhook family (issue 14).
+CHANNEL_ENV.update({"LINE_CHANNEL_SECRET": "line-chan-secret", "LINE_CHANNEL_ACCESS_TOKEN": "line-access-tok"})

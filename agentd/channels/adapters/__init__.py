@@ -7,10 +7,13 @@ import importlib
 # Adapters implemented so far (issue 14 brings the other 32 onto the same bases).
 IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify", "mattermost")
 
+# The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
+WEBHOOK_FAMILY = ("line",)
+
 
 def load(name: str) -> type | None:
     """The adapter class for `name`, or None when it is not implemented yet."""
-    if name not in IMPLEMENTED:
+    if name not in IMPLEMENTED + WEBHOOK_FAMILY:
         return None
     module = importlib.import_module(f"agentd.channels.adapters.{name}")
     return module.ADAPTER
