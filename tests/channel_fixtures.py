@@ -76,3 +76,5 @@ CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "1234
                "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}
 # The webhook family (issue 14).
 CHANNEL_ENV.update({"LINE_CHANNEL_SECRET": "line-chan-secret", "LINE_CHANNEL_ACCESS_TOKEN": "line-access-tok"})
+CHANNEL_ENV.update({"MESSENGER_APP_SECRET": "fb-app-secret", "MESSENGER_PAGE_TOKEN": "EAAGpage",
+                    "MESSENGER_VERIFY_TOKEN": "fb-verify-me"})
