@@ -78,3 +78,5 @@ CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "1234
 CHANNEL_ENV.update({"LINE_CHANNEL_SECRET": "line-chan-secret", "LINE_CHANNEL_ACCESS_TOKEN": "line-access-tok"})
 CHANNEL_ENV.update({"MESSENGER_APP_SECRET": "fb-app-secret", "MESSENGER_PAGE_TOKEN": "EAAGpage",
                     "MESSENGER_VERIFY_TOKEN": "fb-verify-me"})
+CHANNEL_ENV.update({"WHATSAPP_APP_SECRET": "wa-app-secret", "WHATSAPP_ACCESS_TOKEN": "EAAGwa",
+                    "WHATSAPP_VERIFY_TOKEN": "wa-verify-me"})
