@@ -8,7 +8,7 @@ import importlib
 IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify", "mattermost")
 
 # The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
-WEBHOOK_FAMILY = ("line", "messenger", "whatsapp")
+WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
 
 
 def load(name: str) -> type | None:
