@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -48,6 +49,14 @@ def start() -> None:
         run_daemon(config)
     except AgentdError as exc:
         _fail(exc.message)
+    # Shutdown is complete: the server is closed, the database closed and daemon.json
+    # removed. Leave without interpreter finalization, where native libraries' static
+    # destructors (the embedding runtime's threads) can race leftover daemon threads and
+    # abort the process ("terminate called without an active exception", exit -6).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def stop() -> None:

@@ -77,8 +77,7 @@ class Kernel:
         self.workflows.recover()
         # Audit trail + channels (agentd/audit.py, agentd/channels/).
         self.audit = AuditLog(store)
-        self.agents.on_lifecycle = lambda event, handle: self.audit.record(
-            event, handle.name, {"agent_id": handle.id})
+        self.agents.audit_hook = self.audit.record
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},

@@ -167,3 +167,9 @@ def test_validate_normalises():
     values = validate(info, {"imap_port": "993", "allowed_senders": "a@x, b@y", "password_env": "MAIL_PW"})
     assert values == {"imap_port": 993, "allowed_senders": ["a@x", "b@y"], "password_env": "MAIL_PW"}
     assert validate(info, {"fields": {"username": "me"}}) == {"username": "me"}
+
+
+def test_email_html_only_mail_is_read_as_text():
+    from agentd.channels.adapters.email import _html_text
+
+    assert _html_text("<p>Hello <b>there</b></p><p>line2</p>") == "\nHello there\nline2"

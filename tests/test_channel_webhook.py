@@ -130,3 +130,14 @@ def test_listener_survives_hostile_clients(channel_daemon, hook):
     assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202
     wait_for(lambda: callback.requests, what="reply while another client stalls")
     stalled.close()
+
+
+def test_oversized_message_is_refused_not_run(channel_daemon, hook, fake_llm):
+    url, callback = hook
+    body = json.dumps({"sender_id": "big", "message": "x" * (70 * 1024)}).encode()
+    before = len(fake_llm.requests)
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202
+    wait_for(lambda: [e for e in audit(channel_daemon, "channel.refused", "webhook")
+                      if e["detail"].get("sender") == "big"], what="refusal")
+    assert audit(channel_daemon, "channel.refused", "webhook")[0]["detail"]["reason"] == "message larger than 64 KB"
+    assert len(fake_llm.requests) == before and callback.requests == []

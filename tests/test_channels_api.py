@@ -217,6 +217,11 @@ def test_audit_records_agent_lifecycle_newest_first(channel_daemon):
     assert [(r["event"], r["subject"]) for r in rows] == [("agent.kill", "temp-agent"), ("agent.spawn", "temp-agent")]
     assert rows[0]["detail"] == {"agent_id": created["agent_id"]} and rows[0]["id"] > rows[1]["id"]
     assert any(r["event"] == "kernel.start" for r in audit(channel_daemon))
+    forged = json.dumps({"manifest": 'name = "x"\n', "content_hash": "00", "signature": [0] * 64,
+                         "signer_public_key": [0] * 32, "signer_id": "me"})
+    assert channel_daemon.post("/api/agents", json={"signed_manifest": forged}).status_code == 403
+    rejected = audit(channel_daemon, "agent.signature_rejected")[0]
+    assert "signature" in rejected["detail"]["error"] or "hash" in rejected["detail"]["error"]
     assert channel_daemon.get("/api/audit/recent?limit=abc").status_code == 400
 
 

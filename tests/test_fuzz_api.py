@@ -2,6 +2,7 @@
 
 All checks, all four phases (examples, coverage, fuzzing and the stateful phase that follows
 the document's OpenAPI links: spawn -> detail/message/memory/kill, PUT kv -> GET/DELETE kv,
+remember -> GET/DELETE memory,
 custom model -> GET/DELETE, workflow -> detail/run/runs/delete, run -> run detail), a bounded
 number of examples and a fixed seed so CI is reproducible. tests/fuzz_hooks.py makes most
 positive spawn and custom-model cases valid (a TOML manifest with a fresh name, a catalog
@@ -29,13 +30,13 @@ from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home
 
 API_KEY = "fuzz-key"
-MAX_EXAMPLES = 8
+MAX_EXAMPLES = 5
 SEED = 21
 
 CONFIG = """
 [phases.stateful.generation]
 # More scenarios for the stateful phase: each one spawns, links and cleans up through the API.
-max-examples = 40
+max-examples = 25
 
 [checks]
 # Every check (the command line's `--checks all` would override the per-operation switches below).
@@ -90,6 +91,12 @@ checks.positive_data_acceptance.enabled = false
 include-operation-id = "openai.chat_completions"
 # The last user message must carry text or an image, image parts must be base64 data URIs and
 # the agent's model must support vision: rules across array items and server state.
+checks.positive_data_acceptance.enabled = false
+
+[[operations]]
+include-operation-id = ["memory.import_memory", "memory.recall"]
+# An import must be a document in the export format (format name, version, well-formed items);
+# a recall filter's `after`/`before` strings must be ISO 8601 times.
 checks.positive_data_acceptance.enabled = false
 
 [[operations]]

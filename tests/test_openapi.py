@@ -230,3 +230,14 @@ def test_json_null_is_not_an_empty_body(agent_daemon) -> None:
     assert r.status_code == 400 and "JSON object" in r.json()["error"]
     r = agent_daemon.post(f"/api/workflows/{'0' * 8}-0000-4000-8000-{'0' * 12}/run", data="null", headers=headers)
     assert r.status_code == 400
+
+
+def test_graph_query_null_body_and_qr_status_without_session(agent_daemon) -> None:
+    agent_id = spawn(agent_daemon)
+    headers = {"Content-Type": "application/json"}
+    r = agent_daemon.post(f"/api/memory/agents/{agent_id}/graph/query", data="null", headers=headers)
+    assert r.status_code == 400
+    assert agent_daemon.post(f"/api/memory/agents/{agent_id}/graph/query").status_code == 200
+    # Checked before the (unconfigured) QR gateway is asked: 400, not 503.
+    r = agent_daemon.get("/api/channels/whatsapp/qr/status")
+    assert r.status_code == 400 and "session_id" in r.json()["error"]

@@ -150,7 +150,8 @@ def test_body_limits_answer_json_through_nginx(keyed: Stack) -> None:
     r = keyed.post("/agentd/api/agents", headers=bearer(), data=b'{"manifest_toml": "' + b"x" * 2_000_000 + b'"}',
                    timeout=60)
     assert r.status_code == 413 and "error" in r.json(), "the daemon's own 413 passes through"
-    agent_id = keyed.get("/agentd/api/agents", headers=bearer()).json()[0]["id"]
+    agent_id = keyed.post("/agentd/api/agents", headers=bearer(),
+                          json={"manifest_toml": manifest("uploader")}).json()["agent_id"]
     r = keyed.post(f"/agentd/api/agents/{agent_id}/upload", headers=bearer(),
                    files={"file": ("big.txt", b"y" * (9 * 1024 * 1024), "text/plain")}, timeout=60)
     assert r.status_code == 201, "a 9 MB upload fits nginx's client_max_body_size"

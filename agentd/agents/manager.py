@@ -169,8 +169,9 @@ class AgentManager:
         self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
                                 lambda h, job: self.run(h, job.text, job.attachments, job.emit, job.options,
                                                         None, job.cancel))
-        # The kernel's audit hook: called as on_lifecycle(event, handle) for spawn and kill.
-        self.on_lifecycle: Callable[[str, AgentHandle], None] | None = None
+        # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
+        # refused manifest signatures.
+        self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -225,7 +226,12 @@ class AgentManager:
     def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
         """Validate, persist and register a new agent."""
         if signed_manifest is not None:
-            manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+            try:
+                manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+            except AgentdError as exc:
+                if self.audit_hook is not None:
+                    self.audit_hook("agent.signature_rejected", "", {"error": exc.message[:200]})
+                raise
         if not manifest_toml or not manifest_toml.strip():
             raise BadRequest("manifest_toml is required")
         manifest = parse_manifest(manifest_toml)
@@ -246,8 +252,8 @@ class AgentManager:
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
             log.warning("agent %s manifest: %s", handle.name, warning)
-        if self.on_lifecycle is not None:
-            self.on_lifecycle("agent.spawn", handle)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.spawn", handle.name, {"agent_id": handle.id})
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -769,8 +775,8 @@ class AgentManager:
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)
-        if self.on_lifecycle is not None:
-            self.on_lifecycle("agent.kill", handle)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})
 
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:

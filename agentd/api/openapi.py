@@ -175,12 +175,20 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
     return result
 
 
+def _extra_json_schema(converter: Any, field: Any, ret: dict[str, Any], **_: Any) -> dict[str, Any]:
+    """JSON Schema keywords apispec does not pass through (e.g. `propertyNames`), given as
+    `metadata={"json_schema": {...}}` on a marshmallow field."""
+    return dict(field.metadata.get("json_schema", {}))
+
+
 def build_document(app: Flask) -> dict[str, Any]:
     """The OpenAPI 3.1 document of every documented API route of `app`."""
+    plugin = MarshmallowPlugin()
     spec = APISpec(title="agentd", version=__version__, openapi_version=OPENAPI_VERSION,
-                   plugins=[MarshmallowPlugin()],
+                   plugins=[plugin],
                    info={"description": DESCRIPTION,
                          "license": {"name": "MIT", "identifier": "MIT"}})
+    plugin.converter.add_attribute_function(_extra_json_schema)  # type: ignore[union-attr]
     spec.components.schema("Error", schema=out.ErrorSchema)
     spec.components.schema("OpenAIError", schema=out.OpenAIErrorSchema)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",

@@ -11,7 +11,8 @@ apply what the proxy forwards:
   values of the standard `Forwarded` header), read right to left, skipping
   trusted proxies; the right-most untrusted hop is the client. A client can put
   anything at the left of the list, but the proxies we trust append what they
-  saw, so only the left part is forgeable and we never reach it.
+  saw, so only the left part is forgeable and we never reach it. (The walk itself
+  is in agentd/forwarded.py, shared with the channel webhook listeners.)
 * scheme (`X-Forwarded-Proto` / `proto=`), host (`X-Forwarded-Host`, plus
   `X-Forwarded-Port` / `host=`) and path prefix (`X-Forwarded-Prefix` becomes
   SCRIPT_NAME, so `url_for` builds prefixed links). A list in one of these
@@ -21,10 +22,12 @@ apply what the proxy forwards:
 From any other peer these headers are removed, so nothing downstream can read
 a forged value by accident.
 
-Why not waitress's own `trusted_proxy` or werkzeug's `ProxyFix`: waitress
-trusts one exact address (or "*"), no list or CIDR, and both count a fixed
-number of hops from the right instead of skipping trusted proxies, and neither
-checks the peer per request (ProxyFix) or knows X-Forwarded-Prefix (waitress).
+Why not waitress's own `trusted_proxy` or werkzeug's `ProxyFix`: both count a
+fixed number of hops from the right instead of skipping trusted proxies;
+waitress trusts one exact address (or "*"), no list or CIDR, and knows no
+X-Forwarded-Prefix; ProxyFix never looks at the peer at all. waitress's header
+clearing is turned off when trusted_proxies is set (agentd/daemon.py), because
+it would remove the headers before this layer could judge them.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ def result_body(result: RunResult) -> dict[str, Any]:
             "SetMode": ("agents.set_mode", {"agent_id": "$response.body#/agent_id"}),
             "PutMemory": ("memory.put_key", {"agent_id": "$response.body#/agent_id"}),
             "ListMemory": ("memory.all_keys", {"agent_id": "$response.body#/agent_id"}),
+            "Remember": ("memory.remember", {"agent_id": "$response.body#/agent_id"}),
             "StreamMessage": ("stream.message_stream", {"agent_id": "$response.body#/agent_id"}),
             "Upload": ("agents.upload", {"agent_id": "$response.body#/agent_id"}),
             "StopRun": ("agents.stop", {"agent_id": "$response.body#/agent_id"}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
+from marshmallow import ValidationError
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
@@ -74,7 +75,11 @@ def qr_start(name: str):
 def qr_status(name: str):
     k = kernel()
     k.qr_logins.check_channel(name, name in k.channels.catalog.names())
-    return jsonify(k.qr_logins.status(request.args.get("session_id", "")))
+    try:
+        args = QrStatusQuery().load(request.args)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid query: {body.format_validation(exc.messages)}") from None
+    return jsonify(k.qr_logins.status(args["session_id"]))
 
 
 @bp.get("/api/audit/recent")

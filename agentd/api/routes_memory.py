@@ -6,6 +6,8 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.schemas_memory import (EntitySchema, GraphQuerySchema, MemoryPageQuery, RecallSchema,
+                                       RelationSchema, RememberSchema)
 from agentd.api import body
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
@@ -85,6 +87,12 @@ def _int_arg(name: str, default: int) -> int:
 
 
 @bp.post(f"{_BASE}/memories")
+@doc("Remember a fragment (embedded for recall; near-duplicates merge)", tags="memory", body=RememberSchema,
+     ok=201, response=out.RememberedSchema, body_example={"content": "The user prefers tea", "scope": "preferences"},
+     links={"GetMemory": ("memory.get_memory", {"agent_id": "$request.path.agent_id",
+                                                "memory_id": "$response.body#/id"}),
+            "DeleteMemory": ("memory.delete_memory", {"agent_id": "$request.path.agent_id",
+                                                      "memory_id": "$response.body#/id"})})
 def remember(agent_id: str):
     data = _obj()
     result = kernel().memory.remember(agent(agent_id).id, data.get("content"), data.get("source"),
@@ -93,23 +101,30 @@ def remember(agent_id: str):
 
 
 @bp.get(f"{_BASE}/memories")
+@doc("The agent's fragments, newest first", tags="memory", query=MemoryPageQuery,
+     response=out.FragmentPageSchema)
 def list_memories(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.page(handle.id, _int_arg("limit", 50), _int_arg("offset", 0)))
 
 
 @bp.get(f"{_BASE}/memories/<memory_id>")
+@doc("One fragment", tags="memory", response=out.FragmentSchema, errors={404: "No such agent or memory"})
 def get_memory(agent_id: str, memory_id: str):
     return jsonify(kernel().memory.get(agent(agent_id).id, memory_id))
 
 
 @bp.delete(f"{_BASE}/memories/<memory_id>")
+@doc("Forget one fragment", tags="memory", response=out.FragmentDeletedSchema,
+     errors={404: "No such agent or memory"})
 def delete_memory(agent_id: str, memory_id: str):
     kernel().memory.delete(agent(agent_id).id, memory_id)
     return jsonify({"status": "deleted", "id": memory_id})
 
 
 @bp.post(f"{_BASE}/recall")
+@doc("Fragments nearest in meaning to a query", tags="memory", body=RecallSchema,
+     response=out.RecallResultSchema, body_example={"query": "drinks", "limit": 3})
 def recall(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -119,6 +134,8 @@ def recall(agent_id: str):
 
 
 @bp.post(f"{_BASE}/entities")
+@doc("Add (or find) a knowledge-graph entity", tags="memory", body=EntitySchema, ok=201,
+     response=out.GraphAddedSchema, body_example={"entity_type": "person", "name": "Ada"})
 def add_entity(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -127,6 +144,8 @@ def add_entity(agent_id: str):
 
 
 @bp.post(f"{_BASE}/relations")
+@doc("Add a relation between two entities", tags="memory", body=RelationSchema, ok=201,
+     response=out.GraphAddedSchema, body_example={"source": "Ada", "relation": "knows_about", "target": "engines"})
 def add_relation(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
@@ -136,27 +155,35 @@ def add_relation(agent_id: str):
 
 
 @bp.post(f"{_BASE}/graph/query")
+@doc("Match a (source, relation, target) pattern up to max_depth hops", tags="memory",
+     body=GraphQuerySchema, body_required=False, response=out.GraphMatchesSchema)
 def query_graph(agent_id: str):
     handle = agent(agent_id)
-    data = body.json_body(allow_empty=True) or {}
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
+    # No body means no pattern; a JSON `null` is not "no body" and fails the object check.
+    data = _obj() if body.raw_body(body.JSON_BODY_LIMIT).strip() else {}
     matches = kernel().memory.query_graph(handle.id, data.get("source"), data.get("relation"), data.get("target"),
                                           data.get("max_depth"))
     return jsonify({"matches": matches})
 
 
 @bp.post(f"{_BASE}/consolidate")
+@doc("Merge near-duplicates and decay old, unused fragments now", tags="memory",
+     response=out.ConsolidationSchema)
 def consolidate(agent_id: str):
     return jsonify(kernel().memory.consolidate(agent(agent_id).id))
 
 
 @bp.get(f"{_BASE}/export")
+@doc("Everything the agent remembers, as one portable JSON document", tags="memory",
+     response=out.MemoryExportSchema)
 def export(agent_id: str):
     return jsonify(kernel().memory.export(agent(agent_id).id))
 
 
 @bp.post(f"{_BASE}/import")
+@doc("Import an export document (fragments from another embedding model are re-embedded)", tags="memory",
+     body={"type": "object", "description": "A document from GET .../export"}, response=out.MemoryImportSchema,
+     errors={413: "Document over 64 MB"})
 def import_memory(agent_id: str):
     handle = agent(agent_id)
     return jsonify(kernel().memory.import_doc(handle.id, body.json_body(IMPORT_LIMIT)))

@@ -132,7 +132,8 @@ class ChannelTestBodySchema(_Body):
 
 
 class QrStatusQuery(_Query):
-    session_id = fields.String(required=True, metadata={"description": "From POST .../qr/start"})
+    session_id = fields.String(required=True, validate=validate.Regexp(NOT_BLANK),
+                               metadata={"description": "From POST .../qr/start"})
 
 
 class AuditQuery(_Query):

@@ -13,7 +13,7 @@ import tomllib
 import uuid
 from typing import Any, Callable
 
-from agentd.agents.manager import AgentManager
+from agentd.agents.manager import MESSAGE_LIMIT, AgentManager
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
@@ -229,6 +229,8 @@ class ChannelManager:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
         refused = self._refusal(settings, msg)
+        if not refused and len(msg.text.encode("utf-8")) > MESSAGE_LIMIT:
+            refused = "message larger than 64 KB"
         if refused:
             self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
                                                  "message_id": msg.message_id, "reason": refused})

@@ -78,8 +78,10 @@ class EmailAdapter(PollingAdapter):
         auto = str(msg.get("Auto-Submitted") or "no").lower()
         if not sender or sender == self.address.lower() or auto != "no" or sender.startswith("mailer-daemon"):
             return  # our own mail, bounces and auto-replies are never answered (no mail loops)
-        body = msg.get_body(preferencelist=("plain",))
+        body = msg.get_body(preferencelist=("plain", "html"))
         text = body.get_content() if body is not None else ""
+        if body is not None and body.get_content_type() == "text/html":
+            text = _html_text(text)  # HTML-only mail: the words, not the markup
         lines = []
         for line in text.splitlines():
             if line.strip() == "--":
@@ -136,6 +138,23 @@ class EmailAdapter(PollingAdapter):
         if "@" not in target:
             raise ChannelError("no test target: set test_recipient or pass chat_id (an address)")
         return Conversation(self.name, target, target, direct=True)
+
+
+def _html_text(html: str) -> str:
+    from html.parser import HTMLParser
+
+    parts: list[str] = []
+
+    class Text(HTMLParser):
+        def handle_data(self, data: str) -> None:
+            parts.append(data)
+
+        def handle_starttag(self, tag: str, attrs: object) -> None:
+            if tag in ("br", "p", "div", "li"):
+                parts.append("\n")
+
+    Text().feed(html)
+    return "".join(parts)
 
 
 ADAPTER = EmailAdapter

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -98,6 +99,15 @@ class _Server(ThreadingHTTPServer):
         self.adapter = adapter
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr for any error in a handler thread;
+        # a client that vanished (reset, broken pipe, timeout) is a log line instead.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            self.adapter.ctx.log.info("webhook client %s: %s", client_address[0], exc)
+            return
+        self.adapter.ctx.log.exception("webhook request from %s failed", client_address[0])
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
@@ -118,13 +128,15 @@ class _Handler(BaseHTTPRequestHandler):
         # bytes go out as text/plain: verification challenges are echoed verbatim.
         text = isinstance(body, bytes)
         data = body if text else json.dumps(body).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
         try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client hung up before the answer
+        except (BrokenPipeError, ConnectionResetError):
+            # The sender hung up before reading the answer (a hostile or impatient
+            # client); nothing to deliver, and nothing to log as a crash.
             self.close_connection = True
 
     def _handle(self) -> None:
@@ -148,6 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(413, {"error": "body too large"})
             return
         body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client left mid-body: nobody to answer
+            self.close_connection = True
+            return
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
