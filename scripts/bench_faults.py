@@ -27,7 +27,8 @@ from test_faults import settle, spawn, sse, sse_open, threads, v1_open
 
 CONFIG = ("[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
           "threads = 256\nmax_streams = 220\n"
-          "\n[llm]\ntimeout_secs = 3\nstream_idle_secs = 2\nretries = 3\n\n[agents]\nmax_queue = 8\n")
+          "\n[llm]\ntimeout_secs = 3\nstream_idle_secs = 2\nretries = 3\n\n[agents]\nmax_queue = 8\n"
+          "\n[memory]\nauto_remember = false\n")  # no embedding-model threads appearing mid-count
 
 
 def row(label: str, status: object, seconds: float, before: int, after: int) -> None:

@@ -599,7 +599,7 @@ def test_public_routes_need_no_key_and_only_for_get(tmp_path: Path) -> None:
     for path in ("/api/health", "/api/version", "/favicon.ico", "/"):
         assert client.get(path).status_code == 200, f"BUG: public {path} needs a key"
         assert client.head(path).status_code == 200
-    assert client.get("/static/app.css").status_code == 404, "static files are public (404 here, not 401)"
+    assert client.get("/static/no-such-file.css").status_code == 404, "static files are public (404 here, not 401)"
     assert client.post("/api/health").status_code == 401, "BUG: a public path accepts POST without a key"
     for path in ("/api/healthz", "/api/health/x", "/api/versions", "/staticx/a", "/api/static/a"):
         assert client.get(path).status_code == 401, f"BUG: {path} is treated as public"

@@ -32,11 +32,14 @@ MAX_QUEUE = 3
 SLACK = 1.0  # added to every bound the issue names
 
 RATE = "rate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
+# Remembering exchanges loads an embedding model in the background, whose thread pool appears
+# at an unpredictable moment after the first answer: off, so thread counts measure runs only.
+QUIET = "\n[memory]\nauto_remember = false\n"
 FAST = (f"[api]\n{RATE}\n[llm]\ntimeout_secs = {TIMEOUT}\nstream_idle_secs = {IDLE}\nretries = 3\n"
-        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n")
+        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
 # Calls that hang long enough to watch what else happens meanwhile; room for 200 held requests.
 SLOW = (f"[api]\n{RATE}threads = 256\nmax_streams = 220\n\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
-        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n")
+        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +101,14 @@ def warm_baseline(d: Daemon, up: Upstream) -> int:
     agent_id, _ = spawn(d, up, "ok")
     assert d.post(f"/api/agents/{agent_id}/message", json={"message": "warm"}).status_code == 200
     list(sse(sse_open(d, agent_id, "warm")))
-    time.sleep(0.3)
-    return threads(d)
+    # Idle means stable: the same count for half a second.
+    count, since, deadline = threads(d), time.monotonic(), time.monotonic() + 10
+    while time.monotonic() - since < 0.5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = threads(d)
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
 
 
 def sse_open(d: Daemon, agent_id: str, text: str) -> requests.Response:

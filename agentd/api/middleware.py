@@ -86,6 +86,8 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
     """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
     limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
+    # The dashboard session authority comes from the same config as the key check.
+    app.extensions.setdefault("agentd.sessions", dashauth.Sessions(config.api_key))
 
     @app.before_request
     def _start() -> Response | None:
