@@ -74,3 +74,10 @@ CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "1234
                "MATRIX_ACCESS_TOKEN": "syt_matrix_token", "NTFY_TOKEN": "tk_ntfy",
                "GOTIFY_APP_TOKEN": "AppTokenX", "GOTIFY_CLIENT_TOKEN": "ClientTokenY",
                "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}
+# The webhook family (issue 14).
+CHANNEL_ENV.update({"LINE_CHANNEL_SECRET": "line-chan-secret", "LINE_CHANNEL_ACCESS_TOKEN": "line-access-tok"})
+CHANNEL_ENV.update({"MESSENGER_APP_SECRET": "fb-app-secret", "MESSENGER_PAGE_TOKEN": "EAAGpage",
+                    "MESSENGER_VERIFY_TOKEN": "fb-verify-me"})
+CHANNEL_ENV.update({"WHATSAPP_APP_SECRET": "wa-app-secret", "WHATSAPP_ACCESS_TOKEN": "EAAGwa",
+                    "WHATSAPP_VERIFY_TOKEN": "wa-verify-me"})
+CHANNEL_ENV.update({"VIBER_AUTH_TOKEN": "445da6az1s345z78-dazcczb2542zv51a-e0vc5fva17480im9"})

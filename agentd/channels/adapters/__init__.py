@@ -9,10 +9,13 @@ IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify"
 # Issue 14: polling, line-socket and real-server adapters.
 IMPLEMENTED += ("signal", "zulip", "discourse", "rocketchat", "nextcloud", "reddit", "bluesky", "twist", "linkedin", "keybase", "twitch", "xmpp", "mumble")
 
+# The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
+WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
+
 
 def load(name: str) -> type | None:
     """The adapter class for `name`, or None when it is not implemented yet."""
-    if name not in IMPLEMENTED:
+    if name not in IMPLEMENTED + WEBHOOK_FAMILY:
         return None
     module = importlib.import_module(f"agentd.channels.adapters.{name}")
     return module.ADAPTER

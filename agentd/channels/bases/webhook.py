@@ -125,10 +125,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(code, {"error": message or "bad request"})
 
     def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode("utf-8")
+        # bytes go out as text/plain: verification challenges are echoed verbatim.
+        text = isinstance(body, bytes)
+        data = body if text else json.dumps(body).encode("utf-8")
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain; charset=utf-8" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

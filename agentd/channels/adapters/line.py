@@ -1,0 +1,101 @@
+"""LINE Messaging API: an inbound webhook verified by `X-Line-Signature` (base64
+HMAC-SHA256 of the raw body with the channel secret, checked before parsing), replies
+through the reply API (the event's one-use replyToken, while fresh) or the push API.
+
+Docs: https://developers.line.biz/en/reference/messaging-api/ (webhooks, reply, push).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.webhook import Request, WebhookAdapter
+
+API_URL = "https://api.line.me"
+REPLY_TOKEN_TTL = 50.0  # LINE reply tokens expire after about a minute; push after that
+MAX_MESSAGES = 5  # message objects per reply/push call
+
+
+def line_signature(secret: str, body: bytes) -> str:
+    return base64.b64encode(hmac.new(secret.encode("utf-8"), body, hashlib.sha256).digest()).decode()
+
+
+class LineAdapter(WebhookAdapter):
+    max_message_len = 5000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+
+    def api(self, path: str) -> str:
+        return (self.settings.get("api_url") or API_URL).rstrip("/") + path
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8450)
+
+    def prepare(self) -> None:
+        self.env("channel_secret_env")
+        self.env("access_token_env")
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        secret = self.env("channel_secret_env", required=False)
+        given = request.headers.get("x-line-signature") or ""
+        return bool(secret and given) and hmac.compare_digest(line_signature(secret, request.body).encode(),
+                                                              given.strip().encode())
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        events = data.get("events") if isinstance(data, dict) else None
+        if not isinstance(events, list):
+            raise ValueError("events must be an array")
+        for event in events:  # LINE expects 200 quickly; the reply is sent later
+            if not isinstance(event, dict) or event.get("type") != "message":
+                continue
+            message, source = event.get("message") or {}, event.get("source") or {}
+            if message.get("type") != "text" or not isinstance(message.get("text"), str):
+                continue
+            user = str(source.get("userId") or "")
+            kind = source.get("type")
+            chat = str(source.get("groupId") or source.get("roomId") or user)
+            conversation = Conversation(self.name, chat, user, direct=kind == "user",
+                                        meta={"reply_token": event.get("replyToken") or "",
+                                              "received": time.monotonic()})
+            self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
+                                     message_id=str(message.get("id") or "")))
+        return 200, {}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        headers = {"Authorization": "Bearer " + self.env("access_token_env")}
+        parts = [{"type": "text", "text": p} for p in split_text(text, self.max_message_len)]
+        token = conversation.meta.pop("reply_token", "")  # one use only
+        fresh = token and time.monotonic() - conversation.meta.get("received", 0) < REPLY_TOKEN_TTL
+        for start in range(0, len(parts), MAX_MESSAGES):
+            batch = parts[start:start + MAX_MESSAGES]
+            if fresh and start == 0:
+                self.http.request("POST", self.api("/v2/bot/message/reply"), headers=headers,
+                                  json={"replyToken": token, "messages": batch})
+            else:
+                self.http.request("POST", self.api("/v2/bot/message/push"), headers=headers,
+                                  json={"to": conversation.chat_id, "messages": batch})
+        return ""  # LINE's reply/push answers carry no message id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a LINE user, group or room id) to send a test message")
+        return Conversation(self.name, override, override, direct=True)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = LineAdapter

@@ -1,0 +1,88 @@
+"""Facebook Messenger Platform: a webhook on its own listener (GET verification with
+`hub.verify_token` → `hub.challenge` echoed; POST events signed with
+`X-Hub-Signature-256: sha256=<hex HMAC-SHA256(app secret, raw body)>`, checked before
+parsing) and replies through the Send API (`/{version}/me/messages`, page token).
+
+Docs: https://developers.facebook.com/docs/messenger-platform/webhooks and
+https://developers.facebook.com/docs/messenger-platform/reference/send-api/
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.webhook import Request, WebhookAdapter, check_hmac
+
+API_URL = "https://graph.facebook.com/v18.0"
+
+
+class MessengerAdapter(WebhookAdapter):
+    max_message_len = 2000  # the Send API's text limit
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8452)
+
+    def prepare(self) -> None:
+        for key in ("page_token_env", "verify_token_env", "app_secret_env"):
+            self.env(key)
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("GET", "*"): self._challenge, ("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        if request.method == "GET":  # the subscription handshake carries the verify token
+            given = (request.query.get("hub.verify_token") or [""])[0]
+            token = self.env("verify_token_env", required=False)
+            return bool(token) and hmac.compare_digest(token.encode(), given.encode())
+        secret = self.env("app_secret_env", required=False)
+        return bool(secret) and check_hmac(secret, request.body, request.headers.get("x-hub-signature-256"))
+
+    def _challenge(self, request: Request) -> tuple[int, Any]:
+        if (request.query.get("hub.mode") or [""])[0] != "subscribe":
+            raise ValueError("hub.mode must be subscribe")
+        return 200, (request.query.get("hub.challenge") or [""])[0].encode("utf-8")
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        if not isinstance(data, dict) or data.get("object") != "page":
+            raise ValueError("object must be page")
+        for entry in data.get("entry") or []:
+            for item in (entry.get("messaging") or []) if isinstance(entry, dict) else []:
+                message = item.get("message") if isinstance(item, dict) else None
+                if not isinstance(message, dict) or message.get("is_echo") or not isinstance(message.get("text"), str):
+                    continue  # our own echoes, attachments, deliveries, reads
+                user = str((item.get("sender") or {}).get("id") or "")
+                conversation = Conversation(self.name, user, user, direct=True)
+                self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
+                                         message_id=str(message.get("mid") or "")))
+        return 200, {"status": "EVENT_RECEIVED"}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/me/messages"
+        token = self.env("page_token_env")
+        message_id = ""
+        for part in split_text(text, self.max_message_len):
+            answer = self.http.json("POST", url, params={"access_token": token},
+                                    json={"recipient": {"id": conversation.chat_id},
+                                          "messaging_type": "RESPONSE", "message": {"text": part}})
+            message_id = str(answer.get("message_id") or "") if isinstance(answer, dict) else ""
+        return message_id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a page-scoped user id, PSID) to send a test message")
+        return Conversation(self.name, override, override, direct=True)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = MessengerAdapter

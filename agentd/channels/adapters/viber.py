@@ -1,0 +1,97 @@
+"""Viber REST Bot API: `set_webhook` on start (Viber calls the URL back at once, so the
+listener opens first), inbound callbacks signed with `X-Viber-Content-Signature` (hex
+HMAC-SHA256 of the raw body keyed with the auth token, checked before parsing), replies
+via `send_message` (`X-Viber-Auth-Token` header).
+
+Docs: https://developers.viber.com/docs/api/rest-bot-api/
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.webhook import Request, WebhookAdapter, hmac_sha256_hex
+
+API_URL = "https://chatapi.viber.com"
+EVENTS = ["delivered", "seen", "failed", "subscribed", "unsubscribed", "conversation_started"]
+
+
+class ViberAdapter(WebhookAdapter):
+    max_message_len = 7000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8451)
+
+    def call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /pa/<method>; Viber answers 200 with `status` 0 on success."""
+        url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/pa/" + method
+        answer = self.http.json("POST", url, json=payload,
+                                headers={"X-Viber-Auth-Token": self.env("auth_token_env")})
+        if not isinstance(answer, dict) or answer.get("status") != 0:
+            message = answer.get("status_message") if isinstance(answer, dict) else "not JSON"
+            raise ChannelError(f"viber {method}: {message}")
+        return answer
+
+    def prepare(self) -> None:
+        self.env("auth_token_env")
+        if not self.settings.get("webhook_url"):
+            raise ChannelError("webhook_url is not set: Viber needs the public URL of this listener")
+
+    def start(self) -> None:
+        super().start()
+        try:
+            self.call("set_webhook", {"url": self.settings["webhook_url"], "event_types": EVENTS,
+                                      "send_name": True})
+        except ChannelError:
+            self.stop()
+            raise
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        token = self.env("auth_token_env", required=False)
+        given = request.headers.get("x-viber-content-signature") or ""
+        return bool(token and given) and hmac.compare_digest(hmac_sha256_hex(token, request.body).encode(),
+                                                             given.strip().lower().encode())
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        message, sender = data.get("message") or {}, data.get("sender") or {}
+        if data.get("event") == "message" and message.get("type") == "text" and isinstance(message.get("text"), str):
+            user = str(sender.get("id") or "")
+            conversation = Conversation(self.name, user, user, direct=True)
+            self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
+                                     message_id=str(data.get("message_token") or ""),
+                                     sender_name=str(sender.get("name") or "")))
+        return 200, {"status": 0}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        name = (self.settings.get("default_agent") or "agentd")[:28]  # sender.name: at most 28 chars
+        token = ""
+        for part in split_text(text, self.max_message_len):
+            answer = self.call("send_message", {"receiver": conversation.chat_id, "type": "text",
+                                                "sender": {"name": name}, "text": part})
+            token = str(answer.get("message_token") or "")
+        return token
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a subscribed Viber user id) to send a test message")
+        return Conversation(self.name, override, override, direct=True)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = ViberAdapter

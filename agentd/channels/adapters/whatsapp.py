@@ -1,0 +1,77 @@
+"""WhatsApp Business Cloud API: the same Meta webhook as Messenger (GET `hub.verify_token`
+handshake, POST events signed with `X-Hub-Signature-256` over the raw body with the app
+secret, checked before parsing), replies via Graph `/{phone_number_id}/messages`.
+
+The personal-account QR path is separate (agentd/channels/qr.py, the gateway routes).
+Docs: https://developers.facebook.com/docs/whatsapp/cloud-api/webhooks/payload-examples
+and https://developers.facebook.com/docs/whatsapp/cloud-api/reference/messages
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.adapters.messenger import MessengerAdapter
+from agentd.channels.bases.sender import split_text
+from agentd.channels.bases.webhook import Request
+
+API_URL = "https://graph.facebook.com/v18.0"
+
+
+class WhatsAppAdapter(MessengerAdapter):
+    max_message_len = 4096  # text.body limit
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8443)
+
+    def prepare(self) -> None:
+        if not self.settings.get("phone_number_id"):
+            raise ChannelError("phone_number_id is not set: the Cloud API mode needs it (the QR "
+                               "login path is /api/channels/whatsapp/qr/start)")
+        for key in ("access_token_env", "verify_token_env", "app_secret_env"):
+            self.env(key)
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        if not isinstance(data, dict) or data.get("object") != "whatsapp_business_account":
+            raise ValueError("object must be whatsapp_business_account")
+        for entry in data.get("entry") or []:
+            for change in (entry.get("changes") or []) if isinstance(entry, dict) else []:
+                value = change.get("value") if isinstance(change, dict) else None
+                if not isinstance(value, dict):
+                    continue
+                names = {c.get("wa_id"): (c.get("profile") or {}).get("name", "")
+                         for c in value.get("contacts") or [] if isinstance(c, dict)}
+                for message in value.get("messages") or []:  # statuses (sent/read) carry none
+                    if not isinstance(message, dict) or message.get("type") != "text":
+                        continue
+                    user, text = str(message.get("from") or ""), (message.get("text") or {}).get("body")
+                    if not user or not isinstance(text, str):
+                        continue
+                    conversation = Conversation(self.name, user, user, direct=True)
+                    self.ctx.deliver(Inbound(conversation, sender_id=user, text=text,
+                                             message_id=str(message.get("id") or ""),
+                                             sender_name=names.get(user) or ""))
+        return 200, {"status": "EVENT_RECEIVED"}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        base = (self.settings.get("api_url") or API_URL).rstrip("/")
+        url = f"{base}/{self.settings.get('phone_number_id')}/messages"
+        headers = {"Authorization": "Bearer " + self.env("access_token_env")}
+        message_id = ""
+        for part in split_text(text, self.max_message_len):
+            answer = self.http.json("POST", url, headers=headers, json={
+                "messaging_product": "whatsapp", "recipient_type": "individual",
+                "to": conversation.chat_id, "type": "text", "text": {"body": part}})
+            ids = answer.get("messages") if isinstance(answer, dict) else None
+            message_id = str(ids[0].get("id") or "") if isinstance(ids, list) and ids else ""
+        return message_id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (the recipient's WhatsApp number) to send a test message")
+        return Conversation(self.name, override, override, direct=True)
+
+
+ADAPTER = WhatsAppAdapter

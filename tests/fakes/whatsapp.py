@@ -1,0 +1,58 @@
+"""A fake WhatsApp Cloud API (https://developers.facebook.com/docs/whatsapp/cloud-api/
+reference/messages): POST /{phone_number_id}/messages with Bearer token and
+{messaging_product: whatsapp, to, type: text, text: {body}} → {messaging_product, contacts,
+messages: [{id}]}; 429 with Retry-After while `throttle` holds seconds. `event()` builds a
+webhook body (payload examples in the docs); signatures as Meta's X-Hub-Signature-256."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from flask import Flask, jsonify, request
+
+from fakes.http import FakeServer
+from fakes.messenger import signature  # noqa: F401 - the same Meta signature scheme
+
+PHONE_ID = "106540352242922"
+
+
+def event(text: str, wa_id: str, name: str = "Ann") -> bytes:
+    return json.dumps({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
+        "field": "messages", "value": {
+            "messaging_product": "whatsapp",
+            "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE_ID},
+            "contacts": [{"profile": {"name": name}, "wa_id": wa_id}],
+            "messages": [{"from": wa_id, "id": "wamid." + uuid.uuid4().hex, "timestamp": str(int(time.time())),
+                          "type": "text", "text": {"body": text}}]}}]}]}).encode()
+
+
+class FakeWhatsApp(FakeServer):
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.sent: list[dict[str, Any]] = []
+        self.throttle: list[int] = []
+        app = Flask("fake-whatsapp")
+
+        @app.post("/<phone_id>/messages")
+        def send(phone_id: str):
+            if request.headers.get("Authorization") != f"Bearer {self.token}":
+                return jsonify({"error": {"message": "Invalid OAuth access token", "code": 190}}), 401
+            if phone_id != PHONE_ID:
+                return jsonify({"error": {"message": "Unsupported post request", "code": 100}}), 400
+            if self.throttle:
+                return jsonify({"error": {"message": "Rate limit hit", "code": 130429}}), 429, \
+                    {"Retry-After": str(self.throttle.pop(0))}
+            body = request.get_json()
+            text = (body.get("text") or {}).get("body")
+            if body.get("messaging_product") != "whatsapp" or body.get("type") != "text" or \
+                    not isinstance(text, str) or len(text) > 4096 or not body.get("to"):
+                return jsonify({"error": {"message": "(#100) Invalid parameter", "code": 100}}), 400
+            wamid = "wamid." + uuid.uuid4().hex
+            self.sent.append({"to": body["to"], "text": text, "id": wamid, "at": time.time()})
+            return jsonify({"messaging_product": "whatsapp", "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                            "messages": [{"id": wamid}]})
+
+        super().__init__(app)
