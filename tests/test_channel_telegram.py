@@ -86,8 +86,10 @@ def test_order_per_conversation_errors_and_think_tags(channel_daemon, telegram, 
     wait_for(lambda: len(telegram.replies_to(901)) == 2 and telegram.replies_to(902), what="replies")
     assert telegram.replies_to(901) == ["echo: first", "echo: second"]  # in order despite the slow first
     # 902's model call started while 901's slow one was still running: conversations run in parallel.
-    calls = {r["json"]["messages"][-1]["content"]: r for r in fake_llm.requests
-             if r["path"].endswith("/chat/completions") and r["json"]["messages"][-1]["role"] == "user"}
+    # The fake's log is shared by every test of this worker: other tests send list contents.
+    calls = {r["json"]["messages"][-1]["content"]: r for r in list(fake_llm.requests)
+             if r["path"].endswith("/chat/completions") and r["json"]["messages"][-1]["role"] == "user"
+             and isinstance(r["json"]["messages"][-1]["content"], str)}
     first, other = calls["[[slow:0.6]] first"], calls["[[slow:0.6]] other user"]
     assert other["time"] < first["done"] and first["time"] < other["done"]
     telegram.user_says(903, "[[think]] ponder")
