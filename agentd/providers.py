@@ -131,6 +131,9 @@ class ProviderKeys:
         if any(c in key for c in "\r\n\0") or len(key) > 4096:
             raise BadRequest("api_key must be a single line of at most 4096 characters")
         key = key.strip()
+        if not (key.isascii() and key.isprintable()):
+            # Keys travel in HTTP headers, which carry Latin-1 at most; no provider issues others.
+            raise BadRequest("api_key must be printable ASCII (it is sent in an HTTP header)")
         with self._lock:
             secrets = read_secrets(self.config.secrets_path)
             secrets[info.api_key_env] = key

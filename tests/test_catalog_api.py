@@ -200,3 +200,14 @@ def test_concurrent_spending_is_exact(fresh) -> None:
     assert usage["total_cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in results), rel=1e-9)
     agents = fresh.get("/api/budget/agents").json()
     assert len(agents) == 32 and all(a["input_tokens"] > 0 for a in agents)
+
+
+def test_provider_key_that_cannot_travel_in_a_header_is_refused(fresh) -> None:
+    # Found by schemathesis: a non-Latin-1 key was stored, then POST .../test crashed (500)
+    # encoding it into the Authorization header.
+    for bad in ("sk-ünïcode", "sk-\u2603", "sk-\x07bell"):
+        r = fresh.post("/api/providers/openai/key", json={"api_key": bad})
+        assert r.status_code == 400 and "ASCII" in r.json()["error"], (bad, r.text)
+    r = fresh.post("/api/providers/openai/test")
+    assert r.status_code != 500
+    assert "Traceback" not in fresh.log()
