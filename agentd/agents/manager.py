@@ -172,6 +172,9 @@ class AgentManager:
         # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
         # refused manifest signatures.
         self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
+        # agentd.cluster.Cluster, set by the kernel: run leases and run records shared with
+        # other daemons on the same database (agentd/cluster.py).
+        self.cluster: Any = None
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -190,6 +193,53 @@ class AgentManager:
                 handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
                 self._register(handle)
         return len(self._agents)
+
+    # -- several daemons on one database (agentd/cluster.py) ----------------
+    def _shared(self) -> bool:
+        return self.cluster is not None and self.cluster.shared
+
+    def adopt(self, agent_id: str | None = None, name: str | None = None) -> AgentHandle | None:
+        """Register an agent another daemon created (by id or name); None when there is none."""
+        with orm.db_session:
+            row = (self.store.e.AgentRow.get(id=agent_id) if agent_id is not None
+                   else self.store.e.AgentRow.get(name=name))
+            if row is None:
+                return None
+            try:
+                manifest = parse_manifest(row.manifest_toml)
+            except AgentdError:
+                return None
+            handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
+                                  row.session_id)
+            handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
+        with self._lock:
+            existing = self._agents.get(handle.id)
+            if existing is not None:
+                return existing
+            self._register(handle)
+        return handle
+
+    def sync_from_store(self) -> None:
+        """Shared database: take in agents other daemons spawned, forget those they killed,
+        follow mode changes made elsewhere."""
+        with orm.db_session:
+            rows = {r[0]: r[1] for r in self.store.db.select("SELECT id, mode FROM agents")}
+        for agent_id, mode in rows.items():
+            handle = self._agents.get(agent_id)
+            if handle is None:
+                self.adopt(agent_id)
+            elif handle.mode != mode:
+                handle.mode = mode
+        for handle in list(self._agents.values()):
+            if handle.id not in rows and not handle.killed:
+                with self._lock:
+                    handle.killed = True
+                    handle.state = "Terminated"
+                    self._agents.pop(handle.id, None)
+                    if self._by_name.get(handle.name) == handle.id:
+                        del self._by_name[handle.name]
+                self.queues.cancel_queued(handle)
+                self.stop(handle)
 
     def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
         spec = manifest.model
@@ -243,11 +293,15 @@ class AgentManager:
         with self._lock:
             if manifest.name in self._by_name:
                 raise Conflict(f"an agent named {manifest.name!r} already exists")
-            with orm.db_session:
-                row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
-                                            manifest=manifest.data, mode=handle.mode, state=handle.state,
-                                            created_at=now, last_active=now, session_id=handle.session_id)
-                self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            try:
+                with orm.db_session:
+                    row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
+                                                manifest=manifest.data, mode=handle.mode, state=handle.state,
+                                                created_at=now, last_active=now, session_id=handle.session_id)
+                    self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            except orm.TransactionIntegrityError:
+                # Another daemon on the same database spawned this name a moment ago.
+                raise Conflict(f"an agent named {manifest.name!r} already exists") from None
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
@@ -261,6 +315,8 @@ class AgentManager:
         """By UUID; 400 for a malformed id, 404 for an unknown one."""
         key = parse_uuid(agent_id)
         handle = self._agents.get(key)
+        if handle is None and self._shared():
+            handle = self.adopt(key)
         if handle is None or handle.killed:
             raise NotFound("agent not found")
         return handle
@@ -274,6 +330,11 @@ class AgentManager:
         if handle is None:
             agent_id = self._by_name.get(ref)
             handle = self._agents.get(agent_id) if agent_id else None
+        if handle is None and self._shared():
+            try:
+                handle = self.adopt(agent_id=str(uuid.UUID(ref)))
+            except (ValueError, AttributeError):
+                handle = self.adopt(name=ref)
         return None if handle is None or handle.killed else handle
 
     def by_name(self, name: str) -> AgentHandle | None:
@@ -281,6 +342,8 @@ class AgentManager:
         return self._agents.get(agent_id) if agent_id else None
 
     def handles(self) -> list[AgentHandle]:
+        if self._shared():
+            self.sync_from_store()
         with self._lock:
             return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
 
@@ -486,6 +549,9 @@ class AgentManager:
             if handle.killed or cancel.is_set():
                 raise RunCancelled("run cancelled")
             handle.cancel = cancel
+            if self.cluster is not None:
+                return self.cluster.run(handle, cancel, lock_timeout,
+                                        lambda: self._run_locked(handle, user, image_refs, emit, options, cancel))
             return self._run_locked(handle, user, image_refs, emit, options, cancel)
         except RunCancelled:
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
@@ -603,6 +669,8 @@ class AgentManager:
         """Cancel the current run; True when one was running."""
         cancel = handle.cancel
         self.approvals.cancel_agent(handle.id)
+        if self.cluster is not None and self._shared() and (cancel is None or cancel.is_set()):
+            return self.cluster.request_stop(handle.id) > 0
         if cancel is None or cancel.is_set():
             return False
         cancel.set()
