@@ -95,7 +95,9 @@ class Kernel:
     def open(cls, config: Config) -> "Kernel":
         """Open the database and build every service."""
         config.home.mkdir(parents=True, exist_ok=True)
-        store = open_store(config.db_path)
+        store = open_store(config.db_path, config.database)
+        if store.backend != "sqlite":
+            log.info("database: %s %s", store.backend, store.where)  # `where` is masked
         return cls(config, store)
 
     # -- lifecycle -------------------------------------------------------
