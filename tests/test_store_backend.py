@@ -100,6 +100,7 @@ def test_sqlite_schema_is_versioned_and_old_databases_adopted(tmp_path: Path) ->
     # A database from before versioning (tables, no version table) is version 1.
     conn = sqlite3.connect(str(path))
     conn.execute("DROP TABLE agentd_schema")
+    conn.execute("ALTER TABLE uploads DROP COLUMN content")  # what schema 2 added
     conn.commit()
     conn.close()
     open_store(path).close()
@@ -174,3 +175,46 @@ def test_password_from_environment_is_masked_in_the_log(tmp_path: Path) -> None:
     log = daemon.log()
     assert "database: postgres postgresql://postgres:***@127.0.0.1:" in log
     assert SECRET not in log
+
+
+def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> None:
+    """A schema-1 home (uploads as files) is migrated at start: bytes into `uploads.content`,
+    files removed, version 2 recorded, and the upload still attaches."""
+    from pony import orm
+
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    store = open_store(path)
+    with orm.db_session:
+        store.e.AgentRow(id="a1", name="old", manifest_toml='name = "old"\n', manifest={}, created_at=_T,
+                         last_active=_T, session_id="s1")
+    store.close()
+    upload_file = tmp_path / "uploads" / "u1"
+    upload_file.parent.mkdir()
+    upload_file.write_bytes(b"\x00\x01old bytes\xff")
+    # Turn it back into schema 1: no content column, the file path in the row.
+    conn = sqlite3.connect(str(path))
+    conn.execute("ALTER TABLE uploads DROP COLUMN content")
+    conn.execute("DELETE FROM agentd_schema WHERE version > 1")
+    conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
+                 "VALUES ('u1', 'a1', 'old.bin', 'application/pdf', 12, ?, '2026-01-01 00:00:00')",
+                 (str(upload_file),))
+    conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
+                 "VALUES ('u2', 'a1', 'gone.bin', 'application/pdf', 3, ?, '2026-01-01 00:00:00')",
+                 (str(tmp_path / "uploads" / "missing"),))
+    conn.commit()
+    conn.close()
+    store = open_store(path)
+    with orm.db_session:
+        moved = store.e.UploadRow["u1"]
+        assert (moved.content, moved.path) == (b"\x00\x01old bytes\xff", "")
+        gone = store.e.UploadRow["u2"]
+        assert gone.content is None and gone.path.endswith("missing")
+    store.close()
+    assert not upload_file.exists()
+    assert [r[0] for r in _sqlite_versions(path)] == [1, 2]
+    assert _sqlite_versions(path)[1] == (2, "migrated by agentd")
+
+
+_T = __import__("datetime").datetime(2026, 1, 1)

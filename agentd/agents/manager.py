@@ -163,7 +163,6 @@ class AgentManager:
         # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
         # auto-remember after runs, cleanup on kill.
         self.memory: Any = None
-        self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
         self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
@@ -451,7 +450,7 @@ class AgentManager:
         for att in attachments:
             upload = self._upload(handle, att.get("file_id", ""))
             ctype = upload["content_type"]
-            data = Path(upload["path"]).read_bytes()
+            data = upload["data"]
             if ctype.startswith("image/"):
                 image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
                 refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
@@ -766,7 +765,8 @@ class AgentManager:
             row = self.store.e.AgentRow.get(id=handle.id)
             if row is not None:
                 for upload in row.uploads:
-                    Path(upload.path).unlink(missing_ok=True)
+                    if upload.path:  # an upload from before schema 2 may still be a file
+                        Path(upload.path).unlink(missing_ok=True)
                 row.sessions.clear()
                 orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
@@ -790,13 +790,11 @@ class AgentManager:
             raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
                              "audio/*, application/pdf")
         file_id = str(uuid.uuid4())
-        self.uploads_dir.mkdir(parents=True, exist_ok=True)
-        path = self.uploads_dir / file_id
-        path.write_bytes(data)
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
+        # The bytes live in the database: every daemon sharing it can attach the file.
         with orm.db_session:
             self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
-                                   content_type=content_type, size=len(data), path=str(path),
+                                   content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
 
@@ -806,8 +804,10 @@ class AgentManager:
             row = self.store.e.UploadRow.get(id=key)
             if row is None or row.agent.id != handle.id:
                 raise BadRequest(f"unknown attachment file_id {file_id}: upload it to this agent first")
+            data = bytes(row.content) if row.content is not None else \
+                (Path(row.path).read_bytes() if row.path else b"")
             return {"id": row.id, "filename": row.filename, "content_type": row.content_type,
-                    "path": row.path}
+                    "data": data}
 
     # -- operations tools use ---------------------------------------------------------
     def ops_for(self, handle: AgentHandle) -> "AgentOpsImpl":

@@ -76,7 +76,10 @@ def _define_entities(db: Database) -> SimpleNamespace:
         filename = Required(str)
         content_type = Required(str)
         size = Required(int)
-        path = Required(str)
+        # Schema 1 kept the bytes in a file under the home (this path); schema 2 keeps them
+        # in `content` so every daemon on a shared database sees the upload. "" = in content.
+        path = Optional(str)
+        content = Optional(bytes, nullable=True, lazy=True)
         created_at = Required(datetime)
 
     class UsageRow(db.Entity):

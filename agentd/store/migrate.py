@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable
 
 log = logging.getLogger("agentd.store")
@@ -27,12 +28,31 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 VERSION_TABLE = "agentd_schema"
 
+
+def _step_2(cur: Any, backend: str) -> None:
+    """Uploads move from files under the home into the database (`uploads.content`), so a
+    file uploaded through one daemon can be attached through another."""
+    if not _column_exists(cur, backend, "uploads", "content"):
+        blob = "BYTEA" if backend == "postgres" else "BLOB"
+        cur.execute(f"ALTER TABLE uploads ADD COLUMN content {blob}")
+    p = _param(backend)
+    cur.execute("SELECT id, path FROM uploads WHERE path <> ''")
+    for upload_id, path in cur.fetchall():
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            log.warning("upload %s: file %s is gone; the upload stays without content", upload_id, path)
+            continue
+        cur.execute(f"UPDATE uploads SET content = {p}, path = '' WHERE id = {p}", (data, upload_id))
+        Path(path).unlink(missing_ok=True)
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2}
 
 
 class SchemaError(Exception):
@@ -50,6 +70,15 @@ def _table_exists(cur: Any, backend: str, name: str) -> bool:
     else:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
     return cur.fetchone() is not None
+
+
+def _column_exists(cur: Any, backend: str, table: str, column: str) -> bool:
+    if backend == "postgres":
+        cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = %s AND column_name = %s", (table, column))
+        return cur.fetchone() is not None
+    cur.execute(f"PRAGMA table_info({table})")
+    return any(row[1] == column for row in cur.fetchall())
 
 
 def found_version(cur: Any, backend: str) -> int:
