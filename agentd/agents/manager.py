@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from pony import orm
 
+from agentd.agents import shared
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
@@ -239,14 +240,20 @@ class AgentManager:
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        if self.store.shared:
+            shared.sync_agent(self, name=manifest.name)
         with self._lock:
             if manifest.name in self._by_name:
                 raise Conflict(f"an agent named {manifest.name!r} already exists")
-            with orm.db_session:
-                row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
-                                            manifest=manifest.data, mode=handle.mode, state=handle.state,
-                                            created_at=now, last_active=now, session_id=handle.session_id)
-                self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            try:
+                with orm.db_session:
+                    row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
+                                                manifest=manifest.data, mode=handle.mode, state=handle.state,
+                                                created_at=now, last_active=now, session_id=handle.session_id)
+                    self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            except orm.TransactionIntegrityError:
+                # Another daemon on the shared database spawned this name a moment ago.
+                raise Conflict(f"an agent named {manifest.name!r} already exists") from None
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
@@ -259,6 +266,8 @@ class AgentManager:
     def get(self, agent_id: str) -> AgentHandle:
         """By UUID; 400 for a malformed id, 404 for an unknown one."""
         key = parse_uuid(agent_id)
+        if self.store.shared:  # other daemons spawn and kill agents too (agents/shared.py)
+            shared.sync_agent(self, agent_id=key)
         handle = self._agents.get(key)
         if handle is None or handle.killed:
             raise NotFound("agent not found")
@@ -266,6 +275,11 @@ class AgentManager:
 
     def find(self, ref: str) -> AgentHandle | None:
         """By id or exact name (tools and workflows refer to agents either way)."""
+        if self.store.shared:
+            try:
+                shared.sync_agent(self, agent_id=str(uuid.UUID(ref)))
+            except (ValueError, AttributeError):
+                shared.sync_agent(self, name=ref)
         try:
             handle = self._agents.get(str(uuid.UUID(ref)))
         except (ValueError, AttributeError):
@@ -276,10 +290,14 @@ class AgentManager:
         return None if handle is None or handle.killed else handle
 
     def by_name(self, name: str) -> AgentHandle | None:
+        if self.store.shared:
+            shared.sync_agent(self, name=name)
         agent_id = self._by_name.get(name)
         return self._agents.get(agent_id) if agent_id else None
 
     def handles(self) -> list[AgentHandle]:
+        if self.store.shared:
+            shared.sync_all(self)
         with self._lock:
             return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
 
@@ -630,6 +648,8 @@ class AgentManager:
     # -- session ------------------------------------------------------------------
     def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """The stored messages; kept in memory after the first read (writes go through here too)."""
+        if self.store.shared:  # another daemon may have written the session since
+            handle.session_cache, handle.llm_history = None, None
         if handle.session_cache is None:
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)

@@ -220,6 +220,12 @@ class Store:
     backend: str = "sqlite"
     where: str = ""
 
+    @property
+    def shared(self) -> bool:
+        """True when other daemons may write this database too (PostgreSQL): services
+        then re-read what they would otherwise keep in memory."""
+        return self.backend == "postgres"
+
     def ping(self) -> bool:
         """True when a trivial query succeeds."""
         try:
