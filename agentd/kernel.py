@@ -28,6 +28,7 @@ from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
+from agentd.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
@@ -65,6 +66,12 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
+        self.settings_follower: SettingsFollower | None = None
+        if store.shared:
+            self.settings_follower = SettingsFollower(store, self.custom_models, self.agents.url_overrides,
+                                                      self.metering)
+            self.settings_follower.start()
         # Semantic memory + knowledge graph; numpy and the model load on first use.
         self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
         self.agents.memory = self.memory
@@ -114,6 +121,8 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        if self.settings_follower is not None:
+            self.settings_follower.close()
         self.channels.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()

@@ -78,3 +78,36 @@ def test_upload_kv_usage_and_workflows_are_shared(pair) -> None:
     assert created.status_code == 201, created.text
     workflow_id = created.json()["workflow_id"]
     assert workflow_id in {w["id"] for w in b.get("/api/workflows").json()}
+
+
+def _eventually(check, timeout: float = 15.0):
+    """The settings follower polls every second; give it generous slack on a loaded machine."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def test_settings_changed_on_one_reach_the_other(pair) -> None:
+    a, b = pair
+    model = {"id": "shared-model", "display_name": "Shared", "provider": "openai", "tier": "custom",
+             "context_window": 8000, "max_output_tokens": 1000, "input_cost_per_m": 1.0,
+             "output_cost_per_m": 2.0, "supports_tools": True, "supports_vision": False,
+             "supports_streaming": True}
+    assert a.post("/api/models/custom", json=model).status_code == 201
+    assert _eventually(lambda: b.get("/api/models/shared-model").status_code == 200)
+    assert b.get("/api/models/shared-model").json()["context_window"] == 8000
+    assert b.delete("/api/models/custom/shared-model").status_code == 200
+    assert _eventually(lambda: a.get("/api/models/shared-model").status_code == 404)
+    assert a.put("/api/budget", json={"limit_usd": 123.5}).status_code == 200
+    assert _eventually(lambda: b.get("/api/budget").json()["limit_usd"] == 123.5)
+    assert a.put("/api/budget", json={"limit_usd": 0}).status_code == 200
+    assert _eventually(lambda: b.get("/api/budget").json()["limited"] is False)
+    url = "http://127.0.0.1:9/v1"
+    assert b.put("/api/providers/groq/url", json={"base_url": url}).status_code == 200
+    groq = lambda: next(p for p in a.get("/api/providers").json() if p["id"] == "groq")  # noqa: E731
+    assert _eventually(lambda: groq()["base_url"] == url)
