@@ -91,7 +91,6 @@ class Cluster:
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
         self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
-        self.agents: Any = None  # AgentManager, set by the kernel (registry sync)
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
         self._local: dict[str, LocalRun] = {}
         self._held: dict[str, Lease] = {}  # other leases (channels) renewed with the runs
@@ -277,8 +276,6 @@ class Cluster:
             if run is not None and not run.cancel.is_set():
                 log.info("run %s stopped on request of another daemon", run_id)
                 run.cancel.set()
-        if self.agents is not None and self.shared:
-            self.agents.sync_from_store()
         for hook in list(self.on_tick):
             hook()
         if time.time() - self._last_prune > 3600:

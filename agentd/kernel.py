@@ -28,6 +28,7 @@ from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
+from agentd.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
@@ -75,8 +76,13 @@ class Kernel:
 
         self.metering.shared = self.cluster.shared
         self.cluster.budget = BudgetGate(self.metering)
-        self.cluster.agents = self.agents
         self.agents.cluster = self.cluster
+        # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
+        self.settings_follower: SettingsFollower | None = None
+        if store.shared:
+            self.settings_follower = SettingsFollower(store, self.custom_models, self.agents.url_overrides,
+                                                      self.metering)
+            self.settings_follower.start()
         # Semantic memory + knowledge graph; numpy and the model load on first use.
         self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
         self.agents.memory = self.memory
@@ -116,7 +122,9 @@ class Kernel:
     def open(cls, config: Config) -> "Kernel":
         """Open the database and build every service."""
         config.home.mkdir(parents=True, exist_ok=True)
-        store = open_store(config.db_path)
+        store = open_store(config.db_path, config.database)
+        if store.backend != "sqlite":
+            log.info("database: %s %s", store.backend, store.where)  # `where` is masked
         return cls(config, store)
 
     # -- lifecycle -------------------------------------------------------
@@ -133,6 +141,8 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        if self.settings_follower is not None:
+            self.settings_follower.close()
         self.channels.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()

@@ -112,6 +112,11 @@ class Metering:
             self._limit = float(limit_usd)
             self._maybe_alert(0.0, self._spent, self._now())
 
+    def follow_limit(self, limit_usd: float) -> None:
+        """Take over a limit another daemon set on a shared database (no write back)."""
+        with self._lock:
+            self._limit = float(limit_usd)
+
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
 

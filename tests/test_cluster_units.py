@@ -5,6 +5,7 @@ one database stand for two daemons. Runs on SQLite; the multi-daemon test
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -22,9 +23,18 @@ from agentd.store import open_store
 from agentd.store.leases import Leases, RunLog, ensure_tables
 
 
-@pytest.fixture()
-def store(tmp_path):
-    s = open_store(tmp_path / "agentd.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "postgres":
+        import pgtest
+        from agentd.store.backend import parse_database_url
+
+        if pgtest.pg_bindir() is None and not os.environ.get("AGENTD_TEST_DATABASE_URL"):
+            pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+        url = parse_database_url(pgtest.databases().new_url(), "test", allow_password=True)
+        s = open_store(tmp_path / "agentd.db", url)
+    else:
+        s = open_store(tmp_path / "agentd.db")
     ensure_tables(s)
     yield s
     s.close()

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from pony import orm
 
+from agentd.agents import shared
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
@@ -163,7 +164,6 @@ class AgentManager:
         # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
         # auto-remember after runs, cleanup on kill.
         self.memory: Any = None
-        self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
         self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
@@ -193,53 +193,6 @@ class AgentManager:
                 handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
                 self._register(handle)
         return len(self._agents)
-
-    # -- several daemons on one database (agentd/cluster.py) ----------------
-    def _shared(self) -> bool:
-        return self.cluster is not None and self.cluster.shared
-
-    def adopt(self, agent_id: str | None = None, name: str | None = None) -> AgentHandle | None:
-        """Register an agent another daemon created (by id or name); None when there is none."""
-        with orm.db_session:
-            row = (self.store.e.AgentRow.get(id=agent_id) if agent_id is not None
-                   else self.store.e.AgentRow.get(name=name))
-            if row is None:
-                return None
-            try:
-                manifest = parse_manifest(row.manifest_toml)
-            except AgentdError:
-                return None
-            handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
-                                  row.session_id)
-            handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
-        with self._lock:
-            existing = self._agents.get(handle.id)
-            if existing is not None:
-                return existing
-            self._register(handle)
-        return handle
-
-    def sync_from_store(self) -> None:
-        """Shared database: take in agents other daemons spawned, forget those they killed,
-        follow mode changes made elsewhere."""
-        with orm.db_session:
-            rows = {r[0]: r[1] for r in self.store.db.select("SELECT id, mode FROM agents")}
-        for agent_id, mode in rows.items():
-            handle = self._agents.get(agent_id)
-            if handle is None:
-                self.adopt(agent_id)
-            elif handle.mode != mode:
-                handle.mode = mode
-        for handle in list(self._agents.values()):
-            if handle.id not in rows and not handle.killed:
-                with self._lock:
-                    handle.killed = True
-                    handle.state = "Terminated"
-                    self._agents.pop(handle.id, None)
-                    if self._by_name.get(handle.name) == handle.id:
-                        del self._by_name[handle.name]
-                self.queues.cancel_queued(handle)
-                self.stop(handle)
 
     def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
         spec = manifest.model
@@ -290,6 +243,8 @@ class AgentManager:
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        if self.store.shared:
+            shared.sync_agent(self, name=manifest.name)
         with self._lock:
             if manifest.name in self._by_name:
                 raise Conflict(f"an agent named {manifest.name!r} already exists")
@@ -300,7 +255,7 @@ class AgentManager:
                                                 created_at=now, last_active=now, session_id=handle.session_id)
                     self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
             except orm.TransactionIntegrityError:
-                # Another daemon on the same database spawned this name a moment ago.
+                # Another daemon on the shared database spawned this name a moment ago.
                 raise Conflict(f"an agent named {manifest.name!r} already exists") from None
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
@@ -314,15 +269,20 @@ class AgentManager:
     def get(self, agent_id: str) -> AgentHandle:
         """By UUID; 400 for a malformed id, 404 for an unknown one."""
         key = parse_uuid(agent_id)
+        if self.store.shared:  # other daemons spawn and kill agents too (agents/shared.py)
+            shared.sync_agent(self, agent_id=key)
         handle = self._agents.get(key)
-        if handle is None and self._shared():
-            handle = self.adopt(key)
         if handle is None or handle.killed:
             raise NotFound("agent not found")
         return handle
 
     def find(self, ref: str) -> AgentHandle | None:
         """By id or exact name (tools and workflows refer to agents either way)."""
+        if self.store.shared:
+            try:
+                shared.sync_agent(self, agent_id=str(uuid.UUID(ref)))
+            except (ValueError, AttributeError):
+                shared.sync_agent(self, name=ref)
         try:
             handle = self._agents.get(str(uuid.UUID(ref)))
         except (ValueError, AttributeError):
@@ -330,20 +290,17 @@ class AgentManager:
         if handle is None:
             agent_id = self._by_name.get(ref)
             handle = self._agents.get(agent_id) if agent_id else None
-        if handle is None and self._shared():
-            try:
-                handle = self.adopt(agent_id=str(uuid.UUID(ref)))
-            except (ValueError, AttributeError):
-                handle = self.adopt(name=ref)
         return None if handle is None or handle.killed else handle
 
     def by_name(self, name: str) -> AgentHandle | None:
+        if self.store.shared:
+            shared.sync_agent(self, name=name)
         agent_id = self._by_name.get(name)
         return self._agents.get(agent_id) if agent_id else None
 
     def handles(self) -> list[AgentHandle]:
-        if self._shared():
-            self.sync_from_store()
+        if self.store.shared:
+            shared.sync_all(self)
         with self._lock:
             return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
 
@@ -514,7 +471,7 @@ class AgentManager:
         for att in attachments:
             upload = self._upload(handle, att.get("file_id", ""))
             ctype = upload["content_type"]
-            data = Path(upload["path"]).read_bytes()
+            data = upload["data"]
             if ctype.startswith("image/"):
                 image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
                 refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
@@ -669,7 +626,7 @@ class AgentManager:
         """Cancel the current run; True when one was running."""
         cancel = handle.cancel
         self.approvals.cancel_agent(handle.id)
-        if self.cluster is not None and self._shared() and (cancel is None or cancel.is_set()):
+        if self.cluster is not None and self.store.shared and (cancel is None or cancel.is_set()):
             return self.cluster.request_stop(handle.id) > 0
         if cancel is None or cancel.is_set():
             return False
@@ -699,6 +656,8 @@ class AgentManager:
     # -- session ------------------------------------------------------------------
     def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """The stored messages; kept in memory after the first read (writes go through here too)."""
+        if self.store.shared:  # another daemon may have written the session since
+            handle.session_cache, handle.llm_history = None, None
         if handle.session_cache is None:
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)
@@ -834,7 +793,8 @@ class AgentManager:
             row = self.store.e.AgentRow.get(id=handle.id)
             if row is not None:
                 for upload in row.uploads:
-                    Path(upload.path).unlink(missing_ok=True)
+                    if upload.path:  # an upload from before schema 2 may still be a file
+                        Path(upload.path).unlink(missing_ok=True)
                 row.sessions.clear()
                 orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
@@ -858,13 +818,11 @@ class AgentManager:
             raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
                              "audio/*, application/pdf")
         file_id = str(uuid.uuid4())
-        self.uploads_dir.mkdir(parents=True, exist_ok=True)
-        path = self.uploads_dir / file_id
-        path.write_bytes(data)
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
+        # The bytes live in the database: every daemon sharing it can attach the file.
         with orm.db_session:
             self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
-                                   content_type=content_type, size=len(data), path=str(path),
+                                   content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
 
@@ -874,8 +832,10 @@ class AgentManager:
             row = self.store.e.UploadRow.get(id=key)
             if row is None or row.agent.id != handle.id:
                 raise BadRequest(f"unknown attachment file_id {file_id}: upload it to this agent first")
+            data = bytes(row.content) if row.content is not None else \
+                (Path(row.path).read_bytes() if row.path else b"")
             return {"id": row.id, "filename": row.filename, "content_type": row.content_type,
-                    "path": row.path}
+                    "data": data}
 
     # -- operations tools use ---------------------------------------------------------
     def ops_for(self, handle: AgentHandle) -> "AgentOpsImpl":

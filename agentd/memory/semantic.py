@@ -283,8 +283,8 @@ class SemanticMemory:
         """Fragments by id in one plain query (recall's hot path: Pony's object loading and
         lazy LongStr reads cost more than the search itself)."""
         with orm.db_session:
-            cursor = self.store.db.get_connection().cursor()
-            found = cursor.execute(_ROW_SQL.format(",".join("?" * len(ids))), [agent_id, *ids]).fetchall()
+            params = {"a": agent_id, **{f"i{n}": fid for n, fid in enumerate(ids)}}
+            found = self.store.raw_rows(_ROW_SQL.format(", ".join(f"$i{n}" for n in range(len(ids)))), params)
         out = {}
         for (fid, owner, content, metadata, source, scope, confidence, created, accessed, count,
              superseded) in found:
@@ -375,7 +375,7 @@ class SemanticMemory:
 
 
 _ROW_SQL = ("SELECT id, agent_id, content, metadata, source, scope, confidence, created_at, accessed_at, "
-            "access_count, superseded_by FROM memory_fragments WHERE agent_id = ? AND id IN ({})")
+            "access_count, superseded_by FROM memory_fragments WHERE agent_id = $a AND id IN ({})")
 
 
 def _as_dt(value: Any) -> datetime:

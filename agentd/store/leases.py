@@ -56,6 +56,9 @@ def lock_key(name: str) -> int:
 
 def is_shared(store: Store) -> bool:
     """True when the store is a server database several daemons may share (PostgreSQL)."""
+    shared = getattr(store, "shared", None)
+    if isinstance(shared, bool):
+        return shared
     return getattr(store.db, "provider_name", "sqlite") == "postgres"
 
 
