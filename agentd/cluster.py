@@ -32,7 +32,7 @@ from pony import orm
 
 from agentd.errors import AgentdError, ConfigError, Conflict
 from agentd.store import Store
-from agentd.store.leases import Lease, Leases, RunLog, ensure_tables, is_shared
+from agentd.store.leases import Lease, Leases, RunLog, ensure_tables, is_shared, relaxed_commit
 
 log = logging.getLogger("agentd.cluster")
 
@@ -92,6 +92,9 @@ class Cluster:
         self.runs = RunLog(store)
         self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
+        # Set when this daemon shuts down (the kernel's `stopping`): stopping its own agents
+        # then must not ask other daemons to stop theirs.
+        self.leaving = threading.Event()
         self._local: dict[str, LocalRun] = {}
         self._held: dict[str, Lease] = {}  # other leases (channels) renewed with the runs
         self._lock = threading.Lock()
@@ -158,10 +161,14 @@ class Cluster:
             cost = getattr(result, "cost_usd", None)
             with self._lock:
                 self._local.pop(local.run_id, None)
-            try:
-                self.runs.finish(local.run_id, status, error, cost)
-            finally:
-                self.leases.release(local.lease)
+            self._end(local, status, error, cost)
+
+    def _end(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
+        """Close the run record and hand the lease back in one transaction."""
+        with orm.db_session:
+            relaxed_commit(self.store)
+            self.runs.finish(local.run_id, status, error, cost)
+            self.leases.release(local.lease)
 
     def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
         from agentd.agents.loop import RunCancelled
@@ -186,11 +193,14 @@ class Cluster:
         secs = self.settings.lease_secs
         run_id = str(uuid.uuid4())
         with orm.db_session:
+            relaxed_commit(self.store)
             lease = self.leases.take(name, secs)
             if lease is None:
                 return None
-            # Taking an expired lease: the run that held it died with its daemon.
-            self.runs.reap(session_id=handle.session_id)
+            if self.shared:
+                # Taking an expired lease: the run that held it died with its daemon. (A lone
+                # daemon on SQLite failed every leftover run when it started.)
+                self.runs.reap(session_id=handle.session_id)
             reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
             self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
         local = LocalRun(run_id, handle.id, lease, cancel)
@@ -211,6 +221,8 @@ class Cluster:
 
     def request_stop(self, agent_id: str) -> int:
         """Ask other daemons to stop this agent's runs (applied at their next heartbeat)."""
+        if self.leaving.is_set():
+            return 0
         return self.runs.request_stop(agent_id, self.id)
 
     # -- other leases (channel leaders) ------------------------------------------------
@@ -283,6 +295,9 @@ class Cluster:
             self.runs.prune(time.time() - RUN_RETENTION_SECS)
             with orm.db_session:
                 self.store.db.execute("DELETE FROM cluster_daemons WHERE heartbeat_at < $t",
+                                      {"t": time.time() - 86400})
+                # Approvals decided for runs that died with their daemon (others delete their own).
+                self.store.db.execute("DELETE FROM cluster_approvals WHERE decided_at < $t",
                                       {"t": time.time() - 86400})
 
     def _beat_daemon(self, started: bool = False) -> None:

@@ -77,6 +77,7 @@ class Kernel:
         self.metering.shared = self.cluster.shared
         self.cluster.budget = BudgetGate(self.metering)
         self.agents.cluster = self.cluster
+        self.cluster.leaving = self.stopping
         # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
         if store.shared:

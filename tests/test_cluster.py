@@ -183,6 +183,10 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
     refused = elsewhere.post(f"/api/agents/{streamer}/message/stream", json={"message": "hi"})
     assert refused.status_code == 409
     assert refused.json() == {"error": f"run is on daemon {owner}; route stream paths by agent id"}
+    handshake = elsewhere.get(f"/api/agents/{streamer}/ws", headers={
+        "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert handshake.status_code == 409 and handshake.json()["error"].startswith(f"run is on daemon {owner};")
     again = requests.post(f"{proxy.url}/api/agents/{streamer}/message/stream", json={"message": "second"},
                           stream=True, timeout=30)
     assert again.headers["X-Agentd-Daemon"] == owner  # sticky: same agent, same daemon
