@@ -218,3 +218,31 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
 
 
 _T = __import__("datetime").datetime(2026, 1, 1)
+
+
+def test_doctor_checks_the_postgresql_database(tmp_path: Path) -> None:
+    import json
+
+    def database_check(url: str) -> dict:
+        r = run_cli(make_home(tmp_path / uuid4_hex()), "doctor", "--json", port=free_port(),
+                    env_extra={"AGENTD_DATABASE_URL": url})
+        return {c["check"]: c for c in json.loads(r.stdout)}["database"]
+
+    url = pgtest.databases().new_url()
+    empty = database_check(url)
+    assert empty["status"] == "warn" and "is empty; the schema is created on first start" in empty["message"]
+    from agentd.store import open_store
+
+    open_store(tmp_path / "unused.db", parse_database_url(url, "test", allow_password=True)).close()
+    ready = database_check(url)
+    assert ready == {"check": "database", "status": "ok",
+                     "message": f"PostgreSQL {url}, schema version {SCHEMA_VERSION}"}
+    down = database_check(f"postgresql://app:{SECRET}@127.0.0.1:{free_port()}/agentd")
+    assert down["status"] == "fail" and "cannot connect to postgresql://app:***@127.0.0.1:" in down["message"]
+    assert SECRET not in json.dumps(down)
+
+
+def uuid4_hex() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
