@@ -50,9 +50,9 @@ TESTS: dict[str, list[str]] = {
                                     "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
     "agentd/agents/approvals.py": ["tests/test_agents.py::test_manual_mode_waits_for_approval",
                                    "tests/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
-    "agentd/agents/tools/files.py": ["tests/test_tools.py"],
-    "agentd/agents/tools/shell.py": ["tests/test_tools.py"],
-    "agentd/agents/tools/web.py": ["tests/test_tools.py"],
+    "agentd/agents/tools/files.py": ["tests/test_tools.py", "tests/test_tool_files_exact.py"],
+    "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
+    "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
     "agentd/api/sse.py": ["tests/test_transports.py"],
 }
 DEFAULT_MODULES = list(TESTS)
