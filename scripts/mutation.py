@@ -54,6 +54,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
     "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
     "agentd/api/sse.py": ["tests/test_transports.py"],
+    # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
+    **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py",
+                                          "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
+                                          "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
+       for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
 }
 DEFAULT_MODULES = list(TESTS)
 # With --baseline: the old suite's tests of each module (the files above did not exist yet).

@@ -37,8 +37,7 @@ def confine(ctx: ToolContext, raw: str) -> Path:
 
 def shown(ctx: ToolContext, path: Path) -> str:
     """A path as the model should see it: relative to the workspace."""
-    rel = path.relative_to(workspace_root(ctx))
-    return str(rel) if str(rel) != "." else "."
+    return str(path.relative_to(workspace_root(ctx)))  # the root itself is "."
 
 
 def read_text(path: Path, raw: str) -> str:
