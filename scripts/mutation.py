@@ -55,6 +55,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
     "agentd/api/sse.py": ["tests/test_transports.py"],
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
+    "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py",
