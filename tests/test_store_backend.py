@@ -113,13 +113,14 @@ def test_start_refuses_newer_schema(tmp_path: Path) -> None:
     home = make_home(tmp_path)
     daemon = Daemon(home).start()
     assert daemon.stop() == 0
-    conn = sqlite3.connect(str(home / "data" / "agentd.db"))
-    conn.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
-    conn.commit()
-    conn.close()
-    if pgtest.ENABLED:  # the suite's switch gives this home a PostgreSQL database instead
+    if pgtest.ENABLED:  # the suite's switch gives this home a PostgreSQL database
         with psycopg2.connect(pgtest.url_for_home(home)) as pg, pg.cursor() as cur:
             cur.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+    else:
+        conn = sqlite3.connect(str(home / "data" / "agentd.db"))
+        conn.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+        conn.commit()
+        conn.close()
     result = run_cli(home, "start", port=free_port(), timeout=60)
     assert result.returncode == 1
     assert f"database schema version 99 is newer than this agentd's ({SCHEMA_VERSION})" in \
