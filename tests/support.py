@@ -70,6 +70,36 @@ def store_url_for(key: Path):
     return parse_database_url(url, "test", allow_password=True) if url else None
 
 
+def db_rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of `sql` (`?` placeholders) read straight from the database of the daemon on
+    `home`: its SQLite file, or under --db=postgres its PostgreSQL database."""
+    url = pgtest.url_for_home(home)
+    if url:
+        import psycopg2
+
+        with psycopg2.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall()
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{Path(home) / 'data' / 'agentd.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def db_dump(home: Path) -> bytes:
+    """Everything the daemon on `home` stored (the SQLite file, or every PostgreSQL row as
+    text), for "this secret is nowhere in the database" checks."""
+    url = pgtest.url_for_home(home)
+    if not url:
+        return (Path(home) / "data" / "agentd.db").read_bytes()
+    tables = [r[0] for r in db_rows(home, "SELECT table_name FROM information_schema.tables "
+                                          "WHERE table_schema = 'public'")]
+    return b"\n".join(str(row).encode() for t in tables for row in db_rows(home, f'SELECT t::text FROM "{t}" t'))
+
+
 def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,
             env_extra: dict[str, str] | None = None,
             allow_traceback: bool = False) -> subprocess.CompletedProcess:

@@ -7,10 +7,10 @@ on first use whatever backend the rest of the suite runs on.
 
 from __future__ import annotations
 
+import json
 import sqlite3
-import subprocess
-import sys
-import time
+import uuid
+from datetime import datetime
 from pathlib import Path
 
 import psycopg2
@@ -25,6 +25,7 @@ from agentd.store.backend import has_password, mask_url, parse_database_url
 from agentd.store.migrate import SCHEMA_VERSION
 
 SECRET = "s3cr3t-Pa55"
+T0 = datetime(2026, 1, 1)
 
 
 # -- the URL -------------------------------------------------------------------------------
@@ -113,13 +114,14 @@ def test_start_refuses_newer_schema(tmp_path: Path) -> None:
     home = make_home(tmp_path)
     daemon = Daemon(home).start()
     assert daemon.stop() == 0
-    conn = sqlite3.connect(str(home / "data" / "agentd.db"))
-    conn.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
-    conn.commit()
-    conn.close()
-    if pgtest.ENABLED:  # the suite's switch gives this home a PostgreSQL database instead
+    if pgtest.ENABLED:  # the suite's switch gives this home a PostgreSQL database
         with psycopg2.connect(pgtest.url_for_home(home)) as pg, pg.cursor() as cur:
             cur.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+    else:
+        conn = sqlite3.connect(str(home / "data" / "agentd.db"))
+        conn.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+        conn.commit()
+        conn.close()
     result = run_cli(home, "start", port=free_port(), timeout=60)
     assert result.returncode == 1
     assert f"database schema version 99 is newer than this agentd's ({SCHEMA_VERSION})" in \
@@ -187,8 +189,8 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
     path = tmp_path / "data" / "agentd.db"
     store = open_store(path)
     with orm.db_session:
-        store.e.AgentRow(id="a1", name="old", manifest_toml='name = "old"\n', manifest={}, created_at=_T,
-                         last_active=_T, session_id="s1")
+        store.e.AgentRow(id="a1", name="old", manifest_toml='name = "old"\n', manifest={}, created_at=T0,
+                         last_active=T0, session_id="s1")
     store.close()
     upload_file = tmp_path / "uploads" / "u1"
     upload_file.parent.mkdir()
@@ -217,14 +219,10 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
     assert _sqlite_versions(path)[1] == (2, "migrated by agentd")
 
 
-_T = __import__("datetime").datetime(2026, 1, 1)
-
 
 def test_doctor_checks_the_postgresql_database(tmp_path: Path) -> None:
-    import json
-
     def database_check(url: str) -> dict:
-        r = run_cli(make_home(tmp_path / uuid4_hex()), "doctor", "--json", port=free_port(),
+        r = run_cli(make_home(tmp_path / uuid.uuid4().hex), "doctor", "--json", port=free_port(),
                     env_extra={"AGENTD_DATABASE_URL": url})
         return {c["check"]: c for c in json.loads(r.stdout)}["database"]
 
@@ -240,9 +238,3 @@ def test_doctor_checks_the_postgresql_database(tmp_path: Path) -> None:
     down = database_check(f"postgresql://app:{SECRET}@127.0.0.1:{free_port()}/agentd")
     assert down["status"] == "fail" and "cannot connect to postgresql://app:***@127.0.0.1:" in down["message"]
     assert SECRET not in json.dumps(down)
-
-
-def uuid4_hex() -> str:
-    import uuid
-
-    return uuid.uuid4().hex

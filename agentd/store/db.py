@@ -327,6 +327,10 @@ def _open_postgres(path: Path, target: DatabaseUrl) -> Store:
     """Bind to PostgreSQL; create or migrate the schema under the migration advisory lock,
     so daemons starting at the same instant on one empty database take turns."""
     where = target.masked
+    try:
+        import psycopg2  # noqa: F401 - the optional extra; say so rather than fail obscurely
+    except ImportError:
+        raise StoreError("database_url needs psycopg2: pip install 'agentd[postgres]'") from None
     db = Database()
     entities = _define_entities(db)
     try:
