@@ -8,6 +8,7 @@ ntfy channel adapter failing over to the surviving daemon."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -35,7 +36,7 @@ TOPIC = "agentd-cluster"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(pgtest.pg_bindir() is None and not __import__("os").environ.get("AGENTD_TEST_DATABASE_URL"),
+    pytest.mark.skipif(pgtest.pg_bindir() is None and not os.environ.get("AGENTD_TEST_DATABASE_URL"),
                        reason="PostgreSQL (initdb/pg_ctl) is not installed: apt-get install postgresql"),
     pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed: apt-get install nginx"),
 ]
@@ -265,7 +266,7 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
     killed_at = time.monotonic()
     failed = wait_for(lambda: runs(b.url, agent_id=victim, status="failed"), 15, what="victim's run failed")
     # The lease runs out LEASE s after the last renewal; b's next heartbeat (LEASE/3) sees it.
-    assert time.monotonic() - killed_at < LEASE + LEASE / 3 + 3.0
+    assert time.monotonic() - killed_at < LEASE + LEASE / 3 + 5.0  # generous slack: a loaded machine
     assert failed[0]["daemon_id"] == "daemon-a" and "daemon daemon-a stopped renewing" in failed[0]["error"]
     t.join(30)
     assert surviving["r"].status_code == 200 and surviving["r"].json()["response"] == "echo: still here"

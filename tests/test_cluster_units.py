@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import datetime
 from types import SimpleNamespace
 
 import pytest
+from pony import orm
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
@@ -64,8 +66,6 @@ def test_lease_is_exclusive_until_it_expires(store) -> None:
 
 def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
     runs = RunLog(store)
-    from pony import orm
-
     with orm.db_session:
         runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
         runs.start("r-live", "a2", "s2", "B", time.time() + 30)
@@ -145,8 +145,6 @@ def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -
     release.set()
     t.join()
     # A "dies" holding a run: nobody renews it, B's heartbeat marks it failed.
-    from pony import orm
-
     with orm.db_session:
         a.leases.take("run:s9", 1)
         a.runs.start("r9", "a9", "s9", "A", time.time() + 1)
@@ -193,11 +191,11 @@ def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
     # No limit: nothing reserved, nothing refused.
     a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.004))
     metering.set_limit(0.01)
-    with __import__("pony").orm.db_session:
+    with orm.db_session:
         metering.store.db.execute(
             "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, cost_usd, "
             "priced, at) VALUES ('a1', 'alpha', 'p', 'm', 1, 1, 0.004, $t, $now)",
-            {"t": True, "now": __import__("datetime").datetime.utcnow()})
+            {"t": True, "now": datetime.utcnow()})
     gate_open, hold = threading.Event(), threading.Event()
     results: list[str] = []
 

@@ -88,8 +88,10 @@ class SharedApprovalQueue(ApprovalQueue):
             approval.decision = decision
             with self._lock:
                 local = self._pending.get(approval_id)
-            if local is not None:
+            if local is not None:  # requested here: the waiter's own object carries it at once
+                local.decision = decision
                 local._event.set()
+                return local
             return approval
         if allow_missing:
             return None
