@@ -74,7 +74,7 @@ EXTRA_KEYS.update({
     "discord": [("api_url", "text", "https://discord.com/api/v10"), ("gateway_url", "text", "")],
     "slack": [("api_url", "text", "https://slack.com/api"), ("signing_secret_env", "text", "SLACK_SIGNING_SECRET"),
               ("webhook_port", "number", 0)],
-    "revolt": [],
+    "revolt": [("ping_secs", "number", 20)],
     "guilded": [],
 })
 INBOUND.update({
