@@ -115,5 +115,15 @@ def test_test_call_and_bad_token(daemon, fake):  # noqa: F811
     assert "HTTP 401" in audit(daemon, "channel.start_failed", "discord")[0]["detail"]["error"]
 
 
+def test_disallowed_intents_stop_reconnecting(daemon, fake):  # noqa: F811
+    fake.privileged_ok = False
+    configure(daemon, "discord", default_agent="helper", **CASE.config(fake))
+    error = wait_for(lambda: [e for e in audit(daemon, "channel.error", "discord")
+                              if "4014" in e["detail"]["error"]], what="close 4014 reported")
+    assert "disallowed intents" in error[0]["detail"]["error"]
+    time.sleep(2.0)  # no reconnect loop: one IDENTIFY, never active
+    assert len(fake.identifies()) == 1 and channel(daemon, "discord")["active"] is False
+
+
 def test_threads_end(fake):
     contract.threads_end(CASE, fake)

@@ -80,5 +80,17 @@ def test_unanswered_pings_reconnect_and_bad_token(daemon, fake):  # noqa: F811
     assert "HTTP 401" in audit(daemon, "channel.start_failed", "revolt")[0]["detail"]["error"]
 
 
+def test_revoked_token_stops_reconnecting(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake)
+    fake.token = "rotated-token"  # the bot's token was reset: Bonfire answers Error InvalidSession
+    fake.drop_connections()
+    error = wait_for(lambda: audit(daemon, "channel.error", "revolt"), what="refusal reported")
+    assert "InvalidSession" in error[0]["detail"]["error"]
+    tries = len([f for f in fake.received if f.get("type") == "Authenticate"])
+    time.sleep(1.5)
+    assert len([f for f in fake.received if f.get("type") == "Authenticate"]) == tries
+    assert channel(daemon, "revolt")["active"] is False
+
+
 def test_threads_end(fake):
     contract.threads_end(CASE, fake)

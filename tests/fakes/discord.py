@@ -8,7 +8,8 @@ REST under `/api/v10`: `GET /users/@me`, `GET /gateway/bot` (the gateway URL),
 
 Gateway on `/` (and the resume URL `/resume`): HELLO (op 10), IDENTIFY (op 2: token,
 intents) -> READY (session id, bot user, resume_gateway_url); heartbeats (op 1) answered
-by op 11 unless `ack` is False; RESUME (op 6) replays the session's events after the
+by op 11 unless `ack` is False; close 4004 for a wrong token, 4014 for privileged intents
+the app may not use (`privileged_ok` False); RESUME (op 6) replays the session's events after the
 client's sequence number, then RESUMED; op 9 for an unknown session. Every session keeps
 its own numbered events, so a client that resumes gets what it missed. The bot's own
 messages come back as MESSAGE_CREATE, as on Discord.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from typing import Any
 
@@ -30,6 +30,7 @@ from fakes.platform import FakePlatform
 
 BOT = {"id": "900000000000000001", "username": "agentbot", "discriminator": "0", "bot": True}
 GUILD = "800000000000000001"
+PRIVILEGED = (1 << 1) | (1 << 8) | (1 << 15)  # GUILD_MEMBERS, GUILD_PRESENCES, MESSAGE_CONTENT
 
 
 class FakeDiscord(FakePlatform):
@@ -38,6 +39,7 @@ class FakeDiscord(FakePlatform):
         self.token = token
         self.heartbeat_ms = heartbeat_ms
         self.ack = True                                   # answer heartbeats with op 11
+        self.privileged_ok = True                         # privileged intents enabled for the app
         self.messages: list[dict[str, Any]] = []
         self.typing: list[str] = []
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
@@ -108,6 +110,9 @@ class FakeDiscord(FakePlatform):
                     elif op == 2:
                         if d.get("token") != self.token:
                             ws.close(4004, "Authentication failed.")
+                            return
+                        if int(d.get("intents") or 0) & PRIVILEGED and not self.privileged_ok:
+                            ws.close(4014, "Disallowed intent(s).")
                             return
                         session = f"session{next(self.session_ids)}"
                         self.sessions[session] = []
@@ -190,6 +195,3 @@ class FakeDiscord(FakePlatform):
 
     def resumes(self) -> list[tuple[str, dict[str, Any]]]:
         return [(p, f["d"]) for p, f in self.received if f.get("op") == 6]
-
-    def wait_quiet(self, seconds: float) -> None:
-        threading.Event().wait(seconds)

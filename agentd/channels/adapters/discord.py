@@ -22,6 +22,11 @@ from agentd.channels.bases.sender import split_text
 
 API_URL = "https://discord.com/api/v10"
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
+# Close codes after which Discord says not to reconnect, and those that end the session.
+FATAL = {4004: "authentication failed", 4010: "invalid shard", 4011: "sharding required",
+         4012: "invalid API version", 4013: "invalid intents", 4014: "disallowed intents (enable them in "
+         "the Developer Portal: Message Content is privileged)"}
+NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
 
 
 class DiscordAdapter(GatewayAdapter):
@@ -51,6 +56,12 @@ class DiscordAdapter(GatewayAdapter):
 
     def health(self) -> bool:
         return self.healthy and self.ready
+
+    def on_close(self, code: int, reason: str) -> None:
+        if code in FATAL:
+            self.give_up(f"discord closed the gateway: {code} {FATAL[code]}")
+        elif code in NEW_SESSION:
+            self.session_id, self.seq = "", None
 
     def on_message(self, data: Any) -> None:
         if not isinstance(data, dict):

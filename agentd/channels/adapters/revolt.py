@@ -79,6 +79,8 @@ class RevoltAdapter(GatewayAdapter):
         elif kind == "Pong":
             self.heartbeat_ack()
         elif kind == "Error":
+            if data.get("error") in ("InvalidSession", "OnboardingNotFinished"):  # retrying cannot help
+                self.give_up(f"revolt refused the bot: {data.get('error')}")
             raise ChannelError(f"revolt refused the connection: {data.get('error')}")
         elif kind == "Ready":
             self.users.update({str(u.get("_id")): u for u in data.get("users") or [] if isinstance(u, dict)})

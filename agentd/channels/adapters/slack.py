@@ -104,10 +104,16 @@ class SlackSocketAdapter(SlackCommon, WebSocketAdapter):
         self.prepare_bot()
         self.app_token = self.env("app_token_env")
         self.ready = False
+        # The first URL now: a bad app token fails the start instead of a reconnect loop.
+        self.next_url = self.open_url()
+
+    def open_url(self) -> str:
+        return str(self.web("apps.connections.open", self.app_token, retries=1)["url"])
 
     def ws_url(self) -> str:
         # Each connection needs a fresh one-use URL.
-        return str(self.web("apps.connections.open", self.app_token, retries=1)["url"])
+        url, self.next_url = self.next_url, ""
+        return url or self.open_url()
 
     def on_open(self) -> None:
         self.ready = False

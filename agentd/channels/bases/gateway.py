@@ -50,6 +50,14 @@ class GatewayAdapter(WebSocketAdapter):
     def heartbeat_payload(self) -> Any:
         raise NotImplementedError
 
+    def give_up(self, why: str) -> None:
+        """The platform refused us for good (bad token, forbidden intents): say so in the
+        audit trail and stop reconnecting; the adapter reports inactive until reconfigured."""
+        self.ctx.log.warning("%s", why)
+        self.ctx.audit("error", error=why[:300])
+        self.healthy = False
+        self.stopping.set()
+
     def beat_now(self) -> None:
         """Send a beat out of turn (Discord's op 1 request); the schedule stays."""
         self.ws_send(self.heartbeat_payload())
