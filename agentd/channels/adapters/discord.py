@@ -16,6 +16,7 @@ import random
 import re
 from typing import Any
 
+from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.sender import split_text
@@ -36,7 +37,7 @@ class DiscordAdapter(GatewayAdapter):
         self.api = str(self.settings.get("api_url") or API_URL).rstrip("/")
         self.token = self.env("bot_token_env")
         self.http.session.headers.update({"Authorization": f"Bot {self.token}",
-                                          "User-Agent": "DiscordBot (https://github.com/agentd, 1.0)"})
+                                          "User-Agent": f"DiscordBot (agentd, {__version__})"})
         # Who am I (and is the token good): a bad token fails the start, not a reconnect loop.
         self.bot_id = str(self.http.json("GET", f"{self.api}/users/@me", retries=1)["id"])
         self.gateway = str(self.settings.get("gateway_url") or "") or str(
