@@ -11,6 +11,7 @@ import json
 import time
 
 import pytest
+import requests
 
 import channel_contract as contract
 from channel_contract import audit, daemon  # noqa: F401 - module fixture
@@ -121,6 +122,10 @@ def test_events_api_over_http(daemon, fake, fake_llm):  # noqa: F811
     assert all(d.status_code == 200 for d in fake.deliveries)
     assert len(fake_llm.requests) == before + 1
     assert audit(daemon, "channel.refused", "slack")[0]["detail"]["reason"] == "bad signature"
+    daemon.delete("/api/channels/slack/configure")  # stop() closes the listener
+    assert channel(daemon, "slack")["active"] is False
+    with pytest.raises(requests.ConnectionError):
+        fake.post_signed(challenge)
 
 
 def test_threads_end(fake):
