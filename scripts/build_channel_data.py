@@ -68,8 +68,24 @@ INBOUND.update({
     "nextcloud": "long-poll (lookIntoFuture)", "rocketchat": "polling", "twitch": "TCP line socket (IRC)",
     "xmpp": "XMPP stream (slixmpp)", "mumble": "TLS socket (Mumble protocol)",
 })
+# Issue 14, gateway WebSocket adapters: base URLs (tests point them at the fakes) and
+# Slack's optional Events API listener.
+EXTRA_KEYS.update({
+    "discord": [("api_url", "text", "https://discord.com/api/v10"), ("gateway_url", "text", "")],
+    "slack": [("api_url", "text", "https://slack.com/api"), ("signing_secret_env", "text", "SLACK_SIGNING_SECRET"),
+              ("webhook_port", "number", 0)],
+    "revolt": [("ping_secs", "number", 20)],
+    "guilded": [],
+})
+INBOUND.update({
+    "discord": "Gateway WebSocket v10", "slack": "Socket Mode WebSocket (+ optional Events API webhook)",
+    "revolt": "Bonfire WebSocket", "guilded": "none (Guilded shut down on 19 December 2025)",
+})
 # Descriptions that must say what the platform needs beyond agentd.
 DESCRIPTIONS = {
+    "guilded": "Guilded bot adapter. Guilded shut down on 19 December 2025 (Roblox ended the service), "
+               "so its bot API no longer exists: the configuration is validated and saved, but the "
+               "adapter cannot connect.",
     "keybase": "Keybase chat bot adapter. Needs the Keybase client binary (`keybase chat api`), "
                "which agentd does not ship: the configuration is validated and saved, but the "
                "adapter cannot connect.",
