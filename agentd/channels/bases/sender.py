@@ -120,7 +120,9 @@ class HttpSender:
             if response.status_code not in RETRY_STATUS or attempt + 1 >= attempts:
                 raise ChannelError(f"{method} {_short(url)}: HTTP {response.status_code} "
                                    f"{response.text[:200]}")
-            wait = retry_after_secs(response.headers.get("Retry-After")) or _body_retry_after(response)
+            # Feishu/Lark say it as x-ogw-ratelimit-reset (seconds until the window resets).
+            wait = (retry_after_secs(response.headers.get("Retry-After") or response.headers.get("x-ogw-ratelimit-reset"))
+                    or _body_retry_after(response))
             wait = delay if wait is None else min(wait, self.max_wait)
             log.info("%s %s: HTTP %s, retrying in %.1fs", method, _short(url), response.status_code, wait)
             if self.stop.wait(wait):
