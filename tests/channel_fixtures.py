@@ -85,3 +85,4 @@ CHANNEL_ENV.update({"VIBER_AUTH_TOKEN": "445da6az1s345z78-dazcczb2542zv51a-e0vc5
 CHANNEL_ENV.update({"DINGTALK_ACCESS_TOKEN": "dt-robot-token", "DINGTALK_SECRET": "SECdingtalk-signing-secret"})
 CHANNEL_ENV.update({"FEISHU_APP_SECRET": "feishu-app-secret", "FEISHU_ENCRYPT_KEY": "kudryavtsev-encrypt-key",
                     "FEISHU_VERIFICATION_TOKEN": "v-token-feishu"})
+CHANNEL_ENV.update({"TEAMS_APP_PASSWORD": "teams-client-secret~x"})
