@@ -133,3 +133,26 @@ def test_stop_ends_every_thread_in_process():
                     lambda url: post(url, fake.activity("in process", "ann"), fake.token()), free_port())
     finally:
         fake.stop()
+
+
+def test_key_rotation_is_picked_up_and_unknown_kids_do_not_flood_the_platform():
+    from agentd.channels.adapter import ChannelError
+    from agentd.channels.bases.jwtkeys import KeySet
+    from agentd.channels.bases.sender import HttpSender
+
+    fake = FakeBotFramework(APP_ID, PASSWORD).start()
+    try:
+        keys = KeySet(HttpSender(), f"{fake.url}/v1/.well-known/openidconfiguration", "openid", refetch_secs=0.5)
+        old = fake.kid
+        assert keys.key(old)[1]["endorsements"] == ["msteams", "webchat"]
+        fake.rotate()
+        for _ in range(5):  # made-up (or brand new) kids inside the window: no refetch
+            with pytest.raises(ChannelError):
+                keys.key(fake.kid)
+        assert fake.jwks_fetches == 1
+        time.sleep(0.6)
+        assert keys.key(fake.kid)[1]["kid"] == fake.kid and fake.jwks_fetches == 2
+        with pytest.raises(ChannelError):
+            keys.key(old)  # the retired key is gone with the refetch
+    finally:
+        fake.stop()

@@ -83,6 +83,10 @@ class FakeBotFramework(FakeServer):
 
         super().__init__(app)
 
+    def rotate(self) -> None:
+        """A new signing key replaces the old one (new kid), as Microsoft rotates them."""
+        self.key, self.kid = new_key(), "kid-" + uuid.uuid4().hex[:8]
+
     @property
     def service_url(self) -> str:
         return self.url + "/"

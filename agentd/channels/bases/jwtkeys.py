@@ -1,7 +1,8 @@
 """Verifying a platform's RS256 JWT (Bot Framework, Google Chat) against its published
 keys: an OpenID configuration naming a `jwks_uri`, a JWKS document, or Google's map of
 X.509 certificates. Keys are cached and refetched when a token names an unknown key
-id (at most once per `refetch_secs`), so a platform's key rotation is picked up."""
+id (at most once per `refetch_secs`, 10 s), so a platform's key rotation is picked up
+while a flood of made-up key ids costs one fetch per window."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from agentd.channels.bases.sender import HttpSender
 class KeySet:
     """Public keys by `kid` from `url`; `kind` is "openid", "jwks" or "x509"."""
 
-    def __init__(self, http: HttpSender, url: str, kind: str = "jwks", refetch_secs: float = 60.0) -> None:
+    def __init__(self, http: HttpSender, url: str, kind: str = "jwks", refetch_secs: float = 10.0) -> None:
         self.http, self.url, self.kind = http, url, kind
         self.refetch_secs = refetch_secs
         self._keys: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -31,7 +32,12 @@ class KeySet:
         with self._lock:
             if kid not in self._keys and time.monotonic() - self._fetched >= self.refetch_secs:
                 self._fetched = time.monotonic()
-                self._keys = self._load()
+                try:
+                    self._keys = self._load()
+                except ChannelError:
+                    # The key endpoint is down: try again in a few seconds, not a minute.
+                    self._fetched -= max(self.refetch_secs - 2.0, 0.0)
+                    raise
             found = self._keys.get(kid)
         if found is None:
             raise ChannelError(f"no signing key {kid!r} at {self.url}")
