@@ -58,6 +58,16 @@ def test_url_verification_challenge(channel_daemon, feishu):
     response = post(url, callback(challenge))
     assert (response.status_code, response.json()) == (200, {"challenge": "ajls384kdjx98XX"})
     assert post(url, callback({**challenge, "token": "guess"})).status_code == 401
+    # An encrypt key and no token: the unsigned handshake is answered, unsigned events are not.
+    configure(channel_daemon, "feishu", webhook_port=port, api_url=fake.url, app_id="cli_test",
+              encrypt_key_env="FEISHU_ENCRYPT_KEY")
+    wait_active(channel_daemon, "feishu")
+    response = post(url, callback(challenge, KEY, signed=False))
+    assert (response.status_code, response.json()) == (200, {"challenge": "ajls384kdjx98XX"})
+    assert post(url, callback(message_event("unsigned", "ou_x", TOKEN), KEY, signed=False)).status_code == 401
+    assert post(url, callback(message_event("signed", "ou_ann", "any"), KEY)).status_code == 200
+    wait_for(lambda: fake.sent, what="reply to the signed event")
+    assert [s["text"] for s in fake.sent] == ["echo: signed"]
 
 
 def test_direct_message_is_answered_through_the_reply_api(channel_daemon, feishu):

@@ -104,8 +104,11 @@ class FeishuAdapter(WebhookAdapter):
                 return False
             if not token:
                 return True
-        elif not token:
-            return False  # unsigned, and no token to vouch for it
+        elif not token:  # unsigned, and no token to vouch for it: only the harmless handshake
+            try:
+                return bool(key) and self.payload(request.body).get("type") == "url_verification"
+            except ValueError:
+                return False
         try:  # the verification token, inside the (decrypted) body
             raw, data = json.loads(request.body), self.payload(request.body)
         except ValueError:  # bad JSON, base64, padding or UTF-8
