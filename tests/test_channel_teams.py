@@ -142,15 +142,15 @@ def test_key_rotation_is_picked_up_and_unknown_kids_do_not_flood_the_platform():
 
     fake = FakeBotFramework(APP_ID, PASSWORD).start()
     try:
-        keys = KeySet(HttpSender(), f"{fake.url}/v1/.well-known/openidconfiguration", "openid", refetch_secs=0.5)
-        old = fake.kid
+        keys = KeySet(HttpSender(), f"{fake.url}/v1/.well-known/openidconfiguration", "openid", refetch_secs=2.0)
+        old, next_key = fake.kid, new_key()  # made before the window opens (slow on a loaded machine)
         assert keys.key(old)[1]["endorsements"] == ["msteams", "webchat"]
-        fake.rotate()
+        fake.rotate(next_key)
         for _ in range(5):  # made-up (or brand new) kids inside the window: no refetch
             with pytest.raises(ChannelError):
                 keys.key(fake.kid)
         assert fake.jwks_fetches == 1
-        time.sleep(0.6)
+        time.sleep(2.1)
         assert keys.key(fake.kid)[1]["kid"] == fake.kid and fake.jwks_fetches == 2
         with pytest.raises(ChannelError):
             keys.key(old)  # the retired key is gone with the refetch

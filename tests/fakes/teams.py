@@ -83,9 +83,9 @@ class FakeBotFramework(FakeServer):
 
         super().__init__(app)
 
-    def rotate(self) -> None:
+    def rotate(self, key: rsa.RSAPrivateKey | None = None) -> None:
         """A new signing key replaces the old one (new kid), as Microsoft rotates them."""
-        self.key, self.kid = new_key(), "kid-" + uuid.uuid4().hex[:8]
+        self.key, self.kid = key or new_key(), "kid-" + uuid.uuid4().hex[:8]
 
     @property
     def service_url(self) -> str:
