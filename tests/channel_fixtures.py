@@ -81,3 +81,8 @@ CHANNEL_ENV.update({"MESSENGER_APP_SECRET": "fb-app-secret", "MESSENGER_PAGE_TOK
 CHANNEL_ENV.update({"WHATSAPP_APP_SECRET": "wa-app-secret", "WHATSAPP_ACCESS_TOKEN": "EAAGwa",
                     "WHATSAPP_VERIFY_TOKEN": "wa-verify-me"})
 CHANNEL_ENV.update({"VIBER_AUTH_TOKEN": "445da6az1s345z78-dazcczb2542zv51a-e0vc5fva17480im9"})
+# Enterprise webhook adapters (issue 14): teams, google_chat, feishu, dingtalk.
+CHANNEL_ENV.update({"DINGTALK_ACCESS_TOKEN": "dt-robot-token", "DINGTALK_SECRET": "SECdingtalk-signing-secret"})
+CHANNEL_ENV.update({"FEISHU_APP_SECRET": "feishu-app-secret", "FEISHU_ENCRYPT_KEY": "kudryavtsev-encrypt-key",
+                    "FEISHU_VERIFICATION_TOKEN": "v-token-feishu"})
+CHANNEL_ENV.update({"TEAMS_APP_PASSWORD": "teams-client-secret~x"})

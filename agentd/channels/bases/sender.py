@@ -131,7 +131,9 @@ class HttpSender:
     def retry_wait(self, response: requests.Response) -> float | None:
         """Seconds a 429/5xx asks us to wait: Retry-After, else the body's `retry_after`.
         Platforms that say it differently (Revolt: milliseconds) override this."""
-        return retry_after_secs(response.headers.get("Retry-After")) or _body_retry_after(response)
+        # Feishu/Lark say it as x-ogw-ratelimit-reset (seconds until the window resets).
+        header = response.headers.get("Retry-After") or response.headers.get("x-ogw-ratelimit-reset")
+        return retry_after_secs(header) or _body_retry_after(response)
 
     def json(self, method: str, url: str, **kwargs: Any) -> Any:
         """`request` and decode a JSON answer."""
