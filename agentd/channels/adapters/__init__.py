@@ -12,7 +12,7 @@ IMPLEMENTED += ("signal", "zulip", "discourse", "rocketchat", "nextcloud", "redd
 # The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
 WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
 # Webhook adapters, part 2 (issue 14): Threema Gateway, Pumble, Flock.
-WEBHOOK_FAMILY += ("threema", "pumble")
+WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 
 
 def load(name: str) -> type | None:
