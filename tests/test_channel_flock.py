@@ -48,7 +48,8 @@ def test_message_is_answered_via_send_message(channel_daemon, flock):
     wait_for(lambda: fake.sent, what="reply")
     time.sleep(0.3)
     assert [(s["to"], s["text"]) for s in fake.sent] == [("u:ann", "echo: hello flock")]
-    assert audit(channel_daemon, "channel.outbound", "flock")[0]["detail"]["message_id"] == fake.sent[0]["uid"]
+    outbound = wait_for(lambda: audit(channel_daemon, "channel.outbound", "flock"), what="outbound audit")
+    assert outbound[0]["detail"]["message_id"] == fake.sent[0]["uid"]
     assert channel(channel_daemon, "flock")["active"] is True
     # A group message is answered in the group.
     assert post(url, receive_message("u:ann", "in the group", to="g:team")).status_code == 200

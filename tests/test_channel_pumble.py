@@ -48,7 +48,8 @@ def test_direct_message_is_answered_and_own_echo_ignored(channel_daemon, pumble)
     time.sleep(0.5)  # the echoed event of our own reply must not be answered
     assert [(s["channel"], s["thread"], s["text"]) for s in fake.sent] == [("dm-ann", "", "echo: hello pumble")]
     assert fake.echoes == [200]
-    assert audit(channel_daemon, "channel.outbound", "pumble")[0]["detail"]["message_id"] == fake.sent[0]["id"]
+    outbound = wait_for(lambda: audit(channel_daemon, "channel.outbound", "pumble"), what="outbound audit")
+    assert outbound[0]["detail"]["message_id"] == fake.sent[0]["id"]
     assert channel(channel_daemon, "pumble")["active"] is True
 
 

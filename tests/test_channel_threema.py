@@ -49,7 +49,8 @@ def test_e2e_message_is_answered_end_to_end_encrypted(channel_daemon, threema):
     time.sleep(0.3)
     assert [(s["mode"], s["to"], s["text"]) for s in fake.sent] == [("e2e", "ECHOANN1", "echo: hello threema")]
     assert fake.lookups == ["ECHOANN1"]  # looked up once, reused for the reply
-    assert audit(channel_daemon, "channel.outbound", "threema")[0]["detail"]["message_id"] == fake.sent[0]["id"]
+    outbound = wait_for(lambda: audit(channel_daemon, "channel.outbound", "threema"), what="outbound audit")
+    assert outbound[0]["detail"]["message_id"] == fake.sent[0]["id"]
     assert channel(channel_daemon, "threema")["active"] is True
     # Non-text messages (here a delivery receipt, type 0x80) are acknowledged, never answered.
     assert post(url, fake.callback("ECHOANN1", "\x01", kind=0x80)).status_code == 200

@@ -6,6 +6,7 @@ without the secret path token is 401; the gateway logging out turns `active` off
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -83,7 +84,7 @@ def test_qr_login_then_messages_flow_through_the_gateway(gateway_daemon):
         gateway.user_says("+15550002", "gone")
 
 
-def test_stop_ends_every_thread(monkeypatch):
+def test_stop_ends_every_thread_and_the_token_stays_out_of_logs(monkeypatch, caplog):
     from agentd.channels.adapter import ChannelContext
     from agentd.channels.adapters import load
     from agentd.channels.adapters.whatsapp_gateway import WhatsAppGatewayAdapter
@@ -98,11 +99,13 @@ def test_stop_ends_every_thread(monkeypatch):
                          load_state=dict, save_state=lambda s: None)
     adapter = load("whatsapp")(ctx, settings_for(ChannelCatalog.load().get("whatsapp"), {"webhook_port": port}))
     assert isinstance(adapter, WhatsAppGatewayAdapter)  # no phone_number_id + a gateway URL: gateway mode
+    caplog.set_level(logging.DEBUG, logger="agentd.channels.whatsapp")
     adapter.start()
     try:
         assert adapter.health()
         assert gateway.user_says("+15550002", "in process", url=f"http://127.0.0.1:{port}/{GATEWAY_TOKEN}").status_code == 200
         assert [(m.sender_id, m.text, m.sender_name) for m in got] == [("+15550002", "in process", "User 0002")]
+        assert "/***/api/agents/assistant/message" in caplog.text and GATEWAY_TOKEN not in caplog.text
     finally:
         adapter.stop()
         gateway.stop()

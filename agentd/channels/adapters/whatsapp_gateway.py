@@ -15,6 +15,7 @@ gateway's `GET /health` (`connected`), checked every few seconds.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 from typing import Any
 
@@ -24,6 +25,20 @@ from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 HEALTH_EVERY = 5.0  # seconds between gateway health checks
 MAX_TEXT = 4096
+
+
+class _Redact(logging.Filter):
+    """Keeps the path token out of the listener's request log lines."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self.secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if self.secret in text:
+            record.msg, record.args = text.replace(self.secret, "***"), ()
+        return True
 
 
 class WhatsAppGatewayAdapter(WebhookAdapter):
@@ -46,7 +61,8 @@ class WhatsAppGatewayAdapter(WebhookAdapter):
 
     def prepare(self) -> None:
         self.gateway()
-        self.env("gateway_token_env")
+        self._redact = _Redact(self.env("gateway_token_env"))
+        self.ctx.log.addFilter(self._redact)
 
     def start(self) -> None:
         super().start()
@@ -110,3 +126,5 @@ class WhatsAppGatewayAdapter(WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
+        if getattr(self, "_redact", None) is not None:
+            self.ctx.log.removeFilter(self._redact)
