@@ -127,9 +127,17 @@ def test_wrong_secret_and_stop(channel_daemon, threema):
     assert channel(channel_daemon, "threema")["active"] is False
     with pytest.raises(requests.ConnectionError):
         post(url, fake.callback("ECHOANN1", "gone"))
-    configure(channel_daemon, "threema", threema_id="short", webhook_port=port, api_url=fake.url)
-    wait_for(lambda: audit(channel_daemon, "channel.start_failed", "threema"), what="start failure")
-    assert "threema_id" in audit(channel_daemon, "channel.start_failed", "threema")[0]["detail"]["error"]
+    # A wrong secret (GET /credits answers 401) or a malformed ID fails the start: never active.
+    for threema_id, error in ((GATEWAY_ID, "401"), ("short", "threema_id")):
+        before = len(audit(channel_daemon, "channel.start_failed", "threema"))
+        configure(channel_daemon, "threema", threema_id=threema_id, webhook_port=port, api_url=fake.url)
+        failed = wait_for(lambda: [rows for rows in [audit(channel_daemon, "channel.start_failed", "threema")]
+                                   if len(rows) > before], what="start failure")[0]  # newest first
+        assert error in failed[0]["detail"]["error"]
+        assert channel(channel_daemon, "threema")["active"] is False
+    with pytest.raises(requests.ConnectionError):
+        post(url, fake.callback("ECHOANN1", "gone"))
+    fake.secret = SECRET
     setup(channel_daemon, fake, port)  # the fixture removes it again
 
 

@@ -1,5 +1,5 @@
 """A fake Threema Gateway message API (https://gateway.threema.ch/en/developer/api):
-GET /pubkey/{id}?from=&secret= (hex public key, text/plain), POST /send_simple
+GET /credits and /pubkey/{id} (?from=&secret=; credits left / hex public key, text/plain), POST /send_simple
 (`from, to, text, secret`) and POST /send_e2e (`from, to, nonce, box, secret`), each
 form-encoded, answering the new message id as text/plain; 401 on a wrong ID/secret, 404
 for an unknown recipient, 413 for a text over 3500 bytes, 429 with Retry-After while
@@ -51,6 +51,12 @@ class FakeThreema(FakeServer):
 
         def authorised(values) -> bool:  # type: ignore[no-untyped-def]
             return values.get("from") == self.identity and values.get("secret") == self.secret
+
+        @app.get("/credits")
+        def credits():
+            if not authorised(request.args):
+                return "", 401
+            return "100", 200, {"Content-Type": "text/plain"}
 
         @app.get("/pubkey/<identity>")
         def pubkey(identity: str):

@@ -1,7 +1,8 @@
 """Threema Gateway: incoming-message callbacks (form-encoded `from, to, messageId, date,
 nonce, box, mac`; `mac` = hex HMAC-SHA256 of from||to||messageId||date||nonce||box keyed
 with the API secret, checked before anything else), NaCl-encrypted boxes opened with our
-private key and the sender's public key (`GET /pubkey/{id}`); replies end-to-end encrypted
+private key and the sender's public key (`GET /pubkey/{id}`); the ID and secret are checked
+with `GET /credits` at start; replies end-to-end encrypted
 via `POST /send_e2e`, or `POST /send_simple` (basic mode: no private key, send only, since
 the Gateway delivers no incoming messages to basic IDs).
 
@@ -61,9 +62,9 @@ class ThreemaAdapter(WebhookAdapter):
         return identity
 
     def prepare(self) -> None:
-        self.identity()
-        self.env("secret_env")
         self.private_key()
+        # GET /credits checks the ID and secret (401 when wrong) before the listener opens.
+        self.http.request("GET", self.api("/credits"), params={"from": self.identity(), "secret": self.env("secret_env")})
 
     def routes(self):  # type: ignore[no-untyped-def]
         return {("POST", "*"): self._inbound}
