@@ -15,6 +15,8 @@ IMPLEMENTED += ("dingtalk", "feishu", "teams", "google_chat")
 WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
 # Issue 14, gateway WebSocket adapters.
 IMPLEMENTED += ("discord", "guilded", "revolt", "slack")
+# Webhook adapters, part 2 (issue 14): Threema Gateway, Pumble, Flock.
+WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 
 
 def load(name: str) -> type | None:
