@@ -159,6 +159,11 @@ class SemanticMemory:
         index = self._indexes.get(agent_id)
         return None if index is None else list(index.ids) if len(index) <= 64 else index.ids
 
+    def version(self, agent_id: str) -> int | None:
+        """A number that changes with every write to the agent's loaded index (None: not loaded)."""
+        index = self._indexes.get(agent_id)
+        return None if index is None else index.version
+
     def count(self, agent_id: str) -> int:
         index = self._indexes.get(agent_id)
         if index is not None:

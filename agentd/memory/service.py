@@ -199,6 +199,30 @@ class MemoryService:
                  f"(newer facts override older ones):\n{lines}")
         return f"{system}\n\n{block}" if system else block
 
+    def context_for_run(self, agent_id: str, user_text: str, history: list[dict[str, Any]],
+                        system: str) -> Callable[[], str]:
+        """What the loop calls before each model call: `system_context`, searched again only
+        when the agent's memory changed since the previous call of this run (a fact stored
+        by a tool, another request or the background worker reaches the next model call;
+        unchanged memory is not searched, embedded or access-counted again)."""
+        last: list[Any] = [None, system]
+
+        def version() -> int | None:
+            return self._semantic.version(agent_id) if self._semantic is not None else None
+
+        def current() -> str:
+            before = version()
+            if before is not None and before == last[0]:
+                return last[1]
+            text = self.system_context(agent_id, user_text, history, system)
+            # Read before the recall, so a write racing with it is searched next time; when the
+            # index was not loaded yet, the recall itself has just loaded it.
+            last[0] = before if before is not None else version()
+            last[1] = text
+            return text
+
+        return current
+
     def _nothing_to_recall(self, agent_id: str, asked: set[str]) -> bool:
         """True when the agent has no fragments, or only exchanges of its current session."""
         known = self._exchanges.get(agent_id)
