@@ -22,6 +22,7 @@ from agentd.errors import NotFound
 from agentd.kernel_time import iso, utcnow
 from agentd.memory.embedder import Embedder
 from agentd.memory.fields import MemoryFilter
+from agentd.memory.querycache import QueryCache
 from agentd.memory.vectors import AgentIndex, Hit
 from agentd.store import Store
 
@@ -91,6 +92,7 @@ class SemanticMemory:
         self._indexes: dict[str, AgentIndex] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        self.queries = QueryCache()
 
     @property
     def embedder(self) -> Embedder:
@@ -176,32 +178,57 @@ class SemanticMemory:
     def remember(self, agent_id: str, content: str, source: str = "user_provided", scope: str = "semantic",
                  metadata: dict[str, Any] | None = None, confidence: float = 1.0) -> dict[str, Any]:
         """Store a fragment, or merge it into a near-duplicate; `{id, merged}`."""
-        metadata = metadata or {}
         vector = self.embedder.embed([content])[0]
         with self.lock(agent_id):
+            return self._remember(agent_id, self.index(agent_id), content, vector, source, scope,
+                                  metadata or {}, confidence)
+
+    def remember_many(self, agent_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
+        already validated) of one agent: embedded in batches, written in one transaction, each
+        deduplicated against the agent's fragments and the batch's earlier ones."""
+        if not items:
+            return []
+        vectors = self.embedder.embed([item["content"] for item in items])
+        with self.lock(agent_id):
             index = self.index(agent_id)
-            hits = index.similar(vector, scope)
-            for hit in hits:
-                if hit.score < SUPERSEDE_THRESHOLD:
-                    break
-                existing = self._content(agent_id, hit.id)
-                if existing is None:
-                    continue
-                if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                    self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
-                    return {"id": hit.id, "merged": True}
-            now = utcnow()
-            fid = str(uuid.uuid4())
-            superseded = [h.id for h in hits if h.score >= SUPERSEDE_THRESHOLD]
-            with orm.db_session:
-                self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
-                             confidence, now, now, 0)
-                for old in superseded:
-                    row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
-                    if row is not None and contradicts(row.content, content):
-                        row.superseded_by = fid
-            index.put(fid, vector, epoch(now), confidence, source, scope)
-            return {"id": fid, "merged": False}
+            try:
+                with orm.db_session:
+                    return [self._remember(agent_id, index, item["content"], vector,
+                                           item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                           item.get("metadata") or {}, item.get("confidence", 1.0))
+                            for item, vector in zip(items, vectors)]
+            except BaseException:
+                # The transaction was rolled back after the index took some of the batch:
+                # rebuild it from the store on next use so the two stay in step.
+                self._indexes.pop(agent_id, None)
+                raise
+
+    def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
+                  scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
+        """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
+        hits = index.similar(vector, scope)
+        for hit in hits:
+            if hit.score < SUPERSEDE_THRESHOLD:
+                break
+            existing = self._content(agent_id, hit.id)
+            if existing is None:
+                continue
+            if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
+                self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                return {"id": hit.id, "merged": True}
+        now = utcnow()
+        fid = str(uuid.uuid4())
+        superseded = [h.id for h in hits if h.score >= SUPERSEDE_THRESHOLD]
+        with orm.db_session:
+            self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
+                         confidence, now, now, 0)
+            for old in superseded:
+                row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
+                if row is not None and contradicts(row.content, content):
+                    row.superseded_by = fid
+        index.put(fid, vector, epoch(now), confidence, source, scope)
+        return {"id": fid, "merged": False}
 
     def _content(self, agent_id: str, fid: str) -> str | None:
         with orm.db_session:
@@ -239,10 +266,19 @@ class SemanticMemory:
         index.put(fid, vector, epoch(created), conf, source, scope)
 
     def _write_meta(self, agent_id: str, fid: str, metadata: dict[str, Any]) -> None:
-        self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a AND memory_id = $f",
-                              {"a": agent_id, "f": fid})
+        """Make the side table hold exactly `metadata` for the fragment. Through Pony objects,
+        not a raw DELETE: a batch (remember_many) may merge into a row it created in the same
+        session, whose metadata rows Pony still holds."""
+        meta = self.store.e.MemoryMetaRow
+        existing = {m.key: m for m in orm.select(m for m in meta if m.agent_id == agent_id and m.memory_id == fid)}
+        for key, row in existing.items():
+            if key not in metadata:
+                row.delete()
         for key, value in metadata.items():
-            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+            if key in existing:
+                existing[key].value = canonical(value)
+            else:
+                meta(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
 
     def delete(self, agent_id: str, fid: str) -> None:
         """Remove one fragment; NotFound when the agent has none with that id."""
@@ -328,7 +364,8 @@ class SemanticMemory:
         """
         if self.count(agent_id) == 0:
             return []
-        vector = self.embedder.embed([query])[0]
+        embedder = self.embedder
+        vector = self.queries.get(embedder.name, query, embedder.embed)
         index = self.index(agent_id)
         flt = flt or MemoryFilter()
         only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None

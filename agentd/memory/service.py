@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("agentd.memory")
 
 QUEUE_LIMIT = 1000
+WORKER_BATCH = 32  # exchanges stored per model run by the background worker
 CONTEXT_HEADING = "## Relevant memories"
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
 
@@ -261,19 +262,38 @@ class MemoryService:
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
+            batch = [self._queue.get()]
+            # Exchanges that queued up while the previous batch was stored go together: one
+            # model run per agent's batch and one transaction (see remember_many).
+            while len(batch) < WORKER_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if item is None:
+                if any(item is None for item in batch):
+                    self._store_exchanges([item for item in batch if item is not None])
                     return
-                agent_id, user_text, content, metadata = item
-                if agent_id in self._dead:
-                    continue
-                stored = self.semantic.remember(agent_id, content, "conversation", "episodic", metadata)
-                self._exchanges.setdefault(agent_id, {})[stored["id"]] = user_text
-            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
-                log.exception("remembering an exchange failed")
+                self._store_exchanges(batch)  # type: ignore[arg-type]
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+        by_agent: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {}
+        for item in batch:
+            if item[0] not in self._dead:
+                by_agent.setdefault(item[0], []).append(item)
+        for agent_id, items in by_agent.items():
+            try:
+                stored = self.semantic.remember_many(agent_id, [
+                    {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
+                    for _, _, content, metadata in items])
+                known = self._exchanges.setdefault(agent_id, {})
+                for (_, user_text, _, _), result in zip(items, stored):
+                    known[result["id"]] = user_text
+            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
+                log.exception("remembering %d exchange(s) of agent %s failed", len(items), agent_id)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""

@@ -167,8 +167,10 @@ class AgentIndex:
                 scores = scores[rows]
             else:
                 scores = self.vectors[rows] @ query
-        k = min(k, scores.shape[0])
-        top = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+        m = scores.shape[0]
+        k = min(k, m)
+        # Partition, then sort only the k winners (not all m scores); no negated copy.
+        top = np.argpartition(scores, m - k)[m - k:] if k < m else np.arange(m)
         top = top[np.argsort(-scores[top], kind="stable")]
         index = top if rows is None else rows[top]
         return [Hit(self.ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
