@@ -207,11 +207,10 @@ class SemanticMemory:
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
                   scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
-        hits = index.similar(vector, scope)
-        for hit in hits:
-            if hit.score < SUPERSEDE_THRESHOLD:
-                break
-            existing = self._content(agent_id, hit.id)
+        close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
+        contents = self._contents(agent_id, [h.id for h in close]) if close else {}
+        for hit in close:
+            existing = contents.get(hit.id)
             if existing is None:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
@@ -219,21 +218,26 @@ class SemanticMemory:
                 return {"id": hit.id, "merged": True}
         now = utcnow()
         fid = str(uuid.uuid4())
-        superseded = [h.id for h in hits if h.score >= SUPERSEDE_THRESHOLD]
+        superseded = [fid_ for fid_, text in contents.items() if contradicts(text, content)]
         with orm.db_session:
             self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
                          confidence, now, now, 0)
             for old in superseded:
                 row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
-                if row is not None and contradicts(row.content, content):
+                if row is not None:
                     row.superseded_by = fid
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
 
-    def _content(self, agent_id: str, fid: str) -> str | None:
+    def _contents(self, agent_id: str, ids: list[str]) -> dict[str, str]:
+        """Content of some fragments in one plain query (not whole Pony objects with their
+        vectors: remember only needs the text of its near matches)."""
+        params: dict[str, Any] = {"a": agent_id}
+        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
+        names = ", ".join(f"$i{n}" for n in range(len(ids)))
         with orm.db_session:
-            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
-            return None if row is None else row.content
+            return dict(self.store.db.select(
+                f"SELECT id, content FROM memory_fragments WHERE agent_id = $a AND id IN ({names})", params))
 
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
