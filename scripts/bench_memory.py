@@ -151,6 +151,11 @@ def raw_embed(embedder):  # type: ignore[no-untyped-def]
     return embed
 
 
+def clear_cache(memory) -> None:  # type: ignore[no-untyped-def]
+    if hasattr(memory, "queries"):  # (older agentd had no query cache)
+        memory.queries.clear()
+
+
 def recall_bench(sizes: list[int], queries: int) -> None:
     import numpy as np
 
@@ -184,12 +189,12 @@ def recall_bench(sizes: list[int], queries: int) -> None:
             len(writes.cpu) / sum(writes.cpu) / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
             len(writes.cpu) / sum(writes.cpu) >= 100)
         batched = Clock()
-        for start in range(300, 600, 30):
+        for start in (range(300, 600, 30) if hasattr(memory, "remember_many") else ()):  # (older agentd)
             with batched:
                 merged += sum(r["merged"] for r in memory.remember_many(
                     "batcher", [{"content": t} for t in fresh[start:start + 30]]))
-        per_second = 300 / sum(batched.cpu)
-        row("remember, batches of 30", f"{per_second:5.0f}/s CPU / {300 / sum(batched.wall):5.0f}/s wall",
+        per_second = 300 / sum(batched.cpu) if batched.cpu else 0.0
+        row("remember, batches of 30", f"{per_second:5.0f}/s CPU / {300 / sum(batched.wall or [1]):5.0f}/s wall",
             f"raw model run per text {raw.rate()}", per_second / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
             per_second >= 100)
         if merged:
@@ -231,7 +236,7 @@ def recall_bench(sizes: list[int], queries: int) -> None:
                     scores = matrix @ q
                     np.argpartition(scores, len(scores) - 18)[-18:]
             timings = Clock()
-            memory.queries.clear()  # every query below is new: no cached embedding
+            clear_cache(memory)  # every query below is new: no cached embedding
             for text in asks:
                 with timings:
                     found = memory.recall("reader", text, limit=5)
@@ -241,7 +246,7 @@ def recall_bench(sizes: list[int], queries: int) -> None:
                 with repeated:
                     memory.recall("reader", text, limit=5)
             filtered = Clock()
-            memory.queries.clear()
+            clear_cache(memory)
             for text in asks[:50]:
                 with filtered:
                     memory.recall("reader", text, limit=5, flt=_filter())
