@@ -45,7 +45,7 @@ def test_a_batch_dedups_within_itself_like_single_writes(memory) -> None:  # typ
     dog = memory.get("batch", got[0]["id"])
     assert dog["content"] == "The user has a dog named Rex" and dog["confidence"] == 0.9
     assert dog["metadata"] == {"topic": "pets", "old": 2, "checked": True}
-    # The indexed side table was rewritten inside the same transaction that created the row.
+    # The indexed side table follows the merge.
     assert meta_rows(memory, "batch", got[0]["id"]) == {"topic": '"pets"', "old": "2", "checked": "true"}
     negative = memory.get("batch", got[3]["id"])
     assert (negative["source"], negative["scope"]) == ("document", "people")
@@ -64,12 +64,25 @@ def test_a_batch_dedups_within_itself_like_single_writes(memory) -> None:  # typ
 
 def test_a_failed_batch_leaves_store_and_index_in_step(memory) -> None:  # type: ignore[no-untyped-def]
     memory.remember_many("rollback", [{"content": "The first fact survives"}])
-    bad = [{"content": "A fact that is rolled back"}, {"content": "This one has bad metadata", "metadata": {1: 2}}]
+    bad = [{"content": "A fact stored before the failure"}, {"content": "This one has bad metadata", "metadata": {1: 2}}]
     with pytest.raises(Exception):
         memory.remember_many("rollback", bad)
-    assert memory.page("rollback", 10, 0)["total"] == 1
-    assert [f["content"] for f in memory.recall("rollback", "rolled back fact", limit=5, touch=False)] == [
-        "The first fact survives"]
+    # Fragments before the failing one are stored; the failing one is in neither the store nor the index.
+    assert memory.page("rollback", 10, 0)["total"] == 2
+    assert sorted(f["content"] for f in memory.recall("rollback", "a fact", limit=5, touch=False)) == [
+        "A fact stored before the failure", "The first fact survives"]
+
+
+def test_a_batch_merging_twice_into_one_row(memory) -> None:  # type: ignore[no-untyped-def]
+    """The background worker's case: the same exchange queued twice while an equal one exists."""
+    item = {"content": "User asked: hello\nI responded: echo: hello", "source": "conversation",
+            "scope": "episodic", "metadata": {"session_id": "s1"}}
+    first = memory.remember_many("twice", [item])[0]
+    again = memory.remember_many("twice", [item, dict(item, metadata={"session_id": "s2"})])
+    assert again == [{"id": first["id"], "merged": True}, {"id": first["id"], "merged": True}]
+    assert memory.get("twice", first["id"])["metadata"] == {"session_id": "s2"}
+    assert meta_rows(memory, "twice", first["id"]) == {"session_id": '"s2"'}
+    assert memory.page("twice", 10, 0)["total"] == 1
 
 
 def test_repeated_queries_are_embedded_once(memory) -> None:  # type: ignore[no-untyped-def]

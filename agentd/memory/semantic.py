@@ -185,24 +185,19 @@ class SemanticMemory:
 
     def remember_many(self, agent_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
-        already validated) of one agent: embedded in batches, written in one transaction, each
-        deduplicated against the agent's fragments and the batch's earlier ones."""
+        already validated) of one agent: embedded in batches of 32 (one model run each), then
+        stored one by one, each deduplicated against the agent's fragments and the batch's
+        earlier ones. Each fragment is its own transaction (as with `remember`): a batch that
+        merges twice into the same row in one Pony session trips its optimistic check."""
         if not items:
             return []
         vectors = self.embedder.embed([item["content"] for item in items])
         with self.lock(agent_id):
             index = self.index(agent_id)
-            try:
-                with orm.db_session:
-                    return [self._remember(agent_id, index, item["content"], vector,
-                                           item.get("source", "user_provided"), item.get("scope", "semantic"),
-                                           item.get("metadata") or {}, item.get("confidence", 1.0))
-                            for item, vector in zip(items, vectors)]
-            except BaseException:
-                # The transaction was rolled back after the index took some of the batch:
-                # rebuild it from the store on next use so the two stay in step.
-                self._indexes.pop(agent_id, None)
-                raise
+            return [self._remember(agent_id, index, item["content"], vector, item.get("source", "user_provided"),
+                                   item.get("scope", "semantic"), item.get("metadata") or {},
+                                   item.get("confidence", 1.0))
+                    for item, vector in zip(items, vectors)]
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
                   scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
