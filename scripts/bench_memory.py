@@ -5,10 +5,16 @@ and the daemon's RSS before and after memory is first used.
 
 Recall is timed end to end through `SemanticMemory.recall` (query embedding, filter, exact
 cosine top-k, reading the winners from SQLite and updating their access counts) for one
-agent. The store is filled with 2,000 embedded sentences plus noisy copies of their vectors
-(recall cost does not depend on what the vectors say; embedding 100k texts would take
-minutes). The query embedding alone and the matrix product alone are printed next to it.
-Prints figures; asserts nothing.
+agent, every query a new text. The store is filled with 2,000 embedded sentences plus noisy
+copies of their vectors (recall cost does not depend on what the vectors say; embedding 100k
+texts would take minutes).
+
+Each figure is printed with CPU time (process_time: what it costs on an idle core, since
+everything runs on the calling thread) and wall time (inflated by whatever else the machine
+runs), next to the issue's target and a reference measured in the same run: the bare ONNX
+session on the same text (tokenise, run, mean) and a bare numpy product + partial sort over
+the same matrix. The ratio agentd / reference is agentd's own overhead. Prints figures;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -59,29 +65,42 @@ def p50_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
-def min_ms(values: list[float]) -> float:
-    return min(values) * 1000
-
-
 class Clock:
-    """Wall time and this thread's CPU time of one call. On a machine shared with other
-    work, CPU time is what the call costs on an idle core (everything here runs on the
-    calling thread: the model has one intra-op thread and BLAS is single-threaded)."""
+    """Wall time and CPU time (process_time) of each call. On a machine shared with other
+    work, CPU time is what the call costs on an idle core: everything here runs on the
+    calling thread (the model has one intra-op thread, BLAS is single-threaded, no other
+    thread of this process is busy), so process time is that thread's time."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
 
     def __enter__(self) -> "Clock":
-        self._w, self._c = time.perf_counter(), time.thread_time()
+        self._w, self._c = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall.append(time.perf_counter() - self._w)
-        self.cpu.append(time.thread_time() - self._c)
+        self.cpu.append(time.process_time() - self._c)
+
+    @property
+    def cpu_ms(self) -> float:
+        return p50_ms(self.cpu)
 
     def text(self) -> str:
-        return f"p50 {p50_ms(self.wall):.2f} ms wall / {p50_ms(self.cpu):.2f} ms CPU"
+        return f"p50 {p50_ms(self.cpu):6.2f} ms CPU / {p50_ms(self.wall):6.2f} ms wall"
+
+    def rate(self) -> str:
+        return f"{len(self.cpu) / sum(self.cpu):5.0f}/s CPU / {len(self.wall) / sum(self.wall):5.0f}/s wall"
+
+
+def row(figure: str, ours: str, reference: str = "", ratio: float | None = None, target: str = "",
+        met: bool | None = None) -> None:
+    """One line: agentd's figure, the reference measured in the same run, their CPU ratio,
+    the issue's target and whether agentd's CPU figure meets it."""
+    verdict = "" if met is None else ("met" if met else "NOT MET")
+    ratio_text = f"x{ratio:.2f}" if ratio is not None else ""
+    print(f"{figure:<36} {ours:<42} {reference:<46} {ratio_text:>6}  {target:<10} {verdict}")
 
 
 def model_load() -> None:
@@ -91,10 +110,9 @@ def model_load() -> None:
     for _ in range(3):
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
         runs.append([float(x) for x in out.stdout.split()])
-    best = min(runs)
-    print(f"model load (fresh process, import + sha256 check + session): best {best[0] * 1000:.0f} ms wall "
-          f"of 3 (median {statistics.median(r[0] for r in runs) * 1000:.0f} ms), "
-          f"{min(r[1] for r in runs) * 1000:.0f} ms CPU")
+    cpu = min(r[1] for r in runs)
+    row("model load (fresh process)", f"best {cpu * 1000:.0f} ms CPU / {min(r[0] for r in runs) * 1000:.0f} ms wall",
+        "(import + sha256 check + session, of 3)", None, "<= 1 s", cpu <= 1.0)
 
 
 def fill(memory, agent: str, total: int, base_vectors, base_texts) -> None:  # type: ignore[no-untyped-def]
@@ -118,6 +136,26 @@ def fill(memory, agent: str, total: int, base_vectors, base_texts) -> None:  # t
             "confidence, created_at, accessed_at, access_count) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
 
 
+def raw_embed(embedder):  # type: ignore[no-untyped-def]
+    """The reference embedding: the same tokenizer and ONNX session, called directly (encode,
+    run, mean over tokens); what is left over in agentd's figure is its own overhead."""
+    import numpy as np
+
+    tokenizer, session = embedder._tokenizer, embedder._session
+
+    def embed(text: str):  # type: ignore[no-untyped-def]
+        ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
+        return session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                  "token_type_ids": np.zeros_like(ids)})[0][0].mean(axis=0)
+
+    return embed
+
+
+def clear_cache(memory) -> None:  # type: ignore[no-untyped-def]
+    if hasattr(memory, "queries"):  # (older agentd had no query cache)
+        memory.queries.clear()
+
+
 def recall_bench(sizes: list[int], queries: int) -> None:
     import numpy as np
 
@@ -127,30 +165,49 @@ def recall_bench(sizes: list[int], queries: int) -> None:
 
     embedder = LocalEmbedder()
     embedder.load()
+    reference = raw_embed(embedder)
     texts = sentences(2000, 1)
-    t0 = time.perf_counter()
     vectors = embedder.embed(texts)
-    print(f"batch embedding: {len(texts) / (time.perf_counter() - t0):.0f} sentences/s")
     asks = sentences(queries, 99)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Path(tmp) / "bench.db")
         memory = SemanticMemory(store, lambda: embedder)
 
-        # remember/s: real writes (embedding, dedup search, insert) into a fresh agent.
-        fresh = sentences(300, 5)
+        # remember/s: real writes (embedding, dedup search, insert) into fresh agents, one
+        # fragment per call (the HTTP route, the tool) and in batches (the background worker).
+        fresh = sentences(600, 5)
+        raw = Clock()
+        for text in fresh[:300]:
+            with raw:
+                reference(text)
         writes = Clock()
         merged = 0
-        for text in fresh:
+        for text in fresh[:300]:
             with writes:
                 merged += memory.remember("writer", text)["merged"]
-        print(f"remember: {len(fresh) / sum(writes.wall):.0f} fragments/s wall, {len(fresh) / sum(writes.cpu):.0f} "
-              f"fragments/s by CPU time ({len(fresh)} sentences, {merged} merged as duplicates)")
+        row("remember, one per call", writes.rate(), f"raw model run per text {raw.rate()}",
+            len(writes.cpu) / sum(writes.cpu) / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
+            len(writes.cpu) / sum(writes.cpu) >= 100)
+        batched = Clock()
+        for start in (range(300, 600, 30) if hasattr(memory, "remember_many") else ()):  # (older agentd)
+            with batched:
+                merged += sum(r["merged"] for r in memory.remember_many(
+                    "batcher", [{"content": t} for t in fresh[start:start + 30]]))
+        per_second = 300 / sum(batched.cpu) if batched.cpu else 0.0
+        row("remember, batches of 30", f"{per_second:5.0f}/s CPU / {300 / sum(batched.wall or [1]):5.0f}/s wall",
+            f"raw model run per text {raw.rate()}", per_second / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
+            per_second >= 100)
+        if merged:
+            print(f"  ({merged} of the 600 sentences were merged as duplicates)")
 
-        embed_only = Clock()
+        embed_only, embed_raw = Clock(), Clock()
         for q in asks:
+            with embed_raw:
+                reference(q)
             with embed_only:
                 embedder.embed([q])
-        print(f"query embedding alone: {embed_only.text()}")
+        row("query embedding alone", embed_only.text(), f"raw model run {embed_raw.text()}",
+            embed_only.cpu_ms / embed_raw.cpu_ms)
 
         done = 0
         for size in sizes:
@@ -160,25 +217,50 @@ def recall_bench(sizes: list[int], queries: int) -> None:
             t0 = time.perf_counter()
             index = memory.index("reader")
             rebuild = time.perf_counter() - t0
-            products = Clock()
-            for i in range(50):
-                with products:
-                    index.search(vectors[i], 5)
+            matrix = index.vectors[:len(index)]
+            # The reference search: a bare numpy product over the same matrix + partial sort.
+            query_vectors = [np.asarray(reference(q), dtype=np.float32) for q in asks[:50]]
+            bare = Clock()
+            for q in query_vectors:
+                with bare:
+                    scores = matrix @ q
+                    np.argpartition(scores, len(scores) - 18)[-18:]
+            ours_search = Clock()
+            for q in query_vectors:
+                with ours_search:
+                    index.search(q, 18)
+            floor = Clock()  # raw model run + bare search: what any exact recall must spend
+            for text in asks:
+                with floor:
+                    q = np.asarray(reference(text), dtype=np.float32)
+                    scores = matrix @ q
+                    np.argpartition(scores, len(scores) - 18)[-18:]
             timings = Clock()
+            clear_cache(memory)  # every query below is new: no cached embedding
             for text in asks:
                 with timings:
                     found = memory.recall("reader", text, limit=5)
                 assert found
+            repeated = Clock()
+            for text in asks[:50]:  # the loop's pattern: the same user message again
+                with repeated:
+                    memory.recall("reader", text, limit=5)
             filtered = Clock()
+            clear_cache(memory)
             for text in asks[:50]:
                 with filtered:
                     memory.recall("reader", text, limit=5, flt=_filter())
-            print(f"recall at {size:>7,} fragments: {timings.text()} (fastest {min_ms(timings.wall):.2f} ms wall); "
-                  f"of which query embedding {embed_only.text()}, top-k {products.text()}; "
-                  f"with a source+min_confidence+after filter {filtered.text()}; "
-                  f"index rebuild from the store {rebuild * 1000:.0f} ms, "
-                  f"matrix {index.vectors[:len(index)].nbytes / 2**20:.0f} MiB")
-        del np
+            target = 10.0 if size <= 10_000 else 25.0
+            row(f"recall p50 at {size:,} fragments", timings.text(), f"raw run + bare numpy {floor.text()}",
+                timings.cpu_ms / floor.cpu_ms, f"<= {target:g} ms", timings.cpu_ms <= target)
+            row("  of which the top-k search", ours_search.text(), f"bare numpy dot+partition {bare.text()}",
+                ours_search.cpu_ms / bare.cpu_ms)
+            row("  same query again (cached vector)", repeated.text(), "", None, f"<= {target:g} ms",
+                repeated.cpu_ms <= target)
+            row("  source+min_confidence+after filter", filtered.text(), "", None, f"<= {target:g} ms",
+                filtered.cpu_ms <= target)
+            print(f"  index rebuild from the store {rebuild * 1000:.0f} ms wall, "
+                  f"matrix {matrix.nbytes / 2**20:.0f} MiB")
 
 
 def _filter():  # type: ignore[no-untyped-def]
@@ -199,6 +281,12 @@ def daemon_rss() -> None:
             d.get("/api/status")
         time.sleep(0.5)
         still = rss_kb(pid)
+        early = "onnxruntime" in Path(f"/proc/{pid}/maps").read_text()
+        # (A completed run is a first use too: auto_remember stores the exchange, in the
+        # background; tests/test_memory_semantic.py checks a run with it off loads nothing.)
+        row("daemon RSS until memory is used", f"idle {idle / 1024:.1f} MiB, then {still / 1024:.1f} MiB",
+            "(after spawning an agent; onnxruntime " + ("mapped)" if early else "not mapped)"),
+            None, "no growth", not early and still - idle < 2048)
         t0 = time.perf_counter()
         r = d.post(f"/api/memory/agents/{agent}/memories", json={"content": "The first fragment loads the model"})
         first = time.perf_counter() - t0
@@ -207,9 +295,9 @@ def daemon_rss() -> None:
         d.post(f"/api/memory/agents/{agent}/memories", json={"content": "A second fragment, model already loaded"})
         second = time.perf_counter() - t0
         loaded = "onnxruntime" in Path(f"/proc/{pid}/maps").read_text()
-        print(f"daemon RSS: idle {idle / 1024:.1f} MiB, after spawning an agent {still / 1024:.1f} MiB, after the "
-              f"first remember {after / 1024:.1f} MiB (+{(after - idle) / 1024:.1f} MiB; onnxruntime mapped: {loaded})")
-        print(f"first POST .../memories (loads numpy + model) {first * 1000:.0f} ms, second {second * 1000:.0f} ms")
+        print(f"  after the first remember {after / 1024:.1f} MiB (+{(after - idle) / 1024:.1f} MiB; onnxruntime "
+              f"mapped: {loaded}); first POST .../memories (loads numpy + model) {first * 1000:.0f} ms wall, "
+              f"second {second * 1000:.0f} ms wall")
 
 
 def main() -> None:
@@ -221,7 +309,9 @@ def main() -> None:
     from agentd.memory.embedder import import_numpy
 
     import_numpy()  # single-threaded BLAS, as in the daemon
-    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (figures scale with it)")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall figures scale with it)")
+    row("figure", "agentd", "reference (same run)", None, "target", None)
+    print(f"{'':<36} {'':<42} {'':<46} {'ratio':>6}  (checked on CPU time)")
     model_load()
     recall_bench([int(s) for s in args.sizes.split(",")], args.queries)
     if not args.skip_daemon:

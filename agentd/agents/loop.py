@@ -78,6 +78,9 @@ class RunSpec:
     on_usage: Callable[[ChatResponse], None] | None = None
     mode_note: str = ""
     params: GenerationParams = field(default_factory=GenerationParams)
+    # Called before every model call after the first: the system prompt for that call (the
+    # manager passes semantic memory's recall, so a fact stored mid-run reaches the model).
+    refresh_system: Callable[[], str] | None = None
 
 
 class AgentLoop:
@@ -92,6 +95,7 @@ class AgentLoop:
         self.tool_specs = [ToolSpec(t.name, t.description, t.parameters) for t in spec.tools]
         # Kept on the object so a run that fails or is cancelled can still save its progress.
         self.new_messages: list[Message] = [spec.user]
+        self.system = spec.system
 
     def _emit(self, type_: str, **data: Any) -> None:
         if self.spec.emit is not None:
@@ -103,7 +107,7 @@ class AgentLoop:
 
     def _call_model(self, messages: list[Message]) -> ChatResponse:
         spec = self.spec
-        request = ChatRequest(model=spec.model, messages=messages, system=spec.system,
+        request = ChatRequest(model=spec.model, messages=messages, system=self.system,
                               tools=self.tool_specs, max_tokens=spec.max_tokens,
                               temperature=spec.temperature, params=spec.params)
         on_event = None
@@ -147,6 +151,8 @@ class AgentLoop:
             self._check_cancel()
             if iteration > 1:
                 self._emit("phase", phase="thinking", detail=f"iteration {iteration}")
+                if spec.refresh_system is not None:
+                    self.system = spec.refresh_system()
             response = self._call_model(messages)
             if not response.tool_calls:
                 text = strip_think(response.text)

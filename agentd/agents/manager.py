@@ -534,8 +534,11 @@ class AgentManager:
         system = model_cfg["system_prompt"]
         if options.extra_system:
             system = f"{system}\n\n{options.extra_system}"
+        refresh_system = None
         if self.memory is not None:
-            system = self.memory.system_context(handle.id, user.content or "", stored, system)
+            # Recalled before every model call of the run (unchanged memory is not searched again).
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", stored, system)
+            system = refresh_system()
         workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
@@ -563,7 +566,7 @@ class AgentManager:
                        else model_cfg["temperature"],
                        emit=emit, approver=approver, on_usage=on_usage,
                        mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "",
-                       params=options.params)
+                       params=options.params, refresh_system=refresh_system)
         loop = AgentLoop(spec, cancel)
 
         def save_unanswered(note: str) -> None:

@@ -159,6 +159,8 @@ class LocalEmbedder:
         self.load()
         if not texts:
             return np.zeros((0, LOCAL_DIMENSIONS), dtype=np.float32)
+        if len(texts) == 1:
+            return self._one(texts[0])
         out = []
         for start in range(0, len(texts), BATCH):
             # One encode() per text, not encode_batch(): the batch call starts a Rust thread
@@ -176,6 +178,20 @@ class LocalEmbedder:
             pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
             out.append(pooled)
         return _normalise(np.concatenate(out, axis=0))
+
+
+    def _one(self, text: str) -> "np.ndarray":
+        """One text (every query, every remember): no padding, so the mask is all ones and
+        mean pooling is a plain mean; about 1 ms less numpy work than the batch path."""
+        import numpy as np
+
+        ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
+        ones = np.ones_like(ids)
+        hidden = self._session.run(None, {"input_ids": ids, "attention_mask": ones,
+                                          "token_type_ids": np.zeros_like(ids)})[0]
+        pooled = hidden[0].mean(axis=0)
+        pooled /= max(float(np.sqrt(pooled @ pooled)), 1e-12)
+        return pooled.astype(np.float32, copy=False).reshape(1, -1)
 
 
 class ProviderEmbedder:

@@ -22,6 +22,7 @@ from agentd.errors import NotFound
 from agentd.kernel_time import iso, utcnow
 from agentd.memory.embedder import Embedder
 from agentd.memory.fields import MemoryFilter
+from agentd.memory.querycache import QueryCache
 from agentd.memory.vectors import AgentIndex, Hit
 from agentd.store import Store
 
@@ -95,6 +96,7 @@ class SemanticMemory:
         # called after every write here, and another daemon's write calls invalidate().
         self.changed: Callable[[str], None] | None = None
         self._generation: dict[str, int] = {}
+        self.queries = QueryCache()
 
     def _changed(self, agent_id: str) -> None:
         if self.changed is not None:
@@ -181,6 +183,11 @@ class SemanticMemory:
         index = self._indexes.get(agent_id)
         return None if index is None else list(index.ids) if len(index) <= 64 else index.ids
 
+    def version(self, agent_id: str) -> int | None:
+        """A number that changes with every write to the agent's loaded index (None: not loaded)."""
+        index = self._indexes.get(agent_id)
+        return None if index is None else index.version
+
     def count(self, agent_id: str) -> int:
         index = self._indexes.get(agent_id)
         if index is not None:
@@ -193,39 +200,65 @@ class SemanticMemory:
     def remember(self, agent_id: str, content: str, source: str = "user_provided", scope: str = "semantic",
                  metadata: dict[str, Any] | None = None, confidence: float = 1.0) -> dict[str, Any]:
         """Store a fragment, or merge it into a near-duplicate; `{id, merged}`."""
-        metadata = metadata or {}
         vector = self.embedder.embed([content])[0]
         with self.lock(agent_id):
-            index = self.index(agent_id)
-            hits = index.similar(vector, scope)
-            for hit in hits:
-                if hit.score < SUPERSEDE_THRESHOLD:
-                    break
-                existing = self._content(agent_id, hit.id)
-                if existing is None:
-                    continue
-                if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                    self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
-                    self._changed(agent_id)
-                    return {"id": hit.id, "merged": True}
-            now = utcnow()
-            fid = str(uuid.uuid4())
-            superseded = [h.id for h in hits if h.score >= SUPERSEDE_THRESHOLD]
-            with orm.db_session:
-                self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
-                             confidence, now, now, 0)
-                for old in superseded:
-                    row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
-                    if row is not None and contradicts(row.content, content):
-                        row.superseded_by = fid
-            index.put(fid, vector, epoch(now), confidence, source, scope)
+            result = self._remember(agent_id, self.index(agent_id), content, vector, source, scope,
+                                    metadata or {}, confidence)
         self._changed(agent_id)
+        return result
+
+    def remember_many(self, agent_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
+        already validated) of one agent: embedded in batches of 32 (one model run each), then
+        stored one by one, each deduplicated against the agent's fragments and the batch's
+        earlier ones. Each fragment is its own transaction (as with `remember`): a batch that
+        merges twice into the same row in one Pony session trips its optimistic check."""
+        if not items:
+            return []
+        vectors = self.embedder.embed([item["content"] for item in items])
+        with self.lock(agent_id):
+            index = self.index(agent_id)
+            results = [self._remember(agent_id, index, item["content"], vector,
+                                      item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                      item.get("metadata") or {}, item.get("confidence", 1.0))
+                       for item, vector in zip(items, vectors)]
+        self._changed(agent_id)
+        return results
+
+    def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
+                  scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
+        """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
+        close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
+        contents = self._contents(agent_id, [h.id for h in close]) if close else {}
+        for hit in close:
+            existing = contents.get(hit.id)
+            if existing is None:
+                continue
+            if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
+                self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                return {"id": hit.id, "merged": True}
+        now = utcnow()
+        fid = str(uuid.uuid4())
+        superseded = [fid_ for fid_, text in contents.items() if contradicts(text, content)]
+        with orm.db_session:
+            self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
+                         confidence, now, now, 0)
+            for old in superseded:
+                row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
+                if row is not None:
+                    row.superseded_by = fid
+        index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
 
-    def _content(self, agent_id: str, fid: str) -> str | None:
+    def _contents(self, agent_id: str, ids: list[str]) -> dict[str, str]:
+        """Content of some fragments in one plain query (not whole Pony objects with their
+        vectors: remember only needs the text of its near matches)."""
+        params: dict[str, Any] = {"a": agent_id}
+        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
+        names = ", ".join(f"$i{n}" for n in range(len(ids)))
         with orm.db_session:
-            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
-            return None if row is None else row.content
+            return dict(self.store.db.select(
+                f"SELECT id, content FROM memory_fragments WHERE agent_id = $a AND id IN ({names})", params))
 
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
@@ -258,10 +291,19 @@ class SemanticMemory:
         index.put(fid, vector, epoch(created), conf, source, scope)
 
     def _write_meta(self, agent_id: str, fid: str, metadata: dict[str, Any]) -> None:
-        self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a AND memory_id = $f",
-                              {"a": agent_id, "f": fid})
+        """Make the side table hold exactly `metadata` for the fragment. Through Pony objects,
+        not a raw DELETE: a batch (remember_many) may merge into a row it created in the same
+        session, whose metadata rows Pony still holds."""
+        meta = self.store.e.MemoryMetaRow
+        existing = {m.key: m for m in orm.select(m for m in meta if m.agent_id == agent_id and m.memory_id == fid)}
+        for key, row in existing.items():
+            if key not in metadata:
+                row.delete()
         for key, value in metadata.items():
-            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+            if key in existing:
+                existing[key].value = canonical(value)
+            else:
+                meta(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
 
     def delete(self, agent_id: str, fid: str) -> None:
         """Remove one fragment; NotFound when the agent has none with that id."""
@@ -348,7 +390,8 @@ class SemanticMemory:
         """
         if self.count(agent_id) == 0:
             return []
-        vector = self.embedder.embed([query])[0]
+        embedder = self.embedder
+        vector = self.queries.get(embedder.name, query, embedder.embed)
         index = self.index(agent_id)
         flt = flt or MemoryFilter()
         only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None

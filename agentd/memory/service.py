@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("agentd.memory")
 
 QUEUE_LIMIT = 1000
+WORKER_BATCH = 32  # exchanges stored per model run by the background worker
 CONTEXT_HEADING = "## Relevant memories"
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
 
@@ -218,6 +219,30 @@ class MemoryService:
                  f"(newer facts override older ones):\n{lines}")
         return f"{system}\n\n{block}" if system else block
 
+    def context_for_run(self, agent_id: str, user_text: str, history: list[dict[str, Any]],
+                        system: str) -> Callable[[], str]:
+        """What the loop calls before each model call: `system_context`, searched again only
+        when the agent's memory changed since the previous call of this run (a fact stored
+        by a tool, another request or the background worker reaches the next model call;
+        unchanged memory is not searched, embedded or access-counted again)."""
+        last: list[Any] = [None, system]
+
+        def version() -> int | None:
+            return self._semantic.version(agent_id) if self._semantic is not None else None
+
+        def current() -> str:
+            before = version()
+            if before is not None and before == last[0]:
+                return last[1]
+            text = self.system_context(agent_id, user_text, history, system)
+            # Read before the recall, so a write racing with it is searched next time; when the
+            # index was not loaded yet, the recall itself has just loaded it.
+            last[0] = before if before is not None else version()
+            last[1] = text
+            return text
+
+        return current
+
     def _nothing_to_recall(self, agent_id: str, asked: set[str]) -> bool:
         """True when the agent has no fragments, or only exchanges of its current session."""
         known = self._exchanges.get(agent_id)
@@ -256,19 +281,38 @@ class MemoryService:
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
+            batch = [self._queue.get()]
+            # Exchanges that queued up while the previous batch was stored go together: one
+            # model run per agent's batch and one transaction (see remember_many).
+            while len(batch) < WORKER_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if item is None:
+                if any(item is None for item in batch):
+                    self._store_exchanges([item for item in batch if item is not None])
                     return
-                agent_id, user_text, content, metadata = item
-                if agent_id in self._dead:
-                    continue
-                stored = self.semantic.remember(agent_id, content, "conversation", "episodic", metadata)
-                self._exchanges.setdefault(agent_id, {})[stored["id"]] = user_text
-            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
-                log.exception("remembering an exchange failed")
+                self._store_exchanges(batch)  # type: ignore[arg-type]
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+        by_agent: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {}
+        for item in batch:
+            if item[0] not in self._dead:
+                by_agent.setdefault(item[0], []).append(item)
+        for agent_id, items in by_agent.items():
+            try:
+                stored = self.semantic.remember_many(agent_id, [
+                    {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
+                    for _, _, content, metadata in items])
+                known = self._exchanges.setdefault(agent_id, {})
+                for (_, user_text, _, _), result in zip(items, stored):
+                    known[result["id"]] = user_text
+            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
+                log.exception("remembering %d exchange(s) of agent %s failed", len(items), agent_id)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""

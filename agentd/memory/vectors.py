@@ -7,6 +7,7 @@ the rows a filter leaves, then a partial sort for the top k.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -15,6 +16,8 @@ import numpy as np
 from agentd.memory.fields import SOURCES
 
 _SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
+# One counter for every index, so a version never repeats even across a rebuilt index.
+_VERSIONS = itertools.count(1)
 
 
 @dataclass
@@ -40,6 +43,8 @@ class AgentIndex:
         self.source = np.zeros(capacity, dtype=np.int8)
         self.scope = np.zeros(capacity, dtype=np.int32)
         self.scope_codes: dict[str, int] = {}
+        # Changes with every write, so a caller can tell that a recall would find the same.
+        self.version = next(_VERSIONS)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -64,6 +69,7 @@ class AgentIndex:
     def put(self, fid: str, vector: np.ndarray, created: float, confidence: float, source: str,
             scope: str) -> None:
         """Add a fragment, or replace the row of one already indexed."""
+        self.version = next(_VERSIONS)
         row = self.pos.get(fid)
         if row is None:
             row = len(self.ids)
@@ -79,6 +85,7 @@ class AgentIndex:
     def bulk(self, ids: list[str], vectors: np.ndarray, created: Iterable[float], confidence: Iterable[float],
              sources: Iterable[str], scopes: Iterable[str]) -> None:
         """Load many fragments at once (the rebuild from the store)."""
+        self.version = next(_VERSIONS)
         start = len(self.ids)
         count = len(ids)
         self._grow(start + count)
@@ -92,12 +99,14 @@ class AgentIndex:
         self.ids.extend(ids)
 
     def set_confidence(self, fid: str, confidence: float) -> None:
+        self.version = next(_VERSIONS)
         row = self.pos.get(fid)
         if row is not None:
             self.confidence[row] = confidence
 
     def remove(self, fid: str) -> None:
         """Drop a fragment by moving the last row into its slot."""
+        self.version = next(_VERSIONS)
         row = self.pos.pop(fid, None)
         if row is None:
             return
@@ -158,8 +167,10 @@ class AgentIndex:
                 scores = scores[rows]
             else:
                 scores = self.vectors[rows] @ query
-        k = min(k, scores.shape[0])
-        top = np.argpartition(-scores, k - 1)[:k] if k < scores.shape[0] else np.arange(scores.shape[0])
+        m = scores.shape[0]
+        k = min(k, m)
+        # Partition, then sort only the k winners (not all m scores); no negated copy.
+        top = np.argpartition(scores, m - k)[m - k:] if k < m else np.arange(m)
         top = top[np.argsort(-scores[top], kind="stable")]
         index = top if rows is None else rows[top]
         return [Hit(self.ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
