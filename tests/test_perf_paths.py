@@ -53,3 +53,38 @@ def test_record_without_defer_still_writes_at_once(store) -> None:
     metering = Metering(store, Catalog.load())
     metering.record("a1", "alpha", "openai", "gpt-4o", 5, 5)
     assert _rows(store) == 1
+
+
+def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_daemon) -> None:
+    """Each message appends its turn to the cached JSON text; what is stored must be what
+    encoding the whole session would give, survive a reset and count one usage row per call."""
+    import json
+    import sqlite3
+
+    d = agent_daemon
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "perf-session"\nprofile = "minimal"\n'})
+    agent_id = r.json()["agent_id"]
+    db = d.home / "data" / "agentd.db"
+
+    def stored() -> str:
+        with sqlite3.connect(db) as conn:
+            session_id = conn.execute("SELECT session_id FROM agents WHERE id = ?", (agent_id,)).fetchone()[0]
+            return conn.execute("SELECT messages FROM sessions WHERE id = ?", (session_id,)).fetchone()[0]
+
+    def usage_rows() -> int:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT COUNT(*) FROM usage WHERE agent_id = ?", (agent_id,)).fetchone()[0]
+
+    for i, text in enumerate(["first", 'second "quoted" é', "third"], start=1):
+        assert d.post(f"/api/agents/{agent_id}/message", json={"message": text}).status_code == 200
+        raw = stored()
+        messages = json.loads(raw)
+        assert raw == json.dumps(messages, ensure_ascii=False)
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["first", 'second "quoted" é', "third"][:i]
+        assert len(messages) == 2 * i and usage_rows() == i
+    assert d.post(f"/api/agents/{agent_id}/session/reset").status_code == 200
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "after reset"}).status_code == 200
+    messages = json.loads(stored())
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["after reset"]
+    session = d.get(f"/api/agents/{agent_id}/session").json()
+    assert session["message_count"] == 2 and session["messages"][0]["content"] == "after reset"

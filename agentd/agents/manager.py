@@ -125,6 +125,9 @@ class AgentHandle:
     # The same messages converted for the model, extended as runs append (long sessions
     # would otherwise be converted again on every message).
     llm_history: list[Message] | None = None
+    # The JSON text of `session_cache` as last written, so a run appends to it instead of
+    # encoding the whole session again (None: encode in full).
+    session_json: str | None = None
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
@@ -660,6 +663,7 @@ class AgentManager:
     @staticmethod
     def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]], appended: bool = False) -> None:
         """Make `messages` (just written) the handle's cached session."""
+        handle.session_json = None  # callers that know the text set it afterwards
         previous = handle.llm_history
         handle.session_cache = messages
         if appended and previous is not None and len(previous) <= len(messages):
@@ -696,7 +700,7 @@ class AgentManager:
             added[0]["images"] = image_refs
         now = utcnow()
         messages = before + added
-        text = json.dumps(messages, ensure_ascii=False)
+        text = self._session_text(handle, before, added, messages)
         db = self.store.db
         with orm.db_session:
             if usage and self.write_usage is not None:
@@ -709,7 +713,21 @@ class AgentManager:
                 db.execute("INSERT INTO sessions (id, agent, messages, created_at) "
                            "VALUES ($session, $agent, $messages, $now)", ids)
         self._cache_session(handle, messages, appended=True)
+        handle.session_json = text
         handle.last_active = now
+
+    @staticmethod
+    def _session_text(handle: AgentHandle, before: list[dict[str, Any]], added: list[dict[str, Any]],
+                      messages: list[dict[str, Any]]) -> str:
+        """`json.dumps(messages)`, built from the cached text of `before` when that is what is
+        cached (the usual case), so a message costs its own encoding, not the session's."""
+        cached, text = handle.session_cache, handle.session_json
+        if (text is None or cached is None or len(cached) != len(before) or not before
+                or cached[-1] is not before[-1] or not text.endswith("]")):
+            return json.dumps(messages, ensure_ascii=False)
+        if not added:
+            return text
+        return f"{text[:-1]}, {json.dumps(added, ensure_ascii=False)[1:]}"
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}/session."""
