@@ -77,14 +77,20 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         item = channel(daemon, "discord")
         assert (item["configured"], item["active"]) == (True, False)
         assert next(f for f in item["fields"] if f["key"] == "default_agent")["has_value"] is True
+        # discord is implemented: its env var is unset (no start) and no target is configured.
         test = daemon.post("/api/channels/discord/test", json={"message": "hi"})
+        assert test.status_code == 400 and "no test target" in test.json()["error"]
+        # An adapter that is not implemented yet answers 501 (gitter: see the dashboard test too).
+        assert daemon.post("/api/channels/gitter/configure", json={"default_agent": "helper"}).status_code == 200
+        test = daemon.post("/api/channels/gitter/test", json={"message": "hi"})
         assert test.status_code == 501 and "not implemented" in test.json()["error"]
+        daemon.delete("/api/channels/gitter/configure")
         removed = daemon.delete("/api/channels/discord/configure")
         assert removed.json() == {"status": "removed", "channel": "discord"}
         assert (home / "config.toml").read_text() == original
         assert channel(daemon, "discord")["configured"] is False
         events = [e["event"] for e in audit(daemon, subject="discord")]
-        assert events[:2] == ["channel.remove", "channel.configure"]
+        assert events[:3] == ["channel.remove", "channel.start_failed", "channel.configure"]
     finally:
         daemon.stop()
 
