@@ -112,6 +112,14 @@ class Daemon:
         # The database first: a locked or unreadable one fails the start before it listens,
         # and a daemon that answers its probe has its database file.
         self._store = open_daemon_store(cfg)
+        try:
+            from agentd.cluster import cluster_settings
+
+            # Every answer names the daemon (routes_cluster.py); the gate's probe too.
+            self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]
+        except AgentdError:
+            self._store.close()
+            raise
         host, port = cfg.host, cfg.port
         try:
             self.server = waitress.create_server(

@@ -58,6 +58,9 @@ class StartGate:
         self._app: Callable[..., Iterable[bytes]] | None = None
         self._failure = ""
         self._ready = threading.Event()
+        # Headers the app adds to every answer beyond the middleware's (the daemon sets them:
+        # `X-Agentd-Daemon` from agentd/api/routes_cluster.py).
+        self.extra_headers: list[tuple[str, str]] = []
 
     @property
     def app(self) -> Callable[..., Iterable[bytes]] | None:
@@ -107,5 +110,6 @@ class StartGate:
             return None  # refused hits change nothing: the app answers its own 429
         start_response("200 OK", STATIC_HEADERS + [
             ("X-RateLimit-Limit", self._burst), ("X-RateLimit-Remaining", str(decision.remaining)),
-            ("X-RateLimit-Reset", str(math.ceil(decision.reset_after))), ("X-Request-Id", uuid.uuid4().hex)])
+            ("X-RateLimit-Reset", str(math.ceil(decision.reset_after))), ("X-Request-Id", uuid.uuid4().hex)]
+            + self.extra_headers)
         return [HEALTH_BODY]
