@@ -251,7 +251,12 @@ def open_daemon_store(config: Config) -> Any:
     config.home.mkdir(parents=True, exist_ok=True)
     # PostgreSQL when the config names one (`database`, set by the shared-database work).
     database = getattr(config, "database", None)
-    return open_store(config.db_path, database) if database is not None else open_store(config.db_path)
+    if database is None:
+        return open_store(config.db_path)
+    store = open_store(config.db_path, database)
+    if store.backend != "sqlite":
+        log.info("database: %s %s", store.backend, store.where)  # `where` is masked (as Kernel.open)
+    return store
 
 
 def run_daemon(config: Config) -> None:

@@ -676,6 +676,7 @@ class AgentManager:
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)
                 handle.session_cache = json.loads(row.messages or "[]") if row is not None else []
+                handle.session_json = None  # (re)read: the text cached for the old list is stale
         return list(handle.session_cache)
 
     def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]],
