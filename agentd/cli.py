@@ -8,15 +8,17 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import argh
-import requests
 
 from agentd.client import ApiClient, find_daemon, read_daemon_file
 from agentd.config import Config, home_dir, load_config, write_default_config
 from agentd.errors import AgentdError
 from agentd.money import format_usd
+
+if TYPE_CHECKING:  # requests loads in the commands that talk to a daemon, not in `start`
+    import requests
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -65,6 +67,8 @@ def stop() -> None:
     info = read_daemon_file(config.daemon_file)
     if info is None:
         _fail("agentd is not running (no daemon.json)")
+    import requests
+
     client = ApiClient(info.base_url, config.api_key, timeout=5)
     try:
         response = client.request("POST", "/api/shutdown")

@@ -6,11 +6,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from agentd.config import Config
+
+if TYPE_CHECKING:  # requests loads on first use: `agentd start` answers its first probe sooner
+    import requests
 
 HEALTH_TIMEOUT = 2.0
 
@@ -53,6 +54,8 @@ def write_daemon_file(path: Path, info: DaemonInfo) -> None:
 
 def is_healthy(base_url: str, timeout: float = HEALTH_TIMEOUT) -> bool:
     """True when GET /api/health answers 2xx within `timeout` seconds."""
+    import requests
+
     try:
         response = requests.get(f"{base_url}/api/health", timeout=(min(1.0, timeout), timeout))
         return response.ok
@@ -72,6 +75,8 @@ class ApiClient:
     """Small authenticated client for the daemon's API."""
 
     def __init__(self, base_url: str, api_key: str = "", timeout: float = 120.0) -> None:
+        import requests
+
         self.base_url = base_url.rstrip("/")
         self.session = requests.Session()
         if api_key:

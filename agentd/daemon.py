@@ -1,6 +1,10 @@
 """Run the daemon in the foreground: kernel + Flask app on waitress, daemon.json,
 signals and a graceful shutdown.
 
+The port is bound first and served through a `StartGate` (agentd/startgate.py) while a
+boot thread imports the app and opens the kernel: the liveness probe answers at once,
+other requests wait for the app. A boot that fails ends the daemon with its error.
+
 We drive waitress's event loop ourselves (one poll at a time) instead of calling
 `server.run()`, so that shutdown can stop accepting, keep flushing in-flight
 responses for a bounded time, and only then close everything.
@@ -16,18 +20,20 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import waitress
 from waitress import wasyncore
 
-from agentd.api import create_app
 from agentd.api.ws_transport import close_websockets, install as install_ws_transport
 from agentd.client import DaemonInfo, is_healthy, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
-from agentd.kernel import Kernel
 from agentd.kernel_time import iso, utcnow
-from agentd.providers import load_secrets
+from agentd.startgate import StartGate
+
+if TYPE_CHECKING:
+    from agentd.kernel import Kernel
 
 SWITCH_INTERVAL = float(os.environ.get("AGENTD_SWITCH_INTERVAL", "0.0005"))
 log = logging.getLogger("agentd.daemon")
@@ -68,6 +74,10 @@ class Daemon:
         self._stop = threading.Event()
         self.kernel: Kernel | None = None
         self.server = None
+        self.gate = StartGate(config)
+        self._boot_thread: threading.Thread | None = None
+        self._boot_error: BaseException | None = None
+        self._store: Any = None
 
     def _pool_stats(self) -> dict[str, int]:
         dispatcher = self.server.task_dispatcher if self.server is not None else None
@@ -95,18 +105,25 @@ class Daemon:
         self._stop.set()
 
     def start(self) -> None:
-        """Open the kernel, bind the port, write daemon.json."""
+        """Bind the port, write daemon.json, then open the kernel and build the app in the
+        boot thread (the gate answers the liveness probe meanwhile)."""
         cfg = self.config
         check_not_running(cfg)
-        # Keys saved through the API come back; the real environment wins.
-        load_secrets(cfg.secrets_path)
-        self.kernel = Kernel.open(cfg)
-        self.kernel.set_shutdown_hook(self.request_stop)
-        app = create_app(self.kernel, self._pool_stats)
+        # The database first: a locked or unreadable one fails the start before it listens,
+        # and a daemon that answers its probe has its database file.
+        self._store = open_daemon_store(cfg)
+        try:
+            from agentd.cluster import cluster_settings
+
+            # Every answer names the daemon (routes_cluster.py); the gate's probe too.
+            self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]
+        except AgentdError:
+            self._store.close()
+            raise
         host, port = cfg.host, cfg.port
         try:
             self.server = waitress.create_server(
-                app, host=host, port=port, threads=cfg.api.threads,
+                self.gate, host=host, port=port, threads=cfg.api.threads,
                 connection_limit=max(1000, cfg.api.threads * 4), asyncore_use_poll=True,
                 channel_timeout=300, ident="agentd",
                 # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
@@ -116,7 +133,7 @@ class Daemon:
                 # (environ["waitress.client_disconnected"]) and its run can be withdrawn.
                 channel_request_lookahead=1)
         except OSError as exc:
-            self.kernel.close()
+            self._store.close()
             if exc.errno == errno.EADDRINUSE:
                 raise StartError(f"address {host}:{port} is already in use") from None
             raise StartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
@@ -124,6 +141,36 @@ class Daemon:
         listen = f"{host}:{self.server.effective_port}"
         write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow())))
         log.info("agentd listening on http://%s (home %s)", listen, cfg.home)
+        self._boot_thread = threading.Thread(target=self._boot, name="agentd-boot", daemon=True)
+        self._boot_thread.start()
+
+    def _boot(self) -> None:
+        """Open the kernel and build the app; on failure stop the daemon with the error."""
+        began = time.monotonic()
+        try:
+            delay = float(os.environ.get("AGENTD_TEST_BOOT_DELAY", "0") or 0)
+            if delay > 0:  # tests only: widen the window in which the gate serves alone
+                time.sleep(delay)
+            from agentd.api import create_app
+            from agentd.kernel import Kernel
+            from agentd.providers import load_secrets
+
+            # Keys saved through the API come back; the real environment wins.
+            load_secrets(self.config.secrets_path)
+            kernel = Kernel(self.config, self._store)
+            kernel.set_shutdown_hook(self.request_stop)
+            app = create_app(kernel, self._pool_stats, limiter=self.gate.limiter)
+            self.kernel = kernel
+            # From now on waitress calls the app directly; the gate is out of the path.
+            self.server.application = app
+            self.gate.open(app)
+            log.info("agentd ready (kernel and app loaded in %.2fs)", time.monotonic() - began)
+            # This thread ends here: its database connection goes with it.
+            kernel.store.db.disconnect()
+        except BaseException as exc:  # noqa: BLE001 - reported by serve(), the daemon exits 1
+            self._boot_error = exc
+            self.gate.fail(exc.message if isinstance(exc, AgentdError) else str(exc))
+            self.request_stop()
 
     def serve(self) -> None:
         """Run until a signal or POST /api/shutdown, then shut down gracefully."""
@@ -133,12 +180,19 @@ class Daemon:
             while not self._stop.is_set():
                 wasyncore.loop(timeout=0.2, map=server._map, use_poll=True, count=1)
         finally:
-            self._drain()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            try:
+                self._drain()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     def _drain(self) -> None:
+        if self._boot_thread is not None:
+            self._boot_thread.join()  # a stop during the boot waits for the kernel, then closes it
         server, kernel = self.server, self.kernel
+        if kernel is None:
+            self._abort()
+            return
         kernel.stopping.set()
         # Stop means stop: runs end now and their provider connections close at once,
         # so the grace period below only has to flush answers.
@@ -169,6 +223,40 @@ class Daemon:
         if info is not None and info.pid == os.getpid():
             self.config.daemon_file.unlink(missing_ok=True)
         log.info("agentd stopped")
+
+
+    def _abort(self) -> None:
+        """The boot failed: close the server and daemon.json, then raise its error."""
+        for channel in list(self.server._map.values()):
+            try:
+                channel.close()
+            except OSError:
+                pass
+        self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=2)
+        info = read_daemon_file(self.config.daemon_file)
+        if info is not None and info.pid == os.getpid():
+            self.config.daemon_file.unlink(missing_ok=True)
+        if self._store is not None:
+            self._store.close()
+        exc = self._boot_error
+        if isinstance(exc, AgentdError):
+            raise exc
+        raise StartError(f"agentd failed to start: {exc}") from exc
+
+
+def open_daemon_store(config: Config) -> Any:
+    """The store, opened as `Kernel.open` opens it (imports Pony, not the kernel)."""
+    from agentd.store import open_store
+
+    config.home.mkdir(parents=True, exist_ok=True)
+    # PostgreSQL when the config names one (`database`, set by the shared-database work).
+    database = getattr(config, "database", None)
+    if database is None:
+        return open_store(config.db_path)
+    store = open_store(config.db_path, database)
+    if store.backend != "sqlite":
+        log.info("database: %s %s", store.backend, store.where)  # `where` is masked (as Kernel.open)
+    return store
 
 
 def run_daemon(config: Config) -> None:

@@ -71,6 +71,8 @@ class Kernel:
         self.agents = AgentManager(config, store, self.catalog, self.kv, self.approvals,
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
+        # A run writes its usage rows in the transaction that saves its session.
+        self.agents.write_usage = self.metering.write_rows
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         from agentd.budget_gate import BudgetGate
 
@@ -115,9 +117,9 @@ class Kernel:
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
-                      response: ChatResponse) -> float | None:
+                      response: ChatResponse, defer: list | None = None) -> float | None:
         return self.metering.record(handle.id, handle.name, provider, model,
-                                    response.usage.input_tokens, response.usage.output_tokens)
+                                    response.usage.input_tokens, response.usage.output_tokens, defer)
 
     @classmethod
     def open(cls, config: Config) -> "Kernel":

@@ -76,8 +76,13 @@ class Metering:
 
     # -- recording --------------------------------------------------------------
     def record(self, agent_id: str, agent_name: str, provider: str, model: str,
-               input_tokens: int, output_tokens: int) -> float | None:
-        """Persist one call; returns its cost in USD (None when the model has no price)."""
+               input_tokens: int, output_tokens: int, defer: list[dict[str, Any]] | None = None) -> float | None:
+        """Persist one call; returns its cost in USD (None when the model has no price).
+
+        With `defer` (a list), the row is appended there instead of written: the caller
+        writes it with `write_rows` in its own transaction (an agent run writes its usage
+        together with its session, one commit per run). The running total and the budget
+        see the call at once either way."""
         cost = self.catalog.cost_usd(model, input_tokens, output_tokens)
         if not self.enabled:
             return cost
@@ -85,16 +90,24 @@ class Metering:
         row = {"agent_id": agent_id, "agent_name": agent_name, "provider": provider, "model": model,
                "input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost or 0.0,
                "priced": cost is not None, "at": _naive(now)}
-        # One plain INSERT: this runs on every model call, and building a Pony entity
-        # costs several times the statement itself.
-        with orm.db_session:
-            self.store.db.execute(_INSERT_USAGE, {}, row)
+        if defer is not None:
+            defer.append(row)
+        else:
+            # One plain INSERT: this runs on every model call, and building a Pony entity
+            # costs several times the statement itself.
+            with orm.db_session:
+                self.store.db.execute(_INSERT_USAGE, {}, row)
         with self._lock:
             self._roll(now)
             before = self._spent
             self._spent += cost or 0.0
             self._maybe_alert(before, self._spent, now)
         return cost
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Insert rows `record(..., defer=...)` collected; call inside a `db_session`."""
+        for row in rows:
+            self.store.db.execute(_INSERT_USAGE, {}, row)
 
     def _roll(self, now: datetime) -> None:
         if now >= self._period_end:

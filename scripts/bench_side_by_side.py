@@ -11,9 +11,16 @@ OpenAI-compatible proxy to the table (its `model` from `--peer-model`).
 
 Then: cold start (launch to first 200 from /api/health), idle RSS, memory per idle
 agent, GET /api/agents with 1,000 agents, 32 agents messaged at once and a 16-way
-fan-out workflow against a 500 ms upstream. Figures only; nothing is asserted.
+fan-out workflow against a 500 ms upstream, and RSS over 2 x 10,000 messages across 64
+agents. Figures only; nothing is asserted.
+
+agentd runs with `[memory] auto_remember = false` unless `--auto-remember` is given:
+auto-remember embeds every exchange with the local model in the background (several ms
+of CPU each, measured by scripts/bench_memory.py), which on a 2-core machine competes
+with the request path; the table then measures the request path itself.
 
     python scripts/bench_side_by_side.py [--seconds 5] [--agents 64] [--peer URL]
+    python scripts/bench_side_by_side.py --only throughput|cold|scale|parallel|rss
 """
 
 from __future__ import annotations
@@ -147,7 +154,13 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+MEMORY_OFF = "\n[memory]\nauto_remember = false\n"
+AUTO_REMEMBER = [False]  # --auto-remember
+
+
 def agentd_daemon(tmp: Path, upstream: str, extra: str = "") -> Daemon:
+    if not AUTO_REMEMBER[0] and "[memory]" not in extra:
+        extra += MEMORY_OFF
     config = (FAST_API + extra + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
               f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{upstream}"\n')
     return Daemon(make_home(tmp, config), env_extra={"OPENAI_API_KEY": "bench"}).start()
@@ -239,24 +252,28 @@ def _print_table(rows: list, idle: float) -> None:
 
 
 def cold_start(starts: int) -> None:
-    times, rss = [], []
+    """Launch to the first 200 from /api/health (the issue's figure) and to the first 200
+    from /api/status (everything loaded: the kernel answers); idle RSS once ready."""
+    times, ready, rss = [], [], []
     for _ in range(starts):
         with tempfile.TemporaryDirectory() as tmp:
             d = Daemon(make_home(Path(tmp)))
             began = time.perf_counter()
             d.start(wait=False)
-            while True:
-                try:
-                    if requests.get(f"{d.url}/api/health", timeout=0.5).status_code == 200:
-                        break
-                except requests.RequestException:
-                    time.sleep(0.002)
-            times.append(time.perf_counter() - began)
+            for path, into in (("/api/health", times), ("/api/status", ready)):
+                while True:
+                    try:
+                        if requests.get(f"{d.url}{path}", timeout=30).status_code == 200:
+                            break
+                    except requests.RequestException:
+                        time.sleep(0.002)
+                into.append(time.perf_counter() - began)
             time.sleep(1.0)
             rss.append(rss_mb(d.proc.pid))
             d.stop()
     print(f"\ncold start (launch to first 200 from /api/health): median {statistics.median(times) * 1000:.0f} ms "
-          f"(min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f}, n={starts}); "
+          f"(min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f}, n={starts}); to the first 200 from "
+          f"/api/status (kernel loaded): median {statistics.median(ready) * 1000:.0f} ms; "
           f"idle RSS {statistics.median(rss):.1f} MB")
 
 
@@ -329,6 +346,51 @@ def slow_upstream_parallelism(delay_ms: float) -> None:
         proc.wait(10)
 
 
+def rss_stability(upstream: str, count: int, agents: int = 64, conns: int = 16) -> None:
+    """RSS after `count` messages across `agents` agents, and after `count` more."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = agentd_daemon(Path(tmp), upstream)
+        _, ids = spawn_agents(d, agents, "rss")
+        figures = [rss_mb(d.proc.pid)]
+        for _ in range(2):
+            began = time.perf_counter()
+            bad = _send_count(d.url, ids, count, conns)
+            figures.append(rss_mb(d.proc.pid))
+            rate = count / (time.perf_counter() - began)
+            print(f"  {count} messages ({rate:.0f}/s, {bad} not 200): RSS {figures[-1]:.1f} MB")
+        d.stop()
+    print(f"\nRSS over 2 x {count} messages across {agents} agents: {figures[0]:.1f} MB idle -> "
+          f"{figures[1]:.1f} MB -> {figures[2]:.1f} MB (second batch {figures[2] - figures[1]:+.1f} MB, "
+          f"{(figures[2] / figures[1] - 1) * 100:+.1f}%)")
+
+
+def _send_count(base: str, ids: list[str], count: int, conns: int) -> int:
+    """POST exactly `count` messages, agents in turn, from `conns` threads; how many failed."""
+    lock = threading.Lock()
+    state = {"next": 0, "bad": 0}
+
+    def worker() -> None:
+        s = requests.Session()
+        while True:
+            with lock:
+                k = state["next"]
+                if k >= count:
+                    return
+                state["next"] = k + 1
+            r = s.post(f"{base}/api/agents/{ids[k % len(ids)]}/message", data='{"message": "hello"}',
+                       headers={"Content-Type": "application/json"}, timeout=60)
+            if r.status_code != 200:
+                with lock:
+                    state["bad"] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return state["bad"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -338,8 +400,13 @@ def main() -> None:
     parser.add_argument("--peer", default="", help="base URL of another OpenAI-compatible proxy (…/v1)")
     parser.add_argument("--peer-model", default="gpt-4o")
     parser.add_argument("--python-load", action="store_true", help="use the Python load generator even if wrk exists")
-    parser.add_argument("--only", choices=["throughput", "cold", "scale", "parallel"], default=None)
+    parser.add_argument("--only", choices=["throughput", "cold", "scale", "parallel", "rss"], default=None)
+    parser.add_argument("--rss-messages", type=int, default=10_000, help="messages per RSS batch")
+    parser.add_argument("--auto-remember", action="store_true",
+                        help="keep [memory] auto_remember on (embeds every exchange in the background)")
     args = parser.parse_args()
+    AUTO_REMEMBER[0] = args.auto_remember
+    print(f"agentd config: [memory] auto_remember = {'true' if args.auto_remember else 'false'}")
     upstream_proc, upstream = start_process([sys.executable, str(ROOT / "scripts" / "fast_upstream.py")], cpu="0")
     try:
         if args.only in (None, "throughput"):
@@ -348,6 +415,8 @@ def main() -> None:
             cold_start(args.starts)
         if args.only in (None, "scale"):
             agents_at_scale(upstream)
+        if args.only in (None, "rss"):
+            rss_stability(upstream, args.rss_messages)
     finally:
         upstream_proc.terminate()
         upstream_proc.wait(10)

@@ -126,6 +126,9 @@ class AgentHandle:
     # The same messages converted for the model, extended as runs append (long sessions
     # would otherwise be converted again on every message).
     llm_history: list[Message] | None = None
+    # The JSON text of `session_cache` as last written, so a run appends to it instead of
+    # encoding the whole session again (None: encode in full).
+    session_json: str | None = None
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
@@ -172,6 +175,9 @@ class AgentManager:
         # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
         # refused manifest signatures.
         self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
+        # Set by the kernel (Metering.write_rows): a run's usage rows are then collected and
+        # written in the transaction that saves its session (one commit per run).
+        self.write_usage: Callable[[list[dict[str, Any]]], None] | None = None
         # agentd.cluster.Cluster, set by the kernel: run leases and run records shared with
         # other daemons on the same database (agentd/cluster.py).
         self.cluster: Any = None
@@ -405,7 +411,10 @@ class AgentManager:
                                 stream_idle=self.config.llm.stream_idle_secs,
                                 key_required=(info.key_required if info else bool(env)) or bool(api_key_env))
 
-    def _llm_call(self, handle: AgentHandle) -> Callable[..., ChatResponse]:
+    def _llm_call(self, handle: AgentHandle, usage: list[dict[str, Any]] | None = None) -> Callable[..., ChatResponse]:
+        """The model call of a run: the agent's model, then its fallbacks. With `usage` (and
+        `write_usage` set) usage rows are collected there for the run's final transaction."""
+        defer = usage is not None and self.write_usage is not None
         chain = [(handle.provider, handle.model, handle.api_key_env, handle.base_url)]
         for fb in handle.manifest.data["fallback_models"]:
             chain.append((fb["provider"], self.catalog.resolve(fb["model"]), fb["api_key_env"], fb["base_url"]))
@@ -434,7 +443,8 @@ class AgentManager:
                     log.warning("model call failed: %s", exc.message)
                     continue
                 response.model = model
-                cost = self.record_usage(handle, provider, model, response)
+                cost = (self.record_usage(handle, provider, model, response, usage) if defer
+                        else self.record_usage(handle, provider, model, response))
                 response.cost_usd = cost  # type: ignore[attr-defined]
                 return response
             if len(errors) == 1:
@@ -552,13 +562,14 @@ class AgentManager:
                                          "detail": f"{tool} (approval {approval.id})"}))
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []
+        usage: list[dict[str, Any]] = []  # this run's usage rows, written with its session
 
         def on_usage(response: ChatResponse) -> None:
             costs.append(getattr(response, "cost_usd", None))
             handle.token_log.append((time.time(), response.usage.input_tokens + response.usage.output_tokens))
 
         spec = RunSpec(model=handle.model, system=system, history=self._history(handle, stored), user=user,
-                       tools=tools, tool_ctx=ctx, llm=self._llm_call(handle),
+                       tools=tools, tool_ctx=ctx, llm=self._llm_call(handle, usage),
                        max_iterations=handle.manifest.max_iterations,
                        tool_timeout=handle.manifest.tool_timeout,
                        max_tokens=options.max_tokens or model_cfg["max_tokens"],
@@ -573,7 +584,7 @@ class AgentManager:
             # A run that ends without an answer still closes its turn, so the history the
             # model sees next time never holds a user message nobody answered.
             self._save_session(handle, stored, loop.new_messages + [Message(role="assistant", content=note)],
-                               image_refs)
+                               image_refs, usage)
 
         try:
             result = loop.run()
@@ -588,7 +599,10 @@ class AgentManager:
         except LoopStopped as exc:
             save_unanswered(f"[run failed: {exc.message}]")
             raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
-        self._save_session(handle, stored, result.new_messages, image_refs)
+        except BaseException:
+            self._flush_usage(usage)  # whatever failed, the calls made were paid for
+            raise
+        self._save_session(handle, stored, result.new_messages, image_refs, usage)
         if self.memory is not None:
             self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
@@ -665,6 +679,7 @@ class AgentManager:
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)
                 handle.session_cache = json.loads(row.messages or "[]") if row is not None else []
+                handle.session_json = None  # (re)read: the text cached for the old list is stale
         return list(handle.session_cache)
 
     def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]],
@@ -674,6 +689,12 @@ class AgentManager:
         `appended`: `messages` is the cached session plus new messages at the end.
         """
         row.messages = json.dumps(messages, ensure_ascii=False)
+        self._cache_session(handle, messages, appended)
+
+    @staticmethod
+    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]], appended: bool = False) -> None:
+        """Make `messages` (just written) the handle's cached session."""
+        handle.session_json = None  # callers that know the text set it afterwards
         previous = handle.llm_history
         handle.session_cache = messages
         if appended and previous is not None and len(previous) <= len(messages):
@@ -689,24 +710,55 @@ class AgentManager:
             cached = handle.llm_history = [to_llm(m) for m in stored]
         return clean_history(cached)
 
+    def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
+        """Write usage rows a run collected and has not written with its session."""
+        if usage and self.write_usage is not None:
+            with orm.db_session:
+                self.write_usage(usage)
+            usage.clear()
+
     def _save_session(self, handle: AgentHandle, before: list[dict[str, Any]], new: list[Message],
-                      image_refs: list[dict[str, Any]]) -> None:
+                      image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None) -> None:
+        """End of a run: its usage rows, the session and the agent's last_active, one transaction.
+
+        Plain UPDATEs: this runs once per message, and loading two Pony entities to change
+        two columns cost more than the statements themselves."""
         if handle.killed:
+            self._flush_usage(usage)
             return
         added = [to_stored(m) for m in new]
         if added and image_refs:
             added[0]["images"] = image_refs
         now = utcnow()
+        messages = before + added
+        text = self._session_text(handle, before, added, messages)
+        db = self.store.db
         with orm.db_session:
-            row = self.store.e.SessionRow.get(id=handle.session_id)
-            agent_row = self.store.e.AgentRow.get(id=handle.id)
-            if agent_row is None:
-                return
-            if row is None:
-                row = self.store.e.SessionRow(id=handle.session_id, agent=agent_row, created_at=now)
-            self._write_session(handle, row, before + added, appended=True)
-            agent_row.last_active = now
+            if usage and self.write_usage is not None:
+                self.write_usage(usage)
+                usage.clear()
+            ids = {"agent": handle.id, "session": handle.session_id, "now": now, "messages": text}
+            if db.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids).rowcount == 0:
+                return  # the agent was killed meanwhile
+            if db.execute("UPDATE sessions SET messages = $messages WHERE id = $session", ids).rowcount == 0:
+                db.execute("INSERT INTO sessions (id, agent, messages, created_at) "
+                           "VALUES ($session, $agent, $messages, $now)", ids)
+        self._cache_session(handle, messages, appended=True)
+        handle.session_json = text
         handle.last_active = now
+
+    @staticmethod
+    def _session_text(handle: AgentHandle, before: list[dict[str, Any]], added: list[dict[str, Any]],
+                      messages: list[dict[str, Any]]) -> str:
+        """`json.dumps(messages)`, built from the cached text of `before` when that is what is
+        cached (the usual case), so a message costs its own encoding, not the session's."""
+        cached, text = handle.session_cache, handle.session_json
+        if (text is None or cached is None or len(cached) != len(before) or not before
+                or cached[-1] is not before[-1] or not text.endswith("]")):
+            return json.dumps(messages, ensure_ascii=False)
+        if not added:
+            return text
+        return f"{text[:-1]}, {json.dumps(added, ensure_ascii=False)[1:]}"
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}/session."""

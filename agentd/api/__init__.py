@@ -1,18 +1,19 @@
-"""The HTTP layer: a Flask application factory and its blueprints."""
+"""The HTTP layer: a Flask application factory and its blueprints.
+
+Importing the package is cheap (Flask and the kernel load in `create_app`): the daemon
+listens and answers its liveness probe while they load (agentd/startgate.py).
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from flask import Flask
+if TYPE_CHECKING:
+    from flask import Flask
 
-from agentd.api.errors import register_error_handlers
-from agentd.api.guard import install_guard
-from agentd.api.middleware import install_middleware
-from agentd.api.proxy import install_proxy_headers
-from agentd.kernel import Kernel
+    from agentd.kernel import Kernel
 
 
 def _asset_dir(name: str) -> str:
@@ -23,14 +24,24 @@ def _asset_dir(name: str) -> str:
     return str(Path(sys.prefix) / "share" / "agentd" / name)
 
 
-def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> Flask:
-    """Build the Flask app serving `kernel`."""
+def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, limiter: Any = None) -> Flask:
+    """Build the Flask app serving `kernel` (`limiter`: the rate limiter the start gate
+    already counted requests with, so the budget is one from the first request on)."""
+    from flask import Flask
+
+    from agentd.api.errors import register_error_handlers
+    from agentd.api.guard import install_guard
+    from agentd.api.middleware import install_middleware
+    from agentd.api.proxy import install_proxy_headers
+
     app = Flask("agentd", template_folder=_asset_dir("templates"),
                 static_folder=_asset_dir("static"), static_url_path="/static")
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
     app.extensions["agentd.kernel"] = kernel
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
+    if limiter is not None:
+        app.extensions["agentd.limiter"] = limiter
 
     from agentd.api import (pages, routes_agents, routes_catalog, routes_memory, routes_openai,
                             routes_stream, routes_system, routes_workflows)

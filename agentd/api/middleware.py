@@ -84,7 +84,8 @@ def is_authorized(config: Config) -> bool:
 
 def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None:
     """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
-    limiter = GcraLimiter(config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
+    limiter = app.extensions.get("agentd.limiter") or GcraLimiter(
+        config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
     # The dashboard session authority comes from the same config as the key check.
     app.extensions.setdefault("agentd.sessions", dashauth.Sessions(config.api_key))

@@ -1,0 +1,90 @@
+"""The request path's cheaper forms behave exactly like the plain ones (issue 16).
+
+A run writes its usage rows together with its session in one transaction; these tests
+pin what that must keep: the budget sees a call at once, reports see it once written,
+and a message through the real daemon leaves exactly one usage row and the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.llm.catalog import Catalog
+from agentd.metering import Metering
+from agentd.store import open_store
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    s = open_store(tmp_path / "agentd.db")
+    yield s
+    s.close()
+
+
+def _rows(store) -> int:
+    with orm.db_session:
+        return store.db.select("SELECT COUNT(*) FROM usage")[0]
+
+
+def test_deferred_usage_counts_for_the_budget_at_once_and_is_written_by_write_rows(store) -> None:
+    metering = Metering(store, Catalog.load())
+    metering.set_limit(0.0026)
+    pending: list[dict] = []
+    # gpt-4o: 1000 input tokens * $2.50/M + 10 output * $10/M = $0.0026, the whole budget.
+    cost = metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10, defer=pending)
+    assert cost == pytest.approx(0.0026, abs=1e-12)
+    assert len(pending) == 1 and pending[0]["agent_id"] == "a1" and pending[0]["priced"] is True
+    assert _rows(store) == 0, "a deferred row must not be written before write_rows"
+    with pytest.raises(Exception) as refused:
+        metering.check_budget()
+    assert getattr(refused.value, "status", None) == 429, "the budget must see a deferred call at once"
+    with orm.db_session:
+        metering.write_rows(pending)
+    assert _rows(store) == 1
+    totals = metering.totals(*metering.period(None, None))
+    assert totals["requests"] == 1 and totals["total_input_tokens"] == 1000
+    assert totals["total_cost_usd"] == pytest.approx(0.0026, abs=1e-12)
+
+
+def test_record_without_defer_still_writes_at_once(store) -> None:
+    metering = Metering(store, Catalog.load())
+    metering.record("a1", "alpha", "openai", "gpt-4o", 5, 5)
+    assert _rows(store) == 1
+
+
+def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_daemon) -> None:
+    """Each message appends its turn to the cached JSON text; what is stored must be what
+    encoding the whole session would give, survive a reset and count one usage row per call."""
+    import json
+    import sqlite3
+
+    d = agent_daemon
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "perf-session"\nprofile = "minimal"\n'})
+    agent_id = r.json()["agent_id"]
+    db = d.home / "data" / "agentd.db"
+
+    def stored() -> str:
+        with sqlite3.connect(db) as conn:
+            session_id = conn.execute("SELECT session_id FROM agents WHERE id = ?", (agent_id,)).fetchone()[0]
+            return conn.execute("SELECT messages FROM sessions WHERE id = ?", (session_id,)).fetchone()[0]
+
+    def usage_rows() -> int:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT COUNT(*) FROM usage WHERE agent_id = ?", (agent_id,)).fetchone()[0]
+
+    for i, text in enumerate(["first", 'second "quoted" é', "third"], start=1):
+        assert d.post(f"/api/agents/{agent_id}/message", json={"message": text}).status_code == 200
+        raw = stored()
+        messages = json.loads(raw)
+        assert raw == json.dumps(messages, ensure_ascii=False)
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["first", 'second "quoted" é', "third"][:i]
+        assert len(messages) == 2 * i and usage_rows() == i
+    assert d.post(f"/api/agents/{agent_id}/session/reset").status_code == 200
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "after reset"}).status_code == 200
+    messages = json.loads(stored())
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["after reset"]
+    session = d.get(f"/api/agents/{agent_id}/session").json()
+    assert session["message_count"] == 2 and session["messages"][0]["content"] == "after reset"
