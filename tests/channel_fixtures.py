@@ -84,4 +84,6 @@ CHANNEL_ENV.update({"VIBER_AUTH_TOKEN": "445da6az1s345z78-dazcczb2542zv51a-e0vc5
 # The streaming/relay family of issue 14 (mastodon, gitter, nostr, webex).
 CHANNEL_ENV.update({"WEBEX_BOT_TOKEN": "NjIwebex-bot-token", "MASTODON_ACCESS_TOKEN": "masto-token",
                     "GITTER_TOKEN": "syt_gitter_token",
-                    "NOSTR_PRIVATE_KEY": "7f7ff03d123792d6ac594bfa67bf6d0c0ab55b6b1fdb6249303fe861f1ccba9a"})
+                    "NOSTR_PRIVATE_KEY": "7f7ff03d123792d6ac594bfa67bf6d0c0ab55b6b1fdb6249303fe861f1ccba9a",
+                    "NOSTR_NSEC": "nsec10allq0gjx7fddtzef0ax00mdps9t2kmtrldkyjfs8l5xruwvh2dq0lhhkp",
+                    "NOSTR_BAD_KEY": "nsec1notakey"})

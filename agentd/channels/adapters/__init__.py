@@ -12,7 +12,7 @@ IMPLEMENTED += ("signal", "zulip", "discourse", "rocketchat", "nextcloud", "redd
 # The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
 WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
 # The streaming/relay family of issue 14, kept on its own line.
-IMPLEMENTED += ("webex", "mastodon")
+IMPLEMENTED += ("webex", "mastodon", "nostr", "gitter")
 
 
 def load(name: str) -> type | None:
