@@ -83,3 +83,10 @@ def test_reconnect_and_stop(daemon, fake):  # noqa: F811
 def test_threads_end(fake, monkeypatch):
     monkeypatch.setenv("GITTER_TOKEN", CHANNEL_ENV["GITTER_TOKEN"])
     contract.threads_end(CASE, fake)
+
+
+def test_test_message_goes_to_the_room(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake)
+    answer = daemon.post("/api/channels/gitter/test", json={"message": "ping"})
+    assert answer.status_code == 200, answer.text
+    assert fake.bot_messages(ROOM) == ["ping"]

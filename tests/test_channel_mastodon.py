@@ -75,3 +75,12 @@ def test_mentions_missed_while_the_stream_was_down_are_answered(daemon, fake):  
 def test_threads_end(fake, monkeypatch):
     monkeypatch.setenv("MASTODON_ACCESS_TOKEN", CHANNEL_ENV["MASTODON_ACCESS_TOKEN"])
     contract.threads_end(CASE, fake)
+
+
+def test_test_message_is_a_direct_status(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake)
+    answer = daemon.post("/api/channels/mastodon/test", json={"message": "ping", "chat_id": "@ann@other.test"})
+    assert answer.status_code == 200, answer.text
+    assert [(s["status"], s["visibility"], s["in_reply_to_id"]) for s in fake.sent] == \
+        [("@ann@other.test ping", "direct", None)]
+    assert daemon.post("/api/channels/mastodon/test", json={"message": "ping"}).status_code == 400

@@ -149,3 +149,12 @@ def test_threads_end(fake, monkeypatch):
 def npub_of(pubkey: str) -> str:
     from agentd.channels.adapters.nostr_crypto import npub
     return npub(pubkey)
+
+
+def test_test_message_is_an_encrypted_dm(daemon, fake):  # noqa: F811
+    setup(daemon, fake)
+    ann = user_pubkey("ann")
+    answer = daemon.post("/api/channels/nostr/test", json={"message": "ping", "chat_id": npub_of(ann)})
+    assert answer.status_code == 200, answer.text
+    assert fake.replies(ann) == ["ping"] and fake.sent[0]["kind"] == 4
+    assert daemon.post("/api/channels/nostr/test", json={"message": "ping", "chat_id": "nobody"}).status_code == 400

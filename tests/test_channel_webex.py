@@ -119,3 +119,13 @@ def test_threads_end(fake, monkeypatch):
     monkeypatch.setenv("WEBEX_BOT_TOKEN", TOKEN)
     contract.threads_end(CASE, fake)
     assert fake.webhooks == {}  # stop() deleted its webhook
+
+
+def test_test_message_goes_to_the_room(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake, allowed_rooms=["SPACE-7"])
+    fake.rooms["SPACE-7"] = "group"
+    answer = daemon.post("/api/channels/webex/test", json={"message": "ping"})
+    assert answer.status_code == 200, answer.text
+    assert fake.replies("SPACE-7") == ["ping"]
+    missing = daemon.post("/api/channels/webex/test", json={"message": "ping", "chat_id": "NO-SUCH-ROOM"})
+    assert missing.status_code == 502 and "HTTP 404" in missing.json()["error"]
