@@ -93,6 +93,8 @@ class NostrAdapter(Adapter):
 
     def stop(self, timeout: float = 5.0) -> None:
         super().stop(timeout)
+        with self.lock:
+            self.lock.notify_all()  # a send waiting for relays' OKs gives up now
         for relay in self.relays:
             relay.stop(timeout)
 
