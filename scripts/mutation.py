@@ -50,10 +50,18 @@ TESTS: dict[str, list[str]] = {
                                     "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
     "agentd/agents/approvals.py": ["tests/test_agents.py::test_manual_mode_waits_for_approval",
                                    "tests/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
-    "agentd/agents/tools/files.py": ["tests/test_tools.py"],
-    "agentd/agents/tools/shell.py": ["tests/test_tools.py"],
-    "agentd/agents/tools/web.py": ["tests/test_tools.py"],
+    "agentd/agents/tools/files.py": ["tests/test_tools.py", "tests/test_tool_files_exact.py"],
+    "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
+    "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
     "agentd/api/sse.py": ["tests/test_transports.py"],
+    "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
+    "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
+    "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
+    # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
+    **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py",
+                                          "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
+                                          "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
+       for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
 }
 DEFAULT_MODULES = list(TESTS)
 # With --baseline: the old suite's tests of each module (the files above did not exist yet).

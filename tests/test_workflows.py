@@ -125,13 +125,13 @@ def test_create_rejects_bad_flow(agent_daemon) -> None:
         ({"steps": []}, "steps"),
         ({"steps": "nope"}, "steps"),
         ({"name": "", "steps": [{"agent_name": a}]}, "name"),
-        ({"steps": [{"agent_name": a, "mode": "collect"}]}, "step 1 ('step 1'): mode: a collect step needs"),
+        ({"steps": [{"agent_name": a, "mode": "collect"}]}, "step 1: mode: a collect step needs"),
         # A fan-out step cannot read a variable set by a branch running at the same time.
         ({"steps": [{"agent_name": a, "mode": "fan_out", "output_var": "x"},
                     {"name": "b", "agent_name": a, "mode": "fan_out", "prompt": "{{x}}"}]},
          "step 2 ('b'): prompt: '{{x}}' is set by a fan_out step running in parallel"),
         ({"steps": [{"agent_name": a, "prompt": "{{y}}"}, {"agent_name": a, "output_var": "y"}]},
-         "step 1 ('step 1'): prompt: '{{y}}' is used before"),
+         "step 1: prompt: '{{y}}' is used before"),
     ]
     for body, fragment in cases:
         r = d.post("/api/workflows", json={"name": "flow", **body})

@@ -54,8 +54,11 @@ class _StepError(BadRequest):
 
 
 def _fail(index: int, step: dict[str, Any], field: str, problem: str) -> _StepError:
-    name = step.get("name") if isinstance(step.get("name"), str) and step.get("name") else None
-    label = f"step {index + 1}" + (f" ({name!r})" if name else "")
+    label = f"step {index + 1}"
+    name = step.get("name")
+    # A step without a name of its own is normalised to its label: do not say it twice.
+    if isinstance(name, str) and name and name != label:
+        label += f" ({name!r})"
     return _StepError(f"invalid workflow: {label}: {field}: {problem}")
 
 

@@ -37,8 +37,7 @@ def confine(ctx: ToolContext, raw: str) -> Path:
 
 def shown(ctx: ToolContext, path: Path) -> str:
     """A path as the model should see it: relative to the workspace."""
-    rel = path.relative_to(workspace_root(ctx))
-    return str(rel) if str(rel) != "." else "."
+    return str(path.relative_to(workspace_root(ctx)))  # the root itself is "."
 
 
 def read_text(path: Path, raw: str) -> str:
@@ -53,13 +52,13 @@ def read_text(path: Path, raw: str) -> str:
     data = path.read_bytes()
     if b"\x00" in data[:8192]:
         raise ToolError(f"{raw} looks like a binary file")
-    return data.decode("utf-8", errors="replace")
+    return data.decode(errors="replace")  # UTF-8, the only default
 
 
 def write_text(path: Path, content: str) -> int:
     """Write atomically (temp file + rename) so a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode("utf-8")
+    data = content.encode()
     tmp = path.with_name(f".{path.name}.agentd-tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)

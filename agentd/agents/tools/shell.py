@@ -119,7 +119,7 @@ class _Drain:
     def text(self) -> str:
         """What was kept so far, decoded (safe while the reader is still running)."""
         with self.lock:
-            return bytes(self.kept).decode("utf-8", errors="replace")
+            return bytes(self.kept).decode(errors="replace")  # str.decode is always UTF-8
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None

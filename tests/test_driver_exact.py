@@ -1,0 +1,201 @@
+"""The drivers' shared plumbing value by value: error mapping, SSE parsing, argument and usage
+decoding, turn merging. A user reads these messages in API errors and logs; retry logic reads
+the kinds and Retry-After values.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from agentd.llm.drivers import transport
+from agentd.llm.drivers.guard import CallGuard
+from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
+
+EP = ProviderEndpoint("acme", "openai", "http://up.example/v1", timeout=7.5)
+
+
+def answer(status: int, body: object = None, *, text: str | None = None, **headers: str) -> requests.Response:
+    r = requests.Response()
+    r.status_code = status
+    r._content = (text if text is not None else json.dumps(body)).encode()
+    r.headers.update(headers)
+    return r
+
+
+@pytest.mark.parametrize("status,kind", [(400, "bad_request"), (401, "auth"), (403, "auth"), (404, "not_found"),
+                                         (408, "server"), (409, "server"), (413, "bad_request"),
+                                         (418, "bad_request"), (422, "bad_request"), (429, "rate_limit"),
+                                         (499, "bad_request"), (500, "server"), (503, "server"), (599, "server")])
+def test_http_status_kinds(status, kind) -> None:
+    err = transport.http_error(EP, "m1", answer(status, {}))
+    assert (err.kind, err.http_status) == (kind, status), f"BUG: HTTP {status} mapped to {err.kind}"
+    assert err.message == f"acme model m1: HTTP {status}" + (": the provider rejected the API key" if kind == "auth" else "")
+
+
+def test_provider_messages_of_each_wire_format() -> None:
+    openai = answer(500, {"error": {"message": "boom", "type": "server_error"}})
+    assert transport.http_error(EP, "m1", openai).message == "acme model m1: HTTP 500: boom"
+    typed = answer(500, {"error": {"type": "overloaded_error"}})
+    assert transport.provider_message(typed) == "overloaded_error"
+    plain = answer(502, {"error": "bad gateway"})
+    assert transport.provider_message(plain) == "bad gateway"
+    assert transport.provider_message(answer(500, ["error"])) == ""
+    assert transport.provider_message(answer(500, {"detail": "x"})) == ""
+    html = answer(502, text="  <html>proxy down</html>\n")
+    assert transport.provider_message(html) == "<html>proxy down</html>"
+    long = "x" * 500
+    assert transport.provider_message(answer(500, {"error": {"message": long}})) == "x" * 300
+    assert transport.provider_message(answer(500, {"error": long})) == "x" * 300
+    assert transport.provider_message(answer(500, text=long)) == "x" * 300, "BUG: error text not capped at 300"
+
+
+def test_auth_errors_keep_the_providers_reason() -> None:
+    err = transport.http_error(EP, "m1", answer(401, {"error": {"message": "Incorrect API key"}}))
+    assert err.message == "acme model m1: HTTP 401: the provider rejected the API key (Incorrect API key)"
+
+
+@pytest.mark.parametrize("raw,expected", [("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("0", 0.0),
+                                          ("soon", None), ("", None)])
+def test_retry_after_parsing(raw, expected) -> None:
+    err = transport.http_error(EP, "m1", answer(429, {}, **{"Retry-After": raw}))
+    assert err.retry_after == expected, f"BUG: Retry-After {raw!r} read as {err.retry_after!r}"
+
+
+def test_read_json_and_event_json_refuse_non_objects() -> None:
+    assert transport.read_json(EP, "m1", answer(200, {"a": 1})) == {"a": 1}
+    for bad, why in ((answer(200, text="{nope"), "the answer is not valid JSON"),
+                     (answer(200, [1, 2]), "the answer is not a JSON object")):
+        with pytest.raises(LLMError) as caught:
+            transport.read_json(EP, "m1", bad)
+        assert (caught.value.kind, caught.value.message) == ("bad_response", f"acme model m1: unusable response: {why}")
+    assert transport.parse_event_json(EP, "m1", '{"x": 2}') == {"x": 2}
+    for data, why in (("nope", "a stream event is not valid JSON"), ("[1]", "a stream event is not a JSON object")):
+        with pytest.raises(LLMError) as caught:
+            transport.parse_event_json(EP, "m1", data)
+        assert caught.value.message == f"acme model m1: unusable response: {why}"
+
+
+def test_truncated_message() -> None:
+    err = transport.truncated(EP, "m1", "[DONE]")
+    assert (err.kind, err.message) == (
+        "truncated", "acme model m1: the stream was cut off before the answer was complete (no [DONE])")
+
+
+@pytest.mark.parametrize("raw,expected", [({"a": 1}, {"a": 1}), ('{"a": 1}', {"a": 1}), ("", {}), (None, {}),
+                                          ("{broken", {}), ("[1, 2]", {}), ('"text"', {}), (7, {})])
+def test_parse_arguments(raw, expected) -> None:
+    assert transport.parse_arguments(raw) == expected
+
+
+def test_usage_from() -> None:
+    assert transport.usage_from({"in": 5, "out": 7}, "in", "out") == Usage(5, 7)
+    assert transport.usage_from({"in": None}, "in", "out") == Usage(0, 0)
+    assert transport.usage_from({"in": "12", "out": 3.0}, "in", "out") == Usage(12, 3)
+    assert transport.usage_from(None, "in", "out") is None and transport.usage_from([1], "in", "out") is None
+
+
+def test_merge_turns_joins_consecutive_sides_and_drops_empty_ones() -> None:
+    msgs = [Message("system", "sys"), Message("user", "a"), Message("tool", "r1"), Message("assistant", "b"),
+            Message("assistant", ""), Message("assistant", "c"), Message("user", "d")]
+    merged = transport.merge_turns(msgs, "model", "parts", lambda m: [m.content] if m.content else [])
+    assert merged == [{"role": "user", "parts": ["sys", "a", "r1"]}, {"role": "model", "parts": ["b", "c"]},
+                      {"role": "user", "parts": ["d"]}]
+
+
+class _Raw:
+    """What `response.raw` offers the SSE reader: successive reads of the given pieces."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = list(pieces)
+
+    def read1(self, size: int, decode_content: bool = True) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+
+def events(pieces: list[bytes]) -> list[tuple[str, str]]:
+    r = requests.Response()
+    r.raw = _Raw(pieces)
+    guard = CallGuard(time.monotonic() + 5, None, threading.Event())
+    return [(e.event, e.data) for e in transport.iter_sse(r, guard)]
+
+
+def test_sse_parsing_edge_cases() -> None:
+    body = (b": keep-alive\n\nevent: delta\r\ndata: {\"a\":\r\ndata:1}\r\n\r\n"
+            b"data:no space\nid: 3\nretry: 10\n\n\n\ndata:  two spaces\n\nevent: only-name\n\n")
+    assert events([body]) == [("delta", '{"a":\n1}'), ("", "no space"), ("", " two spaces")], \
+        "BUG: SSE fields, comments or line endings are parsed wrongly"
+
+
+def test_sse_events_split_across_reads_and_a_final_unterminated_line() -> None:
+    assert events([b"da", b"ta: he", b"llo\n", b"\ndata: tail"]) == [("", "hello"), ("", "tail")]
+    assert events([b"event: e\ndata: x\r\n"]) == [("e", "x")], "BUG: the last event without a blank line is lost"
+    assert events([b"data:   padded"]) == [("", "padded")]
+    assert events([b"event: lonely"]) == [] and events([]) == []
+
+
+def test_sse_reader_stops_when_the_guard_trips() -> None:
+    r = requests.Response()
+    r.raw = _Raw([b"data: a\n\n", b"data: b\n\n"])
+    guard = CallGuard(time.monotonic() + 5, None, threading.Event())
+    reader = transport.iter_sse(r, guard)
+    assert next(reader).data == "a"
+    guard.reason = "cancelled"
+    with pytest.raises(transport.Interrupted, match="cancelled"):
+        next(reader)
+
+
+def guard(**state) -> CallGuard:
+    g = CallGuard(time.monotonic() + 5, 2.0, threading.Event())
+    for key, value in state.items():
+        setattr(g, key, value)
+    return g
+
+
+def test_network_error_messages_per_phase() -> None:
+    conn = requests.ConnectionError("boom")
+    cases = [
+        (None, conn, "unreachable", "acme model m1: cannot reach http://up.example/v1: connection failed"),
+        (guard(), OSError("x"), "unreachable", "acme model m1: cannot reach http://up.example/v1: connection failed"),
+        (None, requests.Timeout("t"), "timeout", "acme model m1: timed out after 7.5s waiting for http://up.example/v1"),
+        (None, ValueError("Read timed out."), "timeout",
+         "acme model m1: timed out after 7.5s waiting for http://up.example/v1"),
+        (guard(sent=True), conn, "reset", "acme model m1: connection reset by http://up.example/v1 after the "
+                                          "request was sent (the provider may have received it; not retried)"),
+        (guard(sent=True, reused=True), conn, "unreachable",
+         "acme model m1: the kept-alive connection to http://up.example/v1 was closed"),
+        (guard(sent=True, received=True), conn, "server",
+         "acme model m1: the connection broke while reading the answer: ConnectionError"),
+        (guard(sent=True, received=True, last_byte=1.0), conn, "truncated",
+         "acme model m1: the stream was cut off before the answer was complete "
+         "(no end of stream: the connection broke (ConnectionError))"),
+        (None, requests.exceptions.ChunkedEncodingError("c"), "server",
+         "acme model m1: the connection broke: ChunkedEncodingError"),
+        (None, ValueError("odd"), "server", "acme model m1: the connection broke: ValueError"),
+    ]
+    for g, exc, kind, message in cases:
+        err = transport.network_error(EP, "m1", exc, g)
+        assert (err.kind, err.message) == (kind, message), f"BUG: {exc!r} with {vars(g) if g else None}"
+        assert (err.provider, err.model) == ("acme", "m1")
+
+
+def test_guard_reasons_win_over_the_exception() -> None:
+    expected = {
+        "cancelled": ("cancelled", "acme model m1: call cancelled"),
+        "idle": ("timeout", "acme model m1: timed out: the stream stalled, no data for 2s from "
+                            "http://up.example/v1 (stream_idle_secs)"),
+        "timeout": ("timeout", "acme model m1: timed out after 7.5s waiting for http://up.example/v1 (timeout_secs)"),
+    }
+    for reason, (kind, message) in expected.items():
+        err = transport.network_error(EP, "m1", requests.ConnectionError("x"), guard(reason=reason, sent=True))
+        assert (err.kind, err.message) == (kind, message), f"BUG: guard reason {reason} reported wrongly"
+
+
+def test_post_refuses_when_no_time_is_left() -> None:
+    spent = CallGuard(time.monotonic() - 0.01, None, threading.Event())
+    with pytest.raises(transport.Interrupted, match="timeout"):
+        transport.post(EP, "m1", "http://127.0.0.1:9/x", {}, {}, False, spent)
