@@ -68,7 +68,7 @@ def test_mentions_missed_while_the_stream_was_down_are_answered(daemon, fake):  
     fake.stop()
     fake.user_says("carol@other.test", "while you were away")  # no stream is open to tell
     fake.start()
-    wait_for(lambda: fake.replies("carol@other.test"), timeout=20, what="catch-up reply")
+    wait_for(lambda: fake.replies("carol@other.test"), timeout=40, what="catch-up reply")
     assert fake.replies("carol@other.test") == ["echo: while you were away"]
 
 
