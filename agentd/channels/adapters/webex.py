@@ -82,8 +82,8 @@ class WebexAdapter(WebhookAdapter):
             raise ValueError("body must be a webhook event object")
         data = event["data"]
         if event.get("resource") != "messages" or event.get("event") != "created" \
-                or not data.get("id") or data.get("personId") == self.me.get("id"):
-            return 200, {}  # other events, and our own messages: nothing to answer
+                or not data.get("id") or data.get("personId") == self.me.get("id") or self.stopping.is_set():
+            return 200, {}  # other events, our own messages, or stopping: nothing to answer
         # Reading the text is a call back to Webex: done on a thread so the webhook is
         # answered at once (Webex wants a quick 2xx). Finished readers are forgotten.
         self._threads = [t for t in self._threads if t.is_alive()]
