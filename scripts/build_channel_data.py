@@ -68,8 +68,45 @@ INBOUND.update({
     "nextcloud": "long-poll (lookIntoFuture)", "rocketchat": "polling", "twitch": "TCP line socket (IRC)",
     "xmpp": "XMPP stream (slixmpp)", "mumble": "TLS socket (Mumble protocol)",
 })
+# Issue 14, gateway WebSocket adapters: base URLs (tests point them at the fakes) and
+# Slack's optional Events API listener.
+EXTRA_KEYS.update({
+    "discord": [("api_url", "text", "https://discord.com/api/v10"), ("gateway_url", "text", "")],
+    "slack": [("api_url", "text", "https://slack.com/api"), ("signing_secret_env", "text", "SLACK_SIGNING_SECRET"),
+              ("webhook_port", "number", 0)],
+    "revolt": [("ping_secs", "number", 20)],
+    "guilded": [],
+})
+INBOUND.update({
+    "discord": "Gateway WebSocket v10", "slack": "Socket Mode WebSocket (+ optional Events API webhook)",
+    "revolt": "Bonfire WebSocket", "guilded": "none (Guilded shut down on 19 December 2025)",
+})
+
+# Issue 14, enterprise webhook adapters (teams, google_chat, feishu, dingtalk): the
+# platforms' key/token/API URLs (tests point them at fakes) and what verifies inbound calls.
+EXTRA_KEYS.update({
+    "teams": [("openid_url", "text", "https://login.botframework.com/v1/.well-known/openidconfiguration"),
+              ("token_url", "text", "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"),
+              ("service_url", "text", "https://smba.trafficmanager.net/teams/")],
+    "google_chat": [("project_number", "text", ""),
+                    ("certs_url", "text", "https://www.googleapis.com/service_accounts/v1/metadata/x509/"
+                                          "chat@system.gserviceaccount.com"),
+                    ("token_url", "text", ""), ("api_url", "text", "https://chat.googleapis.com")],
+    "feishu": [("api_url", "text", ""), ("verification_token_env", "text", "")],
+    "dingtalk": [("api_url", "text", "https://oapi.dingtalk.com")],
+})
+INBOUND.update({
+    "teams": "webhook (Bot Framework activities, JWT)", "google_chat": "webhook (Chat events, JWT)",
+    "feishu": "webhook (event subscription v2)", "dingtalk": "webhook (outgoing robot callbacks)",
+})
+# Reference defaults agentd changes: Feishu's long-connection mode is not implemented.
+DEFAULT_OVERRIDES = {("feishu", "mode"): "webhook"}
+
 # Descriptions that must say what the platform needs beyond agentd.
 DESCRIPTIONS = {
+    "guilded": "Guilded bot adapter. Guilded shut down on 19 December 2025 (Roblox ended the service), "
+               "so its bot API no longer exists: the configuration is validated and saved, but the "
+               "adapter cannot connect.",
     "keybase": "Keybase chat bot adapter. Needs the Keybase client binary (`keybase chat api`), "
                "which agentd does not ship: the configuration is validated and saved, but the "
                "adapter cannot connect.",
@@ -116,6 +153,9 @@ def build(source: Path) -> list[dict]:
             keys.setdefault(field["key"], {"kind": kind, "default": None})
         for key, kind, default in EXTRA_KEYS.get(item["name"], []):
             keys[key] = {"kind": kind, "default": default, "agentd": True}
+        for (name, key), default in DEFAULT_OVERRIDES.items():
+            if name == item["name"]:
+                keys[key]["default"] = default
         out.append({
             "name": item["name"], "display_name": item["display_name"], "icon": item["icon"],
             "description": DESCRIPTIONS.get(item["name"], item["description"]), "category": item["category"],

@@ -25,6 +25,11 @@ POLL_ENV = {"SIGNAL_UNUSED": "x", "REDDIT_CLIENT_SECRET": "reddit-secret", "REDD
             "TWIST_TOKEN": "twist-token", "ZULIP_API_KEY": "zulip-key", "DISCOURSE_API_KEY": "disc-key",
             "NEXTCLOUD_TOKEN": "nc-token", "ROCKETCHAT_TOKEN": "rc-token", "TWITCH_OAUTH_TOKEN": "twitchtoken",
             "XMPP_PASSWORD": "xmpp-pass", "MUMBLE_PASSWORD": "", "KEYBASE_PAPERKEY": "paper key words"}
+# Gateway WebSocket adapters (discord, slack, revolt, guilded).
+POLL_ENV.update({"DISCORD_BOT_TOKEN": "discord-bot-token", "DISCORD_OTHER_TOKEN": "not-the-bot-token",
+                 "SLACK_APP_TOKEN": "xapp-1-A0-1-appsecret", "SLACK_BOT_TOKEN": "xoxb-1-2-botsecret",
+                 "SLACK_SIGNING_SECRET": "slack-signing-secret", "REVOLT_BOT_TOKEN": "revolt-bot-token",
+                 "GUILDED_BOT_TOKEN": "guilded-bot-token"})
 
 
 _SHARED: dict[str, Any] = {}

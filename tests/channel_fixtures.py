@@ -87,3 +87,14 @@ CHANNEL_ENV.update({"WEBEX_BOT_TOKEN": "NjIwebex-bot-token", "MASTODON_ACCESS_TO
                     "NOSTR_PRIVATE_KEY": "7f7ff03d123792d6ac594bfa67bf6d0c0ab55b6b1fdb6249303fe861f1ccba9a",
                     "NOSTR_NSEC": "nsec10allq0gjx7fddtzef0ax00mdps9t2kmtrldkyjfs8l5xruwvh2dq0lhhkp",
                     "NOSTR_BAD_KEY": "nsec1notakey"})
+# Enterprise webhook adapters (issue 14): teams, google_chat, feishu, dingtalk.
+CHANNEL_ENV.update({"DINGTALK_ACCESS_TOKEN": "dt-robot-token", "DINGTALK_SECRET": "SECdingtalk-signing-secret"})
+CHANNEL_ENV.update({"FEISHU_APP_SECRET": "feishu-app-secret", "FEISHU_ENCRYPT_KEY": "kudryavtsev-encrypt-key",
+                    "FEISHU_VERIFICATION_TOKEN": "v-token-feishu"})
+CHANNEL_ENV.update({"TEAMS_APP_PASSWORD": "teams-client-secret~x"})
+# Webhook adapters, part 2 (threema, pumble, flock). The Threema key is a test-only key pair.
+CHANNEL_ENV.update({"THREEMA_SECRET": "threema-api-secret",
+                    "THREEMA_PRIVATE_KEY": "private:a403ce7f17e896c88ae8ec1f0421fe3346e82fa6f8f730083f6a53f0ac2000f6",
+                    "PUMBLE_BOT_TOKEN": "pumble-bot-token", "PUMBLE_APP_KEY": "pumble-app-key",
+                    "PUMBLE_SIGNING_SECRET": "pumble-signing-secret",
+                    "FLOCK_BOT_TOKEN": "flock-bot-token", "FLOCK_APP_SECRET": "869eb1d0-419d-4747-98b4-6d81360a6681"})

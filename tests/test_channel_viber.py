@@ -43,7 +43,9 @@ def test_webhook_is_set_and_message_answered(channel_daemon, viber):
     assert post(url, event("hello viber", "01234567890A=")).status_code == 200
     wait_for(lambda: fake.sent, what="reply")
     assert [(s["to"], s["text"], s["name"]) for s in fake.sent] == [("01234567890A=", "echo: hello viber", "helper")]
-    assert audit(channel_daemon, "channel.outbound", "viber")[0]["detail"]["message_id"] == str(fake.next_token)
+    # the outbound audit entry is written just after the send returns: wait for it
+    outbound = wait_for(lambda: audit(channel_daemon, "channel.outbound", "viber"), what="outbound audit")
+    assert outbound[0]["detail"]["message_id"] == str(fake.next_token)
 
 
 def test_forged_signature_is_refused_before_the_agent(channel_daemon, viber, fake_llm):

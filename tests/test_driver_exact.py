@@ -199,3 +199,49 @@ def test_post_refuses_when_no_time_is_left() -> None:
     spent = CallGuard(time.monotonic() - 0.01, None, threading.Event())
     with pytest.raises(transport.Interrupted, match="timeout"):
         transport.post(EP, "m1", "http://127.0.0.1:9/x", {}, {}, False, spent)
+
+
+def test_errors_name_provider_and_model() -> None:
+    for err in (transport.http_error(EP, "m1", answer(500, {})), transport.bad_response(EP, "m1", "why")):
+        assert (err.provider, err.model) == ("acme", "m1"), "BUG: an LLM error lost its provider or model"
+    assert transport.provider_message(answer(500, {"error": {"code": 5}})) == ""
+
+
+def test_sse_lines_keep_their_spaces_and_replace_bad_bytes() -> None:
+    assert events([b"data: x  \r\n\r\n"]) == [("", "x  ")], "BUG: SSE values lose trailing spaces"
+    assert events([b"data: caf\xe9\n\n"]) == [("", "caf\ufffd")]
+    assert events([b"data: a\ndata: b\ndata:xyz"]) == [("", "a\nb\nxyz")], "BUG: an unterminated last line is misread"
+    assert events([b"data:\tx  \r\n"]) == [("", "\tx  ")]
+    assert events([b"data: caf\xe9"]) == [("", "caf\ufffd")]
+
+
+def test_sse_bodies_are_decompressed() -> None:
+    """A gzip-encoded stream (some gateways compress SSE) is decoded as it is read."""
+    import gzip
+    import http.server
+
+    body = gzip.compress(b"data: {\"n\": 1}\n\ndata: [DONE]\n\n")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        g = CallGuard(time.monotonic() + 5, None, threading.Event())
+        url = f"http://127.0.0.1:{server.server_port}/v1/chat"
+        response = transport.post(EP, "m1", url, {}, {"stream": True}, True, g)
+        assert [(e.event, e.data) for e in transport.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
+            "BUG: a gzip-encoded stream is not decompressed"
+    finally:
+        server.shutdown()

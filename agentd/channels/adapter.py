@@ -50,6 +50,9 @@ class Inbound:
     sender_name: str = ""
     # Other names the sender is known by (username next to a numeric id...), for allow-lists.
     sender_aliases: tuple[str, ...] = ()
+    # Spaces the chat belongs to (a Discord guild, a Guilded server...), matched by the
+    # chat allow-lists too (`allowed_guilds` names guilds, not channels).
+    chat_aliases: tuple[str, ...] = ()
 
 
 class ChannelError(Exception):

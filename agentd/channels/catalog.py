@@ -20,8 +20,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "channels.json"
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # List keys that act as allow-lists of senders / of chats (adapter-specific names).
 USER_LISTS = ("allowed_users", "allowed_senders")
+# (Teams `allowed_tenants` lists tenant ids, not chats: the teams adapter checks it.)
 CHAT_LISTS = ("allowed_channels", "allowed_rooms", "allowed_guilds", "allowed_teams",
-              "allowed_tenants", "streams", "space_ids", "server_ids")
+              "streams", "space_ids", "server_ids")
 
 
 @dataclass

@@ -248,7 +248,8 @@ class ChannelManager:
         if users and not any(n in users or ("@" in n and "@" + n.split("@", 1)[1] in users) for n in names):
             return "sender not in allowed_users"
         chats = [c.lower() for key in CHAT_LISTS for c in settings.get(key) or []]
-        if chats and not msg.conversation.direct and msg.conversation.chat_id.lower() not in chats:
+        where = {c.lower() for c in (msg.conversation.chat_id, *msg.chat_aliases) if c}
+        if chats and not msg.conversation.direct and not where & set(chats):
             return "chat not in allowed_channels"
         return ""
 

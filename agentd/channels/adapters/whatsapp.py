@@ -9,6 +9,7 @@ and https://developers.facebook.com/docs/whatsapp/cloud-api/reference/messages
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
@@ -74,4 +75,11 @@ class WhatsAppAdapter(MessengerAdapter):
         return Conversation(self.name, override, override, direct=True)
 
 
-ADAPTER = WhatsAppAdapter
+
+def ADAPTER(ctx, settings):  # type: ignore[no-untyped-def]  # noqa: N802 - the registry's name
+    """The Cloud API adapter when `phone_number_id` is set, else the QR gateway's when its URL
+    variable (`gateway_url_env`) is set (agentd/channels/adapters/whatsapp_gateway.py)."""
+    if not settings.get("phone_number_id") and os.environ.get(settings.get("gateway_url_env") or ""):
+        from agentd.channels.adapters.whatsapp_gateway import WhatsAppGatewayAdapter
+        return WhatsAppGatewayAdapter(ctx, settings)
+    return WhatsAppAdapter(ctx, settings)

@@ -120,13 +120,20 @@ class HttpSender:
             if response.status_code not in RETRY_STATUS or attempt + 1 >= attempts:
                 raise ChannelError(f"{method} {_short(url)}: HTTP {response.status_code} "
                                    f"{response.text[:200]}")
-            wait = retry_after_secs(response.headers.get("Retry-After")) or _body_retry_after(response)
+            wait = self.retry_wait(response)
             wait = delay if wait is None else min(wait, self.max_wait)
             log.info("%s %s: HTTP %s, retrying in %.1fs", method, _short(url), response.status_code, wait)
             if self.stop.wait(wait):
                 raise ChannelError(f"{method} {_short(url)}: stopped while waiting to retry")
             delay = min(delay * 2, self.max_wait)
         raise ChannelError(f"{method} {_short(url)}: no attempts left")  # pragma: no cover
+
+    def retry_wait(self, response: requests.Response) -> float | None:
+        """Seconds a 429/5xx asks us to wait: Retry-After, else the body's `retry_after`.
+        Platforms that say it differently (Revolt: milliseconds) override this."""
+        # Feishu/Lark say it as x-ogw-ratelimit-reset (seconds until the window resets).
+        header = response.headers.get("Retry-After") or response.headers.get("x-ogw-ratelimit-reset")
+        return retry_after_secs(header) or _body_retry_after(response)
 
     def json(self, method: str, url: str, **kwargs: Any) -> Any:
         """`request` and decode a JSON answer."""

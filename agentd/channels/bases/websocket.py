@@ -49,6 +49,10 @@ class WebSocketAdapter(Adapter):
     def on_message(self, data: Any) -> None:
         raise NotImplementedError
 
+    def on_close(self, code: int, reason: str) -> None:
+        """The server closed the socket with `code` (the base reconnects afterwards unless
+        the adapter sets `stopping`: codes some platforms use for "never come back")."""
+
     def ws_send(self, payload: Any) -> None:
         """Send one JSON frame (serialised: reader and workers may both send)."""
         ws = self.ws
@@ -98,6 +102,8 @@ class WebSocketAdapter(Adapter):
                 continue
             last_seen = time.monotonic()
             if opcode == websocket.ABNF.OPCODE_CLOSE:
+                code = int.from_bytes(data[:2], "big") if len(data) >= 2 else 1005
+                self.on_close(code, data[2:].decode("utf-8", "replace"))
                 return
             if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
                 try:

@@ -105,9 +105,9 @@ def _cancelled_error(endpoint: ProviderEndpoint, model: str) -> LLMError:
 
 def active_calls() -> int:
     """Model calls in flight in this process (for health details and tests)."""
-    from agentd.llm.drivers.guard import WATCHDOG
+    from agentd.llm.drivers import guard
 
-    return WATCHDOG.active()
+    return guard.active_calls()
 
 
 def _replay(result: ChatResponse, on_event: Callable[[Any], None]) -> None:

@@ -14,6 +14,7 @@ socket can be interrupted before the headers arrive (a hang) as well as mid-body
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -143,7 +144,33 @@ class _Watchdog:
             time.sleep(WATCH_INTERVAL)
 
 
-WATCHDOG = _Watchdog()
+_watchdog: _Watchdog | None = None
+_watchdog_lock = threading.Lock()
+
+
+def watchdog() -> _Watchdog:
+    """The process's watchdog, started on first use (importing this module starts no thread)."""
+    global _watchdog
+    with _watchdog_lock:
+        if _watchdog is None:
+            _watchdog = _Watchdog()
+        return _watchdog
+
+
+def _forget_watchdog() -> None:
+    # A forked child has no watchdog thread (threads do not survive fork): start its own
+    # on first use instead of registering guards with a thread that does not exist there.
+    global _watchdog, _watchdog_lock
+    _watchdog, _watchdog_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_watchdog)
+
+
+def active_calls() -> int:
+    """Model calls being watched right now (0 before the first call)."""
+    current = _watchdog
+    return current.active() if current is not None else 0
 
 
 class guarded:
@@ -154,11 +181,11 @@ class guarded:
 
     def __enter__(self) -> CallGuard:
         _local.guard = self.guard
-        WATCHDOG.add(self.guard)
+        watchdog().add(self.guard)
         return self.guard
 
     def __exit__(self, *exc: Any) -> None:
-        WATCHDOG.remove(self.guard)
+        watchdog().remove(self.guard)
         _local.guard = None
 
 

@@ -1,0 +1,150 @@
+"""Discord: Gateway v10 over WebSocket for inbound messages, REST API v10 to answer.
+
+Gateway (https://discord.com/developers/docs/topics/gateway): HELLO (op 10) gives the
+heartbeat interval; heartbeats (op 1) carry the last sequence number and are answered
+by op 11; IDENTIFY (op 2) with the intents, READY gives the session id, the bot user and
+the resume URL; after a drop, op 7 (reconnect) or a resumable op 9, the adapter RESUMEs
+(op 6) on the resume URL and Discord replays what was missed; op 9 false means identify
+afresh. REST: `POST /channels/{id}/messages` (2000 characters each), `POST
+/channels/{id}/typing`, `Authorization: Bot <token>`; 429s carry `retry_after` (seconds)
+in the body and Retry-After, which the shared sender honours.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from agentd import __version__
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.gateway import GatewayAdapter
+from agentd.channels.bases.sender import split_text
+
+API_URL = "https://discord.com/api/v10"
+INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
+# Close codes after which Discord says not to reconnect, and those that end the session.
+FATAL = {4004: "authentication failed", 4010: "invalid shard", 4011: "sharding required",
+         4012: "invalid API version", 4013: "invalid intents", 4014: "disallowed intents (enable them in "
+         "the Developer Portal: Message Content is privileged)"}
+NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
+
+
+class DiscordAdapter(GatewayAdapter):
+    max_message_len = 2000
+
+    def prepare(self) -> None:
+        self.api = str(self.settings.get("api_url") or API_URL).rstrip("/")
+        self.token = self.env("bot_token_env")
+        self.http.session.headers.update({"Authorization": f"Bot {self.token}",
+                                          "User-Agent": f"DiscordBot (agentd, {__version__})"})
+        # Who am I (and is the token good): a bad token fails the start, not a reconnect loop.
+        self.bot_id = str(self.http.json("GET", f"{self.api}/users/@me", retries=1)["id"])
+        self.gateway = str(self.settings.get("gateway_url") or "") or str(
+            self.http.json("GET", f"{self.api}/gateway/bot", retries=1)["url"])
+        self.session_id, self.resume_url, self.seq, self.ready = "", "", None, False
+
+    def ws_url(self) -> str:
+        base = self.resume_url if self.session_id else self.gateway
+        return base.rstrip("/") + "/?v=10&encoding=json"
+
+    def on_open(self) -> None:
+        super().on_open()
+        self.ready = False
+
+    def heartbeat_payload(self) -> Any:
+        return {"op": 1, "d": self.seq}
+
+    def health(self) -> bool:
+        return self.healthy and self.ready
+
+    def on_close(self, code: int, reason: str) -> None:
+        if code in FATAL:
+            self.give_up(f"discord closed the gateway: {code} {FATAL[code]}")
+        elif code in NEW_SESSION:
+            self.session_id, self.seq = "", None
+
+    def on_message(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        op, d = data.get("op"), data.get("d")
+        if data.get("s") is not None:
+            self.seq = data["s"]
+        if op == 10:
+            interval = float((d or {}).get("heartbeat_interval", 41250)) / 1000
+            self.set_heartbeat(interval, first=interval * random.random())  # jitter, as documented
+            if self.session_id:
+                self.ws_send({"op": 6, "d": {"token": self.token, "session_id": self.session_id, "seq": self.seq}})
+            else:
+                self.ws_send({"op": 2, "d": {"token": self.token, "intents": int(self.settings.get("intents") or INTENTS),
+                                             "properties": {"os": "linux", "browser": "agentd", "device": "agentd"}}})
+        elif op == 11:
+            self.heartbeat_ack()
+        elif op == 1:
+            self.beat_now()
+        elif op == 7:
+            raise ChannelError("gateway asked to reconnect (op 7)")
+        elif op == 9:
+            if not d:  # not resumable: identify again after 1-5 s, as the docs ask
+                self.session_id, self.seq = "", None
+                self.stopping.wait(random.uniform(1, 5))
+            raise ChannelError("gateway invalidated the session (op 9)")
+        elif op == 0 and isinstance(d, dict):
+            self._dispatch(str(data.get("t")), d)
+
+    def _dispatch(self, kind: str, d: dict[str, Any]) -> None:
+        if kind == "READY":
+            self.session_id = str(d.get("session_id") or "")
+            self.resume_url = str(d.get("resume_gateway_url") or self.gateway)
+            self.bot_id = str((d.get("user") or {}).get("id") or self.bot_id)
+            self.ready = True
+        elif kind == "RESUMED":
+            self.ready = True
+        elif kind == "MESSAGE_CREATE":
+            self._message(d)
+
+    def _message(self, d: dict[str, Any]) -> None:
+        author = d.get("author") or {}
+        user = str(author.get("id") or "")
+        if user == self.bot_id or ((author.get("bot") or d.get("webhook_id")) and self.settings.get("ignore_bots", True)):
+            return
+        guild, channel = str(d.get("guild_id") or ""), str(d.get("channel_id") or "")
+        text = str(d.get("content") or "")
+        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel)
+            mentioned = any(str(m.get("id")) == self.bot_id for m in d.get("mentions") or [] if isinstance(m, dict))
+            replied = str(((d.get("referenced_message") or {}).get("author") or {}).get("id") or "") == self.bot_id
+            if not (mentioned or replied or channel in (self.settings.get("free_response_channels") or [])):
+                return
+            text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
+        if not text or not channel:
+            return
+        conversation = Conversation(self.name, channel, user, direct=not guild,
+                                    meta={"reply_to": "" if not guild else str(d.get("id") or "")})
+        username = str(author.get("username") or "")
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(d.get("id") or ""),
+                                 sender_name=username, sender_aliases=(username,) if username else (),
+                                 chat_aliases=(guild,) if guild else ()))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        ids = []
+        for index, part in enumerate(split_text(text, self.max_message_len)):
+            body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
+            if index == 0 and conversation.meta.get("reply_to"):
+                body["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
+            answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+            ids.append(str(answer.get("id", "")))
+        return ",".join(ids)
+
+    def send_typing(self, conversation: Conversation) -> None:
+        self.http.request("POST", f"{self.api}/channels/{conversation.chat_id}/typing", retries=0)
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or str(self.settings.get("default_channel_id") or "")
+        if not target:
+            raise ChannelError("no test target: set default_channel_id or pass chat_id (a channel id)")
+        return Conversation(self.name, target)
+
+
+ADAPTER = DiscordAdapter

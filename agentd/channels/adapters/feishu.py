@@ -1,0 +1,192 @@
+"""Feishu / Lark: event subscription v2 callbacks on the adapter's own listener
+(`webhook_path`). Checked before the event is used: `X-Lark-Signature` =
+hex sha256(timestamp + nonce + encrypt_key + raw body) when an encrypt key is set, and
+the verification token carried in the (decrypted) body when one is set. Encrypted bodies
+(`{"encrypt": base64(iv + AES-256-CBC(sha256(encrypt_key)))}`) are decrypted; the
+`url_verification` challenge is echoed; `im.message.receive_v1` text messages reach the
+agent (direct chats always, groups when the bot is mentioned), once per event id.
+Replies: a cached tenant_access_token, then `/open-apis/im/v1/messages/{id}/reply`
+(or `/open-apis/im/v1/messages?receive_id_type=chat_id`).
+
+Docs: https://open.feishu.cn/document/server-docs/event-subscription-guide/ (callbacks,
+encryption, signature), .../im-v1/message/create and .../reply, .../auth-v3/tenant_access_token_internal
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+from collections import OrderedDict
+from typing import Any
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.tokens import CachedToken
+from agentd.channels.bases.webhook import Request, WebhookAdapter
+
+REGIONS = {"cn": "https://open.feishu.cn", "intl": "https://open.larksuite.com"}
+MENTION = re.compile(r"@_user_\d+\s*")
+
+
+def decrypt(encrypt_key: str, data: str) -> bytes:
+    """Feishu's event encryption: base64(16-byte IV + AES-256-CBC, key sha256(encrypt_key), PKCS#7)."""
+    raw = base64.b64decode(data, validate=True)
+    if len(raw) < 32 or len(raw) % 16:
+        raise ValueError("encrypted payload has a bad length")
+    decryptor = Cipher(algorithms.AES(hashlib.sha256(encrypt_key.encode()).digest()), modes.CBC(raw[:16])).decryptor()
+    padded = decryptor.update(raw[16:]) + decryptor.finalize()
+    unpadder = padding.PKCS7(128).unpadder()
+    return unpadder.update(padded) + unpadder.finalize()
+
+
+class FeishuAdapter(WebhookAdapter):
+    max_message_len = 10000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+        self.token = CachedToken(self._fetch_token)
+        self.seen: OrderedDict[str, None] = OrderedDict()  # event ids: Feishu redelivers until it gets 200
+
+    def base(self) -> str:
+        return (self.settings.get("api_url") or REGIONS.get(str(self.settings.get("region") or "cn"), "")).rstrip("/")
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8453)
+
+    def prepare(self) -> None:
+        if (self.settings.get("mode") or "webhook") != "webhook":
+            raise ChannelError('mode "websocket" (Feishu long connection) is not implemented: set mode = "webhook" '
+                               "and subscribe the events to this listener's public URL")
+        if not self.base():
+            raise ChannelError("region must be cn or intl (or set api_url)")
+        if not self.settings.get("app_id"):
+            raise ChannelError("app_id is not set")
+        self.env("app_secret_env")
+        if not (self._encrypt_key() or self._verification_token()):
+            raise ChannelError("set encrypt_key_env or verification_token(_env): without either, "
+                               "callbacks cannot be verified")
+
+    def _encrypt_key(self) -> str:
+        return self.env("encrypt_key_env", required=False)
+
+    def _verification_token(self) -> str:
+        return self.env("verification_token_env", required=False) or str(self.settings.get("verification_token") or "")
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", self.settings.get("webhook_path") or "/feishu/webhook"): self._inbound}
+
+    def payload(self, body: bytes) -> dict[str, Any]:
+        """The callback's JSON, decrypted when it is encrypted."""
+        data = json.loads(body.decode("utf-8"))
+        if isinstance(data, dict) and "encrypt" in data:
+            key = self._encrypt_key()
+            if not key or not isinstance(data["encrypt"], str):
+                raise ValueError("encrypted callback but no encrypt key configured")
+            data = json.loads(decrypt(key, data["encrypt"]).decode("utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        return data
+
+    def verify(self, request: Request) -> bool:
+        key, token = self._encrypt_key(), self._verification_token()
+        h = request.headers
+        if key and h.get("x-lark-signature"):
+            base = ((h.get("x-lark-request-timestamp") or "") + (h.get("x-lark-request-nonce") or "")
+                    + key).encode("utf-8") + request.body
+            if not hmac.compare_digest(hashlib.sha256(base).hexdigest().encode(), h["x-lark-signature"].strip().encode()):
+                return False
+            if not token:
+                return True
+        elif not token:  # unsigned, and no token to vouch for it: only the harmless handshake
+            try:
+                return bool(key) and self.payload(request.body).get("type") == "url_verification"
+            except ValueError:
+                return False
+        try:  # the verification token, inside the (decrypted) body
+            raw, data = json.loads(request.body), self.payload(request.body)
+        except ValueError:  # bad JSON, base64, padding or UTF-8
+            return False
+        if key and not (isinstance(raw, dict) and "encrypt" in raw):
+            return False  # with an encrypt key, Feishu encrypts every callback
+        header = data.get("header") if isinstance(data.get("header"), dict) else {}
+        given = header.get("token") or data.get("token")
+        return isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = self.payload(request.body)
+        if data.get("type") == "url_verification":
+            return 200, {"challenge": str(data.get("challenge") or "")}
+        header, event = data.get("header") or {}, data.get("event") or {}
+        if data.get("schema") != "2.0" or header.get("event_type") != "im.message.receive_v1":
+            return 200, {}
+        event_id = str(header.get("event_id") or "")
+        if event_id in self.seen:
+            return 200, {}
+        self.seen[event_id] = None
+        while len(self.seen) > 1000:
+            self.seen.popitem(last=False)
+        message, sender = event.get("message") or {}, event.get("sender") or {}
+        if message.get("message_type") != "text" or sender.get("sender_type") not in (None, "user"):
+            return 200, {}
+        text = json.loads(message.get("content") or "{}").get("text")
+        direct = message.get("chat_type") == "p2p"
+        mentions = [m for m in message.get("mentions") or [] if isinstance(m, dict)]
+        names = {n.lower() for n in self.settings.get("bot_names") or []}
+        if not isinstance(text, str) or (not direct and not any(
+                not names or str(m.get("name") or "").lower() in names for m in mentions)):
+            return 200, {}  # groups: only messages addressed to the bot
+        ids = sender.get("sender_id") or {}
+        user = str(ids.get("open_id") or "")
+        conversation = Conversation(self.name, str(message.get("chat_id") or user), user, direct=direct,
+                                    meta={"message_id": str(message.get("message_id") or "")})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=MENTION.sub("", text).strip(),
+                                 message_id=conversation.meta["message_id"],
+                                 sender_aliases=tuple(str(ids[k]) for k in ("user_id", "union_id") if ids.get(k))))
+        return 200, {}
+
+    def _fetch_token(self) -> tuple[str, float]:
+        answer = self.http.json("POST", self.base() + "/open-apis/auth/v3/tenant_access_token/internal",
+                                json={"app_id": self.settings.get("app_id"), "app_secret": self.env("app_secret_env")})
+        if not isinstance(answer, dict) or answer.get("code") != 0 or not answer.get("tenant_access_token"):
+            raise ChannelError(f"feishu tenant_access_token: {answer.get('msg') if isinstance(answer, dict) else answer}")
+        return str(answer["tenant_access_token"]), float(answer.get("expire") or 7200)
+
+    def call(self, path: str, payload: dict[str, Any], params: dict[str, str] | None = None) -> dict[str, Any]:
+        """POST an Open API call with the tenant token; `data` of a `code` 0 answer."""
+        answer = self.http.json("POST", self.base() + path, json=payload, params=params,
+                                headers={"Authorization": "Bearer " + self.token.get()})
+        if not isinstance(answer, dict) or answer.get("code") != 0:
+            raise ChannelError(f"feishu {path}: {answer.get('msg') if isinstance(answer, dict) else 'not JSON'}")
+        return answer.get("data") or {}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        message_id = ""
+        reply_to = conversation.meta.get("message_id") or ""
+        for part in split_text(text, self.max_message_len):
+            content = json.dumps({"text": part}, ensure_ascii=False)
+            if reply_to:
+                data = self.call(f"/open-apis/im/v1/messages/{reply_to}/reply", {"msg_type": "text", "content": content})
+            else:
+                data = self.call("/open-apis/im/v1/messages", {"receive_id": conversation.chat_id, "msg_type": "text",
+                                                               "content": content}, params={"receive_id_type": "chat_id"})
+            message_id = str(data.get("message_id") or "")
+        return message_id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a Feishu chat_id, oc_...) to send a test message")
+        return Conversation(self.name, override, "", direct=False)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = FeishuAdapter

@@ -1,0 +1,142 @@
+"""Google Chat app over HTTP: interaction events POSTed to the adapter's own listener with
+`Authorization: Bearer <JWT>`, verified before use: RS256 signed by a certificate of
+chat@system.gserviceaccount.com (`certs_url`, cached, refetched on an unknown key id),
+issuer chat@system.gserviceaccount.com, audience the Cloud project number
+(`project_number`), not expired. MESSAGE events reach the agent; replies are posted in the
+message's thread with the service account: a JWT-bearer grant (an assertion signed with the
+key file's private key) for a chat.bot token, cached, then
+POST {api_url}/v1/{space}/messages?messageReplyOption=REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD.
+
+Docs: https://developers.google.com/workspace/chat/authenticate-authorize-chat-app (verifying
+requests), .../api/reference/rest/v1/spaces.messages/create, and
+https://developers.google.com/identity/protocols/oauth2/service-account (JWT-bearer grant).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jwt
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.jwtkeys import KeySet, bearer, verify_jwt
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.tokens import CachedToken
+from agentd.channels.bases.webhook import Request, WebhookAdapter
+
+ISSUER = "chat@system.gserviceaccount.com"
+SCOPE = "https://www.googleapis.com/auth/chat.bot"
+TOKEN_URL = "https://oauth2.googleapis.com/token"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+
+class GoogleChatAdapter(WebhookAdapter):
+    max_message_len = 4096
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+        self.keys = KeySet(self.http, str(settings.get("certs_url") or ""), kind="x509")
+        self.token = CachedToken(self._fetch_token)
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8444)
+
+    def prepare(self) -> None:
+        if not self.settings.get("project_number"):
+            raise ChannelError("project_number is not set: Google Chat signs its requests for the Cloud "
+                               "project number, which is how they are verified")
+        self.service_account()
+
+    def service_account(self) -> dict[str, Any]:
+        """The JSON key: the env var holds its path (or the JSON itself)."""
+        value = self.env("service_account_env").strip()
+        try:
+            if value.startswith("{"):
+                info = json.loads(value)
+            else:
+                with open(os.path.expanduser(value), encoding="utf-8") as handle:
+                    info = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise ChannelError(f"service account key unreadable: {type(exc).__name__}") from None
+        if not isinstance(info, dict) or not info.get("client_email") or not info.get("private_key"):
+            raise ChannelError("service account key lacks client_email or private_key")
+        return info
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        token = bearer(request.headers)
+        if not token:
+            return False
+        try:
+            verify_jwt(token, self.keys, ISSUER, str(self.settings.get("project_number")), leeway=60)
+        except ChannelError as exc:
+            self.ctx.log.info("google chat event refused: %s", exc)
+            return False
+        return True
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        event = request.json()
+        if not isinstance(event, dict):
+            raise ValueError("body must be a JSON object")
+        message = event.get("message")
+        if event.get("type") != "MESSAGE" or not isinstance(message, dict):
+            return 200, {}  # ADDED_TO_SPACE, REMOVED_FROM_SPACE, CARD_CLICKED
+        text = message.get("argumentText") if isinstance(message.get("argumentText"), str) else message.get("text")
+        sender = message.get("sender") or event.get("user") or {}
+        if not isinstance(text, str) or sender.get("type") == "BOT":
+            return 200, {}
+        space = message.get("space") or event.get("space") or {}
+        direct = space.get("type") == "DM" or space.get("spaceType") == "DIRECT_MESSAGE"
+        user = str(sender.get("name") or "")
+        conversation = Conversation(self.name, str(space.get("name") or ""), user, direct=direct,
+                                    meta={"thread": (message.get("thread") or {}).get("name") or ""})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text.strip(),
+                                 message_id=str(message.get("name") or ""),
+                                 sender_name=str(sender.get("displayName") or ""),
+                                 sender_aliases=(str(sender["email"]),) if sender.get("email") else ()))
+        return 200, {}  # the answer is posted through the API once the agent has it
+
+    def _fetch_token(self) -> tuple[str, float]:
+        info = self.service_account()
+        url = self.settings.get("token_url") or info.get("token_uri") or TOKEN_URL
+        now = int(time.time())
+        assertion = jwt.encode({"iss": info["client_email"], "scope": SCOPE, "aud": url, "iat": now, "exp": now + 3600},
+                               info["private_key"], algorithm="RS256",
+                               headers={"kid": info["private_key_id"]} if info.get("private_key_id") else None)
+        answer = self.http.json("POST", url, data={"grant_type": JWT_BEARER, "assertion": assertion})
+        if not isinstance(answer, dict) or not answer.get("access_token"):
+            raise ChannelError("google token: no access_token in the answer")
+        return str(answer["access_token"]), float(answer.get("expires_in") or 3600)
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        url = f"{str(self.settings.get('api_url')).rstrip('/')}/v1/{conversation.chat_id}/messages"
+        name = ""
+        for part in split_text(text, self.max_message_len):
+            body: dict[str, Any] = {"text": part}
+            params = {}
+            if conversation.meta.get("thread"):
+                body["thread"] = {"name": conversation.meta["thread"]}
+                params["messageReplyOption"] = "REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD"
+            answer = self.http.json("POST", url, json=body, params=params,
+                                    headers={"Authorization": "Bearer " + self.token.get()})
+            name = str(answer.get("name") or "") if isinstance(answer, dict) else ""
+        return name
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or next(iter(self.settings.get("space_ids") or []), "")
+        if not target.startswith("spaces/"):
+            raise ChannelError("pass chat_id (a space name, spaces/...) or set space_ids to send a test message")
+        return Conversation(self.name, target, "", direct=False)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = GoogleChatAdapter

@@ -1,0 +1,178 @@
+"""Slack: Events API events over Socket Mode (default) or over HTTP (`webhook_port` set),
+answered with the Web API's `chat.postMessage`.
+
+Socket Mode (https://docs.slack.dev/apis/events-api/using-socket-mode/): `POST
+apps.connections.open` with the app-level token (xapp-) gives a one-use WebSocket URL;
+Slack says `hello`, then sends envelopes that must be acknowledged with their
+`envelope_id`; a `disconnect` message (refresh_requested, warning...) means: open a new
+URL and reconnect. Events API over HTTP: every request is signed (`X-Slack-Signature`,
+v0 HMAC-SHA256 of `v0:{timestamp}:{body}` with the signing secret, timestamp within
+5 minutes), checked before parsing; `url_verification` echoes the challenge.
+
+Events: `message` in direct messages (channel_type im) and `app_mention` in channels
+(answered in the message's thread while `auto_thread_reply`). Web API calls answer HTTP
+200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import re
+from typing import Any
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
+from agentd.channels.bases.websocket import WebSocketAdapter
+
+
+def slack_signature(secret: str, timestamp: str, body: bytes) -> str:
+    """`v0=` + hex HMAC-SHA256 of `v0:{timestamp}:{body}` (Slack's request signing)."""
+    base = b"v0:" + timestamp.encode() + b":" + body
+    return "v0=" + hmac.new(secret.encode("utf-8"), base, hashlib.sha256).hexdigest()
+
+
+class SlackCommon:
+    """What both inbound modes share: the bot's identity, events, chat.postMessage."""
+
+    max_message_len = 4000  # Slack truncates at 40,000 and advises under 4,000
+    settings: dict[str, Any]
+    http: Any
+    ctx: Any
+    name: str
+    env: Any
+
+    def prepare_bot(self) -> None:
+        self.api = str(self.settings.get("api_url") or "https://slack.com/api").rstrip("/")
+        self.bot_token = self.env("bot_token_env")
+        who = self.web("auth.test", self.bot_token, retries=1)
+        self.bot_user, self.bot_id = str(who.get("user_id") or ""), str(who.get("bot_id") or "")
+        self.seen: collections.deque[tuple[str, str]] = collections.deque(maxlen=500)
+
+    def web(self, method: str, token: str, retries: int | None = None, **body: Any) -> dict[str, Any]:
+        """Call a Web API method; Slack reports errors as HTTP 200 with ok=false."""
+        answer = self.http.json("POST", f"{self.api}/{method}", json=body, retries=retries,
+                                headers={"Authorization": f"Bearer {token}"})
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
+            raise ChannelError(f"slack {method}: {error}")
+        return answer
+
+    def handle_event(self, event: Any, team: str = "") -> None:
+        if not isinstance(event, dict) or event.get("type") not in ("message", "app_mention"):
+            return
+        user, channel, ts = str(event.get("user") or ""), str(event.get("channel") or ""), str(event.get("ts") or "")
+        if event.get("subtype") or event.get("bot_id") or not user or user == self.bot_user:
+            return  # edits, joins, bots (ourselves included)
+        direct = event.get("channel_type") == "im"
+        if event["type"] == "message" and not direct:
+            return  # channel messages reach us as app_mention when they address the bot
+        if (channel, ts) in self.seen:
+            return  # the same message as `message` and `app_mention`, or a retried delivery
+        self.seen.append((channel, ts))
+        text = re.sub(rf"<@{re.escape(self.bot_user)}>", "", str(event.get("text") or "")).strip()
+        if not text:
+            return
+        thread = event.get("thread_ts") or ("" if direct or not self.settings.get("auto_thread_reply", True) else ts)
+        conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=ts,
+                                 chat_aliases=(team,) if team else ()))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare_bot()
+        ids = []
+        for part in split_text(text, self.max_message_len):
+            body: dict[str, Any] = {"channel": conversation.chat_id, "text": part,
+                                    "unfurl_links": bool(self.settings.get("unfurl_links", True))}
+            if conversation.meta.get("thread_ts"):
+                body["thread_ts"] = conversation.meta["thread_ts"]
+            ids.append(str(self.web("chat.postMessage", self.bot_token, **body).get("ts", "")))
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        target = override or next(iter(self.settings.get("allowed_channels") or []), "")
+        if not target:
+            raise ChannelError("no test target: pass chat_id (a Slack channel id) or set allowed_channels")
+        return Conversation(self.name, target)
+
+
+class SlackSocketAdapter(SlackCommon, WebSocketAdapter):
+    def prepare(self) -> None:
+        self.prepare_bot()
+        self.app_token = self.env("app_token_env")
+        self.ready = False
+        # The first URL now: a bad app token fails the start instead of a reconnect loop.
+        self.next_url = self.open_url()
+
+    def open_url(self) -> str:
+        return str(self.web("apps.connections.open", self.app_token, retries=1)["url"])
+
+    def ws_url(self) -> str:
+        # Each connection needs a fresh one-use URL.
+        url, self.next_url = self.next_url, ""
+        return url or self.open_url()
+
+    def on_open(self) -> None:
+        self.ready = False
+
+    def health(self) -> bool:
+        return self.healthy and self.ready
+
+    def on_message(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        if data.get("envelope_id"):  # acknowledge first: Slack redelivers what is not acked
+            self.ws_send({"envelope_id": data["envelope_id"]})
+        kind = data.get("type")
+        if kind == "hello":
+            self.ready = True
+        elif kind == "disconnect":
+            raise ChannelError(f"slack asked to reconnect ({data.get('reason')})")
+        elif kind == "events_api":
+            payload = data.get("payload") or {}
+            self.handle_event(payload.get("event"), str(payload.get("team_id") or ""))
+
+
+class SlackEventsAdapter(SlackCommon, WebhookAdapter):
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+
+    def listen_port(self) -> int:
+        return int(self.settings["webhook_port"])
+
+    def prepare(self) -> None:
+        self.env("signing_secret_env")
+        self.prepare_bot()
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        secret = self.env("signing_secret_env", required=False)
+        stamp = request.headers.get("x-slack-request-timestamp") or ""
+        given = (request.headers.get("x-slack-signature") or "").strip()
+        return bool(secret and given) and within_window(stamp, 300) and hmac.compare_digest(
+            slack_signature(secret, stamp, request.body).encode(), given.encode())
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        data = request.json()
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        if data.get("type") == "url_verification":
+            return 200, {"challenge": str(data.get("challenge") or "")}
+        if data.get("type") == "event_callback":
+            self.handle_event(data.get("event"), str(data.get("team_id") or ""))
+        return 200, {}
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+def ADAPTER(ctx, settings):  # type: ignore[no-untyped-def] # noqa: N802 - the registry's name
+    """Socket Mode unless `webhook_port` asks for the Events API over HTTP."""
+    return (SlackEventsAdapter if settings.get("webhook_port") else SlackSocketAdapter)(ctx, settings)

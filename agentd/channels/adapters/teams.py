@@ -1,0 +1,129 @@
+"""Microsoft Teams through the Bot Framework: activities POSTed to the adapter's own
+listener with `Authorization: Bearer <JWT>`, verified before use: RS256 signature by a key
+of the Bot Framework's OpenID configuration (`openid_url` → jwks_uri, cached, refetched
+on an unknown key id) that endorses the activity's channel, issuer
+https://api.botframework.com, audience `app_id`, expiry (5 minutes of clock skew), and the
+`serviceUrl` claim equal to the activity's serviceUrl. Replies: an OAuth2
+client-credentials token (cached until expiry), then
+POST {serviceUrl}/v3/conversations/{conversationId}/activities/{activityId}.
+
+Docs: https://learn.microsoft.com/azure/bot-service/rest-api/bot-framework-rest-connector-authentication
+and .../bot-framework-rest-connector-send-and-receive-messages
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import quote
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.jwtkeys import KeySet, bearer, key_endorses, verify_jwt
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.tokens import CachedToken
+from agentd.channels.bases.webhook import Request, WebhookAdapter
+
+ISSUER = "https://api.botframework.com"
+SCOPE = "https://api.botframework.com/.default"
+AT_TAG = re.compile(r"<at>.*?</at>\s*", re.IGNORECASE | re.DOTALL)  # the bot's @mention in channels
+
+
+class TeamsAdapter(WebhookAdapter):
+    max_message_len = 10000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+        self.keys = KeySet(self.http, str(settings.get("openid_url") or ""), kind="openid")
+        self.token = CachedToken(self._fetch_token)
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 3978)
+
+    def prepare(self) -> None:
+        if not self.settings.get("app_id"):
+            raise ChannelError("app_id is not set (the Azure Bot's Microsoft App ID)")
+        self.env("app_password_env")
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        token = bearer(request.headers)
+        if not token:
+            return False
+        try:
+            claims, jwk = verify_jwt(token, self.keys, ISSUER, str(self.settings.get("app_id")), leeway=300)
+            activity = json.loads(request.body.decode("utf-8"))
+        except (ChannelError, ValueError) as exc:
+            self.ctx.log.info("teams activity refused: %s", exc)
+            return False
+        if not isinstance(activity, dict):
+            return False
+        # The token is only good for the service URL it names: replies go there.
+        claimed, given = str(claims.get("serviceUrl") or ""), str(activity.get("serviceUrl") or "")
+        return bool(given) and claimed.rstrip("/") == given.rstrip("/") and \
+            key_endorses(jwk, str(activity.get("channelId") or ""))
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        activity = request.json()
+        if activity.get("type") != "message" or not isinstance(activity.get("text"), str):
+            return 200, {}  # conversationUpdate, typing, reactions...
+        sender, chat = activity.get("from") or {}, activity.get("conversation") or {}
+        user = str(sender.get("id") or "")
+        tenant = str(chat.get("tenantId") or ((activity.get("channelData") or {}).get("tenant") or {}).get("id") or "")
+        allowed = [t.lower() for t in self.settings.get("allowed_tenants") or []]
+        if allowed and tenant.lower() not in allowed:
+            self.ctx.audit("refused", sender=user, chat=str(chat.get("id") or ""),
+                           message_id=str(activity.get("id") or ""), reason="tenant not in allowed_tenants")
+            return 200, {}
+        text = AT_TAG.sub("", activity["text"]).strip()
+        conversation = Conversation(self.name, str(chat.get("id") or ""), user,
+                                    direct=chat.get("conversationType") in (None, "personal"),
+                                    meta={"service_url": activity["serviceUrl"], "activity_id": str(activity.get("id") or ""),
+                                          "bot": activity.get("recipient") or {}, "user": {"id": user, "name": sender.get("name")}})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(activity.get("id") or ""),
+                                 sender_name=str(sender.get("name") or ""),
+                                 sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else ()))
+        return 200, {}
+
+    def _fetch_token(self) -> tuple[str, float]:
+        answer = self.http.json("POST", str(self.settings.get("token_url")), data={
+            "grant_type": "client_credentials", "client_id": self.settings.get("app_id"),
+            "client_secret": self.env("app_password_env"), "scope": SCOPE})
+        if not isinstance(answer, dict) or not answer.get("access_token"):
+            raise ChannelError("teams token: no access_token in the answer")
+        return str(answer["access_token"]), float(answer.get("expires_in") or 3600)
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        meta = conversation.meta
+        base = str(meta.get("service_url") or self.settings.get("service_url") or "").rstrip("/")
+        url = f"{base}/v3/conversations/{quote(conversation.chat_id, safe='')}/activities"
+        reply_to = meta.get("activity_id") or ""
+        if reply_to:
+            url += "/" + quote(reply_to, safe="")
+        activity_id = ""
+        for part in split_text(text, self.max_message_len):
+            activity: dict[str, Any] = {"type": "message", "text": part, "textFormat": "markdown",
+                                        "conversation": {"id": conversation.chat_id}}
+            if meta.get("bot"):
+                activity["from"] = meta["bot"]
+            if reply_to:
+                activity.update(replyToId=reply_to, recipient=meta.get("user") or {})
+            answer = self.http.json("POST", url, json=activity,
+                                    headers={"Authorization": "Bearer " + self.token.get()})
+            activity_id = str(answer.get("id") or "") if isinstance(answer, dict) else ""
+        return activity_id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a Teams conversation id the bot is in) to send a test message")
+        return Conversation(self.name, override, "", direct=False)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+ADAPTER = TeamsAdapter

@@ -1,0 +1,150 @@
+"""Threema Gateway: incoming-message callbacks (form-encoded `from, to, messageId, date,
+nonce, box, mac`; `mac` = hex HMAC-SHA256 of from||to||messageId||date||nonce||box keyed
+with the API secret, checked before anything else), NaCl-encrypted boxes opened with our
+private key and the sender's public key (`GET /pubkey/{id}`); the ID and secret are checked
+with `GET /credits` at start; replies end-to-end encrypted
+via `POST /send_e2e`, or `POST /send_simple` (basic mode: no private key, send only, since
+the Gateway delivers no incoming messages to basic IDs).
+
+Docs: https://gateway.threema.ch/en/developer/api and /developer/e2e (message container:
+type byte, PKCS#7-style random padding; type 0x01 = UTF-8 text).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+from typing import Any
+
+from nacl.exceptions import CryptoError
+from nacl.public import Box, PrivateKey, PublicKey
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.adapters.threema_box import callback_mac, pad, parse_form, parse_key, unpad
+from agentd.channels.bases.webhook import Request, WebhookAdapter
+
+API_URL = "https://msgapi.threema.ch"
+TEXT = 0x01
+MAX_TEXT_BYTES = 3500  # the Gateway's text limit, in UTF-8 bytes
+
+
+class ThreemaAdapter(WebhookAdapter):
+    max_message_len = MAX_TEXT_BYTES
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.http = HttpSender(stop=self.stopping)
+        self._public_keys: dict[str, PublicKey] = {}  # looked-up keys; an ID's key never changes
+        self._lock = threading.Lock()
+
+    def api(self, path: str) -> str:
+        return (self.settings.get("api_url") or API_URL).rstrip("/") + path
+
+    def listen_port(self) -> int:
+        return int(self.settings.get("webhook_port") or 8454)
+
+    def private_key(self) -> PrivateKey | None:
+        """Our end-to-end private key (E2E mode), or None in basic mode."""
+        value = self.env("private_key_env", required=False)
+        if not value:
+            return None
+        try:
+            return PrivateKey(parse_key(value))
+        except ValueError as exc:
+            raise ChannelError(f"{self.settings.get('private_key_env')}: not a Threema private key ({exc})") from None
+
+    def identity(self) -> str:
+        identity = str(self.settings.get("threema_id") or "")
+        if len(identity) != 8:
+            raise ChannelError("threema_id must be the 8-character Gateway ID (e.g. *MYID001)")
+        return identity
+
+    def prepare(self) -> None:
+        self.private_key()
+        # GET /credits checks the ID and secret (401 when wrong) before the listener opens.
+        self.http.request("GET", self.api("/credits"), params={"from": self.identity(), "secret": self.env("secret_env")})
+
+    def routes(self):  # type: ignore[no-untyped-def]
+        return {("POST", "*"): self._inbound}
+
+    def verify(self, request: Request) -> bool:
+        secret = self.env("secret_env", required=False)
+        form = parse_form(request.body)
+        given = form.get("mac", "")
+        return bool(secret and given) and hmac.compare_digest(callback_mac(secret, form).encode(),
+                                                              given.strip().lower().encode())
+
+    def public_key(self, identity: str) -> PublicKey:
+        with self._lock:
+            known = self._public_keys.get(identity)
+        if known is None:
+            response = self.http.request("GET", self.api(f"/pubkey/{identity}"), params={
+                "from": self.identity(), "secret": self.env("secret_env")})
+            try:
+                known = PublicKey(parse_key(response.text))
+            except ValueError:
+                raise ChannelError(f"threema pubkey/{identity}: not a public key") from None
+            with self._lock:
+                self._public_keys[identity] = known
+        return known
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        form = parse_form(request.body)
+        sender, key = form.get("from", ""), self.private_key()
+        if form.get("to") != self.identity() or len(sender) != 8:
+            raise ValueError("not addressed to this Gateway ID")
+        if key is None:
+            self.ctx.log.warning("threema: message from %s not readable in basic mode (set private_key_env)", sender)
+            return 200, {}
+        try:
+            plain = Box(key, self.public_key(sender)).decrypt(bytes.fromhex(form.get("box", "")),
+                                                              bytes.fromhex(form.get("nonce", "")))
+            content = unpad(plain)
+        except (CryptoError, ValueError, ChannelError) as exc:
+            raise ValueError(f"cannot decrypt the message box: {exc}") from None
+        if content[:1] == bytes([TEXT]):  # receipts, files, groups... are not chat text
+            conversation = Conversation(self.name, sender, sender, direct=True)
+            self.ctx.deliver(Inbound(conversation, sender_id=sender, text=content[1:].decode("utf-8", "replace"),
+                                     message_id=form.get("messageId", ""), sender_name=form.get("nickname", "")))
+        return 200, {}
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        key, message_id = self.private_key(), ""
+        base = {"from": self.identity(), "to": conversation.chat_id, "secret": self.env("secret_env")}
+        for part in _byte_parts(text, MAX_TEXT_BYTES):
+            if key is None:
+                response = self.http.request("POST", self.api("/send_simple"), data={**base, "text": part})
+            else:
+                nonce = secrets.token_bytes(Box.NONCE_SIZE)
+                box = Box(key, self.public_key(conversation.chat_id)).encrypt(
+                    pad(bytes([TEXT]) + part.encode("utf-8")), nonce).ciphertext
+                response = self.http.request("POST", self.api("/send_e2e"),
+                                             data={**base, "nonce": nonce.hex(), "box": box.hex()})
+            message_id = response.text.strip()
+        return message_id
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (a recipient's 8-character Threema ID) to send a test message")
+        return Conversation(self.name, override, override, direct=True)
+
+    def close(self) -> None:
+        super().close()
+        self.http.close()
+
+
+def _byte_parts(text: str, limit: int) -> list[str]:
+    """split_text by characters, then again until every part fits `limit` UTF-8 bytes."""
+    parts = []
+    for part in split_text(text, limit):
+        while len(part.encode("utf-8")) > limit:
+            head = split_text(part, max(1, len(part) // 2))[0]
+            parts.append(head)
+            part = part[len(head):].lstrip()
+        parts.append(part)
+    return parts
+
+
+ADAPTER = ThreemaAdapter

@@ -1,0 +1,197 @@
+"""A fake Discord (API v10 + Gateway v10), written from Discord's developer docs
+(https://discord.com/developers/docs/topics/gateway, .../resources/message).
+
+REST under `/api/v10`: `GET /users/@me`, `GET /gateway/bot` (the gateway URL),
+`POST /channels/{id}/messages` (2000-character limit, 50035 on longer content),
+`POST /channels/{id}/typing` (204); `Authorization: Bot <token>` or 401 `{"message":
+"401: Unauthorized", "code": 0}`; scripted 429s with Retry-After and a body `retry_after`.
+
+Gateway on `/` (and the resume URL `/resume`): HELLO (op 10), IDENTIFY (op 2: token,
+intents) -> READY (session id, bot user, resume_gateway_url); heartbeats (op 1) answered
+by op 11 unless `ack` is False; close 4004 for a wrong token, 4014 for privileged intents
+the app may not use (`privileged_ok` False); RESUME (op 6) replays the session's events after the
+client's sequence number, then RESUMED; op 9 for an unknown session. Every session keeps
+its own numbered events, so a client that resumes gets what it missed. The bot's own
+messages come back as MESSAGE_CREATE, as on Discord.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+
+from flask import jsonify, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from fakes.platform import FakePlatform
+
+BOT = {"id": "900000000000000001", "username": "agentbot", "discriminator": "0", "bot": True}
+GUILD = "800000000000000001"
+PRIVILEGED = (1 << 1) | (1 << 8) | (1 << 15)  # GUILD_MEMBERS, GUILD_PRESENCES, MESSAGE_CONTENT
+
+
+class FakeDiscord(FakePlatform):
+    def __init__(self, token: str, heartbeat_ms: int = 45000) -> None:
+        super().__init__("discord")
+        self.token = token
+        self.heartbeat_ms = heartbeat_ms
+        self.ack = True                                   # answer heartbeats with op 11
+        self.privileged_ok = True                         # privileged intents enabled for the app
+        self.messages: list[dict[str, Any]] = []
+        self.typing: list[str] = []
+        self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
+        self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+        self.socks: list[Any] = []
+        self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
+        self.session_ids = itertools.count(1)
+        app, sock = self.app, Sock(self.app)
+
+        def authorised() -> bool:
+            return request.headers.get("Authorization") == f"Bot {self.token}"
+
+        @app.before_request
+        def auth():
+            if request.path.startswith("/api/") and not authorised():
+                return jsonify({"message": "401: Unauthorized", "code": 0}), 401
+
+        @app.get("/api/v10/users/@me")
+        def me():
+            return jsonify(BOT)
+
+        @app.get("/api/v10/gateway/bot")
+        def gateway_bot():
+            return jsonify({"url": self.url.replace("http", "ws", 1), "shards": 1,
+                            "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0,
+                                                    "max_concurrency": 1}})
+
+        @app.post("/api/v10/channels/<channel>/messages")
+        def create_message(channel: str):
+            limited = self.throttled({"message": "You are being rate limited.", "retry_after": 1.0, "global": False})
+            if limited is not None:
+                return limited
+            body = request.get_json()
+            content = body.get("content") or ""
+            if not content or len(content) > 2000:
+                return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"content": {
+                    "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}), 400
+            message = self._message(channel, BOT, content, guild=self.guild_of(channel),
+                                    reference=body.get("message_reference"))
+            self.record(channel=channel, content=content, reference=(body.get("message_reference") or {}).get(
+                "message_id"), allowed_mentions=body.get("allowed_mentions"))
+            return jsonify(message)
+
+        @app.post("/api/v10/channels/<channel>/typing")
+        def typing(channel: str):
+            self.typing.append(channel)
+            return "", 204
+
+        sock.route("/", endpoint="gateway")(lambda ws: self._serve(ws, "/"))
+        sock.route("/resume/", endpoint="resume")(lambda ws: self._serve(ws, "/resume"))
+
+    # -- the gateway ---------------------------------------------------------------------
+    def _serve(self, ws: Any, path: str) -> None:
+        self.socks.append(ws)
+        ws.send(json.dumps({"op": 10, "d": {"heartbeat_interval": self.heartbeat_ms}, "s": None, "t": None}))
+        session, sent = "", 0
+        try:
+            while True:
+                raw = ws.receive(timeout=0.05)
+                if raw is not None:
+                    frame = json.loads(raw)
+                    self.received.append((path, frame))
+                    op, d = frame.get("op"), frame.get("d")
+                    if op == 1:
+                        self.polled()
+                        if self.ack:
+                            ws.send(json.dumps({"op": 11, "d": None, "s": None, "t": None}))
+                    elif op == 2:
+                        if d.get("token") != self.token:
+                            ws.close(4004, "Authentication failed.")
+                            return
+                        if int(d.get("intents") or 0) & PRIVILEGED and not self.privileged_ok:
+                            ws.close(4014, "Disallowed intent(s).")
+                            return
+                        session = f"session{next(self.session_ids)}"
+                        self.sessions[session] = []
+                        self._event(session, "READY", {
+                            "v": 10, "user": BOT, "guilds": [{"id": GUILD, "unavailable": True}],
+                            "session_id": session, "resume_gateway_url": self.url.replace("http", "ws", 1) + "/resume",
+                            "application": {"id": BOT["id"], "flags": 0}})
+                    elif op == 6:
+                        if d.get("token") != self.token or d.get("session_id") not in self.sessions:
+                            ws.send(json.dumps({"op": 9, "d": False, "s": None, "t": None}))
+                            continue
+                        session, sent = d["session_id"], int(d.get("seq") or 0)
+                        self._event(session, "RESUMED", {})
+                if session:
+                    for seq, kind, data in list(self.sessions[session]):
+                        if seq > sent:
+                            ws.send(json.dumps({"op": 0, "s": seq, "t": kind, "d": data}))
+                            sent = seq
+        except (ConnectionClosed, OSError):
+            return
+
+    def _event(self, session: str, kind: str, data: dict[str, Any]) -> None:
+        with self.lock:
+            events = self.sessions[session]
+            events.append((len(events) + 1, kind, data))
+
+    def dispatch(self, kind: str, data: dict[str, Any]) -> None:
+        for session in list(self.sessions):
+            self._event(session, kind, data)
+
+    def send_op(self, op: int, d: Any = None) -> None:
+        """Send a bare opcode (7 reconnect, 9 invalid session, 1 heartbeat request) to every socket."""
+        for ws in list(self.socks):
+            try:
+                ws.send(json.dumps({"op": op, "d": d, "s": None, "t": None}))
+            except (ConnectionClosed, OSError):
+                pass
+
+    # -- platform users ------------------------------------------------------------------
+    @staticmethod
+    def guild_of(channel: str) -> str | None:
+        return None if channel.startswith("dm-") else GUILD
+
+    def _message(self, channel: str, author: dict[str, Any], content: str, guild: str | None,
+                 reference: dict[str, Any] | None = None, mentions: list[dict[str, Any]] | None = None,
+                 **extra: Any) -> dict[str, Any]:
+        message = {"id": str(next(self.snowflakes)), "channel_id": channel, "author": author, "content": content,
+                   "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "tts": False,
+                   "mention_everyone": False, "mentions": mentions or [], "type": 19 if reference else 0,
+                   **extra}
+        if reference:
+            message["message_reference"] = {"message_id": reference.get("message_id"), "channel_id": channel}
+        self.messages.append(message)
+        self.dispatch("MESSAGE_CREATE", {**message, **({"guild_id": guild} if guild else {})})
+        return message
+
+    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False, bot: bool = False) -> str:
+        """A user posts (in their DM channel unless `channel`); `mention` addresses the bot."""
+        channel = channel or f"dm-{user}"
+        author = {"id": f"id-{user}", "username": user, "discriminator": "0", **({"bot": True} if bot else {})}
+        mentions = [BOT] if mention else []
+        content = f"<@{BOT['id']}> {text}" if mention else text
+        self._message(channel, author, content, self.guild_of(channel), mentions=mentions)
+        return channel
+
+    def replies(self, channel: str) -> list[str]:
+        return [s["content"] for s in self.sent if s["channel"] == channel]
+
+    def restart(self, down_for: float = 0.3) -> None:
+        for ws in list(self.socks):
+            try:
+                ws.close()
+            except (ConnectionClosed, OSError):
+                pass
+        self.socks.clear()
+        super().restart(down_for)
+
+    def identifies(self) -> list[dict[str, Any]]:
+        return [f["d"] for _, f in self.received if f.get("op") == 2]
+
+    def resumes(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(p, f["d"]) for p, f in self.received if f.get("op") == 6]

@@ -1,0 +1,118 @@
+"""A fake Feishu/Lark Open Platform (https://open.feishu.cn/document/server-docs/):
+POST /open-apis/auth/v3/tenant_access_token/internal {app_id, app_secret} →
+{code 0, tenant_access_token, expire}; POST /open-apis/im/v1/messages?receive_id_type=chat_id
+and /open-apis/im/v1/messages/{message_id}/reply with `Authorization: Bearer <tenant token>`,
+`msg_type` text and `content` a JSON string {"text": ...} → {code 0, data {message_id}}.
+While `throttle` holds seconds: HTTP 429, code 99991400 and `x-ogw-ratelimit-reset`, as
+Feishu's rate limiter answers. `callback()` builds an event subscription v2 callback the
+way Feishu sends it: optionally encrypted (base64(IV + AES-256-CBC with sha256(encrypt key),
+PKCS#7)) and signed (X-Lark-Signature = hex sha256(timestamp + nonce + encrypt key + body))."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from flask import Flask, jsonify, request
+
+from fakes.http import FakeServer
+
+
+def encrypt(key: str, plain: bytes) -> str:
+    padder = padding.PKCS7(128).padder()
+    data = padder.update(plain) + padder.finalize()
+    iv = os.urandom(16)
+    encryptor = Cipher(algorithms.AES(hashlib.sha256(key.encode()).digest()), modes.CBC(iv)).encryptor()
+    return base64.b64encode(iv + encryptor.update(data) + encryptor.finalize()).decode()
+
+
+def sign(key: str, timestamp: str, nonce: str, body: bytes) -> str:
+    return hashlib.sha256((timestamp + nonce + key).encode() + body).hexdigest()
+
+
+def message_event(text: str, open_id: str, token: str, chat_type: str = "p2p", chat_id: str = "",
+                  mention: str = "", event_id: str = "") -> dict[str, Any]:
+    """An im.message.receive_v1 event (schema 2.0); `mention` names the @-mentioned bot."""
+    mentions = []
+    if mention:
+        text = "@_user_1 " + text
+        mentions = [{"key": "@_user_1", "id": {"open_id": "ou_bot", "union_id": "on_bot", "user_id": ""},
+                     "name": mention, "tenant_key": "tk1"}]
+    now = str(int(time.time() * 1000))
+    return {"schema": "2.0", "header": {"event_id": event_id or uuid.uuid4().hex, "token": token,
+                                        "create_time": now, "event_type": "im.message.receive_v1",
+                                        "tenant_key": "tk1", "app_id": "cli_test"},
+            "event": {"sender": {"sender_id": {"union_id": "on_" + open_id, "user_id": "u_" + open_id,
+                                               "open_id": open_id}, "sender_type": "user", "tenant_key": "tk1"},
+                      "message": {"message_id": "om_" + uuid.uuid4().hex, "root_id": "", "parent_id": "",
+                                  "create_time": now, "update_time": now,
+                                  "chat_id": chat_id or "oc_dm_" + open_id, "chat_type": chat_type,
+                                  "message_type": "text", "content": json.dumps({"text": text}),
+                                  "mentions": mentions}}}
+
+
+def callback(payload: dict[str, Any], encrypt_key: str = "", signed: bool = True) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a callback: encrypted and signed when an encrypt key is given."""
+    headers = {"Content-Type": "application/json"}
+    if not encrypt_key:
+        return json.dumps(payload).encode(), headers
+    body = json.dumps({"encrypt": encrypt(encrypt_key, json.dumps(payload).encode())}).encode()
+    if signed:
+        timestamp, nonce = str(int(time.time())), uuid.uuid4().hex[:16]
+        headers.update({"X-Lark-Request-Timestamp": timestamp, "X-Lark-Request-Nonce": nonce,
+                        "X-Lark-Signature": sign(encrypt_key, timestamp, nonce, body)})
+    return body, headers
+
+
+class FakeFeishu(FakeServer):
+    def __init__(self, app_id: str, app_secret: str) -> None:
+        self.app_id, self.app_secret = app_id, app_secret
+        self.tokens: list[str] = []  # tenant tokens issued
+        self.sent: list[dict[str, Any]] = []  # {api: reply|create, to, text, message_id, at}
+        self.throttle: list[int] = []
+        app = Flask("fake-feishu")
+
+        @app.post("/open-apis/auth/v3/tenant_access_token/internal")
+        def tenant_token():
+            body = request.get_json(silent=True) or {}
+            if body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret:
+                return jsonify({"code": 10014, "msg": "app secret invalid"})
+            self.tokens.append("t-" + uuid.uuid4().hex)
+            return jsonify({"code": 0, "msg": "ok", "tenant_access_token": self.tokens[-1], "expire": 7200})
+
+        @app.post("/open-apis/im/v1/messages")
+        def create():
+            if request.args.get("receive_id_type") != "chat_id":
+                return jsonify({"code": 99992402, "msg": "field validation failed"}), 400
+            return self._message("create", (request.get_json(silent=True) or {}).get("receive_id"))
+
+        @app.post("/open-apis/im/v1/messages/<message_id>/reply")
+        def reply(message_id: str):
+            return self._message("reply", message_id)
+
+        super().__init__(app)
+
+    def _message(self, api: str, to: Any):  # type: ignore[no-untyped-def]
+        if not self.tokens or request.headers.get("Authorization") != f"Bearer {self.tokens[-1]}":
+            return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+        if self.throttle:
+            return jsonify({"code": 99991400, "msg": "request trigger frequency limit"}), 429, \
+                {"x-ogw-ratelimit-limit": "5", "x-ogw-ratelimit-reset": str(self.throttle.pop(0))}
+        body = request.get_json(silent=True) or {}
+        try:
+            text = json.loads(body.get("content") or "").get("text")
+        except (ValueError, AttributeError):
+            text = None
+        if body.get("msg_type") != "text" or not isinstance(text, str) or not to:
+            return jsonify({"code": 230001, "msg": "invalid message content"}), 400
+        message_id = "om_" + uuid.uuid4().hex
+        self.sent.append({"api": api, "to": to, "text": text, "message_id": message_id, "at": time.time()})
+        return jsonify({"code": 0, "msg": "success", "data": {"message_id": message_id, "msg_type": "text",
+                                                               "body": {"content": body["content"]}}})

@@ -1,0 +1,156 @@
+"""A fake Revolt (delta REST + Bonfire WebSocket), written from Revolt's documentation
+(revoltchat/documentation: docs/stack/bonfire/{establishing,events}.md and
+docs/stack/delta/rate_limits.md, plus the OpenAPI schema for Message and Channel).
+
+REST: `GET /users/@me`, `GET /channels/{id}`,
+`POST /channels/{id}/messages` ({content, replies: [{id, mention}]}, content 1-2000
+characters); `x-bot-token` or 401 `{"type": "InvalidSession"}`; a scripted 429 answers
+`{"retry_after": <milliseconds>}` with `X-RateLimit-Reset-After` (milliseconds) and no
+Retry-After header, as Revolt's limiter does.
+
+Bonfire on `/`: `Authenticate` -> `Authenticated` + `Ready` (or `Error` InvalidSession);
+`Ping` -> `Pong` with the same data (unless `pong` is False); `BeginTyping` recorded;
+`Message` events to every authenticated socket, the bot's own included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from flask import jsonify, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from fakes.platform import FakePlatform
+
+BOT = {"_id": "01BOT00000000000000000000A", "username": "agentbot", "discriminator": "0001",
+       "bot": {"owner": "01OWNER000000000000000000A"}, "online": True}
+SERVER = "01SERVER0000000000000000AA"
+GENERAL = "01GENERAL000000000000000AA"
+LATER = "01LATER00000000000000000AA"   # a channel Ready does not list (fetched on demand)
+
+
+def user(name: str) -> dict[str, Any]:
+    return {"_id": f"01USER{name.upper():0<20}"[:26], "username": name, "discriminator": "1234", "online": True}
+
+
+class FakeRevolt(FakePlatform):
+    def __init__(self, token: str) -> None:
+        super().__init__("revolt")
+        self.token = token
+        self.pong = True
+        self.events: list[dict[str, Any]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self.typing: list[str] = []
+        self.socks: list[Any] = []
+        self.people = {n: user(n) for n in ("ann", "bob", "mallory")}
+        self.people["otherbot"] = {**user("otherbot"), "bot": {"owner": "someone"}}
+        self.ids = itertools.count(1)
+        self.channels = {GENERAL: {"channel_type": "TextChannel", "_id": GENERAL, "server": SERVER, "name": "general"},
+                         LATER: {"channel_type": "TextChannel", "_id": LATER, "server": SERVER, "name": "later"}}
+        for name, person in self.people.items():
+            self.channels[f"DM{name.upper()}"] = {"channel_type": "DirectMessage", "_id": f"DM{name.upper()}",
+                                                  "active": True, "recipients": [BOT["_id"], person["_id"]]}
+        app, sock = self.app, Sock(self.app)
+
+        @app.before_request
+        def auth():
+            if request.path != "/" and request.headers.get("x-bot-token") != self.token:
+                return jsonify({"type": "InvalidSession", "location": "crates/core/database/src/models/users"}), 401
+
+        @app.get("/users/@me")
+        def me():
+            return jsonify(BOT)
+
+        @app.get("/channels/<channel>")
+        def fetch_channel(channel: str):
+            if channel not in self.channels:
+                return jsonify({"type": "NotFound"}), 404
+            return jsonify(self.channels[channel])
+
+        @app.post("/channels/<channel>/messages")
+        def send(channel: str):
+            if self.throttle:
+                millis = self.throttle.pop(0) * 1000
+                response = jsonify({"retry_after": millis})
+                response.status_code = 429
+                response.headers.update({"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "0",
+                                         "X-RateLimit-Bucket": "messages", "X-RateLimit-Reset-After": str(millis)})
+                return response
+            body = request.get_json()
+            content = body.get("content") or ""
+            if channel not in self.channels or not 1 <= len(content) <= 2000:
+                return jsonify({"type": "FailedValidation", "error": "content"}), 400
+            message = self._post(channel, BOT["_id"], content, replies=[r["id"] for r in body.get("replies") or []])
+            self.record(channel=channel, content=content, replies=body.get("replies") or [])
+            return jsonify(message)
+
+        @sock.route("/", endpoint="bonfire")
+        def bonfire(ws):
+            self._serve(ws)
+
+    def _serve(self, ws: Any) -> None:
+        self.socks.append(ws)
+        cursor = None
+        try:
+            while True:
+                raw = ws.receive(timeout=0.05)
+                if raw is not None:
+                    frame = json.loads(raw)
+                    self.received.append(frame)
+                    kind = frame.get("type")
+                    if kind == "Authenticate":
+                        if frame.get("token") != self.token:
+                            ws.send(json.dumps({"type": "Error", "error": "InvalidSession"}))
+                            continue
+                        ws.send(json.dumps({"type": "Authenticated"}))
+                        ws.send(json.dumps({"type": "Ready", "users": [BOT, *self.people.values()],
+                                            "servers": [{"_id": SERVER, "name": "Test", "owner": "x",
+                                                         "channels": [GENERAL, LATER]}],
+                                            "channels": [c for i, c in self.channels.items() if i != LATER]}))
+                        cursor = len(self.events)
+                    elif kind == "Ping":
+                        self.polled()
+                        if self.pong:
+                            ws.send(json.dumps({"type": "Pong", "data": frame.get("data")}))
+                    elif kind == "BeginTyping":
+                        self.typing.append(frame.get("channel"))
+                if cursor is not None:
+                    while cursor < len(self.events):
+                        ws.send(json.dumps(self.events[cursor]))
+                        cursor += 1
+        except (ConnectionClosed, OSError):
+            return
+
+    def _post(self, channel: str, author: str, content: str, **extra: Any) -> dict[str, Any]:
+        message = {"_id": f"01MSG{next(self.ids):021d}", "channel": channel, "author": author, "content": content,
+                   **{k: v for k, v in extra.items() if v}}
+        self.messages.append(message)
+        with self.lock:
+            self.events.append({"type": "Message", **message})
+        return message
+
+    def user_says(self, name: str, text: str, channel: str = "", mention: bool = False) -> str:
+        """`name` writes in their DM with the bot unless `channel`; `mention` adds `<@bot>`."""
+        channel = channel or f"DM{name.upper()}"
+        person = self.people[name]
+        if mention:
+            self._post(channel, person["_id"], f"<@{BOT['_id']}> {text}", mentions=[BOT["_id"]])
+        else:
+            self._post(channel, person["_id"], text)
+        return channel
+
+    def replies(self, channel: str) -> list[str]:
+        return [s["content"] for s in self.sent if s["channel"] == channel]
+
+    def restart(self, down_for: float = 0.3) -> None:
+        for ws in list(self.socks):
+            try:
+                ws.close()
+            except (ConnectionClosed, OSError):
+                pass
+        self.socks.clear()
+        super().restart(down_for)

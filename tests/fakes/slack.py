@@ -1,0 +1,189 @@
+"""A fake Slack, written from Slack's documentation (Web API methods apps.connections.open,
+auth.test, chat.postMessage; "Using Socket Mode"; the Events API's event_callback and
+url_verification; "Verifying requests from Slack").
+
+Web API under `/api/<method>` (POST, `Authorization: Bearer`): errors are HTTP 200 with
+`{"ok": false, "error": ...}` (invalid_auth, not_allowed_token_type, channel_not_found,
+msg_too_long); a scripted 429 has Retry-After and `{"ok": false, "error": "ratelimited"}`.
+`apps.connections.open` (app token, xapp-) returns a one-use `wss` URL with a ticket.
+
+Socket Mode on `/link/`: `hello`, then `events_api` envelopes; acknowledgements
+(`{"envelope_id": ...}`) are recorded and an envelope not acknowledged is delivered again
+on the next connection (retry_attempt + 1); `disconnect()` sends a disconnect message.
+When `webhook` is set, events go to that URL as signed Events API requests instead.
+A channel message that mentions the bot arrives twice, as `message` and `app_mention`;
+the bot's own posts come back as `message` events with its bot_id, as on Slack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from typing import Any
+
+import requests
+from flask import jsonify, request
+from flask_sock import Sock
+from simple_websocket import ConnectionClosed
+
+from fakes.platform import FakePlatform
+
+TEAM, APP, BOT_USER, BOT_ID = "T0FAKE", "A0FAKE", "U0BOT", "B0BOT"
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """Slack's v0 signature, computed the way its docs describe (independently of agentd)."""
+    return "v0=" + hmac.new(secret.encode(), f"v0:{timestamp}:".encode() + body, hashlib.sha256).hexdigest()
+
+
+class FakeSlack(FakePlatform):
+    def __init__(self, app_token: str, bot_token: str, signing_secret: str = "") -> None:
+        super().__init__("slack")
+        self.app_token, self.bot_token, self.signing_secret = app_token, bot_token, signing_secret
+        self.webhook = ""                          # Events API request URL (HTTP mode)
+        self.envelopes: list[dict[str, Any]] = []
+        self.said: list[dict[str, Any]] = []       # what users wrote (ts, channel, text...)
+        self.acked: list[str] = []
+        self.tickets: list[str] = []
+        self.used: set[str] = set()
+        self.socks: list[Any] = []
+        self.deliveries: list[requests.Response] = []
+        self.clock = itertools.count(1)
+        app, sock = self.app, Sock(self.app)
+
+        def token() -> str:
+            return request.headers.get("Authorization", "").removeprefix("Bearer ")
+
+        @app.post("/api/apps.connections.open")
+        def connections_open():
+            if token() != self.app_token:
+                return jsonify({"ok": False, "error": "invalid_auth" if not token().startswith("xoxb-")
+                                else "not_allowed_token_type"})
+            ticket = f"ticket-{len(self.tickets) + 1}"
+            self.tickets.append(ticket)
+            self.polled()
+            return jsonify({"ok": True, "url": self.url.replace("http", "ws", 1) + f"/link/?ticket={ticket}"
+                            f"&app_id={APP}"})
+
+        @app.post("/api/auth.test")
+        def auth_test():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            return jsonify({"ok": True, "url": "https://fake.slack.com/", "team": "Fake", "user": "agentbot",
+                            "team_id": TEAM, "user_id": BOT_USER, "bot_id": BOT_ID, "is_enterprise_install": False})
+
+        @app.post("/api/chat.postMessage")
+        def post_message():
+            limited = self.throttled({"ok": False, "error": "ratelimited"})
+            if limited is not None:
+                return limited
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            body = request.get_json()
+            channel, text = body.get("channel") or "", body.get("text") or ""
+            if not (channel.startswith("C") or channel.startswith("D")):
+                return jsonify({"ok": False, "error": "channel_not_found"})
+            if len(text) > 40000:
+                return jsonify({"ok": False, "error": "msg_too_long"})
+            ts = self.ts()
+            message = {"type": "message", "text": text, "user": BOT_USER, "bot_id": BOT_ID, "ts": ts,
+                       **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
+            self.record(channel=channel, text=text, thread_ts=body.get("thread_ts"),
+                        unfurl_links=body.get("unfurl_links"))
+            self.event({**message, "channel": channel, "channel_type": "im" if channel.startswith("D") else "channel"})
+            return jsonify({"ok": True, "channel": channel, "ts": ts, "message": message})
+
+        @sock.route("/link/", endpoint="link")
+        def link(ws):
+            ticket = request.args.get("ticket", "")
+            if ticket not in self.tickets or ticket in self.used:
+                ws.close(1008, "invalid ticket")
+                return
+            self.used.add(ticket)
+            self._serve(ws)
+
+    def ts(self) -> str:
+        return f"{int(time.time())}.{next(self.clock):06d}"
+
+    def _serve(self, ws: Any) -> None:
+        self.socks.append(ws)
+        ws.send(json.dumps({"type": "hello", "num_connections": 1, "connection_info": {"app_id": APP},
+                            "debug_info": {"host": "applink-fake", "build_number": 1,
+                                           "approximate_connection_time": 18060}}))
+        sent: set[str] = set()
+        try:
+            while True:
+                raw = ws.receive(timeout=0.05)
+                if raw is not None:
+                    frame = json.loads(raw)
+                    if frame.get("envelope_id"):
+                        self.acked.append(frame["envelope_id"])
+                for envelope in list(self.envelopes):
+                    eid = envelope["envelope_id"]
+                    if eid not in sent and eid not in self.acked:
+                        if envelope.get("_delivered"):  # a redelivery of an unacknowledged envelope
+                            envelope["retry_attempt"] += 1
+                            envelope["retry_reason"] = "timeout"
+                        envelope["_delivered"] = True
+                        ws.send(json.dumps({k: v for k, v in envelope.items() if not k.startswith("_")}))
+                        sent.add(eid)
+        except (ConnectionClosed, OSError):
+            return
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Deliver one event: an envelope over Socket Mode, or a signed request (HTTP mode)."""
+        callback = {"token": "legacy-verification-token", "team_id": TEAM, "api_app_id": APP,
+                    "event": {**event, "event_ts": event.get("ts")}, "type": "event_callback",
+                    "event_id": f"Ev{len(self.envelopes) + 1:08d}", "event_time": int(time.time()),
+                    "authorizations": [{"team_id": TEAM, "user_id": BOT_USER, "is_bot": True}]}
+        if self.webhook:
+            self.deliveries.append(self.post_signed(json.dumps(callback).encode()))
+            return
+        with self.lock:
+            self.envelopes.append({"envelope_id": f"env-{len(self.envelopes) + 1}", "payload": callback,
+                                   "type": "events_api", "accepts_response_payload": False,
+                                   "retry_attempt": 0, "retry_reason": ""})
+
+    def post_signed(self, body: bytes, timestamp: str = "", signature: str | None = None) -> requests.Response:
+        timestamp = timestamp or str(int(time.time()))
+        headers = {"Content-Type": "application/json", "X-Slack-Request-Timestamp": timestamp,
+                   "X-Slack-Signature": sign(self.signing_secret, timestamp, body) if signature is None else signature}
+        return requests.post(self.webhook, data=body, headers=headers, timeout=5)
+
+    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False,
+                  thread_ts: str = "") -> str:
+        """User `user` (a Slack user id) writes in their DM with the bot unless `channel`;
+        returns the channel."""
+        channel = channel or f"D{user}"
+        ts = self.ts()
+        base = {"user": user, "ts": ts, "channel": channel, "team": TEAM,
+                **({"thread_ts": thread_ts} if thread_ts else {})}
+        body = f"<@{BOT_USER}> {text}" if mention else text
+        self.said.append({**base, "text": body})
+        direct = channel.startswith("D")
+        self.event({"type": "message", "text": body, "channel_type": "im" if direct else "channel", **base})
+        if mention and not direct:
+            self.event({"type": "app_mention", "text": body, **base})
+        return channel
+
+    def replies(self, channel: str) -> list[str]:
+        return [s["text"] for s in self.sent if s["channel"] == channel]
+
+    def disconnect(self, reason: str = "refresh_requested") -> None:
+        for ws in list(self.socks):
+            try:
+                ws.send(json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}}))
+            except (ConnectionClosed, OSError):
+                pass
+
+    def restart(self, down_for: float = 0.3) -> None:
+        for ws in list(self.socks):
+            try:
+                ws.close()
+            except (ConnectionClosed, OSError):
+                pass
+        self.socks.clear()
+        super().restart(down_for)

@@ -1,0 +1,112 @@
+"""A fake Bot Framework (https://learn.microsoft.com/azure/bot-service/rest-api/): the
+OpenID configuration and its JWKS (RSA keys with `endorsements`), the Microsoft identity
+platform token endpoint (client credentials, scope https://api.botframework.com/.default),
+and the Connector API: POST /v3/conversations/{conversationId}/activities[/{activityId}]
+with `Authorization: Bearer <token>` → {"id"}; 429 with Retry-After while `throttle` holds
+seconds. `activity()` builds an inbound message activity and `token()` signs the
+Bearer JWT the Bot Connector sends with it (RS256, kid in the header)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+from flask import Flask, jsonify, request
+from jwt.algorithms import RSAAlgorithm
+
+from fakes.http import FakeServer
+
+ISSUER = "https://api.botframework.com"
+SCOPE = "https://api.botframework.com/.default"
+
+
+def new_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+class FakeBotFramework(FakeServer):
+    def __init__(self, app_id: str, app_password: str) -> None:
+        self.app_id, self.password = app_id, app_password
+        self.key, self.kid = new_key(), "kid-" + uuid.uuid4().hex[:8]
+        self.endorsements = ["msteams", "webchat"]
+        self.issued: list[str] = []  # access tokens handed out
+        self.sent: list[dict[str, Any]] = []  # {conversation, reply_to, activity, at}
+        self.throttle: list[int] = []
+        self.jwks_fetches = 0
+        app = Flask("fake-botframework")
+
+        @app.get("/v1/.well-known/openidconfiguration")
+        def openid():
+            return jsonify({"issuer": ISSUER, "authorization_endpoint": "https://invalid.botframework.com",
+                            "jwks_uri": f"{self.url}/v1/.well-known/keys",
+                            "id_token_signing_alg_values_supported": ["RS256"],
+                            "token_endpoint_auth_methods_supported": ["private_key_jwt"]})
+
+        @app.get("/v1/.well-known/keys")
+        def keys():
+            self.jwks_fetches += 1
+            jwk = json.loads(RSAAlgorithm.to_jwk(self.key.public_key()))
+            return jsonify({"keys": [{**jwk, "kid": self.kid, "use": "sig", "x5t": self.kid,
+                                      "endorsements": self.endorsements}]})
+
+        @app.post("/botframework.com/oauth2/v2.0/token")
+        def token_endpoint():
+            form = request.form
+            if form.get("grant_type") != "client_credentials" or form.get("scope") != SCOPE:
+                return jsonify({"error": "invalid_request"}), 400
+            if form.get("client_id") != self.app_id or form.get("client_secret") != self.password:
+                return jsonify({"error": "invalid_client", "error_description": "AADSTS7000215"}), 401
+            self.issued.append("eyJ0" + uuid.uuid4().hex)
+            return jsonify({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599,
+                            "access_token": self.issued[-1]})
+
+        @app.post("/v3/conversations/<conversation>/activities", defaults={"reply_to": ""})
+        @app.post("/v3/conversations/<conversation>/activities/<reply_to>")
+        def activities(conversation: str, reply_to: str):
+            if not self.issued or request.headers.get("Authorization") != f"Bearer {self.issued[-1]}":
+                return jsonify({"error": {"code": "Unauthorized", "message": "Authorization has been denied"}}), 401
+            if self.throttle:
+                return jsonify({"error": {"code": "TooManyRequests"}}), 429, {"Retry-After": str(self.throttle.pop(0))}
+            body = request.get_json(silent=True) or {}
+            if body.get("type") != "message" or not isinstance(body.get("text"), str):
+                return jsonify({"error": {"code": "BadArgument", "message": "Activity type is required"}}), 400
+            if reply_to and body.get("replyToId") != reply_to:
+                return jsonify({"error": {"code": "BadArgument", "message": "replyToId mismatch"}}), 400
+            activity_id = "1:" + uuid.uuid4().hex[:12]
+            self.sent.append({"conversation": conversation, "reply_to": reply_to, "activity": body,
+                              "id": activity_id, "at": time.time()})
+            return jsonify({"id": activity_id})
+
+        super().__init__(app)
+
+    def rotate(self, key: rsa.RSAPrivateKey | None = None) -> None:
+        """A new signing key replaces the old one (new kid), as Microsoft rotates them."""
+        self.key, self.kid = key or new_key(), "kid-" + uuid.uuid4().hex[:8]
+
+    @property
+    def service_url(self) -> str:
+        return self.url + "/"
+
+    def token(self, service_url: str = "", key: Any = None, kid: str = "", algorithm: str = "RS256",
+              **claims: Any) -> str:
+        """The Bearer JWT the Bot Connector signs for a request to the bot."""
+        now = int(time.time())
+        body = {"iss": ISSUER, "aud": self.app_id, "exp": now + 3600, "nbf": now - 60, "iat": now - 60,
+                "serviceUrl": service_url or self.service_url, **claims}
+        signing = key if key is not None else self.key
+        return jwt.encode(body, signing, algorithm=algorithm, headers={"kid": kid or self.kid})
+
+    def activity(self, text: str, user: str, conversation_type: str = "personal", conversation: str = "",
+                 tenant: str = "tenant-1", channel: str = "msteams", service_url: str = "") -> dict[str, Any]:
+        return {"type": "message", "id": str(int(time.time() * 1e6)), "timestamp": "2026-11-23T12:00:00.000Z",
+                "serviceUrl": service_url or self.service_url, "channelId": channel,
+                "from": {"id": "29:" + user, "name": user.title(), "aadObjectId": "aad-" + user},
+                "conversation": {"id": conversation or "a:1" + user, "conversationType": conversation_type,
+                                 "tenantId": tenant, "isGroup": conversation_type != "personal"},
+                "recipient": {"id": "28:" + self.app_id, "name": "HelperBot"},
+                "text": text, "textFormat": "plain", "locale": "en-US",
+                "channelData": {"tenant": {"id": tenant}}}

@@ -1,0 +1,120 @@
+"""A fake Threema Gateway message API (https://gateway.threema.ch/en/developer/api):
+GET /credits and /pubkey/{id} (?from=&secret=; credits left / hex public key, text/plain), POST /send_simple
+(`from, to, text, secret`) and POST /send_e2e (`from, to, nonce, box, secret`), each
+form-encoded, answering the new message id as text/plain; 401 on a wrong ID/secret, 404
+for an unknown recipient, 413 for a text over 3500 bytes, 429 with Retry-After while
+`throttle` holds seconds. Like the real Gateway it knows every ID's public key: it opens
+E2E boxes with the recipient's (simulated user's) private key and records the text.
+
+`callback()` builds an incoming-message callback the way the Gateway sends one: the
+user's text in a Threema message container (type 0x01 + PKCS#7 random padding),
+encrypted with crypto_box (user's private key, Gateway ID's public key), and `mac` =
+hex HMAC-SHA256(from||to||messageId||date||nonce||box, API secret)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import Flask, request
+from nacl.public import Box, PrivateKey, PublicKey
+
+from fakes.http import FakeServer
+
+
+def mac(secret: str, form: dict[str, str]) -> str:
+    joined = "".join(form[k] for k in ("from", "to", "messageId", "date", "nonce", "box"))
+    return hmac.new(secret.encode(), joined.encode(), hashlib.sha256).hexdigest()
+
+
+def container(text: str, kind: int = 0x01) -> bytes:
+    """Type byte + data + PKCS#7-style padding (random length 1..255, 32 bytes at least)."""
+    data = bytes([kind]) + text.encode()
+    length = max(secrets.randbelow(255) + 1, 32 - len(data))
+    return data + bytes([length]) * length
+
+
+class FakeThreema(FakeServer):
+    def __init__(self, identity: str, secret: str, gateway_public_key: bytes) -> None:
+        self.identity, self.secret = identity, secret
+        self.gateway_key = PublicKey(gateway_public_key)
+        self.users: dict[str, PrivateKey] = {}
+        self.sent: list[dict[str, Any]] = []  # {mode: simple|e2e, to, text, id, at}
+        self.lookups: list[str] = []
+        self.throttle: list[int] = []
+        app = Flask("fake-threema")
+
+        def authorised(values) -> bool:  # type: ignore[no-untyped-def]
+            return values.get("from") == self.identity and values.get("secret") == self.secret
+
+        @app.get("/credits")
+        def credits():
+            if not authorised(request.args):
+                return "", 401
+            return "100", 200, {"Content-Type": "text/plain"}
+
+        @app.get("/pubkey/<identity>")
+        def pubkey(identity: str):
+            if not authorised(request.args):
+                return "", 401
+            self.lookups.append(identity)
+            if identity == self.identity:
+                return self.gateway_key.encode().hex(), 200, {"Content-Type": "text/plain"}
+            user = self.users.get(identity)
+            if user is None:
+                return "", 404
+            return user.public_key.encode().hex(), 200, {"Content-Type": "text/plain"}
+
+        @app.post("/send_<mode>")
+        def send(mode: str):
+            form = request.form
+            if mode not in ("simple", "e2e"):
+                return "", 404
+            if not authorised(form):
+                return "", 401
+            if self.throttle:
+                return "", 429, {"Retry-After": str(self.throttle.pop(0))}
+            user = self.users.get(form.get("to", ""))
+            if user is None:
+                return "", 400  # invalid recipient
+            if mode == "simple":
+                text = form.get("text", "")
+            else:
+                try:
+                    plain = Box(user, self.gateway_key).decrypt(bytes.fromhex(form["box"]), bytes.fromhex(form["nonce"]))
+                except Exception:  # noqa: BLE001 - a box the recipient cannot open
+                    return "", 400
+                pad = plain[-1]
+                if plain[0] != 0x01 or not 1 <= pad <= 255 or len(plain) < 32 or plain[-pad:] != bytes([pad]) * pad:
+                    return "", 400
+                text = plain[1:-pad].decode()
+            if len(text.encode()) > 3500:
+                return "", 413
+            message_id = os.urandom(8).hex()
+            self.sent.append({"mode": mode, "to": form["to"], "text": text, "id": message_id, "at": time.time()})
+            return message_id, 200, {"Content-Type": "text/plain"}
+
+        super().__init__(app)
+
+    def user(self, identity: str) -> PrivateKey:
+        """A Threema user (8-character ID) with its own key pair."""
+        return self.users.setdefault(identity, PrivateKey.generate())
+
+    def callback(self, sender: str, text: str, kind: int = 0x01, secret: str | None = None,
+                 to: str | None = None) -> bytes:
+        """A form-encoded incoming-message callback from `sender` (signed with `secret`)."""
+        nonce = os.urandom(24)
+        box = Box(self.user(sender), self.gateway_key).encrypt(container(text, kind), nonce).ciphertext
+        form = {"from": sender, "to": to or self.identity, "messageId": os.urandom(8).hex(),
+                "date": str(int(time.time())), "nonce": nonce.hex(), "box": box.hex()}
+        form["mac"] = mac(self.secret if secret is None else secret, form)
+        form["nickname"] = sender.title()
+        return urlencode(form).encode()
+
+    def replies(self, to: str) -> list[str]:
+        return [s["text"] for s in self.sent if s["to"] == to]

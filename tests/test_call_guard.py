@@ -1,0 +1,149 @@
+"""The call guard and its watchdog: each limit trips with its own reason, first reason wins,
+the socket is interrupted, and connections of every pool (proxied too) report to the guard."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from agentd.llm import drivers
+from agentd.llm.drivers import guard as guard_mod
+from agentd.llm.drivers.guard import CallGuard, GuardedAdapter, guarded, watchdog
+from agentd.llm.drivers.transport import session
+
+
+def fresh(deadline_in: float = 5.0, idle: float | None = None) -> CallGuard:
+    return CallGuard(time.monotonic() + deadline_in, idle, threading.Event())
+
+
+def test_each_limit_trips_with_its_reason() -> None:
+    now = time.monotonic()
+    g = fresh()
+    g.check(now)
+    assert g.reason is None
+    g.cancel.set()
+    g.check(now)
+    assert g.reason == "cancelled"
+    late = fresh(deadline_in=-0.01)
+    late.check(time.monotonic())
+    assert late.reason == "timeout"
+    exact = CallGuard(now, None, threading.Event())
+    exact.check(now)
+    assert exact.reason == "timeout", "BUG: the deadline itself is not past the deadline"
+
+
+def test_idle_limit_applies_only_while_streaming() -> None:
+    g = fresh(idle=1.0)
+    g.check(time.monotonic() + 2)
+    assert g.reason is None, "BUG: the idle limit applied before the body was streamed"
+    g.streaming()
+    start = g.last_byte
+    assert start is not None
+    g.check(start + 0.5)
+    assert g.reason is None
+    g.check(start + 1.0)
+    assert g.reason == "idle"
+    no_idle = fresh(deadline_in=1000, idle=None)
+    no_idle.streaming()
+    no_idle.check(time.monotonic() + 100)
+    assert no_idle.reason is None
+
+
+def test_bytes_keep_a_stream_alive() -> None:
+    g = fresh(idle=1.0)
+    g.got_bytes()
+    assert g.received is True and g.last_byte is None, "BUG: bytes before streaming start the idle clock"
+    g.streaming()
+    first = g.last_byte
+    time.sleep(0.02)
+    g.got_bytes()
+    assert g.last_byte is not None and first is not None and g.last_byte > first
+
+
+def test_first_reason_wins_and_trip_interrupts_the_socket() -> None:
+    a, b = socket.socketpair()
+    try:
+        g = fresh()
+        g.attach(a)
+        g.trip("cancelled")
+        g.trip("timeout")
+        g.cancel.set()
+        g.check(time.monotonic() + 100)
+        assert g.reason == "cancelled"
+        assert a.recv(10) == b"", "BUG: tripping the guard does not shut the socket down"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_attaching_to_a_tripped_guard_interrupts_at_once() -> None:
+    a, b = socket.socketpair()
+    try:
+        g = fresh()
+        g.trip("timeout")
+        g.attach(a)
+        assert a.recv(10) == b""
+        g.attach(None)   # a connection without a socket yet is ignored
+    finally:
+        a.close()
+        b.close()
+
+
+def test_every_pool_reports_its_connections() -> None:
+    adapter = GuardedAdapter()
+    assert adapter.poolmanager.pool_classes_by_scheme == {"http": guard_mod._Pool, "https": guard_mod._SPool}
+    proxied = adapter.proxy_manager_for("http://127.0.0.1:3128")
+    assert proxied.pool_classes_by_scheme == {"http": guard_mod._Pool, "https": guard_mod._SPool}, \
+        "BUG: calls through an HTTP proxy cannot be interrupted"
+    pickled = GuardedAdapter.__new__(GuardedAdapter)
+    pickled.init_poolmanager(4, 8, block=False)
+    assert pickled.poolmanager.connection_pool_kw["maxsize"] == 8 and \
+        pickled.poolmanager.pool_classes_by_scheme["http"] is guard_mod._Pool
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        time.sleep(5)
+
+
+def test_a_request_registers_its_socket_and_the_watchdog_ends_it() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        g = fresh(deadline_in=0.3)
+        assert drivers.active_calls() == 0
+        started = time.monotonic()
+        with guarded(g):
+            assert drivers.active_calls() == 1
+            with pytest.raises(Exception):
+                session().get(f"http://127.0.0.1:{server.server_port}/", timeout=10)
+        assert g.sent is True and g.reused is False and g.reason == "timeout"
+        assert time.monotonic() - started < 3, "BUG: the watchdog did not interrupt a hung request"
+        assert drivers.active_calls() == 0
+    finally:
+        server.shutdown()
+
+
+def test_the_watchdog_is_one_daemon_thread_and_forked_children_start_their_own() -> None:
+    dog = watchdog()
+    assert dog is watchdog() and dog._thread.daemon and dog._thread.name == "agentd-llm-watchdog"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        child = watchdog()
+        ok = child is not dog and child._thread.is_alive()
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1", "BUG: a forked child reuses a watchdog whose thread it does not have"
+    os.close(read)
+    os.close(write)
