@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentd.errors import ConfigError
+from agentd.store.backend import DatabaseUrl, parse_database_url
 
 DEFAULT_LISTEN = "127.0.0.1:4200"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -120,6 +121,9 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
+    # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
+    # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
+    database: "DatabaseUrl | None" = None
 
     @property
     def api_listen(self) -> str:
@@ -363,6 +367,9 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
             raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
         cfg.agents.max_queue = max_queue
     split_listen(cfg.api.listen_addr)
+    if "database_url" in data:
+        url = _expect(data["database_url"], str, "database_url", "a string").strip()
+        cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
     return cfg
 
 
@@ -394,6 +401,10 @@ def load_config(home: Path | None = None) -> Config:
         cfg.api.listen_addr = listen
     if not cfg.api_key:
         cfg.api_key = os.environ.get("AGENTD_API_KEY", "").strip()
+    env_url = os.environ.get("AGENTD_DATABASE_URL", "").strip()
+    if env_url:
+        # The environment may hold a password: it is not a file anyone reads by accident.
+        cfg.database = parse_database_url(env_url, "AGENTD_DATABASE_URL", allow_password=True)
     return cfg
 
 

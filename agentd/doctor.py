@@ -43,6 +43,36 @@ def _port_free(addr: str) -> bool:
             return False
 
 
+def _check_postgres(cfg: Config) -> Check:
+    """database_url: the server answers and its schema is one this agentd can use."""
+    from agentd.store.backend import connect_postgres
+    from agentd.store.migrate import SCHEMA_VERSION, VERSION_TABLE
+
+    where = cfg.database.masked
+    try:
+        conn = connect_postgres(cfg.database)
+    except ImportError:
+        return Check("database", "fail", "database_url needs psycopg2: pip install 'agentd[postgres]'")
+    except Exception as exc:  # noqa: BLE001 - psycopg2.OperationalError and kin
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return Check("database", "fail", f"cannot connect to {where}: {first}")
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,))
+        version = None
+        if cur.fetchone()[0]:
+            cur.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
+            version = cur.fetchone()[0]
+    finally:
+        conn.close()
+    if version is None:
+        return Check("database", "warn", f"PostgreSQL {where} is empty; the schema is created on first start")
+    if version > SCHEMA_VERSION:
+        return Check("database", "fail", f"PostgreSQL {where} has schema version {version}, newer than "
+                                         f"this agentd's ({SCHEMA_VERSION})")
+    return Check("database", "ok", f"PostgreSQL {where}, schema version {version}")
+
+
 def _check_manifests(agents_dir: Path) -> Check:
     from agentd.agents.manifest import ManifestError, parse_manifest
 
@@ -139,7 +169,9 @@ def run_checks(home: Path) -> list[Check]:
             checks.append(Check("stale_daemon_file", "warn",
                                 f"{cfg.daemon_file} exists but no daemon answers; "
                                 "`agentd start` removes it"))
-    if not cfg.db_path.exists():
+    if cfg.database is not None:
+        checks.append(_check_postgres(cfg))
+    elif not cfg.db_path.exists():
         checks.append(Check("database", "warn", f"{cfg.db_path} missing; it is created on first start"))
     else:
         with open(cfg.db_path, "rb") as fh:

@@ -28,11 +28,13 @@ from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
+from agentd.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
+from agentd.cluster import Cluster, cluster_settings
 
 log = logging.getLogger("agentd.kernel")
 
@@ -57,7 +59,12 @@ class Kernel:
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)
-        self.approvals = ApprovalQueue()
+        # Several daemons on one database (agentd/cluster.py): run leases, run records,
+        # approvals in the database, budget admission, channel leaders, memory notifications.
+        self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen)
+        from agentd.agents.shared_approvals import SharedApprovalQueue
+
+        self.approvals: ApprovalQueue = SharedApprovalQueue(store, self.cluster.id)
         self.metering = Metering(store, self.catalog)
         # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
         self.metering.enabled = os.environ.get("AGENTD_BENCH_NO_METERING") != "1"
@@ -65,10 +72,27 @@ class Kernel:
                                    self.executor, self._record_usage,
                                    preflight=lambda _handle: self.metering.check_budget())
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        from agentd.budget_gate import BudgetGate
+
+        self.metering.shared = self.cluster.shared
+        self.cluster.budget = BudgetGate(self.metering)
+        self.agents.cluster = self.cluster
+        self.cluster.leaving = self.stopping
+        # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
+        self.settings_follower: SettingsFollower | None = None
+        if store.shared:
+            self.settings_follower = SettingsFollower(store, self.custom_models, self.agents.url_overrides,
+                                                      self.metering)
+            self.settings_follower.start()
         # Semantic memory + knowledge graph; numpy and the model load on first use.
         self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
         self.agents.memory = self.memory
         self.memory.start()
+        from agentd.memory.notify import MemoryNotifier
+
+        self.memory_notifier = MemoryNotifier(store, self.cluster.id, self.memory.invalidate)
+        self.memory.on_change = self.memory_notifier.publish
+        self.memory_notifier.start()
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
@@ -84,6 +108,10 @@ class Kernel:
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
         self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
+        from agentd.channel_leaders import ChannelLeaders
+
+        self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
+        self.cluster.start()
         self.channels.start_all()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
@@ -95,7 +123,9 @@ class Kernel:
     def open(cls, config: Config) -> "Kernel":
         """Open the database and build every service."""
         config.home.mkdir(parents=True, exist_ok=True)
-        store = open_store(config.db_path)
+        store = open_store(config.db_path, config.database)
+        if store.backend != "sqlite":
+            log.info("database: %s %s", store.backend, store.where)  # `where` is masked
         return cls(config, store)
 
     # -- lifecycle -------------------------------------------------------
@@ -112,12 +142,16 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        if self.settings_follower is not None:
+            self.settings_follower.close()
         self.channels.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():
             self.agents.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.cluster.close()
+        self.memory_notifier.close()
         self.memory.close()
         self.store.close()
 

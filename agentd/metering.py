@@ -61,6 +61,18 @@ class Metering:
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
         self._limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        # Several daemons share the database (set by the kernel): the totals and the limit
+        # are read from it on every check, since other daemons spend and set them too.
+        self.shared = False
+
+    def _refresh(self) -> None:
+        """Shared database: this month's spend and the limit as every daemon wrote them."""
+        if not self.shared:
+            return
+        spent = self._sum_cost(self._period_start, self._period_end)
+        limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        with self._lock:
+            self._spent, self._limit = spent, limit
 
     # -- recording --------------------------------------------------------------
     def record(self, agent_id: str, agent_name: str, provider: str, model: str,
@@ -100,6 +112,11 @@ class Metering:
             self._limit = float(limit_usd)
             self._maybe_alert(0.0, self._spent, self._now())
 
+    def follow_limit(self, limit_usd: float) -> None:
+        """Take over a limit another daemon set on a shared database (no write back)."""
+        with self._lock:
+            self._limit = float(limit_usd)
+
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
 
@@ -119,6 +136,7 @@ class Metering:
 
     def check_budget(self) -> None:
         """Refuse a new run when this month's spend has reached the limit (429)."""
+        self._refresh()
         limit = self.limit_usd
         if limit <= 0:
             return
@@ -135,6 +153,7 @@ class Metering:
 
     def budget(self) -> dict[str, Any]:
         """GET /api/budget."""
+        self._refresh()
         now = self._now()
         with self._lock:
             self._roll(now)

@@ -13,9 +13,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support import FAST_API, STARTED, Daemon, make_home, take_daemon_hits  # noqa: E402
 from support import stop_shared as _stop_shared  # noqa: E402
+import pgtest  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--db", choices=("sqlite", "postgres"), default=None,
+                     help="database backend of every daemon and store the suite starts "
+                          "(postgres: a temp cluster via initdb/pg_ctl, or AGENTD_TEST_DATABASE_URL)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
+    if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):
+        pgtest.enable()
     config.addinivalue_line("markers", "daemon_may_crash(reason): the test makes a daemon exit non-zero "
                                        "or log a traceback on purpose (turns off the clean-stop check)")
 

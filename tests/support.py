@@ -14,6 +14,8 @@ from typing import Any
 
 import requests
 
+import pgtest
+
 # Tests hammer the API; the default 30 req/s would turn them into rate-limit tests.
 FAST_API = "[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
 
@@ -45,8 +47,57 @@ def agentd_env(home: Path, port: int | None = None, **extra: str) -> dict[str, s
     if port is not None:
         env["AGENTD_LISTEN"] = f"127.0.0.1:{port}"
     env["PYTHONUNBUFFERED"] = "1"
+    # Under --db=postgres every home has its own PostgreSQL database (tests/pgtest.py).
+    database_url = pgtest.url_for_home(home)
+    if database_url:
+        env["AGENTD_DATABASE_URL"] = database_url
     env.update(extra)
     return env
+
+
+def with_test_db(data: dict[str, Any], key: Path) -> dict[str, Any]:
+    """`data` (a parsed config.toml) plus, under --db=postgres, a `database_url` for an
+    in-process kernel or store keyed by `key` (a tmp path): the same key, the same database."""
+    url = pgtest.url_for_home(key)
+    return {**data, "database_url": url} if url else data
+
+
+def store_url_for(key: Path):
+    """The DatabaseUrl open_store() needs for an in-process store (None on SQLite)."""
+    from agentd.store.backend import parse_database_url
+
+    url = pgtest.url_for_home(key)
+    return parse_database_url(url, "test", allow_password=True) if url else None
+
+
+def db_rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of `sql` (`?` placeholders) read straight from the database of the daemon on
+    `home`: its SQLite file, or under --db=postgres its PostgreSQL database."""
+    url = pgtest.url_for_home(home)
+    if url:
+        import psycopg2
+
+        with psycopg2.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall()
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{Path(home) / 'data' / 'agentd.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def db_dump(home: Path) -> bytes:
+    """Everything the daemon on `home` stored (the SQLite file, or every PostgreSQL row as
+    text), for "this secret is nowhere in the database" checks."""
+    url = pgtest.url_for_home(home)
+    if not url:
+        return (Path(home) / "data" / "agentd.db").read_bytes()
+    tables = [r[0] for r in db_rows(home, "SELECT table_name FROM information_schema.tables "
+                                          "WHERE table_schema = 'public'")]
+    return b"\n".join(str(row).encode() for t in tables for row in db_rows(home, f'SELECT t::text FROM "{t}" t'))
 
 
 def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,

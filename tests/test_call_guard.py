@@ -147,3 +147,17 @@ def test_the_watchdog_is_one_daemon_thread_and_forked_children_start_their_own()
     assert os.read(read, 1) == b"1", "BUG: a forked child reuses a watchdog whose thread it does not have"
     os.close(read)
     os.close(write)
+
+
+def test_a_fresh_guard_has_seen_nothing_and_leaves_no_trace() -> None:
+    g = fresh()
+    assert (g.sent, g.reused, g.received, g.reason, g.last_byte) == (False, False, False, None, None)
+    assert g.sent is False and g.reused is False and g.received is False
+    seen: list = []
+    t = threading.Thread(target=lambda: seen.append(guard_mod.current_guard()))
+    t.start()
+    t.join()
+    assert seen == [None], "BUG: a thread that never entered a guard has one"
+    with guarded(g):
+        assert guard_mod.current_guard() is g
+    assert guard_mod.current_guard() is None, "BUG: a finished call leaves its guard on the thread"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, run_cli
+from support import Daemon, db_dump, make_home, run_cli
 from test_agents import say, spawn
 
 CUSTOM = {"id": "my-model", "display_name": "My Model", "provider": "openai", "tier": "custom",
@@ -95,7 +95,7 @@ def test_provider_keys_live_in_secrets_env(fresh) -> None:
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
     assert "gsk-test-123" not in (fresh.home / "config.toml").read_text()
     assert "gsk-test-123" not in fresh.log()
-    db = (fresh.home / "data" / "agentd.db").read_bytes()
+    db = db_dump(fresh.home)
     assert b"gsk-test-123" not in db
     groq = [p for p in fresh.get("/api/providers").json() if p["id"] == "groq"][0]
     assert groq["auth_status"] == "configured"

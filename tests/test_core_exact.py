@@ -24,6 +24,7 @@ from agentd.llm.catalog import Catalog
 from agentd.memory.kv import KvMemory
 from agentd.metering import Metering, month_bounds
 from agentd.store import open_store
+from support import store_url_for
 
 
 class Clock:
@@ -351,7 +352,7 @@ class Now:
 
 @pytest.fixture()
 def store(tmp_path: Path):
-    s = open_store(tmp_path / "agentd.db")
+    s = open_store(tmp_path / "agentd.db", store_url_for(tmp_path))
     yield s
     s.close() if hasattr(s, "close") else None
 

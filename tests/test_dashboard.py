@@ -18,6 +18,7 @@ import pytest
 from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.kernel import Kernel
+from support import with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 REMOTE = {"REMOTE_ADDR": "203.0.113.9"}
@@ -33,7 +34,7 @@ def build(tmp_path: Path, fake=None, **extra) -> tuple:
                      "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
                      "provider_urls": {"openai": fake.openai_base}})
     data.update(extra)
-    kernel = Kernel.open(parse_config(data, tmp_path))
+    kernel = Kernel.open(parse_config(with_test_db(data, tmp_path), tmp_path))
     return create_app(kernel).test_client(), kernel
 
 

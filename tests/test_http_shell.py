@@ -16,6 +16,7 @@ from requests.adapters import HTTPAdapter
 from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.kernel import Kernel
+from support import with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 REMOTE = {"REMOTE_ADDR": "203.0.113.9"}
@@ -24,7 +25,7 @@ REMOTE = {"REMOTE_ADDR": "203.0.113.9"}
 def make_client(tmp_path: Path, extra: dict | None = None):
     data = {"api": {"rate_limit_per_second": 1000, "rate_limit_burst": 1000}}
     data.update(extra or {})
-    config = parse_config(data, tmp_path)
+    config = parse_config(with_test_db(data, tmp_path), tmp_path)
     kernel = Kernel.open(config)
     app = create_app(kernel)
 

@@ -81,7 +81,8 @@ def test_locked_database_fails_clearly(tmp_path: Path) -> None:
     conn.commit()
     conn.execute("BEGIN EXCLUSIVE")
     try:
-        r = run_cli(home, "start", port=free_port())
+        # The SQLite file is what is locked here, whatever backend the suite runs on.
+        r = run_cli(home, "start", port=free_port(), env_extra={"AGENTD_DATABASE_URL": ""})
     finally:
         conn.rollback()
         conn.close()
@@ -191,7 +192,8 @@ def test_doctor_reports_failures(tmp_path: Path) -> None:
     (home / "daemon.json").write_text(json.dumps({"listen_addr": "127.0.0.1:1", "pid": 1, "started_at": "x"}))
     (home / "secrets.env").write_text("X=1\n")
     os.chmod(home / "secrets.env", 0o644)
-    code, checks = doctor(home, free_port())
+    # A broken SQLite file is what is checked here, whatever backend the suite runs on.
+    code, checks = doctor(home, free_port(), AGENTD_DATABASE_URL="")
     assert code == 1
     assert checks["database"]["status"] == "fail"
     assert checks["agent_manifests"]["status"] == "fail" and "bad.toml" in checks["agent_manifests"]["message"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home
+from support import Daemon, db_rows, make_home
 
 STOP = {"the", "a", "an", "is", "in", "my", "i", "me", "of", "at", "on", "to", "does", "do", "this", "what",
         "which", "when", "we", "our", "for", "be", "must", "could", "name"}
@@ -432,13 +431,9 @@ def test_killing_an_agent_deletes_its_memory(d: Daemon) -> None:
     remember(d, keeper, "A fact to be kept")
     entity(d, agent, "concept", "Ephemera")
     assert d.delete(f"/api/agents/{agent}").status_code == 200
-    db = sqlite3.connect(f"file:{Path(d.home) / 'data' / 'agentd.db'}?mode=ro", uri=True)
-    try:
-        for table in ("memory_fragments", "memory_metadata", "kg_entities", "kg_relations"):
-            assert db.execute(f"SELECT COUNT(*) FROM {table} WHERE agent_id = ?", (agent,)).fetchone()[0] == 0
-        assert db.execute("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = ?", (keeper,)).fetchone()[0] == 1
-    finally:
-        db.close()
+    for table in ("memory_fragments", "memory_metadata", "kg_entities", "kg_relations"):
+        assert db_rows(d.home, f"SELECT COUNT(*) FROM {table} WHERE agent_id = ?", (agent,))[0][0] == 0
+    assert db_rows(d.home, "SELECT COUNT(*) FROM memory_fragments WHERE agent_id = ?", (keeper,))[0][0] == 1
     assert d.get(f"{base(agent)}/memories").status_code == 404
 
 

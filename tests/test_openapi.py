@@ -17,6 +17,7 @@ from agentd.api.apidoc import doc, is_api_path
 from agentd.api.openapi import build_document, openapi_path
 from agentd.config import parse_config
 from agentd.kernel import Kernel
+from support import with_test_db
 
 from test_agents import spawn
 
@@ -25,7 +26,7 @@ API_KEY = "doc-key"
 
 @pytest.fixture
 def app(tmp_path: Path):
-    kernel = Kernel.open(parse_config({}, tmp_path))
+    kernel = Kernel.open(parse_config(with_test_db({}, tmp_path), tmp_path))
     yield create_app(kernel)
     kernel.close()
 

@@ -49,14 +49,15 @@ def test_api_view_attaches_tools_to_their_turn() -> None:
                "tool_calls": [{"id": "c1", "name": "file_read", "arguments": {"path": "a"}},
                               {"id": "c9", "name": "web_fetch"}]},
               {"role": "tool", "content": "r1", "tool_call_id": "c1", "is_error": True},
-              {"role": "assistant", "content": "done"}, {"role": "user"}]
+              {"role": "assistant", "content": "done"}, {"role": "user"}, {"role": "assistant"}]
     assert api_view(stored) == [
         {"role": "User", "content": "u", "images": [{"file_id": "f"}]},
         {"role": "Assistant", "content": "a", "tools": [
             {"name": "file_read", "input": {"path": "a"}, "result": "r1", "is_error": True},
             {"name": "web_fetch", "input": {}, "result": None, "is_error": False}]},
         {"role": "Assistant", "content": "done"},
-        {"role": "User", "content": ""}]
+        {"role": "User", "content": ""},
+        {"role": "Assistant", "content": ""}]
 
 
 def test_token_estimate_is_four_characters_a_token_plus_overhead() -> None:

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, run_cli
+from support import Daemon, make_home, run_cli, store_url_for
 from test_agents import spawn
 
 
@@ -436,7 +436,7 @@ def test_retention_evicts_oldest_finished_never_running(tmp_path: Path) -> None:
     from agentd.workflows.store import RUN_RETENTION, WorkflowStore
 
     assert RUN_RETENTION == 200
-    db = WorkflowStore(open_store(tmp_path / "t.db"))
+    db = WorkflowStore(open_store(tmp_path / "t.db", store_url_for(tmp_path)))
     wid = db.create(WorkflowDef("r", "", [{"name": "s"}]))
     workflow = db.get(wid)
     running = db.create_run(workflow, "oldest, still running")

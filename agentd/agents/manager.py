@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from pony import orm
 
+from agentd.agents import shared
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
@@ -163,7 +164,6 @@ class AgentManager:
         # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
         # auto-remember after runs, cleanup on kill.
         self.memory: Any = None
-        self.uploads_dir = config.home / "uploads"
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
         self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
@@ -172,6 +172,9 @@ class AgentManager:
         # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
         # refused manifest signatures.
         self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
+        # agentd.cluster.Cluster, set by the kernel: run leases and run records shared with
+        # other daemons on the same database (agentd/cluster.py).
+        self.cluster: Any = None
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -240,14 +243,20 @@ class AgentManager:
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        if self.store.shared:
+            shared.sync_agent(self, name=manifest.name)
         with self._lock:
             if manifest.name in self._by_name:
                 raise Conflict(f"an agent named {manifest.name!r} already exists")
-            with orm.db_session:
-                row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
-                                            manifest=manifest.data, mode=handle.mode, state=handle.state,
-                                            created_at=now, last_active=now, session_id=handle.session_id)
-                self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            try:
+                with orm.db_session:
+                    row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
+                                                manifest=manifest.data, mode=handle.mode, state=handle.state,
+                                                created_at=now, last_active=now, session_id=handle.session_id)
+                    self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            except orm.TransactionIntegrityError:
+                # Another daemon on the shared database spawned this name a moment ago.
+                raise Conflict(f"an agent named {manifest.name!r} already exists") from None
             self._register(handle)
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
@@ -260,6 +269,8 @@ class AgentManager:
     def get(self, agent_id: str) -> AgentHandle:
         """By UUID; 400 for a malformed id, 404 for an unknown one."""
         key = parse_uuid(agent_id)
+        if self.store.shared:  # other daemons spawn and kill agents too (agents/shared.py)
+            shared.sync_agent(self, agent_id=key)
         handle = self._agents.get(key)
         if handle is None or handle.killed:
             raise NotFound("agent not found")
@@ -267,6 +278,11 @@ class AgentManager:
 
     def find(self, ref: str) -> AgentHandle | None:
         """By id or exact name (tools and workflows refer to agents either way)."""
+        if self.store.shared:
+            try:
+                shared.sync_agent(self, agent_id=str(uuid.UUID(ref)))
+            except (ValueError, AttributeError):
+                shared.sync_agent(self, name=ref)
         try:
             handle = self._agents.get(str(uuid.UUID(ref)))
         except (ValueError, AttributeError):
@@ -277,10 +293,14 @@ class AgentManager:
         return None if handle is None or handle.killed else handle
 
     def by_name(self, name: str) -> AgentHandle | None:
+        if self.store.shared:
+            shared.sync_agent(self, name=name)
         agent_id = self._by_name.get(name)
         return self._agents.get(agent_id) if agent_id else None
 
     def handles(self) -> list[AgentHandle]:
+        if self.store.shared:
+            shared.sync_all(self)
         with self._lock:
             return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
 
@@ -451,7 +471,7 @@ class AgentManager:
         for att in attachments:
             upload = self._upload(handle, att.get("file_id", ""))
             ctype = upload["content_type"]
-            data = Path(upload["path"]).read_bytes()
+            data = upload["data"]
             if ctype.startswith("image/"):
                 image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
                 refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
@@ -486,6 +506,9 @@ class AgentManager:
             if handle.killed or cancel.is_set():
                 raise RunCancelled("run cancelled")
             handle.cancel = cancel
+            if self.cluster is not None:
+                return self.cluster.run(handle, cancel, lock_timeout,
+                                        lambda: self._run_locked(handle, user, image_refs, emit, options, cancel))
             return self._run_locked(handle, user, image_refs, emit, options, cancel)
         except RunCancelled:
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
@@ -603,6 +626,8 @@ class AgentManager:
         """Cancel the current run; True when one was running."""
         cancel = handle.cancel
         self.approvals.cancel_agent(handle.id)
+        if self.cluster is not None and self.store.shared and (cancel is None or cancel.is_set()):
+            return self.cluster.request_stop(handle.id) > 0
         if cancel is None or cancel.is_set():
             return False
         cancel.set()
@@ -631,6 +656,8 @@ class AgentManager:
     # -- session ------------------------------------------------------------------
     def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """The stored messages; kept in memory after the first read (writes go through here too)."""
+        if self.store.shared:  # another daemon may have written the session since
+            handle.session_cache, handle.llm_history = None, None
         if handle.session_cache is None:
             with orm.db_session:
                 row = self.store.e.SessionRow.get(id=handle.session_id)
@@ -766,7 +793,8 @@ class AgentManager:
             row = self.store.e.AgentRow.get(id=handle.id)
             if row is not None:
                 for upload in row.uploads:
-                    Path(upload.path).unlink(missing_ok=True)
+                    if upload.path:  # an upload from before schema 2 may still be a file
+                        Path(upload.path).unlink(missing_ok=True)
                 row.sessions.clear()
                 orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
@@ -790,13 +818,11 @@ class AgentManager:
             raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
                              "audio/*, application/pdf")
         file_id = str(uuid.uuid4())
-        self.uploads_dir.mkdir(parents=True, exist_ok=True)
-        path = self.uploads_dir / file_id
-        path.write_bytes(data)
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
+        # The bytes live in the database: every daemon sharing it can attach the file.
         with orm.db_session:
             self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
-                                   content_type=content_type, size=len(data), path=str(path),
+                                   content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
 
@@ -806,8 +832,10 @@ class AgentManager:
             row = self.store.e.UploadRow.get(id=key)
             if row is None or row.agent.id != handle.id:
                 raise BadRequest(f"unknown attachment file_id {file_id}: upload it to this agent first")
+            data = bytes(row.content) if row.content is not None else \
+                (Path(row.path).read_bytes() if row.path else b"")
             return {"id": row.id, "filename": row.filename, "content_type": row.content_type,
-                    "path": row.path}
+                    "data": data}
 
     # -- operations tools use ---------------------------------------------------------
     def ops_for(self, handle: AgentHandle) -> "AgentOpsImpl":

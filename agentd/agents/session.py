@@ -36,7 +36,7 @@ def to_llm(stored: dict[str, Any]) -> Message:
                    tool_calls=[ToolCall(c["id"], c["name"], c.get("arguments") or {})
                                for c in stored.get("tool_calls", [])],
                    tool_call_id=stored.get("tool_call_id"), tool_name=stored.get("tool_name"),
-                   is_error=bool(stored.get("is_error", False)))
+                   is_error=bool(stored.get("is_error")))
 
 
 def history_for_model(stored: list[dict[str, Any]]) -> list[Message]:

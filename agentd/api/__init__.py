@@ -51,6 +51,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None) -> 
     app.register_blueprint(routes_docs.bp)
     from agentd.api import routes_channels
     app.register_blueprint(routes_channels.bp)
+    from agentd.api import routes_cluster
+    app.register_blueprint(routes_cluster.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, kernel.config.api.trusted_proxies)

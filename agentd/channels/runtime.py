@@ -53,6 +53,11 @@ class ChannelManager:
         self._apply_globals(raw_channels)
         self.dispatcher = Dispatcher(self.workers, self.queue_limit)
         self._initial = raw_channels
+        # Several daemons on one database (agentd/channel_leaders.py): an adapter starts only
+        # where may_run(name) is true (the daemon holding its leader lease); on_stopped(name)
+        # hands the lease back when it stops here.
+        self.may_run: Callable[[str], bool] = lambda name: True
+        self.on_stopped: Callable[[str], None] = lambda name: None
 
     def _apply_globals(self, raw: dict[str, Any]) -> None:
         self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
@@ -101,6 +106,8 @@ class ChannelManager:
         cls = registry.load(name)
         if cls is None:
             return False
+        if not self.may_run(name):
+            return False
         try:
             settings = settings_for(info, validate(info, self.sections[name]))
             adapter = cls(self._context(name), settings)
@@ -109,6 +116,7 @@ class ChannelManager:
             message = getattr(exc, "message", None) or str(exc)
             log.warning("channel %s could not start: %s", name, message)
             self.audit("channel.start_failed", name, {"error": message[:300]})
+            self.on_stopped(name)
             return False
         self.running[name] = adapter
         self.audit("channel.start", name, {})
@@ -117,11 +125,13 @@ class ChannelManager:
     def _stop(self, name: str, reason: str) -> None:
         adapter = self.running.pop(name, None)
         if adapter is None:
+            self.on_stopped(name)
             return
         try:
             adapter.stop()
         except Exception:  # noqa: BLE001 - a failing stop must not keep the others running
             log.exception("channel %s: stop failed", name)
+        self.on_stopped(name)
         self.audit("channel.stop", name, {"reason": reason})
 
     def _context(self, name: str) -> ChannelContext:

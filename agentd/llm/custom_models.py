@@ -45,3 +45,16 @@ class CustomModels:
                 raise NotFound(f"custom model not found: {model_id}")
             stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != model_id]
             self.store.set_setting(SETTING, stored)
+
+    def follow(self, stored: list[dict[str, Any]]) -> None:
+        """Make the catalog's custom models match `stored` (written by another daemon on a
+        shared database; see agentd/settings_follow.py)."""
+        with self._lock:
+            wanted = {m["id"]: m for m in stored}
+            for info in self.catalog.models(tier="custom"):
+                data = wanted.get(info.id)
+                if data is None or self._info(data) != info:
+                    self.catalog.remove_custom(info.id)
+            for model_id, data in wanted.items():
+                if self.catalog.get_model(model_id) is None:
+                    self.catalog.add_custom(self._info(data))

@@ -23,10 +23,10 @@ MATCH_LIMIT = 1000
 _WALK = """
 WITH RECURSIVE reach(node, depth) AS (
     SELECT id, 0 FROM kg_entities
-     WHERE agent_id = :a AND (id = :ref OR lower(name) = lower(:ref))
+     WHERE agent_id = $a AND (id = $ref OR lower(name) = lower($ref))
     UNION
     SELECT r.{next}, reach.depth + 1 FROM kg_relations r JOIN reach ON r.{here} = reach.node
-     WHERE r.agent_id = :a AND reach.depth < :d AND (:rel IS NULL OR r.relation = :rel)
+     WHERE r.agent_id = $a AND reach.depth < $d AND ($rel IS NULL OR r.relation = $rel)
 )
 SELECT node, MIN(depth) FROM reach GROUP BY node
 """
@@ -111,8 +111,7 @@ class KnowledgeGraph:
     def _walk(self, agent_id: str, ref: str, depth: int, relation: str | None, forward: bool) -> dict[str, int]:
         sql = _WALK.format(next="target" if forward else "source", here="source" if forward else "target")
         # Raw DB-API call: Pony's select() only takes statements that start with SELECT.
-        cursor = self.store.db.get_connection().cursor()
-        rows = cursor.execute(sql, {"a": agent_id, "ref": ref, "d": depth, "rel": relation}).fetchall()
+        rows = self.store.raw_rows(sql, {"a": agent_id, "ref": ref, "d": depth, "rel": relation})
         return {node: d for node, d in rows}
 
     def query(self, agent_id: str, source: str | None = None, relation: str | None = None,

@@ -91,6 +91,23 @@ class SemanticMemory:
         self._indexes: dict[str, AgentIndex] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        # Several daemons on one database (agentd/memory/notify.py): `changed(agent_id)` is
+        # called after every write here, and another daemon's write calls invalidate().
+        self.changed: Callable[[str], None] | None = None
+        self._generation: dict[str, int] = {}
+
+    def _changed(self, agent_id: str) -> None:
+        if self.changed is not None:
+            self.changed(agent_id)
+
+    def invalidate(self, agent_id: str | None = None) -> None:
+        """Drop an agent's index (every index with None): another daemon changed its rows, so
+        the next search rebuilds it from the database."""
+        with self._guard:
+            ids = list(self._indexes) if agent_id is None else [agent_id]
+            for key in ids:
+                self._generation[key] = self._generation.get(key, 0) + 1
+                self._indexes.pop(key, None)
 
     @property
     def embedder(self) -> Embedder:
@@ -114,8 +131,12 @@ class SemanticMemory:
             found = self._indexes.get(agent_id)
             if found is not None:
                 return found
+            generation = self._generation.get(agent_id, 0)
             built = self._build(agent_id)
-            self._indexes[agent_id] = built
+            with self._guard:
+                # Not kept when another daemon's write arrived while it was being read.
+                if self._generation.get(agent_id, 0) == generation:
+                    self._indexes[agent_id] = built
             return built
 
     def _build(self, agent_id: str) -> AgentIndex:
@@ -153,6 +174,7 @@ class SemanticMemory:
                 self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a", {"a": agent_id})
                 self.store.db.execute("DELETE FROM memory_fragments WHERE agent_id = $a", {"a": agent_id})
             self._indexes.pop(agent_id, None)
+        self._changed(agent_id)
 
     def loaded_ids(self, agent_id: str) -> list[str] | None:
         """The agent's fragment ids when its index is in memory (None: not loaded yet)."""
@@ -184,6 +206,7 @@ class SemanticMemory:
                     continue
                 if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
                     self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                    self._changed(agent_id)
                     return {"id": hit.id, "merged": True}
             now = utcnow()
             fid = str(uuid.uuid4())
@@ -196,7 +219,8 @@ class SemanticMemory:
                     if row is not None and contradicts(row.content, content):
                         row.superseded_by = fid
             index.put(fid, vector, epoch(now), confidence, source, scope)
-            return {"id": fid, "merged": False}
+        self._changed(agent_id)
+        return {"id": fid, "merged": False}
 
     def _content(self, agent_id: str, fid: str) -> str | None:
         with orm.db_session:
@@ -252,14 +276,15 @@ class SemanticMemory:
             index = self._indexes.get(agent_id)
             if index is not None:
                 index.remove(fid)
+        self._changed(agent_id)
 
     # -- reads ----------------------------------------------------------------------------
     def _rows(self, agent_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
         """Fragments by id in one plain query (recall's hot path: Pony's object loading and
         lazy LongStr reads cost more than the search itself)."""
         with orm.db_session:
-            cursor = self.store.db.get_connection().cursor()
-            found = cursor.execute(_ROW_SQL.format(",".join("?" * len(ids))), [agent_id, *ids]).fetchall()
+            params = {"a": agent_id, **{f"i{n}": fid for n, fid in enumerate(ids)}}
+            found = self.store.raw_rows(_ROW_SQL.format(", ".join(f"$i{n}" for n in range(len(ids)))), params)
         out = {}
         for (fid, owner, content, metadata, source, scope, confidence, created, accessed, count,
              superseded) in found:
@@ -350,7 +375,7 @@ class SemanticMemory:
 
 
 _ROW_SQL = ("SELECT id, agent_id, content, metadata, source, scope, confidence, created_at, accessed_at, "
-            "access_count, superseded_by FROM memory_fragments WHERE agent_id = ? AND id IN ({})")
+            "access_count, superseded_by FROM memory_fragments WHERE agent_id = $a AND id IN ({})")
 
 
 def _as_dt(value: Any) -> datetime:

@@ -52,6 +52,9 @@ class MemoryService:
         self._dead: set[str] = set()
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
+        # Called with an agent id after its semantic memory changed (agentd/memory/notify.py
+        # tells the other daemons on the same database).
+        self.on_change: Callable[[str], None] | None = None
 
     # -- lazily built parts ---------------------------------------------------------------
     @property
@@ -83,6 +86,7 @@ class MemoryService:
                     from agentd.memory.semantic import SemanticMemory
 
                     self._semantic = SemanticMemory(self.store, lambda: self.embedder)
+                    self._semantic.changed = self._changed
         return self._semantic
 
     @property
@@ -144,7 +148,10 @@ class MemoryService:
     def consolidate(self, agent_id: str) -> dict[str, Any]:
         from agentd.memory.maintenance import consolidate
 
-        return consolidate(self.semantic, agent_id, self.config)
+        try:
+            return consolidate(self.semantic, agent_id, self.config)
+        finally:
+            self._changed(agent_id)
 
     def export(self, agent_id: str) -> dict[str, Any]:
         from agentd.memory.portable import export
@@ -154,7 +161,19 @@ class MemoryService:
     def import_doc(self, agent_id: str, doc: Any) -> dict[str, Any]:
         from agentd.memory.portable import import_doc
 
-        return import_doc(self.semantic, self.graph, agent_id, doc)
+        try:
+            return import_doc(self.semantic, self.graph, agent_id, doc)
+        finally:
+            self._changed(agent_id)
+
+    def _changed(self, agent_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(agent_id)
+
+    def invalidate(self, agent_id: str | None = None) -> None:
+        """Another daemon changed this agent's fragments (None: maybe any agent's)."""
+        if self._semantic is not None:
+            self._semantic.invalidate(agent_id)
 
     def forget_agent(self, agent_id: str) -> None:
         """Delete everything an agent remembered (called when the agent is killed)."""

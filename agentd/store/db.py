@@ -6,6 +6,7 @@ Entities are defined by a function rather than at import time so that every
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +18,8 @@ from pony import orm
 from pony.orm import Database, Optional, PrimaryKey, Required, Set
 
 from agentd.errors import AgentdError
+from agentd.store import migrate
+from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -73,7 +76,10 @@ def _define_entities(db: Database) -> SimpleNamespace:
         filename = Required(str)
         content_type = Required(str)
         size = Required(int)
-        path = Required(str)
+        # Schema 1 kept the bytes in a file under the home (this path); schema 2 keeps them
+        # in `content` so every daemon on a shared database sees the upload. "" = in content.
+        path = Optional(str)
+        content = Optional(bytes, nullable=True, lazy=True)
         created_at = Required(datetime)
 
     class UsageRow(db.Entity):
@@ -210,6 +216,15 @@ class Store:
     db: Database
     e: SimpleNamespace
     path: Path
+    # "sqlite" or "postgres"; `where` names the database for logs (a masked URL or a path).
+    backend: str = "sqlite"
+    where: str = ""
+
+    @property
+    def shared(self) -> bool:
+        """True when other daemons may write this database too (PostgreSQL): services
+        then re-read what they would otherwise keep in memory."""
+        return self.backend == "postgres"
 
     def ping(self) -> bool:
         """True when a trivial query succeeds."""
@@ -233,9 +248,21 @@ class Store:
             else:
                 row.value = value
 
+    def raw_rows(self, sql: str, params: dict[str, Any]) -> list[tuple]:
+        """Rows of a statement on this session's DB-API connection, `$name` parameters bound
+        in the backend's own style. For hot paths and statements Pony's `select()` refuses
+        (a leading `WITH`); call inside `db_session`."""
+        style = r"%(\1)s" if self.backend == "postgres" else r":\1"
+        cursor = self.db.get_connection().cursor()
+        cursor.execute(_PARAM.sub(style, sql), params)
+        return cursor.fetchall()
+
     def close(self) -> None:
         """Close this thread's connection (the process is about to exit)."""
         self.db.disconnect()
+
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _check_not_locked(path: Path) -> None:
@@ -255,8 +282,11 @@ def _check_not_locked(path: Path) -> None:
         raise StoreError(f"database {path} is not a valid SQLite file: {exc}") from None
 
 
-def open_store(path: Path) -> Store:
-    """Open (creating if needed) the SQLite database and its schema."""
+def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
+    """Open (creating or migrating if needed) the database and its schema: PostgreSQL when
+    `database_url` is given, else the SQLite file at `path`."""
+    if database_url is not None:
+        return _open_postgres(path, database_url)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size > 0:
         with open(path, "rb") as fh:
@@ -274,12 +304,60 @@ def open_store(path: Path) -> Store:
         cursor.execute("PRAGMA busy_timeout = 5000")
 
     entities = _define_entities(db)
+    side = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)
     try:
+        cur = side.cursor()
+        found = migrate.run_steps(cur, "sqlite")
         db.bind(provider="sqlite", filename=str(path), create_db=True)
         db.generate_mapping(create_tables=True)
+        migrate.record(cur, "sqlite", found)
+    except migrate.SchemaError as exc:
+        raise StoreError(f"database {path}: {exc}") from None
     except Exception as exc:  # Pony wraps sqlite errors in its own types
         text = str(exc)
         if "locked" in text:
             raise StoreError(f"database {path} is locked by another process") from None
         raise StoreError(f"cannot open database {path}: {text}") from None
-    return Store(db=db, e=entities, path=path)
+    finally:
+        side.close()
+    return Store(db=db, e=entities, path=path, backend="sqlite", where=str(path))
+
+
+def _open_postgres(path: Path, target: DatabaseUrl) -> Store:
+    """Bind to PostgreSQL; create or migrate the schema under the migration advisory lock,
+    so daemons starting at the same instant on one empty database take turns."""
+    where = target.masked
+    try:
+        import psycopg2  # noqa: F401 - the optional extra; say so rather than fail obscurely
+    except ImportError:
+        raise StoreError("database_url needs psycopg2: pip install 'agentd[postgres]'") from None
+    db = Database()
+    entities = _define_entities(db)
+    try:
+        side = connect_postgres(target)
+    except Exception as exc:  # psycopg2.OperationalError: the message names host and cause
+        raise StoreError(f"cannot connect to database {where}: {_first_line(exc)}") from None
+    try:
+        cur = side.cursor()
+        migrate.lock(cur, "postgres")
+        try:
+            found = migrate.run_steps(cur, "postgres")
+            bind_postgres(db, target)
+            db.generate_mapping(create_tables=True)
+            migrate.record(cur, "postgres", found)
+        finally:
+            migrate.unlock(cur, "postgres")
+    except migrate.SchemaError as exc:
+        raise StoreError(f"database {where}: {exc}") from None
+    except AgentdError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"cannot open database {where}: {_first_line(exc)}") from None
+    finally:
+        side.close()
+    return Store(db=db, e=entities, path=path, backend="postgres", where=where)
+
+
+def _first_line(exc: BaseException) -> str:
+    # psycopg2 messages run over several lines (DETAIL, HINT); the first says what failed.
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

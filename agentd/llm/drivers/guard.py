@@ -130,18 +130,22 @@ class _Watchdog:
             return len(self._guards)
 
     def _run(self) -> None:
-        while True:
-            with self._lock:
-                guards = list(self._guards)
-                if not guards:
-                    self._wake.clear()
+        while True:  # pragma: no mutate (the thread's lifetime; each pass is `_tick`)
+            self._tick()
+
+    def _tick(self) -> None:
+        """One pass: check every active guard, or sleep until a call starts."""
+        with self._lock:
+            guards = list(self._guards)
             if not guards:
-                self._wake.wait()
-                continue
-            now = time.monotonic()
-            for guard in guards:
-                guard.check(now)
-            time.sleep(WATCH_INTERVAL)
+                self._wake.clear()
+        if not guards:
+            self._wake.wait()
+            return
+        now = time.monotonic()
+        for guard in guards:
+            guard.check(now)
+        time.sleep(WATCH_INTERVAL)
 
 
 _watchdog: _Watchdog | None = None

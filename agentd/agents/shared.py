@@ -1,0 +1,105 @@
+"""Agents on a database other daemons write too (PostgreSQL shared by N daemons).
+
+A daemon keeps a handle per agent in memory (locks, queues, caches). On a shared store
+the agents table is the truth: an agent spawned, re-moded or killed through another
+daemon must look the same here. AgentManager calls these on every lookup when
+`store.shared` is true; on the embedded SQLite database (one daemon) they are never
+called, so that path is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timezone
+from typing import TYPE_CHECKING, Any
+
+from pony import orm
+
+from agentd.agents.manifest import parse_manifest
+from agentd.errors import AgentdError
+
+if TYPE_CHECKING:
+    from agentd.agents.manager import AgentHandle, AgentManager
+
+log = logging.getLogger("agentd.agents")
+
+
+def sync_agent(manager: "AgentManager", agent_id: str | None = None, name: str | None = None) -> None:
+    """Make the in-memory handle of one agent (by id or name) match its database row:
+    adopt an agent spawned elsewhere, forget one killed elsewhere, take over its mode."""
+    with orm.db_session:
+        rows = manager.store.e.AgentRow
+        row = rows.get(id=agent_id) if agent_id is not None else rows.get(name=name)
+        if row is not None:
+            _adopt(manager, row)
+            return
+    with manager._lock:
+        gone = agent_id if agent_id is not None else manager._by_name.get(name or "")
+    if gone is not None:
+        _forget(manager, gone)
+
+
+def sync_all(manager: "AgentManager") -> None:
+    """Make the set of handles match the agents table (for lists and status)."""
+    with orm.db_session:
+        current = {aid: (mode, session_id) for aid, mode, session_id in
+                   orm.select((a.id, a.mode, a.session_id) for a in manager.store.e.AgentRow)}
+        with manager._lock:
+            known = set(manager._agents)
+        for agent_id in known - set(current):
+            _forget(manager, agent_id)
+        for agent_id, (mode, session_id) in current.items():
+            if agent_id in known:
+                _refresh(manager._agents.get(agent_id), mode, session_id)
+            else:
+                row = manager.store.e.AgentRow.get(id=agent_id)
+                if row is not None:
+                    _adopt(manager, row)
+
+
+def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
+    if handle is None:
+        return
+    handle.mode = mode
+    if handle.session_id != session_id:
+        handle.session_id = session_id
+        handle.session_cache, handle.llm_history = None, None
+
+
+def _adopt(manager: "AgentManager", row: Any) -> None:
+    """Inside a db_session: register (or refresh) the handle of `row`."""
+    with manager._lock:
+        handle = manager._agents.get(row.id)
+        if handle is not None:
+            _refresh(handle, row.mode, row.session_id)
+            return
+        stale = manager._by_name.get(row.name)
+    if stale is not None and stale != row.id:
+        _forget(manager, stale)  # killed elsewhere, and the name taken again since
+    try:
+        manifest = parse_manifest(row.manifest_toml)
+    except AgentdError as exc:
+        log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
+        return
+    handle = manager._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
+                             row.session_id)
+    handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
+    with manager._lock:
+        if row.id not in manager._agents:
+            manager._register(handle)
+            log.info("agent %s (%s) adopted from the shared database", row.name, row.id)
+
+
+def _forget(manager: "AgentManager", agent_id: str) -> None:
+    """Drop the handle of an agent that is no longer in the database (killed elsewhere)."""
+    with manager._lock:
+        handle = manager._agents.pop(agent_id, None)
+        if handle is None:
+            return
+        handle.killed = True
+        handle.state = "Terminated"
+        if manager._by_name.get(handle.name) == agent_id:
+            del manager._by_name[handle.name]
+    manager.queues.cancel_queued(handle)
+    manager.stop(handle)
+    log.info("agent %s (%s) was killed through another daemon", handle.name, agent_id)

@@ -1,0 +1,335 @@
+"""Several daemons on one database: run leases, the heartbeat, the reaper, leaders.
+
+Every daemon has a `Cluster`, also a lone daemon on SQLite, where the same code runs
+and never meets a competitor. What it does:
+
+- **One run per session at a time across daemons.** A run first takes the lease
+  `run:<session id>` (the agent's own session, or a channel conversation's), waiting
+  while another daemon holds it, exactly as a run waits for the agent's local run lock;
+  then it writes its run record (`agent_runs`), admitted by the budget gate.
+- **Heartbeat.** Every `lease_secs / 3` the daemon renews its leases and run records,
+  marks runs whose lease expired `failed` (their daemon died), applies stop requests
+  made on other daemons, keeps its agent registry in step with the database and lets
+  standby channel adapters try to become leader.
+- **Leaders.** A channel adapter runs only on the daemon holding `channel:<name>`.
+
+Settings: `[cluster] daemon_id` (default `<hostname>:<port>`, unique per daemon) and
+`lease_secs` (default 10).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pony import orm
+
+from agentd.errors import AgentdError, ConfigError, Conflict
+from agentd.store import Store
+from agentd.store.leases import Lease, Leases, RunLog, ensure_tables, is_shared, relaxed_commit
+
+log = logging.getLogger("agentd.cluster")
+
+WAIT_STEP = 0.05  # first poll interval while another daemon holds a run lease (doubles to WAIT_MAX)
+WAIT_MAX = 0.5
+RUN_RETENTION_SECS = 7 * 86400
+
+
+@dataclass
+class ClusterSettings:
+    daemon_id: str
+    lease_secs: float = 10.0
+
+    @property
+    def heartbeat_secs(self) -> float:
+        return max(0.2, self.lease_secs / 3)
+
+
+def cluster_settings(raw: Any, listen: str) -> ClusterSettings:
+    """The `[cluster]` table of config.toml (validated)."""
+    table = raw.get("cluster", {}) if isinstance(raw, dict) else {}
+    if not isinstance(table, dict):
+        raise ConfigError("config key cluster: must be a table")
+    daemon_id = table.get("daemon_id", "")
+    if not isinstance(daemon_id, str) or len(daemon_id) > 100:
+        raise ConfigError("config key cluster.daemon_id: must be a string of at most 100 characters")
+    if not daemon_id:
+        daemon_id = f"{socket.gethostname()}:{listen.rsplit(':', 1)[-1]}"
+    lease = table.get("lease_secs", 10.0)
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 1 <= lease <= 3600:
+        raise ConfigError("config key cluster.lease_secs: must be a number between 1 and 3600")
+    return ClusterSettings(daemon_id=daemon_id, lease_secs=float(lease))
+
+
+@dataclass
+class LocalRun:
+    """A run this daemon holds the lease of."""
+
+    run_id: str
+    agent_id: str
+    lease: Lease
+    cancel: threading.Event
+    cost: list[float] = field(default_factory=list)
+
+
+class Cluster:
+    """Coordination of this daemon with the others on the same database."""
+
+    def __init__(self, store: Store, settings: ClusterSettings, listen: str) -> None:
+        self.store = store
+        self.settings = settings
+        self.id = settings.daemon_id
+        self.listen = listen
+        self.shared = is_shared(store)
+        ensure_tables(store)
+        self.leases = Leases(store, self.id)
+        self.runs = RunLog(store)
+        self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
+        self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
+        # Set when this daemon shuts down (the kernel's `stopping`): stopping its own agents
+        # then must not ask other daemons to stop theirs.
+        self.leaving = threading.Event()
+        self._local: dict[str, LocalRun] = {}
+        self._held: dict[str, Lease] = {}  # other leases (channels) renewed with the runs
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_prune = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Register this daemon, clean up after its previous life, start the heartbeat."""
+        # A run this daemon id left running belongs to a process that no longer exists.
+        failed = self.runs.fail_owner(self.id, f"daemon {self.id} restarted while the run was in flight")
+        self.leases.drop_owner(self.id)
+        if not self.shared:
+            # SQLite: one daemon per database, so whatever is still `running` is dead.
+            with orm.db_session:
+                failed += self.store.db.execute(
+                    "UPDATE agent_runs SET status = 'failed', ended_at = $now, reserve_usd = 0, "
+                    "error = 'the daemon stopped while the run was in flight' WHERE status = 'running'",
+                    {"now": time.time()}).rowcount
+                self.store.db.execute("DELETE FROM cluster_leases")
+        if failed:
+            log.warning("marked %d run(s) left running by a previous daemon failed", failed)
+        self._beat_daemon(started=True)
+        self._thread = threading.Thread(target=self._heartbeat, name="agentd-cluster", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the heartbeat and hand every lease back at once (others take over now)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        for lease in held:
+            try:
+                self.leases.release(lease)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                log.debug("lease %s not released", lease.name)
+        try:
+            with orm.db_session:
+                self.store.db.execute("DELETE FROM cluster_daemons WHERE id = $d", {"d": self.id})
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- runs --------------------------------------------------------------------------
+    def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
+            body: Callable[[], Any]) -> Any:
+        """Run `body` holding the session's lease and a run record (see the module doc)."""
+        local = self._begin(handle, cancel, lock_timeout)
+        status, error, result = "failed", None, None
+        try:
+            result = body()
+            status = "completed"
+            return result
+        except BaseException as exc:
+            from agentd.agents.loop import RunCancelled
+
+            status = "cancelled" if isinstance(exc, RunCancelled) else "failed"
+            error = (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")[:500]
+            raise
+        finally:
+            cost = getattr(result, "cost_usd", None)
+            with self._lock:
+                self._local.pop(local.run_id, None)
+            self._end(local, status, error, cost)
+
+    def _end(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
+        """Close the run record and hand the lease back in one transaction."""
+        with orm.db_session:
+            relaxed_commit(self.store)
+            self.runs.finish(local.run_id, status, error, cost)
+            self.leases.release(local.lease)
+
+    def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
+        from agentd.agents.loop import RunCancelled
+
+        name = f"run:{handle.session_id}"
+        deadline = None if lock_timeout is None else time.monotonic() + lock_timeout
+        step = WAIT_STEP
+        while True:
+            if cancel.is_set() or getattr(handle, "killed", False):
+                raise RunCancelled("run cancelled before it started")
+            local = self._try_begin(handle, name, cancel)
+            if local is not None:
+                return local
+            if self._stop.is_set():
+                raise AgentdError("the daemon is shutting down", status=503)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Conflict(f"agent {handle.name} is busy with another run")
+            cancel.wait(step)
+            step = min(WAIT_MAX, step * 2)
+
+    def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
+        secs = self.settings.lease_secs
+        run_id = str(uuid.uuid4())
+        with orm.db_session:
+            relaxed_commit(self.store)
+            lease = self.leases.take(name, secs)
+            if lease is None:
+                return None
+            if self.shared:
+                # Taking an expired lease: the run that held it died with its daemon. (A lone
+                # daemon on SQLite failed every leftover run when it started.)
+                self.runs.reap(session_id=handle.session_id)
+            reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
+            self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
+        local = LocalRun(run_id, handle.id, lease, cancel)
+        with self._lock:
+            self._local[run_id] = local
+        return local
+
+    def running_elsewhere(self, session_id: str) -> str | None:
+        """The other daemon running this session now, or None (free, or running here)."""
+        owner = self.leases.holder(f"run:{session_id}")
+        return owner if owner is not None and owner != self.id else None
+
+    def check_stream(self, handle: Any) -> None:
+        """409 when a stream request reached a daemon other than the one running the agent."""
+        owner = self.running_elsewhere(handle.session_id)
+        if owner is not None:
+            raise Conflict(f"run is on daemon {owner}; route stream paths by agent id")
+
+    def request_stop(self, agent_id: str) -> int:
+        """Ask other daemons to stop this agent's runs (applied at their next heartbeat)."""
+        if self.leaving.is_set():
+            return 0
+        return self.runs.request_stop(agent_id, self.id)
+
+    # -- other leases (channel leaders) ------------------------------------------------
+    def claim(self, name: str) -> bool:
+        """Take (or keep) a lease renewed by the heartbeat; True when this daemon holds it."""
+        with self._lock:
+            if name in self._held:
+                return True
+        lease = self.leases.acquire(name, self.settings.lease_secs)
+        if lease is None:
+            return False
+        with self._lock:
+            self._held[name] = lease
+        return True
+
+    def holds(self, name: str) -> bool:
+        with self._lock:
+            return name in self._held
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            lease = self._held.pop(name, None)
+        if lease is not None:
+            self.leases.release(lease)
+
+    def holder(self, name: str) -> str | None:
+        return self.leases.holder(name)
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_secs):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - a database hiccup must not end the heartbeat
+                log.exception("cluster heartbeat failed")
+
+    def tick(self) -> None:
+        """One heartbeat (also called directly by tests)."""
+        secs = self.settings.lease_secs
+        self._beat_daemon()
+        with self._lock:
+            local = list(self._local.values())
+            held = list(self._held.items())
+        for run in local:
+            if not self.leases.renew(run.lease, secs):
+                log.warning("run %s lost its lease (this daemon was too slow); stopping it", run.run_id)
+                run.cancel.set()
+        lost = self.runs.renew(self.id, [r.run_id for r in local], time.time() + secs)
+        for run in local:
+            if run.run_id in lost:
+                run.cancel.set()
+        for name, lease in held:
+            if not self.leases.renew(lease, secs):
+                log.warning("lease %s lost", name)
+                with self._lock:
+                    self._held.pop(name, None)
+        for run_id, agent_id, daemon in self.runs.reap():
+            log.warning("run %s of agent %s failed: daemon %s stopped renewing its lease", run_id, agent_id, daemon)
+            self._cancel_approvals_of(daemon)
+        for run_id in self.runs.stop_requests(self.id):
+            with self._lock:
+                run = self._local.get(run_id)
+            if run is not None and not run.cancel.is_set():
+                log.info("run %s stopped on request of another daemon", run_id)
+                run.cancel.set()
+        for hook in list(self.on_tick):
+            hook()
+        if time.time() - self._last_prune > 3600:
+            self._last_prune = time.time()
+            self.runs.prune(time.time() - RUN_RETENTION_SECS)
+            with orm.db_session:
+                self.store.db.execute("DELETE FROM cluster_daemons WHERE heartbeat_at < $t",
+                                      {"t": time.time() - 86400})
+                # Approvals decided for runs that died with their daemon (others delete their own).
+                self.store.db.execute("DELETE FROM cluster_approvals WHERE decided_at < $t",
+                                      {"t": time.time() - 86400})
+
+    def _beat_daemon(self, started: bool = False) -> None:
+        now = time.time()
+        with orm.db_session:
+            self.store.db.execute(
+                "INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at) VALUES ($d, $l, $p, $now, $now) "
+                "ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+                + (", listen = excluded.listen, pid = excluded.pid, started_at = excluded.started_at" if started else ""),
+                {"d": self.id, "l": self.listen, "p": os.getpid(), "now": now})
+
+    def _cancel_approvals_of(self, daemon: str) -> None:
+        with orm.db_session:
+            self.store.db.execute("UPDATE cluster_approvals SET decision = 'cancelled', decided_at = $now "
+                                  "WHERE daemon_id = $d AND decision IS NULL", {"now": time.time(), "d": daemon})
+
+    # -- views -------------------------------------------------------------------------
+    def daemons(self) -> list[dict[str, Any]]:
+        """Daemons that sent a heartbeat within the last lease period."""
+        from agentd.store.leases import _iso
+
+        with orm.db_session:
+            rows = self.store.db.select("SELECT id, listen, pid, started_at, heartbeat_at FROM cluster_daemons "
+                                        "WHERE heartbeat_at >= $t ORDER BY started_at",
+                                        {"t": time.time() - self.settings.lease_secs})
+        return [{"id": r[0], "listen": r[1], "pid": r[2], "started_at": _iso(r[3]), "heartbeat_at": _iso(r[4]),
+                 "self": r[0] == self.id} for r in rows]
+
+    def status(self) -> dict[str, Any]:
+        """GET /api/cluster."""
+        with self._lock:
+            running = len(self._local)
+            held = sorted(self._held)
+        return {"daemon_id": self.id, "shared_database": self.shared, "lease_secs": self.settings.lease_secs,
+                "runs_here": running, "leases_held": held, "daemons": self.daemons()}

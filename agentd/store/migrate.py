@@ -1,0 +1,134 @@
+"""Schema versions: create or migrate the schema at start, safely with several daemons.
+
+The table `agentd_schema` records every version applied. At start the store:
+
+1. takes the migration lock (PostgreSQL: `pg_advisory_lock(MIGRATION_LOCK)` on a side
+   connection, so daemons starting at the same instant migrate one after another; SQLite:
+   the database file is one daemon's, and a write transaction guards the version table);
+2. reads the version: none and no tables = a fresh database (Pony creates every table at
+   the current shape); none but an `agents` table = a database made before versioning
+   (version 1); newer than this code = refuse to start (an older daemon must not write a
+   schema it does not know);
+3. runs the steps from the found version up to `SCHEMA_VERSION` (changes to existing
+   tables: new columns, data moves), then lets Pony create tables that are new, and
+   records the versions; then releases the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("agentd.store")
+
+# Arbitrary constant shared by every agentd daemon: the key of the migration lock.
+MIGRATION_LOCK = 0x6167_6E74_6400_0001
+
+# The schema this code writes. Bump it with a step in STEPS when an existing table changes.
+# New tables need no step (Pony creates them); a new column or a data move does.
+SCHEMA_VERSION = 2
+
+VERSION_TABLE = "agentd_schema"
+
+
+def _step_2(cur: Any, backend: str) -> None:
+    """Uploads move from files under the home into the database (`uploads.content`), so a
+    file uploaded through one daemon can be attached through another."""
+    if not _column_exists(cur, backend, "uploads", "content"):
+        blob = "BYTEA" if backend == "postgres" else "BLOB"
+        cur.execute(f"ALTER TABLE uploads ADD COLUMN content {blob}")
+    p = _param(backend)
+    cur.execute("SELECT id, path FROM uploads WHERE path <> ''")
+    for upload_id, path in cur.fetchall():
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            log.warning("upload %s: file %s is gone; the upload stays without content", upload_id, path)
+            continue
+        cur.execute(f"UPDATE uploads SET content = {p}, path = '' WHERE id = {p}", (data, upload_id))
+        Path(path).unlink(missing_ok=True)
+
+
+# version -> step that brings a database from version-1 to version (existing tables only).
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2}
+
+
+class SchemaError(Exception):
+    """The database's schema cannot be used by this daemon."""
+
+
+def _param(backend: str) -> str:
+    return "%s" if backend == "postgres" else "?"
+
+
+def _table_exists(cur: Any, backend: str, name: str) -> bool:
+    if backend == "postgres":
+        cur.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() "
+                    "AND table_name = %s", (name,))
+    else:
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return cur.fetchone() is not None
+
+
+def _column_exists(cur: Any, backend: str, table: str, column: str) -> bool:
+    if backend == "postgres":
+        cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = %s AND column_name = %s", (table, column))
+        return cur.fetchone() is not None
+    cur.execute(f"PRAGMA table_info({table})")
+    return any(row[1] == column for row in cur.fetchall())
+
+
+def found_version(cur: Any, backend: str) -> int:
+    """The database's schema version: 0 = empty database, 1 = made before versioning."""
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER PRIMARY KEY, "
+                "applied_at TEXT NOT NULL, description TEXT NOT NULL)")
+    cur.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
+    row = cur.fetchone()
+    if row and row[0] is not None:
+        return int(row[0])
+    if not _table_exists(cur, backend, "agents"):
+        return 0
+    # Made before versioning: that schema is version 1; say so once.
+    p = _param(backend)
+    cur.execute(f"INSERT INTO {VERSION_TABLE} (version, applied_at, description) VALUES (1, {p}, {p})",
+                (datetime.now(timezone.utc).isoformat(), "existing schema adopted by agentd"))
+    return 1
+
+
+def run_steps(cur: Any, backend: str) -> int:
+    """Bring existing tables to SCHEMA_VERSION; returns the version found. Call with the
+    migration lock held, before Pony maps (and creates) the tables."""
+    version = found_version(cur, backend)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(f"database schema version {version} is newer than this agentd's "
+                          f"({SCHEMA_VERSION}); upgrade agentd")
+    if version > 0:
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            log.info("migrating database schema to version %d", step)
+            STEPS[step](cur, backend)
+    return version
+
+
+def record(cur: Any, backend: str, found: int) -> None:
+    """Record the versions applied since `found` (after Pony created the new tables)."""
+    now = datetime.now(timezone.utc).isoformat()
+    p = _param(backend)
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        what = "created" if found == 0 else "migrated"
+        cur.execute(f"INSERT INTO {VERSION_TABLE} (version, applied_at, description) VALUES ({p}, {p}, {p})",
+                    (version, now, f"{what} by agentd"))
+
+
+def lock(cur: Any, backend: str) -> None:
+    """Take the migration lock (PostgreSQL: session advisory lock; waits for the holder)."""
+    if backend == "postgres":
+        cur.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+
+
+def unlock(cur: Any, backend: str) -> None:
+    """Release what `lock` took."""
+    if backend == "postgres":
+        cur.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))

@@ -1,0 +1,236 @@
+"""Coordination primitives (agentd/store/leases.py, agentd/cluster.py, shared approvals,
+budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
+one database stand for two daemons. Runs on SQLite; the multi-daemon test
+(tests/test_cluster.py) runs the same code on PostgreSQL through real daemons."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+from pony import orm
+
+from agentd.agents.loop import RunCancelled
+from agentd.agents.shared_approvals import SharedApprovalQueue
+from agentd.cluster import Cluster, ClusterSettings, cluster_settings
+from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
+from agentd.llm.catalog import Catalog
+from agentd.metering import Metering
+from agentd.budget_gate import BudgetGate
+from agentd.store import open_store
+from agentd.store.leases import Leases, RunLog, ensure_tables
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "postgres":
+        import pgtest
+        from agentd.store.backend import parse_database_url
+
+        if pgtest.pg_bindir() is None and not os.environ.get("AGENTD_TEST_DATABASE_URL"):
+            pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+        url = parse_database_url(pgtest.databases().new_url(), "test", allow_password=True)
+        s = open_store(tmp_path / "agentd.db", url)
+    else:
+        s = open_store(tmp_path / "agentd.db")
+    ensure_tables(s)
+    yield s
+    s.close()
+
+
+def handle(agent_id: str = "a1", session_id: str = "s1") -> SimpleNamespace:
+    return SimpleNamespace(id=agent_id, name="alpha", session_id=session_id, killed=False)
+
+
+def test_lease_is_exclusive_until_it_expires(store) -> None:
+    a, b = Leases(store, "A"), Leases(store, "B")
+    lease = a.acquire("run:s1", 0.5)
+    assert lease is not None
+    assert b.acquire("run:s1", 0.5) is None
+    assert b.holder("run:s1") == "A"
+    assert a.renew(lease, 0.5) is True
+    time.sleep(0.6)
+    assert b.holder("run:s1") is None
+    taken = b.acquire("run:s1", 5)
+    assert taken is not None and b.holder("run:s1") == "B"
+    assert a.renew(lease, 5) is False  # A lost it: its token no longer matches
+    a.release(lease)  # releasing a lost lease does not free B's
+    assert a.holder("run:s1") == "B"
+    b.release(taken)
+    assert a.holder("run:s1") is None
+
+
+def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
+    runs = RunLog(store)
+    with orm.db_session:
+        runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
+        runs.start("r-live", "a2", "s2", "B", time.time() + 30)
+    reaped = runs.reap()
+    assert reaped == [("r-dead", "a1", "A")]
+    by_id = {r["id"]: r for r in runs.list()}
+    assert by_id["r-dead"]["status"] == "failed"
+    assert "daemon A stopped renewing" in by_id["r-dead"]["error"]
+    assert by_id["r-live"]["status"] == "running"
+    assert runs.finish("r-dead", "completed") is False  # the late owner cannot undo the verdict
+    assert runs.finish("r-live", "completed", cost_usd=0.5) is True
+    assert {r["id"]: r["status"] for r in runs.list()} == {"r-dead": "failed", "r-live": "completed"}
+
+
+def test_second_daemon_waits_for_the_session_lease(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "127.0.0.1:1")
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "127.0.0.1:2")
+    spans: dict[str, tuple[float, float]] = {}
+    started = threading.Event()
+
+    def body(name: str, hold: float):
+        def run():
+            t0 = time.monotonic()
+            started.set()
+            time.sleep(hold)
+            spans[name] = (t0, time.monotonic())
+            return SimpleNamespace(cost_usd=None)
+        return run
+
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, body("A", 0.5)))
+    t.start()
+    started.wait(5)
+    assert b.running_elsewhere("s1") == "A"
+    with pytest.raises(Conflict, match="busy"):
+        b.run(handle(), threading.Event(), 0.1, body("never", 0))
+    b.run(handle(), threading.Event(), None, body("B", 0))
+    t.join()
+    assert spans["B"][0] >= spans["A"][1]  # B started only after A finished
+    assert [r["daemon_id"] for r in a.runs.list()] == ["B", "A"]
+    assert {r["status"] for r in a.runs.list()} == {"completed"}
+    assert len(a.runs.list()) == 2  # the refused attempt left no run record
+
+
+def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1")
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2")
+    lease = a.leases.acquire("run:s1", 5)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    with pytest.raises(RunCancelled):
+        b.run(handle(), cancel, None, lambda: None)
+    a.leases.release(lease)
+
+    def boom():
+        raise ValueError("tool exploded")
+
+    with pytest.raises(ValueError):
+        b.run(handle(), threading.Event(), None, boom)
+    (run,) = b.runs.list()
+    assert (run["status"], run["error"], run["daemon_id"]) == ("failed", "ValueError: tool exploded", "B")
+    assert b.leases.holder("run:s1") is None
+
+
+def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1")
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2")
+    cancel = threading.Event()
+    release = threading.Event()
+    t = threading.Thread(target=lambda: _swallow(lambda: a.run(handle(), cancel, None, lambda: release.wait(10))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not a.runs.list() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.request_stop("a1") == 1
+    a.tick()
+    assert cancel.is_set()  # A saw B's stop request
+    release.set()
+    t.join()
+    # A "dies" holding a run: nobody renews it, B's heartbeat marks it failed.
+    with orm.db_session:
+        a.leases.take("run:s9", 1)
+        a.runs.start("r9", "a9", "s9", "A", time.time() + 1)
+    time.sleep(1.1)
+    b.tick()
+    failed = {r["id"]: r for r in b.runs.list(status="failed")}
+    assert "r9" in failed and failed["r9"]["daemon_id"] == "A"
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def test_approval_decided_by_another_daemon(store) -> None:
+    a, b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
+    approval = a.request("a1", "alpha", "file_write", {"path": "x"})
+    assert [p["id"] for p in b.pending()] == [approval.id]
+    assert b.pending()[0]["input"] == {"path": "x"}
+    threading.Timer(0.3, lambda: b.approve(approval.id)).start()
+    t0 = time.monotonic()
+    assert a.wait(approval, 10) == "approved"
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(NotFound):
+        b.approve(approval.id)  # consumed by the run
+    second = a.request("a1", "alpha", "shell_exec", {})
+    assert b.reject(second.id).decision == "rejected"
+    with pytest.raises(Conflict, match="already rejected"):
+        a.approve(second.id)
+    assert a.wait(second, 5) == "rejected"
+    third = a.request("a1", "alpha", "shell_exec", {})
+    assert a.wait(third, 0.3) == "timeout"
+    assert b.pending() == []
+
+
+def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
+    metering = Metering(store, Catalog.load())
+    gate = BudgetGate(metering)
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1")
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2")
+    a.budget = b.budget = gate
+    # No limit: nothing reserved, nothing refused.
+    a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.004))
+    metering.set_limit(0.01)
+    with orm.db_session:
+        metering.store.db.execute(
+            "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, cost_usd, "
+            "priced, at) VALUES ('a1', 'alpha', 'p', 'm', 1, 1, 0.004, $t, $now)",
+            {"t": True, "now": datetime.utcnow()})
+    gate_open, hold = threading.Event(), threading.Event()
+    results: list[str] = []
+
+    def slow():
+        gate_open.set()
+        hold.wait(10)
+        return SimpleNamespace(cost_usd=0.004)
+
+    t = threading.Thread(target=lambda: results.append(
+        str(a.run(handle("a1", "s1"), threading.Event(), None, slow).cost_usd)))
+    t.start()
+    gate_open.wait(5)
+    # spent 0.004 + reserved 0.004 (the run in flight) = 0.008 < 0.01: one more may start
+    second = threading.Event()
+    t2 = threading.Thread(target=lambda: (b.run(handle("a2", "s2"), threading.Event(), None,
+                                                lambda: (second.set(), hold.wait(10),
+                                                         SimpleNamespace(cost_usd=0.004))[2]),
+                                          results.append("second")))
+    t2.start()
+    second.wait(5)
+    # 0.004 + 0.008 reserved >= 0.01: a third run on either daemon is refused
+    with pytest.raises(TooManyRequests, match=r"budget exceeded: \$0.0040 \(\+ \$0.0080 reserved"):
+        b.run(handle("a3", "s3"), threading.Event(), None, lambda: None)
+    hold.set()
+    t.join()
+    t2.join()
+    assert sorted(results) == ["0.004", "second"]
+    assert b.runs.list(agent_id="a3") == []
+
+
+def test_cluster_settings() -> None:
+    s = cluster_settings({"cluster": {"daemon_id": "d1", "lease_secs": 4}}, "127.0.0.1:4200")
+    assert (s.daemon_id, s.lease_secs, round(s.heartbeat_secs, 3)) == ("d1", 4.0, 1.333)
+    assert cluster_settings({}, "127.0.0.1:4321").daemon_id.endswith(":4321")
+    with pytest.raises(ConfigError, match="cluster.lease_secs"):
+        cluster_settings({"cluster": {"lease_secs": 0}}, "x:1")
+    with pytest.raises(ConfigError, match="cluster.daemon_id"):
+        cluster_settings({"cluster": {"daemon_id": 5}}, "x:1")

@@ -1,0 +1,240 @@
+"""The store's backends: database_url / AGENTD_DATABASE_URL, schema versions, the migration
+lock (several daemons starting at once on one empty PostgreSQL database), secrets in URLs.
+
+The PostgreSQL tests use a real server: the suite's temp cluster (tests/pgtest.py), started
+on first use whatever backend the rest of the suite runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+import pgtest
+from support import FAST_API, Daemon, free_port, make_home, run_cli
+
+from agentd.config import load_config, parse_config
+from agentd.errors import ConfigError
+from agentd.store.backend import has_password, mask_url, parse_database_url
+from agentd.store.migrate import SCHEMA_VERSION
+
+SECRET = "s3cr3t-Pa55"
+T0 = datetime(2026, 1, 1)
+
+
+# -- the URL -------------------------------------------------------------------------------
+
+def test_mask_url_hides_password_everywhere() -> None:
+    assert mask_url(f"postgresql://app:{SECRET}@db.example:5433/agentd") == \
+        "postgresql://app:***@db.example:5433/agentd"
+    assert mask_url(f"postgresql://app@db/agentd?sslmode=require&password={SECRET}") == \
+        "postgresql://app@db/agentd?sslmode=require&password=***"
+    assert mask_url("postgresql://app@db/agentd") == "postgresql://app@db/agentd"
+    assert has_password(f"postgresql://app:{SECRET}@db/agentd")
+    assert has_password(f"postgresql://app@db/agentd?password={SECRET}")
+    assert not has_password("postgresql://app@db/agentd?sslmode=require")
+
+
+def test_config_database_url_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_config({}, tmp_path).database is None
+    cfg = parse_config({"database_url": "postgresql://app@db.example/agentd"}, tmp_path)
+    assert cfg.database.url == "postgresql://app@db.example/agentd"
+    with pytest.raises(ConfigError) as err:
+        parse_config({"database_url": f"postgresql://app:{SECRET}@db/agentd"}, tmp_path)
+    assert "must not contain a password" in err.value.message and SECRET not in err.value.message
+    with pytest.raises(ConfigError, match="must be a postgresql:// URL"):
+        parse_config({"database_url": "mysql://app@db/agentd"}, tmp_path)
+    with pytest.raises(ConfigError, match="names no database"):
+        parse_config({"database_url": "postgresql://app@db"}, tmp_path)
+    with pytest.raises(ConfigError, match="database_url: expected a string"):
+        parse_config({"database_url": 5}, tmp_path)
+    # The environment wins over config.toml, and may carry the password.
+    (tmp_path / "config.toml").write_text('database_url = "postgresql://app@one/agentd"\n')
+    monkeypatch.setenv("AGENTD_DATABASE_URL", f"postgresql://app:{SECRET}@two/agentd")
+    assert load_config(tmp_path).database.url == f"postgresql://app:{SECRET}@two/agentd"
+    monkeypatch.delenv("AGENTD_DATABASE_URL")
+    assert load_config(tmp_path).database.url == "postgresql://app@one/agentd"
+
+
+def test_start_refuses_password_in_config_toml(tmp_path: Path) -> None:
+    # A top-level key: before FAST_API's [api] table.
+    home = make_home(tmp_path, f'database_url = "postgresql://app:{SECRET}@127.0.0.1/agentd"\n' + FAST_API)
+    result = run_cli(home, "start", port=free_port(), timeout=60)
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "database_url: must not contain a password" in out
+    assert SECRET not in out
+
+
+def test_start_fails_clearly_when_server_unreachable(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    url = f"postgresql://app:{SECRET}@127.0.0.1:{free_port()}/agentd"
+    result = run_cli(home, "start", port=free_port(), timeout=60, env_extra={"AGENTD_DATABASE_URL": url})
+    assert result.returncode == 1
+    out = result.stdout + result.stderr
+    assert "cannot connect to database postgresql://app:***@127.0.0.1:" in out
+    assert SECRET not in out
+
+
+# -- schema versions -----------------------------------------------------------------------
+
+def _sqlite_versions(path: Path) -> list[tuple]:
+    conn = sqlite3.connect(str(path))
+    try:
+        return conn.execute("SELECT version, description FROM agentd_schema ORDER BY version").fetchall()
+    finally:
+        conn.close()
+
+
+def test_sqlite_schema_is_versioned_and_old_databases_adopted(tmp_path: Path) -> None:
+    from agentd.store import open_store
+
+    path = tmp_path / "agentd.db"
+    open_store(path).close()
+    assert _sqlite_versions(path) == [(v, "created by agentd") for v in range(1, SCHEMA_VERSION + 1)]
+    # A database from before versioning (tables, no version table) is version 1.
+    conn = sqlite3.connect(str(path))
+    conn.execute("DROP TABLE agentd_schema")
+    conn.execute("ALTER TABLE uploads DROP COLUMN content")  # what schema 2 added
+    conn.commit()
+    conn.close()
+    open_store(path).close()
+    rows = _sqlite_versions(path)
+    assert rows[0] == (1, "existing schema adopted by agentd")
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_start_refuses_newer_schema(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    daemon = Daemon(home).start()
+    assert daemon.stop() == 0
+    if pgtest.ENABLED:  # the suite's switch gives this home a PostgreSQL database
+        with psycopg2.connect(pgtest.url_for_home(home)) as pg, pg.cursor() as cur:
+            cur.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+    else:
+        conn = sqlite3.connect(str(home / "data" / "agentd.db"))
+        conn.execute("INSERT INTO agentd_schema VALUES (99, 'x', 'from the future')")
+        conn.commit()
+        conn.close()
+    result = run_cli(home, "start", port=free_port(), timeout=60)
+    assert result.returncode == 1
+    assert f"database schema version 99 is newer than this agentd's ({SCHEMA_VERSION})" in \
+        result.stdout + result.stderr
+
+
+# -- PostgreSQL: several daemons, one empty database -----------------------------------------
+
+def _pg_rows(url: str, sql: str) -> list[tuple]:
+    with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+@pytest.mark.slow
+def test_three_daemons_start_at_once_on_one_empty_database(tmp_path: Path) -> None:
+    url = pgtest.databases().new_url()
+    daemons = [Daemon(make_home(tmp_path / f"d{i}"), env_extra={"AGENTD_DATABASE_URL": url})
+               for i in range(3)]
+    for daemon in daemons:
+        daemon.start(wait=False)  # all three race for the empty schema
+    for daemon in daemons:
+        daemon.wait_healthy(timeout=60)
+    for daemon in daemons:
+        detail = daemon.get("/api/health/detail").json()
+        assert detail["database"] == "connected"
+    # One creation recorded, and every table there once.
+    assert _pg_rows(url, "SELECT version, description FROM agentd_schema ORDER BY version") == \
+        [(v, "created by agentd") for v in range(1, SCHEMA_VERSION + 1)]
+    tables = {r[0] for r in _pg_rows(url, "SELECT table_name FROM information_schema.tables "
+                                          "WHERE table_schema = 'public'")}
+    assert {"agents", "sessions", "memory_kv", "usage", "workflows", "workflow_runs", "audit",
+            "memory_fragments", "kg_entities", "kg_relations", "settings", "agentd_schema"} <= tables
+    # The data lives in PostgreSQL, not in the homes.
+    created = daemons[0].post("/api/agents", json={"manifest_toml": 'name = "pg-one"\n'})
+    assert created.status_code == 201, created.text
+    assert _pg_rows(url, "SELECT name FROM agents") == [("pg-one",)]
+    for daemon in daemons:
+        assert not (daemon.home / "data" / "agentd.db").exists()
+        assert daemon.stop() == 0
+
+
+def test_password_from_environment_is_masked_in_the_log(tmp_path: Path) -> None:
+    url = pgtest.databases().new_url()
+    assert url.startswith("postgresql://postgres@"), url
+    # The temp cluster trusts local connections, so any password is accepted: what matters
+    # is that it never reaches the log.
+    url = url.replace("postgres@", f"postgres:{SECRET}@", 1)
+    home = make_home(tmp_path, 'log_level = "debug"\n' + FAST_API)
+    daemon = Daemon(home, env_extra={"AGENTD_DATABASE_URL": url}).start()
+    assert daemon.get("/api/health/detail").json()["database"] == "connected"
+    assert daemon.stop() == 0
+    log = daemon.log()
+    assert "database: postgres postgresql://postgres:***@127.0.0.1:" in log
+    assert SECRET not in log
+
+
+def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> None:
+    """A schema-1 home (uploads as files) is migrated at start: bytes into `uploads.content`,
+    files removed, version 2 recorded, and the upload still attaches."""
+    from pony import orm
+
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    store = open_store(path)
+    with orm.db_session:
+        store.e.AgentRow(id="a1", name="old", manifest_toml='name = "old"\n', manifest={}, created_at=T0,
+                         last_active=T0, session_id="s1")
+    store.close()
+    upload_file = tmp_path / "uploads" / "u1"
+    upload_file.parent.mkdir()
+    upload_file.write_bytes(b"\x00\x01old bytes\xff")
+    # Turn it back into schema 1: no content column, the file path in the row.
+    conn = sqlite3.connect(str(path))
+    conn.execute("ALTER TABLE uploads DROP COLUMN content")
+    conn.execute("DELETE FROM agentd_schema WHERE version > 1")
+    conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
+                 "VALUES ('u1', 'a1', 'old.bin', 'application/pdf', 12, ?, '2026-01-01 00:00:00')",
+                 (str(upload_file),))
+    conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
+                 "VALUES ('u2', 'a1', 'gone.bin', 'application/pdf', 3, ?, '2026-01-01 00:00:00')",
+                 (str(tmp_path / "uploads" / "missing"),))
+    conn.commit()
+    conn.close()
+    store = open_store(path)
+    with orm.db_session:
+        moved = store.e.UploadRow["u1"]
+        assert (moved.content, moved.path) == (b"\x00\x01old bytes\xff", "")
+        gone = store.e.UploadRow["u2"]
+        assert gone.content is None and gone.path.endswith("missing")
+    store.close()
+    assert not upload_file.exists()
+    assert [r[0] for r in _sqlite_versions(path)] == [1, 2]
+    assert _sqlite_versions(path)[1] == (2, "migrated by agentd")
+
+
+
+def test_doctor_checks_the_postgresql_database(tmp_path: Path) -> None:
+    def database_check(url: str) -> dict:
+        r = run_cli(make_home(tmp_path / uuid.uuid4().hex), "doctor", "--json", port=free_port(),
+                    env_extra={"AGENTD_DATABASE_URL": url})
+        return {c["check"]: c for c in json.loads(r.stdout)}["database"]
+
+    url = pgtest.databases().new_url()
+    empty = database_check(url)
+    assert empty["status"] == "warn" and "is empty; the schema is created on first start" in empty["message"]
+    from agentd.store import open_store
+
+    open_store(tmp_path / "unused.db", parse_database_url(url, "test", allow_password=True)).close()
+    ready = database_check(url)
+    assert ready == {"check": "database", "status": "ok",
+                     "message": f"PostgreSQL {url}, schema version {SCHEMA_VERSION}"}
+    down = database_check(f"postgresql://app:{SECRET}@127.0.0.1:{free_port()}/agentd")
+    assert down["status"] == "fail" and "cannot connect to postgresql://app:***@127.0.0.1:" in down["message"]
+    assert SECRET not in json.dumps(down)
