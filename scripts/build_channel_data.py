@@ -113,6 +113,23 @@ DESCRIPTIONS = {
 }
 
 
+# Issue 14, streaming/relay adapters (mastodon, gitter, nostr, webex).
+EXTRA_KEYS.update({
+    "webex": [("webhook_url", "text", ""), ("webhook_port", "number", 8458),
+              ("api_url", "text", "https://webexapis.com")],
+    "gitter": [("homeserver_url", "text", "https://gitter.im"), ("long_poll_secs", "number", 25)],
+    "mastodon": [], "nostr": [],
+})
+INBOUND.update({
+    "webex": "webhook (own listener, registered via /v1/webhooks)",
+    "gitter": "long-poll (Matrix /sync on Gitter's homeserver)",
+    "mastodon": "SSE stream (/api/v1/streaming/user)", "nostr": "WebSocket relays (NIP-01)",
+})
+DESCRIPTIONS["gitter"] = ("Gitter adapter. Gitter moved to Matrix in February 2023 and its own REST and streaming "
+                          "APIs were shut down, so this adapter speaks the Matrix client-server API to Gitter's "
+                          "homeserver (gitter.im): a Matrix access token and a Matrix room id (!...:gitter.im).")
+
+
 def kind_of(rust_type: str) -> str:
     if rust_type.startswith("Option<") and rust_type[7:-1] in KINDS:
         return KINDS[rust_type[7:-1]]

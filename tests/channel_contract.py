@@ -91,7 +91,7 @@ def refusal(daemon, case: Case, fake) -> None:
     good = case.say(fake, case.user, "member here")
     wait_for(lambda: case.replies(fake, good), what="reply to the allowed user")
     refused = wait_for(lambda: [e for e in audit(daemon, "channel.refused", case.name)
-                                if e["detail"]["sender"] == (case.other_id or case.other)], what="refusal")
+                                if e["detail"].get("sender") == (case.other_id or case.other)], what="refusal")
     assert refused[0]["detail"]["reason"] == "sender not in allowed_users"
     if bad != good:
         assert case.replies(fake, bad) == []

@@ -13,6 +13,8 @@ IMPLEMENTED += ("dingtalk", "feishu", "teams", "google_chat")
 
 # The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
 WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
+# The streaming/relay family of issue 14, kept on its own line.
+IMPLEMENTED += ("webex", "mastodon", "nostr", "gitter")
 # Issue 14, gateway WebSocket adapters.
 IMPLEMENTED += ("discord", "guilded", "revolt", "slack")
 # Webhook adapters, part 2 (issue 14): Threema Gateway, Pumble, Flock.

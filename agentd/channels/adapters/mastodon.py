@@ -1,0 +1,145 @@
+"""Mastodon: mentions arrive on the user stream (`GET /api/v1/streaming/user`, Server-Sent
+Events, `notification` events of type `mention`); replies are statuses
+(`POST /api/v1/statuses`) in reply to the mention, with its visibility, starting with the
+author's handle; answers over 500 characters become a thread. After a reconnect the
+mentions missed meanwhile are fetched (`GET /api/v1/notifications?since_id=`).
+
+Docs: https://docs.joinmastodon.org/methods/streaming/, /methods/statuses/,
+/methods/notifications/, /methods/instance/ (the streaming server's own URL).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import uuid
+from html.parser import HTMLParser
+from typing import Any, Iterator
+
+import requests
+
+from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.bases.sender import split_text
+from agentd.channels.bases.streaming import StreamingAdapter, sse_events
+
+STATUS_LIMIT = 500  # Mastodon's default maximum status length
+
+
+class _Text(HTMLParser):
+    """Status HTML (`<p>`, `<br>`, mention links) to plain text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "br":
+            self.parts.append("\n")
+        elif tag == "p" and self.parts:
+            self.parts.append("\n\n")
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    parser = _Text()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts).strip()
+
+
+class MastodonAdapter(StreamingAdapter):
+    max_message_len = STATUS_LIMIT
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.base = str(settings.get("instance_url") or "").rstrip("/")
+        self.seen: collections.deque[str] = collections.deque(maxlen=500)
+        self.me: dict[str, Any] = {}
+        self.streaming = self.base
+
+    def _auth(self) -> None:
+        if not self.base:
+            raise ChannelError("instance_url is not set")
+        self.http.session.headers["Authorization"] = f"Bearer {self.env('access_token_env')}"
+
+    def start(self) -> None:
+        self._auth()
+        self.me = self.http.json("GET", f"{self.base}/api/v1/accounts/verify_credentials", retries=1)
+        # The streaming server may live on its own host (instance v2: configuration.urls.streaming).
+        try:
+            instance = self.http.json("GET", f"{self.base}/api/v2/instance", retries=0)
+            url = str(((instance.get("configuration") or {}).get("urls") or {}).get("streaming") or "")
+            if url:
+                self.streaming = re.sub(r"^ws", "http", url).rstrip("/")
+        except ChannelError:
+            pass  # older servers: the stream is served under instance_url
+        super().start()
+
+    def open_stream(self) -> requests.Response:
+        return self.stream(f"{self.streaming}/api/v1/streaming/user")
+
+    def handle_lines(self, lines: Iterator[str]) -> None:
+        last = self.state.get("last_id")
+        if last:  # the stream is open: catch up on what arrived while it was not
+            missed = self.http.json("GET", f"{self.base}/api/v1/notifications",
+                                    params={"since_id": last, "types[]": "mention", "limit": 40})
+            for notification in reversed(missed):
+                self._handle(notification)
+        for event in sse_events(lines):
+            if event.get("event") != "notification":
+                continue
+            try:
+                self._handle(json.loads(event["data"]))
+            except ValueError:
+                continue
+
+    def _handle(self, notification: dict[str, Any]) -> None:
+        note_id = str(notification.get("id") or "")
+        if not note_id or note_id in self.seen:
+            return
+        self.seen.append(note_id)
+        if note_id.isdigit() and int(note_id) > int(self.state.get("last_id") or 0):
+            self.save_cursor(last_id=note_id)
+        status, account = notification.get("status") or {}, notification.get("account") or {}
+        if notification.get("type") != "mention" or not status or account.get("id") == self.me.get("id"):
+            return
+        text = html_to_text(str(status.get("content") or ""))
+        # Drop the leading mentions of the bot (`@helper` or `@helper@instance`).
+        own = re.escape(str(self.me.get("username") or ""))
+        text = re.sub(rf"^(?:@{own}(?:@[\w.-]+)?\s*)+", "", text, flags=re.IGNORECASE).strip() if own else text
+        if not text:
+            return
+        acct = str(account.get("acct") or "")
+        conversation = Conversation(self.name, acct, acct, direct=True,
+                                    meta={"in_reply_to_id": str(status.get("id") or ""),
+                                          "visibility": status.get("visibility") or "public"})
+        self.ctx.deliver(Inbound(conversation, sender_id=acct, text=text, message_id=str(status.get("id") or ""),
+                                 sender_name=str(account.get("display_name") or acct),
+                                 sender_aliases=(str(account.get("id") or ""),)))
+
+    def send(self, conversation: Conversation, text: str) -> str:
+        if not self.http.session.headers.get("Authorization"):
+            self._auth()
+        prefix = f"@{conversation.chat_id} "
+        reply_to = conversation.meta.get("in_reply_to_id") or None
+        ids = []
+        for part in split_text(text, STATUS_LIMIT - len(prefix)):
+            # Each part answers the previous one: a long answer reads as a thread.
+            answer = self.http.json("POST", f"{self.base}/api/v1/statuses",
+                                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                                    json={"status": prefix + part, "in_reply_to_id": reply_to,
+                                          "visibility": conversation.meta.get("visibility") or "direct"})
+            reply_to = str(answer.get("id") or "")
+            ids.append(reply_to)
+        return ",".join(ids)
+
+    def test_target(self, override: str = "") -> Conversation:
+        if not override:
+            raise ChannelError("pass chat_id (an account such as user@instance) to send a test message")
+        return Conversation(self.name, override.lstrip("@"), override.lstrip("@"), direct=True)
+
+
+ADAPTER = MastodonAdapter
