@@ -16,7 +16,7 @@ import pytest
 
 from agentd.agents.tools import ToolContext, ToolError
 from agentd.agents.tools.web import blocked_address
-from tests.test_tools import make_ctx, run, site  # noqa: F401  (site is a fixture)
+from tests.test_tools import make_ctx, rebind, run, site  # noqa: F401  (site is a fixture)
 
 REFUSED = ["127.0.0.1", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254", "100.64.0.1",
            "0.0.0.0", "240.0.0.1", "224.0.0.1", "255.255.255.255", "::1", "::", "fe80::1", "fc00::1",
@@ -86,17 +86,7 @@ def test_network_allowlist_messages_and_grants(tmp_path, site) -> None:  # noqa:
 def test_https_connections_recheck_the_connected_address(tmp_path, site, monkeypatch) -> None:  # noqa: F811
     """Rebinding over https: the peer is checked on connect, before any TLS handshake."""
     port = int(site.rsplit(":", 1)[1])
-    calls: list[str] = []
-    real = socket.getaddrinfo
-
-    def rebinding(host: str, *args: Any, **kwargs: Any) -> Any:
-        if host != "rebind.example":
-            return real(host, *args, **kwargs)
-        calls.append(host)
-        ip = "93.184.216.34" if len(calls) == 1 else "127.0.0.1"
-        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (ip, port))]
-
-    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    rebind(monkeypatch, port)
     ctx = make_ctx(tmp_path, network=["*"])
     assert refusal(ctx, url=f"https://rebind.example:{port}/page") == (
         "refusing to fetch rebind.example: it resolves to the private or loopback address 127.0.0.1 "

@@ -249,12 +249,12 @@ def test_web_fetch_allowlisted_host_redirects_and_caps(tmp_path, site) -> None:
         run(narrow, "web_fetch", url=f"{site}/page")
 
 
-def test_web_fetch_checks_the_connected_address(tmp_path, site, monkeypatch) -> None:
-    """DNS rebinding: the name looks public when checked, then resolves to loopback on connect."""
+def rebind(monkeypatch, port: int) -> list[str]:
+    """`rebind.example` resolves to a public address when first asked, then to loopback
+    (DNS rebinding); the returned list records each lookup of it."""
     import socket
 
     real = socket.getaddrinfo
-    port = int(site.rsplit(":", 1)[1])
     calls: list[str] = []
 
     def rebinding(host: str, *args: Any, **kwargs: Any) -> Any:
@@ -265,6 +265,13 @@ def test_web_fetch_checks_the_connected_address(tmp_path, site, monkeypatch) -> 
         return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (ip, port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    return calls
+
+
+def test_web_fetch_checks_the_connected_address(tmp_path, site, monkeypatch) -> None:
+    """DNS rebinding: the name looks public when checked, then resolves to loopback on connect."""
+    port = int(site.rsplit(":", 1)[1])
+    calls = rebind(monkeypatch, port)
     ctx = make_ctx(tmp_path, network=["*"])
     with pytest.raises(ToolError, match="rebind.example.*private or loopback address 127.0.0.1"):
         run(ctx, "web_fetch", url=f"http://rebind.example:{port}/page")
