@@ -59,21 +59,19 @@ def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_da
     """Each message appends its turn to the cached JSON text; what is stored must be what
     encoding the whole session would give, survive a reset and count one usage row per call."""
     import json
-    import sqlite3
+
+    from support import db_rows
 
     d = agent_daemon
     r = d.post("/api/agents", json={"manifest_toml": 'name = "perf-session"\nprofile = "minimal"\n'})
     agent_id = r.json()["agent_id"]
-    db = d.home / "data" / "agentd.db"
 
     def stored() -> str:
-        with sqlite3.connect(db) as conn:
-            session_id = conn.execute("SELECT session_id FROM agents WHERE id = ?", (agent_id,)).fetchone()[0]
-            return conn.execute("SELECT messages FROM sessions WHERE id = ?", (session_id,)).fetchone()[0]
+        session_id = db_rows(d.home, "SELECT session_id FROM agents WHERE id = ?", (agent_id,))[0][0]
+        return db_rows(d.home, "SELECT messages FROM sessions WHERE id = ?", (session_id,))[0][0]
 
     def usage_rows() -> int:
-        with sqlite3.connect(db) as conn:
-            return conn.execute("SELECT COUNT(*) FROM usage WHERE agent_id = ?", (agent_id,)).fetchone()[0]
+        return db_rows(d.home, "SELECT COUNT(*) FROM usage WHERE agent_id = ?", (agent_id,))[0][0]
 
     for i, text in enumerate(["first", 'second "quoted" é', "third"], start=1):
         assert d.post(f"/api/agents/{agent_id}/message", json={"message": text}).status_code == 200
