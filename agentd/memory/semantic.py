@@ -364,7 +364,12 @@ class SemanticMemory:
         with orm.db_session:
             query = orm.select(m for m in self.store.e.MemoryRow if m.agent_id == agent_id)
             total = query.count()
-            rows = query.order_by(lambda m: (orm.desc(m.created_at), orm.desc(m.key)))[offset:offset + limit]
+            row_type = self.store.e.MemoryRow
+            # Load the long text columns with the rows: read lazily afterwards, a fragment
+            # deleted by another request in between (PostgreSQL reads committed data per
+            # statement) would come back as a missing row inside Pony.
+            rows = (query.order_by(lambda m: (orm.desc(m.created_at), orm.desc(m.key)))
+                    .prefetch(row_type.content, row_type.metadata)[offset:offset + limit])
             return {"memories": [fragment(r) for r in rows], "total": total}
 
     def _metadata_ids(self, agent_id: str, metadata: dict[str, Any]) -> set[str]:
