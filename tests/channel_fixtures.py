@@ -16,15 +16,17 @@ AGENT_TOML = 'name = "helper"\nprofile = "minimal"\n[model]\nprovider = "default
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
-             what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test on timeout."""
+             what: str = "condition", explain: Callable[[], Any] | None = None) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test on timeout (with
+    what `explain()` returns then, to tell a lost message from a dead connection)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    context = f"; {explain()!r}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{context}")
 
 
 def audit(daemon: Daemon, event: str = "", subject: str = "") -> list[dict[str, Any]]:

@@ -33,7 +33,8 @@ def test_private_and_channel_round_trip(daemon, murmur):  # noqa: F811
     try:
         wait_for(lambda: "agentbot" in ann.users.values(), what="bot visible")
         ann.tell("agentbot", "hello <b>mumble</b> & co")
-        wait_for(lambda: ann.from_user("agentbot"), what="private reply")
+        wait_for(lambda: ann.from_user("agentbot"), what="private reply",
+                 explain=lambda: (ann.ended, ann.texts, ann.users, audit(daemon, subject="mumble")[:8]))
         assert ann.from_user("agentbot", private=True) == ["echo: hello mumble &amp; co"]
         ann.say_in_channel("just chatting")
         ann.say_in_channel("agentbot: what is new?")

@@ -6,6 +6,7 @@ from Mumble.proto (Version, Authenticate, ServerSync, UserState, TextMessage).""
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -119,6 +120,7 @@ class MumbleUser:
         self.name, self.session = name, -1
         self.users: dict[int, str] = {}
         self.texts: list[tuple[str, bool, str]] = []
+        self.ended: BaseException | None = None  # why the reader stopped (shown when a test times out)
         self.lock = threading.Lock()
         self.send(0, _pb((1, (1 << 16) | (3 << 8)), (2, "test"), (3, "test"), (4, "")))
         self.send(2, _pb((1, name), (2, password), (5, 1)))
@@ -133,9 +135,17 @@ class MumbleUser:
             self.sock.sendall(struct.pack(">HI", kind, len(body)) + body)
 
     def _exact(self, n: int) -> bytes:
+        # OpenSSL must not read and write one connection at once (tell() runs on the test's
+        # thread): wait for bytes outside the lock, read under it.
         data = b""
         while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
+            if not self.sock.pending():
+                select.select([self.sock], [], [])
+            with self.lock:
+                try:
+                    chunk = self.sock.recv(n - len(data))
+                except (ssl.SSLWantReadError, socket.timeout):
+                    continue
             if not chunk:
                 raise ConnectionError("closed")
             data += chunk
@@ -156,8 +166,8 @@ class MumbleUser:
                 elif kind == 11:
                     sender = self.users.get(fields.get(1, [None])[0], "?")
                     self.texts.append((sender, self.session in fields.get(2, []), fields[5][0].decode()))
-        except (OSError, ConnectionError, struct.error):
-            return
+        except (OSError, ConnectionError, struct.error) as exc:
+            self.ended = exc
 
     def session_of(self, name: str) -> int:
         return next(s for s, n in self.users.items() if n == name)

@@ -12,12 +12,12 @@ import html
 import re
 import socket
 import ssl
-import threading
 import time
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import mumble_wire as wire
 from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.duplex import DuplexSocket
 from agentd.channels.bases.sender import split_text
 
 REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 4: "wrong server password",
@@ -31,12 +31,11 @@ class MumbleAdapter(Adapter):
         super().__init__(ctx, settings)
         self.username = str(settings.get("username") or "agentd")
         self.backoff = Backoff(initial=0.5, maximum=30.0)
-        self.sock: ssl.SSLSocket | None = None
+        self.sock: DuplexSocket | None = None
         self.session = -1
         self.users: dict[int, str] = {}
         self.channels: dict[int, str] = {}
         self.my_channel = 0
-        self._lock = threading.Lock()
 
     def start(self) -> None:
         if not self.settings.get("host"):
@@ -45,15 +44,14 @@ class MumbleAdapter(Adapter):
         self.spawn(self._loop, "reader")
         self.spawn(self._pinger, "ping")
 
-    def _connect(self) -> ssl.SSLSocket:
+    def _connect(self) -> DuplexSocket:
         context = ssl.create_default_context()
         if not self.settings.get("tls_verify"):  # most servers use a self-signed certificate
             context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         host = str(self.settings["host"])
         raw = socket.create_connection((host, int(self.settings.get("port") or 64738)), timeout=15)
-        sock = context.wrap_socket(raw, server_hostname=host)
-        sock.settimeout(None)
-        return sock
+        # The reader, the pinger and the senders share this one TLS connection.
+        return DuplexSocket(context.wrap_socket(raw, server_hostname=host))
 
     def _loop(self) -> None:
         failing = False
@@ -154,10 +152,10 @@ class MumbleAdapter(Adapter):
         return f"{conversation.chat_id}:{time.time_ns()}"
 
     def _send(self, kind: int, fields: list) -> None:  # type: ignore[type-arg]
-        with self._lock:  # the reader, the pinger and the senders share one TLS socket
-            if self.sock is None:
-                raise ChannelError("not connected to the Mumble server")
-            self.sock.sendall(wire.frame(kind, fields))
+        sock = self.sock
+        if sock is None:
+            raise ChannelError("not connected to the Mumble server")
+        sock.sendall(wire.frame(kind, fields))
 
     def _pinger(self) -> None:
         interval = float(self.settings.get("ping_secs") or 15)  # the server drops clients silent for 30 s
@@ -171,19 +169,12 @@ class MumbleAdapter(Adapter):
     def _drop(self) -> None:
         sock, self.sock = self.sock, None
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def close(self) -> None:
         sock = self.sock
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # breaks the reader's recv()
-            except OSError:
-                pass
+            sock.shutdown()  # wakes the reader
 
     def health(self) -> bool:
         return self.session >= 0 and self.sock is not None

@@ -14,6 +14,7 @@ import time
 
 from agentd.channels.adapter import Adapter, ChannelError
 from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.duplex import DuplexSocket
 
 
 class LineSocketAdapter(Adapter):
@@ -26,7 +27,7 @@ class LineSocketAdapter(Adapter):
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
         self.backoff = Backoff(initial=0.5, maximum=30.0)
-        self.sock: socket.socket | None = None
+        self.sock: DuplexSocket | None = None
         self.healthy = False
         self._outbox: "queue.Queue[bytes]" = queue.Queue(maxsize=1000)
         self.send_error = ""
@@ -59,7 +60,7 @@ class LineSocketAdapter(Adapter):
             raise ConnectionError("not connected")
         sock.sendall(data)
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> DuplexSocket:
         host, port, use_tls, verify = self.address()
         sock = socket.create_connection((host, port), timeout=15)
         if use_tls:
@@ -68,8 +69,7 @@ class LineSocketAdapter(Adapter):
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
             sock = context.wrap_socket(sock, server_hostname=host)
-        sock.settimeout(None)
-        return sock
+        return DuplexSocket(sock)  # the reader and the writer thread share it
 
     def _loop(self) -> None:
         failing = False
@@ -140,19 +140,12 @@ class LineSocketAdapter(Adapter):
     def _drop(self) -> None:
         sock, self.sock = self.sock, None
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def close(self) -> None:
         sock = self.sock
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            sock.shutdown()
 
     def health(self) -> bool:
         return self.healthy
