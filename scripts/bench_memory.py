@@ -9,12 +9,13 @@ agent, every query a new text. The store is filled with 2,000 embedded sentences
 copies of their vectors (recall cost does not depend on what the vectors say; embedding 100k
 texts would take minutes).
 
-Each figure is printed with CPU time (process_time: what it costs on an idle core, since
-everything runs on the calling thread) and wall time (inflated by whatever else the machine
-runs), next to the issue's target and a reference measured in the same run: the bare ONNX
-session on the same text (tokenise, run, mean) and a bare numpy product + partial sort over
-the same matrix. The ratio agentd / reference is agentd's own overhead. Prints figures;
-asserts nothing.
+Each figure is printed with wall time (the latency a caller sees; the targets are checked on
+it, so run this on a quiet machine: the load average is printed at start and end) and CPU
+time (process_time over all threads: the model runs one query on up to 2 intra-op threads,
+so CPU time exceeds wall time), next to the issue's target and a reference measured in the
+same run: the bare ONNX session (same settings as agentd's) on the same text (tokenise, run,
+mean) and a bare numpy product + partial sort over the same matrix. The ratio agentd /
+reference (on CPU time) is agentd's own overhead. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -66,10 +67,8 @@ def p50_ms(values: list[float]) -> float:
 
 
 class Clock:
-    """Wall time and CPU time (process_time) of each call. On a machine shared with other
-    work, CPU time is what the call costs on an idle core: everything here runs on the
-    calling thread (the model has one intra-op thread, BLAS is single-threaded, no other
-    thread of this process is busy), so process time is that thread's time."""
+    """Wall time and CPU time (process_time, all threads of this process) of each call.
+    Wall time is what a caller waits; CPU time is what the call costs the machine."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
@@ -86,6 +85,14 @@ class Clock:
     @property
     def cpu_ms(self) -> float:
         return p50_ms(self.cpu)
+
+    @property
+    def wall_ms(self) -> float:
+        return p50_ms(self.wall)
+
+    @property
+    def wall_rate(self) -> float:
+        return len(self.wall) / sum(self.wall)
 
     def text(self) -> str:
         return f"p50 {p50_ms(self.cpu):6.2f} ms CPU / {p50_ms(self.wall):6.2f} ms wall"
@@ -187,7 +194,7 @@ def recall_bench(sizes: list[int], queries: int) -> None:
                 merged += memory.remember("writer", text)["merged"]
         row("remember, one per call", writes.rate(), f"raw model run per text {raw.rate()}",
             len(writes.cpu) / sum(writes.cpu) / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
-            len(writes.cpu) / sum(writes.cpu) >= 100)
+            writes.wall_rate >= 100)
         batched = Clock()
         for start in (range(300, 600, 30) if hasattr(memory, "remember_many") else ()):  # (older agentd)
             with batched:
@@ -196,7 +203,7 @@ def recall_bench(sizes: list[int], queries: int) -> None:
         per_second = 300 / sum(batched.cpu) if batched.cpu else 0.0
         row("remember, batches of 30", f"{per_second:5.0f}/s CPU / {300 / sum(batched.wall or [1]):5.0f}/s wall",
             f"raw model run per text {raw.rate()}", per_second / (len(raw.cpu) / sum(raw.cpu)), ">= 100/s",
-            per_second >= 100)
+            300 / sum(batched.wall or [1]) >= 100)
         if merged:
             print(f"  ({merged} of the 600 sentences were merged as duplicates)")
 
@@ -252,13 +259,13 @@ def recall_bench(sizes: list[int], queries: int) -> None:
                     memory.recall("reader", text, limit=5, flt=_filter())
             target = 10.0 if size <= 10_000 else 25.0
             row(f"recall p50 at {size:,} fragments", timings.text(), f"raw run + bare numpy {floor.text()}",
-                timings.cpu_ms / floor.cpu_ms, f"<= {target:g} ms", timings.cpu_ms <= target)
+                timings.cpu_ms / floor.cpu_ms, f"<= {target:g} ms", timings.wall_ms <= target)
             row("  of which the top-k search", ours_search.text(), f"bare numpy dot+partition {bare.text()}",
                 ours_search.cpu_ms / bare.cpu_ms)
             row("  same query again (cached vector)", repeated.text(), "", None, f"<= {target:g} ms",
-                repeated.cpu_ms <= target)
+                repeated.wall_ms <= target)
             row("  source+min_confidence+after filter", filtered.text(), "", None, f"<= {target:g} ms",
-                filtered.cpu_ms <= target)
+                filtered.wall_ms <= target)
             print(f"  index rebuild from the store {rebuild * 1000:.0f} ms wall, "
                   f"matrix {matrix.nbytes / 2**20:.0f} MiB")
 
@@ -311,7 +318,7 @@ def main() -> None:
     import_numpy()  # single-threaded BLAS, as in the daemon
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall figures scale with it)")
     row("figure", "agentd", "reference (same run)", None, "target", None)
-    print(f"{'':<36} {'':<42} {'':<46} {'ratio':>6}  (checked on CPU time)")
+    print(f"{'':<36} {'':<42} {'':<46} {'ratio':>6}  (checked on wall time)")
     model_load()
     recall_bench([int(s) for s in args.sizes.split(",")], args.queries)
     if not args.skip_daemon:

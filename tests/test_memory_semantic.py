@@ -461,7 +461,10 @@ def test_memory_config_is_validated() -> None:
     cfg = parse_config({"memory": {"recall_limit": 3, "min_score": 0.5, "auto_remember": False}}, Path("/tmp"))
     assert (cfg.memory.recall_limit, cfg.memory.min_score, cfg.memory.auto_remember) == (3, 0.5, False)
     assert cfg.memory.decay_days == 30 and cfg.memory.consolidate_every_hours == 24
-    for bad, what in [({"recall_limit": -1}, "recall_limit"), ({"min_score": 2}, "min_score"),
+    assert cfg.memory.embed_threads == 0
+    assert parse_config({"memory": {"embed_threads": 64}}, Path("/tmp")).memory.embed_threads == 64
+    for bad, what in [({"embed_threads": -1}, "embed_threads"), ({"embed_threads": 65}, "embed_threads"),
+                      ({"embed_threads": 1.5}, "embed_threads"), ({"recall_limit": -1}, "recall_limit"), ({"min_score": 2}, "min_score"),
                       ({"auto_remember": "yes"}, "auto_remember"), ({"embedding_provider": "openai"}, "embedding_model"),
                       ({"decay_days": -3}, "decay_days")]:
         with pytest.raises(ConfigError, match=what):

@@ -73,7 +73,7 @@ class MemoryService:
                         self._embedder = ProviderEmbedder(cfg.embedding_provider, cfg.embedding_model,
                                                           lambda: endpoint(cfg.embedding_provider), self._retries)
                     else:
-                        self._embedder = LocalEmbedder()
+                        self._embedder = LocalEmbedder(cfg.embed_threads)
         return self._embedder
 
     @property

@@ -8,6 +8,9 @@ the rows a filter leaves, then a partial sort for the top k.
 from __future__ import annotations
 
 import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -18,6 +21,36 @@ from agentd.memory.fields import SOURCES
 _SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
 # One counter for every index, so a version never repeats even across a rebuilt index.
 _VERSIONS = itertools.count(1)
+# From this many rows the product is split across two cores: it is memory-bound, and a
+# second core's bandwidth nearly halves it (100k x 384: 13.8 -> 8.1 ms). Below, the hand-off
+# costs more than it saves.
+PARALLEL_ROWS = 32768
+_helper: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def _second_core() -> ThreadPoolExecutor | None:
+    """One worker thread for the other half of big products (None on a single core)."""
+    global _helper
+    if _helper is None and (os.cpu_count() or 1) > 1:
+        with _helper_lock:
+            if _helper is None:
+                _helper = ThreadPoolExecutor(1, thread_name_prefix="memory-scan")
+    return _helper
+
+
+def scores_of(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """`matrix @ query`, the lower half on a helper thread when the matrix is big (numpy
+    releases the GIL inside the product; BLAS itself is kept single-threaded)."""
+    helper = _second_core() if matrix.shape[0] >= PARALLEL_ROWS else None
+    if helper is None:
+        return matrix @ query
+    out = np.empty(matrix.shape[0], dtype=np.result_type(matrix, query))
+    half = matrix.shape[0] // 2
+    lower = helper.submit(np.matmul, matrix[half:], query, out=out[half:])
+    np.matmul(matrix[:half], query, out=out[:half])
+    lower.result()
+    return out
 
 
 @dataclass
@@ -156,15 +189,14 @@ class AgentIndex:
             return []
         if keep is None:
             rows = None
-            scores = self.vectors[:n] @ query
+            scores = scores_of(self.vectors[:n], query)
         else:
             rows = np.flatnonzero(keep)
             if rows.size == 0:
                 return []
             if rows.size * 4 >= n:
                 # Most rows pass: scoring all of them beats copying them out first.
-                scores = self.vectors[:n] @ query
-                scores = scores[rows]
+                scores = scores_of(self.vectors[:n], query)[rows]
             else:
                 scores = self.vectors[rows] @ query
         m = scores.shape[0]
