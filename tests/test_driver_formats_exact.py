@@ -166,13 +166,14 @@ def test_openai_stream() -> None:
                tc(index=0, id="c1", function={"name": "f", "arguments": ""}),
                tc(index=0, function={"arguments": '{"a":'}), tc(index=0, function={"arguments": "1}"}),
                tc(index=1, id="c2", function={"name": "g"}), tc(index=1, function={}),
+               tc(index=2, id="c3", function={}),
                {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
                {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
                "[DONE]", {"choices": [{"delta": {"content": "after the end"}}]})
     r, seen = streamed(openai_compat, body, "openai")
     assert seen == [TextDelta("Hel"), TextDelta("lo"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"a":'),
-                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"),
-                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {})]
+                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"), ToolCallStart(2, "c3", ""),
+                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {}), ToolCallEnd(2, "c3", "", {})]
     assert r == ChatResponse(text="Hello", tool_calls=[ToolCall("c1", "f", {"a": 1}), ToolCall("c2", "g", {})],
                              finish_reason="tool_calls", usage=Usage(9, 4), model="m1")
 
@@ -686,3 +687,12 @@ def test_a_json_answer_to_a_stream_request_is_replayed_as_events() -> None:
         assert (r.text, r.usage, r.finish_reason) == ("whole", Usage(2, 3), "tool_calls")
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+def test_a_broken_stream_event_names_provider_and_model(kind) -> None:
+    body = b"event: message_start\ndata: {not json\n\n"
+    with pytest.raises(LLMError) as caught:
+        streamed(FORMAT[kind], body, kind)
+    assert (caught.value.kind, caught.value.message, caught.value.provider, caught.value.model) == (
+        "bad_response", "acme model m1: unusable response: a stream event is not valid JSON", "acme", "m1")
