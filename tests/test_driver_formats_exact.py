@@ -753,3 +753,10 @@ def test_a_stream_without_a_content_type_is_read_as_a_stream() -> None:
         assert seen == [TextDelta("streamed")] and r.text == "streamed"
     finally:
         server.shutdown()
+
+
+def test_base_urls_lose_only_their_trailing_slashes() -> None:
+    for kind, path in (("openai", "/X/chat/completions"), ("anthropic", "/X/v1/messages"),
+                       ("gemini", "/X/v1beta/models/m-1:generateContent")):
+        ep = ProviderEndpoint("acme", kind, "http://up.example/X//", api_key="k")
+        assert FORMAT[kind].prepare(ep, minimal(), False)[0] == "http://up.example" + path
