@@ -760,3 +760,15 @@ def test_base_urls_lose_only_their_trailing_slashes() -> None:
                        ("gemini", "/X/v1beta/models/m-1:generateContent")):
         ep = ProviderEndpoint("acme", kind, "http://up.example/X//", api_key="k")
         assert FORMAT[kind].prepare(ep, minimal(), False)[0] == "http://up.example" + path
+
+
+def test_anthropic_stream_of_data_lines_only() -> None:
+    """Events whose `event:` lines a gateway dropped are told apart by their `type`."""
+    body = sse({"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}},
+               {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "plain"}},
+               {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+               {"type": "message_stop"})
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [TextDelta("plain")]
+    assert (r.text, r.finish_reason, r.usage) == ("plain", "stop", Usage(3, 2)), \
+        "BUG: an Anthropic stream without event names is misread"
