@@ -772,3 +772,12 @@ def test_anthropic_stream_of_data_lines_only() -> None:
     assert seen == [TextDelta("plain")]
     assert (r.text, r.finish_reason, r.usage) == ("plain", "stop", Usage(3, 2)), \
         "BUG: an Anthropic stream without event names is misread"
+
+
+def test_gemini_stream_call_without_a_name_is_not_returned() -> None:
+    body = sse({"candidates": [{"content": {"parts": [{"functionCall": {"args": {"b": 2}}}]},
+                                "finishReason": "STOP"}]})
+    r, seen = streamed(gemini, body, "gemini")
+    assert [type(e) for e in seen] == [ToolCallStart, ToolCallDelta, ToolCallEnd]
+    assert (seen[0].name, seen[2].name, seen[2].arguments) == ("", "", {"b": 2})
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
