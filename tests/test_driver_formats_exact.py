@@ -781,3 +781,47 @@ def test_gemini_stream_call_without_a_name_is_not_returned() -> None:
     assert [type(e) for e in seen] == [ToolCallStart, ToolCallDelta, ToolCallEnd]
     assert (seen[0].name, seen[2].name, seen[2].arguments) == ("", "", {"b": 2})
     assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
+    cancel = threading.Event()
+    seen: list = []
+
+    def listener(event) -> None:
+        seen.append(event)
+        cancel.set()   # e.g. the client went away while this delta was delivered
+
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "gemini"), ChatRequest("m-1", [Message("user", "[[chunks:40]]")]),
+                         on_event=listener, cancel=cancel)
+    assert caught.value.kind == "cancelled" and seen == [TextDelta("w1")], \
+        "BUG: deltas were delivered after the call was cancelled"
+
+
+def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()   # HTTP/1.0, no Content-Length: the body ends when the socket does
+            self.wfile.write(b'{"choices": [')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=0.5)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=0)
+        assert (caught.value.kind, caught.value.message) == (
+            "timeout", f"local model m-1: timed out after 0.5s waiting for {base} (timeout_secs)"), \
+            "BUG: a body cut short by the deadline is reported as a bad answer"
+    finally:
+        server.shutdown()
