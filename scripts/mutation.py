@@ -45,7 +45,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py"],
     "agentd/memory/kv.py": ["tests/test_core_exact.py",
                             "tests/test_guards_daemon.py::test_kv_same_key_isolated_between_agents"],
-    "agentd/metering.py": ["tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
+    "agentd/metering.py": ["tests/test_metering_exact.py", "tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
     "agentd/agents/loop_guard.py": ["tests/test_core_exact.py",
                                     "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
     "agentd/agents/approvals.py": ["tests/test_approvals_exact.py", "tests/test_agents.py::test_manual_mode_waits_for_approval",
