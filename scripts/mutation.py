@@ -68,6 +68,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
+                                          "tests/test_driver_formats_exact.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
