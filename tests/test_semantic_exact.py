@@ -279,3 +279,61 @@ def test_lock_is_one_reentrant_lock_per_agent(mem) -> None:  # type: ignore[no-u
     with lock:
         with memory.lock("a"):  # re-entrant
             pass
+
+
+def test_an_index_built_while_another_daemon_writes_is_not_kept(tmp_path: Path) -> None:
+    """invalidate() during a rebuild (another daemon's write arriving): the rebuilt index is
+    used for that call but not kept, so the next call reads the rows again."""
+    first = ScriptedEmbedder(name="model/one")
+    first.vectors["p"] = unit(1)
+    writer, _, _ = new_memory(tmp_path, first)
+    writer.remember("a", "p")
+
+    class Racing(ScriptedEmbedder):
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            memory.invalidate("a")  # arrives while the rows are being read
+            return super().embed(texts)
+
+    racing = Racing(name="model/two")
+    racing.vectors["p"] = unit(1)
+    memory, _, _ = new_memory(tmp_path, racing)
+    for _ in range(2):  # a second invalidation during a second rebuild is noticed too
+        db = sqlite3.connect(str(tmp_path / "m.db"))
+        db.execute("UPDATE memory_fragments SET model = 'model/one'")  # stale again: embed() runs
+        db.commit()
+        db.close()
+        assert memory.index("a").ids == writer.loaded_ids("a")
+        assert memory.loaded_ids("a") is None, "BUG: an index read during another daemon's write was kept"
+    plain, _, _ = new_memory(tmp_path, ScriptedEmbedder(name="model/two"))
+    plain.invalidate("a")
+    plain.invalidate("a")
+    index = plain.index("a")
+    assert plain.index("a") is index and plain.loaded_ids("a") == index.ids
+
+
+def test_forget_agent_whose_index_is_not_loaded(mem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors["p"] = unit(1)
+    memory.remember("a", "p")
+    fresh, _, changed = new_memory(tmp_path, emb)
+    fresh.forget_agent("a")
+    assert changed == ["a"] and rows(fresh, "a") == [] and fresh.loaded_ids("a") is None
+
+
+@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many"])
+def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "q": unit(0, 1)})
+    fid = memory.remember("a", "p")["id"]
+    calls = {"forget_agent": lambda: memory.forget_agent("a"), "delete": lambda: memory.delete("a", fid),
+             "remember": lambda: memory.remember("a", "q"),
+             "remember_many": lambda: memory.remember_many("a", [{"content": "q"}])}
+    worker = threading.Thread(target=calls[operation])
+    with memory.lock("a"):
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive(), f"BUG: {operation} ran while another write held the agent's lock"
+    worker.join(10)
+    assert not worker.is_alive()
