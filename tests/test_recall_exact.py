@@ -98,6 +98,13 @@ def test_page_newest_first_with_total_offset_and_limit(mem) -> None:  # type: ig
     db.commit()
     db.close()
     assert ids(memory.page("a", 10, 0)["memories"]) == made[::-1]
+    # Creation time first (an imported fragment can be older than rows written before it).
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET created_at = '2020-01-01 00:00:00.000000' WHERE id = ?", (made[4],))
+    db.execute("UPDATE memory_fragments SET created_at = '2025-01-01 00:00:00.000000' WHERE id = ?", (made[0],))
+    db.commit()
+    db.close()
+    assert ids(memory.page("a", 10, 0)["memories"]) == [made[0], made[3], made[2], made[1], made[4]]
 
 
 def test_empty_agent_recalls_nothing_without_embedding(mem) -> None:  # type: ignore[no-untyped-def]
