@@ -57,10 +57,10 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
-    # Semantic memory: in-process on a real store (scripted vectors for exact scores; the
-    # bundled model in test_memory_batch.py).
-    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_memory_batch.py"],
-    "agentd/memory/recall.py": ["tests/test_recall_exact.py", "tests/test_memory_batch.py"],
+    # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
+    # a scripted embedder so scores sit exactly at the thresholds.
+    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py"],
+    "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
     "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
     "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
     "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
