@@ -64,6 +64,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
     "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
     "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
+    "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
+    "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
