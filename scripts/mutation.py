@@ -59,7 +59,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds.
-    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py"],
+    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_portable_exact.py",
+                                  "tests/test_maintenance_exact.py"],
     "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
     "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
     "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],

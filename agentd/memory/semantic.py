@@ -139,7 +139,7 @@ class SemanticMemory(Recall):
         dims = embedder.dimensions or (len(next(iter(fresh.values()))) if fresh else None)
         if dims is None:
             dims = len(rows[0][1]) // 4 if rows else 384
-        index = AgentIndex(dims, capacity=max(64, len(rows)))
+        index = AgentIndex(dims)  # bulk() grows it to the rows' count in one step
         if rows:
             matrix = np.frombuffer(b"".join(fresh[r[0]].astype("<f4").tobytes() if r[0] in fresh else r[1]
                                             for r in rows), dtype="<f4").reshape(len(rows), dims)
