@@ -67,6 +67,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
     "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
     "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
+    "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
