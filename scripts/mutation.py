@@ -59,13 +59,17 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
-    # Semantic memory: in-process on a real store (scripted vectors for exact scores; the
-    # bundled model in test_memory_batch.py).
-    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_memory_batch.py"],
-    "agentd/memory/recall.py": ["tests/test_recall_exact.py", "tests/test_memory_batch.py"],
+    # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
+    # a scripted embedder so scores sit exactly at the thresholds.
+    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_portable_exact.py",
+                                  "tests/test_maintenance_exact.py"],
+    "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
     "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
     "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
     "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
+    "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
+    "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
+    "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",

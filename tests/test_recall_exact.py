@@ -98,6 +98,13 @@ def test_page_newest_first_with_total_offset_and_limit(mem) -> None:  # type: ig
     db.commit()
     db.close()
     assert ids(memory.page("a", 10, 0)["memories"]) == made[::-1]
+    # Creation time first (an imported fragment can be older than rows written before it).
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET created_at = '2020-01-01 00:00:00.000000' WHERE id = ?", (made[4],))
+    db.execute("UPDATE memory_fragments SET created_at = '2025-01-01 00:00:00.000000' WHERE id = ?", (made[0],))
+    db.commit()
+    db.close()
+    assert ids(memory.page("a", 10, 0)["memories"]) == [made[0], made[3], made[2], made[1], made[4]]
 
 
 def test_empty_agent_recalls_nothing_without_embedding(mem) -> None:  # type: ignore[no-untyped-def]
@@ -133,10 +140,15 @@ def test_limit_and_min_score_boundaries(mem) -> None:  # type: ignore[no-untyped
 def test_recall_counts_accesses_unless_told_not_to(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     emb.vectors.update({"p": at(0.9, 0, 1), "r": at(0.1, 0, 2), "q": unit(1)})
-    p = memory.remember("a", "p")["id"]
+    p = memory.remember("a", "p", source="observation", scope="room", metadata={"k": [1, {"x": None}]},
+                        confidence=0.625)["id"]
     r = memory.remember("a", "r")["id"]
     before = memory.get("a", p)["accessed_at"]
     out = memory.recall("a", "q", limit=1)
+    assert {k: v for k, v in out[0].items() if k not in ("created_at", "accessed_at")} == \
+        {"id": p, "agent_id": "a", "content": "p", "metadata": {"k": [1, {"x": None}]}, "source": "observation",
+         "scope": "room", "confidence": 0.625, "access_count": 1, "score": 0.9}
+    assert out[0]["created_at"] == memory.get("a", p)["created_at"]
     assert ids(out) == [p] and out[0]["access_count"] == 1 and out[0]["accessed_at"] > before
     stored = memory.get("a", p)
     assert stored["access_count"] == 1 and stored["accessed_at"] == out[0]["accessed_at"]
