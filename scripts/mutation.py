@@ -53,6 +53,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/files.py": ["tests/test_tools.py", "tests/test_tool_files_exact.py"],
     "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
     "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
+    "agentd/agents/shared.py": ["tests/test_agents_shared_exact.py"],
     "agentd/agents/shared_approvals.py": ["tests/test_shared_approvals_exact.py",
                                           "tests/test_cluster_units.py::test_approval_decided_by_another_daemon[sqlite]"],
     "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
