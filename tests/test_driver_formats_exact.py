@@ -166,13 +166,14 @@ def test_openai_stream() -> None:
                tc(index=0, id="c1", function={"name": "f", "arguments": ""}),
                tc(index=0, function={"arguments": '{"a":'}), tc(index=0, function={"arguments": "1}"}),
                tc(index=1, id="c2", function={"name": "g"}), tc(index=1, function={}),
+               tc(index=2, id="c3", function={}),
                {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
                {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
                "[DONE]", {"choices": [{"delta": {"content": "after the end"}}]})
     r, seen = streamed(openai_compat, body, "openai")
     assert seen == [TextDelta("Hel"), TextDelta("lo"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"a":'),
-                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"),
-                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {})]
+                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"), ToolCallStart(2, "c3", ""),
+                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {}), ToolCallEnd(2, "c3", "", {})]
     assert r == ChatResponse(text="Hello", tool_calls=[ToolCall("c1", "f", {"a": 1}), ToolCall("c2", "g", {})],
                              finish_reason="tool_calls", usage=Usage(9, 4), model="m1")
 
@@ -686,3 +687,76 @@ def test_a_json_answer_to_a_stream_request_is_replayed_as_events() -> None:
         assert (r.text, r.usage, r.finish_reason) == ("whole", Usage(2, 3), "tool_calls")
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+def test_a_broken_stream_event_names_provider_and_model(kind) -> None:
+    body = b"event: message_start\ndata: {not json\n\n"
+    with pytest.raises(LLMError) as caught:
+        streamed(FORMAT[kind], body, kind)
+    assert (caught.value.kind, caught.value.message, caught.value.provider, caught.value.model) == (
+        "bad_response", "acme model m1: unusable response: a stream event is not valid JSON", "acme", "m1")
+
+
+def test_a_stalled_stream_times_out_on_the_idle_limit(fake) -> None:
+    ep = live(fake, "openai", stream_idle=0.3, timeout=10.0)
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(ep, ChatRequest("m-1", [Message("user", "[[pace:3000]] [[chunks:3]]")]),
+                         on_event=lambda e: None, retries=0)
+    assert (caught.value.kind, caught.value.message) == (
+        "timeout", f"p-openai model m-1: timed out: the stream stalled, no data for 0.3s from {fake.openai_base} "
+                   "(stream_idle_secs)"), "BUG: a stalled stream is not ended by the idle limit"
+    # Without a stream the idle limit does not apply: a slow whole answer within the deadline is fine.
+    r = drivers.complete(live(fake, "openai", stream_idle=0.2), ChatRequest("m-1", [Message("user", "[[slow:0.5]] ok")]))
+    assert r.text == "echo: ok"
+
+
+def test_a_retry_is_made_when_the_wait_fits_before_the_deadline(fake) -> None:
+    fake.reset()
+    r = drivers.complete(live(fake, "openai", timeout=1.8), ChatRequest("m-1", [Message(
+        "user", "[[fail:429 times=1 retry_after=1]] fits")]), retries=3)
+    assert r.text == "echo: fits" and len(fake.requests) == 2, "BUG: a retry that fits the deadline was not made"
+
+
+def test_cancel_during_the_backoff_ends_the_call(fake) -> None:
+    fake.reset()
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "anthropic", timeout=20.0), ChatRequest("m-1", [Message(
+            "user", "[[fail:429 retry_after=10]] wait")]), cancel=cancel, retries=3)
+    assert (caught.value.kind, caught.value.message) == ("cancelled", "p-anthropic model m-1: call cancelled")
+    assert len(fake.requests) == 1 and time.monotonic() - started < 8, "BUG: the backoff ignores a cancel"
+
+
+def test_a_stream_without_a_content_type_is_read_as_a_stream() -> None:
+    body = b'data: {"choices": [{"delta": {"content": "streamed"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response_only(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        seen: list = []
+        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        r = drivers.complete(ep, minimal(), on_event=seen.append)
+        assert seen == [TextDelta("streamed")] and r.text == "streamed"
+    finally:
+        server.shutdown()
+
+
+def test_base_urls_lose_only_their_trailing_slashes() -> None:
+    for kind, path in (("openai", "/X/chat/completions"), ("anthropic", "/X/v1/messages"),
+                       ("gemini", "/X/v1beta/models/m-1:generateContent")):
+        ep = ProviderEndpoint("acme", kind, "http://up.example/X//", api_key="k")
+        assert FORMAT[kind].prepare(ep, minimal(), False)[0] == "http://up.example" + path
