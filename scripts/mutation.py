@@ -71,6 +71,15 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
     "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
     "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
+    # The API layer's request guard, body parsing and proxy headers (mut-api).
+    "agentd/api/guard.py": ["tests/test_guard_exact.py",
+                            "tests/test_web_security.py::test_foreign_host_is_refused_dns_rebinding"],
+    "agentd/api/body.py": ["tests/test_body_exact.py",
+                           "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
+                           "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
+    "agentd/api/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
+                               "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
