@@ -59,6 +59,12 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
+    # Workflow runs: the real daemon (test_workflows.py) plus owners, recovery and the reaper in-process.
+    "agentd/workflows/engine.py": ["tests/test_workflows.py",
+                                   "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
+    "agentd/workflows/steps.py": ["tests/test_workflows.py"],
+    "agentd/workflows/store.py": ["tests/test_workflows.py",
+                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds.

@@ -197,20 +197,23 @@ class RunLog:
         with orm.db_session(optimistic=False):
             live = set(self.store.db.select("SELECT id FROM cluster_daemons WHERE heartbeat_at >= $t",
                                             {"t": now - lease_secs}))
-            # Row locks: the owner's own last write (finish_run) waits, then sees the run failed.
-            active = orm.select(r for r in runs if r.status in ("pending", "running")
-                                and r.daemon_id is not None and r.daemon_id != self_id)
+            candidates = orm.select((r.id, r.daemon_id) for r in runs if r.status in ("pending", "running")
+                                    and r.daemon_id is not None and r.daemon_id != self_id)[:]
             ended = datetime.fromtimestamp(now, timezone.utc)
-            for row in active.for_update():
-                if row.daemon_id in live:
+            for run_id, owner in candidates:
+                if owner in live:
+                    continue  # the common case: nothing locked, nothing written
+                # Row-locked: the owner's own last write (finish_run) waits, then sees it failed.
+                row = runs.get_for_update(id=run_id)
+                if row is None or row.status not in ("pending", "running"):
                     continue
-                error = (f"daemon {row.daemon_id} stopped while the run was in progress "
+                error = (f"daemon {owner} stopped while the run was in progress "
                          f"(its lease expired; marked failed by daemon {self_id})")
                 row.status, row.error, row.completed_at = "failed", error, ended
                 row.output = row.output or ""
                 if row.started_at is None:
                     row.started_at = ended
-                reaped.append((row.id, row.daemon_id, error))
+                reaped.append((run_id, owner, error))
         return reaped
 
     def fail_owner(self, daemon_id: str, reason: str) -> int:
