@@ -155,7 +155,7 @@ class ChannelManager:
                                          "difficulty", "setup_time", "quick_setup", "setup_type")}
             item.update(configured=section is not None,
                         active=adapter is not None and bool(adapter.health()),
-                        implemented=registry.load(info.name) is not None,
+                        implemented=registry.implemented(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
                         config_template=data["config_template"])
             out.append(item)

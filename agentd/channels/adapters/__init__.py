@@ -21,6 +21,12 @@ IMPLEMENTED += ("discord", "guilded", "revolt", "slack")
 WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 
 
+def implemented(name: str) -> bool:
+    """Whether `name` has an adapter, without importing it (listings name all 40 channels;
+    importing every adapter for that loaded their client libraries, ~20 MB)."""
+    return name in IMPLEMENTED + WEBHOOK_FAMILY
+
+
 def load(name: str) -> type | None:
     """The adapter class for `name`, or None when it is not implemented yet."""
     if name not in IMPLEMENTED + WEBHOOK_FAMILY:
