@@ -99,9 +99,8 @@ class Metering:
                 self.store.db.execute(_INSERT_USAGE, {}, row)
         with self._lock:
             self._roll(now)
-            before = self._spent
             self._spent += cost or 0.0
-            self._maybe_alert(before, self._spent, now)
+            self._maybe_alert(self._spent, now)
         return cost
 
     def write_rows(self, rows: list[dict[str, Any]]) -> None:
@@ -123,7 +122,7 @@ class Metering:
         self.store.set_setting("budget_limit_usd", float(limit_usd))
         with self._lock:
             self._limit = float(limit_usd)
-            self._maybe_alert(0.0, self._spent, self._now())
+            self._maybe_alert(self._spent, self._now())
 
     def follow_limit(self, limit_usd: float) -> None:
         """Take over a limit another daemon set on a shared database (no write back)."""
@@ -133,7 +132,8 @@ class Metering:
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
 
-    def _maybe_alert(self, before: float, after: float, now: datetime) -> None:
+    def _maybe_alert(self, after: float, now: datetime) -> None:
+        # Alerts depend on the total after a call only; each level fires once per period.
         limit = self.limit_usd
         if limit <= 0:
             return
