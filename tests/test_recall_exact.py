@@ -291,3 +291,16 @@ def test_the_query_vector_is_cached_per_model_and_text(mem) -> None:  # type: ig
     memory.recall("a", "q")
     assert emb.calls == [["q"]]
     assert np.array_equal(memory.queries.get("test/scripted", "q", emb.embed), unit(1))
+
+
+def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "q": unit(1)})
+    fid = memory.remember("a", "p", metadata={"k": 1})["id"]
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET metadata = '' WHERE id = ?", (fid,))
+    db.commit()
+    db.close()
+    assert memory.get("a", fid)["metadata"] == {}
+    assert memory.page("a", 5, 0)["memories"][0]["metadata"] == {}
+    assert memory.recall("a", "q")[0]["metadata"] == {}
