@@ -59,9 +59,36 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
+    # Workflow runs: the real daemon (test_workflows.py) plus owners, recovery and the reaper in-process.
+    "agentd/workflows/engine.py": ["tests/test_workflows.py",
+                                   "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
+    "agentd/workflows/steps.py": ["tests/test_workflows.py"],
+    "agentd/workflows/store.py": ["tests/test_workflows.py",
+                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
+    # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
+    # a scripted embedder so scores sit exactly at the thresholds.
+    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_portable_exact.py",
+                                  "tests/test_maintenance_exact.py"],
+    "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
+    "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
+    "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
+    "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
+    "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
+    "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
+    "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
+    # The API layer's request guard, body parsing and proxy headers (mut-api).
+    "agentd/api/guard.py": ["tests/test_guard_exact.py",
+                            "tests/test_web_security.py::test_foreign_host_is_refused_dns_rebinding"],
+    "agentd/api/body.py": ["tests/test_body_exact.py",
+                           "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
+                           "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
+    "agentd/api/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
+                               "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
+                                          "tests/test_driver_formats_exact.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},

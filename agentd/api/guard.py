@@ -37,7 +37,7 @@ def host_name(host_header: str) -> str:
         end = host.find("]")
         return host[1:end] if end > 0 else host
     if host.count(":") == 1:
-        host = host.split(":", 1)[0]
+        host = host.partition(":")[0]
     return host.rstrip(".")
 
 
@@ -64,7 +64,8 @@ class HostPolicy:
                 self.any = True
             elif "*" in entry:
                 self.patterns.append(entry)
-            elif entry:
+            else:
+                # A blank entry adds "", which never matches: an empty name is refused first.
                 self.exact.add(host_name(entry))
 
     def allows(self, host_header: str | None) -> bool:
@@ -106,8 +107,7 @@ class OriginPolicy:
 
 
 def _own_origin() -> str:
-    scheme = request.scheme or "http"
-    return f"{scheme}://{request.host}"
+    return f"{request.scheme}://{request.host}"
 
 
 def install_guard(app: Flask, config: Config) -> None:

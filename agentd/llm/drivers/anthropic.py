@@ -71,7 +71,7 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
     text = "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     calls = [ToolCall(b.get("id", ""), b.get("name", ""), b.get("input") if isinstance(b.get("input"), dict) else {})
              for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-    finish = "tool_calls" if calls else FINISH.get(data.get("stop_reason") or "end_turn", "stop")
+    finish = "tool_calls" if calls else FINISH.get(data.get("stop_reason"), "stop")
     return ChatResponse(text=text, tool_calls=calls, finish_reason=finish, usage=_usage(data.get("usage")),
                         model=str(data.get("model") or model))
 
