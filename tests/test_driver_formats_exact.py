@@ -420,7 +420,8 @@ def test_gemini_turns_and_parts() -> None:
 def test_gemini_answer_parsing() -> None:
     data = {"usageMetadata": {"promptTokenCount": 8, "candidatesTokenCount": 3, "totalTokenCount": 11},
             "modelVersion": "ignored", "candidates": [{"finishReason": "STOP", "content": {"parts": [
-                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk",
+                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk text",
+                {"text": None}, {"text": 5}, {"thought": True},
                 {"functionCall": {"name": "g"}}, {"functionCall": {"args": {"b": 2}}}, {"functionCall": "x"}]}}]}
     r = gemini.parse(EP["gemini"], "m1", data)
     assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": 1}), ("g", {}), ("", {"b": 2})]
@@ -652,6 +653,7 @@ def test_cancelled_or_expired_calls_send_nothing(fake) -> None:
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), cancel=cancel)
     assert (caught.value.kind, caught.value.message) == ("cancelled", "p-openai model m-1: call cancelled")
+    assert (caught.value.provider, caught.value.model) == ("p-openai", "m-1")
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), deadline=time.monotonic() - 0.001)
     assert caught.value.kind == "timeout"
@@ -796,6 +798,8 @@ def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
                          on_event=listener, cancel=cancel)
     assert caught.value.kind == "cancelled" and seen == [TextDelta("w1")], \
         "BUG: deltas were delivered after the call was cancelled"
+    err = caught.value
+    assert (err.message, err.provider, err.model) == ("p-gemini model m-1: call cancelled", "p-gemini", "m-1")
 
 
 def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
