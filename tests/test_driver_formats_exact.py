@@ -839,3 +839,37 @@ def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
     r, seen = streamed(anthropic, body, "anthropic")
     assert seen == [ToolCallStart(0, "t9", ""), ToolCallEnd(0, "t9", "", {})]
     assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
+    """No chunked framing: the interrupted read ends like a clean end of body, and the guard's
+    reason (not a truncation) is what the caller hears."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()   # HTTP/1.0 and no Content-Length: the body ends when the socket does
+            self.wfile.write(b'data: {"choices": [{"delta": {"content": "first"}}]}\n\n')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=10.0, stream_idle=0.3)
+        seen: list = []
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), on_event=seen.append, retries=0)
+        err = caught.value
+        assert (err.kind, err.message, err.provider, err.model) == (
+            "timeout", f"local model m-1: timed out: the stream stalled, no data for 0.3s from {base} "
+                       "(stream_idle_secs)", "local", "m-1")
+        assert seen == [TextDelta("first")]
+    finally:
+        server.shutdown()
