@@ -873,3 +873,13 @@ def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
         assert seen == [TextDelta("first")]
     finally:
         server.shutdown()
+
+
+def test_gemini_a_call_without_text_has_no_empty_text_part() -> None:
+    msgs = [Message("user", "go"), Message("assistant", "", tool_calls=[ToolCall("c1", "f", {})]),
+            Message("user", "", images=[ImagePart("image/png", "AAA")])]
+    _, _, body = gemini.prepare(EP["gemini"], ChatRequest(model="m", messages=msgs), False)
+    assert body["contents"] == [{"role": "user", "parts": [{"text": "go"}]},
+                                {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
+                                {"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAA"}}]}], \
+        "BUG: Gemini gets an empty text part (it rejects those)"
