@@ -883,3 +883,39 @@ def test_gemini_a_call_without_text_has_no_empty_text_part() -> None:
                                 {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]},
                                 {"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAA"}}]}], \
         "BUG: Gemini gets an empty text part (it rejects those)"
+
+
+def test_a_call_cancelled_while_its_whole_answer_is_replayed_reports_cancelled() -> None:
+    """The watchdog trips the guard while the listener holds the only event: the answer that
+    was read anyway is not returned as a success."""
+    answer = json.dumps({"choices": [{"message": {"content": "only"}}]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cancel = threading.Event()
+
+        def listener(event) -> None:
+            cancel.set()
+            time.sleep(1.0)   # many watchdog passes (0.05 s apart): the guard trips meanwhile
+
+        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), on_event=listener, cancel=cancel)
+        err = caught.value
+        assert (err.kind, err.message, err.provider, err.model) == (
+            "cancelled", "local model m-1: call cancelled", "local", "m-1"), "BUG: a cancelled call returned its answer"
+    finally:
+        server.shutdown()
