@@ -585,7 +585,7 @@ def test_the_wire_carries_the_prepared_request(fake, kind, stream) -> None:
         assert sent["headers"]["anthropic-version"] == "2023-06-01"
     # fakellm counts words: 2 user words + 2 system words (+ the JSON hint Anthropic adds to the system prompt)
     inputs = 2 + 2 + (len(JSON_HINT.split()) if kind == "anthropic" else 0)
-    assert (r.text, r.finish_reason, r.usage) == ("fine thanks", "stop", Usage(inputs, 2)), \
+    assert (r.text, r.finish_reason, r.usage, r.model) == ("fine thanks", "stop", Usage(inputs, 2), "m-1"), \
         f"BUG: {kind} usage numbers read wrongly"
     if stream:
         assert "".join(e.text for e in seen) == "fine thanks" and len(seen) == 2
@@ -917,5 +917,41 @@ def test_a_call_cancelled_while_its_whole_answer_is_replayed_reports_cancelled()
         err = caught.value
         assert (err.kind, err.message, err.provider, err.model) == (
             "cancelled", "local model m-1: call cancelled", "local", "m-1"), "BUG: a cancelled call returned its answer"
+    finally:
+        server.shutdown()
+
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unusable_answers_name_provider_and_model(fake, stream) -> None:
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "openai"), ChatRequest("m-1", [Message("user", "[[garbage]]")]),
+                         on_event=(lambda e: None) if stream else None, retries=0)
+    err = caught.value
+    assert (err.kind, err.message, err.model) == (
+        "bad_response", "p-openai model m-1: unusable response: the answer is not valid JSON", "m-1")
+    answer = json.dumps({"choices": []}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), on_event=(lambda e: None) if stream else None, retries=0)
+        err = caught.value
+        assert (err.kind, err.message, err.provider, err.model) == (
+            "bad_response", "local model m-1: unusable response: no choices in the answer", "local", "m-1")
     finally:
         server.shutdown()
