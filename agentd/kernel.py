@@ -104,11 +104,14 @@ class Kernel:
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
-        self.workflows = WorkflowEngine(store, self.agents, self.executor)
-        # No run survives a restart: runs left `running` by a crash are marked failed now.
+        self.workflows = WorkflowEngine(store, self.agents, self.executor, daemon_id=self.cluster.id,
+                                        shared=self.cluster.shared)
+        # No run survives a restart: runs this daemon left `running` by a crash are marked
+        # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
         # Audit trail + channels (agentd/audit.py, agentd/channels/).
         self.audit = AuditLog(store)
+        self.cluster.audit = self.audit.record
         self.agents.audit_hook = self.audit.record
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
