@@ -107,7 +107,7 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
     text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and "text" in p)
     calls = [ToolCall(new_call_id(), p["functionCall"].get("name", ""), p["functionCall"].get("args") or {})
              for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)]
-    finish = "tool_calls" if calls else FINISH.get(candidate.get("finishReason") or "STOP", "stop")
+    finish = "tool_calls" if calls else FINISH.get(candidate.get("finishReason"), "stop")
     return ChatResponse(text=text, tool_calls=calls, finish_reason=finish,
                         usage=_usage(data.get("usageMetadata")) or Usage(), model=model)
 
