@@ -825,3 +825,13 @@ def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
             "BUG: a body cut short by the deadline is reported as a bad answer"
     finally:
         server.shutdown()
+
+
+def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
+    body = named(("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "tool_use", "id": "t9"}}),
+                 ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                 ("message_stop", {"type": "message_stop"}))
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [ToolCallStart(0, "t9", ""), ToolCallEnd(0, "t9", "", {})]
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
