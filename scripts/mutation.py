@@ -63,8 +63,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/workflows/engine.py": ["tests/test_workflows.py",
                                    "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
     "agentd/workflows/steps.py": ["tests/test_workflows.py"],
-    "agentd/workflows/store.py": ["tests/test_workflows.py",
-                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
+    "agentd/workflows/store.py": ["tests/test_workflow_store_exact.py",
+                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only",
+                                  "tests/test_workflows.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds.
