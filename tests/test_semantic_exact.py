@@ -358,7 +358,7 @@ def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: 
         worker.start()
         worker.join(0.3)
         assert worker.is_alive(), f"BUG: {operation} ran while another write held the agent's lock"
-    worker.join(10)
+    worker.join(60)
     assert not worker.is_alive()
 
 
