@@ -117,6 +117,7 @@ def chain(kg: KnowledgeGraph) -> KnowledgeGraph:
 
 def test_forward_walk_at_each_depth(chain: KnowledgeGraph) -> None:
     assert triples(chain.query("a", source="A", max_depth=1)) == [("A", "r", "B", 1)]
+    assert triples(chain.query("a", source="A")) == [("A", "r", "B", 1)], "max_depth defaults to 1"
     assert triples(chain.query("a", source="A", max_depth=2)) == [("A", "r", "B", 1), ("B", "r", "C", 2)]
     assert triples(chain.query("a", source="A", max_depth=3)) == \
         [("A", "r", "B", 1), ("B", "r", "C", 2), ("C", "r", "D", 3)]

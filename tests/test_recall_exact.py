@@ -137,6 +137,10 @@ def test_limit_and_min_score_boundaries(mem) -> None:  # type: ignore[no-untyped
     assert [m["content"] for m in memory.recall("a", "q", min_score=0.2500001)] == ["half"]
     assert memory.recall("a", "q", min_score=0.6) == []
     assert len(memory.recall("a", "q", min_score=-1.0)) == 3
+    for i in range(4):
+        emb.vectors[f"more{'x' * i}"] = at(0.1 - 0.01 * i, 0, 4 + i)
+        memory.remember("a", f"more{'x' * i}")
+    assert len(memory.recall("a", "q")) == 5, "limit defaults to 5"
 
 
 def test_recall_counts_accesses_unless_told_not_to(mem) -> None:  # type: ignore[no-untyped-def]
@@ -293,6 +297,7 @@ def test_the_query_vector_is_cached_per_model_and_text(mem) -> None:  # type: ig
     memory.recall("a", "q")
     assert emb.calls == [["q"]]
     assert np.array_equal(memory.queries.get("test/scripted", "q", emb.embed), unit(1))
+    assert emb.calls == [["q"]], "the query vector is cached under the model's name"
 
 
 def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # type: ignore[no-untyped-def]

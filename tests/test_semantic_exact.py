@@ -131,6 +131,12 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
     # The index holds the new vector: a recall for it scores 1.0.
     assert memory.index("a").search(at(0.97), 1)[0].score == pytest.approx(1.0, abs=1e-6)
     assert changed == ["a", "a", "a"]
+    # Another fragment's metadata rows are not touched by the merge.
+    emb.vectors["Tom is the cat"] = unit(0, 0, 1)
+    cat = memory.remember("a", "Tom is the cat", metadata={"topic": "pets", "other": 1})["id"]
+    emb.vectors["The dog is named Rex"] = at(0.96)
+    memory.remember("a", "The dog is named Rex", scope="pets", metadata={"topic": "dogs"})
+    assert meta(memory, "a", cat) == {"topic": '"pets"', "other": "1"}
 
 
 def test_dedup_is_per_scope_and_per_agent(mem) -> None:  # type: ignore[no-untyped-def]
@@ -352,7 +358,7 @@ def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: 
         worker.start()
         worker.join(0.3)
         assert worker.is_alive(), f"BUG: {operation} ran while another write held the agent's lock"
-    worker.join(10)
+    worker.join(60)
     assert not worker.is_alive()
 
 
@@ -484,3 +490,4 @@ def test_merge_into_a_fragment_id_another_agent_also_has(mem) -> None:  # type: 
     assert memory.remember("b", "The dog is Rex", metadata={"j": 2}) == {"id": "same", "merged": True}
     assert rows(memory, "b")[0][1] == "The dog is Rex" and json.loads(rows(memory, "b")[0][8]) == {"j": 2}
     assert rows(memory, "a")[0][1] == "Rex is the dog" and json.loads(rows(memory, "a")[0][8]) == {"k": 1}
+    assert meta(memory, "a", "same") == {"k": "1"} and meta(memory, "b", "same") == {"j": "2"}
