@@ -760,3 +760,78 @@ def test_base_urls_lose_only_their_trailing_slashes() -> None:
                        ("gemini", "/X/v1beta/models/m-1:generateContent")):
         ep = ProviderEndpoint("acme", kind, "http://up.example/X//", api_key="k")
         assert FORMAT[kind].prepare(ep, minimal(), False)[0] == "http://up.example" + path
+
+
+def test_anthropic_stream_of_data_lines_only() -> None:
+    """Events whose `event:` lines a gateway dropped are told apart by their `type`."""
+    body = sse({"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}},
+               {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "plain"}},
+               {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+               {"type": "message_stop"})
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [TextDelta("plain")]
+    assert (r.text, r.finish_reason, r.usage) == ("plain", "stop", Usage(3, 2)), \
+        "BUG: an Anthropic stream without event names is misread"
+
+
+def test_gemini_stream_call_without_a_name_is_not_returned() -> None:
+    body = sse({"candidates": [{"content": {"parts": [{"functionCall": {"args": {"b": 2}}}]},
+                                "finishReason": "STOP"}]})
+    r, seen = streamed(gemini, body, "gemini")
+    assert [type(e) for e in seen] == [ToolCallStart, ToolCallDelta, ToolCallEnd]
+    assert (seen[0].name, seen[2].name, seen[2].arguments) == ("", "", {"b": 2})
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
+    cancel = threading.Event()
+    seen: list = []
+
+    def listener(event) -> None:
+        seen.append(event)
+        cancel.set()   # e.g. the client went away while this delta was delivered
+
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "gemini"), ChatRequest("m-1", [Message("user", "[[chunks:40]]")]),
+                         on_event=listener, cancel=cancel)
+    assert caught.value.kind == "cancelled" and seen == [TextDelta("w1")], \
+        "BUG: deltas were delivered after the call was cancelled"
+
+
+def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()   # HTTP/1.0, no Content-Length: the body ends when the socket does
+            self.wfile.write(b'{"choices": [')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=0.5)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=0)
+        assert (caught.value.kind, caught.value.message) == (
+            "timeout", f"local model m-1: timed out after 0.5s waiting for {base} (timeout_secs)"), \
+            "BUG: a body cut short by the deadline is reported as a bad answer"
+    finally:
+        server.shutdown()
+
+
+def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
+    body = named(("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "tool_use", "id": "t9"}}),
+                 ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                 ("message_stop", {"type": "message_stop"}))
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [ToolCallStart(0, "t9", ""), ToolCallEnd(0, "t9", "", {})]
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")

@@ -35,6 +35,7 @@ OWN = "http://agents.internal:4200"
     ("2001:db8::1", "2001:db8::1"),
     ("[::1", "[::1"),                   # no closing bracket: kept whole (and refused later)
     ("[]", ""),
+    ("[::1]]:80", "::1"),               # the name ends at the first closing bracket
     (":4200", ""),
     ("a:b", "a"),
 ])
@@ -303,3 +304,13 @@ def test_cross_site_websocket_upgrade_is_refused(tmp_path: Path) -> None:
     assert r.status_code == 403 and ran == [], "BUG: a cross-site WebSocket handshake passed the guard"
     r = client.get("/api/things", headers={"Origin": EVIL})
     assert r.status_code == 200, "BUG: a cross-site plain GET was refused"
+
+
+def test_origins_are_lowercased_after_the_slash_is_dropped() -> None:
+    # Case folding comes last: an upper-case X at the end of an origin is part of its name.
+    policy = OriginPolicy(4200, ["https://App.Example.BOX/"])
+    assert "https://app.example.box" in policy.trusted
+    for origin in ("https://app.example.box", "https://APP.EXAMPLE.BOX", "https://App.Example.BOX/"):
+        assert not policy.refuses("POST", origin, None, OWN), f"BUG: configured origin {origin} refused"
+    assert not policy.refuses("POST", "HTTP://AGENTS.BOX", None, "http://agents.box")
+    assert policy.refuses("POST", "https://app.example.bo", None, OWN)

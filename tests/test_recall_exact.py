@@ -39,6 +39,8 @@ def created(memory, agent: str, fid: str) -> float:  # type: ignore[no-untyped-d
 
 def test_time_and_value_helpers() -> None:
     assert epoch(datetime(2024, 1, 1)) == 1704067200.0, "a naive time is UTC"
+    assert epoch("2024-01-01 00:00:00") == 1704067200.0, "Pony's raw text of a whole-second time"
+    assert epoch("2024-01-01 02:00:00+02:00") == 1704067200.0
     assert epoch(datetime(2024, 1, 1, 2, tzinfo=timezone(timedelta(hours=2)))) == 1704067200.0
     assert stamp(datetime(2024, 1, 1, 0, 0, 0, 5)) == "2024-01-01T00:00:00.000005+00:00"
     assert stamp("2024-01-01 10:00:00") == "2024-01-01T10:00:00+00:00"  # Pony's raw text
@@ -291,3 +293,29 @@ def test_the_query_vector_is_cached_per_model_and_text(mem) -> None:  # type: ig
     memory.recall("a", "q")
     assert emb.calls == [["q"]]
     assert np.array_equal(memory.queries.get("test/scripted", "q", emb.embed), unit(1))
+
+
+def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "q": unit(1)})
+    fid = memory.remember("a", "p", metadata={"k": 1})["id"]
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET metadata = '' WHERE id = ?", (fid,))
+    db.commit()
+    db.close()
+    assert memory.get("a", fid)["metadata"] == {}
+    assert memory.page("a", 5, 0)["memories"][0]["metadata"] == {}
+    assert memory.recall("a", "q")[0]["metadata"] == {}
+
+
+def test_near_tie_with_equal_creation_times_keeps_the_better_score(tmp_path: Path) -> None:
+    memory, emb, _ = new_memory(tmp_path)
+    emb.vectors.update({"q": unit(1), "a": at(0.5, 0, 1), "b": at(0.495, 0, 2)})
+    memory.remember("a", "a")
+    memory.remember("a", "b")
+    db = sqlite3.connect(str(tmp_path / "m.db"))
+    db.execute("UPDATE memory_fragments SET created_at = '2024-01-01 00:00:00.000000'")
+    db.commit()
+    db.close()
+    memory.invalidate()
+    assert [m["content"] for m in memory.recall("a", "q")] == ["a", "b"]

@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agentd.agents.handle import AgentHandle
-from agentd.llm import drivers
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
 
 log = logging.getLogger("agentd.agents")
@@ -43,6 +42,9 @@ class ModelCalls:
         chain = [(handle.provider, handle.model, handle.api_key_env, handle.base_url)]
         for fb in handle.manifest.data["fallback_models"]:
             chain.append((fb["provider"], self.catalog.resolve(fb["model"]), fb["api_key_env"], fb["base_url"]))
+
+        # The drivers (and requests, ~6 MB) load on the first model call, not at start.
+        from agentd.llm import drivers
 
         def call(request: ChatRequest, on_event: Callable[[Any], None] | None,
                  cancel: threading.Event) -> ChatResponse:

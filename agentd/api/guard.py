@@ -54,7 +54,7 @@ class HostPolicy:
     """Which Host headers the daemon answers."""
 
     def __init__(self, listen_host: str, allowed: Iterable[str]) -> None:
-        self.listen_host = host_name(listen_host) if listen_host else ""
+        self.listen_host = host_name(listen_host)
         self.any = False
         self.exact: set[str] = set()
         self.patterns: list[str] = []
@@ -103,7 +103,7 @@ class OriginPolicy:
             normalized = origin.strip().rstrip("/").lower()
             # `Origin: null` (sandboxed frames, file: pages) is never trusted.
             return not (normalized == own_origin.lower() or normalized in self.trusted)
-        return (fetch_site or "").strip().lower() in CROSS_SITE_VALUES
+        return fetch_site is not None and fetch_site.strip().lower() in CROSS_SITE_VALUES
 
 
 def _own_origin() -> str:

@@ -49,6 +49,16 @@ def is_shared(store: Store) -> bool:
     return getattr(store.db, "provider_name", "sqlite") == "postgres"
 
 
+def ensure_tables(store: Store) -> None:
+    """Create the coordination tables if missing (idempotent). Opening a store already does
+    this (schema 3, agentd/store/migrate.py); kept for callers written before that."""
+    from agentd.store.migrate import COORDINATION_V3
+
+    with orm.db_session:
+        for statement in COORDINATION_V3:
+            store.db.execute(statement)
+
+
 def global_lock(store: Store, name: str) -> None:
     """Inside a db_session: hold a database-wide lock named `name` until it commits.
 
@@ -281,4 +291,4 @@ def _iso(value: float | None) -> str | None:
     return datetime.fromtimestamp(float(value), timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-__all__ = ["Lease", "Leases", "RunLog", "global_lock", "is_shared", "lock_key"]
+__all__ = ["Lease", "Leases", "RunLog", "ensure_tables", "global_lock", "is_shared", "lock_key"]

@@ -32,12 +32,6 @@ class JwtWebhookAdapter(WebhookAdapter):
         self.keys = KeySet(self.http, str(settings.get(self.keys_setting) or ""), kind=self.keys_kind)
         self.token = CachedToken(self._fetch_token)
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
-    def _inbound(self, request: Request) -> tuple[int, Any]:
-        raise NotImplementedError
-
     def _fetch_token(self) -> tuple[str, float]:
         """(access token, lifetime in seconds) for the platform's API; ChannelError on failure."""
         raise NotImplementedError

@@ -80,7 +80,6 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
                  on_event: Listener, guard: CallGuard) -> ChatResponse:
     """A streamed answer, event by event."""
     out = Assembler(on_event)
-    finished = False  # message_stop ends an answer; a body that stops before it was cut off
     for event in iter_sse(response, guard):
         data = parse_event_json(endpoint, model, event.data)
         kind = data.get("type") or event.event
@@ -111,8 +110,6 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
             detail = (data.get("error") or {}).get("message", "unknown error")
             raise bad_response(endpoint, model, f"the stream reported an error: {detail}")
         elif kind == "message_stop":
-            finished = True
-            break
-    if not finished:
-        raise truncated(endpoint, model, "message_stop")
-    return out.response(model)
+            return out.response(model)
+    # message_stop ends an answer; a body that stops before it was cut off.
+    raise truncated(endpoint, model, "message_stop")
