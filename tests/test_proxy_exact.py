@@ -207,7 +207,7 @@ def test_malformed_hosts_are_not_applied(host: str) -> None:
 
 @pytest.mark.parametrize("prefix, script_name", [
     ("/agentd", "/agentd"), ("/agentd/", "/agentd"), ("/a/b", "/a/b"), ("/a/b/", "/a/b"), ("/x, /agentd", "/agentd"),
-    ("/a..b", "/a..b"), ("/.well", "/.well"),
+    ("/a..b", "/a..b"), ("/.well", "/.well"), ("/appX/", "/appX"), ("/X", "/X"),
     ("/a/../b", ""), ("/a/..", ""), ("/..", ""), ("/../", ""), ("/a/./b", ""), ("/a/.", ""), ("/.", ""),
     ("agentd", ""), ("//evil.example", ""), ("/", ""), ("/a b", ""), ("", ""),
 ])
