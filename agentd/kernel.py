@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,6 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
-from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
@@ -37,6 +37,12 @@ from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster, cluster_settings
 
 log = logging.getLogger("agentd.kernel")
+
+
+def _model_calls_in_flight() -> int:
+    """Model calls holding a connection; the drivers load on the first call (none before)."""
+    drivers = sys.modules.get("agentd.llm.drivers")
+    return drivers.active_calls() if drivers is not None else 0
 
 
 class Kernel:
@@ -199,7 +205,7 @@ class Kernel:
             "started_at": iso(self.started_at),
             # Every live thread of the process, and the model calls holding a connection.
             "process_threads": threading.active_count(),
-            "model_calls_in_flight": active_calls(),
+            "model_calls_in_flight": _model_calls_in_flight(),
         }
 
     @staticmethod

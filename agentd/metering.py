@@ -60,7 +60,7 @@ class Metering:
         self._period_start, self._period_end = month_bounds(self._now())
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
-        self._limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        self._limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
         # Several daemons share the database (set by the kernel): the totals and the limit
         # are read from it on every check, since other daemons spend and set them too.
         self.shared = False
@@ -70,7 +70,7 @@ class Metering:
         if not self.shared:
             return
         spent = self._sum_cost(self._period_start, self._period_end)
-        limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
         with self._lock:
             self._spent, self._limit = spent, limit
 
@@ -137,7 +137,7 @@ class Metering:
         limit = self.limit_usd
         if limit <= 0:
             return
-        alerts = self.store.get_setting(self._alerts_key(), []) or []
+        alerts = self.store.get_setting(self._alerts_key()) or []
         seen = {a["level"] for a in alerts}
         for fraction, level, message in ALERT_LEVELS:
             if after >= limit * fraction and level not in seen:
@@ -172,11 +172,11 @@ class Metering:
             self._roll(now)
             start, end, spent = self._period_start, self._period_end, self._spent
         limit = self.limit_usd
-        alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}", []) or []
-        # Always numbers (no limit: limit_usd 0 and remaining_usd 0, as the original reports);
-        # `limited` tells "no limit" apart from "exhausted".
+        alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}") or []
+        # Always numbers (no limit: limit_usd 0 and remaining_usd 0, as the original reports:
+        # with a limit of 0 the max() below is 0); `limited` tells "no limit" apart from "exhausted".
         return {"limit_usd": limit, "spent_usd": round(spent, 10),
-                "remaining_usd": round(max(0.0, limit - spent), 10) if limit > 0 else 0.0,
+                "remaining_usd": round(max(0.0, limit - spent), 10),
                 "limited": limit > 0,
                 "period_start": iso(start), "period_end": iso(end),
                 "alerts": [a for a in alerts if limit > 0]}

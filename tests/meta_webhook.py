@@ -8,10 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-import pytest
 import requests
 
-from channel_fixtures import audit, channel, configure, remove, wait_active, wait_for
+from channel_fixtures import audit, configure, stop_closes_the_listener, wait_active, wait_for
 from fakes.messenger import signature
 
 
@@ -61,9 +60,4 @@ def check_allow_list_and_429(daemon: Any, name: str, fake: Any, url: str, secret
 def check_stop_closes_the_listener(daemon: Any, name: str, url: str, secret: str, body: bytes,
                                    **keys: Any) -> None:
     """Removing the channel closes its webhook port; configuring it again reopens it."""
-    remove(daemon, name)
-    assert channel(daemon, name)["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, secret, body)
-    configure(daemon, name, **keys)
-    wait_active(daemon, name)
+    stop_closes_the_listener(daemon, name, lambda: post(url, secret, body), **keys)

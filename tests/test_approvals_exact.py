@@ -174,3 +174,37 @@ def test_status_of_a_fresh_approval_object() -> None:
     assert a.as_dict() == {"id": "i", "agent_id": "a", "agent_name": "n", "tool": "t", "input": {},
                            "requested_at": "2026-01-01T00:00:00+00:00", "status": "pending"}
     assert not a._event.is_set()
+
+
+class LateDecision(threading.Event):
+    """An Event whose wait times out just as a human decides (the decision lands between
+    the waiter's timed-out wait and its next check)."""
+
+    def __init__(self, decide) -> None:
+        super().__init__()
+        self.decide = decide
+
+    def wait(self, timeout: float | None = None) -> bool:
+        woke = super().wait(timeout)
+        if not woke and self.decide is not None:
+            decide, self.decide = self.decide, None
+            decide()
+        return woke
+
+
+def test_a_decision_landing_as_the_run_is_stopped_is_kept() -> None:
+    q = ApprovalQueue()
+    a = q.request("agent-1", "alice", "t", {})
+    a._event = LateDecision(lambda: q.approve(a.id))
+    cancel = threading.Event()
+    cancel.set()
+    assert q.wait(a, timeout=60, cancel=cancel) == "approved", \
+        "BUG: a decision racing the run's stop raised or was overwritten"
+    assert q.pending() == []
+
+
+def test_a_decision_landing_in_the_last_step_beats_the_timeout() -> None:
+    q = ApprovalQueue()
+    a = q.request("agent-1", "alice", "t", {})
+    a._event = LateDecision(lambda: q.reject(a.id))
+    assert q.wait(a, timeout=0.1) == "rejected", "BUG: a decision racing the timeout raised or was overwritten"

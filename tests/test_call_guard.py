@@ -280,3 +280,37 @@ def test_interrupting_a_closed_socket_is_harmless() -> None:
     b.close()
     g.trip("cancelled")  # shutdown on a closed socket raises OSError inside: swallowed
     assert g.reason == "cancelled"
+
+
+def test_a_new_watchdog_runs_its_own_daemon_thread_and_enforces_deadlines() -> None:
+    dog = guard_mod._Watchdog()   # not the shared one: this test covers its construction
+    assert dog._thread.is_alive() and dog._thread.daemon is True and dog._thread.name == "agentd-llm-watchdog", \
+        "BUG: the watchdog thread is not a named daemon thread"
+    g = fresh(deadline_in=0.1)
+    dog.add(g)
+    waited = time.monotonic()
+    while g.reason is None and time.monotonic() - waited < 10:
+        time.sleep(0.02)
+    dog.remove(g)
+    assert g.reason == "timeout", "BUG: a new watchdog does not check its guards"
+
+
+def test_forgetting_the_watchdog_starts_a_fresh_one_with_a_fresh_lock() -> None:
+    old, old_lock = guard_mod.watchdog(), guard_mod._watchdog_lock
+    try:
+        guard_mod._forget_watchdog()   # what a forked child runs
+        assert guard_mod._watchdog is None and guard_mod.active_calls() == 0
+        assert guard_mod._watchdog_lock is not old_lock and not guard_mod._watchdog_lock.locked(), \
+            "BUG: a forked child keeps a lock that may have been held at fork time"
+        new = guard_mod.watchdog()
+        assert new is not old and new._thread.is_alive() and guard_mod.watchdog() is new
+    finally:
+        guard_mod._watchdog, guard_mod._watchdog_lock = old, old_lock
+
+
+def test_adapter_settings_reach_the_pools() -> None:
+    adapter = GuardedAdapter(pool_connections=3, pool_maxsize=5, pool_block=True)
+    assert adapter.poolmanager.connection_pool_kw["block"] is True and adapter.poolmanager.connection_pool_kw[
+        "maxsize"] == 5, "BUG: the adapter drops pool settings"
+    proxied = adapter.proxy_manager_for("http://127.0.0.1:3129", retries=7)
+    assert proxied.connection_pool_kw["retries"].total == 7 and proxied.connection_pool_kw["block"] is True

@@ -166,13 +166,14 @@ def test_openai_stream() -> None:
                tc(index=0, id="c1", function={"name": "f", "arguments": ""}),
                tc(index=0, function={"arguments": '{"a":'}), tc(index=0, function={"arguments": "1}"}),
                tc(index=1, id="c2", function={"name": "g"}), tc(index=1, function={}),
+               tc(index=2, id="c3", function={}),
                {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
                {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
                "[DONE]", {"choices": [{"delta": {"content": "after the end"}}]})
     r, seen = streamed(openai_compat, body, "openai")
     assert seen == [TextDelta("Hel"), TextDelta("lo"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"a":'),
-                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"),
-                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {})]
+                    ToolCallDelta(0, "1}"), ToolCallStart(1, "c2", "g"), ToolCallStart(2, "c3", ""),
+                    ToolCallEnd(0, "c1", "f", {"a": 1}), ToolCallEnd(1, "c2", "g", {}), ToolCallEnd(2, "c3", "", {})]
     assert r == ChatResponse(text="Hello", tool_calls=[ToolCall("c1", "f", {"a": 1}), ToolCall("c2", "g", {})],
                              finish_reason="tool_calls", usage=Usage(9, 4), model="m1")
 
@@ -419,7 +420,8 @@ def test_gemini_turns_and_parts() -> None:
 def test_gemini_answer_parsing() -> None:
     data = {"usageMetadata": {"promptTokenCount": 8, "candidatesTokenCount": 3, "totalTokenCount": 11},
             "modelVersion": "ignored", "candidates": [{"finishReason": "STOP", "content": {"parts": [
-                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk",
+                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk text",
+                {"text": None}, {"text": 5}, {"thought": True},
                 {"functionCall": {"name": "g"}}, {"functionCall": {"args": {"b": 2}}}, {"functionCall": "x"}]}}]}
     r = gemini.parse(EP["gemini"], "m1", data)
     assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": 1}), ("g", {}), ("", {"b": 2})]
@@ -651,6 +653,7 @@ def test_cancelled_or_expired_calls_send_nothing(fake) -> None:
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), cancel=cancel)
     assert (caught.value.kind, caught.value.message) == ("cancelled", "p-openai model m-1: call cancelled")
+    assert (caught.value.provider, caught.value.model) == ("p-openai", "m-1")
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), deadline=time.monotonic() - 0.001)
     assert caught.value.kind == "timeout"
@@ -684,5 +687,189 @@ def test_a_json_answer_to_a_stream_request_is_replayed_as_events() -> None:
         assert seen == [TextDelta("whole"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"a": 1}'),
                         ToolCallEnd(0, "c1", "f", {"a": 1})], "BUG: a non-streamed answer to a stream is not replayed"
         assert (r.text, r.usage, r.finish_reason) == ("whole", Usage(2, 3), "tool_calls")
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+def test_a_broken_stream_event_names_provider_and_model(kind) -> None:
+    body = b"event: message_start\ndata: {not json\n\n"
+    with pytest.raises(LLMError) as caught:
+        streamed(FORMAT[kind], body, kind)
+    assert (caught.value.kind, caught.value.message, caught.value.provider, caught.value.model) == (
+        "bad_response", "acme model m1: unusable response: a stream event is not valid JSON", "acme", "m1")
+
+
+def test_a_stalled_stream_times_out_on_the_idle_limit(fake) -> None:
+    ep = live(fake, "openai", stream_idle=0.3, timeout=10.0)
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(ep, ChatRequest("m-1", [Message("user", "[[pace:3000]] [[chunks:3]]")]),
+                         on_event=lambda e: None, retries=0)
+    assert (caught.value.kind, caught.value.message) == (
+        "timeout", f"p-openai model m-1: timed out: the stream stalled, no data for 0.3s from {fake.openai_base} "
+                   "(stream_idle_secs)"), "BUG: a stalled stream is not ended by the idle limit"
+    # Without a stream the idle limit does not apply: a slow whole answer within the deadline is fine.
+    r = drivers.complete(live(fake, "openai", stream_idle=0.2), ChatRequest("m-1", [Message("user", "[[slow:0.5]] ok")]))
+    assert r.text == "echo: ok"
+
+
+def test_a_retry_is_made_when_the_wait_fits_before_the_deadline(fake) -> None:
+    fake.reset()
+    r = drivers.complete(live(fake, "openai", timeout=1.8), ChatRequest("m-1", [Message(
+        "user", "[[fail:429 times=1 retry_after=1]] fits")]), retries=3)
+    assert r.text == "echo: fits" and len(fake.requests) == 2, "BUG: a retry that fits the deadline was not made"
+
+
+def test_cancel_during_the_backoff_ends_the_call(fake) -> None:
+    fake.reset()
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "anthropic", timeout=20.0), ChatRequest("m-1", [Message(
+            "user", "[[fail:429 retry_after=10]] wait")]), cancel=cancel, retries=3)
+    assert (caught.value.kind, caught.value.message) == ("cancelled", "p-anthropic model m-1: call cancelled")
+    assert len(fake.requests) == 1 and time.monotonic() - started < 8, "BUG: the backoff ignores a cancel"
+
+
+def test_a_stream_without_a_content_type_is_read_as_a_stream() -> None:
+    body = b'data: {"choices": [{"delta": {"content": "streamed"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response_only(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        seen: list = []
+        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        r = drivers.complete(ep, minimal(), on_event=seen.append)
+        assert seen == [TextDelta("streamed")] and r.text == "streamed"
+    finally:
+        server.shutdown()
+
+
+def test_base_urls_lose_only_their_trailing_slashes() -> None:
+    for kind, path in (("openai", "/X/chat/completions"), ("anthropic", "/X/v1/messages"),
+                       ("gemini", "/X/v1beta/models/m-1:generateContent")):
+        ep = ProviderEndpoint("acme", kind, "http://up.example/X//", api_key="k")
+        assert FORMAT[kind].prepare(ep, minimal(), False)[0] == "http://up.example" + path
+
+
+def test_anthropic_stream_of_data_lines_only() -> None:
+    """Events whose `event:` lines a gateway dropped are told apart by their `type`."""
+    body = sse({"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}},
+               {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "plain"}},
+               {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+               {"type": "message_stop"})
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [TextDelta("plain")]
+    assert (r.text, r.finish_reason, r.usage) == ("plain", "stop", Usage(3, 2)), \
+        "BUG: an Anthropic stream without event names is misread"
+
+
+def test_gemini_stream_call_without_a_name_is_not_returned() -> None:
+    body = sse({"candidates": [{"content": {"parts": [{"functionCall": {"args": {"b": 2}}}]},
+                                "finishReason": "STOP"}]})
+    r, seen = streamed(gemini, body, "gemini")
+    assert [type(e) for e in seen] == [ToolCallStart, ToolCallDelta, ToolCallEnd]
+    assert (seen[0].name, seen[2].name, seen[2].arguments) == ("", "", {"b": 2})
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
+    cancel = threading.Event()
+    seen: list = []
+
+    def listener(event) -> None:
+        seen.append(event)
+        cancel.set()   # e.g. the client went away while this delta was delivered
+
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "gemini"), ChatRequest("m-1", [Message("user", "[[chunks:40]]")]),
+                         on_event=listener, cancel=cancel)
+    assert caught.value.kind == "cancelled" and seen == [TextDelta("w1")], \
+        "BUG: deltas were delivered after the call was cancelled"
+    err = caught.value
+    assert (err.message, err.provider, err.model) == ("p-gemini model m-1: call cancelled", "p-gemini", "m-1")
+
+
+def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()   # HTTP/1.0, no Content-Length: the body ends when the socket does
+            self.wfile.write(b'{"choices": [')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=0.5)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=0)
+        assert (caught.value.kind, caught.value.message) == (
+            "timeout", f"local model m-1: timed out after 0.5s waiting for {base} (timeout_secs)"), \
+            "BUG: a body cut short by the deadline is reported as a bad answer"
+    finally:
+        server.shutdown()
+
+
+def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
+    body = named(("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "tool_use", "id": "t9"}}),
+                 ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                 ("message_stop", {"type": "message_stop"}))
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [ToolCallStart(0, "t9", ""), ToolCallEnd(0, "t9", "", {})]
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
+    """No chunked framing: the interrupted read ends like a clean end of body, and the guard's
+    reason (not a truncation) is what the caller hears."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()   # HTTP/1.0 and no Content-Length: the body ends when the socket does
+            self.wfile.write(b'data: {"choices": [{"delta": {"content": "first"}}]}\n\n')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=10.0, stream_idle=0.3)
+        seen: list = []
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), on_event=seen.append, retries=0)
+        err = caught.value
+        assert (err.kind, err.message, err.provider, err.model) == (
+            "timeout", f"local model m-1: timed out: the stream stalled, no data for 0.3s from {base} "
+                       "(stream_idle_secs)", "local", "m-1")
+        assert seen == [TextDelta("first")]
     finally:
         server.shutdown()

@@ -117,6 +117,7 @@ def chain(kg: KnowledgeGraph) -> KnowledgeGraph:
 
 def test_forward_walk_at_each_depth(chain: KnowledgeGraph) -> None:
     assert triples(chain.query("a", source="A", max_depth=1)) == [("A", "r", "B", 1)]
+    assert triples(chain.query("a", source="A")) == [("A", "r", "B", 1)], "max_depth defaults to 1"
     assert triples(chain.query("a", source="A", max_depth=2)) == [("A", "r", "B", 1), ("B", "r", "C", 2)]
     assert triples(chain.query("a", source="A", max_depth=3)) == \
         [("A", "r", "B", 1), ("B", "r", "C", 2), ("C", "r", "D", 3)]
@@ -189,3 +190,43 @@ def test_export_order_and_forget(kg: KnowledgeGraph) -> None:
     kg.forget_agent("a")
     assert kg.export("a") == ([], [])
     assert [e["id"] for e in kg.export("b")[0]] == [keep]
+
+
+def test_a_new_relation_keeps_its_confidence_and_rows_without_properties(kg: KnowledgeGraph) -> None:
+    a, b = ent(kg, "A"), ent(kg, "B")
+    rid = kg.add_relation("a", a, "knows", b, {"p": 1}, 0.25)["id"]
+    assert [(r["id"], r["confidence"], r["properties"]) for r in kg.export("a")[1]] == [(rid, 0.25, {"p": 1})]
+    # Rows whose properties column is empty (written by another tool) read as {}.
+    with orm.db_session:
+        kg.store.db.execute("UPDATE kg_relations SET properties = ''")
+        kg.store.db.execute("UPDATE kg_entities SET properties = ''")
+    assert kg.export("a")[1][0]["properties"] == {} and kg.export("a")[0][0]["properties"] == {}
+    assert kg.add_relation("a", a, "knows", b, {"q": 2}, 0.5) == {"id": rid, "created": False}
+    assert kg.add_entity("a", "concept", "A", {"r": 3}) == {"id": a, "created": False}
+    assert kg.export("a")[1][0]["properties"] == {"q": 2} and kg.export("a")[0][0]["properties"] == {"r": 3}
+
+
+def test_export_is_in_insertion_order_whatever_the_ids(kg: KnowledgeGraph) -> None:
+    with orm.db_session:
+        for i in (3, 1, 2):
+            kg.store.e.EntityRow(agent_id="a", id=f"e{i}", entity_type="concept", name=f"n{i}", properties="{}",
+                                 created_at=datetime(2024, 1, 1), updated_at=datetime(2024, 1, 1))
+        for i in (3, 1, 2):
+            kg.store.e.RelationRow(agent_id="a", id=f"r{i}", source="e1", relation="has", target=f"e{i}",
+                                   properties="{}", confidence=1.0, created_at=datetime(2024, 1, 1))
+    ents, rels = kg.export("a")
+    assert [e["id"] for e in ents] == ["e3", "e1", "e2"] and [r["id"] for r in rels] == ["r3", "r1", "r2"]
+    assert [m["relation"]["id"] for m in kg.query("a", source="e1")] == ["r3", "r1", "r2"]
+
+
+def test_an_entity_id_is_looked_up_in_the_agents_own_graph(kg: KnowledgeGraph) -> None:
+    other = kg.add_entity("b", "tool", "saw", {"o": 1}, entity_id="e-1")
+    mine = kg.add_entity("a", "person", "Alice", {})
+    assert other == {"id": "e-1", "created": True}
+    # Agent a names id e-1 (agent b's): a new entity of a's, b's untouched.
+    assert kg.add_entity("a", "tool", "hammer", {"w": 2}, entity_id="e-1") == {"id": "e-1", "created": True}, \
+        "BUG: an entity id matched another agent's entity"
+    assert [(e["name"], e["properties"]) for e in kg.export("b")[0]] == [("saw", {"o": 1})]
+    assert sorted(e["id"] for e in kg.export("a")[0]) == sorted([mine["id"], "e-1"])
+    # An id the agent does not have: created with that id, whatever else the agent has.
+    assert kg.add_entity("a", "project", "Apollo", {}, entity_id="p-9") == {"id": "p-9", "created": True}

@@ -186,6 +186,36 @@ def test_decay_rounds_to_six_places_and_uses_decay_days(mem) -> None:  # type: i
     assert report(memory, config=MemoryConfig(decay_days=5.0, decay_factor=1 / 3, decay_floor=0.1))[
         "memories_decayed"] == 1
     assert contents(memory)[p][1] == 0.21
+    assert report(memory, config=MemoryConfig(decay_days=5.0, decay_factor=0.5, decay_floor=0.1))[
+        "memories_decayed"] == 1
+    assert contents(memory)[p][1] == 0.105
+    write(memory, "UPDATE memory_fragments SET confidence = 1.0 WHERE id = ?", p)
+    report(memory, config=MemoryConfig(decay_days=5.0, decay_factor=0.12345678, decay_floor=0.1))
+    assert contents(memory)[p][1] == 0.123457, "decayed confidence is rounded to 6 places"
+
+
+def test_equal_creation_times_keep_the_match(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "pp": unit(0, 1)})
+    first = memory.remember("a", "p")["id"]
+    second = memory.remember("a", "pp")["id"]
+    write(memory, "UPDATE memory_fragments SET created_at = '2030-01-01 00:00:00.000000'")
+    set_vector(memory, second, at(0.99))
+    # Visited first, "p" finds "pp" created at the same time: the match's id is kept, with
+    # the visited fragment's wording (it counts as the newer one).
+    assert report(memory)["memories_merged"] == 1
+    assert list(contents(memory)) == [second] and contents(memory)[second][0] == "p"
+
+
+def test_a_fold_chain_counts_each_fragment_once(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    texts = {"tea": unit(1), "hot tea": unit(0, 1), "warm tea": unit(0, 0, 1)}
+    emb.vectors.update(texts)
+    made = [memory.remember("a", t)["id"] for t in texts]
+    set_vector(memory, made[1], at(0.99))
+    set_vector(memory, made[2], at(0.98))
+    assert report(memory)["memories_merged"] == 2
+    assert list(contents(memory)) == [made[0]]
 
 
 def test_agents_with_memories(mem) -> None:  # type: ignore[no-untyped-def]

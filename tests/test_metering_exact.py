@@ -88,7 +88,8 @@ def test_disabled_metering_prices_but_records_nothing(store) -> None:
 
 
 def test_alert_texts_and_fields_are_exact(store) -> None:
-    metering = Metering(store, Catalog.load(), now=Now(MARCH))
+    clock = Now(MARCH)
+    metering = Metering(store, Catalog.load(), now=clock)
     metering.set_limit(0.003)
     metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)      # 0.0026 = 86.7 %
     assert metering.budget()["alerts"] == [{
@@ -100,8 +101,9 @@ def test_alert_texts_and_fields_are_exact(store) -> None:
     assert alerts[1] == {"level": "critical", "threshold": 1.0, "limit_usd": 0.003, "at": "2026-03-10T12:00:00+00:00",
                          "message": "budget exhausted: $0.0052 of $0.0030 spent; new agent runs are refused "
                                     "until the period ends"}
+    clock.at = datetime(2026, 3, 11, tzinfo=timezone.utc)
     metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
-    assert len(metering.budget()["alerts"]) == 2, "BUG: an alert fires again within the same period"
+    assert metering.budget()["alerts"] == alerts, "BUG: an alert fires again (or is rewritten) within the period"
     assert [a["level"] for a in store.get_setting("budget_alerts:2026-03-01")] == ["warning", "critical"], \
         "alerts are kept per period, under the period's first day"
 
@@ -133,6 +135,8 @@ def test_a_shared_database_reads_other_daemons_spend_and_limit(store) -> None:
     here = Metering(store, Catalog.load(), now=Now(MARCH))
     there = Metering(store, Catalog.load(), now=Now(MARCH))
     here.shared = True
+    assert (here.budget()["limit_usd"], here.budget()["limited"], here.limit_usd) == (0.0, False, 0.0), \
+        "BUG: a shared database without a limit reads as limited"
     there.record("b1", "beta", "openai", "gpt-4o", 1000, 10)
     there.set_limit(0.0026)
     assert here.budget()["spent_usd"] == pytest.approx(0.0026) and here.limit_usd == 0.0026, \
@@ -198,3 +202,30 @@ def test_report_sums_are_rounded_to_ten_decimals(store) -> None:
     assert metering.by_agent(start, end)[0]["spent_usd"] == 0.0000075
     assert metering.by_day(start, end)[0]["cost_usd"] == 0.0000075
     assert metering.budget()["spent_usd"] == 0.0000075
+
+
+def test_spending_without_a_limit_raises_no_alert_later(store) -> None:
+    metering = Metering(store, Catalog.load(), now=Now(MARCH))
+    metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)     # no limit yet: 0.0026
+    metering.set_limit(0)
+    metering.set_limit(1)
+    assert metering.budget()["alerts"] == [], "BUG: spend without a limit left alerts behind"
+    metering.set_limit(0.0026 / 0.8)
+    assert [a["level"] for a in metering.budget()["alerts"]] == ["warning"], \
+        "BUG: an alert recorded while unlimited keeps the real one from firing"
+
+
+def test_a_negative_limit_reports_nothing_remaining(store) -> None:
+    metering = Metering(store, Catalog.load(), now=Now(MARCH))
+    metering.follow_limit(-1)
+    metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
+    b = metering.budget()
+    assert (b["remaining_usd"], b["limited"], b["alerts"]) == (0.0, False, [])
+    metering.check_budget()   # not a limit: never refused
+
+
+def test_remaining_budget_is_reported_to_ten_decimals(store) -> None:
+    metering = Metering(store, Catalog.load(), now=Now(MARCH))
+    metering.set_limit(1.00000000004)
+    metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
+    assert metering.budget()["remaining_usd"] == 0.9974, "remaining_usd is money: 10 decimals, like every amount"

@@ -39,6 +39,8 @@ def created(memory, agent: str, fid: str) -> float:  # type: ignore[no-untyped-d
 
 def test_time_and_value_helpers() -> None:
     assert epoch(datetime(2024, 1, 1)) == 1704067200.0, "a naive time is UTC"
+    assert epoch("2024-01-01 00:00:00") == 1704067200.0, "Pony's raw text of a whole-second time"
+    assert epoch("2024-01-01 02:00:00+02:00") == 1704067200.0
     assert epoch(datetime(2024, 1, 1, 2, tzinfo=timezone(timedelta(hours=2)))) == 1704067200.0
     assert stamp(datetime(2024, 1, 1, 0, 0, 0, 5)) == "2024-01-01T00:00:00.000005+00:00"
     assert stamp("2024-01-01 10:00:00") == "2024-01-01T10:00:00+00:00"  # Pony's raw text
@@ -98,6 +100,13 @@ def test_page_newest_first_with_total_offset_and_limit(mem) -> None:  # type: ig
     db.commit()
     db.close()
     assert ids(memory.page("a", 10, 0)["memories"]) == made[::-1]
+    # Creation time first (an imported fragment can be older than rows written before it).
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET created_at = '2020-01-01 00:00:00.000000' WHERE id = ?", (made[4],))
+    db.execute("UPDATE memory_fragments SET created_at = '2025-01-01 00:00:00.000000' WHERE id = ?", (made[0],))
+    db.commit()
+    db.close()
+    assert ids(memory.page("a", 10, 0)["memories"]) == [made[0], made[3], made[2], made[1], made[4]]
 
 
 def test_empty_agent_recalls_nothing_without_embedding(mem) -> None:  # type: ignore[no-untyped-def]
@@ -128,15 +137,24 @@ def test_limit_and_min_score_boundaries(mem) -> None:  # type: ignore[no-untyped
     assert [m["content"] for m in memory.recall("a", "q", min_score=0.2500001)] == ["half"]
     assert memory.recall("a", "q", min_score=0.6) == []
     assert len(memory.recall("a", "q", min_score=-1.0)) == 3
+    for i in range(4):
+        emb.vectors[f"more{'x' * i}"] = at(0.1 - 0.01 * i, 0, 4 + i)
+        memory.remember("a", f"more{'x' * i}")
+    assert len(memory.recall("a", "q")) == 5, "limit defaults to 5"
 
 
 def test_recall_counts_accesses_unless_told_not_to(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     emb.vectors.update({"p": at(0.9, 0, 1), "r": at(0.1, 0, 2), "q": unit(1)})
-    p = memory.remember("a", "p")["id"]
+    p = memory.remember("a", "p", source="observation", scope="room", metadata={"k": [1, {"x": None}]},
+                        confidence=0.625)["id"]
     r = memory.remember("a", "r")["id"]
     before = memory.get("a", p)["accessed_at"]
     out = memory.recall("a", "q", limit=1)
+    assert {k: v for k, v in out[0].items() if k not in ("created_at", "accessed_at")} == \
+        {"id": p, "agent_id": "a", "content": "p", "metadata": {"k": [1, {"x": None}]}, "source": "observation",
+         "scope": "room", "confidence": 0.625, "access_count": 1, "score": 0.9}
+    assert out[0]["created_at"] == memory.get("a", p)["created_at"]
     assert ids(out) == [p] and out[0]["access_count"] == 1 and out[0]["accessed_at"] > before
     stored = memory.get("a", p)
     assert stored["access_count"] == 1 and stored["accessed_at"] == out[0]["accessed_at"]
@@ -279,3 +297,30 @@ def test_the_query_vector_is_cached_per_model_and_text(mem) -> None:  # type: ig
     memory.recall("a", "q")
     assert emb.calls == [["q"]]
     assert np.array_equal(memory.queries.get("test/scripted", "q", emb.embed), unit(1))
+    assert emb.calls == [["q"]], "the query vector is cached under the model's name"
+
+
+def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "q": unit(1)})
+    fid = memory.remember("a", "p", metadata={"k": 1})["id"]
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET metadata = '' WHERE id = ?", (fid,))
+    db.commit()
+    db.close()
+    assert memory.get("a", fid)["metadata"] == {}
+    assert memory.page("a", 5, 0)["memories"][0]["metadata"] == {}
+    assert memory.recall("a", "q")[0]["metadata"] == {}
+
+
+def test_near_tie_with_equal_creation_times_keeps_the_better_score(tmp_path: Path) -> None:
+    memory, emb, _ = new_memory(tmp_path)
+    emb.vectors.update({"q": unit(1), "a": at(0.5, 0, 1), "b": at(0.495, 0, 2)})
+    memory.remember("a", "a")
+    memory.remember("a", "b")
+    db = sqlite3.connect(str(tmp_path / "m.db"))
+    db.execute("UPDATE memory_fragments SET created_at = '2024-01-01 00:00:00.000000'")
+    db.commit()
+    db.close()
+    memory.invalidate()
+    assert [m["content"] for m in memory.recall("a", "q")] == ["a", "b"]

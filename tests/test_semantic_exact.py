@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,21 @@ def meta(memory, agent: str, fid: str) -> dict[str, str]:  # type: ignore[no-unt
 def test_thresholds_are_the_documented_values() -> None:
     assert DEDUP_THRESHOLD == 0.92, "BUG: dedup threshold is not cosine 0.92"
     assert SUPERSEDE_THRESHOLD == 0.85
+
+
+@pytest.mark.parametrize("word", ["not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot",
+                                  "without", "nowhere", "isn't", "can’t"])
+def test_each_negation_word(word: str) -> None:
+    assert contradicts("the shop opens on sundays", f"the shop {word} opens on sundays"), word
+    assert not contradicts(f"{word} shop opens", f"the shop {word} opens"), word
+
+
+@pytest.mark.parametrize("number,word", list(enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())))
+def test_each_number_word(number: int, word: str) -> None:
+    assert not contradicts(f"I have {word} apples", f"I have {number} apples"), word
+    assert contradicts(f"I have {word} apples", f"I have {number + 1} apples"), word
+    assert contradicts(f"I have {word} apples", "I have apples"), word
 
 
 @pytest.mark.parametrize("a,b,expected", [
@@ -99,8 +115,9 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
                           metadata={"checked": True, "topic": "animals"}, confidence=0.4)
     assert out == {"id": fid, "merged": True}
     (row,) = rows(memory, "a")
-    # Newer wording; source and scope of the kept row; confidence is the max, not the newer one.
-    assert row[:5] == (fid, "The dog is Rex", "document", "pets", 0.6)
+    # Newer wording; source and scope of the kept row; confidence is the max, not the newer one;
+    # a merge is not an access.
+    assert row[:6] == (fid, "The dog is Rex", "document", "pets", 0.6, 0)
     assert json.loads(row[8]) == {"topic": "animals", "gone": 1, "n": [1, 2], "checked": True}
     assert meta(memory, "a", fid) == {"topic": '"animals"', "gone": "1", "n": "[1,2]", "checked": "true"}
     blob, model, accessed = sql(memory, "SELECT embedding, model, accessed_at FROM memory_fragments WHERE id = ?",
@@ -114,6 +131,12 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
     # The index holds the new vector: a recall for it scores 1.0.
     assert memory.index("a").search(at(0.97), 1)[0].score == pytest.approx(1.0, abs=1e-6)
     assert changed == ["a", "a", "a"]
+    # Another fragment's metadata rows are not touched by the merge.
+    emb.vectors["Tom is the cat"] = unit(0, 0, 1)
+    cat = memory.remember("a", "Tom is the cat", metadata={"topic": "pets", "other": 1})["id"]
+    emb.vectors["The dog is named Rex"] = at(0.96)
+    memory.remember("a", "The dog is named Rex", scope="pets", metadata={"topic": "dogs"})
+    assert meta(memory, "a", cat) == {"topic": '"pets"', "other": "1"}
 
 
 def test_dedup_is_per_scope_and_per_agent(mem) -> None:  # type: ignore[no-untyped-def]
@@ -279,3 +302,192 @@ def test_lock_is_one_reentrant_lock_per_agent(mem) -> None:  # type: ignore[no-u
     with lock:
         with memory.lock("a"):  # re-entrant
             pass
+
+
+def test_an_index_built_while_another_daemon_writes_is_not_kept(tmp_path: Path) -> None:
+    """invalidate() during a rebuild (another daemon's write arriving): the rebuilt index is
+    used for that call but not kept, so the next call reads the rows again."""
+    first = ScriptedEmbedder(name="model/one")
+    first.vectors["p"] = unit(1)
+    writer, _, _ = new_memory(tmp_path, first)
+    writer.remember("a", "p")
+
+    class Racing(ScriptedEmbedder):
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            memory.invalidate("a")  # arrives while the rows are being read
+            return super().embed(texts)
+
+    racing = Racing(name="model/two")
+    racing.vectors["p"] = unit(1)
+    memory, _, _ = new_memory(tmp_path, racing)
+    for _ in range(2):  # a second invalidation during a second rebuild is noticed too
+        db = sqlite3.connect(str(tmp_path / "m.db"))
+        db.execute("UPDATE memory_fragments SET model = 'model/one'")  # stale again: embed() runs
+        db.commit()
+        db.close()
+        assert memory.index("a").ids == writer.loaded_ids("a")
+        assert memory.loaded_ids("a") is None, "BUG: an index read during another daemon's write was kept"
+    plain, _, _ = new_memory(tmp_path, ScriptedEmbedder(name="model/two"))
+    plain.invalidate("a")
+    plain.invalidate("a")
+    index = plain.index("a")
+    assert plain.index("a") is index and plain.loaded_ids("a") == index.ids
+
+
+def test_forget_agent_whose_index_is_not_loaded(mem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors["p"] = unit(1)
+    memory.remember("a", "p")
+    fresh, _, changed = new_memory(tmp_path, emb)
+    fresh.forget_agent("a")
+    assert changed == ["a"] and rows(fresh, "a") == [] and fresh.loaded_ids("a") is None
+
+
+@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many"])
+def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "q": unit(0, 1)})
+    fid = memory.remember("a", "p")["id"]
+    calls = {"forget_agent": lambda: memory.forget_agent("a"), "delete": lambda: memory.delete("a", fid),
+             "remember": lambda: memory.remember("a", "q"),
+             "remember_many": lambda: memory.remember_many("a", [{"content": "q"}])}
+    worker = threading.Thread(target=calls[operation])
+    with memory.lock("a"):
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive(), f"BUG: {operation} ran while another write held the agent's lock"
+    worker.join(60)
+    assert not worker.is_alive()
+
+
+def index_row(memory, agent: str, fid: str) -> tuple:  # type: ignore[no-untyped-def]
+    """(created, confidence, source, scope) of a fragment as its agent's index holds them."""
+    from agentd.memory.vectors import _SOURCE_CODE
+
+    index = memory.index(agent)
+    row = index.pos[fid]
+    source = {c: s for s, c in _SOURCE_CODE.items()}[int(index.source[row])]
+    scope = {c: s for s, c in index.scope_codes.items()}[int(index.scope[row])]
+    return float(index.created[row]), round(float(index.confidence[row]), 6), source, scope
+
+
+def stored_epoch(memory, fid: str) -> float:  # type: ignore[no-untyped-def]
+    return datetime.fromisoformat(memory.get(memory_agent(memory, fid), fid)["created_at"]).timestamp()
+
+
+def memory_agent(memory, fid: str) -> str:  # type: ignore[no-untyped-def]
+    return sql(memory, "SELECT agent_id FROM memory_fragments WHERE id = ?", fid)[0][0]
+
+
+def test_the_index_holds_each_fragments_filter_columns(mem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "pp": at(0.95), "r": unit(0, 0, 1), "s": unit(0, 0, 0, 1)})
+    p = memory.remember("a", "p", source="document", scope="work", confidence=0.25)["id"]
+    r = memory.remember_many("a", [{"content": "r", "source": "system", "scope": "home", "confidence": 0.5}])[0]["id"]
+    assert index_row(memory, "a", p) == (stored_epoch(memory, p), 0.25, "document", "work")
+    assert index_row(memory, "a", r) == (stored_epoch(memory, r), 0.5, "system", "home")
+    # A merge: the kept row's time, source and scope, the higher confidence.
+    assert memory.remember("a", "pp", source="inference", scope="work", confidence=0.75)["merged"] is True
+    assert index_row(memory, "a", p) == (stored_epoch(memory, p), 0.75, "document", "work")
+    # The same columns after a rebuild from the store.
+    again, _, _ = new_memory(tmp_path, emb)
+    assert index_row(again, "a", p) == (stored_epoch(memory, p), 0.75, "document", "work")
+    assert index_row(again, "a", r) == (stored_epoch(memory, r), 0.5, "system", "home")
+
+
+def test_a_row_without_a_vector_is_embedded_on_rebuild(tmp_path: Path) -> None:
+    memory, emb, _ = new_memory(tmp_path)
+    emb.vectors.update({"p": unit(1), "q": unit(0, 1)})
+    p = memory.remember("a", "p")["id"]
+    q = memory.remember("a", "q")["id"]
+    db = sqlite3.connect(str(tmp_path / "m.db"))
+    db.execute("UPDATE memory_fragments SET embedding = NULL WHERE id = ?", (q,))
+    db.commit()
+    db.close()
+    fresh_emb = ScriptedEmbedder()
+    fresh_emb.vectors.update({"q": unit(0, 0, 1)})
+    again, _, _ = new_memory(tmp_path, fresh_emb)
+    index = again.index("a")
+    assert fresh_emb.calls == [["q"]], "only the row without a vector is embedded"
+    assert index.ids == [p, q]
+    assert index.search(unit(1), 1)[0].id == p and index.search(unit(0, 0, 1), 1)[0].id == q
+    assert index.search(unit(0, 0, 1), 1)[0].score == pytest.approx(1.0, abs=1e-6)
+
+
+class Undeclared(ScriptedEmbedder):
+    """An embedder that learns its size from its first answer (a provider's)."""
+
+    @property
+    def dimensions(self):  # type: ignore[no-untyped-def]
+        return None
+
+
+def test_rebuild_sizes_without_a_declared_dimension(tmp_path: Path) -> None:
+    seed = ScriptedEmbedder(dims=6)
+    seed.vectors["p"] = unit(1, dims=6)
+    writer, _, _ = new_memory(tmp_path, seed)
+    writer.remember("a", "p")
+    same = Undeclared(dims=6)  # same name: the stored vectors are kept; their size is the index's
+    reader, _, _ = new_memory(tmp_path, same)
+    assert reader.index("a").dimensions == 6 and same.calls == []
+    other = Undeclared(name="model/other", dims=5)  # re-embedded: the new vectors' size
+    other.vectors["p"] = unit(1, dims=5)
+    third, _, _ = new_memory(tmp_path, other)
+    assert third.index("a").dimensions == 5
+    assert third.index("nobody").dimensions == 384, "no rows, no size: the local model's 384"
+
+
+def test_without_a_change_listener(tmp_path: Path) -> None:
+    from agentd.memory.semantic import SemanticMemory
+    from agentd.store import open_store
+
+    emb = ScriptedEmbedder()
+    emb.vectors["p"] = unit(1)
+    memory = SemanticMemory(open_store(tmp_path / "n.db"), lambda: emb)
+    assert memory.changed is None
+    fid = memory.remember("a", "p")["id"]
+    memory.remember_many("a", [{"content": "p"}])
+    memory.delete("a", fid)
+    memory.forget_agent("a")
+    assert memory.count("a") == 0
+
+
+def test_a_match_deleted_behind_the_index_is_passed_over(mem) -> None:  # type: ignore[no-untyped-def]
+    """Two close rows in one scope; another daemon deleted the best one: the next one takes the merge."""
+    memory, emb, _ = mem
+    emb.vectors.update({"tea": unit(1), "green tea": at(0.9), "tea again": at(0.97)})
+    keep = memory.remember("a", "tea")["id"]
+    gone = memory.remember("a", "green tea")["id"]  # 0.9 from "tea": kept apart
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("DELETE FROM memory_fragments WHERE id = ?", (gone,))
+    db.commit()
+    db.close()
+    # "tea again": 0.993 to the deleted row, 0.97 to "tea": merged into "tea".
+    assert memory.remember("a", "tea again") == {"id": keep, "merged": True}
+
+
+def test_merge_into_a_fragment_id_another_agent_also_has(mem) -> None:  # type: ignore[no-untyped-def]
+    """Import keeps ids, so two agents can hold the same fragment id: a merge touches only its own."""
+    from agentd.memory.graph import KnowledgeGraph
+    from agentd.memory.portable import import_doc
+
+    memory, emb, _ = mem
+    emb.vectors.update({"Rex is the dog": unit(1), "The dog is Rex": at(0.95)})
+    doc = {"format": "agentd.memory", "version": 1, "embedding_model": "test/scripted", "entities": [],
+           "relations": [], "memories": [{"id": "same", "content": "Rex is the dog", "source": "document",
+                                          "scope": "semantic", "confidence": 0.5, "metadata": {"k": 1},
+                                          "created_at": "2024-01-01T00:00:00Z", "embedding": unit(1).tolist()}]}
+    graph = KnowledgeGraph(memory.store)
+    for agent in ("a", "b"):
+        assert import_doc(memory, graph, agent, json.loads(json.dumps(doc)))["memories_imported"] == 1
+    # An empty metadata column (a row written by another tool) merges as {}.
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET metadata = '' WHERE agent_id = 'b'")
+    db.commit()
+    db.close()
+    assert memory.remember("b", "The dog is Rex", metadata={"j": 2}) == {"id": "same", "merged": True}
+    assert rows(memory, "b")[0][1] == "The dog is Rex" and json.loads(rows(memory, "b")[0][8]) == {"j": 2}
+    assert rows(memory, "a")[0][1] == "Rex is the dog" and json.loads(rows(memory, "a")[0][8]) == {"k": 1}
+    assert meta(memory, "a", "same") == {"k": "1"} and meta(memory, "b", "same") == {"j": "2"}

@@ -19,13 +19,11 @@ from pony import orm
 from agentd.agents.shared_approvals import POLL_SECS, SharedApprovalQueue
 from agentd.errors import Conflict, NotFound
 from agentd.store import open_store
-from agentd.store.leases import ensure_tables
 
 
 @pytest.fixture()
 def store(tmp_path):
-    s = open_store(tmp_path / "agentd.db")
-    ensure_tables(s)
+    s = open_store(tmp_path / "agentd.db")   # migrations create cluster_approvals
     yield s
     s.close()
 
@@ -53,6 +51,9 @@ def test_a_request_is_one_row_every_daemon_lists(store) -> None:
     a, b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
     approval = a.request("a1", "alpha", "file_write", {"path": "é.txt", "n": 1})
     assert re.fullmatch(r"[0-9a-f]{32}", approval.id)
+    assert (approval.agent_id, approval.agent_name, approval.tool, approval.input, approval.decision) == \
+        ("a1", "alpha", "file_write", {"path": "é.txt", "n": 1}, None), "BUG: the waiter's own approval is wrong"
+    assert a._pending == {approval.id: approval}
     assert rows(store) == [(approval.id, "a1", "alpha", "file_write", '{"path": "é.txt", "n": 1}',
                             approval.requested_at, "A", None)], "BUG: the stored approval row is wrong"
     expected = [{"id": approval.id, "agent_id": "a1", "agent_name": "alpha", "tool": "file_write",
@@ -81,6 +82,7 @@ def test_a_decision_on_another_daemon_reaches_the_waiter(store) -> None:
             decided.decision) == (approval.id, "a1", "alpha", "t", {"x": 1}, approval.requested_at, "rejected")
     assert a.wait(approval, 30) == "rejected" and approval.decision == "rejected"
     assert rows(store) == [], "BUG: a finished approval stays in the table"
+    assert a._pending == {}, "BUG: finished approvals pile up in the daemon's memory"
     with pytest.raises(NotFound, match="^approval not found$"):
         b.approve(approval.id)
 
@@ -188,3 +190,24 @@ def test_stopping_an_agent_cancels_its_calls_on_every_daemon(store) -> None:
     assert mine._event.is_set() and not other._event.is_set(), "BUG: the local waiter is not woken"
     assert a.wait(mine, 60) == "cancelled"
     assert [p["id"] for p in b.pending()] == [other.id]
+
+
+class StopThatDecides:
+    """A run's cancel flag that is found set just as a human on another daemon decides."""
+
+    def __init__(self, decide) -> None:
+        self.decide = decide
+
+    def is_set(self) -> bool:
+        if self.decide is not None:
+            decide, self.decide = self.decide, None
+            decide()
+        return True
+
+
+def test_a_decision_landing_as_the_run_is_stopped_holds(store) -> None:
+    a, b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
+    approval = a.request("a1", "alpha", "t", {})
+    assert a.wait(approval, 60, StopThatDecides(lambda: b.approve(approval.id))) == "approved", \
+        "BUG: a stop racing a human's decision overwrote it"
+    assert approval.decision == "approved" and rows(store) == [] and a._pending == {}

@@ -25,11 +25,17 @@ def raw_body(max_bytes: int) -> bytes:
     """The request body, refusing more than `max_bytes` (declared or streamed)."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise PayloadTooLarge(f"request body too large: {request.content_length} bytes (limit {max_bytes})")
-    request.max_content_length = max_bytes
+    # A body without Content-Length (chunked) is streamed: werkzeug stops reading at the
+    # limit and returns what it read, so read one byte more to tell "at" from "past" it.
+    request.max_content_length = max_bytes + 1
+    too_large = f"request body too large (limit {max_bytes} bytes)"
     try:
-        return request.get_data(cache=True)
+        data = request.get_data(cache=True)
     except RequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)") from None
+        raise PayloadTooLarge(too_large) from None
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(too_large)
+    return data
 
 
 def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) -> Any:
@@ -39,7 +45,7 @@ def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) ->
         if allow_empty:
             return None
         raise BadRequest("request body is empty; expected JSON")
-    mimetype = request.mimetype or ""
+    mimetype = request.mimetype
     if mimetype != "application/json" and not mimetype.endswith("+json"):
         raise UnsupportedMediaType(
             f"Content-Type must be application/json (got {request.content_type or 'none'})")

@@ -37,7 +37,7 @@ def host_name(host_header: str) -> str:
         end = host.find("]")
         return host[1:end] if end > 0 else host
     if host.count(":") == 1:
-        host = host.split(":", 1)[0]
+        host = host.partition(":")[0]
     return host.rstrip(".")
 
 
@@ -54,7 +54,7 @@ class HostPolicy:
     """Which Host headers the daemon answers."""
 
     def __init__(self, listen_host: str, allowed: Iterable[str]) -> None:
-        self.listen_host = host_name(listen_host) if listen_host else ""
+        self.listen_host = host_name(listen_host)
         self.any = False
         self.exact: set[str] = set()
         self.patterns: list[str] = []
@@ -64,7 +64,8 @@ class HostPolicy:
                 self.any = True
             elif "*" in entry:
                 self.patterns.append(entry)
-            elif entry:
+            else:
+                # A blank entry adds "", which never matches: an empty name is refused first.
                 self.exact.add(host_name(entry))
 
     def allows(self, host_header: str | None) -> bool:
@@ -102,12 +103,11 @@ class OriginPolicy:
             normalized = origin.strip().rstrip("/").lower()
             # `Origin: null` (sandboxed frames, file: pages) is never trusted.
             return not (normalized == own_origin.lower() or normalized in self.trusted)
-        return (fetch_site or "").strip().lower() in CROSS_SITE_VALUES
+        return fetch_site is not None and fetch_site.strip().lower() in CROSS_SITE_VALUES
 
 
 def _own_origin() -> str:
-    scheme = request.scheme or "http"
-    return f"{scheme}://{request.host}"
+    return f"{request.scheme}://{request.host}"
 
 
 def install_guard(app: Flask, config: Config) -> None:

@@ -35,7 +35,9 @@ def is_loopback(addr: str | None) -> bool:
     if not addr:
         return False
     try:
-        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        # Python parses an IPv6 scope id itself (`::1%lo` is loopback); an IPv4 address
+        # never carries one, so `127.0.0.1%x` is no address at all.
+        ip = ipaddress.ip_address(addr)
     except ValueError:
         return False
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
@@ -67,8 +69,7 @@ def _presented_key() -> str | None:
         return auth[7:].strip()
     if "X-API-Key" in request.headers:
         return request.headers["X-API-Key"].strip()
-    token = request.args.get("token")
-    return token if token is not None else None
+    return request.args.get("token")
 
 
 def is_authorized(config: Config) -> bool:

@@ -49,6 +49,8 @@ FORWARDED_KEYS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORW
 PEER_KEY = "agentd.proxy_peer"
 
 _HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{1,5})?$")
+# A forwarded port: ASCII digits only (str.isdigit also accepts "０" and "²").
+_PORT_RE = re.compile(r"^[0-9]{1,5}$")
 _PREFIX_RE = re.compile(r"^(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+/?$")
 
 
@@ -56,7 +58,7 @@ def _last(value: str | None) -> str:
     """The right-most comma-separated item of a header ('' when absent)."""
     if not value:
         return ""
-    return value.rsplit(",", 1)[-1].strip()
+    return value.rpartition(",")[2].strip()
 
 
 class ProxyHeaders:
@@ -105,7 +107,7 @@ class ProxyHeaders:
             environ["REMOTE_HOST"] = client
         if proto in ("http", "https"):
             environ["wsgi.url_scheme"] = proto
-        if port and not port.isdigit():
+        if not _PORT_RE.match(port):
             port = ""
         if host or port:
             self._set_host(environ, host or environ.get("HTTP_HOST", ""), port)

@@ -10,6 +10,7 @@ dedup decision and the insert it leads to cannot interleave with another write.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -31,6 +32,9 @@ from agentd.memory.vectors import AgentIndex
 from agentd.store import Store
 
 DEDUP_THRESHOLD = 0.92
+# Generation numbers of invalidated indexes: one counter for all agents, so a number is never
+# handed out twice (an index build compares the number before and after it reads the rows).
+_GENERATIONS = itertools.count(1)
 # A contradicting fragment this close to an older one supersedes it: both are kept and the
 # newer one ranks first whenever both are recalled.
 SUPERSEDE_THRESHOLD = 0.85
@@ -82,7 +86,7 @@ class SemanticMemory(Recall):
         with self._guard:
             ids = list(self._indexes) if agent_id is None else [agent_id]
             for key in ids:
-                self._generation[key] = self._generation.get(key, 0) + 1
+                self._generation[key] = next(_GENERATIONS)
                 self._indexes.pop(key, None)
 
     @property
@@ -135,7 +139,7 @@ class SemanticMemory(Recall):
         dims = embedder.dimensions or (len(next(iter(fresh.values()))) if fresh else None)
         if dims is None:
             dims = len(rows[0][1]) // 4 if rows else 384
-        index = AgentIndex(dims, capacity=max(64, len(rows)))
+        index = AgentIndex(dims)  # bulk() grows it to the rows' count in one step
         if rows:
             matrix = np.frombuffer(b"".join(fresh[r[0]].astype("<f4").tobytes() if r[0] in fresh else r[1]
                                             for r in rows), dtype="<f4").reshape(len(rows), dims)
