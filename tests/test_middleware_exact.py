@@ -44,3 +44,19 @@ def test_the_start_gates_limiter_is_used(tmp_path) -> None:
     r = client.get("/api/ping")
     assert r.status_code == 429, "BUG: the app started a fresh rate-limit budget instead of the start gate's"
     assert r.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_dashboard_sessions_use_the_configured_key(tmp_path) -> None:
+    """A login cookie signed before a restart (same api_key) still reads in the new app."""
+    from flask import Flask
+
+    from agentd.api import dashauth
+    from agentd.api.middleware import install_middleware
+    from agentd.config import parse_config
+
+    config = parse_config({"api_key": "mw-k3y"}, tmp_path)
+    app = Flask("sessions-test")
+    install_middleware(app, config)
+    cookie, data = dashauth.Sessions("mw-k3y").issue(authenticated=True)
+    assert app.extensions["agentd.sessions"].read(cookie) == data, \
+        "BUG: the dashboard's sessions are not signed with the configured API key"
