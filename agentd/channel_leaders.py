@@ -16,7 +16,6 @@ import logging
 import time
 from typing import Any
 
-from agentd.channels import adapters as registry
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
 
@@ -60,7 +59,7 @@ class ChannelLeaders:
                     log.warning("channel %s: leader lease lost; stopping it here", name)
                     channels._stop(name, reason="leader lease lost")
             for name in list(channels.sections):
-                if name in channels.running or registry.load(name) is None:
+                if name in channels.running:
                     continue
                 if time.monotonic() - self._failed.get(name, -RETRY_FAILED_SECS) < RETRY_FAILED_SECS:
                     continue  # it failed to start here a moment ago: do not flood the audit trail

@@ -32,7 +32,7 @@ from pony import orm
 
 from agentd.errors import AgentdError, ConfigError, Conflict
 from agentd.store import Store
-from agentd.store.leases import Lease, Leases, RunLog, ensure_tables, is_shared, relaxed_commit
+from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 
 log = logging.getLogger("agentd.cluster")
 
@@ -87,11 +87,12 @@ class Cluster:
         self.id = settings.daemon_id
         self.listen = listen
         self.shared = is_shared(store)
-        ensure_tables(store)
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
         self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
+        # The kernel's audit trail (AuditLog.record): runs failed by the reaper are recorded there.
+        self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
         # Set when this daemon shuts down (the kernel's `stopping`): stopping its own agents
         # then must not ask other daemons to stop theirs.
         self.leaving = threading.Event()
@@ -282,6 +283,10 @@ class Cluster:
         for run_id, agent_id, daemon in self.runs.reap():
             log.warning("run %s of agent %s failed: daemon %s stopped renewing its lease", run_id, agent_id, daemon)
             self._cancel_approvals_of(daemon)
+            self._audit("agent.run_failed", agent_id, {"run_id": run_id, "daemon_id": daemon})
+        for run_id, daemon, error in self.runs.reap_workflow_runs(self.id, secs):
+            log.warning("workflow run %s failed: daemon %s stopped while it was in progress", run_id, daemon)
+            self._audit("workflow.run_failed", run_id, {"daemon_id": daemon, "error": error})
         for run_id in self.runs.stop_requests(self.id):
             with self._lock:
                 run = self._local.get(run_id)
@@ -299,6 +304,10 @@ class Cluster:
                 # Approvals decided for runs that died with their daemon (others delete their own).
                 self.store.db.execute("DELETE FROM cluster_approvals WHERE decided_at < $t",
                                       {"t": time.time() - 86400})
+
+    def _audit(self, event: str, subject: str, detail: dict[str, Any]) -> None:
+        if self.audit is not None:
+            self.audit(event, subject, detail)
 
     def _beat_daemon(self, started: bool = False) -> None:
         now = time.time()

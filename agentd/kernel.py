@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,6 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
-from agentd.llm.drivers import active_calls
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
@@ -37,6 +37,12 @@ from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster, cluster_settings
 
 log = logging.getLogger("agentd.kernel")
+
+
+def _model_calls_in_flight() -> int:
+    """Model calls holding a connection; the drivers load on the first call (none before)."""
+    drivers = sys.modules.get("agentd.llm.drivers")
+    return drivers.active_calls() if drivers is not None else 0
 
 
 class Kernel:
@@ -98,11 +104,14 @@ class Kernel:
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
-        self.workflows = WorkflowEngine(store, self.agents, self.executor)
-        # No run survives a restart: runs left `running` by a crash are marked failed now.
+        self.workflows = WorkflowEngine(store, self.agents, self.executor, daemon_id=self.cluster.id,
+                                        shared=self.cluster.shared)
+        # No run survives a restart: runs this daemon left `running` by a crash are marked
+        # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
         # Audit trail + channels (agentd/audit.py, agentd/channels/).
         self.audit = AuditLog(store)
+        self.cluster.audit = self.audit.record
         self.agents.audit_hook = self.audit.record
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
@@ -196,7 +205,7 @@ class Kernel:
             "started_at": iso(self.started_at),
             # Every live thread of the process, and the model calls holding a connection.
             "process_threads": threading.active_count(),
-            "model_calls_in_flight": active_calls(),
+            "model_calls_in_flight": _model_calls_in_flight(),
         }
 
     @staticmethod

@@ -60,7 +60,7 @@ class Metering:
         self._period_start, self._period_end = month_bounds(self._now())
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
-        self._limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        self._limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
         # Several daemons share the database (set by the kernel): the totals and the limit
         # are read from it on every check, since other daemons spend and set them too.
         self.shared = False
@@ -70,7 +70,7 @@ class Metering:
         if not self.shared:
             return
         spent = self._sum_cost(self._period_start, self._period_end)
-        limit = float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
+        limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
         with self._lock:
             self._spent, self._limit = spent, limit
 
@@ -99,9 +99,8 @@ class Metering:
                 self.store.db.execute(_INSERT_USAGE, {}, row)
         with self._lock:
             self._roll(now)
-            before = self._spent
             self._spent += cost or 0.0
-            self._maybe_alert(before, self._spent, now)
+            self._maybe_alert(self._spent, now)
         return cost
 
     def write_rows(self, rows: list[dict[str, Any]]) -> None:
@@ -123,7 +122,7 @@ class Metering:
         self.store.set_setting("budget_limit_usd", float(limit_usd))
         with self._lock:
             self._limit = float(limit_usd)
-            self._maybe_alert(0.0, self._spent, self._now())
+            self._maybe_alert(self._spent, self._now())
 
     def follow_limit(self, limit_usd: float) -> None:
         """Take over a limit another daemon set on a shared database (no write back)."""
@@ -133,11 +132,12 @@ class Metering:
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
 
-    def _maybe_alert(self, before: float, after: float, now: datetime) -> None:
+    def _maybe_alert(self, after: float, now: datetime) -> None:
+        # Alerts depend on the total after a call only; each level fires once per period.
         limit = self.limit_usd
         if limit <= 0:
             return
-        alerts = self.store.get_setting(self._alerts_key(), []) or []
+        alerts = self.store.get_setting(self._alerts_key()) or []
         seen = {a["level"] for a in alerts}
         for fraction, level, message in ALERT_LEVELS:
             if after >= limit * fraction and level not in seen:
@@ -172,11 +172,11 @@ class Metering:
             self._roll(now)
             start, end, spent = self._period_start, self._period_end, self._spent
         limit = self.limit_usd
-        alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}", []) or []
-        # Always numbers (no limit: limit_usd 0 and remaining_usd 0, as the original reports);
-        # `limited` tells "no limit" apart from "exhausted".
+        alerts = self.store.get_setting(f"budget_alerts:{start.date().isoformat()}") or []
+        # Always numbers (no limit: limit_usd 0 and remaining_usd 0, as the original reports:
+        # with a limit of 0 the max() below is 0); `limited` tells "no limit" apart from "exhausted".
         return {"limit_usd": limit, "spent_usd": round(spent, 10),
-                "remaining_usd": round(max(0.0, limit - spent), 10) if limit > 0 else 0.0,
+                "remaining_usd": round(max(0.0, limit - spent), 10),
                 "limited": limit > 0,
                 "period_start": iso(start), "period_end": iso(end),
                 "alerts": [a for a in alerts if limit > 0]}

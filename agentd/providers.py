@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import requests
-
 from agentd.agents.manager import AgentManager
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, NotFound
@@ -73,6 +71,8 @@ def validate_url(url: Any) -> str:
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("base_url must be a non-empty string")
     problem = f"base_url must be an http:// or https:// URL with a host, got {url!r}"
+    import requests  # here, not at start: requests loads with the first use that needs it
+
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url.strip()):
         raise BadRequest(problem)
     try:
@@ -181,6 +181,8 @@ class ProviderKeys:
             url = f"{base}/models"
             if key:
                 headers = {"Authorization": f"Bearer {key}"}
+        import requests
+
         started = time.perf_counter()
         try:
             response = requests.get(url, headers=headers, params=params, timeout=TEST_TIMEOUT)

@@ -48,18 +48,39 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py"],
     "agentd/memory/kv.py": ["tests/test_core_exact.py",
                             "tests/test_guards_daemon.py::test_kv_same_key_isolated_between_agents"],
-    "agentd/metering.py": ["tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
+    "agentd/metering.py": ["tests/test_metering_exact.py", "tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
     "agentd/agents/loop_guard.py": ["tests/test_core_exact.py",
                                     "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
-    "agentd/agents/approvals.py": ["tests/test_agents.py::test_manual_mode_waits_for_approval",
+    "agentd/agents/approvals.py": ["tests/test_approvals_exact.py", "tests/test_agents.py::test_manual_mode_waits_for_approval",
                                    "tests/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
     "agentd/agents/tools/files.py": ["tests/test_tools.py", "tests/test_tool_files_exact.py"],
     "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
     "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
-    "agentd/api/sse.py": ["tests/test_transports.py"],
+    "agentd/agents/shared.py": ["tests/test_agents_shared_exact.py"],
+    "agentd/agents/shared_approvals.py": ["tests/test_shared_approvals_exact.py",
+                                          "tests/test_cluster_units.py::test_approval_decided_by_another_daemon[sqlite]"],
+    "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
+    # Workflow runs: the real daemon (test_workflows.py) plus owners, recovery and the reaper in-process.
+    "agentd/workflows/engine.py": ["tests/test_workflows.py",
+                                   "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
+    "agentd/workflows/steps.py": ["tests/test_workflows.py"],
+    "agentd/workflows/store.py": ["tests/test_workflow_store_exact.py",
+                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only",
+                                  "tests/test_workflows.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
+    # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
+    # a scripted embedder so scores sit exactly at the thresholds.
+    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_portable_exact.py",
+                                  "tests/test_maintenance_exact.py"],
+    "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
+    "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
+    "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
+    "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
+    "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
+    "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
+    "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
     # The API layer's request guard, body parsing and proxy headers (mut-api).
     # guard.py in process only: test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
@@ -75,6 +96,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
+                                          "tests/test_driver_formats_exact.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import requests
 
 from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home
@@ -52,6 +53,18 @@ def wait_active(daemon: Daemon, name: str, timeout: float = 30.0) -> None:
 def remove(daemon: Daemon, name: str) -> None:
     response = daemon.delete(f"/api/channels/{name}/configure")
     assert response.status_code == 200, response.text
+
+
+def stop_closes_the_listener(daemon: Daemon, name: str, send: Callable[[], Any], **keys: Any) -> None:
+    """Removing channel `name` stops it and closes its webhook port (`send()` posts there and
+    must fail to connect); with `keys`, configuring it again brings it back."""
+    remove(daemon, name)
+    assert channel(daemon, name)["active"] is False
+    with pytest.raises(requests.ConnectionError):
+        send()
+    if keys:
+        configure(daemon, name, **keys)
+        wait_active(daemon, name)
 
 
 def start_channel_daemon(root: Path, fake_llm, env: dict[str, str] | None = None,

@@ -161,3 +161,156 @@ def test_a_fresh_guard_has_seen_nothing_and_leaves_no_trace() -> None:
     with guarded(g):
         assert guard_mod.current_guard() is g
     assert guard_mod.current_guard() is None, "BUG: a finished call leaves its guard on the thread"
+
+
+class _KeepAlive(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep the connection open between requests
+    seen: list = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).seen.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def _keepalive_server():
+    _KeepAlive.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_kept_alive_connection_is_reported_as_reused() -> None:
+    server = _keepalive_server()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        results = []
+
+        def calls() -> None:  # a thread of its own: a fresh session, so the first connection is new
+            for path in ("/one", "/two"):
+                g = fresh()
+                with guarded(g):
+                    session().post(url + path, data=b"x", timeout=5).close()
+                results.append((g.sent, g.reused))
+
+        t = threading.Thread(target=calls)
+        t.start()
+        t.join(10)
+        assert results == [(True, False), (True, True)], \
+            "BUG: a request on a kept-alive connection is not marked as reused (or a new one is)"
+        assert _KeepAlive.seen == ["/one", "/two"]
+    finally:
+        server.shutdown()
+
+
+def test_a_call_cancelled_before_sending_never_reaches_the_provider() -> None:
+    """On a kept-alive connection the socket exists before the request is written: a guard
+    that already tripped shuts it down first, so the provider never sees the request."""
+    server = _keepalive_server()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        outcome: list = []
+
+        def calls() -> None:
+            with guarded(fresh()):
+                session().post(url + "/first", data=b"x", timeout=5).close()
+            late = fresh()
+            late.trip("cancelled")
+            with guarded(late):
+                try:
+                    session().post(url + "/cancelled", data=b"x", timeout=5).close()
+                    outcome.append("answered")
+                except Exception:  # noqa: BLE001 - the interrupted send fails in urllib3 or requests
+                    outcome.append("failed")
+            outcome.append(late.sent)
+
+        t = threading.Thread(target=calls)
+        t.start()
+        t.join(10)
+        time.sleep(0.2)  # let the server handle whatever reached it
+        assert outcome == ["failed", False] and _KeepAlive.seen == ["/first"], \
+            "BUG: a cancelled call was still sent on a kept-alive connection"
+    finally:
+        server.shutdown()
+
+
+def test_the_watchdog_sleeps_until_a_call_starts_even_after_a_stale_wake() -> None:
+    dog = guard_mod._Watchdog.__new__(guard_mod._Watchdog)
+    dog._guards, dog._lock, dog._wake = set(), threading.Lock(), threading.Event()
+    dog._wake.set()  # left over from an earlier call that has ended
+    t = threading.Thread(target=dog._tick, daemon=True)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive(), "BUG: the idle watchdog spins instead of waiting for a call"
+    g = fresh(deadline_in=-1)
+    dog.add(g)
+    t.join(5)
+    assert not t.is_alive() and g.reason is None  # woken; the guard is checked on the next pass
+    dog._tick()
+    assert g.reason == "timeout" and dog.active() == 1
+    dog.remove(g)
+    assert dog.active() == 0
+
+
+def test_no_calls_are_counted_before_the_watchdog_exists() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = guard_mod._watchdog is None and drivers.active_calls() == 0
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1", "BUG: calls counted in a process that made none"
+    os.close(read)
+    os.close(write)
+
+
+def test_interrupting_a_closed_socket_is_harmless() -> None:
+    a, b = socket.socketpair()
+    g = fresh()
+    g.attach(a)
+    a.close()
+    b.close()
+    g.trip("cancelled")  # shutdown on a closed socket raises OSError inside: swallowed
+    assert g.reason == "cancelled"
+
+
+def test_a_new_watchdog_runs_its_own_daemon_thread_and_enforces_deadlines() -> None:
+    dog = guard_mod._Watchdog()   # not the shared one: this test covers its construction
+    assert dog._thread.is_alive() and dog._thread.daemon is True and dog._thread.name == "agentd-llm-watchdog", \
+        "BUG: the watchdog thread is not a named daemon thread"
+    g = fresh(deadline_in=0.1)
+    dog.add(g)
+    waited = time.monotonic()
+    while g.reason is None and time.monotonic() - waited < 10:
+        time.sleep(0.02)
+    dog.remove(g)
+    assert g.reason == "timeout", "BUG: a new watchdog does not check its guards"
+
+
+def test_forgetting_the_watchdog_starts_a_fresh_one_with_a_fresh_lock() -> None:
+    old, old_lock = guard_mod.watchdog(), guard_mod._watchdog_lock
+    try:
+        guard_mod._forget_watchdog()   # what a forked child runs
+        assert guard_mod._watchdog is None and guard_mod.active_calls() == 0
+        assert guard_mod._watchdog_lock is not old_lock and not guard_mod._watchdog_lock.locked(), \
+            "BUG: a forked child keeps a lock that may have been held at fork time"
+        new = guard_mod.watchdog()
+        assert new is not old and new._thread.is_alive() and guard_mod.watchdog() is new
+    finally:
+        guard_mod._watchdog, guard_mod._watchdog_lock = old, old_lock
+
+
+def test_adapter_settings_reach_the_pools() -> None:
+    adapter = GuardedAdapter(pool_connections=3, pool_maxsize=5, pool_block=True)
+    assert adapter.poolmanager.connection_pool_kw["block"] is True and adapter.poolmanager.connection_pool_kw[
+        "maxsize"] == 5, "BUG: the adapter drops pool settings"
+    proxied = adapter.proxy_manager_for("http://127.0.0.1:3129", retries=7)
+    assert proxied.connection_pool_kw["retries"].total == 7 and proxied.connection_pool_kw["block"] is True

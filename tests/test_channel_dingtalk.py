@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
-from channel_fixtures import channel_daemon  # noqa: F401
+from channel_fixtures import channel_daemon, stop_closes_the_listener  # noqa: F401
 from fakes.dingtalk import FakeDingTalk, sign
 from support import free_port
 from webhook_contract import threads_end
@@ -95,12 +95,8 @@ def test_allow_list_and_429(channel_daemon, dingtalk):
 
 def test_stop_closes_the_listener(channel_daemon, dingtalk):
     fake, url, port = dingtalk
-    remove(channel_daemon, "dingtalk")
-    assert channel(channel_daemon, "dingtalk")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, fake.callback("gone", "staff01"))
-    configure(channel_daemon, "dingtalk", webhook_port=port, api_url=fake.url)
-    wait_active(channel_daemon, "dingtalk")
+    stop_closes_the_listener(channel_daemon, "dingtalk", lambda: post(url, fake.callback("gone", "staff01")),
+                             webhook_port=port, api_url=fake.url)
 
 
 def test_stop_ends_every_thread_in_process():

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, start_channel_daemon  # noqa: F401
-from channel_fixtures import wait_active, wait_for
+from channel_fixtures import stop_closes_the_listener, wait_active, wait_for
 from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from support import free_port
 from webhook_contract import threads_end
@@ -130,12 +130,8 @@ def test_missing_project_number_is_refused_with_a_reason(gchat_daemon):
 
 def test_stop_closes_the_listener(gchat_daemon, gchat):
     fake, url, port = gchat
-    remove(gchat_daemon, "google_chat")
-    assert channel(gchat_daemon, "google_chat")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, fake.event("gone", "111"), fake.token())
-    configure(gchat_daemon, "google_chat", **keys(fake, port))
-    wait_active(gchat_daemon, "google_chat")
+    stop_closes_the_listener(gchat_daemon, "google_chat", lambda: post(url, fake.event("gone", "111"), fake.token()),
+                             **keys(fake, port))
 
 
 def test_stop_ends_every_thread_in_process():

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
-from channel_fixtures import channel_daemon  # noqa: F401
+from channel_fixtures import channel_daemon, stop_closes_the_listener  # noqa: F401
 from fakes.line import FakeLine, event, signature
 from support import free_port
 
@@ -85,9 +85,5 @@ def test_rate_limited_send_is_retried_after_retry_after(channel_daemon, line):
 
 def test_stop_closes_the_listener(channel_daemon, line):
     fake, url = line
-    remove(channel_daemon, "line")
-    assert channel(channel_daemon, "line")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, event("gone", "Uann"))
-    configure(channel_daemon, "line", webhook_port=int(url.split(":")[2].split("/")[0]), api_url=fake.url)
-    wait_active(channel_daemon, "line")  # the fixture removes it again
+    stop_closes_the_listener(channel_daemon, "line", lambda: post(url, event("gone", "Uann")),
+                             webhook_port=int(url.split(":")[2].split("/")[0]), api_url=fake.url)

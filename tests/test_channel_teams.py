@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
-from channel_fixtures import channel_daemon  # noqa: F401
+from channel_fixtures import channel_daemon, stop_closes_the_listener  # noqa: F401
 from fakes.teams import FakeBotFramework, new_key
 from support import free_port
 from webhook_contract import threads_end
@@ -116,12 +116,8 @@ def test_tenants_allow_list_and_429(channel_daemon, teams):
 
 def test_stop_closes_the_listener(channel_daemon, teams):
     fake, url, port = teams
-    remove(channel_daemon, "teams")
-    assert channel(channel_daemon, "teams")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, fake.activity("gone", "ann"), fake.token())
-    configure(channel_daemon, "teams", **keys(fake, port))
-    wait_active(channel_daemon, "teams")
+    stop_closes_the_listener(channel_daemon, "teams", lambda: post(url, fake.activity("gone", "ann"), fake.token()),
+                             **keys(fake, port))
 
 
 def test_stop_ends_every_thread_in_process():

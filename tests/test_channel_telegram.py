@@ -49,8 +49,10 @@ def test_allow_list_refusal(channel_daemon, telegram):
     telegram.user_says(601, "intruder", username="mallory")
     telegram.user_says(602, "member", username="ann")  # allowed by username
     wait_for(lambda: telegram.replies_to(602), what="reply to ann")
-    refused = [e for e in audit(channel_daemon, "channel.refused", "telegram") if e["detail"]["sender"] == "601"]
-    assert refused and telegram.replies_to(601) == []
+    # The audit row is written by the adapter's thread: wait for it rather than race it.
+    refused = wait_for(lambda: [e for e in audit(channel_daemon, "channel.refused", "telegram")
+                                if e["detail"]["sender"] == "601"], timeout=10, what="refusal audited")
+    assert refused[0]["detail"]["sender"] == "601" and telegram.replies_to(601) == []
 
 
 def test_rate_limited_send_is_retried(channel_daemon, telegram):

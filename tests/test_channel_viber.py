@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
-from channel_fixtures import channel_daemon  # noqa: F401
+from channel_fixtures import channel_daemon, stop_closes_the_listener  # noqa: F401
 from fakes.viber import FakeViber, event, signature
 from support import free_port
 
@@ -75,10 +75,7 @@ def test_allow_list_and_429(channel_daemon, viber):
 
 def test_stop_closes_the_listener_and_bad_token_fails_start(channel_daemon, viber):
     fake, url, port = viber
-    remove(channel_daemon, "viber")
-    assert channel(channel_daemon, "viber")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, event("gone", "u"))
+    stop_closes_the_listener(channel_daemon, "viber", lambda: post(url, event("gone", "u")))
     fake.token = "another-token"  # set_webhook refused: the adapter does not pretend to run
     configure(channel_daemon, "viber", webhook_port=port, api_url=fake.url, webhook_url=url)
     wait_for(lambda: audit(channel_daemon, "channel.start_failed", "viber"), what="start failure")

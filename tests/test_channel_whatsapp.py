@@ -9,9 +9,10 @@ import time
 import pytest
 import requests
 
-from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
+from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for
 from channel_fixtures import channel_daemon  # noqa: F401
-from fakes.whatsapp import PHONE_ID, FakeWhatsApp, event, signature
+from fakes.whatsapp import PHONE_ID, FakeWhatsApp, event
+import meta_webhook
 from support import free_port
 
 SECRET = CHANNEL_ENV["WHATSAPP_APP_SECRET"]
@@ -29,18 +30,11 @@ def whatsapp(channel_daemon):
 
 
 def post(url: str, body: bytes, sig: str | None = None) -> requests.Response:
-    return requests.post(url, data=body, timeout=5, headers={
-        "Content-Type": "application/json", "X-Hub-Signature-256": signature(SECRET, body) if sig is None else sig})
+    return meta_webhook.post(url, SECRET, body, sig)
 
 
 def test_verification_handshake(whatsapp):
-    _, url, _ = whatsapp
-    ok = requests.get(url, params={"hub.mode": "subscribe", "hub.verify_token": VERIFY,
-                                   "hub.challenge": "1158201444"}, timeout=5)
-    assert (ok.status_code, ok.text) == (200, "1158201444")
-    bad = requests.get(url, params={"hub.mode": "subscribe", "hub.verify_token": "guess",
-                                    "hub.challenge": "1"}, timeout=5)
-    assert bad.status_code == 401
+    meta_webhook.check_verification_handshake(whatsapp[1], VERIFY)
 
 
 def test_message_is_answered_through_the_send_api(channel_daemon, whatsapp):
@@ -55,38 +49,19 @@ def test_message_is_answered_through_the_send_api(channel_daemon, whatsapp):
 
 def test_forged_signature_is_refused_before_the_agent(channel_daemon, whatsapp, fake_llm):
     fake, url, _ = whatsapp
-    body = event("forged", "psid-x")
-    before = len(fake_llm.requests)
-    for sig in ("", signature("other-secret", body), signature(SECRET, body).replace("sha256=", "sha1=")):
-        response = post(url, body, sig)
-        assert response.status_code == 401 and response.json() == {"error": "invalid signature"}
-    time.sleep(0.3)
-    assert len(fake_llm.requests) == before and fake.sent == []
+    meta_webhook.check_forged_signature_refused(url, SECRET, event("forged", "psid-x"), fake, fake_llm)
 
 
 def test_allow_list_and_429(channel_daemon, whatsapp):
     fake, url, port = whatsapp
-    configure(channel_daemon, "whatsapp", webhook_port=port, api_url=fake.url, phone_number_id=PHONE_ID, allowed_users=["psid-vip"])
-    wait_active(channel_daemon, "whatsapp")
-    fake.throttle = [1]
-    asked = time.time()
-    assert post(url, event("intruder", "psid-bad")).status_code == 200
-    assert post(url, event("member", "psid-vip")).status_code == 200
-    wait_for(lambda: fake.sent, what="reply after 429")
-    time.sleep(0.3)
-    assert [(s["to"], s["text"]) for s in fake.sent] == [("psid-vip", "echo: member")]
-    assert fake.throttle == [] and fake.sent[0]["at"] - asked >= 1.0
-    assert audit(channel_daemon, "channel.refused", "whatsapp")[0]["detail"]["sender"] == "psid-bad"
+    meta_webhook.check_allow_list_and_429(channel_daemon, "whatsapp", fake, url, SECRET, event, webhook_port=port,
+                                          api_url=fake.url, phone_number_id=PHONE_ID)
 
 
 def test_stop_closes_the_listener(channel_daemon, whatsapp):
     fake, url, port = whatsapp
-    remove(channel_daemon, "whatsapp")
-    assert channel(channel_daemon, "whatsapp")["active"] is False
-    with pytest.raises(requests.ConnectionError):
-        post(url, event("gone", "psid-1"))
-    configure(channel_daemon, "whatsapp", webhook_port=port, api_url=fake.url, phone_number_id=PHONE_ID)
-    wait_active(channel_daemon, "whatsapp")
+    meta_webhook.check_stop_closes_the_listener(channel_daemon, "whatsapp", url, SECRET, event("gone", "psid-1"),
+                                                webhook_port=port, api_url=fake.url, phone_number_id=PHONE_ID)
 
 
 def test_without_phone_number_id_the_cloud_mode_does_not_start(channel_daemon):

@@ -286,6 +286,70 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
     assert ntfy.bot_messages(TOPIC) == ["echo: before the crash", "echo: after the crash"]
 
 
+def workflow_run(d: Daemon, run_id: str) -> dict:
+    r = d.get(f"/api/workflows/runs/{run_id}", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
+    """A workflow run in progress on daemon-a survives daemon-b restarting (b's start fails
+    only its own runs) and a finishes it; daemon-a SIGKILLed mid-workflow: b's reaper marks
+    a's run failed within a lease period, with the reason, in the audit trail too."""
+    a, b, _proxy, _ntfy = cluster
+    spawn(a.url, "flow")
+    created = a.post("/api/workflows", json={"name": "slow-flow", "steps": [
+        {"name": "first", "agent_name": "flow"},
+        # Each model call must end within the fake's 3 s client timeout: 5 naps of 2 s instead.
+        {"name": "nap", "agent_name": "flow", "mode": "loop", "max_iterations": 5,
+         "prompt": "[[slow:2]]{{input}}"}]})
+    assert created.status_code == 201, created.text
+    wid = created.json()["workflow_id"]
+    finished: dict = {}
+    t = threading.Thread(target=lambda: finished.update(
+        r=a.post(f"/api/workflows/{wid}/run", json={"input": "survive"}, timeout=90)))
+    t.start()
+
+    def on_second_step() -> list:
+        return [r for r in b.get(f"/api/workflows/{wid}/runs").json() if r["steps_completed"] == 1]
+
+    (run,) = wait_for(on_second_step, 20, what="the run on daemon-a reaching its slow step")
+    assert run["state"] == {"status": "running"} and workflow_run(b, run["id"])["daemon_id"] == "daemon-a"
+    b.stop()
+    b.start()
+    # b is back (it ran its startup recovery) while a still drives the run.
+    assert workflow_run(b, run["id"])["state"] == {"status": "running"}
+    t.join(60)
+    assert finished["r"].status_code == 200, finished["r"].text
+    assert finished["r"].json() == {"run_id": run["id"], "status": "completed", "output": "echo: " * 6 + "survive"}
+    done = workflow_run(b, run["id"])
+    assert done["state"] == {"status": "completed"} and done["error"] is None and done["steps_completed"] == 2
+
+    # -- daemon-a dies mid-workflow: b fails its run within a lease period ----------------------
+    hung: dict = {}
+    threading.Thread(target=lambda: hung.update(r=_swallow(lambda: a.post(
+        f"/api/workflows/{wid}/run", json={"input": "doomed"}, timeout=60))), daemon=True).start()
+    (run,) = wait_for(lambda: [r for r in on_second_step() if r["state"]["status"] == "running"], 20,
+                      what="the second run reaching its slow step")
+    a.kill()
+    killed_at = time.monotonic()
+    failed = wait_for(lambda: workflow_run(b, run["id"])["state"] == {"status": "failed"}
+                      and workflow_run(b, run["id"]), 15, what="daemon-a's workflow run failed by daemon-b")
+    # a's heartbeat row goes stale LEASE s after its last beat; b's next heartbeat (LEASE/3) sees it.
+    assert time.monotonic() - killed_at < LEASE + LEASE / 3 + 5.0  # generous slack: a loaded machine
+    reason = ("daemon daemon-a stopped while the run was in progress "
+              "(its lease expired; marked failed by daemon daemon-b)")
+    assert failed["error"] == reason and failed["daemon_id"] == "daemon-a"
+    assert failed["output"] == "" and failed["completed_at"] and failed["steps_completed"] == 1
+    assert [r["step_name"] for r in failed["step_results"]] == ["first"]
+    audit = b.get("/api/audit/recent", params={"event": "workflow."}).json()
+    assert [(e["event"], e["subject"], e["detail"]) for e in audit] == \
+        [("workflow.run_failed", run["id"], {"daemon_id": "daemon-a", "error": reason})]
+    # The step's agent run died with a too (its own record, reaped the same way).
+    wait_for(lambda: runs(b.url, status="failed"), 10, what="the step's agent run failed")
+    assert runs(b.url, status="running") == []
+
+
 def _swallow(fn):
     try:
         return fn()

@@ -22,7 +22,7 @@ from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
 from agentd.budget_gate import BudgetGate
 from agentd.store import open_store
-from agentd.store.leases import Leases, RunLog, ensure_tables
+from agentd.store.leases import Leases, RunLog
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -37,7 +37,6 @@ def store(request, tmp_path):
         s = open_store(tmp_path / "agentd.db", url)
     else:
         s = open_store(tmp_path / "agentd.db")
-    ensure_tables(s)
     yield s
     s.close()
 
@@ -234,3 +233,56 @@ def test_cluster_settings() -> None:
         cluster_settings({"cluster": {"lease_secs": 0}}, "x:1")
     with pytest.raises(ConfigError, match="cluster.daemon_id"):
         cluster_settings({"cluster": {"daemon_id": 5}}, "x:1")
+
+
+def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
+    from agentd.workflows.definition import WorkflowDef
+    from agentd.workflows.store import WorkflowStore
+
+    wf = WorkflowStore(store)
+    workflow = wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}])))
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1")
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2")
+    audited: list[tuple] = []
+    b.audit = lambda *entry: audited.append(entry)
+    a._beat_daemon(started=True)
+    b._beat_daemon(started=True)
+    on_a, on_b = wf.create_run(workflow, "a", "A"), wf.create_run(workflow, "b", "B")
+    wf.start_run(on_a)
+    wf.start_run(on_b)
+    pending_a = wf.create_run(workflow, "pa", "A")          # created, not started yet
+    gone = wf.create_run(workflow, "g", "C")                # a daemon without any heartbeat row
+    unowned = wf.create_run(workflow, "u")                  # recorded before runs had owners
+    done_a = wf.create_run(workflow, "d", "A")
+    assert wf.finish_run(done_a, "completed", "ok", None, [], 1) is True
+
+    def status(run_id: str) -> tuple:
+        run = wf.run(run_id)
+        return run["state"]["status"], run["error"], run["daemon_id"]
+
+    b.tick()  # A is alive: only C's run goes
+    c_error = "daemon C stopped while the run was in progress (its lease expired; marked failed by daemon B)"
+    assert status(gone) == ("failed", c_error, "C")
+    assert [status(r)[0] for r in (on_a, on_b, pending_a, unowned, done_a)] == \
+        ["running", "running", "pending", "pending", "completed"]
+    assert audited == [("workflow.run_failed", gone, {"daemon_id": "C", "error": c_error})]
+    assert wf.run(gone)["completed_at"] and wf.run(gone)["started_at"] and wf.run(gone)["output"] == ""
+
+    time.sleep(1.1)  # A's lease runs out: it sent no heartbeat for lease_secs
+    b.tick()
+    a_error = "daemon A stopped while the run was in progress (its lease expired; marked failed by daemon B)"
+    assert status(on_a) == ("failed", a_error, "A") and status(pending_a) == ("failed", a_error, "A")
+    assert [status(r)[0] for r in (on_b, unowned, done_a)] == ["running", "pending", "completed"]
+    assert sorted(e[1] for e in audited[1:]) == sorted([on_a, pending_a])
+    # A's late writes (it was alive after all) do not overwrite the reaper's verdict.
+    assert wf.save_progress(on_a, [{"step_name": "s"}], 1) is False
+    assert wf.finish_run(on_a, "completed", "late", None, [], 1) is False
+    assert status(on_a) == ("failed", a_error, "A") and wf.run(on_a)["step_results"] == []
+    assert wf.save_progress(on_b, [{"step_name": "s"}], 1) is True
+    # A start of B fails B's own runs and the ownerless ones, never another daemon's.
+    live_c = wf.create_run(workflow, "c2", "C")
+    assert wf.fail_interrupted("restarted", ("B",)) == 2
+    assert status(on_b) == ("failed", "restarted", "B") and status(unowned) == ("failed", "restarted", None)
+    assert status(live_c)[0] == "pending"
+    # A lone daemon (owners None) fails every active run.
+    assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")

@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,23 @@ API_KEY = "fuzz-key"
 MAX_EXAMPLES = 5
 SEED = 21
 
-CONFIG = """
+ACCEPTANCE_OFF = "checks.positive_data_acceptance.enabled = false"
+
+
+def operations(ids: str | list[str], why: str, *settings: str) -> str:
+    """One `[[operations]]` table of the schemathesis config: `settings` for `ids`, `why` as its comment."""
+    target = f'"{ids}"' if isinstance(ids, str) else "[" + ", ".join(f'"{i}"' for i in ids) + "]"
+    comment = "\n".join("# " + line for line in textwrap.wrap(why, 94))
+    return "\n[[operations]]\ninclude-operation-id = " + target + "\n" + comment + "\n" + "\n".join(settings) + "\n"
+
+
+def acceptance_off(ids: str | list[str], why: str, *settings: str) -> str:
+    """An `[[operations]]` table that turns "valid data should be accepted" off (and sets `settings`):
+    the request is valid by JSON Schema but refused for a reason a schema cannot state."""
+    return operations(ids, why, *settings, ACCEPTANCE_OFF)
+
+
+CONFIG_HEAD = """
 [phases.stateful.generation]
 # More scenarios for the stateful phase: each one spawns, links and cleans up through the API.
 max-examples = 25
@@ -45,98 +62,60 @@ enabled = true
 [checks.negative_data_rejection]
 # The spec answers 413 (not 400) for a message over 64 KB or a body over the size limit.
 expected-statuses = ["400", "401", "403", "404", "405", "409", "413", "415", "422", "429"]
-
-# -- "valid data should be accepted" (positive_data_acceptance) is off for these operations:
-[[operations]]
-include-operation-id = "agents.spawn"
-# manifest_toml must be a TOML manifest with a valid agent name, profile and model: TOML
-# syntax and manifest semantics cannot be written in JSON Schema.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["workflows.create", "workflows.update"]
-# Steps must name agents that exist now, templates may use only variables defined by earlier
-# steps, collect needs a fan_out before it: server state and cross-step rules.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = "catalog.add_custom"
-# `provider` must be a provider of the live catalog (a server-side list).
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["catalog.set_key", "catalog.delete_key", "catalog.set_url", "catalog.test_provider"]
-# Pinned to a provider no agent of this run calls: rewriting the URL or removing the key of the
-# provider the agents use would make every later run fail upstream, hiding real findings.
-parameters = { "path.name" = "groq" }
-
-[[operations]]
-include-operation-id = "catalog.test_provider"
-# The provider test reports the upstream's failure as 502/503/504 (documented): nothing on this
-# machine answers for groq. A 500 is still a failure.
-checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502", "503", "504"]
-
-[[operations]]
-include-operation-id = ["catalog.set_key", "catalog.set_url", "catalog.test_provider"]
-# Local providers take no key; a URL needs a host as well as a scheme; a test needs a key and a
-# provider that answers (there is none behind most catalog entries here).
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["agents.message", "stream.message_stream"]
-# `attachments` must name files uploaded to this agent before (server state).
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = "openai.chat_completions"
-# The last user message must carry text or an image, image parts must be base64 data URIs and
-# the agent's model must support vision: rules across array items and server state.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["memory.import_memory", "memory.recall"]
-# An import must be a document in the export format (format name, version, well-formed items);
-# a recall filter's `after`/`before` strings must be ISO 8601 times.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = "agents.upload"
-# The file must be non-empty and of an allowed type (image/*, text/*, audio/*, application/pdf),
-# which the multipart part's own Content-Type decides.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["catalog.usage", "catalog.usage_by_model"]
-# `since` must be before `until`: a relation between two parameters.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["sockets.agent_socket", "sockets.echo"]
-# WebSocket routes: a plain HTTP GET is not a handshake and gets 400; schemathesis does not
-# speak WebSocket (tests/test_transports.py does). Server errors, auth and status codes are
-# still checked.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["channels.test", "channels.qr_start", "channels.qr_status"]
-# By design these report what is outside agentd: 501 for an adapter not implemented yet, 502 when
-# the platform or the QR gateway fails, 503 when no gateway is configured (documented).
-checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "501", "502", "503"]
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["memory.add_relation", "memory.import_memory"]
-# A relation's ends must name entities that exist (in the agent's graph, or for an import in the
-# document); ids must be unique within an import document: server state and cross-item rules.
-checks.positive_data_acceptance.enabled = false
-
-[[operations]]
-include-operation-id = ["catalog.add_custom", "catalog.remove_custom"]
-# GET /api/models/{model_id} takes any model id (a path converter), including ones that start
-# with "custom", so Flask's Allow header for /api/models/custom[/x] rightly lists GET; the
-# document cannot list that GET under this path without inventing an operation.
-checks.allow_header_conformance.enabled = false
 """
+
+CONFIG = CONFIG_HEAD + "".join([
+    acceptance_off("agents.spawn",
+        "manifest_toml must be a TOML manifest with a valid agent name, profile and model: TOML "
+        "syntax and manifest semantics cannot be written in JSON Schema."),
+    acceptance_off(["workflows.create", "workflows.update"],
+        "Steps must name agents that exist now, templates may use only variables defined by "
+        "earlier steps, collect needs a fan_out before it: server state and cross-step rules."),
+    acceptance_off("catalog.add_custom",
+        "`provider` must be a provider of the live catalog (a server-side list)."),
+    operations(["catalog.set_key", "catalog.delete_key", "catalog.set_url", "catalog.test_provider"],
+        "Pinned to a provider no agent of this run calls: rewriting the URL or removing the key "
+        "of the provider the agents use would make every later run fail upstream, hiding real "
+        "findings.",
+        'parameters = { "path.name" = "groq" }'),
+    operations("catalog.test_provider",
+        "The provider test reports the upstream's failure as 502/503/504 (documented): nothing on "
+        "this machine answers for groq. A 500 is still a failure.",
+        'checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502", "503", "504"]'),
+    acceptance_off(["catalog.set_key", "catalog.set_url", "catalog.test_provider"],
+        "Local providers take no key; a URL needs a host as well as a scheme; a test needs a key "
+        "and a provider that answers (there is none behind most catalog entries here)."),
+    acceptance_off(["agents.message", "stream.message_stream"],
+        "`attachments` must name files uploaded to this agent before (server state)."),
+    acceptance_off("openai.chat_completions",
+        "The last user message must carry text or an image, image parts must be base64 data URIs "
+        "and the agent's model must support vision: rules across array items and server state."),
+    acceptance_off(["memory.import_memory", "memory.recall"],
+        "An import must be a document in the export format (format name, version, well-formed "
+        "items); a recall filter's `after`/`before` strings must be ISO 8601 times."),
+    acceptance_off("agents.upload",
+        "The file must be non-empty and of an allowed type (image/*, text/*, audio/*, "
+        "application/pdf), which the multipart part's own Content-Type decides."),
+    acceptance_off(["catalog.usage", "catalog.usage_by_model"],
+        "`since` must be before `until`: a relation between two parameters."),
+    acceptance_off(["sockets.agent_socket", "sockets.echo"],
+        "WebSocket routes: a plain HTTP GET is not a handshake and gets 400; schemathesis does "
+        "not speak WebSocket (tests/test_transports.py does). Server errors, auth and status "
+        "codes are still checked."),
+    acceptance_off(["channels.test", "channels.qr_start", "channels.qr_status"],
+        "By design these report what is outside agentd: 502 when the platform or the QR gateway "
+        "fails, 503 when no gateway is configured (documented).",
+        'checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502", "503"]'),
+    acceptance_off(["memory.add_relation", "memory.import_memory"],
+        "A relation's ends must name entities that exist (in the agent's graph, or for an import "
+        "in the document); ids must be unique within an import document: server state and "
+        "cross-item rules."),
+    operations(["catalog.add_custom", "catalog.remove_custom"],
+        "GET /api/models/{model_id} takes any model id (a path converter), including ones that "
+        'start with "custom", so Flask\'s Allow header for /api/models/custom[/x] rightly lists '
+        "GET; the document cannot list that GET under this path without inventing an operation.",
+        'checks.allow_header_conformance.enabled = false'),
+])
 
 
 @pytest.mark.slow

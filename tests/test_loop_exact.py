@@ -7,6 +7,7 @@ call, the iteration limit's answer, and usage summed over model calls.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -213,3 +214,154 @@ def test_history_is_sent_before_the_new_message(fake, tmp_path) -> None:
     assert [m["content"] for m in sent] == ["sys", "earlier", "before", "now"]
     assert [m.content for m in result.new_messages] == ["now", "echo: now"], "BUG: history re-appended to the session"
     assert result.usage == Usage(result.usage.input_tokens, result.usage.output_tokens)
+
+
+# -- what each model call carries ------------------------------------------------------------------
+
+def test_each_call_carries_the_model_system_tools_and_sampling(fake, tmp_path) -> None:
+    from agentd.llm.types import GenerationParams
+
+    spec, _, _ = spec_for(fake, tmp_path, "[[echo_params]]", max_tokens=77, temperature=0.25,
+                          params=GenerationParams(seed=7))
+    result = run_loop(spec)
+    assert json.loads(result.response) == {"max_tokens": 77, "temperature": 0.25, "model": "m", "n_images": 0,
+                                           "n_tools": 2, "system": "sys"}, "BUG: a run drops its sampling settings"
+    sent = fake.requests[-1]["json"]
+    assert sent["seed"] == 7, "BUG: generation params not passed to the model"
+    assert [(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in sent["tools"]] \
+        == [(t.name, t.description, t.parameters) for t in (get_tool("file_write"), get_tool("file_read"))], \
+        "BUG: the tools offered to the model are not the agent's tools"
+
+
+def test_the_system_prompt_is_refreshed_before_every_later_call(fake, tmp_path) -> None:
+    refreshed: list[int] = []
+
+    def refresh() -> str:
+        refreshed.append(1)
+        return f"fresh {len(refreshed)}"
+
+    spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_read {"path": "x"} x2]]', refresh_system=refresh)
+    before = len(fake.requests)
+    run_loop(spec)
+    systems = [r["json"]["messages"][0]["content"] for r in fake.requests[before:]]
+    assert systems == ["sys", "fresh 1", "fresh 2"], "BUG: a fact stored mid-run does not reach the next call"
+    assert kinds(events).count("phase:thinking:iteration 2") == 1 and "phase:thinking:iteration 3" in kinds(events)
+
+
+def test_streamed_tool_call_events_carry_exact_data(fake, tmp_path) -> None:
+    spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_write {"path": "e.txt", "content": "ev"}]]')
+    result = run_loop(spec)
+    call = result.new_messages[1].tool_calls[0]
+    assert [e.data for e in events if e.type == "tool_use"] == [{"id": call.id, "tool": "file_write", "index": 0}]
+    assert [e.data for e in events if e.type == "tool_input"] == \
+        [{"id": call.id, "tool": "file_write", "input": {"path": "e.txt", "content": "ev"}, "index": 0}]
+    deltas = [e.data for e in events if e.type == "tool_args_delta"]
+    assert {d["index"] for d in deltas} == {0} and len(deltas) >= 2
+    assert json.loads("".join(d["arguments"] for d in deltas)) == {"path": "e.txt", "content": "ev"}
+
+
+def test_a_held_back_tag_prefix_is_flushed_at_the_end_of_the_stream(fake, tmp_path) -> None:
+    spec, events, _ = spec_for(fake, tmp_path, "[[reply:see <th]]")
+    assert run_loop(spec).response == "see <th"
+    assert "".join(e.data["content"] for e in events if e.type == "text_delta") == "see <th", \
+        "BUG: the end of a streamed answer that looks like a tag is lost"
+    assert all(e.data["content"] for e in events if e.type == "text_delta"), "an empty text_delta was emitted"
+
+
+def test_think_text_is_stripped_from_a_final_answer(fake, tmp_path) -> None:
+    spec, events, _ = spec_for(fake, tmp_path, "[[think]] plain")
+    result = run_loop(spec)
+    assert result.response == "echo: plain" and result.new_messages[-1].content == "echo: plain", \
+        "BUG: <think> text kept in the final answer"
+
+
+def test_without_on_usage_the_run_still_sums_usage(fake, tmp_path) -> None:
+    spec, _, _ = spec_for(fake, tmp_path, "two words", on_usage=None)
+    result = run_loop(spec)
+    assert result.response == "echo: two words" and result.usage.output_tokens == 3
+
+
+# -- cancellation and model errors ---------------------------------------------------------------------
+
+def test_cancel_during_a_model_call_is_a_cancelled_run(fake, tmp_path) -> None:
+    spec, _, _ = spec_for(fake, tmp_path, "[[hang]]")
+    cancel = threading.Event()
+    loop = AgentLoop(spec, cancel)
+    threading.Timer(0.3, cancel.set).start()
+    with pytest.raises(RunCancelled, match="^run cancelled$"):
+        loop.run()
+    assert [m.content for m in loop.new_messages] == ["[[hang]]"], "the user's message is kept for the session"
+
+
+def test_a_failing_model_call_is_raised_as_is(fake, tmp_path) -> None:
+    from agentd.llm.types import LLMError
+
+    spec, _, usages = spec_for(fake, tmp_path, "[[fail:400]] no")
+    with pytest.raises(LLMError) as caught:
+        run_loop(spec)
+    assert caught.value.kind != "cancelled" and caught.value.http_status == 400 and usages == []
+
+
+def test_cancel_between_tool_calls_stops_the_rest(fake, tmp_path) -> None:
+    cancel = threading.Event()
+    ran: list[str] = []
+
+    def first() -> str:
+        ran.append("first")
+        cancel.set()
+        return "one"
+
+    tools = [custom_tool("first", first), custom_tool("second", lambda: ran.append("second") or "two")]
+    spec, _, _ = spec_for(fake, tmp_path, "[[tools:first {} | second {}]]", tools=tools)
+    loop = AgentLoop(spec, cancel)
+    with pytest.raises(RunCancelled):
+        loop.run()
+    assert ran == ["first"], "BUG: a stopped run went on calling tools"
+    assert [m.role for m in loop.new_messages] == ["user", "assistant", "tool"]
+
+
+# -- the loop guard, message by message --------------------------------------------------------------
+
+def test_loop_guard_texts_as_the_model_reads_them(fake, tmp_path) -> None:
+    from agentd.agents.loop_guard import BLOCK_AT, STOP_AFTER_BLOCKED, WARN_AT
+
+    spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_read {"path": "x"} x100]]', max_iterations=100)
+    loop = AgentLoop(spec, threading.Event())
+    with pytest.raises(LoopStopped) as caught:
+        loop.run()
+    assert str(caught.value) == (f"loop guard stopped the run: {STOP_AFTER_BLOCKED} tool calls were blocked "
+                                 "for repeating identical arguments"), "BUG: the loop guard's stop message is wrong"
+    tools = [(m.content, m.is_error) for m in loop.new_messages if m.role == "tool"]
+    assert len(tools) == BLOCK_AT - 1 + STOP_AFTER_BLOCKED
+    plain = ("error: no such file: x", True)
+    assert tools[:WARN_AT - 1] == [plain] * (WARN_AT - 1)
+    for n in range(WARN_AT, BLOCK_AT):
+        assert tools[n - 1] == (f"error: no such file: x\n\n[loop guard] warning: tool 'file_read' has been called "
+                                f"{n} times with identical arguments; it will be blocked from call {BLOCK_AT} on.",
+                                True), "BUG: the loop guard's warning does not reach the model"
+    assert tools[BLOCK_AT - 1] == (f"blocked by loop guard: tool 'file_read' was called {BLOCK_AT} times with "
+                                   "identical arguments; it was not run. Try a different approach.", True)
+    results = [e.data for e in events if e.type == "tool_result"]
+    assert [(r["result"], r["is_error"]) for r in results] == tools
+    assert [e.data["detail"] for e in events if e.type == "phase" and e.data["phase"] == "tool_use"] == \
+        ["file_read"] * len(tools)
+
+
+def test_a_warned_call_that_succeeds_is_not_an_error(fake, tmp_path) -> None:
+    ok = custom_tool("ok", lambda: "fine")
+    spec, _, _ = spec_for(fake, tmp_path, "[[tool:ok {} x3]]", tools=[ok])
+    tools = [(m.content, m.is_error) for m in run_loop(spec).new_messages if m.role == "tool"]
+    assert tools[2] == ("fine\n\n[loop guard] warning: tool 'ok' has been called 3 times with identical "
+                        "arguments; it will be blocked from call 5 on.", False)
+
+
+def test_a_crashing_tool_is_logged_with_its_traceback(fake, tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    def crash():
+        raise KeyError("k")
+
+    caplog.set_level("WARNING", logger="agentd.loop")
+    assert refused_text(fake, tmp_path, "[[tool:crash]]", tools=[custom_tool("crash", crash)]) == \
+        ("error: tool 'crash' failed: KeyError: 'k'", True)
+    records = [r for r in caplog.records if r.name == "agentd.loop"]
+    assert [(r.levelname, r.getMessage()) for r in records] == [("WARNING", "tool crash raised")]
+    assert records[0].exc_info and records[0].exc_info[0] is KeyError

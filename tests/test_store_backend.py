@@ -215,8 +215,58 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
         assert gone.content is None and gone.path.endswith("missing")
     store.close()
     assert not upload_file.exists()
-    assert [r[0] for r in _sqlite_versions(path)] == [1, 2]
+    assert [r[0] for r in _sqlite_versions(path)] == list(range(1, SCHEMA_VERSION + 1))
     assert _sqlite_versions(path)[1] == (2, "migrated by agentd")
+
+
+COORDINATION = {"cluster_leases", "cluster_daemons", "agent_runs", "cluster_approvals"}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_tables(tmp_path: Path,
+                                                                                 backend: str) -> None:
+    """A schema-2 database (workflow runs without owners; coordination tables made by the
+    daemons at start, or not yet) is migrated in place: `workflow_runs.daemon_id` added
+    (old runs get none), the coordination tables created, version 3 recorded."""
+    from pony import orm
+
+    from agentd.store import open_store
+    from agentd.workflows.store import WorkflowStore
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    open_store(path, target).close()
+    # Back to schema 2: no owner column, no coordination tables, one old run.
+    statements = ["ALTER TABLE workflow_runs DROP COLUMN daemon_id", "DELETE FROM agentd_schema WHERE version > 2",
+                  *(f"DROP TABLE {t}" for t in sorted(COORDINATION)),
+                  "INSERT INTO workflow_runs (id, workflow_id, workflow_name, status, input, step_results, "
+                  "steps_completed, created_at) VALUES ('r1', 'w1', 'old', 'running', 'x', '[]', 0, "
+                  "'2026-01-01 00:00:00')"]
+    if url:
+        with psycopg2.connect(url) as pg, pg.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    else:
+        conn = sqlite3.connect(str(path))
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+        conn.close()
+    store = open_store(path, target)
+    try:
+        run = WorkflowStore(store).run("r1")
+        assert run["daemon_id"] is None and run["state"] == {"status": "running"}
+        with orm.db_session:
+            tables = set(store.db.select("SELECT table_name FROM information_schema.tables "
+                                         "WHERE table_schema = current_schema()") if url else
+                         store.db.select("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+    finally:
+        store.close()
+    assert COORDINATION <= tables
+    assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3] == list(range(1, SCHEMA_VERSION + 1))
 
 
 

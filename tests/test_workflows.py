@@ -287,7 +287,9 @@ def _fan_out_with_failing_branch(d: Daemon, error_mode: str, prompt: str, **extr
 
 
 def test_fan_out_branch_failure_with_fail(agent_daemon) -> None:
-    body = _fan_out_with_failing_branch(agent_daemon, "fail", "[[fail:400]]boom")
+    # The failure waits 2 s, so the good branch has ended by then even on a loaded machine
+    # (a failure while it still ran would cancel it, and it would be recorded `failed`).
+    body = _fan_out_with_failing_branch(agent_daemon, "fail", "[[slow:2]][[fail:400]]boom")
     assert body["status"] == "failed"
     assert body["error"].startswith("step 2 ('flaky') failed: ")
     res = results(agent_daemon, body["run_id"])

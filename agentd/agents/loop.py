@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -227,7 +226,3 @@ class AgentLoop:
         except Exception as exc:  # noqa: BLE001 - a crashing tool is the model's problem to route around
             log.warning("tool %s raised", name, exc_info=True)
             return f"error: tool '{name}' failed: {type(exc).__name__}: {exc}", True
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:16]}"

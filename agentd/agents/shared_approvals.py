@@ -48,7 +48,6 @@ class SharedApprovalQueue(ApprovalQueue):
     def wait(self, approval: Approval, timeout: float, cancel: Any = None) -> str:
         """Block until decided (here or on another daemon), timed out or cancelled."""
         deadline = time.monotonic() + timeout
-        decision: str | None = None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
-from nacl.signing import SigningKey, VerifyKey
+if TYPE_CHECKING:  # pynacl loads on first use: most daemons never verify a signature
+    from nacl.signing import SigningKey
 
 from agentd.errors import Forbidden
 
@@ -59,6 +59,9 @@ def verify_envelope(envelope_text: str, manifest_toml: str | None) -> str:
         raise SignatureError("content hash mismatch")
     key = _bytes(envelope.get("signer_public_key"), 32, "signer_public_key")
     signature = _bytes(envelope.get("signature"), 64, "signature")
+    from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
+    from nacl.signing import VerifyKey
+
     try:
         VerifyKey(key).verify(digest.encode("ascii"), signature)
     except (BadSignatureError, NaclValueError):

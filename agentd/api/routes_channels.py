@@ -49,7 +49,7 @@ def remove(name: str):
 @doc("Send a test message through a configured adapter", tags="channels", body_required=False,
      body=ChannelTestBodySchema,
      response=out.ChannelTestSchema,
-     errors={400: "The channel is not configured", 501: "The adapter is not implemented yet",
+     errors={400: "The channel is not configured",
              502: "The platform did not take the message"})
 def test(name: str):
     data = body.load(ChannelTestBodySchema(), allow_empty=True)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, render_template
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, jsonify, render_template
 
 from agentd import __version__
 from agentd.api.apidoc import doc
-from agentd.api.openapi import cached_document
 
 bp = Blueprint("docs", __name__)
+
+def cached_document(app: Flask) -> dict[str, Any]:
+    """The app's OpenAPI document; apispec is imported on the first request for it, not at start."""
+    from agentd.api.openapi import cached_document as build
+
+    return build(app)
+
 
 _METHOD_ORDER = {"get": 0, "post": 1, "put": 2, "patch": 3, "delete": 4}
 

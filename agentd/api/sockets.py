@@ -11,16 +11,15 @@ Agent socket frames (JSON text both ways):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from flask import Blueprint, Flask, current_app, request
-from flask_sock import Sock
-from simple_websocket import ConnectionClosed
 
 from agentd import jsonsafe
 from agentd.agents.events import Event
@@ -63,6 +62,8 @@ class AgentSocket:
         if not self.open:
             return
         frame = json.dumps({"type": type_, **data}, separators=(",", ":"))
+        from simple_websocket import ConnectionClosed  # loaded by the upgrade already
+
         try:
             with self._send_lock:
                 self.ws.send(frame)
@@ -156,6 +157,8 @@ class AgentSocket:
             self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
 
     def serve(self) -> None:
+        from simple_websocket import ConnectionClosed  # loaded by the upgrade already
+
         self.send("connected", agent_id=self.handle.id)
         while self.open and not self.kernel.stopping.is_set():
             try:
@@ -199,13 +202,53 @@ class AgentSocket:
                 cancel.set()
 
 
-def register_sockets(app: Flask) -> Sock:
-    """Attach flask-sock, the agent socket and the diagnostic echo socket."""
+class _LazySock:
+    """`flask_sock.Sock.route` with flask-sock imported on the first WebSocket request.
+
+    flask-sock pulls in simple-websocket, wsproto and asyncio (about 2.5 MB); a daemon
+    nobody opens a socket to never loads them. The view flask-sock builds is the one that
+    runs: its decorator is applied, on first use, with a stand-in for the blueprint that
+    keeps the view instead of registering it (flask-sock calls `bp.route(path, **kw)(view)`)."""
+
+    def route(self, path: str, bp: Blueprint) -> Callable[[Callable[..., None]], None]:
+        def decorator(handler: Callable[..., None]) -> None:
+            built: list[Callable[..., Any]] = []
+
+            @functools.wraps(handler)
+            def view(*args: Any, **kwargs: Any) -> Any:
+                if not built:
+                    from flask_sock import Sock
+
+                    Sock().route(path, bp=_Keep(built))(handler)
+                return built[0](*args, **kwargs)
+
+            bp.route(path, websocket=True)(view)
+
+        return decorator
+
+
+class _Keep:
+    """Stands in for a blueprint: keeps the view flask-sock would register."""
+
+    def __init__(self, into: list[Callable[..., Any]]) -> None:
+        self.into = into
+
+    def route(self, path: str, **_: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def keep(view: Callable[..., Any]) -> Callable[..., Any]:
+            if not self.into:  # two first requests at once: either build serves
+                self.into.append(view)
+            return view
+
+        return keep
+
+
+def register_sockets(app: Flask) -> _LazySock:
+    """Attach the agent socket and the diagnostic echo socket (flask-sock, loaded on first use)."""
     # Dead peers are noticed only when a write fails; pings every 25 s make sure one does.
     # Oversized frames are refused in the handler with an error frame, so the
     # transport limit sits well above FRAME_LIMIT.
     app.config.setdefault("SOCK_SERVER_OPTIONS", {"ping_interval": 25, "max_message_size": 4 * FRAME_LIMIT})
-    sock = Sock(app)
+    sock = _LazySock()
     # Built per app: flask-sock registers routes on the blueprint as it decorates.
     bp = Blueprint("sockets", __name__)
 

@@ -12,8 +12,6 @@ from typing import Any, Iterable, Iterator
 
 from flask import Response, stream_with_context
 
-HEARTBEAT_SECS = 15.0
-
 
 def format_event(event: str | None, data: Any) -> str:
     """One SSE event; `event=None` gives a data-only event (OpenAI style)."""

@@ -13,12 +13,13 @@ import io
 import os
 import threading
 from datetime import timedelta
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.kernel_time import iso, utcnow
+
+if TYPE_CHECKING:
+    import requests
 
 QR_CHANNEL = "whatsapp"
 GATEWAY_ENV = "WHATSAPP_WEB_GATEWAY_URL"
@@ -47,8 +48,18 @@ class QrLogins:
     def __init__(self) -> None:
         self._sessions: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self.http = requests.Session()
-        self.http.trust_env = False
+        self._http: requests.Session | None = None
+
+    @property
+    def http(self) -> requests.Session:
+        """The gateway session, made on first use (requests is not loaded at start)."""
+        with self._lock:
+            if self._http is None:
+                import requests
+
+                self._http = requests.Session()
+                self._http.trust_env = False
+            return self._http
 
     @staticmethod
     def check_channel(name: str, known: bool) -> None:
@@ -66,6 +77,8 @@ class QrLogins:
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         url = self._gateway() + path
+        import requests
+
         try:
             response = self.http.request(method, url, timeout=15, **kwargs)
             data = response.json()

@@ -31,10 +31,6 @@ APOLOGY = "Sorry, something went wrong while answering your message. Please try 
 TYPING_EVERY = 4.0
 
 
-class NotImplementedAdapter(AgentdError):
-    status = 501
-
-
 class ChannelManager:
     """Start/stop/reload adapters and route their messages to agents."""
 
@@ -94,8 +90,7 @@ class ChannelManager:
                     self._stop(name, reason="removed")
                     self.sections.pop(name)
             for name, section in sections.items():
-                if self.sections.get(name) == section and (name in self.running
-                                                           or registry.load(name) is None):
+                if self.sections.get(name) == section and name in self.running:
                     continue
                 self._stop(name, reason="reconfigured")
                 self.sections[name] = section
@@ -104,8 +99,6 @@ class ChannelManager:
     def _start(self, name: str) -> bool:
         info = self.catalog.get(name)
         cls = registry.load(name)
-        if cls is None:
-            return False
         if not self.may_run(name):
             return False
         try:
@@ -155,7 +148,7 @@ class ChannelManager:
                                          "difficulty", "setup_time", "quick_setup", "setup_type")}
             item.update(configured=section is not None,
                         active=adapter is not None and bool(adapter.health()),
-                        implemented=registry.load(info.name) is not None,
+                        implemented=registry.has(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
                         config_template=data["config_template"])
             out.append(item)
@@ -172,9 +165,7 @@ class ChannelManager:
             self.sections[name] = values
             started = self._start(name)
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
-        if registry.load(name) is None:
-            result["note"] = f"{name}: configuration saved; this adapter is not implemented yet"
-        elif not started:
+        if not started:
             result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
         return result
 
@@ -212,9 +203,6 @@ class ChannelManager:
         """Send a real message through the adapter's sender to its configured target."""
         info = self.catalog.get(name)
         cls = registry.load(name)
-        if cls is None:
-            raise NotImplementedAdapter(f"{name}: adapter not implemented yet; its configuration "
-                                        "is saved but no message can be sent")
         section = self.sections.get(name)
         if section is None:
             raise BadRequest(f"channel {name} is not configured")

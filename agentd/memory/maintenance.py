@@ -40,15 +40,13 @@ def consolidate(semantic: SemanticMemory, agent_id: str, config: MemoryConfig) -
 def _merge_duplicates(semantic: SemanticMemory, agent_id: str, index: Any, since: float) -> int:
     """Fold each newer near-duplicate into the oldest fragment it repeats."""
     n = len(index)
-    if n < 2:
-        return 0
     fresh = np.flatnonzero(index.created[:n] >= since)
-    # Ids, not rows: folding a duplicate moves rows around.
+    # Ids, not rows: folding a duplicate moves rows around. A folded fragment leaves the
+    # index, so it is neither visited nor found again.
     fresh_ids = [index.ids[i] for i in sorted(fresh, key=lambda i: index.created[i])]
-    gone: set[str] = set()
     merged = 0
     for fid in fresh_ids:
-        if fid in gone or fid not in index.pos:
+        if fid not in index.pos:
             continue
         row = index.pos[fid]
         scope_code = index.scope[row]
@@ -56,11 +54,8 @@ def _merge_duplicates(semantic: SemanticMemory, agent_id: str, index: Any, since
         for hit in index.similar(index.vectors[row].copy(), scope, exclude=fid):
             if hit.score < DEDUP_THRESHOLD:
                 break
-            if hit.id in gone:
-                continue
             older, newer = (hit.id, fid) if hit.created <= index.created[row] else (fid, hit.id)
             if _fold(semantic, agent_id, index, older, newer):
-                gone.add(newer)
                 merged += 1
                 break
     return merged

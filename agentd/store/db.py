@@ -123,6 +123,9 @@ def _define_entities(db: Database) -> SimpleNamespace:
         created_at = Required(datetime, index=True)
         started_at = Optional(datetime, nullable=True)
         completed_at = Optional(datetime, nullable=True)
+        # The daemon driving the run (its [cluster] daemon_id; schema 3). NULL in runs
+        # recorded before runs had owners.
+        daemon_id = Optional(str, nullable=True)
 
     class AuditRow(db.Entity):
         """One audit-trail entry (agentd/audit.py): event name, subject, small detail map."""

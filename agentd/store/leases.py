@@ -11,9 +11,13 @@ A *run record* (`agent_runs`) is one agent run: which daemon runs it, its status
 the owner's heartbeat. A surviving daemon marks a run whose lease expired `failed`, so
 no run stays `running` after its daemon is gone.
 
-The tables are plain SQL valid on SQLite and PostgreSQL alike (`CREATE TABLE IF NOT
-EXISTS`, `INSERT ... ON CONFLICT`), created at start. Times are Unix seconds (floats)
-from each daemon's clock: daemons sharing a database need synchronised clocks (NTP).
+Workflow runs (`workflow_runs`, a Pony entity) name the daemon driving them; the reaper
+fails those whose daemon's own lease (its `cluster_daemons` heartbeat) expired.
+
+The tables are plain SQL valid on SQLite and PostgreSQL alike (`INSERT ... ON CONFLICT`),
+created by the versioned schema migrations (agentd/store/migrate.py, schema 3). Times are
+Unix seconds (floats) from each daemon's clock: daemons sharing a database need
+synchronised clocks (NTP).
 """
 
 from __future__ import annotations
@@ -22,29 +26,12 @@ import hashlib
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from pony import orm
 
 from agentd.store import Store
-
-DDL = (
-    "CREATE TABLE IF NOT EXISTS cluster_leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
-    "token TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS cluster_daemons (id TEXT PRIMARY KEY, listen TEXT NOT NULL, "
-    "pid INTEGER NOT NULL, started_at DOUBLE PRECISION NOT NULL, heartbeat_at DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS agent_runs (id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, "
-    "session_id TEXT NOT NULL, daemon_id TEXT NOT NULL, status TEXT NOT NULL, "
-    "started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION, lease_expires DOUBLE PRECISION NOT NULL, "
-    "error TEXT, cost_usd DOUBLE PRECISION, reserve_usd DOUBLE PRECISION NOT NULL DEFAULT 0, "
-    "stop_requested INTEGER NOT NULL DEFAULT 0)",
-    "CREATE INDEX IF NOT EXISTS agent_runs_status ON agent_runs (status, lease_expires)",
-    "CREATE INDEX IF NOT EXISTS agent_runs_agent ON agent_runs (agent_id, started_at)",
-    "CREATE TABLE IF NOT EXISTS cluster_approvals (id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, "
-    "agent_name TEXT NOT NULL, tool TEXT NOT NULL, input TEXT NOT NULL, requested_at TEXT NOT NULL, "
-    "daemon_id TEXT NOT NULL, decision TEXT, decided_at DOUBLE PRECISION)",
-    "CREATE INDEX IF NOT EXISTS cluster_approvals_pending ON cluster_approvals (decision, requested_at)",
-)
 
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")
 
@@ -63,13 +50,12 @@ def is_shared(store: Store) -> bool:
 
 
 def ensure_tables(store: Store) -> None:
-    """Create the coordination tables (idempotent; safe when daemons start together)."""
+    """Create the coordination tables if missing (idempotent). Opening a store already does
+    this (schema 3, agentd/store/migrate.py); kept for callers written before that."""
+    from agentd.store.migrate import COORDINATION_V3
+
     with orm.db_session:
-        if is_shared(store):
-            # Two daemons issuing CREATE TABLE IF NOT EXISTS at once can still collide on
-            # PostgreSQL's catalog; one lock serialises them.
-            store.db.execute("SELECT pg_advisory_xact_lock($k)", {"k": lock_key("agentd:cluster-ddl")})
-        for statement in DDL:
+        for statement in COORDINATION_V3:
             store.db.execute(statement)
 
 
@@ -207,6 +193,39 @@ class RunLog:
                      "e": f"daemon {daemon} stopped renewing the run's lease (it died or lost the database)"})
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
+    def reap_workflow_runs(self, self_id: str, lease_secs: float,
+                           now: float | None = None) -> list[tuple[str, str, str]]:
+        """Fail the pending/running workflow runs of daemons whose lease expired (no heartbeat
+        for `lease_secs`, or no daemon row at all): [(run_id, daemon_id, error)].
+
+        Runs of this daemon (`self_id`) and runs without an owner are not touched: this
+        daemon's are alive, ownerless ones are failed by the next daemon start. The steps
+        in flight are agent runs with records of their own, failed by `reap`."""
+        now = time.time() if now is None else now
+        runs = self.store.e.WorkflowRunRow
+        reaped: list[tuple[str, str, str]] = []
+        with orm.db_session(optimistic=False):
+            live = set(self.store.db.select("SELECT id FROM cluster_daemons WHERE heartbeat_at >= $t",
+                                            {"t": now - lease_secs}))
+            candidates = orm.select((r.id, r.daemon_id) for r in runs if r.status in ("pending", "running")
+                                    and r.daemon_id is not None and r.daemon_id != self_id)[:]
+            ended = datetime.fromtimestamp(now, timezone.utc)
+            for run_id, owner in candidates:
+                if owner in live:
+                    continue  # the common case: nothing locked, nothing written
+                # Row-locked: the owner's own last write (finish_run) waits, then sees it failed.
+                row = runs.get_for_update(id=run_id)
+                if row is None or row.status not in ("pending", "running"):
+                    continue
+                error = (f"daemon {owner} stopped while the run was in progress "
+                         f"(its lease expired; marked failed by daemon {self_id})")
+                row.status, row.error, row.completed_at = "failed", error, ended
+                row.output = row.output or ""
+                if row.started_at is None:
+                    row.started_at = ended
+                reaped.append((run_id, owner, error))
+        return reaped
+
     def fail_owner(self, daemon_id: str, reason: str) -> int:
         """Fail every run a daemon left running (the same daemon id starting again)."""
         with orm.db_session:
@@ -269,8 +288,6 @@ def _in_list(params: dict[str, Any], values: list[str]) -> str:
 def _iso(value: float | None) -> str | None:
     if value is None:
         return None
-    from datetime import datetime, timezone
-
     return datetime.fromtimestamp(float(value), timezone.utc).isoformat().replace("+00:00", "Z")
 
 

@@ -12,6 +12,11 @@ The table `agentd_schema` records every version applied. At start the store:
 3. runs the steps from the found version up to `SCHEMA_VERSION` (changes to existing
    tables: new columns, data moves), then lets Pony create tables that are new, and
    records the versions; then releases the lock.
+
+Pony creates the tables of its entities. The cluster coordination tables (leases, daemons,
+agent run records, approvals: agentd/store/leases.py) are plain SQL outside Pony; they are
+created by the steps in `RAW_TABLES`, which also run on a fresh database, so they are
+versioned like every other table (a change to one is a new step).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 VERSION_TABLE = "agentd_schema"
 
@@ -51,8 +56,46 @@ def _step_2(cur: Any, backend: str) -> None:
         Path(path).unlink(missing_ok=True)
 
 
+# The coordination tables as schema 3 has them (frozen: change them with a new step).
+COORDINATION_V3 = (
+    "CREATE TABLE IF NOT EXISTS cluster_leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+    "token TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS cluster_daemons (id TEXT PRIMARY KEY, listen TEXT NOT NULL, "
+    "pid INTEGER NOT NULL, started_at DOUBLE PRECISION NOT NULL, heartbeat_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS agent_runs (id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, "
+    "session_id TEXT NOT NULL, daemon_id TEXT NOT NULL, status TEXT NOT NULL, "
+    "started_at DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION, lease_expires DOUBLE PRECISION NOT NULL, "
+    "error TEXT, cost_usd DOUBLE PRECISION, reserve_usd DOUBLE PRECISION NOT NULL DEFAULT 0, "
+    "stop_requested INTEGER NOT NULL DEFAULT 0)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_status ON agent_runs (status, lease_expires)",
+    "CREATE INDEX IF NOT EXISTS agent_runs_agent ON agent_runs (agent_id, started_at)",
+    "CREATE TABLE IF NOT EXISTS cluster_approvals (id TEXT PRIMARY KEY, agent_id TEXT NOT NULL, "
+    "agent_name TEXT NOT NULL, tool TEXT NOT NULL, input TEXT NOT NULL, requested_at TEXT NOT NULL, "
+    "daemon_id TEXT NOT NULL, decision TEXT, decided_at DOUBLE PRECISION)",
+    "CREATE INDEX IF NOT EXISTS cluster_approvals_pending ON cluster_approvals (decision, requested_at)",
+)
+
+
+def _coordination_3(cur: Any, backend: str) -> None:
+    """The cluster coordination tables (before schema 3 each daemon created them at start
+    with IF NOT EXISTS; a database that has them keeps them as they are)."""
+    for statement in COORDINATION_V3:
+        cur.execute(statement)
+
+
+def _step_3(cur: Any, backend: str) -> None:
+    """Workflow runs record the daemon that drives them (`workflow_runs.daemon_id`), so each
+    daemon recovers only its own runs; existing runs get no owner."""
+    if _table_exists(cur, backend, "workflow_runs") and not _column_exists(cur, backend, "workflow_runs",
+                                                                          "daemon_id"):
+        cur.execute("ALTER TABLE workflow_runs ADD COLUMN daemon_id TEXT")
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3}
+# version -> step creating or changing plain-SQL tables at that version; these run on a
+# fresh database too (Pony does not know these tables), in order.
+RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3}
 
 
 class SchemaError(Exception):
@@ -105,11 +148,16 @@ def run_steps(cur: Any, backend: str) -> int:
     if version > SCHEMA_VERSION:
         raise SchemaError(f"database schema version {version} is newer than this agentd's "
                           f"({SCHEMA_VERSION}); upgrade agentd")
-    if version > 0:
-        for step in range(version + 1, SCHEMA_VERSION + 1):
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        if version > 0:
             log.info("migrating database schema to version %d", step)
-            STEPS[step](cur, backend)
+            STEPS.get(step, _nothing)(cur, backend)
+        RAW_TABLES.get(step, _nothing)(cur, backend)
     return version
+
+
+def _nothing(cur: Any, backend: str) -> None:
+    """A version with nothing to do in one of the step tables."""
 
 
 def record(cur: Any, backend: str, found: int) -> None:

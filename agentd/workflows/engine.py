@@ -1,11 +1,10 @@
-"""The workflow engine: runs a workflow's steps as ordinary agent runs.
+"""The workflow engine: definitions, runs and their bookkeeping, recovery.
 
-The caller's thread drives a run (POST /run blocks until it ends); each step
-attempt is an `AgentManager.run` on the kernel's bounded executor, so steps are
-metered, respect the agent's mode, quotas and the budget like any message.
-Fan-out branches are coordinated on a separate pool of waiting threads: a
-coordinator only waits (for attempts and backoff), so coordinators never take
-executor threads from the agent runs they wait for, and nesting cannot deadlock.
+The caller's thread drives a run (POST /run blocks until it ends); the steps are executed
+by agentd/workflows/steps.py. Every run record names the daemon that drives it
+(`workflow_runs.daemon_id`), so several daemons on one database each recover only their own
+runs at start, and the cluster's reaper (agentd/store/leases.py) fails the runs of a daemon
+whose lease expired.
 """
 
 from __future__ import annotations
@@ -13,88 +12,48 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import AgentHandle, AgentManager, parse_uuid
 from agentd.errors import AgentdError, Conflict, NotFound
 from agentd.store import Store
-from agentd.workflows.definition import parse_workflow, render
+from agentd.workflows.definition import parse_workflow
+from agentd.workflows.steps import BACKOFF_BASE, RunState, StepRunner, resolve
 from agentd.workflows.store import WorkflowStore
 
 log = logging.getLogger("agentd.workflows")
 
-BACKOFF_BASE = 0.25   # seconds before the first retry; doubles each time
-BACKOFF_MAX = 8.0
-_POLL = 0.2           # how often a waiting coordinator notices a run being cancelled
 INTERRUPTED = ("interrupted: the daemon stopped while this run was in progress "
                "(marked failed when the daemon restarted)")
-
-
-class StepFailure(Exception):
-    """One attempt failed; `retryable` says whether another attempt could help."""
-
-    def __init__(self, message: str, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
-
-
-@dataclass
-class Outcome:
-    """What executing one step (all its attempts, or all loop iterations) produced."""
-
-    output: str                          # what the next step sees as {{input}}
-    records: list[dict[str, Any]]        # step results to append, in order
-    failed: str | None = None            # error message when the run must stop
-    skipped: bool = False                # passed its input on (error_mode skip / condition unmet)
-    cancelled_by_sibling: bool = False
-
-
-@dataclass
-class _Run:
-    """Mutable state of one run; only the driving thread touches it."""
-
-    run_id: str
-    workflow: dict[str, Any]
-    current: str
-    cancel: threading.Event = field(default_factory=threading.Event)
-    variables: dict[str, str] = field(default_factory=dict)
-    fanout: list[tuple[str, str]] = field(default_factory=list)   # (step name, output) since last collect
-    results: list[dict[str, Any]] = field(default_factory=list)
-    steps_completed: int = 0
-
-
-def _agent_label(ref: dict[str, str] | None) -> str:
-    if not ref:
-        return "none"
-    key, value = next(iter(ref.items()))
-    return f"{value!r}" if key == "name" else f"with id {value}"
 
 
 class WorkflowEngine:
     """Create, list and run workflows; the kernel owns one."""
 
     def __init__(self, store: Store, agents: AgentManager, executor: concurrent.futures.Executor,
-                 backoff_base: float = BACKOFF_BASE) -> None:
+                 backoff_base: float = BACKOFF_BASE, daemon_id: str | None = None,
+                 shared: bool = False) -> None:
+        """`daemon_id` is this daemon's cluster id (recorded as each run's owner); `shared`
+        says other daemons use the same database (PostgreSQL), whose runs are not ours."""
         self.db = WorkflowStore(store)
         self.agents = agents
-        self.executor = executor
-        self.backoff_base = backoff_base
-        # Coordinators of fan-out branches only wait; many may wait at once.
-        self._coordinators = concurrent.futures.ThreadPoolExecutor(max_workers=256,
-                                                                   thread_name_prefix="agentd-wf")
-        self._active: dict[str, _Run] = {}
+        self.daemon_id = daemon_id
+        self.shared = shared
+        self._active: dict[str, RunState] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self.steps = StepRunner(agents, executor, self.db.save_progress, self._closing, backoff_base)
 
     # -- lifecycle ----------------------------------------------------------------
     def recover(self) -> int:
-        """At startup: no run can still be running, so mark the ones that were as failed."""
-        count = self.db.fail_interrupted(INTERRUPTED)
+        """At startup: fail the runs this daemon left running (its previous process is gone).
+
+        On a database of its own (SQLite) that is every active run, whatever daemon id
+        recorded it (the default id follows the port). On a shared database only the runs
+        recorded under this daemon's id, and those recorded before runs had owners: the
+        others belong to live daemons (a dead one's runs are the reaper's)."""
+        owners = (self.daemon_id,) if self.shared else None
+        count = self.db.fail_interrupted(INTERRUPTED, owners)
         if count:
             log.warning("marked %d interrupted workflow run(s) failed", count)
         return count
@@ -106,22 +65,12 @@ class WorkflowEngine:
             runs = list(self._active.values())
         for run in runs:
             run.cancel.set()
-        self._coordinators.shutdown(wait=False, cancel_futures=True)
+        self.steps.close()
 
     # -- definitions ----------------------------------------------------------------
     def resolve(self, ref: dict[str, str] | None) -> AgentHandle | None:
         """The live agent a step refers to (by id or exact name), or None."""
-        if not ref:
-            return None
-        if "id" in ref:
-            try:
-                agent_id = str(uuid.UUID(ref["id"]))
-            except ValueError:
-                return None
-            handle = self.agents.find(agent_id)
-            return handle if handle is not None and handle.id == agent_id else None
-        handle = self.agents.by_name(ref["name"])
-        return None if handle is None or handle.killed else handle
+        return resolve(self.agents, ref)
 
     def create(self, body: Any) -> str:
         definition = parse_workflow(body, lambda ref: self.resolve(ref) is not None)
@@ -173,19 +122,26 @@ class WorkflowEngine:
         if self._closing.is_set():
             raise AgentdError("the daemon is shutting down", status=503)
         workflow = self.get(workflow_id)
-        run = _Run(run_id=self.db.create_run(workflow, text), workflow=workflow, current=text)
+        run = RunState(run_id=self.db.create_run(workflow, text, self.daemon_id), workflow=workflow,
+                       current=text)
         with self._lock:
             self._active[run.run_id] = run
         try:
-            self.db.start_run(run.run_id)
-            try:
-                error = self._drive(run)
-            except Exception as exc:  # noqa: BLE001 - a run must never stay `running`
-                log.exception("workflow run %s crashed", run.run_id)
-                error = f"internal error: {exc}"
+            error: str | None = "the run was failed before it started"  # by another daemon
+            if self.db.start_run(run.run_id):
+                try:
+                    error = self.steps.drive(run)
+                except Exception as exc:  # noqa: BLE001 - a run must never stay `running`
+                    log.exception("workflow run %s crashed", run.run_id)
+                    error = f"internal error: {exc}"
             status = "failed" if error else "completed"
             output = "" if error else run.current
-            self.db.finish_run(run.run_id, status, output, error, run.results, run.steps_completed)
+            if not self.db.finish_run(run.run_id, status, output, error, run.results, run.steps_completed):
+                # Another daemon failed the run meanwhile (it took this one for dead):
+                # its record stands, and the caller sees what it says.
+                final = self.db.run(run.run_id) or {}
+                status, output = "failed", ""
+                error = final.get("error") or "the run was failed by another daemon"
         finally:
             with self._lock:
                 self._active.pop(run.run_id, None)
@@ -193,230 +149,3 @@ class WorkflowEngine:
         if error:
             body["error"] = error
         return body
-
-    def _drive(self, run: _Run) -> str | None:
-        """Execute every step in order; the run's error message, or None when it completed."""
-        steps = run.workflow["steps"]
-        index = 0
-        while index < len(steps):
-            step = steps[index]
-            if step["mode"] == "fan_out":
-                end = index
-                while end < len(steps) and steps[end]["mode"] == "fan_out":
-                    end += 1
-                error = self._fan_out(run, list(range(index, end)))
-                index = end
-            else:
-                error = self._single(run, index)
-                index += 1
-            self.db.save_progress(run.run_id, run.results, run.steps_completed)
-            if error:
-                return error
-        return None
-
-    @staticmethod
-    def _step_error(index: int, step: dict[str, Any], message: str) -> str:
-        return f"step {index + 1} ({step['name']!r}) failed: {message}"
-
-    def _single(self, run: _Run, index: int) -> str | None:
-        step = run.workflow["steps"][index]
-        mode = step["mode"]
-        if mode == "collect":
-            joined = "\n\n".join(f"--- begin {name} ---\n{text}\n--- end {name} ---" for name, text in run.fanout)
-            run.fanout = []
-            if step["agent"] is None:
-                outcome = Outcome(output=joined, records=[self._record(index, step, None, "completed",
-                                                                       joined, None, 0.0, 0)])
-            else:
-                outcome = self._agent_step(run, index, joined, (run.cancel,))
-        elif mode == "conditional" and step["condition"].lower() not in run.current.lower():
-            # Skipped: the next step sees this step's input, as if it were not there.
-            record = self._record(index, step, self.resolve(step["agent"]), "skipped", run.current, None, 0.0, 0)
-            record["note"] = f"condition {step['condition']!r} not met by the previous output"
-            outcome = Outcome(output=run.current, records=[record], skipped=True)
-        elif mode == "loop":
-            outcome = self._loop(run, index)
-        else:
-            outcome = self._agent_step(run, index, run.current, (run.cancel,))
-        run.results.extend(outcome.records)
-        if outcome.failed:
-            return self._step_error(index, step, outcome.failed)
-        run.steps_completed += 1
-        run.current = outcome.output
-        if step["output_var"]:
-            run.variables[step["output_var"]] = outcome.output
-        return None
-
-    def _loop(self, run: _Run, index: int) -> Outcome:
-        step = run.workflow["steps"][index]
-        until = (step["until"] or "").lower()
-        current, records = run.current, []
-        for iteration in range(1, step["max_iterations"] + 1):
-            outcome = self._agent_step(run, index, current, (run.cancel,), iteration=iteration)
-            records.extend(outcome.records)
-            if outcome.failed:
-                return Outcome(output=current, records=records, failed=f"iteration {iteration}: {outcome.failed}")
-            if outcome.skipped:
-                break  # error_mode skip: the loop ends with the last good output
-            current = outcome.output
-            if until and until in current.lower():
-                break
-        else:
-            if until and records:
-                records[-1]["note"] = (f"until {step['until']!r} not met after "
-                                       f"{step['max_iterations']} iteration(s)")
-        return Outcome(output=current, records=records)
-
-    def _fan_out(self, run: _Run, indexes: list[int]) -> str | None:
-        """Run consecutive fan_out steps in parallel, each with its own error_mode."""
-        steps = run.workflow["steps"]
-        group_cancel = threading.Event()
-        given = run.current
-
-        def branch(i: int) -> Outcome:
-            outcome = self._agent_step(run, i, given, (run.cancel, group_cancel))
-            if outcome.failed and not group_cancel.is_set():
-                # error_mode fail (or retries used up): stop the siblings, the run is over.
-                group_cancel.set()
-            elif outcome.failed:
-                outcome.cancelled_by_sibling = True
-            return outcome
-
-        try:
-            futures = [self._coordinators.submit(branch, i) for i in indexes]
-        except RuntimeError:
-            return "the daemon is shutting down"
-        outcomes = [f.result() for f in futures]
-        first_error = None
-        for i, outcome in zip(indexes, outcomes):
-            step = steps[i]
-            run.results.extend(outcome.records)
-            if outcome.failed:
-                if first_error is None and not outcome.cancelled_by_sibling:
-                    first_error = self._step_error(i, step, outcome.failed)
-                continue
-            run.steps_completed += 1
-            if step["output_var"]:
-                run.variables[step["output_var"]] = outcome.output
-            if not outcome.skipped:
-                run.fanout.append((step["name"], outcome.output))
-            run.current = outcome.output
-        if first_error is None and any(o.failed for o in outcomes):
-            bad = next(i for i, o in zip(indexes, outcomes) if o.failed)
-            first_error = self._step_error(bad, steps[bad], outcomes[indexes.index(bad)].failed or "")
-        return first_error
-
-    # -- one agent step: attempts, retries, error_mode -------------------------------------
-    def _agent_step(self, run: _Run, index: int, given: str, stops: tuple[threading.Event, ...],
-                    iteration: int | None = None) -> Outcome:
-        step = run.workflow["steps"][index]
-        prompt = render(step["prompt"], given, run.variables)
-        attempts = step["max_retries"] + 1 if step["error_mode"] == "retry" else 1
-        began = time.monotonic()
-        error, handle = "", None
-        for attempt in range(1, attempts + 1):
-            handle = self.resolve(step["agent"])
-            if handle is None:
-                error = f"agent {_agent_label(step['agent'])} not found (killed, or never existed)"
-                break
-            try:
-                result = self._attempt(handle, prompt, step["timeout_secs"], stops)
-            except StepFailure as exc:
-                error = exc.message
-                if handle.killed:
-                    error = f"agent {handle.name!r} was killed while the step was running"
-                    break
-                if not exc.retryable or attempt == attempts:
-                    break
-                delay = min(self.backoff_base * 2 ** (attempt - 1), BACKOFF_MAX)
-                log.info("workflow step %r attempt %d failed (%s); retrying in %.2fs",
-                         step["name"], attempt, error, delay)
-                if _wait_any(stops, delay):
-                    error = f"{error}; retry abandoned: {_stop_reason(stops, self._closing)}"
-                    break
-                continue
-            record = self._record(index, step, handle, "completed", result.response, result,
-                                  time.monotonic() - began, attempt, iteration)
-            return Outcome(output=result.response, records=[record])
-        if attempts > 1 and attempt == attempts and handle is not None and not handle.killed:
-            error = f"failed after {attempts} attempts: {error}"
-        skip = step["error_mode"] == "skip" and not any(s.is_set() for s in stops)
-        status = "skipped" if skip else "failed"
-        record = self._record(index, step, handle, status, given if skip else "", None,
-                              time.monotonic() - began, attempt, iteration, error)
-        if skip:
-            return Outcome(output=given, records=[record], skipped=True)
-        return Outcome(output=given, records=[record], failed=error)
-
-    def _attempt(self, handle: AgentHandle, prompt: str, timeout: float,
-                 stops: tuple[threading.Event, ...]) -> RunResult:
-        """One agent run on the executor, bounded by `timeout` from when it starts."""
-        cancel = threading.Event()
-        started: list[float] = []
-
-        def call() -> RunResult:
-            started.append(time.monotonic())
-            # Waiting for the agent's run lock counts against the attempt's timeout.
-            return self.agents.run(handle, prompt, lock_timeout=timeout, cancel=cancel)
-
-        try:
-            future = self.executor.submit(call)
-        except RuntimeError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
-        while True:
-            # Queueing for an executor thread does not count; the attempt starts when it runs.
-            wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
-            done, _ = concurrent.futures.wait([future], timeout=wait)
-            if done:
-                break
-            if any(s.is_set() for s in stops):
-                cancel.set()
-                raise StepFailure(_stop_reason(stops, self._closing), retryable=False)
-            if started and time.monotonic() >= started[0] + timeout:
-                cancel.set()  # the agent run stops at its next cancellation point
-                raise StepFailure(f"timed out after {timeout:g}s")
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
-        except RunCancelled:
-            raise StepFailure("the agent's run was cancelled (stopped or killed)", retryable=False) from None
-        except AgentdError as exc:
-            # Refusals (bad input, quota, budget) would only be refused again.
-            raise StepFailure(exc.message, retryable=exc.status >= 500 or exc.status == 409) from None
-
-    @staticmethod
-    def _record(index: int, step: dict[str, Any], handle: AgentHandle | None, status: str, output: str,
-                result: RunResult | None, seconds: float, attempts: int, iteration: int | None = None,
-                error: str | None = None) -> dict[str, Any]:
-        """A Step result (spec fields first, then what explains skips and failures)."""
-        ref = step["agent"] or {}
-        return {"step_name": step["name"], "agent_id": handle.id if handle else ref.get("id", ""),
-                "agent_name": handle.name if handle else ref.get("name", ""), "output": output,
-                "input_tokens": result.usage.input_tokens if result else 0,
-                "output_tokens": result.usage.output_tokens if result else 0,
-                "duration_ms": int(seconds * 1000),
-                "step_index": index, "mode": step["mode"], "status": status, "error": error,
-                "attempts": attempts, "iteration": iteration,
-                "cost_usd": result.cost_usd if result else None, "note": None}
-
-
-def _wait_any(events: Iterable[threading.Event], seconds: float) -> bool:
-    """Sleep up to `seconds`; True as soon as any event is set."""
-    deadline = time.monotonic() + seconds
-    events = tuple(events)
-    while True:
-        if any(e.is_set() for e in events):
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        events[0].wait(min(left, _POLL))
-
-
-def _stop_reason(stops: tuple[threading.Event, ...], closing: threading.Event) -> str:
-    if closing.is_set():
-        return "the daemon is shutting down"
-    if len(stops) > 1 and stops[1].is_set() and not stops[0].is_set():
-        return "cancelled because a parallel fan_out step failed"
-    return "run cancelled"

@@ -83,13 +83,14 @@ class WorkflowStore:
                      "created_at": iso(r.created_at)} for r in rows]
 
     # -- runs -------------------------------------------------------------------
-    def create_run(self, workflow: dict[str, Any], text: str) -> str:
-        """A new `pending` run; evicts the oldest finished runs above the retention limit."""
+    def create_run(self, workflow: dict[str, Any], text: str, owner: str | None = None) -> str:
+        """A new `pending` run driven by daemon `owner`; evicts the oldest finished runs
+        above the retention limit."""
         run_id = str(uuid.uuid4())
         with self._run_lock, orm.db_session:
             runs = self.store.e.WorkflowRunRow
             runs(id=run_id, workflow_id=workflow["id"], workflow_name=workflow["name"], status="pending",
-                 input=text, created_at=utcnow())
+                 input=text, created_at=utcnow(), daemon_id=owner)
             excess = orm.count(r for r in runs) - self.retention
             if excess > 0:
                 oldest = orm.select(r for r in runs if r.status in FINISHED).order_by(
@@ -98,42 +99,60 @@ class WorkflowStore:
                     row.delete()
         return run_id
 
-    def start_run(self, run_id: str) -> None:
+    def start_run(self, run_id: str) -> bool:
+        """`pending` -> `running`; False when the run is not pending (e.g. already failed by
+        another daemon's reaper), and then nothing is written."""
         with _write:
-            row = self.store.e.WorkflowRunRow.get(id=run_id)
-            if row is not None:
-                row.status, row.started_at = "running", utcnow()
+            row = self.store.e.WorkflowRunRow.get_for_update(id=run_id)
+            if row is None or row.status != "pending":
+                return False
+            row.status, row.started_at = "running", utcnow()
+            return True
 
-    def save_progress(self, run_id: str, step_results: list[dict[str, Any]], steps_completed: int) -> None:
+    def save_progress(self, run_id: str, step_results: list[dict[str, Any]], steps_completed: int) -> bool:
+        """Record the step results so far; False when the run is no longer active (another
+        daemon failed it, or it is gone), and then nothing is written."""
         with _write:
-            row = self.store.e.WorkflowRunRow.get(id=run_id)
-            if row is not None:
-                row.step_results = json.dumps(step_results, ensure_ascii=False)
-                row.steps_completed = steps_completed
+            row = self.store.e.WorkflowRunRow.get_for_update(id=run_id)
+            if row is None or row.status not in ACTIVE:
+                return False
+            row.step_results = json.dumps(step_results, ensure_ascii=False)
+            row.steps_completed = steps_completed
+            return True
 
     def finish_run(self, run_id: str, status: str, output: str, error: str | None,
-                   step_results: list[dict[str, Any]], steps_completed: int) -> None:
+                   step_results: list[dict[str, Any]], steps_completed: int) -> bool:
+        """Close an active run; False (nothing written) when it is no longer active: the
+        reaper of another daemon failed it first, and its record stands."""
         with _write:
-            row = self.store.e.WorkflowRunRow.get(id=run_id)
-            if row is None:
-                return
+            # Row-locked on PostgreSQL, so a reaper's update and this one cannot interleave.
+            row = self.store.e.WorkflowRunRow.get_for_update(id=run_id)
+            if row is None or row.status not in ACTIVE:
+                return False
             row.status, row.output, row.error = status, output, error
             row.step_results = json.dumps(step_results, ensure_ascii=False)
             row.steps_completed = steps_completed
             row.completed_at = utcnow()
             if row.started_at is None:
                 row.started_at = row.completed_at
+            return True
 
     def active_run_count(self, workflow_id: str) -> int:
         with orm.db_session:
             return orm.count(r for r in self.store.e.WorkflowRunRow
                              if r.workflow_id == workflow_id and r.status in ACTIVE)
 
-    def fail_interrupted(self, message: str) -> int:
-        """Mark every pending/running run failed (called once at startup); returns how many."""
+    def fail_interrupted(self, message: str, owners: tuple[str | None, ...] | None = None) -> int:
+        """Mark pending/running runs failed (called once at startup); returns how many.
+
+        `owners` None: every active run. Otherwise only the runs recorded under one of these
+        daemon ids, and the runs that have no owner (recorded before runs had owners)."""
         now = utcnow()
         with _write:
-            rows = list(orm.select(r for r in self.store.e.WorkflowRunRow if r.status in ACTIVE))
+            runs = self.store.e.WorkflowRunRow
+            query = orm.select(r for r in runs if r.status in ACTIVE)
+            rows = [r for r in query.for_update()
+                    if owners is None or r.daemon_id is None or r.daemon_id in owners]
             for row in rows:
                 row.status, row.error, row.completed_at = "failed", message, now
                 row.output = row.output or ""
@@ -169,7 +188,7 @@ class WorkflowStore:
                 return None
             item = self._item(row)
             item.update({"input": row.input, "output": row.output,
-                         "created_at": iso(row.created_at),
+                         "created_at": iso(row.created_at), "daemon_id": row.daemon_id,
                          "step_results": json.loads(row.step_results or "[]")})
             return item
 

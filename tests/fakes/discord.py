@@ -23,17 +23,16 @@ import time
 from typing import Any
 
 from flask import jsonify, request
-from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from fakes.platform import FakePlatform
+from fakes.gateway import FakeGateway
 
 BOT = {"id": "900000000000000001", "username": "agentbot", "discriminator": "0", "bot": True}
 GUILD = "800000000000000001"
 PRIVILEGED = (1 << 1) | (1 << 8) | (1 << 15)  # GUILD_MEMBERS, GUILD_PRESENCES, MESSAGE_CONTENT
 
 
-class FakeDiscord(FakePlatform):
+class FakeDiscord(FakeGateway):
     def __init__(self, token: str, heartbeat_ms: int = 45000) -> None:
         super().__init__("discord")
         self.token = token
@@ -44,10 +43,9 @@ class FakeDiscord(FakePlatform):
         self.typing: list[str] = []
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
-        self.socks: list[Any] = []
         self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
         self.session_ids = itertools.count(1)
-        app, sock = self.app, Sock(self.app)
+        app, sock = self.app, self.sock
 
         def authorised() -> bool:
             return request.headers.get("Authorization") == f"Bot {self.token}"
@@ -145,11 +143,7 @@ class FakeDiscord(FakePlatform):
 
     def send_op(self, op: int, d: Any = None) -> None:
         """Send a bare opcode (7 reconnect, 9 invalid session, 1 heartbeat request) to every socket."""
-        for ws in list(self.socks):
-            try:
-                ws.send(json.dumps({"op": op, "d": d, "s": None, "t": None}))
-            except (ConnectionClosed, OSError):
-                pass
+        self.to_every_socket({"op": op, "d": d, "s": None, "t": None})
 
     # -- platform users ------------------------------------------------------------------
     @staticmethod
@@ -177,18 +171,6 @@ class FakeDiscord(FakePlatform):
         content = f"<@{BOT['id']}> {text}" if mention else text
         self._message(channel, author, content, self.guild_of(channel), mentions=mentions)
         return channel
-
-    def replies(self, channel: str) -> list[str]:
-        return [s["content"] for s in self.sent if s["channel"] == channel]
-
-    def restart(self, down_for: float = 0.3) -> None:
-        for ws in list(self.socks):
-            try:
-                ws.close()
-            except (ConnectionClosed, OSError):
-                pass
-        self.socks.clear()
-        super().restart(down_for)
 
     def identifies(self) -> list[dict[str, Any]]:
         return [f["d"] for _, f in self.received if f.get("op") == 2]

@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from fakes.servers import need, wait_port
+from fakes.servers import ServerProcess, need
 from support import free_port
 
 
-class Murmur:
+class Murmur(ServerProcess):
+    down_for = 0.3
+
     def __init__(self, password: str = "") -> None:
         self.binary = need("murmurd")
         # murmurd started as root switches to its own user: the directory must be writable by it.
@@ -34,31 +33,10 @@ class Murmur:
                             f"logfile={self.root}/murmur.log\npidfile={self.root}/murmur.pid\n"
                             f"serverpassword={password}\nusers=50\nice=\"\"\nbonjour=false\n"
                             "textmessagelength=5000\nwelcometext=\"test server\"\n")
-        self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Murmur":
-        self.proc = subprocess.Popen([self.binary, "-fg", "-ini", str(self.ini)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port, timeout=20)
+        self.launch([self.binary, "-fg", "-ini", str(self.ini)], self.port)
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def restart(self) -> None:
-        self.stop()
-        time.sleep(0.3)
-        self.start()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _varint(n: int) -> bytes:

@@ -20,10 +20,9 @@ import json
 from typing import Any
 
 from flask import jsonify, request
-from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from fakes.platform import FakePlatform
+from fakes.gateway import FakeGateway
 
 BOT = {"_id": "01BOT00000000000000000000A", "username": "agentbot", "discriminator": "0001",
        "bot": {"owner": "01OWNER000000000000000000A"}, "online": True}
@@ -36,7 +35,7 @@ def user(name: str) -> dict[str, Any]:
     return {"_id": f"01USER{name.upper():0<20}"[:26], "username": name, "discriminator": "1234", "online": True}
 
 
-class FakeRevolt(FakePlatform):
+class FakeRevolt(FakeGateway):
     def __init__(self, token: str) -> None:
         super().__init__("revolt")
         self.token = token
@@ -45,7 +44,6 @@ class FakeRevolt(FakePlatform):
         self.messages: list[dict[str, Any]] = []
         self.received: list[dict[str, Any]] = []
         self.typing: list[str] = []
-        self.socks: list[Any] = []
         self.people = {n: user(n) for n in ("ann", "bob", "mallory")}
         self.people["otherbot"] = {**user("otherbot"), "bot": {"owner": "someone"}}
         self.ids = itertools.count(1)
@@ -54,7 +52,7 @@ class FakeRevolt(FakePlatform):
         for name, person in self.people.items():
             self.channels[f"DM{name.upper()}"] = {"channel_type": "DirectMessage", "_id": f"DM{name.upper()}",
                                                   "active": True, "recipients": [BOT["_id"], person["_id"]]}
-        app, sock = self.app, Sock(self.app)
+        app, sock = self.app, self.sock
 
         @app.before_request
         def auth():
@@ -143,14 +141,3 @@ class FakeRevolt(FakePlatform):
             self._post(channel, person["_id"], text)
         return channel
 
-    def replies(self, channel: str) -> list[str]:
-        return [s["content"] for s in self.sent if s["channel"] == channel]
-
-    def restart(self, down_for: float = 0.3) -> None:
-        for ws in list(self.socks):
-            try:
-                ws.close()
-            except (ConnectionClosed, OSError):
-                pass
-        self.socks.clear()
-        super().restart(down_for)

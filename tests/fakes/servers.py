@@ -15,15 +15,20 @@ import pytest
 from support import free_port
 
 
-def wait_port(port: int, timeout: float = 10.0) -> None:
+def wait_port(port: int, timeout: float = 30.0, proc: "subprocess.Popen | None" = None) -> None:
+    """Wait until 127.0.0.1:`port` accepts connections. Generous: a server starting TLS
+    (ngircd prepares its DH parameters) takes seconds on a loaded 2-core machine. Fails
+    at once when `proc` has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
 
 
 def need(binary: str) -> str:
@@ -33,7 +38,47 @@ def need(binary: str) -> str:
     return path
 
 
-class Ngircd:
+class ServerProcess:
+    """A real server binary run in the foreground for a test (ngircd, murmur, prosody):
+    `launch()` starts it and waits for its ports; stop() terminates it (kills it after 5 s)."""
+
+    proc: "subprocess.Popen | None" = None
+    root: Path
+    #: seconds between stop() and start() in restart(): the port is free again by then
+    down_for = 0.0
+
+    def start(self) -> "ServerProcess":
+        raise NotImplementedError
+
+    def launch(self, argv: list[str], *ports: int, timeout: float = 30.0) -> None:
+        """Run `argv` (output discarded) and wait until every port in `ports` accepts connections."""
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for port in ports:
+            wait_port(port, timeout=timeout, proc=self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def restart(self) -> None:
+        """Stop, wait `down_for`, start again on the same port(s)."""
+        self.stop()
+        if self.down_for:
+            time.sleep(self.down_for)
+        self.start()
+
+    def cleanup(self) -> None:
+        """Stop, and remove the server's directory `root`."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Ngircd(ServerProcess):
     """A real ngircd on 127.0.0.1:<free port>; restart() keeps the port."""
 
     def __init__(self, root: Path, tls: bool = False) -> None:
@@ -60,28 +105,11 @@ class Ngircd:
             "[Limits]\nMaxConnectionsIP = 0\nPingTimeout = 120\nPongTimeout = 20\n"
             "[Options]\nPAM = no\nIdent = no\nDNS = no\n" + ssl_section)
         self.tls = tls
-        self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Ngircd":
-        self.proc = subprocess.Popen([self.binary, "-n", "-f", str(self.root / "ngircd.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port)
-        if self.tls:
-            wait_port(self.tls_port)
+        ports = (self.port, self.tls_port) if self.tls else (self.port,)
+        self.launch([self.binary, "-n", "-f", str(self.root / "ngircd.conf")], *ports)
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 class IrcUser:

@@ -26,10 +26,9 @@ from typing import Any
 
 import requests
 from flask import jsonify, request
-from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from fakes.platform import FakePlatform
+from fakes.gateway import FakeGateway
 
 TEAM, APP, BOT_USER, BOT_ID = "T0FAKE", "A0FAKE", "U0BOT", "B0BOT"
 
@@ -39,7 +38,9 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "v0=" + hmac.new(secret.encode(), f"v0:{timestamp}:".encode() + body, hashlib.sha256).hexdigest()
 
 
-class FakeSlack(FakePlatform):
+class FakeSlack(FakeGateway):
+    text_key = "text"
+
     def __init__(self, app_token: str, bot_token: str, signing_secret: str = "") -> None:
         super().__init__("slack")
         self.app_token, self.bot_token, self.signing_secret = app_token, bot_token, signing_secret
@@ -49,10 +50,9 @@ class FakeSlack(FakePlatform):
         self.acked: list[str] = []
         self.tickets: list[str] = []
         self.used: set[str] = set()
-        self.socks: list[Any] = []
         self.deliveries: list[requests.Response] = []
         self.clock = itertools.count(1)
-        app, sock = self.app, Sock(self.app)
+        app, sock = self.app, self.sock
 
         def token() -> str:
             return request.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -169,21 +169,6 @@ class FakeSlack(FakePlatform):
             self.event({"type": "app_mention", "text": body, **base})
         return channel
 
-    def replies(self, channel: str) -> list[str]:
-        return [s["text"] for s in self.sent if s["channel"] == channel]
-
     def disconnect(self, reason: str = "refresh_requested") -> None:
-        for ws in list(self.socks):
-            try:
-                ws.send(json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}}))
-            except (ConnectionClosed, OSError):
-                pass
+        self.to_every_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}})
 
-    def restart(self, down_for: float = 0.3) -> None:
-        for ws in list(self.socks):
-            try:
-                ws.close()
-            except (ConnectionClosed, OSError):
-                pass
-        self.socks.clear()
-        super().restart(down_for)

@@ -2,7 +2,7 @@
 reference/messages): POST /{phone_number_id}/messages with Bearer token and
 {messaging_product: whatsapp, to, type: text, text: {body}} → {messaging_product, contacts,
 messages: [{id}]}; 429 with Retry-After while `throttle` holds seconds. `event()` builds a
-webhook body (payload examples in the docs); signatures as Meta's X-Hub-Signature-256."""
+webhook body (payload examples in the docs); it is signed like Messenger's (tests/meta_webhook.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 from flask import Flask, jsonify, request
 
 from fakes.http import FakeServer
-from fakes.messenger import signature  # noqa: F401 - the same Meta signature scheme
 
 PHONE_ID = "106540352242922"
 

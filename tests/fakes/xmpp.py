@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import ssl
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from agentd.channels.adapters.xmpp import drain
-from fakes.servers import need, wait_port
+from fakes.servers import ServerProcess, need
 from support import free_port
 
 DOMAIN, MUC = "localhost", "conference.localhost"
 
 
-class Prosody:
+class Prosody(ServerProcess):
+    down_for = 0.5
+
     def __init__(self) -> None:
         self.binary = need("prosody")
         self.ctl = need("prosodyctl")
@@ -31,7 +31,6 @@ class Prosody:
         self.root = Path(tempfile.mkdtemp(prefix="agentd-prosody-"))
         os.chmod(self.root, 0o755)
         self.port = free_port()
-        self.proc: subprocess.Popen | None = None
         (self.root / "data").mkdir()
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
                         f"/CN={DOMAIN}", "-keyout", str(self.root / "key.pem"), "-out", str(self.root / "cert.pem")],
@@ -70,28 +69,8 @@ Component "{MUC}" "muc"
                        check=True, capture_output=True, timeout=30)
 
     def start(self) -> "Prosody":
-        self.proc = subprocess.Popen([self.binary, "-F", "--config", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_port(self.port)
+        self.launch([self.binary, "-F", "--config", str(self.config)], self.port)
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def restart(self, down_for: float = 0.5) -> None:
-        self.stop()
-        time.sleep(down_for)
-        self.start()
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class XmppUser:

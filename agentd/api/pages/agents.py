@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from flask import current_app, render_template, request, url_for
 
@@ -102,42 +102,41 @@ def agent_message(agent_id: str):
     return see_other("pages.agent_page", agent_id=handle.id, _anchor="latest")
 
 
-@bp.post("/agents/<agent_id>/mode")
-def agent_mode(agent_id: str):
+def _agent_action(agent_id: str, action: Callable[[Any, Any], Any], refusal_on_page: bool = True):
+    """Run one session action from the agent page's forms, then show the agent again.
+
+    With `refusal_on_page`, an AgentdError re-renders the agent page with its message and
+    status; otherwise it reaches the ordinary error handler.
+    """
     agents = kernel().agents
     handle = agents.get(agent_id)
     try:
-        agents.set_mode(handle, request.form.get("mode", ""))
+        action(agents, handle)
     except AgentdError as exc:
+        if not refusal_on_page:
+            raise
         return _agent_page(agent_id, exc.status, exc.message)
     return see_other("pages.agent_page", agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/mode")
+def agent_mode(agent_id: str):
+    return _agent_action(agent_id, lambda agents, handle: agents.set_mode(handle, request.form.get("mode", "")))
 
 
 @bp.post("/agents/<agent_id>/stop")
 def agent_stop(agent_id: str):
-    agents = kernel().agents
-    handle = agents.get(agent_id)
-    agents.stop(handle)
-    return see_other("pages.agent_page", agent_id=handle.id)
+    return _agent_action(agent_id, lambda agents, handle: agents.stop(handle), refusal_on_page=False)
 
 
 @bp.post("/agents/<agent_id>/compact")
 def agent_compact(agent_id: str):
-    agents = kernel().agents
-    handle = agents.get(agent_id)
-    try:
-        agents.compact(handle)
-    except AgentdError as exc:
-        return _agent_page(agent_id, exc.status, exc.message)
-    return see_other("pages.agent_page", agent_id=handle.id)
+    return _agent_action(agent_id, lambda agents, handle: agents.compact(handle))
 
 
 @bp.post("/agents/<agent_id>/reset")
 def agent_reset(agent_id: str):
-    agents = kernel().agents
-    handle = agents.get(agent_id)
-    agents.reset_session(handle)
-    return see_other("pages.agent_page", agent_id=handle.id)
+    return _agent_action(agent_id, lambda agents, handle: agents.reset_session(handle), refusal_on_page=False)
 
 
 @bp.post("/agents/<agent_id>/kill")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshmallow import fields
 
-from agentd.api.schemas_out.base import Bool, Int, NullStr, Out, Str, req, status
+from agentd.api.schemas_out.base import Bool, Int, NullStr, Out, Str, reply, req, status
 
 
 # -- system ------------------------------------------------------------------------
@@ -143,15 +143,8 @@ class SessionSchema(Out):
     messages = req(fields.List(fields.Nested(SessionMessageSchema)))
 
 
-class ModeSetSchema(Out):
-    status = status("updated")
-    agent_id = Str()
-    mode = Str()
-
-
-class KilledSchema(Out):
-    status = status("killed")
-    agent_id = Str()
+ModeSetSchema = reply("ModeSetSchema", "updated", agent_id=Str(), mode=Str())
+KilledSchema = reply("KilledSchema", "killed", agent_id=Str())
 
 
 class StoppedSchema(Out):
@@ -169,15 +162,8 @@ class CompactSchema(Out):
     message = Str()
 
 
-class ResetSchema(Out):
-    status = status("reset")
-    agent_id = Str()
-    session_id = Str()
-
-
-class SessionDeletedSchema(Out):
-    status = status("deleted")
-    session_id = Str()
+ResetSchema = reply("ResetSchema", "reset", agent_id=Str(), session_id=Str())
+SessionDeletedSchema = reply("SessionDeletedSchema", "deleted", session_id=Str())
 
 
 class UploadSchema(Out):
@@ -209,9 +195,5 @@ class ApprovalDecisionSchema(Out):
 
 # -- memory ------------------------------------------------------------------------
 
-class KvOkSchema(Out):
-    status = status("ok")
-
-
-class KvDeletedSchema(Out):
-    status = status("deleted")
+KvOkSchema = reply("KvOkSchema", "ok")
+KvDeletedSchema = reply("KvDeletedSchema", "deleted")

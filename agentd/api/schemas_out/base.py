@@ -43,6 +43,12 @@ def status(*values: str) -> fields.Field:
     return req(fields.String(validate=validate.OneOf(values)))
 
 
+def reply(name: str, state: str, **keys: fields.Field) -> type[Out]:
+    """The schema class `name` of a write operation's answer: `{"status": state, **keys}`
+    (e.g. `{"status": "removed", "model_id": ...}`), one line instead of a class each."""
+    return Out.from_dict({"status": status(state), **keys}, name=name)
+
+
 # -- errors ------------------------------------------------------------------------
 
 class ErrorSchema(Out):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshmallow import fields
 
-from agentd.api.schemas_out.base import Bool, Int, NullStr, Num, Out, Str, req, status
+from agentd.api.schemas_out.base import Bool, Int, NullStr, Num, Out, Str, reply, req, status
 
 
 # -- catalog, providers, usage, budget ---------------------------------------------------
@@ -24,14 +24,8 @@ class ModelSchema(Out):
     aliases = req(fields.List(fields.String()))
 
 
-class ModelAddedSchema(Out):
-    status = status("added")
-    model_id = Str()
-
-
-class ModelRemovedSchema(Out):
-    status = status("removed")
-    model_id = Str()
+ModelAddedSchema = reply("ModelAddedSchema", "added", model_id=Str())
+ModelRemovedSchema = reply("ModelRemovedSchema", "removed", model_id=Str())
 
 
 class ProviderSchema(Out):
@@ -44,21 +38,9 @@ class ProviderSchema(Out):
     model_count = Int()
 
 
-class KeySetSchema(Out):
-    status = status("configured")
-    provider = Str()
-    env_var = Str()
-
-
-class KeyRemovedSchema(Out):
-    status = status("removed")
-    provider = Str()
-
-
-class UrlSetSchema(Out):
-    status = status("updated")
-    provider = Str()
-    base_url = Str()
+KeySetSchema = reply("KeySetSchema", "configured", provider=Str(), env_var=Str())
+KeyRemovedSchema = reply("KeyRemovedSchema", "removed", provider=Str())
+UrlSetSchema = reply("UrlSetSchema", "updated", provider=Str(), base_url=Str())
 
 
 class ProviderTestSchema(Out):
@@ -92,9 +74,7 @@ class BudgetStatusSchema(Out):
     alerts = req(fields.List(fields.Raw()))
 
 
-class BudgetSetSchema(Out):
-    status = status("updated")
-    limit_usd = Num()
+BudgetSetSchema = reply("BudgetSetSchema", "updated", limit_usd=Num())
 
 
 class BudgetAgentSchema(Out):

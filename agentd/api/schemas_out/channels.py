@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshmallow import fields as ma
 
-from agentd.api.schemas_out.base import Bool, Int, Out, Str, req, status
+from agentd.api.schemas_out.base import Bool, Int, Out, Str, reply, req, status
 
 
 class ChannelFieldSchema(Out):
@@ -36,26 +36,11 @@ class ChannelSchema(Out):
     config_template = Str()
 
 
-class ChannelConfiguredSchema(Out):
-    status = status("configured")
-    channel = Str()
-    activated = Bool()
-    note = ma.String()
-
-
-class ChannelRemovedSchema(Out):
-    status = status("removed")
-    channel = Str()
-
-
-class ChannelsReloadedSchema(Out):
-    status = status("reloaded")
-    channels_active = Int()
-
-
-class ChannelTestSchema(Out):
-    status = status("success")
-    message = Str()
+ChannelConfiguredSchema = reply("ChannelConfiguredSchema", "configured", channel=Str(), activated=Bool(),
+                                note=ma.String())
+ChannelRemovedSchema = reply("ChannelRemovedSchema", "removed", channel=Str())
+ChannelsReloadedSchema = reply("ChannelsReloadedSchema", "reloaded", channels_active=Int())
+ChannelTestSchema = reply("ChannelTestSchema", "success", message=Str())
 
 
 class QrStartSchema(Out):

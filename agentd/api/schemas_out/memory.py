@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshmallow import fields
 
-from agentd.api.schemas_out.base import Bool, Int, Num, Out, Str, req, status
+from agentd.api.schemas_out.base import Bool, Int, Num, Out, Str, reply, req
 
 
 class FragmentSchema(Out):
@@ -30,9 +30,7 @@ class FragmentPageSchema(Out):
     total = Int()
 
 
-class FragmentDeletedSchema(Out):
-    status = status("deleted")
-    id = Str()
+FragmentDeletedSchema = reply("FragmentDeletedSchema", "deleted", id=Str())
 
 
 class RecallResultSchema(Out):

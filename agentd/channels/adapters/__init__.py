@@ -21,9 +21,18 @@ IMPLEMENTED += ("discord", "guilded", "revolt", "slack")
 WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 
 
-def load(name: str) -> type | None:
-    """The adapter class for `name`, or None when it is not implemented yet."""
-    if name not in IMPLEMENTED + WEBHOOK_FAMILY:
-        return None
+# Every adapter of the catalog (agentd/data/channels.json): all 40 exist.
+ADAPTERS = frozenset(IMPLEMENTED + WEBHOOK_FAMILY)
+
+
+def has(name: str) -> bool:
+    """Whether an adapter module exists for `name` (every catalog channel has one)."""
+    return name in ADAPTERS
+
+
+def load(name: str) -> type:
+    """The adapter class for `name` (a catalog name; anything else is a KeyError)."""
+    if name not in ADAPTERS:
+        raise KeyError(f"no channel adapter {name!r}")
     module = importlib.import_module(f"agentd.channels.adapters.{name}")
     return module.ADAPTER

@@ -49,9 +49,6 @@ class DingTalkAdapter(WebhookAdapter):
         self.env("secret_env")
         self.env("access_token_env")
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         secret = self.env("secret_env", required=False)
         timestamp, given = request.headers.get("timestamp") or "", request.headers.get("sign") or ""

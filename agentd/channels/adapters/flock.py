@@ -65,9 +65,6 @@ class FlockAdapter(WebhookAdapter):
         self.env("app_secret_env")
         self.env("bot_token_env")
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def claims(self, request: Request) -> dict[str, Any] | None:
         """The request's valid event-token claims (header, or `flockEventToken` query), else None."""
         secret = self.env("app_secret_env", required=False)

@@ -22,10 +22,9 @@ from typing import Any
 import jwt
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.jwtkeys import KeySet, bearer, verify_jwt
-from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.tokens import CachedToken
-from agentd.channels.bases.webhook import Request, WebhookAdapter
+from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
+from agentd.channels.bases.sender import split_text
+from agentd.channels.bases.webhook import Request
 
 ISSUER = "chat@system.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/chat.bot"
@@ -33,14 +32,10 @@ TOKEN_URL = "https://oauth2.googleapis.com/token"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 
-class GoogleChatAdapter(WebhookAdapter):
+class GoogleChatAdapter(JwtWebhookAdapter):
     max_message_len = 4096
-
-    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(ctx, settings)
-        self.http = HttpSender(stop=self.stopping)
-        self.keys = KeySet(self.http, str(settings.get("certs_url") or ""), kind="x509")
-        self.token = CachedToken(self._fetch_token)
+    keys_setting, keys_kind = "certs_url", "x509"
+    issuer, audience_setting, leeway = ISSUER, "project_number", 60
 
     def listen_port(self) -> int:
         return int(self.settings.get("webhook_port") or 8444)
@@ -66,19 +61,12 @@ class GoogleChatAdapter(WebhookAdapter):
             raise ChannelError("service account key lacks client_email or private_key")
         return info
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
-        token = bearer(request.headers)
-        if not token:
-            return False
         try:
-            verify_jwt(token, self.keys, ISSUER, str(self.settings.get("project_number")), leeway=60)
+            return self.request_claims(request) is not None
         except ChannelError as exc:
             self.ctx.log.info("google chat event refused: %s", exc)
             return False
-        return True
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         event = request.json()
@@ -110,9 +98,7 @@ class GoogleChatAdapter(WebhookAdapter):
                                info["private_key"], algorithm="RS256",
                                headers={"kid": info["private_key_id"]} if info.get("private_key_id") else None)
         answer = self.http.json("POST", url, data={"grant_type": JWT_BEARER, "assertion": assertion})
-        if not isinstance(answer, dict) or not answer.get("access_token"):
-            raise ChannelError("google token: no access_token in the answer")
-        return str(answer["access_token"]), float(answer.get("expires_in") or 3600)
+        return self.access_token(answer, "google")
 
     def send(self, conversation: Conversation, text: str) -> str:
         url = f"{str(self.settings.get('api_url')).rstrip('/')}/v1/{conversation.chat_id}/messages"
@@ -133,10 +119,6 @@ class GoogleChatAdapter(WebhookAdapter):
         if not target.startswith("spaces/"):
             raise ChannelError("pass chat_id (a space name, spaces/...) or set space_ids to send a test message")
         return Conversation(self.name, target, "", direct=False)
-
-    def close(self) -> None:
-        super().close()
-        self.http.close()
 
 
 ADAPTER = GoogleChatAdapter

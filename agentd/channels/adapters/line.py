@@ -43,9 +43,6 @@ class LineAdapter(WebhookAdapter):
         self.env("channel_secret_env")
         self.env("access_token_env")
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         secret = self.env("channel_secret_env", required=False)
         given = request.headers.get("x-line-signature") or ""

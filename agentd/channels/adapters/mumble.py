@@ -16,7 +16,7 @@ import time
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import mumble_wire as wire
-from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.backoff import Backoff, Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
 from agentd.channels.bases.sender import split_text
 
@@ -54,7 +54,7 @@ class MumbleAdapter(Adapter):
         return DuplexSocket(context.wrap_socket(raw, server_hostname=host))
 
     def _loop(self) -> None:
-        failing = False
+        link = Reconnects(self.ctx, self.backoff, "mumble: %s")
         while not self.stopping.is_set():
             try:
                 self.sock = self._connect()
@@ -64,18 +64,13 @@ class MumbleAdapter(Adapter):
                 while not self.stopping.is_set():
                     kind, fields = wire.read_frame(self._recv_exact)
                     self._dispatch(kind, fields)
-                    if failing and self.session >= 0:
-                        self.ctx.audit("reconnected")
-                        failing = False
-                        self.backoff.reset()
+                    if link.failing and self.session >= 0:
+                        link.up()
             except Exception as exc:  # noqa: BLE001 - any failure: back off, connect again
                 self.session = -1
                 if self.stopping.is_set():
                     break
-                if not failing:
-                    self.ctx.audit("connection_error", error=str(exc)[:300])
-                    self.ctx.log.warning("mumble: %s", exc)
-                failing = True
+                link.down(exc)
                 self._drop()
                 self.backoff.wait(self.stopping)
         self._drop()

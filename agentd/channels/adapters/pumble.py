@@ -50,9 +50,6 @@ class PumbleAdapter(WebhookAdapter):
         if not self.bot_id:
             raise ChannelError("pumble /oauth2/me did not name the bot user (set bot_user_id)")
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         secret = self.env("signing_secret_env", required=False)
         stamp = request.headers.get("x-pumble-request-timestamp") or ""

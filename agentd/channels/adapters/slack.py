@@ -148,9 +148,6 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
         self.env("signing_secret_env")
         self.prepare_bot()
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         secret = self.env("signing_secret_env", required=False)
         stamp = request.headers.get("x-slack-request-timestamp") or ""

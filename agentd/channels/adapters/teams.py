@@ -19,24 +19,20 @@ from typing import Any
 from urllib.parse import quote
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.jwtkeys import KeySet, bearer, key_endorses, verify_jwt
-from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.tokens import CachedToken
-from agentd.channels.bases.webhook import Request, WebhookAdapter
+from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
+from agentd.channels.bases.jwtkeys import key_endorses
+from agentd.channels.bases.sender import split_text
+from agentd.channels.bases.webhook import Request
 
 ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
 AT_TAG = re.compile(r"<at>.*?</at>\s*", re.IGNORECASE | re.DOTALL)  # the bot's @mention in channels
 
 
-class TeamsAdapter(WebhookAdapter):
+class TeamsAdapter(JwtWebhookAdapter):
     max_message_len = 10000
-
-    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(ctx, settings)
-        self.http = HttpSender(stop=self.stopping)
-        self.keys = KeySet(self.http, str(settings.get("openid_url") or ""), kind="openid")
-        self.token = CachedToken(self._fetch_token)
+    keys_setting, keys_kind = "openid_url", "openid"
+    issuer, audience_setting, leeway = ISSUER, "app_id", 300
 
     def listen_port(self) -> int:
         return int(self.settings.get("webhook_port") or 3978)
@@ -46,19 +42,16 @@ class TeamsAdapter(WebhookAdapter):
             raise ChannelError("app_id is not set (the Azure Bot's Microsoft App ID)")
         self.env("app_password_env")
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
-        token = bearer(request.headers)
-        if not token:
-            return False
         try:
-            claims, jwk = verify_jwt(token, self.keys, ISSUER, str(self.settings.get("app_id")), leeway=300)
+            verified = self.request_claims(request)
+            if verified is None:
+                return False
             activity = json.loads(request.body.decode("utf-8"))
         except (ChannelError, ValueError) as exc:
             self.ctx.log.info("teams activity refused: %s", exc)
             return False
+        claims, jwk = verified
         if not isinstance(activity, dict):
             return False
         # The token is only good for the service URL it names: replies go there.
@@ -92,9 +85,7 @@ class TeamsAdapter(WebhookAdapter):
         answer = self.http.json("POST", str(self.settings.get("token_url")), data={
             "grant_type": "client_credentials", "client_id": self.settings.get("app_id"),
             "client_secret": self.env("app_password_env"), "scope": SCOPE})
-        if not isinstance(answer, dict) or not answer.get("access_token"):
-            raise ChannelError("teams token: no access_token in the answer")
-        return str(answer["access_token"]), float(answer.get("expires_in") or 3600)
+        return self.access_token(answer, "teams")
 
     def send(self, conversation: Conversation, text: str) -> str:
         meta = conversation.meta
@@ -120,10 +111,6 @@ class TeamsAdapter(WebhookAdapter):
         if not override:
             raise ChannelError("pass chat_id (a Teams conversation id the bot is in) to send a test message")
         return Conversation(self.name, override, "", direct=False)
-
-    def close(self) -> None:
-        super().close()
-        self.http.close()
 
 
 ADAPTER = TeamsAdapter

@@ -66,9 +66,6 @@ class ThreemaAdapter(WebhookAdapter):
         # GET /credits checks the ID and secret (401 when wrong) before the listener opens.
         self.http.request("GET", self.api("/credits"), params={"from": self.identity(), "secret": self.env("secret_env")})
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         secret = self.env("secret_env", required=False)
         form = parse_form(request.body)

@@ -53,9 +53,6 @@ class ViberAdapter(WebhookAdapter):
             self.stop()
             raise
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         token = self.env("auth_token_env", required=False)
         given = request.headers.get("x-viber-content-signature") or ""

@@ -68,9 +68,6 @@ class WebexAdapter(WebhookAdapter):
             self.stop()
             raise
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         given = (request.headers.get("x-spark-signature") or "").strip().lower()
         expected = hmac.new(self.secret.encode(), request.body, hashlib.sha1).hexdigest()

@@ -89,9 +89,6 @@ class WhatsAppGatewayAdapter(WebhookAdapter):
     def health(self) -> bool:
         return super().health() and self.connected
 
-    def routes(self):  # type: ignore[no-untyped-def]
-        return {("POST", "*"): self._inbound}
-
     def verify(self, request: Request) -> bool:
         token = self.env("gateway_token_env", required=False)
         parts = request.path.split("/")  # "", token, "api", "agents", name, "message"

@@ -13,7 +13,7 @@ import ssl
 import time
 
 from agentd.channels.adapter import Adapter, ChannelError
-from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.backoff import Backoff, Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
 
 
@@ -72,14 +72,11 @@ class LineSocketAdapter(Adapter):
         return DuplexSocket(sock)  # the reader and the writer thread share it
 
     def _loop(self) -> None:
-        failing = False
+        link = Reconnects(self.ctx, self.backoff, "connection failed: %s")
         while not self.stopping.is_set():
             try:
                 self.sock = self._connect()
-                if failing:
-                    self.ctx.audit("reconnected")
-                failing = False
-                self.backoff.reset()
+                link.up()
                 self.on_connect()
                 buffer = b""
                 while not self.stopping.is_set():
@@ -94,10 +91,7 @@ class LineSocketAdapter(Adapter):
                 self.healthy = False
                 if self.stopping.is_set():
                     break
-                if not failing:
-                    self.ctx.audit("connection_error", error=str(exc)[:300])
-                    self.ctx.log.warning("connection failed: %s", exc)
-                failing = True
+                link.down(exc)
                 self._drop()
                 self.backoff.wait(self.stopping)
         self._drop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.backoff import Backoff, Reconnects
 from agentd.channels.bases.sender import HttpSender
 
 
@@ -31,7 +31,7 @@ class PollingAdapter(Adapter):
         """Checks before the loop starts (credentials present...); raise ChannelError."""
 
     def _loop(self) -> None:
-        failing = False
+        link = Reconnects(self.ctx, self.backoff, "poll failed: %s")
         while not self.stopping.is_set():
             try:
                 self.poll_once()
@@ -39,17 +39,11 @@ class PollingAdapter(Adapter):
                 if self.stopping.is_set():
                     break
                 self.healthy = False
-                if not failing:  # audit the transition, not every retry
-                    self.ctx.audit("connection_error", error=str(exc)[:300])
-                    self.ctx.log.warning("poll failed: %s", exc)
-                failing = True
+                link.down(exc)  # audits the transition, not every retry
                 self.backoff.wait(self.stopping)
                 continue
-            if failing:
-                self.ctx.audit("reconnected")
-            failing = False
+            link.up()
             self.healthy = True
-            self.backoff.reset()
             if self.poll_interval:
                 self.stopping.wait(self.poll_interval)
 

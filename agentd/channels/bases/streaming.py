@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import requests
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.backoff import Backoff, Reconnects
 from agentd.channels.bases.sender import HttpSender
 
 
@@ -58,7 +58,7 @@ class StreamingAdapter(Adapter):
         raise NotImplementedError
 
     def _loop(self) -> None:
-        failing = False
+        link = Reconnects(self.ctx, self.backoff, "stream failed: %s")
         while not self.stopping.is_set():
             try:
                 response = self.open_stream()
@@ -66,20 +66,14 @@ class StreamingAdapter(Adapter):
                 if response.status_code >= 400:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 self.healthy = True
-                if failing:
-                    self.ctx.audit("reconnected")
-                failing = False
-                self.backoff.reset()
+                link.up()
                 self.handle_lines(response.iter_lines(decode_unicode=True))
                 raise RuntimeError("stream ended")
             except Exception as exc:  # noqa: BLE001
                 self.healthy = False
                 if self.stopping.is_set():
                     break
-                if not failing:
-                    self.ctx.audit("connection_error", error=str(exc)[:300])
-                    self.ctx.log.warning("stream failed: %s", exc)
-                failing = True
+                link.down(exc)
                 self.backoff.wait(self.stopping)
             finally:
                 self._response = None

@@ -66,7 +66,12 @@ class WebhookAdapter(Adapter):
         raise NotImplementedError
 
     def routes(self) -> dict[tuple[str, str], Handler]:
-        """{(method, path): handler} served on the adapter's own port ("*": any path)."""
+        """{(method, path): handler} served on the adapter's own port ("*": any path).
+        Most platforms POST every event to one URL: `_inbound` takes them all."""
+        return {("POST", "*"): self._inbound}
+
+    def _inbound(self, request: Request) -> tuple[int, Any]:
+        """The handler of the default route: one platform event, answered (status, body)."""
         raise NotImplementedError
 
     def verify(self, request: Request) -> bool:

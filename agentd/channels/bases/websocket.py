@@ -12,7 +12,7 @@ from typing import Any
 import websocket
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff
+from agentd.channels.bases.backoff import Backoff, Reconnects
 from agentd.channels.bases.sender import HttpSender
 
 
@@ -62,7 +62,7 @@ class WebSocketAdapter(Adapter):
             ws.send(json.dumps(payload))
 
     def _loop(self) -> None:
-        failing = False
+        link = Reconnects(self.ctx, self.backoff, "websocket failed: %s")
         while not self.stopping.is_set():
             try:
                 ws = websocket.create_connection(self.ws_url(), header=self.ws_headers(),
@@ -70,20 +70,14 @@ class WebSocketAdapter(Adapter):
                 self.ws = ws
                 self.on_open()
                 self.healthy = True
-                if failing:
-                    self.ctx.audit("reconnected")
-                failing = False
-                self.backoff.reset()
+                link.up()
                 self._read(ws)
                 raise RuntimeError("connection closed by the server")
             except Exception as exc:  # noqa: BLE001
                 self.healthy = False
                 if self.stopping.is_set():
                     break
-                if not failing:
-                    self.ctx.audit("connection_error", error=str(exc)[:300])
-                    self.ctx.log.warning("websocket failed: %s", exc)
-                failing = True
+                link.down(exc)
                 self.backoff.wait(self.stopping)
             finally:
                 ws, self.ws = self.ws, None

@@ -71,7 +71,7 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
     text = "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     calls = [ToolCall(b.get("id", ""), b.get("name", ""), b.get("input") if isinstance(b.get("input"), dict) else {})
              for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-    finish = "tool_calls" if calls else FINISH.get(data.get("stop_reason") or "end_turn", "stop")
+    finish = "tool_calls" if calls else FINISH.get(data.get("stop_reason"), "stop")
     return ChatResponse(text=text, tool_calls=calls, finish_reason=finish, usage=_usage(data.get("usage")),
                         model=str(data.get("model") or model))
 
@@ -80,7 +80,6 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
                  on_event: Listener, guard: CallGuard) -> ChatResponse:
     """A streamed answer, event by event."""
     out = Assembler(on_event)
-    finished = False  # message_stop ends an answer; a body that stops before it was cut off
     for event in iter_sse(response, guard):
         data = parse_event_json(endpoint, model, event.data)
         kind = data.get("type") or event.event
@@ -111,8 +110,6 @@ def parse_stream(endpoint: ProviderEndpoint, model: str, response: requests.Resp
             detail = (data.get("error") or {}).get("message", "unknown error")
             raise bad_response(endpoint, model, f"the stream reported an error: {detail}")
         elif kind == "message_stop":
-            finished = True
-            break
-    if not finished:
-        raise truncated(endpoint, model, "message_stop")
-    return out.response(model)
+            return out.response(model)
+    # message_stop ends an answer; a body that stops before it was cut off.
+    raise truncated(endpoint, model, "message_stop")

@@ -200,15 +200,17 @@ def current_guard() -> CallGuard | None:
 class _Tracked:
     """Mixin for urllib3 connections: tell the calling thread's guard which socket to interrupt."""
 
+    sock: Any  # http.client sets it (None until connected) on every connection
+
     def request(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401 - urllib3's signature
         guard = current_guard()
         if guard is not None:
-            guard.reused = getattr(self, "sock", None) is not None
-            guard.attach(getattr(self, "sock", None))
+            guard.reused = self.sock is not None
+            guard.attach(self.sock)
         result = super().request(*args, **kwargs)  # type: ignore[misc]
         if guard is not None:
             guard.sent = True
-            guard.attach(getattr(self, "sock", None))  # the socket exists now even when this connection was new
+            guard.attach(self.sock)  # the socket exists now even when this connection was new
         return result
 
 

@@ -80,7 +80,7 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
     calls = [ToolCall(c.get("id") or f"call_{i}", (c.get("function") or {}).get("name", ""),
                       parse_arguments((c.get("function") or {}).get("arguments")))
              for i, c in enumerate(message.get("tool_calls") or []) if isinstance(c, dict)]
-    finish = "tool_calls" if calls else FINISH.get(choices[0].get("finish_reason") or "stop", "stop")
+    finish = "tool_calls" if calls else FINISH.get(choices[0].get("finish_reason"), "stop")
     content = message.get("content")
     text = content if isinstance(content, str) else ""
     return ChatResponse(text=text, tool_calls=calls, finish_reason=finish, usage=_usage(data.get("usage")),

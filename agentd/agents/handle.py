@@ -1,0 +1,83 @@
+"""The in-memory side of an agent (AgentHandle), per-request run options and the limits
+shared by the agent modules and the API."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from agentd.agents.manifest import Manifest
+from agentd.errors import BadRequest
+from agentd.llm.types import GenerationParams, ImagePart, Message
+
+
+MODES = ("Auto", "Manual", "Observe")
+MESSAGE_LIMIT = 64 * 1024
+UPLOAD_LIMIT = 10 * 1024 * 1024
+UPLOAD_TYPES = ("image/", "text/", "audio/", "application/pdf")
+COMPACT_KEEP = 10
+CAPABILITY_TOOLS = {"shell": {"shell_exec"}, "network": {"web_fetch", "web_search"},
+                    "agent_spawn": {"agent_spawn"}}
+
+
+def parse_uuid(value: str, what: str = "agent") -> str:
+    """Normalise a UUID path segment; 400 when it is not one."""
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, AttributeError, TypeError):
+        raise BadRequest(f"invalid {what} id: {value!r} is not a UUID") from None
+
+
+STOPPED_NOTE = "[run stopped before the agent answered]"
+
+
+@dataclass
+class AgentHandle:
+    """The in-memory side of one agent."""
+
+    id: str
+    name: str
+    manifest: Manifest
+    mode: str
+    state: str
+    created_at: datetime
+    last_active: datetime
+    session_id: str
+    provider: str
+    model: str
+    api_key_env: str
+    base_url: str
+    run_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancel: threading.Event | None = None
+    token_log: collections.deque = field(default_factory=collections.deque)
+    killed: bool = False
+    # The session's stored messages, once read; every write replaces it.
+    session_cache: list[dict[str, Any]] | None = None
+    # The same messages converted for the model, extended as runs append (long sessions
+    # would otherwise be converted again on every message).
+    llm_history: list[Message] | None = None
+    # The JSON text of `session_cache` as last written, so a run appends to it instead of
+    # encoding the whole session again (None: encode in full).
+    session_json: str | None = None
+    # Requests waiting for this agent: they hold no run-pool worker while they wait.
+    waiting: collections.deque = field(default_factory=collections.deque)
+    busy: bool = False
+    queue_lock: threading.Lock = field(default_factory=threading.Lock)
+    # (manifest, what the item showed, its JSON text) of this agent's GET /api/agents item
+    # (agents/listing.py).
+    list_json: tuple[Any, tuple[Any, ...], str] | None = None
+
+
+@dataclass
+class RunOptions:
+    """Per-request overrides (the OpenAI-compatible API passes these)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    extra_system: str = ""
+    images: list[ImagePart] = field(default_factory=list)
+    params: GenerationParams = field(default_factory=GenerationParams)

@@ -1,0 +1,288 @@
+"""The agent registry: loading, spawning, looking up, describing, re-moding and killing agents."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pony import orm
+
+from agentd.agents import shared
+from agentd.agents.handle import CAPABILITY_TOOLS, MODES, AgentHandle, parse_uuid
+from agentd.agents.listing import list_json
+from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
+from agentd.agents.signing import verify_envelope
+from agentd.agents.tools import Tool, all_tools
+from agentd.errors import AgentdError, BadRequest, Conflict, NotFound
+from agentd.kernel_time import iso, utcnow
+
+log = logging.getLogger("agentd.agents")
+
+
+
+class AgentRegistry:
+    """Part of AgentManager: the agents in memory (`_agents`, `_by_name`, under `_lock`),
+    written through to the store before a call returns."""
+
+    # -- loading and spawning ---------------------------------------------
+    def load(self) -> int:
+        """Bring persisted agents back (same ids, mode and session)."""
+        with orm.db_session:
+            rows = list(self.store.e.AgentRow.select())
+            for row in rows:
+                try:
+                    manifest = parse_manifest(row.manifest_toml)
+                except AgentdError as exc:
+                    log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
+                    continue
+                # SQLite hands datetimes back naive; they were written as UTC.
+                handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
+                                      row.session_id)
+                handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
+                self._register(handle)
+        return len(self._agents)
+
+    def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
+        spec = manifest.model
+        default = self.config.default_model
+        provider, model = spec["provider"], spec["model"]
+        api_key_env, base_url = spec["api_key_env"], spec["base_url"]
+        if provider in ("", "default") or model in ("", "default"):
+            provider = default.provider if provider in ("", "default") else provider
+            model = default.model if model in ("", "default") else model
+            api_key_env = api_key_env or default.api_key_env
+            base_url = base_url or default.base_url
+        for sep in ("/", ":"):
+            prefix = provider + sep
+            if model.startswith(prefix) and self.catalog.get_model(model) is None:
+                model = model[len(prefix):]
+        info = self.catalog.get_model(model)
+        if info is not None:
+            model = info.id
+        return provider, model, api_key_env, base_url
+
+    def _handle(self, agent_id: str, manifest: Manifest, mode: str, created_at: datetime,
+                session_id: str) -> AgentHandle:
+        provider, model, env, base = self._resolve_model(manifest)
+        return AgentHandle(id=agent_id, name=manifest.name, manifest=manifest, mode=mode,
+                           state="Running", created_at=created_at, last_active=created_at,
+                           session_id=session_id, provider=provider, model=model,
+                           api_key_env=env, base_url=base)
+
+    def _register(self, handle: AgentHandle) -> None:
+        with self._lock:
+            self._agents[handle.id] = handle
+            self._by_name[handle.name] = handle.id
+
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
+        """Validate, persist and register a new agent."""
+        if signed_manifest is not None:
+            try:
+                manifest_toml = verify_envelope(signed_manifest, manifest_toml)
+            except AgentdError as exc:
+                if self.audit_hook is not None:
+                    self.audit_hook("agent.signature_rejected", "", {"error": exc.message[:200]})
+                raise
+        if not manifest_toml or not manifest_toml.strip():
+            raise BadRequest("manifest_toml is required")
+        manifest = parse_manifest(manifest_toml)
+        now = utcnow()
+        handle = self._handle(str(uuid.uuid4()), manifest, "Auto", now, str(uuid.uuid4()))
+        if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
+            raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
+                             f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        if self.store.shared:
+            shared.sync_agent(self, name=manifest.name)
+        with self._lock:
+            if manifest.name in self._by_name:
+                raise Conflict(f"an agent named {manifest.name!r} already exists")
+            try:
+                with orm.db_session:
+                    row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
+                                                manifest=manifest.data, mode=handle.mode, state=handle.state,
+                                                created_at=now, last_active=now, session_id=handle.session_id)
+                    self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+            except orm.TransactionIntegrityError:
+                # Another daemon on the shared database spawned this name a moment ago.
+                raise Conflict(f"an agent named {manifest.name!r} already exists") from None
+            self._register(handle)
+        log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
+        for warning in manifest.warnings:
+            log.warning("agent %s manifest: %s", handle.name, warning)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.spawn", handle.name, {"agent_id": handle.id})
+        return handle
+
+    # -- lookup -------------------------------------------------------------
+    def get(self, agent_id: str) -> AgentHandle:
+        """By UUID; 400 for a malformed id, 404 for an unknown one."""
+        key = parse_uuid(agent_id)
+        if self.store.shared:  # other daemons spawn and kill agents too (agents/shared.py)
+            shared.sync_agent(self, agent_id=key)
+        handle = self._agents.get(key)
+        if handle is None or handle.killed:
+            raise NotFound("agent not found")
+        return handle
+
+    def find(self, ref: str) -> AgentHandle | None:
+        """By id or exact name (tools and workflows refer to agents either way)."""
+        if self.store.shared:
+            try:
+                shared.sync_agent(self, agent_id=str(uuid.UUID(ref)))
+            except (ValueError, AttributeError):
+                shared.sync_agent(self, name=ref)
+        try:
+            handle = self._agents.get(str(uuid.UUID(ref)))
+        except (ValueError, AttributeError):
+            handle = None
+        if handle is None:
+            agent_id = self._by_name.get(ref)
+            handle = self._agents.get(agent_id) if agent_id else None
+        return None if handle is None or handle.killed else handle
+
+    def by_name(self, name: str) -> AgentHandle | None:
+        if self.store.shared:
+            shared.sync_agent(self, name=name)
+        agent_id = self._by_name.get(name)
+        return self._agents.get(agent_id) if agent_id else None
+
+    def handles(self) -> list[AgentHandle]:
+        if self.store.shared:
+            shared.sync_all(self)
+        with self._lock:
+            return sorted((h for h in self._agents.values() if not h.killed), key=lambda h: h.created_at)
+
+    def count(self) -> int:
+        return len(self._agents)
+
+    # -- views --------------------------------------------------------------
+    def auth_status(self, handle: AgentHandle) -> str:
+        provider = self.catalog.get_provider(handle.provider)
+        env = handle.api_key_env or (provider.api_key_env if provider else "")
+        if provider is not None and not provider.key_required and not handle.api_key_env:
+            return "not_required"
+        if not env:
+            return "not_required"
+        return "configured" if os.environ.get(env) else "missing"
+
+    def summary(self, handle: AgentHandle) -> dict[str, Any]:
+        """Short form used by /api/status."""
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "created_at": iso(handle.created_at), "model_provider": handle.provider,
+                "model_name": handle.model, "profile": handle.manifest.profile or "custom"}
+
+    def list_item(self, handle: AgentHandle, auth: str | None = None, tier: str | None = None) -> dict[str, Any]:
+        """One item of GET /api/agents (`auth`, `tier`: already looked up by the caller)."""
+        if tier is None:
+            info = self.catalog.get_model(handle.model)
+            tier = info.tier if info else "custom"
+        if auth is None:
+            auth = self.auth_status(handle)
+        identity = handle.manifest.data["identity"]
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "created_at": iso(handle.created_at), "last_active": iso(handle.last_active),
+                "model_provider": handle.provider, "model_name": handle.model,
+                "model_tier": tier, "auth_status": auth,
+                "ready": handle.state == "Running" and auth != "missing",
+                "profile": handle.manifest.profile or "custom",
+                "identity": {"emoji": identity["emoji"], "avatar_url": identity["avatar_url"],
+                             "color": identity["color"]}}
+
+    def list_json(self) -> str:
+        """The body of GET /api/agents (without its final newline), see listing.py."""
+        return list_json(self, self.handles())
+
+    def detail(self, handle: AgentHandle) -> dict[str, Any]:
+        """GET /api/agents/{id}."""
+        data = handle.manifest.data
+        tools, caps = self.effective_tools(handle)
+        item = self.list_item(handle)
+        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                "profile": item["profile"], "created_at": item["created_at"],
+                "last_active": item["last_active"], "session_id": handle.session_id,
+                "model": {"provider": handle.provider, "model": handle.model},
+                "capabilities": {"tools": [t.name for t in tools], "network": bool(caps["network"])},
+                "description": data["description"], "tags": data["tags"],
+                "identity": item["identity"], "skills": data["skills"],
+                "skills_mode": "allowlist" if data["skills"] else "all",
+                "mcp_servers": data["mcp_servers"],
+                "mcp_servers_mode": "allowlist" if data["mcp_servers"] else "all",
+                "fallback_models": data["fallback_models"],
+                "system_prompt": data["model"]["system_prompt"]}
+
+    # -- tools --------------------------------------------------------------
+    def effective_tools(self, handle: AgentHandle, mode: str | None = None) -> tuple[list[Tool], dict[str, Any]]:
+        """The tools offered to the model, and the capabilities that gate them.
+
+        A named profile grants the capabilities its tools need; with no profile or
+        an explicit list, shell, network and spawning must be granted explicitly.
+        """
+        caps = dict(handle.manifest.capabilities)
+        declared = caps["tools"]
+        profile = handle.manifest.profile
+        available = {t.name: t for t in all_tools()}
+        if declared and "*" not in declared:
+            names = [n for n in declared if n in available]
+        elif profile and profile not in ("full", "custom"):
+            names = list(PROFILES[profile])
+            self._imply(caps, names)
+        else:
+            names = list(available)
+            if profile == "full":
+                self._imply(caps, names)
+        tools = [available[n] for n in names if n in available]
+        tools = [t for t in tools if t.capability is None or caps.get(t.capability)]
+        mode = mode or handle.mode
+        if mode == "Observe":
+            tools = [t for t in tools if t.read_only]
+            caps["read_only_mode"] = True
+        return tools, caps
+
+    @staticmethod
+    def _imply(caps: dict[str, Any], names: list[str]) -> None:
+        for capability, tool_names in CAPABILITY_TOOLS.items():
+            if tool_names & set(names) and not caps.get(capability):
+                caps[capability] = True if capability == "agent_spawn" else ["*"]
+
+
+    # -- mode and kill --------------------------------------------------------------
+    def set_mode(self, handle: AgentHandle, mode: str) -> None:
+        if mode not in MODES:
+            raise BadRequest(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
+        handle.mode = mode
+        handle.last_active = utcnow()
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=handle.id)
+            row.mode = mode
+            row.last_active = handle.last_active
+
+    def kill(self, handle: AgentHandle) -> None:
+        """Cancel any run, forget the agent and delete everything it owned."""
+        with self._lock:
+            handle.killed = True
+            handle.state = "Terminated"
+            self._agents.pop(handle.id, None)
+            if self._by_name.get(handle.name) == handle.id:
+                del self._by_name[handle.name]
+        self.queues.cancel_queued(handle)
+        self.stop(handle)
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=handle.id)
+            if row is not None:
+                for upload in row.uploads:
+                    if upload.path:  # an upload from before schema 2 may still be a file
+                        Path(upload.path).unlink(missing_ok=True)
+                row.sessions.clear()
+                orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
+                orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
+                orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
+                row.delete()
+        if self.memory is not None:
+            self.memory.forget_agent(handle.id)
+        log.info("killed agent %s (%s)", handle.name, handle.id)
+        if self.audit_hook is not None:
+            self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})

@@ -1,0 +1,50 @@
+"""Files uploaded to an agent, kept in the database for later `attachments`."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pony import orm
+
+from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
+from agentd.errors import BadRequest
+from agentd.kernel_time import utcnow
+
+
+
+class Uploads:
+    """Part of AgentManager: stores uploads and reads them back for a run."""
+
+    # -- uploads ----------------------------------------------------------------------
+    def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        """Store an uploaded file for later `attachments`."""
+        if not data:
+            raise BadRequest("uploaded file is empty")
+        if len(data) > UPLOAD_LIMIT:
+            from agentd.errors import PayloadTooLarge
+            raise PayloadTooLarge("file too large (max 10 MB)")
+        if not content_type.startswith(UPLOAD_TYPES):
+            raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
+                             "audio/*, application/pdf")
+        file_id = str(uuid.uuid4())
+        safe_name = os.path.basename(filename or "upload")[:200] or "upload"
+        # The bytes live in the database: every daemon sharing it can attach the file.
+        with orm.db_session:
+            self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
+                                   content_type=content_type, size=len(data), content=data,
+                                   created_at=utcnow())
+        return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
+
+    def _upload(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+        key = parse_uuid(file_id, "file")
+        with orm.db_session:
+            row = self.store.e.UploadRow.get(id=key)
+            if row is None or row.agent.id != handle.id:
+                raise BadRequest(f"unknown attachment file_id {file_id}: upload it to this agent first")
+            data = bytes(row.content) if row.content is not None else \
+                (Path(row.path).read_bytes() if row.path else b"")
+            return {"id": row.id, "filename": row.filename, "content_type": row.content_type,
+                    "data": data}

@@ -1,0 +1,177 @@
+"""Validation of `config.toml` values: the type check and one parser per table.
+
+Every function raises ConfigError naming the key at fault. `agentd.config.parse_config`
+assembles the results into a `Config`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from agentd.config_tables import ApiConfig, DefaultModel, MemoryConfig, ToolsConfig
+from agentd.errors import ConfigError
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def split_listen(addr: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:4200`) and validate the port."""
+    addr = addr.strip()
+    if addr.startswith("["):
+        host, sep, port_text = addr[1:].partition("]:")
+    else:
+        host, sep, port_text = addr.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"listen address {addr!r} must look like host:port")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"listen address {addr!r}: port {port_text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"listen address {addr!r}: port {port} is outside 1-65535")
+    return host, port
+
+
+def expect(value: Any, kinds: type | tuple[type, ...], key: str, what: str) -> Any:
+    """Return `value` if it is one of `kinds`, else raise ConfigError naming `key` and `what`."""
+    # bool is an int in Python; a port or a rate given as `true` is still wrong.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise ConfigError(f"config key {key}: expected {what}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ConfigError(f"config key {key}: expected {what}, got {type(value).__name__}")
+    return value
+
+
+def api_table(data: dict[str, Any]) -> ApiConfig:
+    """The `[api]` table (and the top-level `api_listen`), validated."""
+    api = ApiConfig()
+    table = data.get("api", {})
+    expect(table, dict, "api", "a table")
+    if "api_listen" in data:
+        api.listen_addr = expect(data["api_listen"], str, "api_listen", "a string")
+    if "listen_addr" in table:
+        api.listen_addr = expect(table["listen_addr"], str, "api.listen_addr", "a string")
+    if "rate_limit_per_second" in table:
+        rate = expect(table["rate_limit_per_second"], (int, float), "api.rate_limit_per_second", "a number")
+        if rate <= 0:
+            raise ConfigError("config key api.rate_limit_per_second: must be greater than 0")
+        api.rate_limit_per_second = float(rate)
+        api.rate_limit_burst = max(1, int(rate * 2))
+    if "rate_limit_burst" in table:
+        burst = expect(table["rate_limit_burst"], int, "api.rate_limit_burst", "an integer")
+        if burst < 1:
+            raise ConfigError("config key api.rate_limit_burst: must be at least 1")
+        api.rate_limit_burst = burst
+    if "cors_origins" in table:
+        origins = expect(table["cors_origins"], list, "api.cors_origins", "an array of strings")
+        for origin in origins:
+            expect(origin, str, "api.cors_origins", "an array of strings")
+        api.cors_origins = [o.rstrip("/") for o in origins]
+    if "allowed_hosts" in table:
+        hosts = expect(table["allowed_hosts"], list, "api.allowed_hosts", "an array of strings")
+        for host in hosts:
+            expect(host, str, "api.allowed_hosts", "an array of strings")
+            if not host.strip():
+                raise ConfigError("config key api.allowed_hosts: entries must not be empty")
+        api.allowed_hosts = [h.strip() for h in hosts]
+    for key in ("threads", "max_streams"):
+        if key in table:
+            value = expect(table[key], int, f"api.{key}", "an integer")
+            if not 1 <= value <= 1024:
+                raise ConfigError(f"config key api.{key}: must be between 1 and 1024")
+            setattr(api, key, value)
+    if "shutdown_grace_secs" in table:
+        grace = expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
+        api.shutdown_grace_secs = float(grace)
+    _proxy_keys(table, api)
+    return api
+
+
+def _proxy_keys(table: dict[str, Any], api: ApiConfig) -> None:
+    """`[api] trusted_proxies` and `sse_keepalive_secs` (reverse proxy deployments)."""
+    if "trusted_proxies" in table:
+        entries = expect(table["trusted_proxies"], list, "api.trusted_proxies", "an array of strings")
+        for entry in entries:
+            expect(entry, str, "api.trusted_proxies", "an array of strings")
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(f"config key api.trusted_proxies: {entry!r} is not an IP address "
+                                  "or CIDR network") from None
+        api.trusted_proxies = [e.strip() for e in entries]
+    if "sse_keepalive_secs" in table:
+        secs = expect(table["sse_keepalive_secs"], (int, float), "api.sse_keepalive_secs", "a number")
+        if not 0.1 <= secs <= 3600:
+            raise ConfigError("config key api.sse_keepalive_secs: must be between 0.1 and 3600")
+        api.sse_keepalive_secs = float(secs)
+
+
+def default_model_table(data: dict[str, Any]) -> DefaultModel:
+    """The `[default_model]` table, validated."""
+    model = DefaultModel()
+    table = expect(data.get("default_model", {}), dict, "default_model", "a table")
+    for key in ("provider", "model", "api_key_env", "base_url"):
+        if key in table:
+            setattr(model, key, expect(table[key], str, f"default_model.{key}", "a string"))
+    return model
+
+
+def tools_table(data: dict[str, Any]) -> ToolsConfig:
+    """The `[tools]` table, validated."""
+    tools = ToolsConfig()
+    table = expect(data.get("tools", {}), dict, "tools", "a table")
+    for key in ("fetch_allow_hosts", "shell_deny"):
+        if key in table:
+            values = expect(table[key], list, f"tools.{key}", "an array of strings")
+            for value in values:
+                expect(value, str, f"tools.{key}", "an array of strings")
+            setattr(tools, key, list(values))
+    if "search_url" in table:
+        tools.search_url = expect(table["search_url"], str, "tools.search_url", "a string")
+    for key in ("fetch_max_bytes", "shell_max_output_bytes"):
+        if key in table:
+            value = expect(table[key], int, f"tools.{key}", "an integer")
+            if value < 1:
+                raise ConfigError(f"config key tools.{key}: must be at least 1")
+            setattr(tools, key, value)
+    for key in ("fetch_timeout_secs", "shell_timeout_secs", "approval_timeout_secs"):
+        if key in table:
+            value = expect(table[key], (int, float), f"tools.{key}", "a number")
+            if value <= 0:
+                raise ConfigError(f"config key tools.{key}: must be greater than 0")
+            setattr(tools, key, float(value))
+    return tools
+
+
+def memory_table(data: dict[str, Any]) -> MemoryConfig:
+    """The `[memory]` table, validated."""
+    memory = MemoryConfig()
+    table = expect(data.get("memory", {}), dict, "memory", "a table")
+    for key in ("embedding_provider", "embedding_model"):
+        if key in table:
+            setattr(memory, key, expect(table[key], str, f"memory.{key}", "a string").strip())
+    if memory.embedding_provider and not memory.embedding_model:
+        raise ConfigError("config key memory.embedding_model: required when memory.embedding_provider is set")
+    if "auto_remember" in table:
+        memory.auto_remember = expect(table["auto_remember"], bool, "memory.auto_remember", "a boolean")
+    if "recall_limit" in table:
+        limit = expect(table["recall_limit"], int, "memory.recall_limit", "an integer")
+        if not 0 <= limit <= 50:
+            raise ConfigError("config key memory.recall_limit: must be between 0 and 50")
+        memory.recall_limit = limit
+    if "embed_threads" in table:
+        threads = expect(table["embed_threads"], int, "memory.embed_threads", "an integer")
+        if not 0 <= threads <= 64:
+            raise ConfigError("config key memory.embed_threads: must be between 0 and 64")
+        memory.embed_threads = threads
+    bounds = {"decay_days": (0.0, None), "consolidate_every_hours": (0.0, None), "min_score": (-1.0, 1.0),
+              "decay_factor": (0.0, 1.0), "decay_floor": (0.0, 1.0)}
+    for key, (low, high) in bounds.items():
+        if key in table:
+            value = float(expect(table[key], (int, float), f"memory.{key}", "a number"))
+            if value < low or (high is not None and value > high):
+                limits = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+                raise ConfigError(f"config key memory.{key}: must be {limits}")
+            setattr(memory, key, value)
+    return memory

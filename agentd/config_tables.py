@@ -1,0 +1,98 @@
+"""The typed tables of `config.toml`: one dataclass per `[table]`, defaults included.
+
+`agentd.config` re-exports every name here; import them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_LISTEN = "127.0.0.1:4200"
+
+
+@dataclass
+class ApiConfig:
+    """The `[api]` table."""
+
+    listen_addr: str = DEFAULT_LISTEN
+    rate_limit_per_second: float = 30.0
+    rate_limit_burst: int = 60
+    cors_origins: list[str] = field(default_factory=list)
+    # Host names served besides loopback names and the listen address (DNS rebinding
+    # guard): exact names, `*.example.com` wildcards, or "*" to turn the check off.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Every SSE stream and WebSocket holds a waitress worker for its whole life,
+    # so the pool is sized for long-lived connections, not just for HTTP.
+    threads: int = 128
+    max_streams: int = 96
+    shutdown_grace_secs: float = 10.0
+    # Reverse proxies (addresses or CIDRs) whose X-Forwarded-* / Forwarded headers
+    # are believed; empty: every peer is the client itself.
+    trusted_proxies: list[str] = field(default_factory=list)
+    # SSE keep-alive comment interval; below common proxy read timeouts (nginx: 60 s).
+    sse_keepalive_secs: float = 15.0
+
+
+@dataclass
+class DefaultModel:
+    """The `[default_model]` table: what `provider = "default"` means in a manifest."""
+
+    provider: str = "anthropic"
+    model: str = "claude-sonnet-4-20250514"
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    base_url: str = ""
+
+
+@dataclass
+class LlmConfig:
+    """The `[llm]` table: how provider calls behave."""
+
+    # Bounds the whole call: connect, every retry and backoff, the whole body or stream.
+    timeout_secs: float = 300.0
+    retries: int = 3
+    # A stream fails when no byte arrives for this long (reasoning models may pause).
+    stream_idle_secs: float = 60.0
+
+
+@dataclass
+class AgentsConfig:
+    """The `[agents]` table: how requests to one agent wait for each other."""
+
+    # Requests waiting for a busy agent (beyond the one running); more get 429.
+    max_queue: int = 8
+
+
+@dataclass
+class ToolsConfig:
+    """The `[tools]` table: limits and backends of the built-in tools."""
+
+    # web_fetch refuses loopback/private/link-local targets unless the host is listed here.
+    fetch_allow_hosts: list[str] = field(default_factory=list)
+    fetch_max_bytes: int = 1_048_576
+    fetch_timeout_secs: float = 30.0
+    # A search backend answering JSON like SearXNG (`{"results": [{title, url, content}]}`);
+    # `{query}` in the URL is replaced by the URL-encoded query.
+    search_url: str = ""
+    shell_timeout_secs: float = 30.0
+    shell_max_output_bytes: int = 102_400
+    shell_deny: list[str] = field(default_factory=lambda: ["sudo", "su", "shutdown", "reboot", "mkfs", "dd"])
+    approval_timeout_secs: float = 300.0
+
+
+@dataclass
+class MemoryConfig:
+    """The `[memory]` table: semantic memory, embeddings, recall in the loop, upkeep."""
+
+    # "" = the bundled local model; else a provider id whose OpenAI-format /embeddings is used.
+    embedding_provider: str = ""
+    embedding_model: str = ""
+    decay_days: float = 30.0
+    decay_factor: float = 0.9
+    decay_floor: float = 0.1
+    consolidate_every_hours: float = 24.0
+    auto_remember: bool = True
+    recall_limit: int = 5
+    min_score: float = 0.3
+    # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is
+    # one small forward pass, and a second core cuts its latency by about a third.
+    embed_threads: int = 0

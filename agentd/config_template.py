@@ -1,0 +1,103 @@
+"""The commented `config.toml` that `agentd init` writes, and the home layout it creates.
+
+The template is the only config file the daemon ever writes (reading is `tomllib`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+DEFAULT_CONFIG_TEXT = """\
+# agentd configuration. Every key is optional; the values shown are the defaults.
+# Secrets never go in this file: keys ending in _env name environment variables.
+
+# Address the HTTP API listens on. AGENTD_LISTEN overrides it.
+api_listen = "127.0.0.1:4200"
+
+# Bearer key for the API. Empty: only loopback clients are served.
+# AGENTD_API_KEY is used when this is empty.
+api_key = ""
+
+# debug, info, warning, error or critical
+log_level = "info"
+
+# Whether agents may use network tools by default.
+network_enabled = false
+
+[api]
+# Requests per second per client IP (GCRA), and the burst allowed on top.
+rate_limit_per_second = 30
+rate_limit_burst = 60
+# Extra browser origins allowed by CORS when api_key is set; state-changing
+# requests from any other web origin are refused (with or without api_key).
+cors_origins = []
+# Host names served besides localhost/127.0.0.1/[::1] and the listen address
+# (e.g. the name a reverse proxy forwards): exact, "*.example.com", or "*" (off).
+allowed_hosts = []
+# waitress worker threads. Every SSE stream and WebSocket holds one for its
+# whole life, so keep this well above max_streams.
+threads = 128
+# Cap on concurrent SSE streams + WebSockets, so plain HTTP never starves.
+max_streams = 96
+# Seconds in-flight requests get to finish on shutdown.
+shutdown_grace_secs = 10
+# Reverse proxies (addresses or CIDRs, e.g. ["127.0.0.1"]) whose X-Forwarded-For,
+# -Proto, -Host, -Prefix and Forwarded headers are believed. Set api_key too:
+# clients behind the proxy are remote and need it. See docs/deploy.md.
+trusted_proxies = []
+# Seconds between SSE keep-alive comments (keep below the proxy's read timeout).
+sse_keepalive_secs = 15
+
+[tools]
+# Hosts web_fetch may reach even though they are loopback or private addresses.
+fetch_allow_hosts = []
+# JSON search backend for web_search (SearXNG style); {query} is replaced.
+search_url = ""
+# Seconds a tool call in Manual mode waits for approval before it is rejected.
+approval_timeout_secs = 300
+
+[llm]
+# Seconds one model call may take in all (connect, retries, backoff, the whole answer),
+# retries on 429/5xx/timeouts, and seconds a stream may go without a byte.
+timeout_secs = 300
+retries = 3
+stream_idle_secs = 60
+
+[agents]
+# Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
+max_queue = 8
+
+[memory]
+# Embeddings: "" = the bundled all-MiniLM-L6-v2 model (offline); or a provider id whose
+# OpenAI-format /embeddings endpoint is used, with embedding_model naming its model.
+embedding_provider = ""
+# Remember every exchange as an episodic fragment, and recall this many fragments
+# (scoring at least min_score) into the system prompt before each model call (0 = off).
+auto_remember = true
+recall_limit = 5
+min_score = 0.3
+# Threads one local embedding may use (0 = up to 2, as the machine has cores).
+embed_threads = 0
+# Consolidation: merge near-duplicates; fragments not accessed for decay_days lose
+# confidence (x decay_factor per run) and are dropped below decay_floor. 0 = no schedule.
+consolidate_every_hours = 24
+decay_days = 30
+
+[default_model]
+# What provider = "default" and model = "default" mean in an agent manifest.
+provider = "anthropic"
+model = "claude-sonnet-4-20250514"
+api_key_env = "ANTHROPIC_API_KEY"
+"""
+
+
+def write_default_config(home: Path) -> Path:
+    """Create the home layout and a commented config.toml unless one exists."""
+    home.mkdir(parents=True, exist_ok=True)
+    for sub in ("data", "agents", "workspaces"):
+        (home / sub).mkdir(exist_ok=True)
+    path = home / "config.toml"
+    if not path.exists():
+        path.write_text(DEFAULT_CONFIG_TEXT, encoding="utf-8")
+    return path

@@ -1,0 +1,210 @@
+"""Semantic memory's read path: recall (filters, then exact cosine top-k), listing, get,
+and the API shape of a fragment.
+
+`Recall` is a mixin of `agentd.memory.semantic.SemanticMemory`, which owns the write path
+and the per-agent index; the reads use its `store`, `embedder`, `queries`, `index(agent)`
+and `count(agent)`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+from pony import orm
+
+from agentd.errors import NotFound
+from agentd.kernel_time import iso, utcnow
+from agentd.memory.fields import MemoryFilter
+from agentd.memory.vectors import Hit
+
+if TYPE_CHECKING:
+    from agentd.memory.embedder import Embedder
+    from agentd.memory.querycache import QueryCache
+    from agentd.memory.vectors import AgentIndex
+    from agentd.store import Store
+
+NEAR_TIE = 0.01
+
+
+def epoch(value: Any) -> float:
+    """Seconds since 1970 of a stored time (naive times are UTC). Raw text is accepted too:
+    Pony hands back the text of a time stored without fractional seconds (see `stamp`)."""
+    dt = _as_dt(value)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def stamp(value: Any) -> str:
+    """ISO 8601 of a stored time. Pony hands back the raw text when a time was stored
+    without fractional seconds (a whole-second import), so both forms are accepted."""
+    return iso(_as_dt(value))
+
+
+def canonical(value: Any) -> str:
+    """The side table's form of a metadata value: compact JSON with sorted keys."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:
+    """The API shape of a fragment row (without its vector unless asked)."""
+    out = {"id": row.id, "agent_id": row.agent_id, "content": row.content,
+           "metadata": json.loads(row.metadata or "{}"), "source": row.source, "scope": row.scope,
+           "confidence": row.confidence, "created_at": stamp(row.created_at),
+           "accessed_at": stamp(row.accessed_at), "access_count": row.access_count}
+    if embedding:
+        out["embedding"] = (np.frombuffer(row.embedding, dtype="<f4").tolist() if row.embedding else [])
+        out["embedding_model"] = row.model
+    return out
+
+
+class Recall:
+    """recall / get / page of one agent's fragments (mixed into SemanticMemory)."""
+
+    # Provided by SemanticMemory (agentd/memory/semantic.py).
+    store: Store
+    queries: QueryCache
+    embedder: Embedder
+    index: Callable[[str], AgentIndex]
+    count: Callable[[str], int]
+
+    def _rows(self, agent_id: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Fragments by id in one plain query (recall's hot path: Pony's object loading and
+        lazy LongStr reads cost more than the search itself)."""
+        with orm.db_session:
+            params = {"a": agent_id, **{f"i{n}": fid for n, fid in enumerate(ids)}}
+            found = self.store.raw_rows(_ROW_SQL.format(", ".join(f"$i{n}" for n in range(len(ids)))), params)
+        out = {}
+        for (fid, owner, content, metadata, source, scope, confidence, created, accessed, count,
+             superseded) in found:
+            out[fid] = {"id": fid, "agent_id": owner, "content": content, "metadata": json.loads(metadata or "{}"),
+                        "source": source, "scope": scope, "confidence": confidence,
+                        "created_at": stamp(created), "accessed_at": stamp(accessed),
+                        "access_count": count, "superseded_by": superseded}
+        return out
+
+    def _touch(self, agent_id: str, items: list[dict[str, Any]]) -> None:
+        """Count the access of what recall returned (one UPDATE)."""
+        now = utcnow()
+        ids = [item["id"] for item in items]
+        params: dict[str, Any] = {"now": now, "a": agent_id}
+        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
+        names = ", ".join(f"$i{n}" for n in range(len(ids)))
+        with orm.db_session:
+            # Through Pony (not the raw connection) so the session knows to commit.
+            self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now, "
+                                  f"access_count = access_count + 1 WHERE agent_id = $a AND id IN ({names})",
+                                  params)
+        for item in items:
+            item["accessed_at"] = iso(now)
+            item["access_count"] += 1
+
+    def get(self, agent_id: str, fid: str) -> dict[str, Any]:
+        with orm.db_session:
+            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+            if row is None:
+                raise NotFound(f"memory not found: {fid}")
+            return fragment(row)
+
+    def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
+        """Newest first."""
+        with orm.db_session:
+            query = orm.select(m for m in self.store.e.MemoryRow if m.agent_id == agent_id)
+            total = query.count()
+            row_type = self.store.e.MemoryRow
+            # Load the long text columns with the rows: read lazily afterwards, a fragment
+            # deleted by another request in between (PostgreSQL reads committed data per
+            # statement) would come back as a missing row inside Pony.
+            rows = (query.order_by(lambda m: (orm.desc(m.created_at), orm.desc(m.key)))
+                    .prefetch(row_type.content, row_type.metadata)[offset:offset + limit])
+            return {"memories": [fragment(r) for r in rows], "total": total}
+
+    def _metadata_ids(self, agent_id: str, metadata: dict[str, Any]) -> set[str]:
+        """Fragments matching every metadata pair: index lookups on the side table."""
+        found: set[str] | None = None
+        with orm.db_session:
+            for key, value in metadata.items():
+                ids = set(self.store.db.select(
+                    "SELECT memory_id FROM memory_metadata WHERE agent_id = $a AND key = $k AND value = $v",
+                    {"a": agent_id, "k": key, "v": canonical(value)}))
+                found = ids if found is None else found & ids
+                if not found:
+                    return set()
+        return found or set()
+
+    def recall(self, agent_id: str, query: str, limit: int = 5, min_score: float | None = None,
+               flt: MemoryFilter | None = None, touch: bool = True,
+               skip: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
+        """Filter, then exact cosine top-k; newer wins near-ties and superseded facts.
+
+        `skip(content)` drops fragments the caller already has (the loop skips exchanges
+        still in the session). Returned fragments get accessed_at/access_count updated.
+        """
+        if self.count(agent_id) == 0:
+            return []
+        embedder = self.embedder
+        vector = self.queries.get(embedder.name, query, embedder.embed)
+        index = self.index(agent_id)
+        flt = flt or MemoryFilter()
+        only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None
+        keep = index.mask(flt.source, flt.scope, flt.min_confidence, flt.after, flt.before, only)
+        hits = index.search(vector, limit * 2 + 8, keep)
+        if min_score is not None:
+            hits = [h for h in hits if h.score >= min_score]
+        if not hits:
+            return []
+        hits = _prefer_newer(hits)
+        rows = self._rows(agent_id, [h.id for h in hits])
+        out = []
+        for hit in _supersede_order([h for h in hits if h.id in rows], rows):
+            item = rows[hit.id]
+            if skip is not None and skip(item["content"]):
+                continue
+            item["score"] = round(hit.score, 6)
+            out.append(item)
+            if len(out) >= limit:
+                break
+        if touch and out:
+            self._touch(agent_id, out)
+        return out
+
+
+_ROW_SQL = ("SELECT id, agent_id, content, metadata, source, scope, confidence, created_at, accessed_at, "
+            "access_count, superseded_by FROM memory_fragments WHERE agent_id = $a AND id IN ({})")
+
+
+def _as_dt(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+def _prefer_newer(hits: list[Hit]) -> list[Hit]:
+    """Within NEAR_TIE of each other, the newer fragment goes first."""
+    out = list(hits)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(out) - 1):
+            a, b = out[i], out[i + 1]
+            if a.score - b.score <= NEAR_TIE and b.created > a.created:
+                out[i], out[i + 1] = b, a
+                changed = True
+    return out
+
+
+def _supersede_order(hits: list[Hit], rows: dict[str, dict[str, Any]]) -> list[Hit]:
+    """A superseded fragment never ranks above the newer fact that contradicts it."""
+    out = list(hits)
+    for hit in list(out):
+        newer = rows[hit.id].pop("superseded_by", None)
+        if newer and newer in rows:
+            old_pos = next(i for i, h in enumerate(out) if h.id == hit.id)
+            new_pos = next(i for i, h in enumerate(out) if h.id == newer)
+            if old_pos < new_pos:
+                moved = out.pop(old_pos)
+                out.insert(new_pos, moved)
+    return out

@@ -1,0 +1,165 @@
+"""Agents on a database other daemons write too (agentd/agents/shared.py), in process.
+
+Two real `AgentManager`s on one real store stand for two daemons: what one spawns,
+re-modes, resets or kills, the other adopts, refreshes or forgets when `shared.sync_agent`
+/ `shared.sync_all` run (the manager calls them on every lookup when the store is
+PostgreSQL; tests/test_cluster.py drives that through real daemons). Values are checked
+exactly: the adopted handle's fields, what is forgotten and what is kept, the log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.agents import shared
+from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.manager import AgentManager
+from agentd.config import parse_config
+from agentd.llm.catalog import Catalog
+from agentd.memory.kv import KvMemory
+from agentd.store import open_store
+from support import store_url_for
+
+
+def manifest(name: str, model: str = "gpt-4o") -> str:
+    return f'name = "{name}"\ndescription = "agent {name}"\n[model]\nprovider = "openai"\nmodel = "{model}"\n'
+
+
+@pytest.fixture()
+def pair(tmp_path: Path):
+    store = open_store(tmp_path / "agentd.db", store_url_for(tmp_path))
+    pool = ThreadPoolExecutor(2)
+    config = parse_config({}, tmp_path)
+    catalog = Catalog.load()
+
+    def manager() -> AgentManager:
+        return AgentManager(config, store, catalog, KvMemory(store), ApprovalQueue(), pool, lambda *a: None)
+
+    yield manager(), manager(), store
+    pool.shutdown(wait=False)
+    store.close()
+
+
+def test_an_agent_spawned_elsewhere_is_adopted_by_id_with_its_fields(pair, caplog) -> None:
+    a, b, _ = pair
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    h = a.spawn(manifest("alpha"))
+    assert b.find(h.id) is None, "without a sync the other daemon does not know it yet"
+    shared.sync_agent(b, agent_id=h.id)
+    got = b._agents[h.id]
+    assert (got.id, got.name, got.mode, got.session_id, got.provider, got.model, got.state, got.killed) == \
+        (h.id, "alpha", "Auto", h.session_id, "openai", "gpt-4o", "Running", False)
+    assert got.created_at == h.created_at and got.created_at.utcoffset().total_seconds() == 0, \
+        "BUG: an adopted agent's creation time is not UTC"
+    assert got.last_active == h.last_active and got.last_active.tzinfo is not None
+    assert b._by_name == {"alpha": h.id}
+    assert [r.getMessage() for r in caplog.records if "adopted" in r.getMessage()] == \
+        [f"agent alpha ({h.id}) adopted from the shared database"]
+
+
+def test_an_agent_spawned_elsewhere_is_adopted_by_name(pair) -> None:
+    a, b, _ = pair
+    h = a.spawn(manifest("beta"))
+    shared.sync_agent(b, name="beta")
+    assert b._by_name == {"beta": h.id} and b._agents[h.id].name == "beta"
+    shared.sync_agent(b, name="nobody")   # no row, no handle: nothing happens
+    assert list(b._agents) == [h.id]
+
+
+def test_mode_and_session_taken_over_caches_dropped_only_on_a_new_session(pair) -> None:
+    a, b, store = pair
+    h = a.spawn(manifest("gamma"))
+    shared.sync_agent(b, agent_id=h.id)
+    mine = b._agents[h.id]
+    mine.session_cache, mine.llm_history = [{"role": "user"}], []
+    a.set_mode(h, "Observe")
+    shared.sync_agent(b, agent_id=h.id)
+    assert b._agents[h.id] is mine and mine.mode == "Observe", "BUG: a mode set on another daemon is ignored"
+    assert mine.session_cache == [{"role": "user"}] and mine.llm_history == [], \
+        "BUG: the session cache was dropped though the session did not change"
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).session_id = "new-session"
+    shared.sync_agent(b, name="gamma")
+    assert mine.session_id == "new-session" and (mine.session_cache, mine.llm_history) == (None, None), \
+        "BUG: a session reset on another daemon keeps the old history here"
+
+
+def test_an_agent_killed_elsewhere_is_forgotten(pair, caplog) -> None:
+    a, b, _ = pair
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    h = a.spawn(manifest("delta"))
+    keep = a.spawn(manifest("keep"))
+    shared.sync_agent(b, agent_id=h.id)
+    shared.sync_agent(b, agent_id=keep.id)
+    mine = b._agents[h.id]
+    waiting = b.approvals.request(h.id, "delta", "file_write", {})
+    other = b.approvals.request(keep.id, "keep", "file_write", {})
+    a.kill(a.get(h.id))
+    shared.sync_agent(b, agent_id=h.id)
+    assert (mine.killed, mine.state) == (True, "Terminated"), "BUG: an agent killed elsewhere still runs here"
+    assert h.id not in b._agents and b._by_name == {"keep": keep.id}
+    assert (waiting.decision, other.decision) == ("cancelled", None), "BUG: the killed agent's approvals still wait"
+    assert f"agent delta ({h.id}) was killed through another daemon" in [r.getMessage() for r in caplog.records]
+    shared.sync_agent(b, agent_id=h.id)   # forgetting twice is harmless
+    assert list(b._agents) == [keep.id]
+
+
+def test_an_agent_killed_elsewhere_is_forgotten_by_name(pair) -> None:
+    a, b, _ = pair
+    h = a.spawn(manifest("eps"))
+    shared.sync_agent(b, name="eps")
+    a.kill(a.get(h.id))
+    shared.sync_agent(b, name="eps")
+    assert b._agents == {} and b._by_name == {}
+
+
+def test_a_name_killed_and_spawned_again_elsewhere_is_the_new_agent(pair) -> None:
+    a, b, _ = pair
+    old = a.spawn(manifest("zeta"))
+    shared.sync_agent(b, name="zeta")
+    stale = b._agents[old.id]
+    a.kill(a.get(old.id))
+    new = a.spawn(manifest("zeta", model="gpt-4o-mini"))
+    shared.sync_agent(b, name="zeta")
+    assert stale.killed and old.id not in b._agents, "BUG: the old agent of a reused name lives on"
+    assert b._by_name == {"zeta": new.id} and b._agents[new.id].model == "gpt-4o-mini"
+
+
+def test_an_unreadable_manifest_is_logged_and_not_adopted(pair, caplog) -> None:
+    a, b, store = pair
+    h = a.spawn(manifest("eta"))
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).manifest_toml = "this is = = not toml"
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    shared.sync_agent(b, agent_id=h.id)
+    assert b._agents == {}
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].getMessage().startswith(
+        f"agent eta ({h.id}) has an unreadable manifest: invalid manifest format"), [r.getMessage() for r in errors]
+
+
+def test_sync_all_makes_the_set_of_agents_match_the_table(pair) -> None:
+    a, b, _ = pair
+    gone = a.spawn(manifest("gone"))
+    known = a.spawn(manifest("known"))
+    shared.sync_all(b)
+    assert sorted(b._by_name) == ["gone", "known"]
+    mine_gone, mine_known = b._agents[gone.id], b._agents[known.id]
+    a.kill(a.get(gone.id))
+    a.set_mode(a.get(known.id), "Manual")
+    fresh = a.spawn(manifest("fresh"))
+    shared.sync_all(b)
+    assert sorted(b._by_name) == ["fresh", "known"], "BUG: the agent list differs between daemons"
+    assert mine_gone.killed and b._agents[known.id] is mine_known and mine_known.mode == "Manual"
+    assert mine_known.session_id == known.session_id, "BUG: a refresh lost the agent's session"
+    assert b._agents[fresh.id].session_id == fresh.session_id
+    assert [x.name for x in b.handles()] == ["known", "fresh"]
+
+
+def test_refresh_of_a_vanished_handle_is_a_no_op() -> None:
+    assert shared._refresh(None, "Auto", "s") is None
