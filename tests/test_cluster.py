@@ -300,8 +300,9 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     spawn(a.url, "flow")
     created = a.post("/api/workflows", json={"name": "slow-flow", "steps": [
         {"name": "first", "agent_name": "flow"},
-        # Each model call must end within the fake's 3 s client timeout: 5 naps of 2 s instead.
-        {"name": "nap", "agent_name": "flow", "mode": "loop", "max_iterations": 5,
+        # Each model call must end within the fake's 3 s client timeout: 10 naps of 2 s instead
+        # (20 s: long enough for daemon-b to restart on a loaded machine before the run ends).
+        {"name": "nap", "agent_name": "flow", "mode": "loop", "max_iterations": 10,
          "prompt": "[[slow:2]]{{input}}"}]})
     assert created.status_code == 201, created.text
     wid = created.json()["workflow_id"]
@@ -321,7 +322,7 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     assert workflow_run(b, run["id"])["state"] == {"status": "running"}
     t.join(60)
     assert finished["r"].status_code == 200, finished["r"].text
-    assert finished["r"].json() == {"run_id": run["id"], "status": "completed", "output": "echo: " * 6 + "survive"}
+    assert finished["r"].json() == {"run_id": run["id"], "status": "completed", "output": "echo: " * 11 + "survive"}
     done = workflow_run(b, run["id"])
     assert done["state"] == {"status": "completed"} and done["error"] is None and done["steps_completed"] == 2
 

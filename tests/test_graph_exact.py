@@ -117,6 +117,7 @@ def chain(kg: KnowledgeGraph) -> KnowledgeGraph:
 
 def test_forward_walk_at_each_depth(chain: KnowledgeGraph) -> None:
     assert triples(chain.query("a", source="A", max_depth=1)) == [("A", "r", "B", 1)]
+    assert triples(chain.query("a", source="A")) == [("A", "r", "B", 1)], "max_depth defaults to 1"
     assert triples(chain.query("a", source="A", max_depth=2)) == [("A", "r", "B", 1), ("B", "r", "C", 2)]
     assert triples(chain.query("a", source="A", max_depth=3)) == \
         [("A", "r", "B", 1), ("B", "r", "C", 2), ("C", "r", "D", 3)]
@@ -216,3 +217,16 @@ def test_export_is_in_insertion_order_whatever_the_ids(kg: KnowledgeGraph) -> No
     ents, rels = kg.export("a")
     assert [e["id"] for e in ents] == ["e3", "e1", "e2"] and [r["id"] for r in rels] == ["r3", "r1", "r2"]
     assert [m["relation"]["id"] for m in kg.query("a", source="e1")] == ["r3", "r1", "r2"]
+
+
+def test_an_entity_id_is_looked_up_in_the_agents_own_graph(kg: KnowledgeGraph) -> None:
+    other = kg.add_entity("b", "tool", "saw", {"o": 1}, entity_id="e-1")
+    mine = kg.add_entity("a", "person", "Alice", {})
+    assert other == {"id": "e-1", "created": True}
+    # Agent a names id e-1 (agent b's): a new entity of a's, b's untouched.
+    assert kg.add_entity("a", "tool", "hammer", {"w": 2}, entity_id="e-1") == {"id": "e-1", "created": True}, \
+        "BUG: an entity id matched another agent's entity"
+    assert [(e["name"], e["properties"]) for e in kg.export("b")[0]] == [("saw", {"o": 1})]
+    assert sorted(e["id"] for e in kg.export("a")[0]) == sorted([mine["id"], "e-1"])
+    # An id the agent does not have: created with that id, whatever else the agent has.
+    assert kg.add_entity("a", "project", "Apollo", {}, entity_id="p-9") == {"id": "p-9", "created": True}

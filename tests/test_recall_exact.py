@@ -39,6 +39,8 @@ def created(memory, agent: str, fid: str) -> float:  # type: ignore[no-untyped-d
 
 def test_time_and_value_helpers() -> None:
     assert epoch(datetime(2024, 1, 1)) == 1704067200.0, "a naive time is UTC"
+    assert epoch("2024-01-01 00:00:00") == 1704067200.0, "Pony's raw text of a whole-second time"
+    assert epoch("2024-01-01 02:00:00+02:00") == 1704067200.0
     assert epoch(datetime(2024, 1, 1, 2, tzinfo=timezone(timedelta(hours=2)))) == 1704067200.0
     assert stamp(datetime(2024, 1, 1, 0, 0, 0, 5)) == "2024-01-01T00:00:00.000005+00:00"
     assert stamp("2024-01-01 10:00:00") == "2024-01-01T10:00:00+00:00"  # Pony's raw text
@@ -135,6 +137,10 @@ def test_limit_and_min_score_boundaries(mem) -> None:  # type: ignore[no-untyped
     assert [m["content"] for m in memory.recall("a", "q", min_score=0.2500001)] == ["half"]
     assert memory.recall("a", "q", min_score=0.6) == []
     assert len(memory.recall("a", "q", min_score=-1.0)) == 3
+    for i in range(4):
+        emb.vectors[f"more{'x' * i}"] = at(0.1 - 0.01 * i, 0, 4 + i)
+        memory.remember("a", f"more{'x' * i}")
+    assert len(memory.recall("a", "q")) == 5, "limit defaults to 5"
 
 
 def test_recall_counts_accesses_unless_told_not_to(mem) -> None:  # type: ignore[no-untyped-def]
@@ -291,6 +297,7 @@ def test_the_query_vector_is_cached_per_model_and_text(mem) -> None:  # type: ig
     memory.recall("a", "q")
     assert emb.calls == [["q"]]
     assert np.array_equal(memory.queries.get("test/scripted", "q", emb.embed), unit(1))
+    assert emb.calls == [["q"]], "the query vector is cached under the model's name"
 
 
 def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # type: ignore[no-untyped-def]
@@ -304,3 +311,16 @@ def test_a_row_with_an_empty_metadata_column_reads_as_empty(mem) -> None:  # typ
     assert memory.get("a", fid)["metadata"] == {}
     assert memory.page("a", 5, 0)["memories"][0]["metadata"] == {}
     assert memory.recall("a", "q")[0]["metadata"] == {}
+
+
+def test_near_tie_with_equal_creation_times_keeps_the_better_score(tmp_path: Path) -> None:
+    memory, emb, _ = new_memory(tmp_path)
+    emb.vectors.update({"q": unit(1), "a": at(0.5, 0, 1), "b": at(0.495, 0, 2)})
+    memory.remember("a", "a")
+    memory.remember("a", "b")
+    db = sqlite3.connect(str(tmp_path / "m.db"))
+    db.execute("UPDATE memory_fragments SET created_at = '2024-01-01 00:00:00.000000'")
+    db.commit()
+    db.close()
+    memory.invalidate()
+    assert [m["content"] for m in memory.recall("a", "q")] == ["a", "b"]

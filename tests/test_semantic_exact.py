@@ -115,8 +115,9 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
                           metadata={"checked": True, "topic": "animals"}, confidence=0.4)
     assert out == {"id": fid, "merged": True}
     (row,) = rows(memory, "a")
-    # Newer wording; source and scope of the kept row; confidence is the max, not the newer one.
-    assert row[:5] == (fid, "The dog is Rex", "document", "pets", 0.6)
+    # Newer wording; source and scope of the kept row; confidence is the max, not the newer one;
+    # a merge is not an access.
+    assert row[:6] == (fid, "The dog is Rex", "document", "pets", 0.6, 0)
     assert json.loads(row[8]) == {"topic": "animals", "gone": 1, "n": [1, 2], "checked": True}
     assert meta(memory, "a", fid) == {"topic": '"animals"', "gone": "1", "n": "[1,2]", "checked": "true"}
     blob, model, accessed = sql(memory, "SELECT embedding, model, accessed_at FROM memory_fragments WHERE id = ?",
@@ -130,6 +131,12 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
     # The index holds the new vector: a recall for it scores 1.0.
     assert memory.index("a").search(at(0.97), 1)[0].score == pytest.approx(1.0, abs=1e-6)
     assert changed == ["a", "a", "a"]
+    # Another fragment's metadata rows are not touched by the merge.
+    emb.vectors["Tom is the cat"] = unit(0, 0, 1)
+    cat = memory.remember("a", "Tom is the cat", metadata={"topic": "pets", "other": 1})["id"]
+    emb.vectors["The dog is named Rex"] = at(0.96)
+    memory.remember("a", "The dog is named Rex", scope="pets", metadata={"topic": "dogs"})
+    assert meta(memory, "a", cat) == {"topic": '"pets"', "other": "1"}
 
 
 def test_dedup_is_per_scope_and_per_agent(mem) -> None:  # type: ignore[no-untyped-def]
@@ -351,7 +358,7 @@ def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: 
         worker.start()
         worker.join(0.3)
         assert worker.is_alive(), f"BUG: {operation} ran while another write held the agent's lock"
-    worker.join(10)
+    worker.join(60)
     assert not worker.is_alive()
 
 
@@ -459,3 +466,28 @@ def test_a_match_deleted_behind_the_index_is_passed_over(mem) -> None:  # type: 
     db.close()
     # "tea again": 0.993 to the deleted row, 0.97 to "tea": merged into "tea".
     assert memory.remember("a", "tea again") == {"id": keep, "merged": True}
+
+
+def test_merge_into_a_fragment_id_another_agent_also_has(mem) -> None:  # type: ignore[no-untyped-def]
+    """Import keeps ids, so two agents can hold the same fragment id: a merge touches only its own."""
+    from agentd.memory.graph import KnowledgeGraph
+    from agentd.memory.portable import import_doc
+
+    memory, emb, _ = mem
+    emb.vectors.update({"Rex is the dog": unit(1), "The dog is Rex": at(0.95)})
+    doc = {"format": "agentd.memory", "version": 1, "embedding_model": "test/scripted", "entities": [],
+           "relations": [], "memories": [{"id": "same", "content": "Rex is the dog", "source": "document",
+                                          "scope": "semantic", "confidence": 0.5, "metadata": {"k": 1},
+                                          "created_at": "2024-01-01T00:00:00Z", "embedding": unit(1).tolist()}]}
+    graph = KnowledgeGraph(memory.store)
+    for agent in ("a", "b"):
+        assert import_doc(memory, graph, agent, json.loads(json.dumps(doc)))["memories_imported"] == 1
+    # An empty metadata column (a row written by another tool) merges as {}.
+    db = sqlite3.connect(str(memory.store.db.provider.pool.filename))
+    db.execute("UPDATE memory_fragments SET metadata = '' WHERE agent_id = 'b'")
+    db.commit()
+    db.close()
+    assert memory.remember("b", "The dog is Rex", metadata={"j": 2}) == {"id": "same", "merged": True}
+    assert rows(memory, "b")[0][1] == "The dog is Rex" and json.loads(rows(memory, "b")[0][8]) == {"j": 2}
+    assert rows(memory, "a")[0][1] == "Rex is the dog" and json.loads(rows(memory, "a")[0][8]) == {"k": 1}
+    assert meta(memory, "a", "same") == {"k": "1"} and meta(memory, "b", "same") == {"j": "2"}

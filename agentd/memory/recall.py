@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 NEAR_TIE = 0.01
 
 
-def epoch(dt: datetime) -> float:
-    """Seconds since 1970 of a stored time (naive times are UTC)."""
+def epoch(value: Any) -> float:
+    """Seconds since 1970 of a stored time (naive times are UTC). Raw text is accepted too:
+    Pony hands back the text of a time stored without fractional seconds (see `stamp`)."""
+    dt = _as_dt(value)
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()

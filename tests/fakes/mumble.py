@@ -35,7 +35,7 @@ class Murmur(ServerProcess):
                             "textmessagelength=5000\nwelcometext=\"test server\"\n")
 
     def start(self) -> "Murmur":
-        self.launch([self.binary, "-fg", "-ini", str(self.ini)], self.port, timeout=20)
+        self.launch([self.binary, "-fg", "-ini", str(self.ini)], self.port)
         return self
 
 

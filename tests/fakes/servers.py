@@ -15,15 +15,20 @@ import pytest
 from support import free_port
 
 
-def wait_port(port: int, timeout: float = 10.0) -> None:
+def wait_port(port: int, timeout: float = 30.0, proc: "subprocess.Popen | None" = None) -> None:
+    """Wait until 127.0.0.1:`port` accepts connections. Generous: a server starting TLS
+    (ngircd prepares its DH parameters) takes seconds on a loaded 2-core machine. Fails
+    at once when `proc` has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
 
 
 def need(binary: str) -> str:
@@ -45,11 +50,11 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         raise NotImplementedError
 
-    def launch(self, argv: list[str], *ports: int, timeout: float = 10.0) -> None:
+    def launch(self, argv: list[str], *ports: int, timeout: float = 30.0) -> None:
         """Run `argv` (output discarded) and wait until every port in `ports` accepts connections."""
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port in ports:
-            wait_port(port, timeout=timeout)
+            wait_port(port, timeout=timeout, proc=self.proc)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
