@@ -67,6 +67,7 @@ def test_each_number_word(number: int, word: str) -> None:
     ("Alice likes tea", "No, Alice likes tea", True),
     ("Alice is not unhappy", "Alice is not unhappy at all", False),
     ("It is not true that Bob never calls", "Bob calls", False),  # two negations cancel out
+    ("Nobody never does not call", "They call", True),  # three negations: negated
     ("Bob has 2 cats and 10 dogs", "Bob has 10 dogs and 2 cats", False),  # same numbers, any order
     ("Bob has 2 cats", "Bob has 2 cats and 2 dogs", True),
     ("Bob's cat", "Bob’s cat", False),
