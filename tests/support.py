@@ -173,7 +173,7 @@ class Daemon:
         return self
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        if os.environ.get("MUTANT_UNDER_TEST"):
+        if "MUTANT_UNDER_TEST" in os.environ:   # set ("" for the clean run) by mutmut for every run
             timeout = max(timeout, 120.0)   # mutated code imports mutmut; mutation runs load the machine
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

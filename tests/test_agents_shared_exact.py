@@ -156,6 +156,7 @@ def test_sync_all_makes_the_set_of_agents_match_the_table(pair) -> None:
     shared.sync_all(b)
     assert sorted(b._by_name) == ["fresh", "known"], "BUG: the agent list differs between daemons"
     assert mine_gone.killed and b._agents[known.id] is mine_known and mine_known.mode == "Manual"
+    assert mine_known.session_id == known.session_id, "BUG: a refresh lost the agent's session"
     assert b._agents[fresh.id].session_id == fresh.session_id
     assert [x.name for x in b.handles()] == ["known", "fresh"]
 

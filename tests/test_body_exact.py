@@ -104,6 +104,15 @@ def test_streamed_body_without_length_is_capped(client, size: int, status: int) 
         assert r.get_json() == {"value": "b" * size}
 
 
+def test_streamed_body_is_read_no_further_than_one_byte_past_the_cap(client) -> None:
+    # An endless upload must not be read whole before it is refused.
+    stream = io.BytesIO(b"c" * 5000)
+    r = client.post("/api/raw-small", input_stream=stream, headers={"Transfer-Encoding": "chunked"},
+                    environ_base={"wsgi.input_terminated": True})
+    assert r.status_code == 413
+    assert stream.tell() == 11, f"BUG: {stream.tell()} bytes of a streamed body were read for a 10-byte cap"
+
+
 def test_small_json_cap(client) -> None:
     assert post(client, "/api/json-small", b'"12345678"').get_json() == {"value": "12345678"}
     r = post(client, "/api/json-small", b'"123456789"')

@@ -134,6 +134,12 @@ def test_csrf_near_misses() -> None:
         assert s.csrf_valid("sid-1", near) is False, f"BUG: CSRF near miss {near!r} accepted"
 
 
+def test_csrf_token_that_cannot_be_encoded_is_refused_not_an_error() -> None:
+    s = Sessions(KEY)
+    for token in ("\ud800", s.csrf_for("sid-1")[:-1] + "\udfff"):
+        assert s.csrf_valid("sid-1", token) is False
+
+
 # -- the request helpers on a Flask app -------------------------------------------------------------------
 
 def make_app(tmp_path: Path, api_key: str = KEY) -> Flask:

@@ -420,7 +420,8 @@ def test_gemini_turns_and_parts() -> None:
 def test_gemini_answer_parsing() -> None:
     data = {"usageMetadata": {"promptTokenCount": 8, "candidatesTokenCount": 3, "totalTokenCount": 11},
             "modelVersion": "ignored", "candidates": [{"finishReason": "STOP", "content": {"parts": [
-                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk",
+                {"text": "Hel"}, {"functionCall": {"name": "f", "args": {"a": 1}}}, {"text": "lo"}, "junk text",
+                {"text": None}, {"text": 5}, {"thought": True},
                 {"functionCall": {"name": "g"}}, {"functionCall": {"args": {"b": 2}}}, {"functionCall": "x"}]}}]}
     r = gemini.parse(EP["gemini"], "m1", data)
     assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": 1}), ("g", {}), ("", {"b": 2})]
@@ -652,6 +653,7 @@ def test_cancelled_or_expired_calls_send_nothing(fake) -> None:
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), cancel=cancel)
     assert (caught.value.kind, caught.value.message) == ("cancelled", "p-openai model m-1: call cancelled")
+    assert (caught.value.provider, caught.value.model) == ("p-openai", "m-1")
     with pytest.raises(LLMError) as caught:
         drivers.complete(live(fake, "openai"), minimal(), deadline=time.monotonic() - 0.001)
     assert caught.value.kind == "timeout"
@@ -796,6 +798,8 @@ def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
                          on_event=listener, cancel=cancel)
     assert caught.value.kind == "cancelled" and seen == [TextDelta("w1")], \
         "BUG: deltas were delivered after the call was cancelled"
+    err = caught.value
+    assert (err.message, err.provider, err.model) == ("p-gemini model m-1: call cancelled", "p-gemini", "m-1")
 
 
 def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
@@ -823,5 +827,49 @@ def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
         assert (caught.value.kind, caught.value.message) == (
             "timeout", f"local model m-1: timed out after 0.5s waiting for {base} (timeout_secs)"), \
             "BUG: a body cut short by the deadline is reported as a bad answer"
+    finally:
+        server.shutdown()
+
+
+def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
+    body = named(("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "tool_use", "id": "t9"}}),
+                 ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                 ("message_stop", {"type": "message_stop"}))
+    r, seen = streamed(anthropic, body, "anthropic")
+    assert seen == [ToolCallStart(0, "t9", ""), ToolCallEnd(0, "t9", "", {})]
+    assert (r.tool_calls, r.finish_reason) == ([], "stop")
+
+
+def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
+    """No chunked framing: the interrupted read ends like a clean end of body, and the guard's
+    reason (not a truncation) is what the caller hears."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()   # HTTP/1.0 and no Content-Length: the body ends when the socket does
+            self.wfile.write(b'data: {"choices": [{"delta": {"content": "first"}}]}\n\n')
+            self.wfile.flush()
+            time.sleep(3)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=10.0, stream_idle=0.3)
+        seen: list = []
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), on_event=seen.append, retries=0)
+        err = caught.value
+        assert (err.kind, err.message, err.provider, err.model) == (
+            "timeout", f"local model m-1: timed out: the stream stalled, no data for 0.3s from {base} "
+                       "(stream_idle_secs)", "local", "m-1")
+        assert seen == [TextDelta("first")]
     finally:
         server.shutdown()

@@ -222,3 +222,10 @@ def test_a_negative_limit_reports_nothing_remaining(store) -> None:
     b = metering.budget()
     assert (b["remaining_usd"], b["limited"], b["alerts"]) == (0.0, False, [])
     metering.check_budget()   # not a limit: never refused
+
+
+def test_remaining_budget_is_reported_to_ten_decimals(store) -> None:
+    metering = Metering(store, Catalog.load(), now=Now(MARCH))
+    metering.set_limit(1.00000000004)
+    metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
+    assert metering.budget()["remaining_usd"] == 0.9974, "remaining_usd is money: 10 decimals, like every amount"

@@ -207,7 +207,7 @@ def test_malformed_hosts_are_not_applied(host: str) -> None:
 
 @pytest.mark.parametrize("prefix, script_name", [
     ("/agentd", "/agentd"), ("/agentd/", "/agentd"), ("/a/b", "/a/b"), ("/a/b/", "/a/b"), ("/x, /agentd", "/agentd"),
-    ("/a..b", "/a..b"), ("/.well", "/.well"),
+    ("/a..b", "/a..b"), ("/.well", "/.well"), ("/appX/", "/appX"), ("/X", "/X"),
     ("/a/../b", ""), ("/a/..", ""), ("/..", ""), ("/../", ""), ("/a/./b", ""), ("/a/.", ""), ("/.", ""),
     ("agentd", ""), ("//evil.example", ""), ("/", ""), ("/a b", ""), ("", ""),
 ])
@@ -260,3 +260,19 @@ def test_install_without_trusted_proxies_logs_nothing_and_drops_headers(caplog: 
     assert [r for r in caplog.records if r.name == "agentd.proxy"] == []
     r = app.test_client().get("/who", headers={"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"})
     assert r.get_json() == {"addr": "127.0.0.1", "scheme": "http", "host": "localhost", "root": "", "xff": None}
+
+
+def test_plain_http_from_the_proxy_replaces_an_https_scheme() -> None:
+    # The proxy's word on the scheme counts both ways: http is applied too, not only https.
+    environ = seen(["127.0.0.1"], {**BASE, "wsgi.url_scheme": "https", "REMOTE_ADDR": "127.0.0.1",
+                                   "HTTP_X_FORWARDED_PROTO": "http"})
+    assert environ["wsgi.url_scheme"] == "http", "BUG: X-Forwarded-Proto http from a trusted proxy ignored"
+    environ = seen(["127.0.0.1"], {**BASE, "wsgi.url_scheme": "https", "REMOTE_ADDR": "127.0.0.1",
+                                   "HTTP_X_FORWARDED_PROTO": "HTTP"})
+    assert environ["wsgi.url_scheme"] == "http"
+    environ = seen(["127.0.0.1"], {**BASE, "wsgi.url_scheme": "https", "REMOTE_ADDR": "127.0.0.1",
+                                   "HTTP_FORWARDED": "for=203.0.113.7;proto=http"})
+    assert environ["wsgi.url_scheme"] == "http"
+    environ = seen(["127.0.0.1"], {**BASE, "wsgi.url_scheme": "https", "REMOTE_ADDR": "10.0.0.1",
+                                   "HTTP_X_FORWARDED_PROTO": "http"})
+    assert environ["wsgi.url_scheme"] == "https", "BUG: an untrusted peer downgraded the scheme"

@@ -19,13 +19,11 @@ from pony import orm
 from agentd.agents.shared_approvals import POLL_SECS, SharedApprovalQueue
 from agentd.errors import Conflict, NotFound
 from agentd.store import open_store
-from agentd.store.leases import ensure_tables
 
 
 @pytest.fixture()
 def store(tmp_path):
-    s = open_store(tmp_path / "agentd.db")
-    ensure_tables(s)
+    s = open_store(tmp_path / "agentd.db")   # migrations create cluster_approvals
     yield s
     s.close()
 

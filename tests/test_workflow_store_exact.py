@@ -82,7 +82,7 @@ def test_run_record_through_its_life(db: WorkflowStore) -> None:
                      "completed_at": None, "error": None, "input": "héllo", "output": None,
                      "daemon_id": "daemon-x", "step_results": []}
     assert db.active_run_count(workflow["id"]) == 1
-    db.start_run(run_id)
+    assert db.start_run(run_id) is True
     started = db.run(run_id)
     assert started["state"] == {"status": "running"} and when(started["started_at"]) >= when(created_at)
     results = [{"step_name": "s1", "output": "ünïcode ✓"}]
@@ -100,10 +100,11 @@ def test_run_record_through_its_life(db: WorkflowStore) -> None:
     # A finished run takes no more writes.
     assert db.finish_run(run_id, "failed", "", "late", [], 0) is False
     assert db.save_progress(run_id, [], 0) is False
+    assert db.start_run(run_id) is False
     assert db.run(run_id) == done
     # Unknown runs: nothing to write, no error.
     missing = str(uuid.uuid4())
-    db.start_run(missing)
+    assert db.start_run(missing) is False
     assert db.save_progress(missing, [], 0) is False
     assert db.finish_run(missing, "completed", "", None, [], 0) is False
     assert db.run(missing) is None
@@ -147,6 +148,8 @@ def test_fail_interrupted_by_owner(db: WorkflowStore) -> None:
         assert run["completed_at"] is not None and run["started_at"] is not None
     assert db.run(mine)["step_results"] == [{"step_name": "s1"}] and db.run(mine)["steps_completed"] == 1
     assert db.run(pending_mine)["started_at"] == db.run(pending_mine)["completed_at"]
+    assert db.start_run(pending_mine) is False  # failed while pending: it never runs
+    assert db.run(pending_mine)["state"] == {"status": "failed"}
     assert db.run(mine)["started_at"] != db.run(mine)["completed_at"]
     assert db.run(other)["state"] == {"status": "running"}
     assert db.run(finished)["state"] == {"status": "completed"} and db.run(finished)["output"] == "ok"

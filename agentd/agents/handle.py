@@ -67,6 +67,9 @@ class AgentHandle:
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False
     queue_lock: threading.Lock = field(default_factory=threading.Lock)
+    # (manifest, what the item showed, its JSON text) of this agent's GET /api/agents item
+    # (agents/listing.py).
+    list_json: tuple[Any, tuple[Any, ...], str] | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pony import orm
 
 from agentd.agents import shared
 from agentd.agents.handle import CAPABILITY_TOOLS, MODES, AgentHandle, parse_uuid
+from agentd.agents.listing import list_json
 from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
 from agentd.agents.signing import verify_envelope
 from agentd.agents.tools import Tool, all_tools
@@ -174,19 +175,26 @@ class AgentRegistry:
                 "created_at": iso(handle.created_at), "model_provider": handle.provider,
                 "model_name": handle.model, "profile": handle.manifest.profile or "custom"}
 
-    def list_item(self, handle: AgentHandle) -> dict[str, Any]:
-        """One item of GET /api/agents."""
-        info = self.catalog.get_model(handle.model)
-        auth = self.auth_status(handle)
+    def list_item(self, handle: AgentHandle, auth: str | None = None, tier: str | None = None) -> dict[str, Any]:
+        """One item of GET /api/agents (`auth`, `tier`: already looked up by the caller)."""
+        if tier is None:
+            info = self.catalog.get_model(handle.model)
+            tier = info.tier if info else "custom"
+        if auth is None:
+            auth = self.auth_status(handle)
         identity = handle.manifest.data["identity"]
         return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
                 "created_at": iso(handle.created_at), "last_active": iso(handle.last_active),
                 "model_provider": handle.provider, "model_name": handle.model,
-                "model_tier": info.tier if info else "custom", "auth_status": auth,
+                "model_tier": tier, "auth_status": auth,
                 "ready": handle.state == "Running" and auth != "missing",
                 "profile": handle.manifest.profile or "custom",
                 "identity": {"emoji": identity["emoji"], "avatar_url": identity["avatar_url"],
                              "color": identity["color"]}}
+
+    def list_json(self) -> str:
+        """The body of GET /api/agents (without its final newline), see listing.py."""
+        return list_json(self, self.handles())
 
     def detail(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}."""

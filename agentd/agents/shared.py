@@ -74,8 +74,10 @@ def _adopt(manager: "AgentManager", row: Any) -> None:
             _refresh(handle, row.mode, row.session_id)
             return
         stale = manager._by_name.get(row.name)
-    if stale is not None and stale != row.id:
-        _forget(manager, stale)  # killed elsewhere, and the name taken again since
+    # `_by_name` only names registered handles, and `row.id` has none (checked above), so a
+    # handle under this name is another agent: killed elsewhere, and the name taken again since.
+    if stale is not None:
+        _forget(manager, stale)
     try:
         manifest = parse_manifest(row.manifest_toml)
     except AgentdError as exc:

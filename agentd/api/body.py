@@ -28,12 +28,13 @@ def raw_body(max_bytes: int) -> bytes:
     # A body without Content-Length (chunked) is streamed: werkzeug stops reading at the
     # limit and returns what it read, so read one byte more to tell "at" from "past" it.
     request.max_content_length = max_bytes + 1
+    too_large = f"request body too large (limit {max_bytes} bytes)"
     try:
         data = request.get_data(cache=True)
     except RequestEntityTooLarge:
-        data = None
-    if data is None or len(data) > max_bytes:
-        raise PayloadTooLarge(f"request body too large (limit {max_bytes} bytes)")
+        raise PayloadTooLarge(too_large) from None
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(too_large)
     return data
 
 

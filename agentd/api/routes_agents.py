@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, current_app, jsonify, request
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
@@ -81,8 +81,8 @@ def spawn():
 @bp.get("/api/agents")
 @doc("List agents", tags="agents", response={"type": "array", "items": out.AgentItemSchema})
 def list_agents():
-    agents = kernel().agents
-    return jsonify([agents.list_item(h) for h in agents.handles()])
+    # The same bytes jsonify() sends, built from per-agent cached texts (agents/listing.py).
+    return current_app.response_class(f"{kernel().agents.list_json()}\n", mimetype="application/json")
 
 
 @bp.get("/api/agents/<agent_id>")

@@ -127,12 +127,13 @@ class WorkflowEngine:
         with self._lock:
             self._active[run.run_id] = run
         try:
-            self.db.start_run(run.run_id)
-            try:
-                error = self.steps.drive(run)
-            except Exception as exc:  # noqa: BLE001 - a run must never stay `running`
-                log.exception("workflow run %s crashed", run.run_id)
-                error = f"internal error: {exc}"
+            error: str | None = "the run was failed before it started"  # by another daemon
+            if self.db.start_run(run.run_id):
+                try:
+                    error = self.steps.drive(run)
+                except Exception as exc:  # noqa: BLE001 - a run must never stay `running`
+                    log.exception("workflow run %s crashed", run.run_id)
+                    error = f"internal error: {exc}"
             status = "failed" if error else "completed"
             output = "" if error else run.current
             if not self.db.finish_run(run.run_id, status, output, error, run.results, run.steps_completed):

@@ -99,11 +99,15 @@ class WorkflowStore:
                     row.delete()
         return run_id
 
-    def start_run(self, run_id: str) -> None:
+    def start_run(self, run_id: str) -> bool:
+        """`pending` -> `running`; False when the run is not pending (e.g. already failed by
+        another daemon's reaper), and then nothing is written."""
         with _write:
-            row = self.store.e.WorkflowRunRow.get(id=run_id)
-            if row is not None:
-                row.status, row.started_at = "running", utcnow()
+            row = self.store.e.WorkflowRunRow.get_for_update(id=run_id)
+            if row is None or row.status != "pending":
+                return False
+            row.status, row.started_at = "running", utcnow()
+            return True
 
     def save_progress(self, run_id: str, step_results: list[dict[str, Any]], steps_completed: int) -> bool:
         """Record the step results so far; False when the run is no longer active (another

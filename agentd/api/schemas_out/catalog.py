@@ -137,6 +137,7 @@ class WorkflowRunDetailSchema(WorkflowRunItemSchema):
     input = Str()
     output = NullStr()
     step_results = req(fields.List(fields.Dict()))
+    daemon_id = NullStr()  # the daemon driving the run (null: recorded before runs had owners)
 
 
 # -- OpenAI-compatible -------------------------------------------------------------------

@@ -104,7 +104,7 @@ def parse(endpoint: ProviderEndpoint, model: str, data: dict[str, Any]) -> ChatR
         reason = (data.get("promptFeedback") or {}).get("blockReason")
         raise bad_response(endpoint, model, f"no candidates (blocked: {reason})" if reason else "no candidates")
     parts = (candidate.get("content") or {}).get("parts") or []
-    text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and "text" in p)
+    text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
     calls = [ToolCall(new_call_id(), p["functionCall"].get("name", ""), p["functionCall"].get("args") or {})
              for p in parts if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)]
     finish = "tool_calls" if calls else FINISH.get(candidate.get("finishReason"), "stop")
