@@ -197,7 +197,7 @@ def test_decay_rounds_to_six_places_and_uses_decay_days(mem) -> None:  # type: i
 def test_equal_creation_times_keep_the_match(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     emb.vectors.update({"p": unit(1), "pp": unit(0, 1)})
-    first = memory.remember("a", "p")["id"]
+    memory.remember("a", "p")
     second = memory.remember("a", "pp")["id"]
     write(memory, "UPDATE memory_fragments SET created_at = '2030-01-01 00:00:00.000000'")
     set_vector(memory, second, at(0.99))

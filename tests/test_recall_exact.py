@@ -324,3 +324,16 @@ def test_near_tie_with_equal_creation_times_keeps_the_better_score(tmp_path: Pat
     db.close()
     memory.invalidate()
     assert [m["content"] for m in memory.recall("a", "q")] == ["a", "b"]
+
+
+def test_naive_times_are_utc_whatever_the_machines_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert epoch(datetime(2024, 1, 1)) == 1704067200.0
+        assert epoch("2024-01-01 00:00:00") == 1704067200.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()

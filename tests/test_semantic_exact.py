@@ -67,6 +67,7 @@ def test_each_number_word(number: int, word: str) -> None:
     ("Alice likes tea", "No, Alice likes tea", True),
     ("Alice is not unhappy", "Alice is not unhappy at all", False),
     ("It is not true that Bob never calls", "Bob calls", False),  # two negations cancel out
+    ("Nobody never does not call", "They call", True),  # three negations: negated
     ("Bob has 2 cats and 10 dogs", "Bob has 10 dogs and 2 cats", False),  # same numbers, any order
     ("Bob has 2 cats", "Bob has 2 cats and 2 dogs", True),
     ("Bob's cat", "Bob’s cat", False),
@@ -491,3 +492,21 @@ def test_merge_into_a_fragment_id_another_agent_also_has(mem) -> None:  # type: 
     assert rows(memory, "b")[0][1] == "The dog is Rex" and json.loads(rows(memory, "b")[0][8]) == {"j": 2}
     assert rows(memory, "a")[0][1] == "Rex is the dog" and json.loads(rows(memory, "a")[0][8]) == {"k": 1}
     assert meta(memory, "a", "same") == {"k": "1"} and meta(memory, "b", "same") == {"j": "2"}
+
+
+def test_supersede_marks_only_the_agents_own_row(mem) -> None:  # type: ignore[no-untyped-def]
+    from agentd.memory.graph import KnowledgeGraph
+    from agentd.memory.portable import import_doc
+
+    memory, emb, _ = mem
+    emb.vectors.update({"Meeting at 3": unit(1), "Meeting at 4": at(0.9)})
+    doc = {"format": "agentd.memory", "version": 1, "embedding_model": "test/scripted", "entities": [],
+           "relations": [], "memories": [{"id": "same", "content": "Meeting at 3", "source": "document",
+                                          "scope": "semantic", "confidence": 1.0,
+                                          "created_at": "2024-01-01T00:00:00.5Z", "embedding": unit(1).tolist()}]}
+    graph = KnowledgeGraph(memory.store)
+    for agent in ("a", "b"):
+        import_doc(memory, graph, agent, json.loads(json.dumps(doc)))
+    new = memory.remember("b", "Meeting at 4")["id"]
+    assert rows(memory, "b")[0][6] == new
+    assert rows(memory, "a")[0][6] is None, "BUG: another agent's fragment was marked superseded"
