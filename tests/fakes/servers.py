@@ -53,8 +53,12 @@ class ServerProcess:
     def launch(self, argv: list[str], *ports: int, timeout: float = 30.0) -> None:
         """Run `argv` (output discarded) and wait until every port in `ports` accepts connections."""
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for port in ports:
-            wait_port(port, timeout=timeout, proc=self.proc)
+        try:
+            for port in ports:
+                wait_port(port, timeout=timeout, proc=self.proc)
+        except RuntimeError:
+            self.stop()  # the test never gets the object to stop: do not leave the server behind
+            raise
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
