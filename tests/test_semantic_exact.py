@@ -510,3 +510,25 @@ def test_supersede_marks_only_the_agents_own_row(mem) -> None:  # type: ignore[n
     new = memory.remember("b", "Meeting at 4")["id"]
     assert rows(memory, "b")[0][6] == new
     assert rows(memory, "a")[0][6] is None, "BUG: another agent's fragment was marked superseded"
+
+
+def test_rebuild_reembeds_only_the_agents_own_row(tmp_path: Path) -> None:
+    from agentd.memory.graph import KnowledgeGraph
+    from agentd.memory.portable import import_doc
+
+    memory, emb, _ = new_memory(tmp_path)
+    emb.vectors["p"] = unit(1)
+    doc = {"format": "agentd.memory", "version": 1, "embedding_model": "test/scripted", "entities": [],
+           "relations": [], "memories": [{"id": "same", "content": "p", "source": "document", "scope": "semantic",
+                                          "confidence": 1.0, "created_at": "2024-01-01T00:00:00.5Z",
+                                          "embedding": unit(1).tolist()}]}
+    for agent in ("a", "b"):
+        import_doc(memory, KnowledgeGraph(memory.store), agent, json.loads(json.dumps(doc)))
+    db = sqlite3.connect(str(tmp_path / "m.db"))
+    db.execute("UPDATE memory_fragments SET model = 'model/old'")
+    db.commit()
+    db.close()
+    again, _, _ = new_memory(tmp_path, emb)
+    assert again.index("a").ids == ["same"]
+    assert sql(again, "SELECT agent_id, model FROM memory_fragments ORDER BY agent_id") == \
+        [("a", "test/scripted"), ("b", "model/old")]
