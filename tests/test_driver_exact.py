@@ -218,30 +218,12 @@ def test_sse_lines_keep_their_spaces_and_replace_bad_bytes() -> None:
 def test_sse_bodies_are_decompressed() -> None:
     """A gzip-encoded stream (some gateways compress SSE) is decoded as it is read."""
     import gzip
-    import http.server
+
+    from upstream_stub import answer, upstream
 
     body = gzip.compress(b"data: {\"n\": 1}\n\ndata: [DONE]\n\n")
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with upstream(answer(body, "text/event-stream", Content_Encoding="gzip")) as base:
         g = CallGuard(time.monotonic() + 5, None, threading.Event())
-        url = f"http://127.0.0.1:{server.server_port}/v1/chat"
-        response = transport.post(EP, "m1", url, {}, {"stream": True}, True, g)
+        response = transport.post(EP, "m1", f"{base}/chat", {}, {"stream": True}, True, g)
         assert [(e.event, e.data) for e in transport.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
             "BUG: a gzip-encoded stream is not decompressed"
-    finally:
-        server.shutdown()

@@ -9,7 +9,6 @@ on the wire against the fake provider (tests/fakellm.py records every request).
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import threading
@@ -25,6 +24,8 @@ from agentd.llm.drivers.guard import CallGuard
 from agentd.llm.types import (ChatRequest, ChatResponse, GenerationParams, ImagePart, LLMError, Message,
                               ProviderEndpoint, TextDelta, ToolCall, ToolCallDelta, ToolCallEnd, ToolCallStart,
                               ToolSpec, Usage)
+from upstream_stub import answer as stub_answer
+from upstream_stub import stalled, upstream
 
 KEY = "sk-formats"
 EP = {kind: ProviderEndpoint("acme", kind, "http://up.example/api/", api_key="k-1")
@@ -666,29 +667,13 @@ def test_a_json_answer_to_a_stream_request_is_replayed_as_events() -> None:
         {"id": "c1", "function": {"name": "f", "arguments": '{"a": 1}'}}]}}],
         "usage": {"prompt_tokens": 2, "completion_tokens": 3}}).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with upstream(stub_answer(answer)) as base:
         seen: list = []
-        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
         r = drivers.complete(ep, minimal(), on_event=seen.append)
         assert seen == [TextDelta("whole"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"a": 1}'),
                         ToolCallEnd(0, "c1", "f", {"a": 1})], "BUG: a non-streamed answer to a stream is not replayed"
         assert (r.text, r.usage, r.finish_reason) == ("whole", Usage(2, 3), "tool_calls")
-    finally:
-        server.shutdown()
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
@@ -735,26 +720,11 @@ def test_cancel_during_the_backoff_ends_the_call(fake) -> None:
 def test_a_stream_without_a_content_type_is_read_as_a_stream() -> None:
     body = b'data: {"choices": [{"delta": {"content": "streamed"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response_only(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with upstream(stub_answer(body, content_type=None)) as base:
         seen: list = []
-        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
         r = drivers.complete(ep, minimal(), on_event=seen.append)
         assert seen == [TextDelta("streamed")] and r.text == "streamed"
-    finally:
-        server.shutdown()
 
 
 def test_base_urls_lose_only_their_trailing_slashes() -> None:
@@ -803,32 +773,13 @@ def test_a_cancel_seen_by_the_listener_stops_the_stream_at_once(fake) -> None:
 
 
 def test_a_body_cut_short_by_the_deadline_is_a_timeout_not_garbage() -> None:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()   # HTTP/1.0, no Content-Length: the body ends when the socket does
-            self.wfile.write(b'{"choices": [')
-            self.wfile.flush()
-            time.sleep(3)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_port}/v1"
+    with upstream(stalled(b'{"choices": [', "application/json")) as base:
         ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=0.5)
         with pytest.raises(LLMError) as caught:
             drivers.complete(ep, minimal(), retries=0)
         assert (caught.value.kind, caught.value.message) == (
             "timeout", f"local model m-1: timed out after 0.5s waiting for {base} (timeout_secs)"), \
             "BUG: a body cut short by the deadline is reported as a bad answer"
-    finally:
-        server.shutdown()
 
 
 def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
@@ -844,24 +795,8 @@ def test_anthropic_stream_tool_use_without_a_name_is_not_returned() -> None:
 def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
     """No chunked framing: the interrupted read ends like a clean end of body, and the guard's
     reason (not a truncation) is what the caller hears."""
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()   # HTTP/1.0 and no Content-Length: the body ends when the socket does
-            self.wfile.write(b'data: {"choices": [{"delta": {"content": "first"}}]}\n\n')
-            self.wfile.flush()
-            time.sleep(3)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_port}/v1"
+    first = b'data: {"choices": [{"delta": {"content": "first"}}]}\n\n'
+    with upstream(stalled(first, "text/event-stream")) as base:
         ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=10.0, stream_idle=0.3)
         seen: list = []
         with pytest.raises(LLMError) as caught:
@@ -871,8 +806,6 @@ def test_a_close_delimited_stream_that_stalls_ends_on_the_idle_limit() -> None:
             "timeout", f"local model m-1: timed out: the stream stalled, no data for 0.3s from {base} "
                        "(stream_idle_secs)", "local", "m-1")
         assert seen == [TextDelta("first")]
-    finally:
-        server.shutdown()
 
 
 def test_gemini_a_call_without_text_has_no_empty_text_part() -> None:
@@ -890,35 +823,19 @@ def test_a_call_cancelled_while_its_whole_answer_is_replayed_reports_cancelled()
     was read anyway is not returned as a success."""
     answer = json.dumps({"choices": [{"message": {"content": "only"}}]}).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with upstream(stub_answer(answer)) as base:
         cancel = threading.Event()
 
         def listener(event) -> None:
             cancel.set()
             time.sleep(1.0)   # many watchdog passes (0.05 s apart): the guard trips meanwhile
 
-        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
         with pytest.raises(LLMError) as caught:
             drivers.complete(ep, minimal(), on_event=listener, cancel=cancel)
         err = caught.value
         assert (err.kind, err.message, err.provider, err.model) == (
             "cancelled", "local model m-1: call cancelled", "local", "m-1"), "BUG: a cancelled call returned its answer"
-    finally:
-        server.shutdown()
 
 
 
@@ -932,26 +849,10 @@ def test_unusable_answers_name_provider_and_model(fake, stream) -> None:
         "bad_response", "p-openai model m-1: unusable response: the answer is not valid JSON", "m-1")
     answer = json.dumps({"choices": []}).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        ep = ProviderEndpoint("local", "openai", f"http://127.0.0.1:{server.server_port}/v1", key_required=False)
+    with upstream(stub_answer(answer)) as base:
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
         with pytest.raises(LLMError) as caught:
             drivers.complete(ep, minimal(), on_event=(lambda e: None) if stream else None, retries=0)
         err = caught.value
         assert (err.kind, err.message, err.provider, err.model) == (
             "bad_response", "local model m-1: unusable response: no choices in the answer", "local", "m-1")
-    finally:
-        server.shutdown()
