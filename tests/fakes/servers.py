@@ -38,6 +38,17 @@ def need(binary: str) -> str:
     return path
 
 
+def end(proc: "subprocess.Popen | None") -> None:
+    """Terminate a server process still running; kill it if it has not gone in 5 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class ServerProcess:
     """A real server binary run in the foreground for a test (ngircd, murmur, prosody):
     `launch()` starts it and waits for its ports; stop() terminates it (kills it after 5 s)."""
@@ -61,13 +72,7 @@ class ServerProcess:
             raise
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        end(self.proc)
 
     def restart(self) -> None:
         """Stop, wait `down_for`, start again on the same port(s)."""
@@ -278,12 +283,7 @@ service stats {{
         if self.smtp is not None:
             self.smtp.stop()
             self.smtp = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        end(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def restart_imap(self) -> None:
