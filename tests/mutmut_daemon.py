@@ -1,7 +1,7 @@
 """Start the daemon under mutation testing: `python tests/mutmut_daemon.py start`.
 
 support.Daemon uses this launcher (instead of `python -m agentd`) only when mutmut's
-MUTANT_UNDER_TEST is set. It does two things plain `python -m agentd` cannot:
+MUTANT_UNDER_TEST is set. It does three things plain `python -m agentd` cannot:
 
 * It imports agentd from the working directory, which mutmut sets to its `mutants/` copy,
   so the daemon runs the mutated code (`python -m` would do the same; this keeps it explicit).
@@ -10,14 +10,17 @@ MUTANT_UNDER_TEST is set. It does two things plain `python -m agentd` cannot:
   every function reached only through the daemon would have "no tests" and its mutants would
   never run. Each hit name is appended once to $AGENTD_MUTMUT_HITS; the test process takes
   the file after each test (support.take_daemon_hits) and hands the names to mutmut.
+* It stops the daemon when the test process is gone (mutmut kills timed-out tests outright).
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import threading
+import time
 
 
 def _record_hits(path: str) -> None:
@@ -40,6 +43,17 @@ def _record_hits(path: str) -> None:
     trampoline.record_trampoline_hit = record
 
 
+def _end_with_the_test(parent: int) -> None:
+    """mutmut kills a test that runs past its time limit (SIGKILL: no fixture teardown), so
+    the daemons it started would run on for good. Watch the parent (the test process) and
+    stop this daemon the usual way (SIGTERM) once it is gone. A thread polling the parent
+    pid, not PR_SET_PDEATHSIG: that fires when the *thread* that started us ends, and some
+    tests start daemons from short-lived threads."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
@@ -47,6 +61,8 @@ def main() -> None:
     hits = os.environ.get("AGENTD_MUTMUT_HITS")
     if os.environ.get("MUTANT_UNDER_TEST") == "stats" and hits:
         _record_hits(hits)
+    threading.Thread(target=_end_with_the_test, args=(os.getppid(),), name="mutmut-parent-watch",
+                     daemon=True).start()
     sys.argv = ["agentd", *sys.argv[1:]]
     runpy.run_module("agentd", run_name="__main__", alter_sys=True)
 

@@ -95,3 +95,54 @@ def probe_route():
         monkeypatch.delenv("MUTANT_UNDER_TEST")
         assert d.stop() == 0
         os.environ.pop("AGENTD_MUTMUT_HITS", None)
+
+
+PARENT = """
+import json, subprocess, sys, time
+env = json.loads(sys.argv[1])
+child = subprocess.Popen([sys.executable, sys.argv[2], "start"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_daemon_ends_when_the_test_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """mutmut SIGKILLs a test past its time limit (no teardown): the launcher stops its daemon."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from support import agentd_env, free_port
+
+    port = free_port()
+    env = agentd_env(make_home(tmp_path / "home"), port)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(env), str(ROOT / "tests" / "mutmut_daemon.py")],
+                              stdout=subprocess.PIPE, text=True)
+    daemon_pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/api/health", timeout=2).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.2)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(daemon_pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not gone():
+        time.sleep(0.2)
+    if not gone():
+        os.kill(daemon_pid, signal.SIGKILL)
+        pytest.fail("the daemon outlived the killed test process that started it")
