@@ -49,7 +49,8 @@ def test_an_agent_spawned_elsewhere_is_adopted_by_id_with_its_fields(pair, caplo
     a, b, _ = pair
     caplog.set_level(logging.INFO, logger="agentd.agents")
     h = a.spawn(manifest("alpha"))
-    assert b.find(h.id) is None, "without a sync the other daemon does not know it yet"
+    # (b.find() would sync by itself on a shared store: look at b's memory directly.)
+    assert b._agents.get(h.id) is None, "without a sync the other daemon does not know it yet"
     shared.sync_agent(b, agent_id=h.id)
     got = b._agents[h.id]
     assert (got.id, got.name, got.mode, got.session_id, got.provider, got.model, got.state, got.killed) == \

@@ -27,6 +27,8 @@ log = logging.getLogger("agentd.agents")
 def sync_agent(manager: "AgentManager", agent_id: str | None = None, name: str | None = None) -> None:
     """Make the in-memory handle of one agent (by id or name) match its database row:
     adopt an agent spawned elsewhere, forget one killed elsewhere, take over its mode."""
+    if not (agent_id if agent_id is not None else name):
+        return  # no agent has an empty id or name (and Pony refuses to look one up: a 500)
     with orm.db_session:
         rows = manager.store.e.AgentRow
         row = rows.get(id=agent_id) if agent_id is not None else rows.get(name=name)
