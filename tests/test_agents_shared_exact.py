@@ -164,3 +164,21 @@ def test_sync_all_makes_the_set_of_agents_match_the_table(pair) -> None:
 
 def test_refresh_of_a_vanished_handle_is_a_no_op() -> None:
     assert shared._refresh(None, "Auto", "s") is None
+
+
+def test_loading_skips_an_unreadable_manifest_and_keeps_the_others(pair, caplog) -> None:
+    """The start-up load (registry.load) and adoption share handle_from_row: one bad row is
+    logged and skipped, every other agent comes back with its stored id, mode and times."""
+    a, b, store = pair
+    good, bad = a.spawn(manifest("theta")), a.spawn(manifest("iota"))
+    with orm.db_session:
+        store.e.AgentRow.get(id=bad.id).manifest_toml = "this is = = not toml"
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    assert b.load() == 1
+    assert list(b._agents) == [good.id] and b._by_name == {"theta": good.id}
+    back = b._agents[good.id]
+    assert (back.mode, back.session_id, back.created_at, back.last_active) == \
+        (good.mode, good.session_id, good.created_at, good.last_active)
+    assert back.created_at.utcoffset().total_seconds() == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith(f"agent iota ({bad.id}) has an unreadable manifest"), errors

@@ -34,17 +34,24 @@ class AgentRegistry:
         with orm.db_session:
             rows = list(self.store.e.AgentRow.select())
             for row in rows:
-                try:
-                    manifest = parse_manifest(row.manifest_toml)
-                except AgentdError as exc:
-                    log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
-                    continue
-                # SQLite hands datetimes back naive; they were written as UTC.
-                handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
-                                      row.session_id)
-                handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
-                self._register(handle)
+                handle = self.handle_from_row(row)
+                if handle is not None:
+                    self._register(handle)
         return len(self._agents)
+
+    def handle_from_row(self, row: Any) -> AgentHandle | None:
+        """A handle for a stored agent row, not registered yet (None, logged, when its
+        manifest cannot be read: one bad row must not keep the others from loading)."""
+        try:
+            manifest = parse_manifest(row.manifest_toml)
+        except AgentdError as exc:
+            log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
+            return None
+        # SQLite hands datetimes back naive; they were written as UTC.
+        handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
+                              row.session_id)
+        handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
+        return handle
 
     def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
         spec = manifest.model

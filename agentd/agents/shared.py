@@ -10,13 +10,9 @@ called, so that path is unchanged.
 from __future__ import annotations
 
 import logging
-from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 from pony import orm
-
-from agentd.agents.manifest import parse_manifest
-from agentd.errors import AgentdError
 
 if TYPE_CHECKING:
     from agentd.agents.manager import AgentHandle, AgentManager
@@ -80,14 +76,9 @@ def _adopt(manager: "AgentManager", row: Any) -> None:
     # handle under this name is another agent: killed elsewhere, and the name taken again since.
     if stale is not None:
         _forget(manager, stale)
-    try:
-        manifest = parse_manifest(row.manifest_toml)
-    except AgentdError as exc:
-        log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
+    handle = manager.handle_from_row(row)
+    if handle is None:
         return
-    handle = manager._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
-                             row.session_id)
-    handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
     with manager._lock:
         if row.id not in manager._agents:
             manager._register(handle)
