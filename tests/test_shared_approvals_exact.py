@@ -19,6 +19,7 @@ from pony import orm
 from agentd.agents.shared_approvals import POLL_SECS, SharedApprovalQueue
 from agentd.errors import Conflict, NotFound
 from agentd.store import open_store
+from test_approvals_exact import RecordingEvent
 
 
 @pytest.fixture()
@@ -26,18 +27,6 @@ def store(tmp_path):
     s = open_store(tmp_path / "agentd.db")   # migrations create cluster_approvals
     yield s
     s.close()
-
-
-class RecordingEvent(threading.Event):
-    """A real threading.Event that also notes every timeout it was asked to wait for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        return super().wait(timeout)
 
 
 def rows(store) -> list[tuple]:
