@@ -97,6 +97,7 @@ TESTS: dict[str, list[str]] = {
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
     "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],
     "agentd/agents/session_store.py": ["tests/test_session_store_exact.py"],
+    "agentd/agents/model_call.py": ["tests/test_model_call_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
