@@ -98,6 +98,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],
     "agentd/agents/session_store.py": ["tests/test_session_store_exact.py"],
     "agentd/agents/model_call.py": ["tests/test_model_call_exact.py"],
+    "agentd/agents/runner.py": ["tests/test_runner_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
