@@ -531,3 +531,44 @@ def test_kill_of_a_handle_whose_name_was_taken_over_keeps_the_new_owner(mgr) -> 
     mgr._by_name["same"] = "someone-else"   # the name now belongs to another agent
     mgr.kill(old)
     assert mgr._by_name == {"same": "someone-else"}
+
+
+# -- a shared database (what PostgreSQL means): every lookup sees the other daemons' agents -------
+def shared_view(env):
+    """A manager whose store says it is shared (the SQL is the same Pony SQL on SQLite)."""
+    import dataclasses
+
+    m = env.manager()
+    m.store = dataclasses.replace(env.store, backend="postgres")
+    return m
+
+
+def test_on_a_shared_database_lookups_adopt_what_others_spawned(env, mgr) -> None:
+    b = shared_view(env)
+    local = env.manager()   # not shared: never looks
+    h = mgr.spawn(manifest("s1"))
+    with pytest.raises(NotFound):
+        local.get(h.id)
+    assert local.find("s1") is None and local.by_name("s1") is None and local.handles() == []
+    assert b.get(h.id).name == "s1"
+    h2 = mgr.spawn(manifest("s2"))
+    assert b.find("s2").id == h2.id
+    h3 = mgr.spawn(manifest("s3"))
+    assert b.find(h3.id).name == "s3" and b.find(h3.id.upper()).name == "s3"
+    h4 = mgr.spawn(manifest("s4"))
+    assert b.by_name("s4").id == h4.id
+    mgr.spawn(manifest("s5"))
+    assert [x.name for x in b.handles()] == ["s1", "s2", "s3", "s4", "s5"]
+    mgr.kill(mgr.get(h.id))
+    with pytest.raises(NotFound):
+        b.get(h.id)
+    assert b.find("s1") is None
+
+
+def test_on_a_shared_database_spawn_sees_a_name_taken_elsewhere(env, mgr) -> None:
+    b = shared_view(env)
+    h = mgr.spawn(manifest("taken"))
+    with pytest.raises(Conflict) as err:
+        b.spawn(manifest("taken"))
+    assert err.value.message == "an agent named 'taken' already exists"
+    assert list(b._agents) == [h.id], "the other daemon's agent was adopted by name before the check"
