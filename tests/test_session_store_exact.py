@@ -145,6 +145,7 @@ def test_session_text_reuses_the_cached_text_only_when_it_is_that_session(mgr) -
     full = json.dumps(before + added, ensure_ascii=False)
     for cache, text, prev in ((before, None, before), (None, "CACHED]", before), (before + added, "CACHED]", before),
                               (before, "CACHED", before), ([{"role": "user", "content": "ä"}], "CACHED]", before),
+                              ([{"role": "user", "content": "0"}] + before, "CACHED]", before),
                               ([], "[]", [])):
         h.session_cache, h.session_json = cache, text
         assert mgr._session_text(h, prev, added, prev + added) == (
