@@ -437,3 +437,37 @@ def test_compaction_waits_for_a_running_run(env, mgr) -> None:
     t.join(10)
     assert done.is_set()
     assert uuid.UUID(h.session_id)
+
+
+def test_a_compacted_session_is_stored_as_unescaped_json_text(env, mgr) -> None:
+    h = mgr.spawn(manifest("utf"))
+    messages = [{"role": "user", "content": "[[reply:Zusammenfassung für dich]] ä"}] + \
+        [{"role": "assistant" if i % 2 else "user", "content": f"ü{i}"} for i in range(1, COMPACT_KEEP + 2)]
+    put_session(env, h.session_id, messages)
+    mgr.compact(h)
+    new = [{"role": "user", "content": "[Summary of the earlier conversation]\nZusammenfassung für dich"}] + messages[2:]
+    assert stored_text(env, h.session_id) == json.dumps(new, ensure_ascii=False)
+
+
+def test_a_session_row_without_text_is_empty(env, mgr) -> None:
+    h = mgr.spawn(manifest("blank"))
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).messages = ""
+    assert mgr._load_session(h) == [] and mgr.session(h)["messages"] == []
+
+
+def test_no_usage_rows_no_usage_write(env, mgr) -> None:
+    calls: list = []
+    mgr.write_usage = calls.append
+    h = mgr.spawn(manifest("nousage"))
+    mgr._save_session(h, mgr._load_session(h), [Message("user", "u")], [], [])
+    mgr._save_session(h, mgr._load_session(h), [Message("user", "v")], [], None)
+    assert calls == [] and len(json.loads(stored_text(env, h.session_id))) == 2
+
+
+def test_compaction_of_a_session_of_tool_results_only(env, mgr) -> None:
+    h = mgr.spawn(manifest("onlytools"))
+    messages = [{"role": "tool", "content": f"r{i}", "tool_call_id": f"c{i}", "tool_name": "x", "is_error": False}
+                for i in range(COMPACT_KEEP + 3)]
+    put_session(env, h.session_id, messages)
+    assert mgr.compact(h)["message"] == f"no compaction needed ({COMPACT_KEEP + 3} messages)"
