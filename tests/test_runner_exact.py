@@ -249,6 +249,7 @@ def test_a_failed_model_call_closes_the_turn_and_maps_the_status(env, mgr, caplo
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run failed:")]
     assert len(line) == 1 and line[0].startswith(
         f"run failed: agent=fails provider=openai model=gpt-4o status=429 cause={exc.message} duration=")
+    assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
     assert h.cancel is None and h.run_lock.acquire(blocking=False)
     h.run_lock.release()
 
@@ -272,8 +273,9 @@ def test_a_cancelled_run_is_closed_with_the_stopped_note(env, mgr, caplog) -> No
         mgr.run(h, "[[slow:5]]")
     assert session_of(env, h.session_id) == [{"role": "user", "content": "[[slow:5]]"},
                                              {"role": "assistant", "content": STOPPED_NOTE}]
-    assert any(r.getMessage().startswith("run stopped: agent=stopme provider=openai model=gpt-4o duration=")
-               for r in caplog.records)
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run stopped: ")]
+    assert len(stopped) == 1 and stopped[0].startswith("run stopped: agent=stopme provider=openai model=gpt-4o duration=")
+    assert 0.2 <= float(stopped[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
     assert mgr.stop(h) is False, "nothing runs any more"
 
 
@@ -322,9 +324,32 @@ def test_other_failures_still_write_usage(env, mgr) -> None:
 
     env.usage.value = record
     h = mgr.spawn(manifest("boom"))
-    with pytest.raises(RuntimeError):
-        mgr.run(h, "x")
+    with caplog_at_warning() as records:
+        with pytest.raises(RuntimeError):
+            mgr.run(h, "x")
     assert written == [{"model": "gpt-4o"}]
+    line = [r.getMessage() for r in records if r.getMessage().startswith("run failed:")]
+    assert len(line) == 1 and line[0].startswith(
+        "run failed: agent=boom provider=openai model=gpt-4o status=500 cause=RuntimeError: metering broke duration=")
+    assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+
+
+class caplog_at_warning:
+    """The agentd.agents records logged inside the block."""
+
+    def __enter__(self) -> list:
+        self.records: list = []
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+        self.logger = logging.getLogger("agentd.agents")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
 
 
 def test_memory_hooks(env, mgr) -> None:
