@@ -217,11 +217,13 @@ def test_timeouts_and_cancels_are_not_retried_elsewhere(tmp_path, fake, up, monk
         with pytest.raises(LLMError) as err:
             call(m, h, "x")
         assert err.value.kind == "timeout" and len(fake.requests) == before
+        assert not err.value.message.startswith("all models failed"), "BUG: a timeout went on to the fallback"
         cancel = threading.Event()
         threading.Timer(0.2, cancel.set).start()
         with pytest.raises(LLMError) as err:
             call(m, h, "x", cancel=cancel)
         assert err.value.kind == "cancelled" and len(fake.requests) == before
+        assert not err.value.message.startswith("all models failed"), "BUG: a cancelled call went on to the fallback"
     finally:
         e.close()
 
@@ -241,5 +243,30 @@ def test_one_deadline_covers_the_fallbacks(tmp_path, fake, up, monkeypatch) -> N
         with pytest.raises(LLMError) as err:
             call(m, h, "[[slow:5]] too late")
         assert err.value.kind == "timeout" and time.monotonic() - started < 4.5
+    finally:
+        e.close()
+
+
+def test_the_configured_retries_are_used(mgr, up) -> None:
+    import uuid
+
+    fault = f"status-500-0-{uuid.uuid4().hex[:6]}"
+    h = mgr.spawn(manifest("noretry", f'base_url = "{up.base(fault)}"\n'))
+    with pytest.raises(LLMError):
+        call(mgr, h, "x")
+    assert len(up.by_fault(fault)) == 1, "retries = 0 in the config: one attempt"
+
+
+def test_time_spent_on_a_failed_model_counts_against_the_fallback(tmp_path, fake, up, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    e = Env(tmp_path, llm_config(fake, timeout_secs=2.5))
+    try:
+        m = e.manager()
+        # The agent's model fails after 1.5 s; the fallback needs 1.5 s more: past the call's 2.5 s.
+        h = m.spawn(manifest("spent", '[[fallback_models]]\nprovider = "mine"\nmodel = "m2"\n'
+                                      f'base_url = "{up.base("chunked-0.5-3")}"\n'))
+        with pytest.raises(LLMError) as err:
+            call(m, h, "[[slow:1.5]] [[fail:500]]", on_event=lambda event: None)
+        assert err.value.kind == "timeout", "BUG: each fallback got a fresh deadline"
     finally:
         e.close()

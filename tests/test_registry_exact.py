@@ -159,6 +159,8 @@ def test_signature_error_text_is_cut_at_200_chars(env, mgr) -> None:
     ('provider = ""\nmodel = ""\n', ("anthropic", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = "openai"\nmodel = "default"\n', ("openai", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = "default"\nmodel = "gpt-4o"\n', ("anthropic", "gpt-4o", "ANTHROPIC_API_KEY", "")),
+    ('provider = ""\nmodel = "gpt-4o"\n', ("anthropic", "gpt-4o", "ANTHROPIC_API_KEY", "")),
+    ('provider = "openai"\nmodel = ""\n', ("openai", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = "default"\nmodel = "gpt-4o"\napi_key_env = "MY_KEY"\nbase_url = "http://h/v1"\n',
      ("anthropic", "gpt-4o", "MY_KEY", "http://h/v1")),
     # both given: nothing of the default is taken, not even the key name
@@ -572,3 +574,26 @@ def test_on_a_shared_database_spawn_sees_a_name_taken_elsewhere(env, mgr) -> Non
         b.spawn(manifest("taken"))
     assert err.value.message == "an agent named 'taken' already exists"
     assert list(b._agents) == [h.id], "the other daemon's agent was adopted by name before the check"
+
+
+def test_kill_twice_and_a_legacy_upload_whose_file_is_gone(env, mgr, tmp_path) -> None:
+    from agentd.kernel_time import utcnow
+
+    h = mgr.spawn(manifest("twice"))
+    with orm.db_session:
+        env.store.e.UploadRow(id=str(uuid.uuid4()), agent=h.id, filename="l", content_type="text/plain", size=3,
+                              path=str(tmp_path / "never-existed.bin"), content=None, created_at=utcnow())
+    mgr.kill(h)   # the missing file does not stop the kill
+    assert row_of(env, h.id) is None
+    mgr.kill(h)   # two requests killing the same agent at once: the second finds nothing left
+    assert mgr._agents == {} and env.audit.calls[-2:] == [("agent.kill", "twice", {"agent_id": h.id})] * 2
+
+
+def test_list_json_is_the_listing_of_the_live_agents(mgr, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    a = mgr.spawn(manifest("l1"))
+    b = mgr.spawn(manifest("l2"))
+    mgr.kill(b)
+    assert mgr.list_json() == json.dumps([mgr.list_item(a)], separators=(",", ":"))
