@@ -259,14 +259,14 @@ def test_the_configured_retries_are_used(mgr, up) -> None:
 
 def test_time_spent_on_a_failed_model_counts_against_the_fallback(tmp_path, fake, up, monkeypatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
-    e = Env(tmp_path, llm_config(fake, timeout_secs=2.5))
+    e = Env(tmp_path, llm_config(fake, timeout_secs=3))
     try:
         m = e.manager()
-        # The agent's model fails after 1.5 s; the fallback needs 1.5 s more: past the call's 2.5 s.
+        # The agent's model fails after 2 s; the fallback needs 2 s more: past the call's 3 s.
         h = m.spawn(manifest("spent", '[[fallback_models]]\nprovider = "mine"\nmodel = "m2"\n'
-                                      f'base_url = "{up.base("chunked-0.5-3")}"\n'))
+                                      f'base_url = "{up.base("chunked-1-3")}"\n'))
         with pytest.raises(LLMError) as err:
-            call(m, h, "[[slow:1.5]] [[fail:500]]", on_event=lambda event: None)
+            call(m, h, "[[slow:2]] [[fail:500]]", on_event=lambda event: None)
         assert err.value.kind == "timeout", "BUG: each fallback got a fresh deadline"
     finally:
         e.close()
