@@ -94,6 +94,17 @@ TESTS: dict[str, list[str]] = {
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
+    # The agent manager's modules (mut-mgr): real managers on a real store, in process.
+    "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],
+    "agentd/agents/session_store.py": ["tests/test_session_store_exact.py"],
+    "agentd/agents/model_call.py": ["tests/test_model_call_exact.py"],
+    "agentd/agents/runner.py": ["tests/test_runner_exact.py"],
+    "agentd/agents/handle.py": ["tests/test_handle_exact.py"],
+    "agentd/agents/run_errors.py": ["tests/test_run_errors_exact.py", "tests/test_runner_exact.py"],
+    "agentd/agents/ops.py": ["tests/test_ops_exact.py"],
+    "agentd/agents/listing.py": ["tests/test_listing_exact.py"],
+    "agentd/agents/uploads.py": ["tests/test_uploads_exact.py"],
+    "agentd/agents/manager.py": ["tests/test_manager_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
