@@ -94,6 +94,13 @@ TESTS: dict[str, list[str]] = {
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
+    # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
+    "agentd/agents/manifest.py": ["tests/test_manifest_exact.py"],
+    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py"],
+    "agentd/agents/events.py": ["tests/test_events_exact.py"],
+    "agentd/agents/signing.py": ["tests/test_signing_exact.py"],
+    "agentd/agents/tools/base.py": ["tests/test_tool_base_exact.py", "tests/test_tools.py"],
+    "agentd/agents/tools/patch.py": ["tests/test_tool_patch_exact.py", "tests/test_tools.py::test_apply_patch"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",

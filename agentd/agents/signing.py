@@ -59,12 +59,13 @@ def verify_envelope(envelope_text: str, manifest_toml: str | None) -> str:
         raise SignatureError("content hash mismatch")
     key = _bytes(envelope.get("signer_public_key"), 32, "signer_public_key")
     signature = _bytes(envelope.get("signature"), 64, "signature")
-    from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
+    from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
+    # `_bytes` checked both lengths, so pynacl has no size error left to raise.
     try:
         VerifyKey(key).verify(digest.encode("ascii"), signature)
-    except (BadSignatureError, NaclValueError):
+    except BadSignatureError:
         raise SignatureError("bad signature") from None
     if manifest_toml is not None and manifest_toml.strip() and manifest_toml.strip() != manifest.strip():
         raise SignatureError("signed manifest does not match manifest_toml")
