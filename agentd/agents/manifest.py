@@ -49,10 +49,10 @@ class _Strict(Schema):
 class _StrList(fields.List):
     """A list (of strings, as declared) that also accepts one bare string."""
 
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[str]:
+    def _deserialize(self, value: Any, *rest: Any, **kwargs: Any) -> list[str]:
         if isinstance(value, str):
             value = [value]
-        return super()._deserialize(value, attr, data, **kwargs)
+        return super()._deserialize(value, *rest, **kwargs)
 
 
 class ModelSchema(_Strict):
