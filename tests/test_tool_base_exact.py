@@ -94,6 +94,8 @@ def test_unknown_arguments() -> None:
 def test_a_schema_without_additional_properties_false_lets_extra_arguments_through() -> None:
     loose = Tool("loose", "", {"type": "object", "properties": {"a": {"type": "string"}}}, probe)
     validate_args(loose, {"a": "x", "extra": 1})
+    with pytest.raises(ToolError, match="^argument 'a' of 'loose' must be of type string$"):
+        validate_args(loose, {"extra": 1, "a": 5})   # an extra argument first: the rest is still checked
     bare = Tool("bare", "", {"type": "object"}, probe)
     validate_args(bare, {"anything": [1]})
     open_ = Tool("open", "", {"type": "object", "properties": {}, "additionalProperties": True}, probe)
