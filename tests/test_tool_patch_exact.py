@@ -47,6 +47,9 @@ def test_parse_headers_and_lines() -> None:
     # Markers are matched with their trailing space; a header line is never a hunk line.
     ops = parse("  *** Begin Patch  \n*** Delete File: d\n*** Update File:e\n*** End Patch  ")
     assert ops == [FileOp("delete", "d", ["*** Update File:e"])]
+    # Blank lines (spaces, tabs) before the first marker and after the last do not count.
+    ops = parse(" \t\n\n*** Begin Patch\n*** Delete File: d\n*** End Patch\n  \n\t\n")
+    assert ops == [FileOp("delete", "d", [])]
 
 
 @pytest.mark.parametrize("text, error", [
@@ -112,6 +115,7 @@ def test_bad_hunk_line(ctx) -> None:
     assert refused(ctx, "*** Update File: f.txt", "@@", " a", "*b") == (
         "f.txt: hunk line must start with ' ', '+' or '-': '*b'")
     assert refused(ctx, "*** Update File: f.txt", "x") == "f.txt: hunk line must start with ' ', '+' or '-': 'x'"
+    assert refused(ctx, "*** Update File: f.txt", "@@", "X a") == "f.txt: hunk line must start with ' ', '+' or '-': 'X a'"
 
 
 def test_hunks_apply_in_order_after_the_previous_one(ctx) -> None:

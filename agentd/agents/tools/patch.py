@@ -19,7 +19,7 @@ class FileOp:
 
 def parse(text: str) -> list[FileOp]:
     """Split the patch into file operations; raises ToolError on malformed input."""
-    lines = text.strip("\n").splitlines()
+    lines = text.strip().splitlines()  # blank lines around the markers do not count
     if not lines or lines[0].strip() != "*** Begin Patch":
         raise ToolError("patch must start with '*** Begin Patch'")
     if lines[-1].strip() != "*** End Patch":
@@ -60,8 +60,10 @@ def _apply_update(original: str, op: FileOp) -> str:
     lines = original.splitlines()
     pos = 0
     for hunk in _hunks(op.lines, op.path):
-        old = [l[1:] for l in hunk if l[0] in " -"]
-        new = [l[1:] for l in hunk if l[0] in " +"]
+        # _hunks let only ' ', '+' and '-' lines through: old is all but the added ones,
+        # new all but the removed ones.
+        old = [l[1:] for l in hunk if l[0] != "+"]
+        new = [l[1:] for l in hunk if l[0] != "-"]
         at = _find(lines, old, pos)
         if at is None:
             preview = "\n".join(old[:3])
