@@ -39,10 +39,10 @@ def _memory(ctx: ToolContext) -> Any:
     return ctx.require_ops().memory_service()
 
 
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _call(fn: Any, *args: Any) -> Any:
     # Validation errors (BadRequest/NotFound) reach the model as tool errors, not as failures.
     try:
-        return fn(*args, **kwargs)
+        return fn(*args)
     except AgentdError as exc:
         raise ToolError(exc.message) from None
 
