@@ -96,7 +96,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
     # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
     "agentd/agents/manifest.py": ["tests/test_manifest_exact.py"],
-    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py"],
+    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py", "tests/test_run_here.py"],
     "agentd/agents/events.py": ["tests/test_events_exact.py"],
     "agentd/agents/signing.py": ["tests/test_signing_exact.py"],
     "agentd/agents/tools/base.py": ["tests/test_tool_base_exact.py", "tests/test_tools.py"],
