@@ -105,6 +105,17 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/listing.py": ["tests/test_listing_exact.py"],
     "agentd/agents/uploads.py": ["tests/test_uploads_exact.py"],
     "agentd/agents/manager.py": ["tests/test_manager_exact.py"],
+    # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
+    "agentd/agents/manifest.py": ["tests/test_manifest_exact.py"],
+    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py", "tests/test_run_here.py"],
+    "agentd/agents/events.py": ["tests/test_events_exact.py"],
+    "agentd/agents/signing.py": ["tests/test_signing_exact.py"],
+    "agentd/agents/tools/base.py": ["tests/test_tool_base_exact.py", "tests/test_tools.py"],
+    "agentd/agents/tools/patch.py": ["tests/test_tool_patch_exact.py", "tests/test_tools.py::test_apply_patch"],
+    # The agent tools through the daemon's real agent manager (several agents, the fake LLM calling them).
+    "agentd/agents/tools/agents.py": ["tests/test_tool_agents_exact.py", "tests/test_agent_messaging.py"],
+    "agentd/agents/tools/memory.py": ["tests/test_tool_memory_exact.py"],
+    "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
