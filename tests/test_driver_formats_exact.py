@@ -856,3 +856,29 @@ def test_unusable_answers_name_provider_and_model(fake, stream) -> None:
         err = caught.value
         assert (err.kind, err.message, err.provider, err.model) == (
             "bad_response", "local model m-1: unusable response: no choices in the answer", "local", "m-1")
+
+
+def test_the_default_is_three_retries(fake) -> None:
+    """`complete()` without `retries=` makes 1 + 3 attempts (Retry-After: 0 keeps it instant)."""
+    fake.reset()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "openai"), ChatRequest("m-1", [Message("user", "[[fail:429 retry_after=0]] dflt")]))
+    assert (caught.value.kind, caught.value.retry_after) == ("rate_limit", 0.0)
+    assert len(fake.requests) == 4, f"BUG: the default is not 3 retries ({len(fake.requests)} attempts)"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_already_cancelled_call_never_reaches_the_provider(fake, stream) -> None:
+    """Refused before any connection is used: nothing arrives, however long the provider waits."""
+    fake.reset()
+    drivers.complete(live(fake, "openai"), minimal())   # a kept-alive connection this thread could reuse
+    fake.reset()
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "openai"), ChatRequest("m-1", [Message("user", "[[slow:0.3]] late")]),
+                         on_event=(lambda e: None) if stream else None, cancel=cancel)
+    err = caught.value
+    assert (err.kind, err.message, err.provider, err.model) == (
+        "cancelled", "p-openai model m-1: call cancelled", "p-openai", "m-1")
+    assert not fake.wait_requests(1, timeout=0.5), "BUG: a call cancelled before it started was still sent"
