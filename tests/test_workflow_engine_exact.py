@@ -503,7 +503,7 @@ def test_create_logs_its_steps(engine, agents, caplog) -> None:
 def test_delete_refused_while_a_run_is_in_progress(engine, agents) -> None:
     agents.add("b", blocking())
     wid = flow(engine, {"agent_name": "b"})
-    runner = threading.Thread(target=engine.run, args=(wid, "x"))
+    runner = threading.Thread(target=engine.run, args=(wid, "x"), daemon=True)
     runner.start()
     try:
         deadline = time.monotonic() + 5
@@ -522,7 +522,7 @@ def test_close_stops_runs_and_refuses_new_ones(engine, agents) -> None:
     agents.add("b", blocking())
     wid = flow(engine, {"name": "s", "agent_name": "b"})
     out: list[dict] = []
-    runner = threading.Thread(target=lambda: out.append(engine.run(wid, "x")))
+    runner = threading.Thread(target=lambda: out.append(engine.run(wid, "x")), daemon=True)
     runner.start()
     deadline = time.monotonic() + 5
     while not agents.calls and time.monotonic() < deadline:
@@ -628,3 +628,81 @@ def test_wait_any_and_stop_reasons() -> None:
     assert _stop_reason((b,), closing) == "run cancelled"
     closing.set()
     assert _stop_reason((a, b), closing) == "the daemon is shutting down"
+
+
+def step_def(name: str = "s", agent: str = "a", **kw: Any) -> dict[str, Any]:
+    base = {"name": name, "agent": {"name": agent}, "prompt": "{{input}}", "mode": "sequential",
+            "timeout_secs": 5, "error_mode": "fail", "output_var": None}
+    return {**base, **kw}
+
+
+def test_time_queued_for_an_executor_thread_does_not_count(agents) -> None:
+    agents.add("a")
+    one = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        one.submit(time.sleep, 1.5)   # the only thread is busy for longer than the step's timeout
+        runner = StepRunner(agents, one, lambda *a: True, threading.Event())
+        run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(timeout_secs=1)]}, current="x")
+        assert runner.drive(run) is None, "BUG: waiting for an executor thread counted against the step's timeout"
+        assert run.current == "a(x)" and run.results[0]["duration_ms"] >= 1400
+        runner.close()
+    finally:
+        one.shutdown(wait=False)
+
+
+def test_steps_after_shutdown_of_either_pool(agents) -> None:
+    agents.add("a")
+    gone = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    gone.shutdown()
+    runner = StepRunner(agents, gone, lambda *a: True, threading.Event())
+    run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(error_mode="retry", max_retries=2)]},
+                             current="x")
+    assert runner.drive(run) == "step 1 ('s') failed: the daemon is shutting down"
+    assert run.results[0]["attempts"] == 1 and agents.calls == [], "BUG: a refused submit was retried"
+    runner.close()
+    live = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        fan = StepRunner(agents, live, lambda *a: True, threading.Event())
+        fan.close()   # the coordinators' pool is gone: fan-out branches cannot start
+        run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(mode="fan_out"),
+                                                                 step_def("t", mode="fan_out")]}, current="x")
+        assert fan.drive(run) == "the daemon is shutting down" and run.results == []
+    finally:
+        live.shutdown(wait=False)
+
+
+def test_a_queued_attempt_dropped_at_shutdown(agents) -> None:
+    agents.add("a")
+    one = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    release = threading.Event()
+    one.submit(release.wait, 10)
+    runner = StepRunner(agents, one, lambda *a: True, threading.Event())
+    run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(error_mode="retry", max_retries=3)]},
+                             current="x")
+    out: list = []
+    driver = threading.Thread(target=lambda: out.append(runner.drive(run)), daemon=True)
+    driver.start()
+    time.sleep(0.3)
+    one.shutdown(wait=False, cancel_futures=True)   # the queued attempt is cancelled, never run
+    driver.join(5)
+    release.set()
+    assert out == ["step 1 ('s') failed: the daemon is shutting down"] and agents.calls == []
+    assert run.results[0]["attempts"] == 1
+    runner.close()
+
+
+def test_a_skip_step_stopped_by_shutdown_fails(engine, agents) -> None:
+    agents.add("b", blocking())
+    wid = flow(engine, {"name": "s", "agent_name": "b", "error_mode": "skip"})
+    out: list[dict] = []
+    runner = threading.Thread(target=lambda: out.append(engine.run(wid, "x")), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 5
+    while not agents.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.close()
+    runner.join(5)
+    assert out[0]["error"] == "step 1 ('s') failed: the daemon is shutting down", \
+        "BUG: a step stopped by shutdown was skipped instead of failing the run"
+    rec = records(engine, out[0])[0]
+    assert (rec["status"], rec["output"], rec["error"]) == ("failed", "", "the daemon is shutting down")

@@ -287,7 +287,9 @@ class StepRunner:
             # Queueing for an executor thread does not count; the attempt starts when it runs.
             wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
             done, _ = concurrent.futures.wait([future], timeout=wait)
-            if done:
+            # A queued attempt cancelled by the executor's shutdown never counts as done for
+            # wait() (only the worker that would have run it marks it so): look at it directly.
+            if done or future.cancelled():
                 break
             if any(s.is_set() for s in stops):
                 cancel.set()
