@@ -882,3 +882,28 @@ def test_an_already_cancelled_call_never_reaches_the_provider(fake, stream) -> N
     assert (err.kind, err.message, err.provider, err.model) == (
         "cancelled", "p-openai model m-1: call cancelled", "p-openai", "m-1")
     assert not fake.wait_requests(1, timeout=0.5), "BUG: a call cancelled before it started was still sent"
+
+
+def test_no_retry_without_a_minimal_attempt_window_before_the_deadline() -> None:
+    """A Retry-After that ends 20 ms before the deadline leaves less than MIN_ATTEMPT_SECS
+    (50 ms) for the next attempt: the 429 is reported at once instead of a doomed retry."""
+    deadline = time.monotonic() + 1.0
+    seen: list[float] = []
+
+    def throttle(handler) -> None:
+        seen.append(time.monotonic())
+        body = json.dumps({"error": {"message": "slow down"}}).encode()
+        handler.send_response(429)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Retry-After", f"{max(0.0, deadline - time.monotonic() - 0.02):.6f}")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    with upstream(throttle) as base:
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=5.0)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=3, deadline=deadline)
+    assert (caught.value.kind, caught.value.http_status) == ("rate_limit", 429)
+    assert len(seen) == 1, "BUG: retried with less than MIN_ATTEMPT_SECS left before the deadline"
+    assert drivers.MIN_ATTEMPT_SECS == 0.05
