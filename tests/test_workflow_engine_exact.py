@@ -178,7 +178,8 @@ def test_a_failing_step_ends_the_run_with_its_name_and_number(engine, agents) ->
         ("ok", "completed", None, "a(x)"), ("boom", "failed", "quota exceeded", "")]
     assert [c[0] for c in agents.calls] == ["a", "bad"], "BUG: a status 429 refusal was retried or the run went on"
     detail = engine.run_detail(body["run_id"])
-    assert (detail["state"], detail["steps_completed"], detail["output"]) == ({"status": "failed"}, 1, "")
+    assert (detail["state"], detail["steps_completed"], detail["output"], detail["error"]) == (
+        {"status": "failed"}, 1, "", "step 2 ('boom') failed: quota exceeded"), "BUG: the run record lost its error"
 
 
 def test_a_crash_inside_the_runner_fails_the_run(engine, agents, caplog) -> None:
@@ -191,7 +192,7 @@ def test_a_crash_inside_the_runner_fails_the_run(engine, agents, caplog) -> None
         body = engine.run(wid, "x")
     assert (body["status"], body["error"], body["output"]) == ("failed", "internal error: kaput", "")
     assert engine.run_detail(body["run_id"])["state"] == {"status": "failed"}
-    assert any(f"workflow run {body['run_id']} crashed" in r.getMessage() for r in caplog.records)
+    assert f"workflow run {body['run_id']} crashed" in [r.getMessage() for r in caplog.records]
     assert engine._active == {}
 
 
@@ -479,6 +480,10 @@ def test_definitions_errors_and_lists(engine, agents) -> None:
         engine.run_detail(missing)
     with pytest.raises(BadRequest, match=r"^invalid workflow id: 'nope' is not a UUID$"):
         engine.get("nope")
+    with pytest.raises(BadRequest, match=r"^invalid workflow id: 'nope' is not a UUID$"):
+        engine.update("nope", {"name": "x", "steps": [{"agent_name": "a"}]})
+    with pytest.raises(BadRequest, match=r"^invalid workflow id: 'nope' is not a UUID$"):
+        engine.delete("nope")
     with pytest.raises(BadRequest, match=r"^invalid run id: 'nope' is not a UUID$"):
         engine.run_detail("nope")
     with pytest.raises(BadRequest, match="no agent with name 'ghost'"):
