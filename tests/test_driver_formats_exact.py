@@ -907,3 +907,21 @@ def test_no_retry_without_a_minimal_attempt_window_before_the_deadline() -> None
     assert (caught.value.kind, caught.value.http_status) == ("rate_limit", 429)
     assert len(seen) == 1, "BUG: retried with less than MIN_ATTEMPT_SECS left before the deadline"
     assert drivers.MIN_ATTEMPT_SECS == 0.05
+
+
+def test_a_whole_answer_cut_after_its_headers_is_a_broken_read_not_a_reset() -> None:
+    def short(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        handler.wfile.write(b'{"choices": [')
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    with upstream(short) as base:
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=0)
+    assert caught.value.message.startswith("local model m-1: the connection broke while reading the answer: "), \
+        f"BUG: a body cut after the headers is reported as {caught.value.message!r}"
