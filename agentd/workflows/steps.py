@@ -221,9 +221,8 @@ class StepRunner:
             if not outcome.skipped:
                 run.fanout.append((step["name"], outcome.output))
             run.current = outcome.output
-        if first_error is None and any(o.failed for o in outcomes):
-            bad = next(i for i, o in zip(indexes, outcomes) if o.failed)
-            first_error = self._step_error(bad, steps[bad], outcomes[indexes.index(bad)].failed or "")
+        # Some failed outcome is never `cancelled_by_sibling`: only a failing branch sets
+        # group_cancel, and the one that set it saw it unset. So a failure always names a step.
         return first_error
 
     # -- one agent step: attempts, retries, error_mode -------------------------------------
