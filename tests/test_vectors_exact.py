@@ -4,6 +4,10 @@ order and ties, the filtered and unfiltered search paths, and `similar`."""
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -165,3 +169,54 @@ def test_split_product_threshold() -> None:
         assert np.array_equal(scores_of(m, q), m @ q)
     if (vectors.os.cpu_count() or 1) > 1:
         assert vectors._second_core() is vectors._second_core() is not None
+
+
+class RecordingHelper(ThreadPoolExecutor):
+    """A real one-thread executor that records the row count of each product handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1, thread_name_prefix="test-helper")
+        self.rows: list[int] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.rows.append(args[0].shape[0])
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_the_lower_half_goes_to_the_helper_from_the_threshold_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = RecordingHelper()
+    monkeypatch.setattr(vectors, "_helper", helper)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal(4).astype(np.float32)
+    try:
+        small = rng.standard_normal((PARALLEL_ROWS - 1, 4)).astype(np.float32)
+        assert np.array_equal(scores_of(small, q), small @ q)
+        assert helper.rows == [], "BUG: a product under PARALLEL_ROWS rows was split"
+        for rows in (PARALLEL_ROWS, PARALLEL_ROWS + 1):
+            m = rng.standard_normal((rows, 4)).astype(np.float32)
+            got = scores_of(m, q)
+            assert got.dtype == np.float32 and np.array_equal(got, m @ q)
+        assert helper.rows == [PARALLEL_ROWS // 2, PARALLEL_ROWS // 2 + 1], \
+            "BUG: the helper did not get the lower half (rows half: of the matrix)"
+        # A float64 query: the split product keeps numpy's result type, as the plain one does.
+        q64 = q.astype(np.float64)
+        got = scores_of(m, q64)
+        assert got.dtype == np.float64 and np.array_equal(got, m @ q64)
+    finally:
+        helper.shutdown()
+
+
+def test_the_helper_is_one_named_thread_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vectors, "_helper", None)
+    made = vectors._second_core()
+    try:
+        if (os.cpu_count() or 1) > 1:
+            assert made is not None and vectors._helper is made and vectors._second_core() is made
+            assert made._max_workers == 1
+            name = made.submit(lambda: threading.current_thread().name).result()
+            assert name.startswith("memory-scan"), name
+        else:
+            assert made is None
+    finally:
+        if made is not None:
+            made.shutdown()
