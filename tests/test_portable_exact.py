@@ -201,6 +201,33 @@ def test_import_defaults_and_fields(pair) -> None:  # type: ignore[no-untyped-de
     (doc(memories=[mem_item(access_count=2**31 + 1)]),
      "memories[0].access_count must be an integer between 0 and 2147483648"),
     (doc(memories=[mem_item(), mem_item()]), "memories contains the same id twice"),
+    (doc(memories=[mem_item(id="i" * 257)]), "memories[0].id is too long (257 characters, limit 256)"),
+    (doc(memories=[mem_item(scope="s" * 257)]), "memories[0].scope is too long (257 characters, limit 256)"),
+    (doc(memories=[mem_item(content="c" * 32_001)]), "memories[0].content is too long (32001 characters, limit 32000)"),
+    (doc(entities=[{"id": "i" * 257, "entity_type": "person", "name": "A", "created_at": T0}]),
+     "entities[0].id is too long (257 characters, limit 256)"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "n" * 257, "created_at": T0}]),
+     "entities[0].name is too long (257 characters, limit 256)"),
+    (doc(entities=[{"id": "e", "entity_type": "t" * 65, "name": "A", "created_at": T0}]),
+     "entities[0].entity_type is too long (65 characters, limit 64)"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "A", "created_at": "x"}]),
+     "entities[0].created_at must be an ISO 8601 timestamp"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "A"}]),
+     "entities[0].created_at must be an ISO 8601 timestamp"),
+    (doc(relations=[{"id": "i" * 257, "source": "a", "relation": "knows", "target": "b", "created_at": T0}]),
+     "relations[0].id is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "s" * 257, "relation": "knows", "target": "b", "created_at": T0}]),
+     "relations[0].source is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "t" * 257, "created_at": T0}]),
+     "relations[0].target is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "r" * 65, "target": "b", "created_at": T0}]),
+     "relations[0].relation is too long (65 characters, limit 64)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "b", "created_at": "x"}]),
+     "relations[0].created_at must be an ISO 8601 timestamp"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "b", "created_at": T0,
+                     "properties": []}]), "relations[0].properties must be a JSON object"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "", "created_at": T0}]),
+     "relations[0].target must be a non-empty string"),
     (doc(entities=[{"id": "e", "entity_type": "person", "name": "A", "created_at": T0}] * 2),
      "entities contains the same id twice"),
     (doc(entities=[{"id": "e", "entity_type": "", "name": "A", "created_at": T0}]),
@@ -223,6 +250,16 @@ def test_validation_messages(bad: Any, message: str) -> None:
     with pytest.raises(BadRequest) as err:
         validate(bad)
     assert err.value.message == message
+
+
+def test_a_document_without_lists_or_embeddings() -> None:
+    assert validate({"format": FORMAT, "version": VERSION}) == ([], [], []), "missing lists are empty"
+    item = {k: v for k, v in mem_item().items() if k != "embedding"}
+    memories, _, _ = validate(doc(memories=[item, mem_item("m2", embedding=None)]))
+    assert [m["embedding"] for m in memories] == [[], []], "no embedding or a null one: re-embedded"
+    longest = mem_item("i" * 256, scope="s" * 256, content="c" * 32_000)
+    (got,) = validate(doc(memories=[longest]))[0]
+    assert (got["id"], got["scope"], got["content"]) == ("i" * 256, "s" * 256, "c" * 32_000)
 
 
 def test_access_count_at_its_limits_is_accepted() -> None:

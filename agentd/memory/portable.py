@@ -58,8 +58,8 @@ def _list(doc: dict[str, Any], key: str) -> list[Any]:
 
 def _memory(item: dict[str, Any], i: int) -> dict[str, Any]:
     where = f"memories[{i}]"
-    embedding = item.get("embedding", [])
-    if embedding is None:
+    embedding = item.get("embedding")
+    if embedding is None:  # absent or null: re-embedded
         embedding = []
     if not isinstance(embedding, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                   and math.isfinite(v) for v in embedding):
