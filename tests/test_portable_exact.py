@@ -361,3 +361,16 @@ def test_import_holds_the_agents_lock(pair) -> None:  # type: ignore[no-untyped-
         assert worker.is_alive() and done == [], "BUG: an import wrote while another writer held the agent's lock"
     worker.join(30)
     assert done and done[0]["memories_imported"] == 1
+
+
+def test_export_lists_fragments_in_the_order_they_were_stored(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, emb = pair
+    made = []
+    for i, text in enumerate(["first", "second", "third"]):
+        emb.vectors[text] = unit(*([0] * i), 1)
+        made.append(memory.remember("a", text)["id"])
+    memory.remember("b", "first")
+    for fid, when in zip(made, ["2024-03-03 00:00:00.000000", "2024-03-01 00:00:00.000000",
+                                "2024-03-02 00:00:00.000000"]):
+        write(memory, "UPDATE memory_fragments SET created_at = ? WHERE id = ?", when, fid)
+    assert [m["id"] for m in export(memory, kg, "a")["memories"]] == made, "BUG: export not in stored order"

@@ -220,3 +220,46 @@ def test_the_helper_is_one_named_thread_made_once(monkeypatch: pytest.MonkeyPatc
     finally:
         if made is not None:
             made.shutdown()
+
+
+def test_every_write_moves_the_version_forward() -> None:
+    index = AgentIndex(8)
+    seen = [index.version]
+    index.put("a", E[0], created=1.0, confidence=0.5, source="system", scope="s")
+    seen.append(index.version)
+    index.put("a", E[1], created=1.0, confidence=0.5, source="system", scope="s")
+    seen.append(index.version)
+    index.bulk(["b"], E[[2]], [2.0], [0.5], ["system"], ["s"])
+    seen.append(index.version)
+    index.set_confidence("a", 0.25)
+    seen.append(index.version)
+    index.remove("b")
+    seen.append(index.version)
+    assert all(isinstance(v, int) for v in seen) and seen == sorted(set(seen)), \
+        f"BUG: a write left the version unchanged or not increasing: {seen}"
+    assert AgentIndex(8).version > seen[-1], "versions never repeat across indexes"
+
+
+def test_growth_from_the_smallest_capacities() -> None:
+    one = AgentIndex(4, capacity=1)
+    one.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert one.vectors.shape == (1, 4), "BUG: grew although the row fitted"
+    one.put("b", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert one.vectors.shape == (2, 4)
+    empty = AgentIndex(4, capacity=0)
+    empty.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert empty.vectors.shape == (1, 4) and empty.ids == ["a"]
+
+
+def test_unknown_filter_values_match_nothing_and_masks_are_boolean() -> None:
+    index = AgentIndex(8)
+    sources = ["conversation", "document", "observation", "inference"]
+    for i, source in enumerate(sources):
+        index.put(f"f{i}", E[i], created=float(i), confidence=0.5, source=source, scope="s")
+    index.put("odd", E[5], created=9.0, confidence=0.5, source="rumour", scope="s")  # stored as -1
+    assert [ids_of(index, index.mask(source=s)) for s in sources] == [["f0"], ["f1"], ["f2"], ["f3"]]
+    assert ids_of(index, index.mask(source="rumour")) == [], "BUG: an unknown source matched a stored row"
+    for keep in (index.mask(scope="other"), index.mask(only={"f1"}), index.mask(scope="other", min_confidence=0.1),
+                 index.mask(only={"f1"}, after=0.5), index.mask(source="rumour")):
+        assert keep is not None and keep.dtype == bool and keep.shape == (5,)
+    assert ids_of(index, index.mask(only={"f1", "f2"}, after=1.5)) == ["f2"]
