@@ -86,6 +86,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
     "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
     "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
+    # The provider embedder against a local HTTP stand-in; two tests load the real ONNX model.
+    "agentd/memory/embedder.py": ["tests/test_embedder_exact.py"],
     # The API layer's request guard, body parsing and proxy headers (mut-api).
     # guard.py in process only: test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
