@@ -94,6 +94,8 @@ TESTS: dict[str, list[str]] = {
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
+    # mut-routes: the rest of the API layer.
+    "agentd/api/runs.py": ["tests/test_runs_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
