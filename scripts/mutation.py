@@ -96,6 +96,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
+    # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
+    "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
@@ -147,6 +149,14 @@ def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = N
     return work
 
 
+# --timeout-constant: mutmut's wall limit per mutant is (time of its tests + this) x 15, and
+# "time of its tests" leaves out fixture set-up. On a loaded machine a child that starts a
+# kernel or the fake LLM can outlast the default (1 s -> ~20 s) before its test even runs, and
+# is then counted "timeout" (= killed) whatever the mutant does; a larger constant makes such
+# mutants really run. Changing it makes mutmut re-run the earlier timeouts only.
+TIMEOUT_CONSTANT: float | None = None
+
+
 def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     """setup.cfg of the scratch copy: [mutmut] for this module and these tests."""
     cfg = configparser.ConfigParser()
@@ -155,6 +165,8 @@ def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     section["only_mutate"] = "\n" + module
     section["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     section["use_git_change_detection"] = "false"
+    if TIMEOUT_CONSTANT is not None:
+        section["timeout_constant"] = str(TIMEOUT_CONSTANT)
     with open(work / "setup.cfg", "w") as f:
         cfg.write(f)
 
@@ -225,11 +237,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("modules", nargs="*", help="source files to mutate (default: the mapped core modules)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
+    parser.add_argument("--timeout-constant", type=float, metavar="SECS",
+                        help="mutmut's timeout_constant (default 1): raise it when set-up is slow (see above)")
     parser.add_argument("--all-tests", action="store_true", help="run the whole product suite per mutant")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results for these modules")
     parser.add_argument("--survivors", action="store_true", help="print the diff of every surviving mutant")
     parser.add_argument("--baseline", metavar="REV", help="score the test files of git revision REV instead")
     args = parser.parse_args()
+    global TIMEOUT_CONSTANT
+    TIMEOUT_CONSTANT = args.timeout_constant
     rows = []
     for module in args.modules or DEFAULT_MODULES:
         counts, result, took = run(module, args)

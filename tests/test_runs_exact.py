@@ -352,5 +352,27 @@ def test_run_blocking_client_gone_cancels(env: Env) -> None:
     with env.app.test_request_context("/x", environ_base={"waitress.client_disconnected": left.is_set}):
         with pytest.raises(RunCancelled):
             runs.run_blocking(env.kernel, handle, "[[slow:5]] hi", [])
+    deadline = time.monotonic() + 3.0
+    while handle.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not handle.busy, "BUG: the run of a client that left went on (its cancel event was not the run's)"
     assert env.kernel.stream_slots.acquire(blocking=False)
     env.kernel.stream_slots.release()
+
+
+def test_run_blocking_passes_attachments_and_options(env: Env) -> None:
+    import json
+
+    from agentd.agents.manager import RunOptions
+
+    handle = env.spawn("blockopts")
+    with env.app.test_request_context("/x"):
+        result = runs.run_blocking(env.kernel, handle, "[[echo_params]]", [], RunOptions(max_tokens=21))
+        assert json.loads(result.response)["max_tokens"] == 21, "BUG: run options were dropped"
+        with pytest.raises(AgentdError) as info:
+            runs.run_blocking(env.kernel, handle, "hi", [{"bogus": 1}])
+    assert (info.value.status, info.value.message) == (400, "invalid file id: '' is not a UUID"), \
+        "BUG: attachments were dropped"
+    with env.app.test_request_context("/x"):
+        run = runs.start_live_run(env.kernel, handle, "[[echo_params]]", [], RunOptions(max_tokens=22))
+    assert json.loads(drained(run)[-1].data["response"])["max_tokens"] == 22
