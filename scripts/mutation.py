@@ -98,6 +98,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
+    # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
+    "agentd/api/ws_stream.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
