@@ -68,14 +68,16 @@ class AppServer:
         return f"ws://127.0.0.1:{self.port}{path}"
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(WAIT)
-        ws_transport.close_websockets(self.waitress)
-        self.kernel.stopping.set()
-        self.waitress.task_dispatcher.shutdown(timeout=WAIT)
-        self.waitress.close()
-        wasyncore.close_all(self.waitress._map)
-        self.kernel.close()
+        try:
+            self._stop.set()
+            self._thread.join(WAIT)
+            ws_transport.close_websockets(self.waitress)
+            self.kernel.stopping.set()
+            self.waitress.task_dispatcher.shutdown(timeout=WAIT)
+            self.waitress.close()
+            wasyncore.close_all(self.waitress._map)
+        finally:
+            self.kernel.close()   # its cluster heartbeat must not outlive the test's directory
 
 
 @pytest.fixture(scope="module")
