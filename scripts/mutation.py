@@ -100,15 +100,17 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
     "agentd/api/ws_stream.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
+    # The transport with hostile handlers (in-process waitress), then the daemon's app on it.
+    "agentd/api/ws_transport.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py"],
     # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
     "agentd/api/apidoc.py": ["tests/test_schemas_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
-    "agentd/api/openapi.py": [f"tests/test_openapi.py::{t}" for t in (
+    "agentd/api/openapi.py": ["tests/test_openapi_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
-        "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes")],
+        "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
