@@ -206,3 +206,66 @@ def test_going_away_to_a_vanished_peer(pair) -> None:
         assert s.recv(1) == b""
     finally:
         s.close()
+
+
+def tcp_pair() -> tuple[WebSocketStream, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname(), timeout=WAIT)
+        server, _ = listener.accept()
+    stream = WebSocketStream(fileno=os.dup(server.fileno()), peer="tcp")
+    server.close()
+    return stream, client
+
+
+def test_flags_reach_the_socket() -> None:
+    stream, peer = tcp_pair()
+    try:
+        stream.sendall(b"plain")   # default flags: ordinary data
+        assert read_exact(peer, 5) == b"plain"
+        peer.setblocking(False)   # urgent data does not make a socket readable: poll it directly
+        assert stream.send(b"!", socket.MSG_OOB) == 1
+        assert oob(peer) == b"!", "BUG: send() dropped its flags"
+        stream.sendall(b"?", socket.MSG_OOB)
+        assert oob(peer) == b"?", "BUG: sendall() dropped its flags"
+    finally:
+        stream.close()
+        peer.close()
+
+
+def oob(peer: socket.socket) -> bytes:
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            return peer.recv(1, socket.MSG_OOB)
+        except (BlockingIOError, OSError):
+            if time.monotonic() > deadline:
+                return b""
+            time.sleep(0.02)
+
+
+def test_default_flags_on_a_unix_pair(pair) -> None:
+    stream, peer = pair
+    stream.sendall(b"abc")   # MSG_OOB here would fail on a Unix socket
+    assert read_exact(peer, 3) == b"abc"
+    assert stream.handshake_done is True
+
+
+def test_nothing_written_or_logged_after_going_away(pair, caplog) -> None:
+    stream, peer = pair
+    caplog.set_level(logging.DEBUG, logger="agentd.ws.transport")
+    stream.going_away()
+    stream.sendall(b"late")
+    stream.going_away()
+    assert [r for r in caplog.records if r.name == "agentd.ws.transport"] == [], \
+        "BUG: a stream that said going-away still writes"
+    assert read_all(peer) == b"\x88\x02\x03\xe9"
+
+
+def test_log_line_names_the_error(pair, caplog) -> None:
+    stream, peer = pair
+    stream.sendall(b"101")
+    peer.close()
+    caplog.set_level(logging.DEBUG, logger="agentd.ws.transport")
+    stream.sendall(b"x" * 200_000)
+    (record,) = [r for r in caplog.records if r.name == "agentd.ws.transport"]
+    assert "[Errno" in record.getMessage(), record.getMessage()
