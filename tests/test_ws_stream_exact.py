@@ -108,6 +108,7 @@ def test_peer_gone_during_the_handshake_logs_info(pair, caplog) -> None:
     records = [r for r in caplog.records if r.name == "agentd.ws.transport"]
     assert len(records) == 1 and records[0].levelno == logging.INFO
     assert records[0].getMessage().startswith("websocket client 1.2.3.4:5 went away during the handshake: ")
+    assert "[Errno" in records[0].getMessage(), "BUG: the log line does not say what failed"
     assert records[0].exc_info is None
     assert stream.handshake_done is False
     assert stream.recv(10) == b"", "BUG: a stream whose peer vanished still reads"
@@ -269,3 +270,17 @@ def test_log_line_names_the_error(pair, caplog) -> None:
     stream.sendall(b"x" * 200_000)
     (record,) = [r for r in caplog.records if r.name == "agentd.ws.transport"]
     assert "[Errno" in record.getMessage(), record.getMessage()
+
+
+def test_recv_backstop_when_shutdown_could_not_wake_it(pair) -> None:
+    # A dead stream is shut down, which wakes a waiting recv; should that shutdown fail
+    # (a peer that reset), recv still returns "closed" at its next timeout, not data or a hang.
+    stream, peer = pair
+    stream.settimeout(0.05)
+    got: list[bytes] = []
+    t = threading.Thread(target=lambda: got.append(stream.recv(10)))
+    t.start()
+    time.sleep(0.2)
+    stream._ws_dead = True   # the state a failed write leaves when its shutdown failed too
+    t.join(WAIT)
+    assert got == [b""]
