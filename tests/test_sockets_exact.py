@@ -354,7 +354,38 @@ def test_echo_socket(srv: AppServer) -> None:
 
 
 def test_socket_options(srv: AppServer) -> None:
-    assert srv.app.config["SOCK_SERVER_OPTIONS"] == {"ping_interval": 25, "max_message_size": 4 * 65536}
+    app = create_app(srv.kernel)   # built inside this test, so mutation testing sees it here
+    assert app.config["SOCK_SERVER_OPTIONS"] == {"ping_interval": 25, "max_message_size": 4 * 65536}
+    assert "sockets" in app.blueprints
+    endpoints = {r.rule: r.endpoint for r in app.url_map.iter_rules()}
+    assert endpoints["/api/agents/<agent_id>/ws"] == "sockets.agent_socket"
+    assert endpoints["/api/_ws/echo"] == "sockets.echo"
+
+
+def test_socket_options_set_by_the_app_are_kept() -> None:
+    from flask import Flask
+
+    app = Flask("own")
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 5}
+    sockets.register_sockets(app)
+    assert app.config["SOCK_SERVER_OPTIONS"] == {"ping_interval": 5}
+
+
+def test_failed_compaction_is_an_error_frame(srv: AppServer) -> None:
+    agent_id = srv.spawn("compactfail")
+    http = srv.app.test_client()
+    for i in range(6):   # 12 stored messages: more than the 10 compaction keeps
+        r = http.post(f"/api/agents/{agent_id}/message", json={"message": f"[[fail:400]] n{i}"}, environ_base=LOCAL)
+        assert r.status_code >= 400
+    c = Client(srv, agent_id)
+    try:
+        c.frame()
+        # The transcript being summarised holds the directive, so the summary call fails too.
+        c.send({"type": "command", "command": "compact"})
+        assert c.frame() == {"type": "error", "content": "compaction failed: openai model gpt-4o: HTTP 400: "
+                                                         "fakellm: scripted failure 400"}
+    finally:
+        c.close()
 
 
 def test_max_streams_at_the_cap(srv: AppServer) -> None:
