@@ -108,6 +108,7 @@ TESTS: dict[str, list[str]] = {
     # _stream and _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
        for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
+    "agentd/api/__init__.py": ["tests/test_api_init_exact.py"],
     # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
