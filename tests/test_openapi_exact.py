@@ -137,6 +137,8 @@ def test_operation_statuses_and_fields() -> None:
                    "responses": get["responses"]}
     assert statuses(get) == ["200", "400", "401", "429", "500"]
     assert get["responses"]["400"]["description"] == oa.COMMON_ERRORS[400]
+    assert get["responses"]["429"]["headers"]["Retry-After"] == {"$ref": "#/components/headers/RetryAfter"}
+    assert "Retry-After" not in get["responses"]["400"]["headers"]
     public = oa._operation(rule_of(app, "things.list"), "GET", Operation("Pub", public=True, tags=("x", "y"),
                                                                         description="Long"))
     assert (public["security"], public["tags"], public["description"]) == ([], ["x", "y"], "Long")
@@ -149,6 +151,8 @@ def test_operation_statuses_and_fields() -> None:
     assert put["responses"]["409"]["description"] == "Exists"
     assert put["responses"]["502"]["description"] == "Up"
     assert put["responses"]["404"]["description"] == oa.COMMON_ERRORS[404]
+    for status in (401, 403, 413, 415, 429, 500):
+        assert put["responses"][str(status)]["description"] == oa.COMMON_ERRORS[status], status
     assert [p["name"] for p in put["parameters"]] == ["agent_id"]
     raw = Operation("Upload", body={"type": "string"}, body_media="application/octet-stream", body_required=False,
                     body_example="abc", errors={418: ""})
@@ -220,6 +224,8 @@ def test_build_document_of_a_small_app() -> None:
     assert list(document["paths"]) == ["/api/items", "/api/items/{agent_id}"]
     assert list(document["paths"]["/api/items/{agent_id}"]) == ["delete", "get"]
     assert document["paths"]["/api/items/{agent_id}"]["get"]["tags"] == ["items"]
+    assert "403" not in document["paths"]["/api/items/{agent_id}"]["get"]["responses"], "BUG: a GET may be refused as cross-site"
+    assert "403" in document["paths"]["/api/items/{agent_id}"]["delete"]["responses"]
     components = document["components"]
     assert components["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer",
                                                         "description": "The daemon's `api_key`"}}

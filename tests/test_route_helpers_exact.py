@@ -43,6 +43,9 @@ def iso(app, query: str, name: str = "since"):
     ("since=2026-03-04T05:06:07.5Z", datetime(2026, 3, 4, 5, 6, 7, 500000, tzinfo=UTC)),
     ("since=2026-03-04T05:06:07%2B02:00", datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone(timedelta(hours=2)))),
     ("since=2026-03-04T05:06:07", datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07.1234567-05:30", datetime(2026, 3, 4, 5, 6, 7, 123456,
+                                                          tzinfo=timezone(-timedelta(hours=5, minutes=30)))),
+    ("since=2026-03-04%2005:06Z", datetime(2026, 3, 4, 5, 6, tzinfo=UTC)),
 ])
 def test_iso_arg_parses_rfc3339(app, query: str, expected: datetime) -> None:
     got = iso(app, query)
