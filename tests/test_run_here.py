@@ -185,3 +185,17 @@ def test_the_watch_polls_only_what_it_watches_and_sleeps_when_empty() -> None:
     watch.remove(watch.add(after, lambda: True))  # removed before a poll: never cancelled
     watch.poll()
     assert not after.is_set()
+
+
+def test_the_watch_thread_is_a_named_daemon_thread_and_removal_is_idempotent() -> None:
+    watch = DisconnectWatch()
+    key = watch.add(threading.Event(), lambda: False)
+    thread = watch._thread
+    assert thread is not None and thread.is_alive()
+    assert thread.daemon is True, "BUG: the disconnect watcher would keep a stopping daemon's process alive"
+    assert thread.name == "agentd-client-watch"
+    watch.remove(key)
+    watch.remove(key)  # a run removed twice (or never watched) is not an error
+    again = watch.add(threading.Event(), lambda: False)
+    assert watch._thread is thread, "BUG: a second watcher thread was started"
+    watch.remove(again)
