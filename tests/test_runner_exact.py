@@ -412,18 +412,21 @@ def test_stop_on_a_cluster_asks_the_other_daemons(env) -> None:
 
 
 def test_a_cluster_runs_the_run(env, mgr) -> None:
-    class Cluster:
+    class Cluster:   # the interface of agentd.cluster.Cluster.run
         calls: list = []
+        completed: list = []
 
-        def run(self, handle, cancel, lock_timeout, body):
-            self.calls.append((handle, cancel, lock_timeout))
-            return body()
+        def run(self, handle, cancel, lock_timeout, body, *, completes=False):
+            self.calls.append((handle, cancel, lock_timeout, completes))
+            return body(self.completed.append) if completes else body()
 
+    env.usage.value = 0.125
     mgr.cluster = Cluster()
     h = mgr.spawn(manifest("leased"))
     cancel = threading.Event()
     assert mgr.run(h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
-    assert Cluster.calls == [(h, cancel, 3.0)]
+    assert Cluster.calls == [(h, cancel, 3.0, True)]
+    assert Cluster.completed == [0.125], "the run record is closed with the run's cost"
 
 
 def test_submit_wait_withdraw_and_stop_all(mgr) -> None:

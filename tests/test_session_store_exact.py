@@ -471,3 +471,17 @@ def test_compaction_of_a_session_of_tool_results_only(env, mgr) -> None:
                 for i in range(COMPACT_KEEP + 3)]
     put_session(env, h.session_id, messages)
     assert mgr.compact(h)["message"] == f"no compaction needed ({COMPACT_KEEP + 3} messages)"
+
+
+def test_compaction_steps_back_over_a_single_tool_result(env, mgr) -> None:
+    h = mgr.spawn(manifest("onetool"))
+    messages = [{"role": "user", "content": "[[reply:S]] a"}, {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "x", "arguments": {}}]},
+                {"role": "tool", "content": "r1", "tool_call_id": "c1", "tool_name": "x", "is_error": False}]
+    messages += [{"role": "assistant" if i % 2 else "user", "content": f"k{i}"} for i in range(COMPACT_KEEP - 1)]
+    put_session(env, h.session_id, messages)
+    assert messages[len(messages) - COMPACT_KEEP]["role"] == "tool"
+    result = mgr.compact(h)
+    assert (result["summarized_messages"], result["kept_messages"]) == (3, COMPACT_KEEP + 1)
+    assert h.session_cache[1:] == messages[3:]
