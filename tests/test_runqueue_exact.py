@@ -388,3 +388,24 @@ def test_hand_on_after_shutdown_cancels_the_next_run_exactly() -> None:
     with pytest.raises(RunCancelled) as info:
         nxt.future.result(0)
     assert info.value.message == "run cancelled before it started" and h.busy is False
+
+
+def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
+    runs, h = Runs(), handle()
+    q = queues(pool, runs)
+    seen: list[dict] = []
+
+    class Watching(Runs):
+        def __call__(self, hh, j):
+            seen.append(dict(q.watch._watched))
+            return super().__call__(hh, j)
+
+    q.run = Watching()
+    q.run.gate("plain").set()
+    q.run.gate("watched").set()
+    assert q.run_here(h, job("plain")) == "done plain by worker"
+    watched = job("watched")
+    assert q.run_here(h, watched, lambda: False) == "done watched by worker"
+    assert seen[0] == {}, "BUG: a run without a disconnect check is watched (the watcher would call None)"
+    assert list(seen[1]) == [id(watched.cancel)]
+    assert q.watch._watched == {}, "BUG: a finished run is still watched"
