@@ -347,3 +347,65 @@ def test_wait_without_a_disconnect_check_keeps_waiting(pool) -> None:
     assert runs.gate("slow") and runs.began["slow"].wait(WAIT)
     threading.Timer(0.35, runs.gate("slow").set).start()   # several polls pass first
     assert q.wait(fut, threading.Event(), None) == "done slow by worker"
+
+
+def test_run_here_runs_with_the_handle_and_refuses_a_cancelled_job_exactly(pool) -> None:
+    runs, h = Runs(), handle("here")
+    q = queues(pool, runs)
+    runs.gate("now").set()
+    assert q.run_here(h, job("now")) == "done now by here", "BUG: run_here must run with the agent's handle"
+    assert h.busy is False
+    cancelled = job("never")
+    cancelled.cancel.set()
+    with pytest.raises(RunCancelled) as info:
+        q.run_here(h, cancelled)
+    assert info.value.message == "run cancelled before it started" and runs.started == ["now"]
+
+
+def test_run_here_on_a_busy_agent_waits_with_the_jobs_cancel_and_disconnect_check(pool) -> None:
+    runs, h = Runs(), handle()
+    q = queues(pool, runs)
+    q.submit(h, job("running"))
+    assert runs.gate("running") and runs.began["running"].wait(WAIT)
+    stopped = job("stopped")
+    stopped.cancel.set()
+    with pytest.raises(RunCancelled, match="^run cancelled$"):
+        q.run_here(h, stopped)
+    with pytest.raises(RunCancelled, match="^the client disconnected$"):
+        q.run_here(h, job("left"), lambda: True)
+    runs.gate("running").set()
+
+
+def test_hand_on_after_shutdown_cancels_the_next_run_exactly() -> None:
+    executor = ThreadPoolExecutor(max_workers=1)
+    runs, h = Runs(), handle()
+    q = RunQueues(executor, lambda: 5, runs)
+    h.busy = True
+    nxt = job("next")
+    h.waiting.append(nxt)
+    executor.shutdown()
+    q._hand_on(h)
+    with pytest.raises(RunCancelled) as info:
+        nxt.future.result(0)
+    assert info.value.message == "run cancelled before it started" and h.busy is False
+
+
+def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
+    runs, h = Runs(), handle()
+    q = queues(pool, runs)
+    seen: list[dict] = []
+
+    class Watching(Runs):
+        def __call__(self, hh, j):
+            seen.append(dict(q.watch._watched))
+            return super().__call__(hh, j)
+
+    q.run = Watching()
+    q.run.gate("plain").set()
+    q.run.gate("watched").set()
+    assert q.run_here(h, job("plain")) == "done plain by worker"
+    watched = job("watched")
+    assert q.run_here(h, watched, lambda: False) == "done watched by worker"
+    assert seen[0] == {}, "BUG: a run without a disconnect check is watched (the watcher would call None)"
+    assert list(seen[1]) == [id(watched.cancel)]
+    assert q.watch._watched == {}, "BUG: a finished run is still watched"
