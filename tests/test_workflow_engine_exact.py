@@ -210,8 +210,8 @@ def test_conditional_is_case_insensitive_and_a_skip_passes_its_input_on(engine, 
     skipped = recs[2]
     assert (skipped["status"], skipped["output"], skipped["note"], skipped["agent_id"], skipped["agent_name"]) == (
         "skipped", "b(Result q)", "condition 'absent' not met by the previous output", a.id, "a")
-    assert (skipped["attempts"], skipped["input_tokens"], skipped["cost_usd"], skipped["duration_ms"],
-            skipped["step_index"]) == (0, 0, None, 0, 2)
+    assert (skipped["attempts"], skipped["input_tokens"], skipped["output_tokens"], skipped["cost_usd"],
+            skipped["duration_ms"], skipped["step_index"]) == (0, 0, 0, None, 0, 2)
     assert engine.run_detail(body["run_id"])["steps_completed"] == 3
 
 
