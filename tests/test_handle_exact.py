@@ -16,7 +16,7 @@ def test_parse_uuid_normalises() -> None:
         assert handle.parse_uuid(form) == str(u)
 
 
-@pytest.mark.parametrize("value", ["", "x", str(uuid.uuid4())[:-1], str(uuid.uuid4()) + "0", None, 12])
+@pytest.mark.parametrize("value", ["", "x", "fa23337b-86c1-43e9-b73a-418e97c70cf", "e6a1e676-0c5e-4628-a06c-05b506ff7fc00", None, 12])
 def test_parse_uuid_refuses_with_what_it_was(value) -> None:
     with pytest.raises(BadRequest) as err:
         handle.parse_uuid(value)
