@@ -142,8 +142,8 @@ def test_sequential_run_with_templates_variables_and_exact_records(engine, agent
                      "input_tokens": 4, "output_tokens": 7, "step_index": 0, "mode": "sequential",
                      "status": "completed", "error": None, "attempts": 1, "iteration": None,
                      "cost_usd": 0.125, "note": None}
-    assert (second["step_name"], second["agent_id"], second["step_index"], second["output"]) == (
-        "two", b.id, 1, "b(a(x in)|a(x in))")
+    assert (second["step_name"], second["agent_id"], second["agent_name"], second["step_index"], second["output"]) == (
+        "two", b.id, "b", 1, "b(a(x in)|a(x in))"), "BUG: a step referring to its agent by id records no agent name"
     detail = engine.run_detail(body["run_id"])
     assert (detail["state"], detail["steps_completed"], detail["output"], detail["error"], detail["daemon_id"]) == (
         {"status": "completed"}, 2, "b(a(x in)|a(x in))", None, "d1")
@@ -210,7 +210,8 @@ def test_conditional_is_case_insensitive_and_a_skip_passes_its_input_on(engine, 
     skipped = recs[2]
     assert (skipped["status"], skipped["output"], skipped["note"], skipped["agent_id"], skipped["agent_name"]) == (
         "skipped", "b(Result q)", "condition 'absent' not met by the previous output", a.id, "a")
-    assert (skipped["attempts"], skipped["input_tokens"], skipped["cost_usd"], skipped["duration_ms"]) == (0, 0, None, 0)
+    assert (skipped["attempts"], skipped["input_tokens"], skipped["output_tokens"], skipped["cost_usd"],
+            skipped["duration_ms"], skipped["step_index"]) == (0, 0, 0, None, 0, 2)
     assert engine.run_detail(body["run_id"])["steps_completed"] == 3
 
 
@@ -234,11 +235,12 @@ def test_loop_until_and_its_iterations(engine, agents) -> None:
 
 def test_loop_stops_at_max_iterations_with_a_note(engine, agents) -> None:
     agents.add("a", lambda p, c: p + ".")
-    wid = flow(engine, {"name": "l", "agent_name": "a", "mode": "loop", "until": "never", "max_iterations": 2})
+    wid = flow(engine, {"name": "l", "agent_name": "a", "mode": "loop", "until": "never", "max_iterations": 3})
     body = engine.run(wid, "x")
-    assert body["output"] == "x.." and body["status"] == "completed"
+    assert body["output"] == "x..." and body["status"] == "completed"
     recs = records(engine, body)
-    assert [r["note"] for r in recs] == [None, "until 'never' not met after 2 iteration(s)"]
+    assert [r["note"] for r in recs] == [None, None, "until 'never' not met after 3 iteration(s)"], \
+        "BUG: the until note is not on the last iteration"
     plain = flow(engine, {"name": "l", "agent_name": "a", "mode": "loop", "max_iterations": 3}, name="p")
     body = engine.run(plain, "y")
     assert body["output"] == "y..." and [r["note"] for r in records(engine, body)] == [None, None, None], \
@@ -288,7 +290,7 @@ def test_fan_out_runs_in_parallel_and_collect_joins_in_step_order(engine, agents
     assert [r["step_name"] for r in recs] == ["f1", "f2", "join", "use"]
     assert recs[2]["output"] == joined, "BUG: collect does not join the branches in step order"
     assert (recs[2]["agent_id"], recs[2]["agent_name"], recs[2]["attempts"], recs[2]["status"],
-            recs[2]["mode"]) == ("", "", 0, "completed", "collect")
+            recs[2]["mode"], recs[2]["step_index"], recs[2]["duration_ms"]) == ("", "", 0, "completed", "collect", 2, 0)
     assert body["output"] == "c(ONE IN)" and engine.run_detail(body["run_id"])["steps_completed"] == 4
 
 
@@ -711,3 +713,12 @@ def test_a_skip_step_stopped_by_shutdown_fails(engine, agents) -> None:
         "BUG: a step stopped by shutdown was skipped instead of failing the run"
     rec = records(engine, out[0])[0]
     assert (rec["status"], rec["output"], rec["error"]) == ("failed", "", "the daemon is shutting down")
+
+
+def test_a_fan_out_group_at_the_end_hands_on_its_last_branch(engine, agents) -> None:
+    agents.add("a")
+    wid = flow(engine, {"name": "f1", "agent_name": "a", "mode": "fan_out", "prompt": "one"},
+               {"name": "f2", "agent_name": "a", "mode": "fan_out", "prompt": "two"},
+               {"name": "next", "agent_name": "a"})
+    body = engine.run(wid, "x")
+    assert body["output"] == "a(a(two))", "BUG: the step after a fan-out group does not get its last branch's output"
