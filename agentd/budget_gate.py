@@ -17,6 +17,7 @@ was admitted while the spend was still under it.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -62,8 +63,12 @@ class BudgetGate:
         return self._estimate(agent_id, start.timestamp())
 
     def limit_in_session(self) -> float:
-        row = self.store.e.Setting.get(key="budget_limit_usd")
-        value: Any = None if row is None else row.value
+        """The stored limit, read inside the caller's db_session (once per run: a plain
+        SELECT, not a Pony entity load)."""
+        rows = self.store.db.select("SELECT value FROM settings WHERE key = $k", {"k": "budget_limit_usd"})
+        value: Any = rows[0] if rows else None
+        if isinstance(value, str):  # SQLite keeps the JSON text; PostgreSQL's driver decodes it
+            value = json.loads(value)
         return float(value or 0.0)
 
     def _estimate(self, agent_id: str, since: float) -> float:

@@ -76,17 +76,20 @@ class LocalRun:
     lease: Lease
     cancel: threading.Event
     cost: list[float] = field(default_factory=list)
+    closed: bool = False  # its record was closed in the caller's transaction (see Cluster.run)
 
 
 class Cluster:
     """Coordination of this daemon with the others on the same database."""
 
-    def __init__(self, store: Store, settings: ClusterSettings, listen: str) -> None:
+    def __init__(self, store: Store, settings: ClusterSettings, listen: str, shared: bool | None = None) -> None:
         self.store = store
         self.settings = settings
         self.id = settings.daemon_id
         self.listen = listen
-        self.shared = is_shared(store)
+        # Whether other daemons use this database (PostgreSQL). `shared=True` on SQLite lets
+        # tests run two clusters on one file, which a daemon's lock on SQLite never allows.
+        self.shared = is_shared(store) if shared is None else shared
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
         self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
@@ -97,6 +100,9 @@ class Cluster:
         # then must not ask other daemons to stop theirs.
         self.leaving = threading.Event()
         self._local: dict[str, LocalRun] = {}
+        # A lone daemon's run leases live in memory: no other daemon can ask for them, and
+        # writing a lease row twice per message is a transaction and a half of pure cost.
+        self._sessions: set[str] = set()
         self._held: dict[str, Lease] = {}  # other leases (channels) renewed with the runs
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -144,12 +150,21 @@ class Cluster:
 
     # -- runs --------------------------------------------------------------------------
     def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
-            body: Callable[[], Any]) -> Any:
-        """Run `body` holding the session's lease and a run record (see the module doc)."""
+            body: Callable[..., Any], *, completes: bool = False) -> Any:
+        """Run `body` holding the session's lease and a run record (see the module doc).
+
+        With `completes`, `body` gets `complete(cost)`: called inside the db_session that
+        saves the run's session, it closes the record as completed in that same transaction
+        (one commit per message, not two); a run that does not call it, or fails after it, is
+        closed here after."""
         local = self._begin(handle, cancel, lock_timeout)
         status, error, result = "failed", None, None
+
+        def complete(cost: float | None) -> None:
+            self._close(local, "completed", None, cost)
+
         try:
-            result = body()
+            result = body(complete) if completes else body()
             status = "completed"
             return result
         except BaseException as exc:
@@ -162,14 +177,20 @@ class Cluster:
             cost = getattr(result, "cost_usd", None)
             with self._lock:
                 self._local.pop(local.run_id, None)
-            self._end(local, status, error, cost)
+            # A body that failed after complete() may have rolled the close back with its
+            # transaction: close again (a no-op on a record already closed).
+            if not local.closed or status != "completed":
+                with orm.db_session:
+                    relaxed_commit(self.store)
+                    self._close(local, status, error, cost)
+            self._sessions.discard(local.lease.name)
 
-    def _end(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
-        """Close the run record and hand the lease back in one transaction."""
-        with orm.db_session:
-            relaxed_commit(self.store)
-            self.runs.finish(local.run_id, status, error, cost)
+    def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
+        """Inside a db_session: close the run record and hand its lease back."""
+        self.runs.finish(local.run_id, status, error, cost)
+        if self.shared:
             self.leases.release(local.lease)
+        local.closed = True
 
     def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
         from agentd.agents.loop import RunCancelled
@@ -193,17 +214,33 @@ class Cluster:
     def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
         run_id = str(uuid.uuid4())
-        with orm.db_session:
-            relaxed_commit(self.store)
+        if not self.shared:
+            with self._lock:
+                if name in self._sessions:
+                    return None
+                self._sessions.add(name)
+        try:
+            with orm.db_session:
+                relaxed_commit(self.store)
+                return self._start_record(handle, name, cancel, run_id, secs)
+        except BaseException:
+            self._sessions.discard(name)
+            raise
+
+    def _start_record(self, handle: Any, name: str, cancel: threading.Event, run_id: str,
+                      secs: float) -> LocalRun | None:
+        """Inside a db_session: take the run lease (shared database) and write the run record."""
+        if self.shared:
             lease = self.leases.take(name, secs)
             if lease is None:
                 return None
-            if self.shared:
-                # Taking an expired lease: the run that held it died with its daemon. (A lone
-                # daemon on SQLite failed every leftover run when it started.)
-                self.runs.reap(session_id=handle.session_id)
-            reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
-            self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
+            # Taking an expired lease: the run that held it died with its daemon. (A lone
+            # daemon on SQLite failed every leftover run when it started.)
+            self.runs.reap(session_id=handle.session_id)
+        else:
+            lease = Lease(name, "")  # held in self._sessions
+        reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
+        self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
         local = LocalRun(run_id, handle.id, lease, cancel)
         with self._lock:
             self._local[run_id] = local
@@ -265,10 +302,10 @@ class Cluster:
         secs = self.settings.lease_secs
         self._beat_daemon()
         with self._lock:
-            local = list(self._local.values())
+            local = [run for run in self._local.values() if not run.closed]
             held = list(self._held.items())
         for run in local:
-            if not self.leases.renew(run.lease, secs):
+            if self.shared and not self.leases.renew(run.lease, secs):
                 log.warning("run %s lost its lease (this daemon was too slow); stopping it", run.run_id)
                 run.cancel.set()
         lost = self.runs.renew(self.id, [r.run_id for r in local], time.time() + secs)

@@ -62,13 +62,18 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
     "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
     "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
-    # Workflow runs: the real daemon (test_workflows.py) plus owners, recovery and the reaper in-process.
-    "agentd/workflows/engine.py": ["tests/test_workflows.py",
-                                   "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only"],
-    "agentd/workflows/steps.py": ["tests/test_workflows.py"],
-    "agentd/workflows/store.py": ["tests/test_workflow_store_exact.py",
-                                  "tests/test_cluster_units.py::test_reaper_fails_workflow_runs_of_a_dead_daemon_only",
-                                  "tests/test_workflows.py"],
+    # In process first (a real engine, store and executor; a scripted agent manager), then
+    # the daemon tests that prove the real agent path.
+    "agentd/workflows/engine.py": ["tests/test_workflow_engine_exact.py",
+                                   "tests/test_workflows.py::test_sequential_templates_and_variables",
+                                   "tests/test_workflows.py::test_agent_killed_mid_step"],
+    "agentd/workflows/steps.py": ["tests/test_workflow_engine_exact.py",
+                                  "tests/test_workflows.py::test_fan_out_collect_in_step_order",
+                                  "tests/test_workflows.py::test_agent_killed_mid_step"],
+    # store.py in process only: every function is reached by these (the daemon tests of
+    # test_workflows.py outlasted mutmut's stats run on a loaded machine; the reaper test of
+    # test_cluster_units.py rests on a 1 s lease, which a loaded machine outlasts too).
+    "agentd/workflows/store.py": ["tests/test_workflow_store_exact.py"],
     "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds.
@@ -96,6 +101,52 @@ TESTS: dict[str, list[str]] = {
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
+    # The agent manager's modules (mut-mgr): real managers on a real store, in process.
+    "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],
+    "agentd/agents/session_store.py": ["tests/test_session_store_exact.py"],
+    "agentd/agents/model_call.py": ["tests/test_model_call_exact.py"],
+    "agentd/agents/runner.py": ["tests/test_runner_exact.py"],
+    "agentd/agents/handle.py": ["tests/test_handle_exact.py"],
+    "agentd/agents/run_errors.py": ["tests/test_run_errors_exact.py", "tests/test_runner_exact.py"],
+    "agentd/agents/ops.py": ["tests/test_ops_exact.py"],
+    "agentd/agents/listing.py": ["tests/test_listing_exact.py"],
+    "agentd/agents/uploads.py": ["tests/test_uploads_exact.py"],
+    "agentd/agents/manager.py": ["tests/test_manager_exact.py"],
+    # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
+    "agentd/agents/manifest.py": ["tests/test_manifest_exact.py"],
+    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py", "tests/test_run_here.py"],
+    "agentd/agents/events.py": ["tests/test_events_exact.py"],
+    "agentd/agents/signing.py": ["tests/test_signing_exact.py"],
+    "agentd/agents/tools/base.py": ["tests/test_tool_base_exact.py", "tests/test_tools.py"],
+    "agentd/agents/tools/patch.py": ["tests/test_tool_patch_exact.py", "tests/test_tools.py::test_apply_patch"],
+    # The agent tools through the daemon's real agent manager (several agents, the fake LLM calling them).
+    "agentd/agents/tools/agents.py": ["tests/test_tool_agents_exact.py", "tests/test_agent_messaging.py"],
+    "agentd/agents/tools/memory.py": ["tests/test_tool_memory_exact.py"],
+    "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
+    # mut-routes: the rest of the API layer.
+    "agentd/api/runs.py": ["tests/test_runs_exact.py"],
+    # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
+    "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
+    # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
+    "agentd/api/ws_stream.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
+    # The transport with hostile handlers (in-process waitress), then the daemon's app on it.
+    # (the two-writer test closes with 1008 in mutmut's stats run on a loaded machine: left out)
+    "agentd/api/ws_transport.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py",
+                                   "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
+    # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
+    # _stream and _cluster have none).
+    **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
+       for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
+    "agentd/api/__init__.py": ["tests/test_api_init_exact.py"],
+    # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
+    "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
+    "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
+    "agentd/api/apidoc.py": ["tests/test_schemas_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
+        "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
+        "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
+    "agentd/api/openapi.py": ["tests/test_openapi_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
+        "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
+        "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py",
@@ -147,6 +198,14 @@ def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = N
     return work
 
 
+# --timeout-constant: mutmut's wall limit per mutant is (time of its tests + this) x 15, and
+# "time of its tests" leaves out fixture set-up. On a loaded machine a child that starts a
+# kernel or the fake LLM can outlast the default (1 s -> ~20 s) before its test even runs, and
+# is then counted "timeout" (= killed) whatever the mutant does; a larger constant makes such
+# mutants really run. Changing it makes mutmut re-run the earlier timeouts only.
+TIMEOUT_CONSTANT: float | None = None
+
+
 def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     """setup.cfg of the scratch copy: [mutmut] for this module and these tests."""
     cfg = configparser.ConfigParser()
@@ -155,6 +214,8 @@ def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     section["only_mutate"] = "\n" + module
     section["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     section["use_git_change_detection"] = "false"
+    if TIMEOUT_CONSTANT is not None:
+        section["timeout_constant"] = str(TIMEOUT_CONSTANT)
     with open(work / "setup.cfg", "w") as f:
         cfg.write(f)
 
@@ -225,11 +286,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("modules", nargs="*", help="source files to mutate (default: the mapped core modules)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (default 1)")
+    parser.add_argument("--timeout-constant", type=float, metavar="SECS",
+                        help="mutmut's timeout_constant (default 1): raise it when set-up is slow (see above)")
     parser.add_argument("--all-tests", action="store_true", help="run the whole product suite per mutant")
     parser.add_argument("--fresh", action="store_true", help="forget earlier results for these modules")
     parser.add_argument("--survivors", action="store_true", help="print the diff of every surviving mutant")
     parser.add_argument("--baseline", metavar="REV", help="score the test files of git revision REV instead")
     args = parser.parse_args()
+    global TIMEOUT_CONSTANT
+    TIMEOUT_CONSTANT = args.timeout_constant
     rows = []
     for module in args.modules or DEFAULT_MODULES:
         counts, result, took = run(module, args)

@@ -1,7 +1,9 @@
 """Coordination primitives (agentd/store/leases.py, agentd/cluster.py, shared approvals,
 budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
-one database stand for two daemons. Runs on SQLite; the multi-daemon test
-(tests/test_cluster.py) runs the same code on PostgreSQL through real daemons."""
+one database stand for two daemons (`shared=True`: on SQLite, which a daemon locks for
+itself, only a test can do that). Runs on SQLite; the multi-daemon test
+(tests/test_cluster.py) runs the same code on PostgreSQL through real daemons. The lone
+daemon's own path (SQLite, run leases in memory) is tested at the end."""
 
 from __future__ import annotations
 
@@ -80,8 +82,8 @@ def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
 
 
 def test_second_daemon_waits_for_the_session_lease(store) -> None:
-    a = Cluster(store, ClusterSettings("A", lease_secs=5), "127.0.0.1:1")
-    b = Cluster(store, ClusterSettings("B", lease_secs=5), "127.0.0.1:2")
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "127.0.0.1:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "127.0.0.1:2", shared=True)
     spans: dict[str, tuple[float, float]] = {}
     started = threading.Event()
 
@@ -109,8 +111,8 @@ def test_second_daemon_waits_for_the_session_lease(store) -> None:
 
 
 def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
-    a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1")
-    b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2")
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2", shared=True)
     lease = a.leases.acquire("run:s1", 5)
     cancel = threading.Event()
     threading.Timer(0.2, cancel.set).start()
@@ -129,8 +131,8 @@ def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
 
 
 def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -> None:
-    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1")
-    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2")
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
     cancel = threading.Event()
     release = threading.Event()
     t = threading.Thread(target=lambda: _swallow(lambda: a.run(handle(), cancel, None, lambda: release.wait(10))))
@@ -184,8 +186,8 @@ def test_approval_decided_by_another_daemon(store) -> None:
 def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
     metering = Metering(store, Catalog.load())
     gate = BudgetGate(metering)
-    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1")
-    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2")
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
     a.budget = b.budget = gate
     # No limit: nothing reserved, nothing refused.
     a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.004))
@@ -241,8 +243,8 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
 
     wf = WorkflowStore(store)
     workflow = wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}])))
-    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1")
-    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2")
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
     audited: list[tuple] = []
     b.audit = lambda *entry: audited.append(entry)
     a._beat_daemon(started=True)
@@ -286,3 +288,88 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     assert status(live_c)[0] == "pending"
     # A lone daemon (owners None) fails every active run.
     assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")
+
+
+# -- a lone daemon (SQLite): run leases in memory, the record closed with the session -------------
+
+def _lone(tmp_path) -> tuple[Cluster, object]:
+    s = open_store(tmp_path / "lone.db")
+    return Cluster(s, ClusterSettings("A", lease_secs=5), "x:1"), s
+
+
+def _lease_rows(s) -> int:
+    with orm.db_session:
+        return s.db.select("SELECT COUNT(*) FROM cluster_leases")[0]
+
+
+def test_lone_daemon_serialises_a_session_in_memory_and_writes_no_lease_rows(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    assert a.shared is False
+    inside = threading.Event()
+    release = threading.Event()
+    rows_during: list[int] = []
+
+    def first():
+        inside.set()
+        rows_during.append(_lease_rows(s))
+        release.wait(10)
+        return SimpleNamespace(cost_usd=0.5)
+
+    cancel = threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), cancel, None, first))
+    t.start()
+    assert inside.wait(5)
+    with pytest.raises(Conflict, match="agent alpha is busy with another run"):
+        a.run(handle(), threading.Event(), 0.2, lambda: None)
+    # Another session of the same agent is not held up.
+    a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    a.tick()  # the heartbeat must not take the missing lease row for a lost lease
+    assert not cancel.is_set(), "BUG: the heartbeat stopped a lone daemon's run (no lease row to renew)"
+    release.set()
+    t.join(5)
+    assert rows_during == [0] and _lease_rows(s) == 0, "BUG: a lone daemon wrote run lease rows"
+    a.run(handle(), threading.Event(), 0.2, lambda: None)  # the session is free again
+    runs = a.runs.list()
+    assert sorted((r["session_id"], r["status"]) for r in runs) == [
+        ("s1", "completed"), ("s1", "completed"), ("s2", "completed")]
+    assert [r["cost_usd"] for r in runs if r["cost_usd"] is not None] == [0.5]
+    s.close()
+
+
+def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    seen: list[str] = []
+
+    def body(complete):
+        with orm.db_session:
+            complete(0.25)
+            # Still inside the transaction: this connection already sees the record closed.
+            seen.append(s.db.select("SELECT status FROM agent_runs")[0])
+        return SimpleNamespace(cost_usd=0.25)
+
+    a.run(handle(), threading.Event(), None, body, completes=True)
+    assert seen == ["completed"]
+    assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
+
+    def completes_then_fails(complete):
+        with orm.db_session:
+            complete(None)
+        raise ValueError("after the save")
+
+    with pytest.raises(ValueError):
+        a.run(handle("a1", "s2"), threading.Event(), None, completes_then_fails, completes=True)
+    # The session was saved with the record: it stays completed.
+    assert {r["session_id"]: r["status"] for r in a.runs.list()}["s2"] == "completed"
+
+    def rolled_back(complete):
+        with orm.db_session:
+            complete(1.0)
+            raise RuntimeError("the save failed")
+
+    with pytest.raises(RuntimeError):
+        a.run(handle("a1", "s3"), threading.Event(), None, rolled_back, completes=True)
+    s3 = [r for r in a.runs.list() if r["session_id"] == "s3"]
+    assert [(r["status"], r["error"], r["cost_usd"]) for r in s3] == [
+        ("failed", "RuntimeError: the save failed", None)], \
+        "BUG: a close rolled back with its transaction was taken for done (the run stays 'running')"
+    s.close()

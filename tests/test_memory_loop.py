@@ -99,3 +99,24 @@ def test_a_fact_added_over_http_during_a_run_reaches_its_later_calls(d: Daemon, 
     first, second = systems_for(fake_llm, mark, text)
     assert "team lunch is on Thursday" in first and "Priya" not in first
     assert "team lunch is on Thursday" in second and "\n- Priya brings the cake to the team lunch" in second
+
+
+def test_an_agent_found_empty_recalls_what_is_remembered_for_it_later(d: Daemon, fake_llm) -> None:
+    # The first message finds no fragments (and the daemon notes that, to skip the count
+    # next time); a fact stored afterwards, over HTTP or by an import, must still be recalled.
+    agent = spawn(d)
+    for i in range(2):
+        mark = len(fake_llm.requests)
+        assert d.post(f"/api/agents/{agent}/message", json={"message": f"hello {i}"}).status_code == 200
+        assert "Relevant memories" not in systems_for(fake_llm, mark, f"hello {i}")[0]
+    r = d.post(f"/api/memory/agents/{agent}/memories", json={"content": "The boat is called Heron"})
+    assert r.status_code == 201, r.text
+    mark = len(fake_llm.requests)
+    assert d.post(f"/api/agents/{agent}/message", json={"message": "What is the boat called?"}).status_code == 200
+    (system,) = systems_for(fake_llm, mark, "What is the boat called?")
+    assert "\n- The boat is called Heron" in system, "BUG: a fact stored after an empty recall was not recalled"
+    # Emptied again (the fragment deleted), then filled by an import: recalled again.
+    d.delete(f"/api/memory/agents/{agent}/memories/{r.json()['id']}")
+    mark = len(fake_llm.requests)
+    assert d.post(f"/api/agents/{agent}/message", json={"message": "and now?"}).status_code == 200
+    assert "Heron" not in systems_for(fake_llm, mark, "and now?")[0]

@@ -165,6 +165,7 @@ def test_run_failure_cancelled_and_quota(bare_app: Flask) -> None:
     assert (status, body["error"]["code"], headers["Retry-After"], headers["x-should-retry"]) == \
         (429, "budget_exceeded", "10", "false")
     assert body["error"]["type"] == "rate_limit_error"
+    assert body["error"]["message"] == "monthly budget reached", "BUG: the refusal lost its message"
     status, body, headers = failure(bare_app, TooManyRequests("token quota used up"))
     assert (status, body["error"]["code"]) == (429, "quota_exceeded")
     assert "Retry-After" not in headers

@@ -93,7 +93,9 @@ class RunExecution:
             handle.cancel = cancel
             if self.cluster is not None:
                 return self.cluster.run(handle, cancel, lock_timeout,
-                                        lambda: self._run_locked(handle, user, image_refs, emit, options, cancel))
+                                        lambda complete: self._run_locked(handle, user, image_refs, emit,
+                                                                          options, cancel, complete),
+                                        completes=True)
             return self._run_locked(handle, user, image_refs, emit, options, cancel)
         except RunCancelled:
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
@@ -112,7 +114,10 @@ class RunExecution:
             handle.run_lock.release()
 
     def _run_locked(self, handle: AgentHandle, user: Message, image_refs: list[dict[str, Any]],
-                    emit: Sink | None, options: RunOptions, cancel: threading.Event) -> RunResult:
+                    emit: Sink | None, options: RunOptions, cancel: threading.Event,
+                    complete: Callable[[float | None], None] | None = None) -> RunResult:
+        """One run to completion; `complete(cost)` closes its run record in the transaction
+        that saves the session (see Cluster.run)."""
         stored = self._load_session(handle)
         tools, caps = self.effective_tools(handle)
         model_cfg = handle.manifest.model
@@ -177,10 +182,11 @@ class RunExecution:
         except BaseException:
             self._flush_usage(usage)  # whatever failed, the calls made were paid for
             raise
-        self._save_session(handle, stored, result.new_messages, image_refs, usage)
+        result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
+        self._save_session(handle, stored, result.new_messages, image_refs, usage,
+                           also=None if complete is None else lambda: complete(result.cost_usd))
         if self.memory is not None:
             self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
-        result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         return result
 
     def submit(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
@@ -190,6 +196,14 @@ class RunExecution:
         and a request waiting for a busy agent holds no worker (see runqueue.py)."""
         return self.queues.submit(handle, QueuedRun(text, attachments, emit, options,
                                                     cancel or threading.Event(), Future()))
+
+    def run_now(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
+                options: RunOptions | None = None, cancel: threading.Event | None = None,
+                disconnected: Callable[[], bool] | None = None) -> RunResult:
+        """submit() + wait() for a caller that blocks anyway: an idle agent's run uses the
+        calling thread (see RunQueues.run_here); a busy agent's is queued as submit() does."""
+        return self.queues.run_here(handle, QueuedRun(text, attachments, None, options,
+                                                      cancel or threading.Event(), Future()), disconnected)
 
     def withdraw(self, future: Future) -> bool:
         """Take a run that has not started out of its agent's queue; True if it was queued."""

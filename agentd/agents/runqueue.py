@@ -7,11 +7,17 @@ finishes a run takes the agent's next one. So a stuck provider occupies one work
 agent, never the whole pool, and other agents keep answering.
 
 A queued run can be withdrawn (its client went away) and then never starts.
+
+A plain request that finds its agent idle runs on its own server thread (`run_here`):
+it would only wait for a worker otherwise, and handing the run over and back costs two
+thread switches per message. A watcher thread polls the clients of such runs and stops
+the run of one that went away.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -36,6 +42,50 @@ class QueuedRun:
     future: Future
 
 
+class DisconnectWatch:
+    """One thread that stops runs whose client went away, polled every WAIT_POLL seconds.
+
+    It sleeps while nothing is watched; adding a run does not wake it while it is already
+    polling, so a busy daemon pays at most one wake-up per poll, not one per message."""
+
+    def __init__(self) -> None:
+        self._watched: dict[int, tuple[threading.Event, Callable[[], bool]]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, cancel: threading.Event, disconnected: Callable[[], bool]) -> int:
+        """Watch until `remove`; sets `cancel` once `disconnected()` is true."""
+        key = id(cancel)
+        with self._lock:
+            self._watched[key] = (cancel, disconnected)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="agentd-client-watch", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return key
+
+    def remove(self, key: int) -> None:
+        with self._lock:
+            self._watched.pop(key, None)
+
+    def _run(self) -> None:
+        while True:  # pragma: no mutate (the thread's lifetime; each pass is `poll`)
+            self._wake.wait()
+            time.sleep(WAIT_POLL)
+            self.poll()
+
+    def poll(self) -> None:
+        """One pass: cancel the runs whose client left; sleep again when none is watched."""
+        with self._lock:
+            watched = list(self._watched.values())
+            if not watched:
+                self._wake.clear()
+        for cancel, disconnected in watched:
+            if not cancel.is_set() and disconnected():
+                cancel.set()
+
+
 class RunQueues:
     """The queues of every agent. `run(handle, job)` runs one job to completion.
 
@@ -48,6 +98,45 @@ class RunQueues:
         self.executor = executor
         self.max_queue = max_queue
         self.run = run
+        self.watch = DisconnectWatch()
+
+    def run_here(self, handle: Any, job: QueuedRun,
+                 disconnected: Callable[[], bool] | None = None) -> RunResult:
+        """Run `job` on the calling thread if the agent is idle, else queue it and wait.
+
+        Either way the result (or the run's exception) is returned, stops and client
+        disconnects end it promptly, and the agent's queued runs continue afterwards."""
+        with handle.queue_lock:
+            idle = not handle.busy and not handle.killed
+            if idle:
+                handle.busy = True
+        if not idle:
+            return self.wait(self.submit(handle, job), job.cancel, disconnected)
+        key = self.watch.add(job.cancel, disconnected) if disconnected is not None else None
+        try:
+            if job.cancel.is_set() or handle.killed:
+                raise RunCancelled("run cancelled before it started")
+            return self.run(handle, job)
+        finally:
+            if key is not None:
+                self.watch.remove(key)
+            self._hand_on(handle)
+
+    def _hand_on(self, handle: Any) -> None:
+        """After a run on a server thread: the agent's next queued run goes to a worker."""
+        with handle.queue_lock:
+            job = handle.waiting.popleft() if handle.waiting else None
+            if job is None:
+                handle.busy = False
+                return
+        try:
+            self.executor.submit(self._drain, handle, job)
+        except RuntimeError:  # shutting down: nobody will run the rest
+            self.cancel_queued(handle)
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(RunCancelled("run cancelled before it started"))
+            with handle.queue_lock:
+                handle.busy = False
 
     def submit(self, handle: Any, job: QueuedRun) -> Future:
         """Start `job` now if the agent is idle, else queue it; 429 when the queue is full."""

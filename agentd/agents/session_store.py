@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from pony import orm
 
@@ -68,8 +68,10 @@ class SessionStore:
             usage.clear()
 
     def _save_session(self, handle: AgentHandle, before: list[dict[str, Any]], new: list[Message],
-                      image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None) -> None:
-        """End of a run: its usage rows, the session and the agent's last_active, one transaction.
+                      image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
+                      also: Callable[[], None] | None = None) -> None:
+        """End of a run: its usage rows, the session and the agent's last_active, one transaction
+        (`also` adds more writes to it: the run record's close).
 
         Plain UPDATEs: this runs once per message, and loading two Pony entities to change
         two columns cost more than the statements themselves."""
@@ -93,6 +95,8 @@ class SessionStore:
             if db.execute("UPDATE sessions SET messages = $messages WHERE id = $session", ids).rowcount == 0:
                 db.execute("INSERT INTO sessions (id, agent, messages, created_at) "
                            "VALUES ($session, $agent, $messages, $now)", ids)
+            if also is not None:
+                also()
         self._cache_session(handle, messages, appended=True)
         handle.session_json = text
         handle.last_active = now

@@ -153,24 +153,21 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
             if body:
                 links[name]["requestBody"] = body[0]
         responses[str(op.ok)]["links"] = links
-    statuses = dict.fromkeys((400, 429, 500), "")
+    common = {400, 429, 500}
     if not op.public:
-        statuses[401] = ""
+        common.add(401)
     if method != "GET":
-        statuses[403] = ""
+        common.add(403)
     if "<" in rule.rule:
-        statuses[404] = ""
+        common.add(404)
     if op.body is not None:
-        statuses[413] = ""
+        common.add(413)
         if op.body_media == "application/json":
-            statuses[415] = ""
-    for status, text in op.errors.items():
-        statuses[status] = text
-    for status in sorted(statuses):
-        text = statuses[status]
-        if status in COMMON_ERRORS and text:
-            text = f"{text}. Also: {COMMON_ERRORS[status]}"
-        responses[str(status)] = _error_response(path, text or COMMON_ERRORS.get(status, "error"), status)
+            common.add(415)
+    for status in sorted(common | set(op.errors)):
+        own, shared = op.errors.get(status), COMMON_ERRORS.get(status)
+        text = f"{own}. Also: {shared}" if own and shared else own or shared or "error"
+        responses[str(status)] = _error_response(path, text, status)
     result["responses"] = responses
     return result
 

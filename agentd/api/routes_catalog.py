@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, request
@@ -18,7 +17,6 @@ from agentd.errors import BadRequest, NotFound
 
 bp = Blueprint("catalog", __name__)
 
-_FRACTION = re.compile(r"\.\d+")
 TIERS = ("frontier", "smart", "balanced", "fast", "local", "custom")
 
 
@@ -55,10 +53,10 @@ def _iso_arg(name: str) -> datetime | None:
     value = request.args.get(name)
     if value is None or value == "":
         return None
-    # RFC 3339 allows lower-case t/z and any number of fractional digits; Python's parser does not.
-    text = _FRACTION.sub(lambda m: m.group(0)[:7], value.upper().replace("Z", "+00:00"))
+    # RFC 3339 allows a lower-case z, which Python's parser refuses (since 3.11 it takes "Z",
+    # a lower-case t and any number of fractional digits).
     try:
-        parsed = datetime.fromisoformat(text)
+        parsed = datetime.fromisoformat(value.upper())
     except ValueError:
         raise BadRequest(f"'{name}' must be an ISO 8601 date or time, got {value!r}") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

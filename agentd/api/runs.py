@@ -101,9 +101,8 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     agents.precheck(handle)
     acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly")
     try:
-        cancel = threading.Event()
-        future = agents.submit(handle, text, attachments, options=options, cancel=cancel)
-        return agents.wait(future, cancel, client_disconnected())
+        return agents.run_now(handle, text, attachments, options=options, cancel=threading.Event(),
+                              disconnected=client_disconnected())
     finally:
         kernel.stream_slots.release()
 

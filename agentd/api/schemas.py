@@ -147,8 +147,7 @@ class StopField(fields.Field):
     """`stop`: a string or an array of up to 4 strings; loads as a tuple."""
 
     def _deserialize(self, value, attr, data, **kwargs):  # type: ignore[override]
-        if value is None:
-            return ()
+        # None never gets here: marshmallow answers it itself (allow_none, or "may not be null").
         if isinstance(value, str):
             return (value,)
         if isinstance(value, list) and len(value) <= 4 and all(isinstance(v, str) for v in value):

@@ -49,6 +49,12 @@ class MemoryService:
         # agent id -> {fragment id: user message} of exchanges auto-remembered by this process,
         # so a run whose agent remembers nothing but its current session skips the recall.
         self._exchanges: dict[str, dict[str, str]] = {}
+        # Agents whose fragments were counted 0 while their index was not loaded: a run of
+        # theirs skips the count query until something is written for them. Only on a
+        # database of its own: another daemon's write would not reach this set in time.
+        self._empty: set[str] = set()
+        self._cache_empty = not getattr(store, "shared", False)
+        self._writes = 0  # counts _changed/invalidate calls: a count that raced a write is not cached
         self._worker: threading.Thread | None = None
         self._dead: set[str] = set()
         self._stop = threading.Event()
@@ -168,11 +174,18 @@ class MemoryService:
             self._changed(agent_id)
 
     def _changed(self, agent_id: str) -> None:
+        self._writes += 1
+        self._empty.discard(agent_id)
         if self.on_change is not None:
             self.on_change(agent_id)
 
     def invalidate(self, agent_id: str | None = None) -> None:
         """Another daemon changed this agent's fragments (None: maybe any agent's)."""
+        self._writes += 1
+        if agent_id is None:
+            self._empty.clear()
+        else:
+            self._empty.discard(agent_id)
         if self._semantic is not None:
             self._semantic.invalidate(agent_id)
 
@@ -253,7 +266,13 @@ class MemoryService:
             in_session = set(kept)
         ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
         if ids is None:
-            return self._count(agent_id) == 0
+            if agent_id in self._empty:
+                return True
+            writes = self._writes
+            empty = self._count(agent_id) == 0
+            if empty and self._cache_empty and writes == self._writes:
+                self._empty.add(agent_id)
+            return empty
         return len(ids) <= len(in_session) and set(ids) <= in_session
 
     def _count(self, agent_id: str) -> int:

@@ -1,0 +1,145 @@
+"""The undecorated helpers of the route modules exactly (mutmut 3 leaves the Flask-decorated
+route functions alone; these are what it mutates): usage windows and their ISO 8601 parsing
+(routes_catalog), KV key bounds, JSON object bodies and integer query arguments
+(routes_memory), the app's kernel (routes_system) and the lazily built document
+(routes_docs). Inside request contexts of the daemon's own app, in process."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agentd.api import create_app, routes_catalog, routes_docs, routes_memory, routes_system
+from agentd.config import parse_config
+from agentd.errors import BadRequest, PayloadTooLarge
+from agentd.kernel import Kernel
+from agentd.metering import month_bounds
+from support import with_test_db
+
+UTC = timezone.utc
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    tmp = tmp_path_factory.mktemp("helpers")
+    kernel = Kernel.open(parse_config(with_test_db({}, tmp), tmp))
+    yield create_app(kernel)
+    kernel.close()
+
+
+def iso(app, query: str, name: str = "since"):
+    with app.test_request_context(f"/x?{query}"):
+        return routes_catalog._iso_arg(name)
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("since=2026-03-04", datetime(2026, 3, 4, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07Z", datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)),
+    ("since=2026-03-04t05:06:07z", datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07.123456789Z", datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07.5Z", datetime(2026, 3, 4, 5, 6, 7, 500000, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07%2B02:00", datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone(timedelta(hours=2)))),
+    ("since=2026-03-04T05:06:07", datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)),
+    ("since=2026-03-04T05:06:07.1234567-05:30", datetime(2026, 3, 4, 5, 6, 7, 123456,
+                                                          tzinfo=timezone(-timedelta(hours=5, minutes=30)))),
+    ("since=2026-03-04%2005:06Z", datetime(2026, 3, 4, 5, 6, tzinfo=UTC)),
+])
+def test_iso_arg_parses_rfc3339(app, query: str, expected: datetime) -> None:
+    got = iso(app, query)
+    assert got == expected and got.utcoffset() == expected.utcoffset()
+
+
+def test_iso_arg_absent_or_empty(app) -> None:
+    assert iso(app, "") is None
+    assert iso(app, "since=") is None
+    assert iso(app, "until=2026-01-01", "since") is None
+    assert iso(app, "until=2026-01-01", "until") == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2026-13-01", "2026-03-04T25:00", "0"])
+def test_iso_arg_refuses(app, value: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        iso(app, f"until={value}", "until")
+    assert info.value.message == f"'until' must be an ISO 8601 date or time, got {value!r}"
+
+
+def window(app, query: str):
+    with app.test_request_context(f"/x?{query}"):
+        return routes_catalog._window()
+
+
+def test_window(app) -> None:
+    start, end = month_bounds(datetime.now(UTC))
+    assert window(app, "") == (start, end)
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    until = datetime(2026, 2, 1, tzinfo=UTC)
+    assert window(app, "since=2026-01-01") == (since, end)
+    assert window(app, "until=2026-02-01") == (start, until)
+    assert window(app, "since=2026-01-01&until=2026-02-01") == (since, until)
+    for query in ("since=2026-02-01&until=2026-02-01", "since=2026-02-02&until=2026-02-01"):
+        with pytest.raises(BadRequest) as info:
+            window(app, query)
+        assert info.value.message == "'since' must be before 'until'"
+    assert window(app, "since=2026-01-31T23:59:59.999999Z&until=2026-02-01") == \
+        (datetime(2026, 1, 31, 23, 59, 59, 999999, tzinfo=UTC), until), "BUG: a one-microsecond window refused"
+
+
+def test_kv_key_bounds() -> None:
+    assert routes_memory._key("k") == "k"
+    assert routes_memory._key("k" * 256) == "k" * 256
+    for bad in ("", "k" * 257):
+        with pytest.raises(BadRequest) as info:
+            routes_memory._key(bad)
+        assert info.value.message == "key must be 1-256 characters"
+
+
+def test_obj_body(app) -> None:
+    with app.test_request_context("/x", method="POST", json={"a": 1}):
+        assert routes_memory._obj() == {"a": 1}
+    for data in ("[1]", '"s"', "5", "null"):
+        with app.test_request_context("/x", method="POST", data=data, content_type="application/json"):
+            with pytest.raises(BadRequest) as info:
+                routes_memory._obj()
+            assert info.value.message == "request body must be a JSON object"
+    big = {"v": "x" * 100}
+    with app.test_request_context("/x", method="POST", json=big):
+        with pytest.raises(PayloadTooLarge):
+            routes_memory._obj(50)
+    with app.test_request_context("/x", method="POST", json=big):
+        assert routes_memory._obj(len('{"v": "' + "x" * 100 + '"}')) == big
+
+
+def int_arg(app, query: str, default: int = 7) -> int:
+    with app.test_request_context(f"/x?{query}"):
+        return routes_memory._int_arg("n", default)
+
+
+def test_int_arg(app) -> None:
+    assert int_arg(app, "") == 7
+    assert int_arg(app, "n=") == 7
+    assert int_arg(app, "m=3") == 7
+    assert int_arg(app, "n=3") == 3
+    assert int_arg(app, "n=-2") == -2
+    assert int_arg(app, "n=0", 5) == 0
+    for bad in ("x", "1.5", "1e3"):
+        with pytest.raises(BadRequest) as info:
+            int_arg(app, f"n={bad}")
+        assert info.value.message == "n must be an integer"
+
+
+def test_kernel_and_document(app) -> None:
+    with app.app_context():
+        assert routes_system.kernel() is app.extensions["agentd.kernel"]
+    document = routes_docs.cached_document(app)
+    assert document is app.extensions["agentd.openapi"]
+    assert routes_docs.cached_document(app) is document
+    assert "/api/health" in document["paths"]
+
+
+def test_path_of_a_real_request(app, tmp_path: Path) -> None:
+    client = app.test_client()
+    r = client.get("/api/usage?since=2026-01-01&until=2026-01-01", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert r.status_code == 400 and r.get_json() == {"error": "'since' must be before 'until'"}

@@ -1,0 +1,187 @@
+"""RunQueues.run_here: a plain request runs its idle agent's message on its own thread.
+
+In process, on the real RunQueues with a stand-in for the run itself (what a run does is
+tested through the daemon elsewhere; here: which thread runs it, queueing behind it, the
+hand-over of queued runs, stops and client disconnects)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+from agentd.agents.loop import RunCancelled
+from agentd.agents.runqueue import DisconnectWatch, QueuedRun, RunQueues
+from agentd.errors import NotFound, TooManyRequests
+
+
+def agent() -> SimpleNamespace:
+    return SimpleNamespace(name="alpha", killed=False, waiting=collections.deque(), busy=False,
+                           queue_lock=threading.Lock())
+
+
+def job(text: str, cancel: threading.Event | None = None) -> QueuedRun:
+    return QueuedRun(text, None, None, None, cancel or threading.Event(), Future())
+
+
+class Recorder:
+    """The run: records the thread and text of each call; `gate` holds runs whose text is in it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.gates: dict[str, threading.Event] = {}
+        self.started: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+    def __call__(self, handle, j: QueuedRun):
+        self.calls.append((j.text, threading.current_thread().name))
+        self.started[j.text].set()
+        gate = self.gates.get(j.text)
+        if gate is not None:
+            while not gate.wait(0.01):
+                if j.cancel.is_set():
+                    raise RunCancelled("run cancelled")
+        return f"answer to {j.text}"
+
+
+@pytest.fixture()
+def pool():
+    executor = ThreadPoolExecutor(4, thread_name_prefix="run-worker")
+    yield executor
+    executor.shutdown(wait=True)
+
+
+def test_an_idle_agent_runs_on_the_calling_thread_and_is_idle_after(pool) -> None:
+    run = Recorder()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    assert queues.run_here(a, job("hi")) == "answer to hi"
+    assert run.calls == [("hi", threading.current_thread().name)], "BUG: the run did not use the caller's thread"
+    assert a.busy is False and not a.waiting
+
+
+def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(pool) -> None:
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    results: dict[str, str] = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", queues.run_here(a, job("first"))),
+                             name="request-1")
+    first.start()
+    assert run.started["first"].wait(5)
+    second = threading.Thread(target=lambda: results.setdefault("second", queues.run_here(a, job("second"))),
+                              name="request-2")
+    second.start()
+    deadline = time.monotonic() + 5
+    while len(a.waiting) != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(a.waiting) == 1 and a.busy is True
+    run.gates["first"].set()
+    first.join(5)
+    second.join(5)
+    assert results == {"first": "answer to first", "second": "answer to second"}
+    assert run.calls[0] == ("first", "request-1")
+    assert run.calls[1][0] == "second" and run.calls[1][1].startswith("run-worker"), \
+        "BUG: a queued run did not go to a worker after the run on the request thread"
+    assert a.busy is False and not a.waiting
+
+
+def test_full_queue_and_killed_agent_are_refused(pool) -> None:
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    queues = RunQueues(pool, lambda: 0, run)
+    a = agent()
+    t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
+    t.start()
+    assert run.started["first"].wait(5)
+    with pytest.raises(TooManyRequests) as refused:
+        queues.run_here(a, job("second"))
+    assert refused.value.code == "agent_busy"
+    run.gates["first"].set()
+    t.join(5)
+    a.killed = True
+    with pytest.raises(NotFound):
+        queues.run_here(a, job("third"))
+    assert [c[0] for c in run.calls] == ["first"]
+
+
+def test_a_cancelled_request_never_starts(pool) -> None:
+    run = Recorder()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(RunCancelled, match="before it started"):
+        queues.run_here(a, job("late", cancel))
+    assert run.calls == [] and a.busy is False
+
+
+def test_a_client_that_leaves_stops_its_running_run(pool) -> None:
+    run = Recorder()
+    run.gates["slow"] = threading.Event()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    gone = threading.Event()
+    cancel = threading.Event()
+    caught: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            queues.run_here(a, job("slow", cancel), disconnected=gone.is_set)
+        except BaseException as exc:  # noqa: BLE001
+            caught.append(exc)
+
+    t = threading.Thread(target=request)
+    t.start()
+    assert run.started["slow"].wait(5)
+    time.sleep(0.3)
+    assert not cancel.is_set(), "BUG: a run was stopped while its client was still there"
+    gone.set()
+    t.join(5)
+    assert not t.is_alive() and cancel.is_set(), "BUG: a client that left did not stop its run"
+    assert len(caught) == 1 and isinstance(caught[0], RunCancelled)
+    assert a.busy is False
+
+
+def test_queued_runs_are_cancelled_when_the_pool_is_gone() -> None:
+    executor = ThreadPoolExecutor(1)
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    queues = RunQueues(executor, lambda: 8, run)
+    a = agent()
+    t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
+    t.start()
+    assert run.started["first"].wait(5)
+    queued = [job("q1"), job("q2")]
+    futures = [queues.submit(a, q) for q in queued]
+    executor.shutdown(wait=False)  # the daemon is stopping
+    run.gates["first"].set()
+    t.join(5)
+    for f in futures:
+        with pytest.raises(RunCancelled):
+            f.result(timeout=5)
+    assert a.busy is False and not a.waiting
+    assert [c[0] for c in run.calls] == ["first"]
+
+
+def test_the_watch_polls_only_what_it_watches_and_sleeps_when_empty() -> None:
+    watch = DisconnectWatch()
+    left, stays = threading.Event(), threading.Event()
+    key_left = watch.add(left, lambda: True)
+    key_stays = watch.add(stays, lambda: False)
+    deadline = time.monotonic() + 5
+    while not left.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert left.is_set() and not stays.is_set()
+    watch.remove(key_left)
+    watch.remove(key_stays)
+    watch.poll()
+    assert not watch._wake.is_set(), "BUG: the watch keeps polling with nothing to watch"
+    after = threading.Event()
+    watch.remove(watch.add(after, lambda: True))  # removed before a poll: never cancelled
+    watch.poll()
+    assert not after.is_set()
