@@ -271,3 +271,31 @@ def test_a_call_past_its_deadline_is_cut_off(provider: Provider) -> None:
     provider.delay = 3.0
     assert failure(make(provider, timeout=0.5, retries=0).embed, ["ab"]) == \
         f"embeddings failed: acme model emb-1: timed out after 0.5s waiting for {provider.url}/ (timeout_secs)"
+
+
+@pytest.mark.parametrize("before", [None, "7"])
+def test_numpy_is_imported_with_one_blas_thread_and_the_variable_put_back(before: str | None) -> None:
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from agentd.memory.embedder import import_numpy\n"
+            "assert 'numpy' not in sys.modules\n"
+            "seen = []\n"
+            "import builtins\n"
+            "real = builtins.__import__\n"
+            "def spy(name, *a, **k):\n"
+            "    if name == 'numpy' and not seen:\n"
+            "        seen.append(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = spy\n"
+            "import_numpy()\n"
+            "builtins.__import__ = real\n"
+            "print(seen, 'numpy' in sys.modules, os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+            "import_numpy()\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if before is not None:
+        env["OPENBLAS_NUM_THREADS"] = before
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"['1'] True {before}", "BUG: BLAS threads not 1 at import, or the variable kept"
