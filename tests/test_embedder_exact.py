@@ -15,6 +15,7 @@ import json
 import math
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ class Provider:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.script: list[tuple[int, Any, dict[str, str]]] = []
+        self.delay = 0.0
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,14 +42,17 @@ class Provider:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.seen.append({"path": self.path, "headers": dict(self.headers), "json": body})
+                outer.seen.append({"path": self.path, "headers": dict(self.headers), "json": body,
+                                   "at": time.monotonic()})
+                if outer.delay:
+                    time.sleep(outer.delay)
                 if outer.script:
                     status, payload, headers = outer.script.pop(0)
                 else:
                     rows = [{"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0, 0.0]}
                             for i, t in enumerate(body["input"])]
                     status, payload, headers = 200, {"object": "list", "data": rows[::-1]}, {}
-                raw = json.dumps(payload).encode()
+                raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
@@ -57,6 +62,7 @@ class Provider:
                 self.wfile.write(raw)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.handle_error = lambda request, address: None  # a client that gave up (deadline test)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -232,3 +238,64 @@ def test_local_model_one_text_and_batches_agree() -> None:
     assert float(many[0] @ many[1]) < 0.5 < float(one[0] @ local.embed(["where do penguins live"])[0])
     long = local.embed(["word " * 400])   # past 256 tokens: truncated, not refused
     assert long.shape == (1, 384)
+
+
+def test_empty_input_and_answer_faults_name_the_embedder(provider: Provider) -> None:
+    e = make(provider)
+    empty = e.embed([])
+    assert empty.dtype == np.float32 and empty.shape == (0, 0)
+    provider.script = [(200, {"object": "list"}, {})]
+    assert failure(e.embed, ["a"]) == "acme/emb-1: the embeddings answer has no `data` list of 1 items"
+    provider.script = [(200, b"not json", {})]
+    assert failure(e.embed, ["a"]).startswith("embeddings failed: acme model emb-1: ")
+    assert len(provider.seen) == 2, "a bad answer is not retried"
+
+
+def test_base_url_keeps_its_path(provider: Provider) -> None:
+    e = ProviderEmbedder("acme", "emb-1", lambda: endpoint(provider.url + "X//"), 0)
+    e.embed(["a"])
+    assert provider.seen[0]["path"] == "/v1X/embeddings"
+    assert "XXContent-TypeXX" not in provider.seen[0]["headers"]
+
+
+def test_backoff_between_attempts(provider: Provider) -> None:
+    error = {"error": {"message": "busy"}}
+    provider.script = [(500, error, {}), (500, error, {})]
+    assert make(provider, retries=2).embed(["ab"]).shape == (1, 3)
+    first, second, third = (s["at"] for s in provider.seen)
+    # 0.25 s, then 0.5 s (BACKOFF_BASE doubled): lower bounds only, the machine may be slower.
+    assert second - first >= 0.25 and third - second >= 0.5, (second - first, third - second)
+
+
+def test_a_call_past_its_deadline_is_cut_off(provider: Provider) -> None:
+    provider.delay = 3.0
+    assert failure(make(provider, timeout=0.5, retries=0).embed, ["ab"]) == \
+        f"embeddings failed: acme model emb-1: timed out after 0.5s waiting for {provider.url}/ (timeout_secs)"
+
+
+@pytest.mark.parametrize("before", [None, "7"])
+def test_numpy_is_imported_with_one_blas_thread_and_the_variable_put_back(before: str | None) -> None:
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from agentd.memory.embedder import import_numpy\n"
+            "assert 'numpy' not in sys.modules\n"
+            "seen = []\n"
+            "import builtins\n"
+            "real = builtins.__import__\n"
+            "def spy(name, *a, **k):\n"
+            "    if name == 'numpy' and not seen:\n"
+            "        seen.append(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = spy\n"
+            "import_numpy()\n"
+            "builtins.__import__ = real\n"
+            "print(seen, 'numpy' in sys.modules, os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+            "import_numpy()\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if before is not None:
+        env["OPENBLAS_NUM_THREADS"] = before
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"['1'] True {before}", "BUG: BLAS threads not 1 at import, or the variable kept"

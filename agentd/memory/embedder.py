@@ -75,7 +75,7 @@ def import_numpy() -> None:
             os.environ["OPENBLAS_NUM_THREADS"] = previous
 
 
-def _normalise(matrix: "np.ndarray") -> "np.ndarray":
+def _normalise(matrix: Any) -> "np.ndarray":
     import numpy as np
 
     matrix = np.asarray(matrix, dtype=np.float32)
@@ -221,7 +221,7 @@ class ProviderEmbedder:
         rows: list[list[float]] = []
         for start in range(0, len(texts), 256):
             rows.extend(self._call(texts[start:start + 256]))
-        matrix = _normalise(np.array(rows, dtype=np.float32))
+        matrix = _normalise(rows)  # (a float32 array of the rows)
         self._dimensions = int(matrix.shape[1])
         return matrix
 
@@ -233,7 +233,7 @@ class ProviderEmbedder:
         endpoint = self._endpoint()
         if endpoint.key_required and not endpoint.api_key:
             raise EmbeddingError(f"{self.provider} embeddings: no API key: set {endpoint.api_key_env or 'its key'}")
-        headers = {"Content-Type": "application/json"}
+        headers: dict[str, str] = {}  # (requests sets Content-Type: application/json for a json= body)
         if endpoint.api_key:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"
         url = endpoint.base_url.rstrip("/") + "/embeddings"
@@ -262,8 +262,7 @@ def _attempt(endpoint: "ProviderEndpoint", model: str, url: str, headers: dict[s
 
     guard = CallGuard(deadline, None, threading.Event())
     if guard.remaining() <= 0:
-        guard.reason = "timeout"
-        raise guard_error(endpoint, model, guard)
+        raise guard_error(endpoint, model, guard)  # (no reason: the plain timeout message)
     try:
         with guarded(guard):
             response = post(endpoint, model, url, headers, {"model": model, "input": batch}, False, guard)
@@ -281,10 +280,11 @@ def _vectors(data: dict[str, Any], count: int, name: str) -> list[list[float]]:
     items = data.get("data")
     if not isinstance(items, list) or len(items) != count:
         raise EmbeddingError(f"{name}: the embeddings answer has no `data` list of {count} items")
-    ordered = sorted(items, key=lambda item: item.get("index", 0) if isinstance(item, dict) else 0)
+    if not all(isinstance(item, dict) for item in items):
+        raise EmbeddingError(f"{name}: an embedding in the answer is not a list of numbers")
     vectors = []
-    for item in ordered:
-        vector = item.get("embedding") if isinstance(item, dict) else None
+    for item in sorted(items, key=lambda item: item.get("index", 0)):
+        vector = item.get("embedding")
         if not isinstance(vector, list) or not vector or not all(isinstance(v, (int, float)) for v in vector):
             raise EmbeddingError(f"{name}: an embedding in the answer is not a list of numbers")
         vectors.append(vector)
