@@ -6,6 +6,7 @@ the kinds and Retry-After values.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -227,3 +228,44 @@ def test_sse_bodies_are_decompressed() -> None:
         response = transport.post(EP, "m1", f"{base}/chat", {}, {"stream": True}, True, g)
         assert [(e.event, e.data) for e in transport.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
             "BUG: a gzip-encoded stream is not decompressed"
+
+
+def test_guard_errors_name_provider_and_model() -> None:
+    for reason in ("cancelled", "idle", "timeout"):
+        err = transport.guard_error(EP, "m1", guard(reason=reason))
+        assert (err.provider, err.model) == ("acme", "m1"), f"BUG: a {reason} error does not name provider and model"
+
+
+def test_sse_line_ends_and_an_unterminated_last_line_keep_their_text() -> None:
+    assert events([b"data: endsX\r\n\n"]) == [("", "endsX")], "BUG: more than the CR is stripped from a line"
+    assert events([b"data: tailX"]) == [("", "tailX")]
+    assert events([b"data: cr\r"]) == [("", "cr")], "BUG: a CR at the end of the last line is kept"
+    assert events([b"data:\ttabbed  "]) == [("", "\ttabbed  ")], "BUG: the last line loses more than the spaces after 'data:'"
+    assert events([b"data: Xmark"]) == [("", "Xmark")]
+
+
+def test_sessions_use_the_guarded_adapter_and_the_environment(monkeypatch) -> None:
+    from agentd.llm.drivers.guard import GuardedAdapter
+
+    def fresh_session():
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(transport.session()))   # one session per thread
+        t.start()
+        t.join()
+        return out[0]
+
+    for name in list(os.environ):
+        if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "requests_ca_bundle", "curl_ca_bundle"):
+            monkeypatch.delenv(name)
+    plain = fresh_session()
+    assert isinstance(plain.get_adapter("https://api.example/v1"), GuardedAdapter), \
+        "BUG: https calls bypass the call guard"
+    assert isinstance(plain.get_adapter("http://api.example/v1"), GuardedAdapter)
+    assert plain.trust_env is False and plain.verify is True
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/curl.pem")
+    proxied = fresh_session()
+    assert proxied.trust_env is True, "BUG: a configured proxy is ignored"
+    assert proxied.verify == "/etc/ssl/curl.pem"
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/requests.pem")
+    assert fresh_session().verify == "/etc/ssl/requests.pem", "BUG: REQUESTS_CA_BUNDLE does not win"

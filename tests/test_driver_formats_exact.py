@@ -856,3 +856,72 @@ def test_unusable_answers_name_provider_and_model(fake, stream) -> None:
         err = caught.value
         assert (err.kind, err.message, err.provider, err.model) == (
             "bad_response", "local model m-1: unusable response: no choices in the answer", "local", "m-1")
+
+
+def test_the_default_is_three_retries(fake) -> None:
+    """`complete()` without `retries=` makes 1 + 3 attempts (Retry-After: 0 keeps it instant)."""
+    fake.reset()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "openai"), ChatRequest("m-1", [Message("user", "[[fail:429 retry_after=0]] dflt")]))
+    assert (caught.value.kind, caught.value.retry_after) == ("rate_limit", 0.0)
+    assert len(fake.requests) == 4, f"BUG: the default is not 3 retries ({len(fake.requests)} attempts)"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_already_cancelled_call_never_reaches_the_provider(fake, stream) -> None:
+    """Refused before any connection is used: nothing arrives, however long the provider waits."""
+    fake.reset()
+    drivers.complete(live(fake, "openai"), minimal())   # a kept-alive connection this thread could reuse
+    fake.reset()
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LLMError) as caught:
+        drivers.complete(live(fake, "openai"), ChatRequest("m-1", [Message("user", "[[slow:0.3]] late")]),
+                         on_event=(lambda e: None) if stream else None, cancel=cancel)
+    err = caught.value
+    assert (err.kind, err.message, err.provider, err.model) == (
+        "cancelled", "p-openai model m-1: call cancelled", "p-openai", "m-1")
+    assert not fake.wait_requests(1, timeout=0.5), "BUG: a call cancelled before it started was still sent"
+
+
+def test_no_retry_without_a_minimal_attempt_window_before_the_deadline() -> None:
+    """A Retry-After that ends 20 ms before the deadline leaves less than MIN_ATTEMPT_SECS
+    (50 ms) for the next attempt: the 429 is reported at once instead of a doomed retry."""
+    deadline = time.monotonic() + 1.0
+    seen: list[float] = []
+
+    def throttle(handler) -> None:
+        seen.append(time.monotonic())
+        body = json.dumps({"error": {"message": "slow down"}}).encode()
+        handler.send_response(429)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Retry-After", f"{max(0.0, deadline - time.monotonic() - 0.02):.6f}")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    with upstream(throttle) as base:
+        ep = ProviderEndpoint("local", "openai", base, key_required=False, timeout=5.0)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=3, deadline=deadline)
+    assert (caught.value.kind, caught.value.http_status) == ("rate_limit", 429)
+    assert len(seen) == 1, "BUG: retried with less than MIN_ATTEMPT_SECS left before the deadline"
+    assert drivers.MIN_ATTEMPT_SECS == 0.05
+
+
+def test_a_whole_answer_cut_after_its_headers_is_a_broken_read_not_a_reset() -> None:
+    def short(handler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        handler.wfile.write(b'{"choices": [')
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    with upstream(short) as base:
+        ep = ProviderEndpoint("local", "openai", base, key_required=False)
+        with pytest.raises(LLMError) as caught:
+            drivers.complete(ep, minimal(), retries=0)
+    assert caught.value.message.startswith("local model m-1: the connection broke while reading the answer: "), \
+        f"BUG: a body cut after the headers is reported as {caught.value.message!r}"

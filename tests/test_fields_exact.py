@@ -78,10 +78,38 @@ def test_obj() -> None:
     ("2024-01-01T00:00:00", datetime(2024, 1, 1, tzinfo=timezone.utc)),
     (" 2024-01-01 00:00:00.123456789Z ", datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=timezone.utc)),
     ("2024-01-01T00:00:00.5+00:00", datetime(2024, 1, 1, 0, 0, 0, 500000, tzinfo=timezone.utc)),
+    ("2024-01-01", datetime(2024, 1, 1, tzinfo=timezone.utc)),
+    ("20240101T053000-01:00", datetime(2024, 1, 1, 6, 30, tzinfo=timezone.utc)),
+    ("2024-W01-2 05:00z", datetime(2024, 1, 2, 5, tzinfo=timezone.utc)),
+    ("2024W013t05", datetime(2024, 1, 3, 5, tzinfo=timezone.utc)),
 ])
 def test_parse_time(value: str, expected: datetime) -> None:
     got = fields.parse_time(value, "t")
     assert got == expected and got.tzinfo == timezone.utc and got.utcoffset().total_seconds() == 0
+
+
+@pytest.mark.parametrize("value", ["2024-01-01+05:00", "2024-01-01-05:00", "2024-01-01Z", "2024-01-01x05:00",
+                                   "2024-01-0105:00", "20240101+0500", "2024-W01-1+05:00", "2024-01-01T05:00+05:00x"])
+def test_only_t_or_a_space_separates_date_and_time(value: str) -> None:
+    # Python reads any character after the date as the separator: "2024-01-01+05:00" was 05:00 UTC.
+    assert message(fields.parse_time, value, "filter.after") == "filter.after must be an ISO 8601 timestamp", \
+        f"BUG: {value!r} (a date followed by something other than T or a space) was read as a time"
+
+
+def test_times_are_utc_whatever_the_machines_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        for value in ("2024-01-01T00:00:00", "2024-01-01T09:00:00+09:00", "2024-01-01"):
+            got = fields.parse_time(value, "t")
+            assert got == datetime(2024, 1, 1, tzinfo=timezone.utc), f"BUG: {value} read in the machine's zone"
+            assert got.tzinfo is timezone.utc and got.isoformat() == "2024-01-01T00:00:00+00:00"
+            assert fields.timestamp(value, "t") == 1704067200.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_parse_time_and_timestamp_errors() -> None:
@@ -94,6 +122,9 @@ def test_parse_time_and_timestamp_errors() -> None:
     assert message(fields.timestamp, True, "filter.before") == "filter.before must be an ISO 8601 timestamp"
     assert message(fields.timestamp, "nope", "filter.before") == "filter.before must be an ISO 8601 timestamp"
     assert message(fields.timestamp, "0001-01-01T00:00:00+01:00", "t") == "t must be an ISO 8601 timestamp"
+    assert message(fields.timestamp, None, "filter.after") == "filter.after must be an ISO 8601 timestamp"
+    assert fields.timestamp("9999-12-31T23:59:59.999999Z", "t") == 253402300799.999999
+    assert fields.timestamp("0001-01-01T00:00:00Z", "t") == -62135596800.0
 
 
 def test_memory_filter() -> None:

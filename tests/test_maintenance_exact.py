@@ -226,3 +226,120 @@ def test_agents_with_memories(mem) -> None:  # type: ignore[no-untyped-def]
     memory.remember("x", "r")
     memory.remember("y", "p")
     assert sorted(agents_with_memories(memory)) == ["x", "y"]
+
+
+def test_two_dropped_in_one_run_count_two(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    made = {}
+    for i, text in enumerate(["one", "two", "three"]):
+        emb.vectors[text] = unit(*([0] * i), 1)
+        made[text] = memory.remember("a", text, confidence=0.4)["id"]
+    for fid in made.values():
+        age(memory, fid, 40)
+    assert report(memory) == {"memories_merged": 0, "memories_decayed": 3, "memories_dropped": 3}, \
+        "BUG: the dropped count is not the number of fragments dropped"
+    assert contents(memory) == {} and memory.loaded_ids("a") == []
+
+
+def test_empty_metadata_column_of_the_folded_fragment(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "pp": unit(0, 1)})
+    old = memory.remember("a", "p", metadata={"k": 1})["id"]
+    new = memory.remember("a", "pp")["id"]
+    write(memory, "UPDATE memory_fragments SET metadata = '' WHERE id = ?", new)
+    set_vector(memory, new, at(0.99))
+    assert report(memory)["memories_merged"] == 1
+    assert json.loads(contents(memory)[old][3]) == {"k": 1}
+
+
+def test_a_row_gone_from_the_store_is_not_folded(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    # Another daemon deleted a fragment this daemon's index still holds: nothing to fold.
+    for gone in ("older", "newer"):
+        agent = f"agent-{gone}"
+        emb.vectors.update({f"p{gone}": unit(1), f"pp{gone}": unit(0, 1)})
+        old = memory.remember(agent, f"p{gone}")["id"]
+        new = memory.remember(agent, f"pp{gone}")["id"]
+        set_vector(memory, new, at(0.99))
+        assert sorted(memory.index(agent).ids) == sorted([old, new])
+        write(memory, "DELETE FROM memory_fragments WHERE id = ?", old if gone == "older" else new)
+        assert report(memory, agent)["memories_merged"] == 0, f"BUG: folded into a row gone from the store ({gone})"
+        assert list(contents(memory, agent)) == [new if gone == "older" else old]
+
+
+def test_fragments_of_the_same_id_in_two_agents(mem) -> None:  # type: ignore[no-untyped-def]
+    from agentd.memory.graph import KnowledgeGraph
+    from agentd.memory.portable import import_doc
+
+    memory, emb, _ = mem
+    item = {"source": "document", "scope": "s", "confidence": 0.5, "created_at": "2024-03-01T10:00:00+00:00"}
+    document = {"format": "agentd.memory", "version": 1, "embedding_model": "test/scripted",
+                "memories": [dict(item, id="m1", content="tea", embedding=unit(1).tolist()),
+                             dict(item, id="m2", content="hot tea", embedding=at(0.99).tolist(),
+                                  created_at="2024-03-01T11:00:00+00:00")]}
+    graph = KnowledgeGraph(memory.store)
+    for agent in ("a", "b"):
+        assert import_doc(memory, graph, agent, document)["memories_imported"] == 2
+    assert report(memory, "b")["memories_merged"] == 1, "BUG: folded another agent's row of the same id"
+    assert contents(memory, "b") == {"m1": ("hot tea", 0.5, 0, "{}")}
+    assert set(contents(memory, "a")) == {"m1", "m2"}
+
+
+def test_a_fragment_created_exactly_at_the_previous_run_is_fresh(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    # The first run compares everything: "since" is 0, and a fragment created at 0 counts.
+    for agent, when in (("first", "1970-01-01 00:00:00.000000"), ("at", "2024-01-01 00:00:00.000000"),
+                        ("before", "2023-12-31 23:59:59.999999")):
+        emb.vectors.update({f"p{agent}": unit(1), f"pp{agent}": unit(0, 1)})
+        memory.remember(agent, f"p{agent}")
+        new = memory.remember(agent, f"pp{agent}")["id"]
+        write(memory, "UPDATE memory_fragments SET created_at = ? WHERE agent_id = ?", when, agent)
+        set_vector(memory, new, at(0.99))
+        if agent != "first":
+            memory.store.set_setting(f"memory.consolidated_at.{agent}", 1704067200.0)
+    assert report(memory, "first")["memories_merged"] == 1, "BUG: the first run skipped fragments created at 0"
+    assert report(memory, "at")["memories_merged"] == 1, "BUG: a fragment created at the last run's time was skipped"
+    assert report(memory, "before")["memories_merged"] == 0, "a fragment older than the last run is not compared"
+
+
+def test_fresh_fragments_are_visited_oldest_first(mem) -> None:  # type: ignore[no-untyped-def]
+    import math
+
+    memory, emb, _ = mem
+    # B repeats A, C repeats B but not A. Oldest first: B folds into A (taking B's vector), then C
+    # into A: one fragment left. Visiting C first would fold it into B, leaving B and A apart.
+    a_b, b_c = math.radians(18), math.radians(22)
+    vec = {"A tea": unit(1), "B hot tea": unit(math.cos(a_b), math.sin(a_b)),
+           "C warm tea": unit(math.cos(a_b + b_c), math.sin(a_b + b_c))}
+    for i, text in enumerate(["C warm tea", "B hot tea", "A tea"]):   # stored (row order) newest first
+        emb.vectors[text] = unit(*([0] * (i + 2)), 1)
+    made = {t: memory.remember("a", t)["id"] for t in ["C warm tea", "B hot tea", "A tea"]}
+    for second, text in enumerate(["A tea", "B hot tea", "C warm tea"]):
+        write(memory, "UPDATE memory_fragments SET created_at = ? WHERE id = ?", f"2024-01-01 00:00:0{second}.000000",
+              made[text])
+        set_vector(memory, made[text], vec[text])
+    assert memory.index("a").ids == [made["C warm tea"], made["B hot tea"], made["A tea"]]
+    assert report(memory)["memories_merged"] == 2, "BUG: fresh fragments not visited in creation order"
+    assert {fid: c[0] for fid, c in contents(memory).items()} == {made["A tea"]: "C warm tea"}
+
+
+def test_consolidation_holds_the_agents_lock_and_reports_its_duration(mem) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    memory, emb, _ = mem
+    emb.vectors["p"] = unit(1)
+    memory.remember("a", "p")
+    memory.index("a")
+    out: list[dict] = []
+    lock = memory.lock("a")
+    with lock:
+        worker = threading.Thread(target=lambda: out.append(consolidate(memory, "a", CONFIG)))
+        started = time.perf_counter()
+        worker.start()
+        worker.join(0.4)
+        assert worker.is_alive() and out == [], "BUG: consolidation ran while another writer held the agent's lock"
+    worker.join(30)
+    took_ms = (time.perf_counter() - started) * 1000
+    assert len(out) == 1
+    assert 400 <= out[0]["duration_ms"] <= took_ms, f"duration_ms {out[0]['duration_ms']} vs {took_ms:.0f} ms measured"

@@ -201,6 +201,33 @@ def test_import_defaults_and_fields(pair) -> None:  # type: ignore[no-untyped-de
     (doc(memories=[mem_item(access_count=2**31 + 1)]),
      "memories[0].access_count must be an integer between 0 and 2147483648"),
     (doc(memories=[mem_item(), mem_item()]), "memories contains the same id twice"),
+    (doc(memories=[mem_item(id="i" * 257)]), "memories[0].id is too long (257 characters, limit 256)"),
+    (doc(memories=[mem_item(scope="s" * 257)]), "memories[0].scope is too long (257 characters, limit 256)"),
+    (doc(memories=[mem_item(content="c" * 32_001)]), "memories[0].content is too long (32001 characters, limit 32000)"),
+    (doc(entities=[{"id": "i" * 257, "entity_type": "person", "name": "A", "created_at": T0}]),
+     "entities[0].id is too long (257 characters, limit 256)"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "n" * 257, "created_at": T0}]),
+     "entities[0].name is too long (257 characters, limit 256)"),
+    (doc(entities=[{"id": "e", "entity_type": "t" * 65, "name": "A", "created_at": T0}]),
+     "entities[0].entity_type is too long (65 characters, limit 64)"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "A", "created_at": "x"}]),
+     "entities[0].created_at must be an ISO 8601 timestamp"),
+    (doc(entities=[{"id": "e", "entity_type": "person", "name": "A"}]),
+     "entities[0].created_at must be an ISO 8601 timestamp"),
+    (doc(relations=[{"id": "i" * 257, "source": "a", "relation": "knows", "target": "b", "created_at": T0}]),
+     "relations[0].id is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "s" * 257, "relation": "knows", "target": "b", "created_at": T0}]),
+     "relations[0].source is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "t" * 257, "created_at": T0}]),
+     "relations[0].target is too long (257 characters, limit 256)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "r" * 65, "target": "b", "created_at": T0}]),
+     "relations[0].relation is too long (65 characters, limit 64)"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "b", "created_at": "x"}]),
+     "relations[0].created_at must be an ISO 8601 timestamp"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "b", "created_at": T0,
+                     "properties": []}]), "relations[0].properties must be a JSON object"),
+    (doc(relations=[{"id": "r", "source": "a", "relation": "knows", "target": "", "created_at": T0}]),
+     "relations[0].target must be a non-empty string"),
     (doc(entities=[{"id": "e", "entity_type": "person", "name": "A", "created_at": T0}] * 2),
      "entities contains the same id twice"),
     (doc(entities=[{"id": "e", "entity_type": "", "name": "A", "created_at": T0}]),
@@ -223,6 +250,16 @@ def test_validation_messages(bad: Any, message: str) -> None:
     with pytest.raises(BadRequest) as err:
         validate(bad)
     assert err.value.message == message
+
+
+def test_a_document_without_lists_or_embeddings() -> None:
+    assert validate({"format": FORMAT, "version": VERSION}) == ([], [], []), "missing lists are empty"
+    item = {k: v for k, v in mem_item().items() if k != "embedding"}
+    memories, _, _ = validate(doc(memories=[item, mem_item("m2", embedding=None)]))
+    assert [m["embedding"] for m in memories] == [[], []], "no embedding or a null one: re-embedded"
+    longest = mem_item("i" * 256, scope="s" * 256, content="c" * 32_000)
+    (got,) = validate(doc(memories=[longest]))[0]
+    assert (got["id"], got["scope"], got["content"]) == ("i" * 256, "s" * 256, "c" * 32_000)
 
 
 def test_access_count_at_its_limits_is_accepted() -> None:
@@ -248,3 +285,92 @@ def test_a_bad_document_writes_nothing(pair) -> None:  # type: ignore[no-untyped
     import_doc(memory, kg, "b", doc(entities=[dict(ent, id="ghost")]))
     with pytest.raises(BadRequest):
         import_doc(memory, kg, "a", dangling)
+
+
+def test_two_agents_import_the_same_document(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, emb = pair
+    ents = [{"id": "e1", "entity_type": "person", "name": "A", "created_at": T0},
+            {"id": "e2", "entity_type": "person", "name": "B", "created_at": T0}]
+    rels = [{"id": "r1", "source": "e1", "relation": "knows", "target": "e2", "created_at": T0}]
+    document = doc(memories=[mem_item("m1", "tea"), mem_item("m2", "coffee", embedding=unit(0, 1).tolist())],
+                   entities=ents, relations=rels)
+    for agent in ("a", "b"):
+        assert import_doc(memory, kg, agent, copy.deepcopy(document)) == \
+            {"entities_imported": 2, "relations_imported": 1, "memories_imported": 2, "memories_reembedded": 0,
+             "errors": []}, f"BUG: agent {agent} did not get its own copy of ids another agent holds"
+        emb.vectors["q"] = unit(0, 1)
+        assert [(m["id"], round(m["score"], 6)) for m in memory.recall(agent, "q", limit=5)] == \
+            [("m2", 1.0), ("m1", 0.0)]
+    assert [r["id"] for r in kg.export("b")[1]] == ["r1"]
+
+
+def test_known_entities_and_relations_are_skipped_one_at_a_time(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, emb = pair
+    e = {"entity_type": "person", "created_at": T0}
+    rel = {"relation": "knows", "created_at": T0}
+    first = doc(entities=[dict(e, id="e1", name="A"), dict(e, id="e2", name="B")],
+                relations=[dict(rel, id="r1", source="e1", target="e2")])
+    assert import_doc(memory, kg, "a", first)["relations_imported"] == 1
+    second = doc(entities=[dict(e, id="e1", name="A"), dict(e, id="e3", name="C"), dict(e, id="e4", name="D")],
+                 relations=[dict(rel, id="r1", source="e1", target="e2"), dict(rel, id="r2", source="e3", target="e1"),
+                            dict(rel, id="r3", source="e4", target="e2")])
+    got = import_doc(memory, kg, "a", second)
+    assert (got["entities_imported"], got["relations_imported"]) == (2, 2), \
+        "BUG: a known entity or relation stopped the import of the ones after it"
+    entities, relations = kg.export("a")
+    assert sorted(x["id"] for x in entities) == ["e1", "e2", "e3", "e4"]
+    assert sorted(x["id"] for x in relations) == ["r1", "r2", "r3"]
+
+
+def test_a_short_vector_is_scaled_up_to_unit_length(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, emb = pair
+    import_doc(memory, kg, "a", doc(memories=[mem_item("s", "s", embedding=[0.0, 0.3, 0.4] + [0.0] * 5)]))
+    (blob,) = sql(memory, "SELECT embedding FROM memory_fragments WHERE id = 's'")[0]
+    assert np.frombuffer(blob, dtype="<f4").tolist() == pytest.approx([0.0, 0.6, 0.8, 0, 0, 0, 0, 0], abs=1e-7)
+
+
+def test_imported_fragments_are_searchable_at_once(pair) -> None:  # type: ignore[no-untyped-def]
+    from agentd.memory.fields import MemoryFilter
+
+    memory, kg, emb = pair
+    emb.vectors.update({"x": unit(1), "q": unit(1, 1)})
+    x = memory.remember("a", "x")["id"]  # the index is loaded before the import: the import must keep it current
+    items = [mem_item("old", "old", created_at="2024-01-01T00:00:00Z", embedding=unit(0, 1).tolist()),
+             mem_item("new", "new", created_at="2024-06-01T00:00:00Z", embedding=unit(0, 0, 1).tolist())]
+    import_doc(memory, kg, "a", doc(memories=items))
+    emb.vectors["q"] = unit(0, 1, 0.5)
+    found = memory.recall("a", "q", limit=5, touch=False)
+    assert [(m["id"], round(m["score"], 6)) for m in found] == [("old", 0.894427), ("new", 0.447214), (x, 0.0)]
+    mid = 1704067200.0 + 86400
+    assert [m["id"] for m in memory.recall("a", "q", flt=MemoryFilter(after=mid, before=1735689600.0),
+                                           touch=False)] == ["new"]
+    assert [m["id"] for m in memory.recall("a", "q", flt=MemoryFilter(before=mid, source="document"),
+                                           touch=False)] == ["old"]
+
+
+def test_import_holds_the_agents_lock(pair) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    memory, kg, emb = pair
+    memory.index("a")
+    done: list[dict] = []
+    with memory.lock("a"):
+        worker = threading.Thread(target=lambda: done.append(import_doc(memory, kg, "a", doc(memories=[mem_item()]))))
+        worker.start()
+        worker.join(0.4)
+        assert worker.is_alive() and done == [], "BUG: an import wrote while another writer held the agent's lock"
+    worker.join(30)
+    assert done and done[0]["memories_imported"] == 1
+
+
+def test_export_lists_fragments_in_the_order_they_were_stored(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, emb = pair
+    made = []
+    for i, text in enumerate(["first", "second", "third"]):
+        emb.vectors[text] = unit(*([0] * i), 1)
+        made.append(memory.remember("a", text)["id"])
+    memory.remember("b", "first")
+    for fid, when in zip(made, ["2024-03-03 00:00:00.000000", "2024-03-01 00:00:00.000000",
+                                "2024-03-02 00:00:00.000000"]):
+        write(memory, "UPDATE memory_fragments SET created_at = ? WHERE id = ?", when, fid)
+    assert [m["id"] for m in export(memory, kg, "a")["memories"]] == made, "BUG: export not in stored order"

@@ -91,6 +91,36 @@ def test_without_on_close_the_stream_still_ends_cleanly() -> None:
     assert r.status_code == 200 and r.get_data(as_text=True).endswith("data: [DONE]\n\n")
 
 
+def test_events_already_waiting_go_out_in_one_write_the_rest_at_once() -> None:
+    # `ready` says whether more is waiting after each chunk: here after "a" and "b" (a
+    # burst), not after "c", not after "d" (each then goes out alone, at once).
+    waiting = iter([True, True, False, False])
+    app = Flask("sse-batch")
+    closed: list[str] = []
+
+    @app.get("/events")
+    def events():
+        return sse_response(iter(["a", "b", "c", "d"]), on_close=lambda: closed.append("closed"),
+                            ready=lambda: next(waiting))
+
+    r = app.test_client().get("/events", buffered=False)
+    writes = [w.decode() if isinstance(w, bytes) else w for w in r.response]
+    assert writes == [": stream open\n\n", "abc", "d"], f"BUG: SSE writes not batched as expected: {writes}"
+    r.close()
+    assert closed == ["closed"]
+
+
+def test_a_batch_cut_off_by_the_end_of_the_chunks_is_still_sent() -> None:
+    app = Flask("sse-tail")
+
+    @app.get("/events")
+    def events():
+        return sse_response(iter(["x", "y"]), ready=lambda: True)
+
+    assert app.test_client().get("/events").get_data(as_text=True) == ": stream open\n\nxy", \
+        "BUG: events still waiting when the stream ended were dropped"
+
+
 # -- the same framing through the real daemon ---------------------------------------------------------
 
 def test_tick_stream_bytes_through_the_daemon(shared_daemon) -> None:
@@ -107,3 +137,17 @@ def test_tick_stream_bytes_through_the_daemon(shared_daemon) -> None:
     assert match, f"BUG: SSE bytes through the daemon are not the expected framing: {body!r}"
     assert float(match.group(1)) <= float(match.group(2))
     assert json.loads(body.split("data: ")[-1]) == {"done": True}
+
+
+def test_a_queue_sink_says_when_an_event_or_its_end_is_waiting() -> None:
+    from agentd.agents.events import Event, QueueSink
+
+    sink = QueueSink()
+    assert sink.pending() is False
+    sink(Event("text_delta", {"content": "hi"}))
+    assert sink.pending() is True
+    events = sink.events(heartbeat=1)
+    assert next(events).data == {"content": "hi"}
+    assert sink.pending() is False, "BUG: an empty queue reported waiting events (a stream would stall)"
+    sink.finish()
+    assert sink.pending() is True  # the end counts: the last batch goes out with it

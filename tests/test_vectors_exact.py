@@ -4,6 +4,10 @@ order and ties, the filtered and unfiltered search paths, and `similar`."""
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -165,3 +169,97 @@ def test_split_product_threshold() -> None:
         assert np.array_equal(scores_of(m, q), m @ q)
     if (vectors.os.cpu_count() or 1) > 1:
         assert vectors._second_core() is vectors._second_core() is not None
+
+
+class RecordingHelper(ThreadPoolExecutor):
+    """A real one-thread executor that records the row count of each product handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1, thread_name_prefix="test-helper")
+        self.rows: list[int] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.rows.append(args[0].shape[0])
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_the_lower_half_goes_to_the_helper_from_the_threshold_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    helper = RecordingHelper()
+    monkeypatch.setattr(vectors, "_helper", helper)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal(4).astype(np.float32)
+    try:
+        small = rng.standard_normal((PARALLEL_ROWS - 1, 4)).astype(np.float32)
+        assert np.array_equal(scores_of(small, q), small @ q)
+        assert helper.rows == [], "BUG: a product under PARALLEL_ROWS rows was split"
+        for rows in (PARALLEL_ROWS, PARALLEL_ROWS + 1):
+            m = rng.standard_normal((rows, 4)).astype(np.float32)
+            got = scores_of(m, q)
+            assert got.dtype == np.float32 and np.array_equal(got, m @ q)
+        assert helper.rows == [PARALLEL_ROWS // 2, PARALLEL_ROWS // 2 + 1], \
+            "BUG: the helper did not get the lower half (rows half: of the matrix)"
+        # A float64 query: the split product keeps numpy's result type, as the plain one does.
+        q64 = q.astype(np.float64)
+        got = scores_of(m, q64)
+        assert got.dtype == np.float64 and np.array_equal(got, m @ q64)
+    finally:
+        helper.shutdown()
+
+
+def test_the_helper_is_one_named_thread_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vectors, "_helper", None)
+    made = vectors._second_core()
+    try:
+        if (os.cpu_count() or 1) > 1:
+            assert made is not None and vectors._helper is made and vectors._second_core() is made
+            assert made._max_workers == 1
+            name = made.submit(lambda: threading.current_thread().name).result()
+            assert name.startswith("memory-scan"), name
+        else:
+            assert made is None
+    finally:
+        if made is not None:
+            made.shutdown()
+
+
+def test_every_write_moves_the_version_forward() -> None:
+    index = AgentIndex(8)
+    seen = [index.version]
+    index.put("a", E[0], created=1.0, confidence=0.5, source="system", scope="s")
+    seen.append(index.version)
+    index.put("a", E[1], created=1.0, confidence=0.5, source="system", scope="s")
+    seen.append(index.version)
+    index.bulk(["b"], E[[2]], [2.0], [0.5], ["system"], ["s"])
+    seen.append(index.version)
+    index.set_confidence("a", 0.25)
+    seen.append(index.version)
+    index.remove("b")
+    seen.append(index.version)
+    assert all(isinstance(v, int) for v in seen) and seen == sorted(set(seen)), \
+        f"BUG: a write left the version unchanged or not increasing: {seen}"
+    assert AgentIndex(8).version > seen[-1], "versions never repeat across indexes"
+
+
+def test_growth_from_the_smallest_capacities() -> None:
+    one = AgentIndex(4, capacity=1)
+    one.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert one.vectors.shape == (1, 4), "BUG: grew although the row fitted"
+    one.put("b", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert one.vectors.shape == (2, 4)
+    empty = AgentIndex(4, capacity=0)
+    empty.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
+    assert empty.vectors.shape == (1, 4) and empty.ids == ["a"]
+
+
+def test_unknown_filter_values_match_nothing_and_masks_are_boolean() -> None:
+    index = AgentIndex(8)
+    sources = ["conversation", "document", "observation", "inference"]
+    for i, source in enumerate(sources):
+        index.put(f"f{i}", E[i], created=float(i), confidence=0.5, source=source, scope="s")
+    index.put("odd", E[5], created=9.0, confidence=0.5, source="rumour", scope="s")  # stored as -1
+    assert [ids_of(index, index.mask(source=s)) for s in sources] == [["f0"], ["f1"], ["f2"], ["f3"]]
+    assert ids_of(index, index.mask(source="rumour")) == [], "BUG: an unknown source matched a stored row"
+    for keep in (index.mask(scope="other"), index.mask(only={"f1"}), index.mask(scope="other", min_confidence=0.1),
+                 index.mask(only={"f1"}, after=0.5), index.mask(source="rumour")):
+        assert keep is not None and keep.dtype == bool and keep.shape == (5,)
+    assert ids_of(index, index.mask(only={"f1", "f2"}, after=1.5)) == ["f2"]

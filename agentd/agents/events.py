@@ -81,6 +81,10 @@ class QueueSink:
     def close(self) -> None:
         self.closed = True
 
+    def pending(self) -> bool:
+        """Whether an event (or the end) is already waiting to be read."""
+        return not self._queue.empty()
+
     def events(self, heartbeat: float) -> Iterator[Event | None]:
         """Yield events; None every `heartbeat` seconds of silence (time to send a keep-alive)."""
         while True:

@@ -2,7 +2,7 @@
 
 With 1,000 agents, building and encoding every item again cost most of a listing; an
 item only changes when something it shows changes (state, mode, last activity, key
-status, model tier, manifest), so each agent keeps its item's text with what it showed,
+status, model, manifest), so each agent keeps its item's text with what it showed,
 and a listing joins the texts, encoding only the items that changed.
 """
 
@@ -26,13 +26,12 @@ def list_json(registry: AgentRegistry, handles: list[AgentHandle]) -> str:
         auth = auth_of.get(which)
         if auth is None:
             auth = auth_of[which] = registry.auth_status(handle)
-        info = registry.catalog.get_model(handle.model)
-        tier = info.tier if info else "custom"
-        shown = (handle.state, handle.mode, handle.last_active, auth, tier, handle.provider, handle.model,
-                 handle.name)
+        # (The model tier is not in `shown`: it follows from the model id, which is; custom
+        # models never take a built-in id and always have the tier "custom".)
+        shown = (handle.state, handle.mode, handle.last_active, auth, handle.provider, handle.model, handle.name)
         cached = handle.list_json
         if cached is None or cached[0] is not handle.manifest or cached[1] != shown:
-            item = registry.list_item(handle, auth=auth, tier=tier)
+            item = registry.list_item(handle, auth=auth)
             cached = handle.list_json = (handle.manifest, shown, json.dumps(item, separators=(",", ":")))
         parts.append(cached[2])
     return f"[{','.join(parts)}]"

@@ -47,15 +47,12 @@ class _Strict(Schema):
 
 
 class _StrList(fields.List):
-    """A list of strings that also accepts one bare string."""
+    """A list (of strings, as declared) that also accepts one bare string."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(fields.String(), **kwargs)
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[str]:
+    def _deserialize(self, value: Any, *rest: Any, **kwargs: Any) -> list[str]:
         if isinstance(value, str):
             value = [value]
-        return super()._deserialize(value, attr, data, **kwargs)
+        return super()._deserialize(value, *rest, **kwargs)
 
 
 class ModelSchema(_Strict):
@@ -83,12 +80,12 @@ class FallbackSchema(_Strict):
 
 
 class CapabilitiesSchema(_Strict):
-    tools = _StrList(load_default=list)
-    network = _StrList(load_default=list)
-    memory_read = _StrList(load_default=list)
-    memory_write = _StrList(load_default=list)
-    shell = _StrList(load_default=list)
-    agent_message = _StrList(load_default=list)
+    tools = _StrList(fields.String(), load_default=list)
+    network = _StrList(fields.String(), load_default=list)
+    memory_read = _StrList(fields.String(), load_default=list)
+    memory_write = _StrList(fields.String(), load_default=list)
+    shell = _StrList(fields.String(), load_default=list)
+    agent_message = _StrList(fields.String(), load_default=list)
     agent_spawn = fields.Boolean(load_default=False)
     max_llm_tokens_per_hour = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
 
@@ -116,9 +113,9 @@ class ManifestSchema(_Strict):
     version = fields.String(load_default="0.1.0")
     author = fields.String(load_default="")
     profile = fields.String(load_default=None, allow_none=True)
-    tags = _StrList(load_default=list)
-    skills = _StrList(load_default=list)
-    mcp_servers = _StrList(load_default=list)
+    tags = _StrList(fields.String(), load_default=list)
+    skills = _StrList(fields.String(), load_default=list)
+    mcp_servers = _StrList(fields.String(), load_default=list)
     model = fields.Nested(ModelSchema, load_default=lambda: ModelSchema().load({}))
     fallback_models = fields.List(fields.Nested(FallbackSchema), load_default=list)
     capabilities = fields.Nested(CapabilitiesSchema, load_default=lambda: CapabilitiesSchema().load({}))
@@ -181,38 +178,37 @@ class Manifest:
 
 
 def _flatten(messages: Any, prefix: str = "") -> list[str]:
+    """marshmallow's nested error messages as `path: text` lines.
+
+    marshmallow nests dicts (table and list-index keys) down to lists of strings."""
+    if not isinstance(messages, dict):
+        return [f"{prefix}: {message}" for message in messages]
     out: list[str] = []
-    if isinstance(messages, dict):
-        for key, value in messages.items():
-            out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
-        out.append(f"{prefix}: {' '.join(messages)}")
-    elif isinstance(messages, list):
-        for i, value in enumerate(messages):
-            out += _flatten(value, f"{prefix}[{i}]")
-    else:
-        out.append(f"{prefix}: {messages}")
+    for key, value in messages.items():
+        out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
     return out
 
 
-def _unknown_keys(raw: Any, schema: Schema, where: str = "") -> list[str]:
-    """Warnings for keys of `raw` that `schema` (and its nested tables) does not define."""
-    if not isinstance(raw, dict):
-        return []
+def _unknown_keys(raw: dict[str, Any], schema: Schema, where: str = "") -> list[str]:
+    """Warnings for keys of `raw` that `schema` (and its nested tables) does not define.
+
+    Called only after `schema` loaded `raw`, so every nested table is a dict and every
+    list of tables a list."""
     warnings: list[str] = []
-    known = {name: f for name, f in schema.fields.items()}
+    known = dict(schema.fields)
     if isinstance(schema, ModelSchema):
         known.setdefault("name", known["model"])  # accepted alias of `model`
     for key, value in raw.items():
-        path = f"{where}.{key}" if where else str(key)
+        path = f"{where}.{key}" if where else key
         field_ = known.get(key)
         if field_ is None:
-            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
+            # get_close_matches lists the best match first; only that one is shown.
+            close = difflib.get_close_matches(key, list(known), cutoff=0.75)
             hint = f" (did you mean '{f'{where}.' if where else ''}{close[0]}'?)" if close else ""
             warnings.append(f"unknown key '{path}' ignored{hint}")
         elif isinstance(field_, fields.Nested):
             warnings += _unknown_keys(value, field_.schema, path)
-        elif isinstance(field_, fields.List) and isinstance(field_.inner, fields.Nested) and isinstance(value, list):
+        elif isinstance(field_, fields.List) and isinstance(field_.inner, fields.Nested):
             for i, item in enumerate(value):
                 warnings += _unknown_keys(item, field_.inner.schema, f"{path}[{i}]")
     return warnings

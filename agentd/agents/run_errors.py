@@ -36,7 +36,7 @@ _RUN_STATUS = {"timeout": 504, "rate_limit": 429, "reset": 502, "truncated": 502
 def run_error(exc: LLMError, prefix: str = "message delivery failed") -> AgentRunError:
     """The client-facing error of a failed model call: 504 timeout, upstream 429/503 kept
     (with Retry-After), 502 for a reset connection or a cut-off stream."""
-    status = _RUN_STATUS.get(exc.kind, 500)
+    status = _RUN_STATUS.get(exc.kind)  # None: AgentRunError's own 500
     if exc.kind == "server" and exc.http_status == 503:
         status = 503
     return AgentRunError(f"{prefix}: {exc.message}", status=status, retry_after=exc.retry_after,

@@ -54,17 +54,19 @@ def verify_envelope(envelope_text: str, manifest_toml: str | None) -> str:
     if not isinstance(envelope, dict) or not isinstance(envelope.get("manifest"), str):
         raise SignatureError("envelope has no manifest text")
     manifest = envelope["manifest"]
-    digest = hashlib.sha256(manifest.encode("utf-8")).hexdigest()
+    # str.encode() is UTF-8; the hex digest is ASCII, which UTF-8 encodes byte for byte.
+    digest = hashlib.sha256(manifest.encode()).hexdigest()
     if envelope.get("content_hash") != digest:
         raise SignatureError("content hash mismatch")
     key = _bytes(envelope.get("signer_public_key"), 32, "signer_public_key")
     signature = _bytes(envelope.get("signature"), 64, "signature")
-    from nacl.exceptions import BadSignatureError, ValueError as NaclValueError
+    from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
+    # `_bytes` checked both lengths, so pynacl has no size error left to raise.
     try:
-        VerifyKey(key).verify(digest.encode("ascii"), signature)
-    except (BadSignatureError, NaclValueError):
+        VerifyKey(key).verify(digest.encode(), signature)
+    except BadSignatureError:
         raise SignatureError("bad signature") from None
     if manifest_toml is not None and manifest_toml.strip() and manifest_toml.strip() != manifest.strip():
         raise SignatureError("signed manifest does not match manifest_toml")
@@ -73,8 +75,8 @@ def verify_envelope(envelope_text: str, manifest_toml: str | None) -> str:
 
 def sign_manifest(manifest: str, signing_key: SigningKey, signer_id: str = "") -> str:
     """Build an envelope (used by scripts/sign_manifest.py and tests)."""
-    digest = hashlib.sha256(manifest.encode("utf-8")).hexdigest()
-    signature = signing_key.sign(digest.encode("ascii")).signature
+    digest = hashlib.sha256(manifest.encode()).hexdigest()
+    signature = signing_key.sign(digest.encode()).signature
     return json.dumps({"manifest": manifest, "content_hash": digest,
                        "signature": list(signature),
                        "signer_public_key": list(bytes(signing_key.verify_key)),

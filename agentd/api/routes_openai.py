@@ -306,7 +306,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
         run.close()
         k.stream_slots.release()
 
-    return sse_response(events(), on_close=closed)
+    return sse_response(events(), on_close=closed, ready=run.sink.pending)
 
 
 @bp.get("/v1/models")

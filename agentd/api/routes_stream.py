@@ -80,4 +80,4 @@ def message_stream(agent_id: str):
         run.close()
         k.stream_slots.release()
 
-    return sse_response(events(), on_close=closed)
+    return sse_response(events(), on_close=closed, ready=run.sink.pending)

@@ -8,7 +8,7 @@ client that left (a write to a closed socket fails).
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from flask import Response, stream_with_context
 
@@ -25,13 +25,28 @@ def comment(text: str = "") -> str:
     return f": {text}\n\n"
 
 
-def sse_response(chunks: Iterable[str], on_close: Any = None) -> Response:
-    """Wrap an iterator of pre-formatted SSE strings into a streaming response."""
+def sse_response(chunks: Iterable[str], on_close: Any = None,
+                 ready: Callable[[], bool] | None = None) -> Response:
+    """Wrap an iterator of pre-formatted SSE strings into a streaming response.
+
+    `ready()` tells whether more events are already waiting: those are sent in one write
+    with the one just formatted (a model's burst of deltas is one send, not one each),
+    while an event that nothing follows yet goes out at once."""
 
     def body() -> Iterator[str]:
         try:
             yield comment("stream open")
-            yield from chunks
+            if ready is None:
+                yield from chunks
+                return
+            batch: list[str] = []
+            for chunk in chunks:
+                batch.append(chunk)
+                if not ready():
+                    yield "".join(batch)
+                    batch = []
+            if batch:
+                yield "".join(batch)
         finally:
             if on_close is not None:
                 on_close()

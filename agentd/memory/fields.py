@@ -91,19 +91,25 @@ def score(value: Any, name: str = "min_score") -> float:
     return float(value)
 
 
-_FRACTION = re.compile(r"\.\d+")
+# The date forms datetime.fromisoformat reads: YYYY-MM-DD, YYYYMMDD, YYYY-Www[-D], YYYYWww[D].
+_DATE = re.compile(r"[0-9]{4}(?:-[0-9]{2}-[0-9]{2}|[0-9]{4}|-W[0-9]{2}(?:-[0-9])?|W[0-9]{2}[0-9]?)")
 
 
 def parse_time(value: Any, name: str) -> datetime:
     """An RFC 3339 / ISO 8601 time as aware UTC (a naive time is UTC)."""
     if isinstance(value, str):
-        # RFC 3339 allows lower-case t/z and any number of fractional digits; Python's parser does not.
-        text = _FRACTION.sub(lambda m: m.group(0)[:7], value.strip().upper().replace("Z", "+00:00"))
-        try:
-            parsed = datetime.fromisoformat(text)
-            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
-        except (ValueError, OverflowError):
-            pass
+        # Python's parser (3.11+) takes a Z and any number of fractional digits, but not a
+        # lower-case z; and it reads ANY character after the date as the date-time separator,
+        # so "2024-01-01+05:00" (a date with an offset) would be 05:00 UTC. RFC 3339 separates
+        # them with T (or t) or a space only.
+        text = value.strip().upper()
+        date = _DATE.match(text)
+        if date is not None and text[date.end():date.end() + 1] in ("", "T", " "):
+            try:
+                parsed = datetime.fromisoformat(text)
+                return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+            except (ValueError, OverflowError):
+                pass
     raise BadRequest(f"{name} must be an ISO 8601 timestamp")
 
 
@@ -111,10 +117,8 @@ def timestamp(value: Any, name: str) -> float:
     """ISO 8601 (a naive time is UTC) or epoch seconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    try:
-        return parse_time(value, name).timestamp()
-    except (OverflowError, OSError, ValueError):
-        raise BadRequest(f"{name} must be an ISO 8601 timestamp") from None
+    # An aware time's timestamp() is a plain subtraction: it cannot overflow.
+    return parse_time(value, name).timestamp()
 
 
 def memory_filter(value: Any) -> MemoryFilter:

@@ -67,8 +67,8 @@ def _fold(semantic: SemanticMemory, agent_id: str, index: Any, older: str, newer
         keep, drop = e.get(agent_id=agent_id, id=older), e.get(agent_id=agent_id, id=newer)
         if keep is None or drop is None or contradicts(keep.content, drop.content):
             return False
-        metadata = json.loads(keep.metadata or "{}")
-        metadata.update(json.loads(drop.metadata or "{}"))
+        # `_merge` lays these over the kept fragment's own metadata (the newer value wins).
+        metadata = json.loads(drop.metadata or "{}")
         content, embedding, confidence, count = drop.content, drop.embedding, drop.confidence, drop.access_count
         drop.delete()
         semantic.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a AND memory_id = $f",

@@ -58,8 +58,8 @@ def _list(doc: dict[str, Any], key: str) -> list[Any]:
 
 def _memory(item: dict[str, Any], i: int) -> dict[str, Any]:
     where = f"memories[{i}]"
-    embedding = item.get("embedding", [])
-    if embedding is None:
+    embedding = item.get("embedding")
+    if embedding is None:  # absent or null: re-embedded
         embedding = []
     if not isinstance(embedding, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                   and math.isfinite(v) for v in embedding):
@@ -153,14 +153,13 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
                 norm = float(np.linalg.norm(vector))
                 # Our own vectors are already unit length: keep them bit for bit.
                 m["vector"] = vector if abs(norm - 1.0) < 1e-4 else vector / max(norm, 1e-12)
-        counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": 0}
+        counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": len(new_memories)}
         with orm.db_session:
             for m in new_memories:
                 semantic._insert(agent_id, m["id"], m["content"], m["vector"], embedder.name, m["metadata"],
                                  m["source"], m["scope"], m["confidence"], m["created_at"], m["accessed_at"],
                                  m["access_count"])
                 store.e.MemoryRow.get(agent_id=agent_id, id=m["id"]).superseded_by = m["superseded_by"]
-            counts["memories_imported"] = len(new_memories)
             for e in entities:
                 if e["id"] in known_entities:
                     continue

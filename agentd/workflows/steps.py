@@ -221,9 +221,8 @@ class StepRunner:
             if not outcome.skipped:
                 run.fanout.append((step["name"], outcome.output))
             run.current = outcome.output
-        if first_error is None and any(o.failed for o in outcomes):
-            bad = next(i for i, o in zip(indexes, outcomes) if o.failed)
-            first_error = self._step_error(bad, steps[bad], outcomes[indexes.index(bad)].failed or "")
+        # Some failed outcome is never `cancelled_by_sibling`: only a failing branch sets
+        # group_cancel, and the one that set it saw it unset. So a failure always names a step.
         return first_error
 
     # -- one agent step: attempts, retries, error_mode -------------------------------------
@@ -287,7 +286,9 @@ class StepRunner:
             # Queueing for an executor thread does not count; the attempt starts when it runs.
             wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
             done, _ = concurrent.futures.wait([future], timeout=wait)
-            if done:
+            # A queued attempt cancelled by the executor's shutdown never counts as done for
+            # wait() (only the worker that would have run it marks it so): look at it directly.
+            if done or future.cancelled():
                 break
             if any(s.is_set() for s in stops):
                 cancel.set()

@@ -116,7 +116,3 @@ def validate_args(t: Tool, args: dict[str, Any]) -> None:
         if "enum" in spec and value not in spec["enum"]:
             raise ToolError(f"argument '{key}' of '{t.name}' must be one of {spec['enum']}")
 
-
-def text_arg(args: dict[str, Any], key: str, default: str = "") -> str:
-    value = args.get(key, default)
-    return value if isinstance(value, str) else default

@@ -19,7 +19,7 @@ class FileOp:
 
 def parse(text: str) -> list[FileOp]:
     """Split the patch into file operations; raises ToolError on malformed input."""
-    lines = text.strip("\n").splitlines()
+    lines = text.strip().splitlines()  # blank lines around the markers do not count
     if not lines or lines[0].strip() != "*** Begin Patch":
         raise ToolError("patch must start with '*** Begin Patch'")
     if lines[-1].strip() != "*** End Patch":
@@ -60,10 +60,12 @@ def _apply_update(original: str, op: FileOp) -> str:
     lines = original.splitlines()
     pos = 0
     for hunk in _hunks(op.lines, op.path):
-        old = [l[1:] for l in hunk if l[0] in " -"]
-        new = [l[1:] for l in hunk if l[0] in " +"]
+        # _hunks let only ' ', '+' and '-' lines through: old is all but the added ones,
+        # new all but the removed ones.
+        old = [l[1:] for l in hunk if l[0] != "+"]
+        new = [l[1:] for l in hunk if l[0] != "-"]
         at = _find(lines, old, pos)
-        if at < 0:
+        if at is None:
             preview = "\n".join(old[:3])
             raise ToolError(f"{op.path}: hunk does not match the file (looking for:\n{preview})")
         lines[at:at + len(old)] = new
@@ -71,16 +73,19 @@ def _apply_update(original: str, op: FileOp) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _find(lines: list[str], needle: list[str], start: int) -> int:
+def _find(lines: list[str], needle: list[str], start: int) -> int | None:
+    """Where `needle` first occurs at or after `start`: exactly, else ignoring trailing
+    whitespace; an empty needle (a hunk that only adds) matches at the end."""
     if not needle:
         return len(lines)
-    for exact in (True, False):  # then ignoring trailing whitespace
+    for exact in (True, False):
         norm = (lambda s: s) if exact else str.rstrip
         target = [norm(s) for s in needle]
-        for i in range(start, len(lines) - len(needle) + 1):
+        # A window running past the end is shorter than the needle, so it never matches.
+        for i in range(start, len(lines)):
             if [norm(s) for s in lines[i:i + len(needle)]] == target:
                 return i
-    return -1
+    return None
 
 
 def apply(text: str, confine: Callable[[str], Path], shown: Callable[[Path], str]) -> str:

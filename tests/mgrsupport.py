@@ -1,0 +1,73 @@
+"""In-process agent managers for the exact tests of agentd/agents/ (registry, sessions, runs, …).
+
+A real `AgentManager` on a real store (SQLite in a temp dir, or the PostgreSQL of
+AGENTD_TEST_PG via `support.store_url_for`), the real catalog, approval queue and KV memory,
+and the fake LLM server over real sockets. Nothing of the manager is replaced: the callbacks
+the kernel sets (`record_usage`, `write_usage`, `audit_hook`, `memory`) are recorders here, so
+a test reads exactly what the manager handed them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.manager import AgentManager
+from agentd.config import parse_config
+from agentd.llm.catalog import Catalog
+from agentd.memory.kv import KvMemory
+from agentd.store import open_store
+from support import store_url_for
+
+KEY = "sk-mgr"
+
+
+def manifest(name: str, extra: str = "", provider: str = "openai", model: str = "gpt-4o") -> str:
+    """A manifest on `provider`/`model`; `extra` is appended TOML (tables after the model table)."""
+    return (f'name = "{name}"\ndescription = "agent {name}"\n'
+            f'[model]\nprovider = "{provider}"\nmodel = "{model}"\n{extra}')
+
+
+class Recorder:
+    """Stands in for a kernel callback: records every call's arguments, returns `value`."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.value = value
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls.append(args)
+        return self.value(*args) if callable(self.value) else self.value
+
+
+class Env:
+    """One store and what managers on it share; `manager()` builds another one on the same store."""
+
+    def __init__(self, tmp_path: Path, config: dict[str, Any] | None = None) -> None:
+        self.tmp_path = tmp_path
+        self.store = open_store(tmp_path / "agentd.db", store_url_for(tmp_path))
+        self.pool = ThreadPoolExecutor(2)
+        self.config = parse_config(config or {}, tmp_path)
+        self.catalog = Catalog.load()
+        self.audit = Recorder()
+        self.usage = Recorder()
+
+    def manager(self, record_usage: Any = None, preflight: Any = None) -> AgentManager:
+        m = AgentManager(self.config, self.store, self.catalog, KvMemory(self.store), ApprovalQueue(),
+                         self.pool, record_usage or self.usage, preflight=preflight)
+        m.audit_hook = self.audit
+        return m
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.store.close()
+
+
+def llm_config(fake: Any, **llm: Any) -> dict[str, Any]:
+    """Config (as parsed TOML) whose openai/anthropic/gemini URLs point at the fake LLM."""
+    return {"llm": {"timeout_secs": 5, "retries": 0, **llm},
+            "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "MGR_TEST_KEY"},
+            "provider_urls": {"openai": fake.openai_base, "anthropic": fake.anthropic_base,
+                              "gemini": fake.gemini_base}}

@@ -1,0 +1,478 @@
+"""Run execution (agentd/agents/runner.py), in process, with exact values.
+
+A real manager on a real store, the real loop and the fake LLM: the token quota at and
+past its limit, the user turn with attachments, what a run hands the loop (system prompt,
+sampling, limits, tools, the Observe note, approvals in Manual mode), how each failure
+closes the turn, the run lock, stop/stop_all, the queue, and conversations in their own
+sessions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.agents.handle import STOPPED_NOTE, RunOptions
+from agentd.agents.loop import RunCancelled
+from agentd.agents.run_errors import AgentRunError
+from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
+from agentd.llm.types import GenerationParams, ImagePart
+from mgrsupport import Env, Recorder, llm_config, manifest
+
+
+@pytest.fixture(scope="module")
+def fake():
+    from fakellm import FakeLLM
+
+    server = FakeLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def env(tmp_path: Path, fake, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    e = Env(tmp_path, {**llm_config(fake), "tools": {"approval_timeout_secs": 1}})
+    yield e
+    e.close()
+
+
+@pytest.fixture()
+def mgr(env):
+    return env.manager()
+
+
+def session_of(env, session_id: str) -> list:
+    with orm.db_session:
+        return json.loads(env.store.e.SessionRow.get(id=session_id).messages)
+
+
+# -- quota ------------------------------------------------------------------------------------------
+def test_quota_at_and_past_the_limit(mgr) -> None:
+    h = mgr.spawn(manifest("quota", "[capabilities]\nmax_llm_tokens_per_hour = 100\n"))
+    now = time.time()
+    h.token_log.extend([(now - 3000, 60), (now - 10, 39)])
+    mgr._check_quota(h)   # 99 of 100: allowed
+    h.token_log.append((now - 5, 1))
+    with pytest.raises(TooManyRequests) as err:
+        mgr.precheck(h)
+    assert err.value.message == ("message delivery failed: quota exceeded: 100 of 100 LLM tokens used in the "
+                                 "last hour (max_llm_tokens_per_hour)")
+    assert err.value.retry_after == 600, "retry when the oldest entry leaves the hour"
+    h.token_log.appendleft((now - 3601, 500))   # older than an hour: dropped, not counted
+    with pytest.raises(TooManyRequests) as err:
+        mgr._check_quota(h)
+    assert "100 of 100" in err.value.message and len(h.token_log) == 3
+    h.token_log[0] = (now - 3599.5, 60)
+    with pytest.raises(TooManyRequests) as err:
+        mgr._check_quota(h)
+    assert err.value.retry_after == 1
+
+
+def test_quota_under_resources_and_none_without_limit(mgr) -> None:
+    h = mgr.spawn(manifest("res", "[resources]\nmax_llm_tokens_per_hour = 5\n"))
+    h.token_log.append((time.time(), 5))
+    with pytest.raises(TooManyRequests) as err:
+        mgr._check_quota(h)
+    assert "5 of 5" in err.value.message
+    free = mgr.spawn(manifest("free"))
+    free.token_log.append((time.time(), 10**9))
+    mgr._check_quota(free)
+
+
+def test_runs_count_their_tokens_and_hit_the_quota(mgr, fake) -> None:
+    h = mgr.spawn(manifest("count", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 6\n'))
+    mgr.run(h, "one two")
+    # input: "sys" + "one two" = 3 words; output: "echo: one two" = 3 words
+    assert [n for _, n in h.token_log] == [6]
+    with pytest.raises(TooManyRequests):
+        mgr.run(h, "again")
+    preflight = Recorder()
+    m2 = mgr.__class__(mgr.config, mgr.store, mgr.catalog, mgr.kv, mgr.approvals, mgr.executor, mgr.record_usage,
+                       preflight=preflight)
+    g = m2.spawn(manifest("pre"))
+    m2.run(g, "x")
+    assert preflight.calls == [(g,)]
+
+
+# -- the user turn ---------------------------------------------------------------------------------
+def test_attachments_in_the_user_turn(mgr) -> None:
+    h = mgr.spawn(manifest("att"))
+    txt = mgr.save_upload(h, "notes.md", "text/markdown", "über\n".encode())
+    png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG")
+    pdf = mgr.save_upload(h, "d.pdf", "application/pdf", b"%PDF-1")
+    user, refs = mgr.build_user_message(h, "look", [{"file_id": txt["file_id"]}, {"file_id": png["file_id"]},
+                                                    {"file_id": pdf["file_id"]}])
+    assert user.role == "user"
+    assert user.content == ("look\n[attached file notes.md]\nüber\n"
+                            "\n[attached file d.pdf (application/pdf, 6 bytes); its content cannot be shown to the model]")
+    assert user.images == [ImagePart("image/png", base64.b64encode(b"\x89PNG").decode())]
+    assert refs == [{"file_id": png["file_id"], "filename": "p.png", "content_type": "image/png"}]
+    extra = ImagePart("image/jpeg", "AAAA")
+    user, refs = mgr.build_user_message(h, "plain", [], [extra])
+    assert (user.content, user.images, refs) == ("plain", [extra], [])
+    with pytest.raises(BadRequest) as err:
+        mgr.build_user_message(h, "x", [{}])
+    assert err.value.message == "invalid file id: '' is not a UUID"
+
+
+def test_images_need_a_vision_model(mgr) -> None:
+    h = mgr.spawn(manifest("blind", provider="deepseek", model="deepseek-chat"))
+    img = ImagePart("image/png", "AAAA")
+    with pytest.raises(BadRequest) as err:
+        mgr.build_user_message(h, "x", [], [img])
+    assert err.value.message == ("model deepseek-chat does not support images; use a vision-capable model "
+                                 "or send text only")
+    mgr.build_user_message(h, "text only", [])
+    custom = mgr.spawn(manifest("own", 'base_url = "http://h/v1"\n', provider="mine", model="unknown-model"))
+    assert mgr.build_user_message(custom, "x", [], [img])[0].images == [img]
+
+
+def test_a_run_stores_image_references_on_its_user_turn(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("pic"))
+    png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG")
+    result = mgr.run(h, "[[echo_params]]", attachments=[{"file_id": png["file_id"]}])
+    assert json.loads(result.response)["n_images"] == 1
+    assert session_of(env, h.session_id)[0] == {
+        "role": "user", "content": "[[echo_params]]",
+        "images": [{"file_id": png["file_id"], "filename": "p.png", "content_type": "image/png"}]}
+
+
+# -- what a run hands the loop ---------------------------------------------------------------------
+def params_of(mgr, h, options=None) -> dict:
+    return json.loads(mgr.run(h, "[[echo_params]]", options=options).response)
+
+
+def test_system_prompt_sampling_and_limits(mgr) -> None:
+    h = mgr.spawn(manifest("p", 'system_prompt = "Be exact."\nmax_tokens = 321\ntemperature = 1.5\n'))
+    got = params_of(mgr, h)
+    assert (got["system"], got["max_tokens"], got["temperature"], got["model"]) == ("Be exact.", 321, 1.5, "gpt-4o")
+    assert got["n_tools"] == 17
+    got = params_of(mgr, h, RunOptions(max_tokens=77, temperature=0.0, extra_system="Also this."))
+    assert (got["system"], got["max_tokens"], got["temperature"]) == ("Be exact.\n\nAlso this.", 77, 0.0), \
+        "BUG: temperature 0 from the request was replaced by the manifest's"
+    got = params_of(mgr, h, RunOptions(params=GenerationParams(top_p=0.5)))
+    assert got["max_tokens"] == 321
+
+
+def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("iter", "[resources]\nmax_iterations = 2\n"))
+    result = mgr.run(h, '[[tool:system_time {} x5]]')
+    assert result.iterations == 2
+    slow = mgr.spawn(manifest("tt", '[resources]\ntool_timeout_secs = 0.5\n[capabilities]\nshell = ["*"]\n'
+                                    'tools = ["shell_exec"]\n'))
+    started = time.monotonic()
+    result = mgr.run(slow, '[[tool:shell_exec {"command": "sleep 5"}]]')
+    assert time.monotonic() - started < 4.5
+    assert "timed out" in result.response or "0.5" in result.response
+
+
+def test_observe_mode_runs_with_read_only_tools_and_its_note(mgr) -> None:
+    h = mgr.spawn(manifest("obs"))
+    mgr.set_mode(h, "Observe")
+    events: list = []
+    got = json.loads(mgr.run(h, "[[echo_params]]", emit=events.append).response)
+    assert got["n_tools"] == 8
+    assert [e.data["detail"] for e in events if e.type == "phase" and e.data["phase"] == "streaming"] == \
+        ["Observe mode: read-only tools"]
+    mgr.set_mode(h, "Auto")
+    events.clear()
+    mgr.run(h, "x", emit=events.append)
+    assert [e.data["detail"] for e in events if e.type == "phase" and e.data["phase"] == "streaming"] == [""]
+
+
+def test_tools_run_in_the_agents_workspace(env, mgr) -> None:
+    h = mgr.spawn(manifest("ws"))
+    mgr.run(h, '[[tool:file_write {"path": "a.txt", "content": "hi"}]]')
+    assert (env.config.workspaces_dir / "ws" / "a.txt").read_text() == "hi"
+
+
+def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
+    h = mgr.spawn(manifest("manual"))
+    mgr.set_mode(h, "Manual")
+    events: list = []
+
+    def approve_when_asked() -> None:
+        for _ in range(100):
+            pending = mgr.approvals.pending()
+            if pending:
+                mgr.approvals.approve(pending[0]["id"])
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=approve_when_asked).start()
+    result = mgr.run(h, '[[tool:file_write {"path": "b.txt", "content": "ok"}]]', emit=events.append)
+    phases = [e.data for e in events if e.type == "phase" and e.data["phase"] == "awaiting_approval"
+              and e.data["detail"] != "file_write"]
+    assert len(phases) == 1 and phases[0]["detail"].startswith("file_write (approval ")
+    assert (env.config.workspaces_dir / "manual" / "b.txt").read_text() == "ok"
+    assert result.response.startswith("tool said: ")
+    # Nobody decides: the call is denied after approval_timeout_secs (1 s here), no event sink needed.
+    started = time.monotonic()
+    result = mgr.run(h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
+    assert 0.9 < time.monotonic() - started < 6 and not (env.config.workspaces_dir / "manual" / "c.txt").exists()
+
+
+# -- results and failures --------------------------------------------------------------------------
+def test_cost_of_a_run(env, mgr) -> None:
+    costs = iter([0.1, 0.2000000000004, None])
+    env.usage.value = lambda *a: next(costs)
+    h = mgr.spawn(manifest("cost"))
+    result = mgr.run(h, '[[tool:system_time {}]]')
+    assert result.cost_usd == 0.3, "two calls, summed and rounded to 10 places"
+    env.usage.value = lambda *a: None
+    assert mgr.run(h, "x").cost_usd is None
+    costs = iter([0.5, None])
+    env.usage.value = lambda *a: next(costs)
+    assert mgr.run(h, '[[tool:system_time {}]]').cost_usd is None, "BUG: a call of unknown price was left out"
+
+
+def test_a_failed_model_call_closes_the_turn_and_maps_the_status(env, mgr, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    h = mgr.spawn(manifest("fails"))
+    with pytest.raises(AgentRunError) as err:
+        mgr.run(h, "[[fail:429 retry_after=4]]")
+    exc = err.value
+    assert exc.message.startswith("message delivery failed: ") and (exc.status, exc.kind, exc.retry_after) == \
+        (429, "rate_limit", 4)
+    stored = session_of(env, h.session_id)
+    assert stored[0] == {"role": "user", "content": "[[fail:429 retry_after=4]]"}
+    assert stored[1]["role"] == "assistant" and stored[1]["content"] == \
+        "[run failed: " + exc.message.removeprefix("message delivery failed: ") + "]"
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run failed:")]
+    assert len(line) == 1 and line[0].startswith(
+        f"run failed: agent=fails provider=openai model=gpt-4o status=429 cause={exc.message} duration=")
+    assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+    assert h.cancel is None and h.run_lock.acquire(blocking=False)
+    h.run_lock.release()
+
+
+def test_the_loop_guard_ends_a_run_with_a_note(env, mgr) -> None:
+    h = mgr.spawn(manifest("guard"))
+    with pytest.raises(AgentRunError) as err:
+        mgr.run(h, '[[tool:file_read {"path": "x"} x100]]')
+    assert err.value.kind == "loop_guard" and err.value.status == 500
+    assert err.value.message.startswith("message delivery failed: loop guard stopped the run: ")
+    stored = session_of(env, h.session_id)
+    assert stored[-1] == {"role": "assistant",
+                          "content": "[run failed: " + err.value.message.removeprefix("message delivery failed: ") + "]"}
+
+
+def test_a_cancelled_run_is_closed_with_the_stopped_note(env, mgr, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    h = mgr.spawn(manifest("stopme"))
+    threading.Timer(0.3, lambda: mgr.stop(h)).start()
+    with pytest.raises(RunCancelled):
+        mgr.run(h, "[[slow:5]]")
+    assert session_of(env, h.session_id) == [{"role": "user", "content": "[[slow:5]]"},
+                                             {"role": "assistant", "content": STOPPED_NOTE}]
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run stopped: ")]
+    assert len(stopped) == 1 and stopped[0].startswith("run stopped: agent=stopme provider=openai model=gpt-4o duration=")
+    assert 0.2 <= float(stopped[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+    assert mgr.stop(h) is False, "nothing runs any more"
+
+
+def test_a_run_of_a_killed_agent_or_with_cancel_set_does_not_start(mgr, fake) -> None:
+    h = mgr.spawn(manifest("pre-cancel"))
+    cancel = threading.Event()
+    cancel.set()
+    before = len(fake.requests)
+    with pytest.raises(RunCancelled):
+        mgr.run(h, "x", cancel=cancel)
+    g = mgr.spawn(manifest("dead"))
+    g.killed = True
+    with pytest.raises(RunCancelled):
+        mgr.run(g, "x")
+    assert len(fake.requests) == before
+
+
+def test_a_busy_agent(mgr) -> None:
+    h = mgr.spawn(manifest("busy"))
+    h.run_lock.acquire()
+    try:
+        started = time.monotonic()
+        with pytest.raises(Conflict) as err:
+            mgr.run(h, "x", lock_timeout=0.2)
+        assert err.value.message == "agent busy is busy with another run" and time.monotonic() - started >= 0.19
+    finally:
+        h.run_lock.release()
+    done: list = []
+    h.run_lock.acquire()
+    t = threading.Thread(target=lambda: done.append(mgr.run(h, "waited").response))
+    t.start()
+    time.sleep(0.3)
+    assert done == [], "without a lock timeout a run waits for the agent"
+    h.run_lock.release()
+    t.join(10)
+    assert done == ["echo: waited"]
+
+
+def test_other_failures_still_write_usage(env, mgr) -> None:
+    written: list = []
+    mgr.write_usage = written.extend
+
+    def record(handle, provider, model, response, usage=None):
+        usage.append({"model": model})
+        raise RuntimeError("metering broke")
+
+    env.usage.value = record
+    h = mgr.spawn(manifest("boom"))
+    with caplog_at_warning() as records:
+        with pytest.raises(RuntimeError):
+            mgr.run(h, "x")
+    assert written == [{"model": "gpt-4o"}]
+    line = [r.getMessage() for r in records if r.getMessage().startswith("run failed:")]
+    assert len(line) == 1 and line[0].startswith(
+        "run failed: agent=boom provider=openai model=gpt-4o status=500 cause=RuntimeError: metering broke duration=")
+    assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+
+
+class caplog_at_warning:
+    """The agentd.agents records logged inside the block."""
+
+    def __enter__(self) -> list:
+        self.records: list = []
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+        self.logger = logging.getLogger("agentd.agents")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+def test_memory_hooks(env, mgr) -> None:
+    class Memory:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def context_for_run(self, agent_id, user_text, stored, system):
+            self.calls.append(("context", agent_id, user_text, list(stored), system))
+            return lambda: system + "\n\nRECALLED"
+
+        def after_exchange(self, *args):
+            self.calls.append(("after",) + args)
+
+    mgr.memory = Memory()
+    h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
+    result = mgr.run(h, "[[echo_params]]", options=RunOptions(extra_system="X"))
+    assert json.loads(result.response)["system"] == "S\n\nX\n\nRECALLED"
+    assert mgr.memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
+                                ("after", h.id, h.session_id, "[[echo_params]]", result.response)]
+
+
+# -- stop, queue, conversations --------------------------------------------------------------------
+def test_stop_cancels_approvals_and_the_run(mgr) -> None:
+    h = mgr.spawn(manifest("st"))
+    assert mgr.stop(h) is False
+    waiting = mgr.approvals.request(h.id, h.name, "file_write", {})
+    other = mgr.approvals.request("someone", "x", "file_write", {})
+    cancel = threading.Event()
+    h.cancel = cancel
+    assert mgr.stop(h) is True and cancel.is_set()
+    assert mgr.stop(h) is False, "already stopped"
+    assert waiting.decision == "cancelled" and other.decision is None
+
+
+def test_stop_on_a_cluster_asks_the_other_daemons(env) -> None:
+    import dataclasses
+
+    class Cluster:
+        def __init__(self, n: int) -> None:
+            self.n, self.asked = n, []
+
+        def request_stop(self, agent_id: str) -> int:
+            self.asked.append(agent_id)
+            return self.n
+
+    m = env.manager()
+    h = m.spawn(manifest("cl"))
+    m.cluster = Cluster(1)
+    assert m.stop(h) is False and m.cluster.asked == [], "not shared: nobody else to ask"
+    m.store = dataclasses.replace(env.store, backend="postgres")
+    assert m.stop(h) is True and m.cluster.asked == [h.id]
+    m.cluster = Cluster(0)
+    assert m.stop(h) is False and m.cluster.asked == [h.id]
+    m.cluster = Cluster(1)
+    cancel = threading.Event()
+    h.cancel = cancel
+    assert m.stop(h) is True and cancel.is_set() and m.cluster.asked == [], "a local run is stopped here"
+    assert m.stop(h) is True and m.cluster.asked == [h.id], "set already: maybe another daemon runs it"
+
+
+def test_a_cluster_runs_the_run(env, mgr) -> None:
+    class Cluster:
+        calls: list = []
+
+        def run(self, handle, cancel, lock_timeout, body):
+            self.calls.append((handle, cancel, lock_timeout))
+            return body()
+
+    mgr.cluster = Cluster()
+    h = mgr.spawn(manifest("leased"))
+    cancel = threading.Event()
+    assert mgr.run(h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
+    assert Cluster.calls == [(h, cancel, 3.0)]
+
+
+def test_submit_wait_withdraw_and_stop_all(mgr) -> None:
+    h = mgr.spawn(manifest("queued"))
+    future = mgr.submit(h, "first")
+    assert mgr.wait(future, threading.Event()).response == "echo: first"
+    h.run_lock.acquire()
+    try:
+        running = mgr.submit(h, "[[slow:0.1]] runs")
+        time.sleep(0.3)
+        queued = mgr.submit(h, "waits")
+        assert mgr.withdraw(queued) is True and mgr.withdraw(queued) is False
+    finally:
+        h.run_lock.release()
+    assert mgr.wait(running, threading.Event()).response == "echo: runs"
+    g = mgr.spawn(manifest("slowone"))
+    a = mgr.submit(g, "[[slow:5]] a")
+    time.sleep(0.3)
+    b = mgr.submit(g, "b")
+    mgr.stop_all()
+    with pytest.raises(RunCancelled):
+        a.result(5)
+    with pytest.raises(RunCancelled):
+        b.result(5)
+    emitted: list = []
+    c = mgr.submit(g, "c", emit=emitted.append, options=RunOptions(extra_system="E"))
+    assert c.result(5).response == "echo: c" and emitted
+
+
+def test_conversations_have_their_own_sessions(env, mgr) -> None:
+    import uuid
+
+    h = mgr.spawn(manifest("conv"))
+    mgr.run(h, "main")
+    sid = str(uuid.uuid4())
+    assert mgr.run_conversation(h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
+    assert mgr.run_conversation(h, sid, "again").response == "echo: again"
+    assert [m["content"] for m in session_of(env, sid)] == ["in the chat", "echo: in the chat", "again", "echo: again"]
+    assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"]
+    with orm.db_session:
+        row = env.store.e.SessionRow.get(id=sid)
+        assert (row.label, row.agent.id) == ("tg:42", h.id)
+    sid2 = str(uuid.uuid4())
+    mgr.run_conversation(h, sid2, "no label")
+    with orm.db_session:
+        assert env.store.e.SessionRow.get(id=sid2).label is None
+    assert h.session_cache[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
+    gone = mgr.spawn(manifest("gone"))
+    mgr.kill(gone)
+    with pytest.raises(NotFound) as err:
+        mgr.run_conversation(gone, str(uuid.uuid4()), "x")
+    assert err.value.message == "agent not found"

@@ -1,0 +1,473 @@
+"""Agent sessions (agentd/agents/session_store.py), in process, with exact values.
+
+A real manager on a real store and the fake LLM server: what a run writes (the JSON text
+byte for byte, appended without re-encoding the session), what the session view shows,
+clearing by session id (near-miss ids), compaction (where it splits, what the model is
+asked, the summary that replaces the older messages, failures), and usage rows written
+in the run's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.agents.handle import COMPACT_KEEP
+from agentd.agents.run_errors import AgentRunError
+from agentd.agents.session import estimate_tokens
+from agentd.errors import BadRequest, NotFound
+from agentd.llm.types import Message, ToolCall
+from mgrsupport import Env, Recorder, llm_config, manifest
+
+
+@pytest.fixture(scope="module")
+def fake():
+    from fakellm import FakeLLM
+
+    server = FakeLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def env(tmp_path: Path, fake, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    e = Env(tmp_path, llm_config(fake))
+    yield e
+    e.close()
+
+
+@pytest.fixture()
+def mgr(env):
+    return env.manager()
+
+
+def stored_text(env, session_id: str) -> str:
+    with orm.db_session:
+        return env.store.e.SessionRow.get(id=session_id).messages
+
+
+def put_session(env, session_id: str, messages: list) -> None:
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=session_id).messages = json.dumps(messages)
+
+
+# -- what a run writes -------------------------------------------------------------------------
+def test_runs_append_exact_json_text(env, mgr) -> None:
+    h = mgr.spawn(manifest("w"))
+    mgr.run(h, "héllo")
+    first = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "echo: héllo"}]
+    assert stored_text(env, h.session_id) == json.dumps(first, ensure_ascii=False)
+    assert h.session_json == stored_text(env, h.session_id)
+    assert h.session_cache == first
+    mgr.run(h, "zwei ünd")
+    both = first + [{"role": "user", "content": "zwei ünd"}, {"role": "assistant", "content": "echo: zwei ünd"}]
+    assert stored_text(env, h.session_id) == json.dumps(both, ensure_ascii=False), \
+        "BUG: the appended session text differs from encoding the whole session"
+    assert h.session_json == stored_text(env, h.session_id) and h.session_cache == both
+    assert [m.content for m in h.llm_history] == [m["content"] for m in both]
+    # A manager that never saw the session reads the same messages.
+    other = env.manager()
+    other.load()
+    assert other._load_session(other.get(h.id)) == both
+
+
+def test_a_run_after_a_fresh_load_writes_the_whole_session(env, mgr) -> None:
+    h = mgr.spawn(manifest("fresh"))
+    put_session(env, h.session_id, [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"}])
+    mgr.run(h, "new")
+    assert stored_text(env, h.session_id) == json.dumps(
+        [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"},
+         {"role": "user", "content": "new"}, {"role": "assistant", "content": "echo: new"}], ensure_ascii=False)
+
+
+def test_the_model_is_sent_the_history_and_the_history_is_converted_once(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("hist"))
+    calls = [{"id": "c1", "name": "file_read", "arguments": {"path": "x"}}]
+    put_session(env, h.session_id, [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "t", "tool_calls": calls},
+        {"role": "tool", "content": "r", "tool_call_id": "c1", "tool_name": "file_read", "is_error": False},
+        {"role": "assistant", "content": "a1"},
+        {"role": "assistant", "content": "dangling", "tool_calls": [{"id": "c9", "name": "x", "arguments": {}}]}])
+    mgr.run(h, "u2")
+    sent = fake.requests[-1]["json"]["messages"]
+    assert [(m["role"], m.get("content")) for m in sent] == [
+        ("system", "You are a helpful AI agent."), ("user", "u1"), ("assistant", "t"), ("tool", "r"),
+        ("assistant", "a1"), ("assistant", "dangling"), ("user", "u2")]
+    history = h.llm_history
+    assert len(history) == 7
+    mgr.run(h, "u3")
+    assert h.llm_history[:7] == history and len(h.llm_history) == 9
+    assert [(m["role"], m.get("content")) for m in fake.requests[-1]["json"]["messages"]][-3:] == \
+        [("user", "u2"), ("assistant", "echo: u2"), ("user", "u3")]
+
+
+def test_cached_history_of_another_length_is_rebuilt(mgr) -> None:
+    h = mgr.spawn(manifest("rebuild"))
+    h.llm_history = [Message("user", "stale")]
+    stored = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert [m.content for m in mgr._history(h, stored)] == ["a", "b"]
+    assert [m.content for m in h.llm_history] == ["a", "b"]
+    same = h.llm_history
+    assert mgr._history(h, stored) == same and h.llm_history is same
+
+
+def test_cache_session_converts_only_an_appended_tail(mgr) -> None:
+    h = mgr.spawn(manifest("tail"))
+    marker = Message("user", "cached-a")   # not what the stored dict says: shows it was kept
+    h.llm_history = [marker]
+    h.session_json = "x"
+    mgr._cache_session(h, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], appended=True)
+    assert h.llm_history == [marker, Message("assistant", "b")] and h.session_json is None
+    mgr._cache_session(h, [{"role": "user", "content": "a"}], appended=True)   # shorter: not an append
+    assert h.llm_history is None
+    h.llm_history = [marker]
+    mgr._cache_session(h, [{"role": "user", "content": "a"}])
+    assert h.llm_history is None and h.session_cache == [{"role": "user", "content": "a"}]
+    h.llm_history = [marker]
+    mgr._cache_session(h, [{"role": "user", "content": "a"}], appended=True)   # same length: nothing new
+    assert h.llm_history == [marker]
+
+
+def test_session_text_reuses_the_cached_text_only_when_it_is_that_session(mgr) -> None:
+    h = mgr.spawn(manifest("text"))
+    before = [{"role": "user", "content": "ä"}]
+    added = [{"role": "assistant", "content": "b"}]
+    h.session_cache, h.session_json = before, "CACHED]"
+    assert mgr._session_text(h, before, added, before + added) == 'CACHED, {"role": "assistant", "content": "b"}]'
+    assert mgr._session_text(h, before, [], before) == "CACHED]"
+    full = json.dumps(before + added, ensure_ascii=False)
+    for cache, text, prev in ((before, None, before), (None, "CACHED]", before), (before + added, "CACHED]", before),
+                              (before, "CACHED", before), ([{"role": "user", "content": "ä"}], "CACHED]", before),
+                              ([{"role": "user", "content": "0"}] + before, "CACHED]", before),
+                              ([], "[]", [])):
+        h.session_cache, h.session_json = cache, text
+        assert mgr._session_text(h, prev, added, prev + added) == (
+            full if prev else json.dumps(added, ensure_ascii=False)), (cache, text)
+
+
+# -- the session view and clearing -------------------------------------------------------------
+def test_session_view(env, mgr) -> None:
+    h = mgr.spawn(manifest("view", 'system_prompt = "12345678"\n'))
+    assert mgr.session(h) == {"session_id": h.session_id, "agent_id": h.id, "message_count": 0,
+                              "context_window_tokens": 2, "label": None, "messages": []}
+    mgr.run(h, "hello there")
+    stored = h.session_cache
+    assert mgr.session(h) == {
+        "session_id": h.session_id, "agent_id": h.id, "message_count": 2,
+        "context_window_tokens": estimate_tokens(stored, "12345678"), "label": None,
+        "messages": [{"role": "User", "content": "hello there"}, {"role": "Assistant", "content": "echo: hello there"}]}
+    assert estimate_tokens(stored, "12345678") == (8 + 11 + 16 + 17 + 16) // 4
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).label = "chat"
+    assert mgr.session(h)["label"] == "chat"
+
+
+def test_session_view_of_a_missing_row(env, mgr) -> None:
+    h = mgr.spawn(manifest("norow"))
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).delete()
+    h.session_cache = None
+    view = mgr.session(h)
+    assert (view["label"], view["messages"], view["message_count"]) == (None, [], 0)
+
+
+def test_a_cached_session_is_not_read_again(env, mgr) -> None:
+    h = mgr.spawn(manifest("cached"))
+    assert mgr._load_session(h) == []
+    put_session(env, h.session_id, [{"role": "user", "content": "written elsewhere"}])
+    assert mgr._load_session(h) == [], "the session is cached after the first read"
+    h.session_cache, h.session_json = None, "stale"
+    assert mgr._load_session(h) == [{"role": "user", "content": "written elsewhere"}]
+    assert h.session_json is None, "BUG: a re-read session keeps the text cached for the old list"
+    copy = mgr._load_session(h)
+    copy.append("x")
+    assert h.session_cache == [{"role": "user", "content": "written elsewhere"}], "BUG: the cache was handed out"
+
+
+def test_on_a_shared_database_the_session_is_read_every_time(env) -> None:
+    import dataclasses
+
+    shared_store = dataclasses.replace(env.store, backend="postgres")
+    m = env.manager()
+    m.store = shared_store
+    h = m.spawn(manifest("sharedsess"))
+    assert m._load_session(h) == []
+    h.llm_history = [Message("user", "x")]
+    put_session(env, h.session_id, [{"role": "user", "content": "from another daemon"}])
+    assert m._load_session(h) == [{"role": "user", "content": "from another daemon"}]
+    assert h.llm_history is None
+
+
+def test_delete_session_clears_history_keeps_the_id(env, mgr) -> None:
+    h = mgr.spawn(manifest("del"))
+    other = mgr.spawn(manifest("other"))
+    mgr.run(h, "one")
+    mgr.run(other, "two")
+    mgr.delete_session(h.session_id.upper())
+    assert stored_text(env, h.session_id) == "[]" and (h.session_cache, h.llm_history) == ([], None)
+    assert mgr.session(h)["messages"] == [] and h.session_id == mgr.get(h.id).session_id
+    assert json.loads(stored_text(env, other.session_id))[0]["content"] == "two"
+    assert other.session_cache != []
+    mgr.run(h, "after")
+    assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "after"},
+                                                          {"role": "assistant", "content": "echo: after"}]
+    mgr.run(other, "three")
+    mgr.reset_session(other)
+    assert stored_text(env, other.session_id) == "[]" and other.session_cache == []
+
+
+def test_delete_session_near_misses(env, mgr) -> None:
+    h = mgr.spawn(manifest("near"))
+    for bad in ("", "near", h.session_id[:-1], h.session_id + "a"):
+        with pytest.raises(BadRequest) as err:
+            mgr.delete_session(bad)
+        assert err.value.message == f"invalid session id: {bad!r} is not a UUID"
+    with pytest.raises(NotFound) as err:
+        mgr.delete_session(h.id)   # an agent id is not a session id
+    assert err.value.message == "session not found"
+    # The row of an agent this manager does not hold is cleared all the same.
+    other = env.manager()
+    g = other.spawn(manifest("elsewhere"))
+    put_session(env, g.session_id, [{"role": "user", "content": "x"}])
+    mgr.delete_session(g.session_id)
+    assert stored_text(env, g.session_id) == "[]"
+
+
+# -- compaction --------------------------------------------------------------------------------
+def turns(n: int, reply: str = "SUMMARY") -> list[dict]:
+    out = [{"role": "user", "content": f"[[reply:{reply}]] first"}]
+    for i in range(1, n):
+        out.append({"role": "assistant" if i % 2 else "user", "content": f"m{i}"})
+    return out
+
+
+def test_compaction_is_not_needed_up_to_keep_plus_one(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("small"))
+    for n in (0, COMPACT_KEEP, COMPACT_KEEP + 1):
+        put_session(env, h.session_id, turns(n) if n else [])
+        h.session_cache = None
+        before = len(fake.requests)
+        assert mgr.compact(h) == {"status": "ok", "compacted": False, "summarized_messages": 0,
+                                  "kept_messages": n, "message": f"no compaction needed ({n} messages)"}
+        assert len(fake.requests) == before, "BUG: the model was called for nothing"
+
+
+def test_compaction_summarises_the_older_messages(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("big", 'system_prompt = "own prompt"\n'))
+    messages = turns(COMPACT_KEEP + 2)
+    put_session(env, h.session_id, messages)
+    result = mgr.compact(h)
+    assert result == {"status": "ok", "compacted": True, "summarized_messages": 2, "kept_messages": COMPACT_KEEP,
+                      "message": f"compacted 2 messages into a summary of 7 chars, kept {COMPACT_KEEP} recent messages"}
+    new = json.loads(stored_text(env, h.session_id))
+    assert new == [{"role": "user", "content": "[Summary of the earlier conversation]\nSUMMARY"}] + messages[2:]
+    assert h.session_cache == new and h.llm_history is None
+    body = fake.requests[-1]["json"]
+    assert body["model"] == "gpt-4o" and body["max_tokens"] == 1024 and body["temperature"] == 0.3
+    assert body["messages"] == [
+        {"role": "system", "content": "You summarise conversations. Write a concise summary of the conversation "
+                                      "below that keeps every fact, decision, name, number and open task needed "
+                                      "to continue it."},
+        {"role": "user", "content": "User: [[reply:SUMMARY]] first\n\nAssistant: m1"}]
+    assert not body.get("stream")
+
+
+def test_compaction_never_separates_tool_results_from_their_call(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("tools"))
+    messages = [{"role": "user", "content": "[[reply:SUMMARY]] first"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "m2"}, {"role": "assistant", "content": "m3"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "file_read", "arguments": {}}]},
+                {"role": "tool", "content": "r1", "tool_call_id": "c1", "tool_name": "file_read", "is_error": False},
+                {"role": "tool", "content": "r2", "tool_call_id": "c2", "tool_name": "file_read", "is_error": False}]
+    messages += [{"role": "assistant" if i % 2 else "user", "content": f"k{i}"} for i in range(COMPACT_KEEP - 1)]
+    put_session(env, h.session_id, messages)
+    split = len(messages) - COMPACT_KEEP
+    assert messages[split]["role"] == "tool" and messages[split - 1]["role"] == "tool"
+    result = mgr.compact(h)
+    assert (result["summarized_messages"], result["kept_messages"]) == (split - 2, COMPACT_KEEP + 2)
+    new = json.loads(stored_text(env, h.session_id))
+    assert new[1]["tool_calls"][0]["id"] == "c1" and new[1:] == messages[split - 2:]
+    # The transcript leaves out messages without content (the tool call) and cuts to 100,000 chars.
+    assert fake.requests[-1]["json"]["messages"][1]["content"] == \
+        "User: [[reply:SUMMARY]] first\n\nUser: m2\n\nAssistant: m3"
+
+
+def test_compaction_of_tool_results_only_at_the_start_is_not_needed(env, mgr) -> None:
+    h = mgr.spawn(manifest("alltools"))
+    messages = [{"role": "user", "content": "u"}] + [
+        {"role": "tool", "content": f"r{i}", "tool_call_id": f"c{i}", "tool_name": "x", "is_error": False}
+        for i in range(COMPACT_KEEP + 1)]
+    put_session(env, h.session_id, messages)
+    assert mgr.compact(h)["compacted"] is False
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}] + messages[1:]
+    put_session(env, h.session_id, messages)
+    h.session_cache = None
+    result = mgr.compact(h)
+    assert result["compacted"] is False and result["message"] == f"no compaction needed ({len(messages)} messages)"
+
+
+def test_the_transcript_keeps_its_last_100000_characters(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("long"))
+    messages = [{"role": "user", "content": "x" * 120_000}, {"role": "assistant", "content": "[[reply:S]] tail"}]
+    messages += [{"role": "user", "content": f"k{i}"} for i in range(COMPACT_KEEP)]
+    put_session(env, h.session_id, messages)
+    result = mgr.compact(h)
+    sent = fake.requests[-1]["json"]["messages"][1]["content"]
+    assert len(sent) == 100_000 and sent.endswith("\n\nAssistant: [[reply:S]] tail")
+    assert result["message"] == f"compacted 2 messages into a summary of 1 chars, kept {COMPACT_KEEP} recent messages"
+
+
+def test_a_summary_is_stripped_of_think_text_and_never_empty(env, mgr) -> None:
+    h = mgr.spawn(manifest("think"))
+    put_session(env, h.session_id, [{"role": "user", "content": "[[think]] [[reply:the gist]]"}]
+                + turns(COMPACT_KEEP + 2)[1:])
+    mgr.compact(h)
+    assert h.session_cache[0]["content"] == "[Summary of the earlier conversation]\nthe gist"
+    put_session(env, h.session_id, [{"role": "user", "content": "[[reply:<think>only thoughts</think>]]"}]
+                + turns(COMPACT_KEEP + 2)[1:])
+    h.session_cache = None
+    result = mgr.compact(h)
+    assert h.session_cache[0]["content"] == "[Summary of the earlier conversation]\n(empty summary)"
+    assert "summary of 15 chars" in result["message"]
+
+
+def test_a_failed_compaction_keeps_the_session(env, mgr) -> None:
+    h = mgr.spawn(manifest("fail"))
+    messages = [{"role": "user", "content": "[[fail:429 retry_after=7]]"}] + turns(COMPACT_KEEP + 2)[1:]
+    put_session(env, h.session_id, messages)
+    with pytest.raises(AgentRunError) as err:
+        mgr.compact(h)
+    exc = err.value
+    assert exc.message.startswith("compaction failed: ") and "429" in exc.message
+    assert (exc.kind, exc.http_status, exc.status) == ("rate_limit", 429, 500)
+    assert json.loads(stored_text(env, h.session_id)) == messages
+    assert h.run_lock.acquire(blocking=False), "BUG: a failed compaction keeps the agent locked"
+    h.run_lock.release()
+
+
+# -- usage rows ----------------------------------------------------------------------------------
+def test_usage_rows_are_written_with_the_session_and_cleared(env, mgr) -> None:
+    writes = Recorder()
+    rows: list = []
+    mgr.write_usage = lambda usage: (writes(list(usage)), rows.extend(usage))
+    env.usage.value = lambda handle, provider, model, response, usage=None: (
+        usage.append({"model": model}) if usage is not None else None) or 0.5
+    h = mgr.spawn(manifest("usage"))
+    result = mgr.run(h, "count me")
+    assert writes.calls == [([{"model": "gpt-4o"}],)]
+    assert result.cost_usd == 0.5
+    pending = [{"model": "x"}]
+    mgr._flush_usage(pending)
+    assert writes.calls[-1] == ([{"model": "x"}],) and pending == []
+    mgr._flush_usage([])
+    mgr._flush_usage(None)
+    assert len(writes.calls) == 2
+    mgr.write_usage = None
+    kept = [{"model": "y"}]
+    mgr._flush_usage(kept)
+    assert kept == [{"model": "y"}]
+
+
+def test_a_killed_agents_run_writes_its_usage_but_no_session(env, mgr) -> None:
+    written: list = []
+    mgr.write_usage = written.extend
+    h = mgr.spawn(manifest("killed"))
+    stored = mgr._load_session(h)
+    h.killed = True
+    usage = [{"model": "m"}]
+    mgr._save_session(h, stored, [Message("user", "u")], [], usage)
+    assert written == [{"model": "m"}] and usage == []
+    assert stored_text(env, h.session_id) == "[]"
+
+
+def test_a_save_after_the_agent_row_is_gone_writes_nothing(env, mgr) -> None:
+    h = mgr.spawn(manifest("gone"))
+    stored = mgr._load_session(h)
+    other = env.manager()
+    other.load()
+    other.kill(other.get(h.id))
+    mgr._save_session(h, stored, [Message("user", "u")], [])
+    with orm.db_session:
+        assert env.store.e.SessionRow.get(id=h.session_id) is None
+    assert h.session_cache == []
+
+
+def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
+    h = mgr.spawn(manifest("recreate"))
+    stored = mgr._load_session(h)
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).delete()
+    before = h.last_active
+    mgr._save_session(h, stored, [Message("user", "u"), Message("assistant", "a",
+                                                               tool_calls=[ToolCall("c", "n", {})])],
+                      [{"file_id": "f"}])
+    expected = [{"role": "user", "content": "u", "images": [{"file_id": "f"}]},
+                {"role": "assistant", "content": "a", "tool_calls": [{"id": "c", "name": "n", "arguments": {}}]}]
+    assert json.loads(stored_text(env, h.session_id)) == expected
+    assert h.session_cache == expected and h.last_active > before
+    with orm.db_session:
+        row = env.store.e.SessionRow.get(id=h.session_id)
+        assert row.agent.id == h.id
+        assert env.store.e.AgentRow.get(id=h.id).last_active.replace(tzinfo=h.last_active.tzinfo) == h.last_active
+
+
+def test_run_images_are_recorded_on_the_user_turn_only(env, mgr) -> None:
+    h = mgr.spawn(manifest("img"))
+    stored = mgr._load_session(h)
+    mgr._save_session(h, stored, [], [{"file_id": "f"}])
+    assert stored_text(env, h.session_id) == "[]"
+
+
+def test_compaction_waits_for_a_running_run(env, mgr) -> None:
+    h = mgr.spawn(manifest("locked"))
+    put_session(env, h.session_id, turns(COMPACT_KEEP + 2))
+    h.run_lock.acquire()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (mgr.compact(h), done.set()))
+    t.start()
+    assert not done.wait(0.3), "BUG: compaction ran while the agent was busy"
+    h.run_lock.release()
+    t.join(10)
+    assert done.is_set()
+    assert uuid.UUID(h.session_id)
+
+
+def test_a_compacted_session_is_stored_as_unescaped_json_text(env, mgr) -> None:
+    h = mgr.spawn(manifest("utf"))
+    messages = [{"role": "user", "content": "[[reply:Zusammenfassung für dich]] ä"}] + \
+        [{"role": "assistant" if i % 2 else "user", "content": f"ü{i}"} for i in range(1, COMPACT_KEEP + 2)]
+    put_session(env, h.session_id, messages)
+    mgr.compact(h)
+    new = [{"role": "user", "content": "[Summary of the earlier conversation]\nZusammenfassung für dich"}] + messages[2:]
+    assert stored_text(env, h.session_id) == json.dumps(new, ensure_ascii=False)
+
+
+def test_a_session_row_without_text_is_empty(env, mgr) -> None:
+    h = mgr.spawn(manifest("blank"))
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).messages = ""
+    assert mgr._load_session(h) == [] and mgr.session(h)["messages"] == []
+
+
+def test_no_usage_rows_no_usage_write(env, mgr) -> None:
+    calls: list = []
+    mgr.write_usage = calls.append
+    h = mgr.spawn(manifest("nousage"))
+    mgr._save_session(h, mgr._load_session(h), [Message("user", "u")], [], [])
+    mgr._save_session(h, mgr._load_session(h), [Message("user", "v")], [], None)
+    assert calls == [] and len(json.loads(stored_text(env, h.session_id))) == 2
+
+
+def test_compaction_of_a_session_of_tool_results_only(env, mgr) -> None:
+    h = mgr.spawn(manifest("onlytools"))
+    messages = [{"role": "tool", "content": f"r{i}", "tool_call_id": f"c{i}", "tool_name": "x", "is_error": False}
+                for i in range(COMPACT_KEEP + 3)]
+    put_session(env, h.session_id, messages)
+    assert mgr.compact(h)["message"] == f"no compaction needed ({COMPACT_KEEP + 3} messages)"
