@@ -315,7 +315,7 @@ def test_client_leaving_stops_its_runs(srv: AppServer) -> None:
     handle = srv.kernel.agents.get(agent_id)
     c = Client(srv, agent_id)
     c.frame()
-    c.send({"type": "message", "content": "[[slow:5]] one"})
+    c.send({"type": "message", "content": "[[slow:30]] one"})
     c.send({"type": "message", "content": "[[reply:queued]]"})
     assert c.frame() == {"type": "typing", "state": "start"}
     assert c.frame() == {"type": "typing", "state": "start"}
@@ -328,7 +328,7 @@ def test_client_leaving_stops_its_runs(srv: AppServer) -> None:
         time.sleep(0.05)
     assert not handle.waiting, "BUG: a queued run of a client that left was not withdrawn"
     assert not handle.busy, "BUG: the running run of a client that left went on"
-    assert time.monotonic() - started < 4.5, "BUG: the run ran to its end"
+    assert time.monotonic() - started < 20, "BUG: the run ran to its end"
 
 
 def test_unknown_agent_is_404_before_the_upgrade(srv: AppServer) -> None:
@@ -390,6 +390,10 @@ def test_failed_compaction_is_an_error_frame(srv: AppServer) -> None:
 
 def test_max_streams_at_the_cap(srv: AppServer) -> None:
     agent_id = srv.spawn("cap")
+    # Sockets of earlier tests give their slots back once their handlers return.
+    deadline = time.monotonic() + WAIT
+    while ws_transport.active_websockets(srv.waitress) and time.monotonic() < deadline:
+        time.sleep(0.05)
     open_ = [Client(srv, agent_id) for _ in range(3)]   # max_streams = 3
     try:
         for c in open_:

@@ -112,12 +112,21 @@ class AgentSocket:
             self.send("error", content=exc.message)
             return
         cancel = threading.Event()
+        # The run's events wait for `typing: start`: a run that starts at once on another
+        # thread must not get its first frames out before it.
+        started = threading.Event()
+
+        def emit(event: Event) -> None:
+            started.wait()
+            self.on_event(event)
+
         try:
-            future = agents.submit(self.handle, content, attachments, emit=self.on_event, cancel=cancel)
+            future = agents.submit(self.handle, content, attachments, emit=emit, cancel=cancel)
         except AgentdError as exc:  # e.g. the agent's queue is full
             self.send("error", content=exc.message)
             return
         self.send("typing", state="start")
+        started.set()
         self._runs[future] = cancel
 
         def finished(f: Any) -> None:
