@@ -149,7 +149,7 @@ TESTS: dict[str, list[str]] = {
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
-                                          "tests/test_driver_formats_exact.py",
+                                          "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
