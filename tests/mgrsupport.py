@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentManager
 from agentd.config import parse_config
@@ -71,3 +73,13 @@ def llm_config(fake: Any, **llm: Any) -> dict[str, Any]:
             "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "MGR_TEST_KEY"},
             "provider_urls": {"openai": fake.openai_base, "anthropic": fake.anthropic_base,
                               "gemini": fake.gemini_base}}
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """The fake LLM server (no key required), one per test module; import it as a fixture."""
+    from fakellm import FakeLLM
+
+    server = FakeLLM().start()
+    yield server
+    server.stop()

@@ -13,16 +13,7 @@ from agentd.agents import manager as manager_module
 from agentd.agents.handle import RunOptions
 from agentd.agents.ops import AgentOpsImpl
 from agentd.errors import TooManyRequests
-from mgrsupport import Env, llm_config, manifest
-
-
-@pytest.fixture(scope="module")
-def fake():
-    from fakellm import FakeLLM
-
-    server = FakeLLM().start()
-    yield server
-    server.stop()
+from mgrsupport import Env, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()

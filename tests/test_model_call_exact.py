@@ -16,16 +16,7 @@ import pytest
 
 from agentd.llm.types import ChatRequest, LLMError, Message, ProviderEndpoint, TextDelta
 from misbehaving_upstream import Upstream
-from mgrsupport import Env, Recorder, llm_config, manifest
-
-
-@pytest.fixture(scope="module")
-def fake():
-    from fakellm import FakeLLM
-
-    server = FakeLLM().start()
-    yield server
-    server.stop()
+from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,7 @@ import pytest
 
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolError
-from mgrsupport import Env, llm_config, manifest
-
-
-@pytest.fixture(scope="module")
-def fake():
-    from fakellm import FakeLLM
-
-    server = FakeLLM().start()
-    yield server
-    server.stop()
+from mgrsupport import Env, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()

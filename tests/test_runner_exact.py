@@ -24,16 +24,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
-from mgrsupport import Env, Recorder, llm_config, manifest
-
-
-@pytest.fixture(scope="module")
-def fake():
-    from fakellm import FakeLLM
-
-    server = FakeLLM().start()
-    yield server
-    server.stop()
+from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()

@@ -22,16 +22,7 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import estimate_tokens
 from agentd.errors import BadRequest, NotFound
 from agentd.llm.types import Message, ToolCall
-from mgrsupport import Env, Recorder, llm_config, manifest
-
-
-@pytest.fixture(scope="module")
-def fake():
-    from fakellm import FakeLLM
-
-    server = FakeLLM().start()
-    yield server
-    server.stop()
+from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
