@@ -83,3 +83,11 @@ def fake():
     server = FakeLLM().start()
     yield server
     server.stop()
+
+
+import pgtest  # noqa: E402 (ENABLED is set by conftest before test modules are imported)
+
+# Tests of what a manager does on a database of its own (SQLite): under --db=postgres every
+# in-process store is a shared one, where other daemons' rows are read back on purpose.
+lone_store_only = pytest.mark.skipif(pgtest.ENABLED, reason="a lone daemon's store (SQLite); "
+                                     "on a shared database other daemons' rows are adopted by design")

@@ -17,7 +17,7 @@ import pytest
 from pony import orm
 
 from agentd.errors import BadRequest, Conflict, Forbidden, NotFound
-from mgrsupport import Env, manifest
+from mgrsupport import Env, manifest, lone_store_only
 
 
 @pytest.fixture()
@@ -80,6 +80,7 @@ def test_spawn_without_manifest_is_refused(mgr, text) -> None:
     assert mgr.count() == 0
 
 
+@lone_store_only
 def test_spawn_of_a_taken_name_is_a_conflict_and_changes_nothing(env, mgr) -> None:
     h = mgr.spawn(manifest("dup"))
     with pytest.raises(Conflict) as err:
@@ -195,6 +196,7 @@ def test_default_model_of_the_config_is_used(tmp_path) -> None:
 
 
 # -- load --------------------------------------------------------------------------------------
+@lone_store_only
 def test_load_brings_every_agent_back_with_its_fields(env, mgr, caplog) -> None:
     hs = [mgr.spawn(manifest(f"a{i}")) for i in range(5)]
     mgr.set_mode(hs[1], "Observe")
@@ -545,6 +547,7 @@ def shared_view(env):
     return m
 
 
+@lone_store_only
 def test_on_a_shared_database_lookups_adopt_what_others_spawned(env, mgr) -> None:
     b = shared_view(env)
     local = env.manager()   # not shared: never looks

@@ -24,7 +24,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
-from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, Recorder, llm_config, manifest, fake, lone_store_only  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -376,6 +376,7 @@ def test_stop_cancels_approvals_and_the_run(mgr) -> None:
     assert waiting.decision == "cancelled" and other.decision is None
 
 
+@lone_store_only
 def test_stop_on_a_cluster_asks_the_other_daemons(env) -> None:
     import dataclasses
 

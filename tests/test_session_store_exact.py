@@ -22,7 +22,7 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import estimate_tokens
 from agentd.errors import BadRequest, NotFound
 from agentd.llm.types import Message, ToolCall
-from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, Recorder, llm_config, manifest, fake, lone_store_only  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -169,6 +169,7 @@ def test_session_view_of_a_missing_row(env, mgr) -> None:
     assert (view["label"], view["messages"], view["message_count"]) == (None, [], 0)
 
 
+@lone_store_only
 def test_a_cached_session_is_not_read_again(env, mgr) -> None:
     h = mgr.spawn(manifest("cached"))
     assert mgr._load_session(h) == []
