@@ -101,8 +101,7 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     agents.precheck(handle)
     acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly")
     try:
-        return agents.run_now(handle, text, attachments, options=options, cancel=threading.Event(),
-                              disconnected=client_disconnected())
+        return agents.run_now(handle, text, attachments, options=options, disconnected=client_disconnected())
     finally:
         kernel.stream_slots.release()
 
