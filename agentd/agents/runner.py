@@ -31,14 +31,20 @@ class RunExecution:
     """Part of AgentManager: runs messages (inline or through the per-agent run queues)."""
 
     # -- quotas -----------------------------------------------------------------
+    @staticmethod
+    def _recent_tokens(handle: AgentHandle, now: float) -> collections.deque:
+        """The agent's token log with entries older than an hour dropped (so it stays bounded)."""
+        log_ = handle.token_log
+        while log_ and log_[0][0] <= now - 3600:
+            log_.popleft()
+        return log_
+
     def _check_quota(self, handle: AgentHandle) -> None:
         limit = handle.manifest.tokens_per_hour
         if not limit:
             return
         now = time.time()
-        log_ = handle.token_log
-        while log_ and log_[0][0] <= now - 3600:
-            log_.popleft()
+        log_ = self._recent_tokens(handle, now)
         used = sum(n for _, n in log_)
         if used >= limit:
             retry = int(log_[0][0] + 3600 - now) + 1 if log_ else 60
@@ -146,7 +152,9 @@ class RunExecution:
 
         def on_usage(response: ChatResponse) -> None:
             costs.append(getattr(response, "cost_usd", None))
-            handle.token_log.append((time.time(), response.usage.input_tokens + response.usage.output_tokens))
+            now = time.time()
+            self._recent_tokens(handle, now).append(
+                (now, response.usage.input_tokens + response.usage.output_tokens))
 
         spec = RunSpec(model=handle.model, system=system, history=self._history(handle, stored), user=user,
                        tools=tools, tool_ctx=ctx, llm=self._llm_call(handle, usage),
