@@ -77,16 +77,16 @@ def test_mode_and_session_taken_over_caches_dropped_only_on_a_new_session(pair) 
     h = a.spawn(manifest("gamma"))
     shared.sync_agent(b, agent_id=h.id)
     mine = b._agents[h.id]
-    mine.session_cache, mine.llm_history = [{"role": "user"}], []
+    mine.session_tail = [{"role": "user"}]
     a.set_mode(h, "Observe")
     shared.sync_agent(b, agent_id=h.id)
     assert b._agents[h.id] is mine and mine.mode == "Observe", "BUG: a mode set on another daemon is ignored"
-    assert mine.session_cache == [{"role": "user"}] and mine.llm_history == [], \
+    assert mine.session_tail == [{"role": "user"}], \
         "BUG: the session cache was dropped though the session did not change"
     with orm.db_session:
         store.e.AgentRow.get(id=h.id).session_id = "new-session"
     shared.sync_agent(b, name="gamma")
-    assert mine.session_id == "new-session" and (mine.session_cache, mine.llm_history) == (None, None), \
+    assert mine.session_id == "new-session" and mine.session_tail is None, \
         "BUG: a session reset on another daemon keeps the old history here"
 
 

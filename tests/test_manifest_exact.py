@@ -14,7 +14,7 @@ from agentd.errors import BadRequest
 
 DEFAULTS = {
     "name": "x", "description": "", "version": "0.1.0", "author": "", "profile": None,
-    "tags": [], "skills": [], "mcp_servers": [],
+    "tags": [], "skills": [], "mcp_servers": [], "max_history_messages": None,
     "model": {"provider": "default", "model": "default", "system_prompt": "You are a helpful AI agent.",
               "max_tokens": 4096, "temperature": 0.7, "api_key_env": "", "base_url": ""},
     "fallback_models": [],
@@ -37,8 +37,14 @@ def test_minimal_manifest_gets_every_default() -> None:
     assert m.data == DEFAULTS, "BUG: a default of the manifest schema changed"
     assert m.toml_text == 'name = "x"\n' and m.warnings == [] and m.extra == {}
     assert (m.name, m.profile, m.model, m.capabilities) == ("x", None, DEFAULTS["model"], DEFAULTS["capabilities"])
-    assert m.max_iterations == 50 and m.tokens_per_hour == 0
+    assert m.max_iterations == 50 and m.tokens_per_hour == 0 and m.history_messages == 20
     assert m.tool_timeout == 120.0 and isinstance(m.tool_timeout, float)
+
+
+def test_history_window_0_means_20_and_the_limits_are_allowed() -> None:
+    for text, window in (("max_history_messages = 0", 20), ("max_history_messages = 1", 1),
+                         ("max_history_messages = 100000", 100_000), ("", 20)):
+        assert parse_manifest(f'name = "x"\n{text}\n').history_messages == window, text
 
 
 def test_manifest_error_is_a_400_with_the_prefix() -> None:
@@ -88,6 +94,11 @@ def test_one_bare_string_is_a_one_item_list() -> None:
     ('name = "x"\nmodel = 5\n', "model._schema: Invalid input type."),
     ('name = "x"\nfallback_models = "x"\n', "fallback_models: Not a valid list."),
     ('name = "x"\n[identity]\ncolor = "red"\n', "identity.color: String does not match expected pattern."),
+    ('name = "x"\nmax_history_messages = -1\n',
+     "max_history_messages: Must be greater than or equal to 0 and less than or equal to 100000."),
+    ('name = "x"\nmax_history_messages = 100001\n',
+     "max_history_messages: Must be greater than or equal to 0 and less than or equal to 100000."),
+    ('name = "x"\nmax_history_messages = "20"\n', "max_history_messages: Not a valid integer."),
     ('name = "x"\n[resources]\nmax_iterations = 0\n',
      "resources.max_iterations: Must be greater than or equal to 1 and less than or equal to 1000."),
 ])

@@ -59,7 +59,7 @@ def test_send_to_another_agent_runs_it(mgr) -> None:
     ops = mgr.ops_for(a)
     assert ops.send_to_agent(a.id, "b", "hello b") == "echo: hello b"
     assert ops.send_to_agent(a.id, b.id, "by id") == "echo: by id"
-    assert b.session_cache[-1] == {"role": "assistant", "content": "echo: by id"}
+    assert b.session_tail[-1] == {"role": "assistant", "content": "echo: by id"}
     assert AgentOpsImpl.NESTED_LOCK_TIMEOUT == 30.0
 
 

@@ -477,7 +477,7 @@ def test_conversations_have_their_own_sessions(env, mgr) -> None:
     mgr.run_conversation(h, sid2, "no label")
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=sid2).label is None
-    assert h.session_cache[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
+    assert h.session_tail[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
     gone = mgr.spawn(manifest("gone"))
     mgr.kill(gone)
     with pytest.raises(NotFound) as err:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentd.agents.session import api_view, clean_history, estimate_tokens, history_for_model, to_llm, to_stored
+from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.llm.types import Message, ToolCall
 
 CALL = ToolCall("c1", "file_read", {"path": "a"})
@@ -40,7 +40,7 @@ def test_dangling_tool_calls_are_dropped_but_their_text_kept() -> None:
     assert [(m.role, m.content, len(m.tool_calls)) for m in cleaned] == [
         ("user", "u", 0), ("assistant", "half", 0), ("tool", "r1", 0), ("assistant", "answered", 1)], \
         "BUG: a tool call without its result is sent to the provider (or answered ones are dropped)"
-    assert history_for_model([to_stored(m) for m in messages]) == cleaned
+    assert clean_history([to_llm(to_stored(m)) for m in messages]) == cleaned
 
 
 def test_api_view_attaches_tools_to_their_turn() -> None:

@@ -54,27 +54,52 @@ def test_runs_append_exact_json_text(env, mgr) -> None:
     mgr.run(h, "héllo")
     first = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "echo: héllo"}]
     assert stored_text(env, h.session_id) == json.dumps(first, ensure_ascii=False)
-    assert h.session_json == stored_text(env, h.session_id)
-    assert h.session_cache == first
+    assert (h.session_tail, h.session_count) == (first, 2)
     mgr.run(h, "zwei ünd")
     both = first + [{"role": "user", "content": "zwei ünd"}, {"role": "assistant", "content": "echo: zwei ünd"}]
     assert stored_text(env, h.session_id) == json.dumps(both, ensure_ascii=False), \
         "BUG: the appended session text differs from encoding the whole session"
-    assert h.session_json == stored_text(env, h.session_id) and h.session_cache == both
-    assert [m.content for m in h.llm_history] == [m["content"] for m in both]
+    assert (h.session_tail, h.session_count) == (both, 4)
     # A manager that never saw the session reads the same messages.
     other = env.manager()
     other.load()
-    assert other._load_session(other.get(h.id)) == both
+    assert other._read_session(other.get(h.id)) == both
 
 
-def test_a_run_after_a_fresh_load_writes_the_whole_session(env, mgr) -> None:
+def test_the_cache_keeps_only_the_history_window_and_the_database_everything(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("window").replace("[model]", "max_history_messages = 3\n[model]"))
+    for word in ("a", "b", "c"):
+        mgr.run(h, word)
+    everything = [m for w in ("a", "b", "c") for m in ({"role": "user", "content": w},
+                                                       {"role": "assistant", "content": f"echo: {w}"})]
+    assert stored_text(env, h.session_id) == json.dumps(everything, ensure_ascii=False), \
+        "BUG: messages that left the window were dropped from the database"
+    assert (h.session_tail, h.session_count) == (everything[-3:], 6), "BUG: the cache grows past the window"
+    # The window [echo: b, c, echo: c] starts at a user turn: "echo: b" is not sent without its question.
+    assert [(m["role"], m["content"]) for m in fake.requests[-1]["json"]["messages"][1:]] == [
+        ("user", "b"), ("assistant", "echo: b"), ("user", "c")]
+    assert [(m["role"], m["content"]) for m in mgr.session(h)["messages"]][:2] == [("User", "a"), ("Assistant", "echo: a")]
+
+
+def test_the_window_defaults_to_20_messages(env, mgr, fake) -> None:
+    for extra in ("", "max_history_messages = 0\n"):
+        h = mgr.spawn(manifest(f"default{len(extra)}").replace("[model]", extra + "[model]"))
+        put_session(env, h.session_id, [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+                                        for i in range(30)])
+        h.session_tail = None
+        mgr.run(h, "now")
+        sent = [m["content"] for m in fake.requests[-1]["json"]["messages"][1:]]
+        assert sent == [f"m{i}" for i in range(10, 30)] + ["now"], extra
+
+
+def test_a_run_appends_to_the_stored_text_as_it_is(env, mgr) -> None:
     h = mgr.spawn(manifest("fresh"))
     put_session(env, h.session_id, [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"}])
     mgr.run(h, "new")
+    # The new messages are appended to the stored text as it was (written escaped, elsewhere).
     assert stored_text(env, h.session_id) == json.dumps(
-        [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"},
-         {"role": "user", "content": "new"}, {"role": "assistant", "content": "echo: new"}], ensure_ascii=False)
+        [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"}])[:-1] + ", " + json.dumps(
+        [{"role": "user", "content": "new"}, {"role": "assistant", "content": "echo: new"}], ensure_ascii=False)[1:]
 
 
 def test_the_model_is_sent_the_history_and_the_history_is_converted_once(env, mgr, fake) -> None:
@@ -91,56 +116,19 @@ def test_the_model_is_sent_the_history_and_the_history_is_converted_once(env, mg
     assert [(m["role"], m.get("content")) for m in sent] == [
         ("system", "You are a helpful AI agent."), ("user", "u1"), ("assistant", "t"), ("tool", "r"),
         ("assistant", "a1"), ("assistant", "dangling"), ("user", "u2")]
-    history = h.llm_history
-    assert len(history) == 7
     mgr.run(h, "u3")
-    assert h.llm_history[:7] == history and len(h.llm_history) == 9
     assert [(m["role"], m.get("content")) for m in fake.requests[-1]["json"]["messages"]][-3:] == \
         [("user", "u2"), ("assistant", "echo: u2"), ("user", "u3")]
 
 
-def test_cached_history_of_another_length_is_rebuilt(mgr) -> None:
-    h = mgr.spawn(manifest("rebuild"))
-    h.llm_history = [Message("user", "stale")]
-    stored = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    assert [m.content for m in mgr._history(h, stored)] == ["a", "b"]
-    assert [m.content for m in h.llm_history] == ["a", "b"]
-    same = h.llm_history
-    assert mgr._history(h, stored) == same and h.llm_history is same
-
-
-def test_cache_session_converts_only_an_appended_tail(mgr) -> None:
-    h = mgr.spawn(manifest("tail"))
-    marker = Message("user", "cached-a")   # not what the stored dict says: shows it was kept
-    h.llm_history = [marker]
-    h.session_json = "x"
-    mgr._cache_session(h, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], appended=True)
-    assert h.llm_history == [marker, Message("assistant", "b")] and h.session_json is None
-    mgr._cache_session(h, [{"role": "user", "content": "a"}], appended=True)   # shorter: not an append
-    assert h.llm_history is None
-    h.llm_history = [marker]
-    mgr._cache_session(h, [{"role": "user", "content": "a"}])
-    assert h.llm_history is None and h.session_cache == [{"role": "user", "content": "a"}]
-    h.llm_history = [marker]
-    mgr._cache_session(h, [{"role": "user", "content": "a"}], appended=True)   # same length: nothing new
-    assert h.llm_history == [marker]
-
-
-def test_session_text_reuses_the_cached_text_only_when_it_is_that_session(mgr) -> None:
-    h = mgr.spawn(manifest("text"))
-    before = [{"role": "user", "content": "ä"}]
-    added = [{"role": "assistant", "content": "b"}]
-    h.session_cache, h.session_json = before, "CACHED]"
-    assert mgr._session_text(h, before, added, before + added) == 'CACHED, {"role": "assistant", "content": "b"}]'
-    assert mgr._session_text(h, before, [], before) == "CACHED]"
-    full = json.dumps(before + added, ensure_ascii=False)
-    for cache, text, prev in ((before, None, before), (None, "CACHED]", before), (before + added, "CACHED]", before),
-                              (before, "CACHED", before), ([{"role": "user", "content": "ä"}], "CACHED]", before),
-                              ([{"role": "user", "content": "0"}] + before, "CACHED]", before),
-                              ([], "[]", [])):
-        h.session_cache, h.session_json = cache, text
-        assert mgr._session_text(h, prev, added, prev + added) == (
-            full if prev else json.dumps(added, ensure_ascii=False)), (cache, text)
+def test_a_window_without_a_user_turn_is_empty(mgr) -> None:
+    h = mgr.spawn(manifest("notuser").replace("[model]", "max_history_messages = 2\n[model]"))
+    h.session_tail, h.session_count = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                                       {"role": "tool", "content": "r", "tool_call_id": "c"}], 3
+    assert mgr._window(h) == []
+    h.session_tail = [{"role": "tool", "content": "r", "tool_call_id": "c"}, {"role": "user", "content": "u2"}]
+    assert mgr._window(h) == [{"role": "user", "content": "u2"}]
+    assert [m.content for m in mgr._history([{"role": "user", "content": "x"}])] == ["x"]
 
 
 # -- the session view and clearing -------------------------------------------------------------
@@ -149,7 +137,7 @@ def test_session_view(env, mgr) -> None:
     assert mgr.session(h) == {"session_id": h.session_id, "agent_id": h.id, "message_count": 0,
                               "context_window_tokens": 2, "label": None, "messages": []}
     mgr.run(h, "hello there")
-    stored = h.session_cache
+    stored = json.loads(stored_text(env, h.session_id))
     assert mgr.session(h) == {
         "session_id": h.session_id, "agent_id": h.id, "message_count": 2,
         "context_window_tokens": estimate_tokens(stored, "12345678"), "label": None,
@@ -164,7 +152,6 @@ def test_session_view_of_a_missing_row(env, mgr) -> None:
     h = mgr.spawn(manifest("norow"))
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
-    h.session_cache = None
     view = mgr.session(h)
     assert (view["label"], view["messages"], view["message_count"]) == (None, [], 0)
 
@@ -172,15 +159,15 @@ def test_session_view_of_a_missing_row(env, mgr) -> None:
 @lone_store_only
 def test_a_cached_session_is_not_read_again(env, mgr) -> None:
     h = mgr.spawn(manifest("cached"))
-    assert mgr._load_session(h) == []
+    assert mgr._window(h) == []
     put_session(env, h.session_id, [{"role": "user", "content": "written elsewhere"}])
-    assert mgr._load_session(h) == [], "the session is cached after the first read"
-    h.session_cache, h.session_json = None, "stale"
-    assert mgr._load_session(h) == [{"role": "user", "content": "written elsewhere"}]
-    assert h.session_json is None, "BUG: a re-read session keeps the text cached for the old list"
-    copy = mgr._load_session(h)
+    assert mgr._window(h) == [], "the session is cached after the first read"
+    h.session_tail = None
+    assert mgr._window(h) == [{"role": "user", "content": "written elsewhere"}]
+    assert h.session_count == 1
+    copy = mgr._window(h)
     copy.append("x")
-    assert h.session_cache == [{"role": "user", "content": "written elsewhere"}], "BUG: the cache was handed out"
+    assert h.session_tail == [{"role": "user", "content": "written elsewhere"}], "BUG: the cache was handed out"
 
 
 def test_on_a_shared_database_the_session_is_read_every_time(env) -> None:
@@ -190,11 +177,9 @@ def test_on_a_shared_database_the_session_is_read_every_time(env) -> None:
     m = env.manager()
     m.store = shared_store
     h = m.spawn(manifest("sharedsess"))
-    assert m._load_session(h) == []
-    h.llm_history = [Message("user", "x")]
+    assert m._window(h) == []
     put_session(env, h.session_id, [{"role": "user", "content": "from another daemon"}])
-    assert m._load_session(h) == [{"role": "user", "content": "from another daemon"}]
-    assert h.llm_history is None
+    assert m._window(h) == [{"role": "user", "content": "from another daemon"}]
 
 
 def test_delete_session_clears_history_keeps_the_id(env, mgr) -> None:
@@ -203,16 +188,16 @@ def test_delete_session_clears_history_keeps_the_id(env, mgr) -> None:
     mgr.run(h, "one")
     mgr.run(other, "two")
     mgr.delete_session(h.session_id.upper())
-    assert stored_text(env, h.session_id) == "[]" and (h.session_cache, h.llm_history) == ([], None)
+    assert stored_text(env, h.session_id) == "[]" and (h.session_tail, h.session_count) == ([], 0)
     assert mgr.session(h)["messages"] == [] and h.session_id == mgr.get(h.id).session_id
     assert json.loads(stored_text(env, other.session_id))[0]["content"] == "two"
-    assert other.session_cache != []
+    assert other.session_tail != []
     mgr.run(h, "after")
     assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "after"},
                                                           {"role": "assistant", "content": "echo: after"}]
     mgr.run(other, "three")
     mgr.reset_session(other)
-    assert stored_text(env, other.session_id) == "[]" and other.session_cache == []
+    assert stored_text(env, other.session_id) == "[]" and other.session_tail == []
 
 
 def test_delete_session_near_misses(env, mgr) -> None:
@@ -244,7 +229,6 @@ def test_compaction_is_not_needed_up_to_keep_plus_one(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("small"))
     for n in (0, COMPACT_KEEP, COMPACT_KEEP + 1):
         put_session(env, h.session_id, turns(n) if n else [])
-        h.session_cache = None
         before = len(fake.requests)
         assert mgr.compact(h) == {"status": "ok", "compacted": False, "summarized_messages": 0,
                                   "kept_messages": n, "message": f"no compaction needed ({n} messages)"}
@@ -260,7 +244,7 @@ def test_compaction_summarises_the_older_messages(env, mgr, fake) -> None:
                       "message": f"compacted 2 messages into a summary of 7 chars, kept {COMPACT_KEEP} recent messages"}
     new = json.loads(stored_text(env, h.session_id))
     assert new == [{"role": "user", "content": "[Summary of the earlier conversation]\nSUMMARY"}] + messages[2:]
-    assert h.session_cache == new and h.llm_history is None
+    assert (h.session_tail, h.session_count) == (new[-20:], len(new))
     body = fake.requests[-1]["json"]
     assert body["model"] == "gpt-4o" and body["max_tokens"] == 1024 and body["temperature"] == 0.3
     assert body["messages"] == [
@@ -300,7 +284,6 @@ def test_compaction_of_tool_results_only_at_the_start_is_not_needed(env, mgr) ->
     assert mgr.compact(h)["compacted"] is False
     messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}] + messages[1:]
     put_session(env, h.session_id, messages)
-    h.session_cache = None
     result = mgr.compact(h)
     assert result["compacted"] is False and result["message"] == f"no compaction needed ({len(messages)} messages)"
 
@@ -321,12 +304,11 @@ def test_a_summary_is_stripped_of_think_text_and_never_empty(env, mgr) -> None:
     put_session(env, h.session_id, [{"role": "user", "content": "[[think]] [[reply:the gist]]"}]
                 + turns(COMPACT_KEEP + 2)[1:])
     mgr.compact(h)
-    assert h.session_cache[0]["content"] == "[Summary of the earlier conversation]\nthe gist"
+    assert json.loads(stored_text(env, h.session_id))[0]["content"] == "[Summary of the earlier conversation]\nthe gist"
     put_session(env, h.session_id, [{"role": "user", "content": "[[reply:<think>only thoughts</think>]]"}]
                 + turns(COMPACT_KEEP + 2)[1:])
-    h.session_cache = None
     result = mgr.compact(h)
-    assert h.session_cache[0]["content"] == "[Summary of the earlier conversation]\n(empty summary)"
+    assert json.loads(stored_text(env, h.session_id))[0]["content"] == "[Summary of the earlier conversation]\n(empty summary)"
     assert "summary of 15 chars" in result["message"]
 
 
@@ -371,39 +353,38 @@ def test_a_killed_agents_run_writes_its_usage_but_no_session(env, mgr) -> None:
     written: list = []
     mgr.write_usage = written.extend
     h = mgr.spawn(manifest("killed"))
-    stored = mgr._load_session(h)
     h.killed = True
     usage = [{"model": "m"}]
-    mgr._save_session(h, stored, [Message("user", "u")], [], usage)
+    mgr._save_session(h, [Message("user", "u")], [], usage)
     assert written == [{"model": "m"}] and usage == []
     assert stored_text(env, h.session_id) == "[]"
 
 
 def test_a_save_after_the_agent_row_is_gone_writes_nothing(env, mgr) -> None:
     h = mgr.spawn(manifest("gone"))
-    stored = mgr._load_session(h)
+    mgr._window(h)
     other = env.manager()
     other.load()
     other.kill(other.get(h.id))
-    mgr._save_session(h, stored, [Message("user", "u")], [])
+    mgr._save_session(h, [Message("user", "u")], [])
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=h.session_id) is None
-    assert h.session_cache == []
+    assert (h.session_tail, h.session_count) == ([], 0)
 
 
 def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
     h = mgr.spawn(manifest("recreate"))
-    stored = mgr._load_session(h)
+    mgr._window(h)
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
     before = h.last_active
-    mgr._save_session(h, stored, [Message("user", "u"), Message("assistant", "a",
+    mgr._save_session(h, [Message("user", "u"), Message("assistant", "a",
                                                                tool_calls=[ToolCall("c", "n", {})])],
                       [{"file_id": "f"}])
     expected = [{"role": "user", "content": "u", "images": [{"file_id": "f"}]},
                 {"role": "assistant", "content": "a", "tool_calls": [{"id": "c", "name": "n", "arguments": {}}]}]
     assert json.loads(stored_text(env, h.session_id)) == expected
-    assert h.session_cache == expected and h.last_active > before
+    assert (h.session_tail, h.session_count) == (expected, 2) and h.last_active > before
     with orm.db_session:
         row = env.store.e.SessionRow.get(id=h.session_id)
         assert row.agent.id == h.id
@@ -412,8 +393,7 @@ def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
 
 def test_run_images_are_recorded_on_the_user_turn_only(env, mgr) -> None:
     h = mgr.spawn(manifest("img"))
-    stored = mgr._load_session(h)
-    mgr._save_session(h, stored, [], [{"file_id": "f"}])
+    mgr._save_session(h, [], [{"file_id": "f"}])
     assert stored_text(env, h.session_id) == "[]"
 
 
@@ -445,15 +425,18 @@ def test_a_session_row_without_text_is_empty(env, mgr) -> None:
     h = mgr.spawn(manifest("blank"))
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).messages = ""
-    assert mgr._load_session(h) == [] and mgr.session(h)["messages"] == []
+    assert mgr._read_session(h) == [] and mgr.session(h)["messages"] == []
+    mgr.run(h, "x")
+    assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "x"},
+                                                          {"role": "assistant", "content": "echo: x"}]
 
 
 def test_no_usage_rows_no_usage_write(env, mgr) -> None:
     calls: list = []
     mgr.write_usage = calls.append
     h = mgr.spawn(manifest("nousage"))
-    mgr._save_session(h, mgr._load_session(h), [Message("user", "u")], [], [])
-    mgr._save_session(h, mgr._load_session(h), [Message("user", "v")], [], None)
+    mgr._save_session(h, [Message("user", "u")], [], [])
+    mgr._save_session(h, [Message("user", "v")], [], None)
     assert calls == [] and len(json.loads(stored_text(env, h.session_id))) == 2
 
 
@@ -476,4 +459,4 @@ def test_compaction_steps_back_over_a_single_tool_result(env, mgr) -> None:
     assert messages[len(messages) - COMPACT_KEEP]["role"] == "tool"
     result = mgr.compact(h)
     assert (result["summarized_messages"], result["kept_messages"]) == (3, COMPACT_KEEP + 1)
-    assert h.session_cache[1:] == messages[3:]
+    assert json.loads(stored_text(env, h.session_id))[1:] == messages[3:]

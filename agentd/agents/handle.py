@@ -12,7 +12,7 @@ from typing import Any
 
 from agentd.agents.manifest import Manifest
 from agentd.errors import BadRequest
-from agentd.llm.types import GenerationParams, ImagePart, Message
+from agentd.llm.types import GenerationParams, ImagePart
 
 
 MODES = ("Auto", "Manual", "Observe")
@@ -55,14 +55,11 @@ class AgentHandle:
     cancel: threading.Event | None = None
     token_log: collections.deque = field(default_factory=collections.deque)
     killed: bool = False
-    # The session's stored messages, once read; every write replaces it.
-    session_cache: list[dict[str, Any]] | None = None
-    # The same messages converted for the model, extended as runs append (long sessions
-    # would otherwise be converted again on every message).
-    llm_history: list[Message] | None = None
-    # The JSON text of `session_cache` as last written, so a run appends to it instead of
-    # encoding the whole session again (None: encode in full).
-    session_json: str | None = None
+    # The latest stored messages of the session (at most the history window), once read, and
+    # how many the session holds in all: a run needs only the window, so memory per agent
+    # stays bounded however long the conversation grows. Every write updates both.
+    session_tail: list[dict[str, Any]] | None = None
+    session_count: int = 0
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False

@@ -32,6 +32,9 @@ PROFILES: dict[str, list[str]] = {
 PROFILE_NAMES = set(PROFILES) | {"custom"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,63}$")
 MANIFEST_LIMIT = 1024 * 1024
+# Messages of the stored session sent to the model with each run (`max_history_messages`,
+# where 0 or no value means this).
+DEFAULT_HISTORY_MESSAGES = 20
 
 
 class ManifestError(BadRequest):
@@ -116,6 +119,8 @@ class ManifestSchema(_Strict):
     tags = _StrList(fields.String(), load_default=list)
     skills = _StrList(fields.String(), load_default=list)
     mcp_servers = _StrList(fields.String(), load_default=list)
+    max_history_messages = fields.Integer(load_default=None, strict=True, allow_none=True,
+                                          validate=validate.Range(min=0, max=100_000))
     model = fields.Nested(ModelSchema, load_default=lambda: ModelSchema().load({}))
     fallback_models = fields.List(fields.Nested(FallbackSchema), load_default=list)
     capabilities = fields.Nested(CapabilitiesSchema, load_default=lambda: CapabilitiesSchema().load({}))
@@ -171,6 +176,11 @@ class Manifest:
     def tokens_per_hour(self) -> int:
         # The spec shows the key under [capabilities]; other runtimes put it in [resources].
         return self.data["capabilities"]["max_llm_tokens_per_hour"] or self.data["resources"]["max_llm_tokens_per_hour"]
+
+    @property
+    def history_messages(self) -> int:
+        """How many of the latest stored messages a run sends to the model."""
+        return self.data.get("max_history_messages") or DEFAULT_HISTORY_MESSAGES
 
     @property
     def tool_timeout(self) -> float:

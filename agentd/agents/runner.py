@@ -124,7 +124,7 @@ class RunExecution:
                     complete: Callable[[float | None], None] | None = None) -> RunResult:
         """One run to completion; `complete(cost)` closes its run record in the transaction
         that saves the session (see Cluster.run)."""
-        stored = self._load_session(handle)
+        window = self._window(handle)
         tools, caps = self.effective_tools(handle)
         model_cfg = handle.manifest.model
         system = model_cfg["system_prompt"]
@@ -133,7 +133,7 @@ class RunExecution:
         refresh_system = None
         if self.memory is not None:
             # Recalled before every model call of the run (unchanged memory is not searched again).
-            refresh_system = self.memory.context_for_run(handle.id, user.content or "", stored, system)
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
             system = refresh_system()
         workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
@@ -156,7 +156,7 @@ class RunExecution:
             self._recent_tokens(handle, now).append(
                 (now, response.usage.input_tokens + response.usage.output_tokens))
 
-        spec = RunSpec(model=handle.model, system=system, history=self._history(handle, stored), user=user,
+        spec = RunSpec(model=handle.model, system=system, history=self._history(window), user=user,
                        tools=tools, tool_ctx=ctx, llm=self._llm_call(handle, usage),
                        max_iterations=handle.manifest.max_iterations,
                        tool_timeout=handle.manifest.tool_timeout,
@@ -171,7 +171,7 @@ class RunExecution:
         def save_unanswered(note: str) -> None:
             # A run that ends without an answer still closes its turn, so the history the
             # model sees next time never holds a user message nobody answered.
-            self._save_session(handle, stored, loop.new_messages + [Message(role="assistant", content=note)],
+            self._save_session(handle, loop.new_messages + [Message(role="assistant", content=note)],
                                image_refs, usage)
 
         try:
@@ -191,7 +191,7 @@ class RunExecution:
             self._flush_usage(usage)  # whatever failed, the calls made were paid for
             raise
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
-        self._save_session(handle, stored, result.new_messages, image_refs, usage,
+        self._save_session(handle, result.new_messages, image_refs, usage,
                            also=None if complete is None else lambda: complete(result.cost_usd))
         if self.memory is not None:
             self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
@@ -263,6 +263,6 @@ class RunExecution:
                 self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
                                         messages="[]", created_at=utcnow())
         view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None,
-                       session_cache=None, llm_history=None, waiting=collections.deque(), busy=False,
+                       session_tail=None, session_count=0, waiting=collections.deque(), busy=False,
                        queue_lock=threading.Lock())
         return self.run(view, text)

@@ -39,14 +39,9 @@ def to_llm(stored: dict[str, Any]) -> Message:
                    is_error=bool(stored.get("is_error")))
 
 
-def history_for_model(stored: list[dict[str, Any]]) -> list[Message]:
+def clean_history(messages: list[Message]) -> list[Message]:
     """Messages to send, dropping a dangling tool call whose result never arrived
     (a run killed mid-tool) so providers do not reject the history."""
-    return clean_history([to_llm(m) for m in stored])
-
-
-def clean_history(messages: list[Message]) -> list[Message]:
-    """`history_for_model` for messages already converted."""
     answered = {m.tool_call_id for m in messages if m.role == "tool"}
     cleaned: list[Message] = []
     for m in messages:

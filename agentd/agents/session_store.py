@@ -21,44 +21,40 @@ class SessionStore:
     """Part of AgentManager: reads, appends, clears and compacts agent sessions."""
 
     # -- session ------------------------------------------------------------------
-    def _load_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
-        """The stored messages; kept in memory after the first read (writes go through here too)."""
-        if self.store.shared:  # another daemon may have written the session since
-            handle.session_cache, handle.llm_history = None, None
-        if handle.session_cache is None:
-            with orm.db_session:
-                row = self.store.e.SessionRow.get(id=handle.session_id)
-                handle.session_cache = json.loads(row.messages or "[]") if row is not None else []
-                handle.session_json = None  # (re)read: the text cached for the old list is stale
-        return list(handle.session_cache)
+    def _read_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        """Every stored message of the session, read from the database; refreshes the cache."""
+        with orm.db_session:
+            row = self.store.e.SessionRow.get(id=handle.session_id)
+            messages = json.loads(row.messages or "[]") if row is not None else []
+        self._cache_session(handle, messages)
+        return messages
 
-    def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]],
-                       appended: bool = False) -> None:
-        """Inside a db_session: persist `messages` and make them the cached copy.
+    @staticmethod
+    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
+        """Make the window's tail of `messages` (the whole session) the handle's cache."""
+        handle.session_tail = messages[-handle.manifest.history_messages:]
+        handle.session_count = len(messages)
 
-        `appended`: `messages` is the cached session plus new messages at the end.
-        """
+    def _window(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        """The stored messages a run sends to the model: the last `max_history_messages`,
+        starting at a user turn (never at a tool result whose call was cut off)."""
+        size = handle.manifest.history_messages
+        tail = handle.session_tail
+        if self.store.shared or tail is None:  # (another daemon may have written a shared session)
+            self._read_session(handle)
+            tail = handle.session_tail
+        window = tail[-size:]
+        start = next((i for i, m in enumerate(window) if m["role"] == "user"), len(window))
+        return window[start:]
+
+    def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]]) -> None:
+        """Inside a db_session: persist `messages` as the whole session and cache them."""
         row.messages = json.dumps(messages, ensure_ascii=False)
-        self._cache_session(handle, messages, appended)
+        self._cache_session(handle, messages)
 
     @staticmethod
-    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]], appended: bool = False) -> None:
-        """Make `messages` (just written) the handle's cached session."""
-        handle.session_json = None  # callers that know the text set it afterwards
-        previous = handle.llm_history
-        handle.session_cache = messages
-        if appended and previous is not None and len(previous) <= len(messages):
-            # Appended to what was cached (the usual case): convert only the new tail.
-            handle.llm_history = previous + [to_llm(m) for m in messages[len(previous):]]
-        else:
-            handle.llm_history = None
-
-    @staticmethod
-    def _history(handle: AgentHandle, stored: list[dict[str, Any]]) -> list[Message]:
-        cached = handle.llm_history
-        if cached is None or len(cached) != len(stored):
-            cached = handle.llm_history = [to_llm(m) for m in stored]
-        return clean_history(cached)
+    def _history(window: list[dict[str, Any]]) -> list[Message]:
+        return clean_history([to_llm(m) for m in window])
 
     def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""
@@ -67,11 +63,17 @@ class SessionStore:
                 self.write_usage(usage)
             usage.clear()
 
-    def _save_session(self, handle: AgentHandle, before: list[dict[str, Any]], new: list[Message],
+    # Appends the new messages to the stored JSON array in the database itself, so a message
+    # costs its own encoding, not the session's (same text as encoding the whole list).
+    _APPEND = ("UPDATE sessions SET messages = CASE WHEN messages IS NULL OR messages IN ('', '[]') "
+               "THEN $added ELSE substr(messages, 1, length(messages) - 1) || ', ' || $inner || ']' END "
+               "WHERE id = $session")
+
+    def _save_session(self, handle: AgentHandle, new: list[Message],
                       image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
                       also: Callable[[], None] | None = None) -> None:
-        """End of a run: its usage rows, the session and the agent's last_active, one transaction
-        (`also` adds more writes to it: the run record's close).
+        """End of a run: its usage rows, the new messages, the agent's last_active, one
+        transaction (`also` adds more writes to it: the run record's close).
 
         Plain UPDATEs: this runs once per message, and loading two Pony entities to change
         two columns cost more than the statements themselves."""
@@ -82,44 +84,32 @@ class SessionStore:
         if added and image_refs:
             added[0]["images"] = image_refs
         now = utcnow()
-        messages = before + added
-        text = self._session_text(handle, before, added, messages)
+        text = json.dumps(added, ensure_ascii=False)
         db = self.store.db
         with orm.db_session:
             if usage and self.write_usage is not None:
                 self.write_usage(usage)
                 usage.clear()
-            ids = {"agent": handle.id, "session": handle.session_id, "now": now, "messages": text}
+            ids = {"agent": handle.id, "session": handle.session_id, "now": now, "added": text,
+                   "inner": text[1:-1]}
             if db.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids).rowcount == 0:
                 return  # the agent was killed meanwhile
-            if db.execute("UPDATE sessions SET messages = $messages WHERE id = $session", ids).rowcount == 0:
+            if added and db.execute(self._APPEND, ids).rowcount == 0:
                 db.execute("INSERT INTO sessions (id, agent, messages, created_at) "
-                           "VALUES ($session, $agent, $messages, $now)", ids)
+                           "VALUES ($session, $agent, $added, $now)", ids)
             if also is not None:
                 also()
-        self._cache_session(handle, messages, appended=True)
-        handle.session_json = text
+        if handle.session_tail is not None:
+            handle.session_tail = (handle.session_tail + added)[-handle.manifest.history_messages:]
+            handle.session_count += len(added)
         handle.last_active = now
-
-    @staticmethod
-    def _session_text(handle: AgentHandle, before: list[dict[str, Any]], added: list[dict[str, Any]],
-                      messages: list[dict[str, Any]]) -> str:
-        """`json.dumps(messages)`, built from the cached text of `before` when that is what is
-        cached (the usual case), so a message costs its own encoding, not the session's."""
-        cached, text = handle.session_cache, handle.session_json
-        if (text is None or cached is None or len(cached) != len(before) or not before
-                or cached[-1] is not before[-1] or not text.endswith("]")):
-            return json.dumps(messages, ensure_ascii=False)
-        if not added:
-            return text
-        return f"{text[:-1]}, {json.dumps(added, ensure_ascii=False)[1:]}"
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}/session."""
-        stored = self._load_session(handle)
         with orm.db_session:
             row = self.store.e.SessionRow.get(id=handle.session_id)
             label = row.label if row is not None else None
+            stored = json.loads(row.messages or "[]") if row is not None else []
         messages = api_view(stored)
         return {"session_id": handle.session_id, "agent_id": handle.id,
                 "message_count": len(messages),
@@ -136,7 +126,7 @@ class SessionStore:
             owner = self._agents.get(row.agent.id)
             row.messages = "[]"
             if owner is not None:
-                owner.session_cache, owner.llm_history = [], None
+                owner.session_tail, owner.session_count = [], 0
 
     def reset_session(self, handle: AgentHandle) -> None:
         self.delete_session(handle.session_id)
@@ -144,7 +134,7 @@ class SessionStore:
     def compact(self, handle: AgentHandle) -> dict[str, Any]:
         """Summarise older messages with the agent's own model; keep the recent ones."""
         with handle.run_lock:
-            stored = self._load_session(handle)
+            stored = self._read_session(handle)
             split = len(stored) - COMPACT_KEEP
             # Never separate a tool result from the call that asked for it.
             while split > 0 and stored[split]["role"] == "tool":

@@ -61,7 +61,7 @@ def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
     handle.mode = mode
     if handle.session_id != session_id:
         handle.session_id = session_id
-        handle.session_cache, handle.llm_history = None, None
+        handle.session_tail = None
 
 
 def _adopt(manager: "AgentManager", row: Any) -> None:
