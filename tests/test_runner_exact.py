@@ -94,9 +94,9 @@ def test_runs_count_their_tokens_and_hit_the_quota(mgr, fake) -> None:
 
 
 # -- the user turn ---------------------------------------------------------------------------------
-def test_the_token_log_keeps_only_the_last_hour_without_a_quota_too(mgr) -> None:
-    # Without a quota nobody reads the log, but every call appends to it: it must not grow forever.
-    h = mgr.spawn(manifest("noquota", 'system_prompt = "sys"\n'))
+def test_the_token_log_keeps_only_the_last_hour_and_nothing_without_a_quota(mgr) -> None:
+    # Every call appends to the log: it must not grow forever.
+    h = mgr.spawn(manifest("hourly", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 1000\n'))
     now = time.time()
     h.token_log.extend([(now - 7200, 11), (now - 3601, 12), (now - 3500, 13)])
     mgr.run(h, "one two")
@@ -104,6 +104,9 @@ def test_the_token_log_keeps_only_the_last_hour_without_a_quota_too(mgr) -> None
     assert [n for _, n in h.token_log] == [13, 6], "entries older than an hour are dropped on append"
     mgr.run(h, "three")
     assert [n for _, n in h.token_log] == [13, 6, 9], "the second run sends the first turn again: 7 + 2 words"
+    free = mgr.spawn(manifest("unlimited"))
+    mgr.run(free, "x")
+    assert len(free.token_log) == 0, "BUG: an agent without a quota keeps a token log nobody reads"
 
 
 def test_attachments_in_the_user_turn(mgr) -> None:

@@ -150,11 +150,14 @@ class RunExecution:
         costs: list[float | None] = []
         usage: list[dict[str, Any]] = []  # this run's usage rows, written with its session
 
+        quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
+
         def on_usage(response: ChatResponse) -> None:
             costs.append(getattr(response, "cost_usd", None))
-            now = time.time()
-            self._recent_tokens(handle, now).append(
-                (now, response.usage.input_tokens + response.usage.output_tokens))
+            if quota:
+                now = time.time()
+                self._recent_tokens(handle, now).append(
+                    (now, response.usage.input_tokens + response.usage.output_tokens))
 
         spec = RunSpec(model=handle.model, system=system, history=self._history(window), user=user,
                        tools=tools, tool_ctx=ctx, llm=self._llm_call(handle, usage),
