@@ -619,6 +619,23 @@ def test_stream_stopped(env: Env) -> None:
     assert text.endswith("data: [DONE]\n\n")
 
 
+def wait_for(check, secs: float = 10.0) -> bool:
+    deadline = time.monotonic() + secs
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_closing_a_stream_stops_its_run(env: Env) -> None:
+    name, agent_id = env.spawn("leaver")
+    handle = env.kernel.agents.find(agent_id)
+    r = env.held_stream(name, "[[slow:20]] [[reply:never]]")
+    assert wait_for(lambda: handle.busy), "the run never started"
+    r.close()
+    # (5 s: well before the call's own 10 s timeout would end it anyway)
+    assert wait_for(lambda: not handle.busy, 5.0), "BUG: the run of a stream its client closed went on"
+
+
 def test_stream_slots(env: Env) -> None:
     name, _ = env.spawn("slots")
     held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
