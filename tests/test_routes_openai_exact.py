@@ -522,6 +522,18 @@ def test_stream_is_exact(env: Env) -> None:
                     + "data: [DONE]\n\n")
 
 
+def test_stream_passes_the_run_options(env: Env) -> None:
+    name, _ = env.spawn("sopts")
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    r = env.chat(model=name, stream=True, max_tokens=21, temperature=0.5, messages=[
+        {"role": "developer", "content": "stream rule"},
+        {"role": "user", "content": [{"type": "text", "text": "[[echo_params]]"}, image]}])
+    echoed = json.loads("".join(e["choices"][0]["delta"].get("content", "") for e in sse(r)[1:-1]))
+    assert (echoed["max_tokens"], echoed["temperature"], echoed["n_images"]) == (21, 0.5, 1), \
+        "BUG: a stream's run lost the request's options"
+    assert echoed["system"].endswith("\n\nstream rule")
+
+
 @pytest.mark.parametrize("options", [None, {}, {"include_usage": False}, {"include_usage": None},
                                      {"include_usage_": True}])
 def test_stream_without_usage(env: Env, options) -> None:
