@@ -497,6 +497,13 @@ def test_dropped_parameters_header(env: Env, caplog) -> None:
     other, _ = env.spawn("gpt")
     r = env.chat(model=other, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1, presence_penalty=0.5)
     assert ro.DROPPED_HEADER not in r.headers
+    # A provider the catalog does not know (its own base_url) speaks the OpenAI format: nothing dropped.
+    custom, _ = env.spawn("custom", f'[model]\nprovider = "localai"\nmodel = "m1"\nbase_url = "{env.fake.openai_base}"\n')
+    r = env.chat(model=custom, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1, presence_penalty=0.5,
+                 user="u")
+    assert (r.status_code, r.get_json()["choices"][0]["message"]["content"]) == (200, "ok"), r.get_data(as_text=True)
+    assert ro.DROPPED_HEADER not in r.headers
+    assert env.fake.requests[-1]["json"]["seed"] == 1
 
 
 def test_stream_is_exact(env: Env) -> None:
