@@ -655,6 +655,23 @@ def test_closing_a_stream_stops_its_run(env: Env) -> None:
     assert wait_for(lambda: not handle.busy, 5.0), "BUG: the run of a stream its client closed went on"
 
 
+def test_stream_sends_waiting_events_in_one_write(env: Env) -> None:
+    """Events already queued go out together (sse_response's `ready`), not one write each."""
+    name, agent_id = env.spawn("burst")
+    handle = env.kernel.agents.find(agent_id)
+    text = f"[[reply:a b c d e f]] {name}"
+    r = env.held_stream(name, text)
+    try:
+        assert wait_for(lambda: any(q["json"] and q["json"]["messages"][-1]["content"] == text and q["done"]
+                                    for q in env.fake.requests) and not handle.busy), "the run never ended"
+        first = next(iter(r.response)).decode()
+        # the role chunk and the 6 words at least (all were queued before the run ended)
+        assert first.count("data: ") >= 7 and first.startswith("data: "), \
+            f"BUG: the queued events were sent one write each: {first!r}"
+    finally:
+        r.close()
+
+
 def test_stream_slots(env: Env) -> None:
     name, _ = env.spawn("slots")
     held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
