@@ -179,6 +179,10 @@ def test_run_failure_cancelled_and_quota(bare_app: Flask) -> None:
 # -- through the app ---------------------------------------------------------------------------------------------
 # One kernel, app and test client for the module (and the session's fake LLM): a mutant's run of these tests
 # takes seconds. Agents get their own names (`Env.spawn` numbers them); every test gives its stream slots back.
+# The model's tool calls name `lookup`, a tool no agent has: the loop answers "permission denied" without running
+# a tool. (A tool that runs goes to agents/loop.py's module-level thread pool, which a process forked after the pool
+# had threads cannot use: mutmut forks every mutant's child from a process that ran the tests, and such a call
+# then hangs until pytest-timeout fails the test, which mutmut counts as a kill.)
 
 MAX_STREAMS = 2
 KEEPALIVE_SECS = 1.0
@@ -311,8 +315,10 @@ def test_length_finish_reason_and_tool_calls_only_when_cut_off(env: Env) -> None
     assert r.get_json()["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "a b"},
                                         "finish_reason": "length"}]
     # A run that called a tool and then answered: a plain answer, no tool_calls in the message.
-    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tool:agent_list {"q": 1}]]'}])
+    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tool:lookup {"q": 1}]]'}])
     assert r.get_json()["choices"][0]["finish_reason"] == "stop"
+    assert r.get_json()["choices"][0]["message"]["content"] == \
+        "tool said: permission denied: tool 'lookup' is not available to this agent"
     assert set(r.get_json()["choices"][0]["message"]) == {"role", "content"}, \
         "BUG: tool_calls shown for a run that answered"
 
@@ -320,7 +326,7 @@ def test_length_finish_reason_and_tool_calls_only_when_cut_off(env: Env) -> None
 def test_answer_cut_off_while_calling_tools(env: Env) -> None:
     name, _ = env.spawn("cutoff", "[resources]\nmax_iterations = 1\n")
     r = env.chat(model=name, messages=[{"role": "user",
-                                        "content": '[[tools:agent_list {"a": 1, "b": "é"} | agent_list]]'}])
+                                        "content": '[[tools:lookup {"a": 1, "b": "é"} | lookup]]'}])
     assert r.status_code == 200, r.get_data(as_text=True)
     choice = r.get_json()["choices"][0]
     calls = choice["message"]["tool_calls"]
@@ -328,9 +334,9 @@ def test_answer_cut_off_while_calling_tools(env: Env) -> None:
     assert choice == {"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": "[stopped after 1 iterations: the agent was still calling tools]",
         "tool_calls": [{"id": calls[0]["id"], "type": "function",
-                        "function": {"name": "agent_list", "arguments": '{"a": 1, "b": "\\u00e9"}'}},
+                        "function": {"name": "lookup", "arguments": '{"a": 1, "b": "\\u00e9"}'}},
                        {"id": calls[1]["id"], "type": "function",
-                        "function": {"name": "agent_list", "arguments": "{}"}}]}}
+                        "function": {"name": "lookup", "arguments": "{}"}}]}}
 
 
 def test_model_lookup(env: Env) -> None:
@@ -591,7 +597,7 @@ def test_stream_error_event(env: Env) -> None:
 
 def test_stream_tool_calls_are_forwarded(env: Env) -> None:
     name, _ = env.spawn("tooler")
-    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tools:agent_list {"a": 1} | agent_list]]'}],
+    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tools:lookup {"a": 1} | lookup]]'}],
                  stream=True)
     events = sse(r)
     completion_id, created = events[0]["id"], events[0]["created"]
@@ -599,9 +605,9 @@ def test_stream_tool_calls_are_forwarded(env: Env) -> None:
     starts = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
     assert [s["id"][:5] for s in starts] == ["call_", "call_"], deltas
     assert starts == [{"index": 0, "id": starts[0]["id"], "type": "function",
-                       "function": {"name": "agent_list", "arguments": ""}},
+                       "function": {"name": "lookup", "arguments": ""}},
                       {"index": 1, "id": starts[1]["id"], "type": "function",
-                       "function": {"name": "agent_list", "arguments": ""}}]
+                       "function": {"name": "lookup", "arguments": ""}}]
     args: dict[int, str] = {0: "", 1: ""}
     for d in deltas:
         if "tool_calls" in d and "id" not in d["tool_calls"][0]:
@@ -613,7 +619,7 @@ def test_stream_tool_calls_are_forwarded(env: Env) -> None:
         assert (e["id"], e["object"], e["created"], e["model"]) == (completion_id, "chat.completion.chunk", created,
                                                                     name)
     text = "".join(d.get("content", "") for d in deltas)
-    assert text.startswith("tool said: "), text
+    assert text == "tool said: permission denied: tool 'lookup' is not available to this agent", text
     assert events[-2]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
 
 
