@@ -427,7 +427,9 @@ def test_size_limit(env: Env) -> None:
     name, _ = env.spawn("size")
     r = env.chat(model=name, messages=[{"role": "user", "content": "é" * 32768 + "a"}])
     assert (r.status_code, r.get_json()) == (413, error_body("message too large (max 64 KB)", None))
-    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:k]]" + "é" * ((65536 - 11) // 2)}])
+    exact = "[[reply:k]]" + "a" + "é" * ((65536 - 12) // 2)
+    assert len(exact.encode("utf-8")) == 65536
+    r = env.chat(model=name, messages=[{"role": "user", "content": exact}])
     assert r.status_code == 200, "BUG: a message of exactly 64 KiB (UTF-8) was refused"
     r = env.chat(model=name, messages=[{"role": "user", "content": [{"type": "text", "text": "a" * 65536},
                                                                     {"type": "text", "text": ""}]}])
