@@ -210,7 +210,7 @@ class Env:
     def post(self, data, **kw):
         return self.client.post("/v1/chat/completions", data=data, environ_base=LOCAL, **kw)
 
-    def held_stream(self, model: str, text: str = "[[reply:held]]") -> Iterator:
+    def held_stream(self, model: str, text: str = "[[reply:held]]"):
         """A stream whose response is open (its slot taken) until the caller closes it."""
         r = self.client.post("/v1/chat/completions", json={"model": model, "stream": True,
                                                           "messages": [{"role": "user", "content": text}]},
