@@ -100,6 +100,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
+    # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
     "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
     "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],

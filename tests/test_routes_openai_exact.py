@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -174,176 +177,564 @@ def test_run_failure_cancelled_and_quota(bare_app: Flask) -> None:
 
 
 # -- through the app ---------------------------------------------------------------------------------------------
+# One kernel, app and test client for the module (and the session's fake LLM): a mutant's run of these tests
+# takes seconds. Agents get their own names (`Env.spawn` numbers them); every test gives its stream slots back.
+# The model's tool calls name `lookup`, a tool no agent has: the loop answers "permission denied" without running
+# a tool. (A tool that runs goes to agents/loop.py's module-level thread pool, which a process forked after the pool
+# had threads cannot use: mutmut forks every mutant's child from a process that ran the tests, and such a call
+# then hangs until pytest-timeout fails the test, which mutmut counts as a kill.)
 
-@pytest.fixture
-def app_client(tmp_path: Path, fake_llm, monkeypatch) -> Iterator:
-    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-anthropic")
-    data = {"api": {"rate_limit_per_second": 10000, "rate_limit_burst": 10000},
-            "llm": {"timeout_secs": 3, "retries": 1},
+MAX_STREAMS = 2
+KEEPALIVE_SECS = 1.0
+UUID4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+
+
+class Env:
+    def __init__(self, kernel: Kernel, fake) -> None:
+        self.kernel = kernel
+        self.fake = fake
+        self.client = create_app(kernel).test_client()
+        self.count = 0
+
+    def spawn(self, name: str, extra: str = "") -> tuple[str, str]:
+        """A new agent `<name>-<n>`: (its name, its id)."""
+        self.count += 1
+        name = f"{name}-{self.count}"
+        r = self.client.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n' + extra}, environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        return name, r.get_json()["agent_id"]
+
+    def chat(self, **data):
+        return self.client.post("/v1/chat/completions", json=data, environ_base=LOCAL)
+
+    def post(self, data, **kw):
+        return self.client.post("/v1/chat/completions", data=data, environ_base=LOCAL, **kw)
+
+    def held_stream(self, model: str, text: str = "[[reply:held]]"):
+        """A stream whose response is open (its slot taken) until the caller closes it."""
+        r = self.client.post("/v1/chat/completions", json={"model": model, "stream": True,
+                                                          "messages": [{"role": "user", "content": text}]},
+                             environ_base=LOCAL, buffered=False)
+        assert r.status_code == 200, r.get_data(as_text=True)
+        chunks = iter(r.response)
+        assert next(chunks) == b": stream open\n\n"
+        return r
+
+    def prompt_tokens(self) -> int:
+        """The fake LLM's input count for its last request (words of every message text)."""
+        words = 0
+        for message in self.fake.requests[-1]["json"]["messages"]:
+            content = message.get("content")
+            if isinstance(content, str):
+                words += len(content.split())
+            elif isinstance(content, list):
+                words += sum(len(p.get("text", "").split()) for p in content if p.get("type") == "text")
+        return max(1, words)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Env]:
+    tmp_path = tmp_path_factory.mktemp("openai")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("OPENAI_API_KEY", "test-openai")
+    patch.setenv("ANTHROPIC_API_KEY", "test-anthropic")
+    data = {"api": {"rate_limit_per_second": 10000, "rate_limit_burst": 10000, "max_streams": MAX_STREAMS,
+                    "sse_keepalive_secs": KEEPALIVE_SECS},
+            "llm": {"timeout_secs": 10, "retries": 1},
             "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
             "provider_urls": {"openai": fake_llm.openai_base, "anthropic": fake_llm.anthropic_base}}
     kernel = Kernel.open(parse_config(with_test_db(data, tmp_path), tmp_path))
-    client = create_app(kernel).test_client()
-    yield client
+    yield Env(kernel, fake_llm)
     kernel.close()
+    patch.undo()
 
 
-def spawn(client, name: str, model: str = "") -> str:
-    manifest = f'name = "{name}"\n' + model
-    r = client.post("/api/agents", json={"manifest_toml": manifest}, environ_base=LOCAL)
-    assert r.status_code == 201, r.get_data(as_text=True)
-    return r.get_json()["agent_id"]
+@pytest.fixture(autouse=True)
+def _slots_given_back(request) -> Iterator[None]:
+    """Every test of the app leaves all stream slots free (a leaked slot would show in the next test too)."""
+    yield
+    if "env" in request.fixturenames:
+        env = request.getfixturevalue("env")
+        taken = [env.kernel.stream_slots.acquire(blocking=False) for _ in range(MAX_STREAMS)]
+        for got in taken:
+            if got:
+                env.kernel.stream_slots.release()
+        assert all(taken), "BUG: a stream slot was not given back"
 
 
-def chat(client, **data):
-    return client.post("/v1/chat/completions", json=data, environ_base=LOCAL)
+def error_body(message: str, code: str | None, type_: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": type_, "code": code}}
 
 
-def test_answer_is_exact(app_client) -> None:
-    spawn(app_client, "exact")
-    r = chat(app_client, model="agentd:exact", messages=[{"role": "user", "content": "[[reply:hello there]]"}])
-    assert r.status_code == 200, r.get_data(as_text=True)
-    body = r.get_json()
-    assert body["id"].startswith("chatcmpl-") and len(body["id"]) == len("chatcmpl-") + 36
-    assert isinstance(body["created"], int)
-    assert {k: v for k, v in body.items() if k not in ("id", "created")} == {
-        "object": "chat.completion", "model": "exact",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello there"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": body["usage"]["prompt_tokens"], "completion_tokens": 2,
-                  "total_tokens": body["usage"]["prompt_tokens"] + 2}}
-    assert ro.DROPPED_HEADER not in r.headers
-
-
-def test_model_lookup(app_client) -> None:
-    agent_id = spawn(app_client, "lookme")
-    for model in ("agentd:lookme", agent_id, "lookme"):
-        r = chat(app_client, model=model, messages=[{"role": "user", "content": "[[reply:ok]]"}])
-        assert r.status_code == 200 and r.get_json()["model"] == "lookme", f"model {model!r} not resolved"
-    for model in ("agentd:lookm", "agentd:lookme2", "lookm", "agentd:", "AGENTD:lookme", "agentd:agentd:lookme"):
-        r = chat(app_client, model=model, messages=[{"role": "user", "content": "hi"}])
-        assert r.status_code == 404, f"BUG: near-miss model {model!r} resolved"
-        assert r.get_json() == {"error": {"message": f"no agent found for model '{model}'",
-                                          "type": "invalid_request_error", "code": "model_not_found"}}
-    assert app_client.delete(f"/api/agents/{agent_id}", environ_base=LOCAL).status_code in (200, 204)
-    r = chat(app_client, model="agentd:lookme", messages=[{"role": "user", "content": "hi"}])
-    assert r.status_code == 404, "BUG: a killed agent still answers as a model"
-
-
-def test_system_messages_and_last_user_message(app_client) -> None:
-    spawn(app_client, "sys")
-    messages = [{"role": "system", "content": "rule one"}, {"role": "user", "content": "first [[reply:no]]"},
-                {"role": "assistant", "content": "x"}, {"role": "developer", "content": "  "},
-                {"role": "developer", "content": [{"type": "text", "text": "rule two"}]},
-                {"role": "user", "content": "[[echo_params]]"}]
-    r = chat(app_client, model="sys", messages=messages, max_completion_tokens=33)
-    echoed = json.loads(r.get_json()["choices"][0]["message"]["content"])
-    assert echoed["max_tokens"] == 33
-    assert echoed["system"].endswith("rule one\n\nrule two"), echoed["system"]
-    r = chat(app_client, model="sys", messages=[{"role": "user", "content": "[[echo_params]]"}], max_tokens=12,
-             max_completion_tokens=40, temperature=0.25)
-    echoed = json.loads(r.get_json()["choices"][0]["message"]["content"])
-    assert (echoed["max_tokens"], echoed["temperature"]) == (12, 0.25)
-
-
-@pytest.mark.parametrize("messages", [
-    [{"role": "system", "content": "only rules"}],
-    [{"role": "user", "content": "   "}],
-    [{"role": "user", "content": None}],
-    [{"role": "assistant", "content": "hi"}],
-])
-def test_no_user_message(app_client, messages) -> None:
-    spawn(app_client, "nouser")
-    r = chat(app_client, model="nouser", messages=messages)
-    assert r.status_code == 400
-    assert r.get_json()["error"]["message"] == "no user message found in request"
-    assert r.get_json()["error"]["code"] == "missing_message"
-
-
-def test_image_only_message_and_size_limit(app_client) -> None:
-    spawn(app_client, "img")
-    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
-    r = chat(app_client, model="img", messages=[{"role": "user", "content": [image]}])
-    assert r.status_code == 200, r.get_data(as_text=True)
-    assert r.get_json()["choices"][0]["message"]["content"] == "echo: (image)"
-    r = chat(app_client, model="img", messages=[{"role": "user", "content": "é" * 32768 + "a"}])
-    assert r.status_code == 413 and r.get_json()["error"]["message"] == "message too large (max 64 KB)"
-    r = chat(app_client, model="img", messages=[{"role": "user", "content": "[[reply:k]]" + "a" * (65536 - 11)}])
-    assert r.status_code == 200, "BUG: a message of exactly 64 KiB was refused"
-
-
-def test_dropped_parameters_header(app_client) -> None:
-    spawn(app_client, "claude", '[model]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n')
-    r = chat(app_client, model="claude", messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1,
-             presence_penalty=0.5, frequency_penalty=0.2, top_p=0.5)
-    assert r.status_code == 200, r.get_data(as_text=True)
-    assert r.headers[ro.DROPPED_HEADER] == "seed, presence_penalty, frequency_penalty"
-    r = chat(app_client, model="claude", messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=3)
-    assert r.headers[ro.DROPPED_HEADER] == "seed"
-    r = chat(app_client, model="claude", messages=[{"role": "user", "content": "[[reply:ok]]"}], top_p=0.5)
-    assert ro.DROPPED_HEADER not in r.headers
+def without_keepalives(text: str) -> str:
+    return text.replace(": keep-alive\n\n", "")
 
 
 def sse(r) -> list:
-    text = r.get_data(as_text=True)
     events = []
-    for block in text.split("\n\n"):
+    for block in without_keepalives(r.get_data(as_text=True)).split("\n\n"):
         if block.startswith("data: "):
             payload = block[len("data: "):]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
 
-def test_stream_chunks_are_exact(app_client) -> None:
-    spawn(app_client, "streamer")
-    r = chat(app_client, model="agentd:streamer", messages=[{"role": "user", "content": "[[reply:one two]]"}],
-             stream=True, stream_options={"include_usage": True})
+def frame(data) -> str:
+    return "data: " + json.dumps(data, separators=(",", ":")) + "\n\n"
+
+
+def chunk_frame(completion_id: str, created: int, model: str, delta: dict, finish=None) -> str:
+    return frame({"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def test_answer_is_exact(env: Env) -> None:
+    name, _ = env.spawn("exact")
+    before = int(time.time())
+    r = env.chat(model=f"agentd:{name}", messages=[{"role": "user", "content": "[[reply:hello there]]"}])
+    after = int(time.time())
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert r.mimetype == "application/json"
+    body = r.get_json()
+    assert re.fullmatch(f"chatcmpl-{UUID4}", body["id"]), body["id"]
+    assert type(body["created"]) is int and before <= body["created"] <= after, "BUG: created is not the request time"
+    prompt = env.prompt_tokens()
+    assert body == {
+        "id": body["id"], "created": body["created"], "object": "chat.completion", "model": name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello there"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}}
+    assert list(body["usage"]) == ["prompt_tokens", "completion_tokens", "total_tokens"]
+    assert ro.DROPPED_HEADER not in r.headers and "x-should-retry" not in r.headers
+    second = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:again]]"}]).get_json()
+    assert second["id"] != body["id"], "BUG: two answers share a completion id"
+
+
+def test_length_finish_reason_and_tool_calls_only_when_cut_off(env: Env) -> None:
+    name, _ = env.spawn("length")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[length]] [[reply:a b c d]]"}])
+    assert r.get_json()["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "a b"},
+                                        "finish_reason": "length"}]
+    # A run that called a tool and then answered: a plain answer, no tool_calls in the message.
+    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tool:lookup {"q": 1}]]'}])
+    assert r.get_json()["choices"][0]["finish_reason"] == "stop"
+    assert r.get_json()["choices"][0]["message"]["content"] == \
+        "tool said: permission denied: tool 'lookup' is not available to this agent"
+    assert set(r.get_json()["choices"][0]["message"]) == {"role", "content"}, \
+        "BUG: tool_calls shown for a run that answered"
+
+
+def test_answer_cut_off_while_calling_tools(env: Env) -> None:
+    name, _ = env.spawn("cutoff", "[resources]\nmax_iterations = 1\n")
+    r = env.chat(model=name, messages=[{"role": "user",
+                                        "content": '[[tools:lookup {"a": 1, "b": "é"} | lookup]]'}])
+    assert r.status_code == 200, r.get_data(as_text=True)
+    choice = r.get_json()["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert [c["id"][:5] for c in calls] == ["call_", "call_"] and calls[0]["id"] != calls[1]["id"]
+    assert choice == {"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "[stopped after 1 iterations: the agent was still calling tools]",
+        "tool_calls": [{"id": calls[0]["id"], "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"a": 1, "b": "\\u00e9"}'}},
+                       {"id": calls[1]["id"], "type": "function",
+                        "function": {"name": "lookup", "arguments": "{}"}}]}}
+
+
+def test_model_lookup(env: Env) -> None:
+    name, agent_id = env.spawn("lookme")
+    for model in (f"agentd:{name}", agent_id, name):
+        r = env.chat(model=model, messages=[{"role": "user", "content": "[[reply:ok]]"}])
+        assert r.status_code == 200 and r.get_json()["model"] == name, f"model {model!r} not resolved"
+    for model in (f"agentd:{name[:-1]}", f"agentd:{name}2", name[:-1], "agentd:", f"AGENTD:{name}",
+                  f"agentd:agentd:{name}", f"agentd:{agent_id}", agent_id[:-1], f"gentd:{name}"):
+        r = env.chat(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert r.status_code == 404, f"BUG: near-miss model {model!r} resolved"
+        assert r.get_json() == error_body(f"no agent found for model '{model}'", "model_not_found")
+        assert "x-should-retry" not in r.headers
+    assert env.client.delete(f"/api/agents/{agent_id}", environ_base=LOCAL).status_code in (200, 204)
+    for model in (f"agentd:{name}", agent_id):
+        r = env.chat(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert r.status_code == 404, "BUG: a killed agent still answers as a model"
+
+
+def test_resolve_agent_refuses_a_killed_handle(env: Env) -> None:
+    """A handle still listed but already marked killed (a kill in progress) is not a model."""
+    name, agent_id = env.spawn("dying")
+    handle = env.kernel.agents.find(agent_id)
+    with env.client.application.app_context():
+        assert ro.resolve_agent(f"agentd:{name}") is handle
+        handle.killed = True
+        try:
+            for model in (f"agentd:{name}", agent_id, name):
+                with pytest.raises(ro.ModelNotFound) as info:
+                    ro.resolve_agent(model)
+                assert (info.value.message, info.value.code, info.value.status) == \
+                    (f"no agent found for model '{model}'", "model_not_found", 404)
+        finally:
+            handle.killed = False
+
+
+def test_system_messages_and_last_user_message(env: Env) -> None:
+    name, _ = env.spawn("sys")
+    messages = [{"role": "system", "content": "rule one"}, {"role": "user", "content": "first [[reply:no]]"},
+                {"role": "assistant", "content": "x"}, {"role": "developer", "content": "  "},
+                {"role": "developer", "content": [{"type": "text", "text": "rule two"}]},
+                {"role": "tool", "content": "ignored"},
+                {"role": "user", "content": "[[echo_params]]"}]
+    r = env.chat(model=name, messages=messages, max_completion_tokens=33)
+    echoed = json.loads(r.get_json()["choices"][0]["message"]["content"])
+    assert (echoed["max_tokens"], echoed["temperature"], echoed["n_images"]) == (33, 0.7, 0), "the agent's own temperature when none is given"
+    assert echoed["system"].endswith("\n\nrule one\n\nrule two"), echoed["system"]
+    assert "ignored" not in echoed["system"] and "first" not in echoed["system"]
+    sent = env.fake.requests[-1]["json"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"][-1] == "[[echo_params]]", \
+        "BUG: not the last user message was sent"
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[echo_params]]"}], max_tokens=12,
+                 max_completion_tokens=40, temperature=0.25)
+    echoed = json.loads(r.get_json()["choices"][0]["message"]["content"])
+    assert (echoed["max_tokens"], echoed["temperature"]) == (12, 0.25)
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[echo_params]]"}])
+    plain = json.loads(r.get_json()["choices"][0]["message"]["content"])["system"]
+    assert not plain.endswith("rule two") and "\n\n\n" not in plain, "BUG: extra instructions outlived their run"
+
+
+def test_user_parts_reach_the_model(env: Env) -> None:
+    name, _ = env.spawn("parts")
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    r = env.chat(model=name, messages=[{"role": "user", "content": [{"type": "text", "text": "[[echo_params]]"},
+                                                                    image, image]}])
+    assert json.loads(r.get_json()["choices"][0]["message"]["content"])["n_images"] == 2
+    r = env.chat(model=name, messages=[{"role": "user", "content": [image]}, {"role": "assistant", "content": None}])
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert r.get_json()["choices"][0]["message"]["content"] == "echo: (image)"
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "system", "content": "only rules"}],
+    [{"role": "user", "content": "   "}],
+    [{"role": "user", "content": " \n\t"}],
+    [{"role": "user", "content": None}],
+    [{"role": "user", "content": []}],
+    [{"role": "assistant", "content": "hi"}],
+    [{"role": "user", "content": "hi"}, {"role": "user", "content": ""}],
+])
+def test_no_user_message(env: Env, messages) -> None:
+    name, _ = env.spawn("nouser")
+    r = env.chat(model=name, messages=messages)
+    assert (r.status_code, r.get_json()) == (400, error_body("no user message found in request", "missing_message"))
+
+
+def test_size_limit(env: Env) -> None:
+    name, _ = env.spawn("size")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "é" * 32768 + "a"}])
+    assert (r.status_code, r.get_json()) == (413, error_body("message too large (max 64 KB)", None))
+    exact = "[[reply:k]]" + "a" + "é" * ((65536 - 12) // 2)
+    assert len(exact.encode("utf-8")) == 65536
+    r = env.chat(model=name, messages=[{"role": "user", "content": exact}])
+    assert r.status_code == 200, "BUG: a message of exactly 64 KiB (UTF-8) was refused"
+    r = env.chat(model=name, messages=[{"role": "user", "content": [{"type": "text", "text": "a" * 65536},
+                                                                    {"type": "text", "text": ""}]}])
+    assert r.status_code == 413, "BUG: joined text parts past 64 KiB were accepted"
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"messages": HI}, "invalid request: model: Missing data for required field."),
+    ({"model": 5, "messages": HI}, "invalid request: model: Not a valid string."),
+    ({"model": "", "messages": HI}, "invalid request: model: Shorter than minimum length 1."),
+    ({"model": "x"}, "invalid request: messages: Missing data for required field."),
+    ({"model": "x", "messages": []}, "invalid request: messages: Shorter than minimum length 1."),
+    ({"model": "x", "messages": "hi"}, "invalid request: messages: Not a valid list."),
+    ({"model": "x", "messages": HI, "stream": "yes"}, "invalid request: stream: Not a valid boolean."),
+    ({"model": "x", "messages": HI, "temperature": 2.5},
+     "invalid request: temperature: Must be greater than or equal to 0.0 and less than or equal to 2.0."),
+    ({"model": "x", "messages": HI, "stream_options": []}, "invalid request: stream_options: Not a valid mapping type."),
+])
+def test_bad_requests(env: Env, data, message) -> None:
+    r = env.chat(**data)
+    assert (r.status_code, r.get_json()) == (400, error_body(message, None))
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "user", "content": 5}], "messages[0].content must be a string or an array of parts"),
+    ([{"role": "system", "content": "a"}, {"role": "user", "content": ["x"]}], "messages[1].content[0] must be an object"),
+    ([{"role": "assistant", "content": {"a": 1}}, {"role": "user", "content": "hi"}],
+     "messages[0].content must be a string or an array of parts"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}],
+     "messages[0].content[0]: only base64 data URIs (data:image/<type>;base64,...) are supported; "
+     "image URLs are not fetched"),
+])
+def test_bad_content_through_the_app(env: Env, messages, message) -> None:
+    name, _ = env.spawn("content")
+    r = env.chat(model=name, messages=messages)
+    assert (r.status_code, r.get_json()) == (400, error_body(message, None))
+    assert "x-should-retry" not in r.headers
+
+
+def test_bad_bodies_and_refused_parameters(env: Env) -> None:
+    r = env.post("not json", content_type="application/json")
+    assert (r.status_code, r.get_json()) == (400, error_body("malformed JSON: Expecting value at line 1 column 1", None))
+    r = env.post(json.dumps([1]), content_type="application/json")
+    assert (r.status_code, r.get_json()) == (400, error_body("request body must be a JSON object, got list", None))
+    for key, value in (("tools", [{"type": "function"}]), ("n", 2), ("logprobs", True), ("tool_choice", "required")):
+        r = env.chat(model="nobody", messages=[{"role": "user", "content": "hi"}], **{key: value})
+        assert (r.status_code, r.get_json()) == (400, error_body(
+            f"unsupported parameter '{key}': agentd agents choose their own tools and answer with one choice; "
+            "remove it from the request", None)), "BUG: a refused parameter reached the schema or the lookup"
+    r = env.chat(model="nobody", messages=[{"role": "user", "content": "hi"}], n=1, tools=[], tool_choice="auto")
+    assert (r.status_code, r.get_json()["error"]["code"]) == (404, "model_not_found")
+
+
+def test_dropped_parameters_header(env: Env, caplog) -> None:
+    name, _ = env.spawn("claude", '[model]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n')
+    caplog.set_level(logging.INFO, logger="agentd.api")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1,
+                 presence_penalty=0.5, frequency_penalty=0.2, top_p=0.5)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert r.headers[ro.DROPPED_HEADER] == "seed, presence_penalty, frequency_penalty"
+    assert [rec.getMessage() for rec in caplog.records if rec.name == "agentd.api"] == [
+        f"agent {name}: anthropic has no equivalent for seed, presence_penalty, frequency_penalty; dropped"]
+    caplog.clear()
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=3, stream=True)
+    assert r.headers[ro.DROPPED_HEADER] == "seed", "BUG: a stream does not name the dropped parameters"
+    assert sse(r)[-1] == "[DONE]"
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:ok]]"}], top_p=0.5, user="u")
+    assert ro.DROPPED_HEADER not in r.headers
+    assert not [rec for rec in caplog.records if rec.name == "agentd.api" and "dropped" in rec.getMessage()][1:]
+    other, _ = env.spawn("gpt")
+    r = env.chat(model=other, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1, presence_penalty=0.5)
+    assert ro.DROPPED_HEADER not in r.headers
+    # A provider the catalog does not know (its own base_url) speaks the OpenAI format: nothing dropped.
+    custom, _ = env.spawn("custom", f'[model]\nprovider = "localai"\nmodel = "m1"\nbase_url = "{env.fake.openai_base}"\n')
+    r = env.chat(model=custom, messages=[{"role": "user", "content": "[[reply:ok]]"}], seed=1, presence_penalty=0.5,
+                 user="u")
+    assert (r.status_code, r.get_json()["choices"][0]["message"]["content"]) == (200, "ok"), r.get_data(as_text=True)
+    assert ro.DROPPED_HEADER not in r.headers
+    assert env.fake.requests[-1]["json"]["seed"] == 1
+
+
+def test_stream_is_exact(env: Env) -> None:
+    name, _ = env.spawn("streamer")
+    before = int(time.time())
+    r = env.chat(model=f"agentd:{name}", messages=[{"role": "user", "content": "[[reply:one two]]"}],
+                 stream=True, stream_options={"include_usage": True})
     assert r.status_code == 200 and r.mimetype == "text/event-stream"
-    events = sse(r)
-    assert events[-1] == "[DONE]"
-    first = events[0]
+    text = without_keepalives(r.get_data(as_text=True))
+    first = json.loads(text.split("\n\n")[1][len("data: "):])
     completion_id, created = first["id"], first["created"]
-    assert completion_id.startswith("chatcmpl-")
+    assert re.fullmatch(f"chatcmpl-{UUID4}", completion_id), completion_id
+    assert type(created) is int and before <= created <= int(time.time())
+    prompt = env.prompt_tokens()
+    assert text == (": stream open\n\n"
+                    + chunk_frame(completion_id, created, name, {"role": "assistant"})
+                    + chunk_frame(completion_id, created, name, {"content": "one"})
+                    + chunk_frame(completion_id, created, name, {"content": " two"})
+                    + chunk_frame(completion_id, created, name, {}, "stop")
+                    + frame({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                             "model": name, "choices": [],
+                             "usage": {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}})
+                    + "data: [DONE]\n\n")
+
+
+def test_stream_passes_the_run_options(env: Env) -> None:
+    name, _ = env.spawn("sopts")
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    r = env.chat(model=name, stream=True, max_tokens=21, temperature=0.5, messages=[
+        {"role": "developer", "content": "stream rule"},
+        {"role": "user", "content": [{"type": "text", "text": "[[echo_params]]"}, image]}])
+    echoed = json.loads("".join(e["choices"][0]["delta"].get("content", "") for e in sse(r)[1:-1]))
+    assert (echoed["max_tokens"], echoed["temperature"], echoed["n_images"]) == (21, 0.5, 1), \
+        "BUG: a stream's run lost the request's options"
+    assert echoed["system"].endswith("\n\nstream rule")
+
+
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}, {"include_usage": None},
+                                     {"include_usage_": True}])
+def test_stream_without_usage(env: Env, options) -> None:
+    name, _ = env.spawn("nousage")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:x]]"}], stream=True,
+                 stream_options=options)
+    events = sse(r)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+    assert len(events) == 4 and all("usage" not in e for e in events[:-1]), "BUG: a usage chunk nobody asked for"
+
+
+def test_stream_length_finish(env: Env) -> None:
+    name, _ = env.spawn("slen")
+    events = sse(env.chat(model=name, messages=[{"role": "user", "content": "[[length]] [[reply:a b c d]]"}],
+                          stream=True, stream_options={"include_usage": True}))
+    assert events[-3]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "length"}]
+    assert events[-2]["usage"]["completion_tokens"] == 2
+
+
+def test_stream_keepalive(env: Env) -> None:
+    name, _ = env.spawn("quiet")
+    r = env.chat(model=name, messages=[{"role": "user", "content": f"[[slow:{KEEPALIVE_SECS * 2.5}]] [[reply:late]]"}],
+                 stream=True)
+    text = r.get_data(as_text=True)
+    head, _, rest = text.partition(": keep-alive\n\n")
+    assert rest, "BUG: no keep-alive while the model was quiet"
+    assert head.startswith(": stream open\n\ndata: ") and head.count("data: ") == 1, "the role chunk comes first"
+    events = sse(r)
+    assert [e["choices"][0]["delta"] for e in events[1:-2]] == [{"content": "late"}], \
+        "BUG: the stream did not go on after a keep-alive"
+    assert events[-1] == "[DONE]"
+
+
+def test_stream_error_event(env: Env) -> None:
+    name, _ = env.spawn("failing")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[fail:400]]"}])
+    plain = r.get_json()
+    assert (r.status_code, plain["error"]["code"], r.headers["x-should-retry"]) == \
+        (502, "upstream_rejected_request", "false")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[fail:400]]"}], stream=True,
+                 stream_options={"include_usage": True})
+    assert r.status_code == 200
+    text = without_keepalives(r.get_data(as_text=True))
+    assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error",
+                                                   "code": None}}) + "data: [DONE]\n\n"), text
+    assert len(sse(r)) == 3, "only the role chunk, the error and [DONE]"
+
+
+def test_stream_tool_calls_are_forwarded(env: Env) -> None:
+    name, _ = env.spawn("tooler")
+    r = env.chat(model=name, messages=[{"role": "user", "content": '[[tools:lookup {"a": 1} | lookup]]'}],
+                 stream=True)
+    events = sse(r)
+    completion_id, created = events[0]["id"], events[0]["created"]
+    deltas = [e["choices"][0]["delta"] for e in events[1:-2]]
+    starts = [d["tool_calls"][0] for d in deltas if "tool_calls" in d and "id" in d["tool_calls"][0]]
+    assert [s["id"][:5] for s in starts] == ["call_", "call_"], deltas
+    assert starts == [{"index": 0, "id": starts[0]["id"], "type": "function",
+                       "function": {"name": "lookup", "arguments": ""}},
+                      {"index": 1, "id": starts[1]["id"], "type": "function",
+                       "function": {"name": "lookup", "arguments": ""}}]
+    args: dict[int, str] = {0: "", 1: ""}
+    for d in deltas:
+        if "tool_calls" in d and "id" not in d["tool_calls"][0]:
+            call = d["tool_calls"][0]
+            assert set(call) == {"index", "function"} and set(call["function"]) == {"arguments"}
+            args[call["index"]] += call["function"]["arguments"]
+    assert (json.loads(args[0]), json.loads(args[1] or "{}")) == ({"a": 1}, {})
     for e in events[:-1]:
         assert (e["id"], e["object"], e["created"], e["model"]) == (completion_id, "chat.completion.chunk", created,
-                                                                    "streamer")
-    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[1:-3])
-    assert text == "one two"
-    assert events[-3]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
-    usage = events[-2]
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2
-    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 2
-    # Without include_usage: no usage chunk.
-    for options in (None, {}, {"include_usage": False}):
-        r = chat(app_client, model="streamer", messages=[{"role": "user", "content": "[[reply:x]]"}], stream=True,
-                 stream_options=options)
-        events = sse(r)
-        assert events[-2]["choices"][0]["finish_reason"] == "stop" and "usage" not in events[-2]
-        assert all("usage" not in e for e in events[:-1])
+                                                                    name)
+    text = "".join(d.get("content", "") for d in deltas)
+    assert text == "tool said: permission denied: tool 'lookup' is not available to this agent", text
+    assert events[-2]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
 
 
-def test_stream_error_event(app_client) -> None:
-    spawn(app_client, "failing")
-    r = chat(app_client, model="failing", messages=[{"role": "user", "content": "[[fail:400]]"}], stream=True)
-    events = sse(r)
-    assert events[-1] == "[DONE]"
-    error = events[-2]["error"]
-    assert set(error) == {"message", "type", "code"} and error["type"] == "server_error" and error["code"] is None
-    assert error["message"]
+def test_stream_stopped(env: Env) -> None:
+    name, agent_id = env.spawn("stopme")
+    r = env.client.post("/v1/chat/completions", json={"model": name, "stream": True, "messages": [
+        {"role": "user", "content": "[[slow:20]] [[reply:never]]"}]}, environ_base=LOCAL, buffered=False)
+    chunks = iter(r.response)
+    assert next(chunks) == b": stream open\n\n"
+    deadline = time.monotonic() + 15
+    while True:
+        stop = env.client.post(f"/api/agents/{agent_id}/stop", environ_base=LOCAL).get_json()
+        if stop["was_running"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert stop["was_running"]
+    text = without_keepalives(b"".join(chunks).decode())
+    r.close()
+    data = [json.loads(b[len("data: "):]) for b in text.split("\n\n") if b.startswith("data: {")]
+    assert [d["choices"] for d in data] == [[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}],
+                                            [{"index": 0, "delta": {}, "finish_reason": "stop"}]]
+    assert text.endswith("data: [DONE]\n\n")
 
 
-def test_stream_tool_calls_are_forwarded(app_client) -> None:
-    spawn(app_client, "tooler")
-    r = chat(app_client, model="tooler", messages=[{"role": "user", "content": '[[tool:agent_list {}]]'}], stream=True)
-    events = sse(r)
-    calls = [c for e in events[1:-1] if "choices" in e and e["choices"]
-             for c in e["choices"][0]["delta"].get("tool_calls", [])]
-    assert calls, "BUG: a streamed run's tool call was not forwarded"
-    head = calls[0]
-    assert head["index"] == 0 and head["type"] == "function" and head["function"] == {"name": "agent_list",
-                                                                                        "arguments": ""}
-    assert head["id"]
-    args = "".join(c["function"]["arguments"] for c in calls[1:] if "id" not in c)
-    assert json.loads(args or "{}") == {}
-    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+def wait_for(check, secs: float = 10.0) -> bool:
+    deadline = time.monotonic() + secs
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_closing_a_stream_stops_its_run(env: Env) -> None:
+    name, agent_id = env.spawn("leaver")
+    handle = env.kernel.agents.find(agent_id)
+    r = env.held_stream(name, "[[slow:20]] [[reply:never]]")
+    assert wait_for(lambda: handle.busy), "the run never started"
+    r.close()
+    # (5 s: well before the call's own 10 s timeout would end it anyway)
+    assert wait_for(lambda: not handle.busy, 5.0), "BUG: the run of a stream its client closed went on"
+
+
+def test_stream_sends_waiting_events_in_one_write(env: Env) -> None:
+    """Events already queued go out together (sse_response's `ready`), not one write each."""
+    name, agent_id = env.spawn("burst")
+    handle = env.kernel.agents.find(agent_id)
+    text = f"[[reply:a b c d e f]] {name}"
+    r = env.held_stream(name, text)
+    try:
+        assert wait_for(lambda: any(q["json"] and q["json"]["messages"][-1]["content"] == text and q["done"]
+                                    for q in env.fake.requests) and not handle.busy), "the run never ended"
+        first = next(iter(r.response)).decode()
+        # the role chunk and the 6 words at least (all were queued before the run ended)
+        assert first.count("data: ") >= 7 and first.startswith("data: "), \
+            f"BUG: the queued events were sent one write each: {first!r}"
+    finally:
+        r.close()
+
+
+def test_stream_slots(env: Env) -> None:
+    name, _ = env.spawn("slots")
+    held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
+    try:
+        r = env.chat(model=name, messages=[{"role": "user", "content": "hi"}], stream=True)
+        assert (r.status_code, r.get_json(), r.headers["Retry-After"]) == \
+            (503, error_body("too many concurrent streams; try again shortly", None, "server_error"), "1")
+        assert "x-should-retry" not in r.headers
+        r = env.chat(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert (r.status_code, r.get_json()) == \
+            (503, error_body("server busy: too many requests are waiting for agents; try again shortly", None,
+                             "server_error"))
+    finally:
+        for r in reversed(held):   # last opened first: each holds its request context
+            r.close()
+    # Closed streams gave their slots back: as many streams as the cap fit again.
+    held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
+    for r in reversed(held):
+        r.close()
+
+
+def test_quota_refusal(env: Env) -> None:
+    name, _ = env.spawn("quota", "[resources]\nmax_llm_tokens_per_hour = 1\n")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:one two three]]"}])
+    used = r.get_json()["usage"]["total_tokens"]
+    message = (f"message delivery failed: quota exceeded: {used} of 1 LLM tokens used in the last hour "
+               "(max_llm_tokens_per_hour)")
+    for stream in (False, True, True, True):
+        r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:x]]"}], stream=stream)
+        assert (r.status_code, r.get_json()) == (429, error_body(message, "quota_exceeded", "rate_limit_error"))
+        assert r.headers["x-should-retry"] == "false" and 3000 <= int(r.headers["Retry-After"]) <= 3601
+    # three refused streams later every slot is free (checked by _slots_given_back as well)
+
+
+def test_budget_refusal(env: Env) -> None:
+    name, _ = env.spawn("budget")
+    env.chat(model=name, messages=[{"role": "user", "content": "[[reply:spend]]"}])
+    metering = env.kernel.metering
+    metering.set_limit(1e-9)
+    try:
+        with pytest.raises(TooManyRequests) as expected:
+            metering.check_budget()
+        for stream in (False, True):
+            r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:x]]"}], stream=stream)
+            assert (r.status_code, r.get_json()) == (429, error_body(expected.value.message, "budget_exceeded",
+                                                                     "rate_limit_error"))
+            assert r.headers["x-should-retry"] == "false" and int(r.headers["Retry-After"]) >= 1
+    finally:
+        metering.set_limit(0)
+    assert env.chat(model=name, messages=[{"role": "user", "content": "[[reply:x]]"}]).status_code == 200
+
+
+def test_models_list(env: Env) -> None:
+    name, _ = env.spawn("listed")
+    body = env.client.get("/v1/models", environ_base=LOCAL).get_json()
+    assert body["object"] == "list"
+    entry = [m for m in body["data"] if m["id"] == f"agentd:{name}"]
+    assert len(entry) == 1 and entry[0]["object"] == "model" and entry[0]["owned_by"] == "agentd"

@@ -119,22 +119,23 @@ def refuse_unsupported(data: Any) -> None:
 def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, bool, bool]:
     """Check a validated chat completion request: (agent, input text, options, stream, include_usage)."""
     model, messages = data["model"], data["messages"]
-    stream = data.get("stream", False)
+    stream = bool(data.get("stream"))
     options = RunOptions(max_tokens=data.get("max_tokens") or data.get("max_completion_tokens"),
                          temperature=data.get("temperature"), params=generation_params(data))
     stream_options = data.get("stream_options") or {}
     include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
     handle = resolve_agent(model)
     systems: list[str] = []
-    user_text, user_images, found = "", [], False
+    user: tuple[str, list[ImagePart]] | None = None
     for i, message in enumerate(messages):
         text, images = _parts(message.get("content"), i)
         if message["role"] in ("system", "developer"):
             systems.append(text)
         elif message["role"] == "user":
-            user_text, user_images, found = text, images, True
-    if not found or not (user_text.strip() or user_images):
+            user = text, images
+    if user is None or not (user[0].strip() or user[1]):
         raise BadRequest("no user message found in request", code="missing_message")
+    user_text, user_images = user
     if len(user_text.encode("utf-8")) > MESSAGE_LIMIT:
         raise PayloadTooLarge("message too large (max 64 KB)")
     options.extra_system = "\n\n".join(s for s in systems if s.strip())
@@ -243,7 +244,9 @@ def _chat_completions():
 def dropped_params(handle: AgentHandle, params: GenerationParams) -> list[str]:
     """What the agent's provider has no equivalent for (dropped, not refused), logged once."""
     info = kernel().catalog.get_provider(handle.provider)
-    names = llm_params.dropped(info.kind if info else "openai", params)
+    if info is None:   # a provider the catalog does not know speaks the OpenAI format, which drops nothing
+        return []
+    names = llm_params.dropped(info.kind, params)
     if names:
         log.info("agent %s: %s has no equivalent for %s; dropped", handle.name, handle.provider,
                  ", ".join(names))
@@ -281,10 +284,10 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
             if event.type == "text_delta":
                 yield chunk({"content": d["content"]})
             elif event.type == "tool_use":
-                yield chunk({"tool_calls": [{"index": d.get("index", 0), "id": d["id"], "type": "function",
+                yield chunk({"tool_calls": [{"index": d["index"], "id": d["id"], "type": "function",
                                              "function": {"name": d["tool"], "arguments": ""}}]})
             elif event.type == "tool_args_delta":
-                yield chunk({"tool_calls": [{"index": d.get("index", 0),
+                yield chunk({"tool_calls": [{"index": d["index"],
                                              "function": {"arguments": d["arguments"]}}]})
             elif event.type == "done":
                 yield chunk({}, d["finish_reason"])
