@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -26,6 +27,16 @@ log = logging.getLogger("agentd.loop")
 
 # Tools run on their own pool so a slow tool cannot starve agent runs.
 _TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool")
+
+
+def _new_tool_pool() -> None:
+    # A forked child inherits the pool's state but not its threads: work submitted there
+    # would never run (mutmut forks a child per mutant), so the child gets a pool of its own.
+    global _TOOL_POOL
+    _TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool")
+
+
+os.register_at_fork(after_in_child=_new_tool_pool)
 
 LlmCall = Callable[[ChatRequest, Callable[[Any], None] | None, threading.Event], ChatResponse]
 Approver = Callable[[str, dict[str, Any]], str]   # (tool, input) -> "approved" | other
