@@ -122,8 +122,11 @@ class Daemon:
             raise
         host, port = cfg.host, cfg.port
         try:
+            from agentd.dispatcher import LifoTaskDispatcher
+
+            dispatcher = LifoTaskDispatcher()
             self.server = waitress.create_server(
-                self.gate, host=host, port=port, threads=cfg.api.threads,
+                self.gate, host=host, port=port, threads=cfg.api.threads, _dispatcher=dispatcher,
                 connection_limit=max(1000, cfg.api.threads * 4), asyncore_use_poll=True,
                 channel_timeout=300, ident="agentd",
                 # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
@@ -137,6 +140,9 @@ class Daemon:
             if exc.errno == errno.EADDRINUSE:
                 raise StartError(f"address {host}:{port} is already in use") from None
             raise StartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        # (waitress starts the threads of its own dispatcher only; `threads=` still sizes the
+        # channel limits above.)
+        dispatcher.set_thread_count(cfg.api.threads)
         install_ws_transport(self.server)
         listen = f"{host}:{self.server.effective_port}"
         write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow())))

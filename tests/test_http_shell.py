@@ -193,7 +193,7 @@ def test_health_version_status_shapes(shared_daemon) -> None:
     for key in ("default_provider", "default_model", "log_level"):
         assert isinstance(status[key], str)
     detail = shared_daemon.get("/api/health/detail").json()
-    assert detail["database"] == "connected" and detail["thread_pool"]["threads"] >= 32
+    assert detail["database"] == "connected" and detail["thread_pool"]["threads"] == 128, "[api] threads default"
 
 
 def test_dashboard_is_html(shared_daemon) -> None:

@@ -1,0 +1,109 @@
+"""The daemon's waitress dispatcher wakes the thread that went idle last (agentd/dispatcher.py).
+
+Waitress's own dispatcher wakes the longest-idle thread, so every one of its threads takes
+turns and keeps its own database connection and caches warm: RSS kept growing with the
+thread count. These tests pin the order, that sequential requests stay on one thread, and
+that the daemon's pool has the configured size.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import requests
+import waitress
+from waitress import wasyncore
+
+from agentd.dispatcher import LifoCondition, LifoTaskDispatcher
+
+
+def test_notify_wakes_the_thread_that_waited_last() -> None:
+    cond = LifoCondition(threading.Lock())
+    woke: list[int] = []
+    threads = []
+    for i in range(3):
+        def wait(i: int = i) -> None:
+            with cond:
+                cond.wait()
+                woke.append(i)
+        t = threading.Thread(target=wait)
+        t.start()
+        threads.append(t)
+        while len(cond._waiters) != i + 1:  # noqa: SLF001 - wait until it really waits
+            time.sleep(0.001)
+    for expected in ([2], [2, 1]):
+        with cond:
+            cond.notify()
+        while len(woke) != len(expected):
+            time.sleep(0.001)
+        assert woke == expected, "BUG: notify did not wake the most recent waiter"
+    with cond:
+        cond.notify(5)   # more than are waiting: wakes the one left, no error
+    threads[0].join(5)
+    assert woke == [2, 1, 0]
+    with cond:
+        cond.notify()    # nobody waits: a no-op
+    try:
+        cond.notify()
+    except RuntimeError as exc:
+        assert str(exc) == "cannot notify on un-acquired lock"
+    else:
+        raise AssertionError("BUG: notify without the lock was allowed")
+
+
+def test_notify_all_wakes_everyone() -> None:
+    cond = LifoCondition(threading.Lock())
+    woke: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: (cond.acquire(), cond.wait(), woke.append(i), cond.release()))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    while len(cond._waiters) != 4:  # noqa: SLF001
+        time.sleep(0.001)
+    with cond:
+        cond.notify_all()
+    for t in threads:
+        t.join(5)
+    assert sorted(woke) == [0, 1, 2, 3]
+
+
+def test_a_released_waiter_is_skipped_not_counted() -> None:
+    cond = LifoCondition(threading.Lock())
+    done = threading.Lock()
+    done.acquire()
+    stale = threading.Lock()   # a waiter lock already released (see CPython gh-92530)
+    with cond:
+        cond._waiters.append(done)   # noqa: SLF001 - the real waiter, first in line
+        cond._waiters.append(stale)  # noqa: SLF001 - the stale one, last
+        cond.notify()
+        assert not cond._waiters, "both were taken off the list"  # noqa: SLF001
+    assert not stale.locked() and not done.locked(), "BUG: the stale waiter counted as the one woken"
+
+
+def test_sequential_requests_stay_on_one_thread() -> None:
+    seen: list[int] = []
+
+    def app(environ, start_response):
+        seen.append(threading.get_ident())
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    dispatcher = LifoTaskDispatcher()
+    server = waitress.create_server(app, host="127.0.0.1", port=0, _dispatcher=dispatcher)
+    dispatcher.set_thread_count(8)
+    stop = threading.Event()
+    loop = threading.Thread(target=lambda: [wasyncore.loop(timeout=0.05, map=server._map, count=1)  # noqa: SLF001
+                                            for _ in iter(stop.is_set, True)], daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.2)   # every thread parked
+        s = requests.Session()
+        for _ in range(30):
+            assert s.get(f"http://127.0.0.1:{server.effective_port}/", timeout=5).text == "ok"
+    finally:
+        stop.set()
+        loop.join(5)
+        server.close()
+    assert len(seen) == 30
+    assert len(set(seen)) <= 2, f"BUG: {len(set(seen))} threads took turns serving one client"
