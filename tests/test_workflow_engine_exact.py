@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import threading
 import time
 import uuid
@@ -722,3 +723,131 @@ def test_a_fan_out_group_at_the_end_hands_on_its_last_branch(engine, agents) -> 
                {"name": "next", "agent_name": "a"})
     body = engine.run(wid, "x")
     assert body["output"] == "a(a(two))", "BUG: the step after a fan-out group does not get its last branch's output"
+
+
+def test_three_branches_the_slowest_first_are_collected_in_step_order(engine, agents) -> None:
+    # (in process what tests/test_workflows.py::test_fan_out_collect_in_step_order does through the daemon)
+    done = {"b": threading.Event(), "c": threading.Event()}
+
+    def last(prompt: str, cancel: threading.Event) -> str:
+        assert done["b"].wait(10) and done["c"].wait(10), "the other branches did not run alongside"
+        return f"A:{prompt}"
+
+    def then(name: str) -> Behaviour:
+        def behave(prompt: str, cancel: threading.Event) -> str:
+            done[name].set()   # set just before it answers: A answers last
+            return f"{name.upper()}:{prompt}"
+        return behave
+
+    agents.add("a", last)
+    agents.add("b", then("b"))
+    agents.add("c", then("c"))
+    agents.add("z")
+    wid = flow(engine, {"name": "A", "agent_name": "a", "mode": "fan_out", "prompt": "alpha {{input}}", "output_var": "x"},
+               {"name": "B", "agent_name": "b", "mode": "fan_out", "prompt": "beta {{input}}"},
+               {"name": "C", "agent_name": "c", "mode": "fan_out", "prompt": "gamma {{input}}"},
+               {"name": "join", "mode": "collect"},
+               {"name": "after", "agent_name": "z", "prompt": "{{x}} | {{input}}"})
+    body = engine.run(wid, "q")
+    joined = ("--- begin A ---\nA:alpha q\n--- end A ---\n\n--- begin B ---\nB:beta q\n--- end B ---\n\n"
+              "--- begin C ---\nC:gamma q\n--- end C ---")
+    assert body == {"run_id": body["run_id"], "output": f"z(A:alpha q | {joined})", "status": "completed"}, \
+        "BUG: collect does not list the branches in step order, or the branch's output_var is lost"
+    recs = records(engine, body)
+    assert [(r["step_name"], r["step_index"], r["status"]) for r in recs] == [
+        ("A", 0, "completed"), ("B", 1, "completed"), ("C", 2, "completed"), ("join", 3, "completed"),
+        ("after", 4, "completed")]
+    assert engine.run_detail(body["run_id"])["steps_completed"] == 5
+
+
+def test_a_collect_step_with_an_agent_is_stopped_with_its_run(engine, agents) -> None:
+    agents.add("a")
+    agents.add("c", blocking())
+    wid = flow(engine, {"name": "f", "agent_name": "a", "mode": "fan_out"},
+               {"name": "j", "agent_name": "c", "mode": "collect", "timeout_secs": 60})
+    out: list[dict] = []
+    runner = threading.Thread(target=lambda: out.append(engine.run(wid, "x")), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while len(agents.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)   # the collect's attempt polls its stop events meanwhile
+    engine.close()
+    runner.join(10)
+    assert out and out[0]["error"] == "step 2 ('j') failed: the daemon is shutting down", \
+        "BUG: a collect step's agent run does not watch the run's cancel event"
+    assert agents.calls[1] == ("c", "--- begin f ---\na(x)\n--- end f ---", 60)
+    assert agents.cancels[1].is_set(), "BUG: the collect's agent run is left going"
+    rec = records(engine, out[0])[1]
+    assert (rec["step_name"], rec["status"], rec["error"], rec["agent_name"]) == (
+        "j", "failed", "the daemon is shutting down", "c")
+
+
+class Gated(Agents):
+    """Looks agents up (on the coordinator thread of a fan-out branch) behind a barrier."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.gate = threading.Barrier(parties, timeout=20)
+        self.threads: list[str] = []
+
+    def by_name(self, name: str) -> SimpleNamespace | None:
+        with self._lock:
+            self.threads.append(threading.current_thread().name)
+        self.gate.wait()
+        return super().by_name(name)
+
+
+def test_forty_branches_wait_at_once_on_named_coordinator_threads(pool) -> None:
+    agents = Gated(40)
+    agents.add("a")
+    runner = StepRunner(agents, pool, lambda *a: True, threading.Event())
+    try:
+        run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(f"f{i}", mode="fan_out")
+                                                                 for i in range(40)]}, current="x")
+        assert runner.drive(run) is None, "BUG: fan-out branches do not all run at once (a CPU-sized pool?)"
+        assert [r["step_name"] for r in run.results] == [f"f{i}" for i in range(40)]
+        assert len(set(agents.threads)) == 40
+        assert all(re.fullmatch(r"agentd-wf_\d+", name) for name in agents.threads), \
+            f"BUG: the coordinator threads are not named agentd-wf_N: {sorted(set(agents.threads))[:3]}"
+    finally:
+        runner.close()
+
+
+def test_close_drops_branches_still_queued_for_a_coordinator(pool) -> None:
+    looked_up: list[str] = []
+
+    class Watched(Agents):
+        def by_name(self, name: str) -> SimpleNamespace | None:
+            looked_up.append(name)
+            return super().by_name(name)
+
+    agents = Watched()
+    agents.add("a")
+    closing = threading.Event()
+    runner = StepRunner(agents, pool, lambda *a: True, closing)
+    release = threading.Event()
+    busy = [runner._coordinators.submit(release.wait, 30) for _ in range(256)]   # every coordinator taken
+    run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def("s", mode="fan_out"),
+                                                             step_def("t", mode="fan_out"), step_def("u")]},
+                             current="x")
+    out: list = []
+    driver = threading.Thread(target=lambda: out.append(runner.drive(run)), daemon=True)
+    driver.start()
+    try:
+        time.sleep(0.5)
+        assert looked_up == [], "BUG: more than 256 fan-out branches wait at once"
+        closing.set()          # what WorkflowEngine.close() does: stop the runs, then the pool
+        run.cancel.set()
+        runner.close()
+        assert not busy[0].done(), "BUG: close() waits for the coordinators' work to end"
+        driver.join(10)
+        assert out == ["step 1 ('s') failed: the daemon is shutting down"], \
+            "BUG: a run whose branches were dropped at shutdown does not end, or ends with another error"
+        assert run.results == [] and run.steps_completed == 0 and run.fanout == []
+    finally:
+        release.set()
+    for future in busy:
+        future.result(10)
+    time.sleep(0.3)
+    assert looked_up == [] and agents.calls == [], "BUG: branches queued at shutdown still ran"

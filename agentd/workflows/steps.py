@@ -35,7 +35,6 @@ class StepFailure(Exception):
 
     def __init__(self, message: str, retryable: bool = True) -> None:
         super().__init__(message)
-        self.message = message
         self.retryable = retryable
 
 
@@ -43,10 +42,10 @@ class StepFailure(Exception):
 class Outcome:
     """What executing one step (all its attempts, or all loop iterations) produced."""
 
-    output: str                          # what the next step sees as {{input}}
-    records: list[dict[str, Any]]        # step results to append, in order
-    failed: str | None = None            # error message when the run must stop
-    skipped: bool = False                # passed its input on (error_mode skip / condition unmet)
+    output: str = ""                     # what the next step sees as {{input}}
+    records: list[dict[str, Any]] = field(default_factory=list)   # step results to append, in order
+    failed: str | None = None            # error message when the run must stop (output unused then)
+    skipped: bool = False                # error_mode skip: passed its input on (read by loops and fan-out)
     cancelled_by_sibling: bool = False
 
 
@@ -64,9 +63,8 @@ class RunState:
     steps_completed: int = 0
 
 
-def _agent_label(ref: dict[str, str] | None) -> str:
-    if not ref:
-        return "none"
+def _agent_label(ref: dict[str, str]) -> str:
+    # Only steps with an agent get here (a collect without one never runs an agent step).
     key, value = next(iter(ref.items()))
     return f"{value!r}" if key == "name" else f"with id {value}"
 
@@ -153,7 +151,7 @@ class StepRunner:
             # Skipped: the next step sees this step's input, as if it were not there.
             record = self._record(index, step, self.resolve(step["agent"]), "skipped", run.current, None, 0.0, 0)
             record["note"] = f"condition {step['condition']!r} not met by the previous output"
-            outcome = Outcome(output=run.current, records=[record], skipped=True)
+            outcome = Outcome(output=run.current, records=[record])
         elif mode == "loop":
             outcome = self._loop(run, index)
         else:
@@ -175,7 +173,7 @@ class StepRunner:
             outcome = self._agent_step(run, index, current, (run.cancel,), iteration=iteration)
             records.extend(outcome.records)
             if outcome.failed:
-                return Outcome(output=current, records=records, failed=f"iteration {iteration}: {outcome.failed}")
+                return Outcome(records=records, failed=f"iteration {iteration}: {outcome.failed}")
             if outcome.skipped:
                 break  # error_mode skip: the loop ends with the last good output
             current = outcome.output
@@ -206,14 +204,18 @@ class StepRunner:
             futures = [self._coordinators.submit(branch, i) for i in indexes]
         except RuntimeError:
             return "the daemon is shutting down"
-        outcomes = [f.result() for f in futures]
-        first_error = None
-        for i, outcome in zip(indexes, outcomes):
+        errors = []
+        for i, future in zip(indexes, futures):
             step = steps[i]
+            try:
+                outcome = future.result()
+            except concurrent.futures.CancelledError:
+                # Still queued when close() dropped it (the run is being cancelled): never ran.
+                outcome = Outcome(failed="the daemon is shutting down")
             run.results.extend(outcome.records)
             if outcome.failed:
-                if first_error is None and not outcome.cancelled_by_sibling:
-                    first_error = self._step_error(i, step, outcome.failed)
+                if not outcome.cancelled_by_sibling:
+                    errors.append(self._step_error(i, step, outcome.failed))
                 continue
             run.steps_completed += 1
             if step["output_var"]:
@@ -222,8 +224,9 @@ class StepRunner:
                 run.fanout.append((step["name"], outcome.output))
             run.current = outcome.output
         # Some failed outcome is never `cancelled_by_sibling`: only a failing branch sets
-        # group_cancel, and the one that set it saw it unset. So a failure always names a step.
-        return first_error
+        # group_cancel, and the one that set it saw it unset. So a failure always names a step
+        # (the first in step order: two branches may both fail before either sees the other).
+        return errors[0] if errors else None
 
     # -- one agent step: attempts, retries, error_mode -------------------------------------
     def _agent_step(self, run: RunState, index: int, given: str, stops: tuple[threading.Event, ...],
@@ -241,7 +244,7 @@ class StepRunner:
             try:
                 result = self._attempt(handle, prompt, step["timeout_secs"], stops)
             except StepFailure as exc:
-                error = exc.message
+                error = str(exc)
                 if handle.killed:
                     error = f"agent {handle.name!r} was killed while the step was running"
                     break
@@ -265,7 +268,7 @@ class StepRunner:
                               time.monotonic() - began, attempt, iteration, error)
         if skip:
             return Outcome(output=given, records=[record], skipped=True)
-        return Outcome(output=given, records=[record], failed=error)
+        return Outcome(records=[record], failed=error)
 
     def _attempt(self, handle: AgentHandle, prompt: str, timeout: float,
                  stops: tuple[threading.Event, ...]) -> RunResult:
