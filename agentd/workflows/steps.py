@@ -11,6 +11,7 @@ recovery) is the engine's (agentd/workflows/engine.py); this module only runs st
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -235,8 +236,8 @@ class StepRunner:
         prompt = render(step["prompt"], given, run.variables)
         attempts = step["max_retries"] + 1 if step["error_mode"] == "retry" else 1
         began = time.monotonic()
-        error, handle = "", None
-        for attempt in range(1, attempts + 1):
+        # Every way out of this loop is a return or a break that has set `error` (and `handle`).
+        for attempt in itertools.count(1):
             handle = self.resolve(step["agent"])
             if handle is None:
                 error = f"agent {_agent_label(step['agent'])} not found (killed, or never existed)"
