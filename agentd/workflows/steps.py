@@ -32,11 +32,11 @@ _POLL = 0.2           # how often a waiting coordinator notices a run being canc
 
 
 class StepFailure(Exception):
-    """One attempt failed; `retryable` says whether another attempt could help."""
+    """One attempt failed; `final` when another attempt could not help (the default: it could)."""
 
-    def __init__(self, message: str, retryable: bool = True) -> None:
+    def __init__(self, message: str, final: bool = False) -> None:
         super().__init__(message)
-        self.retryable = retryable
+        self.final = final
 
 
 @dataclass
@@ -249,7 +249,7 @@ class StepRunner:
                 if handle.killed:
                     error = f"agent {handle.name!r} was killed while the step was running"
                     break
-                if not exc.retryable or attempt == attempts:
+                if exc.final or attempt == attempts:
                     break
                 delay = min(self.backoff_base * 2 ** (attempt - 1), BACKOFF_MAX)
                 log.info("workflow step %r attempt %d failed (%s); retrying in %.2fs",
@@ -285,7 +285,7 @@ class StepRunner:
         try:
             future = self.executor.submit(call)
         except RuntimeError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
+            raise StepFailure("the daemon is shutting down", final=True) from None
         while True:
             # Queueing for an executor thread does not count; the attempt starts when it runs.
             wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
@@ -296,19 +296,19 @@ class StepRunner:
                 break
             if any(s.is_set() for s in stops):
                 cancel.set()
-                raise StepFailure(_stop_reason(stops, self._closing), retryable=False)
+                raise StepFailure(_stop_reason(stops, self._closing), final=True)
             if started and time.monotonic() >= started[0] + timeout:
                 cancel.set()  # the agent run stops at its next cancellation point
                 raise StepFailure(f"timed out after {timeout:g}s")
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
+            raise StepFailure("the daemon is shutting down", final=True) from None
         except RunCancelled:
-            raise StepFailure("the agent's run was cancelled (stopped or killed)", retryable=False) from None
+            raise StepFailure("the agent's run was cancelled (stopped or killed)", final=True) from None
         except AgentdError as exc:
             # Refusals (bad input, quota, budget) would only be refused again.
-            raise StepFailure(exc.message, retryable=exc.status >= 500 or exc.status == 409) from None
+            raise StepFailure(exc.message, final=exc.status < 500 and exc.status != 409) from None
 
     @staticmethod
     def _record(index: int, step: dict[str, Any], handle: AgentHandle | None, status: str, output: str,
