@@ -288,7 +288,8 @@ class StepRunner:
             raise StepFailure("the daemon is shutting down", final=True) from None
         while True:
             # Queueing for an executor thread does not count; the attempt starts when it runs.
-            wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
+            # (Past the deadline the wait is negative: wait() then only looks, like a 0 wait.)
+            wait = _POLL if not started else min(_POLL, started[0] + timeout - time.monotonic())
             done, _ = concurrent.futures.wait([future], timeout=wait)
             # A queued attempt cancelled by the executor's shutdown never counts as done for
             # wait() (only the worker that would have run it marks it so): look at it directly.
