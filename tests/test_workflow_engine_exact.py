@@ -911,3 +911,20 @@ def test_a_retry_wait_ends_when_a_sibling_branch_fails(agents, pool, caplog) -> 
         ("r", "failed", 1, "flake 4; retry abandoned: cancelled because a parallel fan_out step failed"),
         ("b", "failed", 1, "nope")], "BUG: a branch waiting to retry does not stop when a sibling fails"
     assert [c[0] for c in agents.calls] == ["r", "b"]
+
+
+def test_a_timed_out_attempt_is_retried(engine, agents) -> None:
+    first = [True]
+
+    def slow_once(prompt: str, cancel: threading.Event) -> str:
+        if first[0]:
+            first[0] = False
+            return blocking(5.0)(prompt, cancel)
+        return "second try"
+
+    agents.add("s", slow_once)
+    body = engine.run(flow(engine, {"name": "t", "agent_name": "s", "timeout_secs": 1, "error_mode": "retry",
+                                    "max_retries": 1}), "x")
+    assert (body["status"], body["output"]) == ("completed", "second try"), "BUG: a timeout is not retried"
+    assert records(engine, body)[0]["attempts"] == 2 and len(agents.calls) == 2
+    assert agents.cancels[0].is_set() and not agents.cancels[1].is_set()
