@@ -11,6 +11,7 @@ recovery) is the engine's (agentd/workflows/engine.py); this module only runs st
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -31,22 +32,21 @@ _POLL = 0.2           # how often a waiting coordinator notices a run being canc
 
 
 class StepFailure(Exception):
-    """One attempt failed; `retryable` says whether another attempt could help."""
+    """One attempt failed; `final` when another attempt could not help (the default: it could)."""
 
-    def __init__(self, message: str, retryable: bool = True) -> None:
+    def __init__(self, message: str, final: bool = False) -> None:
         super().__init__(message)
-        self.message = message
-        self.retryable = retryable
+        self.final = final
 
 
 @dataclass
 class Outcome:
     """What executing one step (all its attempts, or all loop iterations) produced."""
 
-    output: str                          # what the next step sees as {{input}}
-    records: list[dict[str, Any]]        # step results to append, in order
-    failed: str | None = None            # error message when the run must stop
-    skipped: bool = False                # passed its input on (error_mode skip / condition unmet)
+    output: str = ""                     # what the next step sees as {{input}}
+    records: list[dict[str, Any]] = field(default_factory=list)   # step results to append, in order
+    failed: str | None = None            # error message when the run must stop (output unused then)
+    skipped: bool = False                # error_mode skip: passed its input on (read by loops and fan-out)
     cancelled_by_sibling: bool = False
 
 
@@ -64,9 +64,8 @@ class RunState:
     steps_completed: int = 0
 
 
-def _agent_label(ref: dict[str, str] | None) -> str:
-    if not ref:
-        return "none"
+def _agent_label(ref: dict[str, str]) -> str:
+    # Only steps with an agent get here (a collect without one never runs an agent step).
     key, value = next(iter(ref.items()))
     return f"{value!r}" if key == "name" else f"with id {value}"
 
@@ -153,7 +152,7 @@ class StepRunner:
             # Skipped: the next step sees this step's input, as if it were not there.
             record = self._record(index, step, self.resolve(step["agent"]), "skipped", run.current, None, 0.0, 0)
             record["note"] = f"condition {step['condition']!r} not met by the previous output"
-            outcome = Outcome(output=run.current, records=[record], skipped=True)
+            outcome = Outcome(output=run.current, records=[record])
         elif mode == "loop":
             outcome = self._loop(run, index)
         else:
@@ -175,7 +174,7 @@ class StepRunner:
             outcome = self._agent_step(run, index, current, (run.cancel,), iteration=iteration)
             records.extend(outcome.records)
             if outcome.failed:
-                return Outcome(output=current, records=records, failed=f"iteration {iteration}: {outcome.failed}")
+                return Outcome(records=records, failed=f"iteration {iteration}: {outcome.failed}")
             if outcome.skipped:
                 break  # error_mode skip: the loop ends with the last good output
             current = outcome.output
@@ -206,14 +205,18 @@ class StepRunner:
             futures = [self._coordinators.submit(branch, i) for i in indexes]
         except RuntimeError:
             return "the daemon is shutting down"
-        outcomes = [f.result() for f in futures]
-        first_error = None
-        for i, outcome in zip(indexes, outcomes):
+        errors = []
+        for i, future in zip(indexes, futures):
             step = steps[i]
+            try:
+                outcome = future.result()
+            except concurrent.futures.CancelledError:
+                # Still queued when close() dropped it (the run is being cancelled): never ran.
+                outcome = Outcome(failed="the daemon is shutting down")
             run.results.extend(outcome.records)
             if outcome.failed:
-                if first_error is None and not outcome.cancelled_by_sibling:
-                    first_error = self._step_error(i, step, outcome.failed)
+                if not outcome.cancelled_by_sibling:
+                    errors.append(self._step_error(i, step, outcome.failed))
                 continue
             run.steps_completed += 1
             if step["output_var"]:
@@ -222,8 +225,9 @@ class StepRunner:
                 run.fanout.append((step["name"], outcome.output))
             run.current = outcome.output
         # Some failed outcome is never `cancelled_by_sibling`: only a failing branch sets
-        # group_cancel, and the one that set it saw it unset. So a failure always names a step.
-        return first_error
+        # group_cancel, and the one that set it saw it unset. So a failure always names a step
+        # (the first in step order: two branches may both fail before either sees the other).
+        return errors[0] if errors else None
 
     # -- one agent step: attempts, retries, error_mode -------------------------------------
     def _agent_step(self, run: RunState, index: int, given: str, stops: tuple[threading.Event, ...],
@@ -232,8 +236,8 @@ class StepRunner:
         prompt = render(step["prompt"], given, run.variables)
         attempts = step["max_retries"] + 1 if step["error_mode"] == "retry" else 1
         began = time.monotonic()
-        error, handle = "", None
-        for attempt in range(1, attempts + 1):
+        # Every way out of this loop is a return or a break that has set `error` (and `handle`).
+        for attempt in itertools.count(1):
             handle = self.resolve(step["agent"])
             if handle is None:
                 error = f"agent {_agent_label(step['agent'])} not found (killed, or never existed)"
@@ -241,11 +245,11 @@ class StepRunner:
             try:
                 result = self._attempt(handle, prompt, step["timeout_secs"], stops)
             except StepFailure as exc:
-                error = exc.message
+                error = str(exc)
                 if handle.killed:
                     error = f"agent {handle.name!r} was killed while the step was running"
                     break
-                if not exc.retryable or attempt == attempts:
+                if exc.final or attempt == attempts:
                     break
                 delay = min(self.backoff_base * 2 ** (attempt - 1), BACKOFF_MAX)
                 log.info("workflow step %r attempt %d failed (%s); retrying in %.2fs",
@@ -265,7 +269,7 @@ class StepRunner:
                               time.monotonic() - began, attempt, iteration, error)
         if skip:
             return Outcome(output=given, records=[record], skipped=True)
-        return Outcome(output=given, records=[record], failed=error)
+        return Outcome(records=[record], failed=error)
 
     def _attempt(self, handle: AgentHandle, prompt: str, timeout: float,
                  stops: tuple[threading.Event, ...]) -> RunResult:
@@ -281,10 +285,11 @@ class StepRunner:
         try:
             future = self.executor.submit(call)
         except RuntimeError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
+            raise StepFailure("the daemon is shutting down", final=True) from None
         while True:
             # Queueing for an executor thread does not count; the attempt starts when it runs.
-            wait = _POLL if not started else max(0.0, min(_POLL, started[0] + timeout - time.monotonic()))
+            # (Past the deadline the wait is negative: wait() then only looks, like a 0 wait.)
+            wait = _POLL if not started else min(_POLL, started[0] + timeout - time.monotonic())
             done, _ = concurrent.futures.wait([future], timeout=wait)
             # A queued attempt cancelled by the executor's shutdown never counts as done for
             # wait() (only the worker that would have run it marks it so): look at it directly.
@@ -292,19 +297,19 @@ class StepRunner:
                 break
             if any(s.is_set() for s in stops):
                 cancel.set()
-                raise StepFailure(_stop_reason(stops, self._closing), retryable=False)
+                raise StepFailure(_stop_reason(stops, self._closing), final=True)
             if started and time.monotonic() >= started[0] + timeout:
                 cancel.set()  # the agent run stops at its next cancellation point
                 raise StepFailure(f"timed out after {timeout:g}s")
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            raise StepFailure("the daemon is shutting down", retryable=False) from None
+            raise StepFailure("the daemon is shutting down", final=True) from None
         except RunCancelled:
-            raise StepFailure("the agent's run was cancelled (stopped or killed)", retryable=False) from None
+            raise StepFailure("the agent's run was cancelled (stopped or killed)", final=True) from None
         except AgentdError as exc:
             # Refusals (bad input, quota, budget) would only be refused again.
-            raise StepFailure(exc.message, retryable=exc.status >= 500 or exc.status == 409) from None
+            raise StepFailure(exc.message, final=exc.status < 500 and exc.status != 409) from None
 
     @staticmethod
     def _record(index: int, step: dict[str, Any], handle: AgentHandle | None, status: str, output: str,
