@@ -670,7 +670,8 @@ def test_stream_sends_waiting_events_in_one_write(env: Env) -> None:
     text = f"[[reply:a b c d e f]] {name}"
     r = env.held_stream(name, text)
     try:
-        assert wait_for(lambda: any(q["json"] and q["json"]["messages"][-1]["content"] == text and q["done"]
+        # (the fake LLM is the session's: other files' requests, embeddings among them, are listed too)
+        assert wait_for(lambda: any((q["json"] or {}).get("messages", [{}])[-1].get("content") == text and q["done"]
                                     for q in env.fake.requests) and not handle.busy), "the run never ended"
         first = next(iter(r.response)).decode()
         # the role chunk and the 6 words at least (all were queued before the run ended)
