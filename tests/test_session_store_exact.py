@@ -431,6 +431,14 @@ def test_a_session_row_without_text_is_empty(env, mgr) -> None:
                                                           {"role": "assistant", "content": "echo: x"}]
 
 
+def test_a_missing_session_row_reads_as_empty(env, mgr) -> None:
+    h = mgr.spawn(manifest("rowless"))
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).delete()
+    h.session_tail = None
+    assert mgr._window(h) == [] and (h.session_tail, h.session_count) == ([], 0)
+
+
 def test_no_usage_rows_no_usage_write(env, mgr) -> None:
     calls: list = []
     mgr.write_usage = calls.append

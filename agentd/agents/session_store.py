@@ -144,7 +144,7 @@ class SessionStore:
                         "kept_messages": len(stored),
                         "message": f"no compaction needed ({len(stored)} messages)"}
             older, kept = stored[:split], stored[split:]
-            transcript = "\n\n".join(f"{m['role'].capitalize()}: {m.get('content', '')}"
+            transcript = "\n\n".join(f"{m['role'].capitalize()}: {m['content']}"
                                      for m in older if m.get("content"))[-100_000:]
             request = ChatRequest(model=handle.model, system=(
                 "You summarise conversations. Write a concise summary of the conversation below that keeps "
