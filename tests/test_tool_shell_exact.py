@@ -116,6 +116,26 @@ def test_timeouts_are_capped_by_the_daemon_setting(tmp_path) -> None:
     assert str(caught.value) == "timeout_secs must be greater than 0"
 
 
+def test_a_killed_program_is_waited_for(tmp_path) -> None:
+    import gc
+    import time
+    import warnings
+
+    ctx = make_ctx(tmp_path, shell=["sleep"])
+    ctx.tools_config.shell_timeout_secs = 0.2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert refusal(ctx, "sleep 30") == "command timed out after 0.2s and was killed"
+        ctx.cancel.set()
+        assert refusal(ctx, "sleep 31") == "command cancelled with the run"
+        time.sleep(0.3)   # (the pipe readers end once the programs are dead)
+        gc.collect()
+    # Popen warns when an object of a child never waited for is collected: the child is a zombie
+    # until something polls it.
+    running = [str(w.message) for w in caught if "is still running" in str(w.message)]
+    assert running == [], f"BUG: a killed command was not waited for: {running}"
+
+
 def test_missing_and_unrunnable_programs(wide) -> None:
     assert refusal(wide, "no-such-program-xyz") == "program not found: no-such-program-xyz"
     run(wide, "file_write", path="plain.txt", content="not executable")

@@ -58,10 +58,14 @@ def _check(ctx: ToolContext, command: str) -> list[str]:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """End the command's whole process group and reap the command (no zombie is left)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except PermissionError:
+        return
+    except ProcessLookupError:
         pass
+    proc.wait()
 
 
 @tool("shell_exec", "Run one program with arguments (no shell: no pipes, redirects or chaining) in the "
