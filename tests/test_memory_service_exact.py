@@ -47,6 +47,7 @@ class AxisEmbedder(ScriptedEmbedder):
         self.gate: threading.Event | None = None  # when set: embed waits for it
         self.entered = threading.Event()
         self.fail = False
+        self.hooks: dict[str, Callable[[], None]] = {}  # text -> called once when it is embedded
 
     def axis(self, text: str) -> int:
         if text not in self.vectors:
@@ -70,6 +71,10 @@ class AxisEmbedder(ScriptedEmbedder):
             self.gate.wait(WAIT)
         if self.fail:
             raise RuntimeError("embedder down")
+        for t in texts:
+            hook = self.hooks.pop(t, None)
+            if hook is not None:
+                hook()
         for t in texts:
             self.axis(t)
         return super().embed(texts)
@@ -255,6 +260,11 @@ def test_graph_arguments(svc) -> None:
         f"name is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
     assert bad(lambda: svc.add_entity(a, "", "x")) == "entity_type must be a non-empty string"
     assert bad(lambda: svc.add_entity(a, "person", "x", [1])) == "properties must be a JSON object"
+    long = "n" * (fields.MAX_NAME + 1)
+    assert bad(lambda: svc.add_relation(a, long, "knows", "Bob")) == \
+        f"source is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+    assert bad(lambda: svc.add_relation(a, "Alice", "knows", long)) == \
+        f"target is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
     assert bad(lambda: svc.add_relation(a, "", "knows", "Bob")) == "source must be a non-empty string"
     assert bad(lambda: svc.add_relation(a, "Alice", "", "Bob")) == "relation must be a non-empty string"
     assert bad(lambda: svc.add_relation(a, "Alice", "knows", "")) == "target must be a non-empty string"
@@ -280,6 +290,17 @@ def test_graph_arguments(svc) -> None:
     assert bad(lambda: svc.query_graph(a, relation="")) == "relation must be a non-empty string"
     assert bad(lambda: svc.query_graph(a, "n" * (fields.MAX_NAME + 1))) == \
         f"source is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+
+
+def test_consolidate_is_of_the_agent(store) -> None:
+    s, emb = make(store, decay_days=-1)  # every fragment counts as not recalled for a day
+    a, b = new_agent(), new_agent()
+    s.remember(a, "decaying fact")
+    s.remember(b, "other fact")
+    report = s.consolidate(a)
+    assert (report["memories_merged"], report["memories_decayed"], report["memories_dropped"]) == (0, 1, 0)
+    assert s.page(a, 10, 0)["memories"][0]["confidence"] == 0.9
+    assert s.page(b, 10, 0)["memories"][0]["confidence"] == 1.0
 
 
 def test_consolidate_export_import_report_changes(svc) -> None:
@@ -484,6 +505,32 @@ def test_in_session_skip_compares_the_whole_question(svc) -> None:
         "S\n\n" + block(e, "User asked: tea time")
 
 
+def test_an_answer_holding_the_separator_is_still_the_same_exchange(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "q", "x\nI responded: y")
+    svc.drain()
+    e = exchange("q", "x\nI responded: y")
+    svc.remember(a, "a fact")
+    svc.emb.query("recall", {e: 0.9, "a fact": 0.5})
+    assert svc.system_context(a, "recall", [{"role": "user", "content": "q"}], "S") == "S\n\n" + block("a fact")
+
+
+def test_a_deleted_exchange_does_not_hide_other_fragments(svc, caplog) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "q1", "a1")
+    svc.after_exchange(a, "s1", "q2", "a2")
+    svc.drain()
+    window = [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        assert svc.system_context(a, "recall", window, "S") == "S"
+    assert caplog.records == [], "BUG: the window check failed (and was logged as a failed recall)"
+    e2 = [m for m in svc.page(a, 10, 0)["memories"] if m["content"] == exchange("q2", "a2")][0]
+    svc.delete(a, e2["id"])
+    svc.remember(a, "a fact")  # as many fragments as exchanges in the window, but not all of them
+    svc.emb.query("recall", {exchange("q1", "a1"): 0.9, "a fact": 0.5})
+    assert svc.system_context(a, "recall", window, "S") == "S\n\n" + block("a fact")
+
+
 def test_other_fragments_are_recalled_beside_exchanges_in_the_window(svc) -> None:
     a = new_agent()
     svc.after_exchange(a, "s1", "hi", "hello")
@@ -519,6 +566,20 @@ def test_context_for_run_searches_again_only_after_a_change(svc) -> None:
     embeds = len(svc.emb.calls)
     assert current() == "S\n\n" + block("first fact", "second fact")
     assert current() == "S\n\n" + block("first fact", "second fact")
+
+
+def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
+    a = new_agent()
+    fid = svc.remember(a, "first fact")["id"]
+    svc.emb.query("race q", {"first fact": 0.9, "racing fact": 0.3})
+    current = svc.context_for_run(a, "race q", [], "S")
+    svc.emb.hooks["race q"] = lambda: svc.remember(a, "racing fact")  # lands while the recall runs
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 1
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 2, "BUG: a write during the recall is taken as seen"
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 2
 
 
 def test_context_for_run_of_an_agent_without_memories(svc) -> None:
@@ -708,7 +769,7 @@ def test_start_without_schedule(store) -> None:
 def test_scheduled_consolidation_runs_every_period(tmp_path, caplog) -> None:
     st = open_store(tmp_path / "agentd.db")
     try:
-        s, emb = make(st, consolidate_every_hours=0.6 / 3600)
+        s, emb = make(st, consolidate_every_hours=0.6 / 3600, decay_days=-1)
         a, b = new_agent(), new_agent()
         with caplog.at_level(logging.INFO, logger="agentd.memory"):
             s.start()
@@ -719,15 +780,22 @@ def test_scheduled_consolidation_runs_every_period(tmp_path, caplog) -> None:
             time.sleep(1.0)
             assert [r for r in caplog.records if "consolidated" in r.getMessage()] == [], \
                 "BUG: no memories, nothing consolidated"
-            s.remember(a, "fact a")
+            s.remember(a, "fact a")  # one fragment in the database
+            wait_for(lambda: any(r.getMessage().startswith("consolidated") for r in caplog.records), "a report")
             s.remember(b, "fact b")
-            wait_for(lambda: len({r.getMessage() for r in caplog.records
+            wait_for(lambda: len({r.getMessage().split(":")[0] for r in caplog.records
                                   if r.getMessage().startswith("consolidated")}) >= 2, "two reports")
             s.close()
             thread.join(WAIT)
         assert not thread.is_alive()
-        msgs = {r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("consolidated")}
-        assert msgs == {f"consolidated memory of agent {a}", f"consolidated memory of agent {b}"}
+        import re
+
+        reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("consolidated")]
+        pattern = re.compile(r"consolidated memory of agent (\S+): \{'memories_merged': 0, 'memories_decayed': 1, "
+                             r"'memories_dropped': 0, 'duration_ms': \d+\}")
+        assert all(pattern.fullmatch(m) for m in reports), reports
+        assert {pattern.fullmatch(m).group(1) for m in reports} == {a, b}
+        assert reports[0].startswith(f"consolidated memory of agent {a}: ")
     finally:
         st.close()
 
