@@ -750,6 +750,8 @@ def test_drain_returns_after_its_timeout(svc) -> None:
     started = time.monotonic()
     svc.drain(0.3)
     assert time.monotonic() - started < 5
+    waiting = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    assert waiting == [], "BUG: a drain that gave up leaves a thread that keeps the process from exiting"
     svc.emb.gate.set()
     svc.drain()
     assert svc.page(a, 10, 0)["total"] == 1
