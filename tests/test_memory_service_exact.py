@@ -153,8 +153,8 @@ def test_provider_embedder_needs_the_endpoint_lookup(store) -> None:
     assert s.embedder is emb, "BUG: the embedder must be built once"
     local = MemoryService(MemoryConfig(embed_threads=3), store).embedder
     assert isinstance(local, LocalEmbedder) and local._threads == 3
-    default = MemoryService(MemoryConfig(), store, retries=2)
-    assert default._retries == 2
+    s = MemoryService(MemoryConfig(embedding_provider="p", embedding_model="m"), store, endpoint=lambda p: "EP")
+    assert s.embedder._retries == 3, "BUG: three retries by default"
 
 
 def test_semantic_is_built_once_and_reports_writes(svc) -> None:
@@ -724,6 +724,26 @@ def test_close_stores_what_is_queued_then_stops_the_worker(store) -> None:
     assert not worker.is_alive(), "BUG: close leaves the worker running"
     assert s.page(a, 10, 0)["total"] == 2
     s.close()  # again: harmless
+
+
+def test_close_gives_up_on_a_stuck_worker_after_five_seconds(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    emb.gate = threading.Event()
+    s.after_exchange(a, "s", "stuck", "one")
+    assert emb.entered.wait(WAIT)
+    closer = threading.Thread(target=s.close)
+    started = time.monotonic()
+    closer.start()
+    closer.join(WAIT)
+    try:
+        assert not closer.is_alive(), "BUG: shutdown waits for a stuck embedder without limit"
+        assert time.monotonic() - started >= 4.9, "BUG: close must give queued exchanges 5 s"
+    finally:
+        emb.gate.set()
+        closer.join(WAIT)
+    s._worker.join(WAIT)
+    assert s.page(a, 10, 0)["total"] == 1
 
 
 def test_close_with_exchanges_still_queued_behind_the_sentinel(store) -> None:
