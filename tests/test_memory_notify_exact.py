@@ -238,8 +238,8 @@ def test_close_of_a_listener_that_cannot_connect(caplog) -> None:
         n.close()
     assert not n._thread.is_alive(), "BUG: close must end a listener waiting to reconnect"
     messages = [r.getMessage() for r in caplog.records]
-    refused = f'memory listener cannot connect: connection to server at "127.0.0.1", port {port} failed: '
-    assert all(m.startswith(refused) for m in messages), messages
+    # libpq's text names the port (its wording differs between versions)
+    assert all(m.startswith("memory listener cannot connect: ") and str(port) in m for m in messages), messages
     assert caplog.records[0].levelno == logging.WARNING
     first, second = caplog.records[0].created, caplog.records[1].created
     assert second - first >= 0.9, "BUG: reconnects must wait RECONNECT_SECS"
