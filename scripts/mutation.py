@@ -88,6 +88,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
     # The provider embedder against a local HTTP stand-in; two tests load the real ONNX model.
     "agentd/memory/embedder.py": ["tests/test_embedder_exact.py"],
+    # Notifiers of "two daemons" on one real PostgreSQL (a temp cluster, tests/pgtest.py) and
+    # the lone daemon on SQLite.
+    "agentd/memory/notify.py": ["tests/test_memory_notify_exact.py"],
+    # The memory facade on a real SQLite store with the scripted embedder (tests/memsupport.py).
+    "agentd/memory/service.py": ["tests/test_memory_service_exact.py"],
     # The API layer's request guard, body parsing and proxy headers (mut-api).
     # guard.py in process only: test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.

@@ -53,7 +53,7 @@ class MemoryService:
         # theirs skips the count query until something is written for them. Only on a
         # database of its own: another daemon's write would not reach this set in time.
         self._empty: set[str] = set()
-        self._cache_empty = not getattr(store, "shared", False)
+        self._cache_empty = not store.shared
         self._writes = 0  # counts _changed/invalidate calls: a count that raced a write is not cached
         self._worker: threading.Thread | None = None
         self._dead: set[str] = set()

@@ -1,0 +1,843 @@
+"""agentd/memory/service.py in process: the real MemoryService on a real SQLite store with a
+scripted embedder (tests/memsupport.py; every new text gets its own axis, so a query vector
+chooses exactly which fragments score and in which order). Argument defaults and limits, the
+recall block the model reads, the skip of exchanges still in the session's window, the per-run
+context cache, the background worker's batches, forget, the schedule, close."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from pony import orm
+
+from agentd.config import MemoryConfig
+from agentd.errors import BadRequest
+from agentd.memory import fields, service as service_mod
+from agentd.memory.service import MemoryService
+from agentd.store import open_store
+
+from memsupport import ScriptedEmbedder
+
+DIMS = 1536
+WAIT = 20.0
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class AxisEmbedder(ScriptedEmbedder):
+    """Each text not scripted gets the next basis vector; `query(text, {stored: weight})`
+    scripts a query whose cosine with each stored text is its weight."""
+
+    def __init__(self) -> None:
+        super().__init__(dims=DIMS)
+        self.next_axis = 0
+        self.gate: threading.Event | None = None  # when set: embed waits for it
+        self.entered = threading.Event()
+        self.fail = False
+        self.hooks: dict[str, Callable[[], None]] = {}  # text -> called once when it is embedded
+
+    def axis(self, text: str) -> int:
+        if text not in self.vectors:
+            v = np.zeros(DIMS, dtype=np.float32)
+            v[self.next_axis] = 1.0
+            self.next_axis += 1
+            self.vectors[text] = v
+        return int(np.argmax(self.vectors[text]))
+
+    def query(self, text: str, weights: dict[str, float]) -> None:
+        v = np.zeros(DIMS, dtype=np.float32)
+        for stored, w in weights.items():
+            v[self.axis(stored)] = w
+        rest = 1.0 - float(np.sum(v * v))
+        v[DIMS - 1] = np.sqrt(max(rest, 0.0))  # the last axis is never given to a text
+        self.vectors[text] = v
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(WAIT)
+        if self.fail:
+            raise RuntimeError("embedder down")
+        for t in texts:
+            hook = self.hooks.pop(t, None)
+            if hook is not None:
+                hook()
+        for t in texts:
+            self.axis(t)
+        return super().embed(texts)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = open_store(tmp_path_factory.mktemp("svc") / "agentd.db")
+    yield s
+    s.close()
+
+
+def make(store, **config: Any) -> tuple[MemoryService, AxisEmbedder]:
+    svc = MemoryService(MemoryConfig(**config), store)
+    emb = AxisEmbedder()
+    svc._embedder = emb  # the embedder the service would build (the local model) is scripted
+    return svc, emb
+
+
+@pytest.fixture()
+def svc(store):
+    s, emb = make(store)
+    s.emb = emb  # type: ignore[attr-defined]
+    yield s
+    s.close()
+
+
+def new_agent() -> str:
+    return str(uuid.uuid4())
+
+
+def bad(fn: Callable[[], Any]) -> str:
+    with pytest.raises(BadRequest) as info:
+        fn()
+    return info.value.message if hasattr(info.value, "message") else str(info.value)
+
+
+def count_rows(store, agent_id: str, table: str = "memory_fragments") -> int:
+    with orm.db_session:
+        return store.db.select(f"SELECT COUNT(*) FROM {table} WHERE agent_id = $a", {"a": agent_id})[0]
+
+
+# -- constants, construction, lazily built parts ----------------------------------------------
+
+def test_constants() -> None:
+    assert service_mod.QUEUE_LIMIT == 1000
+    assert service_mod.WORKER_BATCH == 32
+    assert service_mod.CONTEXT_HEADING == "## Relevant memories"
+    assert (service_mod.ASKED, service_mod.ANSWERED) == ("User asked: ", "\nI responded: ")
+
+
+def test_fresh_service_loads_nothing(store) -> None:
+    s = MemoryService(MemoryConfig(), store)
+    assert s.loaded is False and s._semantic is None and s._embedder is None
+    assert s._queue.maxsize == 1000
+    assert s.on_change is None and s._worker is None and s._scheduler is None
+    assert s._cache_empty is True, "BUG: a database of its own caches empty counts"
+    shared = MemoryService(MemoryConfig(), dataclasses.replace(store, backend="postgres"))
+    assert shared._cache_empty is False, "BUG: a shared database must not cache empty counts"
+
+
+def test_provider_embedder_needs_the_endpoint_lookup(store) -> None:
+    s = MemoryService(MemoryConfig(embedding_provider="openai", embedding_model="m1"), store)
+    with pytest.raises(RuntimeError) as info:
+        s.embedder
+    assert str(info.value) == "provider embeddings need the kernel's endpoint lookup"
+    asked: list[str] = []
+    s = MemoryService(MemoryConfig(embedding_provider="openai", embedding_model="m1"), store,
+                      endpoint=lambda p: asked.append(p) or "EP", retries=7)
+    from agentd.memory.embedder import LocalEmbedder, ProviderEmbedder
+
+    emb = s.embedder
+    assert isinstance(emb, ProviderEmbedder)
+    assert (emb.provider, emb.model, emb.name, emb._retries) == ("openai", "m1", "openai/m1", 7)
+    assert emb._endpoint() == "EP" and asked == ["openai"]
+    assert s.embedder is emb, "BUG: the embedder must be built once"
+    local = MemoryService(MemoryConfig(embed_threads=3), store).embedder
+    assert isinstance(local, LocalEmbedder) and local._threads == 3
+    s = MemoryService(MemoryConfig(embedding_provider="p", embedding_model="m"), store, endpoint=lambda p: "EP")
+    assert s.embedder._retries == 3, "BUG: three retries by default"
+
+
+def test_semantic_is_built_once_and_reports_writes(svc) -> None:
+    changed: list[str] = []
+    svc.on_change = changed.append
+    sem = svc.semantic
+    assert svc.loaded is True and svc.semantic is sem
+    assert sem.embedder is svc.emb
+    a = new_agent()
+    sem.remember(a, "hello there")
+    assert changed == [a]
+
+
+# -- argument defaults and limits -------------------------------------------------------------
+
+def test_remember_defaults_and_explicit_values(svc) -> None:
+    a = new_agent()
+    fid = svc.remember(a, "the sky is blue")["id"]
+    got = svc.get(a, fid)
+    assert (got["content"], got["source"], got["scope"], got["metadata"], got["confidence"]) == \
+        ("the sky is blue", "user_provided", "semantic", {}, 1.0)
+    fid = svc.remember(a, "grass is green", source="observation", scope="s" * fields.MAX_NAME,
+                       metadata={"k": 1}, confidence=0.25)["id"]
+    got = svc.get(a, fid)
+    assert (got["source"], got["scope"], got["metadata"], got["confidence"]) == \
+        ("observation", "s" * fields.MAX_NAME, {"k": 1}, 0.25)
+    fid = svc.remember(a, "x" * fields.MAX_CONTENT)["id"]
+    assert len(svc.get(a, fid)["content"]) == fields.MAX_CONTENT
+    assert bad(lambda: svc.remember(a, "")) == "content must be a non-empty string"
+    assert bad(lambda: svc.remember(a, "x" * (fields.MAX_CONTENT + 1))) == \
+        f"content is too long ({fields.MAX_CONTENT + 1} characters, limit {fields.MAX_CONTENT})"
+    assert bad(lambda: svc.remember(a, "c", scope="s" * (fields.MAX_NAME + 1))) == \
+        f"scope is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+    assert bad(lambda: svc.remember(a, "c", source="nope")).startswith("source must be one of ")
+    assert bad(lambda: svc.remember(a, "c", metadata=[1])) == "metadata must be a JSON object"
+    assert bad(lambda: svc.remember(a, "c", confidence=2)) == "confidence must be a number between 0 and 1"
+    assert bad(lambda: svc.remember(a, "c", scope="")) == "scope must be a non-empty string"
+    assert svc.page(a, 10, 0)["total"] == 3
+
+
+def test_recall_defaults_limits_and_filter(svc) -> None:
+    a = new_agent()
+    texts = [f"fact number {i}" for i in range(8)]
+    for t in texts:
+        svc.remember(a, t)
+    svc.emb.query("which facts", {t: 0.4 - 0.03 * i for i, t in enumerate(texts)})  # apart by more than a near tie
+    got = svc.recall(a, "which facts")
+    assert [f["content"] for f in got] == texts[:5], "BUG: the default limit is 5, best first"
+    got = svc.recall(a, "which facts", limit=1)
+    assert [f["content"] for f in got] == texts[:1]
+    got = svc.recall(a, "which facts", limit=100)
+    assert [f["content"] for f in got] == texts
+    got = svc.recall(a, "which facts", limit=100, min_score=0.3)
+    assert [f["content"] for f in got] == texts[:4]
+    got = svc.recall(a, "which facts", limit=100, flt={"source": "observation"})
+    assert got == []
+    assert bad(lambda: svc.recall(a, "which facts", limit=0)) == "limit must be an integer between 1 and 100"
+    assert bad(lambda: svc.recall(a, "which facts", limit=101)) == "limit must be an integer between 1 and 100"
+    assert bad(lambda: svc.recall(a, "which facts", min_score=2)) == "min_score must be a number between -1 and 1"
+    assert bad(lambda: svc.recall(a, "")) == "query must be a non-empty string"
+    assert bad(lambda: svc.recall(a, "q", flt={"nope": 1})).startswith("filter has unknown field(s) nope")
+
+
+def test_recall_without_min_score_keeps_zero_scores(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "unrelated thing")
+    svc.emb.query("orthogonal question", {})
+    got = svc.recall(a, "orthogonal question")
+    assert [(f["content"], f["score"]) for f in got] == [("unrelated thing", 0.0)]
+
+
+def test_page_get_delete_and_their_limits(svc) -> None:
+    a = new_agent()
+    ids = [svc.remember(a, f"page item {i}")["id"] for i in range(3)]
+    page = svc.page(a, 1000, 2**31)
+    assert page["total"] == 3 and page["memories"] == []
+    assert len(svc.page(a, 1, 0)["memories"]) == 1
+    assert len(svc.page(a, 2, 1)["memories"]) == 2
+    assert bad(lambda: svc.page(a, 0, 0)) == "limit must be an integer between 1 and 1000"
+    assert bad(lambda: svc.page(a, 1001, 0)) == "limit must be an integer between 1 and 1000"
+    assert bad(lambda: svc.page(a, 1, -1)) == f"offset must be an integer between 0 and {2**31}"
+    assert bad(lambda: svc.page(a, 1, 2**31 + 1)) == f"offset must be an integer between 0 and {2**31}"
+    svc.delete(a, ids[0])
+    assert svc.page(a, 10, 0)["total"] == 2
+    assert svc.get(a, ids[1])["content"] == "page item 1"
+
+
+def test_graph_arguments(svc) -> None:
+    a = new_agent()
+    assert svc.add_entity(a, "person", "  Alice  ")["created"] is True
+    assert svc.add_entity(a, {"custom": "robot"}, "R2", {"color": "blue"})["created"] is True
+    svc.add_entity(a, "person", "Bob")
+    svc.add_relation(a, "Alice", "knows", "R2")
+    svc.add_relation(a, "R2", "knows", "Bob", {"since": 1}, 0.5)
+    doc = svc.export(a)
+    assert sorted((e["name"], e["entity_type"], e["properties"]) for e in doc["entities"]) == \
+        [("Alice", "person", {}), ("Bob", "person", {}), ("R2", "robot", {"color": "blue"})]
+    [first] = svc.query_graph(a, "Alice")
+    assert (first["relation"]["properties"], first["relation"]["confidence"]) == ({}, 1.0)
+    [second] = svc.query_graph(a, "R2")
+    assert (second["relation"]["properties"], second["relation"]["confidence"]) == ({"since": 1}, 0.5)
+    assert bad(lambda: svc.add_entity(a, "person", "n" * (fields.MAX_NAME + 1))) == \
+        f"name is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+    assert bad(lambda: svc.add_entity(a, "", "x")) == "entity_type must be a non-empty string"
+    assert bad(lambda: svc.add_entity(a, "person", "x", [1])) == "properties must be a JSON object"
+    long = "n" * (fields.MAX_NAME + 1)
+    assert bad(lambda: svc.add_relation(a, long, "knows", "Bob")) == \
+        f"source is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+    assert bad(lambda: svc.add_relation(a, "Alice", "knows", long)) == \
+        f"target is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+    assert bad(lambda: svc.add_relation(a, "", "knows", "Bob")) == "source must be a non-empty string"
+    assert bad(lambda: svc.add_relation(a, "Alice", "", "Bob")) == "relation must be a non-empty string"
+    assert bad(lambda: svc.add_relation(a, "Alice", "knows", "")) == "target must be a non-empty string"
+    assert bad(lambda: svc.add_relation(a, "Alice", "knows", "Bob", [1])) == "properties must be a JSON object"
+    assert bad(lambda: svc.add_relation(a, "Alice", "knows", "Bob", None, 3)) == \
+        "confidence must be a number between 0 and 1"
+
+    def names(result):
+        return sorted((m["source"]["name"], m["relation"]["relation"], m["target"]["name"]) for m in result)
+
+    assert names(svc.query_graph(a, "Alice")) == [("Alice", "knows", "R2")], "BUG: the default depth is 1"
+    assert names(svc.query_graph(a, "Alice", max_depth=2)) == [("Alice", "knows", "R2"), ("R2", "knows", "Bob")]
+    assert names(svc.query_graph(a, target="Bob")) == [("R2", "knows", "Bob")]
+    assert names(svc.query_graph(a, relation="knows")) == [("Alice", "knows", "R2"), ("R2", "knows", "Bob")]
+    assert names(svc.query_graph(a)) == [("Alice", "knows", "R2"), ("R2", "knows", "Bob")]
+    assert svc.query_graph(a, relation="likes") == []
+    assert len(svc.query_graph(a, "Alice", max_depth=fields.MAX_DEPTH)) == 2
+    msg = f"max_depth must be an integer between 1 and {fields.MAX_DEPTH}"
+    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=0)) == msg
+    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=fields.MAX_DEPTH + 1)) == msg
+    assert bad(lambda: svc.query_graph(a, "")) == "source must be a non-empty string"
+    assert bad(lambda: svc.query_graph(a, target="")) == "target must be a non-empty string"
+    assert bad(lambda: svc.query_graph(a, relation="")) == "relation must be a non-empty string"
+    assert bad(lambda: svc.query_graph(a, "n" * (fields.MAX_NAME + 1))) == \
+        f"source is too long ({fields.MAX_NAME + 1} characters, limit {fields.MAX_NAME})"
+
+
+def test_consolidate_is_of_the_agent(store) -> None:
+    s, emb = make(store, decay_days=-1)  # every fragment counts as not recalled for a day
+    a, b = new_agent(), new_agent()
+    s.remember(a, "decaying fact")
+    s.remember(b, "other fact")
+    report = s.consolidate(a)
+    assert (report["memories_merged"], report["memories_decayed"], report["memories_dropped"]) == (0, 1, 0)
+    assert s.page(a, 10, 0)["memories"][0]["confidence"] == 0.9
+    assert s.page(b, 10, 0)["memories"][0]["confidence"] == 1.0
+
+
+def test_consolidate_export_import_report_changes(svc) -> None:
+    changed: list[str] = []
+    svc.on_change = changed.append
+    a, b = new_agent(), new_agent()
+    svc.remember(a, "portable fact")
+    svc.add_entity(a, "person", "Carol")
+    changed.clear()
+    report = svc.consolidate(a)
+    assert set(report) == {"memories_merged", "memories_decayed", "memories_dropped", "duration_ms"}
+    assert changed == [a]
+    doc = svc.export(a)
+    assert [m["content"] for m in doc["memories"]] == ["portable fact"]
+    assert [e["name"] for e in doc["entities"]] == ["Carol"]
+    assert changed == [a], "BUG: an export changes nothing"
+    result = svc.import_doc(b, doc)
+    assert result["memories_imported"] == 1 and changed == [a, b]
+    assert [f["content"] for f in svc.page(b, 10, 0)["memories"]] == ["portable fact"]
+    with pytest.raises(BadRequest):
+        svc.import_doc(b, {"bad": 1})
+    assert changed == [a, b, b], "BUG: a failed import still reports a (possible) change"
+
+
+# -- forget -----------------------------------------------------------------------------------
+
+def test_forget_agent_loaded_and_not_loaded(store, svc) -> None:
+    a, b = new_agent(), new_agent()
+    for agent in (a, b):
+        svc.remember(agent, f"fact of {agent}", metadata={"k": "v"})
+        svc.add_entity(agent, "person", "Dana")
+    changed: list[str] = []
+    svc.on_change = changed.append
+    svc._exchanges[a] = {"x": "y"}
+    svc.forget_agent(a)
+    assert a in svc._dead and a not in svc._exchanges and changed == [a]
+    assert count_rows(store, a) == 0 and count_rows(store, a, "memory_metadata") == 0
+    assert count_rows(store, a, "kg_entities") == 0
+    assert svc.page(a, 10, 0)["total"] == 0
+    assert count_rows(store, b) == 1 and count_rows(store, b, "kg_entities") == 1
+    # a daemon that never loaded semantic memory deletes in SQL, without loading it
+    fresh = MemoryService(MemoryConfig(), store)
+    fresh.forget_agent(b)
+    assert fresh.loaded is False
+    assert count_rows(store, b) == 0 and count_rows(store, b, "memory_metadata") == 0
+    assert count_rows(store, b, "kg_entities") == 0
+    assert b in fresh._dead
+
+
+# -- recall before model calls ----------------------------------------------------------------
+
+def block(*contents: str) -> str:
+    lines = "\n".join(f"- {c}" for c in contents)
+    return ("## Relevant memories\nFacts remembered from earlier conversations, most relevant first "
+            f"(newer facts override older ones):\n{lines}")
+
+
+def test_system_context_block_exact(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "Alice likes tea")
+    svc.remember(a, "Bob likes coffee")
+    svc.remember(a, "weather is nice")
+    svc.emb.query("what do they like?", {"Alice likes tea": 0.5, "Bob likes coffee": 0.9})
+    assert svc.system_context(a, "what do they like?", [], "You are helpful.") == \
+        "You are helpful.\n\n" + block("Bob likes coffee", "Alice likes tea")
+    assert svc.system_context(a, "what do they like?", [], "") == block("Bob likes coffee", "Alice likes tea")
+    svc.emb.query("nothing related", {"weather is nice": 0.29})
+    assert svc.system_context(a, "nothing related", [], "S") == "S", "BUG: min_score 0.3 is the default"
+    svc.emb.query("barely", {"weather is nice": 0.31})
+    assert svc.system_context(a, "barely", [], "S") == "S\n\n" + block("weather is nice")
+
+
+def test_system_context_limit_and_min_score_from_config(store) -> None:
+    s, emb = make(store, recall_limit=2, min_score=0.5)
+    a = new_agent()
+    for t in ("t1", "t2", "t3"):
+        s.remember(a, t)
+    emb.query("q", {"t1": 0.4, "t2": 0.55, "t3": 0.6})
+    assert s.system_context(a, "q", [], "S") == "S\n\n" + block("t3", "t2")
+    emb.query("q3", {"t1": 0.52, "t2": 0.55, "t3": 0.6})
+    s2, emb2 = make(store, recall_limit=3, min_score=0.5)
+    s2._embedder = emb
+    assert s2.system_context(a, "q3", [], "S") == "S\n\n" + block("t3", "t2", "t1")
+    s3, _ = make(store, recall_limit=0)
+    s3._embedder = emb
+    assert s3.system_context(a, "q3", [], "S") == "S"
+    assert s3.loaded is False, "BUG: recall_limit 0 must not load memory"
+    s4, _ = make(store, recall_limit=1)
+    s4._embedder = emb
+    assert s4.system_context(a, "q3", [], "S") == "S\n\n" + block("t3")
+
+
+def test_blank_user_text_recalls_nothing(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "something")
+    calls = len(svc.emb.calls)
+    assert svc.system_context(a, "  \n", [], "S") == "S"
+    assert len(svc.emb.calls) == calls
+
+
+def test_no_fragments_no_model_run(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    assert s.system_context(a, "hello", [], "S") == "S"
+    assert s.loaded is False and emb.calls == [], "BUG: an agent without memories loads the model"
+    assert a in s._empty
+    # a write for the agent (here: by another service on the store, reported as invalidate)
+    s2, emb2 = make(store)
+    s2.remember(a, "hello fact")
+    assert s.system_context(a, "hello", [], "S") == "S", "cached empty count"
+    s.invalidate(a)
+    assert a not in s._empty
+    s._embedder = emb2
+    emb2.query("hello", {"hello fact": 0.8})
+    assert s.system_context(a, "hello", [], "S") == "S\n\n" + block("hello fact")
+
+
+def test_invalidate_all_and_changed_clear_the_empty_cache(store) -> None:
+    s, emb = make(store)
+    a, b = new_agent(), new_agent()
+    assert s.system_context(a, "x", [], "S") == "S"
+    assert s.system_context(b, "x", [], "S") == "S"
+    assert s._empty == {a, b}
+    s.invalidate(None)
+    assert s._empty == set() and s._writes == 1
+    s.system_context(a, "x", [], "S")
+    s.system_context(b, "x", [], "S")
+    s.invalidate(a)
+    assert s._empty == {b} and s._writes == 2
+    s._changed(b)
+    assert s._empty == set() and s._writes == 3
+    shared = MemoryService(MemoryConfig(), dataclasses.replace(store, backend="postgres"))
+    assert shared.system_context(a, "x", [], "S") == "S"
+    assert shared._empty == set(), "BUG: a shared database must not cache empty counts"
+
+
+def test_invalidate_reaches_the_loaded_index(svc) -> None:
+    a, b = new_agent(), new_agent()
+    svc.remember(a, "one")
+    svc.remember(b, "two")
+    assert svc.semantic.version(a) is not None and svc.semantic.version(b) is not None
+    svc.invalidate(a)
+    assert svc.semantic.version(a) is None and svc.semantic.version(b) is not None
+    svc.remember(a, "one more")
+    svc.invalidate()
+    assert svc.semantic.version(a) is None and svc.semantic.version(b) is None
+
+
+def test_a_count_racing_a_write_is_not_cached(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    real = s._count
+
+    def count_then_write(agent_id: str) -> int:
+        n = real(agent_id)
+        s.invalidate(agent_id)  # another daemon's write reported while counting
+        return n
+
+    s._count = count_then_write  # type: ignore[method-assign]
+    assert s.system_context(a, "x", [], "S") == "S"
+    assert s._empty == set(), "BUG: an empty count that raced a write was cached"
+
+
+def exchange(user: str, answer: str) -> str:
+    return f"User asked: {user}\nI responded: {answer}"
+
+
+def test_exchanges_in_the_window_are_skipped_and_older_ones_recalled(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "my name is Ann", "Hello Ann")
+    svc.after_exchange(a, "s1", "I live in Oslo", "Nice city")
+    svc.drain()
+    e1, e2 = exchange("my name is Ann", "Hello Ann"), exchange("I live in Oslo", "Nice city")
+    assert [f["content"] for f in svc.page(a, 10, 0)["memories"]] == [e2, e1]
+    svc.emb.query("who am I?", {e1: 0.9, e2: 0.8})
+    window = [{"role": "user", "content": "my name is Ann"}, {"role": "assistant", "content": "Hello Ann"},
+              {"role": "user", "content": "I live in Oslo"}, {"role": "assistant", "content": "Nice city"}]
+    calls = len(svc.emb.calls)
+    assert svc.system_context(a, "who am I?", window, "S") == "S", "BUG: exchanges still in the window"
+    assert len(svc.emb.calls) == calls, "BUG: only in-window exchanges: no model run"
+    # the first exchange left the window: it is recalled again
+    assert svc.system_context(a, "who am I?", window[2:], "S") == "S\n\n" + block(e1)
+    assert list(svc._exchanges[a].values()) == ["I live in Oslo"]
+    # an assistant message with the same text, or a non-text user content, is not the question
+    odd = [{"role": "assistant", "content": "I live in Oslo"},
+           {"role": "user", "content": [{"type": "text", "text": "I live in Oslo"}]}]
+    assert svc.system_context(a, "who am I?", odd, "S") == "S\n\n" + block(e1, e2)
+
+
+def test_in_session_skip_compares_the_whole_question(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "tea", "yes")
+    svc.drain()
+    e = exchange("tea", "yes")
+    svc.remember(a, "User asked: tea time")  # a fact that starts like the exchange
+    svc.emb.query("drinks?", {e: 0.9, "User asked: tea time": 0.8})
+    assert svc.system_context(a, "drinks?", [{"role": "user", "content": "tea"}], "S") == \
+        "S\n\n" + block("User asked: tea time")
+    assert svc.system_context(a, "drinks?", [{"role": "user", "content": "te"}], "S") == \
+        "S\n\n" + block(e, "User asked: tea time")
+    assert svc.system_context(a, "drinks?", [{"role": "user", "content": "tea\nI responded: yes"}], "S") == \
+        "S\n\n" + block(e, "User asked: tea time")
+
+
+def test_an_answer_holding_the_separator_is_still_the_same_exchange(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "q", "x\nI responded: y")
+    svc.drain()
+    e = exchange("q", "x\nI responded: y")
+    svc.remember(a, "a fact")
+    svc.emb.query("recall", {e: 0.9, "a fact": 0.5})
+    assert svc.system_context(a, "recall", [{"role": "user", "content": "q"}], "S") == "S\n\n" + block("a fact")
+
+
+def test_a_deleted_exchange_does_not_hide_other_fragments(svc, caplog) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "q1", "a1")
+    svc.after_exchange(a, "s1", "q2", "a2")
+    svc.drain()
+    window = [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        assert svc.system_context(a, "recall", window, "S") == "S"
+    assert caplog.records == [], "BUG: the window check failed (and was logged as a failed recall)"
+    e2 = [m for m in svc.page(a, 10, 0)["memories"] if m["content"] == exchange("q2", "a2")][0]
+    svc.delete(a, e2["id"])
+    svc.remember(a, "a fact")  # as many fragments as exchanges in the window, but not all of them
+    svc.emb.query("recall", {exchange("q1", "a1"): 0.9, "a fact": 0.5})
+    assert svc.system_context(a, "recall", window, "S") == "S\n\n" + block("a fact")
+
+
+def test_other_fragments_are_recalled_beside_exchanges_in_the_window(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "hi", "hello")
+    svc.drain()
+    svc.remember(a, "a fact")
+    svc.emb.query("recall", {exchange("hi", "hello"): 0.9, "a fact": 0.5})
+    assert svc.system_context(a, "recall", [{"role": "user", "content": "hi"}], "S") == "S\n\n" + block("a fact")
+
+
+def test_a_failed_recall_returns_the_system_text(svc, caplog) -> None:
+    a = new_agent()
+    svc.remember(a, "fact")
+    svc.emb.fail = True
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        assert svc.system_context(a, "unknown question", [], "S") == "S"
+    assert [r.getMessage() for r in caplog.records] == [f"memory recall for agent {a} failed"]
+    assert caplog.records[0].exc_info is not None
+
+
+def test_context_for_run_searches_again_only_after_a_change(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "first fact")
+    svc.emb.query("q", {"first fact": 0.9, "second fact": 0.8})
+    svc.semantic.invalidate(a)  # not loaded: the first call loads it
+    current = svc.context_for_run(a, "q", [], "S")
+    assert current() == "S\n\n" + block("first fact")
+    embeds = len(svc.emb.calls)
+    touched = svc.get(a, svc.page(a, 1, 0)["memories"][0]["id"])["access_count"]
+    assert current() == "S\n\n" + block("first fact")
+    assert svc.get(a, svc.page(a, 1, 0)["memories"][0]["id"])["access_count"] == touched, \
+        "BUG: unchanged memory searched (and access-counted) again"
+    svc.remember(a, "second fact")
+    embeds = len(svc.emb.calls)
+    assert current() == "S\n\n" + block("first fact", "second fact")
+    assert current() == "S\n\n" + block("first fact", "second fact")
+
+
+def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
+    a = new_agent()
+    fid = svc.remember(a, "first fact")["id"]
+    svc.emb.query("race q", {"first fact": 0.9, "racing fact": 0.3})
+    current = svc.context_for_run(a, "race q", [], "S")
+    svc.emb.hooks["race q"] = lambda: svc.remember(a, "racing fact")  # lands while the recall runs
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 1
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 2, "BUG: a write during the recall is taken as seen"
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert svc.get(a, fid)["access_count"] == 2
+
+
+def test_context_for_run_of_an_agent_without_memories(svc) -> None:
+    a = new_agent()
+    current = svc.context_for_run(a, "q", [], "S")
+    assert current() == "S"
+    svc.emb.query("q", {"late fact": 0.9})
+    svc.remember(a, "late fact")
+    assert current() == "S\n\n" + block("late fact"), "BUG: a fact stored mid-run must reach the next call"
+
+
+def test_context_for_run_when_nothing_is_loaded(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    current = s.context_for_run(a, "q", [], "S")
+    assert current() == "S" and current() == "S"
+    assert s.loaded is False
+
+
+# -- the background worker --------------------------------------------------------------------
+
+def test_after_exchange_stores_an_episodic_fragment(svc) -> None:
+    a = new_agent()
+    changed: list[str] = []
+    svc.on_change = changed.append
+    svc.after_exchange(a, "sess-1", "question?", "answer!")
+    svc.drain()
+    [item] = svc.page(a, 10, 0)["memories"]
+    assert (item["content"], item["source"], item["scope"], item["metadata"], item["confidence"]) == \
+        ("User asked: question?\nI responded: answer!", "conversation", "episodic", {"session_id": "sess-1"}, 1.0)
+    assert svc._exchanges[a] == {item["id"]: "question?"}
+    assert changed == [a]
+    assert svc._worker.name == "agentd-memory" and svc._worker.daemon is True
+    worker = svc._worker
+    svc.after_exchange(a, "sess-1", "again?", "again!")
+    svc.drain()
+    assert svc._worker is worker, "BUG: one worker per service"
+
+
+def test_after_exchange_truncates_and_skips_blank_parts(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s", " ", "answer")
+    svc.after_exchange(a, "s", "question", "\n")
+    svc.drain()
+    assert svc._worker is None and svc.page(a, 10, 0)["total"] == 0
+    long = "y" * fields.MAX_CONTENT
+    svc.after_exchange(a, "s", "q", long)
+    svc.drain()
+    [item] = svc.page(a, 10, 0)["memories"]
+    assert item["content"] == ("User asked: q\nI responded: " + long)[:fields.MAX_CONTENT]
+    assert len(item["content"]) == fields.MAX_CONTENT
+
+
+def test_auto_remember_off(store) -> None:
+    s, emb = make(store, auto_remember=False)
+    a = new_agent()
+    s.after_exchange(a, "s", "q", "a")
+    assert s._worker is None and s._queue.qsize() == 0
+
+
+def test_worker_batches_of_32_per_model_run(svc) -> None:
+    a = new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    for i in range(40):
+        svc.after_exchange(a, "s", f"q{i}", f"a{i}")
+    svc.emb.gate.set()
+    svc.drain()
+    assert [len(c) for c in svc.emb.calls] == [1, 32, 8]
+    assert svc.page(a, 100, 0)["total"] == 41
+    assert len(svc._exchanges[a]) == 41
+
+
+def test_a_full_queue_drops_the_exchange_with_a_warning(svc, caplog) -> None:
+    a = new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    with caplog.at_level(logging.WARNING, logger="agentd.memory"):
+        for i in range(1000):
+            svc.after_exchange(a, "s", f"q{i}", "a")
+        assert caplog.records == []
+        svc.after_exchange(a, "s", "one too many", "a")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == \
+        [(logging.WARNING, f"memory queue full; exchange of agent {a} not remembered")]
+    svc.emb.gate.set()
+    svc.drain(60)
+    assert svc.page(a, 10, 0)["total"] == 1001
+
+
+def test_a_failed_batch_is_logged_and_the_worker_goes_on(svc, caplog) -> None:
+    a, b = new_agent(), new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    svc.after_exchange(a, "s", "q2", "a2")
+    svc.after_exchange(b, "s", "q3", "a3")
+    svc.emb.fail = True
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        svc.emb.gate.set()
+        svc.drain()
+    assert sorted(r.getMessage() for r in caplog.records) == sorted([
+        f"remembering 1 exchange(s) of agent {a} failed",
+        f"remembering 1 exchange(s) of agent {a} failed",
+        f"remembering 1 exchange(s) of agent {b} failed"])
+    svc.emb.fail = False
+    svc.after_exchange(b, "s", "q4", "a4")
+    svc.drain()
+    assert [i["content"] for i in svc.page(b, 10, 0)["memories"]] == [exchange("q4", "a4")]
+    assert a not in svc._exchanges
+
+
+def test_exchanges_of_a_forgotten_agent_are_not_stored(svc) -> None:
+    a, b = new_agent(), new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(b, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    svc.after_exchange(a, "s", "q", "a")
+    svc.after_exchange(b, "s", "q", "a")
+    svc.forget_agent(a)
+    svc.emb.gate.set()
+    svc.drain()
+    assert svc.page(a, 10, 0)["total"] == 0 and a not in svc._exchanges
+    assert svc.page(b, 10, 0)["total"] == 2
+
+
+def test_close_stores_what_is_queued_then_stops_the_worker(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    emb.gate = threading.Event()
+    s.after_exchange(a, "s", "first", "one")
+    assert emb.entered.wait(WAIT)
+    s.after_exchange(a, "s", "second", "two")
+    worker = s._worker
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    time.sleep(0.2)
+    emb.gate.set()
+    closer.join(WAIT)
+    worker.join(WAIT)
+    assert not worker.is_alive(), "BUG: close leaves the worker running"
+    assert s.page(a, 10, 0)["total"] == 2
+    s.close()  # again: harmless
+
+
+def test_close_gives_up_on_a_stuck_worker_after_five_seconds(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    emb.gate = threading.Event()
+    s.after_exchange(a, "s", "stuck", "one")
+    assert emb.entered.wait(WAIT)
+    closer = threading.Thread(target=s.close)
+    started = time.monotonic()
+    closer.start()
+    closer.join(WAIT)
+    try:
+        assert not closer.is_alive(), "BUG: shutdown waits for a stuck embedder without limit"
+        assert time.monotonic() - started >= 4.9, "BUG: close must give queued exchanges 5 s"
+    finally:
+        emb.gate.set()
+        closer.join(WAIT)
+    s._worker.join(WAIT)
+    assert s.page(a, 10, 0)["total"] == 1
+
+
+def test_close_with_exchanges_still_queued_behind_the_sentinel(store) -> None:
+    s, emb = make(store)
+    a = new_agent()
+    emb.gate = threading.Event()
+    s.after_exchange(a, "s", "first", "one")
+    assert emb.entered.wait(WAIT)
+    s._stop.set()
+    s._queue.put_nowait(None)  # what close() puts after its drain
+    s.after_exchange(a, "s", "late", "two")  # queued behind the sentinel, same batch
+    worker = s._worker
+    emb.gate.set()
+    worker.join(WAIT)
+    assert not worker.is_alive()
+    assert sorted(i["content"] for i in s.page(a, 10, 0)["memories"]) == \
+        sorted([exchange("first", "one"), exchange("late", "two")])
+
+
+def test_drain_returns_after_its_timeout(svc) -> None:
+    a = new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "q", "a")
+    started = time.monotonic()
+    svc.drain(0.3)
+    assert time.monotonic() - started < 5
+    waiting = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    assert waiting == [], "BUG: a drain that gave up leaves a thread that keeps the process from exiting"
+    svc.emb.gate.set()
+    svc.drain()
+    assert svc.page(a, 10, 0)["total"] == 1
+
+
+# -- the schedule -----------------------------------------------------------------------------
+
+def test_start_without_schedule(store) -> None:
+    s, _ = make(store, consolidate_every_hours=0)
+    s.start()
+    assert s._scheduler is None
+    s2, _ = make(store, consolidate_every_hours=-1)
+    s2.start()
+    assert s2._scheduler is None
+
+
+def test_scheduled_consolidation_runs_every_period(tmp_path, caplog) -> None:
+    st = open_store(tmp_path / "agentd.db")
+    try:
+        s, emb = make(st, consolidate_every_hours=0.6 / 3600, decay_days=-1)
+        a, b = new_agent(), new_agent()
+        with caplog.at_level(logging.INFO, logger="agentd.memory"):
+            s.start()
+            thread = s._scheduler
+            assert thread.name == "agentd-memory-consolidate" and thread.daemon is True
+            s.start()
+            assert s._scheduler is thread, "BUG: a second start makes a second scheduler"
+            time.sleep(1.0)
+            assert [r for r in caplog.records if "consolidated" in r.getMessage()] == [], \
+                "BUG: no memories, nothing consolidated"
+            s.remember(a, "fact a")  # one fragment in the database
+            wait_for(lambda: any(r.getMessage().startswith("consolidated") for r in caplog.records), "a report")
+            s.remember(b, "fact b")
+            wait_for(lambda: len({r.getMessage().split(":")[0] for r in caplog.records
+                                  if r.getMessage().startswith("consolidated")}) >= 2, "two reports")
+            s.close()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        import re
+
+        reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("consolidated")]
+        pattern = re.compile(r"consolidated memory of agent (\S+): \{'memories_merged': 0, 'memories_decayed': 1, "
+                             r"'memories_dropped': 0, 'duration_ms': \d+\}")
+        assert all(pattern.fullmatch(m) for m in reports), reports
+        assert {pattern.fullmatch(m).group(1) for m in reports} == {a, b}
+        assert reports[0].startswith(f"consolidated memory of agent {a}: ")
+    finally:
+        st.close()
+
+
+def test_scheduled_consolidation_failure_is_logged(tmp_path, caplog) -> None:
+    st = open_store(tmp_path / "agentd.db")
+    try:
+        s, emb = make(st, consolidate_every_hours=0.3 / 3600)
+        with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+            import sqlite3
+
+            raw = sqlite3.connect(tmp_path / "agentd.db")
+            raw.execute("DROP TABLE memory_metadata")
+            raw.execute("DROP TABLE memory_fragments")  # every count now fails
+            raw.commit()
+            raw.close()
+            s.start()
+            wait_for(lambda: caplog.records, "the failure")
+            s.close()
+            s._scheduler.join(WAIT)
+        assert caplog.records[0].getMessage() == "scheduled memory consolidation failed"
+    finally:
+        pass
