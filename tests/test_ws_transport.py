@@ -50,7 +50,13 @@ class Hooks:
 
 def make_app(hooks: Hooks) -> Flask:
     app = Flask(__name__)
-    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 25}  # the recommended setting
+    # A ping interval makes simple-websocket read through a selector (the daemon's read path;
+    # /ws/echo-noping covers the other). It is an hour here, not the daemon's 25 s: a client
+    # busy writing a big frame cannot answer a ping, and simple-websocket closes with 1008
+    # ("Ping/Pong timeout") when no pong came back within one interval. On a loaded machine
+    # (a nice-19 mutmut run) the 2 MB echo outlasted 25 s that way. Keepalive itself is
+    # test_unanswered_pings_close_with_1008 (its own short interval).
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 3600}
     sock = Sock(app)
 
     @app.before_request
@@ -85,6 +91,18 @@ def make_app(hooks: Hooks) -> Flask:
         except ConnectionClosed:
             pass
         return "a body after the upgrade must be discarded"
+
+    @app.route("/ws/keepalive", websocket=True)
+    def keepalive() -> str:
+        # Pings every 0.2 s from simple-websocket's reader thread, written through the
+        # transport's stream; a client that never answers is closed with 1008.
+        ws = SimpleServer(request.environ, ping_interval=0.2)
+        try:
+            while True:
+                ws.receive()
+        except ConnectionClosed:
+            pass
+        return ""
 
     @sock.route("/ws/spam")
     def spam(ws: Any) -> None:
@@ -485,6 +503,49 @@ def test_close_websockets_for_shutdown(server: Server) -> None:
     assert opcode == websocket.ABNF.OPCODE_CLOSE
     assert struct.unpack("!H", frame.data[:2])[0] == 1001
     ws.shutdown()
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    http_ok(server)
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    """One unmasked server frame (opcode, payload) off a raw socket, payload under 126 bytes."""
+    head = b""
+    while len(head) < 2:
+        chunk = sock.recv(2 - len(head))
+        assert chunk, "connection closed inside a frame header"
+        head += chunk
+    assert head[1] < 126, f"unexpected frame header {head!r}"
+    payload = b""
+    while len(payload) < head[1]:
+        chunk = sock.recv(head[1] - len(payload))
+        assert chunk, "connection closed inside a frame"
+        payload += chunk
+    return head[0] & 0x0F, payload
+
+
+def test_unanswered_pings_close_with_1008(server: Server) -> None:
+    # The keepalive through the transport: simple-websocket's reader thread writes its pings
+    # into the hijacked stream, and a client that never answers them (this raw socket) gets
+    # the 1008 close after one unanswered interval, then EOF; the handler finishes.
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    try:
+        raw.sendall(upgrade_request(server.port, "/ws/keepalive"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = raw.recv(1)
+            assert chunk, "connection closed before the 101"
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 101 ")
+        opcode, payload = read_frame(raw)
+        assert (opcode, payload) == (websocket.ABNF.OPCODE_PING, b"")
+        opcode, payload = read_frame(raw)
+        assert opcode == websocket.ABNF.OPCODE_CLOSE
+        assert struct.unpack("!H", payload[:2])[0] == 1008 and payload[2:] == b"Ping/Pong timeout"
+        raw.settimeout(WAIT)
+        while raw.recv(4096):
+            pass   # EOF: the transport shut the socket down
+    finally:
+        raw.close()
     wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
     http_ok(server)
 
