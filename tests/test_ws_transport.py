@@ -19,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import psutil
@@ -559,7 +560,9 @@ def test_install_is_per_server_and_idempotent() -> None:
     patched = waitress.create_server(app, host="127.0.0.1", port=0)
     try:
         assert ws_transport.install(patched) is patched
+        registry = patched._agentd_ws_registry
         ws_transport.install(patched)
+        assert patched._agentd_ws_registry is registry, "BUG: a second install forgets the open sockets"
         assert patched.channel_class is ws_transport.WebSocketChannel
         assert plain.channel_class is HTTPChannel  # waitress itself untouched
         assert HTTPChannel.task_class is not ws_transport.WebSocketTask
@@ -568,6 +571,82 @@ def test_install_is_per_server_and_idempotent() -> None:
             srv.task_dispatcher.shutdown(timeout=WAIT)
             srv.close()
             wasyncore.close_all(srv._map)
+
+
+def test_install_refuses_what_it_cannot_serve() -> None:
+    import waitress
+    from waitress.channel import HTTPChannel
+
+    not_a_server = SimpleNamespace(name="x")
+    with pytest.raises(TypeError) as info:
+        ws_transport.install(not_a_server)
+    assert str(info.value) == f"not a waitress server: {not_a_server!r}"
+    with pytest.raises(TypeError) as info:   # a map without servers in it
+        ws_transport.install(SimpleNamespace(map={3: SimpleNamespace(task_class=object)}))
+    assert str(info.value).startswith("not a waitress server: namespace(map=")
+
+    class Custom(HTTPChannel):
+        pass
+
+    class Ours(ws_transport.WebSocketChannel):
+        pass
+
+    srv = waitress.create_server(Flask(__name__), host="127.0.0.1", port=0)
+    try:
+        assert ws_transport.active_websockets(srv) == 0 and ws_transport.close_websockets(srv) == 0, \
+            "BUG: a server without the transport has WebSockets"
+        srv.channel_class = Custom
+        with pytest.raises(TypeError) as info:
+            ws_transport.install(srv)
+        assert str(info.value) == f"server already uses a custom channel class {Custom!r}"
+        assert srv.channel_class is Custom
+        srv.channel_class = Ours   # already a WebSocket channel: kept
+        assert ws_transport.install(srv) is srv and srv.channel_class is Ours
+    finally:
+        srv.task_dispatcher.shutdown(timeout=WAIT)
+        srv.close()
+        wasyncore.close_all(srv._map)
+
+
+def test_multi_socket_server_shares_one_registry() -> None:
+    # Two listen addresses: waitress returns a MultiSocketServer whose servers sit in its map.
+    multi = ws_transport.create_server(make_app(Hooks()), listen="127.0.0.1:0 127.0.0.1:0", threads=5,
+                                       asyncore_use_poll=True, ident="multi")
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            wasyncore.loop(timeout=0.05, map=multi.map, use_poll=True, count=1)
+
+    thread = threading.Thread(target=loop, name="test-multi-loop", daemon=True)
+    thread.start()
+    clients: list[websocket.WebSocket] = []
+    try:
+        assert type(multi).__name__ == "MultiSocketServer" and multi.adj.threads == 5
+        servers = [s for s in multi.map.values() if hasattr(s, "channel_class")]
+        assert len(servers) == 2
+        assert all(s.channel_class is ws_transport.WebSocketChannel for s in servers)
+        for srv in servers:
+            ws = websocket.create_connection(f"ws://127.0.0.1:{srv.effective_port}/ws/echo", timeout=WAIT)
+            clients.append(ws)
+            ws.send(f"via {srv.effective_port}")
+            assert ws.recv() == f"via {srv.effective_port}"
+        wait_for(lambda: ws_transport.active_websockets(multi) == 2, "both sockets counted on the multi server")
+        assert ws_transport.install(multi) is multi   # again: the same registry, nothing forgotten
+        assert ws_transport.active_websockets(multi) == 2
+        assert ws_transport.close_websockets(multi) == 2
+        for ws in clients:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+            assert opcode == websocket.ABNF.OPCODE_CLOSE and struct.unpack("!H", frame.data[:2])[0] == 1001
+            ws.shutdown()
+        wait_for(lambda: ws_transport.active_websockets(multi) == 0, "handlers to finish")
+    finally:
+        for ws in clients:
+            ws.shutdown()
+        stop.set()
+        thread.join(WAIT)
+        multi.task_dispatcher.shutdown(timeout=WAIT)
+        wasyncore.close_all(multi.map)
 
 
 def test_unresponsive_client_is_shut_down(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
