@@ -138,6 +138,10 @@ TESTS: dict[str, list[str]] = {
     **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
        for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
     "agentd/api/__init__.py": ["tests/test_api_init_exact.py"],
+    # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
+    # in process, the exact tests first, then the page flows of test_dashboard.py.
+    **{f"agentd/api/pages/{name}.py": ["tests/test_pages_exact.py", "tests/test_dashboard.py"]
+       for name in ("__init__", "agents", "auth", "catalog", "channels", "workflows")},
     # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
