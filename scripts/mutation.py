@@ -145,6 +145,8 @@ TESTS: dict[str, list[str]] = {
     # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
+    # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
+    "agentd/api/schemas_out/base.py": ["tests/test_schemas_out_exact.py"],
     "agentd/api/apidoc.py": ["tests/test_schemas_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
