@@ -181,6 +181,46 @@ def test_agent_page_history_and_approvals(dash) -> None:
         kernel.approvals.reject(theirs.id)
 
 
+def _store_history(kernel: Kernel, agent_id: str, count: int) -> None:
+    """`count` stored messages (user and assistant in turn), as a long conversation leaves them."""
+    from pony import orm
+
+    handle = kernel.agents.get(agent_id)
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"msg-{i:03d}-end"}
+                for i in range(count)]
+    with orm.db_session:
+        kernel.store.e.SessionRow.get(id=handle.session_id).messages = json.dumps(messages)
+    handle.session_cache, handle.llm_history, handle.session_json = None, None, None   # read it again
+
+
+@pytest.mark.parametrize("count, hidden", [(200, 0), (201, 1), (203, 3)])
+def test_agent_page_shows_the_newest_200_messages(dash, count: int, hidden: int) -> None:
+    app, kernel = dash
+    agent_id = spawn(kernel, f"long-{count}")
+    _store_history(kernel, agent_id, count)
+    html = app.test_client().get(f"/agents/{agent_id}", environ_base=LOCAL).get_data(as_text=True)
+    shown = re.findall(r"msg-(\d{3})-end", html)
+    assert shown == [f"{i:03d}" for i in range(hidden, count)]
+    if hidden:
+        assert f'<p class="empty">{hidden} older messages not shown.</p>' in html
+    else:
+        assert "older messages not shown" not in html
+
+
+def test_pages_without_an_error_show_none(dash) -> None:
+    app, kernel = dash
+    agent_id = spawn(kernel, "plain-page")
+    client = app.test_client()
+    html = client.get("/agents", environ_base=LOCAL).get_data(as_text=True)
+    assert 'role="alert"' not in html and "\'>\n    </textarea>" not in html
+    assert re.search(r"placeholder='[^']*'></textarea>", html), "BUG: the spawn form is not empty"
+    html = client.get(f"/agents/{agent_id}", environ_base=LOCAL).get_data(as_text=True)
+    assert 'role="alert"' not in html
+    assert '<textarea id="message" name="message" rows="3" required></textarea>' in html
+    assert ('<select id="mode" name="mode"><option selected>Auto</option><option>Manual</option>'
+            '<option>Observe</option></select>') in html
+
+
 def test_refused_action_renders_the_agent_page(dash) -> None:
     app, kernel = dash
     client = app.test_client()
