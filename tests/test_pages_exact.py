@@ -359,6 +359,11 @@ def test_catalogue_missing_or_broken(catalogue: Path, content: str | None) -> No
     assert channel_pages._catalogue() == []
 
 
+def test_catalogue_not_utf8_is_broken(catalogue: Path) -> None:
+    catalogue.write_bytes(b'[{"name": "caf\xe9"}]')   # Latin-1
+    assert channel_pages._catalogue() == []
+
+
 def test_catalogue_is_read_as_utf8(catalogue: Path) -> None:
     catalogue.write_bytes(json.dumps([{"name": "zulip", "display_name": "Zülip ✓"}],
                                      ensure_ascii=False).encode("utf-8"))
