@@ -280,13 +280,14 @@ def test_login_page_session_and_next(keyed) -> None:
     html = r.get_data(as_text=True)
     token = token_of(html)
     assert '<input type="hidden" name="next" value="/usage">' in html
+    assert 'role="alert"' not in html, "BUG: the login form shows an error before any attempt"
     html = client.get("/login?next=//evil.example", environ_base=remote).get_data(as_text=True)
     assert 'name="next"' not in html
     # A wrong key with the session: 401, the form again with the session's token.
     r = client.post("/login", data={"api_key": "wrong", "csrf_token": token, "next": "/models"}, environ_base=remote)
     assert r.status_code == 401 and "Set-Cookie" not in r.headers
     html = r.get_data(as_text=True)
-    assert "invalid API key" in html and token_of(html) == token
+    assert '<p class="error" role="alert">invalid API key</p>' in html and token_of(html) == token
     assert '<input type="hidden" name="next" value="/models">' in html
     # A wrong key without any session: no token field, and still no cookie.
     client.delete_cookie("agentd_session")
