@@ -436,6 +436,10 @@ def test_workflow_page_shows_the_newest_run_and_keeps_a_refused_input(dash) -> N
     assert r.status_code == 200
     html = r.get_data(as_text=True)
     assert '<div class="text" id="run-output">echo: say newer</div>' in html, "BUG: not the newest run in full"
+    assert 'role="alert"' not in html and '<textarea id="input" name="input" rows="3"></textarea>' in html
+    listed = re.findall(r'<a href="/api/workflows/runs/[^"]+"><code>([0-9a-f-]{8})</code></a>', html)
+    assert listed == [run["id"][:8] for run in kernel.workflows.runs(workflow_id)] and len(listed) == 2
+    assert "Not run yet" not in html
     too_big = "é" * 32768 + "x"   # 65537 bytes
     r = client.post(f"/workflows/{workflow_id}/run", data={"input": too_big, "csrf_token": token}, environ_base=LOCAL)
     assert r.status_code == 413
