@@ -26,7 +26,7 @@ import psutil
 import pytest
 import requests
 import websocket
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from simple_websocket import Server as SimpleServer
@@ -82,7 +82,7 @@ def make_app(hooks: Hooks) -> Flask:
         sock.route(path, endpoint=path)(echo)
 
     @app.route("/ws/echo-noping", websocket=True)
-    def echo_noping() -> str:
+    def echo_noping() -> Response:
         # simple-websocket without pings: its reader blocks in recv() instead
         # of a selector, exercising the other read path of the transport.
         ws = SimpleServer(request.environ)
@@ -91,7 +91,10 @@ def make_app(hooks: Hooks) -> Flask:
                 ws.send(ws.receive())
         except ConnectionClosed:
             pass
-        return "a body after the upgrade must be discarded"
+        # A body after the upgrade must be discarded, and counted as written: in two chunks with
+        # their full Content-Length, so waitress warns ("too few bytes") unless every chunk counts.
+        body = [b"a body after the upgrade ", b"must be discarded"]
+        return Response(iter(body), headers={"Content-Length": str(sum(map(len, body)))})
 
     @app.route("/ws/keepalive", websocket=True)
     def keepalive() -> str:
