@@ -9,6 +9,7 @@ stream cap and the agent check before the upgrade. The same socket through the r
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from waitress import wasyncore
 from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.manager import MESSAGE_LIMIT
+from agentd.agents.handle import STOPPED_NOTE
 from agentd.api import create_app, sockets, ws_transport
 from agentd.config import parse_config
 from agentd.kernel import Kernel
@@ -312,7 +314,7 @@ def test_full_agent_queue_is_an_error_frame(srv: AppServer) -> None:
         a.close(), b.close()
 
 
-def test_client_leaving_stops_its_runs(srv: AppServer) -> None:
+def test_client_leaving_stops_its_runs(srv: AppServer, caplog: pytest.LogCaptureFixture) -> None:
     agent_id = srv.spawn("leave")
     handle = srv.kernel.agents.get(agent_id)
     c = Client(srv, agent_id)
@@ -325,14 +327,19 @@ def test_client_leaving_stops_its_runs(srv: AppServer) -> None:
         assert frame["type"] == "phase", frame
     time.sleep(0.2)
     assert len(handle.waiting) == 1
-    started = time.monotonic()
     c.ws.sock.close()   # gone without a close frame
     deadline = time.monotonic() + WAIT
     while (handle.waiting or handle.busy) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not handle.waiting, "BUG: a queued run of a client that left was not withdrawn"
     assert not handle.busy, "BUG: the running run of a client that left went on"
-    assert time.monotonic() - started < 20, "BUG: the run ran to its end"
+    # Stopped, not ended by the 10 s model-call deadline (which also frees the agent in time),
+    # and the queued message never ran.
+    texts = [m.get("content") for m in srv.kernel.agents.session(handle)["messages"]]
+    assert texts == ["[[slow:30]] one", STOPPED_NOTE], \
+        f"BUG: the running run was not stopped or the queued one ran: {texts}"
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert failed == [], "BUG: the socket's handler failed while stopping its runs"
 
 
 def test_unknown_agent_is_404_before_the_upgrade(srv: AppServer) -> None:
@@ -443,6 +450,22 @@ def test_message_limit_behind_the_frame_limit(srv: AppServer) -> None:
     s.handle_message({"content": "é" * (MESSAGE_LIMIT // 2) + "a"})
     assert rec.sent == ['{"type":"error","content":"message too large (max 64 KB)"}']
     assert len(s._recent) == 0, "a refused message counted against the rate"
+
+
+def test_finished_runs_are_forgotten(srv: AppServer) -> None:
+    # A long-lived socket must not keep every finished run (stop_runs only needs live ones).
+    handle = srv.kernel.agents.get(srv.spawn("forget"))
+    rec = Recorder()
+    s = sockets.AgentSocket(rec, srv.kernel, handle)
+    for text in ("one", "two"):
+        s.handle_message({"content": f"[[reply:{text}]]"})
+        deadline = time.monotonic() + WAIT
+        while not any(json.loads(f)["type"] == "response" and json.loads(f)["content"] == text for f in rec.sent):
+            assert time.monotonic() < deadline, rec.sent
+            time.sleep(0.02)
+        while s._runs and time.monotonic() < deadline:   # the done-callback ends right after its last frame
+            time.sleep(0.02)
+        assert s._runs == {}, "BUG: a finished run is kept by its socket"
 
 
 def test_rate_window_is_sixty_seconds(srv: AppServer) -> None:
