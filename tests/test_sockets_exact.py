@@ -452,6 +452,27 @@ def test_message_limit_behind_the_frame_limit(srv: AppServer) -> None:
     assert len(s._recent) == 0, "a refused message counted against the rate"
 
 
+def test_quota_refusal_is_an_error_frame_before_any_run(srv: AppServer) -> None:
+    r = srv.app.test_client().post("/api/agents", environ_base=LOCAL, json={
+        "manifest_toml": 'name = "quota-ws"\n[capabilities]\nmax_llm_tokens_per_hour = 1\n'})
+    assert r.status_code == 201, r.get_data(as_text=True)
+    agent_id = r.get_json()["agent_id"]
+    c = Client(srv, agent_id)
+    try:
+        c.frame()
+        c.send({"type": "message", "content": "[[reply:spend]]"})   # uses more than 1 token
+        assert c.until("response")[-1]["content"] == "spend"
+        c.send({"type": "message", "content": "[[reply:more]]"})
+        frame = c.frame()
+        assert frame["type"] == "error" and frame["content"].startswith(
+            "message delivery failed: quota exceeded: ") and frame["content"].endswith(
+            " of 1 LLM tokens used in the last hour (max_llm_tokens_per_hour)"), frame
+        c.send({"type": "ping"})
+        assert c.frame() == {"type": "pong"}, "BUG: a refused message still started a run"
+    finally:
+        c.close()
+
+
 def test_finished_runs_are_forgotten(srv: AppServer) -> None:
     # A long-lived socket must not keep every finished run (stop_runs only needs live ones).
     handle = srv.kernel.agents.get(srv.spawn("forget"))
