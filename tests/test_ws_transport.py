@@ -19,13 +19,14 @@ import socket
 import struct
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
 import requests
 import websocket
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 from simple_websocket import Server as SimpleServer
@@ -50,7 +51,13 @@ class Hooks:
 
 def make_app(hooks: Hooks) -> Flask:
     app = Flask(__name__)
-    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 25}  # the recommended setting
+    # A ping interval makes simple-websocket read through a selector (the daemon's read path;
+    # /ws/echo-noping covers the other). It is an hour here, not the daemon's 25 s: a client
+    # busy writing a big frame cannot answer a ping, and simple-websocket closes with 1008
+    # ("Ping/Pong timeout") when no pong came back within one interval. On a loaded machine
+    # (a nice-19 mutmut run) the 2 MB echo outlasted 25 s that way. Keepalive itself is
+    # test_unanswered_pings_close_with_1008 (its own short interval).
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": 3600}
     sock = Sock(app)
 
     @app.before_request
@@ -75,7 +82,7 @@ def make_app(hooks: Hooks) -> Flask:
         sock.route(path, endpoint=path)(echo)
 
     @app.route("/ws/echo-noping", websocket=True)
-    def echo_noping() -> str:
+    def echo_noping() -> Response:
         # simple-websocket without pings: its reader blocks in recv() instead
         # of a selector, exercising the other read path of the transport.
         ws = SimpleServer(request.environ)
@@ -84,7 +91,22 @@ def make_app(hooks: Hooks) -> Flask:
                 ws.send(ws.receive())
         except ConnectionClosed:
             pass
-        return "a body after the upgrade must be discarded"
+        # A body after the upgrade must be discarded, and counted as written: in two chunks with
+        # their full Content-Length, so waitress warns ("too few bytes") unless every chunk counts.
+        body = [b"a body after the upgrade ", b"must be discarded"]
+        return Response(iter(body), headers={"Content-Length": str(sum(map(len, body)))})
+
+    @app.route("/ws/keepalive", websocket=True)
+    def keepalive() -> str:
+        # Pings every 0.2 s from simple-websocket's reader thread, written through the
+        # transport's stream; a client that never answers is closed with 1008.
+        ws = SimpleServer(request.environ, ping_interval=0.2)
+        try:
+            while True:
+                ws.receive()
+        except ConnectionClosed:
+            pass
+        return ""
 
     @sock.route("/ws/spam")
     def spam(ws: Any) -> None:
@@ -489,6 +511,49 @@ def test_close_websockets_for_shutdown(server: Server) -> None:
     http_ok(server)
 
 
+def read_frame(sock: socket.socket) -> tuple[int, bytes]:
+    """One unmasked server frame (opcode, payload) off a raw socket, payload under 126 bytes."""
+    head = b""
+    while len(head) < 2:
+        chunk = sock.recv(2 - len(head))
+        assert chunk, "connection closed inside a frame header"
+        head += chunk
+    assert head[1] < 126, f"unexpected frame header {head!r}"
+    payload = b""
+    while len(payload) < head[1]:
+        chunk = sock.recv(head[1] - len(payload))
+        assert chunk, "connection closed inside a frame"
+        payload += chunk
+    return head[0] & 0x0F, payload
+
+
+def test_unanswered_pings_close_with_1008(server: Server) -> None:
+    # The keepalive through the transport: simple-websocket's reader thread writes its pings
+    # into the hijacked stream, and a client that never answers them (this raw socket) gets
+    # the 1008 close after one unanswered interval, then EOF; the handler finishes.
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    try:
+        raw.sendall(upgrade_request(server.port, "/ws/keepalive"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = raw.recv(1)
+            assert chunk, "connection closed before the 101"
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 101 ")
+        opcode, payload = read_frame(raw)
+        assert (opcode, payload) == (websocket.ABNF.OPCODE_PING, b"")
+        opcode, payload = read_frame(raw)
+        assert opcode == websocket.ABNF.OPCODE_CLOSE
+        assert struct.unpack("!H", payload[:2])[0] == 1008 and payload[2:] == b"Ping/Pong timeout"
+        raw.settimeout(WAIT)
+        while raw.recv(4096):
+            pass   # EOF: the transport shut the socket down
+    finally:
+        raw.close()
+    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    http_ok(server)
+
+
 def test_install_is_per_server_and_idempotent() -> None:
     import waitress
     from waitress.channel import HTTPChannel
@@ -498,7 +563,9 @@ def test_install_is_per_server_and_idempotent() -> None:
     patched = waitress.create_server(app, host="127.0.0.1", port=0)
     try:
         assert ws_transport.install(patched) is patched
+        registry = patched._agentd_ws_registry
         ws_transport.install(patched)
+        assert patched._agentd_ws_registry is registry, "BUG: a second install forgets the open sockets"
         assert patched.channel_class is ws_transport.WebSocketChannel
         assert plain.channel_class is HTTPChannel  # waitress itself untouched
         assert HTTPChannel.task_class is not ws_transport.WebSocketTask
@@ -507,6 +574,82 @@ def test_install_is_per_server_and_idempotent() -> None:
             srv.task_dispatcher.shutdown(timeout=WAIT)
             srv.close()
             wasyncore.close_all(srv._map)
+
+
+def test_install_refuses_what_it_cannot_serve() -> None:
+    import waitress
+    from waitress.channel import HTTPChannel
+
+    not_a_server = SimpleNamespace(name="x")
+    with pytest.raises(TypeError) as info:
+        ws_transport.install(not_a_server)
+    assert str(info.value) == f"not a waitress server: {not_a_server!r}"
+    with pytest.raises(TypeError) as info:   # a map without servers in it
+        ws_transport.install(SimpleNamespace(map={3: SimpleNamespace(task_class=object)}))
+    assert str(info.value).startswith("not a waitress server: namespace(map=")
+
+    class Custom(HTTPChannel):
+        pass
+
+    class Ours(ws_transport.WebSocketChannel):
+        pass
+
+    srv = waitress.create_server(Flask(__name__), host="127.0.0.1", port=0)
+    try:
+        assert ws_transport.active_websockets(srv) == 0 and ws_transport.close_websockets(srv) == 0, \
+            "BUG: a server without the transport has WebSockets"
+        srv.channel_class = Custom
+        with pytest.raises(TypeError) as info:
+            ws_transport.install(srv)
+        assert str(info.value) == f"server already uses a custom channel class {Custom!r}"
+        assert srv.channel_class is Custom
+        srv.channel_class = Ours   # already a WebSocket channel: kept
+        assert ws_transport.install(srv) is srv and srv.channel_class is Ours
+    finally:
+        srv.task_dispatcher.shutdown(timeout=WAIT)
+        srv.close()
+        wasyncore.close_all(srv._map)
+
+
+def test_multi_socket_server_shares_one_registry() -> None:
+    # Two listen addresses: waitress returns a MultiSocketServer whose servers sit in its map.
+    multi = ws_transport.create_server(make_app(Hooks()), listen="127.0.0.1:0 127.0.0.1:0", threads=5,
+                                       asyncore_use_poll=True, ident="multi")
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            wasyncore.loop(timeout=0.05, map=multi.map, use_poll=True, count=1)
+
+    thread = threading.Thread(target=loop, name="test-multi-loop", daemon=True)
+    thread.start()
+    clients: list[websocket.WebSocket] = []
+    try:
+        assert type(multi).__name__ == "MultiSocketServer" and multi.adj.threads == 5
+        servers = [s for s in multi.map.values() if hasattr(s, "channel_class")]
+        assert len(servers) == 2
+        assert all(s.channel_class is ws_transport.WebSocketChannel for s in servers)
+        for srv in servers:
+            ws = websocket.create_connection(f"ws://127.0.0.1:{srv.effective_port}/ws/echo", timeout=WAIT)
+            clients.append(ws)
+            ws.send(f"via {srv.effective_port}")
+            assert ws.recv() == f"via {srv.effective_port}"
+        wait_for(lambda: ws_transport.active_websockets(multi) == 2, "both sockets counted on the multi server")
+        assert ws_transport.install(multi) is multi   # again: the same registry, nothing forgotten
+        assert ws_transport.active_websockets(multi) == 2
+        assert ws_transport.close_websockets(multi) == 2
+        for ws in clients:
+            opcode, frame = ws.recv_data_frame(control_frame=True)
+            assert opcode == websocket.ABNF.OPCODE_CLOSE and struct.unpack("!H", frame.data[:2])[0] == 1001
+            ws.shutdown()
+        wait_for(lambda: ws_transport.active_websockets(multi) == 0, "handlers to finish")
+    finally:
+        for ws in clients:
+            ws.shutdown()
+        stop.set()
+        thread.join(WAIT)
+        multi.task_dispatcher.shutdown(timeout=WAIT)
+        wasyncore.close_all(multi.map)
 
 
 def test_unresponsive_client_is_shut_down(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:

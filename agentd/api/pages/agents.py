@@ -26,7 +26,7 @@ def _spend_by_agent() -> dict[str, float]:
 
 def _page_number() -> int:
     try:
-        return max(1, int(request.args.get("page", "1")))
+        return max(1, int(request.args.get("page") or 1))
     except ValueError:
         return 1
 

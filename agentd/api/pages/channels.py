@@ -23,7 +23,7 @@ EVENTS_SHOWN = 50
 def _catalogue() -> list[dict[str, Any]]:
     if "items" not in _cache:
         try:
-            items = json.loads(CATALOGUE.read_text(encoding="utf-8"))
+            items = json.loads(CATALOGUE.read_bytes())   # JSON is UTF-8: json reads the bytes itself
         except (OSError, ValueError):
             items = []
         _cache["items"] = [dict(item, configured=False, active=False) for item in items
