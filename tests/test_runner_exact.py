@@ -205,10 +205,13 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
     mgr.set_mode(h, "Manual")
     events: list = []
 
+    asked: list = []
+
     def approve_when_asked() -> None:
         for _ in range(100):
             pending = mgr.approvals.pending()
             if pending:
+                asked.append(pending[0])
                 mgr.approvals.approve(pending[0]["id"])
                 return
             time.sleep(0.05)
@@ -220,6 +223,8 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
     assert len(phases) == 1 and phases[0]["detail"].startswith("file_write (approval ")
     assert (env.config.workspaces_dir / "manual" / "b.txt").read_text() == "ok"
     assert result.response.startswith("tool said: ")
+    assert [(a["agent_id"], a["agent_name"], a["tool"], a["input"]) for a in asked] == \
+        [(h.id, "manual", "file_write", {"path": "b.txt", "content": "ok"})], "BUG: the approval names the wrong call"
     # Nobody decides: the call is denied after approval_timeout_secs (1 s here), no event sink needed.
     started = time.monotonic()
     result = mgr.run(h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
@@ -486,3 +491,29 @@ def test_conversations_have_their_own_sessions(env, mgr) -> None:
     with pytest.raises(NotFound) as err:
         mgr.run_conversation(gone, str(uuid.uuid4()), "x")
     assert err.value.message == "agent not found"
+
+
+def test_run_now_runs_with_everything_it_was_given(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("now"))
+    txt = mgr.save_upload(h, "n.txt", "text/plain", b"inside")
+    result = mgr.run_now(h, "read", [{"file_id": txt["file_id"]}], RunOptions(max_tokens=7))
+    assert result.response == "echo: read\n[attached file n.txt]\ninside"
+    sent = fake.requests[-1]["json"]
+    assert sent["max_tokens"] == 7, "BUG: run_now dropped the request's options"
+    assert sent["messages"][-1]["content"] == "read\n[attached file n.txt]\ninside", "BUG: attachments dropped"
+    assert session_of(env, h.session_id)[-1] == {"role": "assistant", "content": "echo: read\n[attached file n.txt]\ninside"}
+    assert mgr.run_now(h, "plain").response == "echo: plain", "no attachments, options or cancel given"
+    assert not h.busy
+
+
+def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
+    h = mgr.spawn(manifest("nowstop"))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(RunCancelled):
+        mgr.run_now(h, "never", cancel=stop)
+    left = threading.Event()
+    threading.Timer(0.3, left.set).start()
+    with pytest.raises(RunCancelled):
+        mgr.run_now(h, "[[slow:5]] long", disconnected=left.is_set)
+    assert not h.busy and mgr.run_now(h, "again").response == "echo: again"
