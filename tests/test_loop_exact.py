@@ -389,3 +389,61 @@ def test_a_forked_child_runs_tools_on_a_pool_of_its_own() -> None:
     os.close(read)
     os.close(write)
     assert loop_mod._TOOL_POOL is parent_pool
+
+
+def test_a_timed_out_tool_is_told_to_stop_and_sees_its_runs_cancel(fake, tmp_path) -> None:
+    from agentd.agents.loop import CallStop
+
+    seen: list = []
+    stopped = threading.Event()
+
+    def slow(ctx, args):
+        seen.append(ctx.cancel)
+        while not ctx.cancel.is_set():
+            time.sleep(0.01)
+        stopped.set()
+        return "late"
+
+    tool = Tool("slowpoke", "test tool", {"type": "object", "properties": {}}, slow)
+    spec, _, _ = spec_for(fake, tmp_path, "[[tool:slowpoke]]", tools=[tool], tool_timeout=0.2)
+    run_cancel = spec.tool_ctx.cancel
+    result = run_loop(spec)
+    assert "error: tool 'slowpoke' timed out after 0.2s" in result.response
+    assert stopped.wait(5), "BUG: a timed-out tool is never told to stop (it runs on in the background)"
+    assert isinstance(seen[0], CallStop) and seen[0] is not run_cancel
+    assert run_cancel is None or not run_cancel.is_set(), "BUG: a tool's timeout cancelled the whole run"
+    run = threading.Event()
+    call = CallStop(run)
+    assert not call.is_set()
+    run.set()
+    assert call.is_set(), "BUG: a tool call does not see its run's cancel"
+    assert not CallStop(None).is_set() and not CallStop(threading.Event()).is_set()
+    lone = CallStop(None)
+    lone.set()
+    assert lone.is_set()
+
+
+def test_a_timed_out_shell_command_is_killed(fake, tmp_path) -> None:
+    ctx = make_ctx(tmp_path, shell=["sleep"])
+    ctx.tools_config.shell_timeout_secs = 30   # (the shell tool's own limit must not be what ends it)
+    spec, _, _ = spec_for(fake, tmp_path, '[[tool:shell_exec {"command": "sleep 30"}]]', ctx=ctx,
+                          tools=[get_tool("shell_exec")], tool_timeout=0.3)
+    result = run_loop(spec)
+    assert "timed out after 0.3s" in result.response
+    for _ in range(40):   # the shell tool polls its stop every few ms, then kills and reaps
+        if not any(_sleeping_child(p) for p in Path("/proc").glob("[0-9]*/stat")):
+            break
+        time.sleep(0.05)
+    assert not any(_sleeping_child(p) for p in Path("/proc").glob("[0-9]*/stat")), \
+        "BUG: a timed-out shell command runs on after the loop gave up on it"
+
+
+def _sleeping_child(stat: Path) -> bool:
+    import os
+
+    try:
+        text = stat.read_text()
+    except OSError:
+        return False
+    rest = text[text.rindex(")") + 2:].split()
+    return text[text.index("(") + 1:text.rindex(")")] == "sleep" and int(rest[1]) == os.getpid()

@@ -7,6 +7,7 @@ to a sink and returns a `RunResult`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,19 @@ def _new_tool_pool() -> None:
 
 
 os.register_at_fork(after_in_child=_new_tool_pool)
+
+class CallStop(threading.Event):
+    """One tool call's stop signal (its `ToolContext.cancel`): set when the call timed out,
+    and set whenever its run is cancelled. A timed-out call is abandoned by the loop; this
+    lets the tool end its work too (the shell tool kills its command) instead of running on."""
+
+    def __init__(self, run: threading.Event | None) -> None:
+        super().__init__()
+        self._run = run
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self._run is not None and self._run.is_set())
+
 
 LlmCall = Callable[[ChatRequest, Callable[[Any], None] | None, threading.Event], ChatResponse]
 Approver = Callable[[str, dict[str, Any]], str]   # (tool, input) -> "approved" | other
@@ -226,11 +240,13 @@ class AgentLoop:
                 reason = {"rejected": "a human rejected it", "timeout": "approval timed out",
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
-        future = _TOOL_POOL.submit(tool.run, self.spec.tool_ctx, args)
+        stop = CallStop(self.spec.tool_ctx.cancel)
+        future = _TOOL_POOL.submit(tool.run, dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False
         except FutureTimeout:
+            stop.set()
             return f"error: tool '{name}' timed out after {self.spec.tool_timeout:g}s", True
         except ToolError as exc:
             return f"error: {exc}", True
