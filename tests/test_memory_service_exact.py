@@ -764,13 +764,14 @@ def test_close_with_exchanges_still_queued_behind_the_sentinel(store) -> None:
 
 
 def test_drain_returns_after_its_timeout(svc) -> None:
+    before = set(threading.enumerate())   # (other tests' pools in this process are not ours)
     a = new_agent()
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "q", "a")
     started = time.monotonic()
     svc.drain(0.3)
     assert time.monotonic() - started < 5
-    waiting = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    waiting = [t for t in threading.enumerate() if t not in before and not t.daemon]
     assert waiting == [], "BUG: a drain that gave up leaves a thread that keeps the process from exiting"
     svc.emb.gate.set()
     svc.drain()
