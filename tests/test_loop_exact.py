@@ -447,3 +447,38 @@ def _sleeping_child(stat: Path) -> bool:
         return False
     rest = text[text.rindex(")") + 2:].split()
     return text[text.index("(") + 1:text.rindex(")")] == "sleep" and int(rest[1]) == os.getpid()
+
+
+def test_a_tool_call_sees_its_run_cancelled(fake, tmp_path) -> None:
+    stopped = threading.Event()
+
+    def waits(ctx, args):
+        while not ctx.cancel.is_set():
+            time.sleep(0.01)
+        stopped.set()
+        return "stopped"
+
+    tool = Tool("waiter", "test tool", {"type": "object", "properties": {}}, waits)
+    ctx = make_ctx(tmp_path)
+    ctx.cancel = threading.Event()
+    spec, _, _ = spec_for(fake, tmp_path, "[[tool:waiter]]", tools=[tool], ctx=ctx, tool_timeout=10)
+    threading.Timer(0.2, ctx.cancel.set).start()
+    try:
+        run_loop(spec, ctx.cancel)
+    except RunCancelled:
+        pass
+    assert stopped.wait(5), "BUG: a tool call does not see its run's cancel through its own stop signal"
+
+
+def test_the_tool_pool_a_forked_child_makes() -> None:
+    from agentd.agents import loop as loop_mod
+
+    parent = loop_mod._TOOL_POOL
+    try:
+        loop_mod._new_tool_pool()
+        pool = loop_mod._TOOL_POOL
+        assert pool is not parent and pool._max_workers == 32
+        assert pool.submit(lambda: threading.current_thread().name).result(timeout=5).startswith("agentd-tool_")
+        pool.shutdown()
+    finally:
+        loop_mod._TOOL_POOL = parent
