@@ -461,13 +461,22 @@ def test_a_tool_call_sees_its_run_cancelled(fake, tmp_path) -> None:
     tool = Tool("waiter", "test tool", {"type": "object", "properties": {}}, waits)
     ctx = make_ctx(tmp_path)
     ctx.cancel = threading.Event()
-    spec, _, _ = spec_for(fake, tmp_path, "[[tool:waiter]]", tools=[tool], ctx=ctx, tool_timeout=10)
+    spec, _, _ = spec_for(fake, tmp_path, "[[tool:waiter]]", tools=[tool], ctx=ctx, tool_timeout=30)
+    outcome: list = []
+
+    def go() -> None:
+        try:
+            outcome.append(run_loop(spec, ctx.cancel))
+        except RunCancelled as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=go, daemon=True)
+    runner.start()
     threading.Timer(0.2, ctx.cancel.set).start()
-    try:
-        run_loop(spec, ctx.cancel)
-    except RunCancelled:
-        pass
+    # (well before the 30 s tool timeout, which would tell the tool to stop anyway)
     assert stopped.wait(5), "BUG: a tool call does not see its run's cancel through its own stop signal"
+    runner.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], RunCancelled)
 
 
 def test_the_tool_pool_a_forked_child_makes() -> None:
