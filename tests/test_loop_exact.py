@@ -178,7 +178,7 @@ def test_a_cancelled_run_stops_before_calling_the_model(fake, tmp_path) -> None:
     spec, _, usages = spec_for(fake, tmp_path, "never")
     cancel = threading.Event()
     cancel.set()
-    with pytest.raises(RunCancelled, match="run cancelled"):
+    with pytest.raises(RunCancelled, match="^run cancelled$"):
         run_loop(spec, cancel)
     assert usages == []
 
