@@ -301,3 +301,17 @@ def take_daemon_hits() -> set[str]:
         names.update(line for line in taken.read_text(encoding="utf-8").splitlines() if line)
         taken.unlink()
     return names
+
+
+def children_named(name: str) -> int:
+    """How many child processes of this process (running or zombie) have the command `name`."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        rest = text[text.rindex(")") + 2:].split()
+        if text[text.index("(") + 1:text.rindex(")")] == name and int(rest[1]) == os.getpid():
+            count += 1
+    return count

@@ -20,6 +20,7 @@ from agentd.agents.tools import ToolContext, ToolError, get_tool
 from agentd.agents.tools.base import Tool
 from agentd.llm import drivers
 from agentd.llm.types import ChatResponse, Message, ProviderEndpoint, Usage
+from support import children_named
 from tests.test_tools import make_ctx
 
 KEY = "sk-loop"
@@ -431,22 +432,11 @@ def test_a_timed_out_shell_command_is_killed(fake, tmp_path) -> None:
     result = run_loop(spec)
     assert "timed out after 0.3s" in result.response
     for _ in range(40):   # the shell tool polls its stop every few ms, then kills and reaps
-        if not any(_sleeping_child(p) for p in Path("/proc").glob("[0-9]*/stat")):
+        if not children_named("sleep"):
             break
         time.sleep(0.05)
-    assert not any(_sleeping_child(p) for p in Path("/proc").glob("[0-9]*/stat")), \
+    assert not children_named("sleep"), \
         "BUG: a timed-out shell command runs on after the loop gave up on it"
-
-
-def _sleeping_child(stat: Path) -> bool:
-    import os
-
-    try:
-        text = stat.read_text()
-    except OSError:
-        return False
-    rest = text[text.rindex(")") + 2:].split()
-    return text[text.index("(") + 1:text.rindex(")")] == "sleep" and int(rest[1]) == os.getpid()
 
 
 def test_a_tool_call_sees_its_run_cancelled(fake, tmp_path) -> None:

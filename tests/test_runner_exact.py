@@ -24,6 +24,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
+from support import children_named
 from mgrsupport import Env, Recorder, llm_config, manifest, fake, lone_store_only  # noqa: F401 (fake: a fixture)
 
 
@@ -182,20 +183,9 @@ def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake)
     # of this process outlives the test (mutmut's runner waits for any child and fails on
     # one it did not start).
     for _ in range(100):
-        if not [p for p in Path("/proc").glob("[0-9]*/stat") if _child_named(p, "sleep")]:
+        if not children_named("sleep"):
             break
         time.sleep(0.1)
-
-
-def _child_named(stat: Path, name: str) -> bool:
-    import os
-
-    try:
-        text = stat.read_text()
-    except OSError:
-        return False
-    rest = text[text.rindex(")") + 2:].split()
-    return text[text.index("(") + 1:text.rindex(")")] == name and int(rest[1]) == os.getpid()
 
 
 def test_observe_mode_runs_with_read_only_tools_and_its_note(mgr) -> None:
