@@ -337,3 +337,39 @@ def test_naive_times_are_utc_whatever_the_machines_zone(monkeypatch: pytest.Monk
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_parallel_touches_of_overlapping_fragments_all_count(tmp_path: Path) -> None:
+    # Runs recalling the same fragments at once (a workflow's parallel runs) must not fail
+    # each other: on PostgreSQL the row locks are taken in id order (a deadlock before).
+    # Under --db=postgres this runs on PostgreSQL.
+    import threading
+
+    import pgtest
+    from memsupport import ScriptedEmbedder
+
+    from agentd.memory.semantic import SemanticMemory
+    from agentd.store import open_store
+    from agentd.store.backend import DatabaseUrl
+
+    url = pgtest.url_for_home(tmp_path)
+    emb = ScriptedEmbedder()
+    memory = SemanticMemory(open_store(tmp_path / "m.db", DatabaseUrl(url) if url else None), lambda: emb)
+    emb.vectors.update({f"f{i}": unit(1) for i in range(12)})
+    fids = [memory.remember("a", f"f{i}")["id"] for i in range(12)]
+    errors: list = []
+
+    def touch(order: list[str]) -> None:
+        try:
+            for _ in range(10):
+                memory._touch("a", [{"id": f, "access_count": 0} for f in order])
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=touch, args=(fids if n % 2 else fids[::-1],)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [], f"BUG: parallel access counting failed: {errors[:1]}"
+    assert {memory.get("a", f)["access_count"] for f in fids} == {60}
