@@ -476,6 +476,35 @@ def test_submit_wait_withdraw_and_stop_all(mgr) -> None:
     assert c.result(5).response == "echo: c" and emitted
 
 
+def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -> None:
+    # The queue has handed the run to a worker; its pre-checks (quota, budget) are still
+    # going when the stop comes. CI's PostgreSQL pass once lost a shutdown in this window.
+    entered, release = threading.Event(), threading.Event()
+
+    def preflight(_handle) -> None:
+        entered.set()
+        release.wait(5)
+
+    m = mgr.__class__(mgr.config, mgr.store, mgr.catalog, mgr.kv, mgr.approvals, mgr.executor,
+                      mgr.record_usage, preflight=preflight)
+    for how in ("submit", "stop_all"):
+        entered.clear()
+        release.clear()
+        h = m.spawn(manifest(f"early-{how}"))
+        future = m.submit(h, "[[slow:5]] late")
+        assert entered.wait(5)
+        if how == "submit":
+            assert m.stop(h) is True
+            assert m.stop(h) is False, "a second stop finds the run already stopping"
+        else:
+            m.stop_all()
+        release.set()
+        with pytest.raises(RunCancelled):
+            future.result(4)
+        assert h.starting is None and h.cancel is None
+        assert m.submit(h, "after").result(5).response == "echo: after"
+
+
 def test_conversations_have_their_own_sessions(env, mgr) -> None:
     import uuid
 

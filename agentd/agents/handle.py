@@ -53,6 +53,9 @@ class AgentHandle:
     base_url: str
     run_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel: threading.Event | None = None
+    # The cancel event of the queued run this agent's queue has started, set before the run
+    # takes run_lock, so a stop in between (precheck, a slow first commit) still reaches it.
+    starting: threading.Event | None = None
     token_log: collections.deque = field(default_factory=collections.deque)
     killed: bool = False
     # The latest stored messages of the session (at most the history window), once read, and

@@ -241,7 +241,7 @@ class RunExecution:
 
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the current run; True when one was running."""
-        cancel = handle.cancel
+        cancel = handle.cancel or handle.starting
         self.approvals.cancel_agent(handle.id)
         if self.cluster is not None and self.store.shared and (cancel is None or cancel.is_set()):
             return self.cluster.request_stop(handle.id) > 0
@@ -265,7 +265,7 @@ class RunExecution:
                     raise NotFound("agent not found")
                 self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
                                         messages="[]", created_at=utcnow())
-        view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None,
+        view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None, starting=None,
                        session_tail=None, session_count=0, waiting=collections.deque(), busy=False,
                        queue_lock=threading.Lock())
         return self.run(view, text)

@@ -116,11 +116,19 @@ class RunQueues:
         try:
             if job.cancel.is_set() or handle.killed:
                 raise RunCancelled("run cancelled before it started")
-            return self.run(handle, job)
+            return self._start(handle, job)
         finally:
             if key is not None:
                 self.watch.remove(key)
             self._hand_on(handle)
+
+    def _start(self, handle: Any, job: QueuedRun) -> RunResult:
+        """Run `job`; until it ends, a stop of the agent sets its cancel event."""
+        handle.starting = job.cancel
+        try:
+            return self.run(handle, job)
+        finally:
+            handle.starting = None
 
     def _hand_on(self, handle: Any) -> None:
         """After a run on a server thread: the agent's next queued run goes to a worker."""
@@ -178,7 +186,7 @@ class RunQueues:
             job.future.set_exception(RunCancelled("run cancelled before it started"))
             return
         try:
-            result = self.run(handle, job)
+            result = self._start(handle, job)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
             job.future.set_exception(exc)
         else:
