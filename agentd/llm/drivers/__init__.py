@@ -147,7 +147,7 @@ def _exchange(fmt: ModuleType, endpoint: ProviderEndpoint, request: ChatRequest,
               on_event: Callable[[Any], None] | None, guard: CallGuard) -> ChatResponse:
     stream = on_event is not None
     url, headers, body = fmt.prepare(endpoint, request, stream)
-    response = post(endpoint, request.model, url, headers, body, stream, guard)
+    response = post(endpoint, request.model, url, headers, body, guard)
     try:
         if not stream:
             return fmt.parse(endpoint, request.model, read_json(endpoint, request.model, response))

@@ -159,7 +159,7 @@ def where(endpoint: ProviderEndpoint, model: str) -> str:
 
 
 def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, str],
-         body: dict[str, Any], stream: bool, guard: CallGuard) -> requests.Response:
+         body: dict[str, Any], guard: CallGuard) -> requests.Response:
     """POST JSON under `guard`; non-2xx answers become `LLMError`s, network failures raise as is."""
     remaining = guard.remaining()
     if remaining <= 0:
