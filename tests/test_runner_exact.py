@@ -505,6 +505,71 @@ def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -
         assert m.submit(h, "after").result(5).response == "echo: after"
 
 
+def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env, mgr) -> None:
+    h = mgr.spawn(manifest("ctxa", '[capabilities]\nshell = ["*"]\n'
+                                   'tools = ["shell_exec", "memory_store", "agent_send"]\n'))
+    other = mgr.spawn(manifest("ctxb"))
+    assert mgr.run(h, '[[tool:memory_store {"key": "k", "value": "v"}]]').response.startswith("tool said: ")
+    assert mgr.kv.get(h.id, "k") == (True, "v") and mgr.kv.get(other.id, "k")[0] is False, \
+        "BUG: the tool stored under another agent's id"
+    assert mgr.run(h, '[[tool:agent_send {"agent": "ctxa", "message": "hi"}]]').response == \
+        "tool said: error: an agent cannot send a message to itself"
+    assert mgr.run(h, '[[tool:agent_send {"agent": "ctxb", "message": "hi"}]]').response == \
+        "tool said: echo: hi"
+    # A stop reaches the running command through the tool's context, not only the loop;
+    # the model call made before it is paid for (its usage row is written with the turn).
+    written: list = []
+    mgr.write_usage = written.extend
+    env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
+    future = mgr.submit(h, '[[tool:shell_exec {"command": "sleep 30"}]]')
+    for _ in range(100):
+        if children_named("sleep"):
+            break
+        time.sleep(0.05)
+    assert children_named("sleep"), "the command never started"
+    assert mgr.stop(h) is True
+    with pytest.raises(RunCancelled):
+        future.result(10)
+    for _ in range(100):
+        if not children_named("sleep"):
+            break
+        time.sleep(0.05)
+    assert not children_named("sleep"), "BUG: the stopped run's command runs on"
+    assert written == [{"model": "gpt-4o"}], "BUG: a stopped run's usage was not written"
+
+
+def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
+    h = mgr.spawn(manifest("imgfail"))
+    png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG-bytes")
+    with pytest.raises(AgentRunError):
+        mgr.run(h, "[[fail:400]]", [{"file_id": png["file_id"]}])
+    stored = session_of(env, h.session_id)
+    assert stored[0]["images"] == [{"file_id": png["file_id"], "filename": "p.png", "content_type": "image/png"}]
+    assert stored[1]["content"].startswith("[run failed: ")
+
+
+def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monkeypatch) -> None:
+    # The primary cannot be reached; its fallback times out, and a timeout ends the chain
+    # with the fallback's own error: the line names the fallback, not the agent's model.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    monkeypatch.setattr(mgr.config.llm, "timeout_secs", 0.5)
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    h = mgr.spawn(manifest("falls", f'base_url = "{dead}"\n'
+                                    '[[fallback_models]]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n'))
+    with pytest.raises(AgentRunError) as err:
+        mgr.run(h, "[[slow:3]]")
+    assert err.value.kind == "timeout" and "anthropic model claude-sonnet-4-6" in err.value.message
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run failed:")]
+    assert len(line) == 1 and line[0].startswith(
+        f"run failed: agent=falls provider=anthropic model=claude-sonnet-4-6 status={err.value.status} "
+        f"cause={err.value.message} duration="), line
+
+
 def test_conversations_have_their_own_sessions(env, mgr) -> None:
     import uuid
 
@@ -523,6 +588,9 @@ def test_conversations_have_their_own_sessions(env, mgr) -> None:
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=sid2).label is None
     assert h.session_tail[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
+    with h.run_lock:  # the agent's own session is busy: a conversation does not wait for it
+        assert mgr.run_conversation(h, sid2, "meanwhile").response == "echo: meanwhile"
+    assert h.cancel is None and h.session_count == 2
     gone = mgr.spawn(manifest("gone"))
     mgr.kill(gone)
     with pytest.raises(NotFound) as err:

@@ -265,7 +265,7 @@ class RunExecution:
                     raise NotFound("agent not found")
                 self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
                                         messages="[]", created_at=utcnow())
-        view = replace(handle, session_id=session_id, run_lock=threading.Lock(), cancel=None, starting=None,
-                       session_tail=None, session_count=0, waiting=collections.deque(), busy=False,
-                       queue_lock=threading.Lock())
+        # Its own session and run lock; no cached window (read from the conversation's row on
+        # first use). The queue fields are never used: a conversation's run is not queued.
+        view = replace(handle, session_id=session_id, run_lock=threading.Lock(), session_tail=None)
         return self.run(view, text)
