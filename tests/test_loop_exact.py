@@ -93,12 +93,15 @@ def test_a_tool_round_trip_records_everything_in_order(fake, tmp_path) -> None:
 
 
 def test_the_iteration_limit_answers_and_keeps_what_was_done(fake, tmp_path) -> None:
-    spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_read {"path": "x"} x100]]', max_iterations=2)
+    spec, events, usages = spec_for(fake, tmp_path, '[[tool:file_read {"path": "x"} x100]]', max_iterations=2)
     result = run_loop(spec)
     assert result.response == "[stopped after 2 iterations: the agent was still calling tools]"
     assert (result.iterations, result.finish_reason, len(result.tool_calls)) == (2, "tool_calls", 2)
     assert [m.role for m in result.new_messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert result.new_messages[-1].content == result.response, "BUG: the stored last turn lost its text"
     assert kinds(events)[-1] == "phase:done:max_iterations"
+    assert len(usages) == 2 and result.usage == usages[0].usage + usages[1].usage, \
+        "BUG: a run stopped at the iteration limit lost its usage"
 
 
 def test_exactly_max_iterations_model_calls_are_made(fake, tmp_path) -> None:
@@ -481,3 +484,20 @@ def test_the_tool_pool_a_forked_child_makes() -> None:
         pool.shutdown()
     finally:
         loop_mod._TOOL_POOL = parent
+
+
+def test_a_run_nobody_listens_to_is_not_streamed(fake, tmp_path) -> None:
+    spec, _, usages = spec_for(fake, tmp_path, "quiet", emit=None)
+    assert run_loop(spec).response == "echo: quiet" and len(usages) == 1
+    assert not fake.requests[-1]["json"].get("stream"), "BUG: a call without a listener was streamed"
+
+
+def test_the_loop_guard_tells_calls_apart_by_their_arguments(fake, tmp_path) -> None:
+    from agentd.agents.loop_guard import BLOCK_AT
+
+    calls = " | ".join(f'file_read {{"path": "f{n}"}}' for n in range(BLOCK_AT + 2))
+    spec, _, _ = spec_for(fake, tmp_path, f"[[tools:{calls}]]")
+    result = run_loop(spec)
+    tools = [m.content for m in result.new_messages if m.role == "tool"]
+    assert tools == [f"error: no such file: f{n}" for n in range(BLOCK_AT + 2)], \
+        "BUG: calls with different arguments were counted as repeats"
