@@ -218,7 +218,8 @@ class SemanticMemory(Recall):
                 return {"id": hit.id, "merged": True}
         now = utcnow()
         fid = str(uuid.uuid4())
-        superseded = [fid_ for fid_, text in contents.items() if contradicts(text, content)]
+        # In id order: the rows are locked in the order they are changed (see recall's _touch).
+        superseded = sorted(fid_ for fid_, text in contents.items() if contradicts(text, content))
         with orm.db_session:
             self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
                          confidence, now, now, 0)
