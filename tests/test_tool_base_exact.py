@@ -56,13 +56,13 @@ def test_registry_lookup_and_order() -> None:
 
 
 def test_require_ops(tmp_path: Path) -> None:
-    ctx = ToolContext("a", "n", tmp_path, {}, ToolsConfig())
+    ctx = ToolContext("a", tmp_path, {}, ToolsConfig())
     assert ctx.ops is None and ctx.cancel is None
     with pytest.raises(ToolError) as info:
         ctx.require_ops()
     assert str(info.value) == "agent operations are not available here"
     ops = object()
-    ctx = ToolContext("a", "n", tmp_path, {}, ToolsConfig(), ops=ops, cancel=threading.Event())   # type: ignore[arg-type]
+    ctx = ToolContext("a", tmp_path, {}, ToolsConfig(), ops=ops, cancel=threading.Event())   # type: ignore[arg-type]
     assert ctx.require_ops() is ops
 
 

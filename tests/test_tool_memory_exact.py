@@ -44,7 +44,7 @@ def stack(tmp_path_factory):
 
 
 def ctx_for(stack, agent_id: str, tmp_path: Path) -> ToolContext:
-    return ToolContext(agent_id, "agent", tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(stack.manager),
+    return ToolContext(agent_id, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(stack.manager),
                        cancel=threading.Event())
 
 
@@ -178,7 +178,7 @@ def test_unicode_entity_names_stay_readable(stack, b) -> None:
 
 def test_without_semantic_memory(stack, tmp_path) -> None:
     manager = SimpleNamespace(kv=stack.manager.kv, memory=None)
-    ctx = ToolContext(stack.a, "agent", tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(manager))
+    ctx = ToolContext(stack.a, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(manager))
     for name, args in (("memory_remember", {"content": "x"}), ("memory_search", {"query": "x"}),
                        ("knowledge_add_entity", {"name": "x", "entity_type": "person"}),
                        ("knowledge_query", {})):

@@ -16,7 +16,7 @@ from agentd.config import ToolsConfig
 
 @pytest.fixture()
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext("agent-1", "tester", tmp_path / "ws", {}, ToolsConfig(), cancel=threading.Event())
+    return ToolContext("agent-1", tmp_path / "ws", {}, ToolsConfig(), cancel=threading.Event())
 
 
 def patch(ctx: ToolContext, *body: str) -> str:

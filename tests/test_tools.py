@@ -48,7 +48,7 @@ class Ops:
 def make_ctx(tmp_path: Path, **caps: Any) -> ToolContext:
     capabilities = {"shell": [], "network": [], "agent_spawn": False, **caps}
     cfg = ToolsConfig(shell_timeout_secs=5, shell_max_output_bytes=1000, fetch_max_bytes=2048)
-    return ToolContext("agent-1", "tester", tmp_path / "ws", capabilities, cfg, ops=Ops(),
+    return ToolContext("agent-1", tmp_path / "ws", capabilities, cfg, ops=Ops(),
                        cancel=threading.Event())
 
 

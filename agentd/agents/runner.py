@@ -136,7 +136,7 @@ class RunExecution:
             refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
             system = refresh_system()
         workspace = self.config.workspaces_dir / handle.name
-        ctx = ToolContext(agent_id=handle.id, agent_name=handle.name, workspace=workspace,
+        ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
                           cancel=cancel)
         approver = None

@@ -36,7 +36,6 @@ class ToolContext:
     """
 
     agent_id: str
-    agent_name: str
     workspace: Path
     capabilities: dict[str, Any]
     tools_config: ToolsConfig
