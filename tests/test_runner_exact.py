@@ -326,7 +326,7 @@ def test_a_busy_agent(mgr) -> None:
     h.run_lock.acquire()
     t = threading.Thread(target=lambda: done.append(mgr.run(h, "waited").response))
     t.start()
-    time.sleep(0.3)
+    time.sleep(1.3)  # (past one second: "no timeout" is not a short one)
     assert done == [], "without a lock timeout a run waits for the agent"
     h.run_lock.release()
     t.join(10)
@@ -447,6 +447,13 @@ def test_a_cluster_runs_the_run(env, mgr) -> None:
     assert mgr.run(h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
     assert Cluster.calls == [(h, cancel, 3.0, True)]
     assert Cluster.completed == [0.125], "the run record is closed with the run's cost"
+    events: list = []
+    png = mgr.save_upload(h, "c.png", "image/png", b"\x89PNG-c")
+    mgr.run(h, "with a picture", [{"file_id": png["file_id"]}], emit=events.append)
+    assert [e.data for e in events if e.type == "phase"][-1] == {"phase": "done", "detail": ""}, \
+        "BUG: the cluster's run lost the event sink"
+    assert session_of(env, h.session_id)[-2]["images"] == \
+        [{"file_id": png["file_id"], "filename": "c.png", "content_type": "image/png"}]
 
 
 def test_submit_wait_withdraw_and_stop_all(mgr) -> None:
@@ -570,13 +577,116 @@ def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monke
         f"cause={err.value.message} duration="), line
 
 
-def test_conversations_have_their_own_sessions(env, mgr) -> None:
+def test_a_text_attachment_that_is_not_utf8_is_shown_with_replacement_marks(mgr) -> None:
+    h = mgr.spawn(manifest("badtxt"))
+    txt = mgr.save_upload(h, "bad.txt", "text/plain", b"ok \xff end")
+    assert mgr.run(h, "read", [{"file_id": txt["file_id"]}]).response == \
+        "echo: read\n[attached file bad.txt]\nok \ufffd end"
+
+
+def test_images_in_the_options_and_submit_passes_everything_on(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("optimg"))
+    image = ImagePart("image/png", base64.b64encode(b"\x89PNG-o").decode("ascii"))
+    got = json.loads(mgr.run(h, "[[echo_params]]", options=RunOptions(images=[image])).response)
+    assert got["n_images"] == 1, "BUG: the request's images did not reach the model"
+    txt = mgr.save_upload(h, "s.txt", "text/plain", b"queued text")
+    future = mgr.submit(h, "sub", [{"file_id": txt["file_id"]}], options=RunOptions(max_tokens=9))
+    assert future.result(5).response == "echo: sub\n[attached file s.txt]\nqueued text"
+    assert fake.requests[-1]["json"]["max_tokens"] == 9, "BUG: submit dropped the options"
+
+
+def test_a_run_cancelled_before_it_starts(env, mgr) -> None:
+    h = mgr.spawn(manifest("precancel"))
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(RunCancelled) as err:
+        mgr.run(h, "never", cancel=cancel)
+    assert err.value.message == "run cancelled"
+    assert session_of(env, h.session_id) == [], "a run that never started leaves no turn"
+
+
+class MemoryStandIn:
+    """The two calls a run makes to the memory service, recorded; each model call's system
+    prompt gets the number of the refresh that made it."""
+
+    def __init__(self) -> None:
+        self.asked: list = []
+        self.exchanges: list = []
+        self.refreshes = 0
+
+    def context_for_run(self, agent_id, user_text, window, system):
+        self.asked.append((agent_id, user_text, system))
+
+        def refresh() -> str:
+            self.refreshes += 1
+            return f"{system} #{self.refreshes}"
+        return refresh
+
+    def after_exchange(self, agent_id, session_id, user_text, answer) -> None:
+        self.exchanges.append((agent_id, session_id, user_text, answer))
+
+
+def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(mgr, fake) -> None:
+    memory = MemoryStandIn()
+    mgr.memory = memory
+    h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
+    result = mgr.run(h, "[[tool:system_time {}]]")
+    systems = [r["json"]["messages"][0]["content"] for r in fake.requests[-2:]]
+    assert systems == ["S #1", "S #2"], "BUG: the system prompt is not refreshed before each model call"
+    assert memory.asked == [(h.id, "[[tool:system_time {}]]", "S")]
+    assert memory.exchanges == [(h.id, h.session_id, "[[tool:system_time {}]]", result.response)]
+    image = ImagePart("image/png", base64.b64encode(b"\x89PNG-m").decode("ascii"))
+    mgr.run(h, "", options=RunOptions(images=[image]))
+    assert memory.asked[-1][1] == "" and memory.exchanges[-1][2] == "", "an image-only message has no text"
+
+
+def test_a_completed_run_writes_its_usage_rows(env, mgr) -> None:
+    written: list = []
+    mgr.write_usage = written.extend
+    env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
+    h = mgr.spawn(manifest("paid"))
+    mgr.run(h, "[[tool:system_time {}]]")
+    assert written == [{"model": "gpt-4o"}, {"model": "gpt-4o"}], "BUG: a run's usage rows were not written"
+
+
+def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:
+    h = mgr.spawn(manifest("nowbusy"))
+    first = mgr.submit(h, "[[slow:0.5]] first")
+    time.sleep(0.1)
+    assert h.busy
+    assert mgr.run_now(h, "second").response == "echo: second", "a busy agent's run_now is queued"
+    assert first.result(5).response == "echo: first"
+    slow = mgr.submit(h, "[[slow:5]] long")
+    with pytest.raises(RunCancelled):
+        mgr.wait(slow, threading.Event(), disconnected=lambda: True)
+
+
+def test_a_manual_approval_ends_with_the_runs_cancel(env, mgr) -> None:
+    h = mgr.spawn(manifest("manualcancel", '[capabilities]\ntools = ["file_write"]\n'))
+    mgr.set_mode(h, "Manual")
+    mgr.config.tools.approval_timeout_secs = 30
+    future = mgr.submit(h, '[[tool:file_write {"path": "x.txt", "content": "x"}]]')
+    for _ in range(100):
+        if mgr.approvals.pending():
+            break
+        time.sleep(0.05)
+    assert mgr.approvals.pending(), "no approval was asked for"
+    mgr.withdraw(future)  # a started run: its cancel event is set
+    with pytest.raises(RunCancelled):
+        future.result(5)
+    tool = [m for m in session_of(env, h.session_id) if m["role"] == "tool"]
+    assert tool and tool[0]["content"].endswith("because the run was cancelled."), tool
+
+
+def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     import uuid
 
     h = mgr.spawn(manifest("conv"))
     mgr.run(h, "main")
     sid = str(uuid.uuid4())
     assert mgr.run_conversation(h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
+    assert [m["content"] for m in fake.requests[-1]["json"]["messages"] if m["role"] != "system"] == \
+        ["in the chat"], "BUG: a new conversation was sent the agent's own session"
     assert mgr.run_conversation(h, sid, "again").response == "echo: again"
     assert [m["content"] for m in session_of(env, sid)] == ["in the chat", "echo: in the chat", "again", "echo: again"]
     assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"]

@@ -263,8 +263,7 @@ class RunExecution:
                 agent_row = self.store.e.AgentRow.get(id=handle.id)
                 if agent_row is None:
                     raise NotFound("agent not found")
-                self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
-                                        messages="[]", created_at=utcnow())
+                self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None, created_at=utcnow())
         # Its own session and run lock; no cached window (read from the conversation's row on
         # first use). The queue fields are never used: a conversation's run is not queued.
         view = replace(handle, session_id=session_id, run_lock=threading.Lock(), session_tail=None)
