@@ -58,9 +58,13 @@ def test_an_idle_agent_runs_on_the_calling_thread_and_is_idle_after(pool) -> Non
     run = Recorder()
     queues = RunQueues(pool, lambda: 8, run)
     a = agent()
-    assert queues.run_here(a, job("hi")) == "answer to hi"
+    seen: list = []
+    here = job("hi")
+    queues.run = lambda handle, j: (seen.append(handle.starting), run(handle, j))[1]
+    assert queues.run_here(a, here) == "answer to hi"
     assert run.calls == [("hi", threading.current_thread().name)], "BUG: the run did not use the caller's thread"
     assert a.busy is False and not a.waiting
+    assert seen == [here.cancel] and a.starting is None, "a stop reaches the run while it runs, and only then"
 
 
 def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(pool) -> None:

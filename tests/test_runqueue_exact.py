@@ -81,9 +81,11 @@ def test_idle_agent_runs_at_once_and_is_idle_after(pool) -> None:
     assert fut is first.future and fut.agentd_job == (h, first)
     assert runs.gate("one") and runs.began["one"].wait(WAIT)
     assert h.busy is True and list(h.waiting) == []
+    assert h.starting is first.cancel, "BUG: a stop cannot reach the run that started"
     runs.gate("one").set()
     assert fut.result(WAIT) == "done one by worker"
     assert _eventually(lambda: h.busy is False), "BUG: an agent stays busy after its last run"
+    assert h.starting is None
 
 
 def _eventually(check, timeout: float = WAIT) -> bool:
