@@ -373,3 +373,26 @@ def test_parallel_touches_of_overlapping_fragments_all_count(tmp_path: Path) -> 
         t.join(60)
     assert errors == [], f"BUG: parallel access counting failed: {errors[:1]}"
     assert {memory.get("a", f)["access_count"] for f in fids} == {60}
+
+
+def test_a_failed_access_count_update_is_one_log_line_and_the_recall_stands(mem, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    memory, emb, _ = mem
+    emb.vectors.update({"p": unit(1), "r": unit(2)})
+    p, r = (memory.remember("a", text)["id"] for text in ("p", "r"))
+    items = [{"id": p, "access_count": 3, "accessed_at": "then"}, {"id": r, "access_count": 0, "accessed_at": "then"}]
+    with orm.db_session:  # a real database error: the table is gone for the moment
+        memory.store.db.execute("ALTER TABLE memory_fragments RENAME TO memory_fragments_away")
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentd.memory"):
+            memory._touch("agent-7", items)
+    finally:
+        with orm.db_session:
+            memory.store.db.execute("ALTER TABLE memory_fragments_away RENAME TO memory_fragments")
+    assert [(rec.name, rec.levelno, rec.getMessage()) for rec in caplog.records] == [
+        ("agentd.memory", logging.WARNING,
+         "access count of 2 fragments of agent agent-7 not updated: no such table: memory_fragments")]
+    assert [(i["access_count"], i["accessed_at"]) for i in items] == [(3, "then"), (0, "then")], \
+        "BUG: counts shown as updated when the update failed"
+    assert memory.get("a", p)["access_count"] == 0
