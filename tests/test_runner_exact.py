@@ -157,7 +157,7 @@ def params_of(mgr, h, options=None) -> dict:
     return json.loads(mgr.run(h, "[[echo_params]]", options=options).response)
 
 
-def test_system_prompt_sampling_and_limits(mgr) -> None:
+def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
     h = mgr.spawn(manifest("p", 'system_prompt = "Be exact."\nmax_tokens = 321\ntemperature = 1.5\n'))
     got = params_of(mgr, h)
     assert (got["system"], got["max_tokens"], got["temperature"], got["model"]) == ("Be exact.", 321, 1.5, "gpt-4o")
@@ -166,7 +166,8 @@ def test_system_prompt_sampling_and_limits(mgr) -> None:
     assert (got["system"], got["max_tokens"], got["temperature"]) == ("Be exact.\n\nAlso this.", 77, 0.0), \
         "BUG: temperature 0 from the request was replaced by the manifest's"
     got = params_of(mgr, h, RunOptions(params=GenerationParams(top_p=0.5)))
-    assert got["max_tokens"] == 321
+    assert got["max_tokens"] == 321 and fake.requests[-1]["json"]["top_p"] == 0.5, \
+        "BUG: the request's sampling parameters did not reach the model"
 
 
 def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:

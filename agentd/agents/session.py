@@ -75,7 +75,7 @@ def api_view(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return view
 
 
-def estimate_tokens(stored: list[dict[str, Any]], system_prompt: str = "") -> int:
+def estimate_tokens(stored: list[dict[str, Any]], system_prompt: str) -> int:
     """Rough token count (4 characters a token) of what the next run would send."""
     chars = len(system_prompt) + sum(len(m.get("content", "")) + 16 for m in stored)
     return chars // 4
