@@ -269,3 +269,29 @@ def test_sessions_use_the_guarded_adapter_and_the_environment(monkeypatch) -> No
     assert proxied.verify == "/etc/ssl/curl.pem"
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/requests.pem")
     assert fresh_session().verify == "/etc/ssl/requests.pem", "BUG: REQUESTS_CA_BUNDLE does not win"
+
+
+def test_a_connect_that_hangs_ends_at_the_connect_timeout() -> None:
+    # A listener whose accept queue is full: the kernel drops further SYNs, so a connect
+    # hangs as it would to a host that drops packets. No socket exists yet for the guard to
+    # shut down; only the connect timeout (0.1 s here, well inside the 0.9 s deadline) ends it.
+    import socket
+
+    from agentd.llm import drivers
+    from agentd.llm.types import ChatRequest
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+    base = f"http://127.0.0.1:{port}/v1"
+    ep = ProviderEndpoint("acme", "openai", base, api_key="k", timeout=0.9, connect_timeout=0.1)
+    try:
+        with pytest.raises(LLMError) as err:
+            drivers.complete(ep, ChatRequest(model="m1", messages=[Message("user", "hi")]), retries=0)
+    finally:
+        filler.close()
+        listener.close()
+    assert (err.value.kind, err.value.message) == ("timeout", f"acme model m1: timed out after 0.9s waiting for {base}"), \
+        "BUG: the connect was not ended by its own timeout"
