@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import requests
 
@@ -315,3 +315,23 @@ def children_named(name: str) -> int:
         if text[text.index("(") + 1:text.rindex(")")] == name and int(rest[1]) == os.getpid():
             count += 1
     return count
+
+
+def in_forked_child(check: Callable[[], bool]) -> bool:
+    """Run `check()` in a forked child of this process; True when it returned true there
+    (an exception counts as false: a child never raises into the test)."""
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = bool(check())
+            except BaseException:  # noqa: BLE001 - reported as false
+                ok = False
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.close(write)

@@ -4,7 +4,6 @@ the socket is interrupted, and connections of every pool (proxied too) report to
 from __future__ import annotations
 
 import http.server
-import os
 import socket
 import threading
 import time
@@ -15,6 +14,7 @@ from agentd.llm import drivers
 from agentd.llm.drivers import guard as guard_mod
 from agentd.llm.drivers.guard import CallGuard, GuardedAdapter, guarded, watchdog
 from agentd.llm.drivers.transport import session
+from support import in_forked_child
 
 
 def fresh(deadline_in: float = 5.0, idle: float | None = None) -> CallGuard:
@@ -136,17 +136,12 @@ def test_a_request_registers_its_socket_and_the_watchdog_ends_it() -> None:
 def test_the_watchdog_is_one_daemon_thread_and_forked_children_start_their_own() -> None:
     dog = watchdog()
     assert dog is watchdog() and dog._thread.daemon and dog._thread.name == "agentd-llm-watchdog"
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
+
+    def child_has_its_own() -> bool:
         child = watchdog()
-        ok = child is not dog and child._thread.is_alive()
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1", "BUG: a forked child reuses a watchdog whose thread it does not have"
-    os.close(read)
-    os.close(write)
+        return child is not dog and child._thread.is_alive()
+
+    assert in_forked_child(child_has_its_own), "BUG: a forked child reuses a watchdog whose thread it does not have"
 
 
 def test_a_fresh_guard_has_seen_nothing_and_leaves_no_trace() -> None:
@@ -260,16 +255,8 @@ def test_the_watchdog_sleeps_until_a_call_starts_even_after_a_stale_wake() -> No
 
 
 def test_no_calls_are_counted_before_the_watchdog_exists() -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        ok = guard_mod._watchdog is None and drivers.active_calls() == 0
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1", "BUG: calls counted in a process that made none"
-    os.close(read)
-    os.close(write)
+    assert in_forked_child(lambda: guard_mod._watchdog is None and drivers.active_calls() == 0), \
+        "BUG: calls counted in a process that made none"
 
 
 def test_interrupting_a_closed_socket_is_harmless() -> None:

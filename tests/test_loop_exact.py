@@ -20,7 +20,7 @@ from agentd.agents.tools import ToolContext, ToolError, get_tool
 from agentd.agents.tools.base import Tool
 from agentd.llm import drivers
 from agentd.llm.types import ChatResponse, Message, ProviderEndpoint, Usage
-from support import children_named
+from support import children_named, in_forked_child
 from tests.test_tools import make_ctx
 
 KEY = "sk-loop"
@@ -372,26 +372,17 @@ def test_a_crashing_tool_is_logged_with_its_traceback(fake, tmp_path, caplog: py
 
 
 def test_a_forked_child_runs_tools_on_a_pool_of_its_own() -> None:
-    import os
-
     from agentd.agents import loop as loop_mod
 
     parent_pool = loop_mod._TOOL_POOL
     assert parent_pool.submit(lambda: 1).result(timeout=5) == 1   # the parent's threads exist now
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            pool = loop_mod._TOOL_POOL
-            ok = pool is not parent_pool and pool.submit(lambda: 2).result(timeout=5) == 2
-        except BaseException:  # noqa: BLE001 - report, never raise in the child
-            ok = False
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert os.read(read, 1) == b"1", "BUG: a forked child submits tools to a pool whose threads it does not have"
-    os.close(read)
-    os.close(write)
+
+    def child_has_its_own() -> bool:
+        pool = loop_mod._TOOL_POOL
+        return pool is not parent_pool and pool.submit(lambda: 2).result(timeout=5) == 2
+
+    assert in_forked_child(child_has_its_own), \
+        "BUG: a forked child submits tools to a pool whose threads it does not have"
     assert loop_mod._TOOL_POOL is parent_pool
 
 
