@@ -335,3 +335,12 @@ def in_forked_child(check: Callable[[], bool]) -> bool:
     finally:
         os.close(read)
         os.close(write)
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> None:
+    """Poll `cond` every 20 ms until it is true; fail the test, naming `what`, after `timeout` s."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)

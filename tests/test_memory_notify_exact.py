@@ -13,23 +13,18 @@ import socket
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from agentd.memory import notify
 from agentd.memory.notify import MemoryNotifier
 from agentd.store import open_store
+from support import wait_until
 
 WAIT = 20.0
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +119,9 @@ def test_publish_sends_daemon_and_agent_on_the_channel(pg) -> None:
 
 def test_the_other_daemon_drops_the_agent_and_the_sender_does_not(pair) -> None:
     pair.a.publish("agent-1")
-    wait_for(lambda: pair.seen_b.calls, "B told of A's write")
+    wait_until(lambda: pair.seen_b.calls, "B told of A's write")
     pair.b.publish("agent-2")
-    wait_for(lambda: pair.seen_a.calls, "A told of B's write")
+    wait_until(lambda: pair.seen_a.calls, "A told of B's write")
     time.sleep(0.3)  # a notification of one's own would have arrived by now as well
     assert pair.seen_b.calls == ["agent-1"], "BUG: a daemon must be told exactly the agent the other one changed"
     assert pair.seen_a.calls == ["agent-2"], "BUG: a daemon drops matrices on its own notifications"
@@ -136,7 +131,7 @@ def test_the_other_daemon_drops_the_agent_and_the_sender_does_not(pair) -> None:
 def test_several_notifications_at_once_all_arrive_in_order(pair) -> None:
     for agent in ("x1", "x2", "x3"):
         pair.a.publish(agent)
-    wait_for(lambda: len(pair.seen_b.calls) >= 3, "three notifications")
+    wait_until(lambda: len(pair.seen_b.calls) >= 3, "three notifications")
     assert pair.seen_b.calls == ["x1", "x2", "x3"]
     assert pair.b.received == 3
 
@@ -149,7 +144,7 @@ def test_payloads_without_agent_or_from_itself_are_ignored(pg, pair) -> None:
     notify_raw(pg.url, "AB|c")        # a daemon id that extends B's is another daemon
     notify_raw(pg.url, "|d")          # an empty sender is not B
     notify_raw(pg.url, "Z|last")
-    wait_for(lambda: "last" in pair.seen_b.calls and "last" in pair.seen_a.calls, "the last notification")
+    wait_until(lambda: "last" in pair.seen_b.calls and "last" in pair.seen_a.calls, "the last notification")
     assert pair.seen_b.calls == ["a|b", "c", "d", "last"]
     assert pair.b.received == 4
     assert pair.seen_a.calls == ["from-b", "c", "d", "last"], "BUG: A must ignore its own payloads, also 'A|a|b'"
@@ -167,8 +162,8 @@ def test_a_dropped_connection_reconnects_and_drops_every_matrix(pg, pair, caplog
         admin.autocommit = True
         with caplog.at_level(logging.WARNING, logger="agentd.memory.notify"):
             admin.cursor().execute("SELECT pg_terminate_backend(%s)", (pid,))
-            wait_for(lambda: pair.seen_b.calls == [None], "the drop of every matrix")
-            wait_for(lambda: pair.b.listening.is_set() and pair.b._conn is not None
+            wait_until(lambda: pair.seen_b.calls == [None], "the drop of every matrix")
+            wait_until(lambda: pair.b.listening.is_set() and pair.b._conn is not None
                      and pair.b._conn is not old, "the new LISTEN")
     finally:
         admin.close()
@@ -179,7 +174,7 @@ def test_a_dropped_connection_reconnects_and_drops_every_matrix(pg, pair, caplog
     assert pair.b._conn.autocommit is True
     # notifications reach the new connection
     pair.a.publish("after")
-    wait_for(lambda: "after" in pair.seen_b.calls, "a notification after the reconnect")
+    wait_until(lambda: "after" in pair.seen_b.calls, "a notification after the reconnect")
     assert pair.seen_b.calls == [None, "after"]
     assert pair.b.received == 1, "BUG: the reconnect's drop-all is not a received notification"
     assert pair.seen_a.calls == [], "BUG: only the reconnected listener drops its matrices"
@@ -205,7 +200,7 @@ def test_an_idle_listener_keeps_its_connection(pair) -> None:
     assert pair.b._conn is conn and pair.b.listening.is_set()
     assert pair.seen_b.calls == [], "BUG: an idle second ends the pump (reconnect, drop of every matrix)"
     pair.a.publish("still")
-    wait_for(lambda: pair.seen_b.calls, "a notification after idle seconds")
+    wait_until(lambda: pair.seen_b.calls, "a notification after idle seconds")
     assert pair.seen_b.calls == ["still"] and pair.b._conn is conn
 
 
@@ -234,7 +229,7 @@ def test_close_of_a_listener_that_cannot_connect(caplog) -> None:
     n = MemoryNotifier(store, "E", seen)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="agentd.memory.notify"):
         n.start()
-        wait_for(lambda: len(caplog.records) >= 2, "two connection attempts")
+        wait_until(lambda: len(caplog.records) >= 2, "two connection attempts")
         n.close()
     assert not n._thread.is_alive(), "BUG: close must end a listener waiting to reconnect"
     messages = [r.getMessage() for r in caplog.records]

@@ -24,17 +24,12 @@ from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
 from memsupport import ScriptedEmbedder
+from support import wait_until
 
 DIMS = 1536
 WAIT = 20.0
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class AxisEmbedder(ScriptedEmbedder):
@@ -804,9 +799,9 @@ def test_scheduled_consolidation_runs_every_period(tmp_path, caplog) -> None:
             assert [r for r in caplog.records if "consolidated" in r.getMessage()] == [], \
                 "BUG: no memories, nothing consolidated"
             s.remember(a, "fact a")  # one fragment in the database
-            wait_for(lambda: any(r.getMessage().startswith("consolidated") for r in caplog.records), "a report")
+            wait_until(lambda: any(r.getMessage().startswith("consolidated") for r in caplog.records), "a report")
             s.remember(b, "fact b")
-            wait_for(lambda: len({r.getMessage().split(":")[0] for r in caplog.records
+            wait_until(lambda: len({r.getMessage().split(":")[0] for r in caplog.records
                                   if r.getMessage().startswith("consolidated")}) >= 2, "two reports")
             s.close()
             thread.join(WAIT)
@@ -836,7 +831,7 @@ def test_scheduled_consolidation_failure_is_logged(tmp_path, caplog) -> None:
             raw.commit()
             raw.close()
             s.start()
-            wait_for(lambda: caplog.records, "the failure")
+            wait_until(lambda: caplog.records, "the failure")
             s.close()
             s._scheduler.join(WAIT)
         assert caplog.records[0].getMessage() == "scheduled memory consolidation failed"

@@ -17,6 +17,7 @@ import websocket
 
 from conftest import LLM_ENV, llm_config
 from test_agents import spawn
+from support import wait_until
 
 WAIT = 10.0
 
@@ -39,12 +40,6 @@ def until(ws: websocket.WebSocket, kind: str) -> list[dict]:
             return frames
 
 
-def wait_for(cond, what: str) -> None:
-    end = time.monotonic() + WAIT
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("payload", ["hello", "ü" * 1000, b"\x00\x01binary\xff", "x" * 200_000])
@@ -84,7 +79,7 @@ def test_abrupt_disconnects_leave_no_threads_or_fds(shared_daemon) -> None:
         if reset:
             ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         ws.sock.close()   # no close frame
-    wait_for(lambda: served() <= fds_before, "the daemon to close the dropped sockets")
+    wait_until(lambda: served() <= fds_before, "the daemon to close the dropped sockets")
     assert d.get("/api/health").ok
 
 
@@ -163,4 +158,4 @@ def test_agent_socket_when_max_streams_is_reached(daemon_factory, fake_llm) -> N
             return json.loads(ws.recv())["type"] == "connected"
         finally:
             ws.close()
-    wait_for(freed, "the closed socket's stream slot to be released")
+    wait_until(freed, "the closed socket's stream slot to be released")

@@ -18,9 +18,8 @@ import logging
 import socket
 import struct
 import threading
-import time
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -34,6 +33,7 @@ from waitress import wasyncore
 from wsproto.events import TextMessage
 
 from agentd.api import ws_transport
+from support import wait_until
 
 WAIT = 10.0  # generous deadline for conditions that normally hold in milliseconds
 
@@ -257,12 +257,6 @@ def clean_logs(capture: Capture) -> Iterator[Capture]:
 
 # -- helpers -----------------------------------------------------------------
 
-def wait_for(cond: Callable[[], bool], what: str, deadline: float = WAIT) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def connect(server: Server, path: str = "/ws/echo", **kwargs: Any) -> websocket.WebSocket:
@@ -368,7 +362,7 @@ def test_concurrent_sockets_with_plain_http(server: Server) -> None:
     browser.join(WAIT)
     assert errors == []
     assert http_count[0] > 0
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
@@ -385,7 +379,7 @@ def test_abrupt_disconnect(server: Server, reset: bool) -> None:
         assert spammer.recv().startswith("spam ")
     drop(spammer, reset)
 
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
     http_ok(server)
     again = connect(server)
     again.send("still here")
@@ -399,7 +393,7 @@ def test_handler_writing_after_reader_closed(server: Server) -> None:
     assert ws.recv() == "ready"
     drop(ws)
     assert server.hooks.stubborn_done.wait(WAIT)
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
     http_ok(server)
 
 
@@ -417,8 +411,8 @@ def test_client_gone_during_handshake(server: Server, capture: Capture) -> None:
     def logged() -> bool:
         return any("during the handshake" in r.getMessage() for r in capture.records)
 
-    wait_for(logged, "the one-line handshake log")
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    wait_until(logged, "the one-line handshake log")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
     line = [r for r in capture.records if "during the handshake" in r.getMessage()]
     assert len(line) == 1 and line[0].exc_info is None and line[0].levelno == logging.INFO
     http_ok(server)
@@ -456,14 +450,14 @@ def test_rejected_upgrade_is_plain_http(server: Server) -> None:
 
 def test_no_leaked_threads_or_fds(server: Server) -> None:
     http_ok(server)
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "a quiet server")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "a quiet server")
     base_threads, base_fds = threading.active_count(), open_fds()
 
     clients = [connect(server, "/ws/echo-noping" if k % 2 else "/ws/echo") for k in range(20)]
     for k, ws in enumerate(clients):
         ws.send(f"hi {k}")
         assert ws.recv() == f"hi {k}"
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 20, "20 live sockets")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 20, "20 live sockets")
     assert threading.active_count() >= base_threads + 20  # one reader thread each
     for k, ws in enumerate(clients):
         if k < 12:
@@ -471,9 +465,9 @@ def test_no_leaked_threads_or_fds(server: Server) -> None:
         else:
             drop(ws, reset=k % 2 == 0)
 
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
-    wait_for(lambda: threading.active_count() <= base_threads + 1, "reader threads to exit")
-    wait_for(lambda: open_fds() <= base_fds + 3, "descriptors to be closed")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
+    wait_until(lambda: threading.active_count() <= base_threads + 1, "reader threads to exit")
+    wait_until(lambda: open_fds() <= base_fds + 3, "descriptors to be closed")
     http_ok(server)
 
 
@@ -501,13 +495,13 @@ def test_close_websockets_for_shutdown(server: Server) -> None:
     ws = connect(server)
     ws.send("x")
     assert ws.recv() == "x"
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 1, "one live socket")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 1, "one live socket")
     assert ws_transport.close_websockets(server.waitress) == 1
     opcode, frame = ws.recv_data_frame(control_frame=True)
     assert opcode == websocket.ABNF.OPCODE_CLOSE
     assert struct.unpack("!H", frame.data[:2])[0] == 1001
     ws.shutdown()
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
     http_ok(server)
 
 
@@ -550,7 +544,7 @@ def test_unanswered_pings_close_with_1008(server: Server) -> None:
             pass   # EOF: the transport shut the socket down
     finally:
         raw.close()
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
     http_ok(server)
 
 
@@ -634,7 +628,7 @@ def test_multi_socket_server_shares_one_registry() -> None:
             clients.append(ws)
             ws.send(f"via {srv.effective_port}")
             assert ws.recv() == f"via {srv.effective_port}"
-        wait_for(lambda: ws_transport.active_websockets(multi) == 2, "both sockets counted on the multi server")
+        wait_until(lambda: ws_transport.active_websockets(multi) == 2, "both sockets counted on the multi server")
         assert ws_transport.install(multi) is multi   # again: the same registry, nothing forgotten
         assert ws_transport.active_websockets(multi) == 2
         assert ws_transport.close_websockets(multi) == 2
@@ -642,7 +636,7 @@ def test_multi_socket_server_shares_one_registry() -> None:
             opcode, frame = ws.recv_data_frame(control_frame=True)
             assert opcode == websocket.ABNF.OPCODE_CLOSE and struct.unpack("!H", frame.data[:2])[0] == 1001
             ws.shutdown()
-        wait_for(lambda: ws_transport.active_websockets(multi) == 0, "handlers to finish")
+        wait_until(lambda: ws_transport.active_websockets(multi) == 0, "handlers to finish")
     finally:
         for ws in clients:
             ws.shutdown()
@@ -669,7 +663,7 @@ def test_unresponsive_client_is_shut_down(server: Server, monkeypatch: pytest.Mo
         assert data[:1] == b"\x88"  # the close frame, then EOF
     finally:
         ws.sock.close()
-    wait_for(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
+    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handler to finish")
 
 
 def test_request_lookahead_does_not_steal_frames() -> None:
