@@ -188,7 +188,9 @@ def test_login_with_key_then_chat(browser, keyed_daemon) -> None:
     assert browser.current_url.startswith(f"{d.url}/login")
     browser.find_element(By.ID, "api_key").send_keys("wrong-key")
     browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    assert "invalid API key" in browser.find_element(By.CSS_SELECTOR, ".error").text
+    # (the refusal is a new page: wait for it, not for the form just submitted)
+    error = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, ".error")))
+    assert "invalid API key" in error.text
     browser.find_element(By.ID, "api_key").send_keys("browser-key-123")
     browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
     # Back where the redirect started, signed in.
