@@ -570,6 +570,39 @@ def test_install_is_per_server_and_idempotent() -> None:
             wasyncore.close_all(srv._map)
 
 
+
+def test_only_a_hijacked_channel_answers_the_main_loop_differently() -> None:
+    """Until its hijack a channel polls exactly as waitress's own (its methods, no override:
+    the main loop asks every channel on every turn); after it, never readable, writable
+    only to be closed, and a read event reads nothing."""
+    from waitress.channel import HTTPChannel
+
+    srv = ws_transport.create_server(Flask(__name__), host="127.0.0.1", port=0, threads=1)
+    ours, theirs = socket.socketpair()
+    try:
+        channel = ws_transport.WebSocketChannel(srv, ours, ("127.0.0.1", 1), srv.adj, map={})
+        assert type(channel).readable is HTTPChannel.readable
+        assert type(channel).writable is HTTPChannel.writable
+        assert channel.readable() is True and channel.writable() is False
+        theirs.sendall(b"GET / HTTP/1.1\r\n")  # half a request: a read would buffer it
+        channel.hijack()
+        assert channel.ws_hijacked
+        assert channel.readable() is False and channel.writable() is False
+        channel.handle_read()
+        assert ours.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"GET / HTTP/1.1\r\n"
+        channel.close_when_flushed = True
+        assert channel.writable() is True
+        channel.close_when_flushed, channel.will_close = False, True
+        assert channel.writable() is True
+        channel.will_close = False
+        assert channel.writable() is False
+    finally:
+        theirs.close()
+        ours.close()
+        srv.task_dispatcher.shutdown(timeout=WAIT)
+        srv.close()
+        wasyncore.close_all(srv._map)
+
 def test_install_refuses_what_it_cannot_serve() -> None:
     import waitress
     from waitress.channel import HTTPChannel

@@ -209,18 +209,20 @@ class WebSocketChannel(HTTPChannel):
         """Stop waitress from reading, writing or parsing on this connection."""
         with self._ws_hijack_lock:
             self.ws_hijacked = True
+            # The main loop asks every channel readable()/writable() on each turn: only a
+            # hijacked one answers differently, so only it gets these (instance) overrides
+            # and a plain HTTP channel keeps waitress's own methods.
+            self.readable = self._hijacked_readable  # type: ignore[method-assign]
+            self.writable = self._hijacked_writable  # type: ignore[method-assign]
 
-    def readable(self) -> bool:
-        if self.ws_hijacked:
-            return False
-        return super().readable()
+    @staticmethod
+    def _hijacked_readable() -> bool:
+        return False
 
-    def writable(self) -> bool:
-        if self.ws_hijacked:
-            # Only wake up to close the channel once the task has finished
-            # (service() sets close_when_flushed); there is never output.
-            return bool(self.will_close or self.close_when_flushed)
-        return super().writable()
+    def _hijacked_writable(self) -> bool:
+        # Only wake up to close the channel once the task has finished
+        # (service() sets close_when_flushed); there is never output.
+        return bool(self.will_close or self.close_when_flushed)
 
     def handle_read(self) -> None:
         with self._ws_hijack_lock:
