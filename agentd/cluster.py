@@ -6,7 +6,9 @@ and never meets a competitor. What it does:
 - **One run per session at a time across daemons.** A run first takes the lease
   `run:<session id>` (the agent's own session, or a channel conversation's), waiting
   while another daemon holds it, exactly as a run waits for the agent's local run lock;
-  then it writes its run record (`agent_runs`), admitted by the budget gate.
+  then it writes its run record (`agent_runs`), admitted by the budget gate. (A lone
+  daemon with no budget limit has nothing to reserve and nobody to tell: it writes the
+  record once, complete, in the transaction that saves the run's session.)
 - **Heartbeat.** Every `lease_secs / 3` the daemon renews its leases and run records,
   marks runs whose lease expired `failed` (their daemon died), applies stop requests
   made on other daemons, keeps its agent registry in step with the database and lets
@@ -77,6 +79,11 @@ class LocalRun:
     cancel: threading.Event
     cost: list[float] = field(default_factory=list)
     closed: bool = False  # its record was closed in the caller's transaction (see Cluster.run)
+    # A lone daemon's run with no budget to reserve against: its record is written once,
+    # complete, when it ends (see Cluster._try_begin); until then it is listed from memory.
+    deferred: bool = False
+    session_id: str = ""
+    started_at: float = 0.0
 
 
 class Cluster:
@@ -187,7 +194,11 @@ class Cluster:
 
     def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
         """Inside a db_session: close the run record and hand its lease back."""
-        self.runs.finish(local.run_id, status, error, cost)
+        if local.deferred:
+            self.runs.record(local.run_id, local.agent_id, local.session_id, self.id, local.started_at,
+                             status, error, cost)
+        else:
+            self.runs.finish(local.run_id, status, error, cost)
         if self.shared:
             self.leases.release(local.lease)
         local.closed = True
@@ -219,6 +230,13 @@ class Cluster:
                 if name in self._sessions:
                     return None
                 self._sessions.add(name)
+            if self.budget is None or self.budget.metering.limit_usd <= 0:
+                # Nothing to reserve and no other daemon to tell: the record is written with
+                # the run's end, in the transaction that saves its session (one commit per
+                # message). A daemon killed meanwhile leaves no record of the run, as it
+                # leaves none of its messages.
+                return self._start_in_memory(LocalRun(run_id, handle.id, Lease(name, ""), cancel, deferred=True,
+                                                      session_id=handle.session_id, started_at=time.time()))
         try:
             with orm.db_session:
                 relaxed_commit(self.store)
@@ -241,13 +259,31 @@ class Cluster:
             lease = Lease(name, "")  # held in self._sessions
         reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
         self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
-        local = LocalRun(run_id, handle.id, lease, cancel)
+        return self._start_in_memory(LocalRun(run_id, handle.id, lease, cancel))
+
+    def _start_in_memory(self, local: LocalRun) -> LocalRun:
         with self._lock:
-            self._local[run_id] = local
+            self._local[local.run_id] = local
         return local
+
+    def list_runs(self, agent_id: str | None = None, status: str | None = None,
+                  limit: int = 100) -> list[dict[str, Any]]:
+        """GET /api/cluster/runs: the records, newest first, with this daemon's runs whose
+        record is written only when they end (shown `running` meanwhile)."""
+        rows = self.runs.list_rows(agent_id, status, limit)
+        if status in (None, "", "running"):
+            with self._lock:
+                pending = [(r.run_id, r.agent_id, r.session_id, self.id, "running", r.started_at, None, None, None)
+                           for r in self._local.values()
+                           if r.deferred and not r.closed and (not agent_id or r.agent_id == agent_id)]
+            if pending:
+                rows = sorted(rows + pending, key=lambda r: r[5], reverse=True)[:limit]
+        return [RunLog.view(r) for r in rows]
 
     def running_elsewhere(self, session_id: str) -> str | None:
         """The other daemon running this session now, or None (free, or running here)."""
+        if not self.shared:
+            return None
         owner = self.leases.holder(f"run:{session_id}")
         return owner if owner is not None and owner != self.id else None
 
@@ -302,7 +338,7 @@ class Cluster:
         secs = self.settings.lease_secs
         self._beat_daemon()
         with self._lock:
-            local = [run for run in self._local.values() if not run.closed]
+            local = [run for run in self._local.values() if not run.closed and not run.deferred]
             held = list(self._held.items())
         for run in local:
             if self.shared and not self.leases.renew(run.lease, secs):

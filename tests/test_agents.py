@@ -13,7 +13,7 @@ from nacl.signing import SigningKey
 
 from agentd.agents.signing import sign_manifest
 from conftest import LLM_ENV, llm_config
-from support import Daemon, free_port, make_home
+from support import Daemon, free_port, make_home, wait_until
 
 
 def manifest(name: str, extra: str = "", model: str = "") -> str:
@@ -472,3 +472,32 @@ def test_parallel_agents(agent_daemon) -> None:
     for t in threads:
         t.join(30)
     assert results == {a: f"echo: from {a}" for a in ids}
+
+
+# -- run records (GET /api/cluster/runs) ----------------------------------------------------
+
+@pytest.mark.parametrize("limit_usd", [0, 50.0])
+def test_a_run_is_listed_running_while_in_flight_then_completed(daemon_factory, fake_llm, limit_usd) -> None:
+    """Without a budget a lone daemon writes the record when the run ends; with one, at its
+    start (with its reservation): a client sees the same either way."""
+    d = daemon_factory(llm_config(fake_llm), env_extra=LLM_ENV)
+    assert d.put("/api/budget", json={"limit_usd": limit_usd}).status_code == 200
+    agent_id = spawn(d)
+    done: list = []
+    worker = threading.Thread(target=lambda: done.append(say(d, agent_id, "[[slow:2]] hi")))
+    worker.start()
+    seen: list = []
+    wait_until(lambda: seen.append(d.get("/api/cluster/runs", params={"status": "running"}).json()) or seen[-1],
+               "the run listed as running", 10)
+    running = seen[-1]
+    assert [(r["agent_id"], r["status"], r["ended_at"], r["error"], r["cost_usd"]) for r in running] == [
+        (agent_id, "running", None, None, None)]
+    assert d.get("/api/cluster/runs", params={"agent_id": agent_id}).json() == running
+    assert d.get("/api/cluster/runs", params={"status": "completed"}).json() == []
+    worker.join(15)
+    assert done[0].status_code == 200, done[0].text
+    runs = d.get("/api/cluster/runs").json()
+    assert [(r["id"], r["agent_id"], r["status"], r["started_at"]) for r in runs] == [
+        (running[0]["id"], agent_id, "completed", running[0]["started_at"])]
+    assert runs[0]["ended_at"] >= runs[0]["started_at"] and runs[0]["cost_usd"] == done[0].json()["cost_usd"]
+    assert d.get("/api/cluster/runs", params={"status": "running"}).json() == []

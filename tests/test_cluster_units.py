@@ -373,3 +373,97 @@ def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) ->
         ("failed", "RuntimeError: the save failed", None)], \
         "BUG: a close rolled back with its transaction was taken for done (the run stays 'running')"
     s.close()
+
+
+def _records(s) -> list[tuple]:
+    with orm.db_session:
+        return [tuple(r) for r in s.db.select(
+            "SELECT session_id, status, error, cost_usd, reserve_usd, daemon_id FROM agent_runs ORDER BY started_at")]
+
+
+def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_meanwhile(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    during: list[list] = []
+
+    def held():
+        during.append(_records(s))
+        inside.set()
+        release.wait(10)
+        return SimpleNamespace(cost_usd=0.5)
+
+    a.run(handle("a0", "s0"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))  # an older record
+    cancel = threading.Event()
+    before = time.time()
+    t = threading.Thread(target=lambda: a.run(handle(), cancel, None, held))
+    t.start()
+    assert inside.wait(5)
+    assert during == [[("s0", "completed", None, None, 0.0, "A")]], "BUG: the run wrote its record at the start"
+    listed = a.list_runs()
+    assert [(r["session_id"], r["status"], r["agent_id"], r["daemon_id"], r["error"], r["cost_usd"])
+            for r in listed] == [("s1", "running", "a1", "A", None, None), ("s0", "completed", "a0", "A", None, None)]
+    assert listed[0]["ended_at"] is None and listed[1]["ended_at"] is not None
+    running = listed[0]
+    assert running["id"] in a._local and running["started_at"].endswith("Z")
+    assert [r["session_id"] for r in a.list_runs(status="running")] == ["s1"]
+    assert [r["session_id"] for r in a.list_runs(status="completed")] == ["s0"]
+    assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s1"]
+    assert [r["session_id"] for r in a.list_runs(agent_id="a0")] == ["s0"]
+    assert [r["session_id"] for r in a.list_runs(limit=1)] == ["s1"]
+    a.tick()  # the heartbeat has no record to renew and must not take that for a lost run
+    assert not cancel.is_set(), "BUG: the heartbeat stopped a run whose record is not written yet"
+    release.set()
+    t.join(5)
+    assert _records(s)[1] == ("s1", "completed", None, 0.5, 0.0, "A")
+    after = a.list_runs()
+    assert [(r["session_id"], r["status"]) for r in after] == [("s1", "completed"), ("s0", "completed")]
+    assert after[0]["id"] == running["id"] and after[0]["started_at"] == running["started_at"]
+    with orm.db_session:
+        started, ended = s.db.select("SELECT started_at, ended_at FROM agent_runs WHERE session_id = 's1'")[0]
+    assert before <= started <= ended <= time.time()
+    assert a._local == {}
+    # A second close of a record written already (the body failed after its save committed) keeps it.
+    assert a.runs.record(running["id"], "a1", "s1", "A", started, "failed", "late") is False
+    assert _records(s)[1] == ("s1", "completed", None, 0.5, 0.0, "A")
+    s.close()
+
+
+def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the_start(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    metering = Metering(s, Catalog.load())
+    a.budget = BudgetGate(metering)
+    metering.set_limit(5.0)
+    inside, release = threading.Event(), threading.Event()
+    during: list[list] = []
+
+    def held():
+        during.append(_records(s))
+        inside.set()
+        release.wait(10)
+        return SimpleNamespace(cost_usd=0.25)
+
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, held))
+    t.start()
+    assert inside.wait(5)
+    assert during == [[("s1", "running", None, None, 0.0, "A")]]
+    assert [r["status"] for r in a.list_runs()] == ["running"], "BUG: a run listed twice (record and memory)"
+    release.set()
+    t.join(5)
+    assert _records(s) == [("s1", "completed", None, 0.25, 0.0, "A")]
+    metering.set_limit(0)
+    a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s2", "completed")]
+    s.close()
+
+
+def test_a_shared_database_lists_only_records(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    inside, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None,
+                                              lambda: (inside.set(), release.wait(10), None)[2]))
+    t.start()
+    assert inside.wait(5)
+    assert [(r["status"], r["session_id"]) for r in a.runs.list()] == [("running", "s1")]
+    assert [(r["status"], r["session_id"]) for r in a.list_runs()] == [("running", "s1")]
+    release.set()
+    t.join(5)

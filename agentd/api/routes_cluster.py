@@ -58,7 +58,7 @@ def cluster():
      tags="system", query=RunsQuery, response={"type": "array", "items": _RUN})
 def cluster_runs():
     args = body.validate(RunsQuery(), request.args.to_dict())
-    return jsonify(kernel().cluster.runs.list(args["agent_id"], args["status"], args["limit"]))
+    return jsonify(kernel().cluster.list_runs(args["agent_id"], args["status"], args["limit"]))
 
 
 @bp.before_app_request

@@ -151,6 +151,19 @@ class RunLog:
             {"i": run_id, "a": agent_id, "s": session_id, "d": daemon_id, "now": time.time(),
              "x": lease_expires, "r": reserve_usd})
 
+    def record(self, run_id: str, agent_id: str, session_id: str, daemon_id: str, started_at: float,
+               status: str, error: str | None = None, cost_usd: float | None = None) -> bool:
+        """A run's whole record, written when it ended (Cluster's deferred runs); False when
+        it was written already (a second close after a committed first one)."""
+        with orm.db_session:
+            cursor = self.store.db.execute(
+                "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, ended_at, "
+                "lease_expires, error, cost_usd, reserve_usd) VALUES ($i, $a, $s, $d, $st, $t, $now, $now, $e, $c, 0) "
+                "ON CONFLICT (id) DO NOTHING",
+                {"i": run_id, "a": agent_id, "s": session_id, "d": daemon_id, "st": status, "t": started_at,
+                 "now": time.time(), "e": error, "c": cost_usd})
+            return cursor.rowcount == 1
+
     def finish(self, run_id: str, status: str, error: str | None = None, cost_usd: float | None = None) -> bool:
         """Close a run; False when someone else already closed it (it was reaped)."""
         with orm.db_session:
@@ -249,6 +262,11 @@ class RunLog:
 
     def list(self, agent_id: str | None = None, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Newest first."""
+        return [self.view(r) for r in self.list_rows(agent_id, status, limit)]
+
+    def list_rows(self, agent_id: str | None = None, status: str | None = None, limit: int = 100) -> list[tuple]:
+        """Newest first, as (id, agent_id, session_id, daemon_id, status, started_at, ended_at,
+        error, cost_usd) tuples."""
         clauses, params = [], {"lim": int(limit)}
         if agent_id:
             clauses.append("agent_id = $a")
@@ -261,9 +279,13 @@ class RunLog:
             rows = self.store.db.select(
                 "SELECT id, agent_id, session_id, daemon_id, status, started_at, ended_at, error, cost_usd "
                 f"FROM agent_runs {where} ORDER BY started_at DESC LIMIT $lim", params)
-        return [{"id": r[0], "agent_id": r[1], "session_id": r[2], "daemon_id": r[3], "status": r[4],
-                 "started_at": _iso(r[5]), "ended_at": _iso(r[6]), "error": r[7], "cost_usd": r[8]}
-                for r in rows]
+        return [tuple(r) for r in rows]
+
+    @staticmethod
+    def view(r: tuple) -> dict[str, Any]:
+        """One list_rows() tuple as the API shows it."""
+        return {"id": r[0], "agent_id": r[1], "session_id": r[2], "daemon_id": r[3], "status": r[4],
+                "started_at": _iso(r[5]), "ended_at": _iso(r[6]), "error": r[7], "cost_usd": r[8]}
 
     def running_on(self, session_id: str) -> str | None:
         """The daemon running a session now (unexpired run record), or None."""
