@@ -108,3 +108,84 @@ def test_doc_attaches_an_operation() -> None:
     ("/apix/a", False), ("/static/x", False), ("/", False), ("/dashboard/api/x", False)])
 def test_is_api_path(rule: str, api: bool) -> None:
     assert apidoc.is_api_path(rule) is api
+
+
+# -- fast loads: the common bodies without marshmallow, exactly what load() returns -------------------------------
+
+from agentd.api import body as body_module  # noqa: E402
+from agentd.api.schemas import MESSAGE_SCHEMA, ChatRequestSchema, MessageSchema  # noqa: E402
+from agentd.errors import BadRequest  # noqa: E402
+
+USER = {"role": "user", "content": "hi"}
+
+# Bodies the fast path takes: (schema, body).
+FAST = [
+    (MESSAGE_SCHEMA, {"message": "hello"}),
+    (MESSAGE_SCHEMA, {"message": " x \n"}),
+    (MESSAGE_SCHEMA, {"message": "hello", "sender_id": "u1", "extra": [1]}),  # unknown keys dropped
+    (CHAT_REQUEST_SCHEMA, {"model": "agentd:a", "messages": [USER]}),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "stream": True}),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "stream": False}),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"role": r, "content": None} for r in
+                                                     ("system", "developer", "user", "assistant", "tool")]}),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"role": "user"}]}),  # content is optional
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}],
+                                                       "name": "n", "tool_call_id": 5}]}),  # kept (INCLUDE)
+]
+
+# Bodies it leaves to load(): (schema, body, load()'s error or None when valid).
+SLOW = [
+    (MESSAGE_SCHEMA, {"message": "hi", "attachments": []}, None),
+    (MESSAGE_SCHEMA, {"message": "hi", "attachments": None}, "attachments: Field may not be null."),
+    (MESSAGE_SCHEMA, {"message": "  \n\t"}, "message: message is empty"),
+    (MESSAGE_SCHEMA, {"message": ""}, "message: message is empty"),
+    (MESSAGE_SCHEMA, {"message": 5}, "message: Not a valid string."),
+    (MESSAGE_SCHEMA, {"message": None}, "message: Field may not be null."),
+    (MESSAGE_SCHEMA, {}, "message: Missing data for required field."),
+    (MESSAGE_SCHEMA, {"text": "hi"}, "message: Missing data for required field."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "temperature": 0.5}, None),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "custom": 1}, None),
+    (CHAT_REQUEST_SCHEMA, {"model": "", "messages": [USER]}, "model: Shorter than minimum length 1."),
+    (CHAT_REQUEST_SCHEMA, {"model": 5, "messages": [USER]}, "model: Not a valid string."),
+    (CHAT_REQUEST_SCHEMA, {"messages": [USER]}, "model: Missing data for required field."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m"}, "messages: Missing data for required field."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": []}, "messages: Shorter than minimum length 1."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": USER}, "messages: Not a valid list."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": (USER,)}, None),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "stream": 1}, "stream: Not a valid boolean."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER], "stream": None}, "stream: Field may not be null."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [USER, "x"]}, "messages.1: Invalid input type."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"role": "bot"}]},
+     "messages.0.role: Must be one of: system, developer, user, assistant, tool."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"role": ["user"]}]}, "messages.0.role: Not a valid string."),
+    (CHAT_REQUEST_SCHEMA, {"model": "m", "messages": [{"content": "x"}]},
+     "messages.0.role: Missing data for required field."),
+]
+
+
+@pytest.mark.parametrize("schema, data", FAST)
+def test_the_fast_load_is_what_load_returns(schema, data) -> None:
+    fast = schema.fast_load(data)
+    assert fast is not None, "the common body should not need marshmallow"
+    assert fast == schema.load(data)
+    assert body_module.validate(schema, data) == fast
+    if schema is CHAT_REQUEST_SCHEMA:  # new dicts: the route may change them without touching the body
+        assert fast is not data and all(a is not b for a, b in zip(fast["messages"], data["messages"]))
+
+
+@pytest.mark.parametrize("schema, data, error", SLOW)
+def test_other_bodies_go_through_load(schema, data, error) -> None:
+    assert schema.fast_load(data) is None
+    if error is None:
+        assert body_module.validate(schema, data) == schema.load(data)
+        return
+    with pytest.raises(BadRequest) as info:
+        body_module.validate(schema, data)
+    assert info.value.message == f"invalid request: {error}"
+
+
+def test_the_fast_loads_belong_to_the_schema_classes() -> None:
+    assert MessageSchema().fast_load({"message": "a"}) == {"message": "a", "attachments": []}
+    assert ChatRequestSchema().fast_load({"model": "m", "messages": [USER]}) == {"model": "m", "messages": [USER]}
+    fresh = [MESSAGE_SCHEMA.fast_load({"message": "a"})["attachments"] for _ in range(2)]
+    assert fresh[0] is not fresh[1], "BUG: one attachments list shared by every request"

@@ -89,6 +89,10 @@ def validate(schema: Schema, body: Any) -> dict[str, Any]:
     """Validate an already parsed body with a marshmallow schema (400 naming each field)."""
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    fast_load = getattr(schema, "fast_load", None)
+    loaded = fast_load(body) if fast_load is not None else None
+    if loaded is not None:
+        return loaded
     try:
         return schema.load(body)
     except ValidationError as exc:
