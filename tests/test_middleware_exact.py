@@ -60,3 +60,44 @@ def test_dashboard_sessions_use_the_configured_key(tmp_path) -> None:
     cookie, data = dashauth.Sessions("mw-k3y").issue(authenticated=True)
     assert app.extensions["agentd.sessions"].read(cookie) == data, \
         "BUG: the dashboard's sessions are not signed with the configured API key"
+
+
+def test_response_headers_replace_what_a_view_set_and_keep_what_it_chose(tmp_path) -> None:
+    """The after-request hook sets its headers once each: the request id, rate-limit and
+    Cache-Control values replace a view's own; the security headers are defaults a view may
+    override; Vary is added to a view's."""
+    from flask import Flask, Response
+
+    from agentd.api.middleware import install_middleware
+    from agentd.config import parse_config
+
+    config = parse_config({"api": {"rate_limit_per_second": 5, "rate_limit_burst": 7}}, tmp_path)
+    app = Flask("headers-test")
+    install_middleware(app, config)
+
+    def view() -> Response:
+        r = Response("{}", content_type="application/json")
+        for name, value in [("X-Request-Id", "mine"), ("X-RateLimit-Limit", "1"), ("X-RateLimit-Remaining", "1"),
+                            ("X-RateLimit-Reset", "9"), ("Cache-Control", "public"), ("Vary", "Accept"),
+                            ("X-Frame-Options", "SAMEORIGIN"), ("Referrer-Policy", "no-referrer"),
+                            ("X-Content-Type-Options", "other"), ("Content-Security-Policy", "default-src 'self'"),
+                            ("Access-Control-Allow-Origin", "http://elsewhere")]:
+            r.headers[name] = value
+        return r
+
+    app.add_url_rule("/api/own", "own", view)
+    app.add_url_rule("/plain", "plain", lambda: Response("x"))
+    origin = f"http://127.0.0.1:{config.port}"
+    r = app.test_client().get("/api/own", headers={"Origin": origin}, environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    got = [(k, v) for k, v in r.headers.items() if k not in ("Content-Type", "Content-Length")]
+    request_id = r.headers["X-Request-Id"]
+    assert len(request_id) == 32 and request_id != "mine"
+    assert sorted(got) == sorted([
+        ("X-Request-Id", request_id), ("X-RateLimit-Limit", "7"), ("X-RateLimit-Remaining", "6"),
+        ("X-RateLimit-Reset", "1"), ("Cache-Control", "no-store"), ("Vary", "Accept"), ("Vary", "Origin"),
+        ("X-Frame-Options", "SAMEORIGIN"), ("Referrer-Policy", "no-referrer"), ("X-Content-Type-Options", "other"),
+        ("Content-Security-Policy", "default-src 'self'"), ("Access-Control-Allow-Origin", origin)])
+    plain = app.test_client().get("/plain", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert [(k, v) for k, v in plain.headers.items() if k not in ("Content-Type", "Content-Length")] == [
+        ("X-Request-Id", plain.headers["X-Request-Id"]), ("X-Content-Type-Options", "nosniff"),
+        ("X-Frame-Options", "DENY"), ("Referrer-Policy", "strict-origin-when-cross-origin")]

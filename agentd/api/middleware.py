@@ -143,24 +143,38 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
     @app.after_request
     def _headers(response: Response) -> Response:
         headers = response.headers
-        headers["X-Request-Id"] = getattr(g, "request_id", "") or uuid.uuid4().hex
+        # Setting a header scans the whole list for earlier values; most of these names are
+        # new on most responses, so look once and append where nothing is there.
+        present = {name.lower() for name in headers.keys()}
+
+        def put(name: str, value: str) -> None:
+            if name.lower() in present:
+                headers[name] = value
+            else:
+                headers.add(name, value)
+
+        def default(name: str, value: str) -> None:
+            if name.lower() not in present:
+                headers.add(name, value)
+
+        put("X-Request-Id", getattr(g, "request_id", "") or uuid.uuid4().hex)
         decision = getattr(g, "rate", None)
         if decision is not None:
-            headers["X-RateLimit-Limit"] = str(config.api.rate_limit_burst)
-            headers["X-RateLimit-Remaining"] = str(decision.remaining)
-            headers["X-RateLimit-Reset"] = str(math.ceil(decision.reset_after))
+            put("X-RateLimit-Limit", str(config.api.rate_limit_burst))
+            put("X-RateLimit-Remaining", str(decision.remaining))
+            put("X-RateLimit-Reset", str(math.ceil(decision.reset_after)))
         origin = request.headers.get("Origin")
         if origin and origin.rstrip("/") in origins:
-            headers["Access-Control-Allow-Origin"] = origin
+            put("Access-Control-Allow-Origin", origin)
             headers.add("Vary", "Origin")
-        headers.setdefault("X-Content-Type-Options", "nosniff")
-        headers.setdefault("X-Frame-Options", "DENY")
-        headers.setdefault("Referrer-Policy", "strict-origin-when-cross-origin")
+        default("X-Content-Type-Options", "nosniff")
+        default("X-Frame-Options", "DENY")
+        default("Referrer-Policy", "strict-origin-when-cross-origin")
         if request.path.startswith(("/api/", "/v1/")):
             if response.mimetype != "text/event-stream":
                 # Event streams keep their `no-cache` (agentd.api.sse), which proxies know.
-                headers["Cache-Control"] = "no-store"
-            headers.setdefault("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+                put("Cache-Control", "no-store")
+            default("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
         if log.isEnabledFor(logging.DEBUG):
             took = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
             # remote_addr is the real client; behind a trusted proxy the peer is noted too.
