@@ -381,17 +381,25 @@ def _records(s) -> list[tuple]:
             "SELECT session_id, status, error, cost_usd, reserve_usd, daemon_id FROM agent_runs ORDER BY started_at")]
 
 
+class _HeldRun:
+    """A run body that records the agent_runs rows it sees, then waits for `release`."""
+
+    def __init__(self, s, cost: float) -> None:
+        self.s, self.cost = s, cost
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.during: list[list] = []
+
+    def __call__(self) -> SimpleNamespace:
+        self.during.append(_records(self.s))
+        self.inside.set()
+        self.release.wait(10)
+        return SimpleNamespace(cost_usd=self.cost)
+
+
 def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_meanwhile(tmp_path) -> None:
     a, s = _lone(tmp_path)
-    inside, release = threading.Event(), threading.Event()
-    during: list[list] = []
-
-    def held():
-        during.append(_records(s))
-        inside.set()
-        release.wait(10)
-        return SimpleNamespace(cost_usd=0.5)
-
+    held = _HeldRun(s, 0.5)
+    inside, release, during = held.inside, held.release, held.during
     a.run(handle("a0", "s0"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))  # an older record
     cancel = threading.Event()
     before = time.time()
@@ -433,15 +441,8 @@ def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the
     metering = Metering(s, Catalog.load())
     a.budget = BudgetGate(metering)
     metering.set_limit(5.0)
-    inside, release = threading.Event(), threading.Event()
-    during: list[list] = []
-
-    def held():
-        during.append(_records(s))
-        inside.set()
-        release.wait(10)
-        return SimpleNamespace(cost_usd=0.25)
-
+    held = _HeldRun(s, 0.25)
+    inside, release, during = held.inside, held.release, held.during
     t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, held))
     t.start()
     assert inside.wait(5)

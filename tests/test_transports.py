@@ -381,6 +381,13 @@ def test_openai_models_list(agent_daemon, oa) -> None:
     assert entry.created == int(datetime.fromisoformat(created).timestamp())
 
 
+def _client_threads() -> int:
+    """Threads of this process but the fake LLM's connection handlers: the daemon keeps its
+    keep-alive connections to the provider open for the next call, and the fake a thread
+    for each."""
+    return sum(1 for t in threading.enumerate() if not t.name.endswith("(process_request_thread)"))
+
+
 @pytest.mark.slow
 def test_fifty_mixed_streams(agent_daemon, oa) -> None:
     """50 concurrent streams over SSE, WebSocket and /v1 to 10 agents: each gets its own content."""
@@ -408,7 +415,7 @@ def test_fifty_mixed_streams(agent_daemon, oa) -> None:
         except BaseException as exc:  # noqa: BLE001 - collected and re-raised below
             errors.append(exc)
 
-    threads_before = threading.active_count()
+    threads_before = _client_threads()
     threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
     for t in threads:
         t.start()
@@ -416,7 +423,7 @@ def test_fifty_mixed_streams(agent_daemon, oa) -> None:
         t.join(120)
     assert not errors, errors[:3]
     assert results == {i: f"stream {i} ok" for i in range(50)}
-    assert threading.active_count() <= threads_before + 1
+    assert _client_threads() <= threads_before + 1
     detail = agent_daemon.get("/api/health/detail").json()
     deadline = time.monotonic() + 10
     while detail["thread_pool"]["busy"] > 1 and time.monotonic() < deadline:

@@ -23,7 +23,8 @@ import requests
 from agentd.llm.drivers import anthropic, gemini, openai_compat
 from agentd.llm.drivers.assemble import Assembler
 from agentd.llm.drivers.guard import CallGuard, guarded
-from agentd.llm.drivers.transport import Interrupted, guard_error, network_error, post, read_json
+from agentd.llm.drivers.transport import (Interrupted, guard_error, network_error, post, read_json,
+                                         release_stream)
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
 
 FORMATS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic, "gemini": gemini}
@@ -156,6 +157,8 @@ def _exchange(fmt: ModuleType, endpoint: ProviderEndpoint, request: ChatRequest,
             result = fmt.parse(endpoint, request.model, read_json(endpoint, request.model, response))
             _replay(result, on_event)
             return result
-        return fmt.parse_stream(endpoint, request.model, response, on_event, guard)
+        result = fmt.parse_stream(endpoint, request.model, response, on_event, guard)
+        release_stream(response)
+        return result
     finally:
         response.close()

@@ -121,6 +121,38 @@ def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes
         yield data
 
 
+# How long a finished stream's body may take to end, and how much of it may still come,
+# before its connection is closed instead of going back to the pool (see release_stream).
+DRAIN_SECS = 0.05
+DRAIN_BYTES = 64 * 1024
+
+
+def release_stream(response: requests.Response) -> bool:
+    """After a stream's last event: read the rest of the body when it is there at once, so
+    urllib3 hands the connection back to the pool; True when it did.
+
+    The end marker (`[DONE]`, `message_stop`) arrives just before the body's own end (the
+    chunked terminator, or the server closing); closing the response with that unread throws
+    the connection away, and the next call pays a new TCP and TLS handshake. A server that
+    keeps the body open or keeps sending is cut off after DRAIN_SECS or DRAIN_BYTES (the
+    connection is then closed, as before)."""
+    raw = response.raw
+    sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    if sock is None:
+        return False
+    left = DRAIN_BYTES
+    try:
+        sock.settimeout(DRAIN_SECS)  # (urllib3 sets its own again when it reuses the connection)
+        while left > 0:
+            data = raw.read1(READ_SIZE, decode_content=True)
+            if not data:
+                return getattr(raw, "_connection", None) is None
+            left -= len(data)
+    except Exception:  # noqa: BLE001 - a timeout or a reset: the caller closes the connection
+        return False
+    return False
+
+
 def iter_sse(response: requests.Response, guard: CallGuard) -> Iterator[SseEvent]:
     """Parse an SSE body as it arrives; tolerates `\\n` and `\\r\\n` line endings."""
     buffer = b""
