@@ -97,7 +97,8 @@ TESTS: dict[str, list[str]] = {
     # guard.py in process only: test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
     "agentd/api/guard.py": ["tests/test_guard_exact.py"],
-    "agentd/api/body.py": ["tests/test_body_exact.py",   # its daemon test only shows waitress buffers chunked bodies
+    "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
+                           # its daemon test only shows waitress buffers chunked bodies
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
                            "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
                            "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
@@ -164,6 +165,7 @@ TESTS: dict[str, list[str]] = {
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
+                                          "tests/test_stream_release.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},

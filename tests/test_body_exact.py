@@ -294,3 +294,24 @@ def test_chunked_body_past_the_cap_is_413_through_the_daemon(shared_daemon) -> N
     # Read whole and parsed: the spawn route itself refuses the 1.5 MB manifest.
     assert r.json() == {"error": "manifest too large (max 1 MB)"}, \
         f"BUG: a chunked body exactly at the cap was cut or refused: {r.text[:200]}"
+
+
+def test_validate_takes_a_schemas_fast_load_when_it_answers() -> None:
+    """A schema's `fast_load` (the common bodies without marshmallow) answers first; None
+    from it, or no fast_load at all, means the schema's own load()."""
+    from marshmallow import Schema, fields
+
+    from agentd.api import body as body_module
+
+    class Fast(Schema):
+        a = fields.Integer(required=True)
+
+        def fast_load(self, data):
+            return {"fast": data["a"]} if data.get("a") == 1 else None
+
+    class Plain(Schema):
+        a = fields.Integer(required=True)
+
+    assert body_module.validate(Fast(), {"a": 1}) == {"fast": 1}
+    assert body_module.validate(Fast(), {"a": 2}) == {"a": 2}
+    assert body_module.validate(Plain(), {"a": 1}) == {"a": 1}
