@@ -129,7 +129,7 @@ DRAIN_BYTES = 64 * 1024
 
 def release_stream(response: requests.Response) -> bool:
     """After a stream's last event: read the rest of the body when it is there at once, so
-    urllib3 hands the connection back to the pool; True when it did.
+    urllib3 hands the connection back to the pool; True when the body ended.
 
     The end marker (`[DONE]`, `message_stop`) arrives just before the body's own end (the
     chunked terminator, or the server closing); closing the response with that unread throws
@@ -146,7 +146,7 @@ def release_stream(response: requests.Response) -> bool:
         while left > 0:
             data = raw.read1(READ_SIZE, decode_content=True)
             if not data:
-                return getattr(raw, "_connection", None) is None
+                return True  # the body ended: urllib3 has put the connection back
             left -= len(data)
     except Exception:  # noqa: BLE001 - a timeout or a reset: the caller closes the connection
         return False
