@@ -15,15 +15,14 @@ and never meets a competitor. What it does:
   standby channel adapters try to become leader.
 - **Leaders.** A channel adapter runs only on the daemon holding `channel:<name>`.
 
-Settings: `[cluster] daemon_id` (default `<hostname>:<port>`, unique per daemon) and
-`lease_secs` (default 10).
+Settings (`agentd/cluster_config.py`): `[cluster] daemon_id` (default `<hostname>:<port>`,
+unique per daemon) and `lease_secs` (default 10).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -32,7 +31,8 @@ from typing import Any, Callable
 
 from pony import orm
 
-from agentd.errors import AgentdError, ConfigError, Conflict
+from agentd.cluster_config import ClusterSettings
+from agentd.errors import AgentdError, Conflict
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 
@@ -41,32 +41,6 @@ log = logging.getLogger("agentd.cluster")
 WAIT_STEP = 0.05  # first poll interval while another daemon holds a run lease (doubles to WAIT_MAX)
 WAIT_MAX = 0.5
 RUN_RETENTION_SECS = 7 * 86400
-
-
-@dataclass
-class ClusterSettings:
-    daemon_id: str
-    lease_secs: float = 10.0
-
-    @property
-    def heartbeat_secs(self) -> float:
-        return max(0.2, self.lease_secs / 3)
-
-
-def cluster_settings(raw: Any, listen: str) -> ClusterSettings:
-    """The `[cluster]` table of config.toml (validated)."""
-    table = raw.get("cluster", {}) if isinstance(raw, dict) else {}
-    if not isinstance(table, dict):
-        raise ConfigError("config key cluster: must be a table")
-    daemon_id = table.get("daemon_id", "")
-    if not isinstance(daemon_id, str) or len(daemon_id) > 100:
-        raise ConfigError("config key cluster.daemon_id: must be a string of at most 100 characters")
-    if not daemon_id:
-        daemon_id = f"{socket.gethostname()}:{listen.rsplit(':', 1)[-1]}"
-    lease = table.get("lease_secs", 10.0)
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 1 <= lease <= 3600:
-        raise ConfigError("config key cluster.lease_secs: must be a number between 1 and 3600")
-    return ClusterSettings(daemon_id=daemon_id, lease_secs=float(lease))
 
 
 @dataclass

@@ -113,7 +113,7 @@ class Daemon:
         # and a daemon that answers its probe has its database file.
         self._store = open_daemon_store(cfg)
         try:
-            from agentd.cluster import cluster_settings
+            from agentd.cluster_config import cluster_settings
 
             # Every answer names the daemon (routes_cluster.py); the gate's probe too.
             self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]

@@ -34,7 +34,8 @@ from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
-from agentd.cluster import Cluster, cluster_settings
+from agentd.cluster import Cluster
+from agentd.cluster_config import cluster_settings
 
 log = logging.getLogger("agentd.kernel")
 

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's agentd
 
-from agentd.cluster import Cluster, ClusterSettings
+from agentd.cluster import Cluster
+from agentd.cluster_config import ClusterSettings
 from agentd.store import open_store
 
 

@@ -153,6 +153,11 @@ TESTS: dict[str, list[str]] = {
        for name in ("__init__", "agents", "auth", "catalog", "channels", "workflows")},
     # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
+    # Coordination on SQLite in process (the PostgreSQL variants of the same tests need a
+    # server per run; tests/test_cluster.py runs them through daemons).
+    "agentd/cluster.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    "agentd/cluster_config.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    "agentd/store/leases.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/test_schemas_out_exact.py"],

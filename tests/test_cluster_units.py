@@ -18,7 +18,8 @@ from pony import orm
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
-from agentd.cluster import Cluster, ClusterSettings, cluster_settings
+from agentd.cluster import Cluster
+from agentd.cluster_config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
