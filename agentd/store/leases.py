@@ -287,14 +287,6 @@ class RunLog:
         return {"id": r[0], "agent_id": r[1], "session_id": r[2], "daemon_id": r[3], "status": r[4],
                 "started_at": _iso(r[5]), "ended_at": _iso(r[6]), "error": r[7], "cost_usd": r[8]}
 
-    def running_on(self, session_id: str) -> str | None:
-        """The daemon running a session now (unexpired run record), or None."""
-        with orm.db_session:
-            rows = self.store.db.select(
-                "SELECT daemon_id FROM agent_runs WHERE session_id = $s AND status = 'running' "
-                "AND lease_expires >= $now", {"s": session_id, "now": time.time()})
-        return rows[0] if rows else None
-
     def prune(self, older_than: float) -> int:
         """Forget finished runs that ended before `older_than` (retention)."""
         with orm.db_session:
