@@ -712,3 +712,117 @@ def test_request_lookahead_does_not_steal_frames() -> None:
         http_ok(srv)
     finally:
         srv.stop()
+
+
+def _task_on_a_socketpair(request_head: bytes, addr: tuple = ("127.0.0.1", 4711), app: Flask | None = None):
+    """A WebSocketTask for `request_head` on a channel over one end of a socket pair."""
+    from waitress.parser import HTTPRequestParser
+
+    srv = ws_transport.create_server(app or Flask(__name__), host="127.0.0.1", port=0, threads=1)
+    ours, theirs = socket.socketpair()
+    channel = ws_transport.WebSocketChannel(srv, ours, addr, srv.adj, map={})
+    parser = HTTPRequestParser(srv.adj)
+    parser.received(request_head)
+    task = ws_transport.WebSocketTask(channel, parser)
+
+    def close() -> None:
+        theirs.close()
+        ours.close()
+        srv.task_dispatcher.shutdown(timeout=WAIT)
+        srv.close()
+        wasyncore.close_all(srv._map)
+
+    return task, channel, ours, close
+
+
+UPGRADE_HEAD = b"GET /ws/x HTTP/1.1\r\nHost: a\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n\r\n"
+
+
+@pytest.mark.parametrize("addr, peer", [(("127.0.0.1", 4711), "127.0.0.1:4711"), (("::1", 4711, 0, 0), "::1:4711")])
+def test_the_lazy_socket_hijacks_on_first_real_use_only(capture: Capture, addr: tuple, peer: str) -> None:
+    task, channel, ours, close = _task_on_a_socketpair(UPGRADE_HEAD, addr)
+    try:
+        environ = task.get_environment()
+        lazy = environ["werkzeug.socket"]
+        assert task.get_environment()["werkzeug.socket"] is lazy  # one per task
+        assert not hasattr(lazy, "__deepcopy__")  # a dunder probe does not take the connection
+        with pytest.raises(AttributeError) as info:
+            lazy.__not_there__  # noqa: B018
+        assert str(info.value) == "__not_there__"
+        assert repr(lazy) == "<lazy websocket for /ws/x>"
+        assert not channel.ws_hijacked and not task.wrote_header
+        fd = lazy.fileno()  # real use: the hijack
+        assert channel.ws_hijacked and task.wrote_header is True and task.close_on_finish is True
+        assert fd not in (-1, ours.fileno())  # a dup, never waitress's own descriptor
+        assert task.hijack() is task._ws_stream and task._ws_stream.peer == peer
+        assert not [r for r in capture.records if "handshake" in r.getMessage()]
+        task._ws_stream.close()
+    finally:
+        close()
+
+
+def test_a_plain_request_gets_no_lazy_socket() -> None:
+    task, _channel, _ours, close = _task_on_a_socketpair(b"GET /ws/x HTTP/1.1\r\nHost: a\r\n\r\n")
+    try:
+        assert "werkzeug.socket" not in task.get_environment()
+        assert task._ws_lazy is None
+    finally:
+        close()
+
+
+def test_a_connection_gone_before_the_hijack_is_one_log_line(capture: Capture) -> None:
+    task, channel, ours, close = _task_on_a_socketpair(UPGRADE_HEAD)
+    try:
+        lazy = task.get_environment()["werkzeug.socket"]
+        ours.close()  # the descriptor is gone: nothing to dup
+        lazy.fileno()  # the stand-in's: a connection that was already gone
+        stream = task._ws_stream
+        assert stream is not None and stream.peer == "127.0.0.1:4711"
+        assert channel.ws_hijacked and task.wrote_header is True
+        lines = [r for r in capture.records if "before the handshake" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].levelno == logging.INFO
+        assert lines[0].getMessage().startswith("websocket client 127.0.0.1:4711 went away before the handshake: ")
+        assert lines[0].getMessage() != "websocket client 127.0.0.1:4711 went away before the handshake: None"
+    finally:
+        close()
+
+
+def _failing_app() -> Flask:
+    app = Flask(__name__)
+
+    def upgraded():
+        request.environ["werkzeug.socket"].fileno()  # the hijack
+        raise RuntimeError("handler broke")
+
+    app.add_url_rule("/ws/x", view_func=upgraded, websocket=True)  # (as flask-sock registers them)
+
+    @app.get("/plain")
+    def plain():
+        raise RuntimeError("plain broke")
+
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+    return app
+
+
+def test_a_handler_failing_after_the_upgrade_is_logged_not_answered(capture: Capture) -> None:
+    task, _channel, _ours, close = _task_on_a_socketpair(UPGRADE_HEAD, app=_failing_app())
+    try:
+        task.execute()  # no exception: there is no HTTP left to answer with
+        lines = [r for r in capture.records if "after the upgrade" in r.getMessage()]
+        assert [r.getMessage() for r in lines] == ["websocket request /ws/x failed after the upgrade"]
+        assert lines[0].levelno == logging.ERROR and lines[0].exc_info is not None
+        assert task._ws_stream is not None
+        capture.records[:] = [r for r in capture.records if r not in lines]  # expected, not a problem
+    finally:
+        close()
+
+
+def test_a_plain_request_failing_is_waitresss_to_answer(capture: Capture) -> None:
+    task, _channel, _ours, close = _task_on_a_socketpair(b"GET /plain HTTP/1.1\r\nHost: a\r\n\r\n",
+                                                         app=_failing_app())
+    try:
+        with pytest.raises(RuntimeError, match="plain broke"):
+            task.execute()
+        assert not [r for r in capture.records if "after the upgrade" in r.getMessage()]
+    finally:
+        close()
