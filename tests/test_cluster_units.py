@@ -467,5 +467,70 @@ def test_a_shared_database_lists_only_records(store) -> None:
     assert inside.wait(5)
     assert [(r["status"], r["session_id"]) for r in a.runs.list()] == [("running", "s1")]
     assert [(r["status"], r["session_id"]) for r in a.list_runs()] == [("running", "s1")]
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    assert a.running_elsewhere("s1") is None and b.running_elsewhere("s1") == "A"
+    assert b.running_elsewhere("s2") is None
     release.set()
     t.join(5)
+
+
+def test_the_budget_limit_decides_where_a_lone_runs_record_starts(tmp_path) -> None:
+    """Exactly 0 is no limit (the record waits for the end); any limit above it, even under
+    a dollar, opens the record at the start."""
+    a, s = _lone(tmp_path)
+    metering = Metering(s, Catalog.load())
+    a.budget = BudgetGate(metering)
+    assert a.running_elsewhere("s1") is None  # a lone daemon: nobody else runs anything
+    for limit, seen in [(0.0, []), (0.5, [("s1", "running", None, None, 0.0, "A")])]:
+        metering.set_limit(limit)
+        with orm.db_session:
+            s.db.execute("DELETE FROM agent_runs")
+        held = _HeldRun(s, None)
+        t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, held))
+        t.start()
+        assert held.inside.wait(5)
+        held.release.set()
+        t.join(5)
+        assert held.during == [seen], limit
+    s.close()
+
+
+def test_a_lone_run_refused_at_the_start_frees_its_session(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    metering = Metering(s, Catalog.load())
+    a.budget = BudgetGate(metering)
+    metering.set_limit(0.01)
+    with orm.db_session:
+        s.db.execute("INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, "
+                     "cost_usd, priced, at) VALUES ('a1', 'alpha', 'p', 'm', 1, 1, 0.02, $t, $now)",
+                     {"t": True, "now": datetime.utcnow()})
+    with pytest.raises(TooManyRequests):
+        a.run(handle(), threading.Event(), 0.2, lambda: None)
+    metering.set_limit(0)
+    a.run(handle(), threading.Event(), 0.2, lambda: SimpleNamespace(cost_usd=None))  # not "busy"
+    assert [r["status"] for r in a.list_runs()] == ["completed"]
+    s.close()
+
+
+def test_list_runs_merges_by_start_and_honours_every_filter(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    for i in range(4):
+        a.run(handle(f"a{i % 2}", f"s{i}"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+        time.sleep(0.002)  # distinct start times
+    held = _HeldRun(s, None)
+    t = threading.Thread(target=lambda: a.run(handle("a1", "s9"), threading.Event(), None, held))
+    t.start()
+    assert held.inside.wait(5)
+    try:
+        assert [r["session_id"] for r in a.list_runs()] == ["s9", "s3", "s2", "s1", "s0"]
+        assert [r["session_id"] for r in a.list_runs(status="")] == ["s9", "s3", "s2", "s1", "s0"]
+        assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s9", "s3", "s1"]
+        assert [r["session_id"] for r in a.list_runs(status="completed", limit=2)] == ["s3", "s2"]
+        assert [r["session_id"] for r in a.list_runs(limit=3)] == ["s9", "s3", "s2"]
+    finally:
+        held.release.set()
+        t.join(5)
+    for i in range(10, 106):
+        a.run(handle("a2", f"s{i}"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    assert len(a.list_runs()) == 100 and len(a.list_runs(limit=101)) == 101
+    s.close()
