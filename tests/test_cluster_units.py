@@ -431,6 +431,7 @@ def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_me
         started, ended = s.db.select("SELECT started_at, ended_at FROM agent_runs WHERE session_id = 's1'")[0]
     assert before <= started <= ended <= time.time()
     assert a._local == {}
+    assert a.runs.record("other-run", "a1", "s7", "A", started, "failed", "boom") is True
     # A second close of a record written already (the body failed after its save committed) keeps it.
     assert a.runs.record(running["id"], "a1", "s1", "A", started, "failed", "late") is False
     assert _records(s)[1] == ("s1", "completed", None, 0.5, 0.0, "A")
@@ -527,6 +528,9 @@ def test_list_runs_merges_by_start_and_honours_every_filter(tmp_path) -> None:
         assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s9", "s3", "s1"]
         assert [r["session_id"] for r in a.list_runs(status="completed", limit=2)] == ["s3", "s2"]
         assert [r["session_id"] for r in a.list_runs(limit=3)] == ["s9", "s3", "s2"]
+        assert [r["session_id"] for r in a.list_runs(agent_id="a1", status="completed")] == ["s3", "s1"]
+        assert [r["session_id"] for r in a.runs.list(agent_id="a1", status="running")] == []
+        assert [r["session_id"] for r in a.runs.list(status="completed", limit=1)] == ["s3"]
     finally:
         held.release.set()
         t.join(5)
