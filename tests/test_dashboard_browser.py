@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
 if CHROMIUM and os.path.exists(CHROMEDRIVER):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
@@ -139,7 +140,10 @@ def test_reject_from_approvals_page(browser, agent_daemon) -> None:
         browser.get(f"{d.url}/approvals")
         row = browser.find_element(By.XPATH, f"//tr[td/a[contains(@href, '{agent_id}')]]")
         row.find_element(By.XPATH, ".//button[text()='Reject']").click()
-        wait(browser).until(EC.staleness_of(row))  # the 303 brought a fresh page
+        # The 303 brought a fresh page. Chromium may answer the staleness probe of a node of the
+        # page being replaced with "unhandled inspector error" rather than "stale": ask again.
+        WebDriverWait(browser, 15, poll_frequency=0.05,
+                      ignored_exceptions=(WebDriverException,)).until(EC.staleness_of(row))
         assert browser.current_url == f"{d.url}/approvals"
         assert agent_id not in browser.page_source
     finally:
