@@ -70,6 +70,19 @@ def store_url_for(key: Path):
     return parse_database_url(url, "test", allow_password=True) if url else None
 
 
+def put_session(store: Any, session_id: str, messages: list) -> None:
+    """Make `messages` the stored session `session_id` of `store` (one row each, its JSON
+    text ASCII-escaped, as another writer may have left it)."""
+    import json
+
+    from pony import orm
+
+    with orm.db_session:
+        store.db.execute("DELETE FROM session_messages WHERE session = $s", {"s": session_id})
+        for message in messages:
+            store.e.SessionMessageRow(session=session_id, body=json.dumps(message))
+
+
 def db_rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
     """Rows of `sql` (`?` placeholders) read straight from the database of the daemon on
     `home`: its SQLite file, or under --db=postgres its PostgreSQL database."""

@@ -25,7 +25,7 @@ from agentd.api.pages import channels as channel_pages
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from agentd.kernel_time import utcnow
-from support import with_test_db
+from support import put_session, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 KEY = "pages-key-0123456789"
@@ -183,14 +183,11 @@ def test_agent_page_history_and_approvals(dash) -> None:
 
 def _store_history(kernel: Kernel, agent_id: str, count: int) -> None:
     """`count` stored messages (user and assistant in turn), as a long conversation leaves them."""
-    from pony import orm
-
     handle = kernel.agents.get(agent_id)
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"msg-{i:03d}-end"}
                 for i in range(count)]
-    with orm.db_session:
-        kernel.store.e.SessionRow.get(id=handle.session_id).messages = json.dumps(messages)
-    handle.session_cache, handle.llm_history, handle.session_json = None, None, None   # read it again
+    put_session(kernel.store, handle.session_id, messages)
+    handle.session_tail = None   # read it again
 
 
 @pytest.mark.parametrize("count, hidden", [(200, 0), (201, 1), (203, 3)])

@@ -56,7 +56,7 @@ def test_record_without_defer_still_writes_at_once(store) -> None:
 
 
 def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_daemon) -> None:
-    """Each message appends its turn to the cached JSON text; what is stored must be what
+    """Each message appends its turn as rows, one JSON text each; together they must be what
     encoding the whole session would give, survive a reset and count one usage row per call."""
     import json
 
@@ -68,7 +68,8 @@ def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_da
 
     def stored() -> str:
         session_id = db_rows(d.home, "SELECT session_id FROM agents WHERE id = ?", (agent_id,))[0][0]
-        return db_rows(d.home, "SELECT messages FROM sessions WHERE id = ?", (session_id,))[0][0]
+        bodies = db_rows(d.home, "SELECT body FROM session_messages WHERE session = ? ORDER BY id", (session_id,))
+        return "[" + ", ".join(body for (body,) in bodies) + "]"
 
     def usage_rows() -> int:
         return db_rows(d.home, "SELECT COUNT(*) FROM usage WHERE agent_id = ?", (agent_id,))[0][0]

@@ -55,7 +55,7 @@ def test_spawn_persists_registers_logs_and_audits(env, mgr, caplog) -> None:
     assert row["created_at"].replace(tzinfo=timezone.utc) == h.created_at
     with orm.db_session:
         session = env.store.e.SessionRow.get(id=h.session_id)
-        assert (session.agent.id, session.messages) == (h.id, "[]")
+        assert session.agent.id == h.id and session.items.count() == 0
     assert mgr._agents == {h.id: h} and mgr._by_name == {"alpha": h.id}
     assert mgr.count() == 1
     messages = [r.getMessage() for r in caplog.records if r.name == "agentd.agents"]
@@ -482,7 +482,9 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_
                               path=str(legacy), content=None, created_at=utcnow())
         env.store.e.UploadRow(id=str(uuid.uuid4()), agent=b.id, filename="l", content_type="text/plain", size=3,
                               path=str(kept), content=None, created_at=utcnow())
-        env.store.e.SessionRow(id=str(uuid.uuid4()), agent=a.id, messages="[]", created_at=utcnow())
+        extra = env.store.e.SessionRow(id=str(uuid.uuid4()), agent=a.id, created_at=utcnow())
+        env.store.e.SessionMessageRow(session=extra, body='{"role": "user", "content": "x"}')
+        env.store.e.SessionMessageRow(session=b.session_id, body='{"role": "user", "content": "kept"}')
     running = threading.Event()
     a.cancel = running
     env.audit.calls.clear()
@@ -498,6 +500,8 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_
         assert orm.count(k for k in e.KvRow if k.agent.id == a.id) == 0
         assert orm.count(u for u in e.UploadRow if u.agent.id == a.id) == 0
         assert orm.count(s for s in e.SessionRow if s.agent.id == b.id) == 1
+        assert [m.body for m in e.SessionMessageRow.select()] == ['{"role": "user", "content": "kept"}'], \
+            "BUG: the killed agent's messages outlived it (or the bystander's went with them)"
         assert orm.count(u for u in e.UploadRow if u.agent.id == b.id) == 2
     assert mgr.kv.get(b.id, "k") == (True, "bystander")
     assert mgr.memory.forgotten == [a.id]

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from pony import orm
 
+import support
+
 from agentd.agents.handle import COMPACT_KEEP
 from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import estimate_tokens
@@ -38,14 +40,20 @@ def mgr(env):
     return env.manager()
 
 
-def stored_text(env, session_id: str) -> str:
+def stored_rows(env, session_id: str) -> list[tuple[int, str]]:
+    """(id, body) of the session's message rows, in order."""
     with orm.db_session:
-        return env.store.e.SessionRow.get(id=session_id).messages
+        return env.store.raw_rows("SELECT id, body FROM session_messages WHERE session = $s ORDER BY id",
+                                  {"s": session_id})
+
+
+def stored_text(env, session_id: str) -> str:
+    """The session's rows as one JSON array text: what encoding the whole session gives."""
+    return "[" + ", ".join(body for _, body in stored_rows(env, session_id)) + "]"
 
 
 def put_session(env, session_id: str, messages: list) -> None:
-    with orm.db_session:
-        env.store.e.SessionRow.get(id=session_id).messages = json.dumps(messages)
+    support.put_session(env.store, session_id, messages)
 
 
 # -- what a run writes -------------------------------------------------------------------------
@@ -54,12 +62,12 @@ def test_runs_append_exact_json_text(env, mgr) -> None:
     mgr.run(h, "héllo")
     first = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "echo: héllo"}]
     assert stored_text(env, h.session_id) == json.dumps(first, ensure_ascii=False)
-    assert (h.session_tail, h.session_count) == (first, 2)
+    assert h.session_tail == first
     mgr.run(h, "zwei ünd")
     both = first + [{"role": "user", "content": "zwei ünd"}, {"role": "assistant", "content": "echo: zwei ünd"}]
     assert stored_text(env, h.session_id) == json.dumps(both, ensure_ascii=False), \
         "BUG: the appended session text differs from encoding the whole session"
-    assert (h.session_tail, h.session_count) == (both, 4)
+    assert h.session_tail == both
     # A manager that never saw the session reads the same messages.
     other = env.manager()
     other.load()
@@ -74,7 +82,7 @@ def test_the_cache_keeps_only_the_history_window_and_the_database_everything(env
                                                        {"role": "assistant", "content": f"echo: {w}"})]
     assert stored_text(env, h.session_id) == json.dumps(everything, ensure_ascii=False), \
         "BUG: messages that left the window were dropped from the database"
-    assert (h.session_tail, h.session_count) == (everything[-3:], 6), "BUG: the cache grows past the window"
+    assert h.session_tail == everything[-3:], "BUG: the cache grows past the window"
     # The window [echo: b, c, echo: c] starts at a user turn: "echo: b" is not sent without its question.
     assert [(m["role"], m["content"]) for m in fake.requests[-1]["json"]["messages"][1:]] == [
         ("user", "b"), ("assistant", "echo: b"), ("user", "c")]
@@ -124,8 +132,8 @@ def test_the_model_is_sent_the_history_and_the_history_is_converted_once(env, mg
 @lone_store_only   # (on a shared database the window is read from the rows, not this cache)
 def test_a_window_without_a_user_turn_is_empty(mgr) -> None:
     h = mgr.spawn(manifest("notuser").replace("[model]", "max_history_messages = 2\n[model]"))
-    h.session_tail, h.session_count = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
-                                       {"role": "tool", "content": "r", "tool_call_id": "c"}], 3
+    h.session_tail = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                      {"role": "tool", "content": "r", "tool_call_id": "c"}]
     assert mgr._window(h) == []
     h.session_tail = [{"role": "tool", "content": "r", "tool_call_id": "c"}, {"role": "user", "content": "u2"}]
     assert mgr._window(h) == [{"role": "user", "content": "u2"}]
@@ -165,7 +173,6 @@ def test_a_cached_session_is_not_read_again(env, mgr) -> None:
     assert mgr._window(h) == [], "the session is cached after the first read"
     h.session_tail = None
     assert mgr._window(h) == [{"role": "user", "content": "written elsewhere"}]
-    assert h.session_count == 1
     copy = mgr._window(h)
     copy.append("x")
     assert h.session_tail == [{"role": "user", "content": "written elsewhere"}], "BUG: the cache was handed out"
@@ -189,7 +196,7 @@ def test_delete_session_clears_history_keeps_the_id(env, mgr) -> None:
     mgr.run(h, "one")
     mgr.run(other, "two")
     mgr.delete_session(h.session_id.upper())
-    assert stored_text(env, h.session_id) == "[]" and (h.session_tail, h.session_count) == ([], 0)
+    assert stored_text(env, h.session_id) == "[]" and h.session_tail == []
     assert mgr.session(h)["messages"] == [] and h.session_id == mgr.get(h.id).session_id
     assert json.loads(stored_text(env, other.session_id))[0]["content"] == "two"
     assert other.session_tail != []
@@ -245,7 +252,7 @@ def test_compaction_summarises_the_older_messages(env, mgr, fake) -> None:
                       "message": f"compacted 2 messages into a summary of 7 chars, kept {COMPACT_KEEP} recent messages"}
     new = json.loads(stored_text(env, h.session_id))
     assert new == [{"role": "user", "content": "[Summary of the earlier conversation]\nSUMMARY"}] + messages[2:]
-    assert (h.session_tail, h.session_count) == (new[-20:], len(new))
+    assert h.session_tail == new[-20:]
     body = fake.requests[-1]["json"]
     assert body["model"] == "gpt-4o" and body["max_tokens"] == 1024 and body["temperature"] == 0.3
     assert body["messages"] == [
@@ -370,7 +377,7 @@ def test_a_save_after_the_agent_row_is_gone_writes_nothing(env, mgr) -> None:
     mgr._save_session(h, [Message("user", "u")], [])
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=h.session_id) is None
-    assert (h.session_tail, h.session_count) == ([], 0)
+    assert h.session_tail == []
 
 
 def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
@@ -385,7 +392,7 @@ def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
     expected = [{"role": "user", "content": "u", "images": [{"file_id": "f"}]},
                 {"role": "assistant", "content": "a", "tool_calls": [{"id": "c", "name": "n", "arguments": {}}]}]
     assert json.loads(stored_text(env, h.session_id)) == expected
-    assert (h.session_tail, h.session_count) == (expected, 2) and h.last_active > before
+    assert h.session_tail == expected and h.last_active > before
     with orm.db_session:
         row = env.store.e.SessionRow.get(id=h.session_id)
         assert row.agent.id == h.id
@@ -422,14 +429,45 @@ def test_a_compacted_session_is_stored_as_unescaped_json_text(env, mgr) -> None:
     assert stored_text(env, h.session_id) == json.dumps(new, ensure_ascii=False)
 
 
-def test_a_session_row_without_text_is_empty(env, mgr) -> None:
+def test_a_session_without_message_rows_is_empty(env, mgr) -> None:
     h = mgr.spawn(manifest("blank"))
-    with orm.db_session:
-        env.store.e.SessionRow.get(id=h.session_id).messages = ""
+    assert stored_rows(env, h.session_id) == []
     assert mgr._read_session(h) == [] and mgr.session(h)["messages"] == []
     mgr.run(h, "x")
     assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "x"},
                                                           {"role": "assistant", "content": "echo: x"}]
+
+
+def test_a_run_adds_rows_and_leaves_the_earlier_ones_as_they_are(env, mgr) -> None:
+    """Appending costs the new messages only: earlier rows keep their ids and text."""
+    h = mgr.spawn(manifest("rows"))
+    put_session(env, h.session_id, [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+                                    for i in range(40)])
+    before = stored_rows(env, h.session_id)
+    mgr.run(h, "one more")
+    after = stored_rows(env, h.session_id)
+    assert after[:40] == before, "BUG: a run rewrote the messages before it"
+    assert [body for _, body in after[40:]] == ['{"role": "user", "content": "one more"}',
+                                                '{"role": "assistant", "content": "echo: one more"}']
+    assert after[40][0] > before[-1][0] and after[41][0] > after[40][0]
+
+
+def test_a_save_of_many_messages_keeps_their_order(env, mgr) -> None:
+    h = mgr.spawn(manifest("order"))
+    new = [Message("user" if i % 2 == 0 else "assistant", f"n{i}") for i in range(12)]
+    mgr._save_session(h, new, [])
+    assert [json.loads(body)["content"] for _, body in stored_rows(env, h.session_id)] == [f"n{i}" for i in range(12)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 20])
+def test_an_uncached_window_reads_the_last_rows_only(env, mgr, size) -> None:
+    h = mgr.spawn(manifest(f"last{size}").replace("[model]", f"max_history_messages = {size}\n[model]"))
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(45)]
+    put_session(env, h.session_id, messages)
+    h.session_tail = None
+    expected = messages[-size:]
+    assert mgr._window(h) == expected[next(i for i, m in enumerate(expected) if m["role"] == "user"):]
+    assert h.session_tail == expected
 
 
 def test_a_missing_session_row_reads_as_empty(env, mgr) -> None:
@@ -437,7 +475,7 @@ def test_a_missing_session_row_reads_as_empty(env, mgr) -> None:
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
     h.session_tail = None
-    assert mgr._window(h) == [] and (h.session_tail, h.session_count) == ([], 0)
+    assert mgr._window(h) == [] and h.session_tail == []
 
 
 def test_no_usage_rows_no_usage_write(env, mgr) -> None:

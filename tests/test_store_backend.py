@@ -222,6 +222,72 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
 COORDINATION = {"cluster_leases", "cluster_daemons", "agent_runs", "cluster_approvals"}
 
 
+def _execute(path: Path, url: str | None, statements: list[str]) -> None:
+    """Run `statements` on the SQLite file at `path`, or the PostgreSQL database at `url`."""
+    if url:
+        with psycopg2.connect(url) as pg, pg.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+        return
+    conn = sqlite3.connect(str(path))
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: str) -> None:
+    """A schema-3 database (each session one JSON array in `sessions.messages`) is migrated
+    in place: every message becomes a row of `session_messages` in order, as its own JSON
+    text; empty sessions get none; rows of a move cut off midway are written again, not
+    twice; the column goes, version 4 is recorded, and the agent goes on appending."""
+    from pony import orm
+
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    store = open_store(path, target)
+    with orm.db_session:
+        agent = store.e.AgentRow(id="a1", name="old", manifest_toml='name = "old"\n', manifest={}, created_at=T0,
+                                 last_active=T0, session_id="s1")
+        for sid in ("s1", "s2", "s3", "s4"):
+            store.e.SessionRow(id=sid, agent=agent, created_at=T0)
+    store.close()
+    old = [{"role": "user", "content": "grüß \"dich\""}, {"role": "assistant", "content": "a", "tool_calls": []},
+           {"role": "tool", "content": "r", "tool_call_id": "c1"}]
+    text = json.dumps(old).replace("'", "''")
+    # Back to schema 3: the JSON column, no rows table, and a half-done move of s4.
+    _execute(path, url, [
+        "DROP TABLE session_messages", "DELETE FROM agentd_schema WHERE version > 3",
+        "ALTER TABLE sessions ADD COLUMN messages TEXT",
+        f"UPDATE sessions SET messages = '{text}' WHERE id IN ('s1', 's4')",
+        "UPDATE sessions SET messages = '[]' WHERE id = 's2'", "UPDATE sessions SET messages = '' WHERE id = 's3'"])
+    store = open_store(path, target)
+    store.close()
+    _execute(path, url, ["DELETE FROM session_messages WHERE session <> 's4'", "DELETE FROM agentd_schema WHERE version > 3",
+                         "ALTER TABLE sessions ADD COLUMN messages TEXT",
+                         f"UPDATE sessions SET messages = '{text}' WHERE id = 's1'",
+                         f"UPDATE sessions SET messages = '{text}' WHERE id = 's4'"])
+    store = open_store(path, target)
+    try:
+        with orm.db_session:
+            rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
+            columns = list(store.db.select(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+                "AND table_name = 'sessions'") if url else [r[1] for r in store.raw_rows("PRAGMA table_info(sessions)", {})])
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+    finally:
+        store.close()
+    bodies = [json.dumps(m, ensure_ascii=False) for m in old]
+    assert sorted(rows) == sorted([("s1", b) for b in bodies] + [("s4", b) for b in bodies])
+    assert [b for s, b in rows if s == "s1"] == bodies and [b for s, b in rows if s == "s4"] == bodies
+    assert "messages" not in columns
+    assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd")]
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_tables(tmp_path: Path,
                                                                                  backend: str) -> None:
@@ -265,8 +331,8 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
     finally:
         store.close()
     assert COORDINATION <= tables
-    assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3] == list(range(1, SCHEMA_VERSION + 1))
+    assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4] == list(range(1, SCHEMA_VERSION + 1))
 
 
 

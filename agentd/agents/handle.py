@@ -58,11 +58,10 @@ class AgentHandle:
     starting: threading.Event | None = None
     token_log: collections.deque = field(default_factory=collections.deque)
     killed: bool = False
-    # The latest stored messages of the session (at most the history window), once read, and
-    # how many the session holds in all: a run needs only the window, so memory per agent
-    # stays bounded however long the conversation grows. Every write updates both.
+    # The latest stored messages of the session (at most the history window), once read: a
+    # run needs only the window, so memory per agent stays bounded however long the
+    # conversation grows. Every write updates it.
     session_tail: list[dict[str, Any]] | None = None
-    session_count: int = 0
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False

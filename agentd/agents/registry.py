@@ -112,7 +112,7 @@ class AgentRegistry:
                     row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
                                                 manifest=manifest.data, mode=handle.mode, state=handle.state,
                                                 created_at=now, last_active=now, session_id=handle.session_id)
-                    self.store.e.SessionRow(id=handle.session_id, agent=row, messages="[]", created_at=now)
+                    self.store.e.SessionRow(id=handle.session_id, agent=row, created_at=now)
             except orm.TransactionIntegrityError:
                 # Another daemon on the shared database spawned this name a moment ago.
                 raise Conflict(f"an agent named {manifest.name!r} already exists") from None
@@ -283,8 +283,9 @@ class AgentRegistry:
                 for upload in row.uploads:
                     if upload.path:  # an upload from before schema 2 may still be a file
                         Path(upload.path).unlink(missing_ok=True)
-                row.sessions.clear()
-                orm.delete(s for s in self.store.e.SessionRow if s.agent.id == handle.id)
+                # Plain SQL: the database deletes the sessions' messages with them (ON DELETE
+                # CASCADE) instead of Pony loading every message row to delete it.
+                self.store.db.execute("DELETE FROM sessions WHERE agent = $agent", {"agent": handle.id})
                 orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
                 orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
                 row.delete()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pony import orm
 
@@ -18,22 +18,27 @@ from agentd.llm.types import ChatRequest, LLMError, Message
 
 
 class SessionStore:
-    """Part of AgentManager: reads, appends, clears and compacts agent sessions."""
+    """Part of AgentManager: reads, appends, clears and compacts agent sessions.
+
+    A session is its `sessions` row and one `session_messages` row per message, in order of
+    id: a run appends its own messages, whatever the length of the session before it."""
+
+    _SELECT = "SELECT body FROM session_messages WHERE session = $session ORDER BY id"
+    _SELECT_LAST = "SELECT body FROM session_messages WHERE session = $session ORDER BY id DESC LIMIT $n"
 
     # -- session ------------------------------------------------------------------
     def _read_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """Every stored message of the session, read from the database; refreshes the cache."""
         with orm.db_session:
-            row = self.store.e.SessionRow.get(id=handle.session_id)
-            messages = json.loads(row.messages or "[]") if row is not None else []
+            rows = self.store.raw_rows(self._SELECT, {"session": handle.session_id})
+        messages = _decode(body for (body,) in rows)
         self._cache_session(handle, messages)
         return messages
 
     @staticmethod
     def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
-        """Make the window's tail of `messages` (the whole session) the handle's cache."""
+        """Make the window's tail of `messages` (the session, or its end) the handle's cache."""
         handle.session_tail = messages[-handle.manifest.history_messages:]
-        handle.session_count = len(messages)
 
     def _window(self, handle: AgentHandle) -> list[dict[str, Any]]:
         """The stored messages a run sends to the model: the last `max_history_messages`,
@@ -41,15 +46,34 @@ class SessionStore:
         size = handle.manifest.history_messages
         tail = handle.session_tail
         if self.store.shared or tail is None:  # (another daemon may have written a shared session)
-            self._read_session(handle)
-            tail = handle.session_tail
+            with orm.db_session:
+                rows = self.store.raw_rows(self._SELECT_LAST, {"session": handle.session_id, "n": size})
+            tail = _decode(body for (body,) in reversed(rows))
+            self._cache_session(handle, tail)
         window = tail[-size:]
         start = next((i for i, m in enumerate(window) if m["role"] == "user"), len(window))
         return window[start:]
 
-    def _write_session(self, handle: AgentHandle, row: Any, messages: list[dict[str, Any]]) -> None:
-        """Inside a db_session: persist `messages` as the whole session and cache them."""
-        row.messages = json.dumps(messages, ensure_ascii=False)
+    def _append(self, session_id: str, bodies: list[str]) -> bool:
+        """Inside a db_session: add messages (JSON texts) to the end of a session; False,
+        adding nothing, when the session has no row."""
+        names = {"session": session_id}
+        values = []
+        for i, body in enumerate(bodies):
+            names[f"b{i}"] = body
+            values.append(f"($b{i}, {i})")
+        # One statement whatever the count; `ORDER BY` keeps the messages' order in their ids.
+        return self.store.db.execute(
+            "INSERT INTO session_messages (session, body) SELECT $session, column1 FROM "
+            f"(VALUES {', '.join(values)}) AS added WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $session) "
+            "ORDER BY column2", names).rowcount > 0
+
+    def _write_session(self, handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
+        """Inside a db_session: make `messages` the whole session and cache them."""
+        self.store.db.execute("DELETE FROM session_messages WHERE session = $session",
+                              {"session": handle.session_id})
+        if messages:
+            self._append(handle.session_id, [json.dumps(m, ensure_ascii=False) for m in messages])
         self._cache_session(handle, messages)
 
     @staticmethod
@@ -63,20 +87,14 @@ class SessionStore:
                 self.write_usage(usage)
             usage.clear()
 
-    # Appends the new messages to the stored JSON array in the database itself, so a message
-    # costs its own encoding, not the session's (same text as encoding the whole list).
-    _APPEND = ("UPDATE sessions SET messages = CASE WHEN messages IS NULL OR messages IN ('', '[]') "
-               "THEN $added ELSE substr(messages, 1, length(messages) - 1) || ', ' || $inner || ']' END "
-               "WHERE id = $session")
-
     def _save_session(self, handle: AgentHandle, new: list[Message],
                       image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
                       also: Callable[[], None] | None = None) -> None:
         """End of a run: its usage rows, the new messages, the agent's last_active, one
         transaction (`also` adds more writes to it: the run record's close).
 
-        Plain UPDATEs: this runs once per message, and loading two Pony entities to change
-        two columns cost more than the statements themselves."""
+        Plain statements: this runs once per message, and loading Pony entities to add
+        rows and change a column cost more than the statements themselves."""
         if handle.killed:
             self._flush_usage(usage)
             return
@@ -84,24 +102,22 @@ class SessionStore:
         if added and image_refs:
             added[0]["images"] = image_refs
         now = utcnow()
-        text = json.dumps(added, ensure_ascii=False)
         db = self.store.db
         with orm.db_session:
             if usage and self.write_usage is not None:
                 self.write_usage(usage)
                 usage.clear()
-            ids = {"agent": handle.id, "session": handle.session_id, "now": now, "added": text,
-                   "inner": text[1:-1]}
+            ids = {"agent": handle.id, "session": handle.session_id, "now": now}
             if db.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids).rowcount == 0:
                 return  # the agent was killed meanwhile
-            if added and db.execute(self._APPEND, ids).rowcount == 0:
-                db.execute("INSERT INTO sessions (id, agent, messages, created_at) "
-                           "VALUES ($session, $agent, $added, $now)", ids)
+            bodies = [json.dumps(m, ensure_ascii=False) for m in added]
+            if bodies and not self._append(handle.session_id, bodies):
+                db.execute("INSERT INTO sessions (id, agent, created_at) VALUES ($session, $agent, $now)", ids)
+                self._append(handle.session_id, bodies)
             if also is not None:
                 also()
         if handle.session_tail is not None:
             handle.session_tail = (handle.session_tail + added)[-handle.manifest.history_messages:]
-            handle.session_count += len(added)
         handle.last_active = now
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
@@ -109,7 +125,8 @@ class SessionStore:
         with orm.db_session:
             row = self.store.e.SessionRow.get(id=handle.session_id)
             label = row.label if row is not None else None
-            stored = json.loads(row.messages or "[]") if row is not None else []
+            rows = self.store.raw_rows(self._SELECT, {"session": handle.session_id})
+        stored = _decode(body for (body,) in rows)
         messages = api_view(stored)
         return {"session_id": handle.session_id, "agent_id": handle.id,
                 "message_count": len(messages),
@@ -124,9 +141,9 @@ class SessionStore:
             if row is None:
                 raise NotFound("session not found")
             owner = self._agents.get(row.agent.id)
-            row.messages = "[]"
+            self.store.db.execute("DELETE FROM session_messages WHERE session = $key", {"key": key})
             if owner is not None:
-                owner.session_tail, owner.session_count = [], 0
+                owner.session_tail = []
 
     def reset_session(self, handle: AgentHandle) -> None:
         self.delete_session(handle.session_id)
@@ -160,9 +177,13 @@ class SessionStore:
             summary = strip_think(response.text).strip() or "(empty summary)"
             new = [{"role": "user", "content": f"[Summary of the earlier conversation]\n{summary}"}] + kept
             with orm.db_session:
-                row = self.store.e.SessionRow.get(id=handle.session_id)
-                self._write_session(handle, row, new)
+                self._write_session(handle, new)
         return {"status": "ok", "compacted": True, "summarized_messages": len(older),
                 "kept_messages": len(kept),
                 "message": f"compacted {len(older)} messages into a summary of {len(summary)} chars, "
                            f"kept {len(kept)} recent messages"}
+
+
+def _decode(bodies: Iterable[str]) -> list[dict[str, Any]]:
+    """Messages from their stored JSON texts (one parse for all of them)."""
+    return json.loads("[" + ",".join(bodies) + "]")

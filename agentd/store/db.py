@@ -55,10 +55,18 @@ def _define_entities(db: Database) -> SimpleNamespace:
         id = PrimaryKey(str)
         agent = Required(AgentRow)
         label = Optional(str, nullable=True)
-        # Raw JSON text, not orm.Json: Pony wraps Json values in change-tracking
-        # objects, which cost more than the model call on long sessions.
-        messages = Optional(orm.LongStr, default="[]")
         created_at = Required(datetime)
+        items = Set("SessionMessageRow")
+
+    class SessionMessageRow(db.Entity):
+        """One message of a session, in order of `id` (schema 4; before, a session was one
+        JSON array that every message rewrote whole). `body` is the message's JSON text,
+        written by agentd/agents/session_store.py with plain SQL, never loaded as entities."""
+        _table_ = "session_messages"
+        id = PrimaryKey(int, auto=True, size=64)
+        session = Required(SessionRow)
+        body = Required(orm.LongStr)
+        orm.composite_index(session, id)
 
     class KvRow(db.Entity):
         _table_ = "memory_kv"
@@ -117,7 +125,8 @@ def _define_entities(db: Database) -> SimpleNamespace:
         input = Optional(orm.LongStr, default="")
         output = Optional(orm.LongStr, nullable=True)
         error = Optional(orm.LongStr, nullable=True)
-        # Raw JSON text (see SessionRow.messages): rewritten after every step.
+        # Raw JSON text, not orm.Json (Pony wraps Json values in change-tracking objects):
+        # rewritten after every step.
         step_results = Optional(orm.LongStr, default="[]")
         steps_completed = Required(int, default=0)
         created_at = Required(datetime, index=True)
@@ -138,6 +147,7 @@ def _define_entities(db: Database) -> SimpleNamespace:
 
     memory = _define_memory_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
+                           SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
                            AuditRow=AuditRow, **memory)
@@ -255,7 +265,8 @@ class Store:
         """Rows of a statement on this session's DB-API connection, `$name` parameters bound
         in the backend's own style. For hot paths and statements Pony's `select()` refuses
         (a leading `WITH`); call inside `db_session`."""
-        style = r"%(\1)s" if self.backend == "postgres" else r":\1"
+        # (The bound driver decides, not `backend`: tests run a SQLite store as if shared.)
+        style = r"%(\1)s" if self.db.provider.dialect == "PostgreSQL" else r":\1"
         cursor = self.db.get_connection().cursor()
         cursor.execute(_PARAM.sub(style, sql), params)
         return cursor.fetchall()
@@ -313,6 +324,7 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         found = migrate.run_steps(cur, "sqlite")
         db.bind(provider="sqlite", filename=str(path), create_db=True)
         db.generate_mapping(create_tables=True)
+        migrate.run_late_steps(cur, "sqlite", found)
         migrate.record(cur, "sqlite", found)
     except migrate.SchemaError as exc:
         raise StoreError(f"database {path}: {exc}") from None
@@ -347,6 +359,7 @@ def _open_postgres(path: Path, target: DatabaseUrl) -> Store:
             found = migrate.run_steps(cur, "postgres")
             bind_postgres(db, target)
             db.generate_mapping(create_tables=True)
+            migrate.run_late_steps(cur, "postgres", found)
             migrate.record(cur, "postgres", found)
         finally:
             migrate.unlock(cur, "postgres")

@@ -10,8 +10,9 @@ The table `agentd_schema` records every version applied. At start the store:
    (version 1); newer than this code = refuse to start (an older daemon must not write a
    schema it does not know);
 3. runs the steps from the found version up to `SCHEMA_VERSION` (changes to existing
-   tables: new columns, data moves), then lets Pony create tables that are new, and
-   records the versions; then releases the lock.
+   tables: new columns, data moves), then lets Pony create tables that are new, then runs
+   the steps that fill those new tables from old ones (`LATE_STEPS`), and records the
+   versions; then releases the lock.
 
 Pony creates the tables of its entities. The cluster coordination tables (leases, daemons,
 agent run records, approvals: agentd/store/leases.py) are plain SQL outside Pony; they are
@@ -21,6 +22,7 @@ versioned like every other table (a change to one is a new step).
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,7 +35,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 VERSION_TABLE = "agentd_schema"
 
@@ -91,8 +93,34 @@ def _step_3(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE workflow_runs ADD COLUMN daemon_id TEXT")
 
 
+def _late_step_4(cur: Any, backend: str) -> None:
+    """Sessions become rows: each message of `sessions.messages` (one JSON array, rewritten
+    whole by every message) moves to a row of `session_messages`, in order, and the column
+    goes. One session per transaction, and a session whose text is still there has its rows
+    written again: a move cut off midway (the daemon killed) is done again from the start."""
+    if not _column_exists(cur, backend, "sessions", "messages"):
+        return
+    p = _param(backend)
+    cur.execute("SELECT id FROM sessions WHERE messages IS NOT NULL AND messages NOT IN ('', '[]')")
+    for (session_id,) in cur.fetchall():
+        cur.execute("BEGIN")
+        cur.execute(f"SELECT messages FROM sessions WHERE id = {p}", (session_id,))
+        messages = json.loads(cur.fetchone()[0])
+        cur.execute(f"DELETE FROM session_messages WHERE session = {p}", (session_id,))
+        for message in messages:
+            cur.execute(f"INSERT INTO session_messages (session, body) VALUES ({p}, {p})",
+                        (session_id, json.dumps(message, ensure_ascii=False)))
+        cur.execute(f"UPDATE sessions SET messages = '[]' WHERE id = {p}", (session_id,))
+        cur.execute("COMMIT")
+        log.info("session %s: %d messages moved to rows", session_id, len(messages))
+    cur.execute("ALTER TABLE sessions DROP COLUMN messages")
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
 STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3}
+# version -> step that fills tables new at that version (Pony has just created them) from
+# existing ones; runs after the mapping, on a database that had an older version only.
+LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}
 # version -> step creating or changing plain-SQL tables at that version; these run on a
 # fresh database too (Pony does not know these tables), in order.
 RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3}
@@ -154,6 +182,15 @@ def run_steps(cur: Any, backend: str) -> int:
             STEPS.get(step, _nothing)(cur, backend)
         RAW_TABLES.get(step, _nothing)(cur, backend)
     return version
+
+
+def run_late_steps(cur: Any, backend: str, found: int) -> None:
+    """The data moves into new tables, for a database found at version `found` (after Pony
+    created the tables, before `record`)."""
+    if found == 0:
+        return
+    for step in range(found + 1, SCHEMA_VERSION + 1):
+        LATE_STEPS.get(step, _nothing)(cur, backend)
 
 
 def _nothing(cur: Any, backend: str) -> None:
