@@ -13,6 +13,14 @@ from flask import Flask, jsonify, request
 from fakes.http import FakeServer
 
 
+# Update ids of one bot only ever grow, whatever fake answers for it: a daemon shared by
+# several tests keeps the bot's getUpdates offset (the adapter persists it, as it should),
+# so a fake that started again at the same id would have its first updates dropped as
+# already confirmed (a test then waits 30 s for a reply that never comes).
+_last_update_id = [100]
+_ids_lock = threading.Lock()
+
+
 class FakeTelegram(FakeServer):
     def __init__(self, token: str) -> None:
         self.token = token
@@ -85,7 +93,9 @@ class FakeTelegram(FakeServer):
                   chat_type: str = "private") -> int:
         """A user sends the bot a message; returns its message_id."""
         with self.cond:
-            self.next_update += 1
+            with _ids_lock:
+                _last_update_id[0] += 1
+                self.next_update = _last_update_id[0]
             self.next_message += 1
             sender = {"id": user_id, "is_bot": False, "first_name": username or str(user_id)}
             if username:
