@@ -130,7 +130,11 @@ def test_failing_platform_backs_off_and_recovers(channel_daemon, telegram):
     time.sleep(2.0)
     errors = [e for e in audit(channel_daemon, "channel.connection_error", "telegram")
               if "502" in e["detail"]["error"]]
-    assert len(errors) == 1  # one entry per outage, not one per retry
+    # One entry per outage, not one per retry. (On failure, show every telegram audit row:
+    # a restart of the adapter in between would explain a second entry.)
+    assert len(errors) == 1, [(e["id"], e["event"], e["timestamp"], e["detail"])
+                              for e in channel_daemon.get("/api/audit/recent?limit=100").json()
+                              if e["subject"] == "telegram"]
     assert channel_daemon.get("/api/health").status_code == 200
     telegram.broken = False
     wait_active(channel_daemon, "telegram", timeout=15)
