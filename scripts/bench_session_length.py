@@ -8,7 +8,11 @@ The session is grown with real messages to each length in turn; at each, `--samp
 messages are timed (wall time per request, and the daemon's CPU time from /proc divided by
 the messages). Figures only; nothing is asserted.
 
-    python scripts/bench_session_length.py [--lengths 100,1000,3000,6000] [--samples 300]
+    python scripts/bench_session_length.py [--lengths 100,1000,3000,6000] [--samples 300] [--postgres]
+
+`--postgres` runs the daemon on a PostgreSQL database of a temp cluster (initdb/pg_ctl, as
+the tests start it; or AGENTD_TEST_DATABASE_URL): there every run reads its window from the
+database, since other daemons may write the session too.
 """
 
 from __future__ import annotations
@@ -35,13 +39,19 @@ def main() -> None:
     parser.add_argument("--lengths", default="100,1000,3000,6000",
                         help="session lengths (stored messages: two per exchange) to measure at")
     parser.add_argument("--samples", type=int, default=300, help="timed messages at each length")
+    parser.add_argument("--postgres", action="store_true", help="the daemon on PostgreSQL, not SQLite")
     args = parser.parse_args()
     lengths = sorted(int(x) for x in args.lengths.split(","))
     upstream_proc, upstream = start_process([sys.executable, str(ROOT / "scripts" / "fast_upstream.py")])
     tmp = tempfile.TemporaryDirectory()
     daemon = None
     try:
-        daemon = agentd_daemon(Path(tmp.name), upstream)
+        env = {}
+        if args.postgres:
+            import pgtest
+
+            env["AGENTD_DATABASE_URL"] = pgtest.databases().new_url()
+        daemon = agentd_daemon(Path(tmp.name), upstream, env=env)
         _, (agent_id,) = spawn_agents(daemon, 1, prefix="long")
         url = f"{daemon.url}/api/agents/{agent_id}/message"
         http = requests.Session()

@@ -158,12 +158,14 @@ MEMORY_OFF = "\n[memory]\nauto_remember = false\n"
 AUTO_REMEMBER = [False]  # --auto-remember
 
 
-def agentd_daemon(tmp: Path, upstream: str, extra: str = "") -> Daemon:
+def agentd_daemon(tmp: Path, upstream: str, extra: str = "", env: dict[str, str] | None = None) -> Daemon:
+    """agentd on a temp home, every model call to `upstream` (`env` adds variables, such as
+    AGENTD_DATABASE_URL)."""
     if not AUTO_REMEMBER[0] and "[memory]" not in extra:
         extra += MEMORY_OFF
     config = (FAST_API + extra + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
               f'api_key_env = "OPENAI_API_KEY"\n[provider_urls]\nopenai = "{upstream}"\n')
-    return Daemon(make_home(tmp, config), env_extra={"OPENAI_API_KEY": "bench"}).start()
+    return Daemon(make_home(tmp, config), env_extra={"OPENAI_API_KEY": "bench", **(env or {})}).start()
 
 
 def spawn_agents(d: Daemon, count: int, prefix: str = "bench") -> tuple[list[str], list[str]]:
