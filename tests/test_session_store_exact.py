@@ -464,6 +464,10 @@ def test_an_uncached_window_reads_the_last_rows_only(env, mgr, size) -> None:
     h = mgr.spawn(manifest(f"last{size}").replace("[model]", f"max_history_messages = {size}\n[model]"))
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(45)]
     put_session(env, h.session_id, messages)
+    # A row before the window that is not JSON: reading the whole session would fail on it.
+    with orm.db_session:
+        env.store.db.execute("UPDATE session_messages SET body = 'not JSON' WHERE id = $first",
+                             {"first": stored_rows(env, h.session_id)[0][0]})
     h.session_tail = None
     expected = messages[-size:]
     assert mgr._window(h) == expected[next(i for i, m in enumerate(expected) if m["role"] == "user"):]
