@@ -298,6 +298,14 @@ def _lone(tmp_path) -> tuple[Cluster, object]:
     return Cluster(s, ClusterSettings("A", lease_secs=5), "x:1"), s
 
 
+def _lone_with_budget(tmp_path) -> tuple[Cluster, object, Metering]:
+    """A lone daemon's cluster whose runs pass the budget gate of its own metering."""
+    a, s = _lone(tmp_path)
+    metering = Metering(s, Catalog.load())
+    a.budget = BudgetGate(metering)
+    return a, s, metering
+
+
 def _lease_rows(s) -> int:
     with orm.db_session:
         return s.db.select("SELECT COUNT(*) FROM cluster_leases")[0]
@@ -439,9 +447,7 @@ def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_me
 
 
 def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the_start(tmp_path) -> None:
-    a, s = _lone(tmp_path)
-    metering = Metering(s, Catalog.load())
-    a.budget = BudgetGate(metering)
+    a, s, metering = _lone_with_budget(tmp_path)
     metering.set_limit(5.0)
     held = _HeldRun(s, 0.25)
     inside, release, during = held.inside, held.release, held.during
@@ -478,9 +484,7 @@ def test_a_shared_database_lists_only_records(store) -> None:
 def test_the_budget_limit_decides_where_a_lone_runs_record_starts(tmp_path) -> None:
     """Exactly 0 is no limit (the record waits for the end); any limit above it, even under
     a dollar, opens the record at the start."""
-    a, s = _lone(tmp_path)
-    metering = Metering(s, Catalog.load())
-    a.budget = BudgetGate(metering)
+    a, s, metering = _lone_with_budget(tmp_path)
     assert a.running_elsewhere("s1") is None  # a lone daemon: nobody else runs anything
     for limit, seen in [(0.0, []), (0.5, [("s1", "running", None, None, 0.0, "A")])]:
         metering.set_limit(limit)
@@ -497,9 +501,7 @@ def test_the_budget_limit_decides_where_a_lone_runs_record_starts(tmp_path) -> N
 
 
 def test_a_lone_run_refused_at_the_start_frees_its_session(tmp_path) -> None:
-    a, s = _lone(tmp_path)
-    metering = Metering(s, Catalog.load())
-    a.budget = BudgetGate(metering)
+    a, s, metering = _lone_with_budget(tmp_path)
     metering.set_limit(0.01)
     with orm.db_session:
         s.db.execute("INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, "
