@@ -158,6 +158,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/cluster.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/cluster_config.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/store/leases.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
+    # same tests run in the suite's --db=postgres pass).
+    "agentd/store/migrate.py": ["tests/test_store_backend.py", "-k(migration or versioned) and not postgres"],
     "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/test_schemas_out_exact.py"],

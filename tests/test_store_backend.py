@@ -8,6 +8,7 @@ on first use whatever backend the rest of the suite runs on.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import uuid
 from datetime import datetime
@@ -237,7 +238,8 @@ def _execute(path: Path, url: str | None, statements: list[str]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: str) -> None:
+def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A schema-3 database (each session one JSON array in `sessions.messages`) is migrated
     in place: every message becomes a row of `session_messages` in order, as its own JSON
     text; empty sessions get none; rows of a move cut off midway are written again, not
@@ -271,7 +273,11 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
                          "ALTER TABLE sessions ADD COLUMN messages TEXT",
                          f"UPDATE sessions SET messages = '{text}' WHERE id = 's1'",
                          f"UPDATE sessions SET messages = '{text}' WHERE id = 's4'"])
+    caplog.set_level(logging.INFO, logger="agentd.store")
     store = open_store(path, target)
+    assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+        "migrating database schema to version 4", "session s1: 3 messages moved to rows",
+        "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})

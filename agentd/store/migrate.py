@@ -101,7 +101,7 @@ def _late_step_4(cur: Any, backend: str) -> None:
     if not _column_exists(cur, backend, "sessions", "messages"):
         return
     p = _param(backend)
-    cur.execute("SELECT id FROM sessions WHERE messages IS NOT NULL AND messages NOT IN ('', '[]')")
+    cur.execute("SELECT id FROM sessions WHERE messages IS NOT NULL AND messages NOT IN ('', '[]') ORDER BY id")
     for (session_id,) in cur.fetchall():
         cur.execute("BEGIN")
         cur.execute(f"SELECT messages FROM sessions WHERE id = {p}", (session_id,))
