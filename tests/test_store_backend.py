@@ -95,6 +95,7 @@ def _sqlite_versions(path: Path) -> list[tuple]:
 
 def test_sqlite_schema_is_versioned_and_old_databases_adopted(tmp_path: Path) -> None:
     from agentd.store import open_store
+    from agentd.store.db import StoreError
 
     path = tmp_path / "agentd.db"
     open_store(path).close()
@@ -109,6 +110,21 @@ def test_sqlite_schema_is_versioned_and_old_databases_adopted(tmp_path: Path) ->
     rows = _sqlite_versions(path)
     assert rows[0] == (1, "existing schema adopted by agentd")
     assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    conn = sqlite3.connect(str(path))
+    stamps = [r[0] for r in conn.execute("SELECT applied_at FROM agentd_schema")]
+    conn.close()
+    assert all(datetime.fromisoformat(t).utcoffset().total_seconds() == 0 for t in stamps), stamps
+    # A database at this daemon's version opens as it is; one a version newer does not.
+    open_store(path).close()
+    assert _sqlite_versions(path) == rows
+    conn = sqlite3.connect(str(path))
+    conn.execute("INSERT INTO agentd_schema VALUES (?, 'x', 'from the future')", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError) as err:
+        open_store(path)
+    assert err.value.message == (f"database {path}: database schema version {SCHEMA_VERSION + 1} is newer "
+                                 f"than this agentd's ({SCHEMA_VERSION}); upgrade agentd")
 
 
 def test_start_refuses_newer_schema(tmp_path: Path) -> None:
@@ -180,7 +196,7 @@ def test_password_from_environment_is_masked_in_the_log(tmp_path: Path) -> None:
     assert SECRET not in log
 
 
-def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> None:
+def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A schema-1 home (uploads as files) is migrated at start: bytes into `uploads.content`,
     files removed, version 2 recorded, and the upload still attaches."""
     from pony import orm
@@ -206,10 +222,21 @@ def test_migration_2_moves_upload_files_into_the_database(tmp_path: Path) -> Non
     conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
                  "VALUES ('u2', 'a1', 'gone.bin', 'application/pdf', 3, ?, '2026-01-01 00:00:00')",
                  (str(tmp_path / "uploads" / "missing"),))
+    later_file = tmp_path / "uploads" / "u3"
+    later_file.write_bytes(b"after the gap")
+    conn.execute("INSERT INTO uploads (id, agent, filename, content_type, size, path, created_at) "
+                 "VALUES ('u3', 'a1', 'later.bin', 'application/pdf', 13, ?, '2026-01-01 00:00:00')",
+                 (str(later_file),))
     conn.commit()
     conn.close()
+    caplog.set_level(logging.INFO, logger="agentd.store")
     store = open_store(path)
+    assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"][:4] == [
+        "migrating database schema to version 2",
+        f"upload u2: file {tmp_path / 'uploads' / 'missing'} is gone; the upload stays without content",
+        "migrating database schema to version 3", "migrating database schema to version 4"]
     with orm.db_session:
+        assert store.e.UploadRow["u3"].content == b"after the gap", "BUG: a missing file stopped the move"
         moved = store.e.UploadRow["u1"]
         assert (moved.content, moved.path) == (b"\x00\x01old bytes\xff", "")
         gone = store.e.UploadRow["u2"]

@@ -47,7 +47,7 @@ def _step_2(cur: Any, backend: str) -> None:
         blob = "BYTEA" if backend == "postgres" else "BLOB"
         cur.execute(f"ALTER TABLE uploads ADD COLUMN content {blob}")
     p = _param(backend)
-    cur.execute("SELECT id, path FROM uploads WHERE path <> ''")
+    cur.execute("SELECT id, path FROM uploads WHERE path <> '' ORDER BY id")
     for upload_id, path in cur.fetchall():
         try:
             data = Path(path).read_bytes()
