@@ -238,6 +238,32 @@ def test_cluster_settings() -> None:
         cluster_settings({"cluster": {"daemon_id": 5}}, "x:1")
 
 
+@pytest.mark.parametrize("table, error", [
+    ([], "config key cluster: must be a table"),
+    ({"daemon_id": "x" * 101}, "config key cluster.daemon_id: must be a string of at most 100 characters"),
+    ({"lease_secs": 0.99}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": 3600.5}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": True}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": "10"}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+])
+def test_cluster_settings_refusals_word_for_word(table, error) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster_settings({"cluster": table}, "x:1")
+    assert err.value.message == error
+
+
+def test_cluster_settings_limits_and_defaults() -> None:
+    """100 characters and leases of exactly 1 and 3600 s are accepted; the default id is the
+    host and the listen port (an IPv6 listen address keeps only its port); the lease is 10 s."""
+    import socket
+
+    assert cluster_settings({"cluster": {"daemon_id": "x" * 100, "lease_secs": 1}}, "x:1").lease_secs == 1.0
+    assert cluster_settings({"cluster": {"lease_secs": 3600}}, "x:1").lease_secs == 3600.0
+    s = cluster_settings({"cluster": {}}, "[::1]:4200")
+    assert (s.daemon_id, s.lease_secs) == (f"{socket.gethostname()}:4200", 10.0)
+    assert cluster_settings(None, "h:7").daemon_id == f"{socket.gethostname()}:7"
+
+
 def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     from agentd.workflows.definition import WorkflowDef
     from agentd.workflows.store import WorkflowStore
