@@ -97,10 +97,16 @@ def settle(d: Daemon, baseline: int, timeout: float = 5.0) -> int:
 
 
 def warm_baseline(d: Daemon, up: Upstream) -> int:
-    """Idle thread count after one plain and one streamed run (pools have their workers)."""
+    """Idle thread count after a plain, a streamed and a WebSocket run (pools have their
+    workers: the first two run on the request's thread, a WebSocket's on the run pool)."""
     agent_id, _ = spawn(d, up, "ok")
     assert d.post(f"/api/agents/{agent_id}/message", json={"message": "warm"}).status_code == 200
     list(sse(sse_open(d, agent_id, "warm")))
+    ws = ws_open(d, agent_id)
+    ws.send(json.dumps({"type": "message", "content": "warm"}))
+    while json.loads(ws.recv())["type"] not in ("response", "error"):
+        pass
+    ws.close()
     # Idle means stable: the same count for half a second.
     count, since, deadline = threads(d), time.monotonic(), time.monotonic() + 10
     while time.monotonic() - since < 0.5 and time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from agentd.agents.events import Event, Sink
 from agentd.agents.handle import STOPPED_NOTE, AgentHandle, RunOptions
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
 from agentd.agents.run_errors import AgentRunError, run_error
-from agentd.agents.runqueue import QueuedRun
+from agentd.agents.runqueue import ClaimedRun, QueuedRun
 from agentd.agents.tools import ToolContext
 from agentd.errors import AgentdError, BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.kernel_time import utcnow
@@ -215,6 +215,14 @@ class RunExecution:
         calling thread (see RunQueues.run_here); a busy agent's is queued as submit() does."""
         return self.queues.run_here(handle, QueuedRun(text, attachments, None, options,
                                                       cancel or threading.Event(), Future()), disconnected)
+
+    def claim(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]] | None = None,
+              emit: Sink | None = None, options: RunOptions | None = None,
+              cancel: threading.Event | None = None) -> ClaimedRun:
+        """run_now() in two steps, for a caller that answers between them: refusals (a full
+        queue) come now, the run with `ClaimedRun.result` (see RunQueues.claim)."""
+        return self.queues.claim(handle, QueuedRun(text, attachments, emit, options,
+                                                   cancel or threading.Event(), Future()))
 
     def withdraw(self, future: Future) -> bool:
         """Take a run that has not started out of its agent's queue; True if it was queued."""

@@ -42,25 +42,27 @@ class QueuedRun:
     future: Future
 
 
-class DisconnectWatch:
-    """One thread that stops runs whose client went away, polled every WAIT_POLL seconds.
+class Poller:
+    """One daemon thread calling every registered check each `interval` seconds.
 
-    It sleeps while nothing is watched; adding a run does not wake it while it is already
-    polling, so a busy daemon pays at most one wake-up per poll, not one per message."""
+    It sleeps while nothing is registered; registering does not wake it while it is
+    already polling, so a busy daemon pays at most one wake-up per interval, not one per
+    message."""
 
-    def __init__(self) -> None:
-        self._watched: dict[int, tuple[threading.Event, Callable[[], bool]]] = {}
+    def __init__(self, name: str, interval: float) -> None:
+        self.name = name
+        self.interval = interval
+        self._watched: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, cancel: threading.Event, disconnected: Callable[[], bool]) -> int:
-        """Watch until `remove`; sets `cancel` once `disconnected()` is true."""
-        key = id(cancel)
+    def add_check(self, key: int, check: Callable[[], None]) -> int:
+        """Call `check()` on every pass until `remove(key)`."""
         with self._lock:
-            self._watched[key] = (cancel, disconnected)
+            self._watched[key] = check
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="agentd-client-watch", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._wake.set()
         return key
@@ -72,18 +74,31 @@ class DisconnectWatch:
     def _run(self) -> None:
         while True:  # pragma: no mutate (the thread's lifetime; each pass is `poll`)
             self._wake.wait()
-            time.sleep(WAIT_POLL)
+            time.sleep(self.interval)
             self.poll()
 
     def poll(self) -> None:
-        """One pass: cancel the runs whose client left; sleep again when none is watched."""
+        """One pass over the checks; sleep again when none is registered."""
         with self._lock:
-            watched = list(self._watched.values())
-            if not watched:
+            checks = list(self._watched.values())
+            if not checks:
                 self._wake.clear()
-        for cancel, disconnected in watched:
+        for check in checks:
+            check()
+
+
+class DisconnectWatch(Poller):
+    """Stops runs whose client went away, polled every WAIT_POLL seconds."""
+
+    def __init__(self) -> None:
+        super().__init__("agentd-client-watch", WAIT_POLL)
+
+    def add(self, cancel: threading.Event, disconnected: Callable[[], bool]) -> int:
+        """Watch until `remove`; sets `cancel` once `disconnected()` is true."""
+        def check() -> None:
             if not cancel.is_set() and disconnected():
                 cancel.set()
+        return self.add_check(id(cancel), check)
 
 
 class RunQueues:
@@ -106,12 +121,24 @@ class RunQueues:
 
         Either way the result (or the run's exception) is returned, stops and client
         disconnects end it promptly, and the agent's queued runs continue afterwards."""
+        return self.claim(handle, job).result(disconnected)
+
+    def claim(self, handle: Any, job: QueuedRun) -> "ClaimedRun":
+        """Take an idle agent for the calling thread, or queue `job` behind its current run.
+
+        Refusals (a killed agent, a full queue) are raised here, before the caller has
+        answered anything; the run itself starts with `ClaimedRun.result`."""
         with handle.queue_lock:
             idle = not handle.busy and not handle.killed
             if idle:
                 handle.busy = True
         if not idle:
-            return self.wait(self.submit(handle, job), job.cancel, disconnected)
+            self.submit(handle, job)
+        return ClaimedRun(self, handle, job, idle)
+
+    def _run_claimed(self, handle: Any, job: QueuedRun,
+                     disconnected: Callable[[], bool] | None) -> RunResult:
+        """Run `job` for an agent this thread has claimed, then hand the agent on."""
         key = self.watch.add(job.cancel, disconnected) if disconnected is not None else None
         try:
             if job.cancel.is_set() or handle.killed:
@@ -239,3 +266,34 @@ class RunQueues:
                     if not self.withdraw(future):
                         cancel.set()
                     raise RunCancelled("the client disconnected") from None
+
+
+class ClaimedRun:
+    """A run whose place is taken (`RunQueues.claim`): on the claiming thread when the agent
+    was idle, else in the agent's queue for a worker. Exactly one of `result` and `abandon`
+    takes effect."""
+
+    def __init__(self, queues: RunQueues, handle: Any, job: QueuedRun, here: bool) -> None:
+        self.queues = queues
+        self.handle = handle
+        self.job = job
+        self.here = here
+        self._taken = False
+
+    def result(self, disconnected: Callable[[], bool] | None = None) -> RunResult:
+        """Run it here (or wait for the worker running it) and return its result."""
+        self._taken = True
+        if self.here:
+            return self.queues._run_claimed(self.handle, self.job, disconnected)
+        return self.queues.wait(self.job.future, self.job.cancel, disconnected)
+
+    def abandon(self) -> None:
+        """The caller will not wait for it (its client left first): free the agent, or
+        withdraw the queued run. Nothing once `result` was called."""
+        if self._taken:
+            return
+        self._taken = True
+        if self.here:
+            self.queues._hand_on(self.handle)
+        elif not self.queues.withdraw(self.job.future):
+            self.job.cancel.set()

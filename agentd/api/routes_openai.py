@@ -20,14 +20,16 @@ from flask import Blueprint, Response, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
 from agentd.api.routes_agents import MESSAGE_LIMIT
 from agentd.api.errors import error_response
 from agentd.api.routes_system import kernel
-from agentd.api.runs import acquire_stream_slot, run_blocking, start_live_run
-from agentd.api.sse import format_event, sse_response
+from agentd.api.runs import run_blocking
+from agentd.api.sse import format_event
+from agentd.api.streaming import StreamShape, stream_run
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
@@ -260,56 +262,38 @@ def _with_dropped(response: Response, dropped: list[str]) -> Response:
 
 
 def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: str, created: int,
-            include_usage: bool):
-    k = kernel()
-    acquire_stream_slot(k)
-    try:
-        run = start_live_run(k, handle, text, [], options)
-    except BaseException:
-        k.stream_slots.release()
-        raise
-
+            include_usage: bool) -> Response:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return format_event(None, {"id": completion_id, "object": "chat.completion.chunk", "created": created,
                                    "model": handle.name,
                                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
-    def events() -> Iterator[str]:
-        yield chunk({"role": "assistant"})
-        for event in run.events():
-            if event is None:
-                yield ": keep-alive\n\n"
-                continue
-            d = event.data
-            if event.type == "text_delta":
-                yield chunk({"content": d["content"]})
-            elif event.type == "tool_use":
-                yield chunk({"tool_calls": [{"index": d["index"], "id": d["id"], "type": "function",
-                                             "function": {"name": d["tool"], "arguments": ""}}]})
-            elif event.type == "tool_args_delta":
-                yield chunk({"tool_calls": [{"index": d["index"],
-                                             "function": {"arguments": d["arguments"]}}]})
-            elif event.type == "done":
-                yield chunk({}, d["finish_reason"])
-                if include_usage:
-                    yield format_event(None, {"id": completion_id, "object": "chat.completion.chunk",
-                                              "created": created, "model": handle.name, "choices": [],
-                                              "usage": _usage(d["input_tokens"], d["output_tokens"])})
-                break
-            elif event.type == "stopped":
-                yield chunk({}, "stop")
-                break
-            elif event.type == "error":
-                yield format_event(None, {"error": {"message": d["message"], "type": "server_error",
-                                                    "code": None}})
-                break
-        yield "data: [DONE]\n\n"
+    def render(event: Event) -> tuple[list[str], bool]:
+        d = event.data
+        if event.type == "text_delta":
+            return [chunk({"content": d["content"]})], False
+        if event.type == "tool_use":
+            return [chunk({"tool_calls": [{"index": d["index"], "id": d["id"], "type": "function",
+                                           "function": {"name": d["tool"], "arguments": ""}}]})], False
+        if event.type == "tool_args_delta":
+            return [chunk({"tool_calls": [{"index": d["index"], "function": {"arguments": d["arguments"]}}]})], False
+        if event.type == "done":
+            chunks = [chunk({}, d["finish_reason"])]
+            if include_usage:
+                chunks.append(format_event(None, {"id": completion_id, "object": "chat.completion.chunk",
+                                                  "created": created, "model": handle.name, "choices": [],
+                                                  "usage": _usage(d["input_tokens"], d["output_tokens"])}))
+            return chunks, True
+        if event.type == "stopped":
+            return [chunk({}, "stop")], True
+        if event.type == "error":
+            return [format_event(None, {"error": {"message": d["message"], "type": "server_error",
+                                                  "code": None}})], True
+        return [], False
 
-    def closed() -> None:
-        run.close()
-        k.stream_slots.release()
-
-    return sse_response(events(), on_close=closed, ready=run.sink.pending)
+    shape = StreamShape(opening=(chunk({"role": "assistant"}),), render=render, keep_alive=": keep-alive\n\n",
+                        closing=("data: [DONE]\n\n",))
+    return stream_run(kernel(), handle, text, [], options, shape)
 
 
 @bp.get("/v1/models")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Iterator
-
 from flask import Blueprint
 
+from agentd.agents.events import Event
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api import body
 from agentd.api.routes_agents import agent, message_text
 from agentd.api.routes_system import kernel
-from agentd.api.runs import acquire_stream_slot, start_live_run
 from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema
-from agentd.api.sse import comment, format_event, sse_response
+from agentd.api.sse import comment, format_event
+from agentd.api.streaming import StreamShape, stream_run
 
 bp = Blueprint("stream", __name__)
 
@@ -37,47 +36,33 @@ def message_stream(agent_id: str):
     if data["attachments"]:
         # A bad attachment is a 400 now, not an `error` event after a 200 stream has begun.
         k.agents.build_user_message(handle, text, data["attachments"])
-    acquire_stream_slot(k)
-    try:
-        run = start_live_run(k, handle, text, data["attachments"])
-    except BaseException:
-        k.stream_slots.release()
-        raise
+    return stream_run(k, handle, text, data["attachments"], None,
+                      StreamShape(opening=(), render=_render, keep_alive=comment("keep-alive")))
 
-    def events() -> Iterator[str]:
-        for event in run.events():
-            if event is None:
-                yield comment("keep-alive")
-                continue
-            kind, d = event.type, event.data
-            if kind == "text_delta":
-                yield format_event("chunk", {"content": d["content"], "done": False})
-            elif kind == "tool_use":
-                yield format_event("tool_use", {"tool": d["tool"], "id": d["id"]})
-            elif kind == "tool_result":
-                yield format_event("tool_result", {"tool": d["tool"], "input": d["input"], "id": d["id"],
-                                                   "result": d["result"], "is_error": d["is_error"]})
-            elif kind == "phase":
-                yield format_event("phase", {"phase": d["phase"], "detail": d.get("detail") or ""})
-            elif kind == "done":
-                yield format_event("done", {"done": True, "usage": {"input_tokens": d["input_tokens"],
-                                                                     "output_tokens": d["output_tokens"]},
-                                            "iterations": d["iterations"], "cost_usd": d["cost_usd"]})
-                return
-            elif kind == "stopped":
-                yield format_event("phase", {"phase": "cancelled", "detail": "run stopped"})
-                yield format_event("done", {"done": True, "stopped": True,
-                                            "usage": {"input_tokens": 0, "output_tokens": 0}})
-                return
-            elif kind == "error":
-                error = {"error": d["message"], "status": d["status"]}
-                if d.get("retry_after") is not None:  # an upstream 429/503 said when to come back
-                    error["retry_after"] = d["retry_after"]
-                yield format_event("error", error)
-                return
 
-    def closed() -> None:
-        run.close()
-        k.stream_slots.release()
-
-    return sse_response(events(), on_close=closed, ready=run.sink.pending)
+def _render(event: Event) -> tuple[list[str], bool]:
+    """One run event as this route's SSE events, and whether it ends the stream."""
+    kind, d = event.type, event.data
+    if kind == "text_delta":
+        return [format_event("chunk", {"content": d["content"], "done": False})], False
+    if kind == "tool_use":
+        return [format_event("tool_use", {"tool": d["tool"], "id": d["id"]})], False
+    if kind == "tool_result":
+        return [format_event("tool_result", {"tool": d["tool"], "input": d["input"], "id": d["id"],
+                                             "result": d["result"], "is_error": d["is_error"]})], False
+    if kind == "phase":
+        return [format_event("phase", {"phase": d["phase"], "detail": d.get("detail") or ""})], False
+    if kind == "done":
+        return [format_event("done", {"done": True, "usage": {"input_tokens": d["input_tokens"],
+                                                               "output_tokens": d["output_tokens"]},
+                                      "iterations": d["iterations"], "cost_usd": d["cost_usd"]})], True
+    if kind == "stopped":
+        return [format_event("phase", {"phase": "cancelled", "detail": "run stopped"}),
+                format_event("done", {"done": True, "stopped": True,
+                                      "usage": {"input_tokens": 0, "output_tokens": 0}})], True
+    if kind == "error":
+        error = {"error": d["message"], "status": d["status"]}
+        if d.get("retry_after") is not None:  # an upstream 429/503 said when to come back
+            error["retry_after"] = d["retry_after"]
+        return [format_event("error", error)], True
+    return [], False

@@ -116,22 +116,28 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
 
     def finished(f: Future) -> None:
         exc = f.exception()
-        if exc is None:
-            result = f.result()
-            sink(Event("done", {"response": result.response, "input_tokens": result.usage.input_tokens,
-                                "output_tokens": result.usage.output_tokens,
-                                "iterations": result.iterations, "cost_usd": result.cost_usd,
-                                "finish_reason": result.finish_reason, "tool_calls": result.tool_calls}))
-        elif isinstance(exc, RunCancelled):
-            sink(Event("stopped", {"message": "run stopped"}))
-        else:
-            message = exc.message if isinstance(exc, AgentdError) else f"internal error: {exc}"
-            sink(Event("error", {"message": message, "status": getattr(exc, "status", 500),
-                                 "retry_after": getattr(exc, "retry_after", None),
-                                 "code": getattr(exc, "code", None),
-                                 "retryable": bool(getattr(exc, "retryable", False))}))
+        sink(result_event(f.result()) if exc is None else failure_event(exc))
         sink.finish()
 
     future.add_done_callback(finished)
     return LiveRun(handle, sink, future, cancel, kernel.agents, client_disconnected(),
                    kernel.config.api.sse_keepalive_secs)
+
+
+def result_event(result: RunResult) -> Event:
+    """The `done` event that ends a stream whose run finished."""
+    return Event("done", {"response": result.response, "input_tokens": result.usage.input_tokens,
+                          "output_tokens": result.usage.output_tokens,
+                          "iterations": result.iterations, "cost_usd": result.cost_usd,
+                          "finish_reason": result.finish_reason, "tool_calls": result.tool_calls})
+
+
+def failure_event(exc: BaseException) -> Event:
+    """The `stopped` or `error` event that ends a stream whose run did not finish."""
+    if isinstance(exc, RunCancelled):
+        return Event("stopped", {"message": "run stopped"})
+    message = exc.message if isinstance(exc, AgentdError) else f"internal error: {exc}"
+    return Event("error", {"message": message, "status": getattr(exc, "status", 500),
+                           "retry_after": getattr(exc, "retry_after", None),
+                           "code": getattr(exc, "code", None),
+                           "retryable": bool(getattr(exc, "retryable", False))})

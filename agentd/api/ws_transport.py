@@ -56,6 +56,7 @@ from agentd.api.ws_stream import SEND_TIMEOUT, WebSocketStream
 
 __all__ = [
     "CLOSE_TIMEOUT",
+    "DIRECT_WRITE_KEY",
     "SEND_TIMEOUT",
     "WebSocketChannel",
     "WebSocketTask",
@@ -66,6 +67,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentd.ws.transport")
+
+#: The environ key under which a task offers its `write` to the app (api/streaming.py).
+DIRECT_WRITE_KEY = "agentd.write"
 
 #: Seconds a finished handler waits for the client to answer the close frame.
 CLOSE_TIMEOUT = 2.0
@@ -123,6 +127,8 @@ class WebSocketTask(WSGITask):
 
     def get_environment(self) -> dict[str, Any]:
         environ = super().get_environment()
+        # PEP 3333's write callable, for responses written as they happen (api/streaming.py).
+        environ[DIRECT_WRITE_KEY] = self.write
         if self._ws_lazy is None and "websocket" in environ.get("HTTP_UPGRADE", "").lower():
             self._ws_lazy = _LazySocket(self)
             environ["werkzeug.socket"] = self._ws_lazy

@@ -1,0 +1,353 @@
+"""agentd/api/streaming.py exactly: a stream written in place (the daemon's way, waitress's
+`write` in the environ) sends the same bytes as a pulled one, runs on the request's own
+thread when the agent is idle, takes a worker's events when it is busy, refuses a full
+queue before the stream starts, keeps quiet streams alive, ends a stopped run's stream at
+once, stops the run of a client that left, and frees the agent and the stream slot of a
+response closed before its run began. In process over the real kernel and the fake LLM
+(real HTTP); `Wire` stands in for waitress's task.write. The daemon's own bytes are
+checked in test_transports.py and test_proxy.py."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from waitress.channel import ClientDisconnected
+
+from agentd.agents.events import Event
+from agentd.api import create_app
+from agentd.api.streaming import DIRECT_WRITE_KEY, KEEPER, StreamShape, WrittenStream
+from agentd.config import parse_config
+from agentd.kernel import Kernel
+from support import with_test_db
+
+LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
+WAIT = 15.0
+MAX_STREAMS = 4
+
+
+class Wire:
+    """waitress's task.write, recorded: the bytes and the thread of every write."""
+
+    def __init__(self, gone_after: int | None = None) -> None:
+        self.chunks: list[bytes] = []
+        self.threads: list[int] = []
+        self.attempts = 0
+        self.gone_after = gone_after  # writes that succeed before the client is gone
+
+    def __call__(self, data: bytes) -> None:
+        self.attempts += 1
+        if self.gone_after is not None and len(self.chunks) >= self.gone_after:
+            raise ClientDisconnected("client gone")
+        self.chunks.append(data)
+        self.threads.append(threading.get_ident())
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode()
+
+
+class Env:
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.client = create_app(kernel).test_client()
+        self.count = 0
+
+    def spawn(self, name: str):
+        self.count += 1
+        r = self.client.post("/api/agents", json={"manifest_toml": f'name = "{name}{self.count}"\n'},
+                             environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        return self.kernel.agents.get(r.get_json()["agent_id"])
+
+    def v1(self, handle, text: str, wire: Wire | None, **kw):
+        environ = {**LOCAL, DIRECT_WRITE_KEY: wire} if wire is not None else LOCAL
+        return self.client.post("/v1/chat/completions", environ_base=environ, **kw,
+                                json={"model": f"agentd:{handle.name}", "stream": True,
+                                      "messages": [{"role": "user", "content": text}]})
+
+    def sse(self, handle, text: str, wire: Wire | None, **kw):
+        environ = {**LOCAL, DIRECT_WRITE_KEY: wire} if wire is not None else LOCAL
+        return self.client.post(f"/api/agents/{handle.id}/message/stream", environ_base=environ, **kw,
+                                json={"message": text})
+
+    def free_slots(self) -> int:
+        return self.kernel.stream_slots._value  # threading.BoundedSemaphore's count
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Env]:
+    tmp_path = tmp_path_factory.mktemp("streaming")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("OPENAI_API_KEY", "test-openai")
+    data = {"api": {"rate_limit_per_second": 10000, "rate_limit_burst": 10000, "max_streams": MAX_STREAMS},
+            "agents": {"max_queue": 1},
+            "memory": {"auto_remember": False},
+            "llm": {"timeout_secs": 20, "retries": 1},
+            "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
+            "provider_urls": {"openai": fake_llm.openai_base}}
+    kernel = Kernel.open(parse_config(with_test_db(data, tmp_path), tmp_path))
+    yield Env(kernel)
+    kernel.close()
+    patch.undo()
+
+
+def normal(text: str) -> str:
+    """A stream with its per-request ids and timestamps blanked."""
+    text = re.sub(r'"id":"chatcmpl-[0-9a-f-]+"', '"id":"X"', text)
+    text = re.sub(r'"model":"same\d+"', '"model":"same"', text)
+    return re.sub(r'"created":\d+', '"created":0', text)
+
+
+def settle(env: Env, handle) -> None:
+    """Wait until the agent is idle again and every stream slot is back."""
+    deadline = time.monotonic() + WAIT
+    while (handle.busy or env.free_slots() != MAX_STREAMS) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not handle.busy, "BUG: the agent stayed busy after its stream ended"
+    assert env.free_slots() == MAX_STREAMS, "BUG: a stream slot was not given back"
+
+
+@pytest.mark.parametrize("route", ["v1", "sse"])
+def test_written_stream_sends_what_the_pulled_one_sends(env: Env, route: str) -> None:
+    send = env.v1 if route == "v1" else env.sse
+    # Two agents with one name length and no history: the same tokens, cost and bytes.
+    pulled = send(env.spawn("same"), "[[chunks:3]]", None).get_data(as_text=True)
+    handle = env.spawn("same")
+    wire = Wire()
+    r = send(handle, "[[chunks:3]]", wire)
+    assert r.status_code == 200 and r.mimetype == "text/event-stream"
+    # Only the opening comment goes through the response iterator; the rest is written.
+    assert r.get_data(as_text=True) == ": stream open\n\n"
+    assert normal(": stream open\n\n" + wire.text()) == normal(pulled)
+    if route == "v1":
+        assert wire.text().endswith('"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        assert wire.text().count('"content":') == 3
+    else:
+        assert wire.text().count("event: chunk\n") == 3
+        assert "event: done\n" in wire.text()
+    settle(env, handle)
+
+
+def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: Env) -> None:
+    handle = env.spawn("inplace")
+    wire = Wire()
+    r = env.v1(handle, "[[chunks:4]]", wire)
+    r.get_data()
+    # Opening role chunk, four deltas, and the final chunk with [DONE]: one write each.
+    assert len(wire.chunks) == 6, wire.chunks
+    assert '"delta":{"role":"assistant"}' in wire.chunks[0].decode()
+    assert all(b'"content":' in c for c in wire.chunks[1:5])
+    assert wire.chunks[5].decode().endswith("data: [DONE]\n\n")
+    assert set(wire.threads) == {threading.get_ident()}, "BUG: an idle agent's run left the request thread"
+    settle(env, handle)
+
+
+def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) -> None:
+    handle = env.spawn("busy")
+    first_wire, second_wire = Wire(), Wire()
+    first = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] first", first_wire).get_data())
+    first.start()
+    deadline = time.monotonic() + WAIT
+    while not handle.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    r = env.sse(handle, "[[reply:second]]", second_wire)
+    r.get_data()
+    first.join(WAIT)
+    assert '"done":true' in first_wire.text()
+    text = second_wire.text()
+    assert 'event: chunk\ndata: {"content":"second","done":false}' in text
+    assert text.rstrip().splitlines()[-2] == "event: done"
+    # The worker wrote the run's events; the waiting thread only the final one, once it returned.
+    me = threading.get_ident()
+    assert me not in second_wire.threads[:-1], "BUG: a queued run ran on the waiting thread"
+    assert second_wire.threads[-1] == me and second_wire.chunks[-1].startswith(b"event: done")
+    settle(env, handle)
+
+
+def test_a_full_queue_is_refused_before_the_stream_starts(env: Env) -> None:
+    handle = env.spawn("full")
+    wires = [Wire(), Wire()]
+    threads = [threading.Thread(target=lambda w=w: env.sse(handle, "[[slow:1.5]] hold", w).get_data())
+               for w in wires]
+    threads[0].start()
+    deadline = time.monotonic() + WAIT
+    while not handle.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threads[1].start()
+    while len(handle.waiting) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = Wire()
+    r = env.sse(handle, "[[reply:third]]", refused)
+    assert r.status_code == 429
+    assert r.get_json() == {"error": f"agent {handle.name} is busy: 1 requests are already waiting for it "
+                                     "(max_queue 1); try again later"}
+    assert r.headers["Retry-After"] == "2"
+    assert refused.chunks == [] and refused.attempts == 0
+    for t in threads:
+        t.join(WAIT)
+    settle(env, handle)
+
+
+def test_a_stop_ends_the_stream_at_once(env: Env) -> None:
+    handle = env.spawn("stop")
+    wire = Wire()
+    done = threading.Event()
+
+    def stream() -> None:
+        env.sse(handle, "[[slow:30]] long", wire).get_data()
+        done.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    deadline = time.monotonic() + WAIT
+    while handle.cancel is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert env.kernel.agents.stop(handle) is True
+    assert done.wait(WAIT), "BUG: a stopped run's stream did not end"
+    assert wire.text().endswith(
+        'event: phase\ndata: {"phase":"cancelled","detail":"run stopped"}\n\n'
+        'event: done\ndata: {"done":true,"stopped":true,"usage":{"input_tokens":0,"output_tokens":0}}\n\n')
+    assert wire.text().count("event: done") == 1, "BUG: the run's own end was written after the stop"
+    settle(env, handle)
+
+
+def test_a_client_that_left_stops_its_run_and_nothing_more_is_written(env: Env) -> None:
+    handle = env.spawn("left")
+    wire = Wire(gone_after=1)  # the opening goes out; the first delta finds the client gone
+    r = env.v1(handle, "[[pace:400]] [[chunks:20]]", wire)
+    assert r.get_data(as_text=True) == ": stream open\n\n"
+    assert len(wire.chunks) == 1 and wire.attempts == 2, (wire.chunks, wire.attempts)
+    settle(env, handle)
+    # The run stopped at its first write: the agent answers the next message at once.
+    r = env.client.post(f"/api/agents/{handle.id}/message", json={"message": "[[reply:next]]"},
+                        environ_base=LOCAL)
+    assert r.status_code == 200 and r.get_json()["response"] == "next"
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_response_closed_before_its_run_began_frees_the_agent_and_the_slot(env: Env, busy: bool) -> None:
+    handle = env.spawn("closed")
+    holder = None
+    if busy:
+        holder = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] hold", Wire()).get_data())
+        holder.start()
+        deadline = time.monotonic() + WAIT
+        while not handle.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+    wire = Wire()
+    r = env.sse(handle, "[[reply:never]]", wire, buffered=False)
+    assert r.status_code == 200
+    if busy:
+        assert len(handle.waiting) == 1
+    r.close()  # never iterated
+    assert wire.chunks == []
+    assert not handle.waiting, "BUG: an abandoned queued run is still waiting"
+    if holder is not None:
+        holder.join(WAIT)
+    settle(env, handle)
+
+
+# -- WrittenStream and the keeper ---------------------------------------------------------------------------
+
+def shape() -> StreamShape:
+    def render(event: Event) -> tuple[list[str], bool]:
+        if event.type == "stopped":
+            return ["S\n"], True
+        return [f"{event.type}\n"], event.type == "done"
+    return StreamShape(opening=("O\n",), render=render, keep_alive="K\n", closing=("C\n",))
+
+
+def test_keepalive_after_the_heartbeat_and_not_while_events_come() -> None:
+    wire = Wire()
+    stream = WrittenStream(wire, shape(), heartbeat=0.3)
+    stream.send(stream.shape.opening)
+    stream.tick()
+    assert wire.text() == "O\n", "BUG: a keep-alive before the heartbeat passed"
+    time.sleep(0.35)
+    stream.tick()
+    assert wire.text() == "O\nK\n"
+    stream.tick()
+    assert wire.text() == "O\nK\n", "BUG: keep-alives are not spaced by the heartbeat"
+    time.sleep(0.2)
+    stream.deliver(Event("text_delta"))
+    time.sleep(0.2)
+    stream.tick()
+    assert wire.text() == "O\nK\ntext_delta\n", "BUG: an event did not reset the keep-alive clock"
+    stream.deliver(Event("done"))
+    assert wire.chunks[-1] == b"done\nC\n", "the final event and the closing go out in one write"
+    time.sleep(0.35)
+    stream.tick()
+    stream.deliver(Event("late"))
+    assert wire.text() == "O\nK\ntext_delta\ndone\nC\n", "BUG: written after the final event"
+
+
+def test_the_keeper_writes_keepalives_of_registered_streams_only() -> None:
+    wire, other = Wire(), Wire()
+    stream = WrittenStream(wire, shape(), heartbeat=0.1)
+    WrittenStream(other, shape(), heartbeat=0.1)  # never registered
+    key = KEEPER.add_check(id(stream), stream.tick)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not wire.chunks and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        KEEPER.remove(key)
+    assert wire.chunks and set(wire.chunks) == {b"K\n"}
+    assert other.chunks == []
+    assert KEEPER._thread is not None and KEEPER._thread.daemon and KEEPER._thread.name == "agentd-stream-keeper"
+
+
+def test_a_stopped_run_is_ended_by_the_tick_once() -> None:
+    wire = Wire()
+    stream = WrittenStream(wire, shape(), heartbeat=100)
+    stream.tick()
+    assert wire.chunks == []
+    stream.cancel.set()
+    stream.tick()
+    stream.tick()
+    stream.deliver(Event("stopped"))  # the run's own end, moments later
+    assert wire.chunks == [b"S\nC\n"]
+
+
+def test_a_tick_never_waits_for_a_write_under_way() -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    written: list[bytes] = []
+
+    def slow_write(data: bytes) -> None:
+        entered.set()
+        release.wait(WAIT)
+        written.append(data)
+
+    stream = WrittenStream(slow_write, shape(), heartbeat=0.0)
+    writer = threading.Thread(target=stream.deliver, args=(Event("text_delta"),))
+    writer.start()
+    assert entered.wait(WAIT)
+    stream.tick()  # returns at once: the lock is held by the write
+    release.set()
+    writer.join(WAIT)
+    assert written == [b"text_delta\n"], "BUG: a keep-alive was written beside a write under way"
+
+
+def test_a_gone_client_cancels_and_silences_the_stream() -> None:
+    wire = Wire(gone_after=0)
+    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream.deliver(Event("text_delta"))
+    assert stream.cancel.is_set(), "BUG: a client that left did not stop the run"
+    stream.tick()
+    stream.deliver(Event("done"))
+    assert wire.attempts == 1, "BUG: written again after the client was gone"
+
+
+def test_nothing_is_written_after_finish() -> None:
+    wire = Wire()
+    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream.finish()
+    stream.send(("x",))
+    stream.deliver(Event("done"))
+    stream.tick()
+    assert wire.attempts == 0
+
