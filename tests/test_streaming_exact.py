@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 from waitress.channel import ClientDisconnected
+from werkzeug.test import EnvironBuilder
 
 from agentd.agents.events import Event
 from agentd.api import create_app
@@ -53,7 +54,8 @@ class Wire:
 class Env:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.client = create_app(kernel).test_client()
+        self.app = create_app(kernel)
+        self.client = self.app.test_client()
         self.count = 0
 
     def spawn(self, name: str):
@@ -120,9 +122,9 @@ def test_written_stream_sends_what_the_pulled_one_sends(env: Env, route: str) ->
     wire = Wire()
     r = send(handle, "[[chunks:3]]", wire)
     assert r.status_code == 200 and r.mimetype == "text/event-stream"
-    # Only the opening comment goes through the response iterator; the rest is written.
-    assert r.get_data(as_text=True) == ": stream open\n\n"
-    assert normal(": stream open\n\n" + wire.text()) == normal(pulled)
+    # Nothing goes through the response iterator: every byte, the opening comment too, is written.
+    assert r.get_data(as_text=True) == ""
+    assert normal(wire.text()) == normal(pulled)
     if route == "v1":
         assert wire.text().endswith('"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
         assert wire.text().count('"content":') == 3
@@ -137,9 +139,10 @@ def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: En
     wire = Wire()
     r = env.v1(handle, "[[chunks:4]]", wire)
     r.get_data()
-    # Opening role chunk, four deltas, and the final chunk with [DONE]: one write each.
+    # Opening comment with the role chunk, four deltas, and the final chunk with [DONE]: one write each.
     assert len(wire.chunks) == 6, wire.chunks
-    assert '"delta":{"role":"assistant"}' in wire.chunks[0].decode()
+    assert wire.chunks[0].decode().startswith(": stream open\n\ndata: {")
+    assert wire.chunks[0].decode().endswith('"delta":{"role":"assistant"},"finish_reason":null}]}\n\n')
     assert all(b'"content":' in c for c in wire.chunks[1:5])
     assert wire.chunks[5].decode().endswith("data: [DONE]\n\n")
     assert set(wire.threads) == {threading.get_ident()}, "BUG: an idle agent's run left the request thread"
@@ -161,10 +164,14 @@ def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) ->
     text = second_wire.text()
     assert 'event: chunk\ndata: {"content":"second","done":false}' in text
     assert text.rstrip().splitlines()[-2] == "event: done"
-    # The worker wrote the run's events; the waiting thread only the final one, once it returned.
+    # The worker wrote the run's events; the waiting thread the opening and, once the run
+    # returned, the final event.
     me = threading.get_ident()
-    assert me not in second_wire.threads[:-1], "BUG: a queued run ran on the waiting thread"
-    assert second_wire.threads[-1] == me and second_wire.chunks[-1].startswith(b"event: done")
+    by_thread = {c.decode(): t for c, t in zip(second_wire.chunks, second_wire.threads)}
+    [delta] = [c for c in by_thread if '"content":"second"' in c]
+    assert by_thread[delta] != me, "BUG: a queued run ran on the waiting thread"
+    assert second_wire.chunks[0].startswith(b": stream open") and second_wire.threads[0] == me
+    assert second_wire.chunks[-1].startswith(b"event: done") and second_wire.threads[-1] == me
     settle(env, handle)
 
 
@@ -218,7 +225,7 @@ def test_a_client_that_left_stops_its_run_and_nothing_more_is_written(env: Env) 
     handle = env.spawn("left")
     wire = Wire(gone_after=1)  # the opening goes out; the first delta finds the client gone
     r = env.v1(handle, "[[pace:400]] [[chunks:20]]", wire)
-    assert r.get_data(as_text=True) == ": stream open\n\n"
+    assert r.get_data(as_text=True) == ""
     assert len(wire.chunks) == 1 and wire.attempts == 2, (wire.chunks, wire.attempts)
     settle(env, handle)
     # The run stopped at its first write: the agent answers the next message at once.
@@ -238,11 +245,16 @@ def test_a_response_closed_before_its_run_began_frees_the_agent_and_the_slot(env
         while not handle.busy and time.monotonic() < deadline:
             time.sleep(0.01)
     wire = Wire()
-    r = env.sse(handle, "[[reply:never]]", wire, buffered=False)
-    assert r.status_code == 200
+    # Straight through WSGI (the test client always starts the body): called, never iterated.
+    environ = EnvironBuilder(f"/api/agents/{handle.id}/message/stream", method="POST",
+                             json={"message": "[[reply:never]]"},
+                             environ_base={**LOCAL, DIRECT_WRITE_KEY: wire}).get_environ()
+    started: list[str] = []
+    body = env.app(environ, lambda status, headers, exc_info=None: started.append(status))
+    assert started == ["200 OK"]
     if busy:
         assert len(handle.waiting) == 1
-    r.close()  # never iterated
+    body.close()
     assert wire.chunks == []
     assert not handle.waiting, "BUG: an abandoned queued run is still waiting"
     if holder is not None:
@@ -263,31 +275,48 @@ def shape() -> StreamShape:
 def test_keepalive_after_the_heartbeat_and_not_while_events_come() -> None:
     wire = Wire()
     stream = WrittenStream(wire, shape(), heartbeat=0.3)
-    stream.send(stream.shape.opening)
+    stream.open()
     stream.tick()
-    assert wire.text() == "O\n", "BUG: a keep-alive before the heartbeat passed"
+    assert wire.text() == ": stream open\n\nO\n", "BUG: a keep-alive before the heartbeat passed"
     time.sleep(0.35)
     stream.tick()
-    assert wire.text() == "O\nK\n"
+    assert wire.text() == ": stream open\n\nO\nK\n"
     stream.tick()
-    assert wire.text() == "O\nK\n", "BUG: keep-alives are not spaced by the heartbeat"
+    assert wire.text() == ": stream open\n\nO\nK\n", "BUG: keep-alives are not spaced by the heartbeat"
     time.sleep(0.2)
     stream.deliver(Event("text_delta"))
     time.sleep(0.2)
     stream.tick()
-    assert wire.text() == "O\nK\ntext_delta\n", "BUG: an event did not reset the keep-alive clock"
+    assert wire.text() == ": stream open\n\nO\nK\ntext_delta\n", "BUG: an event did not reset the keep-alive clock"
     stream.deliver(Event("done"))
     assert wire.chunks[-1] == b"done\nC\n", "the final event and the closing go out in one write"
     time.sleep(0.35)
     stream.tick()
     stream.deliver(Event("late"))
-    assert wire.text() == "O\nK\ntext_delta\ndone\nC\n", "BUG: written after the final event"
+    assert wire.text() == ": stream open\n\nO\nK\ntext_delta\ndone\nC\n", "BUG: written after the final event"
+
+
+def test_events_before_the_opening_wait_for_it() -> None:
+    wire = Wire()
+    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream.deliver(Event("text_delta"))  # a queued run's worker, ahead of the response
+    stream.tick()
+    stream.cancel.set()
+    stream.tick()
+    assert wire.attempts == 0, "BUG: written before the stream's opening"
+    stream.open()
+    assert wire.chunks == [b": stream open\n\nO\ntext_delta\n"]
+    stream.deliver(Event("done"))
+    assert wire.chunks[-1] == b"done\nC\n"
 
 
 def test_the_keeper_writes_keepalives_of_registered_streams_only() -> None:
     wire, other = Wire(), Wire()
     stream = WrittenStream(wire, shape(), heartbeat=0.1)
-    WrittenStream(other, shape(), heartbeat=0.1)  # never registered
+    unregistered = WrittenStream(other, shape(), heartbeat=0.1)
+    stream.open()
+    unregistered.open()
+    wire.chunks.clear()
     key = KEEPER.add_check(id(stream), stream.tick)
     try:
         deadline = time.monotonic() + WAIT
@@ -296,20 +325,21 @@ def test_the_keeper_writes_keepalives_of_registered_streams_only() -> None:
     finally:
         KEEPER.remove(key)
     assert wire.chunks and set(wire.chunks) == {b"K\n"}
-    assert other.chunks == []
+    assert other.chunks == [b": stream open\n\nO\n"]
     assert KEEPER._thread is not None and KEEPER._thread.daemon and KEEPER._thread.name == "agentd-stream-keeper"
 
 
 def test_a_stopped_run_is_ended_by_the_tick_once() -> None:
     wire = Wire()
     stream = WrittenStream(wire, shape(), heartbeat=100)
+    stream.open()
     stream.tick()
-    assert wire.chunks == []
+    assert wire.chunks == [b": stream open\n\nO\n"]
     stream.cancel.set()
     stream.tick()
     stream.tick()
     stream.deliver(Event("stopped"))  # the run's own end, moments later
-    assert wire.chunks == [b"S\nC\n"]
+    assert wire.chunks[1:] == [b"S\nC\n"]
 
 
 def test_a_tick_never_waits_for_a_write_under_way() -> None:
@@ -323,6 +353,7 @@ def test_a_tick_never_waits_for_a_write_under_way() -> None:
         written.append(data)
 
     stream = WrittenStream(slow_write, shape(), heartbeat=0.0)
+    stream._pending = None  # opened, without the opening's write
     writer = threading.Thread(target=stream.deliver, args=(Event("text_delta"),))
     writer.start()
     assert entered.wait(WAIT)
@@ -335,8 +366,9 @@ def test_a_tick_never_waits_for_a_write_under_way() -> None:
 def test_a_gone_client_cancels_and_silences_the_stream() -> None:
     wire = Wire(gone_after=0)
     stream = WrittenStream(wire, shape(), heartbeat=0.0)
-    stream.deliver(Event("text_delta"))
+    stream.open()
     assert stream.cancel.is_set(), "BUG: a client that left did not stop the run"
+    stream.deliver(Event("text_delta"))
     stream.tick()
     stream.deliver(Event("done"))
     assert wire.attempts == 1, "BUG: written again after the client was gone"
@@ -345,6 +377,8 @@ def test_a_gone_client_cancels_and_silences_the_stream() -> None:
 def test_nothing_is_written_after_finish() -> None:
     wire = Wire()
     stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream.open()
+    wire.attempts = 0
     stream.finish()
     stream.send(("x",))
     stream.deliver(Event("done"))

@@ -26,16 +26,18 @@ def comment(text: str = "") -> str:
 
 
 def sse_response(chunks: Iterable[str], on_close: Any = None,
-                 ready: Callable[[], bool] | None = None) -> Response:
+                 ready: Callable[[], bool] | None = None, opening: bool = True) -> Response:
     """Wrap an iterator of pre-formatted SSE strings into a streaming response.
 
     `ready()` tells whether more events are already waiting: those are sent in one write
     with the one just formatted (a model's burst of deltas is one send, not one each),
-    while an event that nothing follows yet goes out at once."""
+    while an event that nothing follows yet goes out at once. `opening=False`: the
+    chunks bring their own opening comment (a stream written in place, api/streaming.py)."""
 
     def body() -> Iterator[str]:
         try:
-            yield comment("stream open")
+            if opening:
+                yield comment("stream open")
             if ready is None:
                 yield from chunks
                 return

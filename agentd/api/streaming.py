@@ -33,7 +33,7 @@ from agentd.agents.manager import AgentHandle, RunOptions
 from agentd.agents.runqueue import ClaimedRun, Poller
 from agentd.api.runs import (POLL_SECS, LiveRun, acquire_stream_slot, client_disconnected, failure_event,
                              result_event, start_live_run)
-from agentd.api.sse import sse_response
+from agentd.api.sse import comment, sse_response
 from agentd.api.ws_transport import DIRECT_WRITE_KEY
 from agentd.kernel import Kernel
 
@@ -81,7 +81,7 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
             claimed.abandon()  # a response closed before its run began: free the agent
             kernel.stream_slots.release()
 
-    response = sse_response(_written(stream, claimed, client_disconnected(), written_closed))
+    response = sse_response(_written(stream, claimed, client_disconnected(), written_closed), opening=False)
     response.call_on_close(written_closed)
     return response
 
@@ -102,7 +102,7 @@ def _pulled(run: LiveRun, shape: StreamShape) -> Iterator[str]:
 def _written(stream: "WrittenStream", claimed: ClaimedRun, disconnected: Callable[[], bool] | None,
              closed: Callable[[], None]) -> Iterator[str]:
     """Run on this thread, writing as it goes; yields nothing (every byte is written)."""
-    stream.send(stream.shape.opening)
+    stream.open()
     key = KEEPER.add_check(id(stream), stream.tick)
     try:
         try:
@@ -127,8 +127,17 @@ class WrittenStream:
         self.cancel = threading.Event()  # the run's: set when its client is gone
         self._lock = threading.Lock()  # one write at a time (run, worker and keeper threads)
         self._last = time.monotonic()
+        # Until `open`, rendered events wait here: a queued run's worker may start before
+        # the response does, and nothing may reach the socket ahead of the opening.
+        self._pending: list[str] | None = []
         self._ended = False  # the final event was written (or the client left)
         self._finished = False  # the request is over: nothing may be written any more
+
+    def open(self) -> None:
+        """Write the opening comment, the transport's opening and what the run already emitted."""
+        with self._lock:
+            pending, self._pending = self._pending or [], None
+            self._send([comment("stream open"), *self.shape.opening, *pending])
 
     def deliver(self, event: Event) -> None:
         """The run's sink: write `event` as the transport renders it."""
@@ -149,7 +158,7 @@ class WrittenStream:
         if not self._lock.acquire(blocking=False):
             return  # a write is under way: the stream is not quiet
         try:
-            if self._ended or self._finished:
+            if self._ended or self._finished or self._pending is not None:
                 return
             if self.cancel.is_set():
                 self._deliver(Event("stopped", {"message": "run stopped"}))
@@ -168,6 +177,9 @@ class WrittenStream:
         self._send(chunks)
 
     def _send(self, chunks: tuple[str, ...] | list[str]) -> None:
+        if self._pending is not None:
+            self._pending.extend(chunks)
+            return
         if self._finished or not chunks:
             return
         try:
