@@ -132,6 +132,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
+    "agentd/api/streaming.py": ["tests/test_streaming_exact.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.

@@ -203,3 +203,75 @@ def test_the_watch_thread_is_a_named_daemon_thread_and_removal_is_idempotent() -
     again = watch.add(threading.Event(), lambda: False)
     assert watch._thread is thread, "BUG: a second watcher thread was started"
     watch.remove(again)
+
+
+# -- claim(): the place taken now, the run started later (streams written in place) -------------------------
+
+def test_a_claim_of_an_idle_agent_holds_it_until_the_run_here_ends(pool) -> None:
+    run = Recorder()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    claimed = queues.claim(a, job("mine"))
+    assert claimed.here is True and a.busy is True, "BUG: a claimed idle agent is not held for the caller"
+    assert run.calls == [], "BUG: the run started at the claim"
+    assert claimed.result() == "answer to mine"
+    assert run.calls == [("mine", threading.current_thread().name)]
+    assert a.busy is False
+    claimed.abandon()  # after result(): nothing
+    assert a.busy is False and not a.waiting
+
+
+def test_a_claim_of_a_busy_agent_queues_for_a_worker_and_waits(pool) -> None:
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    holder = queues.claim(a, job("first"))
+    claimed = queues.claim(a, job("second"))
+    assert claimed.here is False and len(a.waiting) == 1
+    finishing = threading.Thread(target=holder.result, name="request-1")
+    finishing.start()
+    run.gates["first"].set()
+    assert claimed.result() == "answer to second"
+    finishing.join(5)
+    assert run.calls[1][0] == "second" and run.calls[1][1].startswith("run-worker")
+    assert a.busy is False and not a.waiting
+
+
+def test_a_claim_is_refused_when_the_queue_is_full_or_the_agent_killed(pool) -> None:
+    queues = RunQueues(pool, lambda: 0, Recorder())
+    a = agent()
+    queues.claim(a, job("first"))
+    with pytest.raises(TooManyRequests):
+        queues.claim(a, job("second"))
+    dead = agent()
+    dead.killed = True
+    with pytest.raises(NotFound):
+        queues.claim(dead, job("late"))
+    assert dead.busy is False
+
+
+def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool) -> None:
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    queues = RunQueues(pool, lambda: 8, run)
+    a = agent()
+    holder = queues.claim(a, job("first"))
+    queued_job = job("second")
+    queued = queues.claim(a, queued_job)
+    queued.abandon()
+    assert not a.waiting, "BUG: an abandoned queued run is still waiting"
+    assert queued_job.cancel.is_set()
+    with pytest.raises(RunCancelled):
+        queued_job.future.result(timeout=1)
+    holder.abandon()
+    assert a.busy is False, "BUG: an abandoned claim keeps the agent busy"
+    assert run.calls == [], "an abandoned claim never runs"
+    # Abandoned with a run queued behind it: the agent goes on to that run on a worker.
+    b = agent()
+    first = queues.claim(b, job("x"))
+    behind = queues.claim(b, job("y"))
+    first.abandon()
+    assert behind.result() == "answer to y"
+    assert [c[0] for c in run.calls] == ["y"]
+    assert b.busy is False
