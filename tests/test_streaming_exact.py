@@ -9,6 +9,8 @@ checked in test_transports.py and test_proxy.py."""
 
 from __future__ import annotations
 
+import io
+import json
 import re
 import threading
 import time
@@ -29,6 +31,7 @@ from support import with_test_db
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 WAIT = 15.0
 MAX_STREAMS = 4
+KEEPALIVE = 0.3
 
 
 class Wire:
@@ -85,7 +88,8 @@ def env(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Env]:
     tmp_path = tmp_path_factory.mktemp("streaming")
     patch = pytest.MonkeyPatch()
     patch.setenv("OPENAI_API_KEY", "test-openai")
-    data = {"api": {"rate_limit_per_second": 10000, "rate_limit_burst": 10000, "max_streams": MAX_STREAMS},
+    data = {"api": {"rate_limit_per_second": 10000, "rate_limit_burst": 10000, "max_streams": MAX_STREAMS,
+                    "sse_keepalive_secs": KEEPALIVE},
             "agents": {"max_queue": 1},
             "memory": {"auto_remember": False},
             "llm": {"timeout_secs": 20, "retries": 1},
@@ -111,6 +115,7 @@ def settle(env: Env, handle) -> None:
         time.sleep(0.02)
     assert not handle.busy, "BUG: the agent stayed busy after its stream ended"
     assert env.free_slots() == MAX_STREAMS, "BUG: a stream slot was not given back"
+    assert KEEPER._watched == {}, "BUG: an ended stream is still kept alive"
 
 
 @pytest.mark.parametrize("route", ["v1", "sse"])
@@ -125,6 +130,10 @@ def test_written_stream_sends_what_the_pulled_one_sends(env: Env, route: str) ->
     # Nothing goes through the response iterator: every byte, the opening comment too, is written.
     assert r.get_data(as_text=True) == ""
     assert normal(wire.text()) == normal(pulled)
+    closing = threading.Thread(target=r.close, daemon=True)  # a second release after the body's own
+    closing.start()
+    closing.join(WAIT)
+    assert not closing.is_alive(), "BUG: closing a finished stream's response hangs"
     if route == "v1":
         assert wire.text().endswith('"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
         assert wire.text().count('"content":') == 3
@@ -224,7 +233,7 @@ def test_a_stop_ends_the_stream_at_once(env: Env) -> None:
 def test_a_client_that_left_stops_its_run_and_nothing_more_is_written(env: Env) -> None:
     handle = env.spawn("left")
     wire = Wire(gone_after=1)  # the opening goes out; the first delta finds the client gone
-    r = env.v1(handle, "[[pace:400]] [[chunks:20]]", wire)
+    r = env.v1(handle, "[[pace:400]] [[chunks:100]]", wire)  # 40 s, unless stopped
     assert r.get_data(as_text=True) == ""
     assert len(wire.chunks) == 1 and wire.attempts == 2, (wire.chunks, wire.attempts)
     settle(env, handle)
@@ -380,8 +389,72 @@ def test_nothing_is_written_after_finish() -> None:
     stream.open()
     wire.attempts = 0
     stream.finish()
-    stream.send(("x",))
     stream.deliver(Event("done"))
     stream.tick()
     assert wire.attempts == 0
 
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_streams_pass_the_run_options_and_attachments(env: Env, written: bool) -> None:
+    handle = env.spawn("opts")
+    r = env.client.post("/v1/chat/completions", environ_base=LOCAL if not written else
+                        {**LOCAL, DIRECT_WRITE_KEY: (wire := Wire())},
+                        json={"model": f"agentd:{handle.name}", "stream": True, "max_tokens": 17,
+                              "temperature": 0.25, "messages": [{"role": "user", "content": "[[echo_params]]"}]})
+    text = wire.text() if written else r.get_data(as_text=True)
+    reply = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                    for line in text.splitlines()
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"])
+    assert json.loads(reply)["max_tokens"] == 17 and json.loads(reply)["temperature"] == 0.25, \
+        "BUG: the request's options did not reach the model"
+    settle(env, handle)
+    up = env.client.post(f"/api/agents/{handle.id}/upload", environ_base=LOCAL,
+                         data={"file": (io.BytesIO(b"the attached words"), "note.txt", "text/plain")})
+    assert up.status_code == 201, up.get_data(as_text=True)
+    wire = Wire()
+    r = env.client.post(f"/api/agents/{handle.id}/message/stream",
+                        environ_base={**LOCAL, DIRECT_WRITE_KEY: wire} if written else LOCAL,
+                        json={"message": "read this", "attachments": [{"file_id": up.get_json()["file_id"]}]})
+    text = wire.text() if written else r.get_data(as_text=True)
+    said = "".join(json.loads(line[6:])["content"] for line in text.splitlines()
+                   if line.startswith('data: {"content"'))
+    assert "the attached words" in said, "BUG: the attachment did not reach the model"
+    settle(env, handle)
+
+
+@pytest.mark.parametrize("written", [False, True])
+def test_a_quiet_stream_gets_keepalives_and_then_its_answer(env: Env, written: bool) -> None:
+    handles = [env.spawn("quiet"), env.spawn("quiet")]
+    wires = [Wire(), Wire()]
+    out: dict[int, str] = {}
+
+    def stream(i: int) -> None:
+        r = env.sse(handles[i], "[[slow:1.2]] [[reply:late]]", wires[i] if written else None)
+        out[i] = r.get_data(as_text=True)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    for i in range(2):  # two streams at once: each gets its own keep-alives
+        text = wires[i].text() if written else out[i]
+        before = text.split("event: chunk")[0]
+        assert 2 <= before.count(": keep-alive\n\n") <= 5, f"BUG: keep-alives of a 1.2 s silence at 0.3 s: {text!r}"
+        assert 'event: chunk\ndata: {"content":"late","done":false}' in text
+        assert text.rstrip().splitlines()[-2] == "event: done", "BUG: a keep-alive ended the stream"
+    for h in handles:
+        settle(env, h)
+
+
+def test_a_client_that_disconnects_while_the_model_is_silent_stops_the_run(env: Env) -> None:
+    handle = env.spawn("silent")
+    gone = threading.Event()
+    threading.Timer(0.3, gone.set).start()
+    wire = Wire()
+    r = env.client.post(f"/api/agents/{handle.id}/message/stream", json={"message": "[[slow:60]] hi"},
+                        environ_base={**LOCAL, DIRECT_WRITE_KEY: wire, "waitress.client_disconnected": gone.is_set})
+    r.get_data()
+    settle(env, handle)  # within WAIT, long before the model's 60 s
+    assert "event: chunk" not in wire.text()

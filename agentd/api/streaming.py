@@ -144,10 +144,6 @@ class WrittenStream:
         with self._lock:
             self._deliver(event)
 
-    def send(self, chunks: tuple[str, ...] | list[str]) -> None:
-        with self._lock:
-            self._send(chunks)
-
     def finish(self) -> None:
         with self._lock:
             self._finished = True
