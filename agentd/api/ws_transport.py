@@ -125,6 +125,28 @@ class WebSocketTask(WSGITask):
         super().__init__(channel, request)
         self._ws_hijack_lock = threading.Lock()
 
+    _framing_header = False  # inside build_response_header
+
+    def build_response_header(self) -> bytes:
+        self._framing_header = True
+        try:
+            return super().build_response_header()
+        finally:
+            self._framing_header = False
+
+    def set_close_on_finish(self) -> None:
+        # waitress closes the connection after every HTTP/1.1 response without a
+        # Content-Length, chunked ones included (an SSE stream), so each streamed request
+        # cost a new TCP connection. A chunked body is delimited by its terminator, which
+        # `finish()` writes; a body cut off by an error still closes the connection (the
+        # channel sets close_on_finish itself then). Only that one call is skipped: the
+        # one build_response_header makes for a 1.1 request that did not ask to close. Not
+        # for HEAD: waitress would still write the terminator, bytes a HEAD answer must not have.
+        if (self._framing_header and self.version == "1.1" and self.request.command != "HEAD"
+                and self.request.headers.get("CONNECTION", "").lower() != "close"):
+            return
+        super().set_close_on_finish()
+
     def get_environment(self) -> dict[str, Any]:
         environ = super().get_environment()
         # PEP 3333's write callable, for responses written as they happen (api/streaming.py).
