@@ -207,6 +207,13 @@ def test_the_watch_thread_is_a_named_daemon_thread_and_removal_is_idempotent() -
 
 # -- claim(): the place taken now, the run started later (streams written in place) -------------------------
 
+def gated(pool, max_queue: int = 8) -> tuple[Recorder, RunQueues, SimpleNamespace]:
+    """A run held at "first" until its gate opens, the queues over it, and an idle agent."""
+    run = Recorder()
+    run.gates["first"] = threading.Event()
+    return run, RunQueues(pool, lambda: max_queue, run), agent()
+
+
 def test_a_claim_of_an_idle_agent_holds_it_until_the_run_here_ends(pool) -> None:
     run = Recorder()
     queues = RunQueues(pool, lambda: 8, run)
@@ -222,10 +229,7 @@ def test_a_claim_of_an_idle_agent_holds_it_until_the_run_here_ends(pool) -> None
 
 
 def test_a_claim_of_a_busy_agent_queues_for_a_worker_and_waits(pool) -> None:
-    run = Recorder()
-    run.gates["first"] = threading.Event()
-    queues = RunQueues(pool, lambda: 8, run)
-    a = agent()
+    run, queues, a = gated(pool)
     holder = queues.claim(a, job("first"))
     claimed = queues.claim(a, job("second"))
     assert claimed.here is False and len(a.waiting) == 1
@@ -252,10 +256,7 @@ def test_a_claim_is_refused_when_the_queue_is_full_or_the_agent_killed(pool) -> 
 
 
 def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool) -> None:
-    run = Recorder()
-    run.gates["first"] = threading.Event()
-    queues = RunQueues(pool, lambda: 8, run)
-    a = agent()
+    run, queues, a = gated(pool)
     holder = queues.claim(a, job("first"))
     queued_job = job("second")
     queued = queues.claim(a, queued_job)

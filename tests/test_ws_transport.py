@@ -290,22 +290,27 @@ def upgrade_request(port: int, path: str) -> bytes:
             "Sec-WebSocket-Version: 13\r\n\r\n").encode()
 
 
-def read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length body, read off a raw socket."""
+def read_head(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
+    """A response's status line and headers off a raw socket, and the bytes read past them."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, "connection closed before the response headers"
         data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
+    head, rest = data.split(b"\r\n\r\n", 1)
     lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return lines[0], {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}, rest
+
+
+def read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body, read off a raw socket."""
+    status, headers, body = read_head(sock)
     length = int(headers["content-length"])
     while len(body) < length:
         chunk = sock.recv(65536)
         assert chunk, "connection closed inside the response body"
         body += chunk
-    return lines[0], headers, body
+    return status, headers, body
 
 
 def open_fds() -> int:
@@ -839,14 +844,7 @@ def test_a_plain_request_failing_is_waitresss_to_answer(capture: Capture) -> Non
 
 def read_chunked(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
     """One chunked HTTP/1.1 response off a raw socket, up to and with its terminator."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed before the response headers"
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    status, headers, rest = read_head(sock)
     body = b""
     while True:
         while b"\r\n" not in rest:
@@ -862,7 +860,7 @@ def read_chunked(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
         body, rest = body + rest[:size], rest[size + 2:]
         if size == 0:
             assert rest == b"", "bytes after the terminator"
-            return lines[0], headers, body
+            return status, headers, body
 
 
 def test_a_chunked_response_keeps_its_connection(server: Server) -> None:
