@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
