@@ -37,7 +37,7 @@ from agentd.api.sse import comment, sse_response
 from agentd.api.ws_transport import DIRECT_WRITE_KEY
 from agentd.kernel import Kernel
 
-Render = Callable[[Event], "tuple[list[str], bool]"]
+Render = Callable[[Event], tuple[list[str], bool]]
 
 
 @dataclass(frozen=True)
