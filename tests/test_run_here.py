@@ -276,3 +276,43 @@ def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool
     assert behind.result() == "answer to y"
     assert [c[0] for c in run.calls] == ["y"]
     assert b.busy is False
+
+
+def test_a_claim_acts_once_whatever_comes_after(pool) -> None:
+    run, queues, a = gated(pool)
+    run.gates["first"].set()
+    done = queues.claim(a, job("first"))
+    assert done.result() == "answer to first"
+    holder = queues.claim(a, job("next"))  # the agent is someone else's now
+    done.abandon()
+    assert a.busy is True, "BUG: abandoning a finished claim freed an agent another caller holds"
+    dropped = queues.claim(agent(), job("x"))
+    b = dropped.handle
+    dropped.abandon()
+    again = queues.claim(b, job("y"))
+    dropped.abandon()
+    assert b.busy is True, "BUG: a second abandon freed the agent its next caller holds"
+    holder.abandon()
+    again.abandon()
+    # A queued claim that finished: abandoning it afterwards cancels nothing.
+    run2, queues2, c = gated(pool)
+    first = queues2.claim(c, job("first"))
+    queued = queues2.claim(c, job("second"))
+    threading.Thread(target=first.result).start()
+    run2.gates["first"].set()
+    assert queued.result() == "answer to second"
+    queued.abandon()
+    assert not queued.job.cancel.is_set(), "BUG: abandoning a finished queued run flagged it cancelled"
+
+
+def test_abandoning_a_queued_claim_its_worker_already_started_stops_it(pool) -> None:
+    run, queues, a = gated(pool)
+    run.gates["second"] = threading.Event()  # never opened: only a cancel ends it
+    holder = queues.claim(a, job("first"))
+    queued = queues.claim(a, job("second"))
+    holder.abandon()  # the agent goes on to "second", on a worker
+    assert run.started["second"].wait(5)
+    queued.abandon()
+    assert queued.job.cancel.is_set(), "BUG: a started run whose client left was not stopped"
+    with pytest.raises(RunCancelled):
+        queued.job.future.result(timeout=5)

