@@ -74,6 +74,10 @@ def make_app(hooks: Hooks) -> Flask:
     def plain() -> Any:
         return jsonify(ok=True, n=int(request.args.get("n", 0)))
 
+    @app.get("/short")
+    def short() -> Response:  # promises 10 bytes, sends 3: waitress must close the connection
+        return Response(iter([b"abc"]), headers={"Content-Length": "10"}, mimetype="text/plain")
+
     @app.get("/chunked")
     def chunked() -> Response:
         if request.args.get("fail"):
@@ -907,3 +911,23 @@ def test_a_chunked_response_still_closes_when_it_must(server: Server, request_li
         assert data.endswith(b"\r\n\r\n") and "connection: close" in head.lower()
     else:
         assert "connection: close" in head.lower() or request_line.endswith("1.0")
+
+
+def test_a_short_body_after_a_chunked_one_still_closes(server: Server, capture: Capture) -> None:
+    """The kept-alive chunked response skips one close only; a later one still happens."""
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    try:
+        raw.sendall(f"GET /chunked HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        assert read_chunked(raw)[2] == b"one two"
+        raw.sendall(f"GET /short HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        data = b""
+        while True:
+            chunk = raw.recv(65536)
+            if not chunk:
+                break  # closed: the client is not left waiting for the 7 missing bytes
+            data += chunk
+    finally:
+        raw.close()
+    assert data.endswith(b"\r\n\r\nabc")
+    wait_until(lambda: any("too few bytes" in r.getMessage() for r in capture.records), "waitress's warning")
+    capture.records.clear()  # that warning is this test's point
