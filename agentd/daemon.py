@@ -131,10 +131,9 @@ class Daemon:
                 channel_timeout=300, ident="agentd",
                 # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
                 # them; that layer strips them itself for untrusted peers.
-                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies,
-                # Keep reading while a request runs, so waitress notices a client that left
-                # (environ["waitress.client_disconnected"]) and its run can be withdrawn.
-                channel_request_lookahead=1)
+                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies)
+            # (No channel_request_lookahead: ws_transport.peer_left tells a run that its
+            # client left without waitress's loop polling every busy channel.)
         except OSError as exc:
             self._store.close()
             if exc.errno == errno.EADDRINUSE:

@@ -18,6 +18,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -47,6 +48,8 @@ class Hooks:
         self.gate_arrived = threading.Event()
         self.gate_open = threading.Event()
         self.stubborn_done = threading.Event()
+        self.held: list[Any] = []  # /held requests' disconnect checks
+        self.release = threading.Event()
 
 
 def make_app(hooks: Hooks) -> Flask:
@@ -73,6 +76,12 @@ def make_app(hooks: Hooks) -> Flask:
     @app.get("/http")
     def plain() -> Any:
         return jsonify(ok=True, n=int(request.args.get("n", 0)))
+
+    @app.get("/held")
+    def held() -> Any:  # holds its worker until released, offering its disconnect check
+        hooks.held.append(request.environ[ws_transport.DISCONNECTED_KEY])
+        hooks.release.wait(WAIT)
+        return jsonify(ok=True)
 
     @app.get("/short")
     def short() -> Response:  # promises 10 bytes, sends 3: waitress must close the connection
@@ -931,3 +940,65 @@ def test_a_short_body_after_a_chunked_one_still_closes(server: Server, capture: 
     assert data.endswith(b"\r\n\r\nabc")
     wait_until(lambda: any("too few bytes" in r.getMessage() for r in capture.records), "waitress's warning")
     capture.records.clear()  # that warning is this test's point
+
+
+# -- telling a running request that its client left ---------------------------------------------------
+
+def _held(server: Server) -> tuple[socket.socket, Any]:
+    """A raw connection whose GET /held is running; and that request's disconnect check."""
+    server.hooks.release.clear()
+    before = len(server.hooks.held)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+    sock.sendall(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n")
+    wait_until(lambda: len(server.hooks.held) > before, WAIT)
+    return sock, server.hooks.held[-1]
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+def test_a_running_request_learns_that_its_client_left(server: Server, reset: bool) -> None:
+    sock, gone = _held(server)
+    try:
+        assert gone() is False
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        wait_until(gone, WAIT)
+        assert gone() is True  # and stays so
+    finally:
+        server.hooks.release.set()
+    http_ok(server)
+
+
+def test_a_client_still_there_is_not_taken_for_gone(server: Server) -> None:
+    sock, gone = _held(server)
+    try:
+        assert gone() is False
+        # A pipelined request waits unread: the check looks without taking it.
+        sock.sendall(b"GET /http?n=7 HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(0.2)
+        assert gone() is False
+        server.hooks.release.set()
+        stream = sock.makefile("rb")  # both answers may come in one read
+        answers = []
+        for _ in range(2):
+            status = stream.readline()
+            headers = dict(line.decode().lower().split(":", 1) for line in iter(stream.readline, b"\r\n"))
+            answers.append((status[:12], json.loads(stream.read(int(headers["content-length"])))))
+        assert answers == [(b"HTTP/1.1 200", {"ok": True}), (b"HTTP/1.1 200", {"ok": True, "n": 7})]
+    finally:
+        server.hooks.release.set()
+        sock.close()
+
+
+def test_the_disconnect_check_trusts_a_closed_channel() -> None:
+    task, channel, ours, close = _task_on_a_socketpair(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+    try:
+        gone = task.get_environment()[ws_transport.DISCONNECTED_KEY]
+        assert gone() is False
+        channel.connected = False  # waitress itself saw the client go
+        assert gone() is True
+        channel.connected = True
+        ours.close()  # the socket closed under the request
+        assert gone() is True
+    finally:
+        close()

@@ -46,7 +46,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import waitress
 from waitress.channel import HTTPChannel
@@ -57,6 +57,7 @@ from agentd.api.ws_stream import SEND_TIMEOUT, WebSocketStream
 __all__ = [
     "CLOSE_TIMEOUT",
     "DIRECT_WRITE_KEY",
+    "DISCONNECTED_KEY",
     "SEND_TIMEOUT",
     "WebSocketChannel",
     "WebSocketTask",
@@ -70,6 +71,9 @@ log = logging.getLogger("agentd.ws.transport")
 
 #: The environ key under which a task offers its `write` to the app (api/streaming.py).
 DIRECT_WRITE_KEY = "agentd.write"
+
+#: The environ key of the check whether the client has gone (waitress's name for it).
+DISCONNECTED_KEY = "waitress.client_disconnected"
 
 #: Seconds a finished handler waits for the client to answer the close frame.
 CLOSE_TIMEOUT = 2.0
@@ -115,6 +119,26 @@ class _LazySocket:
         return f"<lazy websocket for {self._task.request.path}>"
 
 
+def peer_left(channel: HTTPChannel) -> Callable[[], bool]:
+    """A check whether the client of `channel` has gone, for a request that is running.
+
+    waitress only learns of it by reading the socket, which it does while a request runs
+    only with `channel_request_lookahead`; that setting made its loop poll every busy
+    channel and cost about a third of the daemon's CPU per request at 32 connections. This
+    looks instead, when asked, without taking anything: an orderly close reads as end of
+    file, a reset as an error. Bytes waiting (a pipelined request) mean the client is there."""
+    def check() -> bool:
+        if not channel.connected:
+            return True
+        try:
+            return channel.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except (OSError, AttributeError, ValueError):  # reset, or closed under us
+            return True
+    return check
+
+
 class WebSocketTask(WSGITask):
     """A WSGI task that can give its connection to a WebSocket handler."""
 
@@ -151,6 +175,7 @@ class WebSocketTask(WSGITask):
         environ = super().get_environment()
         # PEP 3333's write callable, for responses written as they happen (api/streaming.py).
         environ[DIRECT_WRITE_KEY] = self.write
+        environ[DISCONNECTED_KEY] = peer_left(self.channel)
         if self._ws_lazy is None and "websocket" in environ.get("HTTP_UPGRADE", "").lower():
             self._ws_lazy = _LazySocket(self)
             environ["werkzeug.socket"] = self._ws_lazy
