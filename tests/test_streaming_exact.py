@@ -23,7 +23,7 @@ from werkzeug.test import EnvironBuilder
 
 from agentd.agents.events import Event
 from agentd.api import create_app
-from agentd.api.streaming import DIRECT_WRITE_KEY, IN_PLACE, KEEPER, InPlaceCount, StreamShape, WrittenStream
+from agentd.api.streaming import DIRECT_WRITE_KEY, KEEPER, StreamShape, WrittenStream
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from support import with_test_db
@@ -116,7 +116,6 @@ def settle(env: Env, handle) -> None:
     assert not handle.busy, "BUG: the agent stayed busy after its stream ended"
     assert env.free_slots() == MAX_STREAMS, "BUG: a stream slot was not given back"
     assert KEEPER._watched == {}, "BUG: an ended stream is still kept alive"
-    assert IN_PLACE.active == 0, "BUG: an ended stream still counts as written in place"
 
 
 @pytest.mark.parametrize("route", ["v1", "sse"])
@@ -460,31 +459,3 @@ def test_a_client_that_disconnects_while_the_model_is_silent_stops_the_run(env: 
     r.get_data()
     settle(env, handle)  # within WAIT, long before the model's 60 s
     assert "event: chunk" not in wire.text()
-
-
-def test_streams_past_the_in_place_limit_take_the_pulled_path(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert IN_PLACE.limit == 4
-    monkeypatch.setattr(IN_PLACE, "limit", 1)
-    first, second = env.spawn("limit"), env.spawn("limit")
-    first_wire, second_wire = Wire(), Wire()
-    holder = threading.Thread(target=lambda: env.sse(first, "[[slow:1]] [[reply:one]]", first_wire).get_data())
-    holder.start()
-    deadline = time.monotonic() + WAIT
-    while IN_PLACE.active != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert IN_PLACE.active == 1
-    body = env.sse(second, "[[reply:two]]", second_wire).get_data(as_text=True)
-    assert second_wire.attempts == 0, "BUG: a stream past the limit was written in place"
-    assert 'event: chunk\ndata: {"content":"two","done":false}' in body and "event: done" in body
-    holder.join(WAIT)
-    assert 'data: {"content":"one","done":false}' in first_wire.text()
-    settle(env, first)
-    settle(env, second)
-
-
-def test_the_in_place_count_takes_up_to_its_limit() -> None:
-    count = InPlaceCount(2)
-    assert [count.take(), count.take(), count.take()] == [True, True, False]
-    assert count.active == 2
-    count.give()
-    assert count.take() is True and count.active == 2

@@ -51,44 +51,11 @@ class StreamShape:
     closing: tuple[str, ...] = ()
 
 
-class InPlaceCount:
-    """How many streams are being written in place; at most `limit` at once.
-
-    In place, every event is a write of its own on its request thread, and each write lets
-    go of the GIL. With a few streams that is the cheapest way (no hand-off). With dozens
-    at once on several cores, every one of those writes became a fight for the GIL: 32
-    concurrent streams ran at 0.6-0.7x the rate of the pulled path, whose request threads
-    send what piled up while they waited in one write. Streams past the limit take the
-    pulled path, so a busy daemon does what it did before and a quiet one saves the
-    hand-offs."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.active = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.active >= self.limit:
-                return False
-            self.active += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self.active -= 1
-
-
-IN_PLACE = InPlaceCount(4)
-
-
 def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
                options: RunOptions | None, shape: StreamShape) -> Response:
     """Start streaming `text` to `handle` as Server-Sent Events; refusals are raised here."""
     acquire_stream_slot(kernel)
     write = request.environ.get(DIRECT_WRITE_KEY)
-    if write is not None and not IN_PLACE.take():
-        write = None
     try:
         if write is None:
             run = start_live_run(kernel, handle, text, attachments, options)
@@ -99,8 +66,6 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
                                           cancel=stream.cancel)
     except BaseException:
         kernel.stream_slots.release()
-        if write is not None:
-            IN_PLACE.give()
         raise
     if write is None:
         def pulled_closed() -> None:
@@ -115,7 +80,6 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
         if released.acquire(blocking=False):  # once: at the body's end, or when closed unstarted
             claimed.abandon()  # a response closed before its run began: free the agent
             kernel.stream_slots.release()
-            IN_PLACE.give()
 
     response = sse_response(_written(stream, claimed, client_disconnected(), written_closed), opening=False)
     response.call_on_close(written_closed)
