@@ -52,6 +52,7 @@ class Kernel:
     def __init__(self, config: Config, store: Store) -> None:
         self.config = config
         self.store = store
+        store.start_checkpoints()  # SQLite: the WAL is checkpointed off the request path
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         # Runs never wait here for an agent (each agent queues its own requests), so one

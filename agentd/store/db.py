@@ -19,6 +19,7 @@ from pony.orm import Database, Optional, PrimaryKey, Required, Set
 
 from agentd.errors import AgentdError
 from agentd.store import migrate
+from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, WalCheckpointer
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -232,6 +233,7 @@ class Store:
     # "sqlite" or "postgres"; `where` names the database for logs (a masked URL or a path).
     backend: str = "sqlite"
     where: str = ""
+    checkpointer: WalCheckpointer | None = None
 
     @property
     def shared(self) -> bool:
@@ -271,8 +273,17 @@ class Store:
         cursor.execute(_PARAM.sub(style, sql), params)
         return cursor.fetchall()
 
+    def start_checkpoints(self) -> None:
+        """SQLite: checkpoint the WAL on a thread of its own from now on (store/checkpoint.py)."""
+        if self.backend == "sqlite" and self.checkpointer is None:
+            self.checkpointer = WalCheckpointer(self.path)
+            self.checkpointer.start()
+
     def close(self) -> None:
-        """Close this thread's connection (the process is about to exit)."""
+        """Stop the checkpoints and close this thread's connection (the process is about to exit)."""
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+            self.checkpointer = None
         self.db.disconnect()
 
 
@@ -316,6 +327,8 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA busy_timeout = 5000")
+        # Checkpoints run on the store's own thread (store/checkpoint.py); this is the backstop.
+        cursor.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
 
     entities = _define_entities(db)
     side = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)

@@ -1,0 +1,162 @@
+"""agentd.store.checkpoint: the WAL is checkpointed on the store's own thread, not by a request.
+
+Real SQLite files in a temp dir; nothing asserts on time (waits poll with a deadline)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, CHECKPOINT_SECS, WalCheckpointer
+from agentd.store.db import open_store
+from support import wait_until
+
+WAIT = 10.0
+
+
+def _threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "agentd-wal-checkpoint"]
+
+
+_written = [0]
+
+
+def _write(store, n: int) -> None:
+    for _ in range(n):  # one commit each: each appends frames to the log
+        _written[0] += 1
+        store.set_setting(f"k{_written[0]}", "x" * 2000)
+
+
+def _frames_not_checkpointed(path: Path) -> int:
+    """Frames in the log not yet in the database file, seen by a connection of its own."""
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        # A PASSIVE checkpoint reports (busy, frames in the log, frames checkpointed); this one
+        # copies too, so look at the log's header through the first call only.
+        busy, in_log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return in_log - done
+    finally:
+        conn.close()
+
+
+def test_the_stores_connections_leave_checkpoints_to_the_thread(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "a.db")
+    try:
+        assert AUTOCHECKPOINT_PAGES == 10_000 and CHECKPOINT_SECS == 0.5
+        with orm.db_session:
+            cursor = store.db.get_connection().cursor()
+            assert cursor.execute("PRAGMA wal_autocheckpoint").fetchone() == (AUTOCHECKPOINT_PAGES,)
+            assert cursor.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        # 700 commits of ~2 KB: past SQLite's default mark of 1,000 pages, and none of them
+        # checkpointed the log (no checkpointer runs here).
+        _write(store, 700)
+        assert Path(f"{tmp_path / 'a.db'}-wal").stat().st_size > 1000 * (4096 + 24)
+        checker = WalCheckpointer(tmp_path / "a.db")
+        conn = sqlite3.connect(str(tmp_path / "a.db"), isolation_level=None)
+        try:
+            assert checker.checkpoint(conn) is True
+            busy, in_log, done = checker.last
+            assert busy == 0 and in_log == done and in_log > 1000
+            assert checker.checkpoints == 1
+        finally:
+            conn.close()
+    finally:
+        store.close()
+
+
+def test_each_look_copies_what_came_since(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "b.db")
+    checker = WalCheckpointer(tmp_path / "b.db")
+    conn = sqlite3.connect(str(tmp_path / "b.db"), isolation_level=None)
+    try:
+        _write(store, 5)
+        assert checker.checkpoint(conn) is True
+        first = checker.last
+        assert first[0] == 0 and first[1] == first[2] > 0
+        assert checker.checkpoint(conn) is True and checker.last == first  # nothing new, nothing copied
+        _write(store, 1)  # the log starts again from its beginning
+        assert checker.checkpoint(conn) is True
+        assert checker.checkpoints == 3 and 0 < checker.last[1] == checker.last[2] < first[1]
+    finally:
+        conn.close()
+        store.close()
+
+
+def test_a_log_a_reader_still_needs_is_copied_later(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.db")
+    checker = WalCheckpointer(tmp_path / "c.db")
+    conn = sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None)
+    reader = sqlite3.connect(str(tmp_path / "c.db"), isolation_level=None)
+    try:
+        _write(store, 2)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM settings").fetchone()[0] >= 2  # holds its snapshot
+        _write(store, 3)
+        assert checker.checkpoint(conn) is True
+        assert checker.last[2] < checker.last[1]  # the reader's snapshot kept the newest frames
+        reader.execute("COMMIT")
+        assert checker.checkpoint(conn) is True
+        assert checker.last[1] == checker.last[2]
+    finally:
+        reader.close()
+        conn.close()
+        store.close()
+
+
+def test_a_failed_checkpoint_is_logged_and_tried_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = open_store(tmp_path / "d.db")
+    checker = WalCheckpointer(tmp_path / "d.db")
+    conn = sqlite3.connect(str(tmp_path / "d.db"), isolation_level=None)
+    try:
+        _write(store, 2)
+        conn.close()  # a closed connection: the PRAGMA fails
+        with caplog.at_level("WARNING", logger="agentd.store"):
+            assert checker.checkpoint(conn) is False
+        assert checker.checkpoints == 0 and checker.last is None
+        assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"WAL checkpoint of {tmp_path / 'd.db'} failed"]
+        conn = sqlite3.connect(str(tmp_path / "d.db"), isolation_level=None)
+        assert checker.checkpoint(conn) is True and checker.last[1] == checker.last[2] > 0
+    finally:
+        conn.close()
+        store.close()
+
+
+def test_the_store_runs_its_checkpointer_until_closed(tmp_path: Path) -> None:
+    before = len(_threads())
+    store = open_store(tmp_path / "e.db")
+    store.start_checkpoints()
+    checker = store.checkpointer
+    assert checker is not None and checker.interval == CHECKPOINT_SECS
+    store.start_checkpoints()  # a second start changes nothing
+    assert store.checkpointer is checker and len(_threads()) == before + 1
+    _write(store, 20)
+    wait_until(lambda: checker.checkpoints >= 1 and _frames_not_checkpointed(tmp_path / "e.db") == 0, WAIT)
+    store.close()
+    assert store.checkpointer is None and len(_threads()) == before
+
+
+def test_the_kernel_starts_and_stops_the_checkpointer(tmp_path: Path) -> None:
+    from agentd.config import parse_config
+    from agentd.kernel import Kernel
+
+    before = len(_threads())
+    kernel = Kernel.open(parse_config({"memory": {"auto_remember": False}}, tmp_path))
+    try:
+        assert kernel.store.checkpointer is not None and len(_threads()) == before + 1
+    finally:
+        kernel.close()
+    assert len(_threads()) == before
+
+
+def test_postgresql_has_no_checkpointer(tmp_path: Path) -> None:
+    from agentd.store.db import Store
+
+    before = len(_threads())
+    store = Store(db=None, e=None, path=tmp_path / "unused", backend="postgres")  # type: ignore[arg-type]
+    store.start_checkpoints()
+    assert store.checkpointer is None and len(_threads()) == before
