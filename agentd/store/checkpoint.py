@@ -51,7 +51,9 @@ class WalCheckpointer:
             self._thread.join()
 
     def _run(self) -> None:
-        conn = sqlite3.connect(str(self.path), timeout=0, isolation_level=None, check_same_thread=False)
+        # (Made on this thread, used only here. A PASSIVE checkpoint waits for no lock, so the
+        # busy timeout does not apply.)
+        conn = sqlite3.connect(str(self.path))
         try:
             while not self._stop.wait(self.interval):
                 self.checkpoint(conn)
