@@ -187,7 +187,8 @@ def reset_sessions(d: Daemon, ids: list[str]) -> None:
 def throughput_table(args: argparse.Namespace, upstream: str) -> None:
     load = run_wrk if shutil.which("wrk") and not args.python_load else run_python
     print(f"load generator: {'wrk (core 0)' if load is run_wrk else 'python threads'}; "
-          f"{args.seconds:g} s per cell, medians of {args.rounds} rounds, {args.agents} agents round-robin")
+          f"{args.seconds:g} s per cell, medians of {args.rounds} rounds, {args.agents} agents round-robin, "
+          f"{args.warmup:g} s unrecorded warm-up per setup")
     bare_port = free_port()
     bare = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "bare_proxy.py"), str(bare_port), upstream])
     bare_url = f"http://127.0.0.1:{bare_port}"
@@ -222,6 +223,11 @@ def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[li
         setups.insert(1, ("peer " + args.peer, args.peer, "peer", False))
     for label, base, kind, stream in setups:
         cells: dict[int, dict] = {}
+        if args.warmup > 0 and kind != "peer":
+            # Not recorded: the first requests of a fresh process load what serving loads on
+            # first use (agentd's drivers, each thread's database connection). Cold start is
+            # its own figure.
+            load(base, targets_for(kind, names, ids, stream), 1, args.warmup)
         for conns in (1, 32):
             samples = []
             for _ in range(args.rounds):
@@ -397,6 +403,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=1.0,
+                        help="seconds of unrecorded load on each setup before its cells (0: none)")
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--peer", default="", help="base URL of another OpenAI-compatible proxy (…/v1)")
