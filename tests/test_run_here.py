@@ -28,6 +28,10 @@ def job(text: str, cancel: threading.Event | None = None) -> QueuedRun:
     return QueuedRun(text, None, None, None, cancel or threading.Event(), Future())
 
 
+# Generous: on a loaded CI machine a thread can wait seconds for its first turn (a 5 s wait
+# once ran out). Waits return as soon as the condition holds.
+WAIT = 30.0
+
 class Recorder:
     """The run: records the thread and text of each call; `gate` holds runs whose text is in it."""
 
@@ -76,7 +80,7 @@ def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(po
     first = threading.Thread(target=lambda: results.setdefault("first", queues.run_here(a, job("first"))),
                              name="request-1")
     first.start()
-    assert run.started["first"].wait(5)
+    assert run.started["first"].wait(WAIT)
     second = threading.Thread(target=lambda: results.setdefault("second", queues.run_here(a, job("second"))),
                               name="request-2")
     second.start()
@@ -85,8 +89,8 @@ def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(po
         time.sleep(0.01)
     assert len(a.waiting) == 1 and a.busy is True
     run.gates["first"].set()
-    first.join(5)
-    second.join(5)
+    first.join(WAIT)
+    second.join(WAIT)
     assert results == {"first": "answer to first", "second": "answer to second"}
     assert run.calls[0] == ("first", "request-1")
     assert run.calls[1][0] == "second" and run.calls[1][1].startswith("run-worker"), \
@@ -101,12 +105,12 @@ def test_full_queue_and_killed_agent_are_refused(pool) -> None:
     a = agent()
     t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
     t.start()
-    assert run.started["first"].wait(5)
+    assert run.started["first"].wait(WAIT)
     with pytest.raises(TooManyRequests) as refused:
         queues.run_here(a, job("second"))
     assert refused.value.code == "agent_busy"
     run.gates["first"].set()
-    t.join(5)
+    t.join(WAIT)
     a.killed = True
     with pytest.raises(NotFound):
         queues.run_here(a, job("third"))
@@ -141,11 +145,11 @@ def test_a_client_that_leaves_stops_its_running_run(pool) -> None:
 
     t = threading.Thread(target=request)
     t.start()
-    assert run.started["slow"].wait(5)
+    assert run.started["slow"].wait(WAIT)
     time.sleep(0.3)
     assert not cancel.is_set(), "BUG: a run was stopped while its client was still there"
     gone.set()
-    t.join(5)
+    t.join(WAIT)
     assert not t.is_alive() and cancel.is_set(), "BUG: a client that left did not stop its run"
     assert len(caught) == 1 and isinstance(caught[0], RunCancelled)
     assert a.busy is False
@@ -159,12 +163,12 @@ def test_queued_runs_are_cancelled_when_the_pool_is_gone() -> None:
     a = agent()
     t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
     t.start()
-    assert run.started["first"].wait(5)
+    assert run.started["first"].wait(WAIT)
     queued = [job("q1"), job("q2")]
     futures = [queues.submit(a, q) for q in queued]
     executor.shutdown(wait=False)  # the daemon is stopping
     run.gates["first"].set()
-    t.join(5)
+    t.join(WAIT)
     for f in futures:
         with pytest.raises(RunCancelled):
             f.result(timeout=5)
@@ -237,7 +241,7 @@ def test_a_claim_of_a_busy_agent_queues_for_a_worker_and_waits(pool) -> None:
     finishing.start()
     run.gates["first"].set()
     assert claimed.result() == "answer to second"
-    finishing.join(5)
+    finishing.join(WAIT)
     assert run.calls[1][0] == "second" and run.calls[1][1].startswith("run-worker")
     assert a.busy is False and not a.waiting
 
@@ -311,7 +315,7 @@ def test_abandoning_a_queued_claim_its_worker_already_started_stops_it(pool) -> 
     holder = queues.claim(a, job("first"))
     queued = queues.claim(a, job("second"))
     holder.abandon()  # the agent goes on to "second", on a worker
-    assert run.started["second"].wait(5)
+    assert run.started["second"].wait(WAIT)
     queued.abandon()
     assert queued.job.cancel.is_set(), "BUG: a started run whose client left was not stopped"
     with pytest.raises(RunCancelled):
