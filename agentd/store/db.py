@@ -19,8 +19,8 @@ from pony.orm import Database, Optional, PrimaryKey, Required, Set
 
 from agentd.errors import AgentdError
 from agentd.store import migrate
-from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, WalCheckpointer
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
+from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, WalCheckpointer
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
