@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,11 +27,32 @@ TRACEBACK = "Traceback (most recent call last)"
 STARTED: list["Daemon"] = []
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free a moment ago on 127.0.0.1, below the ephemeral range.
+
+    Servers in these tests restart on the port they had. A port from the ephemeral range
+    can be taken while its server is down by any outgoing connection's source port, even
+    by a client's reconnect to that very port (a TCP self-connect), and the restart then
+    cannot bind it for as long as that socket lives. Below the range nothing takes it
+    but another listener.
+    """
+    low = _ephemeral_low()
+    for _ in range(500):
+        port = random.randint(max(1025, low - 20_000), low - 1)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 def make_home(root: Path, config_text: str | None = None) -> Path:

@@ -11,6 +11,8 @@ from typing import Any
 from flask import Flask
 from werkzeug.serving import make_server
 
+from support import free_port
+
 
 class FakeServer:
     """`start()` on a free port (or the given one), `stop()`, `restart()` on the same port."""
@@ -27,6 +29,8 @@ class FakeServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "FakeServer":
+        if not self.port:  # a port that stays ours across restart() (see free_port)
+            self.port = free_port()
         for _ in range(50):  # the old socket may take a moment to release the port
             try:
                 self.server = make_server("127.0.0.1", self.port, self.app, threaded=True)
