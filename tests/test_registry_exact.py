@@ -439,6 +439,31 @@ def test_observe_mode_offers_read_only_tools(mgr) -> None:
     assert names == UNGATED and "read_only_mode" not in caps
 
 
+
+def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) -> None:
+    h = mgr.spawn('name = "again"\nprofile = "full"\n')
+    tools, caps = mgr.effective_tools(h)
+    assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
+    tools.clear()
+    caps["shell"] = ["rm"]
+    caps["read_only_mode"] = True
+    tools, caps = mgr.effective_tools(h)  # what the last caller did to its answer is not kept
+    assert [t.name for t in tools] == ALL
+    assert caps["shell"] == ["*"] and "read_only_mode" not in caps
+    mgr.set_mode(h, "Observe")
+    tools, caps = mgr.effective_tools(h)
+    assert [t.name for t in tools] == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall",
+                                       "memory_search", "knowledge_query", "agent_list", "agent_find",
+                                       "system_time"]
+    assert caps["read_only_mode"] is True
+    mgr.set_mode(h, "Auto")
+    tools, caps = mgr.effective_tools(h)
+    assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
+    other = mgr.spawn('name = "again2"\nprofile = "minimal"\n')
+    other.tools_cache = h.tools_cache  # a cached answer for another manifest is never used
+    assert [t.name for t in mgr.effective_tools(other)[0]] == ["file_read", "file_list"]
+
+
 # -- mode and kill -----------------------------------------------------------------------------
 def test_set_mode_persists_and_refuses_unknown_modes(env, mgr) -> None:
     h = mgr.spawn(manifest("moded"))

@@ -69,6 +69,8 @@ class AgentHandle:
     # (manifest, what the item showed, its JSON text) of this agent's GET /api/agents item
     # (agents/listing.py).
     list_json: tuple[Any, tuple[Any, ...], str] | None = None
+    # (manifest, mode, tools, capabilities) of the last AgentRegistry.effective_tools answer.
+    tools_cache: tuple[Any, str, list[Any], dict[str, Any]] | None = None
 
 
 @dataclass

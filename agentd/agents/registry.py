@@ -228,6 +228,11 @@ class AgentRegistry:
         A named profile grants the capabilities its tools need; with no profile or
         an explicit list, shell, network and spawning must be granted explicitly.
         """
+        mode = mode or handle.mode
+        cached = handle.tools_cache
+        # Every run asks; the answer changes only with the manifest (never edited in place) or mode.
+        if cached is not None and cached[0] is handle.manifest and cached[1] == mode:
+            return list(cached[2]), dict(cached[3])
         caps = dict(handle.manifest.capabilities)
         declared = caps["tools"]
         profile = handle.manifest.profile
@@ -243,11 +248,11 @@ class AgentRegistry:
                 self._imply(caps, names)
         tools = [available[n] for n in names if n in available]
         tools = [t for t in tools if t.capability is None or caps.get(t.capability)]
-        mode = mode or handle.mode
         if mode == "Observe":
             tools = [t for t in tools if t.read_only]
             caps["read_only_mode"] = True
-        return tools, caps
+        handle.tools_cache = (handle.manifest, mode, tools, caps)
+        return list(tools), dict(caps)
 
     @staticmethod
     def _imply(caps: dict[str, Any], names: list[str]) -> None:
