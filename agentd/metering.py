@@ -65,14 +65,20 @@ class Metering:
         # are read from it on every check, since other daemons spend and set them too.
         self.shared = False
 
-    def _refresh(self) -> None:
-        """Shared database: this month's spend and the limit as every daemon wrote them."""
+    def _refresh(self, spend: bool = True) -> None:
+        """Shared database: the limit, and this month's spend (always with `spend`, else only
+        under a limit), as every daemon wrote them.
+
+        A check without a limit needs no spend: summing the month's usage rows (twice per
+        message, and more rows every day) was the largest query of a run on PostgreSQL."""
         if not self.shared:
             return
-        spent = self._sum_cost(self._period_start, self._period_end)
         limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
+        spent = self._sum_cost(self._period_start, self._period_end) if spend or limit > 0 else None
         with self._lock:
-            self._spent, self._limit = spent, limit
+            self._limit = limit
+            if spent is not None:
+                self._spent = spent
 
     # -- recording --------------------------------------------------------------
     def record(self, agent_id: str, agent_name: str, provider: str, model: str,
@@ -149,7 +155,7 @@ class Metering:
 
     def check_budget(self) -> None:
         """Refuse a new run when this month's spend has reached the limit (429)."""
-        self._refresh()
+        self._refresh(spend=False)
         limit = self.limit_usd
         if limit <= 0:
             return

@@ -155,6 +155,28 @@ def test_a_shared_database_reads_other_daemons_spend_and_limit(store) -> None:
         "following another daemon's limit writes nothing back"
 
 
+
+def test_a_shared_check_sums_the_spend_only_under_a_limit(store, caplog) -> None:
+    here = Metering(store, Catalog.load(), now=Now(MARCH))
+    there = Metering(store, Catalog.load(), now=Now(MARCH))
+    here.shared = True
+    there.record("b1", "beta", "openai", "gpt-4o", 1000, 10)
+    caplog.set_level("INFO", logger="pony.orm.sql")
+    orm.set_sql_debug(True)
+    try:
+        here.check_budget()  # no limit: nothing to refuse, and no need to add up the month
+        assert not [r for r in caplog.records if "SUM(cost_usd)" in r.getMessage()], \
+            "a check without a limit summed the month's usage"
+        there.set_limit(0.002)
+        with pytest.raises(TooManyRequests) as caught:
+            here.check_budget()  # another daemon's limit and spend, both read by the check itself
+        assert [r for r in caplog.records if "SUM(cost_usd)" in r.getMessage()]
+    finally:
+        orm.set_sql_debug(False)
+    assert caught.value.message == "message delivery failed: budget exceeded: $0.0026 of $0.0020 spent this month"
+    assert here.budget()["spent_usd"] == pytest.approx(0.0026)
+
+
 def test_reports_are_ordered_by_spend_then_name(store) -> None:
     clock = Now(MARCH)
     metering = Metering(store, Catalog.load(), now=clock)
