@@ -70,7 +70,7 @@ def drained(run: runs.LiveRun, heartbeat: float | None = None) -> list:
 
 def manual(env: Env, handle, heartbeat_secs: float = 100.0, disconnected=None) -> runs.LiveRun:
     """A LiveRun over a queue this test fills and a future it settles (no model call)."""
-    return runs.LiveRun(handle, QueueSink(), Future(), threading.Event(), env.kernel.agents, disconnected,
+    return runs.LiveRun(QueueSink(), Future(), threading.Event(), env.kernel.agents, disconnected,
                         heartbeat_secs)
 
 
@@ -154,6 +154,13 @@ def test_error_event_of_agentd_and_internal_errors(env: Env) -> None:
                                    "retry_after": None, "code": None, "retryable": False})
 
 
+
+def test_error_event_carries_the_error_code() -> None:
+    busy = TooManyRequests("agent a is busy", retry_after=2, code="agent_busy")
+    assert runs.failure_event(busy) == Event("error", {"message": "agent a is busy", "status": 429,
+                                                       "retry_after": 2, "code": "agent_busy",
+                                                       "retryable": False})
+
 def test_cancelled_run_ends_with_stopped(env: Env) -> None:
     handle = env.spawn("stopper")
     run = live(env, handle, "[[slow:5]] late")
@@ -196,6 +203,23 @@ def test_keepalive_after_heartbeat_of_silence(env: Env) -> None:
     run.sink.finish()
     assert list(it) == []
 
+
+
+def test_a_live_run_keeps_alive_at_the_configured_interval(env: Env, monkeypatch) -> None:
+    monkeypatch.setattr(env.kernel.config.api, "sse_keepalive_secs", 0.3)
+    run = live(env, env.spawn("hbcfg"), "[[slow:3]] late")
+    try:
+        quiet_since = time.monotonic()
+        for event in run.events():
+            if event is None:
+                break
+            assert event.type == "phase", f"BUG: the slow run ended ({event}) before any keep-alive"
+            quiet_since = time.monotonic()
+        # (The default heartbeat is 15 s: a keep-alive within the 3 s run is the configured one.)
+        assert 0.3 <= time.monotonic() - quiet_since < 2.5
+    finally:
+        run.close()
+        drained(run)
 
 def test_explicit_heartbeat_overrides_the_configured_one(env: Env) -> None:
     run = manual(env, env.spawn("hb2"), heartbeat_secs=100.0)

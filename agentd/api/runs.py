@@ -42,7 +42,6 @@ def client_disconnected() -> Callable[[], bool] | None:
 class LiveRun:
     """A run in flight and the queue its events arrive on."""
 
-    handle: AgentHandle
     sink: QueueSink
     future: Future
     cancel: threading.Event
@@ -120,7 +119,7 @@ def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: 
         sink.finish()
 
     future.add_done_callback(finished)
-    return LiveRun(handle, sink, future, cancel, kernel.agents, client_disconnected(),
+    return LiveRun(sink, future, cancel, kernel.agents, client_disconnected(),
                    kernel.config.api.sse_keepalive_secs)
 
 
