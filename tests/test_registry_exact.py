@@ -442,12 +442,13 @@ def test_observe_mode_offers_read_only_tools(mgr) -> None:
 
 def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) -> None:
     h = mgr.spawn('name = "again"\nprofile = "full"\n')
-    tools, caps = mgr.effective_tools(h)
-    assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
-    tools.clear()
-    caps["shell"] = ["rm"]
-    caps["read_only_mode"] = True
-    tools, caps = mgr.effective_tools(h)  # what the last caller did to its answer is not kept
+    for _ in range(2):  # the first answer is worked out, the second comes from the cache
+        tools, caps = mgr.effective_tools(h)
+        assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
+        tools.clear()
+        caps["shell"] = ["rm"]
+        caps["read_only_mode"] = True
+    tools, caps = mgr.effective_tools(h)  # what the callers did to their answers is not kept
     assert [t.name for t in tools] == ALL
     assert caps["shell"] == ["*"] and "read_only_mode" not in caps
     mgr.set_mode(h, "Observe")
