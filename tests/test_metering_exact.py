@@ -167,6 +167,8 @@ def test_a_shared_check_sums_the_spend_only_under_a_limit(store, caplog) -> None
         here.check_budget()  # no limit: nothing to refuse, and no need to add up the month
         assert not [r for r in caplog.records if "SUM(cost_usd)" in r.getMessage()], \
             "a check without a limit summed the month's usage"
+        report = here.budget()  # the report shows the spend with or without a limit
+        assert (report["spent_usd"], report["limited"]) == (pytest.approx(0.0026), False)
         there.set_limit(0.002)
         with pytest.raises(TooManyRequests) as caught:
             here.check_budget()  # another daemon's limit and spend, both read by the check itself
