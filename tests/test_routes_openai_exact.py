@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentRunError
 from agentd.api import routes_openai as ro
 from agentd.api import create_app
+from agentd.api.streaming import DIRECT_WRITE_KEY
 from agentd.config import parse_config
 from agentd.errors import BadRequest, TooManyRequests
 from agentd.kernel import Kernel
@@ -595,6 +597,28 @@ def test_stream_error_event(env: Env) -> None:
     assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error",
                                                    "code": None}}) + "data: [DONE]\n\n"), text
     assert len(sse(r)) == 3, "only the role chunk, the error and [DONE]"
+
+
+
+@pytest.mark.parametrize("text, last", [
+    ("[[reply:one]]", '"finish_reason":"stop"}]}'),
+    ("[[fail:400]]", '"type":"server_error","code":null}}'),
+    ("[[slow:5]] late", '"finish_reason":"stop"}]}'),
+])
+def test_written_stream_ends_with_one_done_marker(env: Env, text: str, last: str) -> None:
+    """In the daemon a stream is written in place (api/streaming.py): its final event, whether
+    the run finished, failed or was stopped, is what closes it with `[DONE]`."""
+    name, agent_id = env.spawn("written")
+    chunks: list[bytes] = []
+    if text.startswith("[[slow"):
+        threading.Timer(0.5, env.kernel.agents.stop, [env.kernel.agents.get(agent_id)]).start()
+    r = env.client.post("/v1/chat/completions", json={"model": name, "stream": True,
+                                                      "messages": [{"role": "user", "content": text}]},
+                        environ_base={**LOCAL, DIRECT_WRITE_KEY: chunks.append})
+    assert r.status_code == 200 and r.get_data() == b"", "every byte goes to the written stream"
+    frames = without_keepalives(b"".join(chunks).decode()).split("\n\n")
+    assert frames[-3:] == [frames[-3], "data: [DONE]", ""] and frames[-3].endswith(last), frames
+    assert frames.count("data: [DONE]") == 1
 
 
 def test_stream_tool_calls_are_forwarded(env: Env) -> None:
