@@ -465,6 +465,25 @@ def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) ->
     assert [t.name for t in mgr.effective_tools(other)[0]] == ["file_read", "file_list"]
 
 
+
+def test_effective_tools_are_worked_out_once_per_manifest_and_mode(mgr, monkeypatch) -> None:
+    from agentd.agents import registry
+
+    h = mgr.spawn('name = "once"\nprofile = "coding"\n')
+    first = [t.name for t in mgr.effective_tools(h)[0]]
+    mgr.effective_tools(h, "Observe")  # the cache holds the last mode asked for
+
+    def registry_read_again() -> list:
+        raise AssertionError("the tool registry was read again for an answer already worked out")
+
+    monkeypatch.setattr(registry, "all_tools", registry_read_again)
+    assert [t.name for t in mgr.effective_tools(h, "Observe")[0]] == ["file_read", "file_list", "web_fetch"]
+    with pytest.raises(AssertionError, match="read again"):
+        mgr.effective_tools(h, "Auto")  # another mode: worked out anew
+    monkeypatch.undo()
+    assert [t.name for t in mgr.effective_tools(h, "Auto")[0]] == first
+
+
 # -- mode and kill -----------------------------------------------------------------------------
 def test_set_mode_persists_and_refuses_unknown_modes(env, mgr) -> None:
     h = mgr.spawn(manifest("moded"))
