@@ -169,14 +169,15 @@ def test_a_shared_check_sums_the_spend_only_under_a_limit(store, caplog) -> None
             "a check without a limit summed the month's usage"
         report = here.budget()  # the report shows the spend with or without a limit
         assert (report["spent_usd"], report["limited"]) == (pytest.approx(0.0026), False)
-        there.set_limit(0.002)
+        there.record("b1", "beta", "openai", "gpt-4o", 1000, 10)  # spent since the report
+        there.set_limit(0.004)
         with pytest.raises(TooManyRequests) as caught:
             here.check_budget()  # another daemon's limit and spend, both read by the check itself
         assert [r for r in caplog.records if "SUM(cost_usd)" in r.getMessage()]
     finally:
         orm.set_sql_debug(False)
-    assert caught.value.message == "message delivery failed: budget exceeded: $0.0026 of $0.0020 spent this month"
-    assert here.budget()["spent_usd"] == pytest.approx(0.0026)
+    assert caught.value.message == "message delivery failed: budget exceeded: $0.0052 of $0.0040 spent this month"
+    assert here.budget()["spent_usd"] == pytest.approx(0.0052)
 
 
 def test_reports_are_ordered_by_spend_then_name(store) -> None:
