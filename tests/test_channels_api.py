@@ -57,6 +57,24 @@ def test_configure_validates_types_and_env_names(channel_daemon):
     assert "hunter2" not in config and "sk-ABC" not in config and "channels.irc" not in config
 
 
+@pytest.mark.parametrize("port", [0, 65536, 6667.5])
+def test_configure_refuses_a_port_outside_1_to_65535(channel_daemon, port):
+    response = channel_daemon.post("/api/channels/irc/configure", json={"server": "127.0.0.1", "port": port})
+    assert (response.status_code, response.json()) == (400, {"error": "port: must be a port number (1-65535)"})
+    assert "channels.irc" not in (channel_daemon.home / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("key", ["port", "imap_port"])
+def test_configure_takes_the_first_and_last_port(channel_daemon, key):
+    name = "irc" if key == "port" else "email"
+    for port in (1, 65535):
+        response = channel_daemon.post(f"/api/channels/{name}/configure", json={key: port})
+        assert response.status_code == 200, response.json()
+        section = tomllib.loads((channel_daemon.home / "config.toml").read_text())["channels"][name]
+        assert section[key] == port
+    assert channel_daemon.delete(f"/api/channels/{name}/configure").status_code == 200
+
+
 def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path):
     original = ("# my comment at the top\n" + FAST_API + "# a comment before llm\n[llm]\nretries = 1  # inline\n")
     home = make_home(tmp_path, original)

@@ -61,7 +61,7 @@ def test_unknown_route_is_json_404_in_both_shapes(client) -> None:
     r = client.get("/v1/nope", environ_base=LOCAL)
     assert r.status_code == 404
     err = r.get_json()["error"]
-    assert set(err) == {"message", "type", "code"} and err["type"] == "invalid_request_error"
+    assert set(err) == {"message", "type"} and err["type"] == "invalid_request_error"
 
 
 def test_wrong_method_is_json_405(client) -> None:

@@ -265,7 +265,11 @@ def _slots_given_back(request) -> Iterator[None]:
 
 
 def error_body(message: str, code: str | None, type_: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": type_, "code": code}}
+    """The OpenAI-style error; `code` is left out when there is none (never null)."""
+    error = {"message": message, "type": type_}
+    if code is not None:
+        error["code"] = code
+    return {"error": error}
 
 
 def without_keepalives(text: str) -> str:
@@ -594,15 +598,14 @@ def test_stream_error_event(env: Env) -> None:
                  stream_options={"include_usage": True})
     assert r.status_code == 200
     text = without_keepalives(r.get_data(as_text=True))
-    assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error",
-                                                   "code": None}}) + "data: [DONE]\n\n"), text
+    assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error"}}) + "data: [DONE]\n\n"), text
     assert len(sse(r)) == 3, "only the role chunk, the error and [DONE]"
 
 
 
 @pytest.mark.parametrize("text, last", [
     ("[[reply:one]]", '"finish_reason":"stop"}]}'),
-    ("[[fail:400]]", '"type":"server_error","code":null}}'),
+    ("[[fail:400]]", '"type":"server_error"}}'),
     ("[[slow:5]] late", '"finish_reason":"stop"}]}'),
 ])
 def test_written_stream_ends_with_one_done_marker(env: Env, text: str, last: str) -> None:

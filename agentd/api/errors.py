@@ -62,9 +62,11 @@ def error_response(status: int, message: str, *, code: str | None = None,
             response.headers["Retry-After"] = str(max(1, int(-(-retry_after // 1))))
         return response
     if request.path.startswith("/v1/"):
-        body = {"error": {"message": message,
-                          "type": _OPENAI_TYPES.get(status, "server_error"),
-                          "code": code}}
+        # The spec's OpenAI error leaves `code` out when there is none (never `null`).
+        error = {"message": message, "type": _OPENAI_TYPES.get(status, "server_error")}
+        if code is not None:
+            error["code"] = code
+        body = {"error": error}
     else:
         body = {"error": message}
     response = jsonify(body)

@@ -287,8 +287,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
         if event.type == "stopped":
             return [chunk({}, "stop")], True
         if event.type == "error":
-            return [format_event(None, {"error": {"message": d["message"], "type": "server_error",
-                                                  "code": None}})], True
+            return [format_event(None, {"error": {"message": d["message"], "type": "server_error"}})], True
         return [], False
 
     shape = StreamShape(opening=(chunk({"role": "assistant"}),), render=render, keep_alive=": keep-alive\n\n",

@@ -104,8 +104,8 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
             raise BadRequest(f"{key}: must be a number")
         if value < 0:
             raise BadRequest(f"{key}: must not be negative")
-        if key.endswith("port") and not (isinstance(value, int) and value <= 65535):
-            raise BadRequest(f"{key}: must be a port number (0-65535)")
+        if key.endswith("port") and not (isinstance(value, int) and 1 <= value <= 65535):
+            raise BadRequest(f"{key}: must be a port number (1-65535)")
         return value
     if kind == "list":
         if isinstance(value, str):

@@ -58,7 +58,8 @@ class ErrorSchema(Out):
 class OpenAIErrorBody(Out):
     message = Str()
     type = Str(metadata={"example": "invalid_request_error"})
-    code = req(fields.String(allow_none=True))
+    # Left out when there is no code (the spec: "`code` may be absent").
+    code = fields.String(metadata={"example": "model_not_found"})
 
 
 class OpenAIErrorSchema(Out):
