@@ -144,10 +144,13 @@ def test_state_changing_methods_are_exactly_these() -> None:
 
 def test_the_daemons_own_loopback_origins_are_trusted() -> None:
     policy = OriginPolicy(4200, [])
-    assert policy.trusted == {"http://127.0.0.1:4200", "http://localhost:4200", "http://[::1]:4200"}
+    assert policy.own == {"http://127.0.0.1:4200", "http://localhost:4200", "http://[::1]:4200"}
     for origin in ("http://127.0.0.1:4200", "http://localhost:4200", "http://[::1]:4200",
                    "HTTP://LOCALHOST:4200/", " http://127.0.0.1:4200 "):
-        assert not policy.refuses("POST", origin, "cross-site", OWN), f"BUG: own origin {origin} refused"
+        for site in (None, "same-origin", "none"):
+            assert not policy.refuses("POST", origin, site, OWN), f"BUG: own origin {origin} refused"
+        # ... but not when the browser says the request came from another site (the issue's rule).
+        assert policy.refuses("POST", origin, "cross-site", OWN) and policy.refuses("POST", origin, "same-site", OWN)
 
 
 @pytest.mark.parametrize("origin", [
@@ -165,8 +168,8 @@ def test_near_miss_origins_are_refused(origin: str) -> None:
 
 def test_configured_cors_origins_are_normalized_and_exact() -> None:
     policy = OriginPolicy(4200, ["https://App.Example.com/", "http://dev.local:3000"])
-    assert {"https://app.example.com", "http://dev.local:3000"} <= policy.trusted
-    assert len(policy.trusted) == 5
+    assert {"https://app.example.com", "http://dev.local:3000"} <= policy.configured
+    assert len(policy.configured) == 2
     for origin in ("https://app.example.com", "https://APP.example.com/", "http://dev.local:3000"):
         assert not policy.refuses("POST", origin, "cross-site", OWN), f"BUG: configured origin {origin} refused"
     for near in ("https://app.example.com.evil.example", "http://app.example.com", "https://evil-app.example.com",
@@ -260,11 +263,41 @@ def test_guard_on_a_fresh_app_is_installed(tmp_path: Path) -> None:
     assert app.test_client().post("/api/x").status_code == 200
 
 
-def test_guard_answers_the_v1_shape(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["/v1/things", "/api/things", "/agents", "/nowhere"])
+def test_guard_answers_one_json_body_on_every_route(tmp_path: Path, path: str) -> None:
+    """API, /v1 and dashboard alike: 403 {"error": "cross-site request refused"}."""
+    app, ran = make_app(tmp_path)
+    r = app.test_client().post(path, headers={"Sec-Fetch-Site": "same-site"})
+    assert (r.status_code, r.get_json()) == (403, {"error": CROSS_SITE_MESSAGE})
+    assert ran == []
+
+
+def test_a_foreign_host_gets_json_on_v1_and_a_page_on_the_dashboard(tmp_path: Path) -> None:
     app, _ = make_app(tmp_path)
-    r = app.test_client().post("/v1/things", headers={"Sec-Fetch-Site": "same-site"})
-    assert r.status_code == 403
-    assert r.get_json()["error"]["message"] == CROSS_SITE_MESSAGE
+    r = app.test_client().get("/v1/things", headers={"Host": "attacker.example"})
+    assert (r.status_code, r.get_json()) == (400, {"error": HOST_MESSAGE})
+    r = app.test_client().get("/agents", headers={"Host": "attacker.example"})
+    assert r.status_code == 400 and r.mimetype == "text/html" and HOST_MESSAGE in r.get_data(as_text=True)
+
+
+def test_the_own_origin_marked_cross_site_is_refused(tmp_path: Path) -> None:
+    """The issue's rule is "Sec-Fetch-Site cross-site (or same-site), or a foreign Origin"."""
+    app, ran = make_app(tmp_path)
+    own = {"Host": "127.0.0.1:4200", "Origin": "http://127.0.0.1:4200"}
+    for site in ("cross-site", "same-site"):
+        r = app.test_client().post("/api/things", headers={**own, "Sec-Fetch-Site": site})
+        assert (r.status_code, r.get_json()) == (403, {"error": CROSS_SITE_MESSAGE}), site
+    assert ran == []
+    r = app.test_client().post("/api/things", headers={**own, "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code != 403
+
+
+def test_a_host_that_is_not_a_host_name_is_refused(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path, {"allowed_hosts": ["*.example.com"]})
+    for host in ("evil.com/.example.com", "evil.com?.example.com", "a b.example.com", "evil.com#.example.com"):
+        r = app.test_client().get("/api/things", headers={"Host": host})
+        assert (r.status_code, r.get_json()) == (400, {"error": HOST_MESSAGE}), host
+    assert app.test_client().get("/api/things", headers={"Host": "a.example.com"}).status_code != 400
 
 
 def test_host_is_checked_before_origin(tmp_path: Path) -> None:
@@ -309,7 +342,7 @@ def test_cross_site_websocket_upgrade_is_refused(tmp_path: Path) -> None:
 def test_origins_are_lowercased_after_the_slash_is_dropped() -> None:
     # Case folding comes last: an upper-case X at the end of an origin is part of its name.
     policy = OriginPolicy(4200, ["https://App.Example.BOX/"])
-    assert "https://app.example.box" in policy.trusted
+    assert "https://app.example.box" in policy.configured
     for origin in ("https://app.example.box", "https://APP.EXAMPLE.BOX", "https://App.Example.BOX/"):
         assert not policy.refuses("POST", origin, None, OWN), f"BUG: configured origin {origin} refused"
     assert not policy.refuses("POST", "HTTP://AGENTS.BOX", None, "http://agents.box")

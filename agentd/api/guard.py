@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import re
 from typing import Iterable
 
-from flask import Flask, Response, request
+from flask import Flask, Response, jsonify, request
 
-from agentd.api.errors import error_response
+from agentd.api.errors import error_response, is_api_path
 from agentd.config import Config
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -28,6 +29,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 CROSS_SITE_VALUES = frozenset({"cross-site", "same-site"})
 CROSS_SITE_MESSAGE = "cross-site request refused"
 HOST_MESSAGE = "host not allowed"
+HOST_CHARS = re.compile(r"[a-z0-9._:%-]+")  # what a DNS name or an IP literal (zone included) holds
 
 
 def host_name(host_header: str) -> str:
@@ -74,8 +76,8 @@ class HostPolicy:
             # No Host header at all (HTTP/1.0): not a browser on a rebinding name.
             return True
         name = host_name(host_header)
-        if not name:
-            return False
+        if not HOST_CHARS.fullmatch(name):
+            return False  # empty, or not a host name at all (`evil.com/.example.com`)
         if _is_loopback_host(name) or name == self.listen_host or name in self.exact:
             return True
         # `*.example.com` matches sub.example.com (any depth), never example.com itself.
@@ -87,8 +89,8 @@ class OriginPolicy:
 
     def __init__(self, port: int, cors_origins: Iterable[str]) -> None:
         # The daemon's own loopback origins are the same daemon under another name.
-        self.trusted = {f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}"}
-        self.trusted.update(o.rstrip("/").lower() for o in cors_origins)
+        self.own = {f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}"}
+        self.configured = {o.rstrip("/").lower() for o in cors_origins}
 
     def refuses(self, method: str, origin: str | None, fetch_site: str | None, own_origin: str,
                 upgrade: str | None = None) -> bool:
@@ -99,11 +101,23 @@ class OriginPolicy:
         """
         if method not in STATE_CHANGING and (upgrade or "").lower() != "websocket":
             return False
-        if origin is not None:
-            normalized = origin.strip().rstrip("/").lower()
-            # `Origin: null` (sandboxed frames, file: pages) is never trusted.
-            return not (normalized == own_origin.lower() or normalized in self.trusted)
-        return fetch_site is not None and fetch_site.strip().lower() in CROSS_SITE_VALUES
+        crossing = fetch_site is not None and fetch_site.strip().lower() in CROSS_SITE_VALUES
+        if origin is None:
+            return crossing
+        normalized = origin.strip().rstrip("/").lower()
+        if normalized in self.configured:
+            return False  # a configured origin is another site by definition
+        # `Origin: null` (sandboxed frames, file: pages) is never trusted; the daemon's own
+        # origin is, unless the browser says the request came from another site.
+        return crossing or not (normalized == own_origin.lower() or normalized in self.own)
+
+
+def _refusal(status: int, message: str) -> Response:
+    """The guard's refusal: `{"error": message}` on every route family, `/v1/` included, so a
+    client sees the same answer whichever route the page aimed at."""
+    response = jsonify({"error": message})
+    response.status_code = status
+    return response
 
 
 def _own_origin() -> str:
@@ -118,10 +132,12 @@ def install_guard(app: Flask, config: Config) -> None:
     def _guard() -> Response | None:
         environ = request.environ
         if not hosts.allows(environ.get("HTTP_HOST")):
-            return error_response(400, HOST_MESSAGE)
+            if is_api_path(request.path):
+                return _refusal(400, HOST_MESSAGE)
+            return error_response(400, HOST_MESSAGE)  # a dashboard page gets a short HTML page
         if origins.refuses(request.method, environ.get("HTTP_ORIGIN"), environ.get("HTTP_SEC_FETCH_SITE"),
                            _own_origin(), environ.get("HTTP_UPGRADE")):
-            return error_response(403, CROSS_SITE_MESSAGE)
+            return _refusal(403, CROSS_SITE_MESSAGE)
         return None
 
     # First in line: nothing (rate limiter, auth, body parsing) runs for a refused request.
