@@ -293,6 +293,14 @@ def cookie_header(response) -> str:
     return cookies[0]
 
 
+@pytest.mark.parametrize("target", ["/\t/evil.example", "/\n/evil.example", "/\\evil.example", "//evil.example"])
+def test_login_never_redirects_off_the_site(keyed, target: str) -> None:
+    client, _ = keyed
+    token = token_of(client.get("/login", environ_base=REMOTE).get_data(as_text=True))
+    r = client.post("/login", data={"api_key": KEY, "csrf_token": token, "next": target}, environ_base=REMOTE)
+    assert (r.status_code, r.headers["Location"]) == (303, "/"), target
+
+
 def test_login_flow_and_cookie_flags(keyed) -> None:
     client, kernel = keyed
     r = client.get("/agents?x=1", environ_base=REMOTE)

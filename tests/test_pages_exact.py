@@ -256,7 +256,9 @@ def test_memories_helper() -> None:
 @pytest.mark.parametrize("target, safe", [
     ("/agents", "/agents"), ("/", "/"), ("/a//b", "/a//b"), ("/agents?x=1", "/agents?x=1"),
     (None, ""), ("", ""), ("agents", ""), ("http://evil.example/", ""), ("//evil.example", ""),
-    ("/\\evil.example", ""), ("\\/evil.example", ""), (" /agents", "")])
+    ("/\\evil.example", ""), ("\\/evil.example", ""), (" /agents", ""),
+    ("/\t/evil.example", ""), ("/\n/evil.example", ""), ("/\r/evil.example", ""), ("/a b", ""),
+    ("/a\\b", ""), ("/\x7f/evil.example", ""), ("/\x00", ""), ("/a!b", "/a!b")])
 def test_safe_next(target, safe: str) -> None:
     assert auth_pages._safe_next(target) == safe
 

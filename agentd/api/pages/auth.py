@@ -12,8 +12,14 @@ from agentd.errors import Forbidden
 
 
 def _safe_next(target: str | None) -> str:
-    """Only paths on this site (no scheme, no `//host`): no open redirect."""
-    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+    """Only paths on this site (no scheme, no `//host`): no open redirect.
+
+    Browsers drop tabs and newlines from a URL and read `\\` as `/`, so `/<TAB>/evil.example`
+    or `/\\evil.example` would leave the site: any control character, space or backslash
+    makes the target unsafe, wherever it is."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return ""
+    if "\\" in target or any(ord(c) < 0x21 or ord(c) == 0x7F for c in target):
         return ""
     return target
 
