@@ -141,3 +141,40 @@ def test_oversized_message_is_refused_not_run(channel_daemon, hook, fake_llm):
                       if e["detail"].get("sender") == "big"], what="refusal")
     assert audit(channel_daemon, "channel.refused", "webhook")[0]["detail"]["reason"] == "message larger than 64 KB"
     assert len(fake_llm.requests) == before and callback.requests == []
+
+
+@pytest.mark.parametrize("browser", [
+    {"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+    # DNS rebinding: the page's own name resolves to 127.0.0.1, so the browser calls it same-origin.
+    {"Host": "evil.example", "Origin": "http://evil.example", "Sec-Fetch-Site": "same-origin"},
+])
+def test_a_web_page_cannot_drive_an_unsigned_webhook(channel_daemon, fake_llm, browser):
+    """Without a secret anyone who reaches the port may post, but not a page in the user's
+    browser: platforms never send Origin or Sec-Fetch-Site, browsers always do."""
+    callback, port = Recorder(), free_port()
+    try:
+        configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
+                  secret_env="UNSET_SECRET_VARIABLE", default_agent="helper")
+        wait_active(channel_daemon, "webhook")
+        before = len(fake_llm.requests)
+        body = json.dumps({"sender_id": "mallory", "message": "do something"})
+        response = requests.post(f"http://127.0.0.1:{port}/hook", data=body, timeout=5,
+                                 headers={"Content-Type": "text/plain", **browser})
+        assert (response.status_code, response.json()) == (403, {"error": "cross-site request refused"})
+        # A platform's post (neither header) still goes through.
+        response = requests.post(f"http://127.0.0.1:{port}/hook", data=body, timeout=5)
+        assert response.status_code == 202
+        wait_for(lambda: callback.requests, what="callback")
+        assert len(callback.requests) == 1 and len(fake_llm.requests) == before + 1
+    finally:
+        remove(channel_daemon, "webhook")
+        callback.close()
+
+
+def test_a_deeply_nested_body_is_400_not_a_crash(channel_daemon, hook):
+    url, callback = hook
+    body = b"[" * 100_000 + b"]" * 100_000
+    response = requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=10)
+    assert (response.status_code, response.json()) == (400, {"error": "bad request: JSON nested too deeply"})
+    body = json.dumps({"sender_id": "u", "message": "still fine"}).encode()
+    assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 202

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.tokens import CachedToken
+from agentd import jsonsafe
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 REGIONS = {"cn": "https://open.feishu.cn", "intl": "https://open.larksuite.com"}
@@ -84,12 +85,12 @@ class FeishuAdapter(WebhookAdapter):
 
     def payload(self, body: bytes) -> dict[str, Any]:
         """The callback's JSON, decrypted when it is encrypted."""
-        data = json.loads(body.decode("utf-8"))
+        data = jsonsafe.loads(body.decode("utf-8"))
         if isinstance(data, dict) and "encrypt" in data:
             key = self._encrypt_key()
             if not key or not isinstance(data["encrypt"], str):
                 raise ValueError("encrypted callback but no encrypt key configured")
-            data = json.loads(decrypt(key, data["encrypt"]).decode("utf-8"))
+            data = jsonsafe.loads(decrypt(key, data["encrypt"]).decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("body must be a JSON object")
         return data
@@ -110,7 +111,7 @@ class FeishuAdapter(WebhookAdapter):
             except ValueError:
                 return False
         try:  # the verification token, inside the (decrypted) body
-            raw, data = json.loads(request.body), self.payload(request.body)
+            raw, data = jsonsafe.loads(request.body), self.payload(request.body)
         except ValueError:  # bad JSON, base64, padding or UTF-8
             return False
         if key and not (isinstance(raw, dict) and "encrypt" in raw):

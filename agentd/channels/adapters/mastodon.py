@@ -11,7 +11,6 @@ Docs: https://docs.joinmastodon.org/methods/streaming/, /methods/statuses/,
 from __future__ import annotations
 
 import collections
-import json
 import re
 import uuid
 from html.parser import HTMLParser
@@ -21,6 +20,7 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import split_text
+from agentd import jsonsafe
 from agentd.channels.bases.streaming import StreamingAdapter, sse_events
 
 STATUS_LIMIT = 500  # Mastodon's default maximum status length
@@ -92,7 +92,7 @@ class MastodonAdapter(StreamingAdapter):
             if event.get("event") != "notification":
                 continue
             try:
-                self._handle(json.loads(event["data"]))
+                self._handle(jsonsafe.loads(event["data"]))
             except ValueError:
                 continue
 

@@ -8,13 +8,13 @@ on the same topic and are recognised by the ids the server gave them."""
 from __future__ import annotations
 
 import collections
-import json
 from typing import Iterator
 
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import split_text
+from agentd import jsonsafe
 from agentd.channels.bases.streaming import StreamingAdapter, sse_events
 
 OWN_TAG = "agentd"
@@ -43,7 +43,7 @@ class NtfyAdapter(StreamingAdapter):
             if event.get("event") != "message":
                 continue
             try:
-                data = json.loads(event["data"])
+                data = jsonsafe.loads(event["data"])
             except ValueError:
                 continue
             if data.get("event", "message") != "message":

@@ -13,7 +13,6 @@ and .../bot-framework-rest-connector-send-and-receive-messages
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 from urllib.parse import quote
@@ -47,7 +46,7 @@ class TeamsAdapter(JwtWebhookAdapter):
             verified = self.request_claims(request)
             if verified is None:
                 return False
-            activity = json.loads(request.body.decode("utf-8"))
+            activity = request.json()
         except (ChannelError, ValueError) as exc:
             self.ctx.log.info("teams activity refused: %s", exc)
             return False

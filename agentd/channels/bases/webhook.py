@@ -14,6 +14,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from agentd.channels.adapter import Adapter
+from agentd import jsonsafe
 from agentd.forwarded import real_client
 
 MAX_BODY = 1024 * 1024
@@ -28,7 +29,7 @@ class Request:
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body.decode("utf-8"))
+        return jsonsafe.loads(self.body.decode("utf-8"))
 
 
 # A handler answers (status, JSON-able body).
@@ -146,6 +147,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         adapter = self.server.adapter
+        if self.command != "GET" and (self.headers.get("Origin") is not None
+                                      or self.headers.get("Sec-Fetch-Site") is not None):
+            # Platforms post from their servers and send neither header; a browser always
+            # sends one. A page the user visits (cross-site, or on a rebinding name that
+            # makes it "same-origin") must not make the agent act: refused before the body.
+            self.close_connection = True
+            self._answer(403, {"error": "cross-site request refused"})
+            return
         parts = urlsplit(self.path)
         routes = adapter.routes()
         handler = routes.get((self.command, parts.path)) or routes.get((self.command, "*"))

@@ -13,6 +13,7 @@ import websocket
 
 from agentd.channels.adapter import Adapter
 from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd import jsonsafe
 from agentd.channels.bases.sender import HttpSender
 
 
@@ -101,7 +102,7 @@ class WebSocketAdapter(Adapter):
                 return
             if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
                 try:
-                    message = json.loads(data)
+                    message = jsonsafe.loads(data)
                 except ValueError:
                     continue
                 self.on_message(message)
