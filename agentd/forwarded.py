@@ -3,7 +3,9 @@ agentd/api/proxy.py and the channel webhook listeners both use it).
 
 The client is the right-most hop of `X-Forwarded-For` (or of the `for=` values of
 `Forwarded`) that is not a trusted proxy: each trusted proxy appends the peer it
-saw, so whatever a client writes at the left of the list is never reached.
+saw, so whatever a client writes at the left of the list is never reached. With
+both headers, a loopback client named by one loses to a remote one named by the
+other (see `forwarded_client`).
 """
 
 from __future__ import annotations
@@ -96,19 +98,45 @@ def forwarded_elements(value: str) -> list[dict[str, str]]:
     return elements
 
 
+def _loopback(address: str) -> bool:
+    ip = parse_ip(address)
+    return ip is not None and ip.is_loopback
+
+
+def forwarded_client(xff: str | None, forwarded: str | None,
+                     trusted: TrustedProxies) -> tuple[str | None, dict[str, str] | None]:
+    """The client a trusted proxy forwards for, and the `Forwarded` element naming it (its
+    `proto=`/`host=` describe the client's request); (None, None) when neither header is there.
+
+    nginx, Caddy and Traefik append to `X-Forwarded-For`; HAProxy (`option forwarded`) and
+    others to `Forwarded`. A proxy that writes one may pass the other on from the client
+    unchecked, so when both name clients and they differ, a loopback one loses: a forged
+    header can make a request look remote, never local. A header naming no address at all
+    (`X-Forwarded-For: ,`) gives an unknown client, which is never loopback.
+    """
+    from_xff: str | None = None
+    if xff is not None:
+        hops = [h for h in xff.split(",") if h.strip()]
+        index = trusted.client_index(hops)
+        from_xff = hop_address(hops[index]) if index is not None else "unknown"
+    from_forwarded: str | None = None
+    element: dict[str, str] | None = None
+    if forwarded:
+        elements = forwarded_elements(forwarded)
+        index = trusted.client_index([e.get("for", "unknown") for e in elements])
+        if index is not None:
+            from_forwarded, element = hop_address(elements[index].get("for", "unknown")), elements[index]
+    if from_xff is None:
+        return from_forwarded, element
+    if from_forwarded is not None and _loopback(from_xff) and not _loopback(from_forwarded):
+        return from_forwarded, element
+    return from_xff, None
+
+
 def real_client(peer: str, header: Callable[[str], str | None], trusted: TrustedProxies) -> str:
     """The client's address for a connection from `peer`; `header(name)` reads a request
     header. Forwarding headers count only when `peer` is a trusted proxy."""
     if not trusted or not trusted.contains(peer):
         return peer
-    xff, forwarded = header("X-Forwarded-For"), header("Forwarded")
-    # X-Forwarded-For wins, as in agentd.api.proxy: a Forwarded header next to it may be
-    # the client's own, passed through unchecked.
-    if xff is not None:
-        hops = [h for h in xff.split(",") if h.strip()]
-    elif forwarded:
-        hops = [e.get("for", "unknown") for e in forwarded_elements(forwarded)]
-    else:
-        hops = []
-    index = trusted.client_index(hops)
-    return hop_address(hops[index]) if index is not None else peer
+    client, _ = forwarded_client(header("X-Forwarded-For"), header("Forwarded"), trusted)
+    return client if client is not None else peer

@@ -104,13 +104,40 @@ def test_client_from_x_forwarded_for(xff: str, client: str) -> None:
     assert environ[PEER_KEY] == "127.0.0.1"
 
 
-def test_empty_x_forwarded_for_keeps_the_peer_and_hides_forwarded() -> None:
+def test_an_empty_x_forwarded_for_names_an_unknown_client_never_the_peer() -> None:
+    """A proxy that passes a client's `X-Forwarded-For: ,` on unchanged must not make the
+    client its own (loopback) address."""
     environ = from_peer(["127.0.0.1"], x_forwarded_for="", forwarded="for=203.0.113.7;proto=https;host=a.example")
-    assert environ["REMOTE_ADDR"] == "127.0.0.1", "BUG: an empty X-Forwarded-For let a Forwarded header through"
-    assert "REMOTE_HOST" not in environ
+    assert environ["REMOTE_ADDR"] == environ["REMOTE_HOST"] == "unknown"
     assert (environ["wsgi.url_scheme"], environ["HTTP_HOST"]) == ("http", "127.0.0.1:4200")
     environ = from_peer(["127.0.0.1"], x_forwarded_for=" , ")
-    assert environ["REMOTE_ADDR"] == "127.0.0.1" and "REMOTE_HOST" not in environ
+    assert environ["REMOTE_ADDR"] == environ["REMOTE_HOST"] == "unknown"
+
+
+@pytest.mark.parametrize("xff, forwarded, client", [
+    # The proxy sends Forwarded and passes the client's own X-Forwarded-For on: the remote one wins.
+    ("127.0.0.1", "for=203.0.113.5", "203.0.113.5"),
+    ("::1", 'for="[2001:db8::9]:4711";proto=https;host=a.example', "2001:db8::9"),
+    # ... and the other way round.
+    ("203.0.113.5", "for=127.0.0.1", "203.0.113.5"),
+    # Both remote (or both loopback): X-Forwarded-For's, as before.
+    ("198.51.100.1", "for=203.0.113.5", "198.51.100.1"),
+    ("127.0.0.1", "for=127.0.0.1", "127.0.0.1"),
+    ("127.0.0.1", "for=unknown", "unknown"),
+])
+def test_with_both_headers_a_loopback_client_loses(xff: str, forwarded: str, client: str) -> None:
+    environ = from_peer(["127.0.0.1"], x_forwarded_for=xff, forwarded=forwarded)
+    assert environ["REMOTE_ADDR"] == client
+
+
+def test_the_chosen_forwarded_element_gives_scheme_and_host() -> None:
+    environ = from_peer(["127.0.0.1"], x_forwarded_for="127.0.0.1",
+                        forwarded="for=203.0.113.5;proto=https;host=a.example")
+    assert (environ["REMOTE_ADDR"], environ["wsgi.url_scheme"], environ["HTTP_HOST"]) == \
+        ("203.0.113.5", "https", "a.example")
+    environ = from_peer(["127.0.0.1"], x_forwarded_for="198.51.100.1",
+                        forwarded="for=203.0.113.5;proto=https;host=a.example")
+    assert (environ["wsgi.url_scheme"], environ["HTTP_HOST"]) == ("http", "127.0.0.1:4200")
 
 
 def test_forwarded_element_without_for_is_unknown() -> None:

@@ -7,9 +7,10 @@ runs before the request guard, the rate limiter, auth and logging. Only when the
 socket peer is listed in `[api] trusted_proxies` (addresses or CIDRs) does it
 apply what the proxy forwards:
 
-* client address: `X-Forwarded-For` (or, when the proxy sends none, the `for=`
-  values of the standard `Forwarded` header), read right to left, skipping
-  trusted proxies; the right-most untrusted hop is the client. A client can put
+* client address: `X-Forwarded-For` or the `for=` values of the standard
+  `Forwarded` header (with both, a loopback client named by one loses to a remote
+  one named by the other), read right to left, skipping trusted proxies; the
+  right-most untrusted hop is the client. A client can put
   anything at the left of the list, but the proxies we trust append what they
   saw, so only the left part is forgeable and we never reach it. (The walk itself
   is in agentd/forwarded.py, shared with the channel webhook listeners.)
@@ -36,7 +37,7 @@ import logging
 import re
 from typing import Any, Callable, Iterable
 
-from agentd.forwarded import TrustedProxies, forwarded_elements, hop_address, parse_ip, parse_networks
+from agentd.forwarded import TrustedProxies, forwarded_client, parse_ip, parse_networks
 
 __all__ = ["ProxyHeaders", "TrustedProxies", "install_proxy_headers", "parse_ip", "parse_networks"]
 
@@ -85,24 +86,13 @@ class ProxyHeaders:
         proto = _last(environ.get("HTTP_X_FORWARDED_PROTO")).lower()
         host = _last(environ.get("HTTP_X_FORWARDED_HOST"))
         port = _last(environ.get("HTTP_X_FORWARDED_PORT"))
-        # X-Forwarded-For wins: it is what nginx, Caddy and Traefik append to. A
-        # `Forwarded` header is used only from a proxy that sends no X-Forwarded-For
-        # (otherwise it may simply be the client's own, passed through unchecked).
-        hops: list[str] = []
-        if xff is not None:
-            hops = [h for h in xff.split(",") if h.strip()]
-        elif forwarded:
-            elements = forwarded_elements(forwarded)
-            hops = [e.get("for", "unknown") for e in elements]
-            index = self.trusted.client_index(hops)
-            if index is not None:
-                # The element the first proxy appended describes the client's own
-                # request: the Host it asked for and the scheme it used.
-                proto = proto or elements[index].get("proto", "").lower()
-                host = host or elements[index].get("host", "")
-        index = self.trusted.client_index(hops)
-        if index is not None:
-            client = hop_address(hops[index])
+        client, element = forwarded_client(xff, forwarded, self.trusted)
+        if element is not None:
+            # The element the first proxy appended describes the client's own request:
+            # the Host it asked for and the scheme it used.
+            proto = proto or element.get("proto", "").lower()
+            host = host or element.get("host", "")
+        if client is not None:
             environ["REMOTE_ADDR"] = client
             environ["REMOTE_HOST"] = client
         if proto in ("http", "https"):
