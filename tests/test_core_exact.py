@@ -570,6 +570,13 @@ def test_retry_after_header_is_rounded_up(tmp_path: Path, retry: str, header: st
     assert "Retry-After" not in client.get("/api/raise/bad").headers
 
 
+@pytest.mark.parametrize("path", ["/api/raise/quota", "/v1/raise/quota"])
+def test_a_429_without_a_delay_of_its_own_still_says_retry_after(tmp_path: Path, path: str) -> None:
+    """The spec: `Retry-After` on 429, also when the cause (a provider's bare 429) named none."""
+    r = error_app(tmp_path).test_client().get(path)
+    assert (r.status_code, r.headers.get("Retry-After")) == (429, "1")
+
+
 def test_http_errors_are_json(tmp_path: Path) -> None:
     client = error_app(tmp_path).test_client()
     r = client.get("/api/nope")

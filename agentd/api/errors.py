@@ -53,9 +53,15 @@ def _html_error(status: int, message: str) -> Response:
     return Response(html, status=status, mimetype="text/html")
 
 
+DEFAULT_RETRY_AFTER = 1.0  # seconds, on a 429 whose cause gave no delay of its own
+
+
 def error_response(status: int, message: str, *, code: str | None = None,
                    retry_after: float | None = None) -> Response:
     """A JSON error in the shape the request's route family expects (HTML off the API)."""
+    if status == 429 and retry_after is None:
+        # The spec: "`Retry-After` on 429", also when the cause (a provider) named no delay.
+        retry_after = DEFAULT_RETRY_AFTER
     if not is_api_path(request.path):
         response = _html_error(status, message)
         if retry_after is not None:
