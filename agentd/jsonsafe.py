@@ -1,15 +1,20 @@
-"""JSON decoding with a bound on nesting depth.
+"""JSON decoding with a bound on nesting depth, and only what JSON can hold.
 
 Python's decoder recurses once per level, so a body of 100,000 `[` raises
 RecursionError (a 500) and a few thousand levels already cost real stack. Every
 untrusted JSON text (request bodies, WebSocket frames, webhook payloads) goes
 through `loads`, which refuses anything nested deeper than `MAX_DEPTH` before
 the decoder sees it.
+
+Python's decoder also takes `NaN`, `Infinity` and `1e400` (infinite) and `"\\ud800"`
+(a lone surrogate, which no UTF-8 store or client can take): stored, they came back
+as text no JSON parser reads, or failed the write with a 500. `loads` refuses them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -21,8 +26,30 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
+NOT_FINITE_MESSAGE = "numbers must be finite (no NaN, Infinity or values past 1.8e308)"
+LONE_SURROGATE_MESSAGE = "a string holds a lone surrogate (\\ud800-\\udfff without its pair)"
+
+# A surrogate escape, or (in text handed over as str) a surrogate already decoded.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
 class JsonTooDeep(ValueError):
     """The document nests arrays/objects deeper than allowed."""
+
+
+class JsonNotPortable(ValueError):
+    """Valid to Python's decoder, but not JSON any peer reads: NaN, Infinity, a lone surrogate."""
+
+
+def _constant(name: str) -> Any:
+    raise JsonNotPortable(NOT_FINITE_MESSAGE)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JsonNotPortable(NOT_FINITE_MESSAGE)
+    return value
 
 
 def depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
@@ -42,8 +69,16 @@ def depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
 
 
 def loads(data: bytes | str, limit: int = MAX_DEPTH) -> Any:
-    """`json.loads` that raises JsonTooDeep past `limit` levels (ValueError subclasses otherwise)."""
+    """`json.loads` that raises JsonTooDeep past `limit` levels, JsonNotPortable for NaN,
+    Infinity or a lone surrogate (ValueError subclasses otherwise)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if depth_exceeds(raw, limit):
         raise JsonTooDeep(TOO_DEEP_MESSAGE)
-    return json.loads(data)
+    value = json.loads(data, parse_constant=_constant, parse_float=_float)
+    if _SURROGATE.search(raw):
+        # A well-formed pair decodes to one character and encodes; a lone half does not.
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise JsonNotPortable(LONE_SURROGATE_MESSAGE) from None
+    return value

@@ -15,6 +15,7 @@ from marshmallow import Schema, fields, validate as mvalidate
 
 from agentd.api import body
 from agentd.api.errors import register_error_handlers
+from agentd import jsonsafe
 from agentd.jsonsafe import MAX_DEPTH, TOO_DEEP_MESSAGE
 
 
@@ -315,3 +316,31 @@ def test_validate_takes_a_schemas_fast_load_when_it_answers() -> None:
     assert body_module.validate(Fast(), {"a": 1}) == {"fast": 1}
     assert body_module.validate(Fast(), {"a": 2}) == {"a": 2}
     assert body_module.validate(Plain(), {"a": 1}) == {"a": 1}
+
+
+# -- what JSON cannot hold (agentd/jsonsafe.py) ------------------------------------------
+
+@pytest.mark.parametrize("text", [b"NaN", b"-Infinity", b"Infinity", b"[1, NaN]", b"1e309", b"-1e309",
+                                  b'{"a": {"b": 1e400}}'])
+def test_non_finite_numbers_are_refused(text: bytes) -> None:
+    with pytest.raises(jsonsafe.JsonNotPortable, match="^numbers must be finite"):
+        jsonsafe.loads(text)
+
+
+@pytest.mark.parametrize("text", [b"1.7976931348623157e308", b"-1e308", b"5e-324", b"0.1", b"1e-400"])
+def test_finite_numbers_pass_exactly(text: bytes) -> None:
+    assert jsonsafe.loads(text) == float(text)
+
+
+@pytest.mark.parametrize("text", [b'"\\ud800"', b'"\\uDBFF"', b'"\\udc00x"', b'"a\\ude00"', b'["\\ud83d"]',
+                                  b'{"\\ud800": 1}', '"\ud800"', '"x\udfff"'])
+def test_lone_surrogates_are_refused(text) -> None:
+    with pytest.raises(jsonsafe.JsonNotPortable, match="lone surrogate"):
+        jsonsafe.loads(text)
+
+
+@pytest.mark.parametrize("text, value", [(b'"\\ud83d\\ude00"', "\U0001F600"), (b'"\\uD83D\\uDE00"', "\U0001F600"),
+                                         (b'"\\ud7ff\\ue000"', "\ud7ff\ue000"), (b'"\\\\ud800"', "\\ud800"),
+                                         ('"\U0001F600"', "\U0001F600")])
+def test_pairs_and_neighbours_of_the_surrogate_range_pass(text, value: str) -> None:
+    assert jsonsafe.loads(text) == value

@@ -4,6 +4,7 @@ plus the defects found trying it as a user. Everything goes through the real dae
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 import threading
 import time
 import uuid
@@ -199,6 +200,43 @@ def test_kv_stores_every_json_value_including_null(agent_daemon) -> None:
     assert d.get(f"/api/memory/agents/{agent_id}/kv/k4").json() is None
     assert d.delete(f"/api/memory/agents/{agent_id}/kv/k0").json() == {"status": "deleted"}
     assert d.get(f"/api/memory/agents/{agent_id}/kv/k0").status_code == 404
+
+
+def test_kv_keys_are_taken_exactly_as_given(agent_daemon) -> None:
+    d = agent_daemon
+    agent_id = spawn(d)
+    json_header = {"Content-Type": "application/json"}
+    for key, value in (("sp", "no-space"), ("sp ", "trailing"), (" sp", "leading"), ("  ", "blank")):
+        r = d.put(f"/api/memory/agents/{agent_id}/kv/{quote(key)}", data=json.dumps(value), headers=json_header)
+        assert (r.status_code, r.json()) == (200, {"status": "ok"}), repr(key)
+    for key, value in (("sp", "no-space"), ("sp ", "trailing"), (" sp", "leading"), ("  ", "blank")):
+        assert d.get(f"/api/memory/agents/{agent_id}/kv/{quote(key)}").json() == value, repr(key)
+    assert d.get(f"/api/memory/agents/{agent_id}/kv").json() == \
+        {"  ": "blank", " sp": "leading", "sp": "no-space", "sp ": "trailing"}
+    assert d.delete(f"/api/memory/agents/{agent_id}/kv/{quote('  ')}").json() == {"status": "deleted"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("NaN", "numbers must be finite (no NaN, Infinity or values past 1.8e308)"),
+    ('{"a": Infinity}', "numbers must be finite (no NaN, Infinity or values past 1.8e308)"),
+    ("[-Infinity]", "numbers must be finite (no NaN, Infinity or values past 1.8e308)"),
+    ("1e400", "numbers must be finite (no NaN, Infinity or values past 1.8e308)"),
+    ('"\\ud800"', "a string holds a lone surrogate (\\ud800-\\udfff without its pair)"),
+    ('{"k": ["ok", "\\udfff"]}', "a string holds a lone surrogate (\\ud800-\\udfff without its pair)"),
+])
+def test_what_json_cannot_hold_is_a_400_not_a_500_or_bad_json_later(agent_daemon, text: str, message: str) -> None:
+    d = agent_daemon
+    agent_id = spawn(d)
+    json_header = {"Content-Type": "application/json"}
+    r = d.put(f"/api/memory/agents/{agent_id}/kv/k", data=text, headers=json_header)
+    assert (r.status_code, r.json()) == (400, {"error": f"malformed JSON: {message}"})
+    assert d.get(f"/api/memory/agents/{agent_id}/kv").json() == {}, "nothing stored"
+    r = d.post(f"/api/agents/{agent_id}/message", data=json.dumps({"message": "x"})[:-1] + f', "extra": {text}}}',
+               headers=json_header)
+    assert (r.status_code, r.json()) == (400, {"error": f"malformed JSON: {message}"})
+    # A well-formed surrogate pair is one character, and fine.
+    r = d.put(f"/api/memory/agents/{agent_id}/kv/k", data='"\\ud83d\\ude00"', headers=json_header)
+    assert r.status_code == 200 and d.get(f"/api/memory/agents/{agent_id}/kv/k").json() == "\U0001F600"
 
 
 # -- deeply nested JSON ---------------------------------------------------------------

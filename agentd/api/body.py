@@ -53,6 +53,8 @@ def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) ->
         return jsonsafe.loads(data)
     except jsonsafe.JsonTooDeep:
         raise BadRequest(jsonsafe.TOO_DEEP_MESSAGE) from None
+    except jsonsafe.JsonNotPortable as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
     except UnicodeDecodeError:
         raise BadRequest("malformed JSON: body is not UTF-8") from None
     except json.JSONDecodeError as exc:

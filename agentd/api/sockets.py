@@ -184,8 +184,8 @@ class AgentSocket:
                 continue
             try:
                 frame = jsonsafe.loads(raw)
-            except jsonsafe.JsonTooDeep:
-                self.send("error", content=jsonsafe.TOO_DEEP_MESSAGE)
+            except (jsonsafe.JsonTooDeep, jsonsafe.JsonNotPortable) as exc:
+                self.send("error", content=str(exc))
                 continue
             except ValueError:
                 frame = {"type": "message", "content": raw}

@@ -72,7 +72,7 @@ def _define_entities(db: Database) -> SimpleNamespace:
     class KvRow(db.Entity):
         _table_ = "memory_kv"
         agent = Required(AgentRow)
-        key = Required(str)
+        key = Required(str, autostrip=False)  # "a " and "a" are two keys; "  " is a key
         # Any JSON value, `null` included (stored as SQL NULL, read back as None).
         value = Optional(orm.Json, nullable=True)
         updated_at = Required(datetime)
