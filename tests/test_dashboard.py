@@ -95,13 +95,14 @@ def test_every_page_renders_with_key_content(dash) -> None:
                                 f'action="/agents/{agent_id}/stop"', f'action="/agents/{agent_id}/compact"',
                                 f'action="/agents/{agent_id}/reset"', f'action="/agents/{agent_id}/mode"',
                                 f'data-stream-url="/api/agents/{agent_id}/message/stream"'],
-        f"/agents/{agent_id}/memory": ["colour", "<pre>\"blue\"</pre>", "Semantic memories"],
+        f"/agents/{agent_id}/memory": ["colour", "<pre>&#34;blue&#34;</pre>", "Semantic memories"],
         "/approvals": ["Pending approvals", "No tool call is waiting"],
         "/usage": ["Usage this period", "<svg", "Per model", "Per agent", "Budget"],
         "/models": ["<h1>Models", "GPT-4o", "Aliases"],
         "/providers": ["<h1>Providers", "Anthropic", "ANTHROPIC_API_KEY", 'action="/providers/openai/test"'],
         "/workflows": ["<h1>Workflows", "No workflows yet"],
-        "/channels": ["<h1>Channels"],
+        "/channels": ["<h1>Channels", 'href="/api/channels"'],
+        "/api": ["API <span", 'href="/api/openapi.json"', "<code>/api/agents</code>"],
     }
     for path, needles in expected.items():
         r = page(client, path)
@@ -118,7 +119,7 @@ def test_every_page_renders_with_key_content(dash) -> None:
 def test_pages_carry_csp_and_frame_headers_and_no_inline_script(dash) -> None:
     client, kernel = dash
     agent_id = spawn(kernel)
-    for path in ("/", "/agents", f"/agents/{agent_id}", "/usage", "/models", "/nope"):
+    for path in ("/", "/agents", f"/agents/{agent_id}", "/usage", "/models", "/nope", "/api"):
         r = page(client, path)
         csp = r.headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe" not in csp
@@ -160,6 +161,11 @@ def test_untrusted_text_is_escaped(dash) -> None:
     assert f"{XSS_ESCAPED} from the model" in html  # the model's reply
     assert f"{XSS_ESCAPED} [[reply:" in html        # the user's message
     assert html.count(XSS_ESCAPED) >= 3              # + the description
+    # A stored value reads as the text it is (escaped by the page, not \u003c-encoded).
+    memory = page(client, f"/agents/{agent_id}/memory").get_data(as_text=True)
+    assert f"<code>{XSS_ESCAPED}</code>" in memory
+    assert f"<pre>{{&#34;v&#34;: &#34;{XSS_ESCAPED}&#34;}}</pre>" in memory
+    assert "\\u003c" not in memory
 
 
 # -- the no-JavaScript chat ---------------------------------------------------------------
@@ -355,6 +361,18 @@ def test_login_redirects_keep_a_proxy_prefix(keyed) -> None:
     r = client.post("/login", data={"api_key": KEY, "next": "/usage", "csrf_token": token_of(html)}, **prefix)
     assert r.status_code == 303 and r.headers["Location"] == "/agentd/usage"
     assert "Path=/agentd" in cookie_header(r)
+
+
+def test_the_api_page_keeps_a_proxy_prefix_and_the_layout(keyed) -> None:
+    client, _ = keyed
+    prefix = {"base_url": "http://localhost/agentd", "environ_base": REMOTE}
+    r = client.get("/api", **prefix)
+    assert (r.status_code, r.headers["Location"]) == (303, "/agentd/login?next=/api")
+    html = client.get("/api", headers={"Authorization": f"Bearer {KEY}"}, **prefix).get_data(as_text=True)
+    for needle in ('href="/agentd/static/app.css"', 'href="/agentd/api/openapi.json"', 'href="/agentd/agents"',
+                   'href="/agentd/"'):
+        assert needle in html, needle
+    assert 'href="/"' not in html and "style.css" not in html
 
 
 def test_login_cookie_is_secure_over_https_and_next_is_local(keyed) -> None:

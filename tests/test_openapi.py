@@ -114,9 +114,13 @@ def test_served_publicly_with_the_package_version(daemon_factory) -> None:
     document = anonymous.json()
     assert document["info"]["version"] == agentd.__version__ == d.get("/api/version").json()["version"]
     assert requests.get(f"{d.url}/api/status", timeout=10).status_code == 401
-    page = requests.get(f"{d.url}/api", timeout=10)
+    # The page listing it is a dashboard page: behind the login like the others.
+    page = requests.get(f"{d.url}/api", timeout=10, allow_redirects=False)
+    assert (page.status_code, page.headers["Location"]) == (303, "/login?next=/api")
+    page = requests.get(f"{d.url}/api", timeout=10, headers={"Authorization": f"Bearer {API_KEY}"})
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     assert 'href="/api/openapi.json"' in page.text
+    assert 'href="/static/app.css"' in page.text and 'href="/agents"' in page.text, "the dashboard's layout and nav"
     for path, ops in document["paths"].items():
         assert f"<code>{path}</code>" in page.text.replace("&lt;", "<").replace("&gt;", ">")
         for method in ops:

@@ -23,7 +23,8 @@ from agentd.config import Config
 log = logging.getLogger("agentd.http")
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
-# The API description documents nothing secret (issue 21).
+# The API description documents nothing secret (issue 21); the page listing it (/api) is
+# the dashboard's and passes here so the dashboard's own gate can send a browser to /login.
 PUBLIC_GET |= {"/api/openapi.json", "/api"}
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"
 CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"

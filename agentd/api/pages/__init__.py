@@ -12,6 +12,7 @@ the session's CSRF token or is refused with 403 before anything changes.
 
 from __future__ import annotations
 
+import json
 import time
 
 from flask import Blueprint, Response, current_app, g, redirect, request, url_for
@@ -89,10 +90,19 @@ def _when(value: str | None) -> str:
     return (value or "")[:19].replace("T", " ")
 
 
+@bp.app_template_filter("json_text")
+def _json_text(value: object, indent: int | None = None) -> str:
+    """A stored JSON value as readable text (`<` stays `<`; the page's autoescape makes it safe).
+
+    Jinja's `tojson` is made for `<script>` blocks and writes `<`, `>`, `&` and `'` as
+    `\\u003c`-style escapes, which a person reading the page should not have to decode."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
 @bp.app_template_filter("tokens")
 def _tokens(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
 
-from agentd.api.pages import (agents, auth, catalog, channels, overview,  # noqa: E402,F401
+from agentd.api.pages import (agents, apidoc, auth, catalog, channels, overview,  # noqa: E402,F401
                               workflows)
