@@ -505,8 +505,26 @@ def test_memory_page_with_and_without_semantic_memory(dash) -> None:
         html = page(client, f"/agents/{agent_id}/memory?page=2").get_data(as_text=True)
         assert "fact 50 " in html and "51–60 of 60" in html
         assert seen == [(agent_id, 50, 0), (agent_id, 50, 50)]
+        html = page(client, f"/agents/{agent_id}/memory?page=9").get_data(as_text=True)
+        assert "fact 50 " in html and "51–60 of 60" in html, "past the end: the last page"
+        assert seen[2:] == [(agent_id, 50, 400), (agent_id, 50, 50)]
     finally:
         kernel.memory = service
+
+
+def test_memory_page_pages_key_value_entries(dash) -> None:
+    client, kernel = dash
+    agent_id = spawn(kernel)
+    for i in range(230):
+        kernel.kv.set(agent_id, f"key-{i:03d}", {"n": i})
+    keys = lambda html: re.findall(r"<code>key-(\d{3})</code>", html)  # noqa: E731
+    html = page(client, f"/agents/{agent_id}/memory").get_data(as_text=True)
+    assert keys(html) == [f"{i:03d}" for i in range(100)] and '<span class="count">230</span>' in html
+    assert f'href="/agents/{agent_id}/memory?kv_page=2" rel="next"' in html and "page 1 of 3" in html
+    html = page(client, f"/agents/{agent_id}/memory?kv_page=3").get_data(as_text=True)
+    assert keys(html) == [f"{i:03d}" for i in range(200, 230)] and "page 3 of 3" in html
+    assert f'href="/agents/{agent_id}/memory?kv_page=2" rel="prev"' in html and 'rel="next">next' not in html
+    assert keys(page(client, f"/agents/{agent_id}/memory?kv_page=7").get_data(as_text=True)) == keys(html)
 
 
 # -- errors, prefix, budgets, labels ------------------------------------------------------------

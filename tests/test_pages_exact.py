@@ -190,18 +190,35 @@ def _store_history(kernel: Kernel, agent_id: str, count: int) -> None:
     handle.session_tail = None   # read it again
 
 
-@pytest.mark.parametrize("count, hidden", [(200, 0), (201, 1), (203, 3)])
-def test_agent_page_shows_the_newest_200_messages(dash, count: int, hidden: int) -> None:
+@pytest.mark.parametrize("count, hidden", [(0, 0), (50, 0), (51, 1), (53, 3)])
+def test_agent_page_shows_the_newest_50_messages(dash, count: int, hidden: int) -> None:
     app, kernel = dash
     agent_id = spawn(kernel, f"long-{count}")
     _store_history(kernel, agent_id, count)
     html = app.test_client().get(f"/agents/{agent_id}", environ_base=LOCAL).get_data(as_text=True)
     shown = re.findall(r"msg-(\d{3})-end", html)
     assert shown == [f"{i:03d}" for i in range(hidden, count)]
-    if hidden:
-        assert f'<p class="empty">{hidden} older messages not shown.</p>' in html
-    else:
-        assert "older messages not shown" not in html
+    older = f'<a href="/agents/{agent_id}?page=2" rel="next">← {hidden} older messages</a>'
+    assert (older in html) == bool(hidden) and "newer messages" not in html
+    assert ('id="latest"' in html) == bool(count)
+
+
+def test_older_history_pages_go_back_and_forth(dash) -> None:
+    app, kernel = dash
+    agent_id = spawn(kernel, "long-pages")
+    _store_history(kernel, agent_id, 120)
+    get = lambda q: app.test_client().get(f"/agents/{agent_id}{q}", environ_base=LOCAL).get_data(as_text=True)  # noqa: E731
+    page2, page3 = get("?page=2"), get("?page=3")
+    assert re.findall(r"msg-(\d{3})-end", page2) == [f"{i:03d}" for i in range(20, 70)]
+    assert f'<a href="/agents/{agent_id}?page=3" rel="next">← 20 older messages</a>' in page2
+    assert f'<a href="/agents/{agent_id}" rel="prev">50 newer messages →</a>' in page2
+    assert 'id="latest"' not in page2
+    assert re.findall(r"msg-(\d{3})-end", page3) == [f"{i:03d}" for i in range(0, 20)]
+    assert f'<a href="/agents/{agent_id}?page=2" rel="prev">100 newer messages →</a>' in page3
+    assert "older messages" not in page3
+    last = get("?page=99")  # past the end: the oldest page
+    assert re.findall(r"msg-(\d{3})-end", last) == [f"{i:03d}" for i in range(0, 20)]
+    assert f'<a href="/agents/{agent_id}?page=2" rel="prev">100 newer messages →</a>' in last
 
 
 def test_pages_without_an_error_show_none(dash) -> None:

@@ -14,7 +14,7 @@ from agentd.api.routes_agents import message_text
 from agentd.api.runs import run_blocking
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
 
-HISTORY_SHOWN = 200  # the newest messages rendered on the agent page
+HISTORY_SHOWN = 50   # messages per page of the agent's history, newest page first (the 60 KB page budget)
 PAGE_SIZE = 100      # agents per /agents page (1,000 rows would be ~170 KB and ~140 ms)
 
 
@@ -24,9 +24,9 @@ def _spend_by_agent() -> dict[str, float]:
     return {row["agent_id"]: row["spent_usd"] for row in metering.by_agent(start, end)}
 
 
-def _page_number() -> int:
+def _page_number(name: str = "page") -> int:
     try:
-        return max(1, int(request.args.get("page") or 1))
+        return max(1, int(request.args.get(name) or 1))
     except ValueError:
         return 1
 
@@ -73,10 +73,15 @@ def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = 
     detail = k.agents.detail(handle)
     session = k.agents.session(handle)
     messages = session["messages"]
-    hidden = max(0, len(messages) - HISTORY_SHOWN)
+    # Page 1 holds the newest HISTORY_SHOWN messages, page 2 the ones before them, ...
+    pages = max(1, -(-len(messages) // HISTORY_SHOWN))
+    number = min(_page_number(), pages)
+    end = len(messages) - (number - 1) * HISTORY_SHOWN
+    start = max(0, end - HISTORY_SHOWN)
     pending = [a for a in k.approvals.pending() if a["agent_id"] == handle.id]
-    return render_template("agent.html", agent=detail, session=session, messages=messages[hidden:],
-                           hidden=hidden, modes=MODES, approvals=pending, error=error, draft=draft,
+    return render_template("agent.html", agent=detail, session=session, messages=messages[start:end],
+                           hidden=start, newer=len(messages) - end, page=number, modes=MODES,
+                           approvals=pending, error=error, draft=draft,
                            spend=_spend_by_agent().get(handle.id, 0.0)), status
 
 
@@ -147,6 +152,7 @@ def agent_kill(agent_id: str):
 
 
 MEMORIES_SHOWN = 50
+KV_SHOWN = 100  # key-value entries per page of the memory page (700 entries were ~57 KB)
 
 
 def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
@@ -162,13 +168,20 @@ def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
 def agent_memory(agent_id: str):
     k = kernel()
     handle = k.agents.get(agent_id)
-    offset = max(0, (_page_number() - 1) * MEMORIES_SHOWN)
-    memories = _memories(k, handle.id, offset)
+    page = _page_number()
+    memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
+    if memories is not None and memories["total"] and (page - 1) * MEMORIES_SHOWN >= memories["total"]:
+        page = -(-memories["total"] // MEMORIES_SHOWN)  # past the end: the last page
+        memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
     json_url = (url_for("memory.list_memories", agent_id=handle.id)
                 if memories is not None and "memory.list_memories" in current_app.view_functions else "")
-    return render_template("memory.html", agent=k.agents.summary(handle), kv=sorted(k.kv.all(handle.id).items()),
-                           memories=memories, memories_json=json_url, offset=offset, page=_page_number(),
-                           per_page=MEMORIES_SHOWN)
+    entries = sorted(k.kv.all(handle.id).items())
+    kv_pages = max(1, -(-len(entries) // KV_SHOWN))
+    kv_page = min(_page_number("kv_page"), kv_pages)
+    return render_template("memory.html", agent=k.agents.summary(handle),
+                           kv=entries[(kv_page - 1) * KV_SHOWN:kv_page * KV_SHOWN], kv_total=len(entries),
+                           kv_page=kv_page, kv_pages=kv_pages, memories=memories, memories_json=json_url,
+                           offset=(page - 1) * MEMORIES_SHOWN, page=page, per_page=MEMORIES_SHOWN)
 
 
 @bp.get("/approvals")
