@@ -113,6 +113,10 @@ def test_signed_manifest(agent_daemon) -> None:
     assert r.status_code == 403 and "does not match" in r.json()["error"]
     r = agent_daemon.post("/api/agents", json={"signed_manifest": "{nope"})
     assert r.status_code == 403
+    # Over 1 MB inside a signed envelope: 413, as for manifest_toml.
+    big = manifest("signed-big") + "#" + "x" * (1024 * 1024) + "\n"
+    r = agent_daemon.post("/api/agents", json={"signed_manifest": sign_manifest(big, key, "tester")})
+    assert (r.status_code, r.json()) == (413, {"error": "manifest too large (max 1 MB)"})
 
 
 def test_profiles(agent_daemon) -> None:

@@ -135,9 +135,11 @@ def test_memory_filter() -> None:
     got = fields.memory_filter({"source": "system", "scope": "s", "min_confidence": 0.5,
                                 "after": "2024-01-01T00:00:00Z", "before": 1704067201, "metadata": {"k": 1}})
     assert got == MemoryFilter("system", "s", 0.5, 1704067200.0, 1704067201.0, {"k": 1})
+    assert fields.memory_filter({"agent_id": "a-1", "source": None}) == MemoryFilter(agent_id="a-1")
+    assert message(fields.memory_filter, {"agent_id": ""}) == "filter.agent_id must be a non-empty string"
     assert message(fields.memory_filter, []) == "filter must be a JSON object"
     assert message(fields.memory_filter, {"zeta": 1, "alpha": 2, "source": "system"}) == \
-        "filter has unknown field(s) alpha, zeta; allowed: after, before, metadata, min_confidence, scope, source"
+        "filter has unknown field(s) alpha, zeta; allowed: after, agent_id, before, metadata, min_confidence, scope, source"
     assert message(fields.memory_filter, {"source": "x"}).startswith("source must be one of")
     assert message(fields.memory_filter, {"scope": ""}) == "filter.scope must be a non-empty string"
     assert message(fields.memory_filter, {"scope": "s" * 257}) == "filter.scope is too long (257 characters, limit 256)"

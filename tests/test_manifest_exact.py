@@ -10,7 +10,7 @@ import pytest
 
 from agentd.agents.manifest import (MANIFEST_LIMIT, PROFILES, Manifest, ManifestError, parse_manifest,
                                     profile_list)
-from agentd.errors import BadRequest
+from agentd.errors import BadRequest, PayloadTooLarge
 
 DEFAULTS = {
     "name": "x", "description": "", "version": "0.1.0", "author": "", "profile": None,
@@ -118,11 +118,17 @@ def test_size_limit_counts_utf8_bytes_at_and_past_the_limit() -> None:
     assert len(at_limit.encode()) == MANIFEST_LIMIT == 1024 * 1024
     assert parse_manifest(at_limit).name == "big", "BUG: a manifest of exactly 1 MB is allowed"
     past = head + "x" * (fill + 1) + '"\n'
-    assert error_of(past) == "invalid manifest format: manifest is larger than 1 MB"
+    assert too_large(past) == (413, "manifest too large (max 1 MB)")
     # é is two bytes: fewer characters than the limit, more bytes.
     wide = head + "é" * (fill // 2 + 1) + '"\n'
     assert len(wide) < MANIFEST_LIMIT < len(wide.encode("utf-8"))
-    assert error_of(wide) == "invalid manifest format: manifest is larger than 1 MB", "BUG: the limit is in bytes"
+    assert too_large(wide) == (413, "manifest too large (max 1 MB)"), "BUG: the limit is in bytes"
+
+
+def too_large(text: str) -> tuple[int, str]:
+    with pytest.raises(PayloadTooLarge) as info:
+        parse_manifest(text)
+    return info.value.status, info.value.message
 
 
 def test_unknown_keys_are_warnings_with_suggestions() -> None:

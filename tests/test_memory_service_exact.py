@@ -211,6 +211,12 @@ def test_recall_defaults_limits_and_filter(svc) -> None:
     assert bad(lambda: svc.recall(a, "which facts", min_score=2)) == "min_score must be a number between -1 and 1"
     assert bad(lambda: svc.recall(a, "")) == "query must be a non-empty string"
     assert bad(lambda: svc.recall(a, "q", flt={"nope": 1})).startswith("filter has unknown field(s) nope")
+    # The spec's agent_id filter: the agent's own id matches, another's matches nothing.
+    got = svc.recall(a, "which facts", limit=100, flt={"agent_id": a})
+    assert [f["content"] for f in got] == texts
+    assert svc.recall(a, "which facts", limit=100, flt={"agent_id": new_agent()}) == []
+    assert bad(lambda: svc.recall(a, "q", flt={"agent_id": 5})) == "filter.agent_id must be a non-empty string"
+    assert bad(lambda: svc.recall(a, "", flt={"agent_id": "other"})) == "query must be a non-empty string"
 
 
 def test_recall_without_min_score_keeps_zero_scores(svc) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates
 
-from agentd.errors import BadRequest
+from agentd.errors import BadRequest, PayloadTooLarge
 from agentd.schema_fields import StrictFloat
 
 PROFILES: dict[str, list[str]] = {
@@ -227,7 +227,8 @@ def _unknown_keys(raw: dict[str, Any], schema: Schema, where: str = "") -> list[
 def parse_manifest(text: str) -> Manifest:
     """Parse and validate manifest TOML; raises ManifestError naming what and where."""
     if len(text.encode("utf-8")) > MANIFEST_LIMIT:
-        raise ManifestError("manifest is larger than 1 MB")
+        # 413 like a too-large `manifest_toml`, also for one inside a signed envelope.
+        raise PayloadTooLarge("manifest too large (max 1 MB)")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

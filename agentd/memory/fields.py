@@ -34,6 +34,7 @@ class MemoryFilter:
     after: float | None = None
     before: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    agent_id: str | None = None  # the spec's filter field; a per-agent recall matches only its own
 
 
 def _encodable(value: str, name: str) -> str:
@@ -126,11 +127,13 @@ def memory_filter(value: Any) -> MemoryFilter:
     if value is None:
         return MemoryFilter()
     data = obj(value, "filter")
-    known = {"source", "scope", "min_confidence", "after", "before", "metadata"}
+    known = {"agent_id", "source", "scope", "min_confidence", "after", "before", "metadata"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise BadRequest(f"filter has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
     flt = MemoryFilter()
+    if data.get("agent_id") is not None:
+        flt.agent_id = text(data["agent_id"], "filter.agent_id", MAX_NAME)
     if data.get("source") is not None:
         flt.source = source(data["source"])
     if data.get("scope") is not None:

@@ -113,10 +113,11 @@ class MemoryService:
 
     def recall(self, agent_id: str, query: Any, limit: Any = None, min_score: Any = None,
                flt: Any = None) -> list[dict[str, Any]]:
-        return self.semantic.recall(
-            agent_id, fields.text(query, "query"),
-            fields.integer(limit, "limit", 1, 100) if limit is not None else 5,
-            fields.score(min_score) if min_score is not None else None, fields.memory_filter(flt))
+        args = (fields.text(query, "query"), fields.integer(limit, "limit", 1, 100) if limit is not None else 5,
+                fields.score(min_score) if min_score is not None else None, fields.memory_filter(flt))
+        if args[3].agent_id is not None and args[3].agent_id != agent_id:
+            return []  # an agent's memory holds only its own fragments
+        return self.semantic.recall(agent_id, *args)
 
     def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
         return self.semantic.page(agent_id, fields.integer(limit, "limit", 1, 1000),
