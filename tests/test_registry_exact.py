@@ -649,3 +649,13 @@ def test_list_json_is_the_listing_of_the_live_agents(mgr, monkeypatch) -> None:
     b = mgr.spawn(manifest("l2"))
     mgr.kill(b)
     assert mgr.list_json() == json.dumps([mgr.list_item(a)], separators=(",", ":"))
+
+
+def test_unknown_tool_warnings_skip_the_wildcard_and_known_names() -> None:
+    from agentd.agents.registry import _unknown_tools
+    from agentd.agents.tools import all_tools
+    known = ", ".join(sorted(t.name for t in all_tools()))
+    assert _unknown_tools([]) == [] and _unknown_tools(["*", "file_read", "shell_exec"]) == []
+    assert _unknown_tools(["nope", "file_read", "Nope"]) == [
+        f"capabilities.tools: unknown tool 'nope' ignored (known: {known})",
+        f"capabilities.tools: unknown tool 'Nope' ignored (known: {known})"]

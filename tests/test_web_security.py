@@ -488,6 +488,18 @@ def test_unknown_manifest_keys_are_reported_as_warnings(shared_daemon) -> None:
     assert r.status_code == 201 and r.json()["warnings"] == []
 
 
+def test_unknown_tool_names_are_reported_as_warnings(shared_daemon) -> None:
+    d = shared_daemon
+    name = f"tools-{uuid.uuid4().hex[:6]}"
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n[capabilities]\n'
+                                                     'tools = ["file_read", "fiel_write"]\n'})
+    assert r.status_code == 201
+    warnings = r.json()["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("capabilities.tools: unknown tool 'fiel_write' ignored (known: ")
+    assert "file_write" in warnings[0]
+    assert d.get(f"/api/agents/{r.json()['agent_id']}").json()["capabilities"]["tools"] == ["file_read"]
+
+
 # -- WebSocket frame order ---------------------------------------------------------------------
 
 def test_websocket_typing_stop_comes_before_the_response(agent_daemon) -> None:

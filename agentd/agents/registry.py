@@ -97,6 +97,7 @@ class AgentRegistry:
         if not manifest_toml or not manifest_toml.strip():
             raise BadRequest("manifest_toml is required")
         manifest = parse_manifest(manifest_toml)
+        manifest.warnings.extend(_unknown_tools(manifest.capabilities["tools"]))
         now = utcnow()
         handle = self._handle(str(uuid.uuid4()), manifest, "Auto", now, str(uuid.uuid4()))
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
@@ -299,3 +300,10 @@ class AgentRegistry:
         log.info("killed agent %s (%s)", handle.name, handle.id)
         if self.audit_hook is not None:
             self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})
+
+
+def _unknown_tools(declared: list[str]) -> list[str]:
+    """Warnings for tool names in `capabilities.tools` that no tool has (a typo drops the tool)."""
+    known = {t.name for t in all_tools()}
+    return [f"capabilities.tools: unknown tool '{name}' ignored (known: {', '.join(sorted(known))})"
+            for name in declared if name != "*" and name not in known]
