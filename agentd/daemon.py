@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import waitress
 from waitress import wasyncore
 
+from agentd.api.early_refusal import install as install_early_refusal
 from agentd.api.ws_transport import close_websockets, install as install_ws_transport
 from agentd.client import DaemonInfo, is_healthy, read_daemon_file, write_daemon_file
 from agentd.config import Config
@@ -143,6 +144,7 @@ class Daemon:
         # channel limits above.)
         dispatcher.set_thread_count(cfg.api.threads)
         install_ws_transport(self.server)
+        install_early_refusal(self.server, cfg)  # cross-site / foreign-Host bodies never read
         listen = f"{host}:{self.server.effective_port}"
         write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow())))
         log.info("agentd listening on http://%s (home %s)", listen, cfg.home)

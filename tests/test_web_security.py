@@ -79,6 +79,61 @@ def test_cross_site_multipart_upload_and_session_actions_are_refused(agent_daemo
     assert d.get(f"/api/agents/{agent_id}/session").json()["message_count"] == 2, "session changed"
 
 
+def _send_headers_only(d, head: str, timeout: float = 5.0) -> bytes:
+    """Send a request's headers (announcing a body that never comes) and read the answer."""
+    import socket
+    with socket.create_connection(("127.0.0.1", d.port), timeout=timeout) as sock:
+        sock.sendall(head.encode("latin-1"))
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 20:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except TimeoutError:
+            pass
+        return data
+
+
+@pytest.mark.parametrize("headers, status, body", [
+    ("Origin: http://evil.example\r\n", "403 Forbidden", b'{"error": "cross-site request refused"}'),
+    ("Sec-Fetch-Site: cross-site\r\nExpect: 100-continue\r\n", "403 Forbidden",
+     b'{"error": "cross-site request refused"}'),
+    ("Transfer-Encoding: chunked\r\nOrigin: null\r\n", "403 Forbidden", b'{"error": "cross-site request refused"}'),
+    ("X-Host: x\r\n", "400 Bad Request", b'{"error": "host not allowed"}'),
+])
+def test_a_refused_request_is_answered_before_its_body_arrives(shared_daemon, headers, status, body) -> None:
+    """The issue: refused "before any handler runs and before the body is read". The body is
+    announced (1 MB) and never sent; the answer must come anyway, and no 100 Continue."""
+    d = shared_daemon
+    host = "attacker.example" if "X-Host" in headers else f"127.0.0.1:{d.port}"
+    length = "" if "chunked" in headers else "Content-Length: 1000000\r\n"
+    answer = _send_headers_only(d, f"POST /api/shutdown HTTP/1.1\r\nHost: {host}\r\n"
+                                   f"Content-Type: text/plain\r\n{length}{headers}\r\n")
+    assert answer.startswith(f"HTTP/1.1 {status}\r\n".encode()), answer[:200]
+    assert b"100 Continue" not in answer
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert b"Content-Type: application/json" in head and b"Connection: close" in head
+    assert rest == body
+    assert d.get("/api/health").ok, "the daemon is still up"
+
+
+def test_an_allowed_request_still_waits_for_its_body(shared_daemon) -> None:
+    """Only refusals are early: a same-origin post with a slow body is read whole and served."""
+    import socket
+    d = shared_daemon
+    body = json.dumps({"manifest_toml": f'name = "slow-{uuid.uuid4().hex[:6]}"\n'}).encode()
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as sock:
+        sock.sendall(f"POST /api/agents HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+                     f"Origin: http://127.0.0.1:{d.port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        time.sleep(0.3)
+        sock.sendall(body[5:])
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 201 "), answer[:200]
+
+
 def test_same_origin_and_plain_clients_are_served(shared_daemon) -> None:
     d = shared_daemon
     for origin in (d.url, f"http://localhost:{d.port}", f"HTTP://127.0.0.1:{d.port}/"):

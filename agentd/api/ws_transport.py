@@ -284,7 +284,7 @@ class WebSocketChannel(HTTPChannel):
             super().handle_read()
 
 
-def _servers_of(server: Any) -> list[Any]:
+def servers_of(server: Any) -> list[Any]:
     """The listening servers behind what waitress.create_server returned."""
     if hasattr(server, "channel_class"):
         return [server]
@@ -303,7 +303,7 @@ def install(server: Any) -> Any:
     patched -- so call it before the server accepts connections. Accepts a
     ``MultiSocketServer`` too. Returns ``server``. Idempotent.
     """
-    servers = _servers_of(server)
+    servers = servers_of(server)
     if not servers:
         raise TypeError(f"not a waitress server: {server!r}")
     registry = _registry_of(server) or _Registry()

@@ -1,0 +1,105 @@
+"""agentd/api/early_refusal.py: requests judged once their headers are in, body still due.
+
+The daemon-level checks (a refused request answered although its body never comes, no
+100 Continue, an allowed slow body still read) are in tests/test_web_security.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from waitress.adjustments import Adjustments
+
+from agentd.api.early_refusal import EarlyRefusal, GuardedParser, request_check
+from agentd.config import parse_config
+
+
+def parser(calls: list, answer=None) -> GuardedParser:
+    def check(p: GuardedParser):
+        calls.append((p.command, p.path, dict(p.headers)))
+        return answer
+    return GuardedParser(Adjustments(), check)
+
+
+HEAD = b"POST /api/x HTTP/1.1\r\nHost: 127.0.0.1:4200\r\nContent-Length: 10\r\n\r\n"
+
+
+def test_judged_once_when_the_headers_are_in_and_a_body_is_due() -> None:
+    calls: list = []
+    p = parser(calls)
+    assert p.received(HEAD[:20]) == 20 and calls == []
+    assert p.received(HEAD[20:] + b"01234") == len(HEAD) - 20, "the headers only: the body is parsed next"
+    assert [c[:2] for c in calls] == [("POST", "/api/x")]
+    assert p.received(b"01234") == 5 and p.received(b"56789") == 5
+    assert p.completed and p.error is None and len(calls) == 1, "asked once, not per body read"
+
+
+def test_a_request_without_a_body_is_left_to_the_app() -> None:
+    calls: list = []
+    p = parser(calls, (403, "no"))
+    p.received(b"GET / HTTP/1.1\r\nHost: h\r\nOrigin: http://evil.example\r\n\r\n")
+    assert p.completed and p.error is None and calls == []
+
+
+def test_a_refusal_completes_the_request_and_swallows_the_read() -> None:
+    calls: list = []
+    p = parser(calls, (403, "cross-site request refused"))
+    data = HEAD.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n") + b"0123"
+    assert p.received(data) == len(data), "the rest of the read is the refused body"
+    assert p.completed and p.expect_continue is False
+    assert isinstance(p.error, EarlyRefusal)
+    status, headers, body = p.error.to_response("agentd")
+    assert (status, body) == ("403 Forbidden", b'{"error": "cross-site request refused"}')
+    assert headers == [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
+                       ("Cache-Control", "no-store")]
+    assert EarlyRefusal(400, "host not allowed").to_response()[0] == "400 Bad Request"
+
+
+def test_a_parse_error_is_waitress_own() -> None:
+    calls: list = []
+    p = parser(calls, (403, "no"))
+    p.received(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: nope\r\n\r\n")
+    assert calls == [] and p.error is not None and not isinstance(p.error, EarlyRefusal)
+
+
+def head(**headers: str) -> GuardedParser:
+    p = GuardedParser(Adjustments(), lambda _: None)
+    lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    p.received(f"POST /api/agents HTTP/1.1\r\n{lines}Content-Length: 5\r\n\r\n".encode())
+    return p
+
+
+@pytest.mark.parametrize("headers, verdict", [
+    ({"Host": "127.0.0.1:4200"}, None),
+    ({"Host": "localhost:4200", "Origin": "http://localhost:4200"}, None),
+    ({"Host": "127.0.0.1:4200", "Origin": "http://127.0.0.1:4200", "Sec-Fetch-Site": "same-origin"}, None),
+    ({"Host": "127.0.0.1:4200", "Origin": "https://app.example.com"}, None),       # configured
+    ({"Host": "agents.internal"}, None),                                              # allowed host
+    ({"Host": "attacker.example"}, (400, "host not allowed")),
+    ({"Host": "attacker.example", "Origin": "http://evil.example"}, (400, "host not allowed")),
+    ({"Host": "127.0.0.1:4200", "Origin": "http://evil.example"}, (403, "cross-site request refused")),
+    ({"Host": "127.0.0.1:4200", "Origin": "null"}, (403, "cross-site request refused")),
+    ({"Host": "127.0.0.1:4200", "Sec-Fetch-Site": "cross-site"}, (403, "cross-site request refused")),
+    ({"Host": "127.0.0.1:4200", "Origin": "http://127.0.0.1:4200", "Sec-Fetch-Site": "same-site"},
+     (403, "cross-site request refused")),
+])
+def test_the_check_is_the_guards_policy(tmp_path: Path, headers: dict, verdict) -> None:
+    config = parse_config({"api": {"allowed_hosts": ["agents.internal"],
+                                   "cors_origins": ["https://app.example.com"]}}, tmp_path)
+    assert request_check(config)(head(**headers)) == verdict
+
+
+def test_nothing_is_installed_behind_trusted_proxies(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from agentd.api import early_refusal
+    from waitress.channel import HTTPChannel
+    server = SimpleNamespace(channel_class=HTTPChannel)
+    early_refusal.install(server, parse_config({"api": {"trusted_proxies": ["127.0.0.1"]}}, tmp_path))
+    assert server.channel_class is HTTPChannel
+    early_refusal.install(server, parse_config({}, tmp_path))
+    assert issubclass(server.channel_class, HTTPChannel) and server.channel_class is not HTTPChannel
+    made = server.channel_class.parser_class.fget(object())(Adjustments())
+    assert isinstance(made, GuardedParser)
+    assert json.loads(EarlyRefusal(403, "x").to_response()[2]) == {"error": "x"}
