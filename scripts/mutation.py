@@ -97,6 +97,11 @@ TESTS: dict[str, list[str]] = {
     # guard.py in process only: test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
     "agentd/api/guard.py": ["tests/test_guard_exact.py"],
+    # The guard's policies (Flask-free) and their early use in waitress's parser.
+    "agentd/webguard.py": ["tests/test_guard_exact.py", "tests/test_early_refusal.py"],
+    "agentd/api/early_refusal.py": ["tests/test_early_refusal.py"],
+    "agentd/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
                            # its daemon test only shows waitress buffers chunked bodies
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
