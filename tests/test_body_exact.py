@@ -344,3 +344,23 @@ def test_lone_surrogates_are_refused(text) -> None:
                                          ('"\U0001F600"', "\U0001F600")])
 def test_pairs_and_neighbours_of_the_surrogate_range_pass(text, value: str) -> None:
     assert jsonsafe.loads(text) == value
+
+
+@pytest.mark.parametrize("data, deep", [
+    (b"[" * 64 + b"]" * 64, False), (b"[" * 65 + b"]" * 65, True),            # at and past the limit
+    (b'{"a":' * 64 + b"1" + b"}" * 64, False), (b'{"a":' * 65 + b"1" + b"}" * 65, True),  # objects count too
+    (b"[{" * 33 + b"}]" * 33, True), (b"[{" * 32 + b"}]" * 32, False),
+    (b"[]" * 70, False),                                                       # closing lowers the depth
+    (b"[" * 60 + b"]" + b"[" * 5 + b"]" * 64, False),                          # 64 at most
+    (b"[" * 60 + b"]" + b"[" * 6 + b"]" * 65, True),                           # 65
+    (b'["' + b"[" * 100 + b'"]', False),                                       # brackets in a string
+])
+def test_depth_exceeds_counts_open_arrays_and_objects(data: bytes, deep: bool) -> None:
+    assert jsonsafe.depth_exceeds(data) is deep
+
+
+def test_loads_takes_its_own_limit() -> None:
+    assert jsonsafe.loads(b"[[]]", limit=2) == [[]]
+    with pytest.raises(jsonsafe.JsonTooDeep) as info:
+        jsonsafe.loads(b"[[[]]]", limit=2)
+    assert str(info.value) == TOO_DEEP_MESSAGE == "JSON nested too deeply"

@@ -63,10 +63,18 @@ def test_a_parse_error_is_waitress_own() -> None:
     assert calls == [] and p.error is not None and not isinstance(p.error, EarlyRefusal)
 
 
-def head(**headers: str) -> GuardedParser:
+def test_a_refusal_is_one_log_line(caplog) -> None:
+    p = parser([], (403, "cross-site request refused"))
+    with caplog.at_level("INFO", logger="agentd.http"):
+        p.received(HEAD)
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("agentd.http", "INFO", "refused before its body: POST /api/x (cross-site request refused)")]
+
+
+def head(method: str = "POST", **headers: str) -> GuardedParser:
     p = GuardedParser(Adjustments(), lambda _: None)
     lines = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    p.received(f"POST /api/agents HTTP/1.1\r\n{lines}Content-Length: 5\r\n\r\n".encode())
+    p.received(f"{method} /api/agents HTTP/1.1\r\n{lines}Content-Length: 5\r\n\r\n".encode())
     return p
 
 
@@ -76,6 +84,8 @@ def head(**headers: str) -> GuardedParser:
     ({"Host": "127.0.0.1:4200", "Origin": "http://127.0.0.1:4200", "Sec-Fetch-Site": "same-origin"}, None),
     ({"Host": "127.0.0.1:4200", "Origin": "https://app.example.com"}, None),       # configured
     ({"Host": "agents.internal"}, None),                                              # allowed host
+    ({"Host": "agents.internal", "Origin": "http://agents.internal"}, None),          # its own origin
+    ({"Host": "127.0.0.1:4200", "Origin": "http://localhost:4200"}, None),            # a loopback alias
     ({"Host": "attacker.example"}, (400, "host not allowed")),
     ({"Host": "attacker.example", "Origin": "http://evil.example"}, (400, "host not allowed")),
     ({"Host": "127.0.0.1:4200", "Origin": "http://evil.example"}, (403, "cross-site request refused")),
@@ -90,6 +100,13 @@ def test_the_check_is_the_guards_policy(tmp_path: Path, headers: dict, verdict) 
     assert request_check(config)(head(**headers)) == verdict
 
 
+def test_a_websocket_handshake_with_a_body_is_judged_like_a_post(tmp_path: Path) -> None:
+    check = request_check(parse_config({}, tmp_path))
+    evil = {"Host": "127.0.0.1:4200", "Origin": "http://evil.example"}
+    assert check(head("GET", **evil)) is None, "a plain GET changes nothing"
+    assert check(head("GET", Upgrade="websocket", **evil)) == (403, "cross-site request refused")
+
+
 def test_nothing_is_installed_behind_trusted_proxies(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
@@ -100,6 +117,11 @@ def test_nothing_is_installed_behind_trusted_proxies(tmp_path: Path) -> None:
     assert server.channel_class is HTTPChannel
     early_refusal.install(server, parse_config({}, tmp_path))
     assert issubclass(server.channel_class, HTTPChannel) and server.channel_class is not HTTPChannel
+    assert server.channel_class.__name__ == "GuardedChannel"
+    assert server.channel_class.__doc__ == "HTTPChannel whose requests are judged once their headers are in."
     made = server.channel_class.parser_class.fget(object())(Adjustments())
     assert isinstance(made, GuardedParser)
+    # ... asking the configured policy: a cross-site post is refused by the installed parser.
+    made.received(HEAD.replace(b"\r\n\r\n", b"\r\nOrigin: http://evil.example\r\n\r\n"))
+    assert isinstance(made.error, EarlyRefusal) and made.error.body == "cross-site request refused"
     assert json.loads(EarlyRefusal(403, "x").to_response()[2]) == {"error": "x"}

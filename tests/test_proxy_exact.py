@@ -303,3 +303,28 @@ def test_plain_http_from_the_proxy_replaces_an_https_scheme() -> None:
     environ = seen(["127.0.0.1"], {**BASE, "wsgi.url_scheme": "https", "REMOTE_ADDR": "10.0.0.1",
                                    "HTTP_X_FORWARDED_PROTO": "http"})
     assert environ["wsgi.url_scheme"] == "https", "BUG: an untrusted peer downgraded the scheme"
+
+
+# -- agentd/forwarded.py helpers -----------------------------------------------------------------
+
+@pytest.mark.parametrize("hop, address", [
+    ("203.0.113.7", "203.0.113.7"), (' "203.0.113.7" ', "203.0.113.7"),
+    ("_hidden", "_hidden"), ('"_hidden"', "_hidden"), ("  ", "unknown"), ('""', "unknown"),
+    ("x" * 150, "x" * 100),
+])
+def test_hop_address_keeps_a_token_that_is_no_address(hop: str, address: str) -> None:
+    from agentd.forwarded import hop_address
+    assert hop_address(hop) == address
+
+
+def test_forwarded_elements_split_each_pair_at_its_first_equals_sign() -> None:
+    from agentd.forwarded import forwarded_elements
+    assert forwarded_elements('for="_a=b";Proto=https, for=192.0.2.1;by') == [
+        {"for": "_a=b", "proto": "https"}, {"for": "192.0.2.1"}]
+
+
+def test_a_network_with_host_bits_set_is_taken_as_its_network() -> None:
+    """`10.1.2.3/8` in trusted_proxies means 10.0.0.0/8 (as nginx's set_real_ip_from reads it)."""
+    trusted = TrustedProxies(["10.1.2.3/8", "2001:db8::1/32"])
+    assert trusted.contains("10.200.0.1") and trusted.contains("2001:db8:ffff::9")
+    assert not trusted.contains("11.0.0.1")
