@@ -200,10 +200,9 @@ class Daemon:
         if kernel is None:
             self._abort()
             return
-        kernel.stopping.set()
         # Stop means stop: runs end now and their provider connections close at once,
         # so the grace period below only has to flush answers.
-        kernel.agents.stop_all()
+        kernel.stop_runs()
         # WebSocket handlers wait on their client; "going away" frees their workers now.
         close_websockets(server)
         # Stop accepting: close only the listening socket, keep the trigger and

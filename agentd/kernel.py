@@ -152,6 +152,14 @@ class Kernel:
         if self._shutdown_hook is not None:
             self._shutdown_hook()
 
+    def stop_runs(self) -> None:
+        """The start of a shutdown: workflow runs end `failed` saying the daemon is stopping
+        (before their agents' runs are cancelled, so a step never blames its agent and a
+        retry never waits out its backoff), then every agent run stops."""
+        self.stopping.set()
+        self.workflows.close()
+        self.agents.stop_all()
+
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()

@@ -56,7 +56,10 @@ def test_shell_capability_true_means_any_program(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("command", ["nice sudo id", "nice -n 5 sudo id", "timeout 5 /usr/bin/sudo id",
-                                     "env A=1 B=2 su root"])
+                                     "env A=1 B=2 su root",
+                                     # a shell runs its -c argument: every word of it counts
+                                     'sh -c "sudo id"', "bash -c 'FOO=1 sudo id'", 'sh -c "env sudo id"',
+                                     '/bin/dash -c "nice -n 5 /usr/bin/su root"', "zsh -c sudo"])
 def test_denied_programs_behind_wrappers_at_any_position(wide, command) -> None:
     assert "is denied by the daemon's shell policy" in refusal(wide, command), \
         f"BUG: a denied program behind a wrapper runs: {command}"
@@ -146,3 +149,8 @@ def test_cancel_stops_the_program(tmp_path) -> None:
     ctx = make_ctx(tmp_path, shell=["sleep"])
     ctx.cancel.set()
     assert refusal(ctx, "sleep 30") == "command cancelled with the run"
+
+
+def test_a_shell_running_an_allowed_command_still_runs(wide) -> None:
+    assert _check(wide, 'sh -c "echo hi there"') == ["sh", "-c", "echo hi there"]
+    assert _check(wide, "bash -c 'LANG=C ls -l'") == ["bash", "-c", "LANG=C ls -l"]

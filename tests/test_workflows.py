@@ -495,6 +495,35 @@ def test_restart_mid_run_marks_run_failed(tmp_path: Path, fake_llm) -> None:
         d.stop()
 
 
+@pytest.mark.parametrize("step", [
+    {"name": "nap", "prompt": "[[slow:20]] zz", "timeout_secs": 60},
+    # A retry waiting out its backoff: the stop must end the wait, not the next attempt.
+    {"name": "nap", "prompt": "[[fail:400]] zz", "error_mode": "retry", "max_retries": 9},
+])
+def test_a_graceful_stop_ends_a_run_saying_the_daemon_stops(tmp_path: Path, fake_llm, step: dict) -> None:
+    d = Daemon(make_home(tmp_path / "graceful", llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    try:
+        spawn(d, "sleeper")
+        wid = create(d, [{"name": "first", "agent_name": "sleeper"}, {**step, "agent_name": "sleeper"}])
+        answers: list = []
+        waiter = threading.Thread(target=lambda: answers.append(
+            d.post(f"/api/workflows/{wid}/run", json={"input": "x"}, timeout=60)), daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                "zz" in str(r["json"]) for r in fake_llm.requests):
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        code = d.stop()
+    waiter.join(30)
+    assert code == 0 and answers, "the run's caller got its answer before the daemon left"
+    body = answers[0].json()
+    assert (answers[0].status_code, body["status"]) == (200, "failed")
+    assert body["error"].startswith("step 2 ('nap') failed: ") and "the daemon is shutting down" in body["error"], body
+    assert "cancelled (stopped or killed)" not in body["error"], "BUG: the step blamed its agent"
+
+
 # -- CLI -------------------------------------------------------------------------------------------
 
 def test_cli_create_list_run(agent_daemon, tmp_path: Path) -> None:

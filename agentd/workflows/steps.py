@@ -306,6 +306,10 @@ class StepRunner:
         except concurrent.futures.CancelledError:
             raise StepFailure("the daemon is shutting down", final=True) from None
         except RunCancelled:
+            if any(s.is_set() for s in stops):
+                # The run was cancelled because this one is (the daemon stopping, a sibling
+                # failing): say why, rather than blame the agent.
+                raise StepFailure(_stop_reason(stops, self._closing), final=True) from None
             raise StepFailure("the agent's run was cancelled (stopped or killed)", final=True) from None
         except AgentdError as exc:
             # Refusals (bad input, quota, budget) would only be refused again.

@@ -19,7 +19,9 @@ METACHARACTERS = (";", "|", "&", "`", "$(", "${", ">", "<", "\n", "\r")
 POLL = 0.05
 # Programs that run another program from their arguments: the deny list applies to what they run.
 WRAPPERS = {"env", "nice", "nohup", "timeout", "stdbuf", "setsid", "xargs", "time", "ionice", "command",
-            "exec", "doas", "chrt", "taskset"}
+            "exec", "doas", "chrt", "taskset",
+            # Shells run the command line in their `-c` argument: `sh -c "sudo id"`.
+            "sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"}
 
 
 def _wrapped_programs(argv: list[str]) -> list[str]:
@@ -30,7 +32,9 @@ def _wrapped_programs(argv: list[str]) -> list[str]:
     """
     names = [os.path.basename(argv[0])]
     if names[0] in WRAPPERS:
-        names += [os.path.basename(a) for a in argv[1:] if not a.startswith("-") and "=" not in a]
+        # Every word of every argument: a shell's `-c "FOO=1 env sudo id"` is one argument.
+        words = [word for arg in argv[1:] for word in arg.split()]
+        names += [os.path.basename(w) for w in words if not w.startswith("-") and "=" not in w]
     return names
 
 
