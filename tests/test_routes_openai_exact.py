@@ -598,15 +598,30 @@ def test_stream_error_event(env: Env) -> None:
                  stream_options={"include_usage": True})
     assert r.status_code == 200
     text = without_keepalives(r.get_data(as_text=True))
-    assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error"}}) + "data: [DONE]\n\n"), text
+    # The same type and code the unstreamed answer carries (its 502 status line cannot be sent).
+    assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error",
+                                                   "code": "upstream_rejected_request"}}) + "data: [DONE]\n\n"), text
     assert len(sse(r)) == 3, "only the role chunk, the error and [DONE]"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("[[fail:429]]", {"type": "rate_limit_error", "code": "upstream_rate_limited"}),
+    ("[[fail:503]]", {"type": "server_error", "code": "upstream_unavailable"}),
+    ("[[fail:401]]", {"type": "authentication_error", "code": "provider_auth_failed"}),
+])
+def test_stream_errors_are_mapped_like_unstreamed_ones(env: Env, text: str, error: dict) -> None:
+    name, _ = env.spawn(f"mapped-{text[7:10]}")
+    r = env.chat(model=name, messages=[{"role": "user", "content": text}], stream=True)
+    errors = [json.loads(b[len("data: "):])["error"] for b in without_keepalives(r.get_data(as_text=True)).split("\n\n")
+              if b.startswith('data: {"error"')]
+    assert len(errors) == 1 and {k: errors[0][k] for k in ("type", "code")} == error
 
 
 
 @pytest.mark.parametrize("text, last", [
     ("[[reply:one]]", '"finish_reason":"stop"}]}'),
-    ("[[fail:400]]", '"type":"server_error"}}'),
-    ("[[slow:5]] late", '"finish_reason":"stop"}]}'),
+    ("[[fail:400]]", '"type":"server_error","code":"upstream_rejected_request"}}'),
+    ("[[slow:5]] late", '"type":"invalid_request_error","code":"run_cancelled"}}'),
 ])
 def test_written_stream_ends_with_one_done_marker(env: Env, text: str, last: str) -> None:
     """In the daemon a stream is written in place (api/streaming.py): its final event, whether
@@ -668,8 +683,10 @@ def test_stream_stopped(env: Env) -> None:
     text = without_keepalives(b"".join(chunks).decode())
     r.close()
     data = [json.loads(b[len("data: "):]) for b in text.split("\n\n") if b.startswith("data: {")]
-    assert [d["choices"] for d in data] == [[{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}],
-                                            [{"index": 0, "delta": {}, "finish_reason": "stop"}]]
+    # A stopped run is no finished answer (unstreamed it is a 409): an error line, no `finish_reason: stop`.
+    assert data[0]["choices"] == [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]
+    assert data[1:] == [{"error": {"message": "the run was stopped before the agent answered",
+                                   "type": "invalid_request_error", "code": "run_cancelled"}}]
     assert text.endswith("data: [DONE]\n\n")
 
 

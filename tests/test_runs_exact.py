@@ -125,15 +125,17 @@ def test_done_event_counts_tool_calls(env: Env) -> None:
     assert [(c["name"], c["arguments"]) for c in done.data["tool_calls"]] == [("agent_list", {})]
 
 
-@pytest.mark.parametrize("text, status, retryable", [
-    ("[[fail:400]]", 500, False), ("[[fail:429]]", 429, True), ("[[fail:503]]", 503, True)])
-def test_error_event_of_a_failed_model_call(env: Env, text: str, status: int, retryable: bool) -> None:
+@pytest.mark.parametrize("text, status, retryable, kind", [
+    ("[[fail:400]]", 500, False, "bad_request"), ("[[fail:429]]", 429, True, "rate_limit"),
+    ("[[fail:503]]", 503, True, "server")])
+def test_error_event_of_a_failed_model_call(env: Env, text: str, status: int, retryable: bool, kind: str) -> None:
     handle = env.spawn("failing")
     last = drained(live(env, handle, text))[-1]
     code = text[7:10]
     assert last == Event("error", {"message": f"message delivery failed: openai model gpt-4o: HTTP {code}: "
                                               f"fakellm: scripted failure {code}",
-                                   "status": status, "retry_after": None, "code": None, "retryable": retryable})
+                                   "status": status, "retry_after": None, "code": None, "retryable": retryable,
+                                   "kind": kind})
 
 
 def test_error_event_carries_retry_after(env: Env) -> None:
@@ -148,10 +150,10 @@ def test_error_event_of_agentd_and_internal_errors(env: Env) -> None:
     last = drained(live(env, handle, "hi", [{"bogus": 1}]))[-1]
     # An AgentdError that has no `retryable` (BadRequest) reads as not retryable.
     assert last == Event("error", {"message": "invalid file id: '' is not a UUID", "status": 400,
-                                   "retry_after": None, "code": None, "retryable": False})
+                                   "retry_after": None, "code": None, "retryable": False, "kind": None})
     last = drained(live(env, handle, "hi", "notalist"))[-1]   # type: ignore[arg-type]
     assert last == Event("error", {"message": "internal error: 'str' object has no attribute 'get'", "status": 500,
-                                   "retry_after": None, "code": None, "retryable": False})
+                                   "retry_after": None, "code": None, "retryable": False, "kind": None})
 
 
 
@@ -159,7 +161,7 @@ def test_error_event_carries_the_error_code() -> None:
     busy = TooManyRequests("agent a is busy", retry_after=2, code="agent_busy")
     assert runs.failure_event(busy) == Event("error", {"message": "agent a is busy", "status": 429,
                                                        "retry_after": 2, "code": "agent_busy",
-                                                       "retryable": False})
+                                                       "retryable": False, "kind": None})
 
 def test_cancelled_run_ends_with_stopped(env: Env) -> None:
     handle = env.spawn("stopper")

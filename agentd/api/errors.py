@@ -15,7 +15,7 @@ from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.api")
 
-_OPENAI_TYPES = {
+OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -69,7 +69,7 @@ def error_response(status: int, message: str, *, code: str | None = None,
         return response
     if request.path.startswith("/v1/"):
         # The spec's OpenAI error leaves `code` out when there is none (never `null`).
-        error = {"message": message, "type": _OPENAI_TYPES.get(status, "server_error")}
+        error = {"message": message, "type": OPENAI_TYPES.get(status, "server_error")}
         if code is not None:
             error["code"] = code
         body = {"error": error}

@@ -25,7 +25,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
 from agentd.api.routes_agents import MESSAGE_LIMIT
-from agentd.api.errors import error_response
+from agentd.api.errors import OPENAI_TYPES, error_response
 from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
 from agentd.api.sse import format_event
@@ -177,16 +177,35 @@ def _final(status: int, message: str, code: str, retry_after: float | None = Non
     return response
 
 
+STOPPED_MESSAGE = "the run was stopped before the agent answered"
+
+
+def _failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
+    """OpenAI status and code of a failed run: from the run error's kind, else the refusal's."""
+    if kind is not None:
+        return _RUN_FAILURES.get(kind, (500, "agent_error"))
+    if status == 429:
+        # Budget or token quota: retrying before Retry-After cannot succeed.
+        return 429, code or ("budget_exceeded" if "budget" in message else "quota_exceeded")
+    return status, code
+
+
 def run_failure(exc: AgentdError) -> Response:
     """The /v1 answer for an error raised while checking or running an agent."""
     if isinstance(exc, RunCancelled):
-        return _final(409, "the run was stopped before the agent answered", "run_cancelled")
-    if isinstance(exc, AgentRunError):
-        status, code = _RUN_FAILURES.get(exc.kind, (500, "agent_error"))
-        return _final(status, exc.message, code, exc.retry_after)
-    # Budget or token quota: retrying before Retry-After cannot succeed.
-    code = exc.code or ("budget_exceeded" if "budget" in exc.message else "quota_exceeded")
-    return _final(429, exc.message, code, exc.retry_after)
+        return _final(409, STOPPED_MESSAGE, "run_cancelled")
+    kind = exc.kind if isinstance(exc, AgentRunError) else None  # always a string on a run error
+    status, code = _failure_code(kind, exc.status, exc.code, exc.message)
+    return _final(status, exc.message, code, exc.retry_after)
+
+
+def _stream_error(message: str, status: int, code: str | None) -> str:
+    """A stream's closing error line: the same type and code the answer would carry unstreamed
+    (its status line was sent long ago)."""
+    error = {"message": message, "type": OPENAI_TYPES.get(status, "server_error")}
+    if code is not None:
+        error["code"] = code
+    return format_event(None, {"error": error})
 
 
 @bp.post("/v1/chat/completions")
@@ -285,9 +304,11 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
                                                   "usage": _usage(d["input_tokens"], d["output_tokens"])}))
             return chunks, True
         if event.type == "stopped":
-            return [chunk({}, "stop")], True
+            # Not a finished answer (an unstreamed one is a 409): say so, never `finish_reason: stop`.
+            return [_stream_error(STOPPED_MESSAGE, 409, "run_cancelled")], True
         if event.type == "error":
-            return [format_event(None, {"error": {"message": d["message"], "type": "server_error"}})], True
+            status, code = _failure_code(d["kind"], d["status"], d["code"], d["message"])
+            return [_stream_error(d["message"], status, code)], True
         return [], False
 
     shape = StreamShape(opening=(chunk({"role": "assistant"}),), render=render, keep_alive=": keep-alive\n\n",

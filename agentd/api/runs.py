@@ -139,4 +139,5 @@ def failure_event(exc: BaseException) -> Event:
     return Event("error", {"message": message, "status": getattr(exc, "status", 500),
                            "retry_after": getattr(exc, "retry_after", None),
                            "code": getattr(exc, "code", None),
-                           "retryable": bool(getattr(exc, "retryable", False))})
+                           "retryable": bool(getattr(exc, "retryable", False)),
+                           "kind": getattr(exc, "kind", None)})
