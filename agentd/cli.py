@@ -72,18 +72,28 @@ def stop() -> None:
     client = ApiClient(info.base_url, config.api_key, timeout=5)
     try:
         response = client.request("POST", "/api/shutdown")
-        asked = response.ok
+        asked, answered = response.ok, True
         if not asked:
             print(f"shutdown request refused: HTTP {response.status_code} {response.text.strip()}",
                   file=sys.stderr)
     except requests.RequestException:
-        asked = False
-    if asked:
-        for _ in range(10):
-            time.sleep(0.5)
-            if find_daemon(config) is None and not _pid_alive(info.pid):
-                print("agentd stopped")
-                return
+        asked, answered = False, False
+    if not answered and not _is_agentd(info.pid):
+        # Nothing answers at the address and the pid is some other program now (pids are
+        # reused): a stale daemon.json, and nothing of ours to stop. Never kill it.
+        config.daemon_file.unlink(missing_ok=True)
+        _fail("agentd was not running (removed stale daemon.json)")
+    if not asked and _pid_alive(info.pid):
+        try:
+            os.kill(info.pid, signal.SIGTERM)  # the API refused (no key?): the signal is graceful too
+        except OSError:
+            pass
+    for _ in range(10):
+        if find_daemon(config) is None and not _pid_alive(info.pid):
+            config.daemon_file.unlink(missing_ok=True)
+            print("agentd stopped")
+            return
+        time.sleep(0.5)
     if _pid_alive(info.pid):
         try:
             os.kill(info.pid, signal.SIGKILL)
@@ -93,10 +103,19 @@ def stop() -> None:
         print("agentd stopped (forced)")
         return
     config.daemon_file.unlink(missing_ok=True)
-    if asked:
-        print("agentd stopped")
-    else:
-        _fail("agentd was not running (removed stale daemon.json)")
+    print("agentd stopped")
+
+
+def _is_agentd(pid: int) -> bool:
+    """True when `pid` runs agentd (its command line names it), or when that cannot be told."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            command = fh.read()
+    except FileNotFoundError:
+        return False  # no such process
+    except OSError:
+        return True   # no /proc to ask: assume it is ours, as before
+    return b"agentd" in command or b"mutmut_daemon" in command
 
 
 def _pid_alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sqlite3
 import stat
@@ -104,19 +105,40 @@ def test_stop_without_daemon(tmp_path: Path) -> None:
 
 
 def test_stop_forces_a_hung_daemon(tmp_path: Path) -> None:
-    """A process that holds daemon.json but never shuts down is killed after 5 s."""
+    """A daemon that never shuts down (here: stopped by SIGSTOP) is killed after 5 s."""
+    d = Daemon(make_home(tmp_path)).start()
+    d.expect_crash("killed on purpose: the test is that stop forces it")
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    r = run_cli(d.home, "stop")
+    assert r.returncode == 0 and "forced" in r.stdout
+    assert d.proc.wait(5) == -9
+    assert not (d.home / "daemon.json").exists()
+
+
+def test_stop_never_kills_a_process_that_is_not_agentd(tmp_path: Path) -> None:
+    """A stale daemon.json whose pid now belongs to another program, and nothing answering at
+    its address: the file goes, the program lives."""
     home = make_home(tmp_path)
-    port = free_port()
-    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     (home / "daemon.json").write_text(json.dumps(
-        {"listen_addr": f"127.0.0.1:{port}", "pid": hung.pid, "started_at": "x"}))
+        {"listen_addr": f"127.0.0.1:{free_port()}", "pid": other.pid, "started_at": "x"}))
     try:
         r = run_cli(home, "stop")
-        assert r.returncode == 0 and "forced" in r.stdout
-        assert hung.wait(5) == -9
+        assert r.returncode == 1 and "not running (removed stale daemon.json)" in r.stderr
+        assert other.poll() is None, "BUG: stop killed a process that is not agentd"
     finally:
-        hung.kill()
+        other.kill()
     assert not (home / "daemon.json").exists()
+
+
+def test_stop_without_the_key_still_stops_gracefully(daemon_factory) -> None:
+    """POST /api/shutdown refused (401): SIGTERM, the same graceful stop, not SIGKILL."""
+    d = daemon_factory(FAST_API.replace("[api]", 'api_key = "k2"\n[api]'), api_key="k2")
+    config = d.home / "config.toml"
+    config.write_text(config.read_text().replace('api_key = "k2"\n', ""))  # the CLI does not know it
+    r = run_cli(d.home, "stop", env_extra={"AGENTD_API_KEY": ""})
+    assert r.returncode == 0 and "agentd stopped" in r.stdout and "forced" not in r.stdout, r.stdout + r.stderr
+    assert d.proc.wait(10) == 0
 
 
 def test_shutdown_endpoint_stops_gracefully(daemon_factory) -> None:
