@@ -13,6 +13,7 @@ responses for a bounded time, and only then close everything.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import waitress
 from waitress import wasyncore
@@ -67,6 +68,24 @@ def check_not_running(config: Config) -> None:
     config.daemon_file.unlink(missing_ok=True)
 
 
+def lock_home(config: Config) -> IO[str]:
+    """Hold `<home>/daemon.lock` for the daemon's life (the kernel drops it at exit).
+
+    `check_not_running` reads daemon.json, which a daemon writes only once it listens: two
+    starts at the same moment both found none and both ran on one home (one database file,
+    one daemon.json). The lock closes that window; a second start fails at once."""
+    config.home.mkdir(parents=True, exist_ok=True)
+    path = config.home / "daemon.lock"
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise StartError(f"another agentd is starting or running with home {config.home} "
+                         f"(it holds {path})") from None
+    return handle
+
+
 class Daemon:
     """One running daemon: owns the kernel, the waitress server and daemon.json."""
 
@@ -79,6 +98,7 @@ class Daemon:
         self._boot_thread: threading.Thread | None = None
         self._boot_error: BaseException | None = None
         self._store: Any = None
+        self._home_lock: IO[str] | None = None
 
     def _pool_stats(self) -> dict[str, int]:
         dispatcher = self.server.task_dispatcher if self.server is not None else None
@@ -100,6 +120,7 @@ class Daemon:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self._stop.is_set():
             log.warning("second %s: exiting now", signal.Signals(signum).name)
+            self._remove_daemon_file()  # nothing will answer at its address any more
             os._exit(1)
         log.info("%s received: shutting down", signal.Signals(signum).name)
         # Only set the flag: the poll loop wakes within its short timeout.
@@ -110,6 +131,7 @@ class Daemon:
         boot thread (the gate answers the liveness probe meanwhile)."""
         cfg = self.config
         check_not_running(cfg)
+        self._home_lock = lock_home(cfg)
         # The database first: a locked or unreadable one fails the start before it listens,
         # and a daemon that answers its probe has its database file.
         self._store = open_daemon_store(cfg)
@@ -225,10 +247,20 @@ class Daemon:
                 pass
         dispatcher.shutdown(cancel_pending=True, timeout=2)
         kernel.close()
+        self._remove_daemon_file()
+        log.info("agentd stopped")
+
+    def release_home(self) -> None:
+        """Let another daemon start on this home (after a stop, or a start that failed)."""
+        if self._home_lock is not None:
+            self._home_lock.close()
+            self._home_lock = None
+
+    def _remove_daemon_file(self) -> None:
+        """Remove daemon.json if it is this process's (another daemon's is left alone)."""
         info = read_daemon_file(self.config.daemon_file)
         if info is not None and info.pid == os.getpid():
             self.config.daemon_file.unlink(missing_ok=True)
-        log.info("agentd stopped")
 
 
     def _abort(self) -> None:
@@ -239,9 +271,7 @@ class Daemon:
             except OSError:
                 pass
         self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=2)
-        info = read_daemon_file(self.config.daemon_file)
-        if info is not None and info.pid == os.getpid():
-            self.config.daemon_file.unlink(missing_ok=True)
+        self._remove_daemon_file()
         if self._store is not None:
             self._store.close()
         exc = self._boot_error
@@ -272,5 +302,8 @@ def run_daemon(config: Config) -> None:
     # the default 5 ms GIL switch interval turns that into lock convoys under load.
     sys.setswitchinterval(SWITCH_INTERVAL)
     daemon = Daemon(config)
-    daemon.start()
-    daemon.serve()
+    try:
+        daemon.start()
+        daemon.serve()
+    finally:
+        daemon.release_home()

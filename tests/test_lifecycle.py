@@ -40,6 +40,42 @@ def test_second_start_refuses(daemon_factory) -> None:
     assert d.get("/api/health").ok
 
 
+def test_two_starts_at_once_on_one_home_make_one_daemon(tmp_path: Path) -> None:
+    """daemon.json is written only once a daemon listens; the home lock closes that window."""
+    home = make_home(tmp_path)
+    ports = [free_port(), free_port()]
+    procs = [subprocess.Popen([sys.executable, "-m", "agentd", "start"], env=agentd_env(home, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for port in ports]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        refused = [p for p in procs if p.poll() is not None]
+        assert len(refused) == 1 and refused[0].returncode == 1
+        # Refused by the lock (both before either listened) or, had one been slower to start,
+        # by the daemon.json the other had written by then.
+        error = refused[0].stderr.read()
+        assert "another agentd is starting or running with home" in error or "already running" in error, error
+        running = next(p for p in procs if p is not refused[0])
+        port = ports[procs.index(running)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/api/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(0.1)
+        assert json.loads((home / "daemon.json").read_text())["pid"] == running.pid
+        assert run_cli(home, "stop").returncode == 0 and running.wait(15) == 0
+        # The lock went with it: the home starts again.
+        again = Daemon(home).start()
+        assert again.stop() == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def test_stale_daemon_file_is_removed(tmp_path: Path) -> None:
     home = make_home(tmp_path)
     (home / "daemon.json").write_text(json.dumps(
@@ -256,3 +292,13 @@ def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
     t.join(30)
     assert '"done":true' in response.get("text", "")
     assert d.proc.wait(15) == 0
+
+
+def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
+    import fcntl
+    home = make_home(tmp_path)
+    with open(home / "daemon.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = run_cli(home, "start", port=free_port())
+    assert r.returncode == 1
+    assert f"another agentd is starting or running with home {home} (it holds {home / 'daemon.lock'})" in r.stderr
