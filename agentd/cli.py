@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import argh
@@ -45,7 +46,7 @@ def start() -> None:
     """Start the daemon in the foreground (Ctrl-C or `agentd stop` ends it)."""
     from agentd.daemon import run_daemon
 
-    write_default_config(home_dir())
+    write_default_config(_usable_home())
     config = _config()
     try:
         run_daemon(config)
@@ -386,9 +387,17 @@ def _get(client: ApiClient, path: str, params: dict[str, str] | None = None) -> 
     return response.json()
 
 
+def _usable_home() -> Path:
+    """The home directory, or exit 1 saying why it cannot be one (a file is in its place)."""
+    home = home_dir()
+    if home.exists() and not home.is_dir():
+        _fail(f"{home} is not a directory: set AGENTD_HOME to a directory")
+    return home
+
+
 def init() -> None:
     """Create the home directory and a commented config.toml (kept if present)."""
-    home = home_dir()
+    home = _usable_home()
     existed = (home / "config.toml").exists()
     path = write_default_config(home)
     print(f"{'kept existing' if existed else 'wrote'} {path}")

@@ -145,6 +145,9 @@ def run_checks(home: Path) -> list[Check]:
     checks: list[Check] = []
     if home.is_dir():
         checks.append(Check("home_dir", "ok", str(home)))
+    elif home.exists():
+        checks.append(Check("home_dir", "fail", f"{home} exists but is not a directory"))
+        return checks
     else:
         checks.append(Check("home_dir", "warn", f"{home} does not exist; `agentd init` creates it"))
     config_path = home / "config.toml"
@@ -154,6 +157,9 @@ def run_checks(home: Path) -> list[Check]:
         cfg = load_config(home)
         checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
                             else "no config.toml; defaults apply"))
+    except UnicodeDecodeError:
+        checks.append(Check("config", "fail", f"{config_path} is not UTF-8 text"))
+        return checks
     except (AgentdError, tomllib.TOMLDecodeError, OSError) as exc:
         checks.append(Check("config", "fail", getattr(exc, "message", str(exc))))
         return checks
@@ -164,7 +170,8 @@ def run_checks(home: Path) -> list[Check]:
         if _port_free(cfg.api_listen):
             checks.append(Check("port", "ok", f"{cfg.api_listen} is free"))
         else:
-            checks.append(Check("port", "warn", f"{cfg.api_listen} is in use by another program"))
+            # `agentd start` would fail on it: a fail, not a warning.
+            checks.append(Check("port", "fail", f"{cfg.api_listen} is in use by another program"))
         if read_daemon_file(cfg.daemon_file) is not None or cfg.daemon_file.exists():
             checks.append(Check("stale_daemon_file", "warn",
                                 f"{cfg.daemon_file} exists but no daemon answers; "

@@ -117,6 +117,10 @@ def test_key_required_everywhere_but_public_routes(keyed) -> None:
     r = keyed.get("/api/status", headers={"Authorization": "Bearer wrong"}, environ_base=REMOTE)
     assert r.status_code == 401 and r.get_json()["error"] == "invalid API key"
     assert keyed.get("/api/status", headers={"Authorization": "Bearer s3cret"}, environ_base=REMOTE).status_code == 200
+    for scheme in ("bearer", "BEARER", "BeArEr"):  # the scheme is case-insensitive (RFC 7235)
+        assert keyed.get("/api/status", headers={"Authorization": f"{scheme} s3cret"},
+                         environ_base=REMOTE).status_code == 200, scheme
+    assert keyed.get("/api/status", headers={"Authorization": "Basic s3cret"}, environ_base=REMOTE).status_code == 401
     assert keyed.get("/api/status", headers={"X-API-Key": "s3cret"}, environ_base=REMOTE).status_code == 200
     assert keyed.get("/api/status?token=s3cret", environ_base=REMOTE).status_code == 200
     assert keyed.get("/api/health/detail", environ_base=REMOTE).status_code == 401

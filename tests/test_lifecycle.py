@@ -268,6 +268,24 @@ def test_doctor_with_broken_config(tmp_path: Path) -> None:
     assert code == 1 and checks["config"]["status"] == "fail"
 
 
+def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "latin1")
+    (home / "config.toml").write_bytes("# caf\xe9\n".encode("latin-1"))
+    code, checks = doctor(home)
+    assert (code, checks["config"]) == (1, {"check": "config", "status": "fail",
+                                            "message": f"{home / 'config.toml'} is not UTF-8 text"})
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("x")
+    code, checks = doctor(afile)
+    assert (code, checks["home_dir"]["status"]) == (1, "fail")
+    home = make_home(tmp_path / "busy")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, checks = doctor(home, taken.getsockname()[1])
+    assert code == 1 and checks["port"]["status"] == "fail" and "in use by another program" in checks["port"]["message"]
+
+
 def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "agentd", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
@@ -302,3 +320,11 @@ def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
         r = run_cli(home, "start", port=free_port())
     assert r.returncode == 1
     assert f"another agentd is starting or running with home {home} (it holds {home / 'daemon.lock'})" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["start", "init"])
+def test_a_home_that_is_a_file_is_a_clear_error(tmp_path: Path, command: str) -> None:
+    afile = tmp_path / "home-file"
+    afile.write_text("x")
+    r = run_cli(afile, command, port=free_port())
+    assert r.returncode == 1 and r.stderr.strip() == f"error: {afile} is not a directory: set AGENTD_HOME to a directory"

@@ -66,7 +66,7 @@ def _is_public(path: str, method: str) -> bool:
 
 def _presented_key() -> str | None:
     auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer "):
+    if auth[:7].lower() == "bearer ":  # the scheme is case-insensitive (RFC 7235)
         return auth[7:].strip()
     if "X-API-Key" in request.headers:
         return request.headers["X-API-Key"].strip()
