@@ -51,8 +51,9 @@ def test_a_refusal_completes_the_request_and_swallows_the_read() -> None:
     assert isinstance(p.error, EarlyRefusal)
     status, headers, body = p.error.to_response("agentd")
     assert (status, body) == ("403 Forbidden", b'{"error": "cross-site request refused"}')
-    assert headers == [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
-                       ("Cache-Control", "no-store")]
+    assert headers[:3] == [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
+                           ("Cache-Control", "no-store")]
+    assert headers[3][0] == "X-Request-Id" and len(headers[3][1]) == 32 and len(headers) == 4
     assert EarlyRefusal(400, "host not allowed").to_response()[0] == "400 Bad Request"
 
 
@@ -114,9 +115,13 @@ def test_nothing_is_installed_behind_trusted_proxies(tmp_path: Path) -> None:
     from waitress.channel import HTTPChannel
     server = SimpleNamespace(channel_class=HTTPChannel)
     early_refusal.install(server, parse_config({"api": {"trusted_proxies": ["127.0.0.1"]}}, tmp_path))
-    assert server.channel_class is HTTPChannel
+    # Behind trusted proxies: JSON errors, but waitress's own parser.
+    assert server.channel_class.parser_class is HTTPChannel.parser_class
+    assert server.channel_class.error_task_class is early_refusal.JsonErrorTask
+    server = SimpleNamespace(channel_class=HTTPChannel)
     early_refusal.install(server, parse_config({}, tmp_path))
     assert issubclass(server.channel_class, HTTPChannel) and server.channel_class is not HTTPChannel
+    assert server.channel_class.error_task_class is early_refusal.JsonErrorTask
     assert server.channel_class.__name__ == "GuardedChannel"
     assert server.channel_class.__doc__ == "HTTPChannel whose requests are judged once their headers are in."
     made = server.channel_class.parser_class.fget(object())(Adjustments())

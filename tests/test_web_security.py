@@ -119,6 +119,22 @@ def test_a_refused_request_is_answered_before_its_body_arrives(shared_daemon, he
     assert d.get("/api/health").ok, "the daemon is still up"
 
 
+@pytest.mark.parametrize("head, status, error", [
+    ("POST /api/agents HTTP/1.1\r\nHost: {host}\r\nContent-Length: abc\r\n\r\n", "400 Bad Request",
+     "bad request: Content-Length is invalid"),
+    ("GET /api/health HTTP/1.1\r\nHost: {host}\r\nX-Big: " + "x" * 300_000 + "\r\n\r\n",
+     "431 Request Header Fields Too Large", "request header fields too large: exceeds max_header of 262144"),
+])
+def test_errors_waitress_answers_itself_are_json_too(shared_daemon, head: str, status: str, error: str) -> None:
+    d = shared_daemon
+    answer = _send_headers_only(d, head.format(host=f"127.0.0.1:{d.port}"))
+    top, _, rest = answer.partition(b"\r\n\r\n")
+    # (waitress answers an unparsable request as HTTP/1.0)
+    assert top.split(b"\r\n")[0] in (f"HTTP/1.1 {status}".encode(), f"HTTP/1.0 {status}".encode()), top[:100]
+    assert b"Content-Type: application/json" in top and b"X-Request-Id: " in top
+    assert json.loads(rest) == {"error": error}
+
+
 def test_an_allowed_request_still_waits_for_its_body(shared_daemon) -> None:
     """Only refusals are early: a same-origin post with a slow body is read whole and served."""
     import socket

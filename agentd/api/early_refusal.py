@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from functools import partial
 from typing import Any, Callable
 
 from waitress.parser import HTTPRequestParser
+from waitress.task import ErrorTask
 from waitress.utilities import Error
 
 from agentd.api.ws_transport import servers_of
@@ -34,18 +36,41 @@ Check = Callable[[HTTPRequestParser], "tuple[int, str] | None"]
 
 
 class EarlyRefusal(Error):
-    """waitress's error response, in the API's JSON shape."""
+    """The guard's refusal, answered by waitress before the app is called."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.reason = "Forbidden" if code == 403 else "Bad Request"
 
+    def message(self) -> str:
+        return self.body
+
     def to_response(self, ident: str | None = None) -> tuple[str, list[tuple[str, str]], bytes]:
-        body = json.dumps({"error": self.body}).encode("utf-8")
-        headers = [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
-                   ("Cache-Control", "no-store")]
-        return f"{self.code} {self.reason}", headers, body
+        return json_error(self.code, self.reason, self.message())
+
+
+def json_error(code: int, reason: str, message: str) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Status line, headers and body of an error waitress answers itself, in the API's JSON shape."""
+    body = json.dumps({"error": message}).encode("utf-8")
+    headers = [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
+               ("Cache-Control", "no-store"), ("X-Request-Id", uuid.uuid4().hex)]
+    return f"{code} {reason}", headers, body
+
+
+class JsonErrorTask(ErrorTask):
+    """waitress's own errors (a malformed request line or Content-Length, headers too large,
+    a body past its limit) as `{"error": ...}` JSON, like every other error of the API."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        message = error.message() if isinstance(error, EarlyRefusal) else f"{error.reason.lower()}: {error.body}"
+        status, headers, body = json_error(error.code, error.reason, message)
+        self.status = status
+        self.response_headers.extend(headers)
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
 
 
 class GuardedParser(HTTPRequestParser):
@@ -90,14 +115,13 @@ def request_check(config: Config) -> Check:
 
 
 def install(server: Any, config: Config) -> None:
-    """Give `server`'s connections the guarded parser (call after ws_transport.install);
-    nothing is installed behind trusted proxies."""
-    if config.api.trusted_proxies:
-        return
-    check = request_check(config)
+    """Give `server`'s connections the guarded parser (not behind trusted proxies) and JSON
+    errors (call after ws_transport.install)."""
+    members: dict[str, Any] = {"error_task_class": JsonErrorTask}
+    if not config.api.trusted_proxies:
+        check = request_check(config)
+        members["parser_class"] = property(lambda self: partial(GuardedParser, check=check))
     for srv in servers_of(server):
         base = srv.channel_class
         srv.channel_class = type("GuardedChannel", (base,), {
-            "__doc__": f"{base.__name__} whose requests are judged once their headers are in.",
-            "parser_class": property(lambda self: partial(GuardedParser, check=check)),
-        })
+            "__doc__": f"{base.__name__} whose requests are judged once their headers are in.", **members})
