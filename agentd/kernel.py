@@ -29,6 +29,7 @@ from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.settings_follow import SettingsFollower
+from agentd.slots import Slots
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
@@ -63,7 +64,7 @@ class Kernel:
         self._shutdown_hook: Callable[[], None] | None = None
         # Long-lived connections (SSE + WebSocket) each pin a waitress worker;
         # capping them keeps threads free for plain HTTP.
-        self.stream_slots = threading.BoundedSemaphore(config.api.max_streams)
+        self.stream_slots = Slots(config.api.max_streams)
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)

@@ -29,6 +29,7 @@ from support import Daemon, make_home
 TIMEOUT = 2  # [llm] timeout_secs of the fast daemon
 IDLE = 1.5  # [llm] stream_idle_secs (above the 1 s spacing of the framing tests)
 MAX_QUEUE = 3
+SLOW_THREADS = 320
 SLACK = 1.0  # added to every bound the issue names
 
 RATE = "rate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
@@ -37,8 +38,9 @@ RATE = "rate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grac
 QUIET = "\n[memory]\nauto_remember = false\n"
 FAST = (f"[api]\n{RATE}\n[llm]\ntimeout_secs = {TIMEOUT}\nstream_idle_secs = {IDLE}\nretries = 3\n"
         f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
-# Calls that hang long enough to watch what else happens meanwhile; room for 200 held requests.
-SLOW = (f"[api]\n{RATE}threads = 256\nmax_streams = 220\n\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
+# Calls that hang long enough to watch what else happens meanwhile; room for 200 held requests
+# (150 of them waiting behind a hung run: max_streams less its reserved quarter, agentd/slots.py).
+SLOW = (f"[api]\n{RATE}threads = {SLOW_THREADS}\nmax_streams = 270\n\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
         f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
 
 
@@ -452,7 +454,7 @@ def test_one_stuck_agent_starves_nobody(slow, up) -> None:
         assert "busy" in r.json()["error"]
     assert len(up.wait_conns(fault, 1)) == 1  # only the running one reached the provider
     _others_answer(slow, healthy)
-    assert threads(slow) < 256 + 150
+    assert threads(slow) < SLOW_THREADS + 150
     assert slow.delete(f"/api/agents/{stuck}").status_code == 200
     waited = [f.result(timeout=10) for f in futures if f.result(timeout=10) not in refused]
     assert len(waited) == 1 + MAX_QUEUE and all(r.status_code == 409 for r in waited)
@@ -472,12 +474,42 @@ def test_many_stuck_agents_starve_nobody(slow, up) -> None:
     assert not any(f.done() for f in futures)  # all 200 are held
     _others_answer(slow, healthy)
     count = threads(slow)
-    assert count < 256 + 50 + 60  # server threads + one run worker per busy agent + fixed helpers
+    assert count < SLOW_THREADS + 50 + 60  # server threads + one run worker per busy agent + fixed helpers
     for a in agents:
         slow.delete(f"/api/agents/{a}")
     assert all(f.result(timeout=10).status_code == 409 for f in futures)
     assert len(up.by_fault(fault)) == 50
     pool.shutdown()
+
+
+@pytest.mark.slow
+def test_many_stuck_agents_starve_nobody_with_the_default_caps(tmp_path_factory, up) -> None:
+    """The default 128 threads and max_streams 96 cannot hold 200 hung requests: the ones that
+    would wait behind a hung run are refused (503) first, so a message to a healthy agent,
+    whose run starts at once, still finds a slot (agentd/slots.py)."""
+    d = _daemon(tmp_path_factory, f"[api]\n{RATE}\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
+                                  f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
+    try:
+        fault = f"hang-{uuid.uuid4().hex[:6]}"
+        agents = [spawn(d, up, fault)[0] for _ in range(50)]
+        healthy, _ = spawn(d, up, "ok")
+        pool = ThreadPoolExecutor(200)
+        futures = [pool.submit(d.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
+                   for i in range(1 + MAX_QUEUE) for a in agents]
+        up.wait_conns(fault, 50, timeout=30)
+        deadline = time.monotonic() + 20
+        while sum(f.done() for f in futures) < 200 - 72 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = [f.result() for f in futures if f.done()]
+        assert len(refused) == 200 - 72, "50 running and 22 waiting: 96 slots less the 24 kept back"
+        assert all(r.status_code == 503 and r.headers["Retry-After"] == "1" for r in refused)
+        _others_answer(d, healthy)
+        for a in agents:
+            d.delete(f"/api/agents/{a}")
+        assert all(f.result(timeout=10).status_code in (409, 503) for f in futures)
+        pool.shutdown()
+    finally:
+        d.stop()
 
 
 # -- 6. client disconnects ------------------------------------------------------------------------

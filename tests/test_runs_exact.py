@@ -86,6 +86,26 @@ def test_client_disconnected_is_waitress_check(env: Env) -> None:
         assert runs.client_disconnected() is None
 
 
+def test_a_request_for_a_busy_agent_cannot_take_the_reserved_slots(env: Env) -> None:
+    """max_streams = 2 here, so no share is reserved; with 8 there are 2 for idle agents."""
+    from agentd.slots import Slots
+    saved, env.kernel.stream_slots = env.kernel.stream_slots, Slots(8)
+    handle = env.spawn("reserve")
+    try:
+        for _ in range(6):
+            runs.acquire_stream_slot(env.kernel, handle=handle)
+        handle.busy = True
+        with pytest.raises(runs.TooManyStreams):
+            runs.acquire_stream_slot(env.kernel, "queued behind a hung run", handle)
+        handle.busy = False
+        runs.acquire_stream_slot(env.kernel, handle=handle)   # an idle agent's run starts now
+        runs.acquire_stream_slot(env.kernel)                   # (no agent: as idle)
+        assert env.kernel.stream_slots.in_use == 8
+    finally:
+        handle.busy = False
+        env.kernel.stream_slots = saved
+
+
 def test_stream_slots_cap_at_max_streams(env: Env) -> None:
     slots = env.kernel.stream_slots
     runs.acquire_stream_slot(env.kernel)

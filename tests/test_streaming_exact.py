@@ -80,7 +80,7 @@ class Env:
                                 json={"message": text})
 
     def free_slots(self) -> int:
-        return self.kernel.stream_slots._value  # threading.BoundedSemaphore's count
+        return self.kernel.stream_slots.total - self.kernel.stream_slots.in_use
 
 
 @pytest.fixture(scope="module")

@@ -83,9 +83,11 @@ class LiveRun:
         self.stop_run()
 
 
-def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly") -> None:
-    """Long-lived connections are capped so plain HTTP always has threads."""
-    if not kernel.stream_slots.acquire(blocking=False):
+def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly",
+                        handle: AgentHandle | None = None) -> None:
+    """Long-lived connections are capped so plain HTTP always has threads; one that would
+    wait behind its agent's current run cannot take the share kept for runs that start now."""
+    if not kernel.stream_slots.acquire(blocking=False, waiting=handle is not None and handle.busy):
         raise TooManyStreams(message, retry_after=1)
 
 
@@ -98,7 +100,7 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     """
     agents = kernel.agents
     agents.precheck(handle)
-    acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly")
+    acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly", handle)
     try:
         return agents.run_now(handle, text, attachments, options=options, disconnected=client_disconnected())
     finally:

@@ -54,7 +54,7 @@ class StreamShape:
 def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
                options: RunOptions | None, shape: StreamShape) -> Response:
     """Start streaming `text` to `handle` as Server-Sent Events; refusals are raised here."""
-    acquire_stream_slot(kernel)
+    acquire_stream_slot(kernel, handle=handle)
     write = request.environ.get(DIRECT_WRITE_KEY)
     try:
         if write is None:
