@@ -72,10 +72,17 @@ def test_profile_is_lower_cased_and_model_name_is_an_alias() -> None:
     assert m.warnings == [], "BUG: `name` next to `model` in [model] is still a known key"
 
 
-def test_one_bare_string_is_a_one_item_list() -> None:
-    m = parse_manifest('name = "x"\ntags = "solo"\n[capabilities]\ntools = "file_read"\nshell = ["ls", "cat"]\n')
+def test_one_bare_string_is_a_one_item_list_of_tags_but_no_grant() -> None:
+    m = parse_manifest('name = "x"\ntags = "solo"\n[capabilities]\ntools = ["file_read"]\nshell = ["ls", "cat"]\n')
     assert m.data["tags"] == ["solo"] and m.capabilities["tools"] == ["file_read"]
     assert m.capabilities["shell"] == ["ls", "cat"]
+    for key, value in (("network", '"none"'), ("shell", '"false"'), ("tools", '"file_read"'),
+                       ("memory_write", '"self.*"'), ("memory_read", '"*"'), ("agent_message", '"a"')):
+        assert error_of(f'name = "x"\n[capabilities]\n{key} = {value}\n') == \
+            f"invalid manifest format: capabilities.{key}: Not a valid list.", key
+    # An agent stored before grants had to be arrays still loads, as it was accepted.
+    old = parse_manifest('name = "x"\n[capabilities]\ntools = "file_read"\n', new=False)
+    assert old.capabilities["tools"] == ["file_read"]
 
 
 @pytest.mark.parametrize("text, message", [

@@ -82,6 +82,12 @@ class FallbackSchema(_Strict):
     base_url = fields.String(load_default="")
 
 
+# Grants are arrays in a new manifest: read as a one-item list, `network = "none"` granted
+# the network and `shell = "false"` allowed a program named "false". (Agents stored before
+# this rule still load: `parse_manifest(..., new=False)`.)
+GRANT_LISTS = ("tools", "network", "memory_read", "memory_write", "shell", "agent_message")
+
+
 class CapabilitiesSchema(_Strict):
     tools = _StrList(fields.String(), load_default=list)
     network = _StrList(fields.String(), load_default=list)
@@ -224,8 +230,9 @@ def _unknown_keys(raw: dict[str, Any], schema: Schema, where: str = "") -> list[
     return warnings
 
 
-def parse_manifest(text: str) -> Manifest:
-    """Parse and validate manifest TOML; raises ManifestError naming what and where."""
+def parse_manifest(text: str, new: bool = True) -> Manifest:
+    """Parse and validate manifest TOML; raises ManifestError naming what and where.
+    `new=False` reads a stored agent's manifest by the rules it was accepted under."""
     if len(text.encode("utf-8")) > MANIFEST_LIMIT:
         # 413 like a too-large `manifest_toml`, also for one inside a signed envelope.
         raise PayloadTooLarge("manifest too large (max 1 MB)")
@@ -233,6 +240,11 @@ def parse_manifest(text: str) -> Manifest:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"TOML syntax error: {exc}") from None
+    grants = raw.get("capabilities")
+    if new and isinstance(grants, dict):
+        for key in GRANT_LISTS:
+            if isinstance(grants.get(key), str):
+                raise ManifestError(f"capabilities.{key}: Not a valid list.")
     try:
         data = _SCHEMA.load(raw)
     except ValidationError as exc:

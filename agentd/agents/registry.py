@@ -43,7 +43,7 @@ class AgentRegistry:
         """A handle for a stored agent row, not registered yet (None, logged, when its
         manifest cannot be read: one bad row must not keep the others from loading)."""
         try:
-            manifest = parse_manifest(row.manifest_toml)
+            manifest = parse_manifest(row.manifest_toml, new=False)
         except AgentdError as exc:
             log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
             return None
