@@ -159,11 +159,14 @@ def test_signature_error_text_is_cut_at_200_chars(env, mgr) -> None:
     ('provider = "default"\nmodel = "default"\n', ("anthropic", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = ""\nmodel = ""\n', ("anthropic", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = "openai"\nmodel = "default"\n', ("openai", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
-    ('provider = "default"\nmodel = "gpt-4o"\n', ("anthropic", "gpt-4o", "ANTHROPIC_API_KEY", "")),
-    ('provider = ""\nmodel = "gpt-4o"\n', ("anthropic", "gpt-4o", "ANTHROPIC_API_KEY", "")),
+    # a catalog model without a provider is its own provider's, not the default's (gpt-4o is OpenAI's)
+    ('provider = "default"\nmodel = "gpt-4o"\n', ("openai", "gpt-4o", "", "")),
+    ('provider = ""\nmodel = "gpt4o"\n', ("openai", "gpt-4o", "", "")),
+    ('provider = "default"\nmodel = "sonnet"\n', ("anthropic", "claude-sonnet-4-6", "ANTHROPIC_API_KEY", "")),
+    ('provider = "default"\nmodel = "my-own-model"\n', ("anthropic", "my-own-model", "ANTHROPIC_API_KEY", "")),
     ('provider = "openai"\nmodel = ""\n', ("openai", "claude-sonnet-4-20250514", "ANTHROPIC_API_KEY", "")),
     ('provider = "default"\nmodel = "gpt-4o"\napi_key_env = "MY_KEY"\nbase_url = "http://h/v1"\n',
-     ("anthropic", "gpt-4o", "MY_KEY", "http://h/v1")),
+     ("openai", "gpt-4o", "MY_KEY", "http://h/v1")),
     # both given: nothing of the default is taken, not even the key name
     ('provider = "openai"\nmodel = "gpt-4o"\n', ("openai", "gpt-4o", "", "")),
     # an alias becomes the model's id; a provider prefix of a known model too

@@ -58,8 +58,15 @@ class AgentRegistry:
         default = self.config.default_model
         provider, model = spec["provider"], spec["model"]
         api_key_env, base_url = spec["api_key_env"], spec["base_url"]
-        if provider in ("", "default") or model in ("", "default"):
-            provider = default.provider if provider in ("", "default") else provider
+        provider_unset = provider in ("", "default")
+        if provider_unset:
+            # A catalog model (or alias) named without a provider is served by its own provider:
+            # `model = "sonnet"` is Anthropic's, not the default provider's.
+            info = self.catalog.get_model(model) if model not in ("", "default") else None
+            if info is not None and info.provider != default.provider:
+                return info.provider, info.id, api_key_env, base_url
+        if provider_unset or model in ("", "default"):
+            provider = default.provider if provider_unset else provider
             model = default.model if model in ("", "default") else model
             api_key_env = api_key_env or default.api_key_env
             base_url = base_url or default.base_url
