@@ -461,15 +461,22 @@ def test_one_stuck_agent_starves_nobody(slow, up) -> None:
     pool.shutdown()
 
 
-@pytest.mark.slow
-def test_many_stuck_agents_starve_nobody(slow, up) -> None:
+def _hang_fifty_agents(d: Daemon, up: Upstream) -> tuple[str, list[str], str, ThreadPoolExecutor, list]:
+    """50 agents on a hanging provider, 4 messages each (1 + MAX_QUEUE), and a healthy agent;
+    returns once the 50 first calls reached the provider."""
     fault = f"hang-{uuid.uuid4().hex[:6]}"
-    agents = [spawn(slow, up, fault)[0] for _ in range(50)]
-    healthy, _ = spawn(slow, up, "ok")
+    agents = [spawn(d, up, fault)[0] for _ in range(50)]
+    healthy, _ = spawn(d, up, "ok")
     pool = ThreadPoolExecutor(200)
-    futures = [pool.submit(slow.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
+    futures = [pool.submit(d.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
                for i in range(1 + MAX_QUEUE) for a in agents]
     up.wait_conns(fault, 50, timeout=30)
+    return fault, agents, healthy, pool, futures
+
+
+@pytest.mark.slow
+def test_many_stuck_agents_starve_nobody(slow, up) -> None:
+    fault, agents, healthy, pool, futures = _hang_fifty_agents(slow, up)
     time.sleep(0.5)
     assert not any(f.done() for f in futures)  # all 200 are held
     _others_answer(slow, healthy)
@@ -490,13 +497,7 @@ def test_many_stuck_agents_starve_nobody_with_the_default_caps(tmp_path_factory,
     d = _daemon(tmp_path_factory, f"[api]\n{RATE}\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
                                   f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
     try:
-        fault = f"hang-{uuid.uuid4().hex[:6]}"
-        agents = [spawn(d, up, fault)[0] for _ in range(50)]
-        healthy, _ = spawn(d, up, "ok")
-        pool = ThreadPoolExecutor(200)
-        futures = [pool.submit(d.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
-                   for i in range(1 + MAX_QUEUE) for a in agents]
-        up.wait_conns(fault, 50, timeout=30)
+        _, agents, healthy, pool, futures = _hang_fifty_agents(d, up)
         deadline = time.monotonic() + 20
         while sum(f.done() for f in futures) < 200 - 72 and time.monotonic() < deadline:
             time.sleep(0.05)
