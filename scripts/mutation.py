@@ -102,6 +102,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/early_refusal.py": ["tests/test_early_refusal.py"],
     "agentd/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
     "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
+    "agentd/slots.py": ["tests/test_slots.py"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
                            # its daemon test only shows waitress buffers chunked bodies
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
