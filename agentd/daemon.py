@@ -69,7 +69,7 @@ def check_not_running(config: Config) -> None:
 
 
 def lock_home(config: Config) -> IO[str]:
-    """Hold `<home>/daemon.lock` for the daemon's life (the kernel drops it at exit).
+    """Hold `<home>/daemon.lock` for the daemon's life (`Daemon.release_home`, or the exit, drops it).
 
     `check_not_running` reads daemon.json, which a daemon writes only once it listens: two
     starts at the same moment both found none and both ran on one home (one database file,
