@@ -509,7 +509,8 @@ def error_app(tmp_path: Path) -> Flask:
              "quota": errors.TooManyRequests}
 
     def raiser(kind: str):
-        extra = {"retry_after": float(request_arg("retry", "0") or 0)} if kind == "quota" else {}
+        retry = request_arg("retry", None)  # none given: a 429 that names no delay of its own
+        extra = {"retry_after": float(retry or 0)} if kind == "quota" and retry is not None else {}
         code = request_arg("code", None)
         raise kinds[kind](f"{kind} happened", code=code, **extra)
 
@@ -531,6 +532,7 @@ def error_app(tmp_path: Path) -> Flask:
 
     app.add_url_rule("/api/teapot", "teapot", teapot)
     app.add_url_rule("/api/odd", "odd", odd)
+    app.add_url_rule("/page/raise/<kind>", "raise_page", raiser)  # a dashboard path: HTML errors
     for prefix in ("/api", "/v1"):
         app.add_url_rule(f"{prefix}/raise/<kind>", f"raise{prefix}", raiser)
         app.add_url_rule(f"{prefix}/boom", f"boom{prefix}", boom)
@@ -575,6 +577,28 @@ def test_a_429_without_a_delay_of_its_own_still_says_retry_after(tmp_path: Path,
     """The spec: `Retry-After` on 429, also when the cause (a provider's bare 429) named none."""
     r = error_app(tmp_path).test_client().get(path)
     assert (r.status_code, r.headers.get("Retry-After")) == (429, "1")
+
+
+@pytest.mark.parametrize("query, header", [("", "1"), ("?retry=2.5", "3"), ("?retry=0.2", "1")])
+def test_a_dashboard_429_is_a_page_with_retry_after(tmp_path: Path, caplog, query: str, header: str) -> None:
+    """Off the API an error is an HTML page; without the dashboard's templates (this bare app)
+    it is the built-in fallback page, and the failed render is one log line."""
+    client = error_app(tmp_path).test_client()
+    with caplog.at_level("ERROR", logger="agentd.api"):
+        r = client.get(f"/page/raise/quota{query}")
+    assert (r.status_code, r.mimetype, r.headers["Retry-After"]) == (429, "text/html", header)
+    assert r.get_data(as_text=True) == "<!doctype html><title>Error 429</title><h1>Error 429</h1><p>quota happened</p>"
+    assert [rec.getMessage() for rec in caplog.records if rec.name.startswith("agentd")] == \
+        ["error page failed to render"]
+    r = client.get("/page/raise/bad")
+    assert r.status_code == 400 and "Retry-After" not in r.headers
+    assert r.get_data(as_text=True).endswith("<p>bad happened</p>")
+
+
+def test_json_paths_are_api_and_v1_exactly() -> None:
+    from agentd.api.errors import is_api_path
+    assert is_api_path("/api") and is_api_path("/v1") and is_api_path("/api/x") and is_api_path("/v1/x")
+    assert not any(is_api_path(p) for p in ("/", "/agents", "/apix", "/v1x", "/API", "/V1", "/x/api"))
 
 
 def test_http_errors_are_json(tmp_path: Path) -> None:
