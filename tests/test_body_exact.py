@@ -169,6 +169,15 @@ def test_malformed_json_messages(client, data: bytes, message: str) -> None:
     assert r.status_code == 400 and error(r) == message
 
 
+@pytest.mark.parametrize("data, message", [
+    (b'{"a": NaN}', "malformed JSON: numbers must be finite (no NaN, Infinity or values past 1.8e308)"),
+    (b'["\\ud800"]', "malformed JSON: a string holds a lone surrogate (\\ud800-\\udfff without its pair)"),
+])
+def test_what_json_cannot_hold_is_a_400_naming_it(client, data: bytes, message: str) -> None:
+    r = post(client, "/api/json", data)
+    assert r.status_code == 400 and error(r) == message
+
+
 def test_nesting_at_and_past_the_limit(client) -> None:
     assert MAX_DEPTH == 64
     ok = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
