@@ -216,6 +216,11 @@ def test_older_history_pages_go_back_and_forth(dash) -> None:
     assert re.findall(r"msg-(\d{3})-end", page3) == [f"{i:03d}" for i in range(0, 20)]
     assert f'<a href="/agents/{agent_id}?page=2" rel="prev">100 newer messages →</a>' in page3
     assert "older messages" not in page3
+    short = spawn(kernel, "short-pages")
+    _store_history(kernel, short, 10)
+    html = app.test_client().get(f"/agents/{short}?page=2", environ_base=LOCAL).get_data(as_text=True)
+    assert re.findall(r"msg-(\d{3})-end", html) == [f"{i:03d}" for i in range(10)], "one page: page 2 is page 1"
+    assert "newer messages" not in html and "older messages" not in html
     last = get("?page=99")  # past the end: the oldest page
     assert re.findall(r"msg-(\d{3})-end", last) == [f"{i:03d}" for i in range(0, 20)]
     assert f'<a href="/agents/{agent_id}?page=2" rel="prev">100 newer messages →</a>' in last
