@@ -662,3 +662,14 @@ def test_unknown_tool_warnings_skip_the_wildcard_and_known_names() -> None:
     assert _unknown_tools(["nope", "file_read", "Nope"]) == [
         f"capabilities.tools: unknown tool 'nope' ignored (known: {known})",
         f"capabilities.tools: unknown tool 'Nope' ignored (known: {known})"]
+
+
+@lone_store_only
+def test_an_agent_stored_with_a_bare_string_grant_still_loads(env, mgr) -> None:
+    """New manifests must give grants as arrays; an agent accepted before that rule loads."""
+    kept = mgr.spawn(manifest("older"))
+    with orm.db_session:
+        env.store.e.AgentRow.get(id=kept.id).manifest_toml = 'name = "older"\n[capabilities]\ntools = "file_read"\n'
+    fresh = env.manager()
+    assert fresh.load() == 1
+    assert fresh.get(kept.id).manifest.capabilities["tools"] == ["file_read"]
