@@ -35,6 +35,7 @@ from agentd.cluster_config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
+from agentd.store.writer import PonyTx, Tx
 
 log = logging.getLogger("agentd.cluster")
 
@@ -134,15 +135,15 @@ class Cluster:
             body: Callable[..., Any], *, completes: bool = False) -> Any:
         """Run `body` holding the session's lease and a run record (see the module doc).
 
-        With `completes`, `body` gets `complete(cost)`: called inside the db_session that
-        saves the run's session, it closes the record as completed in that same transaction
-        (one commit per message, not two); a run that does not call it, or fails after it, is
-        closed here after."""
+        With `completes`, `body` gets `complete(tx, cost)`: called in the write transaction
+        `tx` that saves the run's session, it closes the record as completed in that same
+        transaction (one commit per message, not two); a run that does not call it, or fails
+        after it, is closed here after."""
         local = self._begin(handle, cancel, lock_timeout)
         status, error, result = "failed", None, None
 
-        def complete(cost: float | None) -> None:
-            self._close(local, "completed", None, cost)
+        def complete(tx: Tx, cost: float | None) -> None:
+            self._close(local, "completed", None, cost, tx)
 
         try:
             result = body(complete) if completes else body()
@@ -166,15 +167,18 @@ class Cluster:
                     self._close(local, status, error, cost)
             self._sessions.discard(local.lease.name)
 
-    def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
-        """Inside a db_session: close the run record and hand its lease back."""
+    def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None,
+               tx: Tx | None = None) -> None:
+        """Close the run record and hand its lease back: in the write transaction `tx`, or
+        inside the caller's db_session."""
+        tx = tx or PonyTx(self.store.db)
         if local.deferred:
             self.runs.record(local.run_id, local.agent_id, local.session_id, self.id, local.started_at,
-                             status, error, cost)
+                             status, error, cost, tx=tx)
         else:
-            self.runs.finish(local.run_id, status, error, cost)
+            self.runs.finish(local.run_id, status, error, cost, tx=tx)
         if self.shared:
-            self.leases.release(local.lease)
+            self.leases.release(local.lease, tx=tx)
         local.closed = True
 
     def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:

@@ -12,7 +12,7 @@ import calendar
 import math
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
@@ -21,6 +21,9 @@ from agentd.kernel_time import iso, utcnow
 from agentd.llm.catalog import Catalog
 from agentd.money import format_usd
 from agentd.store import Store
+
+if TYPE_CHECKING:
+    from agentd.store.writer import Tx
 
 ALERT_LEVELS = ((1.0, "critical", "budget exhausted: {spent} of {limit} spent; new agent runs are refused "
                                   "until the period ends"),
@@ -109,10 +112,10 @@ class Metering:
             self._maybe_alert(self._spent, now)
         return cost
 
-    def write_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Insert rows `record(..., defer=...)` collected; call inside a `db_session`."""
+    def write_rows(self, tx: Tx, rows: list[dict[str, Any]]) -> None:
+        """Insert rows `record(..., defer=...)` collected, in the write transaction `tx`."""
         for row in rows:
-            self.store.db.execute(_INSERT_USAGE, {}, row)
+            tx.execute(_INSERT_USAGE, row)
 
     def _roll(self, now: datetime) -> None:
         if now >= self._period_end:

@@ -18,6 +18,7 @@ from pony import orm
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
+from agentd.store.writer import PonyTx
 from agentd.cluster import Cluster
 from agentd.cluster_config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
@@ -377,7 +378,7 @@ def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) ->
 
     def body(complete):
         with orm.db_session:
-            complete(0.25)
+            complete(PonyTx(s.db), 0.25)
             # Still inside the transaction: this connection already sees the record closed.
             seen.append(s.db.select("SELECT status FROM agent_runs")[0])
         return SimpleNamespace(cost_usd=0.25)
@@ -388,7 +389,7 @@ def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) ->
 
     def completes_then_fails(complete):
         with orm.db_session:
-            complete(None)
+            complete(PonyTx(s.db), None)
         raise ValueError("after the save")
 
     with pytest.raises(ValueError):
@@ -398,7 +399,7 @@ def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) ->
 
     def rolled_back(complete):
         with orm.db_session:
-            complete(1.0)
+            complete(PonyTx(s.db), 1.0)
             raise RuntimeError("the save failed")
 
     with pytest.raises(RuntimeError):

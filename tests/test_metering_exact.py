@@ -71,8 +71,7 @@ def test_deferred_rows_are_written_by_the_caller_and_counted_at_once(store) -> N
     with pytest.raises(TooManyRequests):
         metering.check_budget()
     metering.record("a1", "alpha", "openai", "no-such-model", 1, 2, defer=deferred)
-    with orm.db_session:
-        metering.write_rows(deferred)
+    store.write(lambda tx: metering.write_rows(tx, deferred))
     assert [(r[3], r[4], r[5], bool(r[7])) for r in usage_rows(store)] == \
         [("gpt-4o", 1000, 10, True), ("no-such-model", 1, 2, False)]
     assert metering.totals(*metering.period(None, None))["requests"] == 2

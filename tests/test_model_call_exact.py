@@ -111,7 +111,7 @@ def test_usage_is_deferred_to_the_runs_list_only_when_rows_are_written_with_the_
     rows: list = []
     call(mgr, h, "a", usage=rows)
     assert len(env.usage.calls[-1]) == 4, "no write_usage: recorded at once"
-    mgr.write_usage = lambda usage: None
+    mgr.write_usage = lambda tx, usage: None
     response = call(mgr, h, "b", usage=rows)
     assert env.usage.calls[-1] == (h, "openai", "gpt-4o", response, rows) and env.usage.calls[-1][4] is rows
     call(mgr, h, "c")

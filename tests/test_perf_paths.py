@@ -41,8 +41,7 @@ def test_deferred_usage_counts_for_the_budget_at_once_and_is_written_by_write_ro
     with pytest.raises(Exception) as refused:
         metering.check_budget()
     assert getattr(refused.value, "status", None) == 429, "the budget must see a deferred call at once"
-    with orm.db_session:
-        metering.write_rows(pending)
+    store.write(lambda tx: metering.write_rows(tx, pending))
     assert _rows(store) == 1
     totals = metering.totals(*metering.period(None, None))
     assert totals["requests"] == 1 and totals["total_input_tokens"] == 1000

@@ -338,7 +338,7 @@ def test_a_busy_agent(mgr) -> None:
 
 def test_other_failures_still_write_usage(env, mgr) -> None:
     written: list = []
-    mgr.write_usage = written.extend
+    mgr.write_usage = lambda tx, rows: written.extend(rows)
 
     def record(handle, provider, model, response, usage=None):
         usage.append({"model": model})
@@ -441,7 +441,7 @@ def test_a_cluster_runs_the_run(env, mgr) -> None:
 
         def run(self, handle, cancel, lock_timeout, body, *, completes=False):
             self.calls.append((handle, cancel, lock_timeout, completes))
-            return body(self.completed.append) if completes else body()
+            return body(lambda tx, cost: self.completed.append(cost)) if completes else body()
 
     env.usage.value = 0.125
     mgr.cluster = Cluster()
@@ -529,7 +529,7 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env, mgr) ->
     # A stop reaches the running command through the tool's context, not only the loop;
     # the model call made before it is paid for (its usage row is written with the turn).
     written: list = []
-    mgr.write_usage = written.extend
+    mgr.write_usage = lambda tx, rows: written.extend(rows)
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     future = mgr.submit(h, '[[tool:shell_exec {"command": "sleep 30"}]]')
     for _ in range(100):
@@ -645,7 +645,7 @@ def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_cal
 
 def test_a_completed_run_writes_its_usage_rows(env, mgr) -> None:
     written: list = []
-    mgr.write_usage = written.extend
+    mgr.write_usage = lambda tx, rows: written.extend(rows)
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     h = mgr.spawn(manifest("paid"))
     mgr.run(h, "[[tool:system_time {}]]")

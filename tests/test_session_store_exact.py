@@ -338,7 +338,7 @@ def test_a_failed_compaction_keeps_the_session(env, mgr) -> None:
 def test_usage_rows_are_written_with_the_session_and_cleared(env, mgr) -> None:
     writes = Recorder()
     rows: list = []
-    mgr.write_usage = lambda usage: (writes(list(usage)), rows.extend(usage))
+    mgr.write_usage = lambda tx, usage: (writes(list(usage)), rows.extend(usage))
     env.usage.value = lambda handle, provider, model, response, usage=None: (
         usage.append({"model": model}) if usage is not None else None) or 0.5
     h = mgr.spawn(manifest("usage"))
@@ -359,7 +359,7 @@ def test_usage_rows_are_written_with_the_session_and_cleared(env, mgr) -> None:
 
 def test_a_killed_agents_run_writes_its_usage_but_no_session(env, mgr) -> None:
     written: list = []
-    mgr.write_usage = written.extend
+    mgr.write_usage = lambda tx, rows: written.extend(rows)
     h = mgr.spawn(manifest("killed"))
     h.killed = True
     usage = [{"model": "m"}]
@@ -484,7 +484,7 @@ def test_a_missing_session_row_reads_as_empty(env, mgr) -> None:
 
 def test_no_usage_rows_no_usage_write(env, mgr) -> None:
     calls: list = []
-    mgr.write_usage = calls.append
+    mgr.write_usage = lambda tx, rows: calls.append(rows)
     h = mgr.spawn(manifest("nousage"))
     mgr._save_session(h, [Message("user", "u")], [], [])
     mgr._save_session(h, [Message("user", "v")], [], None)

@@ -75,7 +75,7 @@ class AgentManager(AgentRegistry, SessionStore, ModelCalls, RunExecution, Upload
         self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
         # Set by the kernel (Metering.write_rows): a run's usage rows are then collected and
         # written in the transaction that saves its session (one commit per run).
-        self.write_usage: Callable[[list[dict[str, Any]]], None] | None = None
+        self.write_usage: Callable[[Any, list[dict[str, Any]]], None] | None = None  # (tx, rows)
         # agentd.cluster.Cluster, set by the kernel: run leases and run records shared with
         # other daemons on the same database (agentd/cluster.py).
         self.cluster: Any = None

@@ -195,7 +195,7 @@ class RunExecution:
             raise
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         self._save_session(handle, result.new_messages, image_refs, usage,
-                           also=None if complete is None else lambda: complete(result.cost_usd))
+                           also=None if complete is None else lambda tx: complete(tx, result.cost_usd))
         if self.memory is not None:
             self.memory.after_exchange(handle.id, handle.session_id, user.content or "", result.response)
         return result

@@ -14,6 +14,7 @@ from agentd.agents.session import api_view, clean_history, estimate_tokens, to_l
 from agentd.errors import NotFound
 from agentd.kernel_time import utcnow
 from agentd.llm.types import ChatRequest, LLMError, Message
+from agentd.store.writer import PonyTx, Tx
 
 
 
@@ -54,26 +55,28 @@ class SessionStore:
         start = next((i for i, m in enumerate(window) if m["role"] == "user"), len(window))
         return window[start:]
 
-    def _append(self, session_id: str, bodies: list[str]) -> bool:
-        """Inside a db_session: add messages (JSON texts) to the end of a session; False,
-        adding nothing, when the session has no row."""
+    @staticmethod
+    def _append(tx: Tx, session_id: str, bodies: list[str]) -> bool:
+        """Add messages (JSON texts) to the end of a session in the write transaction `tx`;
+        False, adding nothing, when the session has no row."""
         names = {"session": session_id}
         values = []
         for i, body in enumerate(bodies):
             names[f"b{i}"] = body
             values.append(f"($b{i}, {i})")
         # One statement whatever the count; `ORDER BY` keeps the messages' order in their ids.
-        return self.store.db.execute(
+        return tx.execute(
             "INSERT INTO session_messages (session, body) SELECT $session, column1 FROM "
             f"(VALUES {', '.join(values)}) AS added WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $session) "
-            "ORDER BY column2", names).rowcount > 0
+            "ORDER BY column2", names) > 0
 
     def _write_session(self, handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
         """Inside a db_session: make `messages` the whole session and cache them."""
         self.store.db.execute("DELETE FROM session_messages WHERE session = $session",
                               {"session": handle.session_id})
         if messages:
-            self._append(handle.session_id, [json.dumps(m, ensure_ascii=False) for m in messages])
+            self._append(PonyTx(self.store.db), handle.session_id,
+                         [json.dumps(m, ensure_ascii=False) for m in messages])
         self._cache_session(handle, messages)
 
     @staticmethod
@@ -83,18 +86,18 @@ class SessionStore:
     def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""
         if usage and self.write_usage is not None:
-            with orm.db_session:
-                self.write_usage(usage)
+            rows = list(usage)
+            self.store.write(lambda tx: self.write_usage(tx, rows))
             usage.clear()
 
     def _save_session(self, handle: AgentHandle, new: list[Message],
                       image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
-                      also: Callable[[], None] | None = None) -> None:
+                      also: Callable[[Tx], None] | None = None) -> None:
         """End of a run: its usage rows, the new messages, the agent's last_active, one
-        transaction (`also` adds more writes to it: the run record's close).
+        transaction (`also(tx)` adds more writes to it: the run record's close).
 
-        Plain statements: this runs once per message, and loading Pony entities to add
-        rows and change a column cost more than the statements themselves."""
+        Plain statements through the store's writer: this runs once per message (see
+        agentd/store/writer.py for why it has a connection of its own)."""
         if handle.killed:
             self._flush_usage(usage)
             return
@@ -102,20 +105,27 @@ class SessionStore:
         if added and image_refs:
             added[0]["images"] = image_refs
         now = utcnow()
-        db = self.store.db
-        with orm.db_session:
-            if usage and self.write_usage is not None:
-                self.write_usage(usage)
-                usage.clear()
+        bodies = [json.dumps(m, ensure_ascii=False) for m in added]
+        rows = list(usage) if usage and self.write_usage is not None else []
+
+        def write(tx: Tx) -> bool:
+            if rows:
+                self.write_usage(tx, rows)
             ids = {"agent": handle.id, "session": handle.session_id, "now": now}
-            if db.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids).rowcount == 0:
-                return  # the agent was killed meanwhile
-            bodies = [json.dumps(m, ensure_ascii=False) for m in added]
-            if bodies and not self._append(handle.session_id, bodies):
-                db.execute("INSERT INTO sessions (id, agent, created_at) VALUES ($session, $agent, $now)", ids)
-                self._append(handle.session_id, bodies)
+            if tx.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids) == 0:
+                return False  # the agent was killed meanwhile
+            if bodies and not self._append(tx, handle.session_id, bodies):
+                tx.execute("INSERT INTO sessions (id, agent, created_at) VALUES ($session, $agent, $now)", ids)
+                self._append(tx, handle.session_id, bodies)
             if also is not None:
-                also()
+                also(tx)
+            return True
+
+        saved = self.store.write(write)
+        if rows:
+            usage.clear()
+        if not saved:
+            return
         if handle.session_tail is not None:
             handle.session_tail = (handle.session_tail + added)[-handle.manifest.history_messages:]
         handle.last_active = now

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from pony import orm
 from pony.orm import Database, Optional, PrimaryKey, Required, Set
@@ -21,6 +22,9 @@ from agentd.errors import AgentdError
 from agentd.store import migrate
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, WalCheckpointer
+from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
+
+T = TypeVar("T")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -234,6 +238,7 @@ class Store:
     backend: str = "sqlite"
     where: str = ""
     checkpointer: WalCheckpointer | None = None
+    _writer: Writer | None = None
 
     @property
     def shared(self) -> bool:
@@ -273,6 +278,18 @@ class Store:
         cursor.execute(_PARAM.sub(style, sql), params)
         return cursor.fetchall()
 
+    def write(self, work: Callable[[Tx], T]) -> T:
+        """Run `work(tx)` in a committed write transaction, maybe shared with other threads'
+        writes (agentd/store/writer.py says what `work` may do); returns its result."""
+        writer = self._writer
+        if writer is None:
+            with _WRITER_LOCK:
+                if self._writer is None:
+                    sqlite = self.backend == "sqlite" and self.db.provider.dialect == "SQLite"
+                    self._writer = SqliteWriter(self.path, self.db) if sqlite else PonyWriter(self.db)
+                writer = self._writer
+        return writer.run(work)
+
     def start_checkpoints(self) -> None:
         """SQLite: checkpoint the WAL on a thread of its own from now on (store/checkpoint.py)."""
         if self.backend == "sqlite" and self.checkpointer is None:
@@ -284,10 +301,14 @@ class Store:
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self.db.disconnect()
 
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_WRITER_LOCK = threading.Lock()
 
 
 def _check_not_locked(path: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from pony import orm
 
 from agentd.store import Store
+from agentd.store.writer import Tx
 
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")
 
@@ -80,6 +81,14 @@ def relaxed_commit(store: Store) -> None:
         store.db.execute("SET LOCAL synchronous_commit TO OFF")
 
 
+def _execute(store: Store, tx: Tx | None, sql: str, params: dict[str, Any]) -> int:
+    """One statement in `tx`, or in a db_session of its own; the rows it changed."""
+    if tx is not None:
+        return tx.execute(sql, params)
+    with orm.db_session:
+        return store.db.execute(sql, params).rowcount
+
+
 @dataclass
 class Lease:
     name: str
@@ -117,10 +126,10 @@ class Leases:
                 {"x": time.time() + secs, "n": lease.name, "t": lease.token})
             return cursor.rowcount == 1
 
-    def release(self, lease: Lease) -> None:
-        with orm.db_session:
-            self.store.db.execute("DELETE FROM cluster_leases WHERE name = $n AND token = $t",
-                                  {"n": lease.name, "t": lease.token})
+    def release(self, lease: Lease, tx: Tx | None = None) -> None:
+        """Give `lease` up (in the write transaction `tx`, else in a transaction of its own)."""
+        _execute(self.store, tx, "DELETE FROM cluster_leases WHERE name = $n AND token = $t",
+                 {"n": lease.name, "t": lease.token})
 
     def holder(self, name: str) -> str | None:
         """The daemon holding an unexpired lease on `name`, or None."""
@@ -152,26 +161,27 @@ class RunLog:
              "x": lease_expires, "r": reserve_usd})
 
     def record(self, run_id: str, agent_id: str, session_id: str, daemon_id: str, started_at: float,
-               status: str, error: str | None = None, cost_usd: float | None = None) -> bool:
+               status: str, error: str | None = None, cost_usd: float | None = None,
+               tx: Tx | None = None) -> bool:
         """A run's whole record, written when it ended (Cluster's deferred runs); False when
-        it was written already (a second close after a committed first one)."""
-        with orm.db_session:
-            cursor = self.store.db.execute(
-                "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, ended_at, "
-                "lease_expires, error, cost_usd, reserve_usd) VALUES ($i, $a, $s, $d, $st, $t, $now, $now, $e, $c, 0) "
-                "ON CONFLICT (id) DO NOTHING",
-                {"i": run_id, "a": agent_id, "s": session_id, "d": daemon_id, "st": status, "t": started_at,
-                 "now": time.time(), "e": error, "c": cost_usd})
-            return cursor.rowcount == 1
+        it was written already (a second close after a committed first one). In the write
+        transaction `tx`, else in a transaction of its own."""
+        return _execute(
+            self.store, tx,
+            "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, ended_at, "
+            "lease_expires, error, cost_usd, reserve_usd) VALUES ($i, $a, $s, $d, $st, $t, $now, $now, $e, $c, 0) "
+            "ON CONFLICT (id) DO NOTHING",
+            {"i": run_id, "a": agent_id, "s": session_id, "d": daemon_id, "st": status, "t": started_at,
+             "now": time.time(), "e": error, "c": cost_usd}) == 1
 
-    def finish(self, run_id: str, status: str, error: str | None = None, cost_usd: float | None = None) -> bool:
+    def finish(self, run_id: str, status: str, error: str | None = None, cost_usd: float | None = None,
+               tx: Tx | None = None) -> bool:
         """Close a run; False when someone else already closed it (it was reaped)."""
-        with orm.db_session:
-            cursor = self.store.db.execute(
-                "UPDATE agent_runs SET status = $st, ended_at = $now, error = $e, cost_usd = $c, reserve_usd = 0 "
-                "WHERE id = $i AND status = 'running'",
-                {"st": status, "now": time.time(), "e": error, "c": cost_usd, "i": run_id})
-            return cursor.rowcount == 1
+        return _execute(
+            self.store, tx,
+            "UPDATE agent_runs SET status = $st, ended_at = $now, error = $e, cost_usd = $c, reserve_usd = 0 "
+            "WHERE id = $i AND status = 'running'",
+            {"st": status, "now": time.time(), "e": error, "c": cost_usd, "i": run_id}) == 1
 
     def renew(self, daemon_id: str, run_ids: list[str], lease_expires: float) -> set[str]:
         """Extend the lease of this daemon's runs; returns the ids no longer running here."""

@@ -1,0 +1,144 @@
+"""The store's writer (agentd/store/writer.py): the end-of-run writes on one SQLite connection.
+
+What it must keep: a write is committed (visible to every other connection) when `write`
+returns, a failing write leaves nothing behind, writes from many threads and Pony's own
+writers in between all land without SQLITE_BUSY, a write inside a db_session belongs to
+that session's transaction, and a message through the daemon's manager is one commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from pony import orm
+
+from agentd.store import open_store
+from agentd.store.writer import PonyWriter, SqliteTx, SqliteWriter
+
+INSERT = "INSERT INTO settings (key, value) VALUES ($k, $v)"
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    s = open_store(tmp_path / "agentd.db")
+    yield s
+    s.close()
+
+
+def _keys(store) -> list[str]:
+    with orm.db_session:
+        return sorted(store.db.select("SELECT key FROM settings"))
+
+
+def _outside(store) -> list[str]:
+    """The keys as a separate connection (another process, say) sees them."""
+    conn = sqlite3.connect(str(store.path))
+    try:
+        return sorted(k for (k,) in conn.execute("SELECT key FROM settings"))
+    finally:
+        conn.close()
+
+
+def test_a_write_is_committed_when_write_returns_and_gives_its_result(store) -> None:
+    assert store.write(lambda tx: tx.execute(INSERT, {"k": "a", "v": '"1"'})) == 1
+    assert isinstance(store._writer, SqliteWriter)
+    assert _outside(store) == ["a"] and _keys(store) == ["a"]
+    assert store.write(lambda tx: tx.execute("UPDATE settings SET value = $v WHERE key = $k",
+                                             {"k": "nobody", "v": "0"})) == 0
+    assert store._writer.commits == 2
+
+
+def test_a_failing_write_rolls_back_all_of_it_and_raises(store) -> None:
+    def half_then_fail(tx):
+        tx.execute(INSERT, {"k": "half", "v": "1"})
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        store.write(half_then_fail)
+    with pytest.raises(sqlite3.IntegrityError):  # a second row with the same key
+        store.write(lambda tx: [tx.execute(INSERT, {"k": "dup", "v": "1"}) for _ in range(2)])
+    assert _outside(store) == []
+    assert store._writer.commits == 0
+    store.write(lambda tx: tx.execute(INSERT, {"k": "after", "v": "1"}))
+    assert _outside(store) == ["after"], "BUG: a failed write left the connection in a transaction"
+
+
+def test_a_write_inside_a_db_session_is_part_of_that_transaction(store) -> None:
+    with pytest.raises(RuntimeError):
+        with orm.db_session:
+            store.write(lambda tx: tx.execute(INSERT, {"k": "inner", "v": "1"}))
+            raise RuntimeError("the outer transaction fails")
+    assert _outside(store) == []
+    with orm.db_session:
+        store.write(lambda tx: tx.execute(INSERT, {"k": "inner", "v": "1"}))
+        # the same transaction: this session sees the row before it commits
+        assert store.db.select("SELECT key FROM settings") == ["inner"]
+    assert _outside(store) == ["inner"]
+
+
+def test_writes_from_many_threads_and_ponys_writers_all_land(store) -> None:
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(25):
+                store.write(lambda tx: tx.execute(INSERT, {"k": f"w{n}-{i}", "v": "1"}))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def pony_writer(n: int) -> None:
+        try:
+            for i in range(25):
+                with orm.db_session:
+                    store.e.Setting(key=f"p{n}-{i}", value=1)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    threads += [threading.Thread(target=pony_writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(_outside(store)) == 6 * 25 + 3 * 25
+    assert store._writer.commits == 6 * 25
+
+
+def test_a_closed_store_refuses_writes(tmp_path: Path) -> None:
+    s = open_store(tmp_path / "agentd.db")
+    s.write(lambda tx: tx.execute(INSERT, {"k": "a", "v": "1"}))
+    writer = s._writer
+    s.close()
+    assert s._writer is None
+    with pytest.raises(sqlite3.ProgrammingError):
+        writer.run(lambda tx: tx.execute(INSERT, {"k": "b", "v": "1"}))
+
+
+def test_the_connection_enforces_foreign_keys(store) -> None:
+    with pytest.raises(sqlite3.IntegrityError):
+        store.write(lambda tx: tx.execute(
+            "INSERT INTO session_messages (session, body) VALUES ($s, $b)", {"s": "no-such-session", "b": "{}"}))
+
+
+def test_dollar_parameters_become_sqlite_named_ones() -> None:
+    seen: list = []
+
+    class Cursor:
+        rowcount = 3
+
+        def execute(self, sql, params):
+            seen.append((sql, params))
+            return self
+
+    assert SqliteTx(Cursor()).execute("UPDATE t SET a = $a_1 WHERE b = $B", {"a_1": 1, "B": 2}) == 3
+    assert seen == [("UPDATE t SET a = :a_1 WHERE b = :B", {"a_1": 1, "B": 2})]
+
+
+def test_a_shared_database_writes_through_pony(store) -> None:
+    writer = PonyWriter(store.db)
+    assert writer.run(lambda tx: tx.execute(INSERT, {"k": "p", "v": "1"})) == 1
+    assert _outside(store) == ["p"] and writer.commits == 1
