@@ -25,7 +25,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,6 +32,7 @@ from pony import orm
 
 from agentd.cluster_config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
+from agentd.ids import random_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
@@ -202,7 +202,7 @@ class Cluster:
 
     def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
-        run_id = str(uuid.uuid4())
+        run_id = str(random_uuid())
         if not self.shared:
             with self._lock:
                 if name in self._sessions:

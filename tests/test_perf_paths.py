@@ -86,3 +86,44 @@ def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_da
     assert [m["content"] for m in messages if m["role"] == "user"] == ["after reset"]
     session = d.get(f"/api/agents/{agent_id}/session").json()
     assert session["message_count"] == 2 and session["messages"][0]["content"] == "after reset"
+
+
+def test_per_message_ids_are_version_4_uuids_and_do_not_repeat() -> None:
+    import uuid
+
+    from agentd.ids import random_uuid
+
+    ids = [random_uuid() for _ in range(2000)]
+    assert all(isinstance(u, uuid.UUID) and u.version == 4 and u.variant == uuid.RFC_4122 for u in ids)
+    assert len(set(ids)) == 2000
+
+
+def test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine(tmp_path: Path, monkeypatch) -> None:
+    """The app's ensure_sync caches Flask's answer: same callable back, one inspection each."""
+    import flask
+
+    from agentd.api import create_app
+    from agentd.config import load_config
+    from agentd.kernel import Kernel
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("AGENTD_HOME", str(home))
+    kernel = Kernel(load_config(home), open_store(home / "agentd.db"))
+    try:
+        app = create_app(kernel)
+        asked: list = []
+        real = flask.Flask.ensure_sync
+        monkeypatch.setattr(flask.Flask, "ensure_sync", lambda self, f: asked.append(f) or real(self, f))
+
+        def view() -> str:
+            return "x"
+
+        assert app.ensure_sync(view) is view and app.ensure_sync(view) is view
+        assert asked == [view]
+        with app.test_client() as client:
+            for _ in range(3):
+                assert client.get("/api/health").status_code == 200
+        assert len(asked) == len(set(asked)), "BUG: Flask asked again about a hook it had answered"
+    finally:
+        kernel.close()

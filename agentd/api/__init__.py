@@ -34,7 +34,20 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api.middleware import install_middleware
     from agentd.api.proxy import install_proxy_headers
 
-    app = Flask("agentd", template_folder=_asset_dir("templates"),
+    class AgentdFlask(Flask):
+        _sync: dict[Callable, Callable] | None = None  # a hook or view -> what Flask calls
+
+        def ensure_sync(self, func: Callable) -> Callable:
+            """Flask asks, for every hook and view on every request, whether it is a
+            coroutine function (an `inspect` call each, nine a message): ask once."""
+            if self._sync is None:
+                self._sync = {}
+            known = self._sync.get(func)
+            if known is None:
+                known = self._sync[func] = super().ensure_sync(func)
+            return known
+
+    app = AgentdFlask("agentd", template_folder=_asset_dir("templates"),
                 static_folder=_asset_dir("static"), static_url_path="/static")
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024

@@ -6,18 +6,19 @@ Rate limiting runs before auth so a flood of bad keys is throttled too.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
 import math
 import time
-import uuid
 
 from flask import Flask, Response, g, request
 
 from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
+from agentd.ids import random_uuid
 from agentd.config import Config
 
 log = logging.getLogger("agentd.http")
@@ -35,6 +36,11 @@ def is_loopback(addr: str | None) -> bool:
     """True for 127.0.0.0/8 and ::1 (and IPv4-mapped loopback)."""
     if not addr:
         return False
+    return _is_loopback(addr)
+
+
+@functools.lru_cache(maxsize=1024)  # every request asks, about the same few clients
+def _is_loopback(addr: str) -> bool:
     try:
         # Python parses an IPv6 scope id itself (`::1%lo` is loopback); an IPv4 address
         # never carries one, so `127.0.0.1%x` is no address at all.
@@ -94,7 +100,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
 
     @app.before_request
     def _start() -> Response | None:
-        g.request_id = uuid.uuid4().hex
+        g.request_id = random_uuid().hex
         g.started = time.perf_counter()
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and origin and "Access-Control-Request-Method" in request.headers:
@@ -158,7 +164,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
             if name.lower() not in present:
                 headers.add(name, value)
 
-        put("X-Request-Id", getattr(g, "request_id", "") or uuid.uuid4().hex)
+        put("X-Request-Id", getattr(g, "request_id", "") or random_uuid().hex)
         decision = getattr(g, "rate", None)
         if decision is not None:
             put("X-RateLimit-Limit", str(config.api.rate_limit_burst))

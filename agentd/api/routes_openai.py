@@ -13,7 +13,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
@@ -31,6 +30,7 @@ from agentd.api.runs import run_blocking
 from agentd.api.sse import format_event
 from agentd.api.streaming import StreamShape, stream_run
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
+from agentd.ids import random_uuid
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
 from agentd.llm.types import GenerationParams, ImagePart
@@ -243,7 +243,7 @@ def _chat_completions():
     raw = body.json_body()
     refuse_unsupported(raw)
     handle, text, options, stream, include_usage = parse_request(body.validate(CHAT_REQUEST_SCHEMA, raw))
-    completion_id = f"chatcmpl-{uuid.uuid4()}"
+    completion_id = f"chatcmpl-{random_uuid()}"
     created = int(time.time())
     dropped = dropped_params(handle, options.params)
     if stream:

@@ -84,7 +84,10 @@ def send_json(url: str, headers: dict[str, str], body: dict[str, Any],
     prep.headers = merged
     prep.body = data
     prep.hooks = {"response": []}
-    return s.get_adapter(prepared_url).send(prep, stream=True, timeout=timeout, verify=s.verify,
+    # Certificate settings only matter for https; requests would stat a CA bundle path on
+    # every call to a plain-http (local) provider.
+    verify = s.verify if prepared_url.startswith("https:") else True
+    return s.get_adapter(prepared_url).send(prep, stream=True, timeout=timeout, verify=verify,
                                             cert=s.cert, proxies={})
 
 

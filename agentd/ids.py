@@ -1,0 +1,19 @@
+"""Identifiers made on every message: request ids, run ids, completion ids.
+
+`uuid.uuid4()` reads the operating system's random source, a system call for each id, and
+a message made three of them. These ids name things and guard nothing (access is the API
+key's job), so they come from a generator seeded once from the OS. Anything secret (keys,
+tokens, cookies) keeps using `secrets` or `uuid4`.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+_random = random.Random()  # seeded from os.urandom when the module loads
+
+
+def random_uuid() -> uuid.UUID:
+    """A version-4 UUID, not for secrets."""
+    return uuid.UUID(int=_random.getrandbits(128), version=4)
