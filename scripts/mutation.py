@@ -104,6 +104,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
     "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
     "agentd/slots.py": ["tests/test_slots.py"],
+    "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py"],
+    "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
                            # its daemon test only shows waitress buffers chunked bodies
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
