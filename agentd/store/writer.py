@@ -96,7 +96,8 @@ class SqliteWriter(Writer):
 
     def __init__(self, path: Path, db: Any) -> None:
         self.db = db
-        self.conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
+        # isolation_level=None: the transactions are this class's own BEGIN IMMEDIATE / COMMIT.
+        self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         for pragma in ("foreign_keys = ON", "synchronous = NORMAL", "busy_timeout = 5000"):
             self.conn.execute(f"PRAGMA {pragma}")
         self._closed = False
