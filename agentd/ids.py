@@ -8,10 +8,13 @@ tokens, cookies) keeps using `secrets` or `uuid4`.
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 
 _random = random.Random()  # seeded from os.urandom when the module loads
+# A forked child must not repeat its parent's ids (`random` does the same for its own).
+os.register_at_fork(after_in_child=_random.seed)
 
 
 def random_uuid() -> uuid.UUID:

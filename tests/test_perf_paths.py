@@ -127,3 +127,21 @@ def test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine(tmp_path: Path, 
         assert len(asked) == len(set(asked)), "BUG: Flask asked again about a hook it had answered"
     finally:
         kernel.close()
+
+
+def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
+    import os
+
+    from agentd.ids import random_uuid
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, to the parent
+        os.close(read)
+        os.write(write, random_uuid().hex.encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 32 and child != random_uuid().hex
