@@ -158,3 +158,18 @@ def test_a_shared_database_writes_through_pony(store) -> None:
     assert writer.run(lambda tx: tx.execute(INSERT, {"k": "p", "v": "1"})) == 1
     assert writer.run(lambda tx: tx.execute(INSERT, {"k": "q", "v": "1"})) == 1
     assert _outside(store) == ["p", "q"] and writer.commits == 2
+
+
+def test_the_statement_cache_stays_bounded(monkeypatch) -> None:
+    class Cursor:
+        rowcount = 0
+
+        def execute(self, sql, params):
+            return self
+
+    monkeypatch.setattr(SqliteTx, "_converted", {})
+    tx = SqliteTx(Cursor())
+    for i in range(SqliteTx.CACHE_SIZE + 10):
+        tx.execute(f"SELECT $a{i}", {})
+    assert 0 < len(SqliteTx._converted) <= SqliteTx.CACHE_SIZE
+    assert SqliteTx._converted[f"SELECT $a{SqliteTx.CACHE_SIZE + 9}"] == f"SELECT :a{SqliteTx.CACHE_SIZE + 9}"

@@ -54,7 +54,10 @@ class PonyTx:
 class SqliteTx:
     """Statements on the writer's own connection."""
 
-    _converted: dict[str, str] = {}  # `$name` SQL -> sqlite3's `:name` form (a handful of statements)
+    # `$name` SQL -> sqlite3's `:name` form: a handful of statements (a run's append has one
+    # form per number of messages), bounded all the same.
+    _converted: dict[str, str] = {}
+    CACHE_SIZE = 256
 
     def __init__(self, cursor: sqlite3.Cursor) -> None:
         self.cursor = cursor
@@ -62,6 +65,8 @@ class SqliteTx:
     def execute(self, sql: str, params: dict[str, Any]) -> int:
         native = self._converted.get(sql)
         if native is None:
+            if len(self._converted) >= self.CACHE_SIZE:
+                self._converted.clear()
             native = self._converted[sql] = _PARAM.sub(r":\1", sql)
         return self.cursor.execute(native, params).rowcount
 
