@@ -511,3 +511,31 @@ def test_compaction_steps_back_over_a_single_tool_result(env, mgr) -> None:
     result = mgr.compact(h)
     assert (result["summarized_messages"], result["kept_messages"]) == (3, COMPACT_KEEP + 1)
     assert json.loads(stored_text(env, h.session_id))[1:] == messages[3:]
+
+
+def _setting(env, key: str):
+    with orm.db_session:
+        row = env.store.e.Setting.get(key=key)
+        return None if row is None else row.value
+
+
+def test_usage_and_the_run_record_are_written_in_the_sessions_own_transaction(env, mgr) -> None:
+    """write_usage and `also` get the session write's transaction and write through it."""
+    put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
+    mgr.write_usage = lambda tx, rows: [tx.execute(put, {"k": f"usage-{r['model']}", "v": '"u"'}) for r in rows]
+    h = mgr.spawn(manifest("txs"))
+    mgr._save_session(h, [Message("user", "u")], [], [{"model": "a"}],
+                      also=lambda tx: tx.execute(put, {"k": "also", "v": '"r"'}))
+    assert (_setting(env, "usage-a"), _setting(env, "also")) == ("u", "r")
+    mgr._flush_usage([{"model": "b"}])
+    assert _setting(env, "usage-b") == "u"
+
+    def fails(tx):
+        tx.execute(put, {"k": "rolled-back", "v": '"x"'})
+        raise RuntimeError("the close failed")
+
+    with pytest.raises(RuntimeError):
+        mgr._save_session(h, [Message("user", "v")], [], [{"model": "c"}], also=fails)
+    assert (_setting(env, "rolled-back"), _setting(env, "usage-c")) == (None, None), \
+        "BUG: part of a failed session write was committed"
+    assert len(json.loads(stored_text(env, h.session_id))) == 1
