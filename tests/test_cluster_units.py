@@ -567,3 +567,27 @@ def test_list_runs_merges_by_start_and_honours_every_filter(tmp_path) -> None:
         a.run(handle("a2", f"s{i}"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
     assert len(a.list_runs()) == 100 and len(a.list_runs(limit=101)) == 101
     s.close()
+
+
+def test_record_finish_and_release_write_in_the_transaction_they_are_given(store) -> None:
+    """With `tx`, a run record's close and a lease's release are statements of the caller's
+    write (the session's, on the store's writer); nothing goes through a session of its own."""
+    class Tx:
+        def __init__(self) -> None:
+            self.statements: list[tuple[str, dict]] = []
+
+        def execute(self, sql: str, params: dict) -> int:
+            self.statements.append((sql.split()[0], params))
+            return 1
+
+    tx = Tx()
+    runs, leases = RunLog(store), Leases(store, "A")
+    lease = leases.acquire("run:s9", 30)
+    assert runs.record("r9", "a1", "s9", "A", time.time(), "completed", tx=tx) is True
+    assert runs.finish("r8", "failed", "boom", 0.25, tx=tx) is True
+    leases.release(lease, tx=tx)
+    assert [(verb, params.get("i", params.get("n"))) for verb, params in tx.statements] == [
+        ("INSERT", "r9"), ("UPDATE", "r8"), ("DELETE", "run:s9")]
+    assert runs.list() == [] and leases.holder("run:s9") == "A", "BUG: written outside the given transaction"
+    leases.release(lease)
+    assert leases.holder("run:s9") is None
