@@ -156,7 +156,8 @@ TESTS: dict[str, list[str]] = {
     # _stream and _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
        for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
-    "agentd/api/__init__.py": ["tests/test_api_init_exact.py"],
+    "agentd/api/__init__.py": ["tests/test_api_init_exact.py",
+                               "tests/test_perf_paths.py::test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine"],
     # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
     # in process, the exact tests first, then the page flows of test_dashboard.py.
     **{f"agentd/api/pages/{name}.py": ["tests/test_pages_exact.py", "tests/test_dashboard.py"]

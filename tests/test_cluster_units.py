@@ -591,3 +591,29 @@ def test_record_finish_and_release_write_in_the_transaction_they_are_given(store
     assert runs.list() == [] and leases.holder("run:s9") == "A", "BUG: written outside the given transaction"
     leases.release(lease)
     assert leases.holder("run:s9") is None
+
+
+def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -> None:
+    """The daemon's path: the session write runs on the store's writer (no Pony session open)
+    and `complete(tx, cost)` closes the run record in that same transaction."""
+    a, s = _lone(tmp_path)
+    put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
+
+    def body(complete):
+        s.write(lambda tx: (tx.execute(put, {"k": "session", "v": '"saved"'}), complete(tx, 0.25)))
+        return SimpleNamespace(cost_usd=0.25)
+
+    a.run(handle(), threading.Event(), None, body, completes=True)
+    assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
+
+    def close_then_fail(complete):
+        def write(tx):
+            complete(tx, 1.0)
+            raise RuntimeError("the save failed")
+        s.write(write)
+
+    with pytest.raises(RuntimeError):
+        a.run(handle("a1", "s2"), threading.Event(), None, close_then_fail, completes=True)
+    assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
+        ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
+    s.close()
