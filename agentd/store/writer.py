@@ -21,6 +21,7 @@ PostgreSQL (no such cache; several daemons) keeps a Pony transaction per write.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 import sqlite3
 import threading
 from pathlib import Path
@@ -71,13 +72,14 @@ class SqliteTx:
         return self.cursor.execute(native, params).rowcount
 
 
-class Writer:
+class Writer(ABC):
     """`run(work)`: run `work(tx)` in a committed transaction and return its result."""
 
     commits = 0  # transactions committed (read by tests)
 
+    @abstractmethod
     def run(self, work: Callable[[Tx], T]) -> T:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Run `work(tx)` in a committed transaction; its result."""
 
     def close(self) -> None:
         """Release what the writer holds (its connection)."""
