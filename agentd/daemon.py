@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from agentd.kernel import Kernel
 
 SWITCH_INTERVAL = float(os.environ.get("AGENTD_SWITCH_INTERVAL", "0.0005"))
+# Collect the youngest generation every 7,000 net container allocations instead of 700:
+# with 32 requests in flight their objects outlive a young collection, get promoted and
+# make the older generations' (whole-heap) passes frequent. Measured: 7-9 % of the CPU per
+# request at 32 connections, 1-2 % at one (README, Performance).
+GC_THRESHOLD = (7000, 10, 10)
 log = logging.getLogger("agentd.daemon")
 
 
@@ -194,6 +200,9 @@ class Daemon:
             self.server.application = app
             self.gate.open(app)
             log.info("agentd ready (kernel and app loaded in %.2fs)", time.monotonic() - began)
+            # What boot built (modules, the app, the kernel) lives as long as the process:
+            # out of the collector's sight, full collections walk only what serving made.
+            gc.freeze()
             # This thread ends here: its database connection goes with it.
             kernel.store.db.disconnect()
         except BaseException as exc:  # noqa: BLE001 - reported by serve(), the daemon exits 1
@@ -295,12 +304,18 @@ def open_daemon_store(config: Config) -> Any:
     return store
 
 
-def run_daemon(config: Config) -> None:
-    """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
-    setup_logging(config.log_level)
+def tune_interpreter() -> None:
+    """The process-wide interpreter settings a busy threaded daemon wants."""
     # Many short critical sections (SQLite write lock, queues) are handed between threads;
     # the default 5 ms GIL switch interval turns that into lock convoys under load.
     sys.setswitchinterval(SWITCH_INTERVAL)
+    gc.set_threshold(*GC_THRESHOLD)
+
+
+def run_daemon(config: Config) -> None:
+    """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
+    setup_logging(config.log_level)
+    tune_interpreter()
     daemon = Daemon(config)
     try:
         daemon.start()

@@ -145,3 +145,46 @@ def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert len(child) == 32 and child != random_uuid().hex
+
+
+def test_the_daemon_tunes_the_collector_and_switch_interval() -> None:
+    import gc
+    import sys
+
+    from agentd.daemon import GC_THRESHOLD, SWITCH_INTERVAL, tune_interpreter
+
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    try:
+        tune_interpreter()
+        assert gc.get_threshold() == GC_THRESHOLD == (7000, 10, 10)
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL) and SWITCH_INTERVAL == 0.0005
+    finally:
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+
+
+def test_boot_freezes_what_it_built(tmp_path: Path, monkeypatch) -> None:
+    """After the boot thread opened the kernel and app, those objects are out of the
+    collector's sight (gc.freeze)."""
+    import gc
+
+    from agentd.config import load_config
+    from agentd.daemon import Daemon
+    from support import free_port
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("AGENTD_HOME", str(home))
+    monkeypatch.setenv("AGENTD_LISTEN", f"127.0.0.1:{free_port()}")
+    gc.unfreeze()
+    daemon = Daemon(load_config(home))
+    try:
+        daemon.start()
+        daemon._boot_thread.join(30)
+        assert daemon.kernel is not None and daemon._boot_error is None
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+        daemon.request_stop()
+        daemon._drain()
+        daemon.release_home()
