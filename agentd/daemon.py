@@ -196,13 +196,14 @@ class Daemon:
             kernel.set_shutdown_hook(self.request_stop)
             app = create_app(kernel, self._pool_stats, limiter=self.gate.limiter)
             self.kernel = kernel
+            # What boot built (modules, the app, the kernel) lives as long as the process:
+            # out of the collector's sight, full collections walk only what serving makes.
+            # (Before the app takes requests, so no request's objects are frozen with it.)
+            gc.freeze()
             # From now on waitress calls the app directly; the gate is out of the path.
             self.server.application = app
             self.gate.open(app)
             log.info("agentd ready (kernel and app loaded in %.2fs)", time.monotonic() - began)
-            # What boot built (modules, the app, the kernel) lives as long as the process:
-            # out of the collector's sight, full collections walk only what serving made.
-            gc.freeze()
             # This thread ends here: its database connection goes with it.
             kernel.store.db.disconnect()
         except BaseException as exc:  # noqa: BLE001 - reported by serve(), the daemon exits 1
