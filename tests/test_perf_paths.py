@@ -163,28 +163,33 @@ def test_the_daemon_tunes_the_collector_and_switch_interval() -> None:
         sys.setswitchinterval(interval)
 
 
-def test_boot_freezes_what_it_built(tmp_path: Path, monkeypatch) -> None:
+def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
     """After the boot thread opened the kernel and app, those objects are out of the
-    collector's sight (gc.freeze)."""
-    import gc
+    collector's sight (gc.freeze). The daemon starts in a child process: its 128 server
+    threads, background threads and frozen heap stay out of the test worker."""
+    import os
+    import subprocess
+    import sys
 
-    from agentd.config import load_config
-    from agentd.daemon import Daemon
     from support import free_port
 
     home = tmp_path / "home"
     home.mkdir()
-    monkeypatch.setenv("AGENTD_HOME", str(home))
-    monkeypatch.setenv("AGENTD_LISTEN", f"127.0.0.1:{free_port()}")
-    gc.unfreeze()
-    daemon = Daemon(load_config(home))
-    try:
-        daemon.start()
-        daemon._boot_thread.join(30)
-        assert daemon.kernel is not None and daemon._boot_error is None
-        assert gc.get_freeze_count() > 1000
-    finally:
-        gc.unfreeze()
-        daemon.request_stop()
-        daemon._drain()
-        daemon.release_home()
+    script = (
+        "import gc\n"
+        "from agentd.config import load_config\n"
+        "from agentd.daemon import Daemon\n"
+        "daemon = Daemon(load_config())\n"
+        "daemon.start()\n"
+        "daemon._boot_thread.join(60)\n"
+        "print(daemon.kernel is not None, daemon._boot_error, gc.get_freeze_count(), flush=True)\n"
+        "daemon.request_stop()\n"
+        "daemon._drain()\n"
+        "daemon.release_home()\n"
+    )
+    env = {**os.environ, "AGENTD_HOME": str(home), "AGENTD_LISTEN": f"127.0.0.1:{free_port()}"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    booted, error, frozen = done.stdout.split()
+    assert booted == "True" and error == "None"
+    assert int(frozen) > 1000
