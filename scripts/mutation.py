@@ -105,6 +105,10 @@ TESTS: dict[str, list[str]] = {
     "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
     "agentd/slots.py": ["tests/test_slots.py"],
     "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py"],
+    # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
+    # this selection covers the interpreter settings and the boot (the gate, the freeze).
+    "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
+                         "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py"],
     "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
                            # its daemon test only shows waitress buffers chunked bodies
