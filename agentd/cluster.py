@@ -32,7 +32,7 @@ from pony import orm
 
 from agentd.cluster_config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
-from agentd.ids import random_uuid
+from agentd.ids import random_uuid, time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
@@ -202,7 +202,7 @@ class Cluster:
 
     def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
-        run_id = str(random_uuid())
+        run_id = str(time_ordered_uuid())
         if not self.shared:
             with self._lock:
                 if name in self._sessions:

@@ -496,6 +496,8 @@ def test_a_run_is_listed_running_while_in_flight_then_completed(daemon_factory, 
     running = seen[-1]
     assert [(r["agent_id"], r["status"], r["ended_at"], r["error"], r["cost_usd"]) for r in running] == [
         (agent_id, "running", None, None, None)]
+    # Run ids are time-ordered (version 7): the record index grows at its end.
+    assert uuid.UUID(running[0]["id"]).version == 7
     assert d.get("/api/cluster/runs", params={"agent_id": agent_id}).json() == running
     assert d.get("/api/cluster/runs", params={"status": "completed"}).json() == []
     worker.join(15)

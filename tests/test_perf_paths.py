@@ -98,6 +98,27 @@ def test_per_message_ids_are_version_4_uuids_and_do_not_repeat() -> None:
     assert len(set(ids)) == 2000
 
 
+def test_run_ids_are_version_7_uuids_in_time_order() -> None:
+    import time
+    import uuid
+
+    from agentd.ids import time_ordered_uuid
+
+    before = time.time_ns() // 1_000_000
+    ids = []
+    for _ in range(3):
+        ids += [time_ordered_uuid() for _ in range(1000)]
+        time.sleep(0.003)  # later milliseconds sort after
+    after = time.time_ns() // 1_000_000
+    assert all(u.version == 7 and u.variant == uuid.RFC_4122 for u in ids)
+    assert len(set(ids)) == 3000
+    stamps = [u.int >> 80 for u in ids]
+    assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
+    assert stamps[1000] > stamps[999] and stamps[2000] > stamps[1999]
+    # The bits after the time are random: no two ids share them.
+    assert len({u.int & ((1 << 80) - 1) for u in ids}) == 3000
+
+
 def test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine(tmp_path: Path, monkeypatch) -> None:
     """The app's ensure_sync caches Flask's answer: same callable back, one inspection each."""
     import flask

@@ -303,8 +303,8 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     caplog.set_level(logging.INFO, logger="agentd.store")
     store = open_store(path, target)
     assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-        "migrating database schema to version 4", "session s1: 3 messages moved to rows",
-        "session s4: 3 messages moved to rows"]
+        "migrating database schema to version 4", "migrating database schema to version 5",
+        "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
@@ -318,7 +318,7 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert sorted(rows) == sorted([("s1", b) for b in bodies] + [("s4", b) for b in bodies])
     assert [b for s, b in rows if s == "s1"] == bodies and [b for s, b in rows if s == "s4"] == bodies
     assert "messages" not in columns
-    assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd")]
+    assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -364,8 +364,9 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
     finally:
         store.close()
     assert COORDINATION <= tables
-    assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4] == list(range(1, SCHEMA_VERSION + 1))
+    assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
+                                                (5, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
@@ -387,3 +388,68 @@ def test_doctor_checks_the_postgresql_database(tmp_path: Path) -> None:
     down = database_check(f"postgresql://app:{SECRET}@127.0.0.1:{free_port()}/agentd")
     assert down["status"] == "fail" and "cannot connect to postgresql://app:***@127.0.0.1:" in down["message"]
     assert SECRET not in json.dumps(down)
+
+
+def _indexes(store, url: str | None, table: str) -> set[str]:
+    from pony import orm
+
+    with orm.db_session:
+        if url:
+            return set(store.db.select("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                                       "AND tablename = $t", {"t": table}))
+        return set(store.db.select("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = $t",
+                                   {"t": table}))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: str,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A schema-4 database (usage indexed on agent_id and model, every run record in the
+    status index) is migrated in place to what a fresh database has: usage indexed on `at`
+    only, run records' status index holding running ones only; rows stay, version 5 is
+    recorded, and expired running records are still found and failed."""
+    from pony import orm
+
+    from agentd.store import open_store
+    from agentd.store.leases import RunLog
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    store = open_store(path, target)
+    fresh = {t: _indexes(store, url, t) for t in ("usage", "agent_runs")}
+    store.close()
+    pk = {"usage": "usage_pkey", "agent_runs": "agent_runs_pkey"} if url else \
+        {"usage": None, "agent_runs": "sqlite_autoindex_agent_runs_1"}
+    assert fresh["usage"] - {pk["usage"]} == {"idx_usage__at"}
+    assert fresh["agent_runs"] - {pk["agent_runs"]} == {"agent_runs_running", "agent_runs_agent"}
+    # Back to schema 4, with a usage row, a finished run and an expired running one.
+    _execute(path, url, [
+        "DELETE FROM agentd_schema WHERE version > 4", "DROP INDEX agent_runs_running",
+        "CREATE INDEX agent_runs_status ON agent_runs (status, lease_expires)",
+        "CREATE INDEX idx_usage__agent_id ON usage (agent_id)", "CREATE INDEX idx_usage__model ON usage (model)",
+        "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, cost_usd, priced, at) "
+        "VALUES ('a1', 'old', 'openai', 'gpt-4o', 10, 5, 0.25, true, '2026-01-01 00:00:00')",
+        "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, ended_at, lease_expires, "
+        "reserve_usd) VALUES ('r1', 'a1', 's1', 'd1', 'completed', 1, 2, 2, 0)",
+        "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, lease_expires, "
+        "reserve_usd) VALUES ('r2', 'a1', 's1', 'd1', 'running', 1, 5, 0)"])
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    store = open_store(path, target)
+    try:
+        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+            "migrating database schema to version 5"]
+        assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
+        with orm.db_session:
+            assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+            if not url:
+                plan = " ".join(str(r[-1]) for r in store.raw_rows(
+                    "EXPLAIN QUERY PLAN SELECT id FROM agent_runs WHERE status = 'running' AND lease_expires < $n",
+                    {"n": 10.0}))
+                assert "agent_runs_running" in plan, plan
+        assert RunLog(store).reap(now=10.0) == [("r2", "a1", "d1")]
+        assert sorted((r["id"], r["status"]) for r in RunLog(store).list()) == [("r1", "completed"), ("r2", "failed")]
+    finally:
+        store.close()
+    assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd")]

@@ -77,10 +77,11 @@ def define_entities(db: Database) -> SimpleNamespace:
         """One model call: who, which model, tokens and what it cost."""
         _table_ = "usage"
         id = PrimaryKey(int, auto=True)
-        agent_id = Required(str, index=True)
+        # (Indexed on `at` only: every report reads a window of time; see migrate._step_5.)
+        agent_id = Required(str)
         agent_name = Required(str)
         provider = Required(str)
-        model = Required(str, index=True)
+        model = Required(str)
         input_tokens = Required(int)
         output_tokens = Required(int)
         cost_usd = Required(float)

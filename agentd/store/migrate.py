@@ -35,7 +35,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 VERSION_TABLE = "agentd_schema"
 
@@ -116,14 +116,31 @@ def _late_step_4(cur: Any, backend: str) -> None:
     cur.execute("ALTER TABLE sessions DROP COLUMN messages")
 
 
+def _step_5(cur: Any, backend: str) -> None:
+    """Usage rows lose the indexes on `agent_id` and `model`: every report reads a window of
+    `at` (then groups), so no query used them, and every message paid for them: each index
+    is another page written in the message's commit."""
+    for name in ("idx_usage__agent_id", "idx_usage__model"):
+        cur.execute(f"DROP INDEX IF EXISTS {name}")
+
+
+def _coordination_5(cur: Any, backend: str) -> None:
+    """The run records' status index holds running records only (`agent_runs_running`).
+    Every query that used it looks for `status = 'running'`; a record written complete (a
+    lone daemon's run) no longer adds an index entry, one page less per message."""
+    cur.execute("DROP INDEX IF EXISTS agent_runs_status")
+    cur.execute("CREATE INDEX IF NOT EXISTS agent_runs_running ON agent_runs (lease_expires) "
+                "WHERE status = 'running'")
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}
 # version -> step creating or changing plain-SQL tables at that version; these run on a
 # fresh database too (Pony does not know these tables), in order.
-RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3}
+RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3, 5: _coordination_5}
 
 
 class SchemaError(Exception):
