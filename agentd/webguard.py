@@ -9,6 +9,7 @@ See the guard's docstring for why.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
 import re
 from typing import Iterable
@@ -32,6 +33,9 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
+# Every request is judged twice (as its head arrives and in the app), nearly always with the
+# same one or two names: parsing an address costs more than the rest of the check.
+@functools.lru_cache(maxsize=256)
 def _is_loopback_host(name: str) -> bool:
     if name in LOOPBACK_NAMES:
         return True
