@@ -35,7 +35,7 @@ class FakeServer:
             try:
                 self.server = make_server("127.0.0.1", self.port, self.app, threaded=True)
                 break
-            except OSError:
+            except (OSError, SystemExit):  # werkzeug exits (SystemExit) when the port is taken
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"cannot bind 127.0.0.1:{self.port}")
