@@ -109,7 +109,8 @@ TESTS: dict[str, list[str]] = {
     # this selection covers the interpreter settings and the boot (the gate, the freeze).
     "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py"],
-    "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat"],
+    "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat",
+                      "tests/test_perf_paths.py::test_run_ids_are_version_7_uuids_in_time_order"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
                            # its daemon test only shows waitress buffers chunked bodies
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",

@@ -115,8 +115,11 @@ def test_run_ids_are_version_7_uuids_in_time_order() -> None:
     stamps = [u.int >> 80 for u in ids]
     assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
     assert stamps[1000] > stamps[999] and stamps[2000] > stamps[1999]
-    # The bits after the time are random: no two ids share them.
+    # The bits after the time are random: no two ids share them, and the 12 between the
+    # version and the variant take (nearly) every value, odd and even alike.
     assert len({u.int & ((1 << 80) - 1) for u in ids}) == 3000
+    rand_a = [(u.int >> 64) & 0xFFF for u in ids]
+    assert len(set(rand_a)) > 1500 and {r & 1 for r in rand_a} == {0, 1}
 
 
 def test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine(tmp_path: Path, monkeypatch) -> None:
