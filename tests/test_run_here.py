@@ -32,13 +32,24 @@ def job(text: str, cancel: threading.Event | None = None) -> QueuedRun:
 # once ran out). Waits return as soon as the condition holds.
 WAIT = 30.0
 
+class Events(dict):
+    """An event per name, made on first use by whichever thread asks first.
+
+    (Not a `defaultdict(threading.Event)`: there the test thread and the run's thread could
+    each make an event for the same name at once, one replacing the other, and the test then
+    waited on the one nobody would set.)"""
+
+    def __missing__(self, name: str) -> threading.Event:
+        return self.setdefault(name, threading.Event())
+
+
 class Recorder:
     """The run: records the thread and text of each call; `gate` holds runs whose text is in it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.gates: dict[str, threading.Event] = {}
-        self.started: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+        self.started: dict[str, threading.Event] = Events()
 
     def __call__(self, handle, j: QueuedRun):
         self.calls.append((j.text, threading.current_thread().name))
