@@ -32,7 +32,7 @@ from pony import orm
 
 from agentd.cluster_config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
-from agentd.ids import random_uuid, time_ordered_uuid
+from agentd.ids import time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
