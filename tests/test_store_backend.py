@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import uuid
 from datetime import datetime
@@ -453,3 +454,47 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     finally:
         store.close()
     assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd")]
+
+
+SCHEMA_FILE = Path(__file__).parent / "data" / "schema_sqlite.json"
+
+
+def _sqlite_schema(path: Path) -> dict:
+    """Every table's columns (name, type, NOT NULL, primary key position), foreign keys and
+    every index (table, columns, unique, partial) of the SQLite database at `path`."""
+    conn = sqlite3.connect(str(path))
+    try:
+        tables, indexes = {}, {}
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                            "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        for table in names:
+            tables[table] = {
+                "columns": [[r[1], r[2], r[3], r[5]] for r in conn.execute(f"PRAGMA table_info({table})")],
+                "foreign_keys": sorted([r[2], r[3], r[4], r[6]] for r in conn.execute(
+                    f"PRAGMA foreign_key_list({table})")),
+            }
+            for _seq, name, unique, _origin, partial in conn.execute(f"PRAGMA index_list({table})"):
+                columns = [r[2] for r in conn.execute(f"PRAGMA index_info({name})")]
+                indexes[name] = [table, columns, unique, partial]
+        return {"tables": tables, "indexes": dict(sorted(indexes.items()))}
+    finally:
+        conn.close()
+
+
+def test_a_fresh_sqlite_database_has_the_recorded_schema(tmp_path: Path) -> None:
+    """The schema Pony and the migration steps create, column by column and index by index,
+    is the one recorded in tests/data/schema_sqlite.json. A change to it is a schema change:
+    it needs a migration step (and SCHEMA_VERSION + 1) so existing databases get it too;
+    then record the new shape with `AGENTD_RECORD_SCHEMA=1 python -m pytest -k recorded_schema`."""
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    open_store(path).close()
+    actual = {"version": SCHEMA_VERSION, **_sqlite_schema(path)}
+    if os.environ.get("AGENTD_RECORD_SCHEMA"):
+        # One line per table and per index, so a schema change reads as a small diff.
+        def block(items: dict) -> str:
+            return ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in items.items())
+        SCHEMA_FILE.write_text(f'{{\n "version": {SCHEMA_VERSION},\n "tables": {{\n{block(actual["tables"])}\n }},\n'
+                               f' "indexes": {{\n{block(actual["indexes"])}\n }}\n}}\n')
+    assert actual == json.loads(SCHEMA_FILE.read_text())
