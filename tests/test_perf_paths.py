@@ -7,6 +7,7 @@ and a message through the real daemon leaves exactly one usage row and the sessi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -189,8 +190,10 @@ def test_the_daemon_tunes_the_collector_and_switch_interval() -> None:
 
 def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
     """After the boot thread opened the kernel and app, those objects are out of the
-    collector's sight (gc.freeze). The daemon starts in a child process: its 128 server
-    threads, background threads and frozen heap stay out of the test worker."""
+    collector's sight (gc.freeze); the kernel stops this daemon on POST /api/shutdown, the
+    app reports this server's pool, and the ready line tells how long the boot took (here
+    stretched by AGENTD_TEST_BOOT_DELAY). The daemon starts in a child process: its 128
+    server threads, background threads and frozen heap stay out of the test worker."""
     import os
     import subprocess
     import sys
@@ -200,20 +203,29 @@ def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     script = (
-        "import gc\n"
+        "import gc, logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
         "from agentd.config import load_config\n"
         "from agentd.daemon import Daemon\n"
         "daemon = Daemon(load_config())\n"
         "daemon.start()\n"
         "daemon._boot_thread.join(60)\n"
-        "print(daemon.kernel is not None, daemon._boot_error, gc.get_freeze_count(), flush=True)\n"
+        "k = daemon.kernel\n"
+        "print(k is not None, daemon._boot_error, gc.get_freeze_count(),\n"
+        "      k._shutdown_hook == daemon.request_stop,\n"
+        "      daemon.server.application.extensions['agentd.pool_stats']() == daemon._pool_stats(), flush=True)\n"
         "daemon.request_stop()\n"
         "daemon._drain()\n"
         "daemon.release_home()\n"
     )
-    env = {**os.environ, "AGENTD_HOME": str(home), "AGENTD_LISTEN": f"127.0.0.1:{free_port()}"}
+    env = {**os.environ, "AGENTD_HOME": str(home), "AGENTD_LISTEN": f"127.0.0.1:{free_port()}",
+           "AGENTD_TEST_BOOT_DELAY": "0.4"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    booted, error, frozen = done.stdout.split()
+    booted, error, frozen, stops_daemon, reports_pool = done.stdout.split()
     assert booted == "True" and error == "None"
     assert int(frozen) > 1000
+    assert stops_daemon == "True" and reports_pool == "True"
+    took = re.search(r"^agentd ready \(kernel and app loaded in (\d+\.\d\d)s\)$", done.stderr, re.M)
+    assert took is not None, done.stderr
+    assert 0.4 <= float(took.group(1)) < 60
