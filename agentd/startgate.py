@@ -22,15 +22,14 @@ import uuid
 from typing import Any, Callable, Iterable
 
 from agentd.api.ratelimit import GcraLimiter
+from agentd.api.response_headers import API_CSP, SECURITY_DEFAULTS
 from agentd.config import Config
 
 WAIT_SECS = 300.0  # how long a request may wait for the app (a start on a very slow disk)
 HEALTH_BODY = b'{"status":"ok"}\n'
-# What the app's middleware adds to every /api/ answer (agentd/api/middleware.py).
+# What the app's response-header layer adds to every /api/ answer.
 STATIC_HEADERS = [("Content-Type", "application/json"), ("Content-Length", str(len(HEALTH_BODY))),
-                  ("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
-                  ("Referrer-Policy", "strict-origin-when-cross-origin"), ("Cache-Control", "no-store"),
-                  ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")]
+                  *SECURITY_DEFAULTS, ("Cache-Control", "no-store"), ("Content-Security-Policy", API_CSP)]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # Headers that make the app's guard or proxy layer judge the request: left to the app.
 _DEFER_KEYS = ("HTTP_ORIGIN", "HTTP_SEC_FETCH_SITE", "HTTP_FORWARDED", "HTTP_X_FORWARDED_FOR",

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from agentd.llm import drivers
 from agentd.llm.drivers import guard as guard_mod
@@ -301,3 +302,33 @@ def test_adapter_settings_reach_the_pools() -> None:
         "maxsize"] == 5, "BUG: the adapter drops pool settings"
     proxied = adapter.proxy_manager_for("http://127.0.0.1:3129", retries=7)
     assert proxied.connection_pool_kw["retries"].total == 7 and proxied.connection_pool_kw["block"] is True
+
+
+def _prepared(url: str) -> requests.PreparedRequest:
+    prep = requests.PreparedRequest()
+    prep.prepare(method="POST", url=url, data=b"{}")
+    return prep
+
+
+def test_the_adapter_keeps_each_urls_pool_until_it_closes() -> None:
+    adapter = GuardedAdapter()
+    a, b = _prepared("http://127.0.0.1:9/v1/chat/completions"), _prepared("http://127.0.0.2:9/v1/messages")
+    first = adapter.get_connection_with_tls_context(a, True, {}, None)
+    assert adapter.get_connection_with_tls_context(a, True, {}, None) is first, "BUG: the pool is looked up again"
+    assert (first.host, first.port) == ("127.0.0.1", 9) and isinstance(first, guard_mod._Pool)
+    other = adapter.get_connection_with_tls_context(b, True, {}, None)
+    assert (other.host, other.port) == ("127.0.0.2", 9), "BUG: another URL got the first URL's pool"
+    assert adapter.get_connection_with_tls_context(a, False, {}, None) is not first, \
+        "BUG: other certificate settings share a pool"
+    adapter.close()
+    after = adapter.get_connection_with_tls_context(a, True, {}, None)
+    assert after is not first and after.host == "127.0.0.1", "BUG: a closed adapter kept its pools"
+    proxied = adapter.get_connection_with_tls_context(a, True, {"http": "http://127.0.0.1:3128"}, None)
+    assert proxied.host == "127.0.0.1" and proxied.port == 3128, "BUG: a proxied call skipped its proxy"
+
+
+def test_the_pool_cache_is_bounded() -> None:
+    adapter = GuardedAdapter()
+    for port in range(GuardedAdapter.POOL_CACHE_SIZE + 5):
+        adapter.get_connection_with_tls_context(_prepared(f"http://127.0.0.1:{port + 1}/x"), True, {}, None)
+    assert len(adapter.__dict__["_pools"]) <= GuardedAdapter.POOL_CACHE_SIZE

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from agentd.api.response_headers import REQUEST_ID
 from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.api")
@@ -103,7 +104,7 @@ def _agentd_error(exc: AgentdError) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
-    request_id = getattr(g, "request_id", "-")
+    request_id = request.environ.get(REQUEST_ID, "-")
     log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
     return error_response(500, f"internal server error (request id {request_id})")
 

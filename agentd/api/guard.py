@@ -48,8 +48,11 @@ def install_guard(app: Flask, config: Config) -> None:
             if is_api_path(request.path):
                 return _refusal(400, HOST_MESSAGE)
             return error_response(400, HOST_MESSAGE)  # a dashboard page gets a short HTML page
-        if origins.refuses(request.method, environ.get("HTTP_ORIGIN"), environ.get("HTTP_SEC_FETCH_SITE"),
-                           _own_origin(), environ.get("HTTP_UPGRADE")):
+        origin = environ.get("HTTP_ORIGIN")
+        # The daemon's own origin only matters against an Origin header (worked out per
+        # request, so not for the many requests without one).
+        if origins.refuses(request.method, origin, environ.get("HTTP_SEC_FETCH_SITE"),
+                           _own_origin() if origin is not None else "", environ.get("HTTP_UPGRADE")):
             return _refusal(403, CROSS_SITE_MESSAGE)
         return None
 

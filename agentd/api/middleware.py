@@ -1,5 +1,5 @@
-"""Cross-cutting HTTP behaviour, in this order: request id, CORS preflight,
-rate limit, auth; and on the way out: rate-limit, CORS and security headers.
+"""Cross-cutting HTTP behaviour, in this order: CORS preflight, rate limit, auth; on
+the way out the rate-limit, CORS and security headers (agentd/api/response_headers.py).
 
 Rate limiting runs before auth so a flood of bad keys is throttled too.
 """
@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
-import logging
-import math
 import time
 
 from flask import Flask, Response, g, request
@@ -18,10 +16,8 @@ from flask import Flask, Response, g, request
 from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
-from agentd.ids import random_uuid
+from agentd.api.response_headers import RATE, ResponseHeaders
 from agentd.config import Config
-
-log = logging.getLogger("agentd.http")
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
 # The API description documents nothing secret (issue 21); the page listing it (/api) is
@@ -91,19 +87,26 @@ def is_authorized(config: Config) -> bool:
 
 
 def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None:
-    """Register the before/after hooks on `app` (`clock` drives the rate limiter; tests pass a fake)."""
+    """Register the before-request hooks on `app` and wrap it in the response-header layer
+    (`clock` drives the rate limiter; tests pass a fake)."""
     limiter = app.extensions.get("agentd.limiter") or GcraLimiter(
         config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
     # The dashboard session authority comes from the same config as the key check.
     app.extensions.setdefault("agentd.sessions", dashauth.Sessions(config.api_key))
 
+    # The common response headers are added as the answer leaves (response_headers.py).
+    app.wsgi_app = ResponseHeaders(app.wsgi_app, origins, config.api.rate_limit_burst)  # type: ignore[method-assign]
+
+    # These hooks run on every request: each takes the request from its proxy once.
     @app.before_request
     def _start() -> Response | None:
-        g.request_id = random_uuid().hex
+        req = request._get_current_object()
         g.started = time.perf_counter()
-        origin = request.headers.get("Origin")
-        if request.method == "OPTIONS" and origin and "Access-Control-Request-Method" in request.headers:
+        if req.method != "OPTIONS":
+            return None
+        origin = req.headers.get("Origin")
+        if origin and "Access-Control-Request-Method" in req.headers:
             if origin.rstrip("/") not in origins:
                 return error_response(403, f"CORS origin {origin} is not allowed")
             response = Response(status=204)
@@ -115,11 +118,11 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
 
     @app.before_request
     def _rate_limit() -> Response | None:
-        path = request.path
-        if not (path.startswith("/api/") or path.startswith("/v1/")):
+        req = request._get_current_object()
+        if not req.path.startswith(("/api/", "/v1/")):
             return None
-        decision = limiter.hit(request.remote_addr or "unknown")
-        g.rate = decision
+        decision = limiter.hit(req.remote_addr or "unknown")
+        req.environ[RATE] = decision
         if not decision.allowed:
             return error_response(429, "rate limit exceeded: too many requests from this client",
                                   code="rate_limit_exceeded", retry_after=decision.retry_after)
@@ -127,12 +130,13 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
 
     @app.before_request
     def _auth() -> Response | None:
-        if _is_public(request.path, request.method) or request.blueprint == "pages":
+        req = request._get_current_object()
+        if _is_public(req.path, req.method) or req.blueprint == "pages":
             # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
             return None
         if is_authorized(config):
-            if (config.api_key and _presented_key() is None and request.method in STATE_CHANGING
-                    and not dashauth.csrf_ok(request.headers.get(dashauth.CSRF_HEADER) or "")):
+            if (config.api_key and _presented_key() is None and req.method in STATE_CHANGING
+                    and not dashauth.csrf_ok(req.headers.get(dashauth.CSRF_HEADER) or "")):
                 # Authenticated by the dashboard cookie alone: a change needs the CSRF header too.
                 return error_response(403, f"missing or invalid CSRF token: send {dashauth.CSRF_HEADER}")
             return None
@@ -145,48 +149,4 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
         else:
             response = error_response(401, "invalid API key")
         response.headers["WWW-Authenticate"] = "Bearer"
-        return response
-
-    @app.after_request
-    def _headers(response: Response) -> Response:
-        headers = response.headers
-        # Setting a header scans the whole list for earlier values; most of these names are
-        # new on most responses, so look once and append where nothing is there.
-        present = {name.lower() for name in headers.keys()}
-
-        def put(name: str, value: str) -> None:
-            if name.lower() in present:
-                headers[name] = value
-            else:
-                headers.add(name, value)
-
-        def default(name: str, value: str) -> None:
-            if name.lower() not in present:
-                headers.add(name, value)
-
-        put("X-Request-Id", getattr(g, "request_id", "") or random_uuid().hex)
-        decision = getattr(g, "rate", None)
-        if decision is not None:
-            put("X-RateLimit-Limit", str(config.api.rate_limit_burst))
-            put("X-RateLimit-Remaining", str(decision.remaining))
-            put("X-RateLimit-Reset", str(math.ceil(decision.reset_after)))
-        origin = request.headers.get("Origin")
-        if origin and origin.rstrip("/") in origins:
-            put("Access-Control-Allow-Origin", origin)
-            headers.add("Vary", "Origin")
-        default("X-Content-Type-Options", "nosniff")
-        default("X-Frame-Options", "DENY")
-        default("Referrer-Policy", "strict-origin-when-cross-origin")
-        if request.path.startswith(("/api/", "/v1/")):
-            if response.mimetype != "text/event-stream":
-                # Event streams keep their `no-cache` (agentd.api.sse), which proxies know.
-                put("Cache-Control", "no-store")
-            default("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
-        if log.isEnabledFor(logging.DEBUG):
-            took = (time.perf_counter() - getattr(g, "started", time.perf_counter())) * 1000
-            # remote_addr is the real client; behind a trusted proxy the peer is noted too.
-            peer = request.environ.get("agentd.proxy_peer", request.remote_addr)
-            via = f" via {peer}" if peer != request.remote_addr else ""
-            log.debug("%s %s -> %s (%.1f ms, request %s, client %s%s)", request.method, request.path,
-                      response.status_code, took, headers["X-Request-Id"], request.remote_addr, via)
         return response

@@ -242,3 +242,27 @@ class GuardedAdapter(HTTPAdapter):
         if hasattr(manager, "pool_classes_by_scheme"):
             manager.pool_classes_by_scheme = {"http": _Pool, "https": _SPool}
         return manager
+
+    # (url, verify, cert) -> its pool. requests parses the URL and looks the pool up in the
+    # pool manager on every call (~10 µs); a provider's calls all go to one URL.
+    POOL_CACHE_SIZE = 256
+
+    def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
+                                        cert: Any = None) -> Any:
+        if proxies:
+            return super().get_connection_with_tls_context(request, verify, proxies, cert)
+        pools: dict[tuple[Any, Any, Any], Any] | None = self.__dict__.get("_pools")
+        if pools is None:  # (an unpickled adapter has no __init__ attributes)
+            pools = self.__dict__["_pools"] = {}
+        key = (request.url, verify, cert)
+        pool = pools.get(key)
+        if pool is None:
+            pool = super().get_connection_with_tls_context(request, verify, proxies, cert)
+            if len(pools) >= self.POOL_CACHE_SIZE:
+                pools.clear()
+            pools[key] = pool
+        return pool
+
+    def close(self) -> None:
+        self.__dict__.pop("_pools", None)
+        super().close()
