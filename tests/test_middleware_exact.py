@@ -101,3 +101,34 @@ def test_response_headers_replace_what_a_view_set_and_keep_what_it_chose(tmp_pat
     assert [(k, v) for k, v in plain.headers.items() if k not in ("Content-Type", "Content-Length")] == [
         ("X-Request-Id", plain.headers["X-Request-Id"]), ("X-Content-Type-Options", "nosniff"),
         ("X-Frame-Options", "DENY"), ("Referrer-Policy", "strict-origin-when-cross-origin")]
+
+
+def test_response_headers_match_names_in_any_case_and_log_each_answer(tmp_path, caplog) -> None:
+    """Header names are case-insensitive: a view's `cache-control` is replaced, not doubled;
+    an event stream (with a charset) keeps its own; the debug log names status and request id."""
+    import logging
+
+    from flask import Flask, Response
+
+    from agentd.api.middleware import install_middleware
+    from agentd.config import parse_config
+
+    config = parse_config({}, tmp_path)
+    app = Flask("headers-case")
+    install_middleware(app, config)
+    app.add_url_rule("/api/lower", "lower", lambda: Response("{}", status=202, headers={
+        "cache-control": "max-age=60", "x-frame-options": "SAMEORIGIN"}))
+    app.add_url_rule("/v1/events", "events", lambda: Response(
+        "data: x\n\n", headers={"Cache-Control": "no-cache", "Content-Type": "Text/Event-Stream; charset=utf-8"}))
+    client = app.test_client()
+    with caplog.at_level(logging.DEBUG, logger="agentd.http"):
+        r = client.get("/api/lower", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert r.headers.getlist("Cache-Control") == ["no-store"]
+    assert r.headers.getlist("X-Frame-Options") == ["SAMEORIGIN"]
+    assert r.headers["Content-Security-Policy"] == "default-src 'none'; frame-ancestors 'none'"
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "agentd.http"]
+    assert len(lines) == 1 and lines[0].startswith("GET /api/lower -> 202 (") \
+        and f"request {r.headers['X-Request-Id']}, client 127.0.0.1)" in lines[0], lines
+    stream = client.get("/v1/events", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert stream.headers.getlist("Cache-Control") == ["no-cache"]
+    assert client.get("/api/lower").headers["X-Request-Id"] != r.headers["X-Request-Id"]

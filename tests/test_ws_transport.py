@@ -599,17 +599,19 @@ def test_install_is_per_server_and_idempotent() -> None:
 
 
 def test_only_a_hijacked_channel_answers_the_main_loop_differently() -> None:
-    """Until its hijack a channel polls exactly as waitress's own (its methods, no override:
-    the main loop asks every channel on every turn); after it, never readable, writable
-    only to be closed, and a read event reads nothing."""
+    """Until its hijack a channel polls as agentd's plain channels do (waitress's readable,
+    the loop-flush writable: the main loop asks every channel on every turn); after it, never
+    readable, writable only to be closed, and a read event reads nothing."""
     from waitress.channel import HTTPChannel
+
+    from agentd.api.http_channel import LoopFlushChannel
 
     srv = ws_transport.create_server(Flask(__name__), host="127.0.0.1", port=0, threads=1)
     ours, theirs = socket.socketpair()
     try:
         channel = ws_transport.WebSocketChannel(srv, ours, ("127.0.0.1", 1), srv.adj, map={})
         assert type(channel).readable is HTTPChannel.readable
-        assert type(channel).writable is HTTPChannel.writable
+        assert type(channel).writable is LoopFlushChannel.writable
         assert channel.readable() is True and channel.writable() is False
         theirs.sendall(b"GET / HTTP/1.1\r\n")  # half a request: a read would buffer it
         channel.hijack()

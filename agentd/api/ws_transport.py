@@ -52,6 +52,7 @@ import waitress
 from waitress.channel import HTTPChannel
 from waitress.task import WSGITask
 
+from agentd.api.http_channel import LoopFlushChannel
 from agentd.api.ws_stream import SEND_TIMEOUT, WebSocketStream
 
 __all__ = [
@@ -245,7 +246,7 @@ class WebSocketTask(WSGITask):
         super().finish()
 
 
-class WebSocketChannel(HTTPChannel):
+class WebSocketChannel(LoopFlushChannel):
     """An HTTP channel that steps aside once its connection is hijacked."""
 
     task_class = WebSocketTask
