@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+import pytest
 from waitress import wasyncore
 
 from agentd.api import ws_transport
@@ -58,6 +59,7 @@ def test_a_running_requests_output_is_polled_for_only_when_its_writer_left_some(
         _close(srv, channel, theirs)
 
 
+@pytest.mark.filterwarnings("ignore:send_bytes will be removed:DeprecationWarning")
 def test_with_a_larger_send_bytes_the_loop_sends_small_writes_as_waitress_does() -> None:
     channel, theirs, srv = _channel(send_bytes=8192)
     try:

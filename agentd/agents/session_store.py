@@ -16,6 +16,8 @@ from agentd.kernel_time import utcnow
 from agentd.llm.types import ChatRequest, LLMError, Message
 from agentd.store.writer import PonyTx, Tx
 
+# One encoder for the stored messages (json.dumps with options builds a new one per call).
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class SessionStore:
@@ -76,7 +78,7 @@ class SessionStore:
                               {"session": handle.session_id})
         if messages:
             self._append(PonyTx(self.store.db), handle.session_id,
-                         [json.dumps(m, ensure_ascii=False) for m in messages])
+                         [_encode(m) for m in messages])
         self._cache_session(handle, messages)
 
     @staticmethod
@@ -105,7 +107,7 @@ class SessionStore:
         if added and image_refs:
             added[0]["images"] = image_refs
         now = utcnow()
-        bodies = [json.dumps(m, ensure_ascii=False) for m in added]
+        bodies = [_encode(m) for m in added]
         rows = list(usage) if usage and self.write_usage is not None else []
 
         def write(tx: Tx) -> bool:

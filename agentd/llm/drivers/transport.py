@@ -16,6 +16,8 @@ from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 
 _local = threading.local()
+# The request body encoder (json.dumps with options builds a new one per call).
+_encode_strict = json.JSONEncoder(allow_nan=False).encode
 ERROR_TEXT_LIMIT = 300
 
 
@@ -69,7 +71,7 @@ def send_json(url: str, headers: dict[str, str], body: dict[str, Any],
             _urls.clear()
         prepared_url = _urls[url] = probe.url
     try:
-        data = json.dumps(body, allow_nan=False).encode("utf-8")
+        data = _encode_strict(body).encode("utf-8")
     except ValueError as exc:  # as requests reports it for `json=`
         raise requests.exceptions.InvalidJSONError(exc) from None
     prep = requests.PreparedRequest()
