@@ -45,6 +45,13 @@ TESTS: dict[str, list[str]] = {
                                  "--deselect=tests/test_http_shell.py::test_dashboard_is_html",
                                  "--deselect=tests/test_http_shell.py::test_rate_limit_per_client",
                                  "--deselect=tests/test_http_shell.py::test_sse_events_arrive_one_by_one"],
+    # The common response headers: the middleware's tests build apps with the layer; the core
+    # tests check the daemon app's answers (the start gate shares its constants).
+    "agentd/api/response_headers.py": ["tests/test_middleware_exact.py", "tests/test_core_exact.py",
+                                       "tests/test_startgate.py"],
+    # The channel on raw socket pairs, then a real waitress server and a slow reader.
+    "agentd/api/http_channel.py": ["tests/test_http_channel.py", "tests/test_ws_transport.py",
+                                   "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
     "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py",
                              "tests/test_dashboard.py::test_error_pages_are_html_and_api_errors_stay_json"],
     "agentd/memory/kv.py": ["tests/test_core_exact.py",
