@@ -61,13 +61,26 @@ def test_a_running_requests_output_is_polled_for_only_when_its_writer_left_some(
 
 @pytest.mark.filterwarnings("ignore:send_bytes will be removed:DeprecationWarning")
 def test_with_a_larger_send_bytes_the_loop_sends_small_writes_as_waitress_does() -> None:
-    channel, theirs, srv = _channel(send_bytes=8192)
+    channel, theirs, srv = _channel(send_bytes=2)
     try:
         channel.requests.append(object())
         channel.total_outbufs_len = 300
         assert channel.writable(), "BUG: writes waitress leaves to the loop are never sent"
     finally:
         _close(srv, channel, theirs)
+
+
+def test_a_flush_to_a_peer_that_left_closes_the_channel() -> None:
+    channel, theirs, srv = _channel()
+    try:
+        theirs.close()
+        channel.requests.append(object())
+        channel.outbufs[-1].append(b"x" * 300)
+        channel.total_outbufs_len = 300
+        channel._flush_some()
+        assert channel.connected is False, "BUG: a send error no longer closes the channel"
+    finally:
+        _close(srv, channel)
 
 
 def _stream(environ: dict[str, Any], start: Any) -> Iterator[bytes]:

@@ -3,6 +3,8 @@ test_core_exact.py does not cover (addresses with text around them, scope ids)."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from agentd.api.middleware import is_loopback
@@ -105,30 +107,59 @@ def test_response_headers_replace_what_a_view_set_and_keep_what_it_chose(tmp_pat
 
 def test_response_headers_match_names_in_any_case_and_log_each_answer(tmp_path, caplog) -> None:
     """Header names are case-insensitive: a view's `cache-control` is replaced, not doubled;
-    an event stream (with a charset) keeps its own; the debug log names status and request id."""
+    an event stream (with a charset) keeps its own; an origin with a trailing slash counts;
+    the debug log names status, time, request id and the proxy a client came through."""
     import logging
 
     from flask import Flask, Response
 
     from agentd.api.middleware import install_middleware
+    from agentd.api.response_headers import API_CSP
     from agentd.config import parse_config
 
     config = parse_config({}, tmp_path)
     app = Flask("headers-case")
     install_middleware(app, config)
-    app.add_url_rule("/api/lower", "lower", lambda: Response("{}", status=202, headers={
-        "cache-control": "max-age=60", "x-frame-options": "SAMEORIGIN"}))
+
+    def slow() -> Response:
+        time.sleep(0.03)
+        return Response("{}", status=404, headers={"cache-control": "max-age=60", "x-frame-options": "SAMEORIGIN"})
+
+    app.add_url_rule("/api/lower", "lower", slow)
     app.add_url_rule("/v1/events", "events", lambda: Response(
         "data: x\n\n", headers={"Cache-Control": "no-cache", "Content-Type": "Text/Event-Stream; charset=utf-8"}))
     client = app.test_client()
+    origin = f"http://localhost:{config.port}"
     with caplog.at_level(logging.DEBUG, logger="agentd.http"):
-        r = client.get("/api/lower", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+        r = client.get("/api/lower", headers={"Origin": origin + "/"},
+                       environ_base={"REMOTE_ADDR": "127.0.0.2", "agentd.proxy_peer": "10.9.8.7"})
     assert r.headers.getlist("Cache-Control") == ["no-store"]
     assert r.headers.getlist("X-Frame-Options") == ["SAMEORIGIN"]
-    assert r.headers["Content-Security-Policy"] == "default-src 'none'; frame-ancestors 'none'"
+    assert ("Content-Security-Policy", API_CSP) in list(r.headers.items()), "BUG: the header's name is not as sent"
+    assert r.headers["Access-Control-Allow-Origin"] == origin + "/"
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "agentd.http"]
-    assert len(lines) == 1 and lines[0].startswith("GET /api/lower -> 202 (") \
-        and f"request {r.headers['X-Request-Id']}, client 127.0.0.1)" in lines[0], lines
+    assert len(lines) == 1, lines
+    head, _, rest = lines[0].partition(" (")
+    took = float(rest.split(" ms,", 1)[0])
+    assert head == "GET /api/lower -> 404" and 30 <= took < 5000, lines
+    assert rest.endswith(f"request {r.headers['X-Request-Id']}, client 127.0.0.2 via 10.9.8.7)"), lines
     stream = client.get("/v1/events", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert stream.headers.getlist("Cache-Control") == ["no-cache"]
+    assert stream.headers["Content-Security-Policy"] == API_CSP
     assert client.get("/api/lower").headers["X-Request-Id"] != r.headers["X-Request-Id"]
+
+
+def test_the_header_layer_takes_an_environ_without_a_path() -> None:
+    from agentd.api.response_headers import REQUEST_ID, ResponseHeaders
+
+    seen: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [environ[REQUEST_ID].encode()]
+
+    layer = ResponseHeaders(app, set(), burst=5)
+    body = b"".join(layer({"REQUEST_METHOD": "GET"}, lambda status, headers, exc=None: seen.append((status, headers))))
+    assert seen == [("200 OK", [("Content-Type", "text/plain"), ("X-Request-Id", body.decode()),
+                                ("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
+                                ("Referrer-Policy", "strict-origin-when-cross-origin")])]
