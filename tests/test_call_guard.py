@@ -310,25 +310,50 @@ def _prepared(url: str) -> requests.PreparedRequest:
     return prep
 
 
+def _counting_lookups(adapter: GuardedAdapter) -> list[tuple]:
+    """Record each pool lookup the adapter asks urllib3's pool manager for."""
+    calls: list[tuple] = []
+    lookup = adapter.poolmanager.connection_from_host
+
+    def counted(*args, **kwargs):
+        calls.append((args, kwargs))
+        return lookup(*args, **kwargs)
+
+    adapter.poolmanager.connection_from_host = counted
+    return calls
+
+
 def test_the_adapter_keeps_each_urls_pool_until_it_closes() -> None:
     adapter = GuardedAdapter()
+    GuardedAdapter().close()  # closing an adapter that made no call is fine
+    lookups = _counting_lookups(adapter)
     a, b = _prepared("http://127.0.0.1:9/v1/chat/completions"), _prepared("http://127.0.0.2:9/v1/messages")
     first = adapter.get_connection_with_tls_context(a, True, {}, None)
-    assert adapter.get_connection_with_tls_context(a, True, {}, None) is first, "BUG: the pool is looked up again"
+    assert adapter.get_connection_with_tls_context(a, True, {}, None) is first
+    assert len(lookups) == 1, "BUG: the pool is looked up again for the same URL"
     assert (first.host, first.port) == ("127.0.0.1", 9) and isinstance(first, guard_mod._Pool)
     other = adapter.get_connection_with_tls_context(b, True, {}, None)
     assert (other.host, other.port) == ("127.0.0.2", 9), "BUG: another URL got the first URL's pool"
-    assert adapter.get_connection_with_tls_context(a, False, {}, None) is not first, \
-        "BUG: other certificate settings share a pool"
+    secure = _prepared("https://127.0.0.1:9/v1/chat/completions")
+    unverified = adapter.get_connection_with_tls_context(secure, False, {}, None)
+    assert unverified.cert_reqs == "CERT_NONE", "BUG: verify=False was not passed on"
+    with_cert = adapter.get_connection_with_tls_context(secure, True, {}, "/tmp/client.pem")
+    assert with_cert is not unverified and with_cert.cert_file == "/tmp/client.pem"
+    assert adapter.get_connection_with_tls_context(secure, False, {}, None) is unverified
+    assert len(lookups) == 4
     adapter.close()
     after = adapter.get_connection_with_tls_context(a, True, {}, None)
-    assert after is not first and after.host == "127.0.0.1", "BUG: a closed adapter kept its pools"
+    assert len(lookups) == 5 and after.host == "127.0.0.1", "BUG: a closed adapter kept its pools"
     proxied = adapter.get_connection_with_tls_context(a, True, {"http": "http://127.0.0.1:3128"}, None)
     assert proxied.host == "127.0.0.1" and proxied.port == 3128, "BUG: a proxied call skipped its proxy"
+    proxied_tls = adapter.get_connection_with_tls_context(secure, False, {"https": "http://127.0.0.1:3128"},
+                                                          "/tmp/client.pem")
+    assert proxied_tls.cert_reqs == "CERT_NONE" and proxied_tls.cert_file == "/tmp/client.pem", \
+        "BUG: a proxied call lost its certificate settings"
 
 
 def test_the_pool_cache_is_bounded() -> None:
     adapter = GuardedAdapter()
-    for port in range(GuardedAdapter.POOL_CACHE_SIZE + 5):
+    for port in range(GuardedAdapter.POOL_CACHE_SIZE + 1):
         adapter.get_connection_with_tls_context(_prepared(f"http://127.0.0.1:{port + 1}/x"), True, {}, None)
-    assert len(adapter.__dict__["_pools"]) <= GuardedAdapter.POOL_CACHE_SIZE
+        assert len(adapter.__dict__["_pools"]) <= GuardedAdapter.POOL_CACHE_SIZE
