@@ -163,3 +163,21 @@ def test_the_header_layer_takes_an_environ_without_a_path() -> None:
     assert seen == [("200 OK", [("Content-Type", "text/plain"), ("X-Request-Id", body.decode()),
                                 ("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
                                 ("Referrer-Policy", "strict-origin-when-cross-origin")])]
+
+
+def test_an_unexpected_error_outside_the_header_layer_names_no_request_id() -> None:
+    """The error handlers on an app without the response-header layer (no request id in the
+    environ) still answer 500 in the API's shape, naming the id as "-"."""
+    from flask import Flask
+
+    from agentd.api.errors import register_error_handlers
+
+    app = Flask("errors-alone")
+    register_error_handlers(app)
+
+    def boom():
+        raise RuntimeError("boom")
+
+    app.add_url_rule("/api/boom", "boom", boom)
+    r = app.test_client().get("/api/boom")
+    assert r.status_code == 500 and r.get_json() == {"error": "internal server error (request id -)"}
