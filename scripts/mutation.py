@@ -49,6 +49,8 @@ TESTS: dict[str, list[str]] = {
     # tests check the daemon app's answers (the start gate shares its constants).
     "agentd/api/response_headers.py": ["tests/test_middleware_exact.py", "tests/test_core_exact.py",
                                        "tests/test_startgate.py"],
+    # The gate in process (its probe answer, deferral, hand-over) and through a daemon start.
+    "agentd/startgate.py": ["tests/test_startgate.py"],
     # The channel on raw socket pairs, then a real waitress server and a slow reader.
     "agentd/api/http_channel.py": ["tests/test_http_channel.py", "tests/test_ws_transport.py",
                                    "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
