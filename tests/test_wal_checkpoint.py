@@ -56,6 +56,28 @@ def test_the_stores_connections_leave_checkpoints_to_the_thread(tmp_path: Path) 
         store.close()
 
 
+def test_the_writers_connection_leaves_checkpoints_to_the_thread_too(tmp_path: Path) -> None:
+    # Every message's session rows go through the store's writer, on a connection of its
+    # own: with SQLite's default mark there, requests checkpointed every 1,000 pages anyway.
+    store = open_store(tmp_path / "w.db")
+    try:
+        for i in range(700):
+            store.write(lambda tx, i=i: tx.execute(
+                "INSERT INTO settings (key, value) VALUES ($k, $v)", {"k": f"w{i}", "v": '"' + "x" * 2000 + '"'}))
+        checker = WalCheckpointer(tmp_path / "w.db")
+        conn = sqlite3.connect(str(tmp_path / "w.db"), isolation_level=None)
+        try:  # all 700 commits' frames are still in the log: none of them checkpointed it
+            assert checker.checkpoint(conn) is True and checker.last[1] > 1000
+        finally:
+            conn.close()
+        assert store._writer.conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (AUTOCHECKPOINT_PAGES,)
+        assert store._writer.conn.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert store._writer.conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+        assert store.get_setting("w699") == "x" * 2000
+    finally:
+        store.close()
+
+
 def test_each_look_copies_what_came_since(tmp_path: Path) -> None:
     store = open_store(tmp_path / "b.db")
     checker = WalCheckpointer(tmp_path / "b.db")

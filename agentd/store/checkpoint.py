@@ -29,6 +29,11 @@ CHECKPOINT_SECS = 0.5
 #: `wal_autocheckpoint` of the store's connections, in pages (4 KB each): the backstop.
 AUTOCHECKPOINT_PAGES = 10_000
 
+#: What every SQLite connection of the store runs first, Pony's and the writer's alike (the
+#: writer's once lacked `wal_autocheckpoint`, so requests still checkpointed every 1,000 pages).
+CONNECTION_PRAGMAS = ("journal_mode = WAL", "foreign_keys = ON", "synchronous = NORMAL",
+                      "busy_timeout = 5000", f"wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+
 
 class WalCheckpointer:
     """A daemon thread checkpointing the WAL of the SQLite database at `path`."""

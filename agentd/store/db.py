@@ -18,7 +18,7 @@ from pony.orm import Database
 from agentd.errors import AgentdError
 from agentd.store import migrate
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
-from agentd.store.checkpoint import AUTOCHECKPOINT_PAGES, WalCheckpointer
+from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
 from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
 
@@ -148,12 +148,8 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
     @db.on_connect(provider="sqlite")
     def _pragmas(_db: Database, connection: Any) -> None:
         cursor = connection.cursor()
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute("PRAGMA synchronous = NORMAL")
-        cursor.execute("PRAGMA busy_timeout = 5000")
-        # Checkpoints run on the store's own thread (store/checkpoint.py); this is the backstop.
-        cursor.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+        for pragma in CONNECTION_PRAGMAS:
+            cursor.execute(f"PRAGMA {pragma}")
 
     entities = define_entities(db)
     side = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)

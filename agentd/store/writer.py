@@ -30,6 +30,8 @@ from typing import Any, Callable, Protocol, TypeVar
 from pony import orm
 from pony.orm import core as pony_core
 
+from agentd.store.checkpoint import CONNECTION_PRAGMAS
+
 T = TypeVar("T")
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -105,7 +107,8 @@ class SqliteWriter(Writer):
         self.db = db
         # isolation_level=None: the transactions are this class's own BEGIN IMMEDIATE / COMMIT.
         self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        for pragma in ("foreign_keys = ON", "synchronous = NORMAL", "busy_timeout = 5000"):
+        # Checkpoints included: they run on the store's own thread (store/checkpoint.py).
+        for pragma in CONNECTION_PRAGMAS:
             self.conn.execute(f"PRAGMA {pragma}")
         self._closed = False
         self._lock = threading.Lock()
