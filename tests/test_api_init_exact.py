@@ -38,6 +38,7 @@ def test_create_app_configuration(kernel: Kernel) -> None:
     app = api.create_app(kernel)
     assert app.name == "agentd"
     assert app.config["MAX_CONTENT_LENGTH"] == 16 * 1024 * 1024
+    assert type(app.json).__name__ == "CachedEncoderProvider" and app.json.sort_keys is False
     assert app.json.sort_keys is False
     assert app.extensions["agentd.kernel"] is kernel
     assert app.extensions["agentd.pool_stats"]() == {}

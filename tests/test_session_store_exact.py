@@ -137,7 +137,26 @@ def test_a_window_without_a_user_turn_is_empty(mgr) -> None:
     assert mgr._window(h) == []
     h.session_tail = [{"role": "tool", "content": "r", "tool_call_id": "c"}, {"role": "user", "content": "u2"}]
     assert mgr._window(h) == [{"role": "user", "content": "u2"}]
-    assert [m.content for m in mgr._history([{"role": "user", "content": "x"}])] == ["x"]
+    assert [m.content for m in mgr._history(h, [{"role": "user", "content": "x"}])] == ["x"]
+
+
+def test_the_history_reuses_the_messages_of_the_previous_window(mgr) -> None:
+    h = mgr.spawn(manifest("reuse"))
+    u1, a1 = {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}
+    first = mgr._history(h, [u1, a1])
+    assert [(m.role, m.content) for m in first] == [("user", "u1"), ("assistant", "a1")]
+    u2 = {"role": "user", "content": "u2", "images": [{"id": "i"}]}
+    second = mgr._history(h, [a1, u2])
+    assert second[0] is first[1]  # a1 was converted once
+    assert [(m.role, m.content) for m in second] == [("assistant", "a1"), ("user", "u2\n[Image]")]
+    assert set(h.llm_tail) == {id(a1), id(u2)}  # u1 left the window and the cache
+    # An equal dict that is another object (a session read back from the rows) is converted.
+    again = mgr._history(h, [dict(a1)])
+    assert again[0] is not second[0] and again[0].content == "a1"
+    # A dangling tool call is still dropped from a reused message's turn.
+    call = {"role": "assistant", "content": "c", "tool_calls": [{"id": "c1", "name": "x", "arguments": {}}]}
+    mgr._history(h, [call])
+    assert [(m.content, m.tool_calls) for m in mgr._history(h, [call])] == [("c", [])]
 
 
 # -- the session view and clearing -------------------------------------------------------------

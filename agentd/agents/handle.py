@@ -62,6 +62,10 @@ class AgentHandle:
     # run needs only the window, so memory per agent stays bounded however long the
     # conversation grows. Every write updates it.
     session_tail: list[dict[str, Any]] | None = None
+    # The window's messages as the model gets them, by the stored dict each came from
+    # (SessionStore._history): a stored message is turned into a `Message` once, not on
+    # every run that sends it again.
+    llm_tail: dict[int, tuple[dict[str, Any], Any]] = field(default_factory=dict)
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False

@@ -159,7 +159,7 @@ class RunExecution:
                 self._recent_tokens(handle, now).append(
                     (now, response.usage.input_tokens + response.usage.output_tokens))
 
-        spec = RunSpec(model=handle.model, system=system, history=self._history(window), user=user,
+        spec = RunSpec(model=handle.model, system=system, history=self._history(handle, window), user=user,
                        tools=tools, tool_ctx=ctx, llm=self._llm_call(handle, usage),
                        max_iterations=handle.manifest.max_iterations,
                        tool_timeout=handle.manifest.tool_timeout,

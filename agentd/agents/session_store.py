@@ -82,8 +82,20 @@ class SessionStore:
         self._cache_session(handle, messages)
 
     @staticmethod
-    def _history(window: list[dict[str, Any]]) -> list[Message]:
-        return clean_history([to_llm(m) for m in window])
+    def _history(handle: AgentHandle, window: list[dict[str, Any]]) -> list[Message]:
+        """The window as the model's messages; those of the previous run's window are reused
+        (stored dicts are never changed in place, and nothing changes a `Message` it sends)."""
+        known = handle.llm_tail
+        kept: dict[int, tuple[dict[str, Any], Message]] = {}
+        out = []
+        for m in window:
+            pair = known.get(id(m))  # (the pair keeps its dict alive: the id stays its own)
+            if pair is None:
+                pair = (m, to_llm(m))
+            kept[id(m)] = pair
+            out.append(pair[1])
+        handle.llm_tail = kept
+        return clean_history(out)
 
     def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""

@@ -31,10 +31,12 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
 
     from agentd.api.errors import register_error_handlers
     from agentd.api.guard import install_guard
+    from agentd.api.json_provider import CachedEncoderProvider
     from agentd.api.middleware import install_middleware
     from agentd.api.proxy import install_proxy_headers
 
     class AgentdFlask(Flask):
+        json_provider_class = CachedEncoderProvider
         _sync: dict[Callable, Callable] | None = None  # a hook or view -> what Flask calls
 
         def ensure_sync(self, func: Callable) -> Callable:

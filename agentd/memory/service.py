@@ -9,6 +9,7 @@ raise.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -213,13 +214,17 @@ class MemoryService:
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
         try:
-            asked = {f"{ASKED}{m.get('content')}" for m in history
-                     if m.get("role") == "user" and isinstance(m.get("content"), str)}
-            if self._nothing_to_recall(agent_id, asked):
+            @functools.cache
+            def asked_here() -> set[str]:
+                # Made only when needed: most agents have nothing to recall, known at once.
+                return {f"{ASKED}{m.get('content')}" for m in history
+                        if m.get("role") == "user" and isinstance(m.get("content"), str)}
+
+            if self._nothing_to_recall(agent_id, asked_here):
                 return system  # (and the model is not loaded or run for nothing)
 
             def in_session(content: str) -> bool:
-                return content.split(ANSWERED, 1)[0] in asked
+                return content.split(ANSWERED, 1)[0] in asked_here()
 
             found = self.semantic.recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
                                          skip=in_session)
@@ -257,12 +262,14 @@ class MemoryService:
 
         return current
 
-    def _nothing_to_recall(self, agent_id: str, asked: set[str]) -> bool:
-        """True when the agent has no fragments, or only exchanges of its current session."""
+    def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]]) -> bool:
+        """True when the agent has no fragments, or only exchanges of its current session
+        (`asked()`: the session's user turns, as fragments begin)."""
         known = self._exchanges.get(agent_id)
         in_session: set[str] = set()
         if known:
-            kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in asked}
+            session = asked()
+            kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in session}
             self._exchanges[agent_id] = kept  # forget exchanges that left the session
             in_session = set(kept)
         ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
