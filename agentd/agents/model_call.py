@@ -60,7 +60,8 @@ class ModelCalls:
 
                 try:
                     endpoint = self.endpoint(provider, env, base)
-                    response = drivers.complete(endpoint, replace(request, model=model),
+                    sent = request if request.model == model else replace(request, model=model)
+                    response = drivers.complete(endpoint, sent,
                                                 on_event=forward if on_event else None, cancel=cancel,
                                                 retries=self.config.llm.retries, deadline=deadline)
                 except LLMError as exc:
