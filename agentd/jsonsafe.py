@@ -52,6 +52,20 @@ def _float(text: str) -> float:
     return value
 
 
+# `json.loads` with these hooks builds a decoder per call; one serves every call and thread
+# (as `json.loads`' own default decoder does).
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+
+
+def _decode(data: bytes | str) -> Any:
+    """`json.loads(data, parse_constant=_constant, parse_float=_float)`, step for step."""
+    if isinstance(data, str):
+        if data.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
+        return _DECODER.decode(data)
+    return _DECODER.decode(data.decode(json.detect_encoding(data), "surrogatepass"))
+
+
 def depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
     """True when `data` opens more than `limit` arrays/objects at once."""
     # Cheap exit for the usual body: it cannot nest deeper than it has brackets.
@@ -74,7 +88,7 @@ def loads(data: bytes | str, limit: int = MAX_DEPTH) -> Any:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if depth_exceeds(raw, limit):
         raise JsonTooDeep(TOO_DEEP_MESSAGE)
-    value = json.loads(data, parse_constant=_constant, parse_float=_float)
+    value = _decode(data)
     if _SURROGATE.search(raw):
         # A well-formed pair decodes to one character and encodes; a lone half does not.
         try:

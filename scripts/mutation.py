@@ -47,6 +47,7 @@ TESTS: dict[str, list[str]] = {
                                  "--deselect=tests/test_http_shell.py::test_sse_events_arrive_one_by_one"],
     # The common response headers: the middleware's tests build apps with the layer; the core
     # tests check the daemon app's answers (the start gate shares its constants).
+    "agentd/api/json_provider.py": ["tests/test_json_provider.py"],
     "agentd/api/response_headers.py": ["tests/test_middleware_exact.py", "tests/test_core_exact.py",
                                        "tests/test_startgate.py"],
     # The gate in process (its probe answer, deferral, hand-over) and through a daemon start.
@@ -113,7 +114,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
     "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
     "agentd/slots.py": ["tests/test_slots.py"],
-    "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py"],
+    "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py",
+                               "tests/test_wal_checkpoint.py"],
     # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
     # this selection covers the interpreter settings and the boot (the gate, the freeze).
     "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",

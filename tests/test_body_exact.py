@@ -373,3 +373,44 @@ def test_loads_takes_its_own_limit() -> None:
     with pytest.raises(jsonsafe.JsonTooDeep) as info:
         jsonsafe.loads(b"[[[]]]", limit=2)
     assert str(info.value) == TOO_DEEP_MESSAGE == "JSON nested too deeply"
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": 1.5, "b": [1, 2, {"c": "\\u00e9"}], "d": null, "e": true}', '{"x": -0.0, "y": 10}',
+    b'\xef\xbb\xbf{"bom": 1}', '{"a":1}'.encode("utf-16"), '[1]'.encode("utf-32"), '"x"'.encode("utf-16-be"),
+    bytearray(b'[1]'), '"\u00e9"', "[1e5, 3, 2.50]",
+])
+def test_loads_decodes_as_json_loads_does(data) -> None:
+    assert jsonsafe.loads(data) == json.loads(data)
+    assert type(jsonsafe.loads(data)) is type(json.loads(data))
+
+
+@pytest.mark.parametrize("data", [
+    "\ufeff{}", b"", "  ", b"[1, 2", b'{"a": 1} x', b"\xff\xfe\x00", "{'a': 1}",
+])
+def test_loads_fails_as_json_loads_does(data) -> None:
+    with pytest.raises(ValueError) as ours:
+        jsonsafe.loads(data)
+    with pytest.raises(ValueError) as theirs:
+        json.loads(data)
+    assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+
+
+def test_loads_from_threads_at_once() -> None:
+    import threading
+
+    texts = [json.dumps({"i": i, "v": [i / 3] * (i % 9), "s": "é" * i}).encode() for i in range(64)]
+    bad: list[int] = []
+
+    def work() -> None:
+        for _ in range(50):
+            for i, text in enumerate(texts):
+                if jsonsafe.loads(text) != json.loads(text):
+                    bad.append(i)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []

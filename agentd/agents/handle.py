@@ -8,6 +8,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from agentd.agents.manifest import Manifest
@@ -66,6 +67,8 @@ class AgentHandle:
     # (SessionStore._history): a stored message is turned into a `Message` once, not on
     # every run that sends it again.
     llm_tail: dict[int, tuple[dict[str, Any], Any]] = field(default_factory=dict)
+    # The agent's workspace directory, once a run has needed it (names never change).
+    workspace: Path | None = None
     # Requests waiting for this agent: they hold no run-pool worker while they wait.
     waiting: collections.deque = field(default_factory=collections.deque)
     busy: bool = False

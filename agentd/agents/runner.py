@@ -135,7 +135,9 @@ class RunExecution:
             # Recalled before every model call of the run (unchanged memory is not searched again).
             refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
             system = refresh_system()
-        workspace = self.config.workspaces_dir / handle.name
+        workspace = handle.workspace
+        if workspace is None:
+            workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
                           cancel=cancel)

@@ -88,14 +88,16 @@ class SessionStore:
         known = handle.llm_tail
         kept: dict[int, tuple[dict[str, Any], Message]] = {}
         out = []
+        calls = False
         for m in window:
             pair = known.get(id(m))  # (the pair keeps its dict alive: the id stays its own)
             if pair is None:
                 pair = (m, to_llm(m))
             kept[id(m)] = pair
             out.append(pair[1])
+            calls = calls or bool(pair[1].tool_calls)
         handle.llm_tail = kept
-        return clean_history(out)
+        return clean_history(out) if calls else out  # (only a tool call can dangle)
 
     def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""
