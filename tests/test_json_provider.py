@@ -59,19 +59,25 @@ def test_one_encoder_per_set_of_settings() -> None:
     _, cached = _apps(False, True)
     provider = cached.json
     with cached.app_context():
+        provider.response({"a": 1})
+        (first,) = provider._encoders.values()
         for _ in range(3):
             provider.response({"a": 1})
-    assert len(provider._encoders) == 1
+    (again,) = provider._encoders.values()
+    assert again is first  # reused, not made again
     provider.dumps({"a": 1}, indent=2)
     provider.dumps({"a": 1}, separators=(",", ":"))  # the same settings as response()
     assert len(provider._encoders) == 2
+    # Every setting it keeps encoders for at once: kept too.
+    assert provider.dumps({"a": [1]}, indent=1, separators=(",", ": ")) == '{\n "a": [\n  1\n ]\n}'
+    assert len(provider._encoders) == 3
     provider.dumps({"a": 1}, allow_nan=False)  # a setting it does not keep encoders for
     with pytest.raises(ValueError):
         provider.dumps(float("nan"), allow_nan=False)
-    assert len(provider._encoders) == 2
+    assert len(provider._encoders) == 3
     provider.sort_keys = True  # settings changed on the provider get their own encoder
     assert provider.dumps({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
-    assert len(provider._encoders) == 3
+    assert len(provider._encoders) == 4
 
 
 def test_an_unserialisable_value_still_raises() -> None:
