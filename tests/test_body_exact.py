@@ -342,7 +342,8 @@ def test_finite_numbers_pass_exactly(text: bytes) -> None:
 
 
 @pytest.mark.parametrize("text", [b'"\\ud800"', b'"\\uDBFF"', b'"\\udc00x"', b'"a\\ude00"', b'["\\ud83d"]',
-                                  b'{"\\ud800": 1}', '"\ud800"', '"x\udfff"'])
+                                  b'{"\\ud800": 1}', '"\ud800"', '"x\udfff"',
+                                  b'"\xed\xa0\x80"'])  # the last: a surrogate encoded as UTF-8 bytes
 def test_lone_surrogates_are_refused(text) -> None:
     with pytest.raises(jsonsafe.JsonNotPortable, match="lone surrogate"):
         jsonsafe.loads(text)
