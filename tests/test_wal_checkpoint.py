@@ -4,6 +4,7 @@ Real SQLite files in a temp dir; nothing asserts on time (waits poll with a dead
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
@@ -93,6 +94,90 @@ def test_each_look_copies_what_came_since(tmp_path: Path) -> None:
         assert checker.checkpoints == 3 and 0 < checker.last[1] == checker.last[2] < first[1]
     finally:
         conn.close()
+        store.close()
+
+
+def test_each_look_ends_with_commits_held_off(tmp_path: Path) -> None:
+    # A look that finds frames in the log ends with a second pass while the store's commits
+    # are held off, so it ends with all of the log copied, whatever came in meanwhile.
+    store = open_store(tmp_path / "q.db")
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def quiet():
+        entered.append(1)
+        with store._writes_held():
+            yield
+
+    checker = WalCheckpointer(tmp_path / "q.db", quiet=quiet)
+    conn = sqlite3.connect(str(tmp_path / "q.db"), isolation_level=None)
+    try:
+        assert isinstance(store._writes_held(), contextlib.nullcontext)  # no run writer yet
+        _write(store, 3)
+        assert checker.checkpoint(conn) is True
+        assert len(entered) == 1 and checker.last[0] == 0 and checker.last[1] == checker.last[2] > 0
+        _write(store, 1)  # the log starts again from its beginning: all of it had been copied
+        assert checker.checkpoint(conn) is True
+        assert len(entered) == 2 and 0 < checker.last[1] == checker.last[2] <= 4
+        _write(store, 1)
+        # An empty log (truncated here): no pass with commits held.
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert checker.checkpoint(conn) is True and checker.last == (0, 0, 0) and len(entered) == 2
+        store.write(lambda tx: tx.execute("DELETE FROM settings WHERE key = 'none'", {}))
+        assert store._writes_held() is store._writer.held()  # the run writer's own lock
+    finally:
+        conn.close()
+        store.close()
+
+
+def test_under_steady_commits_the_log_still_starts_again(tmp_path: Path) -> None:
+    # Commits from several threads without a pause: each look's last pass, with commits
+    # held, copies all of the log, so the next commit starts it again from its beginning
+    # and the file stays small. (Before, the log grew to the 10,000-page backstop and a
+    # request checkpointed it: about 41 MB here.)
+    store = open_store(tmp_path / "s.db")
+    _write(store, 1)
+    checker = WalCheckpointer(tmp_path / "s.db", interval=0.02, quiet=store._writes_held)
+    stop = threading.Event()
+    counts = [0] * 4
+
+    def commits(j: int) -> None:
+        while not stop.is_set() and counts[j] < 5000:
+            counts[j] += 1
+            store.write(lambda tx: tx.execute("INSERT INTO settings (key, value) VALUES ($k, $v)",
+                                              {"k": f"s{j}-{counts[j]}", "v": '"' + "y" * 300 + '"'}))
+
+    threads = [threading.Thread(target=commits, args=(j,)) for j in range(4)]
+    looks: list[tuple[int, int, int]] = []
+    salts: list[bytes] = []  # the log's salt, which SQLite changes each time it starts it again
+    look = checker.checkpoint
+    wal = Path(f"{tmp_path / 's.db'}-wal")
+
+    def recorded(conn: sqlite3.Connection) -> bool:
+        done = look(conn)
+        if done and not stop.is_set():
+            looks.append(checker.last)
+            with wal.open("rb") as fh:
+                salts.append(fh.read(24)[16:24])
+        return done
+
+    checker.checkpoint = recorded  # type: ignore[method-assign]
+    checker.start()
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: checker.checkpoints >= 8 or not any(t.is_alive() for t in threads), WAIT)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert len(looks) >= 8 and all(busy == 0 for busy, _, _ in looks)
+        # The log started again between looks (at the 10,000-page backstop alone, about
+        # twice in this many commits).
+        restarts = sum(1 for a, b in zip(salts, salts[1:]) if a != b)
+        assert restarts >= len(looks) // 2, (restarts, looks)
+    finally:
+        stop.set()
+        checker.stop()
         store.close()
 
 

@@ -4,13 +4,14 @@ entities of agentd/store/entities.py.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ContextManager, TypeVar
 
 from pony import orm
 from pony.orm import Database
@@ -94,10 +95,16 @@ class Store:
                 writer = self._writer
         return writer.run(work)
 
+    def _writes_held(self) -> ContextManager[Any]:
+        """Hold the run writer's commits off while the block runs (nothing to hold before
+        its first write)."""
+        writer = self._writer
+        return writer.held() if isinstance(writer, SqliteWriter) else contextlib.nullcontext()
+
     def start_checkpoints(self) -> None:
         """SQLite: checkpoint the WAL on a thread of its own from now on (store/checkpoint.py)."""
         if self.backend == "sqlite" and self.checkpointer is None:
-            self.checkpointer = WalCheckpointer(self.path)
+            self.checkpointer = WalCheckpointer(self.path, quiet=self._writes_held)
             self.checkpointer.start()
 
     def close(self) -> None:

@@ -144,6 +144,10 @@ class SqliteWriter(Writer):
             provider.release_lock()
         return result
 
+    def held(self) -> threading.Lock:
+        """The lock every write takes first: while it is held, no write commits."""
+        return self._lock
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
