@@ -468,9 +468,15 @@ def _hang_fifty_agents(d: Daemon, up: Upstream) -> tuple[str, list[str], str, Th
     agents = [spawn(d, up, fault)[0] for _ in range(50)]
     healthy, _ = spawn(d, up, "ok")
     pool = ThreadPoolExecutor(200)
-    futures = [pool.submit(d.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
-               for i in range(1 + MAX_QUEUE) for a in agents]
+
+    def send(i: int, a: str) -> Any:
+        return pool.submit(d.post, f"/api/agents/{a}/message", json={"message": f"m{i}"}, timeout=60)
+
+    # The first messages first: a later one sent at the same time could reach its agent
+    # before the first had claimed it, and count as a message to an idle agent.
+    futures = [send(0, a) for a in agents]
     up.wait_conns(fault, 50, timeout=30)
+    futures += [send(i, a) for i in range(1, 1 + MAX_QUEUE) for a in agents]
     return fault, agents, healthy, pool, futures
 
 
