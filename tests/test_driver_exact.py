@@ -5,13 +5,17 @@ the kinds and Retry-After values.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
+import socket
 import threading
 import time
 
 import pytest
 import requests
+from urllib3 import HTTPResponse
 
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import CallGuard
@@ -20,11 +24,15 @@ from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 EP = ProviderEndpoint("acme", "openai", "http://up.example/v1", timeout=7.5)
 
 
-def answer(status: int, body: object = None, *, text: str | None = None, **headers: str) -> requests.Response:
+def answer(status: int, body: object = None, *, text: str | None = None, raw: bytes | None = None,
+           **headers: str) -> requests.Response:
+    """A response as the adapter builds it: its body still unread, in a urllib3 response."""
+    data = raw if raw is not None else (text if text is not None else json.dumps(body)).encode()
     r = requests.Response()
     r.status_code = status
-    r._content = (text if text is not None else json.dumps(body)).encode()
+    r.raw = HTTPResponse(body=io.BytesIO(data), headers=headers, status=status, preload_content=False)
     r.headers.update(headers)
+    r.encoding = requests.utils.get_encoding_from_headers(r.headers)
     return r
 
 
@@ -79,6 +87,56 @@ def test_read_json_and_event_json_refuse_non_objects() -> None:
         with pytest.raises(LLMError) as caught:
             transport.parse_event_json(EP, "m1", data)
         assert caught.value.message == f"acme model m1: unusable response: {why}"
+
+
+@pytest.mark.parametrize("raw,headers,expected", [
+    ('{"t": "\u00e9"}'.encode(), {"Content-Type": "application/json"}, "\u00e9"),
+    # Not UTF-8: read in the charset the answer declares, as `response.json()` did.
+    ('{"t": "\u00e9"}'.encode("latin-1"), {"Content-Type": "application/json; charset=iso-8859-1"}, "\u00e9"),
+    # Not UTF-8 and none declared: the bad byte becomes U+FFFD, the rest is kept.
+    (b'{"t": "a\xffb"}', {"Content-Type": "application/json"}, "a\ufffdb"),
+    ('{"t": "x"}'.encode("utf-16"), {"Content-Type": "application/json"}, "x"),
+    (gzip.compress(b'{"t": "zipped"}'), {"Content-Type": "application/json", "Content-Encoding": "gzip"}, "zipped"),
+])
+def test_read_json_decodes_the_body_as_sent(raw, headers, expected) -> None:
+    assert transport.read_json(EP, "m1", answer(200, raw=raw, **headers)) == {"t": expected}
+
+
+def test_read_json_unknown_charset_is_a_bad_response() -> None:
+    bad = answer(200, raw=b'{"t": "\xe9"}', **{"Content-Type": "application/json; charset=no-such-codec"})
+    with pytest.raises(LLMError) as caught:
+        transport.read_json(EP, "m1", bad)
+    assert caught.value.kind == "bad_response"
+
+
+def _one_answer(head_and_body: bytes) -> str:
+    """A server on 127.0.0.1 that answers one request with these bytes, then closes; its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(head_and_body)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/v1/chat/completions"
+
+
+def test_read_body_maps_urllib3_errors_as_requests_does() -> None:
+    # A body shorter than its Content-Length: requests' `content` raises ChunkedEncodingError.
+    url = _one_answer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{\"t\": 1")
+    response = transport.send_json(url, {}, {"x": 1}, timeout=(5, 5))
+    with pytest.raises(requests.exceptions.ChunkedEncodingError) as caught:
+        transport.read_body(response)
+    guard = CallGuard(time.monotonic() + 5, None, threading.Event())
+    guard.received = True
+    assert transport.network_error(EP, "m1", caught.value, guard).message == (
+        "acme model m1: the connection broke while reading the answer: ChunkedEncodingError")
+    broken = answer(200, raw=b"not gzip at all", **{"Content-Encoding": "gzip"})
+    with pytest.raises(requests.exceptions.ContentDecodingError):
+        transport.read_body(broken)
 
 
 def test_truncated_message() -> None:
