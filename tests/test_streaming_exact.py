@@ -148,12 +148,16 @@ def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: En
     wire = Wire()
     r = env.v1(handle, "[[chunks:4]]", wire)
     r.get_data()
-    # Opening comment with the role chunk, four deltas, and the final chunk with [DONE]: one write each.
-    assert len(wire.chunks) == 6, wire.chunks
-    assert wire.chunks[0].decode().startswith(": stream open\n\ndata: {")
-    assert wire.chunks[0].decode().endswith('"delta":{"role":"assistant"},"finish_reason":null}]}\n\n')
-    assert all(b'"content":' in c for c in wire.chunks[1:5])
-    assert wire.chunks[5].decode().endswith("data: [DONE]\n\n")
+    # Opening comment with the role chunk, four deltas, and the final chunk with [DONE], in
+    # order; written as they came, deltas that arrived together in one write
+    # (tests/test_held_writes.py), none after the final chunk.
+    text = wire.text()
+    assert text.startswith(": stream open\n\ndata: {")
+    events = text.split("\n\n")[1:-1]
+    assert events[0].endswith('"delta":{"role":"assistant"},"finish_reason":null}]}')
+    assert [e.count('"content":') for e in events[1:5]] == [1, 1, 1, 1]
+    assert events[-1] == "data: [DONE]" and '"finish_reason":"stop"' in events[-2]
+    assert 2 <= len(wire.chunks) <= 6 and wire.chunks[-1].decode().endswith("data: [DONE]\n\n")
     assert set(wire.threads) == {threading.get_ident()}, "BUG: an idle agent's run left the request thread"
     settle(env, handle)
 
@@ -173,14 +177,17 @@ def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) ->
     text = second_wire.text()
     assert 'event: chunk\ndata: {"content":"second","done":false}' in text
     assert text.rstrip().splitlines()[-2] == "event: done"
-    # The worker wrote the run's events; the waiting thread the opening and, once the run
-    # returned, the final event.
+    # The worker wrote the run's events (its "streaming" phase at least: held writes go out
+    # when the run waits for the model); the waiting thread the opening and, once the run
+    # returned, the final event, with whatever the worker still held (the "done" phase).
     me = threading.get_ident()
-    by_thread = {c.decode(): t for c, t in zip(second_wire.chunks, second_wire.threads)}
-    [delta] = [c for c in by_thread if '"content":"second"' in c]
-    assert by_thread[delta] != me, "BUG: a queued run ran on the waiting thread"
-    assert second_wire.chunks[0].startswith(b": stream open") and second_wire.threads[0] == me
-    assert second_wire.chunks[-1].startswith(b"event: done") and second_wire.threads[-1] == me
+    writes = [(c.decode(), t) for c, t in zip(second_wire.chunks, second_wire.threads)]
+    [(phase, worker)] = [(c, t) for c, t in writes if '"phase":"streaming"' in c]
+    assert worker != me, "BUG: a queued run ran on the waiting thread"
+    assert writes[0][0].startswith(": stream open") and writes[0][1] == me
+    last, writer = writes[-1]
+    assert writer == me and last.rstrip().splitlines()[-2] == "event: done"
+    assert '"phase":"done"' in last and last.index('"phase":"done"') < last.index("event: done")
     settle(env, handle)
 
 
@@ -363,13 +370,13 @@ def test_a_tick_never_waits_for_a_write_under_way() -> None:
 
     stream = WrittenStream(slow_write, shape(), heartbeat=0.0)
     stream._pending = None  # opened, without the opening's write
-    writer = threading.Thread(target=stream.deliver, args=(Event("text_delta"),))
+    writer = threading.Thread(target=stream.deliver, args=(Event("tool_result"),))
     writer.start()
     assert entered.wait(WAIT)
     stream.tick()  # returns at once: the lock is held by the write
     release.set()
     writer.join(WAIT)
-    assert written == [b"text_delta\n"], "BUG: a keep-alive was written beside a write under way"
+    assert written == [b"tool_result\n"], "BUG: a keep-alive was written beside a write under way"
 
 
 def test_a_gone_client_cancels_and_silences_the_stream() -> None:

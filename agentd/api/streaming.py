@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 from flask import Response, request
 from waitress.channel import ClientDisconnected
 
+from agentd import held_writes
 from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
 from agentd.agents.runqueue import ClaimedRun, Poller
@@ -102,7 +103,9 @@ def _pulled(run: LiveRun, shape: StreamShape) -> Iterator[str]:
 def _written(stream: "WrittenStream", claimed: ClaimedRun, disconnected: Callable[[], bool] | None,
              closed: Callable[[], None]) -> Iterator[str]:
     """Run on this thread, writing as it goes; yields nothing (every byte is written)."""
-    stream.open()
+    # A run on this thread starts at once: its opening goes out with its first events,
+    # when the run first waits (a queued run's stream opens now).
+    stream.open(hold=claimed.here)
     key = KEEPER.add_check(id(stream), stream.tick)
     try:
         try:
@@ -130,23 +133,37 @@ class WrittenStream:
         # Until `open`, rendered events wait here: a queued run's worker may start before
         # the response does, and nothing may reach the socket ahead of the opening.
         self._pending: list[str] | None = []
+        # Chunks held until the delivering thread waits (agentd/held_writes.py).
+        self._held: list[str] = []
         self._ended = False  # the final event was written (or the client left)
         self._finished = False  # the request is over: nothing may be written any more
 
-    def open(self) -> None:
-        """Write the opening comment, the transport's opening and what the run already emitted."""
+    def open(self, hold: bool = False) -> None:
+        """Write the opening comment, the transport's opening and what the run already
+        emitted; with `hold`, when this thread is next about to wait."""
         with self._lock:
             pending, self._pending = self._pending or [], None
-            self._send([comment("stream open"), *self.shape.opening, *pending])
+            opening = [comment("stream open"), *self.shape.opening, *pending]
+            if hold:
+                self._held[:0] = opening
+                held_writes.hold(self.flush)
+            else:
+                self._send(opening)
 
     def deliver(self, event: Event) -> None:
         """The run's sink: write `event` as the transport renders it."""
         with self._lock:
             self._deliver(event)
 
+    def flush(self) -> None:
+        """Write what is held."""
+        with self._lock:
+            self._send([])
+
     def finish(self) -> None:
         with self._lock:
             self._finished = True
+            self._held = []
 
     def tick(self) -> None:
         """The keeper's pass: a keep-alive after `heartbeat` seconds of silence, and the end
@@ -156,6 +173,7 @@ class WrittenStream:
         try:
             if self._ended or self._finished or self._pending is not None:
                 return
+            self._send([])  # what a thread held and has not written yet (it should have)
             if self.cancel.is_set():
                 self._deliver(Event("stopped", {"message": "run stopped"}))
             elif time.monotonic() - self._last >= self.heartbeat:
@@ -170,12 +188,20 @@ class WrittenStream:
         if final:
             self._ended = True
             chunks = [*chunks, *self.shape.closing]
+        elif not chunks:
+            return  # (an event this transport does not show)
+        elif self._pending is None and _followed_at_once(event):
+            self._held.extend(chunks)
+            held_writes.hold(self.flush)
+            return
         self._send(chunks)
 
     def _send(self, chunks: tuple[str, ...] | list[str]) -> None:
         if self._pending is not None:
             self._pending.extend(chunks)
             return
+        if self._held:
+            chunks, self._held = [*self._held, *chunks], []
         if self._finished or not chunks:
             return
         try:
@@ -186,6 +212,20 @@ class WrittenStream:
             self.cancel.set()
         else:
             self._last = time.monotonic()
+
+
+#: Phases the run goes on from at once: the model call (streaming, thinking) or the final
+#: event (done). A tool's phase comes before the tool runs, which can take any time.
+_PHASES_FOLLOWED_AT_ONCE = frozenset({"streaming", "thinking", "done"})
+
+
+def _followed_at_once(event: Event) -> bool:
+    """Whether more of the run follows `event` before its thread waits for anything, so it
+    may be held and written with what follows (agentd/held_writes.py)."""
+    if event.type == "phase":
+        return event.data.get("phase") in _PHASES_FOLLOWED_AT_ONCE
+    # Parsed from the model's stream: the next read, or the end of the call, follows.
+    return event.type in ("text_delta", "tool_use", "tool_args_delta", "tool_input")
 
 
 #: Keep-alives and stops for every written stream of this process.

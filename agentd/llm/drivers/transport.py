@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ import requests
 from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSLError
 
+from agentd.held_writes import before_wait
 from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 
@@ -118,6 +121,8 @@ def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes
     raw = response.raw
     guard.streaming()
     while True:
+        if not readable_now(response):
+            before_wait()  # this read may wait: what the earlier reads' events wrote goes out
         data = raw.read1(READ_SIZE, decode_content=True)
         if guard.reason is not None:
             raise Interrupted(guard.reason)
@@ -125,6 +130,35 @@ def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes
             return
         guard.got_bytes()
         yield data
+
+
+def readable_now(response: requests.Response) -> bool:
+    """Whether the next read of the body returns without waiting: what it needs is buffered
+    already, or has arrived on the socket. False when unsure (a TLS socket is not asked).
+
+    `read1` hands over one HTTP chunk at a time, and a provider streaming fast sends an SSE
+    event per chunk: asking first lets the events of everything that has arrived leave in
+    one write (agentd/held_writes.py) while a read that would wait still writes them first."""
+    body = getattr(response.raw, "_fp", None)  # http.client's response
+    fp = getattr(body, "fp", None)  # ... and its buffered socket file
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
+        return False
+    timeout = sock.gettimeout()
+    try:
+        # A peek returns what is buffered; with nothing buffered it reads once, and on a
+        # socket with no wait allowed that read finds nothing rather than blocking.
+        sock.settimeout(0)
+        ahead = fp.peek(1)
+    except Exception:  # noqa: BLE001 - the read itself will report it
+        return False
+    finally:
+        sock.settimeout(timeout)
+    if not getattr(body, "chunked", False) or body.chunk_left:
+        return bool(ahead)
+    # Between two chunks the read needs whole lines: the end of the last chunk (none before
+    # the first) and the next one's size.
+    return ahead.count(b"\n") >= (1 if body.chunk_left is None else 2)
 
 
 # How long a finished stream's body may take to end, and how much of it may still come,
@@ -150,6 +184,8 @@ def release_stream(response: requests.Response) -> bool:
     try:
         sock.settimeout(DRAIN_SECS)  # (urllib3 sets its own again when it reuses the connection)
         while left > 0:
+            if not readable_now(response):
+                before_wait()
             data = raw.read1(READ_SIZE, decode_content=True)
             if not data:
                 return True  # the body ended: urllib3 has put the connection back
@@ -202,6 +238,7 @@ def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, st
     remaining = guard.remaining()
     if remaining <= 0:
         raise Interrupted("timeout")
+    before_wait()  # held stream events (a phase change) go out before the model is waited for
     # The guard enforces the deadline; the read timeout is only a backstop.
     response = send_json(url, headers, body,
                          timeout=(max(0.05, min(endpoint.connect_timeout, remaining)), remaining + 1))
