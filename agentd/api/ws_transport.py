@@ -140,6 +140,21 @@ def peer_left(channel: HTTPChannel) -> Callable[[], bool]:
     return check
 
 
+class _Gathered:
+    """The channel, but `write_soon` collects the bytes instead of sending them."""
+
+    def __init__(self, channel: HTTPChannel) -> None:
+        self._channel = channel
+        self.parts: list[bytes] = []
+
+    def write_soon(self, data: bytes) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
 class WebSocketTask(WSGITask):
     """A WSGI task that can give its connection to a WebSocket handler."""
 
@@ -238,7 +253,20 @@ class WebSocketTask(WSGITask):
             # written so waitress does not warn about a short Content-Length.
             self.content_bytes_written += len(data)
             return
-        super().write(data)
+        if self.wrote_header or not data:
+            super().write(data)
+            return
+        # waitress sends the header block and the first body bytes apart (each of its
+        # `write_soon`s sends at once, `send_bytes` being 1): two socket writes, each about
+        # 35 µs of CPU on loopback, for every answer. Here they leave in one.
+        channel, gathered = self.channel, _Gathered(self.channel)
+        self.channel = gathered  # type: ignore[assignment]
+        try:
+            super().write(data)
+        finally:
+            self.channel = channel
+        if gathered.parts:
+            channel.write_soon(b"".join(gathered.parts))
 
     def finish(self) -> None:
         if self._ws_stream is not None:

@@ -214,11 +214,49 @@ class _Tracked:
         return result
 
 
-class _TrackedHTTPConnection(_Tracked, HTTPConnection):
+class _OneWrite:
+    """Mixin for urllib3 connections: a request's head and body leave in one socket write.
+
+    urllib3 sends the head, then the body, with a `send` each: two TCP segments, and on
+    loopback each send also pays the receiving side's work, ~20 µs of CPU. Requests up to
+    `GATHER_BYTES` are sent whole by the last step of `request`; larger bodies go out as
+    urllib3 sends them (the head and what came before in one write)."""
+
+    GATHER_BYTES = 64 * 1024
+    _gathered: list[bytes] | None = None
+    _gathered_bytes = 0
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D401 - urllib3's signature
+        self._gathered, self._gathered_bytes = [], 0
+        try:
+            result = super().request(*args, **kwargs)  # type: ignore[misc]
+            self._send_gathered()
+        finally:
+            self._gathered = None
+        return result
+
+    def send(self, data: Any) -> None:
+        gathered = self._gathered
+        if (gathered is not None and isinstance(data, bytes)
+                and self._gathered_bytes + len(data) <= self.GATHER_BYTES):
+            gathered.append(data)
+            self._gathered_bytes += len(data)
+            return
+        self._send_gathered()
+        self._gathered = None  # (past the limit: the rest as it comes)
+        super().send(data)  # type: ignore[misc]
+
+    def _send_gathered(self) -> None:
+        if self._gathered:
+            data, self._gathered, self._gathered_bytes = b"".join(self._gathered), [], 0
+            super().send(data)  # type: ignore[misc]
+
+
+class _TrackedHTTPConnection(_Tracked, _OneWrite, HTTPConnection):
     pass
 
 
-class _TrackedHTTPSConnection(_Tracked, HTTPSConnection):
+class _TrackedHTTPSConnection(_Tracked, _OneWrite, HTTPSConnection):
     pass
 
 

@@ -1,0 +1,166 @@
+"""A message's bytes leave in as few socket writes as they can: the answer's head with its
+first body bytes (api/ws_transport.py, WebSocketTask.write) and a model request's head with
+its body (llm/drivers/guard.py, _OneWrite). Each write is a socket send, about 20-35 µs of
+CPU on loopback, so these are counted here, call by call, not timed.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import requests
+from waitress.adjustments import Adjustments
+from waitress.parser import HTTPRequestParser
+
+from agentd.api.ws_transport import WebSocketTask
+from agentd.llm.drivers import transport
+from agentd.llm.drivers.guard import _TrackedHTTPConnection
+
+# -- the answer: head and first body bytes -----------------------------------------------------------
+
+ADJ = Adjustments()
+
+
+class Channel:
+    """What a waitress task uses of its channel, with every `write_soon` recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.adj = ADJ
+        self.server = SimpleNamespace(adj=ADJ)
+        self.addr = ("127.0.0.1", 50000)
+        self.creation_time = 0
+
+    def write_soon(self, data: bytes) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def task(head: bytes = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n",
+         headers: list[tuple[str, str]] | None = None) -> tuple[WebSocketTask, Channel]:
+    request = HTTPRequestParser(ADJ)
+    request.received(head)
+    channel = Channel()
+    t = WebSocketTask(channel, request)  # type: ignore[arg-type]
+    t.status, t.complete = "200 OK", True
+    t.response_headers = headers if headers is not None else [("Content-Type", "text/plain")]
+    return t, channel
+
+
+def test_the_head_leaves_with_the_first_body_bytes() -> None:
+    t, channel = task()
+    t.write(b"hello")
+    t.write(b" world")
+    assert len(channel.writes) == 2, "BUG: the head and the first chunk left in separate writes"
+    head, _, first = channel.writes[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Transfer-Encoding: chunked" in head
+    assert first == b"5\r\nhello\r\n"
+    assert channel.writes[1] == b"6\r\n world\r\n"
+    assert t.channel is channel, "BUG: the task kept the stand-in channel"
+
+
+def test_a_length_delimited_answer_is_one_write() -> None:
+    t, channel = task(headers=[("Content-Type", "application/json"), ("Content-Length", "2")])
+    t.content_length = 2
+    t.write(b"{}")
+    assert len(channel.writes) == 1 and channel.writes[0].endswith(b"\r\n\r\n{}")
+
+
+def test_an_answer_without_a_body_writes_its_head_alone() -> None:
+    t, channel = task()
+    t.status = "204 No Content"
+    t.write(b"ignored")
+    assert len(channel.writes) == 1 and channel.writes[0].endswith(b"\r\n\r\n")
+    assert b"ignored" not in channel.writes[0]
+
+
+def test_an_empty_write_sends_the_head() -> None:
+    t, channel = task()
+    t.write(b"")
+    assert len(channel.writes) == 1 and channel.writes[0].endswith(b"\r\n\r\n")
+    t.write(b"x")
+    assert channel.writes[1] == b"1\r\nx\r\n"
+
+
+# -- the model request: head and body ----------------------------------------------------------------
+
+class Sock:
+    """A connected socket that records each `sendall`."""
+
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.sends.append(bytes(data))
+
+    def settimeout(self, _timeout: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def connection() -> tuple[_TrackedHTTPConnection, Sock]:
+    conn = _TrackedHTTPConnection("127.0.0.1", 9)
+    conn.sock = sock = Sock()  # type: ignore[assignment]
+    return conn, sock
+
+
+def test_a_model_request_is_one_write() -> None:
+    conn, sock = connection()
+    conn.request("POST", "/v1/chat/completions", body=b'{"model": "m"}',
+                 headers={"Content-Type": "application/json", "Content-Length": "14"})
+    assert len(sock.sends) == 1, f"BUG: {len(sock.sends)} writes for one request"
+    head, _, body = sock.sends[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n") and body == b'{"model": "m"}'
+
+
+def test_a_chunked_request_is_one_write_with_its_terminator() -> None:
+    conn, sock = connection()
+    conn.request("POST", "/x", body=[b"ab", b"cd"], chunked=True)
+    assert len(sock.sends) == 1
+    assert sock.sends[0].endswith(b"\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
+
+
+def test_a_body_past_the_limit_goes_out_as_it_comes() -> None:
+    conn, sock = connection()
+    big = b"x" * (_TrackedHTTPConnection.GATHER_BYTES + 1)
+    conn.request("POST", "/x", body=big, headers={"Content-Length": str(len(big))})
+    assert len(sock.sends) == 2 and sock.sends[1] == big and sock.sends[0].endswith(b"\r\n\r\n")
+    assert conn._gathered is None
+
+
+def test_a_request_that_fails_before_its_end_sends_nothing() -> None:
+    conn, sock = connection()
+    with pytest.raises(ValueError):
+        conn.request("POST", "/x", body=b"{}", headers={"Bad\nName": "v"})
+    assert sock.sends == []
+
+
+def test_a_real_exchange_through_the_drivers_transport() -> None:
+    # The bytes a server receives are the request, head and body, whatever the writes.
+    listener = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+                data += conn.recv(65536)
+            got.append(data)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/chat/completions"
+    response = transport.send_json(url, {"Authorization": "Bearer k"}, {"model": "m"}, timeout=(5, 5))
+    assert response.status_code == 200 and transport.read_body(response) == b"{}"
+    head, _, body = got[0].partition(b"\r\n\r\n")
+    assert b"Authorization: Bearer k" in head and b"Content-Length: 14" in head
+    assert body == b'{"model": "m"}'
+    assert isinstance(response, requests.Response)
