@@ -164,3 +164,30 @@ def test_a_real_exchange_through_the_drivers_transport() -> None:
     assert b"Authorization: Bearer k" in head and b"Content-Length: 14" in head
     assert body == b'{"model": "m"}'
     assert isinstance(response, requests.Response)
+
+
+# -- the end of a streamed answer: its last bytes with the chunked terminator -----------------------
+
+def test_the_last_bytes_leave_with_the_end_of_the_answer() -> None:
+    t, channel = task()
+    t.write(b"first")
+    t.write_last(b"last")
+    assert len(channel.writes) == 1, "BUG: the last bytes were sent before the end"
+    t.finish()
+    assert channel.writes[1:] == [b"4\r\nlast\r\n0\r\n\r\n"]
+
+
+def test_last_bytes_with_nothing_before_them_leave_with_the_head_and_the_end() -> None:
+    t, channel = task()
+    t.write_last(b"only")
+    t.finish()
+    assert len(channel.writes) == 1
+    assert channel.writes[0].endswith(b"\r\n\r\n4\r\nonly\r\n0\r\n\r\n")
+    assert t.channel is channel
+
+
+def test_an_answer_without_last_bytes_ends_as_waitress_ends_it() -> None:
+    t, channel = task()
+    t.write(b"x")
+    t.finish()
+    assert channel.writes[1:] == [b"0\r\n\r\n"]

@@ -35,7 +35,7 @@ from agentd.agents.runqueue import ClaimedRun, Poller
 from agentd.api.runs import (POLL_SECS, LiveRun, acquire_stream_slot, client_disconnected, failure_event,
                              result_event, start_live_run)
 from agentd.api.sse import comment, sse_response
-from agentd.api.ws_transport import DIRECT_WRITE_KEY
+from agentd.api.ws_transport import DIRECT_WRITE_KEY, LAST_WRITE_KEY
 from agentd.kernel import Kernel
 
 Render = Callable[[Event], tuple[list[str], bool]]
@@ -62,7 +62,8 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
             run = start_live_run(kernel, handle, text, attachments, options)
         else:
             kernel.agents.precheck(handle)
-            stream = WrittenStream(write, shape, kernel.config.api.sse_keepalive_secs)
+            stream = WrittenStream(write, shape, kernel.config.api.sse_keepalive_secs,
+                                   write_last=request.environ.get(LAST_WRITE_KEY))
             claimed = kernel.agents.claim(handle, text, attachments, emit=stream.deliver, options=options,
                                           cancel=stream.cancel)
     except BaseException:
@@ -123,8 +124,11 @@ def _written(stream: "WrittenStream", claimed: ClaimedRun, disconnected: Callabl
 class WrittenStream:
     """One run's events written straight to its client; any thread may deliver."""
 
-    def __init__(self, write: Callable[[bytes], Any], shape: StreamShape, heartbeat: float) -> None:
+    def __init__(self, write: Callable[[bytes], Any], shape: StreamShape, heartbeat: float,
+                 write_last: Callable[[bytes], Any] | None = None) -> None:
         self._write = write
+        # For the final event: sent with the end of the answer (ws_transport.LAST_WRITE_KEY).
+        self._write_last = write_last or write
         self.shape = shape
         self.heartbeat = heartbeat
         self.cancel = threading.Event()  # the run's: set when its client is gone
@@ -194,9 +198,9 @@ class WrittenStream:
             self._held.extend(chunks)
             held_writes.hold(self.flush)
             return
-        self._send(chunks)
+        self._send(chunks, final)
 
-    def _send(self, chunks: tuple[str, ...] | list[str]) -> None:
+    def _send(self, chunks: tuple[str, ...] | list[str], final: bool = False) -> None:
         if self._pending is not None:
             self._pending.extend(chunks)
             return
@@ -205,7 +209,7 @@ class WrittenStream:
         if self._finished or not chunks:
             return
         try:
-            self._write("".join(chunks).encode("utf-8"))
+            (self._write_last if final else self._write)("".join(chunks).encode("utf-8"))
         except (ClientDisconnected, OSError):
             # The client left: stop the run (its provider call is interrupted) and write no more.
             self._ended = self._finished = True

@@ -59,6 +59,7 @@ __all__ = [
     "CLOSE_TIMEOUT",
     "DIRECT_WRITE_KEY",
     "DISCONNECTED_KEY",
+    "LAST_WRITE_KEY",
     "SEND_TIMEOUT",
     "WebSocketChannel",
     "WebSocketTask",
@@ -72,6 +73,9 @@ log = logging.getLogger("agentd.ws.transport")
 
 #: The environ key under which a task offers its `write` to the app (api/streaming.py).
 DIRECT_WRITE_KEY = "agentd.write"
+
+#: ... and its `write_last`: the answer's last bytes, sent with the end of the answer.
+LAST_WRITE_KEY = "agentd.write_last"
 
 #: The environ key of the check whether the client has gone (waitress's name for it).
 DISCONNECTED_KEY = "waitress.client_disconnected"
@@ -191,6 +195,7 @@ class WebSocketTask(WSGITask):
         environ = super().get_environment()
         # PEP 3333's write callable, for responses written as they happen (api/streaming.py).
         environ[DIRECT_WRITE_KEY] = self.write
+        environ[LAST_WRITE_KEY] = self.write_last
         environ[DISCONNECTED_KEY] = peer_left(self.channel)
         if self._ws_lazy is None and "websocket" in environ.get("HTTP_UPGRADE", "").lower():
             self._ws_lazy = _LazySocket(self)
@@ -268,10 +273,27 @@ class WebSocketTask(WSGITask):
         if gathered.parts:
             channel.write_soon(b"".join(gathered.parts))
 
+    _last: bytes = b""  # written by finish(), with the end of the answer
+
+    def write_last(self, data: bytes) -> None:
+        """The answer's last bytes: `finish` sends them with the chunked encoding's end (or
+        the head, if none was sent), in one socket write instead of two."""
+        self._last += data
+
     def finish(self) -> None:
         if self._ws_stream is not None:
             return
-        super().finish()
+        last, self._last = self._last, b""
+        channel, gathered = self.channel, _Gathered(self.channel)
+        self.channel = gathered  # type: ignore[assignment]
+        try:
+            if last:
+                self.write(last)
+            super().finish()
+        finally:
+            self.channel = channel
+        if gathered.parts:
+            channel.write_soon(b"".join(gathered.parts))
 
 
 class WebSocketChannel(LoopFlushChannel):
