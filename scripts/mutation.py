@@ -157,7 +157,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
-    "agentd/api/streaming.py": ["tests/test_streaming_exact.py"],
+    "agentd/api/streaming.py": ["tests/test_streaming_exact.py", "tests/test_held_writes.py"],
+    "agentd/held_writes.py": ["tests/test_held_writes.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
@@ -166,7 +167,7 @@ TESTS: dict[str, list[str]] = {
     # (the two-writer test, 8 MB through ws_stream's write lock, is ws_stream's: left out here. Its
     # 1008 closes in mutmut's stats run were simple-websocket's ping timeout, gone with the hourly
     # ping of the test app.)
-    "agentd/api/ws_transport.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py",
+    "agentd/api/ws_transport.py": ["tests/test_one_write.py", "tests/test_ws_transport.py", "tests/test_sockets_exact.py",
                                    "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
     # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
     # _stream and _cluster have none).
@@ -203,7 +204,8 @@ TESTS: dict[str, list[str]] = {
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
-                                          "tests/test_stream_release.py",
+                                          "tests/test_stream_release.py", "tests/test_one_write.py",
+                                          "tests/test_held_writes.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},

@@ -134,6 +134,20 @@ def test_a_body_past_the_limit_goes_out_as_it_comes() -> None:
     assert conn._gathered is None
 
 
+def test_a_send_made_while_connecting_goes_out_first() -> None:
+    # A proxy tunnel's CONNECT is sent from connect(), which runs inside the gathered send.
+    class Tunnelled(_TrackedHTTPConnection):
+        def connect(self) -> None:
+            self.sock = self.recorder  # type: ignore[assignment]
+            self.send(b"CONNECT up:443 HTTP/1.1\r\n\r\n")
+
+    conn = Tunnelled("127.0.0.1", 9)
+    conn.recorder = sock = Sock()  # type: ignore[attr-defined]
+    conn.request("POST", "/x", body=b"{}", headers={"Content-Length": "2"})
+    assert [s.split(b" ", 1)[0] for s in sock.sends] == [b"CONNECT", b"POST"]
+    assert sock.sends[1].endswith(b"\r\n\r\n{}")
+
+
 def test_a_request_that_fails_before_its_end_sends_nothing() -> None:
     conn, sock = connection()
     with pytest.raises(ValueError):

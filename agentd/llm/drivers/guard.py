@@ -242,14 +242,16 @@ class _OneWrite:
             gathered.append(data)
             self._gathered_bytes += len(data)
             return
-        self._send_gathered()
-        self._gathered = None  # (past the limit: the rest as it comes)
+        self._send_gathered()  # (past the limit, or not bytes: the rest as it comes)
         super().send(data)  # type: ignore[misc]
 
     def _send_gathered(self) -> None:
-        if self._gathered:
-            data, self._gathered, self._gathered_bytes = b"".join(self._gathered), [], 0
-            super().send(data)  # type: ignore[misc]
+        gathered = self._gathered
+        # Gathering ends here: a send made while this one connects (a proxy tunnel's CONNECT)
+        # must go out at once.
+        self._gathered, self._gathered_bytes = None, 0
+        if gathered:
+            super().send(b"".join(gathered))  # type: ignore[misc]
 
 
 class _TrackedHTTPConnection(_Tracked, _OneWrite, HTTPConnection):
