@@ -2,14 +2,14 @@
 back leaves in one write.
 
 A streamed run written in place (agentd/api/streaming.py) sent every event as it came, each
-in a chunk and a socket write of its own: about 35 µs of CPU per write on loopback, more
-than the rest of an event's work. The deltas parsed from one read of the provider's
-stream, or a phase change just before the model call, come microseconds apart; they are
-now held and written together when the thread next waits for something: before it sends
-a model request and before it blocks reading the provider's answer (the drivers call
-`before_wait`), or when the run's next event may not wait. So an event is never held while
-its thread waits, and the stream's keeper writes anything still held after at most its
-poll interval.
+in a chunk and a socket write of its own (35-39 µs of CPU timed around each write in the
+daemon; on loopback a send also does the receiver's TCP work). The deltas parsed from one
+read of the provider's stream, or a phase change just before the model call, come
+microseconds apart; they are now held and written together when the thread next waits for
+something: before it sends a model request and before it blocks reading the provider's
+answer (the drivers call `before_wait`), or when the run's next event may not wait. So an
+event is never held while its thread waits, and the stream's keeper writes anything still
+held after at most its poll interval.
 
 Only the thread that held a write runs it here; `hold` and `before_wait` touch nothing
 shared.

@@ -218,7 +218,7 @@ class _OneWrite:
     """Mixin for urllib3 connections: a request's head and body leave in one socket write.
 
     urllib3 sends the head, then the body, with a `send` each: two TCP segments, and on
-    loopback each send also pays the receiving side's work, ~20 µs of CPU. Requests up to
+    loopback each send also does the receiving side's TCP work. Requests up to
     `GATHER_BYTES` are sent whole by the last step of `request`; larger bodies go out as
     urllib3 sends them (the head and what came before in one write)."""
 
