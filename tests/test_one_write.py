@@ -205,3 +205,23 @@ def test_an_answer_without_last_bytes_ends_as_waitress_ends_it() -> None:
     t.write(b"x")
     t.finish()
     assert channel.writes[1:] == [b"0\r\n\r\n"]
+
+
+def test_last_bytes_given_in_parts_leave_whole() -> None:
+    t, channel = task()
+    t.write(b"x")
+    t.write_last(b"ab")
+    t.write_last(b"cd")
+    t.finish()
+    assert channel.writes[1:] == [b"4\r\nabcd\r\n0\r\n\r\n"]
+
+
+def test_the_task_offers_its_write_and_write_last_to_the_app() -> None:
+    from agentd.api.ws_transport import DIRECT_WRITE_KEY, LAST_WRITE_KEY
+
+    t, channel = task()
+    channel.server.server_name, channel.server.effective_port = "localhost", 8080  # type: ignore[attr-defined]
+    channel.check_client_disconnected = lambda: False  # type: ignore[attr-defined]
+    channel.socket = None  # type: ignore[attr-defined]
+    environ = t.get_environment()
+    assert environ[DIRECT_WRITE_KEY] == t.write and environ[LAST_WRITE_KEY] == t.write_last
