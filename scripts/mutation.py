@@ -208,7 +208,7 @@ TESTS: dict[str, list[str]] = {
                                           "tests/test_held_writes.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
-       for name in ("transport", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
+       for name in ("transport", "reading", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
 }
 DEFAULT_MODULES = list(TESTS)
 # With --baseline: the old suite's tests of each module (the files above did not exist yet).

@@ -17,6 +17,7 @@ import pytest
 import requests
 from urllib3 import HTTPResponse
 
+from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import CallGuard
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
@@ -129,14 +130,14 @@ def test_read_body_maps_urllib3_errors_as_requests_does() -> None:
     url = _one_answer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{\"t\": 1")
     response = transport.send_json(url, {}, {"x": 1}, timeout=(5, 5))
     with pytest.raises(requests.exceptions.ChunkedEncodingError) as caught:
-        transport.read_body(response)
+        reading.read_body(response)
     guard = CallGuard(time.monotonic() + 5, None, threading.Event())
     guard.received = True
     assert transport.network_error(EP, "m1", caught.value, guard).message == (
         "acme model m1: the connection broke while reading the answer: ChunkedEncodingError")
     broken = answer(200, raw=b"not gzip at all", **{"Content-Encoding": "gzip"})
     with pytest.raises(requests.exceptions.ContentDecodingError):
-        transport.read_body(broken)
+        reading.read_body(broken)
 
 
 def test_truncated_message() -> None:
@@ -180,7 +181,7 @@ def events(pieces: list[bytes]) -> list[tuple[str, str]]:
     r = requests.Response()
     r.raw = _Raw(pieces)
     guard = CallGuard(time.monotonic() + 5, None, threading.Event())
-    return [(e.event, e.data) for e in transport.iter_sse(r, guard)]
+    return [(e.event, e.data) for e in reading.iter_sse(r, guard)]
 
 
 def test_sse_parsing_edge_cases() -> None:
@@ -201,10 +202,10 @@ def test_sse_reader_stops_when_the_guard_trips() -> None:
     r = requests.Response()
     r.raw = _Raw([b"data: a\n\n", b"data: b\n\n"])
     guard = CallGuard(time.monotonic() + 5, None, threading.Event())
-    reader = transport.iter_sse(r, guard)
+    reader = reading.iter_sse(r, guard)
     assert next(reader).data == "a"
     guard.reason = "cancelled"
-    with pytest.raises(transport.Interrupted, match="cancelled"):
+    with pytest.raises(reading.Interrupted, match="cancelled"):
         next(reader)
 
 
@@ -256,7 +257,7 @@ def test_guard_reasons_win_over_the_exception() -> None:
 
 def test_post_refuses_when_no_time_is_left() -> None:
     spent = CallGuard(time.monotonic() - 0.01, None, threading.Event())
-    with pytest.raises(transport.Interrupted, match="timeout"):
+    with pytest.raises(reading.Interrupted, match="timeout"):
         transport.post(EP, "m1", "http://127.0.0.1:9/x", {}, {}, spent)
 
 
@@ -284,7 +285,7 @@ def test_sse_bodies_are_decompressed() -> None:
     with upstream(answer(body, "text/event-stream", Content_Encoding="gzip")) as base:
         g = CallGuard(time.monotonic() + 5, None, threading.Event())
         response = transport.post(EP, "m1", f"{base}/chat", {}, {"stream": True}, g)
-        assert [(e.event, e.data) for e in transport.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
+        assert [(e.event, e.data) for e in reading.iter_sse(response, g)] == [("", '{"n": 1}'), ("", "[DONE]")], \
             "BUG: a gzip-encoded stream is not decompressed"
 
 

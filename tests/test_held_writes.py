@@ -16,6 +16,7 @@ import pytest
 from agentd import held_writes
 from agentd.agents.events import Event
 from agentd.api.streaming import StreamShape, WrittenStream
+from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import CallGuard
 from support import Daemon
@@ -195,7 +196,7 @@ def test_a_body_read_writes_what_is_held_only_when_it_would_wait() -> None:
         flushed_after.append(len(reads))
         server.go.set()
 
-    for data in transport.read_chunks(response, guard):
+    for data in reading.read_chunks(response, guard):
         reads.append(data)
         held_writes.hold(flush)  # this read's events, held
     assert b"".join(reads) == b"data: a\n\ndata: b\n\ndata: c\n\n"
@@ -210,7 +211,7 @@ def test_a_body_read_writes_what_is_held_only_when_it_would_wait() -> None:
 def test_readable_now_is_false_without_a_buffered_plain_socket() -> None:
     server = OneAnswer(HEAD)
     response = transport.send_json(server.url, {}, {}, timeout=(WAIT, WAIT))
-    assert transport.readable_now(response) is False  # the head came, no byte of the body
+    assert reading.readable_now(response) is False  # the head came, no byte of the body
     server.go.set()
     response.close()
 
@@ -256,7 +257,7 @@ def test_a_streamed_message_is_written_in_a_chunk_per_wait(agent_daemon: Daemon)
 def test_readable_now_with_a_length_delimited_body() -> None:
     server = OneAnswer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
     response = transport.send_json(server.url, {}, {}, timeout=(WAIT, WAIT))
-    assert transport.readable_now(response) is True
+    assert reading.readable_now(response) is True
     assert response.raw.read1(64) == b"{}"
     server.go.set()
     response.close()

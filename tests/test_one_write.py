@@ -17,6 +17,7 @@ from waitress.adjustments import Adjustments
 from waitress.parser import HTTPRequestParser
 
 from agentd.api.ws_transport import WebSocketTask
+from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import _TrackedHTTPConnection
 
@@ -173,7 +174,7 @@ def test_a_real_exchange_through_the_drivers_transport() -> None:
     threading.Thread(target=serve, daemon=True).start()
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/chat/completions"
     response = transport.send_json(url, {"Authorization": "Bearer k"}, {"model": "m"}, timeout=(5, 5))
-    assert response.status_code == 200 and transport.read_body(response) == b"{}"
+    assert response.status_code == 200 and reading.read_body(response) == b"{}"
     head, _, body = got[0].partition(b"\r\n\r\n")
     assert b"Authorization: Bearer k" in head and b"Content-Length: 14" in head
     assert body == b'{"model": "m"}'

@@ -1,4 +1,4 @@
-"""A finished stream hands its connection back to the pool (transport.release_stream).
+"""A finished stream hands its connection back to the pool (reading.release_stream).
 
 A raw HTTP/1.1 server on 127.0.0.1 answers streamed chat completions with a chunked SSE body
 and counts the TCP connections it accepts. When the body's end follows the end marker at once,
@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from agentd.llm import drivers
+from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.types import ChatRequest, Message, ProviderEndpoint
 
@@ -141,8 +142,8 @@ def test_release_stream_answers_whether_the_connection_went_back(fresh_pool) -> 
             seen = b""
             while not seen.endswith(b"data: [DONE]\n\n"):
                 seen += response.raw.read1(1, decode_content=True)
-            assert transport.release_stream(response) is released, after
+            assert reading.release_stream(response) is released, after
             response.close()
         finally:
             server.close()
-    assert transport.DRAIN_BYTES < 96 * 1024 and transport.DRAIN_SECS < 2.0
+    assert reading.DRAIN_BYTES < 96 * 1024 and reading.DRAIN_SECS < 2.0

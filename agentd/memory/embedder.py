@@ -258,7 +258,8 @@ def _attempt(endpoint: "ProviderEndpoint", model: str, url: str, headers: dict[s
     import requests
 
     from agentd.llm.drivers.guard import CallGuard, guarded
-    from agentd.llm.drivers.transport import Interrupted, guard_error, network_error, post, read_json
+    from agentd.llm.drivers.reading import Interrupted
+    from agentd.llm.drivers.transport import guard_error, network_error, post, read_json
 
     guard = CallGuard(deadline, None, threading.Event())
     try:

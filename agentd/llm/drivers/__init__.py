@@ -23,8 +23,8 @@ import requests
 from agentd.llm.drivers import anthropic, gemini, openai_compat
 from agentd.llm.drivers.assemble import Assembler
 from agentd.llm.drivers.guard import CallGuard, guarded
-from agentd.llm.drivers.transport import (Interrupted, guard_error, network_error, post, read_json,
-                                         release_stream)
+from agentd.llm.drivers.reading import Interrupted, release_stream
+from agentd.llm.drivers.transport import guard_error, network_error, post, read_json
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
 
 FORMATS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic, "gemini": gemini}

@@ -8,7 +8,8 @@ import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
 from agentd.llm.drivers.guard import CallGuard
-from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
+from agentd.llm.drivers.reading import iter_sse
+from agentd.llm.drivers.transport import bad_response, truncated, merge_turns, parse_event_json, usage_from
 from agentd.llm.params import json_instruction, log_dropped
 from agentd.llm.types import ChatRequest, ChatResponse, Message, ProviderEndpoint, ToolCall, Usage
 

@@ -8,7 +8,8 @@ import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener, new_call_id
 from agentd.llm.drivers.guard import CallGuard
-from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, merge_turns, parse_event_json, usage_from
+from agentd.llm.drivers.reading import iter_sse
+from agentd.llm.drivers.transport import bad_response, truncated, merge_turns, parse_event_json, usage_from
 from agentd.llm.params import json_schema_of, log_dropped, wants_json
 from agentd.llm.types import ChatRequest, ChatResponse, GenerationParams, Message, ProviderEndpoint, ToolCall, Usage
 

@@ -9,7 +9,8 @@ import requests
 
 from agentd.llm.drivers.assemble import Assembler, Listener
 from agentd.llm.drivers.guard import CallGuard
-from agentd.llm.drivers.transport import bad_response, truncated, iter_sse, parse_arguments, parse_event_json, usage_from
+from agentd.llm.drivers.reading import iter_sse
+from agentd.llm.drivers.transport import bad_response, truncated, parse_arguments, parse_event_json, usage_from
 from agentd.llm.types import ChatRequest, ChatResponse, GenerationParams, Message, ProviderEndpoint, ToolCall, Usage
 
 # Every OpenAI-style parameter goes through as it came; compatible servers ignore or refuse what they lack.

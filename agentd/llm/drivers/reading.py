@@ -1,0 +1,163 @@
+"""Reading a provider's answer: a whole body in one read, a stream as its bytes arrive
+(asking first whether a read would wait), its SSE events, and the rest of a finished stream
+so its connection goes back to the pool."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import requests
+from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSLError
+
+from agentd.held_writes import before_wait
+from agentd.llm.drivers.guard import CallGuard
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One Server-Sent Event: its `event:` name (may be empty) and joined `data:` lines."""
+
+    event: str
+    data: str
+
+
+class Interrupted(Exception):
+    """The guard shut the connection down; the attempt fails with the guard's reason."""
+
+
+READ_SIZE = 64 * 1024
+
+
+def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes]:
+    """The body as bytes arrive, whatever the framing.
+
+    `read1` returns whatever is available: a close-delimited body (no Content-Length, no
+    chunked encoding) is not held back until a buffer fills, as `iter_content` would.
+    """
+    raw = response.raw
+    guard.streaming()
+    while True:
+        if not readable_now(response):
+            before_wait()  # this read may wait: what the earlier reads' events wrote goes out
+        data = raw.read1(READ_SIZE, decode_content=True)
+        if guard.reason is not None:
+            raise Interrupted(guard.reason)
+        if not data:
+            return
+        guard.got_bytes()
+        yield data
+
+
+def readable_now(response: requests.Response) -> bool:
+    """Whether the next read of the body returns without waiting: what it needs is buffered
+    already, or has arrived on the socket. False when unsure (a TLS socket is not asked).
+
+    `read1` hands over one HTTP chunk at a time, and a provider streaming fast sends an SSE
+    event per chunk: asking first lets the events of everything that has arrived leave in
+    one write (agentd/held_writes.py) while a read that would wait still writes them first."""
+    body = getattr(response.raw, "_fp", None)  # http.client's response
+    fp = getattr(body, "fp", None)  # ... and its buffered socket file
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
+        return False
+    timeout = sock.gettimeout()
+    try:
+        # A peek returns what is buffered; with nothing buffered it reads once, and on a
+        # socket with no wait allowed that read finds nothing rather than blocking.
+        sock.settimeout(0)
+        ahead = fp.peek(1)
+    except Exception:  # noqa: BLE001 - the read itself will report it
+        return False
+    finally:
+        sock.settimeout(timeout)
+    if not getattr(body, "chunked", False) or body.chunk_left:
+        return bool(ahead)
+    # Between two chunks the read needs whole lines: the end of the last chunk (none before
+    # the first) and the next one's size.
+    return ahead.count(b"\n") >= (1 if body.chunk_left is None else 2)
+
+
+# How long a finished stream's body may take to end, and how much of it may still come,
+# before its connection is closed instead of going back to the pool (see release_stream).
+DRAIN_SECS = 0.05
+DRAIN_BYTES = 64 * 1024
+
+
+def release_stream(response: requests.Response) -> bool:
+    """After a stream's last event: read the rest of the body when it is there at once, so
+    urllib3 hands the connection back to the pool; True when the body ended.
+
+    The end marker (`[DONE]`, `message_stop`) arrives just before the body's own end (the
+    chunked terminator, or the server closing); closing the response with that unread throws
+    the connection away, and the next call pays a new TCP and TLS handshake. A server that
+    keeps the body open or keeps sending is cut off after DRAIN_SECS or DRAIN_BYTES (the
+    connection is then closed, as before)."""
+    raw = response.raw
+    sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    if sock is None:
+        return False
+    left = DRAIN_BYTES
+    try:
+        sock.settimeout(DRAIN_SECS)  # (urllib3 sets its own again when it reuses the connection)
+        while left > 0:
+            if not readable_now(response):
+                before_wait()
+            data = raw.read1(READ_SIZE, decode_content=True)
+            if not data:
+                return True  # the body ended: urllib3 has put the connection back
+            left -= len(data)
+    except Exception:  # noqa: BLE001 - a timeout or a reset: the caller closes the connection
+        return False
+    return False
+
+
+def iter_sse(response: requests.Response, guard: CallGuard) -> Iterator[SseEvent]:
+    """Parse an SSE body as it arrives; tolerates `\\n` and `\\r\\n` line endings."""
+    buffer = b""
+    event, data = "", []
+    for chunk in read_chunks(response, guard):
+        buffer += chunk
+        while True:
+            nl = buffer.find(b"\n")
+            if nl < 0:
+                break
+            line = buffer[:nl].rstrip(b"\r").decode("utf-8", errors="replace")
+            buffer = buffer[nl + 1:]
+            if not line:
+                if data:
+                    yield SseEvent(event, "\n".join(data))
+                event, data = "", []
+            elif line.startswith(":"):
+                continue  # comment / keep-alive
+            else:
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "data":
+                    data.append(value)
+                elif name == "event":
+                    event = value
+    tail = buffer.rstrip(b"\r\n").decode("utf-8", errors="replace")
+    if tail.startswith("data:"):
+        data.append(tail[5:].lstrip(" "))
+    if data:
+        yield SseEvent(event, "\n".join(data))
+
+
+def read_body(response: requests.Response) -> bytes:
+    """A whole (non-streamed) body in one read, with the errors `response.content` raises.
+
+    `content` reads a streamed response through `iter_content`'s generator in 10 KB steps
+    and `json()` then decodes it to text: about a twentieth of a model call's CPU."""
+    try:
+        return response.raw.read(decode_content=True)
+    except ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from None
+    except DecodeError as exc:
+        raise requests.exceptions.ContentDecodingError(exc) from None
+    except ReadTimeoutError as exc:
+        raise requests.ConnectionError(exc) from None
+    except SSLError as exc:
+        raise requests.exceptions.SSLError(exc) from None
