@@ -46,6 +46,8 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import waitress
@@ -264,10 +266,16 @@ class WebSocketTask(WSGITask):
         # waitress sends the header block and the first body bytes apart (each of its
         # `write_soon`s sends at once, `send_bytes` being 1): two socket writes for every
         # answer, each a send (on loopback also the receiver's TCP work). Here they leave in one.
+        with self._one_write():
+            super().write(data)
+
+    @contextmanager
+    def _one_write(self) -> Iterator[None]:
+        """What waitress writes meanwhile goes to the channel in one `write_soon`."""
         channel, gathered = self.channel, _Gathered(self.channel)
         self.channel = gathered  # type: ignore[assignment]
         try:
-            super().write(data)
+            yield
         finally:
             self.channel = channel
         if gathered.parts:
@@ -284,16 +292,10 @@ class WebSocketTask(WSGITask):
         if self._ws_stream is not None:
             return
         last, self._last = self._last, b""
-        channel, gathered = self.channel, _Gathered(self.channel)
-        self.channel = gathered  # type: ignore[assignment]
-        try:
+        with self._one_write():
             if last:
                 self.write(last)
             super().finish()
-        finally:
-            self.channel = channel
-        if gathered.parts:
-            channel.write_soon(b"".join(gathered.parts))
 
 
 class WebSocketChannel(LoopFlushChannel):
