@@ -15,6 +15,7 @@ import time
 
 import pytest
 import requests
+import urllib3.exceptions
 from urllib3 import HTTPResponse
 
 from agentd.llm.drivers import reading
@@ -136,8 +137,11 @@ def test_read_body_maps_urllib3_errors_as_requests_does() -> None:
     assert transport.network_error(EP, "m1", caught.value, guard).message == (
         "acme model m1: the connection broke while reading the answer: ChunkedEncodingError")
     broken = answer(200, raw=b"not gzip at all", **{"Content-Encoding": "gzip"})
-    with pytest.raises(requests.exceptions.ContentDecodingError):
+    with pytest.raises(requests.exceptions.ContentDecodingError) as decoding:
         reading.read_body(broken)
+    # requests' own exceptions, each wrapping urllib3's (as `response.content` raises them).
+    assert isinstance(caught.value.args[0], urllib3.exceptions.ProtocolError)
+    assert isinstance(decoding.value.args[0], urllib3.exceptions.DecodeError)
 
 
 def test_truncated_message() -> None:
