@@ -67,6 +67,8 @@ class AgentHandle:
     # (SessionStore._history): a stored message is turned into a `Message` once, not on
     # every run that sends it again.
     llm_tail: dict[int, tuple[dict[str, Any], Any]] = field(default_factory=dict)
+    # The session whose `sessions` row this process's message writes have made sure of.
+    session_row: str = ""
     # The agent's workspace directory, once a run has needed it (names never change).
     workspace: Path | None = None
     # Requests waiting for this agent: they hold no run-pool worker while they wait.

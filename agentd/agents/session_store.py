@@ -110,10 +110,10 @@ class SessionStore:
                       image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
                       also: Callable[[Tx], None] | None = None) -> None:
         """End of a run: its usage rows, the new messages, the agent's last_active, one
-        transaction (`also(tx)` adds more writes to it: the run record's close).
+        write (`also(tx)` adds more statements to it: the run record's close).
 
-        Plain statements through the store's writer: this runs once per message (see
-        agentd/store/writer.py for why it has a connection of its own)."""
+        Plain statements through the store's writer, journaled and applied in batches on a
+        lone SQLite daemon (agentd/store/deferred.py): this runs once per message."""
         if handle.killed:
             self._flush_usage(usage)
             return
@@ -124,23 +124,32 @@ class SessionStore:
         bodies = [_encode(m) for m in added]
         rows = list(usage) if usage and self.write_usage is not None else []
 
+        ids = {"agent": handle.id, "session": handle.session_id, "now": now}
+        ensure_row = handle.session_row != handle.session_id
+
         def write(tx: Tx) -> bool:
+            # Nothing branches on row counts (the write may be journaled and applied later,
+            # agentd/store/deferred.py): for an agent killed meanwhile, each statement's own
+            # condition finds no row and adds nothing; its usage and run record stay.
             if rows:
                 self.write_usage(tx, rows)
-            ids = {"agent": handle.id, "session": handle.session_id, "now": now}
-            if tx.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids) == 0:
-                return False  # the agent was killed meanwhile
-            if bodies and not self._append(tx, handle.session_id, bodies):
-                tx.execute("INSERT INTO sessions (id, agent, created_at) VALUES ($session, $agent, $now)", ids)
+            found = tx.execute("UPDATE agents SET last_active = $now WHERE id = $agent", ids) > 0
+            if bodies and ensure_row:
+                tx.execute("INSERT INTO sessions (id, agent, created_at) SELECT $session, $agent, $now "
+                           "WHERE EXISTS (SELECT 1 FROM agents WHERE id = $agent) ON CONFLICT (id) DO NOTHING",
+                           ids)
+            if bodies:
                 self._append(tx, handle.session_id, bodies)
             if also is not None:
                 also(tx)
-            return True
+            return found  # (a journaled write says True)
 
-        saved = self.store.write(write)
+        found = self.store.write_later(write)
         if rows:
             usage.clear()
-        if not saved:
+        if bodies and ensure_row:
+            handle.session_row = handle.session_id
+        if handle.killed or not found:  # (another daemon killed it)
             return
         if handle.session_tail is not None:
             handle.session_tail = (handle.session_tail + added)[-handle.manifest.history_messages:]
