@@ -25,7 +25,7 @@ from pony import orm
 
 from agentd.store import open_store
 from agentd.store import deferred
-from agentd.store.deferred import (APPLIED_KEY, Journal, JournalBusy, RecordingTx, decode, encode)
+from agentd.store.deferred import (APPLIED_KEY, Encoder, Journal, JournalBusy, RecordingTx, decode, encode)
 
 INSERT = "INSERT INTO settings (key, value) VALUES ($k, $v)"
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,16 +70,32 @@ def test_records_round_trip_and_a_torn_or_damaged_record_ends_the_journal() -> N
     assert decode(b"") == []
 
 
-def test_a_recording_tx_keeps_statements_with_sqlites_text_for_datetimes() -> None:
+def test_a_recording_tx_keeps_statements_and_datetimes_are_journaled_as_sqlite_stores_them() -> None:
     tx = RecordingTx()
     when = datetime(2026, 11, 27, 8, 5, 3, 120)
-    assert tx.execute("UPDATE t SET at = $at WHERE id = $id", {"at": when, "id": "a"}) == 1
+    params = {"at": when, "id": "a"}
+    assert tx.execute("UPDATE t SET at = $at WHERE id = $id", params) == 1
     assert tx.execute("X", {"at": datetime(2026, 1, 2)}) == 1
-    assert tx.statements == [("UPDATE t SET at = $at WHERE id = $id", {"at": "2026-11-27 08:05:03.000120", "id": "a"}),
-                             ("X", {"at": "2026-01-02 00:00:00"})]
-    # The same text sqlite3 stores for a datetime parameter.
+    assert tx.statements[0][1] is params
+    assert decode(encode(7, tx.statements)) == [(7, [("UPDATE t SET at = $at WHERE id = $id",
+                                                      {"at": "2026-11-27 08:05:03.000120", "id": "a"}),
+                                                     ("X", {"at": "2026-01-02 00:00:00"})])]
+    # The same text sqlite3 stores for a datetime parameter (as a batch from memory does).
     conn = sqlite3.connect(":memory:")
     assert conn.execute("SELECT ?", (when,)).fetchone()[0] == "2026-11-27 08:05:03.000120"
+    with pytest.raises(TypeError, match="a journaled parameter cannot be bytes"):
+        encode(1, [("X", {"b": b"raw"})])
+
+
+def test_a_files_records_name_each_statement_by_number_after_its_first_use() -> None:
+    enc = Encoder()
+    one = enc.encode(1, [("A", {"x": 1}), ("B", {})])
+    two = enc.encode(2, [("B", {"y": 2}), ("A", {}), ("C", {})])
+    assert json.loads(two[8:]) == [2, [[2, "C"]], [[1, {"y": 2}], [0, {}], [2, {}]]]
+    assert decode(one + two) == [(1, [("A", {"x": 1}), ("B", {})]), (2, [("B", {"y": 2}), ("A", {}), ("C", {})])]
+    assert decode(two) == []  # (a record naming SQL the file never gave ends it)
+    enc.reset()
+    assert decode(enc.encode(3, [("B", {})])) == [(3, [("B", {})])]
 
 
 def test_a_journaled_write_is_in_the_journal_not_yet_the_database_and_every_read_sees_it(store) -> None:

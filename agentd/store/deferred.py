@@ -62,35 +62,73 @@ class JournalBusy(Exception):
 
 class RecordingTx:
     """A `Tx` that keeps its statements for later. Every statement "changes one row": work
-    written for it must not branch on row counts (let the SQL's own conditions decide)."""
+    written for it must not branch on row counts (let the SQL's own conditions decide).
+    The parameters are kept as given, so they must not change afterwards."""
 
     def __init__(self) -> None:
         self.statements: list[Statement] = []
 
     def execute(self, sql: str, params: dict[str, Any]) -> int:
-        # sqlite3's own adapter for datetimes is `isoformat(" ")`: the same text either way.
-        self.statements.append((sql, {k: v.isoformat(" ") if isinstance(v, datetime) else v
-                                      for k, v in params.items()}))
+        self.statements.append((sql, params))
         return 1
 
 
+def _text(value: Any) -> str:
+    # sqlite3's own adapter for a datetime parameter is `isoformat(" ")`: applied from the
+    # journal or from memory, the column gets the same text.
+    if isinstance(value, datetime):
+        return value.isoformat(" ")
+    raise TypeError(f"a journaled parameter cannot be {type(value).__name__}")
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_text)
+
+
+class Encoder:
+    """Journal records of one file: a statement's SQL is written with the first record that
+    uses it, later ones name it by number (`reset()` when the file starts again)."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.numbers = {}
+
+    def encode(self, seq: int, statements: list[Statement]) -> bytes:
+        """One record: its length and checksum, then `[seq, new SQL, statements]` as JSON."""
+        numbers = self.numbers
+        new = []
+        named = []
+        for sql, params in statements:
+            n = numbers.get(sql)
+            if n is None:
+                n = numbers[sql] = len(numbers)
+                new.append((n, sql))
+            named.append((n, params))
+        payload = _ENCODER.encode([seq, new, named]).encode("utf-8")
+        return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
 def encode(seq: int, statements: list[Statement]) -> bytes:
-    """One journal record: its length and checksum, then `[seq, statements]` as JSON."""
-    payload = json.dumps([seq, statements], separators=(",", ":")).encode("utf-8")
-    return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+    """A record that is the first of its file."""
+    return Encoder().encode(seq, statements)
 
 
 def decode(data: bytes) -> list[tuple[int, list[Statement]]]:
     """The whole records at the start of `data`, in order; a short or damaged one ends them."""
     out = []
+    known: dict[int, str] = {}
     at = 0
     while at + _HEAD.size <= len(data):
         size, crc = _HEAD.unpack_from(data, at)
         payload = data[at + _HEAD.size:at + _HEAD.size + size]
         if len(payload) < size or zlib.crc32(payload) != crc:
             break
-        seq, statements = json.loads(payload)
-        out.append((int(seq), [(sql, params) for sql, params in statements]))
+        seq, new, named = json.loads(payload)
+        known.update((n, sql) for n, sql in new)
+        if any(n not in known for n, _ in named):
+            break
+        out.append((int(seq), [(known[n], params) for n, params in named]))
         at += _HEAD.size + size
     return out
 
@@ -232,7 +270,8 @@ class DeferredWrites:
         self.interval = interval
         self.batches = 0  # transactions that applied records (read by tests)
         self._seq = applied
-        self._pending: list[tuple[int, list[Statement], bytes]] = []
+        self._encoder = Encoder()  # (of the journal file as it is now)
+        self._pending: list[tuple[int, list[Statement]]] = []
         self._lock = threading.Lock()  # the pending list and the file, in sequence order
         self._applying = threading.Lock()  # one batch at a time
         self._wake = threading.Event()
@@ -255,11 +294,10 @@ class DeferredWrites:
             if self._closed:
                 raise sqlite3.ProgrammingError("the store is closed")
             seq = self._seq + 1
-            frame = encode(seq, tx.statements)
-            self.journal.append(frame)  # raises before anything is counted pending
+            self.journal.append(self._encoder.encode(seq, tx.statements))  # (raises before it counts)
             self._seq = seq
             first = not self._pending
-            self._pending.append((seq, tx.statements, frame))
+            self._pending.append((seq, tx.statements))
         if first:
             self._wake.set()
         return result
@@ -272,7 +310,7 @@ class DeferredWrites:
     def apply(self) -> None:
         with self._applying:
             with self._lock:
-                batch = [(seq, statements) for seq, statements, _ in self._pending]
+                batch = list(self._pending)
             if not batch:
                 return
             _apply_each(self.writer, batch)
@@ -281,8 +319,11 @@ class DeferredWrites:
                 del self._pending[:len(batch)]
                 if not self._pending:
                     self.journal.clear()
+                    self._encoder.reset()
                 elif self.journal.size() > REWRITE_BYTES:
-                    self.journal.rewrite([frame for _, _, frame in self._pending])
+                    encoder = Encoder()
+                    self.journal.rewrite([encoder.encode(seq, statements) for seq, statements in self._pending])
+                    self._encoder = encoder
                 more = bool(self._pending)
             if more:
                 self._wake.set()
@@ -311,4 +352,5 @@ class DeferredWrites:
         finally:
             if not self._pending:
                 self.journal.clear()
+                self._encoder.reset()
             self.journal.close()
