@@ -8,7 +8,7 @@ two syscalls each, and the per-statement work of a cold cache. Removing those wr
 outright (a throwaway tree) took the benchmark from 0.65x to 0.76x the bare proxy at one
 connection. Here the request thread writes the message's statements to the journal, one
 `write(2)`, and the answer goes out; a thread of its own applies what has gathered every
-`interval` (20 ms) in one transaction on the run writer's connection, where consecutive
+`interval` (50 ms) in one transaction on the run writer's connection, where consecutive
 messages share the commit and the pages they append to.
 
 What "written" means does not change. SQLite's WAL with `synchronous = NORMAL` (the
@@ -46,7 +46,7 @@ log = logging.getLogger("agentd.store")
 
 T = TypeVar("T")
 
-INTERVAL = 0.02  # seconds a record may wait for the batch it is applied in
+INTERVAL = 0.05  # seconds a record may wait for the batch it is applied in
 REWRITE_BYTES = 1 << 20  # a journal never empty when a batch ends is rewritten past this size
 APPLIED_KEY = "run_journal_applied"  # settings key: the highest sequence number applied
 _HEAD = struct.Struct(">II")  # payload length, CRC-32 of the payload
