@@ -81,7 +81,7 @@ def _text(value: Any) -> str:
     raise TypeError(f"a journaled parameter cannot be {type(value).__name__}")
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_text)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, default=_text)
 
 
 class Encoder:
