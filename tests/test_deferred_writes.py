@@ -150,14 +150,19 @@ def test_same_shaped_records_run_statement_by_statement_keeping_each_tables_orde
         return lambda tx: (tx.execute("INSERT INTO a (v) VALUES ($v)", {"v": f"a{n}"}),
                            tx.execute("INSERT INTO b (v) VALUES ($v)", {"v": f"b{n}"}))
 
-    for n in range(3):
+    for n in range(2):
         store.write_later(two(n))
     store.write_later(lambda tx: tx.execute("INSERT INTO b (v) VALUES ($v)", {"v": "lone"}))
-    store.write_later(two(3))
+    for n in range(2, 5):
+        store.write_later(two(n))
     store.settle()
-    assert _outside(store.path, "SELECT v FROM a ORDER BY id", ()) == [("a0",), ("a1",), ("a2",), ("a3",)]
-    assert _outside(store.path, "SELECT v FROM b ORDER BY id", ()) == [("b0",), ("b1",), ("b2",), ("lone",), ("b3",)]
+    assert _outside(store.path, "SELECT v FROM a ORDER BY id", ()) == [(f"a{n}",) for n in range(5)]
+    assert _outside(store.path, "SELECT v FROM b ORDER BY id", ()) == [
+        ("b0",), ("b1",), ("lone",), ("b2",), ("b3",), ("b4",)]
     assert store._later.batches == 1
+    store.write_later(two(5))
+    store.settle()
+    assert store._later.batches == 2
 
 
 def test_a_record_the_database_refuses_is_dropped_and_logged_the_others_applied(store, caplog) -> None:
@@ -173,6 +178,10 @@ def test_a_record_the_database_refuses_is_dropped_and_logged_the_others_applied(
         "UNIQUE constraint failed: settings.key"]
     assert store.get_setting(APPLIED_KEY) == {"seq": 3}
     assert store._later.pending == 0
+    store.write_later(_put("taken", '"once more"'))  # refused, and the last of its batch
+    with caplog.at_level(logging.ERROR, logger="agentd.store"):
+        store.settle()
+    assert store.get_setting(APPLIED_KEY) == {"seq": 4}  # not applied again at the next start
 
 
 def test_a_failure_other_than_a_refusal_keeps_the_records_pending(store) -> None:
@@ -212,13 +221,16 @@ def _killed_writer(db: Path, n: int) -> None:
     assert out.returncode == -9 and out.stdout == "journaled\n", out.stderr
 
 
-def test_writes_of_a_killed_process_are_applied_once_by_the_next_open(tmp_path) -> None:
+def test_writes_of_a_killed_process_are_applied_once_by_the_next_open(tmp_path, caplog) -> None:
     db = tmp_path / "agentd.db"
     open_store(db).close()
     _killed_writer(db, 3)
     assert _outside(db) == []
     assert len(decode((tmp_path / "agentd.db-messages").read_bytes())) == 3
-    s = open_store(db)
+    with caplog.at_level(logging.INFO, logger="agentd.store"):
+        s = open_store(db)
+    assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+        f"applying 3 message write(s) left in {tmp_path / 'agentd.db-messages'}"]
     try:
         assert _outside(db) == [("k0", 0), ("k1", 1), ("k2", 2)]
         assert (tmp_path / "agentd.db-messages").stat().st_size == 0
@@ -300,6 +312,83 @@ def test_a_long_pending_journal_is_rewritten_past_its_size_bound(store, monkeypa
     assert _outside(store.path) == [("a", 1), ("b", 2)]
     assert later.journal.read() == encode(3, [(INSERT, {"k": "c", "v": "3"})])  # rewritten to it alone
     assert later.pending == 1
+
+
+def test_the_batch_thread_is_named_and_never_holds_the_process_up(store) -> None:
+    thread = store._later._thread
+    assert thread.name == "agentd-run-writes" and thread.daemon and thread.is_alive()
+
+
+def _wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_lone_record_and_one_journaled_during_a_batch_are_applied_by_the_thread(tmp_path) -> None:
+    s = open_store(tmp_path / "agentd.db")
+    s.defer_writes(interval=0.01)
+    try:
+        s.write_later(_put("alone", "1"))
+        _wait_for(lambda: _outside(s.path) == [("alone", 1)], "the first record's batch")
+        s.write_later(_put("a", "2"))
+        with s._writer.held():  # the thread's batch takes "a", then waits for the writer
+            _wait_for(lambda: any(f.f_code.co_name == "run_own" for f in _frames(s._later._thread)),
+                      "the batch to wait for the writer")
+            s.write_later(_put("b", "3"))  # journaled meanwhile: nothing else comes after it
+        _wait_for(lambda: _outside(s.path) == [("alone", 1), ("a", 2), ("b", 3)], "the record left pending")
+        assert s._later.pending == 0
+    finally:
+        s.close()
+
+
+def test_a_failing_batch_is_logged_kept_and_retried_by_the_thread(tmp_path, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(deferred, "RETRY_SECS", 0.01)
+    s = open_store(tmp_path / "agentd.db")
+    s.defer_writes(interval=0.01)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentd.store"):
+            s.write_later(lambda tx: tx.execute("INSERT INTO later_table (v) VALUES ($v)", {"v": 1}))
+            _wait_for(lambda: caplog.records, "the warning")
+        assert caplog.records[0].getMessage() == (
+            "applying message writes failed (kept, retried in 0.01 s): no such table: later_table")
+        assert s._later.pending == 1
+        conn = sqlite3.connect(str(s.path))
+        conn.execute("CREATE TABLE later_table (v INTEGER)")
+        conn.commit()
+        conn.close()
+        _wait_for(lambda: s._later.pending == 0, "the retried batch")
+        assert _outside(s.path, "SELECT v FROM later_table", ()) == [(1,)]
+    finally:
+        s.close()
+
+
+def test_a_closed_batcher_refuses_and_a_stuck_record_stays_for_the_next_start(tmp_path, caplog) -> None:
+    s = open_store(tmp_path / "agentd.db")
+    s.defer_writes(interval=3600)
+    later = s._later
+    s.write_later(lambda tx: tx.execute("INSERT INTO not_yet (v) VALUES ($v)", {"v": 7}))
+    with caplog.at_level(logging.ERROR, logger="agentd.store"):
+        s.close()  # logs, does not raise: the record is kept
+    assert [r.getMessage() for r in caplog.records] == [
+        f"1 message write(s) could not be applied and stay in {tmp_path / 'agentd.db-messages'} "
+        "for the next start: no such table: not_yet"]
+    with pytest.raises(sqlite3.ProgrammingError, match="^the store is closed$"):
+        later.record(_put("x", "1"))
+    assert len(decode((tmp_path / "agentd.db-messages").read_bytes())) == 1
+    conn = sqlite3.connect(str(tmp_path / "agentd.db"))
+    conn.execute("CREATE TABLE not_yet (v INTEGER)")
+    conn.commit()
+    conn.close()
+    open_store(tmp_path / "agentd.db").close()
+    assert _outside(tmp_path / "agentd.db", "SELECT v FROM not_yet", ()) == [(7,)]
+
+
+def test_the_journal_is_the_users_alone_and_says_which_file_is_busy(store) -> None:
+    assert _journal(store).stat().st_mode & 0o777 == 0o600
+    with pytest.raises(JournalBusy, match=f"^{_journal(store)}$"):
+        Journal(_journal(store))
 
 
 def _frames(thread: threading.Thread):

@@ -47,6 +47,7 @@ log = logging.getLogger("agentd.store")
 T = TypeVar("T")
 
 INTERVAL = 0.05  # seconds a record may wait for the batch it is applied in
+RETRY_SECS = 1.0  # pause after a batch failed (the records stay pending)
 REWRITE_BYTES = 1 << 20  # a journal never empty when a batch ends is rewritten past this size
 APPLIED_KEY = "run_journal_applied"  # settings key: the highest sequence number applied
 _HEAD = struct.Struct(">II")  # payload length, CRC-32 of the payload
@@ -151,16 +152,7 @@ class Journal:
         return fd
 
     def read(self) -> bytes:
-        size = os.fstat(self.fd).st_size
-        chunks = []
-        at = 0
-        while at < size:
-            chunk = os.pread(self.fd, size - at, at)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            at += len(chunk)
-        return b"".join(chunks)
+        return os.pread(self.fd, os.fstat(self.fd).st_size, 0)  # (a regular file: all of it)
 
     def append(self, data: bytes) -> None:
         view = memoryview(data)
@@ -336,12 +328,15 @@ class DeferredWrites:
             self._wake.clear()
             try:
                 self.apply()
-            except Exception as exc:  # noqa: BLE001 - kept pending; the next batch retries
-                log.warning("applying message writes failed (kept, retried): %s", exc)
+            except Exception as exc:  # noqa: BLE001 - kept pending; retried after a pause
+                log.warning("applying message writes failed (kept, retried in %g s): %s", RETRY_SECS, exc)
+                if self._stop.wait(RETRY_SECS):
+                    return
                 self._wake.set()
 
     def close(self) -> None:
-        """Stop the thread, apply what is pending, release the journal."""
+        """Stop the thread, apply what is pending, release the journal. Records the database
+        refuses to take now stay in the journal for the next start."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=5)
@@ -349,8 +344,10 @@ class DeferredWrites:
             self._closed = True
         try:
             self.apply()
-        finally:
-            if not self._pending:
-                self.journal.clear()
-                self._encoder.reset()
-            self.journal.close()
+        except Exception as exc:  # noqa: BLE001 - kept in the journal, applied at the next start
+            log.error("%d message write(s) could not be applied and stay in %s for the next start: %s",
+                      len(self._pending), self.journal.path, exc)
+        if not self._pending:
+            self.journal.clear()
+            self._encoder.reset()
+        self.journal.close()
