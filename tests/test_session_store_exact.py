@@ -418,6 +418,18 @@ def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
         assert env.store.e.AgentRow.get(id=h.id).last_active.replace(tzinfo=h.last_active.tzinfo) == h.last_active
 
 
+def test_the_session_row_is_made_sure_of_once_and_only_by_a_save_with_messages(env, mgr) -> None:
+    h = mgr.spawn(manifest("row-once"))
+    mgr._window(h)
+    mgr._save_session(h, [], [])  # nothing to append: the row is not looked at
+    assert h.session_row == ""
+    with orm.db_session:
+        env.store.e.SessionRow.get(id=h.session_id).delete()
+    mgr._save_session(h, [Message("user", "u")], [])  # recreates it, then remembers that
+    assert h.session_row == h.session_id
+    assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "u"}]
+
+
 def test_run_images_are_recorded_on_the_user_turn_only(env, mgr) -> None:
     h = mgr.spawn(manifest("img"))
     mgr._save_session(h, [], [{"file_id": "f"}])
