@@ -357,3 +357,75 @@ def test_the_pool_cache_is_bounded() -> None:
     for port in range(GuardedAdapter.POOL_CACHE_SIZE + 1):
         adapter.get_connection_with_tls_context(_prepared(f"http://127.0.0.1:{port + 1}/x"), True, {}, None)
         assert len(adapter.__dict__["_pools"]) <= GuardedAdapter.POOL_CACHE_SIZE
+
+
+def test_the_adapter_sends_each_urls_path_as_requests_would_parsing_it_once(monkeypatch) -> None:
+    adapter = GuardedAdapter()
+    parsed: list[str] = []
+    stock = requests.adapters.HTTPAdapter.request_url
+
+    def counted(self, request, proxies):
+        parsed.append(request.url)
+        return stock(self, request, proxies)
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "request_url", counted)
+    a = _prepared("http://127.0.0.1:9/v1/chat/completions?key=1#frag")
+    b = _prepared("http://127.0.0.1:9/v1beta/models/x:generateContent")
+    assert adapter.request_url(a, {}) == "/v1/chat/completions?key=1"
+    assert adapter.request_url(a, {}) == "/v1/chat/completions?key=1"
+    assert adapter.request_url(b, None) == "/v1beta/models/x:generateContent"
+    assert parsed == [a.url, b.url], "BUG: a URL's path is parsed again on every call"
+    # Through a plain-http proxy the whole URL is sent, every time, whatever was cached.
+    proxy = {"http": "http://127.0.0.1:3128"}
+    assert adapter.request_url(a, proxy) == "http://127.0.0.1:9/v1/chat/completions?key=1"
+    assert adapter.request_url(a, proxy) == "http://127.0.0.1:9/v1/chat/completions?key=1"
+    assert len(parsed) == 4
+    adapter.close()
+    assert adapter.request_url(a, {}) == "/v1/chat/completions?key=1" and len(parsed) == 5, \
+        "BUG: a closed adapter kept its parsed paths"
+    for port in range(GuardedAdapter.POOL_CACHE_SIZE + 1):
+        adapter.request_url(_prepared(f"http://127.0.0.1:{port + 1}/x"), {})
+        assert len(adapter.__dict__["_paths"]) <= GuardedAdapter.POOL_CACHE_SIZE
+    assert adapter.request_url(_prepared("http://127.0.0.1:1/x"), {}) == "/x"
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b"caf\xe9"
+        self.send_response(201, "Made")
+        self.send_header("Content-Type", "text/plain; charset=latin-1")
+        self.send_header("Content-Length", str(len(body)))
+        if self.path == "/cookie":
+            self.send_header("Set-Cookie", "session=abc; Path=/")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["/plain", "/cookie"])
+def test_the_adapter_builds_the_response_requests_builds(path: str) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+    try:
+        answers = []
+        for adapter in (GuardedAdapter(), requests.adapters.HTTPAdapter()):
+            prep = requests.PreparedRequest()
+            prep.prepare(method="GET", url=url)
+            response = adapter.send(prep, timeout=5)
+            answers.append(response)
+            assert response.connection is adapter and response.request is prep
+        mine, stock = answers
+        for name in ("status_code", "reason", "url", "encoding", "text", "content"):
+            assert getattr(mine, name) == getattr(stock, name), name
+        assert dict(mine.headers) == dict(stock.headers) and mine.headers["content-type"]
+        assert mine.cookies.get_dict() == stock.cookies.get_dict() == (
+            {"session": "abc"} if path == "/cookie" else {})
+        assert mine.raw.status == 201 and mine.encoding == "latin-1" and mine.text == "café"
+    finally:
+        server.shutdown()
+        server.server_close()
