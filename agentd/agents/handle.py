@@ -65,8 +65,8 @@ class AgentHandle:
     session_tail: list[dict[str, Any]] | None = None
     # The window's messages as the model gets them, by the stored dict each came from
     # (SessionStore._history): a stored message is turned into a `Message` once, not on
-    # every run that sends it again.
-    llm_tail: dict[int, tuple[dict[str, Any], Any]] = field(default_factory=dict)
+    # every run that sends it again. Entries: (the dict, its Message, has tool calls).
+    llm_tail: dict[int, tuple[dict[str, Any], Any, bool]] = field(default_factory=dict)
     # The session whose `sessions` row this process's message writes have made sure of.
     session_row: str = ""
     # The agent's workspace directory, once a run has needed it (names never change).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import threading
 from typing import Any, Callable, Iterable
 
@@ -16,6 +17,7 @@ from agentd.kernel_time import utcnow
 from agentd.llm.types import ChatRequest, LLMError, Message
 from agentd.store.writer import PonyTx, Tx
 
+_MESSAGE, _CALLS = operator.itemgetter(1), operator.itemgetter(2)  # of a `llm_tail` entry
 # One encoder for the stored messages (json.dumps with options builds a new one per call).
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 
@@ -85,19 +87,18 @@ class SessionStore:
     def _history(handle: AgentHandle, window: list[dict[str, Any]]) -> list[Message]:
         """The window as the model's messages; those of the previous run's window are reused
         (stored dicts are never changed in place, and nothing changes a `Message` it sends)."""
-        known = handle.llm_tail
-        kept: dict[int, tuple[dict[str, Any], Message]] = {}
-        out = []
-        calls = False
-        for m in window:
-            pair = known.get(id(m))  # (the pair keeps its dict alive: the id stays its own)
-            if pair is None:
-                pair = (m, to_llm(m))
-            kept[id(m)] = pair
-            out.append(pair[1])
-            calls = calls or bool(pair[1].tool_calls)
-        handle.llm_tail = kept
-        return clean_history(out) if calls else out  # (only a tool call can dangle)
+        # The loops are map() over C callables: this runs once per message, over the
+        # whole window, and only the newest messages are converted.
+        ids = list(map(id, window))
+        entries = list(map(handle.llm_tail.get, ids))
+        at = -1
+        while None in entries:  # (an entry keeps its dict alive: the id stays its own)
+            at = entries.index(None, at + 1)
+            message = to_llm(window[at])
+            entries[at] = (window[at], message, bool(message.tool_calls))
+        handle.llm_tail = dict(zip(ids, entries))
+        out = list(map(_MESSAGE, entries))
+        return clean_history(out) if any(map(_CALLS, entries)) else out
 
     def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""
