@@ -58,7 +58,7 @@ class StartGate:
         self._failure = ""
         self._ready = threading.Event()
         # Headers the app adds to every answer beyond the middleware's (the daemon sets them:
-        # `X-Agentd-Daemon` from agentd/api/routes_cluster.py).
+        # `X-Agentd-Daemon`, as agentd/api/__init__.py has the app's response headers add it).
         self.extra_headers: list[tuple[str, str]] = []
 
     @property

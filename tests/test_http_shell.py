@@ -180,6 +180,17 @@ def test_security_and_request_id_headers(client) -> None:
     assert int(r.headers["X-RateLimit-Remaining"]) >= 0 and "X-RateLimit-Reset" in r.headers
 
 
+def test_every_answer_names_the_daemon_once(tmp_path: Path) -> None:
+    c, kernel = make_client(tmp_path)
+    try:
+        for path in ("/api/health", "/api/nope", "/", "/api/_test/boom"):
+            r = c.get(path, environ_base=LOCAL)
+            assert r.headers.getlist("X-Agentd-Daemon") == [kernel.cluster.id], path
+        assert kernel.cluster.id
+    finally:
+        kernel.close()
+
+
 # -- through the real daemon ----------------------------------------------------------
 
 def test_health_version_status_shapes(shared_daemon) -> None:

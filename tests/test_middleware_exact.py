@@ -99,6 +99,14 @@ def test_response_headers_replace_what_a_view_set_and_keep_what_it_chose(tmp_pat
         ("X-RateLimit-Reset", "1"), ("Cache-Control", "no-store"), ("Vary", "Accept"), ("Vary", "Origin"),
         ("X-Frame-Options", "SAMEORIGIN"), ("Referrer-Policy", "no-referrer"), ("X-Content-Type-Options", "other"),
         ("Content-Security-Policy", "default-src 'self'"), ("Access-Control-Allow-Origin", origin)])
+    # Fixed headers (the daemon's name) replace a view's own, whatever their case.
+    named = Flask("fixed-test")
+    install_middleware(named, config, fixed_headers=[("X-Agentd-Daemon", "d-1")])
+    named.add_url_rule("/api/own", "own", lambda: Response("{}", headers={"x-agentd-daemon": "other"}))
+    for path in ("/api/own", "/missing"):
+        answer = named.test_client().get(path, environ_base={"REMOTE_ADDR": "127.0.0.1"})
+        assert [(k, v) for k, v in answer.headers.items() if k.lower() == "x-agentd-daemon"] == [
+            ("X-Agentd-Daemon", "d-1")], path
     plain = app.test_client().get("/plain", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert [(k, v) for k, v in plain.headers.items() if k not in ("Content-Type", "Content-Length")] == [
         ("X-Request-Id", plain.headers["X-Request-Id"]), ("X-Content-Type-Options", "nosniff"),

@@ -62,7 +62,10 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
                             routes_stream, routes_system, routes_workflows)
     from agentd.api.sockets import register_sockets
 
-    install_middleware(app, kernel.config)
+    # Every answer names the daemon that gave it (agentd/api/routes_cluster.py).
+    cluster = getattr(kernel, "cluster", None)
+    install_middleware(app, kernel.config,
+                       fixed_headers=[("X-Agentd-Daemon", cluster.id)] if cluster is not None else [])
     install_guard(app, kernel.config)
     register_error_handlers(app)
     app.register_blueprint(routes_system.bp)

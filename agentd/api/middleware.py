@@ -10,6 +10,7 @@ import functools
 import hmac
 import ipaddress
 import time
+from typing import Iterable
 
 from flask import Flask, Response, g, request
 
@@ -86,9 +87,10 @@ def is_authorized(config: Config) -> bool:
     return hmac.compare_digest(presented.encode(), config.api_key.encode())
 
 
-def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None:
+def install_middleware(app: Flask, config: Config, clock=time.monotonic,
+                       fixed_headers: Iterable[tuple[str, str]] = ()) -> None:
     """Register the before-request hooks on `app` and wrap it in the response-header layer
-    (`clock` drives the rate limiter; tests pass a fake)."""
+    (`clock` drives the rate limiter; tests pass a fake; `fixed_headers` go on every answer)."""
     limiter = app.extensions.get("agentd.limiter") or GcraLimiter(
         config.api.rate_limit_per_second, config.api.rate_limit_burst, clock=clock)
     origins = allowed_origins(config)
@@ -96,7 +98,8 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic) -> None
     app.extensions.setdefault("agentd.sessions", dashauth.Sessions(config.api_key))
 
     # The common response headers are added as the answer leaves (response_headers.py).
-    app.wsgi_app = ResponseHeaders(app.wsgi_app, origins, config.api.rate_limit_burst)  # type: ignore[method-assign]
+    app.wsgi_app = ResponseHeaders(app.wsgi_app, origins, config.api.rate_limit_burst,  # type: ignore[method-assign]
+                                   fixed_headers)
 
     # These hooks run on every request: each takes the request from its proxy once.
     @app.before_request

@@ -43,10 +43,12 @@ def is_api(path: str) -> bool:
 class ResponseHeaders:
     """WSGI middleware adding the common headers to every answer of `app`."""
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], origins: set[str], burst: int) -> None:
+    def __init__(self, app: Callable[..., Iterable[bytes]], origins: set[str], burst: int,
+                 fixed: Iterable[tuple[str, str]] = ()) -> None:
         self.app = app
         self.origins = origins
         self.burst = str(burst)
+        self.fixed = list(fixed)  # the same on every answer (`X-Agentd-Daemon`); they replace the app's
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         environ[REQUEST_ID] = random_uuid().hex
@@ -63,7 +65,7 @@ class ResponseHeaders:
     def add(self, environ: dict[str, Any], headers: list[tuple[str, str]]) -> None:
         """Add (or replace) the common headers in `headers`, the answer's list."""
         present = {name.lower() for name, _ in headers}
-        replaced: list[tuple[str, str]] = [("X-Request-Id", environ[REQUEST_ID])]
+        replaced: list[tuple[str, str]] = [("X-Request-Id", environ[REQUEST_ID]), *self.fixed]
         decision = environ.get(RATE)
         if decision is not None:
             replaced += [("X-RateLimit-Limit", self.burst), ("X-RateLimit-Remaining", str(decision.remaining)),

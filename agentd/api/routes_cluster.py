@@ -1,7 +1,8 @@
 """Several daemons on one database: GET /api/cluster, GET /api/cluster/runs, stream routing.
 
-Every response names the daemon that answered (`X-Agentd-Daemon`), so a proxy's routing
-can be checked. A stream request (SSE message stream, agent WebSocket) for an agent
+Every response names the daemon that answered (`X-Agentd-Daemon`, added with the common
+headers as the answer leaves: agentd/api/response_headers.py), so a proxy's routing can be
+checked. A stream request (SSE message stream, agent WebSocket) for an agent
 whose run is in flight on another daemon is answered 409 before anything starts: the
 events of a run exist only on the daemon running it, so stream paths must be routed
 by agent id (docs/nginx-cluster.conf).
@@ -71,9 +72,3 @@ def _route_streams() -> None:
     k.cluster.check_stream(handle)
 
 
-@bp.after_app_request
-def _daemon_header(response):  # type: ignore[no-untyped-def]
-    k = current_app.extensions.get("agentd.kernel")
-    if k is not None and getattr(k, "cluster", None) is not None:
-        response.headers["X-Agentd-Daemon"] = k.cluster.id
-    return response
