@@ -9,16 +9,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 _SLACK = 1e-6         # seconds
 _SLACK_CELLS = 1e-6   # fraction of one request
 
 
-@dataclass(frozen=True)
-class Decision:
-    """Outcome of one request: allowed or not, plus the headers' values."""
+class Decision(NamedTuple):
+    """Outcome of one request: allowed or not, plus the headers' values (a tuple: made
+    on every request, for a quarter of a frozen dataclass's cost)."""
 
     allowed: bool
     remaining: int
