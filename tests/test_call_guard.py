@@ -399,6 +399,8 @@ class _Answers(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if self.path == "/cookie":
             self.send_header("Set-Cookie", "session=abc; Path=/")
+        if self.path == "/cookie2":
+            self.send_header("Set-Cookie2", 'old="1"; Version="1"')
         self.end_headers()
         self.wfile.write(body)
 
@@ -406,8 +408,12 @@ class _Answers(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("path", ["/plain", "/cookie"])
-def test_the_adapter_builds_the_response_requests_builds(path: str) -> None:
+@pytest.mark.parametrize("path", ["/plain", "/cookie", "/cookie2"])
+def test_the_adapter_builds_the_response_requests_builds(path: str, monkeypatch) -> None:
+    extracted: list[str] = []
+    extract = requests.adapters.extract_cookies_to_jar
+    monkeypatch.setattr(requests.adapters, "extract_cookies_to_jar",
+                        lambda jar, req, resp: extracted.append(req.url) or extract(jar, req, resp))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}{path}"
@@ -420,6 +426,8 @@ def test_the_adapter_builds_the_response_requests_builds(path: str) -> None:
             answers.append(response)
             assert response.connection is adapter and response.request is prep
         mine, stock = answers
+        # The cookie jar is asked only about an answer that sets a cookie (and by requests' own adapter).
+        assert len(extracted) == (1 if path == "/plain" else 2), extracted
         for name in ("status_code", "reason", "url", "encoding", "text", "content"):
             assert getattr(mine, name) == getattr(stock, name), name
         assert dict(mine.headers) == dict(stock.headers) and mine.headers["content-type"]

@@ -135,6 +135,30 @@ def test_a_body_past_the_limit_goes_out_as_it_comes() -> None:
     assert conn._gathered is None
 
 
+def test_a_request_of_exactly_the_limit_is_still_one_write() -> None:
+    limit = _TrackedHTTPConnection.GATHER_BYTES
+    conn, sock = connection()
+    probe = b"p" * 60000  # (a body with as many length digits as the ones below)
+    conn.request("POST", "/x", body=probe, headers={"Content-Length": str(len(probe))})
+    head = len(sock.sends[0]) - len(probe)
+    for size, writes in ((limit - head, 1), (limit - head + 1, 2)):
+        conn, sock = connection()
+        conn.request("POST", "/x", body=b"y" * size, headers={"Content-Length": str(size)})
+        assert len(sock.sends) == writes, (size, [len(s) for s in sock.sends])
+        assert b"".join(sock.sends).endswith(b"y" * size)
+
+
+def test_every_gathered_piece_counts_toward_the_limit() -> None:
+    # Two chunks that fit the limit together, but not with the head before them.
+    conn, sock = connection()
+    half = b"z" * 32740
+    conn.request("POST", "/x", body=[half, half], chunked=True)
+    # The head and the first chunk leave together, then the rest as it comes.
+    assert [len(s) for s in sock.sends[1:]] == [32748, 5], [len(s) for s in sock.sends]
+    assert sock.sends[0].endswith(b"\r\n\r\n7fe4\r\n" + half + b"\r\n")
+    assert sock.sends[1] == b"7fe4\r\n" + half + b"\r\n" and sock.sends[2] == b"0\r\n\r\n"
+
+
 def test_a_send_made_while_connecting_goes_out_first() -> None:
     # A proxy tunnel's CONNECT is sent from connect(), which runs inside the gathered send.
     class Tunnelled(_TrackedHTTPConnection):
