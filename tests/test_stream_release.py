@@ -8,6 +8,7 @@ still answers. Anthropic's `message_stop` is covered too; Gemini's stream ends w
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
@@ -42,8 +43,10 @@ class SseServer:
     "end" (the terminator at once), "hold" (the terminator only after `hold_secs`), "more"
     (96 KB of comments, then the terminator)."""
 
-    def __init__(self, events: list[bytes], after: str = "end", hold_secs: float = 2.0) -> None:
+    def __init__(self, events: list[bytes], after: str = "end", hold_secs: float = 2.0,
+                 gzip_body: bool = False) -> None:
         self.events, self.after, self.hold_secs = events, after, hold_secs
+        self.gzip_body = gzip_body
         self.connections = 0
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
@@ -75,9 +78,17 @@ class SseServer:
                     line = reader.readline()
                 reader.read(length)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                             b"Transfer-Encoding: chunked\r\n\r\n")
-                for event in self.events:
-                    conn.sendall(_chunk(event))
+                             + (b"Content-Encoding: gzip\r\n" if self.gzip_body else b"")
+                             + b"Transfer-Encoding: chunked\r\n\r\n")
+                if self.gzip_body:
+                    packed = gzip.compress(b"".join(self.events))
+                    conn.sendall(_chunk(packed[:20]) + _chunk(packed[20:]))
+                else:
+                    for event in self.events:
+                        conn.sendall(_chunk(event))
+                if self.after == "cut":  # half of a chunk, then the connection closes
+                    conn.sendall(b"40\r\ndata: {")
+                    return
                 if self.after == "hold":
                     self.stopped.wait(self.hold_secs)
                 elif self.after == "more":
@@ -147,3 +158,59 @@ def test_release_stream_answers_whether_the_connection_went_back(fresh_pool) -> 
         finally:
             server.close()
     assert reading.DRAIN_BYTES < 96 * 1024 and reading.DRAIN_SECS < 2.0
+
+
+GEMINI = [b'data: {"candidates": [{"content": {"parts": [{"text": "hel"}]}}]}\n\n',
+          b'data: {"candidates": [{"content": {"parts": [{"text": "lo"}]}, "finishReason": "STOP"}]}\n\n']
+
+
+@pytest.fixture()
+def urllib3_reads(monkeypatch) -> list[int]:
+    """How many reads of a body go through urllib3's `read1` (the rest read http.client's)."""
+    import urllib3.response
+
+    calls: list[int] = []
+    stock = urllib3.response.HTTPResponse.read1
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return stock(self, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.response.HTTPResponse, "read1", counted)
+    return calls
+
+
+def test_a_plain_chunked_stream_is_read_past_urllib3_which_still_ends_it(fresh_pool, urllib3_reads) -> None:
+    for kind, events in (("openai", OPENAI), ("gemini", GEMINI)):  # (Gemini's stream ends with its body)
+        server = SseServer(events)
+        try:
+            urllib3_reads.clear()
+            assert [_stream(server, kind) for _ in range(3)] == ["hello"] * 3
+            # Only the end goes through urllib3, which puts the connection back for the next call.
+            assert len(urllib3_reads) == 3, (kind, urllib3_reads)
+            assert server.connections == 1, kind
+        finally:
+            server.close()
+
+
+def test_a_compressed_stream_is_read_through_urllib3(fresh_pool, urllib3_reads) -> None:
+    server = SseServer(OPENAI, gzip_body=True)
+    try:
+        assert [_stream(server) for _ in range(2)] == ["hello"] * 2
+        assert len(urllib3_reads) >= 4 and server.connections == 1
+    finally:
+        server.close()
+
+
+def test_a_stream_cut_inside_a_chunk_is_truncated_and_its_connection_not_reused(fresh_pool) -> None:
+    from agentd.llm.types import LLMError
+
+    server = SseServer(OPENAI[:2], after="cut")
+    try:
+        for _ in range(2):
+            with pytest.raises(LLMError) as err:
+                _stream(server)
+            assert err.value.kind == "truncated" and "cut off" in err.value.message
+        assert server.connections == 2
+    finally:
+        server.close()

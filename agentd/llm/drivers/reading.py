@@ -4,10 +4,12 @@ so its connection goes back to the pool."""
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import requests
 from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSLError
@@ -38,17 +40,37 @@ def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes
     chunked encoding) is not held back until a buffer fills, as `iter_content` would.
     """
     raw = response.raw
+    read1 = _plain_chunk_reader(raw) or (lambda size: raw.read1(size, decode_content=True))
     guard.streaming()
     while True:
         if not readable_now(response):
             before_wait()  # this read may wait: what the earlier reads' events wrote goes out
-        data = raw.read1(READ_SIZE, decode_content=True)
+        data = read1(READ_SIZE)
         if guard.reason is not None:
             raise Interrupted(guard.reason)
         if not data:
             return
         guard.got_bytes()
         yield data
+
+
+def _plain_chunk_reader(raw: Any) -> Callable[[int], bytes] | None:
+    """`read1` of the http.client response under urllib3's, for a chunked body with no
+    content coding (what providers stream), when urllib3 holds none of it; else None.
+
+    urllib3's `read1` wraps each read in its error and decoding machinery: about 6 µs a
+    read, and a stream is read an HTTP chunk at a time (seven reads for a short answer).
+    Nothing of that machinery applies here: there is nothing to decode, errors from
+    http.client and the socket are mapped as urllib3's are (`transport.network_error`),
+    and urllib3 still ends the body: `release_stream` reads the rest (or the end it
+    finds) through urllib3, which then puts the connection back in its pool, and a body
+    that failed is closed with its connection, as before."""
+    body = getattr(raw, "_fp", None)
+    if (not isinstance(body, http.client.HTTPResponse) or not getattr(raw, "chunked", False)
+            or raw.headers.get("content-encoding", "identity").lower() not in ("identity", "")
+            or getattr(raw, "_has_decoded_content", True)):
+        return None
+    return body.read1
 
 
 def readable_now(response: requests.Response) -> bool:
