@@ -121,6 +121,22 @@ def test_refuse_ignores_non_objects() -> None:
         assert ro.refuse_unsupported(data) is None
 
 
+@pytest.mark.parametrize("delta, finish", [
+    ({"role": "assistant"}, None), ({"content": "h\u00e9llo \u2028 \"q\" \\ </script>"}, None), ({}, "stop"),
+    ({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, "tool_calls")])
+def test_a_stream_chunk_is_the_whole_event_encoded_at_once(delta: dict, finish) -> None:
+    from agentd.api.sse import format_event
+
+    for name in ("plain", 'n\u00e4me "quoted"', "x" * 64):
+        chunk = ro.chunk_format("chatcmpl-1", 1700000000, name)
+        assert chunk(delta, finish) == format_event(None, {
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": name,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    assert ro.chunk_format("i", 2, "m")({}) == \
+        'data: {"id":"i","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":null}]}\n\n'
+
+
 def test_usage_shape() -> None:
     assert ro._usage(3, 4) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     assert list(ro._usage(0, 0)) == ["prompt_tokens", "completion_tokens", "total_tokens"]

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 from flask import Blueprint, Response, jsonify
 
@@ -27,7 +27,7 @@ from agentd.api.routes_agents import MESSAGE_LIMIT
 from agentd.api.errors import OPENAI_TYPES, error_response
 from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
-from agentd.api.sse import format_event
+from agentd.api.sse import encode_compact, format_event
 from agentd.api.streaming import StreamShape, stream_run
 from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
 from agentd.ids import random_uuid
@@ -280,12 +280,23 @@ def _with_dropped(response: Response, dropped: list[str]) -> Response:
     return response
 
 
+def chunk_format(completion_id: str, created: int, model: str) -> Callable[..., str]:
+    """`chunk(delta, finish=None)`: one `chat.completion.chunk` event of a stream, the same
+    text as `format_event(None, {...})` gives, with the part every chunk of the stream
+    shares (id, time, model) encoded once."""
+    shared = encode_compact({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                             "model": model})
+    head = f'data: {shared[:-1]},"choices":[{{"index":0,"delta":'
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return f'{head}{encode_compact(delta)},"finish_reason":{encode_compact(finish)}}}]}}\n\n'
+
+    return chunk
+
+
 def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: str, created: int,
             include_usage: bool) -> Response:
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return format_event(None, {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                   "model": handle.name,
-                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    chunk = chunk_format(completion_id, created, handle.name)
 
     def render(event: Event) -> tuple[list[str], bool]:
         d = event.data

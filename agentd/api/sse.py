@@ -13,12 +13,12 @@ from typing import Any, Callable, Iterable, Iterator
 from flask import Response, stream_with_context
 
 # Every event's encoder (json.dumps with options builds a new one per call).
-_encode_compact = json.JSONEncoder(separators=(",", ":")).encode
+encode_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def format_event(event: str | None, data: Any) -> str:
     """One SSE event; `event=None` gives a data-only event (OpenAI style)."""
-    payload = data if isinstance(data, str) else _encode_compact(data)
+    payload = data if isinstance(data, str) else encode_compact(data)
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n"
 
