@@ -70,5 +70,3 @@ def _route_streams() -> None:
     k = current_app.extensions["agentd.kernel"]
     handle = k.agents.get(request.view_args["agent_id"])
     k.cluster.check_stream(handle)
-
-
