@@ -214,23 +214,27 @@ def _throughput(args: argparse.Namespace, upstream: str, bare_url: str, load) ->
 def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[list, float]:
     pin(d.proc.pid, "1")
     names, ids = spawn_agents(d, args.agents)
-    rows: list[tuple[str, dict[int, dict]]] = []
     setups = [("bare proxy", bare_url, "v1", False), ("agentd /v1", d.url, "v1", False),
               ("agentd message", d.url, "message", False),
               ("bare proxy stream", bare_url, "v1", True), ("agentd /v1 stream", d.url, "v1", True),
               ("agentd SSE message", d.url, "stream_message", True)]
     if args.peer:
         setups.insert(1, ("peer " + args.peer, args.peer, "peer", False))
-    for label, base, kind, stream in setups:
-        cells: dict[int, dict] = {}
-        if args.warmup > 0 and kind != "peer":
-            # Not recorded: the first requests of a fresh process load what serving loads on
-            # first use (agentd's drivers, each thread's database connection). Cold start is
-            # its own figure.
-            load(base, targets_for(kind, names, ids, stream), 1, args.warmup)
-        for conns in (1, 32):
-            samples = []
-            for _ in range(args.rounds):
+    if args.warmup > 0:
+        # Not recorded: the first requests of a fresh process load what serving loads on
+        # first use (agentd's drivers, each thread's database connection). Cold start is
+        # its own figure.
+        for label, base, kind, stream in setups:
+            if kind != "peer":
+                load(base, targets_for(kind, names, ids, stream), 1, args.warmup)
+    samples: dict[tuple[str, int], list[dict]] = {(setup[0], conns): [] for setup in setups for conns in (1, 32)}
+    # Each round runs every setup in turn: a host that slows down for a while (another
+    # tenant, a frequency change) slows the bare proxy's round and agentd's alike, so the
+    # ratios the bars are about move less from run to run than when each setup ran all
+    # its rounds at once.
+    for conns in (1, 32):
+        for _ in range(args.rounds):
+            for label, base, kind, stream in setups:
                 if base == d.url:
                     reset_sessions(d, ids)
                 if kind == "peer":
@@ -240,9 +244,10 @@ def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[li
                 else:
                     targets = targets_for(kind, names, ids, stream)
                     base_url = base
-                samples.append(load(base_url, targets, conns, args.seconds))
-            cells[conns] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-        rows.append((label, cells))
+                samples[(label, conns)].append(load(base_url, targets, conns, args.seconds))
+    rows = [(label, {conns: {k: statistics.median(s[k] for s in samples[(label, conns)])
+                             for k in samples[(label, conns)][0]} for conns in (1, 32)})
+            for label, _, _, _ in setups]
     return rows, rss_mb(d.proc.pid)
 
 
