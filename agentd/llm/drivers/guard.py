@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from requests.adapters import HTTPAdapter, Response, get_encoding_from_headers
 from requests.structures import CaseInsensitiveDict
@@ -290,37 +290,34 @@ class GuardedAdapter(HTTPAdapter):
     # pool manager on every call (~10 µs); a provider's calls all go to one URL.
     POOL_CACHE_SIZE = 256
 
+    def _cached(self, name: str, key: Any, make: Callable[[], Any]) -> Any:
+        """`make()` once per `key` in this adapter's bounded cache `name`."""
+        cache: dict[Any, Any] | None = self.__dict__.get(name)
+        if cache is None:  # (an unpickled adapter has no __init__ attributes)
+            cache = self.__dict__[name] = {}
+        value = cache.get(key)
+        if value is None:
+            value = make()
+            if len(cache) >= self.POOL_CACHE_SIZE:
+                cache.clear()
+            cache[key] = value
+        return value
+
     def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
                                         cert: Any = None) -> Any:
         if proxies:
             return super().get_connection_with_tls_context(request, verify, proxies, cert)
-        pools: dict[tuple[Any, Any, Any], Any] | None = self.__dict__.get("_pools")
-        if pools is None:  # (an unpickled adapter has no __init__ attributes)
-            pools = self.__dict__["_pools"] = {}
-        key = (request.url, verify, cert)
-        pool = pools.get(key)
-        if pool is None:
-            pool = super().get_connection_with_tls_context(request, verify, proxies, cert)
-            if len(pools) >= self.POOL_CACHE_SIZE:
-                pools.clear()
-            pools[key] = pool
-        return pool
+        return self._cached("_pools", (request.url, verify, cert),
+                            lambda: super(GuardedAdapter, self).get_connection_with_tls_context(
+                                request, verify, proxies, cert))
 
     def request_url(self, request: Any, proxies: Any) -> str:
         # Without a proxy the URL sent is the path part of the request's URL, which requests
         # parses twice per call (~8 µs): parsed once per URL here.
         if proxies:
             return super().request_url(request, proxies)
-        paths: dict[str, str] | None = self.__dict__.get("_paths")
-        if paths is None:
-            paths = self.__dict__["_paths"] = {}
-        path = paths.get(request.url)
-        if path is None:
-            path = super().request_url(request, proxies)
-            if len(paths) >= self.POOL_CACHE_SIZE:
-                paths.clear()
-            paths[request.url] = path
-        return path
+        return self._cached("_paths", request.url,
+                            lambda: super(GuardedAdapter, self).request_url(request, proxies))
 
     def build_response(self, req: Any, resp: Any) -> Response:
         # requests hands every answer to http.cookiejar (~6 µs), cookies or not; providers
