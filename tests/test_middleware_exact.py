@@ -157,6 +157,27 @@ def test_response_headers_match_names_in_any_case_and_log_each_answer(tmp_path, 
     assert client.get("/api/lower").headers["X-Request-Id"] != r.headers["X-Request-Id"]
 
 
+def test_the_header_layer_passes_an_errors_exc_info_on() -> None:
+    from agentd.api.response_headers import ResponseHeaders
+
+    got: list = []
+    try:
+        raise ValueError("late failure")
+    except ValueError:
+        import sys
+        info = sys.exc_info()
+
+    def app(environ, start_response):
+        start_response("500 INTERNAL SERVER ERROR", [("Content-Type", "text/plain")], info)
+        return [b"x"]
+
+    layer = ResponseHeaders(app, set(), burst=5, fixed=[("X-Agentd-Daemon", "d")])
+    assert b"".join(layer({"REQUEST_METHOD": "GET", "PATH_INFO": "/x"},
+                          lambda status, headers, exc_info=None: got.append((status, dict(headers), exc_info)))) == b"x"
+    assert got[0][0].startswith("500") and got[0][1]["X-Agentd-Daemon"] == "d"
+    assert got[0][2] is info, "BUG: the app's exc_info did not reach the server"
+
+
 def test_the_header_layer_takes_an_environ_without_a_path() -> None:
     from agentd.api.response_headers import REQUEST_ID, ResponseHeaders
 
