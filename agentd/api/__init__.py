@@ -63,9 +63,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api.sockets import register_sockets
 
     # Every answer names the daemon that gave it (agentd/api/routes_cluster.py).
-    cluster = getattr(kernel, "cluster", None)
-    install_middleware(app, kernel.config,
-                       fixed_headers=[("X-Agentd-Daemon", cluster.id)] if cluster is not None else [])
+    install_middleware(app, kernel.config, fixed_headers=[("X-Agentd-Daemon", kernel.cluster.id)])
     install_guard(app, kernel.config)
     register_error_handlers(app)
     app.register_blueprint(routes_system.bp)
