@@ -17,7 +17,7 @@ from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
 
 _local = threading.local()
 # The request body encoder (json.dumps with options builds a new one per call).
-_encode_strict = json.JSONEncoder(allow_nan=False).encode
+_encode_strict = json.JSONEncoder(allow_nan=False, check_circular=False).encode  # (bodies are trees)
 ERROR_TEXT_LIMIT = 300
 
 
