@@ -110,7 +110,9 @@ class Daemon:
         dispatcher = self.server.task_dispatcher if self.server is not None else None
         if dispatcher is None:
             return {}
-        return {"threads": len(dispatcher.threads), "busy": dispatcher.active_count,
+        # `threads` is the pool's size; `started` how many of them have run so far.
+        return {"threads": getattr(dispatcher, "limit", len(dispatcher.threads)),
+                "started": len(dispatcher.threads), "busy": dispatcher.active_count,
                 "queued": len(dispatcher.queue)}
 
     def request_stop(self) -> None:

@@ -8,11 +8,18 @@ malloc arena: with 128 threads taking turns, RSS grew by ~10 MB per 10,000 messa
 after the sessions stopped growing, until every thread's caches were full. Waking the
 most recently idle thread instead keeps the work on as few threads as the concurrency
 needs (and their caches warm); the others stay parked for bursts and streams.
+
+The threads themselves start as they are needed, up to `[api] threads`: a parked thread
+still holds a stack and Python's per-thread state (about 14 KB each, 1.8 MB of an idle
+daemon's 49 MB for the default 128), and most daemons never run more than a handful of
+requests at once. A task that finds no idle thread starts one; threads are not stopped
+again (a burst that needed them is likely to come back).
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from waitress.task import ThreadedTaskDispatcher
 
@@ -33,9 +40,39 @@ class LifoCondition(threading.Condition):
             n -= 1
 
 
+#: Threads started with the pool (the rest start on demand): enough for a few requests at
+#: once without a thread start on the way.
+INITIAL_THREADS = 4
+
+
 class LifoTaskDispatcher(ThreadedTaskDispatcher):
-    """`ThreadedTaskDispatcher` waking its most recently idle thread for each task."""
+    """`ThreadedTaskDispatcher` waking its most recently idle thread for each task, and
+    starting its threads as the tasks need them."""
 
     def __init__(self) -> None:
         super().__init__()
         self.queue_cv = LifoCondition(self.lock)
+        self.limit = 0  # the pool's size: threads started so far are `len(self.threads)`
+
+    def set_thread_count(self, count: int) -> None:
+        """Size the pool at `count` threads; start the first few (0 stops them all)."""
+        with self.lock:
+            self.limit = count
+        super().set_thread_count(min(count, max(INITIAL_THREADS, len(self.threads) - self.stop_count)))
+
+    def add_task(self, task: Any) -> None:
+        with self.lock:
+            running = len(self.threads) - self.stop_count
+            if len(self.queue) + 1 > running - self.active_count and running < self.limit:
+                self._start_one()
+        super().add_task(task)
+
+    def _start_one(self) -> None:
+        # As waitress's set_thread_count starts one (under the lock; the thread counts as
+        # active until it first waits).
+        number = 0
+        while number in self.threads:
+            number += 1
+        self.threads.add(number)
+        self.active_count += 1
+        self.start_new_thread(self.handler_thread, number)

@@ -107,3 +107,86 @@ def test_sequential_requests_stay_on_one_thread() -> None:
         server.close()
     assert len(seen) == 30
     assert len(set(seen)) <= 2, f"BUG: {len(set(seen))} threads took turns serving one client"
+
+
+class _Task:
+    """A task that holds its thread until released, noting the thread that ran it."""
+
+    def __init__(self, release: threading.Event, ran: list[int]) -> None:
+        self.release = release
+        self.ran = ran
+
+    def service(self) -> None:
+        self.ran.append(threading.get_ident())
+        self.release.wait(10)
+
+    def cancel(self) -> None:
+        pass
+
+
+def _wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, f"BUG: {what}"
+        time.sleep(0.002)
+
+
+def test_threads_start_as_tasks_need_them_up_to_the_size() -> None:
+    from agentd.dispatcher import INITIAL_THREADS
+
+    assert INITIAL_THREADS == 4
+    dispatcher = LifoTaskDispatcher()
+    dispatcher.set_thread_count(7)
+    try:
+        assert dispatcher.limit == 7
+        assert len(dispatcher.threads) == 4, "the pool starts with its first few threads only"
+        _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+        release = threading.Event()
+        ran: list[int] = []
+        for n in range(1, 4):  # idle threads take these: nothing new starts
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda n=n: len(ran) == n, "a task was not run")
+            assert len(dispatcher.threads) == 4
+        for n in range(4, 8):  # the fourth is the last idle thread; then one new thread each
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda n=n: len(ran) == n, f"task {n} did not run at once (no thread started)")
+            assert len(dispatcher.threads) == max(4, n), f"{len(dispatcher.threads)} threads for {n} busy tasks"
+        dispatcher.add_task(_Task(release, ran))  # past the size: it waits in the queue
+        time.sleep(0.05)
+        assert len(dispatcher.threads) == 7 and len(ran) == 7 and len(dispatcher.queue) == 1
+        release.set()
+        _wait_for(lambda: len(ran) == 8, "the queued task never ran")
+        assert len(set(ran)) == 7
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+    assert not dispatcher.threads, "BUG: shutdown left threads running"
+
+
+def test_a_small_pool_starts_whole_and_a_resize_keeps_started_threads() -> None:
+    dispatcher = LifoTaskDispatcher()
+    dispatcher.set_thread_count(2)
+    try:
+        assert len(dispatcher.threads) == 2 and dispatcher.limit == 2
+        dispatcher.set_thread_count(10)
+        assert len(dispatcher.threads) == 4 and dispatcher.limit == 10
+        release = threading.Event()
+        ran: list[int] = []
+        _wait_for(lambda: dispatcher.active_count == 0, "the started threads never parked")
+        for n in range(1, 7):  # (one at a time: a thread just started counts as busy until it parks)
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda n=n: len(ran) == n, "a task did not run")
+        assert len(dispatcher.threads) == 6
+        dispatcher.set_thread_count(5)  # smaller than started: one thread is told to stop
+        assert dispatcher.limit == 5 and dispatcher.stop_count == 1
+        release.set()
+        _wait_for(lambda: len(dispatcher.threads) == 5, "the pool did not shrink to its new size")
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+
+
+def test_the_daemon_reports_its_pool_size_and_started_threads(shared_daemon) -> None:
+    pool = shared_daemon.get("/api/health/detail").json()["thread_pool"]
+    assert pool["threads"] == 128, "[api] threads default"
+    assert 4 <= pool["started"] <= 128 and pool["busy"] >= 1 and pool["queued"] == 0
