@@ -128,6 +128,9 @@ TESTS: dict[str, list[str]] = {
                            "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
                            "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
     "agentd/api/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    # In process (a real waitress server for the order test); the daemon test only reads the figures.
+    "agentd/dispatcher.py": ["tests/test_dispatcher.py", "--deselect=tests/test_dispatcher.py::"
+                             "test_the_daemon_reports_its_pool_size_and_started_threads"],
     "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
     "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],

@@ -139,6 +139,11 @@ def reader_app() -> Flask:
         first = body.raw_body(100)
         return jsonify({"first": first.decode(), "then": body.raw_body(3).decode()})
 
+    def after_werkzeug():
+        form = request.form.to_dict()  # werkzeug reads the body first (as a CSRF check may)
+        return jsonify({"form": form, "raw": body.raw_body(100).decode(), "werkzeug": request.get_data(as_text=True)})
+
+    app.add_url_rule("/api/after-werkzeug", "after_werkzeug", after_werkzeug, methods=["POST"])
     app.add_url_rule("/api/twice", "twice", twice, methods=["POST"])
     app.add_url_rule("/api/form", "form", form, methods=["POST"])
     app.add_url_rule("/api/caps", "caps", caps, methods=["POST"])
@@ -150,6 +155,43 @@ def test_a_body_read_again_is_the_same_bytes() -> None:
     r = reader_app().test_client().post("/api/twice", data=b'{"k": "v"}', content_type="application/json")
     assert r.status_code == 200, r.get_data(as_text=True)
     assert r.get_json() == {"first": '{"k": "v"}', "again": {"k": "v"}, "werkzeug": '{"k": "v"}'}
+
+
+def test_a_body_werkzeug_began_reading_is_left_to_werkzeug() -> None:
+    r = reader_app().test_client().post("/api/after-werkzeug", data=b"a=1&b=2",
+                                        content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 200, r.get_data(as_text=True)
+    got = r.get_json()
+    assert got["form"] == {"a": "1", "b": "2"} and got["raw"] == got["werkzeug"]
+    # Its declared size is still held to the cap (100 here).
+    for size, status in ((100, 200), (101, 413)):
+        r = reader_app().test_client().post("/api/after-werkzeug", data=b"a=" + b"x" * (size - 2),
+                                            content_type="application/x-www-form-urlencoded")
+        assert r.status_code == status, (size, r.get_data(as_text=True))
+        if status == 413:
+            assert error(r) == "request body too large: 101 bytes (limit 100)"
+
+
+def test_a_chunked_body_read_twice_is_the_same_bytes(client) -> None:
+    # load(allow_empty=True) reads the body for its empty check, then again to parse it.
+    r = client.post("/api/load-empty", input_stream=io.BytesIO(b'{"name": "x", "count": 2}'),
+                    headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"},
+                    environ_base={"wsgi.input_terminated": True})
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert r.get_json() == {"value": {"name": "x", "count": 2}}
+
+
+@pytest.mark.parametrize("size, declared, status", [(10, 11, 200), (11, 5, 413)])
+def test_a_transfer_coding_wins_over_a_declared_length(client, size: int, declared: int, status: int) -> None:
+    # (RFC 9112: the Content-Length beside a Transfer-Encoding is ignored; werkzeug reads the body.)
+    r = client.post("/api/raw-small", input_stream=io.BytesIO(b"d" * size),
+                    headers={"Transfer-Encoding": "chunked", "Content-Type": "text/plain"},
+                    environ_base={"wsgi.input_terminated": True}, environ_overrides={"CONTENT_LENGTH": str(declared)})
+    assert r.status_code == status, r.get_data(as_text=True)
+    if status == 413:
+        assert error(r) == "request body too large (limit 10 bytes)"
+    else:
+        assert r.get_json() == {"value": "d" * size}
 
 
 def test_a_second_read_applies_its_own_cap() -> None:
@@ -190,8 +232,10 @@ def test_an_odd_content_length_goes_through_werkzeug(client, length: str) -> Non
 
 
 def test_an_empty_declared_body(client) -> None:
-    r = client.post("/api/json-empty", data=b"", headers={"Content-Length": "0"})
+    stream = io.BytesIO(b"left over")
+    r = client.post("/api/json-empty", input_stream=stream, environ_overrides={"CONTENT_LENGTH": "0"})
     assert r.status_code == 200 and r.get_json() == {"value": None}
+    assert stream.tell() == 0
 
 
 # -- empty bodies and content types ----------------------------------------------------------------

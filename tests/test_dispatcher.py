@@ -27,7 +27,7 @@ def test_notify_wakes_the_thread_that_waited_last() -> None:
             with cond:
                 cond.wait()
                 woke.append(i)
-        t = threading.Thread(target=wait)
+        t = threading.Thread(target=wait, daemon=True)  # (a broken condition must not hang the run)
         t.start()
         threads.append(t)
         while len(cond._waiters) != i + 1:  # noqa: SLF001 - wait until it really waits
@@ -55,8 +55,8 @@ def test_notify_wakes_the_thread_that_waited_last() -> None:
 def test_notify_all_wakes_everyone() -> None:
     cond = LifoCondition(threading.Lock())
     woke: list[int] = []
-    threads = [threading.Thread(target=lambda i=i: (cond.acquire(), cond.wait(), woke.append(i), cond.release()))
-               for i in range(4)]
+    threads = [threading.Thread(target=lambda i=i: (cond.acquire(), cond.wait(), woke.append(i), cond.release()),
+                                daemon=True) for i in range(4)]
     for t in threads:
         t.start()
     while len(cond._waiters) != 4:  # noqa: SLF001
@@ -157,10 +157,19 @@ def test_threads_start_as_tasks_need_them_up_to_the_size() -> None:
         release.set()
         _wait_for(lambda: len(ran) == 8, "the queued task never ran")
         assert len(set(ran)) == 7
+        assert sorted(dispatcher.threads) == list(range(7)), "threads are numbered from 0 as waitress numbers them"
+        _wait_for(lambda: dispatcher.active_count == 0, "the count of busy threads did not return to 0")
     finally:
         release.set()
         dispatcher.shutdown(timeout=5)
     assert not dispatcher.threads, "BUG: shutdown left threads running"
+
+
+def test_a_pool_never_sized_starts_no_thread() -> None:
+    dispatcher = LifoTaskDispatcher()
+    assert dispatcher.limit == 0
+    dispatcher.add_task(_Task(threading.Event(), []))
+    assert not dispatcher.threads and len(dispatcher.queue) == 1
 
 
 def test_a_small_pool_starts_whole_and_a_resize_keeps_started_threads() -> None:

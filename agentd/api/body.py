@@ -16,7 +16,6 @@ from agentd.errors import AgentdError, BadRequest, PayloadTooLarge
 # Default cap for JSON routes. Large enough for a 1 MB manifest after JSON
 # escaping, small enough that a 2 MB body is refused before it is parsed.
 JSON_BODY_LIMIT = 1_572_864
-_BODY_KEY = "agentd.body"  # environ: the body as read by raw_body
 
 
 class UnsupportedMediaType(AgentdError):
@@ -36,25 +35,20 @@ def _declared_body(environ: dict[str, Any], max_bytes: int) -> bytes | None:
     size = int(declared)
     if size > max_bytes:
         raise PayloadTooLarge(f"request body too large: {size} bytes (limit {max_bytes})")
-    data = environ["wsgi.input"].read(size) if size else b""
+    data = environ["wsgi.input"].read(size)
     if len(data) < size:  # (as werkzeug reports a body cut short)
         raise BadRequest(f"request body ended after {len(data)} of its {size} bytes")
-    environ["wsgi.input"] = io.BytesIO(data)
-    environ[_BODY_KEY] = data
+    environ["wsgi.input"] = io.BytesIO(data)  # (a second read reads it again, from the start)
     return data
 
 
 def raw_body(max_bytes: int) -> bytes:
     """The request body, refusing more than `max_bytes` (declared or streamed)."""
-    environ = request.environ
-    data = environ.get(_BODY_KEY)
-    if data is not None:
-        if len(data) > max_bytes:
-            raise PayloadTooLarge(f"request body too large: {len(data)} bytes (limit {max_bytes})")
-        return data
-    data = _declared_body(environ, max_bytes)
-    if data is not None:
-        return data
+    if "stream" not in request.__dict__:  # (werkzeug has not begun reading it: its cached stream)
+        data = _declared_body(request.environ, max_bytes)
+        if data is not None:
+            return data
+    # A chunked or oddly declared body: werkzeug's reader, its size checks and its cache.
     if request.content_length is not None and request.content_length > max_bytes:
         raise PayloadTooLarge(f"request body too large: {request.content_length} bytes (limit {max_bytes})")
     # A body without Content-Length (chunked) is streamed: werkzeug stops reading at the
