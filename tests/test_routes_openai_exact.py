@@ -94,6 +94,31 @@ def test_generation_params() -> None:
     assert ro.generation_params({"response_format": None}).response_format is None
 
 
+@pytest.mark.parametrize("field, value, expected", [
+    ("top_p", 0.5, GenerationParams(top_p=0.5)), ("stop", ["END"], GenerationParams(stop=["END"])),
+    ("seed", 7, GenerationParams(seed=7)), ("presence_penalty", 0.4, GenerationParams(presence_penalty=0.4)),
+    ("frequency_penalty", -0.3, GenerationParams(frequency_penalty=-0.3)),
+    ("response_format", {"type": "json_object"}, GenerationParams(response_format={"type": "json_object"})),
+    ("user", "u1", GenerationParams(user="u1")),
+])
+def test_each_generation_param_alone_is_read(field: str, value, expected: GenerationParams) -> None:
+    # The request without any of them shares one value; each one alone must still get through.
+    assert ro.generation_params({"model": "m", "messages": [], field: value}) == expected
+    assert ro.generation_params({"model": "m", "messages": []}) is ro.generation_params({})
+
+
+def test_a_request_without_options_drops_nothing_without_asking_the_catalog() -> None:
+    class NoCatalog:  # (dropped_params must not look the provider up for the shared empty value)
+        def __getattr__(self, name):
+            raise AssertionError(f"catalog.{name} read for a request without options")
+
+    handle = type("H", (), {"provider": "anthropic", "name": "a"})()
+    app = Flask("t")
+    app.extensions["agentd.kernel"] = type("K", (), {"catalog": NoCatalog()})()
+    with app.app_context():
+        assert ro.dropped_params(handle, ro.generation_params({})) == []
+
+
 @pytest.mark.parametrize("data, refused", [
     ({"tools": [{"type": "function"}]}, "tools"), ({"tools": []}, None), ({"tools": None}, None),
     ({"functions": [{"name": "f"}]}, "functions"), ({"functions": []}, None),

@@ -98,8 +98,17 @@ def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:
     return "\n".join(texts), images
 
 
+# The request fields `generation_params` reads, and its answer when none is there (the usual
+# request): one shared value (frozen), which `dropped_params` knows drops nothing.
+_PARAM_FIELDS = frozenset({"top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+                           "response_format", "user"})
+_NO_PARAMS = GenerationParams()
+
+
 def generation_params(data: dict[str, Any]) -> GenerationParams:
     """The client's sampling and output options; defaults (penalty 0, format text) count as not given."""
+    if _PARAM_FIELDS.isdisjoint(data):
+        return _NO_PARAMS
     fmt = data.get("response_format")
     penalties = {k: data.get(k) or None for k in ("presence_penalty", "frequency_penalty")}
     return GenerationParams(top_p=data.get("top_p"), stop=data.get("stop") or (), seed=data.get("seed"),
@@ -264,6 +273,8 @@ def _chat_completions():
 
 def dropped_params(handle: AgentHandle, params: GenerationParams) -> list[str]:
     """What the agent's provider has no equivalent for (dropped, not refused), logged once."""
+    if params is _NO_PARAMS:
+        return []
     info = kernel().catalog.get_provider(handle.provider)
     if info is None:   # a provider the catalog does not know speaks the OpenAI format, which drops nothing
         return []
