@@ -61,11 +61,18 @@ class LifoTaskDispatcher(ThreadedTaskDispatcher):
         super().set_thread_count(min(count, max(INITIAL_THREADS, len(self.threads) - self.stop_count)))
 
     def add_task(self, task: Any) -> None:
+        # waitress's add_task, starting a thread where it would warn of a queue: the warning
+        # ("Task queue depth is N") stays for a pool that has started all its threads.
         with self.lock:
+            self.queue.append(task)
+            self.queue_cv.notify()
             running = len(self.threads) - self.stop_count
-            if len(self.queue) + 1 > running - self.active_count and running < self.limit:
-                self._start_one()
-        super().add_task(task)
+            waiting = len(self.queue) - (running - self.active_count)
+            if waiting > 0:
+                if running < self.limit:
+                    self._start_one()
+                else:
+                    self.queue_logger.warning("Task queue depth is %d", waiting)
 
     def _start_one(self) -> None:
         # As waitress's set_thread_count starts one (under the lock; the thread counts as

@@ -199,3 +199,29 @@ def test_the_daemon_reports_its_pool_size_and_started_threads(shared_daemon) -> 
     pool = shared_daemon.get("/api/health/detail").json()["thread_pool"]
     assert pool["threads"] == 128, "[api] threads default"
     assert 4 <= pool["started"] <= 128 and pool["busy"] >= 1 and pool["queued"] == 0
+
+
+def test_a_thread_started_for_a_task_is_no_queue_warning_but_a_full_pool_warns(caplog) -> None:
+    # waitress warns "Task queue depth is N" when tasks wait for a thread; a task that gets
+    # a new thread does not wait.
+    dispatcher = LifoTaskDispatcher()
+    dispatcher.set_thread_count(5)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+        with caplog.at_level("WARNING", logger="waitress.queue"):
+            for n in range(1, 6):
+                dispatcher.add_task(_Task(release, ran))
+                _wait_for(lambda n=n: len(ran) == n, "a task did not run")
+            assert len(dispatcher.threads) == 5
+            assert [r.getMessage() for r in caplog.records if r.name == "waitress.queue"] == []
+            dispatcher.add_task(_Task(release, ran))
+            dispatcher.add_task(_Task(release, ran))
+            assert [r.getMessage() for r in caplog.records if r.name == "waitress.queue"] == \
+                ["Task queue depth is 1", "Task queue depth is 2"]
+        release.set()
+        _wait_for(lambda: len(ran) == 7, "the queued tasks never ran")
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
