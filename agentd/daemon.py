@@ -111,7 +111,7 @@ class Daemon:
         if dispatcher is None:
             return {}
         # `threads` is the pool's size; `started` how many of them have run so far.
-        return {"threads": getattr(dispatcher, "limit", len(dispatcher.threads)),
+        return {"threads": dispatcher.limit,
                 "started": len(dispatcher.threads), "busy": dispatcher.active_count,
                 "queued": len(dispatcher.queue)}
 

@@ -119,7 +119,9 @@ TESTS: dict[str, list[str]] = {
     # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
     # this selection covers the interpreter settings and the boot (the gate, the freeze).
     "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
-                         "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py"],
+                         "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py",
+                         # the pool figures of /api/health/detail (`_pool_stats`)
+                         "tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
     "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat",
                       "tests/test_perf_paths.py::test_run_ids_are_version_7_uuids_in_time_order"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
