@@ -8,8 +8,8 @@ read of the provider's stream, or a phase change just before the model call, com
 microseconds apart; they are now held and written together when the thread next waits for
 something: before it sends a model request and before it blocks reading the provider's
 answer (the drivers call `before_wait`), or when the run's next event may not wait. So an
-event is never held while its thread waits, and the stream's keeper writes anything still
-held after at most its poll interval.
+event is never held while its thread waits, and the stream's keeper writes anything a
+thread has held for a poll interval (it never waited after holding it).
 
 Only the thread that held a write runs it here; `hold` and `before_wait` touch nothing
 shared.

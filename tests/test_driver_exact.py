@@ -97,9 +97,11 @@ def test_read_json_and_event_json_refuse_non_objects() -> None:
     ('{"t": "\u00e9"}'.encode("latin-1"), {"Content-Type": "application/json; charset=iso-8859-1"}, "\u00e9"),
     # Not UTF-8 and none declared: the bad byte becomes U+FFFD, the rest is kept.
     (b'{"t": "a\xffb"}', {"Content-Type": "application/json"}, "a\ufffdb"),
+    # ... and with no Content-Type at all (no encoding known): read as UTF-8 all the same.
+    (b'{"t": "a\xffb"}', {}, "a\ufffdb"),
     ('{"t": "x"}'.encode("utf-16"), {"Content-Type": "application/json"}, "x"),
     (gzip.compress(b'{"t": "zipped"}', mtime=0), {"Content-Type": "application/json", "Content-Encoding": "gzip"}, "zipped"),
-], ids=["utf-8", "declared-latin-1", "bad-utf-8", "utf-16", "gzip"])  # (ids: the same in every xdist worker)
+], ids=["utf-8", "declared-latin-1", "bad-utf-8", "bad-utf-8-untyped", "utf-16", "gzip"])  # (ids: the same in every xdist worker)
 def test_read_json_decodes_the_body_as_sent(raw, headers, expected) -> None:
     assert transport.read_json(EP, "m1", answer(200, raw=raw, **headers)) == {"t": expected}
 

@@ -15,7 +15,7 @@ import pytest
 
 from agentd import held_writes
 from agentd.agents.events import Event
-from agentd.api.streaming import StreamShape, WrittenStream
+from agentd.api.streaming import STALE_HOLD, StreamShape, WrittenStream
 from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import CallGuard
@@ -125,9 +125,32 @@ def test_the_keeper_writes_what_a_thread_held_and_never_waited_after(wire: Wire)
     stream.open()
     stream.deliver(Event("text_delta"))
     stream.tick()
-    assert wire.writes[1:] == ["text_delta;"]
+    assert len(wire.writes) == 1, "BUG: the keeper raced a thread that is about to write what it holds"
+    time.sleep(STALE_HOLD / 2)
+    stream.deliver(Event("tool_use"))  # held later: the first held chunk sets the age
+    time.sleep(STALE_HOLD / 2 + 0.02)
+    stream.tick()
+    assert wire.writes[1:] == ["text_delta;tool_use;"]
     stream.tick()
     assert len(wire.writes) == 2, "BUG: the keeper wrote again with nothing held"
+    stream.deliver(Event("text_delta"))  # a new hold starts a new age
+    stream.tick()
+    assert len(wire.writes) == 2, "BUG: a new hold was written at once: its age was the old one's"
+    time.sleep(STALE_HOLD + 0.02)
+    stream.tick()
+    assert wire.writes[2:] == ["text_delta;"]
+
+
+def test_a_held_opening_is_aged_from_when_it_was_held(wire: Wire) -> None:
+    stream = WrittenStream(wire, shape(), heartbeat=60)
+    stream.deliver(Event("text_delta"))
+    time.sleep(STALE_HOLD + 0.02)  # waiting for the opening is not holding
+    stream.open(hold=True)
+    stream.tick()
+    assert wire.writes == [], "BUG: the keeper wrote an opening the thread had just held"
+    time.sleep(STALE_HOLD + 0.02)
+    stream.tick()
+    assert wire.writes == [": stream open\n\nO;text_delta;"]
 
 
 def test_nothing_held_is_written_after_finish(wire: Wire) -> None:
@@ -243,6 +266,9 @@ def stream_chunks(daemon: Daemon, agent_id: str, message: str) -> list[str]:
 def test_a_streamed_message_is_written_in_a_chunk_per_wait(agent_daemon: Daemon) -> None:
     r = agent_daemon.post("/api/agents", json={"manifest_toml": 'name = "held-writes"\nprofile = "minimal"\n'})
     agent_id = r.json()["agent_id"]
+    # A first run loads the driver modules: that may outlast the keeper's grace (STALE_HOLD),
+    # which would write the opening on its own. This test is about runs after that.
+    assert agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": "warm up"}).status_code == 200
     # The fake provider sends each word 300 ms after the one before: each wait of the run for
     # the provider ends a write, so every word arrives in a chunk of its own, none held.
     chunks = stream_chunks(agent_daemon, agent_id, "[[chunks:3]] [[pace:300]]")

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import ssl
+import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -24,6 +28,8 @@ class Recorder(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         Recorder.seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
                               "body": body})
+        if self.path == "/slow":
+            time.sleep(1.0)
         answer = b'{"ok": true}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -76,8 +82,9 @@ def test_a_provider_content_type_is_kept_and_nan_is_refused(server, monkeypatch)
     monkeypatch.setattr(transport, "_local", threading.local())
     _fast(f"{server}/x", {"Content-Type": "application/json; charset=utf-8"}, {"a": 1})
     assert Recorder.seen[-1]["headers"]["content-type"] == "application/json; charset=utf-8"
-    with pytest.raises(requests.exceptions.InvalidJSONError):
+    with pytest.raises(requests.exceptions.InvalidJSONError) as caught:
         transport.send_json(f"{server}/x", {}, {"a": math.nan}, timeout=(5, 5))
+    assert str(caught.value) == "Out of range float values are not JSON compliant", "BUG: the reason was lost"
     assert len(Recorder.seen) == 1  # nothing was sent
 
 
@@ -87,7 +94,8 @@ def test_the_url_cache_stays_small(server, monkeypatch) -> None:
     monkeypatch.setattr(transport, "URL_CACHE_SIZE", 3)
     for i in range(5):
         _fast(f"{server}/p{i}", {}, {})
-    assert len(transport._urls) <= 3 and f"{server}/p4" in transport._urls
+        assert len(transport._urls) <= 3, f"BUG: {len(transport._urls)} URLs kept, the limit is 3"
+    assert f"{server}/p4" in transport._urls
     assert [s["path"] for s in Recorder.seen] == [f"/p{i}" for i in range(5)]
 
 
@@ -100,3 +108,52 @@ def test_with_a_proxy_in_the_environment_the_full_session_path_is_used(server, m
     assert response.status_code == 200
     assert transport._urls == {}, "BUG: the fast path ran although a proxy is configured"
     assert transport.session().trust_env is True
+
+
+def test_the_session_path_sends_the_body_and_headers_streams_and_keeps_the_timeout(server, monkeypatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setattr(transport, "_local", threading.local())
+    response = transport.send_json(f"{server}/via-session", {"X-Extra": "1"}, {"a": 1}, timeout=(5, 5))
+    assert transport._local.session.trust_env is True  # (the session path, as above)
+    # Streamed: the body is still on the connection when send_json returns.
+    assert response.raw.read() == b'{"ok": true}', "BUG: the answer was read before the caller asked"
+    seen = Recorder.seen[-1]
+    assert json.loads(seen["body"]) == {"a": 1}
+    assert (seen["headers"]["x-extra"], seen["headers"]["content-type"]) == ("1", "application/json")
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        transport.send_json(f"{server}/slow", {}, {}, timeout=(5, 0.2))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    """An HTTPS Recorder with a certificate for 127.0.0.1 that no public CA signed; its file."""
+    openssl = shutil.which("openssl") or pytest.skip("openssl is not installed")
+    root = tmp_path_factory.mktemp("tls")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(root / "key.pem"), "-out", str(root / "cert.pem")], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(root / "cert.pem", root / "key.pem")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{httpd.server_address[1]}", str(root / "cert.pem")
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_https_is_verified_against_the_configured_ca_bundle(tls_server, monkeypatch) -> None:
+    url, cert = tls_server
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", cert)
+    monkeypatch.setattr(transport, "_local", threading.local())
+    Recorder.seen = []
+    response = _fast(f"{url}/tls", {}, {"a": 1})
+    assert response.json() == {"ok": True} and Recorder.seen[-1]["path"] == "/tls"
+    # Without the bundle the same certificate is refused: verification is on, not skipped.
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    monkeypatch.setattr(transport, "_local", threading.local())
+    with pytest.raises(requests.exceptions.SSLError):
+        transport.send_json(f"{url}/tls", {}, {"a": 1}, timeout=(5, 5))

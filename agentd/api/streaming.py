@@ -137,8 +137,9 @@ class WrittenStream:
         # Until `open`, rendered events wait here: a queued run's worker may start before
         # the response does, and nothing may reach the socket ahead of the opening.
         self._pending: list[str] | None = []
-        # Chunks held until the delivering thread waits (agentd/held_writes.py).
+        # Chunks held until the delivering thread waits (agentd/held_writes.py), and since when.
         self._held: list[str] = []
+        self._held_at = 0.0
         self._ended = False  # the final event was written (or the client left)
         self._finished = False  # the request is over: nothing may be written any more
 
@@ -149,8 +150,7 @@ class WrittenStream:
             pending, self._pending = self._pending or [], None
             opening = [comment("stream open"), *self.shape.opening, *pending]
             if hold:
-                self._held[:0] = opening
-                held_writes.hold(self.flush)
+                self._hold(opening)
             else:
                 self._send(opening)
 
@@ -177,7 +177,8 @@ class WrittenStream:
         try:
             if self._ended or self._finished or self._pending is not None:
                 return
-            self._send([])  # what a thread held and has not written yet (it should have)
+            if self._held and time.monotonic() - self._held_at >= STALE_HOLD:
+                self._send([])  # what a thread held and has not written since (it should have)
             if self.cancel.is_set():
                 self._deliver(Event("stopped", {"message": "run stopped"}))
             elif time.monotonic() - self._last >= self.heartbeat:
@@ -195,10 +196,16 @@ class WrittenStream:
         elif not chunks:
             return  # (an event this transport does not show)
         elif self._pending is None and _followed_at_once(event):
-            self._held.extend(chunks)
-            held_writes.hold(self.flush)
+            self._hold(chunks)
             return
         self._send(chunks, final)
+
+    def _hold(self, chunks: list[str]) -> None:
+        """Keep `chunks` for this thread's next wait (nothing is held before the opening)."""
+        if not self._held:
+            self._held_at = time.monotonic()
+        self._held.extend(chunks)
+        held_writes.hold(self.flush)
 
     def _send(self, chunks: tuple[str, ...] | list[str], final: bool = False) -> None:
         if self._pending is not None:
@@ -231,6 +238,12 @@ def _followed_at_once(event: Event) -> bool:
     # Parsed from the model's stream: the next read, or the end of the call, follows.
     return event.type in ("text_delta", "tool_use", "tool_args_delta", "tool_input")
 
+
+#: How long the keeper leaves chunks a thread holds before writing them itself: a thread
+#: writes what it holds within microseconds, when it next waits; the keeper only catches a
+#: thread that never does, and must not race one that is about to (a stream's opening and
+#: first events would leave in two writes, not one).
+STALE_HOLD = POLL_SECS
 
 #: Keep-alives and stops for every written stream of this process.
 KEEPER = Poller("agentd-stream-keeper", POLL_SECS)
