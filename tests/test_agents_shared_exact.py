@@ -10,6 +10,7 @@ exactly: the adopted handle's fields, what is forgotten and what is kept, the lo
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -108,6 +109,53 @@ def test_an_agent_killed_elsewhere_is_forgotten(pair, caplog) -> None:
     assert f"agent delta ({h.id}) was killed through another daemon" in [r.getMessage() for r in caplog.records]
     shared.sync_agent(b, agent_id=h.id)   # forgetting twice is harmless
     assert list(b._agents) == [keep.id]
+
+
+def test_an_agent_being_killed_here_is_not_adopted_back_from_its_row(pair) -> None:
+    a, _, _ = pair
+    h = a.spawn(manifest("theta"))
+    stop = a.stop
+    seen: list[bool] = []
+
+    def stop_then_look_up(handle):  # a lookup that lands after the handle went, before the row does
+        for sync in (lambda: shared.sync_agent(a, agent_id=handle.id), lambda: shared.sync_agent(a, name="theta"),
+                     lambda: shared.sync_all(a)):
+            sync()
+            seen.append(handle.id in a._agents or "theta" in a._by_name)
+        return stop(handle)
+
+    a.stop = stop_then_look_up
+    a.kill(h)
+    assert seen == [False, False, False], "BUG: an agent being killed was adopted back from its row"
+    assert a._agents == {} and a._by_name == {} and a._killing == set()
+    with orm.db_session:
+        assert a.store.e.AgentRow.get(id=h.id) is None
+    again = a.spawn(manifest("theta"))  # the name is free, and a new agent of it is adopted as usual
+    a._agents.clear()
+    a._by_name.clear()
+    shared.sync_agent(a, name="theta")
+    assert list(a._agents) == [again.id]
+
+
+def test_a_row_deleted_while_it_is_adopted_is_read_whole(pair) -> None:
+    a, b, _ = pair
+    h = a.spawn(manifest("iota"))
+    build = b.handle_from_row
+    built: list[str] = []
+
+    def delete_first(row):  # the agent is killed through `a` just as `b` reads its row
+        worker = threading.Thread(target=a.kill, args=(a.get(h.id),))
+        worker.start()
+        worker.join(10)
+        handle = build(row)  # its manifest was read with the row: no second SELECT to fail
+        built.append(handle.name)
+        return handle
+
+    b.handle_from_row = delete_first
+    shared.sync_agent(b, agent_id=h.id)
+    assert built == ["iota"]
+    shared.sync_agent(b, agent_id=h.id)  # the next look finds no row and forgets it
+    assert b._agents == {} and b._by_name == {}
 
 
 def test_an_agent_killed_elsewhere_is_forgotten_by_name(pair) -> None:

@@ -61,6 +61,9 @@ class AgentManager(AgentRegistry, SessionStore, ModelCalls, RunExecution, Upload
         self.preflight = preflight
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
+        # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
+        # so a lookup in between must not adopt them back from the row (agents/shared.py).
+        self._killing: set[str] = set()
         self._lock = threading.RLock()
         # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
         # auto-remember after runs, cleanup on kill.

@@ -288,25 +288,35 @@ class AgentRegistry:
             self._agents.pop(handle.id, None)
             if self._by_name.get(handle.name) == handle.id:
                 del self._by_name[handle.name]
-        self.queues.cancel_queued(handle)
-        self.stop(handle)
-        with orm.db_session:
-            row = self.store.e.AgentRow.get(id=handle.id)
-            if row is not None:
-                for upload in row.uploads:
-                    if upload.path:  # an upload from before schema 2 may still be a file
-                        Path(upload.path).unlink(missing_ok=True)
-                # Plain SQL: the database deletes the sessions' messages with them (ON DELETE
-                # CASCADE) instead of Pony loading every message row to delete it.
-                self.store.db.execute("DELETE FROM sessions WHERE agent = $agent", {"agent": handle.id})
-                orm.delete(k for k in self.store.e.KvRow if k.agent.id == handle.id)
-                orm.delete(u for u in self.store.e.UploadRow if u.agent.id == handle.id)
-                row.delete()
+            self._killing.add(handle.id)
+        try:
+            self.queues.cancel_queued(handle)
+            self.stop(handle)
+            self._delete_rows(handle.id)
+        finally:
+            with self._lock:
+                self._killing.discard(handle.id)
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)
         if self.audit_hook is not None:
             self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})
+
+    def _delete_rows(self, agent_id: str) -> None:
+        """The agent's row and everything it owned, in one transaction."""
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=agent_id)
+            if row is None:
+                return
+            for upload in row.uploads:
+                if upload.path:  # an upload from before schema 2 may still be a file
+                    Path(upload.path).unlink(missing_ok=True)
+            # Plain SQL: the database deletes the sessions' messages with them (ON DELETE
+            # CASCADE) instead of Pony loading every message row to delete it.
+            self.store.db.execute("DELETE FROM sessions WHERE agent = $agent", {"agent": agent_id})
+            orm.delete(k for k in self.store.e.KvRow if k.agent.id == agent_id)
+            orm.delete(u for u in self.store.e.UploadRow if u.agent.id == agent_id)
+            row.delete()
 
 
 def _unknown_tools(declared: list[str]) -> list[str]:

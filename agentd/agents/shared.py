@@ -27,7 +27,7 @@ def sync_agent(manager: "AgentManager", agent_id: str | None = None, name: str |
         return  # no agent has an empty id or name (and Pony refuses to look one up: a 500)
     with orm.db_session:
         rows = manager.store.e.AgentRow
-        row = rows.get(id=agent_id) if agent_id is not None else rows.get(name=name)
+        row = _row(rows, agent_id, name)
         if row is not None:
             _adopt(manager, row)
             return
@@ -50,9 +50,23 @@ def sync_all(manager: "AgentManager") -> None:
             if agent_id in known:
                 _refresh(manager._agents.get(agent_id), mode, session_id)
             else:
-                row = manager.store.e.AgentRow.get(id=agent_id)
+                rows = manager.store.e.AgentRow
+                row = _row(rows, agent_id)
                 if row is not None:
                     _adopt(manager, row)
+
+
+def _row(rows: Any, agent_id: str | None, name: str | None = None) -> Any:
+    """The agent row with this id (else this name), its manifest text read in the same SELECT.
+
+    Pony reads a LongStr column lazily, in a second SELECT when it is first used; an agent
+    deleted in between (killed by any daemon) would leave that read with no row, which Pony
+    fails on with a TypeError. One SELECT sees the row whole or not at all."""
+    if agent_id is not None:
+        query = orm.select(a for a in rows if a.id == agent_id)
+    else:
+        query = orm.select(a for a in rows if a.name == name)
+    return query.prefetch(rows.manifest_toml).first()
 
 
 def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
@@ -67,6 +81,8 @@ def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
 def _adopt(manager: "AgentManager", row: Any) -> None:
     """Inside a db_session: register (or refresh) the handle of `row`."""
     with manager._lock:
+        if row.id in manager._killing:
+            return  # this daemon is deleting it: the row is about to go
         handle = manager._agents.get(row.id)
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
@@ -80,7 +96,7 @@ def _adopt(manager: "AgentManager", row: Any) -> None:
     if handle is None:
         return
     with manager._lock:
-        if row.id not in manager._agents:
+        if row.id not in manager._agents and row.id not in manager._killing:
             manager._register(handle)
             log.info("agent %s (%s) adopted from the shared database", row.name, row.id)
 
