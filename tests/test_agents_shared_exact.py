@@ -137,6 +137,21 @@ def test_an_agent_being_killed_here_is_not_adopted_back_from_its_row(pair) -> No
     assert list(a._agents) == [again.id]
 
 
+def test_a_kill_that_starts_while_the_handle_is_built_wins(pair) -> None:
+    a, b, _ = pair
+    h = a.spawn(manifest("kappa"))
+    build = b.handle_from_row
+
+    def kill_starts(row):  # b begins killing the agent while its own lookup builds the handle
+        handle = build(row)
+        b._killing.add(row.id)
+        return handle
+
+    b.handle_from_row = kill_starts
+    shared.sync_agent(b, agent_id=h.id)
+    assert b._agents == {} and b._by_name == {}, "BUG: a handle was registered for an agent being killed"
+
+
 def test_a_row_deleted_while_it_is_adopted_is_read_whole(pair) -> None:
     a, b, _ = pair
     h = a.spawn(manifest("iota"))
