@@ -54,7 +54,6 @@ class Kernel:
         self.config = config
         self.store = store
         store.start_checkpoints()  # SQLite: the WAL is checkpointed off the request path
-        store.defer_writes()  # SQLite: a message's writes are journaled, applied in batches
         self.started_at = utcnow()
         self._started_mono = time.monotonic()
         # Runs never wait here for an agent (each agent queues its own requests), so one

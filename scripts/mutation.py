@@ -194,9 +194,6 @@ TESTS: dict[str, list[str]] = {
     "agentd/cluster_config.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/store/leases.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/test_wal_checkpoint.py"],
-    # The message journal and its batches (a killed writer process included; the daemon
-    # killed under load, tests/test_session_crash.py, takes ten seconds a mutant: suite only).
-    "agentd/store/deferred.py": ["tests/test_deferred_writes.py"],
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
     # same tests run in the suite's --db=postgres pass).
     "agentd/store/migrate.py": ["tests/test_store_backend.py", "-k(migration or versioned) and not postgres"],

@@ -67,9 +67,6 @@ def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_da
     agent_id = r.json()["agent_id"]
 
     def stored() -> str:
-        # A read through the daemon applies its journaled writes first (a reader of the file
-        # alone sees them within the batch interval, agentd/store/deferred.py).
-        assert d.get(f"/api/agents/{agent_id}/session").status_code == 200
         session_id = db_rows(d.home, "SELECT session_id FROM agents WHERE id = ?", (agent_id,))[0][0]
         bodies = db_rows(d.home, "SELECT body FROM session_messages WHERE session = ? ORDER BY id", (session_id,))
         return "[" + ", ".join(body for (body,) in bodies) + "]"

@@ -7,11 +7,14 @@ on first use whatever backend the rest of the suite runs on.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import sqlite3
+import struct
 import uuid
+import zlib
 from datetime import datetime
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import psycopg2
 import pytest
 
 import pgtest
-from support import FAST_API, Daemon, free_port, make_home, run_cli
+from support import FAST_API, Daemon, db_rows, free_port, make_home, run_cli
 
 from agentd.config import load_config, parse_config
 from agentd.errors import ConfigError
@@ -479,6 +482,137 @@ def _sqlite_schema(path: Path) -> dict:
         return {"tables": tables, "indexes": dict(sorted(indexes.items()))}
     finally:
         conn.close()
+
+
+# The message journal an earlier agentd kept beside a SQLite database (`agentd.db-messages`),
+# written here byte by byte in its format: per record a big-endian 32-bit payload length and
+# CRC-32, then the JSON payload `[seq, [[n, new SQL], ...], [[n, params], ...]]`.
+def _journal_record(seq: int, new: list, named: list) -> bytes:
+    payload = json.dumps([seq, new, named]).encode("utf-8")
+    return struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+
+
+_APPEND = ("INSERT INTO session_messages (session, body) SELECT $session, column1 FROM "
+           "(VALUES ($b0, 0), ($b1, 1)) AS added WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $session) "
+           "ORDER BY column2")
+_LAST_ACTIVE = "UPDATE agents SET last_active = $now WHERE id = $agent"
+_SESSION_ROW = ("INSERT INTO sessions (id, agent, created_at) SELECT $session, $agent, $now "
+                "WHERE EXISTS (SELECT 1 FROM agents WHERE id = $agent) ON CONFLICT (id) DO NOTHING")
+
+
+def _exchange(session_id: str, question: str, answer: str) -> dict:
+    return {"session": session_id, "b0": json.dumps({"role": "user", "content": question}),
+            "b1": json.dumps({"role": "assistant", "content": answer})}
+
+
+def test_migration_applies_the_message_journal_of_a_killed_daemon_once_and_removes_it(tmp_path: Path) -> None:
+    """A home whose daemon was killed with message writes still in its journal: the next
+    start applies the records the database does not have yet (the first was applied
+    before the kill), ignores a record torn by the kill, serves the result, and the file
+    and its mark in `settings` are gone."""
+    home = make_home(tmp_path)
+    sqlite_only = {"AGENTD_DATABASE_URL": ""}  # (the journal only ever sat beside SQLite)
+    daemon = Daemon(home, env_extra=sqlite_only).start()
+    r = daemon.post("/api/agents", json={"manifest_toml": 'name = "journaled"\nprofile = "minimal"\n'})
+    assert r.status_code == 201, r.text
+    agent_id = r.json()["agent_id"]
+    session_id = daemon.get(f"/api/agents/{agent_id}/session").json()["session_id"]
+    assert daemon.stop() == 0
+    db = home / "data" / "agentd.db"
+    journal = home / "data" / "agentd.db-messages"
+    conn = sqlite3.connect(str(db))
+    conn.execute("INSERT INTO settings (key, value) VALUES ('run_journal_applied', '{\"seq\": 1}')")
+    conn.commit()
+    conn.close()
+    ids = {"agent": agent_id, "session": session_id}
+    journal.write_bytes(
+        _journal_record(1, [[0, _LAST_ACTIVE], [1, _SESSION_ROW], [2, _APPEND]],
+                        [[0, {**ids, "now": "2026-03-01 10:00:00"}], [1, {**ids, "now": "2026-03-01 10:00:00"}],
+                         [2, _exchange(session_id, "applied before the kill", "twice?")]])
+        + _journal_record(2, [], [[0, {**ids, "now": "2026-03-01 10:00:01"}], [1, {**ids, "now": "2026-03-01 10:00:01"}],
+                                  [2, _exchange(session_id, "first", "echo: first")]])
+        + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01 10:00:02.500000"}],
+                                  [2, _exchange(session_id, "grüß \"dich\"", "echo: grüß \"dich\"")]])
+        + _journal_record(4, [], [[2, _exchange(session_id, "torn", "by the kill")]])[:-3])
+
+    again = Daemon(home, env_extra=sqlite_only).start()
+    try:
+        messages = again.get(f"/api/agents/{agent_id}/session").json()["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [
+            ("User", "first"), ("Assistant", "echo: first"),
+            ("User", 'grüß "dich"'), ("Assistant", 'echo: grüß "dich"')]
+        assert not journal.exists()
+        assert f"applying 2 message write(s) left in {journal}" in again.log()
+        assert db_rows(home, "SELECT last_active FROM agents WHERE id = ?", (agent_id,)) == [
+            ("2026-03-01 10:00:02.500000",)]
+        assert db_rows(home, "SELECT value FROM settings WHERE key = 'run_journal_applied'") == []
+    finally:
+        assert again.stop() == 0
+    third = Daemon(home, env_extra=sqlite_only).start()  # nothing is applied twice
+    try:
+        assert len(third.get(f"/api/agents/{agent_id}/session").json()["messages"]) == 4
+        assert not journal.exists()
+    finally:
+        assert third.stop() == 0
+
+
+def test_migration_of_a_message_journal_drops_a_refused_record_and_keeps_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from agentd.store import open_store
+
+    path = tmp_path / "agentd.db"
+    open_store(path).close()
+    insert = "INSERT INTO settings (key, value) VALUES ($k, $v)"
+    journal = tmp_path / "agentd.db-messages"
+    journal.write_bytes(_journal_record(1, [[0, insert]], [[0, {"k": "a", "v": "1"}]])
+                        + _journal_record(2, [], [[0, {"k": "b", "v": "2"}], [0, {"k": "a", "v": "again"}]])
+                        + _journal_record(3, [], [[0, {"k": "c", "v": "3"}]]))
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    open_store(path).close()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "agentd.store"] == [
+        ("INFO", f"applying 3 message write(s) left in {journal}"),
+        ("ERROR", "a message write (journal record 2) was refused by the database and dropped: "
+                  "UNIQUE constraint failed: settings.key")]
+    conn = sqlite3.connect(str(path))
+    rows = conn.execute("SELECT key, value FROM settings ORDER BY key").fetchall()
+    conn.close()
+    assert rows == [("a", 1), ("c", 3)]  # the whole refused record, "b" with it, is dropped
+    assert not journal.exists()
+
+
+def test_migration_leaves_a_message_journal_its_daemon_still_holds(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from agentd.store import open_store
+
+    path = tmp_path / "agentd.db"
+    open_store(path).close()
+    journal = tmp_path / "agentd.db-messages"
+    journal.write_bytes(_journal_record(1, [[0, "INSERT INTO settings (key, value) VALUES ($k, $v)"]],
+                                        [[0, {"k": "held", "v": "1"}]]))
+    with open(journal, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        caplog.set_level(logging.INFO, logger="agentd.store")
+        open_store(path).close()
+    assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+        f"{journal} is held by another process; left to it"]
+    assert journal.exists()
+    conn = sqlite3.connect(str(path))
+    assert conn.execute("SELECT COUNT(*) FROM settings WHERE key = 'held'").fetchone() == (0,)
+    conn.close()
+
+
+def test_a_message_journal_that_cannot_be_applied_stops_the_start_and_is_kept(tmp_path: Path) -> None:
+    from agentd.store import open_store
+    from agentd.store.db import StoreError
+
+    path = tmp_path / "agentd.db"
+    open_store(path).close()
+    journal = tmp_path / "agentd.db-messages"
+    journal.write_bytes(_journal_record(1, [[0, "INSERT INTO no_such_table (v) VALUES ($v)"]], [[0, {"v": 1}]]))
+    with pytest.raises(StoreError) as err:
+        open_store(path)
+    assert err.value.message == f"cannot apply the message writes left in {journal}: no such table: no_such_table"
+    assert journal.exists()
 
 
 def test_a_fresh_sqlite_database_has_the_recorded_schema(tmp_path: Path) -> None:

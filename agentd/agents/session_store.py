@@ -113,8 +113,9 @@ class SessionStore:
         """End of a run: its usage rows, the new messages, the agent's last_active, one
         write (`also(tx)` adds more statements to it: the run record's close).
 
-        Plain statements through the store's writer, journaled and applied in batches on a
-        lone SQLite daemon (agentd/store/deferred.py): this runs once per message."""
+        Plain statements through the store's writer, committed before the answer goes out
+        (see agentd/store/writer.py for why it has a connection of its own): this runs once
+        per message."""
         if handle.killed:
             self._flush_usage(usage)
             return
@@ -129,8 +130,7 @@ class SessionStore:
         ensure_row = handle.session_row != handle.session_id
 
         def write(tx: Tx) -> bool:
-            # Nothing branches on row counts (the write may be journaled and applied later,
-            # agentd/store/deferred.py): for an agent killed meanwhile, each statement's own
+            # For an agent killed meanwhile (by another daemon too), each statement's own
             # condition finds no row and adds nothing; its usage and run record stay.
             if rows:
                 self.write_usage(tx, rows)
@@ -143,9 +143,9 @@ class SessionStore:
                 self._append(tx, handle.session_id, bodies)
             if also is not None:
                 also(tx)
-            return found  # (a journaled write says True)
+            return found
 
-        found = self.store.write_later(write)
+        found = self.store.write(write)
         if rows:
             usage.clear()
         if bodies and ensure_row:

@@ -5,7 +5,6 @@ entities of agentd/store/entities.py.
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import sqlite3
 import threading
@@ -16,19 +15,15 @@ from typing import Any, Callable, ContextManager, TypeVar
 
 from pony import orm
 from pony.orm import Database
-from pony.orm import core as pony_core
 
 from agentd.errors import AgentdError
 from agentd.store import migrate
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
-from agentd.store.deferred import DeferredWrites, Journal, JournalBusy, read_applied, replay
 from agentd.store.entities import define_entities
 from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
 
 T = TypeVar("T")
-
-log = logging.getLogger("agentd.store")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -49,11 +44,6 @@ class Store:
     where: str = ""
     checkpointer: WalCheckpointer | None = None
     _writer: Writer | None = None
-    # SQLite: the message writes' journal (held by this process) and, once a kernel serves,
-    # its batches (agentd/store/deferred.py).
-    _journal: Journal | None = None
-    _applied: int | None = None  # the highest record number applied, once read
-    _later: DeferredWrites | None = None
 
     @property
     def shared(self) -> bool:
@@ -96,26 +86,6 @@ class Store:
     def write(self, work: Callable[[Tx], T]) -> T:
         """Run `work(tx)` in a committed write transaction (agentd/store/writer.py says what
         `work` may do); returns its result."""
-        later = self._later
-        if later is not None and not pony_core.local.db_context_counter:
-            later.settle()  # (inside a db_session, its start settled)
-        return self._get_writer().run(work)
-
-    def write_later(self, work: Callable[[Tx], T]) -> T:
-        """`write(work)` for the end of a message: once `defer_writes()` ran, journaled and
-        applied with the next batch (agentd/store/deferred.py; `work` must not branch on
-        row counts), else written now."""
-        later = self._later
-        if later is None or self.shared:
-            return self.write(work)
-        return later.record(work)
-
-    def settle(self) -> None:
-        """Apply the message writes still pending (reads settle by themselves)."""
-        if self._later is not None:
-            self._later.settle()
-
-    def _get_writer(self) -> Writer:
         writer = self._writer
         if writer is None:
             with _WRITER_LOCK:
@@ -123,45 +93,7 @@ class Store:
                     sqlite = self.backend == "sqlite" and self.db.provider.dialect == "SQLite"
                     self._writer = SqliteWriter(self.path, self.db) if sqlite else PonyWriter(self.db)
                 writer = self._writer
-        return writer
-
-    def open_journal(self) -> None:
-        """SQLite: take this database's message journal and apply what a previous process
-        left in it (a process that cannot take it writes synchronously)."""
-        if self.backend != "sqlite" or self._journal is not None:
-            return
-        try:
-            journal = Journal(self.path.with_name(self.path.name + "-messages"))
-        except JournalBusy:
-            log.warning("the message journal of %s is held by another process; writing synchronously", self.path)
-            return
-        writer = self._get_writer() if journal.size() else None
-        if isinstance(writer, SqliteWriter):
-            self._applied = replay(journal, writer)
-        self._journal = journal
-
-    def defer_writes(self, interval: float | None = None) -> None:
-        """From now on `write_later` journals and applies in batches (a serving kernel)."""
-        if self._later is not None or self._journal is None:
-            return
-        writer = self._get_writer()
-        if not isinstance(writer, SqliteWriter):
-            return
-        if self._applied is None:
-            self._applied = read_applied(writer.conn)
-        self._later = DeferredWrites(writer, self._journal, self._applied,
-                                     **({} if interval is None else {"interval": interval}))
-        # Every Pony session's first statement connects: what is pending is applied first.
-        provider = self.db.provider
-        connect = provider.connect
-
-        def settled_connect(*args: Any, **kwargs: Any) -> Any:
-            later = self._later
-            if later is not None:
-                later.settle()
-            return connect(*args, **kwargs)
-
-        provider.connect = settled_connect
+        return writer.run(work)
 
     def _writes_held(self) -> ContextManager[Any]:
         """Hold the run writer's commits off while the block runs (nothing to hold before
@@ -180,12 +112,6 @@ class Store:
         if self.checkpointer is not None:
             self.checkpointer.stop()
             self.checkpointer = None
-        later, self._later = self._later, None
-        if later is not None:
-            later.close()  # (applies what is pending, releases the journal)
-        elif self._journal is not None:
-            self._journal.close()
-        self._journal = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -252,10 +178,10 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         side.close()
     store = Store(db=db, e=entities, path=path, backend="sqlite", where=str(path))
     try:
-        store.open_journal()
-    except (OSError, sqlite3.Error) as exc:
+        migrate.apply_message_journal(path)
+    except (OSError, ValueError, sqlite3.Error) as exc:
         store.close()
-        raise StoreError(f"cannot apply the message journal of {path}: {exc}") from None
+        raise StoreError(f"cannot apply the message writes left in {migrate.journal_path(path)}: {exc}") from None
     return store
 
 

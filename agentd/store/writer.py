@@ -66,19 +66,12 @@ class SqliteTx:
         self.cursor = cursor
 
     def execute(self, sql: str, params: dict[str, Any]) -> int:
-        return self.cursor.execute(self._native(sql), params).rowcount
-
-    def execute_many(self, sql: str, params: list[dict[str, Any]]) -> None:
-        """One statement for each of `params`, in order."""
-        self.cursor.executemany(self._native(sql), params)
-
-    def _native(self, sql: str) -> str:
         native = self._converted.get(sql)
         if native is None:
             if len(self._converted) >= self.CACHE_SIZE:
                 self._converted.clear()
             native = self._converted[sql] = _PARAM.sub(r":\1", sql)
-        return native
+        return self.cursor.execute(native, params).rowcount
 
 
 class Writer(ABC):
@@ -128,12 +121,6 @@ class SqliteWriter(Writer):
         # Writers queue on a lock of their own, then take Pony's write lock, which keeps
         # Pony's own writers out (no SQLITE_BUSY between the two). Queueing on Pony's pair of
         # locks instead cost a fifth more context switches under load.
-        with self._lock:
-            return self._transaction(work)
-
-    def run_own(self, work: Callable[[SqliteTx], T]) -> T:
-        """`work(tx)` on this writer's connection even inside a Pony db_session, whose thread
-        must hold no Pony transaction (agentd/store/deferred.py applies its batches so)."""
         with self._lock:
             return self._transaction(work)
 
