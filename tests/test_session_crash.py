@@ -1,11 +1,13 @@
 """A daemon SIGKILLed while its agents' sessions are being written (issue 16: a session is
 rows, appended by every message).
 
-Four clients message four agents as fast as they are answered; the daemon is killed in the
-middle of that and started again on the same home (and database). Every message a client
-saw answered must be in its agent's session, each exchange whole (the user's turn, then the
-answer to it), in order, nothing doubled; the one message in flight at the kill is either
-all there or not there at all. Then the agents go on: a new message is appended after them.
+Four clients message four agents as fast as they are answered, and four more write their
+key-value memories; the daemon is killed in the middle of that and started again on the
+same home (and database). Every message a client saw answered must be in its agent's
+session, each exchange whole (the user's turn, then the answer to it), in order, nothing
+doubled; the one message in flight at the kill is either all there or not there at all.
+Every key-value write that was answered is there with its value. Then the agents go on: a
+new message is appended after them.
 """
 
 from __future__ import annotations
@@ -58,7 +60,24 @@ def test_sessions_survive_a_sigkill_mid_write(tmp_path, fake_llm) -> None:
             answered[agent_id].append(text)
             n += 1
 
+    written: dict[str, list[str]] = {agent_id: [] for agent_id in ids}
+
+    def kv_client(agent_id: str) -> None:
+        http = requests.Session()
+        n = 0
+        while not stop.is_set():
+            key = f"k{n}"
+            try:
+                r = http.put(f"{daemon.url}/api/memory/agents/{agent_id}/kv/{key}", json={"n": n}, timeout=20)
+            except requests.RequestException:
+                return
+            if r.status_code != 200:
+                return
+            written[agent_id].append(key)
+            n += 1
+
     threads = [threading.Thread(target=client, args=(agent_id,)) for agent_id in ids]
+    threads += [threading.Thread(target=kv_client, args=(agent_id,)) for agent_id in ids]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
@@ -69,6 +88,7 @@ def test_sessions_survive_a_sigkill_mid_write(tmp_path, fake_llm) -> None:
     for t in threads:
         t.join(30)
     assert sum(map(len, answered.values())) >= ANSWERED_BEFORE_KILL
+    assert sum(map(len, written.values())) > 0
 
     again = Daemon(home, env_extra=LLM_ENV).start()
     try:
@@ -79,6 +99,10 @@ def test_sessions_survive_a_sigkill_mid_write(tmp_path, fake_llm) -> None:
             # The message in flight at the kill: committed (its answer never reached the
             # client) or not at all, never half.
             assert stored[len(seen):] in ([], [f"m{len(seen)}"]), stored[len(seen):]
+            memory = again.get(f"/api/memory/agents/{agent_id}/kv").json()
+            kept = {key: memory.get(key) for key in written[agent_id]}
+            assert kept == {f"k{n}": {"n": n} for n in range(len(written[agent_id]))}, \
+                "BUG: an answered key-value write is missing"
         r = again.post(f"/api/agents/{ids[0]}/message", json={"message": "after the crash"})
         assert r.status_code == 200 and r.json()["response"] == "echo: after the crash"
         after = _exchanges(again.get(f"/api/agents/{ids[0]}/session").json()["messages"])

@@ -22,7 +22,7 @@ import psycopg2
 import pytest
 
 import pgtest
-from support import FAST_API, Daemon, db_rows, free_port, make_home, run_cli
+from support import FAST_API, Daemon, free_port, make_home, run_cli
 
 from agentd.config import load_config, parse_config
 from agentd.errors import ConfigError
@@ -543,9 +543,13 @@ def test_migration_applies_the_message_journal_of_a_killed_daemon_once_and_remov
             ("User", 'grüß "dich"'), ("Assistant", 'echo: grüß "dich"')]
         assert not journal.exists()
         assert f"applying 2 message write(s) left in {journal}" in again.log()
-        assert db_rows(home, "SELECT last_active FROM agents WHERE id = ?", (agent_id,)) == [
-            ("2026-03-01 10:00:02.500000",)]
-        assert db_rows(home, "SELECT value FROM settings WHERE key = 'run_journal_applied'") == []
+        conn = sqlite3.connect(str(db))
+        try:
+            assert conn.execute("SELECT last_active FROM agents WHERE id = ?", (agent_id,)).fetchall() == [
+                ("2026-03-01 10:00:02.500000",)]
+            assert conn.execute("SELECT value FROM settings WHERE key = 'run_journal_applied'").fetchall() == []
+        finally:
+            conn.close()
     finally:
         assert again.stop() == 0
     third = Daemon(home, env_extra=sqlite_only).start()  # nothing is applied twice
