@@ -309,11 +309,9 @@ def open_daemon_store(config: Config) -> Any:
 
 def tune_interpreter() -> None:
     """The process-wide interpreter settings a busy threaded daemon wants."""
-    # The GIL switch interval: 0.5 ms while every message committed on the request thread
-    # (the SQLite write lock was handed between threads, and 5 ms made convoys of it). With
-    # the message writes journaled (agentd/store/deferred.py), 5 ms measured better at 32
-    # connections: context switches per request 11-17 -> 7-8, rps +4 % (`/v1`), +9 %
-    # (messages, streamed `/v1`), SSE and one connection unchanged (README, Performance).
+    # The GIL switch interval: Python's own 5 ms unless AGENTD_SWITCH_INTERVAL sets it. A
+    # shorter one hands the GIL (and the locks waiting on it) between threads sooner, at the
+    # price of more context switches per request (README, Performance, has the A/B runs).
     sys.setswitchinterval(SWITCH_INTERVAL)
     gc.set_threshold(*GC_THRESHOLD)
 

@@ -529,7 +529,8 @@ def test_migration_applies_the_message_journal_of_a_killed_daemon_once_and_remov
         _journal_record(1, [[0, _LAST_ACTIVE], [1, _SESSION_ROW], [2, _APPEND]],
                         [[0, {**ids, "now": "2026-03-01 10:00:00"}], [1, {**ids, "now": "2026-03-01 10:00:00"}],
                          [2, _exchange(session_id, "applied before the kill", "twice?")]])
-        + _journal_record(2, [], [[0, {**ids, "now": "2026-03-01 10:00:01"}], [1, {**ids, "now": "2026-03-01 10:00:01"}],
+        + _journal_record(2, [], [[0, {**ids, "now": "2026-03-01 10:00:01"}],
+                                  [1, {**ids, "now": "2026-03-01 10:00:01"}],
                                   [2, _exchange(session_id, "first", "echo: first")]])
         + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01 10:00:02.500000"}],
                                   [2, _exchange(session_id, "grüß \"dich\"", "echo: grüß \"dich\"")]])
@@ -570,21 +571,26 @@ def test_migration_of_a_message_journal_drops_a_refused_record_and_keeps_the_oth
     journal = tmp_path / "agentd.db-messages"
     journal.write_bytes(_journal_record(1, [[0, insert]], [[0, {"k": "a", "v": "1"}]])
                         + _journal_record(2, [], [[0, {"k": "b", "v": "2"}], [0, {"k": "a", "v": "again"}]])
-                        + _journal_record(3, [], [[0, {"k": "c", "v": "3"}]]))
+                        + _journal_record(3, [], [[0, {"k": "c", "v": "3"}]])
+                        + _journal_record(4, [[1, "INSERT INTO session_messages (session, body) VALUES ($s, $b)"]],
+                                          [[1, {"s": "no-such-session", "b": "{}"}]]))
     caplog.set_level(logging.INFO, logger="agentd.store")
     open_store(path).close()
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "agentd.store"] == [
-        ("INFO", f"applying 3 message write(s) left in {journal}"),
+        ("INFO", f"applying 4 message write(s) left in {journal}"),
         ("ERROR", "a message write (journal record 2) was refused by the database and dropped: "
-                  "UNIQUE constraint failed: settings.key")]
+                  "UNIQUE constraint failed: settings.key"),
+        ("ERROR", "a message write (journal record 4) was refused by the database and dropped: "
+                  "FOREIGN KEY constraint failed")]
     conn = sqlite3.connect(str(path))
     rows = conn.execute("SELECT key, value FROM settings ORDER BY key").fetchall()
+    assert conn.execute("SELECT COUNT(*) FROM session_messages").fetchone() == (0,)
     conn.close()
     assert rows == [("a", 1), ("c", 3)]  # the whole refused record, "b" with it, is dropped
     assert not journal.exists()
 
 
-def test_migration_leaves_a_message_journal_its_daemon_still_holds(tmp_path: Path,
+def test_migration_leaves_a_message_journal_its_daemon_still_holds_until_released(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     from agentd.store import open_store
 
@@ -603,6 +609,12 @@ def test_migration_leaves_a_message_journal_its_daemon_still_holds(tmp_path: Pat
     conn = sqlite3.connect(str(path))
     assert conn.execute("SELECT COUNT(*) FROM settings WHERE key = 'held'").fetchone() == (0,)
     conn.close()
+    (tmp_path / "agentd.db-messages.tmp").write_bytes(b"")  # (a rewrite cut off by the kill)
+    open_store(path).close()  # released: applied now
+    conn = sqlite3.connect(str(path))
+    assert conn.execute("SELECT value FROM settings WHERE key = 'held'").fetchall() == [(1,)]
+    conn.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if "messages" in p.name) == []
 
 
 def test_a_message_journal_that_cannot_be_applied_stops_the_start_and_is_kept(tmp_path: Path) -> None:

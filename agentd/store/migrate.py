@@ -14,6 +14,9 @@ The table `agentd_schema` records every version applied. At start the store:
    the steps that fill those new tables from old ones (`LATE_STEPS`), and records the
    versions; then releases the lock.
 
+On SQLite it then applies what an earlier agentd's message journal beside the database
+still holds (`apply_message_journal`) and removes the file.
+
 Pony creates the tables of its entities. The cluster coordination tables (leases, daemons,
 agent run records, approvals: agentd/store/leases.py) are plain SQL outside Pony; they are
 created by the steps in `RAW_TABLES`, which also run on a fresh database, so they are
@@ -229,13 +232,13 @@ def record(cur: Any, backend: str, found: int) -> None:
                     (version, now, f"{what} by agentd"))
 
 
-# The message journal agentd kept beside a SQLite database until schema 5 was current
-# ("<database>-messages"): a message's writes were appended there and applied to the
-# database a little later, so a daemon killed in between left some behind. Each record is
-# the payload's length and CRC-32 (big-endian 32-bit each), then the payload, JSON
-# `[seq, [[n, sql], ...], [[n, params], ...]]`: its number, the statements whose SQL the
-# file gives for the first time (numbered), and its statements by number with their `$name`
-# parameters. The database kept the highest number it had applied in `settings`.
+# The message journal an earlier agentd kept beside a SQLite database ("<database>-messages"):
+# a message's writes were appended there and applied to the database a little later, so a
+# daemon killed in between left some behind. Each record is the payload's length and CRC-32
+# (big-endian 32-bit each), then the payload, JSON `[seq, [[n, sql], ...], [[n, params],
+# ...]]`: its number, the statements whose SQL the file gives for the first time (numbered),
+# and its statements by number with their `$name` parameters. The database kept the highest
+# number it had applied in `settings`; a rewrite of the file went through "<journal>.tmp".
 _JOURNAL_HEAD = struct.Struct(">II")
 JOURNAL_APPLIED_KEY = "run_journal_applied"
 _NAMED_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -283,7 +286,9 @@ def apply_message_journal(path: Path) -> None:
             return
         conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)
         try:
+            conn.execute("PRAGMA foreign_keys = ON")  # (a record is refused as the daemon refused it)
             _apply_journal(conn.cursor(), journal, fh.read())
+            journal.with_name(journal.name + ".tmp").unlink(missing_ok=True)
             journal.unlink()
             conn.execute("DELETE FROM settings WHERE key = ?", (JOURNAL_APPLIED_KEY,))
         finally:
