@@ -57,7 +57,9 @@ def test_record_without_defer_still_writes_at_once(store) -> None:
 
 def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_daemon) -> None:
     """Each message appends its turn as rows, one JSON text each; together they must be what
-    encoding the whole session would give, survive a reset and count one usage row per call."""
+    encoding the whole session would give, survive a reset and count one usage row per call.
+    The database holds them when the answer arrives (read here from outside the daemon), and
+    nothing is kept beside it."""
     import json
 
     from support import db_rows
@@ -87,6 +89,7 @@ def test_session_text_appended_per_message_is_exactly_the_sessions_json(agent_da
     assert [m["content"] for m in messages if m["role"] == "user"] == ["after reset"]
     session = d.get(f"/api/agents/{agent_id}/session").json()
     assert session["message_count"] == 2 and session["messages"][0]["content"] == "after reset"
+    assert sorted(p.name for p in (d.home / "data").iterdir() if "messages" in p.name) == []
 
 
 def test_per_message_ids_are_version_4_uuids_and_do_not_repeat() -> None:
