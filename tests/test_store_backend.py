@@ -617,7 +617,7 @@ def test_migration_leaves_a_message_journal_its_daemon_still_holds_until_release
     assert sorted(p.name for p in tmp_path.iterdir() if "messages" in p.name) == []
 
 
-def test_a_message_journal_that_cannot_be_applied_stops_the_start_and_is_kept(tmp_path: Path) -> None:
+def test_migration_stops_at_a_message_journal_it_cannot_apply_and_keeps_it(tmp_path: Path) -> None:
     from agentd.store import open_store
     from agentd.store.db import StoreError
 
