@@ -35,14 +35,16 @@ class DocsError(Exception):
 
 # -- configuration -----------------------------------------------------------------------
 
-def _cluster_settings() -> type:
-    # The [cluster] table's dataclass; the module has lived beside the config and in the
-    # cluster package, and either is the schema.
+def cluster_module() -> Any:
+    """The module of the [cluster] table (`ClusterSettings`, `cluster_settings`): it has lived
+    beside the config and in the cluster package, and either is the schema."""
     for name in ("agentd.cluster_config", "agentd.cluster.config", "agentd.config.cluster"):
         try:
-            return importlib.import_module(name).ClusterSettings
-        except (ImportError, AttributeError):
+            module = importlib.import_module(name)
+        except ImportError:
             continue
+        if hasattr(module, "ClusterSettings"):
+            return module
     raise DocsError("ClusterSettings (the [cluster] table) not found")
 
 
@@ -91,7 +93,7 @@ def schema_keys() -> dict[str, tuple[str, Any]]:
         else:
             keys[field.name] = (_type_name(default, field.type), default)
     keys["api_listen"] = ("string", keys["api.listen_addr"][1])
-    for sub in dataclasses.fields(_cluster_settings()):
+    for sub in dataclasses.fields(cluster_module().ClusterSettings):
         keys[f"cluster.{sub.name}"] = (_type_name(None, sub.type), _default_of(sub))
     return keys
 
