@@ -125,7 +125,7 @@ def config_keys() -> list[tuple[str, str, str, str]]:
             raise DocsError(f"{KEYS_FILE.name}: key {key} has no default in the code; give one under [defaults]")
         else:
             shown = f"`{_toml_value(value)}`"
-        kind = kind or ("table" if key.endswith(">") else "")
+        kind = kind or texts.get("types", {}).get(key) or ("table" if key.endswith(">") else "")
         rows.append((key, kind, shown, meanings[key]))
     return rows
 
