@@ -231,13 +231,32 @@ def channel_catalogue() -> list[dict[str, Any]]:
     return json.loads((ROOT / "agentd" / "data" / "channels.json").read_text(encoding="utf-8"))
 
 
+def adapter_notes() -> dict[str, list[list[str]]]:
+    """Rows of the adapter table on docs/channels/index.md (inbound mode, public URL, library,
+    tested against, status), by adapter name."""
+    text = (ROOT / "docs" / "channels" / "index.md").read_text(encoding="utf-8")
+    notes: dict[str, list[list[str]]] = {}
+    in_table = False
+    for line in text.splitlines():
+        if line.startswith("| adapter | inbound mode |"):
+            in_table = True
+            continue
+        if in_table and not line.startswith("|"):
+            break
+        if in_table and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            notes.setdefault(cells[0].split()[0], []).append(cells)
+    return notes
+
+
 def channel_page(entry: dict[str, Any]) -> str:
     """One adapter's page: what it needs, its setup steps and config keys."""
     name = entry["name"]
     labels = {f["key"]: f for f in entry.get("fields", [])}
     out = [f"# {entry['display_name']} (`{name}`)", "", entry.get("description", ""), "",
            f"Category: {entry.get('category', '')} · difficulty: {entry.get('difficulty', '')} · "
-           f"setup: {entry.get('setup_time', '')} · inbound: {entry.get('inbound', '')}", ""]
+           f"setup: {entry.get('setup_time', '')}" + (f" · inbound: {entry['inbound']}" if entry.get("inbound") else ""),
+           ""]
     if entry.get("protocol"):
         out += [entry["protocol"], ""]
     needs = [f for f in entry.get("fields", []) if f.get("required")]
@@ -250,6 +269,13 @@ def channel_page(entry: dict[str, Any]) -> str:
         out.append("- No required keys.")
     if entry.get("quick_setup"):
         out += ["", entry["quick_setup"]]
+    rows = adapter_notes().get(name, [])
+    if rows:
+        out += ["", "## How it works", "", "| variant | inbound | needs a public URL | library | tested against |",
+                "|---|---|---|---|---|"]
+        out += [f"| {' | '.join(cells[:5])} |" for cells in rows]
+        for cells in (rows if all(len(c) > 5 for c in rows) else []):
+            out += ["", f"**Status{'' if len(rows) == 1 else ' (' + cells[0] + ')'}:** {cells[5]}"]
     out += ["", "## Setup", ""]
     out += [f"{i}. {step}" for i, step in enumerate(entry.get("setup_steps") or [], 1)] or ["No steps."]
     out += ["", "Then in `config.toml` (or `POST /api/channels/" + name + "/configure`), and "

@@ -302,3 +302,17 @@ def test_requirements_pin_exactly_the_runtime_dependencies() -> None:
               if line.strip() and not line.startswith("#")]
     assert pinned == runtime
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][A-Za-z0-9.]*", line) for line in pinned)
+
+
+def test_every_adapter_page_has_its_notes_and_a_valid_template(tmp_path: Path) -> None:
+    from agentd.channels.catalog import ChannelCatalog, validate
+
+    catalog = ChannelCatalog.load()
+    names = [entry["name"] for entry in hooks.channel_catalogue()]
+    assert sorted(hooks.adapter_notes()) == sorted(names) and len(names) == 40
+    for entry in hooks.channel_catalogue():
+        page = hooks.channel_page(entry)
+        assert "## How it works" in page and "**Status" in page, entry["name"]
+        section = tomllib.loads(entry["config_template"])["channels"][entry["name"]]
+        validate(catalog.get(entry["name"]), section)
+        assert all(f"`{key}`" in page for key in entry["keys"]), entry["name"]
