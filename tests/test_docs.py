@@ -316,3 +316,31 @@ def test_every_adapter_page_has_its_notes_and_a_valid_template(tmp_path: Path) -
         section = tomllib.loads(entry["config_template"])["channels"][entry["name"]]
         validate(catalog.get(entry["name"]), section)
         assert all(f"`{key}`" in page for key in entry["keys"]), entry["name"]
+
+
+def _cli_help(*words: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "agentd", *words, "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_command_and_option_of_the_cli_is_documented() -> None:
+    text = "\n".join((ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("cli.md", "workflows.md"))
+    missing = []
+    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
+    assert "start" in commands and "workflow" in commands
+    for command in commands:
+        subcommands = [[command]]
+        if command == "workflow":
+            subcommands = [[command, sub] for sub in re.search(r"\{([a-z,]+)\}", _cli_help(command)).group(1).split(",")]
+        for words in subcommands:
+            if f"agentd {' '.join(words)}" not in text and not (
+                    len(words) == 2 and re.search(rf"agentd workflow [a-z|\\]*\b{words[1]}\b", text)):
+                missing.append(" ".join(words))
+            for line in _cli_help(*words).splitlines():
+                names = re.findall(r"(--[a-z][a-z-]*)", line) if line.lstrip().startswith("-") else []
+                # An option documented under any of its names (argh adds the long spellings).
+                if names and "--help" not in names and not any(re.search(rf"{n}\b", text) for n in names):
+                    missing.append(f"{' '.join(words)} {names[-1]}")
+    assert missing == []
