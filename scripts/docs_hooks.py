@@ -194,7 +194,7 @@ def api_reference(document: dict[str, Any]) -> str:
                 op = item[method]
                 by_tag.setdefault((op.get("tags") or ["other"])[0], []).append((method, path, op))
     for tag in sorted(by_tag):
-        out += [f"## {tag}", ""]
+        out += [f"## {tag[:1].upper()}{tag[1:]}", ""]
         for method, path, op in by_tag[tag]:
             out += [f"### `{method.upper()} {path}`", "", op.get("summary", ""), ""]
             if op.get("description"):
