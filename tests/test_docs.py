@@ -1,0 +1,346 @@
+"""The documentation: the site builds in strict mode, it names every config key the code
+accepts and every route the app serves, and every example in the README and docs/ runs
+against a real daemon on the fake LLM.
+
+Each fenced block in the README and docs/ follows a marker comment saying how it is checked:
+
+    <!-- example: run expect="text" -->   run (sh or python); the output must contain the text
+    <!-- example: config -->              parsed as config.toml
+    <!-- example: manifest -->            spawned as an agent
+    <!-- example: file NAME -->           written as NAME for the blocks after it
+    <!-- example: not run: WHY -->        shown only, with the reason
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+MARKER = re.compile(r"^<!-- example: (.*?) -->$")
+DEFAULT_ADDRESSES = ("localhost:4200", "127.0.0.1:4200")
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _hooks()
+
+
+# -- the examples --------------------------------------------------------------------------
+
+@dataclass
+class Example:
+    document: Path
+    line: int
+    language: str
+    marker: str
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.document.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def kind(self) -> str:
+        for kind in ("not run", "run", "config", "manifest", "file"):
+            if self.marker == kind or self.marker.startswith(kind + " ") or self.marker.startswith(kind + ":"):
+                return kind
+        return ""
+
+    @property
+    def expect(self) -> str:
+        found = re.search(r'expect="([^"]*)"', self.marker)
+        return found.group(1) if found else ""
+
+
+def examples(document: Path) -> list[Example]:
+    """Every fenced block of `document`, with the marker line above it ("" when none)."""
+    found: list[Example] = []
+    lines = document.read_text(encoding="utf-8").splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("```"):
+            end = index + 1
+            while end < len(lines) and not lines[end].startswith("```"):
+                end += 1
+            marker = MARKER.match(lines[index - 1]) if index else None
+            found.append(Example(document, index + 1, line[3:].strip(), marker.group(1) if marker else "",
+                                 "\n".join(lines[index + 1:end]) + "\n"))
+            index = end
+        index += 1
+    return found
+
+
+def test_every_block_says_how_it_is_checked() -> None:
+    problems = []
+    for document in DOCUMENTS:
+        for example in examples(document):
+            if not example.kind:
+                problems.append(f"{example.where}: no `<!-- example: ... -->` marker above the block")
+            elif example.kind == "not run" and not example.marker.partition(":")[2].strip():
+                problems.append(f"{example.where}: `not run` needs a reason")
+            elif example.kind == "run" and (example.language not in ("sh", "python") or not example.expect):
+                problems.append(f"{example.where}: a run example is sh or python and names what it expects")
+    assert problems == []
+
+
+def test_the_quick_start_commands_are_the_ones_ci_runs() -> None:
+    quick = next(e for e in examples(ROOT / "README.md") if "pip install -e ." in e.code)
+    assert quick.code == ("pip install -e . && agentd start\n"
+                          "pip install -e '.[test]' && python -m pytest && python -m pytest --db=postgres\n")
+    ci = (ROOT / ".ci" / "run").read_text().rstrip().splitlines()
+    assert ci[-1] == quick.code.splitlines()[1]
+
+
+def _runs_a_daemon(document: Path) -> bool:
+    return any(e.kind in ("run", "manifest") for e in examples(document))
+
+
+def _local(code: str, port: int) -> str:
+    for address in DEFAULT_ADDRESSES:
+        code = code.replace(address, f"127.0.0.1:{port}")
+    return code
+
+
+def _check_config(example: Example, tmp_path: Path) -> None:
+    from agentd.channels.catalog import ChannelCatalog, validate
+    from agentd.config import parse_config
+
+    data = tomllib.loads(example.code)
+    parse_config(data, tmp_path)
+    hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
+    catalog = ChannelCatalog.load()
+    for name, section in (data.get("channels") or {}).items():
+        if isinstance(section, dict):
+            validate(catalog.get(name), section)
+
+
+def _run(example: Example, daemon: Daemon | None, workdir: Path, shims: Path) -> None:
+    env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if daemon is not None:
+        env.update({"AGENTD_HOME": str(daemon.home), "AGENTD_LISTEN": f"127.0.0.1:{daemon.port}"})
+    code = _local(example.code, daemon.port) if daemon is not None else example.code
+    command = ["bash", "-e", "-o", "pipefail", "-c", code] if example.language == "sh" else [sys.executable, "-c", code]
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{example.where} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert example.expect in done.stdout, f"{example.where}: {example.expect!r} not in its output:\n{done.stdout}"
+
+
+CHECKED = ("run", "config", "manifest", "file")
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if any(e.kind in CHECKED for e in examples(d))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_run(document: Path, tmp_path: Path, fake_llm) -> None:
+    found = [e for e in examples(document) if e.kind in CHECKED]
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    shim = shims / "agentd"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m agentd "$@"\n')
+    shim.chmod(0o755)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    daemon = None
+    if _runs_a_daemon(document):
+        daemon = Daemon(make_home(tmp_path, llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    try:
+        for example in found:
+            if example.kind == "config":
+                _check_config(example, tmp_path)
+            elif example.kind == "file":
+                (workdir / example.marker.split(" ", 1)[1].strip()).write_text(example.code)
+            elif example.kind == "manifest":
+                answer = daemon.post("/api/agents", json={"manifest_toml": example.code})
+                assert answer.status_code == 201, f"{example.where}: {answer.text}"
+                assert answer.json()["warnings"] == [], f"{example.where}: {answer.text}"
+            else:
+                _run(example, daemon, workdir, shims)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+# -- what the docs must name -----------------------------------------------------------------
+
+def _docs_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in DOCUMENTS)
+
+
+def _validated_keys() -> set[str]:
+    """Keys named by the config parsers' error messages (`config key api.threads: ...`)."""
+    keys = set()
+    for path in (ROOT / "agentd").rglob("*.py"):
+        keys |= set(re.findall(r"config key ([a-z_]+(?:\.[a-z_]+)*)\b(?![.{])", path.read_text(encoding="utf-8")))
+    return keys - {"or"}
+
+
+def test_every_config_key_the_code_accepts_is_in_the_reference() -> None:
+    table = hooks.config_table()
+    documented = {key for key, *_ in hooks.config_keys()}
+    validated = _validated_keys()
+    assert len(validated) > 10
+    missing = sorted(k for k in set(hooks.schema_keys()) | validated
+                     if k not in documented and k not in {"api", "cluster", "llm", "memory", "tools", "agents"})
+    assert missing == []
+    for key in documented:
+        table_name, _, name = key.rpartition(".")
+        assert (f"[{table_name}] {name}" if table_name else f"`{key}`") in table or name == "<adapter>"
+
+
+def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) -> None:
+    """Each key of the reference with a plain value: its default is accepted, and a value of
+    the wrong kind is refused naming the key (so the reference names real keys)."""
+    from agentd.config import ConfigError, parse_config
+
+    cluster_settings = hooks.cluster_module().cluster_settings
+
+    checked = 0
+    for key, (kind, default) in hooks.schema_keys().items():
+        if "<" in key or default is None or default is hooks.dataclasses.MISSING:
+            continue
+        table_name, _, name = key.rpartition(".")
+        good = {table_name: {name: default}} if table_name else {key: default}
+        bad = {table_name: {name: {"not": "this"}}} if table_name else {key: {"not": "this"}}
+        parse = cluster_settings if table_name == "cluster" else parse_config
+        args = ("127.0.0.1:4200",) if table_name == "cluster" else (tmp_path,)
+        parse(good, *args)
+        with pytest.raises(ConfigError) as refused:
+            parse(bad, *args)
+        assert key in str(refused.value) or (key == "api_listen" and "api_listen" in str(refused.value)), key
+        checked += 1
+    assert checked >= 40
+
+
+def _shape(path: str) -> str:
+    return re.sub(r"<[^>]*>|\{[^}]*\}", "{}", path)
+
+
+def test_every_route_the_app_serves_is_in_the_docs() -> None:
+    from agentd.api.apidoc import is_api_path
+    from agentd.api.openapi import openapi_path
+
+    document, rules = hooks.served_app_facts()
+    reference = hooks.api_reference(document)
+    text = _shape(_docs_text())
+    missing = []
+    for rule, methods in rules:
+        for method in methods:
+            if is_api_path(rule):
+                if f"`{method} {openapi_path(rule)}`" not in reference:
+                    missing.append(f"{method} {rule} (API reference)")
+            elif rule == "/":
+                if "| `/` |" not in text:
+                    missing.append(f"{method} / (dashboard)")
+            elif _shape(rule) not in text:
+                missing.append(f"{method} {rule}")
+    assert missing == []
+    assert len(rules) > 100
+
+
+# -- the site ----------------------------------------------------------------------------------
+
+def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING" not in done.stderr, done.stderr
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    for name in ("index.html", "api-reference.html", "configuration.html", "changelog.html", "architecture.html"):
+        assert name in pages
+    assert {f"channels/{c['name']}.html" for c in hooks.channel_catalogue()} <= pages
+    configuration = (site / "configuration.html").read_text(encoding="utf-8")
+    assert "rate_limit_per_second" in configuration and "lease_secs" in configuration
+
+
+def test_a_key_without_a_description_fails_the_build(monkeypatch) -> None:
+    texts = dict(hooks._key_texts())
+    texts["keys"] = {k: v for k, v in texts["keys"].items() if k != "api.threads"}
+    monkeypatch.setattr(hooks, "_key_texts", lambda: texts)
+    with pytest.raises(hooks.DocsError, match="api.threads"):
+        hooks.config_keys()
+
+
+def test_the_docs_extra_is_in_the_test_extra() -> None:
+    import configparser
+
+    extras = configparser.ConfigParser()
+    extras.read(ROOT / "setup.cfg")
+    section = extras["options.extras_require"]
+    docs = set(section["docs"].split())
+    assert docs and docs <= set(section["test"].split())
+
+
+def test_requirements_pin_exactly_the_runtime_dependencies() -> None:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    runtime = [line.strip() for line in config["options"]["install_requires"].splitlines() if line.strip()]
+    pinned = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert pinned == runtime
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][A-Za-z0-9.]*", line) for line in pinned)
+
+
+def test_every_adapter_page_has_its_notes_and_a_valid_template(tmp_path: Path) -> None:
+    from agentd.channels.catalog import ChannelCatalog, validate
+
+    catalog = ChannelCatalog.load()
+    names = [entry["name"] for entry in hooks.channel_catalogue()]
+    assert sorted(hooks.adapter_notes()) == sorted(names) and len(names) == 40
+    for entry in hooks.channel_catalogue():
+        page = hooks.channel_page(entry)
+        assert "## How it works" in page and "**Status" in page, entry["name"]
+        section = tomllib.loads(entry["config_template"])["channels"][entry["name"]]
+        validate(catalog.get(entry["name"]), section)
+        assert all(f"`{key}`" in page for key in entry["keys"]), entry["name"]
+
+
+def _cli_help(*words: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "agentd", *words, "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_command_and_option_of_the_cli_is_documented() -> None:
+    text = "\n".join((ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("cli.md", "workflows.md"))
+    missing = []
+    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
+    assert "start" in commands and "workflow" in commands
+    for command in commands:
+        subcommands = [[command]]
+        if command == "workflow":
+            subcommands = [[command, sub] for sub in re.search(r"\{([a-z,]+)\}", _cli_help(command)).group(1).split(",")]
+        for words in subcommands:
+            if f"agentd {' '.join(words)}" not in text and not (
+                    len(words) == 2 and re.search(rf"agentd workflow [a-z|\\]*\b{words[1]}\b", text)):
+                missing.append(" ".join(words))
+            for line in _cli_help(*words).splitlines():
+                names = re.findall(r"(--[a-z][a-z-]*)", line) if line.lstrip().startswith("-") else []
+                # An option documented under any of its names (argh adds the long spellings).
+                if names and "--help" not in names and not any(re.search(rf"{n}\b", text) for n in names):
+                    missing.append(f"{' '.join(words)} {names[-1]}")
+    assert missing == []
