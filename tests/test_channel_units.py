@@ -3,6 +3,7 @@ splitting, SSE parsing, dispatcher ordering, allow-list matching, config validat
 
 from __future__ import annotations
 
+import email.utils
 import threading
 import time
 import tomllib
@@ -11,13 +12,14 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, retry_after_secs, split_text
+from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.streaming import sse_events
 from agentd.channels.bases.webhook import check_hmac, hmac_sha256_hex, within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.runtime import ChannelManager
 from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
+from agentd.retry import Backoff, retry_after
 
 DOC = """# top
 api_key = ""  # keep
@@ -99,7 +101,48 @@ def test_sender_gives_up_and_stops():
     threading.Timer(0.2, stop.set).start()
     with pytest.raises(ChannelError, match="stopped"):
         HttpSender(stop=stop).request("POST", url)
-    assert retry_after_secs("2") == 2.0 and retry_after_secs(None) is None
+
+
+@responses.activate
+def test_sender_honours_retry_after_as_an_http_date():
+    url = "http://platform.test/send"
+    when = email.utils.formatdate(time.time() + 2, usegmt=True)
+    responses.post(url, status=429, headers={"Retry-After": when}, json={})
+    responses.post(url, status=200, json={"ok": True})
+    start = time.monotonic()
+    assert HttpSender(retries=1).json("POST", url, json={}) == {"ok": True}
+    # Whole seconds: 2 s ahead is 1-2 s of waiting, well above the first backoff (0.5 s ±20 %).
+    assert 0.95 <= time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("2", 2.0), (" 120 ", 120.0), ("1.5", 1.5), ("0", 0.0),
+    ("Wed, 21 Oct 2015 07:28:20 GMT", 20.0),   # 20 s after `now` below
+    ("Wed, 21 Oct 2015 07:27:00 GMT", 0.0),    # in the past: now
+    ("Wed, 21 Oct 2015 07:28:00 -0000", 0.0),
+    ("Fri, 31 Dec 9999 23:59:59 GMT", 86400.0),  # at most a day
+    ("99999999", 86400.0),
+    (None, None), ("", None), ("soon", None), ("-1", None), ("inf", None), ("nan", None), ("1e999", None),
+    ("Wed, 32 Oct 2015 07:28:00 GMT", None),
+])
+def test_retry_after_reads_seconds_and_http_dates(value, seconds):
+    now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
+    assert retry_after(value, now=now) == seconds
+
+
+def test_backoff_doubles_with_jitter_up_to_its_maximum_and_resets():
+    delays = [Backoff(initial=0.5, maximum=4.0) for _ in range(50)]
+    runs = [[b.next_delay() for _ in range(6)] for b in delays]
+    for n, base in enumerate([0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
+        nth = [run[n] for run in runs]
+        assert all(0.8 * base <= d <= 1.2 * base for d in nth), nth
+        assert len(set(nth)) > 1, "BUG: no jitter"
+    backoff = delays[0]
+    backoff.reset()
+    assert 0.4 <= backoff.next_delay() <= 0.6
+    stop = threading.Event()
+    stop.set()
+    assert backoff.wait(stop) is True
 
 
 def test_sse_parsing():

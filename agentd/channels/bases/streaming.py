@@ -8,8 +8,9 @@ from typing import Any, Iterator
 import requests
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.sender import HttpSender
+from agentd.retry import Backoff
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict[str, str]]:
