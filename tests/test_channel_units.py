@@ -13,13 +13,14 @@ import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.streaming import sse_events
-from agentd.channels.bases.webhook import check_hmac, hmac_sha256_hex, within_window
+from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.runtime import ChannelManager
+from agentd import hmacs
 from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
 from agentd.retry import Backoff, retry_after
+from agentd.sse_lines import SseEvent, SseParser, lines_of, sse_events
 
 DOC = """# top
 api_key = ""  # keep
@@ -146,16 +147,49 @@ def test_backoff_doubles_with_jitter_up_to_its_maximum_and_resets():
 
 
 def test_sse_parsing():
-    lines = [": comment", "event: open", "data: {}", "", "id: 7", "data: line1", "data: line2", "", "data: tail"]
-    assert list(sse_events(iter(lines))) == [{"event": "open", "data": "{}"},
-                                             {"id": "7", "event": "message", "data": "line1\nline2"}]
+    lines = [": comment", "event: open", "data: {}", "", "id: 7", "data: line1", "data: line2", "", "",
+             "event: name-only", "", "data", "", "data:x", "data:  y", "retry: 5", "unknown", "", "data: tail"]
+    assert list(sse_events(iter(lines))) == [SseEvent("open", "{}"), SseEvent("", "line1\nline2"),
+                                             SseEvent("", ""), SseEvent("", "x\n y"), SseEvent("", "tail")]
+    parser = SseParser()
+    assert [parser.feed(line) for line in ["event: a", "data: 1", ""]] == [None, None, SseEvent("a", "1")]
+    assert parser.feed("data: 2") is None and parser.end() == SseEvent("", "2") and parser.end() is None
+
+
+def test_sse_lines_from_chunks_of_any_size():
+    body = "event: ä\r\ndata: {\"t\": \"a\u2028b\"}\n\ndata: last".encode()
+    whole = list(lines_of([body]))
+    assert whole == ["event: ä", 'data: {"t": "a\u2028b"}', "", "data: last"]
+    assert list(lines_of(body[i:i + 1] for i in range(len(body)))) == whole, "a line split across reads"
+    assert list(lines_of([b"a\n\xff\n", b"", b"b\r\n"])) == ["a", "\ufffd", "b"] and list(lines_of([])) == []
 
 
 def test_hmac_helpers():
     body = b'{"a":1}'
-    good = "sha256=" + hmac_sha256_hex("k", body)
-    assert check_hmac("k", body, good) and not check_hmac("k", body + b" ", good)
-    assert not check_hmac("k", body, None) and not check_hmac("j", body, good)
+    # RFC 4231 test case 2 (HMAC-SHA256), and the same key and text as SHA-1.
+    assert hmacs.hex_digest("Jefe", "what do ya want for nothing?") == \
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    assert hmacs.hex_digest(b"Jefe", b"what do ya want for nothing?", "sha1") == \
+        "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+    assert hmacs.b64_digest("Jefe", "what do ya want for nothing?") == "W9zBRr9gdU5qBCQmCJV1x1oAPwidJzmDnexYuWTsOEM="
+    assert hmacs.digest("Jefe", "what do ya want for nothing?").hex() == hmacs.hex_digest("Jefe", "what do ya want for nothing?")
+    good = "sha256=" + hmacs.hex_digest("k", body)
+    assert hmacs.check("k", body, good, prefix="sha256=")
+    assert hmacs.check("k", body, "  " + good.upper().replace("SHA256=", "sha256=") + " ", prefix="sha256=")
+    assert not hmacs.check("k", body + b" ", good, prefix="sha256=")
+    assert not hmacs.check("j", body, good, prefix="sha256=")
+    assert not hmacs.check("k", body, good[len("sha256="):], prefix="sha256="), "the prefix is required"
+    assert not hmacs.check("k", body, None) and not hmacs.check("k", body, "") and not hmacs.check("", body, good)
+    assert not hmacs.check(None, body, hmacs.hex_digest("", body)), "no key: nothing verifies"
+    b64 = hmacs.b64_digest("k", body)
+    assert hmacs.check("k", body, b64, encoding="base64") and not hmacs.check("k", body, b64.lower(), encoding="base64")
+    assert hmacs.check("k", body, hmacs.hex_digest("k", body, "sha1"), algorithm="sha1")
+    assert not hmacs.check("k", body, hmacs.hex_digest("k", body), algorithm="sha1")
+    assert hmacs.same("abc", "abc") and hmacs.same(b"abc", "abc") and not hmacs.same("abd", "abc")
+    assert not hmacs.same("", "") and not hmacs.same(None, "abc"), "nothing presented never matches"
+    assert not hmacs.same("\udcff", "?") and hmacs.same("ä\udcff", "ä\udcff"), "undecodable input is itself"
+    with pytest.raises(ValueError):
+        hmacs.check("k", body, "x", encoding="base32")
     assert within_window(str(time.time())) and not within_window(str(time.time() - 3600))
     assert not within_window("not a number")
 

@@ -1,5 +1,6 @@
-"""Streaming base: a long-lived HTTP response read line by line (SSE or JSON lines),
-reopened with backoff when it ends or fails; stop() breaks the blocking read."""
+"""Streaming base: a long-lived HTTP response read line by line (SSE, parsed with
+agentd/sse_lines.py, or JSON lines), reopened with backoff when it ends or fails; stop()
+breaks the blocking read."""
 
 from __future__ import annotations
 
@@ -11,28 +12,6 @@ from agentd.channels.adapter import Adapter
 from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.sender import HttpSender
 from agentd.retry import Backoff
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[dict[str, str]]:
-    """Parse Server-Sent Events: yields {"event", "data", "id"} per blank-line-terminated event."""
-    event: dict[str, str] = {}
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data or event:
-                event["data"] = "\n".join(data)
-                event.setdefault("event", "message")
-                yield event
-            event, data = {}, []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name in ("event", "id", "retry"):
-            event[name] = value
 
 
 class StreamingAdapter(Adapter):
