@@ -69,6 +69,46 @@ def test_edit_file_refuses_inline_definitions(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]  # no temp file left
 
 
+def test_edits_keep_comments_and_layout_of_every_other_table():
+    doc = ("# top\r\n[channels]  # header comment\r\nlisten_host = '127.0.0.1'   # odd spacing\r\n"
+           "\r\n# about irc\r\n[channels.irc]\r\nserver = \"a\"\r\n\r\n[channels.slack]\r\n"
+           "  app_token_env = \"S\"  # indented\r\n\r\n[llm]\r\nretries = 1\r\n")
+    out = replace_section(doc, ["channels", "irc"], {"server": "b", "allowed_users": ["x", "y"]})
+    assert out == doc.replace('[channels.irc]\r\nserver = "a"\r\n',
+                              '[channels.irc]\nserver = "b"\nallowed_users = ["x", "y"]\n')
+    removed = replace_section(doc, ["channels", "irc"], None)
+    assert removed == doc.replace('[channels.irc]\r\nserver = "a"\r\n', "")
+    assert replace_section(doc, ["channels", "slack"], None) == doc.replace(
+        '[channels.slack]\r\n  app_token_env = "S"  # indented\r\n\r\n', "")
+
+
+def test_edits_of_a_table_whose_parent_has_no_header():
+    doc = '[channels.irc]\nserver = "a"\n# about slack\n[channels.slack]\nt = 1\n'
+    assert replace_section(doc, ["channels", "irc"], None) == "# about slack\n[channels.slack]\nt = 1\n", \
+        "no [channels] header appears, the closing comment stays with what follows"
+    assert replace_section(doc, ["channels", "slack"], None) == '[channels.irc]\nserver = "a"\n# about slack\n'
+    assert replace_section(doc, ["channels", "irc"], {"server": "b", "o": {"x": 1}}) == (
+        '[channels.irc]\nserver = "b"\n\n[channels.irc.o]\nx = 1\n\n# about slack\n[channels.slack]\nt = 1\n')
+    assert replace_section(doc, ["channels", "irc"], {}) == '[channels.irc]\n\n# about slack\n[channels.slack]\nt = 1\n'
+    # A table defined after others (out of order, valid TOML) is edited where it is.
+    late = '[channels.slack]\nt = 1\n\n[llm]\nr = 1\n\n[channels.irc]\nserver = "a"\n'
+    assert replace_section(late, ["channels", "irc"], None) == '[channels.slack]\nt = 1\n\n[llm]\nr = 1\n'
+    assert replace_section(late, ["channels", "irc"], {"server": "b"}) == late.replace('"a"', '"b"')
+
+
+def test_edit_file_refuses_dotted_keys_and_reports_a_broken_file(tmp_path):
+    path = tmp_path / "config.toml"
+    for text in ('channels.irc.server = "a"\n', '[channels]\nirc.server = "a"\n'):
+        path.write_text(text)
+        with pytest.raises(ConfigEditError, match=r"\[channels.irc\] is defined in a form this editor does not rewrite"):
+            edit_file(path, ["channels", "irc"], None)
+        assert path.read_text() == text
+    path.write_text("this is = = not toml")
+    with pytest.raises(ConfigEditError, match="the edited file would not parse") as caught:
+        edit_file(path, ["channels", "irc"], {"server": "b"})
+    assert caught.value.status == 409 and path.read_text() == "this is = = not toml"
+
+
 def test_split_text_respects_limits():
     text = "word " * 100 + "\n\n" + "x" * 50
     parts = split_text(text, 64)
