@@ -190,7 +190,8 @@ class NostrAdapter(Adapter):
             if any(ok for ok, _ in answers.values()):
                 return event["id"]
             messages = [m for _, m in answers.values()]
-            if not any(m.startswith("rate-limited:") for m in messages) or self.stopping.wait(backoff_delay(attempt, 1.0, 8.0)):
+            if (not any(m.startswith("rate-limited:") for m in messages)
+                    or self.stopping.wait(backoff_delay(attempt, 1.0, 8.0))):
                 raise ChannelError(f"no relay accepted the event: {messages or 'no answer'}")
         raise ChannelError("relays kept rate-limiting the event")
 
