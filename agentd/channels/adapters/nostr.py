@@ -23,7 +23,6 @@ from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import nostr_crypto as nc
 from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
-from agentd.retry import backoff_delay
 
 OK_TIMEOUT = 10.0  # seconds to wait for relays' OK to a published event
 
@@ -190,8 +189,7 @@ class NostrAdapter(Adapter):
             if any(ok for ok, _ in answers.values()):
                 return event["id"]
             messages = [m for _, m in answers.values()]
-            if (not any(m.startswith("rate-limited:") for m in messages)
-                    or self.stopping.wait(backoff_delay(attempt, 1.0, 8.0))):
+            if not any(m.startswith("rate-limited:") for m in messages) or self.stopping.wait(2.0 ** attempt):
                 raise ChannelError(f"no relay accepted the event: {messages or 'no answer'}")
         raise ChannelError("relays kept rate-limiting the event")
 
