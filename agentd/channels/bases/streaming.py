@@ -12,6 +12,7 @@ from agentd.channels.adapter import Adapter
 from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.sender import HttpSender
 from agentd.retry import Backoff
+from agentd.sse_lines import lines_of
 
 
 class StreamingAdapter(Adapter):
@@ -47,7 +48,9 @@ class StreamingAdapter(Adapter):
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 self.healthy = True
                 link.up()
-                self.handle_lines(response.iter_lines(decode_unicode=True))
+                # As iter_lines reads (512 bytes at most per read), but lines end only at \n
+                # or \r\n (not at U+2028 inside a JSON string) and are always UTF-8, as SSE is.
+                self.handle_lines(lines_of(response.iter_content(chunk_size=512)))
                 raise RuntimeError("stream ended")
             except Exception as exc:  # noqa: BLE001
                 self.healthy = False
