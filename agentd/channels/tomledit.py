@@ -58,6 +58,9 @@ def replace_section(text: str, path: list[str], values: dict[str, Any] | None) -
         if out.strip():
             out += "\n"
         return out + render_section(path, values)
+    # The bodies are edited as lists: tomlkit's keyed edits would take a table's closing
+    # comments along with it, and give a parent written only through sub-table headers
+    # (`[channels.irc]` with no `[channels]`) a header of its own.
     body, index = chain[-1]
     closing = _take_closing(body[index][1])
     # What the file goes on with after the table: a line of text, a blank line or nothing.
