@@ -81,6 +81,7 @@ Directives (several can be combined; unknown or malformed ``[[...]]`` stay liter
 ``[[fail:STATUS times=K]]``              fail only the first K requests whose last user text is exactly this
                                          text (counter cleared by ``reset()``), then behave normally
 ``[[fail:429 retry_after=S]]``           also send ``Retry-After: S`` (combinable with ``times=K``)
+``[[fail:429 retry_after=date:S]]``      ... as an HTTP date S seconds after the answer is sent
 ``[[garbage]]``                          200, ``Content-Type: application/json``, body ``this is not json{{{``
                                          (also for stream requests)
 ``[[hang]]``                             sleep 3600 s before answering (client timeout tests); ``stop()``
@@ -147,6 +148,7 @@ Request log
 from __future__ import annotations
 
 import argparse
+import email.utils
 import http.server
 import json
 import math
@@ -979,7 +981,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if plan.kind == "garbage":
             return self._send(200, GARBAGE_BODY)
         if plan.kind == "error":
-            extra = [("Retry-After", plan.retry_after)] if plan.retry_after else None
+            extra = [("Retry-After", _retry_after_value(plan.retry_after))] if plan.retry_after else None
             return self._error(provider, plan.status, plan.message, extra)
 
         if provider == "gemini":
@@ -1179,5 +1181,13 @@ def main(argv: list[str] | None = None) -> None:
         fake.stop()
 
 
+def _retry_after_value(given: str) -> str:
+    """`date:S` is an HTTP date S seconds from now; anything else is sent as given."""
+    if given.startswith("date:"):
+        return email.utils.formatdate(time.time() + float(given[5:]), usegmt=True)
+    return given
+
+
 if __name__ == "__main__":
     main()
+

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import requests
+import responses
 
 from channel_fixtures import CHANNEL_ENV, audit, channel, configure, remove, wait_active, wait_for  # noqa: F401
 from channel_fixtures import channel_daemon, stop_closes_the_listener  # noqa: F401
@@ -152,3 +153,56 @@ def test_key_rotation_is_picked_up_and_unknown_kids_do_not_flood_the_platform():
             keys.key(old)  # the retired key is gone with the refetch
     finally:
         fake.stop()
+
+
+@responses.activate
+def test_key_documents_of_each_kind_and_a_key_endpoint_that_is_down():
+    import datetime
+
+    import jwt as pyjwt
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from agentd.channels.adapter import ChannelError
+    from agentd.channels.bases.jwtkeys import KeySet
+    from agentd.channels.bases.sender import HttpSender
+
+    def cert(key) -> str:
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        built = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                 .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                 .sign(key, hashes.SHA256()))
+        return built.public_bytes(serialization.Encoding.PEM).decode()
+
+    rsa_key, ec_key = new_key(), ec.generate_private_key(ec.SECP256R1())
+    # Google's X.509 map: the RSA certificate serves, the EC one and garbage are skipped.
+    responses.get("https://keys.test/x509", json={"r1": cert(rsa_key), "e1": cert(ec_key), "bad": "junk"})
+    google = KeySet(HttpSender(), "https://keys.test/x509", "x509")
+    public, fields = google.key("r1")
+    token = pyjwt.encode({"sub": "s"}, rsa_key, algorithm="RS256", headers={"kid": "r1"})
+    assert pyjwt.decode(token, public, algorithms=["RS256"]) == {"sub": "s"} and fields["kid"] == "r1"
+    for kid in ("e1", "bad"):
+        with pytest.raises(ChannelError, match=f"no signing key '{kid}' at https://keys.test/x509"):
+            google.key(kid)
+    # A JWKS: only RSA signing keys with a kid.
+    rsa_jwk = {**pyjwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.public_key(), as_dict=True), "kid": "k1"}
+    responses.get("https://keys.test/jwks", json={"keys": [
+        rsa_jwk, {**rsa_jwk, "kid": "enc", "use": "enc"}, {**rsa_jwk, "kid": ""},
+        {**pyjwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key(), as_dict=True), "kid": "ec"}]})
+    plain = KeySet(HttpSender(), "https://keys.test/jwks", "jwks", refetch_secs=0.0)
+    assert plain.key("k1")[1] == rsa_jwk
+    for kid in ("enc", "ec", ""):
+        with pytest.raises(ChannelError):
+            plain.key(kid)
+    # A key endpoint that fails is asked again only after a pause, not for every request.
+    responses.get("https://keys.test/down", status=500)
+    down = KeySet(HttpSender(), "https://keys.test/down", "jwks", refetch_secs=0.0)
+    for _ in range(3):
+        with pytest.raises(ChannelError):
+            down.key("k1")
+    assert len([c for c in responses.calls if c.request.url.endswith("/down")]) == 2  # (one retry)
+    with pytest.raises(ChannelError, match="must be http"):
+        KeySet(HttpSender(), "file:///etc/passwd", "jwks").key("k1")

@@ -3,6 +3,7 @@ splitting, SSE parsing, dispatcher ordering, allow-list matching, config validat
 
 from __future__ import annotations
 
+import email.utils
 import threading
 import time
 import tomllib
@@ -11,13 +12,15 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, retry_after_secs, split_text
-from agentd.channels.bases.streaming import sse_events
-from agentd.channels.bases.webhook import check_hmac, hmac_sha256_hex, within_window
+from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.runtime import ChannelManager
+from agentd import hmacs
 from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
+from agentd.retry import Backoff, retry_after
+from agentd.sse_lines import SseEvent, SseParser, lines_of, sse_events
 
 DOC = """# top
 api_key = ""  # keep
@@ -66,6 +69,46 @@ def test_edit_file_refuses_inline_definitions(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]  # no temp file left
 
 
+def test_edits_keep_comments_and_layout_of_every_other_table():
+    doc = ("# top\r\n[channels]  # header comment\r\nlisten_host = '127.0.0.1'   # odd spacing\r\n"
+           "\r\n# about irc\r\n[channels.irc]\r\nserver = \"a\"\r\n\r\n[channels.slack]\r\n"
+           "  app_token_env = \"S\"  # indented\r\n\r\n[llm]\r\nretries = 1\r\n")
+    out = replace_section(doc, ["channels", "irc"], {"server": "b", "allowed_users": ["x", "y"]})
+    assert out == doc.replace('[channels.irc]\r\nserver = "a"\r\n',
+                              '[channels.irc]\nserver = "b"\nallowed_users = ["x", "y"]\n')
+    removed = replace_section(doc, ["channels", "irc"], None)
+    assert removed == doc.replace('[channels.irc]\r\nserver = "a"\r\n', "")
+    assert replace_section(doc, ["channels", "slack"], None) == doc.replace(
+        '[channels.slack]\r\n  app_token_env = "S"  # indented\r\n\r\n', "")
+
+
+def test_edits_of_a_table_whose_parent_has_no_header():
+    doc = '[channels.irc]\nserver = "a"\n# about slack\n[channels.slack]\nt = 1\n'
+    assert replace_section(doc, ["channels", "irc"], None) == "# about slack\n[channels.slack]\nt = 1\n", \
+        "no [channels] header appears, the closing comment stays with what follows"
+    assert replace_section(doc, ["channels", "slack"], None) == '[channels.irc]\nserver = "a"\n# about slack\n'
+    assert replace_section(doc, ["channels", "irc"], {"server": "b", "o": {"x": 1}}) == (
+        '[channels.irc]\nserver = "b"\n\n[channels.irc.o]\nx = 1\n\n# about slack\n[channels.slack]\nt = 1\n')
+    assert replace_section(doc, ["channels", "irc"], {}) == '[channels.irc]\n\n# about slack\n[channels.slack]\nt = 1\n'
+    # A table defined after others (out of order, valid TOML) is edited where it is.
+    late = '[channels.slack]\nt = 1\n\n[llm]\nr = 1\n\n[channels.irc]\nserver = "a"\n'
+    assert replace_section(late, ["channels", "irc"], None) == '[channels.slack]\nt = 1\n\n[llm]\nr = 1\n'
+    assert replace_section(late, ["channels", "irc"], {"server": "b"}) == late.replace('"a"', '"b"')
+
+
+def test_edit_file_refuses_dotted_keys_and_reports_a_broken_file(tmp_path):
+    path = tmp_path / "config.toml"
+    for text in ('channels.irc.server = "a"\n', '[channels]\nirc.server = "a"\n'):
+        path.write_text(text)
+        with pytest.raises(ConfigEditError, match=r"\[channels.irc\] is defined in a form this editor does not rewrite"):
+            edit_file(path, ["channels", "irc"], None)
+        assert path.read_text() == text
+    path.write_text("this is = = not toml")
+    with pytest.raises(ConfigEditError, match="the edited file would not parse") as caught:
+        edit_file(path, ["channels", "irc"], {"server": "b"})
+    assert caught.value.status == 409 and path.read_text() == "this is = = not toml"
+
+
 def test_split_text_respects_limits():
     text = "word " * 100 + "\n\n" + "x" * 50
     parts = split_text(text, 64)
@@ -99,20 +142,94 @@ def test_sender_gives_up_and_stops():
     threading.Timer(0.2, stop.set).start()
     with pytest.raises(ChannelError, match="stopped"):
         HttpSender(stop=stop).request("POST", url)
-    assert retry_after_secs("2") == 2.0 and retry_after_secs(None) is None
+
+
+@responses.activate
+def test_sender_honours_retry_after_as_an_http_date():
+    url = "http://platform.test/send"
+    when = email.utils.formatdate(time.time() + 2, usegmt=True)
+    responses.post(url, status=429, headers={"Retry-After": when}, json={})
+    responses.post(url, status=200, json={"ok": True})
+    start = time.monotonic()
+    assert HttpSender(retries=1).json("POST", url, json={}) == {"ok": True}
+    # Whole seconds: 2 s ahead is 1-2 s of waiting, well above the first backoff (0.5 s ±20 %).
+    assert 0.95 <= time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("2", 2.0), (" 120 ", 120.0), ("1.5", 1.5), ("0", 0.0),
+    ("Wed, 21 Oct 2015 07:28:20 GMT", 20.0),   # 20 s after `now` below
+    ("Wed, 21 Oct 2015 07:27:00 GMT", 0.0),    # in the past: now
+    ("Wed, 21 Oct 2015 07:28:00 -0000", 0.0),
+    ("Fri, 31 Dec 9999 23:59:59 GMT", 86400.0),  # at most a day
+    ("99999999", 86400.0),
+    (None, None), ("", None), ("soon", None), ("-1", None), ("inf", None), ("nan", None), ("1e999", None),
+    ("Wed, 32 Oct 2015 07:28:00 GMT", None),
+])
+def test_retry_after_reads_seconds_and_http_dates(value, seconds):
+    now = email.utils.parsedate_to_datetime("Wed, 21 Oct 2015 07:28:00 GMT").timestamp()
+    assert retry_after(value, now=now) == seconds
+
+
+def test_backoff_doubles_with_jitter_up_to_its_maximum_and_resets():
+    delays = [Backoff(initial=0.5, maximum=4.0) for _ in range(50)]
+    runs = [[b.next_delay() for _ in range(6)] for b in delays]
+    for n, base in enumerate([0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
+        nth = [run[n] for run in runs]
+        assert all(0.8 * base <= d <= 1.2 * base for d in nth), nth
+        assert len(set(nth)) > 1, "BUG: no jitter"
+    backoff = delays[0]
+    backoff.reset()
+    assert 0.4 <= backoff.next_delay() <= 0.6
+    stop = threading.Event()
+    stop.set()
+    assert backoff.wait(stop) is True
 
 
 def test_sse_parsing():
-    lines = [": comment", "event: open", "data: {}", "", "id: 7", "data: line1", "data: line2", "", "data: tail"]
-    assert list(sse_events(iter(lines))) == [{"event": "open", "data": "{}"},
-                                             {"id": "7", "event": "message", "data": "line1\nline2"}]
+    lines = [": comment", "event: open", "data: {}", "", "id: 7", "data: line1", "data: line2", "", "",
+             "event: name-only", "", "data", "", "data:x", "data:  y", "retry: 5", "unknown", "", "data: tail"]
+    assert list(sse_events(iter(lines))) == [SseEvent("open", "{}"), SseEvent("", "line1\nline2"),
+                                             SseEvent("", ""), SseEvent("", "x\n y"), SseEvent("", "tail")]
+    parser = SseParser()
+    assert [parser.feed(line) for line in ["event: a", "data: 1", ""]] == [None, None, SseEvent("a", "1")]
+    assert parser.feed("data: 2") is None and parser.end() == SseEvent("", "2") and parser.end() is None
+
+
+def test_sse_lines_from_chunks_of_any_size():
+    body = "event: ä\r\ndata: {\"t\": \"a\u2028b\"}\n\ndata: last".encode()
+    whole = list(lines_of([body]))
+    assert whole == ["event: ä", 'data: {"t": "a\u2028b"}', "", "data: last"]
+    assert list(lines_of(body[i:i + 1] for i in range(len(body)))) == whole, "a line split across reads"
+    assert list(lines_of([b"a\n\xff\n", b"", b"b\r\n"])) == ["a", "\ufffd", "b"] and list(lines_of([])) == []
 
 
 def test_hmac_helpers():
     body = b'{"a":1}'
-    good = "sha256=" + hmac_sha256_hex("k", body)
-    assert check_hmac("k", body, good) and not check_hmac("k", body + b" ", good)
-    assert not check_hmac("k", body, None) and not check_hmac("j", body, good)
+    # RFC 4231 test case 2 (HMAC-SHA256), and the same key and text as SHA-1.
+    assert hmacs.hex_digest("Jefe", "what do ya want for nothing?") == \
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    assert hmacs.hex_digest(b"Jefe", b"what do ya want for nothing?", "sha1") == \
+        "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+    assert hmacs.b64_digest("Jefe", "what do ya want for nothing?") == "W9zBRr9gdU5qBCQmCJV1x1oAPwidJzmDnexYuWTsOEM="
+    assert hmacs.digest("Jefe", "what do ya want for nothing?").hex() == hmacs.hex_digest("Jefe", "what do ya want for nothing?")
+    good = "sha256=" + hmacs.hex_digest("k", body)
+    assert hmacs.check("k", body, good, prefix="sha256=")
+    assert hmacs.check("k", body, "  " + good.upper().replace("SHA256=", "sha256=") + " ", prefix="sha256=")
+    assert not hmacs.check("k", body + b" ", good, prefix="sha256=")
+    assert not hmacs.check("j", body, good, prefix="sha256=")
+    assert not hmacs.check("k", body, good[len("sha256="):], prefix="sha256="), "the prefix is required"
+    assert not hmacs.check("k", body, None) and not hmacs.check("k", body, "") and not hmacs.check("", body, good)
+    assert not hmacs.check(None, body, hmacs.hex_digest("", body)), "no key: nothing verifies"
+    b64 = hmacs.b64_digest("k", body)
+    assert hmacs.check("k", body, b64, encoding="base64") and not hmacs.check("k", body, b64.lower(), encoding="base64")
+    assert hmacs.check("k", body, hmacs.hex_digest("k", body, "sha1"), algorithm="sha1")
+    assert not hmacs.check("k", body, hmacs.hex_digest("k", body), algorithm="sha1")
+    assert hmacs.same("abc", "abc") and hmacs.same(b"abc", "abc") and not hmacs.same("abd", "abc")
+    assert not hmacs.same("", "") and not hmacs.same(None, "abc"), "nothing presented never matches"
+    assert not hmacs.same("\udcff", "?") and hmacs.same("ä\udcff", "ä\udcff"), "undecodable input is itself"
+    with pytest.raises(ValueError):
+        hmacs.check("k", body, "x", encoding="base32")
     assert within_window(str(time.time())) and not within_window(str(time.time() - 3600))
     assert not within_window("not a number")
 

@@ -70,8 +70,9 @@ def test_auth_errors_keep_the_providers_reason() -> None:
     assert err.message == "acme model m1: HTTP 401: the provider rejected the API key (Incorrect API key)"
 
 
-@pytest.mark.parametrize("raw,expected", [("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("0", 0.0),
-                                          ("soon", None), ("", None)])
+@pytest.mark.parametrize("raw,expected", [("2", 2.0), ("0.5", 0.5), ("-3", None), ("0", 0.0),
+                                          ("soon", None), ("", None), ("inf", None),
+                                          ("Thu, 01 Jan 1970 00:00:00 GMT", 0.0)])
 def test_retry_after_parsing(raw, expected) -> None:
     err = transport.http_error(EP, "m1", answer(429, {}, **{"Retry-After": raw}))
     assert err.retry_after == expected, f"BUG: Retry-After {raw!r} read as {err.retry_after!r}"
@@ -200,7 +201,7 @@ def test_sse_parsing_edge_cases() -> None:
 def test_sse_events_split_across_reads_and_a_final_unterminated_line() -> None:
     assert events([b"da", b"ta: he", b"llo\n", b"\ndata: tail"]) == [("", "hello"), ("", "tail")]
     assert events([b"event: e\ndata: x\r\n"]) == [("e", "x")], "BUG: the last event without a blank line is lost"
-    assert events([b"data:   padded"]) == [("", "padded")]
+    assert events([b"data:   padded\r"]) == [("", "  padded")], "one space after the colon is dropped, as on any line"
     assert events([b"event: lonely"]) == [] and events([]) == []
 
 

@@ -538,11 +538,12 @@ def test_complete_refuses_before_sending() -> None:
 
 
 def test_backoff_delays() -> None:
-    from agentd.llm.drivers import _delay
+    from agentd.llm.drivers import retry_delay
 
-    assert [_delay(n, None) for n in range(7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
-    assert (_delay(0, 2.5), _delay(3, 0.0), _delay(0, 30.0), _delay(0, 45.0)) == (2.5, 0.0, 30.0, 30.0), \
-        "BUG: Retry-After is not honoured as given (capped at 30 s)"
+    for n, base in enumerate([0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0]):
+        assert 0.8 * base <= retry_delay(n, None) <= 1.2 * base
+    assert (retry_delay(0, 2.5), retry_delay(3, 0.0), retry_delay(0, 30.0), retry_delay(0, 45.0)) == \
+        (2.5, 0.0, 30.0, 30.0), "BUG: Retry-After is not honoured as given (capped at 30 s)"
 
 
 # -- on the wire, against the fake provider ---------------------------------------------------

@@ -134,6 +134,46 @@ def test_rate_limit_honours_retry_after(fake) -> None:
     assert r.text == "echo: patient" and time.monotonic() - started >= 0.9
 
 
+def test_rate_limit_honours_retry_after_as_an_http_date(fake) -> None:
+    started = time.monotonic()
+    r = drivers.complete(endpoint(fake, "openai"), ask("[[fail:429 times=1 retry_after=date:3]] dated"))
+    # An HTTP date has whole seconds: 3 s ahead is 2-3 s of waiting, far above the 0.25 s backoff.
+    assert r.text == "echo: dated" and 1.9 <= time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize("given", ["soon", "-5", "inf", "date:-60"])
+def test_an_unusable_or_past_retry_after_falls_back_to_the_backoff(fake, given) -> None:
+    started = time.monotonic()
+    r = drivers.complete(endpoint(fake, "openai"), ask(f"[[fail:429 times=1 retry_after={given}]] {given}"))
+    assert r.text == f"echo: {given}" and time.monotonic() - started < 0.9
+
+
+def test_a_retry_after_beyond_the_deadline_is_reported_with_the_providers_wait(fake) -> None:
+    with pytest.raises(LLMError) as err:
+        drivers.complete(endpoint(fake, "openai", timeout=2.0), ask("[[fail:429 retry_after=date:120]] later"))
+    assert err.value.kind == "rate_limit" and 100 <= err.value.retry_after <= 120
+
+
+def test_backoff_between_retries_is_jittered_and_doubles(fake) -> None:
+    waits: list[float] = []
+
+    class Recorded(threading.Event):
+        """The call's cancel event: its waits are the backoff (not slept here)."""
+
+        def wait(self, timeout=None) -> bool:
+            waits.append(timeout)
+            return False
+
+    for n in range(8):
+        drivers.complete(endpoint(fake, "openai"), ask(f"[[fail:503 times=3]] jitter {n}"), retries=3,
+                         cancel=Recorded())
+    assert len(waits) == 24
+    for n in range(3):
+        nth = waits[n::3]
+        assert all(0.8 * 0.25 * 2 ** n <= w <= 1.2 * 0.25 * 2 ** n for w in nth), nth
+        assert len(set(nth)) > 1, f"BUG: retry {n + 1} waits the same time on every call: {nth}"
+
+
 def test_client_errors_are_not_retried(fake) -> None:
     fake.reset()
     with pytest.raises(LLMError) as err:

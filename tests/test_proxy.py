@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 import requests
-import toml
+import tomlkit
 import tomllib
 import websocket
 
@@ -54,7 +54,7 @@ def config_text(fake=None, top: dict | None = None, **api: object) -> str:
     data["api"].update(api)
     data.update(top or {})
     base = llm_config(fake).split("\n[llm]", 1)[1] if fake is not None else ""
-    return toml.dumps(data) + ("\n[llm]" + base if base else "")
+    return tomlkit.dumps(data) + ("\n[llm]" + base if base else "")
 
 
 class Stack:

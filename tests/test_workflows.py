@@ -321,6 +321,17 @@ def test_retry_gives_up_after_max_retries(agent_daemon) -> None:
     assert "step 2 ('flaky') failed: failed after 2 attempts:" in body["error"]
 
 
+def test_retries_back_off_doubling_with_jitter(agent_daemon, fake_llm) -> None:
+    text = f"[[fail:400]]backoff-{uuid.uuid4().hex[:6]}"
+    body = _fan_out_with_failing_branch(agent_daemon, "retry", text, max_retries=3)
+    assert "failed after 4 attempts:" in body["error"]
+    arrived = [r["time"] for r in fake_llm.requests if text in str(r["json"])]
+    gaps = [later - earlier for earlier, later in zip(arrived, arrived[1:])]
+    # 0.25 s doubling, each ±20 % (an attempt itself adds a little on a loaded machine).
+    assert len(gaps) == 3 and all(0.8 * base <= gap <= 1.2 * base + 0.5
+                                  for gap, base in zip(gaps, [0.25, 0.5, 1.0])), gaps
+
+
 def test_provider_5xx_in_sequential_step(agent_daemon) -> None:
     d = agent_daemon
     wid = create(d, [{"name": "down", "agent_name": agent_name(d), "prompt": "[[fail:500]]x"}])

@@ -12,8 +12,6 @@ needs no server-side storage.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 import threading
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 from flask import current_app, g, request
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from agentd import hmacs
 from agentd.config import Config
 
 COOKIE = "agentd_session"
@@ -36,11 +35,11 @@ class Sessions:
 
     def __init__(self, api_key: str) -> None:
         if api_key:
-            secret = hmac.new(api_key.encode("utf-8"), _LABEL, hashlib.sha256).digest()
+            secret = hmacs.digest(api_key, _LABEL)
         else:
             secret = secrets.token_bytes(32)
         self._serializer = URLSafeTimedSerializer(secret, salt="agentd-dashboard")
-        self._csrf_key = hmac.new(secret, b"csrf", hashlib.sha256).digest()
+        self._csrf_key = hmacs.digest(secret, b"csrf")
         # Logged-out session ids: the cookie is stateless, so logout remembers it here.
         self._revoked: set[str] = set()
         self._lock = threading.Lock()
@@ -72,12 +71,10 @@ class Sessions:
             self._revoked.add(sid)
 
     def csrf_for(self, sid: str) -> str:
-        return hmac.new(self._csrf_key, sid.encode(), hashlib.sha256).hexdigest()
+        return hmacs.hex_digest(self._csrf_key, sid)
 
     def csrf_valid(self, sid: str, token: str | None) -> bool:
-        if not token:
-            return False
-        return hmac.compare_digest(self.csrf_for(sid).encode(), token.encode("utf-8", "replace"))
+        return hmacs.same(token, self.csrf_for(sid))
 
 
 def sessions() -> Sessions:

@@ -7,13 +7,13 @@ Rate limiting runs before auth so a flood of bad keys is throttled too.
 from __future__ import annotations
 
 import functools
-import hmac
 import ipaddress
 import time
 from typing import Iterable
 
 from flask import Flask, Response, g, request
 
+from agentd import hmacs
 from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
@@ -84,7 +84,7 @@ def is_authorized(config: Config) -> bool:
     if presented is None:
         # The dashboard's own fetch/SSE calls carry its login cookie instead of the key.
         return dashauth.cookie_authenticates()
-    return hmac.compare_digest(presented.encode(), config.api_key.encode())
+    return hmacs.same(presented, config.api_key)
 
 
 def install_middleware(app: Flask, config: Config, clock=time.monotonic,

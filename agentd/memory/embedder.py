@@ -227,7 +227,7 @@ class ProviderEmbedder:
 
     def _call(self, batch: list[str]) -> list[list[float]]:
         """One embeddings request under the same deadline, guard and retry policy as chat calls."""
-        from agentd.llm.drivers import BACKOFF_BASE, BACKOFF_MAX, MIN_ATTEMPT_SECS, RETRY_AFTER_MAX
+        from agentd.llm.drivers import MIN_ATTEMPT_SECS, retry_delay
         from agentd.llm.types import LLMError
 
         endpoint = self._endpoint()
@@ -243,8 +243,7 @@ class ProviderEmbedder:
             try:
                 return _vectors(_attempt(endpoint, self.model, url, headers, batch, deadline), len(batch), self.name)
             except LLMError as exc:
-                delay = (min(exc.retry_after, RETRY_AFTER_MAX) if exc.retry_after is not None
-                         else min(BACKOFF_BASE * (2 ** attempt), BACKOFF_MAX))
+                delay = retry_delay(attempt, exc.retry_after)
                 if (not exc.retryable or attempt >= self._retries
                         or time.monotonic() + delay + MIN_ATTEMPT_SECS >= deadline):
                     raise EmbeddingError(f"embeddings failed: {exc.message}") from None

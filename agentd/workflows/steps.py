@@ -22,11 +22,12 @@ from typing import Any, Callable, Iterable
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.errors import AgentdError
+from agentd.retry import backoff_delay
 from agentd.workflows.definition import render
 
 log = logging.getLogger("agentd.workflows")
 
-BACKOFF_BASE = 0.25   # seconds before the first retry; doubles each time
+BACKOFF_BASE = 0.25   # seconds before the first retry; doubles each time (each ±20 %)
 BACKOFF_MAX = 8.0
 _POLL = 0.2           # how often a waiting coordinator notices a run being cancelled
 
@@ -251,7 +252,7 @@ class StepRunner:
                     break
                 if exc.final or attempt == attempts:
                     break
-                delay = min(self.backoff_base * 2 ** (attempt - 1), BACKOFF_MAX)
+                delay = backoff_delay(attempt - 1, self.backoff_base, BACKOFF_MAX)
                 log.info("workflow step %r attempt %d failed (%s); retrying in %.2fs",
                          step["name"], attempt, error, delay)
                 if _wait_any(stops, delay):

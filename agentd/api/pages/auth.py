@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hmac
 
 from flask import redirect, render_template, request
 
+from agentd import hmacs
 from agentd.api import dashauth
 from agentd.api.pages import bp, kernel, see_other
 from agentd.errors import Forbidden
@@ -57,7 +57,7 @@ def login_submit():
     if token is not None and dashauth.current_session() is not None and not dashauth.csrf_ok(token):
         raise Forbidden("missing or invalid CSRF token: reload the page and try again")
     presented = request.form.get("api_key", "")
-    if not hmac.compare_digest(presented.encode("utf-8"), key.encode("utf-8")):
+    if not hmacs.same(presented, key):
         return _login_page("invalid API key", 401, new_session=False)
     dashauth.start_session(authenticated=True)
     target = _safe_next(request.form.get("next"))

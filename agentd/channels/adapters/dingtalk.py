@@ -10,13 +10,11 @@ https://open.dingtalk.com/document/robots/custom-robot-access (custom robot, sig
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -28,8 +26,7 @@ SESSION_MARGIN_MS = 30 * 1000  # don't start a send on a session webhook about t
 
 def dingtalk_sign(secret: str, timestamp: str) -> str:
     """base64(HMAC-SHA256(secret, "<timestamp>\\n<secret>")), as both directions use it."""
-    digest = hmac.new(secret.encode("utf-8"), f"{timestamp}\n{secret}".encode("utf-8"), hashlib.sha256).digest()
-    return base64.b64encode(digest).decode("ascii")
+    return hmacs.b64_digest(secret, f"{timestamp}\n{secret}")
 
 
 class DingTalkAdapter(WebhookAdapter):
@@ -56,7 +53,7 @@ class DingTalkAdapter(WebhookAdapter):
             return False
         if abs(time.time() * 1000 - int(timestamp)) > WINDOW_MS:
             return False
-        return hmac.compare_digest(dingtalk_sign(secret, timestamp).encode(), given.strip().encode())
+        return hmacs.check(secret, f"{timestamp}\n{secret}", given, encoding="base64")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 import re
 from collections import OrderedDict
@@ -25,10 +24,10 @@ from typing import Any
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from agentd import hmacs, jsonsafe
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.tokens import CachedToken
-from agentd import jsonsafe
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 REGIONS = {"cn": "https://open.feishu.cn", "intl": "https://open.larksuite.com"}
@@ -101,7 +100,7 @@ class FeishuAdapter(WebhookAdapter):
         if key and h.get("x-lark-signature"):
             base = ((h.get("x-lark-request-timestamp") or "") + (h.get("x-lark-request-nonce") or "")
                     + key).encode("utf-8") + request.body
-            if not hmac.compare_digest(hashlib.sha256(base).hexdigest().encode(), h["x-lark-signature"].strip().encode()):
+            if not hmacs.same(h["x-lark-signature"].strip(), hashlib.sha256(base).hexdigest()):
                 return False
             if not token:
                 return True
@@ -118,7 +117,7 @@ class FeishuAdapter(WebhookAdapter):
             return False  # with an encrypt key, Feishu encrypts every callback
         header = data.get("header") if isinstance(data.get("header"), dict) else {}
         given = header.get("token") or data.get("token")
-        return isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())
+        return isinstance(given, str) and hmacs.same(given, token)
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = self.payload(request.body)

@@ -13,12 +13,11 @@ Docs: https://docs.flock.com/display/flockos/Event+Tokens, .../chat.receiveMessa
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import time
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -39,8 +38,8 @@ def event_token_claims(token: str, secret: str, app_id: str, now: float | None =
         signature = _b64(signature_b64)
     except (ValueError, TypeError):
         return None
-    expected = hmac.new(secret.encode(), f"{header_b64}.{payload_b64}".encode(), hashlib.sha256).digest()
-    if not isinstance(header, dict) or header.get("alg") != "HS256" or not hmac.compare_digest(expected, signature):
+    expected = hmacs.digest(secret, f"{header_b64}.{payload_b64}")
+    if not isinstance(header, dict) or header.get("alg") != "HS256" or not hmacs.same(signature, expected):
         return None  # "alg": "none" or any other algorithm is refused outright
     if not isinstance(claims, dict) or not isinstance(claims.get("exp"), (int, float)):
         return None

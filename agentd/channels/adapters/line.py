@@ -7,12 +7,10 @@ Docs: https://developers.line.biz/en/reference/messaging-api/ (webhooks, reply, 
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import time
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -20,10 +18,6 @@ from agentd.channels.bases.webhook import Request, WebhookAdapter
 API_URL = "https://api.line.me"
 REPLY_TOKEN_TTL = 50.0  # LINE reply tokens expire after about a minute; push after that
 MAX_MESSAGES = 5  # message objects per reply/push call
-
-
-def line_signature(secret: str, body: bytes) -> str:
-    return base64.b64encode(hmac.new(secret.encode("utf-8"), body, hashlib.sha256).digest()).decode()
 
 
 class LineAdapter(WebhookAdapter):
@@ -45,9 +39,7 @@ class LineAdapter(WebhookAdapter):
 
     def verify(self, request: Request) -> bool:
         secret = self.env("channel_secret_env", required=False)
-        given = request.headers.get("x-line-signature") or ""
-        return bool(secret and given) and hmac.compare_digest(line_signature(secret, request.body).encode(),
-                                                              given.strip().encode())
+        return hmacs.check(secret, request.body, request.headers.get("x-line-signature"), encoding="base64")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()

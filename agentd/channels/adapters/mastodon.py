@@ -21,7 +21,8 @@ import requests
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import split_text
 from agentd import jsonsafe
-from agentd.channels.bases.streaming import StreamingAdapter, sse_events
+from agentd.channels.bases.streaming import StreamingAdapter
+from agentd.sse_lines import sse_events
 
 STATUS_LIMIT = 500  # Mastodon's default maximum status length
 
@@ -89,10 +90,10 @@ class MastodonAdapter(StreamingAdapter):
             for notification in reversed(missed):
                 self._handle(notification)
         for event in sse_events(lines):
-            if event.get("event") != "notification":
+            if event.event != "notification":
                 continue
             try:
-                self._handle(jsonsafe.loads(event["data"]))
+                self._handle(jsonsafe.loads(event.data))
             except ValueError:
                 continue
 

@@ -9,12 +9,12 @@ https://developers.facebook.com/docs/messenger-platform/reference/send-api/
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.webhook import Request, WebhookAdapter, check_hmac
+from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://graph.facebook.com/v18.0"
 
@@ -40,9 +40,9 @@ class MessengerAdapter(WebhookAdapter):
         if request.method == "GET":  # the subscription handshake carries the verify token
             given = (request.query.get("hub.verify_token") or [""])[0]
             token = self.env("verify_token_env", required=False)
-            return bool(token) and hmac.compare_digest(token.encode(), given.encode())
+            return bool(token) and hmacs.same(given, token)
         secret = self.env("app_secret_env", required=False)
-        return bool(secret) and check_hmac(secret, request.body, request.headers.get("x-hub-signature-256"))
+        return hmacs.check(secret, request.body, request.headers.get("x-hub-signature-256"), prefix="sha256=")
 
     def _challenge(self, request: Request) -> tuple[int, Any]:
         if (request.query.get("hub.mode") or [""])[0] != "subscribe":

@@ -16,9 +16,10 @@ import time
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import mumble_wire as wire
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
 from agentd.channels.bases.sender import split_text
+from agentd.retry import Backoff
 
 REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 4: "wrong server password",
            5: "username in use", 6: "server full", 7: "certificate required", 8: "authenticator failed"}

@@ -15,7 +15,8 @@ import requests
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import split_text
 from agentd import jsonsafe
-from agentd.channels.bases.streaming import StreamingAdapter, sse_events
+from agentd.channels.bases.streaming import StreamingAdapter
+from agentd.sse_lines import sse_events
 
 OWN_TAG = "agentd"
 
@@ -40,10 +41,10 @@ class NtfyAdapter(StreamingAdapter):
 
     def handle_lines(self, lines: Iterator[str]) -> None:
         for event in sse_events(lines):
-            if event.get("event") != "message":
+            if (event.event or "message") != "message":
                 continue
             try:
-                data = jsonsafe.loads(event["data"])
+                data = jsonsafe.loads(event.data)
             except ValueError:
                 continue
             if data.get("event", "message") != "message":

@@ -12,14 +12,14 @@ Docs: https://cake-com.github.io/pumble-node-sdk/ (events, API client, request s
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.webhook import Request, WebhookAdapter, hmac_sha256_hex, within_window
+from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 API_URL = "https://api-ga.pumble.com"
 
@@ -56,8 +56,7 @@ class PumbleAdapter(WebhookAdapter):
         given = request.headers.get("x-pumble-request-signature") or ""
         if not (secret and stamp and given) or not within_window(_seconds(stamp)):
             return False
-        expected = hmac_sha256_hex(secret, stamp.encode() + b":" + request.body)
-        return hmac.compare_digest(expected.encode(), given.strip().lower().encode())
+        return hmacs.check(secret, stamp.encode() + b":" + request.body, given)
 
     def is_direct(self, channel_id: str) -> bool:
         with self._lock:

@@ -17,21 +17,14 @@ Events: `message` in direct messages (channel_type im) and `app_mention` in chan
 from __future__ import annotations
 
 import collections
-import hashlib
-import hmac
 import re
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import WebSocketAdapter
-
-
-def slack_signature(secret: str, timestamp: str, body: bytes) -> str:
-    """`v0=` + hex HMAC-SHA256 of `v0:{timestamp}:{body}` (Slack's request signing)."""
-    base = b"v0:" + timestamp.encode() + b":" + body
-    return "v0=" + hmac.new(secret.encode("utf-8"), base, hashlib.sha256).hexdigest()
 
 
 class SlackCommon:
@@ -151,9 +144,9 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
     def verify(self, request: Request) -> bool:
         secret = self.env("signing_secret_env", required=False)
         stamp = request.headers.get("x-slack-request-timestamp") or ""
-        given = (request.headers.get("x-slack-signature") or "").strip()
-        return bool(secret and given) and within_window(stamp, 300) and hmac.compare_digest(
-            slack_signature(secret, stamp, request.body).encode(), given.encode())
+        return within_window(stamp, 300) and hmacs.check(
+            secret, b"v0:" + stamp.encode() + b":" + request.body, request.headers.get("x-slack-signature"),
+            prefix="v0=")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()

@@ -12,7 +12,6 @@ type byte, PKCS#7-style random padding; type 0x01 = UTF-8 text).
 
 from __future__ import annotations
 
-import hmac
 import secrets
 import threading
 from typing import Any
@@ -20,9 +19,10 @@ from typing import Any
 from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.adapters.threema_box import callback_mac, pad, parse_form, parse_key, unpad
+from agentd.channels.adapters.threema_box import callback_data, pad, parse_form, parse_key, unpad
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://msgapi.threema.ch"
@@ -69,9 +69,7 @@ class ThreemaAdapter(WebhookAdapter):
     def verify(self, request: Request) -> bool:
         secret = self.env("secret_env", required=False)
         form = parse_form(request.body)
-        given = form.get("mac", "")
-        return bool(secret and given) and hmac.compare_digest(callback_mac(secret, form).encode(),
-                                                              given.strip().lower().encode())
+        return hmacs.check(secret, callback_data(form), form.get("mac"))
 
     def public_key(self, identity: str) -> PublicKey:
         with self._lock:

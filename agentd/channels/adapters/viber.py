@@ -8,12 +8,12 @@ Docs: https://developers.viber.com/docs/api/rest-bot-api/
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
-from agentd.channels.bases.webhook import Request, WebhookAdapter, hmac_sha256_hex
+from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://chatapi.viber.com"
 EVENTS = ["delivered", "seen", "failed", "subscribed", "unsubscribed", "conversation_started"]
@@ -55,9 +55,7 @@ class ViberAdapter(WebhookAdapter):
 
     def verify(self, request: Request) -> bool:
         token = self.env("auth_token_env", required=False)
-        given = request.headers.get("x-viber-content-signature") or ""
-        return bool(token and given) and hmac.compare_digest(hmac_sha256_hex(token, request.body).encode(),
-                                                             given.strip().lower().encode())
+        return hmacs.check(token, request.body, request.headers.get("x-viber-content-signature"))
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()

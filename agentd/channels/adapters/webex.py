@@ -11,12 +11,11 @@ https://developer.webex.com/docs/api/v1/messages, https://developer.webex.com/do
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 from typing import Any
 from urllib.parse import quote
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -69,9 +68,7 @@ class WebexAdapter(WebhookAdapter):
             raise
 
     def verify(self, request: Request) -> bool:
-        given = (request.headers.get("x-spark-signature") or "").strip().lower()
-        expected = hmac.new(self.secret.encode(), request.body, hashlib.sha1).hexdigest()
-        return bool(given) and hmac.compare_digest(expected.encode(), given.encode())
+        return hmacs.check(self.secret, request.body, request.headers.get("x-spark-signature"), algorithm="sha1")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         event = request.json()

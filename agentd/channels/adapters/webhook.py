@@ -13,9 +13,10 @@ import os
 import uuid
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender
-from agentd.channels.bases.webhook import Request, WebhookAdapter, check_hmac, hmac_sha256_hex
+from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 SIGNATURE_HEADER = "X-Webhook-Signature"
 
@@ -39,7 +40,8 @@ class GenericWebhookAdapter(WebhookAdapter):
 
     def verify(self, request: Request) -> bool:
         secret = self.secret()
-        return not secret or check_hmac(secret, request.body, request.headers.get(SIGNATURE_HEADER.lower()))
+        return not secret or hmacs.check(secret, request.body, request.headers.get(SIGNATURE_HEADER.lower()),
+                                           prefix="sha256=")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()
@@ -65,7 +67,7 @@ class GenericWebhookAdapter(WebhookAdapter):
         headers = {"Content-Type": "application/json"}
         secret = self.secret()
         if secret:
-            headers[SIGNATURE_HEADER] = "sha256=" + hmac_sha256_hex(secret, body)
+            headers[SIGNATURE_HEADER] = "sha256=" + hmacs.hex_digest(secret, body)
         self.http.request("POST", url, data=body, headers=headers)
         return str(uuid.uuid4())
 

@@ -14,11 +14,11 @@ gateway's `GET /health` (`connected`), checked every few seconds.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 from typing import Any
 
+from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -94,7 +94,7 @@ class WhatsAppGatewayAdapter(WebhookAdapter):
         parts = request.path.split("/")  # "", token, "api", "agents", name, "message"
         if not token or len(parts) != 6 or parts[2:4] != ["api", "agents"] or parts[5] != "message":
             return False
-        return hmac.compare_digest(token.encode(), parts[1].encode())
+        return hmacs.same(parts[1], token)
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         data = request.json()

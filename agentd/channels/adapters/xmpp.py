@@ -14,8 +14,8 @@ from typing import Any
 import slixmpp
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
-from agentd.channels.bases.backoff import Backoff
 from agentd.channels.bases.sender import split_text
+from agentd.retry import Backoff
 
 
 class XmppAdapter(Adapter):

@@ -1,49 +1,75 @@
 """Verifying a platform's RS256 JWT (Bot Framework, Google Chat) against its published
 keys: an OpenID configuration naming a `jwks_uri`, a JWKS document, or Google's map of
-X.509 certificates. Keys are cached and refetched when a token names an unknown key
-id (at most once per `refetch_secs`, 10 s), so a platform's key rotation is picked up
-while a flood of made-up key ids costs one fetch per window."""
+X.509 certificates. PyJWT's `PyJWKClient` caches the keys and refetches them when a token
+names an unknown key id (at most once per `refetch_secs`, 10 s), so a platform's key
+rotation is picked up while a flood of made-up key ids costs one fetch per window; the
+documents are fetched here (through the adapter's sender), the OpenID configuration
+followed to its `jwks_uri` and an X.509 map turned into a JWKS."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
 
 import jwt
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
+from jwt.algorithms import RSAAlgorithm
 
 from agentd.channels.adapter import ChannelError
 from agentd.channels.bases.sender import HttpSender
 
+# After a failed fetch, the next one waits this long (a key endpoint that is down is not
+# asked again for every request that arrives meanwhile).
+RETRY_FAILED_SECS = 2.0
 
-class KeySet:
+
+class KeySet(jwt.PyJWKClient):
     """Public keys by `kid` from `url`; `kind` is "openid", "jwks" or "x509"."""
 
     def __init__(self, http: HttpSender, url: str, kind: str = "jwks", refetch_secs: float = 10.0) -> None:
-        self.http, self.url, self.kind = http, url, kind
-        self.refetch_secs = refetch_secs
-        self._keys: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._fetched = -1e9
+        # Keys stay until a token names one they lack: a platform's rotation brings new
+        # kids; no timer needs to refetch (and a key endpoint down then costs nothing).
+        # PyJWKClient's own refetch cooldown only sees its own fetches: the window is
+        # kept in fetch_data instead.
+        super().__init__("https://keys.invalid/", lifespan=math.inf, cooldown_duration=0)
+        self.http, self.url, self.kind, self.refetch_secs = http, url, kind, refetch_secs
+        self._document: dict[str, Any] | None = None
+        self._fields: dict[str, dict[str, Any]] = {}  # the JWK fields of each kid (Teams' endorsements)
+        self._fetched = self._failed = -math.inf
         self._lock = threading.Lock()
 
     def key(self, kid: str) -> tuple[Any, dict[str, Any]]:
         """(public key, its JWK fields) for `kid`; ChannelError when unknown."""
         with self._lock:
-            if kid not in self._keys and time.monotonic() - self._fetched >= self.refetch_secs:
-                self._fetched = time.monotonic()
-                try:
-                    self._keys = self._load()
-                except ChannelError:
-                    # The key endpoint is down: try again in a few seconds, not a minute.
-                    self._fetched -= max(self.refetch_secs - 2.0, 0.0)
-                    raise
-            found = self._keys.get(kid)
-        if found is None:
-            raise ChannelError(f"no signing key {kid!r} at {self.url}")
-        return found
+            try:
+                found = self.get_signing_key(kid)
+            except jwt.PyJWKClientError:
+                raise ChannelError(f"no signing key {kid!r} at {self.url}") from None
+            except jwt.PyJWKSetError:  # (a document with no RSA key at all)
+                raise ChannelError(f"no signing key {kid!r} at {self.url}") from None
+            return found.key, self._fields.get(kid, {"kid": kid})
 
-    def _load(self) -> dict[str, tuple[Any, dict[str, Any]]]:
+    def fetch_data(self) -> dict[str, Any]:
+        """The key document as a JWKS of its RSA signing keys (PyJWKClient calls this)."""
+        if self._document is not None and time.monotonic() - self._fetched < self.refetch_secs:
+            return self._document  # fetched a moment ago: an unknown kid stays unknown
+        if time.monotonic() - self._failed < RETRY_FAILED_SECS:
+            raise ChannelError(f"{self.url}: the key endpoint failed a moment ago")
+        try:
+            keys = self._load()
+        except ChannelError:
+            self._failed = time.monotonic()
+            raise
+        self._fields = {key["kid"]: key for key in keys}
+        self._document, self._fetched = {"keys": keys}, time.monotonic()
+        return self._document
+
+    def _load(self) -> list[dict[str, Any]]:
+        if not self.url.startswith(("http://", "https://")):
+            raise ChannelError(f"{self.url!r}: the key URL must be http(s)")
         url = self.url
         if self.kind == "openid":
             config = self.http.json("GET", url, retries=1)
@@ -51,16 +77,20 @@ class KeySet:
             if not isinstance(url, str) or not url:
                 raise ChannelError(f"{self.url}: no jwks_uri in the OpenID configuration")
         document = self.http.json("GET", url, retries=1)
-        keys: dict[str, tuple[Any, dict[str, Any]]] = {}
+        if not isinstance(document, dict):
+            raise ChannelError(f"{url}: the key document is not a JSON object")
         if self.kind == "x509":  # {"<kid>": "-----BEGIN CERTIFICATE-----..."}
-            for kid, pem in (document or {}).items():
-                cert = x509.load_pem_x509_certificate(str(pem).encode("ascii"))
-                keys[kid] = (cert.public_key(), {"kid": kid})
+            keys = []
+            for kid, pem in document.items():
+                try:
+                    public_key = x509.load_pem_x509_certificate(str(pem).encode("ascii")).public_key()
+                except (ValueError, UnicodeEncodeError):
+                    continue
+                if isinstance(public_key, RSAPublicKey):
+                    keys.append({**RSAAlgorithm.to_jwk(public_key, as_dict=True), "kid": kid})
             return keys
-        for item in (document or {}).get("keys") or []:
-            if isinstance(item, dict) and item.get("kid") and item.get("kty") == "RSA":
-                keys[item["kid"]] = (jwt.PyJWK(item, algorithm="RS256").key, item)
-        return keys
+        return [item for item in document.get("keys") or [] if isinstance(item, dict) and item.get("kid")
+                and item.get("kty") == "RSA"]
 
 
 def verify_jwt(token: str, keys: KeySet, issuer: str, audience: str,

@@ -13,8 +13,9 @@ import ssl
 import time
 
 from agentd.channels.adapter import Adapter, ChannelError
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
+from agentd.retry import Backoff
 
 
 class LineSocketAdapter(Adapter):

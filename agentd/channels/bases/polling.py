@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.sender import HttpSender
+from agentd.retry import Backoff
 
 
 class PollingAdapter(Adapter):

@@ -3,11 +3,9 @@ Retry-After, and message splitting at the platform's length limit."""
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import socket
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -17,6 +15,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from agentd.channels.adapter import ChannelError
+from agentd.retry import Backoff, retry_after
 
 log = logging.getLogger("agentd.channels.sender")
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -38,21 +37,6 @@ def split_text(text: str, limit: int) -> list[str]:
     if text:
         parts.append(text)
     return parts or [""]
-
-
-def retry_after_secs(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 class _TrackingAdapter(requests.adapters.HTTPAdapter):
@@ -105,27 +89,25 @@ class HttpSender:
                 retries: int | None = None, **kwargs: Any) -> requests.Response:
         """Send; retry 429/5xx and connection errors; raise ChannelError on failure."""
         attempts = (self.retries if retries is None else retries) + 1
-        delay = 0.5
+        backoff = Backoff(initial=0.5, maximum=self.max_wait)
         for attempt in range(attempts):
             try:
                 response = self.session.request(method, url, timeout=timeout or self.timeout, **kwargs)
             except requests.RequestException as exc:
                 error = f"{method} {_short(url)}: {type(exc).__name__}"
-                if attempt + 1 >= attempts or self.stop.wait(delay):
+                if attempt + 1 >= attempts or backoff.wait(self.stop):
                     raise ChannelError(error) from None
-                delay = min(delay * 2, self.max_wait)
                 continue
             if response.status_code < 400:
                 return response
             if response.status_code not in RETRY_STATUS or attempt + 1 >= attempts:
                 raise ChannelError(f"{method} {_short(url)}: HTTP {response.status_code} "
                                    f"{response.text[:200]}")
-            wait = self.retry_wait(response)
+            wait, delay = self.retry_wait(response), backoff.next_delay()
             wait = delay if wait is None else min(wait, self.max_wait)
             log.info("%s %s: HTTP %s, retrying in %.1fs", method, _short(url), response.status_code, wait)
             if self.stop.wait(wait):
                 raise ChannelError(f"{method} {_short(url)}: stopped while waiting to retry")
-            delay = min(delay * 2, self.max_wait)
         raise ChannelError(f"{method} {_short(url)}: no attempts left")  # pragma: no cover
 
     def retry_wait(self, response: requests.Response) -> float | None:
@@ -133,7 +115,7 @@ class HttpSender:
         Platforms that say it differently (Revolt: milliseconds) override this."""
         # Feishu/Lark say it as x-ogw-ratelimit-reset (seconds until the window resets).
         header = response.headers.get("Retry-After") or response.headers.get("x-ogw-ratelimit-reset")
-        return retry_after_secs(header) or _body_retry_after(response)
+        return retry_after(header) or _body_retry_after(response)
 
     def json(self, method: str, url: str, **kwargs: Any) -> Any:
         """`request` and decode a JSON answer."""

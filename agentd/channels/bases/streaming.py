@@ -1,5 +1,6 @@
-"""Streaming base: a long-lived HTTP response read line by line (SSE or JSON lines),
-reopened with backoff when it ends or fails; stop() breaks the blocking read."""
+"""Streaming base: a long-lived HTTP response read line by line (SSE, parsed with
+agentd/sse_lines.py, or JSON lines), reopened with backoff when it ends or fails; stop()
+breaks the blocking read."""
 
 from __future__ import annotations
 
@@ -8,30 +9,10 @@ from typing import Any, Iterator
 import requests
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.sender import HttpSender
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[dict[str, str]]:
-    """Parse Server-Sent Events: yields {"event", "data", "id"} per blank-line-terminated event."""
-    event: dict[str, str] = {}
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data or event:
-                event["data"] = "\n".join(data)
-                event.setdefault("event", "message")
-                yield event
-            event, data = {}, []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name in ("event", "id", "retry"):
-            event[name] = value
+from agentd.retry import Backoff
+from agentd.sse_lines import lines_of
 
 
 class StreamingAdapter(Adapter):
@@ -67,7 +48,9 @@ class StreamingAdapter(Adapter):
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 self.healthy = True
                 link.up()
-                self.handle_lines(response.iter_lines(decode_unicode=True))
+                # As iter_lines reads (512 bytes at most per read), but lines end only at \n
+                # or \r\n (not at U+2028 inside a JSON string) and are always UTF-8, as SSE is.
+                self.handle_lines(lines_of(response.iter_content(chunk_size=512)))
                 raise RuntimeError("stream ended")
             except Exception as exc:  # noqa: BLE001
                 self.healthy = False

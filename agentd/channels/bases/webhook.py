@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import sys
 import time
@@ -34,18 +32,6 @@ class Request:
 
 # A handler answers (status, JSON-able body).
 Handler = Callable[[Request], tuple[int, Any]]
-
-
-def hmac_sha256_hex(secret: str, body: bytes) -> str:
-    return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-
-
-def check_hmac(secret: str, body: bytes, header_value: str | None, prefix: str = "sha256=") -> bool:
-    """Constant-time check of `<prefix><hex HMAC-SHA256(secret, body)>`."""
-    if not header_value or not header_value.startswith(prefix):
-        return False
-    expected = prefix + hmac_sha256_hex(secret, body)
-    return hmac.compare_digest(expected.encode(), header_value.strip().encode())
 
 
 def within_window(timestamp: str | None, window: float = 300.0) -> bool:

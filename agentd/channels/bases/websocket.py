@@ -12,9 +12,10 @@ from typing import Any
 import websocket
 
 from agentd.channels.adapter import Adapter
-from agentd.channels.bases.backoff import Backoff, Reconnects
+from agentd.channels.bases.backoff import Reconnects
 from agentd import jsonsafe
 from agentd.channels.bases.sender import HttpSender
+from agentd.retry import Backoff
 
 
 class WebSocketAdapter(Adapter):

@@ -26,6 +26,7 @@ from agentd.llm.drivers.guard import CallGuard, guarded
 from agentd.llm.drivers.reading import Interrupted, release_stream
 from agentd.llm.drivers.transport import guard_error, network_error, post, read_json
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
+from agentd.retry import backoff_delay
 
 FORMATS: dict[str, ModuleType] = {"openai": openai_compat, "anthropic": anthropic, "gemini": gemini}
 BACKOFF_BASE = 0.25
@@ -81,7 +82,7 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
         except LLMError as exc:
             if exc.kind == "cancelled" or not exc.retryable or attempt >= retries or delivered.is_set():
                 raise
-            delay = _delay(attempt, exc.retry_after)
+            delay = retry_delay(attempt, exc.retry_after)
             if time.monotonic() + delay + MIN_ATTEMPT_SECS >= deadline:
                 raise  # no time left for another attempt: report this one (a 429 keeps its Retry-After)
             attempt += 1
@@ -89,10 +90,12 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
                 raise _cancelled_error(endpoint, request.model) from None
 
 
-def _delay(attempt: int, retry_after: float | None) -> float:
+def retry_delay(attempt: int, retry_after: float | None) -> float:
+    """Seconds before retry number `attempt` (0 for the first) of a model or embeddings call:
+    the provider's Retry-After (at most RETRY_AFTER_MAX), else jittered exponential backoff."""
     if retry_after is not None:
         return min(retry_after, RETRY_AFTER_MAX)
-    return min(BACKOFF_BASE * (2 ** attempt), BACKOFF_MAX)
+    return backoff_delay(attempt, BACKOFF_BASE, BACKOFF_MAX)
 
 
 class _Cancelled(Exception):

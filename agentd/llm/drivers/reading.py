@@ -8,7 +8,6 @@ import http.client
 import socket
 import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import requests
@@ -16,14 +15,7 @@ from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSL
 
 from agentd.held_writes import before_wait
 from agentd.llm.drivers.guard import CallGuard
-
-
-@dataclass(frozen=True)
-class SseEvent:
-    """One Server-Sent Event: its `event:` name (may be empty) and joined `data:` lines."""
-
-    event: str
-    data: str
+from agentd.sse_lines import SseEvent, lines_of, sse_events
 
 
 class Interrupted(Exception):
@@ -138,34 +130,7 @@ def release_stream(response: requests.Response) -> bool:
 
 def iter_sse(response: requests.Response, guard: CallGuard) -> Iterator[SseEvent]:
     """Parse an SSE body as it arrives; tolerates `\\n` and `\\r\\n` line endings."""
-    buffer = b""
-    event, data = "", []
-    for chunk in read_chunks(response, guard):
-        buffer += chunk
-        while True:
-            nl = buffer.find(b"\n")
-            if nl < 0:
-                break
-            line = buffer[:nl].rstrip(b"\r").decode("utf-8", errors="replace")
-            buffer = buffer[nl + 1:]
-            if not line:
-                if data:
-                    yield SseEvent(event, "\n".join(data))
-                event, data = "", []
-            elif line.startswith(":"):
-                continue  # comment / keep-alive
-            else:
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "data":
-                    data.append(value)
-                elif name == "event":
-                    event = value
-    tail = buffer.rstrip(b"\r\n").decode("utf-8", errors="replace")
-    if tail.startswith("data:"):
-        data.append(tail[5:].lstrip(" "))
-    if data:
-        yield SseEvent(event, "\n".join(data))
+    return sse_events(lines_of(read_chunks(response, guard)))
 
 
 def read_body(response: requests.Response) -> bytes:

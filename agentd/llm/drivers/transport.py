@@ -14,6 +14,7 @@ from agentd.held_writes import before_wait
 from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.drivers.reading import Interrupted, read_body
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
+from agentd.retry import retry_after
 
 _local = threading.local()
 # The request body encoder (json.dumps with options builds a new one per call).
@@ -172,16 +173,9 @@ def http_error(endpoint: ProviderEndpoint, model: str, response: requests.Respon
     detail = provider_message(response)
     if kind == "auth":
         detail = f"the provider rejected the API key ({detail})" if detail else "the provider rejected the API key"
-    retry_after = None
-    raw = response.headers.get("Retry-After")
-    if raw:
-        try:
-            retry_after = max(0.0, float(raw))
-        except ValueError:
-            retry_after = None
     message = f"{where(endpoint, model)}: HTTP {status}" + (f": {detail}" if detail else "")
     return LLMError(message, provider=endpoint.provider, model=model, kind=kind, http_status=status,
-                    retry_after=retry_after)
+                    retry_after=retry_after(response.headers.get("Retry-After")))
 
 
 def provider_message(response: requests.Response) -> str:
