@@ -34,6 +34,7 @@ from fakes.revolt import FakeRevolt
 from fakes.rocketchat import BOT_ID as ROCKETCHAT_BOT_ID, FakeRocketChat
 from fakes.signal import BOT as SIGNAL_BOT, NUMBERS as SIGNAL_NUMBERS, FakeSignal
 from fakes.slack import FakeSlack
+from fakes.telegram import FakeTelegram
 from fakes.twist import BOT_ID as TWIST_BOT_ID, WORKSPACE as TWIST_WORKSPACE, FakeTwist
 from fakes.webex import FakeWebex
 from fakes.zulip import BOT_EMAIL as ZULIP_BOT_EMAIL, FakeZulip
@@ -165,6 +166,7 @@ def reconnect_and_stop(daemon, case: Case, fake, down_for: float = 1.0) -> None:
     polls = len(fake.polls)
     time.sleep(1.0)
     assert len(fake.polls) == polls  # nothing reads from the platform any more
+    assert audit(daemon, "channel.stop", case.name)[0]["detail"]["reason"] == "removed"
 
 
 def in_process(case: Case, fake, settings: dict[str, Any] | None = None) -> Iterator[tuple[Any, list]]:
@@ -228,6 +230,12 @@ def _webex() -> Any:
     return server.start()
 
 
+def _telegram_say(fake: Any, user: str, text: str) -> int:
+    fake.user_says(TELEGRAM_USERS[user], text, username=user)
+    return TELEGRAM_USERS[user]  # a private chat's id is the user's
+
+
+TELEGRAM_USERS = {"ann": 602, "mallory": 601}
 NOSTR_BOT = pubkey_of(bytes.fromhex(ENV["NOSTR_PRIVATE_KEY"]))
 NOSTR_NAMES = {user_pubkey(n): n for n in ("ann", "bob", "mallory", "carol")}
 
@@ -317,6 +325,11 @@ CASES: dict[str, Case] = {case.name: case for case in (
          replies=lambda fake, chat: fake.replies(chat),
          user="U1ANN", other="U1MALLORY",
          start=lambda: FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()),
+    Case("telegram",
+         config=lambda fake: {"bot_token_env": "TELEGRAM_BOT_TOKEN", "api_url": fake.url, "long_poll_secs": 1},
+         say=_telegram_say, replies=lambda fake, chat: fake.replies_to(chat),
+         other_id=str(TELEGRAM_USERS["mallory"]),
+         start=lambda: FakeTelegram(ENV["TELEGRAM_BOT_TOKEN"]).start()),
     Case("twist",
          config=lambda fake: {"api_url": fake.url, "token_env": "TWIST_TOKEN", "workspace_id": str(TWIST_WORKSPACE),
                               "poll_interval_secs": 0.2},
