@@ -27,6 +27,7 @@ from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
 from fakes.linkedin import ORG as LINKEDIN_ORG, FakeLinkedIn
 from fakes.mastodon import FakeMastodon
+from fakes.matrix import FakeMatrix
 from fakes.nextcloud import FakeNextcloud
 from fakes.nostr import FakeRelay, pubkey_of, user_pubkey
 from fakes.reddit import BOT as REDDIT_BOT, CLIENT_ID as REDDIT_CLIENT_ID, FakeReddit
@@ -224,6 +225,19 @@ def _gitter_say(fake: Any, user: str, text: str) -> str:
     return GITTER_ROOM
 
 
+def _initial_sync(fake: Any) -> None:
+    # The first sync only takes the position: messages sent before it are history.
+    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+
+
+def _matrix_say(fake: Any, user: str, text: str) -> str:
+    fake.user_says(MATRIX_ROOM, user, text)
+    return MATRIX_ROOM
+
+
+MATRIX_ROOM = "!room1:test"
+
+
 def _webex() -> Any:
     server = FakeWebex(ENV["WEBEX_BOT_TOKEN"])
     server.listen_port = free_port()  # where the adapter's webhook listens and the fake calls back
@@ -264,9 +278,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
                               "long_poll_secs": 1},
          say=_gitter_say, replies=lambda fake, room: fake.bot_messages(room),
          user="@ann:gitter.im", other="@mallory:gitter.im",
-         start=_gitter, stop=_gitter_stop,
-         # The first sync only takes the room's position: messages sent before it are history.
-         ready=lambda fake: wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")),
+         start=_gitter, stop=_gitter_stop, ready=_initial_sync),
     Case("linkedin",
          config=lambda fake: {"api_url": fake.url, "access_token_env": "LINKEDIN_ACCESS_TOKEN",
                               "organization_id": LINKEDIN_ORG.rsplit(":", 1)[-1], "poll_interval_secs": 0.2},
@@ -280,6 +292,12 @@ CASES: dict[str, Case] = {case.name: case for case in (
          replies=lambda fake, user: fake.replies(user),
          user="ann@other.test", other="mallory@other.test",
          start=lambda: FakeMastodon(ENV["MASTODON_ACCESS_TOKEN"]).start()),
+    Case("matrix",
+         config=lambda fake: {"access_token_env": "MATRIX_ACCESS_TOKEN", "homeserver_url": fake.url,
+                              "long_poll_secs": 1},
+         say=_matrix_say, replies=lambda fake, room: fake.bot_messages(room),
+         user="@ann:test", other="@mallory:test",
+         start=lambda: FakeMatrix(ENV["MATRIX_ACCESS_TOKEN"]).start(), ready=_initial_sync),
     Case("nextcloud",
          config=lambda fake: {"server_url": fake.url, "token_env": "NEXTCLOUD_TOKEN", "poll_interval_secs": 0.2,
                               "long_poll_secs": 1},
