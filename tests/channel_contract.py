@@ -103,7 +103,7 @@ class Case:
 
 def serve(daemon, case: Case) -> Iterator[Any]:
     """Fixture body: the platform's fake while the test runs; then the channel's
-    configuration is removed from the shared daemon and the fake stopped."""
+    configuration is removed from the daemon and the fake stopped."""
     fake = case.start()
     yield fake
     daemon.delete(f"/api/channels/{case.name}/configure")
