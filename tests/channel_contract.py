@@ -1,10 +1,13 @@
-"""The channel contract, shared by the polling/line-socket adapters' tests so each test
-file stays short: a platform user's message reaches the agent and the reply reaches
-the platform, allow-list refusal, a 429 retried after its Retry-After, a dropped
-connection re-established, and stop() ending every thread.
+"""The channel contract of the adapters that talk to a platform through a fake of it: a
+platform user's message reaches the agent and the reply reaches the platform, allow-list
+refusal, a 429 retried after its Retry-After, a dropped connection re-established, and
+stop() ending every thread.
 
-A test module describes its platform with a `Case` and calls the checks below with its
-fake (see tests/fakes/platform.py for what a fake offers)."""
+`CASES` is the table of those adapters: each `Case` says how its platform's fake starts,
+how the channel is configured and how the platform's users talk. tests/test_channel_contract.py
+runs every check below for every entry; tests/test_channel_<name>.py holds what is
+particular to one platform and takes its `Case` (and fake) from here. See
+tests/fakes/platform.py for what a fake offers."""
 
 from __future__ import annotations
 
@@ -18,6 +21,25 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from channel_fixtures import CHANNEL_ENV, channel, configure, remove, start_channel_daemon, wait_active, wait_for
+from fakes.bluesky import BOT_HANDLE, FakeBluesky
+from fakes.discord import FakeDiscord
+from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
+from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
+from fakes.linkedin import ORG as LINKEDIN_ORG, FakeLinkedIn
+from fakes.mastodon import FakeMastodon
+from fakes.matrix import FakeMatrix
+from fakes.nextcloud import FakeNextcloud
+from fakes.nostr import FakeRelay, pubkey_of, user_pubkey
+from fakes.reddit import BOT as REDDIT_BOT, CLIENT_ID as REDDIT_CLIENT_ID, FakeReddit
+from fakes.revolt import FakeRevolt
+from fakes.rocketchat import BOT_ID as ROCKETCHAT_BOT_ID, FakeRocketChat
+from fakes.signal import BOT as SIGNAL_BOT, NUMBERS as SIGNAL_NUMBERS, FakeSignal
+from fakes.slack import FakeSlack
+from fakes.telegram import FakeTelegram
+from fakes.twist import BOT_ID as TWIST_BOT_ID, WORKSPACE as TWIST_WORKSPACE, FakeTwist
+from fakes.webex import FakeWebex
+from fakes.zulip import BOT_EMAIL as ZULIP_BOT_EMAIL, FakeZulip
+from support import free_port
 
 # Secrets of the platforms below (the fakes accept exactly these).
 POLL_ENV = {"SIGNAL_UNUSED": "x", "REDDIT_CLIENT_SECRET": "reddit-secret", "REDDIT_PASSWORD": "reddit-pass",
@@ -30,6 +52,8 @@ POLL_ENV.update({"DISCORD_BOT_TOKEN": "discord-bot-token", "DISCORD_OTHER_TOKEN"
                  "SLACK_APP_TOKEN": "xapp-1-A0-1-appsecret", "SLACK_BOT_TOKEN": "xoxb-1-2-botsecret",
                  "SLACK_SIGNING_SECRET": "slack-signing-secret", "REVOLT_BOT_TOKEN": "revolt-bot-token",
                  "GUILDED_BOT_TOKEN": "guilded-bot-token"})
+# What the shared daemon, and an adapter run in this process, find in the environment.
+ENV = {**CHANNEL_ENV, **POLL_ENV}
 
 
 _SHARED: dict[str, Any] = {}
@@ -42,7 +66,7 @@ def daemon(tmp_path_factory, fake_llm):
     its channel when done), stopped when the process exits."""
     if "daemon" not in _SHARED:
         started = start_channel_daemon(tmp_path_factory.mktemp("channels"), fake_llm,
-                                       env={**CHANNEL_ENV, **POLL_ENV})
+                                       env=ENV)
         _SHARED["daemon"] = started
         atexit.register(started.stop)
     yield _SHARED["daemon"]
@@ -55,9 +79,13 @@ def audit(daemon, event: str, subject: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["event"] == event and r["subject"] == subject]
 
 
+def _stop(fake: Any) -> None:
+    fake.stop()
+
+
 @dataclass
 class Case:
-    """How one platform is configured and how its users talk (through its fake)."""
+    """How one platform's fake starts, how the channel is configured and how its users talk."""
 
     name: str
     config: Callable[[Any], dict[str, Any]]          # fake -> configure keys
@@ -67,11 +95,26 @@ class Case:
     other: str = "mallory"                           # refused in the refusal check
     other_id: str = ""                               # the adapter's sender id for `other`
     allow: dict[str, Any] = field(default_factory=dict)  # extra keys for the refusal check
+    start: Callable[[], Any] | None = None           # -> the platform's fake, serving
+    stop: Callable[[Any], None] = _stop              # ends the fake
+    ready: Callable[[Any], Any] | None = None        # (fake) waits until what users say now is read
+    exempt: dict[str, str] = field(default_factory=dict)  # check -> why it does not apply
+
+
+def serve(daemon, case: Case) -> Iterator[Any]:
+    """Fixture body: the platform's fake while the test runs; then the channel's
+    configuration is removed from the daemon and the fake stopped."""
+    fake = case.start()
+    yield fake
+    daemon.delete(f"/api/channels/{case.name}/configure")
+    case.stop(fake)
 
 
 def setup(daemon, case: Case, fake, **extra: Any) -> None:
     configure(daemon, case.name, default_agent="helper", **case.config(fake), **extra)
     wait_active(daemon, case.name)
+    if case.ready is not None:
+        case.ready(fake)
 
 
 def round_trip(daemon, case: Case, fake) -> Any:
@@ -124,6 +167,7 @@ def reconnect_and_stop(daemon, case: Case, fake, down_for: float = 1.0) -> None:
     polls = len(fake.polls)
     time.sleep(1.0)
     assert len(fake.polls) == polls  # nothing reads from the platform any more
+    assert audit(daemon, "channel.stop", case.name)[0]["detail"]["reason"] == "removed"
 
 
 def in_process(case: Case, fake, settings: dict[str, Any] | None = None) -> Iterator[tuple[Any, list]]:
@@ -136,8 +180,8 @@ def in_process(case: Case, fake, settings: dict[str, Any] | None = None) -> Iter
     got: list = []
     ctx = ChannelContext(case.name, "127.0.0.1", deliver=got.append, audit=lambda *a: None,
                          load_state=dict, save_state=lambda s: None)
-    saved = {k: os.environ.get(k) for k in POLL_ENV}
-    os.environ.update(POLL_ENV)
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
     adapter = adapters.load(case.name)(ctx, settings_for(info, settings or case.config(fake)))
     try:
         yield adapter, got
@@ -162,3 +206,169 @@ def threads_end(case: Case, fake) -> None:
         assert adapter.threads_alive() == 0
         assert not [t for t in threading.enumerate()
                     if t.name.startswith(f"channel-{case.name}-") and t.is_alive()]
+
+
+# -- the adapters under the contract ----------------------------------------------------------
+def _gitter() -> Any:
+    server = FakeGitter(ENV["GITTER_TOKEN"]).start()
+    server.front = FakeGitterFront(server).start()  # gitter.im, serving only the Matrix discovery
+    return server
+
+
+def _gitter_stop(server: Any) -> None:
+    server.front.stop()
+    server.stop()
+
+
+def _gitter_say(fake: Any, user: str, text: str) -> str:
+    fake.user_says(GITTER_ROOM, user, text)
+    return GITTER_ROOM
+
+
+def _initial_sync(fake: Any) -> None:
+    # The first sync only takes the position: messages sent before it are history.
+    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+
+
+def _matrix_say(fake: Any, user: str, text: str) -> str:
+    fake.user_says(MATRIX_ROOM, user, text)
+    return MATRIX_ROOM
+
+
+MATRIX_ROOM = "!room1:test"
+
+
+def _webex() -> Any:
+    server = FakeWebex(ENV["WEBEX_BOT_TOKEN"])
+    server.listen_port = free_port()  # where the adapter's webhook listens and the fake calls back
+    return server.start()
+
+
+def _telegram_say(fake: Any, user: str, text: str) -> int:
+    fake.user_says(TELEGRAM_USERS[user], text, username=user)
+    return TELEGRAM_USERS[user]  # a private chat's id is the user's
+
+
+TELEGRAM_USERS = {"ann": 602, "mallory": 601}
+NOSTR_BOT = pubkey_of(bytes.fromhex(ENV["NOSTR_PRIVATE_KEY"]))
+NOSTR_NAMES = {user_pubkey(n): n for n in ("ann", "bob", "mallory", "carol")}
+
+CASES: dict[str, Case] = {case.name: case for case in (
+    Case("bluesky",
+         config=lambda fake: {"service_url": fake.url, "identifier": BOT_HANDLE,
+                              "app_password_env": "BLUESKY_APP_PASSWORD", "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, f"@{BOT_HANDLE} {text}"),
+         replies=lambda fake, chat: fake.replies(chat),
+         user="ann.bsky.test", other="mallory.bsky.test", other_id="did:plc:mallory",
+         start=lambda: FakeBluesky(ENV["BLUESKY_APP_PASSWORD"]).start()),
+    Case("discord",
+         config=lambda fake: {"api_url": fake.url + "/api/v10", "bot_token_env": "DISCORD_BOT_TOKEN"},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         other_id="id-mallory",
+         start=lambda: FakeDiscord(ENV["DISCORD_BOT_TOKEN"], heartbeat_ms=400).start()),
+    Case("discourse",
+         config=lambda fake: {"base_url": fake.url, "api_key_env": "DISCOURSE_API_KEY",
+                              "api_username": DISCOURSE_BOT, "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, f"@{DISCOURSE_BOT} {text}"),
+         replies=lambda fake, chat: fake.replies(chat),
+         start=lambda: FakeDiscourse(ENV["DISCOURSE_API_KEY"]).start()),
+    Case("gitter",
+         config=lambda fake: {"token_env": "GITTER_TOKEN", "homeserver_url": fake.front.url, "room_id": GITTER_ROOM,
+                              "long_poll_secs": 1},
+         say=_gitter_say, replies=lambda fake, room: fake.bot_messages(room),
+         user="@ann:gitter.im", other="@mallory:gitter.im",
+         start=_gitter, stop=_gitter_stop, ready=_initial_sync),
+    Case("linkedin",
+         config=lambda fake: {"api_url": fake.url, "access_token_env": "LINKEDIN_ACCESS_TOKEN",
+                              "organization_id": LINKEDIN_ORG.rsplit(":", 1)[-1], "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         other_id="urn:li:person:mallory",
+         start=lambda: FakeLinkedIn(ENV["LINKEDIN_ACCESS_TOKEN"]).start()),
+    Case("mastodon",
+         config=lambda fake: {"instance_url": fake.url, "access_token_env": "MASTODON_ACCESS_TOKEN"},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, user: fake.replies(user),
+         user="ann@other.test", other="mallory@other.test",
+         start=lambda: FakeMastodon(ENV["MASTODON_ACCESS_TOKEN"]).start()),
+    Case("matrix",
+         config=lambda fake: {"access_token_env": "MATRIX_ACCESS_TOKEN", "homeserver_url": fake.url,
+                              "long_poll_secs": 1},
+         say=_matrix_say, replies=lambda fake, room: fake.bot_messages(room),
+         user="@ann:test", other="@mallory:test",
+         start=lambda: FakeMatrix(ENV["MATRIX_ACCESS_TOKEN"]).start(), ready=_initial_sync),
+    Case("nextcloud",
+         config=lambda fake: {"server_url": fake.url, "token_env": "NEXTCLOUD_TOKEN", "poll_interval_secs": 0.2,
+                              "long_poll_secs": 1},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         start=lambda: FakeNextcloud(ENV["NEXTCLOUD_TOKEN"]).start()),
+    Case("nostr",
+         config=lambda fake: {"private_key_env": "NOSTR_PRIVATE_KEY", "relays": [f"ws://127.0.0.1:{fake.port}/"]},
+         say=lambda fake, user, text: fake.user_says(NOSTR_NAMES[user], text),
+         replies=lambda fake, pubkey: fake.replies(pubkey),
+         user=user_pubkey("ann"), other=user_pubkey("mallory"),
+         start=lambda: FakeRelay(NOSTR_BOT).start()),
+    Case("reddit",
+         config=lambda fake: {"api_url": fake.url, "auth_url": fake.url, "client_id": REDDIT_CLIENT_ID,
+                              "username": REDDIT_BOT, "client_secret_env": "REDDIT_CLIENT_SECRET",
+                              "password_env": "REDDIT_PASSWORD", "subreddits": ["agents"], "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, f"u/{REDDIT_BOT} {text}"),
+         replies=lambda fake, chat: fake.replies(chat),
+         start=lambda: FakeReddit(ENV["REDDIT_CLIENT_SECRET"], ENV["REDDIT_PASSWORD"]).start()),
+    Case("revolt",
+         config=lambda fake: {"api_url": fake.url, "ws_url": fake.url.replace("http", "ws", 1),
+                              "bot_token_env": "REVOLT_BOT_TOKEN", "ping_secs": 0.3},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         other_id=FakeRevolt("x").people["mallory"]["_id"],
+         start=lambda: FakeRevolt(ENV["REVOLT_BOT_TOKEN"]).start()),
+    Case("rocketchat",
+         config=lambda fake: {"server_url": fake.url, "user_id": ROCKETCHAT_BOT_ID, "token_env": "ROCKETCHAT_TOKEN",
+                              "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         start=lambda: FakeRocketChat(ENV["ROCKETCHAT_TOKEN"]).start()),
+    Case("signal",
+         config=lambda fake: {"api_url": fake.url, "phone_number": SIGNAL_BOT, "poll_interval_secs": 0.1},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         user=SIGNAL_NUMBERS["ann"], other="mallory", other_id=SIGNAL_NUMBERS["mallory"],
+         start=lambda: FakeSignal().start()),
+    Case("slack",
+         config=lambda fake: {"api_url": fake.url + "/api", "app_token_env": "SLACK_APP_TOKEN",
+                              "bot_token_env": "SLACK_BOT_TOKEN"},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         user="U1ANN", other="U1MALLORY",
+         start=lambda: FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()),
+    Case("telegram",
+         config=lambda fake: {"bot_token_env": "TELEGRAM_BOT_TOKEN", "api_url": fake.url, "long_poll_secs": 1},
+         say=_telegram_say, replies=lambda fake, chat: fake.replies_to(chat),
+         other_id=str(TELEGRAM_USERS["mallory"]),
+         start=lambda: FakeTelegram(ENV["TELEGRAM_BOT_TOKEN"]).start()),
+    Case("twist",
+         config=lambda fake: {"api_url": fake.url, "token_env": "TWIST_TOKEN", "workspace_id": str(TWIST_WORKSPACE),
+                              "poll_interval_secs": 0.2},
+         say=lambda fake, user, text: fake.user_says(user, f"[Agent Bot](twist-mention://{TWIST_BOT_ID}) {text}"),
+         replies=lambda fake, chat: fake.replies(chat),
+         other_id="702",
+         start=lambda: FakeTwist(ENV["TWIST_TOKEN"]).start()),
+    Case("webex",
+         config=lambda fake: {"bot_token_env": "WEBEX_BOT_TOKEN", "api_url": fake.url,
+                              "webhook_port": fake.listen_port,
+                              "webhook_url": f"http://127.0.0.1:{fake.listen_port}/webex"},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, room: fake.replies(room),
+         user="ann@example.com", other="mallory@example.com", other_id="PERSON-mallory",
+         start=_webex,
+         exempt={"reconnect_and_stop": "Webex calls the adapter's webhook: there is no connection to lose"}),
+    Case("zulip",
+         config=lambda fake: {"server_url": fake.url, "bot_email": ZULIP_BOT_EMAIL, "api_key_env": "ZULIP_API_KEY",
+                              "long_poll_secs": 5},
+         say=lambda fake, user, text: fake.user_says(user, text),
+         replies=lambda fake, chat: fake.replies(chat),
+         user="ann@zulip.test", other="mallory", other_id="mallory@zulip.test",
+         start=lambda: FakeZulip(ENV["ZULIP_API_KEY"]).start()),
+)}

@@ -1,6 +1,7 @@
 """Bluesky adapter against a fake PDS: a mention is answered with a reply post whose
-root/parent refs point at it, a reply in the thread keeps the root, expired tokens
-log in again, allow-list, 429, reconnect, clean stop."""
+root/parent refs point at it, a reply in the thread keeps the root, expired tokens log in
+again. The shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -9,23 +10,14 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.bluesky import BOT_HANDLE, FakeBluesky
+from fakes.bluesky import BOT_HANDLE
 
-CASE = contract.Case(
-    name="bluesky",
-    config=lambda fake: {"service_url": fake.url, "identifier": BOT_HANDLE, "app_password_env": "BLUESKY_APP_PASSWORD",
-                         "poll_interval_secs": 0.2},
-    say=lambda fake, user, text: fake.user_says(user, f"@{BOT_HANDLE} {text}"),
-    replies=lambda fake, chat: fake.replies(chat),
-    user="ann.bsky.test", other="mallory.bsky.test", other_id="did:plc:mallory")
+CASE = contract.CASES["bluesky"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeBluesky(contract.POLL_ENV["BLUESKY_APP_PASSWORD"]).start()
-    yield server
-    daemon.delete("/api/channels/bluesky/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_mention_and_thread_reply(daemon, fake):  # noqa: F811
@@ -42,19 +34,3 @@ def test_mention_and_thread_reply(daemon, fake):  # noqa: F811
     wait_for(lambda: fake.replies(follow), what="thread reply")
     assert fake.replies(follow) == ["echo: thanks, and more?"]
     assert fake.sent[-1]["reply"]["root"]["uri"] == uri and len(fake.sessions) == 2
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

@@ -1,7 +1,8 @@
 """Gitter adapter (Matrix client-server API on Gitter's homeserver, since Gitter's own API
 was shut down in 2023) against a fake gitter.im front (discovery) and a fake homeserver:
 discovery, join, room messages answered in the configured room only, alias room ids,
-legacy Gitter ids refused with a clear error, allow-list, 429, reconnect, stop, threads."""
+legacy Gitter ids refused with a clear error, the test message. The shared checks (round
+trip, allow-list, 429, reconnect, stop, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -11,41 +12,21 @@ import pytest
 
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
-from channel_fixtures import CHANNEL_ENV, channel, configure, wait_active, wait_for
-from fakes.gitter import ALIAS, ROOM, FakeGitter, FakeGitterFront
+from channel_fixtures import channel, configure, wait_active, wait_for
+from fakes.gitter import ALIAS, ROOM
 
 
-def say(fake, user: str, text: str) -> str:  # type: ignore[no-untyped-def]
-    fake.user_says(ROOM, user, text)
-    return ROOM
-
-
-CASE = contract.Case(
-    name="gitter",
-    config=lambda fake: {"token_env": "GITTER_TOKEN", "homeserver_url": fake.front.url, "room_id": ROOM,
-                         "long_poll_secs": 1},
-    say=say, replies=lambda fake, room: fake.bot_messages(room),
-    user="@ann:gitter.im", other="@mallory:gitter.im")
+CASE = contract.CASES["gitter"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeGitter(CHANNEL_ENV["GITTER_TOKEN"]).start()
-    server.front = FakeGitterFront(server).start()
-    yield server
-    daemon.delete("/api/channels/gitter/configure")
-    server.front.stop()
-    server.stop()
-
-
-def ready(fake) -> None:  # type: ignore[no-untyped-def]
-    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+    yield from contract.serve(daemon, CASE)
 
 
 def test_room_round_trip_through_discovery(daemon, fake):  # noqa: F811
     fake.user_says(ROOM, "@ann:gitter.im", "history from before the bot started")
-    contract.setup(daemon, CASE, fake)
-    ready(fake)
+    contract.setup(daemon, CASE, fake)  # returns once the initial sync is done
     assert fake.joins == [ROOM] and len(fake.front.asked) == 1
     assert "Authorization" not in fake.front.asked[0]  # the token only goes to the homeserver
     fake.user_says("!elsewhere:gitter.im", "@ann:gitter.im", "another room the account is in")
@@ -66,23 +47,6 @@ def test_legacy_gitter_room_id_is_refused_with_the_reason(daemon, fake):  # noqa
     failed = wait_for(lambda: contract.audit(daemon, "channel.start_failed", "gitter"), what="start failure")
     assert "legacy Gitter id" in failed[0]["detail"]["error"]
     assert channel(daemon, "gitter")["active"] is False
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake, monkeypatch):
-    monkeypatch.setenv("GITTER_TOKEN", CHANNEL_ENV["GITTER_TOKEN"])
-    contract.threads_end(CASE, fake)
 
 
 def test_test_message_goes_to_the_room(daemon, fake):  # noqa: F811

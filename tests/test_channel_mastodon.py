@@ -1,8 +1,9 @@
 """Mastodon adapter against a fake Mastodon server: mentions on the SSE user stream reach
 the agent (HTML stripped, the bot's handle dropped) and are answered with statuses in
-reply, with the mention's visibility and the author's handle; long answers become a
-thread of 500-character statuses; allow-list, 429, reconnect (with mentions missed while
-down fetched), stop, threads."""
+reply, with the mention's visibility and the author's handle; long answers become a thread
+of 500-character statuses; mentions missed while the stream was down fetched; the test
+message. The shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -10,23 +11,14 @@ import pytest
 
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
-from channel_fixtures import CHANNEL_ENV, wait_for
-from fakes.mastodon import FakeMastodon
+from channel_fixtures import wait_for
 
-CASE = contract.Case(
-    name="mastodon",
-    config=lambda fake: {"instance_url": fake.url, "access_token_env": "MASTODON_ACCESS_TOKEN"},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, user: fake.replies(user),
-    user="ann@other.test", other="mallory@other.test")
+CASE = contract.CASES["mastodon"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeMastodon(CHANNEL_ENV["MASTODON_ACCESS_TOKEN"]).start()
-    yield server
-    daemon.delete("/api/channels/mastodon/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_mention_round_trip(daemon, fake):  # noqa: F811
@@ -51,18 +43,6 @@ def test_direct_mention_keeps_its_visibility_and_long_answers_thread(daemon, fak
     assert " ".join(fake.replies("bob@other.test")).startswith("echo: psst &amp; <b>word000")
 
 
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
 def test_mentions_missed_while_the_stream_was_down_are_answered(daemon, fake):  # noqa: F811
     contract.round_trip(daemon, CASE, fake)
     fake.stop()
@@ -70,11 +50,6 @@ def test_mentions_missed_while_the_stream_was_down_are_answered(daemon, fake):  
     fake.start()
     wait_for(lambda: fake.replies("carol@other.test"), timeout=40, what="catch-up reply")
     assert fake.replies("carol@other.test") == ["echo: while you were away"]
-
-
-def test_threads_end(fake, monkeypatch):
-    monkeypatch.setenv("MASTODON_ACCESS_TOKEN", CHANNEL_ENV["MASTODON_ACCESS_TOKEN"])
-    contract.threads_end(CASE, fake)
 
 
 def test_test_message_is_a_direct_status(daemon, fake):  # noqa: F811

@@ -1,5 +1,6 @@
 """Matrix adapter against a fake homeserver: /sync since-tokens (history not answered),
-room send, typing, allow-list by room and user, reconnect, clean stop."""
+room send, typing, allow-lists by room and user. The shared checks (round trip, allow-list,
+429, reconnect, stop, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -7,19 +8,15 @@ import time
 
 import pytest
 
-from channel_fixtures import (CHANNEL_ENV, audit, channel, channel_daemon, configure, remove,  # noqa: F401
-                              wait_active, wait_for)
-from fakes.matrix import FakeMatrix
+import channel_contract as contract
+from channel_fixtures import audit, channel_daemon, configure, wait_active, wait_for  # noqa: F401
 
 ROOM = "!room1:test"
 
 
 @pytest.fixture
 def matrix(channel_daemon):
-    fake = FakeMatrix(CHANNEL_ENV["MATRIX_ACCESS_TOKEN"]).start()
-    yield fake
-    channel_daemon.delete("/api/channels/matrix/configure")
-    fake.stop()
+    yield from contract.serve(channel_daemon, contract.CASES["matrix"])
 
 
 def setup(daemon, fake, **extra):
@@ -50,16 +47,3 @@ def test_allow_lists(channel_daemon, matrix):
     reasons = {e["detail"]["reason"] for e in audit(channel_daemon, "channel.refused", "matrix")[:2]}
     assert reasons == {"chat not in allowed_channels", "sender not in allowed_users"}
 
-
-def test_reconnect_and_clean_stop(channel_daemon, matrix):
-    setup(channel_daemon, matrix)
-    matrix.restart()
-    wait_for(lambda: audit(channel_daemon, "channel.reconnected", "matrix"), what="reconnect")
-    matrix.user_says(ROOM, "@ann:test", "after restart")
-    wait_for(lambda: matrix.bot_messages(ROOM), what="reply after restart")
-    remove(channel_daemon, "matrix")
-    assert channel(channel_daemon, "matrix")["active"] is False
-    time.sleep(1.5)
-    syncs = len(matrix.syncs)
-    time.sleep(1.5)
-    assert len(matrix.syncs) == syncs

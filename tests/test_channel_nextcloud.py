@@ -1,5 +1,6 @@
 """Nextcloud Talk adapter against a fake server: one-to-one and group (mention, replyTo)
-round trips with lookIntoFuture polling, allow-list, 429, reconnect, clean stop."""
+round trips with lookIntoFuture polling. The shared checks (round trip, allow-list, 429,
+reconnect, stop, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -10,22 +11,13 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.nextcloud import FakeNextcloud
 
-CASE = contract.Case(
-    name="nextcloud",
-    config=lambda fake: {"server_url": fake.url, "token_env": "NEXTCLOUD_TOKEN", "poll_interval_secs": 0.2,
-                         "long_poll_secs": 1},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat))
+CASE = contract.CASES["nextcloud"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeNextcloud(contract.POLL_ENV["NEXTCLOUD_TOKEN"]).start()
-    yield server
-    daemon.delete("/api/channels/nextcloud/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_direct_and_group_round_trip(daemon, fake):  # noqa: F811
@@ -45,19 +37,3 @@ def test_single_room_long_polls(daemon, fake):  # noqa: F811
     fake.user_says("bob", "long poll?", room="teamroom", mention=True)
     wait_for(lambda: fake.replies("teamroom"), what="reply")
     assert fake.replies("teamroom") == ["echo: long poll?"]
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

@@ -3,7 +3,9 @@ signatures of what the bot publishes): an encrypted DM (NIP-04) reaches the agen
 answer comes back as an encrypted DM signed by the bot; a note mentioning the bot is
 answered with a NIP-10 reply; forged events are dropped and audited; several relays (an
 event from two relays answered once, replies published to both); nsec keys; allow-list by
-hex key or npub; `rate-limited:` refusals retried; reconnect; stop; threads."""
+npub; a restart and a reconfiguration answer nothing twice. The shared checks (round trip,
+allow-list, `rate-limited:` refusals retried, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -14,18 +16,10 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import CHANNEL_ENV, channel, configure, wait_active, wait_for
-from fakes.nostr import FakeRelay, pubkey_of, signed, user_pubkey, user_secret
+from fakes.nostr import FakeRelay, signed, user_pubkey, user_secret
 
-BOT_SECRET = bytes.fromhex(CHANNEL_ENV["NOSTR_PRIVATE_KEY"])
-BOT = pubkey_of(BOT_SECRET)
-NAMES = {user_pubkey(n): n for n in ("ann", "bob", "mallory", "carol")}
-
-CASE = contract.Case(
-    name="nostr",
-    config=lambda fake: {"private_key_env": "NOSTR_PRIVATE_KEY", "relays": [f"ws://127.0.0.1:{fake.port}/"]},
-    say=lambda fake, user, text: fake.user_says(NAMES[user], text),
-    replies=lambda fake, pubkey: fake.replies(pubkey),
-    user=user_pubkey("ann"), other=user_pubkey("mallory"))
+BOT = contract.NOSTR_BOT
+CASE = contract.CASES["nostr"]
 
 
 def setup(daemon, fake, **overrides):  # type: ignore[no-untyped-def]
@@ -35,10 +29,7 @@ def setup(daemon, fake, **overrides):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeRelay(BOT).start()
-    yield server
-    daemon.delete("/api/channels/nostr/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_encrypted_dm_round_trip(daemon, fake):  # noqa: F811
@@ -114,14 +105,6 @@ def test_bad_key_fails_the_start(daemon, fake):  # noqa: F811
     assert channel(daemon, "nostr")["active"] is False
 
 
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limited_publish_is_retried(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
 def test_restart_reconnect_and_stop(daemon, fake):  # noqa: F811
     contract.round_trip(daemon, CASE, fake)
     # reconnect_and_stop reconfigures (a new adapter, cursor from the store), then restarts
@@ -139,11 +122,6 @@ def test_nip19_vectors():
         "67dea2ed018072d675f5415ecfaed7d2597555e202d85b3d65ea4e58d2d92ffa"
     with pytest.raises(ValueError):
         bech32_decode("npub10elfcs4fr0l0r8af98jlmgdh9c8tcxjvz9qkw038js35mp4dma8qzvjptf")  # checksum
-
-
-def test_threads_end(fake, monkeypatch):
-    monkeypatch.setenv("NOSTR_PRIVATE_KEY", CHANNEL_ENV["NOSTR_PRIVATE_KEY"])
-    contract.threads_end(CASE, fake)
 
 
 def npub_of(pubkey: str) -> str:

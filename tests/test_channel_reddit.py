@@ -1,6 +1,6 @@
-"""Reddit adapter against a fake API: password-grant token, mention and reply-to-bot
-round trips as threaded comments, old comments not answered, allow-list, 429,
-reconnect, clean stop."""
+"""Reddit adapter against a fake API: password-grant token, mention and reply-to-bot round
+trips as threaded comments, old comments not answered. The shared checks (round trip,
+allow-list, 429, reconnect, stop, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -11,23 +11,14 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.reddit import BOT, CLIENT_ID, FakeReddit
+from fakes.reddit import BOT
 
-CASE = contract.Case(
-    name="reddit",
-    config=lambda fake: {"api_url": fake.url, "auth_url": fake.url, "client_id": CLIENT_ID, "username": BOT,
-                         "client_secret_env": "REDDIT_CLIENT_SECRET", "password_env": "REDDIT_PASSWORD",
-                         "subreddits": ["agents"], "poll_interval_secs": 0.2},
-    say=lambda fake, user, text: fake.user_says(user, f"u/{BOT} {text}"),
-    replies=lambda fake, chat: fake.replies(chat))
+CASE = contract.CASES["reddit"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeReddit(contract.POLL_ENV["REDDIT_CLIENT_SECRET"], contract.POLL_ENV["REDDIT_PASSWORD"]).start()
-    yield server
-    daemon.delete("/api/channels/reddit/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_mention_and_follow_up_round_trip(daemon, fake):  # noqa: F811
@@ -40,19 +31,3 @@ def test_mention_and_follow_up_round_trip(daemon, fake):  # noqa: F811
     time.sleep(0.5)
     assert fake.replies(follow_up) == ["echo: and a follow-up"] and len(fake.sent) == 2
     assert fake.sent[0]["parent_id"] == asked
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

@@ -1,7 +1,9 @@
-"""Revolt adapter against a fake delta REST API + Bonfire WebSocket: Authenticate,
-Ready, Ping/Pong, DMs and server mentions answered (replies reference the message),
-own/bot messages ignored, channels Ready did not list fetched, allow-list, a 429 whose
-wait is in milliseconds, reconnect after a restart or unanswered pings, clean stop."""
+"""Revolt adapter against a fake delta REST API + Bonfire WebSocket: Authenticate, Ready,
+Ping/Pong, DMs and server mentions answered (replies reference the message), own/bot
+messages ignored, channels Ready did not list fetched, a server id in the allow-list,
+reconnect after unanswered pings, a bad or revoked token. The shared checks (round trip,
+allow-list, a 429 whose wait is in milliseconds, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -12,24 +14,15 @@ import pytest
 import channel_contract as contract
 from channel_contract import audit, daemon  # noqa: F401 - module fixture
 from channel_fixtures import channel, configure, wait_for
-from fakes.revolt import BOT, GENERAL, LATER, SERVER, FakeRevolt
+from fakes.revolt import BOT, GENERAL, LATER, SERVER
 
 TOKEN = contract.POLL_ENV["REVOLT_BOT_TOKEN"]
-CASE = contract.Case(
-    name="revolt",
-    config=lambda fake: {"api_url": fake.url, "ws_url": fake.url.replace("http", "ws", 1),
-                         "bot_token_env": "REVOLT_BOT_TOKEN", "ping_secs": 0.3},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat),
-    other_id=FakeRevolt("x").people["mallory"]["_id"])
+CASE = contract.CASES["revolt"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeRevolt(TOKEN).start()
-    yield server
-    daemon.delete("/api/channels/revolt/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_dm_and_server_mentions(daemon, fake):  # noqa: F811
@@ -51,19 +44,10 @@ def test_dm_and_server_mentions(daemon, fake):  # noqa: F811
     assert pings and isinstance(pings[0]["data"], int)
 
 
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
+def test_a_server_id_allows_its_channels(daemon, fake):  # noqa: F811
     contract.setup(daemon, CASE, fake, allowed_channels=[SERVER])  # a server id covers its channels
     fake.user_says("bob", "server-wide", channel=GENERAL, mention=True)
     wait_for(lambda: fake.replies(GENERAL) == ["echo: server-wide"], what="reply in the allowed server")
-
-
-def test_rate_limit_in_milliseconds(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
 
 
 def test_unanswered_pings_reconnect_and_bad_token(daemon, fake):  # noqa: F811
@@ -90,7 +74,3 @@ def test_revoked_token_stops_reconnecting(daemon, fake):  # noqa: F811
     time.sleep(1.5)
     assert len([f for f in fake.received if f.get("type") == "Authenticate"]) == tries
     assert channel(daemon, "revolt")["active"] is False
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

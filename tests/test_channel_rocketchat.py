@@ -1,5 +1,6 @@
-"""Rocket.Chat adapter against a fake server: direct and channel (mention, threaded)
-round trips, history not answered, allow-list, 429, reconnect, clean stop."""
+"""Rocket.Chat adapter against a fake server: direct and channel (mention, threaded) round
+trips, history not answered. The shared checks (round trip, allow-list, 429, reconnect,
+stop, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -10,22 +11,14 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.rocketchat import BOT, BOT_ID, FakeRocketChat
+from fakes.rocketchat import BOT
 
-CASE = contract.Case(
-    name="rocketchat",
-    config=lambda fake: {"server_url": fake.url, "user_id": BOT_ID, "token_env": "ROCKETCHAT_TOKEN",
-                         "poll_interval_secs": 0.2},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat))
+CASE = contract.CASES["rocketchat"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeRocketChat(contract.POLL_ENV["ROCKETCHAT_TOKEN"]).start()
-    yield server
-    daemon.delete("/api/channels/rocketchat/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_direct_and_channel_round_trip(daemon, fake):  # noqa: F811
@@ -38,19 +31,3 @@ def test_direct_and_channel_round_trip(daemon, fake):  # noqa: F811
     asked = next(m for m in fake.messages if m["msg"].endswith("what's new?"))
     assert fake.replies("GENERALROOM") == ["echo: what's new?"]
     assert fake.sent[-1]["tmid"] == asked["_id"]  # answered in the message's thread
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

@@ -1,5 +1,6 @@
 """Signal adapter against a fake signal-cli REST API: direct and group round trips,
-typing, allow-list, 429, reconnect, clean stop."""
+typing. The shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -10,22 +11,14 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.signal import BOT, NUMBERS, FakeSignal
+from fakes.signal import BOT, NUMBERS
 
-CASE = contract.Case(
-    name="signal",
-    config=lambda fake: {"api_url": fake.url, "phone_number": BOT, "poll_interval_secs": 0.1},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat),
-    user=NUMBERS["ann"], other="mallory", other_id=NUMBERS["mallory"])
+CASE = contract.CASES["signal"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeSignal().start()
-    yield server
-    daemon.delete("/api/channels/signal/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_direct_and_group_round_trip(daemon, fake):  # noqa: F811
@@ -36,19 +29,3 @@ def test_direct_and_group_round_trip(daemon, fake):  # noqa: F811
     wait_for(lambda: fake.replies(group), what="group reply")
     assert fake.replies(group) == ["echo: in the group"]
     assert fake.sent[-1]["number"] == BOT
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

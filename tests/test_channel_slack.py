@@ -1,9 +1,10 @@
-"""Slack adapter against a fake Web API + Socket Mode: envelopes acknowledged, DMs and
-app mentions answered (threaded), a message seen as `message` and `app_mention`
-answered once, own messages ignored, allow-list, 429 retried after Retry-After,
-`disconnect` and dropped sockets reconnect with a fresh URL, ok=false errors surfaced;
-and the Events API over HTTP: url_verification, signatures and their 5-minute window
-checked before parsing (401), events answered."""
+"""Slack adapter against a fake Web API + Socket Mode: envelopes acknowledged, DMs and app
+mentions answered (threaded), a message seen as `message` and `app_mention` answered once,
+own messages ignored, a workspace id in the allow-list, `disconnect` reconnects with a
+fresh URL, ok=false errors surfaced; and the Events API over HTTP: url_verification,
+signatures and their 5-minute window checked before parsing (401), events answered. The
+shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -16,25 +17,16 @@ import requests
 import channel_contract as contract
 from channel_contract import audit, daemon  # noqa: F401 - module fixture
 from channel_fixtures import channel, configure, wait_active, wait_for
-from fakes.slack import BOT_ID, TEAM, FakeSlack
+from fakes.slack import BOT_ID, TEAM
 from support import free_port
 
 ENV = contract.POLL_ENV
-CASE = contract.Case(
-    name="slack",
-    config=lambda fake: {"api_url": fake.url + "/api", "app_token_env": "SLACK_APP_TOKEN",
-                         "bot_token_env": "SLACK_BOT_TOKEN"},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat),
-    user="U1ANN", other="U1MALLORY")
+CASE = contract.CASES["slack"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()
-    yield server
-    daemon.delete("/api/channels/slack/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_dm_mentions_threads_and_acks(daemon, fake):  # noqa: F811
@@ -55,19 +47,10 @@ def test_dm_mentions_threads_and_acks(daemon, fake):  # noqa: F811
                if e["payload"]["event"].get("user") == "U0BOT")
 
 
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
+def test_a_workspace_id_allows_its_channels(daemon, fake):  # noqa: F811
     contract.setup(daemon, CASE, fake, allowed_channels=[TEAM])  # a workspace id covers its channels
     fake.user_says("U1BOB", "workspace-wide", channel="C0GENERAL", mention=True)
     wait_for(lambda: fake.replies("C0GENERAL") == ["echo: workspace-wide"], what="reply in the allowed team")
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
 
 
 def test_disconnect_message_reconnects_with_a_fresh_url(daemon, fake):  # noqa: F811
@@ -126,7 +109,3 @@ def test_events_api_over_http(daemon, fake, fake_llm):  # noqa: F811
     assert channel(daemon, "slack")["active"] is False
     with pytest.raises(requests.ConnectionError):
         fake.post_signed(challenge)
-
-
-def test_threads_end(fake):
-    contract.threads_end(CASE, fake)

@@ -1,8 +1,8 @@
 """Webex adapter against a fake Webex REST API: the adapter registers its webhook, signed
-message events are read back (`GET /v1/messages/{id}`) and answered with
-`POST /v1/messages`; forged or missing signatures are 401 before parsing; own messages,
-allow-lists, a 429 retried after Retry-After, stop() deleting the webhook and closing the
-listener, and every thread ending."""
+message events are read back (`GET /v1/messages/{id}`) and answered with `POST
+/v1/messages`; forged or missing signatures are 401 before parsing; own messages,
+allow-lists by person id, stop() deleting the webhook and closing the listener. The shared
+checks (round trip, allow-list, 429, threads) run in test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -14,30 +14,15 @@ import requests
 
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
-from channel_fixtures import CHANNEL_ENV, channel, configure, remove, wait_for
-from fakes.webex import FakeWebex, spark_signature
-from support import free_port
+from channel_fixtures import channel, configure, remove, wait_for
+from fakes.webex import spark_signature
 
-TOKEN = CHANNEL_ENV["WEBEX_BOT_TOKEN"]
-
-CASE = contract.Case(
-    name="webex",
-    config=lambda fake: {"bot_token_env": "WEBEX_BOT_TOKEN", "api_url": fake.url,
-                         "webhook_port": fake.listen_port,
-                         "webhook_url": f"http://127.0.0.1:{fake.listen_port}/webex"},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, room: fake.replies(room),
-    user="ann@example.com", other="mallory@example.com", other_id="PERSON-mallory")
+CASE = contract.CASES["webex"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeWebex(TOKEN)
-    server.listen_port = free_port()
-    server.start()
-    yield server
-    daemon.delete("/api/channels/webex/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_direct_message_round_trip(daemon, fake):  # noqa: F811
@@ -77,19 +62,11 @@ def test_forged_and_missing_signatures_are_refused(daemon, fake, fake_llm):  # n
     assert refused[0]["detail"]["reason"] == "bad signature"
 
 
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
 def test_allow_list_by_person_id(daemon, fake):  # noqa: F811
     contract.setup(daemon, CASE, fake, allowed_users=["PERSON-ann"])
     room = fake.user_says("ann", "by id")
     wait_for(lambda: fake.replies(room), what="reply")
     assert fake.replies(room) == ["echo: by id"]
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
 
 
 def test_stop_deletes_the_webhook_and_closes_the_listener(daemon, fake):  # noqa: F811
@@ -115,10 +92,12 @@ def test_bad_token_fails_the_start(daemon, fake):  # noqa: F811
         requests.post(f"http://127.0.0.1:{fake.listen_port}/webex", data=b"{}", timeout=5)
 
 
-def test_threads_end(fake, monkeypatch):
-    monkeypatch.setenv("WEBEX_BOT_TOKEN", TOKEN)
-    contract.threads_end(CASE, fake)
-    assert fake.webhooks == {}  # stop() deleted its webhook
+def test_stop_in_process_deletes_its_webhook(fake):
+    for adapter, _ in contract.in_process(CASE, fake):
+        adapter.start()
+        wait_for(lambda: fake.webhooks, what="webhook registered")
+        adapter.stop()
+        assert fake.webhooks == {}
 
 
 def test_test_message_goes_to_the_room(daemon, fake):  # noqa: F811

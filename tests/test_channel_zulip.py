@@ -1,5 +1,7 @@
 """Zulip adapter against a fake server: event queue long-poll, private and stream
-(mention) round trips in the right topic, allow-list, 429, reconnect, clean stop."""
+(mention) round trips in the right topic, an expired queue registered again. The shared
+checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -10,23 +12,14 @@ import pytest
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
-from fakes.zulip import BOT_EMAIL, BOT_ID, BOT_NAME, FakeZulip
+from fakes.zulip import BOT_ID, BOT_NAME
 
-CASE = contract.Case(
-    name="zulip",
-    config=lambda fake: {"server_url": fake.url, "bot_email": BOT_EMAIL, "api_key_env": "ZULIP_API_KEY",
-                         "long_poll_secs": 5},
-    say=lambda fake, user, text: fake.user_says(user, text),
-    replies=lambda fake, chat: fake.replies(chat),
-    user="ann@zulip.test", other="mallory", other_id="mallory@zulip.test")
+CASE = contract.CASES["zulip"]
 
 
 @pytest.fixture
 def fake(daemon):  # noqa: F811
-    server = FakeZulip(contract.POLL_ENV["ZULIP_API_KEY"]).start()
-    yield server
-    daemon.delete("/api/channels/zulip/configure")
-    server.stop()
+    yield from contract.serve(daemon, CASE)
 
 
 def test_private_and_stream_round_trip(daemon, fake):  # noqa: F811
@@ -38,18 +31,6 @@ def test_private_and_stream_round_trip(daemon, fake):  # noqa: F811
     time.sleep(0.3)
     assert fake.replies(("general", "lunch")) == ["echo: where to eat?"]
     assert not any(m["to"] == BOT_ID for m in fake.sent)
-
-
-def test_allow_list(daemon, fake):  # noqa: F811
-    contract.refusal(daemon, CASE, fake)
-
-
-def test_rate_limit(daemon, fake):  # noqa: F811
-    contract.rate_limited(daemon, CASE, fake)
-
-
-def test_reconnect_and_stop(daemon, fake):  # noqa: F811
-    contract.reconnect_and_stop(daemon, CASE, fake)
 
 
 def test_expired_queue_is_registered_again_and_threads_end(fake):

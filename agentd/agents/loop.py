@@ -32,7 +32,7 @@ _TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool"
 
 def _new_tool_pool() -> None:
     # A forked child inherits the pool's state but not its threads: work submitted there
-    # would never run (mutmut forks a child per mutant), so the child gets a pool of its own.
+    # would never run, so the child gets a pool of its own.
     global _TOOL_POOL
     _TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool")
 

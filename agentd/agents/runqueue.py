@@ -72,7 +72,7 @@ class Poller:
             self._watched.pop(key, None)
 
     def _run(self) -> None:
-        while True:  # pragma: no mutate (the thread's lifetime; each pass is `poll`)
+        while True:
             self._wake.wait()
             time.sleep(self.interval)
             self.poll()

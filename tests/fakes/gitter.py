@@ -1,16 +1,12 @@
 """Gitter as it is since 2023: a Matrix homeserver. `FakeGitter` is the fake Matrix
 homeserver (tests/fakes/matrix.py) plus what a Gitter bot needs on top: room joins
-(`POST /join/{room}`), alias lookup (`GET /directory/room/{alias}`), 429 with
-Retry-After on sends while `throttle` holds seconds; `FakeGitterFront` is the gitter.im
+(`POST /join/{room}`) and alias lookup (`GET /directory/room/{alias}`); `FakeGitterFront` is the gitter.im
 web front that only serves the Matrix discovery document
 (`/.well-known/matrix/client` -> `m.homeserver.base_url`), pointing at the homeserver.
 
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
 from __future__ import annotations
-
-import time
-from typing import Any
 
 from flask import Flask, jsonify, request
 
@@ -24,26 +20,8 @@ ALIAS = "#acme_dev:gitter.im"
 class FakeGitter(FakeMatrix):
     def __init__(self, token: str) -> None:
         super().__init__(token, bot="@helper-bot:gitter.im")
-        self.throttle: list[int] = []
-        self.sent: list[dict[str, Any]] = []
         self.joins: list[str] = []
         app = self.app
-
-        @app.before_request
-        def throttled():
-            if request.method == "PUT" and "/send/" in request.path and self.throttle:
-                response = jsonify({"errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests",
-                                    "retry_after_ms": self.throttle[0] * 1000})
-                response.status_code = 429
-                response.headers["Retry-After"] = str(self.throttle.pop(0))
-                return response
-
-        @app.after_request
-        def recorded(response):
-            if request.method == "PUT" and "/send/" in request.path and response.status_code == 200:
-                self.sent.append({"room": request.path.split("/rooms/")[1].split("/")[0],
-                                  "body": request.get_json()["body"], "at": time.time()})
-            return response
 
         @app.post(PREFIX + "/join/<room>")
         def join(room: str):
@@ -55,10 +33,6 @@ class FakeGitter(FakeMatrix):
             if alias != ALIAS:
                 return jsonify({"errcode": "M_NOT_FOUND", "error": "Room alias not found"}), 404
             return jsonify({"room_id": ROOM, "servers": ["gitter.im"]})
-
-    @property
-    def polls(self) -> list[dict[str, Any]]:
-        return self.syncs
 
 
 class FakeGitterFront(FakeServer):

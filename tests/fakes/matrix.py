@@ -1,6 +1,9 @@
 """A fake Matrix homeserver (client-server API v3): whoami, /sync with since tokens
 and long-poll timeout, room send with transaction ids (idempotent), typing. Sent
-messages appear in the room timeline like on a real server."""
+messages appear in the room timeline like on a real server; sends are answered 429
+(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds.
+
+Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ class FakeMatrix(FakeServer):
         self.txns: dict[tuple[str, str], str] = {}
         self.typing: list[tuple[str, str, bool]] = []
         self.syncs: list[dict[str, Any]] = []
+        self.throttle: list[int] = []
+        self.sent: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         app = Flask("fake-matrix")
 
@@ -29,6 +34,22 @@ class FakeMatrix(FakeServer):
         def auth():
             if request.headers.get("Authorization") != f"Bearer {self.token}":
                 return jsonify({"errcode": "M_UNKNOWN_TOKEN", "error": "Invalid access token"}), 401
+
+        @app.before_request
+        def throttled():
+            if request.method == "PUT" and "/send/" in request.path and self.throttle:
+                response = jsonify({"errcode": "M_LIMIT_EXCEEDED", "error": "Too many requests",
+                                    "retry_after_ms": self.throttle[0] * 1000})
+                response.status_code = 429
+                response.headers["Retry-After"] = str(self.throttle.pop(0))
+                return response
+
+        @app.after_request
+        def recorded(response):
+            if request.method == "PUT" and "/send/" in request.path and response.status_code == 200:
+                self.sent.append({"room": request.path.split("/rooms/")[1].split("/")[0],
+                                  "body": request.get_json()["body"], "at": time.time()})
+            return response
 
         @app.get(PREFIX + "/account/whoami")
         def whoami():
@@ -79,3 +100,7 @@ class FakeMatrix(FakeServer):
 
     def bot_messages(self, room: str) -> list[str]:
         return [e["content"]["body"] for r, e in self.events if r == room and e["sender"] == self.bot]
+
+    @property
+    def polls(self) -> list[dict[str, Any]]:
+        return self.syncs

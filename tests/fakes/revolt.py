@@ -92,7 +92,9 @@ class FakeRevolt(FakeGateway):
 
     def _serve(self, ws: Any) -> None:
         self.socks.append(ws)
-        cursor = None
+        # Events from the moment the socket is open are delivered once it authenticates: the
+        # client may tell its caller it is connected before its Authenticate frame arrives.
+        opened, cursor = len(self.events), None
         try:
             while True:
                 raw = ws.receive(timeout=0.05)
@@ -109,7 +111,7 @@ class FakeRevolt(FakeGateway):
                                             "servers": [{"_id": SERVER, "name": "Test", "owner": "x",
                                                          "channels": [GENERAL, LATER]}],
                                             "channels": [c for i, c in self.channels.items() if i != LATER]}))
-                        cursor = len(self.events)
+                        cursor = opened
                     elif kind == "Ping":
                         self.polled()
                         if self.pong:

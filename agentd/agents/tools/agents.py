@@ -10,44 +10,31 @@ from agentd.agents.tools.base import ToolContext, tool
 _AGENT = {"type": "string", "description": "Agent id or name"}
 
 
-# Each tool is registered by calling `tool(...)(fn)` after its function rather than with a
-# decorator: mutmut does not mutate decorated functions, and these bodies are what the
-# mutation tests must reach (issue 19). Registration order is unchanged.
+@tool("agent_list", "List the agents running in this daemon.", {}, read_only=True)
 def agent_list(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(ctx.require_ops().list_agents())
 
 
-tool("agent_list", "List the agents running in this daemon.", {}, read_only=True)(agent_list)
-
-
+@tool("agent_find", "Find agents whose name, description or tags contain the query.",
+      {"query": {"type": "string", "description": "Text to look for"}}, ("query",), read_only=True)
 def agent_find(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(ctx.require_ops().find_agents(args["query"]))
 
 
-tool("agent_find", "Find agents whose name, description or tags contain the query.",
-     {"query": {"type": "string", "description": "Text to look for"}}, ("query",), read_only=True)(agent_find)
-
-
+@tool("agent_send", "Send a message to another agent and return its reply.",
+      {"agent": _AGENT, "message": {"type": "string", "description": "The message"}}, ("agent", "message"))
 def agent_send(ctx: ToolContext, args: dict[str, Any]) -> str:
     return ctx.require_ops().send_to_agent(ctx.agent_id, args["agent"], args["message"])
 
 
-tool("agent_send", "Send a message to another agent and return its reply.",
-     {"agent": _AGENT, "message": {"type": "string", "description": "The message"}}, ("agent", "message"))(agent_send)
-
-
+@tool("agent_spawn", "Start a new agent from a TOML manifest; returns its id and name.",
+      {"manifest_toml": {"type": "string", "description": "The agent manifest"}}, ("manifest_toml",),
+      capability="agent_spawn")
 def agent_spawn(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(ctx.require_ops().spawn_agent(ctx.agent_id, args["manifest_toml"]))
 
 
-tool("agent_spawn", "Start a new agent from a TOML manifest; returns its id and name.",
-     {"manifest_toml": {"type": "string", "description": "The agent manifest"}}, ("manifest_toml",),
-     capability="agent_spawn")(agent_spawn)
-
-
+@tool("agent_kill", "Stop and remove another agent.", {"agent": _AGENT}, ("agent",))
 def agent_kill(ctx: ToolContext, args: dict[str, Any]) -> str:
     ctx.require_ops().kill_agent(ctx.agent_id, args["agent"])
     return f"killed agent {args['agent']}"
-
-
-tool("agent_kill", "Stop and remove another agent.", {"agent": _AGENT}, ("agent",))(agent_kill)

@@ -10,28 +10,21 @@ from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.errors import AgentdError
 
 
-# Each tool is registered by calling `tool(...)(fn)` after its function rather than with a
-# decorator: mutmut does not mutate decorated functions, and these bodies are what the
-# mutation tests must reach (issue 19). Registration order is unchanged.
+@tool("memory_store", "Remember a value under a key (persists across sessions and restarts).",
+      {"key": {"type": "string", "description": "Key"}, "value": {"description": "Any JSON value"}},
+      ("key", "value"))
 def memory_store(ctx: ToolContext, args: dict[str, Any]) -> str:
     ctx.require_ops().kv_set(ctx.agent_id, args["key"], args["value"])
     return f"stored {args['key']}"
 
 
-tool("memory_store", "Remember a value under a key (persists across sessions and restarts).",
-     {"key": {"type": "string", "description": "Key"}, "value": {"description": "Any JSON value"}},
-     ("key", "value"))(memory_store)
-
-
+@tool("memory_recall", "Recall the value stored under a key.", {"key": {"type": "string", "description": "Key"}},
+      ("key",), read_only=True)
 def memory_recall(ctx: ToolContext, args: dict[str, Any]) -> str:
     found, value = ctx.require_ops().kv_get(ctx.agent_id, args["key"])
     if not found:
         return f"no value stored under {args['key']}"
     return value if isinstance(value, str) else json.dumps(value)
-
-
-tool("memory_recall", "Recall the value stored under a key.", {"key": {"type": "string", "description": "Key"}},
-     ("key",), read_only=True)(memory_recall)
 
 
 # -- semantic memory and the knowledge graph (agentd/memory/service.py) ------------------------
@@ -47,21 +40,24 @@ def _call(fn: Any, *args: Any) -> Any:
         raise ToolError(exc.message) from None
 
 
+@tool("memory_remember", "Remember a fact by meaning (semantic memory). Near-duplicates are merged.",
+      {"content": {"type": "string", "description": "The fact, in one or two sentences"},
+       "scope": {"type": "string", "description": "semantic (default), episodic, procedural, preferences, "
+                                                   "observations"},
+       "metadata": {"type": "object", "description": "Key-value tags (optional)"},
+       "confidence": {"type": "number", "description": "0.0-1.0 (default 1.0)"}},
+      ("content",))
 def memory_remember(ctx: ToolContext, args: dict[str, Any]) -> str:
     result = _call(_memory(ctx).remember, ctx.agent_id, args["content"], "inference", args.get("scope"),
                    args.get("metadata"), args.get("confidence"))
     return f"{'merged into' if result['merged'] else 'remembered as'} memory {result['id']}"
 
 
-tool("memory_remember", "Remember a fact by meaning (semantic memory). Near-duplicates are merged.",
-     {"content": {"type": "string", "description": "The fact, in one or two sentences"},
-      "scope": {"type": "string", "description": "semantic (default), episodic, procedural, preferences, "
-                                                  "observations"},
-      "metadata": {"type": "object", "description": "Key-value tags (optional)"},
-      "confidence": {"type": "number", "description": "0.0-1.0 (default 1.0)"}},
-     ("content",))(memory_remember)
-
-
+@tool("memory_search", "Search your semantic memory by meaning; returns the closest facts with scores.",
+      {"query": {"type": "string", "description": "What you want to remember"},
+       "limit": {"type": "integer", "description": "How many (default 5, max 100)"},
+       "scope": {"type": "string", "description": "Only this scope (optional)"}},
+      ("query",), read_only=True)
 def memory_search(ctx: ToolContext, args: dict[str, Any]) -> str:
     flt = {"scope": args["scope"]} if args.get("scope") else None
     found = _call(_memory(ctx).recall, ctx.agent_id, args["query"], args.get("limit"), None, flt)
@@ -71,42 +67,38 @@ def memory_search(ctx: ToolContext, args: dict[str, Any]) -> str:
                         "created_at": f["created_at"]} for f in found], ensure_ascii=False)
 
 
-tool("memory_search", "Search your semantic memory by meaning; returns the closest facts with scores.",
-     {"query": {"type": "string", "description": "What you want to remember"},
-      "limit": {"type": "integer", "description": "How many (default 5, max 100)"},
-      "scope": {"type": "string", "description": "Only this scope (optional)"}},
-     ("query",), read_only=True)(memory_search)
-
-
+@tool("knowledge_add_entity", "Add an entity (person, organization, project, concept, event, location, document, "
+      "tool, or a custom type) to your knowledge graph.",
+      {"name": {"type": "string", "description": "Display name"},
+       "entity_type": {"type": "string", "description": "Entity type"},
+       "properties": {"type": "object", "description": "Key-value properties (optional)"}},
+      ("name", "entity_type"))
 def knowledge_add_entity(ctx: ToolContext, args: dict[str, Any]) -> str:
     result = _call(_memory(ctx).add_entity, ctx.agent_id, args["entity_type"], args["name"], args.get("properties"))
     return f"entity {args['name']} has id {result['id']}"
 
 
-tool("knowledge_add_entity", "Add an entity (person, organization, project, concept, event, location, document, "
-     "tool, or a custom type) to your knowledge graph.",
-     {"name": {"type": "string", "description": "Display name"},
-      "entity_type": {"type": "string", "description": "Entity type"},
-      "properties": {"type": "object", "description": "Key-value properties (optional)"}},
-     ("name", "entity_type"))(knowledge_add_entity)
-
-
+@tool("knowledge_add_relation", "Link two entities (by id or name) in your knowledge graph.",
+      {"source": {"type": "string", "description": "Source entity id or name"},
+       "relation": {"type": "string", "description": "works_at, knows_about, related_to, depends_on, owned_by, "
+                                                      "created_by, located_in, part_of, uses, produces, or custom"},
+       "target": {"type": "string", "description": "Target entity id or name"},
+       "confidence": {"type": "number", "description": "0.0-1.0 (default 1.0)"},
+       "properties": {"type": "object", "description": "Key-value properties (optional)"}},
+      ("source", "relation", "target"))
 def knowledge_add_relation(ctx: ToolContext, args: dict[str, Any]) -> str:
     result = _call(_memory(ctx).add_relation, ctx.agent_id, args["source"], args["relation"], args["target"],
                    args.get("properties"), args.get("confidence"))
     return f"relation {args['source']} {args['relation']} {args['target']} has id {result['id']}"
 
 
-tool("knowledge_add_relation", "Link two entities (by id or name) in your knowledge graph.",
-     {"source": {"type": "string", "description": "Source entity id or name"},
-      "relation": {"type": "string", "description": "works_at, knows_about, related_to, depends_on, owned_by, "
-                                                     "created_by, located_in, part_of, uses, produces, or custom"},
-      "target": {"type": "string", "description": "Target entity id or name"},
-      "confidence": {"type": "number", "description": "0.0-1.0 (default 1.0)"},
-      "properties": {"type": "object", "description": "Key-value properties (optional)"}},
-     ("source", "relation", "target"))(knowledge_add_relation)
-
-
+@tool("knowledge_query", "Query your knowledge graph by source, relation and/or target, following relations up "
+      "to max_depth hops.",
+      {"source": {"type": "string", "description": "Source entity id or name (optional)"},
+       "relation": {"type": "string", "description": "Relation type (optional)"},
+       "target": {"type": "string", "description": "Target entity id or name (optional)"},
+       "max_depth": {"type": "integer", "description": "Hops to follow (default 1)"}},
+      read_only=True)
 def knowledge_query(ctx: ToolContext, args: dict[str, Any]) -> str:
     matches = _call(_memory(ctx).query_graph, ctx.agent_id, args.get("source"), args.get("relation"),
                     args.get("target"), args.get("max_depth"))
@@ -114,12 +106,3 @@ def knowledge_query(ctx: ToolContext, args: dict[str, Any]) -> str:
         return "no matches"
     return json.dumps([{"source": m["source"]["name"], "relation": m["relation"]["relation"],
                         "target": m["target"]["name"], "depth": m["depth"]} for m in matches], ensure_ascii=False)
-
-
-tool("knowledge_query", "Query your knowledge graph by source, relation and/or target, following relations up "
-     "to max_depth hops.",
-     {"source": {"type": "string", "description": "Source entity id or name (optional)"},
-      "relation": {"type": "string", "description": "Relation type (optional)"},
-      "target": {"type": "string", "description": "Target entity id or name (optional)"},
-      "max_depth": {"type": "integer", "description": "Hops to follow (default 1)"}},
-     read_only=True)(knowledge_query)

@@ -133,7 +133,7 @@ class _Watchdog:
             return len(self._guards)
 
     def _run(self) -> None:
-        while True:  # pragma: no mutate (the thread's lifetime; each pass is `_tick`)
+        while True:
             self._tick()
 
     def _tick(self) -> None:
