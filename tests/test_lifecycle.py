@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -164,6 +165,43 @@ def test_stop_never_kills_a_process_that_is_not_agentd(tmp_path: Path) -> None:
         assert other.poll() is None, "BUG: stop killed a process that is not agentd"
     finally:
         other.kill()
+    assert not (home / "daemon.json").exists()
+
+
+def _decoy(tmp_path: Path, how: str) -> subprocess.Popen:
+    """A program that is not agentd but whose command line says "agentd" (the command lines
+    users really have: a tool under ~/agentd-tools/, or one that calls itself agentd)."""
+    if how == "path":
+        tools = tmp_path / "agentd-tools"
+        tools.mkdir()
+        (tools / "sleep").symlink_to(shutil.which("sleep"))
+        return subprocess.Popen([str(tools / "sleep"), "60"])
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "agentd", "start"])
+
+
+@pytest.mark.parametrize("how", ["path", "argv"])
+@pytest.mark.parametrize("recorded", ["another process", "nothing"])
+def test_stop_never_kills_a_decoy_named_agentd(tmp_path: Path, how: str, recorded: str) -> None:
+    """A stale daemon.json names the pid of a program whose command line contains "agentd",
+    and nothing answers at its address: the program lives and the file goes."""
+    home = make_home(tmp_path)
+    decoy = _decoy(tmp_path, how)
+    try:
+        assert b"agentd" in Path(f"/proc/{decoy.pid}/cmdline").read_bytes()
+        stale = {"listen_addr": f"127.0.0.1:{free_port()}", "pid": decoy.pid,
+                 "started_at": "2026-01-01T00:00:00+00:00"}
+        if recorded == "another process":
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            stale["process"] = f"{boot}/1"
+        (home / "daemon.json").write_text(json.dumps(stale))
+        r = run_cli(home, "stop")
+        assert (r.returncode, r.stdout) == (1, ""), r.stdout + r.stderr
+        assert r.stderr == "error: agentd was not running (removed stale daemon.json)\n"
+        time.sleep(0.2)
+        assert decoy.poll() is None, "stop killed a process that is not agentd"
+    finally:
+        decoy.kill()
+        decoy.wait()
     assert not (home / "daemon.json").exists()
 
 
