@@ -86,6 +86,14 @@ def integer(value: Any, name: str, low: int, high: int) -> int:
     return value
 
 
+def depth(value: Any) -> int:
+    """A graph query's `max_depth`: any integer from 1, walked to at most MAX_DEPTH hops (a
+    deeper walk would only cost more; the spec leaves the integer unbounded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest("max_depth must be an integer of at least 1")
+    return min(value, MAX_DEPTH)
+
+
 def score(value: Any, name: str = "min_score") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not -1 <= value <= 1:
         raise BadRequest(f"{name} must be a number between -1 and 1")

@@ -121,5 +121,5 @@ tool("knowledge_query", "Query your knowledge graph by source, relation and/or t
      {"source": {"type": "string", "description": "Source entity id or name (optional)"},
       "relation": {"type": "string", "description": "Relation type (optional)"},
       "target": {"type": "string", "description": "Target entity id or name (optional)"},
-      "max_depth": {"type": "integer", "description": "Hops to follow (default 1)"}},
+      "max_depth": {"type": "integer", "description": "Hops to follow (default 1, at most 16)"}},
      read_only=True)(knowledge_query)
