@@ -248,3 +248,21 @@ def test_graph_query_null_body_and_qr_status_without_session(agent_daemon) -> No
     # Checked before the (unconfigured) QR gateway is asked: 400, not 503.
     r = agent_daemon.get("/api/channels/whatsapp/qr/status")
     assert r.status_code == 400 and "session_id" in r.json()["error"]
+
+
+def test_metadata_keys_differing_in_spaces_are_distinct(agent_daemon) -> None:
+    """`{"a": 1, "a ": 2}` was a 500: the store took both keys for "a"."""
+    agent_id = spawn(agent_daemon)
+    base = f"/api/memory/agents/{agent_id}"
+    metadata = {"topic": 1, "topic ": 2, " topic": 3, "  ": 4}
+    r = agent_daemon.post(f"{base}/memories", json={"content": "spaces in metadata keys", "metadata": metadata})
+    assert r.status_code == 201, r.text
+    fid = r.json()["id"]
+    assert agent_daemon.get(f"{base}/memories/{fid}").json()["metadata"] == metadata
+    for key, value in metadata.items():
+        found = agent_daemon.post(f"{base}/recall", json={"query": "metadata keys",
+                                                          "filter": {"metadata": {key: value}}}).json()
+        assert [m["id"] for m in found["memories"]] == [fid], key
+        found = agent_daemon.post(f"{base}/recall", json={"query": "metadata keys",
+                                                          "filter": {"metadata": {key: value + 1}}}).json()
+        assert found["memories"] == [], key
