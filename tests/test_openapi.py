@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import jsonschema_rs
 import pytest
 import requests
 from flask import Flask, jsonify
@@ -140,9 +141,30 @@ def test_schema_validation_matches_the_document(agent_daemon) -> None:
 
 def test_blank_message_is_refused_by_the_schema(agent_daemon) -> None:
     agent_id = spawn(agent_daemon)
-    for text in ("", "   \n\t"):
-        r = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": text})
-        assert r.status_code == 400 and "message is empty" in r.json()["error"]
+    # U+FEFF is blank to JSON Schema (the document refused it, the server took it); U+001F
+    # and U+0085 are blank to the server (the document took them).
+    for text in ("", "   \n\t", "\ufeff", "\u3000\ufeff\x85 ", "\x1f"):
+        for route in ("message", "message/stream"):
+            r = agent_daemon.post(f"/api/agents/{agent_id}/{route}", json={"message": text})
+            assert (r.status_code, r.json()) == (400, {"error": "invalid request: message: message is empty"}), \
+                (route, text)
+
+
+def test_the_document_and_the_server_agree_on_blank_text(agent_daemon) -> None:
+    """The document's `pattern` (ECMA-262, as JSON Schema validators read it) refuses exactly
+    the texts the server calls blank."""
+    from agentd.schema_fields import BLANK
+
+    schemas = agent_daemon.get("/api/openapi.json").json()["components"]["schemas"]
+    message = schemas["Message"]["properties"]["message"]
+    validator = jsonschema_rs.validator_for({"type": "string", "pattern": message["pattern"]})
+    for code in [*range(0x3100), 0x180E, 0x200B, 0x2060, 0xFEFF, 0xFFFD]:
+        c = chr(code)
+        assert validator.is_valid(c) is (c not in BLANK), hex(code)
+        assert validator.is_valid(f"{c}x{c}") and not validator.is_valid(BLANK + c * (c in BLANK)), hex(code)
+    agent_id = spawn(agent_daemon)
+    r = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": "\u200b"})  # not blank to either
+    assert r.status_code == 200, r.text
 
 
 def test_booleans_are_json_booleans(agent_daemon) -> None:
@@ -266,3 +288,29 @@ def test_metadata_keys_differing_in_spaces_are_distinct(agent_daemon) -> None:
         found = agent_daemon.post(f"{base}/recall", json={"query": "metadata keys",
                                                           "filter": {"metadata": {key: value + 1}}}).json()
         assert found["memories"] == [], key
+
+
+def test_custom_model_routes_serve_only_what_the_document_lists(agent_daemon) -> None:
+    """GET /api/models/{id} took `custom` and `custom/x` for model ids, so OPTIONS on the
+    custom-model routes advertised GET (and HEAD) that the document does not list."""
+    paths = agent_daemon.get("/api/openapi.json").json()["paths"]
+    assert set(paths["/api/models/custom"]) == {"post"}
+    assert set(paths["/api/models/custom/{model_id}"]) == {"delete"}
+    for path, allowed in (("/api/models/custom", {"POST", "OPTIONS"}),
+                          ("/api/models/custom/some-model", {"DELETE", "OPTIONS"}),
+                          ("/api/models/custom/org/some-model", {"DELETE", "OPTIONS"})):
+        r = agent_daemon.request("OPTIONS", path)
+        assert {m.strip() for m in r.headers["Allow"].split(",")} == allowed, path
+        assert agent_daemon.get(path).status_code == 405, path
+    model = {"id": "org/slashed-model", "display_name": "S", "provider": "openai", "context_window": 10,
+             "max_output_tokens": 10, "input_cost_per_m": 0, "output_cost_per_m": 0,
+             "supports_tools": False, "supports_vision": False, "supports_streaming": True}
+    assert agent_daemon.post("/api/models/custom", json=model).status_code == 201
+    r = agent_daemon.get("/api/models/org/slashed-model")
+    assert r.status_code == 200 and r.json()["id"] == "org/slashed-model"
+    assert agent_daemon.get("/api/models/customary").status_code == 404
+    for reserved in ("custom", "custom/x"):
+        r = agent_daemon.post("/api/models/custom", json={**model, "id": reserved})
+        assert r.status_code == 400 and "custom-model routes" in r.json()["error"], reserved
+    assert agent_daemon.delete("/api/models/custom/org/slashed-model").json() == {
+        "status": "removed", "model_id": "org/slashed-model"}

@@ -34,6 +34,7 @@ from agentd.ids import random_uuid
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
 from agentd.llm.types import GenerationParams, ImagePart
+from agentd.schema_fields import is_blank
 
 log = logging.getLogger("agentd.api")
 
@@ -144,7 +145,7 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, b
             systems.append(text)
         elif message["role"] == "user":
             user = text, images
-    if user is None or not (user[0].strip() or user[1]):
+    if user is None or (is_blank(user[0]) and not user[1]):
         raise BadRequest("no user message found in request", code="missing_message")
     user_text, user_images = user
     if len(user_text.encode("utf-8")) > MESSAGE_LIMIT:
