@@ -99,8 +99,8 @@ def stop() -> None:
             return
         time.sleep(0.5)
     if not ours:
-        _fail(f"agentd at {info.base_url} did not stop, and pid {info.pid} is not its process "
-              "(nothing was killed)")
+        _fail(f"agentd at {info.base_url} did not stop, and pid {info.pid} cannot be confirmed as the "
+              "process that wrote daemon.json: nothing was killed")
     if _pid_alive(info.pid):
         try:
             os.kill(info.pid, signal.SIGKILL)
