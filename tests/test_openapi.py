@@ -144,8 +144,7 @@ def test_schema_validation_matches_the_document(agent_daemon) -> None:
 
 def test_blank_message_is_refused_by_the_schema(agent_daemon) -> None:
     agent_id = spawn(agent_daemon)
-    # U+FEFF is blank to JSON Schema (the document refused it, the server took it); U+001F
-    # and U+0085 are blank to the server (the document took them).
+    # Blank to JSON Schema's `\s` (U+FEFF) and to Python's (U+001F, U+0085) alike.
     for text in ("", "   \n\t", "\ufeff", "\u3000\ufeff\x85 ", "\x1f"):
         for route in ("message", "message/stream"):
             r = agent_daemon.post(f"/api/agents/{agent_id}/{route}", json={"message": text})
@@ -276,7 +275,8 @@ def test_graph_query_null_body_and_qr_status_without_session(agent_daemon) -> No
 
 
 def test_metadata_keys_differing_in_spaces_are_distinct(agent_daemon) -> None:
-    """`{"a": 1, "a ": 2}` was a 500: the store took both keys for "a"."""
+    """Metadata keys that differ only in surrounding spaces are distinct keys, stored and
+    filtered on as sent (the store must not strip them into one)."""
     agent_id = spawn(agent_daemon)
     base = f"/api/memory/agents/{agent_id}"
     metadata = {"topic": 1, "topic ": 2, " topic": 3, "  ": 4}
@@ -294,8 +294,8 @@ def test_metadata_keys_differing_in_spaces_are_distinct(agent_daemon) -> None:
 
 
 def test_custom_model_routes_serve_only_what_the_document_lists(agent_daemon) -> None:
-    """GET /api/models/{id} took `custom` and `custom/x` for model ids, so OPTIONS on the
-    custom-model routes advertised GET (and HEAD) that the document does not list."""
+    """GET /api/models/{id} does not answer on the custom-model routes (no model id is `custom`
+    or starts with `custom/`), so their Allow header lists what the document lists."""
     paths = agent_daemon.get("/api/openapi.json").json()["paths"]
     assert set(paths["/api/models/custom"]) == {"post"}
     assert set(paths["/api/models/custom/{model_id}"]) == {"delete"}
