@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import argh
 
-from agentd.client import ApiClient, find_daemon, read_daemon_file
+from agentd.client import ApiClient, find_daemon, process_identity, read_daemon_file
 from agentd.config import Config, home_dir, load_config, write_default_config
 from agentd.errors import AgentdError
 from agentd.money import format_usd
@@ -79,22 +79,28 @@ def stop() -> None:
                   file=sys.stderr)
     except requests.RequestException:
         asked, answered = False, False
-    if not answered and not _is_agentd(info.pid):
-        # Nothing answers at the address and the pid is some other program now (pids are
-        # reused): a stale daemon.json, and nothing of ours to stop. Never kill it.
+    # Signals go only to the very process that wrote daemon.json: pids are reused, and a
+    # command line proves nothing (any program may mention agentd in its own).
+    ours = bool(info.process) and process_identity(info.pid) == info.process
+    if not answered and not ours:
+        # Nothing answers at the address and the pid is not the daemon's process: a stale
+        # daemon.json, and nothing of ours to stop.
         config.daemon_file.unlink(missing_ok=True)
         _fail("agentd was not running (removed stale daemon.json)")
-    if not asked and _pid_alive(info.pid):
+    if not asked and ours:
         try:
             os.kill(info.pid, signal.SIGTERM)  # the API refused (no key?): the signal is graceful too
         except OSError:
             pass
     for _ in range(10):
-        if find_daemon(config) is None and not _pid_alive(info.pid):
+        if find_daemon(config) is None and not (ours and _pid_alive(info.pid)):
             config.daemon_file.unlink(missing_ok=True)
             print("agentd stopped")
             return
         time.sleep(0.5)
+    if not ours:
+        _fail(f"agentd at {info.base_url} did not stop, and pid {info.pid} cannot be confirmed as the "
+              "process that wrote daemon.json: nothing was killed")
     if _pid_alive(info.pid):
         try:
             os.kill(info.pid, signal.SIGKILL)
@@ -105,18 +111,6 @@ def stop() -> None:
         return
     config.daemon_file.unlink(missing_ok=True)
     print("agentd stopped")
-
-
-def _is_agentd(pid: int) -> bool:
-    """True when `pid` runs agentd (its command line names it), or when that cannot be told."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            command = fh.read()
-    except FileNotFoundError:
-        return False  # no such process
-    except OSError:
-        return True   # no /proc to ask: assume it is ours, as before
-    return b"agentd" in command or b"mutmut_daemon" in command
 
 
 def _pid_alive(pid: int) -> bool:

@@ -18,11 +18,16 @@ HEALTH_TIMEOUT = 2.0
 
 @dataclass
 class DaemonInfo:
-    """Contents of daemon.json."""
+    """Contents of daemon.json.
+
+    `process` tells the daemon's own process from a later one that was given the same pid:
+    the kernel's boot id and the process's start time in clock ticks since boot (field 22 of
+    /proc/<pid>/stat), which together name one process for good. Empty where there is no /proc."""
 
     listen_addr: str
     pid: int
     started_at: str
+    process: str = ""
 
     @property
     def base_url(self) -> str:
@@ -37,7 +42,8 @@ def read_daemon_file(path: Path) -> DaemonInfo | None:
     """Parse daemon.json; None when absent or unreadable."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return DaemonInfo(str(data["listen_addr"]), int(data["pid"]), str(data.get("started_at", "")))
+        return DaemonInfo(str(data["listen_addr"]), int(data["pid"]), str(data.get("started_at", "")),
+                          str(data.get("process", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -48,8 +54,22 @@ def write_daemon_file(path: Path, info: DaemonInfo) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump({"listen_addr": info.listen_addr, "pid": info.pid,
-                   "started_at": info.started_at}, fh, indent=2)
+                   "started_at": info.started_at, "process": info.process}, fh, indent=2)
     os.replace(tmp, path)
+
+
+def process_identity(pid: int) -> str:
+    """`<boot id>/<start ticks>` of process `pid`; "" when it does not exist or there is no /proc."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return ""
+    # The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    fields = stat[stat.rfind(")") + 2:].split()
+    return f"{boot}/{fields[19]}" if len(fields) > 19 else ""
 
 
 def is_healthy(base_url: str, timeout: float = HEALTH_TIMEOUT) -> bool:

@@ -29,7 +29,7 @@ from waitress import wasyncore
 
 from agentd.api.early_refusal import install as install_early_refusal
 from agentd.api.ws_transport import close_websockets, install as install_ws_transport
-from agentd.client import DaemonInfo, is_healthy, read_daemon_file, write_daemon_file
+from agentd.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
 from agentd.kernel_time import iso, utcnow
@@ -176,7 +176,8 @@ class Daemon:
         install_ws_transport(self.server)
         install_early_refusal(self.server, cfg)  # cross-site / foreign-Host bodies never read
         listen = f"{host}:{self.server.effective_port}"
-        write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow())))
+        write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow()),
+                                                 process_identity(os.getpid())))
         log.info("agentd listening on http://%s (home %s)", listen, cfg.home)
         self._boot_thread = threading.Thread(target=self._boot, name="agentd-boot", daemon=True)
         self._boot_thread.start()

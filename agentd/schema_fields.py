@@ -1,11 +1,27 @@
-"""marshmallow fields shared by API bodies and manifests."""
+"""marshmallow fields shared by API bodies and manifests, and what counts as blank text."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from marshmallow import fields
+
+
+# Blank characters: Python's whitespace (what str.strip() removes) and JSON Schema's (ECMA-262
+# `\s`, which adds U+FEFF), so the document's `pattern` and the server refuse the same texts.
+BLANK = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+         "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff")
+# A text with at least one character that is not blank, spelled with escapes only (both
+# engines read them alike); JSON Schema searches a `pattern`, marshmallow matches from the start.
+NOT_BLANK = r"[\s\S]*[^\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+_NOT_BLANK = re.compile(NOT_BLANK)
+
+
+def is_blank(text: str) -> bool:
+    """True for a text of blank characters only (or none)."""
+    return _NOT_BLANK.match(text) is None
 
 
 class StrictFloat(fields.Float):

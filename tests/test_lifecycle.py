@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -165,6 +166,68 @@ def test_stop_never_kills_a_process_that_is_not_agentd(tmp_path: Path) -> None:
     finally:
         other.kill()
     assert not (home / "daemon.json").exists()
+
+
+def _decoy(tmp_path: Path, how: str) -> subprocess.Popen:
+    """A program that is not agentd but whose command line says "agentd" (the command lines
+    users really have: a tool under ~/agentd-tools/, or one that calls itself agentd)."""
+    if how == "path":
+        tools = tmp_path / "agentd-tools"
+        tools.mkdir()
+        (tools / "sleep").symlink_to(shutil.which("sleep"))
+        decoy = subprocess.Popen([str(tools / "sleep"), "60"])
+    else:
+        decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "agentd", "start"])
+    # Popen returns once exec has begun; the kernel shows the new command line a moment later.
+    deadline = time.monotonic() + 10
+    while b"agentd" not in Path(f"/proc/{decoy.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the decoy never showed its command line"
+        time.sleep(0.01)
+    return decoy
+
+
+@pytest.mark.parametrize("how", ["path", "argv"])
+@pytest.mark.parametrize("recorded", ["another process", "nothing"])
+def test_stop_never_kills_a_decoy_named_agentd(tmp_path: Path, how: str, recorded: str) -> None:
+    """A stale daemon.json names the pid of a program whose command line contains "agentd",
+    and nothing answers at its address: the program lives and the file goes."""
+    home = make_home(tmp_path)
+    decoy = _decoy(tmp_path, how)
+    try:
+        stale = {"listen_addr": f"127.0.0.1:{free_port()}", "pid": decoy.pid,
+                 "started_at": "2026-01-01T00:00:00+00:00"}
+        if recorded == "another process":
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            stale["process"] = f"{boot}/1"
+        (home / "daemon.json").write_text(json.dumps(stale))
+        r = run_cli(home, "stop")
+        assert (r.returncode, r.stdout) == (1, ""), r.stdout + r.stderr
+        assert r.stderr == "error: agentd was not running (removed stale daemon.json)\n"
+        time.sleep(0.2)
+        assert decoy.poll() is None, "stop killed a process that is not agentd"
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert not (home / "daemon.json").exists()
+
+
+def test_stop_signals_no_stranger_when_the_api_refuses(daemon_factory, tmp_path: Path) -> None:
+    """The daemon answers but refuses the shutdown (the CLI lacks the key), and daemon.json
+    names another program's pid: SIGTERM would go to that program, so none is sent."""
+    d = daemon_factory(FAST_API.replace("[api]", 'api_key = "k3"\n[api]'), api_key="k3")
+    config = d.home / "config.toml"
+    config.write_text(config.read_text().replace('api_key = "k3"\n', ""))
+    decoy = _decoy(tmp_path, "argv")
+    try:
+        info = json.loads((d.home / "daemon.json").read_text())
+        (d.home / "daemon.json").write_text(json.dumps({**info, "pid": decoy.pid}))
+        r = run_cli(d.home, "stop", env_extra={"AGENTD_API_KEY": ""})
+        assert r.returncode == 1 and "nothing was killed" in r.stderr, r.stdout + r.stderr
+        assert decoy.poll() is None, "stop signalled a process that is not agentd"
+        assert d.get("/api/health").ok
+    finally:
+        decoy.kill()
+        decoy.wait()
 
 
 def test_stop_without_the_key_still_stops_gracefully(daemon_factory) -> None:

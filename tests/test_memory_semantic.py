@@ -258,14 +258,36 @@ def test_graph_depth_cycles_and_validation(d: Daemon) -> None:
     for body in [{"entity_type": "person"}, {"entity_type": "", "name": "x"}, {"name": "x", "entity_type": 3},
                  {"name": "x", "entity_type": "person", "properties": "p"}]:
         assert d.post(f"{base(agent)}/entities", json=body).status_code == 400, body
-    for pattern in [{"max_depth": 0}, {"max_depth": 99}, {"max_depth": "2"}, {"source": 5}]:
-        assert d.post(f"{base(agent)}/graph/query", json=pattern).status_code == 400, pattern
+    for pattern in [{"max_depth": 0}, {"max_depth": -3}, {"max_depth": "2"}, {"max_depth": 2.5},
+                    {"max_depth": True}]:
+        r = d.post(f"{base(agent)}/graph/query", json=pattern)
+        assert (r.status_code, r.json()) == (400, {"error": "max_depth must be an integer of at least 1"}), pattern
+    assert d.post(f"{base(agent)}/graph/query", json={"source": 5}).status_code == 400
     assert d.post(f"{base(agent)}/relations", json={"source": alice, "relation": "x", "target": acme,
                                                     "confidence": 2}).status_code == 400
     other = spawn(d)
     assert triples(d, other) == []
     assert d.post(f"{base(other)}/relations", json={"source": alice, "relation": "knows",
                                                     "target": acme}).status_code == 404
+
+
+
+def test_graph_depth_beyond_16_walks_16_hops(d: Daemon) -> None:
+    """The spec types `max_depth` as an integer: a deep one is clamped to the 16 hops walked."""
+    agent = spawn(d)
+    for i in range(19):
+        entity(d, agent, "concept", f"N{i}")
+    for i in range(18):
+        relate(d, agent, f"N{i}", "leads_to", f"N{i + 1}")
+    sixteen = [(f"N{i}", "leads_to", f"N{i + 1}") for i in range(16)]
+    for depth in (16, 17, 50, 2**63, 7110.0):
+        r = d.post(f"{base(agent)}/graph/query", json={"source": "N0", "max_depth": depth})
+        assert r.status_code == 200, (depth, r.text)
+        matches = r.json()["matches"]
+        assert [(m["source"]["name"], m["relation"]["relation"], m["target"]["name"]) for m in matches] == sixteen
+        assert [m["depth"] for m in matches] == list(range(1, 17))
+    assert triples(d, agent, target="N18", max_depth=50) == [(f"N{i}", "leads_to", f"N{i + 1}")
+                                                             for i in range(17, 1, -1)]
 
 
 def old(days: float) -> str:

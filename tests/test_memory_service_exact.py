@@ -283,9 +283,13 @@ def test_graph_arguments(svc) -> None:
     assert names(svc.query_graph(a)) == [("Alice", "knows", "R2"), ("R2", "knows", "Bob")]
     assert svc.query_graph(a, relation="likes") == []
     assert len(svc.query_graph(a, "Alice", max_depth=fields.MAX_DEPTH)) == 2
-    msg = f"max_depth must be an integer between 1 and {fields.MAX_DEPTH}"
+    assert len(svc.query_graph(a, "Alice", max_depth=fields.MAX_DEPTH + 1)) == 2, "clamped, not refused"
+    msg = "max_depth must be an integer of at least 1"
     assert bad(lambda: svc.query_graph(a, "Alice", max_depth=0)) == msg
-    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=fields.MAX_DEPTH + 1)) == msg
+    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=1.5)) == msg
+    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=0.0)) == msg
+    assert bad(lambda: svc.query_graph(a, "Alice", max_depth=float("inf"))) == msg
+    assert len(svc.query_graph(a, "Alice", max_depth=2.0)) == 2, "2.0 is the integer 2"
     assert bad(lambda: svc.query_graph(a, "")) == "source must be a non-empty string"
     assert bad(lambda: svc.query_graph(a, target="")) == "target must be a non-empty string"
     assert bad(lambda: svc.query_graph(a, relation="")) == "relation must be a non-empty string"

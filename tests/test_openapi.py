@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import jsonschema_rs
 import pytest
 import requests
 from flask import Flask, jsonify
@@ -74,7 +75,10 @@ def test_document_shape(app) -> None:
             assert params == set(names), where
             assert op["summary"] and op["operationId"], where
             statuses = set(op["responses"])
-            assert {"400", "429", "500"} <= statuses, where
+            assert {"400", "429"} <= statuses, where
+            # A 500 is listed only where a route answers one on purpose (an agent run that failed).
+            assert ("500" in statuses) == (where in ("POST /api/agents/{agent_id}/message",
+                                                     "POST /v1/chat/completions")), where
             assert ("401" in statuses) == (op.get("security") != []), where
             error = "OpenAIError" if path.startswith("/v1/") else "Error"
             for status, response in op["responses"].items():
@@ -140,9 +144,29 @@ def test_schema_validation_matches_the_document(agent_daemon) -> None:
 
 def test_blank_message_is_refused_by_the_schema(agent_daemon) -> None:
     agent_id = spawn(agent_daemon)
-    for text in ("", "   \n\t"):
-        r = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": text})
-        assert r.status_code == 400 and "message is empty" in r.json()["error"]
+    # Blank to JSON Schema's `\s` (U+FEFF) and to Python's (U+001F, U+0085) alike.
+    for text in ("", "   \n\t", "\ufeff", "\u3000\ufeff\x85 ", "\x1f"):
+        for route in ("message", "message/stream"):
+            r = agent_daemon.post(f"/api/agents/{agent_id}/{route}", json={"message": text})
+            assert (r.status_code, r.json()) == (400, {"error": "invalid request: message: message is empty"}), \
+                (route, text)
+
+
+def test_the_document_and_the_server_agree_on_blank_text(agent_daemon) -> None:
+    """The document's `pattern` (ECMA-262, as JSON Schema validators read it) refuses exactly
+    the texts the server calls blank."""
+    from agentd.schema_fields import BLANK
+
+    schemas = agent_daemon.get("/api/openapi.json").json()["components"]["schemas"]
+    message = schemas["Message"]["properties"]["message"]
+    validator = jsonschema_rs.validator_for({"type": "string", "pattern": message["pattern"]})
+    for code in [*range(0x3100), 0x180E, 0x200B, 0x2060, 0xFEFF, 0xFFFD]:
+        c = chr(code)
+        assert validator.is_valid(c) is (c not in BLANK), hex(code)
+        assert validator.is_valid(f"{c}x{c}") and not validator.is_valid(BLANK + c * (c in BLANK)), hex(code)
+    agent_id = spawn(agent_daemon)
+    r = agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": "\u200b"})  # not blank to either
+    assert r.status_code == 200, r.text
 
 
 def test_booleans_are_json_booleans(agent_daemon) -> None:
@@ -248,3 +272,48 @@ def test_graph_query_null_body_and_qr_status_without_session(agent_daemon) -> No
     # Checked before the (unconfigured) QR gateway is asked: 400, not 503.
     r = agent_daemon.get("/api/channels/whatsapp/qr/status")
     assert r.status_code == 400 and "session_id" in r.json()["error"]
+
+
+def test_metadata_keys_differing_in_spaces_are_distinct(agent_daemon) -> None:
+    """Metadata keys that differ only in surrounding spaces are distinct keys, stored and
+    filtered on as sent (the store must not strip them into one)."""
+    agent_id = spawn(agent_daemon)
+    base = f"/api/memory/agents/{agent_id}"
+    metadata = {"topic": 1, "topic ": 2, " topic": 3, "  ": 4}
+    r = agent_daemon.post(f"{base}/memories", json={"content": "spaces in metadata keys", "metadata": metadata})
+    assert r.status_code == 201, r.text
+    fid = r.json()["id"]
+    assert agent_daemon.get(f"{base}/memories/{fid}").json()["metadata"] == metadata
+    for key, value in metadata.items():
+        found = agent_daemon.post(f"{base}/recall", json={"query": "metadata keys",
+                                                          "filter": {"metadata": {key: value}}}).json()
+        assert [m["id"] for m in found["memories"]] == [fid], key
+        found = agent_daemon.post(f"{base}/recall", json={"query": "metadata keys",
+                                                          "filter": {"metadata": {key: value + 1}}}).json()
+        assert found["memories"] == [], key
+
+
+def test_custom_model_routes_serve_only_what_the_document_lists(agent_daemon) -> None:
+    """GET /api/models/{id} does not answer on the custom-model routes (no model id is `custom`
+    or starts with `custom/`), so their Allow header lists what the document lists."""
+    paths = agent_daemon.get("/api/openapi.json").json()["paths"]
+    assert set(paths["/api/models/custom"]) == {"post"}
+    assert set(paths["/api/models/custom/{model_id}"]) == {"delete"}
+    for path, allowed in (("/api/models/custom", {"POST", "OPTIONS"}),
+                          ("/api/models/custom/some-model", {"DELETE", "OPTIONS"}),
+                          ("/api/models/custom/org/some-model", {"DELETE", "OPTIONS"})):
+        r = agent_daemon.request("OPTIONS", path)
+        assert {m.strip() for m in r.headers["Allow"].split(",")} == allowed, path
+        assert agent_daemon.get(path).status_code == 405, path
+    model = {"id": "org/slashed-model", "display_name": "S", "provider": "openai", "context_window": 10,
+             "max_output_tokens": 10, "input_cost_per_m": 0, "output_cost_per_m": 0,
+             "supports_tools": False, "supports_vision": False, "supports_streaming": True}
+    assert agent_daemon.post("/api/models/custom", json=model).status_code == 201
+    r = agent_daemon.get("/api/models/org/slashed-model")
+    assert r.status_code == 200 and r.json()["id"] == "org/slashed-model"
+    assert agent_daemon.get("/api/models/customary").status_code == 404
+    for reserved in ("custom", "custom/x"):
+        r = agent_daemon.post("/api/models/custom", json={**model, "id": reserved})
+        assert r.status_code == 400 and "custom-model routes" in r.json()["error"], reserved
+    assert agent_daemon.delete("/api/models/custom/org/slashed-model").json() == {
+        "status": "removed", "model_id": "org/slashed-model"}

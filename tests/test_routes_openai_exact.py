@@ -188,9 +188,9 @@ def failure(app: Flask, exc) -> tuple[int, dict, dict]:
     ("missing_key", 401, "missing_provider_key"), ("auth", 401, "provider_auth_failed"),
     ("rate_limit", 429, "upstream_rate_limited"), ("server", 503, "upstream_unavailable"),
     ("unreachable", 503, "upstream_unavailable"), ("timeout", 504, "upstream_timeout"),
-    ("bad_request", 502, "upstream_rejected_request"), ("not_found", 502, "upstream_model_not_found"),
-    ("bad_response", 502, "upstream_bad_response"), ("loop_guard", 500, "loop_guard_stopped"),
-    ("reset", 502, "upstream_connection_reset"), ("truncated", 502, "upstream_stream_truncated"),
+    ("bad_request", 500, "upstream_rejected_request"), ("not_found", 500, "upstream_model_not_found"),
+    ("bad_response", 500, "upstream_bad_response"), ("loop_guard", 500, "loop_guard_stopped"),
+    ("reset", 500, "upstream_connection_reset"), ("truncated", 500, "upstream_stream_truncated"),
     ("something_new", 500, "agent_error"),
 ])
 def test_run_failure_mapping(bare_app: Flask, kind: str, status: int, code: str) -> None:
@@ -634,12 +634,12 @@ def test_stream_error_event(env: Env) -> None:
     r = env.chat(model=name, messages=[{"role": "user", "content": "[[fail:400]]"}])
     plain = r.get_json()
     assert (r.status_code, plain["error"]["code"], r.headers["x-should-retry"]) == \
-        (502, "upstream_rejected_request", "false")
+        (500, "upstream_rejected_request", "false")
     r = env.chat(model=name, messages=[{"role": "user", "content": "[[fail:400]]"}], stream=True,
                  stream_options={"include_usage": True})
     assert r.status_code == 200
     text = without_keepalives(r.get_data(as_text=True))
-    # The same type and code the unstreamed answer carries (its 502 status line cannot be sent).
+    # The same type and code the unstreamed answer carries (its 500 status line cannot be sent).
     assert text.endswith("\n\n" + frame({"error": {"message": plain["error"]["message"], "type": "server_error",
                                                    "code": "upstream_rejected_request"}}) + "data: [DONE]\n\n"), text
     assert len(sse(r)) == 3, "only the role chunk, the error and [DONE]"

@@ -433,6 +433,24 @@ def test_v1_upstream_500_is_one_upstream_call_and_not_retried(no_retry_daemon, f
     assert len(user_turns_in(fake_llm, marker)) == 1, "one failing request must make exactly one upstream call"
 
 
+@pytest.mark.parametrize("upstream, code", [(400, "upstream_rejected_request"), (404, "upstream_model_not_found")])
+def test_v1_upstream_refusal_is_500_server_error_and_not_retried(no_retry_daemon, fake_llm, upstream: int,
+                                                                 code: str) -> None:
+    """The spec answers an agent that failed with 500 `server_error`, whatever the provider said."""
+    d = no_retry_daemon
+    agent_id = spawn(d)
+    marker = uuid.uuid4().hex
+    with pytest.raises(openai.InternalServerError) as info:
+        sdk(d).chat.completions.create(model=agent_id, messages=[
+            {"role": "user", "content": f"[[fail:{upstream}]] {marker}"}])
+    assert info.value.status_code == 500
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.response.json() == {"error": {
+        "message": f"message delivery failed: openai model gpt-4o: HTTP {upstream}: fakellm: scripted failure "
+                   f"{upstream}", "type": "server_error", "code": code}}
+    assert len(user_turns_in(fake_llm, marker)) == 1, "the SDK retried a final answer"
+
+
 def test_v1_missing_provider_key_is_authentication_error(no_retry_daemon, fake_llm) -> None:
     d = no_retry_daemon
     agent_id = spawn(d, model='[model]\nprovider = "groq"\nmodel = "llama-3.3-70b-versatile"\n')

@@ -42,8 +42,9 @@ COMMON_ERRORS = {
     413: "Request body too large",
     415: "Content-Type is not application/json",
     429: "Rate limit exceeded (per client IP); honour `Retry-After`",
-    500: "Unexpected failure (logged with the request id; no details in the body)",
 }
+# (No route plans an unexpected failure: a 500 is listed only where a route answers one on
+# purpose, e.g. an agent run that failed.)
 
 # Path parameters the server parses as UUIDs (anything else is a 400).
 UUID_PARAMS = {"agent_id", "session_id", "workflow_id", "run_id"}
@@ -153,7 +154,7 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
             if body:
                 links[name]["requestBody"] = body[0]
         responses[str(op.ok)]["links"] = links
-    common = {400, 429, 500}
+    common = {400, 429}
     if not op.public:
         common.add(401)
     if method != "GET":

@@ -16,6 +16,7 @@ from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
 from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema, ModeSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
+from agentd.schema_fields import is_blank
 
 bp = Blueprint("agents", __name__)
 
@@ -29,7 +30,7 @@ def message_text(data: dict[str, Any]) -> str:
     text = data["message"]
     if len(text.encode("utf-8")) > MESSAGE_LIMIT:
         raise PayloadTooLarge("message too large (max 64 KB)")
-    if not text.strip():
+    if is_blank(text):
         raise BadRequest("message is empty")
     return text
 

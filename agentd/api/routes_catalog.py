@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, request
+from werkzeug.routing import PathConverter
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates
 
 from agentd.api import schemas_out as out
@@ -19,12 +20,29 @@ bp = Blueprint("catalog", __name__)
 
 TIERS = ("frontier", "smart", "balanced", "fast", "local", "custom")
 
+# `/api/models/custom` (POST) and `/api/models/custom/{id}` (DELETE) manage custom models; a
+# model id may hold slashes, so without this GET /api/models/{id} would also answer there
+# (and OPTIONS would list GET for those paths). No model can have such an id.
+NOT_CUSTOM_ROUTE = r"(?!custom(?:/|$))"
+
+
+class ModelIdConverter(PathConverter):
+    """A model id in a path: slashes allowed, but not the custom-model routes."""
+
+    regex = NOT_CUSTOM_ROUTE + PathConverter.regex
+
+
+bp.record_once(lambda state: state.app.url_map.converters.setdefault("model_id", ModelIdConverter))
+
 
 class CustomModelSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    id = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    id = fields.String(required=True, validate=[
+        validate.Length(min=1, max=200),
+        validate.Regexp("^" + NOT_CUSTOM_ROUTE,
+                        error="ids `custom` and `custom/...` name the custom-model routes, not a model")])
     display_name = fields.String(required=True, validate=validate.Length(min=1, max=200))
     provider = fields.String(required=True)
     tier = fields.String(load_default="custom", validate=validate.OneOf(TIERS))
@@ -86,8 +104,9 @@ def aliases():
     return jsonify(kernel().catalog.aliases())
 
 
-@bp.get("/api/models/<path:model_id>")
-@doc("One model by id or alias", tags="models", response=out.ModelSchema)
+@bp.get("/api/models/<model_id:model_id>")
+@doc("One model by id or alias", tags="models", response=out.ModelSchema,
+     path_params={"model_id": {"pattern": "^" + NOT_CUSTOM_ROUTE}})
 def model(model_id: str):
     info = kernel().catalog.get_model(model_id)
     if info is None:

@@ -34,6 +34,7 @@ from agentd.ids import random_uuid
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
 from agentd.llm.types import GenerationParams, ImagePart
+from agentd.schema_fields import is_blank
 
 log = logging.getLogger("agentd.api")
 
@@ -144,7 +145,7 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, b
             systems.append(text)
         elif message["role"] == "user":
             user = text, images
-    if user is None or not (user[0].strip() or user[1]):
+    if user is None or (is_blank(user[0]) and not user[1]):
         raise BadRequest("no user message found in request", code="missing_message")
     user_text, user_images = user
     if len(user_text.encode("utf-8")) > MESSAGE_LIMIT:
@@ -161,9 +162,11 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 # How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
 # `type` follows from the status (401 authentication_error, 429 rate_limit_error,
-# 5xx server_error). Each answer is final for this request (agentd already retried
-# the provider), so it says `x-should-retry: false`: without it the official SDKs
-# retry 409/429/5xx twice, multiplying upstream calls and undoing a user's stop.
+# 5xx server_error). The spec answers an agent that failed with 500 server_error; only
+# what a client can act on differs (a key, Retry-After, an outage, a timeout). Each
+# answer is final for this request (agentd already retried the provider), so it says
+# `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
+# multiplying upstream calls and undoing a user's stop.
 _RUN_FAILURES: dict[str, tuple[int, str]] = {
     "missing_key": (401, "missing_provider_key"),
     "auth": (401, "provider_auth_failed"),
@@ -171,12 +174,12 @@ _RUN_FAILURES: dict[str, tuple[int, str]] = {
     "server": (503, "upstream_unavailable"),
     "unreachable": (503, "upstream_unavailable"),
     "timeout": (504, "upstream_timeout"),
-    "bad_request": (502, "upstream_rejected_request"),
-    "not_found": (502, "upstream_model_not_found"),
-    "bad_response": (502, "upstream_bad_response"),
+    "bad_request": (500, "upstream_rejected_request"),
+    "not_found": (500, "upstream_model_not_found"),
+    "bad_response": (500, "upstream_bad_response"),
     "loop_guard": (500, "loop_guard_stopped"),
-    "reset": (502, "upstream_connection_reset"),
-    "truncated": (502, "upstream_stream_truncated"),
+    "reset": (500, "upstream_connection_reset"),
+    "truncated": (500, "upstream_stream_truncated"),
 }
 
 
@@ -235,9 +238,9 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The loop guard stopped the run (`loop_guard_stopped`)",
-             502: "The provider refused the request, answered something unusable, reset the connection "
-                  "or cut the stream off (`upstream_*`)",
+             500: "The agent failed: the provider refused the request, answered something unusable, "
+                  "reset the connection or cut the stream off (`upstream_*`), or the loop guard stopped "
+                  "the run (`loop_guard_stopped`)",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",
              504: "The provider timed out (`upstream_timeout`)"})

@@ -6,16 +6,12 @@ same classes (agentd/api/openapi.py), so what is documented is what is checked.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate
 
-from agentd.schema_fields import StrictBoolean, StrictFloat
+from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat, is_blank
 
-# A string with at least one non-whitespace character (JSON Schema `pattern` searches).
-NOT_BLANK = r"[\s\S]*\S"
-_NOT_BLANK = re.compile(NOT_BLANK)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MODES = ("Auto", "Manual", "Observe")
 
@@ -53,7 +49,7 @@ class MessageSchema(Schema):
         `attachments`; other keys dropped as EXCLUDE drops them), without marshmallow's
         per-field machinery, a measurable part of a message's cost; None: use load()."""
         message = data.get("message")
-        if type(message) is not str or "attachments" in data or not _NOT_BLANK.match(message):
+        if type(message) is not str or "attachments" in data or is_blank(message):
             return None
         return {"message": message, "attachments": []}
 

@@ -81,7 +81,8 @@ class GraphQuerySchema(_Loose):
     source = _text(256, allow_none=True)
     relation = _kind(allow_none=True)
     target = _text(256, allow_none=True)
-    max_depth = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 16))
+    max_depth = fields.Integer(strict=True, allow_none=True, validate=validate.Range(min=1), metadata={
+        "description": "Hops to follow (default 1); a larger value than 16 walks 16 hops"})
 
 
 class MemoryPageQuery(Schema):

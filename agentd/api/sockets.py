@@ -27,6 +27,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
 from agentd.api.apidoc import doc
 from agentd.errors import AgentdError
+from agentd.schema_fields import is_blank
 
 log = logging.getLogger("agentd.ws")
 
@@ -95,7 +96,7 @@ class AgentSocket:
 
     def handle_message(self, frame: dict[str, Any]) -> None:
         content = frame.get("content")
-        if not isinstance(content, str) or not content.strip():
+        if not isinstance(content, str) or is_blank(content):
             self.send("error", content="missing or empty 'content' field")
             return
         if len(content.encode("utf-8")) > MESSAGE_LIMIT:

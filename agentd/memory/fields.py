@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agentd.errors import BadRequest
+from agentd.schema_fields import is_blank
 
 SOURCES = ("conversation", "document", "observation", "inference", "user_provided", "system")
 MAX_CONTENT = 32_000
@@ -46,7 +47,7 @@ def _encodable(value: str, name: str) -> str:
 
 
 def text(value: Any, name: str, limit: int = MAX_CONTENT) -> str:
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or is_blank(value):
         raise BadRequest(f"{name} must be a non-empty string")
     _encodable(value, name)
     if len(value) > limit:
@@ -84,6 +85,17 @@ def integer(value: Any, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise BadRequest(f"{name} must be an integer between {low} and {high}")
     return value
+
+
+def depth(value: Any) -> int:
+    """A graph query's `max_depth`: any integer from 1, walked to at most MAX_DEPTH hops (a
+    deeper walk would only cost more; the spec leaves the integer unbounded). As in JSON
+    Schema, 3.0 is the integer 3."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest("max_depth must be an integer of at least 1")
+    return min(value, MAX_DEPTH)
 
 
 def score(value: Any, name: str = "min_score") -> float:

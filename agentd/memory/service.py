@@ -151,8 +151,7 @@ class MemoryService:
         return self.graph.query(agent_id, optional(source, "source"),
                                 None if relation is None else fields.kind(relation, "relation"),
                                 optional(target, "target"),
-                                fields.integer(max_depth, "max_depth", 1, fields.MAX_DEPTH)
-                                if max_depth is not None else 1)
+                                fields.depth(max_depth) if max_depth is not None else 1)
 
     def consolidate(self, agent_id: str) -> dict[str, Any]:
         from agentd.memory.maintenance import consolidate

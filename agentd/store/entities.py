@@ -169,7 +169,7 @@ def define_memory_entities(db: Database) -> dict[str, Any]:
         _table_ = "memory_metadata"
         agent_id = Required(str)
         memory_id = Required(str)
-        key = Required(str)
+        key = Required(str, autostrip=False)  # "a", "a " and " a" are three keys of one fragment
         value = Required(str)
         PrimaryKey(agent_id, memory_id, key)
         orm.composite_index(agent_id, key, value)

@@ -97,7 +97,7 @@ def knowledge_add_relation(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"source": {"type": "string", "description": "Source entity id or name (optional)"},
        "relation": {"type": "string", "description": "Relation type (optional)"},
        "target": {"type": "string", "description": "Target entity id or name (optional)"},
-       "max_depth": {"type": "integer", "description": "Hops to follow (default 1)"}},
+       "max_depth": {"type": "integer", "description": "Hops to follow (default 1, at most 16)"}},
       read_only=True)
 def knowledge_query(ctx: ToolContext, args: dict[str, Any]) -> str:
     matches = _call(_memory(ctx).query_graph, ctx.agent_id, args.get("source"), args.get("relation"),
