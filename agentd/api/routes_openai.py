@@ -162,28 +162,28 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 # How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
 # `type` follows from the status (401 authentication_error, 429 rate_limit_error,
-# 5xx server_error). The spec answers an agent that failed with 500 server_error; only
-# what a client can act on differs (a key, Retry-After, an outage, a timeout). Each
+# 5xx server_error). The spec answers an agent that failed with 500 server_error and no
+# code; only what a client can act on differs (a key, Retry-After, an outage, a timeout). Each
 # answer is final for this request (agentd already retried the provider), so it says
 # `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
 # multiplying upstream calls and undoing a user's stop.
-_RUN_FAILURES: dict[str, tuple[int, str]] = {
+_RUN_FAILURES: dict[str, tuple[int, str | None]] = {
     "missing_key": (401, "missing_provider_key"),
     "auth": (401, "provider_auth_failed"),
     "rate_limit": (429, "upstream_rate_limited"),
     "server": (503, "upstream_unavailable"),
     "unreachable": (503, "upstream_unavailable"),
     "timeout": (504, "upstream_timeout"),
-    "bad_request": (500, "upstream_rejected_request"),
-    "not_found": (500, "upstream_model_not_found"),
-    "bad_response": (500, "upstream_bad_response"),
-    "loop_guard": (500, "loop_guard_stopped"),
-    "reset": (500, "upstream_connection_reset"),
-    "truncated": (500, "upstream_stream_truncated"),
+    "bad_request": (500, None),
+    "not_found": (500, None),
+    "bad_response": (500, None),
+    "loop_guard": (500, None),
+    "reset": (500, None),
+    "truncated": (500, None),
 }
 
 
-def _final(status: int, message: str, code: str, retry_after: float | None = None) -> Response:
+def _final(status: int, message: str, code: str | None, retry_after: float | None = None) -> Response:
     response = error_response(status, message, code=code, retry_after=retry_after)
     response.headers["x-should-retry"] = "false"
     return response
@@ -195,7 +195,7 @@ STOPPED_MESSAGE = "the run was stopped before the agent answered"
 def _failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
     """OpenAI status and code of a failed run: from the run error's kind, else the refusal's."""
     if kind is not None:
-        return _RUN_FAILURES.get(kind, (500, "agent_error"))
+        return _RUN_FAILURES.get(kind, (500, None))
     if status == 429:
         # Budget or token quota: retrying before Retry-After cannot succeed.
         return 429, code or ("budget_exceeded" if "budget" in message else "quota_exceeded")
@@ -238,9 +238,8 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed: the provider refused the request, answered something unusable, "
-                  "reset the connection or cut the stream off (`upstream_*`), or the loop guard stopped "
-                  "the run (`loop_guard_stopped`)",
+             500: "The agent failed (no `code`): the provider refused the request, answered something "
+                  "unusable, reset the connection or cut the stream off, or the loop guard stopped the run",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",
              504: "The provider timed out (`upstream_timeout`)"})
