@@ -2,7 +2,7 @@
 """What one message costs as a conversation grows: the daemon's CPU and the p50 latency of
 `POST /api/agents/{id}/message` at several session lengths, one agent, fast fake upstream.
 
-A message must cost the same whatever the length of the session before it (issue 16): the
+A message must cost the same whatever the length of the session before it: the
 model is sent only the history window, and the store appends the new messages as rows.
 The session is grown with real messages to each length in turn; at each, `--samples`
 messages are timed (wall time per request, and the daemon's CPU time from /proc divided by

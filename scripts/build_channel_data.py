@@ -43,7 +43,7 @@ INBOUND = {
     "mattermost": "WebSocket", "webhook": "webhook (own listener)",
 }
 
-# Issue 14, polling / line-socket / real-server adapters: base URLs and poll knobs.
+# Polling / line-socket / real-server adapters: base URLs and poll knobs.
 EXTRA_KEYS.update({
     "signal": [("receive_timeout_secs", "number", 2), ("poll_interval_secs", "number", 0.5)],
     "keybase": [],
@@ -68,7 +68,7 @@ INBOUND.update({
     "nextcloud": "long-poll (lookIntoFuture)", "rocketchat": "polling", "twitch": "TCP line socket (IRC)",
     "xmpp": "XMPP stream (slixmpp)", "mumble": "TLS socket (Mumble protocol)",
 })
-# Issue 14, gateway WebSocket adapters: base URLs (tests point them at the fakes) and
+# Gateway WebSocket adapters: base URLs (tests point them at the fakes) and
 # Slack's optional Events API listener.
 EXTRA_KEYS.update({
     "discord": [("api_url", "text", "https://discord.com/api/v10"), ("gateway_url", "text", "")],
@@ -82,7 +82,7 @@ INBOUND.update({
     "revolt": "Bonfire WebSocket", "guilded": "none (Guilded shut down on 19 December 2025)",
 })
 
-# Issue 14, enterprise webhook adapters (teams, google_chat, feishu, dingtalk): the
+# Enterprise webhook adapters (teams, google_chat, feishu, dingtalk): the
 # platforms' key/token/API URLs (tests point them at fakes) and what verifies inbound calls.
 EXTRA_KEYS.update({
     "teams": [("openid_url", "text", "https://login.botframework.com/v1/.well-known/openidconfiguration"),
@@ -113,7 +113,7 @@ DESCRIPTIONS = {
 }
 
 
-# Issue 14, streaming/relay adapters (mastodon, gitter, nostr, webex).
+# Streaming/relay adapters (mastodon, gitter, nostr, webex).
 EXTRA_KEYS.update({
     "webex": [("webhook_url", "text", ""), ("webhook_port", "number", 8458),
               ("api_url", "text", "https://webexapis.com")],

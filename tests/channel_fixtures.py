@@ -89,20 +89,20 @@ CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "1234
                "MATRIX_ACCESS_TOKEN": "syt_matrix_token", "NTFY_TOKEN": "tk_ntfy",
                "GOTIFY_APP_TOKEN": "AppTokenX", "GOTIFY_CLIENT_TOKEN": "ClientTokenY",
                "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}
-# The webhook family (issue 14).
+# The signed-webhook family.
 CHANNEL_ENV.update({"LINE_CHANNEL_SECRET": "line-chan-secret", "LINE_CHANNEL_ACCESS_TOKEN": "line-access-tok"})
 CHANNEL_ENV.update({"MESSENGER_APP_SECRET": "fb-app-secret", "MESSENGER_PAGE_TOKEN": "EAAGpage",
                     "MESSENGER_VERIFY_TOKEN": "fb-verify-me"})
 CHANNEL_ENV.update({"WHATSAPP_APP_SECRET": "wa-app-secret", "WHATSAPP_ACCESS_TOKEN": "EAAGwa",
                     "WHATSAPP_VERIFY_TOKEN": "wa-verify-me"})
 CHANNEL_ENV.update({"VIBER_AUTH_TOKEN": "445da6az1s345z78-dazcczb2542zv51a-e0vc5fva17480im9"})
-# The streaming/relay family of issue 14 (mastodon, gitter, nostr, webex).
+# The streaming/relay family (mastodon, gitter, nostr, webex).
 CHANNEL_ENV.update({"WEBEX_BOT_TOKEN": "NjIwebex-bot-token", "MASTODON_ACCESS_TOKEN": "masto-token",
                     "GITTER_TOKEN": "syt_gitter_token",
                     "NOSTR_PRIVATE_KEY": "7f7ff03d123792d6ac594bfa67bf6d0c0ab55b6b1fdb6249303fe861f1ccba9a",
                     "NOSTR_NSEC": "nsec10allq0gjx7fddtzef0ax00mdps9t2kmtrldkyjfs8l5xruwvh2dq0lhhkp",
                     "NOSTR_BAD_KEY": "nsec1notakey"})
-# Enterprise webhook adapters (issue 14): teams, google_chat, feishu, dingtalk.
+# Enterprise webhook adapters: teams, google_chat, feishu, dingtalk.
 CHANNEL_ENV.update({"DINGTALK_ACCESS_TOKEN": "dt-robot-token", "DINGTALK_SECRET": "SECdingtalk-signing-secret"})
 CHANNEL_ENV.update({"FEISHU_APP_SECRET": "feishu-app-secret", "FEISHU_ENCRYPT_KEY": "kudryavtsev-encrypt-key",
                     "FEISHU_VERIFICATION_TOKEN": "v-token-feishu"})

@@ -33,7 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _daemons_stop_cleanly(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test when a daemon logged a Python traceback during it, or when a daemon
-    the test started exited non-zero (issue 19, item 6).
+    the test started exited non-zero.
 
     Daemons started by the test itself are stopped (SIGTERM) first if still running;
     longer-lived (module) daemons have the log they wrote during this test checked, and

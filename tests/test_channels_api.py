@@ -98,7 +98,7 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         # discord is implemented: its env var is unset (no start) and no target is configured.
         test = daemon.post("/api/channels/discord/test", json={"message": "hi"})
         assert test.status_code == 400 and "no test target" in test.json()["error"]
-        # Issue 14 is complete: all 40 adapters are implemented.
+        # Every adapter of the catalogue is implemented.
         assert [c["name"] for c in daemon.get("/api/channels").json() if not c["implemented"]] == []
         removed = daemon.delete("/api/channels/discord/configure")
         assert removed.json() == {"status": "removed", "channel": "discord"}

@@ -1,4 +1,4 @@
-"""The clean-stop check itself (issue 19, item 6): a daemon that logs a traceback or exits
+"""The clean-stop check itself: a daemon that logs a traceback or exits
 non-zero fails the test that started it, unless the test says it expects a crash."""
 
 from __future__ import annotations

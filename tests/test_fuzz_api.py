@@ -1,4 +1,4 @@
-"""Schemathesis against the real daemon, driven by GET /api/openapi.json (issue 21).
+"""Schemathesis against the real daemon, driven by GET /api/openapi.json.
 
 All checks, all four phases (examples, coverage, fuzzing and the stateful phase that follows
 the document's OpenAPI links: spawn -> detail/message/memory/kill, PUT kv -> GET/DELETE kv,

@@ -1,6 +1,6 @@
 """Exact values users read, and near-miss inputs to every guard, through the real daemon.
 
-Each assertion message names the bug it catches (issue 19). test_core_exact.py has the
+Each assertion message names the bug it catches. test_core_exact.py has the
 same checks in process with a fake clock; these prove the daemon wires them up.
 """
 

@@ -1,4 +1,4 @@
-"""Mutation testing must exercise code reached only through the daemon (issue 19, item 1).
+"""Mutation testing must exercise code reached only through the daemon.
 
 mutmut runs the tests with the working directory set to its `mutants/` copy and names the
 active mutant in MUTANT_UNDER_TEST. These tests break one function on purpose in such a

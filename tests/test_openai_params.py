@@ -1,4 +1,4 @@
-"""/v1/chat/completions takes what OpenAI clients send (issue 21): each generation parameter
+"""/v1/chat/completions takes what OpenAI clients send: each generation parameter
 reaches the agent's model in that provider's wire format (checked in the fake LLM's recorded
 request), what a provider cannot honour is dropped and named in `x-agentd-dropped-params`,
 and client tools stay refused. Driven with the `openai` SDK and LangChain's ChatOpenAI."""

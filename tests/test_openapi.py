@@ -1,4 +1,4 @@
-"""The OpenAPI document (issue 21): every route documented, served publicly at
+"""The OpenAPI document: every route documented, served publicly at
 /api/openapi.json with the package version, built from the schemas that validate requests,
 linked from the /api page; plus regression tests for what schemathesis found."""
 

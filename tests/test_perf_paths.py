@@ -1,4 +1,4 @@
-"""The request path's cheaper forms behave exactly like the plain ones (issue 16).
+"""The request path's cheaper forms behave exactly like the plain ones.
 
 A run writes its usage rows together with its session in one transaction; these tests
 pin what that must keep: the budget sees a call at once, reports see it once written,

@@ -1,4 +1,4 @@
-"""Issue 15: agentd behind a real nginx, under /agentd/, with TLS.
+"""agentd behind a real nginx, under /agentd/, with TLS.
 
 nginx runs docs/nginx-agentd.conf (see nginxproxy.py) in front of the real daemon,
 whose config is the one docs/deploy.md shows. A remote client is simulated two
@@ -389,7 +389,7 @@ def test_doctor_warns_about_trusted_proxies_without_a_key(tmp_path: Path) -> Non
 def test_dashboard_login_under_prefix_and_https(keyed: Stack) -> None:
     """Login redirects, form actions, the cookie's path and its Secure flag behind nginx."""
     if not (ROOT / "agentd" / "api" / "pages").is_dir():
-        pytest.skip("this tree has no dashboard login (issue 11) yet")
+        pytest.skip("this tree has no dashboard login yet")
     http = requests.Session()  # keeps the session cookie between requests
     tls = {"verify": keyed.verify, "allow_redirects": False, "timeout": 30}
     base = keyed.nginx.url

@@ -1,4 +1,4 @@
-"""A daemon SIGKILLed while its agents' sessions are being written (issue 16: a session is
+"""A daemon SIGKILLed while its agents' sessions are being written (a session is
 rows, appended by every message).
 
 Four clients message four agents as fast as they are answered, and four more write their

@@ -1,4 +1,4 @@
-"""Issue 10: the default daemon (loopback, no api_key) against web pages the user visits,
+"""The default daemon (loopback, no api_key) against web pages the user visits,
 plus the defects found trying it as a user. Everything goes through the real daemon."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared checks for the webhook adapters of issue 14 (teams, google_chat, feishu,
+"""Shared checks for the enterprise webhook adapters (teams, google_chat, feishu,
 dingtalk): the real adapter class in this process, started on a free port, one signed
 request delivered, then stop() ends every thread and closes the listener."""
 

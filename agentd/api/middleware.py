@@ -21,7 +21,7 @@ from agentd.api.response_headers import RATE, ResponseHeaders
 from agentd.config import Config
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
-# The API description documents nothing secret (issue 21); the page listing it (/api) is
+# The API description documents nothing secret; the page listing it (/api) is
 # the dashboard's and passes here so the dashboard's own gate can send a browser to /login.
 PUBLIC_GET |= {"/api/openapi.json", "/api"}
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"

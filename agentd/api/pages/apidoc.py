@@ -1,7 +1,7 @@
 """The dashboard's API page (`GET /api`): every route of the OpenAPI document, grouped by tag.
 
 A dashboard page like the others (layout, navigation, login gate, proxy prefix); the
-document itself, `GET /api/openapi.json`, stays public (issue 21).
+document itself, `GET /api/openapi.json`, stays public.
 """
 
 from __future__ import annotations

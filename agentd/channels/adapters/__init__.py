@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import importlib
 
-# Adapters implemented so far (issue 14 brings the other 32 onto the same bases).
+# Chat and line-socket adapters.
 IMPLEMENTED = ("irc", "email", "webhook", "telegram", "matrix", "ntfy", "gotify", "mattermost")
-# Issue 14: polling, line-socket and real-server adapters.
+# Polling, line-socket and real-server adapters.
 IMPLEMENTED += ("signal", "zulip", "discourse", "rocketchat", "nextcloud", "reddit", "bluesky", "twist", "linkedin", "keybase", "twitch", "xmpp", "mumble")
-# Issue 14, enterprise webhook adapters (teams, google_chat, feishu, dingtalk).
+# Enterprise webhook adapters (teams, google_chat, feishu, dingtalk).
 IMPLEMENTED += ("dingtalk", "feishu", "teams", "google_chat")
 
-# The webhook family of issue 14 (LINE, Messenger, ...), kept on its own line.
+# The signed-webhook family (LINE, Messenger, ...), kept on its own line.
 WEBHOOK_FAMILY = ("line", "messenger", "whatsapp", "viber")
-# The streaming/relay family of issue 14, kept on its own line.
+# The streaming/relay family, kept on its own line.
 IMPLEMENTED += ("webex", "mastodon", "nostr", "gitter")
-# Issue 14, gateway WebSocket adapters.
+# Gateway WebSocket adapters.
 IMPLEMENTED += ("discord", "guilded", "revolt", "slack")
-# Webhook adapters, part 2 (issue 14): Threema Gateway, Pumble, Flock.
+# More signed webhooks: Threema Gateway, Pumble, Flock.
 WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 
 
