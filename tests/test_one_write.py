@@ -1,5 +1,5 @@
 """A message's bytes leave in as few socket writes as they can: the answer's head with its
-first body bytes (api/ws_transport.py, WebSocketTask.write) and a model request's head with
+first body bytes (agentd/server/task.py, WriteTask.write) and a model request's head with
 its body (llm/drivers/guard.py, _OneWrite). Each write is a socket send, about 20-35 µs of
 CPU on loopback, so these are counted here, call by call, not timed.
 """
@@ -16,7 +16,7 @@ import requests
 from waitress.adjustments import Adjustments
 from waitress.parser import HTTPRequestParser
 
-from agentd.api.ws_transport import WebSocketTask
+from agentd.server.websocket import WebSocketTask
 from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import _TrackedHTTPConnection
@@ -242,7 +242,7 @@ def test_last_bytes_given_in_parts_leave_whole() -> None:
 
 
 def test_the_task_offers_its_write_and_write_last_to_the_app() -> None:
-    from agentd.api.ws_transport import DIRECT_WRITE_KEY, LAST_WRITE_KEY
+    from agentd.server.websocket import DIRECT_WRITE_KEY, LAST_WRITE_KEY
 
     t, channel = task()
     channel.server.server_name, channel.server.effective_port = "localhost", 8080  # type: ignore[attr-defined]

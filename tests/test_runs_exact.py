@@ -88,7 +88,7 @@ def test_client_disconnected_is_waitress_check(env: Env) -> None:
 
 def test_a_request_for_a_busy_agent_cannot_take_the_reserved_slots(env: Env) -> None:
     """max_streams = 2 here, so no share is reserved; with 8 there are 2 for idle agents."""
-    from agentd.slots import Slots
+    from agentd.server.slots import Slots
     saved, env.kernel.stream_slots = env.kernel.stream_slots, Slots(8)
     handle = env.spawn("reserve")
     try:

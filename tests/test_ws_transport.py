@@ -1,4 +1,4 @@
-"""agentd.api.ws_transport: flask-sock WebSockets on a real waitress server.
+"""agentd.server.websocket: flask-sock WebSockets on a real waitress server.
 
 This module tests the transport itself with hostile handlers the product does not have
 (stubborn writers, two writer threads, handshake aborts). The daemon's own app -- the agent
@@ -33,7 +33,7 @@ from simple_websocket import Server as SimpleServer
 from waitress import wasyncore
 from wsproto.events import TextMessage
 
-from agentd.api import ws_transport
+from agentd.server import websocket as ws_transport
 from support import wait_until
 
 WAIT = 10.0  # generous deadline for conditions that normally hold in milliseconds
@@ -604,7 +604,7 @@ def test_only_a_hijacked_channel_answers_the_main_loop_differently() -> None:
     readable, writable only to be closed, and a read event reads nothing."""
     from waitress.channel import HTTPChannel
 
-    from agentd.api.http_channel import LoopFlushChannel
+    from agentd.server.channel import LoopFlushChannel
 
     srv = ws_transport.create_server(Flask(__name__), host="127.0.0.1", port=0, threads=1)
     ours, theirs = socket.socketpair()
