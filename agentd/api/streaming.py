@@ -15,7 +15,9 @@ of quiet streams and ends the stream of a stopped run at once.
 Only this layer decides when bytes leave: an event is written when it is delivered,
 except the two it knows are followed at once -- the opening of a run that starts on this
 thread (its first event follows) and the `done` phase (the final event follows) -- which
-leave with what follows them. The keeper writes anything held for a poll interval.
+leave with what follows them. The keeper writes anything held for a poll interval. A
+model's deltas leave one write each: whether its next read would wait is the model
+layer's to know, and it tells nobody.
 
 Refusals (quota, budget, stream cap, a full agent queue) are raised before the response
 starts, so they stay plain JSON errors.
@@ -189,7 +191,11 @@ class WrittenStream:
             self._ended = True
             chunks = [*chunks, *self.shape.closing]
         elif not chunks:
-            return  # (an event this transport does not show)
+            # An event this transport does not show; the run has begun: a held opening
+            # goes now (a model call may follow).
+            if self._held and self._pending is None:
+                self._send([])
+            return
         elif self._pending is None and _followed_at_once(event):
             self._hold(chunks)
             return
