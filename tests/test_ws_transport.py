@@ -34,6 +34,7 @@ from waitress import wasyncore
 from wsproto.events import TextMessage
 
 from agentd.server import websocket as ws_transport
+from agentd.server.task import DISCONNECTED_KEY
 from support import wait_until
 
 WAIT = 10.0  # generous deadline for conditions that normally hold in milliseconds
@@ -79,7 +80,7 @@ def make_app(hooks: Hooks) -> Flask:
 
     @app.get("/held")
     def held() -> Any:  # holds its worker until released, offering its disconnect check
-        hooks.held.append(request.environ[ws_transport.DISCONNECTED_KEY])
+        hooks.held.append(request.environ[DISCONNECTED_KEY])
         hooks.release.wait(WAIT)
         return jsonify(ok=True)
 
@@ -995,7 +996,7 @@ def test_a_client_still_there_is_not_taken_for_gone(server: Server) -> None:
 def test_the_disconnect_check_trusts_a_closed_channel() -> None:
     task, channel, ours, close = _task_on_a_socketpair(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
     try:
-        gone = task.get_environment()[ws_transport.DISCONNECTED_KEY]
+        gone = task.get_environment()[DISCONNECTED_KEY]
         assert gone() is False
         channel.connected = False  # waitress itself saw the client go
         assert gone() is True
