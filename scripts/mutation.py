@@ -122,6 +122,9 @@ TESTS: dict[str, list[str]] = {
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
                          "tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
+    # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
+    "agentd/server/serve.py": ["tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
+                               "tests/test_startgate.py"],
     "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat",
                       "tests/test_perf_paths.py::test_run_ids_are_version_7_uuids_in_time_order"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
@@ -162,8 +165,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
-    "agentd/api/streaming.py": ["tests/test_streaming_exact.py", "tests/test_held_writes.py"],
-    "agentd/held_writes.py": ["tests/test_held_writes.py"],
+    "agentd/api/streaming.py": ["tests/test_streaming_exact.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
@@ -172,8 +174,11 @@ TESTS: dict[str, list[str]] = {
     # (the two-writer test, 8 MB through ws_stream's write lock, is ws_stream's: left out here. Its
     # 1008 closes in mutmut's stats run were simple-websocket's ping timeout, gone with the hourly
     # ping of the test app.)
-    "agentd/server/websocket.py": ["tests/test_one_write.py", "tests/test_ws_transport.py", "tests/test_sockets_exact.py",
+    "agentd/server/websocket.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py",
                                    "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
+    # The task on a recorded channel, then on a real waitress server.
+    "agentd/server/task.py": ["tests/test_one_write.py", "tests/test_ws_transport.py",
+                              "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
     # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
     # _stream and _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
@@ -213,7 +218,6 @@ TESTS: dict[str, list[str]] = {
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
                                           "tests/test_stream_release.py", "tests/test_one_write.py",
-                                          "tests/test_held_writes.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "reading", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
