@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from flask import Response, stream_with_context
-from waitress.channel import ClientDisconnected
 
 from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
@@ -39,9 +38,10 @@ from agentd.agents.runqueue import ClaimedRun, Poller
 from agentd.api.runs import POLL_SECS, acquire_stream_slot, client_disconnected, failure_event, result_event, stream_slots
 from agentd.api.sse import comment
 from agentd.kernel import Kernel
-from agentd.server.task import LAST_WRITE_KEY
+from agentd.server.task import LAST_WRITE_KEY, ClientGone
 
 Render = Callable[[Event], tuple[list[str], bool]]
+
 
 @dataclass(frozen=True)
 class StreamShape:
@@ -219,7 +219,7 @@ class WrittenStream:
         assert write is not None, "a stream is written only once its response was started"
         try:
             write("".join(chunks).encode("utf-8"))
-        except (ClientDisconnected, OSError):
+        except (ClientGone, OSError):
             # The client left: stop the run (its provider call is interrupted) and write no more.
             self._ended = self._finished = True
             self.cancel.set()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from waitress.channel import HTTPChannel
+from waitress.channel import ClientDisconnected, HTTPChannel
 from waitress.task import WSGITask
 
 #: The environ key of the answer's last bytes (`WriteTask.write_last`).
@@ -28,6 +28,9 @@ LAST_WRITE_KEY = "agentd.write_last"
 
 #: The environ key of the check whether the client has gone (waitress's name for it).
 DISCONNECTED_KEY = "waitress.client_disconnected"
+
+#: What `write` raises once the client has gone (besides OSError).
+ClientGone = ClientDisconnected
 
 
 def peer_left(channel: HTTPChannel) -> Callable[[], bool]:
