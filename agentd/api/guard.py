@@ -22,7 +22,7 @@ from flask import Flask, Response, jsonify, request
 from agentd.api.errors import error_response, is_api_path
 from agentd.config import Config
 from agentd.server.webguard import (CROSS_SITE_MESSAGE, CROSS_SITE_VALUES, HOST_CHARS, HOST_MESSAGE,  # noqa: F401
-                             LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
+                                    LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
 
 
 def _refusal(status: int, message: str) -> Response:

@@ -19,6 +19,7 @@ from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 from agentd.server.slots import Slots
 
+
 class TooManyStreams(AgentdError):
     status = 503
 

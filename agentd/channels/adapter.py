@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-
 @dataclass
 class Conversation:
     """Where a message came from and where the reply goes.
