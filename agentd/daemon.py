@@ -1,13 +1,9 @@
-"""Run the daemon in the foreground: kernel + Flask app on waitress, daemon.json,
-signals and a graceful shutdown.
+"""Run the daemon in the foreground: kernel + Flask app on the server layer
+(agentd/server/), daemon.json, signals and a graceful shutdown.
 
-The port is bound first and served through a `StartGate` (agentd/startgate.py) while a
+The port is bound first and served through a `StartGate` (agentd/server/startgate.py) while a
 boot thread imports the app and opens the kernel: the liveness probe answers at once,
 other requests wait for the app. A boot that fails ends the daemon with its error.
-
-We drive waitress's event loop ourselves (one poll at a time) instead of calling
-`server.run()`, so that shutdown can stop accepting, keep flushing in-flight
-responses for a bounded time, and only then close everything.
 """
 
 from __future__ import annotations
@@ -24,16 +20,12 @@ import time
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
-import waitress
-from waitress import wasyncore
-
-from agentd.api.early_refusal import install as install_early_refusal
-from agentd.api.ws_transport import close_websockets, install as install_ws_transport
 from agentd.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
 from agentd.kernel_time import iso, utcnow
-from agentd.startgate import StartGate
+from agentd.server import serve
+from agentd.server.startgate import StartGate
 
 if TYPE_CHECKING:
     from agentd.kernel import Kernel
@@ -107,23 +99,13 @@ class Daemon:
         self._home_lock: IO[str] | None = None
 
     def _pool_stats(self) -> dict[str, int]:
-        dispatcher = self.server.task_dispatcher if self.server is not None else None
-        if dispatcher is None:
-            return {}
-        # `threads` is the pool's size; `started` how many of them have run so far.
-        return {"threads": dispatcher.limit,
-                "started": len(dispatcher.threads), "busy": dispatcher.active_count,
-                "queued": len(dispatcher.queue)}
+        return serve.pool_stats(self.server)
 
     def request_stop(self) -> None:
         """Ask the loop to stop; safe from any thread (not from a signal handler)."""
         self._stop.set()
-        server = self.server
-        if server is not None:
-            try:
-                server.trigger.pull_trigger()
-            except OSError:
-                pass
+        if self.server is not None:
+            serve.wake(self.server)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self._stop.is_set():
@@ -153,28 +135,12 @@ class Daemon:
             raise
         host, port = cfg.host, cfg.port
         try:
-            from agentd.dispatcher import LifoTaskDispatcher
-
-            dispatcher = LifoTaskDispatcher()
-            self.server = waitress.create_server(
-                self.gate, host=host, port=port, threads=cfg.api.threads, _dispatcher=dispatcher,
-                connection_limit=max(1000, cfg.api.threads * 4), asyncore_use_poll=True,
-                channel_timeout=300, ident="agentd",
-                # waitress would strip X-Forwarded-* before agentd.api.proxy can judge
-                # them; that layer strips them itself for untrusted peers.
-                clear_untrusted_proxy_headers=not cfg.api.trusted_proxies)
-            # (No channel_request_lookahead: ws_transport.peer_left tells a run that its
-            # client left without waitress's loop polling every busy channel.)
+            self.server = serve.listen(cfg, self.gate)
         except OSError as exc:
             self._store.close()
             if exc.errno == errno.EADDRINUSE:
                 raise StartError(f"address {host}:{port} is already in use") from None
             raise StartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        # (waitress starts the threads of its own dispatcher only; `threads=` still sizes the
-        # channel limits above.)
-        dispatcher.set_thread_count(cfg.api.threads)
-        install_ws_transport(self.server)
-        install_early_refusal(self.server, cfg)  # cross-site / foreign-Host bodies never read
         listen = f"{host}:{self.server.effective_port}"
         write_daemon_file(cfg.daemon_file, DaemonInfo(listen, os.getpid(), iso(utcnow()),
                                                  process_identity(os.getpid())))
@@ -220,7 +186,7 @@ class Daemon:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not self._stop.is_set():
-                wasyncore.loop(timeout=0.2, map=server._map, use_poll=True, count=1)
+                serve.poll(server, 0.2)
         finally:
             try:
                 self._drain()
@@ -238,27 +204,7 @@ class Daemon:
         # Stop means stop: runs end now and their provider connections close at once,
         # so the grace period below only has to flush answers.
         kernel.stop_runs()
-        # WebSocket handlers wait on their client; "going away" frees their workers now.
-        close_websockets(server)
-        # Stop accepting: close only the listening socket, keep the trigger and
-        # the open channels so in-flight responses are still flushed.
-        try:
-            wasyncore.dispatcher.close(server)
-        except OSError:
-            pass
-        deadline = time.monotonic() + self.config.api.shutdown_grace_secs
-        dispatcher = server.task_dispatcher
-        while time.monotonic() < deadline:
-            pending_output = any(getattr(ch, "total_outbufs_len", 0) for ch in list(server._map.values()))
-            if not dispatcher.active_count and not dispatcher.queue and not pending_output:
-                break
-            wasyncore.loop(timeout=0.05, map=server._map, use_poll=True, count=1)
-        for channel in list(server._map.values()):
-            try:
-                channel.close()
-            except OSError:
-                pass
-        dispatcher.shutdown(cancel_pending=True, timeout=2)
+        serve.drain(server, self.config.api.shutdown_grace_secs)
         kernel.close()
         self._remove_daemon_file()
         log.info("agentd stopped")
@@ -278,12 +224,7 @@ class Daemon:
 
     def _abort(self) -> None:
         """The boot failed: close the server and daemon.json, then raise its error."""
-        for channel in list(self.server._map.values()):
-            try:
-                channel.close()
-            except OSError:
-                pass
-        self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=2)
+        serve.close(self.server)
         self._remove_daemon_file()
         if self._store is not None:
             self._store.close()

@@ -109,7 +109,7 @@ def _check_secrets_file(path: Path) -> Check | None:
 
 def _check_exposure(cfg: Config) -> Check:
     """Listening beyond loopback without a key serves the API to the whole network."""
-    from agentd.webguard import host_name
+    from agentd.server.webguard import host_name
 
     host = host_name(cfg.host)
     loopback = host == "localhost"

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
-from agentd.forwarded import TrustedProxies
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
@@ -29,7 +28,6 @@ from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.settings_follow import SettingsFollower
-from agentd.slots import Slots
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
@@ -62,9 +60,6 @@ class Kernel:
                                            thread_name_prefix="agentd-run")
         self.stopping = threading.Event()
         self._shutdown_hook: Callable[[], None] | None = None
-        # Long-lived connections (SSE + WebSocket) each pin a waitress worker;
-        # capping them keeps threads free for plain HTTP.
-        self.stream_slots = Slots(config.api.max_streams)
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)
@@ -121,7 +116,6 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.audit.record)
         self.qr_logins = QrLogins()
-        self.channels.trusted_proxies = TrustedProxies(config.api.trusted_proxies)
         from agentd.channel_leaders import ChannelLeaders
 
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)

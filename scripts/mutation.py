@@ -51,9 +51,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/response_headers.py": ["tests/test_middleware_exact.py", "tests/test_core_exact.py",
                                        "tests/test_startgate.py"],
     # The gate in process (its probe answer, deferral, hand-over) and through a daemon start.
-    "agentd/startgate.py": ["tests/test_startgate.py"],
+    "agentd/server/startgate.py": ["tests/test_startgate.py"],
     # The channel on raw socket pairs, then a real waitress server and a slow reader.
-    "agentd/api/http_channel.py": ["tests/test_http_channel.py", "tests/test_ws_transport.py",
+    "agentd/server/channel.py": ["tests/test_http_channel.py", "tests/test_ws_transport.py",
                                    "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
     "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py",
                              "tests/test_dashboard.py::test_error_pages_are_html_and_api_errors_stay_json"],
@@ -109,11 +109,11 @@ TESTS: dict[str, list[str]] = {
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
     "agentd/api/guard.py": ["tests/test_guard_exact.py"],
     # The guard's policies (Flask-free) and their early use in waitress's parser.
-    "agentd/webguard.py": ["tests/test_guard_exact.py", "tests/test_early_refusal.py"],
-    "agentd/api/early_refusal.py": ["tests/test_early_refusal.py"],
-    "agentd/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    "agentd/server/webguard.py": ["tests/test_guard_exact.py", "tests/test_early_refusal.py"],
+    "agentd/server/early_refusal.py": ["tests/test_early_refusal.py"],
+    "agentd/server/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
     "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
-    "agentd/slots.py": ["tests/test_slots.py"],
+    "agentd/server/slots.py": ["tests/test_slots.py"],
     "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py",
                                "tests/test_wal_checkpoint.py"],
     # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
@@ -122,6 +122,9 @@ TESTS: dict[str, list[str]] = {
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
                          "tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
+    # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
+    "agentd/server/serve.py": ["tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
+                               "tests/test_startgate.py"],
     "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat",
                       "tests/test_perf_paths.py::test_run_ids_are_version_7_uuids_in_time_order"],
     "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
@@ -129,9 +132,9 @@ TESTS: dict[str, list[str]] = {
                            "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
                            "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
                            "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
-    "agentd/api/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+    "agentd/server/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
     # In process (a real waitress server for the order test); the daemon test only reads the figures.
-    "agentd/dispatcher.py": ["tests/test_dispatcher.py", "--deselect=tests/test_dispatcher.py::"
+    "agentd/server/dispatcher.py": ["tests/test_dispatcher.py", "--deselect=tests/test_dispatcher.py::"
                              "test_the_daemon_reports_its_pool_size_and_started_threads"],
     "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
                                "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
@@ -162,18 +165,20 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/test_runs_exact.py"],
-    "agentd/api/streaming.py": ["tests/test_streaming_exact.py", "tests/test_held_writes.py"],
-    "agentd/held_writes.py": ["tests/test_held_writes.py"],
+    "agentd/api/streaming.py": ["tests/test_streaming_exact.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
     "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
-    "agentd/api/ws_stream.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
+    "agentd/server/ws_socket.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
     # The transport with hostile handlers (in-process waitress), then the daemon's app on it.
     # (the two-writer test, 8 MB through ws_stream's write lock, is ws_stream's: left out here. Its
     # 1008 closes in mutmut's stats run were simple-websocket's ping timeout, gone with the hourly
     # ping of the test app.)
-    "agentd/api/ws_transport.py": ["tests/test_one_write.py", "tests/test_ws_transport.py", "tests/test_sockets_exact.py",
+    "agentd/server/websocket.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py",
                                    "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
+    # The task on a recorded channel, then on a real waitress server.
+    "agentd/server/task.py": ["tests/test_one_write.py", "tests/test_ws_transport.py",
+                              "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
     # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
     # _stream and _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
@@ -210,7 +215,6 @@ TESTS: dict[str, list[str]] = {
     **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
                                           "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
                                           "tests/test_stream_release.py", "tests/test_one_write.py",
-                                          "tests/test_held_writes.py",
                                           "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
                                           "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "reading", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},

@@ -216,7 +216,7 @@ class Daemon:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if requests.get(f"{self.url}/api/health", timeout=1).ok:
-                    # The probe answers while the app still loads (agentd/startgate.py); any
+                    # The probe answers while the app still loads (agentd/server/startgate.py); any
                     # other request waits for the app, so one answer means it is ready.
                     requests.get(f"{self.url}/api/status", timeout=max(1.0, deadline - time.monotonic()))
                     return

@@ -1,4 +1,4 @@
-"""The daemon's waitress dispatcher wakes the thread that went idle last (agentd/dispatcher.py).
+"""The daemon's waitress dispatcher wakes the thread that went idle last (agentd/server/dispatcher.py).
 
 Waitress's own dispatcher wakes the longest-idle thread, so every one of its threads takes
 turns and keeps its own database connection and caches warm: RSS kept growing with the
@@ -15,7 +15,7 @@ import requests
 import waitress
 from waitress import wasyncore
 
-from agentd.dispatcher import LifoCondition, LifoTaskDispatcher
+from agentd.server.dispatcher import LifoCondition, LifoTaskDispatcher
 
 
 def test_notify_wakes_the_thread_that_waited_last() -> None:
@@ -132,7 +132,7 @@ def _wait_for(check, what: str) -> None:
 
 
 def test_threads_start_as_tasks_need_them_up_to_the_size() -> None:
-    from agentd.dispatcher import INITIAL_THREADS
+    from agentd.server.dispatcher import INITIAL_THREADS
 
     assert INITIAL_THREADS == 4
     dispatcher = LifoTaskDispatcher()

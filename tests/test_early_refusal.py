@@ -1,4 +1,4 @@
-"""agentd/api/early_refusal.py: requests judged once their headers are in, body still due.
+"""agentd/server/early_refusal.py: requests judged once their headers are in, body still due.
 
 The daemon-level checks (a refused request answered although its body never comes, no
 100 Continue, an allowed slow body still read) are in tests/test_web_security.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from waitress.adjustments import Adjustments
 
-from agentd.api.early_refusal import EarlyRefusal, GuardedParser, request_check
+from agentd.server.early_refusal import EarlyRefusal, GuardedParser, request_check
 from agentd.config import parse_config
 
 
@@ -111,7 +111,7 @@ def test_a_websocket_handshake_with_a_body_is_judged_like_a_post(tmp_path: Path)
 def test_nothing_is_installed_behind_trusted_proxies(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from agentd.api import early_refusal
+    from agentd.server import early_refusal
     from waitress.channel import HTTPChannel
     server = SimpleNamespace(channel_class=HTTPChannel)
     early_refusal.install(server, parse_config({"api": {"trusted_proxies": ["127.0.0.1"]}}, tmp_path))

@@ -39,7 +39,7 @@ QUIET = "\n[memory]\nauto_remember = false\n"
 FAST = (f"[api]\n{RATE}\n[llm]\ntimeout_secs = {TIMEOUT}\nstream_idle_secs = {IDLE}\nretries = 3\n"
         f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
 # Calls that hang long enough to watch what else happens meanwhile; room for 200 held requests
-# (150 of them waiting behind a hung run: max_streams less its reserved quarter, agentd/slots.py).
+# (150 of them waiting behind a hung run: max_streams less its reserved quarter, agentd/server/slots.py).
 SLOW = (f"[api]\n{RATE}threads = {SLOW_THREADS}\nmax_streams = 270\n\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
         f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
 
@@ -499,7 +499,7 @@ def test_many_stuck_agents_starve_nobody(slow, up) -> None:
 def test_many_stuck_agents_starve_nobody_with_the_default_caps(tmp_path_factory, up) -> None:
     """The default 128 threads and max_streams 96 cannot hold 200 hung requests: the ones that
     would wait behind a hung run are refused (503) first, so a message to a healthy agent,
-    whose run starts at once, still finds a slot (agentd/slots.py)."""
+    whose run starts at once, still finds a slot (agentd/server/slots.py)."""
     d = _daemon(tmp_path_factory, f"[api]\n{RATE}\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
                                   f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
     try:

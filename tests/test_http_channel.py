@@ -12,8 +12,8 @@ from typing import Any, Iterator
 import pytest
 from waitress import wasyncore
 
-from agentd.api import ws_transport
-from agentd.api.http_channel import LoopFlushChannel
+from agentd.server import websocket as ws_transport
+from agentd.server.channel import LoopFlushChannel
 
 CHUNK = 256 * 1024
 CHUNKS = 8

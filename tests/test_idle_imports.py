@@ -125,3 +125,21 @@ def test_requests_is_not_needed_to_reject_a_bad_provider_url_twice(tmp_path: Pat
         assert ok.status_code == 200, ok.text
     finally:
         d.stop()
+
+
+def test_nothing_below_the_routes_imports_the_server_layer() -> None:
+    # The server layer (agentd/server/) sits beside the routes: the kernel and the layers under
+    # it load none of it, and the model layer never writes to a client.
+    below = ["agentd.kernel", "agentd.agents", "agentd.llm", "agentd.memory", "agentd.channels", "agentd.workflows"]
+    package = Path(__file__).resolve().parents[1] / "agentd"
+    modules = [str(p.relative_to(package).with_suffix("")).replace("/", ".") for p in package.rglob("*.py")]
+    wanted = sorted(f"agentd.{m}".removesuffix(".__init__") for m in modules
+                    if any(f"agentd.{m}".startswith(b) for b in below))
+    assert "agentd.llm.drivers.reading" in wanted and "agentd.channels.bases.webhook" in wanted
+    script = ("import importlib, json, sys\n"
+              f"for name in {wanted!r}:\n"
+              "    importlib.import_module(name)\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m == 'agentd.server' or m.startswith('agentd.server.'))))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=package.parent, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], "BUG: a layer below the routes imports the server layer"

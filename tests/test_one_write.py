@@ -1,5 +1,5 @@
 """A message's bytes leave in as few socket writes as they can: the answer's head with its
-first body bytes (api/ws_transport.py, WebSocketTask.write) and a model request's head with
+first body bytes (agentd/server/task.py, WriteTask.write) and a model request's head with
 its body (llm/drivers/guard.py, _OneWrite). Each write is a socket send, about 20-35 µs of
 CPU on loopback, so these are counted here, call by call, not timed.
 """
@@ -16,7 +16,7 @@ import requests
 from waitress.adjustments import Adjustments
 from waitress.parser import HTTPRequestParser
 
-from agentd.api.ws_transport import WebSocketTask
+from agentd.server.task import DISCONNECTED_KEY, LAST_WRITE_KEY, WriteTask
 from agentd.llm.drivers import reading
 from agentd.llm.drivers import transport
 from agentd.llm.drivers.guard import _TrackedHTTPConnection
@@ -42,11 +42,11 @@ class Channel:
 
 
 def task(head: bytes = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n",
-         headers: list[tuple[str, str]] | None = None) -> tuple[WebSocketTask, Channel]:
+         headers: list[tuple[str, str]] | None = None) -> tuple[WriteTask, Channel]:
     request = HTTPRequestParser(ADJ)
     request.received(head)
     channel = Channel()
-    t = WebSocketTask(channel, request)  # type: ignore[arg-type]
+    t = WriteTask(channel, request)  # type: ignore[arg-type]
     t.status, t.complete = "200 OK", True
     t.response_headers = headers if headers is not None else [("Content-Type", "text/plain")]
     return t, channel
@@ -241,12 +241,12 @@ def test_last_bytes_given_in_parts_leave_whole() -> None:
     assert channel.writes[1:] == [b"4\r\nabcd\r\n0\r\n\r\n"]
 
 
-def test_the_task_offers_its_write_and_write_last_to_the_app() -> None:
-    from agentd.api.ws_transport import DIRECT_WRITE_KEY, LAST_WRITE_KEY
-
+def test_the_task_offers_write_last_and_the_disconnect_check_to_the_app() -> None:
+    # (`write` itself reaches the app as PEP 3333 says: `start_response` returns it.)
     t, channel = task()
     channel.server.server_name, channel.server.effective_port = "localhost", 8080  # type: ignore[attr-defined]
     channel.check_client_disconnected = lambda: False  # type: ignore[attr-defined]
     channel.socket = None  # type: ignore[attr-defined]
     environ = t.get_environment()
-    assert environ[DIRECT_WRITE_KEY] == t.write and environ[LAST_WRITE_KEY] == t.write_last
+    assert environ[LAST_WRITE_KEY] == t.write_last and callable(environ[DISCONNECTED_KEY])
+    assert "agentd.write" not in environ

@@ -1,4 +1,4 @@
-"""agentd/api/proxy.py exactly: near-miss peers and hops, spoofed headers, every field the
+"""agentd/server/proxy.py exactly: near-miss peers and hops, spoofed headers, every field the
 layer writes, boundaries of host length and default ports, and the wrapper installed on a
 Flask app. In process and fast (mutation testing runs these per mutant); the nginx and
 daemon paths are in test_proxy.py.
@@ -11,7 +11,7 @@ import logging
 import pytest
 from flask import Flask, jsonify, request
 
-from agentd.api.proxy import FORWARDED_KEYS, PEER_KEY, ProxyHeaders, TrustedProxies, _last, install_proxy_headers
+from agentd.server.proxy import FORWARDED_KEYS, PEER_KEY, ProxyHeaders, TrustedProxies, _last, install_proxy_headers
 
 BASE = {"wsgi.url_scheme": "http", "HTTP_HOST": "127.0.0.1:4200", "SERVER_NAME": "127.0.0.1",
         "SERVER_PORT": "4200", "SCRIPT_NAME": "", "PATH_INFO": "/"}
@@ -305,7 +305,7 @@ def test_plain_http_from_the_proxy_replaces_an_https_scheme() -> None:
     assert environ["wsgi.url_scheme"] == "https", "BUG: an untrusted peer downgraded the scheme"
 
 
-# -- agentd/forwarded.py helpers -----------------------------------------------------------------
+# -- agentd/server/forwarded.py helpers -----------------------------------------------------------------
 
 @pytest.mark.parametrize("hop, address", [
     ("203.0.113.7", "203.0.113.7"), (' "203.0.113.7" ', "203.0.113.7"),
@@ -313,12 +313,12 @@ def test_plain_http_from_the_proxy_replaces_an_https_scheme() -> None:
     ("x" * 150, "x" * 100),
 ])
 def test_hop_address_keeps_a_token_that_is_no_address(hop: str, address: str) -> None:
-    from agentd.forwarded import hop_address
+    from agentd.server.forwarded import hop_address
     assert hop_address(hop) == address
 
 
 def test_forwarded_elements_split_each_pair_at_its_first_equals_sign() -> None:
-    from agentd.forwarded import forwarded_elements
+    from agentd.server.forwarded import forwarded_elements
     assert forwarded_elements('for="_a=b";Proto=https, for=192.0.2.1;by') == [
         {"for": "_a=b", "proto": "https"}, {"for": "192.0.2.1"}]
 

@@ -1,11 +1,11 @@
-"""agentd.api.proxy.ProxyHeaders on its own: which hop is the client, what is applied,
+"""agentd.server.proxy.ProxyHeaders on its own: which hop is the client, what is applied,
 what is dropped. (tests/test_proxy.py checks the same through nginx and the daemon.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from agentd.api.proxy import ProxyHeaders, TrustedProxies, parse_ip
+from agentd.server.proxy import ProxyHeaders, TrustedProxies, parse_ip
 
 
 def seen(trusted: list[str], peer: str = "127.0.0.1", **headers: str) -> dict:
@@ -122,7 +122,7 @@ def test_config_keys() -> None:
 
 
 def test_real_client_for_other_listeners() -> None:
-    from agentd.forwarded import real_client
+    from agentd.server.forwarded import real_client
 
     trusted = TrustedProxies(["127.0.0.1"])
     headers = {"X-Forwarded-For": "127.0.0.1, 203.0.113.7", "Forwarded": "for=192.0.2.9"}

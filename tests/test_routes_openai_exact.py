@@ -23,7 +23,6 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentRunError
 from agentd.api import routes_openai as ro
 from agentd.api import create_app
-from agentd.api.streaming import DIRECT_WRITE_KEY
 from agentd.config import parse_config
 from agentd.errors import BadRequest, TooManyRequests
 from agentd.kernel import Kernel
@@ -236,7 +235,9 @@ class Env:
     def __init__(self, kernel: Kernel, fake) -> None:
         self.kernel = kernel
         self.fake = fake
-        self.client = create_app(kernel).test_client()
+        self.app = create_app(kernel)
+        self.client = self.app.test_client()
+        self.slots = self.app.extensions["agentd.stream_slots"]
         self.count = 0
 
     def spawn(self, name: str, extra: str = "") -> tuple[str, str]:
@@ -253,15 +254,24 @@ class Env:
     def post(self, data, **kw):
         return self.client.post("/v1/chat/completions", data=data, environ_base=LOCAL, **kw)
 
-    def held_stream(self, model: str, text: str = "[[reply:held]]"):
-        """A stream whose response is open (its slot taken) until the caller closes it."""
-        r = self.client.post("/v1/chat/completions", json={"model": model, "stream": True,
-                                                          "messages": [{"role": "user", "content": text}]},
-                             environ_base=LOCAL, buffered=False)
-        assert r.status_code == 200, r.get_data(as_text=True)
-        chunks = iter(r.response)
-        assert next(chunks) == b": stream open\n\n"
-        return r
+    def stream_aside(self, model: str, text: str, environ: dict | None = None) -> "Aside":
+        """A stream run on a thread of its own (the test client returns once it has ended)."""
+        return Aside(lambda: self.client.post("/v1/chat/completions", json={
+            "model": model, "stream": True, "messages": [{"role": "user", "content": text}]},
+            environ_base={**LOCAL, **(environ or {})}))
+
+    def held_stream(self, name: str, agent_id: str) -> "Aside":
+        """A stream holding its slot (its run waits for the model) until `stop(...)`."""
+        handle = self.kernel.agents.find(agent_id)
+        before = self.slots.in_use
+        aside = self.stream_aside(name, "[[slow:20]] [[reply:never]]")
+        assert wait_for(lambda: handle.busy and self.slots.in_use > before), "the stream never started"
+        return aside
+
+    def stop(self, agent_id: str, aside: "Aside") -> str:
+        """Stop the agent's run; what its stream sent."""
+        assert self.kernel.agents.stop(self.kernel.agents.find(agent_id))
+        return aside.result().get_data(as_text=True)
 
     def prompt_tokens(self) -> int:
         """The fake LLM's input count for its last request (words of every message text)."""
@@ -273,6 +283,20 @@ class Env:
             elif isinstance(content, list):
                 words += sum(len(p.get("text", "").split()) for p in content if p.get("type") == "text")
         return max(1, words)
+
+
+class Aside:
+    """`call()` on a thread; `result()` waits for what it returned."""
+
+    def __init__(self, call) -> None:
+        self._out: list = []
+        self._thread = threading.Thread(target=lambda: self._out.append(call()), daemon=True)
+        self._thread.start()
+
+    def result(self, secs: float = 15.0):
+        self._thread.join(secs)
+        assert self._out, "BUG: the stream did not end"
+        return self._out[0]
 
 
 @pytest.fixture(scope="module")
@@ -298,10 +322,10 @@ def _slots_given_back(request) -> Iterator[None]:
     yield
     if "env" in request.fixturenames:
         env = request.getfixturevalue("env")
-        taken = [env.kernel.stream_slots.acquire(blocking=False) for _ in range(MAX_STREAMS)]
+        taken = [env.slots.acquire(blocking=False) for _ in range(MAX_STREAMS)]
         for got in taken:
             if got:
-                env.kernel.stream_slots.release()
+                env.slots.release()
         assert all(taken), "BUG: a stream slot was not given back"
 
 
@@ -668,14 +692,13 @@ def test_written_stream_ends_with_one_done_marker(env: Env, text: str, last: str
     """In the daemon a stream is written in place (api/streaming.py): its final event, whether
     the run finished, failed or was stopped, is what closes it with `[DONE]`."""
     name, agent_id = env.spawn("written")
-    chunks: list[bytes] = []
     if text.startswith("[[slow"):
         threading.Timer(0.5, env.kernel.agents.stop, [env.kernel.agents.get(agent_id)]).start()
     r = env.client.post("/v1/chat/completions", json={"model": name, "stream": True,
                                                       "messages": [{"role": "user", "content": text}]},
-                        environ_base={**LOCAL, DIRECT_WRITE_KEY: chunks.append})
-    assert r.status_code == 200 and r.get_data() == b"", "every byte goes to the written stream"
-    frames = without_keepalives(b"".join(chunks).decode()).split("\n\n")
+                        environ_base=LOCAL)
+    assert r.status_code == 200
+    frames = without_keepalives(r.get_data(as_text=True)).split("\n\n")
     assert frames[-3:] == [frames[-3], "data: [DONE]", ""] and frames[-3].endswith(last), frames
     assert frames.count("data: [DONE]") == 1
 
@@ -710,10 +733,7 @@ def test_stream_tool_calls_are_forwarded(env: Env) -> None:
 
 def test_stream_stopped(env: Env) -> None:
     name, agent_id = env.spawn("stopme")
-    r = env.client.post("/v1/chat/completions", json={"model": name, "stream": True, "messages": [
-        {"role": "user", "content": "[[slow:20]] [[reply:never]]"}]}, environ_base=LOCAL, buffered=False)
-    chunks = iter(r.response)
-    assert next(chunks) == b": stream open\n\n"
+    aside = env.stream_aside(name, "[[slow:20]] [[reply:never]]")
     deadline = time.monotonic() + 15
     while True:
         stop = env.client.post(f"/api/agents/{agent_id}/stop", environ_base=LOCAL).get_json()
@@ -721,8 +741,9 @@ def test_stream_stopped(env: Env) -> None:
             break
         time.sleep(0.05)
     assert stop["was_running"]
-    text = without_keepalives(b"".join(chunks).decode())
-    r.close()
+    r = aside.result()
+    text = without_keepalives(r.get_data(as_text=True))
+    assert text.startswith(": stream open\n\n")
     data = [json.loads(b[len("data: "):]) for b in text.split("\n\n") if b.startswith("data: {")]
     # A stopped run is no finished answer (unstreamed it is a 409): an error line, no `finish_reason: stop`.
     assert data[0]["choices"] == [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]
@@ -738,37 +759,22 @@ def wait_for(check, secs: float = 10.0) -> bool:
     return check()
 
 
-def test_closing_a_stream_stops_its_run(env: Env) -> None:
+def test_a_stream_whose_client_left_stops_its_run(env: Env) -> None:
     name, agent_id = env.spawn("leaver")
     handle = env.kernel.agents.find(agent_id)
-    r = env.held_stream(name, "[[slow:20]] [[reply:never]]")
+    gone = threading.Event()
+    aside = env.stream_aside(name, "[[slow:20]] [[reply:never]]", {"waitress.client_disconnected": gone.is_set})
     assert wait_for(lambda: handle.busy), "the run never started"
-    r.close()
+    gone.set()
     # (5 s: well before the call's own 10 s timeout would end it anyway)
-    assert wait_for(lambda: not handle.busy, 5.0), "BUG: the run of a stream its client closed went on"
-
-
-def test_stream_sends_waiting_events_in_one_write(env: Env) -> None:
-    """Events already queued go out together (sse_response's `ready`), not one write each."""
-    name, agent_id = env.spawn("burst")
-    handle = env.kernel.agents.find(agent_id)
-    text = f"[[reply:a b c d e f]] {name}"
-    r = env.held_stream(name, text)
-    try:
-        # (the fake LLM is the session's: other files' requests, embeddings among them, are listed too)
-        assert wait_for(lambda: any((q["json"] or {}).get("messages", [{}])[-1].get("content") == text and q["done"]
-                                    for q in env.fake.requests) and not handle.busy), "the run never ended"
-        first = next(iter(r.response)).decode()
-        # the role chunk and the 6 words at least (all were queued before the run ended)
-        assert first.count("data: ") >= 7 and first.startswith("data: "), \
-            f"BUG: the queued events were sent one write each: {first!r}"
-    finally:
-        r.close()
+    assert wait_for(lambda: not handle.busy, 5.0), "BUG: the run of a stream its client left went on"
+    assert "[[reply:never]]" not in aside.result().get_data(as_text=True)
 
 
 def test_stream_slots(env: Env) -> None:
-    name, _ = env.spawn("slots")
-    held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
+    agents = [env.spawn("slots") for _ in range(MAX_STREAMS)]
+    name = agents[0][0]
+    held = [env.held_stream(*agent) for agent in agents]
     try:
         r = env.chat(model=name, messages=[{"role": "user", "content": "hi"}], stream=True)
         assert (r.status_code, r.get_json(), r.headers["Retry-After"]) == \
@@ -779,12 +785,12 @@ def test_stream_slots(env: Env) -> None:
             (503, error_body("server busy: too many requests are waiting for agents; try again shortly", None,
                              "server_error"))
     finally:
-        for r in reversed(held):   # last opened first: each holds its request context
-            r.close()
-    # Closed streams gave their slots back: as many streams as the cap fit again.
-    held = [env.held_stream(name) for _ in range(MAX_STREAMS)]
-    for r in reversed(held):
-        r.close()
+        for (_, agent_id), aside in zip(agents, held):
+            env.stop(agent_id, aside)
+    # Ended streams gave their slots back: as many streams as the cap fit again.
+    held = [env.held_stream(*agent) for agent in agents]
+    for (_, agent_id), aside in zip(agents, held):
+        env.stop(agent_id, aside)
 
 
 def test_quota_refusal(env: Env) -> None:

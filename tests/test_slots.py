@@ -1,10 +1,10 @@
-"""agentd/slots.py: the cap on requests holding a server thread, with a share for runs that start now."""
+"""agentd/server/slots.py: the cap on requests holding a server thread, with a share for runs that start now."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentd.slots import Slots
+from agentd.server.slots import Slots
 
 
 def test_a_quarter_is_kept_for_requests_that_run_at_once() -> None:

@@ -26,7 +26,8 @@ from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.manager import MESSAGE_LIMIT
 from agentd.agents.handle import STOPPED_NOTE
-from agentd.api import create_app, sockets, ws_transport
+from agentd.api import create_app, sockets
+from agentd.server import websocket as ws_transport
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from support import with_test_db

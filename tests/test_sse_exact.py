@@ -91,36 +91,6 @@ def test_without_on_close_the_stream_still_ends_cleanly() -> None:
     assert r.status_code == 200 and r.get_data(as_text=True).endswith("data: [DONE]\n\n")
 
 
-def test_events_already_waiting_go_out_in_one_write_the_rest_at_once() -> None:
-    # `ready` says whether more is waiting after each chunk: here after "a" and "b" (a
-    # burst), not after "c", not after "d" (each then goes out alone, at once).
-    waiting = iter([True, True, False, False])
-    app = Flask("sse-batch")
-    closed: list[str] = []
-
-    @app.get("/events")
-    def events():
-        return sse_response(iter(["a", "b", "c", "d"]), on_close=lambda: closed.append("closed"),
-                            ready=lambda: next(waiting))
-
-    r = app.test_client().get("/events", buffered=False)
-    writes = [w.decode() if isinstance(w, bytes) else w for w in r.response]
-    assert writes == [": stream open\n\n", "abc", "d"], f"BUG: SSE writes not batched as expected: {writes}"
-    r.close()
-    assert closed == ["closed"]
-
-
-def test_a_batch_cut_off_by_the_end_of_the_chunks_is_still_sent() -> None:
-    app = Flask("sse-tail")
-
-    @app.get("/events")
-    def events():
-        return sse_response(iter(["x", "y"]), ready=lambda: True)
-
-    assert app.test_client().get("/events").get_data(as_text=True) == ": stream open\n\nxy", \
-        "BUG: events still waiting when the stream ended were dropped"
-
-
 # -- the same framing through the real daemon ---------------------------------------------------------
 
 def test_tick_stream_bytes_through_the_daemon(shared_daemon) -> None:

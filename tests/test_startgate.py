@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 
 from agentd.config import parse_config
-from agentd.startgate import StartGate
+from agentd.server.startgate import StartGate
 from support import Daemon, make_home
 
 

@@ -1,32 +1,38 @@
-"""agentd/api/streaming.py exactly: a stream written in place (the daemon's way, waitress's
-`write` in the environ) sends the same bytes as a pulled one, runs on the request's own
+"""agentd/api/streaming.py exactly: a run's stream is written as it goes with the server's
+`write` callable (what `start_response` returns: waitress's task.write in the daemon, the
+test client's buffer here), the same bytes under either; it runs on the request's own
 thread when the agent is idle, takes a worker's events when it is busy, refuses a full
 queue before the stream starts, keeps quiet streams alive, ends a stopped run's stream at
 once, stops the run of a client that left, and frees the agent and the stream slot of a
-response closed before its run began. In process over the real kernel and the fake LLM
-(real HTTP); `Wire` stands in for waitress's task.write. The daemon's own bytes are
-checked in test_transports.py and test_proxy.py."""
+response closed before its run began. Which writes leave together is decided here alone:
+the opening of a run on this thread with its first event, the `done` phase with the final
+event, each delta on its own. In process over the real kernel and the fake LLM (real
+HTTP); `Wire` stands in for waitress's task.write (`Served` calls the app as waitress
+does). The daemon's own chunks are read at the end, and in test_transports.py and
+test_proxy.py."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from waitress.channel import ClientDisconnected
+from werkzeug.datastructures import Headers
 from werkzeug.test import EnvironBuilder
 
 from agentd.agents.events import Event
 from agentd.api import create_app
-from agentd.api.streaming import DIRECT_WRITE_KEY, KEEPER, StreamShape, WrittenStream
+from agentd.api.streaming import KEEPER, STALE_HOLD, StreamShape, WrittenStream
 from agentd.config import parse_config
 from agentd.kernel import Kernel
-from support import with_test_db
+from support import Daemon, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 WAIT = 15.0
@@ -54,11 +60,43 @@ class Wire:
         return b"".join(self.chunks).decode()
 
 
+class Served:
+    """One POST straight through WSGI as waitress serves it: `start_response` returns
+    `wire`, the body is iterated and then closed."""
+
+    def __init__(self, app: Any, path: str, body: dict, wire: Wire, environ: dict | None = None) -> None:
+        built = EnvironBuilder(path, method="POST", json=body,
+                               environ_base={**LOCAL, **(environ or {})}).get_environ()
+        self.status, self.headers = "", Headers()
+
+        def start_response(status: str, headers: list, exc_info: Any = None) -> Wire:
+            self.status, self.headers = status, Headers(headers)
+            return wire
+
+        self.iterable = app(built, start_response)
+        try:
+            self.body = b"".join(self.iterable)
+        finally:
+            self.iterable.close()
+
+    @property
+    def status_code(self) -> int:
+        return int(self.status.split()[0])
+
+    @property
+    def mimetype(self) -> str:
+        return self.headers.get("Content-Type", "").split(";")[0]
+
+    def get_json(self) -> Any:
+        return json.loads(self.body)
+
+
 class Env:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.app = create_app(kernel)
         self.client = self.app.test_client()
+        self.slots = self.app.extensions["agentd.stream_slots"]
         self.count = 0
 
     def spawn(self, name: str):
@@ -68,19 +106,21 @@ class Env:
         assert r.status_code == 201, r.get_data(as_text=True)
         return self.kernel.agents.get(r.get_json()["agent_id"])
 
+    def post(self, path: str, body: dict, wire: Wire | None, environ: dict | None = None):
+        """Through the test client without `wire`, else as waitress calls the app."""
+        if wire is None:
+            return self.client.post(path, environ_base={**LOCAL, **(environ or {})}, json=body)
+        return Served(self.app, path, body, wire, environ)
+
     def v1(self, handle, text: str, wire: Wire | None, **kw):
-        environ = {**LOCAL, DIRECT_WRITE_KEY: wire} if wire is not None else LOCAL
-        return self.client.post("/v1/chat/completions", environ_base=environ, **kw,
-                                json={"model": f"agentd:{handle.name}", "stream": True,
-                                      "messages": [{"role": "user", "content": text}]})
+        return self.post("/v1/chat/completions", {"model": f"agentd:{handle.name}", "stream": True,
+                                                  "messages": [{"role": "user", "content": text}]}, wire, **kw)
 
     def sse(self, handle, text: str, wire: Wire | None, **kw):
-        environ = {**LOCAL, DIRECT_WRITE_KEY: wire} if wire is not None else LOCAL
-        return self.client.post(f"/api/agents/{handle.id}/message/stream", environ_base=environ, **kw,
-                                json={"message": text})
+        return self.post(f"/api/agents/{handle.id}/message/stream", {"message": text}, wire, **kw)
 
     def free_slots(self) -> int:
-        return self.kernel.stream_slots.total - self.kernel.stream_slots.in_use
+        return self.slots.total - self.slots.in_use
 
 
 @pytest.fixture(scope="module")
@@ -119,18 +159,24 @@ def settle(env: Env, handle) -> None:
 
 
 @pytest.mark.parametrize("route", ["v1", "sse"])
-def test_written_stream_sends_what_the_pulled_one_sends(env: Env, route: str) -> None:
+def test_the_test_client_gets_the_bytes_the_servers_write_gets(env: Env, route: str) -> None:
     send = env.v1 if route == "v1" else env.sse
     # Two agents with one name length and no history: the same tokens, cost and bytes.
-    pulled = send(env.spawn("same"), "[[chunks:3]]", None).get_data(as_text=True)
+    handle = env.spawn("same")
+    through_client = send(handle, "[[chunks:3]]", None)
+    assert through_client.status_code == 200 and through_client.mimetype == "text/event-stream"
+    assert through_client.headers["Cache-Control"] == "no-cache"
+    assert through_client.headers["X-Accel-Buffering"] == "no"
+    settle(env, handle)
     handle = env.spawn("same")
     wire = Wire()
     r = send(handle, "[[chunks:3]]", wire)
     assert r.status_code == 200 and r.mimetype == "text/event-stream"
+    assert (r.headers["Cache-Control"], r.headers["X-Accel-Buffering"]) == ("no-cache", "no")
     # Nothing goes through the response iterator: every byte, the opening comment too, is written.
-    assert r.get_data(as_text=True) == ""
-    assert normal(wire.text()) == normal(pulled)
-    closing = threading.Thread(target=r.close, daemon=True)  # a second release after the body's own
+    assert r.body == b""
+    assert normal(wire.text()) == normal(through_client.get_data(as_text=True))
+    closing = threading.Thread(target=r.iterable.close, daemon=True)  # a second release after the body's own
     closing.start()
     closing.join(WAIT)
     assert not closing.is_alive(), "BUG: closing a finished stream's response hangs"
@@ -146,18 +192,17 @@ def test_written_stream_sends_what_the_pulled_one_sends(env: Env, route: str) ->
 def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: Env) -> None:
     handle = env.spawn("inplace")
     wire = Wire()
-    r = env.v1(handle, "[[chunks:4]]", wire)
-    r.get_data()
+    env.v1(handle, "[[chunks:4]]", wire)
     # Opening comment with the role chunk, four deltas, and the final chunk with [DONE], in
-    # order; written as they came, deltas that arrived together in one write
-    # (tests/test_held_writes.py), none after the final chunk.
+    # order; written as they came, none after the final chunk.
     text = wire.text()
     assert text.startswith(": stream open\n\ndata: {")
     events = text.split("\n\n")[1:-1]
     assert events[0].endswith('"delta":{"role":"assistant"},"finish_reason":null}]}')
     assert [e.count('"content":') for e in events[1:5]] == [1, 1, 1, 1]
     assert events[-1] == "data: [DONE]" and '"finish_reason":"stop"' in events[-2]
-    assert 2 <= len(wire.chunks) <= 6 and wire.chunks[-1].decode().endswith("data: [DONE]\n\n")
+    assert len(wire.chunks) == 6 and wire.chunks[-1].decode().endswith("data: [DONE]\n\n")
+    assert [c.decode().count('"content":') for c in wire.chunks[1:5]] == [1, 1, 1, 1]
     assert set(wire.threads) == {threading.get_ident()}, "BUG: an idle agent's run left the request thread"
     settle(env, handle)
 
@@ -165,21 +210,19 @@ def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: En
 def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) -> None:
     handle = env.spawn("busy")
     first_wire, second_wire = Wire(), Wire()
-    first = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] first", first_wire).get_data())
+    first = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] first", first_wire))
     first.start()
     deadline = time.monotonic() + WAIT
     while not handle.busy and time.monotonic() < deadline:
         time.sleep(0.01)
-    r = env.sse(handle, "[[reply:second]]", second_wire)
-    r.get_data()
+    env.sse(handle, "[[reply:second]]", second_wire)
     first.join(WAIT)
     assert '"done":true' in first_wire.text()
     text = second_wire.text()
     assert 'event: chunk\ndata: {"content":"second","done":false}' in text
     assert text.rstrip().splitlines()[-2] == "event: done"
-    # The worker wrote the run's events (its "streaming" phase at least: held writes go out
-    # when the run waits for the model); the waiting thread the opening and, once the run
-    # returned, the final event, with whatever the worker still held (the "done" phase).
+    # The worker wrote the run's events; the waiting thread the opening and, once the run
+    # returned, the final event, with what the worker held (the "done" phase).
     me = threading.get_ident()
     writes = [(c.decode(), t) for c, t in zip(second_wire.chunks, second_wire.threads)]
     [(phase, worker)] = [(c, t) for c, t in writes if '"phase":"streaming"' in c]
@@ -194,7 +237,7 @@ def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) ->
 def test_a_full_queue_is_refused_before_the_stream_starts(env: Env) -> None:
     handle = env.spawn("full")
     wires = [Wire(), Wire()]
-    threads = [threading.Thread(target=lambda w=w: env.sse(handle, "[[slow:1.5]] hold", w).get_data())
+    threads = [threading.Thread(target=lambda w=w: env.sse(handle, "[[slow:1.5]] hold", w))
                for w in wires]
     threads[0].start()
     deadline = time.monotonic() + WAIT
@@ -221,7 +264,7 @@ def test_a_stop_ends_the_stream_at_once(env: Env) -> None:
     done = threading.Event()
 
     def stream() -> None:
-        env.sse(handle, "[[slow:30]] long", wire).get_data()
+        env.sse(handle, "[[slow:30]] long", wire)
         done.set()
 
     threading.Thread(target=stream, daemon=True).start()
@@ -241,7 +284,7 @@ def test_a_client_that_left_stops_its_run_and_nothing_more_is_written(env: Env) 
     handle = env.spawn("left")
     wire = Wire(gone_after=1)  # the opening goes out; the first delta finds the client gone
     r = env.v1(handle, "[[pace:400]] [[chunks:100]]", wire)  # 40 s, unless stopped
-    assert r.get_data(as_text=True) == ""
+    assert r.body == b""
     assert len(wire.chunks) == 1 and wire.attempts == 2, (wire.chunks, wire.attempts)
     settle(env, handle)
     # The run stopped at its first write: the agent answers the next message at once.
@@ -255,7 +298,7 @@ def test_a_response_closed_before_its_run_began_frees_the_agent_and_the_slot(env
     handle = env.spawn("closed")
     holder = None
     if busy:
-        holder = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] hold", Wire()).get_data())
+        holder = threading.Thread(target=lambda: env.sse(handle, "[[slow:1]] hold", Wire()))
         holder.start()
         deadline = time.monotonic() + WAIT
         while not handle.busy and time.monotonic() < deadline:
@@ -264,9 +307,14 @@ def test_a_response_closed_before_its_run_began_frees_the_agent_and_the_slot(env
     # Straight through WSGI (the test client always starts the body): called, never iterated.
     environ = EnvironBuilder(f"/api/agents/{handle.id}/message/stream", method="POST",
                              json={"message": "[[reply:never]]"},
-                             environ_base={**LOCAL, DIRECT_WRITE_KEY: wire}).get_environ()
+                             environ_base=LOCAL).get_environ()
     started: list[str] = []
-    body = env.app(environ, lambda status, headers, exc_info=None: started.append(status))
+
+    def start_response(status: str, headers: list, exc_info: Any = None) -> Wire:
+        started.append(status)
+        return wire
+
+    body = env.app(environ, start_response)
     assert started == ["200 OK"]
     if busy:
         assert len(handle.waiting) == 1
@@ -288,9 +336,15 @@ def shape() -> StreamShape:
     return StreamShape(opening=("O\n",), render=render, keep_alive="K\n", closing=("C\n",))
 
 
+def written(write: Any, heartbeat: float) -> WrittenStream:
+    stream = WrittenStream(shape(), heartbeat)
+    stream.attach(write)
+    return stream
+
+
 def test_keepalive_after_the_heartbeat_and_not_while_events_come() -> None:
     wire = Wire()
-    stream = WrittenStream(wire, shape(), heartbeat=0.6)
+    stream = written(wire, 0.6)
     stream.open()
     stream.tick()
     assert wire.text() == ": stream open\n\nO\n", "BUG: a keep-alive before the heartbeat passed"
@@ -314,7 +368,7 @@ def test_keepalive_after_the_heartbeat_and_not_while_events_come() -> None:
 
 def test_events_before_the_opening_wait_for_it() -> None:
     wire = Wire()
-    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream = written(wire, 0.0)
     stream.deliver(Event("text_delta"))  # a queued run's worker, ahead of the response
     stream.tick()
     stream.cancel.set()
@@ -328,8 +382,8 @@ def test_events_before_the_opening_wait_for_it() -> None:
 
 def test_the_keeper_writes_keepalives_of_registered_streams_only() -> None:
     wire, other = Wire(), Wire()
-    stream = WrittenStream(wire, shape(), heartbeat=0.1)
-    unregistered = WrittenStream(other, shape(), heartbeat=0.1)
+    stream = written(wire, 0.1)
+    unregistered = written(other, 0.1)
     stream.open()
     unregistered.open()
     wire.chunks.clear()
@@ -347,7 +401,7 @@ def test_the_keeper_writes_keepalives_of_registered_streams_only() -> None:
 
 def test_a_stopped_run_is_ended_by_the_tick_once() -> None:
     wire = Wire()
-    stream = WrittenStream(wire, shape(), heartbeat=100)
+    stream = written(wire, 100)
     stream.open()
     stream.tick()
     assert wire.chunks == [b": stream open\n\nO\n"]
@@ -361,14 +415,14 @@ def test_a_stopped_run_is_ended_by_the_tick_once() -> None:
 def test_a_tick_never_waits_for_a_write_under_way() -> None:
     release = threading.Event()
     entered = threading.Event()
-    written: list[bytes] = []
+    landed: list[bytes] = []
 
     def slow_write(data: bytes) -> None:
         entered.set()
         release.wait(WAIT)
-        written.append(data)
+        landed.append(data)
 
-    stream = WrittenStream(slow_write, shape(), heartbeat=0.0)
+    stream = written(slow_write, 0.0)
     stream._pending = None  # opened, without the opening's write
     writer = threading.Thread(target=stream.deliver, args=(Event("tool_result"),))
     writer.start()
@@ -376,12 +430,12 @@ def test_a_tick_never_waits_for_a_write_under_way() -> None:
     stream.tick()  # returns at once: the lock is held by the write
     release.set()
     writer.join(WAIT)
-    assert written == [b"tool_result\n"], "BUG: a keep-alive was written beside a write under way"
+    assert landed == [b"tool_result\n"], "BUG: a keep-alive was written beside a write under way"
 
 
 def test_a_gone_client_cancels_and_silences_the_stream() -> None:
     wire = Wire(gone_after=0)
-    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream = written(wire, 0.0)
     stream.open()
     assert stream.cancel.is_set(), "BUG: a client that left did not stop the run"
     stream.deliver(Event("text_delta"))
@@ -392,7 +446,7 @@ def test_a_gone_client_cancels_and_silences_the_stream() -> None:
 
 def test_nothing_is_written_after_finish() -> None:
     wire = Wire()
-    stream = WrittenStream(wire, shape(), heartbeat=0.0)
+    stream = written(wire, 0.0)
     stream.open()
     wire.attempts = 0
     stream.finish()
@@ -402,14 +456,136 @@ def test_nothing_is_written_after_finish() -> None:
 
 
 
-@pytest.mark.parametrize("written", [False, True])
-def test_streams_pass_the_run_options_and_attachments(env: Env, written: bool) -> None:
+# -- which writes leave together ----------------------------------------------------------------------------
+
+class Writes:
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def __call__(self, data: bytes) -> None:
+        self.writes.append(data.decode())
+
+
+def labelled() -> StreamShape:
+    def render(event: Event) -> tuple[list[str], bool]:
+        if event.type == "hidden":
+            return [], False
+        label = event.data.get("phase", event.type)
+        return [f"{label};"], event.type == "done"
+    return StreamShape(opening=("O;",), render=render, keep_alive="K;", closing=("C;",))
+
+
+def labelled_stream(wire: Writes) -> WrittenStream:
+    stream = WrittenStream(labelled(), heartbeat=60)
+    stream.attach(wire)
+    return stream
+
+
+def test_each_event_is_written_when_it_is_delivered() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.open()
+    assert wire.writes == [": stream open\n\nO;"]
+    for event in (Event("phase", {"phase": "streaming"}), Event("text_delta"), Event("hidden"),
+                  Event("tool_use"), Event("tool_args_delta"), Event("phase", {"phase": "thinking"}),
+                  Event("tool_result"), Event("phase", {"phase": "tool_use"}), Event("text_delta")):
+        stream.deliver(event)
+    assert wire.writes[1:] == ["streaming;", "text_delta;", "tool_use;", "tool_args_delta;", "thinking;",
+                               "tool_result;", "tool_use;", "text_delta;"]
+
+
+def test_the_done_phase_leaves_with_the_final_event_through_the_last_write() -> None:
+    wire, last = Writes(), Writes()
+    stream = WrittenStream(labelled(), heartbeat=60)
+    stream.attach(wire, last)
+    stream.open()
+    stream.deliver(Event("text_delta"))
+    stream.deliver(Event("phase", {"phase": "done"}))
+    assert wire.writes == [": stream open\n\nO;", "text_delta;"], "BUG: the done phase did not wait for the end"
+    stream.deliver(Event("done"))
+    assert last.writes == ["done;done;C;"] and len(wire.writes) == 2
+    stream.tick()
+    assert len(wire.writes) == 2 and len(last.writes) == 1
+
+
+def test_without_a_last_write_the_final_event_goes_through_write() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.open()
+    stream.deliver(Event("phase", {"phase": "done"}))
+    stream.deliver(Event("done"))
+    assert wire.writes == [": stream open\n\nO;", "done;done;C;"]
+
+
+def test_a_held_opening_leaves_with_the_runs_first_event() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.deliver(Event("tool_result"))  # emitted before the response opened: waits for the opening
+    stream.open(hold=True)
+    assert wire.writes == []
+    stream.deliver(Event("phase", {"phase": "streaming"}))
+    assert wire.writes == [": stream open\n\nO;tool_result;streaming;"]
+
+
+def test_a_held_opening_leaves_at_an_event_the_transport_does_not_show() -> None:
+    # (/v1 shows no phase: its opening must not wait for the model's first token.)
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.open(hold=True)
+    stream.deliver(Event("hidden"))
+    assert wire.writes == [": stream open\n\nO;"]
+    stream.deliver(Event("hidden"))
+    assert len(wire.writes) == 1, "BUG: an event not shown wrote something"
+
+
+def test_the_keeper_writes_what_was_held_once_it_is_a_poll_interval_old() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.open()
+    stream.deliver(Event("phase", {"phase": "done"}))
+    stream.tick()
+    assert len(wire.writes) == 1, "BUG: the keeper raced the run's end"
+    time.sleep(STALE_HOLD + 0.02)
+    stream.tick()
+    assert wire.writes[1:] == ["done;"]
+    stream.tick()
+    assert len(wire.writes) == 2, "BUG: the keeper wrote again with nothing held"
+
+
+def test_a_held_opening_is_aged_from_when_it_was_held() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.deliver(Event("text_delta"))
+    time.sleep(STALE_HOLD + 0.02)  # waiting for the opening is not holding
+    stream.open(hold=True)
+    stream.tick()
+    assert wire.writes == [], "BUG: the keeper wrote an opening just held"
+    time.sleep(STALE_HOLD / 2)
+    stream.deliver(Event("phase", {"phase": "done"}))  # held later: the first held chunk sets the age
+    time.sleep(STALE_HOLD / 2 + 0.02)
+    stream.tick()
+    assert wire.writes == [": stream open\n\nO;text_delta;done;"]
+
+
+def test_nothing_held_is_written_after_finish() -> None:
+    wire = Writes()
+    stream = labelled_stream(wire)
+    stream.open()
+    stream.deliver(Event("phase", {"phase": "done"}))
+    stream.finish()
+    time.sleep(STALE_HOLD + 0.02)
+    stream.tick()
+    assert wire.writes == [": stream open\n\nO;"]
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_streams_pass_the_run_options_and_attachments(env: Env, served: bool) -> None:
     handle = env.spawn("opts")
-    r = env.client.post("/v1/chat/completions", environ_base=LOCAL if not written else
-                        {**LOCAL, DIRECT_WRITE_KEY: (wire := Wire())},
-                        json={"model": f"agentd:{handle.name}", "stream": True, "max_tokens": 17,
-                              "temperature": 0.25, "messages": [{"role": "user", "content": "[[echo_params]]"}]})
-    text = wire.text() if written else r.get_data(as_text=True)
+    wire = Wire() if served else None
+    r = env.post("/v1/chat/completions", {"model": f"agentd:{handle.name}", "stream": True, "max_tokens": 17,
+                                          "temperature": 0.25,
+                                          "messages": [{"role": "user", "content": "[[echo_params]]"}]}, wire)
+    text = wire.text() if wire is not None else r.get_data(as_text=True)
     reply = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content", "")
                     for line in text.splitlines()
                     if line.startswith("data: {") and json.loads(line[6:])["choices"])
@@ -419,26 +595,25 @@ def test_streams_pass_the_run_options_and_attachments(env: Env, written: bool) -
     up = env.client.post(f"/api/agents/{handle.id}/upload", environ_base=LOCAL,
                          data={"file": (io.BytesIO(b"the attached words"), "note.txt", "text/plain")})
     assert up.status_code == 201, up.get_data(as_text=True)
-    wire = Wire()
-    r = env.client.post(f"/api/agents/{handle.id}/message/stream",
-                        environ_base={**LOCAL, DIRECT_WRITE_KEY: wire} if written else LOCAL,
-                        json={"message": "read this", "attachments": [{"file_id": up.get_json()["file_id"]}]})
-    text = wire.text() if written else r.get_data(as_text=True)
+    wire = Wire() if served else None
+    r = env.post(f"/api/agents/{handle.id}/message/stream",
+                 {"message": "read this", "attachments": [{"file_id": up.get_json()["file_id"]}]}, wire)
+    text = wire.text() if wire is not None else r.get_data(as_text=True)
     said = "".join(json.loads(line[6:])["content"] for line in text.splitlines()
                    if line.startswith('data: {"content"'))
     assert "the attached words" in said, "BUG: the attachment did not reach the model"
     settle(env, handle)
 
 
-@pytest.mark.parametrize("written", [False, True])
-def test_a_quiet_stream_gets_keepalives_and_then_its_answer(env: Env, written: bool) -> None:
+@pytest.mark.parametrize("served", [False, True])
+def test_a_quiet_stream_gets_keepalives_and_then_its_answer(env: Env, served: bool) -> None:
     handles = [env.spawn("quiet"), env.spawn("quiet")]
     wires = [Wire(), Wire()]
     out: dict[int, str] = {}
 
     def stream(i: int) -> None:
-        r = env.sse(handles[i], "[[slow:1.2]] [[reply:late]]", wires[i] if written else None)
-        out[i] = r.get_data(as_text=True)
+        r = env.sse(handles[i], "[[slow:1.2]] [[reply:late]]", wires[i] if served else None)
+        out[i] = "" if served else r.get_data(as_text=True)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
     for t in threads:
@@ -446,7 +621,7 @@ def test_a_quiet_stream_gets_keepalives_and_then_its_answer(env: Env, written: b
     for t in threads:
         t.join(WAIT)
     for i in range(2):  # two streams at once: each gets its own keep-alives
-        text = wires[i].text() if written else out[i]
+        text = wires[i].text() if served else out[i]
         before = text.split("event: chunk")[0]
         # 1.2 s of silence at 0.3 s: 3 or 4 (more on a slow machine), never one per 0.1 s tick.
         assert 2 <= before.count(": keep-alive\n\n") <= 8, f"BUG: keep-alives of a 1.2 s silence at 0.3 s: {text!r}"
@@ -461,8 +636,48 @@ def test_a_client_that_disconnects_while_the_model_is_silent_stops_the_run(env: 
     gone = threading.Event()
     threading.Timer(0.3, gone.set).start()
     wire = Wire()
-    r = env.client.post(f"/api/agents/{handle.id}/message/stream", json={"message": "[[slow:60]] hi"},
-                        environ_base={**LOCAL, DIRECT_WRITE_KEY: wire, "waitress.client_disconnected": gone.is_set})
-    r.get_data()
+    env.sse(handle, "[[slow:60]] hi", wire, environ={"waitress.client_disconnected": gone.is_set})
     settle(env, handle)  # within WAIT, long before the model's 60 s
     assert "event: chunk" not in wire.text()
+
+
+# -- through the daemon ------------------------------------------------------------------------------------
+
+def stream_chunks(daemon: Daemon, agent_id: str, message: str) -> list[str]:
+    """POST a streamed message on a raw socket; the HTTP chunks of the answer, as sent."""
+    body = ('{"message": "%s"}' % message).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=WAIT * 3) as s:
+        s.sendall(f"POST /api/agents/{agent_id}/message/stream HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                  "Connection: close\r\n\r\n".encode() + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head, head
+    chunks = []
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return chunks
+        chunks.append(rest[:n].decode())
+        rest = rest[n + 2:]
+
+
+@pytest.mark.parametrize("pace", ["", " [[pace:300]]"])
+def test_the_daemon_writes_a_chunk_per_event_and_the_end_in_one(agent_daemon: Daemon, pace: str) -> None:
+    r = agent_daemon.post("/api/agents", json={"manifest_toml": f'name = "chunks{len(pace)}"\nprofile = "minimal"\n'})
+    agent_id = r.json()["agent_id"]
+    # A first run loads the driver modules: that may outlast the keeper's grace (STALE_HOLD),
+    # which would write the opening on its own. This test is about runs after that.
+    assert agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": "warm up"}).status_code == 200
+    chunks = stream_chunks(agent_daemon, agent_id, "[[chunks:3]]" + pace)
+    # The opening leaves with the run's first event, before the model is asked.
+    assert chunks[0].startswith(": stream open") and '"phase":"streaming"' in chunks[0]
+    # Each word in a chunk of its own, as it comes (at once, or 300 ms apart).
+    words = [c for c in chunks if "event: chunk" in c]
+    assert [c.count("event: chunk") for c in words] == [1, 1, 1], chunks
+    # The phase that ends the run and the final event follow each other at once: one write.
+    assert chunks[-1].startswith('event: phase\ndata: {"phase":"done"') and "event: done" in chunks[-1]
+    assert len(chunks) == 5, chunks

@@ -1,4 +1,4 @@
-"""agentd/api/ws_stream.py exactly: the socket a hijacked WebSocket connection becomes, over a
+"""agentd/server/ws_socket.py exactly: the socket a hijacked WebSocket connection becomes, over a
 real connected socket pair (the peer end plays the client). Timeout, whole writes, a peer
 that vanished (one log line, at INFO during the handshake and DEBUG after it), close,
 abort before and after a reader started, and the 1001 "going away" frame byte for byte.
@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from agentd.api.ws_stream import SEND_TIMEOUT, WebSocketStream
+from agentd.server.ws_socket import SEND_TIMEOUT, WebSocketStream
 
 WAIT = 10.0
 

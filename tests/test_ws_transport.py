@@ -1,4 +1,4 @@
-"""agentd.api.ws_transport: flask-sock WebSockets on a real waitress server.
+"""agentd.server.websocket: flask-sock WebSockets on a real waitress server.
 
 This module tests the transport itself with hostile handlers the product does not have
 (stubborn writers, two writer threads, handshake aborts). The daemon's own app -- the agent
@@ -33,7 +33,8 @@ from simple_websocket import Server as SimpleServer
 from waitress import wasyncore
 from wsproto.events import TextMessage
 
-from agentd.api import ws_transport
+from agentd.server import websocket as ws_transport
+from agentd.server.task import DISCONNECTED_KEY
 from support import wait_until
 
 WAIT = 10.0  # generous deadline for conditions that normally hold in milliseconds
@@ -79,7 +80,7 @@ def make_app(hooks: Hooks) -> Flask:
 
     @app.get("/held")
     def held() -> Any:  # holds its worker until released, offering its disconnect check
-        hooks.held.append(request.environ[ws_transport.DISCONNECTED_KEY])
+        hooks.held.append(request.environ[DISCONNECTED_KEY])
         hooks.release.wait(WAIT)
         return jsonify(ok=True)
 
@@ -604,7 +605,7 @@ def test_only_a_hijacked_channel_answers_the_main_loop_differently() -> None:
     readable, writable only to be closed, and a read event reads nothing."""
     from waitress.channel import HTTPChannel
 
-    from agentd.api.http_channel import LoopFlushChannel
+    from agentd.server.channel import LoopFlushChannel
 
     srv = ws_transport.create_server(Flask(__name__), host="127.0.0.1", port=0, threads=1)
     ours, theirs = socket.socketpair()
@@ -995,7 +996,7 @@ def test_a_client_still_there_is_not_taken_for_gone(server: Server) -> None:
 def test_the_disconnect_check_trusts_a_closed_channel() -> None:
     task, channel, ours, close = _task_on_a_socketpair(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
     try:
-        gone = task.get_environment()[ws_transport.DISCONNECTED_KEY]
+        gone = task.get_environment()[DISCONNECTED_KEY]
         assert gone() is False
         channel.connected = False  # waitress itself saw the client go
         assert gone() is True

@@ -1,7 +1,9 @@
 """The HTTP layer: a Flask application factory and its blueprints.
 
 Importing the package is cheap (Flask and the kernel load in `create_app`): the daemon
-listens and answers its liveness probe while they load (agentd/startgate.py).
+listens and answers its liveness probe while they load (agentd/server/startgate.py).
+The app owns what serving needs beside the kernel: the stream slots and the trusted
+proxies (agentd/server/).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api.guard import install_guard
     from agentd.api.json_provider import CachedEncoderProvider
     from agentd.api.middleware import install_middleware
-    from agentd.api.proxy import install_proxy_headers
+    from agentd.server.forwarded import TrustedProxies, real_client
+    from agentd.server.proxy import install_proxy_headers
+    from agentd.server.slots import Slots
 
     class AgentdFlask(Flask):
         json_provider_class = CachedEncoderProvider
@@ -57,6 +61,12 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.extensions["agentd.pool_stats"] = pool_stats or (lambda: {})
     if limiter is not None:
         app.extensions["agentd.limiter"] = limiter
+    # Long-lived requests (SSE, WebSocket, a message waiting for its run) each hold a
+    # server thread; capping them keeps threads free for plain HTTP.
+    app.extensions["agentd.stream_slots"] = Slots(kernel.config.api.max_streams)
+    trusted = TrustedProxies(kernel.config.api.trusted_proxies)
+    # The channels' webhook listeners name the client behind the same proxies.
+    kernel.channels.client_of = lambda peer, header: real_client(peer, header, trusted)
 
     from agentd.api import (pages, routes_agents, routes_catalog, routes_memory, routes_openai,
                             routes_stream, routes_system, routes_workflows)
@@ -82,5 +92,5 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_cluster.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
-    install_proxy_headers(app, kernel.config.api.trusted_proxies)
+    install_proxy_headers(app, trusted)
     return app

@@ -11,8 +11,8 @@ web pages the user happens to visit:
   `fetch` with `mode: no-cors`) is refused before any handler runs. Requests with
   neither header (curl, SDKs, scripts) are not browsers' and pass.
 
-The policies themselves are in agentd/webguard.py. A request whose body is still on
-its way is judged earlier, by agentd/api/early_refusal.py, before waitress reads it.
+The policies themselves are in agentd/server/webguard.py. A request whose body is still on
+its way is judged earlier, by agentd/server/early_refusal.py, before waitress reads it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from flask import Flask, Response, jsonify, request
 
 from agentd.api.errors import error_response, is_api_path
 from agentd.config import Config
-from agentd.webguard import (CROSS_SITE_MESSAGE, CROSS_SITE_VALUES, HOST_CHARS, HOST_MESSAGE,  # noqa: F401
-                             LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
+from agentd.server.webguard import (CROSS_SITE_MESSAGE, CROSS_SITE_VALUES, HOST_CHARS, HOST_MESSAGE,  # noqa: F401
+                                    LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
 
 
 def _refusal(status: int, message: str) -> Response:

@@ -19,7 +19,7 @@ import math
 import time
 from typing import Any, Callable, Iterable
 
-from agentd.api.proxy import PEER_KEY
+from agentd.server.proxy import PEER_KEY
 from agentd.ids import random_uuid
 
 log = logging.getLogger("agentd.http")

@@ -1,29 +1,23 @@
-"""Starting a run whose events a transport consumes (SSE, OpenAI stream, WebSocket).
+"""Running a message for a request, and the events that end a stream.
 
-Every live transport follows the same steps: refuse early (quota, budget,
-stream cap, a busy agent's full queue) while a plain JSON error can still be
-sent, start the run on the kernel's executor with a queue as its sink, and
-always finish the queue and free the stream slot, whatever happens. A client
-that goes away stops its run (or withdraws it, if it was still queued).
+Every live transport refuses early (quota, budget, stream cap, a busy agent's full
+queue) while a plain JSON error can still be sent, and always frees its stream slot,
+whatever happens. A client that goes away stops its run (or withdraws it, if it was
+still queued).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
-from flask import request
+from flask import current_app, request
 
-from agentd.agents.events import Event, QueueSink
+from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled, RunResult
-from agentd.agents.manager import AgentHandle, AgentManager, RunOptions
+from agentd.agents.manager import AgentHandle, RunOptions
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
-
-HEARTBEAT_SECS = 15.0
+from agentd.server.slots import Slots
 
 
 class TooManyStreams(AgentdError):
@@ -38,56 +32,16 @@ def client_disconnected() -> Callable[[], bool] | None:
     return request.environ.get("waitress.client_disconnected")
 
 
-@dataclass
-class LiveRun:
-    """A run in flight and the queue its events arrive on."""
-
-    sink: QueueSink
-    future: Future
-    cancel: threading.Event
-    manager: AgentManager
-    disconnected: Callable[[], bool] | None = None
-    heartbeat_secs: float = HEARTBEAT_SECS  # `[api] sse_keepalive_secs`
-
-    def events(self, heartbeat: float | None = None) -> Iterator[Event | None]:
-        """Events in order, None when it is time for a keep-alive, then a final
-        `done`, `stopped` or `error` event. Ends early, stopping the run, when the client
-        disconnects."""
-        heartbeat = heartbeat or self.heartbeat_secs
-        quiet_since = time.monotonic()
-        for event in self.sink.events(POLL_SECS):
-            if self.disconnected is not None and self.disconnected():
-                self.stop_run()
-                return
-            if event is not None:
-                quiet_since = time.monotonic()
-                yield event
-                continue
-            if self.cancel.is_set() and not self.future.done():
-                # POST /stop: end the stream now; the run itself ends within moments.
-                yield Event("stopped", {"message": "run stopped"})
-                return
-            if time.monotonic() - quiet_since >= heartbeat:
-                quiet_since = time.monotonic()
-                yield None
-
-    def stop_run(self) -> None:
-        """Withdraw the run if it is still queued, else cancel it."""
-        if not self.future.done() and not self.manager.withdraw(self.future):
-            self.cancel.set()
-
-    def close(self) -> None:
-        """The consumer left: stop delivering and stop the run (a stream nobody reads is not
-        worth a provider call)."""
-        self.sink.close()
-        self.stop_run()
+def stream_slots() -> Slots:
+    """The app's cap on requests that hold a server thread (`[api] max_streams`)."""
+    return current_app.extensions["agentd.stream_slots"]
 
 
 def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly",
                         handle: AgentHandle | None = None) -> None:
     """Long-lived connections are capped so plain HTTP always has threads; one that would
     wait behind its agent's current run cannot take the share kept for runs that start now."""
-    if not kernel.stream_slots.acquire(blocking=False, waiting=handle is not None and handle.busy):
+    if not stream_slots().acquire(blocking=False, waiting=handle is not None and handle.busy):
         raise TooManyStreams(message, retry_after=1)
 
 
@@ -104,25 +58,7 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     try:
         return agents.run_now(handle, text, attachments, options=options, disconnected=client_disconnected())
     finally:
-        kernel.stream_slots.release()
-
-
-def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
-                   options: RunOptions | None = None) -> LiveRun:
-    """Precheck, then start the run; the caller must call `release` when done."""
-    kernel.agents.precheck(handle)
-    sink = QueueSink()
-    cancel = threading.Event()
-    future = kernel.agents.submit(handle, text, attachments, emit=sink, options=options, cancel=cancel)
-
-    def finished(f: Future) -> None:
-        exc = f.exception()
-        sink(result_event(f.result()) if exc is None else failure_event(exc))
-        sink.finish()
-
-    future.add_done_callback(finished)
-    return LiveRun(sink, future, cancel, kernel.agents, client_disconnected(),
-                   kernel.config.api.sse_keepalive_secs)
+        stream_slots().release()
 
 
 def result_event(result: RunResult) -> Event:

@@ -26,6 +26,7 @@ from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
 from agentd.api.apidoc import doc
+from agentd.api.runs import stream_slots
 from agentd.errors import AgentdError
 from agentd.schema_fields import is_blank
 
@@ -275,13 +276,14 @@ def register_sockets(app: Flask) -> _LazySock:
     def agent_socket(ws, agent_id: str) -> None:  # type: ignore[no-untyped-def]
         kernel = current_app.extensions["agentd.kernel"]
         handle = kernel.agents.get(agent_id)
-        if not kernel.stream_slots.acquire(blocking=False):
+        slots = stream_slots()
+        if not slots.acquire(blocking=False):
             ws.send(json.dumps({"type": "error", "content": "too many concurrent streams; try again shortly"}))
             return
         try:
             AgentSocket(ws, kernel, handle).serve()
         finally:
-            kernel.stream_slots.release()
+            slots.release()
 
     @sock.route("/api/_ws/echo", bp=bp)
     @doc("WebSocket: echo every frame back (diagnostic)", tags="system", websocket=True, ok=101,

@@ -1,14 +1,15 @@
-"""Server-Sent Events responses that reach the client event by event.
+"""Server-Sent Events: the wire format, and responses whose body is an iterator.
 
-waitress sends headers only with the first non-empty chunk, so the stream opens
-with a comment line; heartbeats are comments too, and they are how we notice a
-client that left (a write to a closed socket fails).
+waitress sends headers only with the first non-empty chunk, so a stream opens with a
+comment line; heartbeats are comments too, and they are how we notice a client that left
+(a write to a closed socket fails). A run's stream is written as it goes instead
+(agentd/api/streaming.py).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from flask import Response, stream_with_context
 
@@ -28,30 +29,13 @@ def comment(text: str = "") -> str:
     return f": {text}\n\n"
 
 
-def sse_response(chunks: Iterable[str], on_close: Any = None,
-                 ready: Callable[[], bool] | None = None, opening: bool = True) -> Response:
-    """Wrap an iterator of pre-formatted SSE strings into a streaming response.
-
-    `ready()` tells whether more events are already waiting: those are sent in one write
-    with the one just formatted (a model's burst of deltas is one send, not one each),
-    while an event that nothing follows yet goes out at once. `opening=False`: the
-    chunks bring their own opening comment (a stream written in place, api/streaming.py)."""
+def sse_response(chunks: Iterable[str], on_close: Any = None) -> Response:
+    """Wrap an iterator of pre-formatted SSE strings into a streaming response."""
 
     def body() -> Iterator[str]:
         try:
-            if opening:
-                yield comment("stream open")
-            if ready is None:
-                yield from chunks
-                return
-            batch: list[str] = []
-            for chunk in chunks:
-                batch.append(chunk)
-                if not ready():
-                    yield "".join(batch)
-                    batch = []
-            if batch:
-                yield "".join(batch)
+            yield comment("stream open")
+            yield from chunks
         finally:
             if on_close is not None:
                 on_close()

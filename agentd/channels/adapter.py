@@ -13,8 +13,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agentd.forwarded import TrustedProxies
-
 
 @dataclass
 class Conversation:
@@ -75,8 +73,8 @@ class ChannelContext:
         self.save_state = save_state
         self.log = logging.getLogger(f"agentd.channels.{name}")
         # `[api] trusted_proxies`: a webhook listener behind one of them records the
-        # real sender (agentd.forwarded.real_client), not the proxy.
-        self.trusted_proxies = TrustedProxies(())
+        # real sender, not the proxy (`client_of(peer, header)`, the runtime's).
+        self.client_of: Callable[[str, Callable[[str], str | None]], str] = lambda peer, header: peer
 
     def audit(self, event: str, **detail: Any) -> None:
         """Write a `channel.<event>` entry for this adapter to the audit trail."""

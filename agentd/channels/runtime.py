@@ -21,7 +21,6 @@ from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
 from agentd.errors import AgentdError, BadRequest, NotFound
-from agentd.forwarded import TrustedProxies
 from agentd.llm.think import strip_think
 from agentd.store import Store
 
@@ -40,8 +39,9 @@ class ChannelManager:
         self.store = store
         self.agents = agents
         self.audit = audit
-        # Set by the kernel from `[api] trusted_proxies` before start_all().
-        self.trusted_proxies = TrustedProxies(())
+        # The client behind a webhook request: `client_of(peer, header)`, `header(name)`
+        # reading a request header. The HTTP layer sets it from `[api] trusted_proxies`.
+        self.client_of: Callable[[str, Callable[[str], str | None]], str] = lambda peer, header: peer
         self.catalog = ChannelCatalog.load()
         self._lock = threading.RLock()
         self.sections: dict[str, dict[str, Any]] = {}
@@ -133,7 +133,7 @@ class ChannelManager:
             name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
             save_state=lambda state: self.store.set_setting(key, state))
-        ctx.trusted_proxies = self.trusted_proxies
+        ctx.client_of = lambda peer, header: self.client_of(peer, header)
         return ctx
 
     # -- API operations ----------------------------------------------------------------

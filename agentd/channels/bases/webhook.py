@@ -13,7 +13,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from agentd.channels.adapter import Adapter
 from agentd import jsonsafe
-from agentd.forwarded import real_client
 
 MAX_BODY = 1024 * 1024
 
@@ -166,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
         if not adapter.verify(request):
-            remote = real_client(self.client_address[0], self.headers.get, adapter.ctx.trusted_proxies)
+            remote = adapter.ctx.client_of(self.client_address[0], self.headers.get)
             adapter.ctx.audit("refused", reason="bad signature", remote=remote)
             self._answer(401, {"error": "invalid signature"})
             return

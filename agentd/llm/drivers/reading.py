@@ -1,19 +1,15 @@
-"""Reading a provider's answer: a whole body in one read, a stream as its bytes arrive
-(asking first whether a read would wait), its SSE events, and the rest of a finished stream
-so its connection goes back to the pool."""
+"""Reading a provider's answer: a whole body in one read, a stream as its bytes arrive,
+its SSE events, and the rest of a finished stream so its connection goes back to the pool."""
 
 from __future__ import annotations
 
 import http.client
-import socket
-import ssl
 from collections.abc import Iterator
 from typing import Any, Callable
 
 import requests
 from urllib3.exceptions import DecodeError, ProtocolError, ReadTimeoutError, SSLError
 
-from agentd.held_writes import before_wait
 from agentd.llm.drivers.guard import CallGuard
 from agentd.sse_lines import SseEvent, lines_of, sse_events
 
@@ -35,8 +31,6 @@ def read_chunks(response: requests.Response, guard: CallGuard) -> Iterator[bytes
     read1 = _plain_chunk_reader(raw) or (lambda size: raw.read1(size, decode_content=True))
     guard.streaming()
     while True:
-        if not readable_now(response):
-            before_wait()  # this read may wait: what the earlier reads' events wrote goes out
         data = read1(READ_SIZE)
         if guard.reason is not None:
             raise Interrupted(guard.reason)
@@ -65,35 +59,6 @@ def _plain_chunk_reader(raw: Any) -> Callable[[int], bytes] | None:
     return body.read1
 
 
-def readable_now(response: requests.Response) -> bool:
-    """Whether the next read of the body returns without waiting: what it needs is buffered
-    already, or has arrived on the socket. False when unsure (a TLS socket is not asked).
-
-    `read1` hands over one HTTP chunk at a time, and a provider streaming fast sends an SSE
-    event per chunk: asking first lets the events of everything that has arrived leave in
-    one write (agentd/held_writes.py) while a read that would wait still writes them first."""
-    body = getattr(response.raw, "_fp", None)  # http.client's response
-    fp = getattr(body, "fp", None)  # ... and its buffered socket file
-    sock = getattr(getattr(fp, "raw", None), "_sock", None)
-    if not isinstance(sock, socket.socket) or isinstance(sock, ssl.SSLSocket):
-        return False
-    timeout = sock.gettimeout()
-    try:
-        # A peek returns what is buffered; with nothing buffered it reads once, and on a
-        # socket with no wait allowed that read finds nothing rather than blocking.
-        sock.settimeout(0)
-        ahead = fp.peek(1)
-    except Exception:  # noqa: BLE001 - the read itself will report it
-        return False
-    finally:
-        sock.settimeout(timeout)
-    if not getattr(body, "chunked", False) or body.chunk_left:
-        return bool(ahead)
-    # Between two chunks the read needs whole lines: the end of the last chunk (none before
-    # the first) and the next one's size.
-    return ahead.count(b"\n") >= (1 if body.chunk_left is None else 2)
-
-
 # How long a finished stream's body may take to end, and how much of it may still come,
 # before its connection is closed instead of going back to the pool (see release_stream).
 DRAIN_SECS = 0.05
@@ -117,8 +82,6 @@ def release_stream(response: requests.Response) -> bool:
     try:
         sock.settimeout(DRAIN_SECS)  # (urllib3 sets its own again when it reuses the connection)
         while left > 0:
-            if not readable_now(response):
-                before_wait()
             data = raw.read1(READ_SIZE, decode_content=True)
             if not data:
                 return True  # the body ended: urllib3 has put the connection back

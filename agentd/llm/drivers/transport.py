@@ -10,7 +10,6 @@ from typing import Any, Callable
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from agentd.held_writes import before_wait
 from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.drivers.reading import Interrupted, read_body
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
@@ -105,7 +104,6 @@ def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, st
     remaining = guard.remaining()
     if remaining <= 0:
         raise Interrupted("timeout")
-    before_wait()  # held stream events (a phase change) go out before the model is waited for
     # The guard enforces the deadline; the read timeout is only a backstop.
     response = send_json(url, headers, body,
                          timeout=(max(0.05, min(endpoint.connect_timeout, remaining)), remaining + 1))

@@ -1,7 +1,7 @@
 """Which Host headers and browser origins a keyless daemon answers (no web framework here).
 
 The request guard (agentd/api/guard.py) applies these to every request the app sees; the
-early refusal (agentd/api/early_refusal.py) applies them to a request whose body has not
+early refusal (agentd/server/early_refusal.py) applies them to a request whose body has not
 arrived yet, before waitress reads it; `agentd doctor` reads listen names with `host_name`.
 See the guard's docstring for why.
 """

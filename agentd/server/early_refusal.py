@@ -4,14 +4,14 @@ The request guard (agentd/api/guard.py) runs in the app, and waitress calls the 
 only once the whole body has arrived: a page could still make the daemon read (and
 buffer) a body it is going to refuse, or hold a connection open by never sending the
 body it announced; with `Expect: 100-continue` waitress even invited the body. Here the
-same policies (agentd/webguard.py) judge a request as soon as its headers are parsed,
+same policies (agentd/server/webguard.py) judge a request as soon as its headers are parsed,
 while its body is still on the way: a refused one is answered at once, the same status
 and body as the guard's, and its connection is closed without reading the rest.
 
 A request that arrived whole (no body, or headers and body in one read) is left to the
 app's guard, which answers it with the app's full set of headers. Behind trusted
 proxies nothing is judged here: the forwarded Host and scheme are the app's to apply
-(agentd/api/proxy.py).
+(agentd/server/proxy.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from waitress.parser import HTTPRequestParser
 from waitress.task import ErrorTask
 from waitress.utilities import Error
 
-from agentd.api.ws_transport import servers_of
+from agentd.server.websocket import servers_of
 from agentd.config import Config
-from agentd.webguard import CROSS_SITE_MESSAGE, HOST_MESSAGE, HostPolicy, OriginPolicy
+from agentd.server.webguard import CROSS_SITE_MESSAGE, HOST_MESSAGE, HostPolicy, OriginPolicy
 
 log = logging.getLogger("agentd.http")
 
@@ -116,7 +116,7 @@ def request_check(config: Config) -> Check:
 
 def install(server: Any, config: Config) -> None:
     """Give `server`'s connections the guarded parser (not behind trusted proxies) and JSON
-    errors (call after ws_transport.install)."""
+    errors (call after websocket.install)."""
     members: dict[str, Any] = {"error_task_class": JsonErrorTask}
     if not config.api.trusted_proxies:
         check = request_check(config)

@@ -17,7 +17,7 @@ socket into the environ.
   simple-websocket gets an ``os.dup()`` of the descriptor, never waitress's own
   socket object: its reader thread closes the socket it is given, and closing
   a descriptor that waitress still polls kills waitress's main loop.
-* The dup (``ws_stream.WebSocketStream``) keeps a timeout, serialises writes
+* The dup (``ws_socket.WebSocketStream``) keeps a timeout, serialises writes
   and turns a vanished peer into a quiet close; its docstring says how.
 * When the handler returns, whatever the WSGI app returns is discarded (no
   HTTP response is written into the WebSocket stream), the task waits up to
@@ -28,7 +28,7 @@ socket into the environ.
 Each open WebSocket holds one waitress worker thread for its whole life.
 Recommended settings::
 
-    server = ws_transport.create_server(
+    server = websocket.create_server(
         app, host=..., port=...,
         threads=HTTP_HEADROOM + MAX_WEBSOCKETS + MAX_SSE_STREAMS,
         connection_limit=...,       # well above threads (waitress default 100)
@@ -46,22 +46,17 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import waitress
 from waitress.channel import HTTPChannel
-from waitress.task import WSGITask
 
-from agentd.api.http_channel import LoopFlushChannel
-from agentd.api.ws_stream import SEND_TIMEOUT, WebSocketStream
+from agentd.server.channel import LoopFlushChannel
+from agentd.server.task import WriteTask
+from agentd.server.ws_socket import SEND_TIMEOUT, WebSocketStream
 
 __all__ = [
     "CLOSE_TIMEOUT",
-    "DIRECT_WRITE_KEY",
-    "DISCONNECTED_KEY",
-    "LAST_WRITE_KEY",
     "SEND_TIMEOUT",
     "WebSocketChannel",
     "WebSocketTask",
@@ -72,15 +67,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentd.ws.transport")
-
-#: The environ key under which a task offers its `write` to the app (api/streaming.py).
-DIRECT_WRITE_KEY = "agentd.write"
-
-#: ... and its `write_last`: the answer's last bytes, sent with the end of the answer.
-LAST_WRITE_KEY = "agentd.write_last"
-
-#: The environ key of the check whether the client has gone (waitress's name for it).
-DISCONNECTED_KEY = "waitress.client_disconnected"
 
 #: Seconds a finished handler waits for the client to answer the close frame.
 CLOSE_TIMEOUT = 2.0
@@ -126,42 +112,7 @@ class _LazySocket:
         return f"<lazy websocket for {self._task.request.path}>"
 
 
-def peer_left(channel: HTTPChannel) -> Callable[[], bool]:
-    """A check whether the client of `channel` has gone, for a request that is running.
-
-    waitress only learns of it by reading the socket, which it does while a request runs
-    only with `channel_request_lookahead`; that setting made its loop poll every busy
-    channel and cost about a third of the daemon's CPU per request at 32 connections. This
-    looks instead, when asked, without taking anything: an orderly close reads as end of
-    file, a reset as an error. Bytes waiting (a pipelined request) mean the client is there."""
-    def check() -> bool:
-        if not channel.connected:
-            return True
-        try:
-            return channel.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except (OSError, AttributeError, ValueError):  # reset, or closed under us
-            return True
-    return check
-
-
-class _Gathered:
-    """The channel, but `write_soon` collects the bytes instead of sending them."""
-
-    def __init__(self, channel: HTTPChannel) -> None:
-        self._channel = channel
-        self.parts: list[bytes] = []
-
-    def write_soon(self, data: bytes) -> int:
-        self.parts.append(data)
-        return len(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._channel, name)
-
-
-class WebSocketTask(WSGITask):
+class WebSocketTask(WriteTask):
     """A WSGI task that can give its connection to a WebSocket handler."""
 
     _ws_lazy: _LazySocket | None = None
@@ -171,34 +122,8 @@ class WebSocketTask(WSGITask):
         super().__init__(channel, request)
         self._ws_hijack_lock = threading.Lock()
 
-    _framing_header = False  # inside build_response_header
-
-    def build_response_header(self) -> bytes:
-        self._framing_header = True
-        try:
-            return super().build_response_header()
-        finally:
-            self._framing_header = False
-
-    def set_close_on_finish(self) -> None:
-        # waitress closes the connection after every HTTP/1.1 response without a
-        # Content-Length, chunked ones included (an SSE stream), so each streamed request
-        # cost a new TCP connection. A chunked body is delimited by its terminator, which
-        # `finish()` writes; a body cut off by an error still closes the connection (the
-        # channel sets close_on_finish itself then). Only that one call is skipped: the
-        # one build_response_header makes for a 1.1 request that did not ask to close. Not
-        # for HEAD: waitress would still write the terminator, bytes a HEAD answer must not have.
-        if (self._framing_header and self.version == "1.1" and self.request.command != "HEAD"
-                and self.request.headers.get("CONNECTION", "").lower() != "close"):
-            return
-        super().set_close_on_finish()
-
     def get_environment(self) -> dict[str, Any]:
         environ = super().get_environment()
-        # PEP 3333's write callable, for responses written as they happen (api/streaming.py).
-        environ[DIRECT_WRITE_KEY] = self.write
-        environ[LAST_WRITE_KEY] = self.write_last
-        environ[DISCONNECTED_KEY] = peer_left(self.channel)
         if self._ws_lazy is None and "websocket" in environ.get("HTTP_UPGRADE", "").lower():
             self._ws_lazy = _LazySocket(self)
             environ["werkzeug.socket"] = self._ws_lazy
@@ -260,42 +185,12 @@ class WebSocketTask(WSGITask):
             # written so waitress does not warn about a short Content-Length.
             self.content_bytes_written += len(data)
             return
-        if self.wrote_header or not data:
-            super().write(data)
-            return
-        # waitress sends the header block and the first body bytes apart (each of its
-        # `write_soon`s sends at once, `send_bytes` being 1): two socket writes for every
-        # answer, each a send (on loopback also the receiver's TCP work). Here they leave in one.
-        with self._one_write():
-            super().write(data)
-
-    @contextmanager
-    def _one_write(self) -> Iterator[None]:
-        """What waitress writes meanwhile goes to the channel in one `write_soon`."""
-        channel, gathered = self.channel, _Gathered(self.channel)
-        self.channel = gathered  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            self.channel = channel
-        if gathered.parts:
-            channel.write_soon(b"".join(gathered.parts))
-
-    _last: bytes = b""  # written by finish(), with the end of the answer
-
-    def write_last(self, data: bytes) -> None:
-        """The answer's last bytes: `finish` sends them with the chunked encoding's end (or
-        the head, if none was sent), in one socket write instead of two."""
-        self._last += data
+        super().write(data)
 
     def finish(self) -> None:
         if self._ws_stream is not None:
             return
-        last, self._last = self._last, b""
-        with self._one_write():
-            if last:
-                self.write(last)
-            super().finish()
+        super().finish()
 
 
 class WebSocketChannel(LoopFlushChannel):

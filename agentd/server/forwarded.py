@@ -1,5 +1,6 @@
 """Who the client is behind trusted proxies (no web framework here: the WSGI layer in
-agentd/api/proxy.py and the channel webhook listeners both use it).
+agentd/server/proxy.py uses it, and the app hands `real_client` to the channel webhook
+listeners, which know nothing of this layer).
 
 The client is the right-most hop of `X-Forwarded-For` (or of the `for=` values of
 `Forwarded`) that is not a trusted proxy: each trusted proxy appends the peer it

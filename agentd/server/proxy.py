@@ -13,7 +13,7 @@ apply what the proxy forwards:
   right-most untrusted hop is the client. A client can put
   anything at the left of the list, but the proxies we trust append what they
   saw, so only the left part is forgeable and we never reach it. (The walk itself
-  is in agentd/forwarded.py, shared with the channel webhook listeners.)
+  is in agentd/server/forwarded.py, shared with the channel webhook listeners.)
 * scheme (`X-Forwarded-Proto` / `proto=`), host (`X-Forwarded-Host`, plus
   `X-Forwarded-Port` / `host=`) and path prefix (`X-Forwarded-Prefix` becomes
   SCRIPT_NAME, so `url_for` builds prefixed links). A list in one of these
@@ -37,7 +37,7 @@ import logging
 import re
 from typing import Any, Callable, Iterable
 
-from agentd.forwarded import TrustedProxies, forwarded_client, parse_ip, parse_networks
+from agentd.server.forwarded import TrustedProxies, forwarded_client, parse_ip, parse_networks
 
 __all__ = ["ProxyHeaders", "TrustedProxies", "install_proxy_headers", "parse_ip", "parse_networks"]
 
@@ -122,9 +122,9 @@ class ProxyHeaders:
         environ["SERVER_PORT"] = port or default
 
 
-def install_proxy_headers(app: Any, trusted_proxies: Iterable[str]) -> None:
+def install_proxy_headers(app: Any, trusted_proxies: Iterable[str] | TrustedProxies) -> None:
     """Wrap `app.wsgi_app` (a Flask app) so every request passes through `ProxyHeaders`."""
-    trusted = TrustedProxies(trusted_proxies)
+    trusted = trusted_proxies if isinstance(trusted_proxies, TrustedProxies) else TrustedProxies(trusted_proxies)
     app.wsgi_app = ProxyHeaders(app.wsgi_app, trusted)
     if trusted:
         log.info("trusting forwarding headers from %s", ", ".join(str(n) for n in trusted.networks))

@@ -1,7 +1,7 @@
-"""The socket a WebSocket handler gets once ws_transport hijacked its connection.
+"""The socket a WebSocket handler gets once agentd.server.websocket hijacked its connection.
 
 simple-websocket reads and writes an ``os.dup()`` of waitress's descriptor
-through this class (see ws_transport.py for how the hijack works):
+through this class (see websocket.py for how the hijack works):
 
 * The dup keeps a (long) timeout rather than blocking mode, because O_NONBLOCK
   lives on the open file shared by both descriptors; ``recv`` simply waits
