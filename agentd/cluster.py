@@ -132,14 +132,15 @@ class Cluster:
 
     # -- runs --------------------------------------------------------------------------
     def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
-            body: Callable[..., Any], *, completes: bool = False) -> Any:
-        """Run `body` holding the session's lease and a run record (see the module doc).
+            body: Callable[..., Any], *, completes: bool = False, session_id: str = "") -> Any:
+        """Run `body` holding the session's lease and a run record (see the module doc); the
+        session is `session_id` (a channel conversation's), else the agent's own.
 
         With `completes`, `body` gets `complete(tx, cost)`: called in the write transaction
         `tx` that saves the run's session, it closes the record as completed in that same
         transaction (one commit per message, not two); a run that does not call it, or fails
         after it, is closed here after."""
-        local = self._begin(handle, cancel, lock_timeout)
+        local = self._begin(handle, session_id or handle.session_id, cancel, lock_timeout)
         status, error, result = "failed", None, None
 
         def complete(tx: Tx, cost: float | None) -> None:
@@ -181,16 +182,16 @@ class Cluster:
             self.leases.release(local.lease, tx=tx)
         local.closed = True
 
-    def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
+    def _begin(self, handle: Any, session_id: str, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
         from agentd.agents.loop import RunCancelled
 
-        name = f"run:{handle.session_id}"
+        name = f"run:{session_id}"
         deadline = None if lock_timeout is None else time.monotonic() + lock_timeout
         step = WAIT_STEP
         while True:
             if cancel.is_set() or getattr(handle, "killed", False):
                 raise RunCancelled("run cancelled before it started")
-            local = self._try_begin(handle, name, cancel)
+            local = self._try_begin(handle, session_id, name, cancel)
             if local is not None:
                 return local
             if self._stop.is_set():
@@ -200,7 +201,7 @@ class Cluster:
             cancel.wait(step)
             step = min(WAIT_MAX, step * 2)
 
-    def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
+    def _try_begin(self, handle: Any, session_id: str, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
         run_id = str(time_ordered_uuid())
         if not self.shared:
@@ -214,16 +215,16 @@ class Cluster:
                 # message). A daemon killed meanwhile leaves no record of the run, as it
                 # leaves none of its messages.
                 return self._start_in_memory(LocalRun(run_id, handle.id, Lease(name, ""), cancel, deferred=True,
-                                                      session_id=handle.session_id, started_at=time.time()))
+                                                      session_id=session_id, started_at=time.time()))
         try:
             with orm.db_session:
                 relaxed_commit(self.store)
-                return self._start_record(handle, name, cancel, run_id, secs)
+                return self._start_record(handle, session_id, name, cancel, run_id, secs)
         except BaseException:
             self._sessions.discard(name)
             raise
 
-    def _start_record(self, handle: Any, name: str, cancel: threading.Event, run_id: str,
+    def _start_record(self, handle: Any, session_id: str, name: str, cancel: threading.Event, run_id: str,
                       secs: float) -> LocalRun | None:
         """Inside a db_session: take the run lease (shared database) and write the run record."""
         if self.shared:
@@ -232,11 +233,11 @@ class Cluster:
                 return None
             # Taking an expired lease: the run that held it died with its daemon. (A lone
             # daemon on SQLite failed every leftover run when it started.)
-            self.runs.reap(session_id=handle.session_id)
+            self.runs.reap(session_id=session_id)
         else:
             lease = Lease(name, "")  # held in self._sessions
         reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
-        self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
+        self.runs.start(run_id, handle.id, session_id, self.id, time.time() + secs, reserve)
         return self._start_in_memory(LocalRun(run_id, handle.id, lease, cancel))
 
     def _start_in_memory(self, local: LocalRun) -> LocalRun:

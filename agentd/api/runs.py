@@ -2,14 +2,13 @@
 
 Every live transport follows the same steps: refuse early (quota, budget,
 stream cap, a busy agent's full queue) while a plain JSON error can still be
-sent, start the run on the kernel's executor with a queue as its sink, and
-always finish the queue and free the stream slot, whatever happens. A client
-that goes away stops its run (or withdraws it, if it was still queued).
+sent, start the run (`Runs.start`) on the kernel's executor with a queue as its
+sink, and always finish the queue and free the stream slot, whatever happens. A
+client that goes away stops its run (or withdraws it, if it was still queued).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ from flask import request
 
 from agentd.agents.events import Event, QueueSink
 from agentd.agents.loop import RunCancelled, RunResult
-from agentd.agents.manager import AgentHandle, AgentManager, RunOptions
+from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.agents.runs import CALLER, WORKER, RunRequest, RunTicket
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 
@@ -43,9 +43,7 @@ class LiveRun:
     """A run in flight and the queue its events arrive on."""
 
     sink: QueueSink
-    future: Future
-    cancel: threading.Event
-    manager: AgentManager
+    ticket: RunTicket
     disconnected: Callable[[], bool] | None = None
     heartbeat_secs: float = HEARTBEAT_SECS  # `[api] sse_keepalive_secs`
 
@@ -63,7 +61,7 @@ class LiveRun:
                 quiet_since = time.monotonic()
                 yield event
                 continue
-            if self.cancel.is_set() and not self.future.done():
+            if self.ticket.request.cancel.is_set() and not self.ticket.done():
                 # POST /stop: end the stream now; the run itself ends within moments.
                 yield Event("stopped", {"message": "run stopped"})
                 return
@@ -73,8 +71,7 @@ class LiveRun:
 
     def stop_run(self) -> None:
         """Withdraw the run if it is still queued, else cancel it."""
-        if not self.future.done() and not self.manager.withdraw(self.future):
-            self.cancel.set()
+        self.ticket.stop()
 
     def close(self) -> None:
         """The consumer left: stop delivering and stop the run (a stream nobody reads is not
@@ -98,31 +95,34 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     The wait holds a server thread, so it takes one of the capped long-lived slots; a
     client that disconnects meanwhile withdraws its queued run or stops its running one.
     """
-    agents = kernel.agents
-    agents.precheck(handle)
-    acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly", handle)
+    waiting = handle.busy  # (before the run takes its place)
+    ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, on=CALLER))
     try:
-        return agents.run_now(handle, text, attachments, options=options, disconnected=client_disconnected())
+        acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly",
+                            handle if waiting else None)
+    except BaseException:
+        ticket.abandon()
+        raise
+    try:
+        return ticket.result(client_disconnected())
     finally:
         kernel.stream_slots.release()
 
 
 def start_live_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
                    options: RunOptions | None = None) -> LiveRun:
-    """Precheck, then start the run; the caller must call `release` when done."""
-    kernel.agents.precheck(handle)
+    """Start the run on a worker (refusals are raised here); the caller must call `close`
+    when done."""
     sink = QueueSink()
-    cancel = threading.Event()
-    future = kernel.agents.submit(handle, text, attachments, emit=sink, options=options, cancel=cancel)
+    ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, emit=sink, on=WORKER))
 
     def finished(f: Future) -> None:
         exc = f.exception()
         sink(result_event(f.result()) if exc is None else failure_event(exc))
         sink.finish()
 
-    future.add_done_callback(finished)
-    return LiveRun(sink, future, cancel, kernel.agents, client_disconnected(),
-                   kernel.config.api.sse_keepalive_secs)
+    ticket.future.add_done_callback(finished)
+    return LiveRun(sink, ticket, client_disconnected(), kernel.config.api.sse_keepalive_secs)
 
 
 def result_event(result: RunResult) -> Event:

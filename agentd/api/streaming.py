@@ -31,7 +31,8 @@ from waitress.channel import ClientDisconnected
 from agentd import held_writes
 from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
-from agentd.agents.runqueue import ClaimedRun, Poller
+from agentd.agents.runqueue import Poller
+from agentd.agents.runs import CALLER, RunRequest, RunTicket
 from agentd.api.runs import (POLL_SECS, LiveRun, acquire_stream_slot, client_disconnected, failure_event,
                              result_event, start_live_run)
 from agentd.api.sse import comment, sse_response
@@ -61,11 +62,10 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
         if write is None:
             run = start_live_run(kernel, handle, text, attachments, options)
         else:
-            kernel.agents.precheck(handle)
             stream = WrittenStream(write, shape, kernel.config.api.sse_keepalive_secs,
                                    write_last=request.environ.get(LAST_WRITE_KEY))
-            claimed = kernel.agents.claim(handle, text, attachments, emit=stream.deliver, options=options,
-                                          cancel=stream.cancel)
+            claimed = kernel.runs.start(RunRequest(handle, text, attachments, options, emit=stream.deliver,
+                                                   cancel=stream.cancel, on=CALLER))
     except BaseException:
         kernel.stream_slots.release()
         raise
@@ -101,7 +101,7 @@ def _pulled(run: LiveRun, shape: StreamShape) -> Iterator[str]:
     yield from shape.closing
 
 
-def _written(stream: "WrittenStream", claimed: ClaimedRun, disconnected: Callable[[], bool] | None,
+def _written(stream: "WrittenStream", claimed: RunTicket, disconnected: Callable[[], bool] | None,
              closed: Callable[[], None]) -> Iterator[str]:
     """Run on this thread, writing as it goes; yields nothing (every byte is written)."""
     # A run on this thread starts at once: its opening goes out with its first events,
