@@ -66,8 +66,8 @@ class AgentManager:
     def summary(self, handle: AgentHandle) -> dict[str, Any]:
         return self.registry.summary(handle)
 
-    def list_item(self, handle: AgentHandle) -> dict[str, Any]:
-        return self.registry.list_item(handle)
+    def list_item(self, handle: AgentHandle, auth: str | None = None, tier: str | None = None) -> dict[str, Any]:
+        return self.registry.list_item(handle, auth, tier)
 
     def list_json(self) -> str:
         return self.registry.list_json()
