@@ -82,7 +82,7 @@ def test_quota_under_resources_and_none_without_limit(mgr) -> None:
     mgr.runs._check_quota(free)
 
 
-def test_runs_count_their_tokens_and_hit_the_quota(mgr, fake) -> None:
+def test_runs_count_their_tokens_and_hit_the_quota(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("count", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 6\n'))
     run(mgr, h, "one two")
     # input: "sys" + "one two" = 3 words; output: "echo: one two" = 3 words
@@ -90,8 +90,7 @@ def test_runs_count_their_tokens_and_hit_the_quota(mgr, fake) -> None:
     with pytest.raises(TooManyRequests):
         run(mgr, h, "again")
     preflight = Recorder()
-    m2 = mgr.__class__(mgr.registry.config, mgr.store, mgr.registry.catalog, mgr.runs.kv, mgr.runs.approvals, mgr.executor, mgr.record_usage,
-                       preflight=preflight)
+    m2 = env.manager(preflight=preflight)
     g = m2.spawn(manifest("pre"))
     run(m2, g, "x")
     assert preflight.calls == [(g,)]
@@ -337,9 +336,9 @@ def test_a_busy_agent(mgr) -> None:
     assert done == ["echo: waited"]
 
 
-def test_other_failures_still_write_usage(env, mgr) -> None:
+def test_other_failures_still_write_usage(env) -> None:
     written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
 
     def record(handle, provider, model, response, usage=None):
         usage.append({"model": model})
@@ -375,7 +374,7 @@ class caplog_at_warning:
         self.logger.setLevel(self.level)
 
 
-def test_memory_hooks(env, mgr) -> None:
+def test_memory_hooks(env) -> None:
     class Memory:
         def __init__(self) -> None:
             self.calls: list = []
@@ -387,11 +386,12 @@ def test_memory_hooks(env, mgr) -> None:
         def after_exchange(self, *args):
             self.calls.append(("after",) + args)
 
-    mgr.memory = Memory()
+    memory = Memory()
+    mgr = env.manager(memory=memory)
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
     result = run(mgr, h, "[[echo_params]]", options=RunOptions(extra_system="X"))
     assert json.loads(result.response)["system"] == "S\n\nX\n\nRECALLED"
-    assert mgr.memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
+    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
                                 ("after", h.id, h.session_id, "[[echo_params]]", result.response)]
 
 
@@ -420,36 +420,38 @@ def test_stop_on_a_cluster_asks_the_other_daemons(env) -> None:
             self.asked.append(agent_id)
             return self.n
 
-    m = env.manager()
+    shared_store = dataclasses.replace(env.store, backend="postgres")
+    lone = Cluster(1)
+    m = env.manager(cluster=lone)
     h = m.spawn(manifest("cl"))
-    m.cluster = Cluster(1)
-    assert m.stop(h) is False and m.cluster.asked == [], "not shared: nobody else to ask"
-    m.store = dataclasses.replace(env.store, backend="postgres")
-    assert m.stop(h) is True and m.cluster.asked == [h.id]
-    m.cluster = Cluster(0)
-    assert m.stop(h) is False and m.cluster.asked == [h.id]
-    m.cluster = Cluster(1)
+    assert m.stop(h) is False and lone.asked == [], "not shared: nobody else to ask"
+    one = Cluster(1)
+    assert env.manager(cluster=one, store=shared_store).stop(h) is True and one.asked == [h.id]
+    none = Cluster(0)
+    assert env.manager(cluster=none, store=shared_store).stop(h) is False and none.asked == [h.id]
+    local = Cluster(1)
+    m = env.manager(cluster=local, store=shared_store)
     cancel = threading.Event()
     h.cancel = cancel
-    assert m.stop(h) is True and cancel.is_set() and m.cluster.asked == [], "a local run is stopped here"
-    assert m.stop(h) is True and m.cluster.asked == [h.id], "set already: maybe another daemon runs it"
+    assert m.stop(h) is True and cancel.is_set() and local.asked == [], "a local run is stopped here"
+    assert m.stop(h) is True and local.asked == [h.id], "set already: maybe another daemon runs it"
 
 
-def test_a_cluster_runs_the_run(env, mgr) -> None:
+def test_a_cluster_runs_the_run(env) -> None:
     class Cluster:   # the interface of agentd.cluster.Cluster.run
         calls: list = []
         completed: list = []
 
-        def run(self, handle, cancel, lock_timeout, body, *, completes=False):
-            self.calls.append((handle, cancel, lock_timeout, completes))
+        def run(self, handle, cancel, lock_timeout, body, *, completes=False, session_id=""):
+            self.calls.append((handle, cancel, lock_timeout, completes, session_id))
             return body(lambda tx, cost: self.completed.append(cost)) if completes else body()
 
     env.usage.value = 0.125
-    mgr.cluster = Cluster()
+    mgr = env.manager(cluster=Cluster())
     h = mgr.spawn(manifest("leased"))
     cancel = threading.Event()
     assert run(mgr, h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
-    assert Cluster.calls == [(h, cancel, 3.0, True)]
+    assert Cluster.calls == [(h, cancel, 3.0, True, h.session_id)]
     assert Cluster.completed == [0.125], "the run record is closed with the run's cost"
     events: list = []
     png = mgr.save_upload(h, "c.png", "image/png", b"\x89PNG-c")
@@ -487,17 +489,19 @@ def test_submit_wait_withdraw_and_stop_all(mgr) -> None:
     assert c.result(5).response == "echo: c" and emitted
 
 
-def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -> None:
+def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(env) -> None:
     # The queue has handed the run to a worker; its pre-checks (quota, budget) are still
     # going when the stop comes. CI's PostgreSQL pass once lost a shutdown in this window.
     entered, release = threading.Event(), threading.Event()
+    caller = threading.current_thread()
 
     def preflight(_handle) -> None:
+        if threading.current_thread() is caller:
+            return  # the check when the run is started; the worker checks again
         entered.set()
         release.wait(5)
 
-    m = mgr.__class__(mgr.registry.config, mgr.store, mgr.registry.catalog, mgr.runs.kv, mgr.runs.approvals, mgr.executor,
-                      mgr.record_usage, preflight=preflight)
+    m = env.manager(preflight=preflight)
     for how in ("submit", "stop_all"):
         entered.clear()
         release.clear()
@@ -516,7 +520,9 @@ def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -
         assert submit(m, h, "after").result(5).response == "echo: after"
 
 
-def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env, mgr) -> None:
+def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None:
+    written: list = []
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
     h = mgr.spawn(manifest("ctxa", '[capabilities]\nshell = ["*"]\n'
                                    'tools = ["shell_exec", "memory_store", "agent_send"]\n'))
     other = mgr.spawn(manifest("ctxb"))
@@ -529,8 +535,6 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env, mgr) ->
         "tool said: echo: hi"
     # A stop reaches the running command through the tool's context, not only the loop;
     # the model call made before it is paid for (its usage row is written with the turn).
-    written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     future = submit(mgr, h, '[[tool:shell_exec {"command": "sleep 30"}]]')
     for _ in range(100):
@@ -630,9 +634,9 @@ class MemoryStandIn:
         self.exchanges.append((agent_id, session_id, user_text, answer))
 
 
-def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(mgr, fake) -> None:
+def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(env, fake) -> None:
     memory = MemoryStandIn()
-    mgr.memory = memory
+    mgr = env.manager(memory=memory)
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
     result = run(mgr, h, "[[tool:system_time {}]]")
     systems = [r["json"]["messages"][0]["content"] for r in fake.requests[-2:]]
@@ -644,9 +648,9 @@ def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_cal
     assert memory.asked[-1][1] == "" and memory.exchanges[-1][2] == "", "an image-only message has no text"
 
 
-def test_a_completed_run_writes_its_usage_rows(env, mgr) -> None:
+def test_a_completed_run_writes_its_usage_rows(env) -> None:
     written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     h = mgr.spawn(manifest("paid"))
     run(mgr, h, "[[tool:system_time {}]]")

@@ -36,10 +36,10 @@ WAIT_POLL = 0.1  # how often a waiting request checks for stop and client discon
 
 @dataclass
 class QueuedRun:
-    """A run waiting for its agent (or running): `execute()` runs it to completion, its
-    result goes to `future`."""
+    """A run waiting for its agent (or running): `execute(handle)` runs it to completion for
+    the agent whose queue it is in; its result goes to `future`."""
 
-    execute: Callable[[], RunResult]
+    execute: Callable[[Any], RunResult]
     cancel: threading.Event
     future: Future = field(default_factory=Future)
 
@@ -176,7 +176,7 @@ class RunQueues:
         """Run `job`; until it ends, a stop of the agent sets its cancel event."""
         handle.starting = job.cancel
         try:
-            return job.execute()
+            return job.execute(handle)
         finally:
             handle.starting = None
 

@@ -165,7 +165,7 @@ class Runs:
         self.precheck(handle)
         if request.session_id or request.on == INLINE:
             return RunTicket(self, request)
-        job = QueuedRun(lambda: self._execute(request), request.cancel)
+        job = QueuedRun(lambda _handle: self._execute(request), request.cancel)
         if request.on == CALLER:
             return RunTicket(self, request, claimed=self.queues.claim(handle, job))
         return RunTicket(self, request, future=self.queues.submit(handle, job))
