@@ -18,6 +18,7 @@ from flask import Flask
 
 from agentd.agents.events import Event, QueueSink
 from agentd.agents.loop import RunCancelled
+from agentd.agents.runs import RunRequest, RunTicket
 from agentd.api import create_app, runs
 from agentd.config import parse_config
 from agentd.errors import AgentdError, TooManyRequests
@@ -70,8 +71,8 @@ def drained(run: runs.LiveRun, heartbeat: float | None = None) -> list:
 
 def manual(env: Env, handle, heartbeat_secs: float = 100.0, disconnected=None) -> runs.LiveRun:
     """A LiveRun over a queue this test fills and a future it settles (no model call)."""
-    return runs.LiveRun(QueueSink(), Future(), threading.Event(), env.kernel.agents, disconnected,
-                        heartbeat_secs)
+    ticket = RunTicket(env.kernel.runs, RunRequest(handle, ""), future=Future())
+    return runs.LiveRun(QueueSink(), ticket, disconnected, heartbeat_secs)
 
 
 # -- client_disconnected and the slot cap ------------------------------------------------------------------------

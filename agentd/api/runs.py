@@ -9,6 +9,7 @@ client that goes away stops its run (or withdraws it, if it was still queued).
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,6 +48,14 @@ class LiveRun:
     disconnected: Callable[[], bool] | None = None
     heartbeat_secs: float = HEARTBEAT_SECS  # `[api] sse_keepalive_secs`
 
+    @property
+    def future(self) -> Future:
+        return self.ticket.future
+
+    @property
+    def cancel(self) -> threading.Event:
+        return self.ticket.request.cancel
+
     def events(self, heartbeat: float | None = None) -> Iterator[Event | None]:
         """Events in order, None when it is time for a keep-alive, then a final
         `done`, `stopped` or `error` event. Ends early, stopping the run, when the client
@@ -61,7 +70,7 @@ class LiveRun:
                 quiet_since = time.monotonic()
                 yield event
                 continue
-            if self.ticket.request.cancel.is_set() and not self.ticket.done():
+            if self.cancel.is_set() and not self.future.done():
                 # POST /stop: end the stream now; the run itself ends within moments.
                 yield Event("stopped", {"message": "run stopped"})
                 return
