@@ -740,3 +740,62 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
     with pytest.raises(RunCancelled):
         run_now(mgr, h, "[[slow:5]] long", disconnected=left.is_set)
     assert not h.busy and run_now(mgr, h, "again").response == "echo: again"
+
+
+# -- Runs.start: one entry for every run ------------------------------------------------------------
+def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
+    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest, check_message
+    from agentd.errors import PayloadTooLarge
+
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
+    h = mgr.spawn(manifest("big"))
+    check_message("é" * (32 * 1024))  # 64 KB exactly (two bytes each): allowed
+    asked = len(fake.requests)
+    for on in (WORKER, CALLER, INLINE):
+        with pytest.raises(PayloadTooLarge) as err:
+            mgr.runs.start(RunRequest(h, "x" * (64 * 1024 + 1), on=on))
+        assert err.value.message == "message too large (max 64 KB)"
+    with pytest.raises(PayloadTooLarge) as err:
+        check_message("y" * (64 * 1024 + 1), "input")
+    assert err.value.message == "input too large (max 64 KB)"
+    assert (preflight.calls, h.busy, len(h.waiting), len(fake.requests)) == ([], False, 0, asked), \
+        "BUG: a refused message was checked further, queued or sent"
+    # A prompt composed from earlier answers (workflow steps, agent sends) is not a client's.
+    long = "z" * (64 * 1024 + 1)
+    assert mgr.runs.start(RunRequest(h, long, on=INLINE, from_client=False)).result().response == f"echo: {long}"
+    assert preflight.calls == [(h,)], "an inline run is checked once, when it is started"
+
+
+def test_where_a_started_run_executes(env) -> None:
+    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest
+
+    mgr = env.manager()
+    h = mgr.spawn(manifest("where"))
+    ticket = mgr.runs.start(RunRequest(h, "here", on=CALLER))
+    assert (ticket.here, ticket.future, h.busy) == (True, None, True), "an idle agent is held for the caller"
+    assert ticket.result().response == "echo: here" and h.busy is False
+    worker = mgr.runs.start(RunRequest(h, "worker", on=WORKER))
+    assert worker.here is False and worker.future.result(10).response == "echo: worker"
+    inline = mgr.runs.start(RunRequest(h, "inline", on=INLINE))
+    assert (inline.here, h.busy) == (True, False), "an inline run takes no place in the queue"
+    assert inline.result().response == "echo: inline"
+    # stop(): a queued run is withdrawn and never runs; a running one is cancelled.
+    h.run_lock.acquire()
+    try:
+        running = mgr.runs.start(RunRequest(h, "[[slow:5]] running", on=WORKER))
+        time.sleep(0.2)
+        queued = mgr.runs.start(RunRequest(h, "queued", on=WORKER))
+        queued.stop()
+        assert len(h.waiting) == 0 and queued.request.cancel.is_set()
+        with pytest.raises(RunCancelled):
+            queued.future.result(1)
+        running.stop()
+    finally:
+        h.run_lock.release()
+    with pytest.raises(RunCancelled):
+        running.future.result(10)
+    # abandon(): a run held for a caller that will not wait frees the agent, never runs.
+    held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
+    held.abandon()
+    assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"
