@@ -103,14 +103,14 @@ def submit(m: AgentManager, handle: Any, text: str, attachments: list | None = N
                                    on=WORKER)).future
 
 
-def run_now(m: AgentManager, handle: Any, text: str, attachments: list | None = None, options: Any = None,
+def run_on_caller(m: AgentManager, handle: Any, text: str, attachments: list | None = None, options: Any = None,
             cancel: threading.Event | None = None, disconnected: Any = None) -> RunResult:
     """A run on the calling thread when the agent is idle, else queued; its result."""
     return m.runs.start(RunRequest(handle, text, attachments or [], options, None, cancel or threading.Event(),
                                    on=CALLER)).result(disconnected)
 
 
-def run_conversation(m: AgentManager, handle: Any, session_id: str, text: str, label: str = "") -> RunResult:
+def run_in_conversation(m: AgentManager, handle: Any, session_id: str, text: str, label: str = "") -> RunResult:
     """A run in another session of the agent (a channel conversation's)."""
     return m.runs.start(RunRequest(handle, text, on=INLINE, session_id=session_id, label=label)).result()
 

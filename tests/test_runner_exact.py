@@ -1,4 +1,4 @@
-"""Run execution (agentd/agents/runner.py), in process, with exact values.
+"""Runs (agentd/agents/runs.py), in process, with exact values.
 
 A real manager on a real store, the real loop and the fake LLM: the token quota at and
 past its limit, the user turn with attachments, what a run hands the loop (system prompt,
@@ -25,8 +25,8 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
 from support import children_named
-from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest, run, run_conversation,  # noqa: F401 (fake: a fixture)
-                        run_now, submit)
+from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest, run, run_in_conversation,  # noqa: F401 (fake: a fixture)
+                        run_on_caller, submit)
 
 
 @pytest.fixture()
@@ -662,7 +662,7 @@ def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:
     first = submit(mgr, h, "[[slow:0.5]] first")
     time.sleep(0.1)
     assert h.busy
-    assert run_now(mgr, h, "second").response == "echo: second", "a busy agent's run_now is queued"
+    assert run_on_caller(mgr, h, "second").response == "echo: second", "a busy agent's run_on_caller is queued"
     assert first.result(5).response == "echo: first"
     slow = submit(mgr, h, "[[slow:5]] long")
     with pytest.raises(RunCancelled):
@@ -692,40 +692,40 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("conv"))
     run(mgr, h, "main")
     sid = str(uuid.uuid4())
-    assert run_conversation(mgr, h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
+    assert run_in_conversation(mgr, h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
     assert [m["content"] for m in fake.requests[-1]["json"]["messages"] if m["role"] != "system"] == \
         ["in the chat"], "BUG: a new conversation was sent the agent's own session"
-    assert run_conversation(mgr, h, sid, "again").response == "echo: again"
+    assert run_in_conversation(mgr, h, sid, "again").response == "echo: again"
     assert [m["content"] for m in session_of(env, sid)] == ["in the chat", "echo: in the chat", "again", "echo: again"]
     assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"]
     with orm.db_session:
         row = env.store.e.SessionRow.get(id=sid)
         assert (row.label, row.agent.id) == ("tg:42", h.id)
     sid2 = str(uuid.uuid4())
-    run_conversation(mgr, h, sid2, "no label")
+    run_in_conversation(mgr, h, sid2, "no label")
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=sid2).label is None
     assert h.session_tail[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
     with h.run_lock:  # the agent's own session is busy: a conversation does not wait for it
-        assert run_conversation(mgr, h, sid2, "meanwhile").response == "echo: meanwhile"
+        assert run_in_conversation(mgr, h, sid2, "meanwhile").response == "echo: meanwhile"
     assert h.cancel is None and len(session_of(env, h.session_id)) == 2
     gone = mgr.spawn(manifest("gone"))
     mgr.kill(gone)
     with pytest.raises(NotFound) as err:
-        run_conversation(mgr, gone, str(uuid.uuid4()), "x")
+        run_in_conversation(mgr, gone, str(uuid.uuid4()), "x")
     assert err.value.message == "agent not found"
 
 
 def test_run_now_runs_with_everything_it_was_given(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("now"))
     txt = mgr.save_upload(h, "n.txt", "text/plain", b"inside")
-    result = run_now(mgr, h, "read", [{"file_id": txt["file_id"]}], RunOptions(max_tokens=7))
+    result = run_on_caller(mgr, h, "read", [{"file_id": txt["file_id"]}], RunOptions(max_tokens=7))
     assert result.response == "echo: read\n[attached file n.txt]\ninside"
     sent = fake.requests[-1]["json"]
-    assert sent["max_tokens"] == 7, "BUG: run_now dropped the request's options"
+    assert sent["max_tokens"] == 7, "BUG: run_on_caller dropped the request's options"
     assert sent["messages"][-1]["content"] == "read\n[attached file n.txt]\ninside", "BUG: attachments dropped"
     assert session_of(env, h.session_id)[-1] == {"role": "assistant", "content": "echo: read\n[attached file n.txt]\ninside"}
-    assert run_now(mgr, h, "plain").response == "echo: plain", "no attachments, options or cancel given"
+    assert run_on_caller(mgr, h, "plain").response == "echo: plain", "no attachments, options or cancel given"
     assert not h.busy
 
 
@@ -734,12 +734,12 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
     stop = threading.Event()
     stop.set()
     with pytest.raises(RunCancelled):
-        run_now(mgr, h, "never", cancel=stop)
+        run_on_caller(mgr, h, "never", cancel=stop)
     left = threading.Event()
     threading.Timer(0.3, left.set).start()
     with pytest.raises(RunCancelled):
-        run_now(mgr, h, "[[slow:5]] long", disconnected=left.is_set)
-    assert not h.busy and run_now(mgr, h, "again").response == "echo: again"
+        run_on_caller(mgr, h, "[[slow:5]] long", disconnected=left.is_set)
+    assert not h.busy and run_on_caller(mgr, h, "again").response == "echo: again"
 
 
 # -- Runs.start: one entry for every run ------------------------------------------------------------

@@ -128,9 +128,6 @@ class RunTicket:
             if self.future is None or not self._runs.queues.withdraw(self.future):
                 self.request.cancel.set()
 
-    def done(self) -> bool:
-        return self.future is not None and self.future.done()
-
 
 class Runs:
     """Starts, queues, runs and stops agent runs (see the module doc)."""
