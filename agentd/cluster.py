@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
@@ -36,6 +36,9 @@ from agentd.ids import time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
+
+if TYPE_CHECKING:
+    from agentd.budget_gate import BudgetGate
 
 log = logging.getLogger("agentd.cluster")
 
@@ -64,7 +67,9 @@ class LocalRun:
 class Cluster:
     """Coordination of this daemon with the others on the same database."""
 
-    def __init__(self, store: Store, settings: ClusterSettings, listen: str, shared: bool | None = None) -> None:
+    def __init__(self, store: Store, settings: ClusterSettings, listen: str, shared: bool | None = None,
+                 budget: BudgetGate | None = None, audit: Callable[[str, str, dict[str, Any]], None] | None = None,
+                 leaving: threading.Event | None = None) -> None:
         self.store = store
         self.settings = settings
         self.id = settings.daemon_id
@@ -74,13 +79,14 @@ class Cluster:
         self.shared = is_shared(store) if shared is None else shared
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
-        self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
+        # Admission of runs against the monthly budget (reservations on a shared database).
+        self.budget = budget
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
         # The kernel's audit trail (AuditLog.record): runs failed by the reaper are recorded there.
-        self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
+        self.audit = audit
         # Set when this daemon shuts down (the kernel's `stopping`): stopping its own agents
         # then must not ask other daemons to stop theirs.
-        self.leaving = threading.Event()
+        self.leaving = leaving or threading.Event()
         self._local: dict[str, LocalRun] = {}
         # A lone daemon's run leases live in memory: no other daemon can ask for them, and
         # writing a lease row twice per message is a transaction and a half of pure cost.

@@ -75,22 +75,19 @@ class Kernel:
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)
+        # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
+        self.metering = Metering(store, self.catalog, shared=store.shared,
+                                 enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
+        self.audit = AuditLog(store)
+        from agentd.budget_gate import BudgetGate
+
         # Several daemons on one database (agentd/cluster.py): run leases, run records,
         # approvals in the database, budget admission, channel leaders, memory notifications.
-        self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen)
+        self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
+                               budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)
         from agentd.agents.shared_approvals import SharedApprovalQueue
 
         self.approvals: ApprovalQueue = SharedApprovalQueue(store, self.cluster.id)
-        self.metering = Metering(store, self.catalog)
-        # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
-        self.metering.enabled = os.environ.get("AGENTD_BENCH_NO_METERING") != "1"
-        from agentd.budget_gate import BudgetGate
-
-        self.metering.shared = self.cluster.shared
-        self.cluster.budget = BudgetGate(self.metering)
-        self.cluster.leaving = self.stopping
-        self.audit = AuditLog(store)
-        self.cluster.audit = self.audit.record
         # The agent services, each given what it uses (agentd/agents/manager.py lists them).
         models = ModelCalls(config, self.catalog, self._record_usage)
         # Semantic memory + knowledge graph; numpy and the model load on first use.
