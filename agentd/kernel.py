@@ -78,7 +78,7 @@ class Kernel:
         # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
-        self.audit = AuditLog(store)
+        self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
         from agentd.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster.py): run leases, run records,
@@ -122,8 +122,8 @@ class Kernel:
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
-        # Audit trail + channels (agentd/audit.py, agentd/channels/).
         self.audit.record("kernel.start", "agentd", {"version": __version__})
+        # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,

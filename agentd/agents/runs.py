@@ -32,7 +32,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
@@ -58,7 +58,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentd.agents")
 
-WORKER, CALLER, INLINE = "worker", "caller", "inline"
+Where = Literal["worker", "caller", "inline"]
+WORKER: Where = "worker"
+CALLER: Where = "caller"
+INLINE: Where = "inline"
 
 
 def check_message(text: str, what: str = "message") -> None:
@@ -77,7 +80,7 @@ class RunRequest:
     options: RunOptions | None = None
     emit: Sink | None = None  # the run's events (None: only the result is wanted)
     cancel: threading.Event = field(default_factory=threading.Event)  # set to stop the run
-    on: str = WORKER
+    on: Where = WORKER
     wait: float | None = None  # INLINE: how long to wait for the agent's current run (None: no limit)
     session_id: str = ""  # another session of the agent, created (labelled `label`) on first use
     label: str = ""
