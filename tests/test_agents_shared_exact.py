@@ -162,7 +162,8 @@ def test_a_kill_that_starts_while_the_handle_is_built_wins(pair) -> None:
 
     b.registry.handle_from_row = kill_starts
     shared.sync_agent(b.registry, agent_id=h.id)
-    assert b.registry._agents == {} and b.registry._by_name == {}, "BUG: a handle was registered for an agent being killed"
+    assert b.registry._agents == {} and b.registry._by_name == {}, \
+        "BUG: a handle was registered for an agent being killed"
 
 
 def test_a_row_deleted_while_it_is_adopted_is_read_whole(pair) -> None:

@@ -45,7 +45,8 @@ def test_endpoint_of_a_catalog_provider(mgr, fake, monkeypatch) -> None:
     assert mgr.models.endpoint("openai") == ProviderEndpoint(
         provider="openai", kind="openai", base_url=fake.openai_base, api_key="sk-openai",
         api_key_env="OPENAI_API_KEY", key_required=True, timeout=5.0, stream_idle=7.0)
-    assert mgr.models.endpoint("anthropic").kind == "anthropic" and mgr.models.endpoint("anthropic").base_url == fake.anthropic_base
+    anthropic = mgr.models.endpoint("anthropic")
+    assert anthropic.kind == "anthropic" and anthropic.base_url == fake.anthropic_base
     monkeypatch.delenv("GROQ_API_KEY", raising=False)
     assert mgr.models.endpoint("groq") == ProviderEndpoint(
         provider="groq", kind="openai", base_url="https://api.groq.com/openai/v1", api_key="",

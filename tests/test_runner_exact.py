@@ -25,8 +25,8 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
 from support import children_named
-from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest, run, run_in_conversation,  # noqa: F401 (fake: a fixture)
-                        run_on_caller, submit)
+from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest,  # noqa: F401 (fake: a fixture)
+                        run, run_in_conversation, run_on_caller, submit)
 
 
 @pytest.fixture()
