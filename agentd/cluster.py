@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
@@ -36,6 +36,9 @@ from agentd.ids import time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
+
+if TYPE_CHECKING:
+    from agentd.budget_gate import BudgetGate
 
 log = logging.getLogger("agentd.cluster")
 
@@ -64,7 +67,9 @@ class LocalRun:
 class Cluster:
     """Coordination of this daemon with the others on the same database."""
 
-    def __init__(self, store: Store, settings: ClusterSettings, listen: str, shared: bool | None = None) -> None:
+    def __init__(self, store: Store, settings: ClusterSettings, listen: str, shared: bool | None = None,
+                 budget: BudgetGate | None = None, audit: Callable[[str, str, dict[str, Any]], None] | None = None,
+                 leaving: threading.Event | None = None) -> None:
         self.store = store
         self.settings = settings
         self.id = settings.daemon_id
@@ -74,13 +79,14 @@ class Cluster:
         self.shared = is_shared(store) if shared is None else shared
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
-        self.budget: Any = None  # agentd.budget_gate.BudgetGate, set by the kernel
+        # Admission of runs against the monthly budget (reservations on a shared database).
+        self.budget = budget
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
         # The kernel's audit trail (AuditLog.record): runs failed by the reaper are recorded there.
-        self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
+        self.audit = audit
         # Set when this daemon shuts down (the kernel's `stopping`): stopping its own agents
         # then must not ask other daemons to stop theirs.
-        self.leaving = threading.Event()
+        self.leaving = leaving or threading.Event()
         self._local: dict[str, LocalRun] = {}
         # A lone daemon's run leases live in memory: no other daemon can ask for them, and
         # writing a lease row twice per message is a transaction and a half of pure cost.
@@ -132,14 +138,15 @@ class Cluster:
 
     # -- runs --------------------------------------------------------------------------
     def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
-            body: Callable[..., Any], *, completes: bool = False) -> Any:
-        """Run `body` holding the session's lease and a run record (see the module doc).
+            body: Callable[..., Any], *, completes: bool = False, session_id: str = "") -> Any:
+        """Run `body` holding the session's lease and a run record (see the module doc); the
+        session is `session_id` (a channel conversation's), else the agent's own.
 
         With `completes`, `body` gets `complete(tx, cost)`: called in the write transaction
         `tx` that saves the run's session, it closes the record as completed in that same
         transaction (one commit per message, not two); a run that does not call it, or fails
         after it, is closed here after."""
-        local = self._begin(handle, cancel, lock_timeout)
+        local = self._begin(handle, session_id or handle.session_id, cancel, lock_timeout)
         status, error, result = "failed", None, None
 
         def complete(tx: Tx, cost: float | None) -> None:
@@ -181,16 +188,16 @@ class Cluster:
             self.leases.release(local.lease, tx=tx)
         local.closed = True
 
-    def _begin(self, handle: Any, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
+    def _begin(self, handle: Any, session_id: str, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
         from agentd.agents.loop import RunCancelled
 
-        name = f"run:{handle.session_id}"
+        name = f"run:{session_id}"
         deadline = None if lock_timeout is None else time.monotonic() + lock_timeout
         step = WAIT_STEP
         while True:
             if cancel.is_set() or getattr(handle, "killed", False):
                 raise RunCancelled("run cancelled before it started")
-            local = self._try_begin(handle, name, cancel)
+            local = self._try_begin(handle, session_id, name, cancel)
             if local is not None:
                 return local
             if self._stop.is_set():
@@ -200,7 +207,7 @@ class Cluster:
             cancel.wait(step)
             step = min(WAIT_MAX, step * 2)
 
-    def _try_begin(self, handle: Any, name: str, cancel: threading.Event) -> LocalRun | None:
+    def _try_begin(self, handle: Any, session_id: str, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
         run_id = str(time_ordered_uuid())
         if not self.shared:
@@ -214,16 +221,16 @@ class Cluster:
                 # message). A daemon killed meanwhile leaves no record of the run, as it
                 # leaves none of its messages.
                 return self._start_in_memory(LocalRun(run_id, handle.id, Lease(name, ""), cancel, deferred=True,
-                                                      session_id=handle.session_id, started_at=time.time()))
+                                                      session_id=session_id, started_at=time.time()))
         try:
             with orm.db_session:
                 relaxed_commit(self.store)
-                return self._start_record(handle, name, cancel, run_id, secs)
+                return self._start_record(handle, session_id, name, cancel, run_id, secs)
         except BaseException:
             self._sessions.discard(name)
             raise
 
-    def _start_record(self, handle: Any, name: str, cancel: threading.Event, run_id: str,
+    def _start_record(self, handle: Any, session_id: str, name: str, cancel: threading.Event, run_id: str,
                       secs: float) -> LocalRun | None:
         """Inside a db_session: take the run lease (shared database) and write the run record."""
         if self.shared:
@@ -232,11 +239,11 @@ class Cluster:
                 return None
             # Taking an expired lease: the run that held it died with its daemon. (A lone
             # daemon on SQLite failed every leftover run when it started.)
-            self.runs.reap(session_id=handle.session_id)
+            self.runs.reap(session_id=session_id)
         else:
             lease = Lease(name, "")  # held in self._sessions
         reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
-        self.runs.start(run_id, handle.id, handle.session_id, self.id, time.time() + secs, reserve)
+        self.runs.start(run_id, handle.id, session_id, self.id, time.time() + secs, reserve)
         return self._start_in_memory(LocalRun(run_id, handle.id, lease, cancel))
 
     def _start_in_memory(self, local: LocalRun) -> LocalRun:

@@ -20,6 +20,12 @@ from agentd.config import Config
 from agentd.kernel_time import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
+from agentd.agents.model_call import ModelCalls
+from agentd.agents.registry import AgentRegistry
+from agentd.agents.runqueue import RunQueues
+from agentd.agents.runs import Runs
+from agentd.agents.session_store import SessionStore
+from agentd.agents.uploads import Uploads
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
 from agentd.llm.types import ChatResponse
@@ -63,36 +69,39 @@ class Kernel:
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
         self.kv = KvMemory(store)
+        # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
+        self.metering = Metering(store, self.catalog, shared=store.shared,
+                                 enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
+        self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
+        from agentd.budget_gate import BudgetGate
+
         # Several daemons on one database (agentd/cluster.py): run leases, run records,
         # approvals in the database, budget admission, channel leaders, memory notifications.
-        self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen)
+        self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
+                               budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)
         from agentd.agents.shared_approvals import SharedApprovalQueue
 
         self.approvals: ApprovalQueue = SharedApprovalQueue(store, self.cluster.id)
-        self.metering = Metering(store, self.catalog)
-        # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
-        self.metering.enabled = os.environ.get("AGENTD_BENCH_NO_METERING") != "1"
-        self.agents = AgentManager(config, store, self.catalog, self.kv, self.approvals,
-                                   self.executor, self._record_usage,
-                                   preflight=lambda _handle: self.metering.check_budget())
+        # The agent services, each given what it uses (agentd/agents/manager.py lists them).
+        models = ModelCalls(config, self.catalog, self._record_usage)
+        # Semantic memory + knowledge graph; numpy and the model load on first use.
+        self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
+        queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
+                           shared=store.shared)
+        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record)
         # A run writes its usage rows in the transaction that saves its session.
-        self.agents.write_usage = self.metering.write_rows
+        sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
+        uploads = Uploads(store)
+        self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
+                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
+        self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
-        from agentd.budget_gate import BudgetGate
-
-        self.metering.shared = self.cluster.shared
-        self.cluster.budget = BudgetGate(self.metering)
-        self.agents.cluster = self.cluster
-        self.cluster.leaving = self.stopping
         # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
         if store.shared:
-            self.settings_follower = SettingsFollower(store, self.custom_models, self.agents.url_overrides,
+            self.settings_follower = SettingsFollower(store, self.custom_models, models.url_overrides,
                                                       self.metering)
             self.settings_follower.start()
-        # Semantic memory + knowledge graph; numpy and the model load on first use.
-        self.memory = MemoryService(config.memory, store, self.agents.endpoint, config.llm.retries)
-        self.agents.memory = self.memory
         self.memory.start()
         from agentd.memory.notify import MemoryNotifier
 
@@ -102,19 +111,16 @@ class Kernel:
         loaded = self.agents.load()
         if loaded:
             log.info("restored %d agent(s)", loaded)
-        self.workflows = WorkflowEngine(store, self.agents, self.executor, daemon_id=self.cluster.id,
+        self.workflows = WorkflowEngine(store, registry, self.runs, self.executor, daemon_id=self.cluster.id,
                                         shared=self.cluster.shared)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
-        # Audit trail + channels (agentd/audit.py, agentd/channels/).
-        self.audit = AuditLog(store)
-        self.cluster.audit = self.audit.record
-        self.agents.audit_hook = self.audit.record
         self.audit.record("kernel.start", "agentd", {"version": __version__})
+        # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
-                                       store, self.agents, self.audit.record)
+                                       store, self.agents, self.runs, self.audit.record)
         self.qr_logins = QrLogins()
         from agentd.channel_leaders import ChannelLeaders
 
@@ -164,7 +170,7 @@ class Kernel:
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():
-            self.agents.stop(handle)
+            self.runs.stop(handle)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.cluster.close()
         self.memory_notifier.close()

@@ -53,10 +53,10 @@ class Metering:
     """Records model calls, reports usage and enforces the budget."""
 
     def __init__(self, store: Store, catalog: Catalog,
-                 now: Callable[[], datetime] = utcnow) -> None:
+                 now: Callable[[], datetime] = utcnow, shared: bool = False, enabled: bool = True) -> None:
         self.store = store
         self.catalog = catalog
-        self.enabled = True
+        self.enabled = enabled
         # The clock (UTC, aware); tests pass one they can move across a month end.
         self._now = now
         self._lock = threading.Lock()
@@ -64,9 +64,9 @@ class Metering:
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
         self._limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
-        # Several daemons share the database (set by the kernel): the totals and the limit
-        # are read from it on every check, since other daemons spend and set them too.
-        self.shared = False
+        # Several daemons share the database: the totals and the limit are read from it on
+        # every check, since other daemons spend and set them too.
+        self.shared = shared
 
     def _refresh(self, spend: bool = True) -> None:
         """Shared database: the limit, and this month's spend (always with `spend`, else only

@@ -1,14 +1,16 @@
 """In-process agent managers for the exact tests of agentd/agents/ (registry, sessions, runs, …).
 
-A real `AgentManager` on a real store (SQLite in a temp dir, or the PostgreSQL of
-AGENTD_TEST_PG via `support.store_url_for`), the real catalog, approval queue and KV memory,
-and the fake LLM server over real sockets. Nothing of the manager is replaced: the callbacks
-the kernel sets (`record_usage`, `write_usage`, `audit_hook`, `memory`) are recorders here, so
-a test reads exactly what the manager handed them.
+A real `AgentManager` over the real agent services, wired as the kernel wires them, on a
+real store (SQLite in a temp dir, or the PostgreSQL of AGENTD_TEST_PG via
+`support.store_url_for`), the real catalog, approval queue and KV memory, and the fake LLM
+server over real sockets. Nothing of the services is replaced: the collaborators the kernel
+gives them (`record_usage`, `write_usage`, `audit`, `memory`, `cluster`) are recorders or
+stand-ins here, so a test reads exactly what the services handed them.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,14 @@ from typing import Any
 import pytest
 
 from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.loop import RunResult
 from agentd.agents.manager import AgentManager
+from agentd.agents.model_call import ModelCalls
+from agentd.agents.registry import AgentRegistry
+from agentd.agents.runqueue import RunQueues
+from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest, Runs
+from agentd.agents.session_store import SessionStore
+from agentd.agents.uploads import Uploads
 from agentd.config import parse_config
 from agentd.llm.catalog import Catalog
 from agentd.memory.kv import KvMemory
@@ -56,15 +65,54 @@ class Env:
         self.audit = Recorder()
         self.usage = Recorder()
 
-    def manager(self, record_usage: Any = None, preflight: Any = None) -> AgentManager:
-        m = AgentManager(self.config, self.store, self.catalog, KvMemory(self.store), ApprovalQueue(),
-                         self.pool, record_usage or self.usage, preflight=preflight)
-        m.audit_hook = self.audit
-        return m
+    def manager(self, record_usage: Any = None, preflight: Any = None, write_usage: Any = None,
+                memory: Any = None, cluster: Any = None, audit: Any = "recorder",
+                approvals: Any = None, store: Any = None) -> AgentManager:
+        """The agent services on this store (or `store`), wired as the kernel wires them."""
+        approvals = approvals or ApprovalQueue()
+        store = store or self.store
+        models = ModelCalls(self.config, self.catalog, record_usage or self.usage)
+        queues = RunQueues(self.pool, lambda: self.config.agents.max_queue, approvals, cluster,
+                           shared=store.shared)
+        registry = AgentRegistry(self.config, store, self.catalog, queues, memory,
+                                 self.audit if audit == "recorder" else audit)
+        sessions = SessionStore(store, registry, models, write_usage)
+        uploads = Uploads(store)
+        runs = Runs(self.config, self.catalog, registry, sessions, models, uploads, queues, approvals,
+                    KvMemory(store), memory, cluster, preflight)
+        return AgentManager(registry, sessions, models, uploads, runs)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
         self.store.close()
+
+
+def run(m: AgentManager, handle: Any, text: str, attachments: list | None = None, emit: Any = None,
+        options: Any = None, lock_timeout: float | None = None, cancel: threading.Event | None = None,
+        **request: Any) -> RunResult:
+    """One run on the calling thread, waiting for the agent's current run (at most `lock_timeout`)."""
+    return m.runs.start(RunRequest(handle, text, attachments or [], options, emit,
+                                   cancel or threading.Event(), on=INLINE, wait=lock_timeout,
+                                   **request)).result()
+
+
+def submit(m: AgentManager, handle: Any, text: str, attachments: list | None = None, emit: Any = None,
+           options: Any = None, cancel: threading.Event | None = None) -> Any:
+    """A run queued for a worker; its future."""
+    return m.runs.start(RunRequest(handle, text, attachments or [], options, emit, cancel or threading.Event(),
+                                   on=WORKER)).future
+
+
+def run_on_caller(m: AgentManager, handle: Any, text: str, attachments: list | None = None, options: Any = None,
+            cancel: threading.Event | None = None, disconnected: Any = None) -> RunResult:
+    """A run on the calling thread when the agent is idle, else queued; its result."""
+    return m.runs.start(RunRequest(handle, text, attachments or [], options, None, cancel or threading.Event(),
+                                   on=CALLER)).result(disconnected)
+
+
+def run_in_conversation(m: AgentManager, handle: Any, session_id: str, text: str, label: str = "") -> RunResult:
+    """A run in another session of the agent (a channel conversation's)."""
+    return m.runs.start(RunRequest(handle, text, on=INLINE, session_id=session_id, label=label)).result()
 
 
 def llm_config(fake: Any, **llm: Any) -> dict[str, Any]:

@@ -188,9 +188,8 @@ def test_approval_decided_by_another_daemon(store) -> None:
 def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
     metering = Metering(store, Catalog.load())
     gate = BudgetGate(metering)
-    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
-    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
-    a.budget = b.budget = gate
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True, budget=gate)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True, budget=gate)
     # No limit: nothing reserved, nothing refused.
     a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.004))
     metering.set_limit(0.01)
@@ -271,10 +270,10 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
 
     wf = WorkflowStore(store)
     workflow = wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}])))
-    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
-    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
     audited: list[tuple] = []
-    b.audit = lambda *entry: audited.append(entry)
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True,
+                audit=lambda *entry: audited.append(entry))
     a._beat_daemon(started=True)
     b._beat_daemon(started=True)
     on_a, on_b = wf.create_run(workflow, "a", "A"), wf.create_run(workflow, "b", "B")
@@ -327,10 +326,9 @@ def _lone(tmp_path) -> tuple[Cluster, object]:
 
 def _lone_with_budget(tmp_path) -> tuple[Cluster, object, Metering]:
     """A lone daemon's cluster whose runs pass the budget gate of its own metering."""
-    a, s = _lone(tmp_path)
+    s = open_store(tmp_path / "lone.db")
     metering = Metering(s, Catalog.load())
-    a.budget = BudgetGate(metering)
-    return a, s, metering
+    return Cluster(s, ClusterSettings("A", lease_secs=5), "x:1", budget=BudgetGate(metering)), s, metering
 
 
 def _lease_rows(s) -> int:

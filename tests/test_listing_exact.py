@@ -41,13 +41,13 @@ def test_empty_and_exact_text(mgr) -> None:
 
 def test_key_status_is_looked_up_once_per_provider_and_key_name(mgr, monkeypatch) -> None:
     calls: list = []
-    real = mgr.auth_status
-    monkeypatch.setattr(mgr, "auth_status", lambda h: calls.append(h.name) or real(h))
+    real = mgr.registry.auth_status
+    monkeypatch.setattr(mgr.registry, "auth_status", lambda h: calls.append(h.name) or real(h))
     for name in ("a", "b"):
         mgr.spawn(manifest(name))
     mgr.spawn(manifest("c", 'api_key_env = "MGR_UNSET_KEY"\n'))
     mgr.spawn(manifest("d", provider="anthropic", model="claude-sonnet-4-6"))
-    list_json(mgr, mgr.handles())
+    list_json(mgr.registry, mgr.handles())
     assert calls == ["a", "c", "d"]
 
 
@@ -91,4 +91,4 @@ def test_every_change_an_item_shows_appears(mgr, monkeypatch, change) -> None:
 def test_tier_of_a_custom_model(mgr) -> None:
     h = mgr.spawn(manifest("own", 'base_url = "http://h/v1"\n', provider="mine", model="own-model"))
     assert json.loads(mgr.list_json())[0]["model_tier"] == "custom"
-    assert json.loads(list_json(mgr, [h]))[0]["model_tier"] == "custom"
+    assert json.loads(list_json(mgr.registry, [h]))[0]["model_tier"] == "custom"

@@ -13,7 +13,7 @@ from agentd.agents import manager as manager_module
 from agentd.agents.handle import RunOptions
 from agentd.agents.ops import AgentOpsImpl
 from agentd.errors import TooManyRequests
-from mgrsupport import Env, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, llm_config, manifest, submit, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -25,20 +25,30 @@ def env(tmp_path: Path, fake, monkeypatch):
 
 
 def test_starting_state(env) -> None:
-    pre = object()
-    m = manager_module.AgentManager(env.config, env.store, env.catalog, "kv", "approvals", env.pool, env.usage,
-                                    preflight=pre)
-    assert (m.config, m.store, m.catalog, m.kv, m.approvals, m.executor, m.record_usage, m.preflight) == \
-        (env.config, env.store, env.catalog, "kv", "approvals", env.pool, env.usage, pre)
-    assert (m._agents, m._by_name, m.memory, m.url_overrides, m.audit_hook, m.write_usage, m.cluster) == \
-        ({}, {}, None, {}, None, None, None)
-    assert manager_module.AgentManager(env.config, env.store, env.catalog, None, None, env.pool,
-                                       env.usage).preflight is None
-    assert isinstance(m._lock, type(threading.RLock()))
-    with m._lock, m._lock:   # re-entrant: spawn registers while holding it
+    pre, usage, written, memory, cluster = object(), object(), object(), object(), object()
+    m = env.manager(record_usage=usage, preflight=pre, write_usage=written, memory=memory, cluster=cluster)
+    registry, sessions, models, uploads, runs = m.registry, m.sessions, m.models, m.uploads, m.runs
+    assert (sessions.registry, runs.registry, runs.sessions, runs.models, runs.uploads, sessions.models) == \
+        (registry, registry, sessions, models, uploads, models), "BUG: the services are not the ones composed"
+    assert (m.store, registry.store, sessions.store, uploads.store) == (env.store,) * 4
+    assert (registry.config, models.config, runs.config, registry.catalog, models.catalog, runs.catalog) == \
+        (env.config,) * 3 + (env.catalog,) * 3
+    assert (models.record_usage, sessions.write_usage, runs.preflight, runs.memory, registry.memory) == \
+        (usage, written, pre, memory, memory)
+    assert (runs.cluster, runs.queues.cluster, registry.queues, runs.queues.executor) == \
+        (cluster, cluster, runs.queues, env.pool)
+    assert registry.audit is env.audit and runs.approvals is runs.queues.approvals
+    assert (registry._agents, registry._by_name, registry._killing, models.url_overrides) == ({}, {}, set(), {})
+    assert m.url_overrides is models.url_overrides
+    bare = env.manager(audit=None)
+    assert (bare.runs.preflight, bare.runs.memory, bare.runs.cluster, bare.sessions.write_usage,
+            bare.registry.audit) == (None,) * 5
+    assert isinstance(registry._lock, type(threading.RLock()))
+    with registry._lock, registry._lock:   # re-entrant: spawn registers while holding it
         pass
-    ops = m.ops_for(None)
-    assert isinstance(ops, AgentOpsImpl) and ops.m is m and m.ops_for(None) is not ops
+    ops = runs.ops_for(None)
+    assert isinstance(ops, AgentOpsImpl) and (ops.registry, ops.runs, ops.kv, ops.memory) == \
+        (registry, runs, runs.kv, memory) and runs.ops_for(None) is not ops
 
 
 def test_re_exports() -> None:
@@ -55,14 +65,14 @@ def test_the_queue_bound_comes_from_the_config_and_follows_it(env) -> None:
     h = m.spawn(manifest("q"))
     h.run_lock.acquire()
     try:
-        running = m.submit(h, "first")
+        running = submit(m, h, "first")
         time.sleep(0.2)
-        waiting = m.submit(h, "second")
+        waiting = submit(m, h, "second")
         with pytest.raises(TooManyRequests) as err:
-            m.submit(h, "third")
+            submit(m, h, "third")
         assert "(max_queue 1)" in err.value.message
         env.config.agents.max_queue = 2
-        extra = m.submit(h, "third")
+        extra = submit(m, h, "third")
     finally:
         h.run_lock.release()
     assert [f.result(10).response for f in (running, waiting, extra)] == ["echo: first", "echo: second", "echo: third"]
@@ -74,7 +84,7 @@ def test_a_queued_run_carries_every_field(env) -> None:
     png = m.save_upload(h, "p.png", "image/png", b"\x89PNG")
     events: list = []
     cancel = threading.Event()
-    future = m.submit(h, "[[echo_params]]", [{"file_id": png["file_id"]}], events.append,
+    future = submit(m, h, "[[echo_params]]", [{"file_id": png["file_id"]}], events.append,
                       RunOptions(max_tokens=55, extra_system="XS"), cancel)
     import json
 
@@ -83,7 +93,7 @@ def test_a_queued_run_carries_every_field(env) -> None:
     assert "text_delta" in [e.type for e in events], "the queued run streams to the request's sink"
     h.run_lock.acquire()
     try:
-        first = m.submit(h, "[[slow:5]]", cancel=cancel)
+        first = submit(m, h, "[[slow:5]]", cancel=cancel)
         time.sleep(0.2)
     finally:
         h.run_lock.release()

@@ -16,7 +16,7 @@ import pytest
 
 from agentd.llm.types import ChatRequest, LLMError, Message, ProviderEndpoint, TextDelta
 from misbehaving_upstream import Upstream
-from mgrsupport import Env, Recorder, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, Recorder, llm_config, manifest, run, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -42,57 +42,58 @@ def mgr(env):
 
 # -- endpoints ----------------------------------------------------------------------------------
 def test_endpoint_of_a_catalog_provider(mgr, fake, monkeypatch) -> None:
-    assert mgr.endpoint("openai") == ProviderEndpoint(
+    assert mgr.models.endpoint("openai") == ProviderEndpoint(
         provider="openai", kind="openai", base_url=fake.openai_base, api_key="sk-openai",
         api_key_env="OPENAI_API_KEY", key_required=True, timeout=5.0, stream_idle=7.0)
-    assert mgr.endpoint("anthropic").kind == "anthropic" and mgr.endpoint("anthropic").base_url == fake.anthropic_base
+    anthropic = mgr.models.endpoint("anthropic")
+    assert anthropic.kind == "anthropic" and anthropic.base_url == fake.anthropic_base
     monkeypatch.delenv("GROQ_API_KEY", raising=False)
-    assert mgr.endpoint("groq") == ProviderEndpoint(
+    assert mgr.models.endpoint("groq") == ProviderEndpoint(
         provider="groq", kind="openai", base_url="https://api.groq.com/openai/v1", api_key="",
         api_key_env="GROQ_API_KEY", key_required=True, timeout=5.0, stream_idle=7.0)
 
 
 def test_endpoint_url_precedence(mgr, fake) -> None:
-    assert mgr.endpoint("openai", base_url="http://given/v1").base_url == "http://given/v1"
-    mgr.url_overrides["openai"] = "http://override/v1"
-    assert mgr.endpoint("openai").base_url == "http://override/v1"
-    assert mgr.endpoint("openai", base_url="http://given/v1").base_url == "http://given/v1"
-    mgr.url_overrides["mistral"] = "http://m/v1"
-    assert mgr.endpoint("openai").base_url == "http://override/v1"
-    assert mgr.endpoint("mistral").base_url == "http://m/v1"
-    assert mgr.endpoint("gemini").base_url == fake.gemini_base   # config provider_urls
-    assert mgr.endpoint("fireworks").base_url == "https://api.fireworks.ai/inference/v1"   # the catalog's
+    assert mgr.models.endpoint("openai", base_url="http://given/v1").base_url == "http://given/v1"
+    mgr.models.url_overrides["openai"] = "http://override/v1"
+    assert mgr.models.endpoint("openai").base_url == "http://override/v1"
+    assert mgr.models.endpoint("openai", base_url="http://given/v1").base_url == "http://given/v1"
+    mgr.models.url_overrides["mistral"] = "http://m/v1"
+    assert mgr.models.endpoint("openai").base_url == "http://override/v1"
+    assert mgr.models.endpoint("mistral").base_url == "http://m/v1"
+    assert mgr.models.endpoint("gemini").base_url == fake.gemini_base   # config provider_urls
+    assert mgr.models.endpoint("fireworks").base_url == "https://api.fireworks.ai/inference/v1"   # the catalog's
 
 
 def test_endpoint_key_name_and_whether_one_is_required(mgr) -> None:
-    ep = mgr.endpoint("openai", api_key_env="MGR_TEST_KEY")
+    ep = mgr.models.endpoint("openai", api_key_env="MGR_TEST_KEY")
     assert (ep.api_key_env, ep.api_key, ep.key_required) == ("MGR_TEST_KEY", "sk-mgr", True)
-    ep = mgr.endpoint("ollama")
+    ep = mgr.models.endpoint("ollama")
     assert (ep.api_key_env, ep.api_key, ep.key_required, ep.base_url) == ("", "", False, "http://localhost:11434/v1")
-    ep = mgr.endpoint("ollama", api_key_env="MGR_TEST_KEY")
+    ep = mgr.models.endpoint("ollama", api_key_env="MGR_TEST_KEY")
     assert (ep.api_key_env, ep.api_key, ep.key_required) == ("MGR_TEST_KEY", "sk-mgr", True)
-    ep = mgr.endpoint("ollama", api_key_env="MGR_UNSET_KEY_X")
+    ep = mgr.models.endpoint("ollama", api_key_env="MGR_UNSET_KEY_X")
     assert (ep.api_key, ep.key_required) == ("", True)
 
 
 def test_endpoint_of_a_custom_provider(mgr) -> None:
-    ep = mgr.endpoint("mine", base_url="http://h/v1")
+    ep = mgr.models.endpoint("mine", base_url="http://h/v1")
     assert ep == ProviderEndpoint(provider="mine", kind="openai", base_url="http://h/v1", api_key="", api_key_env="",
                                   key_required=False, timeout=5.0, stream_idle=7.0)
-    ep = mgr.endpoint("mine", "MGR_TEST_KEY", "http://h/v1")
+    ep = mgr.models.endpoint("mine", "MGR_TEST_KEY", "http://h/v1")
     assert (ep.api_key, ep.api_key_env, ep.key_required) == ("sk-mgr", "MGR_TEST_KEY", True)
     with pytest.raises(LLMError) as err:
-        mgr.endpoint("mine")
+        mgr.models.endpoint("mine")
     assert (err.value.message, err.value.provider, err.value.model, err.value.kind) == \
         ("mine: unknown provider", "mine", "", "bad_request")
-    mgr.url_overrides["mine"] = "http://o/v1"   # an override alone does not make a provider known
+    mgr.models.url_overrides["mine"] = "http://o/v1"   # an override alone does not make a provider known
     with pytest.raises(LLMError):
-        mgr.endpoint("mine")
+        mgr.models.endpoint("mine")
 
 
 # -- the call chain -----------------------------------------------------------------------------
 def call(mgr, handle, text: str, on_event=None, usage=None, cancel=None):
-    return mgr._llm_call(handle, usage)(ChatRequest(model="ignored", messages=[Message("user", text)]),
+    return mgr.models.llm_call(handle, usage)(ChatRequest(model="ignored", messages=[Message("user", text)]),
                                         on_event, cancel or threading.Event())
 
 
@@ -108,10 +109,14 @@ def test_the_agents_model_answers_and_its_usage_is_recorded(env, mgr, fake) -> N
 
 def test_usage_is_deferred_to_the_runs_list_only_when_rows_are_written_with_the_session(env, mgr) -> None:
     h = mgr.spawn(manifest("defer"))
-    rows: list = []
-    call(mgr, h, "a", usage=rows)
+    run(mgr, h, "a")
     assert len(env.usage.calls[-1]) == 4, "no write_usage: recorded at once"
-    mgr.write_usage = lambda tx, usage: None
+    deferring = env.manager(write_usage=lambda tx, usage: None)
+    other = deferring.spawn(manifest("defer2"))
+    run(deferring, other, "a")
+    assert len(env.usage.calls[-1]) == 5 and env.usage.calls[-1][4] == [], \
+        "BUG: a run whose session write takes its usage rows did not collect them"
+    rows: list = []
     response = call(mgr, h, "b", usage=rows)
     assert env.usage.calls[-1] == (h, "openai", "gpt-4o", response, rows) and env.usage.calls[-1][4] is rows
     call(mgr, h, "c")

@@ -12,7 +12,7 @@ import pytest
 
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolError
-from mgrsupport import Env, llm_config, manifest, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, llm_config, manifest, run, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -32,8 +32,9 @@ def test_list_agents_exact(mgr) -> None:
     a = spawn(mgr, "alpha", "Writes Code", '["Dev", "py"]')
     b = spawn(mgr, "beta")
     mgr.set_mode(b, "Observe")
-    ops = mgr.ops_for(a)
-    assert isinstance(ops, AgentOpsImpl) and ops.m is mgr
+    ops = mgr.runs.ops_for(a)
+    assert isinstance(ops, AgentOpsImpl)
+    assert (ops.registry, ops.runs, ops.kv, ops.memory) == (mgr.registry, mgr.runs, mgr.runs.kv, None)
     assert ops.list_agents() == [
         {"id": a.id, "name": "alpha", "state": "Running", "mode": "Auto", "model": "openai/gpt-4o",
          "description": "Writes Code", "tags": ["Dev", "py"]},
@@ -46,7 +47,7 @@ def test_list_agents_exact(mgr) -> None:
 def test_find_agents_matches_name_description_or_a_tag(mgr) -> None:
     spawn(mgr, "Alpha", "writes code", '["Dev"]')
     spawn(mgr, "beta", "reviews", '["qa", "ops"]')
-    ops = mgr.ops_for(mgr.by_name("Alpha"))
+    ops = mgr.runs.ops_for(mgr.by_name("Alpha"))
     names = lambda q: [x["name"] for x in ops.find_agents(q)]   # noqa: E731
     assert names("ALPH") == ["Alpha"] and names("CODE") == ["Alpha"] and names("dev") == ["Alpha"]
     assert names("QA") == ["beta"] and names("view") == ["beta"] and names("op") == ["beta"]
@@ -56,7 +57,7 @@ def test_find_agents_matches_name_description_or_a_tag(mgr) -> None:
 def test_send_to_another_agent_runs_it(mgr) -> None:
     a = spawn(mgr, "a")
     b = spawn(mgr, "b")
-    ops = mgr.ops_for(a)
+    ops = mgr.runs.ops_for(a)
     assert ops.send_to_agent(a.id, "b", "hello b") == "echo: hello b"
     assert ops.send_to_agent(a.id, b.id, "by id") == "echo: by id"
     assert b.session_tail[-1] == {"role": "assistant", "content": "echo: by id"}
@@ -66,7 +67,7 @@ def test_send_to_another_agent_runs_it(mgr) -> None:
 def test_send_near_misses(mgr) -> None:
     a = spawn(mgr, "a")
     spawn(mgr, "b")
-    ops = mgr.ops_for(a)
+    ops = mgr.runs.ops_for(a)
     for target in ("B", "b ", "", "c"):
         with pytest.raises(ToolError) as err:
             ops.send_to_agent(a.id, target, "x")
@@ -80,7 +81,7 @@ def test_send_near_misses(mgr) -> None:
 def test_a_refused_nested_run_is_a_tool_error(mgr) -> None:
     a = spawn(mgr, "a")
     spawn(mgr, "limited", extra="[capabilities]\nmax_llm_tokens_per_hour = 1\n")
-    ops = mgr.ops_for(a)
+    ops = mgr.runs.ops_for(a)
     ops.send_to_agent(a.id, "limited", "one")
     with pytest.raises(ToolError) as err:
         ops.send_to_agent(a.id, "limited", "two")
@@ -90,13 +91,13 @@ def test_a_refused_nested_run_is_a_tool_error(mgr) -> None:
 def test_a_nested_send_through_the_loop(mgr) -> None:
     a = spawn(mgr, "a", extra='profile = "messaging"\n')
     spawn(mgr, "b")
-    result = mgr.run(a, '[[tool:agent_send {"agent": "b", "message": "nested hi"}]]')
+    result = run(mgr, a, '[[tool:agent_send {"agent": "b", "message": "nested hi"}]]')
     assert result.response == "tool said: echo: nested hi"
 
 
 def test_spawn_and_kill_on_behalf_of_an_agent(mgr) -> None:
     a = spawn(mgr, "a")
-    ops = mgr.ops_for(a)
+    ops = mgr.runs.ops_for(a)
     got = ops.spawn_agent(a.id, 'name = "child"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
     child = mgr.by_name("child")
     assert got == {"agent_id": child.id, "name": "child"}
@@ -117,13 +118,12 @@ def test_spawn_and_kill_on_behalf_of_an_agent(mgr) -> None:
 def test_kv_and_memory(mgr) -> None:
     a = spawn(mgr, "a")
     b = spawn(mgr, "b")
-    ops = mgr.ops_for(a)
+    ops = mgr.runs.ops_for(a)
     ops.kv_set(a.id, "k", {"v": 1})
     assert ops.kv_get(a.id, "k") == (True, {"v": 1}) and ops.kv_get(b.id, "k") == (False, None)
-    assert mgr.kv.get(a.id, "k") == (True, {"v": 1})
+    assert mgr.runs.kv.get(a.id, "k") == (True, {"v": 1})
     with pytest.raises(ToolError) as err:
         ops.memory_service()
     assert str(err.value) == "semantic memory is not available here"
     marker = object()
-    mgr.memory = marker
-    assert ops.memory_service() is marker
+    assert AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv, marker).memory_service() is marker

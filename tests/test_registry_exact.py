@@ -56,8 +56,8 @@ def test_spawn_persists_registers_logs_and_audits(env, mgr, caplog) -> None:
     with orm.db_session:
         session = env.store.e.SessionRow.get(id=h.session_id)
         assert session.agent.id == h.id and session.items.count() == 0
-    assert mgr._agents == {h.id: h} and mgr._by_name == {"alpha": h.id}
-    assert mgr.count() == 1
+    assert mgr.registry._agents == {h.id: h} and mgr.registry._by_name == {"alpha": h.id}
+    assert mgr.registry.count() == 1
     messages = [r.getMessage() for r in caplog.records if r.name == "agentd.agents"]
     assert messages == [f"spawned agent alpha ({h.id}) on openai/gpt-4o",
                         "agent alpha manifest: unknown key 'identity.emojj' ignored (did you mean 'identity.emoji'?)"]
@@ -66,8 +66,7 @@ def test_spawn_persists_registers_logs_and_audits(env, mgr, caplog) -> None:
 
 
 def test_spawn_without_audit_hook_still_spawns(env) -> None:
-    m = env.manager()
-    m.audit_hook = None
+    m = env.manager(audit=None)
     h = m.spawn(manifest("quiet"))
     assert m.get(h.id) is h and env.audit.calls == []
 
@@ -77,7 +76,7 @@ def test_spawn_without_manifest_is_refused(mgr, text) -> None:
     with pytest.raises(BadRequest) as err:
         mgr.spawn(text)
     assert err.value.message == "manifest_toml is required"
-    assert mgr.count() == 0
+    assert mgr.registry.count() == 0
 
 
 @lone_store_only
@@ -86,13 +85,13 @@ def test_spawn_of_a_taken_name_is_a_conflict_and_changes_nothing(env, mgr) -> No
     with pytest.raises(Conflict) as err:
         mgr.spawn(manifest("dup", model="gpt-4o-mini"))
     assert err.value.message == "an agent named 'dup' already exists"
-    assert mgr._agents == {h.id: h} and env.audit.calls == [("agent.spawn", "dup", {"agent_id": h.id})]
+    assert mgr.registry._agents == {h.id: h} and env.audit.calls == [("agent.spawn", "dup", {"agent_id": h.id})]
     # Another daemon on the same (non-shared) database: the unique name in the store refuses it.
     other = env.manager()
     with pytest.raises(Conflict) as err:
         other.spawn(manifest("dup"))
     assert err.value.message == "an agent named 'dup' already exists"
-    assert other._agents == {} and other._by_name == {}, "BUG: a refused spawn is registered anyway"
+    assert other.registry._agents == {} and other.registry._by_name == {}, "BUG: a refused spawn is registered anyway"
     with orm.db_session:
         assert orm.count(r for r in env.store.e.AgentRow) == 1
         assert orm.count(s for s in env.store.e.SessionRow) == 1
@@ -103,7 +102,7 @@ def test_unknown_provider_needs_a_base_url(mgr) -> None:
         mgr.spawn(manifest("x", provider="nosuch", model="m1"))
     assert err.value.message == ("invalid manifest format: model.provider: unknown provider 'nosuch' "
                                  "(set model.base_url for a custom endpoint)")
-    assert mgr.count() == 0
+    assert mgr.registry.count() == 0
     h = mgr.spawn(manifest("x", 'base_url = "http://127.0.0.1:9/v1"\n', provider="nosuch", model="m1"))
     assert (h.provider, h.model, h.base_url) == ("nosuch", "m1", "http://127.0.0.1:9/v1")
 
@@ -128,10 +127,11 @@ def test_a_signed_manifest_spawns_and_a_bad_signature_is_audited(env, mgr) -> No
         mgr.spawn(None, long_garbage)
     assert env.audit.calls[-1] == ("agent.signature_rejected", "",
                                    {"error": "manifest signature verification failed: signed_manifest is not valid JSON"})
-    mgr.audit_hook = None
+    quiet = env.manager(audit=None)
+    before = len(env.audit.calls)
     with pytest.raises(Forbidden):
-        mgr.spawn(None, long_garbage)
-    assert mgr.count() == 1
+        quiet.spawn(None, long_garbage)
+    assert quiet.registry.count() == 0 and len(env.audit.calls) == before
 
 
 def test_signature_error_text_is_cut_at_200_chars(env, mgr) -> None:
@@ -211,7 +211,7 @@ def test_load_brings_every_agent_back_with_its_fields(env, mgr, caplog) -> None:
     caplog.set_level(logging.INFO, logger="agentd.agents")
     fresh = env.manager()
     assert fresh.load() == 5
-    assert fresh.count() == 5
+    assert fresh.registry.count() == 5
     assert [h.name for h in fresh.handles()] == ["a0", "a1", "a2", "a3", "a4"], "BUG: listing is not creation order"
     for old in hs:
         new = fresh.get(old.id)
@@ -274,7 +274,7 @@ def test_killed_agents_are_not_found_nor_listed(mgr) -> None:
     with pytest.raises(NotFound):
         mgr.get(a.id)
     assert mgr.find(a.id) is None and mgr.find("gone") is None and mgr.by_name("gone") is None
-    assert mgr.handles() == [b] and mgr.count() == 1
+    assert mgr.handles() == [b] and mgr.registry.count() == 1
 
 
 # -- views -------------------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_auth_status(mgr, monkeypatch) -> None:
     ]
     for text, expected in cases:
         h = mgr.spawn(text)
-        assert mgr.auth_status(h) == expected, f"{h.name}: {mgr.auth_status(h)} != {expected}"
+        assert mgr.registry.auth_status(h) == expected, f"{h.name}: {mgr.registry.auth_status(h)} != {expected}"
 
 
 def test_summary_list_item_and_detail_shapes(mgr, monkeypatch) -> None:
@@ -372,8 +372,8 @@ READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowle
 
 
 def tools_of(mgr, extra: str, mode: str | None = None):
-    h = mgr.spawn(f'name = "t{mgr.count()}"\n{extra}\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
-    tools, caps = mgr.effective_tools(h, mode)
+    h = mgr.spawn(f'name = "t{mgr.registry.count()}"\n{extra}\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    tools, caps = mgr.registry.effective_tools(h, mode)
     return [t.name for t in tools], caps
 
 
@@ -423,7 +423,7 @@ def test_an_explicit_list_needs_explicit_capabilities(mgr) -> None:
 
 def test_the_handle_itself_is_not_changed_by_implied_capabilities(mgr) -> None:
     h = mgr.spawn('name = "keep"\nprofile = "full"\n')
-    mgr.effective_tools(h)
+    mgr.registry.effective_tools(h)
     assert h.manifest.capabilities["shell"] == [] and h.manifest.capabilities["agent_spawn"] is False
 
 
@@ -434,9 +434,9 @@ def test_observe_mode_offers_read_only_tools(mgr) -> None:
     assert caps["read_only_mode"] is True
     h = mgr.spawn('name = "obs"\n')
     mgr.set_mode(h, "Observe")
-    tools, caps = mgr.effective_tools(h)
+    tools, caps = mgr.registry.effective_tools(h)
     assert [t.name for t in tools] == READ_ONLY and caps["read_only_mode"] is True
-    tools, caps = mgr.effective_tools(h, "Auto")   # an explicit mode wins over the handle's
+    tools, caps = mgr.registry.effective_tools(h, "Auto")   # an explicit mode wins over the handle's
     assert [t.name for t in tools] == UNGATED and "read_only_mode" not in caps
     names, caps = tools_of(mgr, "", "Manual")
     assert names == UNGATED and "read_only_mode" not in caps
@@ -446,26 +446,26 @@ def test_observe_mode_offers_read_only_tools(mgr) -> None:
 def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) -> None:
     h = mgr.spawn('name = "again"\nprofile = "full"\n')
     for _ in range(2):  # the first answer is worked out, the second comes from the cache
-        tools, caps = mgr.effective_tools(h)
+        tools, caps = mgr.registry.effective_tools(h)
         assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
         tools.clear()
         caps["shell"] = ["rm"]
         caps["read_only_mode"] = True
-    tools, caps = mgr.effective_tools(h)  # what the callers did to their answers is not kept
+    tools, caps = mgr.registry.effective_tools(h)  # what the callers did to their answers is not kept
     assert [t.name for t in tools] == ALL
     assert caps["shell"] == ["*"] and "read_only_mode" not in caps
     mgr.set_mode(h, "Observe")
-    tools, caps = mgr.effective_tools(h)
+    tools, caps = mgr.registry.effective_tools(h)
     assert [t.name for t in tools] == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall",
                                        "memory_search", "knowledge_query", "agent_list", "agent_find",
                                        "system_time"]
     assert caps["read_only_mode"] is True
     mgr.set_mode(h, "Auto")
-    tools, caps = mgr.effective_tools(h)
+    tools, caps = mgr.registry.effective_tools(h)
     assert [t.name for t in tools] == ALL and "read_only_mode" not in caps
     other = mgr.spawn('name = "again2"\nprofile = "minimal"\n')
     other.tools_cache = h.tools_cache  # a cached answer for another manifest is never used
-    assert [t.name for t in mgr.effective_tools(other)[0]] == ["file_read", "file_list"]
+    assert [t.name for t in mgr.registry.effective_tools(other)[0]] == ["file_read", "file_list"]
 
 
 
@@ -473,18 +473,18 @@ def test_effective_tools_are_worked_out_once_per_manifest_and_mode(mgr, monkeypa
     from agentd.agents import registry
 
     h = mgr.spawn('name = "once"\nprofile = "coding"\n')
-    first = [t.name for t in mgr.effective_tools(h)[0]]
-    mgr.effective_tools(h, "Observe")  # the cache holds the last mode asked for
+    first = [t.name for t in mgr.registry.effective_tools(h)[0]]
+    mgr.registry.effective_tools(h, "Observe")  # the cache holds the last mode asked for
 
     def registry_read_again() -> list:
         raise AssertionError("the tool registry was read again for an answer already worked out")
 
     monkeypatch.setattr(registry, "all_tools", registry_read_again)
-    assert [t.name for t in mgr.effective_tools(h, "Observe")[0]] == ["file_read", "file_list", "web_fetch"]
+    assert [t.name for t in mgr.registry.effective_tools(h, "Observe")[0]] == ["file_read", "file_list", "web_fetch"]
     with pytest.raises(AssertionError, match="read again"):
-        mgr.effective_tools(h, "Auto")  # another mode: worked out anew
+        mgr.registry.effective_tools(h, "Auto")  # another mode: worked out anew
     monkeypatch.undo()
-    assert [t.name for t in mgr.effective_tools(h, "Auto")[0]] == first
+    assert [t.name for t in mgr.registry.effective_tools(h, "Auto")[0]] == first
 
 
 # -- mode and kill -----------------------------------------------------------------------------
@@ -510,15 +510,16 @@ class Memory:
         self.forgotten.append(agent_id)
 
 
-def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_path, caplog) -> None:
+def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path, caplog) -> None:
     import threading
 
     caplog.set_level(logging.INFO, logger="agentd.agents")
-    mgr.memory = Memory()
+    memory = Memory()
+    mgr = env.manager(memory=memory)
     a = mgr.spawn(manifest("victim"))
     b = mgr.spawn(manifest("bystander"))
     for h in (a, b):
-        mgr.kv.set(h.id, "k", h.name)
+        mgr.runs.kv.set(h.id, "k", h.name)
         mgr.save_upload(h, "f.txt", "text/plain", b"data")
     legacy = tmp_path / "legacy.bin"
     legacy.write_bytes(b"old")
@@ -539,7 +540,7 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_
     mgr.kill(a)
     assert (a.killed, a.state) == (True, "Terminated")
     assert running.is_set(), "BUG: kill did not stop the running run"
-    assert mgr._agents == {b.id: b} and mgr._by_name == {"bystander": b.id}
+    assert mgr.registry._agents == {b.id: b} and mgr.registry._by_name == {"bystander": b.id}
     assert not legacy.exists() and kept.exists()
     with orm.db_session:
         e = env.store.e
@@ -551,8 +552,8 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_
         assert [m.body for m in e.SessionMessageRow.select()] == ['{"role": "user", "content": "kept"}'], \
             "BUG: the killed agent's messages outlived it (or the bystander's went with them)"
         assert orm.count(u for u in e.UploadRow if u.agent.id == b.id) == 2
-    assert mgr.kv.get(b.id, "k") == (True, "bystander")
-    assert mgr.memory.forgotten == [a.id]
+    assert mgr.runs.kv.get(b.id, "k") == (True, "bystander")
+    assert memory.forgotten == [a.id]
     assert f"killed agent victim ({a.id})" in [r.getMessage() for r in caplog.records]
     assert env.audit.calls == [("agent.kill", "victim", {"agent_id": a.id})]
     # The name is free again.
@@ -560,16 +561,14 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, mgr, tmp_
     assert mgr.find("victim") is again
 
 
-def test_kill_cancels_queued_runs_and_works_without_memory_or_audit(env, mgr) -> None:
-    from concurrent.futures import Future
-
+def test_kill_cancels_queued_runs_and_works_without_memory_or_audit(env) -> None:
     from agentd.agents.loop import RunCancelled
     from agentd.agents.runqueue import QueuedRun
     import threading
 
-    mgr.audit_hook = None
+    mgr = env.manager(audit=None)
     h = mgr.spawn(manifest("q"))
-    job = QueuedRun("hi", None, None, None, threading.Event(), Future())
+    job = QueuedRun(lambda: None, threading.Event())
     h.waiting.append(job)
     mgr.kill(h)
     assert job.cancel.is_set() and isinstance(job.future.exception(), RunCancelled)
@@ -584,9 +583,9 @@ def collections_deque():
 
 def test_kill_of_a_handle_whose_name_was_taken_over_keeps_the_new_owner(mgr) -> None:
     old = mgr.spawn(manifest("same"))
-    mgr._by_name["same"] = "someone-else"   # the name now belongs to another agent
+    mgr.registry._by_name["same"] = "someone-else"   # the name now belongs to another agent
     mgr.kill(old)
-    assert mgr._by_name == {"same": "someone-else"}
+    assert mgr.registry._by_name == {"same": "someone-else"}
 
 
 # -- a shared database (what PostgreSQL means): every lookup sees the other daemons' agents -------
@@ -594,9 +593,7 @@ def shared_view(env):
     """A manager whose store says it is shared (the SQL is the same Pony SQL on SQLite)."""
     import dataclasses
 
-    m = env.manager()
-    m.store = dataclasses.replace(env.store, backend="postgres")
-    return m
+    return env.manager(store=dataclasses.replace(env.store, backend="postgres"))
 
 
 @lone_store_only
@@ -628,7 +625,7 @@ def test_on_a_shared_database_spawn_sees_a_name_taken_elsewhere(env, mgr) -> Non
     with pytest.raises(Conflict) as err:
         b.spawn(manifest("taken"))
     assert err.value.message == "an agent named 'taken' already exists"
-    assert list(b._agents) == [h.id], "the other daemon's agent was adopted by name before the check"
+    assert list(b.registry._agents) == [h.id], "the other daemon's agent was adopted by name before the check"
 
 
 def test_kill_twice_and_a_legacy_upload_whose_file_is_gone(env, mgr, tmp_path) -> None:
@@ -641,7 +638,7 @@ def test_kill_twice_and_a_legacy_upload_whose_file_is_gone(env, mgr, tmp_path) -
     mgr.kill(h)   # the missing file does not stop the kill
     assert row_of(env, h.id) is None
     mgr.kill(h)   # two requests killing the same agent at once: the second finds nothing left
-    assert mgr._agents == {} and env.audit.calls[-2:] == [("agent.kill", "twice", {"agent_id": h.id})] * 2
+    assert mgr.registry._agents == {} and env.audit.calls[-2:] == [("agent.kill", "twice", {"agent_id": h.id})] * 2
 
 
 def test_list_json_is_the_listing_of_the_live_agents(mgr, monkeypatch) -> None:

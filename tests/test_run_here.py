@@ -24,10 +24,6 @@ def agent() -> SimpleNamespace:
                            queue_lock=threading.Lock())
 
 
-def job(text: str, cancel: threading.Event | None = None) -> QueuedRun:
-    return QueuedRun(text, None, None, None, cancel or threading.Event(), Future())
-
-
 # Generous: on a loaded CI machine a thread can wait seconds for its first turn (a 5 s wait
 # once ran out). Waits return as soon as the condition holds.
 WAIT = 30.0
@@ -51,6 +47,12 @@ class Recorder:
         self.gates: dict[str, threading.Event] = {}
         self.started: dict[str, threading.Event] = Events()
 
+    def job(self, text: str, cancel: threading.Event | None = None) -> QueuedRun:
+        """A run of `text` by this recorder."""
+        j = QueuedRun(lambda handle: self(handle, j), cancel or threading.Event())
+        j.text = text  # type: ignore[attr-defined]
+        return j
+
     def __call__(self, handle, j: QueuedRun):
         self.calls.append((j.text, threading.current_thread().name))
         self.started[j.text].set()
@@ -71,11 +73,11 @@ def pool():
 
 def test_an_idle_agent_runs_on_the_calling_thread_and_is_idle_after(pool) -> None:
     run = Recorder()
-    queues = RunQueues(pool, lambda: 8, run)
+    queues = RunQueues(pool, lambda: 8)
     a = agent()
     seen: list = []
-    here = job("hi")
-    queues.run = lambda handle, j: (seen.append(handle.starting), run(handle, j))[1]
+    here = run.job("hi")
+    here.execute = lambda handle: (seen.append(handle.starting), run(handle, here))[1]
     assert queues.run_here(a, here) == "answer to hi"
     assert run.calls == [("hi", threading.current_thread().name)], "BUG: the run did not use the caller's thread"
     assert a.busy is False and not a.waiting
@@ -85,14 +87,14 @@ def test_an_idle_agent_runs_on_the_calling_thread_and_is_idle_after(pool) -> Non
 def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(pool) -> None:
     run = Recorder()
     run.gates["first"] = threading.Event()
-    queues = RunQueues(pool, lambda: 8, run)
+    queues = RunQueues(pool, lambda: 8)
     a = agent()
     results: dict[str, str] = {}
-    first = threading.Thread(target=lambda: results.setdefault("first", queues.run_here(a, job("first"))),
+    first = threading.Thread(target=lambda: results.setdefault("first", queues.run_here(a, run.job("first"))),
                              name="request-1")
     first.start()
     assert run.started["first"].wait(WAIT)
-    second = threading.Thread(target=lambda: results.setdefault("second", queues.run_here(a, job("second"))),
+    second = threading.Thread(target=lambda: results.setdefault("second", queues.run_here(a, run.job("second"))),
                               name="request-2")
     second.start()
     deadline = time.monotonic() + 5
@@ -112,37 +114,37 @@ def test_a_busy_agent_queues_the_request_and_queued_runs_continue_on_a_worker(po
 def test_full_queue_and_killed_agent_are_refused(pool) -> None:
     run = Recorder()
     run.gates["first"] = threading.Event()
-    queues = RunQueues(pool, lambda: 0, run)
+    queues = RunQueues(pool, lambda: 0)
     a = agent()
-    t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
+    t = threading.Thread(target=lambda: queues.run_here(a, run.job("first")))
     t.start()
     assert run.started["first"].wait(WAIT)
     with pytest.raises(TooManyRequests) as refused:
-        queues.run_here(a, job("second"))
+        queues.run_here(a, run.job("second"))
     assert refused.value.code == "agent_busy"
     run.gates["first"].set()
     t.join(WAIT)
     a.killed = True
     with pytest.raises(NotFound):
-        queues.run_here(a, job("third"))
+        queues.run_here(a, run.job("third"))
     assert [c[0] for c in run.calls] == ["first"]
 
 
 def test_a_cancelled_request_never_starts(pool) -> None:
     run = Recorder()
-    queues = RunQueues(pool, lambda: 8, run)
+    queues = RunQueues(pool, lambda: 8)
     a = agent()
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(RunCancelled, match="before it started"):
-        queues.run_here(a, job("late", cancel))
+        queues.run_here(a, run.job("late", cancel))
     assert run.calls == [] and a.busy is False
 
 
 def test_a_client_that_leaves_stops_its_running_run(pool) -> None:
     run = Recorder()
     run.gates["slow"] = threading.Event()
-    queues = RunQueues(pool, lambda: 8, run)
+    queues = RunQueues(pool, lambda: 8)
     a = agent()
     gone = threading.Event()
     cancel = threading.Event()
@@ -150,7 +152,7 @@ def test_a_client_that_leaves_stops_its_running_run(pool) -> None:
 
     def request() -> None:
         try:
-            queues.run_here(a, job("slow", cancel), disconnected=gone.is_set)
+            queues.run_here(a, run.job("slow", cancel), disconnected=gone.is_set)
         except BaseException as exc:  # noqa: BLE001
             caught.append(exc)
 
@@ -170,12 +172,12 @@ def test_queued_runs_are_cancelled_when_the_pool_is_gone() -> None:
     executor = ThreadPoolExecutor(1)
     run = Recorder()
     run.gates["first"] = threading.Event()
-    queues = RunQueues(executor, lambda: 8, run)
+    queues = RunQueues(executor, lambda: 8)
     a = agent()
-    t = threading.Thread(target=lambda: queues.run_here(a, job("first")))
+    t = threading.Thread(target=lambda: queues.run_here(a, run.job("first")))
     t.start()
     assert run.started["first"].wait(WAIT)
-    queued = [job("q1"), job("q2")]
+    queued = [run.job("q1"), run.job("q2")]
     futures = [queues.submit(a, q) for q in queued]
     executor.shutdown(wait=False)  # the daemon is stopping
     run.gates["first"].set()
@@ -226,14 +228,14 @@ def gated(pool, max_queue: int = 8) -> tuple[Recorder, RunQueues, SimpleNamespac
     """A run held at "first" until its gate opens, the queues over it, and an idle agent."""
     run = Recorder()
     run.gates["first"] = threading.Event()
-    return run, RunQueues(pool, lambda: max_queue, run), agent()
+    return run, RunQueues(pool, lambda: max_queue), agent()
 
 
 def test_a_claim_of_an_idle_agent_holds_it_until_the_run_here_ends(pool) -> None:
     run = Recorder()
-    queues = RunQueues(pool, lambda: 8, run)
+    queues = RunQueues(pool, lambda: 8)
     a = agent()
-    claimed = queues.claim(a, job("mine"))
+    claimed = queues.claim(a, run.job("mine"))
     assert claimed.here is True and a.busy is True, "BUG: a claimed idle agent is not held for the caller"
     assert run.calls == [], "BUG: the run started at the claim"
     assert claimed.result() == "answer to mine"
@@ -245,8 +247,8 @@ def test_a_claim_of_an_idle_agent_holds_it_until_the_run_here_ends(pool) -> None
 
 def test_a_claim_of_a_busy_agent_queues_for_a_worker_and_waits(pool) -> None:
     run, queues, a = gated(pool)
-    holder = queues.claim(a, job("first"))
-    claimed = queues.claim(a, job("second"))
+    holder = queues.claim(a, run.job("first"))
+    claimed = queues.claim(a, run.job("second"))
     assert claimed.here is False and len(a.waiting) == 1
     finishing = threading.Thread(target=holder.result, name="request-1")
     finishing.start()
@@ -258,22 +260,23 @@ def test_a_claim_of_a_busy_agent_queues_for_a_worker_and_waits(pool) -> None:
 
 
 def test_a_claim_is_refused_when_the_queue_is_full_or_the_agent_killed(pool) -> None:
-    queues = RunQueues(pool, lambda: 0, Recorder())
+    run = Recorder()
+    queues = RunQueues(pool, lambda: 0)
     a = agent()
-    queues.claim(a, job("first"))
+    queues.claim(a, run.job("first"))
     with pytest.raises(TooManyRequests):
-        queues.claim(a, job("second"))
+        queues.claim(a, run.job("second"))
     dead = agent()
     dead.killed = True
     with pytest.raises(NotFound):
-        queues.claim(dead, job("late"))
+        queues.claim(dead, run.job("late"))
     assert dead.busy is False
 
 
 def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool) -> None:
     run, queues, a = gated(pool)
-    holder = queues.claim(a, job("first"))
-    queued_job = job("second")
+    holder = queues.claim(a, run.job("first"))
+    queued_job = run.job("second")
     queued = queues.claim(a, queued_job)
     queued.abandon()
     assert not a.waiting, "BUG: an abandoned queued run is still waiting"
@@ -285,8 +288,8 @@ def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool
     assert run.calls == [], "an abandoned claim never runs"
     # Abandoned with a run queued behind it: the agent goes on to that run on a worker.
     b = agent()
-    first = queues.claim(b, job("x"))
-    behind = queues.claim(b, job("y"))
+    first = queues.claim(b, run.job("x"))
+    behind = queues.claim(b, run.job("y"))
     first.abandon()
     assert behind.result() == "answer to y"
     assert [c[0] for c in run.calls] == ["y"]
@@ -296,23 +299,23 @@ def test_abandoning_an_unstarted_claim_frees_the_agent_or_withdraws_the_run(pool
 def test_a_claim_acts_once_whatever_comes_after(pool) -> None:
     run, queues, a = gated(pool)
     run.gates["first"].set()
-    done = queues.claim(a, job("first"))
+    done = queues.claim(a, run.job("first"))
     assert done.result() == "answer to first"
-    holder = queues.claim(a, job("next"))  # the agent is someone else's now
+    holder = queues.claim(a, run.job("next"))  # the agent is someone else's now
     done.abandon()
     assert a.busy is True, "BUG: abandoning a finished claim freed an agent another caller holds"
-    dropped = queues.claim(agent(), job("x"))
+    dropped = queues.claim(agent(), run.job("x"))
     b = dropped.handle
     dropped.abandon()
-    again = queues.claim(b, job("y"))
+    again = queues.claim(b, run.job("y"))
     dropped.abandon()
     assert b.busy is True, "BUG: a second abandon freed the agent its next caller holds"
     holder.abandon()
     again.abandon()
     # A queued claim that finished: abandoning it afterwards cancels nothing.
     run2, queues2, c = gated(pool)
-    first = queues2.claim(c, job("first"))
-    queued = queues2.claim(c, job("second"))
+    first = queues2.claim(c, run.job("first"))
+    queued = queues2.claim(c, run.job("second"))
     threading.Thread(target=first.result).start()
     run2.gates["first"].set()
     assert queued.result() == "answer to second"
@@ -323,8 +326,8 @@ def test_a_claim_acts_once_whatever_comes_after(pool) -> None:
 def test_abandoning_a_queued_claim_its_worker_already_started_stops_it(pool) -> None:
     run, queues, a = gated(pool)
     run.gates["second"] = threading.Event()  # never opened: only a cancel ends it
-    holder = queues.claim(a, job("first"))
-    queued = queues.claim(a, job("second"))
+    holder = queues.claim(a, run.job("first"))
+    queued = queues.claim(a, run.job("second"))
     holder.abandon()  # the agent goes on to "second", on a worker
     assert run.started["second"].wait(WAIT)
     queued.abandon()

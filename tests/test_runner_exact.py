@@ -1,4 +1,4 @@
-"""Run execution (agentd/agents/runner.py), in process, with exact values.
+"""Runs (agentd/agents/runs.py), in process, with exact values.
 
 A real manager on a real store, the real loop and the fake LLM: the token quota at and
 past its limit, the user turn with attachments, what a run hands the loop (system prompt,
@@ -25,7 +25,8 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
 from support import children_named
-from mgrsupport import Env, Recorder, llm_config, manifest, fake, lone_store_only  # noqa: F401 (fake: a fixture)
+from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest,  # noqa: F401 (fake: a fixture)
+                        run, run_in_conversation, run_on_caller, submit)
 
 
 @pytest.fixture()
@@ -53,20 +54,20 @@ def test_quota_at_and_past_the_limit(mgr) -> None:
     h = mgr.spawn(manifest("quota", "[capabilities]\nmax_llm_tokens_per_hour = 100\n"))
     now = time.time()
     h.token_log.extend([(now - 3000, 60), (now - 10, 39)])
-    mgr._check_quota(h)   # 99 of 100: allowed
+    mgr.runs._check_quota(h)   # 99 of 100: allowed
     h.token_log.append((now - 5, 1))
     with pytest.raises(TooManyRequests) as err:
-        mgr.precheck(h)
+        mgr.runs.precheck(h)
     assert err.value.message == ("message delivery failed: quota exceeded: 100 of 100 LLM tokens used in the "
                                  "last hour (max_llm_tokens_per_hour)")
     assert err.value.retry_after == 600, "retry when the oldest entry leaves the hour"
     h.token_log.appendleft((now - 3601, 500))   # older than an hour: dropped, not counted
     with pytest.raises(TooManyRequests) as err:
-        mgr._check_quota(h)
+        mgr.runs._check_quota(h)
     assert "100 of 100" in err.value.message and len(h.token_log) == 3
     h.token_log[0] = (now - 3599.5, 60)
     with pytest.raises(TooManyRequests) as err:
-        mgr._check_quota(h)
+        mgr.runs._check_quota(h)
     assert err.value.retry_after == 1
 
 
@@ -74,25 +75,24 @@ def test_quota_under_resources_and_none_without_limit(mgr) -> None:
     h = mgr.spawn(manifest("res", "[resources]\nmax_llm_tokens_per_hour = 5\n"))
     h.token_log.append((time.time(), 5))
     with pytest.raises(TooManyRequests) as err:
-        mgr._check_quota(h)
+        mgr.runs._check_quota(h)
     assert "5 of 5" in err.value.message
     free = mgr.spawn(manifest("free"))
     free.token_log.append((time.time(), 10**9))
-    mgr._check_quota(free)
+    mgr.runs._check_quota(free)
 
 
-def test_runs_count_their_tokens_and_hit_the_quota(mgr, fake) -> None:
+def test_runs_count_their_tokens_and_hit_the_quota(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("count", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 6\n'))
-    mgr.run(h, "one two")
+    run(mgr, h, "one two")
     # input: "sys" + "one two" = 3 words; output: "echo: one two" = 3 words
     assert [n for _, n in h.token_log] == [6]
     with pytest.raises(TooManyRequests):
-        mgr.run(h, "again")
+        run(mgr, h, "again")
     preflight = Recorder()
-    m2 = mgr.__class__(mgr.config, mgr.store, mgr.catalog, mgr.kv, mgr.approvals, mgr.executor, mgr.record_usage,
-                       preflight=preflight)
+    m2 = env.manager(preflight=preflight)
     g = m2.spawn(manifest("pre"))
-    m2.run(g, "x")
+    run(m2, g, "x")
     assert preflight.calls == [(g,)]
 
 
@@ -102,13 +102,13 @@ def test_the_token_log_keeps_only_the_last_hour_and_nothing_without_a_quota(mgr)
     h = mgr.spawn(manifest("hourly", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 1000\n'))
     now = time.time()
     h.token_log.extend([(now - 7200, 11), (now - 3601, 12), (now - 3500, 13)])
-    mgr.run(h, "one two")
+    run(mgr, h, "one two")
     # input "sys" + "one two", output "echo: one two": 3 + 3 words
     assert [n for _, n in h.token_log] == [13, 6], "entries older than an hour are dropped on append"
-    mgr.run(h, "three")
+    run(mgr, h, "three")
     assert [n for _, n in h.token_log] == [13, 6, 9], "the second run sends the first turn again: 7 + 2 words"
     free = mgr.spawn(manifest("unlimited"))
-    mgr.run(free, "x")
+    run(mgr, free, "x")
     assert len(free.token_log) == 0, "BUG: an agent without a quota keeps a token log nobody reads"
 
 
@@ -117,7 +117,7 @@ def test_attachments_in_the_user_turn(mgr) -> None:
     txt = mgr.save_upload(h, "notes.md", "text/markdown", "über\n".encode())
     png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG")
     pdf = mgr.save_upload(h, "d.pdf", "application/pdf", b"%PDF-1")
-    user, refs = mgr.build_user_message(h, "look", [{"file_id": txt["file_id"]}, {"file_id": png["file_id"]},
+    user, refs = mgr.runs.build_user_message(h, "look", [{"file_id": txt["file_id"]}, {"file_id": png["file_id"]},
                                                     {"file_id": pdf["file_id"]}])
     assert user.role == "user"
     assert user.content == ("look\n[attached file notes.md]\nüber\n"
@@ -125,10 +125,10 @@ def test_attachments_in_the_user_turn(mgr) -> None:
     assert user.images == [ImagePart("image/png", base64.b64encode(b"\x89PNG").decode())]
     assert refs == [{"file_id": png["file_id"], "filename": "p.png", "content_type": "image/png"}]
     extra = ImagePart("image/jpeg", "AAAA")
-    user, refs = mgr.build_user_message(h, "plain", [], [extra])
+    user, refs = mgr.runs.build_user_message(h, "plain", [], [extra])
     assert (user.content, user.images, refs) == ("plain", [extra], [])
     with pytest.raises(BadRequest) as err:
-        mgr.build_user_message(h, "x", [{}])
+        mgr.runs.build_user_message(h, "x", [{}])
     assert err.value.message == "invalid file id: '' is not a UUID"
 
 
@@ -136,18 +136,18 @@ def test_images_need_a_vision_model(mgr) -> None:
     h = mgr.spawn(manifest("blind", provider="deepseek", model="deepseek-chat"))
     img = ImagePart("image/png", "AAAA")
     with pytest.raises(BadRequest) as err:
-        mgr.build_user_message(h, "x", [], [img])
+        mgr.runs.build_user_message(h, "x", [], [img])
     assert err.value.message == ("model deepseek-chat does not support images; use a vision-capable model "
                                  "or send text only")
-    mgr.build_user_message(h, "text only", [])
+    mgr.runs.build_user_message(h, "text only", [])
     custom = mgr.spawn(manifest("own", 'base_url = "http://h/v1"\n', provider="mine", model="unknown-model"))
-    assert mgr.build_user_message(custom, "x", [], [img])[0].images == [img]
+    assert mgr.runs.build_user_message(custom, "x", [], [img])[0].images == [img]
 
 
 def test_a_run_stores_image_references_on_its_user_turn(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("pic"))
     png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG")
-    result = mgr.run(h, "[[echo_params]]", attachments=[{"file_id": png["file_id"]}])
+    result = run(mgr, h, "[[echo_params]]", attachments=[{"file_id": png["file_id"]}])
     assert json.loads(result.response)["n_images"] == 1
     assert session_of(env, h.session_id)[0] == {
         "role": "user", "content": "[[echo_params]]",
@@ -156,7 +156,7 @@ def test_a_run_stores_image_references_on_its_user_turn(env, mgr, fake) -> None:
 
 # -- what a run hands the loop ---------------------------------------------------------------------
 def params_of(mgr, h, options=None) -> dict:
-    return json.loads(mgr.run(h, "[[echo_params]]", options=options).response)
+    return json.loads(run(mgr, h, "[[echo_params]]", options=options).response)
 
 
 def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
@@ -174,12 +174,12 @@ def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
 
 def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("iter", "[resources]\nmax_iterations = 2\n"))
-    result = mgr.run(h, '[[tool:system_time {} x5]]')
+    result = run(mgr, h, '[[tool:system_time {} x5]]')
     assert result.iterations == 2
     slow = mgr.spawn(manifest("tt", '[resources]\ntool_timeout_secs = 0.5\n[capabilities]\nshell = ["*"]\n'
                                     'tools = ["shell_exec"]\n'))
     started = time.monotonic()
-    result = mgr.run(slow, '[[tool:shell_exec {"command": "sleep 3"}]]')
+    result = run(mgr, slow, '[[tool:shell_exec {"command": "sleep 3"}]]')
     assert time.monotonic() - started < 2.5
     assert "timed out" in result.response or "0.5" in result.response
     # The abandoned command runs on to its end; wait until the tool has reaped it, so no child
@@ -195,19 +195,19 @@ def test_observe_mode_runs_with_read_only_tools_and_its_note(mgr) -> None:
     h = mgr.spawn(manifest("obs"))
     mgr.set_mode(h, "Observe")
     events: list = []
-    got = json.loads(mgr.run(h, "[[echo_params]]", emit=events.append).response)
+    got = json.loads(run(mgr, h, "[[echo_params]]", emit=events.append).response)
     assert got["n_tools"] == 8
     assert [e.data["detail"] for e in events if e.type == "phase" and e.data["phase"] == "streaming"] == \
         ["Observe mode: read-only tools"]
     mgr.set_mode(h, "Auto")
     events.clear()
-    mgr.run(h, "x", emit=events.append)
+    run(mgr, h, "x", emit=events.append)
     assert [e.data["detail"] for e in events if e.type == "phase" and e.data["phase"] == "streaming"] == [""]
 
 
 def test_tools_run_in_the_agents_workspace(env, mgr) -> None:
     h = mgr.spawn(manifest("ws"))
-    mgr.run(h, '[[tool:file_write {"path": "a.txt", "content": "hi"}]]')
+    run(mgr, h, '[[tool:file_write {"path": "a.txt", "content": "hi"}]]')
     assert (env.config.workspaces_dir / "ws" / "a.txt").read_text() == "hi"
 
 
@@ -220,15 +220,15 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
 
     def approve_when_asked() -> None:
         for _ in range(100):
-            pending = mgr.approvals.pending()
+            pending = mgr.runs.approvals.pending()
             if pending:
                 asked.append(pending[0])
-                mgr.approvals.approve(pending[0]["id"])
+                mgr.runs.approvals.approve(pending[0]["id"])
                 return
             time.sleep(0.05)
 
     threading.Thread(target=approve_when_asked).start()
-    result = mgr.run(h, '[[tool:file_write {"path": "b.txt", "content": "ok"}]]', emit=events.append)
+    result = run(mgr, h, '[[tool:file_write {"path": "b.txt", "content": "ok"}]]', emit=events.append)
     phases = [e.data for e in events if e.type == "phase" and e.data["phase"] == "awaiting_approval"
               and e.data["detail"] != "file_write"]
     assert len(phases) == 1 and phases[0]["detail"].startswith("file_write (approval ")
@@ -238,7 +238,7 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
         [(h.id, "manual", "file_write", {"path": "b.txt", "content": "ok"})], "BUG: the approval names the wrong call"
     # Nobody decides: the call is denied after approval_timeout_secs (1 s here), no event sink needed.
     started = time.monotonic()
-    result = mgr.run(h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
+    result = run(mgr, h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
     assert 0.9 < time.monotonic() - started < 6 and not (env.config.workspaces_dir / "manual" / "c.txt").exists()
 
 
@@ -247,20 +247,20 @@ def test_cost_of_a_run(env, mgr) -> None:
     costs = iter([0.1, 0.2000000000004, None])
     env.usage.value = lambda *a: next(costs)
     h = mgr.spawn(manifest("cost"))
-    result = mgr.run(h, '[[tool:system_time {}]]')
+    result = run(mgr, h, '[[tool:system_time {}]]')
     assert result.cost_usd == 0.3, "two calls, summed and rounded to 10 places"
     env.usage.value = lambda *a: None
-    assert mgr.run(h, "x").cost_usd is None
+    assert run(mgr, h, "x").cost_usd is None
     costs = iter([0.5, None])
     env.usage.value = lambda *a: next(costs)
-    assert mgr.run(h, '[[tool:system_time {}]]').cost_usd is None, "BUG: a call of unknown price was left out"
+    assert run(mgr, h, '[[tool:system_time {}]]').cost_usd is None, "BUG: a call of unknown price was left out"
 
 
 def test_a_failed_model_call_closes_the_turn_and_maps_the_status(env, mgr, caplog) -> None:
     caplog.set_level(logging.INFO, logger="agentd.agents")
     h = mgr.spawn(manifest("fails"))
     with pytest.raises(AgentRunError) as err:
-        mgr.run(h, "[[fail:429 retry_after=4]]")
+        run(mgr, h, "[[fail:429 retry_after=4]]")
     exc = err.value
     assert exc.message.startswith("message delivery failed: ") and (exc.status, exc.kind, exc.retry_after) == \
         (429, "rate_limit", 4)
@@ -279,7 +279,7 @@ def test_a_failed_model_call_closes_the_turn_and_maps_the_status(env, mgr, caplo
 def test_the_loop_guard_ends_a_run_with_a_note(env, mgr) -> None:
     h = mgr.spawn(manifest("guard"))
     with pytest.raises(AgentRunError) as err:
-        mgr.run(h, '[[tool:file_read {"path": "x"} x100]]')
+        run(mgr, h, '[[tool:file_read {"path": "x"} x100]]')
     assert err.value.kind == "loop_guard" and err.value.status == 500
     assert err.value.message.startswith("message delivery failed: loop guard stopped the run: ")
     stored = session_of(env, h.session_id)
@@ -292,7 +292,7 @@ def test_a_cancelled_run_is_closed_with_the_stopped_note(env, mgr, caplog) -> No
     h = mgr.spawn(manifest("stopme"))
     threading.Timer(0.3, lambda: mgr.stop(h)).start()
     with pytest.raises(RunCancelled):
-        mgr.run(h, "[[slow:5]]")
+        run(mgr, h, "[[slow:5]]")
     assert session_of(env, h.session_id) == [{"role": "user", "content": "[[slow:5]]"},
                                              {"role": "assistant", "content": STOPPED_NOTE}]
     stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run stopped: ")]
@@ -307,11 +307,11 @@ def test_a_run_of_a_killed_agent_or_with_cancel_set_does_not_start(mgr, fake) ->
     cancel.set()
     before = len(fake.requests)
     with pytest.raises(RunCancelled):
-        mgr.run(h, "x", cancel=cancel)
+        run(mgr, h, "x", cancel=cancel)
     g = mgr.spawn(manifest("dead"))
     g.killed = True
     with pytest.raises(RunCancelled):
-        mgr.run(g, "x")
+        run(mgr, g, "x")
     assert len(fake.requests) == before
 
 
@@ -321,13 +321,13 @@ def test_a_busy_agent(mgr) -> None:
     try:
         started = time.monotonic()
         with pytest.raises(Conflict) as err:
-            mgr.run(h, "x", lock_timeout=0.2)
+            run(mgr, h, "x", lock_timeout=0.2)
         assert err.value.message == "agent busy is busy with another run" and time.monotonic() - started >= 0.19
     finally:
         h.run_lock.release()
     done: list = []
     h.run_lock.acquire()
-    t = threading.Thread(target=lambda: done.append(mgr.run(h, "waited").response))
+    t = threading.Thread(target=lambda: done.append(run(mgr, h, "waited").response))
     t.start()
     time.sleep(1.3)  # (past one second: "no timeout" is not a short one)
     assert done == [], "without a lock timeout a run waits for the agent"
@@ -336,9 +336,9 @@ def test_a_busy_agent(mgr) -> None:
     assert done == ["echo: waited"]
 
 
-def test_other_failures_still_write_usage(env, mgr) -> None:
+def test_other_failures_still_write_usage(env) -> None:
     written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
 
     def record(handle, provider, model, response, usage=None):
         usage.append({"model": model})
@@ -348,7 +348,7 @@ def test_other_failures_still_write_usage(env, mgr) -> None:
     h = mgr.spawn(manifest("boom"))
     with caplog_at_warning() as records:
         with pytest.raises(RuntimeError):
-            mgr.run(h, "x")
+            run(mgr, h, "x")
     assert written == [{"model": "gpt-4o"}]
     line = [r.getMessage() for r in records if r.getMessage().startswith("run failed:")]
     assert len(line) == 1 and line[0].startswith(
@@ -374,7 +374,7 @@ class caplog_at_warning:
         self.logger.setLevel(self.level)
 
 
-def test_memory_hooks(env, mgr) -> None:
+def test_memory_hooks(env) -> None:
     class Memory:
         def __init__(self) -> None:
             self.calls: list = []
@@ -386,11 +386,12 @@ def test_memory_hooks(env, mgr) -> None:
         def after_exchange(self, *args):
             self.calls.append(("after",) + args)
 
-    mgr.memory = Memory()
+    memory = Memory()
+    mgr = env.manager(memory=memory)
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
-    result = mgr.run(h, "[[echo_params]]", options=RunOptions(extra_system="X"))
+    result = run(mgr, h, "[[echo_params]]", options=RunOptions(extra_system="X"))
     assert json.loads(result.response)["system"] == "S\n\nX\n\nRECALLED"
-    assert mgr.memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
+    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
                                 ("after", h.id, h.session_id, "[[echo_params]]", result.response)]
 
 
@@ -398,8 +399,8 @@ def test_memory_hooks(env, mgr) -> None:
 def test_stop_cancels_approvals_and_the_run(mgr) -> None:
     h = mgr.spawn(manifest("st"))
     assert mgr.stop(h) is False
-    waiting = mgr.approvals.request(h.id, h.name, "file_write", {})
-    other = mgr.approvals.request("someone", "x", "file_write", {})
+    waiting = mgr.runs.approvals.request(h.id, h.name, "file_write", {})
+    other = mgr.runs.approvals.request("someone", "x", "file_write", {})
     cancel = threading.Event()
     h.cancel = cancel
     assert mgr.stop(h) is True and cancel.is_set()
@@ -419,40 +420,42 @@ def test_stop_on_a_cluster_asks_the_other_daemons(env) -> None:
             self.asked.append(agent_id)
             return self.n
 
-    m = env.manager()
+    shared_store = dataclasses.replace(env.store, backend="postgres")
+    lone = Cluster(1)
+    m = env.manager(cluster=lone)
     h = m.spawn(manifest("cl"))
-    m.cluster = Cluster(1)
-    assert m.stop(h) is False and m.cluster.asked == [], "not shared: nobody else to ask"
-    m.store = dataclasses.replace(env.store, backend="postgres")
-    assert m.stop(h) is True and m.cluster.asked == [h.id]
-    m.cluster = Cluster(0)
-    assert m.stop(h) is False and m.cluster.asked == [h.id]
-    m.cluster = Cluster(1)
+    assert m.stop(h) is False and lone.asked == [], "not shared: nobody else to ask"
+    one = Cluster(1)
+    assert env.manager(cluster=one, store=shared_store).stop(h) is True and one.asked == [h.id]
+    none = Cluster(0)
+    assert env.manager(cluster=none, store=shared_store).stop(h) is False and none.asked == [h.id]
+    local = Cluster(1)
+    m = env.manager(cluster=local, store=shared_store)
     cancel = threading.Event()
     h.cancel = cancel
-    assert m.stop(h) is True and cancel.is_set() and m.cluster.asked == [], "a local run is stopped here"
-    assert m.stop(h) is True and m.cluster.asked == [h.id], "set already: maybe another daemon runs it"
+    assert m.stop(h) is True and cancel.is_set() and local.asked == [], "a local run is stopped here"
+    assert m.stop(h) is True and local.asked == [h.id], "set already: maybe another daemon runs it"
 
 
-def test_a_cluster_runs_the_run(env, mgr) -> None:
+def test_a_cluster_runs_the_run(env) -> None:
     class Cluster:   # the interface of agentd.cluster.Cluster.run
         calls: list = []
         completed: list = []
 
-        def run(self, handle, cancel, lock_timeout, body, *, completes=False):
-            self.calls.append((handle, cancel, lock_timeout, completes))
+        def run(self, handle, cancel, lock_timeout, body, *, completes=False, session_id=""):
+            self.calls.append((handle, cancel, lock_timeout, completes, session_id))
             return body(lambda tx, cost: self.completed.append(cost)) if completes else body()
 
     env.usage.value = 0.125
-    mgr.cluster = Cluster()
+    mgr = env.manager(cluster=Cluster())
     h = mgr.spawn(manifest("leased"))
     cancel = threading.Event()
-    assert mgr.run(h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
-    assert Cluster.calls == [(h, cancel, 3.0, True)]
+    assert run(mgr, h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
+    assert Cluster.calls == [(h, cancel, 3.0, True, h.session_id)]
     assert Cluster.completed == [0.125], "the run record is closed with the run's cost"
     events: list = []
     png = mgr.save_upload(h, "c.png", "image/png", b"\x89PNG-c")
-    mgr.run(h, "with a picture", [{"file_id": png["file_id"]}], emit=events.append)
+    run(mgr, h, "with a picture", [{"file_id": png["file_id"]}], emit=events.append)
     assert [e.data for e in events if e.type == "phase"][-1] == {"phase": "done", "detail": ""}, \
         "BUG: the cluster's run lost the event sink"
     assert session_of(env, h.session_id)[-2]["images"] == \
@@ -461,47 +464,49 @@ def test_a_cluster_runs_the_run(env, mgr) -> None:
 
 def test_submit_wait_withdraw_and_stop_all(mgr) -> None:
     h = mgr.spawn(manifest("queued"))
-    future = mgr.submit(h, "first")
-    assert mgr.wait(future, threading.Event()).response == "echo: first"
+    future = submit(mgr, h, "first")
+    assert mgr.runs.queues.wait(future, threading.Event()).response == "echo: first"
     h.run_lock.acquire()
     try:
-        running = mgr.submit(h, "[[slow:0.1]] runs")
+        running = submit(mgr, h, "[[slow:0.1]] runs")
         time.sleep(0.3)
-        queued = mgr.submit(h, "waits")
-        assert mgr.withdraw(queued) is True and mgr.withdraw(queued) is False
+        queued = submit(mgr, h, "waits")
+        assert mgr.runs.queues.withdraw(queued) is True and mgr.runs.queues.withdraw(queued) is False
     finally:
         h.run_lock.release()
-    assert mgr.wait(running, threading.Event()).response == "echo: runs"
+    assert mgr.runs.queues.wait(running, threading.Event()).response == "echo: runs"
     g = mgr.spawn(manifest("slowone"))
-    a = mgr.submit(g, "[[slow:5]] a")
+    a = submit(mgr, g, "[[slow:5]] a")
     time.sleep(0.3)
-    b = mgr.submit(g, "b")
+    b = submit(mgr, g, "b")
     mgr.stop_all()
     with pytest.raises(RunCancelled):
         a.result(5)
     with pytest.raises(RunCancelled):
         b.result(5)
     emitted: list = []
-    c = mgr.submit(g, "c", emit=emitted.append, options=RunOptions(extra_system="E"))
+    c = submit(mgr, g, "c", emit=emitted.append, options=RunOptions(extra_system="E"))
     assert c.result(5).response == "echo: c" and emitted
 
 
-def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -> None:
+def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(env) -> None:
     # The queue has handed the run to a worker; its pre-checks (quota, budget) are still
     # going when the stop comes. CI's PostgreSQL pass once lost a shutdown in this window.
     entered, release = threading.Event(), threading.Event()
+    caller = threading.current_thread()
 
     def preflight(_handle) -> None:
+        if threading.current_thread() is caller:
+            return  # the check when the run is started; the worker checks again
         entered.set()
         release.wait(5)
 
-    m = mgr.__class__(mgr.config, mgr.store, mgr.catalog, mgr.kv, mgr.approvals, mgr.executor,
-                      mgr.record_usage, preflight=preflight)
+    m = env.manager(preflight=preflight)
     for how in ("submit", "stop_all"):
         entered.clear()
         release.clear()
         h = m.spawn(manifest(f"early-{how}"))
-        future = m.submit(h, "[[slow:5]] late")
+        future = submit(m, h, "[[slow:5]] late")
         assert entered.wait(5)
         if how == "submit":
             assert m.stop(h) is True
@@ -512,26 +517,26 @@ def test_a_stop_reaches_a_run_that_started_but_has_not_taken_the_run_lock(mgr) -
         with pytest.raises(RunCancelled):
             future.result(4)
         assert h.starting is None and h.cancel is None
-        assert m.submit(h, "after").result(5).response == "echo: after"
+        assert submit(m, h, "after").result(5).response == "echo: after"
 
 
-def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env, mgr) -> None:
+def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None:
+    written: list = []
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
     h = mgr.spawn(manifest("ctxa", '[capabilities]\nshell = ["*"]\n'
                                    'tools = ["shell_exec", "memory_store", "agent_send"]\n'))
     other = mgr.spawn(manifest("ctxb"))
-    assert mgr.run(h, '[[tool:memory_store {"key": "k", "value": "v"}]]').response.startswith("tool said: ")
-    assert mgr.kv.get(h.id, "k") == (True, "v") and mgr.kv.get(other.id, "k")[0] is False, \
+    assert run(mgr, h, '[[tool:memory_store {"key": "k", "value": "v"}]]').response.startswith("tool said: ")
+    assert mgr.runs.kv.get(h.id, "k") == (True, "v") and mgr.runs.kv.get(other.id, "k")[0] is False, \
         "BUG: the tool stored under another agent's id"
-    assert mgr.run(h, '[[tool:agent_send {"agent": "ctxa", "message": "hi"}]]').response == \
+    assert run(mgr, h, '[[tool:agent_send {"agent": "ctxa", "message": "hi"}]]').response == \
         "tool said: error: an agent cannot send a message to itself"
-    assert mgr.run(h, '[[tool:agent_send {"agent": "ctxb", "message": "hi"}]]').response == \
+    assert run(mgr, h, '[[tool:agent_send {"agent": "ctxb", "message": "hi"}]]').response == \
         "tool said: echo: hi"
     # A stop reaches the running command through the tool's context, not only the loop;
     # the model call made before it is paid for (its usage row is written with the turn).
-    written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
-    future = mgr.submit(h, '[[tool:shell_exec {"command": "sleep 30"}]]')
+    future = submit(mgr, h, '[[tool:shell_exec {"command": "sleep 30"}]]')
     for _ in range(100):
         if children_named("sleep"):
             break
@@ -552,7 +557,7 @@ def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
     h = mgr.spawn(manifest("imgfail"))
     png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG-bytes")
     with pytest.raises(AgentRunError):
-        mgr.run(h, "[[fail:400]]", [{"file_id": png["file_id"]}])
+        run(mgr, h, "[[fail:400]]", [{"file_id": png["file_id"]}])
     stored = session_of(env, h.session_id)
     assert stored[0]["images"] == [{"file_id": png["file_id"], "filename": "p.png", "content_type": "image/png"}]
     assert stored[1]["content"].startswith("[run failed: ")
@@ -567,12 +572,12 @@ def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monke
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
-    monkeypatch.setattr(mgr.config.llm, "timeout_secs", 0.5)
+    monkeypatch.setattr(mgr.registry.config.llm, "timeout_secs", 0.5)
     caplog.set_level(logging.INFO, logger="agentd.agents")
     h = mgr.spawn(manifest("falls", f'base_url = "{dead}"\n'
                                     '[[fallback_models]]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n'))
     with pytest.raises(AgentRunError) as err:
-        mgr.run(h, "[[slow:3]]")
+        run(mgr, h, "[[slow:3]]")
     assert err.value.kind == "timeout" and "anthropic model claude-sonnet-4-6" in err.value.message
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run failed:")]
     assert len(line) == 1 and line[0].startswith(
@@ -583,17 +588,17 @@ def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monke
 def test_a_text_attachment_that_is_not_utf8_is_shown_with_replacement_marks(mgr) -> None:
     h = mgr.spawn(manifest("badtxt"))
     txt = mgr.save_upload(h, "bad.txt", "text/plain", b"ok \xff end")
-    assert mgr.run(h, "read", [{"file_id": txt["file_id"]}]).response == \
+    assert run(mgr, h, "read", [{"file_id": txt["file_id"]}]).response == \
         "echo: read\n[attached file bad.txt]\nok \ufffd end"
 
 
 def test_images_in_the_options_and_submit_passes_everything_on(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("optimg"))
     image = ImagePart("image/png", base64.b64encode(b"\x89PNG-o").decode("ascii"))
-    got = json.loads(mgr.run(h, "[[echo_params]]", options=RunOptions(images=[image])).response)
+    got = json.loads(run(mgr, h, "[[echo_params]]", options=RunOptions(images=[image])).response)
     assert got["n_images"] == 1, "BUG: the request's images did not reach the model"
     txt = mgr.save_upload(h, "s.txt", "text/plain", b"queued text")
-    future = mgr.submit(h, "sub", [{"file_id": txt["file_id"]}], options=RunOptions(max_tokens=9))
+    future = submit(mgr, h, "sub", [{"file_id": txt["file_id"]}], options=RunOptions(max_tokens=9))
     assert future.result(5).response == "echo: sub\n[attached file s.txt]\nqueued text"
     assert fake.requests[-1]["json"]["max_tokens"] == 9, "BUG: submit dropped the options"
 
@@ -603,7 +608,7 @@ def test_a_run_cancelled_before_it_starts(env, mgr) -> None:
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(RunCancelled) as err:
-        mgr.run(h, "never", cancel=cancel)
+        run(mgr, h, "never", cancel=cancel)
     assert err.value.message == "run cancelled"
     assert session_of(env, h.session_id) == [], "a run that never started leaves no turn"
 
@@ -629,52 +634,52 @@ class MemoryStandIn:
         self.exchanges.append((agent_id, session_id, user_text, answer))
 
 
-def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(mgr, fake) -> None:
+def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(env, fake) -> None:
     memory = MemoryStandIn()
-    mgr.memory = memory
+    mgr = env.manager(memory=memory)
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
-    result = mgr.run(h, "[[tool:system_time {}]]")
+    result = run(mgr, h, "[[tool:system_time {}]]")
     systems = [r["json"]["messages"][0]["content"] for r in fake.requests[-2:]]
     assert systems == ["S #1", "S #2"], "BUG: the system prompt is not refreshed before each model call"
     assert memory.asked == [(h.id, "[[tool:system_time {}]]", "S")]
     assert memory.exchanges == [(h.id, h.session_id, "[[tool:system_time {}]]", result.response)]
     image = ImagePart("image/png", base64.b64encode(b"\x89PNG-m").decode("ascii"))
-    mgr.run(h, "", options=RunOptions(images=[image]))
+    run(mgr, h, "", options=RunOptions(images=[image]))
     assert memory.asked[-1][1] == "" and memory.exchanges[-1][2] == "", "an image-only message has no text"
 
 
-def test_a_completed_run_writes_its_usage_rows(env, mgr) -> None:
+def test_a_completed_run_writes_its_usage_rows(env) -> None:
     written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     h = mgr.spawn(manifest("paid"))
-    mgr.run(h, "[[tool:system_time {}]]")
+    run(mgr, h, "[[tool:system_time {}]]")
     assert written == [{"model": "gpt-4o"}, {"model": "gpt-4o"}], "BUG: a run's usage rows were not written"
 
 
 def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:
     h = mgr.spawn(manifest("nowbusy"))
-    first = mgr.submit(h, "[[slow:0.5]] first")
+    first = submit(mgr, h, "[[slow:0.5]] first")
     time.sleep(0.1)
     assert h.busy
-    assert mgr.run_now(h, "second").response == "echo: second", "a busy agent's run_now is queued"
+    assert run_on_caller(mgr, h, "second").response == "echo: second", "a busy agent's run_on_caller is queued"
     assert first.result(5).response == "echo: first"
-    slow = mgr.submit(h, "[[slow:5]] long")
+    slow = submit(mgr, h, "[[slow:5]] long")
     with pytest.raises(RunCancelled):
-        mgr.wait(slow, threading.Event(), disconnected=lambda: True)
+        mgr.runs.queues.wait(slow, threading.Event(), disconnected=lambda: True)
 
 
 def test_a_manual_approval_ends_with_the_runs_cancel(env, mgr) -> None:
     h = mgr.spawn(manifest("manualcancel", '[capabilities]\ntools = ["file_write"]\n'))
     mgr.set_mode(h, "Manual")
-    mgr.config.tools.approval_timeout_secs = 30
-    future = mgr.submit(h, '[[tool:file_write {"path": "x.txt", "content": "x"}]]')
+    mgr.registry.config.tools.approval_timeout_secs = 30
+    future = submit(mgr, h, '[[tool:file_write {"path": "x.txt", "content": "x"}]]')
     for _ in range(100):
-        if mgr.approvals.pending():
+        if mgr.runs.approvals.pending():
             break
         time.sleep(0.05)
-    assert mgr.approvals.pending(), "no approval was asked for"
-    mgr.withdraw(future)  # a started run: its cancel event is set
+    assert mgr.runs.approvals.pending(), "no approval was asked for"
+    mgr.runs.queues.withdraw(future)  # a started run: its cancel event is set
     with pytest.raises(RunCancelled):
         future.result(5)
     tool = [m for m in session_of(env, h.session_id) if m["role"] == "tool"]
@@ -685,42 +690,42 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     import uuid
 
     h = mgr.spawn(manifest("conv"))
-    mgr.run(h, "main")
+    run(mgr, h, "main")
     sid = str(uuid.uuid4())
-    assert mgr.run_conversation(h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
+    assert run_in_conversation(mgr, h, sid, "in the chat", label="tg:42").response == "echo: in the chat"
     assert [m["content"] for m in fake.requests[-1]["json"]["messages"] if m["role"] != "system"] == \
         ["in the chat"], "BUG: a new conversation was sent the agent's own session"
-    assert mgr.run_conversation(h, sid, "again").response == "echo: again"
+    assert run_in_conversation(mgr, h, sid, "again").response == "echo: again"
     assert [m["content"] for m in session_of(env, sid)] == ["in the chat", "echo: in the chat", "again", "echo: again"]
     assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"]
     with orm.db_session:
         row = env.store.e.SessionRow.get(id=sid)
         assert (row.label, row.agent.id) == ("tg:42", h.id)
     sid2 = str(uuid.uuid4())
-    mgr.run_conversation(h, sid2, "no label")
+    run_in_conversation(mgr, h, sid2, "no label")
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=sid2).label is None
     assert h.session_tail[-1]["content"] == "echo: main", "BUG: a conversation changed the agent's own session cache"
     with h.run_lock:  # the agent's own session is busy: a conversation does not wait for it
-        assert mgr.run_conversation(h, sid2, "meanwhile").response == "echo: meanwhile"
+        assert run_in_conversation(mgr, h, sid2, "meanwhile").response == "echo: meanwhile"
     assert h.cancel is None and len(session_of(env, h.session_id)) == 2
     gone = mgr.spawn(manifest("gone"))
     mgr.kill(gone)
     with pytest.raises(NotFound) as err:
-        mgr.run_conversation(gone, str(uuid.uuid4()), "x")
+        run_in_conversation(mgr, gone, str(uuid.uuid4()), "x")
     assert err.value.message == "agent not found"
 
 
 def test_run_now_runs_with_everything_it_was_given(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("now"))
     txt = mgr.save_upload(h, "n.txt", "text/plain", b"inside")
-    result = mgr.run_now(h, "read", [{"file_id": txt["file_id"]}], RunOptions(max_tokens=7))
+    result = run_on_caller(mgr, h, "read", [{"file_id": txt["file_id"]}], RunOptions(max_tokens=7))
     assert result.response == "echo: read\n[attached file n.txt]\ninside"
     sent = fake.requests[-1]["json"]
-    assert sent["max_tokens"] == 7, "BUG: run_now dropped the request's options"
+    assert sent["max_tokens"] == 7, "BUG: run_on_caller dropped the request's options"
     assert sent["messages"][-1]["content"] == "read\n[attached file n.txt]\ninside", "BUG: attachments dropped"
     assert session_of(env, h.session_id)[-1] == {"role": "assistant", "content": "echo: read\n[attached file n.txt]\ninside"}
-    assert mgr.run_now(h, "plain").response == "echo: plain", "no attachments, options or cancel given"
+    assert run_on_caller(mgr, h, "plain").response == "echo: plain", "no attachments, options or cancel given"
     assert not h.busy
 
 
@@ -729,9 +734,68 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
     stop = threading.Event()
     stop.set()
     with pytest.raises(RunCancelled):
-        mgr.run_now(h, "never", cancel=stop)
+        run_on_caller(mgr, h, "never", cancel=stop)
     left = threading.Event()
     threading.Timer(0.3, left.set).start()
     with pytest.raises(RunCancelled):
-        mgr.run_now(h, "[[slow:5]] long", disconnected=left.is_set)
-    assert not h.busy and mgr.run_now(h, "again").response == "echo: again"
+        run_on_caller(mgr, h, "[[slow:5]] long", disconnected=left.is_set)
+    assert not h.busy and run_on_caller(mgr, h, "again").response == "echo: again"
+
+
+# -- Runs.start: one entry for every run ------------------------------------------------------------
+def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
+    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest, check_message
+    from agentd.errors import PayloadTooLarge
+
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
+    h = mgr.spawn(manifest("big"))
+    check_message("é" * (32 * 1024))  # 64 KB exactly (two bytes each): allowed
+    asked = len(fake.requests)
+    for on in (WORKER, CALLER, INLINE):
+        with pytest.raises(PayloadTooLarge) as err:
+            mgr.runs.start(RunRequest(h, "x" * (64 * 1024 + 1), on=on))
+        assert err.value.message == "message too large (max 64 KB)"
+    with pytest.raises(PayloadTooLarge) as err:
+        check_message("y" * (64 * 1024 + 1), "input")
+    assert err.value.message == "input too large (max 64 KB)"
+    assert (preflight.calls, h.busy, len(h.waiting), len(fake.requests)) == ([], False, 0, asked), \
+        "BUG: a refused message was checked further, queued or sent"
+    # A prompt composed from earlier answers (workflow steps, agent sends) is not a client's.
+    long = "z" * (64 * 1024 + 1)
+    assert mgr.runs.start(RunRequest(h, long, on=INLINE, from_client=False)).result().response == f"echo: {long}"
+    assert preflight.calls == [(h,)], "an inline run is checked once, when it is started"
+
+
+def test_where_a_started_run_executes(env) -> None:
+    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest
+
+    mgr = env.manager()
+    h = mgr.spawn(manifest("where"))
+    ticket = mgr.runs.start(RunRequest(h, "here", on=CALLER))
+    assert (ticket.here, ticket.future, h.busy) == (True, None, True), "an idle agent is held for the caller"
+    assert ticket.result().response == "echo: here" and h.busy is False
+    worker = mgr.runs.start(RunRequest(h, "worker", on=WORKER))
+    assert worker.here is False and worker.future.result(10).response == "echo: worker"
+    inline = mgr.runs.start(RunRequest(h, "inline", on=INLINE))
+    assert (inline.here, h.busy) == (True, False), "an inline run takes no place in the queue"
+    assert inline.result().response == "echo: inline"
+    # stop(): a queued run is withdrawn and never runs; a running one is cancelled.
+    h.run_lock.acquire()
+    try:
+        running = mgr.runs.start(RunRequest(h, "[[slow:5]] running", on=WORKER))
+        time.sleep(0.2)
+        queued = mgr.runs.start(RunRequest(h, "queued", on=WORKER))
+        queued.stop()
+        assert len(h.waiting) == 0 and queued.request.cancel.is_set()
+        with pytest.raises(RunCancelled):
+            queued.future.result(1)
+        running.stop()
+    finally:
+        h.run_lock.release()
+    with pytest.raises(RunCancelled):
+        running.future.result(10)
+    # abandon(): a run held for a caller that will not wait frees the agent, never runs.
+    held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
+    held.abandon()
+    assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"

@@ -30,10 +30,6 @@ def handle(name: str = "worker") -> AgentHandle:
                        model="m", api_key_env="", base_url="")
 
 
-def job(text: str) -> QueuedRun:
-    return QueuedRun(text, None, None, None, threading.Event(), Future())
-
-
 class Runs:
     """The run function: records each run (text and thread) and blocks until released."""
 
@@ -49,6 +45,12 @@ class Runs:
         with self.lock:
             self.began.setdefault(text, threading.Event())
             return self.gates.setdefault(text, threading.Event())
+
+    def job(self, text: str) -> QueuedRun:
+        """A run of `text` by this runner."""
+        j = QueuedRun(lambda h: self(h, j), threading.Event())
+        j.text = text  # type: ignore[attr-defined]
+        return j
 
     def __call__(self, h: AgentHandle, j: QueuedRun) -> Any:
         gate = self.gate(j.text)
@@ -70,13 +72,13 @@ def pool():
 
 
 def queues(pool: ThreadPoolExecutor, runs: Runs, limit: int = 5) -> RunQueues:
-    return RunQueues(pool, lambda: limit, runs)
+    return RunQueues(pool, lambda: limit)
 
 
 def test_idle_agent_runs_at_once_and_is_idle_after(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    first = job("one")
+    first = runs.job("one")
     fut = q.submit(h, first)
     assert fut is first.future and fut.agentd_job == (h, first)
     assert runs.gate("one") and runs.began["one"].wait(WAIT)
@@ -100,7 +102,7 @@ def _eventually(check, timeout: float = WAIT) -> bool:
 def test_busy_agent_queues_in_order_on_the_same_worker(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    futures = [q.submit(h, job(t)) for t in ("a", "b", "c")]
+    futures = [q.submit(h, runs.job(t)) for t in ("a", "b", "c")]
     assert runs.gate("a") and runs.began["a"].wait(WAIT)
     assert [j.text for j in h.waiting] == ["b", "c"], "BUG: a busy agent's requests must wait in its queue"
     assert runs.started == ["a"]
@@ -115,23 +117,23 @@ def test_busy_agent_queues_in_order_on_the_same_worker(pool) -> None:
 def test_other_agents_are_not_held_up(pool) -> None:
     runs, a, b = Runs(), handle("a"), handle("b")
     q = queues(pool, runs)
-    q.submit(a, job("stuck"))
+    q.submit(a, runs.job("stuck"))
     assert runs.gate("stuck") and runs.began["stuck"].wait(WAIT)
     runs.gate("free").set()
-    assert q.submit(b, job("free")).result(WAIT) == "done free by b"
+    assert q.submit(b, runs.job("free")).result(WAIT) == "done free by b"
     runs.gate("stuck").set()
 
 
 def test_queue_limit_exact_message_and_boundary(pool) -> None:
     runs, h = Runs(), handle("busy one")
     q = queues(pool, runs, limit=2)
-    q.submit(h, job("run"))
+    q.submit(h, runs.job("run"))
     assert runs.gate("run") and runs.began["run"].wait(WAIT)
-    q.submit(h, job("w1"))
-    q.submit(h, job("w2"))  # exactly at the limit: still queued
+    q.submit(h, runs.job("w1"))
+    q.submit(h, runs.job("w2"))  # exactly at the limit: still queued
     assert len(h.waiting) == 2
     with pytest.raises(TooManyRequests) as info:
-        q.submit(h, job("w3"))
+        q.submit(h, runs.job("w3"))
     exc = info.value
     assert exc.message == ("agent busy one is busy: 2 requests are already waiting for it (max_queue 2); "
                            "try again later")
@@ -144,9 +146,9 @@ def test_queue_limit_exact_message_and_boundary(pool) -> None:
 def test_queue_limit_zero_refuses_any_wait_but_not_an_idle_agent(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs, limit=0)
-    first = q.submit(h, job("x"))
+    first = q.submit(h, runs.job("x"))
     with pytest.raises(TooManyRequests, match=r"0 requests are already waiting for it \(max_queue 0\)"):
-        q.submit(h, job("y"))
+        q.submit(h, runs.job("y"))
     runs.gate("x").set()
     assert first.result(WAIT) == "done x by worker"
 
@@ -155,7 +157,7 @@ def test_killed_agent_is_not_found(pool) -> None:
     runs, h = Runs(), handle()
     h.killed = True
     with pytest.raises(NotFound) as info:
-        queues(pool, runs).submit(h, job("x"))
+        queues(pool, runs).submit(h, runs.job("x"))
     assert info.value.message == "agent not found" and info.value.status == 404
     assert h.busy is False and runs.started == []
 
@@ -165,7 +167,7 @@ def test_shut_down_executor_is_503_and_leaves_the_agent_idle() -> None:
     executor.shutdown()
     h = handle()
     with pytest.raises(AgentdError) as info:
-        RunQueues(executor, lambda: 5, Runs()).submit(h, job("x"))
+        RunQueues(executor, lambda: 5).submit(h, Runs().job("x"))
     assert (info.value.message, info.value.status) == ("the daemon is shutting down", 503)
     assert h.busy is False, "BUG: a refused submit leaves the agent busy forever"
 
@@ -173,10 +175,10 @@ def test_shut_down_executor_is_503_and_leaves_the_agent_idle() -> None:
 def test_cancelled_or_killed_before_start_never_runs(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("first"))
+    q.submit(h, runs.job("first"))
     assert runs.gate("first") and runs.began["first"].wait(WAIT)
-    cancelled = job("cancelled")
-    plain = job("plain")
+    cancelled = runs.job("cancelled")
+    plain = runs.job("plain")
     q.submit(h, cancelled)
     q.submit(h, plain)
     cancelled.cancel.set()
@@ -187,9 +189,9 @@ def test_cancelled_or_killed_before_start_never_runs(pool) -> None:
     assert plain.future.result(WAIT) == "done plain by worker"
     assert runs.started == ["first", "plain"]
     # killed while queued
-    q.submit(h, job("again"))
+    q.submit(h, runs.job("again"))
     assert runs.gate("again") and runs.began["again"].wait(WAIT)
-    late = job("late")
+    late = runs.job("late")
     q.submit(h, late)
     h.killed = True
     runs.gate("again").set()
@@ -201,9 +203,9 @@ def test_cancelled_or_killed_before_start_never_runs(pool) -> None:
 def test_future_cancelled_by_its_owner_is_skipped(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("first"))
+    q.submit(h, runs.job("first"))
     assert runs.gate("first") and runs.began["first"].wait(WAIT)
-    dropped, kept = job("dropped"), job("kept")
+    dropped, kept = runs.job("dropped"), runs.job("kept")
     q.submit(h, dropped)
     q.submit(h, kept)
     assert dropped.future.cancel()
@@ -221,9 +223,9 @@ def test_a_failing_run_hands_its_error_to_the_waiter_and_the_queue_goes_on(pool)
     runs.fail["bad"] = Stop("boom")
     runs.fail["worse"] = ValueError("no")
     q = queues(pool, runs)
-    bad = q.submit(h, job("bad"))
-    worse = q.submit(h, job("worse"))
-    after = q.submit(h, job("after"))
+    bad = q.submit(h, runs.job("bad"))
+    worse = q.submit(h, runs.job("worse"))
+    after = q.submit(h, runs.job("after"))
     for t in ("bad", "worse", "after"):
         runs.gate(t).set()
     with pytest.raises(Stop, match="boom"):
@@ -236,9 +238,9 @@ def test_a_failing_run_hands_its_error_to_the_waiter_and_the_queue_goes_on(pool)
 def test_withdraw_takes_a_queued_run_out(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    running = q.submit(h, job("running"))
+    running = q.submit(h, runs.job("running"))
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
-    queued = job("queued")
+    queued = runs.job("queued")
     fut = q.submit(h, queued)
     assert RunQueues.withdraw(fut) is True
     assert queued.cancel.is_set() and list(h.waiting) == []
@@ -257,9 +259,9 @@ def test_withdraw_takes_a_queued_run_out(pool) -> None:
 def test_withdraw_of_an_owner_cancelled_future_sets_nothing(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("running"))
+    q.submit(h, runs.job("running"))
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
-    queued = job("queued")
+    queued = runs.job("queued")
     q.submit(h, queued)
     queued.future.cancel()
     assert RunQueues.withdraw(queued.future) is True and queued.future.cancelled()
@@ -269,9 +271,9 @@ def test_withdraw_of_an_owner_cancelled_future_sets_nothing(pool) -> None:
 def test_cancel_queued_cancels_every_waiting_run(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("running"))
+    q.submit(h, runs.job("running"))
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
-    waiting = [job("w1"), job("w2"), job("w3")]
+    waiting = [runs.job("w1"), runs.job("w2"), runs.job("w3")]
     for j in waiting:
         q.submit(h, j)
     waiting[1].future.cancel()
@@ -291,7 +293,7 @@ def test_wait_returns_the_result(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
     runs.gate("x").set()
-    fut = q.submit(h, job("x"))
+    fut = q.submit(h, runs.job("x"))
     assert q.wait(fut, threading.Event()) == "done x by worker"
     assert q.wait(fut, threading.Event(), lambda: True) == "done x by worker"
 
@@ -299,7 +301,7 @@ def test_wait_returns_the_result(pool) -> None:
 def test_wait_stops_when_cancelled(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    fut = q.submit(h, job("x"))
+    fut = q.submit(h, runs.job("x"))
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(RunCancelled, match="^run cancelled$"):
@@ -310,9 +312,9 @@ def test_wait_stops_when_cancelled(pool) -> None:
 def test_wait_withdraws_a_queued_run_when_the_client_left(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("running"))
+    q.submit(h, runs.job("running"))
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
-    queued = job("queued")
+    queued = runs.job("queued")
     fut = q.submit(h, queued)
     cancel = threading.Event()
     with pytest.raises(RunCancelled, match="^the client disconnected$"):
@@ -325,7 +327,7 @@ def test_wait_withdraws_a_queued_run_when_the_client_left(pool) -> None:
 def test_wait_cancels_a_running_run_when_the_client_left(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    running = job("running")
+    running = runs.job("running")
     fut = q.submit(h, running)
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
     cancel = threading.Event()
@@ -345,7 +347,7 @@ def test_wait_cancels_a_running_run_when_the_client_left(pool) -> None:
 def test_wait_without_a_disconnect_check_keeps_waiting(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    fut = q.submit(h, job("slow"))
+    fut = q.submit(h, runs.job("slow"))
     assert runs.gate("slow") and runs.began["slow"].wait(WAIT)
     threading.Timer(0.35, runs.gate("slow").set).start()   # several polls pass first
     assert q.wait(fut, threading.Event(), None) == "done slow by worker"
@@ -355,9 +357,9 @@ def test_run_here_runs_with_the_handle_and_refuses_a_cancelled_job_exactly(pool)
     runs, h = Runs(), handle("here")
     q = queues(pool, runs)
     runs.gate("now").set()
-    assert q.run_here(h, job("now")) == "done now by here", "BUG: run_here must run with the agent's handle"
+    assert q.run_here(h, runs.job("now")) == "done now by here", "BUG: run_here must run with the agent's handle"
     assert h.busy is False
-    cancelled = job("never")
+    cancelled = runs.job("never")
     cancelled.cancel.set()
     with pytest.raises(RunCancelled) as info:
         q.run_here(h, cancelled)
@@ -367,23 +369,23 @@ def test_run_here_runs_with_the_handle_and_refuses_a_cancelled_job_exactly(pool)
 def test_run_here_on_a_busy_agent_waits_with_the_jobs_cancel_and_disconnect_check(pool) -> None:
     runs, h = Runs(), handle()
     q = queues(pool, runs)
-    q.submit(h, job("running"))
+    q.submit(h, runs.job("running"))
     assert runs.gate("running") and runs.began["running"].wait(WAIT)
-    stopped = job("stopped")
+    stopped = runs.job("stopped")
     stopped.cancel.set()
     with pytest.raises(RunCancelled, match="^run cancelled$"):
         q.run_here(h, stopped)
     with pytest.raises(RunCancelled, match="^the client disconnected$"):
-        q.run_here(h, job("left"), lambda: True)
+        q.run_here(h, runs.job("left"), lambda: True)
     runs.gate("running").set()
 
 
 def test_hand_on_after_shutdown_cancels_the_next_run_exactly() -> None:
     executor = ThreadPoolExecutor(max_workers=1)
     runs, h = Runs(), handle()
-    q = RunQueues(executor, lambda: 5, runs)
+    q = RunQueues(executor, lambda: 5)
     h.busy = True
-    nxt = job("next")
+    nxt = runs.job("next")
     h.waiting.append(nxt)
     executor.shutdown()
     q._hand_on(h)
@@ -402,11 +404,11 @@ def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
             seen.append(dict(q.watch._watched))
             return super().__call__(hh, j)
 
-    q.run = Watching()
-    q.run.gate("plain").set()
-    q.run.gate("watched").set()
-    assert q.run_here(h, job("plain")) == "done plain by worker"
-    watched = job("watched")
+    watching = Watching()
+    watching.gate("plain").set()
+    watching.gate("watched").set()
+    assert q.run_here(h, watching.job("plain")) == "done plain by worker"
+    watched = watching.job("watched")
     assert q.run_here(h, watched, lambda: False) == "done watched by worker"
     assert seen[0] == {}, "BUG: a run without a disconnect check is watched (the watcher would call None)"
     assert list(seen[1]) == [id(watched.cancel)]

@@ -24,7 +24,7 @@ from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import estimate_tokens
 from agentd.errors import BadRequest, NotFound
 from agentd.llm.types import Message, ToolCall
-from mgrsupport import Env, Recorder, llm_config, manifest, fake, lone_store_only  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, Recorder, llm_config, manifest, run, fake, lone_store_only  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -59,11 +59,11 @@ def put_session(env, session_id: str, messages: list) -> None:
 # -- what a run writes -------------------------------------------------------------------------
 def test_runs_append_exact_json_text(env, mgr) -> None:
     h = mgr.spawn(manifest("w"))
-    mgr.run(h, "héllo")
+    run(mgr, h, "héllo")
     first = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": "echo: héllo"}]
     assert stored_text(env, h.session_id) == json.dumps(first, ensure_ascii=False)
     assert h.session_tail == first
-    mgr.run(h, "zwei ünd")
+    run(mgr, h, "zwei ünd")
     both = first + [{"role": "user", "content": "zwei ünd"}, {"role": "assistant", "content": "echo: zwei ünd"}]
     assert stored_text(env, h.session_id) == json.dumps(both, ensure_ascii=False), \
         "BUG: the appended session text differs from encoding the whole session"
@@ -71,13 +71,13 @@ def test_runs_append_exact_json_text(env, mgr) -> None:
     # A manager that never saw the session reads the same messages.
     other = env.manager()
     other.load()
-    assert other._read_session(other.get(h.id)) == both
+    assert other.sessions._read_session(other.get(h.id)) == both
 
 
 def test_the_cache_keeps_only_the_history_window_and_the_database_everything(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("window").replace("[model]", "max_history_messages = 3\n[model]"))
     for word in ("a", "b", "c"):
-        mgr.run(h, word)
+        run(mgr, h, word)
     everything = [m for w in ("a", "b", "c") for m in ({"role": "user", "content": w},
                                                        {"role": "assistant", "content": f"echo: {w}"})]
     assert stored_text(env, h.session_id) == json.dumps(everything, ensure_ascii=False), \
@@ -95,7 +95,7 @@ def test_the_window_defaults_to_20_messages(env, mgr, fake) -> None:
         put_session(env, h.session_id, [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
                                         for i in range(30)])
         h.session_tail = None
-        mgr.run(h, "now")
+        run(mgr, h, "now")
         sent = [m["content"] for m in fake.requests[-1]["json"]["messages"][1:]]
         assert sent == [f"m{i}" for i in range(10, 30)] + ["now"], extra
 
@@ -103,7 +103,7 @@ def test_the_window_defaults_to_20_messages(env, mgr, fake) -> None:
 def test_a_run_appends_to_the_stored_text_as_it_is(env, mgr) -> None:
     h = mgr.spawn(manifest("fresh"))
     put_session(env, h.session_id, [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"}])
-    mgr.run(h, "new")
+    run(mgr, h, "new")
     # The new messages are appended to the stored text as it was (written escaped, elsewhere).
     assert stored_text(env, h.session_id) == json.dumps(
         [{"role": "user", "content": "old ü"}, {"role": "assistant", "content": "a"}])[:-1] + ", " + json.dumps(
@@ -119,12 +119,12 @@ def test_the_model_is_sent_the_history_and_the_history_is_converted_once(env, mg
         {"role": "tool", "content": "r", "tool_call_id": "c1", "tool_name": "file_read", "is_error": False},
         {"role": "assistant", "content": "a1"},
         {"role": "assistant", "content": "dangling", "tool_calls": [{"id": "c9", "name": "x", "arguments": {}}]}])
-    mgr.run(h, "u2")
+    run(mgr, h, "u2")
     sent = fake.requests[-1]["json"]["messages"]
     assert [(m["role"], m.get("content")) for m in sent] == [
         ("system", "You are a helpful AI agent."), ("user", "u1"), ("assistant", "t"), ("tool", "r"),
         ("assistant", "a1"), ("assistant", "dangling"), ("user", "u2")]
-    mgr.run(h, "u3")
+    run(mgr, h, "u3")
     assert [(m["role"], m.get("content")) for m in fake.requests[-1]["json"]["messages"]][-3:] == \
         [("user", "u2"), ("assistant", "echo: u2"), ("user", "u3")]
 
@@ -134,29 +134,29 @@ def test_a_window_without_a_user_turn_is_empty(mgr) -> None:
     h = mgr.spawn(manifest("notuser").replace("[model]", "max_history_messages = 2\n[model]"))
     h.session_tail = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
                       {"role": "tool", "content": "r", "tool_call_id": "c"}]
-    assert mgr._window(h) == []
+    assert mgr.sessions.window(h) == []
     h.session_tail = [{"role": "tool", "content": "r", "tool_call_id": "c"}, {"role": "user", "content": "u2"}]
-    assert mgr._window(h) == [{"role": "user", "content": "u2"}]
-    assert [m.content for m in mgr._history(h, [{"role": "user", "content": "x"}])] == ["x"]
+    assert mgr.sessions.window(h) == [{"role": "user", "content": "u2"}]
+    assert [m.content for m in mgr.sessions.history(h, [{"role": "user", "content": "x"}])] == ["x"]
 
 
 def test_the_history_reuses_the_messages_of_the_previous_window(mgr) -> None:
     h = mgr.spawn(manifest("reuse"))
     u1, a1 = {"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}
-    first = mgr._history(h, [u1, a1])
+    first = mgr.sessions.history(h, [u1, a1])
     assert [(m.role, m.content) for m in first] == [("user", "u1"), ("assistant", "a1")]
     u2 = {"role": "user", "content": "u2", "images": [{"id": "i"}]}
-    second = mgr._history(h, [a1, u2])
+    second = mgr.sessions.history(h, [a1, u2])
     assert second[0] is first[1]  # a1 was converted once
     assert [(m.role, m.content) for m in second] == [("assistant", "a1"), ("user", "u2\n[Image]")]
     assert set(h.llm_tail) == {id(a1), id(u2)}  # u1 left the window and the cache
     # An equal dict that is another object (a session read back from the rows) is converted.
-    again = mgr._history(h, [dict(a1)])
+    again = mgr.sessions.history(h, [dict(a1)])
     assert again[0] is not second[0] and again[0].content == "a1"
     # A dangling tool call is still dropped from a reused message's turn.
     call = {"role": "assistant", "content": "c", "tool_calls": [{"id": "c1", "name": "x", "arguments": {}}]}
-    mgr._history(h, [call])
-    assert [(m.content, m.tool_calls) for m in mgr._history(h, [call])] == [("c", [])]
+    mgr.sessions.history(h, [call])
+    assert [(m.content, m.tool_calls) for m in mgr.sessions.history(h, [call])] == [("c", [])]
 
 
 # -- the session view and clearing -------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_session_view(env, mgr) -> None:
     h = mgr.spawn(manifest("view", 'system_prompt = "12345678"\n'))
     assert mgr.session(h) == {"session_id": h.session_id, "agent_id": h.id, "message_count": 0,
                               "context_window_tokens": 2, "label": None, "messages": []}
-    mgr.run(h, "hello there")
+    run(mgr, h, "hello there")
     stored = json.loads(stored_text(env, h.session_id))
     assert mgr.session(h) == {
         "session_id": h.session_id, "agent_id": h.id, "message_count": 2,
@@ -187,12 +187,12 @@ def test_session_view_of_a_missing_row(env, mgr) -> None:
 @lone_store_only
 def test_a_cached_session_is_not_read_again(env, mgr) -> None:
     h = mgr.spawn(manifest("cached"))
-    assert mgr._window(h) == []
+    assert mgr.sessions.window(h) == []
     put_session(env, h.session_id, [{"role": "user", "content": "written elsewhere"}])
-    assert mgr._window(h) == [], "the session is cached after the first read"
+    assert mgr.sessions.window(h) == [], "the session is cached after the first read"
     h.session_tail = None
-    assert mgr._window(h) == [{"role": "user", "content": "written elsewhere"}]
-    copy = mgr._window(h)
+    assert mgr.sessions.window(h) == [{"role": "user", "content": "written elsewhere"}]
+    copy = mgr.sessions.window(h)
     copy.append("x")
     assert h.session_tail == [{"role": "user", "content": "written elsewhere"}], "BUG: the cache was handed out"
 
@@ -200,29 +200,27 @@ def test_a_cached_session_is_not_read_again(env, mgr) -> None:
 def test_on_a_shared_database_the_session_is_read_every_time(env) -> None:
     import dataclasses
 
-    shared_store = dataclasses.replace(env.store, backend="postgres")
-    m = env.manager()
-    m.store = shared_store
+    m = env.manager(store=dataclasses.replace(env.store, backend="postgres"))
     h = m.spawn(manifest("sharedsess"))
-    assert m._window(h) == []
+    assert m.sessions.window(h) == []
     put_session(env, h.session_id, [{"role": "user", "content": "from another daemon"}])
-    assert m._window(h) == [{"role": "user", "content": "from another daemon"}]
+    assert m.sessions.window(h) == [{"role": "user", "content": "from another daemon"}]
 
 
 def test_delete_session_clears_history_keeps_the_id(env, mgr) -> None:
     h = mgr.spawn(manifest("del"))
     other = mgr.spawn(manifest("other"))
-    mgr.run(h, "one")
-    mgr.run(other, "two")
+    run(mgr, h, "one")
+    run(mgr, other, "two")
     mgr.delete_session(h.session_id.upper())
     assert stored_text(env, h.session_id) == "[]" and h.session_tail == []
     assert mgr.session(h)["messages"] == [] and h.session_id == mgr.get(h.id).session_id
     assert json.loads(stored_text(env, other.session_id))[0]["content"] == "two"
     assert other.session_tail != []
-    mgr.run(h, "after")
+    run(mgr, h, "after")
     assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "after"},
                                                           {"role": "assistant", "content": "echo: after"}]
-    mgr.run(other, "three")
+    run(mgr, other, "three")
     mgr.reset_session(other)
     assert stored_text(env, other.session_id) == "[]" and other.session_tail == []
 
@@ -354,46 +352,45 @@ def test_a_failed_compaction_keeps_the_session(env, mgr) -> None:
 
 
 # -- usage rows ----------------------------------------------------------------------------------
-def test_usage_rows_are_written_with_the_session_and_cleared(env, mgr) -> None:
+def test_usage_rows_are_written_with_the_session_and_cleared(env) -> None:
     writes = Recorder()
     rows: list = []
-    mgr.write_usage = lambda tx, usage: (writes(list(usage)), rows.extend(usage))
+    mgr = env.manager(write_usage=lambda tx, usage: (writes(list(usage)), rows.extend(usage)))
     env.usage.value = lambda handle, provider, model, response, usage=None: (
         usage.append({"model": model}) if usage is not None else None) or 0.5
     h = mgr.spawn(manifest("usage"))
-    result = mgr.run(h, "count me")
+    result = run(mgr, h, "count me")
     assert writes.calls == [([{"model": "gpt-4o"}],)]
     assert result.cost_usd == 0.5
     pending = [{"model": "x"}]
-    mgr._flush_usage(pending)
+    mgr.sessions.flush_usage(pending)
     assert writes.calls[-1] == ([{"model": "x"}],) and pending == []
-    mgr._flush_usage([])
-    mgr._flush_usage(None)
+    mgr.sessions.flush_usage([])
+    mgr.sessions.flush_usage(None)
     assert len(writes.calls) == 2
-    mgr.write_usage = None
     kept = [{"model": "y"}]
-    mgr._flush_usage(kept)
+    env.manager().sessions.flush_usage(kept)
     assert kept == [{"model": "y"}]
 
 
-def test_a_killed_agents_run_writes_its_usage_but_no_session(env, mgr) -> None:
+def test_a_killed_agents_run_writes_its_usage_but_no_session(env) -> None:
     written: list = []
-    mgr.write_usage = lambda tx, rows: written.extend(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows))
     h = mgr.spawn(manifest("killed"))
     h.killed = True
     usage = [{"model": "m"}]
-    mgr._save_session(h, [Message("user", "u")], [], usage)
+    mgr.sessions.save(h, [Message("user", "u")], [], usage)
     assert written == [{"model": "m"}] and usage == []
     assert stored_text(env, h.session_id) == "[]"
 
 
 def test_a_save_after_the_agent_row_is_gone_writes_nothing(env, mgr) -> None:
     h = mgr.spawn(manifest("gone"))
-    mgr._window(h)
+    mgr.sessions.window(h)
     other = env.manager()
     other.load()
     other.kill(other.get(h.id))
-    mgr._save_session(h, [Message("user", "u")], [])
+    mgr.sessions.save(h, [Message("user", "u")], [])
     with orm.db_session:
         assert env.store.e.SessionRow.get(id=h.session_id) is None
     assert h.session_tail == []
@@ -401,11 +398,11 @@ def test_a_save_after_the_agent_row_is_gone_writes_nothing(env, mgr) -> None:
 
 def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
     h = mgr.spawn(manifest("recreate"))
-    mgr._window(h)
+    mgr.sessions.window(h)
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
     before = h.last_active
-    mgr._save_session(h, [Message("user", "u"), Message("assistant", "a",
+    mgr.sessions.save(h, [Message("user", "u"), Message("assistant", "a",
                                                                tool_calls=[ToolCall("c", "n", {})])],
                       [{"file_id": "f"}])
     expected = [{"role": "user", "content": "u", "images": [{"file_id": "f"}]},
@@ -420,19 +417,19 @@ def test_a_save_recreates_a_missing_session_row(env, mgr) -> None:
 
 def test_the_session_row_is_made_sure_of_once_and_only_by_a_save_with_messages(env, mgr) -> None:
     h = mgr.spawn(manifest("row-once"))
-    mgr._window(h)
-    mgr._save_session(h, [], [])  # nothing to append: the row is not looked at
+    mgr.sessions.window(h)
+    mgr.sessions.save(h, [], [])  # nothing to append: the row is not looked at
     assert h.session_row == ""
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
-    mgr._save_session(h, [Message("user", "u")], [])  # recreates it, then remembers that
+    mgr.sessions.save(h, [Message("user", "u")], [])  # recreates it, then remembers that
     assert h.session_row == h.session_id
     assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "u"}]
 
 
 def test_run_images_are_recorded_on_the_user_turn_only(env, mgr) -> None:
     h = mgr.spawn(manifest("img"))
-    mgr._save_session(h, [], [{"file_id": "f"}])
+    mgr.sessions.save(h, [], [{"file_id": "f"}])
     assert stored_text(env, h.session_id) == "[]"
 
 
@@ -463,8 +460,8 @@ def test_a_compacted_session_is_stored_as_unescaped_json_text(env, mgr) -> None:
 def test_a_session_without_message_rows_is_empty(env, mgr) -> None:
     h = mgr.spawn(manifest("blank"))
     assert stored_rows(env, h.session_id) == []
-    assert mgr._read_session(h) == [] and mgr.session(h)["messages"] == []
-    mgr.run(h, "x")
+    assert mgr.sessions._read_session(h) == [] and mgr.session(h)["messages"] == []
+    run(mgr, h, "x")
     assert json.loads(stored_text(env, h.session_id)) == [{"role": "user", "content": "x"},
                                                           {"role": "assistant", "content": "echo: x"}]
 
@@ -475,7 +472,7 @@ def test_a_run_adds_rows_and_leaves_the_earlier_ones_as_they_are(env, mgr) -> No
     put_session(env, h.session_id, [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
                                     for i in range(40)])
     before = stored_rows(env, h.session_id)
-    mgr.run(h, "one more")
+    run(mgr, h, "one more")
     after = stored_rows(env, h.session_id)
     assert after[:40] == before, "BUG: a run rewrote the messages before it"
     assert [body for _, body in after[40:]] == ['{"role": "user", "content": "one more"}',
@@ -486,7 +483,7 @@ def test_a_run_adds_rows_and_leaves_the_earlier_ones_as_they_are(env, mgr) -> No
 def test_a_save_of_many_messages_keeps_their_order(env, mgr) -> None:
     h = mgr.spawn(manifest("order"))
     new = [Message("user" if i % 2 == 0 else "assistant", f"n{i}") for i in range(12)]
-    mgr._save_session(h, new, [])
+    mgr.sessions.save(h, new, [])
     assert [json.loads(body)["content"] for _, body in stored_rows(env, h.session_id)] == [f"n{i}" for i in range(12)]
 
 
@@ -501,7 +498,7 @@ def test_an_uncached_window_reads_the_last_rows_only(env, mgr, size) -> None:
                              {"first": stored_rows(env, h.session_id)[0][0]})
     h.session_tail = None
     expected = messages[-size:]
-    assert mgr._window(h) == expected[next(i for i, m in enumerate(expected) if m["role"] == "user"):]
+    assert mgr.sessions.window(h) == expected[next(i for i, m in enumerate(expected) if m["role"] == "user"):]
     assert h.session_tail == expected
 
 
@@ -510,15 +507,15 @@ def test_a_missing_session_row_reads_as_empty(env, mgr) -> None:
     with orm.db_session:
         env.store.e.SessionRow.get(id=h.session_id).delete()
     h.session_tail = None
-    assert mgr._window(h) == [] and h.session_tail == []
+    assert mgr.sessions.window(h) == [] and h.session_tail == []
 
 
-def test_no_usage_rows_no_usage_write(env, mgr) -> None:
+def test_no_usage_rows_no_usage_write(env) -> None:
     calls: list = []
-    mgr.write_usage = lambda tx, rows: calls.append(rows)
+    mgr = env.manager(write_usage=lambda tx, rows: calls.append(rows))
     h = mgr.spawn(manifest("nousage"))
-    mgr._save_session(h, [Message("user", "u")], [], [])
-    mgr._save_session(h, [Message("user", "v")], [], None)
+    mgr.sessions.save(h, [Message("user", "u")], [], [])
+    mgr.sessions.save(h, [Message("user", "v")], [], None)
     assert calls == [] and len(json.loads(stored_text(env, h.session_id))) == 2
 
 
@@ -550,15 +547,16 @@ def _setting(env, key: str):
         return None if row is None else row.value
 
 
-def test_usage_and_the_run_record_are_written_in_the_sessions_own_transaction(env, mgr) -> None:
+def test_usage_and_the_run_record_are_written_in_the_sessions_own_transaction(env) -> None:
     """write_usage and `also` get the session write's transaction and write through it."""
     put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
-    mgr.write_usage = lambda tx, rows: [tx.execute(put, {"k": f"usage-{r['model']}", "v": '"u"'}) for r in rows]
+    mgr = env.manager(write_usage=lambda tx, rows: [tx.execute(put, {"k": f"usage-{r['model']}", "v": '"u"'})
+                                                    for r in rows])
     h = mgr.spawn(manifest("txs"))
-    mgr._save_session(h, [Message("user", "u")], [], [{"model": "a"}],
+    mgr.sessions.save(h, [Message("user", "u")], [], [{"model": "a"}],
                       also=lambda tx: tx.execute(put, {"k": "also", "v": '"r"'}))
     assert (_setting(env, "usage-a"), _setting(env, "also")) == ("u", "r")
-    mgr._flush_usage([{"model": "b"}])
+    mgr.sessions.flush_usage([{"model": "b"}])
     assert _setting(env, "usage-b") == "u"
 
     def fails(tx):
@@ -566,7 +564,7 @@ def test_usage_and_the_run_record_are_written_in_the_sessions_own_transaction(en
         raise RuntimeError("the close failed")
 
     with pytest.raises(RuntimeError):
-        mgr._save_session(h, [Message("user", "v")], [], [{"model": "c"}], also=fails)
+        mgr.sessions.save(h, [Message("user", "v")], [], [{"model": "c"}], also=fails)
     assert (_setting(env, "rolled-back"), _setting(env, "usage-c")) == (None, None), \
         "BUG: part of a failed session write was committed"
     assert len(json.loads(stored_text(env, h.session_id))) == 1

@@ -39,12 +39,11 @@ def stack(tmp_path_factory):
                              last_active=utcnow(), session_id=str(uuid.uuid4()))
         ids.append(agent_id)
     service = MemoryService(MemoryConfig(), store)
-    manager = SimpleNamespace(kv=KvMemory(store), memory=service)
-    return SimpleNamespace(store=store, service=service, manager=manager, a=ids[0], b=ids[1])
+    return SimpleNamespace(store=store, service=service, kv=KvMemory(store), a=ids[0], b=ids[1])
 
 
 def ctx_for(stack, agent_id: str, tmp_path: Path) -> ToolContext:
-    return ToolContext(agent_id, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(stack.manager),
+    return ToolContext(agent_id, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(None, None, stack.kv, stack.service),
                        cancel=threading.Event())
 
 
@@ -74,7 +73,7 @@ def test_kv_store_and_recall_are_per_agent(stack, a, b) -> None:
     key = "k-" + uuid.uuid4().hex[:6]
     assert run(a, "memory_recall", key=key) == f"no value stored under {key}"
     assert run(a, "memory_store", key=key, value="tea") == f"stored {key}"
-    assert stack.manager.kv.get(stack.a, key) == (True, "tea")
+    assert stack.kv.get(stack.a, key) == (True, "tea")
     assert run(a, "memory_recall", key=key) == "tea", "a text value comes back as is, not JSON-quoted"
     assert run(b, "memory_recall", key=key) == f"no value stored under {key}", "BUG: KV leaks between agents"
     assert run(b, "memory_store", key=key, value={"a": [1, 2], "ü": None}) == f"stored {key}"
@@ -177,8 +176,7 @@ def test_unicode_entity_names_stay_readable(stack, b) -> None:
 
 
 def test_without_semantic_memory(stack, tmp_path) -> None:
-    manager = SimpleNamespace(kv=stack.manager.kv, memory=None)
-    ctx = ToolContext(stack.a, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(manager))
+    ctx = ToolContext(stack.a, tmp_path, {}, ToolsConfig(), ops=AgentOpsImpl(None, None, stack.kv, None))
     for name, args in (("memory_remember", {"content": "x"}), ("memory_search", {"query": "x"}),
                        ("knowledge_add_entity", {"name": "x", "entity_type": "person"}),
                        ("knowledge_query", {})):

@@ -38,9 +38,9 @@ def test_an_upload_is_stored_and_read_back(env, mgr) -> None:
         assert (row.agent.id, row.filename, row.content_type, row.size, bytes(row.content), row.path) == \
             (h.id, "notes.txt", "text/plain", 5, b"hello", "")
         assert row.created_at.replace(tzinfo=before.tzinfo) >= before.replace(microsecond=0)
-    assert mgr._upload(h, got["file_id"]) == {"id": got["file_id"], "filename": "notes.txt",
+    assert mgr.uploads.read(h, got["file_id"]) == {"id": got["file_id"], "filename": "notes.txt",
                                               "content_type": "text/plain", "data": b"hello"}
-    assert mgr._upload(h, got["file_id"].upper())["data"] == b"hello"
+    assert mgr.uploads.read(h, got["file_id"].upper())["data"] == b"hello"
 
 
 def test_size_limits(mgr) -> None:
@@ -87,11 +87,11 @@ def test_attachments_of_another_agent_or_unknown_are_refused(env, mgr) -> None:
     theirs = mgr.save_upload(b, "t.txt", "text/plain", b"secret")["file_id"]
     for fid in (theirs, str(uuid.uuid4())):
         with pytest.raises(BadRequest) as err:
-            mgr._upload(a, fid)
+            mgr.uploads.read(a, fid)
         assert err.value.message == f"unknown attachment file_id {fid}: upload it to this agent first"
     for bad in ("", "nope", theirs[:-1]):
         with pytest.raises(BadRequest) as err:
-            mgr._upload(a, bad)
+            mgr.uploads.read(a, bad)
         assert err.value.message == f"invalid file id: {bad!r} is not a UUID"
 
 
@@ -105,5 +105,5 @@ def test_uploads_from_before_schema_2_are_read_from_their_file(env, mgr, tmp_pat
                               path=str(old), content=None, created_at=utcnow())
         env.store.e.UploadRow(id=ids[1], agent=h.id, filename="none", content_type="text/plain", size=0,
                               path="", content=None, created_at=utcnow())
-    assert mgr._upload(h, ids[0])["data"] == b"from a file"
-    assert mgr._upload(h, ids[1]) == {"id": ids[1], "filename": "none", "content_type": "text/plain", "data": b""}
+    assert mgr.uploads.read(h, ids[0])["data"] == b"from a file"
+    assert mgr.uploads.read(h, ids[1]) == {"id": ids[1], "filename": "none", "content_type": "text/plain", "data": b""}

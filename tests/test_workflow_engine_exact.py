@@ -27,6 +27,7 @@ from agentd.llm.types import Usage
 from agentd.store import open_store
 from agentd.workflows import steps as steps_mod
 from agentd.workflows.definition import WorkflowDef
+from agentd.agents.runs import INLINE, RunRequest
 from agentd.workflows.engine import INTERRUPTED, WorkflowEngine
 from agentd.workflows.steps import StepRunner, _stop_reason, _wait_any, resolve
 from agentd.workflows.store import WorkflowStore
@@ -35,7 +36,8 @@ Behaviour = Callable[[str, threading.Event], str]
 
 
 class Agents:
-    """The part of AgentManager the workflow code uses; each agent answers by a script."""
+    """The parts of the agent registry and of Runs the workflow code uses; each agent answers
+    by a script."""
 
     def __init__(self) -> None:
         self.handles: dict[str, SimpleNamespace] = {}
@@ -55,6 +57,11 @@ class Agents:
 
     def by_name(self, name: str) -> SimpleNamespace | None:
         return next((h for h in self.handles.values() if h.name == name), None)
+
+    def start(self, request: RunRequest) -> SimpleNamespace:
+        """Runs.start: a step's run is inline, bounded by the step's timeout, its prompt not a client's."""
+        assert (request.on, request.from_client, request.attachments) == (INLINE, False, [])
+        return SimpleNamespace(result=lambda: self.run(request.handle, request.text, request.wait, request.cancel))
 
     def run(self, handle: SimpleNamespace, prompt: str, lock_timeout: float, cancel: threading.Event) -> RunResult:
         with self._lock:
@@ -86,7 +93,7 @@ def agents() -> Agents:
 
 @pytest.fixture
 def engine(store, agents, pool):
-    e = WorkflowEngine(store, agents, pool, backoff_base=0.01, daemon_id="d1")
+    e = WorkflowEngine(store, agents, agents, pool, backoff_base=0.01, daemon_id="d1")
     yield e
     e.close()
 
@@ -380,7 +387,7 @@ def retry_wait(message: str) -> tuple[int, str, float]:
 
 
 def test_retry_backoff_doubles(store, agents, pool, caplog) -> None:
-    e = WorkflowEngine(store, agents, pool, backoff_base=0.05)
+    e = WorkflowEngine(store, agents, agents, pool, backoff_base=0.05)
     try:
         agents.add("g", flaky(3))
         wid = flow(e, {"name": "r", "agent_name": "g", "error_mode": "retry", "max_retries": 3})
@@ -395,7 +402,7 @@ def test_retry_backoff_doubles(store, agents, pool, caplog) -> None:
 
 
 def test_backoff_is_capped(store, agents, pool, caplog) -> None:
-    e = WorkflowEngine(store, agents, pool, backoff_base=10.0)
+    e = WorkflowEngine(store, agents, agents, pool, backoff_base=10.0)
     try:
         agents.add("g", flaky(5))
         wid = flow(e, {"name": "r", "agent_name": "g", "error_mode": "retry", "max_retries": 2})
@@ -568,7 +575,7 @@ def test_recover_fails_runs_left_behind(store, agents, pool, caplog) -> None:
     workflow = db.get(db.create(WorkflowDef("w", "", [{"name": "s"}])))
     mine, other, unowned = (db.create_run(workflow, "m", "me"), db.create_run(workflow, "o", "other"),
                             db.create_run(workflow, "u"))
-    shared = WorkflowEngine(store, agents, pool, daemon_id="me", shared=True)
+    shared = WorkflowEngine(store, agents, agents, pool, daemon_id="me", shared=True)
     with caplog.at_level(logging.WARNING, logger="agentd.workflows"):
         assert shared.recover() == 2
     assert "marked 2 interrupted workflow run(s) failed" in [r.getMessage() for r in caplog.records]
@@ -579,7 +586,7 @@ def test_recover_fails_runs_left_behind(store, agents, pool, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="agentd.workflows"):
         assert shared.recover() == 0
     assert not caplog.records, "BUG: a recovery with nothing to do logs a warning"
-    alone = WorkflowEngine(store, agents, pool, daemon_id="me")
+    alone = WorkflowEngine(store, agents, agents, pool, daemon_id="me")
     assert alone.recover() == 1 and db.run(other)["state"]["status"] == "failed", \
         "BUG: a daemon on its own database leaves another id's runs running"
     for e in (shared, alone):
@@ -629,7 +636,7 @@ def test_drive_stops_when_progress_cannot_be_saved(agents, pool) -> None:
         saved.append(completed)
         return False
 
-    runner = StepRunner(agents, pool, refuse, threading.Event(), backoff_base=0.01)
+    runner = StepRunner(agents, agents, pool, refuse, threading.Event(), backoff_base=0.01)
     step = {"name": "s", "agent": {"name": "a"}, "prompt": "{{input}}", "mode": "sequential", "timeout_secs": 5,
             "error_mode": "fail", "output_var": None}
     run = steps_mod.RunState(run_id="r", workflow={"steps": [step, dict(step, name="t")]}, current="x")
@@ -666,7 +673,7 @@ def test_time_queued_for_an_executor_thread_does_not_count(agents) -> None:
     one = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
         one.submit(time.sleep, 1.5)   # the only thread is busy for longer than the step's timeout
-        runner = StepRunner(agents, one, lambda *a: True, threading.Event())
+        runner = StepRunner(agents, agents, one, lambda *a: True, threading.Event())
         run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(timeout_secs=1)]}, current="x")
         assert runner.drive(run) is None, "BUG: waiting for an executor thread counted against the step's timeout"
         assert run.current == "a(x)" and run.results[0]["duration_ms"] >= 1400
@@ -679,7 +686,7 @@ def test_steps_after_shutdown_of_either_pool(agents) -> None:
     agents.add("a")
     gone = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     gone.shutdown()
-    runner = StepRunner(agents, gone, lambda *a: True, threading.Event())
+    runner = StepRunner(agents, agents, gone, lambda *a: True, threading.Event())
     run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(error_mode="retry", max_retries=2)]},
                              current="x")
     assert runner.drive(run) == "step 1 ('s') failed: the daemon is shutting down"
@@ -687,7 +694,7 @@ def test_steps_after_shutdown_of_either_pool(agents) -> None:
     runner.close()
     live = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        fan = StepRunner(agents, live, lambda *a: True, threading.Event())
+        fan = StepRunner(agents, agents, live, lambda *a: True, threading.Event())
         fan.close()   # the coordinators' pool is gone: fan-out branches cannot start
         run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(mode="fan_out"),
                                                                  step_def("t", mode="fan_out")]}, current="x")
@@ -701,7 +708,7 @@ def test_a_queued_attempt_dropped_at_shutdown(agents) -> None:
     one = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     release = threading.Event()
     one.submit(release.wait, 10)
-    runner = StepRunner(agents, one, lambda *a: True, threading.Event())
+    runner = StepRunner(agents, agents, one, lambda *a: True, threading.Event())
     run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(error_mode="retry", max_retries=3)]},
                              current="x")
     out: list = []
@@ -818,7 +825,7 @@ class Gated(Agents):
 def test_forty_branches_wait_at_once_on_named_coordinator_threads(pool) -> None:
     agents = Gated(40)
     agents.add("a")
-    runner = StepRunner(agents, pool, lambda *a: True, threading.Event())
+    runner = StepRunner(agents, agents, pool, lambda *a: True, threading.Event())
     try:
         run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def(f"f{i}", mode="fan_out")
                                                                  for i in range(40)]}, current="x")
@@ -842,7 +849,7 @@ def test_close_drops_branches_still_queued_for_a_coordinator(pool) -> None:
     agents = Watched()
     agents.add("a")
     closing = threading.Event()
-    runner = StepRunner(agents, pool, lambda *a: True, closing)
+    runner = StepRunner(agents, agents, pool, lambda *a: True, closing)
     release = threading.Event()
     busy = [runner._coordinators.submit(release.wait, 30) for _ in range(256)]   # every coordinator taken
     run = steps_mod.RunState(run_id="r", workflow={"steps": [step_def("s", mode="fan_out"),
@@ -902,7 +909,7 @@ def test_a_retry_wait_ends_when_a_sibling_branch_fails(agents, pool, caplog) -> 
 
     agents.add("r", flaky(5))
     agents.add("b", after_the_first_retry_wait_began)
-    runner = StepRunner(agents, pool, lambda *a: True, threading.Event(), backoff_base=10.0)   # an 8 s wait
+    runner = StepRunner(agents, agents, pool, lambda *a: True, threading.Event(), backoff_base=10.0)   # an 8 s wait
     handler = Backoff()
     logger = logging.getLogger("agentd.workflows")
     logger.addHandler(handler)

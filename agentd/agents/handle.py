@@ -83,6 +83,18 @@ class AgentHandle:
 
 
 @dataclass
+class ConversationSession:
+    """Another session of an agent (a channel conversation's), as a run reads and writes it:
+    the same cache fields the handle keeps for the agent's own session, empty at first
+    (the window is read from the session's rows)."""
+
+    session_id: str
+    session_tail: list[dict[str, Any]] | None = None
+    llm_tail: dict[int, tuple[dict[str, Any], Any, bool]] = field(default_factory=dict)
+    session_row: str = ""
+
+
+@dataclass
 class RunOptions:
     """Per-request overrides (the OpenAI-compatible API passes these)."""
 

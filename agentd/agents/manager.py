@@ -1,88 +1,106 @@
-"""Agent registry and message dispatch: spawn, list, message, stop, kill, sessions.
+"""The agents as the API sees them: one object over the agent services.
 
-Agents live in memory for speed and in the store for durability; every change
-is written through before the call returns.
-
-AgentManager is assembled from one module per job:
-- registry.py: loading, spawning, lookup, views, mode changes and kill;
-- session_store.py: sessions (cache, append, clear, compact);
-- model_call.py: provider endpoints and the model call with fallbacks;
-- runner.py: run execution and queueing (quota, user turn, run, submit/wait/stop);
-- uploads.py: uploaded files; ops.py: what tools may do to other agents;
-- handle.py (AgentHandle, RunOptions, limits) and run_errors.py (AgentRunError).
-Everything those modules define that other code imports is re-exported here.
+The services, each built with its collaborators by the kernel (agentd/kernel.py):
+- registry.py (AgentRegistry): loading, spawning, lookup, views, mode changes and kill;
+- session_store.py (SessionStore): sessions (cache, append, clear, compact);
+- model_call.py (ModelCalls): provider endpoints and the model call with fallbacks;
+- uploads.py (Uploads): uploaded files;
+- runs.py (Runs): the one way to start a run (`Runs.start(RunRequest)`), its checks,
+  the per-agent queues (runqueue.py), stops and the run itself;
+- ops.py: what tools may do to other agents; handle.py (AgentHandle, RunOptions, limits)
+  and run_errors.py (AgentRunError).
+`AgentManager` only forwards to them; names other code imports are re-exported here.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
-from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.handle import (CAPABILITY_TOOLS, COMPACT_KEEP, MESSAGE_LIMIT, MODES, STOPPED_NOTE,
                                   UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, RunOptions, parse_uuid)
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.registry import AgentRegistry
 from agentd.agents.run_errors import AgentRunError, run_error
-from agentd.agents.runner import RunExecution
-from agentd.agents.runqueue import RunQueues
+from agentd.agents.runs import Runs
 from agentd.agents.session_store import SessionStore
 from agentd.agents.uploads import Uploads
-from agentd.config import Config
-from agentd.llm.catalog import Catalog
-from agentd.llm.types import ChatResponse
-from agentd.memory.kv import KvMemory
-from agentd.store import Store
 
 __all__ = ["AgentHandle", "AgentManager", "AgentOpsImpl", "AgentRunError", "CAPABILITY_TOOLS", "COMPACT_KEEP",
            "MESSAGE_LIMIT", "MODES", "RunOptions", "STOPPED_NOTE", "UPLOAD_LIMIT", "UPLOAD_TYPES",
            "parse_uuid", "run_error"]
 
 
-class AgentManager(AgentRegistry, SessionStore, ModelCalls, RunExecution, Uploads):
-    """Owns every agent; the kernel exposes it to the API.
+class AgentManager:
+    """The agent services behind one name for the API layer (`kernel.agents`)."""
 
-    Each job lives in its own module (see the module docstring); this class holds the
-    state they share."""
+    def __init__(self, registry: AgentRegistry, sessions: SessionStore, models: ModelCalls,
+                 uploads: Uploads, runs: Runs) -> None:
+        self.registry = registry
+        self.sessions = sessions
+        self.models = models
+        self.uploads = uploads
+        self.runs = runs
+        self.store = registry.store
+        self.url_overrides = models.url_overrides
 
-    def __init__(self, config: Config, store: Store, catalog: Catalog, kv: KvMemory,
-                 approvals: ApprovalQueue, executor: ThreadPoolExecutor,
-                 record_usage: Callable[[AgentHandle, str, str, ChatResponse], float | None],
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
-        self.config = config
-        self.store = store
-        self.catalog = catalog
-        self.kv = kv
-        self.approvals = approvals
-        self.executor = executor
-        self.record_usage = record_usage
-        self.preflight = preflight
-        self._agents: dict[str, AgentHandle] = {}
-        self._by_name: dict[str, str] = {}
-        # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
-        # so a lookup in between must not adopt them back from the row (agents/shared.py).
-        self._killing: set[str] = set()
-        self._lock = threading.RLock()
-        # agentd.memory.service.MemoryService, set by the kernel: recall before model calls,
-        # auto-remember after runs, cleanup on kill.
-        self.memory: Any = None
-        # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
-        self.url_overrides: dict[str, str] = {}
-        self.queues = RunQueues(executor, lambda: self.config.agents.max_queue,
-                                lambda h, job: self.run(h, job.text, job.attachments, job.emit, job.options,
-                                                        None, job.cancel))
-        # The kernel's audit trail: audit_hook(event, subject, detail) on spawn, kill and
-        # refused manifest signatures.
-        self.audit_hook: Callable[[str, str, dict[str, Any]], None] | None = None
-        # Set by the kernel (Metering.write_rows): a run's usage rows are then collected and
-        # written in the transaction that saves its session (one commit per run).
-        self.write_usage: Callable[[Any, list[dict[str, Any]]], None] | None = None  # (tx, rows)
-        # agentd.cluster.Cluster, set by the kernel: run leases and run records shared with
-        # other daemons on the same database (agentd/cluster.py).
-        self.cluster: Any = None
+    # -- registry ---------------------------------------------------------------------
+    def load(self) -> int:
+        return self.registry.load()
 
-    # -- operations tools use ---------------------------------------------------------
-    def ops_for(self, handle: AgentHandle) -> "AgentOpsImpl":
-        return AgentOpsImpl(self)
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
+        return self.registry.spawn(manifest_toml, signed_manifest)
+
+    def get(self, agent_id: str) -> AgentHandle:
+        return self.registry.get(agent_id)
+
+    def find(self, ref: str) -> AgentHandle | None:
+        return self.registry.find(ref)
+
+    def by_name(self, name: str) -> AgentHandle | None:
+        return self.registry.by_name(name)
+
+    def handles(self) -> list[AgentHandle]:
+        return self.registry.handles()
+
+    def summary(self, handle: AgentHandle) -> dict[str, Any]:
+        return self.registry.summary(handle)
+
+    def list_item(self, handle: AgentHandle, auth: str | None = None, tier: str | None = None) -> dict[str, Any]:
+        return self.registry.list_item(handle, auth, tier)
+
+    def list_json(self) -> str:
+        return self.registry.list_json()
+
+    def detail(self, handle: AgentHandle) -> dict[str, Any]:
+        return self.registry.detail(handle)
+
+    def set_mode(self, handle: AgentHandle, mode: str) -> None:
+        self.registry.set_mode(handle, mode)
+
+    def kill(self, handle: AgentHandle) -> None:
+        self.registry.kill(handle)
+
+    # -- sessions and uploads ---------------------------------------------------------
+    def session(self, handle: AgentHandle) -> dict[str, Any]:
+        return self.sessions.session(handle)
+
+    def delete_session(self, session_id: str) -> None:
+        self.sessions.delete_session(session_id)
+
+    def reset_session(self, handle: AgentHandle) -> None:
+        self.sessions.reset_session(handle)
+
+    def compact(self, handle: AgentHandle) -> dict[str, Any]:
+        return self.sessions.compact(handle)
+
+    def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        return self.uploads.save_upload(handle, filename, content_type, data)
+
+    # -- runs -------------------------------------------------------------------------
+    def stop(self, handle: AgentHandle) -> bool:
+        """Cancel the agent's current run; True when one was running."""
+        return self.runs.stop(handle)
+
+    def stop_all(self) -> None:
+        self.runs.stop_all()

@@ -10,14 +10,29 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agentd.agents.handle import AgentHandle
+from agentd.config import Config
+from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
+
+# Metering.record for one answered call: (handle, provider, model, response[, rows]) -> its
+# cost; with `rows` the usage row is collected there instead of written.
+RecordUsage = Callable[..., "float | None"]
 
 log = logging.getLogger("agentd.agents")
 
 
 
 class ModelCalls:
-    """Part of AgentManager: turns an agent's model chain into one callable per run."""
+    """Turns an agent's model chain into one callable per run.
+
+    `record_usage` prices and records each answered call."""
+
+    def __init__(self, config: Config, catalog: Catalog, record_usage: RecordUsage) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.record_usage = record_usage
+        # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
+        self.url_overrides: dict[str, str] = {}
 
     # -- provider endpoints ---------------------------------------------------
     def endpoint(self, provider_id: str, api_key_env: str = "", base_url: str = "") -> ProviderEndpoint:
@@ -35,10 +50,10 @@ class ModelCalls:
                                 stream_idle=self.config.llm.stream_idle_secs,
                                 key_required=(info.key_required if info else bool(env)) or bool(api_key_env))
 
-    def _llm_call(self, handle: AgentHandle, usage: list[dict[str, Any]] | None = None) -> Callable[..., ChatResponse]:
-        """The model call of a run: the agent's model, then its fallbacks. With `usage` (and
-        `write_usage` set) usage rows are collected there for the run's final transaction."""
-        defer = usage is not None and self.write_usage is not None
+    def llm_call(self, handle: AgentHandle, usage: list[dict[str, Any]] | None = None) -> Callable[..., ChatResponse]:
+        """The model call of a run: the agent's model, then its fallbacks. With `usage`, usage
+        rows are collected there for the run's final transaction (SessionStore.save)."""
+        defer = usage is not None
         chain = [(handle.provider, handle.model, handle.api_key_env, handle.base_url)]
         for fb in handle.manifest.data["fallback_models"]:
             chain.append((fb["provider"], self.catalog.resolve(fb["model"]), fb["api_key_env"], fb["base_url"]))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
@@ -15,18 +16,46 @@ from agentd.agents import shared
 from agentd.agents.handle import CAPABILITY_TOOLS, MODES, AgentHandle, parse_uuid
 from agentd.agents.listing import list_json
 from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
+from agentd.agents.runqueue import RunQueues
 from agentd.agents.signing import verify_envelope
 from agentd.agents.tools import Tool, all_tools
+from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, Conflict, NotFound
 from agentd.kernel_time import iso, utcnow
+from agentd.llm.catalog import Catalog
+from agentd.store import Store
+
+if TYPE_CHECKING:
+    from agentd.memory.service import MemoryService
+
+# The kernel's audit trail (AuditLog.record): (event, subject, detail).
+Audit = Callable[[str, str, dict[str, Any]], None]
 
 log = logging.getLogger("agentd.agents")
 
 
 
 class AgentRegistry:
-    """Part of AgentManager: the agents in memory (`_agents`, `_by_name`, under `_lock`),
-    written through to the store before a call returns."""
+    """The agents in memory (`_agents`, `_by_name`, under `_lock`), written through to the
+    store before a call returns.
+
+    A kill cancels the agent's runs (`queues`), deletes what it owned, forgets its semantic
+    memory (`memory`) and is audited (`audit`, with spawns and refused signatures)."""
+
+    def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
+                 memory: MemoryService | None = None, audit: Audit | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.catalog = catalog
+        self.queues = queues
+        self.memory = memory
+        self.audit = audit
+        self._agents: dict[str, AgentHandle] = {}
+        self._by_name: dict[str, str] = {}
+        # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
+        # so a lookup in between must not adopt them back from the row (agents/shared.py).
+        self._killing: set[str] = set()
+        self._lock = threading.RLock()
 
     # -- loading and spawning ---------------------------------------------
     def load(self) -> int:
@@ -98,8 +127,8 @@ class AgentRegistry:
             try:
                 manifest_toml = verify_envelope(signed_manifest, manifest_toml)
             except AgentdError as exc:
-                if self.audit_hook is not None:
-                    self.audit_hook("agent.signature_rejected", "", {"error": exc.message[:200]})
+                if self.audit is not None:
+                    self.audit("agent.signature_rejected", "", {"error": exc.message[:200]})
                 raise
         if not manifest_toml or not manifest_toml.strip():
             raise BadRequest("manifest_toml is required")
@@ -128,8 +157,8 @@ class AgentRegistry:
         log.info("spawned agent %s (%s) on %s/%s", handle.name, handle.id, handle.provider, handle.model)
         for warning in manifest.warnings:
             log.warning("agent %s manifest: %s", handle.name, warning)
-        if self.audit_hook is not None:
-            self.audit_hook("agent.spawn", handle.name, {"agent_id": handle.id})
+        if self.audit is not None:
+            self.audit("agent.spawn", handle.name, {"agent_id": handle.id})
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -173,6 +202,15 @@ class AgentRegistry:
 
     def count(self) -> int:
         return len(self._agents)
+
+    def loaded(self) -> list[AgentHandle]:
+        """Every handle in memory, as it is (no sync with a shared database)."""
+        with self._lock:
+            return list(self._agents.values())
+
+    def loaded_handle(self, agent_id: str) -> AgentHandle | None:
+        """The handle in memory for `agent_id`, if any (no sync with a shared database)."""
+        return self._agents.get(agent_id)
 
     # -- views --------------------------------------------------------------
     def auth_status(self, handle: AgentHandle) -> str:
@@ -290,8 +328,7 @@ class AgentRegistry:
                 del self._by_name[handle.name]
             self._killing.add(handle.id)
         try:
-            self.queues.cancel_queued(handle)
-            self.stop(handle)
+            self.queues.cancel(handle)
             self._delete_rows(handle.id)
         finally:
             with self._lock:
@@ -299,8 +336,8 @@ class AgentRegistry:
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)
-        if self.audit_hook is not None:
-            self.audit_hook("agent.kill", handle.name, {"agent_id": handle.id})
+        if self.audit is not None:
+            self.audit("agent.kill", handle.name, {"agent_id": handle.id})
 
     def _delete_rows(self, agent_id: str) -> None:
         """The agent's row and everything it owned, in one transaction."""

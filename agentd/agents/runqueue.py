@@ -1,4 +1,4 @@
-"""Per-agent run queues: a request waiting for a busy agent holds no run-pool worker.
+"""Per-agent run queues and stops: a request waiting for a busy agent holds no run-pool worker.
 
 An agent runs one message at a time. The first request for an idle agent gets a worker
 of the kernel's executor; requests that arrive while it is busy wait in the agent's own
@@ -6,7 +6,8 @@ queue (bounded: beyond `max_queue` they are refused with 429), and the worker th
 finishes a run takes the agent's next one. So a stuck provider occupies one worker per
 agent, never the whole pool, and other agents keep answering.
 
-A queued run can be withdrawn (its client went away) and then never starts.
+A queued run can be withdrawn (its client went away) and then never starts. `stop`
+cancels an agent's current run; `cancel` also empties its queue (kill, shutdown).
 
 A plain request that finds its agent idle runs on its own server thread (`run_here`):
 it would only wait for a worker otherwise, and handing the run over and back costs two
@@ -19,12 +20,15 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
-from agentd.agents.events import Sink
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.errors import AgentdError, NotFound, TooManyRequests
+
+if TYPE_CHECKING:
+    from agentd.agents.approvals import ApprovalQueue
+    from agentd.cluster import Cluster
 
 BUSY_RETRY_AFTER = 2  # seconds a client refused for a busy agent is told to wait
 WAIT_POLL = 0.1  # how often a waiting request checks for stop and client disconnects
@@ -32,14 +36,12 @@ WAIT_POLL = 0.1  # how often a waiting request checks for stop and client discon
 
 @dataclass
 class QueuedRun:
-    """A message waiting for its agent (or running): what to run and where the result goes."""
+    """A run waiting for its agent (or running): `execute(handle)` runs it to completion for
+    the agent whose queue it is in; its result goes to `future`."""
 
-    text: str
-    attachments: list[dict[str, Any]] | None
-    emit: Sink | None
-    options: Any
+    execute: Callable[[Any], RunResult]
     cancel: threading.Event
-    future: Future
+    future: Future = field(default_factory=Future)
 
 
 class Poller:
@@ -102,18 +104,39 @@ class DisconnectWatch(Poller):
 
 
 class RunQueues:
-    """The queues of every agent. `run(handle, job)` runs one job to completion.
+    """The queues of every agent, and stopping their runs.
 
     The handle carries its own queue state (`waiting`, `busy`, `queue_lock`), so a killed
-    agent's queue goes with it.
+    agent's queue goes with it. On a shared database (`shared`) a stop that finds no run
+    here asks the other daemons (`cluster.request_stop`).
     """
 
     def __init__(self, executor: ThreadPoolExecutor, max_queue: Callable[[], int],
-                 run: Callable[[Any, QueuedRun], RunResult]) -> None:
+                 approvals: ApprovalQueue | None = None, cluster: Cluster | None = None,
+                 shared: bool = False) -> None:
         self.executor = executor
         self.max_queue = max_queue
-        self.run = run
+        self.approvals = approvals
+        self.cluster = cluster
+        self.shared = shared
         self.watch = DisconnectWatch()
+
+    def stop(self, handle: Any) -> bool:
+        """Cancel the agent's current run; True when one was running."""
+        cancel = handle.cancel or handle.starting
+        if self.approvals is not None:
+            self.approvals.cancel_agent(handle.id)
+        if self.cluster is not None and self.shared and (cancel is None or cancel.is_set()):
+            return self.cluster.request_stop(handle.id) > 0
+        if cancel is None or cancel.is_set():
+            return False
+        cancel.set()
+        return True
+
+    def cancel(self, handle: Any) -> None:
+        """Cancel every queued run of the agent and stop its current one (kill, shutdown)."""
+        self.cancel_queued(handle)
+        self.stop(handle)
 
     def run_here(self, handle: Any, job: QueuedRun,
                  disconnected: Callable[[], bool] | None = None) -> RunResult:
@@ -153,7 +176,7 @@ class RunQueues:
         """Run `job`; until it ends, a stop of the agent sets its cancel event."""
         handle.starting = job.cancel
         try:
-            return self.run(handle, job)
+            return job.execute(handle)
         finally:
             handle.starting = None
 

@@ -5,17 +5,25 @@ from __future__ import annotations
 import json
 import operator
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Union
 
 from pony import orm
 
-from agentd.agents.handle import COMPACT_KEEP, AgentHandle, parse_uuid
+from agentd.agents.handle import COMPACT_KEEP, AgentHandle, ConversationSession, parse_uuid
+from agentd.agents.model_call import ModelCalls
+from agentd.agents.registry import AgentRegistry
 from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.errors import NotFound
 from agentd.kernel_time import utcnow
 from agentd.llm.types import ChatRequest, LLMError, Message
+from agentd.store import Store
 from agentd.store.writer import PonyTx, Tx
+
+# The session a run reads and writes: the agent's own (its handle keeps the cache) or
+# another one of its sessions (a channel conversation's).
+Session = Union[AgentHandle, ConversationSession]
+WriteUsage = Callable[[Tx, list[dict[str, Any]]], None]
 
 _MESSAGE, _CALLS = operator.itemgetter(1), operator.itemgetter(2)  # of a `llm_tail` entry
 # One encoder for the stored messages (json.dumps with options builds a new one per call).
@@ -23,10 +31,19 @@ _encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class SessionStore:
-    """Part of AgentManager: reads, appends, clears and compacts agent sessions.
+    """Reads, appends, clears and compacts agent sessions.
 
     A session is its `sessions` row and one `session_messages` row per message, in order of
-    id: a run appends its own messages, whatever the length of the session before it."""
+    id: a run appends its own messages, whatever the length of the session before it.
+    `write_usage(tx, rows)` (Metering.write_rows) writes a run's usage rows in the
+    transaction that saves its session (one commit per run)."""
+
+    def __init__(self, store: Store, registry: AgentRegistry, models: ModelCalls,
+                 write_usage: WriteUsage | None = None) -> None:
+        self.store = store
+        self.registry = registry
+        self.models = models
+        self.write_usage = write_usage
 
     _SELECT = "SELECT body FROM session_messages WHERE session = $session ORDER BY id"
     _SELECT_LAST = "SELECT body FROM session_messages WHERE session = $session ORDER BY id DESC LIMIT $n"
@@ -41,20 +58,22 @@ class SessionStore:
         return messages
 
     @staticmethod
-    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
-        """Make the window's tail of `messages` (the session, or its end) the handle's cache."""
-        handle.session_tail = messages[-handle.manifest.history_messages:]
+    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]],
+                       session: Session | None = None) -> None:
+        """Make the window's tail of `messages` (the session, or its end) the session's cache."""
+        (session or handle).session_tail = messages[-handle.manifest.history_messages:]
 
-    def _window(self, handle: AgentHandle) -> list[dict[str, Any]]:
+    def window(self, handle: AgentHandle, session: Session | None = None) -> list[dict[str, Any]]:
         """The stored messages a run sends to the model: the last `max_history_messages`,
         starting at a user turn (never at a tool result whose call was cut off)."""
+        session = session or handle
         size = handle.manifest.history_messages
-        tail = handle.session_tail
+        tail = session.session_tail
         if self.store.shared or tail is None:  # (another daemon may have written a shared session)
             with orm.db_session:
-                rows = self.store.raw_rows(self._SELECT_LAST, {"session": handle.session_id, "n": size})
+                rows = self.store.raw_rows(self._SELECT_LAST, {"session": session.session_id, "n": size})
             tail = _decode(body for (body,) in reversed(rows))
-            self._cache_session(handle, tail)
+            self._cache_session(handle, tail, session)
         window = tail[-size:]
         start = next((i for i, m in enumerate(window) if m["role"] == "user"), len(window))
         return window[start:]
@@ -84,7 +103,7 @@ class SessionStore:
         self._cache_session(handle, messages)
 
     @staticmethod
-    def _history(handle: AgentHandle, window: list[dict[str, Any]]) -> list[Message]:
+    def history(handle: Session, window: list[dict[str, Any]]) -> list[Message]:
         """The window as the model's messages; those of the previous run's window are reused
         (stored dicts are never changed in place, and nothing changes a `Message` it sends)."""
         # The loops are map() over C callables: this runs once per message, over the
@@ -100,24 +119,26 @@ class SessionStore:
         out = list(map(_MESSAGE, entries))
         return clean_history(out) if any(map(_CALLS, entries)) else out
 
-    def _flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
+    def flush_usage(self, usage: list[dict[str, Any]] | None) -> None:
         """Write usage rows a run collected and has not written with its session."""
         if usage and self.write_usage is not None:
             rows = list(usage)
             self.store.write(lambda tx: self.write_usage(tx, rows))
             usage.clear()
 
-    def _save_session(self, handle: AgentHandle, new: list[Message],
-                      image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
-                      also: Callable[[Tx], None] | None = None) -> None:
-        """End of a run: its usage rows, the new messages, the agent's last_active, one
-        write (`also(tx)` adds more statements to it: the run record's close).
+    def save(self, handle: AgentHandle, new: list[Message],
+             image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
+             also: Callable[[Tx], None] | None = None, session: Session | None = None) -> None:
+        """End of a run in `session` (default: the agent's own): its usage rows, the new
+        messages, the agent's last_active, one write (`also(tx)` adds more statements to
+        it: the run record's close).
 
         Plain statements through the store's writer, committed before the answer goes out
         (see agentd/store/writer.py for why it has a connection of its own): this runs once
         per message."""
+        session = session or handle
         if handle.killed:
-            self._flush_usage(usage)
+            self.flush_usage(usage)
             return
         added = [to_stored(m) for m in new]
         if added and image_refs:
@@ -126,8 +147,8 @@ class SessionStore:
         bodies = [_encode(m) for m in added]
         rows = list(usage) if usage and self.write_usage is not None else []
 
-        ids = {"agent": handle.id, "session": handle.session_id, "now": now}
-        ensure_row = handle.session_row != handle.session_id
+        ids = {"agent": handle.id, "session": session.session_id, "now": now}
+        ensure_row = session.session_row != session.session_id
 
         def write(tx: Tx) -> bool:
             # For an agent killed meanwhile (by another daemon too), each statement's own
@@ -140,7 +161,7 @@ class SessionStore:
                            "WHERE EXISTS (SELECT 1 FROM agents WHERE id = $agent) ON CONFLICT (id) DO NOTHING",
                            ids)
             if bodies:
-                self._append(tx, handle.session_id, bodies)
+                self._append(tx, session.session_id, bodies)
             if also is not None:
                 also(tx)
             return found
@@ -149,12 +170,21 @@ class SessionStore:
         if rows:
             usage.clear()
         if bodies and ensure_row:
-            handle.session_row = handle.session_id
+            session.session_row = session.session_id
         if handle.killed or not found:  # (another daemon killed it)
             return
-        if handle.session_tail is not None:
-            handle.session_tail = (handle.session_tail + added)[-handle.manifest.history_messages:]
+        if session.session_tail is not None:
+            session.session_tail = (session.session_tail + added)[-handle.manifest.history_messages:]
         handle.last_active = now
+
+    def ensure(self, handle: AgentHandle, session_id: str, label: str = "") -> None:
+        """Create session `session_id` of the agent (labelled `label`) unless it exists."""
+        with orm.db_session:
+            if self.store.e.SessionRow.get(id=session_id) is None:
+                agent_row = self.store.e.AgentRow.get(id=handle.id)
+                if agent_row is None:
+                    raise NotFound("agent not found")
+                self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None, created_at=utcnow())
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}/session."""
@@ -176,7 +206,7 @@ class SessionStore:
             row = self.store.e.SessionRow.get(id=key)
             if row is None:
                 raise NotFound("session not found")
-            owner = self._agents.get(row.agent.id)
+            owner = self.registry.loaded_handle(row.agent.id)
             self.store.db.execute("DELETE FROM session_messages WHERE session = $key", {"key": key})
             if owner is not None:
                 owner.session_tail = []
@@ -204,7 +234,7 @@ class SessionStore:
                 "every fact, decision, name, number and open task needed to continue it."),
                 messages=[Message(role="user", content=transcript)], max_tokens=1024, temperature=0.3)
             try:
-                response = self._llm_call(handle)(request, None, threading.Event())
+                response = self.models.llm_call(handle)(request, None, threading.Event())
             except LLMError as exc:
                 raise AgentRunError(f"compaction failed: {exc.message}", kind=exc.kind,
                                     http_status=exc.http_status) from None

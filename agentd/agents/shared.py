@@ -2,7 +2,7 @@
 
 A daemon keeps a handle per agent in memory (locks, queues, caches). On a shared store
 the agents table is the truth: an agent spawned, re-moded or killed through another
-daemon must look the same here. AgentManager calls these on every lookup when
+daemon must look the same here. AgentRegistry calls these on every lookup when
 `store.shared` is true; on the embedded SQLite database (one daemon) they are never
 called, so that path is unchanged.
 """
@@ -15,45 +15,46 @@ from typing import TYPE_CHECKING, Any
 from pony import orm
 
 if TYPE_CHECKING:
-    from agentd.agents.manager import AgentHandle, AgentManager
+    from agentd.agents.handle import AgentHandle
+    from agentd.agents.registry import AgentRegistry
 
 log = logging.getLogger("agentd.agents")
 
 
-def sync_agent(manager: "AgentManager", agent_id: str | None = None, name: str | None = None) -> None:
+def sync_agent(registry: "AgentRegistry", agent_id: str | None = None, name: str | None = None) -> None:
     """Make the in-memory handle of one agent (by id or name) match its database row:
     adopt an agent spawned elsewhere, forget one killed elsewhere, take over its mode."""
     if not (agent_id if agent_id is not None else name):
         return  # no agent has an empty id or name (and Pony refuses to look one up: a 500)
     with orm.db_session:
-        rows = manager.store.e.AgentRow
+        rows = registry.store.e.AgentRow
         row = _row(rows, agent_id, name)
         if row is not None:
-            _adopt(manager, row)
+            _adopt(registry, row)
             return
-    with manager._lock:
-        gone = agent_id if agent_id is not None else manager._by_name.get(name or "")
+    with registry._lock:
+        gone = agent_id if agent_id is not None else registry._by_name.get(name or "")
     if gone is not None:
-        _forget(manager, gone)
+        _forget(registry, gone)
 
 
-def sync_all(manager: "AgentManager") -> None:
+def sync_all(registry: "AgentRegistry") -> None:
     """Make the set of handles match the agents table (for lists and status)."""
     with orm.db_session:
         current = {aid: (mode, session_id) for aid, mode, session_id in
-                   orm.select((a.id, a.mode, a.session_id) for a in manager.store.e.AgentRow)}
-        with manager._lock:
-            known = set(manager._agents)
+                   orm.select((a.id, a.mode, a.session_id) for a in registry.store.e.AgentRow)}
+        with registry._lock:
+            known = set(registry._agents)
         for agent_id in known - set(current):
-            _forget(manager, agent_id)
+            _forget(registry, agent_id)
         for agent_id, (mode, session_id) in current.items():
             if agent_id in known:
-                _refresh(manager._agents.get(agent_id), mode, session_id)
+                _refresh(registry._agents.get(agent_id), mode, session_id)
             else:
-                rows = manager.store.e.AgentRow
+                rows = registry.store.e.AgentRow
                 row = _row(rows, agent_id)
                 if row is not None:
-                    _adopt(manager, row)
+                    _adopt(registry, row)
 
 
 def _row(rows: Any, agent_id: str | None, name: str | None = None) -> Any:
@@ -78,39 +79,38 @@ def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
         handle.session_tail = None
 
 
-def _adopt(manager: "AgentManager", row: Any) -> None:
+def _adopt(registry: "AgentRegistry", row: Any) -> None:
     """Inside a db_session: register (or refresh) the handle of `row`."""
-    with manager._lock:
-        if row.id in manager._killing:
+    with registry._lock:
+        if row.id in registry._killing:
             return  # this daemon is deleting it: the row is about to go
-        handle = manager._agents.get(row.id)
+        handle = registry._agents.get(row.id)
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
             return
-        stale = manager._by_name.get(row.name)
+        stale = registry._by_name.get(row.name)
     # `_by_name` only names registered handles, and `row.id` has none (checked above), so a
     # handle under this name is another agent: killed elsewhere, and the name taken again since.
     if stale is not None:
-        _forget(manager, stale)
-    handle = manager.handle_from_row(row)
+        _forget(registry, stale)
+    handle = registry.handle_from_row(row)
     if handle is None:
         return
-    with manager._lock:
-        if row.id not in manager._agents and row.id not in manager._killing:
-            manager._register(handle)
+    with registry._lock:
+        if row.id not in registry._agents and row.id not in registry._killing:
+            registry._register(handle)
             log.info("agent %s (%s) adopted from the shared database", row.name, row.id)
 
 
-def _forget(manager: "AgentManager", agent_id: str) -> None:
+def _forget(registry: "AgentRegistry", agent_id: str) -> None:
     """Drop the handle of an agent that is no longer in the database (killed elsewhere)."""
-    with manager._lock:
-        handle = manager._agents.pop(agent_id, None)
+    with registry._lock:
+        handle = registry._agents.pop(agent_id, None)
         if handle is None:
             return
         handle.killed = True
         handle.state = "Terminated"
-        if manager._by_name.get(handle.name) == agent_id:
-            del manager._by_name[handle.name]
-    manager.queues.cancel_queued(handle)
-    manager.stop(handle)
+        if registry._by_name.get(handle.name) == agent_id:
+            del registry._by_name[handle.name]
+    registry.queues.cancel(handle)
     log.info("agent %s (%s) was killed through another daemon", handle.name, agent_id)

@@ -12,11 +12,15 @@ from pony import orm
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
 from agentd.errors import BadRequest
 from agentd.kernel_time import utcnow
+from agentd.store import Store
 
 
 
 class Uploads:
-    """Part of AgentManager: stores uploads and reads them back for a run."""
+    """Stores uploads and reads them back for a run."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
@@ -38,7 +42,7 @@ class Uploads:
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
 
-    def _upload(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+    def read(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
         key = parse_uuid(file_id, "file")
         with orm.db_session:
             row = self.store.e.UploadRow.get(id=key)

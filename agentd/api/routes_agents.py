@@ -9,7 +9,8 @@ from flask import Blueprint, current_app, jsonify, request
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.agents.loop import RunCancelled, RunResult
-from agentd.agents.manager import MESSAGE_LIMIT, UPLOAD_LIMIT, AgentHandle
+from agentd.agents.manager import UPLOAD_LIMIT, AgentHandle
+from agentd.agents.runs import check_message
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
@@ -28,8 +29,7 @@ def agent(agent_id: str) -> AgentHandle:
 def message_text(data: dict[str, Any]) -> str:
     """The `message` field, checked against the spec's limits."""
     text = data["message"]
-    if len(text.encode("utf-8")) > MESSAGE_LIMIT:
-        raise PayloadTooLarge("message too large (max 64 KB)")
+    check_message(text)
     if is_blank(text):
         raise BadRequest("message is empty")
     return text

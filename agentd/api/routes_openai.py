@@ -23,13 +23,13 @@ from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
-from agentd.api.routes_agents import MESSAGE_LIMIT
+from agentd.agents.runs import check_message
 from agentd.api.errors import OPENAI_TYPES, error_response
 from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
 from agentd.api.sse import encode_compact, format_event
 from agentd.api.streaming import StreamShape, stream_run
-from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests
+from agentd.errors import AgentdError, BadRequest, NotFound, TooManyRequests
 from agentd.ids import random_uuid
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
@@ -148,8 +148,7 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, b
     if user is None or (is_blank(user[0]) and not user[1]):
         raise BadRequest("no user message found in request", code="missing_message")
     user_text, user_images = user
-    if len(user_text.encode("utf-8")) > MESSAGE_LIMIT:
-        raise PayloadTooLarge("message too large (max 64 KB)")
+    check_message(user_text)
     options.extra_system = "\n\n".join(s for s in systems if s.strip())
     options.images = user_images
     return handle, user_text or "(image)", options, stream, include_usage

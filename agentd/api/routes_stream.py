@@ -35,7 +35,7 @@ def message_stream(agent_id: str):
     k = kernel()
     if data["attachments"]:
         # A bad attachment is a 400 now, not an `error` event after a 200 stream has begun.
-        k.agents.build_user_message(handle, text, data["attachments"])
+        k.runs.build_user_message(handle, text, data["attachments"])
     return stream_run(k, handle, text, data["attachments"], None,
                       StreamShape(opening=(), render=_render, keep_alive=comment("keep-alive")))
 

@@ -7,10 +7,9 @@ from flask import Blueprint, jsonify
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
-from agentd.agents.manager import MESSAGE_LIMIT
+from agentd.agents.runs import check_message
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.errors import PayloadTooLarge
 
 bp = Blueprint("workflows", __name__)
 
@@ -64,8 +63,7 @@ def delete(workflow_id: str):
      links={"GetRun": ("workflows.run_detail", {"run_id": "$response.body#/run_id"})})
 def run(workflow_id: str):
     text = body.load(WorkflowRunSchema(), allow_empty=True)["input"]
-    if len(text.encode("utf-8")) > MESSAGE_LIMIT:
-        raise PayloadTooLarge("input too large (max 64 KB)")
+    check_message(text, "input")
     # Blocks until the run ends; a failed run is still a 200 with status "failed" and error.
     return jsonify(kernel().workflows.run(workflow_id, text))
 

@@ -15,6 +15,7 @@ from flask import current_app, request
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.agents.runs import CALLER, RunRequest
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 from agentd.server.slots import Slots
@@ -52,11 +53,16 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     The wait holds a server thread, so it takes one of the capped long-lived slots; a
     client that disconnects meanwhile withdraws its queued run or stops its running one.
     """
-    agents = kernel.agents
-    agents.precheck(handle)
-    acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly", handle)
+    waiting = handle.busy  # (before the run takes its place)
+    ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, on=CALLER))
     try:
-        return agents.run_now(handle, text, attachments, options=options, disconnected=client_disconnected())
+        acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly",
+                            handle if waiting else None)
+    except BaseException:
+        ticket.abandon()
+        raise
+    try:
+        return ticket.result(client_disconnected())
     finally:
         stream_slots().release()
 

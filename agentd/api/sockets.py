@@ -24,7 +24,8 @@ from flask import Blueprint, Flask, current_app, request
 from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
-from agentd.agents.manager import MESSAGE_LIMIT, AgentHandle
+from agentd.agents.manager import AgentHandle
+from agentd.agents.runs import WORKER, RunRequest, RunTicket, check_message
 from agentd.api.apidoc import doc
 from agentd.api.runs import stream_slots
 from agentd.errors import AgentdError
@@ -57,7 +58,7 @@ class AgentSocket:
         self._recent: deque[float] = deque()
         self.open = True
         # This socket's runs (queued or running): a client that goes away stops them.
-        self._runs: dict[Any, threading.Event] = {}
+        self._runs: dict[Any, RunTicket] = {}
 
     def send(self, type_: str, **data: Any) -> None:
         """Send one frame; a client that left is noted, not raised."""
@@ -100,20 +101,15 @@ class AgentSocket:
         if not isinstance(content, str) or is_blank(content):
             self.send("error", content="missing or empty 'content' field")
             return
-        if len(content.encode("utf-8")) > MESSAGE_LIMIT:
-            self.send("error", content="message too large (max 64 KB)")
+        try:
+            check_message(content)
+        except AgentdError as exc:
+            self.send("error", content=exc.message)
             return
         if not self._rate_ok():
             self.send("error", content=f"rate limit exceeded: at most {MESSAGES_PER_MINUTE} messages a minute")
             return
         attachments = frame.get("attachments") or []
-        agents = self.kernel.agents
-        try:
-            agents.precheck(self.handle)
-        except AgentdError as exc:
-            self.send("error", content=exc.message)
-            return
-        cancel = threading.Event()
         # The run's events wait for `typing: start`: a run that starts at once on another
         # thread must not get its first frames out before it.
         started = threading.Event()
@@ -123,13 +119,14 @@ class AgentSocket:
             self.on_event(event)
 
         try:
-            future = agents.submit(self.handle, content, attachments, emit=emit, cancel=cancel)
-        except AgentdError as exc:  # e.g. the agent's queue is full
+            ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER))
+        except AgentdError as exc:  # quota, budget, the agent's queue is full
             self.send("error", content=exc.message)
             return
+        future = ticket.future
         self.send("typing", state="start")
         started.set()
-        self._runs[future] = cancel
+        self._runs[future] = ticket
 
         def finished(f: Any) -> None:
             # `typing: stop` goes first: the final frame must be the last one a client sees.
@@ -207,10 +204,8 @@ class AgentSocket:
 
     def stop_runs(self) -> None:
         """The client is gone: withdraw this socket's queued runs and cancel its running one."""
-        agents = self.kernel.agents
-        for future, cancel in list(self._runs.items()):
-            if not future.done() and not agents.withdraw(future):
-                cancel.set()
+        for ticket in list(self._runs.values()):
+            ticket.stop()
 
 
 class _LazySock:

@@ -34,7 +34,8 @@ from flask import Response, stream_with_context
 
 from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
-from agentd.agents.runqueue import ClaimedRun, Poller
+from agentd.agents.runqueue import Poller
+from agentd.agents.runs import CALLER, RunRequest, RunTicket
 from agentd.api.runs import POLL_SECS, acquire_stream_slot, client_disconnected, failure_event, result_event, stream_slots
 from agentd.api.sse import comment
 from agentd.kernel import Kernel
@@ -60,10 +61,9 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
     acquire_stream_slot(kernel, handle=handle)
     slots = stream_slots()
     try:
-        kernel.agents.precheck(handle)
         stream = WrittenStream(shape, kernel.config.api.sse_keepalive_secs)
-        claimed = kernel.agents.claim(handle, text, attachments, emit=stream.deliver, options=options,
-                                      cancel=stream.cancel)
+        claimed = kernel.runs.start(RunRequest(handle, text, attachments, options, emit=stream.deliver,
+                                               cancel=stream.cancel, on=CALLER))
     except BaseException:
         slots.release()
         raise
@@ -99,7 +99,7 @@ class WrittenResponse(Response):
         return app_iter
 
 
-def _written(stream: "WrittenStream", claimed: ClaimedRun, disconnected: Callable[[], bool] | None,
+def _written(stream: "WrittenStream", claimed: RunTicket, disconnected: Callable[[], bool] | None,
              closed: Callable[[], None]) -> Iterator[str]:
     """Run on this thread, writing as it goes; yields nothing (every byte is written)."""
     # A run on this thread starts at once: its opening goes out with its first event

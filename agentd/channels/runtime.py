@@ -13,14 +13,15 @@ import tomllib
 import uuid
 from typing import Any, Callable
 
-from agentd.agents.manager import MESSAGE_LIMIT, AgentManager
+from agentd.agents.manager import AgentManager
+from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
                                      field_views, settings_for, validate)
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.tomledit import edit_file
-from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge
 from agentd.llm.think import strip_think
 from agentd.store import Store
 
@@ -34,10 +35,11 @@ class ChannelManager:
     """Start/stop/reload adapters and route their messages to agents."""
 
     def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
-                 audit: Callable[[str, str, dict[str, Any]], None]) -> None:
+                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None]) -> None:
         self.config_path = config_path
         self.store = store
         self.agents = agents
+        self.runs = runs
         self.audit = audit
         # The client behind a webhook request: `client_of(peer, header)`, `header(name)`
         # reading a request header. The HTTP layer sets it from `[api] trusted_proxies`.
@@ -227,8 +229,11 @@ class ChannelManager:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
         refused = self._refusal(settings, msg)
-        if not refused and len(msg.text.encode("utf-8")) > MESSAGE_LIMIT:
-            refused = "message larger than 64 KB"
+        if not refused:
+            try:
+                check_message(msg.text)
+            except PayloadTooLarge:
+                refused = "message larger than 64 KB"
         if refused:
             self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
                                                  "message_id": msg.message_id, "reason": refused})
@@ -313,8 +318,10 @@ class ChannelManager:
 
         threading.Thread(target=typing, name=f"channel-{adapter.name}-typing", daemon=True).start()
         try:
-            result = self.agents.run_conversation(handle, self._session_id(handle.id, conversation.key),
-                                                  text, label=conversation.key)
+            # The conversation's own session of the agent: its history is never another's.
+            result = self.runs.start(RunRequest(handle, text, on=INLINE,
+                                                session_id=self._session_id(handle.id, conversation.key),
+                                                label=conversation.key)).result()
         finally:
             done.set()
         return strip_think(result.response).strip()

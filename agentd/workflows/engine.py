@@ -14,7 +14,9 @@ import logging
 import threading
 from typing import Any
 
-from agentd.agents.manager import AgentHandle, AgentManager, parse_uuid
+from agentd.agents.manager import AgentHandle, parse_uuid
+from agentd.agents.registry import AgentRegistry
+from agentd.agents.runs import Runs
 from agentd.errors import AgentdError, Conflict, NotFound
 from agentd.store import Store
 from agentd.workflows.definition import parse_workflow
@@ -30,7 +32,7 @@ INTERRUPTED = ("interrupted: the daemon stopped while this run was in progress "
 class WorkflowEngine:
     """Create, list and run workflows; the kernel owns one."""
 
-    def __init__(self, store: Store, agents: AgentManager, executor: concurrent.futures.Executor,
+    def __init__(self, store: Store, agents: AgentRegistry, runs: Runs, executor: concurrent.futures.Executor,
                  backoff_base: float = BACKOFF_BASE, daemon_id: str | None = None,
                  shared: bool = False) -> None:
         """`daemon_id` is this daemon's cluster id (recorded as each run's owner); `shared`
@@ -42,7 +44,7 @@ class WorkflowEngine:
         self._active: dict[str, RunState] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self.steps = StepRunner(agents, executor, self.db.save_progress, self._closing, backoff_base)
+        self.steps = StepRunner(agents, runs, executor, self.db.save_progress, self._closing, backoff_base)
 
     # -- lifecycle ----------------------------------------------------------------
     def recover(self) -> int:

@@ -1,6 +1,6 @@
 """Step execution of a workflow run: each step attempt is an ordinary agent run.
 
-Each attempt is an `AgentManager.run` on the kernel's bounded executor, so steps are
+Each attempt is an agent run (`Runs.start`) on the kernel's bounded executor, so steps are
 metered, respect the agent's mode, quotas and the budget like any message. Fan-out
 branches are coordinated on a separate pool of waiting threads: a coordinator only waits
 (for attempts and backoff), so coordinators never take executor threads from the agent
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from agentd.agents.loop import RunCancelled, RunResult
-from agentd.agents.manager import AgentHandle, AgentManager
+from agentd.agents.manager import AgentHandle
+from agentd.agents.registry import AgentRegistry
+from agentd.agents.runs import INLINE, RunRequest, Runs
 from agentd.errors import AgentdError
 from agentd.retry import backoff_delay
 from agentd.workflows.definition import render
@@ -71,7 +73,7 @@ def _agent_label(ref: dict[str, str]) -> str:
     return f"{value!r}" if key == "name" else f"with id {value}"
 
 
-def resolve(agents: AgentManager, ref: dict[str, str] | None) -> AgentHandle | None:
+def resolve(agents: AgentRegistry, ref: dict[str, str] | None) -> AgentHandle | None:
     """The live agent a step refers to (by id or exact name), or None."""
     if not ref:
         return None
@@ -94,10 +96,11 @@ SaveProgress = Callable[[str, list[dict[str, Any]], int], bool]
 class StepRunner:
     """Drives the steps of runs: sequence, conditions, loops, fan-out/collect, retries."""
 
-    def __init__(self, agents: AgentManager, executor: concurrent.futures.Executor,
+    def __init__(self, agents: AgentRegistry, runs: Runs, executor: concurrent.futures.Executor,
                  save_progress: SaveProgress, closing: threading.Event,
                  backoff_base: float = BACKOFF_BASE) -> None:
         self.agents = agents
+        self.runs = runs
         self.executor = executor
         self.save_progress = save_progress
         self._closing = closing
@@ -280,8 +283,9 @@ class StepRunner:
 
         def call() -> RunResult:
             started.append(time.monotonic())
-            # Waiting for the agent's run lock counts against the attempt's timeout.
-            return self.agents.run(handle, prompt, lock_timeout=timeout, cancel=cancel)
+            # Waiting for the agent's current run counts against the attempt's timeout.
+            return self.runs.start(RunRequest(handle, prompt, cancel=cancel, on=INLINE, wait=timeout,
+                                              from_client=False)).result()
 
         try:
             future = self.executor.submit(call)

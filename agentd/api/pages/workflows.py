@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import render_template, request
 
-from agentd.agents.manager import MESSAGE_LIMIT
+from agentd.agents.runs import check_message
 from agentd.api.pages import bp, kernel, see_other
-from agentd.errors import AgentdError, PayloadTooLarge
+from agentd.errors import AgentdError
 
 RUNS_SHOWN = 20
 
@@ -37,8 +37,7 @@ def workflow_run(workflow_id: str):
     """Runs to the end like POST /api/workflows/{id}/run, then 303 back to the results."""
     text = request.form.get("input", "")
     try:
-        if len(text.encode("utf-8")) > MESSAGE_LIMIT:
-            raise PayloadTooLarge("input too large (max 64 KB)")
+        check_message(text, "input")
         kernel().workflows.run(workflow_id, text)
     except AgentdError as exc:
         return _workflow_page(workflow_id, exc.status, exc.message, draft=text)

@@ -1,0 +1,368 @@
+"""The one way to start an agent run: `Runs.start(RunRequest)`.
+
+Every run -- a native message, SSE, WebSocket, `/v1`, a channel message, a workflow step,
+an agent's send to another agent -- is a `RunRequest` handed to `Runs.start`, which
+refuses what must be refused before the caller answers anything (the 64 KB message
+limit, the agent's token quota, the budget, a full agent queue) and returns a
+`RunTicket`. Where the run executes is the request's `on`:
+
+* `WORKER` -- in the agent's queue, run by a worker of the kernel's executor; the caller
+  does not block (`ticket.future`). SSE pulled through a queue, WebSocket.
+* `CALLER` -- on the caller's thread when the agent is idle (no thread hand-off), else
+  queued behind its current run; `ticket.result()` runs or waits. Plain messages, `/v1`,
+  SSE written in place.
+* `INLINE` -- on the caller's thread, waiting at most `wait` seconds for the agent's
+  current run instead of queueing: workflow steps and agent-to-agent sends (a nested send
+  must never wait in the queue of an agent that waits for it).
+
+A run in another session of the agent (`session_id`: a channel conversation's) is INLINE
+too and takes neither the agent's run lock nor its queue: runs of different conversations
+overlap, and the channel dispatcher orders each conversation's own.
+
+Whatever the place, one run is `Runs._execute`: its run lock, its run record and lease
+(agentd/cluster.py), the agent loop with the model call, and the session write.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.events import Event, Sink
+from agentd.agents.handle import MESSAGE_LIMIT, STOPPED_NOTE, AgentHandle, ConversationSession, RunOptions
+from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
+from agentd.agents.model_call import ModelCalls
+from agentd.agents.ops import AgentOpsImpl
+from agentd.agents.registry import AgentRegistry
+from agentd.agents.run_errors import AgentRunError, run_error
+from agentd.agents.runqueue import ClaimedRun, QueuedRun, RunQueues
+from agentd.agents.session_store import SessionStore
+from agentd.agents.tools import ToolContext
+from agentd.agents.uploads import Uploads
+from agentd.config import Config
+from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, TooManyRequests
+from agentd.llm.catalog import Catalog
+from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
+from agentd.memory.kv import KvMemory
+
+if TYPE_CHECKING:
+    from agentd.cluster import Cluster
+    from agentd.memory.service import MemoryService
+
+log = logging.getLogger("agentd.agents")
+
+Where = Literal["worker", "caller", "inline"]
+WORKER: Where = "worker"
+CALLER: Where = "caller"
+INLINE: Where = "inline"
+
+
+def check_message(text: str, what: str = "message") -> None:
+    """413 for a message (or a workflow's input) over the 64 KB every client-facing entry allows."""
+    if len(text.encode("utf-8")) > MESSAGE_LIMIT:
+        raise PayloadTooLarge(f"{what} too large (max 64 KB)")
+
+
+@dataclass
+class RunRequest:
+    """One message for one agent, and how its caller takes the run (see the module doc)."""
+
+    handle: AgentHandle
+    text: str
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    options: RunOptions | None = None
+    emit: Sink | None = None  # the run's events (None: only the result is wanted)
+    cancel: threading.Event = field(default_factory=threading.Event)  # set to stop the run
+    on: Where = WORKER
+    wait: float | None = None  # INLINE: how long to wait for the agent's current run (None: no limit)
+    session_id: str = ""  # another session of the agent, created (labelled `label`) on first use
+    label: str = ""
+    # A client's text is held to 64 KB; a workflow step's prompt or an agent's send is
+    # composed from earlier answers and is not.
+    from_client: bool = True
+
+
+class RunTicket:
+    """A started run. `result()` returns its result (running it here when its place is the
+    caller's thread); `abandon()` is for a caller that will not wait after all; `stop()`
+    withdraws it while queued, else cancels it."""
+
+    def __init__(self, runs: "Runs", request: RunRequest, claimed: ClaimedRun | None = None,
+                 future: Future | None = None) -> None:
+        self._runs = runs
+        self.request = request
+        self._claimed = claimed
+        # The run's future when a worker runs (or may run) it; None for a run on the caller's thread.
+        self.future = future if future is not None else (
+            claimed.job.future if claimed is not None and not claimed.here else None)
+
+    @property
+    def here(self) -> bool:
+        """Whether the run executes on the thread that calls `result()`."""
+        return self.future is None
+
+    def result(self, disconnected: Callable[[], bool] | None = None) -> RunResult:
+        """The run's result (or its exception). A client that went away (`disconnected`)
+        withdraws a queued run and cancels a running one."""
+        if self._claimed is not None:
+            return self._claimed.result(disconnected)
+        if self.future is not None:
+            return self._runs.queues.wait(self.future, self.request.cancel, disconnected)
+        return self._runs._execute(self.request, recheck=False)
+
+    def abandon(self) -> None:
+        """The caller will not wait for the run (its client left first): free the agent, or
+        withdraw the queued run. Nothing once `result` was called."""
+        if self._claimed is not None:
+            self._claimed.abandon()
+        elif self.future is not None:
+            self.stop()
+
+    def stop(self) -> None:
+        """Withdraw the run if it is still queued, else cancel it."""
+        if self.future is None or not self.future.done():
+            if self.future is None or not self._runs.queues.withdraw(self.future):
+                self.request.cancel.set()
+
+
+class Runs:
+    """Starts, queues, runs and stops agent runs (see the module doc)."""
+
+    def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
+                 models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
+                 kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
+                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.registry = registry
+        self.sessions = sessions
+        self.models = models
+        self.uploads = uploads
+        self.queues = queues
+        self.approvals = approvals
+        self.kv = kv
+        self.memory = memory
+        self.cluster = cluster
+        # The budget's refusal (Metering.check_budget), asked before every run.
+        self.preflight = preflight
+
+    # -- starting -----------------------------------------------------------------
+    def start(self, request: RunRequest) -> RunTicket:
+        """Refuse now what must be refused before the caller answers, then take the run's
+        place: queued for a worker, held for the caller, or nothing yet (INLINE)."""
+        handle = request.handle
+        if request.from_client:
+            check_message(request.text)
+        if request.session_id:
+            self.sessions.ensure(handle, request.session_id, request.label)
+        self.precheck(handle)
+        if request.session_id or request.on == INLINE:
+            return RunTicket(self, request)
+        job = QueuedRun(lambda _handle: self._execute(request), request.cancel)
+        if request.on == CALLER:
+            return RunTicket(self, request, claimed=self.queues.claim(handle, job))
+        return RunTicket(self, request, future=self.queues.submit(handle, job))
+
+    def ops_for(self, handle: AgentHandle) -> AgentOpsImpl:
+        """What the agent's tools may do to other agents and memory."""
+        return AgentOpsImpl(self.registry, self, self.kv, self.memory)
+
+    # -- quotas -----------------------------------------------------------------
+    @staticmethod
+    def _recent_tokens(handle: AgentHandle, now: float) -> collections.deque:
+        """The agent's token log with entries older than an hour dropped (so it stays bounded)."""
+        log_ = handle.token_log
+        while log_ and log_[0][0] <= now - 3600:
+            log_.popleft()
+        return log_
+
+    def _check_quota(self, handle: AgentHandle) -> None:
+        limit = handle.manifest.tokens_per_hour
+        if not limit:
+            return
+        now = time.time()
+        log_ = self._recent_tokens(handle, now)
+        used = sum(n for _, n in log_)
+        if used >= limit:
+            retry = int(log_[0][0] + 3600 - now) + 1 if log_ else 60
+            raise TooManyRequests(
+                f"message delivery failed: quota exceeded: {used} of {limit} LLM tokens used in the "
+                "last hour (max_llm_tokens_per_hour)", retry_after=retry)
+
+    # -- running ------------------------------------------------------------------
+    def build_user_message(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]],
+                           images: list[ImagePart] | None = None) -> tuple[Message, list[dict[str, Any]]]:
+        """The user turn: text, attached text files inline, images as base64 parts."""
+        parts = [text]
+        image_parts = list(images or [])
+        refs: list[dict[str, Any]] = []
+        for att in attachments:
+            upload = self.uploads.read(handle, att.get("file_id", ""))
+            ctype = upload["content_type"]
+            data = upload["data"]
+            if ctype.startswith("image/"):
+                image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
+                refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
+            elif ctype.startswith("text/"):
+                parts.append(f"\n[attached file {upload['filename']}]\n{data.decode('utf-8', 'replace')}")
+            else:
+                parts.append(f"\n[attached file {upload['filename']} ({ctype}, {len(data)} bytes); "
+                             "its content cannot be shown to the model]")
+        if image_parts:
+            info = self.catalog.get_model(handle.model)
+            if info is not None and not info.supports_vision:
+                raise BadRequest(f"model {handle.model} does not support images; "
+                                 "use a vision-capable model or send text only")
+        return Message(role="user", content="".join(parts), images=image_parts), refs
+
+    def _execute(self, request: RunRequest, recheck: bool = True) -> RunResult:
+        """Run one request to completion in the calling thread (`recheck`: the quota and
+        budget again, for a run that waited in its agent's queue). `request.cancel` stops
+        the run; stop() and kill() set it too, except for a conversation's run."""
+        handle = request.handle
+        options = request.options or RunOptions()
+        if recheck:
+            self.precheck(handle)
+        user, image_refs = self.build_user_message(handle, request.text, request.attachments, options.images)
+        session = ConversationSession(request.session_id) if request.session_id else handle
+        lock = None if request.session_id else handle.run_lock
+        lock_timeout = request.wait
+        if lock is not None and not lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
+            raise Conflict(f"agent {handle.name} is busy with another run")
+        cancel = request.cancel
+        emit = request.emit
+        started = time.monotonic()
+        try:
+            if handle.killed or cancel.is_set():
+                raise RunCancelled("run cancelled")
+            if lock is not None:
+                handle.cancel = cancel
+            if self.cluster is not None:
+                return self.cluster.run(handle, cancel, lock_timeout,
+                                        lambda complete: self._run_locked(handle, session, user, image_refs, emit,
+                                                                          options, cancel, complete),
+                                        completes=True, session_id=session.session_id)
+            return self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+        except RunCancelled:
+            log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
+                     handle.provider, handle.model, time.monotonic() - started)
+            raise
+        except Exception as exc:
+            # One line per failed run, streamed or not, whatever failed.
+            cause = exc.message if isinstance(exc, AgentdError) else f"{type(exc).__name__}: {exc}"
+            log.warning("run failed: agent=%s provider=%s model=%s status=%s cause=%s duration=%.2fs",
+                        handle.name, getattr(exc, "provider", "") or handle.provider,
+                        getattr(exc, "model", "") or handle.model, getattr(exc, "status", 500), cause,
+                        time.monotonic() - started)
+            raise
+        finally:
+            if lock is not None:
+                handle.cancel = None
+                lock.release()
+
+    def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
+                    image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
+                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None) -> RunResult:
+        """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
+        closes its run record in the transaction that saves the session (see Cluster.run)."""
+        sessions = self.sessions
+        window = sessions.window(handle, session)
+        tools, caps = self.registry.effective_tools(handle)
+        model_cfg = handle.manifest.model
+        system = model_cfg["system_prompt"]
+        if options.extra_system:
+            system = f"{system}\n\n{options.extra_system}"
+        refresh_system = None
+        if self.memory is not None:
+            # Recalled before every model call of the run (unchanged memory is not searched again).
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
+            system = refresh_system()
+        workspace = handle.workspace
+        if workspace is None:
+            workspace = handle.workspace = self.config.workspaces_dir / handle.name
+        ctx = ToolContext(agent_id=handle.id, workspace=workspace,
+                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
+                          cancel=cancel)
+        approver = None
+        if handle.mode == "Manual":
+            def approver(tool: str, args: dict[str, Any]) -> str:
+                approval = self.approvals.request(handle.id, handle.name, tool, args)
+                if emit is not None:
+                    emit(Event("phase", {"phase": "awaiting_approval",
+                                         "detail": f"{tool} (approval {approval.id})"}))
+                return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
+        costs: list[float | None] = []
+        usage: list[dict[str, Any]] = []  # this run's usage rows, written with its session
+
+        quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
+
+        def on_usage(response: ChatResponse) -> None:
+            costs.append(getattr(response, "cost_usd", None))
+            if quota:
+                now = time.time()
+                self._recent_tokens(handle, now).append(
+                    (now, response.usage.input_tokens + response.usage.output_tokens))
+
+        spec = RunSpec(model=handle.model, system=system, history=sessions.history(session, window), user=user,
+                       tools=tools, tool_ctx=ctx,
+                       llm=self.models.llm_call(handle, usage if sessions.write_usage is not None else None),
+                       max_iterations=handle.manifest.max_iterations,
+                       tool_timeout=handle.manifest.tool_timeout,
+                       max_tokens=options.max_tokens or model_cfg["max_tokens"],
+                       temperature=options.temperature if options.temperature is not None
+                       else model_cfg["temperature"],
+                       emit=emit, approver=approver, on_usage=on_usage,
+                       mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "",
+                       params=options.params, refresh_system=refresh_system)
+        loop = AgentLoop(spec, cancel)
+
+        def save_unanswered(note: str) -> None:
+            # A run that ends without an answer still closes its turn, so the history the
+            # model sees next time never holds a user message nobody answered.
+            sessions.save(handle, loop.new_messages + [Message(role="assistant", content=note)],
+                          image_refs, usage, session=session)
+
+        try:
+            result = loop.run()
+        except RunCancelled:
+            save_unanswered(STOPPED_NOTE)
+            raise
+        except LLMError as exc:
+            # The turn is closed with a failure note; text a cut-off stream had already
+            # sent is not recorded as the reply.
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise run_error(exc) from None
+        except LoopStopped as exc:
+            save_unanswered(f"[run failed: {exc.message}]")
+            raise AgentRunError(f"message delivery failed: {exc.message}", kind="loop_guard") from None
+        except BaseException:
+            sessions.flush_usage(usage)  # whatever failed, the calls made were paid for
+            raise
+        result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
+        sessions.save(handle, result.new_messages, image_refs, usage,
+                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session)
+        if self.memory is not None:
+            self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
+        return result
+
+    def stop_all(self) -> None:
+        """Shutdown: cancel every queued and running run (their provider calls close at once)."""
+        for handle in self.registry.loaded():
+            self.queues.cancel(handle)
+
+    def precheck(self, handle: AgentHandle) -> None:
+        """Refusals that must happen before a response starts (quota, budget)."""
+        self._check_quota(handle)
+        if self.preflight is not None:
+            self.preflight(handle)
+
+    def stop(self, handle: AgentHandle) -> bool:
+        """Cancel the agent's current run; True when one was running."""
+        return self.queues.stop(handle)
