@@ -270,7 +270,7 @@ class Daemon:
             self.proc.kill()
             self.proc.wait(10)
 
-    # -- the stop-time check (item 6 of issue 19) ---------------------------------------------
+    # -- the stop-time check ---------------------------------------------------------------------
     def expect_crash(self, reason: str) -> "Daemon":
         """Opt out of the clean-stop check: this test makes the daemon fail on purpose."""
         self.crash_expected = reason

@@ -1,4 +1,4 @@
-"""Issue 20: providers and clients that misbehave, through the real daemon.
+"""Providers and clients that misbehave, through the real daemon.
 
 Every test drives `python -m agentd start` against tests/misbehaving_upstream.py
 (hang, drip, stall, cut, close-delimited, 429/503, reset). Time bounds are the ones the

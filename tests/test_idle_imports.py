@@ -1,4 +1,4 @@
-"""Idle memory (issue 16): a started daemon has not loaded what only some requests need.
+"""Idle memory: a started daemon has not loaded what only some requests need.
 
 requests with the LLM drivers (~6 MB), flask-sock with simple-websocket and asyncio
 (~2.6 MB), pynacl (~1.1 MB) and apispec load on the first request that needs them, so a

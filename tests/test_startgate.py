@@ -1,4 +1,4 @@
-"""Listen first (issue 16, cold start): the liveness probe answers while the app loads,
+"""Listen first (cold start): the liveness probe answers while the app loads,
 every other request waits for the app and gets the app's own answer."""
 
 from __future__ import annotations
