@@ -5,8 +5,8 @@ waitress never gives a WSGI application its connection, and simple-websocket
 otherwise fails the handshake with 500 "Cannot obtain socket from WSGI
 environment". This module closes the gap without patching waitress globally:
 ``install(server)`` gives one server a channel class (and through it a task
-class) that, for a request carrying ``Upgrade: websocket``, puts a *lazy*
-socket into the environ.
+class, built on the task every answer is written by: task.py) that, for a request
+carrying ``Upgrade: websocket``, puts a *lazy* socket into the environ.
 
 * Nothing happens until simple-websocket first uses that object (any attribute
   access, i.e. the moment it sends the 101 response). A request the app
