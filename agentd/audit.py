@@ -13,7 +13,7 @@ from typing import Any
 
 from pony import orm
 
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 
 log = logging.getLogger("agentd.audit")

@@ -20,10 +20,10 @@ import time
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
-from agentd.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
+from agentd.cli.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
 from agentd.config import Config
 from agentd.errors import AgentdError
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.server import serve
 from agentd.server.startgate import StartGate
 
@@ -126,7 +126,7 @@ class Daemon:
         # and a daemon that answers its probe has its database file.
         self._store = open_daemon_store(cfg)
         try:
-            from agentd.cluster_config import cluster_settings
+            from agentd.cluster.config import cluster_settings
 
             # Every answer names the daemon (routes_cluster.py); the gate's probe too.
             self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from agentd import __version__
 from agentd.config import Config
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.agents.model_call import ModelCalls
@@ -33,14 +33,14 @@ from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
-from agentd.settings_follow import SettingsFollower
+from agentd.cluster.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
-from agentd.cluster_config import cluster_settings
+from agentd.cluster.config import cluster_settings
 
 log = logging.getLogger("agentd.kernel")
 
@@ -73,9 +73,9 @@ class Kernel:
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
-        from agentd.budget_gate import BudgetGate
+        from agentd.cluster.budget_gate import BudgetGate
 
-        # Several daemons on one database (agentd/cluster.py): run leases, run records,
+        # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
         # approvals in the database, budget admission, channel leaders, memory notifications.
         self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
                                budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)
@@ -96,7 +96,7 @@ class Kernel:
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
-        # Shared PostgreSQL: follow the settings other daemons change (agentd/settings_follow.py).
+        # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
         if store.shared:
             self.settings_follower = SettingsFollower(store, self.custom_models, models.url_overrides,
@@ -122,7 +122,7 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record)
         self.qr_logins = QrLogins()
-        from agentd.channel_leaders import ChannelLeaders
+        from agentd.channels.leaders import ChannelLeaders
 
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
         self.cluster.start()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pony import orm
 
 from agentd.errors import TooManyRequests
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.llm.catalog import Catalog
 from agentd.money import format_usd
 from agentd.store import Store

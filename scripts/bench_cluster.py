@@ -1,4 +1,4 @@
-"""What the cluster coordination costs per agent run (agentd/cluster.py).
+"""What the cluster coordination costs per agent run (agentd/cluster/__init__.py).
 
 Every run takes its session's lease, writes a run record (one transaction) and closes both
 (a second transaction). This measures that bookkeeping around an empty run body, next to
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's agentd
 
 from agentd.cluster import Cluster
-from agentd.cluster_config import ClusterSettings
+from agentd.cluster.config import ClusterSettings
 from agentd.store import open_store
 
 

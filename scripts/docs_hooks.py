@@ -38,7 +38,7 @@ class DocsError(Exception):
 def cluster_module() -> Any:
     """The module of the [cluster] table (`ClusterSettings`, `cluster_settings`): it has lived
     beside the config and in the cluster package, and either is the schema."""
-    for name in ("agentd.cluster_config", "agentd.cluster.config", "agentd.config.cluster"):
+    for name in ("agentd.cluster.config", "agentd.cluster.config", "agentd.config.cluster"):
         try:
             module = importlib.import_module(name)
         except ImportError:

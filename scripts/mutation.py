@@ -193,10 +193,10 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
     # Coordination on SQLite in process (the PostgreSQL variants of the same tests need a
     # server per run; tests/test_cluster.py runs them through daemons).
-    "agentd/cluster.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    "agentd/cluster/__init__.py": ["tests/test_cluster_units.py", "-knot postgres"],
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/test_store_backend.py", "-knot postgres"],
-    "agentd/cluster_config.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    "agentd/cluster/config.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/store/leases.py": ["tests/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/test_wal_checkpoint.py"],
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the

@@ -1,4 +1,4 @@
-"""Coordination primitives (agentd/store/leases.py, agentd/cluster.py, shared approvals,
+"""Coordination primitives (agentd/store/leases.py, agentd/cluster/__init__.py, shared approvals,
 budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
 one database stand for two daemons (`shared=True`: on SQLite, which a daemon locks for
 itself, only a test can do that). Runs on SQLite; the multi-daemon test
@@ -20,11 +20,11 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
 from agentd.cluster import Cluster
-from agentd.cluster_config import ClusterSettings, cluster_settings
+from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
-from agentd.budget_gate import BudgetGate
+from agentd.cluster.budget_gate import BudgetGate
 from agentd.store import open_store
 from agentd.store.leases import Leases, RunLog
 

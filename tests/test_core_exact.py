@@ -19,7 +19,7 @@ from agentd.api.middleware import allowed_origins, install_middleware, is_loopba
 from agentd.api.ratelimit import GcraLimiter
 from agentd.config import parse_config
 from agentd.errors import TooManyRequests
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.llm.catalog import Catalog
 from agentd.memory.kv import KvMemory
 from agentd.metering import Metering, month_bounds

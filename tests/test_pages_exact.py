@@ -24,7 +24,7 @@ from agentd.api.pages import catalog as catalog_pages
 from agentd.api.pages import channels as channel_pages
 from agentd.config import parse_config
 from agentd.kernel import Kernel
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from support import put_session, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}

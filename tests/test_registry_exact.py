@@ -304,7 +304,7 @@ def test_auth_status(mgr, monkeypatch) -> None:
 
 
 def test_summary_list_item_and_detail_shapes(mgr, monkeypatch) -> None:
-    from agentd.kernel_time import iso
+    from agentd.timestamps import iso
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
     h = mgr.spawn(manifest("shape", 'system_prompt = "Be brief."\n'
@@ -341,7 +341,7 @@ def test_summary_list_item_and_detail_shapes(mgr, monkeypatch) -> None:
 
 
 def test_defaults_in_the_views(mgr, monkeypatch) -> None:
-    from agentd.kernel_time import iso
+    from agentd.timestamps import iso
 
     monkeypatch.delenv("GROQ_API_KEY", raising=False)
     h = mgr.spawn(manifest("plain", 'base_url = "http://h/v1"\n', provider="mine", model="own-model"))
@@ -525,7 +525,7 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path,
     legacy.write_bytes(b"old")
     kept = tmp_path / "kept.bin"
     kept.write_bytes(b"old")
-    from agentd.kernel_time import utcnow
+    from agentd.timestamps import utcnow
     with orm.db_session:
         env.store.e.UploadRow(id=str(uuid.uuid4()), agent=a.id, filename="l", content_type="text/plain", size=3,
                               path=str(legacy), content=None, created_at=utcnow())
@@ -629,7 +629,7 @@ def test_on_a_shared_database_spawn_sees_a_name_taken_elsewhere(env, mgr) -> Non
 
 
 def test_kill_twice_and_a_legacy_upload_whose_file_is_gone(env, mgr, tmp_path) -> None:
-    from agentd.kernel_time import utcnow
+    from agentd.timestamps import utcnow
 
     h = mgr.spawn(manifest("twice"))
     with orm.db_session:

@@ -22,7 +22,7 @@ from pony import orm
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolContext, ToolError, get_tool, validate_args
 from agentd.config import MemoryConfig, ToolsConfig
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.store import open_store

@@ -11,7 +11,7 @@ from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT
 from agentd.errors import BadRequest, PayloadTooLarge
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from mgrsupport import Env, manifest
 
 

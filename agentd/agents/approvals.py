@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentd.errors import Conflict, NotFound
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 
 
 @dataclass

@@ -21,7 +21,7 @@ from agentd.agents.signing import verify_envelope
 from agentd.agents.tools import Tool, all_tools
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, Conflict, NotFound
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.llm.catalog import Catalog
 from agentd.store import Store
 

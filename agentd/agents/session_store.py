@@ -15,7 +15,7 @@ from agentd.agents.registry import AgentRegistry
 from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.errors import NotFound
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.llm.types import ChatRequest, LLMError, Message
 from agentd.store import Store
 from agentd.store.writer import PonyTx, Tx

@@ -11,7 +11,7 @@ from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
 from agentd.errors import BadRequest
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.store import Store
 
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from agentd.errors import AgentdError, BadRequest, NotFound
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 
 if TYPE_CHECKING:
     import requests

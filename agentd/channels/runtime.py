@@ -51,7 +51,7 @@ class ChannelManager:
         self._apply_globals(raw_channels)
         self.dispatcher = Dispatcher(self.workers, self.queue_limit)
         self._initial = raw_channels
-        # Several daemons on one database (agentd/channel_leaders.py): an adapter starts only
+        # Several daemons on one database (agentd/channels/leaders.py): an adapter starts only
         # where may_run(name) is true (the daemon holding its leader lease); on_stopped(name)
         # hands the lease back when it stops here.
         self.may_run: Callable[[str], bool] = lambda name: True

@@ -48,7 +48,7 @@ class CustomModels:
 
     def follow(self, stored: list[dict[str, Any]]) -> None:
         """Make the catalog's custom models match `stored` (written by another daemon on a
-        shared database; see agentd/settings_follow.py)."""
+        shared database; see agentd/cluster/settings_follow.py)."""
         with self._lock:
             wanted = {m["id"]: m for m in stored}
             for info in self.catalog.models(tier="custom"):

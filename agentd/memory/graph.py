@@ -15,7 +15,7 @@ from typing import Any
 from pony import orm
 
 from agentd.errors import NotFound
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 
 MATCH_LIMIT = 1000

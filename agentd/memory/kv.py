@@ -6,7 +6,7 @@ from typing import Any
 
 from pony import orm
 
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.store import Store
 
 MAX_KEY_LENGTH = 256

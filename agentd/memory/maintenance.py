@@ -16,7 +16,7 @@ import numpy as np
 from pony import orm
 
 from agentd.config import MemoryConfig
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.memory.semantic import DEDUP_THRESHOLD, SemanticMemory, contradicts
 
 _LAST_RUN = "memory.consolidated_at.{}"

@@ -17,7 +17,7 @@ import numpy as np
 from pony import orm
 
 from agentd.errors import BadRequest
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.memory import fields
 from agentd.memory.graph import KnowledgeGraph
 from agentd.memory.semantic import SemanticMemory, epoch, fragment

@@ -17,7 +17,7 @@ import numpy as np
 from pony import orm
 
 from agentd.errors import NotFound
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.memory.fields import MemoryFilter
 from agentd.memory.vectors import Hit
 

@@ -22,7 +22,7 @@ import numpy as np
 from pony import orm
 
 from agentd.errors import NotFound
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 from agentd.memory.embedder import Embedder
 from agentd.memory.querycache import QueryCache
 # The read path and the fragment shape; the helpers are re-exported (maintenance.py,

@@ -14,7 +14,7 @@ from typing import Any
 
 from pony import orm
 
-from agentd.kernel_time import iso, utcnow
+from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 from agentd.workflows.definition import WorkflowDef
 

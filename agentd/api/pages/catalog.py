@@ -9,7 +9,7 @@ from flask import render_template, request
 from agentd.api.pages import bp, kernel
 from agentd.api.routes_catalog import TIERS
 from agentd.errors import AgentdError
-from agentd.kernel_time import utcnow
+from agentd.timestamps import utcnow
 
 
 def _every_day(rows: list[dict], start, end) -> list[dict]:

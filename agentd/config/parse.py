@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config_tables import ApiConfig, DefaultModel, MemoryConfig, ToolsConfig
+from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, ToolsConfig
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

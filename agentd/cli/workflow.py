@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import argh
 
 from agentd.cli import _client, _config, _fail, _get, _table
-from agentd.client import ApiClient
+from agentd.cli.client import ApiClient
 
 if TYPE_CHECKING:
     import requests

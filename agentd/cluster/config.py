@@ -1,5 +1,5 @@
 """The `[cluster]` table of config.toml: this daemon's id among the daemons sharing one
-database, and how long its leases last (see agentd/cluster.py)."""
+database, and how long its leases last (see agentd/cluster/__init__.py)."""
 
 from __future__ import annotations
 

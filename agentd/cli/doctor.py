@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentd.client import find_daemon, read_daemon_file
+from agentd.cli.client import find_daemon, read_daemon_file
 from agentd.config import Config, load_config, split_listen
 from agentd.errors import AgentdError
 from agentd.store.db import SQLITE_MAGIC

@@ -15,7 +15,7 @@ and never meets a competitor. What it does:
   standby channel adapters try to become leader.
 - **Leaders.** A channel adapter runs only on the daemon holding `channel:<name>`.
 
-Settings (`agentd/cluster_config.py`): `[cluster] daemon_id` (default `<hostname>:<port>`,
+Settings (`agentd/cluster/config.py`): `[cluster] daemon_id` (default `<hostname>:<port>`,
 unique per daemon) and `lease_secs` (default 10).
 """
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
-from agentd.cluster_config import ClusterSettings
+from agentd.cluster.config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
 from agentd.ids import time_ordered_uuid
 from agentd.store import Store
@@ -38,7 +38,7 @@ from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
 
 if TYPE_CHECKING:
-    from agentd.budget_gate import BudgetGate
+    from agentd.cluster.budget_gate import BudgetGate
 
 log = logging.getLogger("agentd.cluster")
 

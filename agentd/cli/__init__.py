@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import argh
 
-from agentd.client import ApiClient, find_daemon, process_identity, read_daemon_file
+from agentd.cli.client import ApiClient, find_daemon, process_identity, read_daemon_file
 from agentd.config import Config, home_dir, load_config, write_default_config
 from agentd.errors import AgentdError
 from agentd.money import format_usd
@@ -162,7 +162,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 @argh.arg("--json", dest="as_json", help="print the checks as JSON")
 def doctor(as_json: bool = False) -> None:
     """Check the installation; exits non-zero when any check fails."""
-    from agentd.doctor import run_checks
+    from agentd.cli.doctor import run_checks
 
     checks = run_checks(home_dir())
     if as_json:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agentd` console script."""
     parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
     parser.add_commands([start, stop, status, doctor, init, usage, budget])
-    from agentd.cli_workflow import COMMANDS as workflow_commands
+    from agentd.cli.workflow import COMMANDS as workflow_commands
 
     parser.add_commands(workflow_commands,
                         group_name="workflow",

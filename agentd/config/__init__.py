@@ -1,10 +1,8 @@
 """Typed daemon configuration: `$AGENTD_HOME/config.toml` plus environment overrides.
 
-Reading uses Python's `tomllib` (TOML 1.0). The only file we ever write is the
-commented template from `agentd init`, so there is one way to write as well.
-The per-table dataclasses live in config_tables.py, their validation in
-config_parse.py, the template in config_template.py; every public name is
-re-exported here, so `from agentd.config import X` is the one import to use.
+Reading uses Python's `tomllib` (TOML 1.0). The per-table dataclasses live in
+tables.py, their validation in parse.py, the commented template `agentd init` writes
+in template.py; every public name is re-exported here, so `from agentd.config import X` is the one import to use.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentd.config_parse import (LOG_LEVELS, api_table, default_model_table, expect, memory_table,
+from agentd.config.parse import (LOG_LEVELS, api_table, default_model_table, expect, memory_table,
                                  tools_table, split_listen)
-from agentd.config_tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
+from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, ToolsConfig)
-from agentd.config_template import DEFAULT_CONFIG_TEXT, write_default_config
+from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
