@@ -23,7 +23,7 @@ import benchlib  # noqa: F401  (puts tests/ on sys.path)
 from conftest import LLM_ENV
 from misbehaving_upstream import Upstream
 from support import Daemon, make_home
-from test_faults import settle, spawn, sse, sse_open, threads, v1_open
+from tests.llm.test_faults import settle, spawn, sse, sse_open, threads, v1_open
 
 CONFIG = ("[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
           "threads = 256\nmax_streams = 220\n"

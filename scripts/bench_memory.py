@@ -290,7 +290,7 @@ def daemon_rss() -> None:
         still = rss_kb(pid)
         early = "onnxruntime" in Path(f"/proc/{pid}/maps").read_text()
         # (A completed run is a first use too: auto_remember stores the exchange, in the
-        # background; tests/test_memory_semantic.py checks a run with it off loads nothing.)
+        # background; tests/memory/test_semantic.py checks a run with it off loads nothing.)
         row("daemon RSS until memory is used", f"idle {idle / 1024:.1f} MiB, then {still / 1024:.1f} MiB",
             "(after spawning an agent; onnxruntime " + ("mapped)" if early else "not mapped)"),
             None, "no growth", not early and still - idle < 2048)

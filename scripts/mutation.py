@@ -36,201 +36,201 @@ SCRATCH = ROOT / ".mutation"
 
 # module -> test files that exercise it (all paths relative to the repo root).
 TESTS: dict[str, list[str]] = {
-    "agentd/api/ratelimit.py": ["tests/test_ratelimit.py", "tests/test_core_exact.py",
-                                "tests/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
-    # middleware.py in process (its daemon tests in test_guards_daemon.py outlast mutmut's stats
-    # run on a loaded machine; test_core_exact.py checks the same headers, keys and origins).
-    "agentd/api/middleware.py": ["tests/test_core_exact.py", "tests/test_middleware_exact.py", "tests/test_http_shell.py",
-                                 "--deselect=tests/test_http_shell.py::test_health_version_status_shapes",
-                                 "--deselect=tests/test_http_shell.py::test_dashboard_is_html",
-                                 "--deselect=tests/test_http_shell.py::test_rate_limit_per_client",
-                                 "--deselect=tests/test_http_shell.py::test_sse_events_arrive_one_by_one"],
+    "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
+                                "tests/api/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
+    # middleware.py in process (its daemon tests in tests/api/test_guards_daemon.py outlast mutmut's stats
+    # run on a loaded machine; tests/api/test_core.py checks the same headers, keys and origins).
+    "agentd/api/middleware.py": ["tests/api/test_core.py", "tests/api/test_middleware.py", "tests/api/test_http_shell.py",
+                                 "--deselect=tests/api/test_http_shell.py::test_health_version_status_shapes",
+                                 "--deselect=tests/api/test_http_shell.py::test_dashboard_is_html",
+                                 "--deselect=tests/api/test_http_shell.py::test_rate_limit_per_client",
+                                 "--deselect=tests/api/test_http_shell.py::test_sse_events_arrive_one_by_one"],
     # The common response headers: the middleware's tests build apps with the layer; the core
     # tests check the daemon app's answers (the start gate shares its constants).
-    "agentd/api/json_provider.py": ["tests/test_json_provider.py"],
-    "agentd/api/response_headers.py": ["tests/test_middleware_exact.py", "tests/test_core_exact.py",
-                                       "tests/test_startgate.py"],
+    "agentd/api/json_provider.py": ["tests/api/test_json_provider.py"],
+    "agentd/api/response_headers.py": ["tests/api/test_middleware.py", "tests/api/test_core.py",
+                                       "tests/server/test_startgate.py"],
     # The gate in process (its probe answer, deferral, hand-over) and through a daemon start.
-    "agentd/server/startgate.py": ["tests/test_startgate.py"],
+    "agentd/server/startgate.py": ["tests/server/test_startgate.py"],
     # The channel on raw socket pairs, then a real waitress server and a slow reader.
-    "agentd/server/channel.py": ["tests/test_http_channel.py", "tests/test_ws_transport.py",
-                                   "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
-    "agentd/api/errors.py": ["tests/test_core_exact.py", "tests/test_http_shell.py",
-                             "tests/test_dashboard.py::test_error_pages_are_html_and_api_errors_stay_json"],
-    "agentd/memory/kv.py": ["tests/test_core_exact.py",
-                            "tests/test_guards_daemon.py::test_kv_same_key_isolated_between_agents"],
-    "agentd/metering.py": ["tests/test_metering_exact.py", "tests/test_core_exact.py", "tests/test_guards_daemon.py::test_cost_and_budget_exact"],
-    "agentd/agents/loop_guard.py": ["tests/test_core_exact.py",
-                                    "tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
-    "agentd/agents/approvals.py": ["tests/test_approvals_exact.py", "tests/test_agents.py::test_manual_mode_waits_for_approval",
-                                   "tests/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
-    "agentd/agents/tools/files.py": ["tests/test_tools.py", "tests/test_tool_files_exact.py"],
-    "agentd/agents/tools/shell.py": ["tests/test_tools.py", "tests/test_tool_shell_exact.py"],
-    "agentd/agents/tools/web.py": ["tests/test_tools.py", "tests/test_tool_web_exact.py"],
-    "agentd/agents/shared.py": ["tests/test_agents_shared_exact.py"],
-    "agentd/agents/shared_approvals.py": ["tests/test_shared_approvals_exact.py",
-                                          "tests/test_cluster_units.py::test_approval_decided_by_another_daemon[sqlite]"],
-    "agentd/api/sse.py": ["tests/test_sse_exact.py", "tests/test_transports.py::test_sse_text_stream"],
-    "agentd/agents/loop.py": ["tests/test_loop_exact.py", "tests/test_core_exact.py"],
-    "agentd/workflows/definition.py": ["tests/test_workflow_definition_exact.py"],
+    "agentd/server/channel.py": ["tests/server/test_http_channel.py", "tests/server/test_websocket.py",
+                                   "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
+    "agentd/api/errors.py": ["tests/api/test_core.py", "tests/api/test_http_shell.py",
+                             "tests/api/pages/test_dashboard.py::test_error_pages_are_html_and_api_errors_stay_json"],
+    "agentd/memory/kv.py": ["tests/api/test_core.py",
+                            "tests/api/test_guards_daemon.py::test_kv_same_key_isolated_between_agents"],
+    "agentd/metering.py": ["tests/test_metering.py", "tests/api/test_core.py", "tests/api/test_guards_daemon.py::test_cost_and_budget_exact"],
+    "agentd/agents/loop_guard.py": ["tests/api/test_core.py",
+                                    "tests/agents/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
+    "agentd/agents/approvals.py": ["tests/agents/test_approvals.py", "tests/agents/test_agents.py::test_manual_mode_waits_for_approval",
+                                   "tests/api/test_guards_daemon.py::test_approval_timeout_denies_the_call"],
+    "agentd/agents/tools/files.py": ["tests/agents/tools/test_tools.py", "tests/agents/tools/test_tool_files.py"],
+    "agentd/agents/tools/shell.py": ["tests/agents/tools/test_tools.py", "tests/agents/tools/test_tool_shell.py"],
+    "agentd/agents/tools/web.py": ["tests/agents/tools/test_tools.py", "tests/agents/tools/test_tool_web.py"],
+    "agentd/agents/shared.py": ["tests/agents/test_shared.py"],
+    "agentd/agents/shared_approvals.py": ["tests/agents/test_shared_approvals.py",
+                                          "tests/cluster/test_cluster_units.py::test_approval_decided_by_another_daemon[sqlite]"],
+    "agentd/api/sse.py": ["tests/api/test_sse.py", "tests/api/test_transports.py::test_sse_text_stream"],
+    "agentd/agents/loop.py": ["tests/agents/test_loop.py", "tests/api/test_core.py"],
+    "agentd/workflows/definition.py": ["tests/workflows/test_definition.py"],
     # In process first (a real engine, store and executor; a scripted agent manager), then
     # the daemon tests that prove the real agent path.
-    "agentd/workflows/engine.py": ["tests/test_workflow_engine_exact.py",
-                                   "tests/test_workflows.py::test_sequential_templates_and_variables",
-                                   "tests/test_workflows.py::test_agent_killed_mid_step"],
+    "agentd/workflows/engine.py": ["tests/workflows/test_engine.py",
+                                   "tests/workflows/test_workflows.py::test_sequential_templates_and_variables",
+                                   "tests/workflows/test_workflows.py::test_agent_killed_mid_step"],
     # steps.py in process only (the daemon tests made the run crawl at 0.1 mutant/s): their
     # cases (three branches with the slowest first, an agent killed mid-step) are in this file.
-    "agentd/workflows/steps.py": ["tests/test_workflow_engine_exact.py"],
+    "agentd/workflows/steps.py": ["tests/workflows/test_engine.py"],
     # store.py in process only: every function is reached by these (the daemon tests of
-    # test_workflows.py outlasted mutmut's stats run on a loaded machine; the reaper test of
-    # test_cluster_units.py rests on a 1 s lease, which a loaded machine outlasts too).
-    "agentd/workflows/store.py": ["tests/test_workflow_store_exact.py"],
-    "agentd/agents/session.py": ["tests/test_session_exact.py", "tests/test_core_exact.py"],
+    # tests/workflows/test_workflows.py outlasted mutmut's stats run on a loaded machine; the reaper test of
+    # tests/cluster/test_cluster_units.py rests on a 1 s lease, which a loaded machine outlasts too).
+    "agentd/workflows/store.py": ["tests/workflows/test_workflow_store.py"],
+    "agentd/agents/session.py": ["tests/agents/test_session.py", "tests/api/test_core.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds.
-    "agentd/memory/semantic.py": ["tests/test_semantic_exact.py", "tests/test_portable_exact.py",
-                                  "tests/test_maintenance_exact.py"],
-    "agentd/memory/recall.py": ["tests/test_recall_exact.py"],
-    "agentd/memory/graph.py": ["tests/test_graph_exact.py"],
-    "agentd/memory/maintenance.py": ["tests/test_maintenance_exact.py"],
-    "agentd/memory/portable.py": ["tests/test_portable_exact.py"],
-    "agentd/memory/fields.py": ["tests/test_fields_exact.py"],
-    "agentd/memory/querycache.py": ["tests/test_querycache_exact.py"],
-    "agentd/memory/vectors.py": ["tests/test_vectors_exact.py", "tests/test_memory_vectors.py"],
+    "agentd/memory/semantic.py": ["tests/memory/test_semantic.py", "tests/memory/test_portable.py",
+                                  "tests/memory/test_maintenance.py"],
+    "agentd/memory/recall.py": ["tests/memory/test_recall.py"],
+    "agentd/memory/graph.py": ["tests/memory/test_graph.py"],
+    "agentd/memory/maintenance.py": ["tests/memory/test_maintenance.py"],
+    "agentd/memory/portable.py": ["tests/memory/test_portable.py"],
+    "agentd/memory/fields.py": ["tests/memory/test_fields.py"],
+    "agentd/memory/querycache.py": ["tests/memory/test_querycache.py"],
+    "agentd/memory/vectors.py": ["tests/memory/test_vectors.py", "tests/memory/test_vectors.py"],
     # The provider embedder against a local HTTP stand-in; two tests load the real ONNX model.
-    "agentd/memory/embedder.py": ["tests/test_embedder_exact.py"],
+    "agentd/memory/embedder.py": ["tests/memory/test_embedder.py"],
     # Notifiers of "two daemons" on one real PostgreSQL (a temp cluster, tests/pgtest.py) and
     # the lone daemon on SQLite.
-    "agentd/memory/notify.py": ["tests/test_memory_notify_exact.py"],
+    "agentd/memory/notify.py": ["tests/memory/test_notify.py"],
     # The memory facade on a real SQLite store with the scripted embedder (tests/memsupport.py).
-    "agentd/memory/service.py": ["tests/test_memory_service_exact.py"],
+    "agentd/memory/service.py": ["tests/memory/test_service.py"],
     # The API layer's request guard, body parsing and proxy headers (mut-api).
-    # guard.py in process only: test_web_security.py checks it through the daemon, whose start
+    # guard.py in process only: tests/api/test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
-    "agentd/api/guard.py": ["tests/test_guard_exact.py"],
+    "agentd/api/guard.py": ["tests/api/test_guard.py"],
     # The guard's policies (Flask-free) and their early use in waitress's parser.
-    "agentd/server/webguard.py": ["tests/test_guard_exact.py", "tests/test_early_refusal.py"],
-    "agentd/server/early_refusal.py": ["tests/test_early_refusal.py"],
-    "agentd/server/forwarded.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
-    "agentd/jsonsafe.py": ["tests/test_body_exact.py"],
-    "agentd/server/slots.py": ["tests/test_slots.py"],
-    "agentd/store/writer.py": ["tests/test_store_writer.py", "tests/test_session_store_exact.py",
-                               "tests/test_wal_checkpoint.py"],
+    "agentd/server/webguard.py": ["tests/api/test_guard.py", "tests/server/test_early_refusal.py"],
+    "agentd/server/early_refusal.py": ["tests/server/test_early_refusal.py"],
+    "agentd/server/forwarded.py": ["tests/server/test_forwarded.py", "tests/server/test_proxy_headers.py"],
+    "agentd/jsonsafe.py": ["tests/api/test_body.py"],
+    "agentd/server/slots.py": ["tests/server/test_slots.py"],
+    "agentd/store/writer.py": ["tests/store/test_store_writer.py", "tests/agents/test_session_store.py",
+                               "tests/store/test_wal_checkpoint.py"],
     # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
     # this selection covers the interpreter settings and the boot (the gate, the freeze).
     "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
-                         "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/test_startgate.py",
+                         "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/server/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
-                         "tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
+                         "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
     # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
-    "agentd/server/serve.py": ["tests/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
-                               "tests/test_startgate.py"],
+    "agentd/server/serve.py": ["tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
+                               "tests/server/test_startgate.py"],
     "agentd/ids.py": ["tests/test_perf_paths.py::test_per_message_ids_are_version_4_uuids_and_do_not_repeat",
                       "tests/test_perf_paths.py::test_run_ids_are_version_7_uuids_in_time_order"],
-    "agentd/api/body.py": ["tests/test_body_exact.py", "tests/test_schemas_exact.py",
+    "agentd/api/body.py": ["tests/api/test_body.py", "tests/api/test_schemas.py",
                            # its daemon test only shows waitress buffers chunked bodies
-                           "--deselect=tests/test_body_exact.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
-                           "tests/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
-                           "tests/test_http_shell.py::test_two_megabyte_body_is_413"],
-    "agentd/server/proxy.py": ["tests/test_proxy_exact.py", "tests/test_proxy_headers.py"],
+                           "--deselect=tests/api/test_body.py::test_chunked_body_past_the_cap_is_413_through_the_daemon",
+                           "tests/api/test_http_shell.py::test_malformed_json_wrong_type_and_content_type",
+                           "tests/api/test_http_shell.py::test_two_megabyte_body_is_413"],
+    "agentd/server/proxy.py": ["tests/server/test_forwarded.py", "tests/server/test_proxy_headers.py"],
     # In process (a real waitress server for the order test); the daemon test only reads the figures.
-    "agentd/server/dispatcher.py": ["tests/test_dispatcher.py", "--deselect=tests/test_dispatcher.py::"
+    "agentd/server/dispatcher.py": ["tests/server/test_dispatcher.py", "--deselect=tests/server/test_dispatcher.py::"
                              "test_the_daemon_reports_its_pool_size_and_started_threads"],
-    "agentd/api/dashauth.py": ["tests/test_dashauth_exact.py",
-                               "tests/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
-    "agentd/api/routes_agents.py": ["tests/test_routes_agents_exact.py"],
+    "agentd/api/dashauth.py": ["tests/api/test_dashauth.py",
+                               "tests/api/pages/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
+    "agentd/api/routes_agents.py": ["tests/api/test_routes_agents.py"],
     # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
-    "agentd/api/routes_openai.py": ["tests/test_routes_openai_exact.py"],
+    "agentd/api/routes_openai.py": ["tests/api/test_routes_openai.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
-    "agentd/agents/registry.py": ["tests/test_registry_exact.py", "tests/test_agents_shared_exact.py"],
-    "agentd/agents/session_store.py": ["tests/test_session_store_exact.py"],
-    "agentd/agents/model_call.py": ["tests/test_model_call_exact.py"],
-    "agentd/agents/runner.py": ["tests/test_runner_exact.py"],
-    "agentd/agents/handle.py": ["tests/test_handle_exact.py"],
-    "agentd/agents/run_errors.py": ["tests/test_run_errors_exact.py", "tests/test_runner_exact.py"],
-    "agentd/agents/ops.py": ["tests/test_ops_exact.py"],
-    "agentd/agents/listing.py": ["tests/test_listing_exact.py"],
-    "agentd/agents/uploads.py": ["tests/test_uploads_exact.py"],
-    "agentd/agents/manager.py": ["tests/test_manager_exact.py"],
+    "agentd/agents/registry.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"],
+    "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
+    "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
+    "agentd/agents/runner.py": ["tests/agents/test_runs.py"],
+    "agentd/agents/handle.py": ["tests/agents/test_handle.py"],
+    "agentd/agents/run_errors.py": ["tests/agents/test_run_errors.py", "tests/agents/test_runs.py"],
+    "agentd/agents/ops.py": ["tests/agents/test_ops.py"],
+    "agentd/agents/listing.py": ["tests/agents/test_listing.py"],
+    "agentd/agents/uploads.py": ["tests/agents/test_uploads.py"],
+    "agentd/agents/manager.py": ["tests/agents/test_manager.py"],
     # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
-    "agentd/agents/manifest.py": ["tests/test_manifest_exact.py"],
-    "agentd/agents/runqueue.py": ["tests/test_runqueue_exact.py", "tests/test_run_here.py"],
-    "agentd/agents/events.py": ["tests/test_events_exact.py"],
-    "agentd/agents/signing.py": ["tests/test_signing_exact.py"],
-    "agentd/agents/tools/base.py": ["tests/test_tool_base_exact.py", "tests/test_tools.py"],
-    "agentd/agents/tools/patch.py": ["tests/test_tool_patch_exact.py", "tests/test_tools.py::test_apply_patch"],
+    "agentd/agents/manifest.py": ["tests/agents/test_manifest.py"],
+    "agentd/agents/runqueue.py": ["tests/agents/test_runqueue.py", "tests/agents/test_run_here.py"],
+    "agentd/agents/events.py": ["tests/agents/test_events.py"],
+    "agentd/agents/signing.py": ["tests/agents/test_signing.py"],
+    "agentd/agents/tools/base.py": ["tests/agents/tools/test_tool_base.py", "tests/agents/tools/test_tools.py"],
+    "agentd/agents/tools/patch.py": ["tests/agents/tools/test_tool_patch.py", "tests/agents/tools/test_tools.py::test_apply_patch"],
     # The agent tools through the daemon's real agent manager (several agents, the fake LLM calling them).
-    "agentd/agents/tools/agents.py": ["tests/test_tool_agents_exact.py", "tests/test_agent_messaging.py"],
-    "agentd/agents/tools/memory.py": ["tests/test_tool_memory_exact.py"],
-    "agentd/agents/tools/system.py": ["tests/test_tool_memory_exact.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
+    "agentd/agents/tools/agents.py": ["tests/agents/tools/test_tool_agents.py", "tests/agents/test_messaging.py"],
+    "agentd/agents/tools/memory.py": ["tests/agents/tools/test_tool_memory.py"],
+    "agentd/agents/tools/system.py": ["tests/agents/tools/test_tool_memory.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
-    "agentd/api/runs.py": ["tests/test_runs_exact.py"],
-    "agentd/api/streaming.py": ["tests/test_streaming_exact.py"],
+    "agentd/api/runs.py": ["tests/api/test_request_runs.py"],
+    "agentd/api/streaming.py": ["tests/api/test_streaming.py"],
     # The daemon's own app on an in-process waitress server with agentd's WebSocket transport.
-    "agentd/api/sockets.py": ["tests/test_sockets_exact.py"],
+    "agentd/api/sockets.py": ["tests/api/test_sockets.py"],
     # A real socket pair first; then the transport with hostile handlers, and the daemon's app.
-    "agentd/server/ws_socket.py": ["tests/test_ws_stream_exact.py", "tests/test_ws_transport.py"],
+    "agentd/server/ws_socket.py": ["tests/server/test_ws_socket.py", "tests/server/test_websocket.py"],
     # The transport with hostile handlers (in-process waitress), then the daemon's app on it.
     # (the two-writer test, 8 MB through ws_stream's write lock, is ws_stream's: left out here. Its
     # 1008 closes in mutmut's stats run were simple-websocket's ping timeout, gone with the hourly
     # ping of the test app.)
-    "agentd/server/websocket.py": ["tests/test_ws_transport.py", "tests/test_sockets_exact.py",
-                                   "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
+    "agentd/server/websocket.py": ["tests/server/test_websocket.py", "tests/api/test_sockets.py",
+                                   "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
     # The task on a recorded channel, then on a real waitress server.
-    "agentd/server/task.py": ["tests/test_one_write.py", "tests/test_ws_transport.py",
-                              "--deselect=tests/test_ws_transport.py::test_two_threads_sending_keep_frames_whole"],
+    "agentd/server/task.py": ["tests/api/test_one_write.py", "tests/server/test_websocket.py",
+                              "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
     # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
     # _stream and _cluster have none).
-    **{f"agentd/api/{name}.py": ["tests/test_route_helpers_exact.py"]
+    **{f"agentd/api/{name}.py": ["tests/api/test_route_helpers.py"]
        for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
-    "agentd/api/__init__.py": ["tests/test_api_init_exact.py",
+    "agentd/api/__init__.py": ["tests/api/test_app.py",
                                "tests/test_perf_paths.py::test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine"],
     # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
-    # in process, the exact tests first, then the page flows of test_dashboard.py.
-    **{f"agentd/api/pages/{name}.py": ["tests/test_pages_exact.py", "tests/test_dashboard.py"]
+    # in process, the exact tests first, then the page flows of tests/api/pages/test_dashboard.py.
+    **{f"agentd/api/pages/{name}.py": ["tests/api/pages/test_pages.py", "tests/api/pages/test_dashboard.py"]
        for name in ("__init__", "agents", "auth", "catalog", "channels", "workflows")},
-    # Schema helpers run at import, so they are also called directly (test_schemas_exact.py).
-    "agentd/api/schemas.py": ["tests/test_schemas_exact.py"],
+    # Schema helpers run at import, so they are also called directly (tests/api/test_schemas.py).
+    "agentd/api/schemas.py": ["tests/api/test_schemas.py"],
     # Coordination on SQLite in process (the PostgreSQL variants of the same tests need a
-    # server per run; tests/test_cluster.py runs them through daemons).
-    "agentd/cluster/__init__.py": ["tests/test_cluster_units.py", "-knot postgres"],
+    # server per run; tests/cluster/test_cluster.py runs them through daemons).
+    "agentd/cluster/__init__.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
-    "agentd/store/entities.py": ["tests/test_store_backend.py", "-knot postgres"],
-    "agentd/cluster/config.py": ["tests/test_cluster_units.py", "-knot postgres"],
-    "agentd/store/leases.py": ["tests/test_cluster_units.py", "-knot postgres"],
-    "agentd/store/checkpoint.py": ["tests/test_wal_checkpoint.py"],
+    "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
+    "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    "agentd/store/leases.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    "agentd/store/checkpoint.py": ["tests/store/test_wal_checkpoint.py"],
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
     # same tests run in the suite's --db=postgres pass).
-    "agentd/store/migrate.py": ["tests/test_store_backend.py", "-k(migration or versioned) and not postgres"],
-    "agentd/api/schemas_memory.py": ["tests/test_schemas_exact.py"],
+    "agentd/store/migrate.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"],
+    "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
-    "agentd/api/schemas_out/base.py": ["tests/test_schemas_out_exact.py"],
-    "agentd/api/apidoc.py": ["tests/test_schemas_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
+    "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],
+    "agentd/api/apidoc.py": ["tests/api/test_schemas.py", *(f"tests/api/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
-    "agentd/api/openapi.py": ["tests/test_openapi_exact.py", *(f"tests/test_openapi.py::{t}" for t in (
+    "agentd/api/openapi.py": ["tests/api/test_openapi.py", *(f"tests/api/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
     # The LLM drivers and their retry/deadline logic: in-process against the fake LLM server.
-    **{f"agentd/llm/drivers/{name}.py": ["tests/test_drivers.py", "tests/test_driver_exact.py", "tests/test_call_guard.py",
-                                          "tests/test_driver_formats_exact.py", "tests/test_transport_send.py",
-                                          "tests/test_stream_release.py", "tests/test_one_write.py",
-                                          "tests/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
-                                          "tests/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
+    **{f"agentd/llm/drivers/{name}.py": ["tests/llm/test_drivers.py", "tests/llm/test_drivers.py", "tests/llm/test_call_guard.py",
+                                          "tests/llm/test_driver_formats.py", "tests/llm/test_transport_send.py",
+                                          "tests/llm/test_stream_release.py", "tests/api/test_one_write.py",
+                                          "tests/llm/test_faults.py::test_driver_cut_stream_is_truncated_in_every_format",
+                                          "tests/llm/test_faults.py::test_driver_gives_up_when_retry_after_passes_the_deadline"]
        for name in ("transport", "reading", "guard", "openai_compat", "anthropic", "gemini", "assemble", "__init__")},
     # An answer's head: compared field by field with http.client's own parse.
-    "agentd/llm/drivers/answer_head.py": ["tests/test_answer_head.py"],
+    "agentd/llm/drivers/answer_head.py": ["tests/llm/test_answer_head.py"],
 }
 DEFAULT_MODULES = list(TESTS)
 # With --baseline: the old suite's tests of each module (the files above did not exist yet).
 BASELINE_TESTS: dict[str, list[str]] = {
-    "agentd/api/ratelimit.py": ["tests/test_ratelimit.py", "tests/test_http_shell.py::test_rate_limit_per_client"],
-    "agentd/memory/kv.py": ["tests/test_agents.py::test_kv_memory_is_per_agent",
-                            "tests/test_agents.py::test_memory_tools_use_the_agents_kv"],
-    "agentd/agents/loop_guard.py": ["tests/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
-    "agentd/metering.py": ["tests/test_catalog_api.py"],
-    "agentd/api/middleware.py": ["tests/test_http_shell.py"],
-    "agentd/api/errors.py": ["tests/test_http_shell.py"],
+    "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_http_shell.py::test_rate_limit_per_client"],
+    "agentd/memory/kv.py": ["tests/agents/test_agents.py::test_kv_memory_is_per_agent",
+                            "tests/agents/test_agents.py::test_memory_tools_use_the_agents_kv"],
+    "agentd/agents/loop_guard.py": ["tests/agents/test_agents.py::test_loop_guard_warns_blocks_and_stops"],
+    "agentd/metering.py": ["tests/api/test_routes_catalog.py"],
+    "agentd/api/middleware.py": ["tests/api/test_http_shell.py"],
+    "agentd/api/errors.py": ["tests/api/test_http_shell.py"],
 }
 ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_daemon_check.py",
              "--ignore=tests/test_mutation_setup.py"]

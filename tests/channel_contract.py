@@ -4,7 +4,7 @@ refusal, a 429 retried after its Retry-After, a dropped connection re-establishe
 stop() ending every thread.
 
 `CASES` is the table of those adapters: each `Case` says how its platform's fake starts,
-how the channel is configured and how the platform's users talk. tests/test_channel_contract.py
+how the channel is configured and how the platform's users talk. tests/channels/test_channel_contract.py
 runs every check below for every entry; tests/test_channel_<name>.py holds what is
 particular to one platform and takes its `Case` (and fake) from here. See
 tests/fakes/platform.py for what a fake offers."""

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for tests/test_fuzz_api.py (loaded through SCHEMATHESIS_HOOKS).
+"""Schemathesis hooks for tests/api/test_fuzz_api.py (loaded through SCHEMATHESIS_HOOKS).
 
 JSON Schema cannot say "a TOML agent manifest with a name no other agent has" or "a provider
 of the live catalog", so nearly every generated `POST /api/agents` and `POST /api/models/custom`

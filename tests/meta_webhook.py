@@ -1,7 +1,7 @@
 """The Meta webhook checks that Messenger and WhatsApp Cloud share: both platforms verify a
 subscription with a GET handshake (hub.mode / hub.verify_token / hub.challenge) and sign every
 event body as X-Hub-Signature-256 (sha256=<hex HMAC-SHA256 of the raw body, app secret>).
-`PLATFORMS` is the table of those adapters; tests/test_channel_contract.py runs every check
+`PLATFORMS` is the table of those adapters; tests/channels/test_channel_contract.py runs every check
 below for each, and tests/test_channel_{messenger,whatsapp}.py hold what is particular to one."""
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def build_document(app: Flask) -> dict[str, Any]:
             continue
         op = operation_of(app.view_functions[rule.endpoint])
         if op is None:
-            continue  # tests/test_openapi.py fails on undocumented routes
+            continue  # tests/api/test_openapi.py fails on undocumented routes
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             paths.setdefault(openapi_path(rule.rule), {})[method.lower()] = _operation(rule, method, op)
     for path, operations in paths.items():

@@ -1,7 +1,7 @@
 """marshmallow schemas of the semantic-memory and knowledge-graph request bodies.
 
 They document what agentd/memory/fields.py accepts (the memory service validates, so the
-agent tools and the routes share one set of checks); tests/test_fuzz_api.py holds the two
+agent tools and the routes share one set of checks); tests/api/test_fuzz_api.py holds the two
 to each other (negative and positive data checks).
 """
 

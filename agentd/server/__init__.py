@@ -19,8 +19,8 @@ The app owns the stream slots and the trusted proxies (agentd/api/__init__.py ha
 channel webhooks their real-client lookup); the model layer never writes to a client.
 
 waitress internals relied on (tested with waitress 3.0.2, the version setup.cfg pins;
-a new waitress needs tests/test_http_channel.py, test_dispatcher.py, test_ws_transport.py,
-test_one_write.py, test_early_refusal.py and test_startgate.py run again):
+a new waitress needs tests/server/test_http_channel.py, tests/server/test_dispatcher.py, tests/server/test_websocket.py,
+tests/api/test_one_write.py, tests/server/test_early_refusal.py and tests/server/test_startgate.py run again):
 
 * `ThreadedTaskDispatcher`: `lock`, `queue`, `queue_cv`, `threads`, `active_count`,
   `stop_count`, `handler_thread`, `start_new_thread`, `queue_logger`, and

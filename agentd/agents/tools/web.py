@@ -26,7 +26,7 @@ def blocked_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> b
     """True for anything that is not a public unicast address (loopback, private, CGNAT, ...)."""
     # Not global covers private, loopback, link-local, unspecified and CGNAT (100.64.0.0/10);
     # multicast and some reserved IPv6 ranges count as "global" and are named explicitly.
-    # tests/test_tool_web_exact.py checks every category, so a change in Python's tables shows.
+    # tests/agents/tools/test_tool_web.py checks every category, so a change in Python's tables shows.
     return address.is_multicast or address.is_reserved or not address.is_global
 
 

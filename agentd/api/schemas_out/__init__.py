@@ -2,7 +2,7 @@
 
 They describe what the routes answer (required = always present); extra fields
 are allowed (`unknown = INCLUDE`) so a field added later does not make old
-clients' validators fail. The fuzz test (tests/test_fuzz_api.py) checks every
+clients' validators fail. The fuzz test (tests/api/test_fuzz_api.py) checks every
 response against them.
 """
 

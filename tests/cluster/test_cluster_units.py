@@ -1,0 +1,617 @@
+"""Coordination primitives (agentd/store/leases.py, agentd/cluster/__init__.py, shared approvals,
+budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
+one database stand for two daemons (`shared=True`: on SQLite, which a daemon locks for
+itself, only a test can do that). Runs on SQLite; the multi-daemon test
+(tests/cluster/test_cluster.py) runs the same code on PostgreSQL through real daemons. The lone
+daemon's own path (SQLite, run leases in memory) is tested at the end."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+from pony import orm
+
+from agentd.agents.loop import RunCancelled
+from agentd.agents.shared_approvals import SharedApprovalQueue
+from agentd.store.writer import PonyTx
+from agentd.cluster import Cluster
+from agentd.cluster.config import ClusterSettings, cluster_settings
+from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
+from agentd.llm.catalog import Catalog
+from agentd.metering import Metering
+from agentd.cluster.budget_gate import BudgetGate
+from agentd.store import open_store
+from agentd.store.leases import Leases, RunLog
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "postgres":
+        import pgtest
+        from agentd.store.backend import parse_database_url
+
+        if pgtest.pg_bindir() is None and not os.environ.get("AGENTD_TEST_DATABASE_URL"):
+            pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+        url = parse_database_url(pgtest.databases().new_url(), "test", allow_password=True)
+        s = open_store(tmp_path / "agentd.db", url)
+    else:
+        s = open_store(tmp_path / "agentd.db")
+    yield s
+    s.close()
+
+
+def handle(agent_id: str = "a1", session_id: str = "s1") -> SimpleNamespace:
+    return SimpleNamespace(id=agent_id, name="alpha", session_id=session_id, killed=False)
+
+
+def test_lease_is_exclusive_until_it_expires(store) -> None:
+    a, b = Leases(store, "A"), Leases(store, "B")
+    lease = a.acquire("run:s1", 0.5)
+    assert lease is not None
+    assert b.acquire("run:s1", 0.5) is None
+    assert b.holder("run:s1") == "A"
+    assert a.renew(lease, 0.5) is True
+    time.sleep(0.6)
+    assert b.holder("run:s1") is None
+    taken = b.acquire("run:s1", 5)
+    assert taken is not None and b.holder("run:s1") == "B"
+    assert a.renew(lease, 5) is False  # A lost it: its token no longer matches
+    a.release(lease)  # releasing a lost lease does not free B's
+    assert a.holder("run:s1") == "B"
+    b.release(taken)
+    assert a.holder("run:s1") is None
+
+
+def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
+    runs = RunLog(store)
+    with orm.db_session:
+        runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
+        runs.start("r-live", "a2", "s2", "B", time.time() + 30)
+    reaped = runs.reap()
+    assert reaped == [("r-dead", "a1", "A")]
+    by_id = {r["id"]: r for r in runs.list()}
+    assert by_id["r-dead"]["status"] == "failed"
+    assert "daemon A stopped renewing" in by_id["r-dead"]["error"]
+    assert by_id["r-live"]["status"] == "running"
+    assert runs.finish("r-dead", "completed") is False  # the late owner cannot undo the verdict
+    assert runs.finish("r-live", "completed", cost_usd=0.5) is True
+    assert {r["id"]: r["status"] for r in runs.list()} == {"r-dead": "failed", "r-live": "completed"}
+
+
+def test_second_daemon_waits_for_the_session_lease(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "127.0.0.1:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "127.0.0.1:2", shared=True)
+    spans: dict[str, tuple[float, float]] = {}
+    started = threading.Event()
+
+    def body(name: str, hold: float):
+        def run():
+            t0 = time.monotonic()
+            started.set()
+            time.sleep(hold)
+            spans[name] = (t0, time.monotonic())
+            return SimpleNamespace(cost_usd=None)
+        return run
+
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, body("A", 0.5)))
+    t.start()
+    started.wait(5)
+    assert b.running_elsewhere("s1") == "A"
+    with pytest.raises(Conflict, match="busy"):
+        b.run(handle(), threading.Event(), 0.1, body("never", 0))
+    b.run(handle(), threading.Event(), None, body("B", 0))
+    t.join()
+    assert spans["B"][0] >= spans["A"][1]  # B started only after A finished
+    assert [r["daemon_id"] for r in a.runs.list()] == ["B", "A"]
+    assert {r["status"] for r in a.runs.list()} == {"completed"}
+    assert len(a.runs.list()) == 2  # the refused attempt left no run record
+
+
+def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2", shared=True)
+    lease = a.leases.acquire("run:s1", 5)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    with pytest.raises(RunCancelled):
+        b.run(handle(), cancel, None, lambda: None)
+    a.leases.release(lease)
+
+    def boom():
+        raise ValueError("tool exploded")
+
+    with pytest.raises(ValueError):
+        b.run(handle(), threading.Event(), None, boom)
+    (run,) = b.runs.list()
+    assert (run["status"], run["error"], run["daemon_id"]) == ("failed", "ValueError: tool exploded", "B")
+    assert b.leases.holder("run:s1") is None
+
+
+def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
+    cancel = threading.Event()
+    release = threading.Event()
+    t = threading.Thread(target=lambda: _swallow(lambda: a.run(handle(), cancel, None, lambda: release.wait(10))))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not a.runs.list() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.request_stop("a1") == 1
+    a.tick()
+    assert cancel.is_set()  # A saw B's stop request
+    release.set()
+    t.join()
+    # A "dies" holding a run: nobody renews it, B's heartbeat marks it failed.
+    with orm.db_session:
+        a.leases.take("run:s9", 1)
+        a.runs.start("r9", "a9", "s9", "A", time.time() + 1)
+    time.sleep(1.1)
+    b.tick()
+    failed = {r["id"]: r for r in b.runs.list(status="failed")}
+    assert "r9" in failed and failed["r9"]["daemon_id"] == "A"
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except BaseException:  # noqa: BLE001
+        pass
+
+
+def test_approval_decided_by_another_daemon(store) -> None:
+    a, b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
+    approval = a.request("a1", "alpha", "file_write", {"path": "x"})
+    assert [p["id"] for p in b.pending()] == [approval.id]
+    assert b.pending()[0]["input"] == {"path": "x"}
+    threading.Timer(0.3, lambda: b.approve(approval.id)).start()
+    t0 = time.monotonic()
+    assert a.wait(approval, 10) == "approved"
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(NotFound):
+        b.approve(approval.id)  # consumed by the run
+    second = a.request("a1", "alpha", "shell_exec", {})
+    assert b.reject(second.id).decision == "rejected"
+    with pytest.raises(Conflict, match="already rejected"):
+        a.approve(second.id)
+    assert a.wait(second, 5) == "rejected"
+    third = a.request("a1", "alpha", "shell_exec", {})
+    assert a.wait(third, 0.3) == "timeout"
+    assert b.pending() == []
+
+
+def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
+    metering = Metering(store, Catalog.load())
+    gate = BudgetGate(metering)
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True, budget=gate)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True, budget=gate)
+    # No limit: nothing reserved, nothing refused.
+    a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.004))
+    metering.set_limit(0.01)
+    with orm.db_session:
+        metering.store.db.execute(
+            "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, cost_usd, "
+            "priced, at) VALUES ('a1', 'alpha', 'p', 'm', 1, 1, 0.004, $t, $now)",
+            {"t": True, "now": datetime.utcnow()})
+    gate_open, hold = threading.Event(), threading.Event()
+    results: list[str] = []
+
+    def slow():
+        gate_open.set()
+        hold.wait(10)
+        return SimpleNamespace(cost_usd=0.004)
+
+    t = threading.Thread(target=lambda: results.append(
+        str(a.run(handle("a1", "s1"), threading.Event(), None, slow).cost_usd)))
+    t.start()
+    gate_open.wait(5)
+    # spent 0.004 + reserved 0.004 (the run in flight) = 0.008 < 0.01: one more may start
+    second = threading.Event()
+    t2 = threading.Thread(target=lambda: (b.run(handle("a2", "s2"), threading.Event(), None,
+                                                lambda: (second.set(), hold.wait(10),
+                                                         SimpleNamespace(cost_usd=0.004))[2]),
+                                          results.append("second")))
+    t2.start()
+    second.wait(5)
+    # 0.004 + 0.008 reserved >= 0.01: a third run on either daemon is refused
+    with pytest.raises(TooManyRequests, match=r"budget exceeded: \$0.0040 \(\+ \$0.0080 reserved"):
+        b.run(handle("a3", "s3"), threading.Event(), None, lambda: None)
+    hold.set()
+    t.join()
+    t2.join()
+    assert sorted(results) == ["0.004", "second"]
+    assert b.runs.list(agent_id="a3") == []
+
+
+def test_cluster_settings() -> None:
+    s = cluster_settings({"cluster": {"daemon_id": "d1", "lease_secs": 4}}, "127.0.0.1:4200")
+    assert (s.daemon_id, s.lease_secs, round(s.heartbeat_secs, 3)) == ("d1", 4.0, 1.333)
+    assert cluster_settings({}, "127.0.0.1:4321").daemon_id.endswith(":4321")
+    with pytest.raises(ConfigError, match="cluster.lease_secs"):
+        cluster_settings({"cluster": {"lease_secs": 0}}, "x:1")
+    with pytest.raises(ConfigError, match="cluster.daemon_id"):
+        cluster_settings({"cluster": {"daemon_id": 5}}, "x:1")
+
+
+@pytest.mark.parametrize("table, error", [
+    ([], "config key cluster: must be a table"),
+    ({"daemon_id": "x" * 101}, "config key cluster.daemon_id: must be a string of at most 100 characters"),
+    ({"lease_secs": 0.99}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": 3600.5}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": True}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+    ({"lease_secs": "10"}, "config key cluster.lease_secs: must be a number between 1 and 3600"),
+])
+def test_cluster_settings_refusals_word_for_word(table, error) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster_settings({"cluster": table}, "x:1")
+    assert err.value.message == error
+
+
+def test_cluster_settings_limits_and_defaults() -> None:
+    """100 characters and leases of exactly 1 and 3600 s are accepted; the default id is the
+    host and the listen port (an IPv6 listen address keeps only its port); the lease is 10 s."""
+    import socket
+
+    assert cluster_settings({"cluster": {"daemon_id": "x" * 100, "lease_secs": 1}}, "x:1").lease_secs == 1.0
+    assert cluster_settings({"cluster": {"lease_secs": 3600}}, "x:1").lease_secs == 3600.0
+    s = cluster_settings({"cluster": {}}, "[::1]:4200")
+    assert (s.daemon_id, s.lease_secs) == (f"{socket.gethostname()}:4200", 10.0)
+    assert cluster_settings(None, "h:7").daemon_id == f"{socket.gethostname()}:7"
+
+
+def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
+    from agentd.workflows.definition import WorkflowDef
+    from agentd.workflows.store import WorkflowStore
+
+    wf = WorkflowStore(store)
+    workflow = wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}])))
+    audited: list[tuple] = []
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True,
+                audit=lambda *entry: audited.append(entry))
+    a._beat_daemon(started=True)
+    b._beat_daemon(started=True)
+    on_a, on_b = wf.create_run(workflow, "a", "A"), wf.create_run(workflow, "b", "B")
+    wf.start_run(on_a)
+    wf.start_run(on_b)
+    pending_a = wf.create_run(workflow, "pa", "A")          # created, not started yet
+    gone = wf.create_run(workflow, "g", "C")                # a daemon without any heartbeat row
+    unowned = wf.create_run(workflow, "u")                  # recorded before runs had owners
+    done_a = wf.create_run(workflow, "d", "A")
+    assert wf.finish_run(done_a, "completed", "ok", None, [], 1) is True
+
+    def status(run_id: str) -> tuple:
+        run = wf.run(run_id)
+        return run["state"]["status"], run["error"], run["daemon_id"]
+
+    b.tick()  # A is alive: only C's run goes
+    c_error = "daemon C stopped while the run was in progress (its lease expired; marked failed by daemon B)"
+    assert status(gone) == ("failed", c_error, "C")
+    assert [status(r)[0] for r in (on_a, on_b, pending_a, unowned, done_a)] == \
+        ["running", "running", "pending", "pending", "completed"]
+    assert audited == [("workflow.run_failed", gone, {"daemon_id": "C", "error": c_error})]
+    assert wf.run(gone)["completed_at"] and wf.run(gone)["started_at"] and wf.run(gone)["output"] == ""
+
+    time.sleep(1.1)  # A's lease runs out: it sent no heartbeat for lease_secs
+    b.tick()
+    a_error = "daemon A stopped while the run was in progress (its lease expired; marked failed by daemon B)"
+    assert status(on_a) == ("failed", a_error, "A") and status(pending_a) == ("failed", a_error, "A")
+    assert [status(r)[0] for r in (on_b, unowned, done_a)] == ["running", "pending", "completed"]
+    assert sorted(e[1] for e in audited[1:]) == sorted([on_a, pending_a])
+    # A's late writes (it was alive after all) do not overwrite the reaper's verdict.
+    assert wf.save_progress(on_a, [{"step_name": "s"}], 1) is False
+    assert wf.finish_run(on_a, "completed", "late", None, [], 1) is False
+    assert status(on_a) == ("failed", a_error, "A") and wf.run(on_a)["step_results"] == []
+    assert wf.save_progress(on_b, [{"step_name": "s"}], 1) is True
+    # A start of B fails B's own runs and the ownerless ones, never another daemon's.
+    live_c = wf.create_run(workflow, "c2", "C")
+    assert wf.fail_interrupted("restarted", ("B",)) == 2
+    assert status(on_b) == ("failed", "restarted", "B") and status(unowned) == ("failed", "restarted", None)
+    assert status(live_c)[0] == "pending"
+    # A lone daemon (owners None) fails every active run.
+    assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")
+
+
+# -- a lone daemon (SQLite): run leases in memory, the record closed with the session -------------
+
+def _lone(tmp_path) -> tuple[Cluster, object]:
+    s = open_store(tmp_path / "lone.db")
+    return Cluster(s, ClusterSettings("A", lease_secs=5), "x:1"), s
+
+
+def _lone_with_budget(tmp_path) -> tuple[Cluster, object, Metering]:
+    """A lone daemon's cluster whose runs pass the budget gate of its own metering."""
+    s = open_store(tmp_path / "lone.db")
+    metering = Metering(s, Catalog.load())
+    return Cluster(s, ClusterSettings("A", lease_secs=5), "x:1", budget=BudgetGate(metering)), s, metering
+
+
+def _lease_rows(s) -> int:
+    with orm.db_session:
+        return s.db.select("SELECT COUNT(*) FROM cluster_leases")[0]
+
+
+def test_lone_daemon_serialises_a_session_in_memory_and_writes_no_lease_rows(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    assert a.shared is False
+    inside = threading.Event()
+    release = threading.Event()
+    rows_during: list[int] = []
+
+    def first():
+        inside.set()
+        rows_during.append(_lease_rows(s))
+        release.wait(10)
+        return SimpleNamespace(cost_usd=0.5)
+
+    cancel = threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), cancel, None, first))
+    t.start()
+    assert inside.wait(5)
+    with pytest.raises(Conflict, match="agent alpha is busy with another run"):
+        a.run(handle(), threading.Event(), 0.2, lambda: None)
+    # Another session of the same agent is not held up.
+    a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    a.tick()  # the heartbeat must not take the missing lease row for a lost lease
+    assert not cancel.is_set(), "BUG: the heartbeat stopped a lone daemon's run (no lease row to renew)"
+    release.set()
+    t.join(5)
+    assert rows_during == [0] and _lease_rows(s) == 0, "BUG: a lone daemon wrote run lease rows"
+    a.run(handle(), threading.Event(), 0.2, lambda: None)  # the session is free again
+    runs = a.runs.list()
+    assert sorted((r["session_id"], r["status"]) for r in runs) == [
+        ("s1", "completed"), ("s1", "completed"), ("s2", "completed")]
+    assert [r["cost_usd"] for r in runs if r["cost_usd"] is not None] == [0.5]
+    s.close()
+
+
+def test_completes_closes_the_record_inside_the_callers_transaction(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    seen: list[str] = []
+
+    def body(complete):
+        with orm.db_session:
+            complete(PonyTx(s.db), 0.25)
+            # Still inside the transaction: this connection already sees the record closed.
+            seen.append(s.db.select("SELECT status FROM agent_runs")[0])
+        return SimpleNamespace(cost_usd=0.25)
+
+    a.run(handle(), threading.Event(), None, body, completes=True)
+    assert seen == ["completed"]
+    assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
+
+    def completes_then_fails(complete):
+        with orm.db_session:
+            complete(PonyTx(s.db), None)
+        raise ValueError("after the save")
+
+    with pytest.raises(ValueError):
+        a.run(handle("a1", "s2"), threading.Event(), None, completes_then_fails, completes=True)
+    # The session was saved with the record: it stays completed.
+    assert {r["session_id"]: r["status"] for r in a.runs.list()}["s2"] == "completed"
+
+    def rolled_back(complete):
+        with orm.db_session:
+            complete(PonyTx(s.db), 1.0)
+            raise RuntimeError("the save failed")
+
+    with pytest.raises(RuntimeError):
+        a.run(handle("a1", "s3"), threading.Event(), None, rolled_back, completes=True)
+    s3 = [r for r in a.runs.list() if r["session_id"] == "s3"]
+    assert [(r["status"], r["error"], r["cost_usd"]) for r in s3] == [
+        ("failed", "RuntimeError: the save failed", None)], \
+        "BUG: a close rolled back with its transaction was taken for done (the run stays 'running')"
+    s.close()
+
+
+def _records(s) -> list[tuple]:
+    with orm.db_session:
+        return [tuple(r) for r in s.db.select(
+            "SELECT session_id, status, error, cost_usd, reserve_usd, daemon_id FROM agent_runs ORDER BY started_at")]
+
+
+class _HeldRun:
+    """A run body that records the agent_runs rows it sees, then waits for `release`."""
+
+    def __init__(self, s, cost: float) -> None:
+        self.s, self.cost = s, cost
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.during: list[list] = []
+
+    def __call__(self) -> SimpleNamespace:
+        self.during.append(_records(self.s))
+        self.inside.set()
+        self.release.wait(10)
+        return SimpleNamespace(cost_usd=self.cost)
+
+
+def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_meanwhile(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    held = _HeldRun(s, 0.5)
+    inside, release, during = held.inside, held.release, held.during
+    a.run(handle("a0", "s0"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))  # an older record
+    cancel = threading.Event()
+    before = time.time()
+    t = threading.Thread(target=lambda: a.run(handle(), cancel, None, held))
+    t.start()
+    assert inside.wait(5)
+    assert during == [[("s0", "completed", None, None, 0.0, "A")]], "BUG: the run wrote its record at the start"
+    listed = a.list_runs()
+    assert [(r["session_id"], r["status"], r["agent_id"], r["daemon_id"], r["error"], r["cost_usd"])
+            for r in listed] == [("s1", "running", "a1", "A", None, None), ("s0", "completed", "a0", "A", None, None)]
+    assert listed[0]["ended_at"] is None and listed[1]["ended_at"] is not None
+    running = listed[0]
+    assert running["id"] in a._local and running["started_at"].endswith("Z")
+    assert [r["session_id"] for r in a.list_runs(status="running")] == ["s1"]
+    assert [r["session_id"] for r in a.list_runs(status="completed")] == ["s0"]
+    assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s1"]
+    assert [r["session_id"] for r in a.list_runs(agent_id="a0")] == ["s0"]
+    assert [r["session_id"] for r in a.list_runs(limit=1)] == ["s1"]
+    a.tick()  # the heartbeat has no record to renew and must not take that for a lost run
+    assert not cancel.is_set(), "BUG: the heartbeat stopped a run whose record is not written yet"
+    release.set()
+    t.join(5)
+    assert _records(s)[1] == ("s1", "completed", None, 0.5, 0.0, "A")
+    after = a.list_runs()
+    assert [(r["session_id"], r["status"]) for r in after] == [("s1", "completed"), ("s0", "completed")]
+    assert after[0]["id"] == running["id"] and after[0]["started_at"] == running["started_at"]
+    with orm.db_session:
+        started, ended = s.db.select("SELECT started_at, ended_at FROM agent_runs WHERE session_id = 's1'")[0]
+    assert before <= started <= ended <= time.time()
+    assert a._local == {}
+    assert a.runs.record("other-run", "a1", "s7", "A", started, "failed", "boom") is True
+    # A second close of a record written already (the body failed after its save committed) keeps it.
+    assert a.runs.record(running["id"], "a1", "s1", "A", started, "failed", "late") is False
+    assert _records(s)[1] == ("s1", "completed", None, 0.5, 0.0, "A")
+    s.close()
+
+
+def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the_start(tmp_path) -> None:
+    a, s, metering = _lone_with_budget(tmp_path)
+    metering.set_limit(5.0)
+    held = _HeldRun(s, 0.25)
+    inside, release, during = held.inside, held.release, held.during
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, held))
+    t.start()
+    assert inside.wait(5)
+    assert during == [[("s1", "running", None, None, 0.0, "A")]]
+    assert [r["status"] for r in a.list_runs()] == ["running"], "BUG: a run listed twice (record and memory)"
+    release.set()
+    t.join(5)
+    assert _records(s) == [("s1", "completed", None, 0.25, 0.0, "A")]
+    metering.set_limit(0)
+    a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s2", "completed")]
+    s.close()
+
+
+def test_a_shared_database_lists_only_records(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    inside, release = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None,
+                                              lambda: (inside.set(), release.wait(10), None)[2]))
+    t.start()
+    assert inside.wait(5)
+    assert [(r["status"], r["session_id"]) for r in a.runs.list()] == [("running", "s1")]
+    assert [(r["status"], r["session_id"]) for r in a.list_runs()] == [("running", "s1")]
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    assert a.running_elsewhere("s1") is None and b.running_elsewhere("s1") == "A"
+    assert b.running_elsewhere("s2") is None
+    release.set()
+    t.join(5)
+
+
+def test_the_budget_limit_decides_where_a_lone_runs_record_starts(tmp_path) -> None:
+    """Exactly 0 is no limit (the record waits for the end); any limit above it, even under
+    a dollar, opens the record at the start."""
+    a, s, metering = _lone_with_budget(tmp_path)
+    assert a.running_elsewhere("s1") is None  # a lone daemon: nobody else runs anything
+    for limit, seen in [(0.0, []), (0.5, [("s1", "running", None, None, 0.0, "A")])]:
+        metering.set_limit(limit)
+        with orm.db_session:
+            s.db.execute("DELETE FROM agent_runs")
+        held = _HeldRun(s, None)
+        t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, held))
+        t.start()
+        assert held.inside.wait(5)
+        held.release.set()
+        t.join(5)
+        assert held.during == [seen], limit
+    s.close()
+
+
+def test_a_lone_run_refused_at_the_start_frees_its_session(tmp_path) -> None:
+    a, s, metering = _lone_with_budget(tmp_path)
+    metering.set_limit(0.01)
+    with orm.db_session:
+        s.db.execute("INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, "
+                     "cost_usd, priced, at) VALUES ('a1', 'alpha', 'p', 'm', 1, 1, 0.02, $t, $now)",
+                     {"t": True, "now": datetime.utcnow()})
+    with pytest.raises(TooManyRequests):
+        a.run(handle(), threading.Event(), 0.2, lambda: None)
+    metering.set_limit(0)
+    a.run(handle(), threading.Event(), 0.2, lambda: SimpleNamespace(cost_usd=None))  # not "busy"
+    assert [r["status"] for r in a.list_runs()] == ["completed"]
+    s.close()
+
+
+def test_list_runs_merges_by_start_and_honours_every_filter(tmp_path) -> None:
+    a, s = _lone(tmp_path)
+    for i in range(4):
+        a.run(handle(f"a{i % 2}", f"s{i}"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+        time.sleep(0.002)  # distinct start times
+    held = _HeldRun(s, None)
+    t = threading.Thread(target=lambda: a.run(handle("a1", "s9"), threading.Event(), None, held))
+    t.start()
+    assert held.inside.wait(5)
+    try:
+        assert [r["session_id"] for r in a.list_runs()] == ["s9", "s3", "s2", "s1", "s0"]
+        assert [r["session_id"] for r in a.list_runs(status="")] == ["s9", "s3", "s2", "s1", "s0"]
+        assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s9", "s3", "s1"]
+        assert [r["session_id"] for r in a.list_runs(status="completed", limit=2)] == ["s3", "s2"]
+        assert [r["session_id"] for r in a.list_runs(limit=3)] == ["s9", "s3", "s2"]
+        assert [r["session_id"] for r in a.list_runs(agent_id="a1", status="completed")] == ["s3", "s1"]
+        assert [r["session_id"] for r in a.runs.list(agent_id="a1", status="running")] == []
+        assert [r["session_id"] for r in a.runs.list(status="completed", limit=1)] == ["s3"]
+    finally:
+        held.release.set()
+        t.join(5)
+    for i in range(10, 106):
+        a.run(handle("a2", f"s{i}"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
+    assert len(a.list_runs()) == 100 and len(a.list_runs(limit=101)) == 101
+    s.close()
+
+
+def test_record_finish_and_release_write_in_the_transaction_they_are_given(store) -> None:
+    """With `tx`, a run record's close and a lease's release are statements of the caller's
+    write (the session's, on the store's writer); nothing goes through a session of its own."""
+    class Tx:
+        def __init__(self) -> None:
+            self.statements: list[tuple[str, dict]] = []
+
+        def execute(self, sql: str, params: dict) -> int:
+            self.statements.append((sql.split()[0], params))
+            return 1
+
+    tx = Tx()
+    runs, leases = RunLog(store), Leases(store, "A")
+    lease = leases.acquire("run:s9", 30)
+    assert runs.record("r9", "a1", "s9", "A", time.time(), "completed", tx=tx) is True
+    assert runs.finish("r8", "failed", "boom", 0.25, tx=tx) is True
+    leases.release(lease, tx=tx)
+    assert [(verb, params.get("i", params.get("n"))) for verb, params in tx.statements] == [
+        ("INSERT", "r9"), ("UPDATE", "r8"), ("DELETE", "run:s9")]
+    assert runs.list() == [] and leases.holder("run:s9") == "A", "BUG: written outside the given transaction"
+    leases.release(lease)
+    assert leases.holder("run:s9") is None
+
+
+def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -> None:
+    """The daemon's path: the session write runs on the store's writer (no Pony session open)
+    and `complete(tx, cost)` closes the run record in that same transaction."""
+    a, s = _lone(tmp_path)
+    put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
+
+    def body(complete):
+        s.write(lambda tx: (tx.execute(put, {"k": "session", "v": '"saved"'}), complete(tx, 0.25)))
+        return SimpleNamespace(cost_usd=0.25)
+
+    a.run(handle(), threading.Event(), None, body, completes=True)
+    assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
+
+    def close_then_fail(complete):
+        def write(tx):
+            complete(tx, 1.0)
+            raise RuntimeError("the save failed")
+        s.write(write)
+
+    with pytest.raises(RuntimeError):
+        a.run(handle("a1", "s2"), threading.Event(), None, close_then_fail, completes=True)
+    assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
+        ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
+    s.close()
