@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 SWITCH_INTERVAL = float(os.environ.get("AGENTD_SWITCH_INTERVAL", "0.005"))
 # Collect the youngest generation every 7,000 net container allocations instead of 700:
 # with 32 requests in flight their objects outlive a young collection, get promoted and
-# make the older generations' (whole-heap) passes frequent. Measured: 7-9 % of the CPU per
-# request at 32 connections, 1-2 % at one (README, Performance).
+# make the older generations' (whole-heap) passes frequent (docs/performance.md has the
+# figures).
 GC_THRESHOLD = (7000, 10, 10)
 log = logging.getLogger("agentd.daemon")
 

@@ -138,8 +138,8 @@ class LocalEmbedder:
             tokenizer.enable_truncation(max_length=MAX_TOKENS)
             tokenizer.no_padding()  # the file pads to 128; we pad each batch to its longest
             options = ort.SessionOptions()
-            # Two threads cut one query's latency by about a third on 2 cores (measured:
-            # 9.8 -> 7.0 ms) and parallel callers lose nothing in throughput. The pool's
+            # Two threads cut one query's latency by about a third on 2 cores, and parallel
+            # callers lose nothing in throughput. The pool's
             # threads sleep between calls instead of spinning: the daemon's request threads
             # need those cores more than a warm pool.
             options.intra_op_num_threads = self._threads

@@ -22,7 +22,7 @@ _SOURCE_CODE = {name: code for code, name in enumerate(SOURCES)}
 # One counter for every index, so a version never repeats even across a rebuilt index.
 _VERSIONS = itertools.count(1)
 # From this many rows the product is split across two cores: it is memory-bound, and a
-# second core's bandwidth nearly halves it (100k x 384: 13.8 -> 8.1 ms). Below, the hand-off
+# second core's bandwidth nearly halves it. Below, the hand-off
 # costs more than it saves.
 PARALLEL_ROWS = 32768
 _helper: ThreadPoolExecutor | None = None

@@ -15,7 +15,7 @@ from agentd.api.runs import run_blocking
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
 
 HISTORY_SHOWN = 50   # messages per page of the agent's history, newest page first (the 60 KB page budget)
-PAGE_SIZE = 100      # agents per /agents page (1,000 rows would be ~170 KB and ~140 ms)
+PAGE_SIZE = 100      # agents per /agents page (a thousand rows make a slow, heavy page)
 
 
 def _spend_by_agent() -> dict[str, float]:

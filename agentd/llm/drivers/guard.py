@@ -287,7 +287,7 @@ class GuardedAdapter(HTTPAdapter):
         return manager
 
     # (url, verify, cert) -> its pool. requests parses the URL and looks the pool up in the
-    # pool manager on every call (~10 µs); a provider's calls all go to one URL.
+    # pool manager on every call; a provider's calls all go to one URL.
     POOL_CACHE_SIZE = 256
 
     def _cached(self, name: str, key: Any, make: Callable[[], Any]) -> Any:
@@ -313,14 +313,14 @@ class GuardedAdapter(HTTPAdapter):
 
     def request_url(self, request: Any, proxies: Any) -> str:
         # Without a proxy the URL sent is the path part of the request's URL, which requests
-        # parses twice per call (~8 µs): parsed once per URL here.
+        # parses twice per call: parsed once per URL here.
         if proxies:
             return super().request_url(request, proxies)
         return self._cached("_paths", request.url,
                             lambda: super(GuardedAdapter, self).request_url(request, proxies))
 
     def build_response(self, req: Any, resp: Any) -> Response:
-        # requests hands every answer to http.cookiejar (~6 µs), cookies or not; providers
+        # requests hands every answer to http.cookiejar, cookies or not; providers
         # set none. An answer that sets one is built by requests itself, cookies and all.
         headers = resp.headers
         if "set-cookie" in headers or "set-cookie2" in headers:
