@@ -145,7 +145,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/registry.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"],
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
-    "agentd/agents/runner.py": ["tests/agents/test_runs.py"],
+    "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
+    # The shared plumbing: backoff and Retry-After, HMAC, SSE lines.
+    "agentd/retry.py": ["tests/channels/test_channel_units.py", "tests/llm/test_drivers.py"],
+    "agentd/hmacs.py": ["tests/channels/test_channel_units.py"],
+    "agentd/sse_lines.py": ["tests/channels/test_channel_units.py", "tests/llm/test_drivers.py"],
     "agentd/agents/handle.py": ["tests/agents/test_handle.py"],
     "agentd/agents/run_errors.py": ["tests/agents/test_run_errors.py", "tests/agents/test_runs.py"],
     "agentd/agents/ops.py": ["tests/agents/test_ops.py"],

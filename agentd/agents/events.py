@@ -13,10 +13,9 @@ Event types and their data:
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 log = logging.getLogger("agentd.events")
 
@@ -55,44 +54,3 @@ class Fanout:
             except Exception:  # noqa: BLE001 - one broken client must not end the run
                 log.warning("event sink failed; dropping it", exc_info=True)
                 self.remove(sink)
-
-
-class QueueSink:
-    """A sink a transport reads from: events in order, then end of stream.
-
-    `close()` marks the consumer gone, after which events are discarded instead of
-    piling up (a client that disconnected stops its delivery, not the run).
-    """
-
-    _END = object()
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self.closed = False
-
-    def __call__(self, event: Event) -> None:
-        if not self.closed:
-            self._queue.put(event)
-
-    def finish(self) -> None:
-        """No more events will come."""
-        self._queue.put(self._END)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pending(self) -> bool:
-        """Whether an event (or the end) is already waiting to be read."""
-        return not self._queue.empty()
-
-    def events(self, heartbeat: float) -> Iterator[Event | None]:
-        """Yield events; None every `heartbeat` seconds of silence (time to send a keep-alive)."""
-        while True:
-            try:
-                item = self._queue.get(timeout=heartbeat)
-            except queue.Empty:
-                yield None
-                continue
-            if item is self._END:
-                return
-            yield item

@@ -7,11 +7,10 @@ tests/api/test_ws_daemon.py); here order, dropping a broken sink and end of stre
 from __future__ import annotations
 
 import logging
-import threading
 
 import pytest
 
-from agentd.agents.events import Event, Fanout, QueueSink
+from agentd.agents.events import Event, Fanout
 
 
 def test_event_defaults_and_is_frozen() -> None:
@@ -76,39 +75,3 @@ def test_a_sink_may_remove_itself_while_events_are_delivered() -> None:
     assert got == ["once:a", "always:a", "always:b"]
 
 
-def test_queue_sink_yields_events_in_order_then_ends() -> None:
-    sink = QueueSink()
-    events = [Event("text_delta", {"content": str(i)}) for i in range(3)]
-    for e in events:
-        sink(e)
-    sink.finish()
-    assert list(sink.events(heartbeat=5)) == events
-    assert sink.closed is False
-
-
-def test_queue_sink_heartbeat_on_silence() -> None:
-    sink = QueueSink()
-    stream = sink.events(heartbeat=0.05)
-    assert next(stream) is None, "silence gives a keep-alive tick"
-    assert next(stream) is None
-    sink(Event("done"))
-    assert next(stream) == Event("done")
-    sink.finish()
-    with pytest.raises(StopIteration):
-        next(stream)
-
-
-def test_queue_sink_delivers_across_threads() -> None:
-    sink = QueueSink()
-    threading.Timer(0.1, lambda: (sink(Event("late")), sink.finish())).start()
-    assert [e for e in sink.events(heartbeat=0.02) if e is not None] == [Event("late")]
-
-
-def test_closed_queue_sink_discards_events_but_still_ends() -> None:
-    sink = QueueSink()
-    sink(Event("kept"))
-    sink.close()
-    assert sink.closed is True
-    sink(Event("dropped"))
-    sink.finish()
-    assert list(sink.events(heartbeat=5)) == [Event("kept")], "BUG: a closed sink must not queue events"

@@ -109,15 +109,3 @@ def test_tick_stream_bytes_through_the_daemon(shared_daemon) -> None:
     assert json.loads(body.split("data: ")[-1]) == {"done": True}
 
 
-def test_a_queue_sink_says_when_an_event_or_its_end_is_waiting() -> None:
-    from agentd.agents.events import Event, QueueSink
-
-    sink = QueueSink()
-    assert sink.pending() is False
-    sink(Event("text_delta", {"content": "hi"}))
-    assert sink.pending() is True
-    events = sink.events(heartbeat=1)
-    assert next(events).data == {"content": "hi"}
-    assert sink.pending() is False, "BUG: an empty queue reported waiting events (a stream would stall)"
-    sink.finish()
-    assert sink.pending() is True  # the end counts: the last batch goes out with it
