@@ -7,10 +7,10 @@ limit, the agent's token quota, the budget, a full agent queue) and returns a
 `RunTicket`. Where the run executes is the request's `on`:
 
 * `WORKER` -- in the agent's queue, run by a worker of the kernel's executor; the caller
-  does not block (`ticket.future`). SSE pulled through a queue, WebSocket.
+  does not block (`ticket.future`): the WebSocket.
 * `CALLER` -- on the caller's thread when the agent is idle (no thread hand-off), else
   queued behind its current run; `ticket.result()` runs or waits. Plain messages, `/v1`,
-  SSE written in place.
+  SSE.
 * `INLINE` -- on the caller's thread, waiting at most `wait` seconds for the agent's
   current run instead of queueing: workflow steps and agent-to-agent sends (a nested send
   must never wait in the queue of an agent that waits for it).
