@@ -155,7 +155,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/ops.py": ["tests/agents/test_ops.py"],
     "agentd/agents/listing.py": ["tests/agents/test_listing.py"],
     "agentd/agents/uploads.py": ["tests/agents/test_uploads.py"],
-    "agentd/agents/manager.py": ["tests/agents/test_manager.py"],
+    "agentd/agents/manager.py": ["tests/agents/test_manager.py", "tests/agents/test_agents.py",
+                                 "tests/agents/test_messaging.py", "tests/api/test_routes_agents.py", "tests/api/test_transports.py"],
     # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
     "agentd/agents/manifest.py": ["tests/agents/test_manifest.py"],
     "agentd/agents/runqueue.py": ["tests/agents/test_runqueue.py", "tests/agents/test_run_here.py"],
