@@ -48,7 +48,7 @@ class AgentOpsImpl:
 
         try:
             result = self.runs.start(RunRequest(handle, message, on=INLINE, wait=self.NESTED_LOCK_TIMEOUT,
-                                                from_client=False)).result()
+                                                from_client=False, origin="agent")).result()
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         return result.response

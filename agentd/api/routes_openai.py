@@ -258,7 +258,7 @@ def _chat_completions():
     dropped = dropped_params(handle, options.params)
     if stream:
         return _with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
-    result = run_blocking(kernel(), handle, text, [], options)
+    result = run_blocking(kernel(), handle, text, [], options, origin="v1")
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -336,7 +336,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
 
     shape = StreamShape(opening=(chunk({"role": "assistant"}),), render=render, keep_alive=": keep-alive\n\n",
                         closing=("data: [DONE]\n\n",))
-    return stream_run(kernel(), handle, text, [], options, shape)
+    return stream_run(kernel(), handle, text, [], options, shape, origin="v1")
 
 
 @bp.get("/v1/models")

@@ -119,7 +119,8 @@ class AgentSocket:
             self.on_event(event)
 
         try:
-            ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER))
+            ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
+                                                       origin="ws"))
         except AgentdError as exc:  # quota, budget, the agent's queue is full
             self.send("error", content=exc.message)
             return

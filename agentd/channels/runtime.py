@@ -319,7 +319,7 @@ class ChannelManager:
         threading.Thread(target=typing, name=f"channel-{adapter.name}-typing", daemon=True).start()
         try:
             # The conversation's own session of the agent: its history is never another's.
-            result = self.runs.start(RunRequest(handle, text, on=INLINE,
+            result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel",
                                                 session_id=self._session_id(handle.id, conversation.key),
                                                 label=conversation.key)).result()
         finally:

@@ -284,7 +284,7 @@ class StepRunner:
         def call() -> RunResult:
             started.append(time.monotonic())
             # Waiting for the agent's current run counts against the attempt's timeout.
-            return self.runs.start(RunRequest(handle, prompt, cancel=cancel, on=INLINE, wait=timeout,
+            return self.runs.start(RunRequest(handle, prompt, cancel=cancel, on=INLINE, origin="workflow", wait=timeout,
                                               from_client=False)).result()
 
         try:
