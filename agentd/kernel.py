@@ -29,6 +29,10 @@ from agentd.agents.uploads import Uploads
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
 from agentd.llm.types import ChatResponse
+from agentd.mcp.endpoint import McpEndpoint
+from agentd.mcp.hub import McpHub
+from agentd.mcp.loop import LoopThread
+from agentd.mcp.watch import ConfigWatch
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
@@ -86,15 +90,22 @@ class Kernel:
         models = ModelCalls(config, self.catalog, self._record_usage)
         # Semantic memory + knowledge graph; numpy and the model load on first use.
         self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
+        # MCP (agentd/mcp/): the servers' tools for agents, on one asyncio loop the daemon owns
+        # (started by the first configured server or `/mcp` request); config changes apply live.
+        self.mcp_loop = LoopThread()
+        self.mcp = McpHub(config.mcp_servers, self.mcp_loop, self.audit.record)
+        self.mcp_watch = ConfigWatch(config.config_path, self.mcp.apply)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
-        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record)
+        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
+                                 mcp_tools=self.mcp.tools_for)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
+        self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
@@ -127,6 +138,7 @@ class Kernel:
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
         self.cluster.start()
         self.channels.start_all()
+        self.mcp_watch.start()
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse, defer: list | None = None) -> float | None:
@@ -167,6 +179,10 @@ class Kernel:
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()
+        self.mcp_watch.close()
+        self.mcp.close()
+        self.mcp_endpoint.close()
+        self.mcp_loop.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():

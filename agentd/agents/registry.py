@@ -43,13 +43,16 @@ class AgentRegistry:
     memory (`memory`) and is audited (`audit`, with spawns and refused signatures)."""
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
-                 memory: MemoryService | None = None, audit: Audit | None = None) -> None:
+                 memory: MemoryService | None = None, audit: Audit | None = None,
+                 mcp_tools: Callable[[list[str]], list[Tool]] | None = None) -> None:
         self.config = config
         self.store = store
         self.catalog = catalog
         self.queues = queues
         self.memory = memory
         self.audit = audit
+        # The tools of the MCP servers an allow-list names (empty: all), agentd/mcp/hub.py.
+        self.mcp_tools = mcp_tools
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
         # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
@@ -275,6 +278,18 @@ class AgentRegistry:
         an explicit list, shell, network and spawning must be granted explicitly.
         """
         mode = mode or handle.mode
+        tools, caps = self._builtin_tools(handle, mode)
+        # MCP servers come and go with the config, so their tools are looked up on every run;
+        # none in Observe mode (they may change anything).
+        if self.mcp_tools is not None and mode != "Observe":
+            declared = caps["tools"]
+            remote = self.mcp_tools(handle.manifest.data["mcp_servers"])
+            if declared and "*" not in declared:
+                remote = [t for t in remote if t.name in declared]
+            tools.extend(remote)
+        return tools, caps
+
+    def _builtin_tools(self, handle: AgentHandle, mode: str) -> tuple[list[Tool], dict[str, Any]]:
         cached = handle.tools_cache
         # Every run asks; the answer changes only with the manifest (never edited in place) or mode.
         if cached is not None and cached[0] is handle.manifest and cached[1] == mode:
@@ -360,4 +375,4 @@ def _unknown_tools(declared: list[str]) -> list[str]:
     """Warnings for tool names in `capabilities.tools` that no tool has (a typo drops the tool)."""
     known = {t.name for t in all_tools()}
     return [f"capabilities.tools: unknown tool '{name}' ignored (known: {', '.join(sorted(known))})"
-            for name in declared if name != "*" and name not in known]
+            for name in declared if name != "*" and name not in known and not name.startswith("mcp_")]

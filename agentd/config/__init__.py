@@ -19,6 +19,7 @@ from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, Defau
                                   MemoryConfig, ToolsConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
+from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_LEVELS", "AgentsConfig", "ApiConfig", "Config",
@@ -48,6 +49,8 @@ class Config:
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
     database: "DatabaseUrl | None" = None
+    # `[[mcp_servers]]`: the MCP servers agents may use (agentd/mcp/config.py).
+    mcp_servers: list[McpServerSpec] = field(default_factory=list)
 
     @property
     def api_listen(self) -> str:
@@ -142,6 +145,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
+    cfg.mcp_servers = parse_mcp_servers(data)
     return cfg
 
 

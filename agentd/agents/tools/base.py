@@ -58,6 +58,7 @@ class Tool:
     run: Callable[[ToolContext, dict[str, Any]], str]
     read_only: bool = False
     capability: str | None = None  # shell | network | agent_spawn
+    origin: str = "built-in"  # or "mcp:<server>" for an MCP server's tool
 
 
 REGISTRY: dict[str, Tool] = {}
@@ -109,9 +110,10 @@ def validate_args(t: Tool, args: dict[str, Any]) -> None:
             if t.parameters.get("additionalProperties") is False:
                 raise ToolError(f"'{t.name}' has no argument '{key}' (expected: {', '.join(props) or 'none'})")
             continue
-        expected = spec.get("type")
-        if expected and expected in _JSON_TYPES and not _JSON_TYPES[expected](value):
+        expected = spec.get("type") if isinstance(spec, dict) else None
+        # An MCP server's schema may list several types (["string", "null"]); the server checks those.
+        if isinstance(expected, str) and expected in _JSON_TYPES and not _JSON_TYPES[expected](value):
             raise ToolError(f"argument '{key}' of '{t.name}' must be of type {expected}")
-        if "enum" in spec and value not in spec["enum"]:
+        if isinstance(spec, dict) and "enum" in spec and value not in spec["enum"]:
             raise ToolError(f"argument '{key}' of '{t.name}' must be one of {spec['enum']}")
 

@@ -1,0 +1,38 @@
+"""MCP: the servers agents use (/api/mcp/*) and agentd's own MCP endpoint (/mcp)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
+from agentd.api.routes_system import kernel
+from agentd.errors import BadRequest, ConfigError
+
+bp = Blueprint("mcp", __name__)
+
+
+@bp.get("/api/mcp/servers")
+@doc("The configured MCP servers: state, protocol version, last error and tools", tags="mcp",
+     response={"type": "array", "items": out.McpServerSchema})
+def list_servers():
+    return jsonify(kernel().mcp.servers())
+
+
+@bp.post("/api/mcp/reload")
+@doc("Re-read [[mcp_servers]] from config.toml: start new servers, stop removed ones, restart changed ones",
+     tags="mcp", body_required=False, response=out.McpReloadedSchema,
+     errors={400: "config.toml cannot be read or [[mcp_servers]] is invalid"})
+def reload_servers():
+    try:
+        changes = kernel().mcp_watch.reload_now()
+    except ConfigError as exc:
+        raise BadRequest(exc.message) from None
+    return jsonify({"status": "reloaded", **changes})
+
+
+@bp.route("/mcp", methods=["GET", "POST", "DELETE"])
+def mcp_endpoint():
+    # The guard (Host, Origin) and the API key check have run; the SDK's transport answers
+    # (Flask runs a returned WSGI app and streams what it writes).
+    return kernel().mcp_endpoint

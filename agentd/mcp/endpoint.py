@@ -1,0 +1,55 @@
+"""The `/mcp` endpoint: the SDK's Streamable HTTP transport (an ASGI app) served through
+the daemon's WSGI server by a2wsgi's bridge, on the daemon's MCP loop. Built on the first
+request, so the SDK is not imported before an MCP client calls (agentd/mcp/server.py)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class McpEndpoint:
+    """The `/mcp` WSGI app, built on its first request (the SDK loads then, not at start)."""
+
+    def __init__(self, loop: Any, agents: Any, runs: Any, memory: Any) -> None:
+        self._loop = loop
+        self._parts = (agents, runs, memory)
+        self._wsgi: Any = None
+        self._stop: Any = None
+        self._lock = threading.Lock()
+
+    def _build(self) -> Any:
+        import asyncio
+
+        from a2wsgi import ASGIMiddleware
+
+        from agentd.mcp.server import (StreamableHTTPASGIApp, StreamableHTTPSessionManager,
+                                       TransportSecuritySettings, build_server)
+
+        server = build_server(*self._parts)
+        # Host and Origin are checked by the daemon's guard before a request gets here.
+        manager = StreamableHTTPSessionManager(
+            app=server._lowlevel_server, stateless=True,
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        ready = threading.Event()
+
+        async def serve() -> None:
+            self._stop = asyncio.Event()
+            async with manager.run():
+                ready.set()
+                await self._stop.wait()
+
+        self._serving = self._loop.submit(serve())
+        ready.wait(10)
+        return ASGIMiddleware(StreamableHTTPASGIApp(manager), loop=self._loop.loop)
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        with self._lock:
+            if self._wsgi is None:
+                self._wsgi = self._build()
+        return self._wsgi(environ, start_response)
+
+    def close(self) -> None:
+        stop = self._stop
+        if stop is not None and self._loop.running:
+            self._loop.loop.call_soon_threadsafe(stop.set)

@@ -1,0 +1,108 @@
+"""agentd's agents as MCP tools at `/mcp`: list them, message one (its run's progress is
+sent as MCP progress notifications), recall one's memory.
+
+The SDK's `MCPServer` defines the tools and its `StreamableHTTPSessionManager` speaks
+Streamable HTTP (every protocol revision the SDK negotiates). That transport is an ASGI
+app; the daemon serves WSGI, so `McpEndpoint` runs the ASGI app on the daemon's MCP loop
+through a2wsgi's bridge and the Flask route hands it each request after the usual guard
+and auth (agentd/api/routes_mcp.py). The transport is stateless: each POST is answered
+on its own (a message's progress streams on its response), so any daemon of a cluster
+can answer any request. Importing this module imports the SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from agentd import __version__
+from agentd.errors import AgentdError
+
+# Progress text is cut so a long answer streams as a few notifications, not one per token.
+PROGRESS_TEXT_LIMIT = 2000
+
+
+def build_server(agents: Any, runs: Any, memory: Any) -> MCPServer:
+    """The MCP server over the agent manager, the run path and semantic memory."""
+    server = MCPServer("agentd", version=__version__,
+                       instructions="Agents hosted by this agentd daemon: list them, send one a message, "
+                                    "or recall what one remembers.")
+
+    def find(ref: str) -> Any:
+        handle = agents.find(ref)
+        if handle is None:
+            raise ToolError(f"no agent with id or name {ref!r}")
+        return handle
+
+    @server.tool(name="list_agents", description="List the agents of this daemon: id, name, state, mode, "
+                                                 "model and description.")
+    def list_agents() -> str:
+        items = []
+        for handle in agents.handles():
+            items.append({"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
+                          "model": f"{handle.provider}/{handle.model}",
+                          "description": handle.manifest.data["description"]})
+        return json.dumps(items)
+
+    @server.tool(name="message_agent", description="Send a message to an agent (by id or name) and return its "
+                                                   "reply; the run's progress arrives as progress notifications.")
+    async def message_agent(agent: str, message: str, ctx: Context) -> str:
+        from agentd.agents.runs import RunRequest
+
+        handle = find(agent)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        request = RunRequest(handle, message, emit=lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
+                             origin="mcp")
+
+        def run() -> str:
+            return runs.start(request).result().response
+
+        done = asyncio.ensure_future(asyncio.to_thread(run))
+        step = 0
+        try:
+            while True:
+                getter = asyncio.ensure_future(events.get())
+                await asyncio.wait([done, getter], return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                note = _progress(getter.result())
+                if note:
+                    step += 1
+                    await ctx.report_progress(step, None, note)
+            return await done
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        finally:
+            if not done.done():
+                request.cancel.set()  # the client went away: the run stops too
+
+    @server.tool(name="recall_memory", description="Fragments of an agent's memory nearest in meaning to a query.")
+    def recall_memory(agent: str, query: str, limit: int = 5) -> str:
+        handle = find(agent)
+        try:
+            return json.dumps(memory.recall(handle.id, query, limit))
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+
+    return server
+
+
+def _progress(event: Any) -> str:
+    """A progress message for a run event ("" for events a client need not see)."""
+    kind, data = event.type, event.data
+    if kind == "text_delta":
+        return str(data.get("content") or "")[:PROGRESS_TEXT_LIMIT]
+    if kind == "phase":
+        detail = data.get("detail")
+        return f"{data.get('phase')}{': ' + str(detail) if detail else ''}"
+    if kind == "tool_result":
+        return f"tool {data.get('tool')} {'failed' if data.get('is_error') else 'done'}"
+    return ""
