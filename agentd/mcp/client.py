@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -29,6 +30,18 @@ log = logging.getLogger("agentd.mcp")
 PROBE_INTERVAL = 5.0
 # A server's stderr goes to the daemon's log only as far as the log level lets it.
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
+class _NoTraceback(logging.Filter):
+    """The SDK logs each line a server wrote that is not JSON-RPC with a traceback; the
+    connection's state names the problem, the log keeps one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("mcp.client.stdio").addFilter(_NoTraceback())
 
 
 class ServerGone(Exception):
@@ -63,6 +76,7 @@ class Connection:
         self._client: Any = None
         self._broken: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
+        self._garbage: str | None = None  # the last line the server wrote that was not JSON-RPC
 
     # -- the connection ----------------------------------------------------
     def _transport(self) -> Any:
@@ -104,10 +118,17 @@ class Connection:
 
     async def _connected(self) -> None:
         spec = self.spec
-        client = Client(self._transport(), read_timeout_seconds=spec.timeout_secs)
+        client = Client(self._transport(), read_timeout_seconds=spec.timeout_secs,
+                        message_handler=self._incoming)
         self._broken = asyncio.Event()
-        async with asyncio.timeout(spec.timeout_secs):
-            await client.__aenter__()
+        self._garbage = None
+        try:
+            async with asyncio.timeout(spec.timeout_secs):
+                await client.__aenter__()
+        except TimeoutError:
+            if self._garbage:
+                raise ServerGone(f"not an MCP server: it wrote {self._garbage}") from None
+            raise ServerGone(f"no answer to the MCP handshake within {spec.timeout_secs:g}s") from None
         try:
             async with asyncio.timeout(spec.timeout_secs):
                 tools = await self._list_tools(client)
@@ -128,6 +149,13 @@ class Connection:
                     await client.__aexit__(None, None, None)
             except BaseException:  # noqa: BLE001 - a dead server cannot be closed politely
                 pass
+
+    async def _incoming(self, message: Any) -> None:
+        """Messages the session did not route; a line that is not JSON-RPC arrives as an exception."""
+        if isinstance(message, Exception):
+            text = str(message)
+            found = re.search(r"input_value=('.*?'|\".*?\")", text)
+            self._garbage = (found.group(1) if found else _message(message))[:200]
 
     async def _list_tools(self, client: Any) -> list[Any]:
         tools: list[Any] = []

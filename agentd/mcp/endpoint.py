@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from wsgiref.util import is_hop_by_hop
 
 
 class McpEndpoint:
@@ -47,7 +48,13 @@ class McpEndpoint:
         with self._lock:
             if self._wsgi is None:
                 self._wsgi = self._build()
-        return self._wsgi(environ, start_response)
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            # The SSE response names `Connection`, which a WSGI app may not (PEP 3333):
+            # connection handling is the server's.
+            return start_response(status, [(k, v) for k, v in headers if not is_hop_by_hop(k)], exc_info)
+
+        return self._wsgi(environ, start)
 
     def close(self) -> None:
         stop = self._stop
