@@ -28,6 +28,9 @@ from agentd.retry import Backoff
 log = logging.getLogger("agentd.mcp")
 
 PROBE_INTERVAL = 5.0
+# A command server starts its interpreter and libraries first: the handshake may take longer
+# than a call is given.
+STARTUP_SECS = 30.0
 # A server's stderr goes to the daemon's log only as far as the log level lets it.
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
@@ -77,6 +80,7 @@ class Connection:
         self._broken: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self._garbage: str | None = None  # the last line the server wrote that was not JSON-RPC
+        self._handshake: Any = None  # the handshake's deadline while it runs
 
     # -- the connection ----------------------------------------------------
     def _transport(self) -> Any:
@@ -122,15 +126,18 @@ class Connection:
                         message_handler=self._incoming)
         self._broken = asyncio.Event()
         self._garbage = None
+        startup = max(spec.timeout_secs, STARTUP_SECS)
         try:
-            async with asyncio.timeout(spec.timeout_secs):
+            async with asyncio.timeout(startup) as self._handshake:
                 await client.__aenter__()
         except TimeoutError:
             if self._garbage:
                 raise ServerGone(f"not an MCP server: it wrote {self._garbage}") from None
-            raise ServerGone(f"no answer to the MCP handshake within {spec.timeout_secs:g}s") from None
+            raise ServerGone(f"no answer to the MCP handshake within {startup:g}s") from None
+        finally:
+            self._handshake = None
         try:
-            async with asyncio.timeout(spec.timeout_secs):
+            async with asyncio.timeout(startup):
                 tools = await self._list_tools(client)
             self.tools = tools
             self.protocol_version = client.protocol_version
@@ -156,6 +163,8 @@ class Connection:
             text = str(message)
             found = re.search(r"input_value=('.*?'|\".*?\")", text)
             self._garbage = (found.group(1) if found else _message(message))[:200]
+            if self._handshake is not None:  # no need to wait out the handshake's deadline
+                self._handshake.reschedule(asyncio.get_running_loop().time())
 
     async def _list_tools(self, client: Any) -> list[Any]:
         tools: list[Any] = []

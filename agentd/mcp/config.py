@@ -9,7 +9,7 @@ variable holding its value.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentd.errors import ConfigError
@@ -33,7 +33,6 @@ class McpServerSpec:
     headers_env: tuple[tuple[str, str], ...] = ()
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
     cwd: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def transport(self) -> str:
@@ -54,6 +53,10 @@ def _spec(index: int, table: Any) -> McpServerSpec:
                                       "{Authorization = \"MY_TOKEN_ENV\"}")
     if unknown:
         raise _fail(index, unknown[0], f"unknown key (known: {', '.join(sorted(KEYS))})")
+    env = table.get("env", [])
+    if isinstance(env, dict):
+        raise _fail(index, "env", "values are not allowed here (they hold secrets): list the names of "
+                                  "the daemon's environment variables to pass, env = [\"GITHUB_TOKEN\"]")
     name = table.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise _fail(index, "name", "expected a name of letters, digits, '-' and '_' (at most 48)")
@@ -67,10 +70,6 @@ def _spec(index: int, table: Any) -> McpServerSpec:
     args = table.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise _fail(index, "args", "expected an array of strings")
-    env = table.get("env", [])
-    if isinstance(env, dict):
-        raise _fail(index, "env", "values are not allowed here (they hold secrets): list the names of "
-                                  "the daemon's environment variables to pass, env = [\"GITHUB_TOKEN\"]")
     if not isinstance(env, list) or not all(isinstance(e, str) and ENV_NAME_RE.match(e) for e in env):
         raise _fail(index, "env", "expected an array of environment variable names")
     headers = table.get("headers_env", {})

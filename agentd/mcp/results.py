@@ -42,7 +42,9 @@ def render(result: Any) -> str:
     parts = [_block(b) for b in (result.content or [])]
     structured = getattr(result, "structured_content", None)
     if structured is not None:
-        said = False
+        # A tool returning a plain value has it wrapped as {"result": value} beside its text.
+        said = isinstance(structured, dict) and list(structured) == ["result"] and \
+            json.dumps(structured["result"]) in (json.dumps(p) for p in parts)
         for part in parts:
             try:
                 said = said or json.loads(part) == structured

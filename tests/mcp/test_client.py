@@ -1,0 +1,201 @@
+"""agentd as an MCP client, against real MCP servers: `mcp-server-time` (from PyPI) over stdio,
+a server built with the SDK's MCPServer over stdio and over Streamable HTTP, and a command
+that does not speak MCP. The fake LLM calls the tools; what the servers answer must reach
+the model's next request."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Iterator
+
+import pytest
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared
+from tests.mcp.support_mcp import GARBAGE, TOOLBOX, HttpToolbox, servers, stdio_server, url_server, wait_state
+
+
+@pytest.fixture(scope="module")
+def http_toolbox() -> Iterator[HttpToolbox]:
+    with HttpToolbox() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def mcp_daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm, http_toolbox) -> Iterator[Daemon]:
+    extra = (stdio_server("time", args=["-m", "mcp_server_time", "--local-timezone", "UTC"])
+             + stdio_server("box", TOOLBOX, timeout_secs=2)
+             + url_server("web", http_toolbox.url, headers_env={"X-Token": "WEB_TOKEN"})
+             + stdio_server("junk", GARBAGE, timeout_secs=1))
+    home = make_home(tmp_path_factory.mktemp("mcp-client"), llm_config(fake_llm, extra))
+    daemon = Daemon(home, env_extra={**LLM_ENV, "WEB_TOKEN": "t0ken"}).start()
+    for name in ("time", "box", "web"):
+        wait_state(daemon, name, "ready")
+    yield daemon
+    stop_shared(daemon)
+
+
+def _agent(d: Daemon, extra: str = "") -> str:
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "m-{uuid.uuid4().hex[:8]}"\n{extra}'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"]
+
+
+def _call(tool: str, **args) -> str:
+    return f"[[tool:{tool} {json.dumps(args)}]]"
+
+
+def _say(d: Daemon, agent_id: str, text: str) -> str:
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": text})
+    assert r.status_code == 200, r.text
+    return r.json()["response"]
+
+
+def _tool_message(fake) -> dict:
+    """The last tool result the model was sent."""
+    for req in reversed(fake.requests):
+        tools = [m for m in (req["json"] or {}).get("messages", []) if m.get("role") == "tool"]
+        if tools:
+            return tools[-1]
+    raise AssertionError("no tool result reached the model")
+
+
+def test_servers_are_listed_with_state_protocol_and_tools(mcp_daemon) -> None:
+    listed = servers(mcp_daemon)
+    assert list(listed) == ["time", "box", "web", "junk"]
+    time_server = listed["time"]
+    assert time_server["transport"] == "stdio" and time_server["state"] == "ready"
+    assert time_server["protocol_version"] == "2026-07-28"
+    assert time_server["server_info"]["name"] == "mcp-time"
+    assert time_server["last_error"] is None
+    tools = {t["name"]: t for t in time_server["tools"]}
+    assert set(tools) == {"get_current_time", "convert_time"}
+    assert tools["get_current_time"]["agent_tool"] == "mcp_time_get_current_time"
+    assert tools["get_current_time"]["input_schema"]["required"] == ["timezone"]
+    assert listed["web"]["transport"] == "streamable_http" and listed["web"]["state"] == "ready"
+    assert {t["agent_tool"] for t in listed["web"]["tools"]} >= {"mcp_web_echo", "mcp_web_weather"}
+
+
+def test_garbage_speaking_server_is_failed_with_its_error(mcp_daemon) -> None:
+    junk = wait_state(mcp_daemon, "junk", "failed", last_error=lambda e: bool(e))
+    assert junk["last_error"] == "not an MCP server: it wrote \"HTTP/1.1 418 I'm a teapot, not JSON-RPC\""
+    assert junk["tools"] == [] and junk["protocol_version"] is None
+    assert mcp_daemon.get("/api/health").status_code == 200
+
+
+def test_time_tool_result_reaches_the_model(mcp_daemon, fake_llm) -> None:
+    agent = _agent(mcp_daemon)
+    offered = mcp_daemon.get(f"/api/agents/{agent}").json()["capabilities"]["tools"]
+    assert {"mcp_time_get_current_time", "mcp_time_convert_time", "mcp_box_echo", "mcp_web_echo"} <= set(offered)
+    # The model is offered the server's own schema.
+    fake_llm.requests.clear()
+    answer = _say(mcp_daemon, agent, _call("mcp_time_get_current_time", timezone="UTC"))
+    sent = {t["function"]["name"]: t["function"] for t in fake_llm.requests[0]["json"]["tools"]}
+    assert sent["mcp_time_get_current_time"]["parameters"]["properties"]["timezone"]["type"] == "string"
+    result = json.loads(_tool_message(fake_llm)["content"])
+    assert result["timezone"] == "UTC"
+    when = datetime.fromisoformat(result["datetime"])
+    assert abs((when - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert answer.startswith("tool said: {")
+
+
+def test_results_reach_the_model_faithfully(mcp_daemon, fake_llm) -> None:
+    agent = _agent(mcp_daemon)
+    assert _say(mcp_daemon, agent, _call("mcp_web_echo", text="hi there")) == "tool said: echo:hi there"
+    assert _say(mcp_daemon, agent, _call("mcp_box_picture")) == "tool said: a red dot\n[image: image/png, 66 bytes]"
+    _say(mcp_daemon, agent, _call("mcp_box_weather", city="Oslo"))
+    assert json.loads(_tool_message(fake_llm)["content"]) == {"city": "Oslo", "celsius": 21}
+    assert _say(mcp_daemon, agent, _call("mcp_web_broken")) == (
+        "tool said: error: Error executing tool broken: the gauge is broken")
+
+
+def test_hanging_tool_gets_a_deadline_and_the_daemon_goes_on(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    started = time.monotonic()
+    assert _say(mcp_daemon, agent, _call("mcp_box_hang")) == (
+        "tool said: error: MCP server 'box' did not answer 'hang' within 2s")
+    assert time.monotonic() - started < 10
+    assert mcp_daemon.get("/api/health").status_code == 200
+    # The server still answers, so it was not restarted.
+    assert _say(mcp_daemon, agent, _call("mcp_box_echo", text="x")) == "tool said: echo:x"
+
+
+def test_crashing_server_is_restarted_and_its_state_shown(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    first_pid = _say(mcp_daemon, agent, _call("mcp_box_pid"))
+    restarts = servers(mcp_daemon)["box"]["restarts"]
+    out = _say(mcp_daemon, agent, _call("mcp_box_crash"))
+    assert out == "tool said: error: MCP server 'box' failed: MCPError: Connection closed"
+    box = wait_state(mcp_daemon, "box", "ready", restarts=restarts + 1)
+    assert box["last_error"] == "MCPError: Connection closed"
+    assert _say(mcp_daemon, agent, _call("mcp_box_pid")) != first_pid
+    # The other servers were not touched.
+    assert servers(mcp_daemon)["time"]["restarts"] == 0
+
+
+def test_allow_list_keeps_other_servers_tools_away(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon, 'mcp_servers = ["time"]')
+    detail = mcp_daemon.get(f"/api/agents/{agent}").json()
+    assert detail["mcp_servers"] == ["time"] and detail["mcp_servers_mode"] == "allowlist"
+    mcp_tools = sorted(t for t in detail["capabilities"]["tools"] if t.startswith("mcp_"))
+    assert mcp_tools == ["mcp_time_convert_time", "mcp_time_get_current_time"]
+    assert _say(mcp_daemon, agent, _call("mcp_box_echo", text="x")) == (
+        "tool said: permission denied: tool 'mcp_box_echo' is not available to this agent")
+
+
+def test_observe_mode_never_calls_them(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    first_pid = _say(mcp_daemon, agent, _call("mcp_box_pid"))
+    assert mcp_daemon.put(f"/api/agents/{agent}/mode", json={"mode": "Observe"}).status_code == 200
+    tools = mcp_daemon.get(f"/api/agents/{agent}").json()["capabilities"]["tools"]
+    assert not [t for t in tools if t.startswith("mcp_")]
+    assert _say(mcp_daemon, agent, _call("mcp_box_crash")) == (
+        "tool said: permission denied: tool 'mcp_box_crash' is not available to this agent "
+        "(Observe mode: read-only tools)")
+    assert servers(mcp_daemon)["box"]["state"] == "ready"
+    assert mcp_daemon.put(f"/api/agents/{agent}/mode", json={"mode": "Auto"}).status_code == 200
+    assert _say(mcp_daemon, agent, _call("mcp_box_pid")) == first_pid
+
+
+def test_manual_mode_asks_for_approval(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    assert mcp_daemon.put(f"/api/agents/{agent}/mode", json={"mode": "Manual"}).status_code == 200
+    import threading
+
+    answers: list[str] = []
+    worker = threading.Thread(target=lambda: answers.append(_say(mcp_daemon, agent, _call("mcp_box_echo", text="ok"))))
+    worker.start()
+    deadline = time.monotonic() + 10
+    pending: list = []
+    while time.monotonic() < deadline and not pending:
+        pending = [a for a in mcp_daemon.get("/api/approvals").json() if a["agent_id"] == agent]
+        time.sleep(0.05)
+    assert pending and pending[0]["tool"] == "mcp_box_echo" and pending[0]["input"] == {"text": "ok"}
+    assert mcp_daemon.post(f"/api/approvals/{pending[0]['id']}/approve").status_code == 200
+    worker.join(15)
+    assert answers == ["tool said: echo:ok"]
+
+
+def test_config_change_is_applied_live(mcp_daemon) -> None:
+    config = mcp_daemon.home / "config.toml"
+    before = config.read_text()
+    try:
+        config.write_text(before + stdio_server("box2", TOOLBOX))
+        assert wait_state(mcp_daemon, "box2", "ready")["tools"]
+        assert servers(mcp_daemon)["box"]["state"] == "ready"  # unchanged servers keep running
+        config.write_text(before + "\n[[mcp_servers]]\nname = \"bad\"\nenv = {TOKEN = \"secret\"}\n")
+        r = mcp_daemon.post("/api/mcp/reload")
+        assert r.status_code == 400
+        assert r.json()["error"].startswith("config key mcp_servers[4].env: values are not allowed here")
+        assert "box2" in servers(mcp_daemon)  # a bad file changes nothing
+    finally:
+        config.write_text(before)
+    # The watcher may have applied the restored file already; then the reload has nothing to do.
+    r = mcp_daemon.post("/api/mcp/reload")
+    assert r.status_code == 200 and r.json() in (
+        {"status": "reloaded", "added": [], "removed": ["box2"], "restarted": []},
+        {"status": "reloaded", "added": [], "removed": [], "restarted": []})
+    assert list(servers(mcp_daemon)) == ["time", "box", "web", "junk"]
