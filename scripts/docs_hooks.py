@@ -50,6 +50,8 @@ def cluster_module() -> Any:
 
 def _type_name(value: Any, annotation: Any) -> str:
     text = str(annotation)
+    if text.startswith("list[McpServerSpec"):
+        return "array of tables"
     for word, name in (("list", "array of strings"), ("bool", "boolean"), ("float", "number"),
                        ("int", "integer"), ("str", "string"), ("dict", "table")):
         if text.startswith(word):

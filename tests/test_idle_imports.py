@@ -24,7 +24,10 @@ from support import STARTED, Daemon, agentd_env, make_home
 
 # Top-level packages (and agentd modules) that serving loads on first use only.
 LAZY = {"requests", "urllib3", "charset_normalizer", "flask_sock", "simple_websocket", "wsproto",
-        "asyncio", "nacl", "apispec", "agentd.llm.drivers"}
+        "asyncio", "nacl", "apispec", "agentd.llm.drivers",
+        # The MCP SDK and what it brings: only with [[mcp_servers]] configured or /mcp called.
+        "mcp", "mcp_types", "anyio", "httpx2", "a2wsgi", "starlette", "pydantic",
+        "agentd.mcp.client", "agentd.mcp.server"}
 
 
 class ImportTimeDaemon(Daemon):
@@ -58,7 +61,7 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         assert "agentd.kernel" in idle and "flask" in idle, "BUG: the importtime log is not being read"
         assert not LAZY & idle, f"BUG: loaded at start though only some requests need them: {sorted(LAZY & idle)}"
         # A status page, the agent list and the dashboard need none of them either.
-        for path in ("/api/status", "/api/agents", "/api/health/detail", "/"):
+        for path in ("/api/status", "/api/agents", "/api/health/detail", "/", "/api/mcp/servers"):
             assert d.get(path).status_code == 200, path
         assert not LAZY & d.imported(), f"BUG: loaded by a plain request: {sorted(LAZY & d.imported())}"
 
@@ -98,6 +101,16 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         assert {"requests", "agentd.llm.drivers"} <= d.imported()
         health = d.get("/api/health/detail").json()
         assert health["model_calls_in_flight"] == 0
+
+        # First MCP request: the SDK loads and answers the handshake.
+        assert "mcp" not in d.imported()
+        hello = d.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                     "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                "clientInfo": {"name": "idle-test", "version": "1"}}},
+                       headers={"Accept": "application/json, text/event-stream"})
+        assert hello.status_code == 200, hello.text
+        assert '"serverInfo":{"name":"agentd"' in hello.text.replace(" ", "")
+        assert {"mcp", "agentd.mcp.server"} <= d.imported()
     finally:
         d.stop()
 

@@ -140,6 +140,21 @@ def _check_proxies(cfg: Config) -> Check | None:
                  "the proxy are remote and get 401; set api_key (or AGENTD_API_KEY)")
 
 
+def _check_mcp_servers(cfg: Config) -> Check:
+    """Each `[[mcp_servers]]` server starts and lists its tools."""
+    if not cfg.mcp_servers:
+        return Check("mcp_servers", "ok", "no MCP servers configured")
+    try:
+        from agentd.mcp.client import check_servers
+    except ImportError:
+        from agentd.mcp.hub import MISSING_EXTRA
+
+        return Check("mcp_servers", "fail", MISSING_EXTRA)
+    results = check_servers(cfg.mcp_servers)
+    return Check("mcp_servers", "ok" if all(ok for ok, _ in results) else "fail",
+                 "; ".join(detail for _, detail in results))
+
+
 def run_checks(home: Path) -> list[Check]:
     """Run every check in order; later checks are skipped when the config is unusable."""
     checks: list[Check] = []
@@ -199,4 +214,5 @@ def run_checks(home: Path) -> list[Check]:
     secrets = _check_secrets_file(cfg.secrets_path)
     if secrets is not None:
         checks.append(secrets)
+    checks.append(_check_mcp_servers(cfg))
     return checks

@@ -265,3 +265,30 @@ def _transport_failure(exc: BaseException) -> bool:
 
     return not isinstance(exc, MCPError) or (exc.code == CONNECTION_CLOSED and exc.message == "Connection closed")
 
+
+
+async def _check_one(spec: McpServerSpec) -> tuple[bool, str]:
+    conn = Connection(spec)
+    client = Client(conn._transport(), read_timeout_seconds=spec.timeout_secs, message_handler=conn._incoming)
+    startup = max(spec.timeout_secs, STARTUP_SECS)
+    try:
+        async with asyncio.timeout(startup) as conn._handshake:
+            async with client:
+                tools = await conn._list_tools(client)
+                return True, f"{spec.name}: started ({client.protocol_version}, {len(tools)} tools)"
+    except TimeoutError:
+        if conn._garbage:
+            return False, f"{spec.name}: not an MCP server: it wrote {conn._garbage}"
+        return False, f"{spec.name}: no answer within {startup:g}s"
+    except BaseException as exc:  # noqa: BLE001 - a check reports, it does not raise
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return False, f"{spec.name}: {_message(exc)}"
+
+
+def check_servers(specs: list[McpServerSpec]) -> list[tuple[bool, str]]:
+    """Start each server once, list its tools and stop it (`agentd doctor`)."""
+    async def run_all() -> list[tuple[bool, str]]:
+        return list(await asyncio.gather(*(_check_one(s) for s in specs)))
+
+    return asyncio.run(run_all())

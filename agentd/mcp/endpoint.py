@@ -4,6 +4,7 @@ request, so the SDK is not imported before an MCP client calls (agentd/mcp/serve
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 from wsgiref.util import is_hop_by_hop
@@ -47,7 +48,10 @@ class McpEndpoint:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         with self._lock:
             if self._wsgi is None:
-                self._wsgi = self._build()
+                try:
+                    self._wsgi = self._build()
+                except ImportError:
+                    return _missing_extra(start_response)
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             # The SSE response names `Connection`, which a WSGI app may not (PEP 3333):
@@ -60,3 +64,12 @@ class McpEndpoint:
         stop = self._stop
         if stop is not None and self._loop.running:
             self._loop.loop.call_soon_threadsafe(stop.set)
+
+
+def _missing_extra(start_response: Any) -> list[bytes]:
+    from agentd.mcp.hub import MISSING_EXTRA
+
+    body = json.dumps({"error": MISSING_EXTRA}).encode()
+    start_response("501 Not Implemented", [("Content-Type", "application/json"),
+                                          ("Content-Length", str(len(body)))])
+    return [body]

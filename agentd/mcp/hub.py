@@ -19,6 +19,8 @@ from agentd.mcp.names import tool_name
 
 log = logging.getLogger("agentd.mcp")
 
+MISSING_EXTRA = "the MCP SDK is not installed: pip install 'agentd[mcp]'"
+
 Audit = Callable[[str, str, dict[str, Any]], None]
 
 
@@ -72,10 +74,13 @@ class McpHub:
         return changes
 
     def _start(self, spec: McpServerSpec) -> None:
-        from agentd.mcp.client import Connection  # the SDK loads with the first configured server
-
-        conn = Connection(spec)
         self._specs[spec.name] = spec
+        try:
+            from agentd.mcp.client import Connection  # the SDK loads with the first configured server
+        except ImportError:
+            self._conns[spec.name] = _Unavailable(spec)
+            return
+        conn = Connection(spec)
         self._conns[spec.name] = conn
         self._tasks[spec.name] = self.loop.submit(conn.supervise())
 
@@ -83,7 +88,7 @@ class McpHub:
         conn = self._conns.pop(name, None)
         self._specs.pop(name, None)
         self._tasks.pop(name, None)
-        if conn is not None:
+        if conn is not None and not isinstance(conn, _Unavailable):
             self.loop.loop.call_soon_threadsafe(conn.stop)
 
     def close(self) -> None:
@@ -153,6 +158,8 @@ class McpHub:
             conn = self._conns.get(server)
         if conn is None:
             raise ToolError(f"MCP server '{server}' is not configured")
+        if isinstance(conn, _Unavailable):
+            raise ToolError(MISSING_EXTRA)
         timeout = conn.spec.timeout_secs
         future = self.loop.submit(conn.call(tool, args, timeout))
         try:
@@ -180,3 +187,18 @@ class McpHub:
                 return
             self._stop(name)
             self._start(spec)
+
+
+class _Unavailable:
+    """A configured server while the `mcp` extra is not installed."""
+
+    state = "failed"
+    tools: list[Any] = []
+
+    def __init__(self, spec: McpServerSpec) -> None:
+        self.spec = spec
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.spec.name, "transport": self.spec.transport, "state": "failed",
+                "protocol_version": None, "server_info": None, "restarts": 0, "tools": [],
+                "last_error": MISSING_EXTRA}

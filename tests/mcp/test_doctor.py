@@ -1,0 +1,22 @@
+"""`agentd doctor` starts each configured MCP server once and says how it went."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support import free_port, make_home, run_cli
+from tests.mcp.support_mcp import GARBAGE, stdio_server
+
+
+def test_doctor_checks_each_mcp_server_starts(tmp_path: Path) -> None:
+    extra = (stdio_server("time", args=["-m", "mcp_server_time", "--local-timezone", "UTC"])
+             + stdio_server("junk", GARBAGE, timeout_secs=1))
+    home = make_home(tmp_path, extra)
+    r = run_cli(home, "doctor", "--json", port=free_port(), env_extra={"AGENTD_DATABASE_URL": ""})
+    checks = {c["check"]: c for c in json.loads(r.stdout)}
+    assert r.returncode == 1
+    assert checks["mcp_servers"]["status"] == "fail"
+    assert checks["mcp_servers"]["message"] == (
+        "time: started (2026-07-28, 2 tools); "
+        "junk: not an MCP server: it wrote \"HTTP/1.1 418 I'm a teapot, not JSON-RPC\"")

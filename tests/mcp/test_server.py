@@ -1,0 +1,145 @@
+"""agentd as an MCP server at /mcp, reached with the official SDK's client and by a second
+agentd that has the first as one of its `[[mcp_servers]]`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any, Iterator
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared
+from tests.mcp.support_mcp import url_server, wait_state
+
+KEY = "k-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[tuple[Daemon, Daemon]]:
+    """`first` (with an API key) serves its agents over MCP; `second` (keyless) uses it."""
+    first = Daemon(make_home(tmp_path_factory.mktemp("mcp-first"), f'api_key = "{KEY}"\n' + llm_config(fake_llm)),
+                   api_key=KEY, env_extra=LLM_ENV).start()
+    extra = url_server("first", f"{first.url}/mcp", headers_env={"Authorization": "FIRST_AUTH"}, timeout_secs=20)
+    second = Daemon(make_home(tmp_path_factory.mktemp("mcp-second"), llm_config(fake_llm, extra)),
+                    env_extra={**LLM_ENV, "FIRST_AUTH": f"Bearer {KEY}"}).start()
+    try:
+        yield first, second
+    finally:
+        stop_shared(second)
+        stop_shared(first)
+
+
+def _spawn(d: Daemon, name: str) -> str:
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\ndescription = "the {name} agent"\n'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"]
+
+
+def _client(d: Daemon, key: str | None = KEY, **kw: Any) -> Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0))
+    return Client(streamable_http_client(f"{d.url}/mcp", http_client=http), **kw)
+
+
+def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
+    first, _ = pair
+    agent_id = _spawn(first, "helper")
+    remembered = first.post(f"/api/memory/agents/{agent_id}/memories", json={"content": "The wifi password is on the fridge"})
+    assert remembered.status_code == 201, remembered.text
+
+    async def session() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with _client(first) as client:
+            out["version"] = client.protocol_version
+            out["tools"] = {t.name: t for t in (await client.session.list_tools()).tools}
+            out["agents"] = json.loads((await client.call_tool("list_agents", {})).content[0].text)
+            notes: list[tuple[float, str | None]] = []
+
+            async def progress(value: float, total: float | None, message: str | None) -> None:
+                notes.append((value, message))
+
+            out["reply"] = await client.session.call_tool("message_agent", {"agent": "helper",
+                                                                            "message": "[[chunks:3]]"},
+                                                          progress_callback=progress)
+            out["notes"] = notes
+            out["missing"] = await client.call_tool("message_agent", {"agent": "nobody", "message": "hi"})
+            out["recall"] = await client.call_tool("recall_memory", {"agent": "helper", "query": "wifi password"})
+        async with _client(first, mode="legacy") as legacy:
+            out["legacy"] = legacy.protocol_version
+            out["legacy_agents"] = json.loads((await legacy.call_tool("list_agents", {})).content[0].text)
+        return out
+
+    out = asyncio.run(session())
+    assert out["version"] == "2026-07-28"
+    assert set(out["tools"]) == {"list_agents", "message_agent", "recall_memory"}
+    assert out["tools"]["message_agent"].input_schema["required"] == ["agent", "message"]
+    helper = [a for a in out["agents"] if a["name"] == "helper"]
+    assert helper == [{"id": agent_id, "name": "helper", "state": "Running", "mode": "Auto",
+                       "model": "openai/gpt-4o", "description": "the helper agent"}]
+    assert out["reply"].is_error is False and out["reply"].content[0].text == "w1 w2 w3"
+    # The run streamed: its text arrived as progress notifications, in order, before the result.
+    messages = [m for _, m in out["notes"]]
+    assert "".join(m for m in messages if m and m.strip().startswith("w")) == "w1 w2 w3"
+    assert [v for v, _ in out["notes"]] == sorted(v for v, _ in out["notes"])
+    assert out["missing"].is_error is True
+    assert out["missing"].content[0].text.endswith("no agent with id or name 'nobody'")
+    assert out["recall"].is_error is False
+    recalled = json.loads(out["recall"].content[0].text)
+    assert recalled and recalled[0]["content"] == "The wifi password is on the fridge"
+    assert out["legacy"] == "2025-11-25" and out["legacy_agents"] == out["agents"]
+    # The run went through the one run path, named as MCP's.
+    session = first.get(f"/api/agents/{agent_id}/session").json()
+    assert [m["content"] for m in session["messages"]][-2:] == ["[[chunks:3]]", "w1 w2 w3"]
+
+
+def test_second_agentd_calls_through_the_first(pair) -> None:
+    first, second = pair
+    _spawn(first, "remote")
+    ready = wait_state(second, "first", "ready")
+    assert ready["transport"] == "streamable_http" and ready["protocol_version"] == "2026-07-28"
+    assert ready["server_info"]["name"] == "agentd"
+    local = _spawn(second, "caller")
+    call = '[[tool:mcp_first_message_agent {"agent": "remote", "message": "hello over mcp"}]]'
+    r = second.post(f"/api/agents/{local}/message", json={"message": call})
+    assert r.status_code == 200, r.text
+    assert r.json()["response"] == "tool said: echo: hello over mcp"
+    remote = first.get("/api/agents").json()
+    remote_id = next(a["id"] for a in remote if a["name"] == "remote")
+    messages = first.get(f"/api/agents/{remote_id}/session").json()["messages"]
+    assert [m["content"] for m in messages] == ["hello over mcp", "echo: hello over mcp"]
+
+
+def test_mcp_endpoint_has_the_api_auth(pair) -> None:
+    first, second = pair
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    import requests
+
+    missing = requests.post(f"{first.url}/mcp", json=body, headers=headers, timeout=10)
+    assert missing.status_code == 401 and missing.json() == {
+        "error": "missing API key: send Authorization: Bearer <api_key>"}
+    wrong = requests.post(f"{first.url}/mcp", json=body, headers={**headers, "Authorization": "Bearer nope"},
+                          timeout=10)
+    assert wrong.status_code == 401 and wrong.json() == {"error": "invalid API key"}
+
+    async def refused() -> str:
+        try:
+            async with _client(first, key="nope"):
+                return "connected"
+        except BaseException as exc:  # noqa: BLE001 - the SDK raises through its task groups
+            return type(exc).__name__
+
+    assert asyncio.run(refused()) != "connected"
+    # Keyless: loopback only, and the Host / Origin checks of the rest of the API.
+    rebinding = requests.post(f"{second.url}/mcp", json=body, headers={**headers, "Host": "evil.example"},
+                              timeout=10)
+    assert rebinding.status_code == 400
+    cross_site = requests.post(f"{second.url}/mcp", json=body,
+                               headers={**headers, "Origin": "http://evil.example"}, timeout=10)
+    assert cross_site.status_code == 403
