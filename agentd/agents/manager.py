@@ -75,6 +75,9 @@ class AgentManager:
     def detail(self, handle: AgentHandle) -> dict[str, Any]:
         return self.registry.detail(handle)
 
+    def tools_by_origin(self, handle: AgentHandle) -> dict[str, list[str]]:
+        return self.registry.tools_by_origin(handle)
+
     def set_mode(self, handle: AgentHandle, mode: str) -> None:
         self.registry.set_mode(handle, mode)
 

@@ -315,6 +315,13 @@ class AgentRegistry:
         handle.tools_cache = (handle.manifest, mode, tools, caps)
         return list(tools), dict(caps)
 
+    def tools_by_origin(self, handle: AgentHandle) -> dict[str, list[str]]:
+        """The agent's tools grouped by where they come from: `built-in`, `mcp:<server>`."""
+        groups: dict[str, list[str]] = {}
+        for t in self.effective_tools(handle)[0]:
+            groups.setdefault(t.origin, []).append(t.name)
+        return groups
+
     @staticmethod
     def _imply(caps: dict[str, Any], names: list[str]) -> None:
         for capability, tool_names in CAPABILITY_TOOLS.items():

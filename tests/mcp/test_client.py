@@ -199,3 +199,17 @@ def test_config_change_is_applied_live(mcp_daemon) -> None:
         {"status": "reloaded", "added": [], "removed": ["box2"], "restarted": []},
         {"status": "reloaded", "added": [], "removed": [], "restarted": []})
     assert list(servers(mcp_daemon)) == ["time", "box", "web", "junk"]
+
+
+def test_dashboard_lists_servers_and_groups_an_agents_tools(mcp_daemon) -> None:
+    page = mcp_daemon.get("/mcp-servers")
+    assert page.status_code == 200
+    for name in ("time", "box", "web", "junk"):
+        assert f'data-server="{name}"' in page.text
+    assert "<code>mcp_time_get_current_time</code>" in page.text
+    assert "not an MCP server" in page.text
+    agent = _agent(mcp_daemon, 'mcp_servers = ["time"]\n[capabilities]\ntools = ["file_read", "mcp_time_convert_time"]')
+    html = mcp_daemon.get(f"/agents/{agent}").text
+    assert '<dt>Tools (built-in)</dt><dd class="tools" data-origin="built-in">file_read</dd>' in html
+    assert ('<dt>Tools (MCP server time)</dt><dd class="tools" data-origin="MCP server time">'
+            'mcp_time_convert_time</dd>') in html

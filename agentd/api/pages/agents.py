@@ -79,7 +79,10 @@ def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = 
     end = len(messages) - (number - 1) * HISTORY_SHOWN
     start = max(0, end - HISTORY_SHOWN)
     pending = [a for a in k.approvals.pending() if a["agent_id"] == handle.id]
+    tool_groups = [(origin.replace("mcp:", "MCP server ", 1), names)
+                   for origin, names in k.agents.tools_by_origin(handle).items()]
     return render_template("agent.html", agent=detail, session=session, messages=messages[start:end],
+                           tool_groups=tool_groups,
                            hidden=start, newer=len(messages) - end, page=number, modes=MODES,
                            approvals=pending, error=error, draft=draft,
                            spend=_spend_by_agent().get(handle.id, 0.0)), status
