@@ -37,21 +37,23 @@ def _block(block: Any) -> str:
     return json.dumps(block.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
+def _carries(text: str, structured: Any) -> bool:
+    """Whether a text block already says what the structured content holds (servers send
+    both; a plain value comes wrapped as {"result": value})."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    wrapped = isinstance(structured, dict) and list(structured) == ["result"]
+    return value == structured or (wrapped and (value == structured["result"] or text == structured["result"]))
+
+
 def render(result: Any) -> str:
     """The text for the model; raises ToolError (with that text) when the server says isError."""
     parts = [_block(b) for b in (result.content or [])]
     structured = getattr(result, "structured_content", None)
-    if structured is not None:
-        # A tool returning a plain value has it wrapped as {"result": value} beside its text.
-        said = isinstance(structured, dict) and list(structured) == ["result"] and \
-            json.dumps(structured["result"]) in (json.dumps(p) for p in parts)
-        for part in parts:
-            try:
-                said = said or json.loads(part) == structured
-            except ValueError:
-                continue
-        if not said:
-            parts.append(json.dumps(structured, ensure_ascii=False))
+    if structured is not None and not any(_carries(part, structured) for part in parts):
+        parts.append(json.dumps(structured, ensure_ascii=False))
     text = "\n".join(parts)
     if getattr(result, "is_error", False):
         raise ToolError(text or "the MCP server reported an error")
