@@ -78,7 +78,9 @@ class Connection:
         self.backoff = backoff or Backoff(initial=0.5, maximum=30.0)
         self._client: Any = None
         self._broken: asyncio.Event | None = None
-        self._stop: asyncio.Event | None = None
+        # Made here (an Event binds its loop on first use), so a stop asked before the
+        # supervisor runs is not lost.
+        self._stop = asyncio.Event()
         self._garbage: str | None = None  # the last line the server wrote that was not JSON-RPC
         self._handshake: Any = None  # the handshake's deadline while it runs
 
@@ -91,13 +93,12 @@ class Connection:
             env = {name: os.environ[name] for name in spec.env if name in os.environ}
             return stdio_client(StdioServerParameters(command=spec.command, args=list(spec.args), env=env,
                                                       cwd=spec.cwd or None), errlog=_DEVNULL)
-        headers = {header: os.environ.get(var, "") for header, var in spec.headers_env}
+        headers = {header: os.environ[var] for header, var in spec.headers_env if var in os.environ}
         timeout = httpx2.Timeout(spec.timeout_secs, read=max(spec.timeout_secs, 300.0))
         return streamable_http_client(spec.url, http_client=create_mcp_http_client(headers=headers, timeout=timeout))
 
     async def supervise(self) -> None:
         """Connect, serve calls, reconnect after a failure; until `stop`."""
-        self._stop = asyncio.Event()
         while not self._stop.is_set():
             self.state = "starting"
             try:
@@ -181,7 +182,7 @@ class Connection:
 
     async def _watch(self, client: Any) -> None:
         """Probe while idle; return when the server stops answering, a call found it gone, or stop."""
-        assert self._stop is not None and self._broken is not None
+        assert self._broken is not None
         while not self._stop.is_set() and not self._broken.is_set():
             waiters = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._broken.wait())]
             done, pending = await asyncio.wait(waiters, timeout=PROBE_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
@@ -210,8 +211,7 @@ class Connection:
             self.tools = tools
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
+        self._stop.set()
 
     # -- calls ---------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any], timeout: float) -> Any:
