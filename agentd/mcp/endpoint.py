@@ -17,7 +17,8 @@ class McpEndpoint:
         self._loop = loop
         self._parts = (agents, runs, memory)
         self._wsgi: Any = None
-        self._stop: Any = None
+        self._stop: Any = None  # set: the transport's session manager ends
+        self._serving: Any = None  # the session manager's task on the loop
         self._lock = threading.Lock()
 
     def _build(self) -> Any:
@@ -25,8 +26,10 @@ class McpEndpoint:
 
         from a2wsgi import ASGIMiddleware
 
-        from agentd.mcp.server import (StreamableHTTPASGIApp, StreamableHTTPSessionManager,
-                                       TransportSecuritySettings, build_server)
+        from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from agentd.mcp.server import build_server
 
         server = build_server(*self._parts)
         # Host and Origin are checked by the daemon's guard before a request gets here.
