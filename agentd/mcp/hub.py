@@ -67,6 +67,8 @@ class McpHub:
                     self._start(spec)
                     if name not in changes["restarted"]:
                         changes["added"].append(name)
+            # Listed in the file's order.
+            self._conns = {name: self._conns[name] for name in wanted if name in self._conns}
         if any(changes.values()):
             log.info("MCP servers: %s", ", ".join(f"{k} {v}" for k, v in changes.items() if v))
             if self.audit is not None:
