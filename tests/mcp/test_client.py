@@ -27,11 +27,12 @@ def http_toolbox() -> Iterator[HttpToolbox]:
 @pytest.fixture(scope="module")
 def mcp_daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm, http_toolbox) -> Iterator[Daemon]:
     extra = (stdio_server("time", args=["-m", "mcp_server_time", "--local-timezone", "UTC"])
-             + stdio_server("box", TOOLBOX, timeout_secs=2)
+             + stdio_server("box", TOOLBOX, timeout_secs=2, env=["BOX_TOKEN"])
              + url_server("web", http_toolbox.url, headers_env={"X-Token": "WEB_TOKEN"})
              + stdio_server("junk", GARBAGE, timeout_secs=1))
     home = make_home(tmp_path_factory.mktemp("mcp-client"), llm_config(fake_llm, extra))
-    daemon = Daemon(home, env_extra={**LLM_ENV, "WEB_TOKEN": "t0ken"}).start()
+    daemon = Daemon(home, env_extra={**LLM_ENV, "WEB_TOKEN": "t0ken", "BOX_TOKEN": "b0x",
+                                     "OTHER_SECRET": "not for servers"}).start()
     for name in ("time", "box", "web"):
         wait_state(daemon, name, "ready")
     yield daemon
@@ -110,6 +111,13 @@ def test_results_reach_the_model_faithfully(mcp_daemon, fake_llm) -> None:
     assert json.loads(_tool_message(fake_llm)["content"]) == {"city": "Oslo", "celsius": 21}
     assert _say(mcp_daemon, agent, _call("mcp_web_broken")) == (
         "tool said: error: Error executing tool broken: the gauge is broken")
+
+
+def test_servers_get_only_the_named_variables_and_headers(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    assert _say(mcp_daemon, agent, _call("mcp_box_env", name="BOX_TOKEN")) == "tool said: b0x"
+    assert _say(mcp_daemon, agent, _call("mcp_box_env", name="OTHER_SECRET")) == "tool said: "
+    assert _say(mcp_daemon, agent, _call("mcp_web_header", name="X-Token")) == "tool said: t0ken"
 
 
 def test_hanging_tool_gets_a_deadline_and_the_daemon_goes_on(mcp_daemon) -> None:

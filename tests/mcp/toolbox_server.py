@@ -8,7 +8,7 @@ import os
 import sys
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from pydantic import BaseModel
@@ -54,6 +54,17 @@ async def hang() -> str:
 @server.tool(description="The server process dies.")
 def crash() -> str:
     os._exit(3)
+
+
+@server.tool(description="An environment variable of the server's process ('' when unset).")
+def env(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+@server.tool(description="A header of the HTTP request that called this tool ('' over stdio).")
+def header(name: str, ctx: Context) -> str:
+    request = ctx.request_context.request
+    return request.headers.get(name, "") if request is not None else ""
 
 
 @server.tool(description="The server's process id.")
