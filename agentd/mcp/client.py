@@ -190,7 +190,11 @@ class Connection:
                 waiter.cancel()
             if done:
                 break
-            await self._probe(client, min(self.spec.timeout_secs, 10.0))
+            limit = min(self.spec.timeout_secs, 10.0)
+            try:
+                await self._probe(client, limit)
+            except TimeoutError:
+                raise ServerGone(f"the server stopped answering (no answer to a probe within {limit:g}s)") from None
         if self._broken.is_set() and not self._stop.is_set():
             raise ServerGone(self.last_error or "the server stopped answering")
 
@@ -245,7 +249,7 @@ class Connection:
                 await self._probe(client, min(self.spec.timeout_secs, 5.0))
             except Exception as exc:  # noqa: BLE001
                 if self._client is client:
-                    self.last_error = f"no answer after a call timed out ({_message(exc)})"
+                    self.last_error = f"the server stopped answering (after a call timed out: {_message(exc)})"
                     self._mark_broken()
 
         asyncio.ensure_future(check())

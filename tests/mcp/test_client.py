@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Iterator
 
+import psutil
 import pytest
 
 from conftest import LLM_ENV, llm_config
@@ -142,6 +143,19 @@ def test_crashing_server_is_restarted_and_its_state_shown(mcp_daemon) -> None:
     assert _say(mcp_daemon, agent, _call("mcp_box_pid")) != first_pid
     # The other servers were not touched.
     assert servers(mcp_daemon)["time"]["restarts"] == 0
+
+
+def test_hung_server_is_restarted(mcp_daemon) -> None:
+    agent = _agent(mcp_daemon)
+    first_pid = int(_say(mcp_daemon, agent, _call("mcp_box_pid")).removeprefix("tool said: "))
+    restarts = servers(mcp_daemon)["box"]["restarts"]
+    assert _say(mcp_daemon, agent, _call("mcp_box_freeze")) == (
+        "tool said: error: MCP server 'box' did not answer 'freeze' within 2s")
+    box = wait_state(mcp_daemon, "box", "ready", restarts=restarts + 1)
+    assert box["last_error"].startswith("the server stopped answering (")
+    assert int(_say(mcp_daemon, agent, _call("mcp_box_pid")).removeprefix("tool said: ")) != first_pid
+    # The stopped process was not left behind.
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_allow_list_keeps_other_servers_tools_away(mcp_daemon) -> None:

@@ -5,6 +5,7 @@ structured content and an error, and misbehave on request (hang, crash)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import anyio
@@ -65,6 +66,12 @@ def env(name: str) -> str:
 def header(name: str, ctx: Context) -> str:
     request = ctx.request_context.request
     return request.headers.get(name, "") if request is not None else ""
+
+
+@server.tool(description="The whole server process stops (SIGSTOP): it answers nothing more.")
+def freeze() -> str:
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return "thawed"
 
 
 @server.tool(description="The server's process id.")
