@@ -30,11 +30,13 @@ from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
 from agentd.llm.types import ChatResponse
 from agentd.memory.kv import KvMemory
+from agentd.memory.embedding_models import EmbeddingModels
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.cluster.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
+from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.channels.qr import QrLogins
@@ -73,6 +75,7 @@ class Kernel:
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
+        self.responses = StoredResponses(store)  # what POST /v1/responses keeps (`store: true`)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -86,6 +89,8 @@ class Kernel:
         models = ModelCalls(config, self.catalog, self._record_usage)
         # Semantic memory + knowledge graph; numpy and the model load on first use.
         self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
+        # /v1/embeddings: the same embedders memory recalls with.
+        self.embeddings = EmbeddingModels(config.memory, self.memory)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record)

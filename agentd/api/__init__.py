@@ -81,6 +81,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_memory.bp)
     app.register_blueprint(routes_stream.bp)
     app.register_blueprint(routes_openai.bp)
+    from agentd.api import routes_embeddings, routes_responses
+    app.register_blueprint(routes_responses.bp)
+    app.register_blueprint(routes_embeddings.bp)
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
     app.register_blueprint(pages.bp)
