@@ -98,6 +98,8 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         assert {"requests", "agentd.llm.drivers"} <= d.imported()
         health = d.get("/api/health/detail").json()
         assert health["model_calls_in_flight"] == 0
+        # Traces are not configured here: OpenTelemetry never loads, whatever was served.
+        assert "opentelemetry" not in d.imported()
     finally:
         d.stop()
 
