@@ -132,7 +132,7 @@ class Daemon:
             # Every answer names the daemon (routes_cluster.py); the gate's probe too.
             self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]
             # OpenTelemetry, when configured: before any request, so every request is traced.
-            tracing.configure(cfg.raw)
+            tracing.configure(cfg.telemetry.otel)
         except AgentdError:
             self._store.close()
             raise

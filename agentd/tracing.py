@@ -26,24 +26,18 @@ _tracer: Any = None
 _provider: Any = None
 
 
-def wanted(raw: Any) -> bool:
-    """Whether this configuration (config.toml's data and the environment) asks for traces."""
-    table = raw.get("telemetry", {}) if isinstance(raw, dict) else {}
-    if not isinstance(table, dict):
-        raise ConfigError("config key telemetry: must be a table")
-    otel = table.get("otel", False)
-    if not isinstance(otel, bool):
-        raise ConfigError("config key telemetry.otel: must be a boolean")
+def wanted(otel: bool) -> bool:
+    """Whether traces are asked for: `[telemetry] otel`, or an OTLP endpoint in the environment."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     return otel or any(os.environ.get(name) for name in ENDPOINT_VARS)
 
 
-def configure(raw: Any, exporter: Any = None) -> bool:
+def configure(otel: bool, exporter: Any = None) -> bool:
     """Start tracing if configured (or with `exporter`, a span exporter of the caller's, every
     span exported as it ends); True when on."""
     global _tracer, _provider
-    if exporter is None and not wanted(raw):
+    if exporter is None and not wanted(otel):
         return False
     try:
         from opentelemetry.sdk.resources import Resource

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -30,15 +31,15 @@ TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 def test_off_unless_configured(monkeypatch) -> None:
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
         monkeypatch.delenv(name, raising=False)
-    assert not tracing.wanted({}) and not tracing.wanted({"telemetry": {"otel": False}})
-    assert tracing.wanted({"telemetry": {"otel": True}})
+    assert not tracing.wanted(False) and tracing.wanted(True)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    assert tracing.wanted({})
+    assert tracing.wanted(False)
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert not tracing.wanted({"telemetry": {"otel": True}})
-    with pytest.raises(ConfigError, match="telemetry.otel: must be a boolean"):
-        tracing.wanted({"telemetry": {"otel": "yes"}})
-    assert not tracing.enabled() and not tracing.configure({})
+    assert not tracing.wanted(True)
+    with pytest.raises(ConfigError, match="telemetry.otel: expected a boolean"):
+        parse_config({"telemetry": {"otel": "yes"}}, Path("/tmp"))
+    assert parse_config({"telemetry": {"otel": True}}, Path("/tmp")).telemetry.otel is True
+    assert not tracing.enabled() and not tracing.configure(False)
     # Off: the shared null context, the headers as they were, no context to carry.
     assert tracing.span("x") is tracing.span("y")
     headers = {"a": "b"}
@@ -50,7 +51,7 @@ def traced(tmp_path, fake_llm, monkeypatch) -> Iterator[tuple[Any, InMemorySpanE
     for name, value in LLM_ENV.items():
         monkeypatch.setenv(name, value)
     exporter = InMemorySpanExporter()
-    assert tracing.configure({}, exporter=exporter)
+    assert tracing.configure(False, exporter=exporter)
     data = {"llm": {"timeout_secs": 5, "retries": 0},
             "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
             "provider_urls": {"openai": fake_llm.openai_base}}
