@@ -186,17 +186,18 @@ def test_failures_and_refusals(agent_daemon) -> None:
 
 
 def test_agents_sdk_default_model(agent_daemon) -> None:
-    """The OpenAI Agents SDK speaks only Responses by default."""
+    """The OpenAI Agents SDK's default model provider speaks only Responses."""
     agents = pytest.importorskip("agents")
     name = agent(agent_daemon)
     agents.set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=f"{agent_daemon.url}/v1", api_key="unused", max_retries=0)
-    model = agents.OpenAIResponsesModel(model=f"agentd:{name}", openai_client=client)
-    helper = agents.Agent(name="helper", instructions="Be brief.", model=model)
+    run_config = agents.RunConfig(model_provider=agents.OpenAIProvider(openai_client=client))
+    helper = agents.Agent(name="helper", instructions="Be brief.", model=f"agentd:{name}")
+    assert isinstance(run_config.model_provider.get_model(helper.model), agents.OpenAIResponsesModel)
 
     async def both() -> tuple[str, str]:
-        plain = await agents.Runner.run(helper, "what is agentd?")
-        streamed = agents.Runner.run_streamed(helper, "and streamed?")
+        plain = await agents.Runner.run(helper, "what is agentd?", run_config=run_config)
+        streamed = agents.Runner.run_streamed(helper, "and streamed?", run_config=run_config)
         async for _ in streamed.stream_events():
             pass
         return plain.final_output, streamed.final_output
