@@ -85,6 +85,8 @@ def parse_input(value: Any) -> tuple[str, list[ImagePart], list[str]]:
         role = item.get("role")
         if role not in ROLES:
             raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}")
+        if role == "assistant":
+            continue  # earlier answers: the agent's session already holds them
         text, images = _content(item.get("content"), where)
         if role in ("system", "developer"):
             systems.append(text)
