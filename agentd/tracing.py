@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from typing import Any, Callable, ContextManager, Mapping
 
 from agentd.errors import ConfigError
 
+# A werkzeug rule's variable (`<agent_id>`, `<path:name>`).
+_CONVERTER = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _NOOP: ContextManager[Any] = contextlib.nullcontext()
 _tracer: Any = None
@@ -132,12 +135,14 @@ def wsgi(app: Callable[..., Any]) -> Callable[..., Any]:
     return OpenTelemetryMiddleware(app, tracer_provider=_provider)
 
 
-def name_request(method: str, route: str) -> None:
-    """Name the current request's span by its route template (`POST /v1/responses`)."""
+def name_request(method: str, rule: str) -> None:
+    """Name the current request's span by its route template, written as in the OpenAPI
+    document (`GET /v1/responses/{response_id}`)."""
     if _tracer is None:
         return
     from opentelemetry import trace
 
+    route = _CONVERTER.sub(r"{\1}", rule)
     current = trace.get_current_span()
     current.update_name(f"{method} {route}")
     current.set_attribute("http.route", route)

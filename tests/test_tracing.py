@@ -68,6 +68,9 @@ def test_spans_of_a_request_and_the_traceparent_sent_upstream(traced) -> None:
     r = client.post("/api/agents", json={"manifest_toml": 'name = "traced"\n'}, environ_base=LOCAL)
     assert r.status_code == 201
     r.close()  # (a request's span ends when its answer is closed)
+    client.get(f"/api/agents/{r.get_json()['agent_id']}", environ_base=LOCAL).close()
+    [detail] = [s for s in exporter.get_finished_spans() if s.name.startswith("GET ")]
+    assert detail.name == "GET /api/agents/{agent_id}" and detail.attributes["http.route"] == "/api/agents/{agent_id}"
     exporter.clear()
     r = client.post("/v1/chat/completions", environ_base=LOCAL, headers={"traceparent": TRACEPARENT},
                     json={"model": "agentd:traced", "messages": [{"role": "user", "content": "[[tool:lookup]] go"}]})
