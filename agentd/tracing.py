@@ -15,6 +15,7 @@ once (`span` hands back one shared null context), so the hot path pays one globa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from typing import Any, Callable, ContextManager, Mapping
@@ -113,6 +114,16 @@ def capture() -> Any:
     from opentelemetry import context
 
     return context.get_current()
+
+
+def carried(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, run in this thread's trace context wherever it is called (`fn` itself while off):
+    a tool's HTTP calls and the runs it starts stay in the run's trace."""
+    if _tracer is None:
+        return fn
+    import contextvars
+
+    return functools.partial(contextvars.copy_context().run, fn)
 
 
 def inject(headers: dict[str, str]) -> dict[str, str]:

@@ -97,6 +97,26 @@ def test_spans_of_a_request_and_the_traceparent_sent_upstream(traced) -> None:
     assert sent == [f"00-{TRACE_ID}-{format(c.context.span_id, '016x')}-01" for c in calls]
 
 
+def test_a_tool_that_runs_another_agent_stays_in_the_trace(traced) -> None:
+    client, exporter, _fake = traced
+    for name in ("caller", "callee"):
+        r = client.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'}, environ_base=LOCAL)
+        assert r.status_code == 201
+        r.close()
+    exporter.clear()
+    send = "[[tool:agent_send " + json.dumps({"agent": "callee", "message": "ping"}) + "]]"
+    r = client.post("/v1/chat/completions", environ_base=LOCAL, headers={"traceparent": TRACEPARENT},
+                    json={"model": "agentd:caller", "messages": [{"role": "user", "content": send}]})
+    assert r.status_code == 200 and "echo: ping" in r.get_json()["choices"][0]["message"]["content"]
+    r.close()
+    spans = exporter.get_finished_spans()
+    assert {format(s.context.trace_id, "032x") for s in spans} == {TRACE_ID}
+    [tool] = [s for s in spans if s.name == "tool.call"]
+    runs = {s.attributes["agentd.agent"]: s for s in spans if s.name == "agent.run"}
+    assert runs["callee"].parent.span_id == tool.context.span_id
+    assert runs["callee"].attributes["agentd.run.origin"] == "agent"
+
+
 class Collector:
     """An OTLP/HTTP trace receiver: POST /v1/traces with protobuf bodies."""
 

@@ -245,7 +245,8 @@ class AgentLoop:
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
         stop = CallStop(self.spec.tool_ctx.cancel)
-        future = _TOOL_POOL.submit(tool.run, dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
+        context = dataclasses.replace(self.spec.tool_ctx, cancel=stop)
+        future = _TOOL_POOL.submit(tracing.carried(tool.run), context, args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False
