@@ -44,22 +44,23 @@ def configure(otel: bool, exporter: Any = None) -> bool:
     if exporter is None and not wanted(otel):
         return False
     try:
+        import opentelemetry.instrumentation.wsgi  # noqa: F401 - what `wsgi` needs, checked now
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    except ImportError:
-        raise ConfigError("traces are configured (OTEL_EXPORTER_OTLP_ENDPOINT or [telemetry] otel) but the "
-                          "OpenTelemetry SDK is not installed: pip install 'agentd[otel]'") from None
+
+        chosen = exporter or _exporter_from_environment()
+    except ImportError as exc:
+        raise ConfigError(f"traces are configured (OTEL_EXPORTER_OTLP_ENDPOINT or [telemetry] otel) but "
+                          f"{exc.name or 'OpenTelemetry'} is not installed: pip install 'agentd[otel]'") from None
     from agentd import __version__
 
     provider = TracerProvider(resource=Resource.create({
         "service.name": os.environ.get("OTEL_SERVICE_NAME") or "agentd", "service.version": __version__}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    else:
-        chosen = _exporter_from_environment()
-        if chosen is not None:
-            provider.add_span_processor(BatchSpanProcessor(chosen))
+    elif chosen is not None:
+        provider.add_span_processor(BatchSpanProcessor(chosen))
     _provider = provider
     _tracer = provider.get_tracer("agentd", __version__)
     return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,6 +45,14 @@ def test_off_unless_configured(monkeypatch) -> None:
     assert tracing.span("x") is tracing.span("y")
     headers = {"a": "b"}
     assert tracing.inject(headers) is headers and tracing.capture() is None
+
+
+def test_configured_without_the_extra_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.instrumentation.wsgi", None)
+    with pytest.raises(ConfigError, match=r"opentelemetry.instrumentation.wsgi is not installed: "
+                                          r"pip install 'agentd\[otel\]'"):
+        tracing.configure(True)
+    assert not tracing.enabled()
 
 
 @pytest.fixture
