@@ -77,7 +77,8 @@ class ModelCalls:
                 try:
                     endpoint = self.endpoint(provider, env, base)
                     sent = request if request.model == model else replace(request, model=model)
-                    with tracing.span("llm.call", {"gen_ai.system": provider, "gen_ai.request.model": model}) as current:
+                    attributes = {"gen_ai.system": provider, "gen_ai.request.model": model}
+                    with tracing.span("llm.call", attributes) as current:
                         response = drivers.complete(endpoint, sent,
                                                     on_event=forward if on_event else None, cancel=cancel,
                                                     retries=self.config.llm.retries, deadline=deadline)
