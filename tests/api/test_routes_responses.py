@@ -50,6 +50,15 @@ def test_create_and_retrieve(agent_daemon, oa) -> None:
     assert again.model_dump() == response.model_dump()
 
 
+def test_a_killed_agents_responses_go_with_it(agent_daemon, oa) -> None:
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    agent_id = spawn(agent_daemon, name)
+    response = oa.responses.create(model=f"agentd:{name}", input="soon gone")
+    assert agent_daemon.delete(f"/api/agents/{agent_id}").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        oa.responses.retrieve(response.id)
+
+
 def test_store_false_is_not_kept(agent_daemon, oa) -> None:
     name = agent(agent_daemon)
     response = oa.responses.create(model=f"agentd:{name}", input="ephemeral", store=False)
