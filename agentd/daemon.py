@@ -21,6 +21,7 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from agentd.cli.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
+from agentd import tracing
 from agentd.config import Config
 from agentd.errors import AgentdError
 from agentd.timestamps import iso, utcnow
@@ -130,6 +131,8 @@ class Daemon:
 
             # Every answer names the daemon (routes_cluster.py); the gate's probe too.
             self.gate.extra_headers = [("X-Agentd-Daemon", cluster_settings(cfg.raw, cfg.api_listen).daemon_id)]
+            # OpenTelemetry, when configured: before any request, so every request is traced.
+            tracing.configure(cfg.telemetry.otel)
         except AgentdError:
             self._store.close()
             raise
@@ -206,6 +209,7 @@ class Daemon:
         kernel.stop_runs()
         serve.drain(server, self.config.api.shutdown_grace_secs)
         kernel.close()
+        tracing.shutdown()
         self._remove_daemon_file()
         log.info("agentd stopped")
 

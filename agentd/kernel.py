@@ -33,12 +33,14 @@ from agentd.mcp.endpoint import McpEndpoint
 from agentd.mcp.hub import McpHub
 from agentd.mcp.loop import LoopThread
 from agentd.mcp.watch import ConfigWatch
+from agentd.memory.embedding_models import EmbeddingModels
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.providers import ProviderKeys
 from agentd.cluster.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
+from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.channels.qr import QrLogins
@@ -77,6 +79,7 @@ class Kernel:
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
+        self.responses = StoredResponses(store)  # what POST /v1/responses keeps (`store: true`)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -95,6 +98,8 @@ class Kernel:
         self.mcp_loop = LoopThread()
         self.mcp = McpHub(config.mcp_servers, self.mcp_loop, self.audit.record)
         self.mcp_watch = ConfigWatch(config.config_path, self.mcp.apply)
+        # /v1/embeddings: the same embedders memory recalls with.
+        self.embeddings = EmbeddingModels(config.memory, self.memory)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,

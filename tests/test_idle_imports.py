@@ -111,6 +111,8 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         assert hello.status_code == 200, hello.text
         assert '"serverInfo":{"name":"agentd"' in hello.text.replace(" ", "")
         assert {"mcp", "agentd.mcp.server"} <= d.imported()
+        # Traces are not configured here: OpenTelemetry never loads, whatever was served.
+        assert "opentelemetry" not in d.imported()
     finally:
         d.stop()
 

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agentd import tracing
 from agentd.agents.events import Event, Sink
 from agentd.agents.loop_guard import LoopGuard
 from agentd.agents.tools import Tool, ToolContext, ToolError, validate_args
@@ -216,7 +217,10 @@ class AgentLoop:
         if verdict.action == "block":
             result, is_error = verdict.message, True
         else:
-            result, is_error = self._execute(name, args)
+            with tracing.span("tool.call", {"agentd.tool": name}) as current:
+                result, is_error = self._execute(name, args)
+                if current is not None:
+                    current.set_attribute("agentd.tool.is_error", is_error)
             if verdict.action == "warn":
                 result = f"{result}\n\n{verdict.message}"
         self._emit("tool_result", id=call_id, tool=name, input=args, result=result, is_error=is_error)
@@ -241,7 +245,8 @@ class AgentLoop:
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
         stop = CallStop(self.spec.tool_ctx.cancel)
-        future = _TOOL_POOL.submit(tool.run, dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
+        context = dataclasses.replace(self.spec.tool_ctx, cancel=stop)
+        future = _TOOL_POOL.submit(tracing.carried(tool.run), context, args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False

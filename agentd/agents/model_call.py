@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
+from agentd import tracing
 from agentd.agents.handle import AgentHandle
 from agentd.config import Config
 from agentd.llm.catalog import Catalog
@@ -76,9 +77,14 @@ class ModelCalls:
                 try:
                     endpoint = self.endpoint(provider, env, base)
                     sent = request if request.model == model else replace(request, model=model)
-                    response = drivers.complete(endpoint, sent,
-                                                on_event=forward if on_event else None, cancel=cancel,
-                                                retries=self.config.llm.retries, deadline=deadline)
+                    attributes = {"gen_ai.system": provider, "gen_ai.request.model": model}
+                    with tracing.span("llm.call", attributes) as current:
+                        response = drivers.complete(endpoint, sent,
+                                                    on_event=forward if on_event else None, cancel=cancel,
+                                                    retries=self.config.llm.retries, deadline=deadline)
+                        if current is not None:
+                            current.set_attributes({"gen_ai.usage.input_tokens": response.usage.input_tokens,
+                                                    "gen_ai.usage.output_tokens": response.usage.output_tokens})
                 except LLMError as exc:
                     if exc.kind in ("cancelled", "timeout") or delivered[0]:
                         raise

@@ -375,6 +375,7 @@ class AgentRegistry:
             self.store.db.execute("DELETE FROM sessions WHERE agent = $agent", {"agent": agent_id})
             orm.delete(k for k in self.store.e.KvRow if k.agent.id == agent_id)
             orm.delete(u for u in self.store.e.UploadRow if u.agent.id == agent_id)
+            orm.delete(r for r in self.store.e.ResponseRow if r.agent_id == agent_id)  # its /v1/responses
             row.delete()
 
 

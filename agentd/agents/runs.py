@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
+from agentd import tracing
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
 from agentd.agents.handle import MESSAGE_LIMIT, STOPPED_NOTE, AgentHandle, ConversationSession, RunOptions
@@ -89,6 +90,8 @@ class RunRequest:
     from_client: bool = True
     # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger, mcp.
     origin: str = "api"
+    # The starter's trace context: the run's span continues it on whichever thread runs it.
+    trace: Any = field(default_factory=tracing.capture)
 
 
 class RunTicket:
@@ -225,6 +228,17 @@ class Runs:
         return Message(role="user", content="".join(parts), images=image_parts), refs
 
     def _execute(self, request: RunRequest, recheck: bool = True) -> RunResult:
+        if not tracing.enabled():
+            return self._execute_untraced(request, recheck)
+        with tracing.span("agent.run", {"agentd.agent": request.handle.name, "agentd.run.origin": request.origin},
+                          request.trace) as current:
+            result = self._execute_untraced(request, recheck)
+            current.set_attributes({"gen_ai.usage.input_tokens": result.usage.input_tokens,
+                                    "gen_ai.usage.output_tokens": result.usage.output_tokens,
+                                    "agentd.run.finish_reason": result.finish_reason})
+            return result
+
+    def _execute_untraced(self, request: RunRequest, recheck: bool = True) -> RunResult:
         """Run one request to completion in the calling thread (`recheck`: the quota and
         budget again, for a run that waited in its agent's queue). `request.cancel` stops
         the run; stop() and kill() set it too, except for a conversation's run."""

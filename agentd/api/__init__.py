@@ -29,8 +29,9 @@ def _asset_dir(name: str) -> str:
 def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, limiter: Any = None) -> Flask:
     """Build the Flask app serving `kernel` (`limiter`: the rate limiter the start gate
     already counted requests with, so the budget is one from the first request on)."""
-    from flask import Flask
+    from flask import Flask, request
 
+    from agentd import tracing
     from agentd.api.errors import register_error_handlers
     from agentd.api.guard import install_guard
     from agentd.api.json_provider import CachedEncoderProvider
@@ -81,6 +82,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_memory.bp)
     app.register_blueprint(routes_stream.bp)
     app.register_blueprint(routes_openai.bp)
+    from agentd.api import routes_embeddings, routes_responses
+    app.register_blueprint(routes_responses.bp)
+    app.register_blueprint(routes_embeddings.bp)
     app.register_blueprint(routes_catalog.bp)
     app.register_blueprint(routes_workflows.bp)
     app.register_blueprint(pages.bp)
@@ -95,4 +99,11 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)
+    if tracing.enabled():
+        @app.before_request
+        def _name_span() -> None:
+            if request.url_rule is not None:
+                tracing.name_request(request.method, request.url_rule.rule)
+
+        app.wsgi_app = tracing.wsgi(app.wsgi_app)  # type: ignore[method-assign]
     return app

@@ -85,18 +85,23 @@ def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:
             url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
             if not isinstance(url, str):
                 raise BadRequest(f"{where}.image_url.url must be a string")
-            match = DATA_URI.match(url)
-            if match is None:
-                raise BadRequest(f"{where}: only base64 data URIs (data:image/<type>;base64,...) are "
-                                 "supported; image URLs are not fetched")
-            try:
-                base64.b64decode(match.group(2), validate=True)
-            except (binascii.Error, ValueError):
-                raise BadRequest(f"{where}: image data is not valid base64") from None
-            images.append(ImagePart(match.group(1), match.group(2)))
+            images.append(image_part(url, where))
         else:
             raise BadRequest(f"{where}: unsupported part type {part.get('type')!r}")
     return "\n".join(texts), images
+
+
+def image_part(url: str, where: str) -> ImagePart:
+    """An image given as a base64 data URI (agentd fetches no URLs)."""
+    match = DATA_URI.match(url)
+    if match is None:
+        raise BadRequest(f"{where}: only base64 data URIs (data:image/<type>;base64,...) are "
+                         "supported; image URLs are not fetched")
+    try:
+        base64.b64decode(match.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{where}: image data is not valid base64") from None
+    return ImagePart(match.group(1), match.group(2))
 
 
 # The request fields `generation_params` reads, and its answer when none is there (the usual
@@ -182,7 +187,7 @@ _RUN_FAILURES: dict[str, tuple[int, str | None]] = {
 }
 
 
-def _final(status: int, message: str, code: str | None, retry_after: float | None = None) -> Response:
+def final_error(status: int, message: str, code: str | None, retry_after: float | None = None) -> Response:
     response = error_response(status, message, code=code, retry_after=retry_after)
     response.headers["x-should-retry"] = "false"
     return response
@@ -191,7 +196,7 @@ def _final(status: int, message: str, code: str | None, retry_after: float | Non
 STOPPED_MESSAGE = "the run was stopped before the agent answered"
 
 
-def _failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
+def failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
     """OpenAI status and code of a failed run: from the run error's kind, else the refusal's."""
     if kind is not None:
         return _RUN_FAILURES.get(kind, (500, None))
@@ -204,10 +209,10 @@ def _failure_code(kind: str | None, status: int, code: str | None, message: str)
 def run_failure(exc: AgentdError) -> Response:
     """The /v1 answer for an error raised while checking or running an agent."""
     if isinstance(exc, RunCancelled):
-        return _final(409, STOPPED_MESSAGE, "run_cancelled")
+        return final_error(409, STOPPED_MESSAGE, "run_cancelled")
     kind = exc.kind if isinstance(exc, AgentRunError) else None  # always a string on a run error
-    status, code = _failure_code(kind, exc.status, exc.code, exc.message)
-    return _final(status, exc.message, code, exc.retry_after)
+    status, code = failure_code(kind, exc.status, exc.code, exc.message)
+    return final_error(status, exc.message, code, exc.retry_after)
 
 
 def _stream_error(message: str, status: int, code: str | None) -> str:
@@ -257,14 +262,14 @@ def _chat_completions():
     created = int(time.time())
     dropped = dropped_params(handle, options.params)
     if stream:
-        return _with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
+        return with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
     result = run_blocking(kernel(), handle, text, [], options, origin="v1")
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
                                  for c in result.tool_calls]
-    return _with_dropped(jsonify({"id": completion_id, "object": "chat.completion", "created": created,
+    return with_dropped(jsonify({"id": completion_id, "object": "chat.completion", "created": created,
                                   "model": handle.name,
                                   "choices": [{"index": 0, "message": message,
                                                "finish_reason": result.finish_reason}],
@@ -286,7 +291,7 @@ def dropped_params(handle: AgentHandle, params: GenerationParams) -> list[str]:
     return names
 
 
-def _with_dropped(response: Response, dropped: list[str]) -> Response:
+def with_dropped(response: Response, dropped: list[str]) -> Response:
     if dropped:
         response.headers[DROPPED_HEADER] = ", ".join(dropped)
     return response
@@ -330,7 +335,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
             # Not a finished answer (an unstreamed one is a 409): say so, never `finish_reason: stop`.
             return [_stream_error(STOPPED_MESSAGE, 409, "run_cancelled")], True
         if event.type == "error":
-            status, code = _failure_code(d["kind"], d["status"], d["code"], d["message"])
+            status, code = failure_code(d["kind"], d["status"], d["code"], d["message"])
             return [_stream_error(d["message"], status, code)], True
         return [], False
 

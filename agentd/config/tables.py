@@ -96,3 +96,11 @@ class MemoryConfig:
     # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is
     # one small forward pass, and a second core cuts its latency by about a third.
     embed_threads: int = 0
+
+
+@dataclass
+class TelemetryConfig:
+    """The `[telemetry]` table: OpenTelemetry traces (agentd/tracing.py)."""
+
+    # Traces also start when OTEL_EXPORTER_OTLP_ENDPOINT is set; the OTEL_* variables configure them.
+    otel: bool = False

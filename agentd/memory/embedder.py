@@ -183,6 +183,12 @@ class LocalEmbedder:
         return _normalise(np.concatenate(out, axis=0))
 
 
+    def embed_counted(self, texts: list[str]) -> tuple["np.ndarray", int]:
+        """The vectors and the tokens the model read (its special tokens included, each text
+        cut at MAX_TOKENS as the model cuts it)."""
+        matrix = self.embed(texts)
+        return matrix, sum(len(self._tokenizer.encode(text).ids) for text in texts)
+
     def _one(self, text: str) -> "np.ndarray":
         """One text (every query, every remember): no padding, so the mask is all ones and
         mean pooling is a plain mean; about 1 ms less numpy work than the batch path."""
@@ -214,18 +220,25 @@ class ProviderEmbedder:
         return self._dimensions
 
     def embed(self, texts: list[str]) -> "np.ndarray":
+        return self.embed_counted(texts)[0]
+
+    def embed_counted(self, texts: list[str]) -> tuple["np.ndarray", int]:
+        """The vectors and the input tokens the provider counted (0 when it says nothing)."""
         import numpy as np
 
         if not texts:
-            return np.zeros((0, self._dimensions or 0), dtype=np.float32)
+            return np.zeros((0, self._dimensions or 0), dtype=np.float32), 0
         rows: list[list[float]] = []
+        tokens = 0
         for start in range(0, len(texts), 256):
-            rows.extend(self._call(texts[start:start + 256]))
+            vectors, used = self._call(texts[start:start + 256])
+            rows.extend(vectors)
+            tokens += used
         matrix = _normalise(rows)  # (a float32 array of the rows)
         self._dimensions = int(matrix.shape[1])
-        return matrix
+        return matrix, tokens
 
-    def _call(self, batch: list[str]) -> list[list[float]]:
+    def _call(self, batch: list[str]) -> tuple[list[list[float]], int]:
         """One embeddings request under the same deadline, guard and retry policy as chat calls."""
         from agentd.llm.drivers import MIN_ATTEMPT_SECS, retry_delay
         from agentd.llm.types import LLMError
@@ -241,7 +254,8 @@ class ProviderEmbedder:
         attempt = 0
         while True:
             try:
-                return _vectors(_attempt(endpoint, self.model, url, headers, batch, deadline), len(batch), self.name)
+                data = _attempt(endpoint, self.model, url, headers, batch, deadline)
+                return _vectors(data, len(batch), self.name), _prompt_tokens(data)
             except LLMError as exc:
                 delay = retry_delay(attempt, exc.retry_after)
                 if (not exc.retryable or attempt >= self._retries
@@ -273,6 +287,12 @@ def _attempt(endpoint: "ProviderEndpoint", model: str, url: str, headers: dict[s
         raise guard_error(endpoint, model, guard) from None
     except (requests.RequestException, OSError) as exc:
         raise network_error(endpoint, model, exc, guard) from None
+
+
+def _prompt_tokens(data: dict[str, Any]) -> int:
+    usage = data.get("usage")
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0
 
 
 def _vectors(data: dict[str, Any], count: int, name: str) -> list[list[float]]:

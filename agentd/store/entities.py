@@ -134,7 +134,7 @@ def define_entities(db: Database) -> SimpleNamespace:
                            SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow, **memory)
+                           AuditRow=AuditRow, **memory, **define_openai_entities(db))
 
 
 def define_memory_entities(db: Database) -> dict[str, Any]:
@@ -204,3 +204,18 @@ def define_memory_entities(db: Database) -> dict[str, Any]:
 
     return {"MemoryRow": MemoryRow, "MemoryMetaRow": MemoryMetaRow, "EntityRow": EntityRow,
             "RelationRow": RelationRow}
+
+
+def define_openai_entities(db: Database) -> dict[str, Any]:
+    """What the OpenAI-compatible API keeps: stored Responses (`store: true`), read back by
+    `GET /v1/responses/{id}` and continued with `previous_response_id`. `agent_id` is a
+    plain column: a response outlives nothing but its own row."""
+
+    class ResponseRow(db.Entity):
+        _table_ = "openai_responses"
+        id = PrimaryKey(str)
+        agent_id = Required(str, index=True)
+        created_at = Required(datetime)
+        body = Required(orm.LongStr)  # the response object's JSON, as the client got it
+
+    return {"ResponseRow": ResponseRow}

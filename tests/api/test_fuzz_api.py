@@ -93,6 +93,13 @@ CONFIG = CONFIG_HEAD + "".join([
     acceptance_off("openai.chat_completions",
         "The last user message must carry text or an image, image parts must be base64 data URIs "
         "and the agent's model must support vision: rules across array items and server state."),
+    acceptance_off("responses.create_response",
+        "`input` must hold a user message with text or an image, image parts must be base64 data URIs "
+        "and `previous_response_id` must name a stored response of the same agent: rules across "
+        "array items and server state."),
+    acceptance_off("embeddings.create_embeddings",
+        "`dimensions` must equal the vector length of the model named, which depends on the model "
+        "(a provider's is known once it answers)."),
     acceptance_off(["memory.import_memory", "memory.recall"],
         "An import must be a document in the export format (format name, version, well-formed "
         "items); a recall filter's `after`/`before` strings must be ISO 8601 times."),

@@ -81,7 +81,7 @@ def test_document_shape(app) -> None:
             assert {"400", "429"} <= statuses, where
             # A 500 is listed only where a route answers one on purpose (an agent run that failed).
             assert ("500" in statuses) == (where in ("POST /api/agents/{agent_id}/message",
-                                                     "POST /v1/chat/completions")), where
+                                                     "POST /v1/chat/completions", "POST /v1/responses")), where
             assert ("401" in statuses) == (op.get("security") != []), where
             error = "OpenAIError" if path.startswith("/v1/") else "Error"
             for status, response in op["responses"].items():

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import requests
 from requests.structures import CaseInsensitiveDict
 
+from agentd import tracing
 from agentd.llm.drivers.guard import CallGuard, GuardedAdapter
 from agentd.llm.drivers.reading import Interrupted, read_body
 from agentd.llm.types import LLMError, Message, ProviderEndpoint, Usage
@@ -105,7 +106,7 @@ def post(endpoint: ProviderEndpoint, model: str, url: str, headers: dict[str, st
     if remaining <= 0:
         raise Interrupted("timeout")
     # The guard enforces the deadline; the read timeout is only a backstop.
-    response = send_json(url, headers, body,
+    response = send_json(url, tracing.inject(headers), body,
                          timeout=(max(0.05, min(endpoint.connect_timeout, remaining)), remaining + 1))
     guard.received = True
     if response.status_code >= 400:

@@ -1,0 +1,33 @@
+"""Stored OpenAI Responses: the response objects `POST /v1/responses` kept (`store: true`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pony import orm
+
+from agentd.store.db import Store
+from agentd.timestamps import utcnow
+
+
+class StoredResponses:
+    """Keeps response objects by id; each is read back exactly as its client got it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def save(self, agent_id: str, response: dict[str, Any]) -> None:
+        body = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
+        with orm.db_session:
+            row = self.store.e.ResponseRow.get(id=response["id"])
+            if row is None:
+                self.store.e.ResponseRow(id=response["id"], agent_id=agent_id, created_at=utcnow(), body=body)
+            else:
+                row.body = body
+
+    def get(self, response_id: str) -> tuple[str, dict[str, Any]] | None:
+        """(agent id, response object), or None for an id never stored."""
+        with orm.db_session:
+            row = self.store.e.ResponseRow.get(id=response_id)
+            return None if row is None else (row.agent_id, json.loads(row.body))
