@@ -7,6 +7,7 @@ to a sink and returns a `RunResult`.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -241,7 +242,9 @@ class AgentLoop:
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
         stop = CallStop(self.spec.tool_ctx.cancel)
-        future = _TOOL_POOL.submit(tool.run, dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
+        # The tool's log lines name the run's request and agent, as the run's own do.
+        future = _TOOL_POOL.submit(contextvars.copy_context().run, tool.run,
+                                   dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False

@@ -37,7 +37,7 @@ _HTTP_MESSAGES = {
 
 def is_api_path(path: str) -> bool:
     """JSON routes (/api, /v1); every other path belongs to the dashboard and gets HTML."""
-    return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1")
+    return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1", "/metrics")
 
 
 def _html_error(status: int, message: str) -> Response:

@@ -1,0 +1,164 @@
+"""GET /metrics scraped from the real daemon: exact series after known traffic, the auth
+every API route has, and the daemon's id on a shared database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+import pgtest
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared
+
+REMOTE = "203.0.113.7"
+MESSAGE_ROUTE = "/api/agents/<agent_id>/message"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    # The proxy on loopback is trusted, so a forwarded remote client is remote.
+    config = llm_config(fake_llm).replace("[api]\n", "[api]\ntrusted_proxies = [\"127.0.0.1\"]\n", 1)
+    assert "trusted_proxies" in config
+    d = Daemon(make_home(tmp_path_factory.mktemp("metrics"), config), env_extra=LLM_ENV).start()
+    yield d
+    stop_shared(d)
+
+
+def scrape(d: Daemon, **kwargs) -> dict[tuple[str, frozenset], float]:
+    """Every sample of the scrape: (name, labels without daemon_id) -> value."""
+    r = d.get("/metrics", **kwargs)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("text/plain")
+    samples = {}
+    daemon_ids = set()
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            daemon_ids.add(labels.pop("daemon_id", None))
+            samples[(s.name, frozenset(labels.items()))] = s.value
+    # Several daemons on one database: every series names the daemon that served it.
+    assert daemon_ids == ({r.headers["X-Agentd-Daemon"]} if pgtest.ENABLED else {None})
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def spawn(d: Daemon, name: str) -> str:
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"]
+
+
+def test_a_message_is_counted_by_route_run_model_call_and_tokens(daemon: Daemon) -> None:
+    agent_id = spawn(daemon, "metered")
+    before = scrape(daemon)
+    assert value(before, "agentd_runs_total", origin="api", outcome="completed") == 0
+    assert value(before, "agentd_runs_total", origin="schedule", outcome="completed") == 0
+    r = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "count these words"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["response"] == "echo: count these words"
+
+    after = scrape(daemon)
+    assert value(after, "agentd_http_requests_total", method="POST", route=MESSAGE_ROUTE, status="200") == 1
+    assert value(after, "agentd_http_request_duration_seconds_count", method="POST", route=MESSAGE_ROUTE) == 1
+    # The raw path, with the agent's id in it, is never a label value.
+    assert not [key for key in after if any(agent_id in v for _, v in key[1])]
+    assert value(after, "agentd_runs_total", origin="api", outcome="completed") == 1
+    assert value(after, "agentd_run_duration_seconds_count", origin="api") == 1
+    assert value(after, "agentd_llm_calls_total", provider="openai", model="gpt-4o", outcome="ok") == 1
+    assert value(after, "agentd_llm_call_duration_seconds_count", provider="openai", model="gpt-4o") == 1
+    # The fake LLM's usage: four reply words out, and what it counted in.
+    assert value(after, "agentd_llm_tokens_total", provider="openai", model="gpt-4o", type="output") == 4
+    assert body["output_tokens"] == 4
+    assert value(after, "agentd_llm_tokens_total", provider="openai", model="gpt-4o",
+                 type="input") == body["input_tokens"] > 0
+    assert value(after, "agentd_llm_cost_usd_total", provider="openai", model="gpt-4o") == pytest.approx(
+        body["cost_usd"])
+    assert value(after, "agentd_budget_limit_usd") == 0
+    assert value(after, "agentd_budget_spent_usd") == pytest.approx(body["cost_usd"])
+    assert value(after, "agentd_agent_queue_depth") == 0
+    assert value(after, "agentd_open_streams") == 0
+    assert value(after, "agentd_open_websockets") == 0
+    assert value(after, "agentd_scheduler_lag_seconds_count") == 0
+    assert value(after, "agentd_memory_recall_seconds_count") is not None
+    # The scrapes themselves are requests of the route template /metrics.
+    assert value(after, "agentd_http_requests_total", method="GET", route="/metrics", status="200") >= 1
+
+
+def test_a_streamed_run_a_failed_model_call_and_refusals(daemon: Daemon) -> None:
+    agent_id = spawn(daemon, "streamed")
+    with daemon.post(f"/api/agents/{agent_id}/message/stream", json={"message": "[[chunks:4]]"},
+                     stream=True) as r:
+        assert r.status_code == 200
+        events = r.text
+    assert "event: done" in events
+    failing = spawn(daemon, "failing")
+    r = daemon.post(f"/api/agents/{failing}/message", json={"message": "[[fail:400]]"})
+    assert r.status_code >= 400
+    big = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "x" * (64 * 1024 + 1)})
+    assert big.status_code == 413
+
+    samples = scrape(daemon)
+    assert value(samples, "agentd_runs_total", origin="sse", outcome="completed") == 1
+    assert value(samples, "agentd_http_requests_total", method="POST", route=MESSAGE_ROUTE + "/stream",
+                 status="200") == 1
+    assert value(samples, "agentd_llm_time_to_first_token_seconds_count", provider="openai", model="gpt-4o") == 1
+    assert value(samples, "agentd_open_streams") == 0
+    assert value(samples, "agentd_llm_calls_total", provider="openai", model="gpt-4o", outcome="bad_request") == 1
+    assert value(samples, "agentd_runs_total", origin="api", outcome="failed") == 1
+    assert value(samples, "agentd_requests_refused_total", reason="size") == 1
+    assert value(samples, "agentd_requests_refused_total", reason="queue_full") == 0
+    assert value(samples, "agentd_http_requests_total", method="POST", route=MESSAGE_ROUTE, status="413") == 1
+
+
+def test_unknown_paths_share_one_label(daemon: Daemon) -> None:
+    for n in range(3):
+        assert daemon.get(f"/api/nothing-here-{n}").status_code == 404
+    samples = scrape(daemon)
+    assert value(samples, "agentd_http_requests_total", method="GET", route="unmatched", status="404") == 3
+
+
+def test_a_remote_client_of_a_keyless_daemon_is_refused(daemon: Daemon) -> None:
+    r = daemon.get("/metrics", headers={"X-Forwarded-For": REMOTE})
+    assert r.status_code == 401
+    assert "API key required" in r.json()["error"]
+    assert "agentd_" not in r.text
+    r = daemon.get("/metrics", headers={"Host": "evil.example"})
+    assert r.status_code == 400 and "agentd_" not in r.text
+
+
+def test_metrics_need_the_key_when_one_is_set(tmp_path: Path) -> None:
+    d = Daemon(make_home(tmp_path, "api_key = \"k-metrics\"\n"), api_key="k-metrics").start()
+    anonymous = requests.get(f"{d.url}/metrics", timeout=10)
+    assert anonymous.status_code == 401
+    assert anonymous.json() == {"error": "missing API key: send Authorization: Bearer <api_key>"}
+    wrong = requests.get(f"{d.url}/metrics", headers={"Authorization": "Bearer nope"}, timeout=10)
+    assert (wrong.status_code, wrong.json()) == (401, {"error": "invalid API key"})
+    samples = scrape(d)
+    assert value(samples, "agentd_http_requests_total", method="GET", route="/metrics", status="401") == 2
+
+
+def test_disabled_metrics_are_not_served_and_agent_names_label_per_agent_series(tmp_path: Path) -> None:
+    off = Daemon(make_home(tmp_path / "off", "[metrics]\nenabled = false\n")).start()
+    r = off.get("/metrics")
+    assert r.status_code == 404 and "error" in r.json()
+    assert "/metrics" not in off.get("/api/openapi.json").json()["paths"]
+    off.stop()
+    named = Daemon(make_home(tmp_path / "named", "[metrics]\nagent_labels = true\n")).start()
+    spawn(named, "labelled")
+    samples = scrape(named)
+    assert value(samples, "agentd_agent_queue_depth", agent="labelled") == 0
+    assert value(samples, "agentd_agent_queue_depth") is None
+
+
+def test_the_route_is_in_the_openapi_document(daemon: Daemon) -> None:
+    operation = daemon.get("/api/openapi.json").json()["paths"]["/metrics"]["get"]
+    assert "text/plain" in operation["responses"]["200"]["content"]
+    assert "401" in operation["responses"]
