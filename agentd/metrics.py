@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -46,6 +47,9 @@ class Metrics:
         self.daemon_id = daemon_id
         self._budget = budget
         self._queues = queues
+        # No `_created` series: in the text format each would be one more gauge per series
+        # (the switch is the library's, process-wide; a daemon's process is its own).
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         per_agent = ("agent",) if agent_labels else ()

@@ -3,17 +3,21 @@ every API route has, and the daemon's id on a shared database."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import requests
+import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgtest
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, stop_shared
+from support import Daemon, make_home, stop_shared, wait_until
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 REMOTE = "203.0.113.7"
 MESSAGE_ROUTE = "/api/agents/<agent_id>/message"
 
@@ -162,3 +166,29 @@ def test_the_route_is_in_the_openapi_document(daemon: Daemon) -> None:
     operation = daemon.get("/api/openapi.json").json()["paths"]["/metrics"]["get"]
     assert "text/plain" in operation["responses"]["200"]["content"]
     assert "401" in operation["responses"]
+
+
+def test_an_open_websocket_is_counted_while_it_is_open(daemon: Daemon) -> None:
+    agent_id = spawn(daemon, "socketed")
+    ws = websocket.create_connection(daemon.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws",
+                                     timeout=15)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        assert value(scrape(daemon), "agentd_open_websockets") == 1
+    finally:
+        ws.close()
+    wait_until(lambda: value(scrape(daemon), "agentd_open_websockets") == 0, "the socket to be counted closed")
+
+
+def test_docs_and_dashboard_name_exactly_the_served_metrics(daemon: Daemon) -> None:
+    r = daemon.get("/metrics")
+    served = {family.name for family in text_string_to_metric_families(r.text)}
+    assert all(name.startswith("agentd_") for name in served)
+    table = set(re.findall(r"^\| `(agentd_\w+)` \|", (DOCS / "metrics.md").read_text(), re.M))
+    # The table names counters with their _total sample, as queries use them.
+    assert {name.removesuffix("_total") for name in table} == served
+    dashboard = json.loads((DOCS / "grafana-agentd.json").read_text())
+    used = {re.sub(r"_(bucket|count|sum)$", "", name).removesuffix("_total")
+            for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"agentd_\w+", target["expr"])}
+    assert used <= served and len(used) >= len(served) - 1  # all but the build info
