@@ -90,9 +90,9 @@ class Metrics:
                                        "Delay between a scheduled job's due time and its start.",
                                        buckets=LAG_BUCKETS, registry=r)
         r.register(_StateCollector(self))
-        # Label children looked up once: a dict read per observation instead of `labels()`.
-        self._http: dict[tuple[str, str, str], Any] = {}
-        self._http_latency: dict[tuple[str, str], Any] = {}
+        # Label children looked up once: a dict read per observation instead of `labels()`
+        # (which takes the metric's lock); a race only makes `labels()` return the same child twice.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         if not agent_labels:
             for origin in ORIGINS:
                 for outcome in RUN_OUTCOMES:
@@ -101,41 +101,42 @@ class Metrics:
                 self.refused.labels(reason)
 
     # -- observations --------------------------------------------------------------------
-    def http_request(self, method: str, route: str, status: str, seconds: float) -> None:
-        key = (method, route, status)
-        child = self._http.get(key)
+    def _child(self, metric: Any, *labels: str) -> Any:
+        child = self._children.get((metric, labels))
         if child is None:
-            child = self._http[key] = self.http_requests.labels(method, route, status)
-        child.inc()
-        timed = self._http_latency.get((method, route))
-        if timed is None:
-            timed = self._http_latency[(method, route)] = self.http_latency.labels(method, route)
-        timed.observe(seconds)
+            child = self._children[(metric, labels)] = metric.labels(*labels)
+        return child
+
+    def http_request(self, method: str, route: str, status: str, seconds: float) -> None:
+        self._child(self.http_requests, method, route, status).inc()
+        self._child(self.http_latency, method, route).observe(seconds)
 
     def run_finished(self, origin: str, outcome: str, seconds: float, agent: str = "") -> None:
         origin = origin if origin in ORIGINS else "other"
-        labels = (origin, outcome, agent) if self.agent_labels else (origin, outcome)
-        self.runs.labels(*labels).inc()
-        self.run_latency.labels(origin).observe(seconds)
+        if self.agent_labels:
+            self._child(self.runs, origin, outcome, agent).inc()
+        else:
+            self._child(self.runs, origin, outcome).inc()
+        self._child(self.run_latency, origin).observe(seconds)
 
     def refusal(self, reason: str, agent: str = "") -> None:
         self.refused.labels(*((reason, agent) if self.agent_labels else (reason,))).inc()
 
     def llm_call(self, provider: str, model: str, outcome: str, seconds: float,
                  first_event: float | None = None) -> None:
-        self.llm_calls.labels(provider, model, outcome).inc()
-        self.llm_latency.labels(provider, model).observe(seconds)
+        self._child(self.llm_calls, provider, model, outcome).inc()
+        self._child(self.llm_latency, provider, model).observe(seconds)
         if first_event is not None:
-            self.llm_ttft.labels(provider, model).observe(first_event)
+            self._child(self.llm_ttft, provider, model).observe(first_event)
 
     def usage(self, provider: str, model: str, input_tokens: int, output_tokens: int, cost: float | None) -> None:
-        self.tokens.labels(provider, model, "input").inc(input_tokens)
-        self.tokens.labels(provider, model, "output").inc(output_tokens)
+        self._child(self.tokens, provider, model, "input").inc(input_tokens)
+        self._child(self.tokens, provider, model, "output").inc(output_tokens)
         if cost:
-            self.cost.labels(provider, model).inc(cost)
+            self._child(self.cost, provider, model).inc(cost)
 
     def channel_message(self, adapter: str, direction: str) -> None:
-        self.channel_messages.labels(adapter, direction).inc()
+        self._child(self.channel_messages, adapter, direction).inc()
 
     # -- exposition ----------------------------------------------------------------------
     def exposition(self) -> bytes:
