@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What metrics add to one message, in-process: the observations a plain message makes
 (its HTTP request, its run, one model call with its usage) and a scrape, timed with
-timeit on the real `Metrics` and `RequestMetrics` classes. Figures only.
+timeit on the real `Metrics` and `RequestMetrics` classes, in CPU time (other processes on
+a busy machine move wall-clock figures more than these). Figures only.
 
     python scripts/bench_metrics.py [--number 200000]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -53,9 +55,9 @@ def main() -> None:
     for name, stmt in (("bare WSGI app", lambda: app(environ, start_response)),
                        ("app + RequestMetrics", lambda: wrapped(environ, start_response)),
                        ("run + model call + usage", message)):
-        seconds = min(timeit.repeat(stmt, number=n, repeat=3))
+        seconds = min(timeit.repeat(stmt, number=n, repeat=5, timer=time.process_time))
         print(f"{name:28s} {seconds / n * 1e6:7.2f} µs")
-    scrape = min(timeit.repeat(metrics.exposition, number=200, repeat=3)) / 200
+    scrape = min(timeit.repeat(metrics.exposition, number=200, repeat=5, timer=time.process_time)) / 200
     print(f"{'scrape (64 agents)':28s} {scrape * 1e3:7.2f} ms, {len(metrics.exposition())} bytes")
 
 
