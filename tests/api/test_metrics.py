@@ -60,8 +60,8 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def spawn(d: Daemon, name: str) -> str:
-    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+def spawn(d: Daemon, name: str, extra: str = "") -> str:
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n' + extra})
     assert r.status_code == 201, r.text
     return r.json()["agent_id"]
 
@@ -69,7 +69,7 @@ def spawn(d: Daemon, name: str) -> str:
 def test_a_message_is_counted_by_route_run_model_call_and_tokens(daemon: Daemon) -> None:
     agent_id = spawn(daemon, "metered")
     before = scrape(daemon)
-    assert value(before, "agentd_runs_total", origin="api", outcome="completed") == 0
+    # Every origin of the run path has its series from the start.
     assert value(before, "agentd_runs_total", origin="schedule", outcome="completed") == 0
     r = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "count these words"})
     assert r.status_code == 200, r.text
@@ -82,12 +82,12 @@ def test_a_message_is_counted_by_route_run_model_call_and_tokens(daemon: Daemon)
         # (Other tests of the module may share this daemon: what this message added.)
         return value(after, name, **labels) - (value(before, name, **labels) or 0)
 
-    assert value(after, "agentd_http_requests_total", method="POST", route=MESSAGE_ROUTE, status="200") == 1
-    assert value(after, "agentd_http_request_duration_seconds_count", method="POST", route=MESSAGE_ROUTE) == 1
+    assert grew("agentd_http_requests_total", method="POST", route=MESSAGE_ROUTE, status="200") == 1
+    assert grew("agentd_http_request_duration_seconds_count", method="POST", route=MESSAGE_ROUTE) == 1
     # The raw path, with the agent's id in it, is never a label value.
     assert not [key for key in after if any(agent_id in v for _, v in key[1])]
-    assert value(after, "agentd_runs_total", origin="api", outcome="completed") == 1
-    assert value(after, "agentd_run_duration_seconds_count", origin="api") == 1
+    assert grew("agentd_runs_total", origin="api", outcome="completed") == 1
+    assert grew("agentd_run_duration_seconds_count", origin="api") == 1
     model = {"provider": "openai", "model": "gpt-4o"}
     assert grew("agentd_llm_calls_total", outcome="ok", **model) == 1
     assert grew("agentd_llm_call_duration_seconds_count", **model) == 1
@@ -127,7 +127,8 @@ def test_a_streamed_run_a_failed_model_call_and_refusals(daemon: Daemon) -> None
     ttft = "agentd_llm_time_to_first_token_seconds_count"
     model = {"provider": "openai", "model": "gpt-4o"}
     assert value(samples, ttft, **model) - (value(before, ttft, **model) or 0) == 1
-    assert value(samples, "agentd_open_streams") == 0
+    # The stream counts as open until the server has closed its body.
+    wait_until(lambda: value(scrape(daemon), "agentd_open_streams") == 0, "the stream to be counted closed")
     assert value(samples, "agentd_llm_calls_total", provider="openai", model="gpt-4o", outcome="bad_request") == 1
     assert value(samples, "agentd_runs_total", origin="api", outcome="failed") == 1
     assert value(samples, "agentd_requests_refused_total", reason="size") == 1
@@ -154,6 +155,16 @@ def test_a_queued_run_is_counted_and_a_full_queue_refused(daemon: Daemon, fake_l
     samples = scrape(daemon)
     assert value(samples, "agentd_requests_refused_total", reason="queue_full") == 1
     assert value(samples, "agentd_agent_queue_depth") == 0
+
+
+def test_a_spent_token_quota_is_a_refusal(daemon: Daemon) -> None:
+    agent_id = spawn(daemon, "rationed", "[resources]\nmax_llm_tokens_per_hour = 1\n")
+    assert daemon.post(f"/api/agents/{agent_id}/message", json={"message": "spend it"}).status_code == 200
+    refused = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "once more"})
+    assert refused.status_code == 429 and "quota exceeded" in refused.json()["error"]
+    samples = scrape(daemon)
+    assert value(samples, "agentd_requests_refused_total", reason="quota") == 1
+    assert value(samples, "agentd_requests_refused_total", reason="budget") == 0
 
 
 def test_unknown_paths_share_one_label(daemon: Daemon) -> None:
