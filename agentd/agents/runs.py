@@ -183,7 +183,7 @@ class Runs:
             raise
 
     def _refused(self, reason: str, handle: AgentHandle) -> None:
-        # (Bodies over a size limit are counted by the HTTP layer, which refuses most of them.)
+        # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.
         if self.metrics is not None:
             self.metrics.refusal(reason, handle.name)
 
@@ -272,9 +272,9 @@ class Runs:
                 handle.cancel = cancel
             if self.cluster is not None:
                 result = self.cluster.run(handle, cancel, lock_timeout,
-                                        lambda complete: self._run_locked(handle, session, user, image_refs, emit,
-                                                                          options, cancel, complete),
-                                        completes=True, session_id=session.session_id)
+                                          lambda complete: self._run_locked(handle, session, user, image_refs,
+                                                                            emit, options, cancel, complete),
+                                          completes=True, session_id=session.session_id)
             else:
                 result = self._run_locked(handle, session, user, image_refs, emit, options, cancel)
             outcome = "completed"
