@@ -109,10 +109,13 @@ def test_a_message_is_counted_by_route_run_model_call_and_tokens(daemon: Daemon)
 def test_a_streamed_run_a_failed_model_call_and_refusals(daemon: Daemon) -> None:
     agent_id = spawn(daemon, "streamed")
     before = scrape(daemon)
-    with daemon.post(f"/api/agents/{agent_id}/message/stream", json={"message": "[[chunks:4]]"},
+    with daemon.post(f"/api/agents/{agent_id}/message/stream", json={"message": "[[chunks:4]] [[pace:300]]"},
                      stream=True) as r:
         assert r.status_code == 200
-        events = r.text
+        lines = r.iter_lines(decode_unicode=True)
+        next(line for line in lines if line.startswith("data:"))
+        assert value(scrape(daemon), "agentd_open_streams") == 1
+        events = "\n".join(lines)
     assert "event: done" in events
     failing = spawn(daemon, "failing")
     r = daemon.post(f"/api/agents/{failing}/message", json={"message": "[[fail:400]]"})
