@@ -267,3 +267,14 @@ def test_channel_messages_in_out_and_refused_by_adapter(daemon: Daemon) -> None:
     finally:
         daemon.delete("/api/channels/webhook/configure")
         callback.close()
+
+
+@pytest.mark.skipif(not pgtest.ENABLED, reason="several daemons share a database only on PostgreSQL (--db=postgres)")
+def test_daemons_on_one_database_each_label_their_own_series(tmp_path: Path) -> None:
+    url = pgtest.databases().new_url()
+    daemons = [Daemon(make_home(tmp_path / name, f'[cluster]\ndaemon_id = "{name}"\n'),
+                      env_extra={"AGENTD_DATABASE_URL": url}).start() for name in ("metrics-a", "metrics-b")]
+    for d, name in zip(daemons, ("metrics-a", "metrics-b")):
+        text = d.get("/metrics").text
+        ids = {s.labels.get("daemon_id") for f in text_string_to_metric_families(text) for s in f.samples}
+        assert ids == {name}
