@@ -84,7 +84,8 @@ class Kernel:
         self.metrics = Metrics(agent_labels=config.metrics.agent_labels,
                                daemon_id=self.cluster.id if store.shared else None,
                                budget=self.metering.budget,
-                               queues=lambda: [(h.name, len(h.waiting)) for h in self.agents.handles()])
+                               queues=lambda: [(h.name, len(h.waiting)) for h in self.agents.registry.loaded()
+                                               if not h.killed])
         from agentd.agents.shared_approvals import SharedApprovalQueue
 
         self.approvals: ApprovalQueue = SharedApprovalQueue(store, self.cluster.id)

@@ -13,6 +13,7 @@ served it, added at scrape time.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics,
@@ -21,6 +22,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from agentd import __version__
+
+log = logging.getLogger("agentd.metrics")
 
 # The run path's origins; anything else is counted as `other` so a typo cannot add series.
 ORIGINS = ("api", "sse", "ws", "v1", "channel", "workflow", "agent", "schedule", "trigger")
@@ -154,8 +157,13 @@ class _StateCollector:
 
     def collect(self) -> Iterable[Metric]:
         m = self.metrics
+        budget = None
         if m._budget is not None:
-            budget = m._budget()
+            try:
+                budget = m._budget()
+            except Exception:  # noqa: BLE001 - a database hiccup must not fail the whole scrape
+                log.warning("metrics: the budget could not be read", exc_info=True)
+        if budget is not None:
             spent = GaugeMetricFamily("agentd_budget_spent_usd", "Spend of the current budget period in US dollars.")
             spent.add_metric([], float(budget["spent_usd"]))
             limit = GaugeMetricFamily("agentd_budget_limit_usd", "The budget limit in US dollars (0: none).")
