@@ -278,3 +278,26 @@ def test_daemons_on_one_database_each_label_their_own_series(tmp_path: Path) -> 
         text = d.get("/metrics").text
         ids = {s.labels.get("daemon_id") for f in text_string_to_metric_families(text) for s in f.samples}
         assert ids == {name}
+
+
+def test_rate_limited_requests_are_refusals(tmp_path: Path) -> None:
+    from agentd.api import create_app
+    from agentd.config import parse_config
+    from agentd.kernel import Kernel
+    from support import with_test_db
+
+    data = {"api": {"rate_limit_per_second": 1, "rate_limit_burst": 2}}
+    kernel = Kernel.open(parse_config(with_test_db(data, tmp_path), tmp_path))
+    try:
+        client = create_app(kernel).test_client()
+        statuses = [client.get("/api/status", environ_base={"REMOTE_ADDR": "127.0.0.1"}).status_code
+                    for _ in range(4)]
+        assert statuses.count(429) >= 1
+        text = kernel.metrics.exposition().decode()
+        samples = {(s.name, frozenset((k, v) for k, v in s.labels.items() if k != "daemon_id")): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples}
+        assert value(samples, "agentd_requests_refused_total", reason="rate_limit") == statuses.count(429)
+        assert value(samples, "agentd_http_requests_total", method="GET", route="/api/status",
+                     status="429") == statuses.count(429)
+    finally:
+        kernel.close()
