@@ -24,6 +24,7 @@ from agentd.cli.client import DaemonInfo, is_healthy, process_identity, read_dae
 from agentd import tracing
 from agentd.config import Config
 from agentd.errors import AgentdError
+from agentd.logs import setup_logging
 from agentd.timestamps import iso, utcnow
 from agentd.server import serve
 from agentd.server.startgate import StartGate
@@ -42,15 +43,6 @@ log = logging.getLogger("agentd.daemon")
 
 class StartError(AgentdError):
     """The daemon cannot start; the message says why."""
-
-
-def setup_logging(level: str) -> None:
-    """Log to stderr in one readable line per record."""
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        stream=sys.stderr, force=True)
-    # waitress's per-queue warnings are noise for a daemon sized for streams.
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
 
 def check_not_running(config: Config) -> None:
@@ -264,7 +256,7 @@ def tune_interpreter() -> None:
 
 def run_daemon(config: Config) -> None:
     """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     tune_interpreter()
     daemon = Daemon(config)
     try:

@@ -37,6 +37,7 @@ from agentd.memory.embedding_models import EmbeddingModels
 from agentd.memory.kv import KvMemory
 from agentd.memory.service import MemoryService
 from agentd.metering import Metering
+from agentd.metrics import Metrics
 from agentd.providers import ProviderKeys
 from agentd.cluster.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
@@ -86,13 +87,20 @@ class Kernel:
         # approvals in the database, budget admission, channel leaders, memory notifications.
         self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
                                budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)
+        # Prometheus metrics (GET /metrics); the gauges of state owned below are read at scrape time.
+        self.metrics = Metrics(agent_labels=config.metrics.agent_labels,
+                               daemon_id=self.cluster.id if store.shared else None,
+                               budget=self.metering.budget,
+                               queues=lambda: [(h.name, len(h.waiting)) for h in self.agents.registry.loaded()
+                                               if not h.killed])
         from agentd.agents.shared_approvals import SharedApprovalQueue
 
         self.approvals: ApprovalQueue = SharedApprovalQueue(store, self.cluster.id)
         # The agent services, each given what it uses (agentd/agents/manager.py lists them).
-        models = ModelCalls(config, self.catalog, self._record_usage)
+        models = ModelCalls(config, self.catalog, self._record_usage, metrics=self.metrics)
         # Semantic memory + knowledge graph; numpy and the model load on first use.
-        self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
+        self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries,
+                                    on_recall=self.metrics.memory_recall.observe)
         # MCP (agentd/mcp/): the servers' tools for agents, on one asyncio loop the daemon owns
         # (started by the first configured server or `/mcp` request); config changes apply live.
         self.mcp_loop = LoopThread()
@@ -108,7 +116,8 @@ class Kernel:
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
-                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
+                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
+                         metrics=self.metrics)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
@@ -136,7 +145,8 @@ class Kernel:
         # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
-                                       store, self.agents, self.runs, self.audit.record)
+                                       store, self.agents, self.runs, self.audit.record,
+                                       on_message=self.metrics.channel_message)
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 
@@ -147,8 +157,10 @@ class Kernel:
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse, defer: list | None = None) -> float | None:
-        return self.metering.record(handle.id, handle.name, provider, model,
+        cost = self.metering.record(handle.id, handle.name, provider, model,
                                     response.usage.input_tokens, response.usage.output_tokens, defer)
+        self.metrics.usage(provider, model, response.usage.input_tokens, response.usage.output_tokens, cost)
+        return cost
 
     @classmethod
     def open(cls, config: Config) -> "Kernel":

@@ -7,6 +7,7 @@ to a sink and returns a `RunResult`.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -245,8 +246,10 @@ class AgentLoop:
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
         stop = CallStop(self.spec.tool_ctx.cancel)
-        context = dataclasses.replace(self.spec.tool_ctx, cancel=stop)
-        future = _TOOL_POOL.submit(tracing.carried(tool.run), context, args)
+        # The tool's thread keeps the run's context: its log lines name the run's request and
+        # agent, and its HTTP calls and the runs it starts stay in the run's trace.
+        future = _TOOL_POOL.submit(contextvars.copy_context().run, tool.run,
+                                   dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False

@@ -14,6 +14,7 @@ from agentd.agents.handle import AgentHandle
 from agentd.config import Config
 from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatRequest, ChatResponse, LLMError, ProviderEndpoint
+from agentd.metrics import Metrics
 
 # Metering.record for one answered call: (handle, provider, model, response[, rows]) -> its
 # cost; with `rows` the usage row is collected there instead of written.
@@ -28,10 +29,12 @@ class ModelCalls:
 
     `record_usage` prices and records each answered call."""
 
-    def __init__(self, config: Config, catalog: Catalog, record_usage: RecordUsage) -> None:
+    def __init__(self, config: Config, catalog: Catalog, record_usage: RecordUsage,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.record_usage = record_usage
+        self.metrics = metrics
         # Provider base URLs set at runtime (PUT /api/providers/{name}/url) win over config.
         self.url_overrides: dict[str, str] = {}
 
@@ -62,6 +65,8 @@ class ModelCalls:
         # The drivers (and requests, ~6 MB) load on the first model call, not at start.
         from agentd.llm import drivers
 
+        metrics = self.metrics
+
         def call(request: ChatRequest, on_event: Callable[[Any], None] | None,
                  cancel: threading.Event) -> ChatResponse:
             errors: list[LLMError] = []
@@ -69,9 +74,13 @@ class ModelCalls:
             deadline = time.monotonic() + self.config.llm.timeout_secs
             for provider, model, env, base in chain:
                 delivered = [False]
+                first: list[float | None] = [None]  # seconds to the first streamed event
+                started = time.monotonic()
 
                 def forward(event: Any) -> None:
-                    delivered[0] = True
+                    if not delivered[0]:
+                        delivered[0] = True
+                        first[0] = time.monotonic() - started
                     on_event(event)  # type: ignore[misc]
 
                 try:
@@ -86,11 +95,15 @@ class ModelCalls:
                             current.set_attributes({"gen_ai.usage.input_tokens": response.usage.input_tokens,
                                                     "gen_ai.usage.output_tokens": response.usage.output_tokens})
                 except LLMError as exc:
+                    if metrics is not None:
+                        metrics.llm_call(provider, model, exc.kind, time.monotonic() - started, first[0])
                     if exc.kind in ("cancelled", "timeout") or delivered[0]:
                         raise
                     errors.append(exc)
                     log.warning("model call failed: %s", exc.message)
                     continue
+                if metrics is not None:
+                    metrics.llm_call(provider, model, "ok", time.monotonic() - started, first[0])
                 response.model = model
                 cost = (self.record_usage(handle, provider, model, response, usage) if defer
                         else self.record_usage(handle, provider, model, response))

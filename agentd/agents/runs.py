@@ -52,6 +52,8 @@ from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, To
 from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
+from agentd.metrics import Metrics
+from agentd import logs
 
 if TYPE_CHECKING:
     from agentd.cluster import Cluster
@@ -92,6 +94,8 @@ class RunRequest:
     origin: str = "api"
     # The starter's trace context: the run's span continues it on whichever thread runs it.
     trace: Any = field(default_factory=tracing.capture)
+    # The HTTP request that asked for the run (its log lines name it, on any thread).
+    request_id: str | None = field(default_factory=logs.request_id)
 
 
 class RunTicket:
@@ -143,7 +147,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -157,6 +162,7 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        self.metrics = metrics
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -171,9 +177,18 @@ class Runs:
         if request.session_id or request.on == INLINE:
             return RunTicket(self, request)
         job = QueuedRun(lambda _handle: self._execute(request), request.cancel)
-        if request.on == CALLER:
-            return RunTicket(self, request, claimed=self.queues.claim(handle, job))
-        return RunTicket(self, request, future=self.queues.submit(handle, job))
+        try:
+            if request.on == CALLER:
+                return RunTicket(self, request, claimed=self.queues.claim(handle, job))
+            return RunTicket(self, request, future=self.queues.submit(handle, job))
+        except TooManyRequests:
+            self._refused("queue_full", handle)
+            raise
+
+    def _refused(self, reason: str, handle: AgentHandle) -> None:
+        # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.
+        if self.metrics is not None:
+            self.metrics.refusal(reason, handle.name)
 
     def ops_for(self, handle: AgentHandle) -> AgentOpsImpl:
         """What the agent's tools may do to other agents and memory."""
@@ -242,6 +257,14 @@ class Runs:
         """Run one request to completion in the calling thread (`recheck`: the quota and
         budget again, for a run that waited in its agent's queue). `request.cancel` stops
         the run; stop() and kill() set it too, except for a conversation's run."""
+        # Whichever thread runs it, the run's log lines name its request and agent.
+        token = logs.bind(request_id=request.request_id, agent=request.handle.name)
+        try:
+            return self._execute_bound(request, recheck)
+        finally:
+            logs.unbind(token)
+
+    def _execute_bound(self, request: RunRequest, recheck: bool) -> RunResult:
         handle = request.handle
         options = request.options or RunOptions()
         if recheck:
@@ -255,18 +278,23 @@ class Runs:
         cancel = request.cancel
         emit = request.emit
         started = time.monotonic()
+        outcome = "failed"
         try:
             if handle.killed or cancel.is_set():
                 raise RunCancelled("run cancelled")
             if lock is not None:
                 handle.cancel = cancel
             if self.cluster is not None:
-                return self.cluster.run(handle, cancel, lock_timeout,
-                                        lambda complete: self._run_locked(handle, session, user, image_refs, emit,
-                                                                          options, cancel, complete),
-                                        completes=True, session_id=session.session_id)
-            return self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+                result = self.cluster.run(handle, cancel, lock_timeout,
+                                          lambda complete: self._run_locked(handle, session, user, image_refs,
+                                                                            emit, options, cancel, complete),
+                                          completes=True, session_id=session.session_id)
+            else:
+                result = self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+            outcome = "completed"
+            return result
         except RunCancelled:
+            outcome = "cancelled"
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
                      handle.provider, handle.model, time.monotonic() - started)
             raise
@@ -282,6 +310,8 @@ class Runs:
             if lock is not None:
                 handle.cancel = None
                 lock.release()
+            if self.metrics is not None:
+                self.metrics.run_finished(request.origin, outcome, time.monotonic() - started, handle.name)
 
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
@@ -375,9 +405,17 @@ class Runs:
 
     def precheck(self, handle: AgentHandle) -> None:
         """Refusals that must happen before a response starts (quota, budget)."""
-        self._check_quota(handle)
+        try:
+            self._check_quota(handle)
+        except TooManyRequests:
+            self._refused("quota", handle)
+            raise
         if self.preflight is not None:
-            self.preflight(handle)
+            try:
+                self.preflight(handle)
+            except TooManyRequests:
+                self._refused("budget", handle)
+                raise
 
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the agent's current run; True when one was running."""

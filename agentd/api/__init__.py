@@ -73,6 +73,11 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
                             routes_stream, routes_system, routes_workflows)
     from agentd.api.sockets import register_sockets
 
+    if kernel.config.metrics.enabled:
+        from agentd.api.metrics_http import RequestMetrics
+
+        # Inside the common headers: the request id is set and the answer's own status is seen.
+        app.wsgi_app = RequestMetrics(app.wsgi_app, kernel.metrics)  # type: ignore[method-assign]
     # Every answer names the daemon that gave it (agentd/api/routes_cluster.py).
     install_middleware(app, kernel.config, fixed_headers=[("X-Agentd-Daemon", kernel.cluster.id)])
     install_guard(app, kernel.config)
@@ -96,6 +101,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_cluster.bp)
     from agentd.api import routes_mcp
     app.register_blueprint(routes_mcp.bp)
+    if kernel.config.metrics.enabled:
+        from agentd.api import routes_metrics
+        app.register_blueprint(routes_metrics.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

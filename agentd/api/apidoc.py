@@ -75,6 +75,6 @@ def operation_of(view: Callable[..., Any]) -> Operation | None:
 
 
 def is_api_path(rule: str) -> bool:
-    """Routes under /api/ and /v1/ are the API; everything else (dashboard pages,
-    /static, the /api HTML page) is not part of the document."""
-    return rule.startswith(("/api/", "/v1/"))
+    """Routes under /api/ and /v1/ (and /metrics) are the API; everything else (dashboard
+    pages, /static, the /api HTML page) is not part of the document."""
+    return rule.startswith(("/api/", "/v1/")) or rule == "/metrics"

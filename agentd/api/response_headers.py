@@ -19,6 +19,7 @@ import math
 import time
 from typing import Any, Callable, Iterable
 
+from agentd import logs
 from agentd.server.proxy import PEER_KEY
 from agentd.ids import random_uuid
 
@@ -37,7 +38,7 @@ StartResponse = Callable[..., Any]
 
 def is_api(path: str) -> bool:
     """JSON routes get `no-store` and the API's content policy."""
-    return path.startswith(("/api/", "/v1/"))
+    return path.startswith(("/api/", "/v1/")) or path == "/metrics"
 
 
 class ResponseHeaders:
@@ -51,7 +52,7 @@ class ResponseHeaders:
         self.fixed = list(fixed)  # the same on every answer (`X-Agentd-Daemon`); they replace the app's
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        environ[REQUEST_ID] = random_uuid().hex
+        environ[REQUEST_ID] = rid = random_uuid().hex
         started = time.perf_counter()
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -60,7 +61,12 @@ class ResponseHeaders:
                 _log_request(environ, status, started)
             return start_response(status, headers, exc_info)
 
-        return self.app(environ, start)
+        # The lines this request writes name it (runs carry it on: RunRequest.request_id).
+        token = logs.bind(request_id=rid)
+        try:
+            return self.app(environ, start)
+        finally:
+            logs.unbind(token)
 
     def add(self, environ: dict[str, Any], headers: list[tuple[str, str]]) -> None:
         """Add (or replace) the common headers in `headers`, the answer's list."""

@@ -35,8 +35,11 @@ class ChannelManager:
     """Start/stop/reload adapters and route their messages to agents."""
 
     def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
-                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None]) -> None:
+                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
+                 on_message: Callable[[str, str], None] | None = None) -> None:
         self.config_path = config_path
+        # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
+        self.on_message = on_message or (lambda adapter, direction: None)
         self.store = store
         self.agents = agents
         self.runs = runs
@@ -235,9 +238,11 @@ class ChannelManager:
             except PayloadTooLarge:
                 refused = "message larger than 64 KB"
         if refused:
+            self.on_message(name, "refused")
             self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
                                                  "message_id": msg.message_id, "reason": refused})
             return
+        self.on_message(name, "in")
         self.audit("channel.inbound", name, {"message_id": msg.message_id, "sender": msg.sender_id,
                                              "conversation": msg.conversation.key})
         if not self.dispatcher.submit(msg.conversation.key, lambda: self._answer(name, msg)):
@@ -285,6 +290,7 @@ class ChannelManager:
         except Exception as exc:  # noqa: BLE001
             self.audit("channel.send_failed", name, {"in_reply_to": msg.message_id, "error": str(exc)[:300]})
             return
+        self.on_message(name, "out")
         self.audit("channel.outbound", name, {"message_id": sent_id, "in_reply_to": msg.message_id,
                                               "conversation": conversation.key})
 

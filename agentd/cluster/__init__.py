@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pony import orm
 
+from agentd import logs
 from agentd.cluster.config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
 from agentd.ids import time_ordered_uuid
@@ -148,6 +149,8 @@ class Cluster:
         after it, is closed here after."""
         local = self._begin(handle, session_id or handle.session_id, cancel, lock_timeout)
         status, error, result = "failed", None, None
+        # The run's log lines name its record (the caller's context is restored by Runs).
+        bound = logs.bind(run_id=local.run_id)
 
         def complete(tx: Tx, cost: float | None) -> None:
             self._close(local, "completed", None, cost, tx)
@@ -173,6 +176,7 @@ class Cluster:
                     relaxed_commit(self.store)
                     self._close(local, status, error, cost)
             self._sessions.discard(local.lease.name)
+            logs.unbind(bound)
 
     def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None,
                tx: Tx | None = None) -> None:

@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentd.config.parse import (LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 tools_table, split_listen)
+from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, default_model_table, expect, memory_table,
+                                 metrics_table, tools_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
-                                  MemoryConfig, TelemetryConfig, ToolsConfig)
+                                  MemoryConfig, MetricsConfig, TelemetryConfig, ToolsConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
-__all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_LEVELS", "AgentsConfig", "ApiConfig", "Config",
-           "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
+__all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
+           "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "TelemetryConfig",
+           "ToolsConfig", "home_dir",
            "load_config", "parse_config", "split_listen", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
@@ -38,6 +39,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     api_key: str = ""
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one JSON object per line (agentd/logs.py)
     network_enabled: bool = False
     default_model: DefaultModel = field(default_factory=DefaultModel)
     provider_urls: dict[str, str] = field(default_factory=dict)
@@ -46,6 +48,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -111,6 +114,11 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if level not in LOG_LEVELS:
             raise ConfigError(f"config key log_level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
         cfg.log_level = level
+    if "log_format" in data:
+        fmt = expect(data["log_format"], str, "log_format", "a string").lower()
+        if fmt not in LOG_FORMATS:
+            raise ConfigError(f"config key log_format: {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+        cfg.log_format = fmt
     if "network_enabled" in data:
         cfg.network_enabled = expect(data["network_enabled"], bool, "network_enabled", "a boolean")
     cfg.default_model = default_model_table(data)
@@ -131,6 +139,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
             raise ConfigError("config key llm.retries: must be between 0 and 10")
         cfg.llm.retries = retries
     cfg.memory = memory_table(data)
+    cfg.metrics = metrics_table(data)
     if "stream_idle_secs" in llm:
         idle = expect(llm["stream_idle_secs"], (int, float), "llm.stream_idle_secs", "a number")
         if idle <= 0:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, ToolsConfig
+from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, ToolsConfig
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 
 
 def split_listen(addr: str) -> tuple[str, int]:
@@ -175,3 +176,13 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
                 raise ConfigError(f"config key memory.{key}: must be {limits}")
             setattr(memory, key, value)
     return memory
+
+
+def metrics_table(data: dict[str, Any]) -> MetricsConfig:
+    """The `[metrics]` table, validated."""
+    metrics = MetricsConfig()
+    table = expect(data.get("metrics", {}), dict, "metrics", "a table")
+    for key in ("enabled", "agent_labels"):
+        if key in table:
+            setattr(metrics, key, expect(table[key], bool, f"metrics.{key}", "a boolean"))
+    return metrics

@@ -63,6 +63,15 @@ class AgentsConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """The `[metrics]` table: the Prometheus endpoint `GET /metrics`."""
+
+    enabled: bool = True
+    # Agent names as a label on the per-agent series (runs, refusals, queue depth).
+    agent_labels: bool = False
+
+
+@dataclass
 class ToolsConfig:
     """The `[tools]` table: limits and backends of the built-in tools."""
 

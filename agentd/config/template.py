@@ -21,6 +21,8 @@ api_key = ""
 
 # debug, info, warning, error or critical
 log_level = "info"
+# "text" (one readable line per record) or "json" (one JSON object per line).
+log_format = "text"
 
 # Whether agents may use network tools by default.
 network_enabled = false
@@ -83,6 +85,12 @@ embed_threads = 0
 # confidence (x decay_factor per run) and are dropped below decay_floor. 0 = no schedule.
 consolidate_every_hours = 24
 decay_days = 30
+
+[metrics]
+# Prometheus metrics at GET /metrics (same auth as the API).
+enabled = true
+# Add agent names as a label on the per-agent series (runs, refusals, queue depth).
+agent_labels = false
 
 [default_model]
 # What provider = "default" and model = "default" mean in an agent manifest.

@@ -13,6 +13,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentd.config import MemoryConfig
@@ -37,8 +38,10 @@ class MemoryService:
     """Semantic memory, the knowledge graph, consolidation and export/import."""
 
     def __init__(self, config: MemoryConfig, store: Store,
-                 endpoint: Callable[[str], "ProviderEndpoint"] | None = None, retries: int = 3) -> None:
+                 endpoint: Callable[[str], "ProviderEndpoint"] | None = None, retries: int = 3,
+                 on_recall: Callable[[float], None] | None = None) -> None:
         self.config = config
+        self._on_recall = on_recall  # given each recall's seconds (a metrics histogram)
         self.store = store
         self.graph = KnowledgeGraph(store)
         self._endpoint = endpoint
@@ -118,7 +121,15 @@ class MemoryService:
                 fields.score(min_score) if min_score is not None else None, fields.memory_filter(flt))
         if args[3].agent_id is not None and args[3].agent_id != agent_id:
             return []  # an agent's memory holds only its own fragments
-        return self.semantic.recall(agent_id, *args)
+        return self._timed_recall(agent_id, *args)
+
+    def _timed_recall(self, agent_id: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        started = time.perf_counter()
+        try:
+            return self.semantic.recall(agent_id, *args, **kwargs)
+        finally:
+            if self._on_recall is not None:
+                self._on_recall(time.perf_counter() - started)
 
     def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
         return self.semantic.page(agent_id, fields.integer(limit, "limit", 1, 1000),
@@ -225,8 +236,8 @@ class MemoryService:
             def in_session(content: str) -> bool:
                 return content.split(ANSWERED, 1)[0] in asked_here()
 
-            found = self.semantic.recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
-                                         skip=in_session)
+            found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
+                                       skip=in_session)
         except Exception:  # noqa: BLE001 - memory must never fail a run
             log.exception("memory recall for agent %s failed", agent_id)
             return system

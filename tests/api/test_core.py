@@ -598,6 +598,7 @@ def test_a_dashboard_429_is_a_page_with_retry_after(tmp_path: Path, caplog, quer
 def test_json_paths_are_api_and_v1_exactly() -> None:
     from agentd.api.errors import is_api_path
     assert is_api_path("/api") and is_api_path("/v1") and is_api_path("/api/x") and is_api_path("/v1/x")
+    assert is_api_path("/metrics") and not is_api_path("/metrics/x")
     assert not any(is_api_path(p) for p in ("/", "/agents", "/apix", "/v1x", "/API", "/V1", "/x/api"))
 
 

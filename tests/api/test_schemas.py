@@ -105,7 +105,8 @@ def test_doc_attaches_an_operation() -> None:
 
 @pytest.mark.parametrize("rule, api", [
     ("/api/agents", True), ("/v1/models", True), ("/api", False), ("/api/", True), ("/v1", False),
-    ("/apix/a", False), ("/static/x", False), ("/", False), ("/dashboard/api/x", False)])
+    ("/apix/a", False), ("/static/x", False), ("/", False), ("/dashboard/api/x", False),
+    ("/metrics", True), ("/metrics/x", False)])
 def test_is_api_path(rule: str, api: bool) -> None:
     assert apidoc.is_api_path(rule) is api
 

@@ -29,6 +29,13 @@ def test_defaults_without_a_file(tmp_path: Path) -> None:
     assert cfg.api.threads >= 32
     assert cfg.api_key == ""
     assert cfg.log_level == "info"
+    assert (cfg.log_format, cfg.metrics.enabled, cfg.metrics.agent_labels) == ("text", True, False)
+
+
+def test_log_format_and_metrics_keys(tmp_path: Path) -> None:
+    write(tmp_path, 'log_format = "JSON"\n[metrics]\nenabled = false\nagent_labels = true\n')
+    cfg = load_config(tmp_path)
+    assert (cfg.log_format, cfg.metrics.enabled, cfg.metrics.agent_labels) == ("json", False, True)
 
 
 def test_default_template_parses_to_defaults(tmp_path: Path) -> None:
@@ -73,6 +80,9 @@ def test_unparsable_toml_names_the_line(tmp_path: Path) -> None:
     ('[api]\nthreads = 0\n', "api.threads"),
     ('[api]\ncors_origins = "http://x"\n', "api.cors_origins"),
     ('log_level = "loud"\n', "log_level"),
+    ('log_format = "xml"\n', "config key log_format: 'xml' is not one of text, json"),
+    ('[metrics]\nenabled = "yes"\n', "metrics.enabled: expected a boolean"),
+    ('[metrics]\nagent_labels = 1\n', "metrics.agent_labels: expected a boolean"),
     ('[default_model]\nprovider = 3\n', "default_model.provider"),
 ])
 def test_wrong_types_name_the_key(tmp_path: Path, text: str, fragment: str) -> None:

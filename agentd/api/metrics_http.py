@@ -1,0 +1,75 @@
+"""HTTP metrics, taken as each answer leaves the app (WSGI middleware).
+
+The route label is the matched Flask rule (`/api/agents/<agent_id>/message`), never the
+raw path, so a client cannot add series by inventing paths. Latency runs from the
+request's arrival to its response headers: a whole answer for plain requests, the opening
+for streams. Event streams count as open until the server closes their body; a WebSocket
+while its handler holds the connection.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from werkzeug.wsgi import ClosingIterator
+
+from agentd.api.response_headers import RATE
+from agentd.metrics import UNMATCHED, Metrics
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_STREAMING = "agentd.metrics.sse"
+
+
+class RequestMetrics:
+    """WSGI middleware counting every answer of `app` in `metrics`."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        started = time.perf_counter()
+        metrics = self.metrics
+        socket = environ.get("HTTP_UPGRADE", "").lower() == "websocket"
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            self._observe(environ, status, headers, started)
+            return start_response(status, headers, exc_info)
+
+        if socket:
+            metrics.open_websockets.inc()
+        try:
+            body = self.app(environ, start)
+        finally:
+            if socket:
+                metrics.open_websockets.dec()
+        if environ.pop(_STREAMING, False):
+            return ClosingIterator(body, metrics.open_streams.dec)
+        return body
+
+    def _observe(self, environ: dict[str, Any], status: str, headers: list[tuple[str, str]],
+                 started: float) -> None:
+        code = status[:3]
+        request = environ.get("werkzeug.request")
+        rule = getattr(request, "url_rule", None)
+        method = environ.get("REQUEST_METHOD", "")
+        self.metrics.http_request(method if method in METHODS else "other",
+                                  rule.rule if rule is not None else UNMATCHED, code,
+                                  time.perf_counter() - started)
+        if code == "429":
+            decision = environ.get(RATE)
+            if decision is not None and not decision.allowed:
+                self.metrics.refusal("rate_limit")
+        elif code == "413":
+            self.metrics.refusal("size")
+        elif code == "200" and _is_event_stream(headers) and not environ.get(_STREAMING):
+            environ[_STREAMING] = True
+            self.metrics.open_streams.inc()
+
+
+def _is_event_stream(headers: list[tuple[str, str]]) -> bool:
+    for name, value in headers:
+        if name.lower() == "content-type":
+            return value.startswith("text/event-stream")
+    return False
