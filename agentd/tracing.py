@@ -117,16 +117,6 @@ def capture() -> Any:
     return context.get_current()
 
 
-def carried(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, run in this thread's trace context wherever it is called (`fn` itself while off):
-    a tool's HTTP calls and the runs it starts stay in the run's trace."""
-    if _tracer is None:
-        return fn
-    import contextvars
-
-    return functools.partial(contextvars.copy_context().run, fn)
-
-
 def inject(headers: dict[str, str]) -> dict[str, str]:
     """`headers` plus the current span's `traceparent` (the same dict while off)."""
     if _tracer is None:
