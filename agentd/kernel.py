@@ -68,11 +68,23 @@ class Kernel:
         self._shutdown_hook: Callable[[], None] | None = None
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
-        self.kv = KvMemory(store)
+        # The event bus (agentd/triggers/bus.py): KV changes, custom events, workflow
+        # completions, failed runs and channel messages, heard by the triggers.
+        from agentd.triggers import sources
+        from agentd.triggers.bus import EventBus
+
+        self.events = EventBus()
+        self.kv = KvMemory(store, on_change=sources.kv_changes(self.events))
         # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
+        from agentd.agents.cooperation import Cooperation
+        from agentd.tasks.board import TaskBoard
+        from agentd.triggers.service import TriggerLifecycle
+        from agentd.triggers.store import TriggerStore
+
+        trigger_store = TriggerStore(store, self.audit.record)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -88,12 +100,15 @@ class Kernel:
         self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
-        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record)
+        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
+                                 hooks=[TriggerLifecycle(trigger_store)])
+        self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
-                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
+                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
+                         cooperation=Cooperation(self.tasks, self.events, self.audit.record))
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
@@ -112,7 +127,12 @@ class Kernel:
         if loaded:
             log.info("restored %d agent(s)", loaded)
         self.workflows = WorkflowEngine(store, registry, self.runs, self.executor, daemon_id=self.cluster.id,
-                                        shared=self.cluster.shared)
+                                        shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
+        from agentd.triggers.service import Triggers
+        from agentd.triggers.settings import trigger_settings
+
+        self.triggers = Triggers(trigger_store, self.events, registry, self.runs, trigger_settings(config.raw),
+                                 self.audit.record)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
@@ -120,7 +140,8 @@ class Kernel:
         # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
-                                       store, self.agents, self.runs, self.audit.record)
+                                       store, self.agents, self.runs, self.audit.record,
+                                       on_inbound=sources.channel_messages(self.events))
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 
@@ -167,6 +188,7 @@ class Kernel:
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()
+        self.events.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():
@@ -176,6 +198,15 @@ class Kernel:
         self.memory_notifier.close()
         self.memory.close()
         self.store.close()
+
+    # -- events ----------------------------------------------------------
+    def publish_event(self, data: dict[str, Any]) -> str:
+        """POST /api/events: a custom event on the bus; its id."""
+        from agentd.triggers.bus import CUSTOM, Event
+
+        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api"))
+        self.audit.record("event.publish", data["event_type"], {"event_id": event.id})
+        return event.id
 
     # -- status ----------------------------------------------------------
     @property

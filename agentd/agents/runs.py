@@ -53,6 +53,7 @@ from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 
 if TYPE_CHECKING:
+    from agentd.agents.cooperation import Cooperation
     from agentd.cluster import Cluster
     from agentd.memory.service import MemoryService
 
@@ -140,7 +141,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None,
+                 cooperation: Cooperation | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -154,6 +156,8 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        # The task board and the event bus (a failed run is an event too).
+        self.cooperation = cooperation
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -172,9 +176,9 @@ class Runs:
             return RunTicket(self, request, claimed=self.queues.claim(handle, job))
         return RunTicket(self, request, future=self.queues.submit(handle, job))
 
-    def ops_for(self, handle: AgentHandle) -> AgentOpsImpl:
-        """What the agent's tools may do to other agents and memory."""
-        return AgentOpsImpl(self.registry, self, self.kv, self.memory)
+    def ops_for(self, handle: AgentHandle, origin: str = "") -> AgentOpsImpl:
+        """What the agent's tools may do to other agents and memory, in a run from `origin`."""
+        return AgentOpsImpl(self.registry, self, self.kv, self.memory, self.cooperation, origin)
 
     # -- quotas -----------------------------------------------------------------
     @staticmethod
@@ -249,9 +253,10 @@ class Runs:
             if self.cluster is not None:
                 return self.cluster.run(handle, cancel, lock_timeout,
                                         lambda complete: self._run_locked(handle, session, user, image_refs, emit,
-                                                                          options, cancel, complete),
+                                                                          options, cancel, complete,
+                                                                          origin=request.origin),
                                         completes=True, session_id=session.session_id)
-            return self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+            return self._run_locked(handle, session, user, image_refs, emit, options, cancel, origin=request.origin)
         except RunCancelled:
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
                      handle.provider, handle.model, time.monotonic() - started)
@@ -263,6 +268,7 @@ class Runs:
                         handle.name, getattr(exc, "provider", "") or handle.provider,
                         getattr(exc, "model", "") or handle.model, getattr(exc, "status", 500), cause,
                         time.monotonic() - started)
+            self._publish_failure(handle, request, cause)
             raise
         finally:
             if lock is not None:
@@ -271,7 +277,8 @@ class Runs:
 
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
-                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None) -> RunResult:
+                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None,
+                    origin: str = "") -> RunResult:
         """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
         closes its run record in the transaction that saves the session (see Cluster.run)."""
         sessions = self.sessions
@@ -290,7 +297,7 @@ class Runs:
         if workspace is None:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
-                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
+                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
                           cancel=cancel)
         approver = None
         if handle.mode == "Manual":
@@ -353,6 +360,15 @@ class Runs:
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
         return result
+
+    def _publish_failure(self, handle: AgentHandle, request: RunRequest, cause: str) -> None:
+        if self.cooperation is None:
+            return
+        from agentd.triggers.bus import AGENT, Event
+
+        self.cooperation.events.publish(Event(AGENT, "agent_failed", {
+            "agent_id": handle.id, "agent_name": handle.name, "error": cause[:1000], "run_origin": request.origin,
+        }, agent_id=handle.id, origin=request.origin))
 
     def stop_all(self) -> None:
         """Shutdown: cancel every queued and running run (their provider calls close at once)."""

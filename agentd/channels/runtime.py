@@ -35,8 +35,11 @@ class ChannelManager:
     """Start/stop/reload adapters and route their messages to agents."""
 
     def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
-                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None]) -> None:
+                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
+                 on_inbound: Callable[[str, Inbound], None] | None = None) -> None:
         self.config_path = config_path
+        # Hears of every inbound message the allow-lists let through (the event bus).
+        self.on_inbound = on_inbound
         self.store = store
         self.agents = agents
         self.runs = runs
@@ -240,6 +243,8 @@ class ChannelManager:
             return
         self.audit("channel.inbound", name, {"message_id": msg.message_id, "sender": msg.sender_id,
                                              "conversation": msg.conversation.key})
+        if self.on_inbound is not None:
+            self.on_inbound(name, msg)
         if not self.dispatcher.submit(msg.conversation.key, lambda: self._answer(name, msg)):
             self.audit("channel.dropped", name, {"message_id": msg.message_id,
                                                  "conversation": msg.conversation.key})
