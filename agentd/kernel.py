@@ -129,10 +129,9 @@ class Kernel:
         self.workflows = WorkflowEngine(store, registry, self.runs, self.executor, daemon_id=self.cluster.id,
                                         shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
         from agentd.triggers.service import Triggers
-        from agentd.triggers.settings import trigger_settings
 
-        self.triggers = Triggers(trigger_store, self.events, registry, self.runs, trigger_settings(config.raw),
-                                 self.audit.record)
+        self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
+                                 config.triggers.rate_limit_per_minute, self.audit.record)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agentd.config.parse import (LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 tools_table, split_listen)
+                                 tools_table, triggers_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
-                                  MemoryConfig, ToolsConfig)
+                                  MemoryConfig, ToolsConfig, TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.store.backend import DatabaseUrl, parse_database_url
@@ -44,6 +44,7 @@ class Config:
     llm: LlmConfig = field(default_factory=LlmConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
+    triggers: TriggersConfig = field(default_factory=TriggersConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -115,6 +116,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         expect(url, str, f"provider_urls.{name}", "a string")
     cfg.provider_urls = dict(urls)
     cfg.tools = tools_table(data)
+    cfg.triggers = triggers_table(data)
     llm = expect(data.get("llm", {}), dict, "llm", "a table")
     if "timeout_secs" in llm:
         timeout = expect(llm["timeout_secs"], (int, float), "llm.timeout_secs", "a number")

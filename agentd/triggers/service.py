@@ -19,7 +19,6 @@ from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
 from agentd.triggers.bus import Event, EventBus
 from agentd.triggers.manifest import check_cap, proactive_conditions
-from agentd.triggers.settings import TriggerSettings
 from agentd.triggers.store import Trigger, TriggerStore
 
 if TYPE_CHECKING:
@@ -56,11 +55,11 @@ class TriggerLifecycle:
 
 class Triggers:
     def __init__(self, store: TriggerStore, bus: EventBus, registry: AgentRegistry, runs: Runs,
-                 settings: TriggerSettings, audit: Audit | None = None) -> None:
+                 rate_limit_per_minute: int, audit: Audit | None = None) -> None:
         self.store = store
         self.registry = registry
         self.runs = runs
-        self.settings = settings
+        self.rate_limit_per_minute = rate_limit_per_minute  # when a trigger sets none
         self.audit = audit
         bus.subscribe(self.on_event)
 
@@ -127,7 +126,7 @@ class Triggers:
         handle = self.registry.find(trigger.agent_id)
         if handle is None:
             return
-        admitted, why = self.store.admit(trigger.id, self.settings.rate_limit_per_minute)
+        admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
         if not admitted:
             log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
             return
