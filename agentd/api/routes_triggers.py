@@ -29,7 +29,7 @@ def create():
 
 @bp.get("/api/triggers")
 @doc("List triggers, oldest first", tags="triggers", query=TriggerQuery,
-     response={"type": "array", "items": out.TriggerSchema}, errors={400: "agent_id is not a UUID"})
+     response={"type": "array", "items": out.TriggerSchema})
 def list_triggers():
     return jsonify(kernel().triggers.list(request.args.get("agent_id")))
 

@@ -32,9 +32,11 @@ PATTERN_SHAPES = [
 
 
 class StrictInteger(fields.Integer):
-    """A JSON integer only: "5", 5.0 and true are type errors."""
+    """A JSON integer (5, or 5.0 as JSON Schema counts it) only: "5", 5.5 and true are type errors."""
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValidationError("Not a valid integer.")
         return super()._deserialize(value, attr, data, **kwargs)
@@ -50,7 +52,8 @@ def _caps() -> dict[str, fields.Field]:
         "max_runs_per_day": StrictInteger(allow_none=True, validate=validate.Range(min=1, max=1_000_000), metadata={
             "description": "Runs per UTC day; reaching it pauses the trigger until midnight UTC"}),
         "max_cost_usd_per_day": StrictFloat(allow_none=True, validate=validate.Range(min=0, min_inclusive=False),
-                                            metadata={"description": "Spend per UTC day; reaching it pauses the "
+                                            metadata={"exclusiveMinimum": 0,
+                                                      "description": "Spend per UTC day; reaching it pauses the "
                                                                      "trigger until midnight UTC"}),
         "rate_limit_per_minute": StrictInteger(allow_none=True, validate=validate.Range(min=1, max=1_000_000),
                                                metadata={"description": "Firings per minute (default: "
@@ -80,7 +83,8 @@ TriggerUpdateSchema = _Loose.from_dict({
 
 
 class TriggerQuery(_Loose):
-    agent_id = fields.String(metadata={"description": "Only this agent's triggers (UUID)"})
+    agent_id = fields.String(metadata={"description": "Only this agent's triggers (its id or name; an unknown "
+                                                      "agent has none)"})
 
 
 class EventSchema(_Loose):

@@ -80,8 +80,12 @@ class Triggers:
             self.audit("trigger.create", handle.name, {"trigger_id": trigger["id"], "agent_id": handle.id})
         return trigger
 
-    def list(self, agent_id: str | None = None) -> list[dict[str, Any]]:
-        return self.store.list(parse_uuid(agent_id) if agent_id is not None else None)
+    def list(self, agent_ref: str | None = None) -> list[dict[str, Any]]:
+        """Every trigger, or those of one agent (by id or name; a killed agent's are gone)."""
+        if agent_ref is None:
+            return self.store.list()
+        handle = self.registry.find(agent_ref)
+        return self.store.list(handle.id) if handle is not None else []
 
     def get(self, trigger_id: str) -> dict[str, Any]:
         trigger = self.store.get(parse_uuid(trigger_id, "trigger"))
