@@ -68,4 +68,4 @@ def complete(task_id: str):
 @doc("Delete a task", tags="tasks", response=out.TaskDeletedSchema)
 def delete(task_id: str):
     kernel().tasks.delete(parse_uuid(task_id, "task"))
-    return jsonify({"status": "deleted", "task_id": task_id})
+    return jsonify({"status": "removed", "task_id": task_id})

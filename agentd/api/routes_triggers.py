@@ -51,7 +51,7 @@ def update(trigger_id: str):
 @doc("Delete a trigger", tags="triggers", response=out.TriggerDeletedSchema)
 def delete(trigger_id: str):
     kernel().triggers.delete(trigger_id)
-    return jsonify({"status": "deleted", "trigger_id": trigger_id})
+    return jsonify({"status": "removed", "trigger_id": trigger_id})
 
 
 @bp.post("/api/events")

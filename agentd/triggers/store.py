@@ -56,6 +56,7 @@ class TriggerStore:
     def _json(row: Any) -> dict[str, Any]:
         return {
             "id": row.id,
+            "trigger_id": row.id,
             "agent_id": row.agent_id,
             "pattern": json.loads(row.pattern),
             "prompt_template": row.prompt_template,

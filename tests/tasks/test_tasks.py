@@ -58,7 +58,7 @@ def test_api_post_list_claim_complete_delete(agent_daemon) -> None:
     r = d.post(f"/api/tasks/{task['id']}/complete", json={"result": "all fine"})
     assert r.status_code == 200 and r.json()["status"] == "completed" and r.json()["result"] == "all fine"
     assert r.json()["completed_at"]
-    assert d.delete(f"/api/tasks/{task['id']}").json() == {"status": "deleted", "task_id": task["id"]}
+    assert d.delete(f"/api/tasks/{task['id']}").json() == {"status": "removed", "task_id": task["id"]}
     assert d.get(f"/api/tasks/{task['id']}").status_code == 404
     assert d.get("/api/tasks/nope").json() == {"error": "invalid task id: 'nope' is not a UUID"}
     for body, status in [({"title": " "}, 400), ({"description": "x"}, 400),

@@ -83,7 +83,7 @@ def test_crud_and_errors(d) -> None:
     made = trigger(d, a, {"content_match": "x"}, "t {{event}}", max_runs_per_day=5, max_cost_usd_per_day=0.5,
                    rate_limit_per_minute=3)
     assert uuid.UUID(made["id"])
-    expected = {"id": made["id"], "agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "t {{event}}",
+    expected = {"id": made["id"], "trigger_id": made["id"], "agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "t {{event}}",
                 "enabled": True, "source": "api", "max_runs_per_day": 5, "max_cost_usd_per_day": 0.5,
                 "rate_limit_per_minute": 3, "paused": False, "paused_reason": None, "runs_today": 0,
                 "cost_today_usd": 0.0, "fire_count": 0, "last_fired_at": None}
@@ -95,7 +95,7 @@ def test_crud_and_errors(d) -> None:
     assert d.get(f"/api/triggers/{made['id']}").json()["id"] == made["id"]
     r = d.request("PATCH", f"/api/triggers/{made['id']}", json={"enabled": False, "max_runs_per_day": None})
     assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["max_runs_per_day"] is None
-    assert d.delete(f"/api/triggers/{made['id']}").json() == {"status": "deleted", "trigger_id": made["id"]}
+    assert d.delete(f"/api/triggers/{made['id']}").json() == {"status": "removed", "trigger_id": made["id"]}
     assert d.delete(f"/api/triggers/{made['id']}").status_code == 404
     assert d.delete("/api/triggers/nope").json() == {"error": "invalid trigger id: 'nope' is not a UUID"}
     assert d.get(f"/api/triggers?agent_id={a}").json() == []

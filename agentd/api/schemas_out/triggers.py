@@ -11,6 +11,7 @@ __all__ = ["TriggerSchema", "TriggerDeletedSchema", "EventAcceptedSchema", "Task
 
 class TriggerSchema(Out):
     id = Str()
+    trigger_id = Str(metadata={"description": "The same as `id`"})
     agent_id = Str()
     pattern = req(fields.Dict())
     prompt_template = Str()
@@ -28,7 +29,7 @@ class TriggerSchema(Out):
     created_at = Str()
 
 
-TriggerDeletedSchema = reply("TriggerDeletedSchema", "deleted", trigger_id=Str())
+TriggerDeletedSchema = reply("TriggerDeletedSchema", "removed", trigger_id=Str())
 
 
 class EventAcceptedSchema(Out):
@@ -50,4 +51,4 @@ class TaskSchema(Out):
     completed_at = NullStr()
 
 
-TaskDeletedSchema = reply("TaskDeletedSchema", "deleted", task_id=Str())
+TaskDeletedSchema = reply("TaskDeletedSchema", "removed", task_id=Str())
