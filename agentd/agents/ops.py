@@ -119,11 +119,13 @@ class AgentOpsImpl:
         self._audit("tool.task_complete", caller_id, {"task_id": task_id})
         return task
 
-    def task_list(self, status: str | None) -> list[dict[str, Any]]:
+    def task_list(self, caller_id: str, status: str | None) -> list[dict[str, Any]]:
         try:
-            return self._cooperation().tasks.list(status=status)
+            tasks = self._cooperation().tasks.list(status=status)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
+        self._audit("tool.task_list", caller_id, {"status": status, "count": len(tasks)})
+        return tasks
 
     def event_publish(self, caller_id: str, event_type: str, payload: dict[str, Any]) -> str:
         from agentd.triggers.bus import CUSTOM, Event

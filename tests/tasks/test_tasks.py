@@ -117,6 +117,8 @@ def test_task_tools_through_the_loop(agent_daemon) -> None:
         f"error: task {claimed['id']} is completed, not in_progress")
     while (out := _tool(d, worker, "task_claim")) != "no pending task to claim":
         _tool(d, worker, "task_complete", task_id=json.loads(out)["id"], result="swept")
+    listing = next(e for e in _audit(d, "tool.task_list") if e["detail"]["agent_id"] == boss)
+    assert listing["detail"]["status"] is None or listing["detail"]["status"] == "pending"
     for event in ("tool.task_post", "tool.task_claim", "tool.task_complete"):
         assert any(e["detail"]["task_id"] == claimed["id"] or e["detail"]["task_id"] == posted["task_id"]
                    for e in _audit(d, event)), event

@@ -51,7 +51,7 @@ def task_complete(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"status": {"type": "string", "description": "Filter by status: pending, in_progress, completed (optional)"}},
       read_only=True)
 def task_list(ctx: ToolContext, args: dict[str, Any]) -> str:
-    tasks = ctx.require_ops().task_list(args.get("status") or None)
+    tasks = ctx.require_ops().task_list(ctx.agent_id, args.get("status") or None)
     if not tasks:
         return "no tasks"
     shown = [_short(t) for t in tasks[-LIST_MAX:]]
