@@ -301,3 +301,18 @@ def test_manifest_proactive_conditions_and_kill(d) -> None:
     assert r.status_code == 400
     assert r.json()["error"] == ("invalid manifest format: schedule.proactive.conditions[0].content_match: "
                                  "must be a non-empty string")
+
+
+def test_triggers_and_their_counters_survive_a_restart(d) -> None:
+    a, _ = agent(d)
+    word = f"restart-{uuid.uuid4().hex[:6]}"
+    t = trigger(d, a, {"content_match": word}, "[[reply:ok]] after {{event}}", max_runs_per_day=5)
+    publish(d, word)
+    answered(d, a, 1)
+    d.stop()
+    d.start()
+    got = d.get(f"/api/triggers/{t['id']}").json()
+    assert (got["pattern"], got["fire_count"], got["runs_today"], got["max_runs_per_day"]) == (
+        {"content_match": word}, 1, 1, 5)
+    publish(d, word)
+    assert len(answered(d, a, 2)) == 2
