@@ -75,12 +75,24 @@ class Kernel:
         self._shutdown_hook: Callable[[], None] | None = None
         self.catalog = Catalog.load()
         self.custom_models = CustomModels(store, self.catalog)
-        self.kv = KvMemory(store)
+        # The event bus (agentd/triggers/bus.py): KV changes, custom events, workflow
+        # completions, failed runs and channel messages, heard by the triggers.
+        from agentd.triggers import sources
+        from agentd.triggers.bus import EventBus
+
+        self.events = EventBus()
+        self.kv = KvMemory(store, on_change=sources.kv_changes(self.events))
         # Benchmark-only switch (scripts/bench_catalog.py) to measure what recording costs.
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
         self.responses = StoredResponses(store)  # what POST /v1/responses keeps (`store: true`)
+        from agentd.agents.cooperation import Cooperation
+        from agentd.tasks.board import TaskBoard
+        from agentd.triggers.service import TriggerLifecycle
+        from agentd.triggers.store import TriggerStore
+
+        trigger_store = TriggerStore(store, self.audit.record)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -111,13 +123,14 @@ class Kernel:
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
-                                 mcp_tools=self.mcp.tools_for)
+                                 mcp_tools=self.mcp.tools_for, hooks=[TriggerLifecycle(trigger_store)])
+        self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
-                         metrics=self.metrics)
+                         metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record))
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
@@ -137,7 +150,11 @@ class Kernel:
         if loaded:
             log.info("restored %d agent(s)", loaded)
         self.workflows = WorkflowEngine(store, registry, self.runs, self.executor, daemon_id=self.cluster.id,
-                                        shared=self.cluster.shared)
+                                        shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
+        from agentd.triggers.service import Triggers
+
+        self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
+                                 config.triggers.rate_limit_per_minute, self.audit.record)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
@@ -146,7 +163,8 @@ class Kernel:
         raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,
-                                       on_message=self.metrics.channel_message)
+                                       on_message=self.metrics.channel_message,
+                                       on_inbound=sources.channel_messages(self.events))
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 
@@ -200,6 +218,7 @@ class Kernel:
         self.mcp.close()
         self.mcp_endpoint.close()
         self.mcp_loop.close()
+        self.events.close()
         self.audit.record("kernel.shutdown", "agentd", {})
         self.workflows.close()
         for handle in self.agents.handles():
@@ -209,6 +228,15 @@ class Kernel:
         self.memory_notifier.close()
         self.memory.close()
         self.store.close()
+
+    # -- events ----------------------------------------------------------
+    def publish_event(self, data: dict[str, Any]) -> str:
+        """POST /api/events: a custom event on the bus; its id."""
+        from agentd.triggers.bus import CUSTOM, Event
+
+        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api"))
+        self.audit.record("event.publish", data["event_type"], {"event_id": event.id})
+        return event.id
 
     # -- status ----------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ from agentd.errors import AgentdError
 from agentd.memory.kv import KvMemory
 
 if TYPE_CHECKING:  # runs.py imports this module
+    from agentd.agents.cooperation import Cooperation
     from agentd.agents.registry import AgentRegistry
     from agentd.agents.runs import Runs
     from agentd.memory.service import MemoryService
@@ -20,11 +21,15 @@ class AgentOpsImpl:
     NESTED_LOCK_TIMEOUT = 30.0
 
     def __init__(self, registry: AgentRegistry, runs: Runs, kv: KvMemory,
-                 memory: MemoryService | None = None) -> None:
+                 memory: MemoryService | None = None, cooperation: Cooperation | None = None,
+                 origin: str = "") -> None:
         self.registry = registry
         self.runs = runs
         self.kv = kv
         self.memory = memory
+        self.cooperation = cooperation
+        # The origin of the run these operations serve: the events they cause carry it.
+        self.origin = origin
 
     def list_agents(self) -> list[dict[str, Any]]:
         return [{"id": h.id, "name": h.name, "state": h.state, "mode": h.mode,
@@ -72,10 +77,72 @@ class AgentOpsImpl:
         return self.kv.get(agent_id, key)
 
     def kv_set(self, agent_id: str, key: str, value: Any) -> None:
-        self.kv.set(agent_id, key, value)
+        self.kv.set(agent_id, key, value, origin=self.origin)
 
     def memory_service(self) -> Any:
         """Semantic memory and the knowledge graph (agentd.memory.service.MemoryService)."""
         if self.memory is None:
             raise ToolError("semantic memory is not available here")
         return self.memory
+
+    # -- the task board, events, activation (agentd/agents/tools/cooperation.py) ----------
+    def _cooperation(self) -> Cooperation:
+        if self.cooperation is None:
+            raise ToolError("the task board and events are not available here")
+        return self.cooperation
+
+    def _audit(self, event: str, caller_id: str, detail: dict[str, Any]) -> None:
+        audit = self._cooperation().audit
+        if audit is not None:
+            caller = self.registry.loaded_handle(caller_id) if self.registry is not None else None
+            audit(event, caller.name if caller is not None else caller_id, {"agent_id": caller_id, **detail})
+
+    def task_post(self, caller_id: str, title: str, description: str, assigned_to: str | None) -> dict[str, Any]:
+        try:
+            task = self._cooperation().tasks.post(title, description, assigned_to, created_by=caller_id)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        self._audit("tool.task_post", caller_id, {"task_id": task["id"]})
+        return task
+
+    def task_claim(self, caller_id: str) -> dict[str, Any] | None:
+        task = self._cooperation().tasks.claim_next(caller_id)
+        if task is not None:
+            self._audit("tool.task_claim", caller_id, {"task_id": task["id"]})
+        return task
+
+    def task_complete(self, caller_id: str, task_id: str, result: str) -> dict[str, Any]:
+        try:
+            task = self._cooperation().tasks.complete(task_id, result, agent_ref=caller_id)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        self._audit("tool.task_complete", caller_id, {"task_id": task_id})
+        return task
+
+    def task_list(self, caller_id: str, status: str | None) -> list[dict[str, Any]]:
+        try:
+            tasks = self._cooperation().tasks.list(status=status)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+        self._audit("tool.task_list", caller_id, {"status": status, "count": len(tasks)})
+        return tasks
+
+    def event_publish(self, caller_id: str, event_type: str, payload: dict[str, Any]) -> str:
+        from agentd.triggers.bus import CUSTOM, Event
+
+        event = self._cooperation().events.publish(Event(CUSTOM, event_type, payload, agent_id=caller_id,
+                                                         origin=self.origin))
+        self._audit("tool.event_publish", caller_id, {"event_id": event.id, "event_type": event_type})
+        return event.id
+
+    def activate_agent(self, caller_id: str, target: str) -> dict[str, Any]:
+        """Bring an agent into this daemon's registry (from the shared database when another
+        daemon spawned it) and mark it Running; a killed agent stays gone."""
+        handle = self.registry.find(target)
+        if handle is None:
+            raise ToolError(f"no agent with id or name {target!r} (terminated agents cannot be revived)")
+        was = handle.state
+        if was != "Running":
+            self.registry.set_state(handle, "Running")
+        self._audit("tool.agent_activate", caller_id, {"target": handle.id, "was": was})
+        return {"agent_id": handle.id, "name": handle.name, "state": handle.state, "was": was}

@@ -8,7 +8,7 @@ import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from pony import orm
 
@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 # The kernel's audit trail (AuditLog.record): (event, subject, detail).
 Audit = Callable[[str, str, dict[str, Any]], None]
 
+
+class AgentHooks(Protocol):
+    """What a service does at an agent's spawn (after `check` accepted the manifest) and kill."""
+
+    def check(self, manifest: Manifest) -> None: ...
+    def spawned(self, handle: AgentHandle) -> None: ...
+    def killed(self, handle: AgentHandle) -> None: ...
+
 log = logging.getLogger("agentd.agents")
 
 
@@ -44,8 +52,11 @@ class AgentRegistry:
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
                  memory: MemoryService | None = None, audit: Audit | None = None,
-                 mcp_tools: Callable[[list[str]], list[Tool]] | None = None) -> None:
+                 mcp_tools: Callable[[list[str]], list[Tool]] | None = None,
+                 hooks: Sequence[AgentHooks] = ()) -> None:
         self.config = config
+        # Services that keep something per agent in step with its manifest and life.
+        self.hooks = tuple(hooks)
         self.store = store
         self.catalog = catalog
         self.queues = queues
@@ -137,6 +148,8 @@ class AgentRegistry:
             raise BadRequest("manifest_toml is required")
         manifest = parse_manifest(manifest_toml)
         manifest.warnings.extend(_unknown_tools(manifest.capabilities["tools"]))
+        for hook in self.hooks:
+            hook.check(manifest)
         now = utcnow()
         handle = self._handle(str(uuid.uuid4()), manifest, "Auto", now, str(uuid.uuid4()))
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
@@ -162,6 +175,8 @@ class AgentRegistry:
             log.warning("agent %s manifest: %s", handle.name, warning)
         if self.audit is not None:
             self.audit("agent.spawn", handle.name, {"agent_id": handle.id})
+        for hook in self.hooks:
+            hook.spawned(handle)
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -340,6 +355,13 @@ class AgentRegistry:
             row.mode = mode
             row.last_active = handle.last_active
 
+    def set_state(self, handle: AgentHandle, state: str) -> None:
+        handle.state = state
+        with orm.db_session:
+            row = self.store.e.AgentRow.get(id=handle.id)
+            if row is not None:
+                row.state = state
+
     def kill(self, handle: AgentHandle) -> None:
         """Cancel any run, forget the agent and delete everything it owned."""
         with self._lock:
@@ -357,6 +379,8 @@ class AgentRegistry:
                 self._killing.discard(handle.id)
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
+        for hook in self.hooks:
+            hook.killed(handle)
         log.info("killed agent %s (%s)", handle.name, handle.id)
         if self.audit is not None:
             self.audit("agent.kill", handle.name, {"agent_id": handle.id})

@@ -56,6 +56,7 @@ from agentd.metrics import Metrics
 from agentd import logs
 
 if TYPE_CHECKING:
+    from agentd.agents.cooperation import Cooperation
     from agentd.cluster import Cluster
     from agentd.memory.service import MemoryService
 
@@ -148,7 +149,7 @@ class Runs:
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
                  preflight: Callable[[AgentHandle], None] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, cooperation: Cooperation | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -163,6 +164,8 @@ class Runs:
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
         self.metrics = metrics
+        # The task board and the event bus (a failed run is an event too).
+        self.cooperation = cooperation
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -190,9 +193,9 @@ class Runs:
         if self.metrics is not None:
             self.metrics.refusal(reason, handle.name)
 
-    def ops_for(self, handle: AgentHandle) -> AgentOpsImpl:
-        """What the agent's tools may do to other agents and memory."""
-        return AgentOpsImpl(self.registry, self, self.kv, self.memory)
+    def ops_for(self, handle: AgentHandle, origin: str = "") -> AgentOpsImpl:
+        """What the agent's tools may do to other agents and memory, in a run from `origin`."""
+        return AgentOpsImpl(self.registry, self, self.kv, self.memory, self.cooperation, origin)
 
     # -- quotas -----------------------------------------------------------------
     @staticmethod
@@ -287,10 +290,12 @@ class Runs:
             if self.cluster is not None:
                 result = self.cluster.run(handle, cancel, lock_timeout,
                                           lambda complete: self._run_locked(handle, session, user, image_refs,
-                                                                            emit, options, cancel, complete),
+                                                                            emit, options, cancel, complete,
+                                                                            origin=request.origin),
                                           completes=True, session_id=session.session_id)
             else:
-                result = self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+                result = self._run_locked(handle, session, user, image_refs, emit, options, cancel,
+                                          origin=request.origin)
             outcome = "completed"
             return result
         except RunCancelled:
@@ -305,6 +310,7 @@ class Runs:
                         handle.name, getattr(exc, "provider", "") or handle.provider,
                         getattr(exc, "model", "") or handle.model, getattr(exc, "status", 500), cause,
                         time.monotonic() - started)
+            self._publish_failure(handle, request, cause)
             raise
         finally:
             if lock is not None:
@@ -315,7 +321,8 @@ class Runs:
 
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
-                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None) -> RunResult:
+                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None,
+                    origin: str = "") -> RunResult:
         """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
         closes its run record in the transaction that saves the session (see Cluster.run)."""
         sessions = self.sessions
@@ -334,7 +341,7 @@ class Runs:
         if workspace is None:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
-                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
+                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
                           cancel=cancel)
         approver = None
         if handle.mode == "Manual":
@@ -397,6 +404,15 @@ class Runs:
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
         return result
+
+    def _publish_failure(self, handle: AgentHandle, request: RunRequest, cause: str) -> None:
+        if self.cooperation is None:
+            return
+        from agentd.triggers.bus import AGENT, Event
+
+        self.cooperation.events.publish(Event(AGENT, "agent_failed", {
+            "agent_id": handle.id, "agent_name": handle.name, "error": cause[:1000], "run_origin": request.origin,
+        }, agent_id=handle.id, origin=request.origin))
 
     def stop_all(self) -> None:
         """Shutdown: cancel every queued and running run (their provider calls close at once)."""

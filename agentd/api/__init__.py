@@ -104,6 +104,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     if kernel.config.metrics.enabled:
         from agentd.api import routes_metrics
         app.register_blueprint(routes_metrics.bp)
+    from agentd.api import routes_tasks, routes_triggers
+    app.register_blueprint(routes_triggers.bp)
+    app.register_blueprint(routes_tasks.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

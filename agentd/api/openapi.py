@@ -47,12 +47,14 @@ COMMON_ERRORS = {
 # purpose, e.g. an agent run that failed.)
 
 # Path parameters the server parses as UUIDs (anything else is a 400).
-UUID_PARAMS = {"agent_id", "session_id", "workflow_id", "run_id"}
+UUID_PARAMS = {"agent_id", "session_id", "workflow_id", "run_id", "trigger_id", "task_id"}
 PARAM_TEXT = {
     "agent_id": "Agent id (UUID)",
     "session_id": "Session id (UUID)",
     "workflow_id": "Workflow id (UUID)",
     "run_id": "Workflow run id (UUID)",
+    "trigger_id": "Trigger id (UUID)",
+    "task_id": "Task id (UUID)",
     "approval_id": "Approval id",
     "model_id": "Model id or alias",
     "name": "Provider id",

@@ -36,10 +36,13 @@ class ChannelManager:
 
     def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
                  runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
-                 on_message: Callable[[str, str], None] | None = None) -> None:
+                 on_message: Callable[[str, str], None] | None = None,
+                 on_inbound: Callable[[str, Inbound], None] | None = None) -> None:
         self.config_path = config_path
         # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
         self.on_message = on_message or (lambda adapter, direction: None)
+        # Hears of every inbound message the allow-lists let through (the event bus).
+        self.on_inbound = on_inbound
         self.store = store
         self.agents = agents
         self.runs = runs
@@ -245,6 +248,8 @@ class ChannelManager:
         self.on_message(name, "in")
         self.audit("channel.inbound", name, {"message_id": msg.message_id, "sender": msg.sender_id,
                                              "conversation": msg.conversation.key})
+        if self.on_inbound is not None:
+            self.on_inbound(name, msg)
         if not self.dispatcher.submit(msg.conversation.key, lambda: self._answer(name, msg)):
             self.audit("channel.dropped", name, {"message_id": msg.message_id,
                                                  "conversation": msg.conversation.key})

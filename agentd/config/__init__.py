@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 metrics_table, tools_table, split_listen)
+                                 metrics_table, tools_table, triggers_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
-                                  MemoryConfig, MetricsConfig, TelemetryConfig, ToolsConfig)
+                                  MemoryConfig, MetricsConfig, TelemetryConfig, ToolsConfig, TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
@@ -49,6 +49,7 @@ class Config:
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    triggers: TriggersConfig = field(default_factory=TriggersConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -127,6 +128,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         expect(url, str, f"provider_urls.{name}", "a string")
     cfg.provider_urls = dict(urls)
     cfg.tools = tools_table(data)
+    cfg.triggers = triggers_table(data)
     llm = expect(data.get("llm", {}), dict, "llm", "a table")
     if "timeout_secs" in llm:
         timeout = expect(llm["timeout_secs"], (int, float), "llm.timeout_secs", "a number")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, ToolsConfig
+from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, ToolsConfig, TriggersConfig
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -186,3 +186,15 @@ def metrics_table(data: dict[str, Any]) -> MetricsConfig:
         if key in table:
             setattr(metrics, key, expect(table[key], bool, f"metrics.{key}", "a boolean"))
     return metrics
+
+
+def triggers_table(data: dict[str, Any]) -> TriggersConfig:
+    """The `[triggers]` table, validated."""
+    triggers = TriggersConfig()
+    table = expect(data.get("triggers", {}), dict, "triggers", "a table")
+    if "rate_limit_per_minute" in table:
+        rate = expect(table["rate_limit_per_minute"], int, "triggers.rate_limit_per_minute", "an integer")
+        if not 1 <= rate <= 10_000:
+            raise ConfigError("config key triggers.rate_limit_per_minute: must be between 1 and 10000")
+        triggers.rate_limit_per_minute = rate
+    return triggers

@@ -72,6 +72,14 @@ class MetricsConfig:
 
 
 @dataclass
+class TriggersConfig:
+    """The `[triggers]` table: how often one trigger may fire (agentd/triggers/)."""
+
+    # Firings per trigger per minute when the trigger sets no rate_limit_per_minute.
+    rate_limit_per_minute: int = 6
+
+
+@dataclass
 class ToolsConfig:
     """The `[tools]` table: limits and backends of the built-in tools."""
 

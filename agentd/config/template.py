@@ -59,6 +59,10 @@ search_url = ""
 # Seconds a tool call in Manual mode waits for approval before it is rejected.
 approval_timeout_secs = 300
 
+[triggers]
+# Times one trigger may fire per minute unless it sets rate_limit_per_minute itself.
+rate_limit_per_minute = 6
+
 [llm]
 # Seconds one model call may take in all (connect, retries, backoff, the whole answer),
 # retries on 429/5xx/timeouts, and seconds a stream may go without a byte.

@@ -130,11 +130,12 @@ def define_entities(db: Database) -> SimpleNamespace:
         detail = Optional(orm.Json)
 
     memory = define_memory_entities(db)
+    autonomy = define_autonomy_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow, **memory, **define_openai_entities(db))
+                           AuditRow=AuditRow, **memory, **autonomy, **define_openai_entities(db))
 
 
 def define_memory_entities(db: Database) -> dict[str, Any]:
@@ -219,3 +220,50 @@ def define_openai_entities(db: Database) -> dict[str, Any]:
         body = Required(orm.LongStr)  # the response object's JSON, as the client got it
 
     return {"ResponseRow": ResponseRow}
+
+
+def define_autonomy_entities(db: Database) -> dict[str, Any]:
+    """Event triggers (agentd/triggers/) and the shared task board (agentd/tasks/). Plain
+    `agent_id` columns: killing an agent deletes its triggers through the trigger store,
+    and a task outlives the agents that posted or claimed it."""
+
+    class TriggerRow(db.Entity):
+        """A trigger: run `agent_id` with `prompt_template` when an event matches `pattern`.
+        Its counters are the state every daemon admits a firing against (one row lock)."""
+        _table_ = "triggers"
+        id = PrimaryKey(str)
+        agent_id = Required(str, index=True)
+        kind = Required(str)  # the pattern's one key (memory_key_pattern, content_match, ...)
+        pattern = Required(orm.LongStr)  # the pattern object as JSON text
+        prompt_template = Required(orm.LongStr)
+        enabled = Required(bool, default=True)
+        source = Required(str, default="api")  # api | manifest
+        max_runs_per_day = Optional(int, nullable=True)
+        max_cost_usd_per_day = Optional(float, nullable=True)
+        rate_limit_per_minute = Optional(int, nullable=True)  # None: the config's default
+        paused_reason = Optional(str, nullable=True)
+        day = Optional(str, default="")  # the UTC day the counters below count
+        runs_today = Required(int, default=0)
+        cost_today = Required(float, default=0.0)
+        window_start = Optional(datetime, nullable=True)  # the current rate-limit minute
+        window_count = Required(int, default=0)
+        fire_count = Required(int, default=0)
+        last_fired_at = Optional(datetime, nullable=True)
+        created_at = Required(datetime)
+
+    class TaskRow(db.Entity):
+        """One task of the shared board; claims are conditional updates of `status`."""
+        _table_ = "tasks"
+        id = PrimaryKey(str)
+        title = Required(str)
+        description = Optional(orm.LongStr, default="")
+        status = Required(str, index=True)  # pending | in_progress | completed
+        assigned_to = Optional(str, nullable=True)  # an agent id (or a name no agent has yet)
+        created_by = Optional(str, nullable=True)
+        claimed_by = Optional(str, nullable=True)
+        result = Optional(orm.LongStr, nullable=True)
+        created_at = Required(datetime, index=True)
+        claimed_at = Optional(datetime, nullable=True)
+        completed_at = Optional(datetime, nullable=True)
+
+    return {"TriggerRow": TriggerRow, "TaskRow": TaskRow}

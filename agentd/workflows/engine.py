@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from agentd.agents.manager import AgentHandle, parse_uuid
 from agentd.agents.registry import AgentRegistry
@@ -34,10 +34,13 @@ class WorkflowEngine:
 
     def __init__(self, store: Store, agents: AgentRegistry, runs: Runs, executor: concurrent.futures.Executor,
                  backoff_base: float = BACKOFF_BASE, daemon_id: str | None = None,
-                 shared: bool = False) -> None:
+                 shared: bool = False, on_finish: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+                 ) -> None:
         """`daemon_id` is this daemon's cluster id (recorded as each run's owner); `shared`
-        says other daemons use the same database (PostgreSQL), whose runs are not ours."""
+        says other daemons use the same database (PostgreSQL), whose runs are not ours;
+        `on_finish(workflow, result)` hears of every run that ended."""
         self.db = WorkflowStore(store)
+        self.on_finish = on_finish
         self.agents = agents
         self.daemon_id = daemon_id
         self.shared = shared
@@ -150,4 +153,6 @@ class WorkflowEngine:
         body: dict[str, Any] = {"run_id": run.run_id, "output": output, "status": status}
         if error:
             body["error"] = error
+        if self.on_finish is not None:
+            self.on_finish(workflow, body)
         return body

@@ -365,10 +365,11 @@ def test_defaults_in_the_views(mgr, monkeypatch) -> None:
 ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch", "shell_exec", "web_fetch",
        "web_search", "memory_store", "memory_recall", "memory_remember", "memory_search",
        "knowledge_add_entity", "knowledge_add_relation", "knowledge_query", "agent_list", "agent_find",
-       "agent_send", "agent_spawn", "agent_kill", "system_time"]
+       "agent_send", "agent_spawn", "agent_kill", "task_post", "task_claim", "task_complete", "task_list",
+       "event_publish", "agent_activate", "system_time"]
 UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn")]
 READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowledge_query", "agent_list",
-             "agent_find", "system_time"]
+             "agent_find", "task_list", "system_time"]
 
 
 def tools_of(mgr, extra: str, mode: str | None = None):
@@ -430,7 +431,7 @@ def test_the_handle_itself_is_not_changed_by_implied_capabilities(mgr) -> None:
 def test_observe_mode_offers_read_only_tools(mgr) -> None:
     names, caps = tools_of(mgr, 'profile = "full"', "Observe")
     assert names == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall", "memory_search",
-                     "knowledge_query", "agent_list", "agent_find", "system_time"]
+                     "knowledge_query", "agent_list", "agent_find", "task_list", "system_time"]
     assert caps["read_only_mode"] is True
     h = mgr.spawn('name = "obs"\n')
     mgr.set_mode(h, "Observe")
@@ -458,7 +459,7 @@ def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) ->
     tools, caps = mgr.registry.effective_tools(h)
     assert [t.name for t in tools] == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall",
                                        "memory_search", "knowledge_query", "agent_list", "agent_find",
-                                       "system_time"]
+                                       "task_list", "system_time"]
     assert caps["read_only_mode"] is True
     mgr.set_mode(h, "Auto")
     tools, caps = mgr.registry.effective_tools(h)

@@ -1,0 +1,1 @@
+"""The task board shared by the daemon's agents (`board.py`)."""

@@ -1,0 +1,159 @@
+"""Triggers: run an agent when an event matches one of its patterns.
+
+The service listens on the event bus. For each event it reads the enabled triggers of the
+event's kind, keeps those whose pattern matches, skips a trigger of the agent whose own
+trigger-started run caused the event (no loops), admits each firing against the trigger's
+rate limit and daily caps (agentd/triggers/store.py) and starts the run through the one run
+path with origin `trigger`. A run's cost is added to its trigger's day when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable
+
+from agentd.agents.handle import parse_uuid
+from agentd.schema_fields import is_blank
+from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.triggers import patterns
+from agentd.triggers.bus import Event, EventBus
+from agentd.triggers.manifest import check_cap, proactive_conditions
+from agentd.triggers.store import Trigger, TriggerStore
+
+if TYPE_CHECKING:
+    from agentd.agents.handle import AgentHandle
+    from agentd.agents.manifest import Manifest
+    from agentd.agents.registry import AgentRegistry
+    from agentd.agents.runs import Runs
+
+log = logging.getLogger("agentd.triggers")
+
+Audit = Callable[[str, str, dict[str, Any]], None]
+MAX_TEMPLATE = 16_384
+ORIGIN = "trigger"
+
+
+class TriggerLifecycle:
+    """The agent registry's hooks: a manifest's proactive conditions become the agent's
+    triggers at spawn (replacing earlier ones), and a kill removes every trigger of the agent."""
+
+    def __init__(self, store: TriggerStore) -> None:
+        self.store = store
+
+    def check(self, manifest: Manifest) -> None:
+        proactive_conditions(manifest.toml_text)
+
+    def spawned(self, handle: AgentHandle) -> None:
+        self.store.delete_for_agent(handle.id, source="manifest")
+        for condition in proactive_conditions(handle.manifest.toml_text):
+            self.store.create(handle.id, source="manifest", **condition)
+
+    def killed(self, handle: AgentHandle) -> None:
+        self.store.delete_for_agent(handle.id)
+
+
+class Triggers:
+    def __init__(self, store: TriggerStore, bus: EventBus, registry: AgentRegistry, runs: Runs,
+                 rate_limit_per_minute: int, audit: Audit | None = None) -> None:
+        self.store = store
+        self.registry = registry
+        self.runs = runs
+        self.rate_limit_per_minute = rate_limit_per_minute  # when a trigger sets none
+        self.audit = audit
+        bus.subscribe(self.on_event)
+
+    # -- the API's operations --------------------------------------------------------
+    def create(self, data: dict[str, Any]) -> dict[str, Any]:
+        agent_id = data["agent_id"]
+        handle = self.registry.find(agent_id)
+        if handle is None:
+            raise NotFound("agent not found")
+        kind, pattern = patterns.validate(data["pattern"])
+        template = data["prompt_template"]
+        if is_blank(template) or len(template) > MAX_TEMPLATE:
+            raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
+        caps = {name: check_cap(name, data.get(name), "trigger")
+                for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute")}
+        trigger = self.store.create(handle.id, kind, pattern, template, enabled=data.get("enabled", True), **caps)
+        if self.audit is not None:
+            self.audit("trigger.create", handle.name, {"trigger_id": trigger["id"], "agent_id": handle.id})
+        return trigger
+
+    def list(self, agent_ref: str | None = None) -> list[dict[str, Any]]:
+        """Every trigger, or those of one agent (by id or name; a killed agent's are gone)."""
+        if agent_ref is None:
+            return self.store.list()
+        handle = self.registry.find(agent_ref)
+        return self.store.list(handle.id) if handle is not None else []
+
+    def get(self, trigger_id: str) -> dict[str, Any]:
+        trigger = self.store.get(parse_uuid(trigger_id, "trigger"))
+        if trigger is None:
+            raise NotFound("trigger not found")
+        return trigger
+
+    def update(self, trigger_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute"):
+            if name in changes:
+                changes[name] = check_cap(name, changes[name], "trigger")
+        template = changes.get("prompt_template")
+        if template is not None and (is_blank(template) or len(template) > MAX_TEMPLATE):
+            raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
+        trigger = self.store.update(parse_uuid(trigger_id, "trigger"), changes)
+        if trigger is None:
+            raise NotFound("trigger not found")
+        return trigger
+
+    def delete(self, trigger_id: str) -> None:
+        key = parse_uuid(trigger_id, "trigger")
+        if not self.store.delete(key):
+            raise NotFound("trigger not found")
+        if self.audit is not None:
+            self.audit("trigger.delete", key, {"trigger_id": key})
+
+    # -- firing -------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        for kind, target in patterns.KINDS.items():
+            if target != event.kind:
+                continue
+            for trigger in self.store.candidates(kind):
+                if not patterns.matches(trigger.pattern, trigger.agent_id, event):
+                    continue
+                if event.origin == ORIGIN and event.agent_id == trigger.agent_id:
+                    log.info("trigger %s not fired: event %s came from its own agent's trigger run",
+                             trigger.id, event.id)
+                    continue
+                self._fire(trigger, event)
+
+    def _fire(self, trigger: Trigger, event: Event) -> None:
+        handle = self.registry.find(trigger.agent_id)
+        if handle is None:
+            return
+        admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
+        if not admitted:
+            log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
+            return
+        from agentd.agents.runs import WORKER, RunRequest
+
+        prompt = patterns.render(trigger.prompt_template, event)
+        try:
+            ticket = self.runs.start(RunRequest(handle, prompt, on=WORKER, origin=ORIGIN, from_client=False))
+        except AgentdError as exc:
+            log.warning("trigger %s: agent %s refused the run: %s", trigger.id, handle.name, exc.message)
+            if self.audit is not None:
+                self.audit("trigger.refused", handle.name, {"trigger_id": trigger.id, "event_id": event.id,
+                                                            "error": exc.message[:200]})
+            return
+        if self.audit is not None:
+            self.audit("trigger.fire", handle.name, {"trigger_id": trigger.id, "agent_id": handle.id,
+                                                     "event_id": event.id, "event_type": event.type})
+        if ticket.future is not None:
+            ticket.future.add_done_callback(lambda f: self._finished(trigger, f))
+
+    def _finished(self, trigger: Trigger, future: Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        cost = getattr(future.result(), "cost_usd", None)
+        if cost:
+            self.store.add_cost(trigger.id, cost)

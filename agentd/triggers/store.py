@@ -1,0 +1,225 @@
+"""Trigger rows and the counters every firing is admitted against.
+
+Admission (`admit`) and cost (`add_cost`) update the trigger's row under a row lock
+(`SELECT ... FOR UPDATE` on PostgreSQL; one writer at a time on SQLite), so the per-minute
+rate limit and the daily caps hold across every daemon sharing the database.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+from pony import orm
+
+from agentd.store import Store
+from agentd.timestamps import iso, utcnow
+
+# Pony's optimistic checks misfire on timezone-aware datetimes read back naive; the row
+# lock is what serialises writers here.
+_write = orm.db_session(optimistic=False)
+CAP_REASONS = ("max_runs_per_day", "max_cost_usd_per_day")
+
+Audit = Callable[[str, str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What evaluating an event needs of a trigger (a snapshot of its row)."""
+
+    id: str
+    agent_id: str
+    pattern: dict[str, Any]
+    prompt_template: str
+
+
+def _naive(dt: datetime | None) -> datetime | None:
+    return dt.replace(tzinfo=None) if dt is not None and dt.tzinfo is not None else dt
+
+
+def _money(value: float) -> str:
+    return f"${value:.6f}".rstrip("0").rstrip(".")
+
+
+class TriggerStore:
+    def __init__(self, store: Store, audit: Audit | None = None) -> None:
+        self.store = store
+        self.audit = audit
+        self._lock = threading.Lock()  # one admission at a time in this daemon (SQLite has no row locks)
+
+    # -- reading -------------------------------------------------------------------
+    @staticmethod
+    def _json(row: Any) -> dict[str, Any]:
+        return {
+            "id": row.id,
+            "trigger_id": row.id,
+            "agent_id": row.agent_id,
+            "pattern": json.loads(row.pattern),
+            "prompt_template": row.prompt_template,
+            "enabled": row.enabled,
+            "source": row.source,
+            "max_runs_per_day": row.max_runs_per_day,
+            "max_cost_usd_per_day": row.max_cost_usd_per_day,
+            "rate_limit_per_minute": row.rate_limit_per_minute,
+            "paused": row.paused_reason is not None,
+            "paused_reason": row.paused_reason,
+            "runs_today": row.runs_today if row.day == _today() else 0,
+            "cost_today_usd": round(row.cost_today, 10) if row.day == _today() else 0.0,
+            "fire_count": row.fire_count,
+            "last_fired_at": iso(row.last_fired_at) if row.last_fired_at else None,
+            "created_at": iso(row.created_at),
+        }
+
+    def list(self, agent_id: str | None = None) -> list[dict[str, Any]]:
+        with orm.db_session:
+            query = self.store.e.TriggerRow.select()
+            if agent_id is not None:
+                query = query.filter(lambda t: t.agent_id == agent_id)
+            return [self._json(r) for r in query.order_by(lambda t: (t.created_at, t.id))]
+
+    def get(self, trigger_id: str) -> dict[str, Any] | None:
+        with orm.db_session:
+            row = self.store.e.TriggerRow.get(id=trigger_id)
+            return None if row is None else self._json(row)
+
+    def candidates(self, kind: str) -> list[Trigger]:
+        """Enabled, unpaused triggers whose pattern is of `kind` (patterns.KINDS' keys)."""
+        with orm.db_session:
+            rows = orm.select(t for t in self.store.e.TriggerRow
+                              if t.kind == kind and t.enabled and t.paused_reason is None)
+            return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template) for r in rows]
+
+    # -- writing -------------------------------------------------------------------
+    def create(self, agent_id: str, kind: str, pattern: dict[str, Any], prompt_template: str,
+               enabled: bool = True, max_runs_per_day: int | None = None,
+               max_cost_usd_per_day: float | None = None, rate_limit_per_minute: int | None = None,
+               source: str = "api") -> dict[str, Any]:
+        with _write:
+            row = self.store.e.TriggerRow(
+                id=str(uuid.uuid4()), agent_id=agent_id, kind=kind, pattern=json.dumps(pattern, ensure_ascii=False),
+                prompt_template=prompt_template, enabled=enabled, source=source,
+                max_runs_per_day=max_runs_per_day, max_cost_usd_per_day=max_cost_usd_per_day,
+                rate_limit_per_minute=rate_limit_per_minute, created_at=_now())
+            orm.flush()
+            return self._json(row)
+
+    def update(self, trigger_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply `changes` (enabled, caps, rate limit, prompt_template); enabling a paused
+        trigger resumes it."""
+        with _write:
+            row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
+            if row is None:
+                return None
+            for key, value in changes.items():
+                setattr(row, key, value)
+            if changes.get("enabled") is True:
+                row.paused_reason = None
+            return self._json(row)
+
+    def delete(self, trigger_id: str) -> bool:
+        with _write:
+            row = self.store.e.TriggerRow.get(id=trigger_id)
+            if row is None:
+                return False
+            row.delete()
+            return True
+
+    def delete_for_agent(self, agent_id: str, source: str | None = None) -> int:
+        with _write:
+            query = orm.select(t for t in self.store.e.TriggerRow if t.agent_id == agent_id)
+            if source is not None:
+                query = query.filter(lambda t: t.source == source)
+            return query.delete(bulk=True)
+
+    # -- firing --------------------------------------------------------------------
+    def admit(self, trigger_id: str, default_rate: int) -> tuple[bool, str]:
+        """Count one firing if the trigger may fire now: (True, "") or (False, why not).
+        Reaching `max_runs_per_day` pauses the trigger for the rest of the UTC day."""
+        now = _now()
+        paused = None
+        admitted, why = False, ""
+        with self._lock, _write:
+            row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
+            if row is None:
+                return False, "deleted"
+            self._roll_day(row, now)
+            agent_id = row.agent_id
+            limit = row.rate_limit_per_minute or default_rate
+            start = _naive(row.window_start)
+            if not row.enabled:
+                why = "disabled"
+            elif row.paused_reason is not None:
+                why = row.paused_reason
+            elif row.max_runs_per_day is not None and row.runs_today >= row.max_runs_per_day:
+                paused = why = row.paused_reason = self._runs_reason(row)
+            elif row.max_cost_usd_per_day is not None and row.cost_today >= row.max_cost_usd_per_day:
+                paused = why = row.paused_reason = self._cost_reason(row)
+            elif start is not None and timedelta(0) <= now - start < timedelta(minutes=1) and row.window_count >= limit:
+                why = f"rate limit: {limit} run(s) per minute"
+            else:
+                if start is None or not timedelta(0) <= now - start < timedelta(minutes=1):
+                    row.window_start, row.window_count = now, 0
+                row.window_count += 1
+                row.runs_today += 1
+                row.fire_count += 1
+                row.last_fired_at = now
+                admitted = True
+                if row.max_runs_per_day is not None and row.runs_today >= row.max_runs_per_day:
+                    paused = row.paused_reason = self._runs_reason(row)
+        if paused is not None:
+            self._audit_pause(trigger_id, agent_id, paused)
+        return admitted, why
+
+    def add_cost(self, trigger_id: str, cost: float) -> None:
+        """Add a run's cost to the day's; reaching `max_cost_usd_per_day` pauses the trigger."""
+        paused = None
+        with self._lock, _write:
+            row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
+            if row is None:
+                return
+            self._roll_day(row, _now())
+            row.cost_today += cost
+            if (row.max_cost_usd_per_day is not None and row.cost_today >= row.max_cost_usd_per_day
+                    and row.paused_reason is None):
+                paused = row.paused_reason = self._cost_reason(row)
+            agent_id = row.agent_id
+        if paused is not None:
+            self._audit_pause(trigger_id, agent_id, paused)
+
+    @staticmethod
+    def _roll_day(row: Any, now: datetime) -> None:
+        """A new UTC day: the counters start over and a pause for a daily cap ends."""
+        today = now.date().isoformat()
+        if row.day != today:
+            row.day, row.runs_today, row.cost_today = today, 0, 0.0
+            if row.paused_reason is not None and row.paused_reason.startswith(CAP_REASONS):
+                row.paused_reason = None
+
+    @staticmethod
+    def _runs_reason(row: Any) -> str:
+        return (f"max_runs_per_day reached: {row.runs_today} of {row.max_runs_per_day} run(s) today "
+                "(resumes at 00:00 UTC)")
+
+    @staticmethod
+    def _cost_reason(row: Any) -> str:
+        return (f"max_cost_usd_per_day reached: {_money(row.cost_today)} of {_money(row.max_cost_usd_per_day)} "
+                "today (resumes at 00:00 UTC)")
+
+    def _audit_pause(self, trigger_id: str, agent_id: str, reason: str) -> None:
+        if self.audit is not None:
+            self.audit("trigger.paused", trigger_id, {"trigger_id": trigger_id, "agent_id": agent_id,
+                                                      "reason": reason})
+
+
+def _today() -> str:
+    return _now().date().isoformat()
+
+
+def _now() -> datetime:
+    """Now in UTC, naive: the database hands datetimes back naive, and Pony compares what it
+    wrote with what it reads."""
+    return utcnow().replace(tzinfo=None)

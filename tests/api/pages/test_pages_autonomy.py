@@ -1,0 +1,82 @@
+"""The triggers and tasks pages (agentd/api/pages/autonomy.py) over a real kernel in
+process: what a row shows (agent, pattern, caps, the paused reason), and the forms
+(resume, disable, delete, post a task) doing what the JSON API does."""
+
+from __future__ import annotations
+
+import html as htmllib
+import re
+from typing import Iterator
+
+import pytest
+
+from agentd.api import create_app
+from tests.api.pages.test_pages import LOCAL, build, spawn, token_of
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    kernel = build(tmp_path_factory.mktemp("autonomy"))
+    yield create_app(kernel), kernel
+    kernel.close()
+
+
+def _row(html: str, row_id: str) -> str:
+    match = re.search(rf'<tr id="{row_id}">(.*?)</tr>', html, re.S)
+    assert match, f"no row {row_id}"
+    return htmllib.unescape(match.group(1))
+
+
+def test_triggers_page_shows_caps_and_the_paused_reason_and_its_buttons_work(dash) -> None:
+    app, kernel = dash
+    agent_id = spawn(kernel, "watcher")
+    made = kernel.triggers.create({"agent_id": "watcher", "pattern": {"content_match": "deploy <now>"},
+                                   "prompt_template": "Look: {{event}}", "max_runs_per_day": 1,
+                                   "max_cost_usd_per_day": 0.5})
+    assert kernel.triggers.store.admit(made["id"], 6) == (True, "")
+    reason = "max_runs_per_day reached: 1 of 1 run(s) today (resumes at 00:00 UTC)"
+    client = app.test_client()
+    page = client.get("/triggers", environ_base=LOCAL)
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "deploy &lt;now&gt;" in html, "the pattern is escaped"
+    row = _row(html, f"trigger-{made['id']}")
+    assert f'href="/agents/{agent_id}">watcher</a>' in row
+    assert '<code>{"content_match": "deploy <now>"}</code>' in row
+    assert f'<span class="pill bad">paused</span> <span class="paused-reason">{reason}</span>' in row
+    assert '<td class="num">1 / 1</td>' in row and "$0.0000 / $0.5000" in row and ">Resume</button>" in row
+    token = token_of(html)
+    assert client.post(f"/triggers/{made['id']}/enable", data={"csrf_token": token},
+                       environ_base=LOCAL).status_code == 303
+    assert kernel.triggers.get(made["id"])["paused"] is False
+    assert client.post(f"/triggers/{made['id']}/disable", data={"csrf_token": token},
+                       environ_base=LOCAL).status_code == 303
+    row = _row(client.get("/triggers", environ_base=LOCAL).get_data(as_text=True), f"trigger-{made['id']}")
+    assert '<span class="pill">disabled</span>' in row and ">Enable</button>" in row
+    assert client.post(f"/triggers/{made['id']}/enable", data={}, environ_base=LOCAL).status_code == 403
+    assert client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token},
+                       environ_base=LOCAL).status_code == 303
+    assert kernel.triggers.list() == []
+    r = client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 404 and '<p class="error" role="alert">trigger not found</p>' in r.get_data(as_text=True)
+
+
+def test_tasks_page_posts_lists_and_deletes(dash) -> None:
+    app, kernel = dash
+    helper = spawn(kernel, "helper")
+    client = app.test_client()
+    token = token_of(client.get("/tasks", environ_base=LOCAL).get_data(as_text=True))
+    r = client.post("/tasks", data={"title": "Write <notes>", "description": "short", "assigned_to": "helper",
+                                    "csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 303
+    [task] = kernel.tasks.list()
+    assert task["assigned_to"] == helper
+    html = client.get("/tasks", environ_base=LOCAL).get_data(as_text=True)
+    assert "Write &lt;notes&gt;" in html
+    row = _row(html, f"task-{task['id']}")
+    assert '<span class="pill pending">pending</span>' in row and "<td>helper</td>" in row
+    assert f"task-{task['id']}" not in client.get("/tasks?status=completed", environ_base=LOCAL).get_data(as_text=True)
+    r = client.post("/tasks", data={"title": "x", "assigned_to": "nobody", "csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 404 and "no agent with id or name &#39;nobody&#39;" in r.get_data(as_text=True)
+    assert client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL).status_code == 303
+    assert kernel.tasks.list() == []

@@ -1,0 +1,153 @@
+"""The task board through the real daemon: /api/tasks, the task_* tools, event_publish and
+agent_activate called by the fake LLM, Observe mode, and claims racing on one task."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+from tests.agents.test_agents import say, spawn
+
+
+def _agent(d, extra: str = "") -> tuple[str, str]:
+    name = f"tb-{uuid.uuid4().hex[:8]}"
+    return spawn(d, name, extra), name
+
+
+def _call(tool: str, **args) -> str:
+    return f"[[tool:{tool} " + json.dumps(args) + "]]"
+
+
+def _tool(d, caller: str, tool: str, /, **args) -> str:
+    r = say(d, caller, _call(tool, **args))
+    assert r.status_code == 200, r.text
+    out = r.json()["response"]
+    assert out.startswith("tool said: "), out
+    return out[len("tool said: "):]
+
+
+def _audit(d, event: str) -> list[dict]:
+    return d.get(f"/api/audit/recent?limit=500&event={event}").json()
+
+
+def test_api_post_list_claim_complete_delete(agent_daemon) -> None:
+    d = agent_daemon
+    worker, worker_name = _agent(d)
+    other, _ = _agent(d)
+    r = d.post("/api/tasks", json={"title": "Check the links", "description": "all of them",
+                                   "assigned_to": worker_name})
+    assert r.status_code == 201, r.text
+    task = r.json()
+    assert {k: task[k] for k in ("title", "description", "status", "assigned_to", "created_by", "claimed_by",
+                                 "result", "claimed_at", "completed_at")} == {
+        "title": "Check the links", "description": "all of them", "status": "pending", "assigned_to": worker,
+        "created_by": None, "claimed_by": None, "result": None, "claimed_at": None, "completed_at": None}
+    assert d.get(f"/api/tasks/{task['id']}").json() == task
+    assert task["id"] in [t["id"] for t in d.get("/api/tasks?status=pending").json()]
+    assert task["id"] not in [t["id"] for t in d.get("/api/tasks?status=completed").json()]
+    assert [t["id"] for t in d.get(f"/api/tasks?assigned_to={worker}").json()] == [task["id"]]
+    # Assigned to the worker: another agent cannot claim it.
+    r = d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": other})
+    assert r.status_code == 409 and r.json() == {"error": f"task {task['id']} is assigned to another agent"}
+    r = d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": worker_name})
+    assert r.status_code == 200 and r.json()["status"] == "in_progress" and r.json()["claimed_by"] == worker
+    assert d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": worker}).status_code == 409
+    r = d.post(f"/api/tasks/{task['id']}/complete", json={"result": "fine", "agent_id": other})
+    assert r.status_code == 409 and r.json() == {"error": f"task {task['id']} was claimed by another agent"}
+    r = d.post(f"/api/tasks/{task['id']}/complete", json={"result": "all fine"})
+    assert r.status_code == 200 and r.json()["status"] == "completed" and r.json()["result"] == "all fine"
+    assert r.json()["completed_at"]
+    assert d.delete(f"/api/tasks/{task['id']}").json() == {"status": "removed", "task_id": task["id"]}
+    assert d.get(f"/api/tasks/{task['id']}").status_code == 404
+    assert d.get("/api/tasks/nope").json() == {"error": "invalid task id: 'nope' is not a UUID"}
+    for body, status in [({"title": " "}, 400), ({"description": "x"}, 400),
+                         ({"title": "t", "assigned_to": "no-such-agent"}, 404)]:
+        r = d.post("/api/tasks", json=body)
+        assert r.status_code == status, r.text
+    assert d.get("/api/tasks?status=done").status_code == 400
+
+
+def test_claims_racing_on_one_task_have_one_winner(agent_daemon) -> None:
+    d = agent_daemon
+    agents = [_agent(d)[0] for _ in range(8)]
+    task = d.post("/api/tasks", json={"title": "only one of you"}).json()
+    statuses: list[int] = []
+    start = threading.Barrier(len(agents))
+
+    def claim(agent_id: str) -> None:
+        start.wait()
+        statuses.append(d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": agent_id}).status_code)
+
+    threads = [threading.Thread(target=claim, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [200] + [409] * (len(agents) - 1)
+    assert d.get(f"/api/tasks/{task['id']}").json()["claimed_by"] in agents
+
+
+def test_task_tools_through_the_loop(agent_daemon) -> None:
+    d = agent_daemon
+    boss, _ = _agent(d)
+    worker, worker_name = _agent(d)
+    posted = json.loads(_tool(d, boss, "task_post", title="Summarise the report", description="two lines",
+                              assigned_to=worker_name))
+    assert list(posted) == ["task_id", "status", "assigned_to"]
+    assert posted["status"] == "pending" and posted["assigned_to"] == worker
+    task = d.get(f"/api/tasks/{posted['task_id']}").json()
+    assert task["created_by"] == boss and task["title"] == "Summarise the report"
+    assert _tool(d, boss, "task_post", title="x", description="y", assigned_to="ghost") == (
+        "error: no agent with id or name 'ghost'")
+    listed = json.loads(_tool(d, boss, "task_list", status="pending"))
+    assert posted["task_id"] in [t["id"] for t in listed]
+    assert _tool(d, boss, "task_list", status="nonsense") == (
+        "error: status: must be one of pending, in_progress, completed")
+    # The worker claims the oldest pending task it may take: its own or an unassigned one.
+    claimed = json.loads(_tool(d, worker, "task_claim"))
+    pending_before = [t for t in listed if t["assigned_to"] in (None, worker)]
+    assert claimed["id"] == pending_before[0]["id"] and claimed["status"] == "in_progress"
+    assert claimed["claimed_by"] == worker
+    assert _tool(d, boss, "task_complete", task_id=claimed["id"], result="done") == (
+        f"error: task {claimed['id']} was claimed by another agent")
+    assert _tool(d, worker, "task_complete", task_id=claimed["id"], result="done") == f"completed task {claimed['id']}"
+    assert d.get(f"/api/tasks/{claimed['id']}").json()["result"] == "done"
+    assert _tool(d, worker, "task_complete", task_id=claimed["id"], result="again") == (
+        f"error: task {claimed['id']} is completed, not in_progress")
+    while (out := _tool(d, worker, "task_claim")) != "no pending task to claim":
+        _tool(d, worker, "task_complete", task_id=json.loads(out)["id"], result="swept")
+    listing = next(e for e in _audit(d, "tool.task_list") if e["detail"]["agent_id"] == boss)
+    assert listing["detail"]["status"] is None or listing["detail"]["status"] == "pending"
+    for event in ("tool.task_post", "tool.task_claim", "tool.task_complete"):
+        assert any(e["detail"]["task_id"] == claimed["id"] or e["detail"]["task_id"] == posted["task_id"]
+                   for e in _audit(d, event)), event
+
+
+def test_observe_mode_lists_but_does_not_post(agent_daemon) -> None:
+    d = agent_daemon
+    watcher, _ = _agent(d)
+    assert d.put(f"/api/agents/{watcher}/mode", json={"mode": "Observe"}).status_code == 200
+    out = _tool(d, watcher, "task_post", title="t", description="d")
+    assert out.startswith("permission denied: tool 'task_post' is not available to this agent"), out
+    for tool in ("task_claim", "event_publish", "agent_activate", "task_complete"):
+        assert "permission denied" in _tool(d, watcher, tool, **({"event_type": "x"} if tool == "event_publish"
+                                                                else {"agent_id": watcher}
+                                                                if tool == "agent_activate" else {}))
+    assert _tool(d, watcher, "task_list").startswith(("[", "no tasks"))
+
+
+def test_event_publish_and_agent_activate(agent_daemon) -> None:
+    d = agent_daemon
+    caller, _ = _agent(d)
+    target, target_name = _agent(d)
+    out = _tool(d, caller, "event_publish", event_type="build_done", payload={"ok": True})
+    assert out.startswith("published event ") and out.endswith(" (build_done)")
+    event_id = out.split()[2]
+    entry = next(e for e in _audit(d, "tool.event_publish") if e["detail"]["event_id"] == event_id)
+    assert entry["detail"]["agent_id"] == caller and entry["detail"]["event_type"] == "build_done"
+    assert json.loads(_tool(d, caller, "agent_activate", agent_id=target_name)) == {
+        "agent_id": target, "name": target_name, "state": "Running", "was": "Running"}
+    assert _tool(d, caller, "agent_activate", agent_id="ghost") == (
+        "error: no agent with id or name 'ghost' (terminated agents cannot be revived)")
+    assert any(e["detail"]["target"] == target for e in _audit(d, "tool.agent_activate"))
