@@ -102,6 +102,10 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         health = d.get("/api/health/detail").json()
         assert health["model_calls_in_flight"] == 0
 
+        # Traces are not configured here: OpenTelemetry never loads, whatever was served (the
+        # MCP SDK below brings its own, so this is asked before it).
+        assert "opentelemetry" not in d.imported()
+
         # First MCP request: the SDK loads and answers the handshake.
         assert "mcp" not in d.imported()
         hello = d.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -111,8 +115,6 @@ def test_idle_daemon_has_not_loaded_first_use_packages_and_each_first_use_works(
         assert hello.status_code == 200, hello.text
         assert '"serverInfo":{"name":"agentd"' in hello.text.replace(" ", "")
         assert {"mcp", "agentd.mcp.server"} <= d.imported()
-        # Traces are not configured here: OpenTelemetry never loads, whatever was served.
-        assert "opentelemetry" not in d.imported()
     finally:
         d.stop()
 
