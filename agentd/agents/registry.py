@@ -43,13 +43,16 @@ class AgentRegistry:
     memory (`memory`) and is audited (`audit`, with spawns and refused signatures)."""
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
-                 memory: MemoryService | None = None, audit: Audit | None = None) -> None:
+                 memory: MemoryService | None = None, audit: Audit | None = None,
+                 on_kill: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.store = store
         self.catalog = catalog
         self.queues = queues
         self.memory = memory
         self.audit = audit
+        # What the agent's tools hold outside the database (programs, a browser) ends with it.
+        self.on_kill = on_kill
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
         # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
@@ -333,6 +336,8 @@ class AgentRegistry:
         finally:
             with self._lock:
                 self._killing.discard(handle.id)
+        if self.on_kill is not None:
+            self.on_kill(handle.id)
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
         log.info("killed agent %s (%s)", handle.name, handle.id)

@@ -45,6 +45,7 @@ from agentd.agents.run_errors import AgentRunError, run_error
 from agentd.agents.runqueue import ClaimedRun, QueuedRun, RunQueues
 from agentd.agents.session_store import SessionStore
 from agentd.agents.tools import ToolContext
+from agentd.agents.tools.services import ModelAccess, ToolServices
 from agentd.agents.uploads import Uploads
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, TooManyRequests
@@ -140,7 +141,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None,
+                 tool_services: ToolServices | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -154,6 +156,7 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        self.tool_services = tool_services
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -171,6 +174,15 @@ class Runs:
         if request.on == CALLER:
             return RunTicket(self, request, claimed=self.queues.claim(handle, job))
         return RunTicket(self, request, future=self.queues.submit(handle, job))
+
+    def _model_access(self, handle: AgentHandle) -> ModelAccess:
+        info = self.catalog.get_model(handle.model)
+        provider = self.catalog.get_provider(handle.provider)
+        return ModelAccess(handle.provider, handle.model, info.supports_vision if info is not None else None,
+                           provider.endpoints if provider is not None else (),
+                           call=lambda request, cancel: self.models.llm_call(handle)(request, None, cancel),
+                           endpoint=lambda: self.models.endpoint(handle.provider, handle.api_key_env,
+                                                                 handle.base_url))
 
     def ops_for(self, handle: AgentHandle) -> AgentOpsImpl:
         """What the agent's tools may do to other agents and memory."""
@@ -291,7 +303,8 @@ class Runs:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
-                          cancel=cancel)
+                          cancel=cancel, services=self.tool_services, agent_name=handle.name,
+                          model=self._model_access(handle))
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:

@@ -25,6 +25,10 @@ class Uploads:
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
         """Store an uploaded file for later `attachments`."""
+        return self.save_for(handle.id, filename, content_type, data)
+
+    def save_for(self, agent_id: str, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        """Store a file for an agent (an upload, or what one of its tools made)."""
         if not data:
             raise BadRequest("uploaded file is empty")
         if len(data) > UPLOAD_LIMIT:
@@ -37,7 +41,7 @@ class Uploads:
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
         # The bytes live in the database: every daemon sharing it can attach the file.
         with orm.db_session:
-            self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
+            self.store.e.UploadRow(id=file_id, agent=agent_id, filename=safe_name,
                                    content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
