@@ -10,8 +10,8 @@ from typing import Any
 from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
-from agentd.errors import BadRequest
-from agentd.timestamps import utcnow
+from agentd.errors import BadRequest, NotFound
+from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 
 
@@ -45,6 +45,22 @@ class Uploads:
                                    content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
+
+    def listing(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        """The agent's files (uploaded, or made by its tools), newest first, without content."""
+        with orm.db_session:
+            rows = self.store.e.UploadRow.select(lambda u: u.agent.id == handle.id)
+            return [{"file_id": r.id, "filename": r.filename, "content_type": r.content_type, "size": r.size,
+                     "created_at": iso(r.created_at)}
+                    for r in sorted(rows, key=lambda r: (r.created_at, r.id), reverse=True)]
+
+    def content(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+        """One of the agent's files with its bytes; NotFound when it has no such file."""
+        parse_uuid(file_id, "file")
+        try:
+            return self.read(handle, file_id)
+        except BadRequest:
+            raise NotFound(f"agent {handle.name} has no file {file_id}") from None
 
     def read(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
         key = parse_uuid(file_id, "file")
