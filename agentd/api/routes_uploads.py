@@ -40,7 +40,7 @@ def uploads(agent_id: str):
 
 @bp.get("/api/agents/<agent_id>/uploads/<file_id>")
 @doc("One of the agent's files: its bytes (images and audio inline, other types as a download)", tags="agents",
-     response={"type": "string", "format": "binary"}, response_media="application/octet-stream")
+     response={"type": "string", "format": "binary"}, response_media="*/*")
 def upload_content(agent_id: str, file_id: str):
     agents = kernel().agents
     return file_response(agents.upload_content(agents.get(agent_id), file_id))

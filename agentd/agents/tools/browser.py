@@ -83,19 +83,30 @@ def _find(driver: Any, selector: str) -> Any:
 
 def _act(ctx: ToolContext, action: Any) -> str:
     """Run `action(driver)` on the agent's browser and describe the page afterwards."""
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import InvalidSessionIdException, NoSuchWindowException, WebDriverException
 
-    browser = _browser(ctx)
+    try:
+        browser = _browser(ctx)
+    except WebDriverException as exc:
+        raise ToolError(f"the browser did not start: {_first_line(exc)}") from None
     with browser.lock:
         try:
             result = action(browser.driver)
             if isinstance(result, str):
                 return result
             return _page(ctx, browser.driver)
+        except (InvalidSessionIdException, NoSuchWindowException) as exc:
+            # The browser died or its window is gone: the next call starts a new one.
+            ctx.require_services().browsers.close(ctx.agent_id)
+            raise ToolError(f"the browser was lost ({_first_line(exc)}); call again to start a new one") from None
         except WebDriverException as exc:
-            raise ToolError(f"browser: {(exc.msg or type(exc).__name__).splitlines()[0]}") from None
+            raise ToolError(f"browser: {_first_line(exc)}") from None
         finally:
             browser.used = time.monotonic()
+
+
+def _first_line(exc: Exception) -> str:
+    return (getattr(exc, "msg", None) or type(exc).__name__).splitlines()[0]
 
 
 _FAMILY = {"family": "browser", "capability": "network", "check": browser_unavailable}

@@ -21,10 +21,11 @@ from typing import Any
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.agents.tools.files import workspace_root
-from agentd.agents.tools.shell import check_argv, scrubbed_env
+from agentd.agents.tools.shell import check_argv, check_command, scrubbed_env
 from agentd.config import ToolsConfig
 
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a process group
+KEEP_EXITED = 20
 
 
 class Ring:
@@ -112,7 +113,13 @@ class ProcessTable:
         with self._lock:
             if self._closed:
                 raise ToolError("the daemon is stopping")
-            running = [p for p in self._procs.values() if p.agent_id == ctx.agent_id and p.alive()]
+            mine = [p for p in self._procs.values() if p.agent_id == ctx.agent_id]
+            # Exited programs stay listed (their last output and exit code) until killed,
+            # the oldest forgotten beyond KEEP_EXITED.
+            exited = [p for p in mine if not p.alive()]
+            for proc in exited[:max(0, len(exited) - KEEP_EXITED)]:
+                del self._procs[proc.id]
+            running = [p for p in mine if p.alive()]
             if len(running) >= cfg.process_max_per_agent:
                 raise ToolError(f"this agent already runs {len(running)} processes (the limit is "
                                 f"{cfg.process_max_per_agent}): kill one with process_kill first")
@@ -205,10 +212,14 @@ _ID = {"process_id": {"type": "string", "description": "The process ID returned 
                 "description": "Command-line arguments (e.g. ['-i'] for interactive Python)"}},
       ("command",), capability="shell", family="processes")
 def process_start(ctx: ToolContext, args: dict[str, Any]) -> str:
-    extra = args.get("args") or []
-    if not all(isinstance(a, str) for a in extra):
-        raise ToolError("args must be an array of strings")
-    argv = check_argv(ctx, [args["command"], *extra])
+    extra = args.get("args")
+    if extra is None and any(c.isspace() for c in args["command"].strip()):
+        # "python3 -m http.server" in `command` alone: split it as shell_exec does (no shell).
+        argv = check_command(ctx, args["command"])
+    else:
+        if not all(isinstance(a, str) for a in extra or []):
+            raise ToolError("args must be an array of strings")
+        argv = check_argv(ctx, [args["command"], *(extra or [])])
     proc = _table(ctx).start(ctx, argv)
     ctx.audit("tool.process_start", {"process_id": proc.id, "command": argv[0], "pid": proc.popen.pid})
     return json.dumps({"process_id": proc.id, "pid": proc.popen.pid, "command": " ".join(argv)})

@@ -41,7 +41,8 @@ def _wrapped_programs(argv: list[str]) -> list[str]:
     return names
 
 
-def _check(ctx: ToolContext, command: str) -> list[str]:
+def check_command(ctx: ToolContext, command: str) -> list[str]:
+    """A command line split without a shell (metacharacters refused), then `check_argv`."""
     for meta in METACHARACTERS:
         if meta in command:
             raise ToolError(f"shell metacharacter {meta!r} is not allowed: commands run without a shell "
@@ -51,6 +52,9 @@ def _check(ctx: ToolContext, command: str) -> list[str]:
     except ValueError as exc:
         raise ToolError(f"cannot parse the command: {exc}") from None
     return check_argv(ctx, argv)
+
+
+_check = check_command  # the name tests use
 
 
 def check_argv(ctx: ToolContext, argv: list[str]) -> list[str]:
@@ -93,7 +97,7 @@ def _kill(proc: subprocess.Popen) -> None:
        "timeout_secs": {"type": "number", "description": "Seconds before the program is killed"}},
       ("command",), capability="shell")
 def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
-    argv = _check(ctx, args["command"])
+    argv = check_command(ctx, args["command"])
     cfg = ctx.tools_config
     requested = args.get("timeout_secs")
     if requested is not None and requested <= 0:

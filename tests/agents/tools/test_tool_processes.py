@@ -104,11 +104,17 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
         "error: 'sudo' is denied by the daemon's shell policy"
     assert call(pd, agent, "process_start", command="sh", args=["-c", "su root"]) == \
         "error: 'su' is denied by the daemon's shell policy"
+    # A whole command line in `command` is split without a shell, under the same checks.
+    assert call(pd, agent, "process_start", command="nice sudo id") == \
+        "error: 'sudo' is denied by the daemon's shell policy"
+    assert call(pd, agent, "process_start", command="sleep 1 | cat") == \
+        "error: shell metacharacter '|' is not allowed: commands run without a shell (one program with its arguments)"
     env = json.loads(call(pd, agent, "process_start", command="python3", args=["-c", ENV_CHECK]))
     wait_until(lambda: not alive(env["pid"]), "the program exits")
     output = json.loads(call(pd, agent, "process_poll", process_id=env["process_id"]))["output"]
     assert output == "[] True\n", "BUG: a program started by a tool sees the daemon's secrets"
-    first = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
+    first = json.loads(call(pd, agent, "process_start", command="sleep 30"))
+    assert first["command"] == "sleep 30"
     second = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
     assert call(pd, agent, "process_start", command="sleep", args=["30"]) == \
         "error: this agent already runs 2 processes (the limit is 2): kill one with process_kill first"
