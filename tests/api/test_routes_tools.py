@@ -84,6 +84,12 @@ def test_an_unavailable_tool_called_anyway_says_why(td) -> None:
                 json={"message": '[[tool:browser_navigate {"url": "https://example.com/"}]]'})
     assert r.json()["response"] == ("tool said: error: 'browser_navigate' is not available in this daemon: "
                                     "chromium not found at /nonexistent/chromium")
+    shell = td.post("/api/agents", json={"manifest_toml": f'name = "{name}-sh"\n[capabilities]\nshell = ["*"]\n'
+                                                          '[model]\nprovider = "default"\nmodel = "default"\n'})
+    r = td.post(f"/api/agents/{shell.json()['agent_id']}/message",
+                json={"message": '[[tool:docker_exec {"command": "id"}]]'})
+    assert r.json()["response"] == ("tool said: error: 'docker_exec' is not available in this daemon: "
+                                    "no container runtime configured ([tools] container_runtime)")
 
 
 def test_an_agents_files(td) -> None:

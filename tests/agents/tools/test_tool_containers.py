@@ -54,14 +54,3 @@ def test_the_deadline_kills_and_removes_the_container(cd, engine) -> None:
     cid = engine.requests[-1]["path"].split("/")[-1]
     assert calls == [("POST", "start"), ("POST", "wait"), ("POST", "kill"), ("GET", "logs"), ("GET", "json"),
                      ("DELETE", cid)]
-
-
-def test_without_a_runtime_the_error_says_so(tmp_path, fake_llm) -> None:
-    daemon = Daemon(make_home(tmp_path / "h", llm_config(fake_llm)), env_extra=LLM_ENV).start()
-    try:
-        agent = spawn(daemon, SHELL)
-        assert call(daemon, agent, "docker_exec", command="id") == (
-            "error: 'docker_exec' is not available in this daemon: no container runtime configured "
-            "([tools] container_runtime)")
-    finally:
-        assert daemon.stop_and_check() == []
