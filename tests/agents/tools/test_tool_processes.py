@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,6 +148,23 @@ def test_observe_mode_offers_only_poll_and_list(pd) -> None:
     r = pd.post(f"/api/agents/{agent}/message", json={"message": '[[tool:process_start {"command": "sleep"}]]'})
     assert "permission denied: tool 'process_start' is not available" in r.json()["response"]
     assert call(pd, agent, "process_list") == "[]"
+
+
+def test_manual_mode_asks_before_a_program_starts(pd) -> None:
+    agent = spawn(pd)
+    assert pd.put(f"/api/agents/{agent}/mode", json={"mode": "Manual"}).status_code == 200
+    answer: dict = {}
+    asking = threading.Thread(target=lambda: answer.update(text=call(pd, agent, "process_start", command="sleep 60")))
+    asking.start()
+    pending: list = []
+    wait_until(lambda: pending.extend(a for a in pd.get("/api/approvals").json() if a["agent_id"] == agent)
+               or pending, "the approval request")
+    assert (pending[0]["tool"], pending[0]["input"]) == ("process_start", {"command": "sleep 60"})
+    assert not any("sleep 60" in _cmdline(p) for p in _pids()), "BUG: the program started before approval"
+    assert pd.post(f"/api/approvals/{pending[0]['id']}/reject").status_code == 200
+    asking.join(30)
+    assert answer["text"] == ("denied: the call to 'process_start' was not performed because a human rejected it.")
+    assert not any("sleep 60" in _cmdline(p) for p in _pids())
 
 
 @pytest.mark.parametrize("how", ["sigterm", "agentd stop"])
