@@ -80,6 +80,7 @@ def _look(ctx: ToolContext, data: bytes, mime: str, prompt: str) -> str:
                         "use a vision-capable model")
     if not model.supports_vision:
         raise ToolError(f"model {model.model} does not support images (vision): use a vision-capable model")
+    ctx.audit("tool.image_to_model", {"bytes": len(data), "model": model.model})
     request = ChatRequest(model=model.model, max_tokens=1024, messages=[
         Message(role="user", content=prompt, images=[ImagePart(mime, base64.b64encode(data).decode())])])
     try:
@@ -170,6 +171,7 @@ def _transcribe(ctx: ToolContext, args: dict[str, Any]) -> str:
     fields = {"model": TRANSCRIBE_MODELS.get(endpoint.provider, "whisper-1"), "response_format": "json"}
     if args.get("language"):
         fields["language"] = args["language"]
+    ctx.audit("tool.speech_to_text", {"file": path.name, "bytes": len(data), "provider": endpoint.provider})
     response = _post(ctx, endpoint, "audio/transcriptions", data=fields, files={"file": (path.name, data, mime)})
     try:
         return response.json()["text"]
