@@ -24,7 +24,9 @@ from support import STARTED, Daemon, agentd_env, make_home
 
 # Top-level packages (and agentd modules) that serving loads on first use only.
 LAZY = {"requests", "urllib3", "charset_normalizer", "flask_sock", "simple_websocket", "wsproto",
-        "asyncio", "nacl", "apispec", "agentd.llm.drivers"}
+        "asyncio", "nacl", "apispec", "agentd.llm.drivers",
+        # the browser_* and docker_exec tools' drivers: loaded by the first call of such a tool
+        "selenium", "docker"}
 
 
 class ImportTimeDaemon(Daemon):
