@@ -100,13 +100,13 @@ def tool(name: str, description: str, properties: dict[str, Any], required: tupl
     def register(fn: Callable[[ToolContext, dict[str, Any]], str]) -> Callable[..., str]:
         module = fn.__module__
         group = family or (module.removeprefix(PACKAGE) if module.startswith(PACKAGE) else "other")
-        run = fn
-        if check is not None:
-            def run(ctx: ToolContext, args: dict[str, Any]) -> str:
-                reason = check(ctx.tools_config)
-                if reason:
-                    raise ToolError(f"'{name}' is not available in this daemon: {reason}")
-                return fn(ctx, args)
+        def checked(ctx: ToolContext, args: dict[str, Any]) -> str:
+            reason = check(ctx.tools_config) if check is not None else None
+            if reason:
+                raise ToolError(f"'{name}' is not available in this daemon: {reason}")
+            return fn(ctx, args)
+
+        run = fn if check is None else checked
         REGISTRY[name] = Tool(name, description, schema, run, read_only, capability, group, check)
         return fn
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, free_port, make_home, stop_shared, wait_until
-from tests.agents.tools.test_tool_processes import call, spawn
+from support import Daemon, make_home, stop_shared, wait_until
+from tests.agents.tools.tool_calls import call, spawn
 
 pytest.importorskip("selenium")
 if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():

@@ -10,7 +10,7 @@ from channel_fixtures import audit, configure, wait_active, wait_for
 from conftest import LLM_ENV, llm_config
 from fakes.recorder import Recorder
 from support import Daemon, free_port, make_home, stop_shared
-from tests.agents.tools.test_tool_processes import call, spawn
+from tests.agents.tools.tool_calls import call, spawn
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from conftest import LLM_ENV, llm_config
 from fakes.docker_engine import FakeDockerEngine
 from support import Daemon, make_home, stop_shared
-from tests.agents.tools.test_tool_processes import SHELL, call, spawn
+from tests.agents.tools.tool_calls import SHELL, call, spawn
 
 pytest.importorskip("docker")
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import LLM_ENV, llm_config
 from fakellm import TINY_PNG
 from support import Daemon, make_home, stop_shared
-from tests.agents.tools.test_tool_processes import call
+from tests.agents.tools.tool_calls import call
 
 ANTHROPIC = '[model]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n'
 NO_VISION = '[model]\nprovider = "deepseek"\nmodel = "deepseek-chat"\n'

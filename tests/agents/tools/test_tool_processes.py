@@ -6,47 +6,19 @@ import json
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home, run_cli, stop_shared, wait_until
+from tests.agents.tools.tool_calls import alive, call, spawn
 
-SHELL = '[capabilities]\nshell = ["*"]\n'
-MODEL = '[model]\nprovider = "default"\nmodel = "default"\n'
 # Prints the variables beyond what a program needs (none expected) and whether PATH is there.
 ENV_CHECK = ("import os; keep = {'PATH', 'HOME', 'LANG', 'LANGUAGE', 'TERM', 'TZ', 'USER', 'LOGNAME', 'SHELL', "
              "'TMPDIR'}; print(sorted(k for k in os.environ if k not in keep and not k.startswith('LC_')), "
              "'PATH' in os.environ)")
 LIMITS = "\n[tools]\nprocess_max_per_agent = 2\nprocess_buffer_bytes = 64\nprocess_max_runtime_secs = 30\n"
-
-
-def spawn(d: Daemon, extra: str = SHELL, name: str = "") -> str:
-    name = name or f"p-{uuid.uuid4().hex[:8]}"
-    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n{extra}\n{MODEL}'})
-    assert r.status_code == 201, r.text
-    return r.json()["agent_id"]
-
-
-def call(d: Daemon, agent_id: str, name: str, **args) -> str:
-    """One run in which the model calls `name(args)`; the tool's result as the model saw it."""
-    r = d.post(f"/api/agents/{agent_id}/message",
-               json={"message": f"[[tool:{name} {json.dumps(args)}]]"})
-    assert r.status_code == 200, r.text
-    text = r.json()["response"]
-    assert text.startswith("tool said: "), text
-    return text[len("tool said: "):]
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -154,17 +126,19 @@ def test_manual_mode_asks_before_a_program_starts(pd) -> None:
     agent = spawn(pd)
     assert pd.put(f"/api/agents/{agent}/mode", json={"mode": "Manual"}).status_code == 200
     answer: dict = {}
-    asking = threading.Thread(target=lambda: answer.update(text=call(pd, agent, "process_start", command="sleep 60")))
+    asking = threading.Thread(target=lambda: answer.update(text=call(pd, agent, "process_start", command="sleep 67.25")))
     asking.start()
     pending: list = []
     wait_until(lambda: pending.extend(a for a in pd.get("/api/approvals").json() if a["agent_id"] == agent)
                or pending, "the approval request")
-    assert (pending[0]["tool"], pending[0]["input"]) == ("process_start", {"command": "sleep 60"})
-    assert not any("sleep 60" in _cmdline(p) for p in _pids()), "BUG: the program started before approval"
+    assert (pending[0]["tool"], pending[0]["input"]) == ("process_start", {"command": "sleep 67.25"})
+    assert not any("sleep 67.25" in _cmdline(p) for p in _pids()), "BUG: the program started before approval"
     assert pd.post(f"/api/approvals/{pending[0]['id']}/reject").status_code == 200
     asking.join(30)
     assert answer["text"] == ("denied: the call to 'process_start' was not performed because a human rejected it.")
-    assert not any("sleep 60" in _cmdline(p) for p in _pids())
+    assert not any("sleep 67.25" in _cmdline(p) for p in _pids())
+    assert pd.put(f"/api/agents/{agent}/mode", json={"mode": "Auto"}).status_code == 200
+    assert call(pd, agent, "process_list") == "[]"
 
 
 @pytest.mark.parametrize("how", ["sigterm", "agentd stop"])
