@@ -174,9 +174,14 @@ def _transcribe(ctx: ToolContext, args: dict[str, Any]) -> str:
     ctx.audit("tool.speech_to_text", {"file": path.name, "bytes": len(data), "provider": endpoint.provider})
     response = _post(ctx, endpoint, "audio/transcriptions", data=fields, files={"file": (path.name, data, mime)})
     try:
-        return response.json()["text"]
+        text = response.json()["text"]
     except (ValueError, KeyError, TypeError):
         raise ToolError(f"{endpoint.provider} /audio/transcriptions answered without a transcript") from None
+    limit = ctx.tools_config.shell_max_output_bytes
+    data = str(text).encode()
+    if len(data) <= limit:
+        return str(text)
+    return data[:limit].decode(errors="ignore") + f"\n[transcript truncated at {limit} bytes of {len(data)}]"
 
 
 _AUDIO_IN = {"path": {"type": "string", "description": "Path to the audio file (relative to workspace). Supported: "
