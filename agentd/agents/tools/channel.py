@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.errors import AgentdError
 
@@ -44,6 +45,8 @@ def channel_send(ctx: ToolContext, args: dict[str, Any]) -> str:
     text = "\n".join(p for p in parts if p).strip()
     if not text:
         raise ToolError("nothing to send: give a message, image_url or file_url")
+    if len(text.encode()) > MESSAGE_LIMIT:
+        raise ToolError(f"message too large: at most {MESSAGE_LIMIT // 1024} KB, as for messages agents receive")
     meta: dict[str, Any] = {}
     if args.get("subject"):
         meta["subject"] = args["subject"]
