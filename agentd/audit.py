@@ -1,8 +1,8 @@
 """The kernel audit trail: a persisted, append-only list of what happened.
 
 Channel events (configure, remove, start, stop, connection errors, refused senders,
-inbound/outbound message ids: never message text), agent spawn/kill and daemon
-start/shutdown. `GET /api/audit/recent` reads it newest first.
+inbound/outbound message ids: never message text), agent spawn/kill, what agents'
+tools do beyond their workspace (`tool.*`) and daemon start/shutdown. `GET /api/audit/recent` reads it newest first.
 """
 
 from __future__ import annotations

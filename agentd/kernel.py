@@ -25,6 +25,7 @@ from agentd.agents.registry import AgentRegistry
 from agentd.agents.runqueue import RunQueues
 from agentd.agents.runs import Runs
 from agentd.agents.session_store import SessionStore
+from agentd.agents.tools.services import ToolServices
 from agentd.agents.uploads import Uploads
 from agentd.llm.catalog import Catalog
 from agentd.llm.custom_models import CustomModels
@@ -122,15 +123,21 @@ class Kernel:
         self.embeddings = EmbeddingModels(config.memory, self.memory)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
+        uploads = Uploads(store)
+        # Programs, browsers and channel sending for tools (agentd/agents/tools/services.py);
+        # the channels start below, after the agents they route to.
+        self.tool_services = ToolServices(config.tools, self.audit.record, uploads.save_for,
+                                          lambda *args, **kw: self.channels.send_to(*args, **kw))
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
-                                 mcp_tools=self.mcp.tools_for, hooks=[TriggerLifecycle(trigger_store)])
+                                 mcp_tools=self.mcp.tools_for,
+                                 hooks=[TriggerLifecycle(trigger_store), self.tool_services])
         self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
-        uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
-                         metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record))
+                         metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
+                         tool_services=self.tool_services)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
@@ -211,6 +218,7 @@ class Kernel:
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        self.tool_services.close()
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()

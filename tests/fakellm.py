@@ -25,6 +25,13 @@ Endpoints
              ``\\r\\n\\r\\n`` exactly like the real API; without ``alt=sse`` a streamed JSON array),
              ``GET /v1beta/models``.  ``/v1/...`` works as an alias of ``/v1beta/...``.  camelCase and
              snake_case request fields are both accepted.
+* OpenAI media (as documented by OpenAI): ``POST /v1/audio/transcriptions`` (multipart ``file`` + ``model``
+             [+ ``language``] -> ``{"text": "transcript of NAME (N bytes)[ in LANG]"}``), ``POST /v1/audio/speech``
+             (JSON ``model``, ``input``, ``voice`` [, ``response_format``] -> the bytes ``FAKEAUDIO:<input>`` as
+             ``audio/mpeg`` etc.), ``POST /v1/images/generations`` (JSON ``prompt`` [, ``model``, ``n``, ``size``,
+             ``response_format``] -> ``{"created", "data": [{"b64_json" | "url", "revised_prompt"}]}`` with a
+             1x1 PNG; base64 for ``response_format: "b64_json"`` and for ``gpt-image-1``).  A multipart
+             request's form fields are logged as ``"form"`` (the file part as ``{"filename", "size"}``).
 * Control:   ``GET /`` (health), ``GET /_fakellm/stats`` -> ``{"requests": n}``, ``POST /_fakellm/reset``.
 
 Transport: HTTP/1.1 keep-alive, TCP_NODELAY.  Non-streamed responses carry Content-Length and are written
@@ -148,6 +155,7 @@ Request log
 from __future__ import annotations
 
 import argparse
+import base64
 import email.utils
 import http.server
 import json
@@ -155,10 +163,12 @@ import math
 import re
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Iterator
@@ -884,6 +894,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 bad_json = True
         headers = _Headers((k.lower(), v) for k, v in self.headers.items())
         provider = self._provider(path, headers)
+        self.raw = raw
         self.entry: dict[str, Any] = {"path": path, "query": query, "method": self.command, "headers": headers,
                                       "json": body, "time": time.time(), "provider": provider,
                                       "status": None, "done": None,
@@ -905,7 +916,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     @staticmethod
     def _provider(path: str, headers: _Headers) -> str | None:
-        if path == "/v1/chat/completions":
+        if path == "/v1/chat/completions" or path in MEDIA_PATHS:
             return "openai"
         if path == "/v1/messages":
             return "anthropic"
@@ -960,6 +971,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._error(provider, 405, f"Method {method} not allowed for {path}")
         if path == "/v1/models" or path == "/v1beta/models":
             return self._error(provider, 405, f"Method {method} not allowed for {path}")
+        if path in MEDIA_PATHS:
+            return self._media(path, headers, body)
 
         if bad_json or not isinstance(body, dict):
             return self._error(provider, 400, "We could not parse the JSON body of your request."
@@ -999,6 +1012,66 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if stream:
             return self._stream(_anthropic_stream(plan, conv), "text/event-stream", plan.pace)
         return self._send_json(200, _anthropic_json(plan, conv))
+
+
+    def _media(self, path: str, headers: _Headers, body: Any) -> None:
+        """OpenAI's audio and image endpoints, with their documented request and response shapes."""
+        if path == "/v1/audio/transcriptions":
+            form = _multipart(headers.get("content-type") or "", self.raw)
+            self.entry["form"] = {k: v if isinstance(v, str) else {"filename": v[0], "size": len(v[1])}
+                                  for k, v in form.items()}
+            if not isinstance(form.get("file"), tuple) or not form.get("model"):
+                return self._error("openai", 400, "file and model are required (multipart/form-data)")
+            name, data = form["file"]
+            text = f"transcript of {name} ({len(data)} bytes)"
+            if form.get("language"):
+                text += f" in {form['language']}"
+            return self._send_json(200, {"text": text})
+        if not isinstance(body, dict):
+            return self._error("openai", 400, "Request body must be a JSON object.")
+        if path == "/v1/audio/speech":
+            if not all(isinstance(body.get(k), str) and body[k] for k in ("model", "input", "voice")):
+                return self._error("openai", 400, "model, input and voice are required")
+            fmt = body.get("response_format") or "mp3"
+            return self._send(200, b"FAKEAUDIO:" + body["input"].encode(), SPEECH_TYPES.get(fmt, "audio/mpeg"))
+        if not isinstance(body.get("prompt"), str) or not body["prompt"]:
+            return self._error("openai", 400, "prompt is required")
+        n = body.get("n") or 1
+        b64 = body.get("response_format") == "b64_json" or body.get("model") == "gpt-image-1"
+        item = ({"b64_json": base64.b64encode(TINY_PNG).decode()} if b64
+                else {"url": f"http://127.0.0.1:{self.server.server_address[1]}/_fakellm/image.png"})
+        return self._send_json(200, {"created": int(time.time()),
+                                     "data": [{**item, "revised_prompt": body["prompt"]} for _ in range(n)]})
+
+
+def _multipart(content_type: str, raw: bytes) -> dict[str, Any]:
+    """Form fields of a multipart/form-data body: text fields as str, files as (filename, bytes)."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw)
+    fields: dict[str, Any] = {}
+    if not message.is_multipart():
+        return fields
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        fields[name] = (filename, data) if filename is not None else data.decode()
+    return fields
+
+
+def _png_1x1() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b""))
+
+
+MEDIA_PATHS = ("/v1/audio/transcriptions", "/v1/audio/speech", "/v1/images/generations")
+SPEECH_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac",
+                "wav": "audio/wav", "pcm": "audio/pcm"}
+TINY_PNG = _png_1x1()
 
 
 def _model_list() -> dict[str, Any]:

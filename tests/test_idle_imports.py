@@ -27,7 +27,9 @@ LAZY = {"requests", "urllib3", "charset_normalizer", "flask_sock", "simple_webso
         "asyncio", "nacl", "apispec", "agentd.llm.drivers",
         # The MCP SDK and what it brings: only with [[mcp_servers]] configured or /mcp called.
         "mcp", "mcp_types", "anyio", "httpx2", "a2wsgi", "starlette", "pydantic",
-        "agentd.mcp.client", "agentd.mcp.server"}
+        "agentd.mcp.client", "agentd.mcp.server",
+        # the browser_* and docker_exec tools' drivers: loaded by the first call of such a tool
+        "selenium", "docker"}
 
 
 class ImportTimeDaemon(Daemon):

@@ -100,6 +100,12 @@ class AgentManager:
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
         return self.uploads.save_upload(handle, filename, content_type, data)
 
+    def uploads_of(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        return self.uploads.listing(handle)
+
+    def upload_content(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+        return self.uploads.content(handle, file_id)
+
     # -- runs -------------------------------------------------------------------------
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the agent's current run; True when one was running."""

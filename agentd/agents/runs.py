@@ -46,6 +46,7 @@ from agentd.agents.run_errors import AgentRunError, run_error
 from agentd.agents.runqueue import ClaimedRun, QueuedRun, RunQueues
 from agentd.agents.session_store import SessionStore
 from agentd.agents.tools import ToolContext
+from agentd.agents.tools.services import ModelAccess, ToolServices
 from agentd.agents.uploads import Uploads
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, TooManyRequests
@@ -149,7 +150,8 @@ class Runs:
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
                  preflight: Callable[[AgentHandle], None] | None = None,
-                 metrics: Metrics | None = None, cooperation: Cooperation | None = None) -> None:
+                 metrics: Metrics | None = None, cooperation: Cooperation | None = None,
+                 tool_services: ToolServices | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -166,6 +168,7 @@ class Runs:
         self.metrics = metrics
         # The task board and the event bus (a failed run is an event too).
         self.cooperation = cooperation
+        self.tool_services = tool_services
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -192,6 +195,15 @@ class Runs:
         # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.
         if self.metrics is not None:
             self.metrics.refusal(reason, handle.name)
+
+    def _model_access(self, handle: AgentHandle) -> ModelAccess:
+        info = self.catalog.get_model(handle.model)
+        provider = self.catalog.get_provider(handle.provider)
+        return ModelAccess(handle.provider, handle.model, info.supports_vision if info is not None else None,
+                           provider.endpoints if provider is not None else (),
+                           call=lambda request, cancel: self.models.llm_call(handle)(request, None, cancel),
+                           endpoint=lambda: self.models.endpoint(handle.provider, handle.api_key_env,
+                                                                 handle.base_url))
 
     def ops_for(self, handle: AgentHandle, origin: str = "") -> AgentOpsImpl:
         """What the agent's tools may do to other agents and memory, in a run from `origin`."""
@@ -342,7 +354,8 @@ class Runs:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
-                          cancel=cancel)
+                          cancel=cancel, services=self.tool_services, agent_name=handle.name,
+                          model=self._model_access(handle))
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:

@@ -10,8 +10,8 @@ from typing import Any
 from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
-from agentd.errors import BadRequest
-from agentd.timestamps import utcnow
+from agentd.errors import BadRequest, NotFound
+from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 
 
@@ -25,6 +25,10 @@ class Uploads:
     # -- uploads ----------------------------------------------------------------------
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
         """Store an uploaded file for later `attachments`."""
+        return self.save_for(handle.id, filename, content_type, data)
+
+    def save_for(self, agent_id: str, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        """Store a file for an agent (an upload, or what one of its tools made)."""
         if not data:
             raise BadRequest("uploaded file is empty")
         if len(data) > UPLOAD_LIMIT:
@@ -37,10 +41,26 @@ class Uploads:
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
         # The bytes live in the database: every daemon sharing it can attach the file.
         with orm.db_session:
-            self.store.e.UploadRow(id=file_id, agent=handle.id, filename=safe_name,
+            self.store.e.UploadRow(id=file_id, agent=agent_id, filename=safe_name,
                                    content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())
         return {"file_id": file_id, "filename": safe_name, "content_type": content_type, "size": len(data)}
+
+    def listing(self, handle: AgentHandle) -> list[dict[str, Any]]:
+        """The agent's files (uploaded, or made by its tools), newest first, without content."""
+        with orm.db_session:
+            rows = self.store.e.UploadRow.select(lambda u: u.agent.id == handle.id)
+            return [{"file_id": r.id, "filename": r.filename, "content_type": r.content_type, "size": r.size,
+                     "created_at": iso(r.created_at)}
+                    for r in sorted(rows, key=lambda r: (r.created_at, r.id), reverse=True)]
+
+    def content(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
+        """One of the agent's files with its bytes; NotFound when it has no such file."""
+        parse_uuid(file_id, "file")
+        try:
+            return self.read(handle, file_id)
+        except BadRequest:
+            raise NotFound(f"agent {handle.name} has no file {file_id}") from None
 
     def read(self, handle: AgentHandle, file_id: str) -> dict[str, Any]:
         key = parse_uuid(file_id, "file")

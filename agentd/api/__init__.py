@@ -107,6 +107,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api import routes_tasks, routes_triggers
     app.register_blueprint(routes_triggers.bp)
     app.register_blueprint(routes_tasks.bp)
+    from agentd.api import routes_tools, routes_uploads
+    app.register_blueprint(routes_tools.bp)
+    app.register_blueprint(routes_uploads.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

@@ -230,6 +230,38 @@ class ChannelManager:
                                               "conversation": conversation.key})
         return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
 
+    def send_to(self, name: str, recipient: str, message: str, agent: str = "",
+                meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An agent's own message (channel_send) through a running adapter's sender, only to
+        a recipient the channel's allow-lists let talk to it."""
+        adapter = self.running.get(name)
+        if adapter is None:
+            configured = ", ".join(sorted(self.running)) or "none"
+            raise BadRequest(f"channel {name!r} is not running here (running: {configured})")
+        settings = self.sections.get(name, {})
+        users = {u.lower() for key in USER_LISTS for u in settings.get(key) or []}
+        chats = {c.lower() for key in CHAT_LISTS for c in settings.get(key) or []}
+        if (users or chats) and recipient.lower() not in users | chats:
+            self.audit("channel.refused", name, {"recipient": recipient, "agent": agent,
+                                                 "reason": "recipient not in the channel's allow-lists"})
+            raise BadRequest(f"recipient {recipient!r} is not in channel {name}'s allow-lists "
+                             f"({', '.join(sorted(users | chats))})")
+        try:
+            conversation = adapter.test_target(recipient)
+        except ChannelError as exc:
+            raise BadRequest(str(exc)) from None
+        conversation.meta.update(meta or {})
+        if agent:
+            conversation.meta.setdefault("agent", agent)
+        try:
+            message_id = adapter.send(conversation, message)
+        except Exception as exc:  # noqa: BLE001 - the platform's failure, told to the agent
+            self.audit("channel.send_failed", name, {"agent": agent, "error": str(exc)[:300]})
+            raise AgentdError(f"message not delivered: {exc}", status=502) from None
+        self.audit("channel.outbound", name, {"message_id": message_id, "agent": agent,
+                                              "conversation": conversation.key})
+        return {"channel": name, "recipient": conversation.chat_id, "message_id": message_id}
+
     # -- inbound routing ---------------------------------------------------------------
     def _deliver(self, name: str, msg: Inbound) -> None:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""

@@ -122,21 +122,26 @@ def tools_table(data: dict[str, Any]) -> ToolsConfig:
     """The `[tools]` table, validated."""
     tools = ToolsConfig()
     table = expect(data.get("tools", {}), dict, "tools", "a table")
-    for key in ("fetch_allow_hosts", "shell_deny"):
+    for key in ("fetch_allow_hosts", "shell_deny", "container_allowed_images"):
         if key in table:
             values = expect(table[key], list, f"tools.{key}", "an array of strings")
             for value in values:
                 expect(value, str, f"tools.{key}", "an array of strings")
             setattr(tools, key, list(values))
-    if "search_url" in table:
-        tools.search_url = expect(table["search_url"], str, "tools.search_url", "a string")
-    for key in ("fetch_max_bytes", "shell_max_output_bytes"):
+    for key in ("search_url", "chromium_path", "chromedriver_path", "container_runtime", "container_image"):
+        if key in table:
+            setattr(tools, key, expect(table[key], str, f"tools.{key}", "a string"))
+    if "container_network" in table:
+        tools.container_network = expect(table["container_network"], bool, "tools.container_network", "a boolean")
+    for key in ("fetch_max_bytes", "shell_max_output_bytes", "process_max_per_agent", "process_max_memory_mb",
+                "process_buffer_bytes", "browser_max_text_bytes", "container_memory_mb"):
         if key in table:
             value = expect(table[key], int, f"tools.{key}", "an integer")
             if value < 1:
                 raise ConfigError(f"config key tools.{key}: must be at least 1")
             setattr(tools, key, value)
-    for key in ("fetch_timeout_secs", "shell_timeout_secs", "approval_timeout_secs"):
+    for key in ("fetch_timeout_secs", "shell_timeout_secs", "approval_timeout_secs", "process_max_runtime_secs",
+                "browser_idle_secs", "container_cpus", "container_timeout_secs"):
         if key in table:
             value = expect(table[key], (int, float), f"tools.{key}", "a number")
             if value <= 0:

@@ -94,6 +94,24 @@ class ToolsConfig:
     shell_max_output_bytes: int = 102_400
     shell_deny: list[str] = field(default_factory=lambda: ["sudo", "su", "shutdown", "reboot", "mkfs", "dd"])
     approval_timeout_secs: float = 300.0
+    # process_* tools: long-running programs per agent, under the shell policy.
+    process_max_per_agent: int = 5
+    process_max_memory_mb: int = 1024
+    process_max_runtime_secs: float = 3600.0
+    process_buffer_bytes: int = 65_536
+    # browser_* tools: one headless Chromium per agent, closed after this much idleness.
+    browser_idle_secs: float = 300.0
+    browser_max_text_bytes: int = 50_000
+    chromium_path: str = "/usr/bin/chromium"
+    chromedriver_path: str = "/usr/bin/chromedriver"
+    # docker_exec: a Docker or Podman Engine API socket; empty = no containers.
+    container_runtime: str = ""
+    container_image: str = "debian:bookworm-slim"
+    container_allowed_images: list[str] = field(default_factory=list)
+    container_network: bool = False
+    container_memory_mb: int = 512
+    container_cpus: float = 1.0
+    container_timeout_secs: float = 60.0
 
 
 @dataclass

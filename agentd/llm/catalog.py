@@ -32,6 +32,12 @@ class ProviderInfo:
     base_url: str
     key_required: bool
     kind: str
+    # OpenAI-compatible endpoints beyond chat the provider serves (`audio/transcriptions`,
+    # `audio/speech`, `images/generations`), used by the media tools.
+    endpoints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoints", tuple(self.endpoints))
 
 
 @dataclass

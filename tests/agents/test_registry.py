@@ -366,10 +366,22 @@ ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch"
        "web_search", "memory_store", "memory_recall", "memory_remember", "memory_search",
        "knowledge_add_entity", "knowledge_add_relation", "knowledge_query", "agent_list", "agent_find",
        "agent_send", "agent_spawn", "agent_kill", "task_post", "task_claim", "task_complete", "task_list",
-       "event_publish", "agent_activate", "system_time"]
-UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn")]
+       "event_publish", "agent_activate", "system_time",
+       "process_start", "process_poll", "process_write", "process_kill", "process_list", "channel_send",
+       "browser_navigate", "browser_click", "browser_type", "browser_screenshot", "browser_read_page",
+       "browser_close", "browser_scroll", "browser_wait", "browser_back", "browser_run_js",
+       "image_analyze", "media_describe", "media_transcribe", "speech_to_text", "text_to_speech", "image_generate",
+       "docker_exec"]
+UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn", "docker_exec")
+           and not n.startswith(("process_", "browser_"))]
+MEDIA_READ_ONLY = ["image_analyze", "media_describe", "media_transcribe", "speech_to_text"]
 READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowledge_query", "agent_list",
-             "agent_find", "task_list", "system_time"]
+             "agent_find", "task_list", "system_time", *MEDIA_READ_ONLY]
+# Observe mode with every capability granted (profile "full").
+FULL_READ_ONLY = ["file_read", "file_list", "web_fetch", "web_search", "memory_recall", "memory_search",
+                  "knowledge_query", "agent_list", "agent_find", "task_list", "system_time", "process_poll",
+                  "process_list", "browser_navigate", "browser_screenshot", "browser_read_page", "browser_close",
+                  "browser_scroll", "browser_wait", "browser_back", *MEDIA_READ_ONLY]
 
 
 def tools_of(mgr, extra: str, mode: str | None = None):
@@ -430,8 +442,7 @@ def test_the_handle_itself_is_not_changed_by_implied_capabilities(mgr) -> None:
 
 def test_observe_mode_offers_read_only_tools(mgr) -> None:
     names, caps = tools_of(mgr, 'profile = "full"', "Observe")
-    assert names == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall", "memory_search",
-                     "knowledge_query", "agent_list", "agent_find", "task_list", "system_time"]
+    assert names == FULL_READ_ONLY
     assert caps["read_only_mode"] is True
     h = mgr.spawn('name = "obs"\n')
     mgr.set_mode(h, "Observe")
@@ -457,9 +468,7 @@ def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) ->
     assert caps["shell"] == ["*"] and "read_only_mode" not in caps
     mgr.set_mode(h, "Observe")
     tools, caps = mgr.registry.effective_tools(h)
-    assert [t.name for t in tools] == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall",
-                                       "memory_search", "knowledge_query", "agent_list", "agent_find",
-                                       "task_list", "system_time"]
+    assert [t.name for t in tools] == FULL_READ_ONLY
     assert caps["read_only_mode"] is True
     mgr.set_mode(h, "Auto")
     tools, caps = mgr.registry.effective_tools(h)

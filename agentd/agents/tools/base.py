@@ -41,11 +41,27 @@ class ToolContext:
     tools_config: ToolsConfig
     ops: AgentOps | None = None
     cancel: threading.Event | None = None
+    # The daemon's long-lived tool backends (processes, browsers, channels, media, uploads,
+    # audit): agentd/agents/tools/services.py. None where a tool runs outside a daemon.
+    services: Any = None
+    agent_name: str = ""
+    # The agent's model and provider (services.ModelAccess), for the media tools.
+    model: Any = None
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:
             raise ToolError("agent operations are not available here")
         return self.ops
+
+    def require_services(self) -> Any:
+        if self.services is None:
+            raise ToolError("this tool needs the daemon's tool services, which are not available here")
+        return self.services
+
+    def audit(self, event: str, detail: dict[str, Any]) -> None:
+        """One audit entry for a side effect a tool performed (`tool.<name>`)."""
+        if self.services is not None:
+            self.services.audit(event, self.agent_name or self.agent_id, {"agent_id": self.agent_id, **detail})
 
 
 @dataclass(frozen=True)
@@ -59,19 +75,40 @@ class Tool:
     read_only: bool = False
     capability: str | None = None  # shell | network | agent_spawn
     origin: str = "built-in"  # or "mcp:<server>" for an MCP server's tool
+    family: str = "other"
+    # Why the tool cannot work in this daemon (None when it can); cheap, asked per listing.
+    check: Callable[[ToolsConfig], str | None] | None = None
+
+    def unavailable(self, config: ToolsConfig) -> str | None:
+        return self.check(config) if self.check is not None else None
 
 
 REGISTRY: dict[str, Tool] = {}
+PACKAGE = __name__.rsplit(".", 1)[0] + "."
 
 
 def tool(name: str, description: str, properties: dict[str, Any], required: tuple[str, ...] = (),
-         read_only: bool = False, capability: str | None = None) -> Callable[[Callable[..., str]], Callable[..., str]]:
-    """Register the decorated function as a tool with an object schema."""
+         read_only: bool = False, capability: str | None = None, family: str = "",
+         check: Callable[[ToolsConfig], str | None] | None = None) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Register the decorated function as a tool with an object schema.
+
+    `family` defaults to the name of the tools module the function is in (`files`, `web`, ...),
+    so a tool added elsewhere is listed as `other` until it names its own.
+    """
     schema = {"type": "object", "properties": properties, "required": list(required),
               "additionalProperties": False}
 
     def register(fn: Callable[[ToolContext, dict[str, Any]], str]) -> Callable[..., str]:
-        REGISTRY[name] = Tool(name, description, schema, fn, read_only, capability)
+        module = fn.__module__
+        group = family or (module.removeprefix(PACKAGE) if module.startswith(PACKAGE) else "other")
+        def checked(ctx: ToolContext, args: dict[str, Any]) -> str:
+            reason = check(ctx.tools_config) if check is not None else None
+            if reason:
+                raise ToolError(f"'{name}' is not available in this daemon: {reason}")
+            return fn(ctx, args)
+
+        run = fn if check is None else checked
+        REGISTRY[name] = Tool(name, description, schema, run, read_only, capability, group, check)
         return fn
 
     return register

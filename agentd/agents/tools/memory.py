@@ -72,7 +72,7 @@ def memory_search(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"name": {"type": "string", "description": "Display name"},
        "entity_type": {"type": "string", "description": "Entity type"},
        "properties": {"type": "object", "description": "Key-value properties (optional)"}},
-      ("name", "entity_type"))
+      ("name", "entity_type"), family="knowledge")
 def knowledge_add_entity(ctx: ToolContext, args: dict[str, Any]) -> str:
     result = _call(_memory(ctx).add_entity, ctx.agent_id, args["entity_type"], args["name"], args.get("properties"))
     return f"entity {args['name']} has id {result['id']}"
@@ -85,7 +85,7 @@ def knowledge_add_entity(ctx: ToolContext, args: dict[str, Any]) -> str:
        "target": {"type": "string", "description": "Target entity id or name"},
        "confidence": {"type": "number", "description": "0.0-1.0 (default 1.0)"},
        "properties": {"type": "object", "description": "Key-value properties (optional)"}},
-      ("source", "relation", "target"))
+      ("source", "relation", "target"), family="knowledge")
 def knowledge_add_relation(ctx: ToolContext, args: dict[str, Any]) -> str:
     result = _call(_memory(ctx).add_relation, ctx.agent_id, args["source"], args["relation"], args["target"],
                    args.get("properties"), args.get("confidence"))
@@ -98,7 +98,7 @@ def knowledge_add_relation(ctx: ToolContext, args: dict[str, Any]) -> str:
        "relation": {"type": "string", "description": "Relation type (optional)"},
        "target": {"type": "string", "description": "Target entity id or name (optional)"},
        "max_depth": {"type": "integer", "description": "Hops to follow (default 1, at most 16)"}},
-      read_only=True)
+      read_only=True, family="knowledge")
 def knowledge_query(ctx: ToolContext, args: dict[str, Any]) -> str:
     matches = _call(_memory(ctx).query_graph, ctx.agent_id, args.get("source"), args.get("relation"),
                     args.get("target"), args.get("max_depth"))

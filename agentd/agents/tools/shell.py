@@ -24,6 +24,9 @@ WRAPPERS = {"env", "nice", "nohup", "timeout", "stdbuf", "setsid", "xargs", "tim
             "sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"}
 
 
+ENV_KEEP = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR"}
+
+
 def _wrapped_programs(argv: list[str]) -> list[str]:
     """Basenames of the programs a command would run, looking through wrappers like `env` or `nice`.
 
@@ -38,7 +41,8 @@ def _wrapped_programs(argv: list[str]) -> list[str]:
     return names
 
 
-def _check(ctx: ToolContext, command: str) -> list[str]:
+def check_command(ctx: ToolContext, command: str) -> list[str]:
+    """A command line split without a shell (metacharacters refused), then `check_argv`."""
     for meta in METACHARACTERS:
         if meta in command:
             raise ToolError(f"shell metacharacter {meta!r} is not allowed: commands run without a shell "
@@ -47,7 +51,16 @@ def _check(ctx: ToolContext, command: str) -> list[str]:
         argv = shlex.split(command)
     except ValueError as exc:
         raise ToolError(f"cannot parse the command: {exc}") from None
-    if not argv:
+    return check_argv(ctx, argv)
+
+
+_check = check_command  # the name tests use
+
+
+def check_argv(ctx: ToolContext, argv: list[str]) -> list[str]:
+    """The shell policy for one program and its arguments: the daemon's deny list (through
+    wrappers) and the agent's `shell` allowlist. Every tool that starts programs asks here."""
+    if not argv or not argv[0].strip():
         raise ToolError("empty command")
     program = os.path.basename(argv[0])
     for name in _wrapped_programs(argv):
@@ -59,6 +72,12 @@ def _check(ctx: ToolContext, command: str) -> list[str]:
     if "*" not in allowed and program not in allowed:
         raise ToolError(f"'{program}' is not in this agent's shell allowlist ({', '.join(allowed) or 'empty'})")
     return argv
+
+
+def scrubbed_env() -> dict[str, str]:
+    """The environment a program started by a tool gets: the daemon's own holds provider keys,
+    channel tokens and database URLs, so only variables a program needs to run are passed on."""
+    return {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("LC_")}
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -78,7 +97,7 @@ def _kill(proc: subprocess.Popen) -> None:
        "timeout_secs": {"type": "number", "description": "Seconds before the program is killed"}},
       ("command",), capability="shell")
 def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
-    argv = _check(ctx, args["command"])
+    argv = check_command(ctx, args["command"])
     cfg = ctx.tools_config
     requested = args.get("timeout_secs")
     if requested is not None and requested <= 0:
@@ -86,7 +105,7 @@ def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
     timeout = min(float(requested or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
     try:
         # Own session: a timeout kills the whole process group, grandchildren included.
-        proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL, env=scrubbed_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except FileNotFoundError:
         raise ToolError(f"program not found: {argv[0]}") from None

@@ -104,5 +104,6 @@ def _tokens(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
 
-from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels, mcp, overview,  # noqa: E402,F401
+from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels, files, mcp,  # noqa: E402,F401
+                              overview,
                               workflows)

@@ -1,0 +1,115 @@
+"""One headless Chromium per agent, driven through selenium and the system chromedriver.
+
+selenium is imported when an agent first uses a browser (an idle daemon never loads it).
+The distribution's chromium and chromedriver are used as they are: no browser download at
+run time (Selenium Manager is never asked), and the browser is patched with the system.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from agentd.config import ToolsConfig
+
+log = logging.getLogger("agentd.tools.browser")
+SWEEP_SECS = 5.0
+
+
+def browser_unavailable(config: ToolsConfig) -> str | None:
+    """Why no browser can start here, or None."""
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install 'agentd[browser]')"
+    if not os.access(config.chromium_path, os.X_OK):
+        return f"chromium not found at {config.chromium_path}"
+    if not os.access(config.chromedriver_path, os.X_OK):
+        return f"chromedriver not found at {config.chromedriver_path}"
+    return None
+
+
+class Browser:
+    """An agent's browser; `lock` serialises the agent's calls on it."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.lock = threading.Lock()
+        self.used = time.monotonic()
+
+
+class BrowserSessions:
+    """Starts a browser on an agent's first browser call; closes it when idle, on agent kill
+    and when the daemon stops."""
+
+    def __init__(self, config: ToolsConfig) -> None:
+        self.config = config
+        self._browsers: dict[str, Browser] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def get(self, agent_id: str) -> Browser:
+        with self._lock:
+            if self._closed:
+                from agentd.agents.tools.base import ToolError
+
+                raise ToolError("the daemon is stopping")
+            browser = self._browsers.get(agent_id)
+            if browser is None:
+                browser = self._browsers[agent_id] = Browser(self._start())
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, daemon=True, name="browser-idle")
+                    self._sweeper.start()
+            browser.used = time.monotonic()
+            return browser
+
+    def has(self, agent_id: str) -> bool:
+        with self._lock:
+            return agent_id in self._browsers
+
+    def _start(self) -> Any:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = self.config.chromium_path
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                    "--window-size=1280,900", "--disable-extensions", "--no-first-run"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=Service(executable_path=self.config.chromedriver_path), options=options)
+        driver.set_page_load_timeout(30)
+        driver.set_script_timeout(30)
+        return driver
+
+    def close(self, agent_id: str) -> bool:
+        with self._lock:
+            browser = self._browsers.pop(agent_id, None)
+        if browser is None:
+            return False
+        try:
+            browser.driver.quit()
+        except Exception:  # noqa: BLE001 - a dead browser is closed already
+            log.debug("browser quit failed", exc_info=True)
+        return True
+
+    def close_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            agents = list(self._browsers)
+        self._stop.set()
+        for agent_id in agents:
+            self.close(agent_id)
+
+    def _sweep(self) -> None:
+        while not self._stop.wait(min(SWEEP_SECS, self.config.browser_idle_secs)):
+            now = time.monotonic()
+            with self._lock:
+                idle = [a for a, b in self._browsers.items()
+                        if now - b.used > self.config.browser_idle_secs and not b.lock.locked()]
+            for agent_id in idle:
+                log.info("closing the idle browser of agent %s", agent_id)
+                self.close(agent_id)

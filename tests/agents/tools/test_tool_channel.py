@@ -1,0 +1,66 @@
+"""channel_send through the real daemon: the fake LLM calls it, the webhook adapter's sender delivers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from channel_fixtures import audit, configure, wait_active, wait_for
+from conftest import LLM_ENV, llm_config
+from fakes.recorder import Recorder
+from support import Daemon, free_port, make_home, stop_shared
+from tests.agents.tools.tool_calls import call, spawn
+
+
+@pytest.fixture(scope="module")
+def sent(tmp_path_factory, fake_llm):
+    home = make_home(tmp_path_factory.mktemp("chan"), llm_config(fake_llm))
+    daemon = Daemon(home, env_extra=LLM_ENV).start()
+    callback = Recorder()
+    configure(daemon, "webhook", listen_port=free_port(), callback_url=callback.url + "/cb",
+              allowed_users=["alice", "team-room"])
+    wait_active(daemon, "webhook")
+    yield daemon, callback
+    callback.close()
+    stop_shared(daemon)
+
+
+def test_send_to_an_allowed_recipient_goes_through_the_adapter(sent) -> None:
+    daemon, callback = sent
+    agent = spawn(daemon, extra="", name="poster")
+    result = json.loads(call(daemon, agent, "channel_send", channel="webhook", recipient="alice",
+                             message="build is green", file_url="https://example.com/report.html",
+                             filename="report.html"))
+    assert result["status"] == "sent" and result["channel"] == "webhook" and result["recipient"] == "alice"
+    wait_for(lambda: callback.requests, what="the webhook callback")
+    assert json.loads(callback.requests[-1]["body"]) == {
+        "sender_id": "alice", "message": "build is green\nreport.html: https://example.com/report.html",
+        "agent": "poster"}
+    outbound = audit(daemon, "channel.outbound", "webhook")[0]["detail"]
+    assert outbound["agent"] == "poster" and outbound["message_id"] == result["message_id"]
+
+
+def test_recipients_outside_the_allow_lists_are_refused(sent) -> None:
+    daemon, callback = sent
+    agent = spawn(daemon, extra="")
+    before = len(callback.requests)
+    assert call(daemon, agent, "channel_send", channel="webhook", recipient="mallory", message="hi") == \
+        "error: recipient 'mallory' is not in channel webhook's allow-lists (alice, team-room)"
+    assert call(daemon, agent, "channel_send", channel="telegram", recipient="alice", message="hi") == \
+        "error: channel 'telegram' is not running here (running: webhook)"
+    assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice") == \
+        "error: nothing to send: give a message, image_url or file_url"
+    assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice", message="x",
+                file_path="a.txt").startswith("error: file_path attachments are not supported")
+    assert len(callback.requests) == before
+    assert audit(daemon, "channel.refused", "webhook")[0]["detail"]["recipient"] == "mallory"
+
+
+def test_observe_mode_never_sends(sent) -> None:
+    daemon, callback = sent
+    agent = spawn(daemon, extra="")
+    assert daemon.put(f"/api/agents/{agent}/mode", json={"mode": "Observe"}).status_code == 200
+    r = daemon.post(f"/api/agents/{agent}/message", json={
+        "message": '[[tool:channel_send {"channel": "webhook", "recipient": "alice", "message": "x"}]]'})
+    assert "permission denied: tool 'channel_send' is not available" in r.json()["response"]
