@@ -51,9 +51,12 @@ from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, To
 from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
+from agentd.skills import prompt_lines
 
 if TYPE_CHECKING:
+    from agentd.a2a.client import A2AClient
     from agentd.cluster import Cluster
+    from agentd.skills import Skills
     from agentd.memory.service import MemoryService
 
 log = logging.getLogger("agentd.agents")
@@ -140,7 +143,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None, skills: Skills | None = None,
+                 a2a: A2AClient | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -154,6 +158,8 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        self.skills = skills  # the installed skills (agentd/skills)
+        self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -281,6 +287,9 @@ class Runs:
         system = model_cfg["system_prompt"]
         if options.extra_system:
             system = f"{system}\n\n{options.extra_system}"
+        skills = self.skills.permitted(handle.manifest.data.get("skills")) if self.skills is not None else []
+        if skills and any(t.name == "skill_describe" for t in tools):
+            system = f"{system}\n\n{prompt_lines(skills)}"
         refresh_system = None
         if self.memory is not None:
             # Recalled before every model call of the run (unchanged memory is not searched again).
@@ -291,7 +300,7 @@ class Runs:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
-                          cancel=cancel)
+                          cancel=cancel, skills=skills, a2a=self.a2a)
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:

@@ -36,8 +36,9 @@ _HTTP_MESSAGES = {
 
 
 def is_api_path(path: str) -> bool:
-    """JSON routes (/api, /v1); every other path belongs to the dashboard and gets HTML."""
-    return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1")
+    """JSON routes (/api, /v1, A2A's cards and endpoints); every other path belongs to the
+    dashboard and gets HTML."""
+    return path.startswith(("/api/", "/v1/", "/a2a/", "/.well-known/")) or path in ("/api", "/v1", "/a2a")
 
 
 def _html_error(status: int, message: str) -> Response:

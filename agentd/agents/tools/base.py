@@ -41,6 +41,10 @@ class ToolContext:
     tools_config: ToolsConfig
     ops: AgentOps | None = None
     cancel: threading.Event | None = None
+    # The skills this agent's manifest permits (agentd/skills), as they were when the run started.
+    skills: list[Any] | None = None
+    # The A2A client the a2a_* tools call remote agents with (agentd/a2a/client.py).
+    a2a: Any = None
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:
