@@ -279,14 +279,13 @@ def test_configured_remote_agent_gets_the_key(pair) -> None:
     assert out.startswith("tool said: error: no A2A agent named 'nobody' (known: bee")
 
 
-def test_ssrf_rules_apply(tmp_path, fake_llm) -> None:
-    """Without the allow-list, a loopback agent is refused like web_fetch refuses it."""
-    d = Daemon(make_home(tmp_path, llm_config(fake_llm)), env_extra=LLM_ENV).start()
-    try:
-        spawn(d, "lonely", FULL)
-        out = say(d, "lonely", call("a2a_discover", url=f"{d.url}"))
-        assert out.startswith("tool said: error: refusing to fetch 127.0.0.1"), out
-        out = say(d, "lonely", call("a2a_send", message="x", agent_url=f"{d.url}/a2a/agents/lonely"))
-        assert out.startswith("tool said: error: refusing to fetch 127.0.0.1"), out
-    finally:
-        d.stop()
+def test_ssrf_rules_apply(pair) -> None:
+    """Only the allow-listed name reaches loopback: `localhost` is refused like web_fetch refuses it."""
+    a, b = pair
+    here = f"http://localhost:{a.port}"
+    out = say(b, "asker", call("a2a_discover", url=here))
+    assert out.startswith("tool said: error: refusing to fetch localhost"), out
+    out = say(b, "asker", call("a2a_send", message="x", agent_url=f"{here}/a2a/agents/helper"))
+    assert out.startswith("tool said: error: refusing to fetch localhost"), out
+    out = say(b, "asker", call("a2a_send", message="x", agent_url="file:///etc/passwd"))
+    assert out.startswith("tool said: error: only http and https URLs"), out

@@ -365,10 +365,12 @@ def test_defaults_in_the_views(mgr, monkeypatch) -> None:
 ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch", "shell_exec", "web_fetch",
        "web_search", "memory_store", "memory_recall", "memory_remember", "memory_search",
        "knowledge_add_entity", "knowledge_add_relation", "knowledge_query", "agent_list", "agent_find",
-       "agent_send", "agent_spawn", "agent_kill", "system_time"]
-UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn")]
+       "agent_send", "agent_spawn", "agent_kill", "a2a_discover", "a2a_send", "skill_list", "skill_describe",
+       "skill_execute", "system_time"]
+UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn", "a2a_discover",
+                                       "a2a_send")]
 READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowledge_query", "agent_list",
-             "agent_find", "system_time"]
+             "agent_find", "skill_list", "skill_describe", "skill_execute", "system_time"]
 
 
 def tools_of(mgr, extra: str, mode: str | None = None):
@@ -430,7 +432,8 @@ def test_the_handle_itself_is_not_changed_by_implied_capabilities(mgr) -> None:
 def test_observe_mode_offers_read_only_tools(mgr) -> None:
     names, caps = tools_of(mgr, 'profile = "full"', "Observe")
     assert names == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall", "memory_search",
-                     "knowledge_query", "agent_list", "agent_find", "system_time"]
+                     "knowledge_query", "agent_list", "agent_find", "a2a_discover", "skill_list", "skill_describe",
+                     "skill_execute", "system_time"]
     assert caps["read_only_mode"] is True
     h = mgr.spawn('name = "obs"\n')
     mgr.set_mode(h, "Observe")
@@ -458,6 +461,7 @@ def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) ->
     tools, caps = mgr.registry.effective_tools(h)
     assert [t.name for t in tools] == ["file_read", "file_list", "web_fetch", "web_search", "memory_recall",
                                        "memory_search", "knowledge_query", "agent_list", "agent_find",
+                                       "a2a_discover", "skill_list", "skill_describe", "skill_execute",
                                        "system_time"]
     assert caps["read_only_mode"] is True
     mgr.set_mode(h, "Auto")
