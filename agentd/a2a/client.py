@@ -33,7 +33,7 @@ def remote_agents(raw: Any) -> list[RemoteAgent]:
     """The `[a2a] agents` list of config.toml (validated)."""
     table = raw.get("a2a", {}) if isinstance(raw, dict) else {}
     if not isinstance(table, dict):
-        raise ConfigError("config key a2a: must be a table")
+        raise ConfigError("config key a2a.agents: [a2a] must be a table")
     items = table.get("agents", [])
     if not isinstance(items, list):
         raise ConfigError("config key a2a.agents: must be an array of tables {name, url, api_key_env}")
