@@ -235,3 +235,14 @@ def test_doctor_reports_bad_front_matter(home: Path) -> None:
     checks = {c["check"]: c for c in json.loads(result.stdout)}
     assert checks["skills"]["status"] == "warn"
     assert "broken" in checks["skills"]["message"] and "'name'" in checks["skills"]["message"]
+
+
+def test_dashboard_lists_skills_with_their_state(d: Daemon) -> None:
+    r = d.get("/skills")
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
+    page = r.text
+    assert 'data-skill="release-notes"' in page and "Writes release notes" in page
+    assert '<span class="pill bad">invalid</span>' in page and "front matter &#39;name&#39;" in page
+    agent = spawn(d, 'skills = ["release-notes"]')
+    page = d.get(f"/agents/{agent}").text
+    assert '<dd id="agent-skills">release-notes (' in page

@@ -82,7 +82,8 @@ def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = 
     return render_template("agent.html", agent=detail, session=session, messages=messages[start:end],
                            hidden=start, newer=len(messages) - end, page=number, modes=MODES,
                            approvals=pending, error=error, draft=draft,
-                           spend=_spend_by_agent().get(handle.id, 0.0)), status
+                           spend=_spend_by_agent().get(handle.id, 0.0),
+                           skills=[s.name for s in k.skills.permitted(handle.manifest.data["skills"])]), status
 
 
 @bp.get("/agents/<agent_id>")
