@@ -14,7 +14,6 @@ import shutil
 import stat
 import threading
 import uuid
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -195,6 +194,8 @@ class Skills:
         """Unpack a zip holding SKILL.md at its top or in its one top folder."""
         if len(data) > MAX_ARCHIVE_BYTES:
             raise PayloadTooLarge(f"skill archive too large (max {MAX_ARCHIVE_BYTES // (1024 * 1024)} MB)")
+        import zipfile  # (with its compression modules: only for an install)
+
         try:
             archive = zipfile.ZipFile(io.BytesIO(data))
         except zipfile.BadZipFile:
