@@ -289,3 +289,36 @@ def test_ssrf_rules_apply(pair) -> None:
     assert out.startswith("tool said: error: refusing to fetch localhost"), out
     out = say(b, "asker", call("a2a_send", message="x", agent_url="file:///etc/passwd"))
     assert out.startswith("tool said: error: only http and https URLs"), out
+
+
+def test_the_official_a2a_sdk_client_sends_streams_and_reads_tasks(pair) -> None:
+    """a2a-sdk (the A2A project's Python SDK) resolves the card and speaks the 1.0 methods,
+    with the key of the keyed daemon."""
+    import asyncio
+
+    import httpx
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import a2a_pb2 as pb
+
+    _, b = pair
+
+    async def exchange(streaming: bool) -> tuple[list, object]:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:
+            client = await create_client(f"{b.url}/a2a/agents/bee", ClientConfig(streaming=streaming, httpx_client=http))
+            message = pb.Message(role=pb.ROLE_USER, message_id=str(uuid.uuid4()),
+                                 parts=[pb.Part(text=f"sdk streaming={streaming}")])
+            events = [event async for event in client.send_message(pb.SendMessageRequest(message=message))]
+            task_id = events[0].task.id
+            return events, await client.get_task(pb.GetTaskRequest(id=task_id))
+
+    events, task = asyncio.run(exchange(False))
+    assert len(events) == 1 and events[0].task.status.state == pb.TASK_STATE_COMPLETED
+    assert [p.text for p in events[0].task.artifacts[0].parts] == ["echo: sdk streaming=False"]
+    assert task.id == events[0].task.id and task.status.message.role == pb.ROLE_AGENT
+    events, task = asyncio.run(exchange(True))
+    kinds = [e.WhichOneof("payload") for e in events]
+    assert kinds[0] == "task" and kinds[1] == "status_update" and kinds[-1] == "status_update", kinds
+    assert "".join(p.text for e in events if e.HasField("artifact_update") for p in e.artifact_update.artifact.parts) \
+        == "echo: sdk streaming=True"
+    assert events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
+    assert task.status.state == pb.TASK_STATE_COMPLETED
