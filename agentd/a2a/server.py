@@ -46,6 +46,8 @@ KEEPALIVE_SECS = 15.0
 TERMINAL = {"completed", "failed", "canceled", "rejected"}
 _CONTEXTS = uuid.UUID("6f1c6d52-4b53-4c53-9a1e-2b0a2a000001")  # namespace of context -> session ids
 
+# Where a message to the daemon's endpoint may name its agent (params.metadata or message.metadata).
+AGENT_KEYS = ("agent", "agent_name", "agentName", "agent_id", "agentId")
 SEND = {"message/send", "SendMessage"}
 STREAM = {"message/stream", "SendStreamingMessage"}
 GET = {"tasks/get", "GetTask"}
@@ -179,8 +181,8 @@ class A2AService:
         text = message_text(message)
         meta = params.get("metadata") if isinstance(params.get("metadata"), dict) else {}
         msg_meta = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
-        name = agent_name or meta.get("agent") or msg_meta.get("agent")
-        handle = self._agent(name)
+        named = [m.get(k) for m in (meta, msg_meta) for k in AGENT_KEYS if m.get(k)]
+        handle = self._agent(agent_name, named[0] if named else None)
         context_id = message.get("contextId")
         if context_id is not None and (not isinstance(context_id, str) or not context_id or len(context_id) > 200):
             raise RpcError(INVALID_PARAMS, "message.contextId must be a non-empty string of at most 200 characters")
@@ -198,16 +200,21 @@ class A2AService:
                 "artifacts": [], "history": [user], "metadata": {"agent": handle.name}}
         return handle, text, task, context_id
 
-    def _agent(self, name: Any) -> Any:
-        if name is None:
+    def _agent(self, path_name: str | None, ref: Any) -> Any:
+        """The agent of the endpoint's path, else the one the metadata names (name or id), else
+        the only agent there is."""
+        if path_name is not None:
+            handle = self.agents.by_name(path_name)
+        elif ref is not None:
+            handle = self.agents.find(ref) if isinstance(ref, str) else None
+        else:
             handles = self.agents.handles()
             if len(handles) == 1:
                 return handles[0]
             raise RpcError(INVALID_PARAMS, "name the agent: params.metadata.agent, or send to the agent's own "
                                            "endpoint /a2a/agents/<name>")
-        handle = self.agents.by_name(name) if isinstance(name, str) else None
         if handle is None:
-            raise RpcError(INVALID_PARAMS, f"no agent named {name!r}")
+            raise RpcError(INVALID_PARAMS, f"no agent named {path_name or ref!r}")
         return handle
 
     def _request(self, handle: Any, text: str, context_id: str, emit: Any = None,

@@ -53,6 +53,13 @@ def _handle(name: str) -> Any:
     return handle
 
 
+@bp.get("/a2a/agents")
+def agent_cards():
+    """Every agent's own card (the daemon's card lists them as skills)."""
+    base, keyed = _base(), _keyed()
+    return jsonify([cards.agent_card(base, h, keyed) for h in kernel().agents.handles()])
+
+
 @bp.get("/a2a/agents/<name>" + cards.CARD_PATH)
 @bp.get("/a2a/agents/<name>" + cards.LEGACY_CARD_PATH)
 def agent_card(name: str):

@@ -86,6 +86,7 @@ def test_agent_card_per_agent(pair) -> None:
     assert card["name"] == "helper" and card["description"] == "Answers questions"
     assert card["url"] == f"{a.url}/a2a/agents/helper" and [s["id"] for s in card["skills"]] == ["helper"]
     assert a.get("/a2a/agents/helper/.well-known/agent.json").json() == card
+    assert {c["name"]: c for c in a.get("/a2a/agents").json()}["helper"] == card
     missing = a.get("/a2a/agents/nobody/.well-known/agent-card.json")
     assert missing.status_code == 404 and missing.json() == {"error": "no agent named 'nobody'"}
 
@@ -126,6 +127,9 @@ def test_message_send_returns_a_completed_task(pair) -> None:
     assert [a["parts"] for a in task["artifacts"]] == [[{"kind": "text", "text": "echo: hello over a2a"}]]
     assert [m["role"] for m in task["history"]] == ["user", "agent"]
     assert task["metadata"] == {"agent": "helper"}
+    helper_id = next(x["id"] for x in a.get("/api/agents").json() if x["name"] == "helper")
+    by_id = rpc(a, "message/send", {"message": user("by id", metadata={"agent_id": helper_id})})["result"]
+    assert by_id["metadata"] == {"agent": "helper"} and by_id["status"]["state"] == "completed"
     got = rpc(a, "tasks/get", {"id": task["id"]})["result"]
     assert got["id"] == task["id"] and got["status"]["state"] == "completed"
     assert rpc(a, "tasks/get", {"id": task["id"], "historyLength": 1})["result"]["history"] == task["history"][-1:]
