@@ -97,8 +97,12 @@ def load_skill(folder: Path) -> Skill:
     if not errors and name != folder.name:
         errors.append(f"front matter name '{name}' does not match its folder '{folder.name}'")
     description = meta.get("description") if isinstance(meta.get("description"), str) else ""
-    files = tuple(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                         if p.is_file() and not p.is_symlink()))
+    try:
+        files = tuple(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                             if p.is_file() and not p.is_symlink()))
+    except OSError as exc:
+        errors.append(f"the folder cannot be listed: {type(exc).__name__}")
+        files = ()
     return Skill(str(name), " ".join(description.split()), folder, body, files, tuple(errors))
 
 
@@ -168,27 +172,30 @@ class Skills:
     # -- changing ---------------------------------------------------------------
     def install_path(self, source: str) -> dict[str, Any]:
         """Copy a skill folder from this machine's disk (symbolic links are refused)."""
-        folder = Path(source).expanduser()
-        if not folder.is_absolute():
+        folder = Path(source)
+        if "\x00" in source or not folder.is_absolute():
             raise BadRequest("path must be an absolute path to a skill folder")
-        if not folder.is_dir():
-            raise BadRequest(f"no folder at {source}")
-        if not (folder / SKILL_FILE).is_file():
-            raise BadRequest(f"{source} has no {SKILL_FILE}")
-        total, count = 0, 0
-        for p in folder.rglob("*"):
-            if p.is_symlink():
-                raise BadRequest(f"symbolic links are not installed: {p.relative_to(folder).as_posix()}")
-            if p.is_file():
-                count += 1
-                total += p.stat().st_size
-        self._check_size(total, count)
-        staging = self._staging()
         try:
-            shutil.copytree(folder, staging, dirs_exist_ok=True)
-            return self._commit(staging)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if not folder.is_dir():
+                raise BadRequest(f"no folder at {source}")
+            if not (folder / SKILL_FILE).is_file():
+                raise BadRequest(f"{source} has no {SKILL_FILE}")
+            total, count = 0, 0
+            for p in folder.rglob("*"):
+                if p.is_symlink():
+                    raise BadRequest(f"symbolic links are not installed: {p.relative_to(folder).as_posix()}")
+                if p.is_file():
+                    count += 1
+                    total += p.stat().st_size
+                    self._check_size(total, count)
+            staging = self._staging()
+            try:
+                shutil.copytree(folder, staging, dirs_exist_ok=True)
+                return self._commit(staging)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        except (OSError, shutil.Error) as exc:
+            raise BadRequest(f"cannot read the skill folder {source}: {type(exc).__name__}") from None
 
     def install_zip(self, data: bytes) -> dict[str, Any]:
         """Unpack a zip holding SKILL.md at its top or in its one top folder."""
