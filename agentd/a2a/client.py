@@ -105,8 +105,14 @@ class A2AClient:
         self._lock = threading.Lock()
 
     def headers_for(self, url: str) -> dict[str, str]:
+        """The configured key for `url`: sent only to the configured agent's own origin."""
+        from urllib.parse import urlsplit
+
+        target = urlsplit(url)
         for agent in self.configured.values():
-            if agent.api_key_env and url.startswith(agent.url.rstrip("/").rsplit("/.well-known/", 1)[0]):
+            configured = urlsplit(agent.url)
+            if agent.api_key_env and (configured.scheme, configured.netloc.lower()) == (
+                    target.scheme, target.netloc.lower()):
                 key = self.environ(agent.api_key_env)
                 if key:
                     return {"Authorization": f"Bearer {key}"}
