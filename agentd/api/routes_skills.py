@@ -14,14 +14,10 @@ from agentd.skills import MAX_ARCHIVE_BYTES
 bp = Blueprint("skills", __name__)
 
 
-def _listing(skills: list) -> dict:
-    return {"skills": skills, "total": len(skills)}
-
-
 @bp.get("/api/skills")
 @doc("Installed skills, valid or not", tags="skills", response=SKILL_LIST)
 def list_skills():
-    return jsonify(_listing(kernel().skills.list()))
+    return jsonify(kernel().skills.list())
 
 
 @bp.post("/api/skills/install")
@@ -59,4 +55,4 @@ def delete(name: str):
 @bp.post("/api/skills/reload")
 @doc("Scan the skills folder again", tags="skills", response=SKILL_LIST)
 def reload():
-    return jsonify(_listing(kernel().skills.reload()))
+    return jsonify(kernel().skills.reload())

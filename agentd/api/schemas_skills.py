@@ -36,7 +36,6 @@ SKILL = {
         "errors": {"type": "array", "items": {"type": "string"}, "description": "Why the skill is not valid"},
     },
 }
-SKILL_LIST = {"type": "object", "required": ["skills", "total"],
-              "properties": {"skills": {"type": "array", "items": SKILL}, "total": {"type": "integer"}}}
+SKILL_LIST = {"type": "array", "items": SKILL}
 SKILL_DELETED = {"type": "object", "required": ["status", "name"],
                  "properties": {"status": {"type": "string", "enum": ["removed"]}, "name": {"type": "string"}}}
