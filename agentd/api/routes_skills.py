@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
+from werkzeug.routing import BaseConverter
 
 from agentd.api import body
 from agentd.api.apidoc import doc
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_skills import SKILL, SKILL_DELETED, SKILL_LIST, SkillInstallSchema
 from agentd.errors import BadRequest
-from agentd.skills import MAX_ARCHIVE_BYTES
+from agentd.skills import MAX_ARCHIVE_BYTES, RESERVED_NAMES
 
 bp = Blueprint("skills", __name__)
+
+
+class SkillNameConverter(BaseConverter):
+    """A skill's name in a path, never one of the routes beside it (so OPTIONS on
+    /api/skills/install lists only what that route serves)."""
+
+    regex = r"(?!(?:" + "|".join(RESERVED_NAMES) + r")$)[^/]+"
+
+
+bp.record_once(lambda state: state.app.url_map.converters.setdefault("skill_name", SkillNameConverter))
 
 
 @bp.get("/api/skills")
@@ -45,8 +56,9 @@ def install():
     return jsonify(skills.install_url(data["url"])), 201
 
 
-@bp.delete("/api/skills/<name>")
-@doc("Delete an installed skill", tags="skills", response=SKILL_DELETED)
+@bp.delete("/api/skills/<skill_name:name>")
+@doc("Delete an installed skill", tags="skills", response=SKILL_DELETED,
+     path_params={"name": {"description": "Skill name (as listed by GET /api/skills)"}})
 def delete(name: str):
     kernel().skills.delete(name)
     return jsonify({"status": "removed", "name": name})

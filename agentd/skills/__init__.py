@@ -23,6 +23,8 @@ from agentd.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
 SKILL_FILE = "SKILL.md"
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 MAX_DESCRIPTION = 1024
+# Names of the routes beside DELETE /api/skills/{name}; no skill can have them.
+RESERVED_NAMES = ("install", "reload")
 # Install caps: an archive (or a folder) larger than this is refused, not truncated.
 MAX_ARCHIVE_BYTES = 10 * 1024 * 1024
 MAX_UNPACKED_BYTES = 20 * 1024 * 1024
@@ -75,6 +77,8 @@ def parse_skill_md(text: str) -> tuple[dict[str, Any], str, list[str]]:
     if not isinstance(name, str) or not NAME_RE.match(name):
         errors.append("front matter 'name' must be 1-64 lowercase letters, digits and hyphens "
                       "(not starting or ending with a hyphen)")
+    elif name in RESERVED_NAMES:
+        errors.append(f"front matter 'name' cannot be '{name}' (reserved)")
     description = meta.get("description")
     if not isinstance(description, str) or not description.strip():
         errors.append("front matter 'description' must be a non-empty string")

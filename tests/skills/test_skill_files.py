@@ -18,6 +18,7 @@ from agentd.skills import Skills, confined, load_skill, parse_skill_md, prompt_l
     ("---\nname: Has Caps\ndescription: d\n---\n", "'name' must be"),
     ("---\nname: -edge\ndescription: d\n---\n", "'name' must be"),
     ("---\nname: ok\ndescription: '   '\n---\n", "'description' must be a non-empty string"),
+    ("---\nname: install\ndescription: d\n---\n", "cannot be 'install' (reserved)"),
     ("---\nname: ok\ndescription: " + "x" * 1025 + "\n---\n", "longer than 1024"),
 ])
 def test_bad_front_matter(text: str, error: str) -> None:
