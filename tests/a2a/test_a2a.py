@@ -326,3 +326,20 @@ def test_the_official_a2a_sdk_client_sends_streams_and_reads_tasks(pair) -> None
         == "echo: sdk streaming=True"
     assert events[-1].status_update.status.state == pb.TASK_STATE_COMPLETED
     assert task.status.state == pb.TASK_STATE_COMPLETED
+
+
+def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
+    a, _ = pair
+    request = {"jsonrpc": "2.0", "id": "s", "method": "message/stream",
+               "params": {"message": user("[[slow:20]] never finished")}}
+    with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30) as r:
+        lines = r.iter_lines(decode_unicode=True)
+        first = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))
+        task_id = first["result"]["id"]
+        canceled = rpc(a, "tasks/cancel", {"id": task_id})["result"]
+        assert canceled["id"] == task_id and canceled["status"]["state"] == "canceled"
+        rest = [json.loads(line[6:])["result"] for line in lines if line.startswith("data: ")]
+    assert rest[-1]["kind"] == "status-update" and rest[-1]["final"] is True
+    assert rest[-1]["status"]["state"] == "canceled"
+    assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
+    assert rpc(a, "tasks/cancel", {"id": task_id})["error"]["code"] == -32002
