@@ -90,7 +90,7 @@ class RunRequest:
     # A client's text is held to 64 KB; a workflow step's prompt or an agent's send is
     # composed from earlier answers and is not.
     from_client: bool = True
-    # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger.
+    # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger, a2a.
     origin: str = "api"
 
 
