@@ -114,6 +114,13 @@ def test_cross_site_post_is_refused(pair) -> None:
     r = a.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}},
                headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"})
     assert r.status_code == 403
+    # DNS rebinding: a page on another name that resolves here gets nothing.
+    for path in ("/.well-known/agent-card.json", "/a2a/agents/helper/.well-known/agent-card.json"):
+        r = a.get(path, headers={"Host": "evil.example"})
+        assert r.status_code == 400 and r.json() == {"error": "host not allowed"}, r.text
+    r = a.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "x"}},
+               headers={"Host": "evil.example"})
+    assert r.status_code == 400
 
 
 def test_message_send_returns_a_completed_task(pair) -> None:
