@@ -158,6 +158,9 @@ class A2AService:
     def is_stream(self, method: str) -> bool:
         return method in STREAM
 
+    def runs_a_message(self, method: str) -> bool:
+        return method in SEND
+
     def call(self, method: str, params: dict[str, Any], agent_name: str | None,
              wait: Callable[[Any], Any] | None = None) -> Any:
         """The result of a non-streaming method (`wait(ticket)` waits for a run's result)."""

@@ -90,12 +90,16 @@ def _rpc(agent: str | None) -> Response:
         rpc_id, method, params = service.check_request(payload)
         if service.is_stream(method):
             return _stream(rpc_id, method, params, agent)
-        acquire_stream_slot(k, "server busy: too many requests are waiting for agents; try again shortly")
-        try:
-            disconnected = client_disconnected()
-            result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected))
-        finally:
-            stream_slots().release()
+        if not service.runs_a_message(method):
+            result = service.call(method, params, agent)
+        else:
+            # Waiting for the run holds a server thread, like a plain message request.
+            acquire_stream_slot(k, "server busy: too many requests are waiting for agents; try again shortly")
+            try:
+                disconnected = client_disconnected()
+                result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected))
+            finally:
+                stream_slots().release()
     except RpcError as exc:
         return jsonify(error_response(rpc_id if isinstance(rpc_id, (str, int)) else None,
                                       exc.code, exc.message, exc.data))
