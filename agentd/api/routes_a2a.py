@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
+from agentd import jsonsafe
 from agentd.a2a import card as cards
 from agentd.a2a.server import PARSE_ERROR, RpcError, error_response
 from agentd.api import body
@@ -82,7 +82,7 @@ def _rpc(agent: str | None) -> Response:
     service = k.a2a
     data = body.raw_body(RPC_BODY_LIMIT)
     try:
-        payload = json.loads(data)
+        payload = jsonsafe.loads(data)  # (nesting past its depth limit is a parse error too)
     except (ValueError, UnicodeDecodeError):
         return jsonify(error_response(None, PARSE_ERROR, "Parse error: the body is not JSON"))
     rpc_id = payload.get("id") if isinstance(payload, dict) else None

@@ -237,6 +237,8 @@ def test_parse_error(pair) -> None:
     assert r.status_code == 200
     assert r.json() == {"jsonrpc": "2.0", "id": None,
                         "error": {"code": -32700, "message": "Parse error: the body is not JSON"}}
+    deep = a.post("/a2a", data=b"[" * 100000 + b"]" * 100000, headers={"Content-Type": "application/json"})
+    assert deep.status_code == 200 and deep.json()["error"]["code"] == -32700
 
 
 def test_a_finished_task_cannot_be_canceled(pair) -> None:
