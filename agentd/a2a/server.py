@@ -39,6 +39,8 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 TASK_NOT_FOUND = -32001
 TASK_NOT_CANCELABLE = -32002
+PUSH_NOT_SUPPORTED = -32003
+UNSUPPORTED_OPERATION = -32004
 CONTENT_TYPE_NOT_SUPPORTED = -32005
 
 MAX_TASKS = 1000
@@ -52,6 +54,9 @@ SEND = {"message/send", "SendMessage"}
 STREAM = {"message/stream", "SendStreamingMessage"}
 GET = {"tasks/get", "GetTask"}
 CANCEL = {"tasks/cancel", "CancelTask"}
+# A2A methods this server knows but does not offer (the card says so too).
+UNSUPPORTED = {"tasks/resubscribe", "SubscribeToTask", "tasks/list", "ListTasks",
+               "agent/getAuthenticatedExtendedCard", "GetExtendedAgentCard"}
 
 
 class RpcError(Exception):
@@ -176,6 +181,10 @@ class A2AService:
             return to_v1(task) if v1 else task
         if method in STREAM:
             raise RpcError(INVALID_REQUEST, f"{method} answers a stream; it cannot be sent here")
+        if "pushnotification" in method.lower():
+            raise RpcError(PUSH_NOT_SUPPORTED, "Push Notification is not supported")
+        if method in UNSUPPORTED:
+            raise RpcError(UNSUPPORTED_OPERATION, f"{method} is not supported by this agent")
         raise RpcError(METHOD_NOT_FOUND, f"method not found: {method}")
 
     # -- message/send -------------------------------------------------------------

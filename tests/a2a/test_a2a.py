@@ -207,6 +207,8 @@ def test_a_failed_run_is_a_failed_task(pair) -> None:
     ({"jsonrpc": "2.0", "method": "message/send"}, -32600),
     ([{"jsonrpc": "2.0", "id": 1, "method": "message/send"}], -32600),
     ({"jsonrpc": "2.0", "id": 1, "method": "no/such"}, -32601),
+    ({"jsonrpc": "2.0", "id": 1, "method": "tasks/pushNotificationConfig/set", "params": {}}, -32003),
+    ({"jsonrpc": "2.0", "id": 1, "method": "tasks/resubscribe", "params": {"id": "x"}}, -32004),
     ({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}, -32602),
     ({"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": []}, -32602),
     ({"jsonrpc": "2.0", "id": 1, "method": "message/send",
