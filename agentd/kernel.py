@@ -18,6 +18,8 @@ from typing import Any, Callable
 from agentd import __version__
 from agentd.config import Config
 from agentd.timestamps import iso, utcnow
+from agentd.a2a.client import A2AClient, remote_agents
+from agentd.a2a.server import A2AService
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.agents.model_call import ModelCalls
@@ -41,6 +43,7 @@ from agentd.metering import Metering
 from agentd.metrics import Metrics
 from agentd.providers import ProviderKeys
 from agentd.cluster.settings_follow import SettingsFollower
+from agentd.skills import Skills
 from agentd.store import Store, open_store
 from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
@@ -134,12 +137,17 @@ class Kernel:
         self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
+        # Skills in $AGENTD_HOME/skills (agentd/skills); remote A2A agents the a2a_* tools call.
+        self.skills = Skills(config.home / "skills", config.tools.fetch_allow_hosts, config.tools.fetch_timeout_secs)
+        a2a_client = A2AClient(remote_agents(config.raw), os.environ.get)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
                          metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
-                         tool_services=self.tool_services)
+                         tool_services=self.tool_services, skills=self.skills, a2a=a2a_client)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
+        # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).
+        self.a2a = A2AService(self.agents, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None

@@ -111,8 +111,8 @@ def config_keys() -> list[tuple[str, str, str, str]]:
     texts = _key_texts()
     meanings, defaults = texts["keys"], texts.get("defaults", {})
     schema = schema_keys()
-    # The [channels] table is read by the channel runtime, not by a dataclass.
-    extra = {k for k in meanings if k.startswith("channels.")}
+    # The [channels] and [a2a] tables are read by their own modules, not by a dataclass.
+    extra = {k for k in meanings if k.startswith(("channels.", "a2a."))}
     missing = sorted(set(schema) - set(meanings))
     unknown = sorted(set(meanings) - set(schema) - extra)
     if missing or unknown:

@@ -54,11 +54,14 @@ from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 from agentd.metrics import Metrics
+from agentd.skills import prompt_lines
 from agentd import logs
 
 if TYPE_CHECKING:
+    from agentd.a2a.client import A2AClient
     from agentd.agents.cooperation import Cooperation
     from agentd.cluster import Cluster
+    from agentd.skills import Skills
     from agentd.memory.service import MemoryService
 
 log = logging.getLogger("agentd.agents")
@@ -92,7 +95,7 @@ class RunRequest:
     # A client's text is held to 64 KB; a workflow step's prompt or an agent's send is
     # composed from earlier answers and is not.
     from_client: bool = True
-    # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger, mcp.
+    # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger, mcp, a2a.
     origin: str = "api"
     # The starter's trace context: the run's span continues it on whichever thread runs it.
     trace: Any = field(default_factory=tracing.capture)
@@ -151,7 +154,8 @@ class Runs:
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
                  preflight: Callable[[AgentHandle], None] | None = None,
                  metrics: Metrics | None = None, cooperation: Cooperation | None = None,
-                 tool_services: ToolServices | None = None) -> None:
+                 tool_services: ToolServices | None = None, skills: Skills | None = None,
+                 a2a: A2AClient | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -169,6 +173,8 @@ class Runs:
         # The task board and the event bus (a failed run is an event too).
         self.cooperation = cooperation
         self.tool_services = tool_services
+        self.skills = skills  # the installed skills (agentd/skills)
+        self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -344,6 +350,9 @@ class Runs:
         system = model_cfg["system_prompt"]
         if options.extra_system:
             system = f"{system}\n\n{options.extra_system}"
+        skills = self.skills.permitted(handle.manifest.data.get("skills")) if self.skills is not None else []
+        if skills and any(t.name == "skill_describe" for t in tools):
+            system = f"{system}\n\n{prompt_lines(skills)}"
         refresh_system = None
         if self.memory is not None:
             # Recalled before every model call of the run (unchanged memory is not searched again).
@@ -355,7 +364,7 @@ class Runs:
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
                           cancel=cancel, services=self.tool_services, agent_name=handle.name,
-                          model=self._model_access(handle))
+                          model=self._model_access(handle), skills=skills, a2a=self.a2a)
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:

@@ -110,6 +110,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api import routes_tools, routes_uploads
     app.register_blueprint(routes_tools.bp)
     app.register_blueprint(routes_uploads.bp)
+    from agentd.api import routes_a2a, routes_skills
+    app.register_blueprint(routes_a2a.bp)
+    app.register_blueprint(routes_skills.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

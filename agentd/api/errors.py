@@ -36,8 +36,10 @@ _HTTP_MESSAGES = {
 
 
 def is_api_path(path: str) -> bool:
-    """JSON routes (/api, /v1, /metrics, the MCP endpoint); every other path belongs to the dashboard and gets HTML."""
-    return path.startswith(("/api/", "/v1/")) or path in ("/api", "/v1", "/mcp", "/metrics")
+    """JSON routes (/api, /v1, /metrics, the MCP endpoint, A2A's cards and endpoints); every
+    other path belongs to the dashboard and gets HTML."""
+    return (path.startswith(("/api/", "/v1/", "/a2a/", "/.well-known/"))
+            or path in ("/api", "/v1", "/a2a", "/mcp", "/metrics"))
 
 
 def _html_error(status: int, message: str) -> Response:

@@ -24,6 +24,7 @@ PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
 # The API description documents nothing secret; the page listing it (/api) is
 # the dashboard's and passes here so the dashboard's own gate can send a browser to /login.
 PUBLIC_GET |= {"/api/openapi.json", "/api"}
+A2A_CARDS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"
 CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -65,6 +66,13 @@ def _is_public(path: str, method: str) -> bool:
     if method not in ("GET", "HEAD"):
         return False
     return path in PUBLIC_GET or path.startswith("/static/")
+
+
+def is_agent_card(path: str, method: str) -> bool:
+    """An A2A agent card: public when a key protects the daemon, since a remote client reads
+    it to learn how to authenticate (keyless, only loopback clients are served anyway)."""
+    return method in ("GET", "HEAD") and (path in A2A_CARDS or (
+        path.startswith("/a2a/agents/") and path.endswith(A2A_CARDS)))
 
 
 def _presented_key() -> str | None:
@@ -122,7 +130,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     @app.before_request
     def _rate_limit() -> Response | None:
         req = request._get_current_object()
-        if not req.path.startswith(("/api/", "/v1/")) and req.path != "/metrics":
+        if not req.path.startswith(("/api/", "/v1/", "/a2a")) and req.path != "/metrics":
             return None
         decision = limiter.hit(req.remote_addr or "unknown")
         req.environ[RATE] = decision
@@ -134,7 +142,8 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     @app.before_request
     def _auth() -> Response | None:
         req = request._get_current_object()
-        if _is_public(req.path, req.method) or req.blueprint == "pages":
+        if (_is_public(req.path, req.method) or req.blueprint == "pages"
+                or (config.api_key and is_agent_card(req.path, req.method))):
             # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
             return None
         if is_authorized(config):

@@ -88,6 +88,17 @@ def _check_manifests(agents_dir: Path) -> Check:
     return Check("agent_manifests", "ok", f"{len(files)} manifest(s) valid")
 
 
+def _check_skills(skills_dir: Path) -> Check:
+    """Each skill's SKILL.md front matter; an invalid skill is listed but never offered."""
+    from agentd.skills import check_home
+
+    found = check_home(skills_dir)
+    bad = [f"{name}: {'; '.join(errors)}" for name, errors in found if errors]
+    if bad:
+        return Check("skills", "warn", "; ".join(bad))
+    return Check("skills", "ok", f"{len(found)} skill(s) valid")
+
+
 def _check_keys(cfg: Config) -> Check:
     env = cfg.default_model.api_key_env
     if not env:
@@ -206,6 +217,7 @@ def run_checks(home: Path) -> list[Check]:
     checks.append(Check("disk_space", "warn" if free < DISK_WARN_BYTES else "ok",
                         f"{free // (1024 * 1024)} MB free"))
     checks.append(_check_manifests(cfg.agents_dir))
+    checks.append(_check_skills(cfg.home / "skills"))
     checks.append(_check_keys(cfg))
     checks.append(_check_exposure(cfg))
     proxies = _check_proxies(cfg)

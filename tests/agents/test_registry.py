@@ -366,20 +366,24 @@ ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch"
        "web_search", "memory_store", "memory_recall", "memory_remember", "memory_search",
        "knowledge_add_entity", "knowledge_add_relation", "knowledge_query", "agent_list", "agent_find",
        "agent_send", "agent_spawn", "agent_kill", "task_post", "task_claim", "task_complete", "task_list",
-       "event_publish", "agent_activate", "system_time",
+       "event_publish", "agent_activate", "a2a_discover", "a2a_send", "skill_list", "skill_describe",
+       "skill_execute", "system_time",
        "process_start", "process_poll", "process_write", "process_kill", "process_list", "channel_send",
        "browser_navigate", "browser_click", "browser_type", "browser_screenshot", "browser_read_page",
        "browser_close", "browser_scroll", "browser_wait", "browser_back", "browser_run_js",
        "image_analyze", "media_describe", "media_transcribe", "speech_to_text", "text_to_speech", "image_generate",
        "docker_exec"]
-UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn", "docker_exec")
+UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn", "docker_exec",
+                                       "a2a_discover", "a2a_send")
            and not n.startswith(("process_", "browser_"))]
 MEDIA_READ_ONLY = ["image_analyze", "media_describe", "media_transcribe", "speech_to_text"]
 READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowledge_query", "agent_list",
-             "agent_find", "task_list", "system_time", *MEDIA_READ_ONLY]
+             "agent_find", "task_list", "skill_list", "skill_describe", "skill_execute", "system_time",
+             *MEDIA_READ_ONLY]
 # Observe mode with every capability granted (profile "full").
 FULL_READ_ONLY = ["file_read", "file_list", "web_fetch", "web_search", "memory_recall", "memory_search",
-                  "knowledge_query", "agent_list", "agent_find", "task_list", "system_time", "process_poll",
+                  "knowledge_query", "agent_list", "agent_find", "task_list", "a2a_discover", "skill_list",
+                  "skill_describe", "skill_execute", "system_time", "process_poll",
                   "process_list", "browser_navigate", "browser_screenshot", "browser_read_page", "browser_close",
                   "browser_scroll", "browser_wait", "browser_back", *MEDIA_READ_ONLY]
 

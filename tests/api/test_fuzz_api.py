@@ -123,6 +123,11 @@ CONFIG = CONFIG_HEAD + "".join([
         "By design these report what is outside agentd: 502 when the QR gateway fails, 503 when "
         "no gateway is configured (documented).",
         'checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502", "503"]'),
+    acceptance_off("skills.install",
+        "`path` must be a skill folder on the daemon's disk, `url` a zip on a host of "
+        "fetch_allow_hosts: files and settings on the server."),
+    acceptance_off("skills.delete",
+        "The name must be a skill installed on this daemon (server state)."),
     acceptance_off(["memory.add_relation", "memory.import_memory"],
         "A relation's ends must name entities that exist (in the agent's graph, or for an import "
         "in the document); ids must be unique within an import document: server state and "

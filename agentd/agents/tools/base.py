@@ -47,6 +47,10 @@ class ToolContext:
     agent_name: str = ""
     # The agent's model and provider (services.ModelAccess), for the media tools.
     model: Any = None
+    # The skills this agent's manifest permits (agentd/skills), as they were when the run started.
+    skills: list[Any] | None = None
+    # The A2A client the a2a_* tools call remote agents with (agentd/a2a/client.py).
+    a2a: Any = None
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:

@@ -107,3 +107,4 @@ def _tokens(value: int | None) -> str:
 from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels, files, mcp,  # noqa: E402,F401
                               overview,
                               workflows)
+from agentd.api.pages import skills  # noqa: E402,F401

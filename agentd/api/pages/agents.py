@@ -85,7 +85,8 @@ def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = 
                            tool_groups=tool_groups,
                            hidden=start, newer=len(messages) - end, page=number, modes=MODES,
                            approvals=pending, error=error, draft=draft,
-                           spend=_spend_by_agent().get(handle.id, 0.0)), status
+                           spend=_spend_by_agent().get(handle.id, 0.0),
+                           skills=[s.name for s in k.skills.permitted(handle.manifest.data["skills"])]), status
 
 
 @bp.get("/agents/<agent_id>")

@@ -1,0 +1,124 @@
+"""A2A: the agent cards and the JSON-RPC endpoints (agentd/a2a/, docs/a2a.md).
+
+`POST /a2a` serves every agent (the message's `metadata.agent` names one); `POST
+/a2a/agents/<name>` serves one. Both answer JSON-RPC 2.0: HTTP 200 with a `result` or an
+`error`, or, for `message/stream`, an SSE stream of JSON-RPC responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from agentd import jsonsafe
+from agentd.a2a import card as cards
+from agentd.a2a.server import PARSE_ERROR, RpcError, error_response
+from agentd.api import body
+from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots
+from agentd.api.sse import comment, format_event, sse_response
+from agentd.api.routes_system import kernel
+from agentd.errors import NotFound
+
+bp = Blueprint("a2a", __name__)
+
+# A JSON-RPC message is small; its text is held to 64 KB like every message.
+RPC_BODY_LIMIT = 256 * 1024
+
+
+def _base() -> str:
+    return request.host_url.rstrip("/")
+
+
+def _keyed() -> bool:
+    return bool(kernel().config.api_key)
+
+
+def _card_response(card: dict[str, Any]) -> Response:
+    response = jsonify(card)
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+@bp.get(cards.CARD_PATH)
+@bp.get(cards.LEGACY_CARD_PATH)
+def daemon_card():
+    return _card_response(cards.daemon_card(_base(), kernel().agents.handles(), _keyed()))
+
+
+def _handle(name: str) -> Any:
+    handle = kernel().agents.by_name(name)
+    if handle is None:
+        raise NotFound(f"no agent named '{name}'")
+    return handle
+
+
+@bp.get("/a2a/agents")
+def agent_cards():
+    """Every agent's own card (the daemon's card lists them as skills)."""
+    base, keyed = _base(), _keyed()
+    return jsonify([cards.agent_card(base, h, keyed) for h in kernel().agents.handles()])
+
+
+@bp.get("/a2a/agents/<name>" + cards.CARD_PATH)
+@bp.get("/a2a/agents/<name>" + cards.LEGACY_CARD_PATH)
+def agent_card(name: str):
+    return _card_response(cards.agent_card(_base(), _handle(name), _keyed()))
+
+
+@bp.post("/a2a")
+def rpc():
+    return _rpc(None)
+
+
+@bp.post("/a2a/agents/<name>")
+def agent_rpc(name: str):
+    _handle(name)
+    return _rpc(name)
+
+
+def _rpc(agent: str | None) -> Response:
+    k = kernel()
+    service = k.a2a
+    data = body.raw_body(RPC_BODY_LIMIT)
+    try:
+        payload = jsonsafe.loads(data)  # (nesting past its depth limit is a parse error too)
+    except (ValueError, UnicodeDecodeError):
+        return jsonify(error_response(None, PARSE_ERROR, "Parse error: the body is not JSON"))
+    rpc_id = payload.get("id") if isinstance(payload, dict) else None
+    try:
+        rpc_id, method, params = service.check_request(payload)
+        if service.is_stream(method):
+            return _stream(rpc_id, method, params, agent)
+        if not service.runs_a_message(method):
+            result = service.call(method, params, agent)
+        else:
+            # Waiting for the run holds a server thread, like a plain message request.
+            acquire_stream_slot(k, "server busy: too many requests are waiting for agents; try again shortly")
+            try:
+                disconnected = client_disconnected()
+                result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected))
+            finally:
+                stream_slots().release()
+    except RpcError as exc:
+        return jsonify(error_response(rpc_id if isinstance(rpc_id, (str, int)) else None,
+                                      exc.code, exc.message, exc.data))
+    return jsonify({"jsonrpc": "2.0", "id": rpc_id, "result": result})
+
+
+def _stream(rpc_id: Any, method: str, params: dict[str, Any], agent: str | None) -> Response:
+    k = kernel()
+    acquire_stream_slot(k)
+    try:
+        disconnected = client_disconnected()
+        events = k.a2a.stream(rpc_id, method, params, agent, k.executor.submit,
+                              alive=lambda: not (disconnected and disconnected()))
+    except BaseException:
+        stream_slots().release()
+        raise
+
+    def chunks():
+        for item in events:
+            yield format_event(None, item) if item else comment("keep-alive")
+
+    return sse_response(chunks(), on_close=stream_slots().release)
