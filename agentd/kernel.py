@@ -19,6 +19,7 @@ from agentd import __version__
 from agentd.config import Config
 from agentd.timestamps import iso, utcnow
 from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.listeners import AgentListeners
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.registry import AgentRegistry
@@ -41,6 +42,12 @@ from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
 from agentd.cluster.config import cluster_settings
+from agentd.errors import AgentdError
+from agentd.schedules.delivery import Delivery
+from agentd.schedules.jobs import CronJobs
+from agentd.schedules.manifest import ManifestSchedules
+from agentd.schedules.scheduler import Scheduler
+from agentd.schedules.store import CronStore
 
 log = logging.getLogger("agentd.kernel")
 
@@ -88,12 +95,22 @@ class Kernel:
         self.memory = MemoryService(config.memory, store, models.endpoint, config.llm.retries)
         queues = RunQueues(self.executor, lambda: config.agents.max_queue, self.approvals, self.cluster,
                            shared=store.shared)
-        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record)
+        # Cron jobs (agentd/schedules/): validated and stored here; the ticker below fires them.
+        cron_store = CronStore(store)
+        cron_wake = threading.Event()
+        self.cron = CronJobs(cron_store, config.schedules, resolve_agent=lambda ref: self.agents.find(ref),
+                             workflow_exists=self._workflow_exists,
+                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set)
+        # The open WebSockets of each agent, which also see the runs cron jobs start.
+        self.listeners = AgentListeners()
+        registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
+                                 lifecycle=[ManifestSchedules(self.cron)])
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
-                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
+                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
+                         services={"cron": self.cron})
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
@@ -125,8 +142,24 @@ class Kernel:
         from agentd.channels.leaders import ChannelLeaders
 
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
+        delivery = Delivery(self.channels.send_text, cron_store.set_delivery, config.schedules.delivery_attempts,
+                            self.stopping)
+        self.scheduler = Scheduler(cron_store, config.schedules, self.cluster.id, self.runs, registry.find,
+                                   self.workflows.run, delivery, self.listeners, self.audit.record, self.executor,
+                                   wake=cron_wake,
+                                   live_daemons=(lambda: {d["id"] for d in self.cluster.daemons()})
+                                   if self.cluster.shared else None)
+        self.cluster.on_tick.append(self.scheduler.reap)
         self.cluster.start()
         self.channels.start_all()
+        self.scheduler.start()
+
+    def _workflow_exists(self, workflow_id: str) -> bool:
+        try:
+            self.workflows.get(workflow_id)
+        except AgentdError:
+            return False
+        return True
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse, defer: list | None = None) -> float | None:
@@ -158,12 +191,14 @@ class Kernel:
         (before their agents' runs are cancelled, so a step never blames its agent and a
         retry never waits out its backoff), then every agent run stops."""
         self.stopping.set()
+        self.scheduler.close()
         self.workflows.close()
         self.agents.stop_all()
 
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
+        self.scheduler.close()
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()

@@ -8,7 +8,7 @@ import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pony import orm
 
@@ -40,16 +40,21 @@ class AgentRegistry:
     store before a call returns.
 
     A kill cancels the agent's runs (`queues`), deletes what it owned, forgets its semantic
-    memory (`memory`) and is audited (`audit`, with spawns and refused signatures)."""
+    memory (`memory`) and is audited (`audit`, with spawns and refused signatures).
+
+    `lifecycle` objects hear of each agent spawned (`spawned(handle)`), loaded at start
+    (`loaded(handle)`) and killed (`killed(handle)`): the manifest schedules' jobs."""
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
-                 memory: MemoryService | None = None, audit: Audit | None = None) -> None:
+                 memory: MemoryService | None = None, audit: Audit | None = None,
+                 lifecycle: Sequence[Any] = ()) -> None:
         self.config = config
         self.store = store
         self.catalog = catalog
         self.queues = queues
         self.memory = memory
         self.audit = audit
+        self.lifecycle = tuple(lifecycle)
         self._agents: dict[str, AgentHandle] = {}
         self._by_name: dict[str, str] = {}
         # Agents this daemon is killing: dropped from `_agents` before their rows are deleted,
@@ -66,6 +71,9 @@ class AgentRegistry:
                 handle = self.handle_from_row(row)
                 if handle is not None:
                     self._register(handle)
+        for handle in list(self._agents.values()):
+            for hook in self.lifecycle:
+                hook.loaded(handle)
         return len(self._agents)
 
     def handle_from_row(self, row: Any) -> AgentHandle | None:
@@ -159,6 +167,8 @@ class AgentRegistry:
             log.warning("agent %s manifest: %s", handle.name, warning)
         if self.audit is not None:
             self.audit("agent.spawn", handle.name, {"agent_id": handle.id})
+        for hook in self.lifecycle:
+            hook.spawned(handle)
         return handle
 
     # -- lookup -------------------------------------------------------------
@@ -335,6 +345,8 @@ class AgentRegistry:
                 self._killing.discard(handle.id)
         if self.memory is not None:
             self.memory.forget_agent(handle.id)
+        for hook in self.lifecycle:
+            hook.killed(handle)
         log.info("killed agent %s (%s)", handle.name, handle.id)
         if self.audit is not None:
             self.audit("agent.kill", handle.name, {"agent_id": handle.id})

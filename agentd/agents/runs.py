@@ -140,7 +140,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None,
+                 services: dict[str, Any] | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -154,6 +155,8 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        # Kernel services tools may use (ToolContext.services), e.g. the cron jobs.
+        self.services = dict(services or {})
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -291,7 +294,7 @@ class Runs:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle),
-                          cancel=cancel)
+                          cancel=cancel, services=self.services)
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:

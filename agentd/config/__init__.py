@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from agentd.config.parse import (LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 tools_table, split_listen)
+                                 schedules_table, tools_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
-                                  MemoryConfig, ToolsConfig)
+                                  MemoryConfig, SchedulesConfig, ToolsConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_LEVELS", "AgentsConfig", "ApiConfig", "Config",
-           "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "ToolsConfig", "home_dir",
+           "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "SchedulesConfig", "ToolsConfig", "home_dir",
            "load_config", "parse_config", "split_listen", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
@@ -44,6 +44,7 @@ class Config:
     llm: LlmConfig = field(default_factory=LlmConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
+    schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -138,6 +139,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= max_queue <= 10_000:
             raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
         cfg.agents.max_queue = max_queue
+    cfg.schedules = schedules_table(data)
     split_listen(cfg.api.listen_addr)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, ToolsConfig
+from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, SchedulesConfig, ToolsConfig
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -175,3 +175,25 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
                 raise ConfigError(f"config key memory.{key}: must be {limits}")
             setattr(memory, key, value)
     return memory
+
+
+def schedules_table(data: dict[str, Any]) -> SchedulesConfig:
+    """The `[schedules]` table."""
+    table = expect(data.get("schedules", {}), dict, "schedules", "a table")
+    cfg = SchedulesConfig()
+    if "enabled" in table:
+        cfg.enabled = expect(table["enabled"], bool, "schedules.enabled", "a boolean")
+    for key, low, high in (("failure_backoff_after", 1, 1000), ("delivery_attempts", 1, 20),
+                           ("max_jobs_per_agent", 1, 100_000)):
+        if key in table:
+            value = expect(table[key], int, f"schedules.{key}", "an integer")
+            if not low <= value <= high:
+                raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
+            setattr(cfg, key, value)
+    for key, low, high in (("backoff_max_secs", 1, 7 * 86400), ("misfire_grace_secs", 0, 86400)):
+        if key in table:
+            value = expect(table[key], (int, float), f"schedules.{key}", "a number")
+            if not low <= value <= high:
+                raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
+            setattr(cfg, key, float(value))
+    return cfg

@@ -96,3 +96,18 @@ class MemoryConfig:
     # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is
     # one small forward pass, and a second core cuts its latency by about a third.
     embed_threads: int = 0
+
+
+@dataclass
+class SchedulesConfig:
+    """The `[schedules]` table: cron jobs and manifest schedules (agentd/schedules/)."""
+
+    # false: jobs are kept and can be edited, but none fires on this daemon.
+    enabled: bool = True
+    # Provider failures in a row after which a job's due times are skipped, backing off.
+    failure_backoff_after: int = 3
+    backoff_max_secs: float = 3600.0
+    # A due time found later than this (the daemon was down) is missed: the job's catch_up applies.
+    misfire_grace_secs: float = 60.0
+    delivery_attempts: int = 5
+    max_jobs_per_agent: int = 50

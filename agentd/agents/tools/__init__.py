@@ -1,7 +1,7 @@
 """Built-in tools. Importing this package registers every tool."""
 
 # Import order is registration order, which is the order tools are listed and offered.
-from agentd.agents.tools import files, shell, web, memory, agents, system  # noqa: F401, I001
+from agentd.agents.tools import files, shell, web, memory, agents, system, schedule  # noqa: F401, I001
 from agentd.agents.tools.base import (REGISTRY, AgentOps, Tool, ToolContext, ToolError, all_tools, get_tool,
                                       validate_args)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -41,11 +41,19 @@ class ToolContext:
     tools_config: ToolsConfig
     ops: AgentOps | None = None
     cancel: threading.Event | None = None
+    # Kernel services some tools use, by name ("cron": agentd/schedules/jobs.py CronJobs).
+    services: dict[str, Any] = field(default_factory=dict)
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:
             raise ToolError("agent operations are not available here")
         return self.ops
+
+    def service(self, name: str) -> Any:
+        found = self.services.get(name)
+        if found is None:
+            raise ToolError(f"{name} is not available here")
+        return found
 
 
 @dataclass(frozen=True)
