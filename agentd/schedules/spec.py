@@ -63,12 +63,16 @@ class Schedule:
             steps = math.floor((after - anchor) / self.every_secs) + 1
             return anchor + max(1, steps) * self.every_secs
         zone = ZoneInfo(self.tz)
-        from croniter import croniter  # (loaded with the first cron job, not by an idle daemon)
+        # (Loaded with the first cron job, not by an idle daemon.)
+        from croniter import CroniterBadDateError, croniter
 
         local = datetime.fromtimestamp(after, timezone.utc).astimezone(zone).replace(tzinfo=None)
         walk = croniter(self.expr, local)
         for _ in range(_MAX_STEPS):
-            wall = walk.get_next(datetime)
+            try:
+                wall = walk.get_next(datetime)
+            except CroniterBadDateError:  # an expression that never matches a date
+                return None
             instant = _instant(wall, zone)
             if instant > after:
                 return instant

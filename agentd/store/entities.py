@@ -147,7 +147,7 @@ def define_schedule_entities(db: Database) -> dict[str, Any]:
         _table_ = "cron_jobs"
         id = PrimaryKey(str)
         name = Required(str)
-        agent_id = Required(str, index=True)
+        agent_id = Optional(str, default="", index=True)  # "" for a workflow job
         schedule = Required(orm.Json)
         action = Required(orm.Json)
         delivery = Required(orm.Json)
