@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +21,7 @@ import websocket
 from channel_fixtures import CHANNEL_ENV, wait_for
 from conftest import LLM_ENV, llm_config
 from fakes.ntfy import FakeNtfy
-from support import Daemon, make_home, stop_shared
+from support import Daemon, agentd_env, make_home, stop_shared
 
 SECRET = "cron-webhook-secret"
 
@@ -357,3 +359,30 @@ def test_a_cron_run_is_broadcast_to_the_agents_websockets(env) -> None:
     assert frames[1] == {"type": "typing", "state": "start"}
     assert frames[-2] == {"type": "typing", "state": "stop"}
     assert frames[-1]["content"] == "hello sockets"
+
+
+def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
+    d, _, _ = env
+    spawn(d, "clied")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agentd", "cron", *args], capture_output=True, text=True,
+                              env=agentd_env(d.home, d.port), timeout=60)
+
+    added = cli("add", "cli job", "--agent", "clied", "--cron", "0 6 * * *", "--tz", "Europe/Paris",
+                "--message", "[[reply:from the cli]]", "--max-runs-per-day", "5")
+    assert added.returncode == 0, added.stderr
+    [created] = [j for j in d.get("/api/cron/jobs", params={"agent_id": "clied"}).json()]
+    assert added.stdout.startswith(f"created cron job {created['id']}")
+    assert created["action"] == {"kind": "agent_turn", "message": "[[reply:from the cli]]"}
+    assert created["schedule"] == {"kind": "cron", "expr": "0 6 * * *", "tz": "Europe/Paris"}
+    assert created["max_runs_per_day"] == 5
+    assert "cli job" in cli("list").stdout
+    assert cli("run", "cli job").stdout.startswith("started run ")
+    wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    assert cli("pause", "cli job").stdout.strip() == "paused"
+    assert d.get(f"/api/cron/jobs/{created['id']}").json()["enabled"] is False
+    assert cli("resume", created["id"]).stdout.startswith("resumed (next run ")
+    assert cli("rm", "cli job").stdout.strip() == "removed"
+    refused = cli("add", "bad", "--agent", "clied", "--every", "5")
+    assert refused.returncode == 1 and "--message is required" in refused.stderr
