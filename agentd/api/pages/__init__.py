@@ -105,4 +105,4 @@ def _tokens(value: int | None) -> str:
 
 
 from agentd.api.pages import (agents, apidoc, auth, catalog, channels, overview,  # noqa: E402,F401
-                              workflows)
+                              schedules, workflows)
