@@ -10,7 +10,6 @@ from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
-from agentd.errors import NotFound
 
 bp = Blueprint("cron", __name__)
 
@@ -18,7 +17,7 @@ JOB_ID = {"job_id": {"format": "uuid"}}
 
 
 class CronJobsQuery(_Query):
-    agent_id = fields.String(metadata={"description": sc.LIST_QUERY_DOC})
+    agent_id = fields.String(metadata={"description": sc.LIST_QUERY_DOC + " (an unknown agent has none)"})
 
 
 def _job(job_id: str) -> dict:
@@ -29,6 +28,11 @@ def _job(job_id: str) -> dict:
 @doc("Create a cron job", tags="cron", body=sc.JOB_CREATE, ok=201, response=sc.JOB,
      description="`agent_id` takes the agent's id or name. A 400 names the field at fault.",
      errors={409: "The agent has as many jobs as `[schedules] max_jobs_per_agent` allows"},
+     links={"GetJob": ("cron.detail", {"job_id": "$response.body#/id"}),
+            "UpdateJob": ("cron.update", {"job_id": "$response.body#/id"}),
+            "RunJob": ("cron.run", {"job_id": "$response.body#/id"}),
+            "ListRuns": ("cron.runs", {"job_id": "$response.body#/id"}),
+            "DeleteJob": ("cron.delete", {"job_id": "$response.body#/id"})},
      body_example={"name": "morning-report", "agent_id": "assistant",
                    "schedule": {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "Europe/Berlin"},
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
@@ -40,13 +44,11 @@ def create():
 @bp.get("/api/cron/jobs")
 @doc("List cron jobs", tags="cron", query=CronJobsQuery, response={"type": "array", "items": sc.JOB})
 def list_jobs():
-    ref = request.args.get("agent_id")
-    if ref is None:
+    ref = request.args.get("agent_id", "")
+    if not ref:
         return jsonify(kernel().cron.list())
     handle = kernel().agents.find(ref)
-    if handle is None:
-        raise NotFound("agent not found")
-    return jsonify(kernel().cron.list(handle.id))
+    return jsonify(kernel().cron.list(handle.id) if handle is not None else [])
 
 
 @bp.get("/api/cron/jobs/<job_id>")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import time
+import uuid
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -215,8 +216,17 @@ class CronJobs:
         self.changed()
         return self.view(job)
 
+    @staticmethod
+    def _key(job_id: Any) -> str | None:
+        """The job id as stored (a UUID), None for anything that cannot be one."""
+        try:
+            return str(uuid.UUID(job_id)) if isinstance(job_id, str) else None
+        except ValueError:
+            return None
+
     def get_raw(self, job_id: str) -> dict[str, Any]:
-        job = self.store.get(job_id) if isinstance(job_id, str) else None
+        key = self._key(job_id)
+        job = self.store.get(key) if key else None
         if job is None:
             raise NotFound("cron job not found")
         return job
@@ -253,7 +263,8 @@ class CronJobs:
         return self.view(updated)
 
     def delete(self, job_id: str) -> None:
-        if not isinstance(job_id, str) or not self.store.delete(job_id):
+        key = self._key(job_id)
+        if key is None or not self.store.delete(key):
             raise NotFound("cron job not found")
         self.changed()
 

@@ -365,7 +365,8 @@ def test_defaults_in_the_views(mgr, monkeypatch) -> None:
 ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch", "shell_exec", "web_fetch",
        "web_search", "memory_store", "memory_recall", "memory_remember", "memory_search",
        "knowledge_add_entity", "knowledge_add_relation", "knowledge_query", "agent_list", "agent_find",
-       "agent_send", "agent_spawn", "agent_kill", "system_time"]
+       "agent_send", "agent_spawn", "agent_kill", "system_time", "schedule_create", "schedule_list",
+       "schedule_delete", "cron_create", "cron_list", "cron_cancel"]
 UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn")]
 READ_ONLY = ["file_read", "file_list", "memory_recall", "memory_search", "knowledge_query", "agent_list",
              "agent_find", "system_time"]

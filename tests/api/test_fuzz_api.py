@@ -116,6 +116,13 @@ CONFIG = CONFIG_HEAD + "".join([
         "By design these report what is outside agentd: 502 when the QR gateway fails, 503 when "
         "no gateway is configured (documented).",
         'checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502", "503"]'),
+    acceptance_off(["cron.create", "cron.update"],
+        "A job names an agent and a workflow that exist now, a cron expression that matches dates, "
+        "a known time zone, an `at` time in the future and a configured channel: server state and "
+        "rules JSON Schema cannot state."),
+    acceptance_off("cron.run",
+        "Run now answers 409 while the job's previous run is still going or the job is over its "
+        "daily cap (documented): server state."),
     acceptance_off(["memory.add_relation", "memory.import_memory"],
         "A relation's ends must name entities that exist (in the agent's graph, or for an import "
         "in the document); ids must be unique within an import document: server state and "
