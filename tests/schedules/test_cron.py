@@ -155,7 +155,7 @@ def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
     d, _, _ = env
     agent_id = spawn(d, "ticker")
     created = job(d, name="tick", agent_id=agent_id, action=turn("[[reply:tock]]"))
-    wait_for(lambda: len(ran(d, created["id"])) >= 3, 10, what="three runs")
+    wait_for(lambda: len(ran(d, created["id"])) >= 2, 10, what="two runs")
     d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
     done = ran(d, created["id"])
     assert all(r["output"] == "tock" and r["error"] is None and r["cost_usd"] > 0 for r in done)
@@ -166,7 +166,7 @@ def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
     assert [m["content"] for m in session[:2]] == ["[[reply:tock]]", "tock"]
     audit = d.get("/api/audit/recent", params={"event": "cron.run", "limit": 200}).json()
     assert any(e["detail"].get("job_id") == created["id"] and e["detail"].get("source") == "cron" for e in audit)
-    time.sleep(1.3)
+    time.sleep(0.3)  # a run that had started when the job was paused ends
     count = len(runs(d, created["id"]))
     time.sleep(1.2)
     assert len(runs(d, created["id"])) == count  # paused: nothing more
@@ -177,7 +177,7 @@ def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
 def test_overlapped_due_times_are_recorded_skipped(env) -> None:
     d, _, _ = env
     spawn(d, "overlap")
-    created = job(d, name="overlap", agent_id="overlap", action=turn("[[slow:2.2]] slow answer"))
+    created = job(d, name="overlap", agent_id="overlap", action=turn("[[slow:1.6]] slow answer"))
     wait_for(lambda: ran(d, created["id"], "ok"), 10, what="the slow run")
     d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
     history = runs(d, created["id"])
@@ -192,7 +192,7 @@ def test_a_one_shot_job_runs_once_then_is_disabled(env) -> None:
     spawn(d, "once")
     created = job(d, name="once", agent_id="once", action=turn("[[reply:done once]]"), one_shot=True)
     wait_for(lambda: ran(d, created["id"]), 10, what="the run")
-    time.sleep(1.5)
+    time.sleep(1.1)
     assert [r["output"] for r in runs(d, created["id"])] == ["done once"]
     after = d.get(f"/api/cron/jobs/{created['id']}").json()
     assert after["enabled"] is False and after["next_run_at"] is None
