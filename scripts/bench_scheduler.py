@@ -2,9 +2,10 @@
 """Scheduler benchmark: what 10,000 enabled cron jobs cost an idle daemon, and how late due
 jobs fire.
 
-Starts the real daemon (fake LLM behind it) with one agent and measures its CPU (utime +
-stime of every thread, from /proc) while idle for `--seconds`; creates `--jobs` enabled jobs
-due far in the future (a yearly cron expression) and measures the idle CPU again; then
+Starts the real daemon (fake LLM behind it) with `--jobs / 50` agents and measures its CPU
+(utime + stime of every thread, from /proc) while idle for `--seconds`; creates `--jobs`
+enabled jobs (50 per agent, the default `max_jobs_per_agent`) due far in the future (a yearly
+cron expression) and measures the idle CPU again; then
 creates `--due` one-shot jobs due a few seconds ahead, all at the same second, and reports
 the firing lag of each (the run's `started_at` minus its `due_at`). Figures only; nothing is
 asserted.
@@ -53,13 +54,16 @@ def main() -> None:
     args = parser.parse_args()
     with fake_llm() as fake, bench_daemon(fake) as d:
         pid = d.proc.pid
-        agent = d.post("/api/agents", json={"manifest_toml": 'name = "bench"\n'}).json()["agent_id"]
+        with ThreadPoolExecutor(8) as pool:
+            agents = list(pool.map(lambda i: d.post("/api/agents", json={
+                "manifest_toml": f'name = "bench-{i:04d}"\n'}).json()["agent_id"], range(-(-args.jobs // 50))))
+        due_agent = d.post("/api/agents", json={"manifest_toml": 'name = "bench-due"\n'}).json()["agent_id"]
         without = idle_cpu(pid, args.seconds)
         print(f"idle CPU without jobs:        {without:6.3f} % of one core ({args.seconds:.0f} s)")
 
         def create(i: int) -> None:
             d.post("/api/cron/jobs", json={
-                "name": f"job-{i:05d}", "agent_id": agent, "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+                "name": f"job-{i:05d}", "agent_id": agents[i // 50], "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
                 "action": {"kind": "agent_turn", "message": f"yearly {i}"}}).raise_for_status()
 
         began = time.perf_counter()
@@ -73,7 +77,7 @@ def main() -> None:
 
         due = datetime.fromtimestamp(int(time.time()) + 5, timezone.utc).isoformat().replace("+00:00", "Z")
         ids = [d.post("/api/cron/jobs", json={
-            "name": f"due-{i}", "agent_id": agent, "schedule": {"kind": "at", "at": due},
+            "name": f"due-{i}", "agent_id": due_agent, "schedule": {"kind": "at", "at": due},
             "action": {"kind": "agent_turn", "message": f"due {i}"}}).json()["id"] for i in range(args.due)]
         time.sleep(max(0.0, ts(due) - time.time()) + 3)
         lags = []

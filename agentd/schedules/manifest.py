@@ -46,6 +46,8 @@ class ManifestSchedules:
         self.sync(handle)
 
     def loaded(self, handle: Any) -> None:
+        if wanted(handle.name, handle.manifest.schedule) is None:
+            return  # a manifest never changes in place: a reactive agent has no manifest job to drop
         try:
             self.sync(handle)
         except Exception:  # noqa: BLE001 - one agent's schedule must not keep the daemon from starting
