@@ -332,7 +332,7 @@ class Runs:
             # A run that ends without an answer still closes its turn, so the history the
             # model sees next time never holds a user message nobody answered.
             sessions.save(handle, loop.new_messages + [Message(role="assistant", content=note)],
-                          image_refs, usage, session=session)
+                          image_refs, usage, session=session, source=options.source)
 
         try:
             result = loop.run()
@@ -352,7 +352,8 @@ class Runs:
             raise
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         sessions.save(handle, result.new_messages, image_refs, usage,
-                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session)
+                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session,
+                      source=options.source)
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
         return result

@@ -27,6 +27,7 @@ from concurrent.futures import Executor
 from typing import Any, Callable
 
 from agentd.agents.events import Event
+from agentd.agents.handle import RunOptions
 from agentd.agents.listeners import AgentListeners
 from agentd.agents.runs import CALLER, RunRequest, Runs
 from agentd.config import SchedulesConfig
@@ -251,8 +252,8 @@ class Scheduler:
             for socket in sockets:
                 socket.on_event(event)
 
-        request = RunRequest(handle, message, emit=emit if sockets else None, on=CALLER, origin="schedule",
-                             from_client=False)
+        request = RunRequest(handle, message, options=RunOptions(source="cron"), emit=emit if sockets else None,
+                             on=CALLER, origin="schedule", from_client=False)
         timeout = job["action"].get("timeout_secs")
         try:
             ticket = self.runs.start(request)

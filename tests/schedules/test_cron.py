@@ -163,7 +163,8 @@ def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
     assert len(dues) == len(set(dues))  # each due time once
     # The runs are the agent's like any other: its session, the audit trail.
     session = d.get(f"/api/agents/{agent_id}/session").json()["messages"]
-    assert [m["content"] for m in session[:2]] == ["[[reply:tock]]", "tock"]
+    assert session[:2] == [{"role": "User", "content": "[[reply:tock]]", "source": "cron"},
+                           {"role": "Assistant", "content": "tock"}]
     audit = d.get("/api/audit/recent", params={"event": "cron.run", "limit": 200}).json()
     assert any(e["detail"].get("job_id") == created["id"] and e["detail"].get("source") == "cron" for e in audit)
     time.sleep(0.3)  # a run that had started when the job was paused ends
