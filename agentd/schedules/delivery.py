@@ -57,6 +57,12 @@ class Delivery:
         return {"status": "pending", "attempts": 0, "error": None}
 
     def _deliver(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+        try:
+            self._attempts(target, job, run, output)
+        except Exception as exc:  # noqa: BLE001 - e.g. the database closed by a shutdown meanwhile
+            log.warning("cron job %s: delivery state not recorded: %s", job["name"], exc)
+
+    def _attempts(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
         backoff = Backoff(self.initial_delay, self.max_delay)
         error = ""
         for attempt in range(1, self.attempts + 1):

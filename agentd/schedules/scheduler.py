@@ -29,6 +29,7 @@ from typing import Any, Callable
 from agentd.agents.events import Event
 from agentd.agents.handle import RunOptions
 from agentd.agents.listeners import AgentListeners
+from agentd.agents.loop import RunCancelled
 from agentd.agents.runs import CALLER, RunRequest, Runs
 from agentd.config import SchedulesConfig
 from agentd.errors import AgentdError, Conflict
@@ -200,6 +201,9 @@ class Scheduler:
                 output, cost = self._agent_turn(job)
         except AgentdError as exc:
             error = exc.message
+        except RunCancelled:
+            error = ("run cancelled (timeout_secs passed or the daemon is stopping)"
+                     if job["action"].get("timeout_secs") else "run cancelled (the daemon is stopping)")
         except Exception as exc:  # noqa: BLE001 - the run record must close whatever failed
             log.exception("cron job %s: run crashed", job["name"])
             error = f"internal error: {type(exc).__name__}: {exc}"

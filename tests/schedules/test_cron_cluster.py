@@ -4,7 +4,6 @@ of them, and a run whose daemon is SIGKILLed is marked failed by the survivor.""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
