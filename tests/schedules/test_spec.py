@@ -104,3 +104,29 @@ def test_schedule_create_phrases(phrase, expected) -> None:
 def test_an_unreadable_phrase_is_refused(phrase) -> None:
     with pytest.raises(BadRequest):
         parse_phrase(phrase, now=NOW)
+
+
+def test_the_four_manifest_schedules() -> None:
+    from agentd.agents.manifest import ManifestError, parse_manifest
+
+    def schedule_of(toml: str) -> dict:
+        return parse_manifest(f'name = "m"\n{toml}').schedule
+
+    assert schedule_of("") == schedule_of('schedule = "reactive"') == {"kind": "reactive"}
+    assert schedule_of('schedule = {periodic = {cron = "*/15  9-17 * * 1-5"}}') == {
+        "kind": "periodic", "cron": "*/15 9-17 * * 1-5", "tz": "UTC", "message": ""}
+    assert schedule_of('[schedule.continuous]\ncheck_interval_secs = 30\nmessage = "look around"\n') == {
+        "kind": "continuous", "check_interval_secs": 30, "message": "look around"}
+    # Proactive conditions are kept as written, for the trigger engine to read.
+    conditions = 'schedule = {proactive = {conditions = ["memory:inbox/*", {content_match = "alert"}]}}'
+    assert schedule_of(conditions) == {"kind": "proactive",
+                                       "conditions": ["memory:inbox/*", {"content_match": "alert"}]}
+    for bad, says in [('schedule = "sometimes"', "schedule: must be"),
+                      ('schedule = {periodic = {cron = "* * *"}}', "schedule: periodic.cron: must be a 5-field"),
+                      ('schedule = {periodic = {cron = "0 9 * * *", tz = "Nowhere/City"}}', "periodic.tz: unknown"),
+                      ('schedule = {continuous = {check_interval_secs = 0}}', "continuous.check_interval_secs"),
+                      ('schedule = {proactive = {conditions = "x"}}', "proactive.conditions: must be an array"),
+                      ('schedule = {periodic = {cron = "0 9 * * *"}, continuous = {}}', "schedule: must be")]:
+        with pytest.raises(ManifestError) as refused:
+            parse_manifest(f'name = "m"\n{bad}\n')
+        assert says in refused.value.message, (bad, refused.value.message)
