@@ -21,6 +21,7 @@ from agentd.timestamps import iso, utcnow
 from agentd.a2a.client import A2AClient, remote_agents
 from agentd.a2a.server import A2AService
 from agentd.agents.approvals import ApprovalQueue
+from agentd.agents.listeners import AgentListeners
 from agentd.agents.manager import AgentHandle, AgentManager
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.registry import AgentRegistry
@@ -52,6 +53,12 @@ from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
 from agentd.cluster.config import cluster_settings
+from agentd.errors import AgentdError
+from agentd.schedules.delivery import Delivery
+from agentd.schedules.jobs import CronJobs
+from agentd.schedules.manifest import ManifestSchedules
+from agentd.schedules.scheduler import Scheduler
+from agentd.schedules.store import CronStore
 
 log = logging.getLogger("agentd.kernel")
 
@@ -131,9 +138,18 @@ class Kernel:
         # the channels start below, after the agents they route to.
         self.tool_services = ToolServices(config.tools, self.audit.record, uploads.save_for,
                                           lambda *args, **kw: self.channels.send_to(*args, **kw))
+        # Cron jobs (agentd/schedules/): validated and stored here; the ticker below fires them.
+        cron_store = CronStore(store)
+        cron_wake = threading.Event()
+        self.cron = CronJobs(cron_store, config.schedules, resolve_agent=lambda ref: self.agents.find(ref),
+                             workflow_exists=self._workflow_exists,
+                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set)
+        # The open WebSockets of each agent, which also see the runs cron jobs start.
+        self.listeners = AgentListeners()
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
                                  mcp_tools=self.mcp.tools_for,
-                                 hooks=[TriggerLifecycle(trigger_store), self.tool_services])
+                                 hooks=[TriggerLifecycle(trigger_store), self.tool_services,
+                                        ManifestSchedules(self.cron)])
         self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
@@ -143,7 +159,7 @@ class Kernel:
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
                          metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
-                         tool_services=self.tool_services, skills=self.skills, a2a=a2a_client)
+                         tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).
@@ -184,9 +200,24 @@ class Kernel:
         from agentd.channels.leaders import ChannelLeaders
 
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
+        delivery = Delivery(self.channels.send_text, cron_store.set_delivery, config.schedules.delivery_attempts,
+                            self.stopping)
+        self.scheduler = Scheduler(cron_store, config.schedules, self.cluster.id, self.runs, registry.find,
+                                   self.workflows.run, delivery, self.listeners, self.audit.record, self.executor,
+                                   wake=cron_wake,
+                                   live_daemons=(lambda: {d["id"] for d in self.cluster.daemons()})
+                                   if self.cluster.shared else None)
+        self.cluster.on_tick.append(self.scheduler.reap)
         self.cluster.start()
         self.channels.start_all()
         self.mcp_watch.start()
+
+    def _workflow_exists(self, workflow_id: str) -> bool:
+        try:
+            self.workflows.get(workflow_id)
+        except AgentdError:
+            return False
+        return True
 
     def _record_usage(self, handle: AgentHandle, provider: str, model: str,
                       response: ChatResponse, defer: list | None = None) -> float | None:
@@ -220,6 +251,7 @@ class Kernel:
         (before their agents' runs are cancelled, so a step never blames its agent and a
         retry never waits out its backoff), then every agent run stops."""
         self.stopping.set()
+        self.scheduler.close()
         self.workflows.close()
         self.agents.stop_all()
 
@@ -227,6 +259,7 @@ class Kernel:
         """Release everything; called once by the daemon after the server stopped."""
         self.stopping.set()
         self.tool_services.close()
+        self.scheduler.close()
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()

@@ -103,3 +103,5 @@ class RunOptions:
     extra_system: str = ""
     images: list[ImagePart] = field(default_factory=list)
     params: GenerationParams = field(default_factory=GenerationParams)
+    # Who asked, kept on the session's user message when not a person (`cron`: a cron job).
+    source: str = ""

@@ -16,6 +16,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates
 
+from agentd.agents.manifest_schedule import REACTIVE, ScheduleField
 from agentd.errors import BadRequest, PayloadTooLarge
 from agentd.schema_fields import StrictFloat
 
@@ -133,6 +134,7 @@ class ManifestSchema(_Strict):
     resources = fields.Nested(ResourcesSchema, load_default=lambda: ResourcesSchema().load({}))
     autonomous = fields.Nested(AutonomousSchema, load_default=lambda: AutonomousSchema().load({}))
     identity = fields.Nested(IdentitySchema, load_default=lambda: IdentitySchema().load({}))
+    schedule = ScheduleField(load_default=lambda: dict(REACTIVE))
 
     @validates("name")
     def _name(self, value: str, **_: Any) -> None:
@@ -187,6 +189,11 @@ class Manifest:
     def history_messages(self) -> int:
         """How many of the latest stored messages a run sends to the model."""
         return self.data.get("max_history_messages") or DEFAULT_HISTORY_MESSAGES
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        """When the agent acts on its own (agentd/agents/manifest_schedule.py)."""
+        return self.data.get("schedule") or dict(REACTIVE)
 
     @property
     def tool_timeout(self) -> float:

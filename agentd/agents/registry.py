@@ -37,6 +37,7 @@ class AgentHooks(Protocol):
 
     def check(self, manifest: Manifest) -> None: ...
     def spawned(self, handle: AgentHandle) -> None: ...
+    def loaded(self, handle: AgentHandle) -> None: ...
     def killed(self, handle: AgentHandle) -> None: ...
 
 log = logging.getLogger("agentd.agents")
@@ -48,7 +49,10 @@ class AgentRegistry:
     store before a call returns.
 
     A kill cancels the agent's runs (`queues`), deletes what it owned, forgets its semantic
-    memory (`memory`) and is audited (`audit`, with spawns and refused signatures)."""
+    memory (`memory`) and is audited (`audit`, with spawns and refused signatures).
+
+    `hooks` (AgentHooks) check each manifest before a spawn and hear of each agent spawned,
+    loaded at start and killed: manifest schedules, proactive triggers, tools' programs."""
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
                  memory: MemoryService | None = None, audit: Audit | None = None,
@@ -80,6 +84,9 @@ class AgentRegistry:
                 handle = self.handle_from_row(row)
                 if handle is not None:
                     self._register(handle)
+        for handle in list(self._agents.values()):
+            for hook in self.hooks:
+                hook.loaded(handle)
         return len(self._agents)
 
     def handle_from_row(self, row: Any) -> AgentHandle | None:

@@ -155,7 +155,7 @@ class Runs:
                  preflight: Callable[[AgentHandle], None] | None = None,
                  metrics: Metrics | None = None, cooperation: Cooperation | None = None,
                  tool_services: ToolServices | None = None, skills: Skills | None = None,
-                 a2a: A2AClient | None = None) -> None:
+                 a2a: A2AClient | None = None, cron: Any = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -175,6 +175,7 @@ class Runs:
         self.tool_services = tool_services
         self.skills = skills  # the installed skills (agentd/skills)
         self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
+        self.cron = cron  # the cron jobs the schedule tools manage (agentd/schedules/jobs.py)
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -364,7 +365,8 @@ class Runs:
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
                           capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
                           cancel=cancel, services=self.tool_services, agent_name=handle.name,
-                          model=self._model_access(handle), skills=skills, a2a=self.a2a)
+                          model=self._model_access(handle), skills=skills, a2a=self.a2a,
+                          cron=self.cron)
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:
@@ -402,7 +404,7 @@ class Runs:
             # A run that ends without an answer still closes its turn, so the history the
             # model sees next time never holds a user message nobody answered.
             sessions.save(handle, loop.new_messages + [Message(role="assistant", content=note)],
-                          image_refs, usage, session=session)
+                          image_refs, usage, session=session, source=options.source)
 
         try:
             result = loop.run()
@@ -422,7 +424,8 @@ class Runs:
             raise
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         sessions.save(handle, result.new_messages, image_refs, usage,
-                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session)
+                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session,
+                      source=options.source)
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
         return result

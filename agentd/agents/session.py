@@ -2,7 +2,8 @@
 
 Stored message: {"role": "user"|"assistant"|"tool", "content": str,
                  "tool_calls"?: [{id, name, arguments}], "tool_call_id"?, "tool_name"?,
-                 "is_error"?, "images"?: [{file_id, filename, content_type}]}
+                 "is_error"?, "images"?: [{file_id, filename, content_type}],
+                 "source"?: "cron" (a user message nobody typed: a cron job's)}
 Image bytes are sent to the model with the turn that carried them and are not
 replayed afterwards (the history keeps a reference and an `[Image]` marker).
 """
@@ -63,6 +64,8 @@ def api_view(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry: dict[str, Any] = {"role": "User", "content": m.get("content", "")}
             if m.get("images"):
                 entry["images"] = m["images"]
+            if m.get("source"):
+                entry["source"] = m["source"]
             view.append(entry)
         elif m["role"] == "assistant":
             entry = {"role": "Assistant", "content": m.get("content", "")}

@@ -128,10 +128,11 @@ class SessionStore:
 
     def save(self, handle: AgentHandle, new: list[Message],
              image_refs: list[dict[str, Any]], usage: list[dict[str, Any]] | None = None,
-             also: Callable[[Tx], None] | None = None, session: Session | None = None) -> None:
+             also: Callable[[Tx], None] | None = None, session: Session | None = None,
+             source: str = "") -> None:
         """End of a run in `session` (default: the agent's own): its usage rows, the new
         messages, the agent's last_active, one write (`also(tx)` adds more statements to
-        it: the run record's close).
+        it: the run record's close). `source` marks the run's user message (`cron`).
 
         Plain statements through the store's writer, committed before the answer goes out
         (see agentd/store/writer.py for why it has a connection of its own): this runs once
@@ -143,6 +144,8 @@ class SessionStore:
         added = [to_stored(m) for m in new]
         if added and image_refs:
             added[0]["images"] = image_refs
+        if added and source:
+            added[0]["source"] = source
         now = utcnow()
         bodies = [_encode(m) for m in added]
         rows = list(usage) if usage and self.write_usage is not None else []

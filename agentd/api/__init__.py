@@ -113,6 +113,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.api import routes_a2a, routes_skills
     app.register_blueprint(routes_a2a.bp)
     app.register_blueprint(routes_skills.bp)
+    from agentd.api import routes_cron
+    app.register_blueprint(routes_cron.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

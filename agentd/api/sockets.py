@@ -3,7 +3,8 @@
 Agent socket frames (JSON text both ways):
   client: {type: "message", content, attachments?} | {type: "ping"} |
           {type: "command", command: "stop" | "reset" | "compact"}
-  server: connected {agent_id}, typing {state: start|tool|stop, tool?}, text_delta {content},
+  server: connected {agent_id}, message {content, source: cron, job_id, job_name} (a cron job's
+          run starts; its typing/response frames follow), typing {state: start|tool|stop, tool?}, text_delta {content},
           tool_start {id, tool}, tool_end {id, tool, input}, tool_result {id, tool, result, is_error},
           phase {phase, detail}, response {content, input_tokens, output_tokens, iterations, cost_usd},
           error {content}, pong, command_result {command, message}
@@ -39,7 +40,8 @@ WS_DESCRIPTION = (
     "`?token=`); an unknown agent is a 404 before the upgrade. Frames are JSON text.\n\n"
     "Client frames: `{type: message, content, attachments?}` runs a message (non-JSON text counts as a "
     "message); `{type: ping}` is answered with `pong`; `{type: command, command: stop|reset|new|compact}`.\n\n"
-    "Server frames: `connected {agent_id}`; `typing {state: start|tool|stop, tool?}`; `text_delta {content}`; "
+    "Server frames: `connected {agent_id}`; `message {content, source: cron, job_id, job_name}` when one of "
+    "the agent's cron jobs starts a run (its typing, delta and response frames follow); `typing {state: start|tool|stop, tool?}`; `text_delta {content}`; "
     "`tool_start {id, tool}`; `tool_end {id, tool, input}`; `tool_result {id, tool, result, is_error}`; "
     "`phase {phase, detail}`; `response {content, input_tokens, output_tokens, iterations, cost_usd}`; "
     "`error {content}` (frames over 64 KB, more than 10 messages a minute, unknown types, failed runs); "
@@ -166,9 +168,19 @@ class AgentSocket:
             self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
 
     def serve(self) -> None:
+        self.send("connected", agent_id=self.handle.id)
+        # Runs of the agent's cron jobs are shown here too (agentd/schedules/scheduler.py).
+        self.kernel.listeners.add(self.handle.id, self)
+        try:
+            self._receive()
+        finally:
+            self.kernel.listeners.remove(self.handle.id, self)
+        self.open = False
+        self.stop_runs()
+
+    def _receive(self) -> None:
         from simple_websocket import ConnectionClosed  # loaded by the upgrade already
 
-        self.send("connected", agent_id=self.handle.id)
         while self.open and not self.kernel.stopping.is_set():
             try:
                 # A short wait: a client that left is noticed (and its run stopped) promptly.
@@ -200,8 +212,6 @@ class AgentSocket:
                 self.handle_command(frame)
             else:
                 self.send("error", content=f"unknown frame type {kind!r}")
-        self.open = False
-        self.stop_runs()
 
     def stop_runs(self) -> None:
         """The client is gone: withdraw this socket's queued runs and cancel its running one."""

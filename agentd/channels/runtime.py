@@ -261,6 +261,21 @@ class ChannelManager:
         self.audit("channel.outbound", name, {"message_id": message_id, "agent": agent,
                                               "conversation": conversation.key})
         return {"channel": name, "recipient": conversation.chat_id, "message_id": message_id}
+    def send_text(self, name: str, text: str, target: str = "") -> str:
+        """Send `text` through the adapter's sender to `target` (its configured target when
+        empty), formatted as a channel reply; the platform's message id. ChannelError or
+        BadRequest when it cannot be sent."""
+        info = self.catalog.get(name)
+        section = self.sections.get(name)
+        if info is None or section is None:
+            raise BadRequest(f"channel {name} is not configured")
+        adapter = self.running.get(name)
+        if adapter is None:  # a standby daemon (or a failed start): the sender still works
+            adapter = registry.load(name)(self._context(name), settings_for(info, validate(info, section)))
+        conversation = adapter.test_target(target)
+        message_id = adapter.send(conversation, strip_think(text).strip())
+        self.audit("channel.outbound", name, {"message_id": message_id, "conversation": conversation.key})
+        return message_id
 
     # -- inbound routing ---------------------------------------------------------------
     def _deliver(self, name: str, msg: Inbound) -> None:

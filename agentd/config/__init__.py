@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 metrics_table, tools_table, triggers_table, split_listen)
+                                 metrics_table, schedules_table, tools_table, triggers_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
-                                  MemoryConfig, MetricsConfig, TelemetryConfig, ToolsConfig, TriggersConfig)
+                                  MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
+                                  TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
-           "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "TelemetryConfig",
-           "ToolsConfig", "home_dir",
+           "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
+           "TelemetryConfig", "ToolsConfig", "home_dir",
            "load_config", "parse_config", "split_listen", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
@@ -50,6 +51,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     triggers: TriggersConfig = field(default_factory=TriggersConfig)
+    schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -156,6 +158,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     telemetry = expect(data.get("telemetry", {}), dict, "telemetry", "a table")
     if "otel" in telemetry:
         cfg.telemetry.otel = expect(telemetry["otel"], bool, "telemetry.otel", "a boolean")
+    cfg.schedules = schedules_table(data)
     split_listen(cfg.api.listen_addr)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config.tables import ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, ToolsConfig, TriggersConfig
+from agentd.config.tables import (ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, SchedulesConfig, ToolsConfig,
+                                  TriggersConfig)
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -203,3 +204,25 @@ def triggers_table(data: dict[str, Any]) -> TriggersConfig:
             raise ConfigError("config key triggers.rate_limit_per_minute: must be between 1 and 10000")
         triggers.rate_limit_per_minute = rate
     return triggers
+
+
+def schedules_table(data: dict[str, Any]) -> SchedulesConfig:
+    """The `[schedules]` table."""
+    table = expect(data.get("schedules", {}), dict, "schedules", "a table")
+    cfg = SchedulesConfig()
+    if "enabled" in table:
+        cfg.enabled = expect(table["enabled"], bool, "schedules.enabled", "a boolean")
+    for key, low, high in (("failure_backoff_after", 1, 1000), ("delivery_attempts", 1, 20),
+                           ("max_jobs_per_agent", 1, 100_000)):
+        if key in table:
+            value = expect(table[key], int, f"schedules.{key}", "an integer")
+            if not low <= value <= high:
+                raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
+            setattr(cfg, key, value)
+    for key, low, high in (("backoff_max_secs", 1, 7 * 86400), ("misfire_grace_secs", 0, 86400)):
+        if key in table:
+            value = expect(table[key], (int, float), f"schedules.{key}", "a number")
+            if not low <= value <= high:
+                raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
+            setattr(cfg, key, float(value))
+    return cfg

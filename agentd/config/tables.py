@@ -139,3 +139,18 @@ class TelemetryConfig:
 
     # Traces also start when OTEL_EXPORTER_OTLP_ENDPOINT is set; the OTEL_* variables configure them.
     otel: bool = False
+
+
+@dataclass
+class SchedulesConfig:
+    """The `[schedules]` table: cron jobs and manifest schedules (agentd/schedules/)."""
+
+    # false: jobs are kept and can be edited, but none fires on this daemon.
+    enabled: bool = True
+    # Provider failures in a row after which a job's due times are skipped, backing off.
+    failure_backoff_after: int = 3
+    backoff_max_secs: float = 3600.0
+    # A due time found later than this (the daemon was down) is missed: the job's catch_up applies.
+    misfire_grace_secs: float = 60.0
+    delivery_attempts: int = 5
+    max_jobs_per_agent: int = 50

@@ -131,11 +131,59 @@ def define_entities(db: Database) -> SimpleNamespace:
 
     memory = define_memory_entities(db)
     autonomy = define_autonomy_entities(db)
+    schedules = define_schedule_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow, **memory, **autonomy, **define_openai_entities(db))
+                           AuditRow=AuditRow, **memory, **autonomy, **schedules, **define_openai_entities(db))
+
+
+def define_schedule_entities(db: Database) -> dict[str, Any]:
+    """Cron jobs and their runs (agentd/schedules/). `agent_id` is a plain column: killing
+    an agent deletes its jobs through the scheduler, and a run record outlives its job's
+    agent in no way that needs a key. Times the scheduler compares in SQL are Unix seconds."""
+
+    class CronJobRow(db.Entity):
+        _table_ = "cron_jobs"
+        id = PrimaryKey(str)
+        name = Required(str)
+        agent_id = Optional(str, default="", index=True)  # "" for a workflow job
+        schedule = Required(orm.Json)
+        action = Required(orm.Json)
+        delivery = Required(orm.Json)
+        enabled = Required(bool, default=True)
+        one_shot = Required(bool, default=False)
+        catch_up = Required(str, default="skip")
+        max_runs_per_day = Optional(int, nullable=True)
+        max_cost_usd_per_day = Optional(float, nullable=True, optimistic=False)
+        # The next due time; NULL while the job is paused or has nothing left to run. The
+        # ticker's one query reads this index; a daemon claims a due time by moving it on.
+        next_due = Optional(float, nullable=True, index=True, optimistic=False)
+        # Where the job comes from: api, tool, manifest (the agent's manifest schedule).
+        origin = Required(str, default="api")
+        paused_reason = Optional(str, nullable=True)
+        failures = Required(int, default=0)  # provider failures in a row
+        backoff_until = Optional(float, nullable=True, optimistic=False)
+        last_run = Optional(orm.Json, nullable=True)
+        created_at = Required(datetime)
+
+    class CronRunRow(db.Entity):
+        _table_ = "cron_runs"
+        id = PrimaryKey(str)
+        job_id = Required(str, index=True)
+        daemon_id = Required(str)
+        due_at = Optional(float, nullable=True)
+        started_at = Required(float, optimistic=False)
+        finished_at = Optional(float, nullable=True, optimistic=False)
+        status = Required(str, index=True)  # ok, failed, skipped, running
+        reason = Optional(str, default="")
+        cost_usd = Optional(float, nullable=True, optimistic=False)
+        output = Optional(orm.LongStr, nullable=True)
+        error = Optional(orm.LongStr, nullable=True)
+        delivery = Optional(orm.Json, nullable=True)
+
+    return {"CronJobRow": CronJobRow, "CronRunRow": CronRunRow}
 
 
 def define_memory_entities(db: Database) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class TriggerLifecycle:
         for condition in proactive_conditions(handle.manifest.toml_text):
             self.store.create(handle.id, source="manifest", **condition)
 
+    def loaded(self, handle: AgentHandle) -> None:
+        pass  # the triggers are rows of the database already
+
     def killed(self, handle: AgentHandle) -> None:
         self.store.delete_for_agent(handle.id)
 

@@ -23,6 +23,7 @@ DEFAULTS = {
     "resources": {"max_llm_tokens_per_hour": 0, "max_iterations": None, "tool_timeout_secs": 120.0},
     "autonomous": {"max_iterations": 50},
     "identity": {"emoji": "🤖", "avatar_url": None, "color": "#3fb950"},
+    "schedule": {"kind": "reactive"},
 }
 
 

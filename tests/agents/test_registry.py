@@ -372,7 +372,8 @@ ALL = ["file_read", "file_write", "file_list", "create_directory", "apply_patch"
        "browser_navigate", "browser_click", "browser_type", "browser_screenshot", "browser_read_page",
        "browser_close", "browser_scroll", "browser_wait", "browser_back", "browser_run_js",
        "image_analyze", "media_describe", "media_transcribe", "speech_to_text", "text_to_speech", "image_generate",
-       "docker_exec"]
+       "docker_exec", "schedule_create", "schedule_list", "schedule_delete", "cron_create", "cron_list",
+       "cron_cancel"]
 UNGATED = [n for n in ALL if n not in ("shell_exec", "web_fetch", "web_search", "agent_spawn", "docker_exec",
                                        "a2a_discover", "a2a_send")
            and not n.startswith(("process_", "browser_"))]

@@ -163,7 +163,7 @@ def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
     h = mgr.spawn(manifest("p", 'system_prompt = "Be exact."\nmax_tokens = 321\ntemperature = 1.5\n'))
     got = params_of(mgr, h)
     assert (got["system"], got["max_tokens"], got["temperature"], got["model"]) == ("Be exact.", 321, 1.5, "gpt-4o")
-    assert got["n_tools"] == 33  # the ungated tools
+    assert got["n_tools"] == 39  # every ungated tool, the six scheduling tools included
     got = params_of(mgr, h, RunOptions(max_tokens=77, temperature=0.0, extra_system="Also this."))
     assert (got["system"], got["max_tokens"], got["temperature"]) == ("Be exact.\n\nAlso this.", 77, 0.0), \
         "BUG: temperature 0 from the request was replaced by the manifest's"

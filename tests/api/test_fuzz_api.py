@@ -128,6 +128,13 @@ CONFIG = CONFIG_HEAD + "".join([
         "fetch_allow_hosts: files and settings on the server."),
     acceptance_off("skills.delete",
         "The name must be a skill installed on this daemon (server state)."),
+    acceptance_off(["cron.create", "cron.update"],
+        "A job names an agent and a workflow that exist now, a cron expression that matches dates, "
+        "a known time zone, an `at` time in the future and a configured channel: server state and "
+        "rules JSON Schema cannot state."),
+    acceptance_off("cron.run",
+        "Run now answers 409 while the job's previous run is still going or the job is over its "
+        "daily cap (documented): server state."),
     acceptance_off(["memory.add_relation", "memory.import_memory"],
         "A relation's ends must name entities that exist (in the agent's graph, or for an import "
         "in the document); ids must be unique within an import document: server state and "

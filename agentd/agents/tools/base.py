@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -51,6 +51,8 @@ class ToolContext:
     skills: list[Any] | None = None
     # The A2A client the a2a_* tools call remote agents with (agentd/a2a/client.py).
     a2a: Any = None
+    # The cron jobs the schedule_* and cron_* tools manage (agentd/schedules/jobs.py).
+    cron: Any = None
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:

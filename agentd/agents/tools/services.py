@@ -63,6 +63,9 @@ class ToolServices:
     def spawned(self, handle: Any) -> None:
         pass
 
+    def loaded(self, handle: Any) -> None:
+        pass
+
     def killed(self, handle: Any) -> None:
         self.processes.release(handle.id)
         self.browsers.close(handle.id)

@@ -108,3 +108,4 @@ from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels,
                               overview,
                               workflows)
 from agentd.api.pages import skills  # noqa: E402,F401
+from agentd.api.pages import schedules  # noqa: E402,F401

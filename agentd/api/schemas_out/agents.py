@@ -132,6 +132,7 @@ class MessageResultSchema(Out):
 class SessionMessageSchema(Out):
     role = Str()
     content = Str()
+    source = fields.String(metadata={"description": "`cron`: a user message a cron job sent (absent otherwise)"})
 
 
 class SessionSchema(Out):

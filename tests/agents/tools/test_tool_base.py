@@ -50,7 +50,8 @@ def test_registry_lookup_and_order() -> None:
     names = [t.name for t in all_tools()]
     assert names[:5] == ["file_read", "file_write", "file_list", "create_directory", "apply_patch"]
     assert names.index("system_time") < names.index("process_start") < names.index("docker_exec")
-    assert len(names) == len(set(names)) == len(REGISTRY)
+    assert names[-6:] == ["schedule_create", "schedule_list", "schedule_delete", "cron_create", "cron_list",
+                          "cron_cancel"] and len(names) == len(set(names)) == len(REGISTRY)
     listed = all_tools()
     listed.clear()
     assert all_tools(), "BUG: all_tools must hand out a copy, not the registry"

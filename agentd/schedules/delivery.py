@@ -1,0 +1,102 @@
+"""Where a job's result goes: a channel (through the adapter's sender) or a signed webhook.
+
+A delivery runs after the agent's run ended and never runs the agent again: a failed
+attempt is recorded on the run (`delivery: {status, attempts, error}`) and retried with
+backoff (agentd/retry.py) up to `[schedules] delivery_attempts`.
+
+Webhook: `POST <url>` with the JSON body `{"job": {id, name, agent_id}, "run": {id, status,
+started_at, finished_at, cost_usd}, "output": "..."}` and `X-Agentd-Signature:
+sha256=<hex HMAC-SHA256 of the body>` under the secret in the environment variable the job's
+`secret_env` names. Any 2xx answer is delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from agentd import hmacs
+from agentd.retry import Backoff
+
+log = logging.getLogger("agentd.schedules")
+
+SIGNATURE_HEADER = "X-Agentd-Signature"
+TIMEOUT_SECS = 10.0
+
+
+def signature(secret: str, body: bytes) -> str:
+    return "sha256=" + hmacs.hex_digest(secret, body)
+
+
+class Delivery:
+    """`send_channel(name, text, target)` is the channel manager's sender; `record(run_id,
+    state)` writes the run's delivery state."""
+
+    def __init__(self, send_channel: Callable[[str, str, str], Any], record: Callable[[str, dict[str, Any]], None],
+                 attempts: int, stopping: threading.Event, initial_delay: float = 1.0,
+                 max_delay: float = 60.0) -> None:
+        self.send_channel = send_channel
+        self.record = record
+        self.attempts = attempts
+        self.stopping = stopping
+        self.initial_delay = initial_delay
+        self.max_delay = max_delay
+
+    def start(self, job: dict[str, Any], run: dict[str, Any], output: str) -> dict[str, Any] | None:
+        """Begin delivering (on a thread of its own); the run's first delivery state, None
+        for a job without delivery."""
+        target = job["delivery"]
+        if target.get("kind", "none") == "none":
+            return None
+        thread = threading.Thread(target=self._deliver, args=(target, job, run, output),
+                                  name=f"agentd-cron-delivery-{run['id'][:8]}", daemon=True)
+        thread.start()
+        return {"status": "pending", "attempts": 0, "error": None}
+
+    def _deliver(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+        try:
+            self._attempts(target, job, run, output)
+        except Exception as exc:  # noqa: BLE001 - e.g. the database closed by a shutdown meanwhile
+            log.warning("cron job %s: delivery state not recorded: %s", job["name"], exc)
+
+    def _attempts(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+        backoff = Backoff(self.initial_delay, self.max_delay)
+        error = ""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self._send_once(target, job, run, output)
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded and retried
+                error = (getattr(exc, "message", None) or str(exc) or type(exc).__name__)[:500]
+                last = attempt == self.attempts
+                self.record(run["id"], {"status": "failed" if last else "retrying", "attempts": attempt,
+                                        "error": error})
+                log.warning("cron job %s: delivery attempt %d failed: %s", job["name"], attempt, error)
+                if last or backoff.wait(self.stopping):
+                    return
+                continue
+            self.record(run["id"], {"status": "delivered", "attempts": attempt, "error": None})
+            return
+
+    def _send_once(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+        if target["kind"] == "channel":
+            self.send_channel(target["channel"], output, target.get("chat_id", ""))
+            return
+        import requests
+
+        secret = os.environ.get(target.get("secret_env") or "", "")
+        if target.get("secret_env") and not secret:
+            raise RuntimeError(f"the environment variable {target['secret_env']} (secret_env) is not set")
+        body = json.dumps({"job": {"id": job["id"], "name": job["name"], "agent_id": job["agent_id"] or None},
+                           "run": {key: run.get(key) for key in ("id", "status", "started_at", "finished_at",
+                                                                "cost_usd")},
+                           "output": output}, ensure_ascii=False).encode("utf-8")
+        headers = {"Content-Type": "application/json", "User-Agent": "agentd-cron"}
+        if secret:
+            headers[SIGNATURE_HEADER] = signature(secret, body)
+        response = requests.post(target["url"], data=body, headers=headers, timeout=TIMEOUT_SECS,
+                                 allow_redirects=False)
+        if not 200 <= response.status_code < 300:
+            raise RuntimeError(f"webhook answered HTTP {response.status_code}")

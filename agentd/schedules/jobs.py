@@ -1,0 +1,287 @@
+"""Cron jobs as the API, the tools, the CLI and the dashboard see them: validation, create,
+list, read, change, delete (firing is agentd/schedules/scheduler.py).
+
+A job (`POST /api/cron/jobs`):
+
+    {"name", "agent_id" (id or name), "schedule": {kind: cron|every|at, ...},
+     "action": {kind: agent_turn, message} | {kind: workflow_run, workflow_id, input},
+     "delivery": {kind: none} | {kind: channel, channel, chat_id?} | {kind: webhook, url, secret_env?},
+     "enabled", "one_shot", "catch_up": skip|once, "max_runs_per_day", "max_cost_usd_per_day"}
+
+Every 400 names the field at fault.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+import uuid
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from agentd.agents.handle import MESSAGE_LIMIT
+from agentd.config import SchedulesConfig
+from agentd.errors import BadRequest, Conflict, NotFound
+from agentd.schedules.spec import parse_schedule, schedule_from_json
+from agentd.schedules.store import CronStore
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
+CATCH_UP = ("skip", "once")
+FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
+          "max_runs_per_day", "max_cost_usd_per_day"}
+PUBLIC = ("id", "name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
+          "max_runs_per_day", "max_cost_usd_per_day", "next_run_at", "last_run", "paused_reason", "origin",
+          "created_at")
+
+
+def is_loopback_host(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _text(data: dict[str, Any], key: str, field: str, *, required: bool = True, limit: int = 2048) -> str:
+    value = data.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise BadRequest(f"{field}: must be a non-empty string")
+    if len(value.encode("utf-8")) > limit:
+        raise BadRequest(f"{field}: too long (max {limit} bytes)")
+    return value
+
+
+def _only(data: dict[str, Any], allowed: set[str], field: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BadRequest(f"{field}.{unknown[0]}: unknown field")
+
+
+def parse_action(data: Any, workflow_exists: Callable[[str], bool]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BadRequest("action: must be an object with kind agent_turn or workflow_run")
+    kind = data.get("kind")
+    if kind == "agent_turn":
+        _only(data, {"kind", "message", "timeout_secs"}, "action")
+        message = _text(data, "message", "action.message", limit=MESSAGE_LIMIT)
+        action: dict[str, Any] = {"kind": "agent_turn", "message": message}
+        if "timeout_secs" in data:
+            timeout = data["timeout_secs"]
+            if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 86400:
+                raise BadRequest("action.timeout_secs: must be an integer between 1 and 86400")
+            action["timeout_secs"] = timeout
+        return action
+    if kind == "workflow_run":
+        _only(data, {"kind", "workflow_id", "input"}, "action")
+        workflow_id = _text(data, "workflow_id", "action.workflow_id", limit=100)
+        text = data.get("input", "")
+        if not isinstance(text, str):
+            raise BadRequest("action.input: must be a string")
+        if len(text.encode("utf-8")) > MESSAGE_LIMIT:
+            raise BadRequest("action.input: too long (max 64 KB)")
+        if not workflow_exists(workflow_id):
+            raise BadRequest(f"action.workflow_id: no workflow {workflow_id!r}")
+        return {"kind": "workflow_run", "workflow_id": workflow_id, "input": text}
+    raise BadRequest("action.kind: must be agent_turn or workflow_run")
+
+
+def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict[str, Any]:
+    if data is None:
+        return {"kind": "none"}
+    if not isinstance(data, dict):
+        raise BadRequest("delivery: must be an object with kind none, channel or webhook")
+    kind = data.get("kind")
+    if kind == "none":
+        _only(data, {"kind"}, "delivery")
+        return {"kind": "none"}
+    if kind == "channel":
+        _only(data, {"kind", "channel", "chat_id"}, "delivery")
+        channel = _text(data, "channel", "delivery.channel", limit=100)
+        if not channel_configured(channel):
+            raise BadRequest(f"delivery.channel: channel {channel!r} is not configured")
+        return {"kind": "channel", "channel": channel,
+                "chat_id": _text(data, "chat_id", "delivery.chat_id", required=False, limit=512)}
+    if kind == "webhook":
+        _only(data, {"kind", "url", "secret_env"}, "delivery")
+        url = _text(data, "url", "delivery.url")
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if not host or parts.scheme not in ("https", "http") or (parts.scheme == "http"
+                                                                   and not is_loopback_host(host)):
+            raise BadRequest("delivery.url: must be an https:// URL (http:// only to a loopback address)")
+        secret_env = _text(data, "secret_env", "delivery.secret_env", limit=200)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", secret_env):
+            raise BadRequest("delivery.secret_env: must be an environment variable name")
+        return {"kind": "webhook", "url": url, "secret_env": secret_env}
+    raise BadRequest("delivery.kind: must be none, channel or webhook")
+
+
+def _limit(data: dict[str, Any], key: str, integer: bool) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if not ok or value <= 0 or (not integer and value != value):
+        raise BadRequest(f"{key}: must be {'an integer' if integer else 'a number'} greater than 0, or null")
+    return value if integer else float(value)
+
+
+class CronJobs:
+    """The jobs; `resolve_agent(ref)` finds an agent by id or name (None: unknown),
+    `workflow_exists(id)`, `channel_configured(name)`; `changed()` wakes the ticker."""
+
+    def __init__(self, store: CronStore, settings: SchedulesConfig, resolve_agent: Callable[[str], Any],
+                 workflow_exists: Callable[[str], bool], channel_configured: Callable[[str], bool],
+                 changed: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.settings = settings
+        self.resolve_agent = resolve_agent
+        self.workflow_exists = workflow_exists
+        self.channel_configured = channel_configured
+        self.changed = changed
+
+    # -- validation ----------------------------------------------------------------------
+    def _agent_id(self, ref: Any, action: dict[str, Any]) -> str:
+        if ref is None and action["kind"] == "workflow_run":
+            return ""
+        if not isinstance(ref, str) or not ref.strip():
+            raise BadRequest("agent_id: must be an agent's id or name")
+        handle = self.resolve_agent(ref.strip())
+        if handle is None:
+            raise BadRequest(f"agent_id: no agent {ref!r}")
+        return handle.id
+
+    def validate(self, data: Any, partial: bool = False) -> dict[str, Any]:
+        """The stored fields of a job body (`partial`: a PATCH, only the fields given)."""
+        if not isinstance(data, dict):
+            raise BadRequest("request body: must be a JSON object")
+        unknown = sorted(set(data) - FIELDS)
+        if unknown:
+            raise BadRequest(f"{unknown[0]}: unknown field")
+        out: dict[str, Any] = {}
+        if not partial:
+            for key in ("name", "schedule", "action"):
+                if key not in data:
+                    raise BadRequest(f"{key}: required")
+        if "name" in data:
+            name = data["name"]
+            if not isinstance(name, str) or not NAME.match(name):
+                raise BadRequest("name: 1-128 characters: letters, digits, spaces and - _ . : @")
+            out["name"] = name
+        if "schedule" in data:
+            out["schedule"] = parse_schedule(data["schedule"]).to_json()
+        if "action" in data:
+            out["action"] = parse_action(data["action"], self.workflow_exists)
+        if "delivery" in data or not partial:
+            out["delivery"] = parse_delivery(data.get("delivery"), self.channel_configured)
+        for key in ("enabled", "one_shot"):
+            if key in data:
+                if not isinstance(data[key], bool):
+                    raise BadRequest(f"{key}: must be true or false")
+                out[key] = data[key]
+        if "catch_up" in data:
+            if data["catch_up"] not in CATCH_UP:
+                raise BadRequest("catch_up: must be skip or once")
+            out["catch_up"] = data["catch_up"]
+        if "max_runs_per_day" in data:
+            out["max_runs_per_day"] = _limit(data, "max_runs_per_day", True)
+        if "max_cost_usd_per_day" in data:
+            out["max_cost_usd_per_day"] = _limit(data, "max_cost_usd_per_day", False)
+        return out
+
+    # -- operations ----------------------------------------------------------------------
+    def create(self, data: Any, origin: str = "api") -> dict[str, Any]:
+        fields = self.validate(data)
+        if "agent_id" not in data and fields["action"]["kind"] == "agent_turn":
+            raise BadRequest("agent_id: required")
+        fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"])
+        return self.add(fields, origin)
+
+    def add(self, fields: dict[str, Any], origin: str) -> dict[str, Any]:
+        """Store validated fields as a new job (its first due time computed here)."""
+        if fields["agent_id"] and self.store.count(fields["agent_id"]) >= self.settings.max_jobs_per_agent:
+            raise Conflict(f"the agent has {self.settings.max_jobs_per_agent} cron jobs already "
+                           f"(max_jobs_per_agent)")
+        fields.setdefault("enabled", True)
+        fields["origin"] = origin
+        schedule = schedule_from_json(fields["schedule"])
+        fields["next_due"] = schedule.first_due(time.time()) if fields["enabled"] else None
+        if fields["enabled"] and fields["next_due"] is None:
+            raise BadRequest("schedule.at: must be in the future")
+        job = self.store.create(fields)
+        self.changed()
+        return self.view(job)
+
+    @staticmethod
+    def _key(job_id: Any) -> str | None:
+        """The job id as stored (a UUID), None for anything that cannot be one."""
+        try:
+            return str(uuid.UUID(job_id)) if isinstance(job_id, str) else None
+        except ValueError:
+            return None
+
+    def get_raw(self, job_id: str) -> dict[str, Any]:
+        key = self._key(job_id)
+        job = self.store.get(key) if key else None
+        if job is None:
+            raise NotFound("cron job not found")
+        return job
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self.view(self.get_raw(job_id))
+
+    def list(self, agent_id: str | None = None) -> list[dict[str, Any]]:
+        return [self.view(j) for j in self.store.list(agent_id)]
+
+    def update(self, job_id: str, data: Any) -> dict[str, Any]:
+        job = self.get_raw(job_id)
+        changes = self.validate(data, partial=True)
+        action = changes.get("action", job["action"])
+        if "agent_id" in data:
+            changes["agent_id"] = self._agent_id(data["agent_id"], action)
+        elif action["kind"] == "agent_turn" and not job["agent_id"]:
+            raise BadRequest("agent_id: required for an agent_turn action")
+        enabled = changes.get("enabled", job["enabled"])
+        if "enabled" in changes or "schedule" in changes:
+            if enabled:
+                schedule = schedule_from_json(changes.get("schedule", job["schedule"]))
+                changes["next_due"] = schedule.first_due(time.time())
+                if changes["next_due"] is None:
+                    raise BadRequest("schedule.at: must be in the future")
+                if changes.get("enabled"):
+                    changes.update(paused_reason=None, failures=0, backoff_until=None)
+            else:
+                changes["next_due"] = None
+        updated = self.store.update(job["id"], **changes)
+        if updated is None:
+            raise NotFound("cron job not found")
+        self.changed()
+        return self.view(updated)
+
+    def delete(self, job_id: str) -> None:
+        key = self._key(job_id)
+        if key is None or not self.store.delete(key):
+            raise NotFound("cron job not found")
+        self.changed()
+
+    def delete_agent_jobs(self, agent_id: str) -> int:
+        ids = self.store.agent_jobs(agent_id)
+        for job_id in ids:
+            self.store.delete(job_id)
+        if ids:
+            self.changed()
+        return len(ids)
+
+    def runs(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        job = self.get_raw(job_id)
+        return self.store.runs(job["id"], limit)
+
+    @staticmethod
+    def view(job: dict[str, Any]) -> dict[str, Any]:
+        out = {key: job[key] for key in PUBLIC}
+        out["agent_id"] = job["agent_id"] or None
+        return out

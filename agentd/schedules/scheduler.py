@@ -1,0 +1,283 @@
+"""The ticker: fires each due time of each enabled job once, on one daemon.
+
+One thread sleeps until the earliest `next_due` of all jobs (one indexed query), or until a
+job changes on this daemon, and then reads the jobs due now (a second indexed query).
+For each, it claims the due time (a conditional UPDATE moving `next_due` on: on a shared
+PostgreSQL database only one daemon wins) and then decides:
+
+* backing off after provider failures in a row -> the due time is recorded `skipped`;
+* missed (later than `misfire_grace_secs`, the daemon was down): `catch_up = skip` records
+  it `skipped`, `once` runs once -- never one run per missed time;
+* the previous run still going -> `skipped` ("previous run still running");
+* over `max_runs_per_day` / `max_cost_usd_per_day` (UTC days) -> the job is paused
+  (`enabled: false`, `paused_reason`) and audited;
+* else the run starts on the run pool: an agent turn through the one run path
+  (`Runs.start(RunRequest(..., origin="schedule"))`) or a workflow run, then the delivery.
+
+A run record left `running` by a daemon that died is failed by the cluster heartbeat
+(`reap`), as the lease reaper fails agent runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Executor
+from typing import Any, Callable
+
+from agentd.agents.events import Event
+from agentd.agents.handle import RunOptions
+from agentd.agents.listeners import AgentListeners
+from agentd.agents.loop import RunCancelled
+from agentd.agents.runs import CALLER, RunRequest, Runs
+from agentd.config import SchedulesConfig
+from agentd.errors import AgentdError, Conflict
+from agentd.llm.think import strip_think
+from agentd.retry import backoff_delay
+from agentd.schedules.delivery import Delivery
+from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
+from agentd.schedules.store import CronStore
+
+log = logging.getLogger("agentd.schedules")
+
+# The longest sleep without looking at the database: jobs created or changed on other
+# daemons of a shared database are seen within this (changes here wake the ticker at once).
+IDLE_SECS = 5.0
+BACKOFF_INITIAL_SECS = 60.0
+OUTPUT_LIMIT = 64 * 1024
+
+Audit = Callable[[str, str, dict[str, Any]], None]
+
+
+class Scheduler:
+    def __init__(self, store: CronStore, settings: SchedulesConfig, daemon_id: str, runs: Runs,
+                 find_agent: Callable[[str], Any], run_workflow: Callable[[str, str], dict[str, Any]],
+                 delivery: Delivery, listeners: AgentListeners, audit: Audit, executor: Executor,
+                 wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.daemon_id = daemon_id
+        self.runs = runs
+        self.find_agent = find_agent
+        self.run_workflow = run_workflow
+        self.delivery = delivery
+        self.listeners = listeners
+        self.audit = audit
+        self.executor = executor
+        # The daemons alive on a shared database (None: this daemon is alone).
+        self.live_daemons = live_daemons
+        # Set when a job changes on this daemon (CronJobs is given its `set`).
+        self._wake = wake or threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        # A run this daemon left running belongs to its previous life; alone on the
+        # database, every run left running does.
+        if self.live_daemons is None:
+            self.store.fail_running("the daemon stopped while the run was in progress")
+        else:
+            self.store.fail_running("daemon {daemon} restarted while the run was in progress", daemon_id=self.daemon_id)
+        if not self.settings.enabled:
+            return
+        self._thread = threading.Thread(target=self._loop, name="agentd-scheduler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def wake(self) -> None:
+        """A job changed: look at the due times again now."""
+        self._wake.set()
+
+    def reap(self) -> None:
+        """On the cluster heartbeat: fail the running runs of daemons that are gone."""
+        if self.live_daemons is None:
+            return
+        for run_id, job_id in self.store.fail_running(
+                "daemon {daemon} stopped while the run was in progress (its lease expired)",
+                except_live=self.live_daemons() | {self.daemon_id}):
+            log.warning("cron run %s of job %s failed: its daemon is gone", run_id, job_id)
+            self.audit("cron.run_failed", job_id, {"run_id": run_id})
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                earliest = self.store.earliest()
+                now = time.time()
+                if earliest is not None and earliest <= now:
+                    self.tick(now)
+                    continue
+                wait = IDLE_SECS if earliest is None else min(IDLE_SECS, earliest - now)
+            except Exception:  # noqa: BLE001 - a database hiccup must not end the ticker
+                log.exception("scheduler tick failed")
+                wait = IDLE_SECS
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    # -- firing --------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        for job_id, due in self.store.due(now):
+            if self._stop.is_set():
+                return
+            try:
+                self._due(job_id, due, now)
+            except Exception:  # noqa: BLE001 - one broken job must not stop the others
+                log.exception("cron job %s: due time not handled", job_id)
+
+    def _due(self, job_id: str, due: float, now: float) -> None:
+        job = self.store.get(job_id)
+        if job is None or job["next_due"] != due:
+            return
+        schedule = schedule_from_json(job["schedule"])
+        following = None if job["one_shot"] else schedule.next_after(now, anchor=due)
+        if not self.store.claim(job_id, due, following):
+            return  # another daemon took this due time
+        finished = following is None
+        if finished:  # one-shot (or an `at` time): nothing left to run
+            self.store.update(job_id, enabled=False, next_due=None)
+        missed = now - due > self.settings.misfire_grace_secs
+        if job["backoff_until"] is not None and now < job["backoff_until"]:
+            self.store.add_run(job_id, self.daemon_id, due, "skipped",
+                               f"backing off after {job['failures']} failed runs in a row "
+                               f"(until {iso_seconds(job['backoff_until'])})")
+            return
+        if missed and job["catch_up"] == "skip":
+            self.store.add_run(job_id, self.daemon_id, due, "skipped",
+                               "missed while the daemon was not running (catch_up: skip)")
+            return
+        self.fire(job, due, "catch-up of a missed due time (catch_up: once)" if missed else "")
+
+    def fire(self, job: dict[str, Any], due: float | None, reason: str = "") -> dict[str, Any]:
+        """Run the job now unless it overlaps or is over a cap; the run record."""
+        if self.store.running(job["id"]):
+            run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", "previous run still running")
+            return self.store.get_run(run_id)  # type: ignore[return-value]
+        over = self._over_cap(job, time.time())
+        if over:
+            return self.pause(job, over, due)
+        run_id = self.store.add_run(job["id"], self.daemon_id, due, "running", reason)
+        self.executor.submit(self._execute, job, run_id)
+        return self.store.get_run(run_id)  # type: ignore[return-value]
+
+    def run_now(self, job: dict[str, Any]) -> dict[str, Any]:
+        """POST /api/cron/jobs/{id}/run: 409 while a run is going or the job is over a cap."""
+        if self.store.running(job["id"]):
+            raise Conflict("the job's previous run is still running")
+        over = self._over_cap(job, time.time())
+        if over:
+            self.pause(job, over, None)
+            raise Conflict(f"the job is paused: {over}")
+        return self.fire(job, None, "run now")
+
+    def _over_cap(self, job: dict[str, Any], now: float) -> str:
+        runs, cost = self.store.today(job["id"], day_start(now))
+        if job["max_runs_per_day"] is not None and runs >= job["max_runs_per_day"]:
+            return f"max_runs_per_day reached ({runs} runs today, UTC)"
+        if job["max_cost_usd_per_day"] is not None and cost >= job["max_cost_usd_per_day"]:
+            return f"max_cost_usd_per_day reached (${cost:.4f} today, UTC)"
+        return ""
+
+    def pause(self, job: dict[str, Any], reason: str, due: float | None) -> dict[str, Any]:
+        self.store.update(job["id"], enabled=False, next_due=None, paused_reason=reason)
+        run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", f"job paused: {reason}")
+        self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": reason})
+        log.warning("cron job %s paused: %s", job["name"], reason)
+        return self.store.get_run(run_id)  # type: ignore[return-value]
+
+    # -- one run ---------------------------------------------------------------------------
+    def _execute(self, job: dict[str, Any], run_id: str) -> None:
+        output, error, cost = None, None, None
+        try:
+            if job["action"]["kind"] == "workflow_run":
+                result = self.run_workflow(job["action"]["workflow_id"], job["action"].get("input", ""))
+                output, error = result.get("output"), result.get("error")
+            else:
+                output, cost = self._agent_turn(job)
+        except AgentdError as exc:
+            error = exc.message
+        except RunCancelled:
+            error = ("run cancelled (timeout_secs passed or the daemon is stopping)"
+                     if job["action"].get("timeout_secs") else "run cancelled (the daemon is stopping)")
+        except Exception as exc:  # noqa: BLE001 - the run record must close whatever failed
+            log.exception("cron job %s: run crashed", job["name"])
+            error = f"internal error: {type(exc).__name__}: {exc}"
+        status = "failed" if error else "ok"
+        output = None if output is None else output[:OUTPUT_LIMIT]
+        run = self.store.get_run(run_id) or {"id": run_id}
+        run.update(status=status, finished_at=iso_seconds(time.time()), cost_usd=cost)
+        delivery = self.delivery.start(job, run, output or "") if status == "ok" else None
+        self.store.finish_run(run_id, status, output, error, cost, delivery)
+        self.audit("cron.run", job["name"], {"job_id": job["id"], "run_id": run_id, "status": status,
+                                             "source": "cron"})
+        self._after(job, status)
+
+    def _after(self, job: dict[str, Any], status: str) -> None:
+        """Failures in a row back off; a run that crossed the cost cap pauses the job."""
+        fresh = self.store.get(job["id"])
+        if fresh is None:
+            return
+        if status == "ok":
+            if fresh["failures"] or fresh["backoff_until"]:
+                self.store.update(job["id"], failures=0, backoff_until=None)
+        else:
+            failures = fresh["failures"] + 1
+            changes: dict[str, Any] = {"failures": failures}
+            limit = self.settings.failure_backoff_after
+            if failures >= limit:
+                delay = backoff_delay(failures - limit, BACKOFF_INITIAL_SECS, self.settings.backoff_max_secs,
+                                      jitter=0.0)
+                changes["backoff_until"] = time.time() + delay
+                self.audit("cron.job_backoff", job["name"], {"job_id": job["id"], "failures": failures,
+                                                             "backoff_secs": delay})
+            self.store.update(job["id"], **changes)
+        if fresh["enabled"] and fresh["max_cost_usd_per_day"] is not None:
+            over = self._over_cap(fresh, time.time())
+            if over.startswith("max_cost"):
+                self.store.update(job["id"], enabled=False, next_due=None, paused_reason=over)
+                self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": over})
+
+    def _agent_turn(self, job: dict[str, Any]) -> tuple[str, float | None]:
+        handle = self.find_agent(job["agent_id"])
+        if handle is None:
+            raise AgentdError(f"agent {job['agent_id']} not found")
+        message = job["action"]["message"]
+        sockets = self.listeners.of(handle.id)
+        for socket in sockets:
+            socket.send("message", content=message, source="cron", job_id=job["id"], job_name=job["name"])
+            socket.send("typing", state="start")
+
+        def emit(event: Event) -> None:
+            for socket in sockets:
+                socket.on_event(event)
+
+        request = RunRequest(handle, message, options=RunOptions(source="cron"), emit=emit if sockets else None,
+                             on=CALLER, origin="schedule", from_client=False)
+        timeout = job["action"].get("timeout_secs")
+        try:
+            ticket = self.runs.start(request)
+            if timeout:
+                timer = threading.Timer(timeout, request.cancel.set)
+                timer.daemon = True
+                timer.start()
+            try:
+                result = ticket.result()
+            finally:
+                if timeout:
+                    timer.cancel()
+        except Exception as exc:
+            for socket in sockets:
+                socket.send("typing", state="stop")
+                socket.send("error", content=getattr(exc, "message", None) or "internal error")
+            raise
+        for socket in sockets:
+            socket.send("typing", state="stop")
+            socket.send("response", content=result.response, input_tokens=result.usage.input_tokens,
+                        output_tokens=result.usage.output_tokens, iterations=result.iterations,
+                        cost_usd=result.cost_usd)
+        return strip_think(result.response).strip(), result.cost_usd

@@ -1,0 +1,162 @@
+"""A job's schedule: validation and its due times.
+
+Three kinds, as the API and the `cron_create` tool write them:
+
+* `{"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"}` -- a standard 5-field cron
+  expression (croniter) read in an IANA zone (default UTC);
+* `{"kind": "every", "every_secs": 60}` -- a fixed interval from the job's first due time;
+* `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means UTC).
+
+Due times are Unix seconds (UTC). A cron expression is walked in the zone's wall-clock time
+and each wall time is mapped to one instant: a time the spring-forward gap skips runs at the
+same wall time of the new offset, a time the fall-back hour repeats runs at its first occurrence
+only, so a change of daylight-saving time neither skips nor doubles a run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from agentd.errors import BadRequest
+
+KINDS = ("cron", "every", "at")
+# A cron walk that finds no instant after this many wall times is a schedule that never fires
+# (`0 0 30 2 *`, February 30th): such an expression is refused when created.
+_MAX_STEPS = 1000
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    expr: str = ""
+    every_secs: int = 0
+    at: float = 0.0  # Unix seconds
+    tz: str = "UTC"
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "cron":
+            return {"kind": "cron", "expr": self.expr, "tz": self.tz}
+        if self.kind == "every":
+            return {"kind": "every", "every_secs": self.every_secs}
+        return {"kind": "at", "at": iso_seconds(self.at)}
+
+    def first_due(self, now: float) -> float | None:
+        """The first due time strictly after `now` (an `at` in the past: None)."""
+        if self.kind == "every":
+            return now + self.every_secs
+        if self.kind == "at":
+            return self.at if self.at > now else None
+        return self.next_after(now)
+
+    def next_after(self, after: float, anchor: float | None = None) -> float | None:
+        """The first due time strictly after `after`; `anchor` is a past due time of an
+        interval (intervals keep their phase). None: there is none (`at`)."""
+        if self.kind == "at":
+            return self.at if self.at > after else None
+        if self.kind == "every":
+            if anchor is None:
+                return after + self.every_secs
+            steps = math.floor((after - anchor) / self.every_secs) + 1
+            return anchor + max(1, steps) * self.every_secs
+        zone = ZoneInfo(self.tz)
+        # (Loaded with the first cron job, not by an idle daemon.)
+        from croniter import CroniterBadDateError, croniter
+
+        local = datetime.fromtimestamp(after, timezone.utc).astimezone(zone).replace(tzinfo=None)
+        walk = croniter(self.expr, local)
+        for _ in range(_MAX_STEPS):
+            try:
+                wall = walk.get_next(datetime)
+            except CroniterBadDateError:  # an expression that never matches a date
+                return None
+            instant = _instant(wall, zone)
+            if instant > after:
+                return instant
+        return None
+
+
+def _instant(wall: datetime, zone: ZoneInfo) -> float:
+    """The instant of a wall-clock time in `zone`: its first occurrence when the fall-back
+    hour repeats it; a time inside the spring-forward gap is read with the offset before the
+    gap (02:30 that does not exist runs at 03:30 of the new offset)."""
+    return wall.replace(tzinfo=zone, fold=0).timestamp()
+
+
+def iso_seconds(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(text: Any, field: str) -> float:
+    """An ISO 8601 time (no offset: UTC) as Unix seconds; 400 naming `field` otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z")
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
+    """A schedule object as the API takes it; 400 naming the field at fault."""
+    if not isinstance(data, dict):
+        raise BadRequest(f"{field}: must be an object with kind cron, every or at")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise BadRequest(f"{field}.kind: must be one of cron, every, at")
+    allowed = {"cron": {"kind", "expr", "tz"}, "every": {"kind", "every_secs"}, "at": {"kind", "at"}}[kind]
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BadRequest(f"{field}.{unknown[0]}: unknown field for kind {kind}")
+    if kind == "cron":
+        from croniter import croniter
+
+        expr = data.get("expr")
+        if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
+            raise BadRequest(f"{field}.expr: must be a 5-field cron expression (minute hour day month weekday)")
+        tz = data.get("tz", "UTC")
+        if tz is None:
+            tz = "UTC"
+        if not isinstance(tz, str) or not tz:
+            raise BadRequest(f"{field}.tz: must be an IANA time zone name, e.g. Europe/Berlin")
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise BadRequest(f"{field}.tz: unknown time zone {tz!r}") from None
+        schedule = Schedule("cron", expr=" ".join(expr.split()), tz=tz)
+        if schedule.next_after(datetime.now(timezone.utc).timestamp()) is None:
+            raise BadRequest(f"{field}.expr: the expression never matches a date")
+        return schedule
+    if kind == "every":
+        secs = data.get("every_secs")
+        if isinstance(secs, bool) or not isinstance(secs, int) or not 1 <= secs <= 366 * 86400:
+            raise BadRequest(f"{field}.every_secs: must be an integer of at least 1")
+        return Schedule("every", every_secs=secs)
+    return Schedule("at", at=parse_time(data.get("at"), f"{field}.at"))
+
+
+def schedule_from_json(data: dict[str, Any]) -> Schedule:
+    """A stored schedule (already validated)."""
+    kind = data["kind"]
+    if kind == "cron":
+        return Schedule("cron", expr=data["expr"], tz=data.get("tz") or "UTC")
+    if kind == "every":
+        return Schedule("every", every_secs=int(data["every_secs"]))
+    return Schedule("at", at=parse_time(data["at"], "at"))
+
+
+def day_start(now: float) -> float:
+    """Midnight UTC of the day of `now` (the per-day caps count from there)."""
+    day = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day.timestamp()
+
+
+__all__ = ["KINDS", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]

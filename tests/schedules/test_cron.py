@@ -1,0 +1,389 @@
+"""Cron jobs through the real daemon with one-second intervals: the API's shapes and
+refusals, firing counts, no overlap, one-shot, caps that pause, provider failures that back
+off, run now, workflow actions, delivery to a signed webhook and to a fake ntfy server,
+manifest schedules kept with their agent, the tools, and the WebSocket broadcast."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
+
+import pytest
+import websocket
+
+from channel_fixtures import CHANNEL_ENV, wait_for
+from conftest import LLM_ENV, llm_config
+from fakes.ntfy import FakeNtfy
+from support import Daemon, agentd_env, make_home, stop_shared
+
+SECRET = "cron-webhook-secret"
+
+
+class Receiver:
+    """A local webhook endpoint: records each POST; answers `status`."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                receiver.posts.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+                self.send_response(receiver.status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def on(self, path: str) -> list[dict[str, Any]]:
+        return [p for p in self.posts if p["path"] == path]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, fake_llm) -> Iterator[tuple[Daemon, Receiver, FakeNtfy]]:
+    receiver = Receiver()
+    ntfy = FakeNtfy(CHANNEL_ENV["NTFY_TOKEN"]).start()
+    extra = ('\n[schedules]\nmisfire_grace_secs = 30\ndelivery_attempts = 2\n'
+             f'\n[channels.ntfy]\ntopic = "cron-out"\nserver_url = "{ntfy.url}"\ntoken_env = "NTFY_TOKEN"\n')
+    home = make_home(tmp_path_factory.mktemp("cron"), llm_config(fake_llm, extra))
+    daemon = Daemon(home, env_extra={**LLM_ENV, **CHANNEL_ENV, "CRON_SECRET": SECRET}).start()
+    yield daemon, receiver, ntfy
+    stop_shared(daemon)
+    ntfy.stop()
+    receiver.server.shutdown()
+
+
+def spawn(d: Daemon, name: str, extra: str = "") -> str:
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n{extra}'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"]
+
+
+def job(d: Daemon, **fields: Any) -> dict[str, Any]:
+    body = {"schedule": {"kind": "every", "every_secs": 1}, **fields}
+    r = d.post("/api/cron/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def runs(d: Daemon, job_id: str) -> list[dict[str, Any]]:
+    r = d.get(f"/api/cron/jobs/{job_id}/runs")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ran(d: Daemon, job_id: str, status: str = "ok") -> list[dict[str, Any]]:
+    return [r for r in runs(d, job_id) if r["status"] == status]
+
+
+def turn(message: str) -> dict[str, str]:
+    return {"kind": "agent_turn", "message": message}
+
+
+def test_jobs_api_shapes_and_refusals(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "shapes")
+    created = job(d, name="nightly report", agent_id="shapes",
+                  schedule={"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"},
+                  action=turn("write the report"), max_runs_per_day=2, max_cost_usd_per_day=0.5)
+    assert created["agent_id"] == agent_id  # a name is accepted and stored as the id
+    assert created["schedule"] == {"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"}
+    assert created["delivery"] == {"kind": "none"}
+    assert (created["enabled"], created["one_shot"], created["catch_up"]) == (True, False, "skip")
+    assert (created["max_runs_per_day"], created["max_cost_usd_per_day"]) == (2, 0.5)
+    assert created["last_run"] is None and created["paused_reason"] is None
+    assert created["next_run_at"].endswith(("00:30:00Z", "01:30:00Z"))  # 02:30 in Berlin, in UTC
+    assert d.get(f"/api/cron/jobs/{created['id']}").json() == created
+    assert created["id"] in [j["id"] for j in d.get("/api/cron/jobs").json()]
+    assert [j["id"] for j in d.get("/api/cron/jobs", params={"agent_id": "shapes"}).json()] == [created["id"]]
+
+    paused = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
+    assert paused.status_code == 200 and paused.json()["enabled"] is False and paused.json()["next_run_at"] is None
+    resumed = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": True}).json()
+    assert resumed["enabled"] is True and resumed["next_run_at"] == created["next_run_at"]
+
+    bad = [({"name": "x", "agent_id": "shapes", "schedule": {"kind": "cron", "expr": "bad"}, "action": turn("m")},
+            "schedule.expr"),
+           ({"name": "x", "agent_id": "nobody", "schedule": {"kind": "every", "every_secs": 1}, "action": turn("m")},
+            "agent_id"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 0}, "action": turn("m")},
+            "schedule.every_secs"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "at", "at": "2001-01-01T00:00:00Z"},
+             "action": turn("m")}, "schedule.at"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5},
+             "action": {"kind": "agent_turn", "message": " "}}, "action.message"),
+           ({"name": "x", "schedule": {"kind": "every", "every_secs": 5},
+             "action": {"kind": "workflow_run", "workflow_id": "missing"}}, "action.workflow_id"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+             "delivery": {"kind": "webhook", "url": "http://example.com/hook", "secret_env": "S"}}, "delivery.url"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+             "delivery": {"kind": "channel", "channel": "telegram"}}, "delivery.channel"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+             "catch_up": "all"}, "catch_up"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+             "max_runs_per_day": 0}, "max_runs_per_day"),
+           ({"agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m")}, "name"),
+           ({"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+             "colour": "red"}, "colour")]
+    for body, field in bad:
+        r = d.post("/api/cron/jobs", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for method, path in [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/run"), ("GET", "/runs")]:
+        r = d.request(method, f"/api/cron/jobs/{unknown}{path}", json={} if method in ("PATCH", "POST") else None)
+        assert r.status_code == 404 and r.json() == {"error": "cron job not found"}, (method, path, r.text)
+    assert d.delete(f"/api/cron/jobs/{created['id']}").json() == {"status": "removed", "job_id": created["id"]}
+    assert d.get(f"/api/cron/jobs/{created['id']}").status_code == 404
+
+
+def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "ticker")
+    created = job(d, name="tick", agent_id=agent_id, action=turn("[[reply:tock]]"))
+    wait_for(lambda: len(ran(d, created["id"])) >= 2, 10, what="two runs")
+    d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
+    done = ran(d, created["id"])
+    assert all(r["output"] == "tock" and r["error"] is None and r["cost_usd"] > 0 for r in done)
+    dues = [r["due_at"] for r in runs(d, created["id"])]
+    assert len(dues) == len(set(dues))  # each due time once
+    # The runs are the agent's like any other: its session, the audit trail.
+    session = d.get(f"/api/agents/{agent_id}/session").json()["messages"]
+    assert session[:2] == [{"role": "User", "content": "[[reply:tock]]", "source": "cron"},
+                           {"role": "Assistant", "content": "tock"}]
+    audit = d.get("/api/audit/recent", params={"event": "cron.run", "limit": 200}).json()
+    assert any(e["detail"].get("job_id") == created["id"] and e["detail"].get("source") == "cron" for e in audit)
+    time.sleep(0.3)  # a run that had started when the job was paused ends
+    count = len(runs(d, created["id"]))
+    time.sleep(1.2)
+    assert len(runs(d, created["id"])) == count  # paused: nothing more
+    last = d.get(f"/api/cron/jobs/{created['id']}").json()["last_run"]
+    assert last["status"] == "ok"
+
+
+def test_overlapped_due_times_are_recorded_skipped(env) -> None:
+    d, _, _ = env
+    spawn(d, "overlap")
+    created = job(d, name="overlap", agent_id="overlap", action=turn("[[slow:1.6]] slow answer"))
+    wait_for(lambda: ran(d, created["id"], "ok"), 10, what="the slow run")
+    d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
+    history = runs(d, created["id"])
+    skipped = [r for r in history if r["status"] == "skipped"]
+    assert skipped and all(r["reason"] == "previous run still running" for r in skipped)
+    starts = sorted((r["started_at"], r["finished_at"]) for r in history if r["status"] in ("ok", "running"))
+    assert all(a[1] is None or a[1] <= b[0] for a, b in zip(starts, starts[1:]))  # never two at once
+
+
+def test_a_one_shot_job_runs_once_then_is_disabled(env) -> None:
+    d, _, _ = env
+    spawn(d, "once")
+    created = job(d, name="once", agent_id="once", action=turn("[[reply:done once]]"), one_shot=True)
+    wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    time.sleep(1.1)
+    assert [r["output"] for r in runs(d, created["id"])] == ["done once"]
+    after = d.get(f"/api/cron/jobs/{created['id']}").json()
+    assert after["enabled"] is False and after["next_run_at"] is None
+
+
+def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
+    d, _, _ = env
+    spawn(d, "capped")
+    created = job(d, name="capped", agent_id="capped", action=turn("[[reply:ok]]"), max_runs_per_day=2)
+    paused = wait_for(lambda: (j := d.get(f"/api/cron/jobs/{created['id']}").json())["paused_reason"] and j, 10,
+                      what="the pause")
+    assert paused["enabled"] is False and paused["next_run_at"] is None
+    assert paused["paused_reason"] == "max_runs_per_day reached (2 runs today, UTC)"
+    assert len(ran(d, created["id"])) == 2
+    audit = d.get("/api/audit/recent", params={"event": "cron.job_paused"}).json()
+    assert any(e["detail"] == {"job_id": created["id"], "reason": paused["paused_reason"]} for e in audit)
+    # Run now refuses too; resuming does not reset today's count.
+    r = d.post(f"/api/cron/jobs/{created['id']}/run")
+    assert r.status_code == 409 and "max_runs_per_day" in r.json()["error"]
+
+
+def test_max_cost_per_day_pauses_the_job(env) -> None:
+    d, _, _ = env
+    spawn(d, "spender")
+    created = job(d, name="spender", agent_id="spender", action=turn("[[reply:costly]]"),
+                  max_cost_usd_per_day=0.00001)
+    paused = wait_for(lambda: (j := d.get(f"/api/cron/jobs/{created['id']}").json())["paused_reason"] and j, 10,
+                      what="the pause")
+    assert paused["paused_reason"].startswith("max_cost_usd_per_day reached ($0.0000")
+    assert len(ran(d, created["id"])) == 1
+
+
+def test_provider_failures_in_a_row_back_off(env) -> None:
+    d, _, _ = env
+    spawn(d, "failing")
+    created = job(d, name="failing", agent_id="failing", action=turn("[[fail:400]] broken"))
+    wait_for(lambda: ran(d, created["id"], "skipped"), 15, what="a due time skipped")
+    d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
+    history = list(reversed(runs(d, created["id"])))
+    assert [r["status"] for r in history[:3]] == ["failed"] * 3
+    assert all(r["error"] for r in history[:3])
+    assert history[3]["status"] == "skipped"
+    assert history[3]["reason"].startswith("backing off after 3 failed runs in a row (until ")
+    # Resuming clears the backoff.
+    resumed = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": True})
+    assert resumed.status_code == 200
+    d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
+
+
+def test_run_now_and_a_workflow_action(env) -> None:
+    d, _, _ = env
+    spawn(d, "flowing")
+    wf = d.post("/api/workflows", json={"name": "wf", "steps": [
+        {"name": "one", "agent": {"name": "flowing"}, "prompt": "[[reply:workflow says hi]] {{input}}"}]})
+    assert wf.status_code == 201, wf.text
+    created = job(d, name="wf job", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action={"kind": "workflow_run", "workflow_id": wf.json()["workflow_id"], "input": "x"})
+    assert created["agent_id"] is None
+    started = d.post(f"/api/cron/jobs/{created['id']}/run")
+    assert started.status_code == 202, started.text
+    assert started.json()["status"] == "running" and started.json()["reason"] == "run now"
+    done = wait_for(lambda: ran(d, created["id"]), 10, what="the workflow run")
+    assert done[0]["output"] == "workflow says hi" and done[0]["id"] == started.json()["id"]
+
+
+def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun(env) -> None:
+    d, receiver, _ = env
+    spawn(d, "hooked")
+    created = job(d, name="hooked", agent_id="hooked", action=turn("[[reply:for the hook]]"), one_shot=True,
+                  delivery={"kind": "webhook", "url": f"{receiver.url}/hook", "secret_env": "CRON_SECRET"})
+    post = wait_for(lambda: receiver.on("/hook"), 10, what="the webhook post")[0]
+    expected = "sha256=" + hmac.new(SECRET.encode(), post["body"], hashlib.sha256).hexdigest()
+    assert post["headers"]["X-Agentd-Signature"] == expected
+    body = json.loads(post["body"])
+    assert body["output"] == "for the hook" and body["job"] == {"id": created["id"], "name": "hooked",
+                                                                 "agent_id": created["agent_id"]}
+    assert body["run"]["status"] == "ok"
+    run = wait_for(lambda: (r := ran(d, created["id"])) and r[0]["delivery"]["status"] == "delivered" and r[0],
+                   5, what="delivery recorded")
+    assert run["delivery"] == {"status": "delivered", "attempts": 1, "error": None}
+
+    receiver.status = 500
+    failing = job(d, name="hook fails", agent_id="hooked", action=turn("[[reply:again]]"), one_shot=True,
+                  delivery={"kind": "webhook", "url": f"{receiver.url}/down", "secret_env": "CRON_SECRET"})
+    run = wait_for(lambda: (r := ran(d, failing["id"])) and r[0]["delivery"]["status"] == "failed" and r[0],
+                   15, what="delivery given up")
+    assert run["delivery"] == {"status": "failed", "attempts": 2, "error": "webhook answered HTTP 500"}
+    assert len(receiver.on("/down")) == 2 and len(runs(d, failing["id"])) == 1  # retried, not re-run
+    receiver.status = 200
+
+
+def test_results_go_to_a_channel_through_its_sender(env) -> None:
+    d, _, ntfy = env
+    spawn(d, "announcer")
+    job(d, name="announce", agent_id="announcer", action=turn("[[think]] [[reply:news of the day]]"),
+        one_shot=True, delivery={"kind": "channel", "channel": "ntfy"})
+    sent = wait_for(lambda: [m for m in ntfy.messages if "news of the day" in m["message"]], 10,
+                    what="the ntfy message")
+    assert sent[0]["topic"] == "cron-out" and "secret reasoning" not in sent[0]["message"]
+
+
+def test_manifest_schedules_follow_the_agent(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "watcher", '[schedule.continuous]\ncheck_interval_secs = 1\nmessage = "[[reply:all quiet]]"\n')
+    jobs = d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()
+    assert [(j["name"], j["schedule"], j["origin"]) for j in jobs] == [
+        ("watcher:continuous", {"kind": "every", "every_secs": 1}, "manifest")]
+    wait_for(lambda: ran(d, jobs[0]["id"]), 10, what="a continuous run")
+    periodic = spawn(d, "reporter", 'schedule = {periodic = {cron = "0 9 * * 1-5", tz = "Asia/Tokyo"}}\n')
+    [report] = d.get("/api/cron/jobs", params={"agent_id": periodic}).json()
+    assert report["name"] == "reporter:periodic"
+    assert report["schedule"] == {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "Asia/Tokyo"}
+    assert report["action"]["message"].startswith("Scheduled check (cron 0 9 * * 1-5)")
+    # Killing an agent removes all its jobs, the API's too.
+    extra = job(d, name="extra", agent_id=agent_id, schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                action=turn("x"))
+    assert d.delete(f"/api/agents/{agent_id}").status_code == 200
+    assert d.get(f"/api/cron/jobs/{extra['id']}").status_code == 404
+    assert d.get(f"/api/cron/jobs/{jobs[0]['id']}").status_code == 404
+    bad = d.post("/api/agents", json={"manifest_toml": 'name = "bad"\nschedule = {periodic = {cron = "nope"}}\n'})
+    assert bad.status_code == 400 and "periodic.cron" in bad.json()["error"]
+
+
+def test_an_agent_schedules_its_own_follow_up_with_the_tools(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "planner", 'profile = "full"\n')
+    args = json.dumps({"description": "remind me about the meeting", "schedule": "tomorrow at 9:00"})
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:schedule_create {args}]]"})
+    assert r.status_code == 200, r.text
+    [created] = d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()
+    assert created["origin"] == "tool" and created["schedule"]["kind"] == "at" and created["one_shot"] is True
+    assert created["action"] == {"kind": "agent_turn", "message": "remind me about the meeting"}
+    assert created["next_run_at"].endswith("T09:00:00Z")
+    cron = json.dumps({"name": "digest", "schedule": {"kind": "cron", "expr": "0 7 * * *"},
+                       "action": {"kind": "agent_turn", "message": "digest"}})
+    d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:cron_create {cron}]]"})
+    listed = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[tool:cron_list {}]]"}).json()
+    assert "digest" in listed["response"] and "remind me" in listed["response"]
+    digest = [j for j in d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() if j["name"] == "digest"][0]
+    gone = d.post(f"/api/agents/{agent_id}/message",
+                  json={"message": f"[[tool:cron_cancel {json.dumps({'job_id': digest['id']})}]]"}).json()
+    assert "cancelled cron job" in gone["response"]
+    assert d.get(f"/api/cron/jobs/{digest['id']}").status_code == 404
+    # Observe mode: none of the tools is offered.
+    d.request("PUT", f"/api/agents/{agent_id}/mode", json={"mode": "Observe"})
+    tools = d.get(f"/api/agents/{agent_id}").json()["capabilities"]["tools"]
+    assert not [t for t in tools if t.startswith(("schedule_", "cron_"))]
+
+
+def test_a_cron_run_is_broadcast_to_the_agents_websockets(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "social")
+    ws = websocket.create_connection(f"ws://127.0.0.1:{d.port}/api/agents/{agent_id}/ws", timeout=10)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        created = job(d, name="chatter", agent_id=agent_id, action=turn("[[reply:hello sockets]]"), one_shot=True)
+        frames = []
+        while not frames or frames[-1]["type"] != "response":
+            frames.append(json.loads(ws.recv()))
+    finally:
+        ws.close()
+    assert frames[0] == {"type": "message", "content": "[[reply:hello sockets]]", "source": "cron",
+                         "job_id": created["id"], "job_name": "chatter"}
+    assert frames[1] == {"type": "typing", "state": "start"}
+    assert frames[-2] == {"type": "typing", "state": "stop"}
+    assert frames[-1]["content"] == "hello sockets"
+
+
+def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
+    d, _, _ = env
+    spawn(d, "clied")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agentd", "cron", *args], capture_output=True, text=True,
+                              env=agentd_env(d.home, d.port), timeout=60)
+
+    added = cli("add", "cli job", "--agent", "clied", "--cron", "0 6 * * *", "--tz", "Europe/Paris",
+                "--message", "[[reply:from the cli]]", "--max-runs-per-day", "5")
+    assert added.returncode == 0, added.stderr
+    [created] = [j for j in d.get("/api/cron/jobs", params={"agent_id": "clied"}).json()]
+    assert added.stdout.startswith(f"created cron job {created['id']}")
+    assert created["action"] == {"kind": "agent_turn", "message": "[[reply:from the cli]]"}
+    assert created["schedule"] == {"kind": "cron", "expr": "0 6 * * *", "tz": "Europe/Paris"}
+    assert created["max_runs_per_day"] == 5
+    assert "cli job" in cli("list").stdout
+    assert cli("run", "cli job").stdout.startswith("started run ")
+    wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    assert cli("pause", "cli job").stdout.strip() == "paused"
+    assert d.get(f"/api/cron/jobs/{created['id']}").json()["enabled"] is False
+    assert cli("resume", created["id"]).stdout.startswith("resumed (next run ")
+    assert cli("rm", "cli job").stdout.strip() == "removed"
+    refused = cli("add", "bad", "--agent", "clied", "--every", "5")
+    assert refused.returncode == 1 and "--message is required" in refused.stderr

@@ -1,0 +1,132 @@
+"""Schedules on a fake clock: due times across daylight-saving changes, monthly and
+interval schedules, validation messages, and the phrases of `schedule_create`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from agentd.errors import BadRequest
+from agentd.schedules.phrases import parse_phrase
+from agentd.schedules.spec import Schedule, parse_schedule
+
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def walk(schedule: Schedule, start: datetime, count: int) -> list[datetime]:
+    """The next `count` due times after `start`, each found from the one before (as the ticker does)."""
+    due, out = start.timestamp(), []
+    for _ in range(count):
+        due = schedule.next_after(due)
+        out.append(datetime.fromtimestamp(due, NEW_YORK))
+    return out
+
+
+def test_a_daily_job_in_the_spring_forward_gap_runs_once_that_day() -> None:
+    # 2026-03-08 02:00 EST jumps to 03:00 EDT: 02:30 does not exist that day.
+    days = walk(parse_schedule({"kind": "cron", "expr": "30 2 * * *", "tz": "America/New_York"}),
+                datetime(2026, 3, 6, 12, tzinfo=timezone.utc), 4)
+    assert [(d.month, d.day) for d in days] == [(3, 7), (3, 8), (3, 9), (3, 10)]
+    assert [d.strftime("%H:%M %Z") for d in days] == ["02:30 EST", "03:30 EDT", "02:30 EDT", "02:30 EDT"]
+
+
+def test_a_daily_job_in_the_repeated_fall_back_hour_runs_once_that_day() -> None:
+    # 2026-11-01 02:00 EDT falls back to 01:00 EST: 01:30 happens twice.
+    days = walk(parse_schedule({"kind": "cron", "expr": "30 1 * * *", "tz": "America/New_York"}),
+                datetime(2026, 10, 30, 12, tzinfo=timezone.utc), 4)
+    assert [(d.month, d.day) for d in days] == [(10, 31), (11, 1), (11, 2), (11, 3)]
+    assert [d.strftime("%H:%M %Z") for d in days] == ["01:30 EDT", "01:30 EDT", "01:30 EST", "01:30 EST"]
+
+
+def test_an_hourly_job_across_spring_forward_neither_doubles_nor_stalls() -> None:
+    days = walk(parse_schedule({"kind": "cron", "expr": "0 * * * *", "tz": "America/New_York"}),
+                datetime(2026, 3, 8, 5, 30, tzinfo=timezone.utc), 3)
+    assert [d.strftime("%H:%M %Z") for d in days] == ["01:00 EST", "03:00 EDT", "04:00 EDT"]
+
+
+def test_a_monthly_job_lands_on_the_last_matching_day() -> None:
+    utc = parse_schedule({"kind": "cron", "expr": "0 9 31 * *"})
+    due = utc.next_after(datetime(2026, 1, 31, 10, tzinfo=timezone.utc).timestamp())
+    assert datetime.fromtimestamp(due, timezone.utc) == datetime(2026, 3, 31, 9, tzinfo=timezone.utc)
+
+
+def test_an_interval_keeps_its_phase() -> None:
+    every = parse_schedule({"kind": "every", "every_secs": 10})
+    assert every.next_after(1000.0, anchor=1000.0) == 1010.0
+    assert every.next_after(1034.5, anchor=1000.0) == 1040.0
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"kind": "cron", "expr": "* * * *"}, "schedule.expr"),
+    ({"kind": "cron", "expr": "0 0 0 * * *"}, "schedule.expr"),
+    ({"kind": "cron", "expr": "61 * * * *"}, "schedule.expr"),
+    ({"kind": "cron", "expr": "0 0 30 2 *"}, "schedule.expr"),
+    ({"kind": "cron", "expr": "0 9 * * *", "tz": "Mars/Olympus"}, "schedule.tz"),
+    ({"kind": "every", "every_secs": 0}, "schedule.every_secs"),
+    ({"kind": "every", "every_secs": 1.5}, "schedule.every_secs"),
+    ({"kind": "every", "every_secs": True}, "schedule.every_secs"),
+    ({"kind": "at", "at": "tomorrow"}, "schedule.at"),
+    ({"kind": "weekly"}, "schedule.kind"),
+    ({"kind": "every", "every_secs": 5, "expr": "x"}, "schedule.expr"),
+    ("0 9 * * *", "schedule"),
+])
+def test_a_bad_schedule_names_its_field(body, field) -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_schedule(body)
+    assert refused.value.message.startswith(field + ":")
+
+
+NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.mark.parametrize("phrase, expected", [
+    ("0 */5 * * *", {"kind": "cron", "expr": "0 */5 * * *", "tz": "UTC"}),
+    ("every 5 minutes", {"kind": "every", "every_secs": 300}),
+    ("Every minute", {"kind": "every", "every_secs": 60}),
+    ("every 2 hours", {"kind": "every", "every_secs": 7200}),
+    ("hourly", {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}),
+    ("daily at 9am", {"kind": "cron", "expr": "0 9 * * *", "tz": "UTC"}),
+    ("daily at 09:30", {"kind": "cron", "expr": "30 9 * * *", "tz": "UTC"}),
+    ("weekdays at 6pm", {"kind": "cron", "expr": "0 18 * * 1-5", "tz": "UTC"}),
+    ("mondays at 8:15", {"kind": "cron", "expr": "15 8 * * 1", "tz": "UTC"}),
+    ("in 20 minutes", {"kind": "at", "at": "2026-09-21T14:33:20Z"}),
+    ("tomorrow at 9:00", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
+    ("9:00 tomorrow", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
+    ("2026-12-01T09:00:00Z", {"kind": "at", "at": "2026-12-01T09:00:00Z"}),
+])
+def test_schedule_create_phrases(phrase, expected) -> None:
+    assert parse_phrase(phrase, now=NOW) == expected
+
+
+@pytest.mark.parametrize("phrase", ["now and then", "every 0 minutes", "daily at 25:00", ""])
+def test_an_unreadable_phrase_is_refused(phrase) -> None:
+    with pytest.raises(BadRequest):
+        parse_phrase(phrase, now=NOW)
+
+
+def test_the_four_manifest_schedules() -> None:
+    from agentd.agents.manifest import ManifestError, parse_manifest
+
+    def schedule_of(toml: str) -> dict:
+        return parse_manifest(f'name = "m"\n{toml}').schedule
+
+    assert schedule_of("") == schedule_of('schedule = "reactive"') == {"kind": "reactive"}
+    assert schedule_of('schedule = {periodic = {cron = "*/15  9-17 * * 1-5"}}') == {
+        "kind": "periodic", "cron": "*/15 9-17 * * 1-5", "tz": "UTC", "message": ""}
+    assert schedule_of('[schedule.continuous]\ncheck_interval_secs = 30\nmessage = "look around"\n') == {
+        "kind": "continuous", "check_interval_secs": 30, "message": "look around"}
+    # Proactive conditions are kept as written, for the trigger engine to read.
+    conditions = 'schedule = {proactive = {conditions = ["memory:inbox/*", {content_match = "alert"}]}}'
+    assert schedule_of(conditions) == {"kind": "proactive",
+                                       "conditions": ["memory:inbox/*", {"content_match": "alert"}]}
+    for bad, says in [('schedule = "sometimes"', "schedule: must be"),
+                      ('schedule = {periodic = {cron = "* * *"}}', "schedule: periodic.cron: must be a 5-field"),
+                      ('schedule = {periodic = {cron = "0 9 * * *", tz = "Nowhere/City"}}', "periodic.tz: unknown"),
+                      ('schedule = {continuous = {check_interval_secs = 0}}', "continuous.check_interval_secs"),
+                      ('schedule = {proactive = {conditions = "x"}}', "proactive.conditions: must be an array"),
+                      ('schedule = {periodic = {cron = "0 9 * * *"}, continuous = {}}', "schedule: must be")]:
+        with pytest.raises(ManifestError) as refused:
+            parse_manifest(f'name = "m"\n{bad}\n')
+        assert says in refused.value.message, (bad, refused.value.message)
