@@ -37,6 +37,7 @@ from agentd.cluster.settings_follow import SettingsFollower
 from agentd.store import Store, open_store
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
+from agentd.apikeys import ApiKeys
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
@@ -73,6 +74,8 @@ class Kernel:
         self.metering = Metering(store, self.catalog, shared=store.shared,
                                  enabled=os.environ.get("AGENTD_BENCH_NO_METERING") != "1")
         self.audit = AuditLog(store)  # the audit trail (agentd/audit.py)
+        # Scoped API keys beside the admin key: scopes, agent lists, budgets, rate limits.
+        self.keys = ApiKeys(store, config.api_key, self.audit.record)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -93,7 +96,8 @@ class Kernel:
         sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
         uploads = Uploads(store)
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
-                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget())
+                         self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
+                         key_budget=self.keys.check_budget)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).

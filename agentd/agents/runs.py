@@ -89,6 +89,25 @@ class RunRequest:
     from_client: bool = True
     # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger.
     origin: str = "api"
+    # The scoped API key the run is paid by ("" : the admin key or nobody's): its budget is
+    # checked before the run and its usage rows name it (agentd/apikeys.py).
+    key_id: str = ""
+    # Whose conversation this is ("user:<name>", "key:<id>", "session:<name>",
+    # "channel:<adapter>:<sender>"; "" for the agent's own session): exchanges remembered
+    # from it are recalled only into the same person's runs.
+    owner: str = ""
+
+
+class _KeyRows(list):
+    """Usage rows that name the scoped key paying for them as they are collected."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__()
+        self.key_id = key_id or None
+
+    def append(self, row: dict[str, Any]) -> None:
+        row["key_id"] = self.key_id
+        super().append(row)
 
 
 class RunTicket:
@@ -140,7 +159,8 @@ class Runs:
     def __init__(self, config: Config, catalog: Catalog, registry: AgentRegistry, sessions: SessionStore,
                  models: ModelCalls, uploads: Uploads, queues: RunQueues, approvals: ApprovalQueue,
                  kv: KvMemory, memory: MemoryService | None = None, cluster: Cluster | None = None,
-                 preflight: Callable[[AgentHandle], None] | None = None) -> None:
+                 preflight: Callable[[AgentHandle], None] | None = None,
+                 key_budget: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -154,6 +174,8 @@ class Runs:
         self.cluster = cluster
         # The budget's refusal (Metering.check_budget), asked before every run.
         self.preflight = preflight
+        # A scoped key's own budget (ApiKeys.check_budget), asked before each of its runs.
+        self.key_budget = key_budget
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -164,7 +186,10 @@ class Runs:
             check_message(request.text)
         if request.session_id:
             self.sessions.ensure(handle, request.session_id, request.label)
-        self.precheck(handle)
+        self.precheck(handle, request.key_id)
+        if request.session_id and request.on == WORKER:
+            # Another session runs beside the agent's queue; the caller still does not block.
+            return RunTicket(self, request, future=self.queues.executor.submit(self._execute, request, False))
         if request.session_id or request.on == INLINE:
             return RunTicket(self, request)
         job = QueuedRun(lambda _handle: self._execute(request), request.cancel)
@@ -231,7 +256,7 @@ class Runs:
         handle = request.handle
         options = request.options or RunOptions()
         if recheck:
-            self.precheck(handle)
+            self.precheck(handle, request.key_id)
         user, image_refs = self.build_user_message(handle, request.text, request.attachments, options.images)
         session = ConversationSession(request.session_id) if request.session_id else handle
         lock = None if request.session_id else handle.run_lock
@@ -249,9 +274,9 @@ class Runs:
             if self.cluster is not None:
                 return self.cluster.run(handle, cancel, lock_timeout,
                                         lambda complete: self._run_locked(handle, session, user, image_refs, emit,
-                                                                          options, cancel, complete),
+                                                                          options, cancel, complete, request),
                                         completes=True, session_id=session.session_id)
-            return self._run_locked(handle, session, user, image_refs, emit, options, cancel)
+            return self._run_locked(handle, session, user, image_refs, emit, options, cancel, None, request)
         except RunCancelled:
             log.info("run stopped: agent=%s provider=%s model=%s duration=%.2fs", handle.name,
                      handle.provider, handle.model, time.monotonic() - started)
@@ -271,7 +296,8 @@ class Runs:
 
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
-                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None) -> RunResult:
+                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None,
+                    request: RunRequest | None = None) -> RunResult:
         """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
         closes its run record in the transaction that saves the session (see Cluster.run)."""
         sessions = self.sessions
@@ -284,7 +310,8 @@ class Runs:
         refresh_system = None
         if self.memory is not None:
             # Recalled before every model call of the run (unchanged memory is not searched again).
-            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system,
+                                                         owner=self._memory_owner(handle, request))
             system = refresh_system()
         workspace = handle.workspace
         if workspace is None:
@@ -301,7 +328,8 @@ class Runs:
                                          "detail": f"{tool} (approval {approval.id})"}))
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []
-        usage: list[dict[str, Any]] = []  # this run's usage rows, written with its session
+        # This run's usage rows, written with its session, each naming the key that pays.
+        usage: list[dict[str, Any]] = _KeyRows(request.key_id if request is not None else "")
 
         quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
 
@@ -351,7 +379,8 @@ class Runs:
         sessions.save(handle, result.new_messages, image_refs, usage,
                       also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session)
         if self.memory is not None:
-            self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
+            self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response,
+                                       owner=self._memory_owner(handle, request))
         return result
 
     def stop_all(self) -> None:
@@ -359,11 +388,23 @@ class Runs:
         for handle in self.registry.loaded():
             self.queues.cancel(handle)
 
-    def precheck(self, handle: AgentHandle) -> None:
-        """Refusals that must happen before a response starts (quota, budget)."""
+    def precheck(self, handle: AgentHandle, key_id: str = "") -> None:
+        """Refusals that must happen before a response starts (quota, budget, the key's budget)."""
         self._check_quota(handle)
         if self.preflight is not None:
             self.preflight(handle)
+        if key_id and self.key_budget is not None:
+            self.key_budget(key_id)
+
+    def _memory_owner(self, handle: AgentHandle, request: RunRequest | None) -> str | None:
+        """The person whose episodic memory a run sees and adds to; None: the agent shares
+        its episodic memory across sessions (`[memory] share_episodic`, or the manifest's)."""
+        shared = handle.manifest.data.get("memory", {}).get("share_episodic")
+        if shared is None:
+            shared = self.config.memory.share_episodic
+        if shared:
+            return None
+        return request.owner if request is not None else ""
 
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the agent's current run; True when one was running."""

@@ -90,6 +90,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_channels.bp)
     from agentd.api import routes_cluster
     app.register_blueprint(routes_cluster.bp)
+    from agentd.api import routes_keys
+    app.register_blueprint(routes_keys.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

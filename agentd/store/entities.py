@@ -87,6 +87,9 @@ def define_entities(db: Database) -> SimpleNamespace:
         cost_usd = Required(float)
         priced = Required(bool, default=True)
         at = Required(datetime, index=True)
+        # The scoped API key that started the run (agentd/apikeys.py); NULL: the admin key,
+        # a channel, a schedule (schema 6).
+        key_id = Optional(str, nullable=True)
 
     class WorkflowRow(db.Entity):
         """A workflow definition; `steps` holds the validated, normalised steps."""
@@ -129,12 +132,38 @@ def define_entities(db: Database) -> SimpleNamespace:
         subject = Optional(str, default="")
         detail = Optional(orm.Json)
 
+    class ApiKeyRow(db.Entity):
+        """A scoped API key (agentd/apikeys.py). Only a salted hash of its secret is stored."""
+        _table_ = "api_keys"
+        id = PrimaryKey(str)
+        name = Required(str, unique=True)
+        salt = Required(bytes)
+        secret_hash = Required(bytes)
+        scopes = Required(orm.Json)
+        agents = Optional(orm.Json)
+        budget_usd_per_day = Optional(float, nullable=True)
+        budget_usd_per_month = Optional(float, nullable=True)
+        rate_limit_per_minute = Optional(int, nullable=True)
+        expires_at = Optional(datetime, nullable=True)
+        enabled = Required(bool, default=True)
+        created_at = Required(datetime)
+        updated_at = Required(datetime)
+        last_used_at = Optional(datetime, nullable=True)
+
+    class KeyRateRow(db.Entity):
+        """Requests of a key in one UTC minute: the rate limit every daemon on the database counts."""
+        _table_ = "api_key_rate"
+        key_id = Required(str)
+        minute = Required(int, size=64)
+        count = Required(int, default=0)
+        PrimaryKey(key_id, minute)
+
     memory = define_memory_entities(db)
     return SimpleNamespace(Setting=Setting, AgentRow=AgentRow, SessionRow=SessionRow,
                            SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow, **memory)
+                           AuditRow=AuditRow, ApiKeyRow=ApiKeyRow, KeyRateRow=KeyRateRow, **memory)
 
 
 def define_memory_entities(db: Database) -> dict[str, Any]:

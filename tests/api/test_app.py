@@ -47,7 +47,7 @@ def test_create_app_configuration(kernel: Kernel) -> None:
     assert app.static_folder == str(REPO / "static")
     assert app.static_url_path == "/static"
     assert list(app.blueprints) == ["system", "agents", "memory", "stream", "openai", "catalog", "workflows",
-                                    "pages", "docs", "channels", "cluster", "sockets"]
+                                    "pages", "docs", "channels", "cluster", "keys", "sockets"]
     answer = app.test_client().get("/api/health", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert [(k, v) for k, v in answer.headers.items() if k.lower() == "x-agentd-daemon"] == [
         ("X-Agentd-Daemon", kernel.cluster.id)] and kernel.cluster.id

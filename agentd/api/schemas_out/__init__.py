@@ -11,3 +11,4 @@ from agentd.api.schemas_out.base import *  # noqa: F401,F403
 from agentd.api.schemas_out.catalog import *  # noqa: F401,F403
 from agentd.api.schemas_out.channels import *  # noqa: F401,F403
 from agentd.api.schemas_out.memory import *  # noqa: F401,F403
+from agentd.api.schemas_out.keys import *  # noqa: F401,F403
