@@ -107,5 +107,5 @@ def _tokens(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
 
-from agentd.api.pages import (agents, apidoc, auth, catalog, channels, overview,  # noqa: E402,F401
+from agentd.api.pages import (agents, apidoc, auth, catalog, channels, keys, overview,  # noqa: E402,F401
                               workflows)
