@@ -17,6 +17,7 @@ of the usage rows the key paid for) and rate limits (a per-minute counter row).
 from __future__ import annotations
 
 import calendar
+import contextlib
 import fnmatch
 import hashlib
 import hmac
@@ -28,7 +29,7 @@ import time
 import uuid
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from pony import orm
 
@@ -65,6 +66,18 @@ def day_bounds(now: datetime) -> tuple[datetime, datetime]:
 def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     start = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
     return start, start + timedelta(days=calendar.monthrange(now.year, now.month)[1])
+
+
+@contextlib.contextmanager
+def _changing(ref: str) -> Iterator[None]:
+    """A change to a key another request deleted (or renamed onto a taken name) meanwhile
+    is answered like one to a missing key (or a taken name), not with a 500."""
+    try:
+        yield
+    except (orm.UnrepeatableReadError, orm.OptimisticCheckError, orm.ObjectNotFound):
+        raise NotFound(f"API key not found: {ref}") from None
+    except orm.TransactionIntegrityError:
+        raise Conflict("another API key has this name") from None
 
 
 class Principal:
@@ -170,6 +183,8 @@ class ApiKeys:
 
     def resolve(self, ref: str) -> str:
         """The id of the key `ref` names (id or name); 404 when none."""
+        if not ref:
+            raise NotFound("API key not found: (empty)")
         with orm.db_session:
             return self._row(ref).id
 
@@ -193,7 +208,7 @@ class ApiKeys:
             return self._public(row, self.spend(row.id))
 
     def update(self, ref: str, data: dict[str, Any], by: Principal = ADMIN) -> dict[str, Any]:
-        with orm.db_session:
+        with _changing(ref), orm.db_session:
             row = self._row(ref)
             if "name" in data and data["name"] != row.name:
                 if self.store.e.ApiKeyRow.get(name=data["name"]) is not None:
@@ -210,7 +225,7 @@ class ApiKeys:
         return self.get(key_id)
 
     def delete(self, ref: str, by: Principal = ADMIN) -> dict[str, Any]:
-        with orm.db_session:
+        with _changing(ref), orm.db_session:
             row = self._row(ref)
             key_id, name = row.id, row.name
             row.delete()
@@ -221,7 +236,7 @@ class ApiKeys:
         """A new secret for the key; every setting stays and the old secret stops working."""
         secret = secrets.token_urlsafe(32)
         salt = secrets.token_bytes(16)
-        with orm.db_session:
+        with _changing(ref), orm.db_session:
             row = self._row(ref)
             row.salt, row.secret_hash = salt, _hash(secret, salt)
             row.updated_at = _naive(self._now())
@@ -355,10 +370,15 @@ class ApiKeys:
                     retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")
 
 
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
 def parse_expiry(value: str) -> datetime:
-    """An ISO 8601 time (UTC when it names no offset)."""
+    """An RFC 3339 date-time with its offset (`2030-01-01T00:00:00Z`)."""
     try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if not _RFC3339.match(value):
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(f"expires_at is not an ISO 8601 time: {value!r}") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+        raise BadRequest(f"expires_at is not an ISO 8601 date-time with an offset "
+                         f"(2030-01-01T00:00:00Z): {value!r}") from None

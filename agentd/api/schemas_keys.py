@@ -8,7 +8,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, post_load, valid
 
 from agentd.apikeys import SCOPES, parse_expiry
 from agentd.errors import BadRequest
-from agentd.schema_fields import StrictBoolean, StrictFloat
+from agentd.schema_fields import StrictBoolean, StrictFloat, WholeNumber
 
 KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"
 
@@ -39,7 +39,7 @@ class _KeyFields(Schema):
         "description": "Spend allowed per UTC day (null: no daily budget)"})
     budget_usd_per_month = StrictFloat(allow_none=True, validate=validate.Range(min=0, max=1e9), metadata={
         "description": "Spend allowed per UTC calendar month (null: no monthly budget)"})
-    rate_limit_per_minute = fields.Integer(strict=True, allow_none=True, validate=validate.Range(min=1, max=1_000_000),
+    rate_limit_per_minute = WholeNumber(allow_none=True, validate=validate.Range(min=1, max=1_000_000),
                                            metadata={"description": "Requests allowed per minute (null: no limit)"})
     expires_at = fields.String(allow_none=True, metadata={"description": "ISO 8601 expiry (null: never)",
                                                           "format": "date-time"})
@@ -47,7 +47,7 @@ class _KeyFields(Schema):
 
     @post_load
     def _expiry(self, data: dict[str, Any], **_: Any) -> dict[str, Any]:
-        if data.get("expires_at"):
+        if data.get("expires_at") is not None:
             try:
                 data["expires_at"] = parse_expiry(data["expires_at"])
             except BadRequest as exc:

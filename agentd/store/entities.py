@@ -133,22 +133,24 @@ def define_entities(db: Database) -> SimpleNamespace:
         detail = Optional(orm.Json)
 
     class ApiKeyRow(db.Entity):
-        """A scoped API key (agentd/apikeys.py). Only a salted hash of its secret is stored."""
+        """A scoped API key (agentd/apikeys.py). Only a salted hash of its secret is stored.
+        Settings are last-writer-wins (optimistic=False): two admins changing one key at once
+        is no conflict worth a failed request."""
         _table_ = "api_keys"
         id = PrimaryKey(str)
         name = Required(str, unique=True)
-        salt = Required(bytes)
-        secret_hash = Required(bytes)
-        scopes = Required(orm.Json)
-        agents = Optional(orm.Json)
-        budget_usd_per_day = Optional(float, nullable=True)
-        budget_usd_per_month = Optional(float, nullable=True)
-        rate_limit_per_minute = Optional(int, nullable=True)
-        expires_at = Optional(datetime, nullable=True)
-        enabled = Required(bool, default=True)
+        salt = Required(bytes, optimistic=False)
+        secret_hash = Required(bytes, optimistic=False)
+        scopes = Required(orm.Json, optimistic=False)
+        agents = Optional(orm.Json, optimistic=False)
+        budget_usd_per_day = Optional(float, nullable=True, optimistic=False)
+        budget_usd_per_month = Optional(float, nullable=True, optimistic=False)
+        rate_limit_per_minute = Optional(int, nullable=True, optimistic=False)
+        expires_at = Optional(datetime, nullable=True, optimistic=False)
+        enabled = Required(bool, default=True, optimistic=False)
         created_at = Required(datetime)
-        updated_at = Required(datetime)
-        last_used_at = Optional(datetime, nullable=True)
+        updated_at = Required(datetime, optimistic=False)
+        last_used_at = Optional(datetime, nullable=True, optimistic=False)
 
     class KeyRateRow(db.Entity):
         """Requests of a key in one UTC minute: the rate limit every daemon on the database counts."""
