@@ -339,3 +339,32 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     assert d.get(f"/api/keys/{key_id}").status_code == 404
     usage = browser.get(f"{d.url}/usage")
     assert usage.status_code == 200 and 'id="per-key"' in usage.text
+
+
+def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:
+    import websocket
+
+    agent_id, _ = spawn(d, "socket")
+    tag = uuid.uuid4().hex[:6]
+    key = new_key(d, budget_usd_per_day=0.000001)
+    base = d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws?token={key['key']}"
+    ws = websocket.create_connection(f"{base}&user=erin", timeout=10)
+    try:
+        assert json.loads(ws.recv()) == {"type": "connected", "agent_id": agent_id}
+        ws.send(json.dumps({"type": "message", "content": f"{tag} erin one"}))
+        frames = []
+        while not frames or frames[-1]["type"] not in ("response", "error"):
+            frames.append(json.loads(ws.recv()))
+        assert frames[-1]["type"] == "response", frames
+        ws.send(json.dumps({"type": "message", "content": f"{tag} erin two"}))
+        frame = json.loads(ws.recv())
+        assert frame["type"] == "error" and f"API key '{key['name']}' is over its budget" in frame["content"]
+    finally:
+        ws.close()
+    # Erin's exchange went to her session (through this key), not the agent's own.
+    assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
+    reader = new_key(d, scopes=["read"])
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws"
+                                    f"?token={reader['key']}", timeout=10)
+    assert refused.value.status_code == 403
