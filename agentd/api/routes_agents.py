@@ -212,7 +212,12 @@ def profiles():
 @bp.get("/api/approvals")
 @doc("Pending Manual-mode tool calls", tags="approvals", response={"type": "array", "items": out.ApprovalSchema})
 def approvals():
-    return jsonify(kernel().approvals.pending())
+    pending = kernel().approvals.pending()
+    who = principal()
+    if who.agents:  # a key limited to some agents sees their approvals only
+        reachable = {h.id for h in who.visible(kernel().agents.handles())}
+        pending = [p for p in pending if p["agent_id"] in reachable]
+    return jsonify(pending)
 
 
 @bp.post("/api/approvals/<approval_id>/approve")
