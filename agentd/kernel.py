@@ -49,6 +49,7 @@ from agentd.store import Store, open_store
 from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
+from agentd.apikeys import ApiKeys
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
@@ -104,6 +105,8 @@ class Kernel:
         from agentd.triggers.store import TriggerStore
 
         trigger_store = TriggerStore(store, self.audit.record)
+        # Scoped API keys beside the admin key: scopes, agent lists, budgets, rate limits.
+        self.keys = ApiKeys(store, config.api_key, self.audit.record)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -159,7 +162,8 @@ class Kernel:
         self.runs = Runs(config, self.catalog, registry, sessions, models, uploads, queues, self.approvals,
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
                          metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
-                         tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron)
+                         tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron,
+                         key_budget=self.keys.check_budget)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).

@@ -31,7 +31,7 @@ ALERT_LEVELS = ((1.0, "critical", "budget exhausted: {spent} of {limit} spent; n
 
 
 _USAGE_COLUMNS = ("agent_id", "agent_name", "provider", "model", "input_tokens", "output_tokens",
-                  "cost_usd", "priced", "at")
+                  "cost_usd", "priced", "at", "key_id")
 # Pony binds `$name` from the locals mapping passed to execute().
 _INSERT_USAGE = (f"INSERT INTO usage ({', '.join(_USAGE_COLUMNS)}) "
                  f"VALUES ({', '.join('$' + c for c in _USAGE_COLUMNS)})")
@@ -98,7 +98,7 @@ class Metering:
         now = self._now()
         row = {"agent_id": agent_id, "agent_name": agent_name, "provider": provider, "model": model,
                "input_tokens": input_tokens, "output_tokens": output_tokens, "cost_usd": cost or 0.0,
-               "priced": cost is not None, "at": _naive(now)}
+               "priced": cost is not None, "at": _naive(now), "key_id": None}
         if defer is not None:
             defer.append(row)
         else:
@@ -202,26 +202,47 @@ class Metering:
         start, end = month_bounds(self._now())
         return since or start, until or end
 
-    def totals(self, start: datetime, end: datetime) -> dict[str, Any]:
-        """GET /api/usage."""
+    def totals(self, start: datetime, end: datetime, key_id: str | None = None) -> dict[str, Any]:
+        """GET /api/usage (`key_id`: only the calls that scoped key paid for)."""
+        where, params = self._window(start, end, key_id)
         with orm.db_session:
             row = self.store.db.select(
                 "SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
-                "COALESCE(SUM(cost_usd), 0), COUNT(*) FROM usage WHERE at >= $s AND at < $e",
-                {"s": _naive(start), "e": _naive(end)})[0]
+                f"COALESCE(SUM(cost_usd), 0), COUNT(*) FROM usage WHERE {where}", params)[0]
         return {"total_input_tokens": int(row[0]), "total_output_tokens": int(row[1]),
                 "total_cost_usd": round(float(row[2]), 10), "requests": int(row[3]),
                 "period_start": iso(start), "period_end": iso(end)}
 
-    def by_model(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    @staticmethod
+    def _window(start: datetime, end: datetime, key_id: str | None) -> tuple[str, dict[str, Any]]:
+        params: dict[str, Any] = {"s": _naive(start), "e": _naive(end)}
+        where = "at >= $s AND at < $e"
+        if key_id is not None:
+            where += " AND key_id = $k"
+            params["k"] = key_id
+        return where, params
+
+    def by_model(self, start: datetime, end: datetime, key_id: str | None = None) -> list[dict[str, Any]]:
         """GET /api/usage/by-model."""
+        where, params = self._window(start, end, key_id)
         with orm.db_session:
             rows = self.store.db.select(
                 "SELECT model, SUM(input_tokens), SUM(output_tokens), SUM(cost_usd), COUNT(*) FROM usage "
-                "WHERE at >= $s AND at < $e GROUP BY model ORDER BY SUM(cost_usd) DESC, model",
-                {"s": _naive(start), "e": _naive(end)})
+                f"WHERE {where} GROUP BY model ORDER BY SUM(cost_usd) DESC, model", params)
         return [{"model": r[0], "input_tokens": int(r[1]), "output_tokens": int(r[2]),
                  "cost_usd": round(float(r[3]), 10), "requests": int(r[4])} for r in rows]
+
+    def by_key(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """Spend per scoped API key (calls no key paid for, the admin's included, are `key_id` null)."""
+        with orm.db_session:
+            rows = self.store.db.select(
+                "SELECT u.key_id, MAX(k.name), SUM(u.cost_usd), SUM(u.input_tokens), SUM(u.output_tokens), "
+                "COUNT(*) FROM usage u LEFT JOIN api_keys k ON k.id = u.key_id "
+                "WHERE u.at >= $s AND u.at < $e GROUP BY u.key_id ORDER BY SUM(u.cost_usd) DESC",
+                {"s": _naive(start), "e": _naive(end)})
+        return [{"key_id": r[0], "key_name": r[1],
+                 "spent_usd": round(float(r[2]), 10), "input_tokens": int(r[3]), "output_tokens": int(r[4]),
+                 "requests": int(r[5])} for r in rows]
 
     def by_agent(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
         """GET /api/budget/agents."""

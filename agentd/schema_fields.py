@@ -35,6 +35,19 @@ class StrictFloat(fields.Float):
         return float(value)
 
 
+class WholeNumber(fields.Integer):
+    """A JSON integer: 3 and 3.0 (the same number in JSON), never "3", 3.5 or true."""
+
+    default_error_messages = {"invalid": "Not a valid integer."}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class StrictBoolean(fields.Boolean):
     """JSON true/false only: 0, 1, "true" are type errors (marshmallow's truthy sets match 1 == True)."""
 

@@ -67,7 +67,7 @@ class Env:
 
     def manager(self, record_usage: Any = None, preflight: Any = None, write_usage: Any = None,
                 memory: Any = None, cluster: Any = None, audit: Any = "recorder",
-                approvals: Any = None, store: Any = None) -> AgentManager:
+                approvals: Any = None, store: Any = None, key_budget: Any = None) -> AgentManager:
         """The agent services on this store (or `store`), wired as the kernel wires them."""
         approvals = approvals or ApprovalQueue()
         store = store or self.store
@@ -79,7 +79,7 @@ class Env:
         sessions = SessionStore(store, registry, models, write_usage)
         uploads = Uploads(store)
         runs = Runs(self.config, self.catalog, registry, sessions, models, uploads, queues, approvals,
-                    KvMemory(store), memory, cluster, preflight)
+                    KvMemory(store), memory, cluster, preflight, key_budget)
         return AgentManager(registry, sessions, models, uploads, runs)
 
     def close(self) -> None:

@@ -65,7 +65,7 @@ def test_deferred_rows_are_written_by_the_caller_and_counted_at_once(store) -> N
     assert usage_rows(store) == [], "BUG: a deferred row was written before the run's commit"
     assert deferred == [{"agent_id": "a1", "agent_name": "alpha", "provider": "openai", "model": "gpt-4o",
                          "input_tokens": 1000, "output_tokens": 10, "cost_usd": cost, "priced": True,
-                         "at": datetime(2026, 3, 10, 12, 0)}]
+                         "at": datetime(2026, 3, 10, 12, 0), "key_id": None}]
     assert metering.budget()["spent_usd"] == pytest.approx(0.0026), "BUG: a deferred call escapes the budget"
     metering.set_limit(0.0026)
     with pytest.raises(TooManyRequests):

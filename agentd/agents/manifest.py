@@ -117,6 +117,11 @@ class IdentitySchema(_Strict):
     color = fields.String(load_default="#3fb950", validate=validate.Regexp(r"^#[0-9A-Fa-f]{3,8}$"))
 
 
+class MemorySectionSchema(_Strict):
+    # None: the config's `[memory] share_episodic`.
+    share_episodic = fields.Boolean(load_default=None, allow_none=True)
+
+
 class ManifestSchema(_Strict):
     name = fields.String(required=True)
     description = fields.String(load_default="")
@@ -135,6 +140,8 @@ class ManifestSchema(_Strict):
     autonomous = fields.Nested(AutonomousSchema, load_default=lambda: AutonomousSchema().load({}))
     identity = fields.Nested(IdentitySchema, load_default=lambda: IdentitySchema().load({}))
     schedule = ScheduleField(load_default=lambda: dict(REACTIVE))
+    # Only when the manifest has a [memory] table: older manifests' stored form is unchanged.
+    memory = fields.Nested(MemorySectionSchema)
 
     @validates("name")
     def _name(self, value: str, **_: Any) -> None:

@@ -101,6 +101,25 @@ class RunRequest:
     trace: Any = field(default_factory=tracing.capture)
     # The HTTP request that asked for the run (its log lines name it, on any thread).
     request_id: str | None = field(default_factory=logs.request_id)
+    # The scoped API key the run is paid by ("" : the admin key or nobody's): its budget is
+    # checked before the run and its usage rows name it (agentd/apikeys.py).
+    key_id: str = ""
+    # Whose conversation this is ("user:<name>", "key:<id>", "session:<name>",
+    # "channel:<adapter>:<sender>"; "" for the agent's own session): exchanges remembered
+    # from it are recalled only into the same person's runs.
+    owner: str = ""
+
+
+class _KeyRows(list):
+    """Usage rows that name the scoped key paying for them as they are collected."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__()
+        self.key_id = key_id or None
+
+    def append(self, row: dict[str, Any]) -> None:
+        row["key_id"] = self.key_id
+        super().append(row)
 
 
 class RunTicket:
@@ -155,7 +174,8 @@ class Runs:
                  preflight: Callable[[AgentHandle], None] | None = None,
                  metrics: Metrics | None = None, cooperation: Cooperation | None = None,
                  tool_services: ToolServices | None = None, skills: Skills | None = None,
-                 a2a: A2AClient | None = None, cron: Any = None) -> None:
+                 a2a: A2AClient | None = None, cron: Any = None,
+                 key_budget: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -176,6 +196,8 @@ class Runs:
         self.skills = skills  # the installed skills (agentd/skills)
         self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
         self.cron = cron  # the cron jobs the schedule tools manage (agentd/schedules/jobs.py)
+        # A scoped key's own budget (ApiKeys.check_budget), asked before each of its runs.
+        self.key_budget = key_budget
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -186,7 +208,10 @@ class Runs:
             check_message(request.text)
         if request.session_id:
             self.sessions.ensure(handle, request.session_id, request.label)
-        self.precheck(handle)
+        self.precheck(handle, request.key_id)
+        if request.session_id and request.on == WORKER:
+            # Another session runs beside the agent's queue; the caller still does not block.
+            return RunTicket(self, request, future=self.queues.executor.submit(self._execute, request, False))
         if request.session_id or request.on == INLINE:
             return RunTicket(self, request)
         job = QueuedRun(lambda _handle: self._execute(request), request.cancel)
@@ -290,7 +315,7 @@ class Runs:
         handle = request.handle
         options = request.options or RunOptions()
         if recheck:
-            self.precheck(handle)
+            self.precheck(handle, request.key_id)
         user, image_refs = self.build_user_message(handle, request.text, request.attachments, options.images)
         session = ConversationSession(request.session_id) if request.session_id else handle
         lock = None if request.session_id else handle.run_lock
@@ -310,11 +335,10 @@ class Runs:
                 result = self.cluster.run(handle, cancel, lock_timeout,
                                           lambda complete: self._run_locked(handle, session, user, image_refs,
                                                                             emit, options, cancel, complete,
-                                                                            origin=request.origin),
+                                                                            request),
                                           completes=True, session_id=session.session_id)
             else:
-                result = self._run_locked(handle, session, user, image_refs, emit, options, cancel,
-                                          origin=request.origin)
+                result = self._run_locked(handle, session, user, image_refs, emit, options, cancel, None, request)
             outcome = "completed"
             return result
         except RunCancelled:
@@ -341,7 +365,7 @@ class Runs:
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
                     cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None,
-                    origin: str = "") -> RunResult:
+                    request: RunRequest | None = None) -> RunResult:
         """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
         closes its run record in the transaction that saves the session (see Cluster.run)."""
         sessions = self.sessions
@@ -357,13 +381,14 @@ class Runs:
         refresh_system = None
         if self.memory is not None:
             # Recalled before every model call of the run (unchanged memory is not searched again).
-            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system)
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system,
+                                                         owner=self._memory_owner(handle, request))
             system = refresh_system()
         workspace = handle.workspace
         if workspace is None:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
         ctx = ToolContext(agent_id=handle.id, workspace=workspace,
-                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, origin),
+                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, request.origin if request else ""),
                           cancel=cancel, services=self.tool_services, agent_name=handle.name,
                           model=self._model_access(handle), skills=skills, a2a=self.a2a,
                           cron=self.cron)
@@ -376,7 +401,8 @@ class Runs:
                                          "detail": f"{tool} (approval {approval.id})"}))
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []
-        usage: list[dict[str, Any]] = []  # this run's usage rows, written with its session
+        # This run's usage rows, written with its session, each naming the key that pays.
+        usage: list[dict[str, Any]] = _KeyRows(request.key_id if request is not None else "")
 
         quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
 
@@ -427,7 +453,8 @@ class Runs:
                       also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session,
                       source=options.source)
         if self.memory is not None:
-            self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response)
+            self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response,
+                                       owner=self._memory_owner(handle, request))
         return result
 
     def _publish_failure(self, handle: AgentHandle, request: RunRequest, cause: str) -> None:
@@ -444,19 +471,31 @@ class Runs:
         for handle in self.registry.loaded():
             self.queues.cancel(handle)
 
-    def precheck(self, handle: AgentHandle) -> None:
-        """Refusals that must happen before a response starts (quota, budget)."""
+    def precheck(self, handle: AgentHandle, key_id: str = "") -> None:
+        """Refusals that must happen before a response starts (quota, budget, the key's budget)."""
         try:
             self._check_quota(handle)
         except TooManyRequests:
             self._refused("quota", handle)
             raise
-        if self.preflight is not None:
-            try:
+        try:
+            if self.preflight is not None:
                 self.preflight(handle)
-            except TooManyRequests:
-                self._refused("budget", handle)
-                raise
+            if key_id and self.key_budget is not None:
+                self.key_budget(key_id)
+        except TooManyRequests:
+            self._refused("budget", handle)
+            raise
+
+    def _memory_owner(self, handle: AgentHandle, request: RunRequest | None) -> str | None:
+        """The person whose episodic memory a run sees and adds to; None: the agent shares
+        its episodic memory across sessions (`[memory] share_episodic`, or the manifest's)."""
+        shared = handle.manifest.data.get("memory", {}).get("share_episodic")
+        if shared is None:
+            shared = self.config.memory.share_episodic
+        if shared:
+            return None
+        return request.owner if request is not None else ""
 
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the agent's current run; True when one was running."""

@@ -182,12 +182,19 @@ class SessionStore:
 
     def ensure(self, handle: AgentHandle, session_id: str, label: str = "") -> None:
         """Create session `session_id` of the agent (labelled `label`) unless it exists."""
-        with orm.db_session:
-            if self.store.e.SessionRow.get(id=session_id) is None:
-                agent_row = self.store.e.AgentRow.get(id=handle.id)
-                if agent_row is None:
-                    raise NotFound("agent not found")
-                self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None, created_at=utcnow())
+        try:
+            with orm.db_session:
+                if self.store.e.SessionRow.get(id=session_id) is None:
+                    agent_row = self.store.e.AgentRow.get(id=handle.id)
+                    if agent_row is None:
+                        raise NotFound("agent not found")
+                    self.store.e.SessionRow(id=session_id, agent=agent_row, label=label or None,
+                                            created_at=utcnow())
+        except orm.TransactionIntegrityError:
+            # Two first messages of one person at once: the other request created it.
+            with orm.db_session:
+                if self.store.e.SessionRow.get(id=session_id) is None:
+                    raise
 
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         """GET /api/agents/{id}/session."""

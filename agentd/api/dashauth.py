@@ -44,9 +44,12 @@ class Sessions:
         self._revoked: set[str] = set()
         self._lock = threading.Lock()
 
-    def issue(self, authenticated: bool) -> tuple[str, dict[str, Any]]:
-        """A new session (fresh id) and its signed cookie value."""
-        data = {"sid": secrets.token_urlsafe(18), "auth": authenticated}
+    def issue(self, authenticated: bool, key_id: str = "") -> tuple[str, dict[str, Any]]:
+        """A new session (fresh id) and its signed cookie value (`key_id`: logged in with
+        that scoped key rather than the admin key)."""
+        data: dict[str, Any] = {"sid": secrets.token_urlsafe(18), "auth": authenticated}
+        if key_id:
+            data["key"] = key_id
         return self._serializer.dumps(data), data
 
     def read(self, value: str | None) -> dict[str, Any] | None:
@@ -110,12 +113,12 @@ def ensure_session() -> dict[str, Any]:
     return session
 
 
-def start_session(authenticated: bool) -> dict[str, Any]:
+def start_session(authenticated: bool, key_id: str = "") -> dict[str, Any]:
     """A fresh session replacing any old one (a new id on login stops session fixation)."""
     old = current_session()
     if old is not None:
         sessions().revoke(old["sid"])
-    value, session = sessions().issue(authenticated)
+    value, session = sessions().issue(authenticated, key_id)
     g.dash_session = session
     g.dash_set_cookie = value
     return session

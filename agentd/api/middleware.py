@@ -13,12 +13,12 @@ from typing import Iterable
 
 from flask import Flask, Response, g, request
 
-from agentd import hmacs
 from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
 from agentd.api.response_headers import RATE, ResponseHeaders
 from agentd.config import Config
+from agentd.errors import Unauthorized
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
 # The API description documents nothing secret; the page listing it (/api) is
@@ -26,7 +26,7 @@ PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
 PUBLIC_GET |= {"/api/openapi.json", "/api"}
 A2A_CARDS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, X-API-Key, X-Request-Id"
-CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+CORS_ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -76,23 +76,20 @@ def is_agent_card(path: str, method: str) -> bool:
 
 
 def _presented_key() -> str | None:
-    auth = request.headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":  # the scheme is case-insensitive (RFC 7235)
-        return auth[7:].strip()
-    if "X-API-Key" in request.headers:
-        return request.headers["X-API-Key"].strip()
-    return request.args.get("token")
+    from agentd.api.principal import presented_key
+
+    return presented_key()
 
 
 def is_authorized(config: Config) -> bool:
-    """Whether this request carries the configured key (or is loopback with no key set)."""
-    if not config.api_key:
-        return is_loopback(request.remote_addr)
-    presented = _presented_key()
-    if presented is None:
-        # The dashboard's own fetch/SSE calls carry its login cookie instead of the key.
-        return dashauth.cookie_authenticates()
-    return hmacs.same(presented, config.api_key)
+    """Whether this request carries the admin key or a valid scoped key, or a dashboard
+    login (or is loopback with no key set)."""
+    from agentd.api.principal import current
+
+    try:
+        return current(config) is not None
+    except Unauthorized:
+        return False
 
 
 def install_middleware(app: Flask, config: Config, clock=time.monotonic,
@@ -139,6 +136,10 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
                                   code="rate_limit_exceeded", retry_after=decision.retry_after)
         return None
 
+    from agentd.api import principal
+
+    limits = app.extensions.setdefault("agentd.key_limits", principal.KeyLimits())
+
     @app.before_request
     def _auth() -> Response | None:
         req = request._get_current_object()
@@ -146,12 +147,19 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
                 or (config.api_key and is_agent_card(req.path, req.method))):
             # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
             return None
-        if is_authorized(config):
+        try:
+            who = principal.current(config)
+        except Unauthorized as exc:
+            response = error_response(401, exc.message)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        if who is not None:
             if (config.api_key and _presented_key() is None and req.method in STATE_CHANGING
                     and not dashauth.csrf_ok(req.headers.get(dashauth.CSRF_HEADER) or "")):
                 # Authenticated by the dashboard cookie alone: a change needs the CSRF header too.
                 return error_response(403, f"missing or invalid CSRF token: send {dashauth.CSRF_HEADER}")
-            return None
+            # The key's scopes, agent list and rate limit (agentd/api/principal.py).
+            return principal.authorize(who, limits)
         if not config.api_key:
             response = error_response(
                 401, "API key required for non-loopback clients: set api_key in config.toml "

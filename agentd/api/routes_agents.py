@@ -14,6 +14,7 @@ from agentd.agents.runs import check_message
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
+from agentd.api.principal import principal, run_fields
 from agentd.api.runs import run_blocking
 from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema, ModeSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
@@ -23,7 +24,8 @@ bp = Blueprint("agents", __name__)
 
 
 def agent(agent_id: str) -> AgentHandle:
-    return kernel().agents.get(agent_id)
+    """The agent by id; 404 as for an unknown one when the request's key may not reach it."""
+    return principal().reach(kernel().agents.get(agent_id))
 
 
 def message_text(data: dict[str, Any]) -> str:
@@ -82,6 +84,10 @@ def spawn():
 @bp.get("/api/agents")
 @doc("List agents", tags="agents", response={"type": "array", "items": out.AgentItemSchema})
 def list_agents():
+    who = principal()
+    if who.agents:  # a key limited to some agents lists only those
+        agents = kernel().agents
+        return jsonify([agents.list_item(h) for h in who.visible(agents.handles())])
     # The same bytes jsonify() sends, built from per-agent cached texts (agents/listing.py).
     return current_app.response_class(f"{kernel().agents.list_json()}\n", mimetype="application/json")
 
@@ -110,7 +116,8 @@ def message(agent_id: str):
     data = body.load(MESSAGE_SCHEMA)
     text = message_text(data)
     try:
-        result = run_blocking(kernel(), handle, text, data["attachments"])
+        result = run_blocking(kernel(), handle, text, data["attachments"],
+                              run=run_fields(principal(), handle, data.get("user"), data.get("session")))
     except RunCancelled:
         raise Conflict("run cancelled: the agent was stopped before it answered") from None
     return jsonify(result_body(result))
@@ -205,7 +212,12 @@ def profiles():
 @bp.get("/api/approvals")
 @doc("Pending Manual-mode tool calls", tags="approvals", response={"type": "array", "items": out.ApprovalSchema})
 def approvals():
-    return jsonify(kernel().approvals.pending())
+    pending = kernel().approvals.pending()
+    who = principal()
+    if who.agents:  # a key limited to some agents sees their approvals only
+        reachable = {h.id for h in who.visible(kernel().agents.handles())}
+        pending = [p for p in pending if p["agent_id"] in reachable]
+    return jsonify(pending)
 
 
 @bp.post("/api/approvals/<approval_id>/approve")

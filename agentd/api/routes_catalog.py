@@ -10,7 +10,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema
+from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema, UsageQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.schema_fields import StrictBoolean, StrictFloat
@@ -176,11 +176,15 @@ def test_provider(name: str):
 # -- usage and budget ------------------------------------------------------------------
 
 @bp.get("/api/usage")
-@doc("Token and cost totals for a period (default: this month)", tags="usage", query=PeriodQuery,
-     response=out.UsageSchema)
+@doc("Token and cost totals for a period (default: this month)", tags="usage", query=UsageQuery,
+     response=out.UsageSchema, errors={404: "No API key has the id or name `key`"})
 def usage():
     start, end = _window()
-    return jsonify(kernel().metering.totals(start, end))
+    ref = request.args.get("key")
+    if ref is None:
+        return jsonify(kernel().metering.totals(start, end))
+    key_id = kernel().keys.resolve(ref)
+    return jsonify({**kernel().metering.totals(start, end, key_id), "key_id": key_id})
 
 
 @bp.get("/api/usage/by-model")

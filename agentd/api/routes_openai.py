@@ -25,6 +25,7 @@ from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
 from agentd.agents.runs import check_message
 from agentd.api.errors import OPENAI_TYPES, error_response
+from agentd.api.principal import principal, run_fields
 from agentd.api.routes_system import kernel
 from agentd.api.runs import run_blocking
 from agentd.api.sse import encode_compact, format_event
@@ -61,7 +62,7 @@ def resolve_agent(model: str) -> AgentHandle:
     """`agentd:<name>`, then an agent UUID, then a plain agent name."""
     agents = kernel().agents
     handle = agents.by_name(model[len(PREFIX):]) if model.startswith(PREFIX) else agents.find(model)
-    if handle is None or handle.killed:
+    if handle is None or handle.killed or not principal().may_reach(handle):
         raise ModelNotFound(model)
     return handle
 
@@ -257,13 +258,16 @@ def chat_completions():
 def _chat_completions():
     raw = body.json_body()
     refuse_unsupported(raw)
-    handle, text, options, stream, include_usage = parse_request(body.validate(CHAT_REQUEST_SCHEMA, raw))
+    data = body.validate(CHAT_REQUEST_SCHEMA, raw)
+    handle, text, options, stream, include_usage = parse_request(data)
+    # The OpenAI `user` (else a scoped key itself) talks in a session of its own.
+    run = run_fields(principal(), handle, user=data.get("user") or None, own_session=True)
     completion_id = f"chatcmpl-{random_uuid()}"
     created = int(time.time())
     dropped = dropped_params(handle, options.params)
     if stream:
-        return with_dropped(_stream(handle, text, options, completion_id, created, include_usage), dropped)
-    result = run_blocking(kernel(), handle, text, [], options, origin="v1")
+        return with_dropped(_stream(handle, text, options, completion_id, created, include_usage, run), dropped)
+    result = run_blocking(kernel(), handle, text, [], options, origin="v1", run=run)
     message: dict[str, Any] = {"role": "assistant", "content": result.response}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
@@ -312,7 +316,7 @@ def chunk_format(completion_id: str, created: int, model: str) -> Callable[..., 
 
 
 def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: str, created: int,
-            include_usage: bool) -> Response:
+            include_usage: bool, run: dict[str, str] | None = None) -> Response:
     chunk = chunk_format(completion_id, created, handle.name)
 
     def render(event: Event) -> tuple[list[str], bool]:
@@ -341,7 +345,7 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
 
     shape = StreamShape(opening=(chunk({"role": "assistant"}),), render=render, keep_alive=": keep-alive\n\n",
                         closing=("data: [DONE]\n\n",))
-    return stream_run(kernel(), handle, text, [], options, shape, origin="v1")
+    return stream_run(kernel(), handle, text, [], options, shape, origin="v1", run=run)
 
 
 @bp.get("/v1/models")
@@ -351,4 +355,4 @@ def models():
     return jsonify({"object": "list",
                     "data": [{"id": f"{PREFIX}{h.name}", "object": "model",
                               "created": int(h.created_at.timestamp()), "owned_by": "agentd"}
-                             for h in agents.handles()]})
+                             for h in principal().visible(agents.handles())]})

@@ -8,6 +8,7 @@ from agentd.agents.events import Event
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api import body
+from agentd.api.principal import principal, run_fields
 from agentd.api.routes_agents import agent, message_text
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema
@@ -37,7 +38,8 @@ def message_stream(agent_id: str):
         # A bad attachment is a 400 now, not an `error` event after a 200 stream has begun.
         k.runs.build_user_message(handle, text, data["attachments"])
     return stream_run(k, handle, text, data["attachments"], None,
-                      StreamShape(opening=(), render=_render, keep_alive=comment("keep-alive")))
+                      StreamShape(opening=(), render=_render, keep_alive=comment("keep-alive")),
+                      run=run_fields(principal(), handle, data.get("user"), data.get("session")))
 
 
 def _render(event: Event) -> tuple[list[str], bool]:

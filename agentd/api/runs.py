@@ -47,14 +47,16 @@ def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent stre
 
 
 def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
-                 options: RunOptions | None = None, origin: str = "api") -> RunResult:
+                 options: RunOptions | None = None, origin: str = "api",
+                 run: dict[str, str] | None = None) -> RunResult:
     """Run a message for a plain (non-streaming) request and wait for its result.
 
     The wait holds a server thread, so it takes one of the capped long-lived slots; a
     client that disconnects meanwhile withdraws its queued run or stops its running one.
     """
     waiting = handle.busy  # (before the run takes its place)
-    ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, on=CALLER, origin=origin))
+    ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, on=CALLER, origin=origin,
+                                          **(run or {})))
     try:
         acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly",
                             handle if waiting else None)

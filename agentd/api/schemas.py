@@ -43,13 +43,18 @@ class MessageSchema(Schema):
     message = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="message is empty"),
                             metadata={"description": "The message (max 64 KB)", "maxLength": 65536})
     attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list)
+    user = fields.String(validate=validate.Length(min=1, max=256), metadata={
+        "description": "The person talking: the agent answers in a session of this person's own"})
+    session = fields.String(validate=validate.Length(min=1, max=256), metadata={
+        "description": "A named session of the agent to talk in (beats `user`)"})
 
     def fast_load(self, data: dict[str, Any]) -> dict[str, Any] | None:
         """What load() returns for the common body (a non-blank `message` string and no
         `attachments`; other keys dropped as EXCLUDE drops them), without marshmallow's
         per-field machinery, a measurable part of a message's cost; None: use load()."""
         message = data.get("message")
-        if type(message) is not str or "attachments" in data or is_blank(message):
+        if type(message) is not str or "attachments" in data or "user" in data or "session" in data \
+                or is_blank(message):
             return None
         return {"message": message, "attachments": []}
 
@@ -125,6 +130,10 @@ class PeriodQuery(_Query):
     since = fields.String(metadata={"description": "Start, ISO 8601 date or date-time "
                                                    "(default: start of this month)"})
     until = fields.String(metadata={"description": "End, ISO 8601 (default: now); must be after `since`"})
+
+
+class UsageQuery(PeriodQuery):
+    key = fields.String(metadata={"description": "Only what this scoped API key (id or name) paid for"})
 
 
 class TicksQuery(_Query):

@@ -28,8 +28,10 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle
 from agentd.agents.runs import WORKER, RunRequest, RunTicket, check_message
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal, run_fields
 from agentd.api.runs import stream_slots
-from agentd.errors import AgentdError
+from agentd.apikeys import ADMIN, Principal
+from agentd.errors import AgentdError, BadRequest
 from agentd.schema_fields import is_blank
 
 log = logging.getLogger("agentd.ws")
@@ -52,10 +54,16 @@ MESSAGES_PER_MINUTE = 10
 class AgentSocket:
     """One connected client talking to one agent."""
 
-    def __init__(self, ws: Any, kernel: Any, handle: AgentHandle) -> None:
+    def __init__(self, ws: Any, kernel: Any, handle: AgentHandle, who: Principal = ADMIN,
+                 user: str | None = None, session: str | None = None) -> None:
         self.ws = ws
         self.kernel = kernel
         self.handle = handle
+        # Who connected (the key that pays), and the person (`?user=`/`?session=`, or a
+        # frame's `user`/`session`) whose session of the agent a message runs in.
+        self.who = who
+        self.user = user
+        self.session = session
         self._send_lock = threading.Lock()
         self._recent: deque[float] = deque()
         self.open = True
@@ -121,8 +129,12 @@ class AgentSocket:
             self.on_event(event)
 
         try:
+            user, session = frame.get("user") or self.user, frame.get("session") or self.session
+            if not isinstance(user, (str, type(None))) or not isinstance(session, (str, type(None))):
+                raise BadRequest("'user' and 'session' must be strings")
             ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
-                                                       origin="ws"))
+                                                       origin="ws", **run_fields(self.who, self.handle, user,
+                                                                                 session)))
         except AgentdError as exc:  # quota, budget, the agent's queue is full
             self.send("error", content=exc.message)
             return
@@ -273,7 +285,7 @@ def register_sockets(app: Flask) -> _LazySock:
     def _check_agent() -> None:
         # Refuse unknown agents with a plain 404 before the upgrade happens.
         if request.view_args and "agent_id" in request.view_args:
-            current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"])
+            principal().reach(current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"]))
 
     @sock.route("/api/agents/<agent_id>/ws", bp=bp)
     @doc("WebSocket: talk to an agent", tags="agents", websocket=True, ok=101, errors={
@@ -287,7 +299,8 @@ def register_sockets(app: Flask) -> _LazySock:
             ws.send(json.dumps({"type": "error", "content": "too many concurrent streams; try again shortly"}))
             return
         try:
-            AgentSocket(ws, kernel, handle).serve()
+            AgentSocket(ws, kernel, handle, principal(), request.args.get("user") or None,
+                        request.args.get("session") or None).serve()
         finally:
             slots.release()
 

@@ -56,14 +56,15 @@ class StreamShape:
 
 
 def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list,
-               options: RunOptions | None, shape: StreamShape, origin: str = "sse") -> Response:
+               options: RunOptions | None, shape: StreamShape, origin: str = "sse",
+               run: dict[str, str] | None = None) -> Response:
     """Start streaming `text` to `handle` as Server-Sent Events; refusals are raised here."""
     acquire_stream_slot(kernel, handle=handle)
     slots = stream_slots()
     try:
         stream = WrittenStream(shape, kernel.config.api.sse_keepalive_secs)
         claimed = kernel.runs.start(RunRequest(handle, text, attachments, options, emit=stream.deliver,
-                                               cancel=stream.cancel, on=CALLER, origin=origin))
+                                               cancel=stream.cancel, on=CALLER, origin=origin, **(run or {})))
     except BaseException:
         slots.release()
         raise

@@ -329,7 +329,7 @@ class ChannelManager:
                     pass
                 reply = "Started a new conversation."
             else:
-                reply = self._run(adapter, handle, conversation, msg.text)
+                reply = self._run(adapter, handle, conversation, msg.text, msg.sender_id)
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
             error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             log.warning("channel %s: message %s failed: %s", name, msg.message_id, error)
@@ -362,7 +362,8 @@ class ChannelManager:
     def _session_id(agent_id: str, key: str) -> str:
         return str(uuid.uuid5(SESSION_NS, f"{agent_id}|{key}"))
 
-    def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str) -> str:  # type: ignore[no-untyped-def]
+    def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
+             sender: str = "") -> str:
         done = threading.Event()
 
         def typing() -> None:
@@ -379,7 +380,8 @@ class ChannelManager:
             # The conversation's own session of the agent: its history is never another's.
             result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel",
                                                 session_id=self._session_id(handle.id, conversation.key),
-                                                label=conversation.key)).result()
+                                                label=conversation.key,
+                                                owner=f"channel:{adapter.name}:{sender}")).result()
         finally:
             done.set()
         return strip_think(result.response).strip()

@@ -162,6 +162,8 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
         raise ConfigError("config key memory.embedding_model: required when memory.embedding_provider is set")
     if "auto_remember" in table:
         memory.auto_remember = expect(table["auto_remember"], bool, "memory.auto_remember", "a boolean")
+    if "share_episodic" in table:
+        memory.share_episodic = expect(table["share_episodic"], bool, "memory.share_episodic", "a boolean")
     if "recall_limit" in table:
         limit = expect(table["recall_limit"], int, "memory.recall_limit", "an integer")
         if not 0 <= limit <= 50:

@@ -126,6 +126,8 @@ class MemoryConfig:
     decay_floor: float = 0.1
     consolidate_every_hours: float = 24.0
     auto_remember: bool = True
+    # Exchanges remembered from one person's session are recalled into everyone's (one user).
+    share_episodic: bool = False
     recall_limit: int = 5
     min_score: float = 0.3
     # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is

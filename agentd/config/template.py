@@ -81,6 +81,9 @@ embedding_provider = ""
 # Remember every exchange as an episodic fragment, and recall this many fragments
 # (scoring at least min_score) into the system prompt before each model call (0 = off).
 auto_remember = true
+# Exchanges remembered from one person's session (an API key, a /v1 `user`, a channel
+# sender) are recalled only into that person's sessions; true shares them (one user).
+share_episodic = false
 recall_limit = 5
 min_score = 0.3
 # Threads one local embedding may use (0 = up to 2, as the machine has cores).

@@ -72,7 +72,9 @@ def _memory(item: dict[str, Any], i: int) -> dict[str, Any]:
             "source": _named(fields.source, item.get("source"), where),
             "scope": fields.text(item.get("scope"), f"{where}.scope", fields.MAX_NAME),
             "confidence": fields.confidence(item.get("confidence"), f"{where}.confidence"),
-            "metadata": fields.obj(item.get("metadata", {}), f"{where}.metadata"),
+            # An imported fragment is agent-wide: whose session it once came from is dropped.
+            "metadata": {k: v for k, v in fields.obj(item.get("metadata", {}), f"{where}.metadata").items()
+                         if k != "owner"},
             "created_at": _time(item.get("created_at"), f"{where}.created_at"),
             "accessed_at": _time(item.get("accessed_at", item.get("created_at")), f"{where}.accessed_at"),
             "access_count": fields.integer(item.get("access_count", 0), f"{where}.access_count", 0, 2**31),

@@ -151,11 +151,13 @@ class Recall:
 
     def recall(self, agent_id: str, query: str, limit: int = 5, min_score: float | None = None,
                flt: MemoryFilter | None = None, touch: bool = True,
-               skip: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
+               skip: Callable[[str], bool] | None = None,
+               hide: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
         """Filter, then exact cosine top-k; newer wins near-ties and superseded facts.
 
         `skip(content)` drops fragments the caller already has (the loop skips exchanges
-        still in the session). Returned fragments get accessed_at/access_count updated.
+        still in the session), `hide(fragment)` those the caller may not see (other people's
+        exchanges). Returned fragments get accessed_at/access_count updated.
         """
         if self.count(agent_id) == 0:
             return []
@@ -165,7 +167,8 @@ class Recall:
         flt = flt or MemoryFilter()
         only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None
         keep = index.mask(flt.source, flt.scope, flt.min_confidence, flt.after, flt.before, only)
-        hits = index.search(vector, limit * 2 + 8, keep)
+        # Hidden fragments are dropped after the search: look further when some may be.
+        hits = index.search(vector, limit * (8 if hide is not None else 2) + 8, keep)
         if min_score is not None:
             hits = [h for h in hits if h.score >= min_score]
         if not hits:
@@ -176,6 +179,8 @@ class Recall:
         for hit in _supersede_order([h for h in hits if h.id in rows], rows):
             item = rows[hit.id]
             if skip is not None and skip(item["content"]):
+                continue
+            if hide is not None and hide(item):
                 continue
             item["score"] = round(hit.score, 6)
             out.append(item)

@@ -34,6 +34,20 @@ CONTEXT_HEADING = "## Relevant memories"
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
 
 
+# The metadata key naming whose session an auto-remembered exchange came from.
+OWNER = "owner"
+
+
+def others_of(owner: str) -> Callable[[dict[str, Any]], bool]:
+    """Whether a recalled fragment is an exchange of someone other than `owner`. Fragments
+    without an owner (explicit memory_store, imports, consolidation) are agent-wide."""
+    def hide(item: dict[str, Any]) -> bool:
+        metadata = item.get("metadata") or {}
+        return (OWNER in metadata and metadata[OWNER] != owner and item.get("source") == "conversation"
+                and item.get("scope") == "episodic")
+    return hide
+
+
 class MemoryService:
     """Semantic memory, the knowledge graph, consolidation and export/import."""
 
@@ -216,10 +230,13 @@ class MemoryService:
         self.graph.forget_agent(agent_id)
 
     # -- the agent loop -------------------------------------------------------------------
-    def system_context(self, agent_id: str, user_text: str, history: list[dict[str, Any]], system: str) -> str:
+    def system_context(self, agent_id: str, user_text: str, history: list[dict[str, Any]], system: str,
+                       owner: str | None = None) -> str:
         """`system` plus the fragments most relevant to the user's message (never raises).
 
-        Exchanges still in the session are skipped: the model already sees them.
+        Exchanges still in the session are skipped: the model already sees them. With
+        `owner` (a person, "" for the agent's own session), exchanges remembered from other
+        people's sessions are skipped too; agent-wide facts are always seen.
         """
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
@@ -237,7 +254,7 @@ class MemoryService:
                 return content.split(ANSWERED, 1)[0] in asked_here()
 
             found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
-                                       skip=in_session)
+                                       skip=in_session, hide=None if owner is None else others_of(owner))
         except Exception:  # noqa: BLE001 - memory must never fail a run
             log.exception("memory recall for agent %s failed", agent_id)
             return system
@@ -249,7 +266,7 @@ class MemoryService:
         return f"{system}\n\n{block}" if system else block
 
     def context_for_run(self, agent_id: str, user_text: str, history: list[dict[str, Any]],
-                        system: str) -> Callable[[], str]:
+                        system: str, owner: str | None = None) -> Callable[[], str]:
         """What the loop calls before each model call: `system_context`, searched again only
         when the agent's memory changed since the previous call of this run (a fact stored
         by a tool, another request or the background worker reaches the next model call;
@@ -263,7 +280,7 @@ class MemoryService:
             before = version()
             if before is not None and before == last[0]:
                 return last[1]
-            text = self.system_context(agent_id, user_text, history, system)
+            text = self.system_context(agent_id, user_text, history, system, owner)
             # Read before the recall, so a write racing with it is searched next time; when the
             # index was not loaded yet, the recall itself has just loaded it.
             last[0] = before if before is not None else version()
@@ -300,13 +317,18 @@ class MemoryService:
             return self.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a",
                                         {"a": agent_id})[0]
 
-    def after_exchange(self, agent_id: str, session_id: str, user_text: str, answer: str) -> None:
-        """Queue the exchange as an episodic fragment (never blocks, never raises)."""
+    def after_exchange(self, agent_id: str, session_id: str, user_text: str, answer: str,
+                       owner: str | None = None) -> None:
+        """Queue the exchange as an episodic fragment (never blocks, never raises); `owner`
+        (whose session it came from) is recorded so only that person's runs recall it."""
         if not self.config.auto_remember or not user_text.strip() or not answer.strip():
             return
         content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT]
+        metadata: dict[str, Any] = {"session_id": session_id}
+        if owner is not None:
+            metadata[OWNER] = owner
         try:
-            self._queue.put_nowait((agent_id, user_text, content, {"session_id": session_id}))
+            self._queue.put_nowait((agent_id, user_text, content, metadata))
         except queue.Full:
             log.warning("memory queue full; exchange of agent %s not remembered", agent_id)
             return

@@ -87,6 +87,9 @@ def define_entities(db: Database) -> SimpleNamespace:
         cost_usd = Required(float)
         priced = Required(bool, default=True)
         at = Required(datetime, index=True)
+        # The scoped API key that started the run (agentd/apikeys.py); NULL: the admin key,
+        # a channel, a schedule (schema 6).
+        key_id = Optional(str, nullable=True)
 
     class WorkflowRow(db.Entity):
         """A workflow definition; `steps` holds the validated, normalised steps."""
@@ -129,6 +132,34 @@ def define_entities(db: Database) -> SimpleNamespace:
         subject = Optional(str, default="")
         detail = Optional(orm.Json)
 
+    class ApiKeyRow(db.Entity):
+        """A scoped API key (agentd/apikeys.py). Only a salted hash of its secret is stored.
+        Settings are last-writer-wins (optimistic=False): two admins changing one key at once
+        is no conflict worth a failed request."""
+        _table_ = "api_keys"
+        id = PrimaryKey(str)
+        name = Required(str, unique=True)
+        salt = Required(bytes, optimistic=False)
+        secret_hash = Required(bytes, optimistic=False)
+        scopes = Required(orm.Json, optimistic=False)
+        agents = Optional(orm.Json, optimistic=False)
+        budget_usd_per_day = Optional(float, nullable=True, optimistic=False)
+        budget_usd_per_month = Optional(float, nullable=True, optimistic=False)
+        rate_limit_per_minute = Optional(int, nullable=True, optimistic=False)
+        expires_at = Optional(datetime, nullable=True, optimistic=False)
+        enabled = Required(bool, default=True, optimistic=False)
+        created_at = Required(datetime)
+        updated_at = Required(datetime, optimistic=False)
+        last_used_at = Optional(datetime, nullable=True, optimistic=False)
+
+    class KeyRateRow(db.Entity):
+        """Requests of a key in one UTC minute: the rate limit every daemon on the database counts."""
+        _table_ = "api_key_rate"
+        key_id = Required(str)
+        minute = Required(int, size=64)
+        count = Required(int, default=0)
+        PrimaryKey(key_id, minute)
+
     memory = define_memory_entities(db)
     autonomy = define_autonomy_entities(db)
     schedules = define_schedule_entities(db)
@@ -136,7 +167,7 @@ def define_entities(db: Database) -> SimpleNamespace:
                            SessionMessageRow=SessionMessageRow,
                            KvRow=KvRow, UploadRow=UploadRow, UsageRow=UsageRow,
                            WorkflowRow=WorkflowRow, WorkflowRunRow=WorkflowRunRow,
-                           AuditRow=AuditRow, **memory, **autonomy, **schedules, **define_openai_entities(db))
+                           AuditRow=AuditRow, ApiKeyRow=ApiKeyRow, KeyRateRow=KeyRateRow, **memory, **autonomy, **schedules, **define_openai_entities(db))
 
 
 def define_schedule_entities(db: Database) -> dict[str, Any]:

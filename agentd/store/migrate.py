@@ -43,7 +43,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 VERSION_TABLE = "agentd_schema"
 
@@ -141,8 +141,15 @@ def _coordination_5(cur: Any, backend: str) -> None:
                 "WHERE status = 'running'")
 
 
+def _step_6(cur: Any, backend: str) -> None:
+    """Usage rows name the scoped API key that paid for them (`usage.key_id`), so a key's
+    spend is a sum every daemon on the database reads alike."""
+    if not _column_exists(cur, backend, "usage", "key_id"):
+        cur.execute("ALTER TABLE usage ADD COLUMN key_id TEXT")
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}

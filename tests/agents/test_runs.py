@@ -349,7 +349,7 @@ def test_other_failures_still_write_usage(env) -> None:
     with caplog_at_warning() as records:
         with pytest.raises(RuntimeError):
             run(mgr, h, "x")
-    assert written == [{"model": "gpt-4o"}]
+    assert written == [{"model": "gpt-4o", "key_id": None}]
     line = [r.getMessage() for r in records if r.getMessage().startswith("run failed:")]
     assert len(line) == 1 and line[0].startswith(
         "run failed: agent=boom provider=openai model=gpt-4o status=500 cause=RuntimeError: metering broke duration=")
@@ -379,20 +379,20 @@ def test_memory_hooks(env) -> None:
         def __init__(self) -> None:
             self.calls: list = []
 
-        def context_for_run(self, agent_id, user_text, stored, system):
-            self.calls.append(("context", agent_id, user_text, list(stored), system))
+        def context_for_run(self, agent_id, user_text, stored, system, owner=None):
+            self.calls.append(("context", agent_id, user_text, list(stored), system, owner))
             return lambda: system + "\n\nRECALLED"
 
-        def after_exchange(self, *args):
-            self.calls.append(("after",) + args)
+        def after_exchange(self, *args, owner=None):
+            self.calls.append(("after",) + args + (owner,))
 
     memory = Memory()
     mgr = env.manager(memory=memory)
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
     result = run(mgr, h, "[[echo_params]]", options=RunOptions(extra_system="X"))
     assert json.loads(result.response)["system"] == "S\n\nX\n\nRECALLED"
-    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX"),
-                                ("after", h.id, h.session_id, "[[echo_params]]", result.response)]
+    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX", ""),
+                                ("after", h.id, h.session_id, "[[echo_params]]", result.response, "")]
 
 
 # -- stop, queue, conversations --------------------------------------------------------------------
@@ -550,7 +550,7 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None
             break
         time.sleep(0.05)
     assert not children_named("sleep"), "BUG: the stopped run's command runs on"
-    assert written == [{"model": "gpt-4o"}], "BUG: a stopped run's usage was not written"
+    assert written == [{"model": "gpt-4o", "key_id": None}], "BUG: a stopped run's usage was not written"
 
 
 def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
@@ -620,18 +620,21 @@ class MemoryStandIn:
     def __init__(self) -> None:
         self.asked: list = []
         self.exchanges: list = []
+        self.owners: list = []
         self.refreshes = 0
 
-    def context_for_run(self, agent_id, user_text, window, system):
+    def context_for_run(self, agent_id, user_text, window, system, owner=None):
         self.asked.append((agent_id, user_text, system))
+        self.owners.append(owner)
 
         def refresh() -> str:
             self.refreshes += 1
             return f"{system} #{self.refreshes}"
         return refresh
 
-    def after_exchange(self, agent_id, session_id, user_text, answer) -> None:
+    def after_exchange(self, agent_id, session_id, user_text, answer, owner=None) -> None:
         self.exchanges.append((agent_id, session_id, user_text, answer))
+        self.owners.append(owner)
 
 
 def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_call(env, fake) -> None:
@@ -654,7 +657,39 @@ def test_a_completed_run_writes_its_usage_rows(env) -> None:
     env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
     h = mgr.spawn(manifest("paid"))
     run(mgr, h, "[[tool:system_time {}]]")
-    assert written == [{"model": "gpt-4o"}, {"model": "gpt-4o"}], "BUG: a run's usage rows were not written"
+    assert written == [{"model": "gpt-4o", "key_id": None}] * 2, "BUG: a run's usage rows were not written"
+
+
+def test_a_keys_run_is_checked_against_its_budget_and_its_rows_name_it(env) -> None:
+    written: list = []
+    asked: list = []
+
+    def key_budget(key_id: str) -> None:
+        asked.append(key_id)
+        if key_id == "broke":
+            raise TooManyRequests("over its budget", retry_after=30)
+
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows), key_budget=key_budget)
+    env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
+    h = mgr.spawn(manifest("keyed"))
+    run(mgr, h, "hi", key_id="k1")
+    run(mgr, h, "hi")
+    assert written == [{"model": "gpt-4o", "key_id": "k1"}, {"model": "gpt-4o", "key_id": None}]
+    with pytest.raises(TooManyRequests) as err:
+        run(mgr, h, "hi", key_id="broke")
+    assert err.value.retry_after == 30
+    assert asked == ["k1", "broke"], "a key's budget is asked before each of its runs (and only its)"
+
+
+def test_a_runs_owner_reaches_memory_unless_the_agent_shares(env) -> None:
+    memory = MemoryStandIn()
+    mgr = env.manager(memory=memory)
+    private = mgr.spawn(manifest("owned"))
+    shared = mgr.spawn(manifest("sharing", "[memory]\nshare_episodic = true\n"))
+    run(mgr, private, "hi", owner="user:alice", session_id="11111111-1111-4111-8111-111111111111", label="user:alice")
+    run(mgr, private, "hi")
+    run(mgr, shared, "hi", owner="user:alice")
+    assert memory.owners == ["user:alice", "user:alice", "", "", None, None]
 
 
 def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:

@@ -360,7 +360,7 @@ def test_usage_rows_are_written_with_the_session_and_cleared(env) -> None:
         usage.append({"model": model}) if usage is not None else None) or 0.5
     h = mgr.spawn(manifest("usage"))
     result = run(mgr, h, "count me")
-    assert writes.calls == [([{"model": "gpt-4o"}],)]
+    assert writes.calls == [([{"model": "gpt-4o", "key_id": None}],)]
     assert result.cost_usd == 0.5
     pending = [{"model": "x"}]
     mgr.sessions.flush_usage(pending)

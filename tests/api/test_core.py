@@ -310,7 +310,7 @@ def test_cors_allowed_origins(tmp_path: Path, origin: str) -> None:
                                           "api": {"cors_origins": ["https://app.example.com"]}}).test_client()
     r = client.options("/api/ping", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
     assert r.status_code == 204
-    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, PUT, DELETE, OPTIONS"
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, PUT, PATCH, DELETE, OPTIONS"
     assert r.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type, X-API-Key, X-Request-Id"
     assert r.headers["Access-Control-Max-Age"] == "600"
     r = client.get("/api/ping", headers={"Origin": origin, "Authorization": f"Bearer {KEY}"})

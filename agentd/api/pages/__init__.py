@@ -17,7 +17,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, redirect, request, url_for
 
-from agentd.api import dashauth
+from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path
 from agentd.api.middleware import is_authorized, is_loopback
 from agentd.kernel import Kernel
@@ -54,6 +54,9 @@ def _gate() -> Response | None:
         return redirect(url_for("pages.login", next=target), code=303)
     if request.method == "POST" and request.endpoint != "pages.login_submit" and not dashauth.csrf_ok():
         return error_response(403, "missing or invalid CSRF token: reload the page and try again")
+    if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
+        # A scoped key's login sees what its scopes and agent list allow (agentd/api/principal.py).
+        return principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"])
     return None
 
 
@@ -74,7 +77,7 @@ def _page_headers(response: Response) -> Response:
 def _template_globals() -> dict:
     config = kernel().config
     return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
-            "logged_in": dashauth.cookie_authenticates}
+            "logged_in": dashauth.cookie_authenticates, "who": principal.principal}
 
 
 @bp.app_template_filter("usd")
@@ -104,7 +107,7 @@ def _tokens(value: int | None) -> str:
     return "–" if value is None else f"{value:,}"
 
 
-from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels, files, mcp,  # noqa: E402,F401
+from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels, files, keys, mcp,  # noqa: E402,F401
                               overview,
                               workflows)
 from agentd.api.pages import skills  # noqa: E402,F401

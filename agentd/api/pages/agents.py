@@ -10,6 +10,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MODES
 from agentd.agents.manifest import MANIFEST_LIMIT
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.principal import principal, run_fields
 from agentd.api.routes_agents import message_text
 from agentd.api.runs import run_blocking
 from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
@@ -34,7 +35,7 @@ def _page_number(name: str = "page") -> int:
 def _agents_page(status: int = 200, error: str = "", manifest: str = ""):
     agents = kernel().agents
     query = (request.args.get("q") or "").strip()
-    handles = agents.handles()
+    handles = principal().visible(agents.handles())
     if query:
         handles = [h for h in handles if query.lower() in h.name.lower()]
     pages = max(1, -(-len(handles) // PAGE_SIZE))
@@ -103,7 +104,7 @@ def agent_message(agent_id: str):
     try:
         text = message_text({"message": text})
         try:
-            run_blocking(k, handle, text, [])
+            run_blocking(k, handle, text, [], run=run_fields(principal(), handle))
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:

@@ -8,7 +8,8 @@ from flask import redirect, render_template, request
 from agentd import hmacs
 from agentd.api import dashauth
 from agentd.api.pages import bp, kernel, see_other
-from agentd.errors import Forbidden
+from agentd.apikeys import TOKEN_PREFIX
+from agentd.errors import Forbidden, Unauthorized
 
 
 def _safe_next(target: str | None) -> str:
@@ -57,9 +58,16 @@ def login_submit():
     if token is not None and dashauth.current_session() is not None and not dashauth.csrf_ok(token):
         raise Forbidden("missing or invalid CSRF token: reload the page and try again")
     presented = request.form.get("api_key", "")
+    key_id = ""
     if not hmacs.same(presented, key):
-        return _login_page("invalid API key", 401, new_session=False)
-    dashauth.start_session(authenticated=True)
+        # A scoped key signs in too; its session sees what the key may see.
+        if not presented.startswith(TOKEN_PREFIX):
+            return _login_page("invalid API key", 401, new_session=False)
+        try:
+            key_id = kernel().keys.verify(presented).key_id
+        except Unauthorized as exc:
+            return _login_page(exc.message, 401, new_session=False)
+    dashauth.start_session(authenticated=True, key_id=key_id)
     target = _safe_next(request.form.get("next"))
     # `next` is a path inside the app; behind a proxy prefix the prefix goes in front.
     return redirect(request.script_root + target, code=303) if target else see_other("pages.index")

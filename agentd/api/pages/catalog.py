@@ -7,6 +7,7 @@ from datetime import timedelta
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel
+from agentd.api.principal import principal
 from agentd.api.routes_catalog import TIERS
 from agentd.errors import AgentdError
 from agentd.timestamps import utcnow
@@ -28,8 +29,14 @@ def usage():
     metering = kernel().metering
     start, end = metering.period(None, None)
     days = _every_day(metering.by_day(start, end), start, end)
+    who = principal()
+    agents, by_key = metering.by_agent(start, end), metering.by_key(start, end)
+    if not who.is_admin:  # a key's login sees its own spend and the agents it may reach
+        reachable = {h.id for h in who.visible(kernel().agents.handles())}
+        agents = [a for a in agents if a["agent_id"] in reachable]
+        by_key = [k for k in by_key if k["key_id"] == who.key_id]
     return render_template("usage.html", totals=metering.totals(start, end),
-                           models=metering.by_model(start, end), agents=metering.by_agent(start, end),
+                           models=metering.by_model(start, end), agents=agents, keys=by_key,
                            budget=metering.budget(), days=days)
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 from flask import current_app, render_template
 
 from agentd.api.pages import bp, kernel
+from agentd.api.principal import principal
 from agentd.api.pages.channels import channel_rows
 
 
@@ -17,7 +18,7 @@ def index():
     # GET /api/health/detail's figures; agent states counted from the handles (the full
     # /api/status body would build a summary of every agent only to count them).
     health = k.health_detail(pool)
-    states = Counter(h.state for h in k.agents.handles())
+    states = Counter(h.state for h in principal().visible(k.agents.handles()))
     channels, _live = channel_rows(k)
     return render_template("overview.html", config=k.config, health=health,
                            states=sorted(states.items()), budget=k.metering.budget(),

@@ -14,3 +14,4 @@ from agentd.api.schemas_out.memory import *  # noqa: F401,F403
 from agentd.api.schemas_out.mcp import *  # noqa: F401,F403
 from agentd.api.schemas_out.openai import *  # noqa: F401,F403
 from agentd.api.schemas_out.triggers import *  # noqa: F401,F403
+from agentd.api.schemas_out.keys import *  # noqa: F401,F403

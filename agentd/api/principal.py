@@ -1,0 +1,163 @@
+"""Who a request acts as (once per request, in `flask.g`) and what it may do.
+
+`principal()` is the admin (the configured `api_key`, a dashboard login with it, or a
+keyless daemon's loopback client) or one scoped key (agentd/apikeys.py). The auth hook
+(agentd/api/middleware.py) resolves it, then `authorize` refuses what the key may not do:
+the route's scope (agentd/api/scopes.py, 403 naming the scope), an agent outside its list
+(404, as if absent), its rate limit (429). An entry point outside that table (an MCP tool
+call, an A2A task) checks with the same two calls:
+
+    who = principal()
+    who.require("message")          # 403 naming the missing scope
+    handle = who.reach(handle)      # 404 for an agent outside the key's list
+
+and starts its run with `run_fields(who, handle, user=...)`: the key that pays and the
+person whose session it is.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from flask import Response, current_app, g, request
+
+from agentd import hmacs
+from agentd.api import dashauth
+from agentd.api.errors import error_response
+from agentd.api.ratelimit import GcraLimiter
+from agentd.api.scopes import scope_of
+from agentd.apikeys import ADMIN, TOKEN_PREFIX, Principal
+from agentd.config import Config
+from agentd.errors import AgentdError, Unauthorized
+
+SESSION_NS = uuid.UUID("6d0c5e0a-35a4-4c1e-9a61-0d7f2f1c9b51")
+_UNSET = object()
+
+
+def presented_key() -> str | None:
+    """The key a request carries: `Authorization: Bearer`, `X-API-Key` or `?token=`."""
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":  # the scheme is case-insensitive (RFC 7235)
+        return auth[7:].strip()
+    if "X-API-Key" in request.headers:
+        return request.headers["X-API-Key"].strip()
+    return request.args.get("token")
+
+
+def _is_loopback(addr: str | None) -> bool:
+    from agentd.api.middleware import is_loopback
+
+    return is_loopback(addr)
+
+
+def _resolve(config: Config) -> Principal | None:
+    """The request's principal; None when it brings no (valid) credential. A scoped key
+    that is wrong, disabled or expired raises Unauthorized saying which."""
+    if not config.api_key:
+        return ADMIN if _is_loopback(request.remote_addr) else None
+    presented = presented_key()
+    if presented is None:
+        # The dashboard's own pages and fetch/SSE calls carry its login cookie instead of the key.
+        session = dashauth.current_session()
+        if not session or not session.get("auth"):
+            return None
+        key_id = session.get("key")
+        return current_app.extensions["agentd.kernel"].keys.principal(key_id) if key_id else ADMIN
+    if hmacs.same(presented, config.api_key):
+        return ADMIN
+    if presented.startswith(TOKEN_PREFIX):
+        return current_app.extensions["agentd.kernel"].keys.verify(presented)
+    return None
+
+
+def current(config: Config) -> Principal | None:
+    """The request's principal, resolved once (Unauthorized re-raised each time asked)."""
+    found = g.get("principal", _UNSET)
+    if found is _UNSET:
+        try:
+            found = _resolve(config)
+        except Unauthorized as exc:
+            found = exc
+        g.principal = found
+    if isinstance(found, Unauthorized):
+        raise found
+    return found  # type: ignore[return-value]
+
+
+def principal() -> Principal:
+    """The principal of the current request (admin when none was resolved: a route only
+    runs after the auth hook let its request through)."""
+    found = g.get("principal")
+    return found if isinstance(found, Principal) else ADMIN
+
+
+class KeyLimits:
+    """Per-key request rates: in memory on a database of its own, counted in the database
+    when several daemons share it (so spreading requests over daemons gains nothing)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._limiters: dict[str, tuple[int, GcraLimiter]] = {}
+
+    def hit(self, who: Principal) -> float:
+        """0 when the request may proceed, else seconds until one would be allowed."""
+        rpm = who.rate_limit_per_minute
+        if not rpm or who.is_admin:
+            return 0.0
+        kernel = current_app.extensions["agentd.kernel"]
+        if kernel.store.shared:
+            return kernel.keys.shared_hit(who.key_id, rpm)
+        with self._lock:
+            found = self._limiters.get(who.key_id)
+            if found is None or found[0] != rpm:
+                found = self._limiters[who.key_id] = (rpm, GcraLimiter(rpm / 60.0, rpm))
+        decision = found[1].hit(who.key_id)
+        return 0.0 if decision.allowed else max(decision.retry_after, 0.001)
+
+
+def authorize(who: Principal, limits: KeyLimits) -> Response | None:
+    """The route's scope, the agent in its path, the key's rate limit: a refusal or None."""
+    if who.is_admin:
+        return None
+    try:
+        scope = scope_of(request.endpoint)
+        if scope is not None:
+            who.require(scope)
+        agent_id = (request.view_args or {}).get("agent_id")
+        if agent_id:
+            handle = current_app.extensions["agentd.kernel"].agents.find(agent_id)
+            if handle is not None:
+                who.reach(handle)
+    except AgentdError as exc:
+        return error_response(exc.status, exc.message)
+    wait = limits.hit(who)
+    if wait > 0:
+        current_app.extensions["agentd.kernel"].keys.refused(who, "rate limit", {})
+        return error_response(429, f"rate limit exceeded: API key '{who.name}' allows "
+                                   f"{who.rate_limit_per_minute} requests a minute",
+                              code="rate_limit_exceeded", retry_after=wait)
+    return None
+
+
+def run_fields(who: Principal, handle: Any, user: str | None = None, session: str | None = None,
+               own_session: bool = False) -> dict[str, str]:
+    """RunRequest fields for a run `who` starts: the key that pays, and the session of the
+    person talking (`user` or a named `session`; with `own_session`, a scoped key without
+    either gets a session of its own). A scoped key's people are its own: the same `user`
+    through two keys is two sessions."""
+    owner = ""
+    if session:
+        owner = f"session:{session}"
+    elif user:
+        owner = f"user:{user}"
+    elif own_session and not who.is_admin:
+        owner = "key"
+    if owner and not who.is_admin:
+        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
+    fields = {"key_id": who.key_id, "owner": owner}
+    if owner:
+        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
+        fields["label"] = owner
+    return fields

@@ -1,0 +1,64 @@
+"""Request bodies of /api/keys (scoped API keys), validated exactly as documented."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
+
+from agentd.apikeys import SCOPES, parse_expiry
+from agentd.errors import BadRequest
+from agentd.schema_fields import StrictBoolean, StrictFloat, WholeNumber
+
+KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"
+
+
+def _name(required: bool = False) -> fields.Field:
+    return fields.String(required=required, validate=validate.Regexp(
+        KEY_NAME, error="name must be 1-64 letters, digits, spaces, '_', '.', '@' or '-', starting with a letter "
+                        "or digit"),
+        metadata={"description": "A unique name (audit records and usage name the key by it)", "pattern": KEY_NAME})
+
+
+def _scopes(required: bool = False) -> fields.Field:
+    return fields.List(fields.String(validate=validate.OneOf(SCOPES)), required=required,
+                       validate=validate.Length(min=1),
+                       metadata={"description": "What the key may do: read, message, manage, admin"})
+
+
+class _KeyFields(Schema):
+    class Meta:
+        unknown = RAISE
+
+    name = _name()
+    scopes = _scopes()
+    agents = fields.List(fields.String(validate=validate.Length(min=1, max=200)), allow_none=True,
+                         metadata={"description": "Agent ids or name patterns (`support-*`) the key may reach; "
+                                                  "empty or absent: every agent"})
+    budget_usd_per_day = StrictFloat(allow_none=True, validate=validate.Range(min=0, max=1e9), metadata={
+        "description": "Spend allowed per UTC day (null: no daily budget)"})
+    budget_usd_per_month = StrictFloat(allow_none=True, validate=validate.Range(min=0, max=1e9), metadata={
+        "description": "Spend allowed per UTC calendar month (null: no monthly budget)"})
+    rate_limit_per_minute = WholeNumber(allow_none=True, validate=validate.Range(min=1, max=1_000_000),
+                                           metadata={"description": "Requests allowed per minute (null: no limit)"})
+    expires_at = fields.String(allow_none=True, metadata={"description": "ISO 8601 expiry (null: never)",
+                                                          "format": "date-time"})
+    enabled = StrictBoolean(metadata={"description": "A disabled key is refused (401) until enabled again"})
+
+    @post_load
+    def _expiry(self, data: dict[str, Any], **_: Any) -> dict[str, Any]:
+        if data.get("expires_at") is not None:
+            try:
+                data["expires_at"] = parse_expiry(data["expires_at"])
+            except BadRequest as exc:
+                raise ValidationError(exc.message, "expires_at") from None
+        return data
+
+
+class KeyCreateSchema(_KeyFields):
+    name = _name(required=True)
+    scopes = _scopes(required=True)
+
+
+class KeyUpdateSchema(_KeyFields):
+    """Every field optional: only those given change."""

@@ -1,0 +1,384 @@
+"""Scoped API keys: who is asking, what they may do, and what they may spend.
+
+The configured `api_key` is the admin key. Further keys (`POST /api/keys`) carry scopes
+(`read`, `message`, `manage`, `admin`), an optional list of agents (ids or name globs), a
+budget per UTC day and month, a rate limit per minute, an expiry and an enabled switch.
+
+A key's secret is shown once. The database keeps a per-key salt and a PBKDF2-SHA256 hash;
+the token names its key (`agd_<key id>_<secret>`), so a check reads one row and compares
+one hash in constant time. A verified token is remembered for a while (bounded), keyed
+by the stored hash, so a rotated key's old secret is never accepted from memory.
+
+Everything a check needs is read from the database: disabling, deleting or rotating a key
+on one daemon holds on every daemon sharing the database at once, and so do budgets (sums
+of the usage rows the key paid for) and rate limits (a per-minute counter row).
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import fnmatch
+import hashlib
+import hmac
+import math
+import re
+import secrets
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterable, Iterator
+
+from pony import orm
+
+from agentd.errors import BadRequest, Conflict, Forbidden, NotFound, TooManyRequests, Unauthorized
+from agentd.money import format_usd
+from agentd.store import Store
+from agentd.timestamps import iso, utcnow
+
+SCOPES = ("read", "message", "manage", "admin")
+TOKEN_PREFIX = "agd_"
+_TOKEN_RE = re.compile(r"^agd_([0-9a-f]{32})_([A-Za-z0-9_-]{20,128})$")
+_ITERATIONS = 100_000
+_CACHE_MAX = 4096
+_CACHE_TTL = 600.0          # seconds a verified token is trusted without hashing again
+_TOUCH_EVERY = 60.0         # seconds between writes of a key's last_used_at
+ADMIN_NAME = "admin"
+NO_ADMIN_KEY = ("scoped API keys need an admin key: set api_key in config.toml (or AGENTD_API_KEY) "
+                "and call /api/keys with it; a daemon without one serves only loopback clients")
+
+
+def _hash(secret: str, salt: bytes) -> bytes:
+    return hashlib.pbkdf2_hmac("sha256", secret.encode("utf-8"), salt, _ITERATIONS)
+
+
+def _naive(dt: datetime) -> datetime:
+    return dt.astimezone(timezone.utc).replace(tzinfo=None) if dt.tzinfo else dt
+
+
+def day_bounds(now: datetime) -> tuple[datetime, datetime]:
+    start = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
+    return start, start + timedelta(days=1)
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    start = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    return start, start + timedelta(days=calendar.monthrange(now.year, now.month)[1])
+
+
+@contextlib.contextmanager
+def _changing(ref: str) -> Iterator[None]:
+    """A change to a key another request deleted (or renamed onto a taken name) meanwhile
+    is answered like one to a missing key (or a taken name), not with a 500."""
+    try:
+        yield
+    except (orm.UnrepeatableReadError, orm.OptimisticCheckError, orm.ObjectNotFound):
+        raise NotFound(f"API key not found: {ref}") from None
+    except orm.TransactionIntegrityError:
+        raise Conflict("another API key has this name") from None
+
+
+class Principal:
+    """Who a request acts as: the admin, or one scoped key. `require` and `reach` are the
+    checks every entry point makes (HTTP routes, sockets, MCP, A2A)."""
+
+    def __init__(self, key_id: str = "", name: str = ADMIN_NAME, scopes: Iterable[str] = ("admin",),
+                 agents: Iterable[str] = (), rate_limit_per_minute: int | None = None,
+                 refused: Callable[["Principal", str, dict[str, Any]], None] | None = None) -> None:
+        self.key_id = key_id
+        self.name = name
+        self.scopes = frozenset(scopes)
+        self.agents = tuple(agents)
+        self.rate_limit_per_minute = rate_limit_per_minute
+        self._refused = refused
+
+    @property
+    def is_admin(self) -> bool:
+        """The configured admin key (or a keyless daemon's loopback client)."""
+        return not self.key_id
+
+    def has(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
+
+    def require(self, scope: str) -> None:
+        """403 naming the missing scope (audited)."""
+        if not self.has(scope):
+            if self._refused is not None:
+                self._refused(self, "scope", {"missing_scope": scope})
+            raise Forbidden(f"forbidden: API key '{self.name}' is missing scope '{scope}'")
+
+    def may_reach(self, agent: Any) -> bool:
+        """Whether the key's agent list admits `agent` (a handle: `.id`, `.name`)."""
+        if not self.agents:
+            return True
+        return any(p == agent.id or fnmatch.fnmatchcase(agent.name, p) for p in self.agents)
+
+    def reach(self, agent: Any) -> Any:
+        """`agent`, or a 404 exactly like an unknown agent's (audited)."""
+        if not self.may_reach(agent):
+            if self._refused is not None:
+                self._refused(self, "agent", {"agent_id": agent.id})
+            raise NotFound("agent not found")
+        return agent
+
+    def visible(self, agents: Iterable[Any]) -> list[Any]:
+        return [a for a in agents if self.may_reach(a)]
+
+
+ADMIN = Principal()
+
+
+class ApiKeys:
+    """Create, list, change, rotate and check scoped keys; their spend and rate limits."""
+
+    def __init__(self, store: Store, admin_key: str, audit: Callable[[str, str, dict[str, Any]], None],
+                 now: Callable[[], datetime] = utcnow) -> None:
+        self.store = store
+        self.admin_key = admin_key
+        self.audit = audit
+        self._now = now
+        self._lock = threading.Lock()
+        # (key id, sha256 of the token) -> (stored hash it matched, when)
+        self._verified: OrderedDict[tuple[str, bytes], tuple[bytes, float]] = OrderedDict()
+        self._touched: dict[str, float] = {}
+        self._rate_hits = 0
+
+    # -- management ------------------------------------------------------------------
+    def _need_admin_key(self) -> None:
+        if not self.admin_key:
+            raise Conflict(NO_ADMIN_KEY)
+
+    def create(self, data: dict[str, Any], by: Principal = ADMIN) -> dict[str, Any]:
+        self._need_admin_key()
+        key_id = str(uuid.uuid4())
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_bytes(16)
+        now = _naive(self._now())
+        try:
+            with orm.db_session:
+                if self.store.e.ApiKeyRow.get(name=data["name"]) is not None:
+                    raise Conflict(f"an API key named '{data['name']}' exists")
+                self.store.e.ApiKeyRow(id=key_id, name=data["name"], salt=salt, secret_hash=_hash(secret, salt),
+                                       scopes=list(data["scopes"]), agents=list(data.get("agents") or []),
+                                       budget_usd_per_day=data.get("budget_usd_per_day"),
+                                       budget_usd_per_month=data.get("budget_usd_per_month"),
+                                       rate_limit_per_minute=data.get("rate_limit_per_minute"),
+                                       expires_at=_naive(data["expires_at"]) if data.get("expires_at") else None,
+                                       enabled=data.get("enabled", True), created_at=now, updated_at=now)
+        except orm.TransactionIntegrityError:
+            raise Conflict(f"an API key named '{data['name']}' exists") from None
+        self.audit("key.create", data["name"], {"key_id": key_id, "by": by.name, "scopes": list(data["scopes"])})
+        out = self.get(key_id)
+        out["key"] = f"{TOKEN_PREFIX}{uuid.UUID(key_id).hex}_{secret}"
+        return out
+
+    def _row(self, ref: str) -> Any:
+        """A key by id or name (inside a db_session)."""
+        row = self.store.e.ApiKeyRow.get(id=ref) or self.store.e.ApiKeyRow.get(name=ref)
+        if row is None:
+            raise NotFound(f"API key not found: {ref}")
+        return row
+
+    def resolve(self, ref: str) -> str:
+        """The id of the key `ref` names (id or name); 404 when none."""
+        if not ref:
+            raise NotFound("API key not found: (empty)")
+        with orm.db_session:
+            return self._row(ref).id
+
+    def _public(self, row: Any, spend: tuple[float, float]) -> dict[str, Any]:
+        return {"id": row.id, "name": row.name, "scopes": list(row.scopes), "agents": list(row.agents or []),
+                "budget_usd_per_day": row.budget_usd_per_day, "budget_usd_per_month": row.budget_usd_per_month,
+                "rate_limit_per_minute": row.rate_limit_per_minute,
+                "expires_at": iso(row.expires_at) if row.expires_at else None, "enabled": row.enabled,
+                "created_at": iso(row.created_at), "updated_at": iso(row.updated_at),
+                "last_used_at": iso(row.last_used_at) if row.last_used_at else None,
+                "spent_usd_today": round(spend[0], 10), "spent_usd_this_month": round(spend[1], 10)}
+
+    def list(self) -> list[dict[str, Any]]:
+        with orm.db_session:
+            rows = list(self.store.e.ApiKeyRow.select().order_by(lambda k: (k.created_at, k.name)))
+            return [self._public(r, self.spend(r.id)) for r in rows]
+
+    def get(self, ref: str) -> dict[str, Any]:
+        with orm.db_session:
+            row = self._row(ref)
+            return self._public(row, self.spend(row.id))
+
+    def update(self, ref: str, data: dict[str, Any], by: Principal = ADMIN) -> dict[str, Any]:
+        with _changing(ref), orm.db_session:
+            row = self._row(ref)
+            if "name" in data and data["name"] != row.name:
+                if self.store.e.ApiKeyRow.get(name=data["name"]) is not None:
+                    raise Conflict(f"an API key named '{data['name']}' exists")
+            for field, value in data.items():
+                if field == "expires_at":
+                    value = _naive(value) if value else None
+                elif field in ("scopes", "agents"):
+                    value = list(value or [])
+                setattr(row, field, value)
+            row.updated_at = _naive(self._now())
+            key_id, name = row.id, row.name
+        self.audit("key.update", name, {"key_id": key_id, "by": by.name, "fields": sorted(data)})
+        return self.get(key_id)
+
+    def delete(self, ref: str, by: Principal = ADMIN) -> dict[str, Any]:
+        with _changing(ref), orm.db_session:
+            row = self._row(ref)
+            key_id, name = row.id, row.name
+            row.delete()
+        self.audit("key.delete", name, {"key_id": key_id, "by": by.name})
+        return {"status": "deleted", "id": key_id}
+
+    def rotate(self, ref: str, by: Principal = ADMIN) -> dict[str, Any]:
+        """A new secret for the key; every setting stays and the old secret stops working."""
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_bytes(16)
+        with _changing(ref), orm.db_session:
+            row = self._row(ref)
+            row.salt, row.secret_hash = salt, _hash(secret, salt)
+            row.updated_at = _naive(self._now())
+            key_id, name = row.id, row.name
+        self.audit("key.rotate", name, {"key_id": key_id, "by": by.name})
+        out = self.get(key_id)
+        out["key"] = f"{TOKEN_PREFIX}{uuid.UUID(key_id).hex}_{secret}"
+        return out
+
+    # -- checking ----------------------------------------------------------------------
+    @staticmethod
+    def looks_like_key(token: str) -> bool:
+        return token.startswith(TOKEN_PREFIX)
+
+    def verify(self, token: str) -> Principal:
+        """The principal a scoped key's token stands for; 401 when it is unknown, wrong,
+        disabled or expired (each audited under the key's name, never the token)."""
+        match = _TOKEN_RE.match(token)
+        if match is None:
+            raise Unauthorized("invalid API key")
+        key_id = str(uuid.UUID(match.group(1)))
+        with orm.db_session:
+            row = self.store.e.ApiKeyRow.get(id=key_id)
+            if row is None:
+                raise Unauthorized("invalid API key")
+            name, salt, stored = row.name, row.salt, bytes(row.secret_hash)
+            enabled, expires = row.enabled, row.expires_at
+            scopes, agents, rpm = list(row.scopes), list(row.agents or []), row.rate_limit_per_minute
+        token_digest = hashlib.sha256(token.encode("utf-8")).digest()
+        cache_key = (key_id, token_digest)
+        now = time.monotonic()
+        with self._lock:
+            known = self._verified.get(cache_key)
+        if known is None or known[1] + _CACHE_TTL < now or not hmac.compare_digest(known[0], stored):
+            if not hmac.compare_digest(_hash(match.group(2), salt), stored):
+                self.audit("key.refused", name, {"key_id": key_id, "reason": "wrong secret"})
+                raise Unauthorized("invalid API key")
+            with self._lock:
+                self._verified[cache_key] = (stored, now)
+                self._verified.move_to_end(cache_key)
+                while len(self._verified) > _CACHE_MAX:
+                    self._verified.popitem(last=False)
+        if not enabled:
+            self.audit("key.refused", name, {"key_id": key_id, "reason": "disabled"})
+            raise Unauthorized(f"API key '{name}' is disabled")
+        if expires is not None and _naive(self._now()) >= expires:
+            self.audit("key.refused", name, {"key_id": key_id, "reason": "expired"})
+            raise Unauthorized(f"API key '{name}' expired at {iso(expires)}")
+        self._touch(key_id, now)
+        return Principal(key_id, name, scopes, agents, rpm, refused=self.refused)
+
+    def principal(self, key_id: str) -> Principal | None:
+        """The principal of a key by id (a dashboard session logged in with it); None when
+        it is gone, disabled or expired."""
+        with orm.db_session:
+            row = self.store.e.ApiKeyRow.get(id=key_id)
+            if row is None or not row.enabled or (row.expires_at is not None
+                                                   and _naive(self._now()) >= row.expires_at):
+                return None
+            return Principal(row.id, row.name, list(row.scopes), list(row.agents or []),
+                             row.rate_limit_per_minute, refused=self.refused)
+
+    def refused(self, who: Principal, why: str, detail: dict[str, Any]) -> None:
+        """Audit one refused request of a key (its name, never its secret)."""
+        self.audit("key.refused", who.name, {"key_id": who.key_id, "reason": why, **detail})
+
+    def _touch(self, key_id: str, now: float) -> None:
+        with self._lock:
+            last = self._touched.get(key_id)
+            if last is not None and now - last < _TOUCH_EVERY:
+                return
+            self._touched[key_id] = now
+        with orm.db_session:
+            self.store.db.execute("UPDATE api_keys SET last_used_at = $t WHERE id = $k",
+                                  {"t": _naive(self._now()), "k": key_id})
+
+    # -- rate limits -------------------------------------------------------------------
+    def shared_hit(self, key_id: str, rpm: int) -> float:
+        """Count one request of a key on a database several daemons share (one counter row
+        per key and UTC minute): 0 when allowed, else seconds until the next minute."""
+        now = time.time()
+        minute = int(now // 60)
+        params = {"k": key_id, "m": minute}
+        with orm.db_session:
+            self.store.db.execute(
+                "INSERT INTO api_key_rate (key_id, minute, count) VALUES ($k, $m, 1) "
+                "ON CONFLICT (key_id, minute) DO UPDATE SET count = api_key_rate.count + 1", params)
+            count = self.store.db.select("SELECT count FROM api_key_rate WHERE key_id = $k AND minute = $m",
+                                         params)[0]
+            with self._lock:
+                self._rate_hits += 1
+                prune = self._rate_hits % 200 == 0
+            if prune:
+                self.store.db.execute("DELETE FROM api_key_rate WHERE minute < $m", {"m": minute - 2})
+        if count > rpm:
+            return (minute + 1) * 60 - now
+        return 0.0
+
+    # -- spend and budgets ----------------------------------------------------------------
+    def _sum(self, key_id: str, start: datetime, end: datetime) -> float:
+        with orm.db_session:
+            return float(self.store.db.select(
+                "SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE key_id = $k AND at >= $s AND at < $e",
+                {"k": key_id, "s": _naive(start), "e": _naive(end)})[0])
+
+    def spend(self, key_id: str) -> tuple[float, float]:
+        """(today's, this month's) spend of a key, UTC, as every daemon recorded it."""
+        now = self._now()
+        return self._sum(key_id, *day_bounds(now)), self._sum(key_id, *month_bounds(now))
+
+    def check_budget(self, key_id: str) -> None:
+        """429 with Retry-After to the period's end when the key spent its day's or month's budget."""
+        if not key_id:
+            return
+        with orm.db_session:
+            row = self.store.e.ApiKeyRow.get(id=key_id)
+            if row is None:
+                return
+            name, per_day, per_month = row.name, row.budget_usd_per_day, row.budget_usd_per_month
+        now = self._now()
+        for limit, (start, end), period in ((per_day, day_bounds(now), "today"),
+                                            (per_month, month_bounds(now), "this month")):
+            if limit is None:
+                continue
+            spent = self._sum(key_id, start, end)
+            if spent >= limit:
+                self.audit("key.refused", name, {"key_id": key_id, "reason": "budget", "period": period})
+                raise TooManyRequests(
+                    f"message delivery failed: API key '{name}' is over its budget: {format_usd(spent)} of "
+                    f"{format_usd(limit)} spent {period}",
+                    retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")
+
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def parse_expiry(value: str) -> datetime:
+    """An RFC 3339 date-time with its offset (`2030-01-01T00:00:00Z`)."""
+    try:
+        if not _RFC3339.match(value):
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"expires_at is not an ISO 8601 date-time with an offset "
+                         f"(2030-01-01T00:00:00Z): {value!r}") from None

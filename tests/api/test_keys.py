@@ -1,0 +1,370 @@
+"""Scoped API keys through the real daemon: /api/keys (the secret once, a salted hash
+stored, rotate keeps settings), scopes (403 naming the scope), agent lists (404 as if
+absent, filtered lists), budgets (429 with Retry-After to the period's end, other keys
+unaffected), rate limits, `GET /api/usage?key=`, the audit trail, sessions per person on
+`/v1` and the native API (what the fake LLM received), the dashboard's key login and keys page."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, db_dump, db_rows, make_home, stop_shared
+
+ADMIN = "admin-secret-for-keys"
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    home = make_home(tmp_path_factory.mktemp("keys"), f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    yield daemon
+    stop_shared(daemon)
+
+
+def spawn(d: Daemon, prefix: str) -> tuple[str, str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"], name
+
+
+def new_key(d: Daemon, **fields: Any) -> dict[str, Any]:
+    body = {"name": f"k-{uuid.uuid4().hex[:8]}", "scopes": ["read", "message"], **fields}
+    r = d.post("/api/keys", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def as_key(d: Daemon, key: dict[str, Any] | str, method: str, path: str, **kwargs: Any) -> requests.Response:
+    token = key if isinstance(key, str) else key["key"]
+    return requests.request(method, d.url + path, headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                            **kwargs)
+
+
+def test_create_shows_the_secret_once_and_stores_only_a_salted_hash(d: Daemon) -> None:
+    expires = (datetime.now(timezone.utc) + timedelta(days=30)).replace(microsecond=0)
+    body = {"name": f"ci-{uuid.uuid4().hex[:6]}", "scopes": ["read"], "agents": ["support-*"],
+            "budget_usd_per_day": 1.5, "budget_usd_per_month": 20, "rate_limit_per_minute": 30,
+            "expires_at": expires.isoformat()}
+    r = d.post("/api/keys", json=body)
+    assert r.status_code == 201, r.text
+    created = r.json()
+    secret = created.pop("key")
+    assert re.fullmatch(r"agd_[0-9a-f]{32}_[A-Za-z0-9_-]{43}", secret)
+    assert created == {"id": created["id"], "name": body["name"], "scopes": ["read"], "agents": ["support-*"],
+                       "budget_usd_per_day": 1.5, "budget_usd_per_month": 20.0, "rate_limit_per_minute": 30,
+                       "expires_at": expires.isoformat(), "enabled": True, "created_at": created["created_at"],
+                       "updated_at": created["created_at"], "last_used_at": None,
+                       "spent_usd_today": 0.0, "spent_usd_this_month": 0.0}
+    listed = [k for k in d.get("/api/keys").json() if k["id"] == created["id"]]
+    assert listed == [created]
+    assert d.get(f"/api/keys/{created['id']}").json() == created
+    assert d.get(f"/api/keys/{body['name']}").json() == created  # by name too
+    assert all("key" not in k for k in d.get("/api/keys").json())
+    # Neither the secret nor its random part is anywhere in the database.
+    dump = db_dump(d.home)
+    random_part = secret[len("agd_") + 33:]  # (after the key id and its "_")
+    assert len(random_part) == 43 and secret.encode() not in dump and random_part.encode() not in dump
+    salt, digest = db_rows(d.home, "SELECT salt, secret_hash FROM api_keys WHERE id = ?", (created["id"],))[0]
+    assert len(bytes(salt)) == 16 and len(bytes(digest)) == 32
+    # The key works at once and last_used_at is kept.
+    assert as_key(d, secret, "GET", "/api/status").status_code == 200
+    assert d.get(f"/api/keys/{created['id']}").json()["last_used_at"] is not None
+
+
+def test_bad_bodies_and_unknown_keys(d: Daemon) -> None:
+    for bad, word in [({"scopes": ["read"]}, "name"), ({"name": "x"}, "scopes"),
+                      ({"name": "x", "scopes": ["root"]}, "scopes"), ({"name": "x", "scopes": []}, "scopes"),
+                      ({"name": "x", "scopes": ["read"], "budget_usd_per_day": -1}, "budget_usd_per_day"),
+                      ({"name": "x", "scopes": ["read"], "expires_at": "soon"}, "expires_at"),
+                      ({"name": "x", "scopes": ["read"], "colour": "red"}, "colour")]:
+        r = d.post("/api/keys", json=bad)
+        assert r.status_code == 400 and word in r.json()["error"], (bad, r.text)
+    key = new_key(d)
+    again = d.post("/api/keys", json={"name": key["name"], "scopes": ["read"]})
+    assert again.status_code == 409 and key["name"] in again.json()["error"]
+    for method in ("GET", "PATCH", "DELETE"):
+        r = d.http.request(method, f"{d.url}/api/keys/nope", json={} if method == "PATCH" else None)
+        assert r.status_code == 404 and r.json() == {"error": "API key not found: nope"}, (method, r.text)
+    assert d.post("/api/keys/nope/rotate").status_code == 404
+    wrong = key["key"][:-4] + "AAAA"
+    r = as_key(d, wrong, "GET", "/api/status")
+    assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
+
+
+def test_patch_disable_rotate_delete(d: Daemon) -> None:
+    key = new_key(d, rate_limit_per_minute=500)
+    r = d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False, "scopes": ["read"]})
+    assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["scopes"] == ["read"]
+    refused = as_key(d, key, "GET", "/api/status")
+    assert refused.status_code == 401 and refused.json() == {"error": f"API key '{key['name']}' is disabled"}
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True}).status_code == 200
+    assert as_key(d, key, "GET", "/api/status").status_code == 200
+    rotated = d.post(f"/api/keys/{key['id']}/rotate")
+    assert rotated.status_code == 200, rotated.text
+    new = rotated.json()
+    assert new["key"] != key["key"] and new["id"] == key["id"]
+    assert (new["scopes"], new["rate_limit_per_minute"], new["enabled"]) == (["read"], 500, True)
+    assert as_key(d, key, "GET", "/api/status").status_code == 401
+    assert as_key(d, new, "GET", "/api/status").status_code == 200
+    expired = d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"expires_at": "2000-01-01T00:00:00Z"})
+    assert expired.status_code == 200 and expired.json()["expires_at"] == "2000-01-01T00:00:00+00:00"
+    r = as_key(d, new, "GET", "/api/status")
+    assert r.status_code == 401 and "expired" in r.json()["error"]
+    gone = d.delete(f"/api/keys/{key['id']}")
+    assert gone.status_code == 200 and gone.json() == {"status": "deleted", "id": key["id"]}
+    assert as_key(d, new, "GET", "/api/status").status_code == 401
+    # Management actions are audited by name, never with the secret.
+    audit = d.get("/api/audit/recent", params={"limit": 200}).json()
+    mine = [(e["event"], e["subject"]) for e in audit if e["detail"].get("key_id") == key["id"]]
+    for event in ("key.create", "key.update", "key.rotate", "key.delete", "key.refused"):
+        assert (event, key["name"]) in mine, event
+    text = json.dumps(audit)
+    assert key["key"] not in text and new["key"] not in text
+
+
+def test_scopes_are_enforced_with_the_scope_named(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "scoped")
+    reader = new_key(d, scopes=["read"])
+    assert as_key(d, reader, "GET", "/api/agents").status_code == 200
+    r = as_key(d, reader, "POST", f"/api/agents/{agent_id}/message", json={"message": "hi"})
+    assert r.status_code == 403 and r.json() == {"error": f"forbidden: API key '{reader['name']}' is missing scope 'message'"}
+    r = as_key(d, reader, "POST", "/v1/chat/completions", json={"model": "x", "messages": []})
+    assert r.status_code == 403 and "missing scope 'message'" in r.json()["error"]["message"]
+    talker = new_key(d, scopes=["message"])
+    r = as_key(d, talker, "DELETE", f"/api/agents/{agent_id}")
+    assert r.status_code == 403 and "missing scope 'manage'" in r.json()["error"]
+    r = as_key(d, talker, "GET", "/api/keys")
+    assert r.status_code == 403 and "missing scope 'admin'" in r.json()["error"]
+    manager = new_key(d, scopes=["manage"])
+    r = as_key(d, manager, "POST", "/api/keys", json={"name": "escalate", "scopes": ["admin"]})
+    assert r.status_code == 403 and "missing scope 'admin'" in r.json()["error"]
+    admin = new_key(d, scopes=["admin"])
+    made = as_key(d, admin, "POST", "/api/keys", json={"name": f"by-{admin['name']}", "scopes": ["read"]})
+    assert made.status_code == 201
+    refusals = [e for e in d.get("/api/audit/recent", params={"limit": 100}).json()
+                if e["event"] == "key.refused" and e["subject"] == reader["name"]]
+    assert refusals and refusals[0]["detail"]["missing_scope"] == "message"
+
+
+def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
+    inside, inside_name = spawn(d, "team-a")
+    outside, outside_name = spawn(d, "team-b")
+    key = new_key(d, scopes=["read", "message", "manage"], agents=["team-a-*"])
+    listed = {a["id"] for a in as_key(d, key, "GET", "/api/agents").json()}
+    assert inside in listed and outside not in listed
+    for method, path in [("GET", f"/api/agents/{outside}"), ("GET", f"/api/agents/{outside}/session"),
+                         ("POST", f"/api/agents/{outside}/message"), ("DELETE", f"/api/agents/{outside}"),
+                         ("GET", f"/api/memory/agents/{outside}/kv")]:
+        r = as_key(d, key, method, path, json={"message": "hi"} if method == "POST" else None)
+        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (method, path, r.text)
+    assert as_key(d, key, "GET", f"/api/agents/{inside}").status_code == 200
+    models = {m["id"] for m in as_key(d, key, "GET", "/v1/models").json()["data"]}
+    assert f"agentd:{inside_name}" in models and f"agentd:{outside_name}" not in models
+    r = as_key(d, key, "POST", "/v1/chat/completions",
+               json={"model": f"agentd:{outside_name}", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    by_id = new_key(d, agents=[outside])
+    assert as_key(d, by_id, "GET", f"/api/agents/{outside}").status_code == 200
+    assert as_key(d, by_id, "GET", f"/api/agents/{inside}").status_code == 404
+
+
+def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:
+    agent_id, name = spawn(d, "budget")
+    tight = new_key(d, budget_usd_per_day=0.000001)
+    other = new_key(d)
+    first = as_key(d, tight, "POST", f"/api/agents/{agent_id}/message", json={"message": "one"})
+    assert first.status_code == 200, first.text
+    spent = first.json()["cost_usd"]
+    assert spent > 0.000001
+    now = datetime.now(timezone.utc)
+    day_end = datetime(now.year, now.month, now.day, tzinfo=timezone.utc) + timedelta(days=1)
+    for method, path, body in [("POST", f"/api/agents/{agent_id}/message", {"message": "two"}),
+                               ("POST", f"/api/agents/{agent_id}/message/stream", {"message": "two"}),
+                               ("POST", "/v1/chat/completions",
+                                {"model": f"agentd:{name}", "messages": [{"role": "user", "content": "two"}]})]:
+        r = as_key(d, tight, method, path, json=body)
+        assert r.status_code == 429, (path, r.text)
+        wait = int(r.headers["Retry-After"])
+        assert abs(wait - (day_end - datetime.now(timezone.utc)).total_seconds()) < 5
+        text = r.json()["error"] if path.startswith("/api/") else r.json()["error"]["message"]
+        assert f"API key '{tight['name']}' is over its budget" in text
+    # Another key, and the admin, keep working; the spend is the key's.
+    assert as_key(d, other, "POST", f"/api/agents/{agent_id}/message", json={"message": "three"}).status_code == 200
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "four"}).status_code == 200
+    usage = d.get("/api/usage", params={"key": tight["name"]}).json()
+    assert usage["requests"] == 1 and usage["total_cost_usd"] == pytest.approx(spent) and usage["key_id"] == tight["id"]
+    assert d.get(f"/api/keys/{tight['id']}").json()["spent_usd_today"] == pytest.approx(spent)
+    assert d.get("/api/usage", params={"key": "nobody"}).status_code == 404
+
+
+def test_a_key_rate_limit(d: Daemon) -> None:
+    key = new_key(d, rate_limit_per_minute=3)
+    codes = [as_key(d, key, "GET", "/api/status").status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    r = as_key(d, key, "GET", "/api/status")
+    assert r.status_code == 429 and float(r.headers["Retry-After"]) >= 1
+    assert f"API key '{key['name']}' allows 3 requests a minute" in r.json()["error"]
+    assert as_key(d, new_key(d), "GET", "/api/status").status_code == 200
+
+
+def _histories(fake_llm: Any, since: int, marker: str) -> list[list[str]]:
+    """The user turns of every model request since `since` whose last user turn holds `marker`."""
+    out = []
+    for req in fake_llm.requests[since:]:
+        users = [m.get("content") for m in (req.get("json") or {}).get("messages", []) if m.get("role") == "user"]
+        if users and marker in str(users[-1]):
+            out.append(users)
+    return out
+
+
+def test_v1_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_llm) -> None:
+    agent_id, name = spawn(d, "people")
+    tag = uuid.uuid4().hex[:6]
+    mark = len(fake_llm.requests)
+    errors: list[str] = []
+
+    def chat(token: str, user: str | None, n: int) -> None:
+        body: dict[str, Any] = {"model": f"agentd:{name}",
+                                "messages": [{"role": "user", "content": f"{tag} {user} says {n}"}]}
+        if user:
+            body["user"] = user
+        r = requests.post(f"{d.url}/v1/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"})
+        if r.status_code != 200:
+            errors.append(r.text)
+
+    def person(token: str, user: str | None) -> None:
+        for n in range(2):
+            chat(token, user, n)
+
+    key = new_key(d)
+    threads = [threading.Thread(target=person, args=(ADMIN, "alice")),
+               threading.Thread(target=person, args=(ADMIN, "bob")),
+               threading.Thread(target=person, args=(key["key"], None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    for who in ("alice", "bob", "None"):
+        seen = _histories(fake_llm, mark, f"{tag} {who} says 1")
+        assert len(seen) == 1, who
+        # The second turn's history is this person's first turn only.
+        assert seen[0] == [f"{tag} {who} says 0", f"{tag} {who} says 1"], seen
+    # The agent's own session saw none of it.
+    assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
+
+
+def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:
+    agent_id, _ = spawn(d, "native")
+    tag = uuid.uuid4().hex[:6]
+
+    def say(text: str, **extra: str) -> None:
+        r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"{tag} {text}", **extra})
+        assert r.status_code == 200, r.text
+
+    say("carol one", user="carol")
+    say("shared one")
+    say("room one", session="room-7")
+    mark = len(fake_llm.requests)
+    say("carol two", user="carol")
+    say("room two", session="room-7")
+    assert _histories(fake_llm, mark, f"{tag} carol two") == [[f"{tag} carol one", f"{tag} carol two"]]
+    assert _histories(fake_llm, mark, f"{tag} room two") == [[f"{tag} room one", f"{tag} room two"]]
+    contents = [m["content"] for m in d.get(f"/api/agents/{agent_id}/session").json()["messages"]]
+    assert contents == [f"{tag} shared one", f"echo: {tag} shared one"]
+    mark = len(fake_llm.requests)
+    r = d.post(f"/api/agents/{agent_id}/message/stream", json={"message": f"{tag} carol three", "user": "carol"})
+    assert r.status_code == 200 and "event: done" in r.text
+    assert _histories(fake_llm, mark, f"{tag} carol three") == [
+        [f"{tag} carol one", f"{tag} carol two", f"{tag} carol three"]]
+    bad = d.post(f"/api/agents/{agent_id}/message", json={"message": "x", "user": ""})
+    assert bad.status_code == 400 and "user" in bad.json()["error"]
+
+
+def test_keys_need_an_admin_key(daemon_factory, fake_llm) -> None:
+    keyless = daemon_factory(llm_config(fake_llm), env_extra=LLM_ENV)
+    r = keyless.post("/api/keys", json={"name": "x", "scopes": ["read"]})
+    assert r.status_code == 409 and "need an admin key" in r.json()["error"]
+    assert keyless.get("/api/keys").json() == []
+
+
+def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
+    visible, _ = spawn(d, "dash-in")
+    hidden, _ = spawn(d, "dash-out")
+    key = new_key(d, scopes=["read"], agents=["dash-in-*"])
+    browser = requests.Session()
+    login = browser.get(f"{d.url}/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+    r = browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token}, allow_redirects=False)
+    assert r.status_code == 303, r.text
+    page = browser.get(f"{d.url}/agents")
+    assert page.status_code == 200 and visible in page.text and hidden not in page.text
+    assert browser.get(f"{d.url}/agents/{hidden}").status_code == 404
+    assert browser.get(f"{d.url}/keys").status_code == 403
+    assert [a["id"] for a in browser.get(f"{d.url}/api/agents").json()] == [visible]
+    assert browser.get(f"{d.url}/usage").status_code == 200
+
+
+def test_dashboard_keys_page(d: Daemon) -> None:
+    browser = requests.Session()
+    login = browser.get(f"{d.url}/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+    assert browser.post(f"{d.url}/login", data={"api_key": ADMIN, "csrf_token": token}).status_code == 200
+    page = browser.get(f"{d.url}/keys")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+    name = f"dash-{uuid.uuid4().hex[:6]}"
+    made = browser.post(f"{d.url}/keys", data={"name": name, "scopes": ["read", "message"],
+                                                "budget_usd_per_day": "2", "csrf_token": token})
+    assert made.status_code == 201, made.text
+    secret = re.search(r'<code id="key-value">(agd_[^<]+)</code>', made.text).group(1)
+    assert as_key(d, secret, "GET", "/api/status").status_code == 200
+    key_id = d.get(f"/api/keys/{name}").json()["id"]
+    assert secret not in browser.get(f"{d.url}/keys").text  # shown once
+    assert browser.post(f"{d.url}/keys/{key_id}/disable", data={"csrf_token": token}).status_code == 200
+    assert d.get(f"/api/keys/{key_id}").json()["enabled"] is False
+    rotated = browser.post(f"{d.url}/keys/{key_id}/rotate", data={"csrf_token": token})
+    assert rotated.status_code == 200 and secret not in rotated.text and 'id="key-value"' in rotated.text
+    assert browser.post(f"{d.url}/keys/{key_id}/delete", data={"csrf_token": token}).status_code == 200
+    assert d.get(f"/api/keys/{key_id}").status_code == 404
+    usage = browser.get(f"{d.url}/usage")
+    assert usage.status_code == 200 and 'id="per-key"' in usage.text
+
+
+def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:
+    import websocket
+
+    agent_id, _ = spawn(d, "socket")
+    tag = uuid.uuid4().hex[:6]
+    key = new_key(d, budget_usd_per_day=0.000001)
+    base = d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws?token={key['key']}"
+    ws = websocket.create_connection(f"{base}&user=erin", timeout=10)
+    try:
+        assert json.loads(ws.recv()) == {"type": "connected", "agent_id": agent_id}
+        ws.send(json.dumps({"type": "message", "content": f"{tag} erin one"}))
+        frames = []
+        while not frames or frames[-1]["type"] not in ("response", "error"):
+            frames.append(json.loads(ws.recv()))
+        assert frames[-1]["type"] == "response", frames
+        ws.send(json.dumps({"type": "message", "content": f"{tag} erin two"}))
+        frame = json.loads(ws.recv())
+        assert frame["type"] == "error" and f"API key '{key['name']}' is over its budget" in frame["content"]
+    finally:
+        ws.close()
+    # Erin's exchange went to her session (through this key), not the agent's own.
+    assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
+    reader = new_key(d, scopes=["read"])
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws"
+                                    f"?token={reader['key']}", timeout=10)
+    assert refused.value.status_code == 403
