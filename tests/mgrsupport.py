@@ -79,7 +79,7 @@ class Env:
         sessions = SessionStore(store, registry, models, write_usage)
         uploads = Uploads(store)
         runs = Runs(self.config, self.catalog, registry, sessions, models, uploads, queues, approvals,
-                    KvMemory(store), memory, cluster, preflight, key_budget)
+                    KvMemory(store), memory, cluster, preflight, key_budget=key_budget)
         return AgentManager(registry, sessions, models, uploads, runs)
 
     def close(self) -> None:

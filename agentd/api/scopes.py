@@ -64,6 +64,29 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.agent_mode": "manage", "pages.agent_reset": "manage", "pages.approval_decide": "manage",
     "pages.workflow_run": "manage", "pages.provider_test": "manage",
     "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin",
+    "pages.agent_files": "read", "pages.agent_file": "read", "pages.mcp_servers": "read", "pages.skills": "read",
+    "pages.schedules": "read", "pages.schedule_page": "read", "pages.triggers": "read", "pages.tasks": "read",
+    "pages.schedule_enable": "manage", "pages.schedule_disable": "manage", "pages.schedule_run": "manage",
+    "pages.schedule_delete": "manage", "pages.trigger_action": "manage", "pages.task_post": "manage",
+    "pages.task_delete": "manage",
+    # OpenAI-compatible: Responses and embeddings
+    "responses.create_response": "message", "responses.retrieve_response": "message",
+    "embeddings.create_embeddings": "message",
+    # MCP and A2A: the cards are public (remote agents discover before they authenticate)
+    "mcp.mcp_endpoint": "message", "mcp.list_servers": "read", "mcp.reload_servers": "admin",
+    "a2a.daemon_card": PUBLIC, "a2a.agent_card": PUBLIC, "a2a.agent_cards": "read",
+    "a2a.rpc": "message", "a2a.agent_rpc": "message",
+    # skills, tools, uploads, metrics
+    "skills.list_skills": "read", "skills.install": "admin", "skills.delete": "admin", "skills.reload": "manage",
+    "tools.tools": "read", "uploads.uploads": "read", "uploads.upload_content": "read", "metrics.metrics": "read",
+    # cron jobs, triggers, events, the task board
+    "cron.list_jobs": "read", "cron.detail": "read", "cron.runs": "read",
+    "cron.create": "manage", "cron.update": "manage", "cron.delete": "manage", "cron.run": "manage",
+    "triggers.list_triggers": "read", "triggers.detail": "read",
+    "triggers.create": "manage", "triggers.update": "manage", "triggers.delete": "manage",
+    "triggers.publish_event": "message",
+    "tasks.list_tasks": "read", "tasks.detail": "read",
+    "tasks.create": "manage", "tasks.claim": "manage", "tasks.complete": "manage", "tasks.delete": "manage",
 }
 
 

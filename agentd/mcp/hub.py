@@ -148,7 +148,7 @@ class McpHub:
 
         description = (mcp_tool.description or mcp_tool.title or remote).strip()
         return Tool(tool_name(server, remote), f"[MCP server {server}] {description}",
-                    _schema(mcp_tool.input_schema), run, origin=f"mcp:{server}")
+                    _schema(mcp_tool.input_schema), run, origin=f"mcp:{server}", family="mcp")
 
     # -- calls ---------------------------------------------------------------
     def call(self, server: str, tool: str, args: dict[str, Any], cancel: threading.Event | None = None) -> str:

@@ -114,7 +114,7 @@ def tool(name: str, description: str, properties: dict[str, Any], required: tupl
             return fn(ctx, args)
 
         run = fn if check is None else checked
-        REGISTRY[name] = Tool(name, description, schema, run, read_only, capability, group, check)
+        REGISTRY[name] = Tool(name, description, schema, run, read_only, capability, family=group, check=check)
         return fn
 
     return register
