@@ -215,6 +215,7 @@ class Kernel:
         self.cluster.start()
         self.channels.start_all()
         self.mcp_watch.start()
+        self.scheduler.start()
 
     def _workflow_exists(self, workflow_id: str) -> bool:
         try:
