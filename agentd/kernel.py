@@ -210,7 +210,8 @@ class Kernel:
                                    self.workflows.run, delivery, self.listeners, self.audit.record, self.executor,
                                    wake=cron_wake,
                                    live_daemons=(lambda: {d["id"] for d in self.cluster.daemons()})
-                                   if self.cluster.shared else None)
+                                   if self.cluster.shared else None,
+                                   on_lag=self.metrics.scheduler_lag.observe)
         self.cluster.on_tick.append(self.scheduler.reap)
         self.cluster.start()
         self.channels.start_all()

@@ -54,7 +54,8 @@ class Scheduler:
     def __init__(self, store: CronStore, settings: SchedulesConfig, daemon_id: str, runs: Runs,
                  find_agent: Callable[[str], Any], run_workflow: Callable[[str, str], dict[str, Any]],
                  delivery: Delivery, listeners: AgentListeners, audit: Audit, executor: Executor,
-                 wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None) -> None:
+                 wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None,
+                 on_lag: Callable[[float], None] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.daemon_id = daemon_id
@@ -67,6 +68,8 @@ class Scheduler:
         self.executor = executor
         # The daemons alive on a shared database (None: this daemon is alone).
         self.live_daemons = live_daemons
+        # Told how late each due time this daemon claimed was handled (the metrics' histogram).
+        self.on_lag = on_lag
         # Set when a job changes on this daemon (CronJobs is given its `set`).
         self._wake = wake or threading.Event()
         self._stop = threading.Event()
@@ -138,6 +141,8 @@ class Scheduler:
         following = None if job["one_shot"] else schedule.next_after(now, anchor=due)
         if not self.store.claim(job_id, due, following):
             return  # another daemon took this due time
+        if self.on_lag is not None:
+            self.on_lag(max(0.0, now - due))
         finished = following is None
         if finished:  # one-shot (or an `at` time): nothing left to run
             self.store.update(job_id, enabled=False, next_due=None)

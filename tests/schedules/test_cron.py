@@ -173,6 +173,11 @@ def test_every_second_fires_once_per_due_time_through_the_run_path(env) -> None:
     assert len(runs(d, created["id"])) == count  # paused: nothing more
     last = d.get(f"/api/cron/jobs/{created['id']}").json()["last_run"]
     assert last["status"] == "ok"
+    # The metrics see them too: runs of origin `schedule`, and how late each due time started.
+    scraped = d.get("/metrics").text
+    assert 'agentd_runs_total{origin="schedule",outcome="completed"}' in scraped
+    lag = [line for line in scraped.splitlines() if line.startswith("agentd_scheduler_lag_seconds_count")]
+    assert lag and float(lag[0].split()[-1]) >= len(done)
 
 
 def test_overlapped_due_times_are_recorded_skipped(env) -> None:
