@@ -382,3 +382,28 @@ def parse_expiry(value: str) -> datetime:
     except ValueError:
         raise BadRequest(f"expires_at is not an ISO 8601 date-time with an offset "
                          f"(2030-01-01T00:00:00Z): {value!r}") from None
+
+
+SESSION_NS = uuid.UUID("6d0c5e0a-35a4-4c1e-9a61-0d7f2f1c9b51")
+
+
+def run_fields(who: Principal, handle: Any, user: str | None = None, session: str | None = None,
+               own_session: bool = False) -> dict[str, str]:
+    """RunRequest fields for a run `who` starts: the key that pays, and the session of the
+    person talking (`user` or a named `session`; with `own_session`, a scoped key without
+    either gets a session of its own). A scoped key's people are its own: the same `user`
+    through two keys is two sessions."""
+    owner = ""
+    if session:
+        owner = f"session:{session}"
+    elif user:
+        owner = f"user:{user}"
+    elif own_session and not who.is_admin:
+        owner = "key"
+    if owner and not who.is_admin:
+        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
+    fields = {"key_id": who.key_id, "owner": owner}
+    if owner:
+        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
+        fields["label"] = owner
+    return fields

@@ -165,7 +165,7 @@ class Kernel:
                          tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron,
                          key_budget=self.keys.check_budget)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
-        self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory)
+        self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory, self.keys)
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).
         self.a2a = A2AService(self.agents, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)

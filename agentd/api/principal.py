@@ -11,14 +11,13 @@ call, an A2A task) checks with the same two calls:
     who.require("message")          # 403 naming the missing scope
     handle = who.reach(handle)      # 404 for an agent outside the key's list
 
-and starts its run with `run_fields(who, handle, user=...)`: the key that pays and the
+and starts its run with `run_fields(who, handle, user=...)` (agentd/apikeys.py): the key that pays and the
 person whose session it is.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
 from typing import Any
 
 from flask import Response, current_app, g, request
@@ -28,11 +27,10 @@ from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
 from agentd.api.scopes import scope_of
-from agentd.apikeys import ADMIN, TOKEN_PREFIX, Principal
+from agentd.apikeys import ADMIN, TOKEN_PREFIX, Principal, run_fields  # noqa: F401 - the routes' import
 from agentd.config import Config
 from agentd.errors import AgentdError, Unauthorized
 
-SESSION_NS = uuid.UUID("6d0c5e0a-35a4-4c1e-9a61-0d7f2f1c9b51")
 _UNSET = object()
 
 
@@ -139,25 +137,3 @@ def authorize(who: Principal, limits: KeyLimits) -> Response | None:
                                    f"{who.rate_limit_per_minute} requests a minute",
                               code="rate_limit_exceeded", retry_after=wait)
     return None
-
-
-def run_fields(who: Principal, handle: Any, user: str | None = None, session: str | None = None,
-               own_session: bool = False) -> dict[str, str]:
-    """RunRequest fields for a run `who` starts: the key that pays, and the session of the
-    person talking (`user` or a named `session`; with `own_session`, a scoped key without
-    either gets a session of its own). A scoped key's people are its own: the same `user`
-    through two keys is two sessions."""
-    owner = ""
-    if session:
-        owner = f"session:{session}"
-    elif user:
-        owner = f"user:{user}"
-    elif own_session and not who.is_admin:
-        owner = "key"
-    if owner and not who.is_admin:
-        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
-    fields = {"key_id": who.key_id, "owner": owner}
-    if owner:
-        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
-        fields["label"] = owner
-    return fields

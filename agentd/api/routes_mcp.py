@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, jsonify, request
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, ConfigError
 
 bp = Blueprint("mcp", __name__)
+KEY_HEADER = "HTTP_X_AGENTD_KEY_ID"  # read by agentd/mcp/server.py as `x-agentd-key-id`
 
 
 @bp.get("/api/mcp/servers")
@@ -34,5 +36,7 @@ def reload_servers():
 @bp.route("/mcp", methods=["GET", "POST", "DELETE"])
 def mcp_endpoint():
     # The guard (Host, Origin) and the API key check have run; the SDK's transport answers
-    # (Flask runs a returned WSGI app and streams what it writes).
+    # (Flask runs a returned WSGI app and streams what it writes). Its tools act as this
+    # request's key, named in a header set here, over whatever the client sent.
+    request.environ[KEY_HEADER] = principal().key_id
     return kernel().mcp_endpoint

@@ -13,9 +13,9 @@ from wsgiref.util import is_hop_by_hop
 class McpEndpoint:
     """The `/mcp` WSGI app, built on its first request (the SDK loads then, not at start)."""
 
-    def __init__(self, loop: Any, agents: Any, runs: Any, memory: Any) -> None:
+    def __init__(self, loop: Any, agents: Any, runs: Any, memory: Any, keys: Any) -> None:
         self._loop = loop
-        self._parts = (agents, runs, memory)
+        self._parts = (agents, runs, memory, keys)
         self._wsgi: Any = None
         self._stop: Any = None  # set: the transport's session manager ends
         self._serving: Any = None  # the session manager's task on the loop

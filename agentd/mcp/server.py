@@ -20,29 +20,45 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agentd import __version__
+from agentd.apikeys import ADMIN, Principal, run_fields
 from agentd.errors import AgentdError
 
 # Progress text is cut so a long answer streams as a few notifications, not one per token.
 PROGRESS_TEXT_LIMIT = 2000
 
 
-def build_server(agents: Any, runs: Any, memory: Any) -> MCPServer:
-    """The MCP server over the agent manager, the run path and semantic memory."""
+def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
+    """The MCP server over the agent manager, the run path and semantic memory; each call
+    acts as the request's API key (`keys`: agentd/apikeys.py), as the JSON API does."""
     server = MCPServer("agentd", version=__version__,
                        instructions="Agents hosted by this agentd daemon: list them, send one a message, "
                                     "or recall what one remembers.")
 
-    def find(ref: str) -> Any:
-        handle = agents.find(ref)
-        if handle is None:
-            raise ToolError(f"no agent with id or name {ref!r}")
+    def who(ctx: Context) -> Principal:
+        # Set by the daemon's route from the request's key, never by the client.
+        key_id = (ctx.headers or {}).get("x-agentd-key-id", "")
+        if not key_id:
+            return ADMIN
+        found = keys.principal(key_id)
+        if found is None:
+            raise ToolError("the API key of this request is no longer valid")
+        return found
+
+    def find(ref: str, caller: Principal, scope: str) -> Any:
+        try:
+            caller.require(scope)
+            handle = agents.find(ref)
+            if handle is None or not caller.may_reach(handle):
+                raise ToolError(f"no agent with id or name {ref!r}")
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
         return handle
 
     @server.tool(name="list_agents", description="List the agents of this daemon: id, name, state, mode, "
                                                  "model and description.")
-    def list_agents() -> str:
+    def list_agents(ctx: Context) -> str:
         items = []
-        for handle in agents.handles():
+        for handle in who(ctx).visible(agents.handles()):
             items.append({"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
                           "model": f"{handle.provider}/{handle.model}",
                           "description": handle.manifest.data["description"]})
@@ -53,11 +69,12 @@ def build_server(agents: Any, runs: Any, memory: Any) -> MCPServer:
     async def message_agent(agent: str, message: str, ctx: Context) -> str:
         from agentd.agents.runs import RunRequest
 
-        handle = find(agent)
+        caller = who(ctx)
+        handle = find(agent, caller, "message")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         request = RunRequest(handle, message, emit=lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
-                             origin="mcp")
+                             origin="mcp", **run_fields(caller, handle, own_session=True))
 
         def run() -> str:
             return runs.start(request).result().response
@@ -83,8 +100,8 @@ def build_server(agents: Any, runs: Any, memory: Any) -> MCPServer:
                 request.cancel.set()  # the client went away: the run stops too
 
     @server.tool(name="recall_memory", description="Fragments of an agent's memory nearest in meaning to a query.")
-    def recall_memory(agent: str, query: str, limit: int = 5) -> str:
-        handle = find(agent)
+    def recall_memory(agent: str, query: str, ctx: Context, limit: int = 5) -> str:
+        handle = find(agent, who(ctx), "read")
         try:
             return json.dumps(memory.recall(handle.id, query, limit))
         except AgentdError as exc:

@@ -41,8 +41,9 @@ def _spawn(d: Daemon, name: str) -> str:
     return r.json()["agent_id"]
 
 
-def _client(d: Daemon, key: str | None = KEY, **kw: Any) -> Client:
+def _client(d: Daemon, key: str | None = KEY, extra: dict[str, str] | None = None, **kw: Any) -> Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers.update(extra or {})
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0))
     return Client(streamable_http_client(f"{d.url}/mcp", http_client=http), **kw)
 
@@ -143,3 +144,32 @@ def test_mcp_endpoint_has_the_api_auth(pair) -> None:
     cross_site = requests.post(f"{second.url}/mcp", json=body,
                                headers={**headers, "Origin": "http://evil.example"}, timeout=10)
     assert cross_site.status_code == 403
+
+
+def test_a_scoped_key_sees_and_messages_only_its_agents(pair) -> None:
+    first, _ = pair
+    mine, other = _spawn(first, "scoped-mine"), _spawn(first, "scoped-other")
+    created = first.post("/api/keys", json={"name": "mcp-scoped", "scopes": ["read", "message"],
+                                            "agents": ["scoped-mine"]})
+    assert created.status_code == 201, created.text
+    reader = first.post("/api/keys", json={"name": "mcp-reader", "scopes": ["read"]}).json()["key"]
+    # A key id sent by the client is not trusted: the daemon sets the header from the real key.
+    forged = {"X-Agentd-Key-Id": ""}  # "": the admin's
+
+    async def session() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with _client(first, created.json()["key"], forged) as client:
+            out["agents"] = json.loads((await client.call_tool("list_agents", {})).content[0].text)
+            out["other"] = await client.call_tool("message_agent", {"agent": "scoped-other", "message": "hi"})
+            out["mine"] = await client.call_tool("message_agent", {"agent": "scoped-mine", "message": "[[reply:ok]]"})
+        return out
+
+    out = asyncio.run(session())
+    assert [a["id"] for a in out["agents"]] == [mine]
+    assert out["other"].is_error and out["other"].content[0].text.endswith("no agent with id or name 'scoped-other'")
+    assert out["mine"].is_error is False and out["mine"].content[0].text == "ok"
+    refused = first.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={"Authorization": f"Bearer {reader}", "Accept": "application/json, text/event-stream"})
+    assert refused.status_code == 403 and "missing scope 'message'" in refused.json()["error"]
+    # The scoped key's run is its own: the agent's own session did not get it.
+    assert other and first.get(f"/api/agents/{mine}/session").json()["messages"] == []
