@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.runs import RunRequest
+from agentd.apikeys import ADMIN, Principal
 from agentd.errors import AgentdError
 from agentd.timestamps import iso, utcnow
 
@@ -142,6 +143,7 @@ class A2AService:
         self.runs = runs
         self._tasks: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._cancels: dict[str, threading.Event] = {}
+        self._task_keys: dict[str, str] = {}  # the scoped key that started each task ("": admin)
         self._lock = threading.Lock()
 
     # -- requests -----------------------------------------------------------------
@@ -167,17 +169,18 @@ class A2AService:
         return method in SEND
 
     def call(self, method: str, params: dict[str, Any], agent_name: str | None,
-             wait: Callable[[Any], Any] | None = None) -> Any:
-        """The result of a non-streaming method (`wait(ticket)` waits for a run's result)."""
+             wait: Callable[[Any], Any] | None = None, caller: Principal = ADMIN) -> Any:
+        """The result of a non-streaming method (`wait(ticket)` waits for a run's result),
+        as `caller` (the request's API key) may see and do it."""
         v1 = method[:1].isupper()
         if method in SEND:
-            result = self._send(params, agent_name, wait)
+            result = self._send(params, agent_name, wait, caller)
             return {"task": to_v1(result)} if v1 else result
         if method in GET:
-            task = self._task(params, agent_name)
+            task = self._task(params, agent_name, caller)
             return to_v1(task) if v1 else task
         if method in CANCEL:
-            task = self._cancel(params, agent_name)
+            task = self._cancel(params, agent_name, caller)
             return to_v1(task) if v1 else task
         if method in STREAM:
             raise RpcError(INVALID_REQUEST, f"{method} answers a stream; it cannot be sent here")
@@ -188,20 +191,22 @@ class A2AService:
         raise RpcError(METHOD_NOT_FOUND, f"method not found: {method}")
 
     # -- message/send -------------------------------------------------------------
-    def _prepare(self, params: dict[str, Any], agent_name: str | None) -> tuple[Any, str, dict[str, Any], str]:
+    def _prepare(self, params: dict[str, Any], agent_name: str | None,
+                 caller: Principal) -> tuple[Any, str, dict[str, Any], str]:
         message = params.get("message")
         text = message_text(message)
         meta = params.get("metadata") if isinstance(params.get("metadata"), dict) else {}
         msg_meta = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
         named = [m.get(k) for m in (meta, msg_meta) for k in AGENT_KEYS if m.get(k)]
-        handle = self._agent(agent_name, named[0] if named else None)
+        handle = self._agent(agent_name, named[0] if named else None, caller)
         context_id = message.get("contextId")
         if context_id is not None and (not isinstance(context_id, str) or not context_id or len(context_id) > 200):
             raise RpcError(INVALID_PARAMS, "message.contextId must be a non-empty string of at most 200 characters")
         if not context_id and isinstance(message.get("taskId"), str):
             with self._lock:
                 earlier = self._tasks.get(message["taskId"])
-            if earlier is not None and earlier["metadata"]["agent"] == handle.name:
+                same_key = self._task_keys.get(message["taskId"], "") == caller.key_id
+            if earlier is not None and earlier["metadata"]["agent"] == handle.name and same_key:
                 context_id = earlier["contextId"]
         context_id = context_id or str(uuid.uuid4())
         task_id = str(uuid.uuid4())
@@ -210,35 +215,41 @@ class A2AService:
         task = {"kind": "task", "id": task_id, "contextId": context_id,
                 "status": {"state": "submitted", "timestamp": iso(utcnow())},
                 "artifacts": [], "history": [user], "metadata": {"agent": handle.name}}
+        with self._lock:
+            self._task_keys[task_id] = caller.key_id
         return handle, text, task, context_id
 
-    def _agent(self, path_name: str | None, ref: Any) -> Any:
+    def _agent(self, path_name: str | None, ref: Any, caller: Principal = ADMIN) -> Any:
         """The agent of the endpoint's path, else the one the metadata names (name or id), else
-        the only agent there is."""
+        the only agent there is; an agent outside the caller's key is as absent."""
         if path_name is not None:
             handle = self.agents.by_name(path_name)
         elif ref is not None:
             handle = self.agents.find(ref) if isinstance(ref, str) else None
         else:
-            handles = self.agents.handles()
+            handles = caller.visible(self.agents.handles())
             if len(handles) == 1:
                 return handles[0]
             raise RpcError(INVALID_PARAMS, "name the agent: params.metadata.agent, or send to the agent's own "
                                            "endpoint /a2a/agents/<name>")
-        if handle is None:
+        if handle is None or not caller.may_reach(handle):
             raise RpcError(INVALID_PARAMS, f"no agent named {path_name or ref!r}")
         return handle
 
     def _request(self, handle: Any, text: str, context_id: str, emit: Any = None,
-                 cancel: threading.Event | None = None) -> RunRequest:
-        session = str(uuid.uuid5(_CONTEXTS, f"{handle.id}:{context_id}"))
+                 cancel: threading.Event | None = None, caller: Principal = ADMIN) -> RunRequest:
+        # A context is a conversation of its own; a scoped key's contexts are its own too.
+        session = str(uuid.uuid5(_CONTEXTS, f"{handle.id}:{caller.key_id}:{context_id}" if caller.key_id
+                                 else f"{handle.id}:{context_id}"))
         return RunRequest(handle, text, emit=emit, cancel=cancel or threading.Event(), session_id=session,
-                          label=f"a2a:{context_id}"[:200], origin="a2a")
+                          label=f"a2a:{context_id}"[:200], origin="a2a", key_id=caller.key_id,
+                          owner=f"key:{caller.key_id}" if caller.key_id else "")
 
-    def _start(self, handle: Any, text: str, context_id: str, task: dict[str, Any], emit: Any = None) -> Any:
+    def _start(self, handle: Any, text: str, context_id: str, task: dict[str, Any], emit: Any = None,
+               caller: Principal = ADMIN) -> Any:
         cancel = threading.Event()
         try:
-            ticket = self.runs.start(self._request(handle, text, context_id, emit, cancel))
+            ticket = self.runs.start(self._request(handle, text, context_id, emit, cancel, caller))
         except AgentdError as exc:
             code = INVALID_PARAMS if exc.status in (400, 404, 413) else INTERNAL_ERROR
             raise RpcError(code, exc.message, {"status": exc.status}) from None
@@ -262,9 +273,10 @@ class A2AService:
         with self._lock:
             self._cancels.pop(task["id"], None)
 
-    def _send(self, params: dict[str, Any], agent_name: str | None, wait: Callable[[Any], Any] | None) -> dict:
-        handle, text, task, context_id = self._prepare(params, agent_name)
-        ticket = self._start(handle, text, context_id, task)
+    def _send(self, params: dict[str, Any], agent_name: str | None, wait: Callable[[Any], Any] | None,
+              caller: Principal) -> dict:
+        handle, text, task, context_id = self._prepare(params, agent_name, caller)
+        ticket = self._start(handle, text, context_id, task, caller=caller)
         try:
             result = wait(ticket) if wait is not None else ticket.result()
         except Exception as exc:  # noqa: BLE001 - every failure of the run is the task's state
@@ -276,13 +288,13 @@ class A2AService:
     # -- message/stream -----------------------------------------------------------
     def stream(self, rpc_id: Any, method: str, params: dict[str, Any], agent_name: str | None,
                submit: Callable[[Callable[[], Any]], Any], alive: Callable[[], bool],
-               poll: float = 0.1) -> Iterator[dict[str, Any]]:
+               poll: float = 0.1, caller: Principal = ADMIN) -> Iterator[dict[str, Any]]:
         """The JSON-RPC responses of a streamed message (RpcError before the first one);
         `submit(fn)` runs the run elsewhere; `alive()` False stops it (the client left)."""
         v1 = method[:1].isupper()
-        handle, text, task, context_id = self._prepare(params, agent_name)
+        handle, text, task, context_id = self._prepare(params, agent_name, caller)
         events: queue.Queue = queue.Queue()
-        ticket = self._start(handle, text, context_id, task, emit=events.put)
+        ticket = self._start(handle, text, context_id, task, emit=events.put, caller=caller)
         artifact_id = str(uuid.uuid4())
 
         def run() -> None:
@@ -363,19 +375,21 @@ class A2AService:
             while len(self._tasks) > MAX_TASKS:
                 old, _ = self._tasks.popitem(last=False)
                 self._cancels.pop(old, None)
+                self._task_keys.pop(old, None)
 
-    def _lookup(self, params: dict[str, Any], agent_name: str | None) -> dict[str, Any]:
+    def _lookup(self, params: dict[str, Any], agent_name: str | None, caller: Principal) -> dict[str, Any]:
         task_id = params.get("id")
         if not isinstance(task_id, str) or not task_id:
             raise RpcError(INVALID_PARAMS, "params.id must be the task's id")
         with self._lock:
             task = self._tasks.get(task_id)
-        if task is None or (agent_name and task["metadata"]["agent"] != agent_name):
+        if (task is None or (agent_name and task["metadata"]["agent"] != agent_name)
+                or (caller.key_id and self._task_keys.get(task_id) != caller.key_id)):
             raise RpcError(TASK_NOT_FOUND, "Task not found", {"id": task_id})
         return task
 
-    def _task(self, params: dict[str, Any], agent_name: str | None) -> dict[str, Any]:
-        task = self._lookup(params, agent_name)
+    def _task(self, params: dict[str, Any], agent_name: str | None, caller: Principal) -> dict[str, Any]:
+        task = self._lookup(params, agent_name, caller)
         length = params.get("historyLength")
         if length is not None:
             if isinstance(length, bool) or not isinstance(length, int) or length < 0:
@@ -383,8 +397,8 @@ class A2AService:
             task = dict(task, history=task["history"][-length:] if length else [])
         return task
 
-    def _cancel(self, params: dict[str, Any], agent_name: str | None) -> dict[str, Any]:
-        task = self._lookup(params, agent_name)
+    def _cancel(self, params: dict[str, Any], agent_name: str | None, caller: Principal) -> dict[str, Any]:
+        task = self._lookup(params, agent_name, caller)
         with self._lock:
             cancel = self._cancels.get(task["id"])
         if task["status"]["state"] in TERMINAL or cancel is None:

@@ -15,6 +15,7 @@ from agentd import jsonsafe
 from agentd.a2a import card as cards
 from agentd.a2a.server import PARSE_ERROR, RpcError, error_response
 from agentd.api import body
+from agentd.api.principal import principal
 from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots
 from agentd.api.sse import comment, format_event, sse_response
 from agentd.api.routes_system import kernel
@@ -48,7 +49,7 @@ def daemon_card():
 
 def _handle(name: str) -> Any:
     handle = kernel().agents.by_name(name)
-    if handle is None:
+    if handle is None or not principal().may_reach(handle):
         raise NotFound(f"no agent named '{name}'")
     return handle
 
@@ -57,7 +58,7 @@ def _handle(name: str) -> Any:
 def agent_cards():
     """Every agent's own card (the daemon's card lists them as skills)."""
     base, keyed = _base(), _keyed()
-    return jsonify([cards.agent_card(base, h, keyed) for h in kernel().agents.handles()])
+    return jsonify([cards.agent_card(base, h, keyed) for h in principal().visible(kernel().agents.handles())])
 
 
 @bp.get("/a2a/agents/<name>" + cards.CARD_PATH)
@@ -91,13 +92,14 @@ def _rpc(agent: str | None) -> Response:
         if service.is_stream(method):
             return _stream(rpc_id, method, params, agent)
         if not service.runs_a_message(method):
-            result = service.call(method, params, agent)
+            result = service.call(method, params, agent, caller=principal())
         else:
             # Waiting for the run holds a server thread, like a plain message request.
             acquire_stream_slot(k, "server busy: too many requests are waiting for agents; try again shortly")
             try:
                 disconnected = client_disconnected()
-                result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected))
+                result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected),
+                                      caller=principal())
             finally:
                 stream_slots().release()
     except RpcError as exc:
@@ -112,7 +114,7 @@ def _stream(rpc_id: Any, method: str, params: dict[str, Any], agent: str | None)
     try:
         disconnected = client_disconnected()
         events = k.a2a.stream(rpc_id, method, params, agent, k.executor.submit,
-                              alive=lambda: not (disconnected and disconnected()))
+                              alive=lambda: not (disconnected and disconnected()), caller=principal())
     except BaseException:
         stream_slots().release()
         raise

@@ -109,6 +109,27 @@ def test_keyed_daemon_card_is_public_and_names_the_scheme_but_calls_need_the_key
     assert ok["result"]["status"]["state"] == "completed"
 
 
+def test_a_scoped_key_reaches_only_its_agents_and_its_tasks(pair) -> None:
+    _, b = pair
+    made = b.post("/api/keys", json={"name": "a2a-bee-only", "scopes": ["read", "message"], "agents": ["bee"]})
+    assert made.status_code == 201, made.text
+    scoped = {"Authorization": f"Bearer {made.json()['key']}"}
+    sent = rpc(b, "message/send", {"message": user("[[reply:scoped]]")}, path="/a2a/agents/bee", headers=scoped)
+    assert sent["result"]["status"]["state"] == "completed"
+    # An agent outside the key's list is as absent: by path (404) and by metadata.
+    body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("hi")}}
+    assert b.post("/a2a/agents/asker", json=body, headers=scoped).status_code == 404
+    named = rpc(b, "message/send", {"message": user("hi"), "metadata": {"agent": "asker"}}, headers=scoped)
+    assert named["error"]["message"] == "no agent named 'asker'"
+    # Only the key's own tasks can be read back; the admin sees them all.
+    task_id = sent["result"]["id"]
+    other = b.post("/api/keys", json={"name": "a2a-other", "scopes": ["message"]}).json()["key"]
+    hidden = rpc(b, "tasks/get", {"id": task_id}, headers={"Authorization": f"Bearer {other}"})
+    assert hidden["error"]["code"] == -32001
+    assert rpc(b, "tasks/get", {"id": task_id}, headers=scoped)["result"]["id"] == task_id
+    assert rpc(b, "tasks/get", {"id": task_id})["result"]["id"] == task_id
+
+
 def test_cross_site_post_is_refused(pair) -> None:
     a, _ = pair
     r = a.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}},
