@@ -156,9 +156,11 @@ class ChannelManager:
                                          "difficulty", "setup_time", "quick_setup", "setup_type")}
             item.update(configured=section is not None,
                         active=adapter is not None and bool(adapter.health()),
-                        implemented=registry.has(info.name),
+                        implemented=registry.has(info.name) and not registry.why_unavailable(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
                         config_template=data["config_template"])
+            if not item["implemented"]:
+                item["reason"] = registry.why_unavailable(info.name) or f"{info.name}: no adapter module"
             out.append(item)
         return out
 
