@@ -183,3 +183,16 @@ def test_region_picks_the_api_host_and_stop_ends_every_thread():
                     lambda url: post(url, callback(message_event("in process", "ou_ann", TOKEN), KEY)), free_port())
     finally:
         fake.stop()
+
+
+def test_group_policy_ignore_leaves_groups_unanswered(channel_daemon, feishu, fake_llm):
+    fake, url, port = feishu
+    setup(channel_daemon, fake, port, overrides={"group_policy": "ignore"})
+    group = message_event("group question", "ou_ann", TOKEN, "group", "oc_group2", mention="HelperBot")
+    assert post(url, callback(group, KEY)).status_code == 200
+    wait_for(lambda: any(r["detail"]["reason"] == "group_policy is ignore"
+                         for r in audit(channel_daemon, "channel.refused", "feishu")), what="refusal")
+    assert post(url, callback(message_event("direct question", "ou_ann", TOKEN), KEY)).status_code == 200
+    wait_for(lambda: fake.sent, what="reply to the direct message")
+    time.sleep(0.3)
+    assert [s["text"] for s in fake.sent] == ["echo: direct question"]
