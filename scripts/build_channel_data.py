@@ -99,8 +99,9 @@ INBOUND.update({
     "teams": "webhook (Bot Framework activities, JWT)", "google_chat": "webhook (Chat events, JWT)",
     "feishu": "webhook (event subscription v2)", "dingtalk": "webhook (outgoing robot callbacks)",
 })
-# Reference defaults agentd changes: Feishu's long-connection mode is not implemented.
-DEFAULT_OVERRIDES = {("feishu", "mode"): "webhook"}
+# Reference defaults agentd changes: Feishu's long-connection mode is not implemented;
+# Telegram long-polls, so no pause is needed between getUpdates calls.
+DEFAULT_OVERRIDES = {("feishu", "mode"): "webhook", ("telegram", "poll_interval_secs"): 0}
 
 # Descriptions that must say what the platform needs beyond agentd.
 DESCRIPTIONS = {

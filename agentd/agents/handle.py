@@ -101,6 +101,8 @@ class RunOptions:
     max_tokens: int | None = None
     temperature: float | None = None
     extra_system: str = ""
+    # Another model of the agent's provider for this run only (a channel's override).
+    model: str = ""
     images: list[ImagePart] = field(default_factory=list)
     params: GenerationParams = field(default_factory=GenerationParams)
     # Who asked, kept on the session's user message when not a person (`cron`: a cron job).

@@ -54,11 +54,14 @@ class ModelCalls:
                                 stream_idle=self.config.llm.stream_idle_secs,
                                 key_required=(info.key_required if info else bool(env)) or bool(api_key_env))
 
-    def llm_call(self, handle: AgentHandle, usage: list[dict[str, Any]] | None = None) -> Callable[..., ChatResponse]:
-        """The model call of a run: the agent's model, then its fallbacks. With `usage`, usage
-        rows are collected there for the run's final transaction (SessionStore.save)."""
+    def llm_call(self, handle: AgentHandle, usage: list[dict[str, Any]] | None = None,
+                 model: str = "") -> Callable[..., ChatResponse]:
+        """The model call of a run: the agent's model (or `model` of its provider), then its
+        fallbacks. With `usage`, usage rows are collected there for the run's final
+        transaction (SessionStore.save)."""
         defer = usage is not None
-        chain = [(handle.provider, handle.model, handle.api_key_env, handle.base_url)]
+        chain = [(handle.provider, self.catalog.resolve(model) if model else handle.model,
+                  handle.api_key_env, handle.base_url)]
         for fb in handle.manifest.data["fallback_models"]:
             chain.append((fb["provider"], self.catalog.resolve(fb["model"]), fb["api_key_env"], fb["base_url"]))
 

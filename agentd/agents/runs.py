@@ -413,9 +413,11 @@ class Runs:
                 self._recent_tokens(handle, now).append(
                     (now, response.usage.input_tokens + response.usage.output_tokens))
 
-        spec = RunSpec(model=handle.model, system=system, history=sessions.history(session, window), user=user,
+        spec = RunSpec(model=self.models.catalog.resolve(options.model) if options.model else handle.model,
+                       system=system, history=sessions.history(session, window), user=user,
                        tools=tools, tool_ctx=ctx,
-                       llm=self.models.llm_call(handle, usage if sessions.write_usage is not None else None),
+                       llm=self.models.llm_call(handle, usage if sessions.write_usage is not None else None,
+                                                model=options.model),
                        max_iterations=handle.manifest.max_iterations,
                        tool_timeout=handle.manifest.tool_timeout,
                        max_tokens=options.max_tokens or model_cfg["max_tokens"],

@@ -34,7 +34,7 @@ def reload_channels():
            "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
                           "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
                           "variables, never secrets"},
-     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, wrong type or a secret given as a value"})
+     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type or a secret given as a value"})
 def configure(name: str):
     return jsonify(kernel().channels.configure(name, body.json_body()))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentd.channels import overrides
 from agentd.errors import BadRequest, NotFound
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "channels.json"
@@ -67,7 +68,8 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
     """Check a configure body (keys at the top level) and normalise its values.
 
     Number keys take numbers (or numeric strings), list keys arrays or comma strings,
-    `*_env` keys an environment variable NAME. 400 names the offending key.
+    `*_env` keys an environment variable NAME, `overrides` the keys agentd honours
+    (agentd/channels/overrides.py). 400 names the offending key.
     """
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object of configuration keys")
@@ -79,9 +81,10 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
         if spec is None:
             raise BadRequest(f"{key}: unknown key for channel {info.name} "
                              f"(accepted: {', '.join(sorted(info.keys))})")
+        overrides.check_adapter_key(info.name, key)
         if value is None:
             continue
-        out[key] = _coerce(key, spec["kind"], value)
+        out[key] = overrides.check(value) if key == "overrides" else _coerce(key, spec["kind"], value)
     return out
 
 

@@ -14,7 +14,9 @@ import uuid
 from typing import Any, Callable
 
 from agentd.agents.manager import AgentManager
+from agentd.agents.handle import RunOptions
 from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
+from agentd.channels import overrides as channel_overrides
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
@@ -52,6 +54,7 @@ class ChannelManager:
         self.client_of: Callable[[str, Callable[[str], str | None]], str] = lambda peer, header: peer
         self.catalog = ChannelCatalog.load()
         self._lock = threading.RLock()
+        self.sender_limits = channel_overrides.SenderLimits()
         self.sections: dict[str, dict[str, Any]] = {}
         self.running: dict[str, Adapter] = {}
         self._apply_globals(raw_channels)
@@ -156,9 +159,11 @@ class ChannelManager:
                                          "difficulty", "setup_time", "quick_setup", "setup_type")}
             item.update(configured=section is not None,
                         active=adapter is not None and bool(adapter.health()),
-                        implemented=registry.has(info.name),
+                        implemented=registry.has(info.name) and not registry.why_unavailable(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
                         config_template=data["config_template"])
+            if not item["implemented"]:
+                item["reason"] = registry.why_unavailable(info.name) or f"{info.name}: no adapter module"
             out.append(item)
         return out
 
@@ -281,7 +286,8 @@ class ChannelManager:
     def _deliver(self, name: str, msg: Inbound) -> None:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
-        refused = self._refusal(settings, msg)
+        refused = self._refusal(settings, msg) or channel_overrides.policy_refusal(
+            self._overrides(name), msg.conversation.direct)
         if not refused:
             try:
                 check_message(msg.text)
@@ -300,6 +306,13 @@ class ChannelManager:
         if not self.dispatcher.submit(msg.conversation.key, lambda: self._answer(name, msg)):
             self.audit("channel.dropped", name, {"message_id": msg.message_id,
                                                  "conversation": msg.conversation.key})
+
+    def _overrides(self, name: str) -> dict[str, Any]:
+        """The channel's checked `overrides` table (a running adapter's section passed the check)."""
+        try:
+            return channel_overrides.check(self.sections.get(name, {}).get("overrides") or {})
+        except BadRequest:
+            return {}
 
     @staticmethod
     def _refusal(settings: dict[str, Any], msg: Inbound) -> str:
@@ -328,6 +341,10 @@ class ChannelManager:
                 except NotFound:
                     pass
                 reply = "Started a new conversation."
+            elif not self.sender_limits.allow(name, msg.sender_id,
+                                              int(self._overrides(name).get("rate_limit_per_user") or 0)):
+                self.audit("channel.rate_limited", name, {"message_id": msg.message_id, "sender": msg.sender_id})
+                reply = channel_overrides.SLOW_DOWN.format(limit=self._overrides(name)["rate_limit_per_user"])
             else:
                 reply = self._run(adapter, handle, conversation, msg.text, msg.sender_id)
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
@@ -375,13 +392,22 @@ class ChannelManager:
                 if done.wait(TYPING_EVERY):
                     return
 
+        chosen = self._overrides(adapter.name)
         threading.Thread(target=typing, name=f"channel-{adapter.name}-typing", daemon=True).start()
         try:
             # The conversation's own session of the agent: its history is never another's.
-            result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel",
+            options = RunOptions(extra_system=chosen.get("system_prompt", ""), model=chosen.get("model", ""))
+            result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel", options=options,
                                                 session_id=self._session_id(handle.id, conversation.key),
                                                 label=conversation.key,
                                                 owner=f"channel:{adapter.name}:{sender}")).result()
         finally:
             done.set()
-        return strip_think(result.response).strip()
+        reply = strip_think(result.response).strip()
+        if not reply:
+            return reply
+        if chosen.get("prefix_agent_name"):
+            reply = f"[{handle.name}] {reply}"
+        usage = channel_overrides.footer(chosen.get("usage_footer", "off"), result.usage.input_tokens,
+                                         result.usage.output_tokens, result.cost_usd)
+        return f"{reply}\n\n{usage}" if usage else reply

@@ -98,8 +98,11 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         # discord is implemented: its env var is unset (no start) and no target is configured.
         test = daemon.post("/api/channels/discord/test", json={"message": "hi"})
         assert test.status_code == 400 and "no test target" in test.json()["error"]
-        # Every adapter of the catalogue is implemented.
-        assert [c["name"] for c in daemon.get("/api/channels").json() if not c["implemented"]] == []
+        # Every adapter of the catalogue is implemented but the two that cannot connect, which say why.
+        listed = daemon.get("/api/channels").json()
+        assert [c["name"] for c in listed if not c["implemented"]] == ["keybase", "guilded"]
+        assert all(c["reason"] for c in listed if not c["implemented"])
+        assert [c["name"] for c in listed if "reason" in c] == ["keybase", "guilded"]
         removed = daemon.delete("/api/channels/discord/configure")
         assert removed.json() == {"status": "removed", "channel": "discord"}
         assert (home / "config.toml").read_text() == original

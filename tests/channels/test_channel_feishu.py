@@ -2,7 +2,8 @@
 and encrypted), encrypted + signed im.message.receive_v1 callbacks reach the agent and
 are answered through /reply with a cached tenant token, groups answered only when the
 bot is mentioned, redelivered events answered once, forged signatures / wrong tokens /
-unencrypted bodies 401, allow-list, 429 (x-ogw-ratelimit-reset) retried, stop."""
+timestamps more than 5 minutes off / unencrypted bodies 401, allow-list, 429
+(x-ogw-ratelimit-reset) retried, stop."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ def feishu(channel_daemon):
 def post(url: str, signed: tuple[bytes, dict[str, str]], **headers: str) -> requests.Response:
     body, base = signed
     return requests.post(url, data=body, headers={**base, **headers}, timeout=5)
+
+
+def stamped(body: bytes, headers: dict[str, str], timestamp: int) -> tuple[bytes, dict[str, str]]:
+    """The callback re-signed with another timestamp: only the time is wrong."""
+    nonce = headers["X-Lark-Request-Nonce"]
+    return body, {**headers, "X-Lark-Request-Timestamp": str(timestamp),
+                  "X-Lark-Signature": sign(KEY, str(timestamp), nonce, body)}
 
 
 def test_url_verification_challenge(channel_daemon, feishu):
@@ -112,6 +120,9 @@ def test_forged_callbacks_are_refused_before_the_agent(channel_daemon, feishu, f
         (body, {**headers, "X-Lark-Signature": sign("wrong-key", headers["X-Lark-Request-Timestamp"],
                                                      headers["X-Lark-Request-Nonce"], body)}),
         (body, {**headers, "X-Lark-Request-Nonce": "other-nonce"}),  # signature no longer matches
+        stamped(body, headers, int(time.time()) - 301),  # correctly signed, 5 minutes and 1 second old
+        stamped(body, headers, int(time.time()) + 301),  # from the future
+        (body, {k: v for k, v in headers.items() if k != "X-Lark-Request-Timestamp"}),  # no timestamp
         callback(message_event("forged", "ou_mallory", "wrong-token"), KEY),  # signed, wrong token
         callback(event),  # plain JSON although an encrypt key is set
         (json.dumps({"encrypt": encrypt("wrong-key", json.dumps(event).encode())}).encode(),
@@ -123,6 +134,9 @@ def test_forged_callbacks_are_refused_before_the_agent(channel_daemon, feishu, f
     time.sleep(0.3)
     assert len(fake_llm.requests) == before and fake.sent == []
     assert audit(channel_daemon, "channel.refused", "feishu")[0]["detail"]["reason"] == "bad signature"
+    # Four minutes old is still inside the window.
+    assert post(url, stamped(body, headers, int(time.time()) - 240)).status_code == 200
+    wait_for(lambda: fake.sent, what="reply to the callback inside the window")
 
 
 def test_allow_list_and_429(channel_daemon, feishu):
@@ -169,3 +183,16 @@ def test_region_picks_the_api_host_and_stop_ends_every_thread():
                     lambda url: post(url, callback(message_event("in process", "ou_ann", TOKEN), KEY)), free_port())
     finally:
         fake.stop()
+
+
+def test_group_policy_ignore_leaves_groups_unanswered(channel_daemon, feishu, fake_llm):
+    fake, url, port = feishu
+    setup(channel_daemon, fake, port, overrides={"group_policy": "ignore"})
+    group = message_event("group question", "ou_ann", TOKEN, "group", "oc_group2", mention="HelperBot")
+    assert post(url, callback(group, KEY)).status_code == 200
+    wait_for(lambda: any(r["detail"]["reason"] == "group_policy is ignore"
+                         for r in audit(channel_daemon, "channel.refused", "feishu")), what="refusal")
+    assert post(url, callback(message_event("direct question", "ou_ann", TOKEN), KEY)).status_code == 200
+    wait_for(lambda: fake.sent, what="reply to the direct message")
+    time.sleep(0.3)
+    assert [s["text"] for s in fake.sent] == ["echo: direct question"]

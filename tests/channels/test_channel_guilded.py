@@ -18,7 +18,8 @@ def test_guilded_saves_config_and_says_the_service_is_gone(daemon):  # noqa: F81
     section = tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["guilded"]
     assert section == {"bot_token_env": "GUILDED_BOT_TOKEN", "server_ids": ["srv1", "srv2"], "default_agent": "helper"}
     item = channel(daemon, "guilded")
-    assert (item["configured"], item["active"], item["implemented"]) == (True, False, True)
+    assert (item["configured"], item["active"], item["implemented"]) == (True, False, False)
+    assert item["reason"].startswith("Guilded shut down on 19 December 2025")
     assert "shut down on 19 December 2025" in item["description"]
     assert "shut down" in audit(daemon, "channel.start_failed", "guilded")[0]["detail"]["error"]
     test = daemon.post("/api/channels/guilded/test", json={"message": "hi", "chat_id": "some-channel"})

@@ -18,7 +18,8 @@ def test_keybase_saves_config_and_explains_what_is_missing(daemon):  # noqa: F81
     section = tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["keybase"]
     assert section["allowed_teams"] == ["team1", "team2"] and section["paperkey_env"] == "KEYBASE_PAPERKEY"
     item = channel(daemon, "keybase")
-    assert (item["configured"], item["active"]) == (True, False)
+    assert (item["configured"], item["active"], item["implemented"]) == (True, False, False)
+    assert item["reason"].startswith("keybase needs the Keybase client") and "cannot connect" in item["reason"]
     assert "Keybase client" in item["description"]
     assert "keybase" in audit(daemon, "channel.start_failed", "keybase")[0]["detail"]["error"]
     test = daemon.post("/api/channels/keybase/test", json={"message": "hi", "chat_id": "someone"})

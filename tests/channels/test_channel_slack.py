@@ -1,7 +1,7 @@
 """Slack adapter against a fake Web API + Socket Mode: envelopes acknowledged, DMs and app
 mentions answered (threaded), a message seen as `message` and `app_mention` answered once,
 own messages ignored, a workspace id in the allow-list, `disconnect` reconnects with a
-fresh URL, ok=false errors surfaced; and the Events API over HTTP: url_verification,
+fresh URL (logged at info, not audited as an error), ok=false errors surfaced; and the Events API over HTTP: url_verification,
 signatures and their 5-minute window checked before parsing (401), events answered. The
 shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
 tests/channels/test_channel_contract.py."""
@@ -55,12 +55,16 @@ def test_a_workspace_id_allows_its_channels(daemon, fake):  # noqa: F811
 
 def test_disconnect_message_reconnects_with_a_fresh_url(daemon, fake):  # noqa: F811
     contract.setup(daemon, CASE, fake)
-    tickets = len(fake.used)
+    tickets, errors = len(fake.used), len(audit(daemon, "channel.connection_error", "slack"))
     fake.disconnect("refresh_requested")
     wait_for(lambda: len(fake.used) > tickets, what="a new Socket Mode connection")
     assert len(set(fake.used)) == len(fake.used)  # every URL used once
     fake.user_says("U1ANN", "after refresh")
     wait_for(lambda: fake.replies("DU1ANN") == ["echo: after refresh"], what="reply after refresh")
+    # A routine refresh: one info line, no warning, no connection error in the audit trail.
+    refreshes = [line for line in daemon.log().splitlines() if "slack asked to reconnect (refresh_requested)" in line]
+    assert refreshes and all(" INFO " in line for line in refreshes), refreshes
+    assert len(audit(daemon, "channel.connection_error", "slack")) == errors
 
 
 def test_ok_false_errors_and_bad_tokens(daemon, fake):  # noqa: F811

@@ -103,3 +103,17 @@ def test_failing_platform_backs_off_and_recovers(channel_daemon, telegram):
     assert len(telegram.polls) > polls
     telegram.user_says(1001, "recovered")
     wait_for(lambda: telegram.replies_to(1001), what="reply after recovery")
+
+
+def test_poll_interval_secs_pauses_between_get_updates(channel_daemon, telegram):
+    setup(channel_daemon, telegram, poll_interval_secs=1)
+    start = len(telegram.polls)
+    wait_for(lambda: len(telegram.polls) >= start + 3, timeout=15, what="three polls")
+    starts = [p["at"] for p in telegram.polls[start:start + 3]]
+    # Each empty long poll waits 1 s, then the adapter pauses 1 s before the next one.
+    assert all(later - earlier >= 1.8 for earlier, later in zip(starts, starts[1:])), starts
+    setup(channel_daemon, telegram)  # the default: no pause on top of the long poll
+    start = len(telegram.polls)
+    wait_for(lambda: len(telegram.polls) >= start + 3, timeout=15, what="three polls")
+    starts = [p["at"] for p in telegram.polls[start:start + 3]]
+    assert all(later - earlier < 1.8 for earlier, later in zip(starts[1:], starts[2:])), starts

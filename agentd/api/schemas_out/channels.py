@@ -31,6 +31,7 @@ class ChannelSchema(Out):
     configured = Bool()
     active = Bool()
     implemented = Bool()
+    reason = ma.String()  # only when implemented is false: why the adapter cannot connect
     fields = req(ma.List(ma.Nested(ChannelFieldSchema)))
     setup_steps = req(ma.List(ma.String()))
     config_template = Str()

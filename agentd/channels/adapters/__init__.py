@@ -25,6 +25,23 @@ WEBHOOK_FAMILY += ("threema", "pumble", "flock")
 ADAPTERS = frozenset(IMPLEMENTED + WEBHOOK_FAMILY)
 
 
+# Adapters whose module exists but cannot connect, and why: the catalogue reports them
+# `implemented: false` with this reason, and their start() and test call say the same.
+UNAVAILABLE = {
+    "guilded": ("Guilded shut down on 19 December 2025 (Roblox ended the service, its bot API "
+                "included), so this adapter cannot connect; the configuration is kept but no message "
+                "can be received or sent"),
+    "keybase": ("keybase needs the Keybase client: install the `keybase` binary, log in the bot account "
+                "(`keybase oneshot` with the paper key) and run its service; agentd has no built-in "
+                "Keybase client, so this adapter cannot connect"),
+}
+
+
+def why_unavailable(name: str) -> str:
+    """Why the adapter `name` cannot connect ("" when it can)."""
+    return UNAVAILABLE.get(name, "")
+
+
 def has(name: str) -> bool:
     """Whether an adapter module exists for `name` (every catalog channel has one)."""
     return name in ADAPTERS

@@ -19,6 +19,7 @@ from typing import Any
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
+from agentd.channels.bases.websocket import Reconnect
 from agentd.channels.bases.sender import split_text
 
 API_URL = "https://discord.com/api/v10"
@@ -83,7 +84,7 @@ class DiscordAdapter(GatewayAdapter):
         elif op == 1:
             self.beat_now()
         elif op == 7:
-            raise ChannelError("gateway asked to reconnect (op 7)")
+            raise Reconnect("gateway asked to reconnect (op 7)")
         elif op == 9:
             if not d:  # not resumable: identify again after 1-5 s, as the docs ask
                 self.session_id, self.seq = "", None

@@ -1,5 +1,6 @@
 """Feishu / Lark: event subscription v2 callbacks on the adapter's own listener
-(`webhook_path`). Checked before the event is used: `X-Lark-Signature` =
+(`webhook_path`). Checked before the event is used: `X-Lark-Request-Timestamp`
+within 5 minutes of now (required on signed callbacks), `X-Lark-Signature` =
 hex sha256(timestamp + nonce + encrypt_key + raw body) when an encrypt key is set, and
 the verification token carried in the (decrypted) body when one is set. Encrypted bodies
 (`{"encrypt": base64(iv + AES-256-CBC(sha256(encrypt_key)))}`) are decrypted; the
@@ -28,7 +29,7 @@ from agentd import hmacs, jsonsafe
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.tokens import CachedToken
-from agentd.channels.bases.webhook import Request, WebhookAdapter
+from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 REGIONS = {"cn": "https://open.feishu.cn", "intl": "https://open.larksuite.com"}
 MENTION = re.compile(r"@_user_\d+\s*")
@@ -97,7 +98,12 @@ class FeishuAdapter(WebhookAdapter):
     def verify(self, request: Request) -> bool:
         key, token = self._encrypt_key(), self._verification_token()
         h = request.headers
+        stamp = h.get("x-lark-request-timestamp")
+        if stamp is not None and not within_window(stamp, 300):
+            return False  # a replayed or badly clocked callback, refused before its body is read
         if key and h.get("x-lark-signature"):
+            if not stamp:
+                return False  # the signature covers the timestamp: without one it proves nothing fresh
             base = ((h.get("x-lark-request-timestamp") or "") + (h.get("x-lark-request-nonce") or "")
                     + key).encode("utf-8") + request.body
             if not hmacs.same(h["x-lark-signature"].strip(), hashlib.sha256(base).hexdigest()):

@@ -8,10 +8,9 @@ connect: start() and the test call say why."""
 from __future__ import annotations
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation
+from agentd.channels.adapters import UNAVAILABLE
 
-GONE = ("guilded: Guilded shut down on 19 December 2025 (Roblox ended the service, its bot API "
-        "included), so this adapter cannot connect; the configuration is kept but no message can "
-        "be received or sent")
+GONE = "guilded: " + UNAVAILABLE["guilded"]
 
 
 class GuildedAdapter(Adapter):

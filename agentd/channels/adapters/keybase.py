@@ -9,10 +9,9 @@ from __future__ import annotations
 import shutil
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation
+from agentd.channels.adapters import UNAVAILABLE
 
-MISSING = ("keybase needs the Keybase client: install the `keybase` binary, log in the bot account "
-           "(`keybase oneshot` with the paper key) and run its service; agentd has no built-in Keybase "
-           "client, so this adapter cannot connect")
+MISSING = UNAVAILABLE["keybase"]
 
 
 class KeybaseAdapter(Adapter):

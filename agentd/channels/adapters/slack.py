@@ -24,7 +24,7 @@ from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
-from agentd.channels.bases.websocket import WebSocketAdapter
+from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
 
 
 class SlackCommon:
@@ -123,7 +123,7 @@ class SlackSocketAdapter(SlackCommon, WebSocketAdapter):
         if kind == "hello":
             self.ready = True
         elif kind == "disconnect":
-            raise ChannelError(f"slack asked to reconnect ({data.get('reason')})")
+            raise Reconnect(f"slack asked to reconnect ({data.get('reason')})")
         elif kind == "events_api":
             payload = data.get("payload") or {}
             self.handle_event(payload.get("event"), str(payload.get("team_id") or ""))

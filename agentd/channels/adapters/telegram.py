@@ -18,7 +18,8 @@ class TelegramAdapter(PollingAdapter):
         base = (self.settings.get("api_url") or "https://api.telegram.org").rstrip("/")
         self.base = f"{base}/bot{self.token}"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
-        self.poll_interval = 0.0
+        # A pause between getUpdates calls (0: none, the long poll already waits for updates).
+        self.poll_interval = float(self.settings.get("poll_interval_secs") or 0)
 
     def call(self, method: str, timeout: float | None = None, retries: int | None = None,
              **params: Any) -> Any:

@@ -18,6 +18,11 @@ from agentd.channels.bases.sender import HttpSender
 from agentd.retry import Backoff
 
 
+class Reconnect(Exception):
+    """The platform asked for a new connection (Slack's `disconnect`, Discord's op 7): a
+    routine event, logged at info and answered at once, without backoff or an audit row."""
+
+
 class WebSocketAdapter(Adapter):
     """Subclasses implement `ws_url()`, `on_message(data)` and may override `on_open()`."""
 
@@ -75,6 +80,11 @@ class WebSocketAdapter(Adapter):
                 link.up()
                 self._read(ws)
                 raise RuntimeError("connection closed by the server")
+            except Reconnect as exc:
+                self.healthy = False
+                if self.stopping.is_set():
+                    break
+                self.ctx.log.info("reconnecting: %s", exc)
             except Exception as exc:  # noqa: BLE001
                 self.healthy = False
                 if self.stopping.is_set():
