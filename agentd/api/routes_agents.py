@@ -47,7 +47,8 @@ def result_body(result: RunResult) -> dict[str, Any]:
 @bp.post("/api/agents")
 @doc("Spawn an agent from a manifest", tags="agents", body=SpawnSchema, ok=201, response=out.SpawnedSchema,
      body_example={"manifest_toml": 'name = "helper"\nprofile = "minimal"\n'},
-     description="Unknown manifest keys do not fail a spawn; they are listed in `warnings`.",
+     description="Unknown manifest keys and a provider without an API key do not fail a spawn; "
+                 "they are listed in `warnings`.",
      errors={400: "Invalid manifest (`invalid manifest format: <key>: <problem>`)",
              403: "Signed manifest failed verification", 409: "An agent with this name exists",
              413: "Manifest over 1 MB"},
@@ -76,9 +77,10 @@ def spawn():
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
     handle = kernel().agents.spawn(manifest, data["signed_manifest"])
-    # Unknown manifest keys do not fail a spawn; they are reported so a typo is seen.
+    # Unknown manifest keys or a missing provider key do not fail a spawn; they are reported
+    # so a typo or the missing setup step is seen before the first message.
     return jsonify({"agent_id": handle.id, "name": handle.name,
-                    "warnings": handle.manifest.warnings}), 201
+                    "warnings": kernel().agents.spawn_warnings(handle)}), 201
 
 
 @bp.get("/api/agents")

@@ -76,15 +76,19 @@ def _page_headers(response: Response) -> Response:
 @bp.app_context_processor
 def _template_globals() -> dict:
     config = kernel().config
+    from agentd.api.pages.notes import current_note
+
     return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
-            "logged_in": dashauth.cookie_authenticates, "who": principal.principal}
+            "logged_in": dashauth.cookie_authenticates, "who": principal.principal,
+            "note": current_note}
 
 
 @bp.app_template_filter("usd")
 def _usd(value: float | None) -> str:
     if value is None:
         return "–"
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+    # Below a dollar, the CLI's six decimals: one cheap call costs a few millionths.
+    return f"${value:,.6f}" if value < 1 else f"${value:,.2f}"
 
 
 @bp.app_template_filter("when")
