@@ -24,8 +24,19 @@ bp = Blueprint("agents", __name__)
 
 
 def agent(agent_id: str) -> AgentHandle:
-    """The agent by id; 404 as for an unknown one when the request's key may not reach it."""
-    return principal().reach(kernel().agents.get(agent_id))
+    """The agent by id; 404 as for an unknown one when the request's key may not reach it.
+
+    A name where the UUID belongs stays the 400 it was, naming the agent's id when the
+    name is one the request's key may see."""
+    who, agents = principal(), kernel().agents
+    try:
+        handle = agents.get(agent_id)
+    except BadRequest as exc:
+        named = agents.by_name(agent_id)
+        if named is None or named.killed or not who.visible([named]):
+            raise
+        raise BadRequest(f"{exc.message}: did you mean agent {named.id}?") from None
+    return who.reach(handle)
 
 
 def message_text(data: dict[str, Any]) -> str:
@@ -108,7 +119,9 @@ def detail(agent_id: str):
              413: "Message over 64 KB",
              429: "Budget or the agent's token quota exhausted, the agent's queue is full "
                   "(`agent_busy`), or the provider still throttled after retries (`Retry-After`)",
-             500: "The run failed: the provider refused the key or the request, no key is set, "
+             424: "The agent's provider has no API key; the message names the variable to set "
+                  "and `POST /api/providers/{name}/key`",
+             500: "The run failed: the provider refused the key or the request, "
                   "or the loop guard stopped the run (the message says which)",
              502: "The provider reset the connection or cut the stream off",
              503: "The provider answered 503 after retries, or the daemon is shutting down",
