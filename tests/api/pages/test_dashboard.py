@@ -605,7 +605,8 @@ def test_page_weight_budgets(dash) -> None:
     css = len(page(client, "/static/app.css").data)
     js = len(page(client, "/static/app.js").data)
     assert js <= 10 * 1024
-    for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", "/approvals", "/usage",
+    for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", f"/agents/{agent_id}/kill",
+                 "/approvals", "/usage",
                  "/models", "/providers", "/workflows", "/channels"):
         html = len(page(client, path).data)
         assert html + css + js <= 60 * 1024, f"{path}: {html} + {css} + {js} bytes"
