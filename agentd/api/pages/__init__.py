@@ -20,6 +20,7 @@ from flask import Blueprint, Response, current_app, g, redirect, request, url_fo
 from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path
 from agentd.api.middleware import is_authorized, is_loopback
+from agentd.api.pages.notes import current_note
 from agentd.kernel import Kernel
 
 bp = Blueprint("pages", __name__)
@@ -76,8 +77,6 @@ def _page_headers(response: Response) -> Response:
 @bp.app_context_processor
 def _template_globals() -> dict:
     config = kernel().config
-    from agentd.api.pages.notes import current_note
-
     return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
             "logged_in": dashauth.cookie_authenticates, "who": principal.principal,
             "note": current_note}
