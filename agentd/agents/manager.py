@@ -51,6 +51,11 @@ class AgentManager:
     def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
         return self.registry.spawn(manifest_toml, signed_manifest)
 
+    def spawn_warnings(self, handle: AgentHandle) -> list[str]:
+        """What a spawn reports without failing: unknown manifest keys, a provider without a key."""
+        missing = self.registry.missing_key(handle)
+        return list(handle.manifest.warnings) + ([missing] if missing else [])
+
     def get(self, agent_id: str) -> AgentHandle:
         return self.registry.get(agent_id)
 

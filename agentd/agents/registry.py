@@ -247,6 +247,17 @@ class AgentRegistry:
             return "not_required"
         return "configured" if os.environ.get(env) else "missing"
 
+    def missing_key(self, handle: AgentHandle) -> str | None:
+        """What to do when the agent's provider needs a key the daemon lacks (None: it has one)."""
+        if self.auth_status(handle) != "missing":
+            return None
+        provider = self.catalog.get_provider(handle.provider)
+        env = handle.api_key_env or (provider.api_key_env if provider else "")
+        fix = f"set {env}"
+        if provider is not None and env == provider.api_key_env:
+            fix += f" or POST /api/providers/{handle.provider}/key"
+        return f"provider {handle.provider} has no API key: {fix}"
+
     def summary(self, handle: AgentHandle) -> dict[str, Any]:
         """Short form used by /api/status."""
         return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,

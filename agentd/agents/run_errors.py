@@ -30,7 +30,9 @@ class AgentRunError(AgentdError):
 
 
 # What the client gets for a model call that failed this way (everything else: 500).
-_RUN_STATUS = {"timeout": 504, "rate_limit": 429, "reset": 502, "truncated": 502}
+# A provider without a key is 424 Failed Dependency: the request was fine, the daemon lacks
+# a setting the message names, and sending it again unchanged cannot succeed.
+_RUN_STATUS = {"timeout": 504, "rate_limit": 429, "reset": 502, "truncated": 502, "missing_key": 424}
 
 
 def run_error(exc: LLMError, prefix: str = "message delivery failed") -> AgentRunError:

@@ -39,6 +39,8 @@ class Sessions:
         else:
             secret = secrets.token_bytes(32)
         self._serializer = URLSafeTimedSerializer(secret, salt="agentd-dashboard")
+        # Signs the message a POST's redirect carries to the page it lands on.
+        self.notes = URLSafeTimedSerializer(secret, salt="agentd-dashboard-note")
         self._csrf_key = hmacs.digest(secret, b"csrf")
         # Logged-out session ids: the cookie is stateless, so logout remembers it here.
         self._revoked: set[str] = set()

@@ -24,8 +24,19 @@ bp = Blueprint("agents", __name__)
 
 
 def agent(agent_id: str) -> AgentHandle:
-    """The agent by id; 404 as for an unknown one when the request's key may not reach it."""
-    return principal().reach(kernel().agents.get(agent_id))
+    """The agent by id; 404 as for an unknown one when the request's key may not reach it.
+
+    A name where the UUID belongs stays the 400 it was, naming the agent's id when the
+    name is one the request's key may see."""
+    who, agents = principal(), kernel().agents
+    try:
+        handle = agents.get(agent_id)
+    except BadRequest as exc:
+        named = agents.by_name(agent_id)
+        if named is None or named.killed or not who.visible([named]):
+            raise
+        raise BadRequest(f"{exc.message}: did you mean agent {named.id}?") from None
+    return who.reach(handle)
 
 
 def message_text(data: dict[str, Any]) -> str:
@@ -47,7 +58,8 @@ def result_body(result: RunResult) -> dict[str, Any]:
 @bp.post("/api/agents")
 @doc("Spawn an agent from a manifest", tags="agents", body=SpawnSchema, ok=201, response=out.SpawnedSchema,
      body_example={"manifest_toml": 'name = "helper"\nprofile = "minimal"\n'},
-     description="Unknown manifest keys do not fail a spawn; they are listed in `warnings`.",
+     description="Unknown manifest keys and a provider without an API key do not fail a spawn; "
+                 "they are listed in `warnings`.",
      errors={400: "Invalid manifest (`invalid manifest format: <key>: <problem>`)",
              403: "Signed manifest failed verification", 409: "An agent with this name exists",
              413: "Manifest over 1 MB"},
@@ -76,9 +88,10 @@ def spawn():
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
     handle = kernel().agents.spawn(manifest, data["signed_manifest"])
-    # Unknown manifest keys do not fail a spawn; they are reported so a typo is seen.
+    # Unknown manifest keys or a missing provider key do not fail a spawn; they are reported
+    # so a typo or the missing setup step is seen before the first message.
     return jsonify({"agent_id": handle.id, "name": handle.name,
-                    "warnings": handle.manifest.warnings}), 201
+                    "warnings": kernel().agents.spawn_warnings(handle)}), 201
 
 
 @bp.get("/api/agents")
@@ -106,7 +119,9 @@ def detail(agent_id: str):
              413: "Message over 64 KB",
              429: "Budget or the agent's token quota exhausted, the agent's queue is full "
                   "(`agent_busy`), or the provider still throttled after retries (`Retry-After`)",
-             500: "The run failed: the provider refused the key or the request, no key is set, "
+             424: "The agent's provider has no API key; the message names the variable to set "
+                  "and `POST /api/providers/{name}/key`",
+             500: "The run failed: the provider refused the key or the request, "
                   "or the loop guard stopped the run (the message says which)",
              502: "The provider reset the connection or cut the stream off",
              503: "The provider answered 503 after retries, or the daemon is shutting down",

@@ -16,6 +16,7 @@ from marshmallow import Schema, fields, validate
 from agentd.api import body
 from agentd.api.apidoc import doc
 from agentd.api.routes_system import kernel
+from agentd.errors import BadRequest
 from agentd.store.leases import RUN_STATUSES
 
 bp = Blueprint("cluster", __name__)
@@ -68,5 +69,8 @@ def _route_streams() -> None:
     if request.endpoint not in STREAM_ENDPOINTS or not request.view_args:
         return
     k = current_app.extensions["agentd.kernel"]
-    handle = k.agents.get(request.view_args["agent_id"])
+    try:
+        handle = k.agents.get(request.view_args["agent_id"])
+    except BadRequest:
+        return  # not an id: the route's own lookup answers (with a hint when it is a name)
     k.cluster.check_stream(handle)

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_out.base import Str
 
@@ -34,13 +35,11 @@ def file_response(item: dict) -> Response:
 @doc("The agent's files (uploads and what its tools made), newest first", tags="agents",
      response={"type": "array", "items": UploadListedSchema})
 def uploads(agent_id: str):
-    agents = kernel().agents
-    return jsonify(agents.uploads_of(agents.get(agent_id)))
+    return jsonify(kernel().agents.uploads_of(agent(agent_id)))
 
 
 @bp.get("/api/agents/<agent_id>/uploads/<file_id>")
 @doc("One of the agent's files: its bytes (images and audio inline, other types as a download)", tags="agents",
      response={"type": "string", "format": "binary"}, response_media="*/*")
 def upload_content(agent_id: str, file_id: str):
-    agents = kernel().agents
-    return file_response(agents.upload_content(agents.get(agent_id), file_id))
+    return file_response(kernel().agents.upload_content(agent(agent_id), file_id))

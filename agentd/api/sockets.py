@@ -285,7 +285,9 @@ def register_sockets(app: Flask) -> _LazySock:
     def _check_agent() -> None:
         # Refuse unknown agents with a plain 404 before the upgrade happens.
         if request.view_args and "agent_id" in request.view_args:
-            principal().reach(current_app.extensions["agentd.kernel"].agents.get(request.view_args["agent_id"]))
+            from agentd.api.routes_agents import agent
+
+            agent(request.view_args["agent_id"])
 
     @sock.route("/api/agents/<agent_id>/ws", bp=bp)
     @doc("WebSocket: talk to an agent", tags="agents", websocket=True, ok=101, errors={

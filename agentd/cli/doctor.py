@@ -10,8 +10,9 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from agentd.cli.client import find_daemon, read_daemon_file
+from agentd.cli.client import HEALTH_TIMEOUT, ApiClient, DaemonInfo, find_daemon, read_daemon_file
 from agentd.config import Config, load_config, split_listen
 from agentd.errors import AgentdError
 from agentd.store.db import SQLITE_MAGIC
@@ -99,14 +100,47 @@ def _check_skills(skills_dir: Path) -> Check:
     return Check("skills", "ok", f"{len(found)} skill(s) valid")
 
 
-def _check_keys(cfg: Config) -> Check:
-    env = cfg.default_model.api_key_env
+def _daemon_providers(cfg: Config, live: DaemonInfo) -> list[dict[str, Any]] | None:
+    """The running daemon's GET /api/providers (whose keys it holds), or None when it refuses."""
+    import requests
+
+    try:
+        response = ApiClient(live.base_url, cfg.api_key, timeout=HEALTH_TIMEOUT).request("GET", "/api/providers")
+        listing = response.json() if response.ok else None
+    except (requests.RequestException, ValueError):
+        return None
+    return listing if isinstance(listing, list) else None
+
+
+def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
+    """The default provider's key as the daemon sees it: asked of a running daemon (a key set
+    through its API lives in its process), else read as a start would (environment first,
+    then secrets.env)."""
+    provider, env = cfg.default_model.provider, cfg.default_model.api_key_env
+    listing = _daemon_providers(cfg, live) if live is not None else None
+    if listing is not None:
+        keyed = sorted(str(p.get("id")) for p in listing if p.get("auth_status") == "configured")
+        held = f"; the daemon has keys for {', '.join(keyed)}" if keyed else "; the daemon has no provider keys"
+        entry = next((p for p in listing if p.get("id") == provider), None)
+        if entry is not None and (not env or env == entry.get("api_key_env")):
+            if entry.get("auth_status") == "configured":
+                return Check("provider_keys", "ok", f"the daemon has {env} for {provider}{held}")
+            if entry.get("auth_status") == "not_required" or not env:
+                return Check("provider_keys", "ok", f"default provider {provider} needs no key{held}")
+            return Check("provider_keys", "warn",
+                         f"the daemon has no {env}: agents on the default provider {provider} cannot run; "
+                         f"run `curl -X POST {live.base_url}/api/providers/{provider}/key` with "
+                         f'{{"api_key": "..."}} or set {env}{held}')
     if not env:
-        return Check("provider_keys", "ok", f"default provider {cfg.default_model.provider} needs no key")
+        return Check("provider_keys", "ok", f"default provider {provider} needs no key")
     if os.environ.get(env):
-        return Check("provider_keys", "ok", f"{env} is set for {cfg.default_model.provider}")
+        return Check("provider_keys", "ok", f"{env} is set for {provider}")
+    from agentd.providers import read_secrets
+
+    if read_secrets(cfg.secrets_path).get(env):
+        return Check("provider_keys", "ok", f"{env} for {provider} is in {cfg.secrets_path}")
     return Check("provider_keys", "warn",
-                 f"{env} is not set: agents on the default provider {cfg.default_model.provider} cannot run")
+                 f"{env} is not set: agents on the default provider {provider} cannot run")
 
 
 def _check_secrets_file(path: Path) -> Check | None:
@@ -218,7 +252,7 @@ def run_checks(home: Path) -> list[Check]:
                         f"{free // (1024 * 1024)} MB free"))
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_skills(cfg.home / "skills"))
-    checks.append(_check_keys(cfg))
+    checks.append(_check_keys(cfg, live))
     checks.append(_check_exposure(cfg))
     proxies = _check_proxies(cfg)
     if proxies is not None:

@@ -253,7 +253,7 @@ def test_missing_key_names_the_env_var(agent_daemon) -> None:
     item = [a for a in agent_daemon.get("/api/agents").json() if a["id"] == agent_id][0]
     assert item["auth_status"] == "missing" and item["ready"] is False
     r = say(agent_daemon, agent_id, "hi")
-    assert r.status_code == 500 and "GROQ_API_KEY" in r.json()["error"]
+    assert r.status_code == 424 and "GROQ_API_KEY" in r.json()["error"]
 
 
 def test_fallback_model_is_used(agent_daemon) -> None:

@@ -22,7 +22,7 @@ def test_agent_run_error_defaults() -> None:
     ("timeout", None, 504), ("rate_limit", 429, 429), ("rate_limit", 503, 429), ("reset", None, 502),
     ("truncated", None, 502), ("server", 503, 503), ("server", 500, 500), ("server", 502, 500),
     ("server", None, 500), ("auth", 503, 500), ("unreachable", None, 500), ("bad_request", 400, 500),
-    ("missing_key", None, 500), ("bad_response", 200, 500), ("not_found", 404, 500), ("cancelled", None, 500),
+    ("missing_key", None, 424), ("bad_response", 200, 500), ("not_found", 404, 500), ("cancelled", None, 500),
 ])
 def test_status_of_each_kind(kind, http_status, status) -> None:
     exc = LLMError("openai/gpt-4o: it broke", provider="openai", model="gpt-4o", kind=kind, http_status=http_status,

@@ -176,6 +176,13 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     by_id = new_key(d, agents=[outside])
     assert as_key(d, by_id, "GET", f"/api/agents/{outside}").status_code == 200
     assert as_key(d, by_id, "GET", f"/api/agents/{inside}").status_code == 404
+    # A name where the id belongs: the id is named only for an agent the key may reach.
+    r = as_key(d, key, "GET", f"/api/agents/{inside_name}")
+    assert r.status_code == 400 and r.json()["error"].endswith(f"did you mean agent {inside}?")
+    r = as_key(d, key, "GET", f"/api/agents/{outside_name}")
+    assert r.status_code == 404 and r.json() == {"error": "agent not found"}, "BUG: the hint names a hidden agent"
+    r = as_key(d, key, "GET", f"/api/agents/{outside}/uploads")
+    assert r.status_code == 404 and r.json() == {"error": "agent not found"}
 
 
 def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:

@@ -78,3 +78,67 @@ def test_agent_lookup_through_the_app(tmp_path: Path) -> None:
         assert r.status_code == 404, "BUG: a killed agent is still found"
     finally:
         kernel.close()
+
+
+# -- through the real daemon ---------------------------------------------------------------
+
+KEYLESS = 'name = "{name}"\n[model]\nprovider = "groq"\nmodel = "llama-3.3-70b-versatile"\n'
+FIX = "set GROQ_API_KEY in the daemon's environment or POST /api/providers/groq/key"
+
+
+def test_agent_without_a_provider_key_spawns_with_a_warning_and_answers_424(shared_daemon) -> None:
+    import json
+
+    import websocket
+
+    d = shared_daemon
+    r = d.post("/api/agents", json={"manifest_toml": KEYLESS.format(name="keyless") + "colour = 3\n"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert set(body) == {"agent_id", "name", "warnings"}
+    assert body["warnings"][-1] == "provider groq has no API key: set GROQ_API_KEY or POST /api/providers/groq/key"
+    assert len(body["warnings"]) == 2, "the unknown manifest key is still reported"
+    agent_id = body["agent_id"]
+
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": "hi"})
+    assert r.status_code == 424, r.text
+    assert set(r.json()) == {"error"} and FIX in r.json()["error"]
+
+    r = d.post(f"/api/agents/{agent_id}/message/stream", json={"message": "hi"}, stream=True)
+    events = [line for line in r.iter_lines(decode_unicode=True) if line.startswith(("event:", "data:"))]
+    assert "event: error" in events
+    error = json.loads(events[events.index("event: error") + 1][len("data:"):])
+    assert error["status"] == 424 and FIX in error["error"]
+
+    ws = websocket.create_connection(f"ws://127.0.0.1:{d.port}/api/agents/{agent_id}/ws", timeout=10)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        ws.send(json.dumps({"type": "message", "content": "hi"}))
+        frames = [json.loads(ws.recv())]
+        while frames[-1]["type"] != "error":
+            frames.append(json.loads(ws.recv()))
+    finally:
+        ws.close()
+    assert FIX in frames[-1]["content"]
+
+    # An agent whose provider has its key spawns without warnings.
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "keyed"\n[model]\nprovider = "ollama"\n'
+                                                     'model = "llama3.2"\n'})
+    assert r.status_code == 201 and r.json()["warnings"] == []
+
+
+def test_a_name_where_the_id_belongs_answers_400_naming_the_id(shared_daemon) -> None:
+    d = shared_daemon
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "named-one"\n'})
+    agent_id = r.json()["agent_id"]
+    for method, path, payload in [("GET", "/api/agents/named-one", None),
+                                  ("POST", "/api/agents/named-one/message", {"message": "hi"}),
+                                  ("POST", "/api/agents/named-one/message/stream", {"message": "hi"}),
+                                  ("GET", "/api/agents/named-one/uploads", None),
+                                  ("DELETE", "/api/agents/named-one", None)]:
+        r = d.request(method, path, json=payload)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json() == {"error": f"invalid agent id: 'named-one' is not a UUID: did you mean agent {agent_id}?"}
+    r = d.get("/api/agents/nobody-by-this-name")
+    assert r.status_code == 400 and r.json() == {"error": "invalid agent id: 'nobody-by-this-name' is not a UUID"}
+    assert d.get(f"/api/agents/{agent_id}").status_code == 200

@@ -562,6 +562,8 @@ def test_stopped_run_leaves_no_orphan_user_message(agent_daemon, fake_llm) -> No
 
 # -- manifest keys nobody uses --------------------------------------------------------------
 
+LOCAL_MODEL = '[model]\nprovider = "ollama"\nmodel = "llama3.2"\n'
+
 def test_unknown_manifest_keys_are_reported_as_warnings(shared_daemon) -> None:
     d = shared_daemon
     name = f"typo-{uuid.uuid4().hex[:6]}"
@@ -572,8 +574,9 @@ def test_unknown_manifest_keys_are_reported_as_warnings(shared_daemon) -> None:
     assert any("'profle'" in w and "'profile'" in w for w in warnings), warnings
     assert any("'model.provder'" in w and "'model.provider'" in w for w in warnings), warnings
     assert f"manifest: unknown key 'profle'" in d.log()
-    r = d.post("/api/agents", json={"manifest_toml": manifest(f"clean-{uuid.uuid4().hex[:6]}",
-                                                              'profile = "minimal"')})
+    # (A local provider: a missing provider key would be a warning too.)
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "clean-{uuid.uuid4().hex[:6]}"\n'
+                                                     'profile = "minimal"\n' + LOCAL_MODEL})
     assert r.status_code == 201 and r.json()["warnings"] == []
 
 
@@ -581,7 +584,7 @@ def test_unknown_tool_names_are_reported_as_warnings(shared_daemon) -> None:
     d = shared_daemon
     name = f"tools-{uuid.uuid4().hex[:6]}"
     r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n[capabilities]\n'
-                                                     'tools = ["file_read", "fiel_write"]\n'})
+                                                     'tools = ["file_read", "fiel_write"]\n' + LOCAL_MODEL})
     assert r.status_code == 201
     warnings = r.json()["warnings"]
     assert len(warnings) == 1 and warnings[0].startswith("capabilities.tools: unknown tool 'fiel_write' ignored (known: ")

@@ -291,10 +291,10 @@ def doctor(home: Path, port: int | None = None, **env: str) -> tuple[int, dict[s
 
 
 def test_doctor_healthy_install(daemon_factory) -> None:
-    d = daemon_factory()
+    d = daemon_factory(env_extra={"ANTHROPIC_API_KEY": "x"})
     (d.home / "agents").mkdir(exist_ok=True)
     (d.home / "agents" / "ok.toml").write_text('name = "ok"\n')
-    code, checks = doctor(d.home, d.port, ANTHROPIC_API_KEY="x")
+    code, checks = doctor(d.home, d.port)
     assert code == 0
     assert checks["daemon"]["status"] == "ok"
     assert checks["config"]["status"] == "ok"

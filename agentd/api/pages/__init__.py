@@ -20,6 +20,7 @@ from flask import Blueprint, Response, current_app, g, redirect, request, url_fo
 from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path
 from agentd.api.middleware import is_authorized, is_loopback
+from agentd.api.pages.notes import current_note
 from agentd.kernel import Kernel
 
 bp = Blueprint("pages", __name__)
@@ -77,14 +78,16 @@ def _page_headers(response: Response) -> Response:
 def _template_globals() -> dict:
     config = kernel().config
     return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
-            "logged_in": dashauth.cookie_authenticates, "who": principal.principal}
+            "logged_in": dashauth.cookie_authenticates, "who": principal.principal,
+            "note": current_note}
 
 
 @bp.app_template_filter("usd")
 def _usd(value: float | None) -> str:
     if value is None:
         return "–"
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+    # Below a dollar, the CLI's six decimals: one cheap call costs a few millionths.
+    return f"${value:,.6f}" if value < 1 else f"${value:,.2f}"
 
 
 @bp.app_template_filter("when")

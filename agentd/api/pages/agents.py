@@ -10,6 +10,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MODES
 from agentd.agents.manifest import MANIFEST_LIMIT
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, run_fields
 from agentd.api.routes_agents import message_text
 from agentd.api.runs import run_blocking
@@ -65,7 +66,9 @@ def agents_spawn():
     except AgentdError as exc:
         # Shown inline above the form, which keeps what was typed.
         return _agents_page(exc.status, exc.message, manifest)
-    return see_other("pages.agent_page", agent_id=handle.id)
+    # The same warnings POST /api/agents answers (a missing provider key, unknown keys).
+    return see_other_with("pages.agent_page", kernel().agents.spawn_warnings(handle), ok=False,
+                          agent_id=handle.id)
 
 
 def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = ""):
@@ -149,11 +152,21 @@ def agent_reset(agent_id: str):
     return _agent_action(agent_id, lambda agents, handle: agents.reset_session(handle), refusal_on_page=False)
 
 
+@bp.get("/agents/<agent_id>/kill")
+def agent_kill_confirm(agent_id: str):
+    """The confirmation step before a kill (a page of its own: it works without JavaScript)."""
+    agents = kernel().agents
+    return render_template("kill.html", agent=agents.summary(agents.get(agent_id)))
+
+
 @bp.post("/agents/<agent_id>/kill")
 def agent_kill(agent_id: str):
     agents = kernel().agents
-    agents.kill(agents.get(agent_id))
-    return see_other("pages.agents_list")
+    handle = agents.get(agent_id)
+    if request.form.get("confirm") != "yes":
+        return see_other("pages.agent_kill_confirm", agent_id=handle.id)
+    agents.kill(handle)
+    return see_other_with("pages.agents_list", [f"agent {handle.name} was killed"])
 
 
 MEMORIES_SHOWN = 50

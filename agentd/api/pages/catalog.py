@@ -7,6 +7,7 @@ from datetime import timedelta
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.routes_catalog import TIERS
 from agentd.errors import AgentdError
@@ -50,21 +51,20 @@ def models():
                            tiers=TIERS, provider=provider or "", tier=tier or "")
 
 
-def _providers_page(result: dict | None = None, status: int = 200):
-    return render_template("providers.html", providers=kernel().providers.listing(), result=result), status
-
-
 @bp.get("/providers")
 def providers():
-    return _providers_page()
+    return render_template("providers.html", providers=kernel().providers.listing())
 
 
 @bp.post("/providers/<name>/test")
 def provider_test(name: str):
-    """Runs the same test as POST /api/providers/{name}/test and shows its outcome in the page."""
+    """Runs the same test as POST /api/providers/{name}/test, then shows its outcome on the
+    providers page (a redirect, so a refresh does not run it again)."""
+    providers = kernel().providers
+    providers.get(name)  # an unknown provider is the ordinary 404 page
     try:
-        outcome = kernel().providers.test(name)
+        outcome = providers.test(name)
     except AgentdError as exc:
-        return _providers_page({"provider": name, "ok": False, "message": exc.message}, exc.status)
-    return _providers_page({"provider": name, "ok": True,
-                            "message": f"reached {name} in {outcome.get('response_time_ms')} ms"})
+        message = exc.message if exc.message.startswith(f"{name}:") else f"{name}: {exc.message}"
+        return see_other_with("pages.providers", [message], ok=False)
+    return see_other_with("pages.providers", [f"{name}: reached in {outcome.get('response_time_ms')} ms"])

@@ -91,7 +91,7 @@ def test_every_page_renders_with_key_content(dash) -> None:
         "/agents": ["<h1>Agents", f'href="/agents/{agent_id}"', ">helper</a>", "Running", "Auto",
                     "openai/gpt-4o", 'name="manifest_toml"'],
         f"/agents/{agent_id}": ["helper", "the helper", f'action="/agents/{agent_id}/message"',
-                                '<textarea id="message" name="message"', f'action="/agents/{agent_id}/kill"',
+                                '<textarea id="message" name="message"', f'href="/agents/{agent_id}/kill"',
                                 f'action="/agents/{agent_id}/stop"', f'action="/agents/{agent_id}/compact"',
                                 f'action="/agents/{agent_id}/reset"', f'action="/agents/{agent_id}/mode"',
                                 f'data-stream-url="/api/agents/{agent_id}/message/stream"'],
@@ -253,8 +253,15 @@ def test_agent_actions_with_token(dash) -> None:
     r = post(client, f"/agents/{agent_id}/mode", {"mode": "Sideways", "csrf_token": token})
     assert r.status_code == 400 and "invalid mode" in r.get_data(as_text=True)
     r = post(client, f"/agents/{agent_id}/kill", {"csrf_token": token})
-    assert r.status_code == 303 and r.headers["Location"] == "/agents"
+    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}/kill"
+    assert page(client, f"/agents/{agent_id}").status_code == 200, "BUG: killed without confirmation"
+    html = page(client, f"/agents/{agent_id}/kill").get_data(as_text=True)
+    assert "Kill agent helper?" in html and 'name="confirm" value="yes"' in html
+    r = post(client, f"/agents/{agent_id}/kill", {"csrf_token": token, "confirm": "yes"})
+    assert r.status_code == 303 and r.headers["Location"].startswith("/agents?note=")
     assert page(client, f"/agents/{agent_id}").status_code == 404
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert 'id="page-note"' in html and "agent helper was killed" in html
 
 
 def test_spawn_form_shows_errors_inline_and_spawns(dash) -> None:
@@ -268,6 +275,14 @@ def test_spawn_form_shows_errors_inline_and_spawns(dash) -> None:
     assert r.status_code == 303
     handle = kernel.agents.by_name("fresh")
     assert r.headers["Location"] == f"/agents/{handle.id}"
+    # A provider without a key does not stop the spawn; the agent's page says what to set.
+    r = post(client, "/agents", {"manifest_toml": 'name = "keyless"\n[model]\nprovider = "groq"\n'
+                                                  'model = "llama-3.3-70b-versatile"\n', "csrf_token": token})
+    handle = kernel.agents.by_name("keyless")
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{handle.id}?note=")
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert ("provider groq has no API key: set GROQ_API_KEY or POST /api/providers/groq/key" in html
+            and 'id="page-note"' in html)
     r = post(client, "/agents", {"manifest_toml": 'name = "fresh"\n', "csrf_token": token})
     assert r.status_code == 409
 
@@ -437,9 +452,29 @@ def test_provider_test_button_reports_in_page(dash) -> None:
     client, _ = dash
     token = csrf(client, "/providers")
     r = post(client, "/providers/openai/test", {"csrf_token": token})
-    assert r.status_code == 200 and "openai: reached openai in" in r.get_data(as_text=True)
+    assert r.status_code == 303 and r.headers["Location"].startswith("/providers?note=")
+    # The result is a page of its own: refreshing it shows it again and runs nothing.
+    for _ in range(2):
+        shown = page(client, r.headers["Location"])
+        assert shown.status_code == 200 and "openai: reached in" in shown.get_data(as_text=True)
+    r = post(client, "/providers/groq/test", {"csrf_token": token})
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "groq: no API key for groq: set GROQ_API_KEY" in html and 'class="error"' in html
     r = post(client, "/providers/nosuch/test", {"csrf_token": token})
     assert r.status_code == 404 and r.mimetype == "text/html"
+    # A message in the URL that agentd did not sign is not shown.
+    html = page(client, "/providers?note=forged").get_data(as_text=True)
+    assert 'id="page-note"' not in html
+
+
+def test_provider_test_failure_names_the_provider_once(dash, monkeypatch) -> None:
+    client, kernel = dash
+    token = csrf(client, "/providers")
+    kernel.providers.set_url("mistral", "http://127.0.0.1:9")
+    monkeypatch.setenv("MISTRAL_API_KEY", "test-mistral")
+    r = post(client, "/providers/mistral/test", {"csrf_token": token})
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "mistral: cannot reach http://127.0.0.1:9" in html and "mistral: mistral:" not in html
 
 
 def test_workflow_pages_and_run_form(dash) -> None:
@@ -570,7 +605,8 @@ def test_page_weight_budgets(dash) -> None:
     css = len(page(client, "/static/app.css").data)
     js = len(page(client, "/static/app.js").data)
     assert js <= 10 * 1024
-    for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", "/approvals", "/usage",
+    for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", f"/agents/{agent_id}/kill",
+                 "/approvals", "/usage",
                  "/models", "/providers", "/workflows", "/channels"):
         html = len(page(client, path).data)
         assert html + css + js <= 60 * 1024, f"{path}: {html} + {css} + {js} bytes"

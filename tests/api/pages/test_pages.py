@@ -101,7 +101,15 @@ def test_spend_by_agent_is_this_periods_cost_per_agent(dash) -> None:
     html = client.get(f"/agents/{spender}", environ_base=LOCAL).get_data(as_text=True)
     assert "<dt>Spend</dt><dd>$2.50 this month</dd>" in html
     html = client.get(f"/agents/{other}", environ_base=LOCAL).get_data(as_text=True)
-    assert "<dt>Spend</dt><dd>$0.0000 this month</dd>" in html, "BUG: an agent without calls shows a spend"
+    assert "<dt>Spend</dt><dd>$0.000000 this month</dd>" in html, "BUG: an agent without calls shows a spend"
+
+
+def test_spend_below_a_dollar_shows_the_clis_six_decimals(dash) -> None:
+    app, kernel = dash
+    tiny = spawn(kernel, "tiny-spender")
+    kernel.metering.record(tiny, "tiny-spender", "openai", "gpt-4o", 12, 0)  # $2.50 per 1M input
+    html = app.test_client().get(f"/agents/{tiny}", environ_base=LOCAL).get_data(as_text=True)
+    assert "<dt>Spend</dt><dd>$0.000030 this month</dd>" in html, "BUG: a small spend rounds away"
 
 
 def _rows(html: str) -> list[str]:

@@ -44,7 +44,7 @@ def test_triggers_page_shows_caps_and_the_paused_reason_and_its_buttons_work(das
     assert f'href="/agents/{agent_id}">watcher</a>' in row
     assert '<code>{"content_match": "deploy <now>"}</code>' in row
     assert f'<span class="pill bad">paused</span> <span class="paused-reason">{reason}</span>' in row
-    assert '<td class="num">1 / 1</td>' in row and "$0.0000 / $0.5000" in row and ">Resume</button>" in row
+    assert '<td class="num">1 / 1</td>' in row and "$0.000000 / $0.500000" in row and ">Resume</button>" in row
     token = token_of(html)
     assert client.post(f"/triggers/{made['id']}/enable", data={"csrf_token": token},
                        environ_base=LOCAL).status_code == 303

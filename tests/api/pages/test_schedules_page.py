@@ -49,7 +49,7 @@ def test_the_schedules_page_lists_steers_and_shows_history(dash) -> None:
                               "max_runs_per_day": 4, "max_cost_usd_per_day": 0.25})
     html = text(client, "/schedules")
     assert ">morning</a>" in html and "<code>0 9 * * *</code> UTC" in html
-    assert "4 runs/day" in html and "$0.2500/day" in html and "paged" in html
+    assert "4 runs/day" in html and "$0.250000/day" in html and "paged" in html
     due = job["next_run_at"]
     assert f'<time datetime="{due}">{due[:10]} 09:00:00</time>' in html
     # The viewer's zone (kept in a cookie): the same instant in Tokyo's wall time.

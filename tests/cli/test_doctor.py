@@ -1,0 +1,41 @@
+"""`agentd doctor`'s provider key check (agentd/cli/doctor.py): the running daemon's keys,
+else what a start would load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support import Daemon, make_home, run_cli
+
+
+def provider_keys(home: Path, port: int) -> dict[str, str]:
+    # The CLI's own environment never has the key: only the daemon (or its home) may.
+    r = run_cli(home, "doctor", "--json", port=port, env_extra={"ANTHROPIC_API_KEY": ""})
+    return {c["check"]: c for c in json.loads(r.stdout)}["provider_keys"]
+
+
+def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    d = Daemon(home, env_extra={"ANTHROPIC_API_KEY": ""}).start()
+    try:
+        check = provider_keys(home, d.port)
+        assert check["status"] == "warn" and "the daemon has no ANTHROPIC_API_KEY" in check["message"]
+        assert "/api/providers/anthropic/key" in check["message"]
+        r = d.post("/api/providers/anthropic/key", json={"api_key": "sk-ant-doctor"})
+        assert r.status_code == 200, r.text
+        d.post("/api/providers/groq/key", json={"api_key": "gsk-doctor"})
+        check = provider_keys(home, d.port)
+        assert check == {"check": "provider_keys", "status": "ok",
+                         "message": "the daemon has ANTHROPIC_API_KEY for anthropic; "
+                                    "the daemon has keys for anthropic, groq"}, check
+        assert "sk-ant-doctor" not in json.dumps(check)
+    finally:
+        d.stop()
+    # No daemon: the key the API wrote to secrets.env is what the next start loads.
+    check = provider_keys(home, d.port)
+    assert check == {"check": "provider_keys", "status": "ok",
+                     "message": f"ANTHROPIC_API_KEY for anthropic is in {home / 'secrets.env'}"}, check
+    (home / "secrets.env").unlink()
+    check = provider_keys(home, d.port)
+    assert check["status"] == "warn" and check["message"].startswith("ANTHROPIC_API_KEY is not set")
