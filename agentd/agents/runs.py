@@ -387,8 +387,8 @@ class Runs:
         workspace = handle.workspace
         if workspace is None:
             workspace = handle.workspace = self.config.workspaces_dir / handle.name
-        ctx = ToolContext(agent_id=handle.id, workspace=workspace,
-                          capabilities=caps, tools_config=self.config.tools, ops=self.ops_for(handle, request.origin if request else ""),
+        ctx = ToolContext(agent_id=handle.id, workspace=workspace, capabilities=caps, tools_config=self.config.tools,
+                          ops=self.ops_for(handle, request.origin if request else ""),
                           cancel=cancel, services=self.tool_services, agent_name=handle.name,
                           model=self._model_access(handle), skills=skills, a2a=self.a2a,
                           cron=self.cron)
