@@ -68,3 +68,34 @@ def provider_test(name: str):
         message = exc.message if exc.message.startswith(f"{name}:") else f"{name}: {exc.message}"
         return see_other_with("pages.providers", [message], ok=False)
     return see_other_with("pages.providers", [f"{name}: reached in {outcome.get('response_time_ms')} ms"])
+
+
+@bp.post("/providers/<name>/key")
+def provider_key(name: str):
+    """Saves the provider's key (or, with `remove`, removes it) as PUT and DELETE
+    /api/providers/{name}/key do: into the daemon's environment and `secrets.env`. The page
+    never shows a key back."""
+    providers = kernel().providers
+    providers.get(name)
+    try:
+        if request.form.get("remove"):
+            providers.delete_key(name)
+            return see_other_with("pages.providers", [f"{name}: key removed"])
+        providers.set_key(name, request.form.get("api_key", ""))
+    except AgentdError as exc:
+        return see_other_with("pages.providers", [f"{name}: {exc.message}"], ok=False)
+    return see_other_with("pages.providers", [f"{name}: key saved; test it with its Test button"])
+
+
+@bp.post("/providers/url")
+def provider_url():
+    """Sets a provider's base URL as PUT /api/providers/{name}/url does (a local
+    OpenAI-compatible server, a proxy)."""
+    providers = kernel().providers
+    name = request.form.get("provider", "")
+    try:
+        providers.get(name)
+        outcome = providers.set_url(name, request.form.get("base_url", ""))
+    except AgentdError as exc:
+        return see_other_with("pages.providers", [f"{name}: {exc.message}"], ok=False)
+    return see_other_with("pages.providers", [f"{name}: base URL set to {outcome['base_url']}"])

@@ -7,6 +7,7 @@ LLM over real HTTP.
 
 from __future__ import annotations
 
+import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -465,6 +466,42 @@ def test_provider_test_button_reports_in_page(dash) -> None:
     # A message in the URL that agentd did not sign is not shown.
     html = page(client, "/providers?note=forged").get_data(as_text=True)
     assert 'id="page-note"' not in html
+
+
+def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
+    client, kernel = dash
+    # (Restored after the test: the form sets the key in this process's environment.)
+    monkeypatch.setenv("GROQ_API_KEY", "unset")
+    monkeypatch.delenv("GROQ_API_KEY")
+    token = csrf(client, "/providers")
+    html = page(client, "/providers").get_data(as_text=True)
+    assert 'action="/providers/groq/key"' in html and 'name="api_key"' in html
+    r = post(client, "/providers/groq/key", {"csrf_token": token, "api_key": "  gsk-dashboard-secret "})
+    assert r.status_code == 303 and r.headers["Location"].startswith("/providers?note=")
+    shown = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "groq: key saved" in shown and "gsk-dashboard-secret" not in shown
+    assert os.environ["GROQ_API_KEY"] == "gsk-dashboard-secret"
+    assert "GROQ_API_KEY=gsk-dashboard-secret" in kernel.config.secrets_path.read_text()
+    assert {p["id"]: p["auth_status"] for p in kernel.providers.listing()}["groq"] == "configured"
+    # A bad key is refused with the API's message; nothing changes.
+    r = post(client, "/providers/groq/key", {"csrf_token": token, "api_key": "two\nlines"})
+    assert "groq: api_key must be a single line" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert os.environ["GROQ_API_KEY"] == "gsk-dashboard-secret"
+    r = post(client, "/providers/groq/key", {"csrf_token": token, "remove": "1"})
+    assert "groq: key removed" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "GROQ_API_KEY" not in os.environ and "gsk-dashboard-secret" not in kernel.config.secrets_path.read_text()
+    # Without the CSRF token nothing is saved.
+    assert post(client, "/providers/groq/key", {"api_key": "gsk-x"}).status_code == 403
+    assert "GROQ_API_KEY" not in os.environ
+    # The base URL form: the same check as PUT /api/providers/{name}/url.
+    r = post(client, "/providers/url", {"csrf_token": token, "provider": "ollama",
+                                        "base_url": "http://127.0.0.1:11999/v1"})
+    assert "ollama: base URL set to http://127.0.0.1:11999/v1" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert kernel.providers.base_url(kernel.providers.get("ollama")) == "http://127.0.0.1:11999/v1"
+    r = post(client, "/providers/url", {"csrf_token": token, "provider": "ollama", "base_url": "ftp://x"})
+    assert "ollama: " in page(client, r.headers["Location"]).get_data(as_text=True)
+    r = post(client, "/providers/url", {"csrf_token": token, "provider": "nosuch", "base_url": "http://x"})
+    assert "nosuch: " in page(client, r.headers["Location"]).get_data(as_text=True)
 
 
 def test_provider_test_failure_names_the_provider_once(dash, monkeypatch) -> None:
