@@ -64,7 +64,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.agent_mode": "manage", "pages.agent_kill_confirm": "manage", "pages.agent_reset": "manage",
     "pages.approval_decide": "manage",
     "pages.workflow_run": "manage", "pages.provider_test": "manage",
-    "pages.provider_key": "admin", "pages.provider_url": "admin",
+    "pages.provider_key": "admin", "pages.provider_url": "admin", "pages.budget_set": "admin",
     "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin",
     "pages.agent_files": "read", "pages.agent_file": "read", "pages.mcp_servers": "read", "pages.skills": "read",
     "pages.schedules": "read", "pages.schedule_page": "read", "pages.triggers": "read", "pages.tasks": "read",

@@ -51,6 +51,26 @@ def models():
                            tiers=TIERS, provider=provider or "", tier=tier or "")
 
 
+@bp.post("/usage/budget")
+def budget_set():
+    """Sets the monthly limit as PUT /api/budget does (0: no limit)."""
+    from marshmallow import ValidationError
+
+    from agentd.api.routes_catalog import BudgetSchema
+
+    raw = request.form.get("limit_usd", "").strip()
+    try:
+        limit = float(raw)
+        if limit != limit or limit in (float("inf"), float("-inf")):
+            raise ValueError(raw)
+        BudgetSchema().load({"limit_usd": limit})
+    except (ValueError, ValidationError):
+        return see_other_with("pages.usage", [f"budget: {raw!r} is not an amount in USD of 0 or more"], ok=False)
+    kernel().metering.set_limit(limit)
+    note = "budget: no limit" if limit == 0 else f"budget: limit set to ${limit:g} a month"
+    return see_other_with("pages.usage", [note])
+
+
 @bp.get("/providers")
 def providers():
     return render_template("providers.html", providers=kernel().providers.listing())

@@ -504,6 +504,23 @@ def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
     assert "nosuch: " in page(client, r.headers["Location"]).get_data(as_text=True)
 
 
+def test_budget_form_sets_the_monthly_limit(dash) -> None:
+    client, kernel = dash
+    token = csrf(client, "/usage")
+    assert 'action="/usage/budget"' in page(client, "/usage").get_data(as_text=True)
+    r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "12.5"})
+    assert r.status_code == 303 and r.headers["Location"].startswith("/usage?note=")
+    assert "budget: limit set to $12.5 a month" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert kernel.metering.limit_usd == 12.5
+    for bad in ("-1", "nan", "lots"):
+        r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": bad})
+        assert "is not an amount in USD of 0 or more" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert kernel.metering.limit_usd == 12.5
+    r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "0"})
+    assert "budget: no limit" in page(client, r.headers["Location"]).get_data(as_text=True)
+    assert kernel.metering.limit_usd == 0
+
+
 def test_provider_test_failure_names_the_provider_once(dash, monkeypatch) -> None:
     client, kernel = dash
     token = csrf(client, "/providers")
