@@ -16,7 +16,7 @@ from typing import Any
 # only these accept the `mention-only` policy.
 MENTION_ADAPTERS = frozenset({
     "slack", "discord", "telegram", "matrix", "mattermost", "zulip", "irc", "xmpp", "teams",
-    "rocketchat",
+    "rocketchat", "nextcloud", "revolt", "pumble",
 })
 # Adapters that can answer either in a thread under the message or in the channel itself:
 # only these accept the `threading` override.
