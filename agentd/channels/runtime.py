@@ -370,7 +370,7 @@ class ChannelManager:
         if agent_name:
             handle = self.agents.find(agent_name)
             if handle is None:
-                raise ChannelError(f"default_agent {agent_name!r} does not exist")
+                raise ChannelError(f"{'thread_routes agent' if agent else 'default_agent'} {agent_name!r} does not exist")
             return handle
         handles = self.agents.handles()
         if not handles:

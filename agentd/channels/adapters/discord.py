@@ -154,13 +154,18 @@ class DiscordAdapter(GatewayAdapter):
         ids = []
         target = conversation.thread_id or conversation.chat_id
         if conversation.meta.pop("start_thread", False):
-            created = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages/"
-                                     f"{conversation.meta['reply_to']}/threads",
-                                     json={"name": conversation.meta.get("thread_name") or "conversation",
-                                           "auto_archive_duration": 1440})
-            target = str(created.get("id") or target)
-            self.threads[target] = conversation.chat_id
-            conversation.meta["reply_to"] = ""
+            try:
+                created = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages/"
+                                         f"{conversation.meta['reply_to']}/threads",
+                                         json={"name": conversation.meta.get("thread_name") or "conversation",
+                                               "auto_archive_duration": 1440})
+            except ChannelError as exc:  # no permission to create threads: answer in the channel
+                self.ctx.log.info("discord: could not start a thread (%s); answering in the channel", exc)
+                target = conversation.chat_id
+            else:
+                target = str(created.get("id") or target)
+                self.threads[target] = conversation.chat_id
+                conversation.meta["reply_to"] = ""
         for index, part in enumerate(split_text(text, self.max_message_len)):
             body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
             if index == 0 and conversation.meta.get("reply_to"):
