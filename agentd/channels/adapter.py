@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agentd.channels.conversation import key_of
+
 
 @dataclass
 class Conversation:
@@ -28,13 +30,16 @@ class Conversation:
     user_id: str = ""
     direct: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    # The thread the message is in and the reply goes to ("": none): a conversation of its own.
+    thread_id: str = ""
+    # A group whose `group_policy` is `shared`: one session for all its senders.
+    shared: bool = False
 
     @property
     def key(self) -> str:
-        """One session per key: platform + chat, plus the user for direct messages."""
-        if self.direct:
-            return f"{self.channel}:dm:{self.user_id or self.chat_id}"
-        return f"{self.channel}:chat:{self.chat_id}"
+        """One session per key (agentd/channels/conversation.py): platform + chat + thread,
+        plus the sender unless the group is shared."""
+        return key_of(self.channel, self.chat_id, self.user_id, self.direct, self.thread_id, self.shared)
 
 
 @dataclass
@@ -51,6 +56,10 @@ class Inbound:
     # Spaces the chat belongs to (a Discord guild, a Guilded server...), matched by the
     # chat allow-lists too (`allowed_guilds` names guilds, not channels).
     chat_aliases: tuple[str, ...] = ()
+    # The bot was mentioned or replied to (adapters of conversation.MENTION_ADAPTERS say so).
+    mentioned: bool = False
+    # An agent the adapter routes this message to (telegram `thread_routes`), by name.
+    agent: str = ""
 
 
 class ChannelError(Exception):

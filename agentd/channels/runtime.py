@@ -286,8 +286,10 @@ class ChannelManager:
     def _deliver(self, name: str, msg: Inbound) -> None:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
+        chosen = self._overrides(name)
+        msg.conversation.shared = not msg.conversation.direct and chosen.get("group_policy") == "shared"
         refused = self._refusal(settings, msg) or channel_overrides.policy_refusal(
-            self._overrides(name), msg.conversation.direct)
+            chosen, msg.conversation.direct, msg.mentioned)
         if not refused:
             try:
                 check_message(msg.text)
@@ -310,7 +312,7 @@ class ChannelManager:
     def _overrides(self, name: str) -> dict[str, Any]:
         """The channel's checked `overrides` table (a running adapter's section passed the check)."""
         try:
-            return channel_overrides.check(self.sections.get(name, {}).get("overrides") or {})
+            return channel_overrides.check(self.sections.get(name, {}).get("overrides") or {}, name)
         except BadRequest:
             return {}
 
@@ -333,7 +335,7 @@ class ChannelManager:
             return
         conversation = msg.conversation
         try:
-            handle = self._route(name)
+            handle = self._route(name, msg.agent)
             conversation.meta.setdefault("agent", handle.name)
             if msg.text.strip().lower() in ("/new", "/reset"):
                 try:  # only this conversation's session: other users keep theirs
@@ -363,12 +365,12 @@ class ChannelManager:
         self.audit("channel.outbound", name, {"message_id": sent_id, "in_reply_to": msg.message_id,
                                               "conversation": conversation.key})
 
-    def _route(self, name: str):  # type: ignore[no-untyped-def]
-        agent_name = self.sections.get(name, {}).get("default_agent")
+    def _route(self, name: str, agent: str = ""):  # type: ignore[no-untyped-def]
+        agent_name = agent or self.sections.get(name, {}).get("default_agent")
         if agent_name:
             handle = self.agents.find(agent_name)
             if handle is None:
-                raise ChannelError(f"default_agent {agent_name!r} does not exist")
+                raise ChannelError(f"{'thread_routes agent' if agent else 'default_agent'} {agent_name!r} does not exist")
             return handle
         handles = self.agents.handles()
         if not handles:

@@ -3,7 +3,9 @@
 
 REST under `/api/v10`: `GET /users/@me`, `GET /gateway/bot` (the gateway URL),
 `POST /channels/{id}/messages` (2000-character limit, 50035 on longer content),
-`POST /channels/{id}/typing` (204); `Authorization: Bot <token>` or 401 `{"message":
+`POST /channels/{id}/typing` (204), `POST /channels/{id}/messages/{message}/threads` (Start
+Thread from Message: a public thread, type 11, whose id is the message's; 400 code 160004
+when the message already has one; posts into it are messages of the thread channel); `Authorization: Bot <token>` or 401 `{"message":
 "401: Unauthorized", "code": 0}`; scripted 429s with Retry-After and a body `retry_after`.
 
 Gateway on `/` (and the resume URL `/resume`): HELLO (op 10), IDENTIFY (op 2: token,
@@ -41,6 +43,7 @@ class FakeDiscord(FakeGateway):
         self.privileged_ok = True                         # privileged intents enabled for the app
         self.messages: list[dict[str, Any]] = []
         self.typing: list[str] = []
+        self.threads: dict[str, dict[str, Any]] = {}      # thread channel id -> channel object
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
         self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
@@ -80,6 +83,24 @@ class FakeDiscord(FakeGateway):
             self.record(channel=channel, content=content, reference=(body.get("message_reference") or {}).get(
                 "message_id"), allowed_mentions=body.get("allowed_mentions"))
             return jsonify(message)
+
+        @app.post("/api/v10/channels/<channel>/messages/<message>/threads")
+        def start_thread(channel: str, message: str):
+            body = request.get_json() or {}
+            if not 1 <= len(str(body.get("name") or "")) <= 100:
+                return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"name": {
+                    "_errors": [{"code": "BASE_TYPE_BAD_LENGTH", "message": "Must be between 1 and 100 in length."}]}}}), 400
+            if message in self.threads:
+                return jsonify({"code": 160004, "message": "A thread has already been created for this message"}), 400
+            if not any(m["id"] == message and m["channel_id"] == channel for m in self.messages):
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
+            thread = {"id": message, "type": 11, "guild_id": self.guild_of(channel), "parent_id": channel,
+                      "name": body["name"], "owner_id": BOT["id"], "message_count": 0,
+                      "thread_metadata": {"archived": False, "locked": False,
+                                          "auto_archive_duration": int(body.get("auto_archive_duration") or 4320)}}
+            self.threads[message] = thread
+            self.dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+            return jsonify(thread), 201
 
         @app.post("/api/v10/channels/<channel>/typing")
         def typing(channel: str):
@@ -146,8 +167,7 @@ class FakeDiscord(FakeGateway):
         self.to_every_socket({"op": op, "d": d, "s": None, "t": None})
 
     # -- platform users ------------------------------------------------------------------
-    @staticmethod
-    def guild_of(channel: str) -> str | None:
+    def guild_of(self, channel: str) -> str | None:
         return None if channel.startswith("dm-") else GUILD
 
     def _message(self, channel: str, author: dict[str, Any], content: str, guild: str | None,
@@ -163,14 +183,24 @@ class FakeDiscord(FakeGateway):
         self.dispatch("MESSAGE_CREATE", {**message, **({"guild_id": guild} if guild else {})})
         return message
 
-    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False, bot: bool = False) -> str:
-        """A user posts (in their DM channel unless `channel`); `mention` addresses the bot."""
+    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False, bot: bool = False,
+                  reply_to: str = "") -> str:
+        """A user posts (in their DM channel unless `channel`, which may be a thread's id);
+        `mention` addresses the bot, `reply_to` replies to that message (a reply to one of
+        the bot's messages carries it as `referenced_message`)."""
         channel = channel or f"dm-{user}"
         author = {"id": f"id-{user}", "username": user, "discriminator": "0", **({"bot": True} if bot else {})}
         mentions = [BOT] if mention else []
         content = f"<@{BOT['id']}> {text}" if mention else text
-        self._message(channel, author, content, self.guild_of(channel), mentions=mentions)
+        extra: dict[str, Any] = {}
+        if reply_to:
+            extra["referenced_message"] = next((m for m in self.messages if m["id"] == reply_to), None)
+        self._message(channel, author, content, self.guild_of(channel), mentions=mentions,
+                      reference={"message_id": reply_to} if reply_to else None, **extra)
         return channel
+
+    def last_message_id(self) -> str:
+        return self.messages[-1]["id"]
 
     def identifies(self) -> list[dict[str, Any]]:
         return [f["d"] for _, f in self.received if f.get("op") == 2]

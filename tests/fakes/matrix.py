@@ -1,7 +1,10 @@
 """A fake Matrix homeserver (client-server API v3): whoami, /sync with since tokens
 and long-poll timeout, room send with transaction ids (idempotent), typing. Sent
 messages appear in the room timeline like on a real server; sends are answered 429
-(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds.
+(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds. Users can write in a
+thread (an `m.relates_to` of `rel_type` `m.thread` naming the root event, with the
+`m.in_reply_to` fallback), reply to an event, and mention users intentionally
+(`m.mentions.user_ids`, with a matrix.to pill in `formatted_body`), as the spec describes.
 
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
@@ -47,8 +50,10 @@ class FakeMatrix(FakeServer):
         @app.after_request
         def recorded(response):
             if request.method == "PUT" and "/send/" in request.path and response.status_code == 200:
+                content = request.get_json()
                 self.sent.append({"room": request.path.split("/rooms/")[1].split("/")[0],
-                                  "body": request.get_json()["body"], "at": time.time()})
+                                  "body": content["body"], "relates_to": content.get("m.relates_to"),
+                                  "at": time.time()})
             return response
 
         @app.get(PREFIX + "/account/whoami")
@@ -76,7 +81,7 @@ class FakeMatrix(FakeServer):
         def send(room: str, txn: str):
             with self.cond:
                 if (room, txn) not in self.txns:
-                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json()["body"])
+                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json())
             return jsonify({"event_id": self.txns[(room, txn)]})
 
         @app.put(PREFIX + "/rooms/<room>/typing/<user>")
@@ -86,17 +91,46 @@ class FakeMatrix(FakeServer):
 
         super().__init__(app)
 
-    def _add(self, room: str, sender: str, body: str) -> str:
+    def _add(self, room: str, sender: str, content: dict[str, Any]) -> str:
         event_id = f"$ev{len(self.events) + 1}"
         self.events.append((room, {"type": "m.room.message", "sender": sender, "event_id": event_id,
-                                   "origin_server_ts": int(time.time() * 1000),
-                                   "content": {"msgtype": "m.text", "body": body}}))
+                                   "origin_server_ts": int(time.time() * 1000), "content": content}))
         self.cond.notify_all()
         return event_id
 
-    def user_says(self, room: str, sender: str, body: str) -> str:
+    def user_says(self, room: str, sender: str, body: str, thread: str = "", reply_to: str = "",
+                  mention: str = "") -> str:
+        """`sender` writes in `room` (in the thread whose root is `thread`, replying to the event
+        `reply_to`, mentioning the user `mention`); returns the event id."""
+        content: dict[str, Any] = {"msgtype": "m.text", "body": body}
+        if mention:
+            content["body"] = f"{mention}: {body}"
+            content["format"] = "org.matrix.custom.html"
+            content["formatted_body"] = f'<a href="https://matrix.to/#/{mention}">{mention}</a>: {body}'
+            content["m.mentions"] = {"user_ids": [mention]}
+        if thread:
+            content["m.relates_to"] = {"rel_type": "m.thread", "event_id": thread, "is_falling_back": not reply_to,
+                                       "m.in_reply_to": {"event_id": reply_to or self._last_in_thread(room, thread)}}
+        elif reply_to:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
         with self.cond:
-            return self._add(room, sender, body)
+            return self._add(room, sender, content)
+
+    def _last_in_thread(self, room: str, root: str) -> str:
+        last = root
+        for r, event in self.events:
+            relates = event["content"].get("m.relates_to") or {}
+            if r == room and relates.get("rel_type") == "m.thread" and relates.get("event_id") == root:
+                last = event["event_id"]
+        return last
+
+    def thread_of(self, event_id: str) -> str:
+        """The root of the thread the event is in ("" for the main timeline)."""
+        for _, event in self.events:
+            if event["event_id"] == event_id:
+                relates = event["content"].get("m.relates_to") or {}
+                return relates.get("event_id", "") if relates.get("rel_type") == "m.thread" else ""
+        return ""
 
     def bot_messages(self, room: str) -> list[str]:
         return [e["content"]["body"] for r, e in self.events if r == room and e["sender"] == self.bot]

@@ -1,7 +1,9 @@
 """A fake Mattermost server (API v4, https://api.mattermost.com): `GET /api/v4/users/me`,
 `POST /api/v4/posts`, and the WebSocket `/api/v4/websocket` with the
 authentication_challenge handshake, `hello`, and `posted` events (post as a JSON
-string, channel_type D for direct messages). Posts of the bot come back as events."""
+string, channel_type D for direct messages; `mentions`, a JSON string of the mentioned
+user ids, when the message @-mentions someone). Posts of the bot come back as events; a
+post with `root_id` is a reply in that root post's thread."""
 
 from __future__ import annotations
 
@@ -70,13 +72,16 @@ class FakeMattermost(FakeServer):
         post = {"id": f"post{next(self.ids):022d}", "create_at": int(time.time() * 1000), "user_id": user_id,
                 "channel_id": channel_id, "root_id": root_id, "message": message, "type": ""}
         self.posts.append(post)
-        self.hub.broadcast({"event": "posted", "data": {"channel_type": channel_type, "post": json.dumps(post),
-                                                       "sender_name": sender_name},
+        data = {"channel_type": channel_type, "post": json.dumps(post), "sender_name": sender_name}
+        if f"@{BOT['username']}" in message.split():
+            data["mentions"] = json.dumps([BOT["id"]])
+        self.hub.broadcast({"event": "posted", "data": data,
                             "broadcast": {"channel_id": channel_id}, "seq": next(self.seq)})
         return post
 
-    def user_says(self, user_id: str, username: str, channel_id: str, message: str, direct: bool = False) -> str:
-        return self.add_post(user_id, channel_id, message, "", "D" if direct else "O", "@" + username)["id"]
+    def user_says(self, user_id: str, username: str, channel_id: str, message: str, direct: bool = False,
+                  root_id: str = "") -> str:
+        return self.add_post(user_id, channel_id, message, root_id, "D" if direct else "O", "@" + username)["id"]
 
     def bot_posts(self, channel_id: str) -> list[dict[str, Any]]:
         return [p for p in self.posts if p["channel_id"] == channel_id and p["user_id"] == BOT["id"]]

@@ -1,6 +1,12 @@
 """A fake Telegram Bot API (https://core.telegram.org/bots/api): getMe, getUpdates
 (long poll with offset/timeout; earlier updates are confirmed and dropped),
-sendMessage, sendChatAction. Users "write" with `user_says()`."""
+sendMessage, sendChatAction. Users "write" with `user_says()`.
+
+As on Telegram: an `@username` in the text comes with a `mention` entity (offsets in UTF-16
+code units); a reply carries the replied-to message as `reply_to_message`; in a forum
+supergroup a message of a topic carries `message_thread_id` and `is_topic_message`, and
+`sendMessage` with `message_thread_id` posts into that topic (400 "message thread not
+found" for a topic the chat does not have)."""
 
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ class FakeTelegram(FakeServer):
         self.next_update = 100
         self.next_message = 1
         self.throttle: list[int] = []
+        self.messages: dict[int, dict[str, Any]] = {}   # message_id -> message (users' and the bot's)
+        self.topics: dict[int, set[int]] = {}           # forum chat id -> its topics' message_thread_id
         self.broken = False  # getUpdates answers 502 HTML while set  # Retry-After seconds for the next sendMessage calls
         self.cond = threading.Condition()
         app = Flask("fake-telegram")
@@ -77,11 +85,18 @@ class FakeTelegram(FakeServer):
             return response, 429  # Telegram says when in parameters.retry_after
         if "chat_id" not in p or not p.get("text"):
             return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"}), 400
+        chat_id, topic = int(p["chat_id"]), p.get("message_thread_id")
+        if topic is not None and int(topic) not in self.topics.get(chat_id, set()):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message thread not found"}), 400
         self.next_message += 1
         message = {"message_id": self.next_message, "date": int(time.time()),
-                   "chat": {"id": int(p["chat_id"])}, "text": p["text"]}
+                   "from": {"id": 999, "is_bot": True, "first_name": "Agent", "username": "agentd_bot"},
+                   "chat": {"id": chat_id}, "text": p["text"]}
+        if topic is not None:
+            message.update(message_thread_id=int(topic), is_topic_message=True)
+        self.messages[message["message_id"]] = message
         if p.get("reply_to_message_id"):
-            message["reply_to_message_id"] = p["reply_to_message_id"]
+            message = {**message, "reply_to_message_id": p["reply_to_message_id"]}
         self.sent.append({**message, "at": time.time()})
         return jsonify({"ok": True, "result": message})
 
@@ -90,8 +105,9 @@ class FakeTelegram(FakeServer):
         return jsonify({"ok": True, "result": True})
 
     def user_says(self, user_id: int, text: str, username: str = "", chat_id: int | None = None,
-                  chat_type: str = "private") -> int:
-        """A user sends the bot a message; returns its message_id."""
+                  chat_type: str = "private", reply_to: int = 0, topic: int = 0) -> int:
+        """A user sends the bot a message (replying to message `reply_to`, in forum topic
+        `topic`); returns its message_id."""
         with self.cond:
             with _ids_lock:
                 _last_update_id[0] += 1
@@ -101,9 +117,24 @@ class FakeTelegram(FakeServer):
             if username:
                 sender["username"] = username
             chat = {"id": chat_id or user_id, "type": chat_type}
-            self.updates.append({"update_id": self.next_update, "message": {
-                "message_id": self.next_message, "from": sender, "chat": chat,
-                "date": int(time.time()), "text": text}})
+            message: dict[str, Any] = {"message_id": self.next_message, "from": sender, "chat": chat,
+                                       "date": int(time.time()), "text": text}
+            entities, offset = [], 0
+            for word in text.split(" "):
+                if word.startswith("@") and len(word) > 1:
+                    entities.append({"type": "mention", "offset": offset,
+                                     "length": len(word.encode("utf-16-le")) // 2})
+                offset += len((word + " ").encode("utf-16-le")) // 2
+            if entities:
+                message["entities"] = entities
+            if topic:
+                chat["is_forum"] = True
+                self.topics.setdefault(chat["id"], set()).add(topic)
+                message.update(message_thread_id=topic, is_topic_message=True)
+            if reply_to:
+                message["reply_to_message"] = self.messages[reply_to]
+            self.messages[message["message_id"]] = message
+            self.updates.append({"update_id": self.next_update, "message": message})
             self.cond.notify_all()
             return self.next_message
 

@@ -8,6 +8,12 @@ the resume URL; after a drop, op 7 (reconnect) or a resumable op 9, the adapter 
 afresh. REST: `POST /channels/{id}/messages` (2000 characters each), `POST
 /channels/{id}/typing`, `Authorization: Bot <token>`; 429s carry `retry_after` (seconds)
 in the body and Retry-After, which the shared sender honours.
+
+With `auto_thread = "true"` (or `overrides.threading = true`) a guild message the bot
+answers gets a thread of its own (`POST /channels/{id}/messages/{message}/threads`, Start
+Thread from Message: the thread takes the message's id); the answer and the rest of that
+conversation go there, and messages in it need no mention. A thread is a conversation of
+its own; the bot counts as mentioned when the message mentions it or replies to it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
 from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import threaded
 
 API_URL = "https://discord.com/api/v10"
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
@@ -33,6 +40,12 @@ NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
 
 class DiscordAdapter(GatewayAdapter):
     max_message_len = 2000
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        # Threads this adapter started (thread channel id -> parent channel id): their
+        # messages are answered without a mention, as one conversation with the first.
+        self.threads: dict[str, str] = {}
 
     def prepare(self) -> None:
         self.api = str(self.settings.get("api_url") or API_URL).rstrip("/")
@@ -111,35 +124,59 @@ class DiscordAdapter(GatewayAdapter):
             return
         guild, channel = str(d.get("guild_id") or ""), str(d.get("channel_id") or "")
         text = str(d.get("content") or "")
-        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel)
-            mentioned = any(str(m.get("id")) == self.bot_id for m in d.get("mentions") or [] if isinstance(m, dict))
-            replied = str(((d.get("referenced_message") or {}).get("author") or {}).get("id") or "") == self.bot_id
-            if not (mentioned or replied or channel in (self.settings.get("free_response_channels") or [])):
+        mentioned = any(str(m.get("id")) == self.bot_id for m in d.get("mentions") or [] if isinstance(m, dict))
+        mentioned = mentioned or str(((d.get("referenced_message") or {}).get("author") or {}).get("id")
+                                     or "") == self.bot_id
+        parent = self.threads.get(channel, "")
+        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel or our thread)
+            if not (mentioned or parent or channel in (self.settings.get("free_response_channels") or [])):
                 return
             text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
         if not text or not channel:
             return
-        conversation = Conversation(self.name, channel, user, direct=not guild,
-                                    meta={"reply_to": "" if not guild else str(d.get("id") or "")})
+        message_id = str(d.get("id") or "")
+        meta: dict[str, Any] = {"reply_to": "" if not guild or parent else message_id}
+        thread = channel if parent else ""
+        if guild and not parent and threaded(self.settings, default=self.settings.get("auto_thread") == "true"):
+            # A thread started from a message takes the message's id (Start Thread from Message).
+            meta.update(start_thread=True, thread_name=" ".join(text.split())[:80] or "conversation")
+            thread = message_id
+        conversation = Conversation(self.name, parent or channel, user, direct=not guild, meta=meta,
+                                    thread_id=thread)
         username = str(author.get("username") or "")
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(d.get("id") or ""),
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=message_id,
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else ()))
+                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
             self.prepare()
         ids = []
+        target = conversation.thread_id or conversation.chat_id
+        if conversation.meta.pop("start_thread", False):
+            try:
+                created = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages/"
+                                         f"{conversation.meta['reply_to']}/threads",
+                                         json={"name": conversation.meta.get("thread_name") or "conversation",
+                                               "auto_archive_duration": 1440})
+            except ChannelError as exc:  # no permission to create threads: answer in the channel
+                self.ctx.log.info("discord: could not start a thread (%s); answering in the channel", exc)
+                target = conversation.chat_id
+            else:
+                target = str(created.get("id") or target)
+                self.threads[target] = conversation.chat_id
+                conversation.meta["reply_to"] = ""
         for index, part in enumerate(split_text(text, self.max_message_len)):
             body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
             if index == 0 and conversation.meta.get("reply_to"):
                 body["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
-            answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+            answer = self.http.json("POST", f"{self.api}/channels/{target}/messages", json=body)
             ids.append(str(answer.get("id", "")))
         return ",".join(ids)
 
     def send_typing(self, conversation: Conversation) -> None:
-        self.http.request("POST", f"{self.api}/channels/{conversation.chat_id}/typing", retries=0)
+        self.http.request("POST", f"{self.api}/channels/{conversation.thread_id or conversation.chat_id}/typing",
+                          retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or str(self.settings.get("default_channel_id") or "")

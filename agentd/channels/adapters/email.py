@@ -1,12 +1,18 @@
 """Email: IMAP polling for new mail (UIDs tracked and persisted with UIDVALIDITY, so
 a message is answered once even across restarts), SMTP replies threaded with
-In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none."""
+In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none.
+
+An email thread is a conversation of its own: its root is the first Message-ID of
+`References` (else `In-Reply-To`), which every reply in the chain carries; a mail without
+either starts a thread, unless its subject says it is a reply ("Re: ..."), when the
+subject (without the Re:/Fwd: prefixes) names the thread."""
 
 from __future__ import annotations
 
 import email
 import email.policy
 import imaplib
+import re
 import smtplib
 import ssl
 from email.message import EmailMessage
@@ -94,7 +100,8 @@ class EmailAdapter(PollingAdapter):
         message_id = str(msg.get("Message-ID") or "").strip()
         meta = {"subject": str(msg.get("Subject") or ""), "message_id": message_id,
                 "references": str(msg.get("References") or "").strip()}
-        conversation = Conversation(self.name, sender, sender, direct=True, meta=meta)
+        conversation = Conversation(self.name, sender, sender, direct=True, meta=meta,
+                                    thread_id=thread_of(msg, message_id))
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, message_id=message_id,
                                  sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender))
 
@@ -138,6 +145,21 @@ class EmailAdapter(PollingAdapter):
         if "@" not in target:
             raise ChannelError("no test target: set test_recipient or pass chat_id (an address)")
         return Conversation(self.name, target, target, direct=True)
+
+
+REPLY_PREFIX = re.compile(r"^\s*((re|fwd?|aw|sv|antw)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
+
+
+def thread_of(msg: email.message.EmailMessage, message_id: str) -> str:
+    """The thread a mail belongs to: the root Message-ID of its chain (see the module doc)."""
+    chain = re.findall(r"<[^<>\s]+>", str(msg.get("References") or "")) or \
+        re.findall(r"<[^<>\s]+>", str(msg.get("In-Reply-To") or ""))
+    if chain:
+        return chain[0]
+    subject = str(msg.get("Subject") or "")
+    if REPLY_PREFIX.match(subject):
+        return "subject:" + " ".join(REPLY_PREFIX.sub("", subject).split()).lower()
+    return message_id
 
 
 def _html_text(html: str) -> str:

@@ -1,9 +1,15 @@
 """Matrix client-server API: `/sync` long-polling with a persisted `since` token,
 replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications.
-The first sync (no token yet) only records the position: history is not answered."""
+The first sync (no token yet) only records the position: history is not answered.
+
+A thread (`m.relates_to` with `rel_type` `m.thread`) is a conversation of its own and is
+answered in the thread; with `overrides.threading = true` a message of the main timeline
+is answered in a new thread under it. The bot counts as mentioned when `m.mentions`
+names it, a pill or the body names its user id, or the message replies to one of its events."""
 
 from __future__ import annotations
 
+import collections
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -11,6 +17,7 @@ from urllib.parse import quote
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import reply_thread
 
 
 class MatrixAdapter(PollingAdapter):
@@ -22,6 +29,8 @@ class MatrixAdapter(PollingAdapter):
         self.base = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/") + "/_matrix/client/v3"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
         self.user_id = str(self.settings.get("user_id") or "")
+        # Events this adapter sent: a reply to one of them addresses the bot.
+        self.own_events: collections.deque[str] = collections.deque(maxlen=1000)
 
     def poll_once(self) -> None:
         if not self.user_id:
@@ -47,10 +56,23 @@ class MatrixAdapter(PollingAdapter):
         if (event.get("type") != "m.room.message" or event.get("sender") == self.user_id
                 or content.get("msgtype") not in ("m.text", "m.notice") or not content.get("body")):
             return
-        sender = str(event.get("sender"))
-        conversation = Conversation(self.name, room_id, sender)
-        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=str(content["body"]),
-                                 message_id=str(event.get("event_id", "")), sender_name=sender))
+        sender, event_id = str(event.get("sender")), str(event.get("event_id", ""))
+        relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
+        existing = str(relates.get("event_id") or "") if relates.get("rel_type") == "m.thread" else ""
+        thread = reply_thread(self.settings, existing, event_id, direct=False, default=False)
+        replied = str((relates.get("m.in_reply_to") or {}).get("event_id") or "")
+        named = ((content.get("m.mentions") or {}).get("user_ids") or []) if isinstance(
+            content.get("m.mentions"), dict) else []
+        mentioned = bool(self.user_id) and (
+            self.user_id in named or self.user_id in str(content.get("formatted_body") or "")
+            or self.user_id in str(content["body"]) or (replied in self.own_events and not relates.get("is_falling_back")))
+        body = str(content["body"])
+        if self.user_id and body.startswith(self.user_id):
+            body = body[len(self.user_id):].lstrip(":, ").strip() or body
+        conversation = Conversation(self.name, room_id, sender, thread_id=thread,
+                                    meta={"thread_root": thread, "reply_to": event_id})
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body, message_id=event_id,
+                                 sender_name=sender, mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
@@ -59,9 +81,17 @@ class MatrixAdapter(PollingAdapter):
         room = quote(conversation.chat_id, safe="")
         for part in split_text(text, self.max_message_len):
             txn = uuid.uuid4().hex  # idempotent retries: the same txn id is not sent twice
-            answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}",
-                                    json={"msgtype": "m.text", "body": part})
+            content: dict[str, Any] = {"msgtype": "m.text", "body": part}
+            if conversation.meta.get("thread_root"):
+                # A thread reply, with the reply fallback for clients without threads.
+                content["m.relates_to"] = {"rel_type": "m.thread", "event_id": conversation.meta["thread_root"],
+                                           "is_falling_back": True,
+                                           "m.in_reply_to": {"event_id": conversation.meta.get("reply_to")
+                                                             or conversation.meta["thread_root"]}}
+            answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}", json=content)
             ids.append(str(answer.get("event_id", "")))
+            if hasattr(self, "own_events"):
+                self.own_events.append(ids[-1])
         return ",".join(ids)
 
     def send_typing(self, conversation: Conversation) -> None:

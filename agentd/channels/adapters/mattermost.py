@@ -1,6 +1,10 @@
 """Mattermost API v4: `posted` events from the WebSocket (`/api/v4/websocket`,
 authentication_challenge with the personal access token), replies with
-`POST /api/v4/posts` (threaded under the post's root), typing over the socket."""
+`POST /api/v4/posts` (threaded under the post's root), typing over the socket.
+
+A thread (a post's `root_id`) is a conversation of its own; a channel post starts a thread
+under it unless `overrides.threading` is false. The bot counts as mentioned when the event's
+`mentions` names it or the text has `@<bot username>` (removed from the text)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
+from agentd.channels.conversation import reply_thread
 
 
 class MattermostAdapter(WebSocketAdapter):
@@ -47,12 +52,22 @@ class MattermostAdapter(WebSocketAdapter):
             return  # our own posts and system messages
         direct = event.get("channel_type") == "D"
         user_id = str(post["user_id"])
+        thread = reply_thread(self.settings, str(post.get("root_id") or ""), str(post.get("id") or ""),
+                              direct, default=True)
+        try:
+            mentions = json.loads(event.get("mentions") or "[]")
+        except ValueError:
+            mentions = []
+        text, handle = str(post["message"]), f"@{self.username}"
+        mentioned = self.user_id in (mentions if isinstance(mentions, list) else []) or handle in text.split()
+        if self.username:
+            text = " ".join(w for w in text.split(" ") if w != handle).strip() or text
         conversation = Conversation(self.name, str(post["channel_id"]), user_id, direct=direct,
-                                    meta={"root_id": post.get("root_id") or ("" if direct else post.get("id"))})
+                                    meta={"root_id": thread}, thread_id=thread)
         sender_name = str(event.get("sender_name") or "").lstrip("@")
-        self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=str(post["message"]),
+        self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=text,
                                  message_id=str(post.get("id", "")), sender_name=sender_name,
-                                 sender_aliases=(sender_name,) if sender_name else ()))
+                                 sender_aliases=(sender_name,) if sender_name else (), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

@@ -72,7 +72,7 @@ class NextcloudAdapter(PollingAdapter):
         conversation = Conversation(self.name, room["token"], user, direct=direct, meta={"reply_to": message["id"]})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(text.split()),
                                  message_id=str(message["id"]),
-                                 sender_name=str(message.get("actorDisplayName") or user)))
+                                 sender_name=str(message.get("actorDisplayName") or user), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

@@ -87,12 +87,15 @@ class PumbleAdapter(WebhookAdapter):
             return 200, b"ok"  # our own posts, ephemeral and empty messages
         mention = f"<<@{self.bot_id}>>"
         direct = self.is_direct(channel)
-        if not direct and self.bot_id not in (event.get("mu") or []) and mention not in text:
+        mentioned = self.bot_id in (event.get("mu") or []) or mention in text
+        if not direct and not mentioned:
             return 200, b"ok"  # channel chatter not addressed to the bot
+        # Answered in the message's thread (its own when it starts one): a conversation of its own.
         thread = "" if direct else str(event.get("trId") or event.get("mId") or "")
-        conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread})
+        conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread},
+                                    thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text.replace(mention, "").strip(),
-                                 message_id=str(event.get("mId") or "")))
+                                 message_id=str(event.get("mId") or ""), mentioned=mentioned))
         return 200, b"ok"
 
     def send(self, conversation: Conversation, text: str) -> str:

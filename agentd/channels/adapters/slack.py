@@ -10,18 +10,23 @@ v0 HMAC-SHA256 of `v0:{timestamp}:{body}` with the signing secret, timestamp wit
 5 minutes), checked before parsing; `url_verification` echoes the challenge.
 
 Events: `message` in direct messages (channel_type im) and `app_mention` in channels
-(answered in the message's thread while `auto_thread_reply`). Web API calls answer HTTP
+(answered in the message's thread while `auto_thread_reply`, or as `overrides.threading`
+says). A thread the bot answered in is followed for `thread_ttl_hours` after its last
+message there: its later `message` events are answered without a mention (while
+`auto_thread_reply`). Each thread is a conversation of its own. Web API calls answer HTTP
 200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
 """
 
 from __future__ import annotations
 
 import collections
-import re
+import threading
+import time
 from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.conversation import reply_thread
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
@@ -43,6 +48,24 @@ class SlackCommon:
         who = self.web("auth.test", self.bot_token, retries=1)
         self.bot_user, self.bot_id = str(who.get("user_id") or ""), str(who.get("bot_id") or "")
         self.seen: collections.deque[tuple[str, str]] = collections.deque(maxlen=500)
+        # (channel, thread_ts) -> when the bot last answered there (monotonic seconds).
+        self.followed: dict[tuple[str, str], float] = {}
+        self.followed_lock = threading.Lock()
+
+    def following(self, channel: str, thread: str) -> bool:
+        """True while the bot answered in this thread within `thread_ttl_hours`."""
+        ttl = float(self.settings.get("thread_ttl_hours") or 0) * 3600
+        if not thread or not ttl or not self.settings.get("auto_thread_reply", True):
+            return False
+        now = time.monotonic()
+        with self.followed_lock:
+            for key in [k for k, at in self.followed.items() if now - at >= ttl]:
+                del self.followed[key]
+            return (channel, thread) in self.followed
+
+    def follow(self, channel: str, thread: str) -> None:
+        with self.followed_lock:
+            self.followed[(channel, thread)] = time.monotonic()
 
     def web(self, method: str, token: str, retries: int | None = None, **body: Any) -> dict[str, Any]:
         """Call a Web API method; Slack reports errors as HTTP 200 with ok=false."""
@@ -60,18 +83,24 @@ class SlackCommon:
         if event.get("subtype") or event.get("bot_id") or not user or user == self.bot_user:
             return  # edits, joins, bots (ourselves included)
         direct = event.get("channel_type") == "im"
-        if event["type"] == "message" and not direct:
+        existing = str(event.get("thread_ts") or "")
+        if event["type"] == "message" and not direct and not self.following(channel, existing):
             return  # channel messages reach us as app_mention when they address the bot
         if (channel, ts) in self.seen:
             return  # the same message as `message` and `app_mention`, or a retried delivery
         self.seen.append((channel, ts))
-        text = re.sub(rf"<@{re.escape(self.bot_user)}>", "", str(event.get("text") or "")).strip()
+        raw = str(event.get("text") or "")
+        mention = f"<@{self.bot_user}>"
+        text = raw.replace(mention, "").strip()
         if not text:
             return
-        thread = event.get("thread_ts") or ("" if direct or not self.settings.get("auto_thread_reply", True) else ts)
-        conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread})
+        thread = reply_thread(self.settings, existing, ts, direct,
+                              default=bool(self.settings.get("auto_thread_reply", True)))
+        conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread},
+                                    thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=ts,
-                                 chat_aliases=(team,) if team else ()))
+                                 chat_aliases=(team,) if team else (),
+                                 mentioned=event["type"] == "app_mention" or mention in raw))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
@@ -83,6 +112,8 @@ class SlackCommon:
             if conversation.meta.get("thread_ts"):
                 body["thread_ts"] = conversation.meta["thread_ts"]
             ids.append(str(self.web("chat.postMessage", self.bot_token, **body).get("ts", "")))
+        if conversation.meta.get("thread_ts") and not conversation.direct:
+            self.follow(conversation.chat_id, conversation.meta["thread_ts"])
         return ",".join(ids)
 
     def test_target(self, override: str = "") -> Conversation:

@@ -70,6 +70,11 @@ class TeamsAdapter(JwtWebhookAdapter):
             self.ctx.audit("refused", sender=user, chat=str(chat.get("id") or ""),
                            message_id=str(activity.get("id") or ""), reason="tenant not in allowed_tenants")
             return 200, {}
+        # The bot is mentioned when a `mention` entity names the recipient (the bot's account).
+        bot_id = str((activity.get("recipient") or {}).get("id") or "")
+        mentioned = any(isinstance(e, dict) and e.get("type") == "mention"
+                        and str((e.get("mentioned") or {}).get("id") or "") == bot_id
+                        for e in activity.get("entities") or []) if bot_id else False
         text = AT_TAG.sub("", activity["text"]).strip()
         conversation = Conversation(self.name, str(chat.get("id") or ""), user,
                                     direct=chat.get("conversationType") in (None, "personal"),
@@ -77,7 +82,8 @@ class TeamsAdapter(JwtWebhookAdapter):
                                           "bot": activity.get("recipient") or {}, "user": {"id": user, "name": sender.get("name")}})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(activity.get("id") or ""),
                                  sender_name=str(sender.get("name") or ""),
-                                 sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else ()))
+                                 sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else (),
+                                 mentioned=mentioned))
         return 200, {}
 
     def _fetch_token(self) -> tuple[str, float]:

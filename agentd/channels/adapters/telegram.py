@@ -1,5 +1,10 @@
 """Telegram Bot API: long-polling `getUpdates` (offset persisted), replies with
-`sendMessage`, typing with `sendChatAction`. `api_url` overrides api.telegram.org."""
+`sendMessage`, typing with `sendChatAction`. `api_url` overrides api.telegram.org.
+
+A forum topic (`message_thread_id` of a topic message) is a conversation of its own, answered
+in the topic and routed to the agent `thread_routes` names for it. The bot counts as
+mentioned for an `@username` / text mention of it or a reply to one of its messages.
+In groups the answer replies to the message unless `overrides.threading` is false."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import threaded
 
 
 class TelegramAdapter(PollingAdapter):
@@ -50,13 +56,40 @@ class TelegramAdapter(PollingAdapter):
             return
         direct = chat.get("type") == "private"
         user_id = str(sender.get("id"))
-        conversation = Conversation(self.name, str(chat.get("id")), user_id, direct=direct,
-                                    meta={"reply_to": message.get("message_id")})
+        topic = str(message.get("message_thread_id") or "") if message.get("is_topic_message") else ""
+        mentioned, text = self._mention(message, text)
+        meta: dict[str, Any] = {"reply_to": message.get("message_id")}
+        if topic:
+            meta["message_thread_id"] = int(topic)
+        if not direct and not threaded(self.settings, default=True):
+            meta["reply_to"] = None
+        conversation = Conversation(self.name, str(chat.get("id")), user_id, direct=direct, meta=meta,
+                                    thread_id=topic)
         aliases = tuple(a for a in (sender.get("username"), f"@{sender.get('username')}") if sender.get("username"))
         self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=text,
                                  message_id=str(message.get("message_id")),
                                  sender_name=sender.get("first_name") or sender.get("username") or user_id,
-                                 sender_aliases=aliases))
+                                 sender_aliases=aliases, mentioned=mentioned,
+                                 agent=str((self.settings.get("thread_routes") or {}).get(topic) or "")))
+
+    def _mention(self, message: dict[str, Any], text: str) -> tuple[bool, str]:
+        """Whether the message mentions or replies to the bot; the text without the @mention."""
+        me = getattr(self, "me", None) or {}
+        bot_id, username = me.get("id"), str(me.get("username") or "").lower()
+        mentioned = False
+        for entity in message.get("entities") or []:
+            start, length = int(entity.get("offset") or 0), int(entity.get("length") or 0)
+            # Offsets count UTF-16 code units.
+            units = text.encode("utf-16-le")
+            word = units[2 * start:2 * (start + length)].decode("utf-16-le", "replace")
+            if (entity.get("type") == "mention" and username and word.lower() == "@" + username) or \
+                    (entity.get("type") == "text_mention" and (entity.get("user") or {}).get("id") == bot_id):
+                mentioned = True
+        replied = ((message.get("reply_to_message") or {}).get("from") or {}).get("id")
+        mentioned = mentioned or (bot_id is not None and replied == bot_id)
+        if username:
+            text = " ".join(w for w in text.split(" ") if w.lower() != "@" + username).strip() or text
+        return mentioned, text
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
@@ -66,6 +99,8 @@ class TelegramAdapter(PollingAdapter):
             params: dict[str, Any] = {"chat_id": _chat_id(conversation.chat_id), "text": part}
             if conversation.meta.get("reply_to") and not conversation.direct:
                 params["reply_to_message_id"] = conversation.meta["reply_to"]
+            if conversation.meta.get("message_thread_id"):
+                params["message_thread_id"] = conversation.meta["message_thread_id"]
             sent.append(str(self.call("sendMessage", **params).get("message_id")))
         return ",".join(sent)
 

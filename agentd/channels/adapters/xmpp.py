@@ -101,7 +101,7 @@ class XmppAdapter(Adapter):
         sender = msg["from"].bare
         conversation = Conversation(self.name, sender, sender, direct=True)
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=msg["body"], message_id=msg["id"] or "",
-                                 sender_name=msg["from"].user))
+                                 sender_name=msg["from"].user, mentioned=self.nick.lower() in msg["body"].lower()))
 
     def _groupchat(self, msg: Any) -> None:
         nick, body = msg["mucnick"], msg["body"] or ""
@@ -117,7 +117,8 @@ class XmppAdapter(Adapter):
         sender = str(real.bare) if real else f"{room}/{nick}"
         conversation = Conversation(self.name, room, sender, meta={"addressee": nick})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body[len(self.nick) + 1:].strip(),
-                                 message_id=msg["id"] or "", sender_name=nick, sender_aliases=(nick,)))
+                                 message_id=msg["id"] or "", sender_name=nick, sender_aliases=(nick,),
+                                 mentioned=True))  # room messages reach the agent only when addressed
 
     def _call(self, fn: Any) -> Any:
         """Run `fn` on the adapter's loop and wait for it (the sender's threads are not the loop's)."""
