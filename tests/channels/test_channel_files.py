@@ -1,0 +1,180 @@
+"""Files and images in channel conversations, through the real daemon and each platform's
+fake: an image reaches a vision model as an image part and any other model as a note, a
+file lands in the agent's uploads and workspace where its file tools read it, what the
+agent's tools make is posted back, and a file too large, not what it claims to be, or
+hosted off the platform's own hosts is refused politely and never fetched."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from channel_contract import ENV
+from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
+from fakellm import TINY_PNG
+from fakes.http import FakeServer
+from fakes.telegram import FakeTelegram
+
+LIMIT = 4096
+FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()}}
+
+
+@pytest.fixture(scope="module")
+def files_daemon(tmp_path_factory, fake_llm):
+    daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files"), fake_llm, env=ENV,
+                                  extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
+    created = daemon.post("/api/agents", json={"manifest_toml": FILER})
+    assert created.status_code == 201, created.text
+    daemon.filer = created.json()["agent_id"]
+    yield daemon
+    daemon.stop()
+
+
+class Elsewhere(FakeServer):
+    """A host that is not the platform's: it must never be asked for anything."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        app = Flask("elsewhere")
+
+        @app.route("/<path:path>")
+        def anything(path: str):
+            self.hits.append(path)
+            return TINY_PNG, 200, {"Content-Type": "image/png"}
+
+        super().__init__(app)
+
+
+@pytest.fixture(scope="module")
+def elsewhere():
+    server = Elsewhere().start()
+    yield server
+    server.stop()
+
+
+def user_turns(fake_llm, marker: str) -> list[Any]:
+    """The last user message of every chat call whose request mentions `marker`."""
+    return [r["json"]["messages"][-1]["content"] for r in list(fake_llm.requests)
+            if r["path"] == "/v1/chat/completions" and marker in json.dumps(r["json"])
+            and r["json"]["messages"][-1]["role"] == "user"]
+
+
+def tool_results(fake_llm, marker: str) -> list[str]:
+    return [m["content"] for r in list(fake_llm.requests) if r["path"] == "/v1/chat/completions"
+            for m in r["json"]["messages"] if m["role"] == "tool" and marker in json.dumps(m)]
+
+
+def uploads_named(daemon, name: str) -> list[dict[str, Any]]:
+    return [u for u in daemon.get(f"/api/agents/{daemon.filer}/uploads").json() if u["filename"] == name]
+
+
+def unique(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+# -- Telegram ------------------------------------------------------------------------------
+
+@pytest.fixture
+def telegram(files_daemon):
+    fake = FakeTelegram(ENV["TELEGRAM_BOT_TOKEN"]).start()
+    configure(files_daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url, long_poll_secs=1,
+              default_agent="filer")
+    wait_active(files_daemon, "telegram")
+    yield fake
+    files_daemon.delete("/api/channels/telegram/configure")
+    fake.stop()
+
+
+def test_telegram_photo_reaches_a_vision_model_as_an_image(files_daemon, telegram, fake_llm):
+    marker = unique("look")
+    telegram.user_sends_file(601, TINY_PNG, kind="photo", caption=f"{marker} what is this")
+    wait_for(lambda: telegram.replies_to(601), what="reply to the photo")
+    content = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in content, content
+    text = next(p["text"] for p in content if p["type"] == "text")
+    assert text.startswith(f"{marker} what is this\n[image photo-")
+    assert f"(image/png, {len(TINY_PNG)} bytes) attached; saved as inbox/photo-" in text
+    stored = [u for u in files_daemon.get(f"/api/agents/{files_daemon.filer}/uploads").json()
+              if u["content_type"] == "image/png" and u["filename"].startswith("photo-")]
+    assert stored and stored[0]["size"] == len(TINY_PNG)
+    assert telegram.downloads and telegram.downloads[-1].startswith("photos/")
+
+
+def test_telegram_photo_is_a_note_for_a_model_without_vision(files_daemon, telegram, fake_llm):
+    configure(files_daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
+              default_agent="filer", overrides={"model": "gpt-3.5-turbo"})
+    wait_active(files_daemon, "telegram")
+    marker = unique("blind")
+    telegram.user_sends_file(602, TINY_PNG, kind="photo", caption=marker)
+    wait_for(lambda: telegram.replies_to(602), what="reply to the photo")
+    content = user_turns(fake_llm, marker)[-1]
+    assert isinstance(content, str), content  # no image part at all
+    name = f"photo-{next(iter(telegram.files))[-6:]}.jpg"
+    assert content == (f"{marker}\n[image {name} (image/png, {len(TINY_PNG)} bytes) received; "
+                       f"saved as inbox/{name}, file_id {uploads_named(files_daemon, name)[0]['file_id']}; "
+                       "this model cannot see images]")
+
+
+def test_telegram_document_is_an_upload_the_agent_reads(files_daemon, telegram, fake_llm):
+    name = unique("notes") + ".txt"
+    secret = f"the word is {uuid.uuid4().hex[:8]}"
+    caption = f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
+    telegram.user_sends_file(603, secret.encode(), filename=name, mime_type="text/plain", caption=caption)
+    wait_for(lambda: telegram.replies_to(603), what="reply after reading the file")
+    assert tool_results(fake_llm, secret) == [secret]  # file_read gave the model the file's words
+    upload = uploads_named(files_daemon, name)
+    assert [(u["content_type"], u["size"]) for u in upload] == [("text/plain", len(secret))]
+    body = files_daemon.get(f"/api/agents/{files_daemon.filer}/uploads/{upload[0]['file_id']}")
+    assert body.content == secret.encode()
+
+
+def test_telegram_generated_image_is_posted_back(files_daemon, telegram, fake_llm):
+    telegram.user_says(604, '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw')
+    wait_for(lambda: telegram.replies_to(604), what="reply after drawing")
+    photo = [u for u in telegram.uploaded if u["chat_id"] == 604]
+    assert [(p["method"], p["content_type"], p["data"]) for p in photo] == [("sendPhoto", "image/png", TINY_PNG)]
+    assert photo[0]["filename"].startswith("image-") and photo[0]["filename"].endswith("-1.png")
+    sent = [e["detail"] for e in audit(files_daemon, "channel.outbound", "telegram") if e["detail"].get("file")]
+    assert sent[0]["file"] == photo[0]["filename"]
+
+
+def test_telegram_oversize_and_false_files_are_refused_politely(files_daemon, telegram, fake_llm):
+    big = unique("big") + ".txt"
+    telegram.user_sends_file(605, b"x" * (LIMIT + 1), filename=big, mime_type="text/plain")
+    wait_for(lambda: telegram.replies_to(605), what="refusal")
+    assert telegram.replies_to(605) == [
+        f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."]
+    assert not any(d for d in telegram.downloads if d.endswith(big))
+    # The platform does not say the size: the download stops at the cap.
+    quiet = unique("quiet") + ".txt"
+    telegram.user_sends_file(606, b"y" * (LIMIT * 3), filename=quiet, mime_type="text/plain", file_size=0)
+    wait_for(lambda: telegram.replies_to(606), what="refusal")
+    assert telegram.replies_to(606) == [
+        f"Sorry, I could not take {quiet}: it is {LIMIT * 3} bytes; files up to {LIMIT} bytes are accepted here."]
+    # Text that calls itself a PNG is not taken as an image.
+    liar = unique("liar") + ".png"
+    telegram.user_sends_file(607, b"just words", filename=liar, mime_type="image/png", caption="see")
+    wait_for(lambda: len(telegram.replies_to(607)) == 2, what="refusal and answer")
+    assert telegram.replies_to(607) == [
+        f"Sorry, I could not take {liar}: it is not the image it claims to be (its bytes are text/plain).",
+        "echo: see"]
+    assert not uploads_named(files_daemon, big) and not uploads_named(files_daemon, liar)
+    reasons = [e["detail"]["reason"] for e in audit(files_daemon, "channel.file_refused", "telegram")]
+    assert any(big in r for r in reasons) and any(liar in r for r in reasons)
+    assert telegram.replies_to(605) == telegram.replies_to(605)[:1]  # no run without anything taken
+
+
+def test_telegram_redirect_off_the_platform_is_refused(files_daemon, telegram, elsewhere):
+    telegram.redirect_files = f"{elsewhere.url}/cat.png"
+    name = unique("moved") + ".png"
+    telegram.user_sends_file(608, TINY_PNG, filename=name, mime_type="image/png")
+    wait_for(lambda: telegram.replies_to(608), what="refusal")
+    assert telegram.replies_to(608) == [
+        f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."]
+    assert elsewhere.hits == []
