@@ -17,7 +17,9 @@ from flask import Flask
 from channel_contract import ENV
 from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.discord import FakeDiscord
 from fakes.http import FakeServer
+from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
 
 LIMIT = 4096
@@ -178,3 +180,71 @@ def test_telegram_redirect_off_the_platform_is_refused(files_daemon, telegram, e
     assert telegram.replies_to(608) == [
         f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."]
     assert elsewhere.hits == []
+
+
+# -- Slack ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def slack(files_daemon):
+    fake = FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()
+    configure(files_daemon, "slack", api_url=fake.url + "/api", app_token_env="SLACK_APP_TOKEN",
+              bot_token_env="SLACK_BOT_TOKEN", default_agent="filer")
+    wait_active(files_daemon, "slack")
+    yield fake
+    files_daemon.delete("/api/channels/slack/configure")
+    fake.stop()
+
+
+def test_slack_files_both_ways_and_only_from_slack(files_daemon, slack, fake_llm, elsewhere):
+    marker = unique("slack-look")
+    chat = slack.user_shares_file("U1ANN", TINY_PNG, "shot.png", "image/png", text=marker)
+    wait_for(lambda: slack.replies(chat), what="reply to the shared image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(slack.downloads) == 1  # fetched with the bot token from the file's private URL
+    # The agent's generated image goes back with the files upload flow.
+    slack.user_says("U1ANN", '[[tool:image_generate {"prompt": "a blue square", "model": "dall-e-2"}]] draw')
+    wait_for(lambda: len(slack.replies(chat)) == 2, what="reply after drawing")
+    assert [(f["channel"], f["content_type"], f["data"]) for f in slack.shared] == [(chat, "image/png", TINY_PNG)]
+    # A file the event says is elsewhere is never fetched.
+    name = unique("elsewhere") + ".png"
+    slack.user_shares_file("U1ANN", TINY_PNG, name, "image/png", url=f"{elsewhere.url}/{name}")
+    wait_for(lambda: len(slack.replies(chat)) == 3, what="refusal")
+    assert slack.replies(chat)[2] == \
+        f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
+
+
+# -- Discord -------------------------------------------------------------------------------
+
+@pytest.fixture
+def discord(files_daemon):
+    fake = FakeDiscord(ENV["DISCORD_BOT_TOKEN"]).start()
+    configure(files_daemon, "discord", api_url=fake.url + "/api/v10", bot_token_env="DISCORD_BOT_TOKEN",
+              default_agent="filer")
+    wait_active(files_daemon, "discord")
+    yield fake
+    files_daemon.delete("/api/channels/discord/configure")
+    fake.stop()
+
+
+def test_discord_files_both_ways_and_only_from_the_cdn(files_daemon, discord, fake_llm, elsewhere):
+    name = unique("report") + ".txt"
+    secret = f"discord says {uuid.uuid4().hex[:8]}"
+    chat = discord.user_sends_file("ann", secret.encode(), name, "text/plain",
+                                   text=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+    wait_for(lambda: discord.replies(chat), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    discord.user_says("ann", '[[tool:image_generate {"prompt": "a green square", "model": "dall-e-2"}]] draw')
+    wait_for(lambda: len(discord.replies(chat)) == 2, what="reply after drawing")
+    assert [(f["channel"], f["content_type"], f["data"]) for f in discord.uploads] == [(chat, "image/png", TINY_PNG)]
+    big = unique("big") + ".png"
+    discord.user_sends_file("ann", TINY_PNG, big, "image/png", size=LIMIT * 10)
+    wait_for(lambda: len(discord.replies(chat)) == 3, what="refusal")
+    assert discord.replies(chat)[2] == \
+        f"Sorry, I could not take {big}: it is {LIMIT * 10} bytes; files up to {LIMIT} bytes are accepted here."
+    off = unique("off") + ".png"
+    discord.user_sends_file("ann", TINY_PNG, off, "image/png", url=f"{elsewhere.url}/{off}")
+    wait_for(lambda: len(discord.replies(chat)) == 4, what="refusal")
+    assert discord.replies(chat)[3] == \
+        f"Sorry, I could not take {off}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == [] and len(discord.downloads) == 1

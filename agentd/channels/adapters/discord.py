@@ -8,21 +8,28 @@ the resume URL; after a drop, op 7 (reconnect) or a resumable op 9, the adapter 
 afresh. REST: `POST /channels/{id}/messages` (2000 characters each), `POST
 /channels/{id}/typing`, `Authorization: Bot <token>`; 429s carry `retry_after` (seconds)
 in the body and Retry-After, which the shared sender honours.
+
+Files: a message's `attachments` are fetched from their `url`, only from Discord's CDN
+(cdn.discordapp.com, media.discordapp.net, or the host of `api_url`); files go out as a
+multipart `POST /channels/{id}/messages` (`payload_json` and `files[0]`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from typing import Any
 
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
 from agentd.channels.bases.sender import split_text
 
 API_URL = "https://discord.com/api/v10"
+CDN_HOSTS = {"cdn.discordapp.com", "media.discordapp.net"}
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
 # Close codes after which Discord says not to reconnect, and those that end the session.
 FATAL = {4004: "authentication failed", 4010: "invalid shard", 4011: "sharding required",
@@ -117,14 +124,32 @@ class DiscordAdapter(GatewayAdapter):
             if not (mentioned or replied or channel in (self.settings.get("free_response_channels") or [])):
                 return
             text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
-        if not text or not channel:
+        files = [Attachment(str(a.get("filename") or a.get("id") or "file"), str(a.get("content_type") or ""),
+                            int(a.get("size") or 0), str(a.get("url") or ""))
+                 for a in d.get("attachments") or [] if isinstance(a, dict) and a.get("url")]
+        if (not text and not files) or not channel:
             return
         conversation = Conversation(self.name, channel, user, direct=not guild,
                                     meta={"reply_to": "" if not guild else str(d.get("id") or "")})
         username = str(author.get("username") or "")
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(d.get("id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else ()))
+                                 chat_aliases=(guild,) if guild else (), attachments=files))
+
+    def file_hosts(self) -> set[str]:
+        api = str(self.settings.get("api_url") or "")
+        return CDN_HOSTS | ({host_of(api)} if api else set())
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        payload: dict[str, Any] = {"attachments": [{"id": 0, "filename": filename}], "allowed_mentions": {"parse": []}}
+        if conversation.meta.get("reply_to"):
+            payload["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
+        answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages",
+                                data={"payload_json": json.dumps(payload)},
+                                files={"files[0]": (filename, data, content_type)})
+        return str(answer.get("id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
