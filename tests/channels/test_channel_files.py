@@ -19,6 +19,8 @@ from channel_fixtures import audit, configure, start_channel_daemon, wait_active
 from fakellm import TINY_PNG
 from fakes.discord import FakeDiscord
 from fakes.http import FakeServer
+from fakes.matrix import FakeMatrix
+from fakes.mattermost import FakeMattermost
 from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
 
@@ -248,3 +250,75 @@ def test_discord_files_both_ways_and_only_from_the_cdn(files_daemon, discord, fa
     assert discord.replies(chat)[3] == \
         f"Sorry, I could not take {off}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == [] and len(discord.downloads) == 1
+
+
+# -- Matrix --------------------------------------------------------------------------------
+
+ROOM = "!files:test"
+
+
+@pytest.fixture
+def matrix(files_daemon):
+    fake = FakeMatrix(ENV["MATRIX_ACCESS_TOKEN"]).start()
+    configure(files_daemon, "matrix", access_token_env="MATRIX_ACCESS_TOKEN", homeserver_url=fake.url,
+              long_poll_secs=1, default_agent="filer")
+    wait_active(files_daemon, "matrix")
+    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+    yield fake
+    files_daemon.delete("/api/channels/matrix/configure")
+    fake.stop()
+
+
+def test_matrix_media_both_ways_through_the_homeserver_only(files_daemon, matrix, fake_llm, elsewhere):
+    marker = unique("matrix-look")
+    matrix.user_sends_file(ROOM, "@ann:test", TINY_PNG, "dot.png", "image/png", msgtype="m.image", caption=marker)
+    wait_for(lambda: matrix.bot_messages(ROOM), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(matrix.downloads) == 1  # through the authenticated media API
+    matrix.user_sends_file(ROOM, "@ann:test", b"%PDF-1.4 tiny", "plan.pdf", "application/pdf",
+                           caption='[[tool:image_generate {"prompt": "a plan", "model": "dall-e-2"}]] draw')
+    wait_for(lambda: len(matrix.bot_messages(ROOM)) == 2, what="reply after drawing")
+    turn = user_turns(fake_llm, "a plan")[-1]
+    assert "[file plan.pdf (application/pdf, 13 bytes) received; saved as inbox/plan.pdf" in turn
+    posted = matrix.bot_files(ROOM)
+    assert [(p["msgtype"], p["info"], p["data"]) for p in posted] == \
+        [("m.image", {"mimetype": "image/png", "size": len(TINY_PNG)}, TINY_PNG)]
+    matrix.user_sends_file(ROOM, "@ann:test", TINY_PNG, "far.png", "image/png", msgtype="m.image",
+                           url=f"{elsewhere.url}/far.png")
+    wait_for(lambda: len(matrix.bot_messages(ROOM)) == 3, what="refusal")
+    assert matrix.bot_messages(ROOM)[2] == \
+        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
+
+
+# -- Mattermost ----------------------------------------------------------------------------
+
+TOWN = "townsquare0000000000000000"
+
+
+@pytest.fixture
+def mattermost(files_daemon):
+    fake = FakeMattermost(ENV["MATTERMOST_TOKEN"]).start()
+    configure(files_daemon, "mattermost", server_url=fake.url, token_env="MATTERMOST_TOKEN", default_agent="filer")
+    wait_active(files_daemon, "mattermost")
+    wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
+                      and f.get("action") == "authentication_challenge"], what="authenticated")
+    yield fake
+    files_daemon.delete("/api/channels/mattermost/configure")
+    fake.stop()
+
+
+def test_mattermost_files_both_ways(files_daemon, mattermost, fake_llm):
+    name = unique("minutes") + ".md"
+    secret = f"mattermost says {uuid.uuid4().hex[:8]}"
+    mattermost.user_sends_file("user-ann", "ann", TOWN, secret.encode(), name, "text/markdown",
+                               message=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+    wait_for(lambda: mattermost.bot_posts(TOWN), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert uploads_named(files_daemon, name)[0]["content_type"] == "text/markdown"
+    mattermost.user_says("user-ann", "ann", TOWN, '[[tool:image_generate {"prompt": "a tree", "model": "dall-e-2"}]] x')
+    wait_for(lambda: len(mattermost.bot_posts(TOWN)) == 3, what="file post and reply")
+    with_files = [p for p in mattermost.bot_posts(TOWN) if p.get("file_ids")]
+    assert len(with_files) == 1 and with_files[0]["root_id"]  # in the thread of the asking post
+    posted = mattermost.files[with_files[0]["file_ids"][0]]
+    assert (posted["mime_type"], posted["data"], posted["channel_id"]) == ("image/png", TINY_PNG, TOWN)
