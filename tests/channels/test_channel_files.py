@@ -322,3 +322,41 @@ def test_mattermost_files_both_ways(files_daemon, mattermost, fake_llm):
     assert len(with_files) == 1 and with_files[0]["root_id"]  # in the thread of the asking post
     posted = mattermost.files[with_files[0]["file_ids"][0]]
     assert (posted["mime_type"], posted["data"], posted["channel_id"]) == ("image/png", TINY_PNG, TOWN)
+
+
+# -- Email ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def mail(tmp_path_factory, files_daemon):
+    from fakes.servers import MailServers
+
+    servers = MailServers(tmp_path_factory.mktemp("mail")).start()
+    configure(files_daemon, "email", username="bot@test.example", password_env="EMAIL_PASSWORD",
+              imap_host="127.0.0.1", imap_port=servers.imap_port, imap_security="none", smtp_host="127.0.0.1",
+              smtp_port=servers.smtp_port, smtp_security="none", poll_interval_secs=0.3, default_agent="filer")
+    wait_active(files_daemon, "email")
+    yield servers
+    files_daemon.delete("/api/channels/email/configure")
+    servers.stop()
+
+
+@pytest.mark.slow
+def test_email_attachments_both_ways(files_daemon, mail, fake_llm):
+    def replies():
+        return [m for m in mail.inbox("alice") if m["From"] == "bot@test.example"]
+
+    marker = unique("mail-look")
+    first = mail.send("alice@test.example", "bot@test.example", "A picture", f"{marker}\n",
+                      files=(("dot.png", "image/png", TINY_PNG), ("big.txt", "text/plain", b"z" * (LIMIT + 1))))
+    wait_for(lambda: len(replies()) == 2, what="refusal and reply")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    refusal, answer = sorted(m.get_body(("plain",)).get_content().replace("\r\n", "\n").strip() for m in replies())
+    assert refusal == f"Sorry, I could not take big.txt: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes " \
+        "are accepted here."
+    assert answer.startswith(f"echo: {marker}\n[image dot.png (image/png, {len(TINY_PNG)} bytes) attached")
+    assert all(m["In-Reply-To"] == first for m in replies())
+    mail.send("alice@test.example", "bot@test.example", "Draw",
+              '[[tool:image_generate {"prompt": "a letter", "model": "dall-e-2"}]] draw\n')
+    wait_for(lambda: len(replies()) == 4, what="file mail and reply")
+    attached = [part for m in replies() for part in m.iter_attachments()]
+    assert [(a.get_content_type(), a.get_content()) for a in attached] == [("image/png", TINY_PNG)]
