@@ -25,6 +25,7 @@ from urllib.parse import urljoin, urlsplit
 
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES
 from agentd.errors import AgentdError
+from agentd.filetypes import sniff
 
 if TYPE_CHECKING:
     from agentd.agents.handle import AgentHandle
@@ -129,24 +130,6 @@ def too_large(size: int, limit: int) -> str:
     if size:
         return f"it is {size} bytes; files up to {limit} bytes are accepted here"
     return f"it is over {limit} bytes, the most accepted here"
-
-
-def sniff(data: bytes, declared: str) -> str:
-    """The file's type from its bytes; UTF-8 text without NULs is text; else unknown."""
-    import filetype
-
-    kind = filetype.guess(data)
-    if kind is not None:
-        return kind.mime
-    if b"\x00" not in data:
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return "application/octet-stream"
-        declared = declared.split(";")[0].strip().lower()
-        # Text claiming to be HTML or SVG is kept as plain text: nothing stored runs as markup.
-        return declared if declared.startswith("text/") and declared not in ("text/html",) else "text/plain"
-    return "application/octet-stream"
 
 
 class ChannelFiles:

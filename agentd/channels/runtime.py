@@ -241,7 +241,7 @@ class ChannelManager:
         return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
 
     def send_to(self, name: str, recipient: str, message: str, agent: str = "",
-                meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                meta: dict[str, Any] | None = None, file: tuple[str, str, bytes] | None = None) -> dict[str, Any]:
         """An agent's own message (channel_send) through a running adapter's sender, only to
         a recipient the channel's allow-lists let talk to it."""
         adapter = self.running.get(name)
@@ -264,7 +264,10 @@ class ChannelManager:
         if agent:
             conversation.meta.setdefault("agent", agent)
         try:
-            message_id = adapter.send(conversation, message)
+            # A file (filename, type, bytes) goes first; the message is its caption.
+            message_id = adapter.send_file(conversation, *file) if file is not None else ""
+            if message.strip():
+                message_id = adapter.send(conversation, message)
         except Exception as exc:  # noqa: BLE001 - the platform's failure, told to the agent
             self.audit("channel.send_failed", name, {"agent": agent, "error": str(exc)[:300]})
             raise AgentdError(f"message not delivered: {exc}", status=502) from None

@@ -360,3 +360,15 @@ def test_email_attachments_both_ways(files_daemon, mail, fake_llm):
     wait_for(lambda: len(replies()) == 4, what="file mail and reply")
     attached = [part for m in replies() for part in m.iter_attachments()]
     assert [(a.get_content_type(), a.get_content()) for a in attached] == [("image/png", TINY_PNG)]
+
+
+def test_telegram_channel_send_posts_a_workspace_file(files_daemon, telegram, fake_llm):
+    name = unique("forward") + ".txt"
+    call = json.dumps({"channel": "telegram", "recipient": "612", "file_path": f"inbox/{name}",
+                       "message": "for you"})
+    telegram.user_sends_file(611, b"passed along", filename=name, mime_type="text/plain",
+                             caption=f"[[tool:channel_send {call}]] pass it on")
+    wait_for(lambda: telegram.replies_to(611), what="reply after sending")
+    assert [(u["method"], u["filename"], u["content_type"], u["data"]) for u in telegram.uploaded
+            if u["chat_id"] == 612] == [("sendDocument", name, "text/plain", b"passed along")]
+    assert telegram.replies_to(612) == ["for you"]
