@@ -36,6 +36,9 @@ def files_daemon(tmp_path_factory, fake_llm):
     created = daemon.post("/api/agents", json={"manifest_toml": FILER})
     assert created.status_code == 201, created.text
     daemon.filer = created.json()["agent_id"]
+    for name, provider, model in (("painter", "anthropic", "claude-sonnet-4-6"), ("seer", "gemini", "gemini-2.5-pro")):
+        manifest = f'name = "{name}"\n[model]\nprovider = "{provider}"\nmodel = "{model}"\n'
+        assert daemon.post("/api/agents", json={"manifest_toml": manifest}).status_code == 201
     yield daemon
     daemon.stop()
 
@@ -108,6 +111,28 @@ def test_telegram_photo_reaches_a_vision_model_as_an_image(files_daemon, telegra
               if u["content_type"] == "image/png" and u["filename"].startswith("photo-")]
     assert stored and stored[0]["size"] == len(TINY_PNG)
     assert telegram.downloads and telegram.downloads[-1].startswith("photos/")
+
+
+def test_telegram_photo_in_the_anthropic_and_gemini_wire_formats(files_daemon, telegram, fake_llm):
+    data = base64.b64encode(TINY_PNG).decode()
+    for agent, chat, part in (
+            ("painter", 621, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}),
+            ("seer", 622, {"inlineData": {"mimeType": "image/png", "data": data}})):
+        configure(files_daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url,
+                  long_poll_secs=1, default_agent=agent)
+        wait_active(files_daemon, "telegram")
+        marker = unique(agent)
+        telegram.user_sends_file(chat, TINY_PNG, kind="photo", caption=marker)
+        wait_for(lambda: telegram.replies_to(chat), what=f"{agent}'s reply")
+        asked = [r["json"] for r in list(fake_llm.requests) if marker in json.dumps(r["json"])]
+        assert asked and part in _parts(asked[-1]), asked
+
+
+def _parts(body: dict[str, Any]) -> list[Any]:
+    """Content blocks (Anthropic) or parts (Gemini) of the last user turn."""
+    if "contents" in body:
+        return body["contents"][-1]["parts"]
+    return body["messages"][-1]["content"]
 
 
 def test_telegram_photo_is_a_note_for_a_model_without_vision(files_daemon, telegram, fake_llm):
