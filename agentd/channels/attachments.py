@@ -77,10 +77,11 @@ class Outgoing:
 
 
 def host_of(url: str) -> str:
-    """`host` or `host:port` (a port only when the URL names one), lower-case."""
+    """`host`, or `host:port` for a port other than the scheme's own, lower-case."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
-    return f"{host}:{parts.port}" if parts.port else host
+    default = {"https": 443, "http": 80}.get(parts.scheme)
+    return f"{host}:{parts.port}" if parts.port and parts.port != default else host
 
 
 def allowed(url: str, hosts: set[str]) -> bool:
@@ -174,8 +175,8 @@ class ChannelFiles:
                 out.images.append({"file_id": saved["file_id"]})
                 out.notes.append(f"[image {name} ({mime}, {len(data)} bytes) attached; {where}]")
             elif mime.startswith("image/"):
-                out.notes.append(f"[image {name} ({mime}, {len(data)} bytes) received; {where}; "
-                                 "this model cannot see images]")
+                why = "this model cannot see images" if not vision else "the model is not shown this format"
+                out.notes.append(f"[image {name} ({mime}, {len(data)} bytes) received; {where}; {why}]")
             else:
                 out.notes.append(f"[file {name} ({mime}, {len(data)} bytes) received; {where}; "
                                  "read it with the file tools]")
