@@ -98,7 +98,7 @@ def fetch(url: str, hosts: set[str], headers: dict[str, str], limit: int, timeou
     try:
         for _ in range(MAX_REDIRECTS + 1):
             if not allowed(url, hosts):
-                raise FileRefused(f"it is not hosted by the platform ({host_of(url) or url[:60]})")
+                raise FileRefused(f"it is not hosted by the platform ({host_of(url) or 'no host'})")
             try:
                 response = session.get(url, headers=headers, stream=True, allow_redirects=False,
                                        timeout=(10.0, timeout))
@@ -205,17 +205,23 @@ class ChannelFiles:
 
     def _to_workspace(self, handle: "AgentHandle", name: str, data: bytes) -> str:
         """A copy under inbox/ (a new name when one is taken: earlier files are kept)."""
-        folder = self.workspace(handle) / INBOX
+        root = self.workspace(handle)
+        folder = root / INBOX
         folder.mkdir(parents=True, exist_ok=True)
+        if root.resolve() not in folder.resolve().parents:  # an inbox/ link out of the workspace
+            raise FileRefused("the agent's inbox/ folder is not inside its workspace")
         stem, dot, ext = name.rpartition(".")
         if not stem:
             stem, dot, ext = name, "", ""
         candidate, n = name, 1
-        while (folder / candidate).exists():
-            candidate = f"{stem}-{n}{dot}{ext}"
-            n += 1
-        (folder / candidate).write_bytes(data)
-        return f"{INBOX}/{candidate}"
+        while True:
+            try:  # exclusive create: two conversations saving one name at once both keep theirs
+                with open(folder / candidate, "xb") as out:
+                    out.write(data)
+                return f"{INBOX}/{candidate}"
+            except FileExistsError:
+                candidate = f"{stem}-{n}{dot}{ext}"
+                n += 1
 
     # -- outbound ----------------------------------------------------------------------
     def outgoing(self, handle: "AgentHandle", result: "RunResult") -> list[Outgoing]:
