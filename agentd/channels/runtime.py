@@ -74,7 +74,12 @@ class ChannelManager:
         self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
         self.workers = int(raw.get("workers", 8))
         self.queue_limit = int(raw.get("queue_limit", 32))
-        self.max_file_bytes = min(int(raw.get("max_file_bytes", DEFAULT_MAX_BYTES)), DEFAULT_MAX_BYTES)
+        cap = raw.get("max_file_bytes", DEFAULT_MAX_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            log.warning("config key channels.max_file_bytes: must be a positive whole number of bytes; "
+                        "using %d", DEFAULT_MAX_BYTES)
+            cap = DEFAULT_MAX_BYTES
+        self.max_file_bytes = min(cap, DEFAULT_MAX_BYTES)
 
     # -- lifecycle -------------------------------------------------------------------
     def start_all(self) -> None:
