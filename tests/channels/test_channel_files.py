@@ -397,3 +397,15 @@ def test_telegram_channel_send_posts_a_workspace_file(files_daemon, telegram, fa
     assert [(u["method"], u["filename"], u["content_type"], u["data"]) for u in telegram.uploaded
             if u["chat_id"] == 612] == [("sendDocument", name, "text/plain", b"passed along")]
     assert telegram.replies_to(612) == ["for you"]
+
+
+def test_telegram_files_of_refused_senders_are_never_fetched(files_daemon, telegram):
+    configure(files_daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
+              default_agent="filer", allowed_users=["613"])
+    wait_active(files_daemon, "telegram")
+    message = telegram.user_sends_file(614, TINY_PNG, kind="photo", caption="let me in")
+    wait_for(lambda: [e for e in audit(files_daemon, "channel.refused", "telegram")
+                      if e["detail"]["message_id"] == str(message)], what="refusal audited")
+    telegram.user_sends_file(613, b"allowed words", filename="ok.txt", mime_type="text/plain")
+    wait_for(lambda: telegram.replies_to(613), what="reply to the allowed sender")
+    assert len(telegram.downloads) == 1 and not telegram.replies_to(614)
