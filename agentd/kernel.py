@@ -50,6 +50,7 @@ from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.apikeys import ApiKeys
+from agentd.channels.attachments import ChannelFiles
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
@@ -199,7 +200,8 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
-                                       on_inbound=sources.channel_messages(self.events))
+                                       on_inbound=sources.channel_messages(self.events),
+                                       files=ChannelFiles(uploads, self.catalog, config.workspaces_dir))
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 

@@ -60,6 +60,8 @@ class Inbound:
     mentioned: bool = False
     # An agent the adapter routes this message to (telegram `thread_routes`), by name.
     agent: str = ""
+    # Files and images sent with the message (agentd/channels/attachments.py fetches them).
+    attachments: list[Any] = field(default_factory=list)
 
 
 class ChannelError(Exception):
@@ -153,6 +155,14 @@ class Adapter:
 
     def send_typing(self, conversation: Conversation) -> None:
         """Show a typing indicator where the platform has one."""
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        """Post a file (an image shown as one where the platform can) to the conversation."""
+        raise ChannelError(f"{self.name}: this adapter does not send files")
+
+    def file_hosts(self) -> set[str]:
+        """Hosts (`host` or `host:port`) inbound files may be fetched from: the platform's own."""
+        return set()
 
     def health(self) -> bool:
         """True while the adapter is connected and working."""

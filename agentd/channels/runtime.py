@@ -19,6 +19,7 @@ from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
 from agentd.channels import overrides as channel_overrides
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
+from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
                                      field_views, settings_for, validate)
 from agentd.channels.dispatch import Dispatcher
@@ -39,8 +40,11 @@ class ChannelManager:
     def __init__(self, config_path, raw_channels: dict[str, Any], store: Store, agents: AgentManager,
                  runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
                  on_message: Callable[[str, str], None] | None = None,
-                 on_inbound: Callable[[str, Inbound], None] | None = None) -> None:
+                 on_inbound: Callable[[str, Inbound], None] | None = None,
+                 files: ChannelFiles | None = None) -> None:
         self.config_path = config_path
+        # Files and images of messages, both ways (None: files are neither taken nor sent).
+        self.files = files
         # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
         self.on_message = on_message or (lambda adapter, direction: None)
         # Hears of every inbound message the allow-lists let through (the event bus).
@@ -70,6 +74,12 @@ class ChannelManager:
         self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
         self.workers = int(raw.get("workers", 8))
         self.queue_limit = int(raw.get("queue_limit", 32))
+        cap = raw.get("max_file_bytes", DEFAULT_MAX_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            log.warning("config key channels.max_file_bytes: must be a positive whole number of bytes; "
+                        "using %d", DEFAULT_MAX_BYTES)
+            cap = DEFAULT_MAX_BYTES
+        self.max_file_bytes = min(cap, DEFAULT_MAX_BYTES)
 
     # -- lifecycle -------------------------------------------------------------------
     def start_all(self) -> None:
@@ -236,7 +246,7 @@ class ChannelManager:
         return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
 
     def send_to(self, name: str, recipient: str, message: str, agent: str = "",
-                meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                meta: dict[str, Any] | None = None, file: tuple[str, str, bytes] | None = None) -> dict[str, Any]:
         """An agent's own message (channel_send) through a running adapter's sender, only to
         a recipient the channel's allow-lists let talk to it."""
         adapter = self.running.get(name)
@@ -259,7 +269,10 @@ class ChannelManager:
         if agent:
             conversation.meta.setdefault("agent", agent)
         try:
-            message_id = adapter.send(conversation, message)
+            # A file (filename, type, bytes) goes first; the message is its caption.
+            message_id = adapter.send_file(conversation, *file) if file is not None else ""
+            if message.strip():
+                message_id = adapter.send(conversation, message)
         except Exception as exc:  # noqa: BLE001 - the platform's failure, told to the agent
             self.audit("channel.send_failed", name, {"agent": agent, "error": str(exc)[:300]})
             raise AgentdError(f"message not delivered: {exc}", status=502) from None
@@ -348,7 +361,9 @@ class ChannelManager:
                 self.audit("channel.rate_limited", name, {"message_id": msg.message_id, "sender": msg.sender_id})
                 reply = channel_overrides.SLOW_DOWN.format(limit=self._overrides(name)["rate_limit_per_user"])
             else:
-                reply = self._run(adapter, handle, conversation, msg.text, msg.sender_id)
+                text, images = self._take_files(adapter, handle, msg)
+                reply = self._run(adapter, handle, conversation, text, msg.sender_id, images) \
+                    if text.strip() or images else ""
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
             error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             log.warning("channel %s: message %s failed: %s", name, msg.message_id, error)
@@ -381,8 +396,38 @@ class ChannelManager:
     def _session_id(agent_id: str, key: str) -> str:
         return str(uuid.uuid5(SESSION_NS, f"{agent_id}|{key}"))
 
+    def _take_files(self, adapter: Adapter, handle, msg: Inbound) -> tuple[str, list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
+        """The message's text with a note per file, and the images for the model; a file not
+        taken is said to the sender at once (and audited)."""
+        if not msg.attachments or self.files is None:
+            return msg.text, []
+        got = self.files.receive(adapter.file_hosts(), handle, msg.attachments, self.max_file_bytes,
+                                 model=self._overrides(adapter.name).get("model", ""))
+        for sentence in got.refused:
+            self.audit("channel.file_refused", adapter.name, {"message_id": msg.message_id, "reason": sentence})
+            try:
+                adapter.send(msg.conversation, sentence)
+            except Exception as exc:  # noqa: BLE001 - the run still answers what was taken
+                self.audit("channel.send_failed", adapter.name, {"in_reply_to": msg.message_id,
+                                                                 "error": str(exc)[:300]})
+        return "\n".join(p for p in (msg.text, *got.notes) if p), got.images
+
+    def _send_files(self, adapter: Adapter, handle, conversation: Conversation, result) -> None:  # type: ignore[no-untyped-def]
+        """Post the files the run made back to the conversation."""
+        if self.files is None:
+            return
+        for item in self.files.outgoing(handle, result):
+            try:
+                sent = adapter.send_file(conversation, item.filename, item.content_type, item.data)
+            except Exception as exc:  # noqa: BLE001 - the text reply still goes out
+                self.audit("channel.send_failed", adapter.name, {"file": item.filename, "error": str(exc)[:300]})
+                continue
+            self.on_message(adapter.name, "out")
+            self.audit("channel.outbound", adapter.name, {"message_id": sent, "file": item.filename,
+                                                          "conversation": conversation.key})
+
     def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
-             sender: str = "") -> str:
+             sender: str = "", images: list[dict[str, Any]] | None = None) -> str:
         done = threading.Event()
 
         def typing() -> None:
@@ -399,12 +444,14 @@ class ChannelManager:
         try:
             # The conversation's own session of the agent: its history is never another's.
             options = RunOptions(extra_system=chosen.get("system_prompt", ""), model=chosen.get("model", ""))
-            result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel", options=options,
+            result = self.runs.start(RunRequest(handle, text, attachments=list(images or []), on=INLINE,
+                                                origin="channel", options=options,
                                                 session_id=self._session_id(handle.id, conversation.key),
                                                 label=conversation.key,
                                                 owner=f"channel:{adapter.name}:{sender}")).result()
         finally:
             done.set()
+        self._send_files(adapter, handle, conversation, result)
         reply = strip_think(result.response).strip()
         if not reply:
             return reply

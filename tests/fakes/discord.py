@@ -15,6 +15,10 @@ the app may not use (`privileged_ok` False); RESUME (op 6) replays the session's
 client's sequence number, then RESUMED; op 9 for an unknown session. Every session keeps
 its own numbered events, so a client that resumes gets what it missed. The bot's own
 messages come back as MESSAGE_CREATE, as on Discord.
+
+Files ("Uploading Files"): a message with files is multipart/form-data, `payload_json`
+plus `files[n]` parts named by `attachments[].id`; users' attachments are served from the
+fake's CDN path `/attachments/{channel}/{id}/{filename}` (no token, as on the CDN).
 """
 
 from __future__ import annotations
@@ -48,7 +52,17 @@ class FakeDiscord(FakeGateway):
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
         self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
         self.session_ids = itertools.count(1)
+        self.cdn: dict[str, bytes] = {}          # attachment id -> bytes
+        self.downloads: list[str] = []
+        self.uploads: list[dict[str, Any]] = []  # files the bot posted
         app, sock = self.app, self.sock
+
+        @app.get("/attachments/<channel>/<attachment>/<filename>")
+        def cdn(channel: str, attachment: str, filename: str):
+            self.downloads.append(attachment)
+            if attachment not in self.cdn:
+                return "not found", 404
+            return self.cdn[attachment], 200, {"Content-Type": "application/octet-stream"}
 
         def authorised() -> bool:
             return request.headers.get("Authorization") == f"Bot {self.token}"
@@ -73,8 +87,24 @@ class FakeDiscord(FakeGateway):
             limited = self.throttled({"message": "You are being rate limited.", "retry_after": 1.0, "global": False})
             if limited is not None:
                 return limited
-            body = request.get_json()
+            files = {}
+            if request.mimetype == "multipart/form-data":
+                body = json.loads(request.form.get("payload_json") or "{}")
+                for item in body.get("attachments") or []:
+                    part = request.files.get(f"files[{item['id']}]")
+                    if part is None:
+                        return jsonify({"code": 50035, "message": "Invalid Form Body"}), 400
+                    files[item["id"]] = {"filename": item.get("filename") or part.filename,
+                                         "content_type": part.mimetype, "data": part.read()}
+            else:
+                body = request.get_json()
             content = body.get("content") or ""
+            if files:
+                self.uploads.extend({"channel": channel, **f} for f in files.values())
+                message = self._message(channel, BOT, content, guild=self.guild_of(channel), attachments=[
+                    {"id": str(next(self.snowflakes)), "filename": f["filename"], "size": len(f["data"])}
+                    for f in files.values()])
+                return jsonify(message)
             if not content or len(content) > 2000:
                 return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"content": {
                     "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}), 400
@@ -201,6 +231,20 @@ class FakeDiscord(FakeGateway):
 
     def last_message_id(self) -> str:
         return self.messages[-1]["id"]
+
+    def user_sends_file(self, user: str, data: bytes, filename: str, content_type: str, text: str = "",
+                        url: str = "", size: int | None = None) -> str:
+        """A user posts a file in their DM channel (`url`: where the message says it is)."""
+        channel = f"dm-{user}"
+        attachment = str(next(self.snowflakes))
+        self.cdn[attachment] = data
+        author = {"id": f"id-{user}", "username": user, "discriminator": "0"}
+        self._message(channel, author, text, None, attachments=[{
+            "id": attachment, "filename": filename, "content_type": content_type,
+            "size": len(data) if size is None else size,
+            "url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}",
+            "proxy_url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}"}])
+        return channel
 
     def identifies(self) -> list[dict[str, Any]]:
         return [f["d"] for _, f in self.received if f.get("op") == 2]

@@ -6,12 +6,17 @@ thread (an `m.relates_to` of `rel_type` `m.thread` naming the root event, with t
 `m.in_reply_to` fallback), reply to an event, and mention users intentionally
 (`m.mentions.user_ids`, with a matrix.to pill in `formatted_body`), as the spec describes.
 
+Media (client-server API v1.11, authenticated media): `POST /_matrix/media/v3/upload`
+answers an `mxc://` URI, `GET /_matrix/client/v1/media/download/{server}/{media}` serves
+it with the access token only; users send files as `m.image` / `m.file` messages.
+
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 from flask import Flask, jsonify, request
@@ -31,7 +36,23 @@ class FakeMatrix(FakeServer):
         self.throttle: list[int] = []
         self.sent: list[dict[str, Any]] = []
         self.cond = threading.Condition()
+        self.media: dict[str, tuple[str, bytes]] = {}  # media id -> (content type, bytes)
+        self.downloads: list[str] = []
         app = Flask("fake-matrix")
+
+        @app.post("/_matrix/media/v3/upload")
+        def upload():
+            media = uuid.uuid4().hex
+            self.media[media] = (request.content_type or "application/octet-stream", request.get_data())
+            return jsonify({"content_uri": f"mxc://test/{media}"})
+
+        @app.get("/_matrix/client/v1/media/download/<server>/<media>")
+        def download(server: str, media: str):
+            self.downloads.append(media)
+            if server != "test" or media not in self.media:
+                return jsonify({"errcode": "M_NOT_FOUND", "error": "Not found"}), 404
+            kind, data = self.media[media]
+            return data, 200, {"Content-Type": kind}
 
         @app.before_request
         def auth():
@@ -91,8 +112,9 @@ class FakeMatrix(FakeServer):
 
         super().__init__(app)
 
-    def _add(self, room: str, sender: str, content: dict[str, Any]) -> str:
+    def _add(self, room: str, sender: str, body: str | dict[str, Any]) -> str:
         event_id = f"$ev{len(self.events) + 1}"
+        content = body if isinstance(body, dict) else {"msgtype": "m.text", "body": body}
         self.events.append((room, {"type": "m.room.message", "sender": sender, "event_id": event_id,
                                    "origin_server_ts": int(time.time() * 1000), "content": content}))
         self.cond.notify_all()
@@ -132,8 +154,25 @@ class FakeMatrix(FakeServer):
                 return relates.get("event_id", "") if relates.get("rel_type") == "m.thread" else ""
         return ""
 
+    def user_sends_file(self, room: str, sender: str, data: bytes, filename: str, mimetype: str,
+                        msgtype: str = "m.file", caption: str = "", url: str = "", size: int | None = None) -> str:
+        media = uuid.uuid4().hex
+        self.media[media] = (mimetype, data)
+        content = {"msgtype": msgtype, "body": caption or filename, "url": url or f"mxc://test/{media}",
+                   "info": {"mimetype": mimetype, "size": len(data) if size is None else size}}
+        if caption:
+            content["filename"] = filename
+        with self.cond:
+            return self._add(room, sender, content)
+
     def bot_messages(self, room: str) -> list[str]:
-        return [e["content"]["body"] for r, e in self.events if r == room and e["sender"] == self.bot]
+        return [e["content"]["body"] for r, e in self.events
+                if r == room and e["sender"] == self.bot and e["content"]["msgtype"] == "m.text"]
+
+    def bot_files(self, room: str) -> list[dict[str, Any]]:
+        """Files the bot posted: the message's content and the uploaded bytes."""
+        return [{**e["content"], "data": self.media[e["content"]["url"].rsplit("/", 1)[1]][1]}
+                for r, e in self.events if r == room and e["sender"] == self.bot and "url" in e["content"]]
 
     @property
     def polls(self) -> list[dict[str, Any]]:

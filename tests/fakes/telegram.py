@@ -6,15 +6,19 @@ As on Telegram: an `@username` in the text comes with a `mention` entity (offset
 code units); a reply carries the replied-to message as `reply_to_message`; in a forum
 supergroup a message of a topic carries `message_thread_id` and `is_topic_message`, and
 `sendMessage` with `message_thread_id` posts into that topic (400 "message thread not
-found" for a topic the chat does not have)."""
+found" for a topic the chat does not have).
+
+Files: getFile and `GET /file/bot<token>/<file_path>`, sendPhoto and sendDocument
+(multipart/form-data); users send files with `user_sends_file()`."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 import time
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, jsonify, redirect, request
 
 from fakes.http import FakeServer
 
@@ -41,10 +45,27 @@ class FakeTelegram(FakeServer):
         self.topics: dict[int, set[int]] = {}           # forum chat id -> its topics' message_thread_id
         self.broken = False  # getUpdates answers 502 HTML while set  # Retry-After seconds for the next sendMessage calls
         self.cond = threading.Condition()
+        self.files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, bytes)
+        self.downloads: list[str] = []  # file_paths fetched
+        self.redirect_files = ""  # a URL file downloads are redirected to, while set
+        self.uploaded: list[dict[str, Any]] = []  # sendPhoto / sendDocument calls
         app = Flask("fake-telegram")
+
+        @app.get("/file/bot<token>/<path:file_path>")
+        def download(token: str, file_path: str):
+            if token != self.token:
+                return jsonify({"ok": False, "error_code": 401, "description": "Unauthorized"}), 401
+            self.downloads.append(file_path)
+            if self.redirect_files:
+                return redirect(self.redirect_files, 302)
+            data = next((d for path, d in self.files.values() if path == file_path), None)
+            if data is None:
+                return jsonify({"ok": False, "error_code": 404, "description": "Not Found"}), 404
+            return data, 200, {"Content-Type": "application/octet-stream"}
 
         def params() -> dict[str, Any]:
             data = dict(request.args)
+            data.update(request.form.to_dict())
             data.update(request.get_json(silent=True) or {})
             return data
 
@@ -53,7 +74,9 @@ class FakeTelegram(FakeServer):
             if token != self.token:
                 return jsonify({"ok": False, "error_code": 401, "description": "Unauthorized"}), 401
             handler = {"getMe": self._get_me, "getUpdates": self._get_updates,
-                       "sendMessage": self._send_message, "sendChatAction": self._chat_action}.get(method)
+                       "sendMessage": self._send_message, "sendChatAction": self._chat_action,
+                       "getFile": self._get_file, "sendPhoto": self._send_upload,
+                       "sendDocument": self._send_upload}.get(method)
             if handler is None:
                 return jsonify({"ok": False, "error_code": 404, "description": "Not Found"}), 404
             return handler(params())
@@ -99,6 +122,57 @@ class FakeTelegram(FakeServer):
             message = {**message, "reply_to_message_id": p["reply_to_message_id"]}
         self.sent.append({**message, "at": time.time()})
         return jsonify({"ok": True, "result": message})
+
+    def _get_file(self, p):
+        known = self.files.get(str(p.get("file_id") or ""))
+        if known is None:
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: invalid file_id"}), 400
+        path, data = known
+        return jsonify({"ok": True, "result": {"file_id": p["file_id"], "file_unique_id": p["file_id"][-6:],
+                                               "file_size": len(data), "file_path": path}})
+
+    def _send_upload(self, p):
+        field = "photo" if request.path.endswith("/sendPhoto") else "document"
+        sent = request.files.get(field)
+        if "chat_id" not in p or sent is None:
+            return jsonify({"ok": False, "error_code": 400,
+                            "description": f"Bad Request: there is no {field} in the request"}), 400
+        self.next_message += 1
+        data = sent.read()
+        self.uploaded.append({"method": request.path.rsplit("/", 1)[1], "chat_id": int(p["chat_id"]),
+                              "filename": sent.filename, "content_type": sent.mimetype, "data": data,
+                              "message_id": self.next_message})
+        return jsonify({"ok": True, "result": {"message_id": self.next_message, "date": int(time.time()),
+                                               "chat": {"id": int(p["chat_id"])}}})
+
+    def user_sends_file(self, user_id: int, data: bytes, kind: str = "document", filename: str = "",
+                        mime_type: str = "", caption: str = "", file_size: int | None = None) -> int:
+        """A user sends a photo or document (`kind`); the bytes are served through getFile."""
+        file_id = f"AgAC{uuid.uuid4().hex}"
+        self.files[file_id] = (f"{'photos' if kind == 'photo' else 'documents'}/file_{len(self.files)}"
+                               f"{'.jpg' if kind == 'photo' else ''}", data)
+        size = len(data) if file_size is None else file_size
+        if kind == "photo":
+            item: Any = [{"file_id": file_id + "s", "file_unique_id": "s", "width": 90, "height": 90,
+                          "file_size": 10},
+                         {"file_id": file_id, "file_unique_id": file_id[-6:], "width": 800, "height": 800,
+                          "file_size": size}]
+        else:
+            item = {"file_id": file_id, "file_unique_id": file_id[-6:], "file_name": filename,
+                    "mime_type": mime_type, "file_size": size}
+        with self.cond:
+            with _ids_lock:
+                _last_update_id[0] += 1
+                self.next_update = _last_update_id[0]
+            self.next_message += 1
+            message = {"message_id": self.next_message, "date": int(time.time()),
+                       "from": {"id": user_id, "is_bot": False, "first_name": str(user_id)},
+                       "chat": {"id": user_id, "type": "private"}, kind: item}
+            if caption:
+                message["caption"] = caption
+            self.updates.append({"update_id": self.next_update, "message": message})
+            self.cond.notify_all()
+            return self.next_message
 
     def _chat_action(self, p):
         self.actions.append(dict(p))

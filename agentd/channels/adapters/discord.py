@@ -14,22 +14,29 @@ answers gets a thread of its own (`POST /channels/{id}/messages/{message}/thread
 Thread from Message: the thread takes the message's id); the answer and the rest of that
 conversation go there, and messages in it need no mention. A thread is a conversation of
 its own; the bot counts as mentioned when the message mentions it or replies to it.
+
+Files: a message's `attachments` are fetched from their `url`, only from Discord's CDN
+(cdn.discordapp.com, media.discordapp.net, or the host of `api_url`); files go out as a
+multipart `POST /channels/{id}/messages` (`payload_json` and `files[0]`).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from typing import Any
 
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
 from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import threaded
 
 API_URL = "https://discord.com/api/v10"
+CDN_HOSTS = {"cdn.discordapp.com", "media.discordapp.net"}
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
 # Close codes after which Discord says not to reconnect, and those that end the session.
 FATAL = {4004: "authentication failed", 4010: "invalid shard", 4011: "sharding required",
@@ -132,7 +139,10 @@ class DiscordAdapter(GatewayAdapter):
             if not (mentioned or parent or channel in (self.settings.get("free_response_channels") or [])):
                 return
             text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
-        if not text or not channel:
+        files = [Attachment(str(a.get("filename") or a.get("id") or "file"), str(a.get("content_type") or ""),
+                            int(a.get("size") or 0), str(a.get("url") or ""))
+                 for a in d.get("attachments") or [] if isinstance(a, dict) and a.get("url")]
+        if (not text and not files) or not channel:
             return
         message_id = str(d.get("id") or "")
         meta: dict[str, Any] = {"reply_to": "" if not guild or parent else message_id}
@@ -146,7 +156,25 @@ class DiscordAdapter(GatewayAdapter):
         username = str(author.get("username") or "")
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=message_id,
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned))
+                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, attachments=files))
+
+    def file_hosts(self) -> set[str]:
+        api = str(self.settings.get("api_url") or "")
+        return CDN_HOSTS | ({host_of(api)} if api else set())
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        payload: dict[str, Any] = {"attachments": [{"id": 0, "filename": filename}], "allowed_mentions": {"parse": []}}
+        if conversation.meta.get("reply_to"):
+            payload["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
+        # Into the conversation's thread once it exists (the text reply starts a new one).
+        target = conversation.chat_id if conversation.meta.get("start_thread") else \
+            conversation.thread_id or conversation.chat_id
+        answer = self.http.json("POST", f"{self.api}/channels/{target}/messages",
+                                data={"payload_json": json.dumps(payload)},
+                                files={"files[0]": (filename, data, content_type)})
+        return str(answer.get("id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):

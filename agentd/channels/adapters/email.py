@@ -5,7 +5,10 @@ In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none.
 An email thread is a conversation of its own: its root is the first Message-ID of
 `References` (else `In-Reply-To`), which every reply in the chain carries; a mail without
 either starts a thread, unless its subject says it is a reply ("Re: ..."), when the
-subject (without the Re:/Fwd: prefixes) names the thread."""
+subject (without the Re:/Fwd: prefixes) names the thread.
+
+Files: a mail's attachments travel in the message itself (no download); files go out as
+attachments of a threaded reply."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid, parseaddr
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment
 from agentd.channels.bases.polling import PollingAdapter
 
 
@@ -95,7 +99,9 @@ class EmailAdapter(PollingAdapter):
             if not line.startswith(">"):
                 lines.append(line)
         text = "\n".join(lines).strip()
-        if not text:
+        files = [Attachment(part.get_filename() or "attachment", part.get_content_type(),
+                            data=part.get_payload(decode=True) or b"") for part in msg.iter_attachments()]
+        if not text and not files:
             return
         message_id = str(msg.get("Message-ID") or "").strip()
         meta = {"subject": str(msg.get("Subject") or ""), "message_id": message_id,
@@ -103,9 +109,23 @@ class EmailAdapter(PollingAdapter):
         conversation = Conversation(self.name, sender, sender, direct=True, meta=meta,
                                     thread_id=thread_of(msg, message_id))
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, message_id=message_id,
-                                 sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender))
+                                 sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender,
+                                 attachments=files))
 
     def send(self, conversation: Conversation, text: str) -> str:
+        msg = self._reply(conversation, text)
+        self._smtp_send(msg)
+        return str(msg["Message-ID"])
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        msg = self._reply(conversation, f"{filename} is attached.")
+        maintype, _, subtype = content_type.partition("/")
+        msg.add_attachment(data, maintype=maintype or "application", subtype=subtype or "octet-stream",
+                           filename=filename)
+        self._smtp_send(msg)
+        return str(msg["Message-ID"])
+
+    def _reply(self, conversation: Conversation, text: str) -> EmailMessage:
         if not hasattr(self, "password"):
             self.prepare()
         meta = conversation.meta
@@ -121,8 +141,7 @@ class EmailAdapter(PollingAdapter):
             msg["References"] = " ".join(p for p in (meta.get("references"), meta["message_id"]) if p)
         msg["Auto-Submitted"] = "auto-replied"
         msg.set_content(text)
-        self._smtp_send(msg)
-        return str(msg["Message-ID"])
+        return msg
 
     def _smtp_send(self, msg: EmailMessage) -> None:
         host, port = str(self.settings.get("smtp_host")), int(self.settings.get("smtp_port") or 587)

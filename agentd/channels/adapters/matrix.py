@@ -5,19 +5,28 @@ The first sync (no token yet) only records the position: history is not answered
 A thread (`m.relates_to` with `rel_type` `m.thread`) is a conversation of its own and is
 answered in the thread; with `overrides.threading = true` a message of the main timeline
 is answered in a new thread under it. The bot counts as mentioned when `m.mentions`
-names it, a pill or the body names its user id, or the message replies to one of its events."""
+names it, a pill or the body names its user id, or the message replies to one of its events.
+
+Files: `m.image`, `m.file`, `m.audio` and `m.video` messages carry an `mxc://` URI, fetched
+through the homeserver's authenticated media API (`GET /_matrix/client/v1/media/download/
+{server}/{media}` with the access token), never from anywhere else; files go out with
+`POST /_matrix/media/v3/upload` and an `m.image` or `m.file` message naming the new URI."""
 
 from __future__ import annotations
 
 import collections
 import uuid
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import reply_thread
+
+
+FILE_TYPES = ("m.image", "m.file", "m.audio", "m.video")
 
 
 class MatrixAdapter(PollingAdapter):
@@ -26,7 +35,8 @@ class MatrixAdapter(PollingAdapter):
     def prepare(self) -> None:
         token = self.env("access_token_env")
         self.http.session.headers["Authorization"] = f"Bearer {token}"
-        self.base = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/") + "/_matrix/client/v3"
+        self.homeserver = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/")
+        self.base = self.homeserver + "/_matrix/client/v3"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
         self.user_id = str(self.settings.get("user_id") or "")
         # Events this adapter sent: a reply to one of them addresses the bot.
@@ -53,8 +63,9 @@ class MatrixAdapter(PollingAdapter):
 
     def _handle(self, room_id: str, event: dict[str, Any]) -> None:
         content = event.get("content") or {}
+        kind = content.get("msgtype")
         if (event.get("type") != "m.room.message" or event.get("sender") == self.user_id
-                or content.get("msgtype") not in ("m.text", "m.notice") or not content.get("body")):
+                or kind not in ("m.text", "m.notice", *FILE_TYPES) or not content.get("body")):
             return
         sender, event_id = str(event.get("sender")), str(event.get("event_id", ""))
         relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
@@ -69,10 +80,46 @@ class MatrixAdapter(PollingAdapter):
         body = str(content["body"])
         if self.user_id and body.startswith(self.user_id):
             body = body[len(self.user_id):].lstrip(":, ").strip() or body
+        files = [self._attachment(content)] if kind in FILE_TYPES and content.get("url") else []
+        if kind in FILE_TYPES and not files:
+            return
+        if files and content.get("filename") in (None, content["body"]):
+            body = ""  # a file's body is its name unless `filename` is set, then the body is a caption
         conversation = Conversation(self.name, room_id, sender, thread_id=thread,
                                     meta={"thread_root": thread, "reply_to": event_id})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body, message_id=event_id,
-                                 sender_name=sender, mentioned=mentioned))
+                                 sender_name=sender, mentioned=mentioned, attachments=files))
+
+    def _attachment(self, content: dict[str, Any]) -> Attachment:
+        info = content.get("info") if isinstance(content.get("info"), dict) else {}
+        uri = str(content["url"])
+        parts = urlsplit(uri)
+        # An mxc URI is served by our homeserver; anything else is left as is, to be refused.
+        url = (f"{self.homeserver}/_matrix/client/v1/media/download/{quote(parts.netloc, safe='')}/"
+               f"{quote(parts.path.lstrip('/'), safe='')}" if parts.scheme == "mxc" else uri)
+        return Attachment(str(content.get("filename") or content["body"]), str(info.get("mimetype") or ""),
+                          int(info.get("size") or 0), url,
+                          headers={"Authorization": self.http.session.headers["Authorization"]})
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "homeserver"):
+            self.prepare()
+        return {host_of(self.homeserver)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        uploaded = self.http.json("POST", f"{self.homeserver}/_matrix/media/v3/upload", params={"filename": filename},
+                                  data=data, headers={"Content-Type": content_type})
+        kind = "m.image" if content_type.startswith("image/") else "m.audio" if content_type.startswith("audio/") \
+            else "m.file"
+        body = {"msgtype": kind, "body": filename, "filename": filename, "url": uploaded["content_uri"],
+                "info": {"mimetype": content_type, "size": len(data)}}
+        if conversation.meta.get("thread_root"):
+            body["m.relates_to"] = {"rel_type": "m.thread", "event_id": conversation.meta["thread_root"]}
+        answer = self.http.json("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/send/"
+                                f"m.room.message/{uuid.uuid4().hex}", json=body)
+        return str(answer.get("event_id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

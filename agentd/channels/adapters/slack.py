@@ -15,11 +15,17 @@ says). A thread the bot answered in is followed for `thread_ttl_hours` after its
 message there: its later `message` events are answered without a mention (while
 `auto_thread_reply`). Each thread is a conversation of its own. Web API calls answer HTTP
 200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+
+Files: a message's `files` (subtype `file_share`) are fetched from `url_private_download`
+with the bot token, only from files.slack.com (or the host of `api_url`); files go out
+with `files.getUploadURLExternal`, a POST of the bytes to the upload URL and
+`files.completeUploadExternal` into the conversation (and its thread).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from typing import Any
@@ -27,6 +33,7 @@ from typing import Any
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.conversation import reply_thread
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender, split_text
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
@@ -80,7 +87,8 @@ class SlackCommon:
         if not isinstance(event, dict) or event.get("type") not in ("message", "app_mention"):
             return
         user, channel, ts = str(event.get("user") or ""), str(event.get("channel") or ""), str(event.get("ts") or "")
-        if event.get("subtype") or event.get("bot_id") or not user or user == self.bot_user:
+        if event.get("subtype") not in (None, "", "file_share") or event.get("bot_id") or not user \
+                or user == self.bot_user:
             return  # edits, joins, bots (ourselves included)
         direct = event.get("channel_type") == "im"
         existing = str(event.get("thread_ts") or "")
@@ -92,7 +100,8 @@ class SlackCommon:
         raw = str(event.get("text") or "")
         mention = f"<@{self.bot_user}>"
         text = raw.replace(mention, "").strip()
-        if not text:
+        files = self._attachments(event.get("files"))
+        if not text and not files:
             return
         thread = reply_thread(self.settings, existing, ts, direct,
                               default=bool(self.settings.get("auto_thread_reply", True)))
@@ -100,7 +109,43 @@ class SlackCommon:
                                     thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=ts,
                                  chat_aliases=(team,) if team else (),
-                                 mentioned=event["type"] == "app_mention" or mention in raw))
+                                 mentioned=event["type"] == "app_mention" or mention in raw,
+                                 attachments=files))
+
+    def _attachments(self, files: Any) -> list[Attachment]:
+        auth = {"Authorization": f"Bearer {self.bot_token}"}
+        return [Attachment(str(f.get("name") or f.get("title") or f.get("id") or "file"), str(f.get("mimetype") or ""),
+                           int(f.get("size") or 0), str(f.get("url_private_download") or f.get("url_private") or ""),
+                           headers=auth)
+                for f in files or [] if isinstance(f, dict) and (f.get("url_private_download") or f.get("url_private"))]
+
+    def file_hosts(self) -> set[str]:
+        hosts = {"files.slack.com"}
+        if self.settings.get("api_url"):  # a Slack-compatible server hosts its own files
+            hosts.add(host_of(str(self.settings["api_url"])))
+        return hosts
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare_bot()
+        auth = {"Authorization": f"Bearer {self.bot_token}"}
+        # The files.* upload methods take form fields, not JSON.
+        ticket = self._form("files.getUploadURLExternal", filename=filename, length=str(len(data)))
+        self.http.request("POST", str(ticket["upload_url"]), files={"file": (filename, data, content_type)},
+                          headers=auth)
+        fields = {"files": json.dumps([{"id": ticket["file_id"], "title": filename}]),
+                  "channel_id": conversation.chat_id}
+        if conversation.meta.get("thread_ts"):
+            fields["thread_ts"] = conversation.meta["thread_ts"]
+        self._form("files.completeUploadExternal", **fields)
+        return str(ticket["file_id"])
+
+    def _form(self, method: str, **fields: str) -> dict[str, Any]:
+        answer = self.http.json("POST", f"{self.api}/{method}", data=fields,
+                                headers={"Authorization": f"Bearer {self.bot_token}"})
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            raise ChannelError(f"slack {method}: {answer.get('error') if isinstance(answer, dict) else answer}")
+        return answer
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):

@@ -4,13 +4,18 @@
 A forum topic (`message_thread_id` of a topic message) is a conversation of its own, answered
 in the topic and routed to the agent `thread_routes` names for it. The bot counts as
 mentioned for an `@username` / text mention of it or a reply to one of its messages.
-In groups the answer replies to the message unless `overrides.threading` is false."""
+In groups the answer replies to the message unless `overrides.threading` is false.
+
+Files: a message's `photo` (the largest size), `document`, `audio` and `voice` are fetched
+with `getFile` and `GET {api}/file/bot<token>/<file_path>` (the caption is the text); files
+go out with `sendPhoto` (PNG, JPEG, WebP) or `sendDocument`, multipart."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import threaded
@@ -23,6 +28,7 @@ class TelegramAdapter(PollingAdapter):
         self.token = self.env("bot_token_env")
         base = (self.settings.get("api_url") or "https://api.telegram.org").rstrip("/")
         self.base = f"{base}/bot{self.token}"
+        self.files_base = f"{base}/file/bot{self.token}"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
         # A pause between getUpdates calls (0: none, the long poll already waits for updates).
         self.poll_interval = float(self.settings.get("poll_interval_secs") or 0)
@@ -52,6 +58,9 @@ class TelegramAdapter(PollingAdapter):
 
     def _handle(self, message: dict[str, Any]) -> None:
         text, chat, sender = message.get("text"), message.get("chat") or {}, message.get("from") or {}
+        files = self._attachments(message)
+        if files:
+            text = str(message.get("caption") or text or "")
         if not isinstance(text, str) or not sender or sender.get("is_bot"):
             return
         direct = chat.get("type") == "private"
@@ -69,7 +78,7 @@ class TelegramAdapter(PollingAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=text,
                                  message_id=str(message.get("message_id")),
                                  sender_name=sender.get("first_name") or sender.get("username") or user_id,
-                                 sender_aliases=aliases, mentioned=mentioned,
+                                 sender_aliases=aliases, mentioned=mentioned, attachments=files,
                                  agent=str((self.settings.get("thread_routes") or {}).get(topic) or "")))
 
     def _mention(self, message: dict[str, Any], text: str) -> tuple[bool, str]:
@@ -90,6 +99,46 @@ class TelegramAdapter(PollingAdapter):
         if username:
             text = " ".join(w for w in text.split(" ") if w.lower() != "@" + username).strip() or text
         return mentioned, text
+
+    def _attachments(self, message: dict[str, Any]) -> list[Attachment]:
+        found = []
+        photos = [p for p in message.get("photo") or [] if isinstance(p, dict) and p.get("file_id")]
+        if photos:  # the sizes of one photo, smallest first
+            best = photos[-1]
+            found.append((best, f"photo-{best.get('file_unique_id') or message.get('message_id')}.jpg", "image/jpeg"))
+        for key in ("document", "audio", "voice"):
+            item = message.get(key)
+            if isinstance(item, dict) and item.get("file_id"):
+                found.append((item, str(item.get("file_name") or f"{key}-{message.get('message_id')}"),
+                              str(item.get("mime_type") or "")))
+        return [Attachment(name, mime, int(item.get("file_size") or 0),
+                           locate=lambda file_id=str(item["file_id"]): self._file_url(file_id))
+                for item, name, mime in found]
+
+    def _file_url(self, file_id: str) -> str:
+        path = str(self.call("getFile", file_id=file_id).get("file_path") or "")
+        if not path:
+            raise ChannelError("getFile: no file_path (the file may be over the Bot API's 20 MB)")
+        return f"{self.files_base}/{path.lstrip('/')}"
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "files_base"):
+            self.prepare()
+        return {host_of(self.files_base)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        method, field = ("sendPhoto", "photo") if content_type in ("image/png", "image/jpeg", "image/webp") \
+            else ("sendDocument", "document")
+        fields = {"chat_id": conversation.chat_id}
+        if conversation.meta.get("message_thread_id"):
+            fields["message_thread_id"] = conversation.meta["message_thread_id"]
+        answer = self.http.json("POST", f"{self.base}/{method}", data=fields,
+                                files={field: (filename, data, content_type)})
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            raise ChannelError(f"{method}: {answer.get('description') if isinstance(answer, dict) else answer}")
+        return str((answer.get("result") or {}).get("message_id") or "")
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
