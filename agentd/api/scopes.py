@@ -49,6 +49,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "channels.configure": "manage", "channels.remove": "manage", "channels.qr_start": "manage",
     "channels.test": "manage", "channels.reload_channels": "manage",
     "channels.audit_recent": "admin",
+    # chat platforms' webhooks: signed by the platform, checked by the adapter
+    "webhooks.webhook": PUBLIC,
     # OpenAI-compatible
     "openai.chat_completions": "message", "openai.models": "message",
     # scoped keys
