@@ -73,6 +73,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.schedule_enable": "manage", "pages.schedule_disable": "manage", "pages.schedule_run": "manage",
     "pages.schedule_delete": "manage", "pages.trigger_action": "manage", "pages.task_post": "manage",
     "pages.task_delete": "manage",
+    "pages.channel_page": "read", "pages.channel_configure": "manage", "pages.channel_remove": "manage",
+    "pages.channel_test": "manage",
     # OpenAI-compatible: Responses and embeddings
     "responses.create_response": "message", "responses.retrieve_response": "message",
     "embeddings.create_embeddings": "message",
