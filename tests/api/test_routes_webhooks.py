@@ -195,3 +195,22 @@ def test_stopped_channel_is_no_longer_served(platforms: Platforms) -> None:
     finally:
         configure(platforms.daemon, "messenger", api_url=platforms.fb.url, default_agent="helper")
         wait_active(platforms.daemon, "messenger")
+
+
+def test_webhooks_are_under_the_rate_limit(tmp_path: Path) -> None:
+    from agentd.api import create_app
+    from agentd.config import parse_config
+    from agentd.kernel import Kernel
+    from support import with_test_db
+
+    data = {"api": {"rate_limit_per_second": 0.5, "rate_limit_burst": 2}}
+    kernel = Kernel.open(parse_config(with_test_db(data, tmp_path), tmp_path))
+    try:
+        client = create_app(kernel).test_client()
+        answers = [client.post("/channels/line/webhook", data=b"{}", environ_base={"REMOTE_ADDR": REMOTE})
+                   for _ in range(3)]
+        assert [a.status_code for a in answers] == [404, 404, 429]
+        assert answers[2].get_json()["error"].startswith("rate limit exceeded")
+        assert int(answers[2].headers["Retry-After"]) >= 1
+    finally:
+        kernel.close()
