@@ -69,24 +69,28 @@ def form_fields(info: ChannelInfo, section: dict[str, Any] | None) -> list[dict[
 
 
 def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
-    """The configure body from the posted form: the saved section, with each input applied
-    (an emptied input removes its key; an empty password keeps the stored secret)."""
+    """The configure body from the posted form: the saved section with each posted input
+    applied (an emptied input removes its key, an input not posted leaves it alone, an
+    empty password keeps the stored secret)."""
     body = dict(section)
     secrets: dict[str, str] = {}
     form = request.form
     for row in form_fields(info, section):
         key = row["key"]
         if row["type"] == "secret":
-            value = form.get(f"secret:{key}", "")
+            value = form.get(key, "")
             if value:
                 secrets[key] = value
-            name = form.get(key, "").strip()
-            if name:
-                body[key] = name
-            else:
-                body.pop(key, None)
+            if f"env:{key}" in form:
+                name = form.get(f"env:{key}", "").strip()
+                if name:
+                    body[key] = name
+                else:
+                    body.pop(key, None)
+        elif key not in form:
+            continue
         elif row["type"] == "bool":
-            on = bool(form.get(key))
+            on = "1" in form.getlist(key)  # a hidden "0" comes first: an unticked box is posted too
             if on == bool(info.keys[key].get("default")):
                 body.pop(key, None)
             else:

@@ -62,7 +62,7 @@ def dash(tmp_path_factory) -> Iterator[tuple[Browser, FakeTelegram, Daemon]]:
 
 
 def form_for(fake: FakeTelegram, secret: str = "", **extra: str) -> dict[str, str]:
-    return {"secret:bot_token_env": secret, "bot_token_env": "TELEGRAM_BOT_TOKEN", "api_url": fake.url,
+    return {"bot_token_env": secret, "env:bot_token_env": "TELEGRAM_BOT_TOKEN", "api_url": fake.url,
             "long_poll_secs": "1", "default_chat_id": "4242", **extra}
 
 
@@ -73,7 +73,7 @@ def state(page: str) -> str:
 def test_the_form_is_built_from_the_catalogue(dash) -> None:
     browser, _fake, _daemon = dash
     page = browser.page("/channels/telegram")
-    assert 'name="secret:bot_token_env"' in page and 'type="password"' in page
+    assert '<input type="password" id="f-bot_token_env" name="bot_token_env"' in page
     assert 'data-secret="bot_token_env">not set<' in page
     assert "Bot Token" in page and "Allowed User IDs" in page and 'name="poll_interval_secs"' in page
     assert 'name="api_url"' in page and 'name="default_chat_id"' in page  # the adapter's other keys
@@ -118,11 +118,14 @@ def test_configure_test_button_state_and_errors(dash) -> None:
     assert fake.replies_to(4242)[-1] == "ping from the page"
     assert note == f"telegram: test message delivered to 4242; the platform's message id: {sent['message_id']}"
 
-    # Saving again with the password left empty keeps the stored secret.
-    note, page = browser.submit("/channels/telegram/configure", form_for(fake, allowed_users="ann, bob"))
+    # Saving again with the password left empty keeps the stored secret; inputs not posted
+    # keep their saved values.
+    note, page = browser.submit("/channels/telegram/configure", {"bot_token_env": "", "allowed_users": "ann, bob"})
     assert "the adapter started" in note and "secrets saved" not in note
     assert f"TELEGRAM_BOT_TOKEN={TOKEN}\n" in secrets.read_text()
-    assert 'value="ann, bob"' in page
+    assert 'value="ann, bob"' in page and f'value="{fake.url}"' in page
+    config = (daemon.home / "config.toml").read_text()
+    assert 'allowed_users = ["ann", "bob"]' in config and 'default_chat_id = "4242"' in config
     # Neither token ever appears in a page or the API.
     for path in ("/channels/telegram", "/channels"):
         assert TOKEN not in browser.page(path) and WRONG not in browser.page(path)
@@ -133,7 +136,7 @@ def test_a_secret_cannot_be_written_to_a_foreign_variable(dash) -> None:
     browser, fake, daemon = dash
     browser.page("/channels/telegram")
     note, page = browser.submit("/channels/telegram/configure",
-                                form_for(fake, "x", bot_token_env="PATH"))
+                                form_for(fake, "x", **{"env:bot_token_env": "PATH"}))
     assert note.startswith("telegram: bot_token_env: a secret saved by agentd goes to TELEGRAM_BOT_TOKEN")
     secrets = daemon.home / "secrets.env"
     assert not secrets.exists() or "PATH=" not in secrets.read_text()
