@@ -214,3 +214,17 @@ def test_webhooks_are_under_the_rate_limit(tmp_path: Path) -> None:
         assert int(answers[2].headers["Retry-After"]) >= 1
     finally:
         kernel.close()
+
+
+def test_configured_but_not_running_answers_503_so_the_platform_retries(platforms: Platforms) -> None:
+    configure(platforms.daemon, "line", api_url=platforms.line.url, default_agent="helper",
+              channel_secret_env="LINE_UNSET_SECRET")  # cannot start: the variable is not set
+    try:
+        body = line_event("while down", "Uann")
+        response = platforms.post("line", body, {"X-Line-Signature": line_signature(LINE_SECRET, body)})
+        assert response.status_code == 503
+        assert response.json() == {"error": "channel line is not running on this daemon"}
+        assert response.headers["Retry-After"] == "5"
+    finally:
+        configure(platforms.daemon, "line", api_url=platforms.line.url, default_agent="helper")
+        wait_active(platforms.daemon, "line")
