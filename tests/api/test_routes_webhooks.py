@@ -228,3 +228,22 @@ def test_configured_but_not_running_answers_503_so_the_platform_retries(platform
     finally:
         configure(platforms.daemon, "line", api_url=platforms.line.url, default_agent="helper")
         wait_active(platforms.daemon, "line")
+
+
+def test_feishu_webhook_path_is_the_daemon_route_itself(platforms: Platforms) -> None:
+    # Feishu's `webhook_path` names its own listener's path; on the daemon, the route is it.
+    from fakes.feishu import FakeFeishu, callback
+
+    fake = FakeFeishu("cli_test", CHANNEL_ENV["FEISHU_APP_SECRET"]).start()
+    try:
+        configure(platforms.daemon, "feishu", api_url=fake.url, default_agent="helper", app_id="cli_test",
+                  encrypt_key_env="FEISHU_ENCRYPT_KEY", verification_token_env="FEISHU_VERIFICATION_TOKEN")
+        wait_active(platforms.daemon, "feishu")
+        challenge = {"challenge": "ajls384kdjx98XX", "token": CHANNEL_ENV["FEISHU_VERIFICATION_TOKEN"],
+                     "type": "url_verification"}
+        body, headers = callback(challenge, CHANNEL_ENV["FEISHU_ENCRYPT_KEY"], signed=False)
+        response = platforms.post("feishu", body, headers)
+        assert (response.status_code, response.json()) == (200, {"challenge": "ajls384kdjx98XX"})
+    finally:
+        remove(platforms.daemon, "feishu")
+        fake.stop()
