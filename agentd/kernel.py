@@ -201,7 +201,8 @@ class Kernel:
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
                                        on_inbound=sources.channel_messages(self.events),
-                                       files=ChannelFiles(uploads, self.catalog, config.workspaces_dir))
+                                       files=ChannelFiles(uploads, self.catalog, config.workspaces_dir),
+                                       store_secrets=self.providers.store_secrets)
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 

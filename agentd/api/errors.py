@@ -36,10 +36,16 @@ _HTTP_MESSAGES = {
 
 
 def is_api_path(path: str) -> bool:
-    """JSON routes (/api, /v1, /metrics, the MCP endpoint, A2A's cards and endpoints); every
-    other path belongs to the dashboard and gets HTML."""
+    """JSON routes (/api, /v1, /metrics, the MCP endpoint, A2A's cards and endpoints, the
+    channels' webhooks); every other path belongs to the dashboard and gets HTML."""
     return (path.startswith(("/api/", "/v1/", "/a2a/", "/.well-known/"))
-            or path in ("/api", "/v1", "/a2a", "/mcp", "/metrics"))
+            or path in ("/api", "/v1", "/a2a", "/mcp", "/metrics") or is_webhook_path(path))
+
+
+def is_webhook_path(path: str) -> bool:
+    """`/channels/<name>/webhook` and below: a chat platform's requests (routes_webhooks.py)."""
+    parts = path.split("/", 4)
+    return len(parts) >= 4 and parts[1] == "channels" and parts[3] == "webhook"
 
 
 def _html_error(status: int, message: str) -> Response:

@@ -33,8 +33,12 @@ def reload_channels():
      body={"type": "object", "additionalProperties": True,
            "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
                           "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
-                          "variables, never secrets"},
-     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type or a secret given as a value"})
+                          "variables, never secrets. Optional `secrets`: an object of `{\"<key>_env\": "
+                          "\"<secret value>\"}` written to secrets.env (mode 0600) and the daemon's "
+                          "environment under the key's variable (its default, or one starting with the "
+                          "adapter's name in capitals), never to config.toml and never echoed"},
+     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
+                                                     "`*_env` value, or a `secrets` entry that is not a secret key"})
 def configure(name: str):
     return jsonify(kernel().channels.configure(name, body.json_body()))
 

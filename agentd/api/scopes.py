@@ -49,6 +49,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "channels.configure": "manage", "channels.remove": "manage", "channels.qr_start": "manage",
     "channels.test": "manage", "channels.reload_channels": "manage",
     "channels.audit_recent": "admin",
+    # chat platforms' webhooks: signed by the platform, checked by the adapter
+    "webhooks.webhook": PUBLIC,
     # OpenAI-compatible
     "openai.chat_completions": "message", "openai.models": "message",
     # scoped keys
@@ -71,6 +73,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.schedule_enable": "manage", "pages.schedule_disable": "manage", "pages.schedule_run": "manage",
     "pages.schedule_delete": "manage", "pages.trigger_action": "manage", "pages.task_post": "manage",
     "pages.task_delete": "manage",
+    "pages.channel_page": "read", "pages.channel_configure": "manage", "pages.channel_remove": "manage",
+    "pages.channel_test": "manage",
     # OpenAI-compatible: Responses and embeddings
     "responses.create_response": "message", "responses.retrieve_response": "message",
     "embeddings.create_embeddings": "message",

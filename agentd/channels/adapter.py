@@ -75,8 +75,13 @@ class ChannelContext:
                  deliver: Callable[[Inbound], None],
                  audit: Callable[..., None],
                  load_state: Callable[[], dict[str, Any]],
-                 save_state: Callable[[dict[str, Any]], None]) -> None:
+                 save_state: Callable[[dict[str, Any]], None],
+                 configured: frozenset[str] | None = None) -> None:
         self.name = name
+        # The keys the adapter's `[channels.<name>]` section sets (None: an adapter made
+        # outside the runtime). A webhook adapter opens its own port only when its section
+        # names one (agentd/channels/bases/webhook.py).
+        self.configured = configured
         self.listen_host = listen_host
         self.deliver = deliver
         self._audit = audit

@@ -17,6 +17,7 @@ from agentd.agents.manager import AgentManager
 from agentd.agents.handle import RunOptions
 from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
 from agentd.channels import overrides as channel_overrides
+from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
@@ -41,10 +42,14 @@ class ChannelManager:
                  runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
                  on_message: Callable[[str, str], None] | None = None,
                  on_inbound: Callable[[str, Inbound], None] | None = None,
-                 files: ChannelFiles | None = None) -> None:
+                 files: ChannelFiles | None = None,
+                 store_secrets: Callable[[dict[str, str]], None] | None = None) -> None:
         self.config_path = config_path
         # Files and images of messages, both ways (None: files are neither taken nor sent).
         self.files = files
+        # Writes channel secrets given as values to secrets.env and the environment (the
+        # provider keys' writer); None: such a body is refused.
+        self.store_secrets = store_secrets
         # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
         self.on_message = on_message or (lambda adapter, direction: None)
         # Hears of every inbound message the allow-lists let through (the event bus).
@@ -153,9 +158,17 @@ class ChannelManager:
         ctx = ChannelContext(
             name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
-            save_state=lambda state: self.store.set_setting(key, state))
+            save_state=lambda state: self.store.set_setting(key, state),
+            configured=frozenset(self.sections.get(name) or {}))
         ctx.client_of = lambda peer, header: self.client_of(peer, header)
         return ctx
+
+    def webhook(self, name: str) -> Adapter | None:
+        """The running webhook adapter `name` (served at /channels/<name>/webhook), if any."""
+        from agentd.channels.bases.webhook import WebhookAdapter
+
+        adapter = self.running.get(name)
+        return adapter if isinstance(adapter, WebhookAdapter) else None
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
@@ -180,14 +193,28 @@ class ChannelManager:
     def configure(self, name: str, body: Any) -> dict[str, Any]:
         """Validate, write `[channels.<name>]` atomically, hot-reload that adapter."""
         info = self.catalog.get(name)
+        secrets = None
+        if isinstance(body, dict) and "secrets" in body:
+            body = dict(body)
+            secrets = body.pop("secrets")
         values = validate(info, body)
+        stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
+        if stored and self.store_secrets is None:
+            raise BadRequest("secrets: this daemon cannot store channel secrets")
         with self._lock:
+            if stored:
+                self.store_secrets(stored)  # before the adapter starts: it reads them at once
             edit_file(self.config_path, ["channels", name], values)
-            self.audit("channel.configure", name, {"keys": sorted(values)})
+            detail: dict[str, Any] = {"keys": sorted(values)}
+            if stored:
+                detail["secrets_saved"] = sorted(stored)  # names only
+            self.audit("channel.configure", name, detail)
             self._stop(name, reason="reconfigured")
             self.sections[name] = values
             started = self._start(name)
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
+        if stored:
+            result["secrets_saved"] = sorted(stored)
         if not started:
             result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
         return result
@@ -222,8 +249,9 @@ class ChannelManager:
         self.audit("channel.reload", "", {"active": len(self.running)})
         return {"status": "reloaded", "channels_active": len(self.running)}
 
-    def test(self, name: str, message: str, target: str = "") -> dict[str, Any]:
-        """Send a real message through the adapter's sender to its configured target."""
+    def test(self, name: str, message: str, target: str = "", detail: bool = False) -> dict[str, Any]:
+        """Send a real message through the adapter's sender to its configured target (with
+        `detail`, the answer also names the platform's `message_id`)."""
         info = self.catalog.get(name)
         cls = registry.load(name)
         section = self.sections.get(name)
@@ -243,7 +271,10 @@ class ChannelManager:
             raise AgentdError(f"test message not delivered: {exc}", status=502) from None
         self.audit("channel.outbound", name, {"message_id": message_id, "test": True,
                                               "conversation": conversation.key})
-        return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
+        result = {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
+        if detail:
+            result["message_id"] = message_id or ""
+        return result
 
     def send_to(self, name: str, recipient: str, message: str, agent: str = "",
                 meta: dict[str, Any] | None = None, file: tuple[str, str, bytes] | None = None) -> dict[str, Any]:

@@ -32,8 +32,13 @@ class GenericWebhookAdapter(WebhookAdapter):
         var = self.settings.get("secret_env") or ""
         return os.environ.get(var, "") if var else ""
 
+    port_key = "listen_port"
+
     def listen_port(self) -> int:
         return int(self.settings.get("listen_port") or 8460)
+
+    def signed(self) -> bool:
+        return bool(self.secret())
 
     def routes(self):  # type: ignore[no-untyped-def]
         return {("POST", "*"): self._inbound}  # any path: senders differ in where they post
