@@ -2,7 +2,7 @@
 the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
-`usage_footer`, `prefix_agent_name`. Keys agentd does not implement are refused (400
+`output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`. Keys agentd does not implement are refused (400
 naming the key) rather than saved and ignored; so are a few adapter-specific keys.
 """
 
@@ -13,11 +13,12 @@ import time
 from collections import defaultdict, deque
 from typing import Any
 
+from agentd.channels.format import OUTPUT_FORMATS
 from agentd.errors import BadRequest
 
 POLICIES = ("respond", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
-NOT_IMPLEMENTED = ("threading", "output_format", "typing_mode", "lifecycle_reactions")
+NOT_IMPLEMENTED = ("threading", "typing_mode", "lifecycle_reactions")
 # Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
     "telegram": ("thread_routes",),
@@ -54,6 +55,10 @@ def check(value: Any) -> dict[str, Any]:
             if isinstance(item, bool) or not isinstance(item, int) or item < 0:
                 raise BadRequest(f"{name}: must be a whole number of messages per minute (0: no limit)")
             out[key] = item
+        elif key == "output_format":
+            if item not in OUTPUT_FORMATS:
+                raise BadRequest(f"{name}: must be one of {', '.join(OUTPUT_FORMATS)}")
+            out[key] = item
         elif key == "usage_footer":
             if item not in FOOTERS:
                 raise BadRequest(f"{name}: must be one of {', '.join(FOOTERS)}")
@@ -64,7 +69,7 @@ def check(value: Any) -> dict[str, Any]:
             out[key] = item
         else:
             raise BadRequest(f"{name}: unknown override (accepted: model, system_prompt, dm_policy, "
-                             "group_policy, rate_limit_per_user, usage_footer, prefix_agent_name)")
+                             "group_policy, rate_limit_per_user, output_format, usage_footer, prefix_agent_name)")
     return out
 
 

@@ -20,7 +20,6 @@ from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
-from agentd.channels.bases.sender import split_text
 
 API_URL = "https://discord.com/api/v10"
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
@@ -33,6 +32,8 @@ NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
 
 class DiscordAdapter(GatewayAdapter):
     max_message_len = 2000
+    limit_unit = "utf16"  # at least as strict as counting characters
+    text_format = "discord"
 
     def prepare(self) -> None:
         self.api = str(self.settings.get("api_url") or API_URL).rstrip("/")
@@ -130,7 +131,7 @@ class DiscordAdapter(GatewayAdapter):
         if not hasattr(self, "api"):
             self.prepare()
         ids = []
-        for index, part in enumerate(split_text(text, self.max_message_len)):
+        for index, part in enumerate(self.reply_texts(text)):
             body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
             if index == 0 and conversation.meta.get("reply_to"):
                 body["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}

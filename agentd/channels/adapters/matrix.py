@@ -10,11 +10,14 @@ from urllib.parse import quote
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class MatrixAdapter(PollingAdapter):
-    max_message_len = 30_000
+    # An event is at most 65,536 bytes of JSON; body and formatted_body share it, and JSON
+    # escapes can triple a character's size.
+    max_message_len = 20_000
+    limit_unit = "bytes"
+    text_format = "html"
 
     def prepare(self) -> None:
         token = self.env("access_token_env")
@@ -57,10 +60,15 @@ class MatrixAdapter(PollingAdapter):
             self.prepare()
         ids = []
         room = quote(conversation.chat_id, safe="")
-        for part in split_text(text, self.max_message_len):
+        for part in self.format_reply(text, both=True):
+            content: dict[str, Any] = {"msgtype": "m.text", "body": part.plain}
+            if part.format == "html":
+                content.update(format="org.matrix.custom.html", formatted_body=part.text)
+            elif part.format:
+                content["body"] = part.text
             txn = uuid.uuid4().hex  # idempotent retries: the same txn id is not sent twice
             answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}",
-                                    json={"msgtype": "m.text", "body": part})
+                                    json=content)
             ids.append(str(answer.get("event_id", "")))
         return ",".join(ids)
 

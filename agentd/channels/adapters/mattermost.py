@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
 
 
@@ -58,7 +57,7 @@ class MattermostAdapter(WebSocketAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body = {"channel_id": conversation.chat_id, "message": part}
             if conversation.meta.get("root_id"):
                 body["root_id"] = conversation.meta["root_id"]

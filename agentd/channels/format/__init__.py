@@ -18,10 +18,11 @@ from agentd.channels.format.plain import Plain
 from agentd.channels.format.slack import Slack
 from agentd.channels.format.splitter import split
 from agentd.channels.format.telegram import TelegramHtml
+from agentd.channels.format.whatsapp import WhatsApp
 from agentd.channels.format.units import BYTES, CHARS, UNITS, UTF16, measure
 
 TARGETS: dict[str, LineTarget] = {t.name: t for t in (Plain(), Markdown(), Slack(), TelegramHtml(),
-                                                      MatrixHtml(), Discord())}
+                                                      MatrixHtml(), Discord(), WhatsApp())}
 # `overrides.output_format`: the platform's own format, or Markdown / plain text anywhere.
 OUTPUT_FORMATS = ("native", "markdown", "plain")
 

@@ -1,5 +1,5 @@
-"""Matrix `org.matrix.custom.html`: the HTML subset the spec recommends clients draw,
-sent as `formatted_body` beside a plain-text `body` of the same part."""
+"""HTML: Matrix `org.matrix.custom.html` (the subset the spec recommends clients draw),
+sent as `formatted_body` beside a plain-text `body` of the same part; Mumble draws it too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agentd.channels.format.layout import LineTarget
 
 
 class MatrixHtml(LineTarget):
-    name = "matrix_html"
+    name = "html"
     wraps = {STRONG: ("<strong>", "</strong>"), EM: ("<em>", "</em>"), STRIKE: ("<del>", "</del>")}
 
     def escape(self, text: str) -> str:
