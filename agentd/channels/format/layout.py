@@ -22,7 +22,9 @@ class LineTarget:
         previous: Block | None = None
         for block in blocks:
             if previous is not None:
-                tight = bool(block.lists) and bool(previous.lists) and block.quote == previous.quote
+                # Items of a list follow each other line by line; anything else, an item's
+                # second paragraph included, stands apart.
+                tight = block.item and bool(previous.lists) and block.quote == previous.quote
                 out.append("\n" if tight else "\n\n")
             out.append(self.block(block))
             previous = block
@@ -43,15 +45,14 @@ class LineTarget:
         return self.quote(lines, block.quote)
 
     def list_lead(self, block: Block) -> tuple[str, str]:
-        """The text before a block's first line (bullet or number) and before its other lines."""
+        """The text before a block's first line (bullet or number) and before its other
+        lines: a nested item starts where its parent item's text starts."""
         if not block.lists:
             return "", ""
-        depth = len(block.lists) - 1
-        level = block.lists[-1]
-        marker = f"{level.number}." if level.ordered else self.bullet
-        indent = "   " * depth
-        hang = indent + " " * (len(marker) + 1)
-        return (indent + marker + " " if block.item else hang), hang
+        markers = [f"{level.number}." if level.ordered else self.bullet for level in block.lists]
+        indent = "".join(" " * (len(marker) + 1) for marker in markers[:-1])
+        hang = indent + " " * (len(markers[-1]) + 1)
+        return (indent + markers[-1] + " " if block.item else hang), hang
 
     def quote(self, lines: list[str], depth: int) -> str:
         prefix = self.quote_prefix * depth
