@@ -59,5 +59,5 @@ def render(markdown: str, target: str, limit: int, unit: str = CHARS, both: bool
     blocks = parse(markdown)
     if not blocks:
         return []
-    parts = split(blocks, lambda part: size(part) <= limit)
+    parts = split(blocks, lambda part: size(part) <= limit, limit)
     return [Part(writer.render(part), plain.render(part), target) for part in parts]

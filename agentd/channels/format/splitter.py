@@ -19,8 +19,11 @@ Fits = Callable[[list[Block]], bool]
 WORDS = re.compile(r"\s*\S+\s*|\s+")
 
 
-def split(blocks: list[Block], fits: Fits) -> list[list[Block]]:
-    """`blocks` in parts for which `fits(part)` is true (a part holds at least something)."""
+def split(blocks: list[Block], fits: Fits, most: int) -> list[list[Block]]:
+    """`blocks` in parts for which `fits(part)` is true (a part holds at least something).
+
+    `most` bounds the search: no part holds more words, lines or characters than that (the
+    limit itself: each of them is at least one unit long)."""
     parts: list[list[Block]] = []
     current: list[Block] = []
     queue = list(blocks)
@@ -33,11 +36,11 @@ def split(blocks: list[Block], fits: Fits) -> list[list[Block]]:
             parts.append(current)
             current = [block]
             continue
-        head, rest = _cut(block, lambda piece: fits([*current, piece]))
+        head, rest = _cut(block, lambda piece: fits([*current, piece]), most)
         if head is None and current:
             parts.append(current)
             current = []
-            head, rest = _cut(block, lambda piece: fits([piece]))
+            head, rest = _cut(block, lambda piece: fits([piece]), most)
         if head is None:  # nothing fits at all (a limit smaller than any markup): send it whole
             head, rest = block, None
         current.append(head)
@@ -50,39 +53,40 @@ def split(blocks: list[Block], fits: Fits) -> list[list[Block]]:
     return parts
 
 
-def _cut(block: Block, fits: Callable[[Block], bool]) -> tuple[Block | None, Block | None]:
+def _cut(block: Block, fits: Callable[[Block], bool], most: int) -> tuple[Block | None, Block | None]:
     """The longest head of `block` that fits, and the rest (None, None when none fits)."""
     if block.kind == "code":
         lines = block.code.split("\n")
-        k = _longest(len(lines), lambda n: fits(block.but(code="\n".join(lines[:n]))))
+        k = _longest(min(len(lines), most), lambda n: fits(block.but(code="\n".join(lines[:n]))))
         if k:
             return block.but(code="\n".join(lines[:k])), block.but(code="\n".join(lines[k:]), item=False)
         line = lines[0]
-        k = _longest(len(line), lambda n: fits(block.but(code=line[:n])))
+        k = _longest(min(len(line), most), lambda n: fits(block.but(code=line[:n])))
         k = safe_cut(line, k)
         if not k:
             return None, None
         rest = "\n".join([line[k:], *lines[1:]])
         return block.but(code=line[:k]), block.but(code=rest, item=False)
     if block.kind in ("para", "heading"):
-        atoms = _atoms(block.spans)
-        k = _longest(len(atoms), lambda n: fits(block.but(spans=_join(atoms[:n]))))
+        atoms, tail = _atoms(block.spans, most + 1)
+        k = _longest(min(len(atoms), most), lambda n: fits(block.but(spans=_join(atoms[:n]))))
         if k:
-            return block.but(spans=_join(atoms[:k])), _rest(block, [s for a in atoms[k:] for s in a])
-        return _cut_atom(block, atoms, fits)
+            return block.but(spans=_join(atoms[:k])), _rest(block, [s for a in atoms[k:] for s in a] + tail)
+        return _cut_atom(block, atoms, tail, fits, most)
     return None, None
 
 
-def _cut_atom(block: Block, atoms: list[list[Span]], fits: Callable[[Block], bool]) -> tuple[Block | None, Block | None]:
+def _cut_atom(block: Block, atoms: list[list[Span]], tail: list[Span], fits: Callable[[Block], bool],
+              most: int) -> tuple[Block | None, Block | None]:
     """The first word (or link) is longer than the limit: cut inside it."""
     spans = atoms[0]
     text = "".join(s.text for s in spans)
     for keep_link in (True, False):
         def head(n: int) -> list[Span]:
             return _take(spans, n, keep_link)
-        k = safe_cut(text, _longest(len(text), lambda n: fits(block.but(spans=head(n)))))
+        k = safe_cut(text, _longest(min(len(text), most), lambda n: fits(block.but(spans=head(n)))))
         if k and fits(block.but(spans=head(k))):
-            rest = _drop(spans, k, keep_link) + [s for a in atoms[1:] for s in a]
+            rest = _drop(spans, k, keep_link) + [s for a in atoms[1:] for s in a] + tail
             return block.but(spans=head(k)), _rest(block, rest)
     return None, None
 
@@ -112,14 +116,22 @@ def _rest(block: Block, spans: list[Span]) -> Block | None:
     spans = _trim(spans, leading=True)
     if not spans:
         return None
-    return block.but(spans=spans, item=False)
+    merged: list[Span] = []  # the words of a run back in one span: later cuts stay cheap
+    for span in spans:
+        last = merged[-1] if merged else None
+        if last is not None and not (span.brk or last.brk) and (last.marks, last.href) == (span.marks, span.href):
+            merged[-1] = Span(last.text + span.text, span.marks, span.href)
+        else:
+            merged.append(span)
+    return block.but(spans=merged, item=False)
 
 
-def _atoms(spans: list[Span]) -> list[list[Span]]:
-    """Units a paragraph may break between: a word with its spaces, a line break, a link."""
+def _atoms(spans: list[Span], most: int) -> tuple[list[list[Span]], list[Span]]:
+    """Units a paragraph may break between (a word with its spaces, a line break, a link):
+    the first `most` of them, and the spans after those, left whole."""
     atoms: list[list[Span]] = []
     index = 0
-    while index < len(spans):
+    while index < len(spans) and len(atoms) < most:
         span = spans[index]
         if span.href:
             end = index
@@ -128,12 +140,15 @@ def _atoms(spans: list[Span]) -> list[list[Span]]:
             atoms.append(spans[index:end])
             index = end
             continue
+        index += 1
         if span.brk:
             atoms.append([span])
-        else:
-            atoms.extend([Span(word, span.marks)] for word in WORDS.findall(span.text))
-        index += 1
-    return atoms
+            continue
+        for word in WORDS.finditer(span.text):
+            if len(atoms) >= most:
+                return atoms, [Span(span.text[word.start():], span.marks), *spans[index:]]
+            atoms.append([Span(word.group(), span.marks)])
+    return atoms, spans[index:]
 
 
 def _join(atoms: list[list[Span]]) -> list[Span]:
