@@ -1,7 +1,8 @@
 """A fake Matrix homeserver (client-server API v3): whoami, /sync with since tokens
 and long-poll timeout, room send with transaction ids (idempotent), typing. Sent
 messages appear in the room timeline like on a real server; sends are answered 429
-(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds.
+(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds. An event keeps its whole
+content (`format`, `formatted_body` beside `body`); one over 64 KiB is 413 M_TOO_LARGE.
 
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
@@ -16,6 +17,7 @@ from flask import Flask, jsonify, request
 from fakes.http import FakeServer
 
 PREFIX = "/_matrix/client/v3"
+MAX_EVENT = 65_536  # the spec's limit on an event's size (M_TOO_LARGE beyond it)
 
 
 class FakeMatrix(FakeServer):
@@ -74,9 +76,12 @@ class FakeMatrix(FakeServer):
 
         @app.put(PREFIX + "/rooms/<room>/send/m.room.message/<txn>")
         def send(room: str, txn: str):
+            if len(request.get_data()) > MAX_EVENT:
+                return jsonify({"errcode": "M_TOO_LARGE", "error": "event too large"}), 413
             with self.cond:
                 if (room, txn) not in self.txns:
-                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json()["body"])
+                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json()["body"],
+                                                       request.get_json())
             return jsonify({"event_id": self.txns[(room, txn)]})
 
         @app.put(PREFIX + "/rooms/<room>/typing/<user>")
@@ -86,11 +91,11 @@ class FakeMatrix(FakeServer):
 
         super().__init__(app)
 
-    def _add(self, room: str, sender: str, body: str) -> str:
+    def _add(self, room: str, sender: str, body: str, content: dict[str, Any] | None = None) -> str:
         event_id = f"$ev{len(self.events) + 1}"
         self.events.append((room, {"type": "m.room.message", "sender": sender, "event_id": event_id,
                                    "origin_server_ts": int(time.time() * 1000),
-                                   "content": {"msgtype": "m.text", "body": body}}))
+                                   "content": content or {"msgtype": "m.text", "body": body}}))
         self.cond.notify_all()
         return event_id
 
@@ -100,6 +105,10 @@ class FakeMatrix(FakeServer):
 
     def bot_messages(self, room: str) -> list[str]:
         return [e["content"]["body"] for r, e in self.events if r == room and e["sender"] == self.bot]
+
+    def bot_contents(self, room: str) -> list[dict[str, Any]]:
+        """The bot's events' whole content (body, format, formatted_body)."""
+        return [e["content"] for r, e in self.events if r == room and e["sender"] == self.bot]
 
     @property
     def polls(self) -> list[dict[str, Any]]:

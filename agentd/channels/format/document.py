@@ -140,7 +140,20 @@ def inline_spans(children: list[Any]) -> list[Span]:
             spans.append(Span(alt, frozenset(marks), str(child.attrs.get("src", ""))))
         elif child.content:
             spans.append(Span(child.content, frozenset(marks), href))
-    return spans
+    return merged(spans)
+
+
+def merged(spans: list[Span]) -> list[Span]:
+    """Neighbouring spans that look the same as one (the parser cuts text at every
+    character that might start markup)."""
+    out: list[Span] = []
+    for span in spans:
+        last = out[-1] if out else None
+        if last is not None and not (span.brk or last.brk) and (last.marks, last.href) == (span.marks, span.href):
+            out[-1] = Span(last.text + span.text, span.marks, span.href)
+        else:
+            out.append(span)
+    return out
 
 
 def _table(tokens: list[Any], start: int) -> tuple[int, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from agentd.channels.format.document import Block, Span
+from agentd.channels.format.document import Block, Span, merged
 from agentd.channels.format.units import safe_cut
 
 Fits = Callable[[list[Block]], bool]
@@ -116,14 +116,8 @@ def _rest(block: Block, spans: list[Span]) -> Block | None:
     spans = _trim(spans, leading=True)
     if not spans:
         return None
-    merged: list[Span] = []  # the words of a run back in one span: later cuts stay cheap
-    for span in spans:
-        last = merged[-1] if merged else None
-        if last is not None and not (span.brk or last.brk) and (last.marks, last.href) == (span.marks, span.href):
-            merged[-1] = Span(last.text + span.text, span.marks, span.href)
-        else:
-            merged.append(span)
-    return block.but(spans=merged, item=False)
+    # The words of a run back in one span: later cuts stay cheap.
+    return block.but(spans=merged(spans), item=False)
 
 
 def _atoms(spans: list[Span], most: int) -> tuple[list[list[Span]], list[Span]]:
