@@ -116,8 +116,10 @@ if a < b:
     print("&amp;")"""
 
 
-def test_matrix_output_format_markdown_sends_no_html(daemon, matrix):  # noqa: F811
-    room = reply_of("matrix", matrix, daemon, "**bold** `x`", overrides={"output_format": "markdown"})
+def test_matrix_plain_sentences_and_output_format_markdown_send_no_html(daemon, matrix):  # noqa: F811
+    room = reply_of("matrix", matrix, daemon, "just words & <more>")
+    assert matrix.bot_contents(room)[-1] == {"msgtype": "m.text", "body": "echo: just words & <more>"}
+    room = reply_of("matrix", matrix, daemon, "**bold** `x`", count=2, overrides={"output_format": "markdown"})
     assert matrix.bot_contents(room)[-1] == {"msgtype": "m.text", "body": "echo: **bold** `x`"}
 
 

@@ -88,6 +88,7 @@ if a < b and c > d:
     balanced(part.text)
     assert render("- a\n\n  second\n- b", "html", 1000)[0].text == "<ul><li>a<br>second</li><li>b</li></ul>"
     assert render("3. c\n4. d", "html", 1000)[0].text == '<ol start="3"><li>c</li><li>d</li></ol>'
+    assert render("one **line**", "html", 1000)[0].text == "one <strong>line</strong>"  # no <p>
 
 
 def test_discord_markdown_neutralises_mentions():

@@ -4,6 +4,7 @@ The first sync (no token yet) only records the position: history is not answered
 
 from __future__ import annotations
 
+import html
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -61,11 +62,12 @@ class MatrixAdapter(PollingAdapter):
         ids = []
         room = quote(conversation.chat_id, safe="")
         for part in self.format_reply(text, both=True):
-            content: dict[str, Any] = {"msgtype": "m.text", "body": part.plain}
+            content: dict[str, Any] = {"msgtype": "m.text", "body": part.text}
             if part.format == "html":
-                content.update(format="org.matrix.custom.html", formatted_body=part.text)
-            elif part.format:
-                content["body"] = part.text
+                content["body"] = part.plain
+                if part.text != html.escape(part.plain, quote=False):
+                    # Only when there is formatting to show: a plain sentence goes as `body` alone.
+                    content.update(format="org.matrix.custom.html", formatted_body=part.text)
             txn = uuid.uuid4().hex  # idempotent retries: the same txn id is not sent twice
             answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}",
                                     json=content)

@@ -38,6 +38,8 @@ class MatrixHtml(LineTarget):
         return body if block.lists else f"<p>{body}</p>"
 
     def render(self, blocks: list[Block]) -> str:
+        if len(blocks) == 1 and blocks[0].kind == "para" and not (blocks[0].lists or blocks[0].quote):
+            return self.spans(blocks[0].spans)  # one paragraph: no <p>, as clients send it
         out: list[str] = []
         depth = 0  # quote depth open in `out`
         stack: list[str] = []  # open list tags, each with an open <li>
