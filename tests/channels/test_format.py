@@ -100,7 +100,7 @@ def test_discord_markdown_neutralises_mentions():
      - nested [docs](<https://example.com/d?a=1&b=2>)
 2. Done ~~maybe~~
 
-Tom & Jerry \\<b\\>not bold\\</b\\> @\u200beveryone \\<\u200b@123456\\> @\u200bhere
+Tom & Jerry \\<b>not bold\\</b> @\u200beveryone \\<\u200b@123456> @\u200bhere
 
 ```python
 if a < b and c > d:

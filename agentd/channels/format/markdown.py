@@ -8,7 +8,10 @@ import re
 from agentd.channels.format.document import EM, STRIKE, STRONG, Span
 from agentd.channels.format.layout import LineTarget
 
-SPECIAL = re.compile(r"([\\`*_~|\[\]<>])")
+# What would be read as markup: emphasis and code marks, brackets, a "<" that could open
+# an autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
+# so a platform that shows the text raw shows few backslashes.
+SPECIAL = re.compile(r"([\\`*_~\[\]]|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
 LINE_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)", re.M)
 
 
