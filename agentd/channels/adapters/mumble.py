@@ -144,8 +144,10 @@ class MumbleAdapter(Adapter):
             where = (3, cid)
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         head = html.escape(prefix)
-        for part in self.reply_texts(text, self.max_message_len - len(head)):
-            self._send(wire.TEXT_MESSAGE, [where, (5, head + part)])
+        for part in self.format_reply(text, self.max_message_len - len(head)):
+            # Mumble draws every message as HTML: text in another format is escaped for it.
+            body = part.text if part.format == "html" else html.escape(part.text).replace("\n", "<br>")
+            self._send(wire.TEXT_MESSAGE, [where, (5, head + body)])
         return f"{conversation.chat_id}:{time.time_ns()}"
 
     def _send(self, kind: int, fields: list) -> None:  # type: ignore[type-arg]
