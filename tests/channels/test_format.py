@@ -239,3 +239,24 @@ def balanced(text: str) -> None:
 
     Check().feed(text)
     assert not stack, text
+
+
+def test_output_format_picks_the_format_per_channel():
+    from agentd.channels.adapter import ChannelContext
+    from agentd.channels.adapters.slack import SlackSocketAdapter
+    from agentd.channels.adapters.telegram import TelegramAdapter
+
+    def adapter(cls, **overrides):  # type: ignore[no-untyped-def]
+        ctx = ChannelContext("x", "127.0.0.1", deliver=lambda m: None, audit=lambda *a: None,
+                             load_state=dict, save_state=lambda s: None)
+        return cls(ctx, {"overrides": overrides} if overrides else {})
+
+    reply = "**x** & y"
+    assert [(p.text, p.format) for p in adapter(TelegramAdapter).format_reply(reply)] == [
+        ("<b>x</b> &amp; y", "telegram_html")]
+    for name, expected in (("native", ("<b>x</b> &amp; y", "telegram_html")), ("plain", ("x & y", "plain")),
+                           ("plain_text", ("x & y", "plain")), ("markdown", ("**x** & y", "markdown")),
+                           ("slack_mrkdwn", ("*x* &amp; y", "slack"))):
+        assert [(p.text, p.format) for p in adapter(TelegramAdapter, output_format=name).format_reply(reply)] == [
+            expected], name
+    assert adapter(SlackSocketAdapter).reply_texts(reply) == ["*x* &amp; y"]

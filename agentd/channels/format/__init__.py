@@ -23,8 +23,10 @@ from agentd.channels.format.units import BYTES, CHARS, UNITS, UTF16, measure
 
 TARGETS: dict[str, LineTarget] = {t.name: t for t in (Plain(), Markdown(), Slack(), TelegramHtml(),
                                                       MatrixHtml(), Discord(), WhatsApp())}
-# `overrides.output_format`: the platform's own format, or Markdown / plain text anywhere.
-OUTPUT_FORMATS = ("native", "markdown", "plain")
+# `overrides.output_format`: the platform's own format (native), or one format everywhere;
+# plain_text and slack_mrkdwn are other names of plain and slack.
+ALIASES = {"plain_text": "plain", "slack_mrkdwn": "slack"}
+OUTPUT_FORMATS = ("native", *TARGETS, *ALIASES)
 
 __all__ = ["BYTES", "CHARS", "OUTPUT_FORMATS", "TARGETS", "UNITS", "UTF16", "Part", "measure",
            "render", "target_for"]
@@ -41,7 +43,9 @@ class Part:
 
 def target_for(native: str, output_format: str | None) -> str:
     """The target a channel writes in: its platform's (`native`) unless overridden."""
-    return native if output_format in (None, "", "native") else output_format
+    if output_format in (None, "", "native"):
+        return native
+    return ALIASES.get(output_format, output_format)
 
 
 def render(markdown: str, target: str, limit: int, unit: str = CHARS, both: bool = False) -> list[Part]:
