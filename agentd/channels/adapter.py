@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agentd.channels.conversation import key_of
+from agentd.channels.format import CHARS, Part, render, target_for
 
 
 @dataclass
@@ -100,8 +101,14 @@ class ChannelContext:
 class Adapter:
     """Base class of every adapter (subclass one of the bases in `bases/`)."""
 
-    #: the platform's maximum message length (the sender splits longer replies)
+    #: the platform's maximum message length (longer replies are split into several)
     max_message_len = 4000
+    #: what `max_message_len` counts: "chars" (code points), "utf16" (UTF-16 code units)
+    #: or "bytes" (UTF-8)
+    limit_unit = CHARS
+    #: the text format the platform draws (a target of agentd/channels/format); "" sends the
+    #: agent's text as written, unsplit
+    text_format = "markdown"
     #: keys whose values must be set (env var names resolved) before start()
     required_env: tuple[str, ...] = ()
 
@@ -157,6 +164,19 @@ class Adapter:
     def send(self, conversation: Conversation, text: str) -> str:
         """Deliver `text` to the conversation; returns the platform's message id (or "")."""
         raise NotImplementedError
+
+    def format_reply(self, text: str, limit: int | None = None, both: bool = False) -> list[Part]:
+        """`text` (the agent's Markdown) in this channel's format (`overrides.output_format`,
+        else the platform's own), in parts that each fit `limit` (`max_message_len`)."""
+        chosen = (self.settings.get("overrides") or {}).get("output_format")
+        target = target_for(self.text_format, chosen)
+        if not target:
+            return [Part(text, text, "")] if text.strip() else []
+        return render(text, target, limit or self.max_message_len, self.limit_unit, both=both)
+
+    def reply_texts(self, text: str, limit: int | None = None) -> list[str]:
+        """The parts of `format_reply`, as the strings to send."""
+        return [part.text for part in self.format_reply(text, limit)]
 
     def send_typing(self, conversation: Conversation) -> None:
         """Show a typing indicator where the platform has one."""

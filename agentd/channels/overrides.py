@@ -2,7 +2,8 @@
 the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
-`threading`, `usage_footer`, `prefix_agent_name`. Keys agentd does not implement are refused (400
+`threading`, `output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`.
+Keys agentd does not implement are refused (400
 naming the key) rather than saved and ignored; so are a few adapter-specific keys.
 """
 
@@ -14,13 +15,14 @@ from collections import defaultdict, deque
 from typing import Any
 
 from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
+from agentd.channels.format import OUTPUT_FORMATS
 from agentd.errors import BadRequest
 
 POLICIES = ("respond", "mention-only", "ignore")
 # `shared`: the group answers like `respond`, with one session for all its senders.
 GROUP_POLICIES = ("respond", "mention-only", "shared", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
-NOT_IMPLEMENTED = ("output_format", "typing_mode", "lifecycle_reactions")
+NOT_IMPLEMENTED = ("typing_mode", "lifecycle_reactions")
 # Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
     "matrix": ("refresh_token_env",),
@@ -64,6 +66,10 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
             if isinstance(item, bool) or not isinstance(item, int) or item < 0:
                 raise BadRequest(f"{name}: must be a whole number of messages per minute (0: no limit)")
             out[key] = item
+        elif key == "output_format":
+            if item not in OUTPUT_FORMATS:
+                raise BadRequest(f"{name}: must be one of {', '.join(OUTPUT_FORMATS)}")
+            out[key] = item
         elif key == "usage_footer":
             if item not in FOOTERS:
                 raise BadRequest(f"{name}: must be one of {', '.join(FOOTERS)}")
@@ -74,7 +80,8 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
             out[key] = item
         else:
             raise BadRequest(f"{name}: unknown override (accepted: model, system_prompt, dm_policy, "
-                             "group_policy, rate_limit_per_user, threading, usage_footer, prefix_agent_name)")
+                             "group_policy, rate_limit_per_user, threading, output_format, usage_footer, "
+                             "prefix_agent_name)")
     return out
 
 

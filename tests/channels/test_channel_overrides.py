@@ -106,7 +106,7 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
 
 @pytest.mark.parametrize("channel,body,named", [
     ("webhook", {"overrides": {"threading": True}}, "overrides.threading"),
-    ("webhook", {"overrides": {"output_format": "plain"}}, "overrides.output_format"),
+    ("webhook", {"overrides": {"output_format": "rtf"}}, "overrides.output_format"),
     ("webhook", {"overrides": {"typing_mode": "never"}}, "overrides.typing_mode"),
     ("webhook", {"overrides": {"lifecycle_reactions": True}}, "overrides.lifecycle_reactions"),
     ("webhook", {"overrides": {"group_policy": "mention-only"}}, "overrides.group_policy"),

@@ -10,6 +10,9 @@ Media (client-server API v1.11, authenticated media): `POST /_matrix/media/v3/up
 answers an `mxc://` URI, `GET /_matrix/client/v1/media/download/{server}/{media}` serves
 it with the access token only; users send files as `m.image` / `m.file` messages.
 
+An event keeps its whole content (`format`, `formatted_body` beside `body`); one over
+64 KiB is 413 M_TOO_LARGE.
+
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from flask import Flask, jsonify, request
 from fakes.http import FakeServer
 
 PREFIX = "/_matrix/client/v3"
+MAX_EVENT = 65_536  # the spec's limit on an event's size (M_TOO_LARGE beyond it)
 
 
 class FakeMatrix(FakeServer):
@@ -100,6 +104,8 @@ class FakeMatrix(FakeServer):
 
         @app.put(PREFIX + "/rooms/<room>/send/m.room.message/<txn>")
         def send(room: str, txn: str):
+            if len(request.get_data()) > MAX_EVENT:
+                return jsonify({"errcode": "M_TOO_LARGE", "error": "event too large"}), 413
             with self.cond:
                 if (room, txn) not in self.txns:
                     self.txns[(room, txn)] = self._add(room, self.bot, request.get_json())
@@ -173,6 +179,10 @@ class FakeMatrix(FakeServer):
         """Files the bot posted: the message's content and the uploaded bytes."""
         return [{**e["content"], "data": self.media[e["content"]["url"].rsplit("/", 1)[1]][1]}
                 for r, e in self.events if r == room and e["sender"] == self.bot and "url" in e["content"]]
+
+    def bot_contents(self, room: str) -> list[dict[str, Any]]:
+        """The bot's events' whole content (body, format, formatted_body)."""
+        return [e["content"] for r, e in self.events if r == room and e["sender"] == self.bot]
 
     @property
     def polls(self) -> list[dict[str, Any]]:

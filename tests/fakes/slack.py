@@ -152,7 +152,7 @@ class FakeSlack(FakeGateway):
             message = {"type": "message", "text": text, "user": BOT_USER, "bot_id": BOT_ID, "ts": ts,
                        **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
             self.record(channel=channel, text=text, thread_ts=body.get("thread_ts"),
-                        unfurl_links=body.get("unfurl_links"))
+                        unfurl_links=body.get("unfurl_links"), mrkdwn=body.get("mrkdwn", True))
             self.event({**message, "channel": channel, "channel_type": "im" if channel.startswith("D") else "channel"})
             return jsonify({"ok": True, "channel": channel, "ts": ts, "message": message})
 

@@ -9,13 +9,20 @@ supergroup a message of a topic carries `message_thread_id` and `is_topic_messag
 found" for a topic the chat does not have).
 
 Files: getFile and `GET /file/bot<token>/<file_path>`, sendPhoto and sendDocument
-(multipart/form-data); users send files with `user_sends_file()`."""
+(multipart/form-data); users send files with `user_sends_file()`.
+
+sendMessage with `parse_mode: HTML` parses the text as the Bot API does ("Formatting
+options", HTML style): only its tags, `<`, `>` and `&` escaped outside them, only the
+named entities &lt; &gt; &amp; &quot;; anything else is 400 "can't parse entities". The
+message keeps the text without tags and the entities (offsets in UTF-16 units), and text
+longer than 4096 UTF-16 units after parsing is 400 "message is too long"."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 import time
+from html.parser import HTMLParser
 from typing import Any
 
 from flask import Flask, jsonify, redirect, request
@@ -29,6 +36,72 @@ from fakes.http import FakeServer
 # already confirmed (a test then waits 30 s for a reply that never comes).
 _last_update_id = [100]
 _ids_lock = threading.Lock()
+
+
+ENTITY_TAGS = {"b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline",
+               "ins": "underline", "s": "strikethrough", "strike": "strikethrough", "del": "strikethrough",
+               "code": "code", "pre": "pre", "a": "text_link", "blockquote": "blockquote",
+               "tg-spoiler": "spoiler", "span": "spoiler"}
+NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
+MAX_TEXT = 4096
+
+
+class CannotParse(Exception):
+    pass
+
+
+def units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+class BotHtml(HTMLParser):
+    """parse_mode HTML: the message text and its entities, or CannotParse."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.text = ""
+        self.open: list[tuple[str, dict[str, Any], int]] = []
+        self.entities: list[dict[str, Any]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in ENTITY_TAGS:
+            raise CannotParse(f'unsupported start tag "{tag}"')
+        self.open.append((tag, dict(attrs), units(self.text)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.open or self.open[-1][0] != tag:
+            raise CannotParse(f'unmatched end tag "{tag}"')
+        tag, attrs, start = self.open.pop()
+        entity = {"type": ENTITY_TAGS[tag], "offset": start, "length": units(self.text) - start}
+        if tag == "a":
+            entity["url"] = attrs.get("href") or ""
+        language = (attrs.get("class") or "").removeprefix("language-")
+        if tag == "code" and self.open and self.open[-1][0] == "pre" and language:
+            self.open[-1][1]["language"] = language  # <pre><code class="language-x">: one pre entity
+            return
+        if tag == "pre" and attrs.get("language"):
+            entity["language"] = attrs["language"]
+        self.entities.append(entity)
+
+    def handle_data(self, data: str) -> None:
+        if any(c in data for c in "<>&"):
+            raise CannotParse("unescaped <, > or & outside a tag")
+        self.text += data
+
+    def handle_entityref(self, name: str) -> None:
+        if name not in NAMED:
+            raise CannotParse(f'unsupported entity "&{name};"')
+        self.text += NAMED[name]
+
+    def handle_charref(self, name: str) -> None:
+        self.text += chr(int(name[1:], 16) if name[:1] in "xX" else int(name))
+
+    def parse(self, html: str) -> tuple[str, list[dict[str, Any]]]:
+        self.feed(html)
+        self.close()
+        if self.open:
+            raise CannotParse(f'unclosed start tag "{self.open[-1][0]}"')
+        return self.text, sorted(self.entities, key=lambda e: (e["offset"], -e["length"]))
 
 
 class FakeTelegram(FakeServer):
@@ -111,16 +184,29 @@ class FakeTelegram(FakeServer):
         chat_id, topic = int(p["chat_id"]), p.get("message_thread_id")
         if topic is not None and int(topic) not in self.topics.get(chat_id, set()):
             return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message thread not found"}), 400
+        text, entities = p["text"], []
+        if p.get("parse_mode") == "HTML":
+            try:
+                text, entities = BotHtml().parse(p["text"])
+            except CannotParse as exc:
+                return jsonify({"ok": False, "error_code": 400,
+                                "description": f"Bad Request: can't parse entities: {exc}"}), 400
+        elif p.get("parse_mode"):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: unsupported parse_mode"}), 400
+        if units(text) > MAX_TEXT:
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message is too long"}), 400
         self.next_message += 1
         message = {"message_id": self.next_message, "date": int(time.time()),
                    "from": {"id": 999, "is_bot": True, "first_name": "Agent", "username": "agentd_bot"},
-                   "chat": {"id": chat_id}, "text": p["text"]}
+                   "chat": {"id": chat_id}, "text": text}
+        if entities:
+            message["entities"] = entities
         if topic is not None:
             message.update(message_thread_id=int(topic), is_topic_message=True)
         self.messages[message["message_id"]] = message
         if p.get("reply_to_message_id"):
             message = {**message, "reply_to_message_id": p["reply_to_message_id"]}
-        self.sent.append({**message, "at": time.time()})
+        self.sent.append({**message, "at": time.time(), "raw": p["text"], "parse_mode": p.get("parse_mode")})
         return jsonify({"ok": True, "result": message})
 
     def _get_file(self, p):

@@ -32,7 +32,6 @@ from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
-from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import threaded
 
 API_URL = "https://discord.com/api/v10"
@@ -47,6 +46,8 @@ NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
 
 class DiscordAdapter(GatewayAdapter):
     max_message_len = 2000
+    limit_unit = "utf16"  # at least as strict as counting characters
+    text_format = "discord"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -194,7 +195,7 @@ class DiscordAdapter(GatewayAdapter):
                 target = str(created.get("id") or target)
                 self.threads[target] = conversation.chat_id
                 conversation.meta["reply_to"] = ""
-        for index, part in enumerate(split_text(text, self.max_message_len)):
+        for index, part in enumerate(self.reply_texts(text)):
             body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
             if index == 0 and conversation.meta.get("reply_to"):
                 body["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}

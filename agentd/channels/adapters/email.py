@@ -28,6 +28,7 @@ from agentd.channels.bases.polling import PollingAdapter
 
 class EmailAdapter(PollingAdapter):
     max_message_len = 100_000
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.password = self.env("password_env")
@@ -140,7 +141,7 @@ class EmailAdapter(PollingAdapter):
             msg["In-Reply-To"] = meta["message_id"]
             msg["References"] = " ".join(p for p in (meta.get("references"), meta["message_id"]) if p)
         msg["Auto-Submitted"] = "auto-replied"
-        msg.set_content(text)
+        msg.set_content("\n\n".join(self.reply_texts(text)))
         return msg
 
     def _smtp_send(self, msg: EmailMessage) -> None:

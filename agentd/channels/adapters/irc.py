@@ -16,6 +16,8 @@ LINE_BYTES = 400  # 512 minus the prefix the server prepends when relaying
 
 class IrcAdapter(LineSocketAdapter):
     max_message_len = LINE_BYTES
+    limit_unit = "bytes"
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -82,10 +84,12 @@ class IrcAdapter(LineSocketAdapter):
             raise ChannelError("not connected to the IRC server")
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         count = 0
-        for paragraph in text.splitlines():
-            for chunk in _fit(paragraph, LINE_BYTES - len(prefix.encode())):
-                self.send_line(f"PRIVMSG {conversation.chat_id} :{prefix}{chunk}")
-                count += 1
+        # Every line is its own PRIVMSG, so a part that fits the limit has lines that do.
+        for part in self.reply_texts(text, LINE_BYTES - len(prefix.encode())):
+            for line in part.splitlines():
+                if line.strip():
+                    self.send_line(f"PRIVMSG {conversation.chat_id} :{prefix}{line}")
+                    count += 1
         self.flush()  # "sent" means written to the server, not just queued
         return f"{conversation.chat_id}:{count}"
 
@@ -102,29 +106,6 @@ class IrcAdapter(LineSocketAdapter):
         if not target:
             raise ChannelError("no test target: set channels or pass chat_id (a nick or #channel)")
         return Conversation(self.name, target)
-
-
-def _fit(text: str, limit: int) -> list[str]:
-    """Split at spaces so each piece is at most `limit` UTF-8 bytes."""
-    pieces: list[str] = []
-    current = ""
-    for word in text.split(" "):
-        candidate = f"{current} {word}" if current else word
-        if len(candidate.encode()) <= limit:
-            current = candidate
-            continue
-        if current:
-            pieces.append(current)
-        while len(word.encode()) > limit:
-            cut = limit
-            while len(word[:cut].encode()) > limit:
-                cut -= 1
-            pieces.append(word[:cut])
-            word = word[cut:]
-        current = word
-    if current.strip():
-        pieces.append(current)
-    return pieces
 
 
 ADAPTER = IrcAdapter

@@ -15,6 +15,7 @@ through the homeserver's authenticated media API (`GET /_matrix/client/v1/media/
 from __future__ import annotations
 
 import collections
+import html
 import uuid
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -22,7 +23,6 @@ from urllib.parse import quote, urlsplit
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import reply_thread
 
 
@@ -30,7 +30,11 @@ FILE_TYPES = ("m.image", "m.file", "m.audio", "m.video")
 
 
 class MatrixAdapter(PollingAdapter):
-    max_message_len = 30_000
+    # An event is at most 65,536 bytes of JSON; body and formatted_body share it, and JSON
+    # escapes can triple a character's size.
+    max_message_len = 20_000
+    limit_unit = "bytes"
+    text_format = "html"
 
     def prepare(self) -> None:
         token = self.env("access_token_env")
@@ -126,9 +130,14 @@ class MatrixAdapter(PollingAdapter):
             self.prepare()
         ids = []
         room = quote(conversation.chat_id, safe="")
-        for part in split_text(text, self.max_message_len):
+        for part in self.format_reply(text, both=True):
+            content: dict[str, Any] = {"msgtype": "m.text", "body": part.text}
+            if part.format == "html":
+                content["body"] = part.plain
+                if part.text != html.escape(part.plain, quote=False):
+                    # Only when there is formatting to show: a plain sentence goes as `body` alone.
+                    content.update(format="org.matrix.custom.html", formatted_body=part.text)
             txn = uuid.uuid4().hex  # idempotent retries: the same txn id is not sent twice
-            content: dict[str, Any] = {"msgtype": "m.text", "body": part}
             if conversation.meta.get("thread_root"):
                 # A thread reply, with the reply fallback for clients without threads.
                 content["m.relates_to"] = {"rel_type": "m.thread", "event_id": conversation.meta["thread_root"],

@@ -17,7 +17,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
 from agentd.channels.conversation import reply_thread
 
@@ -95,7 +94,7 @@ class MattermostAdapter(WebSocketAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body = {"channel_id": conversation.chat_id, "message": part}
             if conversation.meta.get("root_id"):
                 body["root_id"] = conversation.meta["root_id"]

@@ -10,7 +10,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 ONE_TO_ONE = 1
 
@@ -78,7 +77,7 @@ class NextcloudAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body: dict[str, Any] = {"message": part}
             if conversation.meta.get("reply_to"):
                 body["replyTo"] = conversation.meta["reply_to"]

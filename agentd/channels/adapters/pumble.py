@@ -18,7 +18,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 API_URL = "https://api-ga.pumble.com"
@@ -102,7 +102,7 @@ class PumbleAdapter(WebhookAdapter):
         thread = conversation.meta.get("thread") or ""
         path = f"/v1/channels/{conversation.chat_id}/messages" + (f"/{thread}" if thread else "")
         message_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.call("POST", path, json={"text": part})
             message_id = str(answer.get("id") or "") if isinstance(answer, dict) else ""
         return message_id

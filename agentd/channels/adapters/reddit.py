@@ -12,7 +12,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 USER_AGENT = "agentd-channel/1.0 (by agentd)"
 
@@ -87,7 +86,7 @@ class RedditAdapter(PollingAdapter):
         parent, names = conversation.meta.get("thing_id"), []
         if not parent:
             raise ChannelError("reddit replies need a comment or post to answer (thing_id)")
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             data = self.http.json("POST", f"{self.api_url}/api/comment",
                                   data={"api_type": "json", "thing_id": parent, "text": part})
             errors = (data.get("json") or {}).get("errors")

@@ -19,7 +19,7 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 
 
 class RevoltSender(HttpSender):
@@ -127,7 +127,7 @@ class RevoltAdapter(GatewayAdapter):
         if not hasattr(self, "api"):
             self.prepare()
         ids = []
-        for index, part in enumerate(split_text(text, self.max_message_len)):
+        for index, part in enumerate(self.reply_texts(text)):
             body: dict[str, Any] = {"content": part}
             if index == 0 and conversation.meta.get("reply_to"):
                 body["replies"] = [{"id": conversation.meta["reply_to"], "mention": False}]

@@ -11,7 +11,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import reply_thread
 
 
@@ -78,7 +77,7 @@ class RocketChatAdapter(PollingAdapter):
             self.prepare()
         ids = []
         target = conversation.meta.get("room_id") or conversation.chat_id
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body = {"roomId" if not target.startswith(("#", "@")) else "channel": target, "text": part}
             if conversation.meta.get("tmid"):
                 body["tmid"] = conversation.meta["tmid"]

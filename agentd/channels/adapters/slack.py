@@ -34,7 +34,7 @@ from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.conversation import reply_thread
 from agentd.channels.attachments import Attachment, host_of
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
 
@@ -43,6 +43,7 @@ class SlackCommon:
     """What both inbound modes share: the bot's identity, events, chat.postMessage."""
 
     max_message_len = 4000  # Slack truncates at 40,000 and advises under 4,000
+    text_format = "slack"
     settings: dict[str, Any]
     http: Any
     ctx: Any
@@ -151,8 +152,9 @@ class SlackCommon:
         if not hasattr(self, "api"):
             self.prepare_bot()
         ids = []
-        for part in split_text(text, self.max_message_len):
-            body: dict[str, Any] = {"channel": conversation.chat_id, "text": part,
+        for part in self.format_reply(text):
+            body: dict[str, Any] = {"channel": conversation.chat_id, "text": part.text,
+                                    "mrkdwn": part.format == "slack",
                                     "unfurl_links": bool(self.settings.get("unfurl_links", True))}
             if conversation.meta.get("thread_ts"):
                 body["thread_ts"] = conversation.meta["thread_ts"]

@@ -20,7 +20,6 @@ from urllib.parse import quote
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
 from agentd.channels.bases.jwtkeys import key_endorses
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.webhook import Request
 
 ISSUER = "https://api.botframework.com"
@@ -100,7 +99,7 @@ class TeamsAdapter(JwtWebhookAdapter):
         if reply_to:
             url += "/" + quote(reply_to, safe="")
         activity_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             activity: dict[str, Any] = {"type": "message", "text": part, "textFormat": "markdown",
                                         "conversation": {"id": conversation.chat_id}}
             if meta.get("bot"):

@@ -17,12 +17,13 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.conversation import threaded
 
 
 class TelegramAdapter(PollingAdapter):
-    max_message_len = 4096
+    max_message_len = 4096  # after entity parsing, in UTF-16 units: the HTML is at least as long
+    limit_unit = "utf16"
+    text_format = "telegram_html"
 
     def prepare(self) -> None:
         self.token = self.env("bot_token_env")
@@ -144,8 +145,10 @@ class TelegramAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         sent = []
-        for part in split_text(text, self.max_message_len):
-            params: dict[str, Any] = {"chat_id": _chat_id(conversation.chat_id), "text": part}
+        for part in self.format_reply(text):
+            params: dict[str, Any] = {"chat_id": _chat_id(conversation.chat_id), "text": part.text}
+            if part.format == "telegram_html":
+                params["parse_mode"] = "HTML"
             if conversation.meta.get("reply_to") and not conversation.direct:
                 params["reply_to_message_id"] = conversation.meta["reply_to"]
             if conversation.meta.get("message_thread_id"):

@@ -14,12 +14,12 @@ from typing import Any
 import slixmpp
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd.retry import Backoff
 
 
 class XmppAdapter(Adapter):
     max_message_len = 10_000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -133,7 +133,7 @@ class XmppAdapter(Adapter):
         mtype = "groupchat" if conversation.chat_id in self.rooms else "chat"
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             def deliver(part: str = part) -> str:
                 msg = self.client.make_message(mto=conversation.chat_id, mbody=prefix + part, mtype=mtype)
                 msg["chat_state"] = "active"

@@ -15,7 +15,6 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class ZulipAdapter(PollingAdapter):
@@ -86,7 +85,7 @@ class ZulipAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             if conversation.direct:
                 body = {"type": "private", "to": json.dumps(conversation.meta.get("to") or [conversation.chat_id])}
             else:
