@@ -55,6 +55,7 @@ from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 from agentd.metrics import Metrics
 from agentd.skills import prompt_lines
+from agentd.store.outage import translate
 from agentd import logs
 
 if TYPE_CHECKING:
@@ -347,6 +348,10 @@ class Runs:
                      handle.provider, handle.model, time.monotonic() - started)
             raise
         except Exception as exc:
+            unavailable = translate(exc)
+            if unavailable is not None:
+                # The outage is logged once, not per run; streams end with a 503 error event.
+                raise unavailable from None
             # One line per failed run, streamed or not, whatever failed.
             cause = exc.message if isinstance(exc, AgentdError) else f"{type(exc).__name__}: {exc}"
             log.warning("run failed: agent=%s provider=%s model=%s status=%s cause=%s duration=%.2fs",

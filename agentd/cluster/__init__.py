@@ -37,6 +37,7 @@ from agentd.ids import time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
+from agentd.store.outage import OUTAGE, log_failure
 
 if TYPE_CHECKING:
     from agentd.cluster.budget_gate import BudgetGate
@@ -319,13 +320,14 @@ class Cluster:
         while not self._stop.wait(self.settings.heartbeat_secs):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the heartbeat
-                log.exception("cluster heartbeat failed")
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the heartbeat
+                log_failure(log, exc, "cluster heartbeat failed")
 
     def tick(self) -> None:
         """One heartbeat (also called directly by tests)."""
         secs = self.settings.lease_secs
         self._beat_daemon()
+        OUTAGE.cleared()
         with self._lock:
             local = [run for run in self._local.values() if not run.closed and not run.deferred]
             held = list(self._held.items())

@@ -38,6 +38,7 @@ from agentd.retry import backoff_delay
 from agentd.schedules.delivery import Delivery
 from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
 from agentd.schedules.store import CronStore
+from agentd.store.outage import log_failure
 
 log = logging.getLogger("agentd.schedules")
 
@@ -117,8 +118,8 @@ class Scheduler:
                     self.tick(now)
                     continue
                 wait = IDLE_SECS if earliest is None else min(IDLE_SECS, earliest - now)
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the ticker
-                log.exception("scheduler tick failed")
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the ticker
+                log_failure(log, exc, "scheduler tick failed")
                 wait = IDLE_SECS
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
@@ -130,8 +131,8 @@ class Scheduler:
                 return
             try:
                 self._due(job_id, due, now)
-            except Exception:  # noqa: BLE001 - one broken job must not stop the others
-                log.exception("cron job %s: due time not handled", job_id)
+            except Exception as exc:  # noqa: BLE001 - one broken job must not stop the others
+                log_failure(log, exc, "cron job %s: due time not handled", job_id)
 
     def _due(self, job_id: str, due: float, now: float) -> None:
         job = self.store.get(job_id)
