@@ -23,6 +23,7 @@ from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
 from agentd.store.outage import OUTAGE, translate
+from agentd.timestamps import iso, utcnow
 from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
 
 T = TypeVar("T")
@@ -56,14 +57,18 @@ class Store:
         return self.backend == "postgres"
 
     def ping(self) -> bool:
-        """True when a trivial query succeeds (ending a recorded outage, or starting one)."""
+        """True when a trivial query succeeds (ending a recorded outage, or starting one).
+        While writes are known to fail (a full disk), a small write must succeed too."""
+        probe = OUTAGE.writes_blocked
         try:
             with orm.db_session:
                 self.db.select("SELECT 1")
+            if probe:
+                self.set_setting(WRITE_PROBE, iso(utcnow()))
         except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
             translate(exc)
             return False
-        OUTAGE.cleared()
+        OUTAGE.cleared(wrote=probe)
         return True
 
     def available(self, max_age: float = 1.0) -> bool:
@@ -111,7 +116,7 @@ class Store:
                     self._writer = SqliteWriter(self.path, self.db) if sqlite else PonyWriter(self.db)
                 writer = self._writer
         result = writer.run(work)
-        OUTAGE.cleared()
+        OUTAGE.cleared(wrote=True)
         return result
 
     def _writes_held(self) -> ContextManager[Any]:
@@ -137,6 +142,8 @@ class Store:
         self.db.disconnect()
 
 
+# The settings row a health check writes while the disk is full, to see when it no longer is.
+WRITE_PROBE = "store.write_probe"
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _WRITER_LOCK = threading.Lock()
 _PING_LOCK = threading.Lock()

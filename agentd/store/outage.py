@@ -35,6 +35,9 @@ class DatabaseUnavailable(AgentdError):
     """The database cannot be reached or written just now; the client should retry."""
 
     status = 503
+    # True when reading still works (a full disk, a read-only file): a successful read then
+    # says nothing about the outage, only a write ends it.
+    reads_work = False
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message, status=status, retry_after=RETRY_AFTER_SECS)
@@ -44,6 +47,13 @@ class StorageFull(DatabaseUnavailable):
     """The disk holding the database (or a file the daemon writes) is full."""
 
     status = 507
+    reads_work = True
+
+
+class ReadOnly(DatabaseUnavailable):
+    """The database file, its directory or the file system is read-only."""
+
+    reads_work = True
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -76,15 +86,14 @@ def _classify(exc: BaseException) -> DatabaseUnavailable | None:
                 return StorageFull("insufficient storage: the disk holding the database is full; "
                                    "free some space and retry")
             if any(t in text for t in _SQLITE_READ_ONLY):
-                return DatabaseUnavailable("database unavailable: the database file or its directory "
-                                           "is read-only; make the home writable and retry")
+                return ReadOnly("database unavailable: the database file or its directory is "
+                                "read-only; make the home writable and retry")
         if isinstance(cause, OSError):
             if cause.errno in _DISK_FULL_ERRNOS:
                 return StorageFull("insufficient storage: the disk holding the daemon's home is full; "
                                    "free some space and retry")
             if cause.errno == errno.EROFS:
-                return DatabaseUnavailable("database unavailable: the daemon's home is on a read-only "
-                                           "file system")
+                return ReadOnly("database unavailable: the daemon's home is on a read-only file system")
     return None
 
 
@@ -94,27 +103,34 @@ class Outage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.since: float | None = None  # monotonic time the current outage was first seen
-        self.cause = ""
+        self.error: DatabaseUnavailable | None = None
 
     @property
     def active(self) -> bool:
         return self.since is not None
 
+    @property
+    def writes_blocked(self) -> bool:
+        """An outage that only a successful write can show to be over."""
+        error = self.error
+        return error is not None and error.reads_work
+
     def noticed(self, error: DatabaseUnavailable) -> None:
         with self._lock:
             if self.since is not None:
                 return
-            self.since, self.cause = time.monotonic(), error.message
+            self.since, self.error = time.monotonic(), error
         log.warning("%s (answering %d until it recovers)", error.message, error.status)
 
-    def cleared(self) -> None:
-        """A database call succeeded: any outage is over."""
+    def cleared(self, wrote: bool) -> None:
+        """A database call succeeded (`wrote`: a write committed): the outage is over,
+        unless reads kept working through it and this was one."""
         if self.since is None:
             return
         with self._lock:
-            if self.since is None:
+            if self.since is None or (self.writes_blocked and not wrote):
                 return
-            lasted, self.since = time.monotonic() - self.since, None
+            lasted, self.since, self.error = time.monotonic() - self.since, None, None
         log.warning("database available again after %.1fs", lasted)
 
 
