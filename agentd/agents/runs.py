@@ -255,7 +255,7 @@ class Runs:
         limit = handle.manifest.tokens_per_hour
         if not limit:
             return
-        now = time.time()
+        now = time.monotonic()  # the hour is a duration: a clock change must not move it
         log_ = self._recent_tokens(handle, now)
         used = sum(n for _, n in log_)
         if used >= limit:
@@ -414,7 +414,7 @@ class Runs:
         def on_usage(response: ChatResponse) -> None:
             costs.append(getattr(response, "cost_usd", None))
             if quota:
-                now = time.time()
+                now = time.monotonic()
                 self._recent_tokens(handle, now).append(
                     (now, response.usage.input_tokens + response.usage.output_tokens))
 

@@ -97,7 +97,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_prune = 0.0
+        self._last_prune = -3600.0  # monotonic: the first heartbeat prunes
         # Runs that ended while the database was out, closed by the next heartbeat.
         self._unclosed: list[tuple[LocalRun, str, str | None, float | None]] = []
 
@@ -383,8 +383,8 @@ class Cluster:
                 run.cancel.set()
         for hook in list(self.on_tick):
             hook()
-        if time.time() - self._last_prune > 3600:
-            self._last_prune = time.time()
+        if time.monotonic() - self._last_prune > 3600:
+            self._last_prune = time.monotonic()
             self.runs.prune(time.time() - RUN_RETENTION_SECS)
             with orm.db_session:
                 self.store.db.execute("DELETE FROM cluster_daemons WHERE heartbeat_at < $t",
