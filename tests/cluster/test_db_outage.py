@@ -1,8 +1,9 @@
 """PostgreSQL stopped and restarted under a small mixed load, two daemons behind nginx:
 health says `degraded`, writes answer 503 with `Retry-After` (the OpenAI shape on /v1),
-a stream in flight ends with an `error` event, both daemons serve again within 5 s of the
-server's return without a restart, every acknowledged write is there exactly once, a run
-that spans the outage (shorter than its lease) completes, and the log has one warning per
+streams in flight end with an `error` event (SSE) or frame (WebSocket), both daemons serve
+again within 5 s of the server's return without a restart, every acknowledged write is
+there exactly once, a run that spans the outage (shorter than its lease) completes, runs
+cut by it are closed by their own daemon, and the log has one warning per
 outage and no traceback. Then the same for connections killed by `pg_terminate_backend`.
 
 The test runs its own PostgreSQL server (it stops it), whatever `--db` says."""
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import websocket
 
 import pgtest
 from channel_fixtures import wait_for
@@ -169,6 +171,7 @@ def test_postgres_restart_under_load(setup) -> None:
     agent = spawn(proxy.url, "steady")
     spanning_agent = spawn(proxy.url, "spanning")
     streamer = spawn(proxy.url, "streamer")
+    socketed = spawn(proxy.url, "socketed")
     offsets = {d.port: d.log_path.stat().st_size for d in (a, b)}
     load = Load(proxy.url, agent)
     wait_for(lambda: len(load.acked_kv) >= 5 and load.acked_messages, 10, what="load running")
@@ -180,6 +183,9 @@ def test_postgres_restart_under_load(setup) -> None:
     stream = a.post(f"/api/agents/{streamer}/message/stream", json={"message": "[[slow:1]] cut"},
                     stream=True, timeout=30)
     assert stream.status_code == 200
+    ws = websocket.create_connection(f"ws://127.0.0.1:{b.port}/api/agents/{socketed}/ws", timeout=10)
+    assert json.loads(ws.recv())["type"] == "connected"
+    ws.send(json.dumps({"type": "message", "content": "[[slow:1]] cut"}))
     time.sleep(0.3)
     server.stop()
     down_at = time.monotonic()
@@ -187,6 +193,11 @@ def test_postgres_restart_under_load(setup) -> None:
     body = "".join(c.decode() for c in stream.iter_content(None))
     assert "event: error" in body, body
     assert f'"error":"{UNAVAILABLE}","status":503' in body, body
+    frames = [json.loads(ws.recv())]
+    while frames[-1]["type"] not in ("error", "response"):
+        frames.append(json.loads(ws.recv()))
+    ws.close()
+    assert frames[-1] == {"type": "error", "content": UNAVAILABLE}, frames
     for d in (a, b):
         assert d.get("/api/health", timeout=5).json() == {"status": "degraded"}
         r = d.put(f"/api/memory/agents/{agent}/kv/during", json={"value": 1}, timeout=10)
