@@ -68,8 +68,8 @@ class Scheduler:
         self.clock = clock
         self.monotonic = monotonic
         self._seen: tuple[float, float] | None = None  # (wall, monotonic) at the last look
-        # The wall time before a forward clock step found by this look: due times after it
-        # were jumped over, not missed while the daemon was down.
+        # The wall time before a forward clock step, until the due times it passed are
+        # handled: those were jumped over, not missed while the daemon was down.
         self._stepped_from: float | None = None
         self.settings = settings
         self.daemon_id = daemon_id
@@ -141,6 +141,7 @@ class Scheduler:
             if earliest is not None and earliest <= now:
                 self.tick(now)
                 return None
+            self._stepped_from = None  # every due time a step passed has been handled
             return IDLE_SECS if earliest is None else min(IDLE_SECS, earliest - now)
         except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the ticker
             log_failure(log, exc, "scheduler tick failed")
@@ -153,7 +154,6 @@ class Scheduler:
         slot that already ran must not run again."""
         mono = self.monotonic()
         seen, self._seen = self._seen, (now, mono)
-        self._stepped_from = None
         if seen is None:
             return
         expected = seen[0] + (mono - seen[1])
@@ -162,6 +162,7 @@ class Scheduler:
             self._stepped_from = expected
             log.warning("the wall clock jumped %.0fs forward; due times passed meanwhile fire once", step)
         elif step < -CLOCK_STEP_SECS:
+            self._stepped_from = None
             moved = self.store.rewind_intervals(now)
             log.warning("the wall clock went %.0fs back; %d interval job(s) re-anchored to now", -step, len(moved))
 
