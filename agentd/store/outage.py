@@ -29,6 +29,11 @@ RETRY_AFTER_SECS = 2.0
 _SQLITE_FULL = ("database or disk is full", "disk i/o error")
 _SQLITE_READ_ONLY = ("attempt to write a readonly database", "unable to open database file")
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+# PostgreSQL error codes of a server that is gone or going (connection exceptions, shutdown,
+# starting up, too many connections). Other operational errors (a deadlock, a statement
+# timeout) are the statement's, not an outage.
+_PG_GONE = ("08", "57P", "53300")
+_PG_DISK_FULL = "53100"
 
 
 class DatabaseUnavailable(AgentdError):
@@ -78,8 +83,14 @@ def _classify(exc: BaseException) -> DatabaseUnavailable | None:
         if isinstance(cause, DatabaseUnavailable):
             return cause
         if psycopg2 is not None and isinstance(cause, (psycopg2.OperationalError, psycopg2.InterfaceError)):
-            return DatabaseUnavailable("database unavailable: the PostgreSQL server cannot be reached "
-                                       "or is restarting; retry shortly")
+            code = getattr(cause, "pgcode", None)
+            if code == _PG_DISK_FULL:
+                return StorageFull("insufficient storage: the database server's disk is full; retry "
+                                   "once space is freed")
+            dropped = code is None and type(cause) is psycopg2.OperationalError  # libpq's own
+            if isinstance(cause, psycopg2.InterfaceError) or dropped or (code or "").startswith(_PG_GONE):
+                return DatabaseUnavailable("database unavailable: the PostgreSQL server cannot be reached "
+                                           "or is restarting; retry shortly")
         if isinstance(cause, sqlite3.OperationalError):
             text = str(cause).lower()
             if any(t in text for t in _SQLITE_FULL):

@@ -50,6 +50,9 @@ def test_outages_through_their_wrappers(exc: Exception, kind: type, status: int)
     sqlite3.OperationalError("no such table: things"),
     sqlite3.IntegrityError("UNIQUE constraint failed"),
     psycopg2.errors.UniqueViolation("duplicate key"),
+    # (A server's errors carry their SQLSTATE; these are the statement's, not an outage.)
+    psycopg2.errors.DeadlockDetected("deadlock detected"),
+    psycopg2.errors.QueryCanceled("canceling statement due to statement timeout"),
     OSError(errno.ENOENT, "No such file"),
     ValueError("bad"),
 ])
