@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from agentd.api.response_headers import REQUEST_ID
 from agentd.errors import AgentdError
+from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.api")
 
@@ -27,6 +28,7 @@ OPENAI_TYPES = {
     415: "invalid_request_error",
     429: "rate_limit_error",
 }
+# 503 and 507 keep the default `server_error` type: the server, not the request, failed.
 
 _HTTP_MESSAGES = {
     404: "not found",
@@ -112,6 +114,9 @@ def _agentd_error(exc: AgentdError) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
+    unavailable = translate(exc)
+    if unavailable is not None:
+        return _agentd_error(unavailable)
     request_id = request.environ.get(REQUEST_ID, "-")
     log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
     return error_response(500, f"internal server error (request id {request_id})")

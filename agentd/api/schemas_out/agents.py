@@ -10,7 +10,7 @@ from agentd.api.schemas_out.base import Bool, Int, NullStr, Out, Str, reply, req
 # -- system ------------------------------------------------------------------------
 
 class HealthSchema(Out):
-    status = Str(metadata={"example": "ok"})
+    status = status("ok", "degraded")
 
 
 class HealthDetailSchema(Out):

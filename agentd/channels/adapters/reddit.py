@@ -33,7 +33,7 @@ class RedditAdapter(PollingAdapter):
 
     def token(self) -> None:
         """Fetch a bearer token when there is none or it is about to expire."""
-        if time.time() < self.expires - 60:
+        if time.monotonic() < self.expires - 60:
             return
         data = self.http.json("POST", f"{self.auth_url}/api/v1/access_token", auth=(self.client_id, self.secret),
                               data={"grant_type": "password", "username": self.username,
@@ -41,7 +41,7 @@ class RedditAdapter(PollingAdapter):
         if "access_token" not in data:
             raise ChannelError(f"access_token: {data.get('error', data)}")
         self.http.session.headers["Authorization"] = f"bearer {data['access_token']}"
-        self.expires = time.time() + float(data.get("expires_in", 3600))
+        self.expires = time.monotonic() + float(data.get("expires_in", 3600))
 
     def poll_once(self) -> None:
         self.token()
