@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from flask import Blueprint, jsonify, request
 from marshmallow import ValidationError
 
@@ -84,7 +86,8 @@ def qr_status(name: str):
 
 @bp.get("/api/audit/recent")
 @doc("Recent audit events, newest first", tags="system", query=AuditQuery,
-     response={"type": "array", "items": out.AuditEventSchema})
+     response={"type": "array", "items": out.AuditEventSchema},
+     errors={400: "A limit below 1 or not a number, or a time that is not ISO 8601"})
 def audit_recent():
     raw = request.args.get("limit", "50")
     try:
@@ -93,4 +96,16 @@ def audit_recent():
         raise BadRequest(f"limit: must be an integer, got {raw!r}") from None
     if limit < 1:
         raise BadRequest("limit: must be at least 1")
-    return jsonify(kernel().audit.recent(limit, request.args.get("event", "")))
+    return jsonify(kernel().audit.recent(limit, request.args.get("event", ""), request.args.get("subject", ""),
+                                         audit_time("since"), audit_time("until")))
+
+
+def audit_time(name: str) -> datetime | None:
+    """The query's `since`/`until` as a datetime (None when absent); 400 when it is not ISO 8601."""
+    raw = request.args.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"{name}: must be an ISO 8601 time, got {raw!r}") from None
