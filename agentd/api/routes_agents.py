@@ -17,7 +17,7 @@ from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import run_blocking
-from agentd.api.schemas import MESSAGE_SCHEMA, ManifestSchema, MessageSchema, ModeSchema, ModelRefSchema, SpawnSchema
+from agentd.api.schemas import MESSAGE_SCHEMA, ManifestSchema, MessageSchema, ModeSchema, AgentModelSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
@@ -169,12 +169,12 @@ def update_manifest(agent_id: str):
 
 
 @bp.put("/api/agents/<agent_id>/model")
-@doc("Set the agent's model (the rest of its manifest stays)", tags="agents", body=ModelRefSchema,
+@doc("Set the agent's model (the rest of its manifest stays)", tags="agents", body=AgentModelSchema,
      response=out.AgentUpdatedSchema, body_example={"model": "openai/gpt-4o"},
      errors={400: "Not provider/model, or an unknown provider"})
 def set_model(agent_id: str):
     handle = agent(agent_id)
-    warnings = kernel().agents.set_model(handle, body.load(ModelRefSchema())["model"])
+    warnings = kernel().agents.set_model(handle, body.load(AgentModelSchema())["model"])
     return jsonify(updated_body(handle, warnings))
 
 

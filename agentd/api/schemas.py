@@ -74,7 +74,7 @@ class ManifestSchema(_Body):
                                                            "its `name` must stay the agent's"})
 
 
-class ModelRefSchema(_Body):
+class AgentModelSchema(_Body):
     model = fields.String(required=True, validate=validate.Regexp(r"^(default|[^/\s]+/\S+)$",
                                                                   error="model must be provider/model or default"),
                           metadata={"description": "`provider/model`, or `default` for the config's default model",

@@ -71,6 +71,8 @@ def agents_spawn():
         if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
             raise PayloadTooLarge("manifest too large (max 1 MB)")
         if not manifest.strip():
+            if "name" not in request.form:  # a client posting only the manifest, as to the API
+                raise BadRequest("invalid request: manifest_toml is required")
             if not form["name"].strip():
                 raise BadRequest("name is required (or give a TOML manifest)")
             if form["mode"] and form["mode"] not in MODES:
