@@ -11,8 +11,9 @@ from agentd.api.sse import comment, sse_response
 
 SHOWN = 200
 # How long a stream waits for a line before a keep-alive comment (which also notices a
-# browser that left: the write fails).
+# browser that left: the write fails), in slices short enough to end soon at shutdown.
 KEEPALIVE_SECS = 10.0
+SLICE_SECS = 0.5
 
 
 @bp.get("/logs")
@@ -33,12 +34,16 @@ def logs_stream():
         after = 0
 
     def lines() -> Iterator[str]:
-        last = after
+        last, quiet = after, 0.0
         while not k.stopping.is_set():
-            fresh = k.log_tail.since(last, KEEPALIVE_SECS)
+            fresh = k.log_tail.since(last, SLICE_SECS)
             if not fresh:
-                yield comment("keep-alive")
+                quiet += SLICE_SECS
+                if quiet >= KEEPALIVE_SECS:
+                    quiet = 0.0
+                    yield comment("keep-alive")
                 continue
+            quiet = 0.0
             for number, text in fresh:
                 yield f"id: {number}\nevent: line\ndata: {text}\n\n"
             last = fresh[-1][0]
