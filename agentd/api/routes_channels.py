@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from flask import Blueprint, jsonify, request
@@ -13,6 +14,8 @@ from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
+
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})\Z")
 
 bp = Blueprint("channels", __name__)
 
@@ -101,11 +104,14 @@ def audit_recent():
 
 
 def audit_time(name: str) -> datetime | None:
-    """The query's `since`/`until` as a datetime (None when absent); 400 when it is not ISO 8601."""
-    raw = request.args.get(name, "").strip()
-    if not raw:
+    """The query's `since`/`until` as a datetime (None when absent); 400 unless it is an RFC 3339
+    date-time, as the OpenAPI document says (an offset is required: `Z` for UTC)."""
+    raw = request.args.get(name)
+    if raw is None:
         return None
     try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        if not RFC3339.match(raw):
+            raise ValueError(raw)
+        return datetime.fromisoformat(raw.upper().replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(f"{name}: must be an ISO 8601 time, got {raw!r}") from None
+        raise BadRequest(f"{name}: must be an RFC 3339 time such as 2026-01-31T09:00:00Z, got {raw!r}") from None

@@ -172,8 +172,8 @@ class AuditQuery(_Query):
     limit = fields.Integer(validate=validate.Range(min=1), metadata={"description": "At most this many (default 50)"})
     event = fields.String(metadata={"description": "Only events whose name starts with this"})
     subject = fields.String(metadata={"description": "Only events about this subject (an agent's name, a key's)"})
-    since = fields.DateTime(metadata={"description": "Only events at or after this time (ISO 8601; UTC without an offset)"})
-    until = fields.DateTime(metadata={"description": "Only events at or before this time (ISO 8601; UTC without an offset)"})
+    since = fields.DateTime(metadata={"description": "Only events at or after this time (RFC 3339, e.g. 2026-01-31T09:00:00Z)"})
+    until = fields.DateTime(metadata={"description": "Only events at or before this time (RFC 3339, e.g. 2026-01-31T09:00:00Z)"})
 
 
 # -- OpenAI-compatible chat completions ------------------------------------------------------

@@ -221,10 +221,12 @@ def test_audit_filters_on_the_page_and_the_api(web: Web) -> None:
     assert [(r["event"], r["subject"]) for r in rows] == [("agent.spawn", "audited-a")]
     assert api.get("/api/audit/recent?subject=audited-a&since=2999-01-01T00:00:00Z",
                    environ_base=LOCAL).get_json() == []
-    assert len(api.get("/api/audit/recent?subject=audited-a&until=2999-01-01T00:00:00",
+    assert len(api.get("/api/audit/recent?subject=audited-a&until=2999-01-01T00:00:00%2B00:00",
                        environ_base=LOCAL).get_json()) == 1
-    r = api.get("/api/audit/recent?since=yesterday", environ_base=LOCAL)
-    assert r.status_code == 400 and r.get_json() == {"error": "since: must be an ISO 8601 time, got 'yesterday'"}
+    for bad in ("yesterday", "", "2026-01-31", "2026-01-31T09:00:00"):
+        r = api.get(f"/api/audit/recent?since={bad}", environ_base=LOCAL)
+        assert r.status_code == 400 and r.get_json() == {
+            "error": f"since: must be an RFC 3339 time such as 2026-01-31T09:00:00Z, got {bad!r}"}, bad
     html = web.get("/audit?agent=audited-b&action=agent.").get_data(as_text=True)
     assert re.findall(r"<td>(audited-[ab])</td>", html) == ["audited-b"]
     assert '<option value="audited-a">' in html, "the agent filter offers the agents"
