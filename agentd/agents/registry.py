@@ -208,15 +208,20 @@ class AgentRegistry:
                     raise NotFound("agent not found")
                 row.manifest_toml = manifest_toml
                 row.manifest = manifest.data
-            handle.manifest = manifest
-            handle.provider, handle.model, handle.api_key_env, handle.base_url = provider, model, env, base
-            handle.list_json = None
+            self.apply_manifest(handle, manifest)
         log.info("agent %s (%s) manifest updated: %s/%s", handle.name, handle.id, provider, model)
         if self.audit is not None:
             self.audit("agent.update", handle.name, {"agent_id": handle.id, "provider": provider, "model": model})
         for hook in self.hooks:
             hook.spawned(handle)  # the hooks sync what they keep to the new manifest
         return list(manifest.warnings)
+
+    def apply_manifest(self, handle: AgentHandle, manifest: Manifest) -> None:
+        """Point a live handle at `manifest` (stored already: here or by another daemon)."""
+        provider, model, env, base = self._resolve_model(manifest)
+        handle.manifest = manifest
+        handle.provider, handle.model, handle.api_key_env, handle.base_url = provider, model, env, base
+        handle.list_json = None
 
     # -- lookup -------------------------------------------------------------
     def get(self, agent_id: str) -> AgentHandle:
