@@ -99,7 +99,7 @@ def _adopt(registry: "AgentRegistry", row: Any) -> None:
         handle = registry._agents.get(row.id)
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
-            if row.manifest_toml != handle.manifest.toml_text:
+            if row.manifest_toml != handle.manifest.toml_text.strip():  # Pony strips what it stores
                 _new_manifest(registry, handle, row.manifest_toml)
             return
         stale = registry._by_name.get(row.name)
