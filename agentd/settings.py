@@ -73,7 +73,7 @@ class Settings:
                 continue
             values[f.name] = _plain(getattr(cfg, f.name))
         values["home"] = str(cfg.home)
-        values["database"] = cfg.database.masked() if cfg.database is not None else f"sqlite:{cfg.db_path}"
+        values["database"] = cfg.database.masked if cfg.database is not None else f"sqlite:{cfg.db_path}"
         values["mcp_servers"] = [_plain(s) for s in cfg.mcp_servers]
         for key, value in cfg.raw.items():  # tables the typed config does not hold (channels, ...)
             values.setdefault(key, value)

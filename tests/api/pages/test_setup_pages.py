@@ -259,6 +259,10 @@ def test_settings_mask_secrets_and_reload_the_file(fresh: Web) -> None:
     assert rows["api_key"] == MASK and rows["channels.telegram.bot_token"] == MASK
     assert rows["channels.telegram.bot_token_env"] == "TG_TOKEN" and rows["default_model.provider"] == "anthropic"
     assert "hush" not in repr(rows)
+    cfg = parse_config({"database_url": "postgresql://agentd@db.example/agentd"}, Path("/tmp/agentd-none"))
+    cfg.database = type(cfg.database)("postgresql://agentd:hush-pw@db.example/agentd")
+    rows = dict(Settings(cfg, fresh.kernel.catalog, lambda *a: None, {}).effective())
+    assert rows["database"] == "postgresql://agentd:***@db.example/agentd"
     html = fresh.get("/settings").get_data(as_text=True)
     assert "<code>default_model.model</code></td><td><code>&#34;claude-sonnet-4-20250514&#34;</code>" in html
     path = fresh.kernel.config.config_path
