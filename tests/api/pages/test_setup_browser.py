@@ -169,8 +169,13 @@ def test_audit_time_filter_and_live_log(web: Browser, fresh: Daemon) -> None:
     driver = web.driver(DESKTOP)
     web.open("/audit?since=2999-01-01T00:00")
     assert driver.find_element(By.CSS_SELECTOR, "main p.empty").text == "No event matches."
-    web.open("/audit?action=config.&until=2999-01-01T00:00")
-    assert "config.default_model" in driver.find_element(By.ID, "audit-table").text
+    spawned = f"audited-{uuid.uuid4().hex[:6]}"
+    assert fresh.post("/api/agents", json={"manifest_toml": f'name = "{spawned}"\n'}).status_code == 201
+    web.open(f"/audit?action=agent.&until=2999-01-01T00:00&agent={spawned}")
+    cells = [(row.find_element(By.CSS_SELECTOR, "td:nth-child(2)").text,
+              row.find_element(By.CSS_SELECTOR, "td:nth-child(3)").text)
+             for row in driver.find_elements(By.CSS_SELECTOR, "#audit-table tbody tr")]
+    assert cells == [("agent.spawn", spawned)]
     web.open("/logs")
     web.wait(lambda d: d.find_element(By.ID, "log-status").text.startswith("Live"))
     name = f"logged-{uuid.uuid4().hex[:6]}"
