@@ -25,7 +25,7 @@ MASK = "••••••"
 # Key names whose values are secrets; `*_env` keys name a variable, which is not one.
 SECRET_KEY = re.compile(r"(api_key|token|secret|password|passwd|credential)s?$", re.IGNORECASE)
 # Read once at start only; a reload leaves them as they are (the page says so).
-RESTART_ONLY = ("api", "api_key", "database", "database_url", "network_enabled")
+RESTART_ONLY = ("api", "api_key", "database", "database_url", "log_format", "network_enabled")
 
 
 def mask(value: Any, key: str = "") -> Any:
@@ -86,7 +86,7 @@ class Settings:
         except ConfigError as exc:
             raise BadRequest(f"cannot reload: {exc.message}") from None
         cfg = self.config
-        for name in ("default_model", "provider_urls", "llm", "log_level", "log_format", "raw"):
+        for name in ("default_model", "provider_urls", "llm", "log_level", "raw"):
             setattr(cfg, name, getattr(fresh, name))
         logging.getLogger().setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
         applied = ["default_model", "provider_urls", "llm", "log_level"]
