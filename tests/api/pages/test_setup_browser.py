@@ -176,6 +176,18 @@ def test_audit_time_filter_and_live_log(web: Browser, fresh: Daemon) -> None:
               row.find_element(By.CSS_SELECTOR, "td:nth-child(3)").text)
              for row in driver.find_elements(By.CSS_SELECTOR, "#audit-table tbody tr")]
     assert cells == [("agent.spawn", spawned)]
+    # Edit and settings at desktop width too.
+    agent_id = fresh.get("/api/agents").json()
+    agent_id = next(a["id"] for a in agent_id if a["name"] == spawned)
+    web.open(f"/agents/{agent_id}/edit")
+    fill(driver, "edit-model", "openai/gpt-4o-mini")
+    click(web, "save-model")
+    assert note(web).startswith(f"agent {spawned}: model set to openai/gpt-4o-mini")
+    web.open("/settings")
+    assert driver.find_element(By.ID, "settings-table").is_displayed()
+    click(web, "reload")
+    assert note(web).startswith("configuration reloaded: ")
+    assert web.page_width() <= DESKTOP
     web.open("/logs")
     web.wait(lambda d: d.find_element(By.ID, "log-status").text.startswith("Live"))
     name = f"logged-{uuid.uuid4().hex[:6]}"
