@@ -312,3 +312,23 @@ def test_every_dashboard_page_is_small_and_has_no_inline_script(web: Web) -> Non
     assert {"pages.setup", "pages.settings", "pages.audit", "pages.logs", "pages.agent_edit",
             "pages.agents_list", "pages.index"} <= set(checked)
     assert len(checked) >= 20
+
+
+def test_admin_pages_are_linked_and_served_to_the_admin_only(tmp_path: Path) -> None:
+    kernel = open_kernel(tmp_path, api_key="setup-admin-key-0123")
+    try:
+        reader = kernel.keys.create({"name": "reader", "scopes": ["read"]})["key"]
+        links = ('href="/setup"', 'href="/settings"', 'href="/audit"', 'href="/logs"', 'href="/keys"')
+        for secret, admin in (("setup-admin-key-0123", True), (reader, False)):
+            web = Web(kernel)
+            login = web.get("/login?next=/agents")
+            assert login.status_code == 200
+            r = web.client.post("/login", data={"api_key": secret, "csrf_token": web.token, "next": "/agents"},
+                                environ_base=LOCAL)
+            assert r.status_code == 303
+            html = web.get("/agents").get_data(as_text=True)
+            assert [link in html for link in links] == [admin] * len(links), admin
+            for path in ("/setup", "/settings", "/audit", "/logs"):
+                assert web.get(path).status_code == (200 if admin else 403), (path, admin)
+    finally:
+        kernel.close()
