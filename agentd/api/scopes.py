@@ -22,7 +22,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "agents.approvals": "read",
     "agents.message": "message", "stream.message_stream": "message", "sockets.agent_socket": "message",
     "agents.upload": "message", "agents.stop": "message",
-    "agents.spawn": "manage", "agents.kill": "manage", "agents.set_mode": "manage", "agents.compact": "manage",
+    "agents.spawn": "manage", "agents.kill": "manage", "agents.set_mode": "manage",
+    "agents.update_manifest": "manage", "agents.set_model": "manage", "agents.compact": "manage",
     "agents.reset": "manage", "agents.delete_session": "manage", "agents.approve": "manage",
     "agents.reject": "manage",
     # memory
@@ -75,6 +76,10 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.task_delete": "manage",
     "pages.channel_page": "read", "pages.channel_configure": "manage", "pages.channel_remove": "manage",
     "pages.channel_test": "manage",
+    "pages.agent_edit": "manage", "pages.agent_manifest": "manage", "pages.agent_model": "manage",
+    "pages.setup": "admin", "pages.setup_provider": "admin", "pages.setup_default": "admin",
+    "pages.settings": "admin", "pages.settings_reload": "admin", "pages.audit": "admin",
+    "pages.logs": "admin", "pages.logs_stream": "admin",
     # OpenAI-compatible: Responses and embeddings
     "responses.create_response": "message", "responses.retrieve_response": "message",
     "embeddings.create_embeddings": "message",

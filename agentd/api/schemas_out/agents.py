@@ -145,6 +145,8 @@ class SessionSchema(Out):
 
 
 ModeSetSchema = reply("ModeSetSchema", "updated", agent_id=Str(), mode=Str())
+AgentUpdatedSchema = reply("AgentUpdatedSchema", "updated", agent_id=Str(), model_provider=Str(), model_name=Str(),
+                           warnings=req(fields.List(fields.String())))
 KilledSchema = reply("KilledSchema", "killed", agent_id=Str())
 
 
