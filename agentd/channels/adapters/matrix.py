@@ -37,12 +37,15 @@ class MatrixAdapter(PollingAdapter):
     text_format = "html"
 
     def prepare(self) -> None:
-        token = self.env("access_token_env")
+        self.client(self.env("access_token_env"), self.settings.get("homeserver_url") or "https://matrix.org")
+        self.user_id = str(self.settings.get("user_id") or "")
+
+    def client(self, token: str, homeserver: str) -> None:
+        """The client-server API of `homeserver`, as the token's user."""
         self.http.session.headers["Authorization"] = f"Bearer {token}"
-        self.homeserver = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/")
+        self.homeserver = homeserver.rstrip("/")
         self.base = self.homeserver + "/_matrix/client/v3"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
-        self.user_id = str(self.settings.get("user_id") or "")
         # Events this adapter sent: a reply to one of them addresses the bot.
         self.own_events: collections.deque[str] = collections.deque(maxlen=1000)
 
