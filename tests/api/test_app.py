@@ -48,7 +48,7 @@ def test_create_app_configuration(kernel: Kernel) -> None:
     assert app.static_url_path == "/static"
     assert list(app.blueprints) == ["system", "agents", "memory", "stream", "openai", "responses", "embeddings",
                                     "catalog", "workflows", "pages", "docs", "channels", "cluster", "mcp", "metrics",
-                                    "triggers", "tasks", "tools", "uploads", "a2a", "skills", "cron", "keys",
+                                    "triggers", "tasks", "tools", "uploads", "a2a", "skills", "cron", "keys", "webhooks",
                                     "sockets"]
     answer = app.test_client().get("/api/health", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert [(k, v) for k, v in answer.headers.items() if k.lower() == "x-agentd-daemon"] == [
