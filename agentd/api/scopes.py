@@ -40,9 +40,9 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "catalog.set_budget": "admin",
     # workflows
     "workflows.list_workflows": "read", "workflows.detail": "read", "workflows.runs": "read",
-    "workflows.run_detail": "read",
+    "workflows.run_detail": "read", "workflows.run_events": "read",
     "workflows.create": "manage", "workflows.update": "manage", "workflows.delete": "manage",
-    "workflows.run": "manage",
+    "workflows.run": "manage", "workflows.start_run": "manage", "workflows.cancel_run": "manage",
     # channels, cluster, audit
     "channels.list_channels": "read", "channels.qr_status": "read", "cluster.cluster": "read",
     "cluster.cluster_runs": "read",
@@ -64,6 +64,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.agent_mode": "manage", "pages.agent_kill_confirm": "manage", "pages.agent_reset": "manage",
     "pages.approval_decide": "manage",
     "pages.workflow_run": "manage", "pages.provider_test": "manage",
+    "pages.workflow_run_page": "read", "pages.workflow_new": "manage", "pages.workflow_create": "manage",
+    "pages.workflow_edit": "manage", "pages.workflow_update": "manage", "pages.workflow_cancel": "manage",
     "pages.provider_key": "admin", "pages.provider_url": "admin", "pages.budget_set": "admin",
     "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin",
     "pages.agent_files": "read", "pages.agent_file": "read", "pages.mcp_servers": "read", "pages.skills": "read",

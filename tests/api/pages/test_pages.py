@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -460,7 +461,12 @@ def test_workflow_page_shows_the_newest_run_and_keeps_a_refused_input(dash) -> N
     for text in ("older", "newer"):
         r = client.post(f"/workflows/{workflow_id}/run", data={"input": text, "csrf_token": token},
                         environ_base=LOCAL)
-        assert (r.status_code, r.headers["Location"]) == (303, f"/workflows/{workflow_id}")
+        assert r.status_code == 303 and r.headers["Location"].startswith("/workflows/runs/")
+        run_id = r.headers["Location"].split("/")[3].split("?")[0]
+        for _ in range(200):
+            if kernel.workflows.run_detail(run_id)["state"]["status"] == "completed":
+                break
+            time.sleep(0.05)
     r = client.get(f"/workflows/{workflow_id}", environ_base=LOCAL)
     assert r.status_code == 200
     html = r.get_data(as_text=True)
