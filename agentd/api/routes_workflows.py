@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 from flask import Blueprint, jsonify
 

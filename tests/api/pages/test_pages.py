@@ -23,6 +23,7 @@ from agentd.api.pages import agents as agent_pages
 from agentd.api.pages import auth as auth_pages
 from agentd.api.pages import catalog as catalog_pages
 from agentd.api.pages import channels as channel_pages
+from agentd.api.pages import memory as memory_pages
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from agentd.timestamps import utcnow
@@ -272,13 +273,13 @@ def test_memories_helper() -> None:
         calls.append((agent_id, limit, offset))
         return {"memories": [], "total": 0}
 
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150) == \
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150) == \
         {"memories": [], "total": 0}
     assert calls == [("a1", 50, 150)]
-    assert agent_pages._memories(SimpleNamespace(), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=None), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=None), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0) is None
     assert calls == [("a1", 50, 150)]
 
 
