@@ -292,8 +292,9 @@ class SemanticMemory(Recall):
         vector = self.embedder.embed([content])[0]
         with self.lock(agent_id):
             index = self.index(agent_id)
-            with orm.db_session:
-                row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
+            # A recall's access bookkeeping may write the row meanwhile; the new text wins.
+            with orm.db_session(optimistic=False):
+                row = self.store.e.MemoryRow.get_for_update(agent_id=agent_id, id=fid)
                 if row is None:
                     raise NotFound(f"memory not found: {fid}")
                 row.content = content

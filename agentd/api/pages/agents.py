@@ -7,7 +7,7 @@ from typing import Any, Callable
 from flask import render_template, request
 
 from agentd.agents.loop import RunCancelled
-from agentd.agents.manager import MODES
+from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages.notes import see_other_with
@@ -100,19 +100,34 @@ def agent_page(agent_id: str):
 
 @bp.post("/agents/<agent_id>/message")
 def agent_message(agent_id: str):
-    """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back."""
+    """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back.
+
+    A file chosen in the form is stored as POST /api/agents/{id}/upload stores it and
+    attached to the message (images reach a vision model as image parts)."""
     k = kernel()
     handle = k.agents.get(agent_id)
     text = request.form.get("message", "")
     try:
         text = message_text({"message": text})
+        attachments = _attachments(handle)
         try:
-            run_blocking(k, handle, text, [], run=run_fields(principal(), handle))
+            run_blocking(k, handle, text, attachments, run=run_fields(principal(), handle))
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:
         return _agent_page(agent_id, exc.status, exc.message, draft=text)
     return see_other("pages.agent_page", agent_id=handle.id, _anchor="latest")
+
+
+def _attachments(handle: Any) -> list[dict[str, str]]:
+    """The chat form's file, saved to the agent's uploads, as the message's attachments."""
+    upload = request.files.get("attachment")
+    if upload is None or not upload.filename:
+        return []
+    saved = kernel().agents.save_upload(handle, upload.filename,
+                                        (upload.mimetype or "application/octet-stream").lower(),
+                                        upload.read(UPLOAD_LIMIT + 1))
+    return [{"file_id": saved["file_id"]}]
 
 
 def _agent_action(agent_id: str, action: Callable[[Any, Any], Any], refusal_on_page: bool = True):
