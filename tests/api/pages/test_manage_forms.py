@@ -320,3 +320,31 @@ def test_chat_message_with_a_file_and_an_image(web: Browser) -> None:
                  files={"attachment": ("tool.exe", io.BytesIO(b"MZ"), "application/x-msdownload")})
     assert r.status_code == 400 and "unsupported content type" in r.text and "keep me</textarea>" in r.text
     assert len(d.get(f"/api/agents/{agent_id}/session").json()["messages"]) == before
+
+
+def test_new_pages_stay_under_the_page_budget(web: Browser) -> None:
+    """First load (HTML + CSS + scripts) under 60 KB, with a workflow of 20 steps and a
+    memory holding entries of every kind."""
+    d = web.d
+    agent_id, agent = spawn(d)
+    workflow_id = d.post("/api/workflows", json={"name": "long", "steps": [
+        {"name": f"step {i}", "agent_name": agent, "prompt": f"part {i}: {{{{input}}}}"} for i in range(20)]}
+    ).json()["workflow_id"]
+    run_id = d.post(f"/api/workflows/{workflow_id}/runs", json={"input": "x"}).json()["run_id"]
+    finished(d, run_id)
+    base = f"/api/memory/agents/{agent_id}"
+    d.post(f"{base}/entities", json={"entity_type": "person", "name": "Ada"})
+    d.post(f"{base}/entities", json={"entity_type": "concept", "name": "Engines"})
+    d.post(f"{base}/relations", json={"source": "Ada", "relation": "knows_about", "target": "Engines"})
+    fragment = d.post(f"{base}/memories", json={"content": "Ada wrote the first program"}).json()["id"]
+    entity = d.post(f"{base}/graph/query", json={"source": "Ada"}).json()["matches"][0]["source"]["id"]
+    css = len(web.s.get(f"{d.url}/static/app.css").content)
+    scripts = len(web.s.get(f"{d.url}/static/app.js").content) + len(
+        web.s.get(f"{d.url}/static/workflow_run.js").content)
+    for path in ("/workflows/new", f"/workflows/{workflow_id}/edit", f"/workflows/runs/{run_id}",
+                 f"/agents/{agent_id}/memory?q=program", f"/agents/{agent_id}/memory/fragments/{fragment}",
+                 f"/agents/{agent_id}/memory/graph", f"/agents/{agent_id}/memory/graph/{entity}"):
+        r = web.get(path)
+        assert r.status_code == 200, path
+        assert "<script>" not in r.text and "onclick" not in r.text
+        assert len(r.content) + css + scripts <= 60 * 1024, f"{path}: {len(r.content)} bytes"
