@@ -92,6 +92,8 @@ def _int_arg(name: str, default: int) -> int:
      links={"GetMemory": ("memory.get_memory", {"agent_id": "$request.path.agent_id",
                                                 "memory_id": "$response.body#/id"}),
             "DeleteMemory": ("memory.delete_memory", {"agent_id": "$request.path.agent_id",
+                                                      "memory_id": "$response.body#/id"}),
+            "UpdateMemory": ("memory.update_memory", {"agent_id": "$request.path.agent_id",
                                                       "memory_id": "$response.body#/id"})})
 def remember(agent_id: str):
     data = _obj()

@@ -25,6 +25,7 @@ bp = Blueprint("workflows", __name__)
                  "step and field.",
      links={"GetWorkflow": ("workflows.detail", {"workflow_id": "$response.body#/workflow_id"}),
             "RunWorkflow": ("workflows.run", {"workflow_id": "$response.body#/workflow_id"}),
+            "StartRun": ("workflows.start_run", {"workflow_id": "$response.body#/workflow_id"}),
             "ListRuns": ("workflows.runs", {"workflow_id": "$response.body#/workflow_id"}),
             "UpdateWorkflow": ("workflows.update", {"workflow_id": "$response.body#/workflow_id"}),
             "DeleteWorkflow": ("workflows.delete", {"workflow_id": "$response.body#/workflow_id"})})
