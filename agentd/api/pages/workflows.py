@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import render_template, request, url_for
 
 from agentd.agents.runs import check_message
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.workflow_form import WorkflowForm
@@ -47,6 +47,12 @@ def workflow_run(workflow_id: str):
     except AgentdError as exc:
         return _workflow_page(workflow_id, exc.status, exc.message, draft=text)
     return see_other_with("pages.workflow_run_page", ["run started"], run_id=started["run_id"])
+
+
+@bp.get("/workflows/<workflow_id>/run")
+def workflow_run_get(workflow_id: str):
+    """A refused run's page sits at the POST's URL; opening that URL again shows the workflow."""
+    return see_other("pages.workflow_page", workflow_id=kernel().workflows.get(workflow_id)["id"])
 
 
 # -- create and edit ------------------------------------------------------------------------------

@@ -197,6 +197,9 @@ def test_run_from_the_page_follow_its_steps_and_cancel(web: Browser) -> None:
     r = d.post(f"/api/workflows/runs/{run_id}/cancel")
     assert r.status_code == 409 and r.json() == {"error": f"workflow run {run_id} is not in progress (it failed)"}
     assert d.post(f"/api/workflows/runs/{uuid.uuid4()}/cancel").status_code == 404
+    # The URL a refused run's page sits at leads back to the workflow when opened again.
+    r = web.s.get(f"{d.url}/workflows/{workflow_id}/run", allow_redirects=False)
+    assert (r.status_code, r.headers["Location"]) == (303, f"/workflows/{workflow_id}")
     assert d.get(f"/api/workflows/runs/{uuid.uuid4()}/events").status_code == 404
 
 
