@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from werkzeug.datastructures import MultiDict
 
@@ -42,13 +42,14 @@ class WorkflowForm:
         return [dict(blank, **s) for s in self.steps] + [dict(blank) for _ in range(BLANK_ROWS)]
 
 
-def from_definition(workflow: dict[str, Any]) -> WorkflowForm:
-    """The form of a stored workflow (GET /api/workflows/{id})."""
+def from_definition(workflow: dict[str, Any], name_of: Callable[[dict[str, str]], str | None]) -> WorkflowForm:
+    """The form of a stored workflow (GET /api/workflows/{id}); `name_of(ref)` names the live
+    agent a step refers to by id (the form's agent field takes names)."""
     steps = []
     for step in workflow["steps"]:
         row = {k: "" if step.get(k) is None else str(step[k]) for k in STEP_FIELDS if k != "agent_name"}
         agent = step.get("agent") or {}
-        row["agent_name"] = agent.get("name") or agent.get("id") or ""
+        row["agent_name"] = agent.get("name") or (agent and name_of(agent)) or agent.get("id") or ""
         steps.append(row)
     body = {"name": workflow["name"], "description": workflow["description"],
             "steps": [_stored_step(s) for s in workflow["steps"]]}

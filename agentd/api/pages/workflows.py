@@ -98,8 +98,14 @@ def workflow_create():
 
 @bp.get("/workflows/<workflow_id>/edit")
 def workflow_edit(workflow_id: str):
-    workflow = kernel().workflows.get(workflow_id)
-    return _form_page(workflow_form.from_definition(workflow), workflow)
+    engine = kernel().workflows
+    workflow = engine.get(workflow_id)
+
+    def name_of(ref: dict[str, str]) -> str | None:
+        handle = engine.resolve(ref)
+        return handle.name if handle is not None else None
+
+    return _form_page(workflow_form.from_definition(workflow, name_of), workflow)
 
 
 @bp.post("/workflows/<workflow_id>/edit")

@@ -125,6 +125,10 @@ def test_workflow_form_shows_the_error_at_its_step_then_creates_and_edits(web: B
     # Edit: the form holds the stored steps; an out-of-range timeout is placed at its step.
     page = web.get(f"/workflows/{workflow_id}/edit").text
     assert 'name="steps-1-name" value="polish"' in page and 'name="steps-2-name" value=""' in page
+    # A step naming its agent by id shows the agent's name (what the field takes).
+    agent_id = next(a["id"] for a in d.get("/api/agents").json() if a["name"] == agent)
+    by_id = d.post("/api/workflows", json={"name": "by-id", "steps": [{"agent_id": agent_id}]}).json()["workflow_id"]
+    assert f'name="steps-0-agent_name" list="agent-names" value="{agent}"' in web.get(f"/workflows/{by_id}/edit").text
     edit = {"name": "form-made", "description": "edited",
             **step_fields(0, "draft", agent, "write about {{input}}", output_var="draft"),
             **step_fields(1, "polish", agent, "polish {{draft}}", timeout_secs="0")}
