@@ -80,6 +80,19 @@
     var approvals = document.getElementById("live-approvals"), agentId = form.dataset.agentId;
     if (!window.fetch || !window.ReadableStream || !window.TextDecoder) return;
 
+    var picker = form.querySelector("input[type=file]");
+    /* A chosen file is uploaded first (POST .../upload), then the message names it. */
+    function upload() {
+      var file = picker && picker.files && picker.files[0];
+      if (!file) return Promise.resolve(null);
+      var data = new FormData();
+      data.append("file", file, file.name);
+      return fetch(form.dataset.uploadUrl, {method: "POST", credentials: "same-origin", headers: headers(false), body: data})
+        .then(function (r) {
+          if (!r.ok) return errorText(r).then(function (t) { throw new Error(file.name + ": " + t); });
+          return r.json();
+        });
+    }
     form.addEventListener("submit", function (e) {
       var text = input.value;
       if (!text.trim()) return;
@@ -119,8 +132,19 @@
         }
         return false;
       }
-      fetch(form.dataset.streamUrl, {method: "POST", credentials: "same-origin", headers: headers(true),
-                                     body: JSON.stringify({message: text})})
+      upload()
+        .then(function (saved) {
+          var message = {message: text};
+          if (saved) {
+            message.attachments = [{file_id: saved.file_id}];
+            var link = el("a", "attached", "attached: " + saved.filename);
+            link.href = idUrl(form.dataset.fileUrl, saved.file_id);
+            user.appendChild(link);
+            picker.value = "";
+          }
+          return fetch(form.dataset.streamUrl, {method: "POST", credentials: "same-origin", headers: headers(true),
+                                                body: JSON.stringify(message)});
+        })
         .then(function (res) {
           if (!res.ok) return errorText(res).then(function (t) { bot.appendChild(el("p", "error", t)); finish("error", true); });
           var reader = res.body.getReader(), dec = new TextDecoder(), buf = "", ended = false;
@@ -136,7 +160,7 @@
           }
           return pump();
         })
-        .catch(function (err) { finish("failed: " + err.message, true); });
+        .catch(function (err) { bot.appendChild(el("p", "error", err.message)); finish("failed: " + err.message, true); });
     });
   }
 

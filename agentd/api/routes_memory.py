@@ -6,8 +6,8 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.schemas_memory import (EntitySchema, GraphQuerySchema, MemoryPageQuery, RecallSchema,
-                                       RelationSchema, RememberSchema)
+from agentd.api.schemas_memory import (EntitySchema, FragmentUpdateSchema, GraphQuerySchema, MemoryPageQuery,
+                                       RecallSchema, RelationSchema, RememberSchema)
 from agentd.api import body
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
@@ -92,6 +92,8 @@ def _int_arg(name: str, default: int) -> int:
      links={"GetMemory": ("memory.get_memory", {"agent_id": "$request.path.agent_id",
                                                 "memory_id": "$response.body#/id"}),
             "DeleteMemory": ("memory.delete_memory", {"agent_id": "$request.path.agent_id",
+                                                      "memory_id": "$response.body#/id"}),
+            "UpdateMemory": ("memory.update_memory", {"agent_id": "$request.path.agent_id",
                                                       "memory_id": "$response.body#/id"})})
 def remember(agent_id: str):
     data = _obj()
@@ -112,6 +114,17 @@ def list_memories(agent_id: str):
 @doc("One fragment", tags="memory", response=out.FragmentSchema, errors={404: "No such agent or memory"})
 def get_memory(agent_id: str, memory_id: str):
     return jsonify(kernel().memory.get(agent(agent_id).id, memory_id))
+
+
+@bp.put(f"{_BASE}/memories/<memory_id>")
+@doc("Rewrite one fragment (same id; embedded again; nothing merges)", tags="memory", body=FragmentUpdateSchema,
+     response=out.FragmentSchema, body_example={"content": "The user prefers green tea"},
+     errors={404: "No such agent or memory"})
+def update_memory(agent_id: str, memory_id: str):
+    handle = agent(agent_id)
+    data = _obj()
+    return jsonify(kernel().memory.update(handle.id, memory_id, data.get("content"), data.get("scope"),
+                                          data.get("confidence")))
 
 
 @bp.delete(f"{_BASE}/memories/<memory_id>")

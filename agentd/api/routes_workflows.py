@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Iterator
+
 from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
@@ -10,6 +13,8 @@ from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.runs import check_message
 from agentd.api import body
 from agentd.api.routes_system import kernel
+from agentd.api.runs import acquire_stream_slot, stream_slots
+from agentd.api.sse import comment, format_event, sse_response
 
 bp = Blueprint("workflows", __name__)
 
@@ -20,6 +25,7 @@ bp = Blueprint("workflows", __name__)
                  "step and field.",
      links={"GetWorkflow": ("workflows.detail", {"workflow_id": "$response.body#/workflow_id"}),
             "RunWorkflow": ("workflows.run", {"workflow_id": "$response.body#/workflow_id"}),
+            "StartRun": ("workflows.start_run", {"workflow_id": "$response.body#/workflow_id"}),
             "ListRuns": ("workflows.runs", {"workflow_id": "$response.body#/workflow_id"}),
             "UpdateWorkflow": ("workflows.update", {"workflow_id": "$response.body#/workflow_id"}),
             "DeleteWorkflow": ("workflows.delete", {"workflow_id": "$response.body#/workflow_id"})})
@@ -79,3 +85,82 @@ def runs(workflow_id: str):
 @doc("One run with its step results", tags="workflows", response=out.WorkflowRunDetailSchema)
 def run_detail(run_id: str):
     return jsonify(kernel().workflows.run_detail(run_id))
+
+
+@bp.post("/api/workflows/<workflow_id>/runs")
+@doc("Start a run and answer at once", tags="workflows", body=WorkflowRunSchema, body_required=False, ok=202,
+     response=out.WorkflowRunStartedSchema, body_example={"input": "solar sails"},
+     description="The run goes on in the daemon: follow it with `GET /api/workflows/runs/{run_id}/events`, "
+                 "read it with `GET /api/workflows/runs/{run_id}`, stop it with `POST .../cancel`.",
+     errors={413: "Input over 64 KB", 503: "The daemon is shutting down"},
+     links={"GetRun": ("workflows.run_detail", {"run_id": "$response.body#/run_id"}),
+            "RunEvents": ("workflows.run_events", {"run_id": "$response.body#/run_id"}),
+            "CancelRun": ("workflows.cancel_run", {"run_id": "$response.body#/run_id"})})
+def start_run(workflow_id: str):
+    text = body.load(WorkflowRunSchema(), allow_empty=True)["input"]
+    check_message(text, "input")
+    return jsonify(kernel().workflows.start(workflow_id, text)), 202
+
+
+@bp.post("/api/workflows/runs/<run_id>/cancel")
+@doc("Cancel a run in progress", tags="workflows", response=out.WorkflowRunDetailSchema,
+     description="The run ends `failed` with the error `step N (...) failed: run cancelled`; the answer is "
+                 "its record once it has stopped (a step's agent run stops at its next cancellation point).",
+     errors={409: "The run is not in progress, or another daemon drives it"})
+def cancel_run(run_id: str):
+    return jsonify(kernel().workflows.cancel(run_id))
+
+
+KEEP_ALIVE_SECS = 15.0
+WAKE_SECS = 0.5  # the longest a watcher sleeps (runs driven by another daemon only show in the database)
+
+
+def step_events(run_id: str) -> Iterator[str]:
+    """A run's step events until it ends: `step_started`, `step_result`, then `done`."""
+    engine = kernel().workflows
+    record, running = engine.progress(run_id)
+    results_sent, started_sent = 0, set()
+    quiet_since = time.monotonic()
+    while True:
+        events = []
+        results = record["step_results"]
+        for result in results[results_sent:]:
+            events.append(format_event("step_result", result))
+        results_sent = len(results)
+        steps = engine.get(record["workflow_id"])["steps"] if running else []
+        for index in running:
+            if index not in started_sent and index < len(steps):
+                started_sent.add(index)
+                events.append(format_event("step_started", {"step_index": index, "step_name": steps[index]["name"]}))
+        status = record["state"]["status"]
+        if status in ("completed", "failed"):
+            events.append(format_event("done", {"run_id": record["id"], "status": status,
+                                                "output": record["output"] or "", "error": record["error"],
+                                                "steps_completed": record["steps_completed"]}))
+            yield from events
+            return
+        if events:
+            quiet_since = time.monotonic()
+            yield from events
+        elif time.monotonic() - quiet_since >= KEEP_ALIVE_SECS:
+            # A write to a client that left fails here, which ends the stream.
+            quiet_since = time.monotonic()
+            yield comment("keep-alive")
+        engine.wait_change(WAKE_SECS)
+        record, running = engine.progress(run_id)
+
+
+@bp.get("/api/workflows/runs/<run_id>/events")
+@doc("A run's step events (Server-Sent Events) until it ends", tags="workflows", response=out.SSE,
+     response_media="text/event-stream",
+     description="`step_result` for every step result recorded so far and then as each is recorded (the "
+                 "fields of `step_results` items), `step_started` `{step_index, step_name}` when a step "
+                 "begins (from the daemon that drives the run), and last `done` `{run_id, status, output, "
+                 "error, steps_completed}`. A finished run answers its results and `done` at once.",
+     errors={503: "Too many concurrent streams (`Retry-After`)"})
+def run_events(run_id: str):
+    engine = kernel().workflows
+    engine.run_detail(run_id)  # an unknown run is a 404 before the stream begins
+    acquire_stream_slot(kernel())
+    slots = stream_slots()
+    return sse_response(step_events(run_id), on_close=slots.release)

@@ -45,6 +45,12 @@ class RememberSchema(_Loose):
     confidence = StrictFloat(allow_none=True, validate=validate.Range(0, 1))
 
 
+class FragmentUpdateSchema(_Loose):
+    content = _text(32_000, required=True)
+    scope = _text(256, allow_none=True, metadata={"description": "kept when not given"})
+    confidence = StrictFloat(allow_none=True, validate=validate.Range(0, 1))
+
+
 class MemoryFilterSchema(Schema):
     source = fields.String(allow_none=True, validate=validate.OneOf(SOURCES))
     scope = _text(256, allow_none=True)

@@ -285,6 +285,28 @@ class SemanticMemory(Recall):
             else:
                 meta(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
 
+    def update(self, agent_id: str, fid: str, content: str, scope: str | None = None,
+               confidence: float | None = None) -> None:
+        """Rewrite one fragment in place (same id, new vector); NotFound when there is none.
+        Unlike `remember` nothing merges: a person correcting a fragment means that one."""
+        vector = self.embedder.embed([content])[0]
+        with self.lock(agent_id):
+            index = self.index(agent_id)
+            # A recall's access bookkeeping may write the row meanwhile; the new text wins.
+            with orm.db_session(optimistic=False):
+                row = self.store.e.MemoryRow.get_for_update(agent_id=agent_id, id=fid)
+                if row is None:
+                    raise NotFound(f"memory not found: {fid}")
+                row.content = content
+                row.embedding, row.model = vector.astype("<f4").tobytes(), self.embedder.name
+                if scope is not None:
+                    row.scope = scope
+                if confidence is not None:
+                    row.confidence = float(confidence)
+                created, conf, source, scope_ = row.created_at, row.confidence, row.source, row.scope
+            index.put(fid, vector, epoch(created), conf, source, scope_)
+        self._changed(agent_id)
+
     def delete(self, agent_id: str, fid: str) -> None:
         """Remove one fragment; NotFound when the agent has none with that id."""
         with self.lock(agent_id):

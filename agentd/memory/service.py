@@ -153,6 +153,14 @@ class MemoryService:
     def get(self, agent_id: str, memory_id: str) -> dict[str, Any]:
         return self.semantic.get(agent_id, memory_id)
 
+    def update(self, agent_id: str, memory_id: str, content: Any, scope: Any = None,
+               confidence: Any = None) -> dict[str, Any]:
+        """Rewrite a fragment's content (and scope, confidence); the fragment as it now is."""
+        self.semantic.update(agent_id, memory_id, fields.text(content, "content"),
+                             fields.text(scope, "scope", fields.MAX_NAME) if scope is not None else None,
+                             fields.confidence(confidence) if confidence is not None else None)
+        return self.semantic.get(agent_id, memory_id)
+
     def delete(self, agent_id: str, memory_id: str) -> None:
         self.semantic.delete(agent_id, memory_id)
 

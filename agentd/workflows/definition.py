@@ -49,17 +49,22 @@ class WorkflowDef:
     steps: list[dict[str, Any]]
 
 
-class _StepError(BadRequest):
-    pass
+class StepError(BadRequest):
+    """A refusal that belongs to one step: `index` (0-based) and `field` let a form show it there."""
+
+    def __init__(self, message: str, index: int, field: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
 
 
-def _fail(index: int, step: dict[str, Any], field: str, problem: str) -> _StepError:
+def _fail(index: int, step: dict[str, Any], field: str, problem: str) -> StepError:
     label = f"step {index + 1}"
     name = step.get("name")
     # A step without a name of its own is normalised to its label: do not say it twice.
     if isinstance(name, str) and name and name != label:
         label += f" ({name!r})"
-    return _StepError(f"invalid workflow: {label}: {field}: {problem}")
+    return StepError(f"invalid workflow: {label}: {field}: {problem}", index, field)
 
 
 def template_names(template: str) -> list[str]:
@@ -132,7 +137,8 @@ def _agent_ref(raw: dict[str, Any], index: int, mode: str) -> dict[str, str] | N
 
 def _parse_step(raw: Any, index: int, agent_exists: AgentExists) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise BadRequest(f"invalid workflow: step {index + 1}: must be an object, got {type(raw).__name__}")
+        raise StepError(f"invalid workflow: step {index + 1}: must be an object, got {type(raw).__name__}",
+                        index, "step")
     unknown = sorted(set(raw) - STEP_FIELDS)
     if unknown:
         raise _fail(index, raw, unknown[0], f"unknown field (expected some of {', '.join(sorted(STEP_FIELDS))})")

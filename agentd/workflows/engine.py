@@ -1,6 +1,7 @@
 """The workflow engine: definitions, runs and their bookkeeping, recovery.
 
-The caller's thread drives a run (POST /run blocks until it ends); the steps are executed
+The caller's thread drives a run (POST /run blocks until it ends), or a thread of its own
+does (`start`: the caller follows the run's step events and may cancel it); the steps are executed
 by agentd/workflows/steps.py. Every run record names the daemon that drives it
 (`workflow_runs.daemon_id`), so several daemons on one database each recover only their own
 runs at start, and the cluster's reaper (agentd/store/leases.py) fails the runs of a daemon
@@ -25,6 +26,7 @@ from agentd.workflows.store import WorkflowStore
 
 log = logging.getLogger("agentd.workflows")
 
+CANCEL_WAIT_SECS = 5.0
 INTERRUPTED = ("interrupted: the daemon stopped while this run was in progress "
                "(marked failed when the daemon restarted)")
 
@@ -47,7 +49,10 @@ class WorkflowEngine:
         self._active: dict[str, RunState] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self.steps = StepRunner(agents, runs, executor, self.db.save_progress, self._closing, backoff_base)
+        # Notified whenever a run starts a step, records results or ends (see `wait_change`).
+        self._changed = threading.Condition()
+        self.steps = StepRunner(agents, runs, executor, self._save_progress, self._closing, backoff_base,
+                                on_progress=self._notify)
 
     # -- lifecycle ----------------------------------------------------------------
     def recover(self) -> int:
@@ -124,6 +129,56 @@ class WorkflowEngine:
     # -- running ------------------------------------------------------------------------
     def run(self, workflow_id: str, text: str) -> dict[str, Any]:
         """Run to the end in the calling thread; `{run_id, output, status[, error]}`."""
+        workflow, run = self._begin(workflow_id, text)
+        return self._drive(workflow, run, self.db.start_run(run.run_id))
+
+    def start(self, workflow_id: str, text: str) -> dict[str, Any]:
+        """Start a run on a thread of its own and answer at once: `{run_id, status}`."""
+        workflow, run = self._begin(workflow_id, text)
+        started = self.db.start_run(run.run_id)
+        thread = threading.Thread(target=self._drive, args=(workflow, run, started), daemon=True,
+                                  name=f"agentd-wf-{run.run_id[:8]}")
+        thread.start()
+        return {"run_id": run.run_id, "status": "running" if started else "failed"}
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Stop a run this daemon drives; waits briefly for it to end and answers its record."""
+        key = parse_uuid(run_id, "run")
+        with self._lock:
+            run = self._active.get(key)
+        if run is None:
+            record = self.run_detail(key)
+            status = record["state"]["status"]
+            if status in ("pending", "running"):
+                raise Conflict(f"workflow run {key} is driven by daemon {record['daemon_id']}; cancel it there")
+            raise Conflict(f"workflow run {key} is not in progress (it {status})")
+        run.cancel.set()
+        # Steps notice within a poll interval; an agent run stops at its next cancellation point.
+        run.finished.wait(CANCEL_WAIT_SECS)
+        return self.run_detail(key)
+
+    def progress(self, run_id: str) -> tuple[dict[str, Any], list[int]]:
+        """A run's record and the indexes of the steps in progress (known only where it runs)."""
+        record = self.run_detail(run_id)
+        with self._lock:
+            run = self._active.get(record["id"])
+        return record, list(run.running) if run is not None else []
+
+    def wait_change(self, timeout: float) -> None:
+        """Sleep until some run makes progress, or `timeout` seconds."""
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _save_progress(self, run_id: str, step_results: list[dict[str, Any]], steps_completed: int) -> bool:
+        saved = self.db.save_progress(run_id, step_results, steps_completed)
+        self._notify()
+        return saved
+
+    def _begin(self, workflow_id: str, text: str) -> tuple[dict[str, Any], RunState]:
         if self._closing.is_set():
             raise AgentdError("the daemon is shutting down", status=503)
         workflow = self.get(workflow_id)
@@ -131,9 +186,12 @@ class WorkflowEngine:
                        current=text)
         with self._lock:
             self._active[run.run_id] = run
+        return workflow, run
+
+    def _drive(self, workflow: dict[str, Any], run: RunState, started: bool) -> dict[str, Any]:
         try:
             error: str | None = "the run was failed before it started"  # by another daemon
-            if self.db.start_run(run.run_id):
+            if started:
                 try:
                     error = self.steps.drive(run)
                 except Exception as exc:  # noqa: BLE001 - a run must never stay `running`
@@ -150,6 +208,8 @@ class WorkflowEngine:
         finally:
             with self._lock:
                 self._active.pop(run.run_id, None)
+            run.finished.set()
+            self._notify()
         body: dict[str, Any] = {"run_id": run.run_id, "output": output, "status": status}
         if error:
             body["error"] = error

@@ -65,6 +65,8 @@ class RunState:
     fanout: list[tuple[str, str]] = field(default_factory=list)   # (step name, output) since last collect
     results: list[dict[str, Any]] = field(default_factory=list)
     steps_completed: int = 0
+    running: tuple[int, ...] = ()        # indexes of the step (or fan-out group) in progress
+    finished: threading.Event = field(default_factory=threading.Event)
 
 
 def _agent_label(ref: dict[str, str]) -> str:
@@ -98,11 +100,13 @@ class StepRunner:
 
     def __init__(self, agents: AgentRegistry, runs: Runs, executor: concurrent.futures.Executor,
                  save_progress: SaveProgress, closing: threading.Event,
-                 backoff_base: float = BACKOFF_BASE) -> None:
+                 backoff_base: float = BACKOFF_BASE, on_progress: Callable[[], None] = lambda: None) -> None:
+        """`on_progress()` hears of every step starting (watchers of a run wake up)."""
         self.agents = agents
         self.runs = runs
         self.executor = executor
         self.save_progress = save_progress
+        self.on_progress = on_progress
         self._closing = closing
         self.backoff_base = backoff_base
         # Coordinators of fan-out branches only wait; many may wait at once.
@@ -126,11 +130,16 @@ class StepRunner:
                 end = index
                 while end < len(steps) and steps[end]["mode"] == "fan_out":
                     end += 1
+                run.running = tuple(range(index, end))
+                self.on_progress()
                 error = self._fan_out(run, list(range(index, end)))
                 index = end
             else:
+                run.running = (index,)
+                self.on_progress()
                 error = self._single(run, index)
                 index += 1
+            run.running = ()
             if not self.save_progress(run.run_id, run.results, run.steps_completed):
                 return error or "the run was failed elsewhere (its daemon was believed dead); stopped"
             if error:

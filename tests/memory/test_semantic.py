@@ -1152,3 +1152,24 @@ def test_rebuild_reembeds_only_the_agents_own_row(tmp_path: Path) -> None:
     assert again.index("a").ids == ["same"]
     assert sql(again, "SELECT agent_id, model FROM memory_fragments ORDER BY agent_id") == \
         [("a", "test/scripted"), ("b", "model/old")]
+
+
+def test_update_rewrites_a_fragment_in_place(tmp_path: Path) -> None:
+    memory, emb, changed = new_memory(tmp_path)
+    emb.vectors.update({"tea": unit(1), "volcano": unit(0, 1), "coffee": unit(0, 0, 1)})
+    tea = memory.remember("a", "tea", scope="prefs", confidence=0.5)["id"]
+    memory.remember("a", "volcano")
+    changed.clear()
+    memory.update("a", tea, "coffee", confidence=0.9)
+    fragment = memory.get("a", tea)
+    assert (fragment["content"], fragment["scope"], fragment["confidence"]) == ("coffee", "prefs", 0.9)
+    assert changed == ["a"]
+    # The index holds the new vector under the same id: a search by the new meaning finds it.
+    assert memory.index("a").search(unit(0, 0, 1), 1)[0].id == tea
+    assert sql(memory, "SELECT content, scope FROM memory_fragments WHERE id = ?", tea) == [("coffee", "prefs")]
+    memory.update("a", tea, "coffee", scope="drinks")
+    assert memory.get("a", tea)["scope"] == "drinks" and memory.count("a") == 2
+    with pytest.raises(NotFound, match="memory not found"):
+        memory.update("a", str(uuid.uuid4()), "coffee")
+    with pytest.raises(NotFound):
+        memory.update("b", tea, "coffee")

@@ -943,3 +943,45 @@ def test_a_timed_out_attempt_is_retried(engine, agents) -> None:
     assert (body["status"], body["output"]) == ("completed", "second try"), "BUG: a timeout is not retried"
     assert records(engine, body)[0]["attempts"] == 2 and len(agents.calls) == 2
     assert agents.cancels[0].is_set() and not agents.cancels[1].is_set()
+
+
+# -- runs started without waiting: progress, cancel -------------------------------------------------
+
+def test_a_started_run_reports_its_step_in_progress_and_is_cancelled(engine, agents) -> None:
+    agents.add("slow", blocking())
+    agents.add("after")
+    wid = flow(engine, {"name": "wait", "agent_name": "slow"}, {"name": "next", "agent_name": "after"})
+    started = engine.start(wid, "go")
+    run_id = started["run_id"]
+    assert started == {"run_id": run_id, "status": "running"}
+    deadline = time.monotonic() + 5
+    while engine.progress(run_id)[1] != [0] and time.monotonic() < deadline:
+        engine.wait_change(0.1)
+    record, running = engine.progress(run_id)
+    assert running == [0] and record["state"]["status"] == "running" and record["step_results"] == []
+    final = engine.cancel(run_id)
+    assert final["state"]["status"] == "failed" and final["error"] == "step 1 ('wait') failed: run cancelled"
+    assert [r["status"] for r in final["step_results"]] == ["failed"]
+    assert engine.progress(run_id)[1] == []
+    assert [c[0] for c in agents.calls] == ["slow"], "the step after a cancelled one never runs"
+    with pytest.raises(Conflict, match=f"workflow run {run_id} is not in progress \\(it failed\\)"):
+        engine.cancel(run_id)
+    with pytest.raises(NotFound):
+        engine.cancel(str(uuid.uuid4()))
+    with pytest.raises(BadRequest):
+        engine.cancel("not-a-run")
+
+
+def test_a_run_another_daemon_drives_is_not_cancelled_here(store, agents, pool) -> None:
+    agents.add("a")
+    here = WorkflowEngine(store, agents, agents, pool, daemon_id="d1")
+    try:
+        wid = here.create({"name": "elsewhere", "steps": [{"agent_name": "a"}]})
+        # A run record of daemon d2 that this daemon does not drive.
+        run_id = here.db.create_run(here.get(wid), "x", "d2")
+        assert here.db.start_run(run_id)
+        with pytest.raises(Conflict, match=f"workflow run {run_id} is driven by daemon d2; cancel it there"):
+            here.cancel(run_id)
+        assert here.progress(run_id)[1] == []
+    finally:
+        here.close()

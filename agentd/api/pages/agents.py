@@ -1,14 +1,14 @@
-"""Agents: list and spawn, the agent page with chat, session actions, memory, approvals."""
+"""Agents: list and spawn, the agent page with chat, session actions, approvals (memory: memory.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from flask import current_app, render_template, request, url_for
+from flask import render_template, request
 
 from agentd.agents.loop import RunCancelled
-from agentd.agents.manager import MODES
 from agentd.agents import manifest_edit
+from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages.notes import see_other_with
@@ -162,19 +162,34 @@ def agent_page(agent_id: str):
 
 @bp.post("/agents/<agent_id>/message")
 def agent_message(agent_id: str):
-    """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back."""
+    """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back.
+
+    A file chosen in the form is stored as POST /api/agents/{id}/upload stores it and
+    attached to the message (images reach a vision model as image parts)."""
     k = kernel()
     handle = k.agents.get(agent_id)
     text = request.form.get("message", "")
     try:
         text = message_text({"message": text})
+        attachments = _attachments(handle)
         try:
-            run_blocking(k, handle, text, [], run=run_fields(principal(), handle))
+            run_blocking(k, handle, text, attachments, run=run_fields(principal(), handle))
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:
         return _agent_page(agent_id, exc.status, exc.message, draft=text)
     return see_other("pages.agent_page", agent_id=handle.id, _anchor="latest")
+
+
+def _attachments(handle: Any) -> list[dict[str, str]]:
+    """The chat form's file, saved to the agent's uploads, as the message's attachments."""
+    upload = request.files.get("attachment")
+    if upload is None or not upload.filename:
+        return []
+    saved = kernel().agents.save_upload(handle, upload.filename,
+                                        (upload.mimetype or "application/octet-stream").lower(),
+                                        upload.read(UPLOAD_LIMIT + 1))
+    return [{"file_id": saved["file_id"]}]
 
 
 def _agent_action(agent_id: str, action: Callable[[Any, Any], Any], refusal_on_page: bool = True):
@@ -229,39 +244,6 @@ def agent_kill(agent_id: str):
         return see_other("pages.agent_kill_confirm", agent_id=handle.id)
     agents.kill(handle)
     return see_other_with("pages.agents_list", [f"agent {handle.name} was killed"])
-
-
-MEMORIES_SHOWN = 50
-KV_SHOWN = 100  # key-value entries per page of the memory page (700 entries were ~57 KB)
-
-
-def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
-    """A page of semantic memories (GET /api/memory/agents/{id}/memories) when the daemon
-    has the memory service, else None."""
-    pager = getattr(getattr(k, "memory", None), "page", None)
-    if not callable(pager):
-        return None
-    return pager(agent_id, MEMORIES_SHOWN, offset)
-
-
-@bp.get("/agents/<agent_id>/memory")
-def agent_memory(agent_id: str):
-    k = kernel()
-    handle = k.agents.get(agent_id)
-    page = _page_number()
-    memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
-    if memories is not None and memories["total"] and (page - 1) * MEMORIES_SHOWN >= memories["total"]:
-        page = -(-memories["total"] // MEMORIES_SHOWN)  # past the end: the last page
-        memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
-    json_url = (url_for("memory.list_memories", agent_id=handle.id)
-                if memories is not None and "memory.list_memories" in current_app.view_functions else "")
-    entries = sorted(k.kv.all(handle.id).items())
-    kv_pages = max(1, -(-len(entries) // KV_SHOWN))
-    kv_page = min(_page_number("kv_page"), kv_pages)
-    return render_template("memory.html", agent=k.agents.summary(handle),
-                           kv=entries[(kv_page - 1) * KV_SHOWN:kv_page * KV_SHOWN], kv_total=len(entries),
-                           kv_page=kv_page, kv_pages=kv_pages, memories=memories, memories_json=json_url,
-                           offset=(page - 1) * MEMORIES_SHOWN, page=page, per_page=MEMORIES_SHOWN)
 
 
 @bp.get("/approvals")

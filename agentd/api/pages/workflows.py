@@ -1,12 +1,16 @@
-"""Workflows: definitions and runs, one workflow's steps and results, the run form."""
+"""Workflows: definitions and runs, the create and edit form, a run's live steps, cancel."""
 
 from __future__ import annotations
 
-from flask import render_template, request
+from flask import render_template, request, url_for
 
 from agentd.agents.runs import check_message
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import workflow_form
+from agentd.api.pages.notes import see_other_with
+from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
+from agentd.workflows.definition import ERROR_MODES, MODES, StepError
 
 RUNS_SHOWN = 20
 
@@ -34,11 +38,110 @@ def workflow_page(workflow_id: str):
 
 @bp.post("/workflows/<workflow_id>/run")
 def workflow_run(workflow_id: str):
-    """Runs to the end like POST /api/workflows/{id}/run, then 303 back to the results."""
+    """Starts a run like POST /api/workflows/{id}/runs, then 303 to the run's page (its steps
+    stream in with JavaScript; without, a refresh shows how far it got)."""
     text = request.form.get("input", "")
     try:
         check_message(text, "input")
-        kernel().workflows.run(workflow_id, text)
+        started = kernel().workflows.start(workflow_id, text)
     except AgentdError as exc:
         return _workflow_page(workflow_id, exc.status, exc.message, draft=text)
-    return see_other("pages.workflow_page", workflow_id=workflow_id)
+    return see_other_with("pages.workflow_run_page", ["run started"], run_id=started["run_id"])
+
+
+@bp.get("/workflows/<workflow_id>/run")
+def workflow_run_get(workflow_id: str):
+    """A refused run's page sits at the POST's URL; opening that URL again shows the workflow."""
+    return see_other("pages.workflow_page", workflow_id=kernel().workflows.get(workflow_id)["id"])
+
+
+# -- create and edit ------------------------------------------------------------------------------
+
+def _form_page(form: WorkflowForm, workflow: dict | None = None, status: int = 200):
+    agents = sorted(h.name for h in kernel().agents.handles())
+    return render_template("workflow_form.html", form=form, workflow=workflow, agents=agents, modes=MODES,
+                           error_modes=ERROR_MODES), status
+
+
+def _save(workflow_id: str | None):
+    engine = kernel().workflows
+    workflow = engine.get(workflow_id) if workflow_id else None
+    form, body, rows = WorkflowForm(), None, []
+    try:
+        form, body, rows = workflow_form.read(request.form)
+        if workflow is None:
+            workflow_id = engine.create(body)
+        else:
+            engine.update(workflow["id"], body)
+    except StepError as exc:
+        form.error, form.error_field = exc.message, exc.field
+        # Steps typed in fieldsets: the fieldset of the refused step; typed as text: none.
+        form.error_row = exc.index if rows and exc.index < len(rows) else None
+        return _form_page(form, workflow, exc.status)
+    except AgentdError as exc:
+        form.error = exc.message
+        return _form_page(form, workflow, exc.status)
+    verb = "created" if workflow is None else "saved"
+    return see_other_with("pages.workflow_page", [f"workflow {engine.get(workflow_id)['name']} {verb}"],
+                          workflow_id=workflow_id)
+
+
+@bp.get("/workflows/new")
+def workflow_new():
+    return _form_page(WorkflowForm())
+
+
+@bp.post("/workflows/new")
+def workflow_create():
+    return _save(None)
+
+
+@bp.get("/workflows/<workflow_id>/edit")
+def workflow_edit(workflow_id: str):
+    engine = kernel().workflows
+    workflow = engine.get(workflow_id)
+
+    def name_of(ref: dict[str, str]) -> str | None:
+        handle = engine.resolve(ref)
+        return handle.name if handle is not None else None
+
+    return _form_page(workflow_form.from_definition(workflow, name_of), workflow)
+
+
+@bp.post("/workflows/<workflow_id>/edit")
+def workflow_update(workflow_id: str):
+    return _save(workflow_id)
+
+
+# -- one run: its steps as they go, cancel ----------------------------------------------------------
+
+@bp.get("/workflows/runs/<run_id>")
+def workflow_run_page(run_id: str):
+    engine = kernel().workflows
+    run, running = engine.progress(run_id)
+    try:
+        steps = engine.get(run["workflow_id"])["steps"]
+    except AgentdError:
+        steps = []  # the workflow was deleted meanwhile; its run record stays readable
+    results: dict[int, list[dict]] = {}
+    for result in run["step_results"]:
+        results.setdefault(result.get("step_index", -1), []).append(result)
+    active = run["state"]["status"] in ("pending", "running")
+    return render_template("workflow_run.html", run=run, steps=steps, results=results, running=running,
+                           active=active,
+                           events_url=url_for("workflows.run_events", run_id=run["id"]) if active else "")
+
+
+@bp.post("/workflows/runs/<run_id>/cancel")
+def workflow_cancel(run_id: str):
+    engine = kernel().workflows
+    run = engine.run_detail(run_id)
+    try:
+        final = engine.cancel(run["id"])
+    except AgentdError as exc:
+        return see_other_with("pages.workflow_run_page", [exc.message], ok=False, run_id=run["id"])
+    if final["state"]["status"] in ("pending", "running"):
+        note = "cancel requested: the step in progress stops at its agent's next cancellation point"
+    else:
+        note = "run cancelled"
+    return see_other_with("pages.workflow_run_page", [note], run_id=run["id"])

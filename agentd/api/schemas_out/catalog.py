@@ -118,6 +118,11 @@ class WorkflowRunResultSchema(Out):
     status = status("completed", "failed")
 
 
+class WorkflowRunStartedSchema(Out):
+    run_id = Str()
+    status = status("running", "failed")
+
+
 class RunStateSchema(Out):
     status = status("pending", "running", "completed", "failed")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -532,6 +533,16 @@ def test_provider_test_failure_names_the_provider_once(dash, monkeypatch) -> Non
     assert "mistral: cannot reach http://127.0.0.1:9" in html and "mistral: mistral:" not in html
 
 
+def finished(kernel: Kernel, run_id: str) -> dict:
+    """A run started from a page, once it has ended (it runs on in the daemon)."""
+    for _ in range(200):
+        run = kernel.workflows.run_detail(run_id)
+        if run["state"]["status"] in ("completed", "failed"):
+            return run
+        time.sleep(0.05)
+    raise AssertionError(f"run {run_id} still {run['state']['status']}")
+
+
 def test_workflow_pages_and_run_form(dash) -> None:
     client, kernel = dash
     spawn(kernel, "writer")
@@ -542,7 +553,9 @@ def test_workflow_pages_and_run_form(dash) -> None:
     html = page(client, f"/workflows/{workflow_id}").get_data(as_text=True)
     assert "first" in html and "Not run yet" in html
     r = post(client, f"/workflows/{workflow_id}/run", {"input": "hello", "csrf_token": token_of(html)})
-    assert r.status_code == 303 and r.headers["Location"] == f"/workflows/{workflow_id}"
+    assert r.status_code == 303 and r.headers["Location"].startswith("/workflows/runs/")
+    run_id = r.headers["Location"].split("/")[3].split("?")[0]
+    finished(kernel, run_id)
     html = page(client, f"/workflows/{workflow_id}").get_data(as_text=True)
     assert 'id="run-output">echo: say hello<' in html and "completed" in html
     assert "greet" in page(client, "/").get_data(as_text=True)  # recent runs on the overview

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from agentd.api.pages import agents as agent_pages
 from agentd.api.pages import auth as auth_pages
 from agentd.api.pages import catalog as catalog_pages
 from agentd.api.pages import channels as channel_pages
+from agentd.api.pages import memory as memory_pages
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from agentd.timestamps import utcnow
@@ -271,13 +273,13 @@ def test_memories_helper() -> None:
         calls.append((agent_id, limit, offset))
         return {"memories": [], "total": 0}
 
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150) == \
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150) == \
         {"memories": [], "total": 0}
     assert calls == [("a1", 50, 150)]
-    assert agent_pages._memories(SimpleNamespace(), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=None), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0) is None
-    assert agent_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=None), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0) is None
     assert calls == [("a1", 50, 150)]
 
 
@@ -460,7 +462,12 @@ def test_workflow_page_shows_the_newest_run_and_keeps_a_refused_input(dash) -> N
     for text in ("older", "newer"):
         r = client.post(f"/workflows/{workflow_id}/run", data={"input": text, "csrf_token": token},
                         environ_base=LOCAL)
-        assert (r.status_code, r.headers["Location"]) == (303, f"/workflows/{workflow_id}")
+        assert r.status_code == 303 and r.headers["Location"].startswith("/workflows/runs/")
+        run_id = r.headers["Location"].split("/")[3].split("?")[0]
+        for _ in range(200):
+            if kernel.workflows.run_detail(run_id)["state"]["status"] == "completed":
+                break
+            time.sleep(0.05)
     r = client.get(f"/workflows/{workflow_id}", environ_base=LOCAL)
     assert r.status_code == 200
     html = r.get_data(as_text=True)
