@@ -367,16 +367,17 @@ class MemoryService:
         batch = [item for item in batch if item[0] not in self._dead]
         if not batch:
             return
+        by_agent: dict[str, list[int]] = {}
+        for at, item in enumerate(batch):
+            by_agent.setdefault(item[0], []).append(at)
         try:
             # One model run for the whole batch, whichever agents it spans: a batch costs
             # less per text than single runs.
             vectors = self.semantic.embedder.embed([content for _, _, content, _ in batch])
         except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
-            log.exception("embedding %d exchange(s) failed", len(batch))
+            for agent_id, places in by_agent.items():
+                log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
             return
-        by_agent: dict[str, list[int]] = {}
-        for at, item in enumerate(batch):
-            by_agent.setdefault(item[0], []).append(at)
         for agent_id, places in by_agent.items():
             items = [batch[at] for at in places]
             try:
