@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from agentd.config import MemoryConfig
 from agentd.memory import fields
 from agentd.memory.graph import KnowledgeGraph
+from agentd.memory.trim import Trimmer
 from agentd.store import Store
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,6 +78,7 @@ class MemoryService:
         self._cache_empty = not store.shared
         self._writes = 0  # counts _changed/invalidate calls: a count that raced a write is not cached
         self._worker: threading.Thread | None = None
+        self._trim = Trimmer()
         self._dead: set[str] = set()
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -359,6 +361,7 @@ class MemoryService:
                     self._store_exchanges([item for item in batch if item is not None])
                     return
                 self._store_exchanges(batch)  # type: ignore[arg-type]
+                self._trim()
             finally:
                 for _ in batch:
                     self._queue.task_done()
