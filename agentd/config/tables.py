@@ -133,7 +133,7 @@ class MemoryConfig:
     share_episodic: bool = False
     recall_limit: int = 5
     min_score: float = 0.3
-    # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is
+    # Threads one embedding may use (0 = up to 2, as the daemon may use cores): a query is
     # one small forward pass, and a second core cuts its latency by about a third.
     embed_threads: int = 0
     # Fragments the in-memory search indexes hold in all; beyond it the least recently used

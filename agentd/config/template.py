@@ -88,7 +88,7 @@ auto_remember = true
 share_episodic = false
 recall_limit = 5
 min_score = 0.3
-# Threads one local embedding may use (0 = up to 2, as the machine has cores).
+# Threads one local embedding may use (0 = up to 2, as the daemon may use cores).
 embed_threads = 0
 # Fragments the in-memory search indexes hold in all (least recently used agents dropped).
 index_cache_fragments = 20000
