@@ -9,8 +9,6 @@ second, it costs well under a millisecond.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 import time
 from typing import Callable
@@ -19,11 +17,11 @@ EVERY_SECS = 1.0
 
 
 def _loader() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
+    import ctypes
+
     try:
-        return ctypes.CDLL(name).malloc_trim  # glibc only
+        # The running process's own symbols: no library search (find_library runs programs).
+        return ctypes.CDLL(None).malloc_trim  # glibc only
     except (OSError, AttributeError):
         return None
 
@@ -33,11 +31,14 @@ class Trimmer:
 
     def __init__(self, every: float = EVERY_SECS) -> None:
         self.every = every
-        self._trim = _loader()
+        self._trim: Callable[[int], int] | None = None  # found on first use
+        self._found = False
         self._last = 0.0
         self._lock = threading.Lock()
 
     def __call__(self) -> None:
+        if not self._found:
+            self._trim, self._found = self._trim or _loader(), True
         if self._trim is None:
             return
         now = time.monotonic()
