@@ -159,7 +159,8 @@ class Kernel:
                                         ManifestSchedules(self.cron)])
         self.tasks = TaskBoard(store, registry.find)
         # A run writes its usage rows in the transaction that saves its session.
-        sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows)
+        sessions = SessionStore(store, registry, models, write_usage=self.metering.write_rows,
+                                cached_sessions=config.agents.cached_sessions)
         # Skills in $AGENTD_HOME/skills (agentd/skills); remote A2A agents the a2a_* tools call.
         self.skills = Skills(config.home / "skills", config.tools.fetch_allow_hosts, config.tools.fetch_timeout_secs)
         a2a_client = A2AClient(remote_agents(config.raw), os.environ.get)

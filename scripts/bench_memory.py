@@ -1,7 +1,15 @@
 """Semantic memory benchmark: model load, remember/s, recall p50 at 10k and 100k fragments,
-and the daemon's RSS before and after memory is first used.
+the daemon's RSS before and after memory is first used, and recall@5 on a labelled set.
 
     python scripts/bench_memory.py [--sizes 10000,100000] [--queries 200]
+    python scripts/bench_memory.py --only quality
+
+Recall quality: scripts/data/recall_set.json holds fragments one agent remembers (facts
+and unrelated or near-miss distractors) and 210 questions, each with its relevant
+fragment: direct, paraphrased and negated questions; 500 generated sentences are stored
+with them. recall@5 is the share of questions
+whose relevant fragment is among the 5 recalled, per kind and in all, with the fragments
+embedded one at a time and in batches of 32 (as the auto-remember worker stores them).
 
 Recall is timed end to end through `SemanticMemory.recall` (query embedding, filter, exact
 cosine top-k, reading the winners from SQLite and updating their access counts) for one
@@ -307,15 +315,55 @@ def daemon_rss() -> None:
               f"second {second * 1000:.0f} ms wall")
 
 
+RECALL_SET = Path(__file__).resolve().parent / "data" / "recall_set.json"
+
+
+def recall_quality() -> None:
+    import json
+
+    from agentd.memory.embedder import LocalEmbedder
+    from agentd.memory.semantic import SemanticMemory
+    from agentd.store import open_store
+
+    labelled = json.loads(RECALL_SET.read_text(encoding="utf-8"))
+    embedder = LocalEmbedder()
+    embedder.load()
+    for how, batch in (("one at a time", 1), ("batches of 32", 32)):
+        with tempfile.TemporaryDirectory() as tmp:
+            memory = SemanticMemory(open_store(Path(tmp) / "q.db"), lambda: embedder)
+            ids: dict[str, str] = {}
+            # Plus 500 generated sentences about other people and things: more to search past.
+            items = labelled["fragments"] + [{"id": f"noise{n}", "content": text}
+                                             for n, text in enumerate(sentences(500, 7))]
+            for at in range(0, len(items), batch):
+                chunk = items[at:at + batch]
+                vectors = embedder.embed([f["content"] for f in chunk])
+                stored = memory.remember_many("agent", [{"content": f["content"]} for f in chunk], vectors)
+                for f, result in zip(chunk, stored):
+                    ids[result["id"]] = f["id"]
+            hits: dict[str, list[int]] = {}
+            for q in labelled["queries"]:
+                found = [ids.get(m["id"]) for m in memory.recall("agent", q["query"], 5, None, None, touch=False)]
+                hit = int(any(r in found for r in q["relevant"]))
+                hits.setdefault(q["kind"], []).append(hit)
+                hits.setdefault("all", []).append(hit)
+        cells = ", ".join(f"{kind} {sum(v) / len(v) * 100:.1f} % (n={len(v)})" for kind, v in sorted(hits.items()))
+        print(f"recall@5 on {RECALL_SET.name}, fragments embedded {how}: {cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--skip-daemon", action="store_true")
+    parser.add_argument("--only", choices=["quality"], default=None)
     args = parser.parse_args()
     from agentd.memory.embedder import import_numpy
 
     import_numpy()  # single-threaded BLAS, as in the daemon
+    if args.only == "quality":
+        recall_quality()
+        return
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall figures scale with it)")
     row("figure", "agentd", "reference (same run)", None, "target", None)
     print(f"{'':<36} {'':<42} {'':<46} {'ratio':>6}  (checked on wall time)")
@@ -323,6 +371,7 @@ def main() -> None:
     recall_bench([int(s) for s in args.sizes.split(",")], args.queries)
     if not args.skip_daemon:
         daemon_rss()
+    recall_quality()
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
 
 

@@ -14,10 +14,10 @@ agent, GET /api/agents with 1,000 agents, 32 agents messaged at once and a 16-wa
 fan-out workflow against a 500 ms upstream, and RSS over 2 x 10,000 messages across 64
 agents. Figures only; nothing is asserted.
 
-agentd runs with `[memory] auto_remember = false` unless `--auto-remember` is given:
-auto-remember embeds every exchange with the local model in the background (several ms
-of CPU each, measured by scripts/bench_memory.py), which on a 2-core machine competes
-with the request path; the table then measures the request path itself.
+The throughput table has agentd twice: with `[memory] auto_remember = false` (the request
+path itself) and, in the "default" rows, as installed (auto-remember and recall on, each
+agent holding a few remembered facts, so every message recalls and every exchange is
+embedded). `--auto-remember` runs every other part with the default memory settings too.
 
     python scripts/bench_side_by_side.py [--seconds 5] [--agents 64] [--peer URL]
     python scripts/bench_side_by_side.py --only throughput|cold|scale|parallel|rss
@@ -149,6 +149,21 @@ def run_python(base: str, targets: list[tuple[str, str]], conns: int, seconds: f
             "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, "bad": bad[0]}
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(pid: int, timeout: float = 60.0) -> None:
+    """Until the process uses under 5 % of a core over 0.2 s (its background work is done)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(0.2)
+        if cpu_seconds(pid) - before < 0.01:
+            return
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -204,21 +219,40 @@ def throughput_table(args: argparse.Namespace, upstream: str) -> None:
         bare.wait(10)
 
 
+FACTS = ["The user's favourite colour is teal.", "The user works night shifts at a hospital.",
+         "The user is learning Portuguese for a trip to Porto.", "The user's cat is called Miso."]
+
+
 def _throughput(args: argparse.Namespace, upstream: str, bare_url: str, load) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tmp2:
         d = agentd_daemon(Path(tmp), upstream)
+        full = agentd_daemon(Path(tmp2), upstream, extra="\n[memory]\nauto_remember = true\n")
         try:
-            rows, idle = _cells(args, d, bare_url, load)
+            rows, idle = _cells(args, d, full, bare_url, load)
         finally:
             d.stop()
+            full.stop()
     _print_table(rows, idle)
 
 
-def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[list, float]:
+def seed_memory(d: Daemon, ids: list[str]) -> None:
+    """A few facts per agent, so each message is recalled against (the model loads here)."""
+    for agent_id in ids:
+        for fact in FACTS:
+            d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": fact}).raise_for_status()
+
+
+def _cells(args: argparse.Namespace, d: Daemon, full: Daemon, bare_url: str, load) -> tuple[list, float]:
     pin(d.proc.pid, "1")
+    pin(full.proc.pid, "1")
     names, ids = spawn_agents(d, args.agents)
+    full_names, full_ids = spawn_agents(full, args.agents)
+    seed_memory(full, full_ids)
+    agents = {d.url: (names, ids), full.url: (full_names, full_ids)}
     setups = [("bare proxy", bare_url, "v1", False), ("agentd /v1", d.url, "v1", False),
+              ("agentd /v1 default", full.url, "v1", False),
               ("agentd message", d.url, "message", False),
+              ("agentd message default", full.url, "message", False),
               ("bare proxy stream", bare_url, "v1", True), ("agentd /v1 stream", d.url, "v1", True),
               ("agentd SSE message", d.url, "stream_message", True)]
     if args.peer:
@@ -229,7 +263,7 @@ def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[li
         # its own figure.
         for label, base, kind, stream in setups:
             if kind != "peer":
-                load(base, targets_for(kind, names, ids, stream), 1, args.warmup)
+                load(base, targets_for(kind, *agents.get(base, (names, ids)), stream), 1, args.warmup)
     samples: dict[tuple[str, int], list[dict]] = {(setup[0], conns): [] for setup in setups for conns in (1, 32)}
     # Each round runs every setup in turn: a host that slows down for a while (another
     # tenant, a frequency change) slows the bare proxy's round and agentd's alike, so the
@@ -238,14 +272,17 @@ def _cells(args: argparse.Namespace, d: Daemon, bare_url: str, load) -> tuple[li
     for conns in (1, 32):
         for _ in range(args.rounds):
             for label, base, kind, stream in setups:
-                if base == d.url:
-                    reset_sessions(d, ids)
+                if base in agents:
+                    server = d if base == d.url else full
+                    reset_sessions(server, agents[base][1])
+                    # Exchanges of the previous cell are embedded before this one starts.
+                    wait_quiet(server.proc.pid)
                 if kind == "peer":
                     body = json.dumps({"model": args.peer_model, "messages": [{"role": "user", "content": "hello"}]})
                     targets = [("/v1/chat/completions", body)]
                     base_url = args.peer.rstrip("/").removesuffix("/v1")
                 else:
-                    targets = targets_for(kind, names, ids, stream)
+                    targets = targets_for(kind, *agents.get(base, (names, ids)), stream)
                     base_url = base
                 samples[(label, conns)].append(load(base_url, targets, conns, args.seconds))
     rows = [(label, {conns: {k: statistics.median(s[k] for s in samples[(label, conns)])

@@ -12,6 +12,7 @@ from pony import orm
 from agentd.agents.handle import COMPACT_KEEP, AgentHandle, ConversationSession, parse_uuid
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.registry import AgentRegistry
+from agentd.agents.session_cache import SessionCache
 from agentd.agents.run_errors import AgentRunError
 from agentd.agents.session import api_view, clean_history, estimate_tokens, to_llm, to_stored
 from agentd.errors import NotFound
@@ -39,8 +40,9 @@ class SessionStore:
     transaction that saves its session (one commit per run)."""
 
     def __init__(self, store: Store, registry: AgentRegistry, models: ModelCalls,
-                 write_usage: WriteUsage | None = None) -> None:
+                 write_usage: WriteUsage | None = None, cached_sessions: int = 256) -> None:
         self.store = store
+        self.cached = SessionCache(cached_sessions)
         self.registry = registry
         self.models = models
         self.write_usage = write_usage
@@ -57,11 +59,12 @@ class SessionStore:
         self._cache_session(handle, messages)
         return messages
 
-    @staticmethod
-    def _cache_session(handle: AgentHandle, messages: list[dict[str, Any]],
+    def _cache_session(self, handle: AgentHandle, messages: list[dict[str, Any]],
                        session: Session | None = None) -> None:
         """Make the window's tail of `messages` (the session, or its end) the session's cache."""
-        (session or handle).session_tail = messages[-handle.manifest.history_messages:]
+        session = session or handle
+        session.session_tail = messages[-handle.manifest.history_messages:]
+        self.cached.touch(session)
 
     def window(self, handle: AgentHandle, session: Session | None = None) -> list[dict[str, Any]]:
         """The stored messages a run sends to the model: the last `max_history_messages`,
@@ -74,6 +77,8 @@ class SessionStore:
                 rows = self.store.raw_rows(self._SELECT_LAST, {"session": session.session_id, "n": size})
             tail = _decode(body for (body,) in reversed(rows))
             self._cache_session(handle, tail, session)
+        else:
+            self.cached.touch(session)
         window = tail[-size:]
         start = next((i for i, m in enumerate(window) if m["role"] == "user"), len(window))
         return window[start:]

@@ -133,6 +133,10 @@ def footer(mode: str, input_tokens: int, output_tokens: int, cost_usd: float | N
     return " · ".join(parts)
 
 
+# Calls between two sweeps of the senders table.
+SWEEP_EVERY = 1024
+
+
 class SenderLimits:
     """Messages per sender per rolling minute, per channel."""
 
@@ -140,6 +144,7 @@ class SenderLimits:
         self.window = window
         self._seen: dict[tuple[str, str], deque[float]] = defaultdict(deque)
         self._lock = threading.Lock()
+        self._calls = 0
 
     def allow(self, channel: str, sender: str, limit: int) -> bool:
         """Count one message of `sender`; False when it is over `limit` in the window."""
@@ -147,6 +152,11 @@ class SenderLimits:
             return True
         now = time.monotonic()
         with self._lock:
+            self._calls += 1
+            if self._calls % SWEEP_EVERY == 0:
+                # Senders quiet for a window are forgotten: the table holds only recent ones.
+                for key in [k for k, times in self._seen.items() if not times or now - times[-1] >= self.window]:
+                    del self._seen[key]
             seen = self._seen[(channel, sender)]
             while seen and now - seen[0] >= self.window:
                 seen.popleft()

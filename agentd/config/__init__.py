@@ -155,6 +155,11 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if not 0 <= max_queue <= 10_000:
             raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
         cfg.agents.max_queue = max_queue
+    if "cached_sessions" in agents:
+        cached = expect(agents["cached_sessions"], int, "agents.cached_sessions", "an integer")
+        if not 1 <= cached <= 1_000_000:
+            raise ConfigError("config key agents.cached_sessions: must be between 1 and 1000000")
+        cfg.agents.cached_sessions = cached
     telemetry = expect(data.get("telemetry", {}), dict, "telemetry", "a table")
     if "otel" in telemetry:
         cfg.telemetry.otel = expect(telemetry["otel"], bool, "telemetry.otel", "a boolean")

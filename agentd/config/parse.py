@@ -174,6 +174,11 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
         if not 0 <= threads <= 64:
             raise ConfigError("config key memory.embed_threads: must be between 0 and 64")
         memory.embed_threads = threads
+    if "index_cache_fragments" in table:
+        held = expect(table["index_cache_fragments"], int, "memory.index_cache_fragments", "an integer")
+        if not 100 <= held <= 10_000_000:
+            raise ConfigError("config key memory.index_cache_fragments: must be between 100 and 10000000")
+        memory.index_cache_fragments = held
     bounds = {"decay_days": (0.0, None), "consolidate_every_hours": (0.0, None), "min_score": (-1.0, 1.0),
               "decay_factor": (0.0, 1.0), "decay_floor": (0.0, 1.0)}
     for key, (low, high) in bounds.items():

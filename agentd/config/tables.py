@@ -60,6 +60,9 @@ class AgentsConfig:
 
     # Requests waiting for a busy agent (beyond the one running); more get 429.
     max_queue: int = 8
+    # Conversations whose latest messages stay in memory between runs (least recently used
+    # dropped first; a dropped one is read back from the database by its next run).
+    cached_sessions: int = 256
 
 
 @dataclass
@@ -130,9 +133,12 @@ class MemoryConfig:
     share_episodic: bool = False
     recall_limit: int = 5
     min_score: float = 0.3
-    # Threads one embedding may use (0 = up to 2, as the machine has cores): a query is
+    # Threads one embedding may use (0 = up to 2, as the daemon may use cores): a query is
     # one small forward pass, and a second core cuts its latency by about a third.
     embed_threads: int = 0
+    # Fragments the in-memory search indexes hold in all; beyond it the least recently used
+    # agents' indexes are dropped and read back from the database when next searched.
+    index_cache_fragments: int = 20_000
 
 
 @dataclass

@@ -73,6 +73,8 @@ stream_idle_secs = 60
 [agents]
 # Requests that may wait for a busy agent; more are refused with 429 and Retry-After.
 max_queue = 8
+# Conversations whose latest messages stay in memory between runs.
+cached_sessions = 256
 
 [memory]
 # Embeddings: "" = the bundled all-MiniLM-L6-v2 model (offline); or a provider id whose
@@ -86,8 +88,10 @@ auto_remember = true
 share_episodic = false
 recall_limit = 5
 min_score = 0.3
-# Threads one local embedding may use (0 = up to 2, as the machine has cores).
+# Threads one local embedding may use (0 = up to 2, as the daemon may use cores).
 embed_threads = 0
+# Fragments the in-memory search indexes hold in all (least recently used agents dropped).
+index_cache_fragments = 20000
 # Consolidation: merge near-duplicates; fragments not accessed for decay_days lose
 # confidence (x decay_factor per run) and are dropped below decay_floor. 0 = no schedule.
 consolidate_every_hours = 24

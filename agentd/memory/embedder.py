@@ -92,13 +92,22 @@ def local_model_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model.onnx"
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity (taskset, a container's cpuset), not
+    the machine's count. Two model threads on one core only add switching."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class LocalEmbedder:
     """all-MiniLM-L6-v2 on onnxruntime: tokenise, run, mean-pool over real tokens, normalise."""
 
     name = LOCAL_MODEL_NAME
 
     def __init__(self, threads: int = 0) -> None:
-        self._threads = threads if threads > 0 else min(2, os.cpu_count() or 1)
+        self._threads = threads if threads > 0 else min(2, usable_cores())
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None

@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import uuid
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Callable
 
@@ -31,6 +32,8 @@ from agentd.memory.recall import NEAR_TIE, Recall, _as_dt, canonical, epoch, fra
 from agentd.memory.vectors import AgentIndex
 from agentd.store import Store
 
+# Fragments whose vectors the loaded indexes may hold in all (about 1.6 KB each).
+INDEX_CACHE_FRAGMENTS = 20_000
 DEDUP_THRESHOLD = 0.92
 # Generation numbers of invalidated indexes: one counter for all agents, so a number is never
 # handed out twice (an index build compares the number before and after it reads the rows).
@@ -64,10 +67,15 @@ def contradicts(a: str, b: str) -> bool:
 class SemanticMemory(Recall):
     """remember / delete here, recall / page / get from `Recall`, per agent."""
 
-    def __init__(self, store: Store, embedder: Callable[[], Embedder]) -> None:
+    def __init__(self, store: Store, embedder: Callable[[], Embedder],
+                 max_fragments: int = INDEX_CACHE_FRAGMENTS) -> None:
         self.store = store
         self._embedder_factory = embedder
-        self._indexes: dict[str, AgentIndex] = {}
+        # Least recently used first. Past `max_fragments` fragments in all, the least recently
+        # used agents' indexes are dropped (their next search reads them back from the store),
+        # so memory stays bounded however many agents remember.
+        self._indexes: OrderedDict[str, AgentIndex] = OrderedDict()
+        self.max_fragments = max_fragments
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         # Several daemons on one database (agentd/memory/notify.py): `changed(agent_id)` is
@@ -106,6 +114,9 @@ class SemanticMemory(Recall):
         vector came from another model)."""
         found = self._indexes.get(agent_id)
         if found is not None:
+            with self._guard:
+                if agent_id in self._indexes:
+                    self._indexes.move_to_end(agent_id)
             return found
         with self.lock(agent_id):
             found = self._indexes.get(agent_id)
@@ -117,7 +128,19 @@ class SemanticMemory(Recall):
                 # Not kept when another daemon's write arrived while it was being read.
                 if self._generation.get(agent_id, 0) == generation:
                     self._indexes[agent_id] = built
+            self._trim(agent_id)
             return built
+
+    def _trim(self, keep: str) -> None:
+        """Drop the least recently used indexes (never `keep`'s) while the loaded ones hold
+        more than `max_fragments` fragments."""
+        with self._guard:
+            total = sum(len(index) for index in self._indexes.values())
+            for agent_id in list(self._indexes):
+                if total <= self.max_fragments:
+                    break
+                if agent_id != keep:
+                    total -= len(self._indexes.pop(agent_id))
 
     def _build(self, agent_id: str) -> AgentIndex:
         embedder = self.embedder
@@ -154,6 +177,9 @@ class SemanticMemory(Recall):
                 self.store.db.execute("DELETE FROM memory_metadata WHERE agent_id = $a", {"a": agent_id})
                 self.store.db.execute("DELETE FROM memory_fragments WHERE agent_id = $a", {"a": agent_id})
             self._indexes.pop(agent_id, None)
+        with self._guard:
+            self._locks.pop(agent_id, None)
+            self._generation.pop(agent_id, None)
         self._changed(agent_id)
 
     def loaded_ids(self, agent_id: str) -> list[str] | None:
@@ -183,24 +209,29 @@ class SemanticMemory(Recall):
         with self.lock(agent_id):
             result = self._remember(agent_id, self.index(agent_id), content, vector, source, scope,
                                     metadata or {}, confidence)
+        self._trim(agent_id)
         self._changed(agent_id)
         return result
 
-    def remember_many(self, agent_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def remember_many(self, agent_id: str, items: list[dict[str, Any]],
+                      vectors: np.ndarray | None = None) -> list[dict[str, Any]]:
         """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
         already validated) of one agent: embedded in batches of 32 (one model run each), then
         stored one by one, each deduplicated against the agent's fragments and the batch's
         earlier ones. Each fragment is its own transaction (as with `remember`): a batch that
-        merges twice into the same row in one Pony session trips its optimistic check."""
+        merges twice into the same row in one Pony session trips its optimistic check.
+        `vectors`: the items' embeddings when the caller already made them."""
         if not items:
             return []
-        vectors = self.embedder.embed([item["content"] for item in items])
+        if vectors is None:
+            vectors = self.embedder.embed([item["content"] for item in items])
         with self.lock(agent_id):
             index = self.index(agent_id)
             results = [self._remember(agent_id, index, item["content"], vector,
                                       item.get("source", "user_provided"), item.get("scope", "semantic"),
                                       item.get("metadata") or {}, item.get("confidence", 1.0))
                        for item, vector in zip(items, vectors)]
+        self._trim(agent_id)
         self._changed(agent_id)
         return results
 

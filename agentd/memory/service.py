@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from agentd.config import MemoryConfig
 from agentd.memory import fields
 from agentd.memory.graph import KnowledgeGraph
+from agentd.memory.trim import Trimmer
 from agentd.store import Store
 from agentd.store.outage import log_failure
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("agentd.memory")
 
 QUEUE_LIMIT = 1000
+# Agents whose emptiness or session exchanges are remembered here (a forgotten one costs
+# a count query or a recall, never a wrong answer).
+AGENTS_KEPT = 4096
 WORKER_BATCH = 32  # exchanges stored per model run by the background worker
 CONTEXT_HEADING = "## Relevant memories"
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
@@ -75,6 +79,7 @@ class MemoryService:
         self._cache_empty = not store.shared
         self._writes = 0  # counts _changed/invalidate calls: a count that raced a write is not cached
         self._worker: threading.Thread | None = None
+        self._trim = Trimmer()
         self._dead: set[str] = set()
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -111,7 +116,8 @@ class MemoryService:
                     import_numpy()
                     from agentd.memory.semantic import SemanticMemory
 
-                    self._semantic = SemanticMemory(self.store, lambda: self.embedder)
+                    self._semantic = SemanticMemory(self.store, lambda: self.embedder,
+                                                    self.config.index_cache_fragments)
                     self._semantic.changed = self._changed
         return self._semantic
 
@@ -315,6 +321,8 @@ class MemoryService:
             writes = self._writes
             empty = self._count(agent_id) == 0
             if empty and self._cache_empty and writes == self._writes:
+                if len(self._empty) >= AGENTS_KEPT:
+                    self._empty.clear()
                 self._empty.add(agent_id)
             return empty
         return len(ids) <= len(in_session) and set(ids) <= in_session
@@ -362,21 +370,37 @@ class MemoryService:
                     self._store_exchanges([item for item in batch if item is not None])
                     return
                 self._store_exchanges(batch)  # type: ignore[arg-type]
+                self._trim()
             finally:
                 for _ in batch:
                     self._queue.task_done()
 
     def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> None:
-        by_agent: dict[str, list[tuple[str, str, str, dict[str, Any]]]] = {}
-        for item in batch:
-            if item[0] not in self._dead:
-                by_agent.setdefault(item[0], []).append(item)
-        for agent_id, items in by_agent.items():
+        batch = [item for item in batch if item[0] not in self._dead]
+        if not batch:
+            return
+        by_agent: dict[str, list[int]] = {}
+        for at, item in enumerate(batch):
+            by_agent.setdefault(item[0], []).append(at)
+        try:
+            # One model run for the whole batch, whichever agents it spans: a batch costs
+            # less per text than single runs.
+            vectors = self.semantic.embedder.embed([content for _, _, content, _ in batch])
+        except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
+            for agent_id, places in by_agent.items():
+                log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
+            return
+        for agent_id, places in by_agent.items():
+            items = [batch[at] for at in places]
             try:
                 stored = self.semantic.remember_many(agent_id, [
                     {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
-                    for _, _, content, metadata in items])
-                known = self._exchanges.setdefault(agent_id, {})
+                    for _, _, content, metadata in items], vectors[places])
+                known = self._exchanges.get(agent_id)
+                if known is None:
+                    while len(self._exchanges) >= AGENTS_KEPT:
+                        self._exchanges.pop(next(iter(self._exchanges)), None)
+                    known = self._exchanges[agent_id] = {}
                 for (_, user_text, _, _), result in zip(items, stored):
                     known[result["id"]] = user_text
             except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised

@@ -211,8 +211,8 @@ def test_local_model_settings_and_path() -> None:
     assert (LOCAL_MODEL_NAME, LOCAL_DIMENSIONS, emb.MAX_TOKENS, emb.BATCH) == \
         ("all-MiniLM-L6-v2-onnx-int8", 384, 256, 32)
     local = LocalEmbedder()
-    assert local._threads == min(2, os.cpu_count() or 1) and LocalEmbedder(3)._threads == 3
-    assert LocalEmbedder(-1)._threads == min(2, os.cpu_count() or 1)
+    assert local._threads == min(2, len(os.sched_getaffinity(0))) and LocalEmbedder(3)._threads == 3
+    assert LocalEmbedder(-1)._threads == min(2, len(os.sched_getaffinity(0)))
     assert (local.name, local.dimensions, local.loaded, local.load_seconds) == (LOCAL_MODEL_NAME, 384, False, None)
     path = local_model_path()
     assert path.name == "model.onnx" and path.is_file()
@@ -420,9 +420,19 @@ def test_local_model_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
     from agentd.memory.embedder import LocalEmbedder
 
-    assert LocalEmbedder(1)._threads == 1 and LocalEmbedder(0)._threads == min(2, os.cpu_count() or 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert LocalEmbedder(1)._threads == 1 and LocalEmbedder(0)._threads == min(2, len(os.sched_getaffinity(0)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert LocalEmbedder()._threads == 2, "two threads at most by default"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert LocalEmbedder()._threads == 1, "the cores the process may use count, not the machine's"
+    assert LocalEmbedder(3)._threads == 3
+
+    def unsupported(pid: int) -> set[int]:
+        raise OSError("no affinity here")
+
+    monkeypatch.setattr(os, "sched_getaffinity", unsupported)
+    assert LocalEmbedder()._threads == 2, "without an affinity: the machine's cores"
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert LocalEmbedder()._threads == 1, "an unknown core count: one thread"
 
@@ -448,3 +458,4 @@ def test_backoff_and_the_last_retry_before_the_deadline(provider: Provider, monk
     provider.script = [(429, error, {"Retry-After": "4"})]
     assert make(provider, timeout=10.0, retries=3).embed(["ab"]).shape == (1, 3)
     assert slept == [4.0] and len(provider.seen) == 2
+

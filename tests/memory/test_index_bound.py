@@ -1,0 +1,46 @@
+"""The loaded search indexes hold at most `max_fragments` fragments in all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memsupport import new_memory, unit
+
+
+def axis(n: int):  # type: ignore[no-untyped-def]
+    """Unrelated facts: orthogonal vectors (no merging, no superseding)."""
+    return unit(*([0.0] * n + [1.0]))
+
+
+def test_least_recently_used_indexes_are_dropped_and_read_back(tmp_path: Path) -> None:
+    memory, embedder, _ = new_memory(tmp_path)
+    memory.max_fragments = 4
+    for n, agent in enumerate(["a", "b", "c"]):
+        for k in range(2):
+            text = f"{agent} fact {k}"
+            embedder.vectors[text] = axis(n * 2 + k)
+            memory.remember(agent, text)
+    # Six fragments were written; only the two most recent agents' four stay loaded.
+    assert memory.loaded_ids("a") is None
+    assert len(memory.loaded_ids("b")) == 2 and len(memory.loaded_ids("c")) == 2
+
+    embedder.vectors["query"] = unit(1.0, 1.0)  # axes 0 and 1: "a"'s facts
+    found = memory.recall("a", "query", 5, None, None)
+    assert sorted(f["content"] for f in found) == ["a fact 0", "a fact 1"]
+    # Reading "a" back made it the most recently used: "b" went.
+    assert len(memory.loaded_ids("a")) == 2
+    assert memory.loaded_ids("b") is None
+    assert len(memory.loaded_ids("c")) == 2
+
+
+def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path) -> None:
+    memory, embedder, _ = new_memory(tmp_path)
+    memory.max_fragments = 2
+    for k in range(3):
+        embedder.vectors[f"fact {k}"] = axis(k)
+        memory.remember("big", f"fact {k}")
+    assert len(memory.loaded_ids("big")) == 3
+    embedder.vectors["other"] = axis(5)
+    memory.remember("small", "other")
+    assert memory.loaded_ids("big") is None
+    assert memory.loaded_ids("small") is not None
