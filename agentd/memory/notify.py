@@ -87,8 +87,7 @@ class MemoryNotifier:
             try:
                 self._conn = self._connect()
             except Exception as exc:  # noqa: BLE001
-                if translate(exc) is None:  # an outage is logged once, by the store
-                    log.warning("memory listener cannot connect: %s", exc)
+                _report("memory listener cannot connect: %s", exc)
                 self._stop.wait(RECONNECT_SECS)
                 continue
             if not first:
@@ -98,8 +97,8 @@ class MemoryNotifier:
             try:
                 self._pump(self._conn)
             except Exception as exc:  # noqa: BLE001
-                if not self._stop.is_set() and translate(exc) is None:
-                    log.warning("memory listener lost its connection: %s", exc)
+                if not self._stop.is_set():
+                    _report("memory listener lost its connection: %s", exc)
             finally:
                 self.listening.clear()
                 try:
@@ -120,3 +119,8 @@ class MemoryNotifier:
                 if sender != self.daemon_id and agent_id:
                     self.received += 1
                     self.invalidate(agent_id)
+
+
+def _report(message: str, exc: BaseException) -> None:
+    # The database's outage is logged once, by the store: here it is only a debug line.
+    log.log(logging.DEBUG if translate(exc) is not None else logging.WARNING, message, exc)
