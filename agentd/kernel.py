@@ -199,7 +199,8 @@ class Kernel:
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
-                                       on_inbound=sources.channel_messages(self.events))
+                                       on_inbound=sources.channel_messages(self.events),
+                                       approvals=self.approvals)
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 

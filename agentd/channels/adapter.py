@@ -51,6 +51,11 @@ class Inbound:
     # Spaces the chat belongs to (a Discord guild, a Guilded server...), matched by the
     # chat allow-lists too (`allowed_guilds` names guilds, not channels).
     chat_aliases: tuple[str, ...] = ()
+    # A press of a button agentd posted (an approval's Approve/Reject): what the adapter
+    # needs to answer the platform's interaction (ids, tokens); empty for typed messages.
+    interaction: dict[str, Any] = field(default_factory=dict)
+    # The user changed an earlier message: `text` is its new text.
+    edited: bool = False
 
 
 class ChannelError(Exception):
@@ -144,6 +149,25 @@ class Adapter:
 
     def send_typing(self, conversation: Conversation) -> None:
         """Show a typing indicator where the platform has one."""
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        """Put the bot's reaction `emoji` on a user's message (platforms with reactions)."""
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        """Take the bot's reaction `emoji` off a user's message again, where the platform can."""
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        """Ask for an approval in the conversation: `text` describes the tool call.
+        Platforms with buttons override this to post Approve/Reject buttons whose press
+        comes back as an Inbound `/approve <id>` or `/reject <id>` with `interaction` set;
+        elsewhere the request says which reply to type."""
+        return self.send(conversation, f"{text}\nReply /approve {approval_id} or /reject {approval_id}.")
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        """Answer a button press (`msg.interaction`): `final` when it decided the approval
+        (the buttons go), else a refusal or error meant for the presser alone. True when the
+        answer is visible in the conversation, so nothing more needs posting there."""
+        return False
 
     def health(self) -> bool:
         """True while the adapter is connected and working."""

@@ -84,7 +84,7 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
         overrides.check_adapter_key(info.name, key)
         if value is None:
             continue
-        out[key] = overrides.check(value) if key == "overrides" else _coerce(key, spec["kind"], value)
+        out[key] = overrides.check(value, info.name) if key == "overrides" else _coerce(key, spec["kind"], value)
     return out
 
 

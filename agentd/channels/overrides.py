@@ -2,7 +2,8 @@
 the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
-`usage_footer`, `prefix_agent_name`. Keys agentd does not implement are refused (400
+`usage_footer`, `prefix_agent_name`, `typing_mode` and `lifecycle_reactions` (the last two
+on adapters whose platform has typing / reactions: agentd/channels/lifecycle.py). Keys agentd does not implement are refused (400
 naming the key) rather than saved and ignored; so are a few adapter-specific keys.
 """
 
@@ -13,11 +14,12 @@ import time
 from collections import defaultdict, deque
 from typing import Any
 
+from agentd.channels import lifecycle
 from agentd.errors import BadRequest
 
 POLICIES = ("respond", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
-NOT_IMPLEMENTED = ("threading", "output_format", "typing_mode", "lifecycle_reactions")
+NOT_IMPLEMENTED = ("threading", "output_format")
 # Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
     "telegram": ("thread_routes",),
@@ -29,8 +31,9 @@ SLOW_DOWN = ("You are sending messages faster than this channel allows "
              "({limit} per minute). Please wait a moment and try again.")
 
 
-def check(value: Any) -> dict[str, Any]:
-    """The `overrides` table, checked key by key (400 naming the first bad key)."""
+def check(value: Any, channel: str = "") -> dict[str, Any]:
+    """The `overrides` table of adapter `channel`, checked key by key (400 naming the first
+    bad key)."""
     if not isinstance(value, dict):
         raise BadRequest("overrides: must be an object")
     out: dict[str, Any] = {}
@@ -58,13 +61,18 @@ def check(value: Any) -> dict[str, Any]:
             if item not in FOOTERS:
                 raise BadRequest(f"{name}: must be one of {', '.join(FOOTERS)}")
             out[key] = item
+        elif key == "typing_mode":
+            out[key] = lifecycle.check_typing_mode(channel, item)
+        elif key == "lifecycle_reactions":
+            out[key] = lifecycle.check_reactions(channel, item)
         elif key == "prefix_agent_name":
             if not isinstance(item, bool):
                 raise BadRequest(f"{name}: must be true or false")
             out[key] = item
         else:
             raise BadRequest(f"{name}: unknown override (accepted: model, system_prompt, dm_policy, "
-                             "group_policy, rate_limit_per_user, usage_footer, prefix_agent_name)")
+                             "group_policy, rate_limit_per_user, usage_footer, typing_mode, lifecycle_reactions, "
+                             "prefix_agent_name)")
     return out
 
 
