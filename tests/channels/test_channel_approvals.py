@@ -133,7 +133,7 @@ def test_slack_buttons_reject_and_refuse(daemon, slack):
     slack.user_clicks("U1ANN", asked, "reject")
     wait_for(lambda: slack.updates, what="the request replaced by its outcome")
     assert slack.updates[0]["ts"] == asked["ts"] and slack.updates[0]["blocks"] == []
-    assert slack.updates[0]["text"] == f"❌ Rejected: file_write will not run (approval {approval['id']}, by U1ANN)."
+    assert slack.updates[0]["text"] == f"❌ Rejected: file_write will not run (approval {approval['id']}, by <@U1ANN>)."
     wait_for(lambda: len([m for m in slack.sent if m["channel"] == channel]) == 2, what="the agent's reply")
     assert not written(daemon, "slack.txt")
     assert daemon.get("/api/approvals").json() == []

@@ -13,6 +13,14 @@ the app may not use (`privileged_ok` False); RESUME (op 6) replays the session's
 client's sequence number, then RESUMED; op 9 for an unknown session. Every session keeps
 its own numbered events, so a client that resumes gets what it missed. The bot's own
 messages come back as MESSAGE_CREATE, as on Discord.
+
+Message components (.../interactions/message-components): a message's `components` are
+kept; `user_clicks()` dispatches INTERACTION_CREATE (type 3) with a one-use token, answered
+at `POST /interactions/{id}/{token}/callback` (no bot token needed; once only, 40060
+"Interaction has already been acknowledged" after) and kept in `callbacks`; type 7 updates
+the clicked message. Reactions: `PUT`/`DELETE /channels/{c}/messages/{m}/reactions/{emoji}/@me`
+(204; 10014 "Unknown Emoji" for an empty one), kept in `reactions`. `user_edits()`
+dispatches MESSAGE_UPDATE.
 """
 
 from __future__ import annotations
@@ -41,6 +49,10 @@ class FakeDiscord(FakeGateway):
         self.privileged_ok = True                         # privileged intents enabled for the app
         self.messages: list[dict[str, Any]] = []
         self.typing: list[str] = []
+        self.callbacks: dict[str, dict[str, Any]] = {}        # interaction id -> its answer
+        self.tokens: dict[str, str] = {}                       # interaction id -> its token
+        self.clicked: dict[str, dict[str, Any]] = {}           # interaction id -> the clicked message
+        self.reactions: dict[str, list[str]] = {}              # message id -> the bot's emoji
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
         self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
@@ -52,7 +64,7 @@ class FakeDiscord(FakeGateway):
 
         @app.before_request
         def auth():
-            if request.path.startswith("/api/") and not authorised():
+            if request.path.startswith("/api/") and "/interactions/" not in request.path and not authorised():
                 return jsonify({"message": "401: Unauthorized", "code": 0}), 401
 
         @app.get("/api/v10/users/@me")
@@ -75,15 +87,44 @@ class FakeDiscord(FakeGateway):
             if not content or len(content) > 2000:
                 return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"content": {
                     "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}), 400
+            extra = {"components": body["components"]} if body.get("components") else {}
             message = self._message(channel, BOT, content, guild=self.guild_of(channel),
-                                    reference=body.get("message_reference"))
+                                    reference=body.get("message_reference"), **extra)
             self.record(channel=channel, content=content, reference=(body.get("message_reference") or {}).get(
-                "message_id"), allowed_mentions=body.get("allowed_mentions"))
+                "message_id"), allowed_mentions=body.get("allowed_mentions"), id=message["id"], **extra)
             return jsonify(message)
 
         @app.post("/api/v10/channels/<channel>/typing")
         def typing(channel: str):
             self.typing.append(channel)
+            return "", 204
+
+        @app.post("/api/v10/interactions/<interaction>/<token>/callback")
+        def interaction_callback(interaction: str, token: str):
+            if self.tokens.get(interaction) != token:
+                return jsonify({"code": 10062, "message": "Unknown interaction"}), 404
+            if interaction in self.callbacks:
+                return jsonify({"code": 40060, "message": "Interaction has already been acknowledged."}), 400
+            body = request.get_json()
+            self.callbacks[interaction] = body
+            if body.get("type") == 7:  # UPDATE_MESSAGE: the clicked message changes
+                clicked = self.clicked[interaction]
+                for item in (clicked, *[s for s in self.sent if s.get("id") == clicked["id"]]):
+                    if "content" in body.get("data", {}):
+                        item["content"] = body["data"]["content"]
+                    if "components" in body.get("data", {}):
+                        item["components"] = body["data"]["components"]
+            return "", 204
+
+        @app.route("/api/v10/channels/<channel>/messages/<message>/reactions/<emoji>/@me", methods=["PUT", "DELETE"])
+        def reaction(channel: str, message: str, emoji: str):
+            if not emoji:
+                return jsonify({"code": 10014, "message": "Unknown Emoji"}), 400
+            mine = self.reactions.setdefault(message, [])
+            if request.method == "PUT" and emoji not in mine:
+                mine.append(emoji)
+            elif request.method == "DELETE" and emoji in mine:
+                mine.remove(emoji)
             return "", 204
 
         sock.route("/", endpoint="gateway")(lambda ws: self._serve(ws, "/"))
@@ -171,6 +212,28 @@ class FakeDiscord(FakeGateway):
         content = f"<@{BOT['id']}> {text}" if mention else text
         self._message(channel, author, content, self.guild_of(channel), mentions=mentions)
         return channel
+
+    def user_clicks(self, user: str, message: dict[str, Any], custom_id: str) -> str:
+        """User `user` clicks the button `custom_id` of the bot's `message` (one of `sent`);
+        returns the interaction's id."""
+        interaction, token = str(next(self.snowflakes)), f"itoken-{next(self.snowflakes)}"
+        self.tokens[interaction] = token
+        self.clicked[interaction] = next(m for m in self.messages if m["id"] == message["id"])
+        who = {"id": f"id-{user}", "username": user, "discriminator": "0"}
+        guild = self.guild_of(message["channel"])
+        data = {"id": interaction, "application_id": BOT["id"], "type": 3, "token": token, "version": 1,
+                "channel_id": message["channel"], "message": self.clicked[interaction],
+                "data": {"custom_id": custom_id, "component_type": 2},
+                **({"guild_id": guild, "member": {"user": who, "roles": []}} if guild else {"user": who})}
+        self.dispatch("INTERACTION_CREATE", data)
+        return interaction
+
+    def user_edits(self, channel: str, message_id: str, text: str) -> None:
+        """The author changes their message `message_id` (MESSAGE_UPDATE)."""
+        message = next(m for m in self.messages if m["id"] == message_id)
+        message.update(content=text, edited_timestamp=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()))
+        guild = self.guild_of(channel)
+        self.dispatch("MESSAGE_UPDATE", {**message, **({"guild_id": guild} if guild else {})})
 
     def identifies(self) -> list[dict[str, Any]]:
         return [f["d"] for _, f in self.received if f.get("op") == 2]

@@ -8,6 +8,13 @@ the resume URL; after a drop, op 7 (reconnect) or a resumable op 9, the adapter 
 afresh. REST: `POST /channels/{id}/messages` (2000 characters each), `POST
 /channels/{id}/typing`, `Authorization: Bot <token>`; 429s carry `retry_after` (seconds)
 in the body and Retry-After, which the shared sender honours.
+
+Approvals carry message components (an action row of two buttons); a click arrives as
+INTERACTION_CREATE (type 3, `data.custom_id`) and is answered within Discord's 3 s at
+`POST /interactions/{id}/{token}/callback`: type 7 replaces the request by its outcome
+(buttons gone), type 4 with flag 64 (ephemeral) tells a refused clicker alone. Reactions:
+`PUT`/`DELETE /channels/{id}/messages/{id}/reactions/{emoji}/@me`. An edited message
+(MESSAGE_UPDATE with `edited_timestamp`) is answered as a new one.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import random
 import re
 from typing import Any
+from urllib.parse import quote
 
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
@@ -103,8 +111,26 @@ class DiscordAdapter(GatewayAdapter):
             self.ready = True
         elif kind == "MESSAGE_CREATE":
             self._message(d)
+        elif kind == "MESSAGE_UPDATE" and d.get("edited_timestamp") and "content" in d:
+            self._message(d, edited=True)
+        elif kind == "INTERACTION_CREATE" and d.get("type") == 3:
+            self._clicked(d)
 
-    def _message(self, d: dict[str, Any]) -> None:
+    def _clicked(self, d: dict[str, Any]) -> None:
+        verb, _, approval_id = str((d.get("data") or {}).get("custom_id") or "").partition(":")
+        user = (d.get("member") or {}).get("user") or d.get("user") or {}
+        guild, channel = str(d.get("guild_id") or ""), str(d.get("channel_id") or "")
+        if verb not in ("approve", "reject") or not user.get("id") or not channel:
+            return
+        username = str(user.get("username") or "")
+        self.ctx.deliver(Inbound(Conversation(self.name, channel, str(user["id"]), direct=not guild),
+                                 sender_id=str(user["id"]), text=f"/{verb} {approval_id}",
+                                 message_id=str((d.get("message") or {}).get("id") or ""),
+                                 sender_name=username, sender_aliases=(username,) if username else (),
+                                 chat_aliases=(guild,) if guild else (),
+                                 interaction={"id": str(d.get("id")), "token": str(d.get("token"))}))
+
+    def _message(self, d: dict[str, Any], edited: bool = False) -> None:
         author = d.get("author") or {}
         user = str(author.get("id") or "")
         if user == self.bot_id or ((author.get("bot") or d.get("webhook_id")) and self.settings.get("ignore_bots", True)):
@@ -124,7 +150,7 @@ class DiscordAdapter(GatewayAdapter):
         username = str(author.get("username") or "")
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(d.get("id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else ()))
+                                 chat_aliases=(guild,) if guild else (), edited=edited))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
@@ -140,6 +166,34 @@ class DiscordAdapter(GatewayAdapter):
 
     def send_typing(self, conversation: Conversation) -> None:
         self.http.request("POST", f"{self.api}/channels/{conversation.chat_id}/typing", retries=0)
+
+    def _reaction_url(self, conversation: Conversation, message_id: str, emoji: str) -> str:
+        return (f"{self.api}/channels/{conversation.chat_id}/messages/{message_id}/reactions/"
+                f"{quote(emoji, safe='')}/@me")
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("PUT", self._reaction_url(conversation, message_id, emoji), retries=0)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("DELETE", self._reaction_url(conversation, message_id, emoji), retries=0)
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        buttons = [{"type": 2, "style": style, "label": label, "custom_id": f"{verb}:{approval_id}"}
+                   for verb, label, style in (("approve", "Approve", 3), ("reject", "Reject", 4))]
+        body: dict[str, Any] = {"content": text[:self.max_message_len], "allowed_mentions": {"parse": []},
+                                "components": [{"type": 1, "components": buttons}]}
+        answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+        return str(answer.get("id", ""))
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        click = msg.interaction
+        answer = ({"type": 7, "data": {"content": text, "components": []}} if final
+                  else {"type": 4, "data": {"content": text, "flags": 64}})
+        self.http.request("POST", f"{self.api}/interactions/{click['id']}/{click['token']}/callback",
+                          json=answer, retries=0)
+        return True
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or str(self.settings.get("default_channel_id") or "")

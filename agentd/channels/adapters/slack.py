@@ -10,15 +10,25 @@ v0 HMAC-SHA256 of `v0:{timestamp}:{body}` with the signing secret, timestamp wit
 5 minutes), checked before parsing; `url_verification` echoes the challenge.
 
 Events: `message` in direct messages (channel_type im) and `app_mention` in channels
-(answered in the message's thread while `auto_thread_reply`). Web API calls answer HTTP
-200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+(answered in the message's thread while `auto_thread_reply`); an edited direct message
+(`message_changed`) is answered as a new one. Web API calls answer HTTP 200 with
+`{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+
+Approvals are Block Kit messages with Approve/Reject buttons; a click arrives as a
+`block_actions` interaction (an `interactive` envelope over Socket Mode, a signed
+form-encoded `payload` at the request URL over HTTP); the request is then replaced by
+its outcome (`chat.update`), a refusal goes to the clicker alone (`chat.postEphemeral`).
+Reactions: `reactions.add` / `reactions.remove` (emoji by name). Slack has no typing
+indicator for bots on the Web API (only the legacy RTM API had one).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import re
 from typing import Any
+from urllib.parse import parse_qs
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
@@ -56,6 +66,13 @@ class SlackCommon:
     def handle_event(self, event: Any, team: str = "") -> None:
         if not isinstance(event, dict) or event.get("type") not in ("message", "app_mention"):
             return
+        edited = event.get("subtype") == "message_changed" and event.get("channel_type") == "im"
+        if edited:  # the new version of a direct message: its text, its author
+            changed = event.get("message") or {}
+            if not isinstance(changed, dict) or changed.get("text") == (event.get("previous_message") or {}).get("text"):
+                return  # an unfurl or other non-text change
+            event = {**changed, "type": "message", "channel": event.get("channel"), "channel_type": "im",
+                     "ts": f"{changed.get('ts')}:edit:{changed.get('edited', {}).get('ts', event.get('ts'))}"}
         user, channel, ts = str(event.get("user") or ""), str(event.get("channel") or ""), str(event.get("ts") or "")
         if event.get("subtype") or event.get("bot_id") or not user or user == self.bot_user:
             return  # edits, joins, bots (ourselves included)
@@ -70,8 +87,61 @@ class SlackCommon:
             return
         thread = event.get("thread_ts") or ("" if direct or not self.settings.get("auto_thread_reply", True) else ts)
         conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread})
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=ts,
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text,
+                                 message_id=ts.split(":edit:", 1)[0], edited=edited,
                                  chat_aliases=(team,) if team else ()))
+
+    def handle_interaction(self, payload: Any) -> None:
+        """A click on an approval's button (`block_actions`)."""
+        if not isinstance(payload, dict) or payload.get("type") != "block_actions":
+            return
+        action = next(iter(payload.get("actions") or []), {})
+        user = str((payload.get("user") or {}).get("id") or "")
+        channel = str((payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get("channel_id")
+                      or "")
+        message = payload.get("message") or {}
+        if action.get("action_id") not in ("approve", "reject") or not user or not channel:
+            return
+        conversation = Conversation(self.name, channel, user, direct=channel.startswith("D"),
+                                    meta={"thread_ts": str(message.get("thread_ts") or "")})
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=f"/{action['action_id']} {action.get('value')}",
+                                 message_id=str(message.get("ts") or ""),
+                                 sender_name=f"<@{user}>",  # Slack shows the person's name
+                                 interaction={"channel": channel, "ts": str(message.get("ts") or ""), "user": user,
+                                              "thread_ts": str(message.get("thread_ts") or "")}))
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare_bot()
+        buttons = [{"type": "button", "action_id": verb, "value": approval_id, "style": style,
+                    "text": {"type": "plain_text", "text": label}}
+                   for verb, label, style in (("approve", "Approve", "primary"), ("reject", "Reject", "danger"))]
+        body: dict[str, Any] = {"channel": conversation.chat_id, "text": text[:3000],
+                                "blocks": [{"type": "section", "text": {"type": "plain_text", "text": text[:3000]}},
+                                           {"type": "actions", "block_id": f"approval-{approval_id}",
+                                            "elements": buttons}]}
+        if conversation.meta.get("thread_ts"):
+            body["thread_ts"] = conversation.meta["thread_ts"]
+        return str(self.web("chat.postMessage", self.bot_token, **body).get("ts", ""))
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        click = msg.interaction
+        if final:  # the request becomes its outcome, its buttons gone
+            self.web("chat.update", self.bot_token, channel=click["channel"], ts=click["ts"], text=text, blocks=[])
+        else:
+            body = {"channel": click["channel"], "user": click["user"], "text": text}
+            if click.get("thread_ts"):
+                body["thread_ts"] = click["thread_ts"]
+            self.web("chat.postEphemeral", self.bot_token, **body)
+        return True
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.web("reactions.add", self.bot_token, retries=0, channel=conversation.chat_id, timestamp=message_id,
+                 name=emoji_name(emoji))
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.web("reactions.remove", self.bot_token, retries=0, channel=conversation.chat_id, timestamp=message_id,
+                 name=emoji_name(emoji))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
@@ -127,6 +197,8 @@ class SlackSocketAdapter(SlackCommon, WebSocketAdapter):
         elif kind == "events_api":
             payload = data.get("payload") or {}
             self.handle_event(payload.get("event"), str(payload.get("team_id") or ""))
+        elif kind == "interactive":
+            self.handle_interaction(data.get("payload"))
 
 
 class SlackEventsAdapter(SlackCommon, WebhookAdapter):
@@ -149,6 +221,11 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
             prefix="v0=")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            # Interactivity (a button click): the JSON is the form's `payload` field.
+            form = parse_qs(request.body.decode("utf-8"))
+            self.handle_interaction(json.loads((form.get("payload") or ["{}"])[0]))
+            return 200, {}
         data = request.json()
         if not isinstance(data, dict):
             raise ValueError("body must be a JSON object")
@@ -161,6 +238,16 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
+
+
+# Slack names its emoji; the lifecycle defaults are given as characters.
+EMOJI_NAMES = {"👀": "eyes", "✅": "white_check_mark", "⚠️": "warning", "⚠": "warning", "👍": "+1",
+               "😢": "cry", "❌": "x", "🤔": "thinking_face", "🎉": "tada"}
+
+
+def emoji_name(emoji: str) -> str:
+    """Slack's name for `emoji` (a name given as `:name:` or `name` passes through)."""
+    return EMOJI_NAMES.get(emoji) or emoji.strip(":")
 
 
 def ADAPTER(ctx, settings):  # type: ignore[no-untyped-def] # noqa: N802 - the registry's name
