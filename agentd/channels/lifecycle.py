@@ -91,6 +91,14 @@ class Lifecycle:
         self._shown = ""
 
     def received(self) -> None:
+        if self.msg.edited and self.emoji and self.msg.message_id:
+            # Answered again: the outcome shown for the first version is taken back.
+            for stage in ("answered", "failed"):
+                try:
+                    if self.emoji.get(stage):
+                        self.adapter.unreact(self.msg.conversation, self.msg.message_id, self.emoji[stage])
+                except Exception as exc:  # noqa: BLE001 - cosmetic, as below
+                    log.info("channel %s: reaction not taken back: %s", self.adapter.name, exc)
         self._react("received")
 
     def finished(self, ok: bool) -> None:

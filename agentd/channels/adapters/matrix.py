@@ -1,6 +1,8 @@
 """Matrix client-server API: `/sync` long-polling with a persisted `since` token,
-replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications.
-The first sync (no token yet) only records the position: history is not answered."""
+replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications,
+reactions as `m.reaction` annotations (taken back by redacting them). An edit (an
+`m.replace` relation) is answered as a new message with the `m.new_content` text. The
+first sync (no token yet) only records the position: history is not answered."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class MatrixAdapter(PollingAdapter):
         self.base = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/") + "/_matrix/client/v3"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
         self.user_id = str(self.settings.get("user_id") or "")
+        self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
 
     def poll_once(self) -> None:
         if not self.user_id:
@@ -48,9 +51,15 @@ class MatrixAdapter(PollingAdapter):
                 or content.get("msgtype") not in ("m.text", "m.notice") or not content.get("body")):
             return
         sender = str(event.get("sender"))
+        relation = content.get("m.relates_to") or {}
+        edited = relation.get("rel_type") == "m.replace" and isinstance(content.get("m.new_content"), dict)
+        text = str(content["m.new_content"].get("body") or "") if edited else str(content["body"])
+        if not text:
+            return
         conversation = Conversation(self.name, room_id, sender)
-        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=str(content["body"]),
-                                 message_id=str(event.get("event_id", "")), sender_name=sender))
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, edited=edited,
+                                 message_id=str(relation.get("event_id") if edited else event.get("event_id", "")),
+                                 sender_name=sender))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
@@ -69,6 +78,19 @@ class MatrixAdapter(PollingAdapter):
             self.http.request("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/typing/"
                               f"{quote(self.user_id, safe='')}", json={"typing": True, "timeout": 10000},
                               retries=0)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        room = quote(conversation.chat_id, safe="")
+        answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.reaction/{uuid.uuid4().hex}", retries=0,
+                                json={"m.relates_to": {"rel_type": "m.annotation", "event_id": message_id,
+                                                       "key": emoji}})
+        self.reaction_events[(conversation.chat_id, message_id, emoji)] = str(answer.get("event_id", ""))
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        event = self.reaction_events.pop((conversation.chat_id, message_id, emoji), "")
+        if event:
+            self.http.request("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/redact/"
+                              f"{quote(event, safe='')}/{uuid.uuid4().hex}", json={}, retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         room = override or next(iter(self.settings.get("allowed_rooms") or []), "")
