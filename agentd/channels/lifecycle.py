@@ -18,15 +18,18 @@ from agentd.errors import BadRequest
 log = logging.getLogger("agentd.channels")
 
 # Adapters whose platform API has a typing indicator for bots, implemented by `send_typing`.
-TYPING = frozenset({"discord", "matrix", "mattermost", "revolt", "signal", "telegram", "xmpp", "zulip"})
+TYPING = frozenset({"discord", "gitter", "matrix", "mattermost", "revolt", "signal", "teams", "telegram", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
-REACTIONS = frozenset({"discord", "matrix", "mattermost", "slack", "telegram", "zulip"})
+REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "slack", "telegram", "zulip"})
 
 TYPING_MODES = ("instant", "never")
 STAGES = ("received", "answered", "failed")
 DEFAULT_REACTIONS = {"received": "👀", "answered": "✅", "failed": "⚠️"}
 # Telegram bots may react only with the emoji of its fixed list, which has neither ✅ nor ⚠️.
 PLATFORM_REACTIONS = {"telegram": {"answered": "👍", "failed": "😢"}}
+# Platforms that name their emoji (Slack, Mattermost, Zulip): the names of the defaults.
+EMOJI_NAMES = {"👀": "eyes", "✅": "white_check_mark", "⚠️": "warning", "⚠": "warning", "👍": "+1",
+               "😢": "cry", "❌": "x", "🤔": "thinking_face", "🎉": "tada"}
 TYPING_EVERY = 4.0  # seconds: platforms drop an indicator after 5-10 s unless it is sent again
 
 
@@ -58,6 +61,12 @@ def check_reactions(channel: str, value: Any) -> bool | dict[str, str]:
             raise BadRequest(f"{name}.{stage}: must be an emoji (\"\" for no reaction at that stage)")
         out[stage] = emoji.strip()
     return out
+
+
+def emoji_name(emoji: str, names: dict[str, str] | None = None) -> str:
+    """The platform's name for `emoji` (`names` first, then the common ones); a name given
+    as `:name:` or `name` passes through."""
+    return (names or {}).get(emoji) or EMOJI_NAMES.get(emoji) or emoji.strip(":")
 
 
 def reactions_for(channel: str, value: Any) -> dict[str, str]:

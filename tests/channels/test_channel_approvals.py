@@ -15,7 +15,10 @@ from channel_fixtures import configure, remove, start_channel_daemon, wait_activ
 from fakes.discord import FakeDiscord
 from fakes.servers import IrcUser, Ngircd
 from fakes.slack import FakeSlack
+from fakes.teams import FakeBotFramework
 from fakes.telegram import FakeTelegram
+from support import free_port
+from test_channel_teams import APP_ID, PASSWORD, keys, post
 
 KEEPER = 'name = "keeper"\nprofile = "coding"\n[model]\nprovider = "default"\nmodel = "default"\n'
 WRITE = '[[tool:file_write {"path": "%s", "content": "ok"}]]'
@@ -171,6 +174,42 @@ def test_discord_buttons_approve_and_refuse(daemon, discord):
     wait_for(lambda: len(discord.replies(channel)) == 2, what="the agent's reply")
     assert discord.replies(channel)[1].startswith("tool said: ")
     assert written(daemon, "dc.txt")
+
+
+# -- Teams: an Adaptive Card with Action.Submit buttons --------------------------------------
+
+def test_teams_card_reject_and_refuse(daemon):
+    fake, port = FakeBotFramework(APP_ID, PASSWORD).start(), free_port()
+    try:
+        configure(daemon, "teams", default_agent="keeper", **keys(fake, port))
+        wait_active(daemon, "teams")
+        url = f"http://127.0.0.1:{port}/api/messages"
+        group = "19:team-thread"
+        asked_by = fake.activity(WRITE % "teams.txt", "ann", conversation_type="channel", conversation=group)
+        assert post(url, asked_by, fake.token()).status_code == 200
+        approval = pending(daemon, "teams.txt")
+        card = wait_for(lambda: [s for s in fake.sent if s["activity"].get("attachments")], what="the card")[0]
+        content = card["activity"]["attachments"][0]
+        assert content["contentType"] == "application/vnd.microsoft.card.adaptive"
+        assert [(a["type"], a["title"], a["data"]) for a in content["content"]["actions"]] == [
+            ("Action.Submit", "Approve", {"agentd_approval": "approve", "approval_id": approval["id"]}),
+            ("Action.Submit", "Reject", {"agentd_approval": "reject", "approval_id": approval["id"]})]
+        # bob, in the same team channel, did not ask: he is told so and nothing is decided.
+        pressed = fake.submit(card["id"], content["content"]["actions"][0]["data"], "bob", "channel", group)
+        assert post(url, pressed, fake.token()).status_code == 200
+        wait_for(lambda: [s for s in fake.sent if s["activity"]["text"].startswith("Sorry, you cannot answer")],
+                 what="the refusal")
+        assert [a["id"] for a in daemon.get("/api/approvals").json()] == [approval["id"]]
+        pressed = fake.submit(card["id"], content["content"]["actions"][1]["data"], "ann", "channel", group)
+        assert post(url, pressed, fake.token()).status_code == 200
+        update = wait_for(lambda: fake.updates, what="the card replaced by its outcome")[0]
+        assert update["id"] == card["id"] and update["activity"]["attachments"] == []
+        assert update["activity"]["text"] == f"❌ Rejected: file_write will not run (approval {approval['id']}, by Ann)."
+        wait_for(lambda: daemon.get("/api/approvals").json() == [], what="decided")
+        assert not written(daemon, "teams.txt")
+    finally:
+        remove(daemon, "teams")
+        fake.stop()
 
 
 # -- IRC: no buttons, `/approve <id>` typed -------------------------------------------------

@@ -15,6 +15,7 @@ from channel_contract import daemon  # noqa: F401 - the shared daemon of the cha
 from channel_fixtures import configure, remove, wait_active, wait_for
 from fakes.discord import FakeDiscord
 from fakes.matrix import FakeMatrix
+from fakes.mattermost import FakeMattermost
 from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
 
@@ -136,6 +137,42 @@ def test_matrix_reactions_and_edits(daemon, matrix):  # noqa: F811
     matrix.user_edits(room, "@ann:test", said, "hello matrix, edited")
     wait_for(lambda: len(matrix.bot_messages(room)) == 2, what="the answer to the edit")
     assert matrix.bot_messages(room)[1] == EDITED + "hello matrix, edited"
+
+
+# -- Mattermost and Zulip: reactions by name ---------------------------------------------------
+
+def test_mattermost_reactions(daemon):  # noqa: F811
+    fake = FakeMattermost(contract.ENV["MATTERMOST_TOKEN"]).start()
+    try:
+        configure(daemon, "mattermost", server_url=fake.url, token_env="MATTERMOST_TOKEN", default_agent="helper",
+                  overrides={"lifecycle_reactions": {"answered": "tada"}})
+        wait_active(daemon, "mattermost")
+        wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
+                          and f.get("action") == "authentication_challenge"], what="authenticated")
+        post = fake.user_says("user-ann", "ann", "town0000000000000000000000", "hello mattermost")
+        wait_for(lambda: fake.bot_posts("town0000000000000000000000"), what="reply")
+        wait_for(lambda: fake.reactions.get(post) == ["tada"], what="eyes replaced by tada",
+                 explain=lambda: fake.reactions)
+    finally:
+        remove(daemon, "mattermost")
+        fake.stop()
+
+
+def test_zulip_reactions(daemon):  # noqa: F811
+    case = contract.CASES["zulip"]
+    fake = case.start()
+    try:
+        contract.setup(daemon, case, fake, overrides={"lifecycle_reactions": True})
+        target = fake.user_says("ann", "[[fail:500]] zulip boom")
+        wait_for(lambda: fake.replies(target), what="apology")
+        wait_for(lambda: list(fake.reactions.values()) == [["warning"]], what="eyes replaced by warning",
+                 explain=lambda: fake.reactions)
+        target = fake.user_says("ann", "zulip fine")
+        wait_for(lambda: len(fake.replies(target)) == 2, what="reply")
+        wait_for(lambda: list(fake.reactions.values())[-1] == ["check"], what="check", explain=lambda: fake.reactions)
+    finally:
+        remove(daemon, "zulip")
+        case.stop(fake)
 
 
 # -- configure time ----------------------------------------------------------------------------

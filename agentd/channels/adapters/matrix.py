@@ -18,13 +18,16 @@ from agentd.channels.bases.sender import split_text
 class MatrixAdapter(PollingAdapter):
     max_message_len = 30_000
 
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
+
     def prepare(self) -> None:
         token = self.env("access_token_env")
         self.http.session.headers["Authorization"] = f"Bearer {token}"
         self.base = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/") + "/_matrix/client/v3"
         self.long_poll = int(self.settings.get("long_poll_secs") or 25)
         self.user_id = str(self.settings.get("user_id") or "")
-        self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
 
     def poll_once(self) -> None:
         if not self.user_id:

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.lifecycle import emoji_name
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
 
@@ -238,16 +239,6 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
-
-
-# Slack names its emoji; the lifecycle defaults are given as characters.
-EMOJI_NAMES = {"👀": "eyes", "✅": "white_check_mark", "⚠️": "warning", "⚠": "warning", "👍": "+1",
-               "😢": "cry", "❌": "x", "🤔": "thinking_face", "🎉": "tada"}
-
-
-def emoji_name(emoji: str) -> str:
-    """Slack's name for `emoji` (a name given as `:name:` or `name` passes through)."""
-    return EMOJI_NAMES.get(emoji) or emoji.strip(":")
 
 
 def ADAPTER(ctx, settings):  # type: ignore[no-untyped-def] # noqa: N802 - the registry's name
