@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 import channel_contract as contract
 from channel_fixtures import configure, remove, start_channel_daemon, wait_active, wait_for
@@ -140,6 +141,30 @@ def test_slack_buttons_reject_and_refuse(daemon, slack):
     wait_for(lambda: len([m for m in slack.sent if m["channel"] == channel]) == 2, what="the agent's reply")
     assert not written(daemon, "slack.txt")
     assert daemon.get("/api/approvals").json() == []
+
+
+def test_slack_buttons_at_the_request_url(daemon, slack):
+    """Over HTTP the click is a signed form-encoded `payload` at the Events API request URL."""
+    port = free_port()
+    configure(daemon, "slack", api_url=slack.url + "/api", bot_token_env="SLACK_BOT_TOKEN", webhook_port=port,
+              signing_secret_env="SLACK_SIGNING_SECRET", default_agent="keeper")
+    wait_active(daemon, "slack")
+    slack.webhook = f"http://127.0.0.1:{port}/slack/events"
+    channel = slack.user_says("U1BEA", WRITE % "slack-http.txt")
+    approval = pending(daemon, "slack-http.txt")
+    asked = wait_for(lambda: [m for m in slack.sent if m.get("blocks")], what="the request")[0]
+    slack.user_clicks("U1BEA", asked, "approve")
+    assert slack.deliveries[-1].status_code == 200
+    wait_for(lambda: slack.updates, what="the request replaced by its outcome")
+    assert slack.updates[0]["text"].startswith(f"✅ Approved: file_write runs now (approval {approval['id']}")
+    wait_for(lambda: len([m for m in slack.sent if m["channel"] == channel]) == 2, what="the agent's reply")
+    assert written(daemon, "slack-http.txt")
+    # A click whose signature does not match is refused before it is read.
+    body = b"payload=%7B%7D"
+    refused = requests.post(slack.webhook, data=body, timeout=5, headers={
+        "Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": str(int(time.time())),
+        "X-Slack-Signature": "v0=" + "0" * 64})
+    assert refused.status_code == 401
 
 
 # -- Discord: message components, INTERACTION_CREATE ----------------------------------------

@@ -119,15 +119,17 @@ class TeamsAdapter(JwtWebhookAdapter):
         base = str(conversation.meta.get("service_url") or self.settings.get("service_url") or "").rstrip("/")
         return f"{base}/v3/conversations/{quote(conversation.chat_id, safe='')}/activities"
 
-    def _post(self, method: str, url: str, activity: dict[str, Any], conversation: Conversation) -> str:
+    def _post(self, method: str, url: str, activity: dict[str, Any], conversation: Conversation,
+              retries: int | None = None) -> str:
         activity.setdefault("conversation", {"id": conversation.chat_id})
         if conversation.meta.get("bot"):
             activity["from"] = conversation.meta["bot"]
-        answer = self.http.json(method, url, json=activity, headers={"Authorization": "Bearer " + self.token.get()})
+        answer = self.http.json(method, url, json=activity, retries=retries,
+                                headers={"Authorization": "Bearer " + self.token.get()})
         return str(answer.get("id") or "") if isinstance(answer, dict) else ""
 
     def send_typing(self, conversation: Conversation) -> None:
-        self._post("POST", self._activities_url(conversation), {"type": "typing"}, conversation)
+        self._post("POST", self._activities_url(conversation), {"type": "typing"}, conversation, retries=0)
 
     def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
         card = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
