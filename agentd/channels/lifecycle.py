@@ -20,7 +20,8 @@ log = logging.getLogger("agentd.channels")
 # Adapters whose platform API has a typing indicator for bots, implemented by `send_typing`.
 TYPING = frozenset({"discord", "gitter", "matrix", "mattermost", "revolt", "signal", "teams", "telegram", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
-REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "slack", "telegram", "zulip"})
+REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "revolt", "rocketchat", "slack", "telegram",
+                       "zulip"})
 
 TYPING_MODES = ("instant", "never")
 STAGES = ("received", "answered", "failed")

@@ -175,6 +175,22 @@ def test_zulip_reactions(daemon):  # noqa: F811
         case.stop(fake)
 
 
+@pytest.mark.parametrize("name,user,answered", [("revolt", "ann", "✅"), ("rocketchat", "ann", ":white_check_mark:")])
+def test_revolt_and_rocketchat_reactions(daemon, name, user, answered):  # noqa: F811
+    case = contract.CASES[name]
+    fake = case.start()
+    try:
+        contract.setup(daemon, case, fake, overrides={"lifecycle_reactions": True})
+        chat = case.say(fake, user, f"hello {name}")
+        wait_for(lambda: case.replies(fake, chat), what="reply")
+        said = next(m for m in fake.messages if (m.get("content") or m.get("msg")) == f"hello {name}")
+        wait_for(lambda: fake.reactions.get(said["_id"]) == [answered], what="👀 replaced by ✅",
+                 explain=lambda: fake.reactions)
+    finally:
+        remove(daemon, name)
+        case.stop(fake)
+
+
 # -- configure time ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("channel,overrides,error", [
