@@ -18,10 +18,11 @@ from agentd.errors import BadRequest
 log = logging.getLogger("agentd.channels")
 
 # Adapters whose platform API has a typing indicator for bots, implemented by `send_typing`.
-TYPING = frozenset({"discord", "gitter", "matrix", "mattermost", "revolt", "signal", "teams", "telegram", "xmpp", "zulip"})
+TYPING = frozenset({"discord", "gitter", "matrix", "mattermost", "messenger", "revolt", "signal", "teams", "telegram",
+                    "whatsapp", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
 REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "revolt", "rocketchat", "slack", "telegram",
-                       "zulip"})
+                       "whatsapp", "zulip"})
 
 TYPING_MODES = ("instant", "never")
 STAGES = ("received", "answered", "failed")

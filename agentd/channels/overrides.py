@@ -3,8 +3,9 @@ the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
 `usage_footer`, `prefix_agent_name`, `typing_mode` and `lifecycle_reactions` (the last two
-on adapters whose platform has typing / reactions: agentd/channels/lifecycle.py). Keys agentd does not implement are refused (400
-naming the key) rather than saved and ignored; so are a few adapter-specific keys.
+on adapters whose platform has typing / reactions: agentd/channels/lifecycle.py). Keys
+agentd does not implement are refused (400 naming the key) rather than saved and ignored;
+so are a few adapter-specific keys.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ def test_slack_buttons_reject_and_refuse(daemon, slack):
     slack.user_clicks("U1ANN", asked, "reject")
     wait_for(lambda: slack.updates, what="the request replaced by its outcome")
     assert slack.updates[0]["ts"] == asked["ts"] and slack.updates[0]["blocks"] == []
-    assert slack.updates[0]["text"] == f"❌ Rejected: file_write will not run (approval {approval['id']}, by <@U1ANN>)."
+    assert slack.updates[0]["text"] == \
+        f"❌ Rejected: file_write will not run (approval {approval['id']}, by <@U1ANN>)."
     wait_for(lambda: len([m for m in slack.sent if m["channel"] == channel]) == 2, what="the agent's reply")
     assert not written(daemon, "slack.txt")
     assert daemon.get("/api/approvals").json() == []
@@ -229,7 +230,8 @@ def test_teams_card_reject_and_refuse(daemon):
         assert post(url, pressed, fake.token()).status_code == 200
         update = wait_for(lambda: fake.updates, what="the card replaced by its outcome")[0]
         assert update["id"] == card["id"] and update["activity"]["attachments"] == []
-        assert update["activity"]["text"] == f"❌ Rejected: file_write will not run (approval {approval['id']}, by Ann)."
+        assert update["activity"]["text"] == \
+            f"❌ Rejected: file_write will not run (approval {approval['id']}, by Ann)."
         wait_for(lambda: daemon.get("/api/approvals").json() == [], what="decided")
         assert not written(daemon, "teams.txt")
     finally:

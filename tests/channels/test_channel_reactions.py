@@ -6,6 +6,7 @@ answered as a new one that says it was edited."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -16,8 +17,11 @@ from channel_fixtures import configure, remove, wait_active, wait_for
 from fakes.discord import FakeDiscord
 from fakes.matrix import FakeMatrix
 from fakes.mattermost import FakeMattermost
+from fakes.messenger import event as messenger_event
 from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
+from fakes.whatsapp import event as whatsapp_event
+import meta_webhook
 
 EDITED = "echo: (I edited my earlier message; its new text follows.)\n"
 
@@ -189,6 +193,39 @@ def test_revolt_and_rocketchat_reactions(daemon, name, user, answered):  # noqa:
     finally:
         remove(daemon, name)
         case.stop(fake)
+
+
+# -- WhatsApp Cloud API and Messenger: typing through the send endpoint ----------------------
+
+def test_whatsapp_typing_and_reactions(daemon):  # noqa: F811
+    platform = meta_webhook.PLATFORMS["whatsapp"]
+    hook = meta_webhook.serve(daemon, platform)
+    fake, url, port = next(hook)
+    try:
+        configure(daemon, "whatsapp", webhook_port=port, api_url=fake.url, default_agent="helper",
+                  overrides={"lifecycle_reactions": True}, **platform.keys)
+        wait_active(daemon, "whatsapp")
+        body = whatsapp_event("[[slow:0.3]] hello whatsapp", "15551230001")
+        message_id = json.loads(body)["entry"][0]["changes"][0]["value"]["messages"][0]["id"]
+        assert meta_webhook.post(url, platform.secret, body).status_code == 200
+        wait_for(lambda: fake.sent, what="reply")
+        assert fake.typing and set(fake.typing) == {message_id}
+        wait_for(lambda: fake.reactions.get(message_id) == "✅", what="✅", explain=lambda: fake.reactions)
+    finally:
+        next(hook, None)
+
+
+def test_messenger_typing(daemon):  # noqa: F811
+    platform = meta_webhook.PLATFORMS["messenger"]
+    hook = meta_webhook.serve(daemon, platform)
+    fake, url, _ = next(hook)
+    try:
+        body = messenger_event("[[slow:0.3]] hi page", "psid-9")
+        assert meta_webhook.post(url, platform.secret, body).status_code == 200
+        wait_for(lambda: fake.sent, what="reply")
+        assert {"to": "psid-9", "action": "typing_on"} in fake.actions
+    finally:
+        next(hook, None)
 
 
 # -- configure time ----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ and the Connector API: POST /v3/conversations/{conversationId}/activities[/{acti
 with `Authorization: Bearer <token>` → {"id"} (a `typing` activity is kept in `typing`;
 a message may carry attachments, such as an Adaptive Card), PUT .../activities/{id} to
 update one (`updates`); 429 with Retry-After while `throttle` holds seconds. `submit()`
-builds the message activity of an Adaptive Card's Action.Submit press (`value`, `replyToId`). `activity()` builds an inbound message activity and `token()` signs the
+builds the message activity of an Adaptive Card's Action.Submit press (`value`, `replyToId`).
+`activity()` builds an inbound message activity and `token()` signs the
 Bearer JWT the Bot Connector sends with it (RS256, kid in the header)."""
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ class FakeTelegram(FakeServer):
         message = next((m for m in self.sent if m["chat"]["id"] == int(p.get("chat_id") or 0)
                         and m["message_id"] == p.get("message_id")), None)
         if message is None:
-            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message to edit not found"}), 400
+            return jsonify({"ok": False, "error_code": 400,
+                            "description": "Bad Request: message to edit not found"}), 400
         message["text"] = p["text"]
         if p.get("reply_markup"):
             message["reply_markup"] = p["reply_markup"]

@@ -70,7 +70,8 @@ class SlackCommon:
         edited = event.get("subtype") == "message_changed" and event.get("channel_type") == "im"
         if edited:  # the new version of a direct message: its text, its author
             changed = event.get("message") or {}
-            if not isinstance(changed, dict) or changed.get("text") == (event.get("previous_message") or {}).get("text"):
+            before = (event.get("previous_message") or {}).get("text")
+            if not isinstance(changed, dict) or changed.get("text") == before:
                 return  # an unfurl or other non-text change
             event = {**changed, "type": "message", "channel": event.get("channel"), "channel_type": "im",
                      "ts": f"{changed.get('ts')}:edit:{changed.get('edited', {}).get('ts', event.get('ts'))}"}
