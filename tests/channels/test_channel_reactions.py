@@ -179,16 +179,26 @@ def test_zulip_reactions(daemon):  # noqa: F811
         case.stop(fake)
 
 
-@pytest.mark.parametrize("name,user,answered", [("revolt", "ann", "✅"), ("rocketchat", "ann", ":white_check_mark:")])
-def test_revolt_and_rocketchat_reactions(daemon, name, user, answered):  # noqa: F811
+def said_id(name: str, fake, text: str):  # type: ignore[no-untyped-def]
+    """The platform's id of the user's message `text` (what the bot reacts to)."""
+    if name == "signal":
+        return next(m["envelope"]["timestamp"] for m in fake.delivered
+                    if m["envelope"]["dataMessage"]["message"] == text)
+    message = next(m for m in fake.messages if (m.get("content") or m.get("msg") or m.get("message")) == text)
+    return message.get("_id") or message["id"]
+
+
+@pytest.mark.parametrize("name,answered", [("revolt", ["✅"]), ("rocketchat", [":white_check_mark:"]),
+                                           ("nextcloud", ["✅"]), ("signal", "✅")])
+def test_reactions_on_more_platforms(daemon, name, answered):  # noqa: F811
     case = contract.CASES[name]
     fake = case.start()
     try:
         contract.setup(daemon, case, fake, overrides={"lifecycle_reactions": True})
-        chat = case.say(fake, user, f"hello {name}")
+        chat = case.say(fake, case.user, f"hello {name}")
         wait_for(lambda: case.replies(fake, chat), what="reply")
-        said = next(m for m in fake.messages if (m.get("content") or m.get("msg")) == f"hello {name}")
-        wait_for(lambda: fake.reactions.get(said["_id"]) == [answered], what="👀 replaced by ✅",
+        said = said_id(name, fake, f"hello {name}")
+        wait_for(lambda: fake.reactions.get(said) == answered, what="👀 replaced by ✅",
                  explain=lambda: fake.reactions)
     finally:
         remove(daemon, name)
