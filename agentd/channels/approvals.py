@@ -15,7 +15,7 @@ import json
 import logging
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentd.agents.approvals import ApprovalQueue
@@ -36,14 +36,11 @@ INPUT_SHOWN = 600  # characters of the tool's input shown in the request
 
 @dataclass
 class Asked:
-    """An approval asked for in one conversation."""
+    """An approval asked for in one conversation (a channel's chat) and who may answer it."""
 
     channel: str
     chat_id: str
-    tool: str
-    requester: str
     allowed: Callable[[Inbound], bool]
-    conversation: Conversation = field(repr=False, default=None)  # type: ignore[assignment]
 
 
 def request_text(agent: str, tool: str, args: dict[str, Any]) -> str:
@@ -68,7 +65,7 @@ class ChatApprovals:
         self._asked: dict[str, Asked] = {}
         self._lock = threading.Lock()
 
-    def sink(self, adapter: Adapter, conversation: Conversation, agent: str, requester: str,
+    def sink(self, adapter: Adapter, conversation: Conversation, agent: str,
              allowed: Callable[[Inbound], bool], on_wait: Callable[[bool], None]) -> tuple[
                  Callable[[Event], None], Callable[[], None]]:
         """The run's event sink, which asks in the chat when a tool call awaits approval,
@@ -86,8 +83,7 @@ class ChatApprovals:
             tool = str(data.get("detail") or "").split(" (approval", 1)[0]
             args = next((a.get("input") for a in self.approvals.pending() if a["id"] == approval_id), {}) or {}
             with self._lock:
-                self._asked[approval_id] = Asked(adapter.name, conversation.chat_id, tool, requester, allowed,
-                                                 conversation)
+                self._asked[approval_id] = Asked(adapter.name, conversation.chat_id, allowed)
             mine.append(approval_id)
             on_wait(True)
             try:

@@ -413,7 +413,7 @@ class ChannelManager:
         emit, forget = None, lambda: None
         if handle.mode == "Manual":  # its tool calls are asked for in this conversation
             emit, forget = self.chat_approvals.sink(
-                adapter, conversation, handle.name, sender, self._may_answer(adapter.name, sender),
+                adapter, conversation, handle.name, self._may_answer(adapter.name, sender),
                 on_wait=life.pause_typing if life is not None else lambda paused: None)
         if life is not None:
             life.start_typing()
