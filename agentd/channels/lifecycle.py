@@ -18,7 +18,7 @@ from agentd.errors import BadRequest
 log = logging.getLogger("agentd.channels")
 
 # Adapters whose platform API has a typing indicator for bots, implemented by `send_typing`.
-TYPING = frozenset({"discord", "gitter", "matrix", "mattermost", "messenger", "revolt", "signal", "teams", "telegram",
+TYPING = frozenset({"discord", "gitter", "line", "matrix", "mattermost", "messenger", "revolt", "signal", "teams", "telegram",
                     "whatsapp", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
 REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "nextcloud", "revolt", "rocketchat", "signal",

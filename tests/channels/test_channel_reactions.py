@@ -10,11 +10,14 @@ import json
 import time
 
 import pytest
+import requests
 
 import channel_contract as contract
 from channel_contract import daemon  # noqa: F401 - the shared daemon of the channel tests
 from channel_fixtures import configure, remove, wait_active, wait_for
+from support import free_port
 from fakes.discord import FakeDiscord
+from fakes.line import FakeLine, event as line_event, signature as line_signature
 from fakes.matrix import FakeMatrix
 from fakes.mattermost import FakeMattermost
 from fakes.messenger import event as messenger_event
@@ -236,6 +239,24 @@ def test_messenger_typing(daemon):  # noqa: F811
         assert {"to": "psid-9", "action": "typing_on"} in fake.actions
     finally:
         next(hook, None)
+
+
+def test_line_loading_animation(daemon):  # noqa: F811
+    fake, port = FakeLine(contract.ENV["LINE_CHANNEL_ACCESS_TOKEN"]).start(), free_port()
+    try:
+        configure(daemon, "line", webhook_port=port, api_url=fake.url, default_agent="helper")
+        wait_active(daemon, "line")
+        for body in (line_event("[[slow:0.3]] hi line", "Uann"),
+                     line_event("[[slow:0.3]] hi group", "Ubob", "Cgroup")):
+            response = requests.post(f"http://127.0.0.1:{port}/callback", data=body, timeout=5, headers={
+                "Content-Type": "application/json",
+                "X-Line-Signature": line_signature(contract.ENV["LINE_CHANNEL_SECRET"], body)})
+            assert response.status_code == 200
+        wait_for(lambda: len(fake.sent) == 2, what="replies")
+        assert set(fake.loading) == {"Uann"}  # a group has no loading animation
+    finally:
+        remove(daemon, "line")
+        fake.stop()
 
 
 # -- configure time ----------------------------------------------------------------------------
