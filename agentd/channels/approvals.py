@@ -51,8 +51,10 @@ def request_text(agent: str, tool: str, args: dict[str, Any]) -> str:
 
 
 def parse(text: str) -> tuple[str, str] | None:
-    """("approve" | "reject", id) for an approval command, else None."""
-    match = COMMAND.match(text or "")
+    """("approve" | "reject", id) for an approval command, else None. Only the first line
+    counts: an email reply quotes the request below the answer."""
+    first = next((line for line in (text or "").splitlines() if line.strip()), "")
+    match = COMMAND.match(first)
     return (match.group(1), match.group(2).replace("-", "").lower()) if match else None
 
 

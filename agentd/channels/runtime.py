@@ -369,6 +369,7 @@ class ChannelManager:
             self.audit("channel.error", name, {"message_id": msg.message_id, "error": error[:300]})
             reply, failed = APOLOGY, True
         if not reply.strip():
+            life.finished(ok=not failed)
             return
         try:
             sent_id = adapter.send(conversation, reply)

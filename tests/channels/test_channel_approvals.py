@@ -12,6 +12,7 @@ import pytest
 import requests
 
 import channel_contract as contract
+from agentd.channels.approvals import parse
 from channel_fixtures import configure, remove, start_channel_daemon, wait_active, wait_for
 from fakes.discord import FakeDiscord
 from fakes.servers import IrcUser, Ngircd
@@ -278,3 +279,17 @@ def test_irc_typed_approve_and_refusal(daemon, ircd):
         frank.close()
         eve.close()
         remove(daemon, "irc")
+
+
+@pytest.mark.parametrize("text,command", [
+    ("/approve 3f0c9a1b2c3d4e5f", ("approve", "3f0c9a1b2c3d4e5f")),
+    ("  !REJECT 3F0C9A1B2C3D  ", None),  # the verb is lower case, as typed from the request
+    ("!reject 3F0C9A1B2C3D", ("reject", "3f0c9a1b2c3d")),
+    ("/approve 3f0c9a1b2c3d\n\n> Reply /approve 3f0c9a1b2c3d or /reject ...", ("approve", "3f0c9a1b2c3d")),
+    ("please /approve 3f0c9a1b2c3d", None),
+    ("/approve", None),
+    ("/approve not-an-id!", None),
+])
+def test_approval_commands(text, command):
+    """What counts as an answer: the first line only (an email reply quotes the request)."""
+    assert parse(text) == command
