@@ -15,6 +15,7 @@ import channel_contract as contract
 from agentd.channels.approvals import parse
 from channel_fixtures import configure, remove, start_channel_daemon, wait_active, wait_for
 from fakes.discord import FakeDiscord
+from fakes.mattermost import FakeMattermost
 from fakes.servers import IrcUser, Ngircd
 from fakes.slack import FakeSlack
 from fakes.teams import FakeBotFramework
@@ -237,6 +238,33 @@ def test_teams_card_reject_and_refuse(daemon):
         assert not written(daemon, "teams.txt")
     finally:
         remove(daemon, "teams")
+        fake.stop()
+
+
+# -- Mattermost: typed `!approve` (`/approve` is a Mattermost slash command) ------------------
+
+def test_mattermost_typed_approve(daemon):
+    fake = FakeMattermost(contract.ENV["MATTERMOST_TOKEN"]).start()
+    town = "town0000000000000000000000"
+    try:
+        configure(daemon, "mattermost", server_url=fake.url, token_env="MATTERMOST_TOKEN", default_agent="keeper")
+        wait_active(daemon, "mattermost")
+        wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
+                          and f.get("action") == "authentication_challenge"], what="authenticated")
+        root = fake.user_says("user-ann", "ann", town, WRITE % "mm.txt")
+        approval = pending(daemon, "mm.txt")
+        asked = wait_for(lambda: fake.bot_posts(town), what="the request")[0]
+        assert asked["root_id"] == root  # in the message's thread
+        assert asked["message"].endswith(f"Reply /approve {approval['id']} or /reject {approval['id']}.")
+        fake.user_says("user-eve", "eve", town, f"!approve {approval['id']}")
+        wait_for(lambda: any(p["message"].startswith("Sorry, you cannot answer") for p in fake.bot_posts(town)),
+                 what="the refusal")
+        fake.user_says("user-ann", "ann", town, f"!approve {approval['id']}")
+        wait_for(lambda: any(p["message"].startswith("tool said: ") for p in fake.bot_posts(town)),
+                 what="the agent's reply")
+        assert written(daemon, "mm.txt")
+    finally:
+        remove(daemon, "mattermost")
         fake.stop()
 
 
