@@ -409,15 +409,14 @@ class ChannelManager:
         return allowed
 
     def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
-             sender: str = "", life: lifecycle.Lifecycle | None = None) -> str:
+             sender: str, life: lifecycle.Lifecycle) -> str:
         chosen = self._overrides(adapter.name)
         emit, forget = None, lambda: None
         if handle.mode == "Manual":  # its tool calls are asked for in this conversation
             emit, forget = self.chat_approvals.sink(
                 adapter, conversation, handle.name, self._may_answer(adapter.name, sender),
-                on_wait=life.pause_typing if life is not None else lambda paused: None)
-        if life is not None:
-            life.start_typing()
+                on_wait=life.pause_typing)
+        life.start_typing()
         try:
             # The conversation's own session of the agent: its history is never another's.
             options = RunOptions(extra_system=chosen.get("system_prompt", ""), model=chosen.get("model", ""))
@@ -428,8 +427,7 @@ class ChannelManager:
                                                 emit=emit)).result()
         finally:
             forget()
-            if life is not None:
-                life.stop_typing()
+            life.stop_typing()
         reply = strip_think(result.response).strip()
         if not reply:
             return reply
