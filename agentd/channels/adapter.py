@@ -163,6 +163,12 @@ class Adapter:
         elsewhere the request says which reply to type."""
         return self.send(conversation, f"{text}\nReply /approve {approval_id} or /reject {approval_id}.")
 
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        """An approval asked in the conversation was decided elsewhere (the dashboard, the API)
+        or timed out: `text` says so. Platforms with buttons replace the request (message
+        `request_id`) so its buttons go; elsewhere it is a new message."""
+        self.send(conversation, text)
+
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
         """Answer a button press (`msg.interaction`): `final` when it decided the approval
         (the buttons go), else a refusal or error meant for the presser alone. True when the

@@ -31,6 +31,10 @@ NOT_ALLOWED = ("Sorry, you cannot answer this approval: only the people allowed 
 UNKNOWN = "There is no pending approval {id} in this conversation (it may have been decided already)."
 DONE = {"approved": "✅ Approved: {tool} runs now (approval {id}, by {who}).",
         "rejected": "❌ Rejected: {tool} will not run (approval {id}, by {who})."}
+ELSEWHERE = {"approved": "✅ Approved outside the chat: {tool} runs now (approval {id}).",
+             "rejected": "❌ Rejected outside the chat: {tool} will not run (approval {id}).",
+             "timeout": "⌛ Nobody answered in time: {tool} did not run (approval {id}).",
+             "cancelled": "The run stopped: {tool} did not run (approval {id})."}
 INPUT_SHOWN = 600  # characters of the tool's input shown in the request
 
 
@@ -65,6 +69,7 @@ class ChatApprovals:
         self.approvals = approvals
         self.audit = audit
         self._asked: dict[str, Asked] = {}
+        self._decided: set[str] = set()  # approvals decided in a chat, until their run hears of it
         self._lock = threading.Lock()
 
     def sink(self, adapter: Adapter, conversation: Conversation, agent: str,
@@ -74,12 +79,30 @@ class ChatApprovals:
         and the function that forgets this run's requests when it ends. `on_wait(True)` is
         told while a human is asked (the typing indicator pauses), `on_wait(False)` after."""
         mine: list[str] = []
+        # (approval id, tool, the request's message id, the run's own Approval, decided once woken)
+        waiting: list[tuple[str, str, str, Any]] = []
+
+        def settle() -> None:
+            """The approval being waited on is decided: say so where it was not decided in the chat."""
+            approval_id, tool, request_id, approval = waiting.pop()
+            on_wait(False)
+            with self._lock:
+                answered_here = approval_id in self._decided
+                self._decided.discard(approval_id)
+            decision = getattr(approval, "decision", None)
+            if answered_here or decision not in ELSEWHERE:
+                return
+            try:
+                adapter.settle_approval(conversation, request_id,
+                                        ELSEWHERE[decision].format(tool=tool, id=approval_id))
+            except Exception as exc:  # noqa: BLE001 - the run goes on; only the note is lost
+                log.info("channel %s: approval outcome not posted: %s", adapter.name, exc)
 
         def emit(event: Event) -> None:
             data = event.data
             if event.type != "phase" or data.get("phase") != "awaiting_approval" or not data.get("approval_id"):
-                if mine:  # the run goes on: the human has answered
-                    on_wait(False)
+                if waiting:  # the run goes on: the approval is decided
+                    settle()
                 return
             approval_id = str(data["approval_id"])
             tool = str(data.get("detail") or "").split(" (approval", 1)[0]
@@ -94,11 +117,14 @@ class ChatApprovals:
                 log.warning("channel %s: approval request not posted: %s", adapter.name, exc)
                 self.audit("channel.send_failed", adapter.name, {"approval": approval_id, "error": str(exc)[:300]})
                 return
+            waiting.append((approval_id, tool, sent, self.approvals.local(approval_id)))
             self.audit("channel.approval_asked", adapter.name, {"approval": approval_id, "tool": tool,
                                                                 "conversation": conversation.key,
                                                                 "message_id": sent})
 
         def forget() -> None:
+            if waiting:  # the run ended while waiting (stopped, or its last event was this)
+                settle()
             with self._lock:
                 for approval_id in mine:
                     self._asked.pop(approval_id, None)
@@ -129,11 +155,14 @@ class ChatApprovals:
                                                          "reason": "sender may not answer this approval"})
             self._answer(adapter, msg, NOT_ALLOWED, final=False)
             return True
+        with self._lock:  # before the decision: the run it wakes must know it was taken here
+            self._decided.add(approval_id)
         try:
             decided = (self.approvals.approve if verb == "approve" else self.approvals.reject)(approval_id)
         except AgentdError as exc:  # decided meanwhile (dashboard, API, another person)
             with self._lock:
                 self._asked.pop(approval_id, None)
+                self._decided.discard(approval_id)
             self._answer(adapter, msg, f"{UNKNOWN.format(id=approval_id)} ({exc.message})", final=True)
             return True
         with self._lock:

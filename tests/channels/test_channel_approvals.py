@@ -103,6 +103,9 @@ def test_telegram_dashboard_decision_is_the_chat_decision(daemon, telegram):
     assert daemon.post(f"/api/approvals/{approval['id']}/reject").status_code == 200
     wait_for(lambda: len(telegram.replies_to(711)) == 2, what="the agent's reply")
     assert not written(daemon, "dash.txt")
+    # The request in the chat says so, its buttons gone.
+    assert asked["text"] == f"❌ Rejected outside the chat: file_write will not run (approval {approval['id']})."
+    assert "reply_markup" not in asked
     # The button pressed afterwards: nothing left to decide, and the presser is told.
     late = telegram.user_presses(711, asked, f"approve:{approval['id']}")
     answer = wait_for(lambda: [a for a in telegram.answers if a["callback_query_id"] == late], what="answer")[0]

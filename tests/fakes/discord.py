@@ -20,7 +20,7 @@ at `POST /interactions/{id}/{token}/callback` (no bot token needed; once only, 4
 "Interaction has already been acknowledged" after) and kept in `callbacks`; type 7 updates
 the clicked message. Reactions: `PUT`/`DELETE /channels/{c}/messages/{m}/reactions/{emoji}/@me`
 (204; 10014 "Unknown Emoji" for an empty one), kept in `reactions`. `user_edits()`
-dispatches MESSAGE_UPDATE.
+dispatches MESSAGE_UPDATE. `PATCH /channels/{c}/messages/{m}` edits a message (`edits`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class FakeDiscord(FakeGateway):
         self.callbacks: dict[str, dict[str, Any]] = {}        # interaction id -> its answer
         self.tokens: dict[str, str] = {}                       # interaction id -> its token
         self.clicked: dict[str, dict[str, Any]] = {}           # interaction id -> the clicked message
+        self.edits: list[dict[str, Any]] = []                  # PATCHed messages
         self.reactions: dict[str, list[str]] = {}              # message id -> the bot's emoji
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
@@ -115,6 +116,18 @@ class FakeDiscord(FakeGateway):
                     if "components" in body.get("data", {}):
                         item["components"] = body["data"]["components"]
             return "", 204
+
+        @app.patch("/api/v10/channels/<channel>/messages/<message>")
+        def edit_message(channel: str, message: str):
+            body = request.get_json()
+            found = [m for m in (*self.messages, *self.sent) if m.get("id") == message
+                     and (m.get("channel_id") or m.get("channel")) == channel]
+            if not found:
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
+            for item in found:
+                item.update({k: body[k] for k in ("content", "components") if k in body})
+            self.edits.append({"channel": channel, "id": message, **body})
+            return jsonify(next(m for m in self.messages if m["id"] == message))
 
         @app.route("/api/v10/channels/<channel>/messages/<message>/reactions/<emoji>/@me", methods=["PUT", "DELETE"])
         def reaction(channel: str, message: str, emoji: str):

@@ -187,6 +187,10 @@ class DiscordAdapter(GatewayAdapter):
         answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
         return str(answer.get("id", ""))
 
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.http.request("PATCH", f"{self.api}/channels/{conversation.chat_id}/messages/{request_id}",
+                          json={"content": text, "components": []})
+
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
         click = msg.interaction
         answer = ({"type": 7, "data": {"content": text, "components": []}} if final

@@ -126,6 +126,9 @@ class SlackCommon:
             body["thread_ts"] = conversation.meta["thread_ts"]
         return str(self.web("chat.postMessage", self.bot_token, **body).get("ts", ""))
 
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.web("chat.update", self.bot_token, channel=conversation.chat_id, ts=request_id, text=text, blocks=[])
+
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
         click = msg.interaction
         if final:  # the request becomes its outcome, its buttons gone

@@ -141,6 +141,10 @@ class TeamsAdapter(JwtWebhookAdapter):
             "type": "message", "text": text, "attachments": [
                 {"contentType": "application/vnd.microsoft.card.adaptive", "content": card}]}, conversation)
 
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self._post("PUT", f"{self._activities_url(conversation)}/{quote(request_id, safe='')}",
+                   {"type": "message", "id": request_id, "text": text, "attachments": []}, conversation)
+
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
         card = msg.interaction.get("card")
         if not final or not card:

@@ -108,6 +108,9 @@ class TelegramAdapter(PollingAdapter):
                          reply_markup={"inline_keyboard": keyboard})
         return str(sent.get("message_id"))
 
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.call("editMessageText", chat_id=_chat_id(conversation.chat_id), message_id=int(request_id), text=text)
+
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
         press = msg.interaction
         # The presser sees the answer as an alert (a refusal is for them alone).
