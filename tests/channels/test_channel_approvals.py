@@ -207,6 +207,22 @@ def test_discord_buttons_approve_and_refuse(daemon, discord):
     assert written(daemon, "dc.txt")
 
 
+def test_discord_request_settled_when_the_api_decides(daemon, discord):
+    configure(daemon, "discord", api_url=discord.url + "/api/v10", bot_token_env="DISCORD_BOT_TOKEN",
+              default_agent="keeper")
+    wait_active(daemon, "discord")
+    channel = discord.user_says("bea", WRITE % "dc-api.txt")
+    approval = pending(daemon, "dc-api.txt")
+    asked = wait_for(lambda: [m for m in discord.sent if m.get("components")], what="the request")[0]
+    assert daemon.post(f"/api/approvals/{approval['id']}/approve").status_code == 200
+    wait_for(lambda: discord.edits, what="the request settled")
+    assert discord.edits[0] == {"channel": channel, "id": asked["id"], "components": [],
+                                "content": f"✅ Approved outside the chat: file_write runs now "
+                                           f"(approval {approval['id']})."}
+    wait_for(lambda: any(r.startswith("tool said: ") for r in discord.replies(channel)), what="the agent's reply")
+    assert written(daemon, "dc-api.txt")
+
+
 # -- Teams: an Adaptive Card with Action.Submit buttons --------------------------------------
 
 def test_teams_card_reject_and_refuse(daemon):
