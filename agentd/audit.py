@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime, timezone
 from typing import Any
 
 from pony import orm
@@ -49,14 +50,31 @@ class AuditLog:
             newest = orm.max(a.id for a in self.store.e.AuditRow) or 0
             orm.delete(a for a in self.store.e.AuditRow if a.id <= newest - KEEP)
 
-    def recent(self, limit: int = 50, prefix: str = "") -> list[dict[str, Any]]:
-        """Newest first; `prefix` filters by event name (e.g. "channel.")."""
+    def recent(self, limit: int = 50, prefix: str = "", subject: str = "",
+               since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+        """Newest first; `prefix` filters by event name (e.g. "channel."), `subject` by what the
+        event is about (an agent's name), `since`/`until` by time (inclusive, UTC)."""
         limit = max(1, min(int(limit), RECENT_MAX))
         with orm.db_session:
             query = self.store.e.AuditRow.select()
             if prefix:
                 query = query.filter(lambda a: a.event.startswith(prefix))
+            if subject:
+                query = query.filter(lambda a: a.subject == subject)
+            if since is not None:
+                start = naive_utc(since)
+                query = query.filter(lambda a: a.at >= start)
+            if until is not None:
+                end = naive_utc(until)
+                query = query.filter(lambda a: a.at <= end)
             rows = query.order_by(orm.desc(self.store.e.AuditRow.id)).limit(limit)
             return [{"id": r.id, "timestamp": iso(r.at),
                      "event": r.event, "subject": r.subject, "detail": dict(r.detail or {})}
                     for r in rows]
+
+
+def naive_utc(when: datetime) -> datetime:
+    """`when` as the naive UTC time the database compares with."""
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc).replace(tzinfo=None)
+    return when

@@ -43,6 +43,9 @@ from agentd.memory.service import MemoryService
 from agentd.metering import Metering
 from agentd.metrics import Metrics
 from agentd.providers import ProviderKeys
+from agentd.firstrun import FirstRun
+from agentd.logtail import LogTail
+from agentd.settings import Settings
 from agentd.cluster.settings_follow import SettingsFollower
 from agentd.skills import Skills
 from agentd.store import Store, open_store
@@ -50,6 +53,7 @@ from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.apikeys import ApiKeys
+from agentd.channels.attachments import ChannelFiles
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
 from agentd.cluster import Cluster
@@ -169,6 +173,11 @@ class Kernel:
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).
         self.a2a = A2AService(self.agents, self.runs)
         self.providers = ProviderKeys(config, self.catalog, self.agents)
+        # The dashboard's first-run setup: is a provider usable yet, which local servers answer.
+        self.first_run = FirstRun(config, self.catalog, self.providers)
+        # The newest log lines, for the dashboard's log page (the log itself goes to stderr).
+        self.log_tail = LogTail()
+        logging.getLogger().addHandler(self.log_tail)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
         if store.shared:
@@ -200,6 +209,8 @@ class Kernel:
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
                                        on_inbound=sources.channel_messages(self.events),
+                                       files=ChannelFiles(uploads, self.catalog, config.workspaces_dir),
+                                       store_secrets=self.providers.store_secrets,
                                        approvals=self.approvals)
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
@@ -214,6 +225,10 @@ class Kernel:
                                    if self.cluster.shared else None,
                                    on_lag=self.metrics.scheduler_lag.observe)
         self.cluster.on_tick.append(self.scheduler.reap)
+        # The effective configuration and its hot reload (agentd/settings.py).
+        self.settings = Settings(config, self.catalog, self.audit.record,
+                                 {"channels": self.channels.reload, "mcp_servers": self.mcp_watch.reload_now,
+                                  "skills": self.skills.reload})
         self.cluster.start()
         self.channels.start_all()
         self.mcp_watch.start()
@@ -276,6 +291,7 @@ class Kernel:
         self.mcp_loop.close()
         self.events.close()
         self.audit.record("kernel.shutdown", "agentd", {})
+        logging.getLogger().removeHandler(self.log_tail)
         self.workflows.close()
         for handle in self.agents.handles():
             self.runs.stop(handle)

@@ -59,7 +59,7 @@ def write_secrets(path: Path, values: dict[str, str]) -> None:
     tmp = path.with_suffix(".env.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write("# Provider keys set through the agentd API. Keep this file private (mode 0600).\n")
+        fh.write("# Provider keys and channel secrets set through agentd. Keep this file private (mode 0600).\n")
         for name in sorted(values):
             fh.write(f"{name}={values[name]}\n")
     os.chmod(tmp, 0o600)
@@ -134,14 +134,19 @@ class ProviderKeys:
         if not (key.isascii() and key.isprintable()):
             # Keys travel in HTTP headers, which carry Latin-1 at most; no provider issues others.
             raise BadRequest("api_key must be printable ASCII (it is sent in an HTTP header)")
-        with self._lock:
-            secrets = read_secrets(self.config.secrets_path)
-            secrets[info.api_key_env] = key
-            self.config.home.mkdir(parents=True, exist_ok=True)
-            write_secrets(self.config.secrets_path, secrets)
-            os.environ[info.api_key_env] = key
+        self.store_secrets({info.api_key_env: key})
         log.info("API key for %s stored in %s (%s)", name, self.config.secrets_path.name, info.api_key_env)
         return {"status": "configured", "provider": name, "env_var": info.api_key_env}
+
+    def store_secrets(self, values: dict[str, str]) -> None:
+        """Put `NAME=value` pairs into `secrets.env` (mode 0600) and the daemon's environment:
+        provider keys, and channel secrets saved by POST /api/channels/{name}/configure."""
+        with self._lock:
+            secrets = read_secrets(self.config.secrets_path)
+            secrets.update(values)
+            self.config.home.mkdir(parents=True, exist_ok=True)
+            write_secrets(self.config.secrets_path, secrets)
+            os.environ.update(values)
 
     def delete_key(self, name: str) -> dict[str, Any]:
         info = self.get(name)

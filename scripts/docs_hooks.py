@@ -303,7 +303,7 @@ def on_config(config: Any) -> Any:
     nav = config.get("nav") or []
     for entry in nav:
         if isinstance(entry, dict) and "Channels" in entry:
-            entry["Channels"] = ["channels/index.md"] + [
+            entry["Channels"] = ["channels/index.md", {"Reply formatting": "channels/formatting.md"}] + [
                 {c["display_name"]: f"channels/{c['name']}.md"} for c in channel_catalogue()]
     return config
 

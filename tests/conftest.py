@@ -67,9 +67,32 @@ def _feed_mutmut_stats() -> None:
 DAEMON_FIXTURES = {"agent_daemon", "shared_daemon", "daemon_factory", "guarded", "fresh"}
 
 
+TESTS = Path(__file__).resolve().parent
+# Parts of the suite whose outcome does not depend on the database: the adapters, drivers,
+# HTTP server, CLI, MCP/A2A/skills and the repository checks make the same store calls the
+# rest of the suite makes, so the PostgreSQL pass leaves them to the SQLite pass.
+BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "skills", "config", "cli"}
+
+
+def _backend_free(item: pytest.Item) -> bool:
+    parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+    return len(parts) == 1 or parts[0] in BACKEND_FREE
+
+
+def _names_paths(config: pytest.Config) -> bool:
+    return any(not arg.startswith("-") and Path(arg.split("::")[0]).exists()
+               for arg in config.invocation_params.args)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under mutmut (which runs with -x), run in-process tests before the daemon ones:
-    most mutants are killed by a fast test, so the slow ones rarely have to start."""
+    """The PostgreSQL pass of the whole suite runs only the database-dependent part (a file
+    or folder named on the command line always runs). Under mutmut (which runs with -x),
+    in-process tests run before the daemon ones: most mutants are killed by a fast test,
+    so the slow ones rarely have to start."""
+    if pgtest.ENABLED and not _names_paths(config):
+        kept = [item for item in items if not _backend_free(item)]
+        config.hook.pytest_deselected(items=[item for item in items if _backend_free(item)])
+        items[:] = kept
     if os.environ.get("MUTANT_UNDER_TEST") in (None, "", "stats", "fail"):
         return
     items.sort(key=lambda item: bool(DAEMON_FIXTURES & set(getattr(item, "fixturenames", ()))))

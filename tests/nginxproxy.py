@@ -63,7 +63,7 @@ def site_config(port: int, daemon_port: int, cert: Path, key: Path, lan: str | N
     for old, new in [("listen 443 ssl;", listen),
                      (f"/etc/letsencrypt/live/{PUBLIC_NAME}/fullchain.pem", str(cert)),
                      (f"/etc/letsencrypt/live/{PUBLIC_NAME}/privkey.pem", str(key)),
-                     ("http://127.0.0.1:4200/", f"http://127.0.0.1:{daemon_port}/")]:
+                     ("server 127.0.0.1:4200;", f"server 127.0.0.1:{daemon_port};")]:
         assert text.count(old) == 1, f"{SITE_CONF.name} no longer contains {old!r} exactly once"
         text = text.replace(old, new)
     return text

@@ -17,13 +17,16 @@ in the agent's session in the database.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import queue
 import threading
 import uuid
 from typing import Any, Callable, Iterator
 
+from agentd.a2a.wire import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
+                              PUSH_NOT_SUPPORTED, TASK_NOT_CANCELABLE, TASK_NOT_FOUND,
+                              UNSUPPORTED_OPERATION, RpcError, agent_message, message_text,
+                              result_response, text_part, to_v1)
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.runs import RunRequest
@@ -32,17 +35,6 @@ from agentd.errors import AgentdError
 from agentd.timestamps import iso, utcnow
 
 log = logging.getLogger("agentd.a2a")
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-TASK_NOT_FOUND = -32001
-TASK_NOT_CANCELABLE = -32002
-PUSH_NOT_SUPPORTED = -32003
-UNSUPPORTED_OPERATION = -32004
-CONTENT_TYPE_NOT_SUPPORTED = -32005
 
 MAX_TASKS = 1000
 KEEPALIVE_SECS = 15.0
@@ -58,81 +50,6 @@ CANCEL = {"tasks/cancel", "CancelTask"}
 # A2A methods this server knows but does not offer (the card says so too).
 UNSUPPORTED = {"tasks/resubscribe", "SubscribeToTask", "tasks/list", "ListTasks",
                "agent/getAuthenticatedExtendedCard", "GetExtendedAgentCard"}
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
-
-
-def error_response(rpc_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": rpc_id, "error": error}
-
-
-def result_response(rpc_id: Any, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rpc_id, "result": result}
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"kind": "text", "text": text}
-
-
-def agent_message(text: str, context_id: str, task_id: str) -> dict[str, Any]:
-    return {"kind": "message", "messageId": str(uuid.uuid4()), "role": "agent", "parts": [_text_part(text)],
-            "contextId": context_id, "taskId": task_id}
-
-
-def message_text(message: Any) -> str:
-    """The text of an A2A message's parts (text parts as they are, data parts as JSON)."""
-    if not isinstance(message, dict):
-        raise RpcError(INVALID_PARAMS, "params.message must be an object")
-    role = message.get("role", "user")
-    if role not in ("user", "ROLE_USER"):
-        raise RpcError(INVALID_PARAMS, "params.message.role must be 'user'")
-    parts = message.get("parts")
-    if not isinstance(parts, list) or not parts:
-        raise RpcError(INVALID_PARAMS, "params.message.parts must be a non-empty array")
-    texts = []
-    for part in parts:
-        if not isinstance(part, dict):
-            raise RpcError(INVALID_PARAMS, "each message part must be an object")
-        kind = part.get("kind")
-        if isinstance(part.get("text"), str) and kind in (None, "text"):
-            texts.append(part["text"])
-        elif "data" in part and kind in (None, "data"):
-            texts.append(json.dumps(part["data"]))
-        elif kind == "file" or "file" in part or "raw" in part or "url" in part:
-            raise RpcError(CONTENT_TYPE_NOT_SUPPORTED, "file parts are not supported: send text or data parts")
-        else:
-            raise RpcError(INVALID_PARAMS, "a message part must be a text or data part")
-    text = "\n".join(texts)
-    if not text.strip():
-        raise RpcError(INVALID_PARAMS, "the message has no text")
-    return text
-
-
-def to_v1(value: Any) -> Any:
-    """An A2A 1.0 shape of a task, message or event: no `kind`, enum names for states and roles."""
-    if isinstance(value, list):
-        return [to_v1(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out = {}
-    for key, item in value.items():
-        if key == "kind":
-            continue
-        if key == "state" and isinstance(item, str):
-            item = "TASK_STATE_" + item.upper().replace("-", "_")
-        elif key == "role" and isinstance(item, str):
-            item = "ROLE_" + item.upper()
-        out[key] = to_v1(item)
-    return out
 
 
 class A2AService:
@@ -211,7 +128,7 @@ class A2AService:
         context_id = context_id or str(uuid.uuid4())
         task_id = str(uuid.uuid4())
         user = {"kind": "message", "messageId": str(message.get("messageId") or uuid.uuid4()), "role": "user",
-                "parts": [_text_part(text)], "contextId": context_id, "taskId": task_id}
+                "parts": [text_part(text)], "contextId": context_id, "taskId": task_id}
         task = {"kind": "task", "id": task_id, "contextId": context_id,
                 "status": {"state": "submitted", "timestamp": iso(utcnow())},
                 "artifacts": [], "history": [user], "metadata": {"agent": handle.name}}
@@ -261,7 +178,7 @@ class A2AService:
         if exc is None:
             answer = agent_message(result.response, task["contextId"], task["id"])
             task["artifacts"] = [{"artifactId": str(uuid.uuid4()), "name": "response",
-                                  "parts": [_text_part(result.response)]}]
+                                  "parts": [text_part(result.response)]}]
             task["history"].append(answer)
             task["status"] = {"state": "completed", "message": answer, "timestamp": iso(utcnow())}
         else:
@@ -322,7 +239,7 @@ class A2AService:
         def chunk(text: str, append: bool, last: bool) -> dict[str, Any]:
             return wrap("artifact-update", {
                 "kind": "artifact-update", "taskId": task["id"], "contextId": task["contextId"],
-                "artifact": {"artifactId": artifact_id, "name": "response", "parts": [_text_part(text)]},
+                "artifact": {"artifactId": artifact_id, "name": "response", "parts": [text_part(text)]},
                 "append": append, "lastChunk": last})
 
         first = dict(task, status={"state": "submitted", "timestamp": task["status"]["timestamp"]})
@@ -357,7 +274,7 @@ class A2AService:
                     else:
                         yield chunk("", True, True)
                     task["artifacts"] = [{"artifactId": artifact_id, "name": "response",
-                                          "parts": [_text_part(value.response)]}]
+                                          "parts": [text_part(value.response)]}]
                 else:
                     self._finish(task, exc=value)
                 finished = True

@@ -89,6 +89,18 @@ class AgentManager:
     def kill(self, handle: AgentHandle) -> None:
         self.registry.kill(handle)
 
+    def update_manifest(self, handle: AgentHandle, manifest_toml: str) -> list[str]:
+        """Replace the agent's manifest (PUT /api/agents/{id}/manifest); its warnings."""
+        self.registry.update_manifest(handle, manifest_toml)
+        return self.spawn_warnings(handle)
+
+    def set_model(self, handle: AgentHandle, model_ref: str) -> list[str]:
+        """Point the agent at `provider/model` (or `default`), keeping the rest of its manifest."""
+        from agentd.agents.manifest_edit import with_model
+
+        self.registry.update_manifest(handle, with_model(handle.manifest.toml_text, model_ref))
+        return self.spawn_warnings(handle)
+
     # -- sessions and uploads ---------------------------------------------------------
     def session(self, handle: AgentHandle) -> dict[str, Any]:
         return self.sessions.session(handle)

@@ -186,6 +186,43 @@ class AgentRegistry:
             hook.spawned(handle)
         return handle
 
+    def update_manifest(self, handle: AgentHandle, manifest_toml: str) -> list[str]:
+        """Replace a live agent's manifest (its name stays); its session, mode and id are kept.
+        Returns the manifest's warnings, as a spawn does."""
+        if not manifest_toml or not manifest_toml.strip():
+            raise BadRequest("manifest_toml is required")
+        manifest = parse_manifest(manifest_toml)
+        if manifest.name != handle.name:
+            raise BadRequest(f"name: an agent keeps its name ({handle.name!r}); spawn a new agent for another")
+        manifest.warnings.extend(_unknown_tools(manifest.capabilities["tools"]))
+        for hook in self.hooks:
+            hook.check(manifest)
+        provider, model, env, base = self._resolve_model(manifest)
+        if self.catalog.get_provider(provider) is None and not base:
+            raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
+                             f"{provider!r} (set model.base_url for a custom endpoint)")
+        with self._lock:
+            with orm.db_session:
+                row = self.store.e.AgentRow.get(id=handle.id)
+                if row is None:
+                    raise NotFound("agent not found")
+                row.manifest_toml = manifest_toml
+                row.manifest = manifest.data
+            self.apply_manifest(handle, manifest)
+        log.info("agent %s (%s) manifest updated: %s/%s", handle.name, handle.id, provider, model)
+        if self.audit is not None:
+            self.audit("agent.update", handle.name, {"agent_id": handle.id, "provider": provider, "model": model})
+        for hook in self.hooks:
+            hook.spawned(handle)  # the hooks sync what they keep to the new manifest
+        return list(manifest.warnings)
+
+    def apply_manifest(self, handle: AgentHandle, manifest: Manifest) -> None:
+        """Point a live handle at `manifest` (stored already: here or by another daemon)."""
+        provider, model, env, base = self._resolve_model(manifest)
+        handle.manifest = manifest
+        handle.provider, handle.model, handle.api_key_env, handle.base_url = provider, model, env, base
+        handle.list_json = None
+
     # -- lookup -------------------------------------------------------------
     def get(self, agent_id: str) -> AgentHandle:
         """By UUID; 400 for a malformed id, 404 for an unknown one."""

@@ -55,6 +55,7 @@ from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 from agentd.metrics import Metrics
 from agentd.skills import prompt_lines
+from agentd.store.outage import translate
 from agentd import logs
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ class Runs:
         limit = handle.manifest.tokens_per_hour
         if not limit:
             return
-        now = time.time()
+        now = time.monotonic()  # the hour is a duration: a clock change must not move it
         log_ = self._recent_tokens(handle, now)
         used = sum(n for _, n in log_)
         if used >= limit:
@@ -347,6 +348,10 @@ class Runs:
                      handle.provider, handle.model, time.monotonic() - started)
             raise
         except Exception as exc:
+            unavailable = translate(exc)
+            if unavailable is not None:
+                # The outage is logged once, not per run; streams end with a 503 error event.
+                raise unavailable from None
             # One line per failed run, streamed or not, whatever failed.
             cause = exc.message if isinstance(exc, AgentdError) else f"{type(exc).__name__}: {exc}"
             log.warning("run failed: agent=%s provider=%s model=%s status=%s cause=%s duration=%.2fs",
@@ -409,7 +414,7 @@ class Runs:
         def on_usage(response: ChatResponse) -> None:
             costs.append(getattr(response, "cost_usd", None))
             if quota:
-                now = time.time()
+                now = time.monotonic()
                 self._recent_tokens(handle, now).append(
                     (now, response.usage.input_tokens + response.usage.output_tokens))
 

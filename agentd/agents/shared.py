@@ -79,6 +79,18 @@ def _refresh(handle: "AgentHandle | None", mode: str, session_id: str) -> None:
         handle.session_tail = None
 
 
+def _new_manifest(registry: "AgentRegistry", handle: "AgentHandle", text: str) -> None:
+    """Take over a manifest another daemon saved (PUT /api/agents/{id}/manifest there)."""
+    from agentd.agents.manifest import parse_manifest
+    from agentd.errors import AgentdError
+
+    try:
+        registry.apply_manifest(handle, parse_manifest(text, new=False))
+    except AgentdError as exc:
+        log.error("agent %s (%s): the manifest saved elsewhere cannot be read: %s", handle.name, handle.id,
+                  exc.message)
+
+
 def _adopt(registry: "AgentRegistry", row: Any) -> None:
     """Inside a db_session: register (or refresh) the handle of `row`."""
     with registry._lock:
@@ -87,6 +99,8 @@ def _adopt(registry: "AgentRegistry", row: Any) -> None:
         handle = registry._agents.get(row.id)
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
+            if row.manifest_toml != handle.manifest.toml_text.strip():  # Pony strips what it stores
+                _new_manifest(registry, handle, row.manifest_toml)
             return
         stale = registry._by_name.get(row.name)
     # `_by_name` only names registered handles, and `row.id` has none (checked above), so a

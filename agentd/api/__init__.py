@@ -117,6 +117,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     app.register_blueprint(routes_cron.bp)
     from agentd.api import routes_keys
     app.register_blueprint(routes_keys.bp)
+    from agentd.api import routes_webhooks
+    app.register_blueprint(routes_webhooks.bp)
     register_sockets(app)
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)

@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from agentd.api.response_headers import REQUEST_ID
 from agentd.errors import AgentdError
+from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.api")
 
@@ -27,6 +28,7 @@ OPENAI_TYPES = {
     415: "invalid_request_error",
     429: "rate_limit_error",
 }
+# 503 and 507 keep the default `server_error` type: the server, not the request, failed.
 
 _HTTP_MESSAGES = {
     404: "not found",
@@ -36,10 +38,16 @@ _HTTP_MESSAGES = {
 
 
 def is_api_path(path: str) -> bool:
-    """JSON routes (/api, /v1, /metrics, the MCP endpoint, A2A's cards and endpoints); every
-    other path belongs to the dashboard and gets HTML."""
+    """JSON routes (/api, /v1, /metrics, the MCP endpoint, A2A's cards and endpoints, the
+    channels' webhooks); every other path belongs to the dashboard and gets HTML."""
     return (path.startswith(("/api/", "/v1/", "/a2a/", "/.well-known/"))
-            or path in ("/api", "/v1", "/a2a", "/mcp", "/metrics"))
+            or path in ("/api", "/v1", "/a2a", "/mcp", "/metrics") or is_webhook_path(path))
+
+
+def is_webhook_path(path: str) -> bool:
+    """`/channels/<name>/webhook` and below: a chat platform's requests (routes_webhooks.py)."""
+    parts = path.split("/", 4)
+    return len(parts) >= 4 and parts[1] == "channels" and parts[3] == "webhook"
 
 
 def _html_error(status: int, message: str) -> Response:
@@ -106,6 +114,9 @@ def _agentd_error(exc: AgentdError) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
+    unavailable = translate(exc)
+    if unavailable is not None:
+        return _agentd_error(unavailable)
     request_id = request.environ.get(REQUEST_ID, "-")
     log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
     return error_response(500, f"internal server error (request id {request_id})")

@@ -127,7 +127,8 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     @app.before_request
     def _rate_limit() -> Response | None:
         req = request._get_current_object()
-        if not req.path.startswith(("/api/", "/v1/", "/a2a")) and req.path != "/metrics":
+        if (not req.path.startswith(("/api/", "/v1/", "/a2a")) and req.path != "/metrics"
+                and req.blueprint != "webhooks"):
             return None
         decision = limiter.hit(req.remote_addr or "unknown")
         req.environ[RATE] = decision
@@ -143,9 +144,10 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     @app.before_request
     def _auth() -> Response | None:
         req = request._get_current_object()
-        if (_is_public(req.path, req.method) or req.blueprint == "pages"
+        if (_is_public(req.path, req.method) or req.blueprint in ("pages", "webhooks")
                 or (config.api_key and is_agent_card(req.path, req.method))):
-            # Dashboard pages authenticate themselves (login redirect, CSRF on forms).
+            # Dashboard pages authenticate themselves (login redirect, CSRF on forms);
+            # chat platforms' webhooks by their signatures (agentd/api/routes_webhooks.py).
             return None
         try:
             who = principal.current(config)

@@ -42,6 +42,9 @@ COMMON_ERRORS = {
     413: "Request body too large",
     415: "Content-Type is not application/json",
     429: "Rate limit exceeded (per client IP); honour `Retry-After`",
+    503: "The database cannot be reached just now (restarting, unreachable); retry after `Retry-After`",
+    507: "Insufficient storage: the disk holding the database is full; retry after `Retry-After` "
+         "once space is freed",
 }
 # (No route plans an unexpected failure: a 500 is listed only where a route answers one on
 # purpose, e.g. an agent run that failed.)
@@ -89,7 +92,7 @@ def _headers() -> dict[str, dict[str, Any]]:
 def _error_response(path: str, text: str, status: int) -> dict[str, Any]:
     name = "OpenAIError" if path.startswith("/v1/") else "Error"
     headers: dict[str, Any] = {"X-Request-Id": {"$ref": "#/components/headers/RequestId"}}
-    if status in (429, 503):
+    if status in (429, 503, 507):
         headers["Retry-After"] = {"$ref": "#/components/headers/RetryAfter"}
     if path.startswith("/v1/"):
         headers["x-should-retry"] = {"$ref": "#/components/headers/ShouldRetry"}
@@ -156,11 +159,11 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
             if body:
                 links[name]["requestBody"] = body[0]
         responses[str(op.ok)]["links"] = links
-    common = {400, 429}
+    common = {400, 429, 503}
     if not op.public:
         common.add(401)
     if method != "GET":
-        common.add(403)
+        common |= {403, 507}
     if "<" in rule.rule:
         common.add(404)
     if op.body is not None:

@@ -13,7 +13,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from agentd import jsonsafe
 from agentd.a2a import card as cards
-from agentd.a2a.server import PARSE_ERROR, RpcError, error_response
+from agentd.a2a.wire import PARSE_ERROR, RpcError, error_response
 from agentd.api import body
 from agentd.api.principal import principal
 from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots

@@ -1,4 +1,5 @@
-"""Agents: spawn, list, detail, message, session, mode, stop, kill, upload, profiles, approvals."""
+"""Agents: spawn, list, detail, message, session, mode, manifest and model edits, stop, kill, upload, profiles,
+approvals."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import run_blocking
-from agentd.api.schemas import MESSAGE_SCHEMA, MessageSchema, ModeSchema, SpawnSchema
+from agentd.api.schemas import MESSAGE_SCHEMA, ManifestSchema, MessageSchema, ModeSchema, AgentModelSchema, SpawnSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
@@ -152,6 +153,34 @@ def set_mode(agent_id: str):
     data = body.load(ModeSchema())
     kernel().agents.set_mode(handle, data["mode"])
     return jsonify({"status": "updated", "agent_id": handle.id, "mode": handle.mode})
+
+
+@bp.put("/api/agents/<agent_id>/manifest")
+@doc("Replace the agent's manifest (its id, name, mode and session stay)", tags="agents", body=ManifestSchema,
+     response=out.AgentUpdatedSchema, body_example={"manifest_toml": 'name = "helper"\nprofile = "coding"\n'},
+     errors={400: "Invalid manifest, or a different name", 413: "Manifest over 1 MB"})
+def update_manifest(agent_id: str):
+    handle = agent(agent_id)
+    manifest = body.load(ManifestSchema())["manifest_toml"]
+    if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
+        raise PayloadTooLarge("manifest too large (max 1 MB)")
+    warnings = kernel().agents.update_manifest(handle, manifest)
+    return jsonify(updated_body(handle, warnings))
+
+
+@bp.put("/api/agents/<agent_id>/model")
+@doc("Set the agent's model (the rest of its manifest stays)", tags="agents", body=AgentModelSchema,
+     response=out.AgentUpdatedSchema, body_example={"model": "openai/gpt-4o"},
+     errors={400: "Not provider/model, or an unknown provider"})
+def set_model(agent_id: str):
+    handle = agent(agent_id)
+    warnings = kernel().agents.set_model(handle, body.load(AgentModelSchema())["model"])
+    return jsonify(updated_body(handle, warnings))
+
+
+def updated_body(handle: AgentHandle, warnings: list[str]) -> dict[str, Any]:
+    return {"status": "updated", "agent_id": handle.id, "model_provider": handle.provider,
+            "model_name": handle.model, "warnings": warnings}
 
 
 @bp.delete("/api/agents/<agent_id>")

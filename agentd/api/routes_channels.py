@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+
 from flask import Blueprint, jsonify, request
 from marshmallow import ValidationError
 
@@ -11,6 +14,8 @@ from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
+
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})\Z")
 
 bp = Blueprint("channels", __name__)
 
@@ -33,8 +38,12 @@ def reload_channels():
      body={"type": "object", "additionalProperties": True,
            "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
                           "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
-                          "variables, never secrets"},
-     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type or a secret given as a value"})
+                          "variables, never secrets. Optional `secrets`: an object of `{\"<key>_env\": "
+                          "\"<secret value>\"}` written to secrets.env (mode 0600) and the daemon's "
+                          "environment under the key's variable (its default, or one starting with the "
+                          "adapter's name in capitals), never to config.toml and never echoed"},
+     response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
+                                                     "`*_env` value, or a `secrets` entry that is not a secret key"})
 def configure(name: str):
     return jsonify(kernel().channels.configure(name, body.json_body()))
 
@@ -84,7 +93,8 @@ def qr_status(name: str):
 
 @bp.get("/api/audit/recent")
 @doc("Recent audit events, newest first", tags="system", query=AuditQuery,
-     response={"type": "array", "items": out.AuditEventSchema})
+     response={"type": "array", "items": out.AuditEventSchema},
+     errors={400: "A limit below 1 or not a number, or a time that is not ISO 8601"})
 def audit_recent():
     raw = request.args.get("limit", "50")
     try:
@@ -93,4 +103,19 @@ def audit_recent():
         raise BadRequest(f"limit: must be an integer, got {raw!r}") from None
     if limit < 1:
         raise BadRequest("limit: must be at least 1")
-    return jsonify(kernel().audit.recent(limit, request.args.get("event", "")))
+    return jsonify(kernel().audit.recent(limit, request.args.get("event", ""), request.args.get("subject", ""),
+                                         audit_time("since"), audit_time("until")))
+
+
+def audit_time(name: str) -> datetime | None:
+    """The query's `since`/`until` as a datetime (None when absent); 400 unless it is an RFC 3339
+    date-time, as the OpenAPI document says (an offset is required: `Z` for UTC)."""
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        if not RFC3339.match(raw):
+            raise ValueError(raw)
+        return datetime.fromisoformat(raw.upper().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"{name}: must be an RFC 3339 time such as 2026-01-31T09:00:00Z, got {raw!r}") from None

@@ -24,9 +24,11 @@ def kernel() -> Kernel:
 
 
 @bp.get("/api/health")
-@doc("Liveness probe", public=True, response=out.HealthSchema, tags="system")
+@doc("Liveness probe", public=True, response=out.HealthSchema, tags="system",
+     description="`ok`, or `degraded` while the database cannot be reached (still 200: the "
+                 "daemon itself is alive and recovers on its own).")
 def health():
-    return jsonify({"status": "ok"})
+    return jsonify({"status": "ok" if kernel().store.available() else "degraded"})
 
 
 @bp.get("/api/health/detail")

@@ -68,6 +68,19 @@ class ModeSchema(_Body):
     mode = fields.String(required=True, validate=validate.OneOf(MODES))
 
 
+class ManifestSchema(_Body):
+    manifest_toml = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="manifest_toml is empty"),
+                                  metadata={"description": "The agent's new manifest (TOML, max 1 MB); "
+                                                           "its `name` must stay the agent's"})
+
+
+class AgentModelSchema(_Body):
+    model = fields.String(required=True, validate=validate.Regexp(r"^(default|[^/\s]+/\S+)$",
+                                                                  error="model must be provider/model or default"),
+                          metadata={"description": "`provider/model`, or `default` for the config's default model",
+                                    "example": "openai/gpt-4o"})
+
+
 class ProviderKeySchema(_Body):
     api_key = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="api_key is empty"),
                             metadata={"description": "The key; kept in the daemon's environment and "
@@ -158,6 +171,9 @@ class QrStatusQuery(_Query):
 class AuditQuery(_Query):
     limit = fields.Integer(validate=validate.Range(min=1), metadata={"description": "At most this many (default 50)"})
     event = fields.String(metadata={"description": "Only events whose name starts with this"})
+    subject = fields.String(metadata={"description": "Only events about this subject (an agent's name, a key's)"})
+    since = fields.DateTime(metadata={"description": "Only events at or after this time (RFC 3339, e.g. 2026-01-31T09:00:00Z)"})
+    until = fields.DateTime(metadata={"description": "Only events at or before this time (RFC 3339, e.g. 2026-01-31T09:00:00Z)"})
 
 
 # -- OpenAI-compatible chat completions ------------------------------------------------------

@@ -22,7 +22,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "agents.approvals": "read",
     "agents.message": "message", "stream.message_stream": "message", "sockets.agent_socket": "message",
     "agents.upload": "message", "agents.stop": "message",
-    "agents.spawn": "manage", "agents.kill": "manage", "agents.set_mode": "manage", "agents.compact": "manage",
+    "agents.spawn": "manage", "agents.kill": "manage", "agents.set_mode": "manage",
+    "agents.update_manifest": "manage", "agents.set_model": "manage", "agents.compact": "manage",
     "agents.reset": "manage", "agents.delete_session": "manage", "agents.approve": "manage",
     "agents.reject": "manage",
     # memory
@@ -49,6 +50,8 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "channels.configure": "manage", "channels.remove": "manage", "channels.qr_start": "manage",
     "channels.test": "manage", "channels.reload_channels": "manage",
     "channels.audit_recent": "admin",
+    # chat platforms' webhooks: signed by the platform, checked by the adapter
+    "webhooks.webhook": PUBLIC,
     # OpenAI-compatible
     "openai.chat_completions": "message", "openai.models": "message",
     # scoped keys
@@ -71,6 +74,12 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.schedule_enable": "manage", "pages.schedule_disable": "manage", "pages.schedule_run": "manage",
     "pages.schedule_delete": "manage", "pages.trigger_action": "manage", "pages.task_post": "manage",
     "pages.task_delete": "manage",
+    "pages.channel_page": "read", "pages.channel_configure": "manage", "pages.channel_remove": "manage",
+    "pages.channel_test": "manage",
+    "pages.agent_edit": "manage", "pages.agent_manifest": "manage", "pages.agent_model": "manage",
+    "pages.setup": "admin", "pages.setup_provider": "admin", "pages.setup_default": "admin",
+    "pages.settings": "admin", "pages.settings_reload": "admin", "pages.audit": "admin",
+    "pages.logs": "admin", "pages.logs_stream": "admin",
     # OpenAI-compatible: Responses and embeddings
     "responses.create_response": "message", "responses.retrieve_response": "message",
     "embeddings.create_embeddings": "message",

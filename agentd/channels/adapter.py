@@ -13,6 +13,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agentd.channels.conversation import key_of
+from agentd.channels.format import CHARS, Part, render, target_for
+
 
 @dataclass
 class Conversation:
@@ -28,13 +31,16 @@ class Conversation:
     user_id: str = ""
     direct: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    # The thread the message is in and the reply goes to ("": none): a conversation of its own.
+    thread_id: str = ""
+    # A group whose `group_policy` is `shared`: one session for all its senders.
+    shared: bool = False
 
     @property
     def key(self) -> str:
-        """One session per key: platform + chat, plus the user for direct messages."""
-        if self.direct:
-            return f"{self.channel}:dm:{self.user_id or self.chat_id}"
-        return f"{self.channel}:chat:{self.chat_id}"
+        """One session per key (agentd/channels/conversation.py): platform + chat + thread,
+        plus the sender unless the group is shared."""
+        return key_of(self.channel, self.chat_id, self.user_id, self.direct, self.thread_id, self.shared)
 
 
 @dataclass
@@ -56,6 +62,12 @@ class Inbound:
     interaction: dict[str, Any] = field(default_factory=dict)
     # The user changed an earlier message: `text` is its new text.
     edited: bool = False
+    # The bot was mentioned or replied to (adapters of conversation.MENTION_ADAPTERS say so).
+    mentioned: bool = False
+    # An agent the adapter routes this message to (telegram `thread_routes`), by name.
+    agent: str = ""
+    # Files and images sent with the message (agentd/channels/attachments.py fetches them).
+    attachments: list[Any] = field(default_factory=list)
 
 
 class ChannelError(Exception):
@@ -69,8 +81,13 @@ class ChannelContext:
                  deliver: Callable[[Inbound], None],
                  audit: Callable[..., None],
                  load_state: Callable[[], dict[str, Any]],
-                 save_state: Callable[[dict[str, Any]], None]) -> None:
+                 save_state: Callable[[dict[str, Any]], None],
+                 configured: frozenset[str] | None = None) -> None:
         self.name = name
+        # The keys the adapter's `[channels.<name>]` section sets (None: an adapter made
+        # outside the runtime). A webhook adapter opens its own port only when its section
+        # names one (agentd/channels/bases/webhook.py).
+        self.configured = configured
         self.listen_host = listen_host
         self.deliver = deliver
         self._audit = audit
@@ -89,8 +106,14 @@ class ChannelContext:
 class Adapter:
     """Base class of every adapter (subclass one of the bases in `bases/`)."""
 
-    #: the platform's maximum message length (the sender splits longer replies)
+    #: the platform's maximum message length (longer replies are split into several)
     max_message_len = 4000
+    #: what `max_message_len` counts: "chars" (code points), "utf16" (UTF-16 code units)
+    #: or "bytes" (UTF-8)
+    limit_unit = CHARS
+    #: the text format the platform draws (a target of agentd/channels/format); "" sends the
+    #: agent's text as written, unsplit
+    text_format = "markdown"
     #: keys whose values must be set (env var names resolved) before start()
     required_env: tuple[str, ...] = ()
 
@@ -147,6 +170,19 @@ class Adapter:
         """Deliver `text` to the conversation; returns the platform's message id (or "")."""
         raise NotImplementedError
 
+    def format_reply(self, text: str, limit: int | None = None, both: bool = False) -> list[Part]:
+        """`text` (the agent's Markdown) in this channel's format (`overrides.output_format`,
+        else the platform's own), in parts that each fit `limit` (`max_message_len`)."""
+        chosen = (self.settings.get("overrides") or {}).get("output_format")
+        target = target_for(self.text_format, chosen)
+        if not target:
+            return [Part(text, text, "")] if text.strip() else []
+        return render(text, target, limit or self.max_message_len, self.limit_unit, both=both)
+
+    def reply_texts(self, text: str, limit: int | None = None) -> list[str]:
+        """The parts of `format_reply`, as the strings to send."""
+        return [part.text for part in self.format_reply(text, limit)]
+
     def send_typing(self, conversation: Conversation) -> None:
         """Show a typing indicator where the platform has one."""
 
@@ -174,6 +210,14 @@ class Adapter:
         (the buttons go), else a refusal or error meant for the presser alone. True when the
         answer is visible in the conversation, so nothing more needs posting there."""
         return False
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        """Post a file (an image shown as one where the platform can) to the conversation."""
+        raise ChannelError(f"{self.name}: this adapter does not send files")
+
+    def file_hosts(self) -> set[str]:
+        """Hosts (`host` or `host:port`) inbound files may be fetched from: the platform's own."""
+        return set()
 
     def health(self) -> bool:
         """True while the adapter is connected and working."""

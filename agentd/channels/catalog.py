@@ -84,7 +84,8 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
         overrides.check_adapter_key(info.name, key)
         if value is None:
             continue
-        out[key] = overrides.check(value, info.name) if key == "overrides" else _coerce(key, spec["kind"], value)
+        out[key] = (overrides.check(value, info.name) if key == "overrides"
+                    else _coerce(key, spec["kind"], overrides.check_adapter_value(info.name, key, value)))
     return out
 
 

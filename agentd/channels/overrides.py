@@ -2,10 +2,10 @@
 the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
-`usage_footer`, `prefix_agent_name`, `typing_mode` and `lifecycle_reactions` (the last two
-on adapters whose platform has typing / reactions: agentd/channels/lifecycle.py). Keys
-agentd does not implement are refused (400 naming the key) rather than saved and ignored;
-so are a few adapter-specific keys.
+`threading`, `output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`,
+`typing_mode` and `lifecycle_reactions` (the last two on adapters whose platform has typing /
+reactions: agentd/channels/lifecycle.py). Keys agentd does not implement are refused (400
+naming the key) rather than saved and ignored; so are a few adapter-specific keys.
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ from collections import defaultdict, deque
 from typing import Any
 
 from agentd.channels import lifecycle
+from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
+from agentd.channels.format import OUTPUT_FORMATS
 from agentd.errors import BadRequest
 
-POLICIES = ("respond", "ignore")
+POLICIES = ("respond", "mention-only", "ignore")
+# `shared`: the group answers like `respond`, with one session for all its senders.
+GROUP_POLICIES = ("respond", "mention-only", "shared", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
-NOT_IMPLEMENTED = ("threading", "output_format")
+# Override keys agentd has no behaviour for: refused rather than saved and ignored.
+NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
-    "telegram": ("thread_routes",),
-    "discord": ("auto_thread",),
-    "slack": ("thread_ttl_hours",),
     "matrix": ("refresh_token_env",),
 }
 SLOW_DOWN = ("You are sending messages faster than this channel allows "
@@ -33,8 +35,8 @@ SLOW_DOWN = ("You are sending messages faster than this channel allows "
 
 
 def check(value: Any, channel: str = "") -> dict[str, Any]:
-    """The `overrides` table of adapter `channel`, checked key by key (400 naming the first
-    bad key)."""
+    """The `overrides` table of `channel`'s adapter, checked key by key (400 naming the first
+    bad key; `mention-only` and `threading` only where the adapter can honour them)."""
     if not isinstance(value, dict):
         raise BadRequest("overrides: must be an object")
     out: dict[str, Any] = {}
@@ -49,14 +51,27 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
                 raise BadRequest(f"{name}: must be a non-empty string")
             out[key] = item.strip() if key == "model" else item
         elif key in ("dm_policy", "group_policy"):
-            if item == "mention-only":
-                raise BadRequest(f"{name}: mention-only is not implemented; use respond or ignore")
-            if item not in POLICIES:
-                raise BadRequest(f"{name}: must be one of {', '.join(POLICIES)}")
+            allowed = GROUP_POLICIES if key == "group_policy" else POLICIES
+            if item not in allowed:
+                raise BadRequest(f"{name}: must be one of {', '.join(allowed)}")
+            if item == "mention-only" and channel and channel not in MENTION_ADAPTERS:
+                raise BadRequest(f"{name}: mention-only is not supported by the {channel} adapter "
+                                 "(it cannot tell whether the bot was mentioned); use respond or ignore")
+            out[key] = item
+        elif key == "threading":
+            if not isinstance(item, bool):
+                raise BadRequest(f"{name}: must be true (answer in a thread) or false (in the channel)")
+            if channel and channel not in THREAD_ADAPTERS:
+                raise BadRequest(f"{name}: not supported by the {channel} adapter (threaded replies: "
+                                 f"{', '.join(sorted(THREAD_ADAPTERS))})")
             out[key] = item
         elif key == "rate_limit_per_user":
             if isinstance(item, bool) or not isinstance(item, int) or item < 0:
                 raise BadRequest(f"{name}: must be a whole number of messages per minute (0: no limit)")
+            out[key] = item
+        elif key == "output_format":
+            if item not in OUTPUT_FORMATS:
+                raise BadRequest(f"{name}: must be one of {', '.join(OUTPUT_FORMATS)}")
             out[key] = item
         elif key == "usage_footer":
             if item not in FOOTERS:
@@ -72,8 +87,8 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
             out[key] = item
         else:
             raise BadRequest(f"{name}: unknown override (accepted: model, system_prompt, dm_policy, "
-                             "group_policy, rate_limit_per_user, usage_footer, typing_mode, lifecycle_reactions, "
-                             "prefix_agent_name)")
+                             "group_policy, rate_limit_per_user, threading, output_format, usage_footer, "
+                             "typing_mode, lifecycle_reactions, prefix_agent_name)")
     return out
 
 
@@ -84,10 +99,35 @@ def check_adapter_key(channel: str, key: str) -> None:
                          "(it would be saved and ignored)")
 
 
-def policy_refusal(overrides: dict[str, Any], direct: bool) -> str:
+def check_adapter_value(channel: str, key: str, value: Any) -> Any:
+    """The adapter keys about threads, checked (400 naming the key) and normalised."""
+    if (channel, key) == ("discord", "auto_thread"):
+        text = str(value).strip().lower()
+        if text not in ("true", "false"):
+            raise BadRequest("auto_thread: must be true (answer each guild message in a new thread) or false")
+        return text
+    if (channel, key) == ("telegram", "thread_routes"):
+        if not isinstance(value, dict):
+            raise BadRequest("thread_routes: must be an object of forum topic id -> agent name")
+        routes = {}
+        for topic, agent in value.items():
+            if not str(topic).lstrip("-").isdigit() or not isinstance(agent, str) or not agent.strip():
+                raise BadRequest("thread_routes: must map forum topic ids (message_thread_id) to agent names, "
+                                 f"got {str(topic)[:40]!r}")
+            routes[str(int(topic))] = agent.strip()
+        return routes
+    return value
+
+
+def policy_refusal(overrides: dict[str, Any], direct: bool, mentioned: bool = False) -> str:
     """Why a message is not answered under the channel's dm/group policy ("" : answer)."""
     key = "dm_policy" if direct else "group_policy"
-    return f"{key} is ignore" if overrides.get(key) == "ignore" else ""
+    policy = overrides.get(key)
+    if policy == "ignore":
+        return f"{key} is ignore"
+    if policy == "mention-only" and not mentioned:
+        return f"{key} is mention-only and the bot was not mentioned"
+    return ""
 
 
 def footer(mode: str, input_tokens: int, output_tokens: int, cost_usd: float | None) -> str:

@@ -18,10 +18,12 @@ from agentd.agents.manager import AgentManager
 from agentd.agents.handle import RunOptions
 from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
 from agentd.channels import overrides as channel_overrides
+from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
 from agentd.channels import lifecycle
 from agentd.channels.approvals import ChatApprovals, parse as approval_command
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
+from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
                                      field_views, settings_for, validate)
 from agentd.channels.dispatch import Dispatcher
@@ -42,8 +44,15 @@ class ChannelManager:
                  runs: Runs, audit: Callable[[str, str, dict[str, Any]], None],
                  on_message: Callable[[str, str], None] | None = None,
                  on_inbound: Callable[[str, Inbound], None] | None = None,
+                 files: ChannelFiles | None = None,
+                 store_secrets: Callable[[dict[str, str]], None] | None = None,
                  approvals: ApprovalQueue | None = None) -> None:
         self.config_path = config_path
+        # Files and images of messages, both ways (None: files are neither taken nor sent).
+        self.files = files
+        # Writes channel secrets given as values to secrets.env and the environment (the
+        # provider keys' writer); None: such a body is refused.
+        self.store_secrets = store_secrets
         # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
         self.on_message = on_message or (lambda adapter, direction: None)
         # Hears of every inbound message the allow-lists let through (the event bus).
@@ -75,6 +84,12 @@ class ChannelManager:
         self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
         self.workers = int(raw.get("workers", 8))
         self.queue_limit = int(raw.get("queue_limit", 32))
+        cap = raw.get("max_file_bytes", DEFAULT_MAX_BYTES)
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            log.warning("config key channels.max_file_bytes: must be a positive whole number of bytes; "
+                        "using %d", DEFAULT_MAX_BYTES)
+            cap = DEFAULT_MAX_BYTES
+        self.max_file_bytes = min(cap, DEFAULT_MAX_BYTES)
 
     # -- lifecycle -------------------------------------------------------------------
     def start_all(self) -> None:
@@ -148,9 +163,17 @@ class ChannelManager:
         ctx = ChannelContext(
             name, self.listen_host, deliver=lambda msg: self._deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
-            save_state=lambda state: self.store.set_setting(key, state))
+            save_state=lambda state: self.store.set_setting(key, state),
+            configured=frozenset(self.sections.get(name) or {}))
         ctx.client_of = lambda peer, header: self.client_of(peer, header)
         return ctx
+
+    def webhook(self, name: str) -> Adapter | None:
+        """The running webhook adapter `name` (served at /channels/<name>/webhook), if any."""
+        from agentd.channels.bases.webhook import WebhookAdapter
+
+        adapter = self.running.get(name)
+        return adapter if isinstance(adapter, WebhookAdapter) else None
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
@@ -175,14 +198,28 @@ class ChannelManager:
     def configure(self, name: str, body: Any) -> dict[str, Any]:
         """Validate, write `[channels.<name>]` atomically, hot-reload that adapter."""
         info = self.catalog.get(name)
+        secrets = None
+        if isinstance(body, dict) and "secrets" in body:
+            body = dict(body)
+            secrets = body.pop("secrets")
         values = validate(info, body)
+        stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
+        if stored and self.store_secrets is None:
+            raise BadRequest("secrets: this daemon cannot store channel secrets")
         with self._lock:
+            if stored:
+                self.store_secrets(stored)  # before the adapter starts: it reads them at once
             edit_file(self.config_path, ["channels", name], values)
-            self.audit("channel.configure", name, {"keys": sorted(values)})
+            detail: dict[str, Any] = {"keys": sorted(values)}
+            if stored:
+                detail["secrets_saved"] = sorted(stored)  # names only
+            self.audit("channel.configure", name, detail)
             self._stop(name, reason="reconfigured")
             self.sections[name] = values
             started = self._start(name)
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
+        if stored:
+            result["secrets_saved"] = sorted(stored)
         if not started:
             result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
         return result
@@ -217,8 +254,9 @@ class ChannelManager:
         self.audit("channel.reload", "", {"active": len(self.running)})
         return {"status": "reloaded", "channels_active": len(self.running)}
 
-    def test(self, name: str, message: str, target: str = "") -> dict[str, Any]:
-        """Send a real message through the adapter's sender to its configured target."""
+    def test(self, name: str, message: str, target: str = "", detail: bool = False) -> dict[str, Any]:
+        """Send a real message through the adapter's sender to its configured target (with
+        `detail`, the answer also names the platform's `message_id`)."""
         info = self.catalog.get(name)
         cls = registry.load(name)
         section = self.sections.get(name)
@@ -238,10 +276,13 @@ class ChannelManager:
             raise AgentdError(f"test message not delivered: {exc}", status=502) from None
         self.audit("channel.outbound", name, {"message_id": message_id, "test": True,
                                               "conversation": conversation.key})
-        return {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
+        result = {"status": "success", "message": f"test message delivered to {conversation.chat_id}"}
+        if detail:
+            result["message_id"] = message_id or ""
+        return result
 
     def send_to(self, name: str, recipient: str, message: str, agent: str = "",
-                meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                meta: dict[str, Any] | None = None, file: tuple[str, str, bytes] | None = None) -> dict[str, Any]:
         """An agent's own message (channel_send) through a running adapter's sender, only to
         a recipient the channel's allow-lists let talk to it."""
         adapter = self.running.get(name)
@@ -264,7 +305,10 @@ class ChannelManager:
         if agent:
             conversation.meta.setdefault("agent", agent)
         try:
-            message_id = adapter.send(conversation, message)
+            # A file (filename, type, bytes) goes first; the message is its caption.
+            message_id = adapter.send_file(conversation, *file) if file is not None else ""
+            if message.strip():
+                message_id = adapter.send(conversation, message)
         except Exception as exc:  # noqa: BLE001 - the platform's failure, told to the agent
             self.audit("channel.send_failed", name, {"agent": agent, "error": str(exc)[:300]})
             raise AgentdError(f"message not delivered: {exc}", status=502) from None
@@ -291,6 +335,8 @@ class ChannelManager:
     def _deliver(self, name: str, msg: Inbound) -> None:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
+        chosen = self._overrides(name)
+        msg.conversation.shared = not msg.conversation.direct and chosen.get("group_policy") == "shared"
         adapter = self.running.get(name)
         if adapter is not None and approval_command(msg.text) and (
                 self.chat_approvals.asked_here(name, msg) or not self._refusal(settings, msg)):
@@ -300,7 +346,7 @@ class ChannelManager:
                                    lambda: self.chat_approvals.handle(adapter, msg))
             return
         refused = self._refusal(settings, msg) or channel_overrides.policy_refusal(
-            self._overrides(name), msg.conversation.direct)
+            chosen, msg.conversation.direct, msg.mentioned)
         if not refused:
             try:
                 check_message(msg.text)
@@ -349,7 +395,7 @@ class ChannelManager:
         life.received()
         failed = False
         try:
-            handle = self._route(name)
+            handle = self._route(name, msg.agent)
             conversation.meta.setdefault("agent", handle.name)
             if msg.text.strip().lower() in ("/new", "/reset"):
                 try:  # only this conversation's session: other users keep theirs
@@ -362,7 +408,9 @@ class ChannelManager:
                 self.audit("channel.rate_limited", name, {"message_id": msg.message_id, "sender": msg.sender_id})
                 reply = channel_overrides.SLOW_DOWN.format(limit=self._overrides(name)["rate_limit_per_user"])
             else:
-                reply = self._run(adapter, handle, conversation, lifecycle.text_of(msg), msg.sender_id, life)
+                text, images = self._take_files(adapter, handle, msg)
+                reply = self._run(adapter, handle, conversation, text, msg.sender_id, life, images) \
+                    if text.strip() or images else ""
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
             error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             log.warning("channel %s: message %s failed: %s", name, msg.message_id, error)
@@ -382,12 +430,12 @@ class ChannelManager:
         self.audit("channel.outbound", name, {"message_id": sent_id, "in_reply_to": msg.message_id,
                                               "conversation": conversation.key})
 
-    def _route(self, name: str):  # type: ignore[no-untyped-def]
-        agent_name = self.sections.get(name, {}).get("default_agent")
+    def _route(self, name: str, agent: str = ""):  # type: ignore[no-untyped-def]
+        agent_name = agent or self.sections.get(name, {}).get("default_agent")
         if agent_name:
             handle = self.agents.find(agent_name)
             if handle is None:
-                raise ChannelError(f"default_agent {agent_name!r} does not exist")
+                raise ChannelError(f"{'thread_routes agent' if agent else 'default_agent'} {agent_name!r} does not exist")
             return handle
         handles = self.agents.handles()
         if not handles:
@@ -408,8 +456,39 @@ class ChannelManager:
             return msg.sender_id == requester
         return allowed
 
+    def _take_files(self, adapter: Adapter, handle, msg: Inbound) -> tuple[str, list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
+        """The message's text with a note per file, and the images for the model; a file not
+        taken is said to the sender at once (and audited)."""
+        text = lifecycle.text_of(msg)
+        if not msg.attachments or self.files is None:
+            return text, []
+        got = self.files.receive(adapter.file_hosts(), handle, msg.attachments, self.max_file_bytes,
+                                 model=self._overrides(adapter.name).get("model", ""))
+        for sentence in got.refused:
+            self.audit("channel.file_refused", adapter.name, {"message_id": msg.message_id, "reason": sentence})
+            try:
+                adapter.send(msg.conversation, sentence)
+            except Exception as exc:  # noqa: BLE001 - the run still answers what was taken
+                self.audit("channel.send_failed", adapter.name, {"in_reply_to": msg.message_id,
+                                                                 "error": str(exc)[:300]})
+        return "\n".join(p for p in (text, *got.notes) if p), got.images
+
+    def _send_files(self, adapter: Adapter, handle, conversation: Conversation, result) -> None:  # type: ignore[no-untyped-def]
+        """Post the files the run made back to the conversation."""
+        if self.files is None:
+            return
+        for item in self.files.outgoing(handle, result):
+            try:
+                sent = adapter.send_file(conversation, item.filename, item.content_type, item.data)
+            except Exception as exc:  # noqa: BLE001 - the text reply still goes out
+                self.audit("channel.send_failed", adapter.name, {"file": item.filename, "error": str(exc)[:300]})
+                continue
+            self.on_message(adapter.name, "out")
+            self.audit("channel.outbound", adapter.name, {"message_id": sent, "file": item.filename,
+                                                          "conversation": conversation.key})
+
     def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
-             sender: str, life: lifecycle.Lifecycle) -> str:
+             sender: str, life: lifecycle.Lifecycle, images: list[dict[str, Any]] | None = None) -> str:
         chosen = self._overrides(adapter.name)
         emit, forget = None, lambda: None
         if handle.mode == "Manual":  # its tool calls are asked for in this conversation
@@ -420,7 +499,8 @@ class ChannelManager:
         try:
             # The conversation's own session of the agent: its history is never another's.
             options = RunOptions(extra_system=chosen.get("system_prompt", ""), model=chosen.get("model", ""))
-            result = self.runs.start(RunRequest(handle, text, on=INLINE, origin="channel", options=options,
+            result = self.runs.start(RunRequest(handle, text, attachments=list(images or []), on=INLINE,
+                                                origin="channel", options=options,
                                                 session_id=self._session_id(handle.id, conversation.key),
                                                 label=conversation.key,
                                                 owner=f"channel:{adapter.name}:{sender}",
@@ -428,6 +508,7 @@ class ChannelManager:
         finally:
             forget()
             life.stop_typing()
+        self._send_files(adapter, handle, conversation, result)
         reply = strip_think(result.response).strip()
         if not reply:
             return reply

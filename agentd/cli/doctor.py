@@ -17,7 +17,10 @@ from agentd.config import Config, load_config, split_listen
 from agentd.errors import AgentdError
 from agentd.store.db import SQLITE_MAGIC
 
+# Free space on the disk holding the database: under the first a warning, under the second
+# a failure (writes are about to answer 507). Documented in docs/cli.md and docs/operations.md.
 DISK_WARN_BYTES = 100 * 1024 * 1024
+DISK_FAIL_BYTES = 10 * 1024 * 1024
 
 
 @dataclass
@@ -72,6 +75,23 @@ def _check_postgres(cfg: Config) -> Check:
         return Check("database", "fail", f"PostgreSQL {where} has schema version {version}, newer than "
                                          f"this agentd's ({SCHEMA_VERSION})")
     return Check("database", "ok", f"PostgreSQL {where}, schema version {version}")
+
+
+def check_disk(where: Path) -> Check:
+    """Free space and writability of the directory holding the database (or the home)."""
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    text = f"{free // (1024 * 1024)} MB free on the disk holding {where}"
+    if not os.access(probe, os.W_OK):
+        return Check("disk_space", "fail", f"{probe} is not writable: every write would answer 503 ({text})")
+    if free < DISK_FAIL_BYTES:
+        return Check("disk_space", "fail", f"{text}: under {DISK_FAIL_BYTES // (1024 * 1024)} MB writes will "
+                                           "soon answer 507; free some space")
+    if free < DISK_WARN_BYTES:
+        return Check("disk_space", "warn", f"{text} (under {DISK_WARN_BYTES // (1024 * 1024)} MB)")
+    return Check("disk_space", "ok", text)
 
 
 def _check_manifests(agents_dir: Path) -> Check:
@@ -246,10 +266,7 @@ def run_checks(home: Path) -> list[Check]:
         checks.append(Check("database", "ok" if magic_ok else "fail",
                             f"{cfg.db_path} is a SQLite database" if magic_ok
                             else f"{cfg.db_path} is not a SQLite file"))
-    probe = home if home.exists() else home.parent
-    free = shutil.disk_usage(probe).free
-    checks.append(Check("disk_space", "warn" if free < DISK_WARN_BYTES else "ok",
-                        f"{free // (1024 * 1024)} MB free"))
+    checks.append(check_disk(cfg.db_path.parent if cfg.db_path.parent.exists() else home))
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_skills(cfg.home / "skills"))
     checks.append(_check_keys(cfg, live))

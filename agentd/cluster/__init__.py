@@ -37,6 +37,7 @@ from agentd.ids import time_ordered_uuid
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, is_shared, relaxed_commit
 from agentd.store.writer import PonyTx, Tx
+from agentd.store.outage import OUTAGE, log_failure, translate
 
 if TYPE_CHECKING:
     from agentd.cluster.budget_gate import BudgetGate
@@ -96,7 +97,9 @@ class Cluster:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_prune = 0.0
+        self._last_prune = -3600.0  # monotonic: the first heartbeat prunes
+        # Runs that ended while the database was out, closed by the next heartbeat.
+        self._unclosed: list[tuple[LocalRun, str, str | None, float | None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -163,20 +166,33 @@ class Cluster:
             from agentd.agents.loop import RunCancelled
 
             status = "cancelled" if isinstance(exc, RunCancelled) else "failed"
-            error = (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")[:500]
+            known = (translate(exc) if isinstance(exc, Exception) else None) or exc
+            error = (getattr(known, "message", None) or f"{type(exc).__name__}: {exc}")[:500]
             raise
         finally:
             cost = getattr(result, "cost_usd", None)
             with self._lock:
                 self._local.pop(local.run_id, None)
-            # A body that failed after complete() may have rolled the close back with its
-            # transaction: close again (a no-op on a record already closed).
-            if not local.closed or status != "completed":
-                with orm.db_session:
-                    relaxed_commit(self.store)
-                    self._close(local, status, error, cost)
-            self._sessions.discard(local.lease.name)
-            logs.unbind(bound)
+            try:
+                # A body that failed after complete() may have rolled the close back with its
+                # transaction: close again (a no-op on a record already closed).
+                if not local.closed or status != "completed":
+                    self._close_now(local, status, error, cost)
+            except Exception as exc:
+                if translate(exc) is None:
+                    raise
+                # The database is out: the heartbeat closes the record and frees the lease
+                # once it is back, rather than the reaper after the lease ran out.
+                with self._lock:
+                    self._unclosed.append((local, status, error, cost))
+            finally:
+                self._sessions.discard(local.lease.name)
+                logs.unbind(bound)
+
+    def _close_now(self, local: LocalRun, status: str, error: str | None, cost: float | None) -> None:
+        with orm.db_session:
+            relaxed_commit(self.store)
+            self._close(local, status, error, cost)
 
     def _close(self, local: LocalRun, status: str, error: str | None, cost: float | None,
                tx: Tx | None = None) -> None:
@@ -319,13 +335,23 @@ class Cluster:
         while not self._stop.wait(self.settings.heartbeat_secs):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the heartbeat
-                log.exception("cluster heartbeat failed")
+            except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the heartbeat
+                log_failure(log, exc, "cluster heartbeat failed")
 
     def tick(self) -> None:
         """One heartbeat (also called directly by tests)."""
         secs = self.settings.lease_secs
         self._beat_daemon()
+        OUTAGE.cleared(wrote=True)
+        with self._lock:
+            unclosed, self._unclosed = self._unclosed, []
+        for i, (local, status, error, cost) in enumerate(unclosed):
+            try:
+                self._close_now(local, status, error, cost)
+            except Exception:
+                with self._lock:
+                    self._unclosed[:0] = unclosed[i:]
+                raise
         with self._lock:
             local = [run for run in self._local.values() if not run.closed and not run.deferred]
             held = list(self._held.items())
@@ -357,8 +383,8 @@ class Cluster:
                 run.cancel.set()
         for hook in list(self.on_tick):
             hook()
-        if time.time() - self._last_prune > 3600:
-            self._last_prune = time.time()
+        if time.monotonic() - self._last_prune > 3600:
+            self._last_prune = time.monotonic()
             self.runs.prune(time.time() - RUN_RETENTION_SECS)
             with orm.db_session:
                 self.store.db.execute("DELETE FROM cluster_daemons WHERE heartbeat_at < $t",

@@ -16,6 +16,7 @@ from typing import Any
 from pony import orm
 
 from agentd.store import Store
+from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.settings")
 
@@ -48,8 +49,9 @@ class SettingsFollower:
         while not self._stop.wait(self.interval):
             try:
                 self.poll_once()
-            except Exception:  # noqa: BLE001 - a lost connection must not end the follower
-                log.warning("cannot read shared settings; retrying", exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - a lost connection must not end the follower
+                if translate(exc) is None:  # an outage is logged once, by the store
+                    log.warning("cannot read shared settings; retrying", exc_info=True)
 
     def poll_once(self) -> None:
         """Read the followed settings once and apply them."""

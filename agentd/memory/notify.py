@@ -21,6 +21,7 @@ from pony import orm
 
 from agentd.store import Store
 from agentd.store.leases import is_shared
+from agentd.store.outage import log_failure, translate
 
 log = logging.getLogger("agentd.memory.notify")
 
@@ -67,8 +68,8 @@ class MemoryNotifier:
             with orm.db_session:
                 self.store.db.execute("SELECT pg_notify($c, $p)",
                                       {"c": CHANNEL, "p": f"{self.daemon_id}|{agent_id}"})
-        except Exception:  # noqa: BLE001 - others rebuild late, but this write stands
-            log.exception("memory change notification failed")
+        except Exception as exc:  # noqa: BLE001 - others rebuild late, but this write stands
+            log_failure(log, exc, "memory change notification failed")
 
     def _connect(self) -> Any:
         import psycopg2
@@ -86,7 +87,8 @@ class MemoryNotifier:
             try:
                 self._conn = self._connect()
             except Exception as exc:  # noqa: BLE001
-                log.warning("memory listener cannot connect: %s", exc)
+                if translate(exc) is None:  # an outage is logged once, by the store
+                    log.warning("memory listener cannot connect: %s", exc)
                 self._stop.wait(RECONNECT_SECS)
                 continue
             if not first:
@@ -96,7 +98,7 @@ class MemoryNotifier:
             try:
                 self._pump(self._conn)
             except Exception as exc:  # noqa: BLE001
-                if not self._stop.is_set():
+                if not self._stop.is_set() and translate(exc) is None:
                     log.warning("memory listener lost its connection: %s", exc)
             finally:
                 self.listening.clear()

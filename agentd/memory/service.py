@@ -20,6 +20,7 @@ from agentd.config import MemoryConfig
 from agentd.memory import fields
 from agentd.memory.graph import KnowledgeGraph
 from agentd.store import Store
+from agentd.store.outage import log_failure
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentd.llm.types import ProviderEndpoint
@@ -255,8 +256,8 @@ class MemoryService:
 
             found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
                                        skip=in_session, hide=None if owner is None else others_of(owner))
-        except Exception:  # noqa: BLE001 - memory must never fail a run
-            log.exception("memory recall for agent %s failed", agent_id)
+        except Exception as exc:  # noqa: BLE001 - memory must never fail a run
+            log_failure(log, exc, "memory recall for agent %s failed", agent_id)
             return system
         if not found:
             return system
@@ -370,8 +371,8 @@ class MemoryService:
                 known = self._exchanges.setdefault(agent_id, {})
                 for (_, user_text, _, _), result in zip(items, stored):
                     known[result["id"]] = user_text
-            except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
-                log.exception("remembering %d exchange(s) of agent %s failed", len(items), agent_id)
+            except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
+                log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""
@@ -401,8 +402,8 @@ class MemoryService:
                         return
                     report = self.consolidate(agent_id)
                     log.info("consolidated memory of agent %s: %s", agent_id, report)
-            except Exception:  # noqa: BLE001
-                log.exception("scheduled memory consolidation failed")
+            except Exception as exc:  # noqa: BLE001
+                log_failure(log, exc, "scheduled memory consolidation failed")
 
     def _count_all(self) -> int:
         from pony import orm

@@ -38,12 +38,16 @@ from agentd.retry import backoff_delay
 from agentd.schedules.delivery import Delivery
 from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
 from agentd.schedules.store import CronStore
+from agentd.store.outage import log_failure
 
 log = logging.getLogger("agentd.schedules")
 
 # The longest sleep without looking at the database: jobs created or changed on other
 # daemons of a shared database are seen within this (changes here wake the ticker at once).
 IDLE_SECS = 5.0
+# A wall-clock step (NTP, a manual set) bigger than this, measured against the monotonic
+# clock, is a clock change rather than the ticker's own lateness.
+CLOCK_STEP_SECS = 2.0
 BACKOFF_INITIAL_SECS = 60.0
 OUTPUT_LIMIT = 64 * 1024
 
@@ -55,8 +59,18 @@ class Scheduler:
                  find_agent: Callable[[str], Any], run_workflow: Callable[[str, str], dict[str, Any]],
                  delivery: Delivery, listeners: AgentListeners, audit: Audit, executor: Executor,
                  wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None,
-                 on_lag: Callable[[float], None] | None = None) -> None:
+                 on_lag: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        # Due times are wall-clock instants (`clock`); waiting is measured on `monotonic`,
+        # which no clock change moves.
+        self.clock = clock
+        self.monotonic = monotonic
+        self._seen: tuple[float, float] | None = None  # (wall, monotonic) at the last look
+        # The wall time before a forward clock step, until the due times it passed are
+        # handled: those were jumped over, not missed while the daemon was down.
+        self._stepped_from: float | None = None
         self.settings = settings
         self.daemon_id = daemon_id
         self.runs = runs
@@ -110,18 +124,47 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                earliest = self.store.earliest()
-                now = time.time()
-                if earliest is not None and earliest <= now:
-                    self.tick(now)
-                    continue
-                wait = IDLE_SECS if earliest is None else min(IDLE_SECS, earliest - now)
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the ticker
-                log.exception("scheduler tick failed")
-                wait = IDLE_SECS
+            wait = self.step()
+            if wait is None:
+                continue
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
+
+    def step(self) -> float | None:
+        """One look at the due times, firing those due; the seconds to sleep before the
+        next look (never more than IDLE_SECS, so a clock set forward is seen within that),
+        or None to look again at once."""
+        try:
+            now = self.clock()
+            self._check_clock(now)
+            earliest = self.store.earliest()
+            if earliest is not None and earliest <= now:
+                self.tick(now)
+                return None
+            self._stepped_from = None  # every due time a step passed has been handled
+            return IDLE_SECS if earliest is None else min(IDLE_SECS, earliest - now)
+        except Exception as exc:  # noqa: BLE001 - a database hiccup must not end the ticker
+            log_failure(log, exc, "scheduler tick failed")
+            return IDLE_SECS
+
+    def _check_clock(self, now: float) -> None:
+        """Notice a wall-clock step since the last look. Forward: the due times it passed
+        fire once each (a claim moves each job past `now`). Back: interval jobs would wait
+        out the step, so they are due one interval from now; cron and `at` times stay, as a
+        slot that already ran must not run again."""
+        mono = self.monotonic()
+        seen, self._seen = self._seen, (now, mono)
+        if seen is None:
+            return
+        expected = seen[0] + (mono - seen[1])
+        step = now - expected
+        if step > CLOCK_STEP_SECS:
+            self._stepped_from = expected
+            log.warning("the wall clock jumped %.0fs forward; due times passed meanwhile fire once", step)
+        elif step < -CLOCK_STEP_SECS:
+            self._stepped_from = None
+            moved = self.store.rewind_intervals(now)
+            log.warning("the wall clock went %.0fs back; %d interval job(s) re-anchored to now", -step, len(moved))
 
     # -- firing --------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -130,8 +173,8 @@ class Scheduler:
                 return
             try:
                 self._due(job_id, due, now)
-            except Exception:  # noqa: BLE001 - one broken job must not stop the others
-                log.exception("cron job %s: due time not handled", job_id)
+            except Exception as exc:  # noqa: BLE001 - one broken job must not stop the others
+                log_failure(log, exc, "cron job %s: due time not handled", job_id)
 
     def _due(self, job_id: str, due: float, now: float) -> None:
         job = self.store.get(job_id)
@@ -146,7 +189,8 @@ class Scheduler:
         finished = following is None
         if finished:  # one-shot (or an `at` time): nothing left to run
             self.store.update(job_id, enabled=False, next_due=None)
-        missed = now - due > self.settings.misfire_grace_secs
+        jumped = self._stepped_from is not None and due > self._stepped_from
+        missed = now - due > self.settings.misfire_grace_secs and not jumped
         if job["backoff_until"] is not None and now < job["backoff_until"]:
             self.store.add_run(job_id, self.daemon_id, due, "skipped",
                                f"backing off after {job['failures']} failed runs in a row "
@@ -163,7 +207,7 @@ class Scheduler:
         if self.store.running(job["id"]):
             run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", "previous run still running")
             return self.store.get_run(run_id)  # type: ignore[return-value]
-        over = self._over_cap(job, time.time())
+        over = self._over_cap(job, self.clock())
         if over:
             return self.pause(job, over, due)
         run_id = self.store.add_run(job["id"], self.daemon_id, due, "running", reason)
@@ -174,7 +218,7 @@ class Scheduler:
         """POST /api/cron/jobs/{id}/run: 409 while a run is going or the job is over a cap."""
         if self.store.running(job["id"]):
             raise Conflict("the job's previous run is still running")
-        over = self._over_cap(job, time.time())
+        over = self._over_cap(job, self.clock())
         if over:
             self.pause(job, over, None)
             raise Conflict(f"the job is paused: {over}")
@@ -237,12 +281,12 @@ class Scheduler:
             if failures >= limit:
                 delay = backoff_delay(failures - limit, BACKOFF_INITIAL_SECS, self.settings.backoff_max_secs,
                                       jitter=0.0)
-                changes["backoff_until"] = time.time() + delay
+                changes["backoff_until"] = self.clock() + delay
                 self.audit("cron.job_backoff", job["name"], {"job_id": job["id"], "failures": failures,
                                                              "backoff_secs": delay})
             self.store.update(job["id"], **changes)
         if fresh["enabled"] and fresh["max_cost_usd_per_day"] is not None:
-            over = self._over_cap(fresh, time.time())
+            over = self._over_cap(fresh, self.clock())
             if over.startswith("max_cost"):
                 self.store.update(job["id"], enabled=False, next_due=None, paused_reason=over)
                 self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": over})

@@ -88,6 +88,17 @@ class CronStore:
             return self.store.db.execute("UPDATE cron_jobs SET next_due = $n WHERE id = $i AND next_due = $d",
                                          {"n": following, "i": job_id, "d": due}).rowcount == 1
 
+    def rewind_intervals(self, now: float) -> list[str]:
+        """After the wall clock went back to `now`: interval jobs due more than one interval
+        ahead become due one interval from now; the ids moved."""
+        moved = []
+        for job in self.list():
+            schedule, due = job["schedule"], job["next_due"]
+            if schedule.get("kind") == "every" and due is not None and due - now > schedule["every_secs"]:
+                if self.claim(job["id"], due, now + schedule["every_secs"]):
+                    moved.append(job["id"])
+        return moved
+
     # -- runs --------------------------------------------------------------------------
     def running(self, job_id: str) -> bool:
         with orm.db_session:

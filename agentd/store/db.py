@@ -8,6 +8,7 @@ import contextlib
 import re
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,8 @@ from agentd.store import migrate
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
+from agentd.store.outage import OUTAGE, translate
+from agentd.timestamps import iso, utcnow
 from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
 
 T = TypeVar("T")
@@ -44,6 +47,8 @@ class Store:
     where: str = ""
     checkpointer: WalCheckpointer | None = None
     _writer: Writer | None = None
+    _pinged_at: float = -1e9
+    _ping_ok: bool = True
 
     @property
     def shared(self) -> bool:
@@ -52,13 +57,30 @@ class Store:
         return self.backend == "postgres"
 
     def ping(self) -> bool:
-        """True when a trivial query succeeds."""
+        """True when a trivial query succeeds (ending a recorded outage, or starting one).
+        While writes are known to fail (a full disk), a small write must succeed too."""
+        probe = OUTAGE.writes_blocked
         try:
             with orm.db_session:
                 self.db.select("SELECT 1")
-            return True
-        except Exception:  # noqa: BLE001 - any failure means "not healthy"
+            if probe:
+                self.set_setting(WRITE_PROBE, iso(utcnow()))
+        except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
+            translate(exc)
             return False
+        OUTAGE.cleared(wrote=probe)
+        return True
+
+    def available(self, max_age: float = 1.0) -> bool:
+        """ping(), at most once per `max_age` seconds (a liveness probe may come often)."""
+        now = time.monotonic()
+        with _PING_LOCK:
+            fresh = now - self._pinged_at < max_age
+            if fresh:
+                return self._ping_ok
+            self._pinged_at = now
+        self._ping_ok = self.ping()
+        return self._ping_ok
 
     def get_setting(self, key: str, default: Any = None) -> Any:
         with orm.db_session:
@@ -93,7 +115,9 @@ class Store:
                     sqlite = self.backend == "sqlite" and self.db.provider.dialect == "SQLite"
                     self._writer = SqliteWriter(self.path, self.db) if sqlite else PonyWriter(self.db)
                 writer = self._writer
-        return writer.run(work)
+        result = writer.run(work)
+        OUTAGE.cleared(wrote=True)
+        return result
 
     def _writes_held(self) -> ContextManager[Any]:
         """Hold the run writer's commits off while the block runs (nothing to hold before
@@ -118,8 +142,11 @@ class Store:
         self.db.disconnect()
 
 
+# The settings row a health check writes while the disk is full, to see when it no longer is.
+WRITE_PROBE = "store.write_probe"
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 _WRITER_LOCK = threading.Lock()
+_PING_LOCK = threading.Lock()
 
 
 def _check_not_locked(path: Path) -> None:

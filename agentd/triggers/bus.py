@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from agentd.timestamps import iso, utcnow
+from agentd.store.outage import log_failure
 
 log = logging.getLogger("agentd.events")
 
@@ -78,8 +79,8 @@ class EventBus:
     def _deliver(fn: Subscriber, event: Event) -> None:
         try:
             fn(event)
-        except Exception:  # noqa: BLE001 - one subscriber's failure must not stop the bus
-            log.exception("event %s (%s): a subscriber failed", event.id, event.type)
+        except Exception as exc:  # noqa: BLE001 - one subscriber's failure must not stop the bus
+            log_failure(log, exc, "event %s (%s): a subscriber failed", event.id, event.type)
 
     def close(self) -> None:
         with self._lock:

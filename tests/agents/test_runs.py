@@ -52,7 +52,7 @@ def session_of(env, session_id: str) -> list:
 # -- quota ------------------------------------------------------------------------------------------
 def test_quota_at_and_past_the_limit(mgr) -> None:
     h = mgr.spawn(manifest("quota", "[capabilities]\nmax_llm_tokens_per_hour = 100\n"))
-    now = time.time()
+    now = time.monotonic()
     h.token_log.extend([(now - 3000, 60), (now - 10, 39)])
     mgr.runs._check_quota(h)   # 99 of 100: allowed
     h.token_log.append((now - 5, 1))
@@ -73,13 +73,26 @@ def test_quota_at_and_past_the_limit(mgr) -> None:
 
 def test_quota_under_resources_and_none_without_limit(mgr) -> None:
     h = mgr.spawn(manifest("res", "[resources]\nmax_llm_tokens_per_hour = 5\n"))
-    h.token_log.append((time.time(), 5))
+    h.token_log.append((time.monotonic(), 5))
     with pytest.raises(TooManyRequests) as err:
         mgr.runs._check_quota(h)
     assert "5 of 5" in err.value.message
     free = mgr.spawn(manifest("free"))
-    free.token_log.append((time.time(), 10**9))
+    free.token_log.append((time.monotonic(), 10**9))
     mgr.runs._check_quota(free)
+
+
+def test_the_quota_hour_ignores_wall_clock_steps(mgr, monkeypatch) -> None:
+    h = mgr.spawn(manifest("stepped", "[capabilities]\nmax_llm_tokens_per_hour = 5\n"))
+    h.token_log.append((time.monotonic(), 5))
+    wall = time.time()
+    monkeypatch.setattr(time, "time", lambda: wall + 7200)  # the clock set two hours forward
+    with pytest.raises(TooManyRequests):
+        mgr.runs._check_quota(h)
+    monkeypatch.setattr(time, "time", lambda: wall - 7200)  # and back
+    with pytest.raises(TooManyRequests) as err:
+        mgr.runs._check_quota(h)
+    assert err.value.retry_after == 3600
 
 
 def test_runs_count_their_tokens_and_hit_the_quota(env, mgr, fake) -> None:
@@ -100,7 +113,7 @@ def test_runs_count_their_tokens_and_hit_the_quota(env, mgr, fake) -> None:
 def test_the_token_log_keeps_only_the_last_hour_and_nothing_without_a_quota(mgr) -> None:
     # Every call appends to the log: it must not grow forever.
     h = mgr.spawn(manifest("hourly", 'system_prompt = "sys"\n[capabilities]\nmax_llm_tokens_per_hour = 1000\n'))
-    now = time.time()
+    now = time.monotonic()
     h.token_log.extend([(now - 7200, 11), (now - 3601, 12), (now - 3500, 13)])
     run(mgr, h, "one two")
     # input "sys" + "one two", output "echo: one two": 3 + 3 words

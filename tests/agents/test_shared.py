@@ -104,6 +104,29 @@ def test_mode_and_session_taken_over_caches_dropped_only_on_a_new_session(pair) 
         "BUG: a session reset on another daemon keeps the old history here"
 
 
+def test_a_manifest_saved_elsewhere_is_taken_over(pair, caplog) -> None:
+    a, b, store = pair
+    h = a.spawn(manifest("epsilon"))
+    shared.sync_agent(b.registry, agent_id=h.id)
+    mine = b.registry._agents[h.id]
+    assert a.set_model(h, "deepseek/deepseek-chat") == [
+        "provider deepseek has no API key: set DEEPSEEK_API_KEY or POST /api/providers/deepseek/key"]
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert b.registry._agents[h.id] is mine
+    assert (mine.provider, mine.model) == ("deepseek", "deepseek-chat")
+    assert mine.manifest.toml_text == h.manifest.toml_text.strip()
+    parsed = mine.manifest
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert mine.manifest is parsed, "an unchanged manifest is not parsed again"
+    assert mine.manifest.data["description"] == "agent epsilon"
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).manifest_toml = "name = "
+    with caplog.at_level(logging.ERROR, logger="agentd.agents"):
+        shared.sync_agent(b.registry, agent_id=h.id)
+    assert mine.model == "deepseek-chat", "an unreadable manifest leaves the handle as it was"
+    assert "the manifest saved elsewhere cannot be read" in caplog.text
+
+
 def test_an_agent_killed_elsewhere_is_forgotten(pair, caplog) -> None:
     a, b, _ = pair
     caplog.set_level(logging.INFO, logger="agentd.agents")

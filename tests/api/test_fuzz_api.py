@@ -71,6 +71,10 @@ CONFIG = CONFIG_HEAD + "".join([
     acceptance_off("agents.spawn",
         "manifest_toml must be a TOML manifest with a valid agent name, profile and model: TOML "
         "syntax and manifest semantics cannot be written in JSON Schema."),
+    acceptance_off(["agents.update_manifest", "agents.set_model"],
+        "A new manifest must be TOML that keeps the agent's name, and a model must name a provider "
+        "the catalog knows: TOML syntax, the agent's current name and the catalog cannot be written "
+        "in JSON Schema."),
     acceptance_off(["workflows.create", "workflows.update"],
         "Steps must name agents that exist now, templates may use only variables defined by "
         "earlier steps, collect needs a fan_out before it: server state and cross-step rules."),

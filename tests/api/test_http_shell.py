@@ -133,8 +133,8 @@ def test_dashboard_hides_data_without_key(keyed) -> None:
     r = keyed.get("/", environ_base=REMOTE)
     assert r.status_code == 303 and r.headers["Location"].startswith("/login")
     assert "Uptime" not in r.get_data(as_text=True)
-    page = keyed.get("/?token=s3cret", environ_base=REMOTE).get_data(as_text=True)
-    assert "Uptime" in page
+    page = keyed.get("/agents?token=s3cret", environ_base=REMOTE).get_data(as_text=True)
+    assert "<h1>Agents" in page and 'id="spawn-form"' in page
 
 
 # -- CORS ---------------------------------------------------------------------------
@@ -212,9 +212,10 @@ def test_health_version_status_shapes(shared_daemon) -> None:
 
 
 def test_dashboard_is_html(shared_daemon) -> None:
+    # No provider has a key here: the overview gives way to the first-run setup.
     r = shared_daemon.get("/")
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
-    assert "<h1>Overview</h1>" in r.text and "Agents" in r.text
+    assert r.url.endswith("/setup") and "<h1>Set up agentd</h1>" in r.text and "Agents" in r.text
 
 
 class SourceAdapter(HTTPAdapter):

@@ -436,30 +436,32 @@ def test_operation_statuses_and_fields() -> None:
     get = oa._operation(rule_of(app, "things.list"), "GET", Operation("List things"))
     assert get == {"operationId": "things.list", "summary": "List things", "tags": ["things"],
                    "responses": get["responses"]}
-    assert statuses(get) == ["200", "400", "401", "429"]
+    assert statuses(get) == ["200", "400", "401", "429", "503"]
     assert get["responses"]["400"]["description"] == oa.COMMON_ERRORS[400]
     assert get["responses"]["429"]["headers"]["Retry-After"] == {"$ref": "#/components/headers/RetryAfter"}
     assert "Retry-After" not in get["responses"]["400"]["headers"]
     public = oa._operation(rule_of(app, "things.list"), "GET", Operation("Pub", public=True, tags=("x", "y"),
                                                                         description="Long"))
     assert (public["security"], public["tags"], public["description"]) == ([], ["x", "y"], "Long")
-    assert statuses(public) == ["200", "400", "429"]
+    assert statuses(public) == ["200", "400", "429", "503"]
     body = Operation("Put", body={"type": "object"}, ok=201, errors={409: "Exists", 400: "Bad name", 502: "Up"})
     put = oa._operation(rule_of(app, "things.put"), "PUT", body)
-    assert statuses(put) == ["201", "400", "401", "403", "404", "409", "413", "415", "429", "502"]
+    assert statuses(put) == ["201", "400", "401", "403", "404", "409", "413", "415", "429", "502", "503", "507"]
     assert put["requestBody"] == {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
     assert put["responses"]["400"]["description"] == f"Bad name. Also: {oa.COMMON_ERRORS[400]}"
     assert put["responses"]["409"]["description"] == "Exists"
     assert put["responses"]["502"]["description"] == "Up"
     assert put["responses"]["404"]["description"] == oa.COMMON_ERRORS[404]
-    for status in (401, 403, 413, 415, 429):
+    for status in (401, 403, 413, 415, 429, 503, 507):
         assert put["responses"][str(status)]["description"] == oa.COMMON_ERRORS[status], status
+    for status in ("503", "507"):  # the database is out, or its disk full: retry later
+        assert put["responses"][status]["headers"]["Retry-After"] == {"$ref": "#/components/headers/RetryAfter"}
     assert [p["name"] for p in put["parameters"]] == ["agent_id"]
     raw = Operation("Upload", body={"type": "string"}, body_media="application/octet-stream", body_required=False,
                     body_example="abc", errors={418: ""})
     up = oa._operation(rule_of(app, "models"), "POST", raw)
     assert up["tags"] == ["openai"]
-    assert statuses(up) == ["200", "400", "401", "403", "413", "418", "429"]
+    assert statuses(up) == ["200", "400", "401", "403", "413", "418", "429", "503", "507"]
     assert up["responses"]["418"]["description"] == "error"
     assert up["requestBody"] == {"required": False, "content": {"application/octet-stream": {
         "schema": {"type": "string"}, "example": "abc"}}}

@@ -72,3 +72,25 @@ def test_allow_list_and_reconnect(channel_daemon, mail):
     wait_for(lambda: len(replies(mail, "alice")) > before, timeout=20, what="reply after restart")
     assert replies(mail, "mallory") == []
     remove(channel_daemon, "email")
+
+
+def test_each_reply_chain_is_a_conversation(channel_daemon, mail):
+    configure(channel_daemon, "email", **mail_config(mail))
+    wait_active(channel_daemon, "email")
+
+    def answer_to(message_id: str):  # type: ignore[no-untyped-def]
+        return next((m for m in replies(mail, "alice") if m["In-Reply-To"] == message_id), None)
+
+    try:
+        first = mail.send("alice@test.example", "bot@test.example", "Plans", "the plan is kites\n")
+        answer = wait_for(lambda: answer_to(first), what="first reply")
+        follow = mail.send("alice@test.example", "bot@test.example", "Re: Plans", "what was the plan?\n",
+                           References=f"{first} {answer['Message-ID']}", In_Reply_To=answer["Message-ID"])
+        other = mail.send("alice@test.example", "bot@test.example", "Something else", "new topic\n")
+        wait_for(lambda: answer_to(follow) and answer_to(other), what="two more replies")
+        by_id = {e["detail"]["message_id"]: e["detail"]["conversation"]
+                 for e in audit(channel_daemon, "channel.inbound", "email")}
+        assert by_id[first] == by_id[follow] == f"email:dm:alice@test.example:thread:{first}"
+        assert by_id[other] == f"email:dm:alice@test.example:thread:{other}"
+    finally:
+        remove(channel_daemon, "email")

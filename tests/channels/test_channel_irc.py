@@ -48,7 +48,7 @@ def test_dm_and_channel_mention_are_answered(channel_daemon, ircd):
         alice.wait(lambda l: l.startswith(":agentbot!") and l.endswith("PRIVMSG #agents :test from agentd"))
 
         inbound = audit(channel_daemon, "channel.inbound", "irc")
-        assert [e["detail"]["conversation"] for e in inbound[:2]] == ["irc:chat:#agents", "irc:dm:alice"]
+        assert [e["detail"]["conversation"] for e in inbound[:2]] == ["irc:chat:#agents:user:alice", "irc:dm:alice"]
         outbound = [e for e in audit(channel_daemon, "channel.outbound", "irc") if not e["detail"].get("test")]
         assert outbound[0]["detail"]["in_reply_to"] == inbound[0]["detail"]["message_id"]
         # Only ids go to the audit trail, never the text.

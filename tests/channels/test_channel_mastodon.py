@@ -29,7 +29,7 @@ def test_mention_round_trip(daemon, fake):  # noqa: F811
     assert reply["in_reply_to_id"] == mention["id"] and reply["visibility"] == "public"
 
 
-def test_direct_mention_keeps_its_visibility_and_long_answers_thread(daemon, fake):  # noqa: F811
+def test_direct_mention_keeps_its_visibility_and_long_answers_thread(daemon, fake, fake_llm):  # noqa: F811
     contract.setup(daemon, CASE, fake)
     long = " ".join(f"word{i:03d}" for i in range(120))  # ~960 characters echoed back
     fake.user_says("bob@other.test", "psst &amp; <b>" + long, visibility="direct")
@@ -39,8 +39,12 @@ def test_direct_mention_keeps_its_visibility_and_long_answers_thread(daemon, fak
     assert all(len(s["status"]) <= 500 and s["status"].startswith("@bob@other.test ") for s in sent)
     assert all(s["visibility"] == "direct" for s in sent)
     assert [s["in_reply_to_id"] for s in sent[1:]] == [s["id"] for s in sent[:-1]]  # a thread
-    # The HTML was turned into text: entities decoded once, the bot's own handle dropped.
-    assert " ".join(fake.replies("bob@other.test")).startswith("echo: psst &amp; <b>word000")
+    # The HTML was turned into text: entities decoded once, the bot's own handle dropped
+    # (the reply is the agent's Markdown as plain text, which reads "&amp;" as "&").
+    asked = next(r["json"]["messages"][-1]["content"] for r in reversed(fake_llm.requests)
+                 if "word119" in str(r["json"]))
+    assert asked.startswith("psst &amp; <b>word000")
+    assert " ".join(fake.replies("bob@other.test")).startswith("echo: psst & <b>word000")
 
 
 def test_mentions_missed_while_the_stream_was_down_are_answered(daemon, fake):  # noqa: F811

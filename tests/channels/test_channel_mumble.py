@@ -41,7 +41,7 @@ def test_private_and_channel_round_trip(daemon, murmur):  # noqa: F811
         wait_for(lambda: ann.from_user("agentbot", private=False), what="channel reply")
         time.sleep(0.5)
         assert ann.from_user("agentbot", private=False) == ["ann: echo: what is new?"]
-        assert audit(daemon, "channel.inbound", "mumble")[0]["detail"]["conversation"] == "mumble:chat:Root"
+        assert audit(daemon, "channel.inbound", "mumble")[0]["detail"]["conversation"] == "mumble:chat:Root:user:ann"
     finally:
         ann.close()
 

@@ -106,7 +106,7 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
 
 @pytest.mark.parametrize("channel,body,named", [
     ("webhook", {"overrides": {"threading": True}}, "overrides.threading"),
-    ("webhook", {"overrides": {"output_format": "plain"}}, "overrides.output_format"),
+    ("webhook", {"overrides": {"output_format": "rtf"}}, "overrides.output_format"),
     ("webhook", {"overrides": {"typing_mode": "never"}}, "overrides.typing_mode"),
     ("webhook", {"overrides": {"lifecycle_reactions": True}}, "overrides.lifecycle_reactions"),
     ("webhook", {"overrides": {"group_policy": "mention-only"}}, "overrides.group_policy"),
@@ -114,12 +114,14 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
     ("webhook", {"overrides": {"rate_limit_per_user": "lots"}}, "overrides.rate_limit_per_user"),
     ("webhook", {"overrides": {"usage_footer": "loud"}}, "overrides.usage_footer"),
     ("webhook", {"overrides": {"colour": "blue"}}, "overrides.colour"),
-    ("discord", {"auto_thread": "true"}, "auto_thread"),
-    ("slack", {"thread_ttl_hours": 12}, "thread_ttl_hours"),
-    ("telegram", {"thread_routes": {"1": "helper"}}, "thread_routes"),
+    ("email", {"overrides": {"group_policy": "mention-only"}}, "overrides.group_policy"),
+    ("slack", {"overrides": {"dm_policy": "shared"}}, "overrides.dm_policy"),
+    ("slack", {"overrides": {"threading": "yes"}}, "overrides.threading"),
+    ("discord", {"auto_thread": "sometimes"}, "auto_thread"),
+    ("telegram", {"thread_routes": {"general": "helper"}}, "thread_routes"),
     ("matrix", {"refresh_token_env": "MATRIX_REFRESH"}, "refresh_token_env"),
 ])
-def test_keys_not_implemented_are_refused_naming_them(channel_daemon, channel, body, named):
+def test_keys_not_implemented_or_bad_are_refused_naming_them(channel_daemon, channel, body, named):
     before = (channel_daemon.home / "config.toml").read_text()
     response = channel_daemon.post(f"/api/channels/{channel}/configure", json=body)
     assert response.status_code == 400

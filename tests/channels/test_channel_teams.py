@@ -208,3 +208,17 @@ def test_key_documents_of_each_kind_and_a_key_endpoint_that_is_down():
     assert len([c for c in responses.calls if c.request.url.endswith("/down")]) == 2  # (one retry)
     with pytest.raises(ChannelError, match="must be http"):
         KeySet(HttpSender(), "file:///etc/passwd", "jwks").key("k1")
+
+
+def test_mention_only_answers_messages_that_mention_the_bot(channel_daemon, teams):
+    fake, url, port = teams
+    configure(channel_daemon, "teams", default_agent="helper",
+              **keys(fake, port, overrides={"group_policy": "mention-only", "dm_policy": "mention-only"}))
+    wait_active(channel_daemon, "teams")
+    assert post(url, fake.activity("no mention here", "ann"), fake.token()).status_code == 200
+    wait_for(lambda: any(e["detail"]["reason"] == "dm_policy is mention-only and the bot was not mentioned"
+                         for e in audit(channel_daemon, "channel.refused", "teams")), what="refusal")
+    mention = fake.activity("<at>HelperBot</at> now with a mention", "ann")
+    assert post(url, mention, fake.token()).status_code == 200
+    wait_for(lambda: fake.sent, what="reply")
+    assert [s["activity"]["text"] for s in fake.sent] == ["echo: now with a mention"]

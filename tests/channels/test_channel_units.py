@@ -12,7 +12,7 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
@@ -107,15 +107,6 @@ def test_edit_file_refuses_dotted_keys_and_reports_a_broken_file(tmp_path):
     with pytest.raises(ConfigEditError, match="the edited file would not parse") as caught:
         edit_file(path, ["channels", "irc"], {"server": "b"})
     assert caught.value.status == 409 and path.read_text() == "this is = = not toml"
-
-
-def test_split_text_respects_limits():
-    text = "word " * 100 + "\n\n" + "x" * 50
-    parts = split_text(text, 64)
-    assert all(len(p) <= 64 for p in parts)
-    assert " ".join(parts).split() == text.split()[:-1] + ["x" * 50]
-    assert split_text("short", 10) == ["short"]
-    assert split_text("y" * 25, 10) == ["y" * 10, "y" * 10, "y" * 5]
 
 
 @responses.activate

@@ -77,7 +77,7 @@ def test_direct_and_room_round_trip(daemon, prosody, users):  # noqa: F811
     time.sleep(0.5)
     assert bob.bodies(f"{ROOM}/agentbot") == ["bob: echo: what is new?"]
     inbound = audit(daemon, "channel.inbound", "xmpp")
-    assert inbound[0]["detail"]["conversation"] == f"xmpp:chat:{ROOM}"
+    assert inbound[0]["detail"]["conversation"].startswith(f"xmpp:chat:{ROOM}:user:")  # a session per sender
     assert inbound[1]["detail"]["conversation"] == f"xmpp:dm:ann@{DOMAIN}"
 
 

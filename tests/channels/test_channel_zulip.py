@@ -10,7 +10,7 @@ import time
 import pytest
 
 import channel_contract as contract
-from channel_contract import daemon  # noqa: F401 - module fixture
+from channel_contract import audit, daemon  # noqa: F401 - module fixture
 from channel_fixtures import wait_for
 from fakes.zulip import BOT_ID, BOT_NAME
 
@@ -44,3 +44,15 @@ def test_expired_queue_is_registered_again_and_threads_end(fake):
         assert got[0].text == "still there?" and got[0].conversation.key == "zulip:dm:ann@zulip.test"
         adapter.stop()
         assert adapter.threads_alive() == 0
+
+
+def test_each_topic_is_a_conversation_answered_in_its_topic(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake)
+    mention = f"@**{BOT_NAME}**"
+    fake.user_says("ann", f"{mention} topic one", stream="general", topic="one")
+    fake.user_says("ann", f"{mention} topic two", stream="general", topic="two")
+    wait_for(lambda: fake.replies(("general", "one")) and fake.replies(("general", "two")), what="two replies")
+    assert fake.replies(("general", "one")) == ["echo: topic one"]
+    conversations = {e["detail"]["conversation"] for e in audit(daemon, "channel.inbound", "zulip")}
+    assert {"zulip:chat:general:thread:one:user:ann@zulip.test",
+            "zulip:chat:general:thread:two:user:ann@zulip.test"} <= conversations

@@ -3,7 +3,9 @@
 
 REST under `/api/v10`: `GET /users/@me`, `GET /gateway/bot` (the gateway URL),
 `POST /channels/{id}/messages` (2000-character limit, 50035 on longer content),
-`POST /channels/{id}/typing` (204); `Authorization: Bot <token>` or 401 `{"message":
+`POST /channels/{id}/typing` (204), `POST /channels/{id}/messages/{message}/threads` (Start
+Thread from Message: a public thread, type 11, whose id is the message's; 400 code 160004
+when the message already has one; posts into it are messages of the thread channel); `Authorization: Bot <token>` or 401 `{"message":
 "401: Unauthorized", "code": 0}`; scripted 429s with Retry-After and a body `retry_after`.
 
 Gateway on `/` (and the resume URL `/resume`): HELLO (op 10), IDENTIFY (op 2: token,
@@ -13,6 +15,10 @@ the app may not use (`privileged_ok` False); RESUME (op 6) replays the session's
 client's sequence number, then RESUMED; op 9 for an unknown session. Every session keeps
 its own numbered events, so a client that resumes gets what it missed. The bot's own
 messages come back as MESSAGE_CREATE, as on Discord.
+
+Files ("Uploading Files"): a message with files is multipart/form-data, `payload_json`
+plus `files[n]` parts named by `attachments[].id`; users' attachments are served from the
+fake's CDN path `/attachments/{channel}/{id}/{filename}` (no token, as on the CDN).
 
 Message components (.../interactions/message-components): a message's `components` are
 kept; `user_clicks()` dispatches INTERACTION_CREATE (type 3) with a one-use token, answered
@@ -54,11 +60,22 @@ class FakeDiscord(FakeGateway):
         self.clicked: dict[str, dict[str, Any]] = {}           # interaction id -> the clicked message
         self.edits: list[dict[str, Any]] = []                  # PATCHed messages
         self.reactions: dict[str, list[str]] = {}              # message id -> the bot's emoji
+        self.threads: dict[str, dict[str, Any]] = {}      # thread channel id -> channel object
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
         self.snowflakes = itertools.count(int(time.time() * 1000) << 22)
         self.session_ids = itertools.count(1)
+        self.cdn: dict[str, bytes] = {}          # attachment id -> bytes
+        self.downloads: list[str] = []
+        self.uploads: list[dict[str, Any]] = []  # files the bot posted
         app, sock = self.app, self.sock
+
+        @app.get("/attachments/<channel>/<attachment>/<filename>")
+        def cdn(channel: str, attachment: str, filename: str):
+            self.downloads.append(attachment)
+            if attachment not in self.cdn:
+                return "not found", 404
+            return self.cdn[attachment], 200, {"Content-Type": "application/octet-stream"}
 
         def authorised() -> bool:
             return request.headers.get("Authorization") == f"Bot {self.token}"
@@ -83,8 +100,24 @@ class FakeDiscord(FakeGateway):
             limited = self.throttled({"message": "You are being rate limited.", "retry_after": 1.0, "global": False})
             if limited is not None:
                 return limited
-            body = request.get_json()
+            files = {}
+            if request.mimetype == "multipart/form-data":
+                body = json.loads(request.form.get("payload_json") or "{}")
+                for item in body.get("attachments") or []:
+                    part = request.files.get(f"files[{item['id']}]")
+                    if part is None:
+                        return jsonify({"code": 50035, "message": "Invalid Form Body"}), 400
+                    files[item["id"]] = {"filename": item.get("filename") or part.filename,
+                                         "content_type": part.mimetype, "data": part.read()}
+            else:
+                body = request.get_json()
             content = body.get("content") or ""
+            if files:
+                self.uploads.extend({"channel": channel, **f} for f in files.values())
+                message = self._message(channel, BOT, content, guild=self.guild_of(channel), attachments=[
+                    {"id": str(next(self.snowflakes)), "filename": f["filename"], "size": len(f["data"])}
+                    for f in files.values()])
+                return jsonify(message)
             if not content or len(content) > 2000:
                 return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"content": {
                     "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}), 400
@@ -94,6 +127,24 @@ class FakeDiscord(FakeGateway):
             self.record(channel=channel, content=content, reference=(body.get("message_reference") or {}).get(
                 "message_id"), allowed_mentions=body.get("allowed_mentions"), id=message["id"], **extra)
             return jsonify(message)
+
+        @app.post("/api/v10/channels/<channel>/messages/<message>/threads")
+        def start_thread(channel: str, message: str):
+            body = request.get_json() or {}
+            if not 1 <= len(str(body.get("name") or "")) <= 100:
+                return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"name": {
+                    "_errors": [{"code": "BASE_TYPE_BAD_LENGTH", "message": "Must be between 1 and 100 in length."}]}}}), 400
+            if message in self.threads:
+                return jsonify({"code": 160004, "message": "A thread has already been created for this message"}), 400
+            if not any(m["id"] == message and m["channel_id"] == channel for m in self.messages):
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
+            thread = {"id": message, "type": 11, "guild_id": self.guild_of(channel), "parent_id": channel,
+                      "name": body["name"], "owner_id": BOT["id"], "message_count": 0,
+                      "thread_metadata": {"archived": False, "locked": False,
+                                          "auto_archive_duration": int(body.get("auto_archive_duration") or 4320)}}
+            self.threads[message] = thread
+            self.dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+            return jsonify(thread), 201
 
         @app.post("/api/v10/channels/<channel>/typing")
         def typing(channel: str):
@@ -200,8 +251,7 @@ class FakeDiscord(FakeGateway):
         self.to_every_socket({"op": op, "d": d, "s": None, "t": None})
 
     # -- platform users ------------------------------------------------------------------
-    @staticmethod
-    def guild_of(channel: str) -> str | None:
+    def guild_of(self, channel: str) -> str | None:
         return None if channel.startswith("dm-") else GUILD
 
     def _message(self, channel: str, author: dict[str, Any], content: str, guild: str | None,
@@ -217,13 +267,37 @@ class FakeDiscord(FakeGateway):
         self.dispatch("MESSAGE_CREATE", {**message, **({"guild_id": guild} if guild else {})})
         return message
 
-    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False, bot: bool = False) -> str:
-        """A user posts (in their DM channel unless `channel`); `mention` addresses the bot."""
+    def user_says(self, user: str, text: str, channel: str = "", mention: bool = False, bot: bool = False,
+                  reply_to: str = "") -> str:
+        """A user posts (in their DM channel unless `channel`, which may be a thread's id);
+        `mention` addresses the bot, `reply_to` replies to that message (a reply to one of
+        the bot's messages carries it as `referenced_message`)."""
         channel = channel or f"dm-{user}"
         author = {"id": f"id-{user}", "username": user, "discriminator": "0", **({"bot": True} if bot else {})}
         mentions = [BOT] if mention else []
         content = f"<@{BOT['id']}> {text}" if mention else text
-        self._message(channel, author, content, self.guild_of(channel), mentions=mentions)
+        extra: dict[str, Any] = {}
+        if reply_to:
+            extra["referenced_message"] = next((m for m in self.messages if m["id"] == reply_to), None)
+        self._message(channel, author, content, self.guild_of(channel), mentions=mentions,
+                      reference={"message_id": reply_to} if reply_to else None, **extra)
+        return channel
+
+    def last_message_id(self) -> str:
+        return self.messages[-1]["id"]
+
+    def user_sends_file(self, user: str, data: bytes, filename: str, content_type: str, text: str = "",
+                        url: str = "", size: int | None = None) -> str:
+        """A user posts a file in their DM channel (`url`: where the message says it is)."""
+        channel = f"dm-{user}"
+        attachment = str(next(self.snowflakes))
+        self.cdn[attachment] = data
+        author = {"id": f"id-{user}", "username": user, "discriminator": "0"}
+        self._message(channel, author, text, None, attachments=[{
+            "id": attachment, "filename": filename, "content_type": content_type,
+            "size": len(data) if size is None else size,
+            "url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}",
+            "proxy_url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}"}])
         return channel
 
     def user_clicks(self, user: str, message: dict[str, Any], custom_id: str) -> str:

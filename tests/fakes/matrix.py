@@ -3,7 +3,17 @@ and long-poll timeout, room send with transaction ids (idempotent; `m.reaction`
 annotations too, kept in `reactions`), redact, typing; `user_edits()` sends an
 `m.replace` edit as a client does. Sent
 messages appear in the room timeline like on a real server; sends are answered 429
-(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds.
+(M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds. Users can write in a
+thread (an `m.relates_to` of `rel_type` `m.thread` naming the root event, with the
+`m.in_reply_to` fallback), reply to an event, and mention users intentionally
+(`m.mentions.user_ids`, with a matrix.to pill in `formatted_body`), as the spec describes.
+
+Media (client-server API v1.11, authenticated media): `POST /_matrix/media/v3/upload`
+answers an `mxc://` URI, `GET /_matrix/client/v1/media/download/{server}/{media}` serves
+it with the access token only; users send files as `m.image` / `m.file` messages.
+
+An event keeps its whole content (`format`, `formatted_body` beside `body`); one over
+64 KiB is 413 M_TOO_LARGE.
 
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
@@ -11,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 from flask import Flask, jsonify, request
@@ -18,6 +29,7 @@ from flask import Flask, jsonify, request
 from fakes.http import FakeServer
 
 PREFIX = "/_matrix/client/v3"
+MAX_EVENT = 65_536  # the spec's limit on an event's size (M_TOO_LARGE beyond it)
 
 
 class FakeMatrix(FakeServer):
@@ -32,7 +44,23 @@ class FakeMatrix(FakeServer):
         self.throttle: list[int] = []
         self.sent: list[dict[str, Any]] = []
         self.cond = threading.Condition()
+        self.media: dict[str, tuple[str, bytes]] = {}  # media id -> (content type, bytes)
+        self.downloads: list[str] = []
         app = Flask("fake-matrix")
+
+        @app.post("/_matrix/media/v3/upload")
+        def upload():
+            media = uuid.uuid4().hex
+            self.media[media] = (request.content_type or "application/octet-stream", request.get_data())
+            return jsonify({"content_uri": f"mxc://test/{media}"})
+
+        @app.get("/_matrix/client/v1/media/download/<server>/<media>")
+        def download(server: str, media: str):
+            self.downloads.append(media)
+            if server != "test" or media not in self.media:
+                return jsonify({"errcode": "M_NOT_FOUND", "error": "Not found"}), 404
+            kind, data = self.media[media]
+            return data, 200, {"Content-Type": kind}
 
         @app.before_request
         def auth():
@@ -51,8 +79,10 @@ class FakeMatrix(FakeServer):
         @app.after_request
         def recorded(response):
             if request.method == "PUT" and "/send/m.room.message/" in request.path and response.status_code == 200:
+                content = request.get_json()
                 self.sent.append({"room": request.path.split("/rooms/")[1].split("/")[0],
-                                  "body": request.get_json()["body"], "at": time.time()})
+                                  "body": content["body"], "relates_to": content.get("m.relates_to"),
+                                  "at": time.time()})
             return response
 
         @app.get(PREFIX + "/account/whoami")
@@ -78,9 +108,11 @@ class FakeMatrix(FakeServer):
 
         @app.put(PREFIX + "/rooms/<room>/send/m.room.message/<txn>")
         def send(room: str, txn: str):
+            if len(request.get_data()) > MAX_EVENT:
+                return jsonify({"errcode": "M_TOO_LARGE", "error": "event too large"}), 413
             with self.cond:
                 if (room, txn) not in self.txns:
-                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json()["body"])
+                    self.txns[(room, txn)] = self._add(room, self.bot, request.get_json())
             return jsonify({"event_id": self.txns[(room, txn)]})
 
         @app.put(PREFIX + "/rooms/<room>/send/m.reaction/<txn>")
@@ -113,17 +145,58 @@ class FakeMatrix(FakeServer):
 
         super().__init__(app)
 
-    def _add(self, room: str, sender: str, body: str) -> str:
+    def _add(self, room: str, sender: str, body: str | dict[str, Any]) -> str:
         event_id = f"$ev{len(self.events) + 1}"
+        content = body if isinstance(body, dict) else {"msgtype": "m.text", "body": body}
         self.events.append((room, {"type": "m.room.message", "sender": sender, "event_id": event_id,
-                                   "origin_server_ts": int(time.time() * 1000),
-                                   "content": {"msgtype": "m.text", "body": body}}))
+                                   "origin_server_ts": int(time.time() * 1000), "content": content}))
         self.cond.notify_all()
         return event_id
 
-    def user_says(self, room: str, sender: str, body: str) -> str:
+    def user_says(self, room: str, sender: str, body: str, thread: str = "", reply_to: str = "",
+                  mention: str = "") -> str:
+        """`sender` writes in `room` (in the thread whose root is `thread`, replying to the event
+        `reply_to`, mentioning the user `mention`); returns the event id."""
+        content: dict[str, Any] = {"msgtype": "m.text", "body": body}
+        if mention:
+            content["body"] = f"{mention}: {body}"
+            content["format"] = "org.matrix.custom.html"
+            content["formatted_body"] = f'<a href="https://matrix.to/#/{mention}">{mention}</a>: {body}'
+            content["m.mentions"] = {"user_ids": [mention]}
+        if thread:
+            content["m.relates_to"] = {"rel_type": "m.thread", "event_id": thread, "is_falling_back": not reply_to,
+                                       "m.in_reply_to": {"event_id": reply_to or self._last_in_thread(room, thread)}}
+        elif reply_to:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
         with self.cond:
-            return self._add(room, sender, body)
+            return self._add(room, sender, content)
+
+    def _last_in_thread(self, room: str, root: str) -> str:
+        last = root
+        for r, event in self.events:
+            relates = event["content"].get("m.relates_to") or {}
+            if r == room and relates.get("rel_type") == "m.thread" and relates.get("event_id") == root:
+                last = event["event_id"]
+        return last
+
+    def thread_of(self, event_id: str) -> str:
+        """The root of the thread the event is in ("" for the main timeline)."""
+        for _, event in self.events:
+            if event["event_id"] == event_id:
+                relates = event["content"].get("m.relates_to") or {}
+                return relates.get("event_id", "") if relates.get("rel_type") == "m.thread" else ""
+        return ""
+
+    def user_sends_file(self, room: str, sender: str, data: bytes, filename: str, mimetype: str,
+                        msgtype: str = "m.file", caption: str = "", url: str = "", size: int | None = None) -> str:
+        media = uuid.uuid4().hex
+        self.media[media] = (mimetype, data)
+        content = {"msgtype": msgtype, "body": caption or filename, "url": url or f"mxc://test/{media}",
+                   "info": {"mimetype": mimetype, "size": len(data) if size is None else size}}
+        if caption:
+            content["filename"] = filename
+        with self.cond:
+            return self._add(room, sender, content)
 
     def user_edits(self, room: str, sender: str, event_id: str, body: str) -> str:
         """`sender` edits their message `event_id` (an m.replace event, with the fallback body)."""
@@ -144,6 +217,17 @@ class FakeMatrix(FakeServer):
 
     def bot_messages(self, room: str) -> list[str]:
         return [e["content"]["body"] for r, e in self.events
+                if r == room and e["sender"] == self.bot and e["type"] == "m.room.message"
+                and e["content"].get("msgtype") == "m.text"]
+
+    def bot_files(self, room: str) -> list[dict[str, Any]]:
+        """Files the bot posted: the message's content and the uploaded bytes."""
+        return [{**e["content"], "data": self.media[e["content"]["url"].rsplit("/", 1)[1]][1]}
+                for r, e in self.events if r == room and e["sender"] == self.bot and "url" in e["content"]]
+
+    def bot_contents(self, room: str) -> list[dict[str, Any]]:
+        """The bot's messages' whole content (body, format, formatted_body)."""
+        return [e["content"] for r, e in self.events
                 if r == room and e["sender"] == self.bot and e["type"] == "m.room.message"]
 
     @property

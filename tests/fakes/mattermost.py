@@ -1,7 +1,11 @@
 """A fake Mattermost server (API v4, https://api.mattermost.com): `GET /api/v4/users/me`,
 `POST /api/v4/posts`, and the WebSocket `/api/v4/websocket` with the
 authentication_challenge handshake, `hello`, and `posted` events (post as a JSON
-string, channel_type D for direct messages). Posts of the bot come back as events.
+string, channel_type D for direct messages; `mentions`, a JSON string of the mentioned
+user ids, when the message @-mentions someone). Posts of the bot come back as events; a
+post with `root_id` is a reply in that root post's thread.
+Files: `POST /api/v4/files` (multipart: channel_id, files) answers `file_infos`, a post
+names them in `file_ids` (and `metadata.files`); `GET /api/v4/files/{id}` serves the bytes.
 Reactions: `POST /api/v4/reactions` ({user_id, post_id, emoji_name}; 400 for a user that
 is not the caller or an empty name) and `DELETE /api/v4/users/{u}/posts/{p}/reactions/{name}`,
 kept in `reactions` (post id -> names)."""
@@ -31,6 +35,8 @@ class FakeMattermost(FakeServer):
         self.hub = Hub()
         self.typing: list[str] = []
         self.reactions: dict[str, list[str]] = {}
+        self.files: dict[str, dict[str, Any]] = {}  # id -> FileInfo + data
+        self.downloads: list[str] = []
         app = Flask("fake-mattermost")
         sock = Sock(app)
 
@@ -48,8 +54,12 @@ class FakeMattermost(FakeServer):
         @app.post("/api/v4/posts")
         def create_post():
             body = request.get_json()
+            unknown = [f for f in body.get("file_ids") or [] if f not in self.files]
+            if unknown or not (body.get("message") or body.get("file_ids")):
+                return jsonify({"id": "api.post.create_post.invalid", "status_code": 400,
+                                "message": "Invalid post"}), 400
             post = self.add_post(BOT["id"], body["channel_id"], body["message"], body.get("root_id", ""),
-                                 "O", "@" + BOT["username"])
+                                 "O", "@" + BOT["username"], file_ids=body.get("file_ids") or [])
             return jsonify(post), 201
 
         @app.post("/api/v4/reactions")
@@ -69,6 +79,25 @@ class FakeMattermost(FakeServer):
                 self.reactions[post].remove(name)
             return jsonify({"status": "OK"})
 
+        @app.post("/api/v4/files")
+        def upload_files():
+            channel = request.form.get("channel_id") or request.args.get("channel_id")
+            parts = request.files.getlist("files")
+            if not channel or not parts:
+                return jsonify({"id": "api.file.upload_file.incorrect_number_of_files.app_error",
+                                "status_code": 400, "message": "Unable to upload files."}), 400
+            infos = [self.host_file(part.read(), part.filename or "file", part.mimetype, channel) for part in parts]
+            return jsonify({"file_infos": [{k: v for k, v in i.items() if k != "data"} for i in infos],
+                            "client_ids": []}), 201
+
+        @app.get("/api/v4/files/<file_id>")
+        def get_file(file_id: str):
+            self.downloads.append(file_id)
+            if file_id not in self.files:
+                return jsonify({"id": "app.file_info.get.app_error", "status_code": 404,
+                                "message": "Unable to get the file info."}), 404
+            return self.files[file_id]["data"], 200, {"Content-Type": self.files[file_id]["mime_type"]}
+
         @sock.route("/api/v4/websocket")
         def websocket(ws):
             def on_frame(ws, frame):
@@ -86,18 +115,36 @@ class FakeMattermost(FakeServer):
 
         super().__init__(app)
 
+    def host_file(self, data: bytes, name: str, mime_type: str, channel_id: str) -> dict[str, Any]:
+        file_id = f"file{next(self.ids):022d}"
+        self.files[file_id] = {"id": file_id, "name": name, "extension": name.rpartition(".")[2], "size": len(data),
+                               "mime_type": mime_type, "channel_id": channel_id, "data": data}
+        return self.files[file_id]
+
     def add_post(self, user_id: str, channel_id: str, message: str, root_id: str = "",
-                 channel_type: str = "O", sender_name: str = "") -> dict[str, Any]:
+                 channel_type: str = "O", sender_name: str = "", file_ids: list[str] = ()) -> dict[str, Any]:
         post = {"id": f"post{next(self.ids):022d}", "create_at": int(time.time() * 1000), "user_id": user_id,
                 "channel_id": channel_id, "root_id": root_id, "message": message, "type": ""}
+        if file_ids:
+            post["file_ids"] = list(file_ids)
+            post["metadata"] = {"files": [{k: v for k, v in self.files[f].items() if k != "data"} for f in file_ids]}
         self.posts.append(post)
-        self.hub.broadcast({"event": "posted", "data": {"channel_type": channel_type, "post": json.dumps(post),
-                                                       "sender_name": sender_name},
+        data = {"channel_type": channel_type, "post": json.dumps(post), "sender_name": sender_name}
+        if f"@{BOT['username']}" in message.split():
+            data["mentions"] = json.dumps([BOT["id"]])
+        self.hub.broadcast({"event": "posted", "data": data,
                             "broadcast": {"channel_id": channel_id}, "seq": next(self.seq)})
         return post
 
-    def user_says(self, user_id: str, username: str, channel_id: str, message: str, direct: bool = False) -> str:
-        return self.add_post(user_id, channel_id, message, "", "D" if direct else "O", "@" + username)["id"]
+    def user_says(self, user_id: str, username: str, channel_id: str, message: str, direct: bool = False,
+                  root_id: str = "") -> str:
+        return self.add_post(user_id, channel_id, message, root_id, "D" if direct else "O", "@" + username)["id"]
+
+    def user_sends_file(self, user_id: str, username: str, channel_id: str, data: bytes, name: str,
+                        mime_type: str, message: str = "", direct: bool = True) -> str:
+        info = self.host_file(data, name, mime_type, channel_id)
+        return self.add_post(user_id, channel_id, message, "", "D" if direct else "O", "@" + username,
+                             file_ids=[info["id"]])["id"]
 
     def bot_posts(self, channel_id: str) -> list[dict[str, Any]]:
         return [p for p in self.posts if p["channel_id"] == channel_id and p["user_id"] == BOT["id"]]

@@ -99,10 +99,11 @@ class FakeRocketChat(FakePlatform):
             self.messages.append(message)
         return message
 
-    def user_says(self, user: str, text: str, room: str = "") -> str:
-        """In the user's direct room unless `room` is given; returns the room id."""
+    def user_says(self, user: str, text: str, room: str = "", tmid: str = "") -> str:
+        """In the user's direct room unless `room` is given (in the thread of message `tmid`
+        when given); returns the room id."""
         room = room or f"DM{user.upper()}ROOM"
-        self._add(room, f"id-{user}", user, text)
+        self._add(room, f"id-{user}", user, text, tmid=tmid)
         return room
 
     def replies(self, room: str) -> list[str]:

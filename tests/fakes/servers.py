@@ -294,8 +294,10 @@ service stats {{
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.imap_port)
 
-    def send(self, sender: str, to: str, subject: str, body: str, **headers: str) -> str:
-        """A user sends mail through the SMTP server; returns its Message-ID."""
+    def send(self, sender: str, to: str, subject: str, body: str,
+             files: tuple[tuple[str, str, bytes], ...] = (), **headers: str) -> str:
+        """A user sends mail through the SMTP server (`files`: (filename, content type, bytes)
+        attachments); returns its Message-ID."""
         import smtplib
         from email.message import EmailMessage
         from email.utils import make_msgid
@@ -306,6 +308,9 @@ service stats {{
         for key, value in headers.items():
             msg[key.replace("_", "-")] = value
         msg.set_content(body)
+        for filename, kind, data in files:
+            maintype, _, subtype = kind.partition("/")
+            msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
         with smtplib.SMTP("127.0.0.1", self.smtp_port, timeout=10) as smtp:
             smtp.send_message(msg)
         return str(msg["Message-ID"])

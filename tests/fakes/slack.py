@@ -20,6 +20,12 @@ Mode, or a signed form-encoded `payload=` request in HTTP mode); `chat.update` r
 message (`updates`), `chat.postEphemeral` shows one user a message (`ephemeral`).
 `reactions.add` / `reactions.remove` take an emoji name (`invalid_name` for one that is
 not, `already_reacted`, `no_reaction`). `user_edits()` sends a `message_changed` event.
+
+Files ("Working with files", files.getUploadURLExternal, files.completeUploadExternal): a
+shared file arrives as a `file_share` message whose `files` carry `url_private_download`
+on this server (`/files-pri/...`, served only with the bot token); uploads are form
+fields, the bytes go to the one-use `upload_url`, and the completed files are recorded
+in `shared` with their channel and thread.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import itertools
 import json
 import re
 import time
-from urllib.parse import urlencode
+import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 from flask import jsonify, request
@@ -64,7 +71,60 @@ class FakeSlack(FakeGateway):
         self.updates: list[dict[str, Any]] = []     # chat.update calls
         self.ephemeral: list[dict[str, Any]] = []   # chat.postEphemeral calls
         self.reactions: dict[tuple[str, str], list[str]] = {}  # (channel, ts) -> the bot's reaction names
+        self.hosted: dict[str, bytes] = {}          # file id -> bytes served under /files-pri/
+        self.downloads: list[str] = []
+        self.pending: dict[str, dict[str, Any]] = {}  # upload tickets: file id -> filename, length, bytes
+        self.shared: list[dict[str, Any]] = []      # completed uploads
         app, sock = self.app, self.sock
+
+        @app.get("/files-pri/<team>-<file_id>/download/<name>")
+        def file_private(team: str, file_id: str, name: str):
+            if token() != self.bot_token:  # Slack answers an HTML login page; the bytes never leak
+                return "<html>sign in</html>", 302, {"Location": "https://slack.com/signin"}
+            self.downloads.append(file_id)
+            if file_id not in self.hosted:
+                return "not found", 404
+            return self.hosted[file_id], 200, {"Content-Type": "application/octet-stream"}
+
+        @app.post("/api/files.getUploadURLExternal")
+        def get_upload_url():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            if request.is_json:
+                return jsonify({"ok": False, "error": "invalid_arguments"})  # form fields only
+            filename, length = request.form.get("filename") or "", request.form.get("length") or ""
+            if not filename or not length.isdigit():
+                return jsonify({"ok": False, "error": "invalid_arguments"})
+            file_id = f"F{len(self.pending) + 1:08d}"
+            self.pending[file_id] = {"filename": filename, "length": int(length), "data": None}
+            return jsonify({"ok": True, "upload_url": f"{self.url}/upload/v1/{file_id}", "file_id": file_id})
+
+        @app.post("/upload/v1/<file_id>")
+        def upload(file_id: str):
+            ticket = self.pending.get(file_id)
+            if ticket is None or ticket["data"] is not None:
+                return "invalid upload", 404
+            sent = request.files.get("file")
+            ticket["data"] = sent.read() if sent is not None else request.get_data()
+            ticket["content_type"] = sent.mimetype if sent is not None else request.content_type
+            return f"OK - {len(ticket['data'])}", 200
+
+        @app.post("/api/files.completeUploadExternal")
+        def complete_upload():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            files = json.loads(request.form.get("files") or "[]")
+            done = []
+            for item in files:
+                ticket = self.pending.get(item.get("id"))
+                if ticket is None or ticket["data"] is None or len(ticket["data"]) != ticket["length"]:
+                    return jsonify({"ok": False, "error": "file_upload_size_mismatch"})
+                self.shared.append({"id": item["id"], "title": item.get("title"), "filename": ticket["filename"],
+                                    "content_type": ticket["content_type"], "data": ticket["data"],
+                                    "channel": request.form.get("channel_id"),
+                                    "thread_ts": request.form.get("thread_ts")})
+                done.append({"id": item["id"], "title": item.get("title")})
+            return jsonify({"ok": True, "files": done})
 
         def token() -> str:
             return request.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -104,7 +164,7 @@ class FakeSlack(FakeGateway):
             message = {"type": "message", "text": text, "user": BOT_USER, "bot_id": BOT_ID, "ts": ts,
                        **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
             self.record(channel=channel, text=text, thread_ts=body.get("thread_ts"),
-                        unfurl_links=body.get("unfurl_links"), ts=ts,
+                        unfurl_links=body.get("unfurl_links"), ts=ts, mrkdwn=body.get("mrkdwn", True),
                         **({"blocks": body["blocks"]} if body.get("blocks") else {}))
             self.event({**message, "channel": channel, "channel_type": "im" if channel.startswith("D") else "channel"})
             return jsonify({"ok": True, "channel": channel, "ts": ts, "message": message})
@@ -266,6 +326,20 @@ class FakeSlack(FakeGateway):
                     "message": {"type": "message", "user": user, "text": text, "ts": ts, "team": TEAM,
                                 "edited": {"user": user, "ts": edited_ts}},
                     "previous_message": {"type": "message", "user": user, "text": old.get("text", ""), "ts": ts}})
+
+    def user_shares_file(self, user: str, data: bytes, name: str, mimetype: str, text: str = "",
+                         url: str = "", size: int | None = None) -> str:
+        """User `user` shares a file in their DM with the bot (`url`: where the event says it is)."""
+        file_id = f"F{uuid.uuid4().hex[:10].upper()}"
+        self.hosted[file_id] = data
+        channel, ts = f"D{user}", self.ts()
+        item = {"id": file_id, "name": name, "title": name, "mimetype": mimetype, "filetype": name.rpartition(".")[2],
+                "size": len(data) if size is None else size,
+                "url_private": url or f"{self.url}/files-pri/{TEAM}-{file_id}/{name}",
+                "url_private_download": url or f"{self.url}/files-pri/{TEAM}-{file_id}/download/{name}"}
+        self.event({"type": "message", "subtype": "file_share", "text": text, "user": user, "ts": ts,
+                    "channel": channel, "channel_type": "im", "team": TEAM, "files": [item]})
+        return channel
 
     def disconnect(self, reason: str = "refresh_requested") -> None:
         self.to_every_socket({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}})

@@ -130,7 +130,11 @@ class FakeBotFramework(FakeServer):
 
     def activity(self, text: str, user: str, conversation_type: str = "personal", conversation: str = "",
                  tenant: str = "tenant-1", channel: str = "msteams", service_url: str = "") -> dict[str, Any]:
-        return {"type": "message", "id": str(int(time.time() * 1e6)), "timestamp": "2026-11-23T12:00:00.000Z",
+        """A message activity; an `<at>HelperBot</at>` in the text mentions the bot, carried as a
+        `mention` entity naming the bot's account, as Teams sends it."""
+        entities = [{"type": "mention", "text": "<at>HelperBot</at>",
+                     "mentioned": {"id": "28:" + self.app_id, "name": "HelperBot"}}] if "<at>HelperBot</at>" in text else []
+        return {"type": "message", "entities": entities, "id": str(int(time.time() * 1e6)), "timestamp": "2026-11-23T12:00:00.000Z",
                 "serviceUrl": service_url or self.service_url, "channelId": channel,
                 "from": {"id": "29:" + user, "name": user.title(), "aadObjectId": "aad-" + user},
                 "conversation": {"id": conversation or "a:1" + user, "conversationType": conversation_type,

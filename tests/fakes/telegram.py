@@ -4,15 +4,32 @@
 `reply_markup`), sendChatAction, setMessageReaction (only the emoji of Telegram's
 reaction list: REACTION_INVALID otherwise), answerCallbackQuery, editMessageText.
 Users "write" with `user_says()`, change a message with `user_edits()` and press an
-inline button with `user_presses()`."""
+inline button with `user_presses()`.
+
+As on Telegram: an `@username` in the text comes with a `mention` entity (offsets in UTF-16
+code units); a reply carries the replied-to message as `reply_to_message`; in a forum
+supergroup a message of a topic carries `message_thread_id` and `is_topic_message`, and
+`sendMessage` with `message_thread_id` posts into that topic (400 "message thread not
+found" for a topic the chat does not have).
+
+Files: getFile and `GET /file/bot<token>/<file_path>`, sendPhoto and sendDocument
+(multipart/form-data); users send files with `user_sends_file()`.
+
+sendMessage with `parse_mode: HTML` parses the text as the Bot API does ("Formatting
+options", HTML style): only its tags, `<`, `>` and `&` escaped outside them, only the
+named entities &lt; &gt; &amp; &quot;; anything else is 400 "can't parse entities". The
+message keeps the text without tags and the entities (offsets in UTF-16 units), and text
+longer than 4096 UTF-16 units after parsing is 400 "message is too long"."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 import time
+from html.parser import HTMLParser
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, jsonify, redirect, request
 
 from fakes.http import FakeServer
 
@@ -29,6 +46,72 @@ REACTION_EMOJI = set("👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢
                      "🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡".split())
 
 
+ENTITY_TAGS = {"b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline",
+               "ins": "underline", "s": "strikethrough", "strike": "strikethrough", "del": "strikethrough",
+               "code": "code", "pre": "pre", "a": "text_link", "blockquote": "blockquote",
+               "tg-spoiler": "spoiler", "span": "spoiler"}
+NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
+MAX_TEXT = 4096
+
+
+class CannotParse(Exception):
+    pass
+
+
+def units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+class BotHtml(HTMLParser):
+    """parse_mode HTML: the message text and its entities, or CannotParse."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.text = ""
+        self.open: list[tuple[str, dict[str, Any], int]] = []
+        self.entities: list[dict[str, Any]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in ENTITY_TAGS:
+            raise CannotParse(f'unsupported start tag "{tag}"')
+        self.open.append((tag, dict(attrs), units(self.text)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.open or self.open[-1][0] != tag:
+            raise CannotParse(f'unmatched end tag "{tag}"')
+        tag, attrs, start = self.open.pop()
+        entity = {"type": ENTITY_TAGS[tag], "offset": start, "length": units(self.text) - start}
+        if tag == "a":
+            entity["url"] = attrs.get("href") or ""
+        language = (attrs.get("class") or "").removeprefix("language-")
+        if tag == "code" and self.open and self.open[-1][0] == "pre" and language:
+            self.open[-1][1]["language"] = language  # <pre><code class="language-x">: one pre entity
+            return
+        if tag == "pre" and attrs.get("language"):
+            entity["language"] = attrs["language"]
+        self.entities.append(entity)
+
+    def handle_data(self, data: str) -> None:
+        if any(c in data for c in "<>&"):
+            raise CannotParse("unescaped <, > or & outside a tag")
+        self.text += data
+
+    def handle_entityref(self, name: str) -> None:
+        if name not in NAMED:
+            raise CannotParse(f'unsupported entity "&{name};"')
+        self.text += NAMED[name]
+
+    def handle_charref(self, name: str) -> None:
+        self.text += chr(int(name[1:], 16) if name[:1] in "xX" else int(name))
+
+    def parse(self, html: str) -> tuple[str, list[dict[str, Any]]]:
+        self.feed(html)
+        self.close()
+        if self.open:
+            raise CannotParse(f'unclosed start tag "{self.open[-1][0]}"')
+        return self.text, sorted(self.entities, key=lambda e: (e["offset"], -e["length"]))
+
+
 class FakeTelegram(FakeServer):
     def __init__(self, token: str) -> None:
         self.token = token
@@ -43,12 +126,31 @@ class FakeTelegram(FakeServer):
         self.next_update = 100
         self.next_message = 1
         self.throttle: list[int] = []
+        self.messages: dict[int, dict[str, Any]] = {}   # message_id -> message (users' and the bot's)
+        self.topics: dict[int, set[int]] = {}           # forum chat id -> its topics' message_thread_id
         self.broken = False  # getUpdates answers 502 HTML while set  # Retry-After seconds for the next sendMessage calls
         self.cond = threading.Condition()
+        self.files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, bytes)
+        self.downloads: list[str] = []  # file_paths fetched
+        self.redirect_files = ""  # a URL file downloads are redirected to, while set
+        self.uploaded: list[dict[str, Any]] = []  # sendPhoto / sendDocument calls
         app = Flask("fake-telegram")
+
+        @app.get("/file/bot<token>/<path:file_path>")
+        def download(token: str, file_path: str):
+            if token != self.token:
+                return jsonify({"ok": False, "error_code": 401, "description": "Unauthorized"}), 401
+            self.downloads.append(file_path)
+            if self.redirect_files:
+                return redirect(self.redirect_files, 302)
+            data = next((d for path, d in self.files.values() if path == file_path), None)
+            if data is None:
+                return jsonify({"ok": False, "error_code": 404, "description": "Not Found"}), 404
+            return data, 200, {"Content-Type": "application/octet-stream"}
 
         def params() -> dict[str, Any]:
             data = dict(request.args)
+            data.update(request.form.to_dict())
             data.update(request.get_json(silent=True) or {})
             return data
 
@@ -59,7 +161,9 @@ class FakeTelegram(FakeServer):
             handler = {"getMe": self._get_me, "getUpdates": self._get_updates,
                        "sendMessage": self._send_message, "sendChatAction": self._chat_action,
                        "setMessageReaction": self._reaction, "answerCallbackQuery": self._answer_callback,
-                       "editMessageText": self._edit_text}.get(method)
+                       "editMessageText": self._edit_text,
+                       "getFile": self._get_file, "sendPhoto": self._send_upload,
+                       "sendDocument": self._send_upload}.get(method)
             if handler is None:
                 return jsonify({"ok": False, "error_code": 404, "description": "Not Found"}), 404
             return handler(params())
@@ -93,14 +197,34 @@ class FakeTelegram(FakeServer):
             return response, 429  # Telegram says when in parameters.retry_after
         if "chat_id" not in p or not p.get("text"):
             return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"}), 400
+        chat_id, topic = int(p["chat_id"]), p.get("message_thread_id")
+        if topic is not None and int(topic) not in self.topics.get(chat_id, set()):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message thread not found"}), 400
+        text, entities = p["text"], []
+        if p.get("parse_mode") == "HTML":
+            try:
+                text, entities = BotHtml().parse(p["text"])
+            except CannotParse as exc:
+                return jsonify({"ok": False, "error_code": 400,
+                                "description": f"Bad Request: can't parse entities: {exc}"}), 400
+        elif p.get("parse_mode"):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: unsupported parse_mode"}), 400
+        if units(text) > MAX_TEXT:
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: message is too long"}), 400
         self.next_message += 1
         message = {"message_id": self.next_message, "date": int(time.time()),
-                   "chat": {"id": int(p["chat_id"])}, "text": p["text"]}
+                   "from": {"id": 999, "is_bot": True, "first_name": "Agent", "username": "agentd_bot"},
+                   "chat": {"id": chat_id}, "text": text}
+        if entities:
+            message["entities"] = entities
+        if topic is not None:
+            message.update(message_thread_id=int(topic), is_topic_message=True)
+        self.messages[message["message_id"]] = message
         if p.get("reply_to_message_id"):
-            message["reply_to_message_id"] = p["reply_to_message_id"]
+            message = {**message, "reply_to_message_id": p["reply_to_message_id"]}
         if p.get("reply_markup"):
-            message["reply_markup"] = p["reply_markup"]
-        self.sent.append({**message, "at": time.time()})
+            message = {**message, "reply_markup": p["reply_markup"]}
+        self.sent.append({**message, "at": time.time(), "raw": p["text"], "parse_mode": p.get("parse_mode")})
         return jsonify({"ok": True, "result": message})
 
     def _reaction(self, p):
@@ -163,13 +287,65 @@ class FakeTelegram(FakeServer):
                                                    "text": message["text"]}}})
         return query_id
 
+    def _get_file(self, p):
+        known = self.files.get(str(p.get("file_id") or ""))
+        if known is None:
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: invalid file_id"}), 400
+        path, data = known
+        return jsonify({"ok": True, "result": {"file_id": p["file_id"], "file_unique_id": p["file_id"][-6:],
+                                               "file_size": len(data), "file_path": path}})
+
+    def _send_upload(self, p):
+        field = "photo" if request.path.endswith("/sendPhoto") else "document"
+        sent = request.files.get(field)
+        if "chat_id" not in p or sent is None:
+            return jsonify({"ok": False, "error_code": 400,
+                            "description": f"Bad Request: there is no {field} in the request"}), 400
+        self.next_message += 1
+        data = sent.read()
+        self.uploaded.append({"method": request.path.rsplit("/", 1)[1], "chat_id": int(p["chat_id"]),
+                              "filename": sent.filename, "content_type": sent.mimetype, "data": data,
+                              "message_id": self.next_message})
+        return jsonify({"ok": True, "result": {"message_id": self.next_message, "date": int(time.time()),
+                                               "chat": {"id": int(p["chat_id"])}}})
+
+    def user_sends_file(self, user_id: int, data: bytes, kind: str = "document", filename: str = "",
+                        mime_type: str = "", caption: str = "", file_size: int | None = None) -> int:
+        """A user sends a photo or document (`kind`); the bytes are served through getFile."""
+        file_id = f"AgAC{uuid.uuid4().hex}"
+        self.files[file_id] = (f"{'photos' if kind == 'photo' else 'documents'}/file_{len(self.files)}"
+                               f"{'.jpg' if kind == 'photo' else ''}", data)
+        size = len(data) if file_size is None else file_size
+        if kind == "photo":
+            item: Any = [{"file_id": file_id + "s", "file_unique_id": "s", "width": 90, "height": 90,
+                          "file_size": 10},
+                         {"file_id": file_id, "file_unique_id": file_id[-6:], "width": 800, "height": 800,
+                          "file_size": size}]
+        else:
+            item = {"file_id": file_id, "file_unique_id": file_id[-6:], "file_name": filename,
+                    "mime_type": mime_type, "file_size": size}
+        with self.cond:
+            with _ids_lock:
+                _last_update_id[0] += 1
+                self.next_update = _last_update_id[0]
+            self.next_message += 1
+            message = {"message_id": self.next_message, "date": int(time.time()),
+                       "from": {"id": user_id, "is_bot": False, "first_name": str(user_id)},
+                       "chat": {"id": user_id, "type": "private"}, kind: item}
+            if caption:
+                message["caption"] = caption
+            self.updates.append({"update_id": self.next_update, "message": message})
+            self.cond.notify_all()
+            return self.next_message
+
     def _chat_action(self, p):
         self.actions.append(dict(p))
         return jsonify({"ok": True, "result": True})
 
     def user_says(self, user_id: int, text: str, username: str = "", chat_id: int | None = None,
-                  chat_type: str = "private") -> int:
-        """A user sends the bot a message; returns its message_id."""
+                  chat_type: str = "private", reply_to: int = 0, topic: int = 0) -> int:
+        """A user sends the bot a message (replying to message `reply_to`, in forum topic
+        `topic`); returns its message_id."""
         with self.cond:
             with _ids_lock:
                 _last_update_id[0] += 1
@@ -179,9 +355,24 @@ class FakeTelegram(FakeServer):
             if username:
                 sender["username"] = username
             chat = {"id": chat_id or user_id, "type": chat_type}
-            self.updates.append({"update_id": self.next_update, "message": {
-                "message_id": self.next_message, "from": sender, "chat": chat,
-                "date": int(time.time()), "text": text}})
+            message: dict[str, Any] = {"message_id": self.next_message, "from": sender, "chat": chat,
+                                       "date": int(time.time()), "text": text}
+            entities, offset = [], 0
+            for word in text.split(" "):
+                if word.startswith("@") and len(word) > 1:
+                    entities.append({"type": "mention", "offset": offset,
+                                     "length": len(word.encode("utf-16-le")) // 2})
+                offset += len((word + " ").encode("utf-16-le")) // 2
+            if entities:
+                message["entities"] = entities
+            if topic:
+                chat["is_forum"] = True
+                self.topics.setdefault(chat["id"], set()).add(topic)
+                message.update(message_thread_id=topic, is_topic_message=True)
+            if reply_to:
+                message["reply_to_message"] = self.messages[reply_to]
+            self.messages[message["message_id"]] = message
+            self.updates.append({"update_id": self.next_update, "message": message})
             self.cond.notify_all()
             return self.next_message
 

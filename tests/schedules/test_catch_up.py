@@ -27,8 +27,8 @@ def test_missed_due_times_after_a_restart(tmp_path, fake_llm) -> None:
                                                "action": {"kind": "agent_turn", "message": "x"}}).json()
         d.stop()
         time.sleep(3)  # due times of each job pass while the daemon is down (and it takes a moment to start)
+        started = time.time()  # the scheduler runs before start() returns
         d.start()
-        started = time.time()
 
         def history(job_id: str) -> list[dict]:
             return list(reversed(d.get(f"/api/cron/jobs/{job_id}/runs").json()))

@@ -515,14 +515,16 @@ def test_a_graceful_stop_ends_a_run_saying_the_daemon_stops(tmp_path: Path, fake
     d = Daemon(make_home(tmp_path / "graceful", llm_config(fake_llm)), env_extra=LLM_ENV).start()
     try:
         spawn(d, "sleeper")
+        nonce = uuid.uuid4().hex  # the fake LLM is the session's: other tests' prompts are in its log
+        step = {**step, "prompt": step["prompt"].replace("zz", nonce)}
         wid = create(d, [{"name": "first", "agent_name": "sleeper"}, {**step, "agent_name": "sleeper"}])
         answers: list = []
         waiter = threading.Thread(target=lambda: answers.append(
             d.post(f"/api/workflows/{wid}/run", json={"input": "x"}, timeout=60)), daemon=True)
         waiter.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
-                "zz" in str(r["json"]) for r in fake_llm.requests):
+                nonce in str(r["json"]) for r in fake_llm.requests):
             time.sleep(0.05)
         time.sleep(0.3)
     finally:

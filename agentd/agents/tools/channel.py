@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import mimetypes
+import os
 from typing import Any
 
 from agentd.agents.handle import MESSAGE_LIMIT
@@ -33,18 +35,16 @@ from agentd.errors import AgentdError
                                                       "message_thread_id, Slack thread_ts)"}},
       ("channel", "recipient"), family="channels")
 def channel_send(ctx: ToolContext, args: dict[str, Any]) -> str:
-    if args.get("file_path"):
-        raise ToolError("file_path attachments are not supported: the channel adapters send text; "
-                        "put a link (file_url or image_url) in the message instead")
-    # Adapters send text: a media URL goes in the message, where every platform shows it.
+    attached = _workspace_file(ctx, args) if args.get("file_path") else None
+    # A media URL goes in the message, where every platform shows it.
     parts = [args.get("message") or ""]
     for key in ("image_url", "file_url"):
         if args.get(key):
             parts.append(args[key] if not args.get("filename") or key == "image_url"
                          else f"{args['filename']}: {args[key]}")
     text = "\n".join(p for p in parts if p).strip()
-    if not text:
-        raise ToolError("nothing to send: give a message, image_url or file_url")
+    if not text and attached is None:
+        raise ToolError("nothing to send: give a message, image_url, file_url or file_path")
     if len(text.encode()) > MESSAGE_LIMIT:
         raise ToolError(f"message too large: at most {MESSAGE_LIMIT // 1024} KB, as for messages agents receive")
     meta: dict[str, Any] = {}
@@ -55,7 +55,25 @@ def channel_send(ctx: ToolContext, args: dict[str, Any]) -> str:
     services = ctx.require_services()
     try:
         sent = services.channel_send(args["channel"], args["recipient"], text,
-                                     agent=ctx.agent_name, meta=meta)
+                                     agent=ctx.agent_name, meta=meta, file=attached)
     except AgentdError as exc:
         raise ToolError(exc.message) from None
     return json.dumps({"status": "sent", **sent})
+
+
+def _workspace_file(ctx: ToolContext, args: dict[str, Any]) -> tuple[str, str, bytes]:
+    """(filename, type sniffed from the bytes, bytes) of a file in the agent's workspace."""
+    from agentd.agents.handle import UPLOAD_LIMIT
+    from agentd.agents.tools.files import confine
+    from agentd.filetypes import sniff
+
+    path = confine(ctx, str(args["file_path"]))
+    if not path.is_file():
+        raise ToolError(f"no such file in the workspace: {args['file_path']}")
+    if path.stat().st_size > UPLOAD_LIMIT:
+        raise ToolError(f"{args['file_path']} is larger than {UPLOAD_LIMIT} bytes")
+    data = path.read_bytes()
+    if not data:
+        raise ToolError(f"{args['file_path']} is empty")
+    name = os.path.basename(str(args.get("filename") or "")) or path.name
+    return name, sniff(data, mimetypes.guess_type(name)[0] or ""), data

@@ -18,10 +18,9 @@ from typing import Any
 from agentd.agents.handle import UPLOAD_LIMIT
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.agents.tools.files import confine, workspace_root
+from agentd.filetypes import sniff
 
 AUDIO_LIMIT = 25 * 1024 * 1024  # OpenAI's documented cap for one transcription upload
-IMAGE_TYPES = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF87a": "image/gif",
-               b"GIF89a": "image/gif"}
 AUDIO_TYPES = {".mp3": "audio/mpeg", ".wav": "audio/wav", ".ogg": "audio/ogg", ".flac": "audio/flac",
                ".m4a": "audio/mp4", ".webm": "audio/webm", ".mp4": "audio/mp4", ".mpga": "audio/mpeg",
                ".oga": "audio/ogg", ".opus": "audio/ogg"}
@@ -33,11 +32,9 @@ TRANSCRIBE_MODELS = {"groq": "whisper-large-v3"}  # else whisper-1
 
 
 def _image_type(data: bytes) -> str:
-    for magic, mime in IMAGE_TYPES.items():
-        if data.startswith(magic):
-            return mime
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
+    mime = sniff(data, "")
+    if mime in ("image/png", "image/jpeg", "image/gif", "image/webp"):
+        return mime
     raise ToolError("not an image this tool reads (PNG, JPEG, GIF or WebP)")
 
 

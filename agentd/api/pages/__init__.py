@@ -115,3 +115,4 @@ from agentd.api.pages import (agents, apidoc, autonomy, auth, catalog, channels,
                               workflows)
 from agentd.api.pages import skills  # noqa: E402,F401
 from agentd.api.pages import schedules  # noqa: E402,F401
+from agentd.api.pages import audit, channel_config, logs, settings, setup  # noqa: E402,F401

@@ -8,7 +8,8 @@ from flask import current_app, render_template, request, url_for
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import MODES
-from agentd.agents.manifest import MANIFEST_LIMIT
+from agentd.agents import manifest_edit
+from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, run_fields
@@ -33,7 +34,12 @@ def _page_number(name: str = "page") -> int:
         return 1
 
 
-def _agents_page(status: int = 200, error: str = "", manifest: str = ""):
+def model_choices() -> list[str]:
+    """The model picker's entries: `provider/model` for each catalogue model."""
+    return [f"{m.provider}/{m.id}" for m in kernel().catalog.models()]
+
+
+def _agents_page(status: int = 200, error: str = "", manifest: str = "", form: dict | None = None):
     agents = kernel().agents
     query = (request.args.get("q") or "").strip()
     handles = principal().visible(agents.handles())
@@ -46,7 +52,8 @@ def _agents_page(status: int = 200, error: str = "", manifest: str = ""):
     items = [agents.list_item(h) for h in handles[first:first + PAGE_SIZE]]
     return render_template("agents.html", agents=items, total=len(handles), first=first, page=number,
                            pages=pages, query=query, spend=_spend_by_agent(), error=error,
-                           manifest=manifest), status
+                           manifest=manifest, form=form or {}, models=model_choices(), profiles=sorted(PROFILES),
+                           modes=MODES, default=kernel().config.default_model), status
 
 
 @bp.get("/agents")
@@ -56,19 +63,74 @@ def agents_list():
 
 @bp.post("/agents")
 def agents_spawn():
+    """Spawn from the form's fields, or from the raw TOML manifest when one is given."""
+    form = {key: request.form.get(key, "") for key in ("name", "model", "profile", "mode", "system_prompt")}
     manifest = request.form.get("manifest_toml", "")
+    k = kernel()
     try:
         if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
             raise PayloadTooLarge("manifest too large (max 1 MB)")
         if not manifest.strip():
-            raise BadRequest("invalid request: manifest_toml is required")
-        handle = kernel().agents.spawn(manifest, None)
+            if "name" not in request.form:  # a client posting only the manifest, as to the API
+                raise BadRequest("invalid request: manifest_toml is required")
+            if not form["name"].strip():
+                raise BadRequest("name is required (or give a TOML manifest)")
+            if form["mode"] and form["mode"] not in MODES:
+                raise BadRequest(f"mode must be one of {', '.join(MODES)}")
+            manifest_text = manifest_edit.build(form["name"], form["model"], form["profile"], form["system_prompt"])
+        else:
+            manifest_text = manifest
+        handle = k.agents.spawn(manifest_text, None)
     except AgentdError as exc:
         # Shown inline above the form, which keeps what was typed.
-        return _agents_page(exc.status, exc.message, manifest)
+        return _agents_page(exc.status, exc.message, manifest, form)
+    if form["mode"] and form["mode"] != handle.mode:
+        k.agents.set_mode(handle, form["mode"])
     # The same warnings POST /api/agents answers (a missing provider key, unknown keys).
-    return see_other_with("pages.agent_page", kernel().agents.spawn_warnings(handle), ok=False,
+    warnings = k.agents.spawn_warnings(handle)
+    return see_other_with("pages.agent_page", [f"agent {handle.name} spawned"] + warnings, ok=not warnings,
                           agent_id=handle.id)
+
+
+def _edit_page(handle: Any, status: int = 200, error: str = "", manifest: str | None = None):
+    k = kernel()
+    return render_template("agent_edit.html", agent=k.agents.summary(handle),
+                           manifest=handle.manifest.toml_text if manifest is None else manifest,
+                           model=f"{handle.provider}/{handle.model}", models=model_choices(), error=error), status
+
+
+@bp.get("/agents/<agent_id>/edit")
+def agent_edit(agent_id: str):
+    return _edit_page(kernel().agents.get(agent_id))
+
+
+@bp.post("/agents/<agent_id>/manifest")
+def agent_manifest(agent_id: str):
+    """Replace the manifest as PUT /api/agents/{id}/manifest does."""
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    manifest = request.form.get("manifest_toml", "")
+    try:
+        if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
+            raise PayloadTooLarge("manifest too large (max 1 MB)")
+        warnings = agents.update_manifest(handle, manifest)
+    except AgentdError as exc:
+        return _edit_page(handle, exc.status, exc.message, manifest)
+    return see_other_with("pages.agent_page", [f"agent {handle.name}: manifest saved"] + warnings,
+                          ok=not warnings, agent_id=handle.id)
+
+
+@bp.post("/agents/<agent_id>/model")
+def agent_model(agent_id: str):
+    """Set the model as PUT /api/agents/{id}/model does."""
+    agents = kernel().agents
+    handle = agents.get(agent_id)
+    try:
+        warnings = agents.set_model(handle, request.form.get("model", ""))
+    except AgentdError as exc:
+        return see_other_with("pages.agent_edit", [f"model: {exc.message}"], ok=False, agent_id=handle.id)
+    return see_other_with("pages.agent_page", [f"agent {handle.name}: model set to {handle.provider}/{handle.model}"]
+                          + warnings, ok=not warnings, agent_id=handle.id)
 
 
 def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = ""):

@@ -13,6 +13,7 @@ from typing import Any
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.channel_config import PROBLEMS
 from agentd.kernel import Kernel
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "data" / "channels.json"
@@ -57,6 +58,11 @@ def channels():
     category = request.args.get("category") or ""
     categories = sorted({r.get("category", "") for r in rows if r.get("category")})
     shown = [r for r in rows if not category or r.get("category") == category]
+    events = _channel_events(k)
+    last_errors: dict[str, dict[str, Any]] = {}
+    for event in events or []:  # newest first: the first problem seen per channel is its last
+        if event["event"] in PROBLEMS:
+            last_errors.setdefault(event["subject"], event)
     return render_template("channels.html", channels=shown, live=live, categories=categories,
                            category=category, configured=sum(1 for r in rows if r.get("configured")),
-                           total=len(rows), events=_channel_events(k))
+                           total=len(rows), events=events, last_errors=last_errors)

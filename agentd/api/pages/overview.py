@@ -6,7 +6,7 @@ from collections import Counter
 
 from flask import current_app, render_template
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, kernel, see_other
 from agentd.api.principal import principal
 from agentd.api.pages.channels import channel_rows
 
@@ -14,6 +14,8 @@ from agentd.api.pages.channels import channel_rows
 @bp.get("/")
 def index():
     k = kernel()
+    if k.first_run.needed() and principal().is_admin:  # setting a provider up is the admin's
+        return see_other("pages.setup")
     pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
     # GET /api/health/detail's figures; agent states counted from the handles (the full
     # /api/status body would build a summary of every agent only to count them).

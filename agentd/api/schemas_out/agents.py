@@ -10,7 +10,7 @@ from agentd.api.schemas_out.base import Bool, Int, NullStr, Out, Str, reply, req
 # -- system ------------------------------------------------------------------------
 
 class HealthSchema(Out):
-    status = Str(metadata={"example": "ok"})
+    status = status("ok", "degraded")
 
 
 class HealthDetailSchema(Out):
@@ -145,6 +145,8 @@ class SessionSchema(Out):
 
 
 ModeSetSchema = reply("ModeSetSchema", "updated", agent_id=Str(), mode=Str())
+AgentUpdatedSchema = reply("AgentUpdatedSchema", "updated", agent_id=Str(), model_provider=Str(), model_name=Str(),
+                           warnings=req(fields.List(fields.String())))
 KilledSchema = reply("KilledSchema", "killed", agent_id=Str())
 
 

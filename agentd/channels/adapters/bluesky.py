@@ -12,11 +12,11 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class BlueskyAdapter(PollingAdapter):
     max_message_len = 300
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.base = str(self.settings.get("service_url") or "https://bsky.social").rstrip("/")
@@ -75,7 +75,7 @@ class BlueskyAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         root, parent, uris = conversation.meta.get("root"), conversation.meta.get("parent"), []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             record: dict[str, Any] = {"$type": "app.bsky.feed.post", "text": part, "createdAt": _now()}
             if root and parent:
                 record["reply"] = {"root": root, "parent": parent}

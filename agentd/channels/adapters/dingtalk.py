@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://oapi.dingtalk.com"
@@ -31,6 +31,7 @@ def dingtalk_sign(secret: str, timestamp: str) -> str:
 
 class DingTalkAdapter(WebhookAdapter):
     max_message_len = 5000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -81,7 +82,7 @@ class DingTalkAdapter(WebhookAdapter):
         return url if (theirs.scheme, theirs.netloc) == (ours.scheme, ours.netloc) else ""
 
     def send(self, conversation: Conversation, text: str) -> str:
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             payload: dict[str, Any] = {"msgtype": "text", "text": {"content": part}}
             session = conversation.meta.get("session_webhook") or ""
             expires = int(conversation.meta.get("session_expires") or 0)

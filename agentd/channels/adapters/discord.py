@@ -9,6 +9,16 @@ afresh. REST: `POST /channels/{id}/messages` (2000 characters each), `POST
 /channels/{id}/typing`, `Authorization: Bot <token>`; 429s carry `retry_after` (seconds)
 in the body and Retry-After, which the shared sender honours.
 
+With `auto_thread = "true"` (or `overrides.threading = true`) a guild message the bot
+answers gets a thread of its own (`POST /channels/{id}/messages/{message}/threads`, Start
+Thread from Message: the thread takes the message's id); the answer and the rest of that
+conversation go there, and messages in it need no mention. A thread is a conversation of
+its own; the bot counts as mentioned when the message mentions it or replies to it.
+
+Files: a message's `attachments` are fetched from their `url`, only from Discord's CDN
+(cdn.discordapp.com, media.discordapp.net, or the host of `api_url`); files go out as a
+multipart `POST /channels/{id}/messages` (`payload_json` and `files[0]`).
+
 Approvals carry message components (an action row of two buttons); a click arrives as
 INTERACTION_CREATE (type 3, `data.custom_id`) and is answered within Discord's 3 s at
 `POST /interactions/{id}/{token}/callback`: type 7 replaces the request by its outcome
@@ -19,6 +29,7 @@ INTERACTION_CREATE (type 3, `data.custom_id`) and is answered within Discord's 3
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from typing import Any
@@ -26,11 +37,13 @@ from urllib.parse import quote
 
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.websocket import Reconnect
-from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import threaded
 
 API_URL = "https://discord.com/api/v10"
+CDN_HOSTS = {"cdn.discordapp.com", "media.discordapp.net"}
 INTENTS = (1 << 9) | (1 << 12) | (1 << 15)  # GUILD_MESSAGES, DIRECT_MESSAGES, MESSAGE_CONTENT
 # Close codes after which Discord says not to reconnect, and those that end the session.
 FATAL = {4004: "authentication failed", 4010: "invalid shard", 4011: "sharding required",
@@ -41,6 +54,14 @@ NEW_SESSION = {4007, 4009}  # invalid seq, session timed out: identify again
 
 class DiscordAdapter(GatewayAdapter):
     max_message_len = 2000
+    limit_unit = "utf16"  # at least as strict as counting characters
+    text_format = "discord"
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        # Threads this adapter started (thread channel id -> parent channel id): their
+        # messages are answered without a mention, as one conversation with the first.
+        self.threads: dict[str, str] = {}
 
     def prepare(self) -> None:
         self.api = str(self.settings.get("api_url") or API_URL).rstrip("/")
@@ -123,7 +144,9 @@ class DiscordAdapter(GatewayAdapter):
         if verb not in ("approve", "reject") or not user.get("id") or not channel:
             return
         username = str(user.get("username") or "")
-        self.ctx.deliver(Inbound(Conversation(self.name, channel, str(user["id"]), direct=not guild),
+        parent = self.threads.get(channel, "")  # a click in a thread belongs to its conversation
+        self.ctx.deliver(Inbound(Conversation(self.name, parent or channel, str(user["id"]), direct=not guild,
+                                              thread_id=channel if parent else ""),
                                  sender_id=str(user["id"]), text=f"/{verb} {approval_id}",
                                  message_id=str((d.get("message") or {}).get("id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
@@ -137,38 +160,90 @@ class DiscordAdapter(GatewayAdapter):
             return
         guild, channel = str(d.get("guild_id") or ""), str(d.get("channel_id") or "")
         text = str(d.get("content") or "")
-        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel)
-            mentioned = any(str(m.get("id")) == self.bot_id for m in d.get("mentions") or [] if isinstance(m, dict))
-            replied = str(((d.get("referenced_message") or {}).get("author") or {}).get("id") or "") == self.bot_id
-            if not (mentioned or replied or channel in (self.settings.get("free_response_channels") or [])):
+        mentioned = any(str(m.get("id")) == self.bot_id for m in d.get("mentions") or [] if isinstance(m, dict))
+        mentioned = mentioned or str(((d.get("referenced_message") or {}).get("author") or {}).get("id")
+                                     or "") == self.bot_id
+        parent = self.threads.get(channel, "")
+        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel or our thread)
+            if not (mentioned or parent or channel in (self.settings.get("free_response_channels") or [])):
                 return
             text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
-        if not text or not channel:
+        files = [Attachment(str(a.get("filename") or a.get("id") or "file"), str(a.get("content_type") or ""),
+                            int(a.get("size") or 0), str(a.get("url") or ""))
+                 for a in d.get("attachments") or [] if isinstance(a, dict) and a.get("url")]
+        if (not text and not files) or not channel:
             return
-        conversation = Conversation(self.name, channel, user, direct=not guild,
-                                    meta={"reply_to": "" if not guild else str(d.get("id") or "")})
+        message_id = str(d.get("id") or "")
+        meta: dict[str, Any] = {"reply_to": "" if not guild or parent else message_id}
+        thread = channel if parent else ""
+        if guild and not parent and threaded(self.settings, default=self.settings.get("auto_thread") == "true"):
+            # A thread started from a message takes the message's id (Start Thread from Message).
+            meta.update(start_thread=True, thread_name=" ".join(text.split())[:80] or "conversation")
+            thread = message_id
+        conversation = Conversation(self.name, parent or channel, user, direct=not guild, meta=meta,
+                                    thread_id=thread)
         username = str(author.get("username") or "")
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(d.get("id") or ""),
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=message_id,
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else (), edited=edited))
+                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, attachments=files,
+                                 edited=edited))
+
+    def file_hosts(self) -> set[str]:
+        api = str(self.settings.get("api_url") or "")
+        return CDN_HOSTS | ({host_of(api)} if api else set())
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        payload: dict[str, Any] = {"attachments": [{"id": 0, "filename": filename}], "allowed_mentions": {"parse": []}}
+        if conversation.meta.get("reply_to"):
+            payload["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
+        answer = self.http.json("POST", f"{self.api}/channels/{self._channel_now(conversation)}/messages",
+                                data={"payload_json": json.dumps(payload)},
+                                files={"files[0]": (filename, data, content_type)})
+        return str(answer.get("id", ""))
+
+    @staticmethod
+    def _channel_now(conversation: Conversation) -> str:
+        """Where a message other than the reply goes: the conversation's thread once it exists
+        (the text reply starts a new one)."""
+        return conversation.chat_id if conversation.meta.get("start_thread") else \
+            conversation.thread_id or conversation.chat_id
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
             self.prepare()
         ids = []
-        for index, part in enumerate(split_text(text, self.max_message_len)):
+        target = conversation.thread_id or conversation.chat_id
+        if conversation.meta.pop("start_thread", False):
+            try:
+                created = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages/"
+                                         f"{conversation.meta['reply_to']}/threads",
+                                         json={"name": conversation.meta.get("thread_name") or "conversation",
+                                               "auto_archive_duration": 1440})
+            except ChannelError as exc:  # no permission to create threads: answer in the channel
+                self.ctx.log.info("discord: could not start a thread (%s); answering in the channel", exc)
+                target = conversation.chat_id
+            else:
+                target = str(created.get("id") or target)
+                self.threads[target] = conversation.chat_id
+                conversation.meta["reply_to"] = ""
+        for index, part in enumerate(self.reply_texts(text)):
             body: dict[str, Any] = {"content": part, "allowed_mentions": {"parse": []}}  # agents never ping @everyone
             if index == 0 and conversation.meta.get("reply_to"):
                 body["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
-            answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+            answer = self.http.json("POST", f"{self.api}/channels/{target}/messages", json=body)
             ids.append(str(answer.get("id", "")))
         return ",".join(ids)
 
     def send_typing(self, conversation: Conversation) -> None:
-        self.http.request("POST", f"{self.api}/channels/{conversation.chat_id}/typing", retries=0)
+        self.http.request("POST", f"{self.api}/channels/{conversation.thread_id or conversation.chat_id}/typing",
+                          retries=0)
 
     def _reaction_url(self, conversation: Conversation, message_id: str, emoji: str) -> str:
-        return (f"{self.api}/channels/{conversation.chat_id}/messages/{message_id}/reactions/"
+        # A thread started from a message takes its id; that message stays in the channel.
+        where = conversation.thread_id if conversation.thread_id not in ("", message_id) else conversation.chat_id
+        return (f"{self.api}/channels/{where}/messages/{message_id}/reactions/"
                 f"{quote(emoji, safe='')}/@me")
 
     def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
@@ -184,11 +259,11 @@ class DiscordAdapter(GatewayAdapter):
                    for verb, label, style in (("approve", "Approve", 3), ("reject", "Reject", 4))]
         body: dict[str, Any] = {"content": text[:self.max_message_len], "allowed_mentions": {"parse": []},
                                 "components": [{"type": 1, "components": buttons}]}
-        answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+        answer = self.http.json("POST", f"{self.api}/channels/{self._channel_now(conversation)}/messages", json=body)
         return str(answer.get("id", ""))
 
     def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
-        self.http.request("PATCH", f"{self.api}/channels/{conversation.chat_id}/messages/{request_id}",
+        self.http.request("PATCH", f"{self.api}/channels/{self._channel_now(conversation)}/messages/{request_id}",
                           json={"content": text, "components": []})
 
     def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:

@@ -10,7 +10,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class DiscourseAdapter(PollingAdapter):
@@ -66,7 +65,7 @@ class DiscourseAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body: dict[str, Any] = {"topic_id": int(conversation.chat_id), "raw": part}
             if conversation.meta.get("post_number"):
                 body["reply_to_post_number"] = conversation.meta["post_number"]

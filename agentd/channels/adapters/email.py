@@ -1,23 +1,34 @@
 """Email: IMAP polling for new mail (UIDs tracked and persisted with UIDVALIDITY, so
 a message is answered once even across restarts), SMTP replies threaded with
-In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none."""
+In-Reply-To/References. `imap_security`/`smtp_security`: tls, starttls or none.
+
+An email thread is a conversation of its own: its root is the first Message-ID of
+`References` (else `In-Reply-To`), which every reply in the chain carries; a mail without
+either starts a thread, unless its subject says it is a reply ("Re: ..."), when the
+subject (without the Re:/Fwd: prefixes) names the thread.
+
+Files: a mail's attachments travel in the message itself (no download); files go out as
+attachments of a threaded reply."""
 
 from __future__ import annotations
 
 import email
 import email.policy
 import imaplib
+import re
 import smtplib
 import ssl
 from email.message import EmailMessage
 from email.utils import make_msgid, parseaddr
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment
 from agentd.channels.bases.polling import PollingAdapter
 
 
 class EmailAdapter(PollingAdapter):
     max_message_len = 100_000
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.password = self.env("password_env")
@@ -89,16 +100,33 @@ class EmailAdapter(PollingAdapter):
             if not line.startswith(">"):
                 lines.append(line)
         text = "\n".join(lines).strip()
-        if not text:
+        files = [Attachment(part.get_filename() or "attachment", part.get_content_type(),
+                            data=part.get_payload(decode=True) or b"") for part in msg.iter_attachments()]
+        if not text and not files:
             return
         message_id = str(msg.get("Message-ID") or "").strip()
         meta = {"subject": str(msg.get("Subject") or ""), "message_id": message_id,
                 "references": str(msg.get("References") or "").strip()}
-        conversation = Conversation(self.name, sender, sender, direct=True, meta=meta)
+        conversation = Conversation(self.name, sender, sender, direct=True, meta=meta,
+                                    thread_id=thread_of(msg, message_id))
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, message_id=message_id,
-                                 sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender))
+                                 sender_name=parseaddr(str(msg.get("From") or ""))[0] or sender,
+                                 attachments=files))
 
     def send(self, conversation: Conversation, text: str) -> str:
+        msg = self._reply(conversation, text)
+        self._smtp_send(msg)
+        return str(msg["Message-ID"])
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        msg = self._reply(conversation, f"{filename} is attached.")
+        maintype, _, subtype = content_type.partition("/")
+        msg.add_attachment(data, maintype=maintype or "application", subtype=subtype or "octet-stream",
+                           filename=filename)
+        self._smtp_send(msg)
+        return str(msg["Message-ID"])
+
+    def _reply(self, conversation: Conversation, text: str) -> EmailMessage:
         if not hasattr(self, "password"):
             self.prepare()
         meta = conversation.meta
@@ -113,9 +141,8 @@ class EmailAdapter(PollingAdapter):
             msg["In-Reply-To"] = meta["message_id"]
             msg["References"] = " ".join(p for p in (meta.get("references"), meta["message_id"]) if p)
         msg["Auto-Submitted"] = "auto-replied"
-        msg.set_content(text)
-        self._smtp_send(msg)
-        return str(msg["Message-ID"])
+        msg.set_content("\n\n".join(self.reply_texts(text)))
+        return msg
 
     def _smtp_send(self, msg: EmailMessage) -> None:
         host, port = str(self.settings.get("smtp_host")), int(self.settings.get("smtp_port") or 587)
@@ -138,6 +165,21 @@ class EmailAdapter(PollingAdapter):
         if "@" not in target:
             raise ChannelError("no test target: set test_recipient or pass chat_id (an address)")
         return Conversation(self.name, target, target, direct=True)
+
+
+REPLY_PREFIX = re.compile(r"^\s*((re|fwd?|aw|sv|antw)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
+
+
+def thread_of(msg: email.message.EmailMessage, message_id: str) -> str:
+    """The thread a mail belongs to: the root Message-ID of its chain (see the module doc)."""
+    chain = re.findall(r"<[^<>\s]+>", str(msg.get("References") or "")) or \
+        re.findall(r"<[^<>\s]+>", str(msg.get("In-Reply-To") or ""))
+    if chain:
+        return chain[0]
+    subject = str(msg.get("Subject") or "")
+    if REPLY_PREFIX.match(subject):
+        return "subject:" + " ".join(REPLY_PREFIX.sub("", subject).split()).lower()
+    return message_id
 
 
 def _html_text(html: str) -> str:

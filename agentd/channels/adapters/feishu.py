@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from agentd import hmacs, jsonsafe
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.tokens import CachedToken
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
@@ -48,6 +48,7 @@ def decrypt(encrypt_key: str, data: str) -> bytes:
 
 class FeishuAdapter(WebhookAdapter):
     max_message_len = 10000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -175,7 +176,7 @@ class FeishuAdapter(WebhookAdapter):
     def send(self, conversation: Conversation, text: str) -> str:
         message_id = ""
         reply_to = conversation.meta.get("message_id") or ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             content = json.dumps({"text": part}, ensure_ascii=False)
             if reply_to:
                 data = self.call(f"/open-apis/im/v1/messages/{reply_to}/reply", {"msg_type": "text", "content": content})

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://api.flock.co/v1"
@@ -50,6 +50,7 @@ def event_token_claims(token: str, secret: str, app_id: str, now: float | None =
 
 class FlockAdapter(WebhookAdapter):
     max_message_len = 4000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -101,7 +102,7 @@ class FlockAdapter(WebhookAdapter):
     def send(self, conversation: Conversation, text: str) -> str:
         url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/chat.sendMessage"
         uid = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", url, data={"token": self.env("bot_token_env"),
                                                        "to": conversation.chat_id, "text": part})
             uid = str(answer.get("uid") or "") if isinstance(answer, dict) else ""

@@ -28,10 +28,8 @@ class GitterAdapter(MatrixAdapter):
         if LEGACY_ID.match(room):
             raise ChannelError(f"room_id {room} is a legacy Gitter id: Gitter's own API is gone since 2023; "
                                "use the room's Matrix id (!...:gitter.im) or alias (#...:gitter.im)")
-        self.http.session.headers["Authorization"] = f"Bearer {token}"
         server = str(self.settings.get("homeserver_url") or "https://gitter.im").rstrip("/")
-        self.base = self._discover(server) + "/_matrix/client/v3"
-        self.long_poll = int(self.settings.get("long_poll_secs") or 25)
+        self.client(token, self._discover(server))
         self.user_id = ""
         if room.startswith("#"):
             room = str(self.http.json("GET", f"{self.base}/directory/room/{quote(room, safe='')}",

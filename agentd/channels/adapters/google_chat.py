@@ -23,7 +23,6 @@ import jwt
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.webhook import Request
 
 ISSUER = "chat@system.gserviceaccount.com"
@@ -34,6 +33,7 @@ JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 class GoogleChatAdapter(JwtWebhookAdapter):
     max_message_len = 4096
+    text_format = "slack"  # Google Chat reads the same *bold*, _italic_ and <url|text> links
     keys_setting, keys_kind = "certs_url", "x509"
     issuer, audience_setting, leeway = ISSUER, "project_number", 60
 
@@ -103,7 +103,7 @@ class GoogleChatAdapter(JwtWebhookAdapter):
     def send(self, conversation: Conversation, text: str) -> str:
         url = f"{str(self.settings.get('api_url')).rstrip('/')}/v1/{conversation.chat_id}/messages"
         name = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body: dict[str, Any] = {"text": part}
             params = {}
             if conversation.meta.get("thread"):

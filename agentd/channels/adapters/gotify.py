@@ -8,12 +8,12 @@ import collections
 from typing import Any
 
 from agentd.channels.adapter import Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
 
 
 class GotifyAdapter(WebSocketAdapter):
     max_message_len = 10_000
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.base = str(self.settings.get("server_url") or "").rstrip("/")
@@ -48,7 +48,7 @@ class GotifyAdapter(WebSocketAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", f"{self.base}/message", headers={"X-Gotify-Key": self.app_token},
                                     json={"title": conversation.meta.get("agent") or "agentd",
                                           "message": part, "priority": 5})

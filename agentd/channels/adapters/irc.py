@@ -16,6 +16,8 @@ LINE_BYTES = 400  # 512 minus the prefix the server prepends when relaying
 
 class IrcAdapter(LineSocketAdapter):
     max_message_len = LINE_BYTES
+    limit_unit = "bytes"
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -61,8 +63,10 @@ class IrcAdapter(LineSocketAdapter):
         sender = prefix.split("!", 1)[0]
         if not sender or text.startswith("\x01"):  # CTCP (ACTION, VERSION...) is not a message
             return
+        mentioned = True  # channel messages reach the agent only when addressed "nick: ..."
         if target.lower() == self.current_nick.lower():
             conversation = Conversation(self.name, sender, sender, direct=True)
+            mentioned = self.current_nick.lower() in text.lower()
         else:
             lowered = text.lower()
             for mark in (":", ",", " "):
@@ -73,17 +77,19 @@ class IrcAdapter(LineSocketAdapter):
                 return  # channel chatter not addressed to us
             conversation = Conversation(self.name, target, sender, meta={"addressee": sender})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, sender_name=sender,
-                                 message_id=f"{target}:{sender}:{abs(hash(text)) % 10**8}"))
+                                 message_id=f"{target}:{sender}:{abs(hash(text)) % 10**8}", mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if self.sock is None:
             raise ChannelError("not connected to the IRC server")
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         count = 0
-        for paragraph in text.splitlines():
-            for chunk in _fit(paragraph, LINE_BYTES - len(prefix.encode())):
-                self.send_line(f"PRIVMSG {conversation.chat_id} :{prefix}{chunk}")
-                count += 1
+        # Every line is its own PRIVMSG, so a part that fits the limit has lines that do.
+        for part in self.reply_texts(text, LINE_BYTES - len(prefix.encode())):
+            for line in part.splitlines():
+                if line.strip():
+                    self.send_line(f"PRIVMSG {conversation.chat_id} :{prefix}{line}")
+                    count += 1
         self.flush()  # "sent" means written to the server, not just queued
         return f"{conversation.chat_id}:{count}"
 
@@ -100,29 +106,6 @@ class IrcAdapter(LineSocketAdapter):
         if not target:
             raise ChannelError("no test target: set channels or pass chat_id (a nick or #channel)")
         return Conversation(self.name, target)
-
-
-def _fit(text: str, limit: int) -> list[str]:
-    """Split at spaces so each piece is at most `limit` UTF-8 bytes."""
-    pieces: list[str] = []
-    current = ""
-    for word in text.split(" "):
-        candidate = f"{current} {word}" if current else word
-        if len(candidate.encode()) <= limit:
-            current = candidate
-            continue
-        if current:
-            pieces.append(current)
-        while len(word.encode()) > limit:
-            cut = limit
-            while len(word[:cut].encode()) > limit:
-                cut -= 1
-            pieces.append(word[:cut])
-            word = word[cut:]
-        current = word
-    if current.strip():
-        pieces.append(current)
-    return pieces
 
 
 ADAPTER = IrcAdapter

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://api.line.me"
@@ -22,6 +22,8 @@ MAX_MESSAGES = 5  # message objects per reply/push call
 
 class LineAdapter(WebhookAdapter):
     max_message_len = 5000
+    limit_unit = "utf16"
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -64,7 +66,7 @@ class LineAdapter(WebhookAdapter):
 
     def send(self, conversation: Conversation, text: str) -> str:
         headers = {"Authorization": "Bearer " + self.env("access_token_env")}
-        parts = [{"type": "text", "text": p} for p in split_text(text, self.max_message_len)]
+        parts = [{"type": "text", "text": p} for p in self.reply_texts(text)]
         token = conversation.meta.pop("reply_token", "")  # one use only
         fresh = token and time.monotonic() - conversation.meta.get("received", 0) < REPLY_TOKEN_TTL
         for start in range(0, len(parts), MAX_MESSAGES):

@@ -13,13 +13,13 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 API_VERSION = "202405"
 
 
 class LinkedInAdapter(PollingAdapter):
     max_message_len = 8000
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.base = str(self.settings.get("api_url") or "https://api.linkedin.com").rstrip("/") + "/rest"
@@ -63,7 +63,7 @@ class LinkedInAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body: dict[str, Any] = {"author": self.org, "recipients": [conversation.user_id or conversation.chat_id],
                                     "body": {"text": part}}
             if conversation.meta.get("thread"):

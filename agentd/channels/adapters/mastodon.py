@@ -19,7 +19,6 @@ from typing import Any, Iterator
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd import jsonsafe
 from agentd.channels.bases.streaming import StreamingAdapter
 from agentd.sse_lines import sse_events
@@ -53,6 +52,7 @@ def html_to_text(html: str) -> str:
 
 class MastodonAdapter(StreamingAdapter):
     max_message_len = STATUS_LIMIT
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -127,7 +127,7 @@ class MastodonAdapter(StreamingAdapter):
         prefix = f"@{conversation.chat_id} "
         reply_to = conversation.meta.get("in_reply_to_id") or None
         ids = []
-        for part in split_text(text, STATUS_LIMIT - len(prefix)):
+        for part in self.reply_texts(text, STATUS_LIMIT - len(prefix)):
             # Each part answers the previous one: a long answer reads as a thread.
             answer = self.http.json("POST", f"{self.base}/api/v1/statuses",
                                     headers={"Idempotency-Key": uuid.uuid4().hex},

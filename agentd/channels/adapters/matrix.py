@@ -2,32 +2,58 @@
 replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications,
 reactions as `m.reaction` annotations (taken back by redacting them). An edit (an
 `m.replace` relation) is answered as a new message with the `m.new_content` text. The
-first sync (no token yet) only records the position: history is not answered."""
+first sync (no token yet) only records the position: history is not answered.
+
+A thread (`m.relates_to` with `rel_type` `m.thread`) is a conversation of its own and is
+answered in the thread; with `overrides.threading = true` a message of the main timeline
+is answered in a new thread under it. The bot counts as mentioned when `m.mentions`
+names it, a pill or the body names its user id, or the message replies to one of its events.
+
+Files: `m.image`, `m.file`, `m.audio` and `m.video` messages carry an `mxc://` URI, fetched
+through the homeserver's authenticated media API (`GET /_matrix/client/v1/media/download/
+{server}/{media}` with the access token), never from anywhere else; files go out with
+`POST /_matrix/media/v3/upload` and an `m.image` or `m.file` message naming the new URI."""
 
 from __future__ import annotations
 
+import collections
+import html
 import uuid
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import reply_thread
+
+
+FILE_TYPES = ("m.image", "m.file", "m.audio", "m.video")
 
 
 class MatrixAdapter(PollingAdapter):
-    max_message_len = 30_000
+    # An event is at most 65,536 bytes of JSON; body and formatted_body share it, and JSON
+    # escapes can triple a character's size.
+    max_message_len = 20_000
+    limit_unit = "bytes"
+    text_format = "html"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
         self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
 
     def prepare(self) -> None:
-        token = self.env("access_token_env")
-        self.http.session.headers["Authorization"] = f"Bearer {token}"
-        self.base = (self.settings.get("homeserver_url") or "https://matrix.org").rstrip("/") + "/_matrix/client/v3"
-        self.long_poll = int(self.settings.get("long_poll_secs") or 25)
+        self.client(self.env("access_token_env"), self.settings.get("homeserver_url") or "https://matrix.org")
         self.user_id = str(self.settings.get("user_id") or "")
+
+    def client(self, token: str, homeserver: str) -> None:
+        """The client-server API of `homeserver`, as the token's user."""
+        self.http.session.headers["Authorization"] = f"Bearer {token}"
+        self.homeserver = homeserver.rstrip("/")
+        self.base = self.homeserver + "/_matrix/client/v3"
+        self.long_poll = int(self.settings.get("long_poll_secs") or 25)
+        # Events this adapter sent: a reply to one of them addresses the bot.
+        self.own_events: collections.deque[str] = collections.deque(maxlen=1000)
 
     def poll_once(self) -> None:
         if not self.user_id:
@@ -50,30 +76,94 @@ class MatrixAdapter(PollingAdapter):
 
     def _handle(self, room_id: str, event: dict[str, Any]) -> None:
         content = event.get("content") or {}
+        kind = content.get("msgtype")
         if (event.get("type") != "m.room.message" or event.get("sender") == self.user_id
-                or content.get("msgtype") not in ("m.text", "m.notice") or not content.get("body")):
+                or kind not in ("m.text", "m.notice", *FILE_TYPES) or not content.get("body")):
             return
         sender = str(event.get("sender"))
-        relation = content.get("m.relates_to") or {}
-        edited = relation.get("rel_type") == "m.replace" and isinstance(content.get("m.new_content"), dict)
-        text = str(content["m.new_content"].get("body") or "") if edited else str(content["body"])
-        if not text:
+        relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
+        # An edit (an `m.replace` relation) is answered as a new message: its new text, the
+        # id of the message it changed.
+        edited = relates.get("rel_type") == "m.replace" and isinstance(content.get("m.new_content"), dict)
+        event_id = str(relates.get("event_id") or "") if edited else str(event.get("event_id", ""))
+        raw = str(content["m.new_content"].get("body") or "") if edited else str(content["body"])
+        if not raw:
             return
-        conversation = Conversation(self.name, room_id, sender)
-        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, edited=edited,
-                                 message_id=str(relation.get("event_id") if edited else event.get("event_id", "")),
-                                 sender_name=sender))
+        existing = str(relates.get("event_id") or "") if relates.get("rel_type") == "m.thread" else ""
+        thread = reply_thread(self.settings, existing, event_id, direct=False, default=False)
+        replied = str((relates.get("m.in_reply_to") or {}).get("event_id") or "")
+        named = ((content.get("m.mentions") or {}).get("user_ids") or []) if isinstance(
+            content.get("m.mentions"), dict) else []
+        mentioned = bool(self.user_id) and (
+            self.user_id in named or self.user_id in str(content.get("formatted_body") or "")
+            or self.user_id in raw or (replied in self.own_events and not relates.get("is_falling_back")))
+        body = raw
+        if self.user_id and body.startswith(self.user_id):
+            body = body[len(self.user_id):].lstrip(":, ").strip() or body
+        files = [self._attachment(content)] if kind in FILE_TYPES and content.get("url") else []
+        if kind in FILE_TYPES and not files:
+            return
+        if files and content.get("filename") in (None, content["body"]):
+            body = ""  # a file's body is its name unless `filename` is set, then the body is a caption
+        conversation = Conversation(self.name, room_id, sender, thread_id=thread,
+                                    meta={"thread_root": thread, "reply_to": event_id})
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body, message_id=event_id,
+                                 sender_name=sender, mentioned=mentioned, attachments=files, edited=edited))
+
+    def _attachment(self, content: dict[str, Any]) -> Attachment:
+        info = content.get("info") if isinstance(content.get("info"), dict) else {}
+        uri = str(content["url"])
+        parts = urlsplit(uri)
+        # An mxc URI is served by our homeserver; anything else is left as is, to be refused.
+        url = (f"{self.homeserver}/_matrix/client/v1/media/download/{quote(parts.netloc, safe='')}/"
+               f"{quote(parts.path.lstrip('/'), safe='')}" if parts.scheme == "mxc" else uri)
+        return Attachment(str(content.get("filename") or content["body"]), str(info.get("mimetype") or ""),
+                          int(info.get("size") or 0), url,
+                          headers={"Authorization": self.http.session.headers["Authorization"]})
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "homeserver"):
+            self.prepare()
+        return {host_of(self.homeserver)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        uploaded = self.http.json("POST", f"{self.homeserver}/_matrix/media/v3/upload", params={"filename": filename},
+                                  data=data, headers={"Content-Type": content_type})
+        kind = "m.image" if content_type.startswith("image/") else "m.audio" if content_type.startswith("audio/") \
+            else "m.file"
+        body = {"msgtype": kind, "body": filename, "filename": filename, "url": uploaded["content_uri"],
+                "info": {"mimetype": content_type, "size": len(data)}}
+        if conversation.meta.get("thread_root"):
+            body["m.relates_to"] = {"rel_type": "m.thread", "event_id": conversation.meta["thread_root"]}
+        answer = self.http.json("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/send/"
+                                f"m.room.message/{uuid.uuid4().hex}", json=body)
+        return str(answer.get("event_id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
         room = quote(conversation.chat_id, safe="")
-        for part in split_text(text, self.max_message_len):
+        for part in self.format_reply(text, both=True):
+            content: dict[str, Any] = {"msgtype": "m.text", "body": part.text}
+            if part.format == "html":
+                content["body"] = part.plain
+                if part.text != html.escape(part.plain, quote=False):
+                    # Only when there is formatting to show: a plain sentence goes as `body` alone.
+                    content.update(format="org.matrix.custom.html", formatted_body=part.text)
             txn = uuid.uuid4().hex  # idempotent retries: the same txn id is not sent twice
-            answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}",
-                                    json={"msgtype": "m.text", "body": part})
+            if conversation.meta.get("thread_root"):
+                # A thread reply, with the reply fallback for clients without threads.
+                content["m.relates_to"] = {"rel_type": "m.thread", "event_id": conversation.meta["thread_root"],
+                                           "is_falling_back": True,
+                                           "m.in_reply_to": {"event_id": conversation.meta.get("reply_to")
+                                                             or conversation.meta["thread_root"]}}
+            answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.room.message/{txn}", json=content)
             ids.append(str(answer.get("event_id", "")))
+            if hasattr(self, "own_events"):
+                self.own_events.append(ids[-1])
         return ",".join(ids)
 
     def send_typing(self, conversation: Conversation) -> None:

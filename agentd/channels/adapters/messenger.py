@@ -13,7 +13,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://graph.facebook.com/v18.0"
@@ -21,6 +21,7 @@ API_URL = "https://graph.facebook.com/v18.0"
 
 class MessengerAdapter(WebhookAdapter):
     max_message_len = 2000  # the Send API's text limit
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -68,7 +69,7 @@ class MessengerAdapter(WebhookAdapter):
         url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/me/messages"
         token = self.env("page_token_env")
         message_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", url, params={"access_token": token},
                                     json={"recipient": {"id": conversation.chat_id},
                                           "messaging_type": "RESPONSE", "message": {"text": part}})

@@ -18,7 +18,6 @@ from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import mumble_wire as wire
 from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
-from agentd.channels.bases.sender import split_text
 from agentd.retry import Backoff
 
 REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 4: "wrong server password",
@@ -27,6 +26,7 @@ REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 
 
 class MumbleAdapter(Adapter):
     max_message_len = 5000  # the server's default textmessagelength
+    text_format = "html"  # Mumble draws messages as HTML
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -143,8 +143,11 @@ class MumbleAdapter(Adapter):
             cid = next((c for c, n in list(self.channels.items()) if n == conversation.chat_id), self.my_channel)
             where = (3, cid)
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
-        for part in split_text(prefix + text, self.max_message_len):
-            self._send(wire.TEXT_MESSAGE, [where, (5, html.escape(part).replace("\n", "<br>"))])
+        head = html.escape(prefix)
+        for part in self.format_reply(text, self.max_message_len - len(head)):
+            # Mumble draws every message as HTML: text in another format is escaped for it.
+            body = part.text if part.format == "html" else html.escape(part.text).replace("\n", "<br>")
+            self._send(wire.TEXT_MESSAGE, [where, (5, head + body)])
         return f"{conversation.chat_id}:{time.time_ns()}"
 
     def _send(self, kind: int, fields: list) -> None:  # type: ignore[type-arg]

@@ -10,7 +10,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 ONE_TO_ONE = 1
 
@@ -72,13 +71,13 @@ class NextcloudAdapter(PollingAdapter):
         conversation = Conversation(self.name, room["token"], user, direct=direct, meta={"reply_to": message["id"]})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(text.split()),
                                  message_id=str(message["id"]),
-                                 sender_name=str(message.get("actorDisplayName") or user)))
+                                 sender_name=str(message.get("actorDisplayName") or user), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body: dict[str, Any] = {"message": part}
             if conversation.meta.get("reply_to"):
                 body["replyTo"] = conversation.meta["reply_to"]

@@ -21,7 +21,6 @@ from typing import Any
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
 from agentd.channels.adapters import nostr_crypto as nc
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.websocket import WebSocketAdapter
 
 OK_TIMEOUT = 10.0  # seconds to wait for relays' OK to a published event
@@ -63,6 +62,7 @@ class _Relay(WebSocketAdapter):
 
 class NostrAdapter(Adapter):
     max_message_len = 4000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -162,7 +162,7 @@ class NostrAdapter(Adapter):
         if not hasattr(self, "secret"):
             self._keys()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             if conversation.meta.get("kind") == 1:
                 root, reply = conversation.meta["root"], conversation.meta["reply_to"]
                 tags = [["e", root, "", "root"]] + ([["e", reply, "", "reply"]] if reply != root else [])

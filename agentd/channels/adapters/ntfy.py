@@ -13,7 +13,6 @@ from typing import Iterator
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd import jsonsafe
 from agentd.channels.bases.streaming import StreamingAdapter
 from agentd.sse_lines import sse_events
@@ -23,6 +22,7 @@ OWN_TAG = "agentd"
 
 class NtfyAdapter(StreamingAdapter):
     max_message_len = 4000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -62,7 +62,7 @@ class NtfyAdapter(StreamingAdapter):
 
     def send(self, conversation: Conversation, text: str) -> str:
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", f"{self.base}/{conversation.chat_id}", data=part.encode("utf-8"),
                                     headers={"Tags": OWN_TAG, "Title": conversation.meta.get("agent") or "agentd"})
             message_id = str(answer.get("id", ""))

@@ -18,7 +18,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 API_URL = "https://api-ga.pumble.com"
@@ -87,19 +87,22 @@ class PumbleAdapter(WebhookAdapter):
             return 200, b"ok"  # our own posts, ephemeral and empty messages
         mention = f"<<@{self.bot_id}>>"
         direct = self.is_direct(channel)
-        if not direct and self.bot_id not in (event.get("mu") or []) and mention not in text:
+        mentioned = self.bot_id in (event.get("mu") or []) or mention in text
+        if not direct and not mentioned:
             return 200, b"ok"  # channel chatter not addressed to the bot
+        # Answered in the message's thread (its own when it starts one): a conversation of its own.
         thread = "" if direct else str(event.get("trId") or event.get("mId") or "")
-        conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread})
+        conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread},
+                                    thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text.replace(mention, "").strip(),
-                                 message_id=str(event.get("mId") or "")))
+                                 message_id=str(event.get("mId") or ""), mentioned=mentioned))
         return 200, b"ok"
 
     def send(self, conversation: Conversation, text: str) -> str:
         thread = conversation.meta.get("thread") or ""
         path = f"/v1/channels/{conversation.chat_id}/messages" + (f"/{thread}" if thread else "")
         message_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.call("POST", path, json={"text": part})
             message_id = str(answer.get("id") or "") if isinstance(answer, dict) else ""
         return message_id

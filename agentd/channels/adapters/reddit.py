@@ -12,7 +12,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 USER_AGENT = "agentd-channel/1.0 (by agentd)"
 
@@ -34,7 +33,7 @@ class RedditAdapter(PollingAdapter):
 
     def token(self) -> None:
         """Fetch a bearer token when there is none or it is about to expire."""
-        if time.time() < self.expires - 60:
+        if time.monotonic() < self.expires - 60:
             return
         data = self.http.json("POST", f"{self.auth_url}/api/v1/access_token", auth=(self.client_id, self.secret),
                               data={"grant_type": "password", "username": self.username,
@@ -42,7 +41,7 @@ class RedditAdapter(PollingAdapter):
         if "access_token" not in data:
             raise ChannelError(f"access_token: {data.get('error', data)}")
         self.http.session.headers["Authorization"] = f"bearer {data['access_token']}"
-        self.expires = time.time() + float(data.get("expires_in", 3600))
+        self.expires = time.monotonic() + float(data.get("expires_in", 3600))
 
     def poll_once(self) -> None:
         self.token()
@@ -87,7 +86,7 @@ class RedditAdapter(PollingAdapter):
         parent, names = conversation.meta.get("thing_id"), []
         if not parent:
             raise ChannelError("reddit replies need a comment or post to answer (thing_id)")
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             data = self.http.json("POST", f"{self.api_url}/api/comment",
                                   data={"api_type": "json", "thing_id": parent, "text": part})
             errors = (data.get("json") or {}).get("errors")

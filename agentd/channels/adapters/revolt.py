@@ -21,7 +21,7 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.gateway import GatewayAdapter
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 
 
 class RevoltSender(HttpSender):
@@ -113,8 +113,9 @@ class RevoltAdapter(GatewayAdapter):
         channel = str(d.get("channel") or "")
         channel_type, server = self._kind(channel)
         direct = channel_type == "DirectMessage"
+        mentioned = self.bot_id in (d.get("mentions") or []) or f"<@{self.bot_id}>" in text
         if not direct:  # servers and groups: only messages that mention the bot
-            if self.bot_id not in (d.get("mentions") or []) and f"<@{self.bot_id}>" not in text:
+            if not mentioned:
                 return
             text = text.replace(f"<@{self.bot_id}>", "").strip()
         username = str(self.users.get(author, {}).get("username") or "")
@@ -122,13 +123,13 @@ class RevoltAdapter(GatewayAdapter):
                                     meta={"reply_to": "" if direct else str(d.get("_id") or "")})
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text, message_id=str(d.get("_id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(server,) if server else ()))
+                                 chat_aliases=(server,) if server else (), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
             self.prepare()
         ids = []
-        for index, part in enumerate(split_text(text, self.max_message_len)):
+        for index, part in enumerate(self.reply_texts(text)):
             body: dict[str, Any] = {"content": part}
             if index == 0 and conversation.meta.get("reply_to"):
                 body["replies"] = [{"id": conversation.meta["reply_to"], "mention": False}]

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
+from agentd.channels.conversation import reply_thread
 from agentd.channels.lifecycle import emoji_name
 
 
@@ -65,19 +65,21 @@ class RocketChatAdapter(PollingAdapter):
         if not direct and not mentioned:
             return
         text = " ".join(w for w in text.split() if w != mention)
+        thread = reply_thread(self.settings, str(message.get("tmid") or ""), str(message["_id"]), direct,
+                              default=True)
+        # A thread (tmid) is a conversation of its own.
         conversation = Conversation(self.name, chat, str(user.get("_id")), direct=direct,
-                                    meta={"tmid": message.get("tmid") or ("" if direct else message["_id"]),
-                                          "room_id": message.get("rid")})
+                                    meta={"tmid": thread, "room_id": message.get("rid")}, thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=str(user.get("username")), text=text,
                                  message_id=str(message["_id"]), sender_name=str(user.get("name") or ""),
-                                 sender_aliases=(str(user.get("_id")),)))
+                                 sender_aliases=(str(user.get("_id")),), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
         target = conversation.meta.get("room_id") or conversation.chat_id
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             body = {"roomId" if not target.startswith(("#", "@")) else "channel": target, "text": part}
             if conversation.meta.get("tmid"):
                 body["tmid"] = conversation.meta["tmid"]

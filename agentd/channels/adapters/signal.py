@@ -11,11 +11,11 @@ from urllib.parse import quote
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class SignalAdapter(PollingAdapter):
     max_message_len = 2000
+    text_format = "plain"
 
     def prepare(self) -> None:
         self.base = str(self.settings.get("api_url") or "http://localhost:8080").rstrip("/")
@@ -55,7 +55,7 @@ class SignalAdapter(PollingAdapter):
         if not hasattr(self, "base"):
             self.prepare()
         stamps = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", f"{self.base}/v2/send", json={
                 "message": part, "number": self.number, "recipients": [conversation.chat_id]})
             stamps.append(str((answer or {}).get("timestamp", "")))

@@ -10,13 +10,22 @@ v0 HMAC-SHA256 of `v0:{timestamp}:{body}` with the signing secret, timestamp wit
 5 minutes), checked before parsing; `url_verification` echoes the challenge.
 
 Events: `message` in direct messages (channel_type im) and `app_mention` in channels
-(answered in the message's thread while `auto_thread_reply`); an edited direct message
+(answered in the message's thread while `auto_thread_reply`, or as `overrides.threading`
+says). A thread the bot answered in is followed for `thread_ttl_hours` after its last
+message there: its later `message` events are answered without a mention (while
+`auto_thread_reply`). Each thread is a conversation of its own. An edited direct message
 (`message_changed`) is answered as a new one. Web API calls answer HTTP 200 with
 `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
 
+Files: a message's `files` (subtype `file_share`) are fetched from `url_private_download`
+with the bot token, only from files.slack.com (or the host of `api_url`); files go out
+with `files.getUploadURLExternal`, a POST of the bytes to the upload URL and
+`files.completeUploadExternal` into the conversation (and its thread).
+
 Approvals are Block Kit messages with Approve/Reject buttons; a click arrives as a
 `block_actions` interaction (an `interactive` envelope over Socket Mode, a signed
-form-encoded `payload` at the request URL over HTTP); the request is then replaced by
+form-encoded `payload` at the request URL over HTTP, the daemon's
+`/channels/slack/webhook` or the adapter's own listener); the request is then replaced by
 its outcome (`chat.update`), a refusal goes to the clicker alone (`chat.postEphemeral`).
 Reactions: `reactions.add` / `reactions.remove` (emoji by name). Slack has no typing
 indicator for bots on the Web API (only the legacy RTM API had one).
@@ -26,13 +35,16 @@ from __future__ import annotations
 
 import collections
 import json
-import re
+import threading
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.conversation import reply_thread
+from agentd.channels.attachments import Attachment, host_of
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.lifecycle import emoji_name
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
@@ -42,6 +54,7 @@ class SlackCommon:
     """What both inbound modes share: the bot's identity, events, chat.postMessage."""
 
     max_message_len = 4000  # Slack truncates at 40,000 and advises under 4,000
+    text_format = "slack"
     settings: dict[str, Any]
     http: Any
     ctx: Any
@@ -54,6 +67,24 @@ class SlackCommon:
         who = self.web("auth.test", self.bot_token, retries=1)
         self.bot_user, self.bot_id = str(who.get("user_id") or ""), str(who.get("bot_id") or "")
         self.seen: collections.deque[tuple[str, str]] = collections.deque(maxlen=500)
+        # (channel, thread_ts) -> when the bot last answered there (monotonic seconds).
+        self.followed: dict[tuple[str, str], float] = {}
+        self.followed_lock = threading.Lock()
+
+    def following(self, channel: str, thread: str) -> bool:
+        """True while the bot answered in this thread within `thread_ttl_hours`."""
+        ttl = float(self.settings.get("thread_ttl_hours") or 0) * 3600
+        if not thread or not ttl or not self.settings.get("auto_thread_reply", True):
+            return False
+        now = time.monotonic()
+        with self.followed_lock:
+            for key in [k for k, at in self.followed.items() if now - at >= ttl]:
+                del self.followed[key]
+            return (channel, thread) in self.followed
+
+    def follow(self, channel: str, thread: str) -> None:
+        with self.followed_lock:
+            self.followed[(channel, thread)] = time.monotonic()
 
     def web(self, method: str, token: str, retries: int | None = None, **body: Any) -> dict[str, Any]:
         """Call a Web API method; Slack reports errors as HTTP 200 with ok=false."""
@@ -76,22 +107,66 @@ class SlackCommon:
             event = {**changed, "type": "message", "channel": event.get("channel"), "channel_type": "im",
                      "ts": f"{changed.get('ts')}:edit:{changed.get('edited', {}).get('ts', event.get('ts'))}"}
         user, channel, ts = str(event.get("user") or ""), str(event.get("channel") or ""), str(event.get("ts") or "")
-        if event.get("subtype") or event.get("bot_id") or not user or user == self.bot_user:
+        if event.get("subtype") not in (None, "", "file_share") or event.get("bot_id") or not user \
+                or user == self.bot_user:
             return  # edits, joins, bots (ourselves included)
         direct = event.get("channel_type") == "im"
-        if event["type"] == "message" and not direct:
+        existing = str(event.get("thread_ts") or "")
+        if event["type"] == "message" and not direct and not self.following(channel, existing):
             return  # channel messages reach us as app_mention when they address the bot
         if (channel, ts) in self.seen:
             return  # the same message as `message` and `app_mention`, or a retried delivery
         self.seen.append((channel, ts))
-        text = re.sub(rf"<@{re.escape(self.bot_user)}>", "", str(event.get("text") or "")).strip()
-        if not text:
+        raw = str(event.get("text") or "")
+        mention = f"<@{self.bot_user}>"
+        text = raw.replace(mention, "").strip()
+        files = self._attachments(event.get("files"))
+        if not text and not files:
             return
-        thread = event.get("thread_ts") or ("" if direct or not self.settings.get("auto_thread_reply", True) else ts)
-        conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread})
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text,
-                                 message_id=ts.split(":edit:", 1)[0], edited=edited,
-                                 chat_aliases=(team,) if team else ()))
+        first = ts.split(":edit:", 1)[0]  # an edit's id names the message it changed
+        thread = reply_thread(self.settings, existing, first, direct,
+                              default=bool(self.settings.get("auto_thread_reply", True)))
+        conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread},
+                                    thread_id=thread)
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=first, edited=edited,
+                                 chat_aliases=(team,) if team else (),
+                                 mentioned=event["type"] == "app_mention" or mention in raw,
+                                 attachments=files))
+
+    def _attachments(self, files: Any) -> list[Attachment]:
+        auth = {"Authorization": f"Bearer {self.bot_token}"}
+        return [Attachment(str(f.get("name") or f.get("title") or f.get("id") or "file"), str(f.get("mimetype") or ""),
+                           int(f.get("size") or 0), str(f.get("url_private_download") or f.get("url_private") or ""),
+                           headers=auth)
+                for f in files or [] if isinstance(f, dict) and (f.get("url_private_download") or f.get("url_private"))]
+
+    def file_hosts(self) -> set[str]:
+        hosts = {"files.slack.com"}
+        if self.settings.get("api_url"):  # a Slack-compatible server hosts its own files
+            hosts.add(host_of(str(self.settings["api_url"])))
+        return hosts
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare_bot()
+        auth = {"Authorization": f"Bearer {self.bot_token}"}
+        # The files.* upload methods take form fields, not JSON.
+        ticket = self._form("files.getUploadURLExternal", filename=filename, length=str(len(data)))
+        self.http.request("POST", str(ticket["upload_url"]), files={"file": (filename, data, content_type)},
+                          headers=auth)
+        fields = {"files": json.dumps([{"id": ticket["file_id"], "title": filename}]),
+                  "channel_id": conversation.chat_id}
+        if conversation.meta.get("thread_ts"):
+            fields["thread_ts"] = conversation.meta["thread_ts"]
+        self._form("files.completeUploadExternal", **fields)
+        return str(ticket["file_id"])
+
+    def _form(self, method: str, **fields: str) -> dict[str, Any]:
+        answer = self.http.json("POST", f"{self.api}/{method}", data=fields,
+                                headers={"Authorization": f"Bearer {self.bot_token}"})
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            raise ChannelError(f"slack {method}: {answer.get('error') if isinstance(answer, dict) else answer}")
+        return answer
 
     def handle_interaction(self, payload: Any) -> None:
         """A click on an approval's button (`block_actions`)."""
@@ -104,8 +179,9 @@ class SlackCommon:
         message = payload.get("message") or {}
         if action.get("action_id") not in ("approve", "reject") or not user or not channel:
             return
+        thread = str(message.get("thread_ts") or "")
         conversation = Conversation(self.name, channel, user, direct=channel.startswith("D"),
-                                    meta={"thread_ts": str(message.get("thread_ts") or "")})
+                                    meta={"thread_ts": thread}, thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=f"/{action['action_id']} {action.get('value')}",
                                  message_id=str(message.get("ts") or ""),
                                  sender_name=f"<@{user}>",  # Slack shows the person's name
@@ -152,12 +228,15 @@ class SlackCommon:
         if not hasattr(self, "api"):
             self.prepare_bot()
         ids = []
-        for part in split_text(text, self.max_message_len):
-            body: dict[str, Any] = {"channel": conversation.chat_id, "text": part,
+        for part in self.format_reply(text):
+            body: dict[str, Any] = {"channel": conversation.chat_id, "text": part.text,
+                                    "mrkdwn": part.format == "slack",
                                     "unfurl_links": bool(self.settings.get("unfurl_links", True))}
             if conversation.meta.get("thread_ts"):
                 body["thread_ts"] = conversation.meta["thread_ts"]
             ids.append(str(self.web("chat.postMessage", self.bot_token, **body).get("ts", "")))
+        if conversation.meta.get("thread_ts") and not conversation.direct:
+            self.follow(conversation.chat_id, conversation.meta["thread_ts"])
         return ",".join(ids)
 
     def test_target(self, override: str = "") -> Conversation:

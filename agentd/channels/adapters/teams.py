@@ -23,7 +23,6 @@ from urllib.parse import quote
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
 from agentd.channels.bases.jwtkeys import key_endorses
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.webhook import Request
 
 ISSUER = "https://api.botframework.com"
@@ -78,6 +77,11 @@ class TeamsAdapter(JwtWebhookAdapter):
             self.ctx.audit("refused", sender=user, chat=str(chat.get("id") or ""),
                            message_id=str(activity.get("id") or ""), reason="tenant not in allowed_tenants")
             return 200, {}
+        # The bot is mentioned when a `mention` entity names the recipient (the bot's account).
+        bot_id = str((activity.get("recipient") or {}).get("id") or "")
+        mentioned = any(isinstance(e, dict) and e.get("type") == "mention"
+                        and str((e.get("mentioned") or {}).get("id") or "") == bot_id
+                        for e in activity.get("entities") or []) if bot_id else False
         text = AT_TAG.sub("", activity["text"]).strip()
         conversation = Conversation(self.name, str(chat.get("id") or ""), user,
                                     direct=chat.get("conversationType") in (None, "personal"),
@@ -86,7 +90,8 @@ class TeamsAdapter(JwtWebhookAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(activity.get("id") or ""),
                                  sender_name=str(sender.get("name") or ""),
                                  interaction={"card": str(activity.get("replyToId") or "")} if pressed else {},
-                                 sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else ()))
+                                 sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else (),
+                                 mentioned=mentioned))
         return 200, {}
 
     def _fetch_token(self) -> tuple[str, float]:
@@ -103,7 +108,7 @@ class TeamsAdapter(JwtWebhookAdapter):
         if reply_to:
             url += "/" + quote(reply_to, safe="")
         activity_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             activity: dict[str, Any] = {"type": "message", "text": part, "textFormat": "markdown",
                                         "conversation": {"id": conversation.chat_id}}
             if meta.get("bot"):

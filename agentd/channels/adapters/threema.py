@@ -21,7 +21,7 @@ from nacl.public import Box, PrivateKey, PublicKey
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.adapters.threema_box import callback_data, pad, parse_form, parse_key, unpad
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
@@ -32,6 +32,8 @@ MAX_TEXT_BYTES = 3500  # the Gateway's text limit, in UTF-8 bytes
 
 class ThreemaAdapter(WebhookAdapter):
     max_message_len = MAX_TEXT_BYTES
+    limit_unit = "bytes"
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -108,7 +110,7 @@ class ThreemaAdapter(WebhookAdapter):
     def send(self, conversation: Conversation, text: str) -> str:
         key, message_id = self.private_key(), ""
         base = {"from": self.identity(), "to": conversation.chat_id, "secret": self.env("secret_env")}
-        for part in _byte_parts(text, MAX_TEXT_BYTES):
+        for part in self.reply_texts(text):
             if key is None:
                 response = self.http.request("POST", self.api("/send_simple"), data={**base, "text": part})
             else:
@@ -128,18 +130,6 @@ class ThreemaAdapter(WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
-
-
-def _byte_parts(text: str, limit: int) -> list[str]:
-    """split_text by characters, then again until every part fits `limit` UTF-8 bytes."""
-    parts = []
-    for part in split_text(text, limit):
-        while len(part.encode("utf-8")) > limit:
-            head = split_text(part, max(1, len(part) // 2))[0]
-            parts.append(head)
-            part = part[len(head):].lstrip()
-        parts.append(part)
-    return parts
 
 
 ADAPTER = ThreemaAdapter

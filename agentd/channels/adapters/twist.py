@@ -11,7 +11,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 
 
 class TwistAdapter(PollingAdapter):
@@ -71,7 +70,7 @@ class TwistAdapter(PollingAdapter):
         if not thread:
             raise ChannelError("twist replies go to a thread: pass chat_id as the thread id")
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             made = self.http.json("POST", f"{self.base}/comments/add", json={"thread_id": int(thread), "content": part})
             ids.append(str(made.get("id", "")))
         return ",".join(ids)

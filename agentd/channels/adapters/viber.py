@@ -12,7 +12,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://chatapi.viber.com"
@@ -21,6 +21,7 @@ EVENTS = ["delivered", "seen", "failed", "subscribed", "unsubscribed", "conversa
 
 class ViberAdapter(WebhookAdapter):
     max_message_len = 7000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -73,7 +74,7 @@ class ViberAdapter(WebhookAdapter):
     def send(self, conversation: Conversation, text: str) -> str:
         name = (self.settings.get("default_agent") or "agentd")[:28]  # sender.name: at most 28 chars
         token = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.call("send_message", {"receiver": conversation.chat_id, "type": "text",
                                                 "sender": {"name": name}, "text": part})
             token = str(answer.get("message_token") or "")

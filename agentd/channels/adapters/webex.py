@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://webexapis.com"
@@ -104,7 +104,7 @@ class WebexAdapter(WebhookAdapter):
 
     def send(self, conversation: Conversation, text: str) -> str:
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.call("POST", "/messages", json={"roomId": conversation.chat_id, "markdown": part})
             ids.append(str(answer.get("id") or ""))
         return ",".join(ids)

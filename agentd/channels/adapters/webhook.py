@@ -23,6 +23,7 @@ SIGNATURE_HEADER = "X-Webhook-Signature"
 
 class GenericWebhookAdapter(WebhookAdapter):
     max_message_len = 64_000
+    text_format = ""  # the receiver decides how to show it: the agent's text as written
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -32,8 +33,13 @@ class GenericWebhookAdapter(WebhookAdapter):
         var = self.settings.get("secret_env") or ""
         return os.environ.get(var, "") if var else ""
 
+    port_key = "listen_port"
+
     def listen_port(self) -> int:
         return int(self.settings.get("listen_port") or 8460)
+
+    def signed(self) -> bool:
+        return bool(self.secret())
 
     def routes(self):  # type: ignore[no-untyped-def]
         return {("POST", "*"): self._inbound}  # any path: senders differ in where they post
@@ -62,7 +68,8 @@ class GenericWebhookAdapter(WebhookAdapter):
         if not url:
             raise ChannelError("callback_url is not set: replies have nowhere to go")
         agent = conversation.meta.get("agent", "")
-        body = json.dumps({"sender_id": conversation.user_id or conversation.chat_id, "message": text,
+        body = json.dumps({"sender_id": conversation.user_id or conversation.chat_id,
+                           "message": "\n\n".join(self.reply_texts(text)),
                            "agent": agent or self.settings.get("default_agent") or ""}).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         secret = self.secret()

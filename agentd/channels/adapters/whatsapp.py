@@ -16,7 +16,6 @@ from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.adapters.messenger import MessengerAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.bases.webhook import Request
 
 API_URL = "https://graph.facebook.com/v18.0"
@@ -24,6 +23,7 @@ API_URL = "https://graph.facebook.com/v18.0"
 
 class WhatsAppAdapter(MessengerAdapter):
     max_message_len = 4096  # text.body limit
+    text_format = "whatsapp"
 
     def listen_port(self) -> int:
         return int(self.settings.get("webhook_port") or 8443)
@@ -80,7 +80,7 @@ class WhatsAppAdapter(MessengerAdapter):
         url = f"{base}/{self.settings.get('phone_number_id')}/messages"
         headers = {"Authorization": "Bearer " + self.env("access_token_env")}
         message_id = ""
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             answer = self.http.json("POST", url, headers=headers, json={
                 "messaging_product": "whatsapp", "recipient_type": "individual",
                 "to": conversation.chat_id, "type": "text", "text": {"body": part}})

@@ -20,7 +20,7 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import HttpSender, split_text
+from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 HEALTH_EVERY = 5.0  # seconds between gateway health checks
@@ -43,6 +43,7 @@ class _Redact(logging.Filter):
 
 class WhatsAppGatewayAdapter(WebhookAdapter):
     max_message_len = MAX_TEXT
+    text_format = "whatsapp"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -111,7 +112,7 @@ class WhatsAppGatewayAdapter(WebhookAdapter):
         return 200, {"response": ""}  # the reply follows through /send
 
     def send(self, conversation: Conversation, text: str) -> str:
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             self.http.json("POST", self.gateway() + "/send", json={"to": conversation.chat_id, "text": part})
         return ""  # the gateway's /send answers no message id
 

@@ -14,12 +14,12 @@ from typing import Any
 import slixmpp
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
-from agentd.channels.bases.sender import split_text
 from agentd.retry import Backoff
 
 
 class XmppAdapter(Adapter):
     max_message_len = 10_000
+    text_format = "plain"
 
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
@@ -101,7 +101,7 @@ class XmppAdapter(Adapter):
         sender = msg["from"].bare
         conversation = Conversation(self.name, sender, sender, direct=True)
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=msg["body"], message_id=msg["id"] or "",
-                                 sender_name=msg["from"].user))
+                                 sender_name=msg["from"].user, mentioned=self.nick.lower() in msg["body"].lower()))
 
     def _groupchat(self, msg: Any) -> None:
         nick, body = msg["mucnick"], msg["body"] or ""
@@ -117,7 +117,8 @@ class XmppAdapter(Adapter):
         sender = str(real.bare) if real else f"{room}/{nick}"
         conversation = Conversation(self.name, room, sender, meta={"addressee": nick})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body[len(self.nick) + 1:].strip(),
-                                 message_id=msg["id"] or "", sender_name=nick, sender_aliases=(nick,)))
+                                 message_id=msg["id"] or "", sender_name=nick, sender_aliases=(nick,),
+                                 mentioned=True))  # room messages reach the agent only when addressed
 
     def _call(self, fn: Any) -> Any:
         """Run `fn` on the adapter's loop and wait for it (the sender's threads are not the loop's)."""
@@ -132,7 +133,7 @@ class XmppAdapter(Adapter):
         mtype = "groupchat" if conversation.chat_id in self.rooms else "chat"
         prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             def deliver(part: str = part) -> str:
                 msg = self.client.make_message(mto=conversation.chat_id, mbody=prefix + part, mtype=mtype)
                 msg["chat_state"] = "active"

@@ -16,7 +16,6 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.bases.sender import split_text
 from agentd.channels.lifecycle import emoji_name
 
 
@@ -66,27 +65,29 @@ class ZulipAdapter(PollingAdapter):
             return
         text = str(message.get("content") or "")
         sender = str(message.get("sender_email"))
+        mention = f"@**{self.full_name}**"
+        mentioned = "mentioned" in flags or mention in text
         if message.get("type") == "stream":
-            mention = f"@**{self.full_name}**"
-            if "mentioned" not in flags and mention not in text:
+            if not mentioned:
                 return
             text = text.replace(mention, "").strip()
-            stream = str(message.get("display_recipient"))
-            conversation = Conversation(self.name, stream, sender,
-                                        meta={"topic": message.get("subject", ""), "to": stream})
+            stream, topic = str(message.get("display_recipient")), str(message.get("subject", ""))
+            # A topic is a conversation of its own, answered in the same topic.
+            conversation = Conversation(self.name, stream, sender, meta={"topic": topic, "to": stream},
+                                        thread_id=topic)
         else:
             conversation = Conversation(self.name, sender, sender, direct=True,
                                         meta={"to": [sender], "user_ids": [message.get("sender_id")]})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=re.sub(r"\s+", " ", text).strip(),
                                  message_id=str(message.get("id")),
                                  sender_name=str(message.get("sender_full_name") or sender),
-                                 sender_aliases=(str(message.get("sender_id")),)))
+                                 sender_aliases=(str(message.get("sender_id")),), mentioned=mentioned))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
             self.prepare()
         ids = []
-        for part in split_text(text, self.max_message_len):
+        for part in self.reply_texts(text):
             if conversation.direct:
                 body = {"type": "private", "to": json.dumps(conversation.meta.get("to") or [conversation.chat_id])}
             else:

@@ -1,5 +1,5 @@
 """One HTTP sender for every adapter: timeouts, retries on 429/5xx honouring
-Retry-After, and message splitting at the platform's length limit."""
+Retry-After (splitting a reply at the platform's limit is agentd/channels/format's)."""
 
 from __future__ import annotations
 
@@ -19,24 +19,6 @@ from agentd.retry import Backoff, retry_after
 
 log = logging.getLogger("agentd.channels.sender")
 RETRY_STATUS = {429, 500, 502, 503, 504}
-
-
-def split_text(text: str, limit: int) -> list[str]:
-    """Split at paragraph, line, then word boundaries so each part fits `limit` chars."""
-    text = text.strip()
-    parts: list[str] = []
-    while len(text) > limit:
-        window = text[:limit]
-        cut = max(window.rfind("\n\n"), window.rfind("\n"))
-        if cut < limit // 2:
-            cut = window.rfind(" ")
-        if cut < limit // 4:
-            cut = limit  # one very long word: hard cut
-        parts.append(text[:cut].rstrip())
-        text = text[cut:].lstrip()
-    if text:
-        parts.append(text)
-    return parts or [""]
 
 
 class _TrackingAdapter(requests.adapters.HTTPAdapter):

@@ -1,5 +1,8 @@
-"""Webhook base: the adapter's own HTTP listener (bound to `[channels] listen_host`,
-127.0.0.1 by default) with signature checks that run before any parsing."""
+"""Webhook base: platform requests with signature checks that run before any parsing.
+
+Served on the daemon's own port at `/channels/<name>/webhook` (agentd/api/routes_webhooks.py);
+an adapter whose section sets its port key (`port_key`) also gets its own HTTP listener,
+bound to `[channels] listen_host` (127.0.0.1 by default). Both call `serve()`."""
 
 from __future__ import annotations
 
@@ -44,9 +47,25 @@ def within_window(timestamp: str | None, window: float = 300.0) -> bool:
 class WebhookAdapter(Adapter):
     """Subclasses implement `listen_port()`, `routes()` and `verify(request)`."""
 
+    #: The settings key of the own listener's port: set in the section, it opens one.
+    port_key = "webhook_port"
+
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, settings)
         self.server: ThreadingHTTPServer | None = None
+        self.started = False
+
+    def own_listener(self) -> bool:
+        """Whether this adapter opens its own port besides the daemon's route: when its
+        section sets `port_key`, or when it runs outside the channel runtime."""
+        keys = self.ctx.configured
+        return keys is None or self.port_key in keys
+
+    def signed(self) -> bool:
+        """Whether `verify` authenticates every request (a signature or token the platform
+        holds). An adapter that can run unsigned says so: its daemon route then serves
+        loopback clients only."""
+        return True
 
     def listen_port(self) -> int:
         raise NotImplementedError
@@ -64,10 +83,40 @@ class WebhookAdapter(Adapter):
         """The platform's signature/token check; runs before the body is parsed."""
         return True
 
+    def handler_for(self, method: str, path: str, root: bool = False) -> Handler | None:
+        """The route for (method, path); with `root`, the daemon's `/channels/<name>/webhook`
+        itself (path "/") also takes an adapter's one route of that method (Feishu's
+        `webhook_path` is its own listener's path)."""
+        routes = self.routes()
+        handler = routes.get((method, path)) or routes.get((method, "*"))
+        if handler is None and root and path == "/":
+            mine = [h for (m, _), h in routes.items() if m == method]
+            handler = mine[0] if len(mine) == 1 else None
+        return handler
+
+    def serve(self, request: Request, remote: str, root: bool = False) -> tuple[int, Any]:
+        """One platform request, its body read but not parsed: the signature check, then the
+        route's handler. (status, JSON-able body, or bytes sent verbatim as text)."""
+        handler = self.handler_for(request.method, request.path, root)
+        if handler is None:
+            return 404, {"error": "not found"}
+        if not self.verify(request):
+            self.ctx.audit("refused", reason="bad signature", remote=remote)
+            return 401, {"error": "invalid signature"}
+        try:
+            return handler(request)
+        except ValueError as exc:
+            return 400, {"error": f"bad request: {exc}"}
+        except Exception:  # noqa: BLE001 - never a traceback to the platform
+            self.ctx.log.exception("webhook handler failed")
+            return 500, {"error": "internal error"}
+
     def start(self) -> None:
         self.prepare()
-        self.server = _Server((self.ctx.listen_host, self.listen_port()), self)
-        self.spawn(self.server.serve_forever, "listener")
+        if self.own_listener():
+            self.server = _Server((self.ctx.listen_host, self.listen_port()), self)
+            self.spawn(self.server.serve_forever, "listener")
+        self.started = True
 
     def prepare(self) -> None:
         """Checks before the listener opens; raise ChannelError."""
@@ -79,7 +128,9 @@ class WebhookAdapter(Adapter):
             server.server_close()
 
     def health(self) -> bool:
-        return self.server is not None and not self.stopping.is_set()
+        if self.stopping.is_set() or not self.started:
+            return False
+        return self.server is not None or not self.own_listener()
 
 
 class _Server(ThreadingHTTPServer):
@@ -141,9 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(403, {"error": "cross-site request refused"})
             return
         parts = urlsplit(self.path)
-        routes = adapter.routes()
-        handler = routes.get((self.command, parts.path)) or routes.get((self.command, "*"))
-        if handler is None:
+        if adapter.handler_for(self.command, parts.path) is None:
             self._answer(404, {"error": "not found"})
             return
         try:
@@ -164,18 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         request = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
-        if not adapter.verify(request):
-            remote = adapter.ctx.client_of(self.client_address[0], self.headers.get)
-            adapter.ctx.audit("refused", reason="bad signature", remote=remote)
-            self._answer(401, {"error": "invalid signature"})
-            return
-        try:
-            status, answer = handler(request)
-        except ValueError as exc:
-            status, answer = 400, {"error": f"bad request: {exc}"}
-        except Exception:  # noqa: BLE001 - never a traceback to the platform
-            adapter.ctx.log.exception("webhook handler failed")
-            status, answer = 500, {"error": "internal error"}
-        self._answer(status, answer)
+        remote = adapter.ctx.client_of(self.client_address[0], self.headers.get)
+        self._answer(*adapter.serve(request, remote))
 
     do_GET = do_POST = do_PUT = _handle

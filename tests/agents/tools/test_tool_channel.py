@@ -50,9 +50,11 @@ def test_recipients_outside_the_allow_lists_are_refused(sent) -> None:
     assert call(daemon, agent, "channel_send", channel="telegram", recipient="alice", message="hi") == \
         "error: channel 'telegram' is not running here (running: webhook)"
     assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice") == \
-        "error: nothing to send: give a message, image_url or file_url"
+        "error: nothing to send: give a message, image_url, file_url or file_path"
     assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice", message="x",
-                file_path="a.txt").startswith("error: file_path attachments are not supported")
+                file_path="a.txt") == "error: no such file in the workspace: a.txt"
+    assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice", message="x",
+                file_path="../../secrets.env").startswith("error: path escapes the agent workspace")
     assert len(callback.requests) == before
     assert audit(daemon, "channel.refused", "webhook")[0]["detail"]["recipient"] == "mallory"
 

@@ -275,7 +275,8 @@ def test_spawn_form_shows_errors_inline_and_spawns(dash) -> None:
     r = post(client, "/agents", {"manifest_toml": 'name = "fresh"\nprofile = "minimal"\n', "csrf_token": token})
     assert r.status_code == 303
     handle = kernel.agents.by_name("fresh")
-    assert r.headers["Location"] == f"/agents/{handle.id}"
+    assert r.headers["Location"].startswith(f"/agents/{handle.id}?note=")
+    assert "agent fresh spawned" in page(client, r.headers["Location"]).get_data(as_text=True)
     # A provider without a key does not stop the spawn; the agent's page says what to set.
     r = post(client, "/agents", {"manifest_toml": 'name = "keyless"\n[model]\nprovider = "groq"\n'
                                                   'model = "llama-3.3-70b-versatile"\n', "csrf_token": token})
@@ -345,7 +346,7 @@ def test_login_flow_and_cookie_flags(keyed) -> None:
     cookie = cookie_header(r)
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
     assert KEY not in cookie
-    assert client.get("/", environ_base=REMOTE).status_code == 200
+    assert client.get("/agents", environ_base=REMOTE).status_code == 200
     # The cookie authenticates the JSON API for the dashboard's own scripts...
     assert client.get("/api/status", environ_base=REMOTE).status_code == 200
     # ...but a change through the API needs the CSRF header too.

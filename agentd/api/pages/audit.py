@@ -1,0 +1,42 @@
+"""`/audit`: the audit trail with filters, over the call GET /api/audit/recent makes."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from flask import render_template, request
+
+from agentd.api.pages import bp, kernel
+
+SHOWN = 200
+
+
+def _time(name: str) -> tuple[datetime | None, str]:
+    """The filter's time (a `datetime-local` field, UTC), or None with what was wrong."""
+    raw = (request.args.get(name) or "").strip()
+    if not raw:
+        return None, ""
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None, f"{name}: {raw!r} is not a time (YYYY-MM-DDTHH:MM)"
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)), ""
+
+
+@bp.get("/audit")
+def audit():
+    k = kernel()
+    agent = (request.args.get("agent") or "").strip()
+    action = (request.args.get("action") or "").strip()
+    since, since_error = _time("since")
+    until, until_error = _time("until")
+    events = k.audit.recent(SHOWN, action, agent, since, until)
+    actions = sorted({e.split(".", 1)[0] + "." for e in _known_events(k)})
+    return render_template("audit.html", events=events, agent=agent, action=action,
+                           since=request.args.get("since", ""), until=request.args.get("until", ""),
+                           errors=[e for e in (since_error, until_error) if e], shown=SHOWN,
+                           agents=sorted(h.name for h in k.agents.handles()), actions=actions)
+
+
+def _known_events(k) -> list[str]:
+    return [e["event"] for e in k.audit.recent(500)]

@@ -1,0 +1,171 @@
+"""`/channels/<name>`: one adapter's form, Test button, live state and last errors.
+
+The form is built from the adapter's catalogue entry (its `fields`, then its other keys
+under "More settings") and saved through the same kernel call as
+POST /api/channels/{name}/configure: secrets typed into password fields go in its `secrets`
+object, so they land in `secrets.env` (mode 0600) and the daemon's environment and never in
+config.toml; the page only says whether each is set. The Test button sends a real message
+through the adapter (POST /api/channels/{name}/test's call) and shows what the platform
+answered. Every POST redirects back with a message (post/redirect/get).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flask import abort, render_template, request
+
+from agentd.api.pages import bp, kernel
+from agentd.api.pages.notes import see_other_with
+from agentd.channels.catalog import ChannelInfo, field_views, settings_for
+from agentd.errors import AgentdError
+
+# Audit events that report something going wrong with a channel.
+PROBLEMS = ("channel.error", "channel.start_failed", "channel.send_failed", "channel.test_failed",
+            "channel.connection_error", "channel.dropped", "channel.refused")
+EVENTS_SCANNED = 500
+PROBLEMS_SHOWN = 10
+TEST_MESSAGE = "Test message from agentd"
+
+
+def form_fields(info: ChannelInfo, section: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The form's inputs: the catalogue's fields, then every other key a form can hold
+    (tables such as `overrides` stay as they are). Secrets carry `env_var` and `has_value`
+    (the variable is set), never a value."""
+    section = section or {}
+    effective = settings_for(info, section)
+    rows = []
+    for field in field_views(info, section):
+        row = dict(field)
+        row["advanced"] = bool(row["advanced"])
+        if row["type"] == "secret":
+            row["value"] = ""
+        elif "value" not in row:
+            row["value"] = ""
+        rows.append(row)
+    shown = {row["key"] for row in rows}
+    for key, spec in info.keys.items():
+        if key in shown or spec["kind"] == "table":
+            continue
+        value = effective.get(key)
+        if key.endswith("_env"):
+            env = value if isinstance(value, str) else ""
+            rows.append({"key": key, "label": key, "type": "secret", "env_var": env, "required": False,
+                         "has_value": bool(env and os.environ.get(env)), "placeholder": "", "advanced": True,
+                         "value": ""})
+            continue
+        kind = {"list": "list", "number": "number", "bool": "bool"}.get(spec["kind"], "text")
+        if kind == "bool":
+            text = "1" if value else ""
+        elif isinstance(value, list):
+            text = ", ".join(str(v) for v in value)
+        else:
+            text = "" if value is None or key not in section else str(value)
+        rows.append({"key": key, "label": key, "type": kind, "env_var": "", "required": False,
+                     "has_value": key in section, "placeholder": "" if value is None else str(value),
+                     "advanced": True, "value": text})
+    return rows
+
+
+def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
+    """The configure body from the posted form: the saved section with each posted input
+    applied (an emptied input removes its key, an input not posted leaves it alone, an
+    empty password keeps the stored secret)."""
+    body = dict(section)
+    secrets: dict[str, str] = {}
+    form = request.form
+    for row in form_fields(info, section):
+        key = row["key"]
+        if row["type"] == "secret":
+            value = form.get(key, "")
+            if value:
+                secrets[key] = value
+            if f"env:{key}" in form:
+                name = form.get(f"env:{key}", "").strip()
+                if name:
+                    body[key] = name
+                else:
+                    body.pop(key, None)
+        elif key not in form:
+            continue
+        elif row["type"] == "bool":
+            on = "1" in form.getlist(key)  # a hidden "0" comes first: an unticked box is posted too
+            if on == bool(info.keys[key].get("default")):
+                body.pop(key, None)
+            else:
+                body[key] = on
+        else:
+            value = form.get(key, "").strip()
+            if value:
+                body[key] = value
+            else:
+                body.pop(key, None)
+    if secrets:
+        body["secrets"] = secrets
+    return body
+
+
+def _problems(name: str) -> list[dict[str, Any]]:
+    audit = getattr(kernel(), "audit", None)
+    if audit is None:
+        return []
+    rows = [e for e in audit.recent(EVENTS_SCANNED, "channel.") if e["subject"] == name and e["event"] in PROBLEMS]
+    return rows[:PROBLEMS_SHOWN]
+
+
+@bp.get("/channels/<name>")
+def channel_page(name: str):
+    channels = kernel().channels
+    if name not in channels.catalog.names():
+        abort(404)
+    info = channels.catalog.get(name)
+    item = next(i for i in channels.list() if i["name"] == name)
+    section = channels.sections.get(name)
+    return render_template("channel.html", channel=item, fields=form_fields(info, section),
+                           webhook=channels.webhook(name) is not None,
+                           problems=_problems(name), test_message=TEST_MESSAGE)
+
+
+@bp.post("/channels/<name>/configure")
+def channel_configure(name: str):
+    channels = kernel().channels
+    if name not in channels.catalog.names():
+        abort(404)
+    info = channels.catalog.get(name)
+    try:
+        result = channels.configure(name, _body(info, dict(channels.sections.get(name) or {})))
+    except AgentdError as exc:
+        return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
+    lines = [f"{name}: configuration saved" + ("; the adapter started" if result["activated"] else "")]
+    if result.get("secrets_saved"):
+        lines.append("secrets saved to secrets.env: " + ", ".join(result["secrets_saved"]))
+    if result.get("note"):
+        lines.append(result["note"])
+    return see_other_with("pages.channel_page", lines, ok=bool(result["activated"]), name=name)
+
+
+@bp.post("/channels/<name>/remove")
+def channel_remove(name: str):
+    channels = kernel().channels
+    if name not in channels.catalog.names():
+        abort(404)
+    channels.remove(name)
+    return see_other_with("pages.channel_page", [f"{name}: configuration removed and the adapter stopped"],
+                          name=name)
+
+
+@bp.post("/channels/<name>/test")
+def channel_test(name: str):
+    channels = kernel().channels
+    if name not in channels.catalog.names():
+        abort(404)
+    message = request.form.get("message", "").strip() or TEST_MESSAGE
+    try:
+        result = channels.test(name, message, request.form.get("chat_id", "").strip(), detail=True)
+    except AgentdError as exc:
+        return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
+    answer = result["message"]
+    if result.get("message_id"):
+        answer += f"; the platform's message id: {result['message_id']}"
+    return see_other_with("pages.channel_page", [f"{name}: {answer}"], name=name)

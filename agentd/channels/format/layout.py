@@ -1,0 +1,120 @@
+"""What the line-based targets share: blocks laid out as lines, with list bullets,
+indentation and quote prefixes; each target says how to write spans and code."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+from agentd.channels.format.document import CODE, EM, STRIKE, STRONG, Block, Span
+
+
+class LineTarget:
+    """Renders blocks one after another; subclasses write the inline parts."""
+
+    name = ""
+    bullet = "•"
+    quote_prefix = "> "
+    # The marks in the order they nest, outermost first, with their opening/closing text.
+    wraps: dict[str, tuple[str, str]] = {}
+
+    def render(self, blocks: list[Block]) -> str:
+        out: list[str] = []
+        previous: Block | None = None
+        for block in blocks:
+            if previous is not None:
+                # Items of a list follow each other line by line; anything else, an item's
+                # second paragraph included, stands apart.
+                tight = block.item and bool(previous.lists) and block.quote == previous.quote
+                out.append("\n" if tight else "\n\n")
+            out.append(self.block(block))
+            previous = block
+        return "".join(out).strip("\n")
+
+    def block(self, block: Block) -> str:
+        if block.kind == "code":
+            body = self.code_block(block.code, block.lang)
+        elif block.kind == "rule":
+            body = self.rule()
+        elif block.kind == "heading":
+            body = self.heading(block.spans, block.level)
+        else:
+            body = self.spans(block.spans)
+        lines = body.split("\n")
+        lead, hang = self.list_lead(block)
+        lines = [(lead if n == 0 else hang) + line for n, line in enumerate(lines)]
+        return self.quote(lines, block.quote)
+
+    def list_lead(self, block: Block) -> tuple[str, str]:
+        """The text before a block's first line (bullet or number) and before its other
+        lines: a nested item starts where its parent item's text starts."""
+        if not block.lists:
+            return "", ""
+        markers = [f"{level.number}." if level.ordered else self.bullet for level in block.lists]
+        indent = "".join(" " * (len(marker) + 1) for marker in markers[:-1])
+        hang = indent + " " * (len(markers[-1]) + 1)
+        return (indent + markers[-1] + " " if block.item else hang), hang
+
+    def quote(self, lines: list[str], depth: int) -> str:
+        prefix = self.quote_prefix * depth
+        return "\n".join(prefix + line if prefix else line for line in lines)
+
+    # -- what targets write -------------------------------------------------------------
+    def escape(self, text: str) -> str:
+        return text
+
+    def code_escape(self, text: str) -> str:
+        return self.escape(text)
+
+    def spans(self, spans: list[Span]) -> str:
+        """A link is one piece (its marks inside it); elsewhere runs sharing a mark are
+        wrapped once (`**a b**`, not `**a** **b**`), outermost mark first."""
+        out: list[str] = []
+        for href, group in groupby(spans, key=lambda s: s.href):
+            items = list(group)
+            text = self.marked(items, (STRONG, EM, STRIKE))
+            out.append(self.link(text, "".join(s.text for s in items), href) if href else text)
+        return "".join(out)
+
+    def marked(self, spans: list[Span], marks: tuple[str, ...]) -> str:
+        if not marks:
+            return "".join(self.leaf(s) for s in spans)
+        mark, inner = marks[0], marks[1:]
+        out: list[str] = []
+        for has, group in groupby(spans, key=lambda s: mark in s.marks and not s.brk):
+            text = self.marked(list(group), inner)
+            out.append(self.wrap(mark, text) if has and mark in self.wraps else text)
+        return "".join(out)
+
+    def wrap(self, mark: str, text: str) -> str:
+        # Markers go inside the spaces around a run: "*bold* " not "*bold *", which
+        # platforms with word-bound markers would not draw.
+        core = text.strip(" ")
+        if not core:
+            return text
+        head, tail = text[:len(text) - len(text.lstrip(" "))], text[len(text.rstrip(" ")):]
+        before, after = self.wraps[mark]
+        return head + before + core + after + tail
+
+    def leaf(self, span: Span) -> str:
+        if span.brk:
+            return self.line_break()
+        return self.inline_code(span.text) if CODE in span.marks else self.escape(span.text)
+
+    def line_break(self) -> str:
+        return "\n"
+
+    def inline_code(self, text: str) -> str:
+        return self.code_escape(text)
+
+    def link(self, label: str, raw: str, href: str) -> str:
+        """A link: `label` already written in the target's format, `raw` its bare text."""
+        return label
+
+    def heading(self, spans: list[Span], level: int) -> str:
+        return self.spans(spans)
+
+    def code_block(self, code: str, lang: str) -> str:
+        return self.code_escape(code)
+
+    def rule(self) -> str:
+        return "―――"

@@ -1,0 +1,50 @@
+"""CommonMark again, written from the parsed blocks (so a split part is valid Markdown on
+its own): for platforms that render Markdown themselves."""
+
+from __future__ import annotations
+
+import re
+
+from agentd.channels.format.document import EM, STRIKE, STRONG, Span
+from agentd.channels.format.layout import LineTarget
+
+# What would be read as markup: emphasis and code marks, brackets, a "<" that could open
+# an autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
+# so a platform that shows the text raw shows few backslashes.
+SPECIAL = re.compile(r"([\\`*_~\[\]]|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
+LINE_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)", re.M)
+
+
+class Markdown(LineTarget):
+    name = "markdown"
+    bullet = "-"
+    wraps = {STRONG: ("**", "**"), EM: ("*", "*"), STRIKE: ("~~", "~~")}
+
+    def escape(self, text: str) -> str:
+        return LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2), SPECIAL.sub(r"\\\1", text))
+
+    def code_escape(self, text: str) -> str:
+        return text
+
+    def inline_code(self, text: str) -> str:
+        ticks = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+        pad = " " if text.startswith("`") or text.endswith("`") else ""
+        return f"{ticks}{pad}{text}{pad}{ticks}"
+
+    def link(self, label: str, raw: str, href: str) -> str:
+        if raw in (href, href.removeprefix("mailto:")) and not re.search(r"[\s<>]", href):
+            return f"<{href}>"
+        return f"[{label}]({self.destination(href)})"
+
+    def destination(self, href: str) -> str:
+        return f"<{href}>" if re.search(r"[\s()<>]", href) else href
+
+    def heading(self, spans: list[Span], level: int) -> str:
+        return "#" * level + " " + self.spans(spans)
+
+    def code_block(self, code: str, lang: str) -> str:
+        fence = "`" * max(3, max((len(run) + 1 for run in re.findall(r"^`{3,}", code, re.M)), default=3))
+        return f"{fence}{lang}\n{code}\n{fence}"
+
+    def rule(self) -> str:
+        return "---"

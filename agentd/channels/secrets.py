@@ -1,0 +1,60 @@
+"""Channel secrets given as values (the `secrets` object of a configure body, the dashboard's
+password fields): checked here, written to `secrets.env` and the daemon's environment by
+the same writer as provider keys (agentd/providers.py), never to config.toml.
+
+A secret belongs to one of the adapter's `*_env` keys; the section records the variable's
+NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_TOKEN`) or a
+name of the adapter's own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a
+provider key or anything else of the daemon's environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentd.channels.catalog import ENV_NAME, ChannelInfo
+from agentd.errors import BadRequest
+
+MAX_SECRET = 8192
+
+
+def env_keys(info: ChannelInfo) -> dict[str, str]:
+    """The adapter's `*_env` keys and each one's default variable name ("" when none)."""
+    defaults = {f["key"]: f["env_var"] or "" for f in info.data["fields"] if f["type"] == "secret"}
+    out = {}
+    for key, spec in info.keys.items():
+        if key.endswith("_env"):
+            default = spec.get("default")
+            out[key] = defaults.get(key) or (default if isinstance(default, str) else "")
+    return out
+
+
+def allowed_name(info: ChannelInfo, key: str, name: str) -> bool:
+    return bool(ENV_NAME.match(name)) and (name == env_keys(info).get(key)
+                                           or name.startswith(info.name.upper() + "_"))
+
+
+def secret_values(info: ChannelInfo, values: dict[str, Any], secrets: Any) -> dict[str, str]:
+    """{variable: value} to store for `secrets` ({"<key>_env": "<value>"}); sets each key's
+    variable name in `values` (the section). 400 names the key, never the value."""
+    if not isinstance(secrets, dict):
+        raise BadRequest('secrets: must be an object of {"<key>_env": "<secret value>"}')
+    keys = env_keys(info)
+    out: dict[str, str] = {}
+    for key, value in secrets.items():
+        if key not in keys:
+            raise BadRequest(f"secrets.{key}: not a secret key of channel {info.name} "
+                             f"(accepted: {', '.join(sorted(keys))})")
+        if value is None or value == "":
+            continue  # an empty password field keeps what is stored
+        if not isinstance(value, str) or len(value) > MAX_SECRET or any(c in value for c in "\r\n\0"):
+            raise BadRequest(f"secrets.{key}: must be a single-line string of at most {MAX_SECRET} characters")
+        name = values.get(key) or keys[key]
+        if not name:
+            raise BadRequest(f"secrets.{key}: name its variable in {key} (like {info.name.upper()}_TOKEN)")
+        if not allowed_name(info, key, name):
+            raise BadRequest(f"{key}: a secret saved by agentd goes to {keys[key] or 'a variable'} or a variable "
+                             f"starting with {info.name.upper()}_, not {name}")
+        values[key] = name
+        out[name] = value.strip()
+    return out

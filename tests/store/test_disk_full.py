@@ -1,0 +1,73 @@
+"""A full disk under the SQLite store, made with a file-size limit on the daemon process
+(RLIMIT_FSIZE 0: every write that would grow a file fails with EFBIG; Python ignores
+SIGXFSZ): writes answer 507 with a clear message, reads keep working, health says
+`degraded`, nothing half-written is left (PRAGMA integrity_check), and once the limit is
+lifted the daemon writes again by itself."""
+
+from __future__ import annotations
+
+import resource
+import sqlite3
+
+import pytest
+
+import pgtest
+from channel_fixtures import wait_for
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home
+
+FULL = "insufficient storage: the disk holding the database is full; free some space and retry"
+
+pytestmark = pytest.mark.skipif(pgtest.ENABLED, reason="the SQLite store's disk")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, fake_llm):
+    home = make_home(tmp_path_factory.mktemp("disk"), llm_config(fake_llm))
+    d = Daemon(home, env_extra=LLM_ENV).start()
+    yield d
+    d.stop()
+
+
+def _limit(d: Daemon, size: int) -> None:
+    resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY))
+
+
+def test_full_disk_refuses_writes_keeps_reads_and_recovers(daemon) -> None:
+    d = daemon
+    agent = d.post("/api/agents", json={"manifest_toml": 'name = "filler"\nprofile = "minimal"\n'}).json()["agent_id"]
+    kv = f"/api/memory/agents/{agent}/kv"
+    assert d.put(f"{kv}/before", json={"value": "kept"}).status_code == 200
+    assert d.post(f"/api/agents/{agent}/message", json={"message": "before"}).status_code == 200
+
+    _limit(d, 0)
+    try:
+        r = d.put(f"{kv}/during", json={"value": "x" * 10000})
+        assert r.status_code == 507 and r.headers["Retry-After"] == "2", r.text
+        assert r.json() == {"error": FULL}
+        r = d.post(f"/api/agents/{agent}/message", json={"message": "during"})
+        assert r.status_code == 507 and r.json() == {"error": FULL}, r.text
+        r = d.post("/v1/chat/completions", json={"model": "filler", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 507, r.text
+        assert r.json() == {"error": {"message": FULL, "type": "server_error"}}
+        # Reads keep working.
+        assert d.get(f"{kv}/before").json()["value"] == "kept"
+        assert [a["name"] for a in d.get("/api/agents").json()] == ["filler"]
+        assert d.get(f"/api/agents/{agent}/session").json()["message_count"] == 2
+        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, 3, what="health degraded")
+    finally:
+        _limit(d, resource.RLIM_INFINITY)
+
+    wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 10000}).status_code == 200, 5,
+             what="writes accepted again")
+    wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, 3, what="health ok")
+    reply = d.post(f"/api/agents/{agent}/message", json={"message": "after"})
+    assert reply.status_code == 200 and reply.json()["response"] == "echo: after"
+    assert d.get(f"{kv}/during").status_code == 404
+    assert d.get(f"/api/agents/{agent}/session").json()["message_count"] == 4
+    conn = sqlite3.connect(d.home / "data" / "agentd.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
+    assert "Traceback" not in d.log()
