@@ -150,12 +150,13 @@ def test_slack_buttons_reject_and_refuse(daemon, slack):
 
 
 def test_slack_buttons_at_the_request_url(daemon, slack):
-    """Over HTTP the click is a signed form-encoded `payload` at the Events API request URL."""
+    """Over HTTP the click is a signed form-encoded `payload` at the Events API request URL:
+    the daemon's `/channels/slack/webhook` (the adapter's own listener answers the same)."""
     port = free_port()
     configure(daemon, "slack", api_url=slack.url + "/api", bot_token_env="SLACK_BOT_TOKEN", webhook_port=port,
               signing_secret_env="SLACK_SIGNING_SECRET", default_agent="keeper")
     wait_active(daemon, "slack")
-    slack.webhook = f"http://127.0.0.1:{port}/slack/events"
+    slack.webhook = f"{daemon.url}/channels/slack/webhook"
     channel = slack.user_says("U1BEA", WRITE % "slack-http.txt")
     approval = pending(daemon, "slack-http.txt")
     asked = wait_for(lambda: [m for m in slack.sent if m.get("blocks")], what="the request")[0]
@@ -167,10 +168,11 @@ def test_slack_buttons_at_the_request_url(daemon, slack):
     assert written(daemon, "slack-http.txt")
     # A click whose signature does not match is refused before it is read.
     body = b"payload=%7B%7D"
-    refused = requests.post(slack.webhook, data=body, timeout=5, headers={
-        "Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": str(int(time.time())),
-        "X-Slack-Signature": "v0=" + "0" * 64})
-    assert refused.status_code == 401
+    for url in (slack.webhook, f"http://127.0.0.1:{port}/slack/events"):
+        refused = requests.post(url, data=body, timeout=5, headers={
+            "Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": str(int(time.time())),
+            "X-Slack-Signature": "v0=" + "0" * 64})
+        assert refused.status_code == 401, url
 
 
 # -- Discord: message components, INTERACTION_CREATE ----------------------------------------
@@ -226,6 +228,8 @@ def test_discord_request_settled_when_the_api_decides(daemon, discord):
 # -- Teams: an Adaptive Card with Action.Submit buttons --------------------------------------
 
 def test_teams_card_reject_and_refuse(daemon):
+    """The press of a card's button is an activity at the messaging endpoint: the adapter's
+    own listener or the daemon's `/channels/teams/webhook`."""
     fake, port = FakeBotFramework(APP_ID, PASSWORD).start(), free_port()
     try:
         configure(daemon, "teams", default_agent="keeper", **keys(fake, port))
@@ -247,8 +251,9 @@ def test_teams_card_reject_and_refuse(daemon):
         wait_for(lambda: [s for s in fake.sent if s["activity"]["text"].startswith("Sorry, you cannot answer")],
                  what="the refusal")
         assert [a["id"] for a in daemon.get("/api/approvals").json()] == [approval["id"]]
+        # The same press reaches the daemon's own route for the adapter.
         pressed = fake.submit(card["id"], content["content"]["actions"][1]["data"], "ann", "channel", group)
-        assert post(url, pressed, fake.token()).status_code == 200
+        assert post(f"{daemon.url}/channels/teams/webhook", pressed, fake.token()).status_code == 200
         update = wait_for(lambda: fake.updates, what="the card replaced by its outcome")[0]
         assert update["id"] == card["id"] and update["activity"]["attachments"] == []
         assert update["activity"]["text"] == \
