@@ -225,6 +225,38 @@ def test_discord_request_settled_when_the_api_decides(daemon, discord):
     assert written(daemon, "dc-api.txt")
 
 
+def test_discord_approvals_and_reactions_with_auto_thread(daemon, discord):
+    """The request goes where the conversation is: the channel while its thread is not yet
+    started, the thread after; reactions land on the user's message where it is."""
+    configure(daemon, "discord", api_url=discord.url + "/api/v10", bot_token_env="DISCORD_BOT_TOKEN",
+              default_agent="keeper", auto_thread="true", overrides={"lifecycle_reactions": True})
+    wait_active(daemon, "discord")
+    discord.user_says("cat", WRITE % "dc-t1.txt", channel="c-threads", mention=True)
+    first = discord.last_message_id()
+    approval = pending(daemon, "dc-t1.txt")
+    asked = wait_for(lambda: [m for m in discord.sent if m.get("components")], what="the request")[0]
+    assert asked["channel"] == "c-threads"
+    clicked = discord.user_clicks("cat", asked, f"approve:{approval['id']}")
+    answer = wait_for(lambda: discord.callbacks.get(clicked), what="the answer")
+    assert answer["type"] == 7
+    wait_for(lambda: any(r.startswith("tool said: ") for r in discord.replies(first)), what="the reply in the thread")
+    assert discord.threads[first]["parent_id"] == "c-threads"
+    wait_for(lambda: discord.reactions.get(first) == ["✅"], what="✅ on the first message",
+             explain=lambda: discord.reactions)
+    # In the thread now: the request, the click and the reactions stay there.
+    discord.user_says("cat", WRITE % "dc-t2.txt", channel=first)
+    second = discord.last_message_id()
+    approval = pending(daemon, "dc-t2.txt")
+    asked = wait_for(lambda: [m for m in discord.sent if m.get("components") and m["channel"] == first],
+                     what="the request in the thread")[0]
+    clicked = discord.user_clicks("cat", asked, f"approve:{approval['id']}")
+    answer = wait_for(lambda: discord.callbacks.get(clicked), what="the answer")
+    assert answer["type"] == 7 and answer["data"]["content"].startswith("✅ Approved: file_write runs now")
+    wait_for(lambda: discord.reactions.get(second) == ["✅"], what="✅ on the message in the thread",
+             explain=lambda: discord.reactions)
+    assert written(daemon, "dc-t1.txt") and written(daemon, "dc-t2.txt")
+
+
 # -- Teams: an Adaptive Card with Action.Submit buttons --------------------------------------
 
 def test_teams_card_reject_and_refuse(daemon):

@@ -184,6 +184,8 @@ class FakeDiscord(FakeGateway):
         def reaction(channel: str, message: str, emoji: str):
             if not emoji:
                 return jsonify({"code": 10014, "message": "Unknown Emoji"}), 400
+            if not any(m["id"] == message and m["channel_id"] == channel for m in self.messages):
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
             mine = self.reactions.setdefault(message, [])
             if request.method == "PUT" and emoji not in mine:
                 mine.append(emoji)
