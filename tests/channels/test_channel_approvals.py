@@ -93,6 +93,23 @@ def test_telegram_buttons_approve_and_other_users_are_refused(daemon, telegram):
     assert daemon.post(f"/api/approvals/{approval['id']}/approve").status_code == 404
 
 
+def test_telegram_forum_topic_request_stays_in_the_topic(daemon, telegram):
+    configure(daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
+              default_agent="keeper")
+    wait_active(daemon, "telegram")
+    forum = -1003
+    telegram.user_says(703, WRITE % "tg-topic.txt", username="cy", chat_id=forum, chat_type="supergroup", topic=5)
+    approval = pending(daemon, "tg-topic.txt")
+    asked = wait_for(lambda: [m for m in telegram.sent if m.get("reply_markup")], what="the request")[0]
+    assert asked["chat"]["id"] == forum and asked["message_thread_id"] == 5
+    pressed = telegram.user_presses(703, asked, f"approve:{approval['id']}", username="cy")
+    wait_for(lambda: any(a["callback_query_id"] == pressed for a in telegram.answers), what="answer")
+    reply = wait_for(lambda: [m for m in telegram.sent if m["chat"]["id"] == forum
+                              and m["text"].startswith("tool said: ")], what="the agent's reply")[0]
+    assert reply["message_thread_id"] == 5
+    assert written(daemon, "tg-topic.txt")
+
+
 def test_telegram_dashboard_decision_is_the_chat_decision(daemon, telegram):
     configure(daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
               default_agent="keeper")

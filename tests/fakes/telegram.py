@@ -284,7 +284,9 @@ class FakeTelegram(FakeServer):
                                        "message": {"message_id": message["message_id"], "date": message["date"],
                                                    "chat": {"id": chat["id"], "type": "private"
                                                             if chat["id"] > 0 else "group"},
-                                                   "text": message["text"]}}})
+                                                   "text": message["text"],
+                                                   **{k: message[k] for k in ("message_thread_id",
+                                                                              "is_topic_message") if k in message}}}})
         return query_id
 
     def _get_file(self, p):
