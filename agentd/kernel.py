@@ -211,7 +211,8 @@ class Kernel:
                                        on_message=self.metrics.channel_message,
                                        on_inbound=sources.channel_messages(self.events),
                                        files=ChannelFiles(uploads, self.catalog, config.workspaces_dir),
-                                       store_secrets=self.providers.store_secrets)
+                                       store_secrets=self.providers.store_secrets,
+                                       approvals=self.approvals)
         self.qr_logins = QrLogins()
         from agentd.channels.leaders import ChannelLeaders
 

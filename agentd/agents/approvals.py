@@ -75,6 +75,12 @@ class ApprovalQueue:
             approval._event.set()
             return approval
 
+    def local(self, approval_id: str) -> Approval | None:
+        """The approval a run of this process waits on (its `decision` is set once decided),
+        None when it is not one of them."""
+        with self._lock:
+            return self._pending.get(approval_id)
+
     def approve(self, approval_id: str) -> Approval:
         return self._decide(approval_id, "approved")  # type: ignore[return-value]
 

@@ -402,7 +402,7 @@ class Runs:
             def approver(tool: str, args: dict[str, Any]) -> str:
                 approval = self.approvals.request(handle.id, handle.name, tool, args)
                 if emit is not None:
-                    emit(Event("phase", {"phase": "awaiting_approval",
+                    emit(Event("phase", {"phase": "awaiting_approval", "approval_id": approval.id,
                                          "detail": f"{tool} (approval {approval.id})"}))
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []

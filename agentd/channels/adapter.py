@@ -57,6 +57,11 @@ class Inbound:
     # Spaces the chat belongs to (a Discord guild, a Guilded server...), matched by the
     # chat allow-lists too (`allowed_guilds` names guilds, not channels).
     chat_aliases: tuple[str, ...] = ()
+    # A press of a button agentd posted (an approval's Approve/Reject): what the adapter
+    # needs to answer the platform's interaction (ids, tokens); empty for typed messages.
+    interaction: dict[str, Any] = field(default_factory=dict)
+    # The user changed an earlier message: `text` is its new text.
+    edited: bool = False
     # The bot was mentioned or replied to (adapters of conversation.MENTION_ADAPTERS say so).
     mentioned: bool = False
     # An agent the adapter routes this message to (telegram `thread_routes`), by name.
@@ -180,6 +185,31 @@ class Adapter:
 
     def send_typing(self, conversation: Conversation) -> None:
         """Show a typing indicator where the platform has one."""
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        """Put the bot's reaction `emoji` on a user's message (platforms with reactions)."""
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        """Take the bot's reaction `emoji` off a user's message again, where the platform can."""
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        """Ask for an approval in the conversation: `text` describes the tool call.
+        Platforms with buttons override this to post Approve/Reject buttons whose press
+        comes back as an Inbound `/approve <id>` or `/reject <id>` with `interaction` set;
+        elsewhere the request says which reply to type."""
+        return self.send(conversation, f"{text}\nReply /approve {approval_id} or /reject {approval_id}.")
+
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        """An approval asked in the conversation was decided elsewhere (the dashboard, the API)
+        or timed out: `text` says so. Platforms with buttons replace the request (message
+        `request_id`) so its buttons go; elsewhere it is a new message."""
+        self.send(conversation, text)
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        """Answer a button press (`msg.interaction`): `final` when it decided the approval
+        (the buttons go), else a refusal or error meant for the presser alone. True when the
+        answer is visible in the conversation, so nothing more needs posting there."""
+        return False
 
     def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
         """Post a file (an image shown as one where the platform can) to the conversation."""

@@ -2,8 +2,9 @@
 the per-message decisions the runtime takes from it.
 
 Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per_user`,
-`threading`, `output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`.
-Keys agentd does not implement are refused (400
+`threading`, `output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`,
+`typing_mode` and `lifecycle_reactions` (the last two on adapters whose platform has typing /
+reactions: agentd/channels/lifecycle.py). Keys agentd does not implement are refused (400
 naming the key) rather than saved and ignored; so are a few adapter-specific keys.
 """
 
@@ -14,6 +15,7 @@ import time
 from collections import defaultdict, deque
 from typing import Any
 
+from agentd.channels import lifecycle
 from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
 from agentd.channels.format import OUTPUT_FORMATS
 from agentd.errors import BadRequest
@@ -22,7 +24,8 @@ POLICIES = ("respond", "mention-only", "ignore")
 # `shared`: the group answers like `respond`, with one session for all its senders.
 GROUP_POLICIES = ("respond", "mention-only", "shared", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
-NOT_IMPLEMENTED = ("typing_mode", "lifecycle_reactions")
+# Override keys agentd has no behaviour for: refused rather than saved and ignored.
+NOT_IMPLEMENTED: tuple[str, ...] = ()
 # Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
     "matrix": ("refresh_token_env",),
@@ -74,6 +77,10 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
             if item not in FOOTERS:
                 raise BadRequest(f"{name}: must be one of {', '.join(FOOTERS)}")
             out[key] = item
+        elif key == "typing_mode":
+            out[key] = lifecycle.check_typing_mode(channel, item)
+        elif key == "lifecycle_reactions":
+            out[key] = lifecycle.check_reactions(channel, item)
         elif key == "prefix_agent_name":
             if not isinstance(item, bool):
                 raise BadRequest(f"{name}: must be true or false")
@@ -81,7 +88,7 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
         else:
             raise BadRequest(f"{name}: unknown override (accepted: model, system_prompt, dm_policy, "
                              "group_policy, rate_limit_per_user, threading, output_format, usage_footer, "
-                             "prefix_agent_name)")
+                             "typing_mode, lifecycle_reactions, prefix_agent_name)")
     return out
 
 

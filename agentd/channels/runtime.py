@@ -13,12 +13,15 @@ import tomllib
 import uuid
 from typing import Any, Callable
 
+from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentManager
 from agentd.agents.handle import RunOptions
 from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
 from agentd.channels import overrides as channel_overrides
 from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
+from agentd.channels import lifecycle
+from agentd.channels.approvals import ChatApprovals, parse as approval_command
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Conversation, Inbound
 from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
 from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
@@ -32,7 +35,6 @@ from agentd.store import Store
 log = logging.getLogger("agentd.channels")
 SESSION_NS = uuid.UUID("6f1c2a8e-3b7d-4c55-9a61-0d2f7e4b9c13")
 APOLOGY = "Sorry, something went wrong while answering your message. Please try again later."
-TYPING_EVERY = 4.0
 
 
 class ChannelManager:
@@ -43,7 +45,8 @@ class ChannelManager:
                  on_message: Callable[[str, str], None] | None = None,
                  on_inbound: Callable[[str, Inbound], None] | None = None,
                  files: ChannelFiles | None = None,
-                 store_secrets: Callable[[dict[str, str]], None] | None = None) -> None:
+                 store_secrets: Callable[[dict[str, str]], None] | None = None,
+                 approvals: ApprovalQueue | None = None) -> None:
         self.config_path = config_path
         # Files and images of messages, both ways (None: files are neither taken nor sent).
         self.files = files
@@ -58,6 +61,8 @@ class ChannelManager:
         self.agents = agents
         self.runs = runs
         self.audit = audit
+        # Manual-mode tool calls asked for, and answered, in the conversation.
+        self.chat_approvals = ChatApprovals(approvals if approvals is not None else ApprovalQueue(), audit)
         # The client behind a webhook request: `client_of(peer, header)`, `header(name)`
         # reading a request header. The HTTP layer sets it from `[api] trusted_proxies`.
         self.client_of: Callable[[str, Callable[[str], str | None]], str] = lambda peer, header: peer
@@ -332,6 +337,14 @@ class ChannelManager:
         settings = self.sections.get(name, {})
         chosen = self._overrides(name)
         msg.conversation.shared = not msg.conversation.direct and chosen.get("group_policy") == "shared"
+        adapter = self.running.get(name)
+        if adapter is not None and approval_command(msg.text) and (
+                self.chat_approvals.asked_here(name, msg) or not self._refusal(settings, msg)):
+            # Answered beside the conversation's queue, where the run waiting for it sits;
+            # its own check says who may answer (others are told so, not ignored).
+            self.dispatcher.submit(f"{msg.conversation.key}:approvals",
+                                   lambda: self.chat_approvals.handle(adapter, msg))
+            return
         refused = self._refusal(settings, msg) or channel_overrides.policy_refusal(
             chosen, msg.conversation.direct, msg.mentioned)
         if not refused:
@@ -378,6 +391,9 @@ class ChannelManager:
         if adapter is None:
             return
         conversation = msg.conversation
+        life = lifecycle.Lifecycle(adapter, msg, self._overrides(name))
+        life.received()
+        failed = False
         try:
             handle = self._route(name, msg.agent)
             conversation.meta.setdefault("agent", handle.name)
@@ -393,20 +409,23 @@ class ChannelManager:
                 reply = channel_overrides.SLOW_DOWN.format(limit=self._overrides(name)["rate_limit_per_user"])
             else:
                 text, images = self._take_files(adapter, handle, msg)
-                reply = self._run(adapter, handle, conversation, text, msg.sender_id, images) \
+                reply = self._run(adapter, handle, conversation, text, msg.sender_id, life, images) \
                     if text.strip() or images else ""
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
             error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             log.warning("channel %s: message %s failed: %s", name, msg.message_id, error)
             self.audit("channel.error", name, {"message_id": msg.message_id, "error": error[:300]})
-            reply = APOLOGY
+            reply, failed = APOLOGY, True
         if not reply.strip():
+            life.finished(ok=not failed)
             return
         try:
             sent_id = adapter.send(conversation, reply)
         except Exception as exc:  # noqa: BLE001
             self.audit("channel.send_failed", name, {"in_reply_to": msg.message_id, "error": str(exc)[:300]})
+            life.finished(ok=False)
             return
+        life.finished(ok=not failed)
         self.on_message(name, "out")
         self.audit("channel.outbound", name, {"message_id": sent_id, "in_reply_to": msg.message_id,
                                               "conversation": conversation.key})
@@ -427,11 +446,22 @@ class ChannelManager:
     def _session_id(agent_id: str, key: str) -> str:
         return str(uuid.uuid5(SESSION_NS, f"{agent_id}|{key}"))
 
+    def _may_answer(self, name: str, requester: str) -> Callable[[Inbound], bool]:
+        """Who may answer an approval asked in a conversation: the channel's allowed users
+        when it lists them, else the person whose message started the run."""
+        def allowed(msg: Inbound) -> bool:
+            settings = self.sections.get(name, {})
+            if any(settings.get(key) for key in USER_LISTS):
+                return not self._refusal(settings, msg)
+            return msg.sender_id == requester
+        return allowed
+
     def _take_files(self, adapter: Adapter, handle, msg: Inbound) -> tuple[str, list[dict[str, Any]]]:  # type: ignore[no-untyped-def]
         """The message's text with a note per file, and the images for the model; a file not
         taken is said to the sender at once (and audited)."""
+        text = lifecycle.text_of(msg)
         if not msg.attachments or self.files is None:
-            return msg.text, []
+            return text, []
         got = self.files.receive(adapter.file_hosts(), handle, msg.attachments, self.max_file_bytes,
                                  model=self._overrides(adapter.name).get("model", ""))
         for sentence in got.refused:
@@ -441,7 +471,7 @@ class ChannelManager:
             except Exception as exc:  # noqa: BLE001 - the run still answers what was taken
                 self.audit("channel.send_failed", adapter.name, {"in_reply_to": msg.message_id,
                                                                  "error": str(exc)[:300]})
-        return "\n".join(p for p in (msg.text, *got.notes) if p), got.images
+        return "\n".join(p for p in (text, *got.notes) if p), got.images
 
     def _send_files(self, adapter: Adapter, handle, conversation: Conversation, result) -> None:  # type: ignore[no-untyped-def]
         """Post the files the run made back to the conversation."""
@@ -458,20 +488,14 @@ class ChannelManager:
                                                           "conversation": conversation.key})
 
     def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
-             sender: str = "", images: list[dict[str, Any]] | None = None) -> str:
-        done = threading.Event()
-
-        def typing() -> None:
-            while not done.is_set():
-                try:
-                    adapter.send_typing(conversation)
-                except Exception as exc:  # noqa: BLE001 - typing is cosmetic
-                    log.debug("typing indicator failed: %s", exc)
-                if done.wait(TYPING_EVERY):
-                    return
-
+             sender: str, life: lifecycle.Lifecycle, images: list[dict[str, Any]] | None = None) -> str:
         chosen = self._overrides(adapter.name)
-        threading.Thread(target=typing, name=f"channel-{adapter.name}-typing", daemon=True).start()
+        emit, forget = None, lambda: None
+        if handle.mode == "Manual":  # its tool calls are asked for in this conversation
+            emit, forget = self.chat_approvals.sink(
+                adapter, conversation, handle.name, self._may_answer(adapter.name, sender),
+                on_wait=life.pause_typing)
+        life.start_typing()
         try:
             # The conversation's own session of the agent: its history is never another's.
             options = RunOptions(extra_system=chosen.get("system_prompt", ""), model=chosen.get("model", ""))
@@ -479,9 +503,11 @@ class ChannelManager:
                                                 origin="channel", options=options,
                                                 session_id=self._session_id(handle.id, conversation.key),
                                                 label=conversation.key,
-                                                owner=f"channel:{adapter.name}:{sender}")).result()
+                                                owner=f"channel:{adapter.name}:{sender}",
+                                                emit=emit)).result()
         finally:
-            done.set()
+            forget()
+            life.stop_typing()
         self._send_files(adapter, handle, conversation, result)
         reply = strip_think(result.response).strip()
         if not reply:

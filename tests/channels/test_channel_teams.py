@@ -99,7 +99,9 @@ def test_bad_tokens_are_refused_before_the_agent(channel_daemon, teams, fake_llm
 
 def test_tenants_allow_list_and_429(channel_daemon, teams):
     fake, url, port = teams
-    configure(channel_daemon, "teams", **keys(fake, port, allowed_tenants=["tenant-1"], allowed_users=["29:vip"]))
+    # No typing activity: the scripted 429 is for the reply.
+    configure(channel_daemon, "teams", **keys(fake, port, allowed_tenants=["tenant-1"], allowed_users=["29:vip"],
+                                              overrides={"typing_mode": "never"}))
     wait_active(channel_daemon, "teams")
     fake.throttle = [1]
     asked = time.time()

@@ -48,6 +48,19 @@ def config(prosody, **extra):
                 nickname="agentbot", tls_verify=False, default_agent="helper", **extra)
 
 
+def test_direct_chat_reactions(daemon, prosody, users):  # noqa: F811
+    """lifecycle_reactions as XEP-0444 reactions: 👀 when taken, then the set becomes ✅."""
+    configure(daemon, "xmpp", **config(prosody, overrides={"lifecycle_reactions": True}))
+    wait_active(daemon, "xmpp")
+    ann = users("ann")
+    said = ann.say(BOT, "react please")
+    wait_for(lambda: ann.bodies(BOT), what="direct reply")
+    wait_for(lambda: [r for r in ann.reactions if r[1] == said and r[2] == {"✅"}], what="✅",
+             explain=lambda: ann.reactions)
+    assert [r[2] for r in ann.reactions if r[1] == said] == [{"👀"}, {"✅"}]
+    assert all(r[0] == BOT for r in ann.reactions)
+
+
 def test_direct_and_room_round_trip(daemon, prosody, users):  # noqa: F811
     configure(daemon, "xmpp", **config(prosody))
     wait_active(daemon, "xmpp")

@@ -19,6 +19,14 @@ messages come back as MESSAGE_CREATE, as on Discord.
 Files ("Uploading Files"): a message with files is multipart/form-data, `payload_json`
 plus `files[n]` parts named by `attachments[].id`; users' attachments are served from the
 fake's CDN path `/attachments/{channel}/{id}/{filename}` (no token, as on the CDN).
+
+Message components (.../interactions/message-components): a message's `components` are
+kept; `user_clicks()` dispatches INTERACTION_CREATE (type 3) with a one-use token, answered
+at `POST /interactions/{id}/{token}/callback` (no bot token needed; once only, 40060
+"Interaction has already been acknowledged" after) and kept in `callbacks`; type 7 updates
+the clicked message. Reactions: `PUT`/`DELETE /channels/{c}/messages/{m}/reactions/{emoji}/@me`
+(204; 10014 "Unknown Emoji" for an empty one), kept in `reactions`. `user_edits()`
+dispatches MESSAGE_UPDATE. `PATCH /channels/{c}/messages/{m}` edits a message (`edits`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,11 @@ class FakeDiscord(FakeGateway):
         self.privileged_ok = True                         # privileged intents enabled for the app
         self.messages: list[dict[str, Any]] = []
         self.typing: list[str] = []
+        self.callbacks: dict[str, dict[str, Any]] = {}        # interaction id -> its answer
+        self.tokens: dict[str, str] = {}                       # interaction id -> its token
+        self.clicked: dict[str, dict[str, Any]] = {}           # interaction id -> the clicked message
+        self.edits: list[dict[str, Any]] = []                  # PATCHed messages
+        self.reactions: dict[str, list[str]] = {}              # message id -> the bot's emoji
         self.threads: dict[str, dict[str, Any]] = {}      # thread channel id -> channel object
         self.received: list[tuple[str, dict[str, Any]]] = []  # (path, frame) from clients
         self.sessions: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
@@ -69,7 +82,7 @@ class FakeDiscord(FakeGateway):
 
         @app.before_request
         def auth():
-            if request.path.startswith("/api/") and not authorised():
+            if request.path.startswith("/api/") and "/interactions/" not in request.path and not authorised():
                 return jsonify({"message": "401: Unauthorized", "code": 0}), 401
 
         @app.get("/api/v10/users/@me")
@@ -108,10 +121,11 @@ class FakeDiscord(FakeGateway):
             if not content or len(content) > 2000:
                 return jsonify({"code": 50035, "message": "Invalid Form Body", "errors": {"content": {
                     "_errors": [{"code": "BASE_TYPE_MAX_LENGTH", "message": "Must be 2000 or fewer in length."}]}}}), 400
+            extra = {"components": body["components"]} if body.get("components") else {}
             message = self._message(channel, BOT, content, guild=self.guild_of(channel),
-                                    reference=body.get("message_reference"))
+                                    reference=body.get("message_reference"), **extra)
             self.record(channel=channel, content=content, reference=(body.get("message_reference") or {}).get(
-                "message_id"), allowed_mentions=body.get("allowed_mentions"))
+                "message_id"), allowed_mentions=body.get("allowed_mentions"), id=message["id"], **extra)
             return jsonify(message)
 
         @app.post("/api/v10/channels/<channel>/messages/<message>/threads")
@@ -135,6 +149,48 @@ class FakeDiscord(FakeGateway):
         @app.post("/api/v10/channels/<channel>/typing")
         def typing(channel: str):
             self.typing.append(channel)
+            return "", 204
+
+        @app.post("/api/v10/interactions/<interaction>/<token>/callback")
+        def interaction_callback(interaction: str, token: str):
+            if self.tokens.get(interaction) != token:
+                return jsonify({"code": 10062, "message": "Unknown interaction"}), 404
+            if interaction in self.callbacks:
+                return jsonify({"code": 40060, "message": "Interaction has already been acknowledged."}), 400
+            body = request.get_json()
+            self.callbacks[interaction] = body
+            if body.get("type") == 7:  # UPDATE_MESSAGE: the clicked message changes
+                clicked = self.clicked[interaction]
+                for item in (clicked, *[s for s in self.sent if s.get("id") == clicked["id"]]):
+                    if "content" in body.get("data", {}):
+                        item["content"] = body["data"]["content"]
+                    if "components" in body.get("data", {}):
+                        item["components"] = body["data"]["components"]
+            return "", 204
+
+        @app.patch("/api/v10/channels/<channel>/messages/<message>")
+        def edit_message(channel: str, message: str):
+            body = request.get_json()
+            found = [m for m in (*self.messages, *self.sent) if m.get("id") == message
+                     and (m.get("channel_id") or m.get("channel")) == channel]
+            if not found:
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
+            for item in found:
+                item.update({k: body[k] for k in ("content", "components") if k in body})
+            self.edits.append({"channel": channel, "id": message, **body})
+            return jsonify(next(m for m in self.messages if m["id"] == message))
+
+        @app.route("/api/v10/channels/<channel>/messages/<message>/reactions/<emoji>/@me", methods=["PUT", "DELETE"])
+        def reaction(channel: str, message: str, emoji: str):
+            if not emoji:
+                return jsonify({"code": 10014, "message": "Unknown Emoji"}), 400
+            if not any(m["id"] == message and m["channel_id"] == channel for m in self.messages):
+                return jsonify({"code": 10008, "message": "Unknown Message"}), 404
+            mine = self.reactions.setdefault(message, [])
+            if request.method == "PUT" and emoji not in mine:
+                mine.append(emoji)
+            elif request.method == "DELETE" and emoji in mine:
+                mine.remove(emoji)
             return "", 204
 
         sock.route("/", endpoint="gateway")(lambda ws: self._serve(ws, "/"))
@@ -245,6 +301,28 @@ class FakeDiscord(FakeGateway):
             "url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}",
             "proxy_url": url or f"{self.url}/attachments/{channel}/{attachment}/{filename}"}])
         return channel
+
+    def user_clicks(self, user: str, message: dict[str, Any], custom_id: str) -> str:
+        """User `user` clicks the button `custom_id` of the bot's `message` (one of `sent`);
+        returns the interaction's id."""
+        interaction, token = str(next(self.snowflakes)), f"itoken-{next(self.snowflakes)}"
+        self.tokens[interaction] = token
+        self.clicked[interaction] = next(m for m in self.messages if m["id"] == message["id"])
+        who = {"id": f"id-{user}", "username": user, "discriminator": "0"}
+        guild = self.guild_of(message["channel"])
+        data = {"id": interaction, "application_id": BOT["id"], "type": 3, "token": token, "version": 1,
+                "channel_id": message["channel"], "message": self.clicked[interaction],
+                "data": {"custom_id": custom_id, "component_type": 2},
+                **({"guild_id": guild, "member": {"user": who, "roles": []}} if guild else {"user": who})}
+        self.dispatch("INTERACTION_CREATE", data)
+        return interaction
+
+    def user_edits(self, channel: str, message_id: str, text: str) -> None:
+        """The author changes their message `message_id` (MESSAGE_UPDATE)."""
+        message = next(m for m in self.messages if m["id"] == message_id)
+        message.update(content=text, edited_timestamp=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()))
+        guild = self.guild_of(channel)
+        self.dispatch("MESSAGE_UPDATE", {**message, **({"guild_id": guild} if guild else {})})
 
     def identifies(self) -> list[dict[str, Any]]:
         return [f["d"] for _, f in self.received if f.get("op") == 2]

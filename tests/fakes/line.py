@@ -1,6 +1,8 @@
 """A fake LINE Messaging API (https://developers.line.biz/en/reference/messaging-api/):
 POST /v2/bot/message/reply {replyToken, messages} and /v2/bot/message/push {to, messages},
-Bearer channel access token, 429 with Retry-After while `throttle` holds seconds.
+Bearer channel access token, 429 with Retry-After while `throttle` holds seconds;
+POST /v2/bot/chat/loading/start {chatId, loadingSeconds: 5-60 in steps of 5} answers 202 for a
+user id (a group or room id is 400), kept in `loading`.
 `event()` builds a webhook body and `signature()` signs it the way LINE does
 (X-Line-Signature: base64 HMAC-SHA256 of the raw body, keyed with the channel secret)."""
 
@@ -38,7 +40,19 @@ class FakeLine(FakeServer):
         self.token = access_token
         self.sent: list[dict[str, Any]] = []  # {api: reply|push, to/replyToken, texts, at}
         self.throttle: list[int] = []
+        self.loading: list[str] = []
         app = Flask("fake-line")
+
+        @app.post("/v2/bot/chat/loading/start")
+        def loading():
+            if request.headers.get("Authorization") != f"Bearer {self.token}":
+                return jsonify({"message": "Authentication failed"}), 401
+            body = request.get_json()
+            seconds = body.get("loadingSeconds", 20)
+            if not str(body.get("chatId") or "").startswith("U") or seconds not in range(5, 61, 5):
+                return jsonify({"message": "The request body has 1 error(s)"}), 400
+            self.loading.append(body["chatId"])
+            return jsonify({}), 202
 
         @app.post("/v2/bot/message/<api>")
         def message(api: str):

@@ -1,5 +1,7 @@
 """A fake Matrix homeserver (client-server API v3): whoami, /sync with since tokens
-and long-poll timeout, room send with transaction ids (idempotent), typing. Sent
+and long-poll timeout, room send with transaction ids (idempotent; `m.reaction`
+annotations too, kept in `reactions`), redact, typing; `user_edits()` sends an
+`m.replace` edit as a client does. Sent
 messages appear in the room timeline like on a real server; sends are answered 429
 (M_LIMIT_EXCEEDED, Retry-After) while `throttle` holds seconds. Users can write in a
 thread (an `m.relates_to` of `rel_type` `m.thread` naming the root event, with the
@@ -36,6 +38,8 @@ class FakeMatrix(FakeServer):
         self.events: list[tuple[str, dict[str, Any]]] = []  # (room, event); index = stream position
         self.txns: dict[tuple[str, str], str] = {}
         self.typing: list[tuple[str, str, bool]] = []
+        self.reactions: dict[str, dict[str, str]] = {}  # live reaction event -> {room, event_id, key}
+        self.redactions: list[str] = []
         self.syncs: list[dict[str, Any]] = []
         self.throttle: list[int] = []
         self.sent: list[dict[str, Any]] = []
@@ -74,7 +78,7 @@ class FakeMatrix(FakeServer):
 
         @app.after_request
         def recorded(response):
-            if request.method == "PUT" and "/send/" in request.path and response.status_code == 200:
+            if request.method == "PUT" and "/send/m.room.message/" in request.path and response.status_code == 200:
                 content = request.get_json()
                 self.sent.append({"room": request.path.split("/rooms/")[1].split("/")[0],
                                   "body": content["body"], "relates_to": content.get("m.relates_to"),
@@ -110,6 +114,29 @@ class FakeMatrix(FakeServer):
                 if (room, txn) not in self.txns:
                     self.txns[(room, txn)] = self._add(room, self.bot, request.get_json())
             return jsonify({"event_id": self.txns[(room, txn)]})
+
+        @app.put(PREFIX + "/rooms/<room>/send/m.reaction/<txn>")
+        def react(room: str, txn: str):
+            relation = (request.get_json() or {}).get("m.relates_to") or {}
+            if relation.get("rel_type") != "m.annotation" or not relation.get("event_id") or not relation.get("key"):
+                return jsonify({"errcode": "M_BAD_JSON", "error": "annotation needs event_id and key"}), 400
+            with self.cond:
+                if (room, txn) not in self.txns:
+                    event_id = f"$ev{len(self.events) + 1}"
+                    self.events.append((room, {"type": "m.reaction", "sender": self.bot, "event_id": event_id,
+                                               "origin_server_ts": int(time.time() * 1000),
+                                               "content": {"m.relates_to": relation}}))
+                    self.txns[(room, txn)] = event_id
+                    self.reactions[event_id] = {"room": room, "event_id": relation["event_id"],
+                                                "key": relation["key"]}
+                    self.cond.notify_all()
+            return jsonify({"event_id": self.txns[(room, txn)]})
+
+        @app.put(PREFIX + "/rooms/<room>/redact/<event_id>/<txn>")
+        def redact(room: str, event_id: str, txn: str):
+            self.reactions.pop(event_id, None)
+            self.redactions.append(event_id)
+            return jsonify({"event_id": f"$redaction{len(self.redactions)}"})
 
         @app.put(PREFIX + "/rooms/<room>/typing/<user>")
         def typing(room: str, user: str):
@@ -171,9 +198,27 @@ class FakeMatrix(FakeServer):
         with self.cond:
             return self._add(room, sender, content)
 
+    def user_edits(self, room: str, sender: str, event_id: str, body: str) -> str:
+        """`sender` edits their message `event_id` (an m.replace event, with the fallback body)."""
+        with self.cond:
+            new_id = f"$ev{len(self.events) + 1}"
+            self.events.append((room, {"type": "m.room.message", "sender": sender, "event_id": new_id,
+                                       "origin_server_ts": int(time.time() * 1000),
+                                       "content": {"msgtype": "m.text", "body": f"* {body}",
+                                                   "m.new_content": {"msgtype": "m.text", "body": body},
+                                                   "m.relates_to": {"rel_type": "m.replace",
+                                                                    "event_id": event_id}}}))
+            self.cond.notify_all()
+            return new_id
+
+    def reactions_on(self, event_id: str) -> list[str]:
+        """The bot's live reactions on `event_id`."""
+        return [r["key"] for r in self.reactions.values() if r["event_id"] == event_id]
+
     def bot_messages(self, room: str) -> list[str]:
         return [e["content"]["body"] for r, e in self.events
-                if r == room and e["sender"] == self.bot and e["content"]["msgtype"] == "m.text"]
+                if r == room and e["sender"] == self.bot and e["type"] == "m.room.message"
+                and e["content"].get("msgtype") == "m.text"]
 
     def bot_files(self, room: str) -> list[dict[str, Any]]:
         """Files the bot posted: the message's content and the uploaded bytes."""
@@ -181,8 +226,9 @@ class FakeMatrix(FakeServer):
                 for r, e in self.events if r == room and e["sender"] == self.bot and "url" in e["content"]]
 
     def bot_contents(self, room: str) -> list[dict[str, Any]]:
-        """The bot's events' whole content (body, format, formatted_body)."""
-        return [e["content"] for r, e in self.events if r == room and e["sender"] == self.bot]
+        """The bot's messages' whole content (body, format, formatted_body)."""
+        return [e["content"] for r, e in self.events
+                if r == room and e["sender"] == self.bot and e["type"] == "m.room.message"]
 
     @property
     def polls(self) -> list[dict[str, Any]]:

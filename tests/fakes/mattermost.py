@@ -5,7 +5,10 @@ string, channel_type D for direct messages; `mentions`, a JSON string of the men
 user ids, when the message @-mentions someone). Posts of the bot come back as events; a
 post with `root_id` is a reply in that root post's thread.
 Files: `POST /api/v4/files` (multipart: channel_id, files) answers `file_infos`, a post
-names them in `file_ids` (and `metadata.files`); `GET /api/v4/files/{id}` serves the bytes."""
+names them in `file_ids` (and `metadata.files`); `GET /api/v4/files/{id}` serves the bytes.
+Reactions: `POST /api/v4/reactions` ({user_id, post_id, emoji_name}; 400 for a user that
+is not the caller or an empty name) and `DELETE /api/v4/users/{u}/posts/{p}/reactions/{name}`,
+kept in `reactions` (post id -> names)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class FakeMattermost(FakeServer):
         self.ids = itertools.count(1)
         self.hub = Hub()
         self.typing: list[str] = []
+        self.reactions: dict[str, list[str]] = {}
         self.files: dict[str, dict[str, Any]] = {}  # id -> FileInfo + data
         self.downloads: list[str] = []
         app = Flask("fake-mattermost")
@@ -57,6 +61,23 @@ class FakeMattermost(FakeServer):
             post = self.add_post(BOT["id"], body["channel_id"], body["message"], body.get("root_id", ""),
                                  "O", "@" + BOT["username"], file_ids=body.get("file_ids") or [])
             return jsonify(post), 201
+
+        @app.post("/api/v4/reactions")
+        def save_reaction():
+            body = request.get_json()
+            if body.get("user_id") != BOT["id"] or not body.get("emoji_name") or not body.get("post_id"):
+                return jsonify({"id": "api.reaction.save_reaction.invalid.app_error", "status_code": 400,
+                                "message": "Invalid reaction."}), 400
+            mine = self.reactions.setdefault(body["post_id"], [])
+            if body["emoji_name"] not in mine:
+                mine.append(body["emoji_name"])
+            return jsonify({**body, "create_at": int(time.time() * 1000)})
+
+        @app.delete("/api/v4/users/<user>/posts/<post>/reactions/<name>")
+        def delete_reaction(user: str, post: str, name: str):
+            if name in self.reactions.get(post, []):
+                self.reactions[post].remove(name)
+            return jsonify({"status": "OK"})
 
         @app.post("/api/v4/files")
         def upload_files():

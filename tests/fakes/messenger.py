@@ -38,6 +38,7 @@ class FakeMessenger(FakeServer):
         self.token = page_token
         self.sent: list[dict[str, Any]] = []
         self.throttle: list[int] = []
+        self.actions: list[dict[str, Any]] = []  # sender actions (typing_on, mark_seen...)
         app = Flask("fake-messenger")
 
         @app.post("/me/messages")
@@ -45,10 +46,16 @@ class FakeMessenger(FakeServer):
             if request.args.get("access_token") != self.token:
                 return jsonify({"error": {"message": "Invalid OAuth access token.", "type": "OAuthException",
                                           "code": 190}}), 400
+            body = request.get_json()
+            if body.get("sender_action"):
+                if body["sender_action"] not in ("typing_on", "typing_off", "mark_seen") or \
+                        not (body.get("recipient") or {}).get("id"):
+                    return jsonify({"error": {"message": "(#100) Invalid parameter", "code": 100}}), 400
+                self.actions.append({"to": body["recipient"]["id"], "action": body["sender_action"]})
+                return jsonify({"recipient_id": body["recipient"]["id"]})
             if self.throttle:
                 return jsonify({"error": {"message": "Calls to this api have exceeded the rate limit.",
                                           "code": 613}}), 429, {"Retry-After": str(self.throttle.pop(0))}
-            body = request.get_json()
             text = (body.get("message") or {}).get("text")
             psid = (body.get("recipient") or {}).get("id")
             if not psid or not isinstance(text, str) or len(text) > 2000 or not body.get("messaging_type"):

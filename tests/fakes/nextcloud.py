@@ -2,7 +2,9 @@
 `OCS-APIRequest: true` required, Bearer auth; `GET /ocs/v2.php/cloud/user`,
 `GET .../spreed/api/v4/room`, chat `GET .../spreed/api/v1/chat/{token}` with
 lookIntoFuture=1 + lastKnownMessageId + timeout (304 when nothing new) and
-`POST .../chat/{token}` {message, replyTo} answering 201 with the message."""
+`POST .../chat/{token}` {message, replyTo} answering 201 with the message; reactions
+`POST`/`DELETE .../spreed/api/v1/reaction/{token}/{messageId}` {reaction} (201 / 200; 404
+for an unknown message), the bot's kept in `reactions` (message id -> emoji)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class FakeNextcloud(FakePlatform):
     def __init__(self, token: str) -> None:
         super().__init__("nextcloud")
         self.messages: list[dict[str, Any]] = []
+        self.reactions: dict[int, list[str]] = {}
         app = self.app
 
         @app.before_request
@@ -65,6 +68,20 @@ class FakeNextcloud(FakePlatform):
             response, status = ocs(found[:int(request.args.get("limit", 100))])
             response.headers["X-Chat-Last-Given"] = str(found[-1]["id"])
             return response, status
+
+        @app.route("/ocs/v2.php/apps/spreed/api/v1/reaction/<token>/<int:message_id>", methods=["POST", "DELETE"])
+        def reaction(token: str, message_id: int):
+            emoji = str((request.get_json(silent=True) or {}).get("reaction") or request.args.get("reaction") or "")
+            if not emoji or not any(m["id"] == message_id and m["token"] == token for m in self.messages):
+                return ocs([], 404)
+            mine = self.reactions.setdefault(message_id, [])
+            if request.method == "POST":
+                if emoji not in mine:
+                    mine.append(emoji)
+                return ocs({emoji: [{"actorType": "users", "actorId": BOT}]}, 201)
+            if emoji in mine:
+                mine.remove(emoji)
+            return ocs({})
 
         @app.post(CHAT)
         def post(token: str):

@@ -10,7 +10,9 @@ Retry-After header, as Revolt's limiter does.
 
 Bonfire on `/`: `Authenticate` -> `Authenticated` + `Ready` (or `Error` InvalidSession);
 `Ping` -> `Pong` with the same data (unless `pong` is False); `BeginTyping` recorded;
-`Message` events to every authenticated socket, the bot's own included.
+`Message` events to every authenticated socket, the bot's own included. Reactions:
+`PUT`/`DELETE /channels/{c}/messages/{m}/reactions/{emoji}` (204; 404 NotFound for an
+unknown message), the bot's kept in `reactions` (message id -> emoji).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class FakeRevolt(FakeGateway):
         self.messages: list[dict[str, Any]] = []
         self.received: list[dict[str, Any]] = []
         self.typing: list[str] = []
+        self.reactions: dict[str, list[str]] = {}
         self.people = {n: user(n) for n in ("ann", "bob", "mallory")}
         self.people["otherbot"] = {**user("otherbot"), "bot": {"owner": "someone"}}
         self.ids = itertools.count(1)
@@ -68,6 +71,17 @@ class FakeRevolt(FakeGateway):
             if channel not in self.channels:
                 return jsonify({"type": "NotFound"}), 404
             return jsonify(self.channels[channel])
+
+        @app.route("/channels/<channel>/messages/<message>/reactions/<emoji>", methods=["PUT", "DELETE"])
+        def reaction(channel: str, message: str, emoji: str):
+            if not any(m.get("_id") == message for m in self.messages):
+                return jsonify({"type": "NotFound"}), 404
+            mine = self.reactions.setdefault(message, [])
+            if request.method == "PUT" and emoji not in mine:
+                mine.append(emoji)
+            elif request.method == "DELETE" and emoji in mine:
+                mine.remove(emoji)
+            return "", 204
 
         @app.post("/channels/<channel>/messages")
         def send(channel: str):

@@ -1,11 +1,14 @@
 """A fake Rocket.Chat server (https://developer.rocket.chat/apidocs): `X-Auth-Token` +
 `X-User-Id`, `GET /api/v1/me`, `channels.list.joined`, `im.list`, `channels.history` /
 `im.history` (roomId, oldest, count; newest first), `POST /api/v1/chat.postMessage`
-{roomId | channel, text, tmid}; 429 with Retry-After like its rate limiter."""
+{roomId | channel, text, tmid}; 429 with Retry-After like its rate limiter;
+`POST /api/v1/chat.react` {messageId, emoji ":name:", shouldReact}, the bot's reactions
+kept in `reactions` (message id -> ":name:")."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 from flask import jsonify, request
@@ -24,6 +27,7 @@ class FakeRocketChat(FakePlatform):
     def __init__(self, token: str) -> None:
         super().__init__("rocketchat")
         self.messages: list[dict[str, Any]] = []
+        self.reactions: dict[str, list[str]] = {}
         app = self.app
 
         @app.before_request
@@ -54,6 +58,22 @@ class FakeRocketChat(FakePlatform):
 
         app.add_url_rule("/api/v1/channels.history", "channels_history", history)
         app.add_url_rule("/api/v1/im.history", "im_history", history)
+
+        @app.post("/api/v1/chat.react")
+        def react():
+            body = request.get_json()
+            emoji = str(body.get("emoji") or "")
+            if not any(m["_id"] == body.get("messageId") for m in self.messages):
+                return jsonify({"success": False, "error": "No message found with the id of \"%s\"."
+                                % body.get("messageId")}), 400
+            if not re.fullmatch(r":[a-z0-9_+-]+:", emoji):
+                return jsonify({"success": False, "error": "Invalid emoji provided. [error-not-allowed]"}), 400
+            mine = self.reactions.setdefault(body["messageId"], [])
+            if body.get("shouldReact", emoji not in mine) and emoji not in mine:
+                mine.append(emoji)
+            elif not body.get("shouldReact", emoji not in mine) and emoji in mine:
+                mine.remove(emoji)
+            return jsonify({"success": True})
 
         @app.post("/api/v1/chat.postMessage")
         def post():

@@ -1,7 +1,9 @@
 """A fake signal-cli-rest-api (https://bbernhard.github.io/signal-cli-rest-api/):
 `GET /v1/receive/{number}?timeout=` hands over the queued envelopes (and removes them),
 `POST /v2/send` {message, number, recipients} answers 201 {timestamp},
-`PUT /v1/typing-indicator/{number}` {recipient} answers 204."""
+`PUT /v1/typing-indicator/{number}` {recipient} answers 204, `POST`/`DELETE
+/v1/reactions/{number}` {reaction, recipient, target_author, timestamp} answers 204 (400
+without a target), the bot's reaction per message kept in `reactions` (timestamp -> emoji)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ class FakeSignal(FakePlatform):
         super().__init__("signal")
         self.queue: list[dict[str, Any]] = []
         self.typing: list[str] = []
+        self.reactions: dict[int, str] = {}
+        self.delivered: list[dict[str, Any]] = []  # every envelope users sent, kept
         app = self.app
 
         @app.get("/v1/receive/<number>")
@@ -48,10 +52,24 @@ class FakeSignal(FakePlatform):
                         timestamp=stamp)
             return jsonify({"timestamp": str(stamp)}), 201
 
+        app.add_url_rule("/v1/reactions/<number>", "reactions", lambda number: self._react(),
+                         methods=["POST", "DELETE"])
+
         @app.put("/v1/typing-indicator/<number>")
         def typing(number: str):
             self.typing.append(request.get_json()["recipient"])
             return "", 204
+
+    def _react(self):  # type: ignore[no-untyped-def]
+        body = request.get_json() or {}
+        if not body.get("recipient") or not body.get("target_author") or not isinstance(body.get("timestamp"), int) \
+                or not body.get("reaction"):
+            return jsonify({"error": "Couldn't process request - invalid request"}), 400
+        if request.method == "POST":
+            self.reactions[body["timestamp"]] = body["reaction"]
+        elif self.reactions.get(body["timestamp"]) == body["reaction"]:
+            del self.reactions[body["timestamp"]]
+        return "", 204
 
     def user_says(self, user: str, text: str, group: str = "") -> str:
         number = NUMBERS.get(user, user)
@@ -65,6 +83,7 @@ class FakeSignal(FakePlatform):
                                  "dataMessage": message}, "account": BOT}
         with self.lock:
             self.queue.append(envelope)
+            self.delivered.append(envelope)
             self.lock.notify_all()
         return number
 

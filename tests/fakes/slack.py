@@ -14,6 +14,13 @@ When `webhook` is set, events go to that URL as signed Events API requests inste
 A channel message that mentions the bot arrives twice, as `message` and `app_mention`;
 the bot's own posts come back as `message` events with its bot_id, as on Slack.
 
+Interactivity ("Handling user interaction"): `chat.postMessage` keeps Block Kit `blocks`;
+`user_clicks()` sends a `block_actions` payload (an `interactive` envelope over Socket
+Mode, or a signed form-encoded `payload=` request in HTTP mode); `chat.update` replaces a
+message (`updates`), `chat.postEphemeral` shows one user a message (`ephemeral`).
+`reactions.add` / `reactions.remove` take an emoji name (`invalid_name` for one that is
+not, `already_reacted`, `no_reaction`). `user_edits()` sends a `message_changed` event.
+
 Files ("Working with files", files.getUploadURLExternal, files.completeUploadExternal): a
 shared file arrives as a `file_share` message whose `files` carry `url_private_download`
 on this server (`/files-pri/...`, served only with the bot token); uploads are form
@@ -27,9 +34,11 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 from flask import jsonify, request
@@ -59,6 +68,9 @@ class FakeSlack(FakeGateway):
         self.used: set[str] = set()
         self.deliveries: list[requests.Response] = []
         self.clock = itertools.count(1)
+        self.updates: list[dict[str, Any]] = []     # chat.update calls
+        self.ephemeral: list[dict[str, Any]] = []   # chat.postEphemeral calls
+        self.reactions: dict[tuple[str, str], list[str]] = {}  # (channel, ts) -> the bot's reaction names
         self.hosted: dict[str, bytes] = {}          # file id -> bytes served under /files-pri/
         self.downloads: list[str] = []
         self.pending: dict[str, dict[str, Any]] = {}  # upload tickets: file id -> filename, length, bytes
@@ -152,9 +164,55 @@ class FakeSlack(FakeGateway):
             message = {"type": "message", "text": text, "user": BOT_USER, "bot_id": BOT_ID, "ts": ts,
                        **({"thread_ts": body["thread_ts"]} if body.get("thread_ts") else {})}
             self.record(channel=channel, text=text, thread_ts=body.get("thread_ts"),
-                        unfurl_links=body.get("unfurl_links"), mrkdwn=body.get("mrkdwn", True))
+                        unfurl_links=body.get("unfurl_links"), ts=ts, mrkdwn=body.get("mrkdwn", True),
+                        **({"blocks": body["blocks"]} if body.get("blocks") else {}))
             self.event({**message, "channel": channel, "channel_type": "im" if channel.startswith("D") else "channel"})
             return jsonify({"ok": True, "channel": channel, "ts": ts, "message": message})
+
+        @app.post("/api/chat.update")
+        def chat_update():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            body = request.get_json()
+            message = next((m for m in self.sent if m["channel"] == body.get("channel") and m["ts"] == body.get("ts")),
+                           None)
+            if message is None:
+                return jsonify({"ok": False, "error": "message_not_found"})
+            message["text"] = body.get("text") or message["text"]
+            if "blocks" in body:
+                message["blocks"] = body["blocks"]
+            self.updates.append(dict(body))
+            return jsonify({"ok": True, "channel": body["channel"], "ts": body["ts"], "text": message["text"]})
+
+        @app.post("/api/chat.postEphemeral")
+        def post_ephemeral():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            body = request.get_json()
+            if not body.get("user"):
+                return jsonify({"ok": False, "error": "user_not_in_channel"})
+            self.ephemeral.append(dict(body))
+            return jsonify({"ok": True, "message_ts": self.ts()})
+
+        @app.post("/api/reactions.add")
+        @app.post("/api/reactions.remove")
+        def reactions():
+            if token() != self.bot_token:
+                return jsonify({"ok": False, "error": "invalid_auth"})
+            body = request.get_json()
+            name = str(body.get("name") or "")
+            if not re.fullmatch(r"[a-z0-9_+'-]+", name):
+                return jsonify({"ok": False, "error": "invalid_name"})
+            mine = self.reactions.setdefault((body.get("channel"), body.get("timestamp")), [])
+            if request.path.endswith("add"):
+                if name in mine:
+                    return jsonify({"ok": False, "error": "already_reacted"})
+                mine.append(name)
+            else:
+                if name not in mine:
+                    return jsonify({"ok": False, "error": "no_reaction"})
+                mine.remove(name)
+            return jsonify({"ok": True})
 
         @sock.route("/link/", endpoint="link")
         def link(ws):
@@ -228,6 +286,46 @@ class FakeSlack(FakeGateway):
         if mention and not direct:
             self.event({"type": "app_mention", "text": body, **base})
         return channel
+
+    def user_clicks(self, user: str, message: dict[str, Any], action_id: str) -> None:
+        """User `user` clicks the button `action_id` of the bot's `message` (one of `sent`)."""
+        action = next(e for b in message["blocks"] if b["type"] == "actions" for e in b["elements"]
+                      if e["action_id"] == action_id)
+        payload = {"type": "block_actions", "team": {"id": TEAM, "domain": "fake"},
+                   "user": {"id": user, "username": user.lower(), "team_id": TEAM},
+                   "api_app_id": APP, "token": "legacy-verification-token", "trigger_id": f"trig.{self.ts()}",
+                   "container": {"type": "message", "message_ts": message["ts"], "channel_id": message["channel"],
+                                 "is_ephemeral": False},
+                   "channel": {"id": message["channel"], "name": "channel"},
+                   "message": {"type": "message", "user": BOT_USER, "bot_id": BOT_ID, "ts": message["ts"],
+                               "text": message["text"], "blocks": message["blocks"],
+                               **({"thread_ts": message["thread_ts"]} if message.get("thread_ts") else {})},
+                   "response_url": f"{self.url}/actions/{message['ts']}",
+                   "actions": [{"type": "button", "action_id": action_id, "block_id": next(
+                       b["block_id"] for b in message["blocks"] if b["type"] == "actions"),
+                       "value": action["value"], "text": action["text"], "style": action.get("style"),
+                       "action_ts": self.ts()}]}
+        if self.webhook:
+            body = urlencode({"payload": json.dumps(payload)}).encode()
+            timestamp = str(int(time.time()))
+            self.deliveries.append(requests.post(self.webhook, data=body, timeout=5, headers={
+                "Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": timestamp,
+                "X-Slack-Signature": sign(self.signing_secret, timestamp, body)}))
+            return
+        with self.lock:
+            self.envelopes.append({"envelope_id": f"env-{len(self.envelopes) + 1}", "payload": payload,
+                                   "type": "interactive", "accepts_response_payload": True,
+                                   "retry_attempt": 0, "retry_reason": ""})
+
+    def user_edits(self, user: str, channel: str, ts: str, text: str) -> None:
+        """User `user` changes their message `ts` in their DM `channel` (a `message_changed` event)."""
+        old = next((m for m in self.said if m["ts"] == ts), {})
+        edited_ts = self.ts()
+        self.event({"type": "message", "subtype": "message_changed", "hidden": True, "channel": channel,
+                    "channel_type": "im", "ts": edited_ts,
+                    "message": {"type": "message", "user": user, "text": text, "ts": ts, "team": TEAM,
+                                "edited": {"user": user, "ts": edited_ts}},
+                    "previous_message": {"type": "message", "user": user, "text": old.get("text", ""), "ts": ts}})
 
     def user_shares_file(self, user: str, data: bytes, name: str, mimetype: str, text: str = "",
                          url: str = "", size: int | None = None) -> str:

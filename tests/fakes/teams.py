@@ -2,8 +2,11 @@
 OpenID configuration and its JWKS (RSA keys with `endorsements`), the Microsoft identity
 platform token endpoint (client credentials, scope https://api.botframework.com/.default),
 and the Connector API: POST /v3/conversations/{conversationId}/activities[/{activityId}]
-with `Authorization: Bearer <token>` → {"id"}; 429 with Retry-After while `throttle` holds
-seconds. `activity()` builds an inbound message activity and `token()` signs the
+with `Authorization: Bearer <token>` → {"id"} (a `typing` activity is kept in `typing`;
+a message may carry attachments, such as an Adaptive Card), PUT .../activities/{id} to
+update one (`updates`); 429 with Retry-After while `throttle` holds seconds. `submit()`
+builds the message activity of an Adaptive Card's Action.Submit press (`value`, `replyToId`).
+`activity()` builds an inbound message activity and `token()` signs the
 Bearer JWT the Bot Connector sends with it (RS256, kid in the header)."""
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class FakeBotFramework(FakeServer):
         self.sent: list[dict[str, Any]] = []  # {conversation, reply_to, activity, at}
         self.throttle: list[int] = []
         self.jwks_fetches = 0
+        self.typing: list[str] = []  # conversations a typing activity was sent to
+        self.updates: list[dict[str, Any]] = []
         app = Flask("fake-botframework")
 
         @app.get("/v1/.well-known/openidconfiguration")
@@ -72,6 +77,9 @@ class FakeBotFramework(FakeServer):
             if self.throttle:
                 return jsonify({"error": {"code": "TooManyRequests"}}), 429, {"Retry-After": str(self.throttle.pop(0))}
             body = request.get_json(silent=True) or {}
+            if body.get("type") == "typing":
+                self.typing.append(conversation)
+                return jsonify({"id": "typing-" + uuid.uuid4().hex[:8]})
             if body.get("type") != "message" or not isinstance(body.get("text"), str):
                 return jsonify({"error": {"code": "BadArgument", "message": "Activity type is required"}}), 400
             if reply_to and body.get("replyToId") != reply_to:
@@ -81,7 +89,27 @@ class FakeBotFramework(FakeServer):
                               "id": activity_id, "at": time.time()})
             return jsonify({"id": activity_id})
 
+        @app.put("/v3/conversations/<conversation>/activities/<activity_id>")
+        def update_activity(conversation: str, activity_id: str):
+            if not self.issued or request.headers.get("Authorization") != f"Bearer {self.issued[-1]}":
+                return jsonify({"error": {"code": "Unauthorized", "message": "Authorization has been denied"}}), 401
+            sent = next((s for s in self.sent if s["id"] == activity_id and s["conversation"] == conversation), None)
+            if sent is None:
+                return jsonify({"error": {"code": "ActivityNotFound", "message": "Activity not found"}}), 404
+            body = request.get_json(silent=True) or {}
+            sent["activity"] = body
+            self.updates.append({"conversation": conversation, "id": activity_id, "activity": body})
+            return jsonify({"id": activity_id})
+
         super().__init__(app)
+
+    def submit(self, card_id: str, data: dict[str, Any], user: str, conversation_type: str = "personal",
+               conversation: str = "") -> dict[str, Any]:
+        """The message activity Teams sends when `user` presses an Action.Submit button of
+        the card `card_id`: no text, the button's `data` as `value`."""
+        activity = self.activity("", user, conversation_type, conversation)
+        activity.pop("text")
+        return {**activity, "value": data, "replyToId": card_id}
 
     def rotate(self, key: rsa.RSAPrivateKey | None = None) -> None:
         """A new signing key replaces the old one (new kid), as Microsoft rotates them."""

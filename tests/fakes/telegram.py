@@ -1,6 +1,10 @@
 """A fake Telegram Bot API (https://core.telegram.org/bots/api): getMe, getUpdates
-(long poll with offset/timeout; earlier updates are confirmed and dropped),
-sendMessage, sendChatAction. Users "write" with `user_says()`.
+(long poll with offset/timeout; earlier updates are confirmed and dropped; only the
+`allowed_updates` kinds are delivered), sendMessage (with an inline keyboard in
+`reply_markup`), sendChatAction, setMessageReaction (only the emoji of Telegram's
+reaction list: REACTION_INVALID otherwise), answerCallbackQuery, editMessageText.
+Users "write" with `user_says()`, change a message with `user_edits()` and press an
+inline button with `user_presses()`.
 
 As on Telegram: an `@username` in the text comes with a `mention` entity (offsets in UTF-16
 code units); a reply carries the replied-to message as `reply_to_message`; in a forum
@@ -36,6 +40,10 @@ from fakes.http import FakeServer
 # already confirmed (a test then waits 30 s for a reply that never comes).
 _last_update_id = [100]
 _ids_lock = threading.Lock()
+# The emoji a bot may react with (ReactionTypeEmoji in the Bot API).
+REACTION_EMOJI = set("👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 "
+                     "🤨 😐 🍓 🍾 💋 🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 🆒 💘 🙉 "
+                     "🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡".split())
 
 
 ENTITY_TAGS = {"b": "bold", "strong": "bold", "i": "italic", "em": "italic", "u": "underline",
@@ -110,6 +118,10 @@ class FakeTelegram(FakeServer):
         self.updates: list[dict[str, Any]] = []
         self.sent: list[dict[str, Any]] = []
         self.actions: list[dict[str, Any]] = []
+        self.reactions: list[dict[str, Any]] = []     # setMessageReaction calls
+        self.answers: list[dict[str, Any]] = []       # answerCallbackQuery calls
+        self.edits: list[dict[str, Any]] = []         # editMessageText calls
+        self.allowed = ["message", "edited_message", "channel_post", "edited_channel_post"]
         self.polls: list[dict[str, Any]] = []
         self.next_update = 100
         self.next_message = 1
@@ -148,6 +160,8 @@ class FakeTelegram(FakeServer):
                 return jsonify({"ok": False, "error_code": 401, "description": "Unauthorized"}), 401
             handler = {"getMe": self._get_me, "getUpdates": self._get_updates,
                        "sendMessage": self._send_message, "sendChatAction": self._chat_action,
+                       "setMessageReaction": self._reaction, "answerCallbackQuery": self._answer_callback,
+                       "editMessageText": self._edit_text,
                        "getFile": self._get_file, "sendPhoto": self._send_upload,
                        "sendDocument": self._send_upload}.get(method)
             if handler is None:
@@ -165,12 +179,14 @@ class FakeTelegram(FakeServer):
             return "<html>502 Bad Gateway</html>", 502
         offset, timeout = int(p.get("offset") or 0), float(p.get("timeout") or 0)
         self.polls.append({"offset": offset, "timeout": timeout, "at": time.time()})
+        if p.get("allowed_updates") is not None:  # remembered until changed, as Telegram does
+            self.allowed = list(p["allowed_updates"])
         deadline = time.monotonic() + timeout
         with self.cond:
             self.updates = [u for u in self.updates if u["update_id"] >= offset]  # confirmed
             while not self.updates and time.monotonic() < deadline:
                 self.cond.wait(deadline - time.monotonic())
-            result = list(self.updates)
+            result = [u for u in self.updates if any(k in self.allowed for k in u if k != "update_id")]
         return jsonify({"ok": True, "result": result})
 
     def _send_message(self, p):
@@ -206,8 +222,72 @@ class FakeTelegram(FakeServer):
         self.messages[message["message_id"]] = message
         if p.get("reply_to_message_id"):
             message = {**message, "reply_to_message_id": p["reply_to_message_id"]}
+        if p.get("reply_markup"):
+            message = {**message, "reply_markup": p["reply_markup"]}
         self.sent.append({**message, "at": time.time(), "raw": p["text"], "parse_mode": p.get("parse_mode")})
         return jsonify({"ok": True, "result": message})
+
+    def _reaction(self, p):
+        reaction = p.get("reaction") or []
+        if len(reaction) > 1 or any(r.get("type") != "emoji" or r.get("emoji") not in REACTION_EMOJI
+                                    for r in reaction):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: REACTION_INVALID"}), 400
+        self.reactions.append({"chat_id": p.get("chat_id"), "message_id": p.get("message_id"),
+                               "emoji": [r["emoji"] for r in reaction]})
+        return jsonify({"ok": True, "result": True})
+
+    def _answer_callback(self, p):
+        if not p.get("callback_query_id"):
+            return jsonify({"ok": False, "error_code": 400, "description": "Bad Request: query is too old"}), 400
+        self.answers.append(dict(p))
+        return jsonify({"ok": True, "result": True})
+
+    def _edit_text(self, p):
+        message = next((m for m in self.sent if m["chat"]["id"] == int(p.get("chat_id") or 0)
+                        and m["message_id"] == p.get("message_id")), None)
+        if message is None:
+            return jsonify({"ok": False, "error_code": 400,
+                            "description": "Bad Request: message to edit not found"}), 400
+        message["text"] = p["text"]
+        if p.get("reply_markup"):
+            message["reply_markup"] = p["reply_markup"]
+        else:
+            message.pop("reply_markup", None)  # no markup given: the inline keyboard is removed
+        self.edits.append(dict(p))
+        return jsonify({"ok": True, "result": {k: v for k, v in message.items() if k != "at"}})
+
+    def _push(self, update: dict[str, Any]) -> None:
+        with self.cond:
+            with _ids_lock:
+                _last_update_id[0] += 1
+                self.next_update = _last_update_id[0]
+            self.updates.append({"update_id": self.next_update, **update})
+            self.cond.notify_all()
+
+    def user_edits(self, user_id: int, message_id: int, text: str, chat_id: int | None = None,
+                   chat_type: str = "private") -> None:
+        """The user changes the text of their message `message_id` (an `edited_message`)."""
+        self._push({"edited_message": {"message_id": message_id, "from": {"id": user_id, "is_bot": False,
+                                                                          "first_name": str(user_id)},
+                                       "chat": {"id": chat_id or user_id, "type": chat_type},
+                                       "date": int(time.time()) - 5, "edit_date": int(time.time()),
+                                       "text": text}})
+
+    def user_presses(self, user_id: int, message: dict[str, Any], data: str, username: str = "") -> str:
+        """The user presses the inline button with callback_data `data` under the bot's
+        `message` (one of `sent`); returns the callback query's id."""
+        query_id = f"cq{user_id}{len(self.answers)}{time.monotonic_ns()}"
+        sender = {"id": user_id, "is_bot": False, "first_name": username or str(user_id),
+                  **({"username": username} if username else {})}
+        chat = message["chat"]
+        self._push({"callback_query": {"id": query_id, "from": sender, "chat_instance": "ci1", "data": data,
+                                       "message": {"message_id": message["message_id"], "date": message["date"],
+                                                   "chat": {"id": chat["id"], "type": "private"
+                                                            if chat["id"] > 0 else "group"},
+                                                   "text": message["text"],
+                                                   **{k: message[k] for k in ("message_thread_id",
+                                                                              "is_topic_message") if k in message}}}})
+        return query_id
 
     def _get_file(self, p):
         known = self.files.get(str(p.get("file_id") or ""))

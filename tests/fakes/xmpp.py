@@ -82,6 +82,7 @@ class XmppUser:
         self.jid = f"{user}@{DOMAIN}"
         self.received: list[tuple[str, str, str]] = []
         self.states: list[tuple[str, str]] = []
+        self.reactions: list[tuple[str, str, set[str]]] = []  # (from, message id, emoji): XEP-0444
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -90,6 +91,7 @@ class XmppUser:
             client = slixmpp.ClientXMPP(self.jid, password)
             client.register_plugin("xep_0045")
             client.register_plugin("xep_0085")
+            client.register_plugin("xep_0444")
             client.enable_direct_tls = False
             client.ssl_context.check_hostname = False
             client.ssl_context.verify_mode = ssl.CERT_NONE
@@ -109,6 +111,8 @@ class XmppUser:
             client.add_event_handler("session_start", session_start)
             client.add_event_handler("message", on_message)
             client.add_event_handler("chatstate", on_state)
+            client.add_event_handler("reactions", lambda msg: self.reactions.append(
+                (str(msg["from"].bare), msg["reactions"]["id"], msg["reactions"].get_values(all_chars=True))))
             client.add_event_handler("groupchat_message", lambda m: None)  # also arrives as "message"
             self.client = client
             client.connect("127.0.0.1", server.port)
@@ -126,8 +130,14 @@ class XmppUser:
             return await result if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future) else result
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(15)
 
-    def say(self, to: str, text: str, mtype: str = "chat") -> None:
-        self.call(lambda: self.client.send_message(mto=to, mbody=text, mtype=mtype))
+    def say(self, to: str, text: str, mtype: str = "chat") -> str:
+        """Send `text`; the message's id."""
+        def send() -> str:
+            msg = self.client.make_message(mto=to, mbody=text, mtype=mtype)
+            msg["id"] = msg["id"] or self.client.new_id()
+            msg.send()
+            return str(msg["id"])
+        return self.call(send)
 
     def join(self, room: str, nick: str) -> None:
         self.call(lambda: self.client.plugin["xep_0045"].join_muc_wait(room, nick, maxstanzas=0, timeout=10))

@@ -1,11 +1,14 @@
 """A fake Zulip server (https://zulip.com/api/): HTTP Basic auth (email + API key),
 `GET /api/v1/users/me`, `POST /api/v1/register` (event queue), long-poll
 `GET /api/v1/events` (heartbeat after `heartbeat` seconds, BAD_EVENT_QUEUE_ID for an
-unknown queue), `POST /api/v1/messages` (stream + topic or private), `POST /api/v1/typing`."""
+unknown queue), `POST /api/v1/messages` (stream + topic or private), `POST /api/v1/typing`,
+`POST`/`DELETE /api/v1/messages/{id}/reactions` (emoji_name; REACTION_ALREADY_EXISTS,
+REACTION_DOES_NOT_EXIST), kept in `reactions` (message id -> names)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -22,6 +25,7 @@ class FakeZulip(FakePlatform):
         super().__init__("zulip")
         self.queues: dict[str, list[dict[str, Any]]] = {}
         self.typing: list[dict[str, Any]] = []
+        self.reactions: dict[int, list[str]] = {}
         self.heartbeat = heartbeat
         app = self.app
 
@@ -71,6 +75,24 @@ class FakeZulip(FakePlatform):
             message_id = self.new_id()
             self.record(type=form["type"], to=to, topic=form.get("topic"), content=form["content"], id=message_id)
             return jsonify({"result": "success", "msg": "", "id": message_id})
+
+        @app.route("/api/v1/messages/<int:message_id>/reactions", methods=["POST", "DELETE"])
+        def reaction(message_id: int):
+            name = request.values.get("emoji_name") or ""
+            if not re.fullmatch(r"[a-z0-9_+-]+", name):
+                return jsonify({"result": "error", "code": "BAD_REQUEST", "msg": f"Invalid emoji name '{name}'"}), 400
+            mine = self.reactions.setdefault(message_id, [])
+            if request.method == "POST":
+                if name in mine:
+                    return jsonify({"result": "error", "code": "REACTION_ALREADY_EXISTS",
+                                    "msg": "Reaction already exists."}), 400
+                mine.append(name)
+            elif name in mine:
+                mine.remove(name)
+            else:
+                return jsonify({"result": "error", "code": "REACTION_DOES_NOT_EXIST",
+                                "msg": "Reaction doesn't exist."}), 400
+            return jsonify({"result": "success", "msg": ""})
 
         @app.post("/api/v1/typing")
         def typing():

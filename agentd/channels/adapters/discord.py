@@ -18,6 +18,13 @@ its own; the bot counts as mentioned when the message mentions it or replies to 
 Files: a message's `attachments` are fetched from their `url`, only from Discord's CDN
 (cdn.discordapp.com, media.discordapp.net, or the host of `api_url`); files go out as a
 multipart `POST /channels/{id}/messages` (`payload_json` and `files[0]`).
+
+Approvals carry message components (an action row of two buttons); a click arrives as
+INTERACTION_CREATE (type 3, `data.custom_id`) and is answered within Discord's 3 s at
+`POST /interactions/{id}/{token}/callback`: type 7 replaces the request by its outcome
+(buttons gone), type 4 with flag 64 (ephemeral) tells a refused clicker alone. Reactions:
+`PUT`/`DELETE /channels/{id}/messages/{id}/reactions/{emoji}/@me`. An edited message
+(MESSAGE_UPDATE with `edited_timestamp`) is answered as a new one.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import random
 import re
 from typing import Any
+from urllib.parse import quote
 
 from agentd import __version__
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
@@ -124,8 +132,28 @@ class DiscordAdapter(GatewayAdapter):
             self.ready = True
         elif kind == "MESSAGE_CREATE":
             self._message(d)
+        elif kind == "MESSAGE_UPDATE" and d.get("edited_timestamp") and "content" in d:
+            self._message(d, edited=True)
+        elif kind == "INTERACTION_CREATE" and d.get("type") == 3:
+            self._clicked(d)
 
-    def _message(self, d: dict[str, Any]) -> None:
+    def _clicked(self, d: dict[str, Any]) -> None:
+        verb, _, approval_id = str((d.get("data") or {}).get("custom_id") or "").partition(":")
+        user = (d.get("member") or {}).get("user") or d.get("user") or {}
+        guild, channel = str(d.get("guild_id") or ""), str(d.get("channel_id") or "")
+        if verb not in ("approve", "reject") or not user.get("id") or not channel:
+            return
+        username = str(user.get("username") or "")
+        parent = self.threads.get(channel, "")  # a click in a thread belongs to its conversation
+        self.ctx.deliver(Inbound(Conversation(self.name, parent or channel, str(user["id"]), direct=not guild,
+                                              thread_id=channel if parent else ""),
+                                 sender_id=str(user["id"]), text=f"/{verb} {approval_id}",
+                                 message_id=str((d.get("message") or {}).get("id") or ""),
+                                 sender_name=username, sender_aliases=(username,) if username else (),
+                                 chat_aliases=(guild,) if guild else (),
+                                 interaction={"id": str(d.get("id")), "token": str(d.get("token"))}))
+
+    def _message(self, d: dict[str, Any], edited: bool = False) -> None:
         author = d.get("author") or {}
         user = str(author.get("id") or "")
         if user == self.bot_id or ((author.get("bot") or d.get("webhook_id")) and self.settings.get("ignore_bots", True)):
@@ -157,7 +185,8 @@ class DiscordAdapter(GatewayAdapter):
         username = str(author.get("username") or "")
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=message_id,
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, attachments=files))
+                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, attachments=files,
+                                 edited=edited))
 
     def file_hosts(self) -> set[str]:
         api = str(self.settings.get("api_url") or "")
@@ -169,13 +198,17 @@ class DiscordAdapter(GatewayAdapter):
         payload: dict[str, Any] = {"attachments": [{"id": 0, "filename": filename}], "allowed_mentions": {"parse": []}}
         if conversation.meta.get("reply_to"):
             payload["message_reference"] = {"message_id": conversation.meta["reply_to"], "fail_if_not_exists": False}
-        # Into the conversation's thread once it exists (the text reply starts a new one).
-        target = conversation.chat_id if conversation.meta.get("start_thread") else \
-            conversation.thread_id or conversation.chat_id
-        answer = self.http.json("POST", f"{self.api}/channels/{target}/messages",
+        answer = self.http.json("POST", f"{self.api}/channels/{self._channel_now(conversation)}/messages",
                                 data={"payload_json": json.dumps(payload)},
                                 files={"files[0]": (filename, data, content_type)})
         return str(answer.get("id", ""))
+
+    @staticmethod
+    def _channel_now(conversation: Conversation) -> str:
+        """Where a message other than the reply goes: the conversation's thread once it exists
+        (the text reply starts a new one)."""
+        return conversation.chat_id if conversation.meta.get("start_thread") else \
+            conversation.thread_id or conversation.chat_id
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
@@ -206,6 +239,40 @@ class DiscordAdapter(GatewayAdapter):
     def send_typing(self, conversation: Conversation) -> None:
         self.http.request("POST", f"{self.api}/channels/{conversation.thread_id or conversation.chat_id}/typing",
                           retries=0)
+
+    def _reaction_url(self, conversation: Conversation, message_id: str, emoji: str) -> str:
+        # A thread started from a message takes its id; that message stays in the channel.
+        where = conversation.thread_id if conversation.thread_id not in ("", message_id) else conversation.chat_id
+        return (f"{self.api}/channels/{where}/messages/{message_id}/reactions/"
+                f"{quote(emoji, safe='')}/@me")
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("PUT", self._reaction_url(conversation, message_id, emoji), retries=0)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("DELETE", self._reaction_url(conversation, message_id, emoji), retries=0)
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        buttons = [{"type": 2, "style": style, "label": label, "custom_id": f"{verb}:{approval_id}"}
+                   for verb, label, style in (("approve", "Approve", 3), ("reject", "Reject", 4))]
+        body: dict[str, Any] = {"content": text[:self.max_message_len], "allowed_mentions": {"parse": []},
+                                "components": [{"type": 1, "components": buttons}]}
+        answer = self.http.json("POST", f"{self.api}/channels/{self._channel_now(conversation)}/messages", json=body)
+        return str(answer.get("id", ""))
+
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.http.request("PATCH", f"{self.api}/channels/{self._channel_now(conversation)}/messages/{request_id}",
+                          json={"content": text, "components": []})
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        click = msg.interaction
+        answer = ({"type": 7, "data": {"content": text, "components": []}} if final
+                  else {"type": 4, "data": {"content": text, "flags": 64}})
+        self.http.request("POST", f"{self.api}/interactions/{click['id']}/{click['token']}/callback",
+                          json=answer, retries=0)
+        return True
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or str(self.settings.get("default_channel_id") or "")

@@ -79,6 +79,13 @@ class LineAdapter(WebhookAdapter):
                                   json={"to": conversation.chat_id, "messages": batch})
         return ""  # LINE's reply/push answers carry no message id
 
+    def send_typing(self, conversation: Conversation) -> None:
+        # The loading animation exists in one-to-one chats only; it ends when the reply arrives.
+        if conversation.direct:
+            self.http.request("POST", self.api("/v2/bot/chat/loading/start"), retries=0,
+                              headers={"Authorization": "Bearer " + self.env("access_token_env")},
+                              json={"chatId": conversation.chat_id, "loadingSeconds": 5})
+
     def test_target(self, override: str = "") -> Conversation:
         if not override:
             raise ChannelError("pass chat_id (a LINE user, group or room id) to send a test message")

@@ -1,6 +1,8 @@
 """Matrix client-server API: `/sync` long-polling with a persisted `since` token,
-replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications.
-The first sync (no token yet) only records the position: history is not answered.
+replies with `PUT /rooms/{room}/send/m.room.message/{txn}`, typing notifications,
+reactions as `m.reaction` annotations (taken back by redacting them). An edit (an
+`m.replace` relation) is answered as a new message with the `m.new_content` text. The
+first sync (no token yet) only records the position: history is not answered.
 
 A thread (`m.relates_to` with `rel_type` `m.thread`) is a conversation of its own and is
 answered in the thread; with `overrides.threading = true` a message of the main timeline
@@ -35,6 +37,10 @@ class MatrixAdapter(PollingAdapter):
     max_message_len = 20_000
     limit_unit = "bytes"
     text_format = "html"
+
+    def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, settings)
+        self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
 
     def prepare(self) -> None:
         self.client(self.env("access_token_env"), self.settings.get("homeserver_url") or "https://matrix.org")
@@ -74,8 +80,15 @@ class MatrixAdapter(PollingAdapter):
         if (event.get("type") != "m.room.message" or event.get("sender") == self.user_id
                 or kind not in ("m.text", "m.notice", *FILE_TYPES) or not content.get("body")):
             return
-        sender, event_id = str(event.get("sender")), str(event.get("event_id", ""))
+        sender = str(event.get("sender"))
         relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
+        # An edit (an `m.replace` relation) is answered as a new message: its new text, the
+        # id of the message it changed.
+        edited = relates.get("rel_type") == "m.replace" and isinstance(content.get("m.new_content"), dict)
+        event_id = str(relates.get("event_id") or "") if edited else str(event.get("event_id", ""))
+        raw = str(content["m.new_content"].get("body") or "") if edited else str(content["body"])
+        if not raw:
+            return
         existing = str(relates.get("event_id") or "") if relates.get("rel_type") == "m.thread" else ""
         thread = reply_thread(self.settings, existing, event_id, direct=False, default=False)
         replied = str((relates.get("m.in_reply_to") or {}).get("event_id") or "")
@@ -83,8 +96,8 @@ class MatrixAdapter(PollingAdapter):
             content.get("m.mentions"), dict) else []
         mentioned = bool(self.user_id) and (
             self.user_id in named or self.user_id in str(content.get("formatted_body") or "")
-            or self.user_id in str(content["body"]) or (replied in self.own_events and not relates.get("is_falling_back")))
-        body = str(content["body"])
+            or self.user_id in raw or (replied in self.own_events and not relates.get("is_falling_back")))
+        body = raw
         if self.user_id and body.startswith(self.user_id):
             body = body[len(self.user_id):].lstrip(":, ").strip() or body
         files = [self._attachment(content)] if kind in FILE_TYPES and content.get("url") else []
@@ -95,7 +108,7 @@ class MatrixAdapter(PollingAdapter):
         conversation = Conversation(self.name, room_id, sender, thread_id=thread,
                                     meta={"thread_root": thread, "reply_to": event_id})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body, message_id=event_id,
-                                 sender_name=sender, mentioned=mentioned, attachments=files))
+                                 sender_name=sender, mentioned=mentioned, attachments=files, edited=edited))
 
     def _attachment(self, content: dict[str, Any]) -> Attachment:
         info = content.get("info") if isinstance(content.get("info"), dict) else {}
@@ -158,6 +171,19 @@ class MatrixAdapter(PollingAdapter):
             self.http.request("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/typing/"
                               f"{quote(self.user_id, safe='')}", json={"typing": True, "timeout": 10000},
                               retries=0)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        room = quote(conversation.chat_id, safe="")
+        answer = self.http.json("PUT", f"{self.base}/rooms/{room}/send/m.reaction/{uuid.uuid4().hex}", retries=0,
+                                json={"m.relates_to": {"rel_type": "m.annotation", "event_id": message_id,
+                                                       "key": emoji}})
+        self.reaction_events[(conversation.chat_id, message_id, emoji)] = str(answer.get("event_id", ""))
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        event = self.reaction_events.pop((conversation.chat_id, message_id, emoji), "")
+        if event:
+            self.http.request("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/redact/"
+                              f"{quote(event, safe='')}/{uuid.uuid4().hex}", json={}, retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         room = override or next(iter(self.settings.get("allowed_rooms") or []), "")

@@ -1,6 +1,8 @@
 """Mattermost API v4: `posted` events from the WebSocket (`/api/v4/websocket`,
 authentication_challenge with the personal access token), replies with
-`POST /api/v4/posts` (threaded under the post's root), typing over the socket.
+`POST /api/v4/posts` (threaded under the post's root), typing over the socket, reactions
+with `POST /api/v4/reactions` (emoji by name) and taken back with
+`DELETE /api/v4/users/{user}/posts/{post}/reactions/{name}`.
 
 A thread (a post's `root_id`) is a conversation of its own; a channel post starts a thread
 under it unless `overrides.threading` is false. The bot counts as mentioned when the event's
@@ -18,6 +20,7 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.websocket import WebSocketAdapter
+from agentd.channels.lifecycle import emoji_name
 from agentd.channels.conversation import reply_thread
 
 
@@ -104,6 +107,14 @@ class MattermostAdapter(WebSocketAdapter):
     def send_typing(self, conversation: Conversation) -> None:
         self.seq += 1
         self.ws_send({"seq": self.seq, "action": "user_typing", "data": {"channel_id": conversation.chat_id}})
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("POST", f"{self.base}/api/v4/reactions", retries=0, json={
+            "user_id": self.user_id, "post_id": message_id, "emoji_name": emoji_name(emoji)})
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("DELETE", f"{self.base}/api/v4/users/{self.user_id}/posts/{message_id}/reactions/"
+                          f"{emoji_name(emoji)}", retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or str(self.settings.get("default_channel_id") or "") or next(

@@ -76,6 +76,11 @@ class MessengerAdapter(WebhookAdapter):
             message_id = str(answer.get("message_id") or "") if isinstance(answer, dict) else ""
         return message_id
 
+    def send_typing(self, conversation: Conversation) -> None:
+        url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/me/messages"
+        self.http.json("POST", url, params={"access_token": self.env("page_token_env")}, retries=0,
+                       json={"recipient": {"id": conversation.chat_id}, "sender_action": "typing_on"})
+
     def test_target(self, override: str = "") -> Conversation:
         if not override:
             raise ChannelError("pass chat_id (a page-scoped user id, PSID) to send a test message")

@@ -85,6 +85,14 @@ class NextcloudAdapter(PollingAdapter):
             ids.append(str(sent.get("id", "")))
         return ",".join(ids)
 
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.ocs("POST", f"apps/spreed/api/v1/reaction/{conversation.chat_id}/{message_id}", retries=0,
+                 json={"reaction": emoji})
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.ocs("DELETE", f"apps/spreed/api/v1/reaction/{conversation.chat_id}/{message_id}", retries=0,
+                 json={"reaction": emoji})
+
     def test_target(self, override: str = "") -> Conversation:
         target = override or next(iter(self.settings.get("allowed_rooms") or []), "")
         if not target:

@@ -7,13 +7,15 @@ Bonfire (https://developers.revolt.chat, docs/stack/bonfire): connect to `ws_url
 answered by `Pong`; `Message` events carry the Message object; `Bulk` wraps several.
 REST: `POST /channels/{target}/messages` with `x-bot-token` (2000 characters, `replies`
 to thread the answer); a 429 says when to retry in MILLISECONDS (`retry_after` in the
-body, `X-RateLimit-Reset-After`), not in a Retry-After header.
+body, `X-RateLimit-Reset-After`), not in a Retry-After header. Typing: `BeginTyping` on the
+socket; reactions: `PUT`/`DELETE /channels/{target}/messages/{id}/reactions/{emoji}`.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -137,6 +139,14 @@ class RevoltAdapter(GatewayAdapter):
 
     def send_typing(self, conversation: Conversation) -> None:
         self.ws_send({"type": "BeginTyping", "channel": conversation.chat_id})
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("PUT", f"{self.api}/channels/{conversation.chat_id}/messages/{message_id}/reactions/"
+                          f"{quote(emoji, safe='')}", retries=0)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.http.request("DELETE", f"{self.api}/channels/{conversation.chat_id}/messages/{message_id}/reactions/"
+                          f"{quote(emoji, safe='')}", retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or next(iter(self.settings.get("allowed_channels") or []), "")

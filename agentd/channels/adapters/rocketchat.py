@@ -2,7 +2,8 @@
 channels the bot has joined (`channels.list.joined` + `channels.history`) and of its
 direct rooms (`im.list` + `im.history`) from a persisted timestamp per room, replies
 with `chat.postMessage` (in the thread when the message was in one). Channel messages
-are answered when they mention the bot; direct messages always."""
+are answered when they mention the bot; direct messages always. Reactions: `chat.react`
+(`:name:`, `shouldReact` false takes one back)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.conversation import reply_thread
+from agentd.channels.lifecycle import emoji_name
 
 
 class RocketChatAdapter(PollingAdapter):
@@ -83,6 +85,14 @@ class RocketChatAdapter(PollingAdapter):
                 body["tmid"] = conversation.meta["tmid"]
             ids.append(str(self.api("POST", "chat.postMessage", json=body).get("message", {}).get("_id", "")))
         return ",".join(ids)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.api("POST", "chat.react", retries=0,
+                 json={"messageId": message_id, "emoji": f":{emoji_name(emoji)}:", "shouldReact": True})
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.api("POST", "chat.react", retries=0,
+                 json={"messageId": message_id, "emoji": f":{emoji_name(emoji)}:", "shouldReact": False})
 
     def test_target(self, override: str = "") -> Conversation:
         target = override or next(iter(self.settings.get("allowed_channels") or []), "")

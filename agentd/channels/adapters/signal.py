@@ -65,6 +65,18 @@ class SignalAdapter(PollingAdapter):
         self.http.request("PUT", f"{self.base}/v1/typing-indicator/{quote(self.number)}",
                           json={"recipient": conversation.chat_id}, retries=0)
 
+    def _reaction(self, method: str, conversation: Conversation, message_id: str, emoji: str) -> None:
+        # A reaction names the message by its author and timestamp; a new one replaces the last.
+        self.http.request(method, f"{self.base}/v1/reactions/{quote(self.number)}", retries=0, json={
+            "reaction": emoji, "recipient": conversation.chat_id, "target_author": conversation.user_id,
+            "timestamp": int(message_id)})
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self._reaction("POST", conversation, message_id, emoji)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self._reaction("DELETE", conversation, message_id, emoji)
+
     def test_target(self, override: str = "") -> Conversation:
         target = override or next(iter(self.settings.get("allowed_users") or []), "")
         if not target:

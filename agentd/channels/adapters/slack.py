@@ -13,13 +13,22 @@ Events: `message` in direct messages (channel_type im) and `app_mention` in chan
 (answered in the message's thread while `auto_thread_reply`, or as `overrides.threading`
 says). A thread the bot answered in is followed for `thread_ttl_hours` after its last
 message there: its later `message` events are answered without a mention (while
-`auto_thread_reply`). Each thread is a conversation of its own. Web API calls answer HTTP
-200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+`auto_thread_reply`). Each thread is a conversation of its own. An edited direct message
+(`message_changed`) is answered as a new one. Web API calls answer HTTP 200 with
+`{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
 
 Files: a message's `files` (subtype `file_share`) are fetched from `url_private_download`
 with the bot token, only from files.slack.com (or the host of `api_url`); files go out
 with `files.getUploadURLExternal`, a POST of the bytes to the upload URL and
 `files.completeUploadExternal` into the conversation (and its thread).
+
+Approvals are Block Kit messages with Approve/Reject buttons; a click arrives as a
+`block_actions` interaction (an `interactive` envelope over Socket Mode, a signed
+form-encoded `payload` at the request URL over HTTP, the daemon's
+`/channels/slack/webhook` or the adapter's own listener); the request is then replaced by
+its outcome (`chat.update`), a refusal goes to the clicker alone (`chat.postEphemeral`).
+Reactions: `reactions.add` / `reactions.remove` (emoji by name). Slack has no typing
+indicator for bots on the Web API (only the legacy RTM API had one).
 """
 
 from __future__ import annotations
@@ -29,12 +38,14 @@ import json
 import threading
 import time
 from typing import Any
+from urllib.parse import parse_qs
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.conversation import reply_thread
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
+from agentd.channels.lifecycle import emoji_name
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 from agentd.channels.bases.websocket import Reconnect, WebSocketAdapter
 
@@ -87,6 +98,14 @@ class SlackCommon:
     def handle_event(self, event: Any, team: str = "") -> None:
         if not isinstance(event, dict) or event.get("type") not in ("message", "app_mention"):
             return
+        edited = event.get("subtype") == "message_changed" and event.get("channel_type") == "im"
+        if edited:  # the new version of a direct message: its text, its author
+            changed = event.get("message") or {}
+            before = (event.get("previous_message") or {}).get("text")
+            if not isinstance(changed, dict) or changed.get("text") == before:
+                return  # an unfurl or other non-text change
+            event = {**changed, "type": "message", "channel": event.get("channel"), "channel_type": "im",
+                     "ts": f"{changed.get('ts')}:edit:{changed.get('edited', {}).get('ts', event.get('ts'))}"}
         user, channel, ts = str(event.get("user") or ""), str(event.get("channel") or ""), str(event.get("ts") or "")
         if event.get("subtype") not in (None, "", "file_share") or event.get("bot_id") or not user \
                 or user == self.bot_user:
@@ -104,11 +123,12 @@ class SlackCommon:
         files = self._attachments(event.get("files"))
         if not text and not files:
             return
-        thread = reply_thread(self.settings, existing, ts, direct,
+        first = ts.split(":edit:", 1)[0]  # an edit's id names the message it changed
+        thread = reply_thread(self.settings, existing, first, direct,
                               default=bool(self.settings.get("auto_thread_reply", True)))
         conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread},
                                     thread_id=thread)
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=ts,
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=first, edited=edited,
                                  chat_aliases=(team,) if team else (),
                                  mentioned=event["type"] == "app_mention" or mention in raw,
                                  attachments=files))
@@ -147,6 +167,62 @@ class SlackCommon:
         if not isinstance(answer, dict) or not answer.get("ok"):
             raise ChannelError(f"slack {method}: {answer.get('error') if isinstance(answer, dict) else answer}")
         return answer
+
+    def handle_interaction(self, payload: Any) -> None:
+        """A click on an approval's button (`block_actions`)."""
+        if not isinstance(payload, dict) or payload.get("type") != "block_actions":
+            return
+        action = next(iter(payload.get("actions") or []), {})
+        user = str((payload.get("user") or {}).get("id") or "")
+        channel = str((payload.get("channel") or {}).get("id") or (payload.get("container") or {}).get("channel_id")
+                      or "")
+        message = payload.get("message") or {}
+        if action.get("action_id") not in ("approve", "reject") or not user or not channel:
+            return
+        thread = str(message.get("thread_ts") or "")
+        conversation = Conversation(self.name, channel, user, direct=channel.startswith("D"),
+                                    meta={"thread_ts": thread}, thread_id=thread)
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=f"/{action['action_id']} {action.get('value')}",
+                                 message_id=str(message.get("ts") or ""),
+                                 sender_name=f"<@{user}>",  # Slack shows the person's name
+                                 interaction={"channel": channel, "ts": str(message.get("ts") or ""), "user": user,
+                                              "thread_ts": str(message.get("thread_ts") or "")}))
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        if not hasattr(self, "api"):
+            self.prepare_bot()
+        buttons = [{"type": "button", "action_id": verb, "value": approval_id, "style": style,
+                    "text": {"type": "plain_text", "text": label}}
+                   for verb, label, style in (("approve", "Approve", "primary"), ("reject", "Reject", "danger"))]
+        body: dict[str, Any] = {"channel": conversation.chat_id, "text": text[:3000],
+                                "blocks": [{"type": "section", "text": {"type": "plain_text", "text": text[:3000]}},
+                                           {"type": "actions", "block_id": f"approval-{approval_id}",
+                                            "elements": buttons}]}
+        if conversation.meta.get("thread_ts"):
+            body["thread_ts"] = conversation.meta["thread_ts"]
+        return str(self.web("chat.postMessage", self.bot_token, **body).get("ts", ""))
+
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.web("chat.update", self.bot_token, channel=conversation.chat_id, ts=request_id, text=text, blocks=[])
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        click = msg.interaction
+        if final:  # the request becomes its outcome, its buttons gone
+            self.web("chat.update", self.bot_token, channel=click["channel"], ts=click["ts"], text=text, blocks=[])
+        else:
+            body = {"channel": click["channel"], "user": click["user"], "text": text}
+            if click.get("thread_ts"):
+                body["thread_ts"] = click["thread_ts"]
+            self.web("chat.postEphemeral", self.bot_token, **body)
+        return True
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.web("reactions.add", self.bot_token, retries=0, channel=conversation.chat_id, timestamp=message_id,
+                 name=emoji_name(emoji))
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.web("reactions.remove", self.bot_token, retries=0, channel=conversation.chat_id, timestamp=message_id,
+                 name=emoji_name(emoji))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):
@@ -205,6 +281,8 @@ class SlackSocketAdapter(SlackCommon, WebSocketAdapter):
         elif kind == "events_api":
             payload = data.get("payload") or {}
             self.handle_event(payload.get("event"), str(payload.get("team_id") or ""))
+        elif kind == "interactive":
+            self.handle_interaction(data.get("payload"))
 
 
 class SlackEventsAdapter(SlackCommon, WebhookAdapter):
@@ -227,6 +305,11 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
             prefix="v0=")
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            # Interactivity (a button click): the JSON is the form's `payload` field.
+            form = parse_qs(request.body.decode("utf-8"))
+            self.handle_interaction(json.loads((form.get("payload") or ["{}"])[0]))
+            return 200, {}
         data = request.json()
         if not isinstance(data, dict):
             raise ValueError("body must be a JSON object")

@@ -5,7 +5,10 @@ on an unknown key id) that endorses the activity's channel, issuer
 https://api.botframework.com, audience `app_id`, expiry (5 minutes of clock skew), and the
 `serviceUrl` claim equal to the activity's serviceUrl. Replies: an OAuth2
 client-credentials token (cached until expiry), then
-POST {serviceUrl}/v3/conversations/{conversationId}/activities/{activityId}.
+POST {serviceUrl}/v3/conversations/{conversationId}/activities/{activityId}; typing is a
+`typing` activity. Approvals are Adaptive Cards with two Action.Submit buttons; a press
+arrives as a message activity whose `value` holds the button's data (and `replyToId` the
+card), and the decided card is replaced by its outcome (PUT .../activities/{cardId}).
 
 Docs: https://learn.microsoft.com/azure/bot-service/rest-api/bot-framework-rest-connector-authentication
 and .../bot-framework-rest-connector-send-and-receive-messages
@@ -59,6 +62,11 @@ class TeamsAdapter(JwtWebhookAdapter):
 
     def _inbound(self, request: Request) -> tuple[int, Any]:
         activity = request.json()
+        pressed = activity.get("value") if isinstance(activity.get("value"), dict) else {}
+        if pressed.get("agentd_approval") in ("approve", "reject") and pressed.get("approval_id"):
+            activity = {**activity, "text": f"/{pressed['agentd_approval']} {pressed['approval_id']}"}
+        else:
+            pressed = {}
         if activity.get("type") != "message" or not isinstance(activity.get("text"), str):
             return 200, {}  # conversationUpdate, typing, reactions...
         sender, chat = activity.get("from") or {}, activity.get("conversation") or {}
@@ -81,6 +89,7 @@ class TeamsAdapter(JwtWebhookAdapter):
                                           "bot": activity.get("recipient") or {}, "user": {"id": user, "name": sender.get("name")}})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=str(activity.get("id") or ""),
                                  sender_name=str(sender.get("name") or ""),
+                                 interaction={"card": str(activity.get("replyToId") or "")} if pressed else {},
                                  sender_aliases=(str(sender["aadObjectId"]),) if sender.get("aadObjectId") else (),
                                  mentioned=mentioned))
         return 200, {}
@@ -110,6 +119,44 @@ class TeamsAdapter(JwtWebhookAdapter):
                                     headers={"Authorization": "Bearer " + self.token.get()})
             activity_id = str(answer.get("id") or "") if isinstance(answer, dict) else ""
         return activity_id
+
+    def _activities_url(self, conversation: Conversation) -> str:
+        base = str(conversation.meta.get("service_url") or self.settings.get("service_url") or "").rstrip("/")
+        return f"{base}/v3/conversations/{quote(conversation.chat_id, safe='')}/activities"
+
+    def _post(self, method: str, url: str, activity: dict[str, Any], conversation: Conversation,
+              retries: int | None = None) -> str:
+        activity.setdefault("conversation", {"id": conversation.chat_id})
+        if conversation.meta.get("bot"):
+            activity["from"] = conversation.meta["bot"]
+        answer = self.http.json(method, url, json=activity, retries=retries,
+                                headers={"Authorization": "Bearer " + self.token.get()})
+        return str(answer.get("id") or "") if isinstance(answer, dict) else ""
+
+    def send_typing(self, conversation: Conversation) -> None:
+        self._post("POST", self._activities_url(conversation), {"type": "typing"}, conversation, retries=0)
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        card = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                "version": "1.4", "body": [{"type": "TextBlock", "text": text, "wrap": True}],
+                "actions": [{"type": "Action.Submit", "title": title,
+                             "data": {"agentd_approval": verb, "approval_id": approval_id}}
+                            for verb, title in (("approve", "Approve"), ("reject", "Reject"))]}
+        return self._post("POST", self._activities_url(conversation), {
+            "type": "message", "text": text, "attachments": [
+                {"contentType": "application/vnd.microsoft.card.adaptive", "content": card}]}, conversation)
+
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self._post("PUT", f"{self._activities_url(conversation)}/{quote(request_id, safe='')}",
+                   {"type": "message", "id": request_id, "text": text, "attachments": []}, conversation)
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        card = msg.interaction.get("card")
+        if not final or not card:
+            return False  # Teams has no message for one person alone: the answer is posted
+        self._post("PUT", f"{self._activities_url(msg.conversation)}/{quote(card, safe='')}",
+                   {"type": "message", "id": card, "text": text, "attachments": []}, msg.conversation)
+        return True
 
     def test_target(self, override: str = "") -> Conversation:
         if not override:

@@ -1,5 +1,6 @@
 """Telegram Bot API: long-polling `getUpdates` (offset persisted), replies with
-`sendMessage`, typing with `sendChatAction`. `api_url` overrides api.telegram.org.
+`sendMessage`, typing with `sendChatAction`, reactions with `setMessageReaction`.
+`api_url` overrides api.telegram.org.
 
 A forum topic (`message_thread_id` of a topic message) is a conversation of its own, answered
 in the topic and routed to the agent `thread_routes` names for it. The bot counts as
@@ -8,7 +9,11 @@ In groups the answer replies to the message unless `overrides.threading` is fals
 
 Files: a message's `photo` (the largest size), `document`, `audio` and `voice` are fetched
 with `getFile` and `GET {api}/file/bot<token>/<file_path>` (the caption is the text); files
-go out with `sendPhoto` (PNG, JPEG, WebP) or `sendDocument`, multipart."""
+go out with `sendPhoto` (PNG, JPEG, WebP) or `sendDocument`, multipart.
+
+Approvals carry an inline keyboard; a press arrives as a `callback_query`, answered with
+`answerCallbackQuery` and, once decided, `editMessageText` (which drops the buttons). An
+`edited_message` is answered as a new message."""
 
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ class TelegramAdapter(PollingAdapter):
             self.me = self.call("getMe", retries=0)
         # `timeout` is Telegram's long-poll wait; the HTTP timeout allows for it.
         params = {"offset": self.state.get("offset", 0), "timeout": self.long_poll,
-                  "allowed_updates": ["message"]}
+                  "allowed_updates": ["message", "edited_message", "callback_query"]}
         updates = self.http.json("POST", f"{self.base}/getUpdates", json=params,
                                  timeout=self.long_poll + 10, retries=0)
         if not isinstance(updates, dict) or not updates.get("ok"):
@@ -55,9 +60,30 @@ class TelegramAdapter(PollingAdapter):
         for update in updates:
             # Persist first: a crash mid-batch must not answer an update twice.
             self.save_cursor(offset=int(update["update_id"]) + 1)
-            self._handle(update.get("message") or {})
+            if update.get("callback_query"):
+                self._pressed(update["callback_query"])
+            else:
+                self._handle(update.get("message") or update.get("edited_message") or {},
+                             edited="edited_message" in update)
 
-    def _handle(self, message: dict[str, Any]) -> None:
+    def _pressed(self, query: dict[str, Any]) -> None:
+        verb, _, approval_id = str(query.get("data") or "").partition(":")
+        sender, message = query.get("from") or {}, query.get("message") or {}
+        chat = message.get("chat") or {}
+        if verb not in ("approve", "reject") or not sender or not chat:
+            return
+        user_id = str(sender.get("id"))
+        topic = str(message.get("message_thread_id") or "") if message.get("is_topic_message") else ""
+        conversation = Conversation(self.name, str(chat.get("id")), user_id, direct=chat.get("type") == "private",
+                                    meta={"message_thread_id": int(topic)} if topic else {}, thread_id=topic)
+        aliases = tuple(a for a in (sender.get("username"), f"@{sender.get('username')}") if sender.get("username"))
+        self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=f"/{verb} {approval_id}",
+                                 message_id=str(query.get("id")), sender_aliases=aliases,
+                                 sender_name=sender.get("first_name") or sender.get("username") or user_id,
+                                 interaction={"callback_query_id": query.get("id"), "chat_id": chat.get("id"),
+                                              "message_id": message.get("message_id")}))
+
+    def _handle(self, message: dict[str, Any], edited: bool = False) -> None:
         text, chat, sender = message.get("text"), message.get("chat") or {}, message.get("from") or {}
         files = self._attachments(message)
         if files:
@@ -79,7 +105,7 @@ class TelegramAdapter(PollingAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=user_id, text=text,
                                  message_id=str(message.get("message_id")),
                                  sender_name=sender.get("first_name") or sender.get("username") or user_id,
-                                 sender_aliases=aliases, mentioned=mentioned, attachments=files,
+                                 sender_aliases=aliases, mentioned=mentioned, attachments=files, edited=edited,
                                  agent=str((self.settings.get("thread_routes") or {}).get(topic) or "")))
 
     def _mention(self, message: dict[str, Any], text: str) -> tuple[bool, str]:
@@ -158,6 +184,35 @@ class TelegramAdapter(PollingAdapter):
 
     def send_typing(self, conversation: Conversation) -> None:
         self.call("sendChatAction", retries=0, chat_id=_chat_id(conversation.chat_id), action="typing")
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        # A bot has one reaction per message: each call replaces the previous one.
+        self.call("setMessageReaction", retries=0, chat_id=_chat_id(conversation.chat_id),
+                  message_id=int(message_id), reaction=[{"type": "emoji", "emoji": emoji}])
+
+    def send_approval(self, conversation: Conversation, approval_id: str, text: str) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        keyboard = [[{"text": "✅ Approve", "callback_data": f"approve:{approval_id}"},
+                     {"text": "❌ Reject", "callback_data": f"reject:{approval_id}"}]]
+        params: dict[str, Any] = {"chat_id": _chat_id(conversation.chat_id), "text": text[:self.max_message_len],
+                                  "reply_markup": {"inline_keyboard": keyboard}}
+        if conversation.meta.get("message_thread_id"):
+            params["message_thread_id"] = conversation.meta["message_thread_id"]
+        sent = self.call("sendMessage", **params)
+        return str(sent.get("message_id"))
+
+    def settle_approval(self, conversation: Conversation, request_id: str, text: str) -> None:
+        self.call("editMessageText", chat_id=_chat_id(conversation.chat_id), message_id=int(request_id), text=text)
+
+    def answer_interaction(self, msg: Inbound, text: str, final: bool) -> bool:
+        press = msg.interaction
+        # The presser sees the answer as an alert (a refusal is for them alone).
+        self.call("answerCallbackQuery", callback_query_id=press["callback_query_id"], text=text[:200],
+                  show_alert=not final)
+        if final:  # the request becomes its outcome, without buttons
+            self.call("editMessageText", chat_id=press["chat_id"], message_id=press["message_id"], text=text)
+        return True
 
     def test_target(self, override: str = "") -> Conversation:
         chat = override or str(self.settings.get("default_chat_id") or "")

@@ -1,6 +1,8 @@
 """WhatsApp Business Cloud API: the same Meta webhook as Messenger (GET `hub.verify_token`
 handshake, POST events signed with `X-Hub-Signature-256` over the raw body with the app
-secret, checked before parsing), replies via Graph `/{phone_number_id}/messages`.
+secret, checked before parsing), replies via Graph `/{phone_number_id}/messages`, which also
+takes the typing indicator (a `status: read` call naming the user's message, shown for up to
+25 s or until the reply) and reactions (`type: reaction`; an empty emoji takes it back).
 
 The personal-account QR path is separate (agentd/channels/qr.py, the gateway routes).
 Docs: https://developers.facebook.com/docs/whatsapp/cloud-api/webhooks/payload-examples
@@ -50,11 +52,28 @@ class WhatsAppAdapter(MessengerAdapter):
                     user, text = str(message.get("from") or ""), (message.get("text") or {}).get("body")
                     if not user or not isinstance(text, str):
                         continue
-                    conversation = Conversation(self.name, user, user, direct=True)
+                    conversation = Conversation(self.name, user, user, direct=True,
+                                                meta={"message_id": str(message.get("id") or "")})
                     self.ctx.deliver(Inbound(conversation, sender_id=user, text=text,
                                              message_id=str(message.get("id") or ""),
                                              sender_name=names.get(user) or ""))
         return 200, {"status": "EVENT_RECEIVED"}
+
+    def _graph(self, body: dict[str, Any], retries: int | None = None) -> Any:
+        base = (self.settings.get("api_url") or API_URL).rstrip("/")
+        return self.http.json("POST", f"{base}/{self.settings.get('phone_number_id')}/messages", retries=retries,
+                              headers={"Authorization": "Bearer " + self.env("access_token_env")},
+                              json={"messaging_product": "whatsapp", **body})
+
+    def send_typing(self, conversation: Conversation) -> None:
+        if conversation.meta.get("message_id"):  # the indicator names the message being answered
+            self._graph({"status": "read", "message_id": conversation.meta["message_id"],
+                         "typing_indicator": {"type": "text"}}, retries=0)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        # One reaction per message: a new one replaces the previous.
+        self._graph({"recipient_type": "individual", "to": conversation.chat_id, "type": "reaction",
+                     "reaction": {"message_id": message_id, "emoji": emoji}}, retries=0)
 
     def send(self, conversation: Conversation, text: str) -> str:
         base = (self.settings.get("api_url") or API_URL).rstrip("/")

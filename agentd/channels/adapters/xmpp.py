@@ -42,7 +42,7 @@ class XmppAdapter(Adapter):
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         client = slixmpp.ClientXMPP(self.jid, self.password)
-        for plugin in ("xep_0030", "xep_0045", "xep_0085", "xep_0199", "xep_0203"):
+        for plugin in ("xep_0030", "xep_0045", "xep_0085", "xep_0199", "xep_0203", "xep_0444"):
             client.register_plugin(plugin)
         client.enable_direct_tls = False  # the c2s port speaks STARTTLS (or plain text if allowed)
         client.enable_starttls = bool(self.settings.get("use_tls", True))
@@ -141,6 +141,13 @@ class XmppAdapter(Adapter):
                 return msg["id"]
             ids.append(self._call(deliver))
         return ",".join(ids)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        # XEP-0444 in direct chats (a room's reactions name the MUC's stanza id, which
+        # agentd does not keep): each reactions message is the whole set, so it replaces.
+        if conversation.direct:
+            self._call(lambda: self.client.plugin["xep_0444"].send_reactions(
+                conversation.chat_id, message_id, [emoji], store=True))
 
     def send_typing(self, conversation: Conversation) -> None:
         if conversation.direct:

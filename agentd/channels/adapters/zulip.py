@@ -1,7 +1,8 @@
 """Zulip REST API (HTTP Basic: bot email + API key): registers an event queue
 (`POST /api/v1/register`, message events, raw Markdown), long-polls
 `GET /api/v1/events`, replies with `POST /api/v1/messages` (same stream and topic, or
-a private message), typing with `POST /api/v1/typing`. A queue the server forgot
+a private message), typing with `POST /api/v1/typing`, reactions with
+`POST`/`DELETE /api/v1/messages/{id}/reactions` (emoji by name). A queue the server forgot
 (BAD_EVENT_QUEUE_ID) is registered again. Stream messages are answered when they
 mention the bot; private messages always."""
 
@@ -15,6 +16,7 @@ import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.lifecycle import emoji_name
 
 
 class ZulipAdapter(PollingAdapter):
@@ -99,11 +101,22 @@ class ZulipAdapter(PollingAdapter):
             self.api("POST", "typing", retries=0, data={"op": "start",
                                                         "to": json.dumps(conversation.meta["user_ids"])})
 
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.api("POST", f"messages/{message_id}/reactions", retries=0,
+                 data={"emoji_name": emoji_name(emoji, ZULIP_NAMES)})
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self.api("DELETE", f"messages/{message_id}/reactions", retries=0,
+                 data={"emoji_name": emoji_name(emoji, ZULIP_NAMES)})
+
     def test_target(self, override: str = "") -> Conversation:
         target = override or next(iter(self.settings.get("streams") or []), "")
         if not target:
             raise ChannelError("no test target: set streams or pass chat_id (a stream name)")
         return Conversation(self.name, target, meta={"topic": "agentd test"})
 
+
+# Zulip's own names where they differ from the common ones.
+ZULIP_NAMES = {"✅": "check", "👍": "thumbs_up"}
 
 ADAPTER = ZulipAdapter
