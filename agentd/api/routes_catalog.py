@@ -67,7 +67,7 @@ class BudgetSchema(Schema):
 
     limit_usd = StrictFloat(required=True, validate=validate.Range(min=0))
     alert_levels = fields.List(
-        StrictFloat(validate=validate.Range(min=0, max=1, min_inclusive=False)),
+        StrictFloat(validate=validate.Range(min=0, max=1, min_inclusive=False), metadata={"exclusiveMinimum": 0}),
         validate=validate.Length(min=1, max=MAX_ALERT_LEVELS),
         metadata={"description": "Fractions of the limit at which an alert fires (0 < x <= 1; sorted and "
                                  "de-duplicated; left out: unchanged; default [0.8, 1.0])",
