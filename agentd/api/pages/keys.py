@@ -6,7 +6,8 @@ from __future__ import annotations
 from flask import render_template, request
 
 from agentd.api.body import format_validation
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, kernel
+from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.schemas_keys import KeyCreateSchema
 from agentd.errors import AgentdError, BadRequest
@@ -63,12 +64,13 @@ def key_action(key_id: str, action: str):
     try:
         if action == "rotate":
             return _keys_page(secret=keys_.rotate(key_id, principal()))
+        if action not in ACTIONS:
+            raise BadRequest(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+        name = keys_.get(key_id)["name"]
         if action == "delete":
             keys_.delete(key_id, principal())
-        elif action in ("disable", "enable"):
-            keys_.update(key_id, {"enabled": action == "enable"}, principal())
         else:
-            raise BadRequest(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+            keys_.update(key_id, {"enabled": action == "enable"}, principal())
     except AgentdError as exc:
         return _keys_page(exc.status, exc.message)
-    return see_other("pages.keys")
+    return see_other_with("pages.keys", [f"key {name} {action}d"])

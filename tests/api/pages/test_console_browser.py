@@ -266,9 +266,11 @@ def test_create_a_key_see_its_secret_once_and_revoke_it(console: Browser, daemon
     assert not web.chrome.find_elements(By.ID, "key-secret") and secret not in web.chrome.page_source
     row = web.chrome.find_element(By.ID, f"key-{key['id']}")
     submit(web, row.find_element(By.XPATH, ".//button[text()='Disable']"))
+    assert note(web) == [f"key {name} disabled"]
     assert "disabled" in web.chrome.find_element(By.ID, f"key-{key['id']}").text
     assert daemon.get("/api/agents", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
     submit(web, web.chrome.find_element(By.ID, f"key-{key['id']}").find_element(By.XPATH, ".//button[text()='Delete']"))
+    assert note(web) == [f"key {name} deleted"]
     assert not web.chrome.find_elements(By.ID, f"key-{key['id']}")
     assert name not in [k["name"] for k in daemon.get("/api/keys").json()]
 
