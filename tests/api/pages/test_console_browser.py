@@ -258,12 +258,15 @@ def test_create_a_key_see_its_secret_once_and_revoke_it(console: Browser, daemon
     web.open("/keys")
     fill(web.chrome, "name", name)
     submit(web, web.chrome.find_element(By.ID, "name"))
+    assert note(web) == [f"key {name} created"]
     secret = web.chrome.find_element(By.ID, "key-value").text
     # A message-scoped key: signed in (403 for reading, not 401), until it is disabled.
     assert secret and daemon.get("/api/agents", headers={"Authorization": f"Bearer {secret}"}).status_code == 403
     [key] = [k for k in daemon.get("/api/keys").json() if k["name"] == name]
-    web.open("/keys")
+    # The answer came after a redirect: a refresh neither creates a second key nor shows the secret.
+    web.chrome.refresh()
     assert not web.chrome.find_elements(By.ID, "key-secret") and secret not in web.chrome.page_source
+    assert [k["name"] for k in daemon.get("/api/keys").json()].count(name) == 1
     row = web.chrome.find_element(By.ID, f"key-{key['id']}")
     submit(web, row.find_element(By.XPATH, ".//button[text()='Disable']"))
     assert note(web) == [f"key {name} disabled"]
