@@ -63,7 +63,8 @@ def submit(web: Browser, element) -> None:
     web.chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
     old = web.chrome.find_element(By.TAG_NAME, "html")
     button.click()
-    web.wait(lambda d: old.id != d.find_element(By.TAG_NAME, "html").id)
+    web.wait(lambda d: old.id != d.find_element(By.TAG_NAME, "html").id
+             and d.execute_script("return document.readyState") == "complete")
 
 
 def note(web: Browser) -> list[str]:
