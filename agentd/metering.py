@@ -25,9 +25,23 @@ from agentd.store import Store
 if TYPE_CHECKING:
     from agentd.store.writer import Tx
 
-ALERT_LEVELS = ((1.0, "critical", "budget exhausted: {spent} of {limit} spent; new agent runs are refused "
-                                  "until the period ends"),
-                (0.8, "warning", "80% of the monthly budget is spent: {spent} of {limit}"))
+# Fractions of the limit at which an alert fires, unless PUT /api/budget set others.
+DEFAULT_ALERT_LEVELS = (0.8, 1.0)
+MAX_ALERT_LEVELS = 10
+_EXHAUSTED = "budget exhausted: {spent} of {limit} spent; new agent runs are refused until the period ends"
+_REACHED = "{percent}% of the monthly budget is spent: {spent} of {limit}"
+
+
+def alert_levels(levels: Any) -> list[float]:
+    """The stored alert levels, or the default when none are stored."""
+    return sorted({float(x) for x in levels}) if levels else list(DEFAULT_ALERT_LEVELS)
+
+
+def _alert(fraction: float) -> tuple[str, str]:
+    """The level name and message template of an alert at `fraction` of the limit."""
+    if fraction >= 1.0:
+        return "critical", _EXHAUSTED
+    return "warning", _REACHED.replace("{percent}", f"{fraction * 100:g}")
 
 
 _USAGE_COLUMNS = ("agent_id", "agent_name", "provider", "model", "input_tokens", "output_tokens",
@@ -64,6 +78,7 @@ class Metering:
         self._spent = self._sum_cost(self._period_start, self._period_end)
         # Read on every run and every model call: kept in memory, written through.
         self._limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
+        self._levels = alert_levels(self.store.get_setting("budget_alert_levels"))
         # Several daemons share the database: the totals and the limit are read from it on
         # every check, since other daemons spend and set them too.
         self.shared = shared
@@ -77,9 +92,12 @@ class Metering:
         if not self.shared:
             return
         limit = float(self.store.get_setting("budget_limit_usd") or 0.0)
+        levels = alert_levels(self.store.get_setting("budget_alert_levels")) if spend else None
         spent = self._sum_cost(self._period_start, self._period_end) if spend or limit > 0 else None
         with self._lock:
             self._limit = limit
+            if levels is not None:
+                self._levels = levels
             if spent is not None:
                 self._spent = spent
 
@@ -127,16 +145,27 @@ class Metering:
     def limit_usd(self) -> float:
         return self._limit
 
-    def set_limit(self, limit_usd: float) -> None:
+    @property
+    def alert_levels(self) -> list[float]:
+        return list(self._levels)
+
+    def set_limit(self, limit_usd: float, levels: list[float] | None = None) -> None:
+        """Set the monthly limit and, with `levels`, the fractions of it that raise an alert."""
+        if levels is not None:
+            levels = alert_levels(levels)
+            self.store.set_setting("budget_alert_levels", levels)
         self.store.set_setting("budget_limit_usd", float(limit_usd))
         with self._lock:
             self._limit = float(limit_usd)
+            if levels is not None:
+                self._levels = levels
             self._maybe_alert(self._spent, self._now())
 
-    def follow_limit(self, limit_usd: float) -> None:
-        """Take over a limit another daemon set on a shared database (no write back)."""
+    def follow_limit(self, limit_usd: float, levels: Any = None) -> None:
+        """Take over a limit (and alert levels) another daemon set on a shared database (no write back)."""
         with self._lock:
             self._limit = float(limit_usd)
+            self._levels = alert_levels(levels)
 
     def _alerts_key(self) -> str:
         return f"budget_alerts:{self._period_start.date().isoformat()}"
@@ -147,13 +176,18 @@ class Metering:
         if limit <= 0:
             return
         alerts = self.store.get_setting(self._alerts_key()) or []
-        seen = {a["level"] for a in alerts}
-        for fraction, level, message in ALERT_LEVELS:
-            if after >= limit * fraction and level not in seen:
+        seen = {float(a["threshold"]) for a in alerts}
+        fired = False
+        for fraction in self._levels:
+            if after >= limit * fraction and fraction not in seen:
+                level, message = _alert(fraction)
                 alerts.append({"level": level, "threshold": fraction,
                                "message": message.format(spent=format_usd(after), limit=format_usd(limit)),
                                "limit_usd": limit, "at": iso(now)})
-                seen.add(level)
+                seen.add(fraction)
+                fired = True
+        if not fired:
+            return
         self.store.set_setting(self._alerts_key(), sorted(alerts, key=lambda a: a["threshold"]))
 
     def check_budget(self) -> None:
@@ -186,7 +220,7 @@ class Metering:
         # with a limit of 0 the max() below is 0); `limited` tells "no limit" apart from "exhausted".
         return {"limit_usd": limit, "spent_usd": round(spent, 10),
                 "remaining_usd": round(max(0.0, limit - spent), 10),
-                "limited": limit > 0,
+                "limited": limit > 0, "alert_levels": self.alert_levels,
                 "period_start": iso(start), "period_end": iso(end),
                 "alerts": [a for a in alerts if limit > 0]}
 

@@ -111,7 +111,7 @@ def test_budget_report_is_exact(store) -> None:
     metering = Metering(store, Catalog.load(), now=Now(MARCH))
     metering.record("a1", "alpha", "openai", "gpt-4o", 1000, 10)
     assert metering.budget() == {"limit_usd": 0.0, "spent_usd": 0.0026, "remaining_usd": 0.0, "limited": False,
-                                 "period_start": "2026-03-01T00:00:00+00:00",
+                                 "alert_levels": [0.8, 1.0], "period_start": "2026-03-01T00:00:00+00:00",
                                  "period_end": "2026-04-01T00:00:00+00:00", "alerts": []}
     metering.set_limit(1)
     b = metering.budget()
@@ -152,6 +152,12 @@ def test_a_shared_database_reads_other_daemons_spend_and_limit(store) -> None:
     alone.follow_limit(5)
     assert alone.limit_usd == 5.0 and store.get_setting("budget_limit_usd") == 0.0, \
         "following another daemon's limit writes nothing back"
+    there.set_limit(5, [0.5, 1.0])
+    assert store.get_setting("budget_alert_levels") == [0.5, 1.0]
+    alone.follow_limit(5, store.get_setting("budget_alert_levels"))
+    assert alone.alert_levels == [0.5, 1.0] and alone.budget()["alert_levels"] == [0.5, 1.0]
+    alone.follow_limit(5, None)
+    assert alone.alert_levels == [0.8, 1.0], "no stored levels: the default"
 
 
 

@@ -15,6 +15,7 @@ from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.schema_fields import StrictBoolean, StrictFloat
 from agentd.errors import BadRequest, NotFound
+from agentd.metering import MAX_ALERT_LEVELS
 
 bp = Blueprint("catalog", __name__)
 
@@ -65,6 +66,12 @@ class BudgetSchema(Schema):
         unknown = RAISE
 
     limit_usd = StrictFloat(required=True, validate=validate.Range(min=0))
+    alert_levels = fields.List(
+        StrictFloat(validate=validate.Range(min=0, max=1, min_inclusive=False), metadata={"exclusiveMinimum": 0}),
+        validate=validate.Length(min=1, max=MAX_ALERT_LEVELS),
+        metadata={"description": "Fractions of the limit at which an alert fires (0 < x <= 1; sorted and "
+                                 "de-duplicated; left out: unchanged; default [0.8, 1.0])",
+                  "example": [0.5, 0.8, 1.0]})
 
 
 def _iso_arg(name: str) -> datetime | None:
@@ -203,11 +210,12 @@ def budget():
 
 @bp.put("/api/budget")
 @doc("Set the monthly budget (0 = no limit)", tags="usage", body=BudgetSchema, response=out.BudgetSetSchema,
-     body_example={"limit_usd": 25.0})
+     body_example={"limit_usd": 25.0, "alert_levels": [0.5, 0.8, 1.0]})
 def set_budget():
     data = body.load(BudgetSchema())
-    kernel().metering.set_limit(data["limit_usd"])
-    return jsonify({"status": "updated", "limit_usd": data["limit_usd"]})
+    metering = kernel().metering
+    metering.set_limit(data["limit_usd"], data.get("alert_levels"))
+    return jsonify({"status": "updated", "limit_usd": data["limit_usd"], "alert_levels": metering.alert_levels})
 
 
 @bp.get("/api/budget/agents")

@@ -1,7 +1,7 @@
 """Settings other daemons change, followed on a shared database.
 
 A few settings live in the database but are also held in memory for speed: custom models
-(in the catalog), provider URL overrides and the monthly budget limit. On the embedded
+(in the catalog), provider URL overrides and the monthly budget limit and alert levels. On the embedded
 SQLite database one daemon writes them, so memory is always current. When several daemons
 share PostgreSQL, a change made through one must reach the others: this follower re-reads
 those settings every `interval` seconds (one small query) and applies what changed.
@@ -20,7 +20,7 @@ from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.settings")
 
-FOLLOWED = ("custom_models", "provider_urls", "budget_limit_usd")
+FOLLOWED = ("custom_models", "provider_urls", "budget_limit_usd", "budget_alert_levels")
 
 
 class SettingsFollower:
@@ -65,4 +65,4 @@ class SettingsFollower:
                 if name not in urls:
                     del self.url_overrides[name]
             self.url_overrides.update(urls)
-        self.metering.follow_limit(float(rows.get("budget_limit_usd") or 0.0))
+        self.metering.follow_limit(float(rows.get("budget_limit_usd") or 0.0), rows.get("budget_alert_levels"))

@@ -333,7 +333,8 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     name = f"dash-{uuid.uuid4().hex[:6]}"
     made = browser.post(f"{d.url}/keys", data={"name": name, "scopes": ["read", "message"],
                                                 "budget_usd_per_day": "2", "csrf_token": token})
-    assert made.status_code == 201, made.text
+    assert made.status_code == 200 and [r.status_code for r in made.history] == [303], made.text
+    assert f"key {name} created" in made.text
     secret = re.search(r'<code id="key-value">(agd_[^<]+)</code>', made.text).group(1)
     assert as_key(d, secret, "GET", "/api/status").status_code == 200
     key_id = d.get(f"/api/keys/{name}").json()["id"]
@@ -342,6 +343,8 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     assert d.get(f"/api/keys/{key_id}").json()["enabled"] is False
     rotated = browser.post(f"{d.url}/keys/{key_id}/rotate", data={"csrf_token": token})
     assert rotated.status_code == 200 and secret not in rotated.text and 'id="key-value"' in rotated.text
+    assert [r.status_code for r in rotated.history] == [303]
+    assert 'id="key-value"' not in browser.get(f"{d.url}/keys").text, "a refresh shows no secret"
     assert browser.post(f"{d.url}/keys/{key_id}/delete", data={"csrf_token": token}).status_code == 200
     assert d.get(f"/api/keys/{key_id}").status_code == 404
     usage = browser.get(f"{d.url}/usage")

@@ -153,7 +153,7 @@ def test_usage_and_budget(fresh) -> None:
         assert fresh.put("/api/budget", json=bad).status_code == 400, bad
     spent = usage["total_cost_usd"]
     r = fresh.put("/api/budget", json={"limit_usd": spent * 1.1})
-    assert r.json() == {"status": "updated", "limit_usd": spent * 1.1}
+    assert r.json() == {"status": "updated", "limit_usd": spent * 1.1, "alert_levels": [0.8, 1.0]}
     status = fresh.get("/api/budget").json()
     assert status["spent_usd"] == pytest.approx(spent)
     assert [a["level"] for a in status["alerts"]] == ["warning"]
@@ -176,6 +176,34 @@ def test_usage_and_budget(fresh) -> None:
     assert out.returncode == 0 and "gpt-4o" in out.stdout
     out = run_cli(fresh.home, "budget", "--set", "5", port=fresh.port)
     assert out.returncode == 0 and "$5.00" in out.stdout
+
+
+def test_budget_alert_levels(fresh) -> None:
+    assert fresh.get("/api/budget").json()["alert_levels"] == [0.8, 1.0], "the default levels"
+    for bad in ([], [0], [1.5], [-0.5], ["0.5"], [True], 0.5, [0.1 * i for i in range(1, 11)] + [0.05]):
+        r = fresh.put("/api/budget", json={"limit_usd": 1, "alert_levels": bad})
+        assert r.status_code == 400 and "alert_levels" in r.json()["error"], (bad, r.text)
+    assert fresh.get("/api/budget").json()["limit_usd"] == 0, "a refused body changes nothing"
+    agent_id = spawn(fresh, "levels")
+    cost = say(fresh, agent_id, "one call").json()["cost_usd"]
+    r = fresh.put("/api/budget", json={"limit_usd": cost * 1.6, "alert_levels": [1, 0.5, 0.5, 0.25]})
+    assert r.status_code == 200
+    assert r.json() == {"status": "updated", "limit_usd": cost * 1.6, "alert_levels": [0.25, 0.5, 1.0]}
+    status = fresh.get("/api/budget").json()
+    assert status["alert_levels"] == [0.25, 0.5, 1.0]
+    assert [(a["level"], a["threshold"]) for a in status["alerts"]] == [("warning", 0.25), ("warning", 0.5)]
+    assert status["alerts"][0]["message"].startswith("25% of the monthly budget is spent: $")
+    # Without alert_levels the limit changes and the levels stay.
+    r = fresh.put("/api/budget", json={"limit_usd": cost * 1.6})
+    assert r.json()["alert_levels"] == [0.25, 0.5, 1.0]
+    fresh.stop()
+    fresh.start()
+    status = fresh.get("/api/budget").json()
+    assert status["alert_levels"] == [0.25, 0.5, 1.0], "the levels are kept in the database"
+    say(fresh, agent_id, "over the limit")
+    alerts = fresh.get("/api/budget").json()["alerts"]
+    assert [(a["level"], a["threshold"]) for a in alerts] == [("warning", 0.25), ("warning", 0.5), ("critical", 1.0)]
+    assert alerts[2]["message"].startswith("budget exhausted: $")
 
 
 def test_concurrent_spending_is_exact(fresh) -> None:

@@ -230,7 +230,8 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
     assert cost and cost > 0
     spent = a.get("/api/budget").json()["spent_usd"]
     limit = round(spent + cost / 2, 10)  # room for less than one more run
-    assert b.put("/api/budget", json={"limit_usd": limit}).status_code == 200
+    assert b.put("/api/budget", json={"limit_usd": limit, "alert_levels": [0.5, 1.0]}).status_code == 200
+    assert a.get("/api/budget").json()["alert_levels"] == [0.5, 1.0], "alert levels are shared like the limit"
     spenders = [spawn(a.url, f"spender{i}") for i in range(6)]
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(say, (a if i % 2 else b).url, agent, "[[slow:1]] spend")
@@ -242,7 +243,7 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
     final = [d.get("/api/budget").json() for d in (a, b)]
     assert final[0]["spent_usd"] == final[1]["spent_usd"] == pytest.approx(spent + cost, rel=1e-6)
     assert final[0]["spent_usd"] < limit + cost  # at most the one run admitted under the limit
-    assert a.put("/api/budget", json={"limit_usd": 0}).status_code == 200
+    assert a.put("/api/budget", json={"limit_usd": 0, "alert_levels": [0.8, 1.0]}).status_code == 200
 
     # -- the channel adapter runs on daemon-a only ---------------------------------------------
     wait_for(lambda: ntfy.subscriptions, 15, what="ntfy subscribed")

@@ -11,6 +11,7 @@ from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.routes_catalog import TIERS
 from agentd.errors import AgentdError
+from agentd.metering import MAX_ALERT_LEVELS
 from agentd.timestamps import utcnow
 
 
@@ -51,9 +52,21 @@ def models():
                            tiers=TIERS, provider=provider or "", tier=tier or "")
 
 
+def _levels(raw: str) -> list[float]:
+    """Alert levels typed as fractions of the limit ("0.5, 0.8, 1") or as percentages ("80%")."""
+    out = []
+    for part in raw.replace(",", " ").split():
+        value = float(part[:-1]) / 100 if part.endswith("%") else float(part)
+        if value != value:
+            raise ValueError(part)
+        out.append(value)
+    return out
+
+
 @bp.post("/usage/budget")
 def budget_set():
-    """Sets the monthly limit as PUT /api/budget does (0: no limit)."""
+    """Sets the monthly limit and the alert levels as PUT /api/budget does (0: no limit; alert
+    levels left empty: unchanged)."""
     from marshmallow import ValidationError
 
     from agentd.api.routes_catalog import BudgetSchema
@@ -66,9 +79,24 @@ def budget_set():
         BudgetSchema().load({"limit_usd": limit})
     except (ValueError, ValidationError):
         return see_other_with("pages.usage", [f"budget: {raw!r} is not an amount in USD of 0 or more"], ok=False)
-    kernel().metering.set_limit(limit)
+    raw_levels = request.form.get("alert_levels", "").strip()
+    levels = None
+    if raw_levels:
+        try:
+            levels = _levels(raw_levels)
+            BudgetSchema().load({"limit_usd": limit, "alert_levels": levels})
+        except (ValueError, ValidationError):
+            return see_other_with("pages.usage", [
+                f"budget: alert levels {raw_levels!r} must be 1 to {MAX_ALERT_LEVELS} fractions of the limit, "
+                "each above 0 and at most 1 (e.g. 0.5, 0.8, 1)"], ok=False)
+    metering = kernel().metering
+    metering.set_limit(limit, levels)
     note = "budget: no limit" if limit == 0 else f"budget: limit set to ${limit:g} a month"
-    return see_other_with("pages.usage", [note])
+    notes = [note]
+    if levels is not None:
+        notes.append("budget: alerts at " + ", ".join(f"{x * 100:g}%" for x in metering.alert_levels)
+                     + " of the limit")
+    return see_other_with("pages.usage", notes)
 
 
 @bp.get("/providers")

@@ -3,15 +3,23 @@ delete), over the same kernel calls as /api/keys."""
 
 from __future__ import annotations
 
-from flask import render_template, request
+from flask import make_response, render_template, request, url_for
+from itsdangerous import BadSignature
 
+from agentd.api import dashauth
 from agentd.api.body import format_validation
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, kernel
+from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.schemas_keys import KeyCreateSchema
 from agentd.errors import AgentdError, BadRequest
 
 ACTIONS = ("disable", "enable", "rotate", "delete")
+# The new secret travels to the page the POST redirects to in this cookie: signed, bound to
+# the session, scoped to /keys and short-lived, and cleared as soon as the page showed it. It
+# needs no server-side state, so any daemon behind a load balancer can show it.
+SHOWN_COOKIE = "agentd_key_once"
+SHOWN_MAX_AGE = 120
 
 
 def _keys_page(status: int = 200, error: str = "", secret: dict | None = None):
@@ -22,7 +30,32 @@ def _keys_page(status: int = 200, error: str = "", secret: dict | None = None):
 
 @bp.get("/keys")
 def keys():
-    return _keys_page()
+    value = request.cookies.get(SHOWN_COOKIE)
+    if not value:
+        return _keys_page()
+    secret = None
+    try:
+        data = dashauth.sessions().notes.loads(value, max_age=SHOWN_MAX_AGE)
+        session = dashauth.current_session()
+        if isinstance(data, dict) and session and data.get("sid") == session["sid"]:
+            secret = {"name": data["name"], "key": data["key"]}
+    except (BadSignature, KeyError):
+        pass
+    body, status = _keys_page(secret=secret)
+    response = make_response(body, status)
+    response.delete_cookie(SHOWN_COOKIE, path=url_for("pages.keys"), httponly=True, samesite="Strict",
+                           secure=request.is_secure)
+    return response
+
+
+def _show_once(created: dict, verb: str):
+    """303 to /keys, which shows the new secret once (a refresh neither re-submits nor shows it)."""
+    value = dashauth.sessions().notes.dumps({"sid": dashauth.ensure_session()["sid"], "name": created["name"],
+                                            "key": created["key"]})
+    response = see_other_with("pages.keys", [f"key {created['name']} {verb}"])
+    response.set_cookie(SHOWN_COOKIE, value, max_age=SHOWN_MAX_AGE, path=url_for("pages.keys"), httponly=True,
+                        samesite="Strict", secure=request.is_secure)
+    return response
 
 
 def _number(field: str, kind: type) -> float | int | None:
@@ -54,7 +87,7 @@ def keys_create():
         created = kernel().keys.create(KeyCreateSchema().load(data), principal())
     except AgentdError as exc:
         return _keys_page(exc.status, exc.message)
-    return _keys_page(201, secret=created)
+    return _show_once(created, "created")
 
 
 @bp.post("/keys/<key_id>/<action>")
@@ -62,13 +95,14 @@ def key_action(key_id: str, action: str):
     keys_ = kernel().keys
     try:
         if action == "rotate":
-            return _keys_page(secret=keys_.rotate(key_id, principal()))
+            return _show_once(keys_.rotate(key_id, principal()), "rotated")
+        if action not in ACTIONS:
+            raise BadRequest(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+        name = keys_.get(key_id)["name"]
         if action == "delete":
             keys_.delete(key_id, principal())
-        elif action in ("disable", "enable"):
-            keys_.update(key_id, {"enabled": action == "enable"}, principal())
         else:
-            raise BadRequest(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+            keys_.update(key_id, {"enabled": action == "enable"}, principal())
     except AgentdError as exc:
         return _keys_page(exc.status, exc.message)
-    return see_other("pages.keys")
+    return see_other_with("pages.keys", [f"key {name} {action}d"])

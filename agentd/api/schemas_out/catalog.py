@@ -69,12 +69,13 @@ class BudgetStatusSchema(Out):
     spent_usd = Num()
     remaining_usd = Num()
     limited = Bool()
+    alert_levels = req(fields.List(Num()))
     period_start = Str()
     period_end = Str()
     alerts = req(fields.List(fields.Raw()))
 
 
-BudgetSetSchema = reply("BudgetSetSchema", "updated", limit_usd=Num())
+BudgetSetSchema = reply("BudgetSetSchema", "updated", limit_usd=Num(), alert_levels=req(fields.List(Num())))
 
 
 class BudgetAgentSchema(Out):
