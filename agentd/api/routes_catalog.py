@@ -215,7 +215,10 @@ def set_budget():
     data = body.load(BudgetSchema())
     metering = kernel().metering
     metering.set_limit(data["limit_usd"], data.get("alert_levels"))
-    return jsonify({"status": "updated", "limit_usd": data["limit_usd"], "alert_levels": metering.alert_levels})
+    answer = {"status": "updated", "limit_usd": data["limit_usd"]}
+    if "alert_levels" in data:  # the spec's answer is {status, limit_usd}; the levels only when set
+        answer["alert_levels"] = metering.alert_levels
+    return jsonify(answer)
 
 
 @bp.get("/api/budget/agents")

@@ -75,7 +75,7 @@ class BudgetStatusSchema(Out):
     alerts = req(fields.List(fields.Raw()))
 
 
-BudgetSetSchema = reply("BudgetSetSchema", "updated", limit_usd=Num(), alert_levels=req(fields.List(Num())))
+BudgetSetSchema = reply("BudgetSetSchema", "updated", limit_usd=Num(), alert_levels=fields.List(Num()))
 
 
 class BudgetAgentSchema(Out):
