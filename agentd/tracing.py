@@ -15,7 +15,6 @@ once (`span` hands back one shared null context), so the hot path pays one globa
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 from typing import Any, Callable, ContextManager, Mapping
