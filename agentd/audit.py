@@ -34,7 +34,9 @@ class AuditLog:
         """Append one entry; a failure to write is logged, never raised to the caller."""
         try:
             with orm.db_session:
-                self.store.e.AuditRow(at=utcnow(), event=event, subject=subject or "",
+                # Naive UTC: Pony's SQLite converter reads an aware time written on a whole
+                # second back as a string.
+                self.store.e.AuditRow(at=naive_utc(utcnow()), event=event, subject=subject or "",
                                       detail=detail or {})
         except Exception:  # noqa: BLE001 - auditing must not break what it observes
             log.exception("cannot write audit entry %s", event)
