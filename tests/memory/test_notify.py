@@ -19,6 +19,7 @@ import pytest
 
 from agentd.memory import notify
 from agentd.memory.notify import MemoryNotifier
+from agentd.store.outage import OUTAGE
 from agentd.store import open_store
 from support import wait_until
 
@@ -228,17 +229,24 @@ def test_close_of_a_listener_that_cannot_connect(caplog) -> None:
     store = SimpleNamespace(shared=True, db=SimpleNamespace(provider=SimpleNamespace(pool=pool)))
     seen = Seen()
     n = MemoryNotifier(store, "E", seen)  # type: ignore[arg-type]
-    with caplog.at_level(logging.DEBUG, logger="agentd.memory.notify"):
-        n.start()
-        wait_until(lambda: len(caplog.records) >= 2, "two connection attempts")
-        n.close()
+    OUTAGE.cleared(wrote=True)  # an outage seen by an earlier test in this process is over
+    try:
+        with caplog.at_level(logging.DEBUG, logger="agentd.memory.notify"):
+            n.start()
+            wait_until(lambda: len(_records(caplog, "agentd.memory.notify")) >= 2, "two connection attempts")
+            n.close()
+    finally:
+        OUTAGE.cleared(wrote=True)
     assert not n._thread.is_alive(), "BUG: close must end a listener waiting to reconnect"
-    messages = [r.getMessage() for r in caplog.records]
+    mine = _records(caplog, "agentd.memory.notify")
+    messages = [r.getMessage() for r in mine]
     # libpq's text names the port (its wording differs between versions)
     assert all(m.startswith("memory listener cannot connect: ") and str(port) in m for m in messages), messages
-    # A refused connection is the database's outage, logged once by the store.
-    assert caplog.records[0].levelno == logging.DEBUG
-    first, second = caplog.records[0].created, caplog.records[1].created
+    # A refused connection is the database's outage: a debug line here, one warning by the store.
+    assert {r.levelno for r in mine} == {logging.DEBUG}
+    store = [r.getMessage() for r in _records(caplog, "agentd.store")]
+    assert len([m for m in store if m.startswith("database unavailable: ")]) == 1, store
+    first, second = mine[0].created, mine[1].created
     assert second - first >= 0.9, "BUG: reconnects must wait RECONNECT_SECS"
     assert not n.listening.is_set() and seen.calls == [], "BUG: no connection, no drop of matrices"
 
@@ -272,3 +280,7 @@ def test_a_failed_publish_is_logged_not_raised(tmp_path, caplog) -> None:
         assert caplog.records[0].exc_info is not None
     finally:
         store.close()
+
+
+def _records(caplog, logger: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == logger]
