@@ -216,7 +216,8 @@ class Adapter:
         raise ChannelError(f"{self.name}: this adapter does not send files")
 
     def file_hosts(self) -> set[str]:
-        """Hosts (`host` or `host:port`) inbound files may be fetched from: the platform's own."""
+        """Hosts (`host` or `host:port`; `.domain` for any host under it) inbound files may be
+        fetched from: the platform's own."""
         return set()
 
     def health(self) -> bool:

@@ -85,8 +85,13 @@ def host_of(url: str) -> str:
 
 
 def allowed(url: str, hosts: set[str]) -> bool:
+    """`url` is on `hosts`: a `host` / `host:port` as listed, or under a `.domain` entry (a
+    platform whose CDN spreads files over many hosts of its own domain, on the default port)."""
     parts = urlsplit(url)
-    return parts.scheme in ("https", "http") and bool(parts.hostname) and host_of(url) in hosts
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        return False
+    host = host_of(url)
+    return host in hosts or any(h.startswith(".") and host.endswith(h) for h in hosts)
 
 
 def fetch(url: str, hosts: set[str], headers: dict[str, str], limit: int, timeout: float = 30.0) -> bytes:

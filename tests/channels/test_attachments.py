@@ -63,6 +63,16 @@ def test_only_listed_hosts_and_web_schemes():
     assert host_of("http://files.slack.com:443/a") == "files.slack.com:443"
 
 
+def test_a_domain_entry_takes_its_subdomains_on_the_default_port_only():
+    listed = {".fbcdn.net"}
+    assert allowed("https://scontent-lhr8-1.xx.fbcdn.net/v/t1/a.jpg", listed)
+    assert allowed("https://SCONTENT.xx.fbcdn.net/a.jpg", listed)
+    assert not allowed("https://fbcdn.net/a.jpg", listed)
+    assert not allowed("https://evilfbcdn.net/a.jpg", listed)
+    assert not allowed("https://scontent.xx.fbcdn.net.evil.example/a.jpg", listed)
+    assert not allowed("https://scontent.xx.fbcdn.net:8443/a.jpg", listed)
+
+
 def test_redirects_stay_on_the_list_and_credentials_on_their_host(hosts):
     one, two = hosts
     listed = {host_of(one.url), host_of(two.url)}

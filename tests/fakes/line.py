@@ -4,7 +4,13 @@ Bearer channel access token, 429 with Retry-After while `throttle` holds seconds
 POST /v2/bot/chat/loading/start {chatId, loadingSeconds: 5-60 in steps of 5} answers 202 for a
 user id (a group or room id is 400), kept in `loading`.
 `event()` builds a webhook body and `signature()` signs it the way LINE does
-(X-Line-Signature: base64 HMAC-SHA256 of the raw body, keyed with the channel secret)."""
+(X-Line-Signature: base64 HMAC-SHA256 of the raw body, keyed with the channel secret).
+
+Content: `user_sends_file()` stores a user's image / file / audio and builds its webhook
+body (an image with `contentProvider` line, or external with its own URLs); `GET
+/v2/bot/message/{messageId}/content` (the api-data host's path) serves the bytes to the Bearer
+token only, kept in `downloads`. A bot cannot upload: reply/push take only text here, and
+LINE's image messages would take `originalContentUrl` (a public HTTPS URL)."""
 
 from __future__ import annotations
 
@@ -41,7 +47,19 @@ class FakeLine(FakeServer):
         self.sent: list[dict[str, Any]] = []  # {api: reply|push, to/replyToken, texts, at}
         self.throttle: list[int] = []
         self.loading: list[str] = []
+        self.content: dict[str, tuple[bytes, str]] = {}  # message id -> (bytes, Content-Type)
+        self.downloads: list[str] = []
         app = Flask("fake-line")
+
+        @app.get("/v2/bot/message/<message_id>/content")
+        def content(message_id: str):
+            if request.headers.get("Authorization") != f"Bearer {self.token}":
+                return jsonify({"message": "Authentication failed"}), 401
+            if message_id not in self.content:
+                return jsonify({"message": "Not found"}), 404
+            self.downloads.append(message_id)
+            data, mime = self.content[message_id]
+            return data, 200, {"Content-Type": mime}
 
         @app.post("/v2/bot/chat/loading/start")
         def loading():
@@ -73,3 +91,24 @@ class FakeLine(FakeServer):
             return jsonify({"sentMessages": [{"id": str(uuid.uuid4().int)[:18]} for _ in messages]})
 
         super().__init__(app)
+
+    def user_sends_file(self, user: str, data: bytes, mime_type: str, kind: str = "image", filename: str = "",
+                        external: str = "", group: str = "") -> tuple[bytes, str]:
+        """(webhook body, message id) of a user's image / file / audio message, its bytes stored."""
+        body = json.loads(event("", user, group))
+        message = body["events"][0]["message"]
+        del message["text"], message["quoteToken"]
+        message["type"] = kind
+        if kind == "file":
+            message.update({"fileName": filename, "fileSize": len(data)})
+        elif external:
+            message["contentProvider"] = {"type": "external", "originalContentUrl": external,
+                                          "previewImageUrl": external}
+        else:
+            message["contentProvider"] = {"type": "line"}
+            if kind == "image":
+                message["quoteToken"] = "q"
+            if kind == "audio":
+                message["duration"] = 1000
+        self.content[message["id"]] = (data, mime_type)
+        return json.dumps(body).encode(), message["id"]

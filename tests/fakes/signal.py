@@ -3,11 +3,20 @@
 `POST /v2/send` {message, number, recipients} answers 201 {timestamp},
 `PUT /v1/typing-indicator/{number}` {recipient} answers 204, `POST`/`DELETE
 /v1/reactions/{number}` {reaction, recipient, target_author, timestamp} answers 204 (400
-without a target), the bot's reaction per message kept in `reactions` (timestamp -> emoji)."""
+without a target), the bot's reaction per message kept in `reactions` (timestamp -> emoji).
+
+Attachments: `user_sends_file()` queues a data message whose `attachments` list {contentType,
+filename, id, size} as signal-cli does; `GET /v1/attachments/{id}` serves the bytes (kept in
+`downloads`). `/v2/send` takes `base64_attachments`, each
+`data:<mime>;filename=<name>;base64,<data>` (anything else is 400), kept in `files`."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import time
+import uuid
 from typing import Any
 
 from flask import jsonify, request
@@ -15,6 +24,7 @@ from flask import jsonify, request
 from fakes.platform import FakePlatform
 
 BOT = "+15550000001"
+DATA_URI = re.compile(r"data:([\w.+-]+/[\w.+-]+);filename=([^;,]+);base64,([A-Za-z0-9+/=]+)\Z")
 NUMBERS = {"ann": "+15550000002", "mallory": "+15550000003", "bob": "+15550000004"}
 
 
@@ -25,7 +35,17 @@ class FakeSignal(FakePlatform):
         self.typing: list[str] = []
         self.reactions: dict[int, str] = {}
         self.delivered: list[dict[str, Any]] = []  # every envelope users sent, kept
+        self.attachments: dict[str, bytes] = {}
+        self.downloads: list[str] = []
+        self.files: list[dict[str, Any]] = []      # attachments the bot sent
         app = self.app
+
+        @app.get("/v1/attachments/<attachment>")
+        def attachment(attachment: str):
+            if attachment not in self.attachments:
+                return jsonify({"error": "Couldn't find attachment"}), 404
+            self.downloads.append(attachment)
+            return self.attachments[attachment], 200, {"Content-Type": "application/octet-stream"}
 
         @app.get("/v1/receive/<number>")
         def receive(number: str):
@@ -45,9 +65,21 @@ class FakeSignal(FakePlatform):
             if limited is not None:
                 return limited
             body = request.get_json()
-            if body.get("number") != BOT or not body.get("recipients") or not body.get("message"):
+            files = []
+            for item in body.get("base64_attachments") or []:
+                match = DATA_URI.match(item) if isinstance(item, str) else None
+                try:
+                    files.append((match.group(1), match.group(2), base64.b64decode(match.group(3), validate=True)))
+                except (AttributeError, binascii.Error):
+                    return jsonify({"error": "Couldn't process request - invalid base64 attachment"}), 400
+            if body.get("number") != BOT or not body.get("recipients") or not (body.get("message") or files):
                 return jsonify({"error": "Couldn't process request - invalid request"}), 400
             stamp = int(time.time() * 1000)
+            for content_type, filename, data in files:
+                self.files.append({"recipients": body["recipients"], "content_type": content_type,
+                                   "filename": filename, "data": data, "timestamp": stamp})
+            if files and not body.get("message"):
+                return jsonify({"timestamp": str(stamp)}), 201
             self.record(number=body["number"], recipients=body["recipients"], message=body["message"],
                         timestamp=stamp)
             return jsonify({"timestamp": str(stamp)}), 201
@@ -86,6 +118,27 @@ class FakeSignal(FakePlatform):
             self.delivered.append(envelope)
             self.lock.notify_all()
         return number
+
+    def user_sends_file(self, user: str, data: bytes, filename: str | None, content_type: str, text: str = "",
+                        size: int | None = None) -> str:
+        """Queue a data message carrying one attachment, stored under a signal-cli style id."""
+        number = NUMBERS.get(user, user)
+        stamp = int(time.time() * 1000)
+        attachment_id = uuid.uuid4().hex[:20] + (filename[filename.rfind("."):] if filename and "." in filename else "")
+        self.attachments[attachment_id] = data
+        message: dict[str, Any] = {"timestamp": stamp, "message": text or None, "expiresInSeconds": 0,
+                                   "viewOnce": False, "attachments": [{
+                                       "contentType": content_type, "filename": filename, "id": attachment_id,
+                                       "size": len(data) if size is None else size, "width": None, "height": None,
+                                       "caption": None, "uploadTimestamp": None}]}
+        envelope = {"envelope": {"source": number, "sourceNumber": number, "sourceUuid": f"uuid-{user}",
+                                 "sourceName": user.title(), "sourceDevice": 1, "timestamp": stamp,
+                                 "dataMessage": message}, "account": BOT}
+        with self.lock:
+            self.queue.append(envelope)
+            self.delivered.append(envelope)
+            self.lock.notify_all()
+        return attachment_id
 
     def replies(self, recipient: str) -> list[str]:
         return [m["message"] for m in self.sent if m["recipients"] == [recipient]]

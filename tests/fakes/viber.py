@@ -2,7 +2,12 @@
 POST /pa/set_webhook (calls the URL back with a signed `webhook` event, as Viber does)
 and /pa/send_message, X-Viber-Auth-Token auth, `status` 0 on success; 429 with
 Retry-After while `throttle` holds seconds. `event()`/`signature()` build callbacks
-the way Viber signs them (X-Viber-Content-Signature: hex HMAC-SHA256 of the body, auth token)."""
+the way Viber signs them (X-Viber-Content-Signature: hex HMAC-SHA256 of the body, auth token).
+
+Media: `user_sends_file()` stores a user's picture / file and builds its callback (`media`
+a URL on this server, standing in for dl-media.viber.com; `file_name`, `file_size`);
+`GET /media/<key>` serves the bytes (kept in `downloads`). Viber's picture and file messages
+take only a `media` URL, so there is no upload endpoint."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import hashlib
 import hmac
 import json
 import time
+import uuid
 from typing import Any
 
 import requests
@@ -36,7 +42,17 @@ class FakeViber(FakeServer):
         self.webhooks: list[dict[str, Any]] = []
         self.throttle: list[int] = []
         self.next_token = 5000
+        self.media: dict[str, tuple[bytes, str]] = {}
+        self.downloads: list[str] = []
         app = Flask("fake-viber")
+
+        @app.get("/media/<key>")
+        def media(key: str):
+            if key not in self.media:
+                return "Not found", 404
+            self.downloads.append(key)
+            data, mime = self.media[key]
+            return data, 200, {"Content-Type": mime}
 
         @app.post("/pa/<method>")
         def api(method: str):
@@ -65,3 +81,17 @@ class FakeViber(FakeServer):
             return jsonify({"status": 0, "status_message": "ok", "message_token": self.next_token})
 
         super().__init__(app)
+
+    def user_sends_file(self, user: str, data: bytes, mime_type: str, kind: str = "picture", filename: str = "",
+                        text: str = "", url: str = "") -> bytes:
+        """The callback body of a user's picture or file message (its bytes served at `media`)."""
+        key = uuid.uuid4().hex + (filename[filename.rfind("."):] if "." in filename else ".jpg")
+        self.media[key] = (data, mime_type)
+        body = json.loads(event(text, user))
+        message: dict[str, Any] = {"type": kind, "media": url or f"{self.url}/media/{key}"}
+        if kind == "picture":
+            message.update({"text": text, "thumbnail": message["media"]})
+        else:
+            message.update({"file_name": filename, "file_size": len(data)})
+        body["message"] = message
+        return json.dumps(body).encode()

@@ -2,7 +2,14 @@
 HMAC-SHA256 of the raw body with the channel secret, checked before parsing), replies
 through the reply API (the event's one-use replyToken, while fresh) or the push API.
 
-Docs: https://developers.line.biz/en/reference/messaging-api/ (webhooks, reply, push).
+Files: an `image`, `file` or `audio` message sent through LINE (`contentProvider.type`
+"line"; a file message always is) is fetched with `GET /v2/bot/message/{id}/content` from
+the data host, api-data.line.me (with the channel token); an image the sender's app hosts
+elsewhere (`external`) names its own URL, which is refused as off the platform. Files do not
+go out: LINE's image, audio and video messages take only a public HTTPS URL of the file
+(`originalContentUrl`), and a bot cannot send a file message at all.
+
+Docs: https://developers.line.biz/en/reference/messaging-api/ (webhooks, reply, push, content).
 """
 
 from __future__ import annotations
@@ -12,10 +19,13 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://api.line.me"
+DATA_URL = "https://api-data.line.me"  # message content is served from its own host
+FILES = {"image": ".jpg", "audio": ".m4a", "file": ""}  # LINE's own formats, by message type
 REPLY_TOKEN_TTL = 50.0  # LINE reply tokens expire after about a minute; push after that
 MAX_MESSAGES = 5  # message objects per reply/push call
 
@@ -52,7 +62,8 @@ class LineAdapter(WebhookAdapter):
             if not isinstance(event, dict) or event.get("type") != "message":
                 continue
             message, source = event.get("message") or {}, event.get("source") or {}
-            if message.get("type") != "text" or not isinstance(message.get("text"), str):
+            files = self._files(message)
+            if not files and (message.get("type") != "text" or not isinstance(message.get("text"), str)):
                 continue
             user = str(source.get("userId") or "")
             kind = source.get("type")
@@ -60,9 +71,31 @@ class LineAdapter(WebhookAdapter):
             conversation = Conversation(self.name, chat, user, direct=kind == "user",
                                         meta={"reply_token": event.get("replyToken") or "",
                                               "received": time.monotonic()})
-            self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
-                                     message_id=str(message.get("id") or "")))
+            self.ctx.deliver(Inbound(conversation, sender_id=user, text=str(message.get("text") or ""),
+                                     message_id=str(message.get("id") or ""), attachments=files))
         return 200, {}
+
+    def _data(self, path: str) -> str:
+        # A configured `api_url` (a proxy, a test server) serves the content too.
+        return (self.settings.get("api_url") or DATA_URL).rstrip("/") + path
+
+    def _files(self, message: dict[str, Any]) -> list[Attachment]:
+        kind, message_id = message.get("type"), str(message.get("id") or "")
+        if kind not in FILES or not message_id:
+            return []
+        provider = message.get("contentProvider") or {"type": "line"}
+        name = str(message.get("fileName") or "") or f"{kind}-{message_id[-6:]}{FILES[kind]}"
+        if provider.get("type") != "line":
+            return [Attachment(name, url=str(provider.get("originalContentUrl") or ""))]
+        return [Attachment(name, size=int(message.get("fileSize") or 0),
+                           url=self._data(f"/v2/bot/message/{message_id}/content"),
+                           headers={"Authorization": "Bearer " + self.env("access_token_env")})]
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(self._data(""))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        raise ChannelError("line: LINE sends only files hosted at a public HTTPS URL (no upload API for bots)")
 
     def send(self, conversation: Conversation, text: str) -> str:
         headers = {"Authorization": "Bearer " + self.env("access_token_env")}

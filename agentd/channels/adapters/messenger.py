@@ -3,20 +3,31 @@
 `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(app secret, raw body)>`, checked before
 parsing) and replies through the Send API (`/{version}/me/messages`, page token).
 
+Files: a message's `attachments` of type image, audio or file carry `payload.url` on
+Facebook's CDN (hosts under fbcdn.net and fbsbx.com), fetched from there only; files go out
+with the Send API itself as multipart form data (`recipient`, `message` with an attachment
+of type image / audio / video / file, and the bytes as `filedata`).
+
 Docs: https://developers.facebook.com/docs/messenger-platform/webhooks and
 https://developers.facebook.com/docs/messenger-platform/reference/send-api/
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://graph.facebook.com/v18.0"
+CDN = {".fbcdn.net", ".fbsbx.com"}  # scontent-*.xx.fbcdn.net (images), cdn.fbsbx.com (files, audio)
+FILES = ("image", "audio", "file")
 
 
 class MessengerAdapter(WebhookAdapter):
@@ -57,13 +68,31 @@ class MessengerAdapter(WebhookAdapter):
         for entry in data.get("entry") or []:
             for item in (entry.get("messaging") or []) if isinstance(entry, dict) else []:
                 message = item.get("message") if isinstance(item, dict) else None
-                if not isinstance(message, dict) or message.get("is_echo") or not isinstance(message.get("text"), str):
-                    continue  # our own echoes, attachments, deliveries, reads
+                files = _files(message) if isinstance(message, dict) else []
+                if not isinstance(message, dict) or message.get("is_echo") or \
+                        not isinstance(message.get("text", ""), str) or not (message.get("text") or files):
+                    continue  # our own echoes, stickers and shares, deliveries, reads
                 user = str((item.get("sender") or {}).get("id") or "")
                 conversation = Conversation(self.name, user, user, direct=True)
-                self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
-                                         message_id=str(message.get("mid") or "")))
+                self.ctx.deliver(Inbound(conversation, sender_id=user, text=str(message.get("text") or ""),
+                                         message_id=str(message.get("mid") or ""), attachments=files))
         return 200, {"status": "EVENT_RECEIVED"}
+
+    def file_hosts(self) -> set[str]:
+        hosts = set(CDN)
+        if self.settings.get("api_url"):
+            hosts.add(host_of(str(self.settings["api_url"])))
+        return hosts
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/me/messages"
+        major = content_type.split("/")[0]
+        kind = major if major in ("image", "audio", "video") else "file"
+        answer = self.http.json("POST", url, params={"access_token": self.env("page_token_env")}, data={
+            "recipient": json.dumps({"id": conversation.chat_id}), "messaging_type": "RESPONSE",
+            "message": json.dumps({"attachment": {"type": kind, "payload": {"is_reusable": False}}})},
+            files={"filedata": (filename, data, content_type)})
+        return str(answer.get("message_id") or "") if isinstance(answer, dict) else ""
 
     def send(self, conversation: Conversation, text: str) -> str:
         url = (self.settings.get("api_url") or API_URL).rstrip("/") + "/me/messages"
@@ -89,6 +118,20 @@ class MessengerAdapter(WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
+
+
+def _files(message: dict[str, Any]) -> list[Attachment]:
+    """The message's files; Messenger names none, so the URL's last path segment is the name."""
+    found = []
+    for n, item in enumerate(message.get("attachments") or []):
+        payload = item.get("payload") if isinstance(item, dict) else None
+        # A sticker is an image attachment too, told apart by its sticker_id.
+        if item.get("type") not in FILES or not isinstance(payload, dict) or payload.get("sticker_id") \
+                or not isinstance(payload.get("url"), str):
+            continue
+        name = unquote(PurePosixPath(urlsplit(payload["url"]).path).name) or f"{item['type']}-{n + 1}"
+        found.append(Attachment(name, url=payload["url"]))
+    return found
 
 
 ADAPTER = MessengerAdapter

@@ -1,7 +1,11 @@
 """Signal through signal-cli-rest-api (bbernhard/signal-cli-rest-api, normal/native mode):
 inbound by polling `GET /v1/receive/{number}` (each call hands over and removes the
 queued envelopes), replies with `POST /v2/send`, typing with
-`PUT /v1/typing-indicator/{number}`. Group messages go back to `group.<base64 id>`."""
+`PUT /v1/typing-indicator/{number}`. Group messages go back to `group.<base64 id>`.
+
+Files: a data message's `attachments` (id, contentType, filename, size) are fetched with
+`GET /v1/attachments/{id}` from the configured `api_url` only; files go out with
+`POST /v2/send` carrying `base64_attachments` (`data:<type>;filename=<name>;base64,<data>`)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,10 @@ from typing import Any
 from urllib.parse import quote
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+
+DEFAULT_API_URL = "http://localhost:8080"
 
 
 class SignalAdapter(PollingAdapter):
@@ -18,7 +25,7 @@ class SignalAdapter(PollingAdapter):
     text_format = "plain"
 
     def prepare(self) -> None:
-        self.base = str(self.settings.get("api_url") or "http://localhost:8080").rstrip("/")
+        self.base = str(self.settings.get("api_url") or DEFAULT_API_URL).rstrip("/")
         self.number = str(self.settings.get("phone_number") or "")
         if not self.number:
             raise ChannelError("phone_number (the bot's registered Signal number) is not set")
@@ -35,9 +42,12 @@ class SignalAdapter(PollingAdapter):
 
     def _handle(self, envelope: dict[str, Any]) -> None:
         data = envelope.get("dataMessage") or {}
-        text = data.get("message")
+        text = data.get("message") or ""
         sender = str(envelope.get("sourceNumber") or envelope.get("source") or "")
-        if not isinstance(text, str) or not text or not sender or sender == self.number:
+        files = [Attachment(str(a.get("filename") or a["id"]), str(a.get("contentType") or ""),
+                            int(a.get("size") or 0), f"{self.base}/v1/attachments/{quote(str(a['id']))}")
+                 for a in data.get("attachments") or [] if isinstance(a, dict) and a.get("id")]
+        if not isinstance(text, str) or not (text or files) or not sender or sender == self.number:
             return  # receipts, typing notices, reactions, our own sync messages
         group = (data.get("groupInfo") or {}).get("groupId")
         if group:  # the send API addresses groups as "group." + base64(internal id)
@@ -49,7 +59,21 @@ class SignalAdapter(PollingAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text,
                                  message_id=str(data.get("timestamp") or envelope.get("timestamp") or ""),
                                  sender_name=str(envelope.get("sourceName") or sender),
-                                 sender_aliases=(uuid,) if uuid else ()))
+                                 sender_aliases=(uuid,) if uuid else (), attachments=files))
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(str(self.settings.get("api_url") or DEFAULT_API_URL))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        # The data URI's parameters are split on ';', so a name must not carry one.
+        name = filename.replace(";", "_").replace(",", "_")
+        encoded = f"data:{content_type};filename={name};base64,{base64.b64encode(data).decode()}"
+        answer = self.http.json("POST", f"{self.base}/v2/send", json={
+            "message": "", "number": self.number, "recipients": [conversation.chat_id],
+            "base64_attachments": [encoded]})
+        return str((answer or {}).get("timestamp", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

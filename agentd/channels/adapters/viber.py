@@ -3,6 +3,12 @@ listener opens first), inbound callbacks signed with `X-Viber-Content-Signature`
 HMAC-SHA256 of the raw body keyed with the auth token, checked before parsing), replies
 via `send_message` (`X-Viber-Auth-Token` header).
 
+Files: a `picture` or `file` message names its `media` URL on Viber's own hosts (under
+viber.com, valid for an hour), fetched from there only (the URL carries its own signature,
+no token is sent); the picture's `text` is its caption. Files do not go out: Viber's
+picture and file messages take only the URL of a file hosted publicly (`media`), and the
+bot API has no upload.
+
 Docs: https://developers.viber.com/docs/api/rest-bot-api/
 """
 
@@ -12,10 +18,12 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://chatapi.viber.com"
+MEDIA_DOMAIN = ".viber.com"  # dl-media.viber.com and the CDN hosts under it
 EVENTS = ["delivered", "seen", "failed", "subscribed", "unsubscribed", "conversation_started"]
 
 
@@ -63,13 +71,33 @@ class ViberAdapter(WebhookAdapter):
         if not isinstance(data, dict):
             raise ValueError("body must be a JSON object")
         message, sender = data.get("message") or {}, data.get("sender") or {}
-        if data.get("event") == "message" and message.get("type") == "text" and isinstance(message.get("text"), str):
+        token = str(data.get("message_token") or "")
+        files = self._files(message, token) if data.get("event") == "message" else []
+        text = message.get("text") if message.get("type") == "text" or files else None
+        if data.get("event") == "message" and isinstance(text or "", str) and (text or files):
             user = str(sender.get("id") or "")
             conversation = Conversation(self.name, user, user, direct=True)
-            self.ctx.deliver(Inbound(conversation, sender_id=user, text=message["text"],
-                                     message_id=str(data.get("message_token") or ""),
-                                     sender_name=str(sender.get("name") or "")))
+            self.ctx.deliver(Inbound(conversation, sender_id=user, text=str(text or ""), message_id=token,
+                                     sender_name=str(sender.get("name") or ""), attachments=files))
         return 200, {"status": 0}
+
+    @staticmethod
+    def _files(message: dict[str, Any], token: str) -> list[Attachment]:
+        kind = message.get("type")
+        if kind not in ("picture", "file") or not isinstance(message.get("media"), str):
+            return []
+        name = str(message.get("file_name") or "") or f"picture-{token[-6:]}.jpg"
+        size = message.get("file_size") or message.get("size") or 0
+        return [Attachment(name, size=int(size) if str(size).isdigit() else 0, url=message["media"])]
+
+    def file_hosts(self) -> set[str]:
+        hosts = {MEDIA_DOMAIN}
+        if self.settings.get("api_url"):
+            hosts.add(host_of(str(self.settings["api_url"])))
+        return hosts
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        raise ChannelError("viber: Viber sends only files hosted at a public URL (no upload API for bots)")
 
     def send(self, conversation: Conversation, text: str) -> str:
         name = (self.settings.get("default_agent") or "agentd")[:28]  # sender.name: at most 28 chars
