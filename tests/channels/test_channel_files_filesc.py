@@ -44,6 +44,12 @@ def send_failures(daemon, channel: str) -> list[dict]:  # type: ignore[type-arg]
     return [e["detail"] for e in audit(daemon, "channel.send_failed", channel) if e["detail"].get("file")]
 
 
+def upload_bytes(daemon, name: str) -> bytes:  # type: ignore[no-untyped-def]
+    """The one upload called `name`, as the agent's uploads API serves it."""
+    [upload] = uploads_named(daemon, name)
+    return daemon.get(f"/api/agents/{daemon.filer}/uploads/{upload['file_id']}").content
+
+
 # -- WhatsApp Cloud API --------------------------------------------------------------------
 
 @pytest.fixture
@@ -172,7 +178,7 @@ def test_line_content_in_from_the_data_api_and_no_upload_out(files_daemon, line,
     body, _ = line.user_sends_file("Uann02", secret.encode(), "text/plain", "file", filename=name)
     line_post(files_daemon, body)
     wait_for(lambda: len(line.sent) == 2, what="reply to the file")
-    assert uploads_named(files_daemon, name)[0]["size"] == len(secret)
+    assert upload_bytes(files_daemon, name) == secret.encode()
     assert f"[file {name} (text/plain, {len(secret)} bytes) received" in line.sent[1]["texts"][0]
     # An image the sender's app hosts itself is not LINE's: never fetched.
     body, message_id = line.user_sends_file("Uann03", TINY_PNG, "image/png", external=f"{elsewhere.url}/x.png")
@@ -220,7 +226,7 @@ def test_viber_media_in_from_its_media_url_and_no_upload_out(files_daemon, viber
     name, secret = unique("list") + ".txt", f"viber says {uuid.uuid4().hex[:8]}"
     viber_post(viber, viber.user_sends_file("vann02==", secret.encode(), "text/plain", "file", filename=name))
     wait_for(lambda: viber_texts(viber, "vann02=="), what="reply to the file")
-    assert uploads_named(files_daemon, name)[0]["size"] == len(secret)
+    assert upload_bytes(files_daemon, name) == secret.encode()
     assert len(viber.downloads) == 2
     off = unique("off") + ".png"
     viber_post(viber, viber.user_sends_file("vann03==", TINY_PNG, "image/png", "file", filename=off,
@@ -266,8 +272,9 @@ def test_messenger_attachments_both_ways(files_daemon, messenger, fake_llm, else
     name, secret = unique("memo") + ".txt", f"messenger says {uuid.uuid4().hex[:8]}"
     messenger_post(files_daemon, messenger.user_sends_file("psid-f2", secret.encode(), "text/plain", name, "file"))
     wait_for(lambda: messenger_texts(messenger, "psid-f2"), what="reply to the file")
-    assert [u for u in files_daemon.get(f"/api/agents/{files_daemon.filer}/uploads").json()
-            if u["filename"].endswith("_" + name)][0]["size"] == len(secret)
+    stored = [u["filename"] for u in files_daemon.get(f"/api/agents/{files_daemon.filer}/uploads").json()
+              if u["filename"].endswith("_" + name)]
+    assert upload_bytes(files_daemon, stored[0]) == secret.encode()
     off = unique("off") + ".png"
     messenger_post(files_daemon, messenger.user_sends_file("psid-f3", TINY_PNG, "image/png", off,
                                                            url=f"{elsewhere.url}/{off}"))

@@ -105,7 +105,8 @@ class FakeMessenger(FakeServer):
         mid = "m_" + uuid.uuid4().hex
         self.files.append({"to": recipient["id"], "type": kind, "filename": upload.filename,
                            "content_type": upload.mimetype, "data": upload.read(), "mid": mid})
-        return jsonify({"recipient_id": recipient["id"], "message_id": mid, "attachment_id": str(uuid.uuid4().int)[:15]})
+        return jsonify({"recipient_id": recipient["id"], "message_id": mid,
+                        "attachment_id": str(uuid.uuid4().int)[:15]})
 
     def user_sends_file(self, psid: str, data: bytes, mime_type: str, filename: str, kind: str = "image",
                         text: str = "", url: str = "") -> bytes:

@@ -81,13 +81,15 @@ class LineAdapter(WebhookAdapter):
 
     def _files(self, message: dict[str, Any]) -> list[Attachment]:
         kind, message_id = message.get("type"), str(message.get("id") or "")
-        if kind not in FILES or not message_id:
+        if kind not in FILES or not message_id.isdigit():  # the id goes into the content URL's path
             return []
-        provider = message.get("contentProvider") or {"type": "line"}
+        provider = message.get("contentProvider")
+        provider = provider if isinstance(provider, dict) else {"type": "line"}
         name = str(message.get("fileName") or "") or f"{kind}-{message_id[-6:]}{FILES[kind]}"
         if provider.get("type") != "line":
             return [Attachment(name, url=str(provider.get("originalContentUrl") or ""))]
-        return [Attachment(name, size=int(message.get("fileSize") or 0),
+        size = message.get("fileSize")
+        return [Attachment(name, size=int(size) if str(size).isdigit() else 0,
                            url=self._data(f"/v2/bot/message/{message_id}/content"),
                            headers={"Authorization": "Bearer " + self.env("access_token_env")})]
 

@@ -45,7 +45,8 @@ class SignalAdapter(PollingAdapter):
         text = data.get("message") or ""
         sender = str(envelope.get("sourceNumber") or envelope.get("source") or "")
         files = [Attachment(str(a.get("filename") or a["id"]), str(a.get("contentType") or ""),
-                            int(a.get("size") or 0), f"{self.base}/v1/attachments/{quote(str(a['id']))}")
+                            int(a["size"]) if str(a.get("size")).isdigit() else 0,
+                            f"{self.base}/v1/attachments/{quote(str(a['id']), safe='')}")
                  for a in data.get("attachments") or [] if isinstance(a, dict) and a.get("id")]
         if not isinstance(text, str) or not (text or files) or not sender or sender == self.number:
             return  # receipts, typing notices, reactions, our own sync messages

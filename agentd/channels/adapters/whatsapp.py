@@ -82,7 +82,7 @@ class WhatsAppAdapter(MessengerAdapter):
     def _files(self, message: dict[str, Any]) -> list[Attachment]:
         kind = message.get("type")
         media = message.get(kind) if kind in MEDIA else None
-        if not isinstance(media, dict) or not media.get("id"):
+        if not isinstance(media, dict) or not str(media.get("id") or "").isdigit():  # it goes into a Graph path
             return []
         media_id, mime = str(media["id"]), str(media.get("mime_type") or "")
         name = str(media.get("filename") or "") or f"{kind}-{media_id[-6:]}{_extension(mime)}"
