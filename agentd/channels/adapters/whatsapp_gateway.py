@@ -10,6 +10,9 @@ parsing. The message then runs like every channel message (allow-lists, the send
 session); the answer is `{"response": ""}` at once (the gateway sends nothing for it) and the
 agent's reply goes out through the gateway's `POST /send {to, text}`. `active` follows the
 gateway's `GET /health` (`connected`), checked every few seconds.
+
+Files: none either way; the gateway's protocol carries text only (`message` in, `/send`'s
+`text` out), so the adapter keeps the base's refusal to send files (audited).
 """
 
 from __future__ import annotations
