@@ -126,7 +126,7 @@ def _files(message: dict[str, Any]) -> list[Attachment]:
     for n, item in enumerate(message.get("attachments") or []):
         payload = item.get("payload") if isinstance(item, dict) else None
         # A sticker is an image attachment too, told apart by its sticker_id.
-        if item.get("type") not in FILES or not isinstance(payload, dict) or payload.get("sticker_id") \
+        if not isinstance(payload, dict) or item.get("type") not in FILES or payload.get("sticker_id") \
                 or not isinstance(payload.get("url"), str):
             continue
         name = unquote(PurePosixPath(urlsplit(payload["url"]).path).name) or f"{item['type']}-{n + 1}"

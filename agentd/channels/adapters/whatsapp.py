@@ -101,13 +101,14 @@ class WhatsAppAdapter(MessengerAdapter):
         return hosts
 
     def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        mime = content_type.split(";")[0].strip()  # the media API names bare types
         uploaded = self.http.json("POST", f"{self._base()}/{self.settings.get('phone_number_id')}/media",
-                                  headers=self._auth(), files={"file": (filename, data, content_type)},
-                                  data={"type": content_type, "messaging_product": "whatsapp"})
+                                  headers=self._auth(), files={"file": (filename, data, mime)},
+                                  data={"type": mime, "messaging_product": "whatsapp"})
         media: dict[str, Any] = {"id": str(uploaded.get("id") or "") if isinstance(uploaded, dict) else ""}
-        if content_type in IMAGES:
+        if mime in IMAGES:
             kind = "image"
-        elif content_type.split(";")[0] in AUDIO:
+        elif mime in AUDIO:
             kind = "audio"
         else:
             kind, media["filename"] = "document", filename
