@@ -71,6 +71,9 @@ class ChannelManager:
         self.sender_limits = channel_overrides.SenderLimits()
         self.sections: dict[str, dict[str, Any]] = {}
         self.running: dict[str, Adapter] = {}
+        # Adapters inside start(): a platform may call the webhook back while it is being
+        # registered (Viber's set_webhook), so the route serves an adapter once it listens.
+        self.starting: dict[str, Adapter] = {}
         self._apply_globals(raw_channels)
         self.dispatcher = Dispatcher(self.workers, self.queue_limit)
         self._initial = raw_channels
@@ -134,7 +137,7 @@ class ChannelManager:
             return False
         try:
             settings = settings_for(info, validate(info, self.sections[name]))
-            adapter = cls(self._context(name), settings)
+            adapter = self.starting[name] = cls(self._context(name), settings)
             adapter.start()
         except (AgentdError, ChannelError, OSError, ValueError) as exc:
             message = getattr(exc, "message", None) or str(exc)
@@ -142,6 +145,8 @@ class ChannelManager:
             self.audit("channel.start_failed", name, {"error": message[:300]})
             self.on_stopped(name)
             return False
+        finally:
+            self.starting.pop(name, None)
         self.running[name] = adapter
         self.audit("channel.start", name, {})
         return True
@@ -172,8 +177,8 @@ class ChannelManager:
         """The running webhook adapter `name` (served at /channels/<name>/webhook), if any."""
         from agentd.channels.bases.webhook import WebhookAdapter
 
-        adapter = self.running.get(name)
-        return adapter if isinstance(adapter, WebhookAdapter) else None
+        adapter = self.running.get(name) or self.starting.get(name)
+        return adapter if isinstance(adapter, WebhookAdapter) and adapter.started else None
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:

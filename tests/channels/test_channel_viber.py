@@ -83,3 +83,20 @@ def test_stop_closes_the_listener_and_bad_token_fails_start(channel_daemon, vibe
     assert channel(channel_daemon, "viber")["active"] is False
     with pytest.raises(requests.ConnectionError):
         post(url, event("gone", "u"))
+
+
+def test_set_webhook_calls_back_the_daemons_own_route(channel_daemon):
+    """Viber checks the URL while set_webhook is still running: the daemon's
+    /channels/viber/webhook must answer an adapter that is still starting."""
+    fake = FakeViber(TOKEN).start()
+    url = f"{channel_daemon.url}/channels/viber/webhook"
+    try:
+        configure(channel_daemon, "viber", api_url=fake.url, default_agent="helper", webhook_url=url)
+        wait_active(channel_daemon, "viber")
+        assert [w["url"] for w in fake.webhooks] == [url]
+        assert post(url, event("via the daemon", "route-user")).status_code == 200
+        wait_for(lambda: fake.sent, what="reply")
+        assert [(s["to"], s["text"]) for s in fake.sent] == [("route-user", "echo: via the daemon")]
+    finally:
+        remove(channel_daemon, "viber")
+        fake.stop()
