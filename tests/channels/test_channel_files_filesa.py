@@ -6,6 +6,7 @@ host is refused politely and never fetched."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -126,3 +127,15 @@ def test_rocketchat_file_goes_back_into_the_thread(files_daemon, rocketchat):
                          room="GENERALROOM", tmid=root)
     wait_for(lambda: rocketchat.uploads, what="the file confirmed")
     assert [(u["filename"], u["data"], u["tmid"]) for u in rocketchat.uploads] == [("notes.md", b"# notes", root)]
+
+
+def test_rocketchat_channel_send_posts_a_workspace_file_to_a_named_channel(files_daemon, rocketchat):
+    name = unique("forward") + ".txt"
+    call = json.dumps({"channel": "rocketchat", "recipient": "#general", "file_path": f"inbox/{name}",
+                       "message": "for the channel"})
+    room = rocketchat.user_sends_file("ann", b"passed along", name, "text/plain",
+                                      text=f"[[tool:channel_send {call}]] pass it on")
+    wait_for(lambda: rocketchat.replies(room), what="reply after sending")
+    assert [(u["rid"], u["filename"], u["content_type"], u["data"]) for u in rocketchat.uploads] == \
+        [("GENERALROOM", name, "text/plain", b"passed along")]
+    assert "for the channel" in rocketchat.replies("GENERALROOM")

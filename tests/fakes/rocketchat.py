@@ -9,7 +9,8 @@ Files: a message carries `file`, `files` and `attachments` (`title`, `title_link
 `GET /file-upload/{id}/{name}` to the same auth headers (`downloads`). The bot uploads with
 `POST /api/v1/rooms.media/{rid}` (multipart, one part named `file`), answered
 `{file: {_id, url}}`, then `POST /api/v1/rooms.mediaConfirm/{rid}/{fileId}` ({msg, tmid,
-description}) posts the message; `uploads` lists what was confirmed."""
+description}) posts the message; `uploads` lists what was confirmed. `GET /api/v1/rooms.info`
+(roomName) and `POST /api/v1/im.create` {username} give a room's id."""
 
 from __future__ import annotations
 
@@ -110,6 +111,24 @@ class FakeRocketChat(FakePlatform):
                                  "data": info["data"], "tmid": body.get("tmid"), "message": message["_id"]})
             self.record(**message)
             return jsonify({"message": message, "success": True})
+
+        @app.get("/api/v1/rooms.info")
+        def room_info():
+            name = request.args.get("roomName")
+            room = next((r for r, (t, n) in ROOMS.items() if t == "c" and (n == name or r == request.args.get(
+                "roomId"))), None)
+            if room is None:
+                return jsonify({"success": False, "error": "The required \"roomId\" or \"roomName\" param "
+                                "provided does not match any channel [error-room-not-found]"}), 400
+            return jsonify({"room": {"_id": room, "name": ROOMS[room][1], "t": "c"}, "success": True})
+
+        @app.post("/api/v1/im.create")
+        def im_create():
+            user = (request.get_json(silent=True) or {}).get("username")
+            room = next((r for r, (t, n) in ROOMS.items() if t == "d" and n == user), None)
+            if room is None:
+                return jsonify({"success": False, "error": "Failed to create direct room"}), 400
+            return jsonify({"room": {"_id": room, "rid": room, "t": "d", "usernames": [BOT, user]}, "success": True})
 
         @app.get("/file-upload/<file_id>/<name>")
         def download(file_id: str, name: str):

@@ -106,15 +106,26 @@ class RocketChatAdapter(PollingAdapter):
     def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
         if not hasattr(self, "base"):
             self.prepare()
-        room = str(conversation.meta.get("room_id") or conversation.chat_id)
-        if room.startswith(("#", "@")):
-            raise ChannelError("files go to a room id (rooms.media takes no #channel or @user name)")
+        room = self._room_id(str(conversation.meta.get("room_id") or conversation.chat_id))
         uploaded = self.api("POST", f"rooms.media/{room}", files={"file": (filename, data, content_type)})
         body = {"msg": ""}
         if conversation.meta.get("tmid"):
             body["tmid"] = conversation.meta["tmid"]
         confirmed = self.api("POST", f"rooms.mediaConfirm/{room}/{uploaded['file']['_id']}", json=body)
         return str(confirmed.get("message", {}).get("_id", ""))
+
+    def _room_id(self, target: str) -> str:
+        """rooms.media takes a room id: a `#channel` or `@user` target is looked up first."""
+        if target.startswith("#"):
+            room = self.api("GET", "rooms.info", params={"roomName": target[1:]}).get("room") or {}
+        elif target.startswith("@"):
+            room = self.api("POST", "im.create", json={"username": target[1:]}).get("room") or {}
+        else:
+            return target
+        found = str(room.get("rid") or room.get("_id") or "")
+        if not found:
+            raise ChannelError(f"no room {target}")
+        return found
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
