@@ -16,7 +16,7 @@ from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.rocketchat import BOT_ID as ROCKETCHAT_BOT_ID, FakeRocketChat
 from fakes.zulip import BOT_EMAIL as ZULIP_BOT_EMAIL, FakeZulip
-from test_channel_files import (IMAGE_PART, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
+from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
 
 DRAW = '[[tool:image_generate {"prompt": "%s", "model": "dall-e-2"}]] draw'
@@ -119,6 +119,12 @@ def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocke
     rocketchat.user_sends_file("ann", TINY_PNG, far, "image/png", text="look", url=f"{elsewhere.url}/file-upload/x/{far}")
     wait_for(lambda: off_platform(far, elsewhere.port) in rocketchat.replies(room), what="refusal")
     assert elsewhere.hits == [] and len(rocketchat.downloads) == 2
+    # The size the message declares is over the cap: not fetched at all.
+    big = unique("big") + ".txt"
+    rocketchat.user_sends_file("ann", b"z" * (LIMIT + 1), big, "text/plain", text="big one")
+    refusal = f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."
+    wait_for(lambda: refusal in rocketchat.replies(room), what="refusal")
+    assert len(rocketchat.downloads) == 2
 
 
 def test_rocketchat_file_goes_back_into_the_thread(files_daemon, rocketchat):
