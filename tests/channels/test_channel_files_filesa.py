@@ -94,7 +94,8 @@ def rocketchat(files_daemon):
     fake.stop()
 
 
-def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocketchat, fake_llm, elsewhere):  # noqa: F811
+def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocketchat, fake_llm,
+                                                             elsewhere):  # noqa: F811
     marker = unique("rc-look")
     room = rocketchat.user_sends_file("ann", TINY_PNG, "dot.png", "image/png", text=marker)
     wait_for(lambda: rocketchat.replies(room), what="reply to the image")
@@ -116,7 +117,8 @@ def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocke
     assert not rocketchat.pending
     # A file whose link points off the server is never fetched.
     far = unique("far") + ".png"
-    rocketchat.user_sends_file("ann", TINY_PNG, far, "image/png", text="look", url=f"{elsewhere.url}/file-upload/x/{far}")
+    rocketchat.user_sends_file("ann", TINY_PNG, far, "image/png", text="look",
+                               url=f"{elsewhere.url}/file-upload/x/{far}")
     wait_for(lambda: off_platform(far, elsewhere.port) in rocketchat.replies(room), what="refusal")
     assert elsewhere.hits == [] and len(rocketchat.downloads) == 2
     # The size the message declares is over the cap: not fetched at all.
