@@ -31,7 +31,7 @@ EXTRA_KEYS: dict[str, list[tuple[str, str, object]]] = {
     "irc": [("tls_verify", "bool", True), ("send_interval_secs", "number", 0.5)],
     "ntfy": [],
     "gotify": [],
-    "mattermost": [("default_channel_id", "text", "")],
+    "mattermost": [("default_channel_id", "text", ""), ("webhook_url", "text", "")],
     "webhook": [],
 }
 COMMON = [("default_agent", "text", None), ("allowed_users", "list", []),

@@ -6,6 +6,7 @@ approval (deciding it there or in the chat is one decision)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -339,6 +340,90 @@ def test_mattermost_typed_approve(daemon):
     finally:
         remove(daemon, "mattermost")
         fake.stop()
+
+
+# -- Mattermost: interactive message buttons pressed at the daemon's own route ---------------
+
+@pytest.fixture
+def mattermost(daemon):
+    fake = FakeMattermost(contract.ENV["MATTERMOST_TOKEN"]).start()
+    configure(daemon, "mattermost", server_url=fake.url, token_env="MATTERMOST_TOKEN", default_agent="keeper",
+              webhook_url=f"{daemon.url}/channels/mattermost/webhook")
+    wait_active(daemon, "mattermost")
+    wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
+                      and f.get("action") == "authentication_challenge"], what="authenticated")
+    yield fake
+    remove(daemon, "mattermost")
+    fake.stop()
+
+
+def mm_request(fake, channel: str) -> dict:
+    return wait_for(lambda: [p for p in fake.bot_posts(channel) if p["props"].get("attachments")],
+                    what="the request with buttons")[-1]
+
+
+def test_mattermost_buttons_approve_and_refuse(daemon, mattermost):
+    town = "townbuttons000000000000000"
+    root = mattermost.user_says("user-ann", "ann", town, WRITE % "mm-buttons.txt")
+    approval = pending(daemon, "mm-buttons.txt")
+    asked = mm_request(mattermost, town)
+    assert asked["root_id"] == root and asked["message"].startswith("🔐 Approval needed: agent keeper wants to run")
+    actions = asked["props"]["attachments"][0]["actions"]
+    assert [(a["id"], a["name"], a["style"], a["integration"]["url"]) for a in actions] == [
+        ("approve", "Approve", "success", f"{daemon.url}/channels/mattermost/webhook"),
+        ("reject", "Reject", "danger", f"{daemon.url}/channels/mattermost/webhook")]
+    assert {k: v for k, v in actions[0]["integration"]["context"].items() if k != "token"} == \
+        {"action": "approve", "approval_id": approval["id"], "root_id": root}
+    # Clients never see where a button goes nor its context.
+    shown = [json.loads(e["data"]["post"]) for e in mattermost.events if asked["id"] in e["data"]["post"]]
+    assert shown and all("integration" not in a for a in shown[0]["props"]["attachments"][0]["actions"])
+    # Someone else in the channel presses Approve: told so, alone; still pending.
+    refused = mattermost.press(asked["id"], "approve", "user-eve", "eve")
+    assert refused.status_code == 200 and refused.json() == {
+        "ephemeral_text": "Sorry, you cannot answer this approval: only the people allowed to use this "
+                          "conversation with the agent can."}
+    assert [a["id"] for a in daemon.get("/api/approvals").json()] == [approval["id"]]
+    # A context the daemon did not make (another approval's id with this token) is refused unread.
+    forged = {**actions[0]["integration"]["context"], "approval_id": "0" * 32}
+    assert mattermost.press(asked["id"], "approve", "user-ann", "ann", context=forged).status_code == 401
+    no_token = {k: v for k, v in actions[0]["integration"]["context"].items() if k != "token"}
+    assert mattermost.press(asked["id"], "approve", "user-ann", "ann", context=no_token).status_code == 401
+    assert [a["id"] for a in daemon.get("/api/approvals").json()] == [approval["id"]]
+    # ann presses Approve: the request becomes its outcome, its buttons gone; the tool runs.
+    accepted = mattermost.press(asked["id"], "approve", "user-ann", "ann")
+    outcome = f"✅ Approved: file_write runs now (approval {approval['id']}, by ann)."
+    assert accepted.status_code == 200 and accepted.json() == {"update": {"message": outcome, "props": {}}}
+    assert (asked["message"], asked["props"]) == (outcome, {})
+    wait_for(lambda: any(p["message"].startswith("tool said: ") for p in mattermost.bot_posts(town)),
+             what="the agent's reply")
+    assert written(daemon, "mm-buttons.txt") and daemon.get("/api/approvals").json() == []
+
+
+def test_mattermost_buttons_reject(daemon, mattermost):
+    town = "townreject0000000000000000"
+    mattermost.user_says("user-bo", "bo", town, WRITE % "mm-reject.txt")
+    approval = pending(daemon, "mm-reject.txt")
+    asked = mm_request(mattermost, town)
+    answer = mattermost.press(asked["id"], "reject", "user-bo", "bo")
+    assert answer.json()["update"]["message"] == \
+        f"❌ Rejected: file_write will not run (approval {approval['id']}, by bo)."
+    wait_for(lambda: len(mattermost.bot_posts(town)) == 2, what="the agent's reply")
+    assert not written(daemon, "mm-reject.txt") and daemon.get("/api/approvals").json() == []
+
+
+def test_mattermost_dashboard_decision_updates_the_post(daemon, mattermost):
+    town = "towndashboard0000000000000"
+    mattermost.user_says("user-cy", "cy", town, WRITE % "mm-dash.txt")
+    approval = pending(daemon, "mm-dash.txt")
+    asked = mm_request(mattermost, town)
+    assert daemon.post(f"/api/approvals/{approval['id']}/reject").status_code == 200
+    wait_for(lambda: mattermost.patches, what="the request patched")
+    assert mattermost.patches == [{"id": asked["id"], "props": {},
+                                   "message": f"❌ Rejected outside the chat: file_write will not run "
+                                              f"(approval {approval['id']})."}]
+    assert asked["props"] == {}
+    wait_for(lambda: len(mattermost.bot_posts(town)) == 2, what="the agent's reply")
+    assert not written(daemon, "mm-dash.txt")
 
 
 # -- IRC: no buttons, `/approve <id>` typed -------------------------------------------------

@@ -3,13 +3,21 @@
 `im.history` (roomId, oldest, count; newest first), `POST /api/v1/chat.postMessage`
 {roomId | channel, text, tmid}; 429 with Retry-After like its rate limiter;
 `POST /api/v1/chat.react` {messageId, emoji ":name:", shouldReact}, the bot's reactions
-kept in `reactions` (message id -> ":name:")."""
+kept in `reactions` (message id -> ":name:").
+Files: a message carries `file`, `files` and `attachments` (`title`, `title_link`
+`/file-upload/{id}/{name}`, `image_type`/`image_size` for images, `type: file`), served at
+`GET /file-upload/{id}/{name}` to the same auth headers (`downloads`). The bot uploads with
+`POST /api/v1/rooms.media/{rid}` (multipart, one part named `file`), answered
+`{file: {_id, url}}`, then `POST /api/v1/rooms.mediaConfirm/{rid}/{fileId}` ({msg, tmid,
+description}) posts the message; `uploads` lists what was confirmed. `GET /api/v1/rooms.info`
+(roomName) and `POST /api/v1/im.create` {username} give a room's id."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
 from typing import Any
+from urllib.parse import quote
 
 from flask import jsonify, request
 
@@ -28,6 +36,10 @@ class FakeRocketChat(FakePlatform):
         super().__init__("rocketchat")
         self.messages: list[dict[str, Any]] = []
         self.reactions: dict[str, list[str]] = {}
+        self.files: dict[str, dict[str, Any]] = {}  # file id -> {_id, name, type, size, rid, data}
+        self.pending: dict[str, dict[str, Any]] = {}  # uploaded by rooms.media, not yet confirmed
+        self.uploads: list[dict[str, Any]] = []
+        self.downloads: list[str] = []
         app = self.app
 
         @app.before_request
@@ -75,6 +87,57 @@ class FakeRocketChat(FakePlatform):
                 mine.remove(emoji)
             return jsonify({"success": True})
 
+        @app.post("/api/v1/rooms.media/<rid>")
+        def media(rid: str):
+            if rid not in ROOMS:
+                return jsonify({"success": False, "error": "error-room-not-found"}), 400
+            if list(request.files) != ["file"] or len(request.files.getlist("file")) != 1:
+                return jsonify({"success": False, "error": "[invalid-field]", "errorType": "invalid-field"}), 400
+            part = request.files["file"]
+            info = self.host(rid, part.read(), part.filename or "file", part.mimetype)
+            self.pending[info["_id"]] = info
+            return jsonify({"file": {"_id": info["_id"], "url": info["url"]}, "success": True})
+
+        @app.post("/api/v1/rooms.mediaConfirm/<rid>/<file_id>")
+        def media_confirm(rid: str, file_id: str):
+            info = self.pending.get(file_id)
+            if info is None or info["rid"] != rid:
+                return jsonify({"success": False, "error": "error-file-not-found"}), 400
+            del self.pending[file_id]
+            body = request.get_json(silent=True) or {}
+            message = self._add(rid, BOT_ID, BOT, str(body.get("msg") or ""), tmid=body.get("tmid"),
+                                **file_fields(info))
+            self.uploads.append({"rid": rid, "filename": info["name"], "content_type": info["type"],
+                                 "data": info["data"], "tmid": body.get("tmid"), "message": message["_id"]})
+            self.record(**message)
+            return jsonify({"message": message, "success": True})
+
+        @app.get("/api/v1/rooms.info")
+        def room_info():
+            name = request.args.get("roomName")
+            room = next((r for r, (t, n) in ROOMS.items() if t == "c" and (n == name or r == request.args.get(
+                "roomId"))), None)
+            if room is None:
+                return jsonify({"success": False, "error": "The required \"roomId\" or \"roomName\" param "
+                                "provided does not match any channel [error-room-not-found]"}), 400
+            return jsonify({"room": {"_id": room, "name": ROOMS[room][1], "t": "c"}, "success": True})
+
+        @app.post("/api/v1/im.create")
+        def im_create():
+            user = (request.get_json(silent=True) or {}).get("username")
+            room = next((r for r, (t, n) in ROOMS.items() if t == "d" and n == user), None)
+            if room is None:
+                return jsonify({"success": False, "error": "Failed to create direct room"}), 400
+            return jsonify({"room": {"_id": room, "rid": room, "t": "d", "usernames": [BOT, user]}, "success": True})
+
+        @app.get("/file-upload/<file_id>/<name>")
+        def download(file_id: str, name: str):
+            self.downloads.append(file_id)
+            info = self.files.get(file_id)
+            if info is None or file_id in self.pending:
+                return jsonify({"success": False, "error": "File not found"}), 404
+            return info["data"], 200, {"Content-Type": info["type"] or "application/octet-stream"}
+
         @app.post("/api/v1/chat.postMessage")
         def post():
             limited = self.throttled({"success": False, "error": "Error, too many requests. Please slow down. "
@@ -99,6 +162,22 @@ class FakeRocketChat(FakePlatform):
             self.messages.append(message)
         return message
 
+    def host(self, rid: str, data: bytes, name: str, mime: str) -> dict[str, Any]:
+        file_id = f"f{self.new_id()}"
+        self.files[file_id] = {"_id": file_id, "name": name, "type": mime, "size": len(data), "rid": rid,
+                               "data": data, "url": f"/file-upload/{file_id}/{quote(name)}"}
+        return self.files[file_id]
+
+    def user_sends_file(self, user: str, data: bytes, name: str, mime: str, text: str = "", room: str = "",
+                        url: str = "") -> str:
+        """A message with a file (its link replaced by `url` when given); returns the room id."""
+        room = room or f"DM{user.upper()}ROOM"
+        fields = file_fields(self.host(room, data, name, mime))
+        if url:
+            fields["attachments"][0]["title_link"] = url
+        self._add(room, f"id-{user}", user, text, **fields)
+        return room
+
     def user_says(self, user: str, text: str, room: str = "", tmid: str = "") -> str:
         """In the user's direct room unless `room` is given (in the thread of message `tmid`
         when given); returns the room id."""
@@ -108,3 +187,15 @@ class FakeRocketChat(FakePlatform):
 
     def replies(self, room: str) -> list[str]:
         return [m["msg"] for m in self.sent if m["rid"] == room]
+
+
+def file_fields(info: dict[str, Any]) -> dict[str, Any]:
+    """What a message with one file carries, as Rocket.Chat writes it."""
+    short = {k: info[k] for k in ("_id", "name", "type", "size")}
+    attachment: dict[str, Any] = {"title": info["name"], "title_link": info["url"], "title_link_download": True,
+                                  "type": "file"}
+    if info["type"].startswith("image/"):
+        attachment.update(image_url=info["url"], image_type=info["type"], image_size=info["size"])
+    else:
+        attachment.update(format=info["name"].rpartition(".")[2].upper(), size=info["size"])
+    return {"file": short, "files": [short], "attachments": [attachment]}

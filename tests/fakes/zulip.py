@@ -3,20 +3,27 @@
 `GET /api/v1/events` (heartbeat after `heartbeat` seconds, BAD_EVENT_QUEUE_ID for an
 unknown queue), `POST /api/v1/messages` (stream + topic or private), `POST /api/v1/typing`,
 `POST`/`DELETE /api/v1/messages/{id}/reactions` (emoji_name; REACTION_ALREADY_EXISTS,
-REACTION_DOES_NOT_EXIST), kept in `reactions` (message id -> names)."""
+REACTION_DOES_NOT_EXIST), kept in `reactions` (message id -> names).
+Files: `POST /api/v1/user_uploads` (multipart, exactly one file part) answers `uri` and
+`url` (`/user_uploads/<realm>/<hash>/<name>`) and `filename`; the file is shared by a message
+linking it, and served at `GET /user_uploads/...` to the bot's basic auth (`downloads` lists
+what was fetched). `user_sends_file` hosts a file and sends a message linking it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 from typing import Any
+from urllib.parse import quote
 
 from flask import jsonify, request
 
 from fakes.platform import FakePlatform
 
 BOT_EMAIL, BOT_ID, BOT_NAME = "agent-bot@zulip.test", 9, "Agent Bot"
+REALM = 2
 USERS = {"ann": 11, "mallory": 12, "bob": 13}
 
 
@@ -27,6 +34,9 @@ class FakeZulip(FakePlatform):
         self.typing: list[dict[str, Any]] = []
         self.reactions: dict[int, list[str]] = {}
         self.heartbeat = heartbeat
+        self.files: dict[str, tuple[bytes, str]] = {}  # "/user_uploads/..." path -> (data, type)
+        self.uploads: list[dict[str, Any]] = []  # what the bot uploaded: filename, content_type, data, url
+        self.downloads: list[str] = []
         app = self.app
 
         @app.before_request
@@ -94,10 +104,46 @@ class FakeZulip(FakePlatform):
                                 "msg": "Reaction doesn't exist."}), 400
             return jsonify({"result": "success", "msg": ""})
 
+        @app.post("/api/v1/user_uploads")
+        def upload():
+            parts = [f for name in request.files for f in request.files.getlist(name)]
+            if len(parts) != 1:
+                return jsonify({"result": "error", "code": "BAD_REQUEST",
+                                "msg": "You must specify a file to upload" if not parts
+                                else "You may only upload one file at a time"}), 400
+            part = parts[0]
+            data = part.read()
+            url = self.host(data, part.filename or "uploaded-file", part.mimetype)
+            self.uploads.append({"filename": part.filename, "content_type": part.mimetype, "data": data, "url": url})
+            return jsonify({"result": "success", "msg": "", "uri": url, "url": url,
+                            "filename": url.rsplit("/", 1)[1]})
+
+        @app.get("/user_uploads/<int:realm>/<path:rest>")
+        def download(realm: int, rest: str):
+            path = f"/user_uploads/{realm}/{rest}"
+            self.downloads.append(path)
+            if path not in self.files:
+                return jsonify({"result": "error", "code": "BAD_REQUEST", "msg": "File not found."}), 404
+            data, mime = self.files[path]
+            return data, 200, {"Content-Type": mime or "application/octet-stream"}
+
         @app.post("/api/v1/typing")
         def typing():
             self.typing.append({"op": request.form["op"], "to": json.loads(request.form["to"])})
             return jsonify({"result": "success", "msg": ""})
+
+    def host(self, data: bytes, name: str, mime: str) -> str:
+        """Store a file as an upload of the realm; its `/user_uploads/...` path."""
+        digest = hashlib.sha1(data + name.encode() + str(self.new_id()).encode()).hexdigest()
+        path = f"/user_uploads/{REALM}/{digest[:2]}/{digest[2:26]}/{quote(name)}"
+        self.files[path] = (data, mime)
+        return path
+
+    def user_sends_file(self, user: str, data: bytes, name: str, mime: str, text: str = "", stream: str = "",
+                        topic: str = "general", url: str = "") -> Any:
+        """A message linking a file uploaded by `user` (or linking `url` as it is)."""
+        link = url or self.host(data, name, mime)
+        return self.user_says(user, f"{text} [{name}]({link})".strip(), stream, topic)
 
     def user_says(self, user: str, text: str, stream: str = "", topic: str = "general") -> Any:
         """`stream` empty: a private message to the bot; returns where the reply goes."""

@@ -3,14 +3,22 @@ channels the bot has joined (`channels.list.joined` + `channels.history`) and of
 direct rooms (`im.list` + `im.history`) from a persisted timestamp per room, replies
 with `chat.postMessage` (in the thread when the message was in one). Channel messages
 are answered when they mention the bot; direct messages always. Reactions: `chat.react`
-(`:name:`, `shouldReact` false takes one back)."""
+(`:name:`, `shouldReact` false takes one back).
+
+Files: a message's `attachments` (`title`, `title_link` `/file-upload/{id}/{name}`, the
+image's type and size) are fetched from the server (`server_url`'s host only) with the same
+`X-User-Id` / `X-Auth-Token`. Files go out with `rooms.media/{rid}` (multipart `file`) and
+`rooms.mediaConfirm/{rid}/{fileId}` (in the thread when the message was in one), which
+replaced the deprecated `rooms.upload`; an image is shown as one."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from urllib.parse import urljoin
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.conversation import reply_thread
 from agentd.channels.lifecycle import emoji_name
@@ -24,7 +32,8 @@ class RocketChatAdapter(PollingAdapter):
         user_id = str(self.settings.get("user_id") or "")
         if not self.base or not user_id:
             raise ChannelError("server_url and user_id must be set")
-        self.http.session.headers.update({"X-Auth-Token": self.env("token_env"), "X-User-Id": user_id})
+        self.auth = {"X-Auth-Token": self.env("token_env"), "X-User-Id": user_id}
+        self.http.session.headers.update(self.auth)
         self.poll_interval = float(self.settings.get("poll_interval_secs") or 2)
         self.me = ""
 
@@ -58,7 +67,8 @@ class RocketChatAdapter(PollingAdapter):
     def _handle(self, message: dict[str, Any], chat: str, direct: bool) -> None:
         user = message.get("u") or {}
         text = str(message.get("msg") or "")
-        if user.get("username") == self.me or message.get("t") or not text:
+        files = self._files(message)
+        if user.get("username") == self.me or message.get("t") or not (text or files):
             return  # our own messages and system messages (joins, topic changes...)
         mention = f"@{self.me}"
         mentioned = any(m.get("username") == self.me for m in message.get("mentions") or []) or mention in text
@@ -72,7 +82,50 @@ class RocketChatAdapter(PollingAdapter):
                                     meta={"tmid": thread, "room_id": message.get("rid")}, thread_id=thread)
         self.ctx.deliver(Inbound(conversation, sender_id=str(user.get("username")), text=text,
                                  message_id=str(message["_id"]), sender_name=str(user.get("name") or ""),
-                                 sender_aliases=(str(user.get("_id")),), mentioned=mentioned))
+                                 sender_aliases=(str(user.get("_id")),), mentioned=mentioned,
+                                 attachments=files))
+
+    def _files(self, message: dict[str, Any]) -> list[Attachment]:
+        declared = {str(f.get("name")): f for f in message.get("files") or [] if isinstance(f, dict)}
+        found = []
+        for item in message.get("attachments") or []:
+            if not isinstance(item, dict) or not item.get("title_link"):
+                continue  # quotes and link previews carry no file
+            name = str(item.get("title") or "file")
+            known = declared.get(name, {})
+            kind = item.get("image_type") or item.get("audio_type") or item.get("video_type") or known.get("type")
+            size = item.get("image_size") or item.get("audio_size") or item.get("video_size") or item.get("size") \
+                or known.get("size") or 0
+            found.append(Attachment(name, str(kind or ""), int(size) if str(size).isdigit() else 0,
+                                    urljoin(self.base + "/", str(item["title_link"])), headers=dict(self.auth)))
+        return found
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(str(self.settings.get("server_url") or ""))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        room = self._room_id(str(conversation.meta.get("room_id") or conversation.chat_id))
+        uploaded = self.api("POST", f"rooms.media/{room}", files={"file": (filename, data, content_type)})
+        body = {"msg": ""}
+        if conversation.meta.get("tmid"):
+            body["tmid"] = conversation.meta["tmid"]
+        confirmed = self.api("POST", f"rooms.mediaConfirm/{room}/{uploaded['file']['_id']}", json=body)
+        return str(confirmed.get("message", {}).get("_id", ""))
+
+    def _room_id(self, target: str) -> str:
+        """rooms.media takes a room id: a `#channel` or `@user` target is looked up first."""
+        if target.startswith("#"):
+            room = self.api("GET", "rooms.info", params={"roomName": target[1:]}).get("room") or {}
+        elif target.startswith("@"):
+            room = self.api("POST", "im.create", json={"username": target[1:]}).get("room") or {}
+        else:
+            return target
+        found = str(room.get("rid") or room.get("_id") or "")
+        if not found:
+            raise ChannelError(f"no room {target}")
+        return found
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

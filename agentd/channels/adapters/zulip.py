@@ -4,19 +4,32 @@
 a private message), typing with `POST /api/v1/typing`, reactions with
 `POST`/`DELETE /api/v1/messages/{id}/reactions` (emoji by name). A queue the server forgot
 (BAD_EVENT_QUEUE_ID) is registered again. Stream messages are answered when they
-mention the bot; private messages always."""
+mention the bot; private messages always.
+
+Files: a message shares a file by linking its upload (`[name](/user_uploads/...)` in the
+raw Markdown); each such link is fetched from the realm (`server_url`'s host only) with the
+bot's basic auth. Files go out with `POST /api/v1/user_uploads` (one multipart file) and a
+message linking the returned `url` (Zulip shows a linked image inline)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import mimetypes
 import re
 from typing import Any
+from urllib.parse import unquote, urljoin
 
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.lifecycle import emoji_name
+
+
+# A Markdown link to an upload: relative to the realm, or absolute (another host's is refused).
+UPLOAD_LINK = re.compile(r"\[([^\]]*)\]\(((?:https?://[^\s/)]+)?/user_uploads/[^\s)]+)\)")
 
 
 class ZulipAdapter(PollingAdapter):
@@ -27,7 +40,10 @@ class ZulipAdapter(PollingAdapter):
         self.email = str(self.settings.get("bot_email") or "")
         if not self.base or not self.email:
             raise ChannelError("server_url and bot_email must be set")
-        self.http.session.auth = (self.email, self.env("api_key_env"))
+        key = self.env("api_key_env")
+        self.http.session.auth = (self.email, key)
+        # Uploads are fetched outside this session (attachments.fetch): the same credentials.
+        self.basic = "Basic " + base64.b64encode(f"{self.email}:{key}".encode()).decode("ascii")
         self.long_poll = float(self.settings.get("long_poll_secs") or 30)
         self.queue_id = ""
 
@@ -81,20 +97,45 @@ class ZulipAdapter(PollingAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=re.sub(r"\s+", " ", text).strip(),
                                  message_id=str(message.get("id")),
                                  sender_name=str(message.get("sender_full_name") or sender),
-                                 sender_aliases=(str(message.get("sender_id")),), mentioned=mentioned))
+                                 sender_aliases=(str(message.get("sender_id")),), mentioned=mentioned,
+                                 attachments=self._files(text)))
+
+    def _files(self, text: str) -> list[Attachment]:
+        found, seen = [], set()
+        for label, link in UPLOAD_LINK.findall(text):
+            url = urljoin(self.base + "/", link)
+            if url in seen:
+                continue
+            seen.add(url)
+            name = unquote(link.rsplit("/", 1)[-1]) or label or "file"
+            found.append(Attachment(name, mimetypes.guess_type(name)[0] or "", 0, url,
+                                    headers={"Authorization": self.basic}))
+        return found
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(str(self.settings.get("server_url") or ""))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        uploaded = self.api("POST", "user_uploads", files={"filename": (filename, data, content_type)})
+        link = str(uploaded.get("url") or uploaded.get("uri") or "")
+        if not link:
+            raise ChannelError("user_uploads: no url in the answer")
+        label = filename.replace("[", "(").replace("]", ")")
+        return self._post(conversation, f"[{label}]({link})")
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
             self.prepare()
-        ids = []
-        for part in self.reply_texts(text):
-            if conversation.direct:
-                body = {"type": "private", "to": json.dumps(conversation.meta.get("to") or [conversation.chat_id])}
-            else:
-                body = {"type": "stream", "to": conversation.chat_id,
-                        "topic": conversation.meta.get("topic") or "agentd"}
-            ids.append(str(self.api("POST", "messages", data={**body, "content": part}).get("id")))
-        return ",".join(ids)
+        return ",".join(self._post(conversation, part) for part in self.reply_texts(text))
+
+    def _post(self, conversation: Conversation, content: str) -> str:
+        if conversation.direct:
+            body = {"type": "private", "to": json.dumps(conversation.meta.get("to") or [conversation.chat_id])}
+        else:
+            body = {"type": "stream", "to": conversation.chat_id, "topic": conversation.meta.get("topic") or "agentd"}
+        return str(self.api("POST", "messages", data={**body, "content": content}).get("id"))
 
     def send_typing(self, conversation: Conversation) -> None:
         if conversation.direct and conversation.meta.get("user_ids"):
