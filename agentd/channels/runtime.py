@@ -177,8 +177,11 @@ class ChannelManager:
         """The running webhook adapter `name` (served at /channels/<name>/webhook), if any."""
         from agentd.channels.bases.webhook import WebhookAdapter
 
-        adapter = self.running.get(name) or self.starting.get(name)
-        return adapter if isinstance(adapter, WebhookAdapter) and adapter.started else None
+        adapter = self.running.get(name)
+        if adapter is None:  # one still starting, once its requests can be served
+            adapter = self.starting.get(name)
+            adapter = adapter if getattr(adapter, "started", False) else None
+        return adapter if isinstance(adapter, WebhookAdapter) else None
 
     # -- API operations ----------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
