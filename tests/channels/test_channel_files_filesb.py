@@ -1,0 +1,122 @@
+"""Files and images on teams, webex, google_chat, feishu and dingtalk, through the real
+daemon and each platform's fake: an inbound image reaches a vision model as an image part,
+an inbound file is an upload the agent reads, what the agent's tools make is posted back
+with the platform's own upload API (where it has one), and a file hosted off the
+platform's hosts is refused and never fetched."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import pytest
+import requests
+
+from channel_contract import ENV
+from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
+from fakellm import TINY_PNG
+from fakes.teams import FakeBotFramework
+from support import free_port
+from test_channel_files import IMAGE_PART, LIMIT, Elsewhere, tool_results, unique, uploads_named, user_turns
+
+FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
+DRAW = '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw'
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, fake_llm):
+    env = {**ENV}
+    daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files-b"), fake_llm, env=env,
+                                  extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
+    created = daemon.post("/api/agents", json={"manifest_toml": FILER})
+    assert created.status_code == 201, created.text
+    daemon.filer = created.json()["agent_id"]
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def elsewhere():
+    server = Elsewhere().start()
+    yield server
+    server.stop()
+
+
+def read_file(name: str) -> str:
+    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
+
+
+# -- Teams ---------------------------------------------------------------------------------
+
+TEAMS_APP = "a1b2c3d4-0000-4000-8000-0000000000f1"
+
+
+@pytest.fixture(scope="module")
+def teams(daemon):
+    fake, port = FakeBotFramework(TEAMS_APP, ENV["TEAMS_APP_PASSWORD"]).start(), free_port()
+    configure(daemon, "teams", default_agent="filer", app_id=TEAMS_APP, webhook_port=port,
+              service_url=fake.service_url, openid_url=f"{fake.url}/v1/.well-known/openidconfiguration",
+              token_url=f"{fake.url}/botframework.com/oauth2/v2.0/token", overrides={"typing_mode": "never"})
+    wait_active(daemon, "teams")
+    fake.listen = f"http://127.0.0.1:{port}/api/messages"
+    yield fake
+    daemon.delete("/api/channels/teams/configure")
+    fake.stop()
+
+
+def teams_says(fake: FakeBotFramework, text: str, user: str, attachments: list, **kwargs) -> str:
+    activity = fake.activity(text, user, **kwargs)
+    activity["attachments"] = attachments
+    answer = requests.post(fake.listen, data=json.dumps(activity), timeout=5, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {fake.token()}"})
+    assert answer.status_code == 200, answer.text
+    return activity["conversation"]["id"]
+
+
+def teams_texts(fake: FakeBotFramework, chat: str) -> list[str]:
+    return [s["activity"].get("text") for s in fake.sent if s["conversation"] == chat]
+
+
+def test_teams_inline_image_reaches_a_vision_model(daemon, teams, fake_llm):
+    marker = unique("teams-look")
+    chat = teams_says(teams, f"<at>HelperBot</at> {marker}", "ann", [teams.inline_image(TINY_PNG)],
+                      conversation_type="groupChat", conversation="19:files@thread.v2")
+    wait_for(lambda: teams_texts(teams, chat), what="reply to the image")
+    content = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in content, content
+    text = next(p["text"] for p in content if p["type"] == "text")
+    assert text.startswith(f"{marker}\n[image image-1.png (image/png, {len(TINY_PNG)} bytes) attached; saved as inbox/")
+    assert len(teams.downloads) == 1  # with the bot's token, from the Connector's attachment store
+
+
+def test_teams_personal_file_is_an_upload_the_agent_reads(daemon, teams, fake_llm):
+    name = unique("notes") + ".txt"
+    secret = f"teams says {uuid.uuid4().hex[:8]}"
+    chat = teams_says(teams, read_file(name), "bob", [teams.personal_file(secret.encode(), name, "txt")])
+    wait_for(lambda: teams_texts(teams, chat), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
+
+
+def test_teams_generated_image_is_posted_inline(daemon, teams):
+    chat = teams_says(teams, DRAW, "cat", [])
+    wait_for(lambda: len(teams_texts(teams, chat)) == 2, what="image and reply")
+    first = [s for s in teams.sent if s["conversation"] == chat][0]
+    attachment = first["activity"]["attachments"][0]
+    assert attachment["contentType"] == "image/png" and attachment["name"].endswith(".png")
+    assert attachment["contentUrl"] == "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()
+    assert first["reply_to"] and first["activity"]["replyToId"] == first["reply_to"]
+
+
+def test_teams_files_off_its_hosts_are_not_fetched(daemon, teams, elsewhere):
+    chat = teams_says(teams, "look", "dan", [teams.inline_image(TINY_PNG, url=f"{elsewhere.url}/x.png"),
+                                             teams.personal_file(b"words", "w.txt", "txt",
+                                                                 url=f"{elsewhere.url}/w.txt")])
+    wait_for(lambda: len(teams_texts(teams, chat)) == 3, what="refusals and reply")
+    where = f"it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert teams_texts(teams, chat) == [f"Sorry, I could not take image-1.png: {where}",
+                                        f"Sorry, I could not take w.txt: {where}", "echo: look"]
+    assert elsewhere.hits == []
+    refused = [e["detail"]["reason"] for e in audit(daemon, "channel.file_refused", "teams")]
+    assert len(refused) >= 2
