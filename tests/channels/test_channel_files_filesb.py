@@ -17,6 +17,7 @@ from channel_contract import ENV
 from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.teams import FakeBotFramework
+from fakes.webex import FakeWebex
 from support import free_port
 from test_channel_files import IMAGE_PART, LIMIT, Elsewhere, tool_results, unique, uploads_named, user_turns
 
@@ -120,3 +121,55 @@ def test_teams_files_off_its_hosts_are_not_fetched(daemon, teams, elsewhere):
     assert elsewhere.hits == []
     refused = [e["detail"]["reason"] for e in audit(daemon, "channel.file_refused", "teams")]
     assert len(refused) >= 2
+
+
+# -- Webex ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def webex(daemon):
+    fake = FakeWebex(ENV["WEBEX_BOT_TOKEN"])
+    port = free_port()
+    fake.start()
+    configure(daemon, "webex", default_agent="filer", bot_token_env="WEBEX_BOT_TOKEN", api_url=fake.url,
+              webhook_port=port, webhook_url=f"http://127.0.0.1:{port}/webex")
+    wait_active(daemon, "webex")
+    wait_for(lambda: fake.webhooks, what="webhook registered")
+    yield fake
+    daemon.delete("/api/channels/webex/configure")
+    fake.stop()
+
+
+def test_webex_image_reaches_a_vision_model(daemon, webex, fake_llm):
+    marker = unique("webex-look")
+    room = webex.user_sends_file("ann", TINY_PNG, "dot.png", "image/png", text=marker)
+    wait_for(lambda: webex.replies(room), what="reply to the image")
+    content = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in content, content
+    text = next(p["text"] for p in content if p["type"] == "text")
+    assert text.startswith(f"{marker}\n[image dot.png (image/png, {len(TINY_PNG)} bytes) attached; saved as inbox/dot")
+    assert len(webex.downloads) == 1
+
+
+def test_webex_file_is_an_upload_the_agent_reads(daemon, webex, fake_llm):
+    name = unique("minutes") + ".txt"
+    secret = f"webex says {uuid.uuid4().hex[:8]}"
+    room = webex.user_sends_file("bob", secret.encode(), name, "text/plain", text=read_file(name))
+    wait_for(lambda: webex.replies(room), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
+
+
+def test_webex_generated_image_is_posted_as_a_file(daemon, webex):
+    room = webex.user_says("cat", DRAW)
+    wait_for(lambda: webex.replies(room), what="reply after drawing")
+    posted = [(u["room"], u["content_type"], u["data"]) for u in webex.uploaded]
+    assert posted == [(room, "image/png", TINY_PNG)]
+    assert webex.uploaded[0]["filename"].endswith(".png")
+
+
+def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
+    room = webex.user_sends_file("dan", b"", "", "", text="look", url=f"{elsewhere.url}/x.png")
+    wait_for(lambda: len(webex.replies(room)) == 2, what="refusal and reply")
+    assert webex.replies(room) == [
+        f"Sorry, I could not take file-1: it is not hosted by the platform (127.0.0.1:{elsewhere.port}).", "echo: look"]
+    assert elsewhere.hits == []
