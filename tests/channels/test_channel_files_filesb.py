@@ -16,18 +16,21 @@ import requests
 from channel_contract import ENV
 from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from fakes.teams import FakeBotFramework
 from fakes.webex import FakeWebex
 from support import free_port
 from test_channel_files import IMAGE_PART, LIMIT, Elsewhere, tool_results, unique, uploads_named, user_turns
 
+GCHAT_PROJECT, GCHAT_KEY = "210987654321", new_key()
+GCHAT_ACCOUNT = service_account(GCHAT_KEY)
 FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
 DRAW = '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw'
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, fake_llm):
-    env = {**ENV}
+    env = {**ENV, "GOOGLE_CHAT_SERVICE_ACCOUNT": json.dumps(GCHAT_ACCOUNT)}
     daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files-b"), fake_llm, env=env,
                                   extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
     created = daemon.post("/api/agents", json={"manifest_toml": FILER})
@@ -81,14 +84,16 @@ def teams_texts(fake: FakeBotFramework, chat: str) -> list[str]:
 
 def test_teams_inline_image_reaches_a_vision_model(daemon, teams, fake_llm):
     marker = unique("teams-look")
-    chat = teams_says(teams, f"<at>HelperBot</at> {marker}", "ann", [teams.inline_image(TINY_PNG)],
+    image = teams.inline_image(TINY_PNG)
+    chat = teams_says(teams, f"<at>HelperBot</at> {marker}", "ann", [image],
                       conversation_type="groupChat", conversation="19:files@thread.v2")
     wait_for(lambda: teams_texts(teams, chat), what="reply to the image")
     content = user_turns(fake_llm, marker)[-1]
     assert IMAGE_PART in content, content
     text = next(p["text"] for p in content if p["type"] == "text")
     assert text.startswith(f"{marker}\n[image image-1.png (image/png, {len(TINY_PNG)} bytes) attached; saved as inbox/")
-    assert len(teams.downloads) == 1  # with the bot's token, from the Connector's attachment store
+    # With the bot's token, from the Connector's attachment store.
+    assert teams.downloads.count(image["contentUrl"].split("/")[-3]) == 1
 
 
 def test_teams_personal_file_is_an_upload_the_agent_reads(daemon, teams, fake_llm):
@@ -140,14 +145,14 @@ def webex(daemon):
 
 
 def test_webex_image_reaches_a_vision_model(daemon, webex, fake_llm):
-    marker = unique("webex-look")
+    marker, before = unique("webex-look"), len(webex.downloads)
     room = webex.user_sends_file("ann", TINY_PNG, "dot.png", "image/png", text=marker)
     wait_for(lambda: webex.replies(room), what="reply to the image")
     content = user_turns(fake_llm, marker)[-1]
     assert IMAGE_PART in content, content
     text = next(p["text"] for p in content if p["type"] == "text")
     assert text.startswith(f"{marker}\n[image dot.png (image/png, {len(TINY_PNG)} bytes) attached; saved as inbox/dot")
-    assert len(webex.downloads) == 1
+    assert len(webex.downloads) == before + 1
 
 
 def test_webex_file_is_an_upload_the_agent_reads(daemon, webex, fake_llm):
@@ -162,9 +167,9 @@ def test_webex_file_is_an_upload_the_agent_reads(daemon, webex, fake_llm):
 def test_webex_generated_image_is_posted_as_a_file(daemon, webex):
     room = webex.user_says("cat", DRAW)
     wait_for(lambda: webex.replies(room), what="reply after drawing")
-    posted = [(u["room"], u["content_type"], u["data"]) for u in webex.uploaded]
-    assert posted == [(room, "image/png", TINY_PNG)]
-    assert webex.uploaded[0]["filename"].endswith(".png")
+    posted = [u for u in webex.uploaded if u["room"] == room]
+    assert [(u["content_type"], u["data"]) for u in posted] == [("image/png", TINY_PNG)]
+    assert posted[0]["filename"].endswith(".png")
 
 
 def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
@@ -173,3 +178,63 @@ def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
     assert webex.replies(room) == [
         f"Sorry, I could not take file-1: it is not hosted by the platform (127.0.0.1:{elsewhere.port}).", "echo: look"]
     assert elsewhere.hits == []
+
+
+# -- Google Chat ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gchat(daemon):
+    fake, port = FakeGoogleChat(GCHAT_PROJECT, GCHAT_ACCOUNT, GCHAT_KEY).start(), free_port()
+    configure(daemon, "google_chat", default_agent="filer", project_number=GCHAT_PROJECT, webhook_port=port,
+              certs_url=fake.certs_url, token_url=f"{fake.url}/token", api_url=fake.url,
+              service_account_env="GOOGLE_CHAT_SERVICE_ACCOUNT")
+    wait_active(daemon, "google_chat")
+    fake.listen = f"http://127.0.0.1:{port}/chat-events"
+    yield fake
+    daemon.delete("/api/channels/google_chat/configure")
+    fake.stop()
+
+
+def gchat_says(fake: FakeGoogleChat, text: str, user: str, attachments: list) -> str:
+    event = fake.event(text, user, space=f"spaces/{user}dm")
+    event["message"]["attachment"] = attachments
+    answer = requests.post(fake.listen, data=json.dumps(event), timeout=5, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {fake.token()}"})
+    assert answer.status_code == 200, answer.text
+    return event["space"]["name"]
+
+
+def gchat_texts(fake: FakeGoogleChat, space: str) -> list[str]:
+    return [s["text"] for s in fake.sent if s["space"] == space]
+
+
+def test_google_chat_image_reaches_a_vision_model(daemon, gchat, fake_llm):
+    marker, before = unique("gchat-look"), len(gchat.downloads)
+    space = gchat_says(gchat, marker, "ann", [gchat.attachment(TINY_PNG, "dot.png", "image/png")])
+    wait_for(lambda: gchat_texts(gchat, space), what="reply to the image")
+    content = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in content, content
+    assert len(gchat.downloads) == before + 1  # media.download with the app's token
+
+
+def test_google_chat_file_is_an_upload_the_agent_reads(daemon, gchat, fake_llm):
+    name = unique("plan") + ".txt"
+    secret = f"chat says {uuid.uuid4().hex[:8]}"
+    space = gchat_says(gchat, read_file(name), "bob", [gchat.attachment(secret.encode(), name, "text/plain")])
+    wait_for(lambda: gchat_texts(gchat, space), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
+
+
+def test_google_chat_reads_files_from_its_api_only_and_sends_none(daemon, gchat, elsewhere):
+    item = gchat.attachment(b"words", "w.txt", "text/plain")
+    item["downloadUri"] = item["thumbnailUri"] = f"{elsewhere.url}/w.txt"
+    drive = {"name": "spaces/x/messages/y/attachments/z", "contentName": "doc", "source": "DRIVE_FILE",
+             "driveDataRef": {"driveFileId": "1abc"}, "downloadUri": f"{elsewhere.url}/doc"}
+    before = len(gchat.downloads)
+    space = gchat_says(gchat, DRAW, "cat", [item, drive])
+    wait_for(lambda: gchat_texts(gchat, space), what="reply after drawing")
+    assert elsewhere.hits == [] and len(gchat.downloads) == before + 1  # from the API, by resourceName
+    failed = [e["detail"] for e in audit(daemon, "channel.send_failed", "google_chat")]
+    assert failed and failed[0]["file"].endswith(".png")
+    assert "media.upload requires user authentication" in failed[0]["error"]
