@@ -16,6 +16,7 @@ import requests
 from channel_contract import ENV
 from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.feishu import FakeFeishu, callback, message_event
 from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from fakes.teams import FakeBotFramework
 from fakes.webex import FakeWebex
@@ -238,3 +239,72 @@ def test_google_chat_reads_files_from_its_api_only_and_sends_none(daemon, gchat,
     failed = [e["detail"] for e in audit(daemon, "channel.send_failed", "google_chat")]
     assert failed and failed[0]["file"].endswith(".png")
     assert "media.upload requires user authentication" in failed[0]["error"]
+
+
+# -- Feishu --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def feishu(daemon):
+    fake, port = FakeFeishu("cli_files", ENV["FEISHU_APP_SECRET"]).start(), free_port()
+    configure(daemon, "feishu", default_agent="filer", webhook_port=port, api_url=fake.url, app_id="cli_files",
+              encrypt_key_env="FEISHU_ENCRYPT_KEY", verification_token_env="FEISHU_VERIFICATION_TOKEN")
+    wait_active(daemon, "feishu")
+    fake.listen = f"http://127.0.0.1:{port}/feishu/webhook"
+    yield fake
+    daemon.delete("/api/channels/feishu/configure")
+    fake.stop()
+
+
+def feishu_sends(fake: FakeFeishu, user: str, kind: str, content: dict, message_id: str) -> str:
+    event = message_event("", user, ENV["FEISHU_VERIFICATION_TOKEN"], message_type=kind, content=content,
+                          message_id=message_id)
+    body, headers = callback(event, ENV["FEISHU_ENCRYPT_KEY"])
+    assert requests.post(fake.listen, data=body, headers=headers, timeout=5).status_code == 200
+    return message_id
+
+
+def feishu_replies(fake: FakeFeishu, message_id: str) -> list:
+    return [s for s in fake.sent if s["to"] == message_id]
+
+
+def test_feishu_image_reaches_a_vision_model(daemon, feishu, fake_llm):
+    message = "om_" + uuid.uuid4().hex
+    key = feishu.resource(message, "image", TINY_PNG)
+    feishu_sends(feishu, "ou_ann", "image", {"image_key": key}, message)
+    wait_for(lambda: feishu_replies(feishu, message), what="reply to the image")
+    content = user_turns(fake_llm, key)[-1]
+    assert IMAGE_PART in content, content
+    assert content[0]["text"].startswith(f"[image {key} (image/png, {len(TINY_PNG)} bytes) attached;")
+    assert feishu.downloads.count(key) == 1
+
+
+def test_feishu_rich_text_file_and_post_images(daemon, feishu, fake_llm):
+    name, message = unique("report") + ".txt", "om_" + uuid.uuid4().hex
+    secret = f"feishu says {uuid.uuid4().hex[:8]}"
+    key = feishu.resource(message, "file", secret.encode())
+    feishu_sends(feishu, "ou_bob", "file", {"file_key": key, "file_name": name}, message)
+    wait_for(lambda: feishu_replies(feishu, message), what="reply to the file")
+    assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
+    # A rich-text post: its words are the text, its images are attached.
+    post_id, marker = "om_" + uuid.uuid4().hex, unique("feishu-post")
+    image = feishu.resource(post_id, "image", TINY_PNG)
+    post = {"title": "", "content": [[{"tag": "text", "text": marker}], [{"tag": "img", "image_key": image}]]}
+    feishu_sends(feishu, "ou_bob", "post", post, post_id)
+    wait_for(lambda: feishu_replies(feishu, post_id), what="reply to the post")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+
+
+def test_feishu_generated_image_and_output_file_are_uploaded_and_sent(daemon, feishu):
+    message = "om_" + uuid.uuid4().hex
+    write = json.dumps({"path": "output/summary.pdf", "content": "%PDF-1.4 tiny"})
+    draw = '{"prompt": "a red square", "model": "dall-e-2"}'
+    feishu_sends(feishu, "ou_cat", "text", {"text": f"[[tools:image_generate {draw} | file_write {write}]] go"},
+                 message)
+    wait_for(lambda: len(feishu_replies(feishu, message)) == 3, what="image, file and reply")
+    image, document, text = feishu_replies(feishu, message)
+    assert (image["msg_type"], feishu.uploads[image["key"]]["data"]) == ("image", TINY_PNG)
+    assert feishu.uploads[image["key"]]["image_type"] == "message"
+    uploaded = feishu.uploads[document["key"]]
+    assert (document["msg_type"], uploaded["file_type"], uploaded["file_name"], uploaded["data"]) == \
+        ("file", "pdf", "summary.pdf", b"%PDF-1.4 tiny")
+    assert text["text"].startswith("tool said: ")  # the text reply comes after the files
