@@ -278,7 +278,7 @@ def test_feishu_image_reaches_a_vision_model(daemon, feishu, fake_llm):
     assert feishu.downloads.count(key) == 1
 
 
-def test_feishu_rich_text_file_and_post_images(daemon, feishu, fake_llm):
+def test_feishu_file_and_post_images(daemon, feishu, fake_llm, elsewhere):
     name, message = unique("report") + ".txt", "om_" + uuid.uuid4().hex
     secret = f"feishu says {uuid.uuid4().hex[:8]}"
     key = feishu.resource(message, "file", secret.encode())
@@ -288,10 +288,14 @@ def test_feishu_rich_text_file_and_post_images(daemon, feishu, fake_llm):
     # A rich-text post: its words are the text, its images are attached.
     post_id, marker = "om_" + uuid.uuid4().hex, unique("feishu-post")
     image = feishu.resource(post_id, "image", TINY_PNG)
-    post = {"title": "", "content": [[{"tag": "text", "text": marker}], [{"tag": "img", "image_key": image}]]}
+    # A key that is a URL elsewhere is not a resource of the message: nothing is fetched for it.
+    post = {"title": "", "content": [[{"tag": "text", "text": marker}], [{"tag": "img", "image_key": image}],
+                                     [{"tag": "img", "image_key": f"{elsewhere.url}/x.png"}]]}
     feishu_sends(feishu, "ou_bob", "post", post, post_id)
     wait_for(lambda: feishu_replies(feishu, post_id), what="reply to the post")
-    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    content = user_turns(fake_llm, marker)[-1]
+    assert content.count(IMAGE_PART) == 1 and content[0]["text"].startswith(f"{marker}\n[image {image} (image/png")
+    assert elsewhere.hits == []
 
 
 def test_feishu_generated_image_and_output_file_are_uploaded_and_sent(daemon, feishu):
