@@ -16,6 +16,7 @@ import requests
 from channel_contract import ENV
 from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.dingtalk import FakeDingTalk
 from fakes.feishu import FakeFeishu, callback, message_event
 from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from fakes.teams import FakeBotFramework
@@ -25,13 +26,14 @@ from test_channel_files import IMAGE_PART, LIMIT, Elsewhere, tool_results, uniqu
 
 GCHAT_PROJECT, GCHAT_KEY = "210987654321", new_key()
 GCHAT_ACCOUNT = service_account(GCHAT_KEY)
+DING_APP, DING_SECRET = "dingfilesrobot", "dingtalk-app-secret"
 FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
 DRAW = '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw'
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, fake_llm):
-    env = {**ENV, "GOOGLE_CHAT_SERVICE_ACCOUNT": json.dumps(GCHAT_ACCOUNT)}
+    env = {**ENV, "GOOGLE_CHAT_SERVICE_ACCOUNT": json.dumps(GCHAT_ACCOUNT), "DINGTALK_APP_SECRET": DING_SECRET}
     daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files-b"), fake_llm, env=env,
                                   extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
     created = daemon.post("/api/agents", json={"manifest_toml": FILER})
@@ -312,3 +314,79 @@ def test_feishu_generated_image_and_output_file_are_uploaded_and_sent(daemon, fe
     assert (document["msg_type"], uploaded["file_type"], uploaded["file_name"], uploaded["data"]) == \
         ("file", "pdf", "summary.pdf", b"%PDF-1.4 tiny")
     assert text["text"].startswith("tool said: ")  # the text reply comes after the files
+
+
+# -- DingTalk ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dingtalk(daemon):
+    fake = FakeDingTalk(ENV["DINGTALK_ACCESS_TOKEN"], ENV["DINGTALK_SECRET"], DING_APP, DING_SECRET).start()
+    port = free_port()
+    configure(daemon, "dingtalk", default_agent="filer", webhook_port=port, api_url=fake.url, openapi_url=fake.url,
+              app_key=DING_APP, app_secret_env="DINGTALK_APP_SECRET")
+    wait_active(daemon, "dingtalk")
+    fake.listen = f"http://127.0.0.1:{port}/dingtalk"
+    yield fake
+    daemon.delete("/api/channels/dingtalk/configure")
+    fake.stop()
+
+
+def ding_sends(fake: FakeDingTalk, staff: str, msgtype: str, content: dict | None, text: str = "",
+               group: bool = False) -> str:
+    body, headers = fake.callback(text, staff, group=group, msgtype=msgtype, content=content)
+    assert requests.post(fake.listen, data=body, headers=headers, timeout=5).status_code == 200
+    return json.loads(body)["sessionWebhook"].rpartition("session=")[2]
+
+
+def ding_replies(fake: FakeDingTalk, session: str) -> list[str]:
+    return [s["content"] for s in fake.sent if s["session"] == session]
+
+
+def test_dingtalk_picture_reaches_a_vision_model(daemon, dingtalk, fake_llm):
+    before = len(dingtalk.downloads)
+    code = dingtalk.file_code(TINY_PNG)
+    body, headers = dingtalk.callback("", "staff-ann", group=False, msgtype="picture",
+                                      content={"downloadCode": code, "pictureDownloadCode": code})
+    assert requests.post(dingtalk.listen, data=body, headers=headers, timeout=5).status_code == 200
+    session, message = json.loads(body)["sessionWebhook"].rpartition("session=")[2], json.loads(body)["msgId"]
+    wait_for(lambda: ding_replies(dingtalk, session), what="reply to the picture")
+    content = user_turns(fake_llm, f"picture-{message}-1")[-1]
+    assert IMAGE_PART in content, content
+    assert content[0]["text"].startswith(f"[image picture-{message}-1 (image/png, {len(TINY_PNG)} bytes) attached")
+    assert len(dingtalk.downloads) == before + 1  # the temporary URL messageFiles/download gave
+
+
+def test_dingtalk_file_and_rich_text(daemon, dingtalk, fake_llm):
+    name = unique("memo") + ".txt"
+    secret = f"dingtalk says {uuid.uuid4().hex[:8]}"
+    session = ding_sends(dingtalk, "staff-bob", "file", {"downloadCode": dingtalk.file_code(secret.encode()),
+                                                         "fileName": name})
+    wait_for(lambda: ding_replies(dingtalk, session), what="reply to the file")
+    assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
+    marker = unique("ding-rich")
+    rich = {"richText": [{"text": marker}, {"type": "picture", "downloadCode": dingtalk.file_code(TINY_PNG)}]}
+    session = ding_sends(dingtalk, "staff-bob", "richText", rich)
+    wait_for(lambda: ding_replies(dingtalk, session), what="reply to the rich text")
+    content = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in content and content[0]["text"].startswith(f"{marker}\n[image picture-")
+
+
+def test_dingtalk_generated_image_goes_out_through_the_robot_api(daemon, dingtalk):
+    session = ding_sends(dingtalk, "staff-cat", "text", None, text=DRAW, group=True)
+    wait_for(lambda: ding_replies(dingtalk, session), what="reply after drawing")
+    sent = [f for f in dingtalk.robot_files if f["kind"] == "group"]
+    assert [(f["to"], f["msg_key"], f["type"], f["data"]) for f in sent] == \
+        [("cidGroup123==", "sampleImageMsg", "image", TINY_PNG)]
+
+
+def test_dingtalk_redirect_off_its_hosts_is_refused(daemon, dingtalk, elsewhere):
+    dingtalk.redirect_downloads = f"{elsewhere.url}/x.txt"
+    try:
+        session = ding_sends(dingtalk, "staff-dan", "file", {"downloadCode": dingtalk.file_code(b"words"),
+                                                             "fileName": "w.txt"})
+        wait_for(lambda: ding_replies(dingtalk, session), what="refusal")
+    finally:
+        dingtalk.redirect_downloads = ""
+    assert ding_replies(dingtalk, session) == [
+        f"Sorry, I could not take w.txt: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."]
+    assert elsewhere.hits == []
