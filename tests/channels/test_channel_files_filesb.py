@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 
 import pytest
@@ -116,6 +117,31 @@ def test_teams_generated_image_is_posted_inline(daemon, teams):
     assert attachment["contentType"] == "image/png" and attachment["name"].endswith(".png")
     assert attachment["contentUrl"] == "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()
     assert first["reply_to"] and first["activity"]["replyToId"] == first["reply_to"]
+
+
+def test_teams_personal_chat_file_goes_through_file_consent(daemon, teams):
+    write = json.dumps({"path": "output/report.txt", "content": "quarterly words"})
+    chat = teams_says(teams, f"[[tool:file_write {write}]] write it", "eve", [])
+    wait_for(lambda: len(teams_texts(teams, chat)) == 2, what="consent card and reply")
+    card = next(s for s in teams.sent if s["conversation"] == chat and s["activity"].get("attachments"))
+    consent = card["activity"]["attachments"][0]
+    assert (consent["contentType"], consent["name"]) == ("application/vnd.microsoft.teams.card.file.consent",
+                                                        "report.txt")
+    assert consent["content"]["sizeInBytes"] == len(b"quarterly words")
+    post = requests.post(teams.listen, data=json.dumps(teams.consent(card)), timeout=5, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {teams.token()}"})
+    assert post.status_code == 200
+    wait_for(lambda: len(teams_texts(teams, chat)) == 3, what="file card")
+    assert teams.uploaded["report.txt"] == b"quarterly words"
+    info = [s for s in teams.sent if s["conversation"] == chat][-1]["activity"]["attachments"][0]
+    assert (info["contentType"], info["name"], info["content"]["fileType"]) == \
+        ("application/vnd.microsoft.teams.card.file.info", "report.txt", "txt")
+    # Answered once: the same consent again uploads nothing more.
+    again = requests.post(teams.listen, data=json.dumps(teams.consent(card)), timeout=5, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {teams.token()}"})
+    assert again.status_code == 200
+    time.sleep(0.3)
+    assert len(teams_texts(teams, chat)) == 3 and len(teams.sessions) == 1  # its session never used
 
 
 def test_teams_files_off_its_hosts_are_not_fetched(daemon, teams, elsewhere):

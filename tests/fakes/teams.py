@@ -12,6 +12,10 @@ a SharePoint-like pre-authenticated URL (GET /personal/{name}?tempauth=..., no t
 returning the attachment an activity carries (`image/*` with `contentUrl`, or
 `application/vnd.microsoft.teams.file.download.info` with `content.downloadUrl`);
 `downloads` lists what was fetched. A sent message may carry only attachments (no text).
+FileConsentCard: `consent()` builds the `fileConsent/invoke` activity of a user's Allow (or
+Decline) of a sent `file.consent` card, whose `uploadInfo.uploadUrl` is an upload session
+here: PUT /upload/{session} with the whole file and `Content-Range: bytes 0-{n-1}/{n}`, no
+token (`uploaded` keeps it), 201 with the drive item.
 `activity()` builds an inbound message activity and `token()` signs the
 Bearer JWT the Bot Connector sends with it (RS256, kid in the header)."""
 
@@ -51,6 +55,8 @@ class FakeBotFramework(FakeServer):
         self.stored: dict[str, tuple[bytes, str]] = {}  # attachment id or file name -> (bytes, type)
         self.tempauth = uuid.uuid4().hex
         self.downloads: list[str] = []
+        self.sessions: dict[str, str] = {}  # upload session -> file name
+        self.uploaded: dict[str, bytes] = {}
         app = Flask("fake-botframework")
 
         @app.get("/v3/attachments/<attachment_id>/views/original")
@@ -62,6 +68,17 @@ class FakeBotFramework(FakeServer):
             self.downloads.append(attachment_id)
             data, kind = self.stored[attachment_id]
             return data, 200, {"Content-Type": kind}
+
+        @app.put("/upload/<session>")
+        def upload_session(session: str):
+            data = request.get_data()
+            if session not in self.sessions or "Authorization" in request.headers:
+                return jsonify({"error": {"code": "accessDenied"}}), 401
+            if request.headers.get("Content-Range") != f"bytes 0-{len(data) - 1}/{len(data)}" or not data:
+                return jsonify({"error": {"code": "invalidRange"}}), 400
+            name = self.sessions.pop(session)
+            self.uploaded[name] = data
+            return jsonify({"id": uuid.uuid4().hex, "name": name, "size": len(data)}), 201
 
         @app.get("/personal/<name>")
         def sharepoint(name: str):
@@ -154,6 +171,24 @@ class FakeBotFramework(FakeServer):
                 "contentUrl": f"{self.url}/personal/Documents/{name}",
                 "content": {"downloadUrl": url or f"{self.url}/personal/{name}?tempauth={self.tempauth}",
                             "uniqueId": uuid.uuid4().hex, "fileType": file_type}}
+
+    def consent(self, card: dict[str, Any], accept: bool = True) -> dict[str, Any]:
+        """The invoke activity Teams sends when the user answers the consent card `card` (a
+        sent activity) in that personal chat."""
+        attachment = card["activity"]["attachments"][0]
+        user = card["conversation"].removeprefix("a:1")
+        activity = self.activity("", user, conversation=card["conversation"])
+        activity.pop("text")
+        name = attachment["name"]
+        session = uuid.uuid4().hex
+        self.sessions[session] = name
+        value: dict[str, Any] = {"type": "fileUpload", "action": "accept" if accept else "decline",
+                                 "context": attachment["content"]["acceptContext" if accept else "declineContext"]}
+        if accept:
+            value["uploadInfo"] = {"contentUrl": f"{self.url}/personal/Documents/Applications/{name}",
+                                   "name": name, "uploadUrl": f"{self.url}/upload/{session}",
+                                   "uniqueId": uuid.uuid4().hex, "fileType": name.rpartition(".")[2]}
+        return {**activity, "type": "invoke", "name": "fileConsent/invoke", "value": value}
 
     def rotate(self, key: rsa.RSAPrivateKey | None = None) -> None:
         """A new signing key replaces the old one (new kid), as Microsoft rotates them."""

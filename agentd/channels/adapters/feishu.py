@@ -157,6 +157,7 @@ class FeishuAdapter(WebhookAdapter):
         if kind not in ("text", *MESSAGE_FILES) or sender.get("sender_type") not in (None, "user"):
             return 200, {}
         content = json.loads(message.get("content") or "{}")
+        content = content if isinstance(content, dict) else {}
         files = self._attachments(str(message.get("message_id") or ""), kind, content)
         text = content.get("text") if kind == "text" else _post_text(content) if kind == "post" else ""
         direct = message.get("chat_type") == "p2p"

@@ -18,8 +18,11 @@ the hosts Teams uses for them are fetched from: the activity's verified `service
 smba.trafficmanager.net, botapi.skype.com, `*.asm.skype.com` and `*.sharepoint.com` (a
 host under those two is allowed once a verified activity names it). Images go out inline,
 as an attachment whose `contentUrl` is a base64 `data:` URI (PNG, JPEG or GIF, up to 1 MB,
-as the Bot Framework documents for Teams); other files would need the FileConsentCard
-flow of a personal chat, which is not done, so they are refused (audited).
+as the Bot Framework documents for Teams). Any other file goes to a personal chat through
+the FileConsentCard flow: a `file.consent` card asks the user; their Allow arrives as a
+`fileConsent/invoke` activity whose `uploadInfo.uploadUrl` (on SharePoint) takes the bytes
+(PUT with `Content-Range`), then a `file.info` card shows the file. Teams gives a bot no
+way to post a file in a channel or group chat, so there it is refused (audited).
 
 Docs: https://learn.microsoft.com/azure/bot-service/rest-api/bot-framework-rest-connector-authentication
 and .../bot-framework-rest-connector-send-and-receive-messages
@@ -29,6 +32,10 @@ from __future__ import annotations
 
 import base64
 import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
@@ -49,6 +56,10 @@ TOKEN_SUFFIXES = (".asm.skype.com",)
 PLAIN_SUFFIXES = (".sharepoint.com",)
 INLINE_TYPES = ("image/png", "image/jpeg", "image/gif")
 INLINE_MAX = 1024 * 1024  # Teams' limit for a base64 inline image
+CONSENT = "application/vnd.microsoft.teams.card.file.consent"
+FILE_CARD = "application/vnd.microsoft.teams.card.file.info"
+CONSENT_TTL = 3600.0  # an unanswered consent card's file is forgotten after this
+MAX_PENDING = 32
 MAX_SEEN_HOSTS = 64
 AT_TAG = re.compile(r"<at>.*?</at>\s*", re.IGNORECASE | re.DOTALL)  # the bot's @mention in channels
 
@@ -62,6 +73,9 @@ class TeamsAdapter(JwtWebhookAdapter):
         super().__init__(ctx, settings)
         # Hosts of files named by verified activities (their serviceUrl, tenants' SharePoint).
         self.seen_hosts: set[str] = set()
+        # Files waiting for their FileConsentCard's answer: id -> (deadline, conversation, name, type, bytes).
+        self.pending: OrderedDict[str, tuple[float, Conversation, str, str, bytes]] = OrderedDict()
+        self.pending_lock = threading.Lock()
 
     def listen_port(self) -> int:
         return int(self.settings.get("webhook_port") or 3978)
@@ -95,6 +109,8 @@ class TeamsAdapter(JwtWebhookAdapter):
             activity = {**activity, "text": f"/{pressed['agentd_approval']} {pressed['approval_id']}"}
         else:
             pressed = {}
+        if activity.get("type") == "invoke" and activity.get("name") == "fileConsent/invoke":
+            return self._consented(activity)
         files = self._attachments(activity) if activity.get("type") == "message" else []
         if activity.get("type") != "message" or not (isinstance(activity.get("text"), str) or files):
             return 200, {}  # conversationUpdate, typing, reactions...
@@ -164,11 +180,11 @@ class TeamsAdapter(JwtWebhookAdapter):
         return set(TOKEN_HOSTS) | self.seen_hosts | ({configured} if configured else set())
 
     def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
-        if content_type not in INLINE_TYPES:
-            raise ChannelError(f"teams: {content_type} is not sent: a bot posts images inline, and other files "
-                               "only through a personal chat's FileConsentCard, which agentd does not do")
-        if len(data) > INLINE_MAX:
-            raise ChannelError(f"teams: the image is {len(data)} bytes; inline images are up to {INLINE_MAX}")
+        if content_type not in INLINE_TYPES or len(data) > INLINE_MAX:
+            if not conversation.direct:
+                raise ChannelError("teams: a bot posts files only in a personal chat (FileConsentCard); "
+                                   f"here only images up to {INLINE_MAX} bytes, inline")
+            return self._ask_consent(conversation, filename, content_type, data)
         url = self._activities_url(conversation)
         activity: dict[str, Any] = {"type": "message", "attachments": [{
             "contentType": content_type, "name": filename,
@@ -204,6 +220,58 @@ class TeamsAdapter(JwtWebhookAdapter):
                                     headers={"Authorization": "Bearer " + self.token.get()})
             activity_id = str(answer.get("id") or "") if isinstance(answer, dict) else ""
         return activity_id
+
+    def _ask_consent(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        consent = secrets.token_urlsafe(16)
+        now = time.monotonic()
+        with self.pending_lock:
+            for key in [k for k, v in self.pending.items() if v[0] < now]:
+                del self.pending[key]
+            while len(self.pending) >= MAX_PENDING:
+                self.pending.popitem(last=False)
+            self.pending[consent] = (now + CONSENT_TTL, conversation, filename, content_type, data)
+        context = {"agentd_file": consent}
+        return self._post("POST", self._activities_url(conversation), {"type": "message", "attachments": [{
+            "contentType": CONSENT, "name": filename, "content": {
+                "description": f"{filename} ({len(data)} bytes) from the agent", "sizeInBytes": len(data),
+                "acceptContext": context, "declineContext": context}}]}, conversation)
+
+    def _consented(self, activity: dict[str, Any]) -> tuple[int, Any]:
+        """The user's answer to a FileConsentCard: on Allow the file goes to the upload URL
+        Teams gives (on a thread: the invoke is answered at once), then its card is posted."""
+        value = activity.get("value") if isinstance(activity.get("value"), dict) else {}
+        consent = str((value.get("context") or {}).get("agentd_file") or "")
+        chat = str((activity.get("conversation") or {}).get("id") or "")
+        with self.pending_lock:
+            waiting = self.pending.get(consent)
+            if waiting is None or waiting[1].chat_id != chat:
+                return 200, {}  # not ours, already answered, or forgotten
+            del self.pending[consent]
+        if value.get("action") == "accept" and isinstance(value.get("uploadInfo"), dict):
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self.spawn(lambda: self._upload(waiting[1], value["uploadInfo"], *waiting[2:]), "upload")
+        return 200, {}
+
+    def _upload(self, conversation: Conversation, info: dict[str, Any], filename: str, content_type: str,
+                data: bytes) -> None:
+        url, service = str(info.get("uploadUrl") or ""), host_of(str(conversation.meta.get("service_url") or ""))
+        host = host_of(url)
+        if not url.startswith(("https://", "http://")) or not (host == service or host.endswith(PLAIN_SUFFIXES)):
+            self.ctx.audit("send_failed", file=filename, error=f"upload URL off SharePoint ({host or 'none'})")
+            return
+        try:  # a pre-authenticated upload session: no token goes with it
+            self.http.request("PUT", url, data=data, headers={
+                "Content-Type": content_type or "application/octet-stream",
+                "Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"})
+            sent = self._post("POST", self._activities_url(conversation), {"type": "message", "attachments": [{
+                "contentType": FILE_CARD, "name": str(info.get("name") or filename),
+                "contentUrl": str(info.get("contentUrl") or ""),
+                "content": {"uniqueId": str(info.get("uniqueId") or ""), "fileType": str(info.get("fileType") or "")}}]},
+                conversation)
+        except ChannelError as exc:
+            self.ctx.audit("send_failed", file=filename, error=str(exc)[:300])
+            return
+        self.ctx.audit("file_uploaded", message_id=sent, file=filename, conversation=conversation.key)
 
     def _activities_url(self, conversation: Conversation) -> str:
         base = str(conversation.meta.get("service_url") or self.settings.get("service_url") or "").rstrip("/")
