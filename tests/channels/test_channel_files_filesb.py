@@ -207,6 +207,13 @@ def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
     assert webex.replies(room) == [
         f"Sorry, I could not take file-1: it is not hosted by the platform (127.0.0.1:{elsewhere.port}).", "echo: look"]
     assert elsewhere.hits == []
+    # The size a HEAD declares over the cap: the file itself is never downloaded.
+    before, big = len(webex.downloads), unique("big") + ".txt"
+    room = webex.user_sends_file("eve", b"x" * (LIMIT + 1), big, "text/plain", text="big one")
+    wait_for(lambda: len(webex.replies(room)) == 2, what="refusal and reply")
+    assert webex.replies(room)[0] == \
+        f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."
+    assert len(webex.downloads) == before
 
 
 # -- Google Chat ---------------------------------------------------------------------------
