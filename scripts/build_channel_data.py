@@ -93,7 +93,8 @@ EXTRA_KEYS.update({
                                           "chat@system.gserviceaccount.com"),
                     ("token_url", "text", ""), ("api_url", "text", "https://chat.googleapis.com")],
     "feishu": [("api_url", "text", ""), ("verification_token_env", "text", "")],
-    "dingtalk": [("api_url", "text", "https://oapi.dingtalk.com")],
+    "dingtalk": [("api_url", "text", "https://oapi.dingtalk.com"), ("app_key", "text", ""),
+                 ("app_secret_env", "text", "DINGTALK_APP_SECRET"), ("openapi_url", "text", "https://api.dingtalk.com")],
 })
 INBOUND.update({
     "teams": "webhook (Bot Framework activities, JWT)", "google_chat": "webhook (Chat events, JWT)",

@@ -6,7 +6,14 @@ and /open-apis/im/v1/messages/{message_id}/reply with `Authorization: Bearer <te
 While `throttle` holds seconds: HTTP 429, code 99991400 and `x-ogw-ratelimit-reset`, as
 Feishu's rate limiter answers. `callback()` builds an event subscription v2 callback the
 way Feishu sends it: optionally encrypted (base64(IV + AES-256-CBC with sha256(encrypt key),
-PKCS#7)) and signed (X-Lark-Signature = hex sha256(timestamp + nonce + encrypt key + body))."""
+PKCS#7)) and signed (X-Lark-Signature = hex sha256(timestamp + nonce + encrypt key + body)).
+
+Files: `resource()` keeps bytes under a key for a message id; GET
+/open-apis/im/v1/messages/{message_id}/resources/{key}?type=image|file (tenant token, the key
+must belong to that message and match the type) returns them (`downloads`). Uploads:
+POST /open-apis/im/v1/images (multipart `image_type` message, `image`) → data.image_key and
+POST /open-apis/im/v1/files (`file_type`, `file_name`, `file`) → data.file_key (`uploads`);
+a message of msg_type image/file must name a key uploaded here (`sent` has `key`)."""
 
 from __future__ import annotations
 
@@ -38,7 +45,8 @@ def sign(key: str, timestamp: str, nonce: str, body: bytes) -> str:
 
 
 def message_event(text: str, open_id: str, token: str, chat_type: str = "p2p", chat_id: str = "",
-                  mention: str = "", event_id: str = "") -> dict[str, Any]:
+                  mention: str = "", event_id: str = "", message_type: str = "text",
+                  content: dict[str, Any] | None = None, message_id: str = "") -> dict[str, Any]:
     """An im.message.receive_v1 event (schema 2.0); `mention` names the @-mentioned bot."""
     mentions = []
     if mention:
@@ -51,10 +59,11 @@ def message_event(text: str, open_id: str, token: str, chat_type: str = "p2p", c
                                         "tenant_key": "tk1", "app_id": "cli_test"},
             "event": {"sender": {"sender_id": {"union_id": "on_" + open_id, "user_id": "u_" + open_id,
                                                "open_id": open_id}, "sender_type": "user", "tenant_key": "tk1"},
-                      "message": {"message_id": "om_" + uuid.uuid4().hex, "root_id": "", "parent_id": "",
+                      "message": {"message_id": message_id or "om_" + uuid.uuid4().hex, "root_id": "", "parent_id": "",
                                   "create_time": now, "update_time": now,
                                   "chat_id": chat_id or "oc_dm_" + open_id, "chat_type": chat_type,
-                                  "message_type": "text", "content": json.dumps({"text": text}),
+                                  "message_type": message_type,
+                                  "content": json.dumps({"text": text} if content is None else content),
                                   "mentions": mentions}}}
 
 
@@ -77,7 +86,45 @@ class FakeFeishu(FakeServer):
         self.tokens: list[str] = []  # tenant tokens issued
         self.sent: list[dict[str, Any]] = []  # {api: reply|create, to, text, message_id, at}
         self.throttle: list[int] = []
+        self.resources: dict[tuple[str, str], tuple[str, bytes]] = {}  # (message id, key) -> (type, bytes)
+        self.downloads: list[str] = []
+        self.uploads: dict[str, dict[str, Any]] = {}  # key -> {kind, file_type, file_name, data, ...}
         app = Flask("fake-feishu")
+
+        @app.get("/open-apis/im/v1/messages/<message_id>/resources/<key>")
+        def resource(message_id: str, key: str):
+            if not self._authorized():
+                return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+            kind, data = self.resources.get((message_id, key), ("", b""))
+            if not data or request.args.get("type") != kind:
+                return jsonify({"code": 234003, "msg": "File not in msg."}), 400
+            self.downloads.append(key)
+            return data, 200, {"Content-Type": "application/octet-stream"}
+
+        @app.post("/open-apis/im/v1/images")
+        def upload_image():
+            image = request.files.get("image")
+            if not self._authorized():
+                return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+            if request.form.get("image_type") not in ("message", "avatar") or image is None:
+                return jsonify({"code": 234001, "msg": "Invalid request param."}), 400
+            key = "img_v3_" + uuid.uuid4().hex
+            self.uploads[key] = {"kind": "image", "image_type": request.form["image_type"],
+                                 "file_name": image.filename, "data": image.read()}
+            return jsonify({"code": 0, "msg": "success", "data": {"image_key": key}})
+
+        @app.post("/open-apis/im/v1/files")
+        def upload_file():
+            upload = request.files.get("file")
+            if not self._authorized():
+                return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+            if request.form.get("file_type") not in ("opus", "mp4", "pdf", "doc", "xls", "ppt", "stream") \
+                    or not request.form.get("file_name") or upload is None:
+                return jsonify({"code": 234001, "msg": "Invalid request param."}), 400
+            key = "file_v3_" + uuid.uuid4().hex
+            self.uploads[key] = {"kind": "file", "file_type": request.form["file_type"],
+                                 "file_name": request.form["file_name"], "data": upload.read()}
+            return jsonify({"code": 0, "msg": "success", "data": {"file_key": key}})
 
         @app.post("/open-apis/auth/v3/tenant_access_token/internal")
         def tenant_token():
@@ -99,17 +146,35 @@ class FakeFeishu(FakeServer):
 
         super().__init__(app)
 
+    def _authorized(self) -> bool:
+        return bool(self.tokens) and request.headers.get("Authorization") == f"Bearer {self.tokens[-1]}"
+
+    def resource(self, message_id: str, kind: str, data: bytes) -> str:
+        """Bytes the message `message_id` carries (an image or a file); their key."""
+        key = ("img_v3_" if kind == "image" else "file_v3_") + uuid.uuid4().hex
+        self.resources[(message_id, key)] = (kind, data)
+        return key
+
     def _message(self, api: str, to: Any):  # type: ignore[no-untyped-def]
-        if not self.tokens or request.headers.get("Authorization") != f"Bearer {self.tokens[-1]}":
+        if not self._authorized():
             return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
         if self.throttle:
             return jsonify({"code": 99991400, "msg": "request trigger frequency limit"}), 429, \
                 {"x-ogw-ratelimit-limit": "5", "x-ogw-ratelimit-reset": str(self.throttle.pop(0))}
         body = request.get_json(silent=True) or {}
         try:
-            text = json.loads(body.get("content") or "").get("text")
+            content = json.loads(body.get("content") or "")
+            text = content.get("text")
         except (ValueError, AttributeError):
-            text = None
+            content, text = {}, None
+        if body.get("msg_type") in ("image", "file") and to:
+            key = content.get(f"{body['msg_type']}_key")
+            if (self.uploads.get(key) or {}).get("kind") != body["msg_type"]:
+                return jsonify({"code": 230001, "msg": "invalid message content"}), 400
+            message_id = "om_" + uuid.uuid4().hex
+            self.sent.append({"api": api, "to": to, "text": None, "msg_type": body["msg_type"], "key": key,
+                              "message_id": message_id, "at": time.time()})
+            return jsonify({"code": 0, "msg": "success", "data": {"message_id": message_id}})
         if body.get("msg_type") != "text" or not isinstance(text, str) or not to:
             return jsonify({"code": 230001, "msg": "invalid message content"}), 400
         message_id = "om_" + uuid.uuid4().hex

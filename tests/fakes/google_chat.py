@@ -5,10 +5,14 @@ grant (the assertion is checked against the service account's public key: iss, a
 endpoint, scope chat.bot, at most an hour), and spaces.messages.create
 (POST /v1/spaces/{space}/messages[?messageReplyOption=...] with Bearer → a Message);
 429 with Retry-After while `throttle` holds seconds. `event()` builds a MESSAGE interaction
-event and `token()` the Bearer JWT Chat signs for it (audience: the project number)."""
+event and `token()` the Bearer JWT Chat signs for it (audience: the project number).
+Files: `attachment()` keeps bytes as uploaded content and returns the message's
+`attachment` entry (`attachmentDataRef.resourceName`); media.download,
+GET /v1/media/{resourceName}?alt=media with the Bearer token, returns them (`downloads`)."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import time
@@ -59,7 +63,21 @@ class FakeGoogleChat(FakeServer):
         self.issued: list[str] = []
         self.sent: list[dict[str, Any]] = []  # {space, text, thread, reply_option, name, at}
         self.throttle: list[int] = []
+        self.media: dict[str, tuple[bytes, str]] = {}
+        self.downloads: list[str] = []
         app = Flask("fake-google-chat")
+
+        @app.get("/v1/media/<path:resource>")
+        def download(resource: str):
+            if not self.issued or request.headers.get("Authorization") != f"Bearer {self.issued[-1]}":
+                return jsonify({"error": {"code": 401, "status": "UNAUTHENTICATED"}}), 401
+            if request.args.get("alt") != "media":  # without it, the Media resource's metadata
+                return jsonify({"resourceName": resource})
+            if resource not in self.media:
+                return jsonify({"error": {"code": 404, "status": "NOT_FOUND"}}), 404
+            self.downloads.append(resource)
+            data, kind = self.media[resource]
+            return data, 200, {"Content-Type": kind}
 
         @app.get(CERTS_PATH)
         def certs():
@@ -109,6 +127,17 @@ class FakeGoogleChat(FakeServer):
         body = {"iss": CHAT_ISSUER, "aud": self.project_number, "iat": now, "exp": now + 3600, **claims}
         return jwt.encode(body, key if key is not None else self.chat_key, algorithm="RS256",
                           headers={"kid": kid or self.kid})
+
+    def attachment(self, data: bytes, name: str, kind: str, space: str = "spaces/AAAAdm") -> dict[str, Any]:
+        """An uploaded file as a MESSAGE event's `message.attachment[]` entry names it."""
+        resource = "ClxDaGF0" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.media[resource] = (data, kind)
+        message = f"{space}/messages/{uuid.uuid4().hex[:11]}"
+        return {"name": f"{message}/attachments/{uuid.uuid4().hex[:8]}", "contentName": name, "contentType": kind,
+                "attachmentDataRef": {"resourceName": resource},
+                "downloadUri": f"https://chat.google.com/api/get_attachment_url?url_type=DOWNLOAD_URL&{resource}",
+                "thumbnailUri": f"https://chat.google.com/api/get_attachment_url?url_type=FIFE_URL&{resource}",
+                "source": "UPLOADED_CONTENT"}
 
     @staticmethod
     def event(text: str, user: str, space: str = "spaces/AAAAdm", dm: bool = True, mention: bool = False,

@@ -6,6 +6,16 @@ with `Authorization: Bearer <token>` → {"id"} (a `typing` activity is kept in 
 a message may carry attachments, such as an Adaptive Card), PUT .../activities/{id} to
 update one (`updates`); 429 with Retry-After while `throttle` holds seconds. `submit()`
 builds the message activity of an Adaptive Card's Action.Submit press (`value`, `replyToId`).
+Files: `inline_image()` keeps bytes on the Connector's attachment store
+(GET /v3/attachments/{id}/views/original, Bearer token required) and `personal_file()` on
+a SharePoint-like pre-authenticated URL (GET /personal/{name}?tempauth=..., no token), each
+returning the attachment an activity carries (`image/*` with `contentUrl`, or
+`application/vnd.microsoft.teams.file.download.info` with `content.downloadUrl`);
+`downloads` lists what was fetched. A sent message may carry only attachments (no text).
+FileConsentCard: `consent()` builds the `fileConsent/invoke` activity of a user's Allow (or
+Decline) of a sent `file.consent` card, whose `uploadInfo.uploadUrl` is an upload session
+here: PUT /upload/{session} with the whole file and `Content-Range: bytes 0-{n-1}/{n}`, no
+token (`uploaded` keeps it), 201 with the drive item.
 `activity()` builds an inbound message activity and `token()` signs the
 Bearer JWT the Bot Connector sends with it (RS256, kid in the header)."""
 
@@ -42,7 +52,44 @@ class FakeBotFramework(FakeServer):
         self.jwks_fetches = 0
         self.typing: list[str] = []  # conversations a typing activity was sent to
         self.updates: list[dict[str, Any]] = []
+        self.stored: dict[str, tuple[bytes, str]] = {}  # attachment id or file name -> (bytes, type)
+        self.tempauth = uuid.uuid4().hex
+        self.downloads: list[str] = []
+        self.sessions: dict[str, str] = {}  # upload session -> file name
+        self.uploaded: dict[str, bytes] = {}
         app = Flask("fake-botframework")
+
+        @app.get("/v3/attachments/<attachment_id>/views/original")
+        def attachment_view(attachment_id: str):
+            if not self.issued or request.headers.get("Authorization") != f"Bearer {self.issued[-1]}":
+                return jsonify({"error": {"code": "Unauthorized", "message": "Authorization has been denied"}}), 401
+            if attachment_id not in self.stored:
+                return jsonify({"error": {"code": "NotFound"}}), 404
+            self.downloads.append(attachment_id)
+            data, kind = self.stored[attachment_id]
+            return data, 200, {"Content-Type": kind}
+
+        @app.put("/upload/<session>")
+        def upload_session(session: str):
+            data = request.get_data()
+            if session not in self.sessions or "Authorization" in request.headers:
+                return jsonify({"error": {"code": "accessDenied"}}), 401
+            if request.headers.get("Content-Range") != f"bytes 0-{len(data) - 1}/{len(data)}" or not data:
+                return jsonify({"error": {"code": "invalidRange"}}), 400
+            name = self.sessions.pop(session)
+            self.uploaded[name] = data
+            return jsonify({"id": uuid.uuid4().hex, "name": name, "size": len(data)}), 201
+
+        @app.get("/personal/<name>")
+        def sharepoint(name: str):
+            # A pre-authenticated URL: its own tempauth, never a bot token.
+            if request.args.get("tempauth") != self.tempauth or "Authorization" in request.headers:
+                return jsonify({"error": {"code": "accessDenied"}}), 401
+            if name not in self.stored:
+                return jsonify({"error": {"code": "itemNotFound"}}), 404
+            self.downloads.append(name)
+            data, kind = self.stored[name]
+            return data, 200, {"Content-Type": kind}
 
         @app.get("/v1/.well-known/openidconfiguration")
         def openid():
@@ -80,7 +127,7 @@ class FakeBotFramework(FakeServer):
             if body.get("type") == "typing":
                 self.typing.append(conversation)
                 return jsonify({"id": "typing-" + uuid.uuid4().hex[:8]})
-            if body.get("type") != "message" or not isinstance(body.get("text"), str):
+            if body.get("type") != "message" or not (isinstance(body.get("text"), str) or body.get("attachments")):
                 return jsonify({"error": {"code": "BadArgument", "message": "Activity type is required"}}), 400
             if reply_to and body.get("replyToId") != reply_to:
                 return jsonify({"error": {"code": "BadArgument", "message": "replyToId mismatch"}}), 400
@@ -110,6 +157,38 @@ class FakeBotFramework(FakeServer):
         activity = self.activity("", user, conversation_type, conversation)
         activity.pop("text")
         return {**activity, "value": data, "replyToId": card_id}
+
+    def inline_image(self, data: bytes, kind: str = "image/*", url: str = "") -> dict[str, Any]:
+        """An inline image as a channel or group chat message carries it."""
+        attachment_id = "0-eus-d1-" + uuid.uuid4().hex
+        self.stored[attachment_id] = (data, "image/png")
+        return {"contentType": kind, "contentUrl": url or f"{self.url}/v3/attachments/{attachment_id}/views/original"}
+
+    def personal_file(self, data: bytes, name: str, file_type: str, url: str = "") -> dict[str, Any]:
+        """A file sent to the bot in a personal chat (the app's manifest has supportsFiles)."""
+        self.stored[name] = (data, "application/octet-stream")
+        return {"contentType": "application/vnd.microsoft.teams.file.download.info", "name": name,
+                "contentUrl": f"{self.url}/personal/Documents/{name}",
+                "content": {"downloadUrl": url or f"{self.url}/personal/{name}?tempauth={self.tempauth}",
+                            "uniqueId": uuid.uuid4().hex, "fileType": file_type}}
+
+    def consent(self, card: dict[str, Any], accept: bool = True) -> dict[str, Any]:
+        """The invoke activity Teams sends when the user answers the consent card `card` (a
+        sent activity) in that personal chat."""
+        attachment = card["activity"]["attachments"][0]
+        user = card["conversation"].removeprefix("a:1")
+        activity = self.activity("", user, conversation=card["conversation"])
+        activity.pop("text")
+        name = attachment["name"]
+        session = uuid.uuid4().hex
+        self.sessions[session] = name
+        value: dict[str, Any] = {"type": "fileUpload", "action": "accept" if accept else "decline",
+                                 "context": attachment["content"]["acceptContext" if accept else "declineContext"]}
+        if accept:
+            value["uploadInfo"] = {"contentUrl": f"{self.url}/personal/Documents/Applications/{name}",
+                                   "name": name, "uploadUrl": f"{self.url}/upload/{session}",
+                                   "uniqueId": uuid.uuid4().hex, "fileType": name.rpartition(".")[2]}
+        return {**activity, "type": "invoke", "name": "fileConsent/invoke", "value": value}
 
     def rotate(self, key: rsa.RSAPrivateKey | None = None) -> None:
         """A new signing key replaces the old one (new kid), as Microsoft rotates them."""

@@ -6,6 +6,11 @@ whose `data` holds ids only (no text), signed `X-Spark-Signature` = hex HMAC-SHA
 body with the webhook's secret. In a group space the bot is only told about messages
 that mention it, and the text then starts with its display name.
 
+Files: a message's `files` are URLs of `GET /v1/contents/{id}` (Bearer token; `HEAD` gives
+`Content-Disposition`, `Content-Type` and `Content-Length` without the bytes; `downloads`
+lists the GETs). `POST /v1/messages` also takes multipart/form-data with `roomId` and one
+file in `files` (`uploaded` lists them); `user_sends_file()` posts a user's file.
+
 Follows FakePlatform's contract (`sent`, `throttle`, `polls`, `restart`)."""
 
 from __future__ import annotations
@@ -78,11 +83,22 @@ class FakeWebex(FakePlatform):
                 return jsonify({"message": "The requested resource could not be found."}), 404
             return jsonify(message)
 
+        @app.get("/v1/contents/<content_id>")
+        def content(content_id: str):
+            if content_id not in self.contents:
+                return jsonify({"message": "The requested resource could not be found."}), 404
+            name, kind, data = self.contents[content_id]
+            if request.method == "GET":
+                self.downloads.append(content_id)
+            return data, 200, {"Content-Type": kind, "Content-Disposition": f'attachment; filename="{name}"'}
+
         @app.post("/v1/messages")
         def post_message():
             limited = self.throttled({"message": "Too Many Requests"})
             if limited is not None:
                 return limited
+            if request.mimetype == "multipart/form-data":
+                return self._post_file()
             body = request.get_json()
             room = body.get("roomId")
             if room not in self.rooms or not (body.get("markdown") or body.get("text")):
@@ -93,6 +109,40 @@ class FakeWebex(FakePlatform):
             return jsonify(message)
 
         self.rooms: dict[str, str] = {}  # room id -> "direct" | "group"
+        self.contents: dict[str, tuple[str, str, bytes]] = {}  # id -> (file name, type, bytes)
+        self.downloads: list[str] = []
+        self.uploaded: list[dict[str, Any]] = []
+
+    def _post_file(self):  # type: ignore[no-untyped-def]
+        room, files = request.form.get("roomId"), request.files.getlist("files")
+        if room not in self.rooms:
+            return jsonify({"message": "Could not find a room."}), 404
+        if len(files) != 1:
+            return jsonify({"message": "Only one file may be attached to a message."}), 400
+        upload = files[0]
+        data = upload.read()
+        content = self.store(upload.filename or "file", upload.mimetype or "application/octet-stream", data)
+        message = self._add(room, BOT_ID, "helper@webex.bot", request.form.get("markdown") or "")
+        message["files"] = [content]
+        self.uploaded.append({"room": room, "filename": upload.filename, "content_type": upload.mimetype,
+                              "data": data, "id": message["id"]})
+        self._notify(message)
+        return jsonify(message)
+
+    def store(self, name: str, kind: str, data: bytes) -> str:
+        content_id = "Y2lzY29zcGFyazovL3VzL0NPTlRFTlQv" + uuid.uuid4().hex
+        self.contents[content_id] = (name, kind, data)
+        return f"{self.url}/v1/contents/{content_id}"
+
+    def user_sends_file(self, user: str, data: bytes, name: str, kind: str, text: str = "", url: str = "") -> str:
+        """`user` sends the bot a file (with `text`) in their direct room; `url` names it elsewhere."""
+        name_part = user.split("@")[0]
+        room = f"DM-{name_part}"
+        self.rooms[room] = "direct"
+        message = self._add(room, f"PERSON-{name_part}", f"{name_part}@example.com", text)
+        message["files"] = [url or self.store(name, kind, data)]
+        self._notify(message)
+        return room
 
     def _add(self, room: str, person: str, email: str, text: str) -> dict[str, Any]:
         message = {"id": "MSG" + uuid.uuid4().hex, "roomId": room, "roomType": self.rooms[room], "text": text,

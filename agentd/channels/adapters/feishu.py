@@ -9,6 +9,13 @@ agent (direct chats always, groups when the bot is mentioned), once per event id
 Replies: a cached tenant_access_token, then `/open-apis/im/v1/messages/{id}/reply`
 (or `/open-apis/im/v1/messages?receive_id_type=chat_id`).
 
+Files: `image`, `file` and `audio` messages (and the images of a `post`) are fetched with
+GET /open-apis/im/v1/messages/{message_id}/resources/{key}?type=image|file and the tenant
+token, from the Open API host only. Files go out uploaded first, an image with
+POST /open-apis/im/v1/images (`image_type` message) and anything else with
+POST /open-apis/im/v1/files (`file_type` pdf, doc, xls, ppt or stream), then as a message
+of `msg_type` image (`image_key`) or file (`file_key`), in reply to the asking message.
+
 Docs: https://open.feishu.cn/document/server-docs/event-subscription-guide/ (callbacks,
 encryption, signature), .../im-v1/message/create and .../reply, .../auth-v3/tenant_access_token_internal
 """
@@ -27,12 +34,18 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from agentd import hmacs, jsonsafe
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.tokens import CachedToken
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 REGIONS = {"cn": "https://open.feishu.cn", "intl": "https://open.larksuite.com"}
 MENTION = re.compile(r"@_user_\d+\s*")
+# What /open-apis/im/v1/images takes (the rest goes out as a file); file_type by extension.
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "image/tiff", "image/bmp")
+FILE_TYPES = {"pdf": "pdf", "doc": "doc", "docx": "doc", "xls": "xls", "xlsx": "xls", "ppt": "ppt", "pptx": "ppt"}
+MESSAGE_FILES = ("image", "file", "audio", "post")
+SAFE_KEY = re.compile(r"[\w-]+")  # message ids and resource keys go into a URL path
 
 
 def decrypt(encrypt_key: str, data: str) -> bytes:
@@ -140,13 +153,17 @@ class FeishuAdapter(WebhookAdapter):
         while len(self.seen) > 1000:
             self.seen.popitem(last=False)
         message, sender = event.get("message") or {}, event.get("sender") or {}
-        if message.get("message_type") != "text" or sender.get("sender_type") not in (None, "user"):
+        kind = message.get("message_type")
+        if kind not in ("text", *MESSAGE_FILES) or sender.get("sender_type") not in (None, "user"):
             return 200, {}
-        text = json.loads(message.get("content") or "{}").get("text")
+        content = json.loads(message.get("content") or "{}")
+        content = content if isinstance(content, dict) else {}
+        files = self._attachments(str(message.get("message_id") or ""), kind, content)
+        text = content.get("text") if kind == "text" else _post_text(content) if kind == "post" else ""
         direct = message.get("chat_type") == "p2p"
         mentions = [m for m in message.get("mentions") or [] if isinstance(m, dict)]
         names = {n.lower() for n in self.settings.get("bot_names") or []}
-        if not isinstance(text, str) or (not direct and not any(
+        if not isinstance(text, str) or not (text or files) or (not direct and not any(
                 not names or str(m.get("name") or "").lower() in names for m in mentions)):
             return 200, {}  # groups: only messages addressed to the bot
         ids = sender.get("sender_id") or {}
@@ -154,9 +171,62 @@ class FeishuAdapter(WebhookAdapter):
         conversation = Conversation(self.name, str(message.get("chat_id") or user), user, direct=direct,
                                     meta={"message_id": str(message.get("message_id") or "")})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=MENTION.sub("", text).strip(),
-                                 message_id=conversation.meta["message_id"],
+                                 message_id=conversation.meta["message_id"], attachments=files,
                                  sender_aliases=tuple(str(ids[k]) for k in ("user_id", "union_id") if ids.get(k))))
         return 200, {}
+
+    def _attachments(self, message_id: str, kind: str, content: dict[str, Any]) -> list[Attachment]:
+        found: list[tuple[str, str, str]] = []  # (key, resource type, name)
+        if kind == "image" and content.get("image_key"):
+            found.append((str(content["image_key"]), "image", str(content["image_key"])))
+        elif kind in ("file", "audio") and content.get("file_key"):
+            default = f"{content['file_key']}.opus" if kind == "audio" else str(content["file_key"])
+            found.append((str(content["file_key"]), "file", str(content.get("file_name") or default)))
+        elif kind == "post":
+            for line in _post_lines(content):
+                for item in line:
+                    if isinstance(item, dict) and item.get("tag") == "img" and item.get("image_key"):
+                        found.append((str(item["image_key"]), "image", str(item["image_key"])))
+        return [self._with_token(Attachment(
+            name, "", 0, f"{self.base()}/open-apis/im/v1/messages/{message_id}/resources/{key}?type={resource}"))
+            for key, resource, name in found if SAFE_KEY.fullmatch(message_id) and SAFE_KEY.fullmatch(key)]
+
+    def _with_token(self, item: Attachment) -> Attachment:
+        """The tenant token is asked for when the file is fetched, on the conversation's worker."""
+        def locate() -> str:
+            item.headers["Authorization"] = "Bearer " + self.token.get()
+            return item.url
+        item.locate = locate
+        return item
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(self.base())}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if content_type in IMAGE_TYPES:
+            uploaded = self._upload("/open-apis/im/v1/images", {"image_type": "message"},
+                                    {"image": (filename, data, content_type)})
+            msg_type, content = "image", {"image_key": str(uploaded.get("image_key") or "")}
+        else:
+            ext = filename.rpartition(".")[2].lower()
+            fields = {"file_type": FILE_TYPES.get(ext, "stream"), "file_name": filename}
+            uploaded = self._upload("/open-apis/im/v1/files", fields, {"file": (filename, data, content_type)})
+            msg_type, content = "file", {"file_key": str(uploaded.get("file_key") or "")}
+        body = {"msg_type": msg_type, "content": json.dumps(content)}
+        reply_to = conversation.meta.get("message_id") or ""
+        if reply_to:
+            sent = self.call(f"/open-apis/im/v1/messages/{reply_to}/reply", body)
+        else:
+            sent = self.call("/open-apis/im/v1/messages", {"receive_id": conversation.chat_id, **body},
+                              params={"receive_id_type": "chat_id"})
+        return str(sent.get("message_id") or "")
+
+    def _upload(self, path: str, fields: dict[str, str], files: dict[str, Any]) -> dict[str, Any]:
+        answer = self.http.json("POST", self.base() + path, data=fields, files=files,
+                                headers={"Authorization": "Bearer " + self.token.get()})
+        if not isinstance(answer, dict) or answer.get("code") != 0:
+            raise ChannelError(f"feishu {path}: {answer.get('msg') if isinstance(answer, dict) else 'not JSON'}")
+        return answer.get("data") or {}
 
     def _fetch_token(self) -> tuple[str, float]:
         answer = self.http.json("POST", self.base() + "/open-apis/auth/v3/tenant_access_token/internal",
@@ -194,6 +264,23 @@ class FeishuAdapter(WebhookAdapter):
     def close(self) -> None:
         super().close()
         self.http.close()
+
+
+def _post_lines(content: dict[str, Any]) -> list[Any]:
+    """The paragraphs of a `post` (rich text) message: its `content`, in the event's own
+    shape or under a language key (zh_cn, en_us...)."""
+    body = content if "content" in content else next((v for v in content.values() if isinstance(v, dict)), {})
+    lines = body.get("content") if isinstance(body, dict) else None
+    return [line for line in lines if isinstance(line, list)] if isinstance(lines, list) else []
+
+
+def _post_text(content: dict[str, Any]) -> str:
+    """A `post` message's words: its title and the text of its paragraphs."""
+    body = content if "content" in content else next((v for v in content.values() if isinstance(v, dict)), {})
+    title = str(body.get("title") or "") if isinstance(body, dict) else ""
+    lines = ["".join(str(i.get("text") or "") for i in line if isinstance(i, dict) and i.get("tag") in ("text", "a"))
+             for line in _post_lines(content)]
+    return "\n".join(p for p in (title, *lines) if p.strip())
 
 
 ADAPTER = FeishuAdapter

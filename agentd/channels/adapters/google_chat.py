@@ -7,6 +7,13 @@ message's thread with the service account: a JWT-bearer grant (an assertion sign
 key file's private key) for a chat.bot token, cached, then
 POST {api_url}/v1/{space}/messages?messageReplyOption=REPLY_MESSAGE_FALLBACK_TO_NEW_THREAD.
 
+Files: a message's `attachment` list (uploaded content: `attachmentDataRef.resourceName`)
+is fetched with media.download, GET {api_url}/v1/media/{resourceName}?alt=media, with the
+app's chat.bot token, from chat.googleapis.com (or the host of `api_url`) only; files in
+Google Drive (`driveDataRef`) are not read (the app has no Drive access). Nothing is sent
+back as a file: media.upload requires user authentication, which a Chat app acting as
+itself does not have.
+
 Docs: https://developers.google.com/workspace/chat/authenticate-authorize-chat-app (verifying
 requests), .../api/reference/rest/v1/spaces.messages/create, and
 https://developers.google.com/identity/protocols/oauth2/service-account (JWT-bearer grant).
@@ -18,16 +25,19 @@ import json
 import os
 import time
 from typing import Any
+from urllib.parse import quote
 
 import jwt
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
 from agentd.channels.bases.webhook import Request
 
 ISSUER = "chat@system.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/chat.bot"
 TOKEN_URL = "https://oauth2.googleapis.com/token"
+API_URL = "https://chat.googleapis.com"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 
@@ -77,18 +87,48 @@ class GoogleChatAdapter(JwtWebhookAdapter):
             return 200, {}  # ADDED_TO_SPACE, REMOVED_FROM_SPACE, CARD_CLICKED
         text = message.get("argumentText") if isinstance(message.get("argumentText"), str) else message.get("text")
         sender = message.get("sender") or event.get("user") or {}
-        if not isinstance(text, str) or sender.get("type") == "BOT":
+        files = self._attachments(message)
+        if not (isinstance(text, str) or files) or sender.get("type") == "BOT":
             return 200, {}
         space = message.get("space") or event.get("space") or {}
         direct = space.get("type") == "DM" or space.get("spaceType") == "DIRECT_MESSAGE"
         user = str(sender.get("name") or "")
         conversation = Conversation(self.name, str(space.get("name") or ""), user, direct=direct,
                                     meta={"thread": (message.get("thread") or {}).get("name") or ""})
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text.strip(),
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=str(text or "").strip(),
                                  message_id=str(message.get("name") or ""),
                                  sender_name=str(sender.get("displayName") or ""),
-                                 sender_aliases=(str(sender["email"]),) if sender.get("email") else ()))
+                                 sender_aliases=(str(sender["email"]),) if sender.get("email") else (),
+                                 attachments=files))
         return 200, {}  # the answer is posted through the API once the agent has it
+
+    def api(self) -> str:
+        return str(self.settings.get("api_url") or API_URL).rstrip("/")
+
+    def _attachments(self, message: dict[str, Any]) -> list[Attachment]:
+        found = []
+        for n, item in enumerate(message.get("attachment") or []):
+            ref = item.get("attachmentDataRef") if isinstance(item, dict) else None
+            if not isinstance(ref, dict) or not isinstance(ref.get("resourceName"), str):
+                continue  # a Drive file: not readable by the app itself
+            found.append(self._with_token(Attachment(
+                str(item.get("contentName") or f"file-{n + 1}"), str(item.get("contentType") or ""), 0,
+                f"{self.api()}/v1/media/{quote(ref['resourceName'], safe='/')}?alt=media")))
+        return found
+
+    def _with_token(self, item: Attachment) -> Attachment:
+        """The token is asked for when the file is fetched, on the conversation's worker."""
+        def locate() -> str:
+            item.headers["Authorization"] = "Bearer " + self.token.get()
+            return item.url
+        item.locate = locate
+        return item
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(API_URL), host_of(self.api())}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        raise ChannelError("google_chat: a Chat app cannot post files: media.upload requires user authentication")
 
     def _fetch_token(self) -> tuple[str, float]:
         info = self.service_account()
@@ -101,7 +141,7 @@ class GoogleChatAdapter(JwtWebhookAdapter):
         return self.access_token(answer, "google")
 
     def send(self, conversation: Conversation, text: str) -> str:
-        url = f"{str(self.settings.get('api_url')).rstrip('/')}/v1/{conversation.chat_id}/messages"
+        url = f"{self.api()}/v1/{conversation.chat_id}/messages"
         name = ""
         for part in self.reply_texts(text):
             body: dict[str, Any] = {"text": part}

@@ -5,6 +5,12 @@ parsing). Webhook payloads carry no text, so the message is read with
 `GET /v1/messages/{id}`; replies go out with `POST /v1/messages` (roomId + markdown).
 The bot's own messages are recognised by its person id (`GET /v1/people/me`).
 
+Files: a message's `files` (URLs of `/v1/contents/{id}`) are fetched with the bot token
+from webexapis.com (or the host of `api_url`) only; their name, type and size come from a
+`HEAD` of the same URL (`Content-Disposition`), asked only of those hosts. Files go out
+with `POST /v1/messages` as multipart/form-data (`roomId`, one file in `files`), which
+Webex shows inline when it is an image.
+
 Docs: https://developer.webex.com/docs/api/guides/webhooks,
 https://developer.webex.com/docs/api/v1/messages, https://developer.webex.com/docs/bots
 """
@@ -12,11 +18,13 @@ https://developer.webex.com/docs/api/v1/messages, https://developer.webex.com/do
 from __future__ import annotations
 
 import secrets
+from email.message import Message
 from typing import Any
 from urllib.parse import quote
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, allowed, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
@@ -95,12 +103,41 @@ class WebexAdapter(WebhookAdapter):
                 if text.startswith(prefix):
                     text = text[len(prefix):].lstrip(" ,:")
                     break
-        if not text:
+        files = self._attachments(message)
+        if not text and not files:
             return
         person, room = str(message.get("personId") or ""), str(message.get("roomId") or "")
         conversation = Conversation(self.name, room, person, direct=message.get("roomType") == "direct")
         self.ctx.deliver(Inbound(conversation, sender_id=person, text=text, message_id=message_id,
-                                 sender_aliases=(str(message.get("personEmail") or ""),)))
+                                 sender_aliases=(str(message.get("personEmail") or ""),), attachments=files))
+
+    def _attachments(self, message: dict[str, Any]) -> list[Attachment]:
+        auth = {"Authorization": f"Bearer {self.env('bot_token_env')}"}
+        hosts, found = self.file_hosts(), []
+        for n, url in enumerate(message.get("files") or []):
+            if not isinstance(url, str):
+                continue
+            name, kind, size = f"file-{n + 1}", "", 0
+            if allowed(url, hosts):  # what the file is: asked of Webex only, never of another host
+                try:
+                    head = self.http.request("HEAD", url, headers=auth, retries=1, allow_redirects=False).headers
+                    disposition = Message()
+                    disposition["Content-Disposition"] = head.get("Content-Disposition") or ""
+                    name = disposition.get_filename() or name
+                    kind, length = head.get("Content-Type") or "", head.get("Content-Length") or ""
+                    size = int(length) if length.isdigit() else 0
+                except ChannelError:
+                    pass  # the download says what went wrong
+            found.append(Attachment(name, kind, size, url, headers=auth))
+        return found
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(API_URL), host_of(str(self.settings.get("api_url") or API_URL))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        answer = self.call("POST", "/messages", data={"roomId": conversation.chat_id},
+                           files={"files": (filename, data, content_type)})
+        return str(answer.get("id") or "")
 
     def send(self, conversation: Conversation, text: str) -> str:
         ids = []
