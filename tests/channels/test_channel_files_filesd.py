@@ -1,0 +1,64 @@
+"""Files and images both ways on XMPP, Revolt, Mastodon, Discourse and the generic webhook,
+through the real daemon and each platform's fake (or real server): an image reaches a
+vision model as an image part, a file becomes an upload the agent reads, what the agent
+makes goes back through the platform's upload API, and a file hosted off the platform's
+own hosts is never fetched."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from channel_contract import ENV
+from channel_fixtures import configure, wait_active, wait_for
+from fakellm import TINY_PNG
+from fakes.revolt import FakeRevolt
+from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
+                                unique, uploads_named, user_turns)
+
+DRAW = '[[tool:image_generate {"prompt": "a square", "model": "dall-e-2"}]] draw'
+
+
+def read_call(name: str) -> str:
+    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
+
+
+# -- Revolt --------------------------------------------------------------------------------
+
+@pytest.fixture
+def revolt(files_daemon):  # noqa: F811
+    fake = FakeRevolt(ENV["REVOLT_BOT_TOKEN"]).start()
+    configure(files_daemon, "revolt", api_url=fake.url, ws_url=fake.url.replace("http", "ws", 1),
+              bot_token_env="REVOLT_BOT_TOKEN", ping_secs=1, default_agent="filer")
+    wait_active(files_daemon, "revolt")
+    yield fake
+    files_daemon.delete("/api/channels/revolt/configure")
+    fake.stop()
+
+
+def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, elsewhere):  # noqa: F811
+    marker = unique("revolt-look")
+    chat = revolt.user_sends_file("ann", TINY_PNG, "dot.png", "image/png", text=marker)
+    wait_for(lambda: revolt.replies(chat), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(revolt.downloads) == 1
+    name = unique("notes") + ".txt"
+    secret = f"revolt says {uuid.uuid4().hex[:8]}"
+    revolt.user_sends_file("ann", secret.encode(), name, "text/plain", text=read_call(name))
+    wait_for(lambda: len(revolt.replies(chat)) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
+    revolt.user_says("ann", DRAW)
+    wait_for(lambda: len(revolt.replies(chat)) == 3 and revolt.file_messages, what="reply after drawing")
+    posted = revolt.file_messages
+    assert [(p["channel"], p["files"][0]["content_type"], p["files"][0]["data"]) for p in posted] == \
+        [(chat, "image/png", TINY_PNG)]
+    assert posted[0]["files"][0]["filename"].endswith(".png")
+    revolt.redirect_files = f"{elsewhere.url}/cat.png"
+    moved = unique("moved") + ".png"
+    revolt.user_sends_file("ann", TINY_PNG, moved, "image/png")
+    wait_for(lambda: len(revolt.replies(chat)) == 4, what="refusal")
+    assert revolt.replies(chat)[3] == \
+        f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
