@@ -13,6 +13,7 @@ import pytest
 from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.mastodon import FakeMastodon
 from fakes.revolt import FakeRevolt
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
@@ -61,4 +62,41 @@ def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, e
     wait_for(lambda: len(revolt.replies(chat)) == 4, what="refusal")
     assert revolt.replies(chat)[3] == \
         f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
+
+
+# -- Mastodon ------------------------------------------------------------------------------
+
+@pytest.fixture
+def mastodon(files_daemon):  # noqa: F811
+    fake = FakeMastodon(ENV["MASTODON_ACCESS_TOKEN"]).start()
+    configure(files_daemon, "mastodon", instance_url=fake.url, access_token_env="MASTODON_ACCESS_TOKEN",
+              default_agent="filer")
+    wait_active(files_daemon, "mastodon")
+    fake.wait_streaming()
+    yield fake
+    files_daemon.delete("/api/channels/mastodon/configure")
+    fake.stop()
+
+
+def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodon, fake_llm, elsewhere):  # noqa: F811
+    marker = unique("masto-look")
+    user = mastodon.user_sends_file("ann@other.test", TINY_PNG, "dot.png", "image/png", text=marker)
+    wait_for(lambda: mastodon.replies(user), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert mastodon.downloads == ["dot.png"]  # from the media host, localhost:<port>
+    assert uploads_named(files_daemon, "dot.png")[-1]["size"] == len(TINY_PNG)
+    mastodon.async_media = True  # the upload is still processing: the status waits for it
+    mastodon.user_says("ann@other.test", DRAW)
+    wait_for(lambda: len(mastodon.replies(user)) == 2 and mastodon.media_posts, what="reply after drawing")
+    [post] = mastodon.media_posts
+    asked = [s for s in mastodon.statuses.values() if s["account"]["acct"] == "ann@other.test"][-1]
+    assert (post["status"], post["in_reply_to_id"], post["visibility"]) == ("@ann@other.test", asked["id"], "public")
+    assert [(m["content_type"], m["data"], m["description"]) for m in post["media"]] == \
+        [("image/png", TINY_PNG, post["media"][0]["filename"])]
+    far = unique("far") + ".png"
+    mastodon.user_sends_file("ann@other.test", TINY_PNG, far, "image/png", url=f"{elsewhere.url}/{far}")
+    wait_for(lambda: len(mastodon.replies(user)) == 3, what="refusal")
+    assert mastodon.replies(user)[2] == \
+        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
