@@ -13,6 +13,7 @@ import pytest
 from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.mastodon import FakeMastodon
 from fakes.revolt import FakeRevolt
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
@@ -98,5 +99,48 @@ def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodo
     mastodon.user_sends_file("ann@other.test", TINY_PNG, far, "image/png", url=f"{elsewhere.url}/{far}")
     wait_for(lambda: len(mastodon.replies(user)) == 3, what="refusal")
     assert mastodon.replies(user)[2] == \
+        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
+
+
+# -- Discourse -----------------------------------------------------------------------------
+
+@pytest.fixture
+def discourse(files_daemon):  # noqa: F811
+    fake = FakeDiscourse(ENV["DISCOURSE_API_KEY"]).start()
+    configure(files_daemon, "discourse", base_url=fake.url, api_key_env="DISCOURSE_API_KEY",
+              api_username=DISCOURSE_BOT, poll_interval_secs=0.2, default_agent="filer")
+    wait_active(files_daemon, "discourse")
+    wait_for(lambda: fake.polls, what="first poll")
+    yield fake
+    files_daemon.delete("/api/channels/discourse/configure")
+    fake.stop()
+
+
+def test_discourse_uploads_both_ways_from_the_forum_only(files_daemon, discourse, fake_llm, elsewhere):  # noqa: F811
+    marker = unique("forum-look")
+    topic = discourse.user_sends_file("ann", TINY_PNG, "dot.png", "image/png", f"@{DISCOURSE_BOT} {marker}")
+    wait_for(lambda: discourse.replies(topic), what="reply to the image")
+    turn = user_turns(fake_llm, marker)[-1]
+    assert IMAGE_PART in turn and "upload://" not in str(turn)
+    name = unique("minutes") + ".txt"
+    secret = f"forum says {uuid.uuid4().hex[:8]}"
+    discourse.user_sends_file("ann", secret.encode(), name, "text/plain", f"@{DISCOURSE_BOT} {read_call(name)}",
+                              topic=topic)
+    wait_for(lambda: len(discourse.replies(topic)) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert discourse.downloads == ["dot.png", name]
+    discourse.user_says("ann", f"@{DISCOURSE_BOT} {DRAW}", topic=topic)
+    wait_for(lambda: len(discourse.replies(topic)) == 4, what="file post and reply")
+    image = discourse.replies(topic)[2]
+    [upload] = [u for u in discourse.uploads.values() if u["original_filename"] != "dot.png"
+                and u["original_filename"] != name]
+    assert image == f"![{upload['original_filename']}|1x1]({upload['short_url']})"
+    assert (upload["content_type"], upload["data"]) == ("image/png", TINY_PNG)
+    far = unique("far") + ".png"
+    discourse.user_sends_file("ann", b"", far, "image/png", f"@{DISCOURSE_BOT} see",
+                              topic=topic, url=f"{elsewhere.url}/uploads/default/original/1X/{far}")
+    wait_for(lambda: len(discourse.replies(topic)) == 6, what="refusal and answer")
+    assert discourse.replies(topic)[4] == \
         f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
