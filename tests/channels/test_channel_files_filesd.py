@@ -6,16 +6,23 @@ own hosts is never fetched."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import uuid
 
 import pytest
+import requests
 
 from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.mastodon import FakeMastodon
+from fakes.recorder import Recorder
 from fakes.revolt import FakeRevolt
+from support import free_port
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
 
@@ -144,3 +151,67 @@ def test_discourse_uploads_both_ways_from_the_forum_only(files_daemon, discourse
     assert discourse.replies(topic)[4] == \
         f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
+
+
+# -- Generic webhook -----------------------------------------------------------------------
+
+@pytest.fixture
+def hook(files_daemon):  # noqa: F811
+    callback = Recorder()
+    port = free_port()
+    configure(files_daemon, "webhook", listen_port=port, callback_url=callback.url + "/cb",
+              secret_env="TEST_WEBHOOK_SECRET", default_agent="filer")
+    wait_active(files_daemon, "webhook")
+    yield f"http://127.0.0.1:{port}/webhook", callback
+    files_daemon.delete("/api/channels/webhook/configure")
+    callback.close()
+
+
+def post_hook(url: str, payload: dict) -> requests.Response:
+    body = json.dumps(payload).encode()
+    signature = "sha256=" + hmac.new(ENV["TEST_WEBHOOK_SECRET"].encode(), body, hashlib.sha256).hexdigest()
+    return requests.post(url, data=body, headers={"X-Webhook-Signature": signature,
+                                                  "Content-Type": "application/json"}, timeout=5)
+
+
+def callbacks(callback, sender: str) -> list[dict]:
+    return [json.loads(r["body"]) for r in list(callback.requests) if json.loads(r["body"])["sender_id"] == sender]
+
+
+def test_webhook_attachments_both_ways_in_the_json(files_daemon, hook, fake_llm):  # noqa: F811
+    url, callback = hook
+    marker = unique("hook-look")
+    png = {"filename": "dot.png", "content_type": "image/png", "data": base64.b64encode(TINY_PNG).decode()}
+    assert post_hook(url, {"sender_id": "w-1", "message": marker, "attachments": [png]}).status_code == 202
+    wait_for(lambda: callbacks(callback, "w-1"), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    name = unique("notes") + ".txt"
+    secret = f"hook says {uuid.uuid4().hex[:8]}"
+    text = {"filename": name, "content_type": "text/plain", "data": base64.b64encode(secret.encode()).decode()}
+    assert post_hook(url, {"sender_id": "w-2", "message": read_call(name), "attachments": [text]}).status_code == 202
+    wait_for(lambda: callbacks(callback, "w-2"), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert post_hook(url, {"sender_id": "w-3", "message": DRAW}).status_code == 202
+    wait_for(lambda: len(callbacks(callback, "w-3")) == 2, what="file and reply")
+    sent, reply = callbacks(callback, "w-3")
+    [item] = sent["attachments"]
+    assert (sent["message"], sent["agent"], item["content_type"], base64.b64decode(item["data"])) == \
+        ("", "filer", "image/png", TINY_PNG)
+    assert item["filename"].endswith(".png") and reply["message"].startswith("tool said: ")
+    signed = [r for r in callback.requests if json.loads(r["body"]).get("attachments")][0]
+    assert signed["headers"]["X-Webhook-Signature"] == \
+        "sha256=" + hmac.new(ENV["TEST_WEBHOOK_SECRET"].encode(), signed["body"], hashlib.sha256).hexdigest()
+    # Files alone are a message; a bad attachment is a 400 that names it.
+    only = post_hook(url, {"sender_id": "w-4", "attachments": [text]})
+    assert only.status_code == 202
+    wait_for(lambda: callbacks(callback, "w-4"), what="reply to a file alone")
+    for bad, error in (({"filename": "x.txt", "data": "not base64!"}, "attachments[0].data is not valid base64"),
+                       ({"data": "eA=="}, "attachments[0].filename must be a non-empty string"),
+                       ("x", "attachments[0] must be an object")):
+        answer = post_hook(url, {"sender_id": "w-5", "message": "hi", "attachments": [bad]})
+        assert (answer.status_code, answer.json()) == (400, {"error": f"bad request: {error}"})
+    too_big = {"filename": "big.txt", "content_type": "text/plain", "data": base64.b64encode(b"z" * (LIMIT + 1)).decode()}
+    assert post_hook(url, {"sender_id": "w-6", "attachments": [too_big]}).status_code == 202
+    wait_for(lambda: callbacks(callback, "w-6"), what="refusal")
+    assert [c["message"] for c in callbacks(callback, "w-6")] == \
+        [f"Sorry, I could not take big.txt: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."]
