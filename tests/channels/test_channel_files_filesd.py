@@ -22,6 +22,7 @@ from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.mastodon import FakeMastodon
 from fakes.recorder import Recorder
 from fakes.revolt import FakeRevolt
+from fakes.xmpp import DOMAIN as XMPP_DOMAIN, Prosody, XmppUser
 from support import free_port
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
@@ -215,3 +216,55 @@ def test_webhook_attachments_both_ways_in_the_json(files_daemon, hook, fake_llm)
     wait_for(lambda: callbacks(callback, "w-6"), what="refusal")
     assert [c["message"] for c in callbacks(callback, "w-6")] == \
         [f"Sorry, I could not take big.txt: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."]
+
+
+# -- XMPP (a real prosody with mod_http_file_share) ----------------------------------------
+
+XMPP_BOT = f"agentbot@{XMPP_DOMAIN}"
+
+
+@pytest.fixture(scope="module")
+def prosody():
+    server = Prosody(file_share=True)
+    server.register("agentbot", ENV["XMPP_PASSWORD"])
+    server.register("ann", "pw")
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def xmpp(files_daemon, prosody):  # noqa: F811
+    configure(files_daemon, "xmpp", jid=XMPP_BOT, password_env="XMPP_PASSWORD", server="127.0.0.1",
+              port=prosody.port, tls_verify=False, default_agent="filer", file_hosts=[f"127.0.0.1:{prosody.http_port}"])
+    wait_active(files_daemon, "xmpp")
+    ann = XmppUser(prosody, "ann", "pw")
+    yield ann
+    ann.close()
+    files_daemon.delete("/api/channels/xmpp/configure")
+
+
+def test_xmpp_files_through_http_upload_both_ways(files_daemon, xmpp, prosody, fake_llm, elsewhere):  # noqa: F811
+    def answers() -> list[str]:
+        return xmpp.bodies(XMPP_BOT)
+
+    marker = unique("xmpp-look")
+    xmpp.send_file(XMPP_BOT, xmpp.upload(TINY_PNG, "dot.png", "image/png"), text=marker)
+    wait_for(answers, what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    name = unique("notes") + ".txt"
+    secret = f"xmpp says {uuid.uuid4().hex[:8]}"
+    xmpp.send_file(XMPP_BOT, xmpp.upload(secret.encode(), name, "text/plain"), text=read_call(name))
+    wait_for(lambda: len(answers()) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    xmpp.say(XMPP_BOT, DRAW)
+    wait_for(lambda: len(answers()) == 4, what="file message and reply")
+    [(sender, body, url)] = xmpp.oob
+    assert sender == XMPP_BOT and body == url and url.startswith(f"http://127.0.0.1:{prosody.http_port}/file_share/")
+    fetched = requests.get(url, timeout=5)
+    assert (fetched.status_code, fetched.content, fetched.headers["Content-Type"]) == (200, TINY_PNG, "image/png")
+    far = unique("far") + ".png"
+    xmpp.send_file(XMPP_BOT, f"{elsewhere.url}/{far}")
+    wait_for(lambda: len(answers()) == 5, what="refusal")
+    assert answers()[4] == f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
