@@ -18,6 +18,7 @@ import requests
 from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
+from fakes.bluesky import BOT_HANDLE, FakeBluesky
 from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.mastodon import FakeMastodon
 from fakes.recorder import Recorder
@@ -268,3 +269,31 @@ def test_xmpp_files_through_http_upload_both_ways(files_daemon, xmpp, prosody, f
     wait_for(lambda: len(answers()) == 5, what="refusal")
     assert answers()[4] == f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
+
+
+# -- Bluesky -------------------------------------------------------------------------------
+
+@pytest.fixture
+def bluesky(files_daemon):  # noqa: F811
+    fake = FakeBluesky(ENV["BLUESKY_APP_PASSWORD"]).start()
+    configure(files_daemon, "bluesky", service_url=fake.url, identifier=BOT_HANDLE, cdn_url=f"http://{fake.cdn_host}",
+              app_password_env="BLUESKY_APP_PASSWORD", poll_interval_secs=0.2, default_agent="filer")
+    wait_active(files_daemon, "bluesky")
+    wait_for(lambda: fake.polls, what="first poll")
+    yield fake
+    files_daemon.delete("/api/channels/bluesky/configure")
+    fake.stop()
+
+
+def test_bluesky_images_both_ways_through_the_cdn(files_daemon, bluesky, fake_llm):  # noqa: F811
+    marker = unique("sky-look")
+    post = bluesky.user_sends_image("ann.bsky.test", TINY_PNG, "image/png", f"@{BOT_HANDLE} {marker}")
+    wait_for(lambda: bluesky.replies(post), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(bluesky.downloads) == 1  # from the CDN host, localhost:<port>
+    asked = bluesky.user_says("ann.bsky.test", f"@{BOT_HANDLE} {DRAW}")
+    wait_for(lambda: bluesky.replies(asked) and bluesky.image_posts, what="image post and reply")
+    [made] = bluesky.image_posts
+    assert made["reply"]["parent"]["uri"] == asked and made["text"] == ""
+    assert [(i["mimeType"], i["data"]) for i in made["images"]] == [("image/png", TINY_PNG)]
+    assert made["images"][0]["alt"].endswith(".png")
