@@ -23,6 +23,7 @@ from fakes.discourse import BOT as DISCOURSE_BOT, FakeDiscourse
 from fakes.mastodon import FakeMastodon
 from fakes.recorder import Recorder
 from fakes.revolt import FakeRevolt
+from fakes.twist import BOT_ID as TWIST_BOT_ID, WORKSPACE as TWIST_WORKSPACE, FakeTwist
 from fakes.xmpp import DOMAIN as XMPP_DOMAIN, Prosody, XmppUser
 from support import free_port
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
@@ -297,3 +298,38 @@ def test_bluesky_images_both_ways_through_the_cdn(files_daemon, bluesky, fake_ll
     assert made["reply"]["parent"]["uri"] == asked and made["text"] == ""
     assert [(i["mimeType"], i["data"]) for i in made["images"]] == [("image/png", TINY_PNG)]
     assert made["images"][0]["alt"].endswith(".png")
+
+
+# -- Twist ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def twist(files_daemon):  # noqa: F811
+    fake = FakeTwist(ENV["TWIST_TOKEN"]).start()
+    configure(files_daemon, "twist", api_url=fake.url, token_env="TWIST_TOKEN", workspace_id=str(TWIST_WORKSPACE),
+              poll_interval_secs=0.2, default_agent="filer")
+    wait_active(files_daemon, "twist")
+    wait_for(lambda: fake.polls, what="first poll")
+    yield fake
+    files_daemon.delete("/api/channels/twist/configure")
+    fake.stop()
+
+
+def test_twist_attachments_both_ways(files_daemon, twist, fake_llm, elsewhere):  # noqa: F811
+    mention = f"[Agent Bot](twist-mention://{TWIST_BOT_ID})"
+    name = unique("notes") + ".txt"
+    secret = f"twist says {uuid.uuid4().hex[:8]}"
+    thread = twist.user_sends_file("ann", secret.encode(), name, "text/plain", f"{mention} {read_call(name)}")
+    wait_for(lambda: twist.replies(thread), what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret] and twist.downloads == [name]
+    twist.user_says("ann", f"{mention} {DRAW}")
+    wait_for(lambda: len(twist.replies(thread)) == 2 and twist.file_comments, what="file comment and reply")
+    [made] = twist.file_comments
+    assert [(f["underlying_type"], f["data"], f["file_size"]) for f in made["files"]] == \
+        [("image/png", TINY_PNG, len(TINY_PNG))]
+    assert made["thread_id"] == thread and made["content"] == made["files"][0]["file_name"]
+    far = unique("far") + ".png"
+    twist.user_sends_file("ann", TINY_PNG, far, "image/png", f"{mention} see", url=f"{elsewhere.url}/{far}")
+    wait_for(lambda: len(twist.replies(thread)) == 4, what="refusal and answer")
+    assert twist.replies(thread)[2] == \
+        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
