@@ -333,3 +333,26 @@ def test_twist_attachments_both_ways(files_daemon, twist, fake_llm, elsewhere): 
     assert twist.replies(thread)[2] == \
         f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
+
+
+def test_xmpp_finds_the_upload_service_and_its_hosts(prosody):
+    from agentd.channels.adapter import ChannelContext, ChannelError, Conversation
+    from agentd.channels.adapters.xmpp import XmppAdapter
+
+    ctx = ChannelContext("xmpp", "127.0.0.1", deliver=lambda m: None, audit=lambda *a, **k: None,
+                         load_state=dict, save_state=lambda s: None)
+    adapter = XmppAdapter(ctx, {"jid": XMPP_BOT, "password_env": "XMPP_PASSWORD", "server": "127.0.0.1",
+                                "port": prosody.port, "tls_verify": False})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XMPP_PASSWORD", ENV["XMPP_PASSWORD"])
+        adapter.start()
+    try:
+        wait_for(adapter.health, what="logged in")
+        assert (adapter.upload_service, adapter.upload_limit) == ("upload.localhost", 1024 * 1024)
+        assert adapter.file_hosts() == {f"{host}{port}" for host in ("localhost", "upload.localhost")
+                                        for port in ("", ":5280", ":5281", ":5443")}
+        with pytest.raises(ChannelError, match="the server takes 1048576"):
+            adapter.send_file(Conversation("xmpp", "ann@localhost", "ann@localhost", direct=True), "big.bin",
+                              "application/octet-stream", b"x" * (1024 * 1024 + 1))
+    finally:
+        adapter.stop()
