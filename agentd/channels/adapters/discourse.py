@@ -28,7 +28,7 @@ UPLOAD_MARKDOWN = re.compile(r"!?\[[^\]\n]*\]\(upload://[^)\s]+\)(?: \([^)\n]*\)
 
 class _Uploads(HTMLParser):
     """The uploads cooked HTML shows: (url, name) of attachment links and images (a lightbox's
-    original rather than its thumbnail), never emoji or avatars."""
+    original rather than its thumbnail), never emoji, avatars or a link preview's pictures."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -40,7 +40,8 @@ class _Uploads(HTMLParser):
         a = {k: v or "" for k, v in attrs}
         if tag == "a":
             self.link, self.text = (a.get("href", ""), a.get("class", "")), []
-        elif tag == "img" and "/uploads/" in a.get("src", "") and "emoji" not in a.get("class", ""):
+        elif tag == "img" and "/uploads/" in a.get("src", "") \
+                and not {"emoji", "avatar", "thumbnail", "site-icon"} & set(a.get("class", "").split()):
             if self.link and "lightbox" in self.link[1].split():
                 return  # the lightbox link names the original
             self.found.append((a["src"], ""))

@@ -163,6 +163,8 @@ class XmppAdapter(Adapter):
     def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
         import requests
 
+        if self.loop is None or self.client is None or not self.online:
+            raise ChannelError("not connected to the XMPP server")
         if not self.upload_service:
             raise ChannelError("xmpp: the server offers no HTTP File Upload service (XEP-0363)")
         if self.upload_limit and len(data) > self.upload_limit:
