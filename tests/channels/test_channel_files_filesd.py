@@ -67,13 +67,18 @@ def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, e
     assert [(p["channel"], p["files"][0]["content_type"], p["files"][0]["data"]) for p in posted] == \
         [(chat, "image/png", TINY_PNG)]
     assert posted[0]["files"][0]["filename"].endswith(".png")
+    big = unique("big") + ".txt"
+    revolt.user_sends_file("ann", b"z", big, "text/plain", size=LIMIT * 10)
+    wait_for(lambda: len(revolt.replies(chat)) == 4, what="refusal")
+    assert revolt.replies(chat)[3] == \
+        f"Sorry, I could not take {big}: it is {LIMIT * 10} bytes; files up to {LIMIT} bytes are accepted here."
     revolt.redirect_files = f"{elsewhere.url}/cat.png"
     moved = unique("moved") + ".png"
     revolt.user_sends_file("ann", TINY_PNG, moved, "image/png")
-    wait_for(lambda: len(revolt.replies(chat)) == 4, what="refusal")
-    assert revolt.replies(chat)[3] == \
+    wait_for(lambda: len(revolt.replies(chat)) == 5, what="refusal")
+    assert revolt.replies(chat)[4] == \
         f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
-    assert elsewhere.hits == []
+    assert elsewhere.hits == [] and len(revolt.downloads) == 3  # the oversize file was never fetched
 
 
 # -- Mastodon ------------------------------------------------------------------------------
