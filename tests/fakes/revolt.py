@@ -10,7 +10,11 @@ Retry-After header, as Revolt's limiter does.
 
 Bonfire on `/`: `Authenticate` -> `Authenticated` + `Ready` (or `Error` InvalidSession);
 `Ping` -> `Pong` with the same data (unless `pong` is False); `BeginTyping` recorded;
-`Message` events to every authenticated socket, the bot's own included. Reactions:
+`Message` events to every authenticated socket, the bot's own included. `GET /` (no
+Upgrade) is the API root naming Autumn (`features.autumn.url`), served here under
+`/autumn`: `POST /autumn/attachments` (multipart part `file`, `x-bot-token`) -> `{"id"}`,
+`GET /autumn/attachments/{id}` the bytes; a message may carry `attachments: [id]` (each
+id once, content then optional) and users' messages carry File objects. Reactions:
 `PUT`/`DELETE /channels/{c}/messages/{m}/reactions/{emoji}` (204; 404 NotFound for an
 unknown message), the bot's kept in `reactions` (message id -> emoji).
 """
@@ -57,8 +61,42 @@ class FakeRevolt(FakeGateway):
                                                   "active": True, "recipients": [BOT["_id"], person["_id"]]}
         app, sock = self.app, self.sock
 
+        self.redirect_files = ""  # a URL Autumn's downloads redirect to
+        self.files: dict[str, dict[str, Any]] = {}   # Autumn: id -> File object + data
+        self.downloads: list[str] = []
+        self.file_messages: list[dict[str, Any]] = []  # the bot's messages carrying attachments
+
+        @app.before_request
+        def root():
+            if request.path == "/" and request.headers.get("Upgrade", "").lower() != "websocket":
+                return jsonify({"revolt": "0.8.0", "ws": self.url.replace("http", "ws", 1),
+                                "features": {"autumn": {"enabled": True, "url": f"{self.url}/autumn"},
+                                             "january": {"enabled": False, "url": ""}}})
+            return None
+
+        @app.get("/autumn/<tag>/<file_id>")
+        def download(tag: str, file_id: str):
+            item = self.files.get(file_id)
+            if item is None or item["tag"] != tag:
+                return jsonify({"type": "NotFound"}), 404
+            self.downloads.append(file_id)
+            if self.redirect_files:
+                return "", 302, {"Location": self.redirect_files}
+            return item["data"], 200, {"Content-Type": item["content_type"]}
+
+        @app.post("/autumn/<tag>")
+        def upload(tag: str):
+            part = request.files.get("file")
+            if tag != "attachments" or part is None:
+                return jsonify({"type": "FailedValidation", "error": "file"}), 400
+            data = part.read()
+            item = self._file(part.filename or "file", part.mimetype or "application/octet-stream", data)
+            return jsonify({"id": item["_id"]})
+
         @app.before_request
         def auth():
+            if request.path.startswith("/autumn/") and request.method == "GET":
+                return None  # attachments are served to anyone who has the id
             if request.path != "/" and request.headers.get("x-bot-token") != self.token:
                 return jsonify({"type": "InvalidSession", "location": "crates/core/database/src/models/users"}), 401
 
@@ -94,10 +132,21 @@ class FakeRevolt(FakeGateway):
                 return response
             body = request.get_json()
             content = body.get("content") or ""
-            if channel not in self.channels or not 1 <= len(content) <= 2000:
+            ids = body.get("attachments") or []
+            if channel not in self.channels or len(content) > 2000 or not (content or ids):
                 return jsonify({"type": "FailedValidation", "error": "content"}), 400
-            message = self._post(channel, BOT["_id"], content, replies=[r["id"] for r in body.get("replies") or []])
-            self.record(channel=channel, content=content, replies=body.get("replies") or [])
+            if any(i not in self.files or self.files[i].get("used") for i in ids):
+                return jsonify({"type": "InvalidOperation", "error": "attachments"}), 400
+            for i in ids:
+                self.files[i]["used"] = True
+            files = [{k: v for k, v in self.files[i].items() if k not in ("data", "used")} for i in ids]
+            message = self._post(channel, BOT["_id"], content, replies=[r["id"] for r in body.get("replies") or []],
+                                 attachments=files)
+            if ids:
+                self.file_messages.append({"channel": channel, "content": content, "replies": body.get("replies") or [],
+                                           "files": [self.files[i] for i in ids]})
+            else:
+                self.record(channel=channel, content=content, replies=body.get("replies") or [])
             return jsonify(message)
 
         @sock.route("/", endpoint="bonfire")
@@ -146,6 +195,30 @@ class FakeRevolt(FakeGateway):
         with self.lock:
             self.events.append({"type": "Message", **message})
         return message
+
+    def _file(self, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
+        kind = "Image" if content_type.startswith("image/") else "File"
+        item = {"_id": f"01FILE{next(self.ids):020d}", "tag": "attachments", "filename": filename,
+                "metadata": {"type": kind, **({"width": 1, "height": 1} if kind == "Image" else {})},
+                "content_type": content_type, "size": len(data), "data": data}
+        self.files[item["_id"]] = item
+        return item
+
+    def user_sends_file(self, name: str, data: bytes, filename: str, content_type: str, text: str = "",
+                        channel: str = "", size: int | None = None, tag: str = "attachments") -> str:
+        """`name` posts a file (in their DM unless `channel`, then mentioning the bot)."""
+        item = self._file(filename, content_type, data)
+        item["tag"] = tag
+        shown = {k: v for k, v in item.items() if k != "data"}
+        if size is not None:
+            shown["size"] = size
+        person = self.people[name]
+        if channel:
+            self._post(channel, person["_id"], f"<@{BOT['_id']}> {text}", mentions=[BOT["_id"]], attachments=[shown])
+        else:
+            channel = f"DM{name.upper()}"
+            self._post(channel, person["_id"], text, attachments=[shown])
+        return channel
 
     def user_says(self, name: str, text: str, channel: str = "", mention: bool = False) -> str:
         """`name` writes in their DM with the bot unless `channel`; `mention` adds `<@bot>`."""

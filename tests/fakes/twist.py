@@ -1,7 +1,14 @@
 """A fake Twist API v3 (https://developer.twist.com/v3/): Bearer auth,
 `GET users/get_session_user`, `GET channels/get?workspace_id=`,
 `GET threads/get?channel_id=&newer_than_ts=`, `GET comments/get?thread_id=&newer_than_ts=`,
-`POST comments/add` {thread_id, content} answering the comment."""
+`POST comments/add` {thread_id, content, attachments} answering the comment.
+
+Attachments: `POST attachments/upload` (multipart `file` plus `file_name`, `file_size`,
+`underlying_type` and the client's `attachment_id`; the declared size must match) answers
+the attachment object (`attachment_id`, `title`, `url`, `url_type`, `file_name`,
+`file_size`, `underlying_type`, `upload_state`, image size for images); a comment may carry
+attachments this upload returned. Files are served from `/files/<attachment_id>/<name>`
+with the Bearer token (the file host is the API's own here)."""
 
 from __future__ import annotations
 
@@ -23,7 +30,29 @@ class FakeTwist(FakePlatform):
         super().__init__("twist")
         self.comments: list[dict[str, Any]] = []
         self.threads = {401: 301, 402: 302}  # thread -> channel
+        self.files: dict[str, dict[str, Any]] = {}  # attachment_id -> attachment + data
+        self.downloads: list[str] = []
+        self.file_comments: list[dict[str, Any]] = []  # the bot's comments carrying attachments
         app = self.app
+
+        @app.post(V3 + "attachments/upload")
+        def upload():
+            part, form = request.files.get("file"), request.form
+            if part is None or not form.get("attachment_id") or not form.get("file_name"):
+                return jsonify({"error_code": 20, "error_string": "Required argument is missing"}), 400
+            data = part.read()
+            if str(len(data)) != form.get("file_size"):
+                return jsonify({"error_code": 20, "error_string": "file_size does not match the file"}), 400
+            item = self._file(form["attachment_id"], form["file_name"], form.get("underlying_type") or "", data)
+            return jsonify({k: v for k, v in item.items() if k != "data"})
+
+        @app.get("/files/<attachment_id>/<name>")
+        def download(attachment_id: str, name: str):
+            item = self.files.get(attachment_id)
+            if item is None or item["file_name"] != name:
+                return jsonify({"error_code": 404, "error_string": "Not found"}), 404
+            self.downloads.append(name)
+            return item["data"], 200, {"Content-Type": item["underlying_type"]}
 
         @app.before_request
         def auth():
@@ -63,14 +92,41 @@ class FakeTwist(FakePlatform):
             if limited is not None:
                 return limited
             body = request.get_json(silent=True) or request.form
-            made = self._add(BOT_ID, "Agent Bot", int(body["thread_id"]), body["content"])
-            self.record(**made)
+            attached = body.get("attachments") or []
+            if any(not isinstance(a, dict) or a.get("attachment_id") not in self.files for a in attached):
+                return jsonify({"error_code": 20, "error_string": "Unknown attachment"}), 400
+            made = self._add(BOT_ID, "Agent Bot", int(body["thread_id"]), body["content"],
+                             attachments=[{k: v for k, v in self.files[a["attachment_id"]].items() if k != "data"}
+                                          for a in attached])
+            if attached:
+                self.file_comments.append({**made, "files": [self.files[a["attachment_id"]] for a in attached]})
+            else:
+                self.record(**made)
             return jsonify(made)
 
-    def _add(self, creator: int, name: str, thread: int, content: str) -> dict[str, Any]:
+    def _file(self, attachment_id: str, name: str, kind: str, data: bytes) -> dict[str, Any]:
+        item = {"attachment_id": attachment_id, "title": name, "url": f"{self.url}/files/{attachment_id}/{name}",
+                "url_type": "file", "file_name": name, "file_size": len(data), "underlying_type": kind,
+                "upload_state": "uploaded", "data": data}
+        if kind.startswith("image/"):
+            item.update(image=item["url"], image_width=1, image_height=1)
+        self.files[attachment_id] = item
+        return item
+
+    def user_sends_file(self, user: str, data: bytes, name: str, kind: str, text: str, thread: int = 401,
+                        url: str = "") -> int:
+        """A comment by `user` with one uploaded file (or an attachment pointing at `url`)."""
+        item = {k: v for k, v in self._file(f"att-{self.new_id()}", name, kind, data).items() if k != "data"}
+        if url:
+            item["url"] = url
+        self._add(USERS.get(user, 799), user, thread, text, attachments=[item])
+        return thread
+
+    def _add(self, creator: int, name: str, thread: int, content: str,
+             attachments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         comment = {"id": self.new_id(), "thread_id": thread, "channel_id": self.threads[thread], "content": content,
                    "creator": creator, "creator_name": name, "posted_ts": int(time.time()),
-                   "workspace_id": WORKSPACE}
+                   "workspace_id": WORKSPACE, "attachments": attachments or []}
         self.comments.append(comment)
         return comment
 

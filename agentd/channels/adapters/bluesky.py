@@ -3,7 +3,14 @@ password; a new session when the access token expires), polls
 `app.bsky.notification.listNotifications` for mentions and replies newer than the
 persisted `seen_at` (then `updateSeen`), answers with `com.atproto.repo.createRecord`
 (an `app.bsky.feed.post` whose `reply` refs point at the thread root and the post
-answered). Posts are limited to 300 characters: longer answers become a thread."""
+answered). Posts are limited to 300 characters: longer answers become a thread.
+
+Images: a post's `app.bsky.embed.images` (also the media of `recordWithMedia`) are
+fetched from the Bluesky CDN (`cdn_url`, cdn.bsky.app:
+`/img/feed_fullsize/plain/{did}/{cid}@{format}`) only; an image goes out with
+`com.atproto.repo.uploadBlob` (the bytes, their type in Content-Type; at most 1,000,000
+bytes) and a post embedding it (`app.bsky.embed.images`, the file name as alt text). Posts
+embed images (and video through a separate video service), never other files."""
 
 from __future__ import annotations
 
@@ -11,7 +18,13 @@ import datetime as dt
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+
+
+CDN = "https://cdn.bsky.app"
+IMAGE_LIMIT = 1_000_000  # app.bsky.embed.images: maxSize of each image blob
+CDN_FORMATS = {"image/png": "png", "image/webp": "webp"}  # anything else is served as JPEG
 
 
 class BlueskyAdapter(PollingAdapter):
@@ -25,6 +38,7 @@ class BlueskyAdapter(PollingAdapter):
             raise ChannelError("identifier (handle or DID) is not set")
         self.password = self.env("app_password_env")
         self.poll_interval = float(self.settings.get("poll_interval_secs") or 10)
+        self.cdn = str(self.settings.get("cdn_url") or CDN).rstrip("/")
         self.did = ""
 
     def xrpc(self, method: str, nsid: str, **kwargs: Any) -> Any:
@@ -69,7 +83,48 @@ class BlueskyAdapter(PollingAdapter):
         conversation = Conversation(self.name, root["uri"], author["did"], meta={"root": root, "parent": parent})
         self.ctx.deliver(Inbound(conversation, sender_id=author["did"], text=text, message_id=note["uri"],
                                  sender_name=str(author.get("displayName") or author.get("handle") or ""),
-                                 sender_aliases=(str(author.get("handle") or ""),)))
+                                 sender_aliases=(str(author.get("handle") or ""),),
+                                 attachments=self._images(str(author["did"]), record.get("embed") or {})))
+
+    def _images(self, did: str, embed: dict[str, Any]) -> list[Attachment]:
+        if embed.get("$type") == "app.bsky.embed.recordWithMedia":
+            embed = embed.get("media") or {}
+        if embed.get("$type") != "app.bsky.embed.images":
+            return []
+        found = []
+        for index, item in enumerate(embed.get("images") or [], 1):
+            blob = (item or {}).get("image") or {}
+            cid = str((blob.get("ref") or {}).get("$link") or blob.get("cid") or "")
+            if not cid:
+                continue
+            fmt = CDN_FORMATS.get(str(blob.get("mimeType") or ""), "jpeg")
+            found.append(Attachment(f"image-{index}-{cid[-8:]}.{'jpg' if fmt == 'jpeg' else fmt}", f"image/{fmt}",
+                                    int(blob.get("size") or 0), f"{self.cdn}/img/feed_fullsize/plain/{did}/{cid}@{fmt}"))
+        return found
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "cdn"):
+            self.prepare()
+        return {host_of(self.cdn), host_of(self.base)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        if not content_type.startswith("image/"):
+            raise ChannelError(f"bluesky posts embed images only, not {content_type}")
+        if len(data) > IMAGE_LIMIT:
+            raise ChannelError(f"bluesky takes images up to {IMAGE_LIMIT} bytes; {filename} is {len(data)}")
+        blob = self.xrpc("POST", "com.atproto.repo.uploadBlob", data=data,
+                         headers={"Content-Type": content_type})["blob"]
+        record: dict[str, Any] = {"$type": "app.bsky.feed.post", "text": "", "createdAt": _now(),
+                                  "embed": {"$type": "app.bsky.embed.images",
+                                            "images": [{"alt": filename, "image": blob}]}}
+        root, parent = conversation.meta.get("root"), conversation.meta.get("parent")
+        if root and parent:
+            record["reply"] = {"root": root, "parent": parent}
+        made = self.xrpc("POST", "com.atproto.repo.createRecord",
+                         json={"repo": self.did, "collection": "app.bsky.feed.post", "record": record})
+        return str(made["uri"])
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

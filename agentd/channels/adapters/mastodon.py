@@ -4,14 +4,22 @@ Events, `notification` events of type `mention`); replies are statuses
 author's handle; answers over 500 characters become a thread. After a reconnect the
 mentions missed meanwhile are fetched (`GET /api/v1/notifications?since_id=`).
 
+Files: a status's `media_attachments` are fetched from their `url` only when it is on the
+instance or its media host (the host serving the instance's thumbnail and the bot's own
+avatar and header: Mastodon names no media host otherwise); files go out with
+`POST /api/v2/media` (multipart `file`, `description`), waiting on `GET /api/v1/media/{id}`
+while it answers 206 (still processing), then a status with `media_ids`.
+
 Docs: https://docs.joinmastodon.org/methods/streaming/, /methods/statuses/,
-/methods/notifications/, /methods/instance/ (the streaming server's own URL).
+/methods/notifications/, /methods/instance/ (the streaming server's own URL), /methods/media/.
 """
 
 from __future__ import annotations
 
 import collections
+import mimetypes
 import re
+import time
 import uuid
 from html.parser import HTMLParser
 from typing import Any, Iterator
@@ -19,11 +27,13 @@ from typing import Any, Iterator
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd import jsonsafe
 from agentd.channels.bases.streaming import StreamingAdapter
 from agentd.sse_lines import sse_events
 
 STATUS_LIMIT = 500  # Mastodon's default maximum status length
+MEDIA_WAIT_SECS = 30.0  # how long an upload may stay "processing" before the file is given up
 
 
 class _Text(HTMLParser):
@@ -60,6 +70,7 @@ class MastodonAdapter(StreamingAdapter):
         self.seen: collections.deque[str] = collections.deque(maxlen=500)
         self.me: dict[str, Any] = {}
         self.streaming = self.base
+        self.media_hosts: set[str] = set()
 
     def _auth(self) -> None:
         if not self.base:
@@ -69,9 +80,11 @@ class MastodonAdapter(StreamingAdapter):
     def start(self) -> None:
         self._auth()
         self.me = self.http.json("GET", f"{self.base}/api/v1/accounts/verify_credentials", retries=1)
+        self.media_hosts = {host_of(str(self.me.get(k) or "")) for k in ("avatar", "header")}
         # The streaming server may live on its own host (instance v2: configuration.urls.streaming).
         try:
             instance = self.http.json("GET", f"{self.base}/api/v2/instance", retries=0)
+            self.media_hosts.add(host_of(str((instance.get("thumbnail") or {}).get("url") or "")))
             url = str(((instance.get("configuration") or {}).get("urls") or {}).get("streaming") or "")
             if url:
                 self.streaming = re.sub(r"^ws", "http", url).rstrip("/")
@@ -111,7 +124,8 @@ class MastodonAdapter(StreamingAdapter):
         # Drop the leading mentions of the bot (`@helper` or `@helper@instance`).
         own = re.escape(str(self.me.get("username") or ""))
         text = re.sub(rf"^(?:@{own}(?:@[\w.-]+)?\s*)+", "", text, flags=re.IGNORECASE).strip() if own else text
-        if not text:
+        files = [self._attachment(m) for m in status.get("media_attachments") or [] if isinstance(m, dict)]
+        if not (text or files):
             return
         acct = str(account.get("acct") or "")
         conversation = Conversation(self.name, acct, acct, direct=True,
@@ -119,7 +133,39 @@ class MastodonAdapter(StreamingAdapter):
                                           "visibility": status.get("visibility") or "public"})
         self.ctx.deliver(Inbound(conversation, sender_id=acct, text=text, message_id=str(status.get("id") or ""),
                                  sender_name=str(account.get("display_name") or acct),
-                                 sender_aliases=(str(account.get("id") or ""),)))
+                                 sender_aliases=(str(account.get("id") or ""),), attachments=files))
+
+    @staticmethod
+    def _attachment(media: dict[str, Any]) -> Attachment:
+        url = str(media.get("url") or media.get("remote_url") or "")
+        name = url.rsplit("/", 1)[-1].split("?")[0] or f"{media.get('type') or 'media'}-{media.get('id')}"
+        declared = mimetypes.guess_type(name)[0] or ""
+        if media.get("type") == "image" and not declared.startswith("image/"):
+            declared = "image/*"
+        return Attachment(name, declared, 0, url)
+
+    def file_hosts(self) -> set[str]:
+        return ({host_of(self.base), host_of(self.streaming)} | self.media_hosts) - {""}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if content_type.split("/")[0] not in ("image", "video", "audio"):
+            raise ChannelError(f"mastodon takes images, video and audio only, not {content_type}")
+        if not self.http.session.headers.get("Authorization"):
+            self._auth()
+        response = self.http.request("POST", f"{self.base}/api/v2/media", data={"description": filename},
+                                     files={"file": (filename, data, content_type)})
+        media = response.json()
+        deadline = time.monotonic() + MEDIA_WAIT_SECS
+        while response.status_code == 202 or (response.status_code == 206 and not media.get("url")):
+            if time.monotonic() > deadline or self.stopping.wait(0.5):
+                raise ChannelError(f"mastodon: {filename} was still processing after {MEDIA_WAIT_SECS:.0f} s")
+            response = self.http.request("GET", f"{self.base}/api/v1/media/{media['id']}")
+            media = response.json()
+        answer = self.http.json("POST", f"{self.base}/api/v1/statuses", headers={"Idempotency-Key": uuid.uuid4().hex},
+                                json={"status": f"@{conversation.chat_id}", "media_ids": [str(media["id"])],
+                                      "in_reply_to_id": conversation.meta.get("in_reply_to_id") or None,
+                                      "visibility": conversation.meta.get("visibility") or "direct"})
+        return str(answer.get("id") or "")
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not self.http.session.headers.get("Authorization"):

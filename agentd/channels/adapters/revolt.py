@@ -9,6 +9,12 @@ REST: `POST /channels/{target}/messages` with `x-bot-token` (2000 characters, `r
 to thread the answer); a 429 says when to retry in MILLISECONDS (`retry_after` in the
 body, `X-RateLimit-Reset-After`), not in a Retry-After header. Typing: `BeginTyping` on the
 socket; reactions: `PUT`/`DELETE /channels/{target}/messages/{id}/reactions/{emoji}`.
+
+Files live on Autumn, the file server the API root names (`GET /` -> `features.autumn.url`):
+a message's `attachments[]` (File objects: `_id`, `tag`, `filename`, `content_type`,
+`size`) are fetched from `{autumn}/{tag}/{_id}` only; files go out with
+`POST {autumn}/attachments` (multipart part `file`, `x-bot-token`) answering `{"id"}`, then a
+message with `attachments: [id]`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from urllib.parse import quote
 import requests
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.gateway import GatewayAdapter
 from agentd.channels.bases.sender import HttpSender
 
@@ -41,6 +48,9 @@ class RevoltSender(HttpSender):
         return max(0.0, float(millis) / 1000)
 
 
+AUTUMN = "https://autumn.revolt.chat"
+
+
 class RevoltAdapter(GatewayAdapter):
     max_message_len = 2000
 
@@ -56,6 +66,14 @@ class RevoltAdapter(GatewayAdapter):
         self.token = self.env("bot_token_env")
         self.http.session.headers["x-bot-token"] = self.token
         self.bot_id = str(self.http.json("GET", f"{self.api}/users/@me", retries=1)["_id"])
+        self.autumn = AUTUMN
+        try:  # a self-hosted instance names its own file server
+            root = self.http.json("GET", f"{self.api}/", retries=1)
+            autumn = ((root.get("features") or {}).get("autumn") or {}) if isinstance(root, dict) else {}
+            if autumn.get("url"):
+                self.autumn = str(autumn["url"]).rstrip("/")
+        except ChannelError as exc:
+            self.ctx.log.info("the API root did not name its file server (%s): using %s", exc, AUTUMN)
 
     def ws_url(self) -> str:
         url = str(self.settings.get("ws_url") or "wss://ws.revolt.chat")
@@ -108,7 +126,9 @@ class RevoltAdapter(GatewayAdapter):
 
     def _message(self, d: dict[str, Any]) -> None:
         author, text = str(d.get("author") or ""), str(d.get("content") or "")
-        if author == self.bot_id or d.get("system") or self.users.get(author, {}).get("bot") or not text.strip():
+        files = [self._attachment(f) for f in d.get("attachments") or [] if isinstance(f, dict) and f.get("_id")]
+        if author == self.bot_id or d.get("system") or self.users.get(author, {}).get("bot") \
+                or not (text.strip() or files):
             return
         channel = str(d.get("channel") or "")
         channel_type, server = self._kind(channel)
@@ -123,7 +143,27 @@ class RevoltAdapter(GatewayAdapter):
                                     meta={"reply_to": "" if direct else str(d.get("_id") or "")})
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text, message_id=str(d.get("_id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(server,) if server else (), mentioned=mentioned))
+                                 chat_aliases=(server,) if server else (), mentioned=mentioned, attachments=files))
+
+    def _attachment(self, f: dict[str, Any]) -> Attachment:
+        tag = quote(str(f.get("tag") or "attachments"), safe="")
+        return Attachment(str(f.get("filename") or f["_id"]), str(f.get("content_type") or ""),
+                          int(f.get("size") or 0), f"{self.autumn}/{tag}/{quote(str(f['_id']), safe='')}")
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "autumn"):
+            self.prepare()
+        return {host_of(self.autumn), host_of(self.api)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "api"):
+            self.prepare()
+        uploaded = self.http.json("POST", f"{self.autumn}/attachments", files={"file": (filename, data, content_type)})
+        body: dict[str, Any] = {"attachments": [str(uploaded["id"])]}
+        if conversation.meta.get("reply_to"):
+            body["replies"] = [{"id": conversation.meta["reply_to"], "mention": False}]
+        answer = self.http.json("POST", f"{self.api}/channels/{conversation.chat_id}/messages", json=body)
+        return str(answer.get("_id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api"):

@@ -1,16 +1,27 @@
 """Twist API v3 (Bearer token): polls the threads updated since the persisted timestamp
 in the workspace's channels (`threads/get?newer_than_ts=`), reads their new comments
 (`comments/get`), and answers comments that mention the bot
-(`[Name](twist-mention://<id>)`) with `POST comments/add` {thread_id, content}."""
+(`[Name](twist-mention://<id>)`) with `POST comments/add` {thread_id, content}.
+
+Files: a comment's `attachments` (`file_name`, `underlying_type`, `file_size`, `url`) are
+fetched from Twist's file host (files.twist.com, or the host of `api_url`) only, with the
+token; files go out with `POST attachments/upload` (multipart `file` with `file_name`,
+`file_size`, `underlying_type` and a new `attachment_id`), then a comment carrying the
+attachment the upload answered."""
 
 from __future__ import annotations
 
 import re
 import time
+import uuid
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+
+
+FILE_HOSTS = {"files.twist.com"}
 
 
 class TwistAdapter(PollingAdapter):
@@ -59,9 +70,31 @@ class TwistAdapter(PollingAdapter):
         user = str(comment["creator"])
         conversation = Conversation(self.name, channel, user,
                                     meta={"thread_id": comment["thread_id"]})
+        auth = {"Authorization": str(self.http.session.headers.get("Authorization") or "")}
+        files = [Attachment(str(a.get("file_name") or a.get("title") or "file"), str(a.get("underlying_type") or ""),
+                            int(a.get("file_size") or 0), str(a["url"]), headers=auth)
+                 for a in comment.get("attachments") or [] if isinstance(a, dict) and a.get("url")]
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(self.mention.sub("", text).split()),
                                  message_id=str(comment["id"]), sender_name=str(comment.get("creator_name") or ""),
-                                 sender_aliases=(str(comment.get("creator_name") or ""),)))
+                                 sender_aliases=(str(comment.get("creator_name") or ""),), attachments=files))
+
+    def file_hosts(self) -> set[str]:
+        api = str(self.settings.get("api_url") or "")
+        return FILE_HOSTS | ({host_of(api)} if api else set())
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        thread = conversation.meta.get("thread_id")
+        if not thread:
+            raise ChannelError("twist files go to a thread: pass chat_id as the thread id")
+        attachment = self.http.json("POST", f"{self.base}/attachments/upload",
+                                    data={"attachment_id": str(uuid.uuid4()), "file_name": filename,
+                                          "file_size": str(len(data)), "underlying_type": content_type},
+                                    files={"file": (filename, data, content_type)})
+        made = self.http.json("POST", f"{self.base}/comments/add",
+                              json={"thread_id": int(thread), "content": filename, "attachments": [attachment]})
+        return str(made.get("id", ""))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):
