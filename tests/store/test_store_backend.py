@@ -370,8 +370,9 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
         store.close()
     assert COORDINATION <= tables
     assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
-                                                (5, "migrated by agentd"), (6, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6] == list(range(1, SCHEMA_VERSION + 1))
+                                                (5, "migrated by agentd"), (6, "migrated by agentd"),
+                                                (7, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
