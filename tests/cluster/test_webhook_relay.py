@@ -27,7 +27,7 @@ from fakes.recorder import Recorder
 from support import Daemon, make_home
 from tests.cluster.test_cluster import ClusterNginx
 
-LEASE = 3.0
+LEASE = 4.0
 SECRET = CHANNEL_ENV["TEST_WEBHOOK_SECRET"]
 HOOK = "/channels/webhook/webhook"
 
