@@ -407,9 +407,10 @@ class Cluster:
         with orm.db_session:
             self.store.db.execute(
                 "INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at, url) "
-                "VALUES ($d, $l, $p, $now, $now, $u) ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
-                + (", listen = excluded.listen, pid = excluded.pid, started_at = excluded.started_at, url = excluded.url"
-                   if started else ""),
+                "VALUES ($d, $l, $p, $now, $now, $u) "
+                "ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+                + (", listen = excluded.listen, pid = excluded.pid, started_at = excluded.started_at, "
+                   "url = excluded.url" if started else ""),
                 {"d": self.id, "l": self.listen, "p": os.getpid(), "now": now, "u": self.settings.advertise_url})
 
     def _cancel_approvals_of(self, daemon: str) -> None:
