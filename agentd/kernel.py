@@ -217,6 +217,10 @@ class Kernel:
         from agentd.channels.leaders import ChannelLeaders
 
         self.channel_leaders = ChannelLeaders(self.cluster, self.channels)
+        from agentd.cluster.relay import WebhookRelay
+
+        # A channel's webhook that reaches this daemon while another holds the channel.
+        self.webhook_relay = WebhookRelay(self.cluster, self.channel_leaders.holder)
         delivery = Delivery(self.channels.send_text, cron_store.set_delivery, config.schedules.delivery_attempts,
                             self.stopping)
         self.scheduler = Scheduler(cron_store, config.schedules, self.cluster.id, self.runs, registry.find,
@@ -286,6 +290,7 @@ class Kernel:
         if self.settings_follower is not None:
             self.settings_follower.close()
         self.channels.close()
+        self.webhook_relay.close()
         self.mcp_watch.close()
         self.mcp.close()
         self.mcp_endpoint.close()

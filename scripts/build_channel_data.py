@@ -73,12 +73,12 @@ INBOUND.update({
 EXTRA_KEYS.update({
     "discord": [("api_url", "text", "https://discord.com/api/v10"), ("gateway_url", "text", "")],
     "slack": [("api_url", "text", "https://slack.com/api"), ("signing_secret_env", "text", "SLACK_SIGNING_SECRET"),
-              ("webhook_port", "number", 0)],
+              ("webhook_port", "number", 0), ("mode", "text", "socket")],
     "revolt": [("ping_secs", "number", 20)],
     "guilded": [],
 })
 INBOUND.update({
-    "discord": "Gateway WebSocket v10", "slack": "Socket Mode WebSocket (+ optional Events API webhook)",
+    "discord": "Gateway WebSocket v10", "slack": "Socket Mode WebSocket, or the Events API webhook (mode = \"events\")",
     "revolt": "Bonfire WebSocket", "guilded": "none (Guilded shut down on 19 December 2025)",
 })
 

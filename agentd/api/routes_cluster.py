@@ -24,7 +24,7 @@ bp = Blueprint("cluster", __name__)
 STREAM_ENDPOINTS = ("stream.message_stream", "sockets.agent_socket")
 
 _DAEMON = {"type": "object", "properties": {
-    "id": {"type": "string"}, "listen": {"type": "string"}, "pid": {"type": "integer"},
+    "id": {"type": "string"}, "listen": {"type": "string"}, "url": {"type": "string"}, "pid": {"type": "integer"},
     "started_at": {"type": "string"}, "heartbeat_at": {"type": "string"}, "self": {"type": "boolean"}}}
 CLUSTER_SCHEMA = {"type": "object", "required": ["daemon_id", "shared_database", "lease_secs", "daemons"],
                   "properties": {"daemon_id": {"type": "string"}, "shared_database": {"type": "boolean"},

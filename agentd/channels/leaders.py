@@ -72,6 +72,10 @@ class ChannelLeaders:
                 else:
                     self._failed[name] = time.monotonic()
 
+    def holder(self, name: str) -> str | None:
+        """The daemon running adapter `name` (its live lease), or None."""
+        return self.cluster.holder(lease_name(name))
+
     def view(self) -> dict[str, Any]:
         """Which daemon leads each configured adapter."""
         return {name: self.cluster.holder(lease_name(name)) for name in sorted(self.channels.sections)}

@@ -30,6 +30,7 @@ NOT_IMPLEMENTED: tuple[str, ...] = ()
 ADAPTER_KEYS_NOT_IMPLEMENTED = {
     "matrix": ("refresh_token_env",),
 }
+SLACK_MODES = ("socket", "events")
 SLOW_DOWN = ("You are sending messages faster than this channel allows "
              "({limit} per minute). Please wait a moment and try again.")
 
@@ -106,6 +107,11 @@ def check_adapter_value(channel: str, key: str, value: Any) -> Any:
         if text not in ("true", "false"):
             raise BadRequest("auto_thread: must be true (answer each guild message in a new thread) or false")
         return text
+    if (channel, key) == ("slack", "mode"):
+        if value not in SLACK_MODES:
+            raise BadRequest('mode: must be "socket" (Socket Mode, no public URL) or "events" '
+                             "(the Events API at the daemon's /channels/slack/webhook)")
+        return value
     if (channel, key) == ("telegram", "thread_routes"):
         if not isinstance(value, dict):
             raise BadRequest("thread_routes: must be an object of forum topic id -> agent name")

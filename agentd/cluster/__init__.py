@@ -16,13 +16,16 @@ and never meets a competitor. What it does:
 - **Leaders.** A channel adapter runs only on the daemon holding `channel:<name>`.
 
 Settings (`agentd/cluster/config.py`): `[cluster] daemon_id` (default `<hostname>:<port>`,
-unique per daemon) and `lease_secs` (default 10).
+unique per daemon), `lease_secs` (default 10) and `advertise_url` (the URL the other daemons
+reach this one at, recorded in `cluster_daemons`: webhooks are relayed there,
+agentd/cluster/relay.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ log = logging.getLogger("agentd.cluster")
 WAIT_STEP = 0.05  # first poll interval while another daemon holds a run lease (doubles to WAIT_MAX)
 WAIT_MAX = 0.5
 RUN_RETENTION_SECS = 7 * 86400
+PEER_SECRET = "cluster_peer_secret"  # the settings row holding the daemons' shared key
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Cluster:
         self._last_prune = -3600.0  # monotonic: the first heartbeat prunes
         # Runs that ended while the database was out, closed by the next heartbeat.
         self._unclosed: list[tuple[LocalRun, str, str | None, float | None]] = []
+        self._peer_secret: bytes | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -401,10 +406,12 @@ class Cluster:
         now = time.time()
         with orm.db_session:
             self.store.db.execute(
-                "INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at) VALUES ($d, $l, $p, $now, $now) "
+                "INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at, url) "
+                "VALUES ($d, $l, $p, $now, $now, $u) "
                 "ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
-                + (", listen = excluded.listen, pid = excluded.pid, started_at = excluded.started_at" if started else ""),
-                {"d": self.id, "l": self.listen, "p": os.getpid(), "now": now})
+                + (", listen = excluded.listen, pid = excluded.pid, started_at = excluded.started_at, "
+                   "url = excluded.url" if started else ""),
+                {"d": self.id, "l": self.listen, "p": os.getpid(), "now": now, "u": self.settings.advertise_url})
 
     def _cancel_approvals_of(self, daemon: str) -> None:
         with orm.db_session:
@@ -417,11 +424,35 @@ class Cluster:
         from agentd.store.leases import _iso
 
         with orm.db_session:
-            rows = self.store.db.select("SELECT id, listen, pid, started_at, heartbeat_at FROM cluster_daemons "
+            rows = self.store.db.select("SELECT id, listen, pid, started_at, heartbeat_at, url FROM cluster_daemons "
                                         "WHERE heartbeat_at >= $t ORDER BY started_at",
                                         {"t": time.time() - self.settings.lease_secs})
-        return [{"id": r[0], "listen": r[1], "pid": r[2], "started_at": _iso(r[3]), "heartbeat_at": _iso(r[4]),
-                 "self": r[0] == self.id} for r in rows]
+        return [{"id": r[0], "listen": r[1], "url": r[5] or "", "pid": r[2], "started_at": _iso(r[3]),
+                 "heartbeat_at": _iso(r[4]), "self": r[0] == self.id} for r in rows]
+
+    def member_url(self, daemon_id: str) -> str | None:
+        """The advertised URL of a live daemon (a heartbeat within one lease period), or None."""
+        with orm.db_session:
+            rows = self.store.db.select("SELECT url FROM cluster_daemons WHERE id = $d AND heartbeat_at >= $t",
+                                        {"d": daemon_id, "t": time.time() - self.settings.lease_secs})
+        return rows[0] if rows and rows[0] else None
+
+    def peer_secret(self) -> bytes:
+        """The key daemons sign their requests to each other with: random, made by the first
+        daemon that needs it and kept in the database every member reads (never in a file
+        or a log), so only a daemon of this cluster knows it."""
+        if self._peer_secret is None:
+            secret = self.store.get_setting(PEER_SECRET)
+            if not secret:
+                try:
+                    with orm.db_session:
+                        if self.store.e.Setting.get(key=PEER_SECRET) is None:
+                            self.store.e.Setting(key=PEER_SECRET, value=secrets.token_hex(32))
+                except (orm.TransactionIntegrityError, orm.CommitException):
+                    pass  # another daemon made it meanwhile: read theirs
+                secret = self.store.get_setting(PEER_SECRET)
+            self._peer_secret = str(secret).encode("ascii")
+        return self._peer_secret
 
     def status(self) -> dict[str, Any]:
         """GET /api/cluster."""

@@ -43,7 +43,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 8
 
 VERSION_TABLE = "agentd_schema"
 
@@ -148,6 +148,13 @@ def _step_6(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE usage ADD COLUMN key_id TEXT")
 
 
+def _coordination_8(cur: Any, backend: str) -> None:
+    """Each daemon records the URL the others reach it at (`cluster_daemons.url`, from
+    `[cluster] advertise_url`): a standby relays a channel's webhook to the daemon holding it."""
+    if not _column_exists(cur, backend, "cluster_daemons", "url"):
+        cur.execute("ALTER TABLE cluster_daemons ADD COLUMN url TEXT")
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
 STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6}
 # version -> step that fills tables new at that version (Pony has just created them) from
@@ -155,7 +162,7 @@ STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}
 # version -> step creating or changing plain-SQL tables at that version; these run on a
 # fresh database too (Pony does not know these tables), in order.
-RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3, 5: _coordination_5}
+RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3, 5: _coordination_5, 8: _coordination_8}
 
 
 class SchemaError(Exception):

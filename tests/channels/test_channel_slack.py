@@ -113,3 +113,32 @@ def test_events_api_over_http(daemon, fake, fake_llm):  # noqa: F811
     assert channel(daemon, "slack")["active"] is False
     with pytest.raises(requests.ConnectionError):
         fake.post_signed(challenge)
+
+
+def test_events_mode_on_the_daemons_own_port(daemon, fake, fake_llm):  # noqa: F811
+    bad = daemon.post("/api/channels/slack/configure", json={"mode": "http"})
+    assert bad.status_code == 400 and bad.json()["error"].startswith("mode: must be \"socket\"")
+    configure(daemon, "slack", api_url=fake.url + "/api", bot_token_env="SLACK_BOT_TOKEN", mode="events",
+              signing_secret_env="SLACK_SIGNING_SECRET", default_agent="helper")
+    wait_active(daemon, "slack")
+    fake.webhook = daemon.url + "/channels/slack/webhook"
+    assert not fake.used  # no Socket Mode connection was opened
+    answer = fake.post_signed(json.dumps({"token": "x", "challenge": "c-on-the-daemon",
+                                          "type": "url_verification"}).encode())
+    assert (answer.status_code, answer.json()) == (200, {"challenge": "c-on-the-daemon"})
+    before = len(fake_llm.requests)
+    forged = json.dumps({"type": "event_callback", "team_id": TEAM, "event": {
+        "type": "message", "channel_type": "im", "user": "U1EVE", "channel": "DU1EVE", "text": "forged",
+        "ts": "1.000001"}}).encode()
+    for response in (fake.post_signed(forged, signature="v0=" + "0" * 64),
+                     fake.post_signed(b"not json at all", signature="v0=bad")):
+        assert (response.status_code, response.json()) == (401, {"error": "invalid signature"})
+    fake.user_says("U1ANN", "on the daemon's port")
+    wait_for(lambda: fake.replies("DU1ANN"), what="reply to an event on the daemon's port")
+    assert fake.replies("DU1ANN") == ["echo: on the daemon's port"] and fake.replies("DU1EVE") == []
+    # The user's event, then (as Slack does) the bot's own reply, which is not answered.
+    assert fake.deliveries and all(d.status_code == 200 for d in fake.deliveries)
+    time.sleep(0.5)
+    assert fake.replies("DU1ANN") == ["echo: on the daemon's port"]
+    assert len(fake_llm.requests) == before + 1
+    assert audit(daemon, "channel.refused", "slack")[0]["detail"]["reason"] == "bad signature"

@@ -1,5 +1,6 @@
-"""Slack: Events API events over Socket Mode (default) or over HTTP (`webhook_port` set),
-answered with the Web API's `chat.postMessage`.
+"""Slack: Events API events over Socket Mode (`mode = "socket"`, the default) or over HTTP
+(`mode = "events"`: the daemon's `/channels/slack/webhook`; `webhook_port` set also opens
+an own listener and implies `events`), answered with the Web API's `chat.postMessage`.
 
 Socket Mode (https://docs.slack.dev/apis/events-api/using-socket-mode/): `POST
 apps.connections.open` with the app-level token (xapp-) gives a one-use WebSocket URL;
@@ -325,5 +326,6 @@ class SlackEventsAdapter(SlackCommon, WebhookAdapter):
 
 
 def ADAPTER(ctx, settings):  # type: ignore[no-untyped-def] # noqa: N802 - the registry's name
-    """Socket Mode unless `webhook_port` asks for the Events API over HTTP."""
-    return (SlackEventsAdapter if settings.get("webhook_port") else SlackSocketAdapter)(ctx, settings)
+    """Socket Mode unless `mode = "events"` (or a `webhook_port`) asks for the Events API over HTTP."""
+    events = settings.get("mode") == "events" or settings.get("webhook_port")
+    return (SlackEventsAdapter if events else SlackSocketAdapter)(ctx, settings)
