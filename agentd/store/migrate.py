@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from agentd.store import utc
+
 log = logging.getLogger("agentd.store")
 
 # Arbitrary constant shared by every agentd daemon: the key of the migration lock.
@@ -43,7 +45,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 VERSION_TABLE = "agentd_schema"
 
@@ -148,8 +150,49 @@ def _step_6(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE usage ADD COLUMN key_id TEXT")
 
 
+# The time columns of the entities at schema 7 (frozen: a later step names its own).
+TIME_COLUMNS_V7 = {
+    "agents": ("created_at", "last_active"), "sessions": ("created_at",), "memory_kv": ("updated_at",),
+    "uploads": ("created_at",), "usage": ("at",), "workflows": ("created_at", "updated_at"),
+    "workflow_runs": ("created_at", "started_at", "completed_at"), "audit": ("at",),
+    "api_keys": ("expires_at", "created_at", "updated_at", "last_used_at"), "cron_jobs": ("created_at",),
+    "memory_fragments": ("created_at", "accessed_at"), "kg_entities": ("created_at", "updated_at"),
+    "kg_relations": ("created_at",), "openai_responses": ("created_at",),
+    "triggers": ("window_start", "last_fired_at", "created_at"),
+    "tasks": ("created_at", "claimed_at", "completed_at"),
+}
+_CANONICAL_TIME = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
+
+
+def _step_7(cur: Any, backend: str) -> None:
+    """SQLite times become one form, naive UTC with microseconds (agentd/store/utc.py).
+    Earlier rows may carry an offset ("+00:00") or no fraction: they sorted apart from the
+    others in SQL, and Pony's optimistic checks, comparing the text it would write with
+    the text stored, refused to update them. PostgreSQL's `timestamp` columns already hold
+    UTC wall time."""
+    if backend == "postgres":
+        return
+    for table, columns in TIME_COLUMNS_V7.items():
+        if not _table_exists(cur, backend, table):
+            continue
+        for column in columns:
+            if not _column_exists(cur, backend, table, column):
+                continue
+            cur.execute(f"SELECT rowid, {column} FROM {table} WHERE {column} IS NOT NULL "
+                        f"AND {column} NOT GLOB '{_CANONICAL_TIME}'")
+            rows = cur.fetchall()
+            cur.execute("BEGIN")
+            for rowid, text in rows:
+                cur.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
+                            (utc.column_text(utc.from_column(text)), rowid))
+            cur.execute("COMMIT")
+            if rows:
+                log.info("%s.%s: %d time(s) rewritten as naive UTC", table, column, len(rows))
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6,
+                                                 7: _step_7}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}

@@ -9,7 +9,6 @@ the row; the other sees no row changed and moves on to the next task.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any, Callable
 
 from pony import orm
@@ -65,7 +64,7 @@ class TaskBoard:
         with _write:
             row = self.store.e.TaskRow(id=str(uuid.uuid4()), title=title, description=description,
                                        status="pending", assigned_to=assigned_to or None,
-                                       created_by=created_by, created_at=_now())
+                                       created_by=created_by, created_at=utcnow())
             orm.flush()
             return self._json(row)
 
@@ -97,7 +96,7 @@ class TaskBoard:
             cursor = self.store.db.execute(
                 "UPDATE tasks SET status = 'in_progress', claimed_by = $agent_id, claimed_at = $now "
                 "WHERE id = $task_id AND status = 'pending'",
-                {"agent_id": agent_id, "now": _now(), "task_id": task_id})
+                {"agent_id": agent_id, "now": utcnow(), "task_id": task_id})
             return cursor.rowcount == 1
 
     def claim(self, task_id: str, agent_ref: str) -> dict[str, Any]:
@@ -135,7 +134,7 @@ class TaskBoard:
                 raise Conflict(f"task {task_id} is {row.status}, not in_progress")
             if agent_id is not None and row.claimed_by != agent_id:
                 raise Conflict(f"task {task_id} was claimed by another agent")
-            row.status, row.result, row.completed_at = "completed", result, _now()
+            row.status, row.result, row.completed_at = "completed", result, utcnow()
             return self._json(row)
 
     def delete(self, task_id: str) -> None:
@@ -145,8 +144,3 @@ class TaskBoard:
                 raise NotFound("task not found")
             row.delete()
 
-
-def _now() -> datetime:
-    """Now in UTC, naive: the database hands datetimes back naive, and Pony compares what it
-    wrote with what it reads."""
-    return utcnow().replace(tzinfo=None)

@@ -19,8 +19,7 @@ from pony import orm
 from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
-# Pony's optimistic checks misfire on timezone-aware datetimes read back naive; the row
-# lock is what serialises writers here.
+# The row lock is what serialises writers here; Pony's optimistic checks would only repeat it.
 _write = orm.db_session(optimistic=False)
 CAP_REASONS = ("max_runs_per_day", "max_cost_usd_per_day")
 
@@ -35,10 +34,6 @@ class Trigger:
     agent_id: str
     pattern: dict[str, Any]
     prompt_template: str
-
-
-def _naive(dt: datetime | None) -> datetime | None:
-    return dt.replace(tzinfo=None) if dt is not None and dt.tzinfo is not None else dt
 
 
 def _money(value: float) -> str:
@@ -103,7 +98,7 @@ class TriggerStore:
                 id=str(uuid.uuid4()), agent_id=agent_id, kind=kind, pattern=json.dumps(pattern, ensure_ascii=False),
                 prompt_template=prompt_template, enabled=enabled, source=source,
                 max_runs_per_day=max_runs_per_day, max_cost_usd_per_day=max_cost_usd_per_day,
-                rate_limit_per_minute=rate_limit_per_minute, created_at=_now())
+                rate_limit_per_minute=rate_limit_per_minute, created_at=utcnow())
             orm.flush()
             return self._json(row)
 
@@ -139,7 +134,7 @@ class TriggerStore:
     def admit(self, trigger_id: str, default_rate: int) -> tuple[bool, str]:
         """Count one firing if the trigger may fire now: (True, "") or (False, why not).
         Reaching `max_runs_per_day` pauses the trigger for the rest of the UTC day."""
-        now = _now()
+        now = utcnow()
         paused = None
         admitted, why = False, ""
         with self._lock, _write:
@@ -149,7 +144,7 @@ class TriggerStore:
             self._roll_day(row, now)
             agent_id = row.agent_id
             limit = row.rate_limit_per_minute or default_rate
-            start = _naive(row.window_start)
+            start = row.window_start
             if not row.enabled:
                 why = "disabled"
             elif row.paused_reason is not None:
@@ -181,7 +176,7 @@ class TriggerStore:
             row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
             if row is None:
                 return
-            self._roll_day(row, _now())
+            self._roll_day(row, utcnow())
             row.cost_today += cost
             if (row.max_cost_usd_per_day is not None and row.cost_today >= row.max_cost_usd_per_day
                     and row.paused_reason is None):
@@ -216,10 +211,5 @@ class TriggerStore:
 
 
 def _today() -> str:
-    return _now().date().isoformat()
+    return utcnow().date().isoformat()
 
-
-def _now() -> datetime:
-    """Now in UTC, naive: the database hands datetimes back naive, and Pony compares what it
-    wrote with what it reads."""
-    return utcnow().replace(tzinfo=None)
