@@ -337,7 +337,9 @@ def apply_message_journal(path: Path) -> None:
         conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)
         try:
             conn.execute("PRAGMA foreign_keys = ON")  # (a record is refused as the daemon refused it)
-            _apply_journal(conn.cursor(), journal, fh.read())
+            if _apply_journal(conn.cursor(), journal, fh.read()):
+                # Its times are in the form the daemon that wrote it used.
+                _step_7(conn.cursor(), "sqlite")
             journal.with_name(journal.name + ".tmp").unlink(missing_ok=True)
             journal.unlink()
             conn.execute("DELETE FROM settings WHERE key = ?", (JOURNAL_APPLIED_KEY,))
@@ -345,13 +347,14 @@ def apply_message_journal(path: Path) -> None:
             conn.close()
 
 
-def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> None:
+def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> bool:
+    """Apply the records the database has not applied yet; True when there were any."""
     cur.execute("SELECT value FROM settings WHERE key = ?", (JOURNAL_APPLIED_KEY,))
     row = cur.fetchone()
     applied = int(json.loads(row[0])["seq"]) if row is not None and row[0] is not None else 0
     left = [r for r in _journal_records(data) if r[0] > applied]
     if not left:
-        return
+        return False
     log.info("applying %d message write(s) left in %s", len(left), journal)
     cur.execute("BEGIN IMMEDIATE")
     try:
@@ -374,6 +377,7 @@ def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> None:
     except BaseException:
         cur.execute("ROLLBACK")
         raise
+    return True
 
 
 def lock(cur: Any, backend: str) -> None:

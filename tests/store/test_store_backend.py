@@ -308,7 +308,8 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     store = open_store(path, target)
     assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
         "migrating database schema to version 4", "migrating database schema to version 5",
-        "migrating database schema to version 6", "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
+        "migrating database schema to version 6", "migrating database schema to version 7",
+        "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
@@ -323,7 +324,7 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert [b for s, b in rows if s == "s1"] == bodies and [b for s, b in rows if s == "s4"] == bodies
     assert "messages" not in columns
     assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd"),
-                                                (6, "migrated by agentd")]
+                                                (6, "migrated by agentd"), (7, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -370,8 +371,9 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
         store.close()
     assert COORDINATION <= tables
     assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
-                                                (5, "migrated by agentd"), (6, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6] == list(range(1, SCHEMA_VERSION + 1))
+                                                (5, "migrated by agentd"), (6, "migrated by agentd"),
+                                                (7, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
@@ -404,6 +406,11 @@ def _indexes(store, url: str | None, table: str) -> set[str]:
                                        "AND tablename = $t", {"t": table}))
         return set(store.db.select("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = $t",
                                    {"t": table}))
+
+
+# What migration 7 says of the usage row the tests above insert at '2026-01-01 00:00:00'
+# (SQLite text without a fraction; PostgreSQL's timestamp needs no rewrite).
+REWRITTEN_USAGE_TIME = {"sqlite": ["usage.at: 1 time(s) rewritten as naive UTC"], "postgres": []}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -443,7 +450,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     store = open_store(path, target)
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 5", "migrating database schema to version 6"]
+            "migrating database schema to version 5", "migrating database schema to version 6",
+            "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend]
         assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
@@ -457,7 +465,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
         assert sorted((r["id"], r["status"]) for r in RunLog(store).list()) == [("r1", "completed"), ("r2", "failed")]
     finally:
         store.close()
-    assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd")]
+    assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd"),
+                                                (7, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -481,13 +490,14 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
     store = open_store(path, target)
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 6"]
+            "migrating database schema to version 6", "migrating database schema to version 7"
+        ] + REWRITTEN_USAGE_TIME[backend]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
     finally:
         store.close()
-    assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd")]
+    assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd")]
 
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema_sqlite.json"
