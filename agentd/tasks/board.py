@@ -9,6 +9,7 @@ the row; the other sees no row changed and moves on to the next task.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, Callable
 
 from pony import orm
@@ -64,7 +65,7 @@ class TaskBoard:
         with _write:
             row = self.store.e.TaskRow(id=str(uuid.uuid4()), title=title, description=description,
                                        status="pending", assigned_to=assigned_to or None,
-                                       created_by=created_by, created_at=utcnow())
+                                       created_by=created_by, created_at=_now())
             orm.flush()
             return self._json(row)
 
@@ -96,7 +97,7 @@ class TaskBoard:
             cursor = self.store.db.execute(
                 "UPDATE tasks SET status = 'in_progress', claimed_by = $agent_id, claimed_at = $now "
                 "WHERE id = $task_id AND status = 'pending'",
-                {"agent_id": agent_id, "now": utcnow(), "task_id": task_id})
+                {"agent_id": agent_id, "now": _now(), "task_id": task_id})
             return cursor.rowcount == 1
 
     def claim(self, task_id: str, agent_ref: str) -> dict[str, Any]:
@@ -134,7 +135,7 @@ class TaskBoard:
                 raise Conflict(f"task {task_id} is {row.status}, not in_progress")
             if agent_id is not None and row.claimed_by != agent_id:
                 raise Conflict(f"task {task_id} was claimed by another agent")
-            row.status, row.result, row.completed_at = "completed", result, utcnow()
+            row.status, row.result, row.completed_at = "completed", result, _now()
             return self._json(row)
 
     def delete(self, task_id: str) -> None:
@@ -144,3 +145,7 @@ class TaskBoard:
                 raise NotFound("task not found")
             row.delete()
 
+
+def _now() -> datetime:
+    """Now in UTC."""
+    return utcnow()

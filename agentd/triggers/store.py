@@ -36,6 +36,10 @@ class Trigger:
     prompt_template: str
 
 
+def _naive(dt: datetime | None) -> datetime | None:
+    return dt.replace(tzinfo=None) if dt is not None and dt.tzinfo is not None else dt
+
+
 def _money(value: float) -> str:
     return f"${value:.6f}".rstrip("0").rstrip(".")
 
@@ -98,7 +102,7 @@ class TriggerStore:
                 id=str(uuid.uuid4()), agent_id=agent_id, kind=kind, pattern=json.dumps(pattern, ensure_ascii=False),
                 prompt_template=prompt_template, enabled=enabled, source=source,
                 max_runs_per_day=max_runs_per_day, max_cost_usd_per_day=max_cost_usd_per_day,
-                rate_limit_per_minute=rate_limit_per_minute, created_at=utcnow())
+                rate_limit_per_minute=rate_limit_per_minute, created_at=_now())
             orm.flush()
             return self._json(row)
 
@@ -134,7 +138,7 @@ class TriggerStore:
     def admit(self, trigger_id: str, default_rate: int) -> tuple[bool, str]:
         """Count one firing if the trigger may fire now: (True, "") or (False, why not).
         Reaching `max_runs_per_day` pauses the trigger for the rest of the UTC day."""
-        now = utcnow()
+        now = _now()
         paused = None
         admitted, why = False, ""
         with self._lock, _write:
@@ -144,7 +148,7 @@ class TriggerStore:
             self._roll_day(row, now)
             agent_id = row.agent_id
             limit = row.rate_limit_per_minute or default_rate
-            start = row.window_start
+            start = _naive(row.window_start)
             if not row.enabled:
                 why = "disabled"
             elif row.paused_reason is not None:
@@ -176,7 +180,7 @@ class TriggerStore:
             row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
             if row is None:
                 return
-            self._roll_day(row, utcnow())
+            self._roll_day(row, _now())
             row.cost_today += cost
             if (row.max_cost_usd_per_day is not None and row.cost_today >= row.max_cost_usd_per_day
                     and row.paused_reason is None):
@@ -211,5 +215,10 @@ class TriggerStore:
 
 
 def _today() -> str:
-    return utcnow().date().isoformat()
+    return _now().date().isoformat()
 
+
+def _now() -> datetime:
+    """Now in UTC, naive: the window arithmetic compares it with `_naive` stored times (the
+    store takes either form and hands back aware UTC)."""
+    return utcnow().replace(tzinfo=None)
