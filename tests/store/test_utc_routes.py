@@ -1,12 +1,14 @@
 """Times on a whole second, end to end: the real daemon on a clock that reads whole seconds
 writes each family of rows (agents and sessions, uploads, workflows and their runs, KV,
-memory fragments, tasks, keys, audit); the route that lists them answers with those times,
+memory fragments, tasks, keys, approvals, audit); the route that lists them answers with those times,
 and the database holds them as naive UTC wall time."""
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -161,3 +163,22 @@ def test_audit(d: Daemon) -> None:
     agent_id, name = spawn(d)
     entries = [e for e in ok(d.get("/api/audit/recent", params={"limit": 50})) if e["subject"] == name]
     assert [(e["event"], whole(e["timestamp"])) for e in entries] == [("agent.spawn", True)]
+
+
+def test_approvals(d: Daemon) -> None:
+    agent_id = ok(d.post("/api/agents", json={"manifest_toml": manifest(f"t-{uuid.uuid4().hex[:8]}",
+                                                                        'profile = "coding"')}), 201)["agent_id"]
+    ok(d.put(f"/api/agents/{agent_id}/mode", json={"mode": "Manual"}))
+    result: dict = {}
+    say = threading.Thread(target=lambda: result.update(r=d.post(f"/api/agents/{agent_id}/message", json={
+        "message": '[[tool:file_write {"path": "m.txt", "content": "ok"}]]'})))
+    say.start()
+    pending: list = []
+    deadline = time.monotonic() + 10
+    while not pending and time.monotonic() < deadline:
+        pending = [a for a in ok(d.get("/api/approvals")) if a["agent_id"] == agent_id]
+        time.sleep(0.05)
+    assert [(a["tool"], whole(a["requested_at"])) for a in pending] == [("file_write", True)]
+    ok(d.post(f"/api/approvals/{pending[0]['id']}/approve"))
+    say.join(30)
+    assert "wrote 2 bytes" in result["r"].json()["response"]
