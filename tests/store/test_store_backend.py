@@ -630,7 +630,8 @@ def test_migration_applies_the_message_journal_of_a_killed_daemon_once_and_remov
         + _journal_record(2, [], [[0, {**ids, "now": "2026-03-01 10:00:01"}],
                                   [1, {**ids, "now": "2026-03-01 10:00:01"}],
                                   [2, _exchange(session_id, "first", "echo: first")]])
-        + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01 10:00:02.500000"}],
+        # (with an offset, as a daemon writing aware times journaled it: rewritten as naive UTC)
+        + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01T11:00:02.5+01:00"}],
                                   [2, _exchange(session_id, "grüß \"dich\"", "echo: grüß \"dich\"")]])
         + _journal_record(4, [], [[2, _exchange(session_id, "torn", "by the kill")]])[:-3])
 
