@@ -180,14 +180,20 @@ def _step_7(cur: Any, backend: str) -> None:
                 continue
             cur.execute(f"SELECT rowid, {column} FROM {table} WHERE {column} IS NOT NULL "
                         f"AND {column} NOT GLOB '{_CANONICAL_TIME}'")
-            rows = cur.fetchall()
+            rows, rewritten = cur.fetchall(), 0
             cur.execute("BEGIN")
             for rowid, text in rows:
-                cur.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
-                            (utc.column_text(utc.from_column(text)), rowid))
+                try:
+                    when = utc.from_column(text)
+                except ValueError:
+                    # Not a time at all: no form to bring it to; the start goes on.
+                    log.warning("%s.%s of row %s is not a time (%r); left as it is", table, column, rowid, text)
+                    continue
+                cur.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (utc.column_text(when), rowid))
+                rewritten += 1
             cur.execute("COMMIT")
-            if rows:
-                log.info("%s.%s: %d time(s) rewritten as naive UTC", table, column, len(rows))
+            if rewritten:
+                log.info("%s.%s: %d time(s) rewritten as naive UTC", table, column, rewritten)
 
 
 # version -> step that brings a database from version-1 to version (existing tables only).

@@ -520,7 +520,9 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
     # (PostgreSQL's `timestamp` drops an offset on input: its rows were UTC wall time already.)
     old = {"r1": "2026-03-01 12:00:05+00:00", "r2": "2026-03-01 12:00:04.5" if url else "2026-03-01T14:00:04.5+02:00",
            "r3": "2026-03-01 12:00:04"}
-    _execute(path, url, ["DELETE FROM agentd_schema WHERE version > 6"] + [
+    broken = [] if url else ["INSERT INTO tasks (id, title, description, status, created_at) "
+                             "VALUES ('t1', 't', '', 'pending', 'soon')"]
+    _execute(path, url, ["DELETE FROM agentd_schema WHERE version > 6"] + broken + [
         "INSERT INTO workflow_runs (id, workflow_id, workflow_name, status, input, step_results, steps_completed, "
         f"created_at, started_at) VALUES ('{run}', 'w', 'w', 'running', '', '[]', 0, '{text}', '{text}')"
         for run, text in old.items()] + [
@@ -531,7 +533,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
     try:
         rewritten = [] if url else ["workflow_runs.created_at: 3 time(s) rewritten as naive UTC",
                                     "workflow_runs.started_at: 3 time(s) rewritten as naive UTC",
-                                    "audit.at: 3 time(s) rewritten as naive UTC"]
+                                    "audit.at: 3 time(s) rewritten as naive UTC",
+                                    "tasks.created_at of row 1 is not a time ('soon'); left as it is"]
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 7"] + rewritten
         with orm.db_session:
