@@ -4,7 +4,9 @@ wrote with an offset read back as the same instant."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
@@ -44,12 +46,16 @@ def naive_text_or_timestamp(value: object, when: datetime) -> bool:
 
 
 def test_every_datetime_attribute_goes_through_the_utc_converter(store: Store) -> None:
+    sqlite = store.db.provider.dialect == "SQLite"
+    expected = "SqliteUtcDatetimeConverter" if sqlite else "PostgresUtcDatetimeConverter"
     found = []
     for entity in store.db.entities.values():
         for attr in entity._attrs_:
             if attr.py_type is datetime:
                 found.append(f"{entity._table_}.{attr.column}")
-                assert type(attr.converters[0]).__name__.endswith("UtcDatetimeConverter"), found[-1]
+                assert type(attr.converters[0]).__name__ == expected, found[-1]
+    if sqlite:  # plain-SQL parameters on SQLite get the same text
+        assert sqlite3.adapters[(datetime, sqlite3.PrepareProtocol)] is column_text
     # (and the columns migration 7 brought to this form are all of them)
     assert sorted(found) == sorted(f"{t}.{c}" for t, columns in TIME_COLUMNS_V7.items() for c in columns)
 
@@ -146,7 +152,29 @@ def test_the_helpers() -> None:
     assert from_column("2026-03-01 12:00:05.000000") == WHOLE
     assert from_column("2026-03-01T14:00:05+02:00") == WHOLE and from_column("2026-03-01T12:00:05Z").tzinfo is UTC
     assert from_column(datetime(2026, 3, 1, 12, 0, 5)) == WHOLE
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^not a stored time: 1772366405$"):
         from_column(1772366405)
     with pytest.raises(ValueError):
         from_column("yesterday")
+
+
+@pytest.fixture()
+def tokyo() -> Iterator[None]:
+    """The process's local time zone is Asia/Tokyo (UTC+9) for the test."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_a_host_in_another_zone_stores_the_same_utc(tokyo: None, store: Store) -> None:
+    assert naive_utc(datetime(2026, 3, 1, 14, 0, tzinfo=PLUS2)) == datetime(2026, 3, 1, 12, 0)
+    with orm.db_session:
+        store.e.AuditRow(at=datetime(2026, 3, 1, 14, 0, 5, tzinfo=PLUS2), event="e")
+    assert naive_text_or_timestamp(stored(store, "SELECT at FROM audit", {})[0], WHOLE)
+    assert [e["timestamp"] for e in AuditLog(store).recent()] == ["2026-03-01T12:00:05+00:00"]
