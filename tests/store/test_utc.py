@@ -60,6 +60,12 @@ def test_every_datetime_attribute_goes_through_the_utc_converter(store: Store) -
     assert sorted(found) == sorted(f"{t}.{c}" for t, columns in TIME_COLUMNS_V7.items() for c in columns)
 
 
+def test_opening_a_sqlite_store_registers_the_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sqlite3.adapters, (datetime, sqlite3.PrepareProtocol), raising=False)
+    open_store(tmp_path / "agentd.db").close()
+    assert sqlite3.adapters[(datetime, sqlite3.PrepareProtocol)] is column_text
+
+
 def test_a_whole_second_reads_back_as_an_aware_time_and_updates(store: Store) -> None:
     e = store.e
     with orm.db_session:
