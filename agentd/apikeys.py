@@ -54,10 +54,6 @@ def _hash(secret: str, salt: bytes) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", secret.encode("utf-8"), salt, _ITERATIONS)
 
 
-def _naive(dt: datetime) -> datetime:
-    return dt.astimezone(timezone.utc).replace(tzinfo=None) if dt.tzinfo else dt
-
-
 def day_bounds(now: datetime) -> tuple[datetime, datetime]:
     start = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
     return start, start + timedelta(days=1)
@@ -155,7 +151,7 @@ class ApiKeys:
         key_id = str(uuid.uuid4())
         secret = secrets.token_urlsafe(32)
         salt = secrets.token_bytes(16)
-        now = _naive(self._now())
+        now = self._now()
         try:
             with orm.db_session:
                 if self.store.e.ApiKeyRow.get(name=data["name"]) is not None:
@@ -165,7 +161,7 @@ class ApiKeys:
                                        budget_usd_per_day=data.get("budget_usd_per_day"),
                                        budget_usd_per_month=data.get("budget_usd_per_month"),
                                        rate_limit_per_minute=data.get("rate_limit_per_minute"),
-                                       expires_at=_naive(data["expires_at"]) if data.get("expires_at") else None,
+                                       expires_at=data.get("expires_at") or None,
                                        enabled=data.get("enabled", True), created_at=now, updated_at=now)
         except orm.TransactionIntegrityError:
             raise Conflict(f"an API key named '{data['name']}' exists") from None
@@ -215,11 +211,11 @@ class ApiKeys:
                     raise Conflict(f"an API key named '{data['name']}' exists")
             for field, value in data.items():
                 if field == "expires_at":
-                    value = _naive(value) if value else None
+                    value = value or None
                 elif field in ("scopes", "agents"):
                     value = list(value or [])
                 setattr(row, field, value)
-            row.updated_at = _naive(self._now())
+            row.updated_at = self._now()
             key_id, name = row.id, row.name
         self.audit("key.update", name, {"key_id": key_id, "by": by.name, "fields": sorted(data)})
         return self.get(key_id)
@@ -239,7 +235,7 @@ class ApiKeys:
         with _changing(ref), orm.db_session:
             row = self._row(ref)
             row.salt, row.secret_hash = salt, _hash(secret, salt)
-            row.updated_at = _naive(self._now())
+            row.updated_at = self._now()
             key_id, name = row.id, row.name
         self.audit("key.rotate", name, {"key_id": key_id, "by": by.name})
         out = self.get(key_id)
@@ -282,7 +278,7 @@ class ApiKeys:
         if not enabled:
             self.audit("key.refused", name, {"key_id": key_id, "reason": "disabled"})
             raise Unauthorized(f"API key '{name}' is disabled")
-        if expires is not None and _naive(self._now()) >= expires:
+        if expires is not None and self._now() >= expires:
             self.audit("key.refused", name, {"key_id": key_id, "reason": "expired"})
             raise Unauthorized(f"API key '{name}' expired at {iso(expires)}")
         self._touch(key_id, now)
@@ -294,7 +290,7 @@ class ApiKeys:
         with orm.db_session:
             row = self.store.e.ApiKeyRow.get(id=key_id)
             if row is None or not row.enabled or (row.expires_at is not None
-                                                   and _naive(self._now()) >= row.expires_at):
+                                                   and self._now() >= row.expires_at):
                 return None
             return Principal(row.id, row.name, list(row.scopes), list(row.agents or []),
                              row.rate_limit_per_minute, refused=self.refused)
@@ -311,7 +307,7 @@ class ApiKeys:
             self._touched[key_id] = now
         with orm.db_session:
             self.store.db.execute("UPDATE api_keys SET last_used_at = $t WHERE id = $k",
-                                  {"t": _naive(self._now()), "k": key_id})
+                                  {"t": self._now(), "k": key_id})
 
     # -- rate limits -------------------------------------------------------------------
     def shared_hit(self, key_id: str, rpm: int) -> float:
@@ -340,7 +336,7 @@ class ApiKeys:
         with orm.db_session:
             return float(self.store.db.select(
                 "SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE key_id = $k AND at >= $s AND at < $e",
-                {"k": key_id, "s": _naive(start), "e": _naive(end)})[0])
+                {"k": key_id, "s": start, "e": end})[0])
 
     def spend(self, key_id: str) -> tuple[float, float]:
         """(today's, this month's) spend of a key, UTC, as every daemon recorded it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pony import orm
@@ -34,9 +34,7 @@ class AuditLog:
         """Append one entry; a failure to write is logged, never raised to the caller."""
         try:
             with orm.db_session:
-                # Naive UTC: Pony's SQLite converter reads an aware time written on a whole
-                # second back as a string.
-                self.store.e.AuditRow(at=naive_utc(utcnow()), event=event, subject=subject or "",
+                self.store.e.AuditRow(at=utcnow(), event=event, subject=subject or "",
                                       detail=detail or {})
         except Exception:  # noqa: BLE001 - auditing must not break what it observes
             log.exception("cannot write audit entry %s", event)
@@ -64,19 +62,11 @@ class AuditLog:
             if subject:
                 query = query.filter(lambda a: a.subject == subject)
             if since is not None:
-                start = naive_utc(since)
-                query = query.filter(lambda a: a.at >= start)
+                query = query.filter(lambda a: a.at >= since)
             if until is not None:
-                end = naive_utc(until)
-                query = query.filter(lambda a: a.at <= end)
+                query = query.filter(lambda a: a.at <= until)
             rows = query.order_by(orm.desc(self.store.e.AuditRow.id)).limit(limit)
             return [{"id": r.id, "timestamp": iso(r.at),
                      "event": r.event, "subject": r.subject, "detail": dict(r.detail or {})}
                     for r in rows]
 
-
-def naive_utc(when: datetime) -> datetime:
-    """`when` as the naive UTC time the database compares with."""
-    if when.tzinfo is not None:
-        when = when.astimezone(timezone.utc).replace(tzinfo=None)
-    return when

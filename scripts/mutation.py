@@ -204,6 +204,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     "agentd/store/leases.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/store/test_wal_checkpoint.py"],
+    # Which failures are an outage and the log lines at each end of one, in process.
+    "agentd/store/outage.py": ["tests/store/test_outage.py"],
+    # The time converter and the audit trail on real SQLite stores, in process.
+    "agentd/store/utc.py": ["tests/store/test_utc.py", "-knot postgres"],
+    "agentd/audit.py": ["tests/test_audit.py", "tests/store/test_utc.py"],
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
     # same tests run in the suite's --db=postgres pass).
     "agentd/store/migrate.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"],

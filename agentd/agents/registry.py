@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
@@ -97,10 +97,8 @@ class AgentRegistry:
         except AgentdError as exc:
             log.error("agent %s (%s) has an unreadable manifest: %s", row.name, row.id, exc.message)
             return None
-        # SQLite hands datetimes back naive; they were written as UTC.
-        handle = self._handle(row.id, manifest, row.mode, row.created_at.replace(tzinfo=timezone.utc),
-                              row.session_id)
-        handle.last_active = row.last_active.replace(tzinfo=timezone.utc)
+        handle = self._handle(row.id, manifest, row.mode, row.created_at, row.session_id)
+        handle.last_active = row.last_active
         return handle
 
     def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:

@@ -197,7 +197,7 @@ def _job(row: Any) -> dict[str, Any]:
             "next_run_at": iso_seconds(row.next_due), "last_run": dict(row.last_run) if row.last_run else None,
             "paused_reason": row.paused_reason, "origin": row.origin, "failures": row.failures,
             "backoff_until": row.backoff_until,
-            "created_at": row.created_at.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")}
+            "created_at": row.created_at.isoformat().replace("+00:00", "Z")}
 
 
 def _run(row: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pony import orm
 from pony.orm import Database
 
 from agentd.errors import AgentdError
-from agentd.store import migrate
+from agentd.store import migrate, utc
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
@@ -191,6 +191,7 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         cur = side.cursor()
         found = migrate.run_steps(cur, "sqlite")
         db.bind(provider="sqlite", filename=str(path), create_db=True)
+        utc.install(db)
         db.generate_mapping(create_tables=True)
         migrate.run_late_steps(cur, "sqlite", found)
         migrate.record(cur, "sqlite", found)
@@ -232,6 +233,7 @@ def _open_postgres(path: Path, target: DatabaseUrl) -> Store:
         try:
             found = migrate.run_steps(cur, "postgres")
             bind_postgres(db, target)
+            utc.install(db)
             db.generate_mapping(create_tables=True)
             migrate.run_late_steps(cur, "postgres", found)
             migrate.record(cur, "postgres", found)

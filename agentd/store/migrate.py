@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from agentd.store import utc
+
 log = logging.getLogger("agentd.store")
 
 # Arbitrary constant shared by every agentd daemon: the key of the migration lock.
@@ -155,8 +157,55 @@ def _coordination_8(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE cluster_daemons ADD COLUMN url TEXT")
 
 
+# The time columns of the entities at schema 7 (frozen: a later step names its own).
+TIME_COLUMNS_V7 = {
+    "agents": ("created_at", "last_active"), "sessions": ("created_at",), "memory_kv": ("updated_at",),
+    "uploads": ("created_at",), "usage": ("at",), "workflows": ("created_at", "updated_at"),
+    "workflow_runs": ("created_at", "started_at", "completed_at"), "audit": ("at",),
+    "api_keys": ("expires_at", "created_at", "updated_at", "last_used_at"), "cron_jobs": ("created_at",),
+    "memory_fragments": ("created_at", "accessed_at"), "kg_entities": ("created_at", "updated_at"),
+    "kg_relations": ("created_at",), "openai_responses": ("created_at",),
+    "triggers": ("window_start", "last_fired_at", "created_at"),
+    "tasks": ("created_at", "claimed_at", "completed_at"),
+}
+_CANONICAL_TIME = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]"
+
+
+def _step_7(cur: Any, backend: str) -> None:
+    """SQLite times become one form, naive UTC with microseconds (agentd/store/utc.py).
+    Earlier rows may carry an offset ("+00:00") or no fraction: they sorted apart from the
+    others in SQL, and Pony's optimistic checks, comparing the text it would write with
+    the text stored, refused to update them. PostgreSQL's `timestamp` columns already hold
+    UTC wall time."""
+    if backend == "postgres":
+        return
+    for table, columns in TIME_COLUMNS_V7.items():
+        if not _table_exists(cur, backend, table):
+            continue
+        for column in columns:
+            if not _column_exists(cur, backend, table, column):
+                continue
+            cur.execute(f"SELECT rowid, {column} FROM {table} WHERE {column} IS NOT NULL "
+                        f"AND {column} NOT GLOB '{_CANONICAL_TIME}'")
+            rows, rewritten = cur.fetchall(), 0
+            cur.execute("BEGIN")
+            for rowid, text in rows:
+                try:
+                    when = utc.from_column(text)
+                except ValueError:
+                    # Not a time at all: no form to bring it to; the start goes on.
+                    log.warning("%s.%s of row %s is not a time (%r); left as it is", table, column, rowid, text)
+                    continue
+                cur.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (utc.column_text(when), rowid))
+                rewritten += 1
+            cur.execute("COMMIT")
+            if rewritten:
+                log.info("%s.%s: %d time(s) rewritten as naive UTC", table, column, rewritten)
+
+
 # version -> step that brings a database from version-1 to version (existing tables only).
-STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6}
+STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6,
+                                                 7: _step_7}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}
@@ -301,7 +350,9 @@ def apply_message_journal(path: Path) -> None:
         conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None)
         try:
             conn.execute("PRAGMA foreign_keys = ON")  # (a record is refused as the daemon refused it)
-            _apply_journal(conn.cursor(), journal, fh.read())
+            if _apply_journal(conn.cursor(), journal, fh.read()):
+                # Its times are in the form the daemon that wrote it used.
+                _step_7(conn.cursor(), "sqlite")
             journal.with_name(journal.name + ".tmp").unlink(missing_ok=True)
             journal.unlink()
             conn.execute("DELETE FROM settings WHERE key = ?", (JOURNAL_APPLIED_KEY,))
@@ -309,13 +360,14 @@ def apply_message_journal(path: Path) -> None:
             conn.close()
 
 
-def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> None:
+def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> bool:
+    """Apply the records the database has not applied yet; True when there were any."""
     cur.execute("SELECT value FROM settings WHERE key = ?", (JOURNAL_APPLIED_KEY,))
     row = cur.fetchone()
     applied = int(json.loads(row[0])["seq"]) if row is not None and row[0] is not None else 0
     left = [r for r in _journal_records(data) if r[0] > applied]
     if not left:
-        return
+        return False
     log.info("applying %d message write(s) left in %s", len(left), journal)
     cur.execute("BEGIN IMMEDIATE")
     try:
@@ -338,6 +390,7 @@ def _apply_journal(cur: sqlite3.Cursor, journal: Path, data: bytes) -> None:
     except BaseException:
         cur.execute("ROLLBACK")
         raise
+    return True
 
 
 def lock(cur: Any, backend: str) -> None:

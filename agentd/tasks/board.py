@@ -147,6 +147,5 @@ class TaskBoard:
 
 
 def _now() -> datetime:
-    """Now in UTC, naive: the database hands datetimes back naive, and Pony compares what it
-    wrote with what it reads."""
-    return utcnow().replace(tzinfo=None)
+    """Now in UTC."""
+    return utcnow()

@@ -19,8 +19,7 @@ from pony import orm
 from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
-# Pony's optimistic checks misfire on timezone-aware datetimes read back naive; the row
-# lock is what serialises writers here.
+# The row lock is what serialises writers here; Pony's optimistic checks would only repeat it.
 _write = orm.db_session(optimistic=False)
 CAP_REASONS = ("max_runs_per_day", "max_cost_usd_per_day")
 
@@ -220,6 +219,6 @@ def _today() -> str:
 
 
 def _now() -> datetime:
-    """Now in UTC, naive: the database hands datetimes back naive, and Pony compares what it
-    wrote with what it reads."""
+    """Now in UTC, naive: the window arithmetic compares it with `_naive` stored times (the
+    store takes either form and hands back aware UTC)."""
     return utcnow().replace(tzinfo=None)

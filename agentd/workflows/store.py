@@ -20,7 +20,7 @@ from agentd.workflows.definition import WorkflowDef
 
 RUN_RETENTION = 200
 # Each run record has one writer (the thread driving the run), so Pony's optimistic
-# checks add nothing; they also misfire on timezone-aware datetimes read back naive.
+# checks add nothing.
 _write = orm.db_session(optimistic=False)
 ACTIVE = ("pending", "running")
 FINISHED = ("completed", "failed")

@@ -15,7 +15,7 @@ import sqlite3
 import struct
 import uuid
 import zlib
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg2
@@ -409,6 +409,11 @@ def _indexes(store, url: str | None, table: str) -> set[str]:
                                    {"t": table}))
 
 
+# What migration 7 says of the usage row the tests above insert at '2026-01-01 00:00:00'
+# (SQLite text without a fraction; PostgreSQL's timestamp needs no rewrite).
+REWRITTEN_USAGE_TIME = {"sqlite": ["usage.at: 1 time(s) rewritten as naive UTC"], "postgres": []}
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: str,
                                                      caplog: pytest.LogCaptureFixture) -> None:
@@ -447,7 +452,7 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 5", "migrating database schema to version 6",
-            "migrating database schema to version 7", "migrating database schema to version 8"]
+            "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8"]
         assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
@@ -486,8 +491,8 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
     store = open_store(path, target)
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 6", "migrating database schema to version 7",
-            "migrating database schema to version 8"]
+            "migrating database schema to version 6", "migrating database schema to version 7"
+        ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8"]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
@@ -495,6 +500,66 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
         store.close()
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
                                                 (8, "migrated by agentd")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A schema-6 database whose SQLite times carry an offset or no fraction (as an earlier
+    agentd wrote them) gets them rewritten as naive UTC with microseconds: they read back
+    as the same instants, sort as times in SQL, and their rows update (Pony's optimistic
+    check compares the text it writes with the text stored)."""
+    from pony import orm
+
+    from agentd.audit import AuditLog
+    from agentd.store import open_store
+    from agentd.workflows.store import WorkflowStore
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    open_store(path, target).close()
+    # (PostgreSQL's `timestamp` drops an offset on input: its rows were UTC wall time already.)
+    old = {"r1": "2026-03-01 12:00:05+00:00", "r2": "2026-03-01 12:00:04.5" if url else "2026-03-01T14:00:04.5+02:00",
+           "r3": "2026-03-01 12:00:04"}
+    broken = [] if url else ["INSERT INTO tasks (id, title, description, status, created_at) "
+                             "VALUES ('t1', 't', '', 'pending', 'soon')"]
+    _execute(path, url, ["DELETE FROM agentd_schema WHERE version > 6"] + broken + [
+        "INSERT INTO workflow_runs (id, workflow_id, workflow_name, status, input, step_results, steps_completed, "
+        f"created_at, started_at) VALUES ('{run}', 'w', 'w', 'running', '', '[]', 0, '{text}', '{text}')"
+        for run, text in old.items()] + [
+        f"INSERT INTO audit (at, event, subject, detail) VALUES ('{text}', '{run}', '', '{{}}')"
+        for run, text in old.items()])
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    store = open_store(path, target)
+    try:
+        rewritten = [] if url else ["workflow_runs.created_at: 3 time(s) rewritten as naive UTC",
+                                    "workflow_runs.started_at: 3 time(s) rewritten as naive UTC",
+                                    "audit.at: 3 time(s) rewritten as naive UTC",
+                                    "tasks.created_at of row 1 is not a time ('soon'); left as it is"]
+        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+            "migrating database schema to version 7"] + rewritten + ["migrating database schema to version 8"]
+        with orm.db_session:
+            texts = list(store.db.select("SELECT id, created_at FROM workflow_runs ORDER BY created_at, id"))
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+        if not url:
+            assert [tuple(r) for r in texts] == [("r3", "2026-03-01 12:00:04.000000"),
+                                                 ("r2", "2026-03-01 12:00:04.500000"),
+                                                 ("r1", "2026-03-01 12:00:05.000000")]
+        runs = WorkflowStore(store)
+        assert [(r["id"], r["started_at"]) for r in runs.runs("w")] == [
+            ("r1", "2026-03-01T12:00:05+00:00"), ("r2", "2026-03-01T12:00:04.500000+00:00"),
+            ("r3", "2026-03-01T12:00:04+00:00")]
+        since = datetime(2026, 3, 1, 12, 0, 4, 500000)
+        assert sorted(e["event"] for e in AuditLog(store).recent(since=since)) == ["r1", "r2"]
+        with orm.db_session(optimistic=True):
+            row = store.e.WorkflowRunRow["r1"]
+            assert row.started_at == datetime(2026, 3, 1, 12, 0, 5, tzinfo=timezone.utc)
+            row.status = "failed"
+        assert runs.run("r1")["state"] == {"status": "failed"}
+    finally:
+        store.close()
+    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd")]
 
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema_sqlite.json"
@@ -570,7 +635,8 @@ def test_migration_applies_the_message_journal_of_a_killed_daemon_once_and_remov
         + _journal_record(2, [], [[0, {**ids, "now": "2026-03-01 10:00:01"}],
                                   [1, {**ids, "now": "2026-03-01 10:00:01"}],
                                   [2, _exchange(session_id, "first", "echo: first")]])
-        + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01 10:00:02.500000"}],
+        # (with an offset, as a daemon writing aware times journaled it: rewritten as naive UTC)
+        + _journal_record(3, [], [[0, {**ids, "now": "2026-03-01T11:00:02.5+01:00"}],
                                   [2, _exchange(session_id, "grüß \"dich\"", "echo: grüß \"dich\"")]])
         + _journal_record(4, [], [[2, _exchange(session_id, "torn", "by the kill")]])[:-3])
 
