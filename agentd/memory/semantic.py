@@ -214,13 +214,15 @@ class SemanticMemory(Recall):
         return result
 
     def remember_many(self, agent_id: str, items: list[dict[str, Any]],
-                      vectors: np.ndarray | None = None) -> list[dict[str, Any]]:
+                      vectors: np.ndarray | None = None, same_text_only: bool = False) -> list[dict[str, Any]]:
         """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
         already validated) of one agent: embedded in batches of 32 (one model run each), then
         stored one by one, each deduplicated against the agent's fragments and the batch's
         earlier ones. Each fragment is its own transaction (as with `remember`): a batch that
         merges twice into the same row in one Pony session trips its optimistic check.
-        `vectors`: the items' embeddings when the caller already made them."""
+        `vectors`: the items' embeddings when the caller already made them. `same_text_only`:
+        merge only into a fragment of the very same text (vectors that stand for part of the
+        text, such as an exchange's question, say nothing about whether the rest matches)."""
         if not items:
             return []
         if vectors is None:
@@ -229,20 +231,23 @@ class SemanticMemory(Recall):
             index = self.index(agent_id)
             results = [self._remember(agent_id, index, item["content"], vector,
                                       item.get("source", "user_provided"), item.get("scope", "semantic"),
-                                      item.get("metadata") or {}, item.get("confidence", 1.0))
+                                      item.get("metadata") or {}, item.get("confidence", 1.0), same_text_only)
                        for item, vector in zip(items, vectors)]
         self._trim(agent_id)
         self._changed(agent_id)
         return results
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
-                  scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
+                  scope: str, metadata: dict[str, Any], confidence: float,
+                  same_text_only: bool = False) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
         close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
         contents = self._contents(agent_id, [h.id for h in close]) if close else {}
         for hit in close:
             existing = contents.get(hit.id)
             if existing is None:
+                continue
+            if same_text_only and existing != content:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
                 self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)

@@ -24,6 +24,8 @@ from agentd.store import Store
 from agentd.store.outage import log_failure
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from agentd.llm.types import ProviderEndpoint
     from agentd.memory.embedder import Embedder
     from agentd.memory.semantic import SemanticMemory
@@ -382,10 +384,9 @@ class MemoryService:
         by_agent: dict[str, list[int]] = {}
         for at, item in enumerate(batch):
             by_agent.setdefault(item[0], []).append(at)
+        whole = self.config.embed_whole_exchange
         try:
-            # One model run for the whole batch, whichever agents it spans: a batch costs
-            # less per text than single runs.
-            vectors = self.semantic.embedder.embed([content for _, _, content, _ in batch])
+            vectors = self._exchange_vectors(batch)
         except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
             for agent_id, places in by_agent.items():
                 log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
@@ -395,7 +396,7 @@ class MemoryService:
             try:
                 stored = self.semantic.remember_many(agent_id, [
                     {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
-                    for _, _, content, metadata in items], vectors[places])
+                    for _, _, content, metadata in items], vectors[places], same_text_only=not whole)
                 known = self._exchanges.get(agent_id)
                 if known is None:
                     while len(self._exchanges) >= AGENTS_KEPT:
@@ -405,6 +406,26 @@ class MemoryService:
                     known[result["id"]] = user_text
             except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
                 log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
+
+    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> "np.ndarray":
+        """One vector per exchange. By default the user message's: the recall before the
+        model call embedded that very text a moment ago (the query cache holds it), so an
+        exchange costs no model run of its own; texts not cached are embedded in one run.
+        With `embed_whole_exchange`, question and answer together in one run for the batch,
+        whichever agents it spans (a batch costs less per text than single runs)."""
+        import numpy as np
+
+        semantic = self.semantic
+        embedder = semantic.embedder
+        if self.config.embed_whole_exchange:
+            return embedder.embed([content for _, _, content, _ in batch])
+        cache, name = semantic.queries, embedder.name
+        found = {user: cache.peek(name, user) for _, user, _, _ in batch}
+        missing = [user for user, vector in found.items() if vector is None]
+        if missing:
+            for user, vector in zip(missing, embedder.embed(missing)):
+                found[user] = cache.put(name, user, vector)
+        return np.stack([found[user] for _, user, _, _ in batch])
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""

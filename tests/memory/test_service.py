@@ -480,7 +480,8 @@ def test_exchanges_in_the_window_are_skipped_and_older_ones_recalled(svc) -> Non
     svc.drain()
     e1, e2 = exchange("my name is Ann", "Hello Ann"), exchange("I live in Oslo", "Nice city")
     assert [f["content"] for f in svc.page(a, 10, 0)["memories"]] == [e2, e1]
-    svc.emb.query("who am I?", {e1: 0.9, e2: 0.8})
+    # (an exchange's vector is its question's)
+    svc.emb.query("who am I?", {"my name is Ann": 0.9, "I live in Oslo": 0.8})
     window = [{"role": "user", "content": "my name is Ann"}, {"role": "assistant", "content": "Hello Ann"},
               {"role": "user", "content": "I live in Oslo"}, {"role": "assistant", "content": "Nice city"}]
     calls = len(svc.emb.calls)
@@ -501,7 +502,7 @@ def test_in_session_skip_compares_the_whole_question(svc) -> None:
     svc.drain()
     e = exchange("tea", "yes")
     svc.remember(a, "User asked: tea time")  # a fact that starts like the exchange
-    svc.emb.query("drinks?", {e: 0.9, "User asked: tea time": 0.8})
+    svc.emb.query("drinks?", {"tea": 0.9, "User asked: tea time": 0.8})
     assert svc.system_context(a, "drinks?", [{"role": "user", "content": "tea"}], "S") == \
         "S\n\n" + block("User asked: tea time")
     assert svc.system_context(a, "drinks?", [{"role": "user", "content": "te"}], "S") == \
@@ -657,6 +658,51 @@ def test_worker_batches_of_32_per_model_run(svc) -> None:
     assert [len(c) for c in svc.emb.calls] == [1, 32, 8]
     assert svc.page(a, 100, 0)["total"] == 41
     assert len(svc._exchanges[a]) == 41
+
+
+def test_an_exchange_reuses_the_vector_its_recall_made(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "a fact to recall against")
+    svc.emb.query("where do I live?", {"a fact to recall against": 0.5})
+    svc.system_context(a, "where do I live?", [], "S")
+    calls = len(svc.emb.calls)
+    svc.after_exchange(a, "s", "where do I live?", "In Oslo")
+    svc.drain()
+    assert len(svc.emb.calls) == calls, "BUG: the exchange ran the model again"
+    stored = svc.semantic.recall(a, "where do I live?", 5, touch=False)
+    assert [(f["content"], f["score"]) for f in stored][0] == \
+        ("User asked: where do I live?\nI responded: In Oslo", 1.0)
+
+
+def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) -> None:
+    a = new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    for answer in ("x", "y", "y"):
+        svc.after_exchange(a, "s", "same question", answer)
+    svc.after_exchange(a, "s", "other question", "z")
+    svc.emb.gate.set()
+    svc.drain()
+    assert svc.emb.calls[-2:] == [["first"], ["same question", "other question"]]
+    # The same question with another answer is a fragment of its own (the vector stands for
+    # the question only); the very same exchange again merges.
+    contents = sorted(f["content"] for f in svc.page(a, 10, 0)["memories"])
+    assert contents == ["User asked: first\nI responded: one", "User asked: other question\nI responded: z",
+                        "User asked: same question\nI responded: x", "User asked: same question\nI responded: y"]
+
+
+def test_embed_whole_exchange_runs_the_model_on_question_and_answer(store) -> None:
+    s, emb = make(store, embed_whole_exchange=True)
+    try:
+        a = new_agent()
+        s.after_exchange(a, "s", "where do I live?", "In Oslo")
+        s.after_exchange(a, "s", "where do I live?", "In Oslo")
+        s.drain()
+        assert [t for call in emb.calls for t in call] == ["User asked: where do I live?\nI responded: In Oslo"] * 2
+        assert s.page(a, 10, 0)["total"] == 1
+    finally:
+        s.close()
 
 
 def test_a_full_queue_drops_the_exchange_with_a_warning(svc, caplog) -> None:
