@@ -250,7 +250,8 @@ class SemanticMemory(Recall):
             if same_text_only and existing != content:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                if existing != content or not self._restated(agent_id, hit.id, metadata, confidence):
+                    self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
                 return {"id": hit.id, "merged": True}
         now = utcnow()
         fid = str(uuid.uuid4())
@@ -265,6 +266,25 @@ class SemanticMemory(Recall):
                     row.superseded_by = fid
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
+
+    def _restated(self, agent_id: str, fid: str, metadata: dict[str, Any], confidence: float) -> bool:
+        """The very same text again, with metadata and confidence the fragment already has:
+        the merge would change only `accessed_at`, so only that is written (one UPDATE, not a
+        row loaded with its vector). False when the merge has more to do."""
+        with orm.db_session:
+            found = self.store.db.select("SELECT metadata, confidence FROM memory_fragments "
+                                         "WHERE agent_id = $a AND id = $f", {"a": agent_id, "f": fid})
+            if not found:
+                return False
+            held, conf = found[0]
+            held = json.loads(held or "{}")
+            if conf < float(confidence) or any(key not in held or held[key] != value
+                                                 for key, value in metadata.items()):
+                return False
+            # Naive UTC, as the store writes every time.
+            self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
+                                  {"now": utcnow().replace(tzinfo=None), "a": agent_id, "f": fid})
+        return True
 
     def _contents(self, agent_id: str, ids: list[str]) -> dict[str, str]:
         """Content of some fragments in one plain query (not whole Pony objects with their

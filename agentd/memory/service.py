@@ -264,14 +264,16 @@ class MemoryService:
                 return {f"{ASKED}{m.get('content')}" for m in history
                         if m.get("role") == "user" and isinstance(m.get("content"), str)}
 
-            if self._nothing_to_recall(agent_id, asked_here):
+            session_ids: set[str] = set()
+            if self._nothing_to_recall(agent_id, asked_here, session_ids):
                 return system  # (and the model is not loaded or run for nothing)
 
             def in_session(content: str) -> bool:
                 return content.split(ANSWERED, 1)[0] in asked_here()
 
             found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
-                                       skip=in_session, hide=None if owner is None else others_of(owner))
+                                       skip=in_session, skip_ids=frozenset(session_ids),
+                                       hide=None if owner is None else others_of(owner))
         except Exception as exc:  # noqa: BLE001 - memory must never fail a run
             log_failure(log, exc, "memory recall for agent %s failed", agent_id)
             return system
@@ -306,9 +308,10 @@ class MemoryService:
 
         return current
 
-    def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]]) -> bool:
+    def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]], session_ids: set[str]) -> bool:
         """True when the agent has no fragments, or only exchanges of its current session
-        (`asked()`: the session's user turns, as fragments begin)."""
+        (`asked()`: the session's user turns, as fragments begin). The ids of the exchanges
+        known to be in the session are added to `session_ids`."""
         known = self._exchanges.get(agent_id)
         in_session: set[str] = set()
         if known:
@@ -316,6 +319,7 @@ class MemoryService:
             kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in session}
             self._exchanges[agent_id] = kept  # forget exchanges that left the session
             in_session = set(kept)
+            session_ids.update(in_session)
         ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
         if ids is None:
             if agent_id in self._empty:

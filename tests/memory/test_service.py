@@ -692,6 +692,40 @@ def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) 
                         "User asked: same question\nI responded: x", "User asked: same question\nI responded: y"]
 
 
+def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(svc) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "hi", "hello")
+    svc.drain()
+    (first,) = svc.page(a, 10, 0)["memories"]
+    svc.after_exchange(a, "s2", "hi", "hello")  # a new session id: merged into the metadata
+    svc.drain()
+    (second,) = svc.page(a, 10, 0)["memories"]
+    assert second["id"] == first["id"] and second["metadata"] == {"session_id": "s2"}
+    assert svc.semantic._metadata_ids(a, {"session_id": "s2"}) == {first["id"]}
+    time.sleep(0.01)
+    svc.after_exchange(a, "s2", "hi", "hello")
+    svc.drain()
+    (third,) = svc.page(a, 10, 0)["memories"]
+    assert third["metadata"] == {"session_id": "s2"} and third["accessed_at"] > second["accessed_at"]
+    assert (third["created_at"], third["confidence"], third["access_count"]) == \
+        (first["created_at"], 1.0, 0)
+
+
+def test_exchanges_in_the_session_are_dropped_before_their_rows_are_read(svc, monkeypatch) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "where is my car?", "in the garage")
+    svc.drain()
+    svc.remember(a, "The car is blue")
+    svc.emb.query("my car?", {"where is my car?": 0.9, "The car is blue": 0.8})
+    read: list[list[str]] = []
+    rows = svc.semantic._rows
+    monkeypatch.setattr(svc.semantic, "_rows", lambda agent, ids: read.append(ids) or rows(agent, ids))
+    window = [{"role": "user", "content": "where is my car?"}, {"role": "assistant", "content": "in the garage"}]
+    assert svc.system_context(a, "my car?", window, "S") == "S\n\n" + block("The car is blue")
+    (fact,) = [f["id"] for f in svc.page(a, 10, 0)["memories"] if f["content"] == "The car is blue"]
+    assert read == [[fact]]
+
+
 def test_embed_whole_exchange_runs_the_model_on_question_and_answer(store) -> None:
     s, emb = make(store, embed_whole_exchange=True)
     try:
