@@ -41,6 +41,8 @@ _GENERATIONS = itertools.count(1)
 # A contradicting fragment this close to an older one supersedes it: both are kept and the
 # newer one ranks first whenever both are recalled.
 SUPERSEDE_THRESHOLD = 0.85
+# A fragment stated again word for word has its accessed_at moved at most this often.
+RESTATED_SECS = 600.0
 
 _NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot",
                         "without", "nowhere"})
@@ -242,7 +244,8 @@ class SemanticMemory(Recall):
                   same_text_only: bool = False) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
         close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
-        contents = self._contents(agent_id, [h.id for h in close]) if close else {}
+        near = self._near(agent_id, [h.id for h in close]) if close else {}
+        contents = {fid: row[0] for fid, row in near.items()}
         for hit in close:
             existing = contents.get(hit.id)
             if existing is None:
@@ -250,7 +253,7 @@ class SemanticMemory(Recall):
             if same_text_only and existing != content:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                if existing != content or not self._restated(agent_id, hit.id, metadata, confidence):
+                if existing != content or not self._restated(agent_id, hit.id, near[hit.id], metadata, confidence):
                     self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
                 return {"id": hit.id, "merged": True}
         now = utcnow()
@@ -267,34 +270,35 @@ class SemanticMemory(Recall):
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
 
-    def _restated(self, agent_id: str, fid: str, metadata: dict[str, Any], confidence: float) -> bool:
+    def _restated(self, agent_id: str, fid: str, row: tuple, metadata: dict[str, Any], confidence: float) -> bool:
         """The very same text again, with metadata and confidence the fragment already has:
         the merge would change only `accessed_at`, so only that is written (one UPDATE, not a
-        row loaded with its vector). False when the merge has more to do."""
-        with orm.db_session:
-            found = self.store.db.select("SELECT metadata, confidence FROM memory_fragments "
-                                         "WHERE agent_id = $a AND id = $f", {"a": agent_id, "f": fid})
-            if not found:
-                return False
-            held, conf = found[0]
-            held = json.loads(held or "{}")
-            if conf < float(confidence) or any(key not in held or held[key] != value
-                                                 for key, value in metadata.items()):
-                return False
-            # Naive UTC, as the store writes every time.
-            self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
-                                  {"now": utcnow().replace(tzinfo=None), "a": agent_id, "f": fid})
+        row loaded with its vector), and not at all within RESTATED_SECS of the last time:
+        decay counts days. `row`: the fragment's (content, metadata, confidence, accessed_at).
+        False when the merge has more to do."""
+        _, held, conf, accessed = row
+        held = json.loads(held or "{}")
+        if conf < float(confidence) or any(key not in held or held[key] != value for key, value in metadata.items()):
+            return False
+        now = utcnow()
+        if now.timestamp() - epoch(accessed) >= RESTATED_SECS:
+            with orm.db_session:
+                # Naive UTC, as the store writes every time.
+                self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
+                                      {"now": now.replace(tzinfo=None), "a": agent_id, "f": fid})
         return True
 
-    def _contents(self, agent_id: str, ids: list[str]) -> dict[str, str]:
-        """Content of some fragments in one plain query (not whole Pony objects with their
-        vectors: remember only needs the text of its near matches)."""
+    def _near(self, agent_id: str, ids: list[str]) -> dict[str, tuple]:
+        """(content, metadata, confidence, accessed_at) of some fragments in one plain query
+        (not whole Pony objects with their vectors: remember only needs these of its near
+        matches)."""
         params: dict[str, Any] = {"a": agent_id}
         params.update({f"i{n}": fid for n, fid in enumerate(ids)})
         names = ", ".join(f"$i{n}" for n in range(len(ids)))
         with orm.db_session:
-            return dict(self.store.db.select(
-                f"SELECT id, content FROM memory_fragments WHERE agent_id = $a AND id IN ({names})", params))
+            return {row[0]: tuple(row[1:]) for row in self.store.db.select(
+                "SELECT id, content, metadata, confidence, accessed_at FROM memory_fragments "
+                f"WHERE agent_id = $a AND id IN ({names})", params)}
 
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,

@@ -375,26 +375,27 @@ class MemoryService:
                 if any(item is None for item in batch):
                     self._store_exchanges([item for item in batch if item is not None])
                     return
-                self._store_exchanges(batch)  # type: ignore[arg-type]
-                self._trim()
+                if self._store_exchanges(batch):  # type: ignore[arg-type]
+                    self._trim()  # (only after the model ran: its scratch memory is what piles up)
             finally:
                 for _ in batch:
                     self._queue.task_done()
 
-    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> bool:
+        """Store a batch; whether the model ran for it."""
         batch = [item for item in batch if item[0] not in self._dead]
         if not batch:
-            return
+            return False
         by_agent: dict[str, list[int]] = {}
         for at, item in enumerate(batch):
             by_agent.setdefault(item[0], []).append(at)
         whole = self.config.embed_whole_exchange
         try:
-            vectors = self._exchange_vectors(batch)
+            vectors, ran = self._exchange_vectors(batch)
         except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
             for agent_id, places in by_agent.items():
                 log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
-            return
+            return True
         for agent_id, places in by_agent.items():
             items = [batch[at] for at in places]
             try:
@@ -410,9 +411,10 @@ class MemoryService:
                     known[result["id"]] = user_text
             except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
                 log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
+        return ran
 
-    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> "np.ndarray":
-        """One vector per exchange. By default the user message's: the recall before the
+    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> tuple["np.ndarray", bool]:
+        """One vector per exchange, and whether the model ran for them. By default the user message's: the recall before the
         model call embedded that very text a moment ago (the query cache holds it), so an
         exchange costs no model run of its own; texts not cached are embedded in one run.
         With `embed_whole_exchange`, question and answer together in one run for the batch,
@@ -422,14 +424,14 @@ class MemoryService:
         semantic = self.semantic
         embedder = semantic.embedder
         if self.config.embed_whole_exchange:
-            return embedder.embed([content for _, _, content, _ in batch])
+            return embedder.embed([content for _, _, content, _ in batch]), True
         cache, name = semantic.queries, embedder.name
         found = {user: cache.peek(name, user) for _, user, _, _ in batch}
         missing = [user for user, vector in found.items() if vector is None]
         if missing:
             for user, vector in zip(missing, embedder.embed(missing)):
                 found[user] = cache.put(name, user, vector)
-        return np.stack([found[user] for _, user, _, _ in batch])
+        return np.stack([found[user] for _, user, _, _ in batch]), bool(missing)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""

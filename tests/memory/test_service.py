@@ -19,7 +19,7 @@ from pony import orm
 
 from agentd.config import MemoryConfig
 from agentd.errors import BadRequest
-from agentd.memory import fields, service as service_mod
+from agentd.memory import fields, semantic as semantic_mod, service as service_mod
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
@@ -692,7 +692,7 @@ def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) 
                         "User asked: same question\nI responded: x", "User asked: same question\nI responded: y"]
 
 
-def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(svc) -> None:
+def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(svc, monkeypatch) -> None:
     a = new_agent()
     svc.after_exchange(a, "s1", "hi", "hello")
     svc.drain()
@@ -703,6 +703,10 @@ def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(sv
     assert second["id"] == first["id"] and second["metadata"] == {"session_id": "s2"}
     assert svc.semantic._metadata_ids(a, {"session_id": "s2"}) == {first["id"]}
     time.sleep(0.01)
+    svc.after_exchange(a, "s2", "hi", "hello")
+    svc.drain()
+    assert svc.page(a, 10, 0)["memories"] == [second], "BUG: written again within RESTATED_SECS"
+    monkeypatch.setattr(semantic_mod, "RESTATED_SECS", 0.0)
     svc.after_exchange(a, "s2", "hi", "hello")
     svc.drain()
     (third,) = svc.page(a, 10, 0)["memories"]
