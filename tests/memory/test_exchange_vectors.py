@@ -21,8 +21,9 @@ from support import Daemon
 QUESTION = "My sister Ingrid moved to Bergen last spring"
 
 
-def exchange_vector(d: Daemon) -> tuple[str, np.ndarray, dict]:
-    """Message a new agent once; its remembered exchange's content, vector and fragment."""
+def exchange_vector(d: Daemon) -> tuple[str, np.ndarray, dict, str]:
+    """Message a new agent once; its remembered exchange's content, vector, fragment and
+    the agent's id."""
     r = d.post("/api/agents", json={"manifest_toml": f'name = "ev-{uuid.uuid4().hex[:8]}"\n'})
     assert r.status_code == 201, r.text
     agent = r.json()["agent_id"]
@@ -36,7 +37,7 @@ def exchange_vector(d: Daemon) -> tuple[str, np.ndarray, dict]:
         time.sleep(0.05)
     (memory,) = doc["memories"]
     assert doc["embedding_model"] == LOCAL_MODEL_NAME
-    return memory["content"], np.array(memory["embedding"], dtype=np.float32), memory
+    return memory["content"], np.array(memory["embedding"], dtype=np.float32), memory, agent
 
 
 def embed(d: Daemon, text: str) -> np.ndarray:
@@ -47,16 +48,27 @@ def embed(d: Daemon, text: str) -> np.ndarray:
 
 def test_an_exchange_gets_its_user_messages_vector(agent_daemon: Daemon) -> None:
     d = agent_daemon
-    content, vector, memory = exchange_vector(d)
+    content, vector, memory, agent = exchange_vector(d)
     assert content == f"User asked: {QUESTION}\nI responded: echo: {QUESTION}"
     assert (memory["source"], memory["scope"]) == ("conversation", "episodic")
     assert float(vector @ embed(d, QUESTION)) > 0.9999
     assert float(vector @ embed(d, content)) < 0.99
+    # The same exchange again is the same fragment; another message makes one of its own.
+    for text in (QUESTION, f"{QUESTION} [[reply:Noted.]]"):
+        r = d.post(f"/api/agents/{agent}/message", json={"message": text})
+        assert r.status_code == 200, r.text
+    deadline = time.time() + 20
+    while d.get(f"/api/memory/agents/{agent}/memories").json()["total"] < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # (nothing more arrives)
+    page = d.get(f"/api/memory/agents/{agent}/memories").json()
+    assert page["total"] == 2
+    assert page["memories"][1]["id"] == memory["id"] and page["memories"][1]["content"] == content
 
 
 def test_embed_whole_exchange_embeds_question_and_answer(daemon_factory, fake_llm) -> None:
     d = daemon_factory(llm_config(fake_llm, "\n[memory]\nembed_whole_exchange = true\n"), env_extra=LLM_ENV)
-    content, vector, _ = exchange_vector(d)
+    content, vector, _, _ = exchange_vector(d)
     assert float(vector @ embed(d, content)) > 0.9999
     assert float(vector @ embed(d, QUESTION)) < 0.99
 
