@@ -156,8 +156,9 @@ class Recall:
         """Filter, then exact cosine top-k; newer wins near-ties and superseded facts.
 
         `skip(content)` drops fragments the caller already has (the loop skips exchanges
-        still in the session; `skip_ids` those it knows by id, before their rows are read), `hide(fragment)` those the caller may not see (other people's
-        exchanges). Returned fragments get accessed_at/access_count updated.
+        still in the session; `skip_ids` those it knows by id, before their rows are read),
+        `hide(fragment)` those the caller may not see (other people's exchanges). Returned
+        fragments get accessed_at/access_count updated.
         """
         if self.count(agent_id) == 0:
             return []

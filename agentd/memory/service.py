@@ -414,9 +414,10 @@ class MemoryService:
         return ran
 
     def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> tuple["np.ndarray", bool]:
-        """One vector per exchange, and whether the model ran for them. By default the user message's: the recall before the
-        model call embedded that very text a moment ago (the query cache holds it), so an
-        exchange costs no model run of its own; texts not cached are embedded in one run.
+        """One vector per exchange, and whether the model ran for them. By default the user
+        message's: the recall before the model call embedded that very text a moment ago (the
+        query cache holds it), so an exchange costs no model run of its own; texts not cached
+        are embedded in one run.
         With `embed_whole_exchange`, question and answer together in one run for the batch,
         whichever agents it spans (a batch costs less per text than single runs)."""
         import numpy as np
