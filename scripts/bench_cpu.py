@@ -8,7 +8,8 @@ load (wrk, or Python threads) and prints, per setup and connection count, the se
 CPU milliseconds per request (utime + stime of all its threads from /proc, divided by the
 requests answered), the difference to the bare proxy and the ratio. The "default" row is
 `/v1` on a second daemon as installed (auto-remember and recall on, four facts per agent),
-its memory worker's catch-up after each cell included. `--profile FILE`
+its memory worker's catch-up after each cell included; the "whole" row the same with
+`[memory] embed_whole_exchange = true`. `--profile FILE`
 records agentd under the `/v1` load with py-spy (raw format, for flame graphs and top
 entries). Figures only; nothing is asserted.
 
@@ -54,11 +55,12 @@ def measure(load, pid: int, base: str, targets: list, conns: int, seconds: float
     return result
 
 
-def default_row(args: argparse.Namespace, load, conn_counts: list[int], upstream: str, tmp: Path) -> dict:
+def default_row(args: argparse.Namespace, load, conn_counts: list[int], upstream: str, tmp: Path,
+                extra: str = "") -> dict:
     """`/v1` on a daemon as installed (auto-remember and recall on), its agents holding a few
     facts each (as bench_side_by_side.py's default rows); the embedding the worker does after
     each answer is counted: each cell ends when the daemon has gone quiet."""
-    d = agentd_daemon(tmp / "default", upstream, "\n[memory]\nauto_remember = true\n")
+    d = agentd_daemon(tmp, upstream, "\n[memory]\nauto_remember = true\n" + extra)
     try:
         names, ids = spawn_agents(d, args.agents)
         seed_memory(d, ids)
@@ -88,7 +90,7 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="py-spy raw output file for agentd under /v1 load")
     parser.add_argument("--auto-remember", action="store_true",
                         help="keep [memory] auto_remember on (embeds every exchange in the background)")
-    parser.add_argument("--only", default="", help="comma list of setups: bare,v1,default,message,stream,sse")
+    parser.add_argument("--only", default="", help="comma list of setups: bare,v1,default,whole,message,stream,sse")
     args = parser.parse_args()
     load = run_wrk if shutil.which("wrk") and not args.python_load else run_python
     conn_counts = [int(c) for c in args.conns.split(",")]
@@ -111,6 +113,7 @@ def main() -> None:
         setups = [("bare", "bare proxy", bare.pid, bare_url, v1),
                   ("v1", "agentd /v1", d.proc.pid, d.url, v1),
                   ("default", "agentd /v1 default", None, None, None),
+                  ("whole", "agentd /v1 whole", None, None, None),
                   ("message", "agentd message", d.proc.pid, d.url, msg),
                   ("barestream", "bare proxy stream", bare.pid, bare_url, v1s),
                   ("stream", "agentd /v1 stream", d.proc.pid, d.url, v1s),
@@ -120,8 +123,9 @@ def main() -> None:
         for key, label, pid, base, targets in setups:
             if wanted and key not in wanted and key not in ("bare", "barestream"):
                 continue
-            if key == "default":
-                rows.append((label, default_row(args, load, conn_counts, upstream, Path(tmp.name))))
+            if key in ("default", "whole"):
+                extra = "embed_whole_exchange = true\n" if key == "whole" else ""
+                rows.append((label, default_row(args, load, conn_counts, upstream, Path(tmp.name) / key, extra)))
                 continue
             cells = {}
             for conns in conn_counts:
