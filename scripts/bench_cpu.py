@@ -6,7 +6,10 @@ process spends per request do not (much). This starts the fast upstream, the bar
 Flask + waitress + requests proxy and agentd with N agents, drives each with the same
 load (wrk, or Python threads) and prints, per setup and connection count, the server's
 CPU milliseconds per request (utime + stime of all its threads from /proc, divided by the
-requests answered), the difference to the bare proxy and the ratio. `--profile FILE`
+requests answered), the difference to the bare proxy and the ratio. The "default" row is
+`/v1` on a second daemon as installed (auto-remember and recall on, four facts per agent),
+its memory worker's catch-up after each cell included; the "whole" row the same with
+`[memory] embed_whole_exchange = true`. `--profile FILE`
 records agentd under the `/v1` load with py-spy (raw format, for flame graphs and top
 entries). Figures only; nothing is asserted.
 
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_side_by_side import (agentd_daemon, reset_sessions, run_python, run_wrk,  # noqa: E402
-                                spawn_agents, start_process, wait_up)
+                                seed_memory, spawn_agents, start_process, wait_quiet, wait_up)
 from support import free_port  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -52,6 +55,32 @@ def measure(load, pid: int, base: str, targets: list, conns: int, seconds: float
     return result
 
 
+def default_row(args: argparse.Namespace, load, conn_counts: list[int], upstream: str, tmp: Path,
+                extra: str = "") -> dict:
+    """`/v1` on a daemon as installed (auto-remember and recall on), its agents holding a few
+    facts each (as bench_side_by_side.py's default rows); the embedding the worker does after
+    each answer is counted: each cell ends when the daemon has gone quiet."""
+    d = agentd_daemon(tmp, upstream, "\n[memory]\nauto_remember = true\n" + extra)
+    try:
+        names, ids = spawn_agents(d, args.agents)
+        seed_memory(d, ids)
+        body = '{"messages": [{"role": "user", "content": "hello"}], "stream": false, "model": "agentd:%s"}'
+        v1 = [("/v1/chat/completions", body % n) for n in names]
+        load(d.url, v1, 1, 1.0)  # warm-up: what the first requests load
+        cells = {}
+        for conns in conn_counts:
+            reset_sessions(d, ids)
+            wait_quiet(d.proc.pid)
+            before = cpu_seconds(d.proc.pid)
+            result = load(d.url, v1, conns, args.seconds)
+            wait_quiet(d.proc.pid)
+            result["cpu_ms"] = (cpu_seconds(d.proc.pid) - before) * 1000 / max(1.0, result["rps"] * args.seconds)
+            cells[conns] = result
+        return cells
+    finally:
+        d.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -61,7 +90,7 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="py-spy raw output file for agentd under /v1 load")
     parser.add_argument("--auto-remember", action="store_true",
                         help="keep [memory] auto_remember on (embeds every exchange in the background)")
-    parser.add_argument("--only", default="", help="comma list of setups: bare,v1,message,stream,sse")
+    parser.add_argument("--only", default="", help="comma list of setups: bare,v1,default,whole,message,stream,sse")
     args = parser.parse_args()
     load = run_wrk if shutil.which("wrk") and not args.python_load else run_python
     conn_counts = [int(c) for c in args.conns.split(",")]
@@ -83,6 +112,8 @@ def main() -> None:
         sse = [(f"/api/agents/{i}/message/stream", '{"message": "hello"}') for i in ids]
         setups = [("bare", "bare proxy", bare.pid, bare_url, v1),
                   ("v1", "agentd /v1", d.proc.pid, d.url, v1),
+                  ("default", "agentd /v1 default", None, None, None),
+                  ("whole", "agentd /v1 whole", None, None, None),
                   ("message", "agentd message", d.proc.pid, d.url, msg),
                   ("barestream", "bare proxy stream", bare.pid, bare_url, v1s),
                   ("stream", "agentd /v1 stream", d.proc.pid, d.url, v1s),
@@ -91,6 +122,10 @@ def main() -> None:
         rows = []
         for key, label, pid, base, targets in setups:
             if wanted and key not in wanted and key not in ("bare", "barestream"):
+                continue
+            if key in ("default", "whole"):
+                extra = "embed_whole_exchange = true\n" if key == "whole" else ""
+                rows.append((label, default_row(args, load, conn_counts, upstream, Path(tmp.name) / key, extra)))
                 continue
             cells = {}
             for conns in conn_counts:

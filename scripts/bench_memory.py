@@ -9,7 +9,9 @@ and unrelated or near-miss distractors) and 210 questions, each with its relevan
 fragment: direct, paraphrased and negated questions; 500 generated sentences are stored
 with them. recall@5 is the share of questions
 whose relevant fragment is among the 5 recalled, per kind and in all, with the fragments
-embedded one at a time and in batches of 32 (as the auto-remember worker stores them).
+embedded one at a time and in batches of 32 (as the auto-remember worker stores them); then
+the same fragments told as the user's messages of exchanges, with each exchange's default
+vector (its user message's) and embedded whole (`[memory] embed_whole_exchange = true`).
 
 Recall is timed end to end through `SemanticMemory.recall` (query embedding, filter, exact
 cosine top-k, reading the winners from SQLite and updating their access counts) for one
@@ -349,6 +351,40 @@ def recall_quality() -> None:
                 hits.setdefault("all", []).append(hit)
         cells = ", ".join(f"{kind} {sum(v) / len(v) * 100:.1f} % (n={len(v)})" for kind, v in sorted(hits.items()))
         print(f"recall@5 on {RECALL_SET.name}, fragments embedded {how}: {cells}")
+    exchange_quality(labelled, embedder)
+
+
+def exchange_quality(labelled, embedder) -> None:  # type: ignore[no-untyped-def]
+    """The same fragments told in conversation: each is the user's message of an exchange
+    ("User asked: <fragment>\nI responded: Noted."), remembered as the auto-remember worker
+    remembers exchanges: with its user message's vector (the default) and with the vector of
+    question and answer together (`[memory] embed_whole_exchange = true`)."""
+    from agentd.memory.semantic import SemanticMemory
+    from agentd.store import open_store
+
+    if "same_text_only" not in SemanticMemory.remember_many.__code__.co_varnames:
+        return  # (older agentd: exchanges were always embedded whole)
+    items = labelled["fragments"] + [{"id": f"noise{n}", "content": text} for n, text in enumerate(sentences(500, 7))]
+    for how, whole in (("the user message's vector", False), ("question and answer embedded whole", True)):
+        with tempfile.TemporaryDirectory() as tmp:
+            memory = SemanticMemory(open_store(Path(tmp) / "x.db"), lambda: embedder)
+            ids: dict[str, str] = {}
+            for at in range(0, len(items), 32):
+                chunk = items[at:at + 32]
+                told = [f"User asked: {f['content']}\nI responded: Noted." for f in chunk]
+                vectors = embedder.embed(told if whole else [f["content"] for f in chunk])
+                stored = memory.remember_many("agent", [{"content": t, "source": "conversation", "scope": "episodic"}
+                                                        for t in told], vectors, same_text_only=not whole)
+                for f, result in zip(chunk, stored):
+                    ids[result["id"]] = f["id"]
+            hits: dict[str, list[int]] = {}
+            for q in labelled["queries"]:
+                found = [ids.get(m["id"]) for m in memory.recall("agent", q["query"], 5, None, None, touch=False)]
+                hit = int(any(r in found for r in q["relevant"]))
+                hits.setdefault(q["kind"], []).append(hit)
+                hits.setdefault("all", []).append(hit)
+        cells = ", ".join(f"{kind} {sum(v) / len(v) * 100:.1f} %" for kind, v in sorted(hits.items()))
+        print(f"recall@5, the fragments told as exchanges, {how}: {cells}")
 
 
 def main() -> None:

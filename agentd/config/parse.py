@@ -162,6 +162,9 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
         raise ConfigError("config key memory.embedding_model: required when memory.embedding_provider is set")
     if "auto_remember" in table:
         memory.auto_remember = expect(table["auto_remember"], bool, "memory.auto_remember", "a boolean")
+    if "embed_whole_exchange" in table:
+        memory.embed_whole_exchange = expect(table["embed_whole_exchange"], bool, "memory.embed_whole_exchange",
+                                             "a boolean")
     if "share_episodic" in table:
         memory.share_episodic = expect(table["share_episodic"], bool, "memory.share_episodic", "a boolean")
     if "recall_limit" in table:

@@ -129,6 +129,9 @@ class MemoryConfig:
     decay_floor: float = 0.1
     consolidate_every_hours: float = 24.0
     auto_remember: bool = True
+    # false: an exchange's vector is its user message's, the one recall already made (no
+    # model run of its own); true: one more model run over question and answer together.
+    embed_whole_exchange: bool = False
     # Exchanges remembered from one person's session are recalled into everyone's (one user).
     share_episodic: bool = False
     recall_limit: int = 5

@@ -83,6 +83,9 @@ embedding_provider = ""
 # Remember every exchange as an episodic fragment, and recall this many fragments
 # (scoring at least min_score) into the system prompt before each model call (0 = off).
 auto_remember = true
+# An exchange is found by the user's message (its vector is the one recall already made);
+# true embeds question and answer together, one more model run per exchange.
+embed_whole_exchange = false
 # Exchanges remembered from one person's session (an API key, a /v1 `user`, a channel
 # sender) are recalled only into that person's sessions; true shares them (one user).
 share_episodic = false

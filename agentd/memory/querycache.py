@@ -42,8 +42,18 @@ class QueryCache:
                 self.hits += 1
                 return found
             self.misses += 1
-        vector = embed([text])[0].copy()
+        return self.put(model, text, embed([text])[0])
+
+    def peek(self, model: str, text: str) -> "np.ndarray | None":
+        """The cached vector of `text` (None: not cached), without embedding or counting."""
+        with self._lock:
+            return self._items.get((model, text))
+
+    def put(self, model: str, text: str, vector: "np.ndarray") -> "np.ndarray":
+        """Cache a vector made elsewhere (a read-only copy, which is returned)."""
+        vector = vector.copy()
         vector.setflags(write=False)
+        key = (model, text)
         with self._lock:
             self._items[key] = vector
             self._items.move_to_end(key)

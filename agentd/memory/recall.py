@@ -151,13 +151,14 @@ class Recall:
 
     def recall(self, agent_id: str, query: str, limit: int = 5, min_score: float | None = None,
                flt: MemoryFilter | None = None, touch: bool = True,
-               skip: Callable[[str], bool] | None = None,
+               skip: Callable[[str], bool] | None = None, skip_ids: frozenset[str] = frozenset(),
                hide: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
         """Filter, then exact cosine top-k; newer wins near-ties and superseded facts.
 
         `skip(content)` drops fragments the caller already has (the loop skips exchanges
-        still in the session), `hide(fragment)` those the caller may not see (other people's
-        exchanges). Returned fragments get accessed_at/access_count updated.
+        still in the session; `skip_ids` those it knows by id, before their rows are read),
+        `hide(fragment)` those the caller may not see (other people's exchanges). Returned
+        fragments get accessed_at/access_count updated.
         """
         if self.count(agent_id) == 0:
             return []
@@ -171,6 +172,8 @@ class Recall:
         hits = index.search(vector, limit * (8 if hide is not None else 2) + 8, keep)
         if min_score is not None:
             hits = [h for h in hits if h.score >= min_score]
+        if skip_ids:
+            hits = [h for h in hits if h.id not in skip_ids]
         if not hits:
             return []
         hits = _prefer_newer(hits)

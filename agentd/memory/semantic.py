@@ -41,6 +41,8 @@ _GENERATIONS = itertools.count(1)
 # A contradicting fragment this close to an older one supersedes it: both are kept and the
 # newer one ranks first whenever both are recalled.
 SUPERSEDE_THRESHOLD = 0.85
+# A fragment stated again word for word has its accessed_at moved at most this often.
+RESTATED_SECS = 600.0
 
 _NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot",
                         "without", "nowhere"})
@@ -214,13 +216,15 @@ class SemanticMemory(Recall):
         return result
 
     def remember_many(self, agent_id: str, items: list[dict[str, Any]],
-                      vectors: np.ndarray | None = None) -> list[dict[str, Any]]:
+                      vectors: np.ndarray | None = None, same_text_only: bool = False) -> list[dict[str, Any]]:
         """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
         already validated) of one agent: embedded in batches of 32 (one model run each), then
         stored one by one, each deduplicated against the agent's fragments and the batch's
         earlier ones. Each fragment is its own transaction (as with `remember`): a batch that
         merges twice into the same row in one Pony session trips its optimistic check.
-        `vectors`: the items' embeddings when the caller already made them."""
+        `vectors`: the items' embeddings when the caller already made them. `same_text_only`:
+        merge only into a fragment of the very same text (vectors that stand for part of the
+        text, such as an exchange's question, say nothing about whether the rest matches)."""
         if not items:
             return []
         if vectors is None:
@@ -229,23 +233,28 @@ class SemanticMemory(Recall):
             index = self.index(agent_id)
             results = [self._remember(agent_id, index, item["content"], vector,
                                       item.get("source", "user_provided"), item.get("scope", "semantic"),
-                                      item.get("metadata") or {}, item.get("confidence", 1.0))
+                                      item.get("metadata") or {}, item.get("confidence", 1.0), same_text_only)
                        for item, vector in zip(items, vectors)]
         self._trim(agent_id)
         self._changed(agent_id)
         return results
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
-                  scope: str, metadata: dict[str, Any], confidence: float) -> dict[str, Any]:
+                  scope: str, metadata: dict[str, Any], confidence: float,
+                  same_text_only: bool = False) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
         close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
-        contents = self._contents(agent_id, [h.id for h in close]) if close else {}
+        near = self._near(agent_id, [h.id for h in close]) if close else {}
+        contents = {fid: row[0] for fid, row in near.items()}
         for hit in close:
             existing = contents.get(hit.id)
             if existing is None:
                 continue
+            if same_text_only and existing != content:
+                continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
+                if existing != content or not self._restated(agent_id, hit.id, near[hit.id], metadata, confidence):
+                    self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
                 return {"id": hit.id, "merged": True}
         now = utcnow()
         fid = str(uuid.uuid4())
@@ -261,15 +270,35 @@ class SemanticMemory(Recall):
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
 
-    def _contents(self, agent_id: str, ids: list[str]) -> dict[str, str]:
-        """Content of some fragments in one plain query (not whole Pony objects with their
-        vectors: remember only needs the text of its near matches)."""
+    def _restated(self, agent_id: str, fid: str, row: tuple, metadata: dict[str, Any], confidence: float) -> bool:
+        """The very same text again, with metadata and confidence the fragment already has:
+        the merge would change only `accessed_at`, so only that is written (one UPDATE, not a
+        row loaded with its vector), and not at all within RESTATED_SECS of the last time:
+        decay counts days. `row`: the fragment's (content, metadata, confidence, accessed_at).
+        False when the merge has more to do."""
+        _, held, conf, accessed = row
+        held = json.loads(held or "{}")
+        if conf < float(confidence) or any(key not in held or held[key] != value for key, value in metadata.items()):
+            return False
+        now = utcnow()
+        if now.timestamp() - epoch(accessed) >= RESTATED_SECS:
+            with orm.db_session:
+                # Naive UTC, as the store writes every time.
+                self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
+                                      {"now": now.replace(tzinfo=None), "a": agent_id, "f": fid})
+        return True
+
+    def _near(self, agent_id: str, ids: list[str]) -> dict[str, tuple]:
+        """(content, metadata, confidence, accessed_at) of some fragments in one plain query
+        (not whole Pony objects with their vectors: remember only needs these of its near
+        matches)."""
         params: dict[str, Any] = {"a": agent_id}
         params.update({f"i{n}": fid for n, fid in enumerate(ids)})
         names = ", ".join(f"$i{n}" for n in range(len(ids)))
         with orm.db_session:
-            return dict(self.store.db.select(
-                f"SELECT id, content FROM memory_fragments WHERE agent_id = $a AND id IN ({names})", params))
+            return {row[0]: tuple(row[1:]) for row in self.store.db.select(
+                "SELECT id, content, metadata, confidence, accessed_at FROM memory_fragments "
+                f"WHERE agent_id = $a AND id IN ({names})", params)}
 
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,

@@ -24,6 +24,8 @@ from agentd.store import Store
 from agentd.store.outage import log_failure
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from agentd.llm.types import ProviderEndpoint
     from agentd.memory.embedder import Embedder
     from agentd.memory.semantic import SemanticMemory
@@ -262,14 +264,16 @@ class MemoryService:
                 return {f"{ASKED}{m.get('content')}" for m in history
                         if m.get("role") == "user" and isinstance(m.get("content"), str)}
 
-            if self._nothing_to_recall(agent_id, asked_here):
+            session_ids: set[str] = set()
+            if self._nothing_to_recall(agent_id, asked_here, session_ids):
                 return system  # (and the model is not loaded or run for nothing)
 
             def in_session(content: str) -> bool:
                 return content.split(ANSWERED, 1)[0] in asked_here()
 
             found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
-                                       skip=in_session, hide=None if owner is None else others_of(owner))
+                                       skip=in_session, skip_ids=frozenset(session_ids),
+                                       hide=None if owner is None else others_of(owner))
         except Exception as exc:  # noqa: BLE001 - memory must never fail a run
             log_failure(log, exc, "memory recall for agent %s failed", agent_id)
             return system
@@ -304,9 +308,10 @@ class MemoryService:
 
         return current
 
-    def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]]) -> bool:
+    def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]], session_ids: set[str]) -> bool:
         """True when the agent has no fragments, or only exchanges of its current session
-        (`asked()`: the session's user turns, as fragments begin)."""
+        (`asked()`: the session's user turns, as fragments begin). The ids of the exchanges
+        known to be in the session are added to `session_ids`."""
         known = self._exchanges.get(agent_id)
         in_session: set[str] = set()
         if known:
@@ -314,6 +319,7 @@ class MemoryService:
             kept = {fid: user for fid, user in known.items() if f"{ASKED}{user}" in session}
             self._exchanges[agent_id] = kept  # forget exchanges that left the session
             in_session = set(kept)
+            session_ids.update(in_session)
         ids = self._semantic.loaded_ids(agent_id) if self._semantic is not None else None
         if ids is None:
             if agent_id in self._empty:
@@ -369,33 +375,33 @@ class MemoryService:
                 if any(item is None for item in batch):
                     self._store_exchanges([item for item in batch if item is not None])
                     return
-                self._store_exchanges(batch)  # type: ignore[arg-type]
-                self._trim()
+                if self._store_exchanges(batch):  # type: ignore[arg-type]
+                    self._trim()  # (only after the model ran: its scratch memory is what piles up)
             finally:
                 for _ in batch:
                     self._queue.task_done()
 
-    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> bool:
+        """Store a batch; whether the model ran for it."""
         batch = [item for item in batch if item[0] not in self._dead]
         if not batch:
-            return
+            return False
         by_agent: dict[str, list[int]] = {}
         for at, item in enumerate(batch):
             by_agent.setdefault(item[0], []).append(at)
+        whole = self.config.embed_whole_exchange
         try:
-            # One model run for the whole batch, whichever agents it spans: a batch costs
-            # less per text than single runs.
-            vectors = self.semantic.embedder.embed([content for _, _, content, _ in batch])
+            vectors, ran = self._exchange_vectors(batch)
         except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
             for agent_id, places in by_agent.items():
                 log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
-            return
+            return True
         for agent_id, places in by_agent.items():
             items = [batch[at] for at in places]
             try:
                 stored = self.semantic.remember_many(agent_id, [
                     {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
-                    for _, _, content, metadata in items], vectors[places])
+                    for _, _, content, metadata in items], vectors[places], same_text_only=not whole)
                 known = self._exchanges.get(agent_id)
                 if known is None:
                     while len(self._exchanges) >= AGENTS_KEPT:
@@ -405,6 +411,28 @@ class MemoryService:
                     known[result["id"]] = user_text
             except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
                 log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
+        return ran
+
+    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> tuple["np.ndarray", bool]:
+        """One vector per exchange, and whether the model ran for them. By default the user
+        message's: the recall before the model call embedded that very text a moment ago (the
+        query cache holds it), so an exchange costs no model run of its own; texts not cached
+        are embedded in one run.
+        With `embed_whole_exchange`, question and answer together in one run for the batch,
+        whichever agents it spans (a batch costs less per text than single runs)."""
+        import numpy as np
+
+        semantic = self.semantic
+        embedder = semantic.embedder
+        if self.config.embed_whole_exchange:
+            return embedder.embed([content for _, _, content, _ in batch]), True
+        cache, name = semantic.queries, embedder.name
+        found = {user: cache.peek(name, user) for _, user, _, _ in batch}
+        missing = [user for user, vector in found.items() if vector is None]
+        if missing:
+            for user, vector in zip(missing, embedder.embed(missing)):
+                found[user] = cache.put(name, user, vector)
+        return np.stack([found[user] for _, user, _, _ in batch]), bool(missing)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""

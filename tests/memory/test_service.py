@@ -19,7 +19,7 @@ from pony import orm
 
 from agentd.config import MemoryConfig
 from agentd.errors import BadRequest
-from agentd.memory import fields, service as service_mod
+from agentd.memory import fields, semantic as semantic_mod, service as service_mod
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
@@ -480,7 +480,8 @@ def test_exchanges_in_the_window_are_skipped_and_older_ones_recalled(svc) -> Non
     svc.drain()
     e1, e2 = exchange("my name is Ann", "Hello Ann"), exchange("I live in Oslo", "Nice city")
     assert [f["content"] for f in svc.page(a, 10, 0)["memories"]] == [e2, e1]
-    svc.emb.query("who am I?", {e1: 0.9, e2: 0.8})
+    # (an exchange's vector is its question's)
+    svc.emb.query("who am I?", {"my name is Ann": 0.9, "I live in Oslo": 0.8})
     window = [{"role": "user", "content": "my name is Ann"}, {"role": "assistant", "content": "Hello Ann"},
               {"role": "user", "content": "I live in Oslo"}, {"role": "assistant", "content": "Nice city"}]
     calls = len(svc.emb.calls)
@@ -501,7 +502,7 @@ def test_in_session_skip_compares_the_whole_question(svc) -> None:
     svc.drain()
     e = exchange("tea", "yes")
     svc.remember(a, "User asked: tea time")  # a fact that starts like the exchange
-    svc.emb.query("drinks?", {e: 0.9, "User asked: tea time": 0.8})
+    svc.emb.query("drinks?", {"tea": 0.9, "User asked: tea time": 0.8})
     assert svc.system_context(a, "drinks?", [{"role": "user", "content": "tea"}], "S") == \
         "S\n\n" + block("User asked: tea time")
     assert svc.system_context(a, "drinks?", [{"role": "user", "content": "te"}], "S") == \
@@ -657,6 +658,89 @@ def test_worker_batches_of_32_per_model_run(svc) -> None:
     assert [len(c) for c in svc.emb.calls] == [1, 32, 8]
     assert svc.page(a, 100, 0)["total"] == 41
     assert len(svc._exchanges[a]) == 41
+
+
+def test_an_exchange_reuses_the_vector_its_recall_made(svc) -> None:
+    a = new_agent()
+    svc.remember(a, "a fact to recall against")
+    svc.emb.query("where do I live?", {"a fact to recall against": 0.5})
+    svc.system_context(a, "where do I live?", [], "S")
+    calls = len(svc.emb.calls)
+    svc.after_exchange(a, "s", "where do I live?", "In Oslo")
+    svc.drain()
+    assert len(svc.emb.calls) == calls, "BUG: the exchange ran the model again"
+    stored = svc.semantic.recall(a, "where do I live?", 5, touch=False)
+    assert [(f["content"], f["score"]) for f in stored][0] == \
+        ("User asked: where do I live?\nI responded: In Oslo", 1.0)
+
+
+def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) -> None:
+    a = new_agent()
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(a, "s", "first", "one")
+    assert svc.emb.entered.wait(WAIT)
+    for answer in ("x", "y", "y"):
+        svc.after_exchange(a, "s", "same question", answer)
+    svc.after_exchange(a, "s", "other question", "z")
+    svc.emb.gate.set()
+    svc.drain()
+    assert svc.emb.calls[-2:] == [["first"], ["same question", "other question"]]
+    # The same question with another answer is a fragment of its own (the vector stands for
+    # the question only); the very same exchange again merges.
+    contents = sorted(f["content"] for f in svc.page(a, 10, 0)["memories"])
+    assert contents == ["User asked: first\nI responded: one", "User asked: other question\nI responded: z",
+                        "User asked: same question\nI responded: x", "User asked: same question\nI responded: y"]
+
+
+def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(svc, monkeypatch) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "hi", "hello")
+    svc.drain()
+    (first,) = svc.page(a, 10, 0)["memories"]
+    svc.after_exchange(a, "s2", "hi", "hello")  # a new session id: merged into the metadata
+    svc.drain()
+    (second,) = svc.page(a, 10, 0)["memories"]
+    assert second["id"] == first["id"] and second["metadata"] == {"session_id": "s2"}
+    assert svc.semantic._metadata_ids(a, {"session_id": "s2"}) == {first["id"]}
+    time.sleep(0.01)
+    svc.after_exchange(a, "s2", "hi", "hello")
+    svc.drain()
+    assert svc.page(a, 10, 0)["memories"] == [second], "BUG: written again within RESTATED_SECS"
+    monkeypatch.setattr(semantic_mod, "RESTATED_SECS", 0.0)
+    svc.after_exchange(a, "s2", "hi", "hello")
+    svc.drain()
+    (third,) = svc.page(a, 10, 0)["memories"]
+    assert third["metadata"] == {"session_id": "s2"} and third["accessed_at"] > second["accessed_at"]
+    assert (third["created_at"], third["confidence"], third["access_count"]) == \
+        (first["created_at"], 1.0, 0)
+
+
+def test_exchanges_in_the_session_are_dropped_before_their_rows_are_read(svc, monkeypatch) -> None:
+    a = new_agent()
+    svc.after_exchange(a, "s1", "where is my car?", "in the garage")
+    svc.drain()
+    svc.remember(a, "The car is blue")
+    svc.emb.query("my car?", {"where is my car?": 0.9, "The car is blue": 0.8})
+    read: list[list[str]] = []
+    rows = svc.semantic._rows
+    monkeypatch.setattr(svc.semantic, "_rows", lambda agent, ids: read.append(ids) or rows(agent, ids))
+    window = [{"role": "user", "content": "where is my car?"}, {"role": "assistant", "content": "in the garage"}]
+    assert svc.system_context(a, "my car?", window, "S") == "S\n\n" + block("The car is blue")
+    (fact,) = [f["id"] for f in svc.page(a, 10, 0)["memories"] if f["content"] == "The car is blue"]
+    assert read == [[fact]]
+
+
+def test_embed_whole_exchange_runs_the_model_on_question_and_answer(store) -> None:
+    s, emb = make(store, embed_whole_exchange=True)
+    try:
+        a = new_agent()
+        s.after_exchange(a, "s", "where do I live?", "In Oslo")
+        s.after_exchange(a, "s", "where do I live?", "In Oslo")
+        s.drain()
+        assert [t for call in emb.calls for t in call] == ["User asked: where do I live?\nI responded: In Oslo"] * 2
+        assert s.page(a, 10, 0)["total"] == 1
+    finally:
+        s.close()
 
 
 def test_a_full_queue_drops_the_exchange_with_a_warning(svc, caplog) -> None:
