@@ -66,7 +66,9 @@ class AgentIndex:
     """Vectors and filter columns of one agent's fragments; callers hold `lock`-free access
     through the owning SemanticMemory, which serialises writes per agent."""
 
-    def __init__(self, dimensions: int, capacity: int = 64) -> None:
+    # Small to begin with: the index cache's bound counts fragments, and most agents hold few, so
+    # a larger first allocation would make a one-fragment index cost many fragments' memory.
+    def __init__(self, dimensions: int, capacity: int = 4) -> None:
         self.dimensions = dimensions
         self.ids: list[str] = []
         self.pos: dict[str, int] = {}

@@ -59,7 +59,7 @@ def test_new_index_and_growth() -> None:
         index.source.shape[0] == index.scope.shape[0]
     assert index.created[:5].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert [h.id for h in index.search(E[4], 1)] == ["f4"]
-    assert AgentIndex(8).vectors.shape == (64, 8)
+    assert AgentIndex(8).vectors.shape == (4, 8)
 
 
 def test_growth_doubles_or_takes_what_is_needed() -> None:
