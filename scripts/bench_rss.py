@@ -5,8 +5,10 @@ Starts the fast canned upstream (scripts/fast_upstream.py, its own process) and 
 a temporary home with the default configuration (auto-remember and recall on) unless
 `--memory-off`, spawns `--agents` agents and sends `--messages` messages, each a new text,
 to the agents in turn from `--conns` client threads. Prints the daemon's RSS after the
-warm-up (`--warmup` messages, default a tenth) and at every tenth of the rest, with the
-message rate, and the growth from the warm-up figure to the end. Each figure is read once
+warm-up (`--warmup` messages, default a fifth: each message adds a fragment to memory, so
+with the defaults the search index cache has reached its 20,000-fragment bound by then) and
+at every tenth of the rest, with the message rate, and the growth from the warm-up figure to
+the end. Each figure is read once
 the daemon has gone quiet (the exchanges queued for memory are stored), so that it does not
 count the moment's backlog. `--config` adds TOML to config.toml (for instance a smaller
 `[memory] index_cache_fragments` or `[agents] cached_sessions`).
@@ -49,11 +51,11 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--conns", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=0, help="messages before the reference figure "
-                        "(default: a tenth of --messages)")
+                        "(default: a fifth of --messages)")
     parser.add_argument("--memory-off", action="store_true", help="[memory] auto_remember = false")
     parser.add_argument("--config", default="", help="more TOML for config.toml")
     args = parser.parse_args()
-    warmup = args.warmup or args.messages // 10
+    warmup = args.warmup or args.messages // 5
     extra = args.config + ("\n[memory]\nauto_remember = false\n" if args.memory_off else "")
     with fast_upstream() as upstream, tempfile.TemporaryDirectory() as tmp:
         config = (FAST_API + '\n[default_model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
