@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from benchlib import send_messages, rss_mb, wait_quiet  # noqa: E402
 from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
 
 WRK_SCRIPT = """
@@ -147,29 +148,6 @@ def run_python(base: str, targets: list[tuple[str, str]], conns: int, seconds: f
     ordered = sorted(latencies)
     return {"rps": len(ordered) / elapsed, "p50": ordered[len(ordered) // 2] * 1000,
             "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, "bad": bad[0]}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_quiet(pid: int, timeout: float = 60.0) -> None:
-    """Until the process uses under 5 % of a core over 0.2 s (its background work is done)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        before = cpu_seconds(pid)
-        time.sleep(0.2)
-        if cpu_seconds(pid) - before < 0.01:
-            return
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 MEMORY_OFF = "\n[memory]\nauto_remember = false\n"
@@ -407,7 +385,7 @@ def rss_stability(upstream: str, count: int, agents: int = 64, conns: int = 16) 
         figures = [rss_mb(d.proc.pid)]
         for _ in range(2):
             began = time.perf_counter()
-            bad = _send_count(d.url, ids, count, conns)
+            bad = send_messages(d.url, ids, count, conns)
             figures.append(rss_mb(d.proc.pid))
             rate = count / (time.perf_counter() - began)
             print(f"  {count} messages ({rate:.0f}/s, {bad} not 200): RSS {figures[-1]:.1f} MB")
@@ -415,33 +393,6 @@ def rss_stability(upstream: str, count: int, agents: int = 64, conns: int = 16) 
     print(f"\nRSS over 2 x {count} messages across {agents} agents: {figures[0]:.1f} MB idle -> "
           f"{figures[1]:.1f} MB -> {figures[2]:.1f} MB (second batch {figures[2] - figures[1]:+.1f} MB, "
           f"{(figures[2] / figures[1] - 1) * 100:+.1f}%)")
-
-
-def _send_count(base: str, ids: list[str], count: int, conns: int) -> int:
-    """POST exactly `count` messages, agents in turn, from `conns` threads; how many failed."""
-    lock = threading.Lock()
-    state = {"next": 0, "bad": 0}
-
-    def worker() -> None:
-        s = requests.Session()
-        while True:
-            with lock:
-                k = state["next"]
-                if k >= count:
-                    return
-                state["next"] = k + 1
-            r = s.post(f"{base}/api/agents/{ids[k % len(ids)]}/message", data='{"message": "hello"}',
-                       headers={"Content-Type": "application/json"}, timeout=60)
-            if r.status_code != 200:
-                with lock:
-                    state["bad"] += 1
-
-    threads = [threading.Thread(target=worker) for _ in range(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return state["bad"]
 
 
 def main() -> None:

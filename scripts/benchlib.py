@@ -5,6 +5,8 @@ The benchmarks print figures only; nothing here asserts on time.
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -15,12 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+import requests
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
 
-__all__ = ["ROOT", "Daemon", "free_port", "fake_llm", "bench_daemon", "timed_loop", "summary", "percentile"]
+__all__ = ["ROOT", "FAST_API", "Daemon", "free_port", "make_home", "fake_llm", "fast_upstream", "bench_daemon",
+           "timed_loop", "send_messages", "rss_mb", "cpu_seconds", "wait_quiet", "summary", "percentile"]
 
 
 @contextmanager
@@ -32,6 +37,21 @@ def fake_llm() -> Iterator[str]:
     try:
         proc.stdout.readline()
         yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def fast_upstream(delay_ms: float = 0.0, cpu: str | None = None) -> Iterator[str]:
+    """scripts/fast_upstream.py (canned answers, faster than the fake LLM) in its own process,
+    pinned to `cpu` when given and taskset exists; yields its base URL (`.../v1`)."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "fast_upstream.py"), "--delay-ms", str(delay_ms)]
+    if cpu and shutil.which("taskset"):
+        cmd = ["taskset", "-c", cpu] + cmd
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc.stdout.readline().strip()
     finally:
         proc.terminate()
         proc.wait(10)
@@ -79,6 +99,63 @@ def timed_loop(fn: Callable[[int], object], clients: int, seconds: float,
     for t in threads:
         t.join()
     return [x for own in latencies for x in own]
+
+
+def send_messages(base: str, ids: list[str], count: int, conns: int, first: int = 0,
+                  text: Callable[[int], str] = lambda k: "hello", timeout: float = 120) -> int:
+    """POST messages first .. first+count-1 from `conns` threads, message k to agent
+    ids[k % len(ids)] with the text text(k); how many were not answered 200."""
+    lock = threading.Lock()
+    state = {"next": first, "bad": 0}
+
+    def worker() -> None:
+        s = requests.Session()
+        while True:
+            with lock:
+                k = state["next"]
+                if k >= first + count:
+                    return
+                state["next"] = k + 1
+            try:
+                ok = s.post(f"{base}/api/agents/{ids[k % len(ids)]}/message", json={"message": text(k)},
+                            timeout=timeout).status_code == 200
+            except requests.RequestException:
+                ok = False
+            if not ok:
+                with lock:
+                    state["bad"] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return state["bad"]
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set, in MB."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(pid: int, timeout: float = 60.0) -> None:
+    """Until the process uses under 5 % of a core over 0.2 s (its background work is done)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(0.2)
+        if cpu_seconds(pid) - before < 0.01:
+            return
 
 
 def summary(latencies: list[float], seconds: float) -> tuple[float, float]:

@@ -62,11 +62,17 @@ class Hit:
     created: float
 
 
+#: Rows a full index grows by at the least (an eighth of its size past 64 rows).
+GROW_ROWS = 8
+
+
 class AgentIndex:
     """Vectors and filter columns of one agent's fragments; callers hold `lock`-free access
     through the owning SemanticMemory, which serialises writes per agent."""
 
-    def __init__(self, dimensions: int, capacity: int = 64) -> None:
+    # Small to begin with: the index cache's bound counts fragments, and most agents hold few, so
+    # a larger first allocation would make a one-fragment index cost many fragments' memory.
+    def __init__(self, dimensions: int, capacity: int = 4) -> None:
         self.dimensions = dimensions
         self.ids: list[str] = []
         self.pos: dict[str, int] = {}
@@ -86,7 +92,10 @@ class AgentIndex:
         capacity = self.vectors.shape[0]
         if needed <= capacity:
             return
-        new = max(needed, capacity * 2)
+        # An eighth more, not twice: an index read back from the store is exactly full, and the
+        # next remembered fragment would otherwise double it, so the cache's bound in fragments
+        # would hold twice their memory.
+        new = max(needed, capacity + max(GROW_ROWS, capacity // 8))
         for name in ("vectors", "created", "confidence", "source", "scope"):
             old = getattr(self, name)
             grown = np.zeros((new,) + old.shape[1:], dtype=old.dtype)

@@ -44,3 +44,35 @@ def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path) -> 
     memory.remember("small", "other")
     assert memory.loaded_ids("big") is None
     assert memory.loaded_ids("small") is not None
+
+
+def test_indexes_of_agents_with_one_fragment_take_about_the_bound_in_rows(tmp_path: Path) -> None:
+    # The bound counts fragments; what an index holds in memory is its allocated rows. Agents
+    # with one fragment each must not cost a large first allocation apiece.
+    memory, embedder, _ = new_memory(tmp_path)
+    memory.max_fragments = 40
+    for n in range(60):
+        text = f"agent {n}'s only fact"
+        embedder.vectors[text] = axis(n % 7)
+        memory.remember(f"agent-{n}", text)
+    loaded = [memory.index(f"agent-{n}") for n in range(20, 60)]
+    assert sum(len(index) for index in loaded) == 40
+    assert all(memory.loaded_ids(f"agent-{n}") is None for n in range(20)), "BUG: the bound was not kept"
+    rows = sum(index.vectors.shape[0] for index in loaded)
+    assert rows <= 4 * 40, f"BUG: 40 one-fragment indexes hold {rows} allocated rows"
+
+
+def test_an_index_read_back_and_written_to_does_not_double(tmp_path: Path) -> None:
+    # The pattern of a daemon with more agents than the cache holds: an agent's index is read
+    # back from the store (exactly full), then the exchange is remembered into it.
+    memory, embedder, _ = new_memory(tmp_path)
+    for k in range(200):
+        embedder.vectors[f"fact {k}"] = axis(k % 7)
+        memory.remember("agent", f"fact {k}")
+    memory.invalidate("agent")
+    assert memory.index("agent").vectors.shape[0] == 200
+    embedder.vectors["one more"] = axis(3)
+    memory.remember("agent", "one more")
+    rows = memory.index("agent").vectors.shape[0]
+    assert len(memory.index("agent")) == 201
+    assert rows <= 201 * 1.2, f"BUG: 201 fragments in {rows} allocated rows"

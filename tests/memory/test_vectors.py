@@ -11,7 +11,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import pytest
-from agentd.memory.vectors import PARALLEL_ROWS, AgentIndex, Hit, scores_of
+from agentd.memory.vectors import GROW_ROWS, PARALLEL_ROWS, AgentIndex, Hit, scores_of
 
 
 def test_split_product_equals_the_plain_product_for_odd_sizes():
@@ -54,20 +54,25 @@ def test_new_index_and_growth() -> None:
     assert index.search(E[0], 3) == [] and index.mask() is None
     for i in range(5):
         index.put(f"f{i}", E[i], created=float(i), confidence=0.5, source="system", scope="s")
-    assert len(index) == 5 and index.vectors.shape[0] == 8  # 2 -> 4 -> 8: doubled each time
+    assert len(index) == 5 and index.vectors.shape[0] == 10  # 2 -> 10: GROW_ROWS more
     assert index.created.shape[0] == index.vectors.shape[0] == index.confidence.shape[0] == \
         index.source.shape[0] == index.scope.shape[0]
     assert index.created[:5].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert [h.id for h in index.search(E[4], 1)] == ["f4"]
-    assert AgentIndex(8).vectors.shape == (64, 8)
+    assert AgentIndex(8).vectors.shape == (4, 8)
 
 
-def test_growth_doubles_or_takes_what_is_needed() -> None:
+def test_growth_takes_an_eighth_more_or_what_is_needed() -> None:
     index = AgentIndex(2, capacity=4)
     index._grow(4)
     assert index.vectors.shape[0] == 4
     index._grow(5)
-    assert index.vectors.shape[0] == 8
+    assert index.vectors.shape[0] == 12  # GROW_ROWS at the least
+    big = AgentIndex(2, capacity=800)
+    big._grow(801)
+    assert big.vectors.shape[0] == 900  # an eighth more, not twice
+    big._grow(5000)
+    assert big.vectors.shape[0] == 5000
     index._grow(20)
     assert index.vectors.shape[0] == 20
     assert index.source.dtype == np.int8 and index.scope.dtype == np.int32 and index.created.dtype == np.float64
@@ -271,10 +276,10 @@ def test_growth_from_the_smallest_capacities() -> None:
     one.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
     assert one.vectors.shape == (1, 4), "BUG: grew although the row fitted"
     one.put("b", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
-    assert one.vectors.shape == (2, 4)
+    assert one.vectors.shape == (1 + GROW_ROWS, 4)
     empty = AgentIndex(4, capacity=0)
     empty.put("a", np.ones(4, dtype=np.float32), created=1.0, confidence=1.0, source="system", scope="s")
-    assert empty.vectors.shape == (1, 4) and empty.ids == ["a"]
+    assert empty.vectors.shape == (GROW_ROWS, 4) and empty.ids == ["a"]
 
 
 def test_unknown_filter_values_match_nothing_and_masks_are_boolean() -> None:
