@@ -1,0 +1,116 @@
+"""Files and images both ways on Gitter (a Matrix homeserver) and ntfy, through the real
+daemon and each platform's fake: an image reaches a vision model as an image part, a file
+becomes an upload the agent reads, what the agent makes goes back through the platform's
+upload API, and a file hosted off the platform's own hosts is never fetched."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from channel_contract import ENV
+from channel_fixtures import configure, wait_active, wait_for
+from fakellm import TINY_PNG
+from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
+from fakes.ntfy import FakeNtfy
+from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
+                                unique, uploads_named, user_turns)
+
+DRAW = '[[tool:image_generate {"prompt": "a square", "model": "dall-e-2"}]] draw'
+
+
+def read_call(name: str) -> str:
+    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
+
+
+# -- Gitter --------------------------------------------------------------------------------
+
+@pytest.fixture
+def gitter(files_daemon):  # noqa: F811
+    fake = FakeGitter(ENV["GITTER_TOKEN"]).start()
+    front = FakeGitterFront(fake).start()  # gitter.im: only the discovery of the homeserver
+    configure(files_daemon, "gitter", token_env="GITTER_TOKEN", homeserver_url=front.url, room_id=GITTER_ROOM,
+              long_poll_secs=1, default_agent="filer")
+    wait_active(files_daemon, "gitter")
+    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+    yield fake
+    files_daemon.delete("/api/channels/gitter/configure")
+    front.stop()
+    fake.stop()
+
+
+def test_gitter_media_both_ways_through_the_homeserver_only(files_daemon, gitter, fake_llm, elsewhere):  # noqa: F811
+    marker = unique("gitter-look")
+    gitter.user_sends_file(GITTER_ROOM, "@ann:gitter.im", TINY_PNG, "dot.png", "image/png", msgtype="m.image",
+                           caption=marker)
+    wait_for(lambda: gitter.bot_messages(GITTER_ROOM), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(gitter.downloads) == 1  # the authenticated media API of the homeserver
+    name = unique("notes") + ".txt"
+    secret = f"gitter says {uuid.uuid4().hex[:8]}"
+    gitter.user_sends_file(GITTER_ROOM, "@ann:gitter.im", secret.encode(), name, "text/plain",
+                           caption=read_call(name))
+    wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
+    gitter.user_says(GITTER_ROOM, "@ann:gitter.im", DRAW)
+    wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 3 and gitter.bot_files(GITTER_ROOM),
+             what="reply after drawing")
+    assert [(p["msgtype"], p["info"], p["data"]) for p in gitter.bot_files(GITTER_ROOM)] == \
+        [("m.image", {"mimetype": "image/png", "size": len(TINY_PNG)}, TINY_PNG)]
+    gitter.user_sends_file(GITTER_ROOM, "@ann:gitter.im", TINY_PNG, "far.png", "image/png", msgtype="m.image",
+                           url=f"{elsewhere.url}/far.png")
+    wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 4, what="refusal")
+    assert gitter.bot_messages(GITTER_ROOM)[3] == \
+        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
+
+
+# -- ntfy ----------------------------------------------------------------------------------
+
+TOPIC = "agentd-files"
+
+
+@pytest.fixture
+def ntfy(files_daemon):  # noqa: F811
+    fake = FakeNtfy(ENV["NTFY_TOKEN"]).start()
+    configure(files_daemon, "ntfy", topic=TOPIC, server_url=fake.url, token_env="NTFY_TOKEN", default_agent="filer")
+    wait_active(files_daemon, "ntfy")
+    wait_for(lambda: fake.subscriptions, what="subscribed")
+    yield fake
+    files_daemon.delete("/api/channels/ntfy/configure")
+    fake.stop()
+
+
+def test_ntfy_attachments_both_ways_from_the_server_only(files_daemon, ntfy, fake_llm, elsewhere):  # noqa: F811
+    marker = unique("ntfy-look")
+    ntfy.publish_file(TOPIC, TINY_PNG, "dot.png", text=marker)
+    wait_for(lambda: ntfy.bot_messages(TOPIC), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(ntfy.downloads) == 1
+    name = unique("notes") + ".txt"
+    secret = f"ntfy says {uuid.uuid4().hex[:8]}"
+    ntfy.publish_file(TOPIC, secret.encode(), name, text=read_call(name))
+    wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
+    ntfy.publish(TOPIC, DRAW)
+    wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 3 and ntfy.bot_files(TOPIC), what="reply after drawing")
+    [(posted, kind, data)] = ntfy.bot_files(TOPIC)
+    assert (kind, data) == ("image/png", TINY_PNG) and posted.endswith(".png")
+    big = unique("big") + ".txt"
+    ntfy.publish_file(TOPIC, b"z", big, size=LIMIT * 10)
+    wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 4, what="refusal of the big file")
+    assert ntfy.bot_messages(TOPIC)[3] == \
+        f"Sorry, I could not take {big}: it is {LIMIT * 10} bytes; files up to {LIMIT} bytes are accepted here."
+    ntfy.publish_file(TOPIC, TINY_PNG, "far.png", url=f"{elsewhere.url}/far.png")
+    wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 5, what="refusal of the file elsewhere")
+    assert ntfy.bot_messages(TOPIC)[4] == \
+        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    ntfy.redirect_files = f"{elsewhere.url}/cat.png"
+    ntfy.publish_file(TOPIC, TINY_PNG, "moved.png")
+    wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 6, what="refusal of the redirect")
+    assert ntfy.bot_messages(TOPIC)[5] == \
+        f"Sorry, I could not take moved.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == [] and len(ntfy.downloads) == 3
