@@ -1,10 +1,13 @@
-"""Files and images both ways on Gitter (a Matrix homeserver) and ntfy, through the real
-daemon and each platform's fake: an image reaches a vision model as an image part, a file
-becomes an upload the agent reads, what the agent makes goes back through the platform's
-upload API, and a file hosted off the platform's own hosts is never fetched."""
+"""Files and images both ways on Gitter (a Matrix homeserver), ntfy and Mumble (images
+inline in a message, against a real murmurd), through the real daemon and each platform's
+fake: an image reaches a vision model as an image part, a file becomes an upload the agent
+reads, what the agent makes goes back through the platform's upload API, and a file hosted
+off the platform's own hosts is never fetched."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import uuid
 
 import pytest
@@ -13,6 +16,7 @@ from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
+from fakes.mumble import MumbleUser, Murmur
 from fakes.ntfy import FakeNtfy
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
@@ -114,3 +118,35 @@ def test_ntfy_attachments_both_ways_from_the_server_only(files_daemon, ntfy, fak
     assert ntfy.bot_messages(TOPIC)[5] == \
         f"Sorry, I could not take moved.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == [] and len(ntfy.downloads) == 3
+
+
+# -- Mumble --------------------------------------------------------------------------------
+
+@pytest.fixture
+def mumble(files_daemon):  # noqa: F811
+    server = Murmur().start()
+    configure(files_daemon, "mumble", host="127.0.0.1", port=server.port, username="filebot", default_agent="filer")
+    wait_active(files_daemon, "mumble")
+    ann = MumbleUser(server.port, "ann")
+    wait_for(lambda: "filebot" in ann.users.values(), what="bot visible")
+    yield ann
+    ann.close()
+    files_daemon.delete("/api/channels/mumble/configure")
+    server.cleanup()
+
+
+def test_mumble_images_inline_both_ways(files_daemon, mumble, fake_llm, elsewhere):  # noqa: F811
+    inline = f'<img src="data:image/png;base64,{base64.b64encode(TINY_PNG).decode()}"/>'
+    marker = unique("mumble-look")
+    mumble.tell("filebot", f"{marker}<br>{inline}")
+    wait_for(lambda: mumble.from_user("filebot"), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    name = f"image-{hashlib.sha256(TINY_PNG).hexdigest()[:8]}.png"
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("image/png", len(TINY_PNG))]
+    mumble.tell("filebot", DRAW)
+    wait_for(lambda: len(mumble.from_user("filebot")) == 3, what="image and reply after drawing")
+    drawn = mumble.from_user("filebot", private=True)[1]
+    assert drawn.startswith(inline[:-2]) and drawn.endswith('.png"/>')  # the image, then the text
+    mumble.tell("filebot", f'<img src="{elsewhere.url}/far.png"/> look')
+    wait_for(lambda: len(mumble.from_user("filebot")) == 4, what="reply to the linked picture")
+    assert elsewhere.hits == []  # a picture named by URL is not fetched
