@@ -1,4 +1,4 @@
-"""Files and images both ways on Gitter (a Matrix homeserver), ntfy and Mumble (images
+"""Files and images both ways on Gitter (a Matrix homeserver), ntfy, Pumble and Mumble (images
 inline in a message, against a real murmurd), through the real daemon and each platform's
 fake: an image reaches a vision model as an image part, a file becomes an upload the agent
 reads, what the agent makes goes back through the platform's upload API, and a file hosted
@@ -11,6 +11,7 @@ import hashlib
 import uuid
 
 import pytest
+import requests
 
 from channel_contract import ENV
 from channel_fixtures import configure, wait_active, wait_for
@@ -18,6 +19,8 @@ from fakellm import TINY_PNG
 from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
 from fakes.mumble import MumbleUser, Murmur
 from fakes.ntfy import FakeNtfy
+from fakes.pumble import FakePumble, event as pumble_event, headers as pumble_headers
+from support import free_port
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
                                 unique, uploads_named, user_turns)
 
@@ -150,3 +153,57 @@ def test_mumble_images_inline_both_ways(files_daemon, mumble, fake_llm, elsewher
     mumble.tell("filebot", f'<img src="{elsewhere.url}/far.png"/> look')
     wait_for(lambda: len(mumble.from_user("filebot")) == 4, what="reply to the linked picture")
     assert elsewhere.hits == []  # a picture named by URL is not fetched
+
+
+# -- Pumble --------------------------------------------------------------------------------
+
+@pytest.fixture
+def pumble(files_daemon):  # noqa: F811
+    fake, port = FakePumble(ENV["PUMBLE_BOT_TOKEN"], ENV["PUMBLE_APP_KEY"], ENV["PUMBLE_SIGNING_SECRET"]).start(), free_port()
+    fake.channels["dm-ann"] = "DIRECT"
+    configure(files_daemon, "pumble", webhook_port=port, api_url=fake.url, files_url=fake.url, default_agent="filer")
+    wait_active(files_daemon, "pumble")
+    url = f"http://127.0.0.1:{port}/pumble/events"
+
+    def deliver(body: bytes) -> None:
+        response = requests.post(url, data=body, headers=pumble_headers(ENV["PUMBLE_SIGNING_SECRET"], body), timeout=5)
+        assert response.status_code == 200, response.text
+
+    fake.deliver = deliver
+    yield fake
+    files_daemon.delete("/api/channels/pumble/configure")
+    fake.stop()
+
+
+def test_pumble_files_both_ways_through_the_file_server(files_daemon, pumble, fake_llm, elsewhere):  # noqa: F811
+    def replies():
+        return [s for s in pumble.sent if s["channel"] == "dm-ann"]
+
+    marker = unique("pumble-look")
+    pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", TINY_PNG, "dot.png", "image/png", text=marker))
+    wait_for(lambda: replies(), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
+    assert len(pumble.downloads) == 1
+    name = unique("notes") + ".txt"
+    secret = f"pumble says {uuid.uuid4().hex[:8]}"
+    pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", secret.encode(), name, "text/plain",
+                                          text=read_call(name)))
+    wait_for(lambda: len(replies()) == 2, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
+    pumble.deliver(pumble_event("dm-ann", "user-ann", DRAW))
+    wait_for(lambda: len(replies()) == 4, what="image and reply after drawing")
+    drawn = replies()[2]
+    assert drawn["text"] == "" and [(kind, data) for _, kind, data in drawn["files"]] == [("image/png", TINY_PNG)]
+    assert drawn["files"][0][0].endswith(".png") and replies()[3]["files"] == []
+    big = unique("big") + ".txt"
+    pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", b"z", big, "text/plain", size=LIMIT * 10))
+    wait_for(lambda: len(replies()) == 5, what="refusal of the big file")
+    assert replies()[4]["text"] == \
+        f"Sorry, I could not take {big}: it is {LIMIT * 10} bytes; files up to {LIMIT} bytes are accepted here."
+    pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", TINY_PNG, "far.png", "image/png",
+                                          path=f"{elsewhere.url}/far.png"))
+    wait_for(lambda: len(replies()) == 6, what="refusal of the file elsewhere")
+    assert replies()[5]["text"] == \
+        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == [] and len(pumble.downloads) == 2
