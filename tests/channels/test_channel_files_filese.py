@@ -1,4 +1,4 @@
-"""Files and images both ways on Gitter (a Matrix homeserver), ntfy, Pumble and Mumble (images
+"""Files and images both ways on Gitter (a Matrix homeserver), ntfy, Pumble, Nextcloud Talk and Mumble (images
 inline in a message, against a real murmurd), through the real daemon and each platform's
 fake: an image reaches a vision model as an image part, a file becomes an upload the agent
 reads, what the agent makes goes back through the platform's upload API, and a file hosted
@@ -18,6 +18,7 @@ from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
 from fakes.mumble import MumbleUser, Murmur
+from fakes.nextcloud import FakeNextcloud
 from fakes.ntfy import FakeNtfy
 from fakes.pumble import FakePumble, event as pumble_event, headers as pumble_headers
 from support import free_port
@@ -207,3 +208,44 @@ def test_pumble_files_both_ways_through_the_file_server(files_daemon, pumble, fa
     assert replies()[5]["text"] == \
         f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == [] and len(pumble.downloads) == 2
+
+
+# -- Nextcloud Talk ------------------------------------------------------------------------
+
+@pytest.fixture
+def nextcloud(files_daemon):  # noqa: F811
+    fake = FakeNextcloud(ENV["NEXTCLOUD_TOKEN"]).start()
+    configure(files_daemon, "nextcloud", server_url=fake.url, token_env="NEXTCLOUD_TOKEN", poll_interval_secs=0.2,
+              long_poll_secs=1, allowed_rooms=["dmann"], default_agent="filer")
+    wait_active(files_daemon, "nextcloud")
+    wait_for(lambda: fake.polls, what="polling")
+    yield fake
+    files_daemon.delete("/api/channels/nextcloud/configure")
+    fake.stop()
+
+
+def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, fake_llm, elsewhere):  # noqa: F811
+    dot = unique("dot") + ".png"
+    room = nextcloud.user_shares_file("ann", TINY_PNG, dot)
+    wait_for(lambda: nextcloud.replies(room), what="reply to the image")
+    assert IMAGE_PART in user_turns(fake_llm, dot)[-1]  # the file's note names it
+    assert len(nextcloud.downloads) == 1 and nextcloud.downloads[0].startswith("Talk/dot-")
+    name = unique("notes") + ".txt"
+    secret = f"nextcloud says {uuid.uuid4().hex[:8]}"
+    nextcloud.user_shares_file("ann", secret.encode(), name)
+    wait_for(lambda: len(nextcloud.replies(room)) == 2, what="reply to the file")
+    assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
+    nextcloud.user_says("ann", read_call(name))
+    wait_for(lambda: len(nextcloud.replies(room)) == 3, what="reply after reading")
+    assert tool_results(fake_llm, secret) == [secret]
+    nextcloud.user_says("ann", DRAW)
+    wait_for(lambda: len(nextcloud.replies(room)) == 4 and nextcloud.bot_files(room), what="reply after drawing")
+    [(posted, data)] = nextcloud.bot_files(room)
+    assert data == TINY_PNG and posted.endswith(".png")
+    nextcloud.redirect_files = f"{elsewhere.url}/cat.png"
+    moved = unique("moved") + ".png"
+    nextcloud.user_shares_file("ann", TINY_PNG, moved)
+    wait_for(lambda: len(nextcloud.replies(room)) == 5, what="refusal of the redirect")
+    assert nextcloud.replies(room)[4] == \
+        f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert elsewhere.hits == []
