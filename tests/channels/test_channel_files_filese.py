@@ -160,7 +160,8 @@ def test_mumble_images_inline_both_ways(files_daemon, mumble, fake_llm, elsewher
 
 @pytest.fixture
 def pumble(files_daemon):  # noqa: F811
-    fake, port = FakePumble(ENV["PUMBLE_BOT_TOKEN"], ENV["PUMBLE_APP_KEY"], ENV["PUMBLE_SIGNING_SECRET"]).start(), free_port()
+    fake = FakePumble(ENV["PUMBLE_BOT_TOKEN"], ENV["PUMBLE_APP_KEY"], ENV["PUMBLE_SIGNING_SECRET"]).start()
+    port = free_port()
     fake.channels["dm-ann"] = "DIRECT"
     configure(files_daemon, "pumble", webhook_port=port, api_url=fake.url, files_url=fake.url, default_agent="filer")
     wait_active(files_daemon, "pumble")

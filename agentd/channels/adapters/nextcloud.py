@@ -93,8 +93,9 @@ class NextcloudAdapter(PollingAdapter):
         return f"{self.base}/remote.php/dav/files/{quote(self.me, safe='')}/{quote(path.lstrip('/'))}"
 
     def _attachment(self, param: dict[str, Any]) -> Attachment:
-        return Attachment(str(param.get("name") or PurePosixPath(str(param["path"])).name),
-                          str(param.get("mimetype") or ""), int(param.get("size") or 0), self.dav(str(param["path"])),
+        path = str(param["path"])
+        return Attachment(str(param.get("name") or PurePosixPath(path).name), str(param.get("mimetype") or ""),
+                          int(param.get("size") or 0), self.dav(path),
                           headers={"Authorization": self.http.session.headers["Authorization"]})
 
     def file_hosts(self) -> set[str]:

@@ -126,8 +126,9 @@ class PumbleAdapter(WebhookAdapter):
             if isinstance(item, dict) and item.get("path"):
                 path = str(item["path"])
                 url = path if "://" in path else f"{self.files_url()}/{path.lstrip('/')}"
-                found.append(Attachment(str(item.get("name") or path.rsplit("/", 1)[-1]), str(item.get("mimeType") or ""),
-                                        int(item.get("size") or 0), url, headers=self.auth()))
+                name = str(item.get("name") or path.rsplit("/", 1)[-1])
+                found.append(Attachment(name, str(item.get("mimeType") or ""), int(item.get("size") or 0), url,
+                                        headers=self.auth()))
         return found
 
     def file_hosts(self) -> set[str]:
