@@ -1,5 +1,5 @@
 """Files and images both ways on Gitter (a Matrix homeserver), ntfy, Pumble, Nextcloud Talk and Mumble (images
-inline in a message, against a real murmurd), through the real daemon and each platform's
+inline in a message, against a real murmurd), and out on Threema (end-to-end), through the real daemon and each platform's
 fake: an image reaches a vision model as an image part, a file becomes an upload the agent
 reads, what the agent makes goes back through the platform's upload API, and a file hosted
 off the platform's own hosts is never fetched."""
@@ -20,6 +20,8 @@ from fakes.gitter import ROOM as GITTER_ROOM, FakeGitter, FakeGitterFront
 from fakes.mumble import MumbleUser, Murmur
 from fakes.nextcloud import FakeNextcloud
 from fakes.ntfy import FakeNtfy
+from fakes.threema import FakeThreema
+from nacl.public import PrivateKey
 from fakes.pumble import FakePumble, event as pumble_event, headers as pumble_headers
 from support import free_port
 from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
@@ -250,3 +252,26 @@ def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, f
     assert nextcloud.replies(room)[4] == \
         f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
     assert elsewhere.hits == []
+
+
+# -- Threema -------------------------------------------------------------------------------
+
+def test_threema_sends_the_agents_image_as_an_end_to_end_file_message(files_daemon):  # noqa: F811
+    gateway_key = PrivateKey(bytes.fromhex(ENV["THREEMA_PRIVATE_KEY"].split(":")[1]))
+    fake = FakeThreema("*AGENTD1", ENV["THREEMA_SECRET"], gateway_key.public_key.encode()).start()
+    port = free_port()
+    try:
+        configure(files_daemon, "threema", threema_id="*AGENTD1", webhook_port=port, api_url=fake.url,
+                  secret_env="THREEMA_SECRET", private_key_env="THREEMA_PRIVATE_KEY", default_agent="filer")
+        wait_active(files_daemon, "threema")
+        body = fake.callback("FILEANN1", DRAW)
+        response = requests.post(f"http://127.0.0.1:{port}/threema", data=body, timeout=5,
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert response.status_code == 200, response.text
+        wait_for(lambda: fake.replies("FILEANN1") and fake.files("FILEANN1"), what="image and reply")
+        [sent] = fake.files("FILEANN1")
+        assert (sent["m"], sent["j"], sent["data"]) == ("image/png", 1, TINY_PNG) and sent["n"].endswith(".png")
+        assert len(fake.blobs) == 1 and TINY_PNG not in next(iter(fake.blobs.values()))  # only sealed bytes
+    finally:
+        files_daemon.delete("/api/channels/threema/configure")
+        fake.stop()

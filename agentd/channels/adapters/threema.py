@@ -8,16 +8,21 @@ the Gateway delivers no incoming messages to basic IDs).
 
 Docs: https://gateway.threema.ch/en/developer/api and /developer/e2e (message container:
 type byte, PKCS#7-style random padding; type 0x01 = UTF-8 text).
+Files (end-to-end mode only): the bytes encrypted with a fresh key (XSalsa20-Poly1305, the
+blob nonce 0...01), `POST /upload_blob` (multipart `blob`), then a file message (type 0x17:
+JSON `b` blob id, `k` key, `m` type, `n` name, `s` size, `j` 1 for an image shown as media).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from typing import Any
 
 from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
+from nacl.secret import SecretBox
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
@@ -26,7 +31,9 @@ from agentd.channels.adapters.threema_box import callback_data, pad, parse_form,
 from agentd.channels.bases.webhook import Request, WebhookAdapter
 
 API_URL = "https://msgapi.threema.ch"
-TEXT = 0x01
+TEXT, FILE = 0x01, 0x17
+BLOB_NONCE = bytes(23) + b"\x01"  # the file's own nonce (its thumbnail would take 0...02)
+MEDIA = ("image/jpeg", "image/png", "image/gif", "image/webp")
 MAX_TEXT_BYTES = 3500  # the Gateway's text limit, in UTF-8 bytes
 
 
@@ -114,13 +121,30 @@ class ThreemaAdapter(WebhookAdapter):
             if key is None:
                 response = self.http.request("POST", self.api("/send_simple"), data={**base, "text": part})
             else:
-                nonce = secrets.token_bytes(Box.NONCE_SIZE)
-                box = Box(key, self.public_key(conversation.chat_id)).encrypt(
-                    pad(bytes([TEXT]) + part.encode("utf-8")), nonce).ciphertext
-                response = self.http.request("POST", self.api("/send_e2e"),
-                                             data={**base, "nonce": nonce.hex(), "box": box.hex()})
+                response = self._send_e2e(key, base, bytes([TEXT]) + part.encode("utf-8"))
             message_id = response.text.strip()
         return message_id
+
+    def _send_e2e(self, key: PrivateKey, base: dict[str, str], content: bytes) -> Any:
+        nonce = secrets.token_bytes(Box.NONCE_SIZE)
+        box = Box(key, self.public_key(base["to"])).encrypt(pad(content), nonce).ciphertext
+        return self.http.request("POST", self.api("/send_e2e"), data={**base, "nonce": nonce.hex(), "box": box.hex()})
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        key = self.private_key()
+        if key is None:
+            raise ChannelError("threema: files need end-to-end mode (private_key_env); basic mode sends text only")
+        auth = {"from": self.identity(), "secret": self.env("secret_env")}
+        blob_key = secrets.token_bytes(SecretBox.KEY_SIZE)
+        sealed = SecretBox(blob_key).encrypt(data, BLOB_NONCE).ciphertext
+        blob_id = self.http.request("POST", self.api("/upload_blob"), params=auth,
+                                    files={"blob": ("blob", sealed, "application/octet-stream")}).text.strip()
+        media = content_type in MEDIA
+        descriptor = {"b": blob_id, "k": blob_key.hex(), "m": content_type, "n": filename, "s": len(data),
+                      "j": 1 if media else 0, "i": 1 if media else 0}
+        response = self._send_e2e(key, {**auth, "to": conversation.chat_id},
+                                  bytes([FILE]) + json.dumps(descriptor).encode("utf-8"))
+        return response.text.strip()
 
     def test_target(self, override: str = "") -> Conversation:
         if not override:
