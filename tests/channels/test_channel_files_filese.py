@@ -1,5 +1,5 @@
 """Files and images both ways on Gitter (a Matrix homeserver), ntfy, Pumble, Nextcloud Talk and Mumble (images
-inline in a message, against a real murmurd), and out on Threema (end-to-end), through the real daemon and each platform's
+inline in a message, against a real murmurd), and Threema (end-to-end), through the real daemon and each platform's
 fake: an image reaches a vision model as an image part, a file becomes an upload the agent
 reads, what the agent makes goes back through the platform's upload API, and a file hosted
 off the platform's own hosts is never fetched."""
@@ -256,7 +256,7 @@ def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, f
 
 # -- Threema -------------------------------------------------------------------------------
 
-def test_threema_sends_the_agents_image_as_an_end_to_end_file_message(files_daemon):  # noqa: F811
+def test_threema_end_to_end_file_messages_both_ways(files_daemon, fake_llm):  # noqa: F811
     gateway_key = PrivateKey(bytes.fromhex(ENV["THREEMA_PRIVATE_KEY"].split(":")[1]))
     fake = FakeThreema("*AGENTD1", ENV["THREEMA_SECRET"], gateway_key.public_key.encode()).start()
     port = free_port()
@@ -264,14 +264,25 @@ def test_threema_sends_the_agents_image_as_an_end_to_end_file_message(files_daem
         configure(files_daemon, "threema", threema_id="*AGENTD1", webhook_port=port, api_url=fake.url,
                   secret_env="THREEMA_SECRET", private_key_env="THREEMA_PRIVATE_KEY", default_agent="filer")
         wait_active(files_daemon, "threema")
-        body = fake.callback("FILEANN1", DRAW)
-        response = requests.post(f"http://127.0.0.1:{port}/threema", data=body, timeout=5,
-                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
-        assert response.status_code == 200, response.text
-        wait_for(lambda: fake.replies("FILEANN1") and fake.files("FILEANN1"), what="image and reply")
+        def deliver(body: bytes) -> None:
+            response = requests.post(f"http://127.0.0.1:{port}/threema", data=body, timeout=5,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+            assert response.status_code == 200, response.text
+
+        marker = unique("threema-look")
+        deliver(fake.file_callback("FILEANN1", TINY_PNG, "dot.png", "image/png", caption=marker))
+        wait_for(lambda: fake.replies("FILEANN1"), what="reply to the image")
+        assert IMAGE_PART in user_turns(fake_llm, marker)[-1] and len(fake.downloads) == 1
+        name = unique("notes") + ".txt"
+        secret = f"threema says {uuid.uuid4().hex[:8]}"
+        deliver(fake.file_callback("FILEANN1", secret.encode(), name, "text/plain", caption=read_call(name)))
+        wait_for(lambda: len(fake.replies("FILEANN1")) == 2, what="reply after reading")
+        assert tool_results(fake_llm, secret) == [secret]
+        deliver(fake.callback("FILEANN1", DRAW))
+        wait_for(lambda: len(fake.replies("FILEANN1")) == 3 and fake.files("FILEANN1"), what="image and reply")
         [sent] = fake.files("FILEANN1")
         assert (sent["m"], sent["j"], sent["data"]) == ("image/png", 1, TINY_PNG) and sent["n"].endswith(".png")
-        assert len(fake.blobs) == 1 and TINY_PNG not in next(iter(fake.blobs.values()))  # only sealed bytes
+        assert len(fake.blobs) == 3 and not any(TINY_PNG in blob for blob in fake.blobs.values())  # sealed only
     finally:
         files_daemon.delete("/api/channels/threema/configure")
         fake.stop()

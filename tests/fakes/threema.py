@@ -54,6 +54,7 @@ class FakeThreema(FakeServer):
         self.lookups: list[str] = []
         self.throttle: list[int] = []
         self.blobs: dict[str, bytes] = {}
+        self.downloads: list[str] = []
         app = Flask("fake-threema")
 
         def authorised(values) -> bool:  # type: ignore[no-untyped-def]
@@ -87,6 +88,15 @@ class FakeThreema(FakeServer):
             blob_id = os.urandom(16).hex()
             self.blobs[blob_id] = blob.read()
             return blob_id, 200, {"Content-Type": "text/plain"}
+
+        @app.get("/blobs/<blob_id>")
+        def blob(blob_id: str):
+            if not authorised(request.args):
+                return "", 401
+            self.downloads.append(blob_id)
+            if blob_id not in self.blobs:
+                return "", 404
+            return self.blobs[blob_id], 200, {"Content-Type": "application/octet-stream"}
 
         @app.post("/send_<mode>")
         def send(mode: str):
@@ -133,6 +143,16 @@ class FakeThreema(FakeServer):
         self.sent.append({"mode": "e2e", "to": to, "file": {**descriptor, "data": data}, "id": message_id,
                           "at": time.time()})
         return message_id, 200, {"Content-Type": "text/plain"}
+
+    def file_callback(self, sender: str, data: bytes, name: str, mime: str, caption: str = "") -> bytes:
+        """A user's file message: the bytes sealed into a blob on the Gateway, then a 0x17 message."""
+        key = os.urandom(32)
+        blob_id = os.urandom(16).hex()
+        self.blobs[blob_id] = SecretBox(key).encrypt(data, bytes(23) + b"\x01").ciphertext
+        descriptor = {"b": blob_id, "k": key.hex(), "m": mime, "n": name, "s": len(data), "j": 0, "i": 0}
+        if caption:
+            descriptor["d"] = caption
+        return self.callback(sender, json.dumps(descriptor), kind=0x17)
 
     def files(self, to: str) -> list[dict[str, Any]]:
         """The files sent to `to`: the file message's fields and the decrypted bytes."""

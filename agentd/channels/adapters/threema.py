@@ -8,7 +8,8 @@ the Gateway delivers no incoming messages to basic IDs).
 
 Docs: https://gateway.threema.ch/en/developer/api and /developer/e2e (message container:
 type byte, PKCS#7-style random padding; type 0x01 = UTF-8 text).
-Files (end-to-end mode only): the bytes encrypted with a fresh key (XSalsa20-Poly1305, the
+Files (end-to-end mode only). In: a file message's blob, `GET /blobs/{id}` on the Gateway
+API, opened with the message's key on the worker that takes the file. Out: the bytes encrypted with a fresh key (XSalsa20-Poly1305, the
 blob nonce 0...01), `POST /upload_blob` (multipart `blob`), then a file message (type 0x17:
 JSON `b` blob id, `k` key, `m` type, `n` name, `s` size, `j` 1 for an image shown as media).
 """
@@ -19,6 +20,7 @@ import json
 import secrets
 import threading
 from typing import Any
+from urllib.parse import urlencode
 
 from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
@@ -26,6 +28,7 @@ from nacl.secret import SecretBox
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.adapters.threema_box import callback_data, pad, parse_form, parse_key, unpad
 from agentd.channels.bases.webhook import Request, WebhookAdapter
@@ -108,11 +111,33 @@ class ThreemaAdapter(WebhookAdapter):
             content = unpad(plain)
         except (CryptoError, ValueError, ChannelError) as exc:
             raise ValueError(f"cannot decrypt the message box: {exc}") from None
-        if content[:1] == bytes([TEXT]):  # receipts, files, groups... are not chat text
+        text, files = "", []
+        if content[:1] == bytes([TEXT]):  # receipts, groups... are not chat
+            text = content[1:].decode("utf-8", "replace")
+        elif content[:1] == bytes([FILE]):
+            text, files = self._file(content[1:])
+        if text or files:
             conversation = Conversation(self.name, sender, sender, direct=True)
-            self.ctx.deliver(Inbound(conversation, sender_id=sender, text=content[1:].decode("utf-8", "replace"),
+            self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, attachments=files,
                                      message_id=form.get("messageId", ""), sender_name=form.get("nickname", "")))
         return 200, {}
+
+    def _file(self, payload: bytes) -> tuple[str, list[Attachment]]:
+        """(caption, [the file]) of a file message; its blob is fetched and opened later."""
+        try:
+            descriptor = json.loads(payload)
+            blob, key = str(descriptor["b"]), SecretBox(bytes.fromhex(str(descriptor["k"])))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError("a file message without its blob id and key") from None
+        auth = urlencode({"from": self.identity(), "secret": self.env("secret_env")})
+        # The URL carries the API secret: made when fetched, never kept on the attachment.
+        locate = lambda: self.api(f"/blobs/{blob}?{auth}")  # noqa: E731
+        return str(descriptor.get("d") or ""), [Attachment(
+            str(descriptor.get("n") or "file"), str(descriptor.get("m") or ""), int(descriptor.get("s") or 0),
+            locate=locate, open=lambda sealed: key.decrypt(sealed, BLOB_NONCE))]
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(self.api(""))}
 
     def send(self, conversation: Conversation, text: str) -> str:
         key, message_id = self.private_key(), ""
