@@ -54,6 +54,8 @@ class Attachment:
     data: bytes | None = field(default=None, repr=False)  # carried in the message itself (email)
     # Where the file is, asked of the platform only when it is fetched (Telegram's getFile).
     locate: Callable[[], str] | None = field(default=None, repr=False)
+    # The file from the bytes as stored, for a platform that stores files encrypted (Threema's blobs).
+    open: Callable[[bytes], bytes] | None = field(default=None, repr=False)
 
 
 class FileRefused(Exception):
@@ -201,6 +203,11 @@ class ChannelFiles:
             except Exception as exc:  # noqa: BLE001 - the platform's failure, said to the sender
                 raise FileRefused(f"the platform did not say where it is ({type(exc).__name__})") from None
             data = fetch(url, hosts, item.headers, limit)
+            if item.open is not None:
+                try:
+                    data = item.open(data)
+                except Exception as exc:  # noqa: BLE001 - whatever the platform's format rejects
+                    raise FileRefused(f"it could not be opened ({type(exc).__name__})") from None
         if not data:
             raise FileRefused("it is empty")
         return data

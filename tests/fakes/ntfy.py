@@ -1,10 +1,13 @@
 """A fake ntfy server (https://docs.ntfy.sh): publish with `POST /<topic>` (body = message,
 Title/Tags headers, Bearer auth) and subscribe with `GET /<topic>/sse` (`since=` id,
-`all` or `none`; an `open` event, then `message` events, keepalives)."""
+`all` or `none`; an `open` event, then `message` events, keepalives). Files: `PUT /<topic>`
+with the bytes as the body and the name in `Filename` (or `?filename=`) makes a message with
+an `attachment` (`name`, `type`, `size`, `expires`, `url`), served at `GET /file/<id>.<ext>`."""
 
 from __future__ import annotations
 
 import json
+import mimetypes
 import threading
 import time
 import uuid
@@ -20,6 +23,9 @@ class FakeNtfy(FakeServer):
         self.token = token
         self.messages: list[dict[str, Any]] = []
         self.subscriptions: list[dict[str, Any]] = []
+        self.files: dict[str, tuple[bytes, str]] = {}
+        self.downloads: list[str] = []
+        self.redirect_files = ""
         self.cond = threading.Condition()
         app = Flask("fake-ntfy")
 
@@ -33,6 +39,26 @@ class FakeNtfy(FakeServer):
             tags = [t.strip() for t in request.headers.get("Tags", "").split(",") if t.strip()]
             return jsonify(self.publish(topic, request.get_data(as_text=True),
                                         title=request.headers.get("Title", ""), tags=tags))
+
+        @app.put("/<topic>")
+        def attach(topic: str):
+            name = request.headers.get("Filename") or request.args.get("filename") or ""
+            if not name:
+                return jsonify({"code": 40000, "http": 400, "error": "no file name"}), 400
+            tags = [t.strip() for t in request.headers.get("Tags", "").split(",") if t.strip()]
+            return jsonify(self.publish_file(topic, request.get_data(), name, tags=tags,
+                                             title=request.headers.get("Title", "")))
+
+        @app.get("/file/<name>")
+        def download(name: str):
+            self.downloads.append(name)
+            if self.redirect_files:
+                return "", 302, {"Location": self.redirect_files}
+            file_id = name.split(".")[0]
+            if file_id not in self.files:
+                return jsonify({"code": 40401, "http": 404, "error": "not found"}), 404
+            data, kind = self.files[file_id]
+            return data, 200, {"Content-Type": kind}
 
         @app.get("/<topic>/sse")
         def subscribe(topic: str):
@@ -68,10 +94,31 @@ class FakeNtfy(FakeServer):
 
         super().__init__(app)
 
-    def publish(self, topic: str, text: str, title: str = "", tags: list[str] | None = None) -> dict[str, Any]:
+    def publish_file(self, topic: str, data: bytes, name: str, text: str = "", tags: list[str] | None = None,
+                     title: str = "", url: str = "", size: int = 0) -> dict[str, Any]:
+        """A file attached to a message (as `PUT /<topic>` does); `url` names one hosted elsewhere."""
+        file_id = uuid.uuid4().hex[:12]
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        self.files[file_id] = (data, kind)
+        extension = name.rsplit(".", 1)[-1] if "." in name else "bin"
+        attachment = {"name": name, "type": kind, "size": size or len(data), "expires": int(time.time()) + 10800,
+                      "url": url or f"{self.url}/file/{file_id}.{extension}"}
+        return self.publish(topic, text or f"You received a file: {name}", title=title, tags=tags,
+                            attachment=attachment)
+
+    def bot_files(self, topic: str) -> list[tuple[str, str, bytes]]:
+        """(name, type, bytes) of each file the bot attached."""
+        return [(m["attachment"]["name"], m["attachment"]["type"],
+                 self.files[m["attachment"]["url"].rsplit("/", 1)[1].split(".")[0]][0])
+                for m in self.messages if m["topic"] == topic and "attachment" in m and "agentd" in m.get("tags", [])]
+
+    def publish(self, topic: str, text: str, title: str = "", tags: list[str] | None = None,
+                attachment: dict[str, Any] | None = None) -> dict[str, Any]:
         with self.cond:
             message = {"id": uuid.uuid4().hex[:12], "time": int(time.time()), "event": "message",
                        "topic": topic, "message": text}
+            if attachment:
+                message["attachment"] = attachment
             if title:
                 message["title"] = title
             if tags:
@@ -81,4 +128,5 @@ class FakeNtfy(FakeServer):
             return message
 
     def bot_messages(self, topic: str) -> list[str]:
-        return [m["message"] for m in self.messages if m["topic"] == topic and "agentd" in m.get("tags", [])]
+        return [m["message"] for m in self.messages if m["topic"] == topic and "agentd" in m.get("tags", [])
+                and "attachment" not in m]

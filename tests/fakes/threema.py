@@ -9,12 +9,17 @@ E2E boxes with the recipient's (simulated user's) private key and records the te
 `callback()` builds an incoming-message callback the way the Gateway sends one: the
 user's text in a Threema message container (type 0x01 + PKCS#7 random padding),
 encrypted with crypto_box (user's private key, Gateway ID's public key), and `mac` =
-hex HMAC-SHA256(from||to||messageId||date||nonce||box, API secret)."""
+hex HMAC-SHA256(from||to||messageId||date||nonce||box, API secret).
+
+Files: `POST /upload_blob` (?from=&secret=, multipart `blob`) answers a 16-byte blob id in
+hex; a file message (type 0x17, JSON `b`, `k`, `m`, `n`, `s`, `j`) sent with /send_e2e is
+opened like the recipient's app would: the blob decrypted with `k` and the nonce 0...01."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import time
@@ -23,6 +28,7 @@ from urllib.parse import urlencode
 
 from flask import Flask, request
 from nacl.public import Box, PrivateKey, PublicKey
+from nacl.secret import SecretBox
 
 from fakes.http import FakeServer
 
@@ -47,6 +53,8 @@ class FakeThreema(FakeServer):
         self.sent: list[dict[str, Any]] = []  # {mode: simple|e2e, to, text, id, at}
         self.lookups: list[str] = []
         self.throttle: list[int] = []
+        self.blobs: dict[str, bytes] = {}
+        self.downloads: list[str] = []
         app = Flask("fake-threema")
 
         def authorised(values) -> bool:  # type: ignore[no-untyped-def]
@@ -70,6 +78,26 @@ class FakeThreema(FakeServer):
                 return "", 404
             return user.public_key.encode().hex(), 200, {"Content-Type": "text/plain"}
 
+        @app.post("/upload_blob")
+        def upload_blob():
+            if not authorised(request.args):
+                return "", 401
+            blob = request.files.get("blob")
+            if blob is None:
+                return "", 400
+            blob_id = os.urandom(16).hex()
+            self.blobs[blob_id] = blob.read()
+            return blob_id, 200, {"Content-Type": "text/plain"}
+
+        @app.get("/blobs/<blob_id>")
+        def blob(blob_id: str):
+            if not authorised(request.args):
+                return "", 401
+            self.downloads.append(blob_id)
+            if blob_id not in self.blobs:
+                return "", 404
+            return self.blobs[blob_id], 200, {"Content-Type": "application/octet-stream"}
+
         @app.post("/send_<mode>")
         def send(mode: str):
             form = request.form
@@ -90,8 +118,11 @@ class FakeThreema(FakeServer):
                 except Exception:  # noqa: BLE001 - a box the recipient cannot open
                     return "", 400
                 pad = plain[-1]
-                if plain[0] != 0x01 or not 1 <= pad <= 255 or len(plain) < 32 or plain[-pad:] != bytes([pad]) * pad:
+                if plain[0] not in (0x01, 0x17) or not 1 <= pad <= 255 or len(plain) < 32 \
+                        or plain[-pad:] != bytes([pad]) * pad:
                     return "", 400
+                if plain[0] == 0x17:
+                    return self._file(form["to"], json.loads(plain[1:-pad]))
                 text = plain[1:-pad].decode()
             if len(text.encode()) > 3500:
                 return "", 413
@@ -100,6 +131,32 @@ class FakeThreema(FakeServer):
             return message_id, 200, {"Content-Type": "text/plain"}
 
         super().__init__(app)
+
+    def _file(self, to: str, descriptor: dict[str, Any]):  # type: ignore[no-untyped-def]
+        sealed = self.blobs.get(str(descriptor.get("b")))
+        if sealed is None:
+            return "", 400
+        data = SecretBox(bytes.fromhex(descriptor["k"])).decrypt(sealed, bytes(23) + b"\x01")
+        if len(data) != descriptor.get("s"):
+            return "", 400
+        message_id = os.urandom(8).hex()
+        self.sent.append({"mode": "e2e", "to": to, "file": {**descriptor, "data": data}, "id": message_id,
+                          "at": time.time()})
+        return message_id, 200, {"Content-Type": "text/plain"}
+
+    def file_callback(self, sender: str, data: bytes, name: str, mime: str, caption: str = "") -> bytes:
+        """A user's file message: the bytes sealed into a blob on the Gateway, then a 0x17 message."""
+        key = os.urandom(32)
+        blob_id = os.urandom(16).hex()
+        self.blobs[blob_id] = SecretBox(key).encrypt(data, bytes(23) + b"\x01").ciphertext
+        descriptor = {"b": blob_id, "k": key.hex(), "m": mime, "n": name, "s": len(data), "j": 0, "i": 0}
+        if caption:
+            descriptor["d"] = caption
+        return self.callback(sender, json.dumps(descriptor), kind=0x17)
+
+    def files(self, to: str) -> list[dict[str, Any]]:
+        """The files sent to `to`: the file message's fields and the decrypted bytes."""
+        return [s["file"] for s in self.sent if s["to"] == to and "file" in s]
 
     def user(self, identity: str) -> PrivateKey:
         """A Threema user (8-character ID) with its own key pair."""
@@ -117,4 +174,4 @@ class FakeThreema(FakeServer):
         return urlencode(form).encode()
 
     def replies(self, to: str) -> list[str]:
-        return [s["text"] for s in self.sent if s["to"] == to]
+        return [s["text"] for s in self.sent if s["to"] == to and "file" not in s]

@@ -4,17 +4,28 @@ TextMessage in and out. Direct messages to the bot are answered privately; messa
 its channel are answered when they start with its name ("agentd: ..."). It moves into
 `channel` (by name) after login. Voice is ignored. The protocol's few messages are
 encoded by hand (mumble_wire.py) because no maintained Python client fits: pymumble
-pins protobuf 3.x, needs libopus and uses the removed ssl.wrap_socket."""
+pins protobuf 3.x, needs libopus and uses the removed ssl.wrap_socket.
+
+Images: Mumble has no file transfer; clients put an image in a text message as
+`<img src="data:image/...;base64,...">`, which the server passes up to its image message
+length (ServerConfig `image_message_length`; murmur's `imagemessagelength`, 131072 by
+default). Such images come in as files carried in the message (an `<img>` naming any other
+URL is not fetched), and an image the agent makes goes out the same way."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import html
+import mimetypes
 import re
 import socket
 import ssl
 import time
 
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment
 from agentd.channels.adapters import mumble_wire as wire
 from agentd.channels.bases.backoff import Reconnects
 from agentd.channels.bases.duplex import DuplexSocket
@@ -22,6 +33,9 @@ from agentd.retry import Backoff
 
 REJECTS = {1: "wrong version", 2: "invalid username", 3: "wrong user password", 4: "wrong server password",
            5: "username in use", 6: "server full", 7: "certificate required", 8: "authenticator failed"}
+INLINE_IMAGE = re.compile(r"""<img\b[^>]*?\bsrc\s*=\s*["']data:(image/[\w.+-]+);base64,([A-Za-z0-9+/=\s]*)["'][^>]*>""",
+                          re.IGNORECASE)
+IMAGE_MESSAGE_LENGTH = 131072  # murmur's default, until the server's ServerConfig says otherwise
 
 
 class MumbleAdapter(Adapter):
@@ -37,6 +51,7 @@ class MumbleAdapter(Adapter):
         self.users: dict[int, str] = {}
         self.channels: dict[int, str] = {}
         self.my_channel = 0
+        self.image_limit = IMAGE_MESSAGE_LENGTH
 
     def start(self) -> None:
         if not self.settings.get("host"):
@@ -109,6 +124,8 @@ class MumbleAdapter(Adapter):
             elif target is not None:
                 self._send(wire.USER_STATE, [(1, self.session), (5, target)])
                 self.my_channel = target
+        elif kind == wire.SERVER_CONFIG:
+            self.image_limit = first(5, self.image_limit)  # 0: no limit
         elif kind == wire.TEXT_MESSAGE:
             self._text(fields)
 
@@ -116,22 +133,53 @@ class MumbleAdapter(Adapter):
         actor = fields.get(1, [None])[0]
         name = self.users.get(actor, "")
         raw = re.sub(r"<br\s*/?>", "\n", fields.get(5, [b""])[0].decode("utf-8", "replace"))
-        text = html.unescape(re.sub(r"<[^>]+>", "", raw)).strip()  # Mumble text is HTML
-        if actor is None or actor == self.session or not name or not text:
+        images = [image for image in map(self._image, INLINE_IMAGE.finditer(raw)) if image]
+        text = html.unescape(re.sub(r"<[^>]+>", "", INLINE_IMAGE.sub("", raw))).strip()  # Mumble text is HTML
+        if actor is None or actor == self.session or not name or not (text or images):
             return
         if self.session in fields.get(2, []):
             conversation = Conversation(self.name, name, name, direct=True)
         else:
-            prefix = re.match(rf"{re.escape(self.username)}\s*[:,]\s*", text, re.IGNORECASE)
+            prefix = re.match(rf"{re.escape(self.username)}\s*(?:[:,]\s*|$)", text, re.IGNORECASE)
             if not prefix:
                 return  # channel chatter not addressed to us
             text = text[prefix.end():]
             channel = self.channels.get(fields.get(3, [self.my_channel])[0], "")
             conversation = Conversation(self.name, channel, name, meta={"addressee": name})
         self.ctx.deliver(Inbound(conversation, sender_id=name, text=text, sender_name=name,
-                                 message_id=f"{actor}:{time.time_ns()}"))
+                                 message_id=f"{actor}:{time.time_ns()}", attachments=images))
+
+    @staticmethod
+    def _image(match: re.Match[str]) -> Attachment | None:
+        try:
+            data = base64.b64decode(re.sub(r"\s+", "", match.group(2)), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        kind = match.group(1).lower()
+        # The message names no file: the bytes do (the same picture keeps its name).
+        name = f"image-{hashlib.sha256(data).hexdigest()[:8]}{mimetypes.guess_extension(kind) or '.img'}"
+        return Attachment(name, kind, len(data), data=data) if data else None
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not content_type.startswith("image/"):
+            raise ChannelError(f"mumble: {filename} is not an image; Mumble has no file transfer, "
+                               "only images inline in a message")
+        tag = f'<img src="data:{content_type};base64,{base64.b64encode(data).decode()}" alt="{html.escape(filename)}"/>'
+        if self.image_limit and len(tag) > self.image_limit:
+            raise ChannelError(f"mumble: {filename} is {len(tag)} characters inline; "
+                               f"the server takes image messages up to {self.image_limit}")
+        return self._post(conversation, tag)
 
     def send(self, conversation: Conversation, text: str) -> str:
+        prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
+        head = html.escape(prefix)
+        ids = [self._post(conversation, head + (part.text if part.format == "html" else
+                                                 html.escape(part.text).replace("\n", "<br>")))
+               # Mumble draws every message as HTML: text in another format is escaped for it.
+               for part in self.format_reply(text, self.max_message_len - len(head))]
+        return ids[-1] if ids else f"{conversation.chat_id}:{time.time_ns()}"
+
+    def _post(self, conversation: Conversation, body: str) -> str:
         if self.session < 0:
             raise ChannelError("not connected to the Mumble server")
         if conversation.direct:
@@ -142,12 +190,7 @@ class MumbleAdapter(Adapter):
         else:
             cid = next((c for c, n in list(self.channels.items()) if n == conversation.chat_id), self.my_channel)
             where = (3, cid)
-        prefix = f"{conversation.meta['addressee']}: " if conversation.meta.get("addressee") else ""
-        head = html.escape(prefix)
-        for part in self.format_reply(text, self.max_message_len - len(head)):
-            # Mumble draws every message as HTML: text in another format is escaped for it.
-            body = part.text if part.format == "html" else html.escape(part.text).replace("\n", "<br>")
-            self._send(wire.TEXT_MESSAGE, [where, (5, head + body)])
+        self._send(wire.TEXT_MESSAGE, [where, (5, body)])
         return f"{conversation.chat_id}:{time.time_ns()}"
 
     def _send(self, kind: int, fields: list) -> None:  # type: ignore[type-arg]

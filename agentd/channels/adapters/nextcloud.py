@@ -2,13 +2,25 @@
 conversations (`GET .../spreed/api/v4/room`), long-polls each room's chat with
 `lookIntoFuture=1` from the last known message id (persisted; history before the first
 start is not answered), replies with `POST .../spreed/api/v1/chat/{token}` {message,
-replyTo}. Group conversations are answered when the bot is mentioned; one-to-one always."""
+replyTo}. Group conversations are answered when the bot is mentioned; one-to-one always.
+
+Files: Talk shares a file to a conversation as a share of the sender's Nextcloud Files; the
+message names it as a `file` rich object (`name`, `size`, `mimetype`, `path` in the
+receiving account's own files), fetched over WebDAV, `GET /remote.php/dav/files/{user}/{path}`,
+with the same token. A file goes out the way Talk's clients send one: `PUT` into the
+account's `Talk/` folder over WebDAV, then a share to the conversation (`POST
+/ocs/v2.php/apps/files_sharing/api/v1/shares`, `shareType=10`, `shareWith` = its token).
+Docs: https://nextcloud-talk.readthedocs.io/en/latest/chat/#share-a-file-to-the-chat"""
 
 from __future__ import annotations
 
+import uuid
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 
 ONE_TO_ONE = 1
@@ -58,10 +70,13 @@ class NextcloudAdapter(PollingAdapter):
         if message.get("messageType") != "comment" or message.get("actorType") != "users" \
                 or message.get("actorId") == self.me:
             return  # system messages, bots, guests and ourselves
-        text, mentioned = str(message.get("message") or ""), False
+        text, mentioned, files = str(message.get("message") or ""), False, []
         for key, param in (message.get("messageParameters") or {}).items():
             if isinstance(param, dict) and param.get("type") == "user" and param.get("id") == self.me:
                 mentioned, text = True, text.replace("{" + key + "}", "")
+            elif isinstance(param, dict) and param.get("type") == "file" and param.get("path"):
+                files.append(self._attachment(param))
+                text = text.replace("{" + key + "}", "")
             elif isinstance(param, dict):
                 text = text.replace("{" + key + "}", "@" + str(param.get("name") or param.get("id")))
         direct = room.get("type") == ONE_TO_ONE
@@ -70,8 +85,38 @@ class NextcloudAdapter(PollingAdapter):
         user = str(message["actorId"])
         conversation = Conversation(self.name, room["token"], user, direct=direct, meta={"reply_to": message["id"]})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(text.split()),
-                                 message_id=str(message["id"]),
+                                 message_id=str(message["id"]), attachments=files,
                                  sender_name=str(message.get("actorDisplayName") or user), mentioned=mentioned))
+
+    def dav(self, path: str) -> str:
+        """The WebDAV URL of `path` in the account's own files."""
+        return f"{self.base}/remote.php/dav/files/{quote(self.me, safe='')}/{quote(path.lstrip('/'))}"
+
+    def _attachment(self, param: dict[str, Any]) -> Attachment:
+        path = str(param["path"])
+        return Attachment(str(param.get("name") or PurePosixPath(path).name), str(param.get("mimetype") or ""),
+                          int(param.get("size") or 0), self.dav(path),
+                          headers={"Authorization": self.http.session.headers["Authorization"]})
+
+    def file_hosts(self) -> set[str]:
+        if not hasattr(self, "base"):
+            self.prepare()
+        return {host_of(self.base)}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        if not hasattr(self, "base"):
+            self.prepare()
+        if not self.me:
+            self.me = str(self.ocs("GET", "cloud/user")["id"])
+        # A name of its own in Talk/, as Talk's clients do: an earlier file of the same name stays.
+        name = PurePosixPath(filename)
+        path = f"Talk/{name.stem}-{uuid.uuid4().hex[:6]}{name.suffix}"
+        # MKCOL answers 405 when the folder exists already: either way it is there afterwards.
+        self.http.session.request("MKCOL", self.dav("Talk"), timeout=30)
+        self.http.request("PUT", self.dav(path), data=data, headers={"Content-Type": content_type})
+        share = self.ocs("POST", "apps/files_sharing/api/v1/shares",
+                         json={"shareType": 10, "shareWith": conversation.chat_id, "path": "/" + path})
+        return str(share.get("id", "")) if isinstance(share, dict) else ""
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "base"):

@@ -7,6 +7,12 @@ the bot's access token (`token` header) and the app key (`x-app-token`):
 `POST /v1/channels/{id}/messages` in direct channels, `POST /v1/channels/{id}/messages/
 {threadRootId}` (a thread reply) in the others.
 
+Files: an event whose `f` lists files is looked up with `GET /v1/channels/{id}/messages/{id}`
+(the Message's `files`: `name`, `mimeType`, `size`, `path`), each fetched from Pumble's file
+host with the same two headers. A file goes out as the SDK uploads one: an upload token
+(`POST /v1/files/upload/token` {filename, length}), the bytes to the file server
+(`POST {files_url}/upload/files`, multipart `file`, `authtoken` header), `POST
+/v1/files/upload/complete` with the server's answer, then a message with `files: [id]`.
 Docs: https://cake-com.github.io/pumble-node-sdk/ (events, API client, request signing).
 """
 
@@ -18,10 +24,12 @@ from typing import Any
 
 from agentd import hmacs
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
 
 API_URL = "https://api-ga.pumble.com"
+FILES_URL = "https://files.pumble.com"
 
 
 class PumbleAdapter(WebhookAdapter):
@@ -39,8 +47,13 @@ class PumbleAdapter(WebhookAdapter):
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         url = (self.settings.get("api_url") or API_URL).rstrip("/") + path
-        headers = {"token": self.env("bot_token_env"), "x-app-token": self.env("app_key_env")}
-        return self.http.json(method, url, headers=headers, **kwargs)
+        return self.http.json(method, url, headers=self.auth(), **kwargs)
+
+    def auth(self) -> dict[str, str]:
+        return {"token": self.env("bot_token_env"), "x-app-token": self.env("app_key_env")}
+
+    def files_url(self) -> str:
+        return str(self.settings.get("files_url") or FILES_URL).rstrip("/")
 
     def prepare(self) -> None:
         self.env("signing_secret_env")
@@ -83,7 +96,9 @@ class PumbleAdapter(WebhookAdapter):
         if not isinstance(event, dict):
             raise ValueError("body must carry the event")
         author, channel, text = str(event.get("aId") or ""), str(event.get("cId") or ""), event.get("tx")
-        if author == self.bot_id or event.get("eph") or not channel or not isinstance(text, str) or not text.strip():
+        text = text if isinstance(text, str) else ""
+        shared = bool(event.get("f")) and isinstance(event.get("f"), list)
+        if author == self.bot_id or event.get("eph") or not channel or not (text.strip() or shared):
             return 200, b"ok"  # our own posts, ephemeral and empty messages
         mention = f"<<@{self.bot_id}>>"
         direct = self.is_direct(channel)
@@ -94,9 +109,45 @@ class PumbleAdapter(WebhookAdapter):
         thread = "" if direct else str(event.get("trId") or event.get("mId") or "")
         conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread},
                                     thread_id=thread)
+        files = self._files(channel, str(event.get("mId") or "")) if shared else []
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text.replace(mention, "").strip(),
-                                 message_id=str(event.get("mId") or ""), mentioned=mentioned))
+                                 message_id=str(event.get("mId") or ""), mentioned=mentioned, attachments=files))
         return 200, b"ok"
+
+    def _files(self, channel: str, message_id: str) -> list[Attachment]:
+        """The files of a message, as the messages API describes them (the event only counts them)."""
+        try:
+            message = self.call("GET", f"/v1/channels/{channel}/messages/{message_id}")
+        except ChannelError as exc:
+            self.ctx.log.warning("pumble: files of message %s: %s", message_id, exc)
+            return []
+        found = []
+        for item in (message.get("files") or []) if isinstance(message, dict) else []:
+            if isinstance(item, dict) and item.get("path"):
+                path = str(item["path"])
+                url = path if "://" in path else f"{self.files_url()}/{path.lstrip('/')}"
+                name = str(item.get("name") or path.rsplit("/", 1)[-1])
+                found.append(Attachment(name, str(item.get("mimeType") or ""), int(item.get("size") or 0), url,
+                                        headers=self.auth()))
+        return found
+
+    def file_hosts(self) -> set[str]:
+        return {host_of(self.files_url()), host_of(str(self.settings.get("api_url") or API_URL))}
+
+    def send_file(self, conversation: Conversation, filename: str, content_type: str, data: bytes) -> str:
+        grant = self.call("POST", "/v1/files/upload/token", json={"filename": filename, "length": len(data)})
+        headers = {"authtoken": str(grant.get("token") or "")}
+        if grant.get("remoteProductToken"):
+            headers["Remote-Product-Token"] = str(grant["remoteProductToken"])
+        uploaded = self.http.json("POST", f"{self.files_url()}/upload/files", headers=headers,
+                                  files={"file": (filename, data, content_type)})
+        done = self.call("POST", "/v1/files/upload/complete", json=uploaded)
+        if not isinstance(done, dict) or not done.get("id"):
+            raise ChannelError("pumble: the file upload was not completed (no file id)")
+        thread = conversation.meta.get("thread") or ""
+        path = f"/v1/channels/{conversation.chat_id}/messages" + (f"/{thread}" if thread else "")
+        answer = self.call("POST", path, json={"text": "", "files": [str(done["id"])]})
+        return str(answer.get("id") or "") if isinstance(answer, dict) else ""
 
     def send(self, conversation: Conversation, text: str) -> str:
         thread = conversation.meta.get("thread") or ""
