@@ -78,6 +78,16 @@ class Outgoing:
     data: bytes = field(repr=False)
 
 
+def with_bearer(item: Attachment, token: Callable[[], str]) -> Attachment:
+    """`item` fetched with `Authorization: Bearer <token()>`, the token asked for only when the
+    file is fetched, on the conversation's worker, so a slow token endpoint never holds up intake."""
+    def locate(url: str = item.url) -> str:
+        item.headers["Authorization"] = "Bearer " + token()
+        return url
+    item.locate = locate
+    return item
+
+
 def host_of(url: str) -> str:
     """`host`, or `host:port` for a port other than the scheme's own, lower-case."""
     parts = urlsplit(url)

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from agentd import hmacs, jsonsafe
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.attachments import Attachment, host_of
+from agentd.channels.attachments import Attachment, host_of, with_bearer
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.tokens import CachedToken
 from agentd.channels.bases.webhook import Request, WebhookAdapter, within_window
@@ -187,17 +187,9 @@ class FeishuAdapter(WebhookAdapter):
                 for item in line:
                     if isinstance(item, dict) and item.get("tag") == "img" and item.get("image_key"):
                         found.append((str(item["image_key"]), "image", str(item["image_key"])))
-        return [self._with_token(Attachment(
-            name, "", 0, f"{self.base()}/open-apis/im/v1/messages/{message_id}/resources/{key}?type={resource}"))
+        return [with_bearer(Attachment(
+            name, "", 0, f"{self.base()}/open-apis/im/v1/messages/{message_id}/resources/{key}?type={resource}"), self.token.get)
             for key, resource, name in found if SAFE_KEY.fullmatch(message_id) and SAFE_KEY.fullmatch(key)]
-
-    def _with_token(self, item: Attachment) -> Attachment:
-        """The tenant token is asked for when the file is fetched, on the conversation's worker."""
-        def locate() -> str:
-            item.headers["Authorization"] = "Bearer " + self.token.get()
-            return item.url
-        item.locate = locate
-        return item
 
     def file_hosts(self) -> set[str]:
         return {host_of(self.base())}

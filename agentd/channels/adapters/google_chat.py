@@ -30,7 +30,7 @@ from urllib.parse import quote
 import jwt
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.attachments import Attachment, host_of
+from agentd.channels.attachments import Attachment, host_of, with_bearer
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
 from agentd.channels.bases.webhook import Request
 
@@ -111,18 +111,10 @@ class GoogleChatAdapter(JwtWebhookAdapter):
             ref = item.get("attachmentDataRef") if isinstance(item, dict) else None
             if not isinstance(ref, dict) or not isinstance(ref.get("resourceName"), str):
                 continue  # a Drive file: not readable by the app itself
-            found.append(self._with_token(Attachment(
+            found.append(with_bearer(Attachment(
                 str(item.get("contentName") or f"file-{n + 1}"), str(item.get("contentType") or ""), 0,
-                f"{self.api()}/v1/media/{quote(ref['resourceName'], safe='/')}?alt=media")))
+                f"{self.api()}/v1/media/{quote(ref['resourceName'], safe='/')}?alt=media"), self.token.get))
         return found
-
-    def _with_token(self, item: Attachment) -> Attachment:
-        """The token is asked for when the file is fetched, on the conversation's worker."""
-        def locate() -> str:
-            item.headers["Authorization"] = "Bearer " + self.token.get()
-            return item.url
-        item.locate = locate
-        return item
 
     def file_hosts(self) -> set[str]:
         return {host_of(API_URL), host_of(self.api())}

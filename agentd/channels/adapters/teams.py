@@ -39,7 +39,7 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
-from agentd.channels.attachments import Attachment, host_of
+from agentd.channels.attachments import Attachment, host_of, with_bearer
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.jwt_webhook import JwtWebhookAdapter
@@ -169,10 +169,7 @@ class TeamsAdapter(JwtWebhookAdapter):
         Connector's own hosts."""
         host = host_of(item.url)
         if host == service or host in TOKEN_HOSTS or host.endswith(TOKEN_SUFFIXES):
-            def locate(url: str = item.url) -> str:
-                item.headers["Authorization"] = "Bearer " + self.token.get()
-                return url
-            item.locate = locate
+            with_bearer(item, self.token.get)
         return item
 
     def file_hosts(self) -> set[str]:
