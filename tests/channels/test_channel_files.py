@@ -12,77 +12,26 @@ import uuid
 from typing import Any
 
 import pytest
-from flask import Flask
 
 from channel_contract import ENV
-from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
+from channel_fixtures import audit, configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.discord import FakeDiscord
-from fakes.http import FakeServer
 from fakes.matrix import FakeMatrix
 from fakes.mattermost import FakeMattermost
 from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
-
-LIMIT = 4096
-FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
-IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()}}
-
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal,  # noqa: F401 - fixtures
+                           start_files_daemon, tool_results, unique, uploads_named, user_turns)
 
 @pytest.fixture(scope="module")
 def files_daemon(tmp_path_factory, fake_llm):
-    daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files"), fake_llm, env=ENV,
-                                  extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
-    created = daemon.post("/api/agents", json={"manifest_toml": FILER})
-    assert created.status_code == 201, created.text
-    daemon.filer = created.json()["agent_id"]
+    daemon = start_files_daemon(tmp_path_factory.mktemp("channel-files"), fake_llm)
     for name, provider, model in (("painter", "anthropic", "claude-sonnet-4-6"), ("seer", "gemini", "gemini-2.5-pro")):
         manifest = f'name = "{name}"\n[model]\nprovider = "{provider}"\nmodel = "{model}"\n'
         assert daemon.post("/api/agents", json={"manifest_toml": manifest}).status_code == 201
     yield daemon
     daemon.stop()
-
-
-class Elsewhere(FakeServer):
-    """A host that is not the platform's: it must never be asked for anything."""
-
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        app = Flask("elsewhere")
-
-        @app.route("/<path:path>")
-        def anything(path: str):
-            self.hits.append(path)
-            return TINY_PNG, 200, {"Content-Type": "image/png"}
-
-        super().__init__(app)
-
-
-@pytest.fixture(scope="module")
-def elsewhere():
-    server = Elsewhere().start()
-    yield server
-    server.stop()
-
-
-def user_turns(fake_llm, marker: str) -> list[Any]:
-    """The last user message of every chat call whose request mentions `marker`."""
-    return [r["json"]["messages"][-1]["content"] for r in list(fake_llm.requests)
-            if r["path"] == "/v1/chat/completions" and marker in json.dumps(r["json"])
-            and r["json"]["messages"][-1]["role"] == "user"]
-
-
-def tool_results(fake_llm, marker: str) -> list[str]:
-    return [m["content"] for r in list(fake_llm.requests) if r["path"] == "/v1/chat/completions"
-            for m in r["json"]["messages"] if m["role"] == "tool" and marker in json.dumps(m)]
-
-
-def uploads_named(daemon, name: str) -> list[dict[str, Any]]:
-    return [u for u in daemon.get(f"/api/agents/{daemon.filer}/uploads").json() if u["filename"] == name]
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:6]}"
 
 
 # -- Telegram ------------------------------------------------------------------------------
@@ -153,7 +102,7 @@ def test_telegram_photo_is_a_note_for_a_model_without_vision(files_daemon, teleg
 def test_telegram_document_is_an_upload_the_agent_reads(files_daemon, telegram, fake_llm):
     name = unique("notes") + ".txt"
     secret = f"the word is {uuid.uuid4().hex[:8]}"
-    caption = f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
+    caption = read_it(name)
     telegram.user_sends_file(603, secret.encode(), filename=name, mime_type="text/plain", caption=caption)
     wait_for(lambda: telegram.replies_to(603), what="reply after reading the file")
     assert tool_results(fake_llm, secret) == [secret]  # file_read gave the model the file's words
@@ -164,7 +113,7 @@ def test_telegram_document_is_an_upload_the_agent_reads(files_daemon, telegram, 
 
 
 def test_telegram_generated_image_is_posted_back(files_daemon, telegram, fake_llm):
-    telegram.user_says(604, '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw')
+    telegram.user_says(604, draw("a red square"))
     wait_for(lambda: telegram.replies_to(604), what="reply after drawing")
     photo = [u for u in telegram.uploaded if u["chat_id"] == 604]
     assert [(p["method"], p["content_type"], p["data"]) for p in photo] == [("sendPhoto", "image/png", TINY_PNG)]
@@ -205,7 +154,7 @@ def test_telegram_redirect_off_the_platform_is_refused(files_daemon, telegram, e
     telegram.user_sends_file(608, TINY_PNG, filename=name, mime_type="image/png")
     wait_for(lambda: telegram.replies_to(608), what="refusal")
     assert telegram.replies_to(608) == [
-        f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."]
+        refusal(name, elsewhere)]
     assert elsewhere.hits == []
 
 
@@ -229,15 +178,14 @@ def test_slack_files_both_ways_and_only_from_slack(files_daemon, slack, fake_llm
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
     assert len(slack.downloads) == 1  # fetched with the bot token from the file's private URL
     # The agent's generated image goes back with the files upload flow.
-    slack.user_says("U1ANN", '[[tool:image_generate {"prompt": "a blue square", "model": "dall-e-2"}]] draw')
+    slack.user_says("U1ANN", draw("a blue square"))
     wait_for(lambda: len(slack.replies(chat)) == 2, what="reply after drawing")
     assert [(f["channel"], f["content_type"], f["data"]) for f in slack.shared] == [(chat, "image/png", TINY_PNG)]
     # A file the event says is elsewhere is never fetched.
     name = unique("elsewhere") + ".png"
     slack.user_shares_file("U1ANN", TINY_PNG, name, "image/png", url=f"{elsewhere.url}/{name}")
     wait_for(lambda: len(slack.replies(chat)) == 3, what="refusal")
-    assert slack.replies(chat)[2] == \
-        f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert slack.replies(chat)[2] == refusal(name, elsewhere)
     assert elsewhere.hits == []
 
 
@@ -258,10 +206,10 @@ def test_discord_files_both_ways_and_only_from_the_cdn(files_daemon, discord, fa
     name = unique("report") + ".txt"
     secret = f"discord says {uuid.uuid4().hex[:8]}"
     chat = discord.user_sends_file("ann", secret.encode(), name, "text/plain",
-                                   text=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+                                   text=read_it(name))
     wait_for(lambda: discord.replies(chat), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
-    discord.user_says("ann", '[[tool:image_generate {"prompt": "a green square", "model": "dall-e-2"}]] draw')
+    discord.user_says("ann", draw("a green square"))
     wait_for(lambda: len(discord.replies(chat)) == 2, what="reply after drawing")
     assert [(f["channel"], f["content_type"], f["data"]) for f in discord.uploads] == [(chat, "image/png", TINY_PNG)]
     big = unique("big") + ".png"
@@ -272,8 +220,7 @@ def test_discord_files_both_ways_and_only_from_the_cdn(files_daemon, discord, fa
     off = unique("off") + ".png"
     discord.user_sends_file("ann", TINY_PNG, off, "image/png", url=f"{elsewhere.url}/{off}")
     wait_for(lambda: len(discord.replies(chat)) == 4, what="refusal")
-    assert discord.replies(chat)[3] == \
-        f"Sorry, I could not take {off}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert discord.replies(chat)[3] == refusal(off, elsewhere)
     assert elsewhere.hits == [] and len(discord.downloads) == 1
 
 
@@ -301,7 +248,7 @@ def test_matrix_media_both_ways_through_the_homeserver_only(files_daemon, matrix
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
     assert len(matrix.downloads) == 1  # through the authenticated media API
     matrix.user_sends_file(ROOM, "@ann:test", b"%PDF-1.4 tiny", "plan.pdf", "application/pdf",
-                           caption='[[tool:image_generate {"prompt": "a plan", "model": "dall-e-2"}]] draw')
+                           caption=draw("a plan"))
     wait_for(lambda: len(matrix.bot_messages(ROOM)) == 2, what="reply after drawing")
     turn = user_turns(fake_llm, "a plan")[-1]
     assert "[file plan.pdf (application/pdf, 13 bytes) received; saved as inbox/plan.pdf" in turn
@@ -311,8 +258,7 @@ def test_matrix_media_both_ways_through_the_homeserver_only(files_daemon, matrix
     matrix.user_sends_file(ROOM, "@ann:test", TINY_PNG, "far.png", "image/png", msgtype="m.image",
                            url=f"{elsewhere.url}/far.png")
     wait_for(lambda: len(matrix.bot_messages(ROOM)) == 3, what="refusal")
-    assert matrix.bot_messages(ROOM)[2] == \
-        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert matrix.bot_messages(ROOM)[2] == refusal("far.png", elsewhere)
     assert elsewhere.hits == []
 
 
@@ -337,7 +283,7 @@ def test_mattermost_files_both_ways(files_daemon, mattermost, fake_llm):
     name = unique("minutes") + ".md"
     secret = f"mattermost says {uuid.uuid4().hex[:8]}"
     mattermost.user_sends_file("user-ann", "ann", TOWN, secret.encode(), name, "text/markdown",
-                               message=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+                               message=read_it(name))
     wait_for(lambda: mattermost.bot_posts(TOWN), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert uploads_named(files_daemon, name)[0]["content_type"] == "text/markdown"
@@ -375,8 +321,8 @@ def test_email_attachments_both_ways(files_daemon, mail, fake_llm):
                       files=(("dot.png", "image/png", TINY_PNG), ("big.txt", "text/plain", b"z" * (LIMIT + 1))))
     wait_for(lambda: len(replies()) == 2, what="refusal and reply")
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
-    refusal, answer = sorted(m.get_body(("plain",)).get_content().replace("\r\n", "\n").strip() for m in replies())
-    assert refusal == f"Sorry, I could not take big.txt: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes " \
+    said_no, answer = sorted(m.get_body(("plain",)).get_content().replace("\r\n", "\n").strip() for m in replies())
+    assert said_no == f"Sorry, I could not take big.txt: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes " \
         "are accepted here."
     assert answer.startswith(f"echo: {marker}\n[image dot.png (image/png, {len(TINY_PNG)} bytes) attached")
     assert all(m["In-Reply-To"] == first for m in replies())

@@ -26,15 +26,8 @@ from fakes.revolt import FakeRevolt
 from fakes.twist import BOT_ID as TWIST_BOT_ID, WORKSPACE as TWIST_WORKSPACE, FakeTwist
 from fakes.xmpp import DOMAIN as XMPP_DOMAIN, Prosody, XmppUser
 from support import free_port
-from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
-                                unique, uploads_named, user_turns)
-
-DRAW = '[[tool:image_generate {"prompt": "a square", "model": "dall-e-2"}]] draw'
-
-
-def read_call(name: str) -> str:
-    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
-
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
+                           refusal, tool_results, unique, uploads_named, user_turns)
 
 # -- Revolt --------------------------------------------------------------------------------
 
@@ -57,11 +50,11 @@ def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, e
     assert len(revolt.downloads) == 1
     name = unique("notes") + ".txt"
     secret = f"revolt says {uuid.uuid4().hex[:8]}"
-    revolt.user_sends_file("ann", secret.encode(), name, "text/plain", text=read_call(name))
+    revolt.user_sends_file("ann", secret.encode(), name, "text/plain", text=read_it(name))
     wait_for(lambda: len(revolt.replies(chat)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
-    revolt.user_says("ann", DRAW)
+    revolt.user_says("ann", draw())
     wait_for(lambda: len(revolt.replies(chat)) == 3 and revolt.file_messages, what="reply after drawing")
     posted = revolt.file_messages
     assert [(p["channel"], p["files"][0]["content_type"], p["files"][0]["data"]) for p in posted] == \
@@ -76,8 +69,7 @@ def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, e
     moved = unique("moved") + ".png"
     revolt.user_sends_file("ann", TINY_PNG, moved, "image/png")
     wait_for(lambda: len(revolt.replies(chat)) == 5, what="refusal")
-    assert revolt.replies(chat)[4] == \
-        f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert revolt.replies(chat)[4] == refusal(moved, elsewhere)
     assert elsewhere.hits == [] and len(revolt.downloads) == 3  # the oversize file was never fetched
 
 
@@ -103,7 +95,7 @@ def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodo
     assert mastodon.downloads == ["dot.png"]  # from the media host, localhost:<port>
     assert uploads_named(files_daemon, "dot.png")[-1]["size"] == len(TINY_PNG)
     mastodon.async_media = True  # the upload is still processing: the status waits for it
-    mastodon.user_says("ann@other.test", DRAW)
+    mastodon.user_says("ann@other.test", draw())
     wait_for(lambda: len(mastodon.replies(user)) == 2 and mastodon.media_posts, what="reply after drawing")
     [post] = mastodon.media_posts
     asked = [s for s in mastodon.statuses.values() if s["account"]["acct"] == "ann@other.test"][-1]
@@ -113,8 +105,7 @@ def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodo
     far = unique("far") + ".png"
     mastodon.user_sends_file("ann@other.test", TINY_PNG, far, "image/png", url=f"{elsewhere.url}/{far}")
     wait_for(lambda: len(mastodon.replies(user)) == 3, what="refusal")
-    assert mastodon.replies(user)[2] == \
-        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert mastodon.replies(user)[2] == refusal(far, elsewhere)
     assert elsewhere.hits == []
 
 
@@ -140,12 +131,12 @@ def test_discourse_uploads_both_ways_from_the_forum_only(files_daemon, discourse
     assert IMAGE_PART in turn and "upload://" not in str(turn)
     name = unique("minutes") + ".txt"
     secret = f"forum says {uuid.uuid4().hex[:8]}"
-    discourse.user_sends_file("ann", secret.encode(), name, "text/plain", f"@{DISCOURSE_BOT} {read_call(name)}",
+    discourse.user_sends_file("ann", secret.encode(), name, "text/plain", f"@{DISCOURSE_BOT} {read_it(name)}",
                               topic=topic)
     wait_for(lambda: len(discourse.replies(topic)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert discourse.downloads == ["dot.png", name]
-    discourse.user_says("ann", f"@{DISCOURSE_BOT} {DRAW}", topic=topic)
+    discourse.user_says("ann", f"@{DISCOURSE_BOT} {draw()}", topic=topic)
     wait_for(lambda: len(discourse.replies(topic)) == 4, what="file post and reply")
     image = discourse.replies(topic)[2]
     [upload] = [u for u in discourse.uploads.values() if u["original_filename"] != "dot.png"
@@ -156,8 +147,7 @@ def test_discourse_uploads_both_ways_from_the_forum_only(files_daemon, discourse
     discourse.user_sends_file("ann", b"", far, "image/png", f"@{DISCOURSE_BOT} see",
                               topic=topic, url=f"{elsewhere.url}/uploads/default/original/1X/{far}")
     wait_for(lambda: len(discourse.replies(topic)) == 6, what="refusal and answer")
-    assert discourse.replies(topic)[4] == \
-        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert discourse.replies(topic)[4] == refusal(far, elsewhere)
     assert elsewhere.hits == []
 
 
@@ -196,10 +186,10 @@ def test_webhook_attachments_both_ways_in_the_json(files_daemon, hook, fake_llm)
     name = unique("notes") + ".txt"
     secret = f"hook says {uuid.uuid4().hex[:8]}"
     text = {"filename": name, "content_type": "text/plain", "data": base64.b64encode(secret.encode()).decode()}
-    assert post_hook(url, {"sender_id": "w-2", "message": read_call(name), "attachments": [text]}).status_code == 202
+    assert post_hook(url, {"sender_id": "w-2", "message": read_it(name), "attachments": [text]}).status_code == 202
     wait_for(lambda: callbacks(callback, "w-2"), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
-    assert post_hook(url, {"sender_id": "w-3", "message": DRAW}).status_code == 202
+    assert post_hook(url, {"sender_id": "w-3", "message": draw()}).status_code == 202
     wait_for(lambda: len(callbacks(callback, "w-3")) == 2, what="file and reply")
     sent, reply = callbacks(callback, "w-3")
     [item] = sent["attachments"]
@@ -261,10 +251,10 @@ def test_xmpp_files_through_http_upload_both_ways(files_daemon, xmpp, prosody, f
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
     name = unique("notes") + ".txt"
     secret = f"xmpp says {uuid.uuid4().hex[:8]}"
-    xmpp.send_file(XMPP_BOT, xmpp.upload(secret.encode(), name, "text/plain"), text=read_call(name))
+    xmpp.send_file(XMPP_BOT, xmpp.upload(secret.encode(), name, "text/plain"), text=read_it(name))
     wait_for(lambda: len(answers()) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
-    xmpp.say(XMPP_BOT, DRAW)
+    xmpp.say(XMPP_BOT, draw())
     wait_for(lambda: len(answers()) == 4, what="file message and reply")
     [(sender, body, url)] = xmpp.oob
     assert sender == XMPP_BOT and body == url and url.startswith(f"http://127.0.0.1:{prosody.http_port}/file_share/")
@@ -273,7 +263,7 @@ def test_xmpp_files_through_http_upload_both_ways(files_daemon, xmpp, prosody, f
     far = unique("far") + ".png"
     xmpp.send_file(XMPP_BOT, f"{elsewhere.url}/{far}")
     wait_for(lambda: len(answers()) == 5, what="refusal")
-    assert answers()[4] == f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert answers()[4] == refusal(far, elsewhere)
     assert elsewhere.hits == []
 
 
@@ -297,7 +287,7 @@ def test_bluesky_images_both_ways_through_the_cdn(files_daemon, bluesky, fake_ll
     wait_for(lambda: bluesky.replies(post), what="reply to the image")
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
     assert len(bluesky.downloads) == 1  # from the CDN host, localhost:<port>
-    asked = bluesky.user_says("ann.bsky.test", f"@{BOT_HANDLE} {DRAW}")
+    asked = bluesky.user_says("ann.bsky.test", f"@{BOT_HANDLE} {draw()}")
     wait_for(lambda: bluesky.replies(asked) and bluesky.image_posts, what="image post and reply")
     [made] = bluesky.image_posts
     assert made["reply"]["parent"]["uri"] == asked and made["text"] == ""
@@ -323,10 +313,10 @@ def test_twist_attachments_both_ways(files_daemon, twist, fake_llm, elsewhere): 
     mention = f"[Agent Bot](twist-mention://{TWIST_BOT_ID})"
     name = unique("notes") + ".txt"
     secret = f"twist says {uuid.uuid4().hex[:8]}"
-    thread = twist.user_sends_file("ann", secret.encode(), name, "text/plain", f"{mention} {read_call(name)}")
+    thread = twist.user_sends_file("ann", secret.encode(), name, "text/plain", f"{mention} {read_it(name)}")
     wait_for(lambda: twist.replies(thread), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret] and twist.downloads == [name]
-    twist.user_says("ann", f"{mention} {DRAW}")
+    twist.user_says("ann", f"{mention} {draw()}")
     wait_for(lambda: len(twist.replies(thread)) == 2 and twist.file_comments, what="file comment and reply")
     [made] = twist.file_comments
     assert [(f["underlying_type"], f["data"], f["file_size"]) for f in made["files"]] == \
@@ -335,8 +325,7 @@ def test_twist_attachments_both_ways(files_daemon, twist, fake_llm, elsewhere): 
     far = unique("far") + ".png"
     twist.user_sends_file("ann", TINY_PNG, far, "image/png", f"{mention} see", url=f"{elsewhere.url}/{far}")
     wait_for(lambda: len(twist.replies(thread)) == 4, what="refusal and answer")
-    assert twist.replies(thread)[2] == \
-        f"Sorry, I could not take {far}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert twist.replies(thread)[2] == refusal(far, elsewhere)
     assert elsewhere.hits == []
 
 

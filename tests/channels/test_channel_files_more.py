@@ -24,15 +24,8 @@ from fakes.threema import FakeThreema
 from nacl.public import PrivateKey
 from fakes.pumble import FakePumble, event as pumble_event, headers as pumble_headers
 from support import free_port
-from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
-                                unique, uploads_named, user_turns)
-
-DRAW = '[[tool:image_generate {"prompt": "a square", "model": "dall-e-2"}]] draw'
-
-
-def read_call(name: str) -> str:
-    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
-
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
+                           refusal, tool_results, unique, uploads_named, user_turns)
 
 # -- Gitter --------------------------------------------------------------------------------
 
@@ -60,11 +53,11 @@ def test_gitter_media_both_ways_through_the_homeserver_only(files_daemon, gitter
     name = unique("notes") + ".txt"
     secret = f"gitter says {uuid.uuid4().hex[:8]}"
     gitter.user_sends_file(GITTER_ROOM, "@ann:gitter.im", secret.encode(), name, "text/plain",
-                           caption=read_call(name))
+                           caption=read_it(name))
     wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
-    gitter.user_says(GITTER_ROOM, "@ann:gitter.im", DRAW)
+    gitter.user_says(GITTER_ROOM, "@ann:gitter.im", draw())
     wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 3 and gitter.bot_files(GITTER_ROOM),
              what="reply after drawing")
     assert [(p["msgtype"], p["info"], p["data"]) for p in gitter.bot_files(GITTER_ROOM)] == \
@@ -72,8 +65,7 @@ def test_gitter_media_both_ways_through_the_homeserver_only(files_daemon, gitter
     gitter.user_sends_file(GITTER_ROOM, "@ann:gitter.im", TINY_PNG, "far.png", "image/png", msgtype="m.image",
                            url=f"{elsewhere.url}/far.png")
     wait_for(lambda: len(gitter.bot_messages(GITTER_ROOM)) == 4, what="refusal")
-    assert gitter.bot_messages(GITTER_ROOM)[3] == \
-        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert gitter.bot_messages(GITTER_ROOM)[3] == refusal("far.png", elsewhere)
     assert elsewhere.hits == []
 
 
@@ -101,11 +93,11 @@ def test_ntfy_attachments_both_ways_from_the_server_only(files_daemon, ntfy, fak
     assert len(ntfy.downloads) == 1
     name = unique("notes") + ".txt"
     secret = f"ntfy says {uuid.uuid4().hex[:8]}"
-    ntfy.publish_file(TOPIC, secret.encode(), name, text=read_call(name))
+    ntfy.publish_file(TOPIC, secret.encode(), name, text=read_it(name))
     wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
-    ntfy.publish(TOPIC, DRAW)
+    ntfy.publish(TOPIC, draw())
     wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 3 and ntfy.bot_files(TOPIC), what="reply after drawing")
     [(posted, kind, data)] = ntfy.bot_files(TOPIC)
     assert (kind, data) == ("image/png", TINY_PNG) and posted.endswith(".png")
@@ -116,13 +108,11 @@ def test_ntfy_attachments_both_ways_from_the_server_only(files_daemon, ntfy, fak
         f"Sorry, I could not take {big}: it is {LIMIT * 10} bytes; files up to {LIMIT} bytes are accepted here."
     ntfy.publish_file(TOPIC, TINY_PNG, "far.png", url=f"{elsewhere.url}/far.png")
     wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 5, what="refusal of the file elsewhere")
-    assert ntfy.bot_messages(TOPIC)[4] == \
-        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert ntfy.bot_messages(TOPIC)[4] == refusal("far.png", elsewhere)
     ntfy.redirect_files = f"{elsewhere.url}/cat.png"
     ntfy.publish_file(TOPIC, TINY_PNG, "moved.png")
     wait_for(lambda: len(ntfy.bot_messages(TOPIC)) == 6, what="refusal of the redirect")
-    assert ntfy.bot_messages(TOPIC)[5] == \
-        f"Sorry, I could not take moved.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert ntfy.bot_messages(TOPIC)[5] == refusal("moved.png", elsewhere)
     assert elsewhere.hits == [] and len(ntfy.downloads) == 3
 
 
@@ -149,7 +139,7 @@ def test_mumble_images_inline_both_ways(files_daemon, mumble, fake_llm, elsewher
     assert IMAGE_PART in user_turns(fake_llm, marker)[-1]
     name = f"image-{hashlib.sha256(TINY_PNG).hexdigest()[:8]}.png"
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("image/png", len(TINY_PNG))]
-    mumble.tell("filebot", DRAW)
+    mumble.tell("filebot", draw())
     wait_for(lambda: len(mumble.from_user("filebot")) == 3, what="image and reply after drawing")
     drawn = mumble.from_user("filebot", private=True)[1]
     assert drawn.startswith(inline[:-2]) and drawn.endswith('.png"/>')  # the image, then the text
@@ -191,11 +181,11 @@ def test_pumble_files_both_ways_through_the_file_server(files_daemon, pumble, fa
     name = unique("notes") + ".txt"
     secret = f"pumble says {uuid.uuid4().hex[:8]}"
     pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", secret.encode(), name, "text/plain",
-                                          text=read_call(name)))
+                                          text=read_it(name)))
     wait_for(lambda: len(replies()) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
-    pumble.deliver(pumble_event("dm-ann", "user-ann", DRAW))
+    pumble.deliver(pumble_event("dm-ann", "user-ann", draw()))
     wait_for(lambda: len(replies()) == 4, what="image and reply after drawing")
     drawn = replies()[2]
     assert drawn["text"] == "" and [(kind, data) for _, kind, data in drawn["files"]] == [("image/png", TINY_PNG)]
@@ -208,8 +198,7 @@ def test_pumble_files_both_ways_through_the_file_server(files_daemon, pumble, fa
     pumble.deliver(pumble.user_sends_file("dm-ann", "user-ann", TINY_PNG, "far.png", "image/png",
                                           path=f"{elsewhere.url}/far.png"))
     wait_for(lambda: len(replies()) == 6, what="refusal of the file elsewhere")
-    assert replies()[5]["text"] == \
-        f"Sorry, I could not take far.png: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert replies()[5]["text"] == refusal("far.png", elsewhere)
     assert elsewhere.hits == [] and len(pumble.downloads) == 2
 
 
@@ -238,10 +227,10 @@ def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, f
     nextcloud.user_shares_file("ann", secret.encode(), name)
     wait_for(lambda: len(nextcloud.replies(room)) == 2, what="reply to the file")
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
-    nextcloud.user_says("ann", read_call(name))
+    nextcloud.user_says("ann", read_it(name))
     wait_for(lambda: len(nextcloud.replies(room)) == 3, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
-    nextcloud.user_says("ann", DRAW)
+    nextcloud.user_says("ann", draw())
     wait_for(lambda: len(nextcloud.replies(room)) == 4 and nextcloud.bot_files(room), what="reply after drawing")
     [(posted, data)] = nextcloud.bot_files(room)
     assert data == TINY_PNG and posted.endswith(".png")
@@ -249,8 +238,7 @@ def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, f
     moved = unique("moved") + ".png"
     nextcloud.user_shares_file("ann", TINY_PNG, moved)
     wait_for(lambda: len(nextcloud.replies(room)) == 5, what="refusal of the redirect")
-    assert nextcloud.replies(room)[4] == \
-        f"Sorry, I could not take {moved}: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."
+    assert nextcloud.replies(room)[4] == refusal(moved, elsewhere)
     assert elsewhere.hits == []
 
 
@@ -275,10 +263,10 @@ def test_threema_end_to_end_file_messages_both_ways(files_daemon, fake_llm):  # 
         assert IMAGE_PART in user_turns(fake_llm, marker)[-1] and len(fake.downloads) == 1
         name = unique("notes") + ".txt"
         secret = f"threema says {uuid.uuid4().hex[:8]}"
-        deliver(fake.file_callback("FILEANN1", secret.encode(), name, "text/plain", caption=read_call(name)))
+        deliver(fake.file_callback("FILEANN1", secret.encode(), name, "text/plain", caption=read_it(name)))
         wait_for(lambda: len(fake.replies("FILEANN1")) == 2, what="reply after reading")
         assert tool_results(fake_llm, secret) == [secret]
-        deliver(fake.callback("FILEANN1", DRAW))
+        deliver(fake.callback("FILEANN1", draw()))
         wait_for(lambda: len(fake.replies("FILEANN1")) == 3 and fake.files("FILEANN1"), what="image and reply")
         [sent] = fake.files("FILEANN1")
         assert (sent["m"], sent["j"], sent["data"]) == ("image/png", 1, TINY_PNG) and sent["n"].endswith(".png")

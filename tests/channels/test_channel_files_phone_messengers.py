@@ -22,32 +22,15 @@ from fakes.signal import BOT as SIGNAL_BOT, NUMBERS as SIGNAL_NUMBERS, FakeSigna
 from fakes.viber import FakeViber
 from fakes.whatsapp import PHONE_ID, FakeWhatsApp, event as whatsapp_event
 from support import free_port
-from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401
-                                unique, uploads_named, user_turns)
-
-DRAW = '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw'
-
-
-def read_it(name: str) -> str:
-    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
-
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
+                           refusal, tool_results, unique, upload_bytes, uploads_named, user_turns)
 
 def hook(daemon, name: str) -> str:
     return f"{daemon.url}/channels/{name}/webhook"
 
 
-def refusal(name: str, server) -> str:  # type: ignore[no-untyped-def]
-    return f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{server.port})."
-
-
 def send_failures(daemon, channel: str) -> list[dict]:  # type: ignore[type-arg]
     return [e["detail"] for e in audit(daemon, "channel.send_failed", channel) if e["detail"].get("file")]
-
-
-def upload_bytes(daemon, name: str) -> bytes:  # type: ignore[no-untyped-def]
-    """The one upload called `name`, as the agent's uploads API serves it."""
-    [upload] = uploads_named(daemon, name)
-    return daemon.get(f"/api/agents/{daemon.filer}/uploads/{upload['file_id']}").content
 
 
 # -- WhatsApp Cloud API --------------------------------------------------------------------
@@ -140,7 +123,7 @@ def test_signal_attachments_both_ways(files_daemon, signal, fake_llm):
     assert signal.replies(ann)[1] == \
         f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."
     assert len(signal.downloads) == 2  # the big one was never fetched
-    signal.user_says("ann", DRAW)
+    signal.user_says("ann", draw())
     wait_for(lambda: len(signal.replies(ann)) == 3, what="reply after drawing")
     assert [(f["recipients"], f["content_type"], f["data"]) for f in signal.files] == [([ann], "image/png", TINY_PNG)]
     assert signal.files[0]["filename"].endswith(".png")
@@ -187,7 +170,7 @@ def test_line_content_in_from_the_data_api_and_no_upload_out(files_daemon, line,
     assert line.sent[2]["texts"] == [refusal(f"image-{message_id[-6:]}.jpg", elsewhere)]
     assert elsewhere.hits == []
     # What the agent makes cannot go out (LINE takes files only by public URL): said in the audit.
-    line_post(files_daemon, line_fake.event(DRAW, "Uann04"))
+    line_post(files_daemon, line_fake.event(draw(), "Uann04"))
     wait_for(lambda: len(line.sent) == 4, what="text reply after drawing")
     assert line.sent[3]["texts"][0].startswith("tool said: ")
     failed = send_failures(files_daemon, "line")[0]
@@ -234,7 +217,7 @@ def test_viber_media_in_from_its_media_url_and_no_upload_out(files_daemon, viber
     wait_for(lambda: viber_texts(viber, "vann03=="), what="refusal")
     assert viber_texts(viber, "vann03==") == [refusal(off, elsewhere)]
     assert elsewhere.hits == []
-    viber_post(viber, viber_fake.event(DRAW, "vann04=="))
+    viber_post(viber, viber_fake.event(draw(), "vann04=="))
     wait_for(lambda: viber_texts(viber, "vann04=="), what="text reply after drawing")
     assert send_failures(files_daemon, "viber")[0]["error"] == \
         "viber: Viber sends only files hosted at a public URL (no upload API for bots)"
@@ -281,7 +264,7 @@ def test_messenger_attachments_both_ways(files_daemon, messenger, fake_llm, else
     wait_for(lambda: messenger_texts(messenger, "psid-f3"), what="refusal")
     assert messenger_texts(messenger, "psid-f3") == [refusal(off, elsewhere)]
     assert elsewhere.hits == [] and len(messenger.downloads) == 2
-    messenger_post(files_daemon, messenger_event(DRAW, "psid-f4"))
+    messenger_post(files_daemon, messenger_event(draw(), "psid-f4"))
     wait_for(lambda: messenger_texts(messenger, "psid-f4"), what="reply after drawing")
     assert [(f["to"], f["type"], f["content_type"], f["data"]) for f in messenger.files] == \
         [("psid-f4", "image", "image/png", TINY_PNG)]

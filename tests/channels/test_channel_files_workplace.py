@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from channel_contract import ENV
-from channel_fixtures import audit, configure, start_channel_daemon, wait_active, wait_for
+from channel_fixtures import audit, configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.dingtalk import FakeDingTalk
 from fakes.feishu import FakeFeishu, callback, message_event
@@ -23,36 +23,18 @@ from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from fakes.teams import FakeBotFramework
 from fakes.webex import FakeWebex
 from support import free_port
-from test_channel_files import IMAGE_PART, LIMIT, Elsewhere, tool_results, unique, uploads_named, user_turns
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal,  # noqa: F401 - fixtures
+                           start_files_daemon, tool_results, unique, uploads_named, user_turns)
 
 GCHAT_PROJECT, GCHAT_KEY = "210987654321", new_key()
 GCHAT_ACCOUNT = service_account(GCHAT_KEY)
 DING_APP, DING_SECRET = "dingfilesrobot", "dingtalk-app-secret"
-FILER = 'name = "filer"\n[model]\nprovider = "default"\nmodel = "default"\n'
-DRAW = '[[tool:image_generate {"prompt": "a red square", "model": "dall-e-2"}]] draw'
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, fake_llm):
     env = {**ENV, "GOOGLE_CHAT_SERVICE_ACCOUNT": json.dumps(GCHAT_ACCOUNT), "DINGTALK_APP_SECRET": DING_SECRET}
-    daemon = start_channel_daemon(tmp_path_factory.mktemp("channel-files-b"), fake_llm, env=env,
-                                  extra_config=f"\n[channels]\nmax_file_bytes = {LIMIT}\n")
-    created = daemon.post("/api/agents", json={"manifest_toml": FILER})
-    assert created.status_code == 201, created.text
-    daemon.filer = created.json()["agent_id"]
+    daemon = start_files_daemon(tmp_path_factory.mktemp("channel-files-workplace"), fake_llm, env=env)
     yield daemon
     daemon.stop()
-
-
-@pytest.fixture(scope="module")
-def elsewhere():
-    server = Elsewhere().start()
-    yield server
-    server.stop()
-
-
-def read_file(name: str) -> str:
-    return f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it'
 
 
 # -- Teams ---------------------------------------------------------------------------------
@@ -103,14 +85,14 @@ def test_teams_inline_image_reaches_a_vision_model(daemon, teams, fake_llm):
 def test_teams_personal_file_is_an_upload_the_agent_reads(daemon, teams, fake_llm):
     name = unique("notes") + ".txt"
     secret = f"teams says {uuid.uuid4().hex[:8]}"
-    chat = teams_says(teams, read_file(name), "bob", [teams.personal_file(secret.encode(), name, "txt")])
+    chat = teams_says(teams, read_it(name), "bob", [teams.personal_file(secret.encode(), name, "txt")])
     wait_for(lambda: teams_texts(teams, chat), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
 
 
 def test_teams_generated_image_is_posted_inline(daemon, teams):
-    chat = teams_says(teams, DRAW, "cat", [])
+    chat = teams_says(teams, draw(), "cat", [])
     wait_for(lambda: len(teams_texts(teams, chat)) == 2, what="image and reply")
     first = [s for s in teams.sent if s["conversation"] == chat][0]
     attachment = first["activity"]["attachments"][0]
@@ -187,14 +169,14 @@ def test_webex_image_reaches_a_vision_model(daemon, webex, fake_llm):
 def test_webex_file_is_an_upload_the_agent_reads(daemon, webex, fake_llm):
     name = unique("minutes") + ".txt"
     secret = f"webex says {uuid.uuid4().hex[:8]}"
-    room = webex.user_sends_file("bob", secret.encode(), name, "text/plain", text=read_file(name))
+    room = webex.user_sends_file("bob", secret.encode(), name, "text/plain", text=read_it(name))
     wait_for(lambda: webex.replies(room), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
 
 
 def test_webex_generated_image_is_posted_as_a_file(daemon, webex):
-    room = webex.user_says("cat", DRAW)
+    room = webex.user_says("cat", draw())
     wait_for(lambda: webex.replies(room), what="reply after drawing")
     posted = [u for u in webex.uploaded if u["room"] == room]
     assert [(u["content_type"], u["data"]) for u in posted] == [("image/png", TINY_PNG)]
@@ -205,7 +187,7 @@ def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
     room = webex.user_sends_file("dan", b"", "", "", text="look", url=f"{elsewhere.url}/x.png")
     wait_for(lambda: len(webex.replies(room)) == 2, what="refusal and reply")
     assert webex.replies(room) == [
-        f"Sorry, I could not take file-1: it is not hosted by the platform (127.0.0.1:{elsewhere.port}).", "echo: look"]
+        refusal("file-1", elsewhere), "echo: look"]
     assert elsewhere.hits == []
     # The size a HEAD declares over the cap: the file itself is never downloaded.
     before, big = len(webex.downloads), unique("big") + ".txt"
@@ -256,7 +238,7 @@ def test_google_chat_image_reaches_a_vision_model(daemon, gchat, fake_llm):
 def test_google_chat_file_is_an_upload_the_agent_reads(daemon, gchat, fake_llm):
     name = unique("plan") + ".txt"
     secret = f"chat says {uuid.uuid4().hex[:8]}"
-    space = gchat_says(gchat, read_file(name), "bob", [gchat.attachment(secret.encode(), name, "text/plain")])
+    space = gchat_says(gchat, read_it(name), "bob", [gchat.attachment(secret.encode(), name, "text/plain")])
     wait_for(lambda: gchat_texts(gchat, space), what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(daemon, name)] == [("text/plain", len(secret))]
@@ -268,7 +250,7 @@ def test_google_chat_reads_files_from_its_api_only_and_sends_none(daemon, gchat,
     drive = {"name": "spaces/x/messages/y/attachments/z", "contentName": "doc", "source": "DRIVE_FILE",
              "driveDataRef": {"driveFileId": "1abc"}, "downloadUri": f"{elsewhere.url}/doc"}
     before = len(gchat.downloads)
-    space = gchat_says(gchat, DRAW, "cat", [item, drive])
+    space = gchat_says(gchat, draw(), "cat", [item, drive])
     wait_for(lambda: gchat_texts(gchat, space), what="reply after drawing")
     assert elsewhere.hits == [] and len(gchat.downloads) == before + 1  # from the API, by resourceName
     failed = [e["detail"] for e in audit(daemon, "channel.send_failed", "google_chat")]
@@ -336,8 +318,8 @@ def test_feishu_file_and_post_images(daemon, feishu, fake_llm, elsewhere):
 def test_feishu_generated_image_and_output_file_are_uploaded_and_sent(daemon, feishu):
     message = "om_" + uuid.uuid4().hex
     write = json.dumps({"path": "output/summary.pdf", "content": "%PDF-1.4 tiny"})
-    draw = '{"prompt": "a red square", "model": "dall-e-2"}'
-    feishu_sends(feishu, "ou_cat", "text", {"text": f"[[tools:image_generate {draw} | file_write {write}]] go"},
+    picture = '{"prompt": "a red square", "model": "dall-e-2"}'
+    feishu_sends(feishu, "ou_cat", "text", {"text": f"[[tools:image_generate {picture} | file_write {write}]] go"},
                  message)
     wait_for(lambda: len(feishu_replies(feishu, message)) == 3, what="image, file and reply")
     image, document, text = feishu_replies(feishu, message)
@@ -405,7 +387,7 @@ def test_dingtalk_file_and_rich_text(daemon, dingtalk, fake_llm):
 
 
 def test_dingtalk_generated_image_goes_out_through_the_robot_api(daemon, dingtalk):
-    session = ding_sends(dingtalk, "staff-cat", "text", None, text=DRAW, group=True)
+    session = ding_sends(dingtalk, "staff-cat", "text", None, text=draw(), group=True)
     wait_for(lambda: ding_replies(dingtalk, session), what="reply after drawing")
     sent = [f for f in dingtalk.robot_files if f["kind"] == "group"]
     assert [(f["to"], f["msg_key"], f["type"], f["data"]) for f in sent] == \
@@ -421,5 +403,5 @@ def test_dingtalk_redirect_off_its_hosts_is_refused(daemon, dingtalk, elsewhere)
     finally:
         dingtalk.redirect_downloads = ""
     assert ding_replies(dingtalk, session) == [
-        f"Sorry, I could not take w.txt: it is not hosted by the platform (127.0.0.1:{elsewhere.port})."]
+        refusal("w.txt", elsewhere)]
     assert elsewhere.hits == []

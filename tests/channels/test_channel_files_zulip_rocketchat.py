@@ -16,15 +16,8 @@ from channel_fixtures import configure, wait_active, wait_for
 from fakellm import TINY_PNG
 from fakes.rocketchat import BOT_ID as ROCKETCHAT_BOT_ID, FakeRocketChat
 from fakes.zulip import BOT_EMAIL as ZULIP_BOT_EMAIL, FakeZulip
-from test_channel_files import (IMAGE_PART, LIMIT, elsewhere, files_daemon, tool_results,  # noqa: F401 - fixtures
-                                unique, uploads_named, user_turns)
-
-DRAW = '[[tool:image_generate {"prompt": "%s", "model": "dall-e-2"}]] draw'
-
-
-def off_platform(name: str, port: int) -> str:
-    return f"Sorry, I could not take {name}: it is not hosted by the platform (127.0.0.1:{port})."
-
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
+                           refusal, tool_results, unique, uploads_named, user_turns)
 
 # -- Zulip ---------------------------------------------------------------------------------
 
@@ -51,12 +44,12 @@ def test_zulip_files_both_ways_and_only_from_the_realm(files_daemon, zulip, fake
     name = unique("agenda") + ".txt"
     secret = f"zulip says {uuid.uuid4().hex[:8]}"
     zulip.user_sends_file("ann", secret.encode(), name, "text/plain",
-                          text=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+                          text=read_it(name))
     wait_for(lambda: len(zulip.replies(chat)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert [(u["content_type"], u["size"]) for u in uploads_named(files_daemon, name)] == [("text/plain", len(secret))]
     # A generated image goes up with POST /api/v1/user_uploads, then a message links it.
-    zulip.user_says("ann", DRAW % "a violet square")
+    zulip.user_says("ann", draw("a violet square"))
     wait_for(lambda: len(zulip.replies(chat)) == 4, what="file message and reply")
     assert [(u["content_type"], u["data"]) for u in zulip.uploads] == [("image/png", TINY_PNG)]
     upload = zulip.uploads[0]
@@ -65,7 +58,7 @@ def test_zulip_files_both_ways_and_only_from_the_realm(files_daemon, zulip, fake
     # A link to an upload on another host is never fetched.
     far = unique("far") + ".png"
     zulip.user_sends_file("ann", TINY_PNG, far, "image/png", url=f"{elsewhere.url}/user_uploads/2/ab/{far}")
-    wait_for(lambda: off_platform(far, elsewhere.port) in zulip.replies(chat), what="refusal")
+    wait_for(lambda: refusal(far, elsewhere) in zulip.replies(chat), what="refusal")
     assert elsewhere.hits == [] and len(zulip.downloads) == 2
 
 
@@ -104,12 +97,12 @@ def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocke
     name = unique("minutes") + ".txt"
     secret = f"rocket says {uuid.uuid4().hex[:8]}"
     rocketchat.user_sends_file("ann", secret.encode(), name, "text/plain",
-                               text=f'[[tool:file_read {{"path": "inbox/{name}"}}]] read it')
+                               text=read_it(name))
     wait_for(lambda: len(rocketchat.replies(room)) == 2, what="reply after reading")
     assert tool_results(fake_llm, secret) == [secret]
     assert uploads_named(files_daemon, name)[0]["size"] == len(secret)
     # The generated image: rooms.media, then rooms.mediaConfirm posts it into the room.
-    rocketchat.user_says("ann", DRAW % "an orange square")
+    rocketchat.user_says("ann", draw("an orange square"))
     wait_for(lambda: len(rocketchat.replies(room)) == 4, what="file message and reply")
     assert [(u["rid"], u["content_type"], u["data"]) for u in rocketchat.uploads] == [(room, "image/png", TINY_PNG)]
     posted = next(m for m in rocketchat.messages if m["_id"] == rocketchat.uploads[0]["message"])
@@ -119,13 +112,13 @@ def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocke
     far = unique("far") + ".png"
     rocketchat.user_sends_file("ann", TINY_PNG, far, "image/png", text="look",
                                url=f"{elsewhere.url}/file-upload/x/{far}")
-    wait_for(lambda: off_platform(far, elsewhere.port) in rocketchat.replies(room), what="refusal")
+    wait_for(lambda: refusal(far, elsewhere) in rocketchat.replies(room), what="refusal")
     assert elsewhere.hits == [] and len(rocketchat.downloads) == 2
     # The size the message declares is over the cap: not fetched at all.
     big = unique("big") + ".txt"
     rocketchat.user_sends_file("ann", b"z" * (LIMIT + 1), big, "text/plain", text="big one")
-    refusal = f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."
-    wait_for(lambda: refusal in rocketchat.replies(room), what="refusal")
+    too_big = f"Sorry, I could not take {big}: it is {LIMIT + 1} bytes; files up to {LIMIT} bytes are accepted here."
+    wait_for(lambda: too_big in rocketchat.replies(room), what="refusal")
     assert len(rocketchat.downloads) == 2
 
 
