@@ -1,4 +1,4 @@
-"""Files and images both ways on XMPP, Revolt, Mastodon, Discourse and the generic webhook,
+"""Files and images both ways on XMPP, Revolt, Mastodon, Discourse, Bluesky, Twist and the generic webhook,
 through the real daemon and each platform's fake (or real server): an image reaches a
 vision model as an image part, a file becomes an upload the agent reads, what the agent
 makes goes back through the platform's upload API, and a file hosted off the platform's

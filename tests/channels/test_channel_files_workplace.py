@@ -1,4 +1,4 @@
-"""Files and images on teams, webex, google_chat, feishu and dingtalk, through the real
+"""Files and images on Microsoft Teams, Webex, Google Chat, Feishu and DingTalk, through the real
 daemon and each platform's fake: an inbound image reaches a vision model as an image part,
 an inbound file is an upload the agent reads, what the agent's tools make is posted back
 with the platform's own upload API (where it has one), and a file hosted off the

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 from flask import Flask, jsonify, request
 
-from fakes.http import FakeServer
+from fakes.http import FakeServer, serve_file
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/chat.bot"
@@ -73,11 +73,7 @@ class FakeGoogleChat(FakeServer):
                 return jsonify({"error": {"code": 401, "status": "UNAUTHENTICATED"}}), 401
             if request.args.get("alt") != "media":  # without it, the Media resource's metadata
                 return jsonify({"resourceName": resource})
-            if resource not in self.media:
-                return jsonify({"error": {"code": 404, "status": "NOT_FOUND"}}), 404
-            self.downloads.append(resource)
-            data, kind = self.media[resource]
-            return data, 200, {"Content-Type": kind}
+            return serve_file(self.media, resource, self.downloads, {"error": {"code": 404, "status": "NOT_FOUND"}})
 
         @app.get(CERTS_PATH)
         def certs():

@@ -8,10 +8,21 @@ import threading
 import time
 from typing import Any
 
-from flask import Flask
+from flask import Flask, jsonify
 from werkzeug.serving import make_server
 
 from support import free_port
+
+
+def serve_file(files: dict[str, tuple[bytes, str]], key: str, downloads: list[str],
+               missing: str | dict[str, Any] = "Not found") -> Any:
+    """`files[key]` (bytes, content type) as a platform's media host answers it, each fetch
+    counted in `downloads`; `missing` is the platform's own 404 body (a dict is sent as JSON)."""
+    if key not in files:
+        return (jsonify(missing) if isinstance(missing, dict) else missing), 404
+    downloads.append(key)
+    data, kind = files[key]
+    return data, 200, {"Content-Type": kind}
 
 
 class FakeServer:

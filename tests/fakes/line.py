@@ -24,7 +24,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from fakes.http import FakeServer
+from fakes.http import FakeServer, serve_file
 
 
 def signature(secret: str, body: bytes) -> str:
@@ -55,11 +55,7 @@ class FakeLine(FakeServer):
         def content(message_id: str):
             if request.headers.get("Authorization") != f"Bearer {self.token}":
                 return jsonify({"message": "Authentication failed"}), 401
-            if message_id not in self.content:
-                return jsonify({"message": "Not found"}), 404
-            self.downloads.append(message_id)
-            data, mime = self.content[message_id]
-            return data, 200, {"Content-Type": mime}
+            return serve_file(self.content, message_id, self.downloads, {"message": "Not found"})
 
         @app.post("/v2/bot/chat/loading/start")
         def loading():

@@ -23,7 +23,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from fakes.http import FakeServer
+from fakes.http import FakeServer, serve_file
 
 PAGE_ID = "1122334455"
 
@@ -54,11 +54,7 @@ class FakeMessenger(FakeServer):
 
         @app.get("/cdn/<path:path>")
         def cdn(path: str):
-            if path not in self.cdn:
-                return "Not found", 404
-            self.downloads.append(path)
-            data, mime = self.cdn[path]
-            return data, 200, {"Content-Type": mime}
+            return serve_file(self.cdn, path, self.downloads)
 
         @app.post("/me/messages")
         def send():

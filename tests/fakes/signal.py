@@ -110,13 +110,7 @@ class FakeSignal(FakePlatform):
                                    "viewOnce": False}
         if group:
             message["groupInfo"] = {"groupId": group, "type": "DELIVER"}
-        envelope = {"envelope": {"source": number, "sourceNumber": number, "sourceUuid": f"uuid-{user}",
-                                 "sourceName": user.title(), "sourceDevice": 1, "timestamp": stamp,
-                                 "dataMessage": message}, "account": BOT}
-        with self.lock:
-            self.queue.append(envelope)
-            self.delivered.append(envelope)
-            self.lock.notify_all()
+        self._deliver(user, number, stamp, message)
         return number
 
     def user_sends_file(self, user: str, data: bytes, filename: str | None, content_type: str, text: str = "",
@@ -131,6 +125,11 @@ class FakeSignal(FakePlatform):
                                        "contentType": content_type, "filename": filename, "id": attachment_id,
                                        "size": len(data) if size is None else size, "width": None, "height": None,
                                        "caption": None, "uploadTimestamp": None}]}
+        self._deliver(user, number, stamp, message)
+        return attachment_id
+
+    def _deliver(self, user: str, number: str, stamp: int, message: dict[str, Any]) -> None:
+        """Queue `message` as the data message of an envelope from `user`, as signal-cli receives it."""
         envelope = {"envelope": {"source": number, "sourceNumber": number, "sourceUuid": f"uuid-{user}",
                                  "sourceName": user.title(), "sourceDevice": 1, "timestamp": stamp,
                                  "dataMessage": message}, "account": BOT}
@@ -138,7 +137,6 @@ class FakeSignal(FakePlatform):
             self.queue.append(envelope)
             self.delivered.append(envelope)
             self.lock.notify_all()
-        return attachment_id
 
     def replies(self, recipient: str) -> list[str]:
         return [m["message"] for m in self.sent if m["recipients"] == [recipient]]

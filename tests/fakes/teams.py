@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from flask import Flask, jsonify, request
 from jwt.algorithms import RSAAlgorithm
 
-from fakes.http import FakeServer
+from fakes.http import FakeServer, serve_file
 
 ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
@@ -63,11 +63,7 @@ class FakeBotFramework(FakeServer):
         def attachment_view(attachment_id: str):
             if not self.issued or request.headers.get("Authorization") != f"Bearer {self.issued[-1]}":
                 return jsonify({"error": {"code": "Unauthorized", "message": "Authorization has been denied"}}), 401
-            if attachment_id not in self.stored:
-                return jsonify({"error": {"code": "NotFound"}}), 404
-            self.downloads.append(attachment_id)
-            data, kind = self.stored[attachment_id]
-            return data, 200, {"Content-Type": kind}
+            return serve_file(self.stored, attachment_id, self.downloads, {"error": {"code": "NotFound"}})
 
         @app.put("/upload/<session>")
         def upload_session(session: str):
@@ -85,11 +81,7 @@ class FakeBotFramework(FakeServer):
             # A pre-authenticated URL: its own tempauth, never a bot token.
             if request.args.get("tempauth") != self.tempauth or "Authorization" in request.headers:
                 return jsonify({"error": {"code": "accessDenied"}}), 401
-            if name not in self.stored:
-                return jsonify({"error": {"code": "itemNotFound"}}), 404
-            self.downloads.append(name)
-            data, kind = self.stored[name]
-            return data, 200, {"Content-Type": kind}
+            return serve_file(self.stored, name, self.downloads, {"error": {"code": "itemNotFound"}})
 
         @app.get("/v1/.well-known/openidconfiguration")
         def openid():

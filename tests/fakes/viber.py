@@ -21,7 +21,7 @@ from typing import Any
 import requests
 from flask import Flask, jsonify, request
 
-from fakes.http import FakeServer
+from fakes.http import FakeServer, serve_file
 
 
 def signature(token: str, body: bytes) -> str:
@@ -48,11 +48,7 @@ class FakeViber(FakeServer):
 
         @app.get("/media/<key>")
         def media(key: str):
-            if key not in self.media:
-                return "Not found", 404
-            self.downloads.append(key)
-            data, mime = self.media[key]
-            return data, 200, {"Content-Type": mime}
+            return serve_file(self.media, key, self.downloads)
 
         @app.post("/pa/<method>")
         def api(method: str):
