@@ -7,13 +7,14 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 from flask import Flask
 
 from channel_contract import ENV
-from channel_fixtures import start_channel_daemon
+from channel_fixtures import configure, remove, start_channel_daemon, wait_active
 from fakellm import TINY_PNG
 from fakes.http import FakeServer
 
@@ -38,6 +39,19 @@ def files_daemon(tmp_path_factory, fake_llm):
     daemon = start_files_daemon(tmp_path_factory.mktemp("channel-files"), fake_llm)
     yield daemon
     daemon.stop()
+
+
+@contextmanager
+def serving(daemon, name: str, fake: FakeServer, **settings: Any) -> Iterator[FakeServer]:  # type: ignore
+    """Channel `name` on `daemon`, answering as `filer`, against the started `fake` for the block;
+    the channel is removed and the fake stopped after it."""
+    try:
+        configure(daemon, name, default_agent="filer", **settings)
+        wait_active(daemon, name)
+        yield fake
+    finally:
+        remove(daemon, name)
+        fake.stop()
 
 
 class Elsewhere(FakeServer):

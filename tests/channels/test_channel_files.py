@@ -21,8 +21,9 @@ from fakes.matrix import FakeMatrix
 from fakes.mattermost import FakeMattermost
 from fakes.slack import FakeSlack
 from fakes.telegram import FakeTelegram
-from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal,  # noqa: F401 - fixtures
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal, serving,  # noqa: F401 - fixtures
                            start_files_daemon, tool_results, unique, uploads_named, user_turns)
+
 
 @pytest.fixture(scope="module")
 def files_daemon(tmp_path_factory, fake_llm):
@@ -39,12 +40,9 @@ def files_daemon(tmp_path_factory, fake_llm):
 @pytest.fixture
 def telegram(files_daemon):
     fake = FakeTelegram(ENV["TELEGRAM_BOT_TOKEN"]).start()
-    configure(files_daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url, long_poll_secs=1,
-              default_agent="filer")
-    wait_active(files_daemon, "telegram")
-    yield fake
-    files_daemon.delete("/api/channels/telegram/configure")
-    fake.stop()
+    with serving(files_daemon, "telegram", fake, bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url,
+                 long_poll_secs=1):
+        yield fake
 
 
 def test_telegram_photo_reaches_a_vision_model_as_an_image(files_daemon, telegram, fake_llm):
@@ -163,12 +161,9 @@ def test_telegram_redirect_off_the_platform_is_refused(files_daemon, telegram, e
 @pytest.fixture
 def slack(files_daemon):
     fake = FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()
-    configure(files_daemon, "slack", api_url=fake.url + "/api", app_token_env="SLACK_APP_TOKEN",
-              bot_token_env="SLACK_BOT_TOKEN", default_agent="filer")
-    wait_active(files_daemon, "slack")
-    yield fake
-    files_daemon.delete("/api/channels/slack/configure")
-    fake.stop()
+    with serving(files_daemon, "slack", fake, api_url=fake.url + "/api", app_token_env="SLACK_APP_TOKEN",
+                 bot_token_env="SLACK_BOT_TOKEN"):
+        yield fake
 
 
 def test_slack_files_both_ways_and_only_from_slack(files_daemon, slack, fake_llm, elsewhere):
@@ -194,12 +189,8 @@ def test_slack_files_both_ways_and_only_from_slack(files_daemon, slack, fake_llm
 @pytest.fixture
 def discord(files_daemon):
     fake = FakeDiscord(ENV["DISCORD_BOT_TOKEN"]).start()
-    configure(files_daemon, "discord", api_url=fake.url + "/api/v10", bot_token_env="DISCORD_BOT_TOKEN",
-              default_agent="filer")
-    wait_active(files_daemon, "discord")
-    yield fake
-    files_daemon.delete("/api/channels/discord/configure")
-    fake.stop()
+    with serving(files_daemon, "discord", fake, api_url=fake.url + "/api/v10", bot_token_env="DISCORD_BOT_TOKEN"):
+        yield fake
 
 
 def test_discord_files_both_ways_and_only_from_the_cdn(files_daemon, discord, fake_llm, elsewhere):
@@ -232,13 +223,10 @@ ROOM = "!files:test"
 @pytest.fixture
 def matrix(files_daemon):
     fake = FakeMatrix(ENV["MATRIX_ACCESS_TOKEN"]).start()
-    configure(files_daemon, "matrix", access_token_env="MATRIX_ACCESS_TOKEN", homeserver_url=fake.url,
-              long_poll_secs=1, default_agent="filer")
-    wait_active(files_daemon, "matrix")
-    wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
-    yield fake
-    files_daemon.delete("/api/channels/matrix/configure")
-    fake.stop()
+    with serving(files_daemon, "matrix", fake, access_token_env="MATRIX_ACCESS_TOKEN", homeserver_url=fake.url,
+                 long_poll_secs=1):
+        wait_for(lambda: any(s["since"] for s in fake.syncs), what="initial sync done")
+        yield fake
 
 
 def test_matrix_media_both_ways_through_the_homeserver_only(files_daemon, matrix, fake_llm, elsewhere):
@@ -270,13 +258,10 @@ TOWN = "townsquare0000000000000000"
 @pytest.fixture
 def mattermost(files_daemon):
     fake = FakeMattermost(ENV["MATTERMOST_TOKEN"]).start()
-    configure(files_daemon, "mattermost", server_url=fake.url, token_env="MATTERMOST_TOKEN", default_agent="filer")
-    wait_active(files_daemon, "mattermost")
-    wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
-                      and f.get("action") == "authentication_challenge"], what="authenticated")
-    yield fake
-    files_daemon.delete("/api/channels/mattermost/configure")
-    fake.stop()
+    with serving(files_daemon, "mattermost", fake, server_url=fake.url, token_env="MATTERMOST_TOKEN"):
+        wait_for(lambda: [f for f in fake.hub.received if isinstance(f, dict)
+                          and f.get("action") == "authentication_challenge"], what="authenticated")
+        yield fake
 
 
 def test_mattermost_files_both_ways(files_daemon, mattermost, fake_llm):

@@ -27,19 +27,17 @@ from fakes.twist import BOT_ID as TWIST_BOT_ID, WORKSPACE as TWIST_WORKSPACE, Fa
 from fakes.xmpp import DOMAIN as XMPP_DOMAIN, Prosody, XmppUser
 from support import free_port
 from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
-                           refusal, tool_results, unique, uploads_named, user_turns)
+                           refusal, serving, tool_results, unique, uploads_named, user_turns)
+
 
 # -- Revolt --------------------------------------------------------------------------------
 
 @pytest.fixture
 def revolt(files_daemon):  # noqa: F811
     fake = FakeRevolt(ENV["REVOLT_BOT_TOKEN"]).start()
-    configure(files_daemon, "revolt", api_url=fake.url, ws_url=fake.url.replace("http", "ws", 1),
-              bot_token_env="REVOLT_BOT_TOKEN", ping_secs=1, default_agent="filer")
-    wait_active(files_daemon, "revolt")
-    yield fake
-    files_daemon.delete("/api/channels/revolt/configure")
-    fake.stop()
+    with serving(files_daemon, "revolt", fake, api_url=fake.url, ws_url=fake.url.replace("http", "ws", 1),
+                 bot_token_env="REVOLT_BOT_TOKEN", ping_secs=1):
+        yield fake
 
 
 def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, elsewhere):  # noqa: F811
@@ -78,13 +76,9 @@ def test_revolt_files_both_ways_through_autumn(files_daemon, revolt, fake_llm, e
 @pytest.fixture
 def mastodon(files_daemon):  # noqa: F811
     fake = FakeMastodon(ENV["MASTODON_ACCESS_TOKEN"]).start()
-    configure(files_daemon, "mastodon", instance_url=fake.url, access_token_env="MASTODON_ACCESS_TOKEN",
-              default_agent="filer")
-    wait_active(files_daemon, "mastodon")
-    fake.wait_streaming()
-    yield fake
-    files_daemon.delete("/api/channels/mastodon/configure")
-    fake.stop()
+    with serving(files_daemon, "mastodon", fake, instance_url=fake.url, access_token_env="MASTODON_ACCESS_TOKEN"):
+        fake.wait_streaming()
+        yield fake
 
 
 def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodon, fake_llm, elsewhere):  # noqa: F811
@@ -114,13 +108,10 @@ def test_mastodon_media_both_ways_from_the_media_host_only(files_daemon, mastodo
 @pytest.fixture
 def discourse(files_daemon):  # noqa: F811
     fake = FakeDiscourse(ENV["DISCOURSE_API_KEY"]).start()
-    configure(files_daemon, "discourse", base_url=fake.url, api_key_env="DISCOURSE_API_KEY",
-              api_username=DISCOURSE_BOT, poll_interval_secs=0.2, default_agent="filer")
-    wait_active(files_daemon, "discourse")
-    wait_for(lambda: fake.polls, what="first poll")
-    yield fake
-    files_daemon.delete("/api/channels/discourse/configure")
-    fake.stop()
+    with serving(files_daemon, "discourse", fake, base_url=fake.url, api_key_env="DISCOURSE_API_KEY",
+                 api_username=DISCOURSE_BOT, poll_interval_secs=0.2):
+        wait_for(lambda: fake.polls, what="first poll")
+        yield fake
 
 
 def test_discourse_uploads_both_ways_from_the_forum_only(files_daemon, discourse, fake_llm, elsewhere):  # noqa: F811
@@ -272,13 +263,11 @@ def test_xmpp_files_through_http_upload_both_ways(files_daemon, xmpp, prosody, f
 @pytest.fixture
 def bluesky(files_daemon):  # noqa: F811
     fake = FakeBluesky(ENV["BLUESKY_APP_PASSWORD"]).start()
-    configure(files_daemon, "bluesky", service_url=fake.url, identifier=BOT_HANDLE, cdn_url=f"http://{fake.cdn_host}",
-              app_password_env="BLUESKY_APP_PASSWORD", poll_interval_secs=0.2, default_agent="filer")
-    wait_active(files_daemon, "bluesky")
-    wait_for(lambda: fake.polls, what="first poll")
-    yield fake
-    files_daemon.delete("/api/channels/bluesky/configure")
-    fake.stop()
+    with serving(files_daemon, "bluesky", fake, service_url=fake.url, identifier=BOT_HANDLE,
+                 cdn_url=f"http://{fake.cdn_host}", app_password_env="BLUESKY_APP_PASSWORD",
+                 poll_interval_secs=0.2):
+        wait_for(lambda: fake.polls, what="first poll")
+        yield fake
 
 
 def test_bluesky_images_both_ways_through_the_cdn(files_daemon, bluesky, fake_llm):  # noqa: F811
@@ -300,13 +289,10 @@ def test_bluesky_images_both_ways_through_the_cdn(files_daemon, bluesky, fake_ll
 @pytest.fixture
 def twist(files_daemon):  # noqa: F811
     fake = FakeTwist(ENV["TWIST_TOKEN"]).start()
-    configure(files_daemon, "twist", api_url=fake.url, token_env="TWIST_TOKEN", workspace_id=str(TWIST_WORKSPACE),
-              poll_interval_secs=0.2, default_agent="filer")
-    wait_active(files_daemon, "twist")
-    wait_for(lambda: fake.polls, what="first poll")
-    yield fake
-    files_daemon.delete("/api/channels/twist/configure")
-    fake.stop()
+    with serving(files_daemon, "twist", fake, api_url=fake.url, token_env="TWIST_TOKEN",
+                 workspace_id=str(TWIST_WORKSPACE), poll_interval_secs=0.2):
+        wait_for(lambda: fake.polls, what="first poll")
+        yield fake
 
 
 def test_twist_attachments_both_ways(files_daemon, twist, fake_llm, elsewhere):  # noqa: F811

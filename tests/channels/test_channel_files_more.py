@@ -25,7 +25,8 @@ from nacl.public import PrivateKey
 from fakes.pumble import FakePumble, event as pumble_event, headers as pumble_headers
 from support import free_port
 from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
-                           refusal, tool_results, unique, uploads_named, user_turns)
+                           refusal, serving, tool_results, unique, uploads_named, user_turns)
+
 
 # -- Gitter --------------------------------------------------------------------------------
 
@@ -77,12 +78,9 @@ TOPIC = "agentd-files"
 @pytest.fixture
 def ntfy(files_daemon):  # noqa: F811
     fake = FakeNtfy(ENV["NTFY_TOKEN"]).start()
-    configure(files_daemon, "ntfy", topic=TOPIC, server_url=fake.url, token_env="NTFY_TOKEN", default_agent="filer")
-    wait_active(files_daemon, "ntfy")
-    wait_for(lambda: fake.subscriptions, what="subscribed")
-    yield fake
-    files_daemon.delete("/api/channels/ntfy/configure")
-    fake.stop()
+    with serving(files_daemon, "ntfy", fake, topic=TOPIC, server_url=fake.url, token_env="NTFY_TOKEN"):
+        wait_for(lambda: fake.subscriptions, what="subscribed")
+        yield fake
 
 
 def test_ntfy_attachments_both_ways_from_the_server_only(files_daemon, ntfy, fake_llm, elsewhere):  # noqa: F811
@@ -207,13 +205,10 @@ def test_pumble_files_both_ways_through_the_file_server(files_daemon, pumble, fa
 @pytest.fixture
 def nextcloud(files_daemon):  # noqa: F811
     fake = FakeNextcloud(ENV["NEXTCLOUD_TOKEN"]).start()
-    configure(files_daemon, "nextcloud", server_url=fake.url, token_env="NEXTCLOUD_TOKEN", poll_interval_secs=0.2,
-              long_poll_secs=1, allowed_rooms=["dmann"], default_agent="filer")
-    wait_active(files_daemon, "nextcloud")
-    wait_for(lambda: fake.polls, what="polling")
-    yield fake
-    files_daemon.delete("/api/channels/nextcloud/configure")
-    fake.stop()
+    with serving(files_daemon, "nextcloud", fake, server_url=fake.url, token_env="NEXTCLOUD_TOKEN",
+                 poll_interval_secs=0.2, long_poll_secs=1, allowed_rooms=["dmann"]):
+        wait_for(lambda: fake.polls, what="polling")
+        yield fake
 
 
 def test_nextcloud_shared_files_both_ways_over_webdav(files_daemon, nextcloud, fake_llm, elsewhere):  # noqa: F811

@@ -23,7 +23,8 @@ from fakes.viber import FakeViber
 from fakes.whatsapp import PHONE_ID, FakeWhatsApp, event as whatsapp_event
 from support import free_port
 from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
-                           refusal, tool_results, unique, upload_bytes, uploads_named, user_turns)
+                           refusal, serving, tool_results, unique, upload_bytes, uploads_named, user_turns)
+
 
 def hook(daemon, name: str) -> str:
     return f"{daemon.url}/channels/{name}/webhook"
@@ -38,11 +39,8 @@ def send_failures(daemon, channel: str) -> list[dict]:  # type: ignore[type-arg]
 @pytest.fixture
 def whatsapp(files_daemon):
     fake = FakeWhatsApp(ENV["WHATSAPP_ACCESS_TOKEN"]).start()
-    configure(files_daemon, "whatsapp", api_url=fake.url, phone_number_id=PHONE_ID, default_agent="filer")
-    wait_active(files_daemon, "whatsapp")
-    yield fake
-    remove(files_daemon, "whatsapp")
-    fake.stop()
+    with serving(files_daemon, "whatsapp", fake, api_url=fake.url, phone_number_id=PHONE_ID):
+        yield fake
 
 
 def whatsapp_post(daemon, body: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -97,12 +95,8 @@ def test_whatsapp_generated_image_and_output_file_are_uploaded_and_sent(files_da
 @pytest.fixture
 def signal(files_daemon):
     fake = FakeSignal().start()
-    configure(files_daemon, "signal", api_url=fake.url, phone_number=SIGNAL_BOT, poll_interval_secs=0.1,
-              default_agent="filer")
-    wait_active(files_daemon, "signal")
-    yield fake
-    remove(files_daemon, "signal")
-    fake.stop()
+    with serving(files_daemon, "signal", fake, api_url=fake.url, phone_number=SIGNAL_BOT, poll_interval_secs=0.1):
+        yield fake
 
 
 def test_signal_attachments_both_ways(files_daemon, signal, fake_llm):
@@ -134,11 +128,8 @@ def test_signal_attachments_both_ways(files_daemon, signal, fake_llm):
 @pytest.fixture
 def line(files_daemon):
     fake = FakeLine(ENV["LINE_CHANNEL_ACCESS_TOKEN"]).start()
-    configure(files_daemon, "line", api_url=fake.url, default_agent="filer")
-    wait_active(files_daemon, "line")
-    yield fake
-    remove(files_daemon, "line")
-    fake.stop()
+    with serving(files_daemon, "line", fake, api_url=fake.url):
+        yield fake
 
 
 def line_post(daemon, body: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -228,11 +219,8 @@ def test_viber_media_in_from_its_media_url_and_no_upload_out(files_daemon, viber
 @pytest.fixture
 def messenger(files_daemon):
     fake = FakeMessenger(ENV["MESSENGER_PAGE_TOKEN"]).start()
-    configure(files_daemon, "messenger", api_url=fake.url, default_agent="filer")
-    wait_active(files_daemon, "messenger")
-    yield fake
-    remove(files_daemon, "messenger")
-    fake.stop()
+    with serving(files_daemon, "messenger", fake, api_url=fake.url):
+        yield fake
 
 
 def messenger_post(daemon, body: bytes) -> None:  # type: ignore[no-untyped-def]

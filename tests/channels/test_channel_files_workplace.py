@@ -23,8 +23,9 @@ from fakes.google_chat import FakeGoogleChat, new_key, service_account
 from fakes.teams import FakeBotFramework
 from fakes.webex import FakeWebex
 from support import free_port
-from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal,  # noqa: F401 - fixtures
+from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, read_it, refusal, serving,  # noqa: F401 - fixtures
                            start_files_daemon, tool_results, unique, uploads_named, user_turns)
+
 
 GCHAT_PROJECT, GCHAT_KEY = "210987654321", new_key()
 GCHAT_ACCOUNT = service_account(GCHAT_KEY)
@@ -146,13 +147,10 @@ def webex(daemon):
     fake = FakeWebex(ENV["WEBEX_BOT_TOKEN"])
     port = free_port()
     fake.start()
-    configure(daemon, "webex", default_agent="filer", bot_token_env="WEBEX_BOT_TOKEN", api_url=fake.url,
-              webhook_port=port, webhook_url=f"http://127.0.0.1:{port}/webex")
-    wait_active(daemon, "webex")
-    wait_for(lambda: fake.webhooks, what="webhook registered")
-    yield fake
-    daemon.delete("/api/channels/webex/configure")
-    fake.stop()
+    with serving(daemon, "webex", fake, bot_token_env="WEBEX_BOT_TOKEN", api_url=fake.url,
+                 webhook_port=port, webhook_url=f"http://127.0.0.1:{port}/webex"):
+        wait_for(lambda: fake.webhooks, what="webhook registered")
+        yield fake
 
 
 def test_webex_image_reaches_a_vision_model(daemon, webex, fake_llm):
@@ -337,13 +335,10 @@ def test_feishu_generated_image_and_output_file_are_uploaded_and_sent(daemon, fe
 def dingtalk(daemon):
     fake = FakeDingTalk(ENV["DINGTALK_ACCESS_TOKEN"], ENV["DINGTALK_SECRET"], DING_APP, DING_SECRET).start()
     port = free_port()
-    configure(daemon, "dingtalk", default_agent="filer", webhook_port=port, api_url=fake.url, openapi_url=fake.url,
-              app_key=DING_APP, app_secret_env="DINGTALK_APP_SECRET")
-    wait_active(daemon, "dingtalk")
-    fake.listen = f"http://127.0.0.1:{port}/dingtalk"
-    yield fake
-    daemon.delete("/api/channels/dingtalk/configure")
-    fake.stop()
+    with serving(daemon, "dingtalk", fake, webhook_port=port, api_url=fake.url, openapi_url=fake.url,
+                 app_key=DING_APP, app_secret_env="DINGTALK_APP_SECRET"):
+        fake.listen = f"http://127.0.0.1:{port}/dingtalk"
+        yield fake
 
 
 def ding_sends(fake: FakeDingTalk, staff: str, msgtype: str, content: dict | None, text: str = "",

@@ -12,25 +12,23 @@ import uuid
 import pytest
 
 from channel_contract import ENV
-from channel_fixtures import configure, wait_active, wait_for
+from channel_fixtures import wait_for
 from fakellm import TINY_PNG
 from fakes.rocketchat import BOT_ID as ROCKETCHAT_BOT_ID, FakeRocketChat
 from fakes.zulip import BOT_EMAIL as ZULIP_BOT_EMAIL, FakeZulip
 from files_support import (IMAGE_PART, LIMIT, draw, elsewhere, files_daemon, read_it,  # noqa: F401 - fixtures
-                           refusal, tool_results, unique, uploads_named, user_turns)
+                           refusal, serving, tool_results, unique, uploads_named, user_turns)
+
 
 # -- Zulip ---------------------------------------------------------------------------------
 
 @pytest.fixture
 def zulip(files_daemon):
     fake = FakeZulip(ENV["ZULIP_API_KEY"]).start()
-    configure(files_daemon, "zulip", server_url=fake.url, bot_email=ZULIP_BOT_EMAIL, api_key_env="ZULIP_API_KEY",
-              long_poll_secs=2, default_agent="filer")
-    wait_active(files_daemon, "zulip")
-    wait_for(lambda: fake.queues, what="event queue registered")
-    yield fake
-    files_daemon.delete("/api/channels/zulip/configure")
-    fake.stop()
+    with serving(files_daemon, "zulip", fake, server_url=fake.url, bot_email=ZULIP_BOT_EMAIL,
+                 api_key_env="ZULIP_API_KEY", long_poll_secs=2):
+        wait_for(lambda: fake.queues, what="event queue registered")
+        yield fake
 
 
 def test_zulip_files_both_ways_and_only_from_the_realm(files_daemon, zulip, fake_llm, elsewhere):  # noqa: F811
@@ -77,14 +75,11 @@ def test_zulip_stream_file_is_posted_back_in_its_topic(files_daemon, zulip):
 @pytest.fixture
 def rocketchat(files_daemon):
     fake = FakeRocketChat(ENV["ROCKETCHAT_TOKEN"]).start()
-    configure(files_daemon, "rocketchat", server_url=fake.url, user_id=ROCKETCHAT_BOT_ID, token_env="ROCKETCHAT_TOKEN",
-              poll_interval_secs=0.2, default_agent="filer")
-    wait_active(files_daemon, "rocketchat")
-    polled = len(fake.polls)
-    wait_for(lambda: len(fake.polls) >= polled + 2, what="the rooms' cursors set")
-    yield fake
-    files_daemon.delete("/api/channels/rocketchat/configure")
-    fake.stop()
+    with serving(files_daemon, "rocketchat", fake, server_url=fake.url, user_id=ROCKETCHAT_BOT_ID,
+                 token_env="ROCKETCHAT_TOKEN", poll_interval_secs=0.2):
+        polled = len(fake.polls)
+        wait_for(lambda: len(fake.polls) >= polled + 2, what="the rooms' cursors set")
+        yield fake
 
 
 def test_rocketchat_files_both_ways_and_only_from_the_server(files_daemon, rocketchat, fake_llm,
