@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from channel_contract import ENV
-from channel_fixtures import audit, configure, remove, wait_active, wait_for
+from channel_fixtures import audit, wait_for
 from fakellm import TINY_PNG
 from fakes import line as line_fake, viber as viber_fake
 from fakes.line import FakeLine
@@ -175,11 +175,8 @@ def viber(files_daemon):
     fake, port = FakeViber(ENV["VIBER_AUTH_TOKEN"]).start(), free_port()
     # Its own listener: Viber calls the URL back while set_webhook is answered, during start.
     fake.hook = f"http://127.0.0.1:{port}/viber"
-    configure(files_daemon, "viber", api_url=fake.url, webhook_port=port, webhook_url=fake.hook, default_agent="filer")
-    wait_active(files_daemon, "viber")
-    yield fake
-    remove(files_daemon, "viber")
-    fake.stop()
+    with serving(files_daemon, "viber", fake, api_url=fake.url, webhook_port=port, webhook_url=fake.hook):
+        yield fake
 
 
 def viber_post(fake: FakeViber, body: bytes) -> None:

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from channel_contract import ENV
-from channel_fixtures import audit, configure, wait_active, wait_for
+from channel_fixtures import audit, wait_for
 from fakellm import TINY_PNG
 from fakes.dingtalk import FakeDingTalk
 from fakes.feishu import FakeFeishu, callback, message_event
@@ -46,14 +46,11 @@ TEAMS_APP = "a1b2c3d4-0000-4000-8000-0000000000f1"
 @pytest.fixture(scope="module")
 def teams(daemon):
     fake, port = FakeBotFramework(TEAMS_APP, ENV["TEAMS_APP_PASSWORD"]).start(), free_port()
-    configure(daemon, "teams", default_agent="filer", app_id=TEAMS_APP, webhook_port=port,
-              service_url=fake.service_url, openid_url=f"{fake.url}/v1/.well-known/openidconfiguration",
-              token_url=f"{fake.url}/botframework.com/oauth2/v2.0/token", overrides={"typing_mode": "never"})
-    wait_active(daemon, "teams")
-    fake.listen = f"http://127.0.0.1:{port}/api/messages"
-    yield fake
-    daemon.delete("/api/channels/teams/configure")
-    fake.stop()
+    with serving(daemon, "teams", fake, app_id=TEAMS_APP, webhook_port=port,
+                 service_url=fake.service_url, openid_url=f"{fake.url}/v1/.well-known/openidconfiguration",
+                 token_url=f"{fake.url}/botframework.com/oauth2/v2.0/token", overrides={"typing_mode": "never"}):
+        fake.listen = f"http://127.0.0.1:{port}/api/messages"
+        yield fake
 
 
 def teams_says(fake: FakeBotFramework, text: str, user: str, attachments: list, **kwargs) -> str:
@@ -201,14 +198,11 @@ def test_webex_files_off_its_hosts_are_not_fetched(daemon, webex, elsewhere):
 @pytest.fixture(scope="module")
 def gchat(daemon):
     fake, port = FakeGoogleChat(GCHAT_PROJECT, GCHAT_ACCOUNT, GCHAT_KEY).start(), free_port()
-    configure(daemon, "google_chat", default_agent="filer", project_number=GCHAT_PROJECT, webhook_port=port,
-              certs_url=fake.certs_url, token_url=f"{fake.url}/token", api_url=fake.url,
-              service_account_env="GOOGLE_CHAT_SERVICE_ACCOUNT")
-    wait_active(daemon, "google_chat")
-    fake.listen = f"http://127.0.0.1:{port}/chat-events"
-    yield fake
-    daemon.delete("/api/channels/google_chat/configure")
-    fake.stop()
+    with serving(daemon, "google_chat", fake, project_number=GCHAT_PROJECT, webhook_port=port,
+                 certs_url=fake.certs_url, token_url=f"{fake.url}/token", api_url=fake.url,
+                 service_account_env="GOOGLE_CHAT_SERVICE_ACCOUNT"):
+        fake.listen = f"http://127.0.0.1:{port}/chat-events"
+        yield fake
 
 
 def gchat_says(fake: FakeGoogleChat, text: str, user: str, attachments: list) -> str:
@@ -261,13 +255,10 @@ def test_google_chat_reads_files_from_its_api_only_and_sends_none(daemon, gchat,
 @pytest.fixture(scope="module")
 def feishu(daemon):
     fake, port = FakeFeishu("cli_files", ENV["FEISHU_APP_SECRET"]).start(), free_port()
-    configure(daemon, "feishu", default_agent="filer", webhook_port=port, api_url=fake.url, app_id="cli_files",
-              encrypt_key_env="FEISHU_ENCRYPT_KEY", verification_token_env="FEISHU_VERIFICATION_TOKEN")
-    wait_active(daemon, "feishu")
-    fake.listen = f"http://127.0.0.1:{port}/feishu/webhook"
-    yield fake
-    daemon.delete("/api/channels/feishu/configure")
-    fake.stop()
+    with serving(daemon, "feishu", fake, webhook_port=port, api_url=fake.url, app_id="cli_files",
+                 encrypt_key_env="FEISHU_ENCRYPT_KEY", verification_token_env="FEISHU_VERIFICATION_TOKEN"):
+        fake.listen = f"http://127.0.0.1:{port}/feishu/webhook"
+        yield fake
 
 
 def feishu_sends(fake: FakeFeishu, user: str, kind: str, content: dict, message_id: str) -> str:
