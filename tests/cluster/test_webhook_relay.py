@@ -117,7 +117,8 @@ def test_a_standby_relays_webhooks_to_the_daemon_holding_the_channel(tmp_path, f
         # A valid relay that lands on a daemon not holding the channel stops there.
         again = requests.post(b.url + HOOK, data=body, headers={**headers, **relay_headers(db_url, "daemon-a",
                                                                                           stamp, body)}, timeout=30)
-        assert again.status_code == 503 and "X-Agentd-Forwarded-To" not in again.headers
+        assert again.status_code == 503, again.text
+        assert "X-Agentd-Forwarded-To" not in again.headers
         assert again.headers["Retry-After"] == "5"
         # ...and reaches the holder when it is sent there.
         direct = requests.post(a.url + HOOK, data=body, headers={**headers, **relay_headers(db_url, "daemon-b",
