@@ -115,14 +115,14 @@ def test_a_standby_relays_webhooks_to_the_daemon_holding_the_channel(tmp_path, f
             assert answer.status_code == 403, answer.text
             assert answer.json() == {"error": "relayed webhook refused: not signed by a daemon of this cluster"}
         # A valid relay that lands on a daemon not holding the channel stops there.
-        again = requests.post(b.url + HOOK, data=body, headers={**headers, **relay_headers(db_url, "daemon-a",
-                                                                                          stamp, body)}, timeout=30)
+        again = requests.post(b.url + HOOK, data=body, headers={**headers, **relay_headers(
+            db_url, "daemon-a", int(time.time()), body)}, timeout=30)
         assert again.status_code == 503, again.text
         assert "X-Agentd-Forwarded-To" not in again.headers
         assert again.headers["Retry-After"] == "5"
         # ...and reaches the holder when it is sent there.
-        direct = requests.post(a.url + HOOK, data=body, headers={**headers, **relay_headers(db_url, "daemon-b",
-                                                                                           stamp, body)}, timeout=30)
+        direct = requests.post(a.url + HOOK, data=body, headers={**headers, **relay_headers(
+            db_url, "daemon-b", int(time.time()), body)}, timeout=30)
         assert direct.status_code == 202, direct.text
         wait_for(lambda: len(callback.requests) == 2, what="the relayed message's reply")
         time.sleep(0.5)
