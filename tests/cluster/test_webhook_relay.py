@@ -53,9 +53,10 @@ def relay_headers(db_url: str, by: str, stamp: int, body: bytes) -> dict[str, st
     """The headers a member of the cluster adds when it relays `body` from 127.0.0.1, made
     with the peer secret read from the database (as any member reads it)."""
     with psycopg2.connect(db_url) as conn, conn.cursor() as cur:
-        cur.execute("SELECT value FROM settings WHERE key = 'cluster_peer_secret'")
-        secret = cur.fetchone()[0]
-    secret = secret if isinstance(secret, str) else json.loads(secret)
+        # As JSON text: whether psycopg2 decodes a json column depends on what registered
+        # its typecasters in this process (Pony's provider registers its own).
+        cur.execute("SELECT value::text FROM settings WHERE key = 'cluster_peer_secret'")
+        secret = json.loads(cur.fetchone()[0])
     canonical = "\n".join([by, str(stamp), "127.0.0.1", "POST", HOOK, "[]", hashlib.sha256(body).hexdigest()])
     return {"X-Agentd-Forwarded-By": by, "X-Agentd-Forwarded-For": "127.0.0.1",
             "X-Agentd-Forwarded-Signature": f"t={stamp},v1=" + hmac.new(secret.encode(), canonical.encode(),
