@@ -8,6 +8,7 @@ that the daemon's pool has the configured size.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -106,7 +107,10 @@ def test_sequential_requests_stay_on_one_thread() -> None:
         loop.join(5)
         server.close()
     assert len(seen) == 30
-    assert len(set(seen)) <= 2, f"BUG: {len(set(seen))} threads took turns serving one client"
+    # A FIFO pool hands each request to the next of its 8 threads (about 4 each); LIFO keeps
+    # the one warm thread, but a thread descheduled at the wrong moment may lose a turn.
+    served = collections.Counter(seen).most_common(1)[0][1]
+    assert served >= 26, f"BUG: {len(set(seen))} threads took turns serving one client"
 
 
 class _Task:
