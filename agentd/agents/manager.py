@@ -1,7 +1,8 @@
 """The agents as the API sees them: one object over the agent services.
 
 The services, each built with its collaborators by the kernel (agentd/kernel.py):
-- registry.py (AgentRegistry): loading, spawning, lookup, views, mode changes and kill;
+- registry.py (AgentRegistry): loading, spawning, lookup, views, mode changes and kill
+  (views.py: what the API shows; toolset.py: the tools offered; model_resolve.py: the model);
 - session_store.py (SessionStore): sessions (cache, append, clear, compact);
 - model_call.py (ModelCalls): provider endpoints and the model call with fallbacks;
 - uploads.py (Uploads): uploaded files;

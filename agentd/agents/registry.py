@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from datetime import datetime
@@ -12,16 +11,17 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from pony import orm
 
-from agentd.agents import shared
-from agentd.agents.handle import CAPABILITY_TOOLS, MODES, AgentHandle, parse_uuid
+from agentd.agents import shared, toolset, views
+from agentd.agents.handle import MODES, AgentHandle, parse_uuid
 from agentd.agents.listing import list_json
-from agentd.agents.manifest import PROFILES, Manifest, parse_manifest
+from agentd.agents.manifest import Manifest, parse_manifest
+from agentd.agents.model_resolve import resolve_model
 from agentd.agents.runqueue import RunQueues
 from agentd.agents.signing import verify_envelope
-from agentd.agents.tools import Tool, all_tools
+from agentd.agents.tools import Tool
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, Conflict, NotFound
-from agentd.timestamps import iso, utcnow
+from agentd.timestamps import utcnow
 from agentd.llm.catalog import Catalog
 from agentd.store import Store
 
@@ -56,7 +56,7 @@ class AgentRegistry:
 
     def __init__(self, config: Config, store: Store, catalog: Catalog, queues: RunQueues,
                  memory: MemoryService | None = None, audit: Audit | None = None,
-                 mcp_tools: Callable[[list[str]], list[Tool]] | None = None,
+                 mcp_tools: toolset.McpTools | None = None,
                  hooks: Sequence[AgentHooks] = ()) -> None:
         self.config = config
         # Services that keep something per agent in step with its manifest and life.
@@ -101,35 +101,9 @@ class AgentRegistry:
         handle.last_active = row.last_active
         return handle
 
-    def _resolve_model(self, manifest: Manifest) -> tuple[str, str, str, str]:
-        spec = manifest.model
-        default = self.config.default_model
-        provider, model = spec["provider"], spec["model"]
-        api_key_env, base_url = spec["api_key_env"], spec["base_url"]
-        provider_unset = provider in ("", "default")
-        if provider_unset:
-            # A catalog model (or alias) named without a provider is served by its own provider:
-            # `model = "sonnet"` is Anthropic's, not the default provider's.
-            info = self.catalog.get_model(model) if model not in ("", "default") else None
-            if info is not None and info.provider != default.provider:
-                return info.provider, info.id, api_key_env, base_url
-        if provider_unset or model in ("", "default"):
-            provider = default.provider if provider_unset else provider
-            model = default.model if model in ("", "default") else model
-            api_key_env = api_key_env or default.api_key_env
-            base_url = base_url or default.base_url
-        for sep in ("/", ":"):
-            prefix = provider + sep
-            if model.startswith(prefix) and self.catalog.get_model(model) is None:
-                model = model[len(prefix):]
-        info = self.catalog.get_model(model)
-        if info is not None:
-            model = info.id
-        return provider, model, api_key_env, base_url
-
     def _handle(self, agent_id: str, manifest: Manifest, mode: str, created_at: datetime,
                 session_id: str) -> AgentHandle:
-        provider, model, env, base = self._resolve_model(manifest)
+        provider, model, env, base = resolve_model(self.config, self.catalog, manifest)
         return AgentHandle(id=agent_id, name=manifest.name, manifest=manifest, mode=mode,
                            state="Running", created_at=created_at, last_active=created_at,
                            session_id=session_id, provider=provider, model=model,
@@ -152,7 +126,7 @@ class AgentRegistry:
         if not manifest_toml or not manifest_toml.strip():
             raise BadRequest("manifest_toml is required")
         manifest = parse_manifest(manifest_toml)
-        manifest.warnings.extend(_unknown_tools(manifest.capabilities["tools"]))
+        manifest.warnings.extend(toolset.unknown_tools(manifest.capabilities["tools"]))
         for hook in self.hooks:
             hook.check(manifest)
         now = utcnow()
@@ -192,10 +166,10 @@ class AgentRegistry:
         manifest = parse_manifest(manifest_toml)
         if manifest.name != handle.name:
             raise BadRequest(f"name: an agent keeps its name ({handle.name!r}); spawn a new agent for another")
-        manifest.warnings.extend(_unknown_tools(manifest.capabilities["tools"]))
+        manifest.warnings.extend(toolset.unknown_tools(manifest.capabilities["tools"]))
         for hook in self.hooks:
             hook.check(manifest)
-        provider, model, env, base = self._resolve_model(manifest)
+        provider, model, env, base = resolve_model(self.config, self.catalog, manifest)
         if self.catalog.get_provider(provider) is None and not base:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{provider!r} (set model.base_url for a custom endpoint)")
@@ -216,7 +190,7 @@ class AgentRegistry:
 
     def apply_manifest(self, handle: AgentHandle, manifest: Manifest) -> None:
         """Point a live handle at `manifest` (stored already: here or by another daemon)."""
-        provider, model, env, base = self._resolve_model(manifest)
+        provider, model, env, base = resolve_model(self.config, self.catalog, manifest)
         handle.manifest = manifest
         handle.provider, handle.model, handle.api_key_env, handle.base_url = provider, model, env, base
         handle.list_json = None
@@ -272,116 +246,30 @@ class AgentRegistry:
         """The handle in memory for `agent_id`, if any (no sync with a shared database)."""
         return self._agents.get(agent_id)
 
-    # -- views --------------------------------------------------------------
+    # -- views (agents/views.py) and tools (agents/toolset.py) --------------
     def auth_status(self, handle: AgentHandle) -> str:
-        provider = self.catalog.get_provider(handle.provider)
-        env = handle.api_key_env or (provider.api_key_env if provider else "")
-        if provider is not None and not provider.key_required and not handle.api_key_env:
-            return "not_required"
-        if not env:
-            return "not_required"
-        return "configured" if os.environ.get(env) else "missing"
+        return views.auth_status(self.catalog, handle)
 
     def missing_key(self, handle: AgentHandle) -> str | None:
-        """What to do when the agent's provider needs a key the daemon lacks (None: it has one)."""
-        if self.auth_status(handle) != "missing":
-            return None
-        provider = self.catalog.get_provider(handle.provider)
-        env = handle.api_key_env or (provider.api_key_env if provider else "")
-        fix = f"set {env}"
-        if provider is not None and env == provider.api_key_env:
-            fix += f" or POST /api/providers/{handle.provider}/key"
-        return f"provider {handle.provider} has no API key: {fix}"
+        return views.missing_key(self.catalog, handle)
 
     def summary(self, handle: AgentHandle) -> dict[str, Any]:
-        """Short form used by /api/status."""
-        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
-                "created_at": iso(handle.created_at), "model_provider": handle.provider,
-                "model_name": handle.model, "profile": handle.manifest.profile or "custom"}
+        return views.summary(handle)
 
     def list_item(self, handle: AgentHandle, auth: str | None = None, tier: str | None = None) -> dict[str, Any]:
-        """One item of GET /api/agents (`auth`, `tier`: already looked up by the caller)."""
-        if tier is None:
-            info = self.catalog.get_model(handle.model)
-            tier = info.tier if info else "custom"
-        if auth is None:
-            auth = self.auth_status(handle)
-        identity = handle.manifest.data["identity"]
-        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
-                "created_at": iso(handle.created_at), "last_active": iso(handle.last_active),
-                "model_provider": handle.provider, "model_name": handle.model,
-                "model_tier": tier, "auth_status": auth,
-                "ready": handle.state == "Running" and auth != "missing",
-                "profile": handle.manifest.profile or "custom",
-                "identity": {"emoji": identity["emoji"], "avatar_url": identity["avatar_url"],
-                             "color": identity["color"]}}
+        return views.list_item(self.catalog, handle, auth, tier)
 
     def list_json(self) -> str:
         """The body of GET /api/agents (without its final newline), see listing.py."""
         return list_json(self, self.handles())
 
     def detail(self, handle: AgentHandle) -> dict[str, Any]:
-        """GET /api/agents/{id}."""
-        data = handle.manifest.data
-        tools, caps = self.effective_tools(handle)
-        item = self.list_item(handle)
-        return {"id": handle.id, "name": handle.name, "state": handle.state, "mode": handle.mode,
-                "profile": item["profile"], "created_at": item["created_at"],
-                "last_active": item["last_active"], "session_id": handle.session_id,
-                "model": {"provider": handle.provider, "model": handle.model},
-                "capabilities": {"tools": [t.name for t in tools], "network": bool(caps["network"])},
-                "description": data["description"], "tags": data["tags"],
-                "identity": item["identity"], "skills": data["skills"],
-                "skills_mode": "allowlist" if data["skills"] else "all",
-                "mcp_servers": data["mcp_servers"],
-                "mcp_servers_mode": "allowlist" if data["mcp_servers"] else "all",
-                "fallback_models": data["fallback_models"],
-                "system_prompt": data["model"]["system_prompt"]}
+        return views.detail(self.catalog, handle, *self.effective_tools(handle))
 
-    # -- tools --------------------------------------------------------------
     def effective_tools(self, handle: AgentHandle, mode: str | None = None) -> tuple[list[Tool], dict[str, Any]]:
-        """The tools offered to the model, and the capabilities that gate them.
-
-        A named profile grants the capabilities its tools need; with no profile or
-        an explicit list, shell, network and spawning must be granted explicitly.
-        """
-        mode = mode or handle.mode
-        tools, caps = self._builtin_tools(handle, mode)
-        # MCP servers come and go with the config, so their tools are looked up on every run;
-        # none in Observe mode (they may change anything).
-        if self.mcp_tools is not None and mode != "Observe":
-            declared = caps["tools"]
-            remote = self.mcp_tools(handle.manifest.data["mcp_servers"])
-            if declared and "*" not in declared:
-                remote = [t for t in remote if t.name in declared]
-            tools.extend(remote)
-        return tools, caps
-
-    def _builtin_tools(self, handle: AgentHandle, mode: str) -> tuple[list[Tool], dict[str, Any]]:
-        cached = handle.tools_cache
-        # Every run asks; the answer changes only with the manifest (never edited in place) or mode.
-        if cached is not None and cached[0] is handle.manifest and cached[1] == mode:
-            return list(cached[2]), dict(cached[3])
-        caps = dict(handle.manifest.capabilities)
-        declared = caps["tools"]
-        profile = handle.manifest.profile
-        available = {t.name: t for t in all_tools()}
-        if declared and "*" not in declared:
-            names = [n for n in declared if n in available]
-        elif profile and profile not in ("full", "custom"):
-            names = list(PROFILES[profile])
-            self._imply(caps, names)
-        else:
-            names = list(available)
-            if profile == "full":
-                self._imply(caps, names)
-        tools = [available[n] for n in names if n in available]
-        tools = [t for t in tools if t.capability is None or caps.get(t.capability)]
-        if mode == "Observe":
-            tools = [t for t in tools if t.read_only]
-            caps["read_only_mode"] = True
-        handle.tools_cache = (handle.manifest, mode, tools, caps)
-        return list(tools), dict(caps)
+        """The tools offered to the model (in the agent's mode unless `mode` says otherwise)
+        and the capabilities that gate them."""
+        return toolset.effective_tools(handle, mode or handle.mode, self.mcp_tools)
 
     def tools_by_origin(self, handle: AgentHandle) -> dict[str, list[str]]:
         """The agent's tools grouped by where they come from: `built-in`, `mcp:<server>`."""
@@ -389,13 +277,6 @@ class AgentRegistry:
         for t in self.effective_tools(handle)[0]:
             groups.setdefault(t.origin, []).append(t.name)
         return groups
-
-    @staticmethod
-    def _imply(caps: dict[str, Any], names: list[str]) -> None:
-        for capability, tool_names in CAPABILITY_TOOLS.items():
-            if tool_names & set(names) and not caps.get(capability):
-                caps[capability] = True if capability == "agent_spawn" else ["*"]
-
 
     # -- mode and kill --------------------------------------------------------------
     def set_mode(self, handle: AgentHandle, mode: str) -> None:
@@ -454,10 +335,3 @@ class AgentRegistry:
             orm.delete(u for u in self.store.e.UploadRow if u.agent.id == agent_id)
             orm.delete(r for r in self.store.e.ResponseRow if r.agent_id == agent_id)  # its /v1/responses
             row.delete()
-
-
-def _unknown_tools(declared: list[str]) -> list[str]:
-    """Warnings for tool names in `capabilities.tools` that no tool has (a typo drops the tool)."""
-    known = {t.name for t in all_tools()}
-    return [f"capabilities.tools: unknown tool '{name}' ignored (known: {', '.join(sorted(known))})"
-            for name in declared if name != "*" and name not in known and not name.startswith("mcp_")]

@@ -485,7 +485,7 @@ def test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies(mgr) ->
 
 
 def test_effective_tools_are_worked_out_once_per_manifest_and_mode(mgr, monkeypatch) -> None:
-    from agentd.agents import registry
+    from agentd.agents import toolset
 
     h = mgr.spawn('name = "once"\nprofile = "coding"\n')
     first = [t.name for t in mgr.registry.effective_tools(h)[0]]
@@ -494,7 +494,7 @@ def test_effective_tools_are_worked_out_once_per_manifest_and_mode(mgr, monkeypa
     def registry_read_again() -> list:
         raise AssertionError("the tool registry was read again for an answer already worked out")
 
-    monkeypatch.setattr(registry, "all_tools", registry_read_again)
+    monkeypatch.setattr(toolset, "all_tools", registry_read_again)
     assert [t.name for t in mgr.registry.effective_tools(h, "Observe")[0]] == ["file_read", "file_list", "web_fetch"]
     with pytest.raises(AssertionError, match="read again"):
         mgr.registry.effective_tools(h, "Auto")  # another mode: worked out anew
@@ -667,11 +667,11 @@ def test_list_json_is_the_listing_of_the_live_agents(mgr, monkeypatch) -> None:
 
 
 def test_unknown_tool_warnings_skip_the_wildcard_and_known_names() -> None:
-    from agentd.agents.registry import _unknown_tools
+    from agentd.agents.toolset import unknown_tools
     from agentd.agents.tools import all_tools
     known = ", ".join(sorted(t.name for t in all_tools()))
-    assert _unknown_tools([]) == [] and _unknown_tools(["*", "file_read", "shell_exec"]) == []
-    assert _unknown_tools(["nope", "file_read", "Nope"]) == [
+    assert unknown_tools([]) == [] and unknown_tools(["*", "file_read", "shell_exec"]) == []
+    assert unknown_tools(["nope", "file_read", "Nope"]) == [
         f"capabilities.tools: unknown tool 'nope' ignored (known: {known})",
         f"capabilities.tools: unknown tool 'Nope' ignored (known: {known})"]
 
