@@ -11,30 +11,29 @@ by the stored hash, so a rotated key's old secret is never accepted from memory.
 
 Everything a check needs is read from the database: disabling, deleting or rotating a key
 on one daemon holds on every daemon sharing the database at once, and so do budgets (sums
-of the usage rows the key paid for) and rate limits (a per-minute counter row).
+of the usage rows the key paid for: agentd/key_budgets.py) and rate limits (a per-minute
+counter row). Who a request acts as is a Principal (agentd/principals.py).
 """
 
 from __future__ import annotations
 
-import calendar
 import contextlib
-import fnmatch
 import hashlib
 import hmac
-import math
 import re
 import secrets
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any, Callable, Iterator
 
 from pony import orm
 
-from agentd.errors import BadRequest, Conflict, Forbidden, NotFound, TooManyRequests, Unauthorized
-from agentd.money import format_usd
+from agentd.errors import Conflict, NotFound, Unauthorized
+from agentd.key_budgets import KeyBudgets
+from agentd.principals import ADMIN, Principal
 from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
@@ -45,23 +44,12 @@ _ITERATIONS = 100_000
 _CACHE_MAX = 4096
 _CACHE_TTL = 600.0          # seconds a verified token is trusted without hashing again
 _TOUCH_EVERY = 60.0         # seconds between writes of a key's last_used_at
-ADMIN_NAME = "admin"
 NO_ADMIN_KEY = ("scoped API keys need an admin key: set api_key in config.toml (or AGENTD_API_KEY) "
                 "and call /api/keys with it; a daemon without one serves only loopback clients")
 
 
 def _hash(secret: str, salt: bytes) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", secret.encode("utf-8"), salt, _ITERATIONS)
-
-
-def day_bounds(now: datetime) -> tuple[datetime, datetime]:
-    start = datetime(now.year, now.month, now.day, tzinfo=timezone.utc)
-    return start, start + timedelta(days=1)
-
-
-def month_bounds(now: datetime) -> tuple[datetime, datetime]:
-    start = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
-    return start, start + timedelta(days=calendar.monthrange(now.year, now.month)[1])
 
 
 @contextlib.contextmanager
@@ -76,64 +64,15 @@ def _changing(ref: str) -> Iterator[None]:
         raise Conflict("another API key has this name") from None
 
 
-class Principal:
-    """Who a request acts as: the admin, or one scoped key. `require` and `reach` are the
-    checks every entry point makes (HTTP routes, sockets, MCP, A2A)."""
-
-    def __init__(self, key_id: str = "", name: str = ADMIN_NAME, scopes: Iterable[str] = ("admin",),
-                 agents: Iterable[str] = (), rate_limit_per_minute: int | None = None,
-                 refused: Callable[["Principal", str, dict[str, Any]], None] | None = None) -> None:
-        self.key_id = key_id
-        self.name = name
-        self.scopes = frozenset(scopes)
-        self.agents = tuple(agents)
-        self.rate_limit_per_minute = rate_limit_per_minute
-        self._refused = refused
-
-    @property
-    def is_admin(self) -> bool:
-        """The configured admin key (or a keyless daemon's loopback client)."""
-        return not self.key_id
-
-    def has(self, scope: str) -> bool:
-        return "admin" in self.scopes or scope in self.scopes
-
-    def require(self, scope: str) -> None:
-        """403 naming the missing scope (audited)."""
-        if not self.has(scope):
-            if self._refused is not None:
-                self._refused(self, "scope", {"missing_scope": scope})
-            raise Forbidden(f"forbidden: API key '{self.name}' is missing scope '{scope}'")
-
-    def may_reach(self, agent: Any) -> bool:
-        """Whether the key's agent list admits `agent` (a handle: `.id`, `.name`)."""
-        if not self.agents:
-            return True
-        return any(p == agent.id or fnmatch.fnmatchcase(agent.name, p) for p in self.agents)
-
-    def reach(self, agent: Any) -> Any:
-        """`agent`, or a 404 exactly like an unknown agent's (audited)."""
-        if not self.may_reach(agent):
-            if self._refused is not None:
-                self._refused(self, "agent", {"agent_id": agent.id})
-            raise NotFound("agent not found")
-        return agent
-
-    def visible(self, agents: Iterable[Any]) -> list[Any]:
-        return [a for a in agents if self.may_reach(a)]
-
-
-ADMIN = Principal()
-
-
 class ApiKeys:
-    """Create, list, change, rotate and check scoped keys; their spend and rate limits."""
+    """Create, list, change, rotate and check scoped keys; their shared rate limits."""
 
     def __init__(self, store: Store, admin_key: str, audit: Callable[[str, str, dict[str, Any]], None],
-                 now: Callable[[], datetime] = utcnow) -> None:
+                 budgets: KeyBudgets, now: Callable[[], datetime] = utcnow) -> None:
         self.store = store
         self.admin_key = admin_key
         self.audit = audit
+        self.budgets = budgets
         self._now = now
         self._lock = threading.Lock()
         # (key id, sha256 of the token) -> (stored hash it matched, when)
@@ -196,12 +135,12 @@ class ApiKeys:
     def list(self) -> list[dict[str, Any]]:
         with orm.db_session:
             rows = list(self.store.e.ApiKeyRow.select().order_by(lambda k: (k.created_at, k.name)))
-            return [self._public(r, self.spend(r.id)) for r in rows]
+            return [self._public(r, self.budgets.spend(r.id)) for r in rows]
 
     def get(self, ref: str) -> dict[str, Any]:
         with orm.db_session:
             row = self._row(ref)
-            return self._public(row, self.spend(row.id))
+            return self._public(row, self.budgets.spend(row.id))
 
     def update(self, ref: str, data: dict[str, Any], by: Principal = ADMIN) -> dict[str, Any]:
         with _changing(ref), orm.db_session:
@@ -331,75 +270,4 @@ class ApiKeys:
             return (minute + 1) * 60 - now
         return 0.0
 
-    # -- spend and budgets ----------------------------------------------------------------
-    def _sum(self, key_id: str, start: datetime, end: datetime) -> float:
-        with orm.db_session:
-            return float(self.store.db.select(
-                "SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE key_id = $k AND at >= $s AND at < $e",
-                {"k": key_id, "s": start, "e": end})[0])
 
-    def spend(self, key_id: str) -> tuple[float, float]:
-        """(today's, this month's) spend of a key, UTC, as every daemon recorded it."""
-        now = self._now()
-        return self._sum(key_id, *day_bounds(now)), self._sum(key_id, *month_bounds(now))
-
-    def check_budget(self, key_id: str) -> None:
-        """429 with Retry-After to the period's end when the key spent its day's or month's budget."""
-        if not key_id:
-            return
-        with orm.db_session:
-            row = self.store.e.ApiKeyRow.get(id=key_id)
-            if row is None:
-                return
-            name, per_day, per_month = row.name, row.budget_usd_per_day, row.budget_usd_per_month
-        now = self._now()
-        for limit, (start, end), period in ((per_day, day_bounds(now), "today"),
-                                            (per_month, month_bounds(now), "this month")):
-            if limit is None:
-                continue
-            spent = self._sum(key_id, start, end)
-            if spent >= limit:
-                self.audit("key.refused", name, {"key_id": key_id, "reason": "budget", "period": period})
-                raise TooManyRequests(
-                    f"message delivery failed: API key '{name}' is over its budget: {format_usd(spent)} of "
-                    f"{format_usd(limit)} spent {period}",
-                    retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")
-
-
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-
-
-def parse_expiry(value: str) -> datetime:
-    """An RFC 3339 date-time with its offset (`2030-01-01T00:00:00Z`)."""
-    try:
-        if not _RFC3339.match(value):
-            raise ValueError(value)
-        return datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
-    except ValueError:
-        raise BadRequest(f"expires_at is not an ISO 8601 date-time with an offset "
-                         f"(2030-01-01T00:00:00Z): {value!r}") from None
-
-
-SESSION_NS = uuid.UUID("6d0c5e0a-35a4-4c1e-9a61-0d7f2f1c9b51")
-
-
-def run_fields(who: Principal, handle: Any, user: str | None = None, session: str | None = None,
-               own_session: bool = False) -> dict[str, str]:
-    """RunRequest fields for a run `who` starts: the key that pays, and the session of the
-    person talking (`user` or a named `session`; with `own_session`, a scoped key without
-    either gets a session of its own). A scoped key's people are its own: the same `user`
-    through two keys is two sessions."""
-    owner = ""
-    if session:
-        owner = f"session:{session}"
-    elif user:
-        owner = f"user:{user}"
-    elif own_session and not who.is_admin:
-        owner = "key"
-    if owner and not who.is_admin:
-        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
-    fields = {"key_id": who.key_id, "owner": owner}
-    if owner:
-        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
-        fields["label"] = owner
-    return fields

@@ -53,6 +53,7 @@ from agentd.store.responses import StoredResponses
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.apikeys import ApiKeys
+from agentd.key_budgets import KeyBudgets
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
@@ -110,7 +111,8 @@ class Kernel:
 
         trigger_store = TriggerStore(store, self.audit.record)
         # Scoped API keys beside the admin key: scopes, agent lists, budgets, rate limits.
-        self.keys = ApiKeys(store, config.api_key, self.audit.record)
+        self.key_budgets = KeyBudgets(store, self.audit.record)
+        self.keys = ApiKeys(store, config.api_key, self.audit.record, self.key_budgets)
         from agentd.cluster.budget_gate import BudgetGate
 
         # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
@@ -168,7 +170,7 @@ class Kernel:
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
                          metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
                          tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron,
-                         key_budget=self.keys.check_budget)
+                         key_budget=self.key_budgets.check_budget)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory, self.keys)
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).

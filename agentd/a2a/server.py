@@ -30,7 +30,7 @@ from agentd.a2a.wire import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, ME
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.runs import RunRequest
-from agentd.apikeys import ADMIN, Principal
+from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError
 from agentd.timestamps import iso, utcnow
 

@@ -197,7 +197,7 @@ class Runs:
         self.skills = skills  # the installed skills (agentd/skills)
         self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
         self.cron = cron  # the cron jobs the schedule tools manage (agentd/schedules/jobs.py)
-        # A scoped key's own budget (ApiKeys.check_budget), asked before each of its runs.
+        # A scoped key's own budget (KeyBudgets.check_budget), asked before each of its runs.
         self.key_budget = key_budget
 
     # -- starting -----------------------------------------------------------------

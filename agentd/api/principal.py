@@ -27,7 +27,8 @@ from agentd.api import dashauth
 from agentd.api.errors import error_response
 from agentd.api.ratelimit import GcraLimiter
 from agentd.api.scopes import scope_of
-from agentd.apikeys import ADMIN, TOKEN_PREFIX, Principal, run_fields  # noqa: F401 - the routes' import
+from agentd.apikeys import TOKEN_PREFIX
+from agentd.principals import ADMIN, Principal, run_fields  # noqa: F401 - the routes' import
 from agentd.config import Config
 from agentd.errors import AgentdError, Unauthorized
 

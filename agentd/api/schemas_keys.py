@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate
 
-from agentd.apikeys import SCOPES, parse_expiry
+from agentd.apikeys import SCOPES
 from agentd.errors import BadRequest
 from agentd.schema_fields import StrictBoolean, StrictFloat, WholeNumber
 
 KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def parse_expiry(value: str) -> datetime:
+    """An RFC 3339 date-time with its offset (`2030-01-01T00:00:00Z`)."""
+    try:
+        if not _RFC3339.match(value):
+            raise ValueError(value)
+        return datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"expires_at is not an ISO 8601 date-time with an offset "
+                         f"(2030-01-01T00:00:00Z): {value!r}") from None
 
 
 def _name(required: bool = False) -> fields.Field:

@@ -30,7 +30,7 @@ from agentd.agents.runs import WORKER, RunRequest, RunTicket, check_message
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import stream_slots
-from agentd.apikeys import ADMIN, Principal
+from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError, BadRequest
 from agentd.schema_fields import is_blank
 

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agentd import __version__
-from agentd.apikeys import ADMIN, Principal, run_fields
+from agentd.principals import ADMIN, Principal, run_fields
 from agentd.errors import AgentdError
 
 # Progress text is cut so a long answer streams as a few notifications, not one per token.

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from agentd.apikeys import SESSION_NS
+from agentd.principals import SESSION_NS
 from agentd.memory.service import others_of
 from support import Daemon
 

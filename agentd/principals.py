@@ -1,0 +1,86 @@
+"""Who a request acts as: the admin, or one scoped API key (agentd/apikeys.py), with the
+checks every entry point makes, and the run fields its runs carry."""
+
+from __future__ import annotations
+
+import fnmatch
+import uuid
+from typing import Any, Callable, Iterable
+
+from agentd.errors import Forbidden, NotFound
+
+ADMIN_NAME = "admin"
+
+
+class Principal:
+    """Who a request acts as: the admin, or one scoped key. `require` and `reach` are the
+    checks every entry point makes (HTTP routes, sockets, MCP, A2A)."""
+
+    def __init__(self, key_id: str = "", name: str = ADMIN_NAME, scopes: Iterable[str] = ("admin",),
+                 agents: Iterable[str] = (), rate_limit_per_minute: int | None = None,
+                 refused: Callable[["Principal", str, dict[str, Any]], None] | None = None) -> None:
+        self.key_id = key_id
+        self.name = name
+        self.scopes = frozenset(scopes)
+        self.agents = tuple(agents)
+        self.rate_limit_per_minute = rate_limit_per_minute
+        self._refused = refused
+
+    @property
+    def is_admin(self) -> bool:
+        """The configured admin key (or a keyless daemon's loopback client)."""
+        return not self.key_id
+
+    def has(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
+
+    def require(self, scope: str) -> None:
+        """403 naming the missing scope (audited)."""
+        if not self.has(scope):
+            if self._refused is not None:
+                self._refused(self, "scope", {"missing_scope": scope})
+            raise Forbidden(f"forbidden: API key '{self.name}' is missing scope '{scope}'")
+
+    def may_reach(self, agent: Any) -> bool:
+        """Whether the key's agent list admits `agent` (a handle: `.id`, `.name`)."""
+        if not self.agents:
+            return True
+        return any(p == agent.id or fnmatch.fnmatchcase(agent.name, p) for p in self.agents)
+
+    def reach(self, agent: Any) -> Any:
+        """`agent`, or a 404 exactly like an unknown agent's (audited)."""
+        if not self.may_reach(agent):
+            if self._refused is not None:
+                self._refused(self, "agent", {"agent_id": agent.id})
+            raise NotFound("agent not found")
+        return agent
+
+    def visible(self, agents: Iterable[Any]) -> list[Any]:
+        return [a for a in agents if self.may_reach(a)]
+
+
+ADMIN = Principal()
+
+SESSION_NS = uuid.UUID("6d0c5e0a-35a4-4c1e-9a61-0d7f2f1c9b51")
+
+
+def run_fields(who: Principal, handle: Any, user: str | None = None, session: str | None = None,
+               own_session: bool = False) -> dict[str, str]:
+    """RunRequest fields for a run `who` starts: the key that pays, and the session of the
+    person talking (`user` or a named `session`; with `own_session`, a scoped key without
+    either gets a session of its own). A scoped key's people are its own: the same `user`
+    through two keys is two sessions."""
+    owner = ""
+    if session:
+        owner = f"session:{session}"
+    elif user:
+        owner = f"user:{user}"
+    elif own_session and not who.is_admin:
+        owner = "key"
+    if owner and not who.is_admin:
+        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
+    fields = {"key_id": who.key_id, "owner": owner}
+    if owner:
+        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
+        fields["label"] = owner
+    return fields
