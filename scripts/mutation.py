@@ -142,7 +142,8 @@ TESTS: dict[str, list[str]] = {
     # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
     "agentd/api/routes_openai.py": ["tests/api/test_routes_openai.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
-    "agentd/agents/registry.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"],
+    **{f"agentd/agents/{name}.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"]
+       for name in ("registry", "views", "toolset", "model_resolve")},
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
     "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
@@ -211,7 +212,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/audit.py": ["tests/test_audit.py", "tests/store/test_utc.py"],
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
     # same tests run in the suite's --db=postgres pass).
-    "agentd/store/migrate.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"],
+    **{f"agentd/store/{name}.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"]
+       for name in ("migrate", "schema_steps", "schema_probe", "message_journal")},
     "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],

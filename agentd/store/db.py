@@ -18,7 +18,7 @@ from pony import orm
 from pony.orm import Database
 
 from agentd.errors import AgentdError
-from agentd.store import migrate, utc
+from agentd.store import message_journal, migrate, utc
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
@@ -206,10 +206,10 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         side.close()
     store = Store(db=db, e=entities, path=path, backend="sqlite", where=str(path))
     try:
-        migrate.apply_message_journal(path)
+        message_journal.apply_message_journal(path)
     except (OSError, ValueError, sqlite3.Error) as exc:
         store.close()
-        raise StoreError(f"cannot apply the message writes left in {migrate.journal_path(path)}: {exc}") from None
+        raise StoreError(f"cannot apply the message writes left in {message_journal.journal_path(path)}: {exc}") from None
     return store
 
 

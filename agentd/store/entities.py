@@ -77,7 +77,7 @@ def define_entities(db: Database) -> SimpleNamespace:
         """One model call: who, which model, tokens and what it cost."""
         _table_ = "usage"
         id = PrimaryKey(int, auto=True)
-        # (Indexed on `at` only: every report reads a window of time; see migrate._step_5.)
+        # (Indexed on `at` only: every report reads a window of time; see schema_steps._step_5.)
         agent_id = Required(str)
         agent_name = Required(str)
         provider = Required(str)

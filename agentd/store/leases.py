@@ -53,7 +53,7 @@ def is_shared(store: Store) -> bool:
 def ensure_tables(store: Store) -> None:
     """Create the coordination tables if missing (idempotent). Opening a store already does
     this (schema 3, agentd/store/migrate.py); kept for callers written before that."""
-    from agentd.store.migrate import COORDINATION_V3
+    from agentd.store.schema_steps import COORDINATION_V3
 
     with orm.db_session:
         for statement in COORDINATION_V3:

@@ -16,7 +16,7 @@ from pony import orm
 
 from agentd.audit import AuditLog
 from agentd.store import Store, open_store
-from agentd.store.migrate import TIME_COLUMNS_V7
+from agentd.store.schema_steps import TIME_COLUMNS_V7
 from agentd.store.utc import aware_utc, column_text, from_column, naive_utc
 from agentd.workflows.store import WorkflowStore
 from support import store_url_for
