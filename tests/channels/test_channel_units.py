@@ -12,11 +12,11 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.allowlists import refusal
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
-from agentd.channels.runtime import ChannelManager
 from agentd import hmacs
 from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
 from agentd.retry import Backoff, retry_after
@@ -256,7 +256,6 @@ def test_dispatcher_orders_per_key_and_parallelises_keys():
 
 
 def test_allow_lists():
-    refusal = ChannelManager._refusal
     conv = Conversation("irc", "#room", "bob")
     msg = Inbound(conv, sender_id="Bob", text="hi", sender_aliases=("bobby",))
     assert refusal({}, msg) == ""
