@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agentd.agents.handle import RunOptions
@@ -35,32 +36,29 @@ def session_id(agent_id: str, key: str) -> str:
     return str(uuid.uuid5(SESSION_NS, f"{agent_id}|{key}"))
 
 
+@dataclass(eq=False)
 class InboundRouter:
     """Route the running adapters' messages to agents and send their answers back.
 
     `sections` and `running` are the channel manager's own (configured sections and running
     adapters, by name): the router reads them as they are when a message arrives."""
 
-    def __init__(self, sections: dict[str, dict[str, Any]], running: dict[str, Adapter], agents: AgentManager,
-                 runs: Runs, audit: Callable[[str, str, dict[str, Any]], None], dispatcher: Dispatcher,
-                 chat_approvals: ChatApprovals, files: ChannelFiles | None, max_file_bytes: int,
-                 on_message: Callable[[str, str], None], on_inbound: Callable[[str, Inbound], None] | None) -> None:
-        self.sections = sections
-        self.running = running
-        self.agents = agents
-        self.runs = runs
-        self.audit = audit
-        self.dispatcher = dispatcher
-        # Manual-mode tool calls asked for, and answered, in the conversation.
-        self.chat_approvals = chat_approvals
-        # Files and images of messages, both ways (None: files are neither taken nor sent).
-        self.files = files
-        self.max_file_bytes = max_file_bytes
-        # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
-        self.on_message = on_message
-        # Hears of every inbound message the allow-lists let through (the event bus).
-        self.on_inbound = on_inbound
-        self.sender_limits = channel_overrides.SenderLimits()
+    sections: dict[str, dict[str, Any]]
+    running: dict[str, Adapter]
+    agents: AgentManager
+    runs: Runs
+    audit: Callable[[str, str, dict[str, Any]], None]
+    dispatcher: Dispatcher
+    # Manual-mode tool calls asked for, and answered, in the conversation.
+    chat_approvals: ChatApprovals
+    # Files and images of messages, both ways (None: files are neither taken nor sent).
+    files: ChannelFiles | None
+    max_file_bytes: int
+    # Told (adapter, "in" | "out" | "refused") for every message (the metrics' counter).
+    on_message: Callable[[str, str], None]
+    # Hears of every inbound message the allow-lists let through (the event bus).
+    on_inbound: Callable[[str, Inbound], None] | None
+    sender_limits: channel_overrides.SenderLimits = field(default_factory=channel_overrides.SenderLimits)
 
     def deliver(self, name: str, msg: Inbound) -> None:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
