@@ -1,4 +1,5 @@
-"""A channel's allow lists: which senders and chats its section lets talk to the agents."""
+"""A channel's allow lists: which senders and chats its section lets talk to the agents,
+and whom an agent may send to through it."""
 
 from __future__ import annotations
 
@@ -19,3 +20,8 @@ def refusal(settings: dict[str, Any], msg: Inbound) -> str:
     if chats and not msg.conversation.direct and not where & set(chats):
         return "chat not in allowed_channels"
     return ""
+
+
+def recipients(settings: dict[str, Any]) -> set[str]:
+    """Every sender and chat the section's allow lists name, lower-cased (empty: no lists)."""
+    return {v.lower() for key in (*USER_LISTS, *CHAT_LISTS) for v in settings.get(key) or []}

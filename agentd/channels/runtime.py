@@ -20,8 +20,8 @@ from agentd.channels import adapters as registry
 from agentd.channels.approvals import ChatApprovals
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound
 from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
-from agentd.channels.catalog import (CHAT_LISTS, USER_LISTS, ChannelCatalog,
-                                     field_views, settings_for, validate)
+from agentd.channels.allowlists import recipients
+from agentd.channels.catalog import ChannelCatalog, field_views, settings_for, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.inbound import InboundRouter
 from agentd.channels.tomledit import edit_file
@@ -286,14 +286,12 @@ class ChannelManager:
         if adapter is None:
             configured = ", ".join(sorted(self.running)) or "none"
             raise BadRequest(f"channel {name!r} is not running here (running: {configured})")
-        settings = self.sections.get(name, {})
-        users = {u.lower() for key in USER_LISTS for u in settings.get(key) or []}
-        chats = {c.lower() for key in CHAT_LISTS for c in settings.get(key) or []}
-        if (users or chats) and recipient.lower() not in users | chats:
+        allowed = recipients(self.sections.get(name, {}))
+        if allowed and recipient.lower() not in allowed:
             self.audit("channel.refused", name, {"recipient": recipient, "agent": agent,
                                                  "reason": "recipient not in the channel's allow-lists"})
             raise BadRequest(f"recipient {recipient!r} is not in channel {name}'s allow-lists "
-                             f"({', '.join(sorted(users | chats))})")
+                             f"({', '.join(sorted(allowed))})")
         try:
             conversation = adapter.test_target(recipient)
         except ChannelError as exc:

@@ -12,7 +12,7 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.allowlists import refusal
+from agentd.channels.allowlists import recipients, refusal
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
@@ -267,6 +267,10 @@ def test_allow_lists():
     mail = Inbound(Conversation("email", "a@corp.example", "a@corp.example", direct=True), "a@corp.example", "x")
     assert refusal({"allowed_senders": ["@corp.example"]}, mail) == ""
     assert refusal({"allowed_senders": ["@other.example"]}, mail) != ""
+    # Whom an agent may send to: every listed sender and chat, whatever the list's name.
+    assert recipients({}) == set()
+    assert recipients({"allowed_users": ["Bob"], "allowed_rooms": ["#Room"], "streams": ["dev"],
+                       "allowed_tenants": ["t1"]}) == {"bob", "#room", "dev"}
 
 
 def test_validate_normalises():
