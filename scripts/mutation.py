@@ -202,6 +202,13 @@ TESTS: dict[str, list[str]] = {
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    # Webhook relaying on two clusters sharing one SQLite file, in process (the two-daemon
+    # PostgreSQL test, tests/cluster/test_webhook_relay.py, takes a minute per run).
+    "agentd/cluster/relay.py": ["tests/cluster/test_relay.py"],
+    # Downloads from a local host in process (the adapters' file tests start a daemon each).
+    "agentd/channels/attachments.py": ["tests/channels/test_attachments.py"],
+    # The route's helpers (its view is decorated: not mutated) through nginx and a daemon.
+    "agentd/api/routes_webhooks.py": ["tests/api/test_routes_webhooks.py"],
     "agentd/store/leases.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/store/test_wal_checkpoint.py"],
     # Which failures are an outage and the log lines at each end of one, in process.
