@@ -202,6 +202,9 @@ TESTS: dict[str, list[str]] = {
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
+                                     "-knot postgres"]
+       for name in ("run_leases", "held_leases", "members")},
     # Webhook relaying on two clusters sharing one SQLite file, in process (the two-daemon
     # PostgreSQL test, tests/cluster/test_webhook_relay.py, takes a minute per run).
     "agentd/cluster/relay.py": ["tests/cluster/test_relay.py"],
