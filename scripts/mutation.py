@@ -208,6 +208,8 @@ TESTS: dict[str, list[str]] = {
     # Webhook relaying on two clusters sharing one SQLite file, in process (the two-daemon
     # PostgreSQL test, tests/cluster/test_webhook_relay.py, takes a minute per run).
     "agentd/cluster/relay.py": ["tests/cluster/test_relay.py"],
+    # The decision over a webhook request: in process, the holder a local stand-in.
+    "agentd/cluster/webhook_intake.py": ["tests/cluster/test_webhook_intake.py"],
     # Downloads from a local host in process (the adapters' file tests start a daemon each).
     "agentd/channels/attachments.py": ["tests/channels/test_attachments.py"],
     # The route's helpers (its view is decorated: not mutated) through nginx and a daemon.
