@@ -132,6 +132,7 @@ class Holder(FakeServer):
     def __init__(self) -> None:
         self.seen: list[dict] = []
         self.reply: tuple = ACCEPTED
+        self.delay = 0.0
         app = Flask("holder")
 
         @app.route("/", defaults={"path": ""}, methods=["GET", "POST", "PUT"])
@@ -140,6 +141,7 @@ class Holder(FakeServer):
             self.seen.append({"method": flask_request.method, "uri": flask_request.environ["RAW_URI"],
                               "headers": dict(flask_request.headers), "body": flask_request.get_data(),
                               "args": list(flask_request.args.items(multi=True))})
+            time.sleep(self.delay)
             return self.reply
 
         super().__init__(app)
@@ -163,7 +165,7 @@ def relaying(tmp_path, holder):
                 shared=True)
     for member in (a, b):
         member.members.beat(started=True)
-    on_b = WebhookRelay(b, lambda name: "a")
+    on_b = WebhookRelay(b, {"webhook": "a"}.get)
     yield a, on_b
     on_b.close()
     store.close()
@@ -181,7 +183,8 @@ def test_a_relay_passes_the_request_on_as_it_came_and_answers_the_holders_answer
     a, on_b = relaying
     headers = {"Content-Type": "application/json", "X-Webhook-Signature": "sha256=abc", "Host": "agentd.example.com",
                "Connection": "keep-alive", "Keep-Alive": "timeout=5", "TE": "trailers", "Upgrade": "h2c",
-               "Proxy-Authorization": "Basic eA==", "X-Agentd-Forwarded-By": "a", "x-agentd-forwarded-for": "127.0.0.1"}
+               "Proxy-Authorization": "Basic eA==", "X-Agentd-Forwarded-By": "a", "x-agentd-forwarded-for": "127.0.0.1",
+               "X-Agentd-Forwarded-Hops": "0"}
     inbound = sent_as_is(headers=headers)
     answer = on_b.forward("webhook", inbound)
     assert answer is not None
@@ -194,7 +197,7 @@ def test_a_relay_passes_the_request_on_as_it_came_and_answers_the_holders_answer
     got = {k.lower(): v for k, v in seen["headers"].items()}
     assert (got["x-webhook-signature"], got["host"], got["content-type"]) == ("sha256=abc", "agentd.example.com",
                                                                               "application/json")
-    for hop in ("keep-alive", "te", "upgrade", "proxy-authorization"):
+    for hop in ("keep-alive", "te", "upgrade", "proxy-authorization", "x-agentd-forwarded-hops"):
         assert hop not in got, hop
     assert got.get("connection", "keep-alive") == "keep-alive"  # the HTTP client's own, not the client's
     # The client's claims to be a relay are replaced by b's own, signed, which a accepts.
@@ -225,7 +228,21 @@ def test_a_relay_never_goes_through_the_environments_proxy_nor_follows_redirects
     assert len(holder.seen) == 3
 
 
-def test_a_holder_that_does_not_answer_or_went_silent_is_no_answer(relaying, holder) -> None:
+def test_a_path_goes_as_it_came_and_no_query_adds_no_question_mark(relaying, holder) -> None:
+    _, on_b = relaying
+    plain = Inbound("POST", "/channels/webhook/webhook/a b:@!$&'()*+,;=~", b"", [], {}, b"{}", "203.0.113.9")
+    assert on_b.forward("webhook", plain).status == 202
+    assert holder.seen[-1]["uri"] == "/channels/webhook/webhook/a%20b:@!$&'()*+,;=~"
+
+
+def test_only_the_holder_of_that_channel_is_relayed_to_never_this_daemon(relaying, holder) -> None:
+    a, on_b = relaying
+    assert on_b.forward("line", sent_as_is()) is None  # nobody holds it
+    assert WebhookRelay(a, {"webhook": "a"}.get).forward("webhook", sent_as_is()) is None  # a holds it itself
+    assert holder.seen == []
+
+
+def test_a_holder_that_went_silent_or_does_not_answer_is_no_answer(relaying, holder, monkeypatch, caplog) -> None:
     a, on_b = relaying
     with orm.db_session:  # a's heartbeat older than a lease period: not a live member any more
         a.store.db.execute("UPDATE cluster_daemons SET heartbeat_at = $t WHERE id = 'a'",
@@ -235,7 +252,20 @@ def test_a_holder_that_does_not_answer_or_went_silent_is_no_answer(relaying, hol
     dead = Cluster(a.store, cluster_settings({"cluster": {"daemon_id": "c", "advertise_url": "http://127.0.0.1:9"}},
                                              "127.0.0.1:4203"), "127.0.0.1:4203", shared=True)
     dead.members.beat(started=True)
+    caplog.clear()
     assert WebhookRelay(on_b.cluster, lambda name: "c").forward("webhook", sent_as_is()) is None
+    [line] = [r.getMessage() for r in caplog.records if r.name == "agentd.cluster.relay"]
+    assert line.startswith("channel webhook: webhook not relayed to daemon c at http://127.0.0.1:9: ")
+    # A holder that takes longer than the read timeout: the standby stops waiting.
+    a.members.beat()
+    monkeypatch.setattr(relay_module, "TIMEOUT", (1.0, 0.3))
+    holder.delay = 1.5
+    try:
+        started = time.monotonic()
+        assert on_b.forward("webhook", sent_as_is()) is None
+        assert time.monotonic() - started < 1.2
+    finally:
+        holder.delay = 0.0
 
 
 def test_the_signature_is_the_documented_hmac_and_tolerates_unknown_fields(pair, monkeypatch) -> None:
