@@ -169,7 +169,8 @@ class Input(io.BytesIO):
 
 def test_a_webhook_body_is_read_up_to_the_limit_only() -> None:
     app = Flask("helpers")
-    for size, length in ((MAX_BODY, True), (MAX_BODY, False), (0, True), (MAX_BODY + 1, False)):
+    for size, length in ((MAX_BODY, True), (MAX_BODY, False), (0, True), (MAX_BODY + 1, False),
+                         (MAX_BODY + 99, False)):
         stream = Input(b"x" * size)
         environ = {"wsgi.input": stream, "wsgi.input_terminated": not length}
         if length:
@@ -177,7 +178,7 @@ def test_a_webhook_body_is_read_up_to_the_limit_only() -> None:
         with app.test_request_context(HOOK_PATH, method="POST", environ_overrides=environ):
             got = routes_webhooks._read_body()
         assert (None if got is None else len(got)) == (size if size <= MAX_BODY else None), (size, length)
-        assert stream.taken == min(size, MAX_BODY + 1)
+        assert stream.taken == min(size, MAX_BODY + 1)  # never more than one byte past the limit
     stream = Input(b"x" * (MAX_BODY + 1))
     environ = {"wsgi.input": stream, "CONTENT_LENGTH": str(MAX_BODY + 1)}
     with app.test_request_context(HOOK_PATH, method="POST", environ_overrides=environ):
@@ -196,7 +197,8 @@ def test_a_webhook_reply_is_answered_as_it_is() -> None:
     assert (text.status_code, text.get_data(), text.headers["Content-Type"]) == (200, b"challenge",
                                                                                 "text/plain; charset=utf-8")
     assert (relayed.status_code, relayed.get_data(), relayed.headers["Content-Type"],
-            relayed.headers["X-Agentd-Forwarded-To"]) == (401, b'{"error": "invalid signature"}', "application/json", "a")
+            relayed.headers["X-Agentd-Forwarded-To"]) == (401, b'{"error": "invalid signature"}',
+                                                          "application/json", "a")
     assert (refused.status_code, refused.get_json(), refused.headers["Retry-After"]) == (503, {"error": "not running"},
                                                                                         "5")
     assert (served.status_code, served.get_json(), served.mimetype) == (202, {"status": "accepted"}, "application/json")
