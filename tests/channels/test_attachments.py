@@ -186,7 +186,8 @@ def test_names_are_made_safe_and_earlier_files_are_kept(files, tmp_path):
     channel, _ = files
     handle = agent(tmp_path)
     items = [Attachment(name, "text/plain", data=b"x") for name in
-             ("a.txt", "a.txt", "a.txt", "README", "README", "../../etc/pass\x00wd", "..hidden", "  ", "x" * 200 + ".txt")]
+             ("a.txt", "a.txt", "a.txt", "README", "README", "../../etc/pass\x00wd", "..hidden", "  ",
+              "x" * 200 + ".txt")]
     got = channel.receive(set(), handle, items, 4096)
     saved = [note.split("saved as ", 1)[1].split(",")[0] for note in got.notes]
     assert saved == ["inbox/a.txt", "inbox/a-1.txt", "inbox/a-2.txt", "inbox/README", "inbox/README-1",
