@@ -256,6 +256,7 @@ def test_a_holder_that_went_silent_or_does_not_answer_is_no_answer(relaying, hol
     assert WebhookRelay(on_b.cluster, lambda name: "c").forward("webhook", sent_as_is()) is None
     [line] = [r.getMessage() for r in caplog.records if r.name == "agentd.cluster.relay"]
     assert line.startswith("channel webhook: webhook not relayed to daemon c at http://127.0.0.1:9: ")
+    assert "Connection refused" in line  # why, as the HTTP client said it
     # A holder that takes longer than the read timeout: the standby stops waiting.
     a.members.beat()
     monkeypatch.setattr(relay_module, "TIMEOUT", (1.0, 0.3))
