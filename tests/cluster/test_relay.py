@@ -91,7 +91,8 @@ def test_only_a_fresh_signature_of_another_member_is_accepted(pair) -> None:
     assert on_a.accept(request(headers=good)) == "203.0.113.9"
     assert on_a.relayed(good) and not on_a.relayed({"Content-Type": "application/json"})
     refused = [
-        {**good, FORWARDED_SIGNATURE: good[FORWARDED_SIGNATURE][:-1] + "0"},  # altered signature
+        {**good, FORWARDED_SIGNATURE: good[FORWARDED_SIGNATURE][:-1]
+         + ("1" if good[FORWARDED_SIGNATURE].endswith("0") else "0")},  # altered signature
         relayed_by(on_b, "b", sent, stamp=int(time.time()) - 61),  # older than a minute
         relayed_by(on_a, "a", sent),  # "relayed" by the daemon itself
         {**good, FORWARDED_FOR: "127.0.0.1"},  # another client claimed
