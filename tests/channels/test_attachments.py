@@ -5,12 +5,14 @@ sender) and which of a run's files go back. The adapters' file tests drive it th
 
 from __future__ import annotations
 
+import time
 import uuid
 from types import SimpleNamespace
 
 import pytest
 from flask import Flask, Response, redirect, request
 
+from agentd.agents.handle import UPLOAD_LIMIT
 from agentd.channels.attachments import Attachment, ChannelFiles, FileRefused, allowed, fetch, host_of, with_bearer
 from agentd.errors import BadRequest
 from agentd.filetypes import sniff
@@ -38,6 +40,15 @@ class Host(FakeServer):
                 return Response((b"s" * 1000 for _ in range(5)), 200, {"Content-Type": "text/plain"})
             if path == "gone":
                 return "gone", 404
+            if path == "bad":
+                return "bad request", 400
+            if path == "slow":
+                time.sleep(1.5)
+            if path == "relative":
+                return "", 302, {"Location": "/cat.png"}
+            if path.startswith("chain/"):  # chain/<n>: n redirects before the file
+                n = int(path.split("/")[1])
+                return redirect(f"/chain/{n - 1}" if n > 1 else "/cat.png", 302)
             return TINY_PNG, 200, {"Content-Type": "image/png"}
 
         super().__init__(app)
@@ -72,6 +83,8 @@ def test_only_listed_hosts_and_web_schemes():
     assert not allowed("ftp://files.slack.com/a.png", listed)
     assert host_of("https://FILES.slack.com:443/a") == "files.slack.com"
     assert host_of("http://files.slack.com:443/a") == "files.slack.com:443"
+    assert host_of("http://files.slack.com:80/a") == "files.slack.com"
+    assert host_of("https://files.slack.com:80/a") == "files.slack.com:80"
 
 
 def test_a_domain_entry_takes_its_subdomains_on_the_default_port_only():
@@ -99,7 +112,7 @@ def test_redirects_stay_on_the_list_and_credentials_on_their_host(hosts):
         fetch(f"{one.url}/hop", {host_of(one.url)}, {}, 4096)
     assert len(two.seen) == before
     one.target = f"{one.url}/hop"  # a loop
-    with pytest.raises(FileRefused, match="too many redirects"):
+    with pytest.raises(FileRefused, match="^it is behind too many redirects$"):
         fetch(f"{one.url}/hop", listed, {}, 4096)
     with pytest.raises(FileRefused, match="it is 5000 bytes; files up to 4096 bytes are accepted here"):
         fetch(f"{one.url}/big", listed, {}, 4096)
@@ -174,6 +187,9 @@ def test_images_a_model_cannot_see_and_other_files_become_notes(files, tmp_path)
 
 def test_the_run_model_and_the_agents_own_must_both_see_images(files, tmp_path):
     channel, _ = files
+    chosen = channel.receive(set(), agent(tmp_path, "gpt-4o"), [Attachment("a.png", data=TINY_PNG)], 4096,
+                             model="gpt-3.5-turbo")
+    assert chosen.images == [] and chosen.notes[0].endswith("; this model cannot see images]")
     assert channel.sees_images(agent(tmp_path, "gpt-4o"))
     assert channel.sees_images(agent(tmp_path, "gpt-4o"), "gpt-4o-mini")
     assert not channel.sees_images(agent(tmp_path, "gpt-4o"), "gpt-3.5-turbo")
@@ -187,11 +203,12 @@ def test_names_are_made_safe_and_earlier_files_are_kept(files, tmp_path):
     handle = agent(tmp_path)
     items = [Attachment(name, "text/plain", data=b"x") for name in
              ("a.txt", "a.txt", "a.txt", "README", "README", "../../etc/pass\x00wd", "..hidden", "  ",
-              "x" * 200 + ".txt")]
+              "x" * 200 + ".txt", "", "Xmas.txt", "site.tar.gz", "site.tar.gz")]
     got = channel.receive(set(), handle, items, 4096)
     saved = [note.split("saved as ", 1)[1].split(",")[0] for note in got.notes]
     assert saved == ["inbox/a.txt", "inbox/a-1.txt", "inbox/a-2.txt", "inbox/README", "inbox/README-1",
-                     "inbox/_.._etc_pass_wd", "inbox/hidden", "inbox/file", "inbox/" + "x" * 116 + ".txt"]
+                     "inbox/_.._etc_pass_wd", "inbox/hidden", "inbox/file", "inbox/" + "x" * 116 + ".txt",
+                     "inbox/file-1", "inbox/Xmas.txt", "inbox/site.tar.gz", "inbox/site.tar-1.gz"]
     inbox = tmp_path / "workspaces" / "filer" / "inbox"
     assert sorted(p.name for p in inbox.iterdir()) == sorted(s.split("/", 1)[1] for s in saved)
 
@@ -251,8 +268,10 @@ def test_files_are_refused_with_a_sentence_for_the_sender(files, tmp_path, hosts
     assert len(one.seen) == fetched + 1  # only the sealed file was downloaded: a declared size over the cap never is
     assert list((tmp_path / "workspaces").rglob("*.*")) == []
     uploads.refuse = "unsupported content type"
-    refused = channel.receive(set(), agent(tmp_path), [Attachment("a.txt", data=b"x")], 4096)
-    assert refused.refused == ["Sorry, I could not take a.txt: unsupported content type."]
+    refused = channel.receive(set(), agent(tmp_path), [Attachment("a.txt", data=b"x"), Attachment("b.txt", data=b"y")],
+                              4096)
+    assert refused.refused == ["Sorry, I could not take a.txt: unsupported content type.",
+                               "Sorry, I could not take b.txt: unsupported content type."]
     # A file exactly at the cap is taken, its declared size included.
     uploads.refuse = ""
     exact = channel.receive(set(), agent(tmp_path), [Attachment("a.txt", size=5, data=b"12345")], 5)
@@ -291,6 +310,25 @@ def test_downloads_that_fail_say_why(hosts):
     assert fetch(f"{one.url}/stream", listed, {}, 5000) == b"s" * 5000
     with pytest.raises(FileRefused, match=r"^it is not hosted by the platform \(no host\)$"):
         fetch("https:///x", listed, {}, 4096)
+    with pytest.raises(FileRefused, match=r"^it could not be downloaded \(HTTP 400\)$"):
+        fetch(f"{one.url}/bad", listed, {}, 4096)
+    started = time.monotonic()
+    with pytest.raises(FileRefused, match=r"^it could not be downloaded \(ReadTimeout\)$"):
+        fetch(f"{one.url}/slow", listed, {}, 4096, timeout=0.3)
+    assert time.monotonic() - started < 1.2
+
+
+def test_redirects_relative_ones_included_are_followed_three_deep(hosts, monkeypatch):
+    one, _ = hosts
+    listed = {host_of(one.url)}
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy"):  # a proxy of the environment is never used
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    assert fetch(f"{one.url}/relative", listed, {}, 4096) == TINY_PNG
+    assert fetch(f"{one.url}/chain/3", listed, {}, 4096) == TINY_PNG
+    with pytest.raises(FileRefused, match="^it is behind too many redirects$"):
+        fetch(f"{one.url}/chain/4", listed, {}, 4096)
 
 
 def run_result(tool_calls: list[dict], messages: list[dict]) -> SimpleNamespace:
@@ -304,24 +342,31 @@ def test_a_runs_files_go_back_once_each_in_the_order_made(files, tmp_path):
     output = tmp_path / "workspaces" / "filer" / "output"
     output.mkdir(parents=True)
     (output / "report.txt").write_bytes(b"the report")
+    (output / "data.csv").write_bytes(b"a,b\n1,2\n")  # text: its name says which kind
     (output / "empty.txt").write_bytes(b"")
+    (output / "largest.txt").write_bytes(b"x" * UPLOAD_LIMIT)
+    (output / "too-large.txt").write_bytes(b"x" * (UPLOAD_LIMIT + 1))
     (tmp_path / "workspaces" / "filer" / "secret.txt").write_bytes(b"not for the chat")
     image = uploads.save_for("agent-1", "chart.png", "image/png", TINY_PNG)["file_id"]
+    speech = uploads.save_for("agent-1", "speech.mp3", "audio/mpeg", b"ID3 speech")["file_id"]
+    said = uploads.save_for("agent-1", "said.txt", "text/plain", b"said")["file_id"]
+    unsent = uploads.save_for("agent-1", "unsent.txt", "text/plain", b"unsent")["file_id"]
     others = uploads.save_for("agent-2", "theirs.png", "image/png", TINY_PNG)["file_id"]
-    calls = [{"id": f"c{i}", "arguments": {"path": path}} for i, path in
-             enumerate(["output/report.txt", "output/report.txt", "secret.txt", "output/../secret.txt",
-                        "output/empty.txt", "output/missing.txt", "output/report.txt"])]
-    messages = [{"tool_name": "image_generate", "content": f'{{"file_id": "{image}"}}'},
+    paths = ["output/report.txt", "output/report.txt", "secret.txt", "output/../secret.txt", "output/empty.txt",
+             "output/missing.txt", "output/report.txt", "output/data.csv", "output/largest.txt",
+             "output/too-large.txt"]
+    calls = [{"id": f"c{i}", "arguments": {"path": path}} for i, path in enumerate(paths)]
+    messages = [{"role": "assistant", "content": f'{{"file_id": "{unsent}"}}'},
+                {"tool_name": "image_generate", "is_error": True, "content": f'{{"file_id": "{unsent}"}}'},
                 {"tool_name": "file_write", "tool_call_id": "c0"},
-                {"tool_name": "file_write", "tool_call_id": "c1"},
-                {"tool_name": "file_write", "tool_call_id": "c2"},
-                {"tool_name": "file_write", "tool_call_id": "c3"},
-                {"tool_name": "file_write", "tool_call_id": "c4"},
-                {"tool_name": "file_write", "tool_call_id": "c5"},
+                {"tool_name": "image_generate", "content": f'{{"file_id": "{image}"}}'},
+                {"tool_name": "file_write", "tool_call_id": "no-such-call"},
+                *({"tool_name": "file_write", "tool_call_id": f"c{i}"} for i in range(1, 6)),
                 {"tool_name": "file_write", "tool_call_id": "c6", "is_error": True},
-                {"tool_name": "speak", "content": f'{{"file_id":  "{image}"}} {{"file_id": "{others}"}}'},
-                {"role": "assistant", "content": f'{{"file_id": "{image}"}}'},
-                {"tool_name": "image_generate", "is_error": True, "content": f'{{"file_id": "{others}"}}'}]
+                {"tool_name": "speak", "content": f'{{"file_id":  "{image}"}} {{"file_id": "{speech}"}}'},
+                {"tool_name": "recall", "content": f'{{"file_id": "{others}"}}, {{"file_id": "{said}"}}'},
+                *({"tool_name": "file_write", "tool_call_id": f"c{i}"} for i in (7, 8, 9))]
     out = channel.outgoing(handle, run_result(calls, messages))
-    assert [(o.filename, o.content_type, o.data) for o in out] == [
-        ("chart.png", "image/png", TINY_PNG), ("report.txt", "text/plain", b"the report")]
+    assert [(o.filename, o.content_type, len(o.data)) for o in out] == [
+        ("report.txt", "text/plain", 10), ("chart.png", "image/png", len(TINY_PNG)), ("speech.mp3", "audio/mpeg", 10),
+        ("said.txt", "text/plain", 4), ("data.csv", "text/csv", 8), ("largest.txt", "text/plain", UPLOAD_LIMIT)]
