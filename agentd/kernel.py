@@ -223,6 +223,10 @@ class Kernel:
 
         # A channel's webhook that reaches this daemon while another holds the channel.
         self.webhook_relay = WebhookRelay(self.cluster, self.channel_leaders.holder)
+        from agentd.cluster.webhook_intake import WebhookIntake
+
+        # Who answers a channel's webhook request: the adapter here, the holder, or nobody yet.
+        self.webhook_intake = WebhookIntake(self.channels, self.webhook_relay)
         delivery = Delivery(self.channels.send_text, cron_store.set_delivery, config.schedules.delivery_attempts,
                             self.stopping)
         self.scheduler = Scheduler(cron_store, config.schedules, self.cluster.id, self.runs, registry.find,

@@ -188,7 +188,7 @@ TESTS: dict[str, list[str]] = {
     # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
     # _stream and _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/api/test_route_helpers.py"]
-       for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs")},
+       for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs", "routes_webhooks")},
     "agentd/api/__init__.py": ["tests/api/test_app.py",
                                "tests/test_perf_paths.py::test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine"],
     # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
@@ -203,6 +203,16 @@ TESTS: dict[str, list[str]] = {
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
+                                     "-knot postgres"]
+       for name in ("run_leases", "held_leases", "members")},
+    # Webhook relaying on two clusters sharing one SQLite file, in process (the two-daemon
+    # PostgreSQL test, tests/cluster/test_webhook_relay.py, takes a minute per run).
+    "agentd/cluster/relay.py": ["tests/cluster/test_relay.py"],
+    # The decision over a webhook request: in process, the holder a local stand-in.
+    "agentd/cluster/webhook_intake.py": ["tests/cluster/test_webhook_intake.py"],
+    # Downloads from a local host in process (the adapters' file tests start a daemon each).
+    "agentd/channels/attachments.py": ["tests/channels/test_attachments.py"],
     "agentd/store/leases.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/store/test_wal_checkpoint.py"],
     # Which failures are an outage and the log lines at each end of one, in process.

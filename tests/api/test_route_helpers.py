@@ -1,18 +1,23 @@
 """The undecorated helpers of the route modules exactly (mutmut 3 leaves the Flask-decorated
 route functions alone; these are what it mutates): usage windows and their ISO 8601 parsing
 (routes_catalog), KV key bounds, JSON object bodies and integer query arguments
-(routes_memory), the app's kernel (routes_system) and the lazily built document
-(routes_docs). Inside request contexts of the daemon's own app, in process."""
+(routes_memory), the app's kernel (routes_system), the lazily built document
+(routes_docs), a webhook's body and reply (routes_webhooks, in a bare app). Inside request
+contexts of the daemon's own app, in process."""
 
 from __future__ import annotations
 
+import io
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from flask import Flask
 
-from agentd.api import create_app, routes_catalog, routes_docs, routes_memory, routes_system
+from agentd.api import create_app, routes_catalog, routes_docs, routes_memory, routes_system, routes_webhooks
+from agentd.channels.bases.webhook import MAX_BODY
+from agentd.cluster.webhook_intake import Reply
 from agentd.config import parse_config
 from agentd.errors import BadRequest, PayloadTooLarge
 from agentd.kernel import Kernel
@@ -143,3 +148,58 @@ def test_path_of_a_real_request(app, tmp_path: Path) -> None:
     client = app.test_client()
     r = client.get("/api/usage?since=2026-01-01&until=2026-01-01", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert r.status_code == 400 and r.get_json() == {"error": "'since' must be before 'until'"}
+
+
+# -- routes_webhooks: the body read up to the adapters' limit, each reply as it is --------
+HOOK_PATH = "/channels/webhook/webhook"
+
+
+class Input(io.BytesIO):
+    """A request body that counts what was read of it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.taken = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self.taken += len(chunk)
+        return chunk
+
+
+def test_a_webhook_body_is_read_up_to_the_limit_only() -> None:
+    app = Flask("helpers")
+    for size, length in ((MAX_BODY, True), (MAX_BODY, False), (0, True), (MAX_BODY + 1, False),
+                         (MAX_BODY + 99, False)):
+        stream = Input(b"x" * size)
+        environ = {"wsgi.input": stream, "wsgi.input_terminated": not length}
+        if length:
+            environ["CONTENT_LENGTH"] = str(size)
+        with app.test_request_context(HOOK_PATH, method="POST", environ_overrides=environ):
+            got = routes_webhooks._read_body()
+        assert (None if got is None else len(got)) == (size if size <= MAX_BODY else None), (size, length)
+        assert stream.taken == min(size, MAX_BODY + 1)  # never more than one byte past the limit
+    stream = Input(b"x" * (MAX_BODY + 1))
+    environ = {"wsgi.input": stream, "CONTENT_LENGTH": str(MAX_BODY + 1)}
+    with app.test_request_context(HOOK_PATH, method="POST", environ_overrides=environ):
+        assert routes_webhooks._read_body() is None
+    assert stream.taken == 0  # a declared size over the limit: not a byte read
+
+
+def test_a_webhook_reply_is_answered_as_it_is() -> None:
+    app = Flask("helpers")
+    with app.test_request_context(HOOK_PATH):
+        text = routes_webhooks._response(Reply(200, b"challenge", {"Content-Type": "text/plain; charset=utf-8"}))
+        relayed = routes_webhooks._response(Reply(401, b'{"error": "invalid signature"}',
+                                                  {"Content-Type": "application/json", "X-Agentd-Forwarded-To": "a"}))
+        refused = routes_webhooks._response(Reply(503, {"error": "not running"}, {"Retry-After": "5"}))
+        served = routes_webhooks._response(Reply(202, {"status": "accepted"}))
+    assert (text.status_code, text.get_data(), text.headers["Content-Type"]) == (200, b"challenge",
+                                                                                "text/plain; charset=utf-8")
+    assert (relayed.status_code, relayed.get_data(), relayed.headers["Content-Type"],
+            relayed.headers["X-Agentd-Forwarded-To"]) == (401, b'{"error": "invalid signature"}',
+                                                          "application/json", "a")
+    assert (refused.status_code, refused.get_json(), refused.headers["Retry-After"]) == (503, {"error": "not running"},
+                                                                                        "5")
+    assert (served.status_code, served.get_json(), served.mimetype) == (202, {"status": "accepted"}, "application/json")
+    assert "Retry-After" not in served.headers

@@ -274,8 +274,8 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True,
                 audit=lambda *entry: audited.append(entry))
-    a._beat_daemon(started=True)
-    b._beat_daemon(started=True)
+    a.members.beat(started=True)
+    b.members.beat(started=True)
     on_a, on_b = wf.create_run(workflow, "a", "A"), wf.create_run(workflow, "b", "B")
     wf.start_run(on_a)
     wf.start_run(on_b)
@@ -446,7 +446,7 @@ def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_me
             for r in listed] == [("s1", "running", "a1", "A", None, None), ("s0", "completed", "a0", "A", None, None)]
     assert listed[0]["ended_at"] is None and listed[1]["ended_at"] is not None
     running = listed[0]
-    assert running["id"] in a._local and running["started_at"].endswith("Z")
+    assert running["id"] in a.run_leases.local and running["started_at"].endswith("Z")
     assert [r["session_id"] for r in a.list_runs(status="running")] == ["s1"]
     assert [r["session_id"] for r in a.list_runs(status="completed")] == ["s0"]
     assert [r["session_id"] for r in a.list_runs(agent_id="a1")] == ["s1"]
@@ -463,7 +463,7 @@ def test_a_lone_run_without_a_budget_is_recorded_once_when_it_ends_and_listed_me
     with orm.db_session:
         started, ended = s.db.select("SELECT started_at, ended_at FROM agent_runs WHERE session_id = 's1'")[0]
     assert before <= started <= ended <= time.time()
-    assert a._local == {}
+    assert a.run_leases.local == {}
     assert a.runs.record("other-run", "a1", "s7", "A", started, "failed", "boom") is True
     # A second close of a record written already (the body failed after its save committed) keeps it.
     assert a.runs.record(running["id"], "a1", "s1", "A", started, "failed", "late") is False
