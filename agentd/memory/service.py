@@ -9,12 +9,11 @@ raise.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agentd.config import MemoryConfig
 from agentd.memory import fields
@@ -258,11 +257,14 @@ class MemoryService:
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
         try:
-            @functools.cache
+            made: list[set[str]] = []
+
             def asked_here() -> set[str]:
                 # Made only when needed: most agents have nothing to recall, known at once.
-                return {f"{ASKED}{m.get('content')}" for m in history
-                        if m.get("role") == "user" and isinstance(m.get("content"), str)}
+                if not made:
+                    made.append({f"{ASKED}{m.get('content')}" for m in history
+                                 if m.get("role") == "user" and isinstance(m.get("content"), str)})
+                return made[0]
 
             session_ids: set[str] = set()
             if self._nothing_to_recall(agent_id, asked_here, session_ids):
@@ -401,7 +403,8 @@ class MemoryService:
             try:
                 stored = self.semantic.remember_many(agent_id, [
                     {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
-                    for _, _, content, metadata in items], vectors[places], same_text_only=not whole)
+                    for _, _, content, metadata in items], [vectors[at] for at in places],
+                    same_text_only=not whole)
                 known = self._exchanges.get(agent_id)
                 if known is None:
                     while len(self._exchanges) >= AGENTS_KEPT:
@@ -413,15 +416,14 @@ class MemoryService:
                 log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
         return ran
 
-    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> tuple["np.ndarray", bool]:
+    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]
+                          ) -> tuple["Sequence[np.ndarray]", bool]:
         """One vector per exchange, and whether the model ran for them. By default the user
         message's: the recall before the model call embedded that very text a moment ago (the
         query cache holds it), so an exchange costs no model run of its own; texts not cached
         are embedded in one run.
         With `embed_whole_exchange`, question and answer together in one run for the batch,
         whichever agents it spans (a batch costs less per text than single runs)."""
-        import numpy as np
-
         semantic = self.semantic
         embedder = semantic.embedder
         if self.config.embed_whole_exchange:
@@ -432,7 +434,7 @@ class MemoryService:
         if missing:
             for user, vector in zip(missing, embedder.embed(missing)):
                 found[user] = cache.put(name, user, vector)
-        return np.stack([found[user] for _, user, _, _ in batch]), bool(missing)
+        return [found[user] for _, user, _, _ in batch], bool(missing)
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until queued exchanges are stored (shutdown, tests)."""
