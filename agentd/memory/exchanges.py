@@ -59,16 +59,6 @@ class ExchangeWorker:
         metadata: dict[str, Any] = {"session_id": session_id}
         if owner is not None:
             metadata[OWNER] = owner
-        semantic = self._semantic
-        if semantic is not None and agent_id not in self._dead:
-            # The same exchange again, already stored and nothing written since: storing it
-            # would write nothing, so the worker is not woken for it.
-            fid = semantic.restates(agent_id, content, EPISODIC, metadata)
-            if fid is not None:
-                known = self._exchanges.get(agent_id)
-                if known is not None:
-                    known[fid] = user_text
-                return
         try:
             self._queue.put_nowait((agent_id, user_text, content, metadata))
         except queue.Full:

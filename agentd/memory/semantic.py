@@ -14,7 +14,6 @@ import itertools
 import json
 import re
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from datetime import datetime
@@ -86,9 +85,6 @@ class SemanticMemory(Recall):
         self.changed: Callable[[str], None] | None = None
         self._generation: dict[str, int] = {}
         self.queries = QueryCache()
-        # agent id -> the fragment its last restatement found (see `restates`): (content, scope,
-        # metadata, confidence, id, index version, accessed_at in epoch seconds).
-        self._restated_last: dict[str, tuple[str, str, dict[str, Any], float, str, int, float]] = {}
 
     def _changed(self, agent_id: str) -> None:
         if self.changed is not None:
@@ -102,7 +98,6 @@ class SemanticMemory(Recall):
             for key in ids:
                 self._generation[key] = next(_GENERATIONS)
                 self._indexes.pop(key, None)
-                self._restated_last.pop(key, None)
 
     @property
     def embedder(self) -> Embedder:
@@ -187,7 +182,6 @@ class SemanticMemory(Recall):
         with self._guard:
             self._locks.pop(agent_id, None)
             self._generation.pop(agent_id, None)
-            self._restated_last.pop(agent_id, None)
         self._changed(agent_id)
 
     def loaded_ids(self, agent_id: str) -> list[str] | None:
@@ -262,8 +256,7 @@ class SemanticMemory(Recall):
             if same_text_only and existing != content:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                if existing != content or not self._restated(agent_id, index, hit.id, near[hit.id], scope,
-                                                             metadata, confidence):
+                if existing != content or not self._restated(agent_id, hit.id, near[hit.id], metadata, confidence):
                     self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
                 return {"id": hit.id, "merged": True}
         now = utcnow()
@@ -280,46 +273,23 @@ class SemanticMemory(Recall):
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
 
-    def _restated(self, agent_id: str, index: AgentIndex, fid: str, row: tuple, scope: str,
-                  metadata: dict[str, Any], confidence: float) -> bool:
+    def _restated(self, agent_id: str, fid: str, row: tuple, metadata: dict[str, Any], confidence: float) -> bool:
         """The very same text again, with metadata and confidence the fragment already has:
         the merge would change only `accessed_at`, so only that is written (one UPDATE, not a
         row loaded with its vector), and not at all within RESTATED_SECS of the last time:
         decay counts days. `row`: the fragment's (content, metadata, confidence, accessed_at).
         False when the merge has more to do."""
-        content, held, conf, accessed = row
+        _, held, conf, accessed = row
         held = json.loads(held or "{}")
         if conf < float(confidence) or any(key not in held or held[key] != value for key, value in metadata.items()):
             return False
         now = utcnow()
-        moved = epoch(accessed)
-        if now.timestamp() - moved >= RESTATED_SECS:
+        if now.timestamp() - epoch(accessed) >= RESTATED_SECS:
             with orm.db_session:
                 # Naive UTC, as the store writes every time.
                 self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
                                       {"now": now.replace(tzinfo=None), "a": agent_id, "f": fid})
-            moved = now.timestamp()
-        self._restated_last[agent_id] = (content, scope, held, conf, fid, index.version, moved)
         return True
-
-    def restates(self, agent_id: str, content: str, scope: str, metadata: dict[str, Any],
-                 confidence: float = 1.0) -> str | None:
-        """The id of the fragment that remembering `content` would only restate, writing nothing
-        (the same text, scope, metadata and confidence as the agent's last restatement, within
-        RESTATED_SECS of its accessed_at, and no write to the agent's index since); None when
-        that is not known without the store. Only on a database of its own: another daemon's
-        write reaches the index late."""
-        last = self._restated_last.get(agent_id)
-        if last is None or self.store.shared:
-            return None
-        text, scope_, held, conf, fid, version, moved = last
-        index = self._indexes.get(agent_id)
-        if (index is None or index.version != version or text != content or scope_ != scope
-                or conf < float(confidence) or time.time() - moved >= RESTATED_SECS):
-            return None
-        if any(key not in held or held[key] != value for key, value in metadata.items()):
-            return None
-        return fid
 
     def _near(self, agent_id: str, ids: list[str]) -> dict[str, tuple]:
         """(content, metadata, confidence, accessed_at) of some fragments in one plain query

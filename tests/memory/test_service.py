@@ -715,45 +715,6 @@ def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(sv
         (first["created_at"], 1.0, 0)
 
 
-def test_the_same_exchange_again_is_not_queued_while_storing_it_would_write_nothing(svc, monkeypatch) -> None:
-    a = new_agent()
-    for _ in range(2):  # stored, then restated: the row's state is known from then on
-        svc.after_exchange(a, "s1", "hi", "hello")
-        svc.drain()
-    (stored,) = svc.page(a, 10, 0)["memories"]
-    queued: list[Any] = []
-    put = svc._queue.put_nowait
-    monkeypatch.setattr(svc._queue, "put_nowait", lambda item: queued.append(item) or put(item))
-    svc.after_exchange(a, "s1", "hi", "hello")
-    svc.drain()
-    assert queued == [], "BUG: an exchange that changes nothing woke the worker"
-    assert svc.page(a, 10, 0)["memories"] == [stored]
-    # Anything that could change the outcome queues it again: other metadata, other text,
-    # a write to the agent's memory, accessed_at due to move.
-    svc.after_exchange(a, "s2", "hi", "hello")
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    svc.drain()
-    assert len(queued) == 2 and svc.page(a, 10, 0)["total"] == 2
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    svc.drain()
-    assert len(queued) == 3  # (the first restatement after a write reads the store)
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    assert len(queued) == 3
-    (there,) = [m["id"] for m in svc.page(a, 10, 0)["memories"] if m["content"].endswith("hello there")]
-    svc.delete(a, there)
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    svc.drain()
-    assert len(queued) == 4 and svc.page(a, 10, 0)["total"] == 2, "BUG: a deleted exchange was not stored again"
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    svc.drain()
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    assert len(queued) == 5
-    monkeypatch.setattr(semantic_mod, "RESTATED_SECS", 0.0)
-    svc.after_exchange(a, "s2", "hi", "hello there")
-    svc.drain()
-    assert len(queued) == 6
-
-
 def test_exchanges_in_the_session_are_dropped_before_their_rows_are_read(svc, monkeypatch) -> None:
     a = new_agent()
     svc.after_exchange(a, "s1", "where is my car?", "in the garage")
