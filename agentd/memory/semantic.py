@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from pony import orm
@@ -63,7 +63,7 @@ def _signature(text: str) -> tuple[tuple[str, ...], bool]:
 
 def contradicts(a: str, b: str) -> bool:
     """True when two similar sentences differ in a number or in negation."""
-    return _signature(a) != _signature(b)
+    return a != b and _signature(a) != _signature(b)
 
 
 class SemanticMemory(Recall):
@@ -211,12 +211,14 @@ class SemanticMemory(Recall):
         with self.lock(agent_id):
             result = self._remember(agent_id, self.index(agent_id), content, vector, source, scope,
                                     metadata or {}, confidence)
-        self._trim(agent_id)
+        if not result["merged"]:  # (a merge adds no row: nothing more to hold)
+            self._trim(agent_id)
         self._changed(agent_id)
         return result
 
     def remember_many(self, agent_id: str, items: list[dict[str, Any]],
-                      vectors: np.ndarray | None = None, same_text_only: bool = False) -> list[dict[str, Any]]:
+                      vectors: Sequence[np.ndarray] | None = None,
+                      same_text_only: bool = False) -> list[dict[str, Any]]:
         """`remember` for many fragments (`{content, source?, scope?, metadata?, confidence?}`,
         already validated) of one agent: embedded in batches of 32 (one model run each), then
         stored one by one, each deduplicated against the agent's fragments and the batch's
@@ -235,7 +237,8 @@ class SemanticMemory(Recall):
                                       item.get("source", "user_provided"), item.get("scope", "semantic"),
                                       item.get("metadata") or {}, item.get("confidence", 1.0), same_text_only)
                        for item, vector in zip(items, vectors)]
-        self._trim(agent_id)
+        if not all(result["merged"] for result in results):
+            self._trim(agent_id)
         self._changed(agent_id)
         return results
 

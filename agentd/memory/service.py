@@ -9,7 +9,6 @@ raise.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -18,31 +17,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agentd.config import MemoryConfig
 from agentd.memory import fields
+# (QUEUE_LIMIT and WORKER_BATCH are read from here too.)
+from agentd.memory.exchanges import AGENTS_KEPT, ANSWERED, ASKED, OWNER, ExchangeWorker
+from agentd.memory.exchanges import QUEUE_LIMIT, WORKER_BATCH  # noqa: F401
 from agentd.memory.graph import KnowledgeGraph
 from agentd.memory.trim import Trimmer
 from agentd.store import Store
 from agentd.store.outage import log_failure
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
-
     from agentd.llm.types import ProviderEndpoint
     from agentd.memory.embedder import Embedder
     from agentd.memory.semantic import SemanticMemory
 
 log = logging.getLogger("agentd.memory")
 
-QUEUE_LIMIT = 1000
-# Agents whose emptiness or session exchanges are remembered here (a forgotten one costs
-# a count query or a recall, never a wrong answer).
-AGENTS_KEPT = 4096
-WORKER_BATCH = 32  # exchanges stored per model run by the background worker
 CONTEXT_HEADING = "## Relevant memories"
-ASKED, ANSWERED = "User asked: ", "\nI responded: "
-
-
-# The metadata key naming whose session an auto-remembered exchange came from.
-OWNER = "owner"
 
 
 def others_of(owner: str) -> Callable[[dict[str, Any]], bool]:
@@ -55,7 +45,7 @@ def others_of(owner: str) -> Callable[[dict[str, Any]], bool]:
     return hide
 
 
-class MemoryService:
+class MemoryService(ExchangeWorker):
     """Semantic memory, the knowledge graph, consolidation and export/import."""
 
     def __init__(self, config: MemoryConfig, store: Store,
@@ -258,11 +248,14 @@ class MemoryService:
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
         try:
-            @functools.cache
+            made: list[set[str]] = []
+
             def asked_here() -> set[str]:
                 # Made only when needed: most agents have nothing to recall, known at once.
-                return {f"{ASKED}{m.get('content')}" for m in history
-                        if m.get("role") == "user" and isinstance(m.get("content"), str)}
+                if not made:
+                    made.append({f"{ASKED}{m.get('content')}" for m in history
+                                 if m.get("role") == "user" and isinstance(m.get("content"), str)})
+                return made[0]
 
             session_ids: set[str] = set()
             if self._nothing_to_recall(agent_id, asked_here, session_ids):
@@ -339,106 +332,6 @@ class MemoryService:
         with orm.db_session:
             return self.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a",
                                         {"a": agent_id})[0]
-
-    def after_exchange(self, agent_id: str, session_id: str, user_text: str, answer: str,
-                       owner: str | None = None) -> None:
-        """Queue the exchange as an episodic fragment (never blocks, never raises); `owner`
-        (whose session it came from) is recorded so only that person's runs recall it."""
-        if not self.config.auto_remember or not user_text.strip() or not answer.strip():
-            return
-        content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT]
-        metadata: dict[str, Any] = {"session_id": session_id}
-        if owner is not None:
-            metadata[OWNER] = owner
-        try:
-            self._queue.put_nowait((agent_id, user_text, content, metadata))
-        except queue.Full:
-            log.warning("memory queue full; exchange of agent %s not remembered", agent_id)
-            return
-        if self._worker is None:
-            with self._init_lock:
-                if self._worker is None:
-                    self._worker = threading.Thread(target=self._work, name="agentd-memory", daemon=True)
-                    self._worker.start()
-
-    def _work(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            # Exchanges that queued up while the previous batch was stored go together: one
-            # model run per agent's batch and one transaction (see remember_many).
-            while len(batch) < WORKER_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                if any(item is None for item in batch):
-                    self._store_exchanges([item for item in batch if item is not None])
-                    return
-                if self._store_exchanges(batch):  # type: ignore[arg-type]
-                    self._trim()  # (only after the model ran: its scratch memory is what piles up)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-
-    def _store_exchanges(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> bool:
-        """Store a batch; whether the model ran for it."""
-        batch = [item for item in batch if item[0] not in self._dead]
-        if not batch:
-            return False
-        by_agent: dict[str, list[int]] = {}
-        for at, item in enumerate(batch):
-            by_agent.setdefault(item[0], []).append(at)
-        whole = self.config.embed_whole_exchange
-        try:
-            vectors, ran = self._exchange_vectors(batch)
-        except Exception:  # noqa: BLE001 - a failed remember is logged, never raised
-            for agent_id, places in by_agent.items():
-                log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
-            return True
-        for agent_id, places in by_agent.items():
-            items = [batch[at] for at in places]
-            try:
-                stored = self.semantic.remember_many(agent_id, [
-                    {"content": content, "source": "conversation", "scope": "episodic", "metadata": metadata}
-                    for _, _, content, metadata in items], vectors[places], same_text_only=not whole)
-                known = self._exchanges.get(agent_id)
-                if known is None:
-                    while len(self._exchanges) >= AGENTS_KEPT:
-                        self._exchanges.pop(next(iter(self._exchanges)), None)
-                    known = self._exchanges[agent_id] = {}
-                for (_, user_text, _, _), result in zip(items, stored):
-                    known[result["id"]] = user_text
-            except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
-                log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
-        return ran
-
-    def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]) -> tuple["np.ndarray", bool]:
-        """One vector per exchange, and whether the model ran for them. By default the user
-        message's: the recall before the model call embedded that very text a moment ago (the
-        query cache holds it), so an exchange costs no model run of its own; texts not cached
-        are embedded in one run.
-        With `embed_whole_exchange`, question and answer together in one run for the batch,
-        whichever agents it spans (a batch costs less per text than single runs)."""
-        import numpy as np
-
-        semantic = self.semantic
-        embedder = semantic.embedder
-        if self.config.embed_whole_exchange:
-            return embedder.embed([content for _, _, content, _ in batch]), True
-        cache, name = semantic.queries, embedder.name
-        found = {user: cache.peek(name, user) for _, user, _, _ in batch}
-        missing = [user for user, vector in found.items() if vector is None]
-        if missing:
-            for user, vector in zip(missing, embedder.embed(missing)):
-                found[user] = cache.put(name, user, vector)
-        return np.stack([found[user] for _, user, _, _ in batch]), bool(missing)
-
-    def drain(self, timeout: float = 10.0) -> None:
-        """Wait until queued exchanges are stored (shutdown, tests)."""
-        done = threading.Event()
-        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
-        done.wait(timeout)
 
     # -- schedule -------------------------------------------------------------------------
     def start(self) -> None:
