@@ -115,7 +115,7 @@ class Kernel:
         self.keys = ApiKeys(store, config.api_key, self.audit.record, self.key_budgets)
         from agentd.cluster.budget_gate import BudgetGate
 
-        # Several daemons on one database (agentd/cluster/__init__.py): run leases, run records,
+        # Several daemons on one database (agentd/cluster/): run leases, run records,
         # approvals in the database, budget admission, channel leaders, memory notifications.
         self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
                                budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)

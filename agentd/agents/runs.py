@@ -20,7 +20,7 @@ too and takes neither the agent's run lock nor its queue: runs of different conv
 overlap, and the channel dispatcher orders each conversation's own.
 
 Whatever the place, one run is `Runs._execute`: its run lock, its run record and lease
-(agentd/cluster/__init__.py), the agent loop with the model call, and the session write.
+(agentd/cluster/run_leases.py), the agent loop with the model call, and the session write.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The `[cluster]` table of config.toml: this daemon's id among the daemons sharing one
-database, how long its leases last (see agentd/cluster/__init__.py) and the URL the other
+database, how long its leases last (see agentd/cluster/run_leases.py) and the URL the other
 daemons reach it at (agentd/cluster/relay.py)."""
 
 from __future__ import annotations
