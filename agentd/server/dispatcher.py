@@ -102,15 +102,20 @@ class LifoTaskDispatcher(ThreadedTaskDispatcher):
             self.queue.append(task)
             if self.held_for(time.monotonic()) > 0:
                 self._keep_time()
-                return
-            self.queue_cv.notify()
-            running = len(self.threads) - self.stop_count
-            waiting = len(self.queue) - (running - self.active_count)
-            if waiting > 0:
-                if running < self.limit:
-                    self._start_one()
-                else:
-                    self.queue_logger.warning("Task queue depth is %d", waiting)
+            else:
+                self._wake()
+
+    def _wake(self) -> None:
+        """A thread for the first queued task: an idle one, else a new one while the pool
+        has room; under the lock."""
+        self.queue_cv.notify()
+        running = len(self.threads) - self.stop_count
+        waiting = len(self.queue) - (running - self.active_count)
+        if waiting > 0:
+            if running < self.limit:
+                self._start_one()
+            else:
+                self.queue_logger.warning("Task queue depth is %d", waiting)
 
     def _keep_time(self) -> None:
         """Tasks are held back: make sure an idle thread will take one when the oldest fresh
@@ -153,11 +158,12 @@ class LifoTaskDispatcher(ThreadedTaskDispatcher):
                 task = self.queue.popleft()
                 began[thread_no] = now
                 if self.queue:
-                    # More are queued: another thread for the next one (or the time kept).
+                    # More are queued (held back until now): a thread for the next one, or
+                    # one to keep the time.
                     if self.held_for(now) > 0:
                         self._keep_time()
                     else:
-                        self.queue_cv.notify()
+                        self._wake()
             try:
                 task.service()
             except BaseException:

@@ -291,3 +291,21 @@ def test_slow_requests_each_get_a_thread_soon() -> None:
         release.set()
         dispatcher.shutdown(timeout=5)
     assert not dispatcher.threads
+
+
+def test_requests_held_back_together_all_start_once_the_first_grow_old() -> None:
+    # (All threads busy when the first ones grow old: each admitted request must bring the
+    # next one a thread, with no new request arriving to start one.)
+    dispatcher = LifoTaskDispatcher(fresh_limit=4, fresh_secs=0.05)
+    dispatcher.set_thread_count(16)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        for _ in range(12):
+            dispatcher.add_task(_Task(release, ran))
+        _wait_for(lambda: len(ran) == 12, "requests held back together never all started")
+        assert len(set(ran)) == 12 and not dispatcher.queue
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+    assert not dispatcher.threads
