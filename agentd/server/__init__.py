@@ -5,7 +5,8 @@ One module per job:
 
 * `serve` -- the waitress server: bind, install what follows, turn the loop, drain.
 * `startgate` -- the WSGI entry while the app is being built (the liveness probe at once).
-* `dispatcher` -- the task dispatcher: most recently idle thread first, threads on demand.
+* `dispatcher` -- the task dispatcher: most recently idle thread first, threads on demand,
+  a few fresh requests at once.
 * `channel` -- the HTTP channel whose running request writes its own answer.
 * `task` -- the WSGI task: how an answer leaves (head with body, kept-alive chunked
   answers, the last bytes with the end, the client-gone check).
@@ -23,7 +24,8 @@ a new waitress needs tests/server/test_http_channel.py, tests/server/test_dispat
 tests/api/test_one_write.py, tests/server/test_early_refusal.py and tests/server/test_startgate.py run again):
 
 * `ThreadedTaskDispatcher`: `lock`, `queue`, `queue_cv`, `threads`, `active_count`,
-  `stop_count`, `handler_thread`, `start_new_thread`, `queue_logger`, and
+  `stop_count`, `thread_exit_cv`, `logger`, `handler_thread` (replaced, its stop protocol
+  kept), `start_new_thread`, `queue_logger`, and
   `create_server(_dispatcher=...)`; `threading.Condition`'s `_waiters` and `_is_owned`.
 * `HTTPChannel`: `writable`, `readable`, `handle_read`, `_flush_some`, `write_soon`,
   `requests`, `will_close`, `close_when_flushed`, `total_outbufs_len`, `socket`,

@@ -35,6 +35,9 @@ from agentd.store.checkpoint import CONNECTION_PRAGMAS
 T = TypeVar("T")
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+# A statement sqlite3 counts as a change (`executemany` takes only those; before one, the
+# connection opens its transaction).
+_CHANGE = re.compile(r"\s*(?:INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
 
 
 class Tx(Protocol):
@@ -55,23 +58,38 @@ class PonyTx:
 
 
 class SqliteTx:
-    """Statements on the writer's own connection."""
+    """Statements on the writer's own connection.
 
-    # `$name` SQL -> sqlite3's `:name` form: a handful of statements (a run's append has one
-    # form per number of messages), bounded all the same.
-    _converted: dict[str, str] = {}
+    Every call of sqlite3's that lets other threads run while SQLite works (it releases
+    the GIL) is a hand-over of the GIL under load, made with the write lock held, so the
+    statements go the way that makes the fewest: positional parameters (sqlite3 releases
+    the GIL to look up each named one), a change through `executemany` (which skips the
+    last-row-id lookup) opening the transaction itself (the connection's implicit BEGIN
+    IMMEDIATE, one call instead of a statement's several)."""
+
+    # `$name` SQL -> sqlite3's `?` form, the names in their order and whether it changes
+    # rows: a handful of statements (a run's append has one form per number of messages),
+    # bounded all the same.
+    _converted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
     CACHE_SIZE = 256
 
     def __init__(self, cursor: sqlite3.Cursor) -> None:
         self.cursor = cursor
 
     def execute(self, sql: str, params: dict[str, Any]) -> int:
-        native = self._converted.get(sql)
-        if native is None:
+        converted = self._converted.get(sql)
+        if converted is None:
             if len(self._converted) >= self.CACHE_SIZE:
                 self._converted.clear()
-            native = self._converted[sql] = _PARAM.sub(r":\1", sql)
-        return self.cursor.execute(native, params).rowcount
+            converted = self._converted[sql] = (_PARAM.sub("?", sql), tuple(_PARAM.findall(sql)),
+                                                bool(_CHANGE.match(sql)))
+        native, names, change = converted
+        values = [params[name] for name in names]
+        if change:
+            return self.cursor.executemany(native, (values,)).rowcount
+        if not self.cursor.connection.in_transaction:
+            self.cursor.execute("BEGIN IMMEDIATE")  # a read first: it must see what it writes on
+        return self.cursor.execute(native, values).rowcount
 
 
 class Writer(ABC):
@@ -105,11 +123,13 @@ class SqliteWriter(Writer):
 
     def __init__(self, path: Path, db: Any) -> None:
         self.db = db
-        # isolation_level=None: the transactions are this class's own BEGIN IMMEDIATE / COMMIT.
         self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         # Checkpoints included: they run on the store's own thread (store/checkpoint.py).
         for pragma in CONNECTION_PRAGMAS:
             self.conn.execute(f"PRAGMA {pragma}")
+        # A write's first change opens its transaction, taking the write lock at once
+        # (SqliteTx); `commit()` ends it.
+        self.conn.isolation_level = "IMMEDIATE"
         self._closed = False
         self._lock = threading.Lock()
 
@@ -130,11 +150,10 @@ class SqliteWriter(Writer):
         try:
             if self._closed:
                 raise sqlite3.ProgrammingError("the store is closed")
-            cursor = self.conn.cursor()
-            cursor.execute("BEGIN IMMEDIATE")
             try:
-                result = work(SqliteTx(cursor))
-                cursor.execute("COMMIT")
+                result = work(SqliteTx(self.conn.cursor()))
+                if self.conn.in_transaction:
+                    self.conn.commit()
             except BaseException:
                 if self.conn.in_transaction:
                     self.conn.rollback()

@@ -229,3 +229,83 @@ def test_a_thread_started_for_a_task_is_no_queue_warning_but_a_full_pool_warns(c
     finally:
         release.set()
         dispatcher.shutdown(timeout=5)
+
+
+def test_a_request_waits_while_enough_others_have_only_just_begun_then_runs_when_one_grows_old() -> None:
+    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=0.4)
+    dispatcher.set_thread_count(6)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+        began = time.monotonic()
+        for _ in range(3):
+            dispatcher.add_task(_Task(release, ran))
+        _wait_for(lambda: len(ran) == 2, "the first two did not run at once")
+        time.sleep(0.1)
+        assert len(ran) == 2 and len(dispatcher.queue) == 1, "BUG: a third started beside two fresh ones"
+        _wait_for(lambda: len(ran) == 3, "the held request never ran once the others grew old")
+        assert 0.35 < time.monotonic() - began < 2.0
+        assert len(set(ran)) == 3, "each request holds a thread of its own"
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+    assert not dispatcher.threads
+
+
+def test_a_held_request_takes_the_thread_of_one_that_ends() -> None:
+    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=30)
+    dispatcher.set_thread_count(6)
+    first, rest = threading.Event(), threading.Event()
+    ran: list[int] = []
+    try:
+        _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+        dispatcher.add_task(_Task(first, ran))
+        _wait_for(lambda: len(ran) == 1, "the first did not run")
+        dispatcher.add_task(_Task(rest, ran))
+        dispatcher.add_task(_Task(rest, ran))
+        _wait_for(lambda: len(ran) == 2, "the second did not run")
+        time.sleep(0.05)
+        assert len(ran) == 2, "BUG: a third started beside two fresh ones"
+        first.set()
+        _wait_for(lambda: len(ran) == 3, "the held request did not run when a fresh one ended")
+        assert ran[2] == ran[0], "the thread whose request ended takes the held one"
+    finally:
+        first.set()
+        rest.set()
+        dispatcher.shutdown(timeout=5)
+
+
+def test_slow_requests_each_get_a_thread_soon() -> None:
+    # (A model that takes seconds: every request waits on it, none on the GIL.)
+    dispatcher = LifoTaskDispatcher(fresh_limit=1, fresh_secs=0.02)
+    dispatcher.set_thread_count(12)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        for _ in range(10):
+            dispatcher.add_task(_Task(release, ran))
+        _wait_for(lambda: len(ran) == 10, "slow requests were held back for good")
+        assert len(set(ran)) == 10 and not dispatcher.queue
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+    assert not dispatcher.threads
+
+
+def test_requests_held_back_together_all_start_once_the_first_grow_old() -> None:
+    # (All threads busy when the first ones grow old: each admitted request must bring the
+    # next one a thread, with no new request arriving to start one.)
+    dispatcher = LifoTaskDispatcher(fresh_limit=4, fresh_secs=0.05)
+    dispatcher.set_thread_count(16)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        for _ in range(12):
+            dispatcher.add_task(_Task(release, ran))
+        _wait_for(lambda: len(ran) == 12, "requests held back together never all started")
+        assert len(set(ran)) == 12 and not dispatcher.queue
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+    assert not dispatcher.threads

@@ -134,23 +134,38 @@ def test_the_connection_enforces_foreign_keys(store) -> None:
             "INSERT INTO session_messages (session, body) VALUES ($s, $b)", {"s": "no-such-session", "b": "{}"}))
 
 
-def test_dollar_parameters_become_sqlite_named_ones() -> None:
-    seen: list = []
+def _connection(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level="IMMEDIATE", check_same_thread=False)
+    conn.execute("CREATE TABLE t (a, b, c)")
+    return conn
 
-    class Cursor:
-        rowcount = 3
 
-        def execute(self, sql, params):
-            seen.append((sql, params))
-            return self
-
+def test_dollar_parameters_are_bound_by_position_and_a_change_opens_the_transaction(tmp_path: Path) -> None:
+    conn = _connection(tmp_path / "t.db")
     # A table name of its own: the conversion is cached per statement for the process, and
     # this test must see it done.
-    table = f"t{uuid.uuid4().hex}"
-    tx = SqliteTx(Cursor())
+    sql = f"INSERT INTO t (a, b, c) SELECT $a_1, $B, $a_1 WHERE '{uuid.uuid4().hex}' <> ''"
+    tx = SqliteTx(conn.cursor())
     for _ in range(2):  # converted, then taken from the cache
-        assert tx.execute(f"UPDATE {table} SET a = $a_1 WHERE b = $B", {"a_1": 1, "B": 2}) == 3
-    assert seen == [(f"UPDATE {table} SET a = :a_1 WHERE b = :B", {"a_1": 1, "B": 2})] * 2
+        assert tx.execute(sql, {"a_1": 1, "B": 2, "unused": 3}) == 1
+    assert conn.in_transaction
+    assert SqliteTx._converted[sql] == (sql.replace("$a_1", "?").replace("$B", "?"), ("a_1", "B", "a_1"), True)
+    assert tx.execute("  update t SET b = $b WHERE a = $a", {"a": 1, "b": 5}) == 2
+    conn.commit()
+    assert conn.execute("SELECT a, b, c FROM t").fetchall() == [(1, 5, 1), (1, 5, 1)]
+
+
+def test_a_write_that_reads_first_holds_the_write_lock_from_its_read(tmp_path: Path) -> None:
+    conn = _connection(tmp_path / "t.db")
+    other = sqlite3.connect(str(tmp_path / "t.db"), timeout=0, isolation_level=None)
+    tx = SqliteTx(conn.cursor())
+    assert tx.execute("SELECT count(*) FROM t WHERE a = $a", {"a": 1}) == -1
+    assert conn.in_transaction
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        other.execute("BEGIN IMMEDIATE")
+    conn.rollback()
+    other.execute("BEGIN IMMEDIATE")
+    other.rollback()
 
 
 def test_a_shared_database_writes_through_pony(store) -> None:
@@ -161,15 +176,9 @@ def test_a_shared_database_writes_through_pony(store) -> None:
 
 
 def test_the_statement_cache_stays_bounded(monkeypatch) -> None:
-    class Cursor:
-        rowcount = 0
-
-        def execute(self, sql, params):
-            return self
-
     monkeypatch.setattr(SqliteTx, "_converted", {})
-    tx = SqliteTx(Cursor())
+    tx = SqliteTx(sqlite3.connect(":memory:", isolation_level="IMMEDIATE").cursor())
     for i in range(SqliteTx.CACHE_SIZE + 10):
-        tx.execute(f"SELECT $a{i}", {})
+        tx.execute(f"SELECT $a{i}", {f"a{i}": i})
     assert 0 < len(SqliteTx._converted) <= SqliteTx.CACHE_SIZE
-    assert SqliteTx._converted[f"SELECT $a{SqliteTx.CACHE_SIZE + 9}"] == f"SELECT :a{SqliteTx.CACHE_SIZE + 9}"
+    assert SqliteTx._converted[f"SELECT $a{SqliteTx.CACHE_SIZE + 9}"] == ("SELECT ?", (f"a{SqliteTx.CACHE_SIZE + 9}",), False)
