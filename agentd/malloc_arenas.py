@@ -1,7 +1,7 @@
 """Cap the number of glibc malloc arenas the daemon's threads may use.
 
-glibc gives a thread that finds the arenas in use an arena of its own, up to eight per core,
-and memory freed in an arena stays with that arena. With dozens of server threads and
+glibc gives each new thread that allocates an arena of its own, up to eight per core, and
+memory freed in an arena stays with that arena. With dozens of server threads and
 embedding work on several of them, each arena keeps the high-water mark of what was done
 on it, so RSS wanders by tens of MB between quiet moments. A small cap keeps the heap in
 few arenas, where freed memory is reused by the next request on any thread.

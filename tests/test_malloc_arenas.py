@@ -1,5 +1,5 @@
 """The glibc malloc arena cap: `[api] malloc_arenas` reaches glibc, and the daemon says which
-cap is in effect in GET /api/health/detail."""
+cap is in effect in GET /api/health/detail, beside how full its bounded caches are."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import LLM_ENV, llm_config
 from support import FAST_API, Daemon, make_home
 
 try:
@@ -64,12 +65,26 @@ def test_the_cap_limits_the_heaps_glibc_makes() -> None:
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
-def test_the_daemon_applies_the_configured_cap(tmp_path: Path) -> None:
-    configured = Daemon(make_home(tmp_path / "one", FAST_API + "malloc_arenas = 1\n")).start()
+def test_the_daemon_applies_the_configured_cap_and_reports_its_caches(tmp_path: Path, fake_llm) -> None:
+    config = (FAST_API + "malloc_arenas = 1\n" + llm_config(fake_llm)[len(FAST_API):]
+              + "\n[agents]\ncached_sessions = 2\n[memory]\nindex_cache_fragments = 500\n")
+    configured = Daemon(make_home(tmp_path / "one", config), env_extra=LLM_ENV).start()
     default = Daemon(make_home(tmp_path / "default")).start()
     try:
-        assert configured.get("/api/health/detail").json()["malloc_arenas"] == 1
         assert default.get("/api/health/detail").json()["malloc_arenas"] == 2
+        health = configured.get("/api/health/detail").json()
+        assert health["malloc_arenas"] == 1
+        assert health["caches"] == {"sessions": {"held": 0, "bound": 2},
+                                    "index_fragments": {"held": 0, "bound": 500},
+                                    "query_embeddings": {"held": 0, "bound": 256}}
+        for i in range(3):
+            agent = configured.post("/api/agents", json={"manifest_toml": f'name = "a{i}"\n'}).json()["agent_id"]
+            answer = configured.post(f"/api/agents/{agent}/message", json={"message": f"hello {i}"})
+            assert answer.status_code == 200, answer.text
+        # Three conversations, two kept: the least recently used one was dropped.
+        caches = configured.get("/api/health/detail").json()["caches"]
+        assert caches["sessions"] == {"held": 2, "bound": 2}
+        assert caches["index_fragments"]["bound"] == 500
     finally:
         configured.stop()
         default.stop()
