@@ -1,7 +1,8 @@
 """How full the daemon's bounded caches are, for GET /api/health/detail.
 
-RSS grows until these caches reach their bounds and is flat after that, so a long-run
-measurement (scripts/bench_rss.py) starts counting growth once every one is full.
+RSS grows with these caches until they reach their bounds, so a long-run measurement
+(scripts/bench_rss.py) counts growth only from the moment every one is full. The memory
+service keeps no count of its own, so the index and query caches are read under their locks.
 """
 
 from __future__ import annotations
