@@ -1,13 +1,12 @@
 """How full the daemon's bounded caches are, for GET /api/health/detail.
 
 RSS grows with these caches until they reach their bounds, so a long-run measurement
-(scripts/bench_rss.py) counts growth only from the moment every one is full. The memory
-service keeps no count of its own, so the index and query caches are read under their locks.
+(scripts/bench_rss.py) counts growth only from the moment every one is full.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentd.agents.session_cache import SessionCache
@@ -24,12 +23,7 @@ def cache_fill(sessions: "SessionCache", memory: "MemoryService") -> dict[str, d
         fill["index_fragments"] = {"held": 0, "bound": memory.config.index_cache_fragments}
         fill["query_embeddings"] = {"held": 0, "bound": QUERY_CACHE_SIZE}
         return fill
-    semantic: Any = memory.semantic
-    with semantic._guard:
-        held = sum(len(index) for index in semantic._indexes.values())
-    queries: Any = semantic.queries
-    with queries._lock:
-        cached_queries = len(queries._items)
-    fill["index_fragments"] = {"held": held, "bound": semantic.max_fragments}
-    fill["query_embeddings"] = {"held": cached_queries, "bound": queries.size}
+    semantic = memory.semantic
+    fill["index_fragments"] = {"held": semantic.cached_fragments(), "bound": semantic.max_fragments}
+    fill["query_embeddings"] = {"held": len(semantic.queries), "bound": semantic.queries.size}
     return fill
