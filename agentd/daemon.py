@@ -25,6 +25,7 @@ from agentd import tracing
 from agentd.config import Config
 from agentd.errors import AgentdError
 from agentd.logs import setup_logging
+from agentd.malloc_arenas import cap_arenas
 from agentd.timestamps import iso, utcnow
 from agentd.server import serve
 from agentd.server.startgate import StartGate
@@ -245,8 +246,10 @@ def open_daemon_store(config: Config) -> Any:
     return store
 
 
-def tune_interpreter() -> None:
-    """The process-wide interpreter settings a busy threaded daemon wants."""
+def tune_interpreter(malloc_arenas: int = 0) -> None:
+    """The process-wide interpreter settings a busy threaded daemon wants; `malloc_arenas`
+    caps glibc's heap arenas before any server thread starts (0: glibc's default)."""
+    cap_arenas(malloc_arenas)
     # The GIL switch interval: Python's own 5 ms unless AGENTD_SWITCH_INTERVAL sets it. A
     # shorter one hands the GIL (and the locks waiting on it) between threads sooner, at the
     # price of more context switches per request (README, Performance, has the A/B runs).
@@ -257,7 +260,7 @@ def tune_interpreter() -> None:
 def run_daemon(config: Config) -> None:
     """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
     setup_logging(config.log_level, config.log_format)
-    tune_interpreter()
+    tune_interpreter(config.api.malloc_arenas)
     daemon = Daemon(config)
     try:
         daemon.start()

@@ -15,7 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from agentd import __version__
+from agentd import __version__, malloc_arenas
+from agentd.cachefill import cache_fill
 from agentd.config import Config
 from agentd.timestamps import iso, utcnow
 from agentd.a2a.client import A2AClient, remote_agents
@@ -362,6 +363,9 @@ class Kernel:
             # Every live thread of the process, and the model calls holding a connection.
             "process_threads": threading.active_count(),
             "model_calls_in_flight": _model_calls_in_flight(),
+            # The glibc heap arena cap in effect (`[api] malloc_arenas`); null: glibc's own.
+            "malloc_arenas": malloc_arenas.applied(),
+            "caches": cache_fill(self.agents.sessions.cached, self.memory),
         }
 
     @staticmethod

@@ -83,6 +83,11 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
             if not 1 <= value <= 1024:
                 raise ConfigError(f"config key api.{key}: must be between 1 and 1024")
             setattr(api, key, value)
+    if "malloc_arenas" in table:
+        arenas = expect(table["malloc_arenas"], int, "api.malloc_arenas", "an integer")
+        if not 0 <= arenas <= 64:
+            raise ConfigError("config key api.malloc_arenas: must be between 0 and 64")
+        api.malloc_arenas = arenas
     if "shutdown_grace_secs" in table:
         grace = expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
         api.shutdown_grace_secs = float(grace)

@@ -31,6 +31,10 @@ class QueryCache:
         self.hits = 0
         self.misses = 0
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
     def get(self, model: str, text: str, embed: Callable[[list[str]], "np.ndarray"]) -> "np.ndarray":
         """The cached vector of `text`, or `embed([text])[0]` (computed outside the lock, so
         two threads asking for different queries embed in parallel)."""

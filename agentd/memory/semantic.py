@@ -86,6 +86,11 @@ class SemanticMemory(Recall):
         self._generation: dict[str, int] = {}
         self.queries = QueryCache()
 
+    def cached_fragments(self) -> int:
+        """Fragments held by the cached search indexes in all (bounded by `max_fragments`)."""
+        with self._guard:
+            return sum(len(index) for index in self._indexes.values())
+
     def _changed(self, agent_id: str) -> None:
         if self.changed is not None:
             self.changed(agent_id)

@@ -21,6 +21,9 @@ class HealthDetailSchema(Out):
     agent_count = Int()
     thread_pool = req(fields.Dict(keys=fields.String(), values=fields.Raw()))
     started_at = Str()
+    malloc_arenas = Int(allow_none=True)
+    caches = req(fields.Dict(keys=fields.String(), values=fields.Dict(keys=fields.String(),
+                                                                       values=fields.Integer())))
 
 
 class VersionSchema(Out):
