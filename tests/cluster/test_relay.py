@@ -155,9 +155,8 @@ def holder():
     server.stop()
 
 
-@pytest.fixture
-def relaying(tmp_path, holder):
-    """Daemon "a" reached at the holder's URL, holding every channel; "b" relays to it."""
+def two_members(tmp_path, holder: Holder) -> tuple[Cluster, Cluster]:
+    """Daemons "a" (reached at the holder stand-in's URL) and "b" on one store, both beating."""
     holder.seen.clear()
     store = open_store(tmp_path / "agentd.db")
     a = Cluster(store, cluster_settings({"cluster": {"daemon_id": "a", "advertise_url": holder.url}},
@@ -166,10 +165,17 @@ def relaying(tmp_path, holder):
                 shared=True)
     for member in (a, b):
         member.members.beat(started=True)
+    return a, b
+
+
+@pytest.fixture
+def relaying(tmp_path, holder):
+    """Daemon "a" reached at the holder's URL, holding every channel; "b" relays to it."""
+    a, b = two_members(tmp_path, holder)
     on_b = WebhookRelay(b, {"webhook": "a"}.get)
     yield a, on_b
     on_b.close()
-    store.close()
+    a.store.close()
 
 
 def sent_as_is(path: str = "/channels/webhook/webhook/a b~", headers: dict[str, str] | None = None) -> Inbound:

@@ -11,12 +11,9 @@ import pytest
 
 from agentd.api.middleware import is_loopback
 from agentd.channels.bases.webhook import Request
-from agentd.cluster import Cluster
-from agentd.cluster.config import cluster_settings
 from agentd.cluster.relay import Inbound, WebhookRelay
 from agentd.cluster.webhook_intake import Delivery, Reply, WebhookIntake
-from agentd.store import open_store
-from tests.cluster.test_relay import Holder, relayed_by
+from tests.cluster.test_relay import holder, relayed_by, two_members  # noqa: F401 (holder: a fixture)
 
 HOOK = "/channels/hook/webhook"
 NOT_RUNNING = Reply(503, {"error": "channel hook is not running on this daemon"}, {"Retry-After": "5"})
@@ -72,30 +69,16 @@ def delivery(body: Body, headers: dict[str, str] | None = None, method: str = "P
                     client, body, is_loopback)
 
 
-@pytest.fixture(scope="module")
-def holder():
-    server = Holder().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def world(tmp_path, holder):
     """Daemon "b" (the one under test) and "a", reached at the holder stand-in's URL."""
-    holder.seen.clear()
-    store = open_store(tmp_path / "agentd.db")
-    a = Cluster(store, cluster_settings({"cluster": {"daemon_id": "a", "advertise_url": holder.url}},
-                                        "127.0.0.1:4201"), "127.0.0.1:4201", shared=True)
-    b = Cluster(store, cluster_settings({"cluster": {"daemon_id": "b"}}, "127.0.0.1:4202"), "127.0.0.1:4202",
-                shared=True)
-    for member in (a, b):
-        member.members.beat(started=True)
+    a, b = two_members(tmp_path, holder)
     holders: dict[str, str] = {}
     relay = WebhookRelay(b, holders.get)
     channels = Channels()
     yield WebhookIntake(channels, relay), channels, holders, WebhookRelay(a, holders.get)
     relay.close()
-    store.close()
+    a.store.close()
 
 
 def signed_by_a(on_a: WebhookRelay, body: bytes, client: str = "127.0.0.1", method: str = "POST") -> dict[str, str]:
