@@ -25,7 +25,7 @@ from agentd import tracing
 from agentd.config import Config
 from agentd.errors import AgentdError
 from agentd.logs import setup_logging
-from agentd.malloc_arenas import cap_arenas
+from agentd.malloc_tuning import tune_malloc
 from agentd.timestamps import iso, utcnow
 from agentd.server import serve
 from agentd.server.startgate import StartGate
@@ -246,10 +246,10 @@ def open_daemon_store(config: Config) -> Any:
     return store
 
 
-def tune_interpreter(malloc_arenas: int = 0) -> None:
-    """The process-wide interpreter settings a busy threaded daemon wants; `malloc_arenas`
-    caps glibc's heap arenas before any server thread starts (0: glibc's default)."""
-    cap_arenas(malloc_arenas)
+def tune_interpreter(malloc_arenas: int = 0, mmap_threshold_kb: int = 0) -> None:
+    """The process-wide interpreter settings a busy threaded daemon wants; glibc's malloc is
+    tuned before any server thread starts (agentd/malloc_tuning.py; 0: glibc's default)."""
+    tune_malloc(malloc_arenas, mmap_threshold_kb)
     # The GIL switch interval: Python's own 5 ms unless AGENTD_SWITCH_INTERVAL sets it. A
     # shorter one hands the GIL (and the locks waiting on it) between threads sooner, at the
     # price of more context switches per request (README, Performance, has the A/B runs).
@@ -260,7 +260,7 @@ def tune_interpreter(malloc_arenas: int = 0) -> None:
 def run_daemon(config: Config) -> None:
     """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
     setup_logging(config.log_level, config.log_format)
-    tune_interpreter(config.api.malloc_arenas)
+    tune_interpreter(config.api.malloc_arenas, config.api.malloc_mmap_threshold_kb)
     daemon = Daemon(config)
     try:
         daemon.start()

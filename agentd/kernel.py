@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from agentd import __version__, malloc_arenas
+from agentd import __version__, malloc_tuning
 from agentd.cachefill import cache_fill
 from agentd.config import Config
 from agentd.timestamps import iso, utcnow
@@ -352,6 +352,7 @@ class Kernel:
     def health_detail(self, pool: dict[str, int]) -> dict[str, Any]:
         """The body of GET /api/health/detail; `pool` is the HTTP server's thread use."""
         db_ok = self.store.ping()
+        malloc = malloc_tuning.applied()
         return {
             "status": "ok" if db_ok else "degraded",
             "version": __version__,
@@ -363,8 +364,9 @@ class Kernel:
             # Every live thread of the process, and the model calls holding a connection.
             "process_threads": threading.active_count(),
             "model_calls_in_flight": _model_calls_in_flight(),
-            # The glibc heap arena cap in effect (`[api] malloc_arenas`); null: glibc's own.
-            "malloc_arenas": malloc_arenas.applied(),
+            # glibc's heap arena cap and fixed mmap threshold in effect; null: glibc's own.
+            "malloc_arenas": malloc["arenas"],
+            "malloc_mmap_threshold": malloc["mmap_threshold"],
             "caches": cache_fill(self.agents.sessions.cached, self.memory),
         }
 

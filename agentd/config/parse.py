@@ -88,6 +88,11 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
         if not 0 <= arenas <= 64:
             raise ConfigError("config key api.malloc_arenas: must be between 0 and 64")
         api.malloc_arenas = arenas
+    if "malloc_mmap_threshold_kb" in table:
+        threshold = expect(table["malloc_mmap_threshold_kb"], int, "api.malloc_mmap_threshold_kb", "an integer")
+        if not 0 <= threshold <= 32768:  # glibc refuses more than 32 MiB
+            raise ConfigError("config key api.malloc_mmap_threshold_kb: must be between 0 and 32768")
+        api.malloc_mmap_threshold_kb = threshold
     if "shutdown_grace_secs" in table:
         grace = expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
         api.shutdown_grace_secs = float(grace)

@@ -25,8 +25,10 @@ class ApiConfig:
     # so the pool is sized for long-lived connections, not just for HTTP.
     threads: int = 128
     max_streams: int = 96
-    # glibc malloc arenas the threads share (agentd/malloc_arenas.py); 0: glibc's default.
+    # glibc malloc arenas the threads share and its fixed mmap threshold in KiB
+    # (agentd/malloc_tuning.py); 0: glibc's default.
     malloc_arenas: int = 2
+    malloc_mmap_threshold_kb: int = 128
     shutdown_grace_secs: float = 10.0
     # Reverse proxies (addresses or CIDRs) whose X-Forwarded-* / Forwarded headers
     # are believed; empty: every peer is the client itself.

@@ -22,6 +22,7 @@ class HealthDetailSchema(Out):
     thread_pool = req(fields.Dict(keys=fields.String(), values=fields.Raw()))
     started_at = Str()
     malloc_arenas = Int(allow_none=True)
+    malloc_mmap_threshold = Int(allow_none=True)
     caches = req(fields.Dict(keys=fields.String(), values=fields.Dict(keys=fields.String(),
                                                                        values=fields.Integer())))
 

@@ -1,9 +1,11 @@
-"""The glibc malloc arena cap: `[api] malloc_arenas` reaches glibc, and the daemon says which
-cap is in effect in GET /api/health/detail, beside how full its bounded caches are."""
+"""glibc malloc tuning: `[api] malloc_arenas` and `malloc_mmap_threshold_kb` reach glibc, and
+the daemon says what is in effect in GET /api/health/detail, beside how full its bounded
+caches are."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,8 +25,8 @@ except OSError:
 # malloc_info's XML (one <heap nr=...> per arena).
 COUNT_ARENAS = textwrap.dedent("""
     import ctypes, os, sys, tempfile, threading
-    from agentd.malloc_arenas import cap_arenas
-    print(cap_arenas(int(sys.argv[1])))
+    from agentd.malloc_tuning import tune_malloc
+    print(tune_malloc(int(sys.argv[1]), 0)["arenas"])
     barrier = threading.Barrier(8)
     def work():
         barrier.wait()
@@ -45,12 +47,35 @@ COUNT_ARENAS = textwrap.dedent("""
 """)
 
 
-def arenas_after_threads(cap: int, env: dict[str, str] | None = None) -> tuple[str, int]:
-    import os
+# A 1 MiB block is mapped, freed, then asked for again: mapped once more under a fixed
+# threshold; from the heap once glibc's own threshold has risen past it.
+MAPPED_AGAIN = textwrap.dedent("""
+    import ctypes, sys
+    from agentd.malloc_tuning import tune_malloc
+    print(tune_malloc(0, int(sys.argv[1]))["mmap_threshold"])
+    libc = ctypes.CDLL(None)
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = libc.mallinfo2().hblks
+    libc.free(libc.malloc(1 << 20))
+    block = libc.malloc(1 << 20)
+    print(libc.mallinfo2().hblks - before)
+""")
 
-    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    out = subprocess.run([sys.executable, "-c", COUNT_ARENAS, str(cap)], capture_output=True, text=True,
-                         check=True, timeout=60, env={**environ, **(env or {})}).stdout.split()
+
+def run_script(script: str, arg: int, env: dict[str, str] | None = None) -> list[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return subprocess.run([sys.executable, "-c", script, str(arg)], capture_output=True, text=True,
+                          check=True, timeout=60, env={**environ, **(env or {})}).stdout.split()
+
+
+def arenas_after_threads(cap: int, env: dict[str, str] | None = None) -> tuple[str, int]:
+    out = run_script(COUNT_ARENAS, cap, env)
     return out[0], int(out[1])
 
 
@@ -64,16 +89,25 @@ def test_the_cap_limits_the_heaps_glibc_makes() -> None:
     assert arenas_after_threads(2, {"MALLOC_ARENA_MAX": "1"}) == ("1", 1)
 
 
+@pytest.mark.skipif(not GLIBC or not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc 2.33 or later")
+def test_a_fixed_threshold_keeps_large_blocks_mapped() -> None:
+    assert run_script(MAPPED_AGAIN, 128) == ["131072", "1"]
+    assert run_script(MAPPED_AGAIN, 0) == ["None", "0"], "glibc's own threshold rose past the freed block"
+    # MALLOC_MMAP_THRESHOLD_, read by glibc itself, wins over the config key and is reported.
+    assert run_script(MAPPED_AGAIN, 0, {"MALLOC_MMAP_THRESHOLD_": "65536"}) == ["65536", "1"]
+
+
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
 def test_the_daemon_applies_the_configured_cap_and_reports_its_caches(tmp_path: Path, fake_llm) -> None:
-    config = (FAST_API + "malloc_arenas = 1\n" + llm_config(fake_llm)[len(FAST_API):]
+    config = (FAST_API + "malloc_arenas = 1\nmalloc_mmap_threshold_kb = 0\n" + llm_config(fake_llm)[len(FAST_API):]
               + "\n[agents]\ncached_sessions = 2\n[memory]\nindex_cache_fragments = 500\n")
     configured = Daemon(make_home(tmp_path / "one", config), env_extra=LLM_ENV).start()
     default = Daemon(make_home(tmp_path / "default")).start()
     try:
-        assert default.get("/api/health/detail").json()["malloc_arenas"] == 2
+        as_installed = default.get("/api/health/detail").json()
+        assert (as_installed["malloc_arenas"], as_installed["malloc_mmap_threshold"]) == (2, 131072)
         health = configured.get("/api/health/detail").json()
-        assert health["malloc_arenas"] == 1
+        assert (health["malloc_arenas"], health["malloc_mmap_threshold"]) == (1, None)
         assert health["caches"] == {"sessions": {"held": 0, "bound": 2},
                                     "index_fragments": {"held": 0, "bound": 500},
                                     "query_embeddings": {"held": 0, "bound": 256}}
@@ -90,9 +124,14 @@ def test_the_daemon_applies_the_configured_cap_and_reports_its_caches(tmp_path: 
         default.stop()
 
 
-def test_a_bad_cap_is_refused_at_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key, value, message", [
+    ("malloc_arenas", "100", "api.malloc_arenas: must be between 0 and 64"),
+    ("malloc_mmap_threshold_kb", "32769", "api.malloc_mmap_threshold_kb: must be between 0 and 32768"),
+    ("malloc_mmap_threshold_kb", "-1", "api.malloc_mmap_threshold_kb: must be between 0 and 32768"),
+])
+def test_a_bad_setting_is_refused_at_start(tmp_path: Path, key: str, value: str, message: str) -> None:
     from agentd.config import ConfigError, load_config
 
-    home = make_home(tmp_path, "[api]\nmalloc_arenas = 100\n")
-    with pytest.raises(ConfigError, match="api.malloc_arenas: must be between 0 and 64"):
+    home = make_home(tmp_path, f"[api]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=message):
         load_config(home)
