@@ -45,6 +45,15 @@ def expect(value: Any, kinds: type | tuple[type, ...], key: str, what: str) -> A
     return value
 
 
+def set_int(table: dict[str, Any], target: Any, section: str, key: str, low: int, high: int) -> None:
+    """`target.key` = `table[key]` when given: an integer from `low` to `high`, else ConfigError."""
+    if key in table:
+        value = expect(table[key], int, f"{section}.{key}", "an integer")
+        if not low <= value <= high:
+            raise ConfigError(f"config key {section}.{key}: must be between {low} and {high}")
+        setattr(target, key, value)
+
+
 def api_table(data: dict[str, Any]) -> ApiConfig:
     """The `[api]` table (and the top-level `api_listen`), validated."""
     api = ApiConfig()
@@ -77,22 +86,10 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
             if not host.strip():
                 raise ConfigError("config key api.allowed_hosts: entries must not be empty")
         api.allowed_hosts = [h.strip() for h in hosts]
-    for key in ("threads", "max_streams"):
-        if key in table:
-            value = expect(table[key], int, f"api.{key}", "an integer")
-            if not 1 <= value <= 1024:
-                raise ConfigError(f"config key api.{key}: must be between 1 and 1024")
-            setattr(api, key, value)
-    if "malloc_arenas" in table:
-        arenas = expect(table["malloc_arenas"], int, "api.malloc_arenas", "an integer")
-        if not 0 <= arenas <= 64:
-            raise ConfigError("config key api.malloc_arenas: must be between 0 and 64")
-        api.malloc_arenas = arenas
-    if "malloc_mmap_threshold_kb" in table:
-        threshold = expect(table["malloc_mmap_threshold_kb"], int, "api.malloc_mmap_threshold_kb", "an integer")
-        if not 0 <= threshold <= 32768:  # glibc refuses more than 32 MiB
-            raise ConfigError("config key api.malloc_mmap_threshold_kb: must be between 0 and 32768")
-        api.malloc_mmap_threshold_kb = threshold
+    set_int(table, api, "api", "threads", 1, 1024)
+    set_int(table, api, "api", "max_streams", 1, 1024)
+    set_int(table, api, "api", "malloc_arenas", 0, 64)
+    set_int(table, api, "api", "malloc_mmap_threshold_kb", 0, 32768)  # glibc refuses more than 32 MiB
     if "shutdown_grace_secs" in table:
         grace = expect(table["shutdown_grace_secs"], (int, float), "api.shutdown_grace_secs", "a number")
         api.shutdown_grace_secs = float(grace)
@@ -177,21 +174,9 @@ def memory_table(data: dict[str, Any]) -> MemoryConfig:
                                              "a boolean")
     if "share_episodic" in table:
         memory.share_episodic = expect(table["share_episodic"], bool, "memory.share_episodic", "a boolean")
-    if "recall_limit" in table:
-        limit = expect(table["recall_limit"], int, "memory.recall_limit", "an integer")
-        if not 0 <= limit <= 50:
-            raise ConfigError("config key memory.recall_limit: must be between 0 and 50")
-        memory.recall_limit = limit
-    if "embed_threads" in table:
-        threads = expect(table["embed_threads"], int, "memory.embed_threads", "an integer")
-        if not 0 <= threads <= 64:
-            raise ConfigError("config key memory.embed_threads: must be between 0 and 64")
-        memory.embed_threads = threads
-    if "index_cache_fragments" in table:
-        held = expect(table["index_cache_fragments"], int, "memory.index_cache_fragments", "an integer")
-        if not 100 <= held <= 10_000_000:
-            raise ConfigError("config key memory.index_cache_fragments: must be between 100 and 10000000")
-        memory.index_cache_fragments = held
+    set_int(table, memory, "memory", "recall_limit", 0, 50)
+    set_int(table, memory, "memory", "embed_threads", 0, 64)
+    set_int(table, memory, "memory", "index_cache_fragments", 100, 10_000_000)
     bounds = {"decay_days": (0.0, None), "consolidate_every_hours": (0.0, None), "min_score": (-1.0, 1.0),
               "decay_factor": (0.0, 1.0), "decay_floor": (0.0, 1.0)}
     for key, (low, high) in bounds.items():
@@ -218,11 +203,7 @@ def triggers_table(data: dict[str, Any]) -> TriggersConfig:
     """The `[triggers]` table, validated."""
     triggers = TriggersConfig()
     table = expect(data.get("triggers", {}), dict, "triggers", "a table")
-    if "rate_limit_per_minute" in table:
-        rate = expect(table["rate_limit_per_minute"], int, "triggers.rate_limit_per_minute", "an integer")
-        if not 1 <= rate <= 10_000:
-            raise ConfigError("config key triggers.rate_limit_per_minute: must be between 1 and 10000")
-        triggers.rate_limit_per_minute = rate
+    set_int(table, triggers, "triggers", "rate_limit_per_minute", 1, 10_000)
     return triggers
 
 
@@ -234,11 +215,7 @@ def schedules_table(data: dict[str, Any]) -> SchedulesConfig:
         cfg.enabled = expect(table["enabled"], bool, "schedules.enabled", "a boolean")
     for key, low, high in (("failure_backoff_after", 1, 1000), ("delivery_attempts", 1, 20),
                            ("max_jobs_per_agent", 1, 100_000)):
-        if key in table:
-            value = expect(table[key], int, f"schedules.{key}", "an integer")
-            if not low <= value <= high:
-                raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
-            setattr(cfg, key, value)
+        set_int(table, cfg, "schedules", key, low, high)
     for key, low, high in (("backoff_max_secs", 1, 7 * 86400), ("misfire_grace_secs", 0, 86400)):
         if key in table:
             value = expect(table[key], (int, float), f"schedules.{key}", "a number")

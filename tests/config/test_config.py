@@ -100,3 +100,27 @@ def test_bad_env_listen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_split_listen_ipv6() -> None:
     assert split_listen("[::1]:4200") == ("::1", 4200)
+
+
+BOUNDED_INTEGERS = [("api", "threads", 1, 1024), ("api", "max_streams", 1, 1024), ("api", "malloc_arenas", 0, 64),
+                    ("api", "malloc_mmap_threshold_kb", 0, 32768), ("memory", "recall_limit", 0, 50),
+                    ("memory", "embed_threads", 0, 64), ("memory", "index_cache_fragments", 100, 10_000_000),
+                    ("triggers", "rate_limit_per_minute", 1, 10_000), ("schedules", "failure_backoff_after", 1, 1000),
+                    ("schedules", "delivery_attempts", 1, 20), ("schedules", "max_jobs_per_agent", 1, 100_000)]
+
+
+@pytest.mark.parametrize("section, key, low, high", BOUNDED_INTEGERS)
+def test_a_bounded_integer_takes_its_ends_and_nothing_past_them(tmp_path: Path, section: str, key: str,
+                                                                  low: int, high: int) -> None:
+    for value in (low, high):
+        write(tmp_path, f"[{section}]\n{key} = {value}\n")
+        assert getattr(getattr(load_config(tmp_path), section), key) == value
+    for value in (low - 1, high + 1):
+        write(tmp_path, f"[{section}]\n{key} = {value}\n")
+        with pytest.raises(ConfigError) as err:
+            load_config(tmp_path)
+        assert str(err.value).endswith(f"config.toml: config key {section}.{key}: must be between {low} and {high}")
+    write(tmp_path, f"[{section}]\n{key} = true\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert str(err.value).endswith(f"config.toml: config key {section}.{key}: expected an integer, got a boolean")
