@@ -23,7 +23,8 @@ from agentd.agents.manager import AgentManager
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.registry import AgentRegistry
 from agentd.agents.runqueue import RunQueues
-from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest, Runs
+from agentd.agents.run_request import CALLER, INLINE, WORKER, RunRequest
+from agentd.agents.runs import Runs
 from agentd.agents.session_store import SessionStore
 from agentd.agents.uploads import Uploads
 from agentd.config import parse_config

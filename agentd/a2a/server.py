@@ -29,7 +29,7 @@ from agentd.a2a.wire import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, ME
                               result_response, text_part, to_v1)
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
-from agentd.agents.runs import RunRequest
+from agentd.agents.run_request import RunRequest
 from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError
 from agentd.timestamps import iso, utcnow

@@ -49,7 +49,7 @@ class AgentOpsImpl:
         if handle.id == caller_id:
             raise ToolError("an agent cannot send a message to itself")
         # Run inline (not on the executor) so nested sends cannot starve the pool.
-        from agentd.agents.runs import INLINE, RunRequest
+        from agentd.agents.run_request import INLINE, RunRequest
 
         try:
             result = self.runs.start(RunRequest(handle, message, on=INLINE, wait=self.NESTED_LOCK_TIMEOUT,

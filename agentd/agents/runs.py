@@ -21,42 +21,43 @@ overlap, and the channel dispatcher orders each conversation's own.
 
 Whatever the place, one run is `Runs._execute`: its run lock, its run record and lease
 (agentd/cluster/run_leases.py), the agent loop with the model call, and the session write.
+
+Beside it: the request and ticket types and the 64 KB check (agentd/agents/run_request.py),
+the quota and budget refusals (run_checks.py), and the user turn (user_turn.py).
 """
 
 from __future__ import annotations
 
-import base64
-import collections
 import logging
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
-from agentd import tracing
+from agentd import logs, tracing
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.events import Event, Sink
-from agentd.agents.handle import MESSAGE_LIMIT, STOPPED_NOTE, AgentHandle, ConversationSession, RunOptions
+from agentd.agents.handle import STOPPED_NOTE, AgentHandle, ConversationSession, RunOptions
 from agentd.agents.loop import AgentLoop, LoopStopped, RunCancelled, RunResult, RunSpec
 from agentd.agents.model_call import ModelCalls
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.registry import AgentRegistry
+from agentd.agents.run_checks import RunChecks, recent_tokens
 from agentd.agents.run_errors import AgentRunError, run_error
-from agentd.agents.runqueue import ClaimedRun, QueuedRun, RunQueues
+from agentd.agents.run_request import CALLER, INLINE, WORKER, KeyRows, RunRequest, RunTicket, check_message
+from agentd.agents.runqueue import QueuedRun, RunQueues
 from agentd.agents.session_store import SessionStore
 from agentd.agents.tools import ToolContext
 from agentd.agents.tools.services import ModelAccess, ToolServices
 from agentd.agents.uploads import Uploads
+from agentd.agents.user_turn import build_user_message
 from agentd.config import Config
-from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge, TooManyRequests
+from agentd.errors import AgentdError, Conflict, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 from agentd.metrics import Metrics
 from agentd.skills import prompt_lines
 from agentd.store.outage import translate
-from agentd import logs
 
 if TYPE_CHECKING:
     from agentd.a2a.client import A2AClient
@@ -66,105 +67,6 @@ if TYPE_CHECKING:
     from agentd.memory.service import MemoryService
 
 log = logging.getLogger("agentd.agents")
-
-Where = Literal["worker", "caller", "inline"]
-WORKER: Where = "worker"
-CALLER: Where = "caller"
-INLINE: Where = "inline"
-
-
-def check_message(text: str, what: str = "message") -> None:
-    """413 for a message (or a workflow's input) over the 64 KB every client-facing entry allows."""
-    if len(text.encode("utf-8")) > MESSAGE_LIMIT:
-        raise PayloadTooLarge(f"{what} too large (max 64 KB)")
-
-
-@dataclass
-class RunRequest:
-    """One message for one agent, and how its caller takes the run (see the module doc)."""
-
-    handle: AgentHandle
-    text: str
-    attachments: list[dict[str, Any]] = field(default_factory=list)
-    options: RunOptions | None = None
-    emit: Sink | None = None  # the run's events (None: only the result is wanted)
-    cancel: threading.Event = field(default_factory=threading.Event)  # set to stop the run
-    on: Where = WORKER
-    wait: float | None = None  # INLINE: how long to wait for the agent's current run (None: no limit)
-    session_id: str = ""  # another session of the agent, created (labelled `label`) on first use
-    label: str = ""
-    # A client's text is held to 64 KB; a workflow step's prompt or an agent's send is
-    # composed from earlier answers and is not.
-    from_client: bool = True
-    # Who started the run: api, sse, ws, v1, channel, workflow, agent, schedule, trigger, mcp, a2a.
-    origin: str = "api"
-    # The starter's trace context: the run's span continues it on whichever thread runs it.
-    trace: Any = field(default_factory=tracing.capture)
-    # The HTTP request that asked for the run (its log lines name it, on any thread).
-    request_id: str | None = field(default_factory=logs.request_id)
-    # The scoped API key the run is paid by ("" : the admin key or nobody's): its budget is
-    # checked before the run and its usage rows name it (agentd/apikeys.py).
-    key_id: str = ""
-    # Whose conversation this is ("user:<name>", "key:<id>", "session:<name>",
-    # "channel:<adapter>:<sender>"; "" for the agent's own session): exchanges remembered
-    # from it are recalled only into the same person's runs.
-    owner: str = ""
-
-
-class _KeyRows(list):
-    """Usage rows that name the scoped key paying for them as they are collected."""
-
-    def __init__(self, key_id: str) -> None:
-        super().__init__()
-        self.key_id = key_id or None
-
-    def append(self, row: dict[str, Any]) -> None:
-        row["key_id"] = self.key_id
-        super().append(row)
-
-
-class RunTicket:
-    """A started run. `result()` returns its result (running it here when its place is the
-    caller's thread); `abandon()` is for a caller that will not wait after all; `stop()`
-    withdraws it while queued, else cancels it."""
-
-    def __init__(self, runs: "Runs", request: RunRequest, claimed: ClaimedRun | None = None,
-                 future: Future | None = None) -> None:
-        self._runs = runs
-        self.request = request
-        self._claimed = claimed
-        # The run's future when a worker runs (or may run) it; None for a run on the caller's thread.
-        self.future = future if future is not None else (
-            claimed.job.future if claimed is not None and not claimed.here else None)
-
-    @property
-    def here(self) -> bool:
-        """Whether the run executes on the thread that calls `result()`."""
-        return self.future is None
-
-    def result(self, disconnected: Callable[[], bool] | None = None) -> RunResult:
-        """The run's result (or its exception). A client that went away (`disconnected`)
-        withdraws a queued run and cancels a running one."""
-        if self._claimed is not None:
-            return self._claimed.result(disconnected)
-        if self.future is not None:
-            return self._runs.queues.wait(self.future, self.request.cancel, disconnected)
-        return self._runs._execute(self.request, recheck=False)
-
-    def abandon(self) -> None:
-        """The caller will not wait for the run (its client left first): free the agent, or
-        withdraw the queued run. Nothing once `result` was called."""
-        if self._claimed is not None:
-            self._claimed.abandon()
-        elif self.future is not None:
-            self.stop()
-
-    def stop(self) -> None:
-        """Withdraw the run if it is still queued, else cancel it."""
-        if self.future is None or not self.future.done():
-            if self.future is None or not self._runs.queues.withdraw(self.future):
-                self.request.cancel.set()
-
 
 class Runs:
     """Starts, queues, runs and stops agent runs (see the module doc)."""
@@ -188,8 +90,6 @@ class Runs:
         self.kv = kv
         self.memory = memory
         self.cluster = cluster
-        # The budget's refusal (Metering.check_budget), asked before every run.
-        self.preflight = preflight
         self.metrics = metrics
         # The task board and the event bus (a failed run is an event too).
         self.cooperation = cooperation
@@ -197,8 +97,9 @@ class Runs:
         self.skills = skills  # the installed skills (agentd/skills)
         self.a2a = a2a  # the client of remote A2A agents (agentd/a2a/client.py)
         self.cron = cron  # the cron jobs the schedule tools manage (agentd/schedules/jobs.py)
-        # A scoped key's own budget (KeyBudgets.check_budget), asked before each of its runs.
-        self.key_budget = key_budget
+        # The quota, the budget (Metering.check_budget) and a scoped key's own budget
+        # (KeyBudgets.check_budget), asked before every run.
+        self.checks = RunChecks(preflight, key_budget, metrics)
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -209,7 +110,7 @@ class Runs:
             check_message(request.text)
         if request.session_id:
             self.sessions.ensure(handle, request.session_id, request.label)
-        self.precheck(handle, request.key_id)
+        self.checks.precheck(handle, request.key_id)
         if request.session_id and request.on == WORKER:
             # Another session runs beside the agent's queue; the caller still does not block.
             return RunTicket(self, request, future=self.queues.executor.submit(self._execute, request, False))
@@ -221,13 +122,8 @@ class Runs:
                 return RunTicket(self, request, claimed=self.queues.claim(handle, job))
             return RunTicket(self, request, future=self.queues.submit(handle, job))
         except TooManyRequests:
-            self._refused("queue_full", handle)
+            self.checks.refused("queue_full", handle)
             raise
-
-    def _refused(self, reason: str, handle: AgentHandle) -> None:
-        # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.
-        if self.metrics is not None:
-            self.metrics.refusal(reason, handle.name)
 
     def _model_access(self, handle: AgentHandle) -> ModelAccess:
         info = self.catalog.get_model(handle.model)
@@ -242,53 +138,11 @@ class Runs:
         """What the agent's tools may do to other agents and memory, in a run from `origin`."""
         return AgentOpsImpl(self.registry, self, self.kv, self.memory, self.cooperation, origin)
 
-    # -- quotas -----------------------------------------------------------------
-    @staticmethod
-    def _recent_tokens(handle: AgentHandle, now: float) -> collections.deque:
-        """The agent's token log with entries older than an hour dropped (so it stays bounded)."""
-        log_ = handle.token_log
-        while log_ and log_[0][0] <= now - 3600:
-            log_.popleft()
-        return log_
-
-    def _check_quota(self, handle: AgentHandle) -> None:
-        limit = handle.manifest.tokens_per_hour
-        if not limit:
-            return
-        now = time.monotonic()  # the hour is a duration: a clock change must not move it
-        log_ = self._recent_tokens(handle, now)
-        used = sum(n for _, n in log_)
-        if used >= limit:
-            retry = int(log_[0][0] + 3600 - now) + 1 if log_ else 60
-            raise TooManyRequests(
-                f"message delivery failed: quota exceeded: {used} of {limit} LLM tokens used in the "
-                "last hour (max_llm_tokens_per_hour)", retry_after=retry)
-
     # -- running ------------------------------------------------------------------
     def build_user_message(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]],
                            images: list[ImagePart] | None = None) -> tuple[Message, list[dict[str, Any]]]:
-        """The user turn: text, attached text files inline, images as base64 parts."""
-        parts = [text]
-        image_parts = list(images or [])
-        refs: list[dict[str, Any]] = []
-        for att in attachments:
-            upload = self.uploads.read(handle, att.get("file_id", ""))
-            ctype = upload["content_type"]
-            data = upload["data"]
-            if ctype.startswith("image/"):
-                image_parts.append(ImagePart(ctype, base64.b64encode(data).decode("ascii")))
-                refs.append({"file_id": upload["id"], "filename": upload["filename"], "content_type": ctype})
-            elif ctype.startswith("text/"):
-                parts.append(f"\n[attached file {upload['filename']}]\n{data.decode('utf-8', 'replace')}")
-            else:
-                parts.append(f"\n[attached file {upload['filename']} ({ctype}, {len(data)} bytes); "
-                             "its content cannot be shown to the model]")
-        if image_parts:
-            info = self.catalog.get_model(handle.model)
-            if info is not None and not info.supports_vision:
-                raise BadRequest(f"model {handle.model} does not support images; "
-                                 "use a vision-capable model or send text only")
-        return Message(role="user", content="".join(parts), images=image_parts), refs
+        """The user turn (agentd/agents/user_turn.py): 400 for a bad attachment before a run starts."""
+        return build_user_message(self.uploads, self.catalog, handle, text, attachments, images)
 
     def _execute(self, request: RunRequest, recheck: bool = True) -> RunResult:
         if not tracing.enabled():
@@ -316,7 +170,7 @@ class Runs:
         handle = request.handle
         options = request.options or RunOptions()
         if recheck:
-            self.precheck(handle, request.key_id)
+            self.checks.precheck(handle, request.key_id)
         user, image_refs = self.build_user_message(handle, request.text, request.attachments, options.images)
         session = ConversationSession(request.session_id) if request.session_id else handle
         lock = None if request.session_id else handle.run_lock
@@ -407,7 +261,7 @@ class Runs:
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []
         # This run's usage rows, written with its session, each naming the key that pays.
-        usage: list[dict[str, Any]] = _KeyRows(request.key_id if request is not None else "")
+        usage: list[dict[str, Any]] = KeyRows(request.key_id if request is not None else "")
 
         quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
 
@@ -415,7 +269,7 @@ class Runs:
             costs.append(getattr(response, "cost_usd", None))
             if quota:
                 now = time.monotonic()
-                self._recent_tokens(handle, now).append(
+                recent_tokens(handle, now).append(
                     (now, response.usage.input_tokens + response.usage.output_tokens))
 
         spec = RunSpec(model=self.models.catalog.resolve(options.model) if options.model else handle.model,
@@ -477,22 +331,6 @@ class Runs:
         """Shutdown: cancel every queued and running run (their provider calls close at once)."""
         for handle in self.registry.loaded():
             self.queues.cancel(handle)
-
-    def precheck(self, handle: AgentHandle, key_id: str = "") -> None:
-        """Refusals that must happen before a response starts (quota, budget, the key's budget)."""
-        try:
-            self._check_quota(handle)
-        except TooManyRequests:
-            self._refused("quota", handle)
-            raise
-        try:
-            if self.preflight is not None:
-                self.preflight(handle)
-            if key_id and self.key_budget is not None:
-                self.key_budget(key_id)
-        except TooManyRequests:
-            self._refused("budget", handle)
-            raise
 
     def _memory_owner(self, handle: AgentHandle, request: RunRequest | None) -> str | None:
         """The person whose episodic memory a run sees and adds to; None: the agent shares

@@ -11,7 +11,7 @@ from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import UPLOAD_LIMIT, AgentHandle
-from agentd.agents.runs import check_message
+from agentd.agents.run_request import check_message
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel

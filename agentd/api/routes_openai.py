@@ -23,7 +23,7 @@ from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
 from agentd.api import body
-from agentd.agents.runs import check_message
+from agentd.agents.run_request import check_message
 from agentd.api.errors import OPENAI_TYPES, error_response
 from agentd.api.principal import principal, run_fields
 from agentd.api.routes_system import kernel

@@ -16,7 +16,7 @@ from flask import Blueprint, Response, jsonify
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle, AgentRunError, RunOptions
-from agentd.agents.runs import check_message
+from agentd.agents.run_request import check_message
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc

@@ -10,7 +10,7 @@ from flask import Blueprint, jsonify
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
-from agentd.agents.runs import check_message
+from agentd.agents.run_request import check_message
 from agentd.api import body
 from agentd.api.routes_system import kernel
 from agentd.api.runs import acquire_stream_slot, stream_slots

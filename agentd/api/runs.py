@@ -15,7 +15,7 @@ from flask import current_app, request
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import AgentHandle, RunOptions
-from agentd.agents.runs import CALLER, RunRequest
+from agentd.agents.run_request import CALLER, RunRequest
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 from agentd.server.slots import Slots

@@ -26,7 +26,7 @@ from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle
-from agentd.agents.runs import WORKER, RunRequest, RunTicket, check_message
+from agentd.agents.run_request import WORKER, RunRequest, RunTicket, check_message
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import stream_slots

@@ -34,8 +34,8 @@ from flask import Response, stream_with_context
 
 from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
+from agentd.agents.run_request import CALLER, RunRequest, RunTicket
 from agentd.agents.runqueue import Poller
-from agentd.agents.runs import CALLER, RunRequest, RunTicket
 from agentd.api.runs import POLL_SECS, acquire_stream_slot, client_disconnected, failure_event, result_event, stream_slots
 from agentd.api.sse import comment
 from agentd.kernel import Kernel

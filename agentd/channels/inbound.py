@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from agentd.agents.handle import RunOptions
 from agentd.agents.manager import AgentManager
-from agentd.agents.runs import INLINE, RunRequest, Runs, check_message
+from agentd.agents.run_request import INLINE, RunRequest, check_message
+from agentd.agents.runs import Runs
 from agentd.channels import lifecycle
 from agentd.channels import overrides as channel_overrides
 from agentd.channels.adapter import Adapter, ChannelError, Conversation, Inbound

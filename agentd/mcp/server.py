@@ -67,7 +67,7 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
     @server.tool(name="message_agent", description="Send a message to an agent (by id or name) and return its "
                                                    "reply; the run's progress arrives as progress notifications.")
     async def message_agent(agent: str, message: str, ctx: Context) -> str:
-        from agentd.agents.runs import RunRequest
+        from agentd.agents.run_request import RunRequest
 
         caller = who(ctx)
         handle = find(agent, caller, "message")

@@ -30,7 +30,8 @@ from agentd.agents.events import Event
 from agentd.agents.handle import RunOptions
 from agentd.agents.listeners import AgentListeners
 from agentd.agents.loop import RunCancelled
-from agentd.agents.runs import CALLER, RunRequest, Runs
+from agentd.agents.run_request import CALLER, RunRequest
+from agentd.agents.runs import Runs
 from agentd.config import SchedulesConfig
 from agentd.errors import AgentdError, Conflict
 from agentd.llm.think import strip_think

@@ -137,7 +137,7 @@ class Triggers:
         if not admitted:
             log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
             return
-        from agentd.agents.runs import WORKER, RunRequest
+        from agentd.agents.run_request import WORKER, RunRequest
 
         prompt = patterns.render(trigger.prompt_template, event)
         try:

@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.agents.manager import AgentHandle
 from agentd.agents.registry import AgentRegistry
-from agentd.agents.runs import INLINE, RunRequest, Runs
+from agentd.agents.run_request import INLINE, RunRequest
+from agentd.agents.runs import Runs
 from agentd.errors import AgentdError
 from agentd.retry import backoff_delay
 from agentd.workflows.definition import render

@@ -33,7 +33,7 @@ def test_starting_state(env) -> None:
     assert (m.store, registry.store, sessions.store, uploads.store) == (env.store,) * 4
     assert (registry.config, models.config, runs.config, registry.catalog, models.catalog, runs.catalog) == \
         (env.config,) * 3 + (env.catalog,) * 3
-    assert (models.record_usage, sessions.write_usage, runs.preflight, runs.memory, registry.memory) == \
+    assert (models.record_usage, sessions.write_usage, runs.checks.preflight, runs.memory, registry.memory) == \
         (usage, written, pre, memory, memory)
     assert (runs.cluster, runs.queues.cluster, registry.queues, runs.queues.executor) == \
         (cluster, cluster, runs.queues, env.pool)
@@ -41,7 +41,7 @@ def test_starting_state(env) -> None:
     assert (registry._agents, registry._by_name, registry._killing, models.url_overrides) == ({}, {}, set(), {})
     assert m.url_overrides is models.url_overrides
     bare = env.manager(audit=None)
-    assert (bare.runs.preflight, bare.runs.memory, bare.runs.cluster, bare.sessions.write_usage,
+    assert (bare.runs.checks.preflight, bare.runs.memory, bare.runs.cluster, bare.sessions.write_usage,
             bare.registry.audit) == (None,) * 5
     assert isinstance(registry._lock, type(threading.RLock()))
     with registry._lock, registry._lock:   # re-entrant: spawn registers while holding it

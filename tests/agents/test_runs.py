@@ -21,6 +21,7 @@ from pony import orm
 
 from agentd.agents.handle import STOPPED_NOTE, RunOptions
 from agentd.agents.loop import RunCancelled
+from agentd.agents.run_checks import check_quota
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
@@ -54,20 +55,20 @@ def test_quota_at_and_past_the_limit(mgr) -> None:
     h = mgr.spawn(manifest("quota", "[capabilities]\nmax_llm_tokens_per_hour = 100\n"))
     now = time.monotonic()
     h.token_log.extend([(now - 3000, 60), (now - 10, 39)])
-    mgr.runs._check_quota(h)   # 99 of 100: allowed
+    check_quota(h)   # 99 of 100: allowed
     h.token_log.append((now - 5, 1))
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs.precheck(h)
+        mgr.runs.checks.precheck(h)
     assert err.value.message == ("message delivery failed: quota exceeded: 100 of 100 LLM tokens used in the "
                                  "last hour (max_llm_tokens_per_hour)")
     assert err.value.retry_after == 600, "retry when the oldest entry leaves the hour"
     h.token_log.appendleft((now - 3601, 500))   # older than an hour: dropped, not counted
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs._check_quota(h)
+        check_quota(h)
     assert "100 of 100" in err.value.message and len(h.token_log) == 3
     h.token_log[0] = (now - 3599.5, 60)
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs._check_quota(h)
+        check_quota(h)
     assert err.value.retry_after == 1
 
 
@@ -75,11 +76,11 @@ def test_quota_under_resources_and_none_without_limit(mgr) -> None:
     h = mgr.spawn(manifest("res", "[resources]\nmax_llm_tokens_per_hour = 5\n"))
     h.token_log.append((time.monotonic(), 5))
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs._check_quota(h)
+        check_quota(h)
     assert "5 of 5" in err.value.message
     free = mgr.spawn(manifest("free"))
     free.token_log.append((time.monotonic(), 10**9))
-    mgr.runs._check_quota(free)
+    check_quota(free)
 
 
 def test_the_quota_hour_ignores_wall_clock_steps(mgr, monkeypatch) -> None:
@@ -88,10 +89,10 @@ def test_the_quota_hour_ignores_wall_clock_steps(mgr, monkeypatch) -> None:
     wall = time.time()
     monkeypatch.setattr(time, "time", lambda: wall + 7200)  # the clock set two hours forward
     with pytest.raises(TooManyRequests):
-        mgr.runs._check_quota(h)
+        check_quota(h)
     monkeypatch.setattr(time, "time", lambda: wall - 7200)  # and back
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs._check_quota(h)
+        check_quota(h)
     assert err.value.retry_after == 3600
 
 
@@ -792,7 +793,7 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
 
 # -- Runs.start: one entry for every run ------------------------------------------------------------
 def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
-    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest, check_message
+    from agentd.agents.run_request import CALLER, INLINE, WORKER, RunRequest, check_message
     from agentd.errors import PayloadTooLarge
 
     preflight = Recorder()
@@ -816,7 +817,7 @@ def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fa
 
 
 def test_where_a_started_run_executes(env) -> None:
-    from agentd.agents.runs import CALLER, INLINE, WORKER, RunRequest
+    from agentd.agents.run_request import CALLER, INLINE, WORKER, RunRequest
 
     mgr = env.manager()
     h = mgr.spawn(manifest("where"))

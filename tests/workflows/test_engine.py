@@ -27,7 +27,7 @@ from agentd.llm.types import Usage
 from agentd.store import open_store
 from agentd.workflows import steps as steps_mod
 from agentd.workflows.definition import WorkflowDef
-from agentd.agents.runs import INLINE, RunRequest
+from agentd.agents.run_request import INLINE, RunRequest
 from agentd.workflows.engine import INTERRUPTED, WorkflowEngine
 from agentd.workflows.steps import StepRunner, _stop_reason, _wait_any, resolve
 from agentd.workflows.store import WorkflowStore

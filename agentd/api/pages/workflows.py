@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import render_template, request, url_for
 
-from agentd.agents.runs import check_message
+from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
