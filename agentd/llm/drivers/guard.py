@@ -21,7 +21,6 @@ import time
 from typing import Any, Callable
 
 from requests.adapters import HTTPAdapter, Response, get_encoding_from_headers
-from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -327,8 +326,11 @@ class GuardedAdapter(HTTPAdapter):
             return super().build_response(req, resp)
         response = Response()
         response.status_code = resp.status
-        response.headers = CaseInsensitiveDict(headers)
-        response.encoding = get_encoding_from_headers(response.headers)
+        # urllib3's header dict is case-insensitive too and joins repeated headers as
+        # requests' copy of it would: copied, a provider's dozen or two headers cost a
+        # method call or two each.
+        response.headers = headers
+        response.encoding = get_encoding_from_headers(headers)
         response.raw = resp
         response.reason = resp.reason
         response.url = req.url  # (always text once prepared)
