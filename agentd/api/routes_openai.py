@@ -126,7 +126,7 @@ def generation_params(data: dict[str, Any]) -> GenerationParams:
 def refuse_unsupported(data: Any) -> None:
     """400 naming the first parameter an agent run cannot honour (checked before the schema,
     so the message says why rather than which values the schema allows)."""
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or REFUSED.keys().isdisjoint(data):
         return
     for key, rejects in REFUSED.items():
         if key in data and rejects(data[key]):

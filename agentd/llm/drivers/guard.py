@@ -120,7 +120,11 @@ class _Watchdog:
     def add(self, guard: CallGuard) -> None:
         with self._lock:
             self._guards.add(guard)
-        self._wake.set()
+        # Cleared only by a watchdog that found no guard (under the lock, so before this
+        # one was added): set, it is awake already, and setting it again costs every call
+        # a condition's notify.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def remove(self, guard: CallGuard) -> None:
         with self._lock:
@@ -157,6 +161,9 @@ _watchdog_lock = threading.Lock()
 def watchdog() -> _Watchdog:
     """The process's watchdog, started on first use (importing this module starts no thread)."""
     global _watchdog
+    current = _watchdog
+    if current is not None:  # (every call asks twice: no lock once it runs)
+        return current
     with _watchdog_lock:
         if _watchdog is None:
             _watchdog = _Watchdog()
