@@ -23,6 +23,23 @@ def random_uuid() -> uuid.UUID:
     return uuid.UUID(int=_random.getrandbits(128), version=4)
 
 
+# The version-4 bits as `uuid.UUID(int=..., version=4)` sets them: variant 10, version 0100.
+_V4_CLEAR = ~(0xC000 << 48 | 0xF000 << 64)
+_V4_SET = 0x8000 << 48 | 4 << 76
+
+
+def random_uuid_hex() -> str:
+    """`random_uuid().hex` (a request's id), without the `UUID` object a request would
+    build and throw away."""
+    return "%032x" % (_random.getrandbits(128) & _V4_CLEAR | _V4_SET)
+
+
+def random_uuid_str() -> str:
+    """`str(random_uuid())`, without the `UUID` object."""
+    h = random_uuid_hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def time_ordered_uuid() -> uuid.UUID:
     """A version-7 UUID (RFC 9562), not for secrets: the Unix time in milliseconds, then
     random bits. Ids made one after another sort together, so an index keyed on them (the

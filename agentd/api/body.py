@@ -44,8 +44,9 @@ def _declared_body(environ: dict[str, Any], max_bytes: int) -> bytes | None:
 
 def raw_body(max_bytes: int) -> bytes:
     """The request body, refusing more than `max_bytes` (declared or streamed)."""
-    if "stream" not in request.__dict__:  # (werkzeug has not begun reading it: its cached stream)
-        data = _declared_body(request.environ, max_bytes)
+    req = request._get_current_object()
+    if "stream" not in req.__dict__:  # (werkzeug has not begun reading it: its cached stream)
+        data = _declared_body(req.environ, max_bytes)
         if data is not None:
             return data
     # A chunked or oddly declared body: werkzeug's reader, its size checks and its cache.
@@ -71,7 +72,7 @@ def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) ->
         if allow_empty:
             return None
         raise BadRequest("request body is empty; expected JSON")
-    if request.environ.get("CONTENT_TYPE") != "application/json":  # (the usual value: no parse)
+    if request._get_current_object().environ.get("CONTENT_TYPE") != "application/json":  # (the usual value: no parse)
         mimetype = request.mimetype
         if mimetype != "application/json" and not mimetype.endswith("+json"):
             raise UnsupportedMediaType(

@@ -153,8 +153,8 @@ def csrf_ok(token: str | None = None) -> bool:
 
 def set_cookie_if_needed(response: Any) -> Any:
     """Write (or clear) the session cookie decided during this request."""
-    value = g.get("dash_set_cookie")
-    if value is None:
+    value = g._get_current_object().get("dash_set_cookie")
+    if value is None:  # (every answer asks)
         return response
     path = request.script_root or "/"
     if value == "":

@@ -43,15 +43,16 @@ def install_guard(app: Flask, config: Config) -> None:
     origins = OriginPolicy(config.port, config.api.cors_origins)
 
     def _guard() -> Response | None:
-        environ = request.environ
+        req = request._get_current_object()  # (each use of the proxy looks the request up again)
+        environ = req.environ
         if not hosts.allows(environ.get("HTTP_HOST")):
-            if is_api_path(request.path):
+            if is_api_path(req.path):
                 return _refusal(400, HOST_MESSAGE)
             return error_response(400, HOST_MESSAGE)  # a dashboard page gets a short HTML page
         origin = environ.get("HTTP_ORIGIN")
         # The daemon's own origin only matters against an Origin header (worked out per
         # request, so not for the many requests without one).
-        if origins.refuses(request.method, origin, environ.get("HTTP_SEC_FETCH_SITE"),
+        if origins.refuses(req.method, origin, environ.get("HTTP_SEC_FETCH_SITE"),
                            _own_origin() if origin is not None else "", environ.get("HTTP_UPGRADE")):
             return _refusal(403, CROSS_SITE_MESSAGE)
         return None

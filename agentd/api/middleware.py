@@ -110,7 +110,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     @app.before_request
     def _start() -> Response | None:
         req = request._get_current_object()
-        g.started = time.perf_counter()
+        g._get_current_object().started = time.perf_counter()
         if req.method != "OPTIONS":
             return None
         origin = req.headers.get("Origin")

@@ -55,7 +55,7 @@ def _resolve(config: Config) -> Principal | None:
     """The request's principal; None when it brings no (valid) credential. A scoped key
     that is wrong, disabled or expired raises Unauthorized saying which."""
     if not config.api_key:
-        return ADMIN if _is_loopback(request.remote_addr) else None
+        return ADMIN if _is_loopback(request._get_current_object().remote_addr) else None
     presented = presented_key()
     if presented is None:
         # The dashboard's own pages and fetch/SSE calls carry its login cookie instead of the key.
@@ -73,13 +73,14 @@ def _resolve(config: Config) -> Principal | None:
 
 def current(config: Config) -> Principal | None:
     """The request's principal, resolved once (Unauthorized re-raised each time asked)."""
-    found = g.get("principal", _UNSET)
+    request_g = g._get_current_object()  # (each use of the proxy looks it up again)
+    found = request_g.get("principal", _UNSET)
     if found is _UNSET:
         try:
             found = _resolve(config)
         except Unauthorized as exc:
             found = exc
-        g.principal = found
+        request_g.principal = found
     if isinstance(found, Unauthorized):
         raise found
     return found  # type: ignore[return-value]
@@ -88,7 +89,7 @@ def current(config: Config) -> Principal | None:
 def principal() -> Principal:
     """The principal of the current request (admin when none was resolved: a route only
     runs after the auth hook let its request through)."""
-    found = g.get("principal")
+    found = g._get_current_object().get("principal")
     return found if isinstance(found, Principal) else ADMIN
 
 

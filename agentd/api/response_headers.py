@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 from agentd import logs
 from agentd.server.proxy import PEER_KEY
-from agentd.ids import random_uuid
+from agentd.ids import random_uuid_hex
 
 log = logging.getLogger("agentd.http")
 
@@ -52,7 +52,7 @@ class ResponseHeaders:
         self.fixed = list(fixed)  # the same on every answer (`X-Agentd-Daemon`); they replace the app's
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        environ[REQUEST_ID] = rid = random_uuid().hex
+        environ[REQUEST_ID] = rid = random_uuid_hex()
         started = time.perf_counter()
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:

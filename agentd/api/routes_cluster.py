@@ -66,11 +66,12 @@ def cluster_runs():
 @bp.before_app_request
 def _route_streams() -> None:
     """A stream for an agent running on another daemon: 409 naming that daemon."""
-    if request.endpoint not in STREAM_ENDPOINTS or not request.view_args:
+    req = request._get_current_object()  # (every request asks)
+    if req.endpoint not in STREAM_ENDPOINTS or not req.view_args:
         return
     k = current_app.extensions["agentd.kernel"]
     try:
-        handle = k.agents.get(request.view_args["agent_id"])
+        handle = k.agents.get(req.view_args["agent_id"])
     except BadRequest:
         return  # not an id: the route's own lookup answers (with a hint when it is a name)
     k.cluster.check_stream(handle)

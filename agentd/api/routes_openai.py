@@ -31,7 +31,7 @@ from agentd.api.runs import run_blocking
 from agentd.api.sse import encode_compact, format_event
 from agentd.api.streaming import StreamShape, stream_run
 from agentd.errors import AgentdError, BadRequest, NotFound, TooManyRequests
-from agentd.ids import random_uuid
+from agentd.ids import random_uuid_str
 from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
 from agentd.llm.types import GenerationParams, ImagePart
@@ -126,7 +126,7 @@ def generation_params(data: dict[str, Any]) -> GenerationParams:
 def refuse_unsupported(data: Any) -> None:
     """400 naming the first parameter an agent run cannot honour (checked before the schema,
     so the message says why rather than which values the schema allows)."""
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or REFUSED.keys().isdisjoint(data):
         return
     for key, rejects in REFUSED.items():
         if key in data and rejects(data[key]):
@@ -262,7 +262,7 @@ def _chat_completions():
     handle, text, options, stream, include_usage = parse_request(data)
     # The OpenAI `user` (else a scoped key itself) talks in a session of its own.
     run = run_fields(principal(), handle, user=data.get("user") or None, own_session=True)
-    completion_id = f"chatcmpl-{random_uuid()}"
+    completion_id = f"chatcmpl-{random_uuid_str()}"
     created = int(time.time())
     dropped = dropped_params(handle, options.params)
     if stream:

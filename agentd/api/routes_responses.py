@@ -29,7 +29,7 @@ from agentd.api.sse import encode_compact
 from agentd.api.streaming import StreamShape, stream_run
 from agentd.api.schemas_openai import RESPONSES_REQUEST_SCHEMA, ResponsesRequestSchema, as_chat_format
 from agentd.errors import BadRequest, NotFound, TooManyRequests
-from agentd.ids import random_uuid
+from agentd.ids import random_uuid_hex
 from agentd.llm.types import ImagePart
 from agentd.schema_fields import is_blank
 
@@ -127,8 +127,8 @@ class Shape:
     """The response object of one request, in each state it passes through."""
 
     def __init__(self, handle: AgentHandle, data: dict[str, Any]) -> None:
-        self.id = f"resp_{random_uuid().hex}"
-        self.message_id = f"msg_{random_uuid().hex}"
+        self.id = f"resp_{random_uuid_hex()}"
+        self.message_id = f"msg_{random_uuid_hex()}"
         self.created_at = int(time.time())
         self.handle = handle
         self.data = data

@@ -20,7 +20,8 @@ bp = Blueprint("system", __name__)
 
 def kernel() -> Kernel:
     """The kernel this app serves."""
-    return current_app.extensions["agentd.kernel"]
+    # (Asked several times a request: each attribute read through the proxy looks the app up.)
+    return current_app._get_current_object().extensions["agentd.kernel"]
 
 
 @bp.get("/api/health")

@@ -30,12 +30,12 @@ POLL_SECS = 0.1  # how often a live transport checks for stop and client disconn
 
 def client_disconnected() -> Callable[[], bool] | None:
     """waitress's check for the current request's client having gone away (None elsewhere)."""
-    return request.environ.get("waitress.client_disconnected")
+    return request._get_current_object().environ.get("waitress.client_disconnected")
 
 
 def stream_slots() -> Slots:
     """The app's cap on requests that hold a server thread (`[api] max_streams`)."""
-    return current_app.extensions["agentd.stream_slots"]
+    return current_app._get_current_object().extensions["agentd.stream_slots"]
 
 
 def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly",

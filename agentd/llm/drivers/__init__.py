@@ -57,7 +57,7 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
     if not endpoint.base_url:
         raise LLMError(f"{endpoint.provider}: no base URL configured", provider=endpoint.provider,
                        model=request.model, kind="bad_request")
-    delivered = threading.Event()
+    delivered = [False]  # an event reached the caller: a retry would repeat it
     cancel = cancel or threading.Event()
     if deadline is None:
         deadline = time.monotonic() + endpoint.timeout
@@ -65,7 +65,7 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
     def listener(event: Any) -> None:
         if cancel.is_set():
             raise _Cancelled()
-        delivered.set()
+        delivered[0] = True
         on_event(event)  # type: ignore[misc]
 
     attempt = 0
@@ -80,7 +80,7 @@ def complete(endpoint: ProviderEndpoint, request: ChatRequest, on_event: Callabl
         try:
             return _attempt(fmt, endpoint, request, listener if on_event else None, guard)
         except LLMError as exc:
-            if exc.kind == "cancelled" or not exc.retryable or attempt >= retries or delivered.is_set():
+            if exc.kind == "cancelled" or not exc.retryable or attempt >= retries or delivered[0]:
                 raise
             delay = retry_delay(attempt, exc.retry_after)
             if time.monotonic() + delay + MIN_ATTEMPT_SECS >= deadline:

@@ -21,7 +21,6 @@ import time
 from typing import Any, Callable
 
 from requests.adapters import HTTPAdapter, Response, get_encoding_from_headers
-from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -121,7 +120,11 @@ class _Watchdog:
     def add(self, guard: CallGuard) -> None:
         with self._lock:
             self._guards.add(guard)
-        self._wake.set()
+        # Cleared only by a watchdog that found no guard (under the lock, so before this
+        # one was added): set, it is awake already, and setting it again costs every call
+        # a condition's notify.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def remove(self, guard: CallGuard) -> None:
         with self._lock:
@@ -158,6 +161,9 @@ _watchdog_lock = threading.Lock()
 def watchdog() -> _Watchdog:
     """The process's watchdog, started on first use (importing this module starts no thread)."""
     global _watchdog
+    current = _watchdog
+    if current is not None:  # (every call asks twice: no lock once it runs)
+        return current
     with _watchdog_lock:
         if _watchdog is None:
             _watchdog = _Watchdog()
@@ -327,8 +333,11 @@ class GuardedAdapter(HTTPAdapter):
             return super().build_response(req, resp)
         response = Response()
         response.status_code = resp.status
-        response.headers = CaseInsensitiveDict(headers)
-        response.encoding = get_encoding_from_headers(response.headers)
+        # urllib3's header dict is case-insensitive too and joins repeated headers as
+        # requests' copy of it would: copied, a provider's dozen or two headers cost a
+        # method call or two each.
+        response.headers = headers
+        response.encoding = get_encoding_from_headers(headers)
         response.raw = resp
         response.reason = resp.reason
         response.url = req.url  # (always text once prepared)

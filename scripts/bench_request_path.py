@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The request path's own work per `/v1` (or `POST /message`) request, in process.
+
+A kernel and its Flask app serve requests handed straight to the WSGI app (no server, no
+load generator) from one thread, each answered through the real drivers by the fast canned
+upstream (`scripts/fast_upstream.py`, its own process), with memory off. Printed: the
+calling thread's CPU per request (each round, and the least: on a busy machine the least is
+the one other processes disturbed least), then, with `--opcodes`, the Python bytecode
+instructions run per request, in all and by file: a count that does not move with the
+machine's load, so a change to the request path can be weighed on a busy host. (The C
+parts, JSON, SQLite and system calls, count as the single instruction that called them.)
+
+    python scripts/bench_request_path.py [--route v1|message] [--requests 2000] [--rounds 5]
+                                         [--opcodes] [--top 30] [--by-function]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_side_by_side import start_process  # noqa: E402
+
+AGENTS = 64
+LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/agentd/"):
+        if marker in path:
+            rest = path.split(marker, 1)[1]
+            return "agentd/" + rest if marker == "/agentd/" else rest
+    if "/lib/python" in path:  # the standard library
+        return path.split("/lib/python", 1)[1].split("/", 1)[-1]
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--route", choices=("v1", "message"), default="v1")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--opcodes", action="store_true", help="count bytecode instructions per request")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--by-function", action="store_true", help="count by function, not by file")
+    args = parser.parse_args()
+
+    os.environ["OPENAI_API_KEY"] = "bench"
+    upstream_proc, upstream = start_process([sys.executable, str(ROOT / "scripts" / "fast_upstream.py")])
+    from werkzeug.test import EnvironBuilder
+
+    from agentd.api import create_app
+    from agentd.config import parse_config
+    from agentd.kernel import Kernel
+
+    tmp = tempfile.TemporaryDirectory()
+    config = {"api": {"rate_limit_per_second": 100000, "rate_limit_burst": 100000},
+              "memory": {"auto_remember": False},
+              "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
+              "provider_urls": {"openai": upstream}}
+    kernel = Kernel.open(parse_config(config, Path(tmp.name)))
+    try:
+        app = create_app(kernel)
+        client = app.test_client()
+        ids = []
+        for i in range(AGENTS):
+            r = client.post("/api/agents", json={"manifest_toml": f'name = "bench-{i}"\nprofile = "minimal"\n'},
+                            environ_base=LOCAL)
+            ids.append(r.get_json()["agent_id"])
+        if args.route == "v1":
+            targets = [("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hello"}], '
+                        b'"stream": false, "model": "agentd:bench-%d"}' % i) for i in range(AGENTS)]
+        else:
+            targets = [(f"/api/agents/{i}/message", b'{"message": "hello"}') for i in ids]
+        environs = [(EnvironBuilder(path=path, method="POST", data=body, content_type="application/json",
+                                    headers={"Host": "127.0.0.1"}, environ_base=LOCAL).get_environ(), body)
+                    for path, body in targets]
+        statuses: list[str] = []
+
+        def start_response(status: str, headers: list, exc_info: object = None) -> object:
+            statuses.append(status)
+            return lambda data: None
+
+        def one(i: int) -> None:
+            base, body = environs[i % AGENTS]
+            environ = dict(base)
+            environ["wsgi.input"] = io.BytesIO(body)
+            answer = app(environ, start_response)
+            for _ in answer:
+                pass
+            getattr(answer, "close", lambda: None)()
+
+        def reset() -> None:
+            for agent_id in ids:
+                client.post(f"/api/agents/{agent_id}/session/reset", environ_base=LOCAL)
+
+        for i in range(300):  # warm-up: connections, caches, lazy imports
+            one(i)
+        cpu = []
+        for _ in range(args.rounds):
+            reset()
+            statuses.clear()
+            began = time.thread_time()
+            for i in range(args.requests):
+                one(i)
+            cpu.append((time.thread_time() - began) * 1000 / args.requests)
+            if not all(s.startswith("200") for s in statuses):
+                raise SystemExit(f"not every request answered 200: {sorted(set(statuses))}")
+        print(f"{args.route}: thread CPU ms per request, {args.requests} requests a round: "
+              + " ".join(f"{c:.3f}" for c in cpu) + f" (least {min(cpu):.3f})")
+        if args.opcodes:
+            counts: collections.Counter[str] = collections.Counter()
+
+            def trace(frame, event, arg):  # noqa: ANN001 - sys.settrace's signature
+                code = frame.f_code
+                key = _short(code.co_filename) + (f":{code.co_name}" if args.by_function else "")
+                frame.f_trace_opcodes, frame.f_trace_lines = True, False
+
+                def local(frame, event, arg):  # noqa: ANN001
+                    if event == "opcode":
+                        counts[key] += 1
+                    return local
+                return local
+
+            reset()
+            traced = min(args.requests, 300)
+            sys.settrace(trace)
+            try:
+                for i in range(traced):
+                    one(i)
+            finally:
+                sys.settrace(None)
+            print(f"bytecode instructions per request: {sum(counts.values()) / traced:.0f}")
+            for key, n in counts.most_common(args.top):
+                print(f"{n / traced:9.0f}  {key}")
+    finally:
+        kernel.close()
+        tmp.cleanup()
+        upstream_proc.terminate()
+        upstream_proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
