@@ -102,6 +102,27 @@ def test_per_message_ids_are_version_4_uuids_and_do_not_repeat() -> None:
     assert len(set(ids)) == 2000
 
 
+def test_request_ids_as_text_are_version_4_uuids_with_random_bits_everywhere_else() -> None:
+    import uuid
+
+    from agentd.ids import random_uuid_hex, random_uuid_str
+
+    hexes = [random_uuid_hex() for _ in range(2000)]
+    texts = [random_uuid_str() for _ in range(2000)]
+    parsed = [uuid.UUID(hex=h) for h in hexes] + [uuid.UUID(t) for t in texts]
+    assert all(len(h) == 32 and h == h.lower() for h in hexes)
+    assert all(str(u) == t for u, t in zip(parsed[2000:], texts))
+    assert all(u.version == 4 and u.variant == uuid.RFC_4122 for u in parsed)
+    assert len({u.int for u in parsed}) == 4000
+    # Only the six version and variant bits are fixed: every other bit is seen both ways.
+    fixed = 0xF000 << 64 | 0xC000 << 48
+    ones = zeros = 0
+    for u in parsed:
+        ones |= u.int
+        zeros |= ~u.int & ((1 << 128) - 1)
+    assert ones & zeros == ((1 << 128) - 1) & ~fixed
+
+
 def test_run_ids_are_version_7_uuids_in_time_order() -> None:
     import time
     import uuid
