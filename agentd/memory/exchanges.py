@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from agentd.config import MemoryConfig
@@ -28,6 +29,10 @@ QUEUE_LIMIT = 1000
 # a count query or a recall, never a wrong answer).
 AGENTS_KEPT = 4096
 WORKER_BATCH = 32  # exchanges stored per model run by the background worker
+# Once an exchange arrives the worker waits this long for others before storing: a busy
+# daemon then wakes it once per several exchanges, not once each (a stored exchange is
+# recallable this much later, long before a person sends the next message).
+WORKER_WAIT_SECS = 0.02
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
 # The metadata key naming whose session an auto-remembered exchange came from.
 OWNER = "owner"
@@ -73,8 +78,10 @@ class ExchangeWorker:
     def _work(self) -> None:
         while True:
             batch = [self._queue.get()]
-            # Exchanges that queued up while the previous batch was stored go together: one
-            # model run per agent's batch and one transaction (see remember_many).
+            if self._queue.qsize() < WORKER_BATCH - 1:
+                time.sleep(WORKER_WAIT_SECS)
+            # Exchanges that queued up meanwhile go together: at most one model run for
+            # the batch (see _exchange_vectors).
             while len(batch) < WORKER_BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
