@@ -311,14 +311,22 @@ class SemanticMemory(Recall):
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
                 accessed: datetime, access_count: int) -> None:
-        """Inside a db_session: one fragment row and its metadata rows."""
-        self.store.e.MemoryRow(agent_id=agent_id, id=fid, content=content,
-                               embedding=None if vector is None else vector.astype("<f4").tobytes(),
-                               model=model, metadata=json.dumps(metadata), source=source,
-                               scope=scope, confidence=float(confidence), created_at=created,
-                               accessed_at=accessed, access_count=access_count)
+        """Inside a db_session: one fragment row and its metadata rows, in plain SQL (building
+        Pony objects for rows nothing reads back costs more than the statements)."""
+        if not all(isinstance(key, str) for key in metadata):
+            raise TypeError("metadata keys must be strings")
+        db = self.store.db
+        db.execute("INSERT INTO memory_fragments (agent_id, id, content, embedding, model, metadata, source, scope, "
+                   "confidence, created_at, accessed_at, access_count) VALUES ($a, $f, $content, $embedding, "
+                   "$model, $metadata, $source, $scope, $confidence, $created, $accessed, $count)",
+                   {"a": agent_id, "f": fid, "content": content,
+                    "embedding": None if vector is None else vector.astype("<f4").tobytes(), "model": model,
+                    "metadata": json.dumps(metadata), "source": source, "scope": scope,
+                    "confidence": float(confidence), "created": created, "accessed": accessed,
+                    "count": access_count})
         for key, value in metadata.items():
-            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+            db.execute("INSERT INTO memory_metadata (agent_id, memory_id, key, value) VALUES ($a, $f, $k, $v)",
+                       {"a": agent_id, "f": fid, "k": key, "v": canonical(value)})
 
     def _merge(self, agent_id: str, index: AgentIndex, fid: str, content: str, vector: np.ndarray,
                metadata: dict[str, Any], confidence: float, access_count: int = 0) -> None:
