@@ -112,13 +112,23 @@ class ExchangeWorker:
             for agent_id, places in by_agent.items():
                 log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
             return True
-        for agent_id, places in by_agent.items():
+        fragments = {agent_id: [{"content": batch[at][2], "source": "conversation", "scope": EPISODIC,
+                                 "metadata": batch[at][3]} for at in places]
+                     for agent_id, places in by_agent.items()}
+        chosen = {agent_id: [vectors[at] for at in places] for agent_id, places in by_agent.items()}
+        try:
+            together: list[list[dict[str, Any]]] | None = self.semantic.remember_groups(
+                [(agent_id, fragments[agent_id], chosen[agent_id]) for agent_id in by_agent],
+                same_text_only=not whole)
+        except Exception:  # noqa: BLE001 - stored agent by agent below, where failures are logged
+            log.debug("one transaction for %d exchange(s) failed; storing them agent by agent", len(batch),
+                      exc_info=True)
+            together = None
+        for n, (agent_id, places) in enumerate(by_agent.items()):
             items = [batch[at] for at in places]
             try:
-                stored = self.semantic.remember_many(agent_id, [
-                    {"content": content, "source": "conversation", "scope": EPISODIC, "metadata": metadata}
-                    for _, _, content, metadata in items], [vectors[at] for at in places],
-                    same_text_only=not whole)
+                stored = together[n] if together is not None else self.semantic.remember_many(
+                    agent_id, fragments[agent_id], chosen[agent_id], same_text_only=not whole)
                 known = self._exchanges.get(agent_id)
                 if known is None:
                     while len(self._exchanges) >= AGENTS_KEPT:

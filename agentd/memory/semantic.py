@@ -10,6 +10,7 @@ dedup decision and the insert it leads to cannot interleave with another write.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -245,6 +246,39 @@ class SemanticMemory(Recall):
         if not all(result["merged"] for result in results):
             self._trim(agent_id)
         self._changed(agent_id)
+        return results
+
+    def remember_groups(self, groups: list[tuple[str, list[dict[str, Any]], Sequence[np.ndarray]]],
+                        same_text_only: bool = False) -> list[list[dict[str, Any]]]:
+        """`remember_many` for several agents' fragments (`(agent_id, items, vectors)`, one
+        group per agent) in one transaction: the background worker's batch, one commit
+        instead of one per fragment. Every group's agent lock is held until the commit, so no
+        other write of theirs reads the index ahead of the store. When the transaction fails
+        none of it is kept: the groups' indexes, which may hold rows the rollback undid, are
+        dropped (the next search reads them back) and the error is raised; the caller can
+        still store the groups one by one (`remember_many`)."""
+        agents = sorted({agent_id for agent_id, _, _ in groups})
+        with contextlib.ExitStack() as held:
+            for agent_id in agents:  # always in this order: two holders never wait on each other
+                held.enter_context(self.lock(agent_id))
+            try:
+                with orm.db_session:
+                    results = [[self._remember(agent_id, self.index(agent_id), item["content"], vector,
+                                               item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                               item.get("metadata") or {}, item.get("confidence", 1.0),
+                                               same_text_only)
+                                for item, vector in zip(items, vectors)]
+                               for agent_id, items, vectors in groups]
+            except BaseException:
+                with self._guard:
+                    for agent_id in agents:
+                        self._generation[agent_id] = next(_GENERATIONS)
+                        self._indexes.pop(agent_id, None)
+                raise
+        for (agent_id, _, _), stored in zip(groups, results):
+            if not all(result["merged"] for result in stored):
+                self._trim(agent_id)
+            self._changed(agent_id)
         return results
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,

@@ -797,6 +797,25 @@ def test_a_failed_batch_is_logged_and_the_worker_goes_on(svc, caplog) -> None:
     assert a not in svc._exchanges
 
 
+def test_a_batch_whose_transaction_fails_is_stored_agent_by_agent(svc, monkeypatch) -> None:
+    a, b = new_agent(), new_agent()
+    tried: list[list[str]] = []
+
+    def fail(groups: Any, same_text_only: bool = False) -> Any:
+        tried.append([agent for agent, _, _ in groups])
+        raise RuntimeError("database busy")
+
+    monkeypatch.setattr(exchanges_mod, "WORKER_WAIT_SECS", 1.0)
+    monkeypatch.setattr(svc.semantic, "remember_groups", fail)
+    svc.after_exchange(a, "s", "q1", "a1")
+    svc.after_exchange(b, "s", "q2", "a2")
+    svc.drain()
+    assert tried == [[a, b]]
+    assert [i["content"] for i in svc.page(a, 10, 0)["memories"]] == [exchange("q1", "a1")]
+    assert [i["content"] for i in svc.page(b, 10, 0)["memories"]] == [exchange("q2", "a2")]
+    assert set(svc._exchanges[a].values()) == {"q1"} and set(svc._exchanges[b].values()) == {"q2"}
+
+
 def test_exchanges_of_a_forgotten_agent_are_not_stored(svc) -> None:
     a, b = new_agent(), new_agent()
     svc.emb.gate = threading.Event()
