@@ -261,9 +261,11 @@ class SemanticMemory(Recall):
         with contextlib.ExitStack() as held:
             for agent_id in agents:  # always in this order: two holders never wait on each other
                 held.enter_context(self.lock(agent_id))
+            # Read before the transaction: a build must not hold the write lock it would take.
+            indexes = {agent_id: self.index(agent_id) for agent_id in agents}
             try:
                 with orm.db_session:
-                    results = [[self._remember(agent_id, self.index(agent_id), item["content"], vector,
+                    results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
                                                item.get("source", "user_provided"), item.get("scope", "semantic"),
                                                item.get("metadata") or {}, item.get("confidence", 1.0),
                                                same_text_only)
