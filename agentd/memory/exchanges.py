@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from agentd.config import MemoryConfig
@@ -28,6 +29,10 @@ QUEUE_LIMIT = 1000
 # a count query or a recall, never a wrong answer).
 AGENTS_KEPT = 4096
 WORKER_BATCH = 32  # exchanges stored per model run by the background worker
+# Once an exchange arrives the worker waits this long for others before storing: a busy
+# daemon then wakes it once per several exchanges, not once each (a stored exchange is
+# recallable this much later, long before a person sends the next message).
+WORKER_WAIT_SECS = 0.02
 ASKED, ANSWERED = "User asked: ", "\nI responded: "
 # The metadata key naming whose session an auto-remembered exchange came from.
 OWNER = "owner"
@@ -73,8 +78,10 @@ class ExchangeWorker:
     def _work(self) -> None:
         while True:
             batch = [self._queue.get()]
-            # Exchanges that queued up while the previous batch was stored go together: one
-            # model run per agent's batch and one transaction (see remember_many).
+            if self._queue.qsize() < WORKER_BATCH - 1:
+                time.sleep(WORKER_WAIT_SECS)
+            # Exchanges that queued up meanwhile go together: at most one model run for
+            # the batch (see _exchange_vectors).
             while len(batch) < WORKER_BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -105,13 +112,23 @@ class ExchangeWorker:
             for agent_id, places in by_agent.items():
                 log.exception("remembering %d exchange(s) of agent %s failed", len(places), agent_id)
             return True
-        for agent_id, places in by_agent.items():
+        fragments = {agent_id: [{"content": batch[at][2], "source": "conversation", "scope": EPISODIC,
+                                 "metadata": batch[at][3]} for at in places]
+                     for agent_id, places in by_agent.items()}
+        chosen = {agent_id: [vectors[at] for at in places] for agent_id, places in by_agent.items()}
+        try:
+            together: list[list[dict[str, Any]]] | None = self.semantic.remember_groups(
+                [(agent_id, fragments[agent_id], chosen[agent_id]) for agent_id in by_agent],
+                same_text_only=not whole)
+        except Exception:  # noqa: BLE001 - stored agent by agent below, where failures are logged
+            log.debug("one transaction for %d exchange(s) failed; storing them agent by agent", len(batch),
+                      exc_info=True)
+            together = None
+        for n, (agent_id, places) in enumerate(by_agent.items()):
             items = [batch[at] for at in places]
             try:
-                stored = self.semantic.remember_many(agent_id, [
-                    {"content": content, "source": "conversation", "scope": EPISODIC, "metadata": metadata}
-                    for _, _, content, metadata in items], [vectors[at] for at in places],
-                    same_text_only=not whole)
+                stored = together[n] if together is not None else self.semantic.remember_many(
+                    agent_id, fragments[agent_id], chosen[agent_id], same_text_only=not whole)
                 known = self._exchanges.get(agent_id)
                 if known is None:
                     while len(self._exchanges) >= AGENTS_KEPT:

@@ -10,6 +10,7 @@ dedup decision and the insert it leads to cannot interleave with another write.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -247,6 +248,41 @@ class SemanticMemory(Recall):
         self._changed(agent_id)
         return results
 
+    def remember_groups(self, groups: list[tuple[str, list[dict[str, Any]], Sequence[np.ndarray]]],
+                        same_text_only: bool = False) -> list[list[dict[str, Any]]]:
+        """`remember_many` for several agents' fragments (`(agent_id, items, vectors)`, one
+        group per agent) in one transaction: the background worker's batch, one commit
+        instead of one per fragment. Every group's agent lock is held until the commit, so no
+        other write of theirs reads the index ahead of the store. When the transaction fails
+        none of it is kept: the groups' indexes, which may hold rows the rollback undid, are
+        dropped (the next search reads them back) and the error is raised; the caller can
+        still store the groups one by one (`remember_many`)."""
+        agents = sorted({agent_id for agent_id, _, _ in groups})
+        with contextlib.ExitStack() as held:
+            for agent_id in agents:  # always in this order: two holders never wait on each other
+                held.enter_context(self.lock(agent_id))
+            # Read before the transaction: a build must not hold the write lock it would take.
+            indexes = {agent_id: self.index(agent_id) for agent_id in agents}
+            try:
+                with orm.db_session:
+                    results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
+                                               item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                               item.get("metadata") or {}, item.get("confidence", 1.0),
+                                               same_text_only)
+                                for item, vector in zip(items, vectors)]
+                               for agent_id, items, vectors in groups]
+            except BaseException:
+                with self._guard:
+                    for agent_id in agents:
+                        self._generation[agent_id] = next(_GENERATIONS)
+                        self._indexes.pop(agent_id, None)
+                raise
+        for (agent_id, _, _), stored in zip(groups, results):
+            if not all(result["merged"] for result in stored):
+                self._trim(agent_id)
+            self._changed(agent_id)
+        return results
+
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
                   scope: str, metadata: dict[str, Any], confidence: float,
                   same_text_only: bool = False) -> dict[str, Any]:
@@ -311,14 +347,22 @@ class SemanticMemory(Recall):
     def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
                 metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
                 accessed: datetime, access_count: int) -> None:
-        """Inside a db_session: one fragment row and its metadata rows."""
-        self.store.e.MemoryRow(agent_id=agent_id, id=fid, content=content,
-                               embedding=None if vector is None else vector.astype("<f4").tobytes(),
-                               model=model, metadata=json.dumps(metadata), source=source,
-                               scope=scope, confidence=float(confidence), created_at=created,
-                               accessed_at=accessed, access_count=access_count)
+        """Inside a db_session: one fragment row and its metadata rows, in plain SQL (building
+        Pony objects for rows nothing reads back costs more than the statements)."""
+        if not all(isinstance(key, str) for key in metadata):
+            raise TypeError("metadata keys must be strings")
+        db = self.store.db
+        db.execute("INSERT INTO memory_fragments (agent_id, id, content, embedding, model, metadata, source, scope, "
+                   "confidence, created_at, accessed_at, access_count) VALUES ($a, $f, $content, $embedding, "
+                   "$model, $metadata, $source, $scope, $confidence, $created, $accessed, $count)",
+                   {"a": agent_id, "f": fid, "content": content,
+                    "embedding": None if vector is None else vector.astype("<f4").tobytes(), "model": model,
+                    "metadata": json.dumps(metadata), "source": source, "scope": scope,
+                    "confidence": float(confidence), "created": created, "accessed": accessed,
+                    "count": access_count})
         for key, value in metadata.items():
-            self.store.e.MemoryMetaRow(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
+            db.execute("INSERT INTO memory_metadata (agent_id, memory_id, key, value) VALUES ($a, $f, $k, $v)",
+                       {"a": agent_id, "f": fid, "k": key, "v": canonical(value)})
 
     def _merge(self, agent_id: str, index: AgentIndex, fid: str, content: str, vector: np.ndarray,
                metadata: dict[str, Any], confidence: float, access_count: int = 0) -> None:

@@ -19,7 +19,7 @@ from pony import orm
 
 from agentd.config import MemoryConfig
 from agentd.errors import BadRequest
-from agentd.memory import fields, semantic as semantic_mod, service as service_mod
+from agentd.memory import exchanges as exchanges_mod, fields, semantic as semantic_mod, service as service_mod
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
@@ -117,6 +117,7 @@ def count_rows(store, agent_id: str, table: str = "memory_fragments") -> int:
 def test_constants() -> None:
     assert service_mod.QUEUE_LIMIT == 1000
     assert service_mod.WORKER_BATCH == 32
+    assert exchanges_mod.WORKER_WAIT_SECS == 0.02
     assert service_mod.CONTEXT_HEADING == "## Relevant memories"
     assert (service_mod.ASKED, service_mod.ANSWERED) == ("User asked: ", "\nI responded: ")
 
@@ -660,6 +661,20 @@ def test_worker_batches_of_32_per_model_run(svc) -> None:
     assert len(svc._exchanges[a]) == 41
 
 
+def test_exchanges_sent_close_together_are_stored_in_one_pass(svc, monkeypatch) -> None:
+    monkeypatch.setattr(exchanges_mod, "WORKER_WAIT_SECS", 1.0)
+    a, b = new_agent(), new_agent()
+    calls = len(svc.emb.calls)
+    started = time.monotonic()
+    svc.after_exchange(a, "s", "one", "1")
+    svc.after_exchange(b, "s", "two", "2")
+    svc.after_exchange(a, "s", "three", "3")
+    svc.drain()
+    assert time.monotonic() - started >= 1.0, "BUG: the worker did not wait for more exchanges"
+    assert svc.emb.calls[calls:] == [["one", "two", "three"]], "BUG: one model run per exchange"
+    assert svc.page(a, 10, 0)["total"] == 2 and svc.page(b, 10, 0)["total"] == 1
+
+
 def test_an_exchange_reuses_the_vector_its_recall_made(svc) -> None:
     a = new_agent()
     svc.remember(a, "a fact to recall against")
@@ -780,6 +795,25 @@ def test_a_failed_batch_is_logged_and_the_worker_goes_on(svc, caplog) -> None:
     svc.drain()
     assert [i["content"] for i in svc.page(b, 10, 0)["memories"]] == [exchange("q4", "a4")]
     assert a not in svc._exchanges
+
+
+def test_a_batch_whose_transaction_fails_is_stored_agent_by_agent(svc, monkeypatch) -> None:
+    a, b = new_agent(), new_agent()
+    tried: list[list[str]] = []
+
+    def fail(groups: Any, same_text_only: bool = False) -> Any:
+        tried.append([agent for agent, _, _ in groups])
+        raise RuntimeError("database busy")
+
+    monkeypatch.setattr(exchanges_mod, "WORKER_WAIT_SECS", 1.0)
+    monkeypatch.setattr(svc.semantic, "remember_groups", fail)
+    svc.after_exchange(a, "s", "q1", "a1")
+    svc.after_exchange(b, "s", "q2", "a2")
+    svc.drain()
+    assert tried == [[a, b]]
+    assert [i["content"] for i in svc.page(a, 10, 0)["memories"]] == [exchange("q1", "a1")]
+    assert [i["content"] for i in svc.page(b, 10, 0)["memories"]] == [exchange("q2", "a2")]
+    assert set(svc._exchanges[a].values()) == {"q1"} and set(svc._exchanges[b].values()) == {"q2"}
 
 
 def test_exchanges_of_a_forgotten_agent_are_not_stored(svc) -> None:
