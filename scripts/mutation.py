@@ -147,6 +147,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
     "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
+    # The modules beside the run path: what a caller hands it, the refusals, the user turn.
+    **{f"agentd/agents/{name}.py": ["tests/agents/test_runs.py"] for name in ("run_request", "run_checks", "user_turn")},
     # The shared plumbing: backoff and Retry-After, HMAC, SSE lines.
     "agentd/retry.py": ["tests/channels/test_channel_units.py", "tests/llm/test_drivers.py"],
     "agentd/hmacs.py": ["tests/channels/test_channel_units.py"],

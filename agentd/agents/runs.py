@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentd.agents")
 
+
 class Runs:
     """Starts, queues, runs and stops agent runs (see the module doc)."""
 
