@@ -16,9 +16,13 @@ cached, once every agent's conversation is; a cache nothing uses (empty) is not 
 instead. The reference figure is read after the warm-up, then RSS at every tenth of the
 rest with the message rate and the caches' fill, and the growth from the reference to the
 end. Each figure is read once the daemon has gone quiet (the exchanges queued for memory
-are stored), so that it does not count the moment's backlog. `--config` adds TOML to
-config.toml (for instance `[api] malloc_arenas` or a smaller `[memory]
-index_cache_fragments`); the environment is passed on to the daemon (`MALLOC_ARENA_MAX`).
+are stored) and the memory worker has handed freed heap back a last time, so that it does
+not count the moment's backlog. Each reading splits RSS into RssAnon (glibc's main heap and
+the other anonymous mappings apart) and RssFile, and gives the SQLite connections open on
+the database, the heap SQLite holds (`sqlite_heap_kib`) and the database's size.
+`--config` adds TOML to config.toml (for instance `[api] malloc_arenas` or a smaller
+`[memory] index_cache_fragments`); the environment is passed on to the daemon
+(`MALLOC_ARENA_MAX`).
 
     python scripts/bench_rss.py [--messages 100000] [--agents 1000] [--conns 4] [--warmup N]
     python scripts/bench_rss.py --messages 20000 --config '[memory]
