@@ -51,6 +51,8 @@ from agentd.cluster.settings_follow import SettingsFollower
 from agentd.skills import Skills
 from agentd.store import Store, open_store
 from agentd.store.responses import StoredResponses
+from agentd.store.checkpoint import PAGE_CACHE_KIB
+from agentd.store.sqlite_memory import sqlite_heap_kib
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.apikeys import ApiKeys
@@ -353,6 +355,7 @@ class Kernel:
         """The body of GET /api/health/detail; `pool` is the HTTP server's thread use."""
         db_ok = self.store.ping()
         malloc = malloc_tuning.applied()
+        sqlite = self.store.backend == "sqlite"
         return {
             "status": "ok" if db_ok else "degraded",
             "version": __version__,
@@ -367,6 +370,9 @@ class Kernel:
             # glibc's heap arena cap and fixed mmap threshold in effect; null: glibc's own.
             "malloc_arenas": malloc["arenas"],
             "malloc_mmap_threshold": malloc["mmap_threshold"],
+            # SQLite: each connection's page cache bound, and SQLite's heap now (null on PostgreSQL).
+            "sqlite_page_cache_kib": PAGE_CACHE_KIB if sqlite else None,
+            "sqlite_heap_kib": sqlite_heap_kib() if sqlite else None,
             "caches": cache_fill(self.agents.sessions.cached, self.memory),
         }
 

@@ -16,9 +16,13 @@ cached, once every agent's conversation is; a cache nothing uses (empty) is not 
 instead. The reference figure is read after the warm-up, then RSS at every tenth of the
 rest with the message rate and the caches' fill, and the growth from the reference to the
 end. Each figure is read once the daemon has gone quiet (the exchanges queued for memory
-are stored), so that it does not count the moment's backlog. `--config` adds TOML to
-config.toml (for instance `[api] malloc_arenas` or a smaller `[memory]
-index_cache_fragments`); the environment is passed on to the daemon (`MALLOC_ARENA_MAX`).
+are stored) and the memory worker has handed freed heap back a last time, so that it does
+not count the moment's backlog. Each reading splits RSS into RssAnon (glibc's main heap and
+the other anonymous mappings apart) and RssFile, and gives the SQLite connections open on
+the database, the heap SQLite holds (`sqlite_heap_kib`) and the database's size.
+`--config` adds TOML to config.toml (for instance `[api] malloc_arenas` or a smaller
+`[memory] index_cache_fragments`); the environment is passed on to the daemon
+(`MALLOC_ARENA_MAX`).
 
     python scripts/bench_rss.py [--messages 100000] [--agents 1000] [--conns 4] [--warmup N]
     python scripts/bench_rss.py --messages 20000 --config '[memory]
@@ -35,10 +39,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import (FAST_API, Daemon, fast_upstream, make_home, rss_mb, send_messages,  # noqa: E402
-                      wait_quiet)
+from benchlib import (FAST_API, Daemon, fast_upstream, make_home, open_files, rss_mb, rss_parts,  # noqa: E402
+                      send_messages, wait_quiet)
 
 FULL = 0.95  # of a cache's bound: full (see the docstring)
+# After the daemon goes quiet, the memory worker hands freed heap back to the system once
+# more a second after its last batch (agentd/memory/trim.py); a reading before that counts
+# the last burst's scratch memory, which swung readings by up to 20 MB.
+SETTLE_SECS = 1.5
+
+
+def settle(pid: int) -> None:
+    wait_quiet(pid)
+    time.sleep(SETTLE_SECS)
 
 
 def spawn(d: Daemon, count: int) -> list[str]:
@@ -72,6 +85,18 @@ def all_full(found: dict[str, dict[str, int]], agents: int) -> bool:
     return all(full(name, c) for name, c in found.items())
 
 
+def parts(d: Daemon) -> str:
+    """RSS by kind, the SQLite connections open on the database, SQLite's heap and the
+    database's size."""
+    db = d.home / "data" / "agentd.db"
+    p = rss_parts(d.proc.pid)
+    heap = d.get("/api/health/detail").json()["sqlite_heap_kib"]
+    held = "?" if heap is None else f"{heap / 1024:.1f}"
+    return (f"anon {p['anon']:.1f} (heap {p['heap']:.1f}, other {p['other_anon']:.1f}), file {p['file']:.1f} MB; "
+            f"{open_files(d.proc.pid, db)} SQLite connections holding {held} MB, "
+            f"database {db.stat().st_size / 1e6:.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -101,14 +126,15 @@ def main() -> None:
                 count = min(chunk, args.messages - warmup)
                 bad += send_messages(d.url, ids, count, args.conns, first=warmup, text=text)
                 warmup += count
-                wait_quiet(pid)
+                settle(pid)
                 found = caches(d)
                 if args.warmup or all_full(found, args.agents):
                     break
-                print(f"warming up, {warmup} messages: RSS {rss_mb(pid):.1f} MB; caches {fill(found)}", flush=True)
+                print(f"warming up, {warmup} messages: RSS {rss_mb(pid):.1f} MB ({parts(d)}); caches {fill(found)}",
+                      flush=True)
             reference = rss_mb(pid)
-            print(f"after {warmup} messages (warm-up): RSS {reference:.1f} MB "
-                  f"({warmup / (time.perf_counter() - began):.0f} messages/s); caches {fill(found)}", flush=True)
+            print(f"after {warmup} messages (warm-up): RSS {reference:.1f} MB ({parts(d)}; "
+                  f"{warmup / (time.perf_counter() - began):.0f} messages/s); caches {fill(found)}", flush=True)
             step = max(1, -(-(args.messages - warmup) // 10))
             sent = warmup
             peak = reference
@@ -118,10 +144,10 @@ def main() -> None:
                 bad += send_messages(d.url, ids, count, args.conns, first=sent, text=text)
                 rate = count / (time.perf_counter() - at)
                 sent += count
-                wait_quiet(pid)
+                settle(pid)
                 now = rss_mb(pid)
                 peak = max(peak, now)
-                print(f"after {sent} messages: RSS {now:.1f} MB ({rate:.0f} messages/s); "
+                print(f"after {sent} messages: RSS {now:.1f} MB ({parts(d)}; {rate:.0f} messages/s); "
                       f"caches {fill(caches(d))}", flush=True)
             end = rss_mb(pid) if sent > warmup else reference
             print(f"RSS after warm-up {reference:.1f} MB, at the end {end:.1f} MB: "

@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support import FAST_API, Daemon, free_port, make_home  # noqa: E402
 
 __all__ = ["ROOT", "FAST_API", "Daemon", "free_port", "make_home", "fake_llm", "fast_upstream", "bench_daemon",
-           "timed_loop", "send_messages", "rss_mb", "cpu_seconds", "wait_quiet", "summary", "percentile"]
+           "timed_loop", "send_messages", "rss_mb", "rss_parts", "open_files", "cpu_seconds", "wait_quiet", "summary",
+           "percentile"]
 
 
 @contextmanager
@@ -140,6 +141,39 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_parts(pid: int) -> dict[str, float]:
+    """The resident set in MB by kind: `anon` (RssAnon: heap, arenas, mapped blocks), `file`
+    (RssFile: the program, libraries, mapped files) and, from /proc/PID/smaps, `heap` (glibc's
+    main heap) and `other_anon` (every other anonymous mapping: arenas, large blocks, stacks)."""
+    parts = {"anon": 0.0, "file": 0.0, "heap": 0.0, "other_anon": 0.0}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                parts["anon" if line.startswith("RssAnon") else "file"] = int(line.split()[1]) / 1024
+    kind = None
+    with open(f"/proc/{pid}/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+                kind = "heap" if name == "[heap]" else "other_anon" if not name else None
+            elif head[0] == "Rss:" and kind is not None:
+                parts[kind] += int(head[1]) / 1024
+    return parts
+
+
+def open_files(pid: int, path: Path) -> int:
+    """How many of the process's descriptors are open on `path` (for a SQLite database: its
+    connections)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == str(path)
+        except OSError:
+            pass
+    return count
 
 
 def cpu_seconds(pid: int) -> float:

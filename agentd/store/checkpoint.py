@@ -33,10 +33,19 @@ CHECKPOINT_SECS = 0.5
 #: `wal_autocheckpoint` of the store's connections, in pages (4 KB each): the backstop.
 AUTOCHECKPOINT_PAGES = 10_000
 
+#: Each connection's page cache bound in KiB (SQLite's own is 2,000). Pony keeps a connection for
+#: every thread that has used the store, and each one's cache keeps the pages its last
+#: transaction read until the thread's next transaction (which starts from an empty cache when
+#: another connection has committed since): a thread parked after a large read holds up to the
+#: bound for as long as it stays parked, so `[api] threads` of them could hold threads times
+#: the bound. Pages read again come back from the OS page cache.
+PAGE_CACHE_KIB = 512
+
 #: What every SQLite connection of the store runs first, Pony's and the writer's alike (the
 #: writer's once lacked `wal_autocheckpoint`, so requests still checkpointed every 1,000 pages).
 CONNECTION_PRAGMAS = ("journal_mode = WAL", "foreign_keys = ON", "synchronous = NORMAL",
-                      "busy_timeout = 5000", f"wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+                      "busy_timeout = 5000", f"wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}",
+                      f"cache_size = -{PAGE_CACHE_KIB}")
 
 
 class WalCheckpointer:

@@ -23,6 +23,8 @@ class HealthDetailSchema(Out):
     started_at = Str()
     malloc_arenas = Int(allow_none=True)
     malloc_mmap_threshold = Int(allow_none=True)
+    sqlite_page_cache_kib = Int(allow_none=True)
+    sqlite_heap_kib = Int(allow_none=True)
     caches = req(fields.Dict(keys=fields.String(), values=fields.Dict(keys=fields.String(),
                                                                        values=fields.Integer())))
 
