@@ -142,12 +142,12 @@ TESTS: dict[str, list[str]] = {
     # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
     "agentd/api/routes_openai.py": ["tests/api/test_routes_openai.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
-    **{f"agentd/agents/{name}.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"]
-       for name in ("registry",)},
+    "agentd/agents/registry.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"],
     # What the registry's helpers answer, called directly, then through a real manager's
     # spawn, listing and detail (every registry test spawns: the whole file is slow per mutant).
-    "agentd/agents/model_resolve.py": ["tests/agents/test_model_resolve.py", *(f"tests/agents/test_registry.py::{t}" for t in (
-        "test_model_resolution", "test_default_model_of_the_config_is_used"))],
+    "agentd/agents/model_resolve.py": ["tests/agents/test_model_resolve.py", *(
+        f"tests/agents/test_registry.py::{t}" for t in (
+            "test_model_resolution", "test_default_model_of_the_config_is_used"))],
     "agentd/agents/toolset.py": ["tests/agents/test_toolset.py", *(f"tests/agents/test_registry.py::{t}" for t in (
         "test_effective_tools_without_profile_or_list_are_the_ungated_ones",
         "test_effective_tools_custom_profile_and_star_are_all_ungated", "test_full_profile_implies_every_capability",
@@ -161,12 +161,18 @@ TESTS: dict[str, list[str]] = {
         "test_auth_status", "test_summary_list_item_and_detail_shapes", "test_defaults_in_the_views",
         "test_list_json_is_the_listing_of_the_live_agents"))],
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
-    # The glibc settings in process (a stand-in mallopt), then against glibc itself in a child
-    # interpreter (the daemon test only reads the figures back).
+    # The glibc settings in process with a stand-in mallopt (the tests against glibc itself run
+    # a child interpreter, where mutmut sees no calls; the daemon test only reads the figures back).
     "agentd/malloc_tuning.py": ["tests/test_malloc_tuning.py", "--deselect=tests/test_malloc_tuning.py::"
                                 "test_the_daemon_applies_the_configured_cap_and_reports_its_caches"],
-    # Auto-remember's queue and worker on a real store with the scripted embedder.
-    "agentd/memory/exchanges.py": ["tests/memory/test_service.py"],
+    # Auto-remember's queue and worker on a real store with the scripted embedder (the
+    # service's tests that wait out a 1000-exchange queue or a stuck worker's five seconds
+    # are left out: a full queue is tested on a small one).
+    "agentd/memory/exchanges.py": [
+        "tests/memory/test_exchanges.py", "tests/memory/test_service.py",
+        *(f"--deselect=tests/memory/test_service.py::{t}" for t in (
+            "test_a_full_queue_drops_the_exchange_with_a_warning",
+            "test_close_gives_up_on_a_stuck_worker_after_five_seconds"))],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
     "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
     # The shared plumbing: backoff and Retry-After, HMAC, SSE lines.
