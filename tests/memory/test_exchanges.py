@@ -1,7 +1,8 @@
-"""Auto-remember's queue (agentd/memory/exchanges.py) in process: the real MemoryService on a
-real SQLite store with a scripted embedder that can be held mid-run. A full queue drops the
-exchange with a warning and loses nothing already queued (on a small queue: the default
-thousand is the service's own test, tests/memory/test_service.py)."""
+"""Auto-remember (agentd/memory/exchanges.py) in process: the real MemoryService on a real
+SQLite store with a scripted embedder that can be held mid-run. Whose session an exchange
+came from, the question's vector made once, the heap handed back after a model run only, and
+a full queue dropping the exchange with a warning while keeping the queued ones (on a small
+queue: the default thousand is the service's own test, tests/memory/test_service.py)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,68 @@ def store(tmp_path_factory):
     s.close()
 
 
+def service(store, **config) -> MemoryService:  # type: ignore[no-untyped-def]
+    svc = MemoryService(MemoryConfig(**config), store)
+    svc._embedder = svc.emb = HeldEmbedder()  # type: ignore[attr-defined]
+    svc.trims = []  # type: ignore[attr-defined]
+    svc._trim = lambda: svc.trims.append(1)  # (glibc's malloc_trim: agentd/memory/trim.py)
+    return svc
+
+
+@pytest.fixture()
+def svc(store):
+    s = service(store)
+    yield s
+    s.close()
+
+
+def contents(svc: MemoryService, agent: str) -> dict[str, dict]:
+    return {m["content"]: m["metadata"] for m in svc.page(agent, 10, 0)["memories"]}
+
+
+def test_the_exchange_keeps_whose_session_it_came_from(svc) -> None:
+    a = str(uuid.uuid4())
+    svc.after_exchange(a, "s1", "hello there", "hi", owner="alice")
+    svc.after_exchange(a, "s1", "from the agent's own session", "ok", owner="")
+    svc.after_exchange(a, "s2", "no owner given", "fine")
+    svc.drain()
+    assert contents(svc, a) == {
+        "User asked: hello there\nI responded: hi": {"session_id": "s1", "owner": "alice"},
+        "User asked: from the agent's own session\nI responded: ok": {"session_id": "s1", "owner": ""},
+        "User asked: no owner given\nI responded: fine": {"session_id": "s2"}}
+
+
+def test_a_question_is_embedded_once_and_the_heap_handed_back_after_that_run_only(svc) -> None:
+    a = str(uuid.uuid4())
+    svc.after_exchange(a, "s", "a question never recalled", "x")
+    svc.drain()
+    assert svc.emb.calls[-1] == ["a question never recalled"] and svc.trims == [1]
+    runs = len(svc.emb.calls)
+    svc.after_exchange(a, "s", "a question never recalled", "y")   # its vector is in the query cache now
+    svc.drain()
+    assert len(svc.emb.calls) == runs, "BUG: the same question ran the model again"
+    assert svc.trims == [1], "no model run: nothing to hand back"
+    assert len(contents(svc, a)) == 2
+
+
+def test_the_whole_exchange_embedded_is_a_model_run_each_batch(store) -> None:
+    svc = service(store, embed_whole_exchange=True)
+    try:
+        a = str(uuid.uuid4())
+        for answer in ("x", "y"):
+            svc.after_exchange(a, "s", "same question", answer)
+            svc.drain()
+        assert svc.emb.calls[-2:] == [["User asked: same question\nI responded: x"],
+                                      ["User asked: same question\nI responded: y"]]
+        assert svc.trims == [1, 1]
+    finally:
+        svc.close()
+
+
 @pytest.fixture()
 def small_queue(store, monkeypatch):
     monkeypatch.setattr(service_mod, "QUEUE_LIMIT", 3)
-    svc = MemoryService(MemoryConfig(), store)
-    svc._embedder = svc.emb = HeldEmbedder()  # type: ignore[attr-defined]
+    svc = service(store)
     yield svc
     svc.close()
 
