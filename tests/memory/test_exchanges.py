@@ -136,3 +136,34 @@ def test_a_full_queue_drops_the_exchange_with_a_warning_and_keeps_the_queued_one
     contents = sorted(m["content"] for m in svc.page(a, 10, 0)["memories"])
     assert contents == ["User asked: first\nI responded: one", "User asked: q0\nI responded: a0",
                         "User asked: q1\nI responded: a1", "User asked: q2\nI responded: a2"]
+
+
+def test_a_batch_of_forgotten_agents_only_runs_no_model_and_hands_nothing_back(svc) -> None:
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(b, "s", "first", "one")          # held in the model
+    assert svc.emb.entered.wait(WAIT)
+    svc.after_exchange(a, "s", "q", "a")
+    svc.forget_agent(a)
+    svc.emb.gate.set()
+    svc.drain()
+    assert svc.emb.calls == [["first"]] and svc.trims == [1]
+    assert contents(svc, a) == {} and len(contents(svc, b)) == 1
+
+
+def test_whole_exchanges_close_in_meaning_merge_and_question_vectors_need_the_same_text(store) -> None:
+    one, other = "User asked: the sky?\nI responded: blue", "User asked: the sky?\nI responded: blue indeed"
+    for whole, expected in ((True, [other]), (False, None)):
+        svc = service(store, embed_whole_exchange=whole)
+        try:
+            same = np.zeros(svc.emb.dims, dtype=np.float32)
+            same[-1] = 1.0
+            svc.emb.vectors.update({one: same, other: same})
+            a = str(uuid.uuid4())
+            for answer in ("blue", "blue indeed"):
+                svc.after_exchange(a, "s", "the sky?", answer)
+                svc.drain()
+            # (by default both have the question's vector: an answer of its own is a fragment of its own)
+            assert sorted(contents(svc, a)) == (expected or sorted([one, other]))
+        finally:
+            svc.close()
