@@ -167,3 +167,65 @@ def test_whole_exchanges_close_in_meaning_merge_and_question_vectors_need_the_sa
             assert sorted(contents(svc, a)) == (expected or sorted([one, other]))
         finally:
             svc.close()
+
+
+def test_a_failed_model_run_is_logged_and_still_hands_the_heap_back(svc, caplog) -> None:
+    a = str(uuid.uuid4())
+    real = svc.emb.embed
+
+    def down(texts):  # type: ignore[no-untyped-def]
+        raise RuntimeError("embedder down")
+
+    svc.emb.embed = down
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        svc.after_exchange(a, "s", "q", "a")
+        svc.drain()
+    assert [r.getMessage() for r in caplog.records] == [f"remembering 1 exchange(s) of agent {a} failed"]
+    assert svc.trims == [1], "the failed run's scratch memory is handed back too"
+    svc.emb.embed = real
+    svc.after_exchange(a, "s", "q2", "a2")
+    svc.drain()
+    assert list(contents(svc, a)) == ["User asked: q2\nI responded: a2"]
+
+
+def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are_stored(svc, caplog,
+                                                                                        monkeypatch) -> None:
+    a, b, c = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    semantic = svc.semantic
+    real = semantic.remember_many
+
+    def remember_many(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if agent_id == a:
+            raise RuntimeError("no room")
+        return real(agent_id, *args, **kwargs)
+
+    monkeypatch.setattr(semantic, "remember_many", remember_many)
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(c, "s", "first", "one")          # held in the model: the next three go together
+    assert svc.emb.entered.wait(WAIT)
+    svc.after_exchange(a, "s", "q1", "a1")
+    svc.after_exchange(b, "s", "q2", "a2")
+    svc.after_exchange(a, "s", "q3", "a3")
+    with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        svc.emb.gate.set()
+        svc.drain()
+    [record] = caplog.records
+    assert (record.levelno, record.getMessage()) == (logging.ERROR, f"remembering 2 exchange(s) of agent {a} failed")
+    assert isinstance(record.exc_info[1], RuntimeError) and str(record.exc_info[1]) == "no room"
+    assert list(contents(svc, b)) == ["User asked: q2\nI responded: a2"] and contents(svc, a) == {}
+    assert a not in svc._exchanges and list(svc._exchanges[b].values()) == ["q2"]
+
+
+def test_the_agents_whose_exchanges_are_known_are_bounded_oldest_out(svc, monkeypatch) -> None:
+    from agentd.memory import exchanges
+
+    monkeypatch.setattr(exchanges, "AGENTS_KEPT", 2)
+    agents = [str(uuid.uuid4()) for _ in range(3)]
+    for n, agent in enumerate(agents):
+        svc.after_exchange(agent, "s", f"question {n}", "answer")
+        svc.drain(WAIT)
+    assert list(svc._exchanges) == agents[1:]
+    assert list(svc._exchanges[agents[2]].values()) == ["question 2"]
+    svc.after_exchange(agents[2], "s", "another", "answer")   # a known agent: nobody is dropped
+    svc.drain(WAIT)
+    assert list(svc._exchanges) == agents[1:]
