@@ -142,9 +142,37 @@ TESTS: dict[str, list[str]] = {
     # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
     "agentd/api/routes_openai.py": ["tests/api/test_routes_openai.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
-    **{f"agentd/agents/{name}.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"]
-       for name in ("registry", "views", "toolset", "model_resolve")},
+    "agentd/agents/registry.py": ["tests/agents/test_registry.py", "tests/agents/test_shared.py"],
+    # What the registry's helpers answer, called directly, then through a real manager's
+    # spawn, listing and detail (every registry test spawns: the whole file is slow per mutant).
+    "agentd/agents/model_resolve.py": ["tests/agents/test_model_resolve.py", *(
+        f"tests/agents/test_registry.py::{t}" for t in (
+            "test_model_resolution", "test_default_model_of_the_config_is_used"))],
+    "agentd/agents/toolset.py": ["tests/agents/test_toolset.py", *(f"tests/agents/test_registry.py::{t}" for t in (
+        "test_effective_tools_without_profile_or_list_are_the_ungated_ones",
+        "test_effective_tools_custom_profile_and_star_are_all_ungated", "test_full_profile_implies_every_capability",
+        "test_named_profiles_grant_what_their_tools_need", "test_an_explicit_grant_is_not_widened",
+        "test_an_explicit_list_needs_explicit_capabilities",
+        "test_the_handle_itself_is_not_changed_by_implied_capabilities", "test_observe_mode_offers_read_only_tools",
+        "test_effective_tools_asked_again_follow_the_mode_and_hand_out_copies",
+        "test_effective_tools_are_worked_out_once_per_manifest_and_mode",
+        "test_unknown_tool_warnings_skip_the_wildcard_and_known_names"))],
+    "agentd/agents/views.py": ["tests/agents/test_views.py", *(f"tests/agents/test_registry.py::{t}" for t in (
+        "test_auth_status", "test_summary_list_item_and_detail_shapes", "test_defaults_in_the_views",
+        "test_list_json_is_the_listing_of_the_live_agents"))],
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
+    # The glibc settings in process with a stand-in mallopt (the tests against glibc itself run
+    # a child interpreter, where mutmut sees no calls; the daemon test only reads the figures back).
+    "agentd/malloc_tuning.py": ["tests/test_malloc_tuning.py", "--deselect=tests/test_malloc_tuning.py::"
+                                "test_the_daemon_applies_the_configured_cap_and_reports_its_caches"],
+    # Auto-remember's queue and worker on a real store with the scripted embedder (the
+    # service's tests that wait out a 1000-exchange queue or a stuck worker's five seconds
+    # are left out: a full queue is tested on a small one).
+    "agentd/memory/exchanges.py": [
+        "tests/memory/test_exchanges.py", "tests/memory/test_service.py",
+        *(f"--deselect=tests/memory/test_service.py::{t}" for t in (
+            "test_a_full_queue_drops_the_exchange_with_a_warning",
+            "test_close_gives_up_on_a_stuck_worker_after_five_seconds"))],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
     "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
     # The modules beside the run path: what a caller hands it, the refusals, the user turn.

@@ -135,3 +135,111 @@ def test_a_bad_setting_is_refused_at_start(tmp_path: Path, key: str, value: str,
     home = make_home(tmp_path, f"[api]\n{key} = {value}\n")
     with pytest.raises(ConfigError, match=message):
         load_config(home)
+
+
+class FakeMallopt:
+    """glibc's mallopt in process: records each (option, value), answers `result` (1: done)."""
+
+    def __init__(self, result: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.result = result
+
+    def __call__(self, option: int, value: int) -> int:
+        self.calls.append((option, value))
+        return self.result
+
+
+@pytest.fixture()
+def fake_mallopt(monkeypatch):
+    from agentd import malloc_tuning
+
+    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    fake = FakeMallopt()
+    monkeypatch.setattr(malloc_tuning, "_mallopt", lambda: fake)
+    monkeypatch.setattr(malloc_tuning, "_applied", {"arenas": None, "mmap_threshold": None})
+    return fake
+
+
+def test_each_setting_goes_to_its_glibc_option_in_bytes(fake_mallopt) -> None:
+    from agentd.malloc_tuning import M_ARENA_MAX, M_MMAP_THRESHOLD, applied, tune_malloc
+
+    assert (M_ARENA_MAX, M_MMAP_THRESHOLD) == (-8, -3), "glibc's malloc.h numbers"
+    assert tune_malloc(2, 128) == {"arenas": 2, "mmap_threshold": 131072}
+    assert fake_mallopt.calls == [(-8, 2), (-3, 131072)]
+    assert applied() == {"arenas": 2, "mmap_threshold": 131072}
+    tune_malloc(1, 1)
+    assert fake_mallopt.calls[2:] == [(-8, 1), (-3, 1024)]
+    assert applied() == {"arenas": 1, "mmap_threshold": 1024}
+
+
+def test_zero_leaves_glibc_alone_and_a_refused_setting_is_not_reported(fake_mallopt) -> None:
+    from agentd.malloc_tuning import tune_malloc
+
+    assert tune_malloc(0, 0) == {"arenas": None, "mmap_threshold": None}
+    assert fake_mallopt.calls == [], "0 is glibc's default: nothing to set"
+    fake_mallopt.result = 0   # glibc refuses a value (mallopt answers 0)
+    assert tune_malloc(3, 64) == {"arenas": None, "mmap_threshold": None}
+    assert fake_mallopt.calls == [(-8, 3), (-3, 65536)]
+
+
+@pytest.mark.parametrize("arena_env, threshold_env, expected, calls", [
+    # a positive number in the environment is what glibc itself took: reported, not set again
+    ("1", "65536", {"arenas": 1, "mmap_threshold": 65536}, []),
+    (" 3 ", "", {"arenas": 3, "mmap_threshold": 131072}, [(-3, 131072)]),
+    # anything else there is not a setting glibc took: the config keys apply
+    ("0", "-5", {"arenas": 2, "mmap_threshold": 131072}, [(-8, 2), (-3, 131072)]),
+    ("two", "1e5", {"arenas": 2, "mmap_threshold": 131072}, [(-8, 2), (-3, 131072)]),
+])
+def test_the_environment_wins_over_the_config_keys(fake_mallopt, monkeypatch, arena_env, threshold_env,
+                                                   expected, calls) -> None:
+    from agentd.malloc_tuning import tune_malloc
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", arena_env)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", threshold_env)
+    assert tune_malloc(2, 128) == expected
+    assert fake_mallopt.calls == calls
+
+
+def test_off_glibc_nothing_is_set_or_reported(fake_mallopt, monkeypatch) -> None:
+    from agentd import malloc_tuning
+
+    assert malloc_tuning.tune_malloc(2, 128)["arenas"] == 2
+    monkeypatch.setattr(malloc_tuning, "_mallopt", lambda: None)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert malloc_tuning.tune_malloc(2, 128) == {"arenas": None, "mmap_threshold": None}
+    assert malloc_tuning.applied() == {"arenas": None, "mmap_threshold": None}
+
+
+@pytest.mark.parametrize("libc", ["no library", "no mallopt"])
+def test_a_libc_without_mallopt_is_off_glibc(monkeypatch, libc) -> None:
+    from agentd import malloc_tuning
+
+    class NoMallopt:
+        pass
+
+    def cdll(name):  # type: ignore[no-untyped-def]
+        assert name is None, "the running process's own symbols, no library search"
+        if libc == "no library":
+            raise OSError("no such library")
+        return NoMallopt()
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    assert malloc_tuning._mallopt() is None
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_glibcs_mallopt_is_found_in_the_process() -> None:
+    from agentd import malloc_tuning
+
+    mallopt = malloc_tuning._mallopt()
+    assert mallopt is not None and mallopt.__name__ == "mallopt"
+
+
+def test_what_is_applied_is_a_copy(fake_mallopt) -> None:
+    from agentd.malloc_tuning import applied, tune_malloc
+
+    shown = tune_malloc(2, 0)
+    shown["arenas"] = 99
+    applied()["mmap_threshold"] = 5
+    assert applied() == {"arenas": 2, "mmap_threshold": None}

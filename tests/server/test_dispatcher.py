@@ -197,6 +197,14 @@ def test_a_small_pool_starts_whole_and_a_resize_keeps_started_threads() -> None:
         assert dispatcher.limit == 5 and dispatcher.stop_count == 1
         release.set()
         _wait_for(lambda: len(dispatcher.threads) == 5, "the pool did not shrink to its new size")
+        _wait_for(lambda: dispatcher.active_count == 0, "the stopped thread is still counted busy or idle")
+        assert dispatcher.stop_count == 0
+        again = threading.Event()
+        for n in range(7, 12):  # the five left take five tasks: no thread starts, none waits
+            dispatcher.add_task(_Task(again, ran))
+            _wait_for(lambda n=n: len(ran) == n, "a task did not run on the shrunk pool")
+        assert len(dispatcher.threads) == 5 and not dispatcher.queue
+        again.set()
     finally:
         release.set()
         dispatcher.shutdown(timeout=5)
@@ -312,3 +320,99 @@ def test_requests_held_back_together_all_start_once_the_first_grow_old() -> None
         release.set()
         dispatcher.shutdown(timeout=5)
     assert not dispatcher.threads
+
+
+def test_how_long_a_request_is_held_counts_the_fresh_requests_only() -> None:
+    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=1.0)   # (no thread started)
+    began = dispatcher.began
+    assert dispatcher.held_for(10.0) == 0.0
+    began.update({1: 9.5})
+    assert dispatcher.held_for(10.0) == 0.0, "fewer than the limit are running"
+    began.clear()
+    began.update({1: 0.0, 2: 9.5})
+    assert dispatcher.held_for(10.0) == 0.0, "two running, one of them grown old"
+    began.update({3: 9.75})
+    assert dispatcher.held_for(10.0) == 0.5, "two fresh: held until the older of them grows old"
+    began.clear()
+    began.update({1: 0.0, 2: 1.0, 3: 9.5})
+    assert dispatcher.held_for(10.0) == 0.0, "one of the three is fresh"
+    began.clear()
+    began.update({1: 9.0, 2: 9.5, 3: 9.75})
+    assert dispatcher.held_for(10.0) == 0.5, "one that began a whole window ago is old"
+
+
+def test_a_request_held_in_a_full_pool_starts_no_thread_past_its_size() -> None:
+    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=30)
+    dispatcher.set_thread_count(2)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+        for n in (1, 2):
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda n=n: len(ran) == n, "a task did not run")
+        dispatcher.add_task(_Task(release, ran))   # both busy, both fresh: it waits
+        assert len(dispatcher.threads) == 2 and len(dispatcher.queue) == 1 and len(ran) == 2
+        release.set()
+        _wait_for(lambda: len(ran) == 3, "the held request never ran once a thread was free")
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)
+
+
+def test_requests_held_back_start_no_thread_while_an_idle_one_keeps_the_time() -> None:
+    # (A window under a second, as the default's: long enough to look at the held queue.)
+    window = 0.9
+    for _attempt in range(3):   # a machine that stalls past the window spoils an attempt, not the test
+        dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=window)
+        dispatcher.set_thread_count(8)
+        release = threading.Event()
+        ran: list[int] = []
+        try:
+            _wait_for(lambda: dispatcher.active_count == 0, "the first threads never parked")
+            for n in (1, 2):
+                dispatcher.add_task(_Task(release, ran))
+                _wait_for(lambda n=n: len(ran) == n, "a task did not run")
+            second = max(dispatcher.began.values())
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda: dispatcher.keeper is not None, "no idle thread keeps the time")
+            for _ in range(3):
+                dispatcher.add_task(_Task(release, ran))
+            threads, queued, started = len(dispatcher.threads), len(dispatcher.queue), len(ran)
+            if time.monotonic() - second >= window:
+                continue
+            assert (threads, queued, started) == (4, 4, 2), "BUG: held requests started threads of their own"
+            _wait_for(lambda: len(ran) == 6, "the held requests never ran")
+            return
+        finally:
+            release.set()
+            dispatcher.shutdown(timeout=5)
+    raise AssertionError("the machine stalled past the window three times")
+
+
+def test_a_failing_request_is_logged_and_its_thread_serves_the_next(caplog) -> None:
+    class Failing(_Task):
+        def service(self) -> None:
+            self.ran.append(threading.get_ident())
+            raise ValueError("broken handler")
+
+        def __repr__(self) -> str:
+            return "<failing task>"
+
+    dispatcher = LifoTaskDispatcher()
+    dispatcher.set_thread_count(1)
+    release = threading.Event()
+    ran: list[int] = []
+    try:
+        with caplog.at_level("ERROR", logger="waitress"):
+            dispatcher.add_task(Failing(release, ran))
+            _wait_for(lambda: len(ran) == 1, "the failing task did not run")
+            release.set()
+            dispatcher.add_task(_Task(release, ran))
+            _wait_for(lambda: len(ran) == 2, "the thread was lost with the failing task")
+        records = [r for r in caplog.records if r.name == "waitress"]
+        assert [r.getMessage() for r in records] == ["Exception when servicing <failing task>"]
+        assert records[0].exc_info[0] is ValueError and ran[0] == ran[1] and len(dispatcher.threads) == 1
+    finally:
+        release.set()
+        dispatcher.shutdown(timeout=5)

@@ -182,3 +182,38 @@ def test_the_statement_cache_stays_bounded(monkeypatch) -> None:
         tx.execute(f"SELECT $a{i}", {f"a{i}": i})
     assert 0 < len(SqliteTx._converted) <= SqliteTx.CACHE_SIZE
     assert SqliteTx._converted[f"SELECT $a{SqliteTx.CACHE_SIZE + 9}"] == ("SELECT ?", (f"a{SqliteTx.CACHE_SIZE + 9}",), False)
+
+
+def test_the_statement_cache_holds_its_size_then_starts_over(monkeypatch) -> None:
+    monkeypatch.setattr(SqliteTx, "_converted", {})
+    tx = SqliteTx(sqlite3.connect(":memory:", isolation_level="IMMEDIATE").cursor())
+    for i in range(SqliteTx.CACHE_SIZE):
+        tx.execute(f"SELECT $a{i}", {f"a{i}": i})
+    assert len(SqliteTx._converted) == SqliteTx.CACHE_SIZE == 256
+    tx.execute("SELECT $b", {"b": 0})   # one past the size: the cache starts over with it
+    assert list(SqliteTx._converted) == ["SELECT $b"]
+
+
+def test_a_statement_is_converted_once_then_taken_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+    from agentd.store import writer
+
+    real = writer._PARAM
+    converted: list[str] = []
+
+    class CountingParam:
+        def sub(self, repl: str, sql: str) -> str:
+            converted.append(sql)
+            return real.sub(repl, sql)
+
+        def findall(self, sql: str) -> list[str]:
+            return real.findall(sql)
+
+    monkeypatch.setattr(SqliteTx, "_converted", {})
+    monkeypatch.setattr(writer, "_PARAM", CountingParam())
+    conn = _connection(tmp_path / "t.db")
+    tx = SqliteTx(conn.cursor())
+    for i in range(3):
+        assert tx.execute("INSERT INTO t (a) VALUES ($a)", {"a": i}) == 1
+    assert converted == ["INSERT INTO t (a) VALUES ($a)"]
+    conn.commit()
+    assert conn.execute("SELECT a FROM t").fetchall() == [(0,), (1,), (2,)]
