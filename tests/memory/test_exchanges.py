@@ -192,14 +192,15 @@ def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are
                                                                                         monkeypatch) -> None:
     a, b, c = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
     semantic = svc.semantic
-    real = semantic.remember_many
+    real = semantic._remember
 
-    def remember_many(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def remember(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         if agent_id == a:
             raise RuntimeError("no room")
         return real(agent_id, *args, **kwargs)
 
-    monkeypatch.setattr(semantic, "remember_many", remember_many)
+    # The batch's one transaction fails too; agent by agent, only a's exchanges are lost.
+    monkeypatch.setattr(semantic, "_remember", remember)
     svc.emb.gate = threading.Event()
     svc.after_exchange(c, "s", "first", "one")          # held in the model: the next three go together
     assert svc.emb.entered.wait(WAIT)
