@@ -105,7 +105,7 @@ def test_the_daemon_applies_the_configured_cap_and_reports_its_caches(tmp_path: 
     default = Daemon(make_home(tmp_path / "default")).start()
     try:
         as_installed = default.get("/api/health/detail").json()
-        assert (as_installed["malloc_arenas"], as_installed["malloc_mmap_threshold"]) == (2, 131072)
+        assert (as_installed["malloc_arenas"], as_installed["malloc_mmap_threshold"]) == (2, 16384)
         health = configured.get("/api/health/detail").json()
         assert (health["malloc_arenas"], health["malloc_mmap_threshold"]) == (1, None)
         assert health["caches"] == {"sessions": {"held": 0, "bound": 2},

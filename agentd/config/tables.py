@@ -28,7 +28,7 @@ class ApiConfig:
     # glibc malloc arenas the threads share and its fixed mmap threshold in KiB
     # (agentd/malloc_tuning.py); 0: glibc's default.
     malloc_arenas: int = 2
-    malloc_mmap_threshold_kb: int = 128
+    malloc_mmap_threshold_kb: int = 16
     shutdown_grace_secs: float = 10.0
     # Reverse proxies (addresses or CIDRs) whose X-Forwarded-* / Forwarded headers
     # are believed; empty: every peer is the client itself.
