@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
 if CHROMIUM and os.path.exists(CHROMEDRIVER):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
@@ -57,7 +58,9 @@ def browser(request, driver):
 
 
 def wait(driver, seconds: float = 15):
-    return WebDriverWait(driver, seconds, poll_frequency=0.05)
+    # The page a form leaves may still be shown when the wait starts: an element found on it
+    # goes stale as the next page loads, and is looked for again there.
+    return WebDriverWait(driver, seconds, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException])
 
 
 def spawn(d: Daemon) -> tuple[str, str]:
@@ -81,7 +84,8 @@ def submit(driver, button_id: str) -> None:
 
 
 def note(driver) -> str:
-    return wait(driver).until(EC.visibility_of_element_located((By.ID, "page-note"))).text
+    return wait(driver).until(lambda d: EC.visibility_of_element_located((By.ID, "page-note"))(d) and
+                              d.find_element(By.ID, "page-note").text)
 
 
 def states(driver) -> list[str]:
