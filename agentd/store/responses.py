@@ -28,6 +28,9 @@ class StoredResponses:
 
     def get(self, response_id: str) -> tuple[str, dict[str, Any]] | None:
         """(agent id, response object), or None for an id never stored."""
+        rows = self.store.e.ResponseRow
         with orm.db_session:
-            row = self.store.e.ResponseRow.get(id=response_id)
-            return None if row is None else (row.agent_id, json.loads(row.body))
+            # Both columns in one query: the body is a lazy column, and a second query for it
+            # finds nothing once a concurrent delete has removed the row in between.
+            found = orm.select((r.agent_id, r.body) for r in rows if r.id == response_id)[:1]
+        return (found[0][0], json.loads(found[0][1])) if found else None
