@@ -1,4 +1,4 @@
-"""The OpenAI Responses API: POST /v1/responses and GET /v1/responses/{id}.
+"""The OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 The same agent runs as on /v1/chat/completions (agentd/api/routes_openai.py supplies the
 agent lookup, parameter handling, refusals and failure answers): the agent's session
@@ -20,6 +20,7 @@ from agentd.agents.run_request import check_message
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal, run_fields
 from agentd.api.routes_openai import (STOPPED_MESSAGE, dropped_params, failure_code, generation_params,
                                       image_part, refuse_unsupported, resolve_agent, run_failure,
                                       with_dropped)
@@ -97,10 +98,12 @@ def parse_input(value: Any) -> tuple[str, list[ImagePart], list[str]]:
     return user[0], user[1], systems
 
 
-def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions]:
-    """The agent, the run's input and its options from a validated request."""
+def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, dict[str, str]]:
+    """The agent, the run's input, its options and its RunRequest fields (the key that pays,
+    the person's session) from a validated request."""
     handle = resolve_agent(data["model"])
     previous = data.get("previous_response_id")
+    user = data.get("user") or None
     if previous:
         stored = kernel().responses.get(previous)
         if stored is None:
@@ -108,6 +111,8 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions]:
         if stored[0] != handle.id:
             raise BadRequest(f"previous response '{previous}' was answered by another agent; continue it "
                              "with the same model", code="previous_response_mismatch")
+        # Continuing a person's response continues that person's session.
+        user = user or stored[1].get("user") or None
     text, images, systems = parse_input(data["input"])
     if is_blank(text) and not images:
         raise BadRequest("no user message found in input", code="missing_message")
@@ -120,7 +125,9 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions]:
                          params=generation_params(params))
     options.extra_system = "\n\n".join(s for s in [data.get("instructions") or "", *systems] if s.strip())
     options.images = images
-    return handle, text or "(image)", options
+    # The OpenAI `user` (else a scoped key itself) talks in a session of its own.
+    run = run_fields(principal(), handle, user=user, own_session=True)
+    return handle, text or "(image)", options, run
 
 
 class Shape:
@@ -222,18 +229,18 @@ def _create() -> Response:
         raise BadRequest("unsupported parameter 'background': a response is answered on its request; "
                          "remove it from the request")
     data = body.validate(RESPONSES_REQUEST_SCHEMA, raw)
-    handle, text, options = parse_request(data)
+    handle, text, options, run = parse_request(data)
     shape = Shape(handle, data)
     dropped = dropped_params(handle, options.params)
     if data.get("stream"):
-        return with_dropped(_stream(handle, text, options, shape), dropped)
-    result = run_blocking(kernel(), handle, text, [], options, origin="v1")
+        return with_dropped(_stream(handle, text, options, shape, run), dropped)
+    result = run_blocking(kernel(), handle, text, [], options, origin="v1", run=run)
     obj = shape.finished(result.response, result.finish_reason,
                          (result.usage.input_tokens, result.usage.output_tokens))
     return with_dropped(jsonify(obj), dropped)
 
 
-def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape) -> Response:
+def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape, run: dict[str, str]) -> Response:
     sequence = iter(range(1 << 62))
     where = {"item_id": shape.message_id, "output_index": 0, "content_index": 0}
 
@@ -267,14 +274,35 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape) -
         return [], False
 
     return stream_run(kernel(), handle, text, [], options,
-                      StreamShape(opening=opening, render=render, keep_alive=": keep-alive\n\n"), origin="v1")
+                      StreamShape(opening=opening, render=render, keep_alive=": keep-alive\n\n"), origin="v1",
+                      run=run)
+
+
+def _stored(response_id: str) -> dict[str, Any]:
+    """A stored response the caller may see: one of an agent outside a scoped key's list is
+    as absent as one never stored."""
+    stored = kernel().responses.get(response_id)
+    if stored is None:
+        raise ResponseNotFound(response_id)
+    handle = kernel().agents.find(stored[0])
+    if handle is not None and not principal().may_reach(handle):
+        raise ResponseNotFound(response_id)
+    return stored[1]
 
 
 @bp.get("/v1/responses/<response_id>")
 @doc("A stored response", tags="openai", response=out.ResponseObjectSchema,
-     errors={404: "No stored response with this id (never stored, or created with `store: false`)"})
+     errors={404: "No stored response with this id (never stored, created with `store: false`, or "
+                  "deleted) (`response_not_found`)"})
 def retrieve_response(response_id: str):
-    stored = kernel().responses.get(response_id)
-    if stored is None:
+    return jsonify(_stored(response_id))
+
+
+@bp.delete("/v1/responses/<response_id>")
+@doc("Delete a stored response", tags="openai", response=out.ResponseDeletedSchema,
+     errors={404: "No stored response with this id (`response_not_found`)"})
+def delete_response(response_id: str):
+    _stored(response_id)
+    if not kernel().responses.delete(response_id):
         raise ResponseNotFound(response_id)
-    return jsonify(stored[1])
+    return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})

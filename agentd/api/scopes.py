@@ -91,6 +91,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.logs": "admin", "pages.logs_stream": "admin",
     # OpenAI-compatible: Responses and embeddings
     "responses.create_response": "message", "responses.retrieve_response": "message",
+    "responses.delete_response": "message",
     "embeddings.create_embeddings": "message",
     # MCP and A2A: the cards are public (remote agents discover before they authenticate)
     "mcp.mcp_endpoint": "message", "mcp.list_servers": "read", "mcp.reload_servers": "admin",

@@ -34,3 +34,9 @@ class StoredResponses:
             # finds nothing once a concurrent delete has removed the row in between.
             found = orm.select((r.agent_id, r.body) for r in rows if r.id == response_id)[:1]
         return (found[0][0], json.loads(found[0][1])) if found else None
+
+    def delete(self, response_id: str) -> bool:
+        """Forget one stored response; False when there was none (or a concurrent delete won)."""
+        rows = self.store.e.ResponseRow
+        with orm.db_session:
+            return orm.select(r for r in rows if r.id == response_id).delete(bulk=True) > 0

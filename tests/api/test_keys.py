@@ -198,13 +198,17 @@ def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None
     for method, path, body in [("POST", f"/api/agents/{agent_id}/message", {"message": "two"}),
                                ("POST", f"/api/agents/{agent_id}/message/stream", {"message": "two"}),
                                ("POST", "/v1/chat/completions",
-                                {"model": f"agentd:{name}", "messages": [{"role": "user", "content": "two"}]})]:
+                                {"model": f"agentd:{name}", "messages": [{"role": "user", "content": "two"}]}),
+                               ("POST", "/v1/responses", {"model": f"agentd:{name}", "input": "two"}),
+                               ("POST", "/v1/responses", {"model": f"agentd:{name}", "input": "two", "stream": True})]:
         r = as_key(d, tight, method, path, json=body)
         assert r.status_code == 429, (path, r.text)
         wait = int(r.headers["Retry-After"])
         assert abs(wait - (day_end - datetime.now(timezone.utc)).total_seconds()) < 5
         text = r.json()["error"] if path.startswith("/api/") else r.json()["error"]["message"]
         assert f"API key '{tight['name']}' is over its budget" in text
+        if path.startswith("/v1/"):
+            assert r.json()["error"]["code"] == "key_budget_exceeded"
     # Another key, and the admin, keep working; the spend is the key's.
     assert as_key(d, other, "POST", f"/api/agents/{agent_id}/message", json={"message": "three"}).status_code == 200
     assert d.post(f"/api/agents/{agent_id}/message", json={"message": "four"}).status_code == 200
@@ -270,6 +274,38 @@ def test_v1_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_llm) -> 
         assert seen[0] == [f"{tag} {who} says 0", f"{tag} {who} says 1"], seen
     # The agent's own session saw none of it.
     assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
+
+
+def test_responses_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_llm) -> None:
+    agent_id, name = spawn(d, "respond")
+    tag = uuid.uuid4().hex[:6]
+    mark = len(fake_llm.requests)
+    key = new_key(d)
+
+    def respond(token: str, text: str, **fields: Any) -> dict[str, Any]:
+        r = requests.post(f"{d.url}/v1/responses", json={"model": f"agentd:{name}", "input": text, **fields},
+                          headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    alice = respond(ADMIN, f"{tag} alice 0", user="alice")
+    respond(ADMIN, f"{tag} bob 0", user="bob")
+    respond(key["key"], f"{tag} key 0")
+    # previous_response_id continues the session the response was answered in.
+    respond(ADMIN, f"{tag} alice 1", previous_response_id=alice["id"])
+    respond(ADMIN, f"{tag} bob 1", user="bob")
+    respond(key["key"], f"{tag} key 1")
+    for who in ("alice", "bob", "key"):
+        assert _histories(fake_llm, mark, f"{tag} {who} 1") == [[f"{tag} {who} 0", f"{tag} {who} 1"]], who
+    assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
+    # The key's spend is the key's.
+    assert d.get("/api/usage", params={"key": key["name"]}).json()["requests"] == 2
+    # A key sees no stored response of an agent outside its list.
+    elsewhere = new_key(d, agents=["nothing-*"])
+    for method in ("GET", "DELETE"):
+        r = as_key(d, elsewhere, method, f"/v1/responses/{alice['id']}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", r.text
+    assert d.get(f"/v1/responses/{alice['id']}").status_code == 200
 
 
 def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:

@@ -50,6 +50,24 @@ def test_create_and_retrieve(agent_daemon, oa) -> None:
     assert again.model_dump() == response.model_dump()
 
 
+def test_delete_forgets_a_stored_response(agent_daemon, oa) -> None:
+    name = agent(agent_daemon)
+    kept = oa.responses.create(model=f"agentd:{name}", input="keep")
+    gone = oa.responses.create(model=f"agentd:{name}", input="forget")
+    r = requests.delete(f"{agent_daemon.url}/v1/responses/{gone.id}", timeout=30)
+    assert r.status_code == 200 and r.json() == {"id": gone.id, "object": "response.deleted", "deleted": True}
+    for method in ("GET", "DELETE"):
+        r = requests.request(method, f"{agent_daemon.url}/v1/responses/{gone.id}", timeout=30)
+        assert r.status_code == 404, r.text
+        assert r.json() == {"error": {"message": f"no stored response with id '{gone.id}'",
+                                      "type": "invalid_request_error", "code": "response_not_found"}}
+    with pytest.raises(openai.NotFoundError):
+        oa.responses.create(model=f"agentd:{name}", input="x", previous_response_id=gone.id)
+    oa.responses.delete(kept.id)  # the SDK's own call
+    with pytest.raises(openai.NotFoundError):
+        oa.responses.retrieve(kept.id)
+
+
 def test_a_killed_agents_responses_go_with_it(agent_daemon, oa) -> None:
     name = f"r-{uuid.uuid4().hex[:8]}"
     agent_id = spawn(agent_daemon, name)
@@ -216,5 +234,6 @@ def test_agents_sdk_default_model(agent_daemon) -> None:
 
 def test_openapi_documents_the_routes(agent_daemon) -> None:
     paths = requests.get(f"{agent_daemon.url}/api/openapi.json", timeout=10).json()["paths"]
-    assert set(paths["/v1/responses"]) >= {"post"} and "get" in paths["/v1/responses/{response_id}"]
+    assert set(paths["/v1/responses"]) >= {"post"}
+    assert set(paths["/v1/responses/{response_id}"]) >= {"get", "delete"}
     assert "post" in paths["/v1/embeddings"]

@@ -52,6 +52,12 @@ class ResponseObjectSchema(Out):
     tools = req(fields.List(fields.Dict()))
 
 
+class ResponseDeletedSchema(Out):
+    id = Str(metadata={"example": "resp_0d4c..."})
+    object = one_of("response.deleted")
+    deleted = req(fields.Boolean())
+
+
 class EmbeddingItemSchema(Out):
     object = one_of("embedding")
     index = Int()
