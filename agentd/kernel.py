@@ -330,13 +330,14 @@ class Kernel:
     def uptime_seconds(self) -> int:
         return int(time.monotonic() - self._started_mono)
 
-    def agent_summaries(self) -> list[dict[str, Any]]:
-        """Short agent records for status pages."""
-        return [self.agents.summary(h) for h in self.agents.handles()]
+    def agent_summaries(self, visible: Callable[[list[Any]], list[Any]] | None = None) -> list[dict[str, Any]]:
+        """Short agent records for status pages (those `visible` keeps, when given)."""
+        handles = self.agents.handles()
+        return [self.agents.summary(h) for h in (visible(handles) if visible else handles)]
 
-    def status(self) -> dict[str, Any]:
-        """The body of GET /api/status."""
-        agents = self.agent_summaries()
+    def status(self, visible: Callable[[list[Any]], list[Any]] | None = None) -> dict[str, Any]:
+        """The body of GET /api/status; `visible` narrows its agents to what the caller may reach."""
+        agents = self.agent_summaries(visible)
         return {
             "status": "running",
             "version": __version__,

@@ -10,6 +10,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal
 from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema, UsageQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
@@ -191,6 +192,9 @@ def usage():
     if ref is None:
         return jsonify(kernel().metering.totals(start, end))
     key_id = kernel().keys.resolve(ref)
+    who = principal()
+    if not who.is_admin and key_id != who.key_id:  # a key's spend is its own and the admin's to see
+        raise NotFound(f"API key not found: {ref}")
     return jsonify({**kernel().metering.totals(start, end, key_id), "key_id": key_id})
 
 
@@ -225,4 +229,9 @@ def set_budget():
 @doc("Spend per agent this month", tags="usage", response={"type": "array", "items": out.BudgetAgentSchema})
 def budget_agents():
     start, end = kernel().metering.period(None, None)
-    return jsonify(kernel().metering.by_agent(start, end))
+    spend = kernel().metering.by_agent(start, end)
+    who = principal()
+    if who.agents:  # a key limited to some agents sees their spend only
+        reachable = {h.id for h in who.visible(kernel().agents.handles())}
+        spend = [a for a in spend if a["agent_id"] in reachable]
+    return jsonify(spend)

@@ -10,6 +10,7 @@ from marshmallow import ValidationError
 from agentd.api import schemas_out as out
 from agentd.api.body import format_validation
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal
 from agentd.api.schemas import TicksQuery
 from agentd.api.sse import format_event, sse_response
 from agentd.errors import BadRequest
@@ -49,7 +50,7 @@ def version():
 @bp.get("/api/status")
 @doc("Daemon status and its agents", response=out.StatusSchema, tags="system")
 def status():
-    return jsonify(kernel().status())
+    return jsonify(kernel().status(principal().visible))
 
 
 @bp.post("/api/shutdown")

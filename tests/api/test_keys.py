@@ -185,6 +185,26 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     assert r.status_code == 404 and r.json() == {"error": "agent not found"}
 
 
+def test_status_budget_and_usage_show_a_key_only_its_own(d: Daemon) -> None:
+    inside, inside_name = spawn(d, "seen")
+    outside, _ = spawn(d, "unseen")
+    for agent_id in (inside, outside):  # both have spend this month
+        assert d.post(f"/api/agents/{agent_id}/message", json={"message": "hi"}).status_code == 200
+    key = new_key(d, agents=[inside_name])
+    status = as_key(d, key, "GET", "/api/status").json()
+    assert [a["id"] for a in status["agents"]] == [inside] and status["agent_count"] == 1
+    assert [a["agent_id"] for a in as_key(d, key, "GET", "/api/budget/agents").json()] == [inside]
+    admin_view = {a["agent_id"] for a in d.get("/api/budget/agents").json()}
+    assert {inside, outside} <= admin_view
+    assert outside in {a["id"] for a in d.get("/api/status").json()["agents"]}
+    # A key reads its own spend; another key's is as absent as an unknown key's.
+    other = new_key(d)
+    assert as_key(d, key, "GET", "/api/usage", params={"key": key["name"]}).json()["key_id"] == key["id"]
+    r = as_key(d, key, "GET", "/api/usage", params={"key": other["name"]})
+    assert r.status_code == 404 and r.json() == {"error": f"API key not found: {other['name']}"}
+    assert d.get("/api/usage", params={"key": other["name"]}).status_code == 200
+
+
 def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:
     agent_id, name = spawn(d, "budget")
     tight = new_key(d, budget_usd_per_day=0.000001)
