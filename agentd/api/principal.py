@@ -30,7 +30,7 @@ from agentd.api.scopes import scope_of
 from agentd.apikeys import TOKEN_PREFIX
 from agentd.principals import ADMIN, Principal, run_fields  # noqa: F401 - the routes' import
 from agentd.config import Config
-from agentd.errors import AgentdError, Unauthorized
+from agentd.errors import AgentdError, NotFound, Unauthorized
 
 _UNSET = object()
 
@@ -117,6 +117,51 @@ class KeyLimits:
         return 0.0 if decision.allowed else max(decision.retry_after, 0.001)
 
 
+def _owner_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[str, str] | None:
+    """(agent id, what is not found) for a cron job or trigger named in the path."""
+    try:
+        if "job_id" in view_args:
+            return kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or "", "cron job not found"
+        if "trigger_id" in view_args:
+            return kernel.triggers.get(view_args["trigger_id"])["agent_id"], "trigger not found"
+    except AgentdError:
+        pass  # none: the route answers its own 404 or 400
+    return None
+
+
+def _reach_owner(who: Principal, view_args: dict[str, Any]) -> None:
+    """A job or trigger of an agent outside the key's list is as absent as one never made."""
+    kernel = current_app.extensions["agentd.kernel"]
+    owner = _owner_in_path(kernel, view_args)
+    if owner is None or not owner[0]:
+        return
+    handle = kernel.agents.find(owner[0])
+    if handle is not None and not who.may_reach(handle):
+        try:
+            who.reach(handle)  # (audited)
+        except NotFound:
+            raise NotFound(owner[1]) from None
+
+
+def reach_agent(ref: Any) -> None:
+    """404 `agent not found` when `ref` (an id or name from a request body) names an agent
+    outside the key's list; anything else is left to the route's own checks."""
+    who = principal()
+    if who.agents and isinstance(ref, str) and ref:
+        handle = current_app.extensions["agentd.kernel"].agents.find(ref)
+        if handle is not None:
+            who.reach(handle)
+
+
+def reachable(rows: list[dict[str, Any]], field: str = "agent_id") -> list[dict[str, Any]]:
+    """The rows a key limited to some agents may see: those of its agents, and those of no agent."""
+    who = principal()
+    if not who.agents:
+        return rows
+    ids = {h.id for h in who.visible(current_app.extensions["agentd.kernel"].agents.handles())}
+    return [r for r in rows if not r.get(field) or r[field] in ids]
+
+
 def authorize(who: Principal, limits: KeyLimits) -> Response | None:
     """The route's scope, the agent in its path, the key's rate limit: a refusal or None."""
     if who.is_admin:
@@ -130,6 +175,8 @@ def authorize(who: Principal, limits: KeyLimits) -> Response | None:
             handle = current_app.extensions["agentd.kernel"].agents.find(agent_id)
             if handle is not None:
                 who.reach(handle)
+        if who.agents:
+            _reach_owner(who, request.view_args or {})
     except AgentdError as exc:
         return error_response(exc.status, exc.message)
     wait = limits.hit(who)

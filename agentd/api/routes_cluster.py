@@ -15,6 +15,7 @@ from marshmallow import Schema, fields, validate
 
 from agentd.api import body
 from agentd.api.apidoc import doc
+from agentd.api.principal import reachable
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
 from agentd.store.leases import RUN_STATUSES
@@ -60,7 +61,7 @@ def cluster():
      tags="system", query=RunsQuery, response={"type": "array", "items": _RUN})
 def cluster_runs():
     args = body.validate(RunsQuery(), request.args.to_dict())
-    return jsonify(kernel().cluster.list_runs(args["agent_id"], args["status"], args["limit"]))
+    return jsonify(reachable(kernel().cluster.list_runs(args["agent_id"], args["status"], args["limit"])))
 
 
 @bp.before_app_request

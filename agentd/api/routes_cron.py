@@ -8,6 +8,7 @@ from marshmallow import fields
 from agentd.api import body
 from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
+from agentd.api.principal import reach_agent, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
 
@@ -38,7 +39,10 @@ def _job(job_id: str) -> dict:
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
                    "max_runs_per_day": 3})
 def create():
-    return jsonify(kernel().cron.create(body.json_body())), 201
+    data = body.json_body()
+    if isinstance(data, dict):
+        reach_agent(data.get("agent_id"))
+    return jsonify(kernel().cron.create(data)), 201
 
 
 @bp.get("/api/cron/jobs")
@@ -46,9 +50,9 @@ def create():
 def list_jobs():
     ref = request.args.get("agent_id", "")
     if not ref:
-        return jsonify(kernel().cron.list())
+        return jsonify(reachable(kernel().cron.list()))
     handle = kernel().agents.find(ref)
-    return jsonify(kernel().cron.list(handle.id) if handle is not None else [])
+    return jsonify(reachable(kernel().cron.list(handle.id)) if handle is not None else [])
 
 
 @bp.get("/api/cron/jobs/<job_id>")

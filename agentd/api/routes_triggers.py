@@ -7,6 +7,7 @@ from flask import Blueprint, jsonify, request
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import reach_agent, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_triggers import EventSchema, TriggerCreateSchema, TriggerQuery, TriggerUpdateSchema
 
@@ -24,14 +25,16 @@ bp = Blueprint("triggers", __name__)
             "UpdateTrigger": ("triggers.update", {"trigger_id": "$response.body#/id"}),
             "DeleteTrigger": ("triggers.delete", {"trigger_id": "$response.body#/id"})})
 def create():
-    return jsonify(kernel().triggers.create(body.load(TriggerCreateSchema()))), 201
+    data = body.load(TriggerCreateSchema())
+    reach_agent(data.get("agent_id"))
+    return jsonify(kernel().triggers.create(data)), 201
 
 
 @bp.get("/api/triggers")
 @doc("List triggers, oldest first", tags="triggers", query=TriggerQuery,
      response={"type": "array", "items": out.TriggerSchema})
 def list_triggers():
-    return jsonify(kernel().triggers.list(request.args.get("agent_id")))
+    return jsonify(reachable(kernel().triggers.list(request.args.get("agent_id"))))
 
 
 @bp.get("/api/triggers/<trigger_id>")

@@ -205,6 +205,41 @@ def test_status_budget_and_usage_show_a_key_only_its_own(d: Daemon) -> None:
     assert d.get("/api/usage", params={"key": other["name"]}).status_code == 200
 
 
+def test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
+    inside, inside_name = spawn(d, "own")
+    outside, outside_name = spawn(d, "foreign")
+    assert d.post(f"/api/agents/{outside}/message", json={"message": "hi"}).status_code == 200
+
+    def job(agent: str) -> dict[str, Any]:
+        return {"agent_id": agent, "name": f"j-{uuid.uuid4().hex[:6]}", "schedule": {"kind": "every", "every_secs": 3600},
+                "action": {"kind": "agent_turn", "message": "m"}}
+
+    def trigger(agent: str) -> dict[str, Any]:
+        return {"agent_id": agent, "pattern": {"content_match": "never"}, "prompt_template": "t {{event}}"}
+
+    hidden_job = d.post("/api/cron/jobs", json=job(outside)).json()["id"]
+    shown_job = d.post("/api/cron/jobs", json=job(inside)).json()["id"]
+    hidden_trigger = d.post("/api/triggers", json=trigger(outside)).json()["id"]
+    key = new_key(d, scopes=["read", "manage"], agents=[inside_name])
+    assert [j["id"] for j in as_key(d, key, "GET", "/api/cron/jobs").json()] == [shown_job]
+    assert as_key(d, key, "GET", "/api/triggers").json() == []
+    assert all(r["agent_id"] != outside for r in as_key(d, key, "GET", "/api/cluster/runs").json())
+    for method, path, error in [("GET", f"/api/cron/jobs/{hidden_job}", "cron job not found"),
+                                ("PATCH", f"/api/cron/jobs/{hidden_job}", "cron job not found"),
+                                ("DELETE", f"/api/cron/jobs/{hidden_job}", "cron job not found"),
+                                ("GET", f"/api/triggers/{hidden_trigger}", "trigger not found"),
+                                ("DELETE", f"/api/triggers/{hidden_trigger}", "trigger not found")]:
+        r = as_key(d, key, method, path, json={"enabled": False} if method == "PATCH" else None)
+        assert r.status_code == 404 and r.json() == {"error": error}, (method, path, r.text)
+    for path, body in [("/api/cron/jobs", job(outside_name)), ("/api/triggers", trigger(outside))]:
+        r = as_key(d, key, "POST", path, json=body)
+        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (path, r.text)
+    # Nothing was changed behind the refusals.
+    assert d.get(f"/api/cron/jobs/{hidden_job}").json()["enabled"] is True
+    assert d.get(f"/api/triggers/{hidden_trigger}").status_code == 200
+    assert as_key(d, key, "GET", f"/api/cron/jobs/{shown_job}").status_code == 200
+
+
 def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:
     agent_id, name = spawn(d, "budget")
     tight = new_key(d, budget_usd_per_day=0.000001)
@@ -364,7 +399,10 @@ def test_keys_need_an_admin_key(daemon_factory, fake_llm) -> None:
 
 def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     visible, _ = spawn(d, "dash-in")
-    hidden, _ = spawn(d, "dash-out")
+    hidden, hidden_name = spawn(d, "dash-out")
+    job = d.post("/api/cron/jobs", json={"agent_id": hidden, "name": f"dash-job-{uuid.uuid4().hex[:6]}",
+                                         "schedule": {"kind": "every", "every_secs": 3600},
+                                         "action": {"kind": "agent_turn", "message": "m"}}).json()
     key = new_key(d, scopes=["read"], agents=["dash-in-*"])
     browser = requests.Session()
     login = browser.get(f"{d.url}/login")
@@ -377,6 +415,9 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     assert browser.get(f"{d.url}/keys").status_code == 403
     assert [a["id"] for a in browser.get(f"{d.url}/api/agents").json()] == [visible]
     assert browser.get(f"{d.url}/usage").status_code == 200
+    page = browser.get(f"{d.url}/schedules")
+    assert page.status_code == 200 and job["name"] not in page.text and hidden_name not in page.text
+    assert browser.get(f"{d.url}/schedules/{job['id']}").status_code == 404
 
 
 def test_dashboard_keys_page(d: Daemon) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.principal import principal, reachable
 from agentd.errors import AgentdError
 
 
 def _agent_names() -> dict[str, str]:
-    return {h.id: h.name for h in kernel().agents.handles()}
+    return {h.id: h.name for h in principal().visible(kernel().agents.handles())}
 
 
 def _triggers_page(status: int = 200, error: str = ""):
-    return render_template("triggers.html", triggers=kernel().triggers.list(), names=_agent_names(),
+    return render_template("triggers.html", triggers=reachable(kernel().triggers.list()), names=_agent_names(),
                            error=error), status
 
 

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from flask import make_response, redirect, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.principal import principal, reachable
 from agentd.errors import AgentdError
 
 RUNS_SHOWN = 50
@@ -47,9 +48,9 @@ def _render(template: str, **values):  # type: ignore[no-untyped-def]
 @bp.get("/schedules")
 def schedules():
     k = kernel()
-    names = {h.id: h.name for h in k.agents.handles()}
-    return _render("schedules.html", jobs=k.cron.list(), agents=names, error=request.args.get("error", ""),
-                   triggers=k.triggers.list(), names=names)
+    names = {h.id: h.name for h in principal().visible(k.agents.handles())}
+    return _render("schedules.html", jobs=reachable(k.cron.list()), agents=names, error=request.args.get("error", ""),
+                   triggers=reachable(k.triggers.list()), names=names)
 
 
 @bp.get("/schedules/<job_id>")
