@@ -61,6 +61,9 @@ class _KeyFields(Schema):
 
     @post_load
     def _expiry(self, data: dict[str, Any], **_: Any) -> dict[str, Any]:
+        for field in ("scopes", "agents"):  # a repeated entry grants nothing more: kept once
+            if data.get(field):
+                data[field] = list(dict.fromkeys(data[field]))
         if data.get("expires_at") is not None:
             try:
                 data["expires_at"] = parse_expiry(data["expires_at"])

@@ -89,7 +89,10 @@ def test_bad_bodies_and_unknown_keys(d: Daemon) -> None:
                       ({"name": "x", "scopes": ["read"], "colour": "red"}, "colour")]:
         r = d.post("/api/keys", json=bad)
         assert r.status_code == 400 and word in r.json()["error"], (bad, r.text)
-    key = new_key(d)
+    key = new_key(d, scopes=["read", "message", "read"], agents=["a-*", "a-*"])
+    assert key["scopes"] == ["read", "message"] and key["agents"] == ["a-*"]
+    patched = d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["manage", "manage"]}).json()
+    assert patched["scopes"] == ["manage"]
     again = d.post("/api/keys", json={"name": key["name"], "scopes": ["read"]})
     assert again.status_code == 409 and key["name"] in again.json()["error"]
     for method in ("GET", "PATCH", "DELETE"):
