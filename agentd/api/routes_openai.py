@@ -348,11 +348,21 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, completion_id: 
     return stream_run(kernel(), handle, text, [], options, shape, origin="v1", run=run)
 
 
+def _model_card(handle: AgentHandle) -> dict[str, Any]:
+    return {"id": f"{PREFIX}{handle.name}", "object": "model", "created": int(handle.created_at.timestamp()),
+            "owned_by": "agentd"}
+
+
 @bp.get("/v1/models")
 @doc("The agents as OpenAI models (agentd:<name>)", tags="openai", response=out.ModelListSchema)
 def models():
     agents = kernel().agents
-    return jsonify({"object": "list",
-                    "data": [{"id": f"{PREFIX}{h.name}", "object": "model",
-                              "created": int(h.created_at.timestamp()), "owned_by": "agentd"}
-                             for h in principal().visible(agents.handles())]})
+    return jsonify({"object": "list", "data": [_model_card(h) for h in principal().visible(agents.handles())]})
+
+
+@bp.get("/v1/models/<model>")
+@doc("One agent as an OpenAI model", tags="openai", response=out.ModelCardSchema,
+     description="`model` is resolved as in chat completions: `agentd:<name>`, an agent id or a plain name.",
+     errors={404: "No agent for `model` (`model_not_found`)"})
+def model(model: str):
+    return jsonify(_model_card(resolve_agent(model)))

@@ -285,8 +285,11 @@ def _stored(response_id: str) -> dict[str, Any]:
     if stored is None:
         raise ResponseNotFound(response_id)
     handle = kernel().agents.find(stored[0])
-    if handle is not None and not principal().may_reach(handle):
-        raise ResponseNotFound(response_id)
+    if handle is not None:
+        try:
+            principal().reach(handle)  # (a refusal is audited)
+        except NotFound:
+            raise ResponseNotFound(response_id) from None
     return stored[1]
 
 

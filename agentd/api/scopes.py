@@ -54,7 +54,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     # chat platforms' webhooks: signed by the platform, checked by the adapter
     "webhooks.webhook": PUBLIC,
     # OpenAI-compatible
-    "openai.chat_completions": "message", "openai.models": "message",
+    "openai.chat_completions": "message", "openai.models": "message", "openai.model": "message",
     # scoped keys
     "keys.list_keys": "admin", "keys.create_key": "admin", "keys.get_key": "admin", "keys.update_key": "admin",
     "keys.delete_key": "admin", "keys.rotate_key": "admin",

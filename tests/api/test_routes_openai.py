@@ -57,6 +57,21 @@ def agent(d, model: str = "") -> tuple[str, str]:
     return name, uuid.uuid4().hex[:10]
 
 
+def test_models_list_and_retrieve_with_the_sdk(agent_daemon, oa) -> None:
+    name, _ = agent(agent_daemon)
+    listed = {m.id: m for m in oa.models.list().data}
+    card = listed[f"agentd:{name}"]
+    assert card.object == "model" and card.owned_by == "agentd" and isinstance(card.created, int)
+    agent_id = agent_daemon.get("/api/agents").json()
+    agent_id = next(a["id"] for a in agent_id if a["name"] == name)
+    for ref in (f"agentd:{name}", name, agent_id):
+        assert oa.models.retrieve(ref).model_dump() == card.model_dump(), ref
+    with pytest.raises(openai.NotFoundError) as err:
+        oa.models.retrieve(f"agentd:{name}-nobody")
+    assert err.value.body == {"message": f"no agent found for model 'agentd:{name}-nobody'",
+                              "type": "invalid_request_error", "code": "model_not_found"}
+
+
 def test_openai_driver_receives_every_parameter(agent_daemon, fake_llm, oa) -> None:
     name, marker = agent(agent_daemon)
     raw = oa.chat.completions.with_raw_response.create(
