@@ -9,6 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import principal, reach_agent
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -61,6 +62,17 @@ def delete(workflow_id: str):
     return jsonify({"status": "removed", "workflow_id": workflow_id})
 
 
+def payer(workflow_id: str) -> str:
+    """The scoped key a run of the workflow is started by (it pays for the steps); 404 `agent
+    not found` when a step names an agent outside the key's list."""
+    who = principal()
+    if who.agents:
+        for step in kernel().workflows.get(workflow_id)["steps"]:
+            if step.get("agent"):
+                reach_agent(next(iter(step["agent"].values())))
+    return who.key_id
+
+
 @bp.post("/api/workflows/<workflow_id>/run")
 @doc("Run a workflow and wait for it to end", tags="workflows", body=WorkflowRunSchema, body_required=False,
      response=out.WorkflowRunResultSchema, body_example={"input": "solar sails"},
@@ -71,7 +83,7 @@ def run(workflow_id: str):
     text = body.load(WorkflowRunSchema(), allow_empty=True)["input"]
     check_message(text, "input")
     # Blocks until the run ends; a failed run is still a 200 with status "failed" and error.
-    return jsonify(kernel().workflows.run(workflow_id, text))
+    return jsonify(kernel().workflows.run(workflow_id, text, payer(workflow_id)))
 
 
 @bp.get("/api/workflows/<workflow_id>/runs")
@@ -99,7 +111,7 @@ def run_detail(run_id: str):
 def start_run(workflow_id: str):
     text = body.load(WorkflowRunSchema(), allow_empty=True)["input"]
     check_message(text, "input")
-    return jsonify(kernel().workflows.start(workflow_id, text)), 202
+    return jsonify(kernel().workflows.start(workflow_id, text, payer(workflow_id))), 202
 
 
 @bp.post("/api/workflows/runs/<run_id>/cancel")

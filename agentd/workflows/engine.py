@@ -127,14 +127,15 @@ class WorkflowEngine:
         return run
 
     # -- running ------------------------------------------------------------------------
-    def run(self, workflow_id: str, text: str) -> dict[str, Any]:
-        """Run to the end in the calling thread; `{run_id, output, status[, error]}`."""
-        workflow, run = self._begin(workflow_id, text)
+    def run(self, workflow_id: str, text: str, key_id: str = "") -> dict[str, Any]:
+        """Run to the end in the calling thread; `{run_id, output, status[, error]}`. `key_id`:
+        the scoped API key that pays for the steps (its budget applies to each)."""
+        workflow, run = self._begin(workflow_id, text, key_id)
         return self._drive(workflow, run, self.db.start_run(run.run_id))
 
-    def start(self, workflow_id: str, text: str) -> dict[str, Any]:
+    def start(self, workflow_id: str, text: str, key_id: str = "") -> dict[str, Any]:
         """Start a run on a thread of its own and answer at once: `{run_id, status}`."""
-        workflow, run = self._begin(workflow_id, text)
+        workflow, run = self._begin(workflow_id, text, key_id)
         started = self.db.start_run(run.run_id)
         thread = threading.Thread(target=self._drive, args=(workflow, run, started), daemon=True,
                                   name=f"agentd-wf-{run.run_id[:8]}")
@@ -178,12 +179,12 @@ class WorkflowEngine:
         self._notify()
         return saved
 
-    def _begin(self, workflow_id: str, text: str) -> tuple[dict[str, Any], RunState]:
+    def _begin(self, workflow_id: str, text: str, key_id: str = "") -> tuple[dict[str, Any], RunState]:
         if self._closing.is_set():
             raise AgentdError("the daemon is shutting down", status=503)
         workflow = self.get(workflow_id)
         run = RunState(run_id=self.db.create_run(workflow, text, self.daemon_id), workflow=workflow,
-                       current=text)
+                       current=text, key_id=key_id)
         with self._lock:
             self._active[run.run_id] = run
         return workflow, run

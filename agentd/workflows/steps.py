@@ -68,6 +68,7 @@ class RunState:
     steps_completed: int = 0
     running: tuple[int, ...] = ()        # indexes of the step (or fan-out group) in progress
     finished: threading.Event = field(default_factory=threading.Event)
+    key_id: str = ""                     # the scoped API key that started the run (it pays for its steps)
 
 
 def _agent_label(ref: dict[str, str]) -> str:
@@ -257,7 +258,7 @@ class StepRunner:
                 error = f"agent {_agent_label(step['agent'])} not found (killed, or never existed)"
                 break
             try:
-                result = self._attempt(handle, prompt, step["timeout_secs"], stops)
+                result = self._attempt(handle, prompt, step["timeout_secs"], stops, run.key_id)
             except StepFailure as exc:
                 error = str(exc)
                 if handle.killed:
@@ -286,7 +287,7 @@ class StepRunner:
         return Outcome(records=[record], failed=error)
 
     def _attempt(self, handle: AgentHandle, prompt: str, timeout: float,
-                 stops: tuple[threading.Event, ...]) -> RunResult:
+                 stops: tuple[threading.Event, ...], key_id: str = "") -> RunResult:
         """One agent run on the executor, bounded by `timeout` from when it starts."""
         cancel = threading.Event()
         started: list[float] = []
@@ -295,7 +296,7 @@ class StepRunner:
             started.append(time.monotonic())
             # Waiting for the agent's current run counts against the attempt's timeout.
             return self.runs.start(RunRequest(handle, prompt, cancel=cancel, on=INLINE, origin="workflow", wait=timeout,
-                                              from_client=False)).result()
+                                              from_client=False, key_id=key_id)).result()
 
         try:
             future = self.executor.submit(call)

@@ -276,6 +276,31 @@ def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None
     assert d.get("/api/usage", params={"key": "nobody"}).status_code == 404
 
 
+def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
+    _, name = spawn(d, "flow")
+    _, hidden_name = spawn(d, "flow-hidden")
+
+    def workflow(agent: str) -> str:
+        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
+                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
+        assert r.status_code == 201, r.text
+        return r.json()["workflow_id"]
+
+    mine, foreign = workflow(name), workflow(hidden_name)
+    key = new_key(d, scopes=["read", "manage"], agents=[name], budget_usd_per_day=0.000001)
+    first = as_key(d, key, "POST", f"/api/workflows/{mine}/run", json={"input": "go"})
+    assert first.status_code == 200 and first.json()["status"] == "completed", first.text
+    usage = d.get("/api/usage", params={"key": key["name"]}).json()
+    assert usage["requests"] == 1 and usage["total_cost_usd"] > 0.000001
+    # Over its budget, the key's next run fails at its step; the admin's runs go on.
+    second = as_key(d, key, "POST", f"/api/workflows/{mine}/run", json={"input": "again"}).json()
+    assert second["status"] == "failed" and f"API key '{key['name']}' is over its budget" in second["error"]
+    assert d.post(f"/api/workflows/{mine}/run", json={"input": "admin"}).json()["status"] == "completed"
+    for path in (f"/api/workflows/{foreign}/run", f"/api/workflows/{foreign}/runs"):
+        r = as_key(d, key, "POST", path, json={"input": "x"})
+        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (path, r.text)
+
+
 def test_a_key_rate_limit(d: Daemon) -> None:
     key = new_key(d, rate_limit_per_minute=3)
     codes = [as_key(d, key, "GET", "/api/status").status_code for _ in range(4)]

@@ -8,6 +8,7 @@ from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
+from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
 from agentd.workflows.definition import ERROR_MODES, MODES, StepError
@@ -43,7 +44,7 @@ def workflow_run(workflow_id: str):
     text = request.form.get("input", "")
     try:
         check_message(text, "input")
-        started = kernel().workflows.start(workflow_id, text)
+        started = kernel().workflows.start(workflow_id, text, payer(workflow_id))
     except AgentdError as exc:
         return _workflow_page(workflow_id, exc.status, exc.message, draft=text)
     return see_other_with("pages.workflow_run_page", ["run started"], run_id=started["run_id"])
