@@ -105,7 +105,7 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, d
     previous = data.get("previous_response_id")
     user = data.get("user") or None
     if previous:
-        stored = kernel().responses.get(previous)
+        stored = _visible(previous)
         if stored is None:
             raise ResponseNotFound(previous, "previous_response_not_found")
         if stored[0] != handle.id:
@@ -140,6 +140,7 @@ class Shape:
         self.handle = handle
         self.data = data
         self.store = data.get("store") is not False
+        self.key_id = principal().key_id  # (read while the request is current: a stream ends later)
 
     def message(self, text: str | None, status: str) -> dict[str, Any]:
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
@@ -181,7 +182,7 @@ class Shape:
 
     def keep(self, obj: dict[str, Any]) -> None:
         if self.store:
-            kernel().responses.save(self.handle.id, obj)
+            kernel().responses.save(self.handle.id, obj, self.key_id)
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
@@ -278,18 +279,28 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape, r
                       run=run)
 
 
-def _stored(response_id: str) -> dict[str, Any]:
-    """A stored response the caller may see: one of an agent outside a scoped key's list is
-    as absent as one never stored."""
+def _visible(response_id: str) -> tuple[str, dict[str, Any]] | None:
+    """(agent id, response) of a stored response the caller may see: a scoped key sees only
+    its own answers, and none of an agent outside its list."""
     stored = kernel().responses.get(response_id)
     if stored is None:
-        raise ResponseNotFound(response_id)
+        return None
+    who = principal()
+    if not who.is_admin and stored[2] != who.key_id:
+        return None
     handle = kernel().agents.find(stored[0])
     if handle is not None:
         try:
-            principal().reach(handle)  # (a refusal is audited)
+            who.reach(handle)  # (a refusal is audited)
         except NotFound:
-            raise ResponseNotFound(response_id) from None
+            return None
+    return stored[0], stored[1]
+
+
+def _stored(response_id: str) -> dict[str, Any]:
+    stored = _visible(response_id)
+    if stored is None:
+        raise ResponseNotFound(response_id)
     return stored[1]
 
 

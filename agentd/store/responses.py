@@ -17,8 +17,11 @@ class StoredResponses:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def save(self, agent_id: str, response: dict[str, Any]) -> None:
-        body = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
+    def save(self, agent_id: str, response: dict[str, Any], key_id: str = "") -> None:
+        """Keep `response`; `key_id` names the scoped API key whose request it answered (only
+        that key, and the admin, may read it back)."""
+        body = json.dumps({"key_id": key_id, "response": response} if key_id else response,
+                          ensure_ascii=False, separators=(",", ":"))
         with orm.db_session:
             row = self.store.e.ResponseRow.get(id=response["id"])
             if row is None:
@@ -26,14 +29,19 @@ class StoredResponses:
             else:
                 row.body = body
 
-    def get(self, response_id: str) -> tuple[str, dict[str, Any]] | None:
-        """(agent id, response object), or None for an id never stored."""
+    def get(self, response_id: str) -> tuple[str, dict[str, Any], str] | None:
+        """(agent id, response object, the key it answered or ""), or None for an id never stored."""
         rows = self.store.e.ResponseRow
         with orm.db_session:
             # Both columns in one query: the body is a lazy column, and a second query for it
             # finds nothing once a concurrent delete has removed the row in between.
             found = orm.select((r.agent_id, r.body) for r in rows if r.id == response_id)[:1]
-        return (found[0][0], json.loads(found[0][1])) if found else None
+        if not found:
+            return None
+        body = json.loads(found[0][1])
+        if body.get("object") == "response":  # an admin's answer: stored as the client got it
+            return found[0][0], body, ""
+        return found[0][0], body["response"], body["key_id"]
 
     def delete(self, response_id: str) -> bool:
         """Forget one stored response; False when there was none (or a concurrent delete won)."""

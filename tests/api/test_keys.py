@@ -373,7 +373,7 @@ def test_responses_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_l
 
     alice = respond(ADMIN, f"{tag} alice 0", user="alice")
     respond(ADMIN, f"{tag} bob 0", user="bob")
-    respond(key["key"], f"{tag} key 0")
+    keys_first = respond(key["key"], f"{tag} key 0")
     # previous_response_id continues the session the response was answered in.
     respond(ADMIN, f"{tag} alice 1", previous_response_id=alice["id"])
     respond(ADMIN, f"{tag} bob 1", user="bob")
@@ -389,6 +389,19 @@ def test_responses_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_l
         r = as_key(d, elsewhere, method, f"/v1/responses/{alice['id']}")
         assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", r.text
     assert d.get(f"/v1/responses/{alice['id']}").status_code == 200
+    # A key reads back only its own answers; the admin reads every one.
+    other = new_key(d)
+    assert as_key(d, key, "GET", f"/v1/responses/{keys_first['id']}").json() == keys_first
+    assert d.get(f"/v1/responses/{keys_first['id']}").json() == keys_first
+    for method, path, body in [("GET", f"/v1/responses/{keys_first['id']}", None),
+                               ("GET", f"/v1/responses/{alice['id']}", None),
+                               ("DELETE", f"/v1/responses/{keys_first['id']}", None),
+                               ("POST", "/v1/responses", {"model": f"agentd:{name}", "input": "x",
+                                                          "previous_response_id": keys_first["id"]})]:
+        r = as_key(d, other, method, path, json=body)
+        assert r.status_code == 404, (method, path, r.text)
+        assert r.json()["error"]["code"] in ("response_not_found", "previous_response_not_found")
+    assert as_key(d, key, "DELETE", f"/v1/responses/{keys_first['id']}").status_code == 200
 
 
 def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:
