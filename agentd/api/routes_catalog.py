@@ -10,7 +10,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal
+from agentd.api.principal import principal, reachable
 from agentd.api.schemas import ModelsQuery, PeriodQuery, ProviderKeySchema, ProviderUrlSchema, UsageQuery
 from agentd.api import body
 from agentd.api.routes_system import kernel
@@ -229,9 +229,4 @@ def set_budget():
 @doc("Spend per agent this month", tags="usage", response={"type": "array", "items": out.BudgetAgentSchema})
 def budget_agents():
     start, end = kernel().metering.period(None, None)
-    spend = kernel().metering.by_agent(start, end)
-    who = principal()
-    if who.agents:  # a key limited to some agents sees their spend only
-        reachable = {h.id for h in who.visible(kernel().agents.handles())}
-        spend = [a for a in spend if a["agent_id"] in reachable]
-    return jsonify(spend)
+    return jsonify(reachable(kernel().metering.by_agent(start, end)))  # a limited key: its agents' spend
