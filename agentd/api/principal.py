@@ -118,8 +118,11 @@ class KeyLimits:
 
 
 def _owner_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[str, str] | None:
-    """(agent id, what is not found) for a cron job or trigger named in the path."""
+    """(agent id, what is not found) for a cron job, trigger or pending approval named in the path."""
     try:
+        if "approval_id" in view_args:
+            found = [a for a in kernel.approvals.pending() if a["id"] == view_args["approval_id"]]
+            return (found[0]["agent_id"], "approval not found") if found else None
         if "job_id" in view_args:
             return kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or "", "cron job not found"
         if "trigger_id" in view_args:
@@ -130,7 +133,7 @@ def _owner_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[str, str] | 
 
 
 def _reach_owner(who: Principal, view_args: dict[str, Any]) -> None:
-    """A job or trigger of an agent outside the key's list is as absent as one never made."""
+    """A job, trigger or approval of an agent outside the key's list is as absent as one never made."""
     kernel = current_app.extensions["agentd.kernel"]
     owner = _owner_in_path(kernel, view_args)
     if owner is None or not owner[0]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
@@ -241,6 +242,33 @@ def test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent(d: Daemo
     assert d.get(f"/api/cron/jobs/{hidden_job}").json()["enabled"] is True
     assert d.get(f"/api/triggers/{hidden_trigger}").status_code == 200
     assert as_key(d, key, "GET", f"/api/cron/jobs/{shown_job}").status_code == 200
+
+
+def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
+    outside, _ = spawn(d, "manual")
+    assert d.http.put(f"{d.url}/api/agents/{outside}/mode", json={"mode": "Manual"}).status_code == 200
+    result: dict[str, Any] = {}
+    talk = threading.Thread(target=lambda: result.update(r=d.post(
+        f"/api/agents/{outside}/message",
+        json={"message": '[[tool:memory_store {"key": "k", "value": "v"}]]'})))
+    talk.start()
+    try:
+        approval = None
+        for _ in range(200):
+            approval = next((a for a in d.get("/api/approvals").json() if a["agent_id"] == outside), None)
+            if approval:
+                break
+            time.sleep(0.05)
+        assert approval is not None, "no approval appeared"
+        key = new_key(d, scopes=["read", "manage"], agents=["nobody-*"])
+        assert as_key(d, key, "GET", "/api/approvals").json() == []
+        for decision in ("approve", "reject"):
+            r = as_key(d, key, "POST", f"/api/approvals/{approval['id']}/{decision}")
+            assert r.status_code == 404 and r.json() == {"error": "approval not found"}, r.text
+        assert d.post(f"/api/approvals/{approval['id']}/reject").status_code == 200
+    finally:
+        talk.join(30)
+    assert result["r"].status_code == 200
 
 
 def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:
