@@ -22,7 +22,6 @@ from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path
 from agentd.api.middleware import is_authorized, is_loopback
 from agentd.api.pages.notes import current_note
-from agentd.errors import NotFound
 from agentd.kernel import Kernel
 
 bp = Blueprint("pages", __name__)
@@ -47,7 +46,7 @@ def _agent_by_name() -> None:
     """People type an agent's name where its id goes in a dashboard URL (`/agents/helper`).
 
     Called once the visitor may see pages, before a scoped key's reach is checked against
-    the id the name stands for."""
+    the id the name stands for. Any other text stays, for the view's 400."""
     values = request.view_args or {}
     ref = values.get("agent_id")
     if not ref:
@@ -58,9 +57,8 @@ def _agent_by_name() -> None:
     except ValueError:
         pass
     handle = kernel().agents.by_name(ref)
-    if handle is None or handle.killed:
-        raise NotFound("agent not found")  # the words of an agent a scoped key may not reach
-    values["agent_id"] = handle.id
+    if handle is not None and not handle.killed:
+        values["agent_id"] = handle.id
 
 
 @bp.before_request

@@ -346,7 +346,7 @@ def test_agent_pages_answer_at_the_agent_name(web: Browser) -> None:
     r = web.post(f"/agents/{name}/memory/kv", {"key": "mood", "value": "calm"})
     assert r.status_code == 303 and d.get(f"/api/memory/agents/{agent_id}/kv/mood").json() == "calm"
     missing = web.get("/agents/no-such-agent")
-    assert missing.status_code == 404 and "agent not found" in missing.text
+    assert missing.status_code == 400 and "invalid agent id: &#39;no-such-agent&#39; is not a UUID" in missing.text
     # The JSON API keeps its UUID contract, with the hint.
     r = d.get(f"/api/agents/{name}")
     assert r.status_code == 400 and r.json() == {
