@@ -120,11 +120,16 @@ def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict
     raise BadRequest("delivery.kind: must be none, channel or webhook")
 
 
+MAX_RUNS_PER_DAY = 1_000_000  # the triggers' bound too; far below the column's 32-bit limit
+
+
 def _limit(data: dict[str, Any], key: str, integer: bool) -> Any:
     value = data.get(key)
     if value is None:
         return None
     ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if integer and ok and value > MAX_RUNS_PER_DAY:
+        raise BadRequest(f"{key}: must be at most {MAX_RUNS_PER_DAY}, or null")
     if not ok or value <= 0 or (not integer and value != value):
         raise BadRequest(f"{key}: must be {'an integer' if integer else 'a number'} greater than 0, or null")
     return value if integer else float(value)

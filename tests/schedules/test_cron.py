@@ -143,6 +143,17 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
         r = d.post("/api/cron/jobs", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    # Past what the database column holds: a 400 naming the bound, on create and on change.
+    huge = {"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+            "max_runs_per_day": 10 ** 23}
+    r = d.post("/api/cron/jobs", json=huge)
+    assert (r.status_code, r.json()) == (400, {"error": "max_runs_per_day: must be at most 1000000, or null"})
+    r = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"max_runs_per_day": 2 ** 31})
+    assert (r.status_code, r.json()) == (400, {"error": "max_runs_per_day: must be at most 1000000, or null"})
+    r = d.post("/api/cron/jobs", json={**huge, "max_runs_per_day": 1, "schedule": {"kind": "every",
+                                                                                   "every_secs": 366 * 86400 + 1}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.every_secs: must be an integer from 1 to "
+                                                        "31622400 (366 days)"})
     unknown = "00000000-0000-4000-8000-000000000000"
     for method, path in [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/run"), ("GET", "/runs")]:
         r = d.request(method, f"/api/cron/jobs/{unknown}{path}", json={} if method in ("PATCH", "POST") else None)
