@@ -5,21 +5,40 @@ from __future__ import annotations
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel, see_other
-from agentd.errors import AgentdError
+from agentd.api.pages.notes import see_other_with
+from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
+from agentd.errors import AgentdError, BadRequest
+from agentd.triggers import patterns
 
 
 def _agent_names() -> dict[str, str]:
     return {h.id: h.name for h in kernel().agents.handles()}
 
 
-def _triggers_page(status: int = 200, error: str = ""):
+def _triggers_page(status: int = 200, error: str = "", form: dict | None = None):
     return render_template("triggers.html", triggers=kernel().triggers.list(), names=_agent_names(),
-                           error=error), status
+                           error=error, form=form or {}, kinds=patterns.KINDS), status
 
 
 @bp.get("/triggers")
 def triggers():
     return _triggers_page()
+
+
+@bp.post("/triggers")
+def trigger_create():
+    """Create a trigger as POST /api/triggers does; a refusal comes back above the form, with
+    what was typed."""
+    form = {key: request.form.get(key, "").strip() for key in TRIGGER_FIELDS}
+    form["prompt_template"] = request.form.get("prompt_template", "")
+    try:
+        if not form["agent_id"]:
+            raise BadRequest("agent_id: choose the agent to run")
+        trigger = kernel().triggers.create(trigger_body(form))
+    except AgentdError as exc:
+        return _triggers_page(exc.status, exc.message, form)
+    return see_other_with("pages.triggers", [f"trigger created for {_agent_names().get(trigger['agent_id'])}"],
+                          _anchor=f"trigger-{trigger['id']}")
 
 
 @bp.post("/triggers/<trigger_id>/<action>")
@@ -35,7 +54,8 @@ def trigger_action(trigger_id: str, action: str):
             return _triggers_page(404, f"unknown action {action!r}")
     except AgentdError as exc:
         return _triggers_page(exc.status, exc.message)
-    return see_other("pages.triggers")
+    done = {"delete": "deleted", "enable": "enabled", "disable": "disabled"}[action]
+    return see_other_with("pages.triggers", [f"trigger {done}"])
 
 
 def _tasks_page(status: int = 200, error: str = ""):

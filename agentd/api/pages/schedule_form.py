@@ -1,5 +1,6 @@
-"""The Schedules page's form for a new cron job: its fields turned into the body of
-POST /api/cron/jobs (the same kernel call checks it and names the field at fault)."""
+"""The dashboard's forms for a new cron job and a new trigger: their fields turned into the
+bodies of POST /api/cron/jobs and POST /api/triggers (the same kernel calls check them and
+name the field at fault)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,24 @@ def job_body(form: dict[str, str], one_shot: bool) -> dict[str, Any]:
     elif delivery != "none":
         body["delivery"] = {"kind": delivery}
     for key, kind_of in (("max_runs_per_day", int), ("max_cost_usd_per_day", float)):
+        if form.get(key):
+            body[key] = _number(form[key], kind_of)
+    return body
+
+
+TRIGGER_FIELDS = ("agent_id", "kind", "pattern", "channel", "max_runs_per_day", "max_cost_usd_per_day",
+                  "rate_limit_per_minute")
+
+
+def trigger_body(form: dict[str, str]) -> dict[str, Any]:
+    """The trigger the form describes: one pattern of `kind`, caps when typed."""
+    kind = form.get("kind") or "content_match"
+    value: Any = form.get("pattern", "")
+    if kind == "channel_message":
+        value = {"channel": form.get("channel") or "*", "match": value}
+    body: dict[str, Any] = {"agent_id": form.get("agent_id", ""), "pattern": {kind: value},
+                            "prompt_template": form.get("prompt_template", "")}
+    for key, kind_of in (("max_runs_per_day", int), ("max_cost_usd_per_day", float), ("rate_limit_per_minute", int)):
         if form.get(key):
             body[key] = _number(form[key], kind_of)
     return body
