@@ -35,6 +35,7 @@ ACTION: dict[str, Any] = {"oneOf": [
 ]}
 
 DELIVERY: dict[str, Any] = {"oneOf": [
+    {"type": "null", "description": "The same as {\"kind\": \"none\"}"},
     {"type": "object", "additionalProperties": False, "required": ["kind"],
      "properties": {"kind": {"const": "none"}}},
     {"type": "object", "additionalProperties": False, "required": ["kind", "channel"],

@@ -143,6 +143,12 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
         r = d.post("/api/cron/jobs", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    # A null delivery is no delivery, as the served document says.
+    body = d.get("/api/openapi.json").json()["paths"]["/api/cron/jobs"]["post"]["requestBody"]
+    delivery = body["content"]["application/json"]["schema"]["properties"]["delivery"]["oneOf"]
+    assert {"type": "null", "description": 'The same as {"kind": "none"}'} in delivery
+    assert job(d, name="no delivery", agent_id="shapes", action=turn("m"), delivery=None,
+               enabled=False)["delivery"] == {"kind": "none"}
     # Past what the database column holds: a 400 naming the bound, on create and on change.
     huge = {"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
             "max_runs_per_day": 10 ** 23}
