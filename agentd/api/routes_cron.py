@@ -5,11 +5,12 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 from marshmallow import fields
 
-from agentd.api import body
+from agentd.api import agent_reach, body
 from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
+from agentd.errors import BadRequest
 
 bp = Blueprint("cron", __name__)
 
@@ -20,8 +21,17 @@ class CronJobsQuery(_Query):
     agent_id = fields.String(metadata={"description": sc.LIST_QUERY_DOC + " (an unknown agent has none)"})
 
 
+NOT_FOUND = "cron job not found"
+
+
 def _job(job_id: str) -> dict:
-    return kernel().cron.get_raw(job_id)
+    return agent_reach.reach(kernel().cron.get_raw(job_id), NOT_FOUND)
+
+
+def _body() -> dict:
+    data = body.json_body()
+    agent_reach.check_body_agent(data, lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+    return data
 
 
 @bp.post("/api/cron/jobs")
@@ -38,7 +48,7 @@ def _job(job_id: str) -> dict:
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
                    "max_runs_per_day": 3})
 def create():
-    return jsonify(kernel().cron.create(body.json_body())), 201
+    return jsonify(kernel().cron.create(_body())), 201
 
 
 @bp.get("/api/cron/jobs")
@@ -46,15 +56,15 @@ def create():
 def list_jobs():
     ref = request.args.get("agent_id", "")
     if not ref:
-        return jsonify(kernel().cron.list())
+        return jsonify(agent_reach.visible(kernel().cron.list()))
     handle = kernel().agents.find(ref)
-    return jsonify(kernel().cron.list(handle.id) if handle is not None else [])
+    return jsonify(agent_reach.visible(kernel().cron.list(handle.id)) if handle is not None else [])
 
 
 @bp.get("/api/cron/jobs/<job_id>")
 @doc("A cron job", tags="cron", response=sc.JOB, path_params=JOB_ID)
 def detail(job_id: str):
-    return jsonify(kernel().cron.get(job_id))
+    return jsonify(agent_reach.reach(kernel().cron.get(job_id), NOT_FOUND))
 
 
 @bp.patch("/api/cron/jobs/<job_id>")
@@ -63,12 +73,14 @@ def detail(job_id: str):
      description="Only the fields given change. Resuming clears `paused_reason` and the failure backoff "
                  "and computes the next due time from now.")
 def update(job_id: str):
-    return jsonify(kernel().cron.update(job_id, body.json_body()))
+    _job(job_id)
+    return jsonify(kernel().cron.update(job_id, _body()))
 
 
 @bp.delete("/api/cron/jobs/<job_id>")
 @doc("Delete a cron job and its run history", tags="cron", response=sc.REMOVED, path_params=JOB_ID)
 def delete(job_id: str):
+    _job(job_id)
     kernel().cron.delete(job_id)
     return jsonify({"status": "removed", "job_id": job_id})
 
@@ -87,6 +99,7 @@ def run(job_id: str):
      description="Each run: started, finished, status (`ok`, `failed`, `skipped` with its `reason`, "
                  "`running`), cost, output or error, and the delivery of its result.")
 def runs(job_id: str):
+    _job(job_id)
     return jsonify(kernel().cron.runs(job_id))
 
 

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from agentd.api import body
+from agentd.api import agent_reach, body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_triggers import EventSchema, TriggerCreateSchema, TriggerQuery, TriggerUpdateSchema
+from agentd.errors import NotFound
 
 bp = Blueprint("triggers", __name__)
+
+NOT_FOUND = "trigger not found"
+
+
+def _trigger(trigger_id: str) -> dict:
+    return agent_reach.reach(kernel().triggers.get(trigger_id), NOT_FOUND)
 
 
 @bp.post("/api/triggers")
@@ -24,32 +31,36 @@ bp = Blueprint("triggers", __name__)
             "UpdateTrigger": ("triggers.update", {"trigger_id": "$response.body#/id"}),
             "DeleteTrigger": ("triggers.delete", {"trigger_id": "$response.body#/id"})})
 def create():
-    return jsonify(kernel().triggers.create(body.load(TriggerCreateSchema()))), 201
+    data = body.load(TriggerCreateSchema())
+    agent_reach.check_body_agent(data, lambda ref: NotFound("agent not found"))
+    return jsonify(kernel().triggers.create(data)), 201
 
 
 @bp.get("/api/triggers")
 @doc("List triggers, oldest first", tags="triggers", query=TriggerQuery,
      response={"type": "array", "items": out.TriggerSchema})
 def list_triggers():
-    return jsonify(kernel().triggers.list(request.args.get("agent_id")))
+    return jsonify(agent_reach.visible(kernel().triggers.list(request.args.get("agent_id"))))
 
 
 @bp.get("/api/triggers/<trigger_id>")
 @doc("One trigger, with its counters for today", tags="triggers", response=out.TriggerSchema)
 def detail(trigger_id: str):
-    return jsonify(kernel().triggers.get(trigger_id))
+    return jsonify(_trigger(trigger_id))
 
 
 @bp.patch("/api/triggers/<trigger_id>")
 @doc("Change a trigger: enable or pause it, its caps, its template", tags="triggers", body=TriggerUpdateSchema,
      response=out.TriggerSchema, description="`enabled: true` also resumes a trigger paused by a cap.")
 def update(trigger_id: str):
+    _trigger(trigger_id)
     return jsonify(kernel().triggers.update(trigger_id, body.load(TriggerUpdateSchema())))
 
 
 @bp.delete("/api/triggers/<trigger_id>")
 @doc("Delete a trigger", tags="triggers", response=out.TriggerDeletedSchema)
 def delete(trigger_id: str):
+    _trigger(trigger_id)
     kernel().triggers.delete(trigger_id)
     return jsonify({"status": "removed", "trigger_id": trigger_id})
 

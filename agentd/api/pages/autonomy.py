@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from flask import render_template, request
 
+from agentd.api import agent_reach
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.principal import principal
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
 
 
 def _agent_names() -> dict[str, str]:
-    return {h.id: h.name for h in kernel().agents.handles()}
+    return {h.id: h.name for h in principal().visible(kernel().agents.handles())}
 
 
 def _triggers_page(status: int = 200, error: str = "", form: dict | None = None):
-    return render_template("triggers.html", triggers=kernel().triggers.list(), names=_agent_names(),
+    return render_template("triggers.html", triggers=agent_reach.visible(kernel().triggers.list()),
+                           names=_agent_names(),
                            error=error, form=form or {}, kinds=patterns.KINDS), status
 
 
@@ -34,7 +37,9 @@ def trigger_create():
     try:
         if not form["agent_id"]:
             raise BadRequest("agent_id: choose the agent to run")
-        trigger = kernel().triggers.create(trigger_body(form))
+        body = trigger_body(form)
+        agent_reach.check_body_agent(body, lambda ref: NotFound("agent not found"))
+        trigger = kernel().triggers.create(body)
     except AgentdError as exc:
         return _triggers_page(exc.status, exc.message, form)
     return see_other_with("pages.triggers", [f"trigger created for {_agent_names().get(trigger['agent_id'])}"],
@@ -46,6 +51,7 @@ def trigger_action(trigger_id: str, action: str):
     """enable (also resumes a paused trigger), disable or delete, as the JSON API does."""
     service = kernel().triggers
     try:
+        agent_reach.reach(service.get(trigger_id), "trigger not found")
         if action == "delete":
             service.delete(trigger_id)
         elif action in ("enable", "disable"):

@@ -9,12 +9,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from flask import make_response, render_template, request
 
+from agentd.api import agent_reach
 from agentd.api.pages import bp, kernel
+from agentd.api.principal import principal
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body
-from agentd.errors import AgentdError
+from agentd.errors import AgentdError, BadRequest
 
 RUNS_SHOWN = 50
+NOT_FOUND = "cron job not found"
 TZ_COOKIE = "agentd_tz"
 
 
@@ -55,10 +58,9 @@ def _due(job: dict) -> str:
 
 def _schedules_page(status: int = 200, error: str = "", form: dict | None = None):  # type: ignore[no-untyped-def]
     k = kernel()
-    handles = k.agents.handles()
-    names = {h.id: h.name for h in handles}
-    return _render("schedules.html", status, jobs=k.cron.list(), agents=names, error=error,
-                   triggers=k.triggers.list(), names=names, workflows=k.workflows.list(),
+    names = {h.id: h.name for h in principal().visible(k.agents.handles())}
+    return _render("schedules.html", status, jobs=agent_reach.visible(k.cron.list()), agents=names, error=error,
+                   triggers=agent_reach.visible(k.triggers.list()), names=names, workflows=k.workflows.list(),
                    form=form or {"one_shot": ""})
 
 
@@ -75,7 +77,9 @@ def schedule_create():
     form["message"] = request.form.get("message", "")
     form["one_shot"] = "on" if request.form.get("one_shot") else ""
     try:
-        job = kernel().cron.create(job_body(form, bool(form["one_shot"])))
+        body = job_body(form, bool(form["one_shot"]))
+        agent_reach.check_body_agent(body, lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+        job = kernel().cron.create(body)
     except AgentdError as exc:
         return _schedules_page(exc.status, exc.message, form)
     return see_other_with("pages.schedule_page", [f"cron job {job['name']} created; next run {_due(job)}"],
@@ -85,7 +89,7 @@ def schedule_create():
 @bp.get("/schedules/<job_id>")
 def schedule_page(job_id: str):
     k = kernel()
-    job = k.cron.get(job_id)
+    job = agent_reach.reach(k.cron.get(job_id), NOT_FOUND)
     handle = k.agents.find(job["agent_id"]) if job["agent_id"] else None
     return _render("schedule.html", job=job, agent=handle, runs=k.cron.runs(job_id, RUNS_SHOWN))
 
@@ -93,7 +97,7 @@ def schedule_page(job_id: str):
 def _act(job_id: str, action, done) -> object:  # type: ignore[no-untyped-def]
     """Run `action` on the job, then 303 back to the page the button was on, saying what
     happened (`done(result)`) or why nothing did."""
-    name = kernel().cron.get(job_id)["name"]  # an unknown job is the ordinary 404 page
+    name = agent_reach.reach(kernel().cron.get(job_id), NOT_FOUND)["name"]  # unknown: the ordinary 404 page
     back = {"endpoint": "pages.schedule_page", "job_id": job_id} if request.form.get("back") == "job" \
         else {"endpoint": "pages.schedules"}
     try:
@@ -126,6 +130,6 @@ def schedule_run(job_id: str):
 
 @bp.post("/schedules/<job_id>/delete")
 def schedule_delete(job_id: str):
-    name = kernel().cron.get(job_id)["name"]
+    name = agent_reach.reach(kernel().cron.get(job_id), NOT_FOUND)["name"]
     kernel().cron.delete(job_id)
     return see_other_with("pages.schedules", [f"cron job {name} deleted, with its history"])
