@@ -412,3 +412,13 @@ def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
     assert cli("rm", "cli job").stdout.strip() == "removed"
     refused = cli("add", "bad", "--agent", "clied", "--every", "5")
     assert refused.returncode == 1 and "--message is required" in refused.stderr
+    # A workflow by its name, as `agentd workflow run` takes it.
+    flow = d.post("/api/workflows", json={"name": "cli flow", "steps": [
+        {"name": "only", "agent_name": "clied", "prompt": "{{input}}"}]}).json()["workflow_id"]
+    added = cli("add", "cli flow job", "--workflow", "cli flow", "--input", "go", "--every", "3600")
+    assert added.returncode == 0, added.stderr
+    [flowed] = [j for j in d.get("/api/cron/jobs").json() if j["name"] == "cli flow job"]
+    assert flowed["action"] == {"kind": "workflow_run", "workflow_id": flow, "input": "go"}
+    missing = cli("add", "x", "--workflow", "no such flow", "--every", "3600")
+    assert missing.returncode == 1 and "no workflow named 'no such flow'" in missing.stderr
+    assert cli("rm", "cli flow job").returncode == 0
