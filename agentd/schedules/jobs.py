@@ -24,7 +24,7 @@ from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
 from agentd.errors import BadRequest, Conflict, NotFound
 from agentd.schedules.spec import parse_schedule, schedule_from_json
-from agentd.schedules.store import CronStore
+from agentd.schedules.store import RUN_RETENTION, CronStore
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
@@ -281,7 +281,7 @@ class CronJobs:
             self.changed()
         return len(ids)
 
-    def runs(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    def runs(self, job_id: str, limit: int = RUN_RETENTION) -> list[dict[str, Any]]:
         job = self.get_raw(job_id)
         return self.store.runs(job["id"], limit)
 

@@ -133,3 +133,15 @@ def test_an_unknown_viewer_zone_is_said_and_not_remembered(dash) -> None:
     html = text(client, "/schedules?tz=Nowhere/Land")
     assert "unknown time zone &#39;Nowhere/Land&#39;: times are shown in UTC" in html
     assert 'name="tz" value="UTC"' in html and 'name="tz" value="UTC"' in text(client, "/schedules")
+
+
+def test_the_run_history_keeps_and_answers_the_last_200_runs(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "busy"\n')
+    job = kernel.cron.create({"name": "busy", "agent_id": "busy", "schedule": {"kind": "every", "every_secs": 3600},
+                              "action": {"kind": "agent_turn", "message": "tick"}, "enabled": False})
+    for i in range(205):
+        kernel.cron.store.add_run(job["id"], "test", None, "skipped", f"run {i}")
+    runs = client.get(f"/api/cron/jobs/{job['id']}/runs", environ_base=LOCAL).get_json()
+    assert len(runs) == 200 and {r["reason"] for r in runs} == {f"run {i}" for i in range(5, 205)}
+    assert runs[0]["reason"] == "run 204"
