@@ -9,6 +9,7 @@ from agentd.api.pages import bp, kernel, see_other
 from agentd.api.principal import principal
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
+from agentd.api.pages.schedules import page_of
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
 
@@ -17,9 +18,12 @@ def _agent_names() -> dict[str, str]:
     return {h.id: h.name for h in principal().visible(kernel().agents.handles())}
 
 
+TRIGGERS_SHOWN = 30  # triggers a page of /triggers (the 60 KB page budget)
+
+
 def _triggers_page(status: int = 200, error: str = "", form: dict | None = None):
-    return render_template("triggers.html", triggers=agent_reach.visible(kernel().triggers.list()),
-                           names=_agent_names(),
+    paged = page_of(agent_reach.visible(kernel().triggers.list()), TRIGGERS_SHOWN)
+    return render_template("triggers.html", triggers=paged["items"], paged=paged, names=_agent_names(),
                            error=error, form=form or {}, kinds=patterns.KINDS), status
 
 

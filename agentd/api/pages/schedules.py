@@ -17,6 +17,8 @@ from agentd.api.pages.schedule_form import FIELDS, job_body
 from agentd.errors import AgentdError, BadRequest
 
 RUNS_SHOWN = 50
+JOBS_SHOWN = 20      # jobs a page of /schedules (the 60 KB page budget)
+TRIGGERS_SHOWN = 10  # triggers on /schedules; /triggers pages through them all
 NOT_FOUND = "cron job not found"
 TZ_COOKIE = "agentd_tz"
 
@@ -51,6 +53,18 @@ def _render(template: str, status: int = 200, **values):  # type: ignore[no-unty
     return response
 
 
+def page_of(items: list, size: int) -> dict:
+    """One page of `items` (`?page=N`; past the end: the last page) and where it is."""
+    pages = max(1, -(-len(items) // size))
+    try:
+        number = min(max(1, int(request.args.get("page") or 1)), pages)
+    except ValueError:
+        number = 1
+    first = (number - 1) * size
+    return {"items": items[first:first + size], "page": number, "pages": pages, "first": first,
+            "total": len(items)}
+
+
 def _due(job: dict) -> str:
     due = job["next_run_at"]
     return f"{due[:19].replace('T', ' ')} UTC" if due else "none"
@@ -59,9 +73,11 @@ def _due(job: dict) -> str:
 def _schedules_page(status: int = 200, error: str = "", form: dict | None = None):  # type: ignore[no-untyped-def]
     k = kernel()
     names = {h.id: h.name for h in principal().visible(k.agents.handles())}
-    return _render("schedules.html", status, jobs=agent_reach.visible(k.cron.list()), agents=names, error=error,
-                   triggers=agent_reach.visible(k.triggers.list()), names=names, workflows=k.workflows.list(),
-                   form=form or {"one_shot": ""})
+    jobs = page_of(agent_reach.visible(k.cron.list()), JOBS_SHOWN)
+    triggers = agent_reach.visible(k.triggers.list())
+    return _render("schedules.html", status, jobs=jobs, agents=names, error=error,
+                   triggers=triggers[:TRIGGERS_SHOWN], triggers_total=len(triggers), names=names,
+                   workflows=k.workflows.list(), form=form or {"one_shot": ""})
 
 
 @bp.get("/schedules")

@@ -145,3 +145,29 @@ def test_the_run_history_keeps_and_answers_the_last_200_runs(dash) -> None:
     runs = client.get(f"/api/cron/jobs/{job['id']}/runs", environ_base=LOCAL).get_json()
     assert len(runs) == 200 and {r["reason"] for r in runs} == {f"run {i}" for i in range(5, 205)}
     assert runs[0]["reason"] == "run 204"
+
+
+def test_many_jobs_and_triggers_are_paged_under_the_page_budget(dash) -> None:
+    client, kernel = dash
+    name = "an-agent-with-a-rather-long-name-for-the-rows"
+    kernel.agents.spawn(f'name = "{name}"\n')
+    for i in range(45):
+        kernel.cron.create({"name": f"a job with a long name: number {i:02d}", "agent_id": name,
+                            "schedule": {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "America/Argentina/Buenos_Aires"},
+                            "action": {"kind": "agent_turn", "message": "x"}, "max_runs_per_day": 5,
+                            "max_cost_usd_per_day": 0.5, "enabled": False})
+        if i < 35:
+            kernel.triggers.create({"agent_id": name, "prompt_template": "y" * 200 + " {{event}}",
+                                    "pattern": {"channel_message": {"channel": "telegram", "match": f"(?i)urgent {i}"}},
+                                    "max_runs_per_day": 5, "max_cost_usd_per_day": 0.5, "rate_limit_per_minute": 3})
+    # 60 KB with the stylesheet and the scripts.
+    budget = 60_000 - sum(len(client.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    for path, shown, pager in (("/schedules", "number 19<", "1–20 of 45 (page 1 of 3)"),
+                               ("/schedules?page=3", "number 44<", "41–45 of 45 (page 3 of 3)"),
+                               ("/schedules?page=9", "number 44<", "41–45 of 45 (page 3 of 3)"),
+                               ("/triggers", "urgent 29", "1–30 of 35 (page 1 of 2)"),
+                               ("/triggers?page=2", "urgent 34", "31–35 of 35 (page 2 of 2)")):
+        html = text(client, path)
+        assert len(html.encode()) < budget and shown in html and pager in html, (path, len(html.encode()))
+    html = text(client, "/schedules")
+    assert "number 20<" not in html and html.count('<tr id="trigger-') == 10 and ">All 35 triggers</a>" in html
