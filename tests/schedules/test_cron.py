@@ -284,6 +284,43 @@ def test_run_now_and_a_workflow_action(env) -> None:
     assert done[0]["output"] == "workflow says hi" and done[0]["id"] == started.json()["id"]
 
 
+def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
+    d, _, _ = env
+    spawn(d, "pressed")
+    created = job(d, name="pressed job", agent_id="pressed", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action=turn("[[slow:1]] [[reply:once]]"))
+    barrier = threading.Barrier(8)
+    answers: list[int] = []
+
+    def press() -> None:
+        barrier.wait()
+        answers.append(d.post(f"/api/cron/jobs/{created['id']}/run").status_code)
+
+    pressers = [threading.Thread(target=press) for _ in range(8)]
+    for t in pressers:
+        t.start()
+    for t in pressers:
+        t.join()
+    assert sorted(answers) == [202] + [409] * 7
+    done = wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    assert [r["status"] for r in done] == ["ok"]
+
+    # Deleted from many clients at once: one removes it, the others hear it is gone.
+    barrier = threading.Barrier(6)
+    answers.clear()
+
+    def delete() -> None:
+        barrier.wait()
+        answers.append(d.delete(f"/api/cron/jobs/{created['id']}").status_code)
+
+    deleters = [threading.Thread(target=delete) for _ in range(6)]
+    for t in deleters:
+        t.start()
+    for t in deleters:
+        t.join()
+    assert sorted(answers) == [200] + [404] * 5
+
+
 def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun(env) -> None:
     d, receiver, _ = env
     spawn(d, "hooked")
