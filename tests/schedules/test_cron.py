@@ -321,6 +321,22 @@ def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
     assert sorted(answers) == [200] + [404] * 5
 
 
+def test_the_global_budget_refuses_an_unattended_run(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "thrifty")
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "spend"}).json()["cost_usd"] > 0.000001
+    created = job(d, name="thrifty job", agent_id="thrifty", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action=turn("more"))
+    assert d.put("/api/budget", json={"limit_usd": 0.000001}).status_code == 200
+    try:
+        assert d.post(f"/api/cron/jobs/{created['id']}/run").status_code == 202
+        [failed] = wait_for(lambda: ran(d, created["id"], "failed"), 10, what="the refused run")
+    finally:
+        d.put("/api/budget", json={"limit_usd": 0})
+    assert failed["error"].startswith("message delivery failed: budget exceeded: ")
+    assert failed["cost_usd"] is None and failed["output"] is None
+
+
 def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun(env) -> None:
     d, receiver, _ = env
     spawn(d, "hooked")
