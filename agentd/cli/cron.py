@@ -78,11 +78,11 @@ def cron_add(name: str, agent: str = "", message: str = "", cron: str = "", tz: 
              max_cost_usd_per_day: float | None = None, webhook: str = "", secret_env: str = "",
              channel: str = "", chat_id: str = "") -> None:
     """Create a cron job: an agent told --message, or a --workflow, on --cron, --every or --at."""
-    if sum(bool(x) for x in (cron, every, at)) != 1:
+    if sum((bool(cron), every is not None, bool(at))) != 1:
         _fail("give exactly one of --cron, --every, --at")
     if cron:
         schedule: dict[str, Any] = {"kind": "cron", "expr": cron, **({"tz": tz} if tz else {})}
-    elif every:
+    elif every is not None:
         schedule = {"kind": "every", "every_secs": int(every)}
     else:
         schedule = {"kind": "at", "at": at}

@@ -472,6 +472,8 @@ def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
     assert added.returncode == 0, added.stderr
     [flowed] = [j for j in d.get("/api/cron/jobs").json() if j["name"] == "cli flow job"]
     assert flowed["action"] == {"kind": "workflow_run", "workflow_id": flow, "input": "go"}
+    zero = cli("add", "x", "--agent", "clied", "--every", "0", "--message", "m")
+    assert zero.returncode == 1 and "schedule.every_secs: must be an integer from 1" in zero.stderr
     missing = cli("add", "x", "--workflow", "no such flow", "--every", "3600")
     assert missing.returncode == 1 and "no workflow named 'no such flow'" in missing.stderr
     assert cli("rm", "cli flow job").returncode == 0
