@@ -18,7 +18,7 @@ person whose session it is.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from flask import Response, current_app, g, request
 
@@ -146,14 +146,20 @@ def _reach_owner(who: Principal, view_args: dict[str, Any]) -> None:
             raise NotFound(owner[1]) from None
 
 
-def reach_agent(ref: Any) -> None:
-    """404 `agent not found` when `ref` (an id or name from a request body) names an agent
-    outside the key's list; anything else is left to the route's own checks."""
+def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -> None:
+    """Refuse `ref` (an id or name from a request body) when it names an agent outside the
+    key's list: 404 `agent not found`, or `unknown(ref)` where the route words an unknown
+    agent otherwise. Anything else is left to the route's own checks."""
     who = principal()
     if who.agents and isinstance(ref, str) and ref:
         handle = current_app.extensions["agentd.kernel"].agents.find(ref)
         if handle is not None:
-            who.reach(handle)
+            try:
+                who.reach(handle)  # (audited)
+            except NotFound:
+                if unknown is None:
+                    raise
+                raise unknown(ref) from None
 
 
 def reachable(rows: list[dict[str, Any]], field: str = "agent_id") -> list[dict[str, Any]]:

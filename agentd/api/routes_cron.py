@@ -11,6 +11,7 @@ from agentd.api.apidoc import doc
 from agentd.api.principal import reach_agent, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
+from agentd.errors import BadRequest
 
 bp = Blueprint("cron", __name__)
 
@@ -23,6 +24,14 @@ class CronJobsQuery(_Query):
 
 def _job(job_id: str) -> dict:
     return kernel().cron.get_raw(job_id)
+
+
+def _body() -> dict:
+    data = body.json_body()
+    if isinstance(data, dict):
+        # An agent outside a scoped key's list is refused in the words an unknown one gets.
+        reach_agent(data.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+    return data
 
 
 @bp.post("/api/cron/jobs")
@@ -39,10 +48,7 @@ def _job(job_id: str) -> dict:
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
                    "max_runs_per_day": 3})
 def create():
-    data = body.json_body()
-    if isinstance(data, dict):
-        reach_agent(data.get("agent_id"))
-    return jsonify(kernel().cron.create(data)), 201
+    return jsonify(kernel().cron.create(_body())), 201
 
 
 @bp.get("/api/cron/jobs")
@@ -67,7 +73,7 @@ def detail(job_id: str):
      description="Only the fields given change. Resuming clears `paused_reason` and the failure backoff "
                  "and computes the next due time from now.")
 def update(job_id: str):
-    return jsonify(kernel().cron.update(job_id, body.json_body()))
+    return jsonify(kernel().cron.update(job_id, _body()))
 
 
 @bp.delete("/api/cron/jobs/<job_id>")

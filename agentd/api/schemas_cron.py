@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentd.schedules.jobs import MAX_RUNS_PER_DAY
+
 _TEXT = {"type": "string", "minLength": 1, "pattern": r"\S"}
 _NULL_STR = {"type": ["string", "null"]}
 _TIME = {"type": "string", "format": "date-time"}
@@ -33,6 +35,7 @@ ACTION: dict[str, Any] = {"oneOf": [
 ]}
 
 DELIVERY: dict[str, Any] = {"oneOf": [
+    {"type": "null", "description": "The same as {\"kind\": \"none\"}"},
     {"type": "object", "additionalProperties": False, "required": ["kind"],
      "properties": {"kind": {"const": "none"}}},
     {"type": "object", "additionalProperties": False, "required": ["kind", "channel"],
@@ -47,7 +50,7 @@ DELIVERY: dict[str, Any] = {"oneOf": [
 ]}
 
 _LIMITS = {
-    "max_runs_per_day": {"type": ["integer", "null"], "minimum": 1},
+    "max_runs_per_day": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_RUNS_PER_DAY},
     "max_cost_usd_per_day": {"type": ["number", "null"], "exclusiveMinimum": 0},
 }
 _NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$"}

@@ -82,6 +82,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.schedules": "read", "pages.schedule_page": "read", "pages.triggers": "read", "pages.tasks": "read",
     "pages.schedule_enable": "manage", "pages.schedule_disable": "manage", "pages.schedule_run": "manage",
     "pages.schedule_delete": "manage", "pages.trigger_action": "manage", "pages.task_post": "manage",
+    "pages.schedule_create": "manage", "pages.trigger_create": "manage",
     "pages.task_delete": "manage",
     "pages.channel_page": "read", "pages.channel_configure": "manage", "pages.channel_remove": "manage",
     "pages.channel_test": "manage",

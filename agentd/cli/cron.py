@@ -9,7 +9,7 @@ import argh
 
 from agentd.cli import _client, _config, _fail, _get, _table
 from agentd.cli.client import ApiClient
-from agentd.cli.workflow import _error_text
+from agentd.cli.workflow import _error_text, _workflow_id
 
 
 def _job_id(client: ApiClient, ref: str) -> str:
@@ -62,7 +62,7 @@ def cron_list(agent: str = "", as_json: bool = False) -> None:
 @argh.arg("--tz", help="IANA time zone of --cron (default UTC)")
 @argh.arg("--every", type=int, help="an interval in seconds")
 @argh.arg("--at", help="one time, ISO 8601 (no offset: UTC)")
-@argh.arg("--workflow", help="run this workflow (id) instead of an agent turn")
+@argh.arg("--workflow", help="run this workflow (id or name) instead of an agent turn")
 @argh.arg("--input", help="the workflow's input")
 @argh.arg("--one-shot", help="run once, then disable the job")
 @argh.arg("--catch-up", choices=("skip", "once"), help="after downtime: skip or run once")
@@ -78,16 +78,18 @@ def cron_add(name: str, agent: str = "", message: str = "", cron: str = "", tz: 
              max_cost_usd_per_day: float | None = None, webhook: str = "", secret_env: str = "",
              channel: str = "", chat_id: str = "") -> None:
     """Create a cron job: an agent told --message, or a --workflow, on --cron, --every or --at."""
-    if sum(bool(x) for x in (cron, every, at)) != 1:
+    if sum((bool(cron), every is not None, bool(at))) != 1:
         _fail("give exactly one of --cron, --every, --at")
     if cron:
         schedule: dict[str, Any] = {"kind": "cron", "expr": cron, **({"tz": tz} if tz else {})}
-    elif every:
+    elif every is not None:
         schedule = {"kind": "every", "every_secs": int(every)}
     else:
         schedule = {"kind": "at", "at": at}
+    client = _client(_config())
     if workflow:
-        action: dict[str, Any] = {"kind": "workflow_run", "workflow_id": workflow, "input": input}
+        action: dict[str, Any] = {"kind": "workflow_run", "workflow_id": _workflow_id(client, workflow),
+                                  "input": input}
     else:
         if not message:
             _fail("--message is required (or --workflow)")
@@ -101,7 +103,7 @@ def cron_add(name: str, agent: str = "", message: str = "", cron: str = "", tz: 
         body["delivery"] = {"kind": "webhook", "url": webhook, "secret_env": secret_env}
     elif channel:
         body["delivery"] = {"kind": "channel", "channel": channel, "chat_id": chat_id}
-    response = _client(_config()).request("POST", "/api/cron/jobs", json=body)
+    response = client.request("POST", "/api/cron/jobs", json=body)
     if response.status_code != 201:
         _fail(f"cannot create cron job: {_error_text(response)}")
     job = response.json()

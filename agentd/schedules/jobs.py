@@ -24,7 +24,7 @@ from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
 from agentd.errors import BadRequest, Conflict, NotFound
 from agentd.schedules.spec import parse_schedule, schedule_from_json
-from agentd.schedules.store import CronStore
+from agentd.schedules.store import RUN_RETENTION, CronStore
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
@@ -120,11 +120,16 @@ def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict
     raise BadRequest("delivery.kind: must be none, channel or webhook")
 
 
+MAX_RUNS_PER_DAY = 1_000_000  # the triggers' bound too; far below the column's 32-bit limit
+
+
 def _limit(data: dict[str, Any], key: str, integer: bool) -> Any:
     value = data.get(key)
     if value is None:
         return None
     ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if integer and ok and value > MAX_RUNS_PER_DAY:
+        raise BadRequest(f"{key}: must be at most {MAX_RUNS_PER_DAY}, or null")
     if not ok or value <= 0 or (not integer and value != value):
         raise BadRequest(f"{key}: must be {'an integer' if integer else 'a number'} greater than 0, or null")
     return value if integer else float(value)
@@ -276,7 +281,7 @@ class CronJobs:
             self.changed()
         return len(ids)
 
-    def runs(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    def runs(self, job_id: str, limit: int = RUN_RETENTION) -> list[dict[str, Any]]:
         job = self.get_raw(job_id)
         return self.store.runs(job["id"], limit)
 

@@ -33,7 +33,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents.run_request import CALLER, RunRequest
 from agentd.agents.runs import Runs
 from agentd.config import SchedulesConfig
-from agentd.errors import AgentdError, Conflict
+from agentd.errors import AgentdError, Conflict, NotFound
 from agentd.llm.think import strip_think
 from agentd.retry import backoff_delay
 from agentd.schedules.delivery import Delivery
@@ -41,6 +41,7 @@ from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
 from agentd.schedules.store import CronStore
 from agentd.store.outage import log_failure
 
+OVERLAP = "previous run still running"
 log = logging.getLogger("agentd.schedules")
 
 # The longest sleep without looking at the database: jobs created or changed on other
@@ -205,15 +206,24 @@ class Scheduler:
 
     def fire(self, job: dict[str, Any], due: float | None, reason: str = "") -> dict[str, Any]:
         """Run the job now unless it overlaps or is over a cap; the run record."""
-        if self.store.running(job["id"]):
-            run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", "previous run still running")
-            return self.store.get_run(run_id)  # type: ignore[return-value]
-        over = self._over_cap(job, self.clock())
-        if over:
-            return self.pause(job, over, due)
-        run_id = self.store.add_run(job["id"], self.daemon_id, due, "running", reason)
-        self.executor.submit(self._execute, job, run_id)
+        if not self.store.running(job["id"]):
+            over = self._over_cap(job, self.clock())
+            if over:
+                return self.pause(job, over, due)
+            started = self._start(job, due, reason)
+            if started is not None:
+                return started
+        run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", OVERLAP)
         return self.store.get_run(run_id)  # type: ignore[return-value]
+
+    def _start(self, job: dict[str, Any], due: float | None, reason: str) -> dict[str, Any] | None:
+        """The job's run, started; None when another run of it is going."""
+        run_id = self.store.start_run(job["id"], self.daemon_id, due, reason)
+        if run_id is None:
+            return None
+        run = self.store.get_run(run_id)  # read first: the run may go with its job at once
+        self.executor.submit(self._execute, job, run_id)
+        return run
 
     def run_now(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /api/cron/jobs/{id}/run: 409 while a run is going or the job is over a cap."""
@@ -223,7 +233,12 @@ class Scheduler:
         if over:
             self.pause(job, over, None)
             raise Conflict(f"the job is paused: {over}")
-        return self.fire(job, None, "run now")
+        started = self._start(job, None, "run now")
+        if started is None:
+            if self.store.get(job["id"]) is None:  # deleted meanwhile
+                raise NotFound("cron job not found")
+            raise Conflict("the job's previous run is still running")
+        return started
 
     def _over_cap(self, job: dict[str, Any], now: float) -> str:
         runs, cost = self.store.today(job["id"], day_start(now))

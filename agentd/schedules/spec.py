@@ -138,7 +138,7 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
     if kind == "every":
         secs = data.get("every_secs")
         if isinstance(secs, bool) or not isinstance(secs, int) or not 1 <= secs <= 366 * 86400:
-            raise BadRequest(f"{field}.every_secs: must be an integer of at least 1")
+            raise BadRequest(f"{field}.every_secs: must be an integer from 1 to {366 * 86400} (366 days)")
         return Schedule("every", every_secs=secs)
     return Schedule("at", at=parse_time(data.get("at"), f"{field}.at"))
 

@@ -58,11 +58,10 @@ class CronStore:
             return _job(row)
 
     def delete(self, job_id: str) -> bool:
+        """True for the one caller that deleted the job (of two at once, the other gets False)."""
         with orm.db_session:
-            row = self.e.CronJobRow.get(id=job_id)
-            if row is None:
+            if self.store.db.execute("DELETE FROM cron_jobs WHERE id = $j", {"j": job_id}).rowcount != 1:
                 return False
-            row.delete()
             self.store.db.execute("DELETE FROM cron_runs WHERE job_id = $j", {"j": job_id})
         return True
 
@@ -104,6 +103,21 @@ class CronStore:
         with orm.db_session:
             return bool(self.store.db.select("SELECT id FROM cron_runs WHERE job_id = $j AND status = 'running' "
                                              "LIMIT 1", {"j": job_id}))
+
+    def start_run(self, job_id: str, daemon_id: str, due: float | None, reason: str) -> str | None:
+        """A `running` run record, or None when the job has one running already. The job's
+        row is locked first, so of two starts at once (run now beside the ticker, or two
+        daemons) exactly one gets its run."""
+        run_id = str(uuid.uuid4())
+        with orm.db_session(optimistic=False):
+            if self.e.CronJobRow.get_for_update(id=job_id) is None:
+                return None
+            if self.store.db.select("SELECT id FROM cron_runs WHERE job_id = $j AND status = 'running' LIMIT 1",
+                                    {"j": job_id}):
+                return None
+            self.e.CronRunRow(id=run_id, job_id=job_id, daemon_id=daemon_id, due_at=due, started_at=time.time(),
+                              finished_at=None, status="running", reason=reason, error=None)
+        return run_id
 
     def add_run(self, job_id: str, daemon_id: str, due: float | None, status: str, reason: str = "",
                 error: str | None = None) -> str:
@@ -148,15 +162,21 @@ class CronStore:
                 "DELETE FROM cron_runs WHERE job_id = $j AND id NOT IN (SELECT id FROM cron_runs WHERE job_id = $j "
                 "ORDER BY started_at DESC LIMIT $n)", {"j": job_id, "n": RUN_RETENTION})
 
+    def _whole(self, query: Any) -> Any:
+        """`query` reading the output and error in the same query: they are lazy, and a second
+        query for them finds nothing once a concurrent delete of the job removed the run."""
+        runs = self.e.CronRunRow
+        return query.prefetch(runs.output, runs.error)
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with orm.db_session:
-            row = self.e.CronRunRow.get(id=run_id)
-            return None if row is None else _run(row)
+            found = self._whole(orm.select(r for r in self.e.CronRunRow if r.id == run_id))[:1]
+            return _run(found[0]) if found else None
 
     def runs(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
         with orm.db_session:
-            rows = self.e.CronRunRow.select(lambda r: r.job_id == job_id).order_by(
-                lambda r: orm.desc(r.started_at))[:limit]
+            rows = self._whole(self.e.CronRunRow.select(lambda r: r.job_id == job_id).order_by(
+                lambda r: orm.desc(r.started_at)))[:limit]
             return [_run(r) for r in rows]
 
     def today(self, job_id: str, since: float) -> tuple[int, float]:

@@ -73,23 +73,29 @@ class TriggerStore:
             "created_at": iso(row.created_at),
         }
 
+    def _whole(self, query: Any) -> Any:
+        """`query` reading the two text columns in the same query: they are lazy, and a second
+        query for them finds nothing once a concurrent delete has removed the row."""
+        rows = self.store.e.TriggerRow
+        return query.prefetch(rows.pattern, rows.prompt_template)
+
     def list(self, agent_id: str | None = None) -> list[dict[str, Any]]:
         with orm.db_session:
             query = self.store.e.TriggerRow.select()
             if agent_id is not None:
                 query = query.filter(lambda t: t.agent_id == agent_id)
-            return [self._json(r) for r in query.order_by(lambda t: (t.created_at, t.id))]
+            return [self._json(r) for r in self._whole(query.order_by(lambda t: (t.created_at, t.id)))]
 
     def get(self, trigger_id: str) -> dict[str, Any] | None:
         with orm.db_session:
-            row = self.store.e.TriggerRow.get(id=trigger_id)
-            return None if row is None else self._json(row)
+            found = self._whole(orm.select(t for t in self.store.e.TriggerRow if t.id == trigger_id))[:1]
+            return self._json(found[0]) if found else None
 
     def candidates(self, kind: str) -> list[Trigger]:
         """Enabled, unpaused triggers whose pattern is of `kind` (patterns.KINDS' keys)."""
         with orm.db_session:
-            rows = orm.select(t for t in self.store.e.TriggerRow
-                              if t.kind == kind and t.enabled and t.paused_reason is None)
+            rows = self._whole(orm.select(t for t in self.store.e.TriggerRow
+                                          if t.kind == kind and t.enabled and t.paused_reason is None))
             return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template) for r in rows]
 
     # -- writing -------------------------------------------------------------------
@@ -120,12 +126,9 @@ class TriggerStore:
             return self._json(row)
 
     def delete(self, trigger_id: str) -> bool:
+        """True for the one caller that deleted the trigger (of two at once, the other gets False)."""
         with _write:
-            row = self.store.e.TriggerRow.get(id=trigger_id)
-            if row is None:
-                return False
-            row.delete()
-            return True
+            return self.store.db.execute("DELETE FROM triggers WHERE id = $t", {"t": trigger_id}).rowcount == 1
 
     def delete_for_agent(self, agent_id: str, source: str | None = None) -> int:
         with _write:

@@ -235,9 +235,11 @@ def test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent(d: Daemo
                                 ("DELETE", f"/api/triggers/{hidden_trigger}", "trigger not found")]:
         r = as_key(d, key, method, path, json={"enabled": False} if method == "PATCH" else None)
         assert r.status_code == 404 and r.json() == {"error": error}, (method, path, r.text)
-    for path, body in [("/api/cron/jobs", job(outside_name)), ("/api/triggers", trigger(outside))]:
-        r = as_key(d, key, "POST", path, json=body)
-        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (path, r.text)
+    # Refused in the words an unknown agent gets on each route.
+    r = as_key(d, key, "POST", "/api/cron/jobs", json=job(outside_name))
+    assert r.status_code == 400 and r.json() == {"error": f"agent_id: no agent '{outside_name}'"}, r.text
+    r = as_key(d, key, "POST", "/api/triggers", json=trigger(outside))
+    assert r.status_code == 404 and r.json() == {"error": "agent not found"}, r.text
     # Nothing was changed behind the refusals.
     assert d.get(f"/api/cron/jobs/{hidden_job}").json()["enabled"] is True
     assert d.get(f"/api/triggers/{hidden_trigger}").status_code == 200

@@ -143,6 +143,23 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
         r = d.post("/api/cron/jobs", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    # A null delivery is no delivery, as the served document says.
+    body = d.get("/api/openapi.json").json()["paths"]["/api/cron/jobs"]["post"]["requestBody"]
+    delivery = body["content"]["application/json"]["schema"]["properties"]["delivery"]["oneOf"]
+    assert {"type": "null", "description": 'The same as {"kind": "none"}'} in delivery
+    assert job(d, name="no delivery", agent_id="shapes", action=turn("m"), delivery=None,
+               enabled=False)["delivery"] == {"kind": "none"}
+    # Past what the database column holds: a 400 naming the bound, on create and on change.
+    huge = {"name": "x", "agent_id": "shapes", "schedule": {"kind": "every", "every_secs": 5}, "action": turn("m"),
+            "max_runs_per_day": 10 ** 23}
+    r = d.post("/api/cron/jobs", json=huge)
+    assert (r.status_code, r.json()) == (400, {"error": "max_runs_per_day: must be at most 1000000, or null"})
+    r = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"max_runs_per_day": 2 ** 31})
+    assert (r.status_code, r.json()) == (400, {"error": "max_runs_per_day: must be at most 1000000, or null"})
+    r = d.post("/api/cron/jobs", json={**huge, "max_runs_per_day": 1, "schedule": {"kind": "every",
+                                                                                   "every_secs": 366 * 86400 + 1}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.every_secs: must be an integer from 1 to "
+                                                        "31622400 (366 days)"})
     unknown = "00000000-0000-4000-8000-000000000000"
     for method, path in [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/run"), ("GET", "/runs")]:
         r = d.request(method, f"/api/cron/jobs/{unknown}{path}", json={} if method in ("PATCH", "POST") else None)
@@ -265,6 +282,59 @@ def test_run_now_and_a_workflow_action(env) -> None:
     assert started.json()["status"] == "running" and started.json()["reason"] == "run now"
     done = wait_for(lambda: ran(d, created["id"]), 10, what="the workflow run")
     assert done[0]["output"] == "workflow says hi" and done[0]["id"] == started.json()["id"]
+
+
+def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
+    d, _, _ = env
+    spawn(d, "pressed")
+    created = job(d, name="pressed job", agent_id="pressed", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action=turn("[[slow:1]] [[reply:once]]"))
+    barrier = threading.Barrier(8)
+    answers: list[int] = []
+
+    def press() -> None:
+        barrier.wait()
+        answers.append(d.post(f"/api/cron/jobs/{created['id']}/run").status_code)
+
+    pressers = [threading.Thread(target=press) for _ in range(8)]
+    for t in pressers:
+        t.start()
+    for t in pressers:
+        t.join()
+    assert sorted(answers) == [202] + [409] * 7
+    done = wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    assert [r["status"] for r in done] == ["ok"]
+
+    # Deleted from many clients at once: one removes it, the others hear it is gone.
+    barrier = threading.Barrier(6)
+    answers.clear()
+
+    def delete() -> None:
+        barrier.wait()
+        answers.append(d.delete(f"/api/cron/jobs/{created['id']}").status_code)
+
+    deleters = [threading.Thread(target=delete) for _ in range(6)]
+    for t in deleters:
+        t.start()
+    for t in deleters:
+        t.join()
+    assert sorted(answers) == [200] + [404] * 5
+
+
+def test_the_global_budget_refuses_an_unattended_run(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "thrifty")
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "spend"}).json()["cost_usd"] > 0.000001
+    created = job(d, name="thrifty job", agent_id="thrifty", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action=turn("more"))
+    assert d.put("/api/budget", json={"limit_usd": 0.000001}).status_code == 200
+    try:
+        assert d.post(f"/api/cron/jobs/{created['id']}/run").status_code == 202
+        [failed] = wait_for(lambda: ran(d, created["id"], "failed"), 10, what="the refused run")
+    finally:
+        d.put("/api/budget", json={"limit_usd": 0})
+    assert failed["error"].startswith("message delivery failed: budget exceeded: ")
+    assert failed["cost_usd"] is None and failed["output"] is None
 
 
 def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun(env) -> None:
@@ -395,3 +465,15 @@ def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
     assert cli("rm", "cli job").stdout.strip() == "removed"
     refused = cli("add", "bad", "--agent", "clied", "--every", "5")
     assert refused.returncode == 1 and "--message is required" in refused.stderr
+    # A workflow by its name, as `agentd workflow run` takes it.
+    flow = d.post("/api/workflows", json={"name": "cli flow", "steps": [
+        {"name": "only", "agent_name": "clied", "prompt": "{{input}}"}]}).json()["workflow_id"]
+    added = cli("add", "cli flow job", "--workflow", "cli flow", "--input", "go", "--every", "3600")
+    assert added.returncode == 0, added.stderr
+    [flowed] = [j for j in d.get("/api/cron/jobs").json() if j["name"] == "cli flow job"]
+    assert flowed["action"] == {"kind": "workflow_run", "workflow_id": flow, "input": "go"}
+    zero = cli("add", "x", "--agent", "clied", "--every", "0", "--message", "m")
+    assert zero.returncode == 1 and "schedule.every_secs: must be an integer from 1" in zero.stderr
+    missing = cli("add", "x", "--workflow", "no such flow", "--every", "3600")
+    assert missing.returncode == 1 and "no workflow named 'no such flow'" in missing.stderr
+    assert cli("rm", "cli flow job").returncode == 0

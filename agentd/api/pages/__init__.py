@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 from flask import Blueprint, Response, current_app, g, redirect, request, url_for
 
@@ -41,6 +42,25 @@ def see_other(endpoint: str, **values: str) -> Response:
     return redirect(url_for(endpoint, **values), code=303)
 
 
+def _agent_by_name() -> None:
+    """People type an agent's name where its id goes in a dashboard URL (`/agents/helper`).
+
+    Called once the visitor may see pages, before a scoped key's reach is checked against
+    the id the name stands for. Any other text stays, for the view's 400."""
+    values = request.view_args or {}
+    ref = values.get("agent_id")
+    if not ref:
+        return
+    try:
+        uuid.UUID(ref)
+        return
+    except ValueError:
+        pass
+    handle = kernel().agents.by_name(ref)
+    if handle is not None and not handle.killed:
+        values["agent_id"] = handle.id
+
+
 @bp.before_request
 def _gate() -> Response | None:
     config = kernel().config
@@ -55,6 +75,7 @@ def _gate() -> Response | None:
         return redirect(url_for("pages.login", next=target), code=303)
     if request.method == "POST" and request.endpoint != "pages.login_submit" and not dashauth.csrf_ok():
         return error_response(403, "missing or invalid CSRF token: reload the page and try again")
+    _agent_by_name()
     if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
         # A scoped key's login sees what its scopes and agent list allow (agentd/api/principal.py).
         return principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"])

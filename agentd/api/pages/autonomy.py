@@ -5,17 +5,25 @@ from __future__ import annotations
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel, see_other
-from agentd.api.principal import principal, reachable
-from agentd.errors import AgentdError
+from agentd.api.principal import principal, reach_agent, reachable
+from agentd.api.pages.notes import see_other_with
+from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
+from agentd.api.pages.schedules import page_of
+from agentd.errors import AgentdError, BadRequest
+from agentd.triggers import patterns
 
 
 def _agent_names() -> dict[str, str]:
     return {h.id: h.name for h in principal().visible(kernel().agents.handles())}
 
 
-def _triggers_page(status: int = 200, error: str = ""):
-    return render_template("triggers.html", triggers=reachable(kernel().triggers.list()), names=_agent_names(),
-                           error=error), status
+TRIGGERS_SHOWN = 30  # triggers a page of /triggers (the 60 KB page budget)
+
+
+def _triggers_page(status: int = 200, error: str = "", form: dict | None = None):
+    paged = page_of(reachable(kernel().triggers.list()), TRIGGERS_SHOWN)
+    return render_template("triggers.html", triggers=paged["items"], paged=paged, names=_agent_names(),
+                           error=error, form=form or {}, kinds=patterns.KINDS), status
 
 
 @bp.get("/triggers")
@@ -23,11 +31,30 @@ def triggers():
     return _triggers_page()
 
 
+@bp.post("/triggers")
+def trigger_create():
+    """Create a trigger as POST /api/triggers does; a refusal comes back above the form, with
+    what was typed."""
+    form = {key: request.form.get(key, "").strip() for key in TRIGGER_FIELDS}
+    form["prompt_template"] = request.form.get("prompt_template", "")
+    try:
+        if not form["agent_id"]:
+            raise BadRequest("agent_id: choose the agent to run")
+        body = trigger_body(form)
+        reach_agent(body.get("agent_id"))
+        trigger = kernel().triggers.create(body)
+    except AgentdError as exc:
+        return _triggers_page(exc.status, exc.message, form)
+    return see_other_with("pages.triggers", [f"trigger created for {_agent_names().get(trigger['agent_id'])}"],
+                          _anchor=f"trigger-{trigger['id']}")
+
+
 @bp.post("/triggers/<trigger_id>/<action>")
 def trigger_action(trigger_id: str, action: str):
     """enable (also resumes a paused trigger), disable or delete, as the JSON API does."""
     service = kernel().triggers
     try:
+        service.get(trigger_id)  # (an unknown one: its 404 above the list)
         if action == "delete":
             service.delete(trigger_id)
         elif action in ("enable", "disable"):
@@ -36,7 +63,8 @@ def trigger_action(trigger_id: str, action: str):
             return _triggers_page(404, f"unknown action {action!r}")
     except AgentdError as exc:
         return _triggers_page(exc.status, exc.message)
-    return see_other("pages.triggers")
+    done = {"delete": "deleted", "enable": "enabled", "disable": "disabled"}[action]
+    return see_other_with("pages.triggers", [f"trigger {done}"])
 
 
 def _tasks_page(status: int = 200, error: str = ""):

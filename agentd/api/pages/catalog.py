@@ -140,7 +140,9 @@ def provider_url():
     """Sets a provider's base URL as PUT /api/providers/{name}/url does (a local
     OpenAI-compatible server, a proxy)."""
     providers = kernel().providers
-    name = request.form.get("provider", "")
+    name = request.form.get("provider", "").strip()
+    if not name:
+        return see_other_with("pages.providers", ["choose a provider"], ok=False)
     try:
         providers.get(name)
         outcome = providers.set_url(name, request.form.get("base_url", ""))

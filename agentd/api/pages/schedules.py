@@ -1,29 +1,34 @@
-"""Schedules: the cron jobs (next due time in the viewer's zone, last result, caps), enable,
-disable, run now and delete, one job's run history; the triggers' list is included when the
-trigger engine provides its partial (templates/triggers_partial.html)."""
+"""Schedules: the cron jobs (next due time in the viewer's zone, last result, caps), a form
+to add one, enable, disable, run now and delete, one job's run history; the triggers' list
+is included (templates/_triggers_table.html)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from flask import make_response, redirect, render_template, request, url_for
+from flask import make_response, render_template, request
 
-from agentd.api.pages import bp, kernel, see_other
-from agentd.api.principal import principal, reachable
-from agentd.errors import AgentdError
+from agentd.api.pages import bp, kernel
+from agentd.api.principal import principal, reach_agent, reachable
+from agentd.api.pages.notes import see_other_with
+from agentd.api.pages.schedule_form import FIELDS, job_body
+from agentd.errors import AgentdError, BadRequest
 
 RUNS_SHOWN = 50
+JOBS_SHOWN = 20      # jobs a page of /schedules (the 60 KB page budget)
+TRIGGERS_SHOWN = 10  # triggers on /schedules; /triggers pages through them all
 TZ_COOKIE = "agentd_tz"
 
 
-def _zone() -> tuple[str, ZoneInfo]:
-    """The viewer's zone: `?tz=` (remembered in a cookie), else the cookie, else UTC."""
+def _zone() -> tuple[str, ZoneInfo, str]:
+    """The viewer's zone: `?tz=` (remembered in a cookie), else the cookie, else UTC; and
+    what to tell the viewer when the zone asked for is not one."""
     name = request.args.get("tz") or request.cookies.get(TZ_COOKIE) or "UTC"
     try:
-        return name, ZoneInfo(name)
+        return name, ZoneInfo(name), ""
     except (ZoneInfoNotFoundError, ValueError):
-        return "UTC", ZoneInfo("UTC")
+        return "UTC", ZoneInfo("UTC"), f"unknown time zone {name!r}: times are shown in UTC"
 
 
 @bp.app_template_filter("in_zone")
@@ -37,20 +42,62 @@ def _in_zone(value: str | None, zone: ZoneInfo) -> str:
     return when.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _render(template: str, **values):  # type: ignore[no-untyped-def]
-    name, zone = _zone()
-    response = make_response(render_template(template, tz_name=name, zone=zone, **values))
-    if request.args.get("tz"):
+def _render(template: str, status: int = 200, **values):  # type: ignore[no-untyped-def]
+    name, zone, zone_error = _zone()
+    response = make_response(render_template(template, tz_name=name, zone=zone, zone_error=zone_error, **values),
+                             status)
+    if request.args.get("tz") and not zone_error:
         response.set_cookie(TZ_COOKIE, name, max_age=365 * 86400, samesite="Lax", httponly=True)
     return response
 
 
-@bp.get("/schedules")
-def schedules():
+def page_of(items: list, size: int) -> dict:
+    """One page of `items` (`?page=N`; past the end: the last page) and where it is."""
+    pages = max(1, -(-len(items) // size))
+    try:
+        number = min(max(1, int(request.args.get("page") or 1)), pages)
+    except ValueError:
+        number = 1
+    first = (number - 1) * size
+    return {"items": items[first:first + size], "page": number, "pages": pages, "first": first,
+            "total": len(items)}
+
+
+def _due(job: dict) -> str:
+    due = job["next_run_at"]
+    return f"{due[:19].replace('T', ' ')} UTC" if due else "none"
+
+
+def _schedules_page(status: int = 200, error: str = "", form: dict | None = None):  # type: ignore[no-untyped-def]
     k = kernel()
     names = {h.id: h.name for h in principal().visible(k.agents.handles())}
-    return _render("schedules.html", jobs=reachable(k.cron.list()), agents=names, error=request.args.get("error", ""),
-                   triggers=reachable(k.triggers.list()), names=names)
+    jobs = page_of(reachable(k.cron.list()), JOBS_SHOWN)
+    triggers = reachable(k.triggers.list())
+    return _render("schedules.html", status, jobs=jobs, agents=names, error=error,
+                   triggers=triggers[:TRIGGERS_SHOWN], triggers_total=len(triggers), names=names,
+                   workflows=k.workflows.list(), form=form or {"one_shot": ""})
+
+
+@bp.get("/schedules")
+def schedules():
+    return _schedules_page()
+
+
+@bp.post("/schedules")
+def schedule_create():
+    """Create a job as POST /api/cron/jobs does; a refusal comes back above the form, with
+    what was typed."""
+    form = {key: request.form.get(key, "").strip() for key in FIELDS}
+    form["message"] = request.form.get("message", "")
+    form["one_shot"] = "on" if request.form.get("one_shot") else ""
+    try:
+        body = job_body(form, bool(form["one_shot"]))
+        reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+        job = kernel().cron.create(body)
+    except AgentdError as exc:
+        return _schedules_page(exc.status, exc.message, form)
+    return see_other_with("pages.schedule_page", [f"cron job {job['name']} created; next run {_due(job)}"],
+                          job_id=job["id"])
 
 
 @bp.get("/schedules/<job_id>")
@@ -61,38 +108,42 @@ def schedule_page(job_id: str):
     return _render("schedule.html", job=job, agent=handle, runs=k.cron.runs(job_id, RUNS_SHOWN))
 
 
-def _back(job_id: str):  # type: ignore[no-untyped-def]
-    return see_other("pages.schedule_page", job_id=job_id) if request.form.get("back") == "job" \
-        else see_other("pages.schedules")
-
-
-def _act(job_id: str, action) -> object:  # type: ignore[no-untyped-def]
+def _act(job_id: str, action, done) -> object:  # type: ignore[no-untyped-def]
+    """Run `action` on the job, then 303 back to the page the button was on, saying what
+    happened (`done(result)`) or why nothing did."""
+    name = kernel().cron.get(job_id)["name"]  # unknown: the ordinary 404 page
+    back = {"endpoint": "pages.schedule_page", "job_id": job_id} if request.form.get("back") == "job" \
+        else {"endpoint": "pages.schedules"}
     try:
-        action()
+        result = action()
     except AgentdError as exc:
         if exc.status == 404:
             raise
-        return redirect(url_for("pages.schedules", error=exc.message), code=303)
-    return _back(job_id)
+        return see_other_with(back.pop("endpoint"), [f"cron job {name}: {exc.message}"], ok=False, **back)
+    return see_other_with(back.pop("endpoint"), [f"cron job {name} {done(result)}"], **back)
 
 
 @bp.post("/schedules/<job_id>/enable")
 def schedule_enable(job_id: str):
-    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": True}))
+    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": True}),
+                lambda job: f"resumed; next run {_due(job)}")
 
 
 @bp.post("/schedules/<job_id>/disable")
 def schedule_disable(job_id: str):
-    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": False}))
+    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": False}),
+                lambda job: "paused; nothing fires until it is enabled again")
 
 
 @bp.post("/schedules/<job_id>/run")
 def schedule_run(job_id: str):
     k = kernel()
-    return _act(job_id, lambda: k.scheduler.run_now(k.cron.get_raw(job_id)))
+    return _act(job_id, lambda: k.scheduler.run_now(k.cron.get_raw(job_id)),
+                lambda run: "started; its result shows in the history")
 
 
 @bp.post("/schedules/<job_id>/delete")
 def schedule_delete(job_id: str):
+    name = kernel().cron.get(job_id)["name"]
     kernel().cron.delete(job_id)
-    return see_other("pages.schedules")
+    return see_other_with("pages.schedules", [f"cron job {name} deleted, with its history"])

@@ -31,7 +31,9 @@ def setup():
 def setup_provider():
     """Set the provider's URL and key when given, then test it (POST /api/providers/{name}/test)."""
     providers = kernel().providers
-    name = request.form.get("provider", "")
+    name = request.form.get("provider", "").strip()
+    if not name:
+        return see_other_with("pages.setup", ["choose a provider"], ok=False)
     base_url = (request.form.get("base_url") or "").strip()
     key = (request.form.get("api_key") or "").strip()
     done: list[str] = []

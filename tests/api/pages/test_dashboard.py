@@ -504,6 +504,8 @@ def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
     assert "ollama: " in page(client, r.headers["Location"]).get_data(as_text=True)
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "nosuch", "base_url": "http://x"})
     assert "nosuch: " in page(client, r.headers["Location"]).get_data(as_text=True)
+    r = post(client, "/providers/url", {"csrf_token": token, "provider": "", "base_url": "http://x"})
+    assert "choose a provider</" in page(client, r.headers["Location"]).get_data(as_text=True)
 
 
 def test_budget_form_sets_the_monthly_limit(dash) -> None:

@@ -329,6 +329,30 @@ def test_chat_message_with_a_file_and_an_image(web: Browser) -> None:
     assert len(d.get(f"/api/agents/{agent_id}/session").json()["messages"]) == before
 
 
+def test_agent_pages_answer_at_the_agent_name(web: Browser) -> None:
+    """A person types the name: every agent page and form takes it where the id goes."""
+    d = web.d
+    agent_id, name = spawn(d)
+    page = web.get(f"/agents/{name}")
+    assert page.status_code == 200 and f'action="/agents/{agent_id}/message"' in page.text
+    for path in ("memory", "memory/graph", "edit", "files", "kill"):
+        r = web.get(f"/agents/{name}/{path}")
+        assert r.status_code == 200 and f"/agents/{agent_id}" in r.text, path
+    d.put(f"/api/memory/agents/{agent_id}/kv/colour", json={"value": "blue"})
+    assert "blue" in web.get(f"/agents/{name}/memory?kv_key=colour").text
+    r = web.post(f"/agents/{name}/message", {"message": "hello by name"})
+    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}#latest"
+    assert d.get(f"/api/agents/{agent_id}/session").json()["messages"][-1]["content"] == "echo: hello by name"
+    r = web.post(f"/agents/{name}/memory/kv", {"key": "mood", "value": "calm"})
+    assert r.status_code == 303 and d.get(f"/api/memory/agents/{agent_id}/kv/mood").json() == "calm"
+    missing = web.get("/agents/no-such-agent")
+    assert missing.status_code == 400 and "invalid agent id: &#39;no-such-agent&#39; is not a UUID" in missing.text
+    # The JSON API keeps its UUID contract, with the hint.
+    r = d.get(f"/api/agents/{name}")
+    assert r.status_code == 400 and r.json() == {
+        "error": f"invalid agent id: '{name}' is not a UUID: did you mean agent {agent_id}?"}
+
+
 def test_new_pages_stay_under_the_page_budget(web: Browser) -> None:
     """First load (HTML + CSS + scripts) under 60 KB, with a workflow of 20 steps and a
     memory holding entries of every kind."""

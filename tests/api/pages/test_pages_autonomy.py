@@ -61,6 +61,47 @@ def test_triggers_page_shows_caps_and_the_paused_reason_and_its_buttons_work(das
     assert r.status_code == 404 and '<p class="error" role="alert">trigger not found</p>' in r.get_data(as_text=True)
 
 
+def _note(client, response) -> str:
+    page = client.get(response.headers["Location"], environ_base=LOCAL).get_data(as_text=True)
+    found = re.search(r'id="page-note">(.*?)</div>', page, re.S)
+    return htmllib.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip() if found else ""
+
+
+def test_a_trigger_is_added_from_the_form_and_each_button_says_what_it_did(dash) -> None:
+    app, kernel = dash
+    agent_id = spawn(kernel, "listener")
+    client = app.test_client()
+    html = client.get("/triggers", environ_base=LOCAL).get_data(as_text=True)
+    assert 'action="/triggers" class="stack" id="trigger-form"' in html
+    assert '<option value="listener">listener</option>' in html
+    token = token_of(html)
+    typed = {"csrf_token": token, "agent_id": "listener", "kind": "channel_message", "pattern": "(urgent",
+             "channel": "telegram", "prompt_template": "Read this: {{event}}", "max_runs_per_day": "5"}
+    r = client.post("/triggers", data=typed, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and kernel.triggers.list(agent_id) == []
+    assert ('id="trigger-error">pattern.channel_message.match: invalid regular expression: missing ), '
+            'unterminated subpattern at position 0</p>') in page
+    assert 'value="(urgent"' in page and "Read this: {{event}}</textarea>" in page
+    for field, value, error in (("max_runs_per_day", "lots", "trigger.max_runs_per_day: must be an integer"),
+                                ("agent_id", "", "agent_id: choose the agent to run"),
+                                ("prompt_template", " ", "prompt_template: must be a non-empty string")):
+        r = client.post("/triggers", data={**typed, "pattern": "(?i)urgent", field: value}, environ_base=LOCAL)
+        assert r.status_code == 400 and error in htmllib.unescape(r.get_data(as_text=True)), field
+
+    r = client.post("/triggers", data={**typed, "pattern": "(?i)urgent"}, environ_base=LOCAL)
+    [made] = kernel.triggers.list(agent_id)
+    assert r.status_code == 303 and _note(client, r) == "trigger created for listener"
+    assert (made["pattern"], made["prompt_template"], made["max_runs_per_day"]) == (
+        {"channel_message": {"channel": "telegram", "match": "(?i)urgent"}}, "Read this: {{event}}", 5)
+    r = client.post(f"/triggers/{made['id']}/disable", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "trigger disabled"
+    r = client.post(f"/triggers/{made['id']}/enable", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "trigger enabled"
+    r = client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "trigger deleted" and kernel.triggers.list(agent_id) == []
+
+
 def test_tasks_page_posts_lists_and_deletes(dash) -> None:
     app, kernel = dash
     helper = spawn(kernel, "helper")

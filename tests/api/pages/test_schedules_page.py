@@ -4,6 +4,7 @@ as CSRF-protected forms answered with 303; one job's history."""
 
 from __future__ import annotations
 
+import html as htmllib
 import re
 import time
 from pathlib import Path
@@ -36,6 +37,13 @@ def text(client, path: str) -> str:
     return response.get_data(as_text=True)
 
 
+def note(client, redirect) -> str:
+    """The message on the page a form's 303 leads to."""
+    page = text(client, redirect.headers["Location"])
+    found = re.search(r'id="page-note">(.*?)</div>', page, re.S)
+    return htmllib.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip() if found else ""
+
+
 def csrf(html: str) -> str:
     return re.search(r'name="csrf_token" value="([0-9a-f]{64})"', html).group(1)
 
@@ -61,13 +69,15 @@ def test_the_schedules_page_lists_steers_and_shows_history(dash) -> None:
     refused = client.post(f"/schedules/{job['id']}/disable", data={}, environ_base=LOCAL)
     assert refused.status_code == 403 and kernel.cron.get(job["id"])["enabled"] is True
     r = client.post(f"/schedules/{job['id']}/disable", data={"csrf_token": token}, environ_base=LOCAL)
-    assert r.status_code == 303 and r.headers["Location"].endswith("/schedules")
+    assert r.status_code == 303 and r.headers["Location"].startswith("/schedules?note=")
+    assert note(client, r) == "cron job morning paused; nothing fires until it is enabled again"
     assert kernel.cron.get(job["id"])["enabled"] is False
     r = client.post(f"/schedules/{job['id']}/enable", data={"csrf_token": token, "back": "job"}, environ_base=LOCAL)
-    assert r.status_code == 303 and r.headers["Location"].endswith(f"/schedules/{job['id']}")
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/schedules/{job['id']}?note=")
+    assert note(client, r) == f"cron job morning resumed; next run {due[:10]} 09:00:00 UTC"
     assert kernel.cron.get(job["id"])["enabled"] is True
     r = client.post(f"/schedules/{job['id']}/run", data={"csrf_token": token}, environ_base=LOCAL)
-    assert r.status_code == 303
+    assert r.status_code == 303 and note(client, r) == "cron job morning started; its result shows in the history"
     deadline = time.monotonic() + 10
     while kernel.cron.runs(job["id"])[0]["status"] == "running" and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -76,4 +86,88 @@ def test_the_schedules_page_lists_steers_and_shows_history(dash) -> None:
     assert ">ok</span>" in text(client, "/schedules")
     r = client.post(f"/schedules/{job['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
     assert r.status_code == 303 and kernel.cron.list() == []
+    assert note(client, r) == "cron job morning deleted, with its history"
     assert client.get(f"/schedules/{job['id']}", environ_base=LOCAL).status_code == 404
+
+
+def test_a_job_is_added_from_the_form_and_a_refusal_keeps_what_was_typed(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "former"\n')
+    html = text(client, "/schedules")
+    assert 'action="/schedules" class="stack" id="job-form"' in html and '<option value="former">former</option>' in html
+    token = csrf(html)
+    typed = {"csrf_token": token, "name": "weekday report", "agent_id": "former", "kind": "cron",
+             "expr": "0 9 * * 1-5", "tz": "Mars/Olympus", "message": "Write the <report>.",
+             "max_runs_per_day": "2", "max_cost_usd_per_day": "0.25"}
+    r = client.post("/schedules", data=typed, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and kernel.cron.list() == []
+    assert '<p class="error" role="alert" id="job-error">schedule.tz: unknown time zone &#39;Mars/Olympus&#39;</p>' in page
+    assert 'value="weekday report"' in page and "Write the &lt;report&gt;.</textarea>" in page
+    for field, value, error in (("max_runs_per_day", "many", "max_runs_per_day: must be an integer greater than 0"),
+                                ("expr", "0 9 * *", "schedule.expr: must be a 5-field cron expression"),
+                                ("message", " ", "action.message: must be a non-empty string")):
+        r = client.post("/schedules", data={**typed, "tz": "Europe/Berlin", field: value}, environ_base=LOCAL)
+        assert r.status_code == 400 and error in r.get_data(as_text=True), field
+    assert client.post("/schedules", data={**typed, "csrf_token": ""}, environ_base=LOCAL).status_code == 403
+
+    r = client.post("/schedules", data={**typed, "tz": "Europe/Berlin"}, environ_base=LOCAL)
+    [job] = kernel.cron.list()
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/schedules/{job['id']}?note=")
+    assert (job["name"], job["agent_id"], job["schedule"], job["action"]) == (
+        "weekday report", kernel.agents.by_name("former").id,
+        {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "Europe/Berlin"},
+        {"kind": "agent_turn", "message": "Write the <report>."})
+    assert (job["max_runs_per_day"], job["max_cost_usd_per_day"], job["one_shot"]) == (2, 0.25, False)
+    due = job["next_run_at"]
+    assert note(client, r) == f"cron job weekday report created; next run {due[:10]} {due[11:19]} UTC"
+
+    r = client.post("/schedules", data={"csrf_token": token, "name": "once", "agent_id": "former", "kind": "every",
+                                        "every_secs": "60", "message": "tick", "one_shot": "on"}, environ_base=LOCAL)
+    once = [j for j in kernel.cron.list() if j["name"] == "once"][0]
+    assert r.status_code == 303 and once["schedule"] == {"kind": "every", "every_secs": 60} and once["one_shot"] is True
+
+
+def test_an_unknown_viewer_zone_is_said_and_not_remembered(dash) -> None:
+    client, _ = dash
+    html = text(client, "/schedules?tz=Nowhere/Land")
+    assert "unknown time zone &#39;Nowhere/Land&#39;: times are shown in UTC" in html
+    assert 'name="tz" value="UTC"' in html and 'name="tz" value="UTC"' in text(client, "/schedules")
+
+
+def test_the_run_history_keeps_and_answers_the_last_200_runs(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "busy"\n')
+    job = kernel.cron.create({"name": "busy", "agent_id": "busy", "schedule": {"kind": "every", "every_secs": 3600},
+                              "action": {"kind": "agent_turn", "message": "tick"}, "enabled": False})
+    for i in range(205):
+        kernel.cron.store.add_run(job["id"], "test", None, "skipped", f"run {i}")
+    runs = client.get(f"/api/cron/jobs/{job['id']}/runs", environ_base=LOCAL).get_json()
+    assert len(runs) == 200 and {r["reason"] for r in runs} == {f"run {i}" for i in range(5, 205)}
+    assert runs[0]["reason"] == "run 204"
+
+
+def test_many_jobs_and_triggers_are_paged_under_the_page_budget(dash) -> None:
+    client, kernel = dash
+    name = "an-agent-with-a-rather-long-name-for-the-rows"
+    kernel.agents.spawn(f'name = "{name}"\n')
+    for i in range(45):
+        kernel.cron.create({"name": f"a job with a long name: number {i:02d}", "agent_id": name,
+                            "schedule": {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "America/Argentina/Buenos_Aires"},
+                            "action": {"kind": "agent_turn", "message": "x"}, "max_runs_per_day": 5,
+                            "max_cost_usd_per_day": 0.5, "enabled": False})
+        if i < 35:
+            kernel.triggers.create({"agent_id": name, "prompt_template": "y" * 200 + " {{event}}",
+                                    "pattern": {"channel_message": {"channel": "telegram", "match": f"(?i)urgent {i}"}},
+                                    "max_runs_per_day": 5, "max_cost_usd_per_day": 0.5, "rate_limit_per_minute": 3})
+    # 60 KB with the stylesheet and the scripts.
+    budget = 60_000 - sum(len(client.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    for path, shown, pager in (("/schedules", "number 19<", "1–20 of 45 (page 1 of 3)"),
+                               ("/schedules?page=3", "number 44<", "41–45 of 45 (page 3 of 3)"),
+                               ("/schedules?page=9", "number 44<", "41–45 of 45 (page 3 of 3)"),
+                               ("/triggers", "urgent 29", "1–30 of 35 (page 1 of 2)"),
+                               ("/triggers?page=2", "urgent 34", "31–35 of 35 (page 2 of 2)")):
+        html = text(client, path)
+        assert len(html.encode()) < budget and shown in html and pager in html, (path, len(html.encode()))
+    html = text(client, "/schedules")
+    assert "number 20<" not in html and html.count('<tr id="trigger-') == 10 and ">All 35 triggers</a>" in html

@@ -101,6 +101,7 @@ def test_a_fresh_home_is_sent_to_setup_until_a_local_provider_is_the_default(fre
     html = fresh.get("/setup").get_data(as_text=True)
     assert re.search(r'<span class="pill ok">answering</span>\s*Ollama', html)
     assert "Use Ollama</button>" in html and "Use vLLM</button>" not in html
+    assert fresh.follow(fresh.post("/setup/provider", {"provider": ""})) == ("/setup", "choose a provider")
     path, shown = fresh.follow(fresh.post("/setup/provider", {"provider": "ollama"}))
     assert path == "/setup" and re.fullmatch(r"ollama: reached in \d+ ms; now make one of its models the default",
                                              shown)
