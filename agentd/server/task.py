@@ -93,9 +93,16 @@ class WriteTask(WSGITask):
             return
         super().set_close_on_finish()
 
+    def __init__(self, channel: HTTPChannel, request: Any) -> None:
+        super().__init__(channel, request)
+        self._last: list[bytes] = []  # written by finish(), with the end of the answer
+
     def get_environment(self) -> dict[str, Any]:
         environ = super().get_environment()
-        environ[LAST_WRITE_KEY] = self.write_last
+        # Nothing in the environ refers back to the task (the task holds the environ), so an
+        # answer's task, environ, request and buffers are freed as it ends, not left to the
+        # cycle collector.
+        environ[LAST_WRITE_KEY] = self._last.append
         environ[DISCONNECTED_KEY] = peer_left(self.channel)
         return environ
 
@@ -118,15 +125,14 @@ class WriteTask(WSGITask):
         if gathered.parts:
             channel.write_soon(b"".join(gathered.parts))
 
-    _last: bytes = b""  # written by finish(), with the end of the answer
-
     def write_last(self, data: bytes) -> None:
         """The answer's last bytes: `finish` sends them with the chunked encoding's end (or
         the head, if none was sent), in one socket write instead of two."""
-        self._last += data
+        self._last.append(data)
 
     def finish(self) -> None:
-        last, self._last = self._last, b""
+        last = b"".join(self._last)
+        self._last.clear()
         with self._one_write():
             if last:
                 self.write(last)

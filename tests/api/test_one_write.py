@@ -6,8 +6,10 @@ CPU on loopback, so these are counted here, call by call, not timed.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -248,5 +250,31 @@ def test_the_task_offers_write_last_and_the_disconnect_check_to_the_app() -> Non
     channel.check_client_disconnected = lambda: False  # type: ignore[attr-defined]
     channel.socket = None  # type: ignore[attr-defined]
     environ = t.get_environment()
-    assert environ[LAST_WRITE_KEY] == t.write_last and callable(environ[DISCONNECTED_KEY])
+    assert callable(environ[DISCONNECTED_KEY])
     assert "agentd.write" not in environ
+    t.write(b"x")
+    environ[LAST_WRITE_KEY](b"ab")
+    t.write_last(b"cd")
+    t.finish()
+    assert channel.writes[1:] == [b"4\r\nabcd\r\n0\r\n\r\n"], "BUG: the app's last bytes did not leave with the end"
+
+
+def test_the_environ_does_not_keep_its_task_alive() -> None:
+    # The task holds its environ: a value of the environ referring back to the task would
+    # keep every answer's task, environ, request and buffers until the cycle collector ran.
+    t, channel = task()
+    channel.server.server_name, channel.server.effective_port = "localhost", 8080  # type: ignore[attr-defined]
+    channel.check_client_disconnected = lambda: False  # type: ignore[attr-defined]
+    channel.socket = None  # type: ignore[attr-defined]
+    environ = t.get_environment()
+    environ[LAST_WRITE_KEY](b"end")
+    t.finish()
+    assert channel.writes[0].endswith(b"3\r\nend\r\n0\r\n\r\n")
+    task_ref, request_ref = weakref.ref(t), weakref.ref(t.request)
+    gc.disable()
+    try:
+        del t, environ
+        assert task_ref() is None, "BUG: the task outlived its last reference (a reference cycle)"
+        assert request_ref() is None, "BUG: the request outlived its task"
+    finally:
+        gc.enable()
