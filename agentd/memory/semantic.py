@@ -136,7 +136,7 @@ class SemanticMemory(Recall):
             self._trim(agent_id)
             return built
 
-    def _trim(self, keep: str) -> None:
+    def _trim(self, *keep: str) -> None:
         """Drop the least recently used indexes (never `keep`'s) while the loaded ones hold
         more than `max_fragments` fragments."""
         with self._guard:
@@ -144,7 +144,7 @@ class SemanticMemory(Recall):
             for agent_id in list(self._indexes):
                 if total <= self.max_fragments:
                     break
-                if agent_id != keep:
+                if agent_id not in keep:
                     total -= len(self._indexes.pop(agent_id))
 
     def _build(self, agent_id: str) -> AgentIndex:
@@ -274,9 +274,12 @@ class SemanticMemory(Recall):
                         self._generation[agent_id] = next(_GENERATIONS)
                         self._indexes.pop(agent_id, None)
                 raise
-        for (agent_id, _, _), stored in zip(groups, results):
-            if not all(result["merged"] for result in stored):
-                self._trim(agent_id)
+        # One pass over the cache for the batch, keeping every index it grew.
+        grown = [agent_id for (agent_id, _, _), stored in zip(groups, results)
+                 if not all(result["merged"] for result in stored)]
+        if grown:
+            self._trim(*grown)
+        for agent_id, _, _ in groups:
             self._changed(agent_id)
         return results
 
