@@ -260,6 +260,7 @@ class SemanticMemory(Recall):
                 held.enter_context(self.lock(agent_id))
             # Read before the transaction: a build must not hold the write lock it would take.
             indexes = {agent_id: self.index(agent_id) for agent_id in agents}
+            versions = {agent_id: index.version for agent_id, index in indexes.items()}
             try:
                 with orm.db_session:
                     results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
@@ -279,8 +280,11 @@ class SemanticMemory(Recall):
                  if not all(result["merged"] for result in stored)]
         if grown:
             self._trim(*grown)
+        # Only agents whose index changed: a fragment stated again changes nothing another
+        # daemon's index holds.
         for agent_id, _, _ in groups:
-            self._changed(agent_id)
+            if indexes[agent_id].version != versions[agent_id]:
+                self._changed(agent_id)
         return results
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
