@@ -291,7 +291,7 @@ class SemanticMemory(Recall):
                   scope: str, metadata: dict[str, Any], confidence: float,
                   same_text_only: bool = False) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
-        close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
+        close = index.similar(vector, scope, min_score=SUPERSEDE_THRESHOLD)  # best first
         near = fragment_rows.near(self.store, agent_id, [h.id for h in close]) if close else {}
         contents = {fid: row[0] for fid, row in near.items()}
         for hit in close:
