@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU per exchange of the auto-remember worker's store, in process: the real model and
-a SQLite store, 64 agents holding four facts each, exchanges round-robin over the agents,
-their user messages' vectors already in the query cache (as the recall before the model
+a SQLite store, 64 agents (`--agents`) holding four facts each, exchanges round-robin over
+the agents, their user messages' vectors already in the query cache (as the recall before the model
 call leaves them). Each pass stores `--batch` exchanges, as the worker does with what has
 queued up; two kinds of exchange:
 
@@ -9,7 +9,7 @@ queued up; two kinds of exchange:
   the store only finds the fragment and compares it;
 - new: every exchange a new text (questions of scripts/data/recall_set.json), a new row.
 
-    python scripts/bench_memory_worker.py [--exchanges 1600] [--batch 1,16]
+    python scripts/bench_memory_worker.py [--exchanges 1600] [--batch 1,16] [--agents 64]
 
 Prints figures only.
 """
@@ -36,13 +36,13 @@ FACTS = ["The user's favourite colour is teal.", "The user works night shifts at
 ANSWER = "Hi! How can I help you today?"
 
 
-def per_exchange(kind: str, batch: int, exchanges: int) -> float:
+def per_exchange(kind: str, batch: int, exchanges: int, agent_count: int = 64) -> float:
     """CPU ms per exchange stored `batch` at a time."""
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Path(tmp) / "agentd.db")
         svc = MemoryService(MemoryConfig(auto_remember=True), store)
         try:
-            agents = [str(uuid.uuid4()) for _ in range(64)]
+            agents = [str(uuid.uuid4()) for _ in range(agent_count)]
             for agent in agents:
                 for fact in FACTS:
                     svc.remember(agent, fact)
@@ -80,12 +80,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--exchanges", type=int, default=1600)
     parser.add_argument("--batch", default="1,16")
+    parser.add_argument("--agents", type=int, default=64, help="agents holding four facts each (their indexes loaded)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     print(f"{'exchange':<8} " + " ".join(f"| {'ms, ' + str(b) + ' per pass':>16}" for b in batches))
     for kind in ("same", "new"):
-        print(f"{kind:<8} " + " ".join(f"| {per_exchange(kind, b, args.exchanges):>16.3f}" for b in batches),
-              flush=True)
+        figures = [per_exchange(kind, b, args.exchanges, args.agents) for b in batches]
+        print(f"{kind:<8} " + " ".join(f"| {figure:>16.3f}" for figure in figures), flush=True)
 
 
 if __name__ == "__main__":

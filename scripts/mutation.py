@@ -90,6 +90,8 @@ TESTS: dict[str, list[str]] = {
     # a scripted embedder so scores sit exactly at the thresholds.
     "agentd/memory/semantic.py": ["tests/memory/test_semantic.py", "tests/memory/test_portable.py",
                                   "tests/memory/test_maintenance.py"],
+    "agentd/memory/fragment_rows.py": ["tests/memory/test_semantic.py", "tests/memory/test_service.py",
+                                       "tests/memory/test_portable.py", "tests/memory/test_maintenance.py"],
     "agentd/memory/recall.py": ["tests/memory/test_recall.py"],
     "agentd/memory/graph.py": ["tests/memory/test_graph.py"],
     "agentd/memory/maintenance.py": ["tests/memory/test_maintenance.py"],

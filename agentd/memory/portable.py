@@ -18,7 +18,7 @@ from pony import orm
 
 from agentd.errors import BadRequest
 from agentd.timestamps import iso, utcnow
-from agentd.memory import fields
+from agentd.memory import fields, fragment_rows
 from agentd.memory.graph import KnowledgeGraph
 from agentd.memory.semantic import SemanticMemory, epoch, fragment
 
@@ -158,9 +158,9 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
         counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": len(new_memories)}
         with orm.db_session:
             for m in new_memories:
-                semantic._insert(agent_id, m["id"], m["content"], m["vector"], embedder.name, m["metadata"],
-                                 m["source"], m["scope"], m["confidence"], m["created_at"], m["accessed_at"],
-                                 m["access_count"])
+                fragment_rows.insert(store, agent_id, m["id"], m["content"], m["vector"], embedder.name,
+                                     m["metadata"], m["source"], m["scope"], m["confidence"], m["created_at"],
+                                     m["accessed_at"], m["access_count"])
                 store.e.MemoryRow.get(agent_id=agent_id, id=m["id"]).superseded_by = m["superseded_by"]
             for e in entities:
                 if e["id"] in known_entities:

@@ -169,9 +169,7 @@ class Recall:
         only = self._metadata_ids(agent_id, flt.metadata) if flt.metadata else None
         keep = index.mask(flt.source, flt.scope, flt.min_confidence, flt.after, flt.before, only)
         # Hidden fragments are dropped after the search: look further when some may be.
-        hits = index.search(vector, limit * (8 if hide is not None else 2) + 8, keep)
-        if min_score is not None:
-            hits = [h for h in hits if h.score >= min_score]
+        hits = index.search(vector, limit * (8 if hide is not None else 2) + 8, keep, min_score)
         if skip_ids:
             hits = [h for h in hits if h.id not in skip_ids]
         if not hits:

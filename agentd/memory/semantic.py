@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import re
 import threading
 import uuid
 from collections import OrderedDict
-from datetime import datetime
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,6 +23,7 @@ from pony import orm
 
 from agentd.errors import NotFound
 from agentd.timestamps import utcnow
+from agentd.memory import fragment_rows
 from agentd.memory.embedder import Embedder
 from agentd.memory.querycache import QueryCache
 # The read path and the fragment shape; the helpers are re-exported (maintenance.py,
@@ -42,8 +41,6 @@ _GENERATIONS = itertools.count(1)
 # A contradicting fragment this close to an older one supersedes it: both are kept and the
 # newer one ranks first whenever both are recalled.
 SUPERSEDE_THRESHOLD = 0.85
-# A fragment stated again word for word has its accessed_at moved at most this often.
-RESTATED_SECS = 600.0
 
 _NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot",
                         "without", "nowhere"})
@@ -139,7 +136,7 @@ class SemanticMemory(Recall):
             self._trim(agent_id)
             return built
 
-    def _trim(self, keep: str) -> None:
+    def _trim(self, *keep: str) -> None:
         """Drop the least recently used indexes (never `keep`'s) while the loaded ones hold
         more than `max_fragments` fragments."""
         with self._guard:
@@ -147,7 +144,7 @@ class SemanticMemory(Recall):
             for agent_id in list(self._indexes):
                 if total <= self.max_fragments:
                     break
-                if agent_id != keep:
+                if agent_id not in keep:
                     total -= len(self._indexes.pop(agent_id))
 
     def _build(self, agent_id: str) -> AgentIndex:
@@ -263,6 +260,7 @@ class SemanticMemory(Recall):
                 held.enter_context(self.lock(agent_id))
             # Read before the transaction: a build must not hold the write lock it would take.
             indexes = {agent_id: self.index(agent_id) for agent_id in agents}
+            versions = {agent_id: index.version for agent_id, index in indexes.items()}
             try:
                 with orm.db_session:
                     results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
@@ -277,18 +275,24 @@ class SemanticMemory(Recall):
                         self._generation[agent_id] = next(_GENERATIONS)
                         self._indexes.pop(agent_id, None)
                 raise
-        for (agent_id, _, _), stored in zip(groups, results):
-            if not all(result["merged"] for result in stored):
-                self._trim(agent_id)
-            self._changed(agent_id)
+        # One pass over the cache for the batch, keeping every index it grew.
+        grown = [agent_id for (agent_id, _, _), stored in zip(groups, results)
+                 if not all(result["merged"] for result in stored)]
+        if grown:
+            self._trim(*grown)
+        # Only agents whose index changed: a fragment stated again changes nothing another
+        # daemon's index holds.
+        for agent_id, _, _ in groups:
+            if indexes[agent_id].version != versions[agent_id]:
+                self._changed(agent_id)
         return results
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
                   scope: str, metadata: dict[str, Any], confidence: float,
                   same_text_only: bool = False) -> dict[str, Any]:
         """Under the agent's lock: merge into a near-duplicate or insert (and index) a new row."""
-        close = [h for h in index.similar(vector, scope) if h.score >= SUPERSEDE_THRESHOLD]  # best first
-        near = self._near(agent_id, [h.id for h in close]) if close else {}
+        close = index.similar(vector, scope, min_score=SUPERSEDE_THRESHOLD)  # best first
+        near = fragment_rows.near(self.store, agent_id, [h.id for h in close]) if close else {}
         contents = {fid: row[0] for fid, row in near.items()}
         for hit in close:
             existing = contents.get(hit.id)
@@ -297,7 +301,8 @@ class SemanticMemory(Recall):
             if same_text_only and existing != content:
                 continue
             if hit.score >= DEDUP_THRESHOLD and not contradicts(existing, content):
-                if existing != content or not self._restated(agent_id, hit.id, near[hit.id], metadata, confidence):
+                if existing != content or not fragment_rows.restated(self.store, agent_id, hit.id, near[hit.id],
+                                                                     metadata, confidence):
                     self._merge(agent_id, index, hit.id, content, vector, metadata, confidence)
                 return {"id": hit.id, "merged": True}
         now = utcnow()
@@ -305,97 +310,18 @@ class SemanticMemory(Recall):
         # In id order: the rows are locked in the order they are changed (see recall's _touch).
         superseded = sorted(fid_ for fid_, text in contents.items() if contradicts(text, content))
         with orm.db_session:
-            self._insert(agent_id, fid, content, vector, self.embedder.name, metadata, source, scope,
-                         confidence, now, now, 0)
-            for old in superseded:
-                row = self.store.e.MemoryRow.get(agent_id=agent_id, id=old)
-                if row is not None:
-                    row.superseded_by = fid
+            fragment_rows.insert(self.store, agent_id, fid, content, vector, self.embedder.name, metadata, source,
+                                 scope, confidence, now, now, 0)
+            fragment_rows.supersede(self.store, agent_id, superseded, fid)
         index.put(fid, vector, epoch(now), confidence, source, scope)
         return {"id": fid, "merged": False}
-
-    def _restated(self, agent_id: str, fid: str, row: tuple, metadata: dict[str, Any], confidence: float) -> bool:
-        """The very same text again, with metadata and confidence the fragment already has:
-        the merge would change only `accessed_at`, so only that is written (one UPDATE, not a
-        row loaded with its vector), and not at all within RESTATED_SECS of the last time:
-        decay counts days. `row`: the fragment's (content, metadata, confidence, accessed_at).
-        False when the merge has more to do."""
-        _, held, conf, accessed = row
-        held = json.loads(held or "{}")
-        if conf < float(confidence) or any(key not in held or held[key] != value for key, value in metadata.items()):
-            return False
-        now = utcnow()
-        if now.timestamp() - epoch(accessed) >= RESTATED_SECS:
-            with orm.db_session:
-                # Naive UTC, as the store writes every time.
-                self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now WHERE agent_id = $a AND id = $f",
-                                      {"now": now.replace(tzinfo=None), "a": agent_id, "f": fid})
-        return True
-
-    def _near(self, agent_id: str, ids: list[str]) -> dict[str, tuple]:
-        """(content, metadata, confidence, accessed_at) of some fragments in one plain query
-        (not whole Pony objects with their vectors: remember only needs these of its near
-        matches)."""
-        params: dict[str, Any] = {"a": agent_id}
-        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
-        names = ", ".join(f"$i{n}" for n in range(len(ids)))
-        with orm.db_session:
-            return {row[0]: tuple(row[1:]) for row in self.store.db.select(
-                "SELECT id, content, metadata, confidence, accessed_at FROM memory_fragments "
-                f"WHERE agent_id = $a AND id IN ({names})", params)}
-
-    def _insert(self, agent_id: str, fid: str, content: str, vector: np.ndarray | None, model: str,
-                metadata: dict[str, Any], source: str, scope: str, confidence: float, created: datetime,
-                accessed: datetime, access_count: int) -> None:
-        """Inside a db_session: one fragment row and its metadata rows, in plain SQL (building
-        Pony objects for rows nothing reads back costs more than the statements)."""
-        if not all(isinstance(key, str) for key in metadata):
-            raise TypeError("metadata keys must be strings")
-        db = self.store.db
-        db.execute("INSERT INTO memory_fragments (agent_id, id, content, embedding, model, metadata, source, scope, "
-                   "confidence, created_at, accessed_at, access_count) VALUES ($a, $f, $content, $embedding, "
-                   "$model, $metadata, $source, $scope, $confidence, $created, $accessed, $count)",
-                   {"a": agent_id, "f": fid, "content": content,
-                    "embedding": None if vector is None else vector.astype("<f4").tobytes(), "model": model,
-                    "metadata": json.dumps(metadata), "source": source, "scope": scope,
-                    "confidence": float(confidence), "created": created, "accessed": accessed,
-                    "count": access_count})
-        for key, value in metadata.items():
-            db.execute("INSERT INTO memory_metadata (agent_id, memory_id, key, value) VALUES ($a, $f, $k, $v)",
-                       {"a": agent_id, "f": fid, "k": key, "v": canonical(value)})
 
     def _merge(self, agent_id: str, index: AgentIndex, fid: str, content: str, vector: np.ndarray,
                metadata: dict[str, Any], confidence: float, access_count: int = 0) -> None:
         """Newer wording replaces the content; metadata merged; confidence is the max."""
-        with orm.db_session:
-            row = self.store.e.MemoryRow.get(agent_id=agent_id, id=fid)
-            merged = json.loads(row.metadata or "{}")
-            merged.update(metadata)
-            row.content = content
-            row.embedding = vector.astype("<f4").tobytes()
-            row.model = self.embedder.name
-            row.metadata = json.dumps(merged)
-            row.confidence = max(row.confidence, float(confidence))
-            row.access_count += access_count
-            row.accessed_at = utcnow()
-            self._write_meta(agent_id, fid, merged)
-            created, conf, source, scope = row.created_at, row.confidence, row.source, row.scope
+        created, conf, source, scope = fragment_rows.merge(self.store, agent_id, fid, content, vector,
+                                                           self.embedder.name, metadata, confidence, access_count)
         index.put(fid, vector, epoch(created), conf, source, scope)
-
-    def _write_meta(self, agent_id: str, fid: str, metadata: dict[str, Any]) -> None:
-        """Make the side table hold exactly `metadata` for the fragment. Through Pony objects,
-        not a raw DELETE: a batch (remember_many) may merge into a row it created in the same
-        session, whose metadata rows Pony still holds."""
-        meta = self.store.e.MemoryMetaRow
-        existing = {m.key: m for m in orm.select(m for m in meta if m.agent_id == agent_id and m.memory_id == fid)}
-        for key, row in existing.items():
-            if key not in metadata:
-                row.delete()
-        for key, value in metadata.items():
-            if key in existing:
-                existing[key].value = canonical(value)
-            else:
-                meta(agent_id=agent_id, memory_id=fid, key=key, value=canonical(value))
 
     def update(self, agent_id: str, fid: str, content: str, scope: str | None = None,
                confidence: float | None = None) -> None:

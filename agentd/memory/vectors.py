@@ -191,8 +191,10 @@ class AgentIndex:
             both(rows)
         return keep
 
-    def search(self, query: np.ndarray, k: int, keep: np.ndarray | None = None) -> list[Hit]:
-        """The k best rows by cosine (vectors are normalised, so a dot product)."""
+    def search(self, query: np.ndarray, k: int, keep: np.ndarray | None = None,
+               min_score: float | None = None) -> list[Hit]:
+        """The k best rows by cosine (vectors are normalised, so a dot product), without those
+        scoring under `min_score`."""
         n = len(self.ids)
         if n == 0 or k <= 0:
             return []
@@ -213,10 +215,18 @@ class AgentIndex:
         # Partition, then sort only the k winners (not all m scores); no negated copy.
         top = np.argpartition(scores, m - k)[m - k:] if k < m else np.arange(m)
         top = top[np.argsort(-scores[top], kind="stable")]
-        index = top if rows is None else rows[top]
-        return [Hit(self.ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
+        index = (top if rows is None else rows[top]).tolist()
+        hits = []
+        # Best first: the first score under `min_score` ends the list (no Hit is built for rows
+        # the caller would drop).
+        for i, score in zip(index, scores[top].tolist()):
+            if min_score is not None and score < min_score:
+                break
+            hits.append(Hit(self.ids[i], score, float(self.created[i])))
+        return hits
 
-    def similar(self, vector: np.ndarray, scope: str, exclude: str | None = None) -> list[Hit]:
+    def similar(self, vector: np.ndarray, scope: str, exclude: str | None = None,
+                min_score: float | None = None) -> list[Hit]:
         """Rows of `scope` by similarity to `vector`, best first (dedup and consolidation)."""
-        hits = self.search(vector, 8, self.mask(scope=scope))
+        hits = self.search(vector, 8, self.mask(scope=scope), min_score)
         return [h for h in hits if h.id != exclude]

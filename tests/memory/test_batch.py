@@ -126,3 +126,22 @@ def test_repeated_queries_are_embedded_once(memory) -> None:  # type: ignore[no-
     assert first == again and first[0]["content"] == "The printer on floor two is out of toner"
     memory.recall("cache", "Who refills the printer?", touch=False)
     assert memory.queries.misses - misses == 2
+
+
+def test_a_group_that_changed_no_index_tells_no_one(memory) -> None:  # type: ignore[no-untyped-def]
+    told: list[str] = []
+    memory.changed = told.append
+    try:
+        vector = memory.embedder.embed(["The user's car is red"])[0]
+        item = {"content": "The user's car is red", "metadata": {"session_id": "s"}}
+        memory.remember_groups([("told-1", [item], [vector]), ("told-2", [item], [vector])])
+        assert told == ["told-1", "told-2"]
+        told.clear()
+        # The very same fragment again for one agent (nothing to write), a new one for the other.
+        other = memory.embedder.embed(["The user's bike is blue"])[0]
+        out = memory.remember_groups([("told-1", [item], [vector]),
+                                      ("told-2", [{"content": "The user's bike is blue"}], [other])])
+        assert out[0][0]["merged"] is True and out[1][0]["merged"] is False
+        assert told == ["told-2"], "BUG: a restated fragment told other daemons to drop the agent's index"
+    finally:
+        memory.changed = None

@@ -19,7 +19,7 @@ from pony import orm
 
 from agentd.config import MemoryConfig
 from agentd.errors import BadRequest
-from agentd.memory import exchanges as exchanges_mod, fields, semantic as semantic_mod, service as service_mod
+from agentd.memory import exchanges as exchanges_mod, fields, fragment_rows, service as service_mod
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
@@ -721,7 +721,7 @@ def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(sv
     svc.after_exchange(a, "s2", "hi", "hello")
     svc.drain()
     assert svc.page(a, 10, 0)["memories"] == [second], "BUG: written again within RESTATED_SECS"
-    monkeypatch.setattr(semantic_mod, "RESTATED_SECS", 0.0)
+    monkeypatch.setattr(fragment_rows, "RESTATED_SECS", 0.0)
     svc.after_exchange(a, "s2", "hi", "hello")
     svc.drain()
     (third,) = svc.page(a, 10, 0)["memories"]

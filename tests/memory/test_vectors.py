@@ -294,3 +294,19 @@ def test_unknown_filter_values_match_nothing_and_masks_are_boolean() -> None:
                  index.mask(only={"f1"}, after=0.5), index.mask(source="rumour")):
         assert keep is not None and keep.dtype == bool and keep.shape == (5,)
     assert ids_of(index, index.mask(only={"f1", "f2"}, after=1.5)) == ["f2"]
+
+
+def test_search_drops_rows_under_min_score_and_keeps_one_exactly_at_it():
+    index = AgentIndex(2)
+    rows = np.array([[1.0, 0.0], [0.5, 0.0], [0.25, 0.0], [-1.0, 0.0]], dtype=np.float32)
+    index.bulk(["a", "b", "c", "d"], rows, created=[1.0, 2.0, 3.0, 4.0], confidence=[1.0] * 4,
+               sources=["user_provided"] * 4, scopes=["semantic"] * 4)
+    query = np.array([1.0, 0.0], dtype=np.float32)
+    assert [(h.id, h.score, h.created) for h in index.search(query, 4)] == [
+        ("a", 1.0, 1.0), ("b", 0.5, 2.0), ("c", 0.25, 3.0), ("d", -1.0, 4.0)]
+    assert [h.id for h in index.search(query, 4, min_score=0.5)] == ["a", "b"]
+    assert [h.id for h in index.search(query, 1, min_score=0.5)] == ["a"]
+    assert index.search(query, 4, min_score=1.5) == []
+    keep = np.array([False, True, True, True])
+    assert [h.id for h in index.search(query, 4, keep, min_score=0.25)] == ["b", "c"]
+    assert [h.id for h in index.similar(query, "semantic", exclude="a", min_score=0.3)] == ["b"]
