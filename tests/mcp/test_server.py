@@ -173,3 +173,21 @@ def test_a_scoped_key_sees_and_messages_only_its_agents(pair) -> None:
     assert refused.status_code == 403 and "missing scope 'message'" in refused.json()["error"]
     # The scoped key's run is its own: the agent's own session did not get it.
     assert other and first.get(f"/api/agents/{mine}/session").json()["messages"] == []
+
+
+def test_endpoint_refuses_what_it_does_not_serve_with_json_errors(pair) -> None:
+    first, _ = pair
+    auth = {"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"}
+    # Stateless: no server-initiated stream to hold open, so GET is refused at once.
+    get = first.get("/mcp", headers={**auth, "Accept": "text/event-stream"}, timeout=5)
+    assert get.status_code == 405 and get.json() == {"error": "method GET not allowed on /mcp"}
+    assert get.headers["Allow"] == "DELETE, OPTIONS, POST"
+    hello = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    plain = first.post("/mcp", data=hello, headers={**auth, "Content-Type": "text/plain"})
+    assert plain.status_code == 415
+    assert plain.json() == {"error": "Content-Type must be application/json (got text/plain)"}
+    size = 4 * 1024 * 1024 + 1
+    big = first.post("/mcp", data=b"{" + b" " * (size - 2) + b"}",
+                     headers={**auth, "Content-Type": "application/json"})
+    assert big.status_code == 413
+    assert big.json() == {"error": f"request body too large: {size} bytes (limit {4 * 1024 * 1024})"}
