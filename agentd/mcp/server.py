@@ -69,6 +69,8 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
     async def message_agent(agent: str, message: str, ctx: Context) -> str:
         from agentd.agents.run_request import RunRequest
 
+        if not message.strip():
+            raise ToolError("message is empty")  # (as the API refuses it)
         caller = who(ctx)
         handle = find(agent, caller, "message")
         loop = asyncio.get_running_loop()

@@ -70,6 +70,7 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
                                                           progress_callback=progress)
             out["notes"] = notes
             out["missing"] = await client.call_tool("message_agent", {"agent": "nobody", "message": "hi"})
+            out["blank"] = await client.call_tool("message_agent", {"agent": "helper", "message": "  "})
             out["recall"] = await client.call_tool("recall_memory", {"agent": "helper", "query": "wifi password"})
         async with _client(first, mode="legacy") as legacy:
             out["legacy"] = legacy.protocol_version
@@ -90,6 +91,7 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
     assert [v for v, _ in out["notes"]] == sorted(v for v, _ in out["notes"])
     assert out["missing"].is_error is True
     assert out["missing"].content[0].text.endswith("no agent with id or name 'nobody'")
+    assert out["blank"].is_error is True and out["blank"].content[0].text.endswith(": message is empty")
     assert out["recall"].is_error is False
     recalled = json.loads(out["recall"].content[0].text)
     assert recalled and recalled[0]["content"] == "The wifi password is on the fridge"
