@@ -81,6 +81,12 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
     assert out["version"] == "2026-07-28"
     assert set(out["tools"]) == {"list_agents", "message_agent", "recall_memory"}
     assert out["tools"]["message_agent"].input_schema["required"] == ["agent", "message"]
+    recall = out["tools"]["recall_memory"].input_schema
+    assert recall["required"] == ["agent", "query"]
+    assert recall["properties"]["limit"] == {"default": 5, "description": "How many fragments", "maximum": 100,
+                                             "minimum": 1, "title": "Limit", "type": "integer"}
+    assert out["tools"]["message_agent"].input_schema["properties"]["agent"]["description"] == (
+        "The agent's id or name (as list_agents gives them)")
     helper = [a for a in out["agents"] if a["name"] == "helper"]
     assert helper == [{"id": agent_id, "name": "helper", "state": "Running", "mode": "Auto",
                        "model": "openai/gpt-4o", "description": "the helper agent"}]
