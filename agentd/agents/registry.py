@@ -272,10 +272,11 @@ class AgentRegistry:
         return toolset.effective_tools(handle, mode or handle.mode, self.mcp_tools)
 
     def tools_by_origin(self, handle: AgentHandle) -> dict[str, list[str]]:
-        """The agent's tools grouped by where they come from: `built-in`, `mcp:<server>`."""
+        """The agent's tools grouped by where they come from: `built-in`, `skill` (the tools
+        that read the installed skills), `mcp:<server>`."""
         groups: dict[str, list[str]] = {}
         for t in self.effective_tools(handle)[0]:
-            groups.setdefault(t.origin, []).append(t.name)
+            groups.setdefault("skill" if t.family == "skills" else t.origin, []).append(t.name)
         return groups
 
     # -- mode and kill --------------------------------------------------------------

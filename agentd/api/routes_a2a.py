@@ -15,11 +15,11 @@ from agentd import jsonsafe
 from agentd.a2a import card as cards
 from agentd.a2a.wire import PARSE_ERROR, RpcError, error_response
 from agentd.api import body
-from agentd.api.principal import principal
+from agentd.api.principal import ADMIN, Principal, current, principal
 from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots
 from agentd.api.sse import comment, format_event, sse_response
 from agentd.api.routes_system import kernel
-from agentd.errors import NotFound
+from agentd.errors import AgentdError, NotFound
 
 bp = Blueprint("a2a", __name__)
 
@@ -41,15 +41,25 @@ def _card_response(card: dict[str, Any]) -> Response:
     return response
 
 
+def _reader() -> Principal:
+    """Who reads a card: the cards are public, but a request that brings a key limited to
+    some agents is shown only those, as in every other list."""
+    try:
+        return current(kernel().config) or ADMIN
+    except AgentdError:
+        return ADMIN  # a wrong key reads what a request without one reads
+
+
 @bp.get(cards.CARD_PATH)
 @bp.get(cards.LEGACY_CARD_PATH)
 def daemon_card():
-    return _card_response(cards.daemon_card(_base(), kernel().agents.handles(), _keyed()))
+    handles = _reader().visible(kernel().agents.handles())
+    return _card_response(cards.daemon_card(_base(), handles, _keyed()))
 
 
-def _handle(name: str) -> Any:
+def _handle(name: str, who: Principal | None = None) -> Any:
     handle = kernel().agents.by_name(name)
-    if handle is None or not principal().may_reach(handle):
+    if handle is None or not (who or principal()).may_reach(handle):
         raise NotFound(f"no agent named '{name}'")
     return handle
 
@@ -64,7 +74,7 @@ def agent_cards():
 @bp.get("/a2a/agents/<name>" + cards.CARD_PATH)
 @bp.get("/a2a/agents/<name>" + cards.LEGACY_CARD_PATH)
 def agent_card(name: str):
-    return _card_response(cards.agent_card(_base(), _handle(name), _keyed()))
+    return _card_response(cards.agent_card(_base(), _handle(name, _reader()), _keyed()))
 
 
 @bp.post("/a2a")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from agentd.api import schemas_out as out
+from agentd.api.body import UnsupportedMediaType
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal
 from agentd.api.routes_system import kernel
-from agentd.errors import BadRequest, ConfigError
+from agentd.errors import BadRequest, ConfigError, PayloadTooLarge
+from agentd.mcp.endpoint import MAX_BODY_BYTES
 
 bp = Blueprint("mcp", __name__)
 KEY_HEADER = "HTTP_X_AGENTD_KEY_ID"  # read by agentd/mcp/server.py as `x-agentd-key-id`
@@ -33,8 +35,16 @@ def reload_servers():
     return jsonify({"status": "reloaded", **changes})
 
 
-@bp.route("/mcp", methods=["GET", "POST", "DELETE"])
+# No GET: the transport is stateless, so a server-initiated stream would never carry a
+# message and would hold a server thread for as long as the client keeps it open; the
+# protocol lets a server answer 405 instead.
+@bp.route("/mcp", methods=["POST", "DELETE"])
 def mcp_endpoint():
+    if request.method == "POST":
+        if request.mimetype != "application/json":
+            raise UnsupportedMediaType(f"Content-Type must be application/json (got {request.content_type or 'none'})")
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"request body too large: {request.content_length} bytes (limit {MAX_BODY_BYTES})")
     # The guard (Host, Origin) and the API key check have run; the SDK's transport answers
     # (Flask runs a returned WSGI app and streams what it writes). Its tools act as this
     # request's key, named in a header set here, over whatever the client sent.

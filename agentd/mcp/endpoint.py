@@ -9,6 +9,9 @@ import threading
 from typing import Any
 from wsgiref.util import is_hop_by_hop
 
+# One JSON-RPC message; the route refuses a larger declared body with the API's JSON error.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
 
 class McpEndpoint:
     """The `/mcp` WSGI app, built on its first request (the SDK loads then, not at start)."""
@@ -34,7 +37,7 @@ class McpEndpoint:
         server = build_server(*self._parts)
         # Host and Origin are checked by the daemon's guard before a request gets here.
         manager = StreamableHTTPSessionManager(
-            app=server._lowlevel_server, stateless=True,
+            app=server._lowlevel_server, stateless=True, max_request_body_size=MAX_BODY_BYTES,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         ready = threading.Event()
 

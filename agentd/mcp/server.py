@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 from agentd import __version__
 from agentd.principals import ADMIN, Principal, run_fields
 from agentd.errors import AgentdError
+
+AgentRef = Annotated[str, Field(description="The agent's id or name (as list_agents gives them)")]
 
 # Progress text is cut so a long answer streams as a few notifications, not one per token.
 PROGRESS_TEXT_LIMIT = 2000
@@ -66,9 +69,12 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
 
     @server.tool(name="message_agent", description="Send a message to an agent (by id or name) and return its "
                                                    "reply; the run's progress arrives as progress notifications.")
-    async def message_agent(agent: str, message: str, ctx: Context) -> str:
+    async def message_agent(agent: AgentRef, message: Annotated[str, Field(description="The message to send")],
+                            ctx: Context) -> str:
         from agentd.agents.run_request import RunRequest
 
+        if not message.strip():
+            raise ToolError("message is empty")  # (as the API refuses it)
         caller = who(ctx)
         handle = find(agent, caller, "message")
         loop = asyncio.get_running_loop()
@@ -100,7 +106,8 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
                 request.cancel.set()  # the client went away: the run stops too
 
     @server.tool(name="recall_memory", description="Fragments of an agent's memory nearest in meaning to a query.")
-    def recall_memory(agent: str, query: str, ctx: Context, limit: int = 5) -> str:
+    def recall_memory(agent: AgentRef, query: Annotated[str, Field(description="What to recall")], ctx: Context,
+                      limit: Annotated[int, Field(ge=1, le=100, description="How many fragments")] = 5) -> str:
         handle = find(agent, who(ctx), "read")
         try:
             return json.dumps(memory.recall(handle.id, query, limit))

@@ -130,6 +130,25 @@ def test_a_scoped_key_reaches_only_its_agents_and_its_tasks(pair) -> None:
     assert rpc(b, "tasks/get", {"id": task_id})["result"]["id"] == task_id
 
 
+def test_a_scoped_key_reads_only_its_agents_cards(pair) -> None:
+    _, b = pair
+    made = b.post("/api/keys", json={"name": "a2a-cards", "scopes": ["read"], "agents": ["bee"]})
+    assert made.status_code == 201, made.text
+    scoped = {"Authorization": f"Bearer {made.json()['key']}"}
+    for path in ("/.well-known/agent-card.json", "/.well-known/agent.json"):
+        assert [s["id"] for s in b.get(path, headers=scoped).json()["skills"]] == ["bee"]
+    assert b.get("/a2a/agents/asker/.well-known/agent-card.json", headers=scoped).json() == {
+        "error": "no agent named 'asker'"}
+    assert b.get("/a2a/agents/asker/.well-known/agent-card.json", headers=scoped).status_code == 404
+    assert b.get("/a2a/agents/bee/.well-known/agent-card.json", headers=scoped).json()["name"] == "bee"
+    assert [c["name"] for c in b.get("/a2a/agents", headers=scoped).json()] == ["bee"]
+    # Without a key (or with a wrong one) the public card lists every agent, as documented.
+    for headers in ({"Authorization": None}, {"Authorization": "Bearer wrong"}):
+        listed = {s["id"] for s in b.get("/.well-known/agent-card.json", headers=headers).json()["skills"]}
+        assert {"bee", "asker"} <= listed
+        assert b.get("/a2a/agents/asker/.well-known/agent-card.json", headers=headers).status_code == 200
+
+
 def test_cross_site_post_is_refused(pair) -> None:
     a, _ = pair
     r = a.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}},

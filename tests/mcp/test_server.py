@@ -70,6 +70,7 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
                                                           progress_callback=progress)
             out["notes"] = notes
             out["missing"] = await client.call_tool("message_agent", {"agent": "nobody", "message": "hi"})
+            out["blank"] = await client.call_tool("message_agent", {"agent": "helper", "message": "  "})
             out["recall"] = await client.call_tool("recall_memory", {"agent": "helper", "query": "wifi password"})
         async with _client(first, mode="legacy") as legacy:
             out["legacy"] = legacy.protocol_version
@@ -80,6 +81,12 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
     assert out["version"] == "2026-07-28"
     assert set(out["tools"]) == {"list_agents", "message_agent", "recall_memory"}
     assert out["tools"]["message_agent"].input_schema["required"] == ["agent", "message"]
+    recall = out["tools"]["recall_memory"].input_schema
+    assert recall["required"] == ["agent", "query"]
+    assert recall["properties"]["limit"] == {"default": 5, "description": "How many fragments", "maximum": 100,
+                                             "minimum": 1, "title": "Limit", "type": "integer"}
+    assert out["tools"]["message_agent"].input_schema["properties"]["agent"]["description"] == (
+        "The agent's id or name (as list_agents gives them)")
     helper = [a for a in out["agents"] if a["name"] == "helper"]
     assert helper == [{"id": agent_id, "name": "helper", "state": "Running", "mode": "Auto",
                        "model": "openai/gpt-4o", "description": "the helper agent"}]
@@ -90,6 +97,7 @@ def test_sdk_client_lists_and_calls_agentd_tools(pair) -> None:
     assert [v for v, _ in out["notes"]] == sorted(v for v, _ in out["notes"])
     assert out["missing"].is_error is True
     assert out["missing"].content[0].text.endswith("no agent with id or name 'nobody'")
+    assert out["blank"].is_error is True and out["blank"].content[0].text.endswith(": message is empty")
     assert out["recall"].is_error is False
     recalled = json.loads(out["recall"].content[0].text)
     assert recalled and recalled[0]["content"] == "The wifi password is on the fridge"
@@ -173,3 +181,21 @@ def test_a_scoped_key_sees_and_messages_only_its_agents(pair) -> None:
     assert refused.status_code == 403 and "missing scope 'message'" in refused.json()["error"]
     # The scoped key's run is its own: the agent's own session did not get it.
     assert other and first.get(f"/api/agents/{mine}/session").json()["messages"] == []
+
+
+def test_endpoint_refuses_what_it_does_not_serve_with_json_errors(pair) -> None:
+    first, _ = pair
+    auth = {"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"}
+    # Stateless: no server-initiated stream to hold open, so GET is refused at once.
+    get = first.get("/mcp", headers={**auth, "Accept": "text/event-stream"}, timeout=5)
+    assert get.status_code == 405 and get.json() == {"error": "method GET not allowed on /mcp"}
+    assert get.headers["Allow"] == "DELETE, OPTIONS, POST"
+    hello = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    plain = first.post("/mcp", data=hello, headers={**auth, "Content-Type": "text/plain"})
+    assert plain.status_code == 415
+    assert plain.json() == {"error": "Content-Type must be application/json (got text/plain)"}
+    size = 4 * 1024 * 1024 + 1
+    big = first.post("/mcp", data=b"{" + b" " * (size - 2) + b"}",
+                     headers={**auth, "Content-Type": "application/json"})
+    assert big.status_code == 413
+    assert big.json() == {"error": f"request body too large: {size} bytes (limit {4 * 1024 * 1024})"}

@@ -244,3 +244,6 @@ def test_dashboard_lists_skills_with_their_state(d: Daemon) -> None:
     agent = spawn(d, 'skills = ["release-notes"]')
     page = d.get(f"/agents/{agent}").text
     assert '<dd id="agent-skills">release-notes (' in page
+    assert ('<dt>Tools (skill)</dt><dd class="tools" data-origin="skill">skill_list, skill_describe, '
+            'skill_execute</dd>') in page
+    assert "skill_list" not in page.split('data-origin="built-in">')[1].split("</dd>")[0]
