@@ -133,15 +133,16 @@ class CronStore:
 
     def finish_run(self, run_id: str, status: str, output: str | None, error: str | None,
                    cost: float | None, delivery: dict[str, Any] | None) -> None:
-        with orm.db_session:
+        # The job's last run changes in the same transaction: nobody reads the run finished
+        # while its job still shows it running.
+        with orm.db_session(optimistic=False):
             row = self.e.CronRunRow.get(id=run_id)
             if row is None:
                 return
             if row.status == "running":  # not already failed by the reaper
                 row.set(status=status, output=output, error=error, cost_usd=cost, finished_at=time.time())
             row.delivery = delivery
-            job_id = row.job_id
-        self._last_run(job_id, run_id)
+            self._set_last_run(row.job_id, row)
 
     def set_delivery(self, run_id: str, delivery: dict[str, Any]) -> None:
         with orm.db_session:
@@ -152,9 +153,14 @@ class CronStore:
     def _last_run(self, job_id: str, run_id: str) -> None:
         with orm.db_session(optimistic=False):
             run = self.e.CronRunRow.get(id=run_id)
-            job = self.e.CronJobRow.get(id=job_id)
-            if run is None or job is None:
-                return
+            if run is not None:
+                self._set_last_run(job_id, run)
+
+    def _set_last_run(self, job_id: str, run: Any) -> None:
+        """Inside a db_session: the job's `last_run` from `run`; older runs past the kept
+        history dropped."""
+        job = self.e.CronJobRow.get(id=job_id)
+        if job is not None:
             job.last_run = {"run_id": run.id, "status": run.status, "started_at": iso_seconds(run.started_at),
                             "finished_at": iso_seconds(run.finished_at), "reason": run.reason or "",
                             "error": run.error}
