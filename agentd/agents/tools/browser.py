@@ -185,6 +185,8 @@ def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
 def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
     direction = args.get("direction") or "down"
     amount = args.get("amount") or SCROLL_DEFAULT
+    if amount < 0:
+        raise ToolError(f"amount is a number of pixels, at least 1 (the direction says which way), not {amount}")
     moves = {"down": (0, amount), "up": (0, -amount), "right": (amount, 0), "left": (-amount, 0)}
     if direction not in moves:
         raise ToolError(f"direction must be one of up, down, left, right, not {direction!r}")
