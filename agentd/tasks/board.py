@@ -47,6 +47,11 @@ class TaskBoard:
             raise NotFound(f"no agent with id or name {ref!r}")
         return handle
 
+    def _id_of(self, ref: str | None) -> str | None:
+        """The id of the agent `ref` names; `ref` itself when it names none (a removed agent's id)."""
+        handle = self.find_agent(ref) if ref else None
+        return handle.id if handle is not None else ref
+
     @staticmethod
     def _json(row: Any) -> dict[str, Any]:
         return {"id": row.id, "title": row.title, "description": row.description, "status": row.status,
@@ -84,9 +89,10 @@ class TaskBoard:
 
     def list(self, status: str | None = None, assigned_to: str | None = None,
              claimed_by: str | None = None) -> list[dict[str, Any]]:
-        """Oldest first."""
+        """Oldest first; `assigned_to` and `claimed_by` take an agent's id or name."""
         if status is not None and status not in STATUSES:
             raise BadRequest(f"status: must be one of {', '.join(STATUSES)}")
+        assigned_to, claimed_by = (self._id_of(ref) for ref in (assigned_to, claimed_by))
         with orm.db_session:
             query = self.store.e.TaskRow.select()
             if status is not None:

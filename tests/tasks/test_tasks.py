@@ -47,6 +47,7 @@ def test_api_post_list_claim_complete_delete(agent_daemon) -> None:
     assert task["id"] in [t["id"] for t in d.get("/api/tasks?status=pending").json()]
     assert task["id"] not in [t["id"] for t in d.get("/api/tasks?status=completed").json()]
     assert [t["id"] for t in d.get(f"/api/tasks?assigned_to={worker}").json()] == [task["id"]]
+    assert [t["id"] for t in d.get(f"/api/tasks?assigned_to={worker_name}").json()] == [task["id"]]
     # Assigned to the worker: another agent cannot claim it.
     r = d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": other})
     assert r.status_code == 409 and r.json() == {"error": f"task {task['id']} is assigned to another agent"}
