@@ -148,7 +148,8 @@ def browser_type(ctx: ToolContext, args: dict[str, Any]) -> str:
     return _act(ctx, type_into)
 
 
-@tool("browser_screenshot", "Take a screenshot of the current browser page. Returns a base64-encoded PNG image.",
+@tool("browser_screenshot", "Take a screenshot of the current browser page. It is stored as a PNG file of the "
+      "agent; returns its file_id.",
       {}, read_only=True, **_FAMILY)
 def browser_screenshot(ctx: ToolContext, args: dict[str, Any]) -> str:
     services = ctx.require_services()
@@ -158,6 +159,7 @@ def browser_screenshot(ctx: ToolContext, args: dict[str, Any]) -> str:
         png = driver.get_screenshot_as_png()
         saved = services.save_upload(ctx.agent_id, f"screenshot-{time.strftime('%Y%m%d-%H%M%S')}.png",
                                      "image/png", png)
+        ctx.audit("tool.browser_screenshot", {"file_id": saved["file_id"], "bytes": len(png)})
         # The image itself would flood the model's context; the upload is one attachment away.
         return json.dumps({**saved, "url": driver.current_url})
 
@@ -174,6 +176,8 @@ def browser_read_page(ctx: ToolContext, args: dict[str, Any]) -> str:
       {}, read_only=True, **_FAMILY)
 def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
     closed = ctx.require_services().browsers.close(ctx.agent_id)
+    if closed:
+        ctx.audit("tool.browser_close", {})
     return "browser closed" if closed else "no browser was open"
 
 
@@ -225,6 +229,7 @@ def browser_wait(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 @tool("browser_back", "Go back to the previous page in browser history.", {}, read_only=True, **_FAMILY)
 def browser_back(ctx: ToolContext, args: dict[str, Any]) -> str:
+    ctx.audit("tool.browser_back", {})
     return _act(ctx, lambda driver: driver.back())
 
 
