@@ -113,7 +113,7 @@ def test_a_tool_that_runs_another_agent_stays_in_the_trace(traced) -> None:
         assert r.status_code == 201
         r.close()
     exporter.clear()
-    send = "[[tool:agent_send " + json.dumps({"agent": "callee", "message": "ping"}) + "]]"
+    send = "[[tool:agent_send " + json.dumps({"agent_id": "callee", "message": "ping"}) + "]]"
     r = client.post("/v1/chat/completions", environ_base=LOCAL, headers={"traceparent": TRACEPARENT},
                     json={"model": "agentd:caller", "messages": [{"role": "user", "content": send}]})
     assert r.status_code == 200 and "echo: ping" in r.get_json()["choices"][0]["message"]["content"]

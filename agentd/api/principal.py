@@ -117,33 +117,41 @@ class KeyLimits:
         return 0.0 if decision.allowed else max(decision.retry_after, 0.001)
 
 
-def _owner_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[str, str] | None:
-    """(agent id, what is not found) for a cron job, trigger or pending approval named in the path."""
+TASK_AGENTS = ("assigned_to", "claimed_by", "created_by")
+
+
+def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], str] | None:
+    """(agent ids, what is not found) for a cron job, trigger, pending approval or task named
+    in the path (a task names up to three agents: for whom, by whom, by whom posted)."""
     try:
         if "approval_id" in view_args:
             found = [a for a in kernel.approvals.pending() if a["id"] == view_args["approval_id"]]
-            return (found[0]["agent_id"], "approval not found") if found else None
+            return ([found[0]["agent_id"]], "approval not found") if found else None
         if "job_id" in view_args:
-            return kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or "", "cron job not found"
+            return [kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or ""], "cron job not found"
         if "trigger_id" in view_args:
-            return kernel.triggers.get(view_args["trigger_id"])["agent_id"], "trigger not found"
+            return [kernel.triggers.get(view_args["trigger_id"])["agent_id"]], "trigger not found"
+        if "task_id" in view_args:
+            task = kernel.tasks.get(view_args["task_id"])
+            return [task[f] for f in TASK_AGENTS], "task not found"
     except AgentdError:
         pass  # none: the route answers its own 404 or 400
     return None
 
 
 def _reach_owner(who: Principal, view_args: dict[str, Any]) -> None:
-    """A job, trigger or approval of an agent outside the key's list is as absent as one never made."""
+    """A job, trigger, approval or task of an agent outside the key's list is as absent as one never made."""
     kernel = current_app.extensions["agentd.kernel"]
-    owner = _owner_in_path(kernel, view_args)
-    if owner is None or not owner[0]:
+    owners = _owners_in_path(kernel, view_args)
+    if owners is None:
         return
-    handle = kernel.agents.find(owner[0])
-    if handle is not None and not who.may_reach(handle):
-        try:
-            who.reach(handle)  # (audited)
-        except NotFound:
-            raise NotFound(owner[1]) from None
+    for owner in filter(None, owners[0]):
+        handle = kernel.agents.find(owner)
+        if handle is not None and not who.may_reach(handle):
+            try:
+                who.reach(handle)  # (audited)
+            except NotFound:
+                raise NotFound(owners[1]) from None
 
 
 def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -> None:
@@ -162,13 +170,15 @@ def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -
                 raise unknown(ref) from None
 
 
-def reachable(rows: list[dict[str, Any]], field: str = "agent_id") -> list[dict[str, Any]]:
-    """The rows a key limited to some agents may see: those of its agents, and those of no agent."""
+def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
+    """The rows a key limited to some agents may see: those whose agent fields (`agent_id`
+    unless named) name only its agents, or no agent."""
     who = principal()
     if not who.agents:
         return rows
     ids = {h.id for h in who.visible(current_app.extensions["agentd.kernel"].agents.handles())}
-    return [r for r in rows if not r.get(field) or r[field] in ids]
+    named = fields or ("agent_id",)
+    return [r for r in rows if all(not r.get(f) or r[f] in ids for f in named)]
 
 
 def authorize(who: Principal, limits: KeyLimits) -> Response | None:

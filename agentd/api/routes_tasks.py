@@ -9,12 +9,18 @@ from agentd.agents.handle import parse_uuid
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
+from agentd.api.principal import TASK_AGENTS, reach_agent, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_triggers import TaskClaimSchema, TaskCompleteSchema, TaskCreateSchema, TaskQuery
-from agentd.errors import BadRequest
+from agentd.errors import BadRequest, NotFound
 
 bp = Blueprint("tasks", __name__)
 _TASK = {"type": "array", "items": out.TaskSchema}
+
+
+def _reach(ref: str | None) -> None:
+    """An agent outside a scoped key's list is refused as an unknown one is."""
+    reach_agent(ref, lambda name: NotFound(f"no agent with id or name {name!r}"))
 
 
 @bp.get("/api/tasks")
@@ -24,7 +30,7 @@ def list_tasks():
         args = TaskQuery().load(request.args)
     except ValidationError as exc:
         raise BadRequest(f"invalid query: {body.format_validation(exc.messages)}") from None
-    return jsonify(kernel().tasks.list(**args))
+    return jsonify(reachable(kernel().tasks.list(**args), *TASK_AGENTS))
 
 
 @bp.post("/api/tasks")
@@ -35,6 +41,7 @@ def list_tasks():
             "DeleteTask": ("tasks.delete", {"task_id": "$response.body#/id"})})
 def create():
     data = body.load(TaskCreateSchema())
+    _reach(data["assigned_to"])
     return jsonify(kernel().tasks.post(data["title"], data["description"], data["assigned_to"])), 201
 
 
@@ -51,7 +58,9 @@ def detail(task_id: str):
              409: "The task is not pending, or is assigned to another agent"})
 def claim(task_id: str):
     key = parse_uuid(task_id, "task")
-    return jsonify(kernel().tasks.claim(key, body.load(TaskClaimSchema())["agent_id"]))
+    agent = body.load(TaskClaimSchema())["agent_id"]
+    _reach(agent)
+    return jsonify(kernel().tasks.claim(key, agent))
 
 
 @bp.post("/api/tasks/<task_id>/complete")
@@ -61,6 +70,7 @@ def claim(task_id: str):
 def complete(task_id: str):
     key = parse_uuid(task_id, "task")
     data = body.load(TaskCompleteSchema())
+    _reach(data.get("agent_id"))
     return jsonify(kernel().tasks.complete(key, data["result"], data.get("agent_id")))
 
 

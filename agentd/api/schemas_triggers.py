@@ -102,8 +102,8 @@ class TaskCreateSchema(_Loose):
 
 class TaskQuery(_Loose):
     status = fields.String(validate=validate.OneOf(STATUSES))
-    assigned_to = fields.String(metadata={"description": "Only tasks assigned to this agent id"})
-    claimed_by = fields.String(metadata={"description": "Only tasks claimed by this agent id"})
+    assigned_to = fields.String(metadata={"description": "Only tasks assigned to this agent (id or name)"})
+    claimed_by = fields.String(metadata={"description": "Only tasks claimed by this agent (id or name)"})
 
 
 class TaskClaimSchema(_Loose):

@@ -47,6 +47,11 @@ class TaskBoard:
             raise NotFound(f"no agent with id or name {ref!r}")
         return handle
 
+    def _id_of(self, ref: str | None) -> str | None:
+        """The id of the agent `ref` names; `ref` itself when it names none (a removed agent's id)."""
+        handle = self.find_agent(ref) if ref else None
+        return handle.id if handle is not None else ref
+
     @staticmethod
     def _json(row: Any) -> dict[str, Any]:
         return {"id": row.id, "title": row.title, "description": row.description, "status": row.status,
@@ -69,18 +74,25 @@ class TaskBoard:
             orm.flush()
             return self._json(row)
 
+    def _whole(self, query: Any) -> Any:
+        """`query` reading the two text columns in the same query: they are lazy, and a second
+        query for them finds nothing once a concurrent delete has removed the row."""
+        rows = self.store.e.TaskRow
+        return query.prefetch(rows.description, rows.result)
+
     def get(self, task_id: str) -> dict[str, Any]:
         with orm.db_session:
-            row = self.store.e.TaskRow.get(id=task_id)
-            if row is None:
+            found = self._whole(orm.select(t for t in self.store.e.TaskRow if t.id == task_id))[:1]
+            if not found:
                 raise NotFound("task not found")
-            return self._json(row)
+            return self._json(found[0])
 
     def list(self, status: str | None = None, assigned_to: str | None = None,
              claimed_by: str | None = None) -> list[dict[str, Any]]:
-        """Oldest first."""
+        """Oldest first; `assigned_to` and `claimed_by` take an agent's id or name."""
         if status is not None and status not in STATUSES:
             raise BadRequest(f"status: must be one of {', '.join(STATUSES)}")
+        assigned_to, claimed_by = (self._id_of(ref) for ref in (assigned_to, claimed_by))
         with orm.db_session:
             query = self.store.e.TaskRow.select()
             if status is not None:
@@ -89,7 +101,7 @@ class TaskBoard:
                 query = query.filter(lambda t: t.assigned_to == assigned_to)
             if claimed_by is not None:
                 query = query.filter(lambda t: t.claimed_by == claimed_by)
-            return [self._json(r) for r in query.order_by(lambda t: (t.created_at, t.id)).limit(LIST_LIMIT)]
+            return [self._json(r) for r in self._whole(query.order_by(lambda t: (t.created_at, t.id)))[:LIST_LIMIT]]
 
     def _take(self, task_id: str, agent_id: str) -> bool:
         """The conditional update: True when this call moved the task to in_progress."""
@@ -127,23 +139,28 @@ class TaskBoard:
         """in_progress -> completed; `agent_ref`: only the agent that claimed it may."""
         result = _text(result, "result", MAX_TEXT, empty_ok=True)
         agent_id = self.agent(agent_ref).id if agent_ref is not None else None
+        # One conditional update, like a claim: of a completion and a concurrent delete or
+        # second completion, exactly one changes the row.
+        sql = ("UPDATE tasks SET status = 'completed', result = $result, completed_at = $now "
+               "WHERE id = $task_id AND status = 'in_progress'")
+        params = {"result": result, "now": _now(), "task_id": task_id}
+        if agent_id is not None:
+            sql += " AND claimed_by = $agent_id"
+            params["agent_id"] = agent_id
         with _write:
-            row = self.store.e.TaskRow.get_for_update(id=task_id)
-            if row is None:
-                raise NotFound("task not found")
-            if row.status != "in_progress":
-                raise Conflict(f"task {task_id} is {row.status}, not in_progress")
-            if agent_id is not None and row.claimed_by != agent_id:
-                raise Conflict(f"task {task_id} was claimed by another agent")
-            row.status, row.result, row.completed_at = "completed", result, _now()
-            return self._json(row)
+            done = self.store.db.execute(sql, params).rowcount == 1
+        if done:
+            return self.get(task_id)
+        current = self.get(task_id)
+        if current["status"] != "in_progress":
+            raise Conflict(f"task {task_id} is {current['status']}, not in_progress")
+        raise Conflict(f"task {task_id} was claimed by another agent")
 
     def delete(self, task_id: str) -> None:
+        """Of two deletes at once, one removes the task and the other finds it gone."""
         with _write:
-            row = self.store.e.TaskRow.get(id=task_id)
-            if row is None:
+            if self.store.db.execute("DELETE FROM tasks WHERE id = $t", {"t": task_id}).rowcount != 1:
                 raise NotFound("task not found")
-            row.delete()
 
 
 def _now() -> datetime:

@@ -23,7 +23,7 @@ def _tools(d, agent_id: str) -> list[dict]:
 
 
 def _send(target: str, message: str) -> str:
-    return "[[tool:agent_send " + json.dumps({"agent": target, "message": message}) + "]]"
+    return "[[tool:agent_send " + json.dumps({"agent_id": target, "message": message}) + "]]"
 
 
 @pytest.fixture()

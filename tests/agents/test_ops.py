@@ -91,7 +91,7 @@ def test_a_refused_nested_run_is_a_tool_error(mgr) -> None:
 def test_a_nested_send_through_the_loop(mgr) -> None:
     a = spawn(mgr, "a", extra='profile = "messaging"\n')
     spawn(mgr, "b")
-    result = run(mgr, a, '[[tool:agent_send {"agent": "b", "message": "nested hi"}]]')
+    result = run(mgr, a, '[[tool:agent_send {"agent_id": "b", "message": "nested hi"}]]')
     assert result.response == "tool said: echo: nested hi"
 
 

@@ -543,9 +543,9 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None
     assert run(mgr, h, '[[tool:memory_store {"key": "k", "value": "v"}]]').response.startswith("tool said: ")
     assert mgr.runs.kv.get(h.id, "k") == (True, "v") and mgr.runs.kv.get(other.id, "k")[0] is False, \
         "BUG: the tool stored under another agent's id"
-    assert run(mgr, h, '[[tool:agent_send {"agent": "ctxa", "message": "hi"}]]').response == \
+    assert run(mgr, h, '[[tool:agent_send {"agent_id": "ctxa", "message": "hi"}]]').response == \
         "tool said: error: an agent cannot send a message to itself"
-    assert run(mgr, h, '[[tool:agent_send {"agent": "ctxb", "message": "hi"}]]').response == \
+    assert run(mgr, h, '[[tool:agent_send {"agent_id": "ctxb", "message": "hi"}]]').response == \
         "tool said: echo: hi"
     # A stop reaches the running command through the tool's context, not only the loop;
     # the model call made before it is paid for (its usage row is written with the turn).

@@ -88,3 +88,51 @@ def test_jobs_and_triggers_of_agents_outside_the_list_are_absent(d: Daemon) -> N
                  allow_redirects=False)
     assert r.status_code == 404 and d.get(f"/api/triggers/{hidden_trigger['id']}").status_code == 200
     assert hidden_trigger["id"] not in web.get(d.url + "/triggers").text
+
+
+def test_tasks_of_agents_outside_the_list_are_absent(d: Daemon) -> None:
+    mine, theirs = f"mine-{uuid.uuid4().hex[:6]}", f"theirs-{uuid.uuid4().hex[:6]}"
+    mine_id, theirs_id = _spawn(d, mine), _spawn(d, theirs)
+    key = d.post("/api/keys", json={"name": f"k-{uuid.uuid4().hex[:6]}", "scopes": ["read", "manage"],
+                                    "agents": [mine]}).json()["key"]
+
+    def as_key(method: str, path: str, **kwargs: Any) -> requests.Response:
+        return requests.request(method, d.url + path, headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                                **kwargs)
+
+    hidden = d.post("/api/tasks", json={"title": "for them", "assigned_to": theirs}).json()
+    open_task = d.post("/api/tasks", json={"title": "for anyone"}).json()
+    taken = d.post("/api/tasks", json={"title": "taken by them"}).json()
+    assert d.post(f"/api/tasks/{taken['id']}/claim", json={"agent_id": theirs}).status_code == 200
+    r = as_key("POST", "/api/tasks", json={"title": "mine", "assigned_to": mine})
+    assert r.status_code == 201, r.text
+    own = r.json()
+    listed = [t["id"] for t in as_key("GET", "/api/tasks").json()]
+    assert open_task["id"] in listed and own["id"] in listed
+    assert hidden["id"] not in listed and taken["id"] not in listed
+    assert as_key("GET", "/api/tasks", params={"assigned_to": theirs_id}).json() == []
+    for method, path, body in (("GET", "", None), ("DELETE", "", None), ("POST", "/claim", {"agent_id": mine}),
+                               ("POST", "/complete", {"result": "x"})):
+        for task in (hidden, taken):
+            r = as_key(method, f"/api/tasks/{task['id']}{path}", json=body)
+            assert (r.status_code, r.json()) == (404, {"error": "task not found"}), (method, path)
+    for method, path, body in (("POST", "", {"title": "sneak", "assigned_to": theirs}),
+                               ("POST", f"/{open_task['id']}/claim", {"agent_id": theirs}),
+                               ("POST", f"/{own['id']}/complete", {"result": "x", "agent_id": theirs_id})):
+        r = as_key(method, f"/api/tasks{path}", json=body)
+        ref = theirs_id if "complete" in path else theirs
+        assert (r.status_code, r.json()) == (404, {"error": f"no agent with id or name '{ref}'"}), path
+    assert d.get(f"/api/tasks/{open_task['id']}").json()["status"] == "pending"
+    r = as_key("POST", f"/api/tasks/{open_task['id']}/claim", json={"agent_id": mine_id})
+    assert (r.status_code, r.json()["claimed_by"]) == (200, mine_id)
+    assert d.get(f"/api/tasks/{hidden['id']}").status_code == 200  # the admin sees everything
+
+    web = requests.Session()
+    assert web.post(d.url + "/login", data={"api_key": key}, allow_redirects=False).status_code == 303
+    page = web.get(d.url + "/tasks").text
+    assert "for anyone" in page and "for them" not in page and "taken by them" not in page
+    token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', page).group(1)
+    r = web.post(d.url + f"/tasks/{hidden['id']}/delete", data={"csrf_token": token}, allow_redirects=False)
+    assert r.status_code == 404 and d.get(f"/api/tasks/{hidden['id']}").status_code == 200
+    r = web.post(d.url + "/tasks", data={"csrf_token": token, "title": "sneak", "assigned_to": theirs_id})
+    assert r.status_code == 404 and "sneak" not in [t["title"] for t in d.get("/api/tasks").json()]

@@ -36,6 +36,46 @@ NEW = {  # name -> (family, required, optional, read_only, capability) as offere
     "docker_exec": ("containers", ["command"], [], False, "shell"),
 }
 
+# The arguments of the other tools, named as the original runtime names them.
+ORIGINAL = {
+    "file_read": ["path"],
+    "file_write": ["content", "path"],
+    "file_list": ["path"],
+    "create_directory": ["path"],
+    "apply_patch": ["patch"],
+    "web_fetch": ["body", "headers", "method", "url"],
+    "web_search": ["max_results", "query"],
+    "shell_exec": ["command", "timeout_seconds"],
+    "agent_send": ["agent_id", "message"],
+    "agent_spawn": ["manifest_toml"],
+    "agent_list": [],
+    "agent_kill": ["agent_id"],
+    "agent_activate": ["agent_id"],
+    "memory_store": ["key", "value"],
+    "memory_recall": ["key"],
+    "agent_find": ["query"],
+    "task_post": ["assigned_to", "description", "title"],
+    "task_claim": [],
+    "task_complete": ["result", "task_id"],
+    "task_list": ["status"],
+    "event_publish": ["event_type", "payload"],
+    "schedule_create": ["agent", "description", "schedule"],
+    "schedule_list": [],
+    "schedule_delete": ["id"],
+    "knowledge_add_entity": ["entity_type", "name", "properties"],
+    "knowledge_add_relation": ["confidence", "properties", "relation", "source", "target"],
+    "knowledge_query": ["max_depth", "relation", "source", "target"],
+    "cron_create": ["action", "delivery", "name", "one_shot", "schedule"],
+    "cron_list": [],
+    "cron_cancel": ["job_id"],
+    "a2a_discover": ["url"],
+    "a2a_send": ["agent_name", "agent_url", "message", "session_id"],
+    "system_time": [],
+    "skill_list": [],
+    "skill_describe": ["name"],
+    "skill_execute": ["input", "skill", "tool"],
+}
+
 
 @pytest.fixture(scope="module")
 def td(tmp_path_factory, fake_llm):
@@ -73,6 +113,7 @@ def test_every_tool_is_listed_with_family_schema_and_availability(td) -> None:
         (False, "no container runtime configured ([tools] container_runtime)")
     for name in ("canvas_present", "location_get", "hand_list", "hand_activate"):
         assert name not in tools
+    assert {n: sorted(tools[n]["parameters"]["properties"]) for n in ORIGINAL} == ORIGINAL
 
 
 def test_an_unavailable_tool_called_anyway_says_why(td) -> None:

@@ -47,6 +47,7 @@ def test_api_post_list_claim_complete_delete(agent_daemon) -> None:
     assert task["id"] in [t["id"] for t in d.get("/api/tasks?status=pending").json()]
     assert task["id"] not in [t["id"] for t in d.get("/api/tasks?status=completed").json()]
     assert [t["id"] for t in d.get(f"/api/tasks?assigned_to={worker}").json()] == [task["id"]]
+    assert [t["id"] for t in d.get(f"/api/tasks?assigned_to={worker_name}").json()] == [task["id"]]
     # Assigned to the worker: another agent cannot claim it.
     r = d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": other})
     assert r.status_code == 409 and r.json() == {"error": f"task {task['id']} is assigned to another agent"}
@@ -87,6 +88,35 @@ def test_claims_racing_on_one_task_have_one_winner(agent_daemon) -> None:
     assert sorted(statuses) == [200] + [409] * (len(agents) - 1)
     assert d.get(f"/api/tasks/{task['id']}").json()["claimed_by"] in agents
 
+
+
+def test_deletes_completions_and_reads_racing_on_one_task(agent_daemon) -> None:
+    """A task deleted while others complete and read it: one delete and at most one completion
+    win, every other answer is 404 or 409, never 500."""
+    d = agent_daemon
+    worker, _ = _agent(d)
+    for _ in range(20):
+        task = d.post("/api/tasks", json={"title": "going away", "description": "soon"}).json()
+        assert d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": worker}).status_code == 200
+        calls = [("DELETE", "", None)] * 3 + [("POST", "/complete", {"result": "done"})] * 3 + [("GET", "", None)] * 6
+        answers: list[tuple[str, int]] = []
+        start = threading.Barrier(len(calls))
+
+        def hit(method: str, path: str, body: dict | None) -> None:
+            start.wait()
+            r = d.request(method, f"/api/tasks/{task['id']}{path}", json=body)
+            answers.append((method + path, r.status_code))
+
+        threads = [threading.Thread(target=hit, args=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        by = {kind: sorted(s for k, s in answers if k == kind) for kind in ("DELETE", "POST/complete", "GET")}
+        assert by["DELETE"] == [200, 404, 404], answers
+        assert set(by["POST/complete"]) <= {200, 404, 409} and by["POST/complete"].count(200) <= 1, answers
+        assert set(by["GET"]) <= {200, 404}, answers
+        assert d.get(f"/api/tasks/{task['id']}").status_code == 404
 
 def test_task_tools_through_the_loop(agent_daemon) -> None:
     d = agent_daemon

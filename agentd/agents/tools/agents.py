@@ -22,9 +22,9 @@ def agent_find(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 
 @tool("agent_send", "Send a message to another agent and return its reply.",
-      {"agent": _AGENT, "message": {"type": "string", "description": "The message"}}, ("agent", "message"))
+      {"agent_id": _AGENT, "message": {"type": "string", "description": "The message"}}, ("agent_id", "message"))
 def agent_send(ctx: ToolContext, args: dict[str, Any]) -> str:
-    return ctx.require_ops().send_to_agent(ctx.agent_id, args["agent"], args["message"])
+    return ctx.require_ops().send_to_agent(ctx.agent_id, args["agent_id"], args["message"])
 
 
 @tool("agent_spawn", "Start a new agent from a TOML manifest; returns its id and name.",
@@ -34,7 +34,7 @@ def agent_spawn(ctx: ToolContext, args: dict[str, Any]) -> str:
     return json.dumps(ctx.require_ops().spawn_agent(ctx.agent_id, args["manifest_toml"]))
 
 
-@tool("agent_kill", "Stop and remove another agent.", {"agent": _AGENT}, ("agent",))
+@tool("agent_kill", "Stop and remove another agent.", {"agent_id": _AGENT}, ("agent_id",))
 def agent_kill(ctx: ToolContext, args: dict[str, Any]) -> str:
-    ctx.require_ops().kill_agent(ctx.agent_id, args["agent"])
-    return f"killed agent {args['agent']}"
+    ctx.require_ops().kill_agent(ctx.agent_id, args["agent_id"])
+    return f"killed agent {args['agent_id']}"

@@ -148,7 +148,8 @@ def browser_type(ctx: ToolContext, args: dict[str, Any]) -> str:
     return _act(ctx, type_into)
 
 
-@tool("browser_screenshot", "Take a screenshot of the current browser page. Returns a base64-encoded PNG image.",
+@tool("browser_screenshot", "Take a screenshot of the current browser page. It is stored as a PNG file of the "
+      "agent; returns its file_id.",
       {}, read_only=True, **_FAMILY)
 def browser_screenshot(ctx: ToolContext, args: dict[str, Any]) -> str:
     services = ctx.require_services()
@@ -158,6 +159,7 @@ def browser_screenshot(ctx: ToolContext, args: dict[str, Any]) -> str:
         png = driver.get_screenshot_as_png()
         saved = services.save_upload(ctx.agent_id, f"screenshot-{time.strftime('%Y%m%d-%H%M%S')}.png",
                                      "image/png", png)
+        ctx.audit("tool.browser_screenshot", {"file_id": saved["file_id"], "bytes": len(png)})
         # The image itself would flood the model's context; the upload is one attachment away.
         return json.dumps({**saved, "url": driver.current_url})
 
@@ -174,6 +176,8 @@ def browser_read_page(ctx: ToolContext, args: dict[str, Any]) -> str:
       {}, read_only=True, **_FAMILY)
 def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
     closed = ctx.require_services().browsers.close(ctx.agent_id)
+    if closed:
+        ctx.audit("tool.browser_close", {})
     return "browser closed" if closed else "no browser was open"
 
 
@@ -185,6 +189,8 @@ def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
 def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
     direction = args.get("direction") or "down"
     amount = args.get("amount") or SCROLL_DEFAULT
+    if amount < 0:
+        raise ToolError(f"amount is a number of pixels, at least 1 (the direction says which way), not {amount}")
     moves = {"down": (0, amount), "up": (0, -amount), "right": (amount, 0), "left": (-amount, 0)}
     if direction not in moves:
         raise ToolError(f"direction must be one of up, down, left, right, not {direction!r}")
@@ -223,6 +229,7 @@ def browser_wait(ctx: ToolContext, args: dict[str, Any]) -> str:
 
 @tool("browser_back", "Go back to the previous page in browser history.", {}, read_only=True, **_FAMILY)
 def browser_back(ctx: ToolContext, args: dict[str, Any]) -> str:
+    ctx.audit("tool.browser_back", {})
     return _act(ctx, lambda driver: driver.back())
 
 

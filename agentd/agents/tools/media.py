@@ -28,6 +28,12 @@ SPEECH_FORMATS = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", 
                   "wav": "audio/wav"}
 VOICES = ("alloy", "echo", "fable", "onyx", "nova", "shimmer")
 IMAGE_MODELS = ("dall-e-3", "dall-e-2", "gpt-image-1")
+# What each model's /images/generations accepts, so a wrong value is the model's tool error
+# rather than the provider's 400.
+IMAGE_SIZES = {"dall-e-3": ("1024x1024", "1792x1024", "1024x1792"), "dall-e-2": ("256x256", "512x512", "1024x1024"),
+               "gpt-image-1": ("1024x1024", "1536x1024", "1024x1536", "auto")}
+IMAGE_QUALITIES = {"dall-e-3": ("hd", "standard"), "dall-e-2": ("standard",),
+                   "gpt-image-1": ("low", "medium", "high", "auto")}
 TRANSCRIBE_MODELS = {"groq": "whisper-large-v3"}  # else whisper-1
 
 
@@ -233,8 +239,10 @@ def text_to_speech(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"prompt": {"type": "string", "description": "Text description of the image to generate (max 4000 chars)"},
        "model": {"type": "string", "description": "Model to use: 'dall-e-3' (default), 'dall-e-2', or 'gpt-image-1'"},
        "size": {"type": "string", "description": "Image size: '1024x1024' (default), '1024x1792', '1792x1024', "
-                                                 "'256x256', '512x512'"},
-       "quality": {"type": "string", "description": "Quality: 'hd' (default for dall-e-3) or 'standard'"},
+                                                 "'256x256', '512x512' (gpt-image-1: '1536x1024', '1024x1536', "
+                                                 "'auto')"},
+       "quality": {"type": "string", "description": "Quality: 'hd' (default for dall-e-3) or 'standard' "
+                                                    "(gpt-image-1: 'low', 'medium', 'high', 'auto')"},
        "count": {"type": "integer", "description": "Number of images to generate (1-4, default: 1). DALL-E 3 only "
                                                    "supports 1."}},
       ("prompt",), family="media")
@@ -247,11 +255,16 @@ def image_generate(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolError(f"model must be one of {', '.join(IMAGE_MODELS)}")
     if not 1 <= count <= 4 or (model == "dall-e-3" and count != 1):
         raise ToolError("count must be 1 to 4 (dall-e-3 makes 1)")
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "n": count, "size": args.get("size") or "1024x1024"}
+    size, quality = args.get("size") or "1024x1024", args.get("quality")
+    if size not in IMAGE_SIZES[model]:
+        raise ToolError(f"size must be one of {', '.join(IMAGE_SIZES[model])} for {model}, not {size!r}")
+    if quality and quality not in IMAGE_QUALITIES[model]:
+        raise ToolError(f"quality must be one of {', '.join(IMAGE_QUALITIES[model])} for {model}, not {quality!r}")
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "n": count, "size": size}
     if model != "gpt-image-1":  # gpt-image-1 always answers base64 and refuses the field
         body["response_format"] = "b64_json"
-    if args.get("quality") or model == "dall-e-3":
-        body["quality"] = args.get("quality") or "hd"
+    if quality or model == "dall-e-3":
+        body["quality"] = quality or "hd"
     endpoint = _endpoint(ctx, "images/generations", "image generation")
     response = _post(ctx, endpoint, "images/generations", json=body)
     try:

@@ -94,14 +94,14 @@ def _kill(proc: subprocess.Popen) -> None:
 @tool("shell_exec", "Run one program with arguments (no shell: no pipes, redirects or chaining) in the "
       "agent workspace; returns the exit code and combined output.",
       {"command": {"type": "string", "description": "Program and arguments, e.g. 'ls -la'"},
-       "timeout_secs": {"type": "number", "description": "Seconds before the program is killed"}},
+       "timeout_seconds": {"type": "integer", "description": "Seconds before the program is killed"}},
       ("command",), capability="shell")
 def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
     argv = check_command(ctx, args["command"])
     cfg = ctx.tools_config
-    requested = args.get("timeout_secs")
+    requested = args.get("timeout_seconds")
     if requested is not None and requested <= 0:
-        raise ToolError("timeout_secs must be greater than 0")
+        raise ToolError("timeout_seconds must be greater than 0")
     timeout = min(float(requested or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
     try:
         # Own session: a timeout kills the whole process group, grandchildren included.

@@ -5,11 +5,11 @@ from __future__ import annotations
 from flask import render_template, request
 
 from agentd.api.pages import bp, kernel, see_other
-from agentd.api.principal import principal, reach_agent, reachable
+from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
 from agentd.api.pages.schedules import page_of
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
 
 
@@ -70,7 +70,7 @@ def trigger_action(trigger_id: str, action: str):
 def _tasks_page(status: int = 200, error: str = ""):
     wanted = request.args.get("status") or None
     try:
-        tasks = kernel().tasks.list(status=wanted)
+        tasks = reachable(kernel().tasks.list(status=wanted), *TASK_AGENTS)
     except AgentdError as exc:
         tasks, status, error = [], exc.status, exc.message
     return render_template("tasks.html", tasks=list(reversed(tasks)), names=_agent_names(), wanted=wanted,
@@ -86,6 +86,7 @@ def tasks():
 def task_post():
     form = request.form
     try:
+        reach_agent(form.get("assigned_to"), lambda name: NotFound(f"no agent with id or name {name!r}"))
         kernel().tasks.post(form.get("title", ""), form.get("description", ""), form.get("assigned_to") or None)
     except AgentdError as exc:
         return _tasks_page(exc.status, exc.message)

@@ -36,11 +36,11 @@ def test_agent_spawn_starts_a_real_agent_and_agent_kill_removes_it(agent_daemon)
     assert list(made) == ["agent_id", "name"] and made["name"] == child
     got = d.get(f"/api/agents/{made['agent_id']}")
     assert got.status_code == 200 and got.json()["name"] == child
-    assert _answer(d, parent, _call("agent_kill", agent=child)) == f"tool said: killed agent {child}"
+    assert _answer(d, parent, _call("agent_kill", agent_id=child)) == f"tool said: killed agent {child}"
     assert d.get(f"/api/agents/{made['agent_id']}").status_code == 404
     # By id as well.
     second = spawn(d, _name())
-    assert _answer(d, parent, _call("agent_kill", agent=second)) == f"tool said: killed agent {second}"
+    assert _answer(d, parent, _call("agent_kill", agent_id=second)) == f"tool said: killed agent {second}"
     assert d.get(f"/api/agents/{second}").status_code == 404
 
 
@@ -49,11 +49,11 @@ def test_agent_kill_refusals(agent_daemon) -> None:
     name = _name()
     killer = spawn(d, name, SPAWNER)
     for target in (name, killer):
-        assert _answer(d, killer, _call("agent_kill", agent=target)) == (
+        assert _answer(d, killer, _call("agent_kill", agent_id=target)) == (
             "tool said: error: an agent cannot kill itself")
     assert d.get(f"/api/agents/{killer}").status_code == 200
     ghost = _name()
-    assert _answer(d, killer, _call("agent_kill", agent=ghost)) == (
+    assert _answer(d, killer, _call("agent_kill", agent_id=ghost)) == (
         f"tool said: error: no agent with id or name '{ghost}'")
 
 

@@ -91,6 +91,8 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
     assert call(bd, agent, "browser_back").startswith("title: Local app\n")
     assert call(bd, agent, "browser_scroll", direction="sideways") == \
         "error: direction must be one of up, down, left, right, not 'sideways'"
+    assert call(bd, agent, "browser_scroll", direction="up", amount=-300) == \
+        "error: amount is a number of pixels, at least 1 (the direction says which way), not -300"
     shot = json.loads(call(bd, agent, "browser_screenshot"))
     assert shot["content_type"] == "image/png" and shot["url"] == site + "/"
     listed = bd.get(f"/api/agents/{agent}/uploads").json()
@@ -102,6 +104,11 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
     assert page.status_code == 200 and f'src="/agents/{agent}/files/{shot["file_id"]}"' in page.text
     assert call(bd, agent, "browser_close") == "browser closed"
     assert call(bd, agent, "browser_close") == "no browser was open"
+    events = [e["event"] for e in bd.get("/api/audit/recent?limit=100").json()
+              if (e.get("detail") or {}).get("agent_id") == agent]
+    assert {"tool.browser_navigate", "tool.browser_type", "tool.browser_click", "tool.browser_run_js",
+            "tool.browser_back", "tool.browser_screenshot", "tool.browser_close"} <= set(events)
+    assert events.count("tool.browser_close") == 1
 
 
 def test_private_addresses_are_refused_like_web_fetch(bd, site) -> None:

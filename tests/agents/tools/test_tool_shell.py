@@ -111,12 +111,12 @@ def test_timeouts_are_capped_by_the_daemon_setting(tmp_path) -> None:
     ctx.tools_config.shell_timeout_secs = 0.5
     assert refusal(ctx, "sleep 30") == "command timed out after 0.5s and was killed"
     with pytest.raises(ToolError) as caught:
-        run(ctx, "shell_exec", command="sleep 30", timeout_secs=60)
+        run(ctx, "shell_exec", command="sleep 30", timeout_seconds=60)
     assert str(caught.value) == "command timed out after 0.5s and was killed", \
         "BUG: a model-requested timeout longer than the daemon's limit is honoured"
     with pytest.raises(ToolError) as caught:
-        run(ctx, "shell_exec", command="sleep 30", timeout_secs=0)
-    assert str(caught.value) == "timeout_secs must be greater than 0"
+        run(ctx, "shell_exec", command="sleep 30", timeout_seconds=0)
+    assert str(caught.value) == "timeout_seconds must be greater than 0"
 
 
 def test_a_killed_program_is_waited_for(tmp_path) -> None:

@@ -81,8 +81,8 @@ def test_validate_args_messages() -> None:
         validate_args(write, {"path": 3, "content": "x"})
     with pytest.raises(ToolError, match="has no argument 'mode'"):
         validate_args(write, {"path": "a", "content": "x", "mode": "w"})
-    with pytest.raises(ToolError, match="type number"):
-        validate_args(get_tool("shell_exec"), {"command": "ls", "timeout_secs": True})
+    with pytest.raises(ToolError, match="type integer"):
+        validate_args(get_tool("shell_exec"), {"command": "ls", "timeout_seconds": True})
 
 
 def test_file_round_trip(ctx) -> None:
@@ -144,9 +144,9 @@ def test_shell_policy(tmp_path) -> None:
         with pytest.raises(ToolError, match="denied by the daemon's shell policy"):
             run(wide, "shell_exec", command=command)
     with pytest.raises(ToolError, match="greater than 0"):
-        run(ctx, "shell_exec", command="echo hi", timeout_secs=-1)
+        run(ctx, "shell_exec", command="echo hi", timeout_seconds=-1)
     with pytest.raises(ToolError, match="timed out after 1s"):
-        run(ctx, "shell_exec", command="sleep 30", timeout_secs=1)
+        run(ctx, "shell_exec", command="sleep 30", timeout_seconds=1)
     out = run(ctx, "shell_exec", command="python3 -c 'print(\"x\" * 200000)'")
     assert out.startswith("exit code 0\n") and "[output truncated at 1000 bytes" in out and len(out) < 1200
     assert run(ctx, "shell_exec", command="python3 -c 'raise SystemExit(3)'").startswith("exit code 3")
@@ -159,7 +159,7 @@ def test_shell_kills_the_process_group(tmp_path) -> None:
         "import subprocess, time\np = subprocess.Popen(['sleep', '60'])\n"
         f"open({str(marker)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n"))
     with pytest.raises(ToolError, match="timed out"):
-        run(ctx, "shell_exec", command="python3 spawn.py", timeout_secs=1)
+        run(ctx, "shell_exec", command="python3 spawn.py", timeout_seconds=1)
     _assert_gone(int(marker.read_text()))
     # A background child left by a command that exits normally is ended too.
     run(ctx, "file_write", path="bg.py", content=(
