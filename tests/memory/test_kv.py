@@ -1,0 +1,80 @@
+"""Key-value memory under concurrent writers, through the real daemon: writes to one key are
+last-writer-wins and never answer 500, whether they race each other, a DELETE of the key or
+the agent's own deletion."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Callable
+
+import requests
+
+from tests.agents.test_agents import spawn
+
+
+def _together(workers: int, work: Callable[[int, requests.Session], None]) -> None:
+    start = threading.Barrier(workers)
+
+    def run(i: int) -> None:
+        with requests.Session() as session:
+            start.wait()
+            work(i, session)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_puts_and_deletes_of_one_key_at_once(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    url = f"{d.url}/api/memory/agents/{agent_id}/kv"
+    answers: Counter = Counter()
+
+    def work(i: int, s: requests.Session) -> None:
+        for j in range(25):
+            if (i + j) % 3 == 2:
+                r = s.delete(f"{url}/same")
+                answers[("DELETE", r.status_code)] += 1
+                assert r.json() in ({"status": "deleted"}, {"error": "key not found: same"})
+            else:
+                r = s.put(f"{url}/same", json={"writer": i, "n": j})
+                answers[("PUT", r.status_code)] += 1
+                assert r.json() == {"status": "ok"}
+            # Each round a fresh key is created by every worker at once.
+            r = s.put(f"{url}/fresh-{j}", json=i)
+            answers[("PUT", r.status_code)] += 1
+
+    _together(8, work)
+    assert set(answers) <= {("PUT", 200), ("DELETE", 200), ("DELETE", 404)}, answers
+    stored = d.get(f"/api/memory/agents/{agent_id}/kv").json()
+    assert sorted(k for k in stored if k.startswith("fresh-")) == sorted(f"fresh-{j}" for j in range(25))
+    assert all(stored[f"fresh-{j}"] in range(8) for j in range(25))
+    assert d.put(f"/api/memory/agents/{agent_id}/kv/same", json="last").status_code == 200
+    assert d.get(f"/api/memory/agents/{agent_id}/kv/same").json() == "last"
+
+
+def test_puts_racing_the_agents_deletion(shared_daemon) -> None:
+    d = shared_daemon
+    for _ in range(3):
+        agent_id = spawn(d)
+        url = f"{d.url}/api/memory/agents/{agent_id}/kv"
+        answers: Counter = Counter()
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+                return
+            for j in range(10):
+                r = s.put(f"{url}/k{j % 2}", json=j)
+                answers[("PUT", r.status_code)] += 1
+                if r.status_code == 404:
+                    assert r.json() == {"error": "agent not found"}
+
+        _together(6, work)
+        assert answers[("KILL", 200)] == 1
+        assert set(answers) <= {("KILL", 200), ("PUT", 200), ("PUT", 404)}, answers
+        assert d.get(f"/api/memory/agents/{agent_id}/kv").status_code == 404
