@@ -1,6 +1,6 @@
-"""Key-value memory under concurrent writers, through the real daemon: writes to one key are
-last-writer-wins and never answer 500, whether they race each other, a DELETE of the key or
-the agent's own deletion."""
+"""Memory routes under concurrent clients, through the real daemon: writes to one key-value key
+are last-writer-wins and never answer 500, whether they race each other, a DELETE of the key or
+the agent's own deletion; an export racing deletions of fragments lists what is left."""
 
 from __future__ import annotations
 
@@ -78,3 +78,37 @@ def test_puts_racing_the_agents_deletion(shared_daemon) -> None:
         assert answers[("KILL", 200)] == 1
         assert set(answers) <= {("KILL", 200), ("PUT", 200), ("PUT", 404)}, answers
         assert d.get(f"/api/memory/agents/{agent_id}/kv").status_code == 404
+
+
+def test_export_while_fragments_are_deleted(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    base = f"{d.url}/api/memory/agents/{agent_id}"
+    ids = [d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": f"fact number {i}"}).json()["id"]
+           for i in range(30)]
+    done = threading.Event()
+    exports: Counter = Counter()
+
+    def export() -> None:
+        with requests.Session() as s:
+            while not done.is_set():
+                r = s.get(f"{base}/export")
+                exports[r.status_code] += 1
+                if r.status_code == 200:
+                    memories = r.json()["memories"]
+                    assert all(m["content"].startswith("fact number ") for m in memories)
+
+    readers = [threading.Thread(target=export) for _ in range(3)]
+    for t in readers:
+        t.start()
+
+    def delete(i: int, s: requests.Session) -> None:
+        for memory_id in ids[i::3]:
+            assert s.delete(f"{base}/memories/{memory_id}").status_code == 200
+
+    _together(3, delete)
+    done.set()
+    for t in readers:
+        t.join()
+    assert set(exports) == {200}, exports
+    assert d.get(f"/api/memory/agents/{agent_id}/export").json()["memories"] == []
