@@ -193,14 +193,17 @@ class AgentIndex:
 
     def search(self, query: np.ndarray, k: int, keep: np.ndarray | None = None) -> list[Hit]:
         """The k best rows by cosine (vectors are normalised, so a dot product)."""
-        n = len(self.ids)
+        # Searches take no lock while a writer may remove rows: the ids are read once, so a
+        # row dropped meanwhile is at worst a hit whose fragment the caller no longer finds.
+        ids = self.ids[:]
+        n = len(ids)
         if n == 0 or k <= 0:
             return []
         if keep is None:
             rows = None
             scores = scores_of(self.vectors[:n], query)
         else:
-            rows = np.flatnonzero(keep)
+            rows = np.flatnonzero(keep[:n])  # the mask may predate a removal
             if rows.size == 0:
                 return []
             if rows.size * 4 >= n:
@@ -214,7 +217,7 @@ class AgentIndex:
         top = np.argpartition(scores, m - k)[m - k:] if k < m else np.arange(m)
         top = top[np.argsort(-scores[top], kind="stable")]
         index = top if rows is None else rows[top]
-        return [Hit(self.ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
+        return [Hit(ids[i], float(scores[t]), float(self.created[i])) for t, i in zip(top, index)]
 
     def similar(self, vector: np.ndarray, scope: str, exclude: str | None = None) -> list[Hit]:
         """Rows of `scope` by similarity to `vector`, best first (dedup and consolidation)."""
