@@ -27,9 +27,11 @@ from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle
 from agentd.agents.run_request import WORKER, RunRequest, RunTicket, check_message
+from agentd.api import body
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import stream_slots
+from agentd.api.schemas import MESSAGE_SCHEMA
 from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError, BadRequest
 from agentd.schema_fields import is_blank
@@ -120,10 +122,18 @@ class AgentSocket:
         except AgentdError as exc:
             self.send("error", content=exc.message)
             return
+        attachments = frame.get("attachments") or []
+        if attachments:
+            # Checked as the HTTP message endpoints check them, with their error texts.
+            try:
+                attachments = body.validate(MESSAGE_SCHEMA, {"message": content, "attachments": attachments})[
+                    "attachments"]
+            except AgentdError as exc:
+                self.send("error", content=exc.message)
+                return
         if not self._rate_ok():
             self.send("error", content=f"rate limit exceeded: at most {MESSAGES_PER_MINUTE} messages a minute")
             return
-        attachments = frame.get("attachments") or []
         # The run's events wait for `typing: start`: a run that starts at once on another
         # thread must not get its first frames out before it.
         started = threading.Event()

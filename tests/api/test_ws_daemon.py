@@ -139,6 +139,27 @@ def test_agent_socket_message_frame_limit_is_its_contents(agent_daemon) -> None:
         ws.close()
 
 
+def test_agent_socket_bad_attachments_get_the_http_errors(agent_daemon) -> None:
+    d = agent_daemon
+    agent_id = spawn(d)
+    ws = agent_socket(d, agent_id)
+    try:
+        for attachments, error in [
+                ("x", "invalid request: attachments: Not a valid list."),
+                ([5], "invalid request: attachments.0: Invalid input type."),
+                ([{}], "invalid request: attachments.0.file_id: Missing data for required field."),
+                ([{"file_id": "nope"}], "invalid file id: 'nope' is not a UUID")]:
+            ws.send(json.dumps({"type": "message", "content": "[[reply:no]]", "attachments": attachments}))
+            # An unknown file id is found when the run starts (after `typing: start`).
+            assert until(ws, "error")[-1] == {"type": "error", "content": error}, attachments
+            r = d.post(f"/api/agents/{agent_id}/message", json={"message": "x", "attachments": attachments})
+            assert (r.status_code, r.json()) == (400, {"error": error})
+        ws.send(json.dumps({"type": "message", "content": "[[reply:yes]]", "attachments": []}))
+        assert until(ws, "response")[-1]["content"] == "yes"
+    finally:
+        ws.close()
+
+
 def test_agent_socket_allows_exactly_ten_messages_a_minute(agent_daemon) -> None:
     d = agent_daemon
     agent_id = spawn(d)
