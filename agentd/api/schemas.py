@@ -220,7 +220,8 @@ class ChatRequestSchema(Schema):
     model = fields.String(required=True, validate=validate.Length(min=1), metadata={
         "description": "The agent: `agentd:<name>`, its id, or its name"})
     messages = fields.List(fields.Nested(ChatMessageSchema), required=True, validate=validate.Length(min=1))
-    stream = StrictBoolean()
+    # null is the default (false), as OpenAI takes it.
+    stream = StrictBoolean(allow_none=True)
     stream_options = fields.Dict(allow_none=True, metadata={"description": "`{include_usage: true}`"})
     max_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))
     max_completion_tokens = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 1_000_000))

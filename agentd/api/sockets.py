@@ -27,9 +27,11 @@ from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle
 from agentd.agents.run_request import WORKER, RunRequest, RunTicket, check_message
+from agentd.api import body
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
 from agentd.api.runs import stream_slots
+from agentd.api.schemas import MESSAGE_SCHEMA
 from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError, BadRequest
 from agentd.schema_fields import is_blank
@@ -37,6 +39,9 @@ from agentd.schema_fields import is_blank
 log = logging.getLogger("agentd.ws")
 
 FRAME_LIMIT = 64 * 1024
+# A `{type: message}` frame carrying a message of FRAME_LIMIT bytes is longer than that by its
+# envelope, and 3 times as long when a client escapes its two-byte characters (`\u00e9`).
+JSON_FRAME_LIMIT = 4 * FRAME_LIMIT
 WS_DESCRIPTION = (
     "Upgrade with a WebSocket handshake (`Upgrade: websocket`); auth like the API (Bearer header or "
     "`?token=`); an unknown agent is a 404 before the upgrade. Frames are JSON text.\n\n"
@@ -46,7 +51,8 @@ WS_DESCRIPTION = (
     "the agent's cron jobs starts a run (its typing, delta and response frames follow); `typing {state: start|tool|stop, tool?}`; `text_delta {content}`; "
     "`tool_start {id, tool}`; `tool_end {id, tool, input}`; `tool_result {id, tool, result, is_error}`; "
     "`phase {phase, detail}`; `response {content, input_tokens, output_tokens, iterations, cost_usd}`; "
-    "`error {content}` (frames over 64 KB, more than 10 messages a minute, unknown types, failed runs); "
+    "`error {content}` (a message over 64 KB, counted in its content; other frames over 64 KB; more than 10 "
+    "messages a minute; unknown types; failed runs); "
     "`command_result {command, message}`; `pong`.")
 MESSAGES_PER_MINUTE = 10
 
@@ -116,10 +122,18 @@ class AgentSocket:
         except AgentdError as exc:
             self.send("error", content=exc.message)
             return
+        attachments = frame.get("attachments") or []
+        if attachments:
+            # Checked as the HTTP message endpoints check them, with their error texts.
+            try:
+                attachments = body.validate(MESSAGE_SCHEMA, {"message": content, "attachments": attachments})[
+                    "attachments"]
+            except AgentdError as exc:
+                self.send("error", content=exc.message)
+                return
         if not self._rate_ok():
             self.send("error", content=f"rate limit exceeded: at most {MESSAGES_PER_MINUTE} messages a minute")
             return
-        attachments = frame.get("attachments") or []
         # The run's events wait for `typing: start`: a run that starts at once on another
         # thread must not get its first frames out before it.
         started = threading.Event()
@@ -203,7 +217,8 @@ class AgentSocket:
                 continue
             if isinstance(raw, bytes):
                 raw = raw.decode("utf-8", "replace")
-            if len(raw.encode("utf-8")) > FRAME_LIMIT:
+            size = len(raw.encode("utf-8"))
+            if size > JSON_FRAME_LIMIT:
                 self.send("error", content=f"frame too large (max {FRAME_LIMIT // 1024} KB)")
                 continue
             try:
@@ -216,6 +231,11 @@ class AgentSocket:
             if not isinstance(frame, dict):
                 frame = {"type": "message", "content": raw}
             kind = frame.get("type")
+            # A message frame's own limit is its content's (check_message: 64 KB, like the
+            # HTTP message endpoints); its JSON envelope and escapes come on top.
+            if size > FRAME_LIMIT and (kind != "message" or frame.get("content") is raw):
+                self.send("error", content=f"frame too large (max {FRAME_LIMIT // 1024} KB)")
+                continue
             if kind == "ping":
                 self.send("pong")
             elif kind == "message":
@@ -275,8 +295,8 @@ def register_sockets(app: Flask) -> _LazySock:
     """Attach the agent socket and the diagnostic echo socket (flask-sock, loaded on first use)."""
     # Dead peers are noticed only when a write fails; pings every 25 s make sure one does.
     # Oversized frames are refused in the handler with an error frame, so the
-    # transport limit sits well above FRAME_LIMIT.
-    app.config.setdefault("SOCK_SERVER_OPTIONS", {"ping_interval": 25, "max_message_size": 4 * FRAME_LIMIT})
+    # transport limit is the largest frame a message of FRAME_LIMIT bytes can make.
+    app.config.setdefault("SOCK_SERVER_OPTIONS", {"ping_interval": 25, "max_message_size": JSON_FRAME_LIMIT})
     sock = _LazySock()
     # Built per app: flask-sock registers routes on the blueprint as it decorates.
     bp = Blueprint("sockets", __name__)

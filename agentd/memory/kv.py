@@ -6,10 +6,19 @@ from typing import Any, Callable
 
 from pony import orm
 
+from agentd.errors import NotFound
 from agentd.timestamps import utcnow
 from agentd.store import Store
 
 MAX_KEY_LENGTH = 256
+
+# Writes to one key are last-writer-wins: each takes the row's lock before reading it
+# (SQLite: the write lock from the start; PostgreSQL: SELECT ... FOR UPDATE), so two PUTs,
+# or a PUT and a DELETE, of one key at once serialize instead of failing Pony's optimistic
+# check, and a PUT that follows a DELETE recreates the key rather than updating nothing.
+_write = orm.db_session(optimistic=False)
+# Two first writes of one key both insert; the loser's retry finds the row and updates it.
+_INSERT_ATTEMPTS = 3
 
 
 # (agent_id, key, value (None when deleted), deleted, origin of the run that wrote it or "")
@@ -36,21 +45,37 @@ class KvMemory:
             return (False, None) if row is None else (True, row.value)
 
     def set(self, agent_id: str, key: str, value: Any, origin: str = "") -> None:
-        with orm.db_session:
-            row = self.store.e.KvRow.get(agent=agent_id, key=key)
-            if row is None:
-                self.store.e.KvRow(agent=agent_id, key=key, value=value, updated_at=utcnow())
-                changed = True
-            else:
-                changed = row.value != value
-                row.value = value
-                row.updated_at = utcnow()
+        for attempt in range(_INSERT_ATTEMPTS):
+            try:
+                changed = self._set(agent_id, key, value)
+                break
+            except orm.TransactionIntegrityError:
+                # Another writer created the key first, or the agent was deleted meanwhile.
+                if not self._agent_exists(agent_id):
+                    raise NotFound("agent not found") from None
+                if attempt == _INSERT_ATTEMPTS - 1:
+                    raise
         if changed and self.on_change is not None:
             self.on_change(agent_id, key, value, False, origin)
 
-    def delete(self, agent_id: str, key: str, origin: str = "") -> bool:
+    def _set(self, agent_id: str, key: str, value: Any) -> bool:
+        with _write:
+            row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
+            if row is None:
+                self.store.e.KvRow(agent=agent_id, key=key, value=value, updated_at=utcnow())
+                return True
+            changed = row.value != value
+            row.value = value
+            row.updated_at = utcnow()
+            return changed
+
+    def _agent_exists(self, agent_id: str) -> bool:
         with orm.db_session:
-            row = self.store.e.KvRow.get(agent=agent_id, key=key)
+            return self.store.e.AgentRow.exists(id=agent_id)
+
+    def delete(self, agent_id: str, key: str, origin: str = "") -> bool:
+        with _write:
+            row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
             if row is None:
                 return False
             row.delete()

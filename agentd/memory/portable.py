@@ -29,7 +29,11 @@ VERSION = 1
 def export(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str) -> dict[str, Any]:
     """Everything the agent remembers, vectors included."""
     with orm.db_session:
-        rows = orm.select(m for m in semantic.store.e.MemoryRow if m.agent_id == agent_id).order_by(lambda m: m.key)
+        row = semantic.store.e.MemoryRow
+        # Long text is read with the rows, not one row at a time later: a fragment deleted
+        # meanwhile would leave nothing to read (a 500 instead of an export without it).
+        rows = (orm.select(m for m in row if m.agent_id == agent_id).order_by(lambda m: m.key)
+                .prefetch(row.content, row.metadata))
         memories = []
         for row in rows:
             item = fragment(row, embedding=True)

@@ -195,14 +195,17 @@ class AgentIndex:
                min_score: float | None = None) -> list[Hit]:
         """The k best rows by cosine (vectors are normalised, so a dot product), without those
         scoring under `min_score`."""
-        n = len(self.ids)
+        # Searches take no lock while a writer may remove rows: the ids are read once, so a
+        # row dropped meanwhile is at worst a hit whose fragment the caller no longer finds.
+        ids = self.ids[:]
+        n = len(ids)
         if n == 0 or k <= 0:
             return []
         if keep is None:
             rows = None
             scores = scores_of(self.vectors[:n], query)
         else:
-            rows = np.flatnonzero(keep)
+            rows = np.flatnonzero(keep[:n])  # the mask may predate a removal
             if rows.size == 0:
                 return []
             if rows.size * 4 >= n:
@@ -222,7 +225,7 @@ class AgentIndex:
         for i, score in zip(index, scores[top].tolist()):
             if min_score is not None and score < min_score:
                 break
-            hits.append(Hit(self.ids[i], score, float(self.created[i])))
+            hits.append(Hit(ids[i], score, float(self.created[i])))
         return hits
 
     def similar(self, vector: np.ndarray, scope: str, exclude: str | None = None,

@@ -799,6 +799,14 @@ def test_stream_without_usage(env: Env, options) -> None:
     assert len(events) == 4 and all("usage" not in e for e in events[:-1]), "BUG: a usage chunk nobody asked for"
 
 
+def test_stream_null_is_the_default(env: Env) -> None:
+    """`stream: null` means what leaving it out means (OpenAI takes null for false)."""
+    name, _ = env.spawn("snull")
+    r = env.chat(model=name, messages=[{"role": "user", "content": "[[reply:plain]]"}], stream=None)
+    assert r.status_code == 200 and r.mimetype == "application/json"
+    assert r.get_json()["choices"][0]["message"] == {"role": "assistant", "content": "plain"}
+
+
 def test_stream_length_finish(env: Env) -> None:
     name, _ = env.spawn("slen")
     events = sse(env.chat(model=name, messages=[{"role": "user", "content": "[[length]] [[reply:a b c d]]"}],

@@ -235,11 +235,14 @@ def test_failed_run_sends_its_error(client: Client) -> None:
     assert frames == [{"type": "typing", "state": "start"}, {"type": "typing", "state": "stop"},
                       {"type": "error", "content": "message delivery failed: openai model gpt-4o: HTTP 400: "
                                                    "fakellm: scripted failure 400"}]
-    client.send({"type": "message", "content": "hi", "attachments": [{"bogus": 1}]})
+    client.send({"type": "message", "content": "hi", "attachments": [{"file_id": ""}]})
     assert final_frames(client.until("error"))[-1] == {"type": "error", "content": "invalid file id: '' is not a UUID"}
+    # Attachments of the wrong shape are refused before a run, as the HTTP endpoints refuse them.
     client.send({"type": "message", "content": "hi", "attachments": "notalist"})
-    assert final_frames(client.until("error"))[-1] == {"type": "error", "content": "internal error"}, \
-        "BUG: an internal error's text reached the client"
+    assert client.frame() == {"type": "error", "content": "invalid request: attachments: Not a valid list."}
+    client.send({"type": "message", "content": "hi", "attachments": [{"bogus": 1}]})
+    assert client.frame() == {"type": "error", "content": "invalid request: attachments.0.file_id: Missing data for "
+                                                         "required field.; attachments.0.bogus: Unknown field."}
 
 
 def test_attachments_default_to_none(client: Client) -> None:

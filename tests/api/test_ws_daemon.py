@@ -115,6 +115,51 @@ def test_agent_socket_frame_limit_at_and_past_64_kib(agent_daemon) -> None:
         ws.close()
 
 
+def test_agent_socket_message_frame_limit_is_its_contents(agent_daemon) -> None:
+    """The 64 KB is the message's, as on the HTTP message endpoints: a `{type: message}` frame
+    whose content is exactly 64 KB runs although its JSON envelope makes the frame longer."""
+    d = agent_daemon
+    agent_id = spawn(d)
+    ws = agent_socket(d, agent_id)
+    try:
+        at_limit = "[[reply:fits]]" + "y" * (64 * 1024 - len("[[reply:fits]]"))
+        ws.send(json.dumps({"type": "message", "content": at_limit}))
+        assert until(ws, "response")[-1]["content"] == "fits"
+        # Escaped non-ASCII: 32768 two-byte characters are 64 KB, written as 196 KB of JSON.
+        escaped = "[[reply:wide]]" + "é" * ((64 * 1024 - len("[[reply:wide]]")) // 2)
+        ws.send(json.dumps({"type": "message", "content": escaped}))
+        assert until(ws, "response")[-1]["content"] == "wide"
+        ws.send(json.dumps({"type": "message", "content": at_limit + "y"}))
+        assert json.loads(ws.recv()) == {"type": "error", "content": "message too large (max 64 KB)"}
+        ws.send(json.dumps({"type": "ping", "pad": "y" * 64 * 1024}))
+        assert json.loads(ws.recv()) == {"type": "error", "content": "frame too large (max 64 KB)"}
+        ws.send(json.dumps({"type": "message", "content": "[[reply:alive]]"}))
+        assert until(ws, "response")[-1]["content"] == "alive"
+    finally:
+        ws.close()
+
+
+def test_agent_socket_bad_attachments_get_the_http_errors(agent_daemon) -> None:
+    d = agent_daemon
+    agent_id = spawn(d)
+    ws = agent_socket(d, agent_id)
+    try:
+        for attachments, error in [
+                ("x", "invalid request: attachments: Not a valid list."),
+                ([5], "invalid request: attachments.0: Invalid input type."),
+                ([{}], "invalid request: attachments.0.file_id: Missing data for required field."),
+                ([{"file_id": "nope"}], "invalid file id: 'nope' is not a UUID")]:
+            ws.send(json.dumps({"type": "message", "content": "[[reply:no]]", "attachments": attachments}))
+            # An unknown file id is found when the run starts (after `typing: start`).
+            assert until(ws, "error")[-1] == {"type": "error", "content": error}, attachments
+            r = d.post(f"/api/agents/{agent_id}/message", json={"message": "x", "attachments": attachments})
+            assert (r.status_code, r.json()) == (400, {"error": error})
+        ws.send(json.dumps({"type": "message", "content": "[[reply:yes]]", "attachments": []}))
+        assert until(ws, "response")[-1]["content"] == "yes"
+    finally:
+        ws.close()
+
+
 def test_agent_socket_allows_exactly_ten_messages_a_minute(agent_daemon) -> None:
     d = agent_daemon
     agent_id = spawn(d)

@@ -1,0 +1,132 @@
+"""Memory routes under concurrent clients, through the real daemon: writes to one key-value key
+are last-writer-wins and never answer 500, whether they race each other, a DELETE of the key or
+the agent's own deletion; an export or a recall racing deletions of fragments answers with what is left."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Callable
+
+import pytest
+import requests
+
+from tests.agents.test_agents import spawn
+
+
+def _together(workers: int, work: Callable[[int, requests.Session], None]) -> None:
+    start = threading.Barrier(workers)
+
+    def run(i: int) -> None:
+        with requests.Session() as session:
+            start.wait()
+            work(i, session)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_puts_and_deletes_of_one_key_at_once(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    url = f"{d.url}/api/memory/agents/{agent_id}/kv"
+    answers: Counter = Counter()
+    wrong: list[str] = []   # threads' findings: an assert in a thread would not fail the test
+
+    def work(i: int, s: requests.Session) -> None:
+        for j in range(25):
+            if (i + j) % 3 == 2:
+                r = s.delete(f"{url}/same")
+                answers[("DELETE", r.status_code)] += 1
+                if r.json() not in ({"status": "deleted"}, {"error": "key not found: same"}):
+                    wrong.append(r.text)
+            else:
+                r = s.put(f"{url}/same", json={"writer": i, "n": j})
+                answers[("PUT", r.status_code)] += 1
+                if r.json() != {"status": "ok"}:
+                    wrong.append(r.text)
+            # Each round a fresh key is created by every worker at once.
+            r = s.put(f"{url}/fresh-{j}", json=i)
+            answers[("PUT", r.status_code)] += 1
+
+    _together(8, work)
+    assert set(answers) <= {("PUT", 200), ("DELETE", 200), ("DELETE", 404)}, answers
+    assert wrong == []
+    stored = d.get(f"/api/memory/agents/{agent_id}/kv").json()
+    assert sorted(k for k in stored if k.startswith("fresh-")) == sorted(f"fresh-{j}" for j in range(25))
+    assert all(stored[f"fresh-{j}"] in range(8) for j in range(25))
+    assert d.put(f"/api/memory/agents/{agent_id}/kv/same", json="last").status_code == 200
+    assert d.get(f"/api/memory/agents/{agent_id}/kv/same").json() == "last"
+
+
+def test_puts_racing_the_agents_deletion(shared_daemon) -> None:
+    d = shared_daemon
+    for _ in range(3):
+        agent_id = spawn(d)
+        url = f"{d.url}/api/memory/agents/{agent_id}/kv"
+        answers: Counter = Counter()
+        wrong: list[str] = []
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+                return
+            for j in range(10):
+                r = s.put(f"{url}/k{j % 2}", json=j)
+                answers[("PUT", r.status_code)] += 1
+                if r.status_code == 404 and r.json() != {"error": "agent not found"}:
+                    wrong.append(r.text)
+
+        _together(6, work)
+        assert answers[("KILL", 200)] == 1
+        assert set(answers) <= {("KILL", 200), ("PUT", 200), ("PUT", 404)}, answers
+        assert wrong == []
+        assert d.get(f"/api/memory/agents/{agent_id}/kv").status_code == 404
+
+
+READS = {
+    "export": lambda s, base: s.get(f"{base}/export"),
+    "recall": lambda s, base: s.post(f"{base}/recall", json={"query": "fact number", "limit": 50}),
+    "recall with a filter": lambda s, base: s.post(f"{base}/recall", json={
+        "query": "fact number", "limit": 50, "filter": {"scope": "semantic"}}),
+}
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_reads_while_fragments_are_deleted(shared_daemon, read: str) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    base = f"{d.url}/api/memory/agents/{agent_id}"
+    ids = [d.post(f"/api/memory/agents/{agent_id}/memories",
+                  json={"content": f"fact number {i}", "scope": "semantic"}).json()["id"] for i in range(60)]
+    done = threading.Event()
+    exports: Counter = Counter()
+
+    def export() -> None:
+        with requests.Session() as s:
+            while not done.is_set():
+                r = READS[read](s, base)
+                exports[r.status_code] += 1
+                if r.status_code == 200:
+                    memories = r.json()["memories"]
+                    if (not all(m["content"].startswith("fact number ") for m in memories)
+                            or len({m["id"] for m in memories}) != len(memories)):
+                        exports["wrong list"] += 1
+
+    readers = [threading.Thread(target=export) for _ in range(3)]
+    for t in readers:
+        t.start()
+
+    def delete(i: int, s: requests.Session) -> None:
+        for memory_id in ids[i::3]:
+            exports[("DELETE", s.delete(f"{base}/memories/{memory_id}").status_code)] += 1
+
+    _together(3, delete)
+    done.set()
+    for t in readers:
+        t.join()
+    assert set(exports) == {200, ("DELETE", 200)}, exports
+    assert READS[read](d.http, base).json()["memories"] == []
