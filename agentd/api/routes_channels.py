@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Any
 
 from flask import Blueprint, jsonify, request
 from marshmallow import ValidationError
@@ -12,6 +13,7 @@ from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
+from agentd.api.principal import principal, reach_agent
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
 
@@ -23,7 +25,22 @@ bp = Blueprint("channels", __name__)
 @bp.get("/api/channels")
 @doc("The channel adapters and their state", tags="channels", response={"type": "array", "items": out.ChannelSchema})
 def list_channels():
-    return jsonify(kernel().channels.list())
+    items = kernel().channels.list()
+    for item in items:
+        hide_unreached(item["fields"])
+    return jsonify(items)
+
+
+def hide_unreached(fields: list[dict[str, Any]]) -> None:
+    """A key limited to some agents does not see the name of another agent a channel answers as."""
+    who = principal()
+    if not who.agents:
+        return
+    reached = {ref for h in who.visible(kernel().agents.handles()) for ref in (h.id, h.name)}
+    for field in fields:
+        if field["key"] == "default_agent" and field.get("value") and field["value"] not in reached:
+            field["value"] = ""
+            field["has_value"] = False
 
 
 @bp.post("/api/channels/reload")
@@ -43,14 +60,22 @@ def reload_channels():
                           "environment under the key's variable (its default, or one starting with the "
                           "adapter's name in capitals), never to config.toml and never echoed"},
      response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
-                                                     "`*_env` value, or a `secrets` entry that is not a secret key"})
+                                                     "`*_env` value, a `secrets` entry that is not a secret key, or "
+                                                     "no `default_agent` from a key limited to some agents",
+                                                404: "Unknown channel, or (a key limited to some agents) one that "
+                                                     "names or answers as an agent outside the key's list"})
 def configure(name: str):
-    return jsonify(kernel().channels.configure(name, body.json_body()))
+    data = body.json_body()
+    reach_channel(name, data)
+    return jsonify(kernel().channels.configure(name, data))
 
 
 @bp.delete("/api/channels/<name>/configure")
-@doc("Remove an adapter's configuration and stop it", tags="channels", response=out.ChannelRemovedSchema)
+@doc("Remove an adapter's configuration and stop it", tags="channels", response=out.ChannelRemovedSchema,
+     errors={404: "Unknown channel, or (a key limited to some agents) one that answers as an agent outside "
+                  "the key's list"})
 def remove(name: str):
+    reach_channel(name)
     return jsonify(kernel().channels.remove(name))
 
 
@@ -59,12 +84,40 @@ def remove(name: str):
      body=ChannelTestBodySchema,
      response=out.ChannelTestSchema,
      errors={400: "The channel is not configured",
+             404: "Unknown channel, or (a key limited to some agents) one that answers as an agent outside "
+                  "the key's list",
              502: "The platform did not take the message"})
 def test(name: str):
+    reach_channel(name)
     data = body.load(ChannelTestBodySchema(), allow_empty=True)
     message = data["message"]
     target = data.get("chat_id") or data.get("channel_id") or data.get("target") or ""
     return jsonify(kernel().channels.test(name, message, target))
+
+
+def reach_channel(name: str, new: Any = None) -> None:
+    """A key limited to some agents configures, removes and tests only a channel whose
+    messages go to its agents (404 `agent not found` otherwise, as for the agents
+    themselves), and names one of them as the `default_agent` of a `new` configuration:
+    without one the channel would answer as the daemon's first agent, whoever that is."""
+    channels = kernel().channels
+    channels.catalog.get(name)  # an unknown channel is 404 whoever asks
+    who = principal()
+    if not who.agents:
+        return
+    for ref in channels.agents_named(name):
+        if ref:
+            reach_agent(ref)
+        else:
+            first = kernel().agents.handles()[:1]
+            if first:
+                who.reach(first[0])
+    if new is None:
+        return
+    for ref in channels.agents_named(name, new):
+        if not ref:
+            raise BadRequest("default_agent: a key limited to some agents must name one of its agents")
+        reach_agent(ref)
 
 
 @bp.post("/api/channels/<name>/qr/start")
