@@ -22,7 +22,7 @@ TYPING = frozenset({"discord", "gitter", "line", "matrix", "mattermost", "messen
                     "whatsapp", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
 REACTIONS = frozenset({"discord", "feishu", "gitter", "matrix", "mattermost", "nextcloud", "nostr", "revolt", "rocketchat", "signal",
-                       "slack", "telegram", "whatsapp", "xmpp", "zulip"})
+                       "slack", "telegram", "twist", "whatsapp", "xmpp", "zulip"})
 
 TYPING_MODES = ("instant", "never")
 STAGES = ("received", "answered", "failed")
