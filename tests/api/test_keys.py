@@ -566,6 +566,15 @@ def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> No
         assert field["has_value"] is False and outside_name not in json.dumps(listed)
         admin_view = next(c for c in d.get("/api/channels").json() if c["name"] == "webhook")
         assert next(f for f in admin_view["fields"] if f["key"] == "default_agent")["value"] == outside_name
+        browser = requests.Session()
+        login = browser.get(f"{d.url}/login")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                            allow_redirects=False).status_code == 303
+        page = browser.get(f"{d.url}/channels/webhook")
+        assert page.status_code == 200 and outside_name not in page.text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+        browser.post(f"{d.url}/channels/webhook/remove", data={"csrf_token": token})
         for method, path, body in [("DELETE", "/api/channels/webhook/configure", None),
                                    ("POST", "/api/channels/webhook/test", {"message": "hi"}),
                                    ("POST", "/api/channels/webhook/configure", {"default_agent": inside_name})]:
