@@ -120,6 +120,20 @@ def reach_channel(name: str, new: Any = None) -> None:
         reach_agent(ref)
 
 
+def reaches_channel(name: str) -> bool:
+    """Whether the request's key reaches every agent channel `name` answers as (what
+    reach_channel checks, asked without auditing a refusal)."""
+    who = principal()
+    if not who.agents:
+        return True
+    agents = kernel().agents
+    for ref in kernel().channels.agents_named(name):
+        handle = agents.find(ref) if ref else next(iter(agents.handles()), None)
+        if handle is not None and not who.may_reach(handle):
+            return False
+    return True
+
+
 @bp.post("/api/channels/<name>/qr/start")
 @doc("Start a QR login (WhatsApp Web gateway)", tags="channels", response=out.QrStartSchema,
      errors={400: "This channel has no QR login", 502: "The gateway failed",

@@ -571,8 +571,15 @@ def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> No
         token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
         assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
                             allow_redirects=False).status_code == 303
+        as_key(d, key, "POST", "/api/channels/webhook/test", json={"message": "hi"})
+        d.post("/api/channels/webhook/test", json={"message": "hi"})  # fails: it names no callback_url
         page = browser.get(f"{d.url}/channels/webhook")
         assert page.status_code == 200 and outside_name not in page.text
+        listing = browser.get(f"{d.url}/channels")
+        assert listing.status_code == 200 and outside_name not in listing.text
+        assert "Recent channel events" not in listing.text  # the audit trail is the admin's
+        assert "nowhere to go" in d.get("/channels/webhook").text  # the failed test, on the admin's page
+        assert "nowhere to go" not in page.text and "nowhere to go" not in listing.text
         token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
         browser.post(f"{d.url}/channels/webhook/remove", data={"csrf_token": token})
         for method, path, body in [("DELETE", "/api/channels/webhook/configure", None),

@@ -18,7 +18,8 @@ from flask import abort, render_template, request
 
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.notes import see_other_with
-from agentd.api.routes_channels import hide_unreached, reach_channel
+from agentd.api.principal import principal
+from agentd.api.routes_channels import hide_unreached, reach_channel, reaches_channel
 from agentd.channels.catalog import ChannelInfo, field_views, settings_for
 from agentd.errors import AgentdError
 
@@ -109,8 +110,8 @@ def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
 
 def _problems(name: str) -> list[dict[str, Any]]:
     audit = getattr(kernel(), "audit", None)
-    if audit is None:
-        return []
+    if audit is None or (principal().agents and not reaches_channel(name)):
+        return []  # another agent's channel: its errors name what a limited key must not see
     rows = [e for e in audit.recent(EVENTS_SCANNED, "channel.") if e["subject"] == name and e["event"] in PROBLEMS]
     return rows[:PROBLEMS_SHOWN]
 
