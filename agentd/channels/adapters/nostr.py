@@ -186,7 +186,7 @@ class NostrAdapter(Adapter):
         if not hasattr(self, "secret"):
             self._keys()
         event = nc.sign_event(self.secret, 7, emoji, [["e", message_id], ["p", conversation.chat_id], ["k", "1"]])
-        self._publish(event)
+        self._publish(event, attempts=1)  # cosmetic: never worth holding the answer back
         with self.lock:
             self.reactions[(message_id, emoji)] = event["id"]
             while len(self.reactions) > REACTIONS_KEPT:
@@ -196,10 +196,10 @@ class NostrAdapter(Adapter):
         with self.lock:
             reaction = self.reactions.pop((message_id, emoji), "")
         if reaction:
-            self._publish(nc.sign_event(self.secret, 5, "", [["e", reaction], ["k", "7"]]))
+            self._publish(nc.sign_event(self.secret, 5, "", [["e", reaction], ["k", "7"]]), attempts=1)
 
-    def _publish(self, event: dict[str, Any]) -> str:
-        for attempt in range(4):
+    def _publish(self, event: dict[str, Any], attempts: int = 4) -> str:
+        for attempt in range(attempts):
             with self.lock:
                 self.oks[event["id"]] = {}
             sent_to = [r.url for r in self.relays if r.publish(event)]
@@ -214,7 +214,8 @@ class NostrAdapter(Adapter):
             if any(ok for ok, _ in answers.values()):
                 return event["id"]
             messages = [m for _, m in answers.values()]
-            if not any(m.startswith("rate-limited:") for m in messages) or self.stopping.wait(2.0 ** attempt):
+            if (not any(m.startswith("rate-limited:") for m in messages) or attempt + 1 >= attempts
+                    or self.stopping.wait(2.0 ** attempt)):
                 raise ChannelError(f"no relay accepted the event: {messages or 'no answer'}")
         raise ChannelError("relays kept rate-limiting the event")
 
