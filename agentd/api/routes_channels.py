@@ -12,6 +12,7 @@ from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
+from agentd.api.channel_reach import hide_unreached, reach_channel
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
 
@@ -23,7 +24,11 @@ bp = Blueprint("channels", __name__)
 @bp.get("/api/channels")
 @doc("The channel adapters and their state", tags="channels", response={"type": "array", "items": out.ChannelSchema})
 def list_channels():
-    return jsonify(kernel().channels.list())
+    items = kernel().channels.list()
+    for item in items:
+        hide_unreached(item["fields"])
+    return jsonify(items)
+
 
 
 @bp.post("/api/channels/reload")
@@ -43,14 +48,22 @@ def reload_channels():
                           "environment under the key's variable (its default, or one starting with the "
                           "adapter's name in capitals), never to config.toml and never echoed"},
      response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
-                                                     "`*_env` value, or a `secrets` entry that is not a secret key"})
+                                                     "`*_env` value, a `secrets` entry that is not a secret key, or "
+                                                     "no `default_agent` from a key limited to some agents",
+                                                404: "Unknown channel, or (a key limited to some agents) one that "
+                                                     "names or answers as an agent outside the key's list"})
 def configure(name: str):
-    return jsonify(kernel().channels.configure(name, body.json_body()))
+    data = body.json_body()
+    reach_channel(name, data)
+    return jsonify(kernel().channels.configure(name, data))
 
 
 @bp.delete("/api/channels/<name>/configure")
-@doc("Remove an adapter's configuration and stop it", tags="channels", response=out.ChannelRemovedSchema)
+@doc("Remove an adapter's configuration and stop it", tags="channels", response=out.ChannelRemovedSchema,
+     errors={404: "Unknown channel, or (a key limited to some agents) one that answers as an agent outside "
+                  "the key's list"})
 def remove(name: str):
+    reach_channel(name)
     return jsonify(kernel().channels.remove(name))
 
 
@@ -59,12 +72,17 @@ def remove(name: str):
      body=ChannelTestBodySchema,
      response=out.ChannelTestSchema,
      errors={400: "The channel is not configured",
+             404: "Unknown channel, or (a key limited to some agents) one that answers as an agent outside "
+                  "the key's list",
              502: "The platform did not take the message"})
 def test(name: str):
+    reach_channel(name)
     data = body.load(ChannelTestBodySchema(), allow_empty=True)
     message = data["message"]
     target = data.get("chat_id") or data.get("channel_id") or data.get("target") or ""
     return jsonify(kernel().channels.test(name, message, target))
+
+
 
 
 @bp.post("/api/channels/<name>/qr/start")

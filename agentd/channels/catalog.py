@@ -22,6 +22,10 @@ ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # List keys that act as allow-lists of senders / of chats (adapter-specific names).
 USER_LISTS = ("allowed_users", "allowed_senders")
 # (Teams `allowed_tenants` lists tenant ids, not chats: the teams adapter checks it.)
+# Number keys that only take whole numbers (Discord's intents are a bit field).
+WHOLE_NUMBERS = ("intents",)
+# The longest interval a key of each unit may name.
+LONGEST = (("_secs", 86400, "a day"), ("_hours", 8760, "a year"))
 CHAT_LISTS = ("allowed_channels", "allowed_rooms", "allowed_guilds", "allowed_teams",
               "streams", "space_ids", "server_ids")
 
@@ -110,6 +114,12 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
             raise BadRequest(f"{key}: must not be negative")
         if key.endswith("port") and not (isinstance(value, int) and 1 <= value <= 65535):
             raise BadRequest(f"{key}: must be a port number (1-65535)")
+        if key in WHOLE_NUMBERS and not isinstance(value, int):
+            raise BadRequest(f"{key}: must be a whole number, got {value!r}")
+        for suffix, most, what in LONGEST:
+            if key.endswith(suffix) and value > most:
+                # A wait past this is a mistake, and past the platform's clock it breaks the loop.
+                raise BadRequest(f"{key}: must be at most {most} ({what}), got {value!r}")
         return value
     if kind == "list":
         if isinstance(value, str):

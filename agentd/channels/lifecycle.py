@@ -21,8 +21,8 @@ log = logging.getLogger("agentd.channels")
 TYPING = frozenset({"discord", "gitter", "line", "matrix", "mattermost", "messenger", "revolt", "signal", "teams", "telegram",
                     "whatsapp", "xmpp", "zulip"})
 # Adapters whose platform lets a bot react to a user's message, implemented by `react`.
-REACTIONS = frozenset({"discord", "gitter", "matrix", "mattermost", "nextcloud", "revolt", "rocketchat", "signal",
-                       "slack", "telegram", "whatsapp", "xmpp", "zulip"})
+REACTIONS = frozenset({"discord", "feishu", "gitter", "matrix", "mattermost", "nextcloud", "nostr", "revolt", "rocketchat", "signal",
+                       "slack", "telegram", "twist", "whatsapp", "xmpp", "zulip"})
 
 TYPING_MODES = ("instant", "never")
 STAGES = ("received", "answered", "failed")

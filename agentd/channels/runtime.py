@@ -173,6 +173,22 @@ class ChannelManager:
         return adapter if isinstance(adapter, WebhookAdapter) else None
 
     # -- API operations ----------------------------------------------------------------
+    def agents_named(self, name: str, body: Any = None) -> list[str]:
+        """The agents a channel's messages go to: its `default_agent` and `thread_routes`
+        targets, from `body` (a configure body) or else its saved section. "" stands for
+        the channel's fallback, the daemon's first agent."""
+        section = body if isinstance(body, dict) else self.sections.get(name)
+        if not isinstance(section, dict):
+            return []
+        if set(section) == {"fields"} and isinstance(section["fields"], dict):
+            section = section["fields"]
+        default = section.get("default_agent")
+        named = [default if isinstance(default, str) else ""]
+        routes = section.get("thread_routes")
+        if isinstance(routes, dict):
+            named += [agent for agent in routes.values() if isinstance(agent, str) and agent]
+        return named
+
     def list(self) -> list[dict[str, Any]]:
         """GET /api/channels: the 40 adapters with configured/active and field states."""
         out = []

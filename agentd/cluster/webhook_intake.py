@@ -73,6 +73,10 @@ class WebhookIntake:
         adapter = self.channels.webhook(name)
         if adapter is None and name not in self.channels.sections:
             return Reply(404, {"error": f"no webhook channel {name!r} is configured"})
+        if adapter is None and name in self.channels.running:
+            # Running here, receiving by polling or a socket: no daemon takes its webhooks.
+            return Reply(404, {"error": f"channel {name} receives messages by polling or a socket, "
+                                        "not by webhook"})
         headers = delivery.headers
         if delivery.method != "GET" and (headers.get("Origin") is not None
                                          or headers.get("Sec-Fetch-Site") is not None):

@@ -546,3 +546,57 @@ def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:
         websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws"
                                     f"?token={reader['key']}", timeout=10)
     assert refused.value.status_code == 403
+
+
+def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> None:
+    inside, inside_name = spawn(d, "desk-a")
+    outside, outside_name = spawn(d, "desk-b")
+    key = new_key(d, scopes=["read", "manage"], agents=["desk-a-*"])
+    absent = {"error": "agent not found"}
+    r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"default_agent": outside_name})
+    assert (r.status_code, r.json()) == (404, absent)
+    r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"allowed_users": ["u1"]})
+    assert r.status_code == 400 and r.json()["error"].startswith("default_agent: ")
+    r = as_key(d, key, "POST", "/api/channels/nosuch/configure", json={})
+    assert r.status_code == 404 and r.json() == {"error": "unknown channel 'nosuch'"}
+    assert d.post("/api/channels/webhook/configure", json={"default_agent": outside_name}).status_code == 200
+    try:
+        listed = next(c for c in as_key(d, key, "GET", "/api/channels").json() if c["name"] == "webhook")
+        field = next(f for f in listed["fields"] if f["key"] == "default_agent")
+        assert field["has_value"] is False and outside_name not in json.dumps(listed)
+        admin_view = next(c for c in d.get("/api/channels").json() if c["name"] == "webhook")
+        assert next(f for f in admin_view["fields"] if f["key"] == "default_agent")["value"] == outside_name
+        browser = requests.Session()
+        login = browser.get(f"{d.url}/login")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                            allow_redirects=False).status_code == 303
+        as_key(d, key, "POST", "/api/channels/webhook/test", json={"message": "hi"})
+        d.post("/api/channels/webhook/test", json={"message": "hi"})  # fails: it names no callback_url
+        page = browser.get(f"{d.url}/channels/webhook")
+        assert page.status_code == 200 and outside_name not in page.text
+        listing = browser.get(f"{d.url}/channels")
+        assert listing.status_code == 200 and outside_name not in listing.text
+        assert "Recent channel events" not in listing.text  # the audit trail is the admin's
+        assert "nowhere to go" in d.get("/channels/webhook").text  # the failed test, on the admin's page
+        assert "nowhere to go" not in page.text and "nowhere to go" not in listing.text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+        browser.post(f"{d.url}/channels/webhook/remove", data={"csrf_token": token})
+        for method, path, body in [("DELETE", "/api/channels/webhook/configure", None),
+                                   ("POST", "/api/channels/webhook/test", {"message": "hi"}),
+                                   ("POST", "/api/channels/webhook/configure", {"default_agent": inside_name})]:
+            r = as_key(d, key, method, path, json=body)
+            assert (r.status_code, r.json()) == (404, absent), (method, path, r.text)
+        assert d.get("/api/channels").json() and next(
+            f for f in next(c for c in d.get("/api/channels").json() if c["name"] == "webhook")["fields"]
+            if f["key"] == "default_agent")["value"] == outside_name
+        # Its own agent's channel is the key's to manage.
+        assert d.post("/api/channels/webhook/configure", json={"default_agent": inside}).status_code == 200
+        listed = next(c for c in as_key(d, key, "GET", "/api/channels").json() if c["name"] == "webhook")
+        assert next(f for f in listed["fields"] if f["key"] == "default_agent")["value"] == inside
+        r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"default_agent": inside_name})
+        assert r.status_code == 200 and r.json()["status"] == "configured", r.text
+        r = as_key(d, key, "DELETE", "/api/channels/webhook/configure")
+        assert r.status_code == 200 and r.json() == {"status": "removed", "channel": "webhook"}
+    finally:
+        d.delete("/api/channels/webhook/configure")

@@ -64,6 +64,18 @@ def test_configure_refuses_a_port_outside_1_to_65535(channel_daemon, port):
     assert "channels.irc" not in (channel_daemon.home / "config.toml").read_text()
 
 
+@pytest.mark.parametrize("name, body, error", [
+    ("telegram", {"poll_interval_secs": 10 ** 30}, "poll_interval_secs: must be at most 86400 (a day), got 10"),
+    ("telegram", {"long_poll_secs": 86401}, "long_poll_secs: must be at most 86400 (a day), got 86401"),
+    ("slack", {"thread_ttl_hours": 8761}, "thread_ttl_hours: must be at most 8760 (a year), got 8761"),
+    ("discord", {"intents": 1.5}, "intents: must be a whole number, got 1.5"),
+])
+def test_configure_refuses_numbers_no_adapter_can_use(channel_daemon, name, body, error):
+    response = channel_daemon.post(f"/api/channels/{name}/configure", json=body)
+    assert response.status_code == 400 and response.json()["error"].startswith(error), response.text
+    assert f"channels.{name}" not in (channel_daemon.home / "config.toml").read_text()
+
+
 @pytest.mark.parametrize("key", ["port", "imap_port"])
 def test_configure_takes_the_first_and_last_port(channel_daemon, key):
     name = "irc" if key == "port" else "email"

@@ -230,6 +230,23 @@ def test_configured_but_not_running_answers_503_so_the_platform_retries(platform
         wait_active(platforms.daemon, "line")
 
 
+def test_a_polling_channel_running_here_has_no_webhook(platforms: Platforms) -> None:
+    from fakes.telegram import FakeTelegram
+
+    fake = FakeTelegram(CHANNEL_ENV["TELEGRAM_BOT_TOKEN"]).start()
+    try:
+        configure(platforms.daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url,
+                  long_poll_secs=1, default_agent="helper")
+        wait_active(platforms.daemon, "telegram")
+        response = platforms.post("telegram", b'{"update_id": 1}', {})
+        assert response.status_code == 404 and "Retry-After" not in response.headers
+        assert response.json() == {"error": "channel telegram receives messages by polling or a socket, "
+                                            "not by webhook"}
+    finally:
+        remove(platforms.daemon, "telegram")
+        fake.stop()
+
+
 def test_feishu_webhook_path_is_the_daemon_route_itself(platforms: Platforms) -> None:
     # Feishu's `webhook_path` names its own listener's path; on the daemon, the route is it.
     from fakes.feishu import FakeFeishu, callback

@@ -20,8 +20,10 @@ from agentd.channels.lifecycle import REACTIONS, TYPING
 
 def adapter_classes(name: str) -> list[type]:
     module = importlib.import_module(f"agentd.channels.adapters.{name}")
+    # A private class (nostr's one connection per relay) is a part of the adapter, not one.
     found = [v for v in vars(module).values()
-             if isinstance(v, type) and issubclass(v, Adapter) and v.__module__ == module.__name__]
+             if isinstance(v, type) and issubclass(v, Adapter) and v.__module__ == module.__name__
+             and not v.__name__.startswith("_")]
     return found or [registry.load(name)]
 
 

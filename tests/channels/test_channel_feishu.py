@@ -3,7 +3,7 @@ and encrypted), encrypted + signed im.message.receive_v1 callbacks reach the age
 are answered through /reply with a cached tenant token, groups answered only when the
 bot is mentioned, redelivered events answered once, forged signatures / wrong tokens /
 timestamps more than 5 minutes off / unencrypted bodies 401, allow-list, 429
-(x-ogw-ratelimit-reset) retried, stop."""
+(x-ogw-ratelimit-reset) retried, stop, lifecycle reactions in Feishu's own emoji types."""
 
 from __future__ import annotations
 
@@ -196,3 +196,26 @@ def test_group_policy_ignore_leaves_groups_unanswered(channel_daemon, feishu, fa
     wait_for(lambda: fake.sent, what="reply to the direct message")
     time.sleep(0.3)
     assert [s["text"] for s in fake.sent] == ["echo: direct question"]
+
+
+def test_lifecycle_reactions_use_feishus_emoji_types(channel_daemon, feishu):
+    fake, url, port = feishu
+    setup(channel_daemon, fake, port, overrides={"lifecycle_reactions": True})
+    asked = message_event("react please", "ou_ann", TOKEN)
+    assert post(url, callback(asked, KEY)).status_code == 200
+    first = asked["event"]["message"]["message_id"]
+    wait_for(lambda: [r["emoji_type"] for r in fake.reactions if r["message_id"] == first] == ["DONE"],
+             what="👀 replaced by ✅")
+    assert [r["emoji_type"] for r in fake.unreacted if r["message_id"] == first] == ["GLANCE"]
+    failing = message_event("[[fail:500]] feishu boom", "ou_ann", TOKEN)
+    assert post(url, callback(failing, KEY)).status_code == 200
+    second = failing["event"]["message"]["message_id"]
+    wait_for(lambda: [r["emoji_type"] for r in fake.reactions if r["message_id"] == second] == ["CRY"],
+             what="👀 replaced by ⚠️")
+    # A type name of Feishu's own passes through as it is.
+    setup(channel_daemon, fake, port, overrides={"lifecycle_reactions": {"received": "", "answered": "THUMBSUP"}})
+    liked = message_event("like it", "ou_ann", TOKEN)
+    assert post(url, callback(liked, KEY)).status_code == 200
+    third = liked["event"]["message"]["message_id"]
+    wait_for(lambda: [r["emoji_type"] for r in fake.reactions if r["message_id"] == third] == ["THUMBSUP"],
+             what="the configured reaction")

@@ -3,7 +3,8 @@ signatures of what the bot publishes): an encrypted DM (NIP-04) reaches the agen
 answer comes back as an encrypted DM signed by the bot; a note mentioning the bot is
 answered with a NIP-10 reply; forged events are dropped and audited; several relays (an
 event from two relays answered once, replies published to both); nsec keys; allow-list by
-npub; a restart and a reconfiguration answer nothing twice. The shared checks (round trip,
+npub; a restart and a reconfiguration answer nothing twice; lifecycle reactions (NIP-25, taken
+back with NIP-09) on notes and never on direct messages. The shared checks (round trip,
 allow-list, `rate-limited:` refusals retried, reconnect, stop, threads) run in
 tests/channels/test_channel_contract.py."""
 
@@ -136,3 +137,24 @@ def test_test_message_is_an_encrypted_dm(daemon, fake):  # noqa: F811
     assert answer.status_code == 200, answer.text
     assert fake.replies(ann) == ["ping"] and fake.sent[0]["kind"] == 4
     assert daemon.post("/api/channels/nostr/test", json={"message": "ping", "chat_id": "nobody"}).status_code == 400
+
+
+def test_lifecycle_reactions_on_notes_and_never_on_direct_messages(daemon, fake):  # noqa: F811
+    setup(daemon, fake, overrides={"lifecycle_reactions": True})
+    note = signed(user_secret("bob"), 1, f"nostr:{npub_of(BOT)} react to me", [["p", BOT]])
+    fake.publish(note)
+    wait_for(lambda: fake.replies(user_pubkey("bob")), what="note reply")
+
+    def reactions() -> list[dict]:
+        return [e for e in fake.events if e["kind"] == 7 and e["pubkey"] == BOT]
+    wait_for(lambda: [e["content"] for e in reactions()] == ["✅"], what="👀 taken back, ✅ left")
+    assert reactions()[0]["tags"] == [["e", note["id"]], ["p", user_pubkey("bob")], ["k", "1"]]
+    assert [(e["kind"], e["content"]) for e in fake.deleted] == [(7, "👀")]
+    deletion = next(e for e in fake.sent if e["kind"] == 5)
+    assert deletion["tags"] == [["e", fake.deleted[0]["id"]], ["k", "7"]]
+    assert fake.rejected == []  # the relay verified the reaction's and the deletion's signatures
+    # A direct message gets its answer and no public reaction.
+    ann = fake.user_says("ann", "private question")
+    wait_for(lambda: fake.replies(ann), what="DM reply")
+    time.sleep(0.3)
+    assert [e["content"] for e in reactions()] == ["✅"]

@@ -1,6 +1,7 @@
 """Twist adapter against a fake API v3: a comment mentioning the bot is answered in its
-thread (other comments are not), allowed channels. The shared checks (round trip,
-allow-list, 429, reconnect, stop, threads) run in tests/channels/test_channel_contract.py."""
+thread (other comments are not), allowed channels, lifecycle reactions on the asking
+comment. The shared checks (round trip, allow-list, 429, reconnect, stop, threads) run in
+tests/channels/test_channel_contract.py."""
 
 from __future__ import annotations
 
@@ -39,3 +40,16 @@ def test_allowed_channels(daemon, fake):  # noqa: F811
     wait_for(lambda: fake.replies(401), what="reply in general")
     time.sleep(0.5)
     assert fake.replies(402) == [] and fake.replies(401) == ["echo: here"]
+
+
+def test_lifecycle_reactions_on_the_asking_comment(daemon, fake):  # noqa: F811
+    contract.setup(daemon, CASE, fake, overrides={"lifecycle_reactions": True})
+    fake.user_says("bob", f"{MENTION} react to me", thread=401)
+    wait_for(lambda: fake.replies(401), what="reply")
+    asked = next(c["id"] for c in fake.comments if c["content"].endswith("react to me"))
+    wait_for(lambda: fake.reactions.get(asked) == ["✅"], what="👀 replaced by ✅")
+    assert fake.removed == [(asked, "👀")]
+    fake.user_says("bob", f"{MENTION} [[fail:500]] twist boom", thread=401)
+    wait_for(lambda: len(fake.replies(401)) == 2, what="the apology")
+    failed = next(c["id"] for c in fake.comments if c["content"].endswith("twist boom"))
+    wait_for(lambda: fake.reactions.get(failed) == ["⚠️"], what="👀 replaced by ⚠️")

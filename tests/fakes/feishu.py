@@ -13,7 +13,13 @@ Files: `resource()` keeps bytes under a key for a message id; GET
 must belong to that message and match the type) returns them (`downloads`). Uploads:
 POST /open-apis/im/v1/images (multipart `image_type` message, `image`) → data.image_key and
 POST /open-apis/im/v1/files (`file_type`, `file_name`, `file`) → data.file_key (`uploads`);
-a message of msg_type image/file must name a key uploaded here (`sent` has `key`)."""
+a message of msg_type image/file must name a key uploaded here (`sent` has `key`).
+
+Reactions: POST /open-apis/im/v1/messages/{message_id}/reactions
+{"reaction_type": {"emoji_type": NAME}} → data {reaction_id, operator, action_time,
+reaction_type}, NAME one of Feishu's emoji types (a Unicode emoji is refused with code 231001);
+DELETE /open-apis/im/v1/messages/{message_id}/reactions/{reaction_id} takes one off
+(`reactions` holds those still on, `unreacted` those taken off)."""
 
 from __future__ import annotations
 
@@ -30,6 +36,11 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from flask import Flask, jsonify, request
 
 from fakes.http import FakeServer
+
+
+# A few of Feishu's emoji types (its reaction names; Unicode emoji are not among them).
+EMOJI_TYPES = {"OK", "THUMBSUP", "DONE", "SMILE", "HEART", "GLANCE", "CRY", "Typing", "Fire", "PARTY",
+               "THINKING", "CheckMark", "CrossMark"}
 
 
 def encrypt(key: str, plain: bytes) -> str:
@@ -89,7 +100,33 @@ class FakeFeishu(FakeServer):
         self.resources: dict[tuple[str, str], tuple[str, bytes]] = {}  # (message id, key) -> (type, bytes)
         self.downloads: list[str] = []
         self.uploads: dict[str, dict[str, Any]] = {}  # key -> {kind, file_type, file_name, data, ...}
+        self.reactions: list[dict[str, str]] = []  # {message_id, emoji_type, reaction_id} still on
+        self.unreacted: list[dict[str, str]] = []
         app = Flask("fake-feishu")
+
+        @app.post("/open-apis/im/v1/messages/<message_id>/reactions")
+        def react(message_id: str):
+            if not self._authorized():
+                return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+            emoji = ((request.get_json(silent=True) or {}).get("reaction_type") or {}).get("emoji_type")
+            if emoji not in EMOJI_TYPES:
+                return jsonify({"code": 231001, "msg": "reaction type is invalid."}), 400
+            reaction = {"message_id": message_id, "emoji_type": emoji, "reaction_id": "r_" + uuid.uuid4().hex}
+            self.reactions.append(reaction)
+            return jsonify({"code": 0, "msg": "success", "data": {
+                "reaction_id": reaction["reaction_id"], "operator": {"operator_id": self.app_id, "operator_type": "app"},
+                "action_time": str(int(time.time() * 1000)), "reaction_type": {"emoji_type": emoji}}})
+
+        @app.delete("/open-apis/im/v1/messages/<message_id>/reactions/<reaction_id>")
+        def unreact(message_id: str, reaction_id: str):
+            if not self._authorized():
+                return jsonify({"code": 99991663, "msg": "Invalid access token for authorization."}), 400
+            found = [r for r in self.reactions if r["message_id"] == message_id and r["reaction_id"] == reaction_id]
+            if not found:
+                return jsonify({"code": 231003, "msg": "The reaction does not exist."}), 400
+            self.reactions.remove(found[0])
+            self.unreacted.append(found[0])
+            return jsonify({"code": 0, "msg": "success", "data": {"reaction_id": reaction_id}})
 
         @app.get("/open-apis/im/v1/messages/<message_id>/resources/<key>")
         def resource(message_id: str, key: str):

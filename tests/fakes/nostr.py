@@ -3,7 +3,9 @@ a WebSocket at `/`: `REQ` (filters: ids, authors, kinds, #e/#p tags, since, unti
 limit) answered with the stored matches, `EOSE`, then live events; `EVENT` checked like a
 relay does (the id is the sha256 of `[0,pubkey,created_at,kind,tags,content]`, the sig a
 BIP-340 Schnorr signature by pubkey) and answered `OK`; `CLOSE`. While `throttle` holds
-entries, the bot's next EVENTs get `OK false "rate-limited: ..."`.
+entries, the bot's next EVENTs get `OK false "rate-limited: ..."`. A kind-5 deletion (NIP-09)
+removes the events it names that its author published (`deleted` holds them); kind-7
+reactions (NIP-25) are stored like any event and are not replies.
 
 Test users have deterministic keys (`user_secret(name)`); their direct messages are
 NIP-04 encrypted here, independently of the adapter (ECDH x coordinate, AES-256-CBC).
@@ -102,6 +104,7 @@ class FakeRelay(FakePlatform):
         self.bot = bot_pubkey
         self.events: list[dict[str, Any]] = []
         self.rejected: list[tuple[str, str]] = []
+        self.deleted: list[dict[str, Any]] = []
         self.subs: list[tuple[dict[str, list[dict]], "queue.Queue[str]"]] = []
         self.relay_lock = threading.Lock()
         sock = Sock(self.app)
@@ -149,6 +152,12 @@ class FakeRelay(FakePlatform):
                 self.rejected.append((str(event.get("id")), "invalid: bad signature"))
                 outbox.put(json.dumps(["OK", event.get("id"), False, "invalid: event id or signature is wrong"]))
             else:
+                if event["kind"] == 5:
+                    named = {t[1] for t in event["tags"] if len(t) > 1 and t[0] == "e"}
+                    with self.relay_lock:
+                        gone = [e for e in self.events if e["id"] in named and e["pubkey"] == event["pubkey"]]
+                        self.events = [e for e in self.events if e not in gone]
+                        self.deleted.extend(gone)
                 self.publish(event)
                 outbox.put(json.dumps(["OK", event["id"], True, ""]))
                 if event["pubkey"] == self.bot:
@@ -179,7 +188,7 @@ class FakeRelay(FakePlatform):
         name = next((n for n in ("ann", "bob", "mallory", "carol") if user_pubkey(n) == pubkey), "")
         out = []
         for event in self.sent:
-            if ["p", pubkey] not in [t[:2] for t in event["tags"]]:
+            if ["p", pubkey] not in [t[:2] for t in event["tags"]] or event["kind"] not in (1, 4):
                 continue
             out.append(decrypt(user_secret(name), self.bot, event["content"]) if event["kind"] == 4
                        else event["content"])

@@ -8,7 +8,10 @@ Attachments: `POST attachments/upload` (multipart `file` plus `file_name`, `file
 the attachment object (`attachment_id`, `title`, `url`, `url_type`, `file_name`,
 `file_size`, `underlying_type`, `upload_state`, image size for images); a comment may carry
 attachments this upload returned. Files are served from `/files/<attachment_id>/<name>`
-with the Bearer token (the file host is the API's own here)."""
+with the Bearer token (the file host is the API's own here).
+
+Reactions: `POST reactions/add` and `reactions/remove` with one of `thread_id`, `comment_id` or
+`conversation_message_id` and `emoji`; `reactions` maps a comment id to the bot's emoji on it."""
 
 from __future__ import annotations
 
@@ -33,7 +36,26 @@ class FakeTwist(FakePlatform):
         self.files: dict[str, dict[str, Any]] = {}  # attachment_id -> attachment + data
         self.downloads: list[str] = []
         self.file_comments: list[dict[str, Any]] = []  # the bot's comments carrying attachments
+        self.reactions: dict[int, list[str]] = {}  # comment id -> the bot's emoji on it, in order
+        self.removed: list[tuple[int, str]] = []
         app = self.app
+
+        @app.post(V3 + "reactions/<verb>")
+        def react(verb: str):
+            body = request.get_json(silent=True) or request.form
+            targets = [k for k in ("thread_id", "comment_id", "conversation_message_id") if body.get(k)]
+            if verb not in ("add", "remove") or len(targets) != 1 or not body.get("emoji"):
+                return jsonify({"error_code": 20, "error_string": "Required argument is missing"}), 400
+            comment = int(body.get("comment_id") or 0)
+            if targets != ["comment_id"] or not any(c["id"] == comment for c in self.comments):
+                return jsonify({"error_code": 404, "error_string": "Not found"}), 404
+            on = self.reactions.setdefault(comment, [])
+            if verb == "add" and body["emoji"] not in on:
+                on.append(body["emoji"])
+            elif verb == "remove" and body["emoji"] in on:
+                on.remove(body["emoji"])
+                self.removed.append((comment, body["emoji"]))
+            return jsonify({})
 
         @app.post(V3 + "attachments/upload")
         def upload():

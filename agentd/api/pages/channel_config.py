@@ -18,6 +18,8 @@ from flask import abort, render_template, request
 
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.notes import see_other_with
+from agentd.api.principal import principal
+from agentd.api.channel_reach import hide_unreached, reach_channel, reaches_channel
 from agentd.channels.catalog import ChannelInfo, field_views, settings_for
 from agentd.errors import AgentdError
 
@@ -108,8 +110,8 @@ def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
 
 def _problems(name: str) -> list[dict[str, Any]]:
     audit = getattr(kernel(), "audit", None)
-    if audit is None:
-        return []
+    if audit is None or (principal().agents and not reaches_channel(name)):
+        return []  # another agent's channel: its errors name what a limited key must not see
     rows = [e for e in audit.recent(EVENTS_SCANNED, "channel.") if e["subject"] == name and e["event"] in PROBLEMS]
     return rows[:PROBLEMS_SHOWN]
 
@@ -122,7 +124,10 @@ def channel_page(name: str):
     info = channels.catalog.get(name)
     item = next(i for i in channels.list() if i["name"] == name)
     section = channels.sections.get(name)
-    return render_template("channel.html", channel=item, fields=form_fields(info, section),
+    fields = form_fields(info, section)
+    hide_unreached(fields)
+    hide_unreached(item["fields"])
+    return render_template("channel.html", channel=item, fields=fields,
                            webhook=channels.webhook(name) is not None,
                            problems=_problems(name), test_message=TEST_MESSAGE)
 
@@ -134,7 +139,9 @@ def channel_configure(name: str):
         abort(404)
     info = channels.catalog.get(name)
     try:
-        result = channels.configure(name, _body(info, dict(channels.sections.get(name) or {})))
+        data = _body(info, dict(channels.sections.get(name) or {}))
+        reach_channel(name, data)
+        result = channels.configure(name, data)
     except AgentdError as exc:
         return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
     lines = [f"{name}: configuration saved" + ("; the adapter started" if result["activated"] else "")]
@@ -150,6 +157,10 @@ def channel_remove(name: str):
     channels = kernel().channels
     if name not in channels.catalog.names():
         abort(404)
+    try:
+        reach_channel(name)
+    except AgentdError as exc:
+        return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
     channels.remove(name)
     return see_other_with("pages.channel_page", [f"{name}: configuration removed and the adapter stopped"],
                           name=name)
@@ -162,6 +173,7 @@ def channel_test(name: str):
         abort(404)
     message = request.form.get("message", "").strip() or TEST_MESSAGE
     try:
+        reach_channel(name)
         result = channels.test(name, message, request.form.get("chat_id", "").strip(), detail=True)
     except AgentdError as exc:
         return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)

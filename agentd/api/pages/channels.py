@@ -14,6 +14,8 @@ from flask import render_template, request
 
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.channel_config import PROBLEMS
+from agentd.api.principal import principal
+from agentd.api.channel_reach import reaches_channel
 from agentd.kernel import Kernel
 
 CATALOGUE = Path(__file__).resolve().parents[2] / "data" / "channels.json"
@@ -61,8 +63,10 @@ def channels():
     events = _channel_events(k)
     last_errors: dict[str, dict[str, Any]] = {}
     for event in events or []:  # newest first: the first problem seen per channel is its last
-        if event["event"] in PROBLEMS:
+        if event["event"] in PROBLEMS and (not principal().agents or reaches_channel(event["subject"])):
             last_errors.setdefault(event["subject"], event)
+    if events is not None and not principal().is_admin:
+        events = None  # the audit trail is the admin's (GET /api/audit/recent, /audit)
     return render_template("channels.html", channels=shown, live=live, categories=categories,
                            category=category, configured=sum(1 for r in rows if r.get("configured")),
                            total=len(rows), events=events, last_errors=last_errors)

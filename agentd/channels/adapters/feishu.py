@@ -16,6 +16,10 @@ POST /open-apis/im/v1/images (`image_type` message) and anything else with
 POST /open-apis/im/v1/files (`file_type` pdf, doc, xls, ppt or stream), then as a message
 of `msg_type` image (`image_key`) or file (`file_key`), in reply to the asking message.
 
+Reactions (`lifecycle_reactions`): POST /open-apis/im/v1/messages/{message_id}/reactions with
+one of Feishu's own emoji types (👀 is GLANCE, ✅ DONE, ⚠️ CRY; a name such as THUMBSUP
+passes through), taken off again with DELETE .../reactions/{reaction_id}.
+
 Docs: https://open.feishu.cn/document/server-docs/event-subscription-guide/ (callbacks,
 encryption, signature), .../im-v1/message/create and .../reply, .../auth-v3/tenant_access_token_internal
 """
@@ -26,6 +30,7 @@ import base64
 import hashlib
 import json
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -45,6 +50,11 @@ MENTION = re.compile(r"@_user_\d+\s*")
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "image/tiff", "image/bmp")
 FILE_TYPES = {"pdf": "pdf", "doc": "doc", "docx": "doc", "xls": "xls", "xlsx": "xls", "ppt": "ppt", "pptx": "ppt"}
 MESSAGE_FILES = ("image", "file", "audio", "post")
+# Feishu reacts with its own emoji types, not Unicode emoji: the lifecycle's and a few common ones.
+EMOJI_TYPES = {"👀": "GLANCE", "✅": "DONE", "⚠️": "CRY", "⚠": "CRY", "😢": "CRY", "👍": "THUMBSUP",
+               "👌": "OK", "😄": "SMILE", "🙂": "SMILE", "❤️": "HEART", "🎉": "PARTY", "🔥": "Fire",
+               "🤔": "THINKING"}
+REACTIONS_KEPT = 1000  # reaction ids remembered to take a reaction off again
 SAFE_KEY = re.compile(r"[\w-]+")  # message ids and resource keys go into a URL path
 
 
@@ -68,6 +78,9 @@ class FeishuAdapter(WebhookAdapter):
         self.http = HttpSender(stop=self.stopping)
         self.token = CachedToken(self._fetch_token)
         self.seen: OrderedDict[str, None] = OrderedDict()  # event ids: Feishu redelivers until it gets 200
+        # (message id, emoji type) -> reaction id: Feishu takes a reaction off by its id.
+        self.reaction_ids: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def base(self) -> str:
         return (self.settings.get("api_url") or REGIONS.get(str(self.settings.get("region") or "cn"), "")).rstrip("/")
@@ -247,6 +260,31 @@ class FeishuAdapter(WebhookAdapter):
                                                                "content": content}, params={"receive_id_type": "chat_id"})
             message_id = str(data.get("message_id") or "")
         return message_id
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        emoji_type = EMOJI_TYPES.get(emoji, emoji)
+        if not SAFE_KEY.fullmatch(message_id):
+            raise ChannelError(f"feishu: not a message id: {message_id[:40]!r}")
+        data = self._reaction_call("POST", f"/open-apis/im/v1/messages/{message_id}/reactions",
+                                   {"reaction_type": {"emoji_type": emoji_type}})
+        with self._lock:
+            self.reaction_ids[(message_id, emoji_type)] = str(data.get("reaction_id") or "")
+            while len(self.reaction_ids) > REACTIONS_KEPT:
+                self.reaction_ids.popitem(last=False)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        with self._lock:
+            reaction_id = self.reaction_ids.pop((message_id, EMOJI_TYPES.get(emoji, emoji)), "")
+        if reaction_id and SAFE_KEY.fullmatch(message_id) and SAFE_KEY.fullmatch(reaction_id):
+            self._reaction_call("DELETE", f"/open-apis/im/v1/messages/{message_id}/reactions/{reaction_id}")
+
+    def _reaction_call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A reaction is cosmetic: one attempt, its failure the caller's to log."""
+        answer = self.http.json(method, self.base() + path, json=payload, retries=0,
+                                headers={"Authorization": "Bearer " + self.token.get()})
+        if not isinstance(answer, dict) or answer.get("code") != 0:
+            raise ChannelError(f"feishu {path}: {answer.get('msg') if isinstance(answer, dict) else 'not JSON'}")
+        return answer.get("data") or {}
 
     def test_target(self, override: str = "") -> Conversation:
         if not override:

@@ -7,7 +7,11 @@ connected relay: a kind-4 DM back, or a kind-1 reply with NIP-10 `e`/`p` tags; d
 counts when a relay answers `OK true`, and `rate-limited:` refusals are retried after 1, 2,
 4 s. Keys: `private_key_env` holds 64 hex digits or an `nsec1...` string.
 
-Docs: https://github.com/nostr-protocol/nips (01, 04, 10, 19, 27).
+Reactions (`lifecycle_reactions`): a kind-7 event (NIP-25) on a note that mentioned the bot,
+taken back with a kind-5 deletion (NIP-09). Never on a direct message: a reaction is public
+and would tell everyone who wrote to the bot.
+
+Docs: https://github.com/nostr-protocol/nips (01, 04, 09, 10, 19, 25, 27).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from agentd.channels.adapters import nostr_crypto as nc
 from agentd.channels.bases.websocket import WebSocketAdapter
 
 OK_TIMEOUT = 10.0  # seconds to wait for relays' OK to a published event
+REACTIONS_KEPT = 1000  # reaction event ids remembered to take a reaction back
 
 
 class _Relay(WebSocketAdapter):
@@ -74,6 +79,8 @@ class NostrAdapter(Adapter):
         self.lock = threading.Condition()
         self.oks: dict[str, dict[str, tuple[bool, str]]] = {}
         self.relays: list[_Relay] = []
+        # (note id, emoji) -> the bot's reaction event id, for the deletion that takes it back.
+        self.reactions: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
     def _keys(self) -> None:
         try:
@@ -173,8 +180,26 @@ class NostrAdapter(Adapter):
             ids.append(self._publish(event))
         return ",".join(ids)
 
-    def _publish(self, event: dict[str, Any]) -> str:
-        for attempt in range(4):
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        if conversation.meta.get("kind") != 1:
+            return  # a direct message: see the module doc
+        if not hasattr(self, "secret"):
+            self._keys()
+        event = nc.sign_event(self.secret, 7, emoji, [["e", message_id], ["p", conversation.chat_id], ["k", "1"]])
+        self._publish(event, attempts=1)  # cosmetic: never worth holding the answer back
+        with self.lock:
+            self.reactions[(message_id, emoji)] = event["id"]
+            while len(self.reactions) > REACTIONS_KEPT:
+                self.reactions.popitem(last=False)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        with self.lock:
+            reaction = self.reactions.pop((message_id, emoji), "")
+        if reaction:
+            self._publish(nc.sign_event(self.secret, 5, "", [["e", reaction], ["k", "7"]]), attempts=1)
+
+    def _publish(self, event: dict[str, Any], attempts: int = 4) -> str:
+        for attempt in range(attempts):
             with self.lock:
                 self.oks[event["id"]] = {}
             sent_to = [r.url for r in self.relays if r.publish(event)]
@@ -189,7 +214,8 @@ class NostrAdapter(Adapter):
             if any(ok for ok, _ in answers.values()):
                 return event["id"]
             messages = [m for _, m in answers.values()]
-            if not any(m.startswith("rate-limited:") for m in messages) or self.stopping.wait(2.0 ** attempt):
+            if (not any(m.startswith("rate-limited:") for m in messages) or attempt + 1 >= attempts
+                    or self.stopping.wait(2.0 ** attempt)):
                 raise ChannelError(f"no relay accepted the event: {messages or 'no answer'}")
         raise ChannelError("relays kept rate-limiting the event")
 

@@ -7,7 +7,10 @@ Files: a comment's `attachments` (`file_name`, `underlying_type`, `file_size`, `
 fetched from Twist's file host (files.twist.com, or the host of `api_url`) only, with the
 token; files go out with `POST attachments/upload` (multipart `file` with `file_name`,
 `file_size`, `underlying_type` and a new `attachment_id`), then a comment carrying the
-attachment the upload answered."""
+attachment the upload answered.
+
+Reactions (`lifecycle_reactions`): `POST reactions/add` / `reactions/remove` {comment_id, emoji}
+on the comment that asked."""
 
 from __future__ import annotations
 
@@ -107,6 +110,20 @@ class TwistAdapter(PollingAdapter):
             made = self.http.json("POST", f"{self.base}/comments/add", json={"thread_id": int(thread), "content": part})
             ids.append(str(made.get("id", "")))
         return ",".join(ids)
+
+    def react(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self._reaction("add", message_id, emoji)
+
+    def unreact(self, conversation: Conversation, message_id: str, emoji: str) -> None:
+        self._reaction("remove", message_id, emoji)
+
+    def _reaction(self, verb: str, comment: str, emoji: str) -> None:
+        if not hasattr(self, "base"):
+            self.prepare()
+        if not comment.isdigit():
+            raise ChannelError(f"twist: not a comment id: {comment[:40]!r}")
+        self.http.request("POST", f"{self.base}/reactions/{verb}", json={"comment_id": int(comment), "emoji": emoji},
+                          retries=0)
 
     def test_target(self, override: str = "") -> Conversation:
         if not override.isdigit():

@@ -1,0 +1,67 @@
+"""A scoped key's agent list applied to channels: a channel answers as agents (its
+`default_agent`, thread routes, else the daemon's first agent), and a key limited to some
+agents reaches only the channels that answer as its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import current_app
+
+from agentd.api.principal import principal, reach_agent
+from agentd.errors import BadRequest
+
+
+def kernel() -> Any:
+    return current_app.extensions["agentd.kernel"]
+
+
+def hide_unreached(fields: list[dict[str, Any]]) -> None:
+    """A key limited to some agents does not see the name of another agent a channel answers as."""
+    who = principal()
+    if not who.agents:
+        return
+    reached = {ref for h in who.visible(kernel().agents.handles()) for ref in (h.id, h.name)}
+    for field in fields:
+        if field["key"] == "default_agent" and field.get("value") and field["value"] not in reached:
+            field["value"] = ""
+            field["has_value"] = False
+
+
+def reach_channel(name: str, new: Any = None) -> None:
+    """A key limited to some agents configures, removes and tests only a channel whose
+    messages go to its agents (404 `agent not found` otherwise, as for the agents
+    themselves), and names one of them as the `default_agent` of a `new` configuration:
+    without one the channel would answer as the daemon's first agent, whoever that is."""
+    channels = kernel().channels
+    channels.catalog.get(name)  # an unknown channel is 404 whoever asks
+    who = principal()
+    if not who.agents:
+        return
+    for ref in channels.agents_named(name):
+        if ref:
+            reach_agent(ref)
+        else:
+            first = kernel().agents.handles()[:1]
+            if first:
+                who.reach(first[0])
+    if new is None:
+        return
+    for ref in channels.agents_named(name, new):
+        if not ref:
+            raise BadRequest("default_agent: a key limited to some agents must name one of its agents")
+        reach_agent(ref)
+
+
+def reaches_channel(name: str) -> bool:
+    """Whether the request's key reaches every agent channel `name` answers as (what
+    reach_channel checks, asked without auditing a refusal)."""
+    who = principal()
+    if not who.agents:
+        return True
+    agents = kernel().agents
+    for ref in kernel().channels.agents_named(name):
+        handle = agents.find(ref) if ref else next(iter(agents.handles()), None)
+        if handle is not None and not who.may_reach(handle):
+            return False
+    return True
