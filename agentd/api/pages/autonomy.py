@@ -7,7 +7,7 @@ from flask import render_template, request
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
-from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body
+from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body, typed
 from agentd.api.pages.schedules import page_of
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
@@ -35,8 +35,7 @@ def triggers():
 def trigger_create():
     """Create a trigger as POST /api/triggers does; a refusal comes back above the form, with
     what was typed."""
-    form = {key: request.form.get(key, "").strip() for key in TRIGGER_FIELDS}
-    form["prompt_template"] = request.form.get("prompt_template", "")
+    form = typed(TRIGGER_FIELDS, "prompt_template")
     try:
         if not form["agent_id"]:
             raise BadRequest("agent_id: choose the agent to run")

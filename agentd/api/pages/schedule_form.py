@@ -7,9 +7,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flask import request
+
 FIELDS = ("name", "agent_id", "kind", "expr", "tz", "every_secs", "at", "message", "workflow_id", "input",
           "delivery", "channel", "chat_id", "url", "secret_env", "catch_up", "max_runs_per_day",
           "max_cost_usd_per_day")
+
+
+def typed(fields: tuple[str, ...], verbatim: str) -> dict[str, str]:
+    """What the form's sender typed: each field stripped, the `verbatim` text as it came."""
+    form = {key: request.form.get(key, "").strip() for key in fields}
+    form[verbatim] = request.form.get(verbatim, "")
+    return form
 
 
 def _number(text: str, kind: type) -> Any:

@@ -12,7 +12,7 @@ from flask import make_response, render_template, request
 from agentd.api.pages import bp, kernel
 from agentd.api.principal import principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
-from agentd.api.pages.schedule_form import FIELDS, job_body
+from agentd.api.pages.schedule_form import FIELDS, job_body, typed
 from agentd.errors import AgentdError, BadRequest
 
 RUNS_SHOWN = 50
@@ -87,8 +87,7 @@ def schedules():
 def schedule_create():
     """Create a job as POST /api/cron/jobs does; a refusal comes back above the form, with
     what was typed."""
-    form = {key: request.form.get(key, "").strip() for key in FIELDS}
-    form["message"] = request.form.get("message", "")
+    form = typed(FIELDS, "message")
     form["one_shot"] = "on" if request.form.get("one_shot") else ""
     try:
         body = job_body(form, bool(form["one_shot"]))
