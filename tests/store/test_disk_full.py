@@ -71,3 +71,41 @@ def test_full_disk_refuses_writes_keeps_reads_and_recovers(daemon) -> None:
     finally:
         conn.close()
     assert "Traceback" not in d.log()
+
+
+HOME_FULL = "insufficient storage: the disk holding the daemon's home is full; free some space and retry"
+
+
+def test_full_disk_refuses_a_channel_configuration_and_leaves_config_toml_as_it_was(daemon) -> None:
+    d = daemon
+    before = (d.home / "config.toml").read_text()
+    _limit(d, 0)
+    try:
+        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TG_TOKEN"})
+        assert r.status_code == 507 and r.headers["Retry-After"] == "2", r.text
+        assert r.json() == {"error": HOME_FULL}
+    finally:
+        _limit(d, resource.RLIM_INFINITY)
+    assert (d.home / "config.toml").read_text() == before
+    assert not [p for p in (d.home).iterdir() if p.name.startswith(".config.toml.")]
+    assert "Traceback" not in d.log()
+
+
+def test_a_kill_refused_by_a_full_disk_leaves_the_agent_alive(daemon) -> None:
+    d = daemon
+    agent = d.post("/api/agents", json={"manifest_toml": 'name = "survivor"\nprofile = "minimal"\n'}).json()["agent_id"]
+    _limit(d, 0)
+    try:
+        r = d.delete(f"/api/agents/{agent}")
+        assert r.status_code == 507 and r.json() == {"error": FULL}, r.text
+        assert d.get(f"/api/agents/{agent}").json()["name"] == "survivor"
+        assert "survivor" in [a["name"] for a in d.get("/api/agents").json()]
+    finally:
+        _limit(d, resource.RLIM_INFINITY)
+    wait_for(lambda: d.put(f"/api/memory/agents/{agent}/kv/after", json={"value": 1}).status_code == 200, 5,
+             what="writes accepted again")
+    reply = d.post(f"/api/agents/{agent}/message", json={"message": "still here"})
+    assert reply.status_code == 200 and reply.json()["response"] == "echo: still here"
+    assert d.delete(f"/api/agents/{agent}").status_code == 200
+    assert d.get(f"/api/agents/{agent}").status_code == 404
+    assert "Traceback" not in d.log()
