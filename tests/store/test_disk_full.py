@@ -6,15 +6,21 @@ lifted the daemon writes again by itself."""
 
 from __future__ import annotations
 
+import os
+import re
 import resource
+import shutil
 import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 import pgtest
 from channel_fixtures import wait_for
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home
+from support import Daemon, make_home, run_cli
 
 FULL = "insufficient storage: the disk holding the database is full; free some space and retry"
 
@@ -109,3 +115,74 @@ def test_a_kill_refused_by_a_full_disk_leaves_the_agent_alive(daemon) -> None:
     assert d.delete(f"/api/agents/{agent}").status_code == 200
     assert d.get(f"/api/agents/{agent}").status_code == 404
     assert "Traceback" not in d.log()
+
+
+def test_a_sqlite_store_with_no_room_left_is_not_healthy(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentd.store import db as store_db
+    from agentd.store import open_store
+
+    store = open_store(tmp_path / "agentd.db")
+    try:
+        assert store.ping() is True
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(store_db.shutil, "disk_usage",
+                            lambda _: usage._replace(free=store_db.FULL_DISK_BYTES - 1))
+        assert store.ping() is False
+        monkeypatch.setattr(store_db.shutil, "disk_usage", lambda _: usage._replace(free=store_db.FULL_DISK_BYTES))
+        assert store.ping() is True
+    finally:
+        store.close()
+
+
+@pytest.fixture()
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A 32 MB tmpfs of the test's own (root only: skipped where mounting is not allowed)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_really_full_disk(small_disk: Path, fake_llm) -> None:
+    """ENOSPC from the file system itself, not a file-size limit: writes 507, reads work,
+    health `degraded`, `agentd doctor` fails its disk check; freeing space ends it all."""
+    d = Daemon(make_home(small_disk, llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    try:
+        agent = d.post("/api/agents", json={"manifest_toml": 'name = "filler"\nprofile = "minimal"\n'}).json()["agent_id"]
+        kv = f"/api/memory/agents/{agent}/kv"
+        assert d.put(f"{kv}/before", json={"value": "kept"}).status_code == 200
+        ballast = small_disk / "ballast"
+        subprocess.run(["dd", "if=/dev/zero", f"of={ballast}", "bs=1M", "count=64"], capture_output=True)
+        assert shutil.disk_usage(small_disk).free < 1024 * 1024
+
+        r = d.put(f"{kv}/during", json={"value": "x" * 100_000})
+        assert r.status_code == 507 and r.headers["Retry-After"] == "2", r.text
+        assert r.json() == {"error": FULL}
+        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TG_TOKEN"})
+        assert r.status_code == 507 and r.json() == {"error": HOME_FULL}, r.text
+        assert d.get(f"{kv}/before").json()["value"] == "kept"
+        assert [a["name"] for a in d.get("/api/agents").json()] == ["filler"]
+        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, 3, what="health degraded")
+        doctor = run_cli(d.home, "doctor", port=d.port)
+        assert doctor.returncode == 1
+        assert re.search(r"\[fail\] disk_space +0 MB free on the disk holding .*: under 10 MB writes will "
+                         r"soon answer 507; free some space", doctor.stdout), doctor.stdout
+
+        ballast.unlink()
+        wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 100_000}).status_code == 200, 5,
+                 what="writes accepted again")
+        wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, 3, what="health ok")
+        assert d.get(f"{kv}/during").status_code == 404
+        assert "Traceback" not in d.log()
+    finally:
+        d.stop()
+    conn = sqlite3.connect(d.home / "data" / "agentd.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
