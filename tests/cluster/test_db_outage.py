@@ -274,3 +274,30 @@ def test_killed_connections_reconnect(setup) -> None:
     for d in (a, b):
         assert d.get("/api/health").json() == {"status": "ok"}
         assert "Traceback" not in _log_since(d, offsets[d.port])
+
+
+def test_a_channel_configured_during_an_outage_starts_once_the_database_is_back(setup) -> None:
+    """The 503 says "retry", but config.toml already holds the section: the daemons' leader
+    tick starts the adapter (on one of them) as soon as the database answers."""
+    from fakes.ntfy import FakeNtfy
+
+    server, a, b, proxy = setup
+    ntfy = FakeNtfy("ntfy-outage-token").start()
+    offset = a.log_path.stat().st_size
+    try:
+        body = {"topic": "outage", "server_url": ntfy.url, "token_env": "NTFY_TOKEN",
+                "secrets": {"token_env": "ntfy-outage-token"}}
+        server.stop()
+        try:
+            r = a.post("/api/channels/ntfy/configure", json=body, timeout=10)
+        finally:
+            server.start()
+        assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
+        assert r.json() == {"error": UNAVAILABLE}
+        wait_for(lambda: a.get("/api/cluster", timeout=5).json().get("channel_leaders") == {"ntfy": "daemon-a"},
+                 15, what="ntfy started on daemon-a")
+        wait_for(lambda: ntfy.subscriptions, 10, what="ntfy subscribed")
+        assert a.delete("/api/channels/ntfy/configure").status_code == 200
+        assert "Traceback" not in _log_since(a, offset)
+    finally:
+        ntfy.stop()
