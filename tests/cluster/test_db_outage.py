@@ -301,3 +301,24 @@ def test_a_channel_configured_during_an_outage_starts_once_the_database_is_back(
         assert "Traceback" not in _log_since(a, offset)
     finally:
         ntfy.stop()
+
+
+def test_health_detail_and_metrics_answer_while_the_database_is_down(setup) -> None:
+    server, a, b, proxy = setup
+    spawn(proxy.url, "counted")
+    offset = a.log_path.stat().st_size
+    known = len(a.get("/api/agents").json())
+    server.stop()
+    try:
+        detail = a.get("/api/health/detail", timeout=10)
+        scrape = a.get("/metrics", timeout=10)
+    finally:
+        server.start()
+    assert detail.status_code == 200, detail.text
+    body = detail.json()
+    assert (body["status"], body["database"], body["agent_count"]) == ("degraded", "error", known)
+    assert scrape.status_code == 200 and "agentd_build_info" in scrape.text
+    assert "agentd_budget_spent_usd" not in scrape.text
+    wait_for(lambda: a.get("/api/health/detail", timeout=5).json()["database"] == "connected", 5,
+             what="database connected")
+    assert "Traceback" not in _log_since(a, offset)
