@@ -12,6 +12,7 @@ import resource
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +21,7 @@ import pytest
 import pgtest
 from channel_fixtures import wait_for
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, run_cli
+from support import Daemon, agentd_env, free_port, make_home, run_cli
 
 FULL = "insufficient storage: the disk holding the database is full; free some space and retry"
 
@@ -186,3 +187,19 @@ def test_a_really_full_disk(small_disk: Path, fake_llm) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()
+
+
+def test_a_read_only_home_is_refused_at_start_with_a_clear_message(small_disk: Path) -> None:
+    home = make_home(small_disk)
+    Daemon(home).start().stop()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    doctor = run_cli(home, "doctor")
+    assert re.search(r"\[fail\] disk_space +\S+/data is not writable: every write would answer 503", doctor.stdout), \
+        doctor.stdout
+    started = subprocess.run([sys.executable, "-m", "agentd", "start"], env=agentd_env(home, free_port()),
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 1
+    assert started.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write in the home {home} (Read-only file system): agentd keeps its database, lock "
+        "and logs there; make it writable (or free some space)")
+    assert "Traceback" not in started.stderr
