@@ -14,8 +14,9 @@ from typing import Any
 
 from pony import orm
 
-from agentd.timestamps import iso, utcnow
 from agentd.store import Store
+from agentd.store.outage import translate
+from agentd.timestamps import iso, utcnow
 
 log = logging.getLogger("agentd.audit")
 KEEP = 10_000  # rows kept; older ones are pruned as new ones arrive
@@ -36,8 +37,13 @@ class AuditLog:
             with orm.db_session:
                 self.store.e.AuditRow(at=utcnow(), event=event, subject=subject or "",
                                       detail=detail or {})
-        except Exception:  # noqa: BLE001 - auditing must not break what it observes
-            log.exception("cannot write audit entry %s", event)
+        except Exception as exc:  # noqa: BLE001 - auditing must not break what it observes
+            unavailable = translate(exc)
+            if unavailable is None:
+                log.exception("cannot write audit entry %s", event)
+            else:
+                # The outage itself was logged once; a traceback per entry would only bury it.
+                log.warning("audit entry %s %s not written: %s", event, subject, unavailable.message)
             return
         with self._lock:
             self._writes += 1

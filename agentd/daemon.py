@@ -66,9 +66,13 @@ def lock_home(config: Config) -> IO[str]:
     `check_not_running` reads daemon.json, which a daemon writes only once it listens: two
     starts at the same moment both found none and both ran on one home (one database file,
     one daemon.json). The lock closes that window; a second start fails at once."""
-    config.home.mkdir(parents=True, exist_ok=True)
     path = config.home / "daemon.lock"
-    handle = open(path, "a+", encoding="utf-8")
+    try:
+        config.home.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")
+    except OSError as exc:
+        raise StartError(f"cannot write in the home {config.home} ({exc.strerror}): agentd keeps its "
+                         "database, lock and logs there; make it writable (or free some space)") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -52,6 +52,7 @@ from agentd.skills import Skills
 from agentd.store import Store, open_store
 from agentd.store.responses import StoredResponses
 from agentd.store.checkpoint import PAGE_CACHE_KIB
+from agentd.store.outage import unless_unavailable
 from agentd.store.sqlite_memory import sqlite_heap_kib
 from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
@@ -125,7 +126,7 @@ class Kernel:
         # Prometheus metrics (GET /metrics); the gauges of state owned below are read at scrape time.
         self.metrics = Metrics(agent_labels=config.metrics.agent_labels,
                                daemon_id=self.cluster.id if store.shared else None,
-                               budget=self.metering.budget,
+                               budget=unless_unavailable(self.metering.budget),
                                queues=lambda: [(h.name, len(h.waiting)) for h in self.agents.registry.loaded()
                                                if not h.killed])
         from agentd.agents.shared_approvals import SharedApprovalQueue
@@ -362,7 +363,9 @@ class Kernel:
             "version": __version__,
             "uptime_seconds": self.uptime_seconds,
             "database": "connected" if db_ok else "error",
-            "agent_count": len(self.agents.handles()),  # a count needs no summaries
+            # A count needs no summaries; while the database is out, the agents this daemon
+            # knows (a shared database's list cannot be read then).
+            "agent_count": len(self.agents.handles()) if db_ok else len(self.agents.registry.loaded()),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
             # Every live thread of the process, and the model calls holding a connection.

@@ -87,3 +87,24 @@ def test_a_failed_write_is_logged_and_not_counted(log: AuditLog, caplog: pytest.
     assert len(log.recent(limit=1000)) == 502
     log.record("e999")
     assert [e["event"] for e in log.recent(limit=1000)] == ["e999", "e998", "e997"]
+
+
+def test_an_entry_lost_to_a_full_disk_is_one_warning_without_a_traceback(
+        log: AuditLog, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from agentd.store.outage import OUTAGE
+
+    def full(**_: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(log.store.e, "AuditRow", full)
+    monkeypatch.setattr(OUTAGE, "since", None)
+    caplog.set_level(logging.WARNING, logger="agentd.audit")
+    try:
+        log.record("channel.configure", "telegram")
+    finally:
+        OUTAGE.since = OUTAGE.error = None
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records if r.name == "agentd.audit"] == [
+        ("WARNING", "audit entry channel.configure telegram not written: insufficient storage: the disk "
+                    "holding the database is full; free some space and retry", None)]

@@ -300,6 +300,7 @@ class AgentRegistry:
     def kill(self, handle: AgentHandle) -> None:
         """Cancel any run, forget the agent and delete everything it owned."""
         with self._lock:
+            state = handle.state
             handle.killed = True
             handle.state = "Terminated"
             self._agents.pop(handle.id, None)
@@ -309,6 +310,14 @@ class AgentRegistry:
         try:
             self.queues.cancel(handle)
             self._delete_rows(handle.id)
+        except BaseException:
+            # The rows are still there (a full disk, the database away): the agent lives on,
+            # as it would after a restart, rather than vanish only from this process.
+            with self._lock:
+                handle.killed, handle.state = False, state
+                self._agents[handle.id] = handle
+                self._by_name.setdefault(handle.name, handle.id)
+            raise
         finally:
             with self._lock:
                 self._killing.discard(handle.id)

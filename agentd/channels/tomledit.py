@@ -173,7 +173,11 @@ def edit_file(path: Path, table: list[str], values: dict[str, Any] | None) -> No
     try:
         write_atomic(path, new)
     except OSError as exc:
-        raise ConfigEditError(f"cannot write {path}: {exc}", status=500) from None
+        from agentd.store.outage import translate
+
+        # A full disk or a read-only home is the daemon's outage (507/503, retry later),
+        # not a bug to answer 500 for.
+        raise (translate(exc) or ConfigEditError(f"cannot write {path}: {exc}", status=500)) from None
 
 
 def write_atomic(path: Path, text: str) -> None:

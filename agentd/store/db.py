@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -29,6 +30,10 @@ from agentd.store.writer import PonyWriter, SqliteWriter, Tx, Writer
 T = TypeVar("T")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+# Under this much free space on the disk holding a SQLite database, health says `degraded`
+# even while a small write still fits in pages SQLite already has: the next larger one will not.
+FULL_DISK_BYTES = 1024 * 1024
 
 
 class StoreError(AgentdError):
@@ -69,7 +74,16 @@ class Store:
             translate(exc)
             return False
         OUTAGE.cleared(wrote=probe)
-        return True
+        return not self.disk_full()
+
+    def disk_full(self) -> bool:
+        """True when the disk holding a SQLite database has (almost) no room left."""
+        if self.backend != "sqlite":
+            return False
+        try:
+            return shutil.disk_usage(self.path.parent).free < FULL_DISK_BYTES
+        except OSError:
+            return False
 
     def available(self, max_age: float = 1.0) -> bool:
         """ping(), at most once per `max_age` seconds (a liveness probe may come often)."""

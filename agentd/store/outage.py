@@ -18,12 +18,15 @@ import sqlite3
 import sys
 import threading
 import time
+from typing import Callable, TypeVar
 
 from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.store")
 
 RETRY_AFTER_SECS = 2.0
+
+T = TypeVar("T")
 
 # sqlite3 messages that mean the file cannot grow or be written, not a bug in a statement.
 _SQLITE_FULL = ("database or disk is full", "disk i/o error")
@@ -162,3 +165,16 @@ def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args:
     (logged once when it starts)."""
     if translate(exc) is None:
         logger.error(message, *args, exc_info=exc)
+
+
+def unless_unavailable(read: Callable[[], T]) -> Callable[[], T | None]:
+    """`read`, giving None instead of raising while the database is out (for a reader that
+    can go without, such as a metrics scrape); other failures still raise."""
+    def guarded() -> T | None:
+        try:
+            return read()
+        except Exception as exc:
+            if translate(exc) is None:
+                raise
+            return None
+    return guarded

@@ -274,3 +274,51 @@ def test_killed_connections_reconnect(setup) -> None:
     for d in (a, b):
         assert d.get("/api/health").json() == {"status": "ok"}
         assert "Traceback" not in _log_since(d, offsets[d.port])
+
+
+def test_a_channel_configured_during_an_outage_starts_once_the_database_is_back(setup) -> None:
+    """The 503 says "retry", but config.toml already holds the section: the daemons' leader
+    tick starts the adapter (on one of them) as soon as the database answers."""
+    from fakes.ntfy import FakeNtfy
+
+    server, a, b, proxy = setup
+    ntfy = FakeNtfy("ntfy-outage-token").start()
+    offset = a.log_path.stat().st_size
+    try:
+        body = {"topic": "outage", "server_url": ntfy.url, "token_env": "NTFY_TOKEN",
+                "secrets": {"token_env": "ntfy-outage-token"}}
+        server.stop()
+        try:
+            r = a.post("/api/channels/ntfy/configure", json=body, timeout=10)
+        finally:
+            server.start()
+        assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
+        assert r.json() == {"error": UNAVAILABLE}
+        wait_for(lambda: a.get("/api/cluster", timeout=5).json().get("channel_leaders") == {"ntfy": "daemon-a"},
+                 15, what="ntfy started on daemon-a")
+        wait_for(lambda: ntfy.subscriptions, 10, what="ntfy subscribed")
+        assert a.delete("/api/channels/ntfy/configure").status_code == 200
+        assert "Traceback" not in _log_since(a, offset)
+    finally:
+        ntfy.stop()
+
+
+def test_health_detail_and_metrics_answer_while_the_database_is_down(setup) -> None:
+    server, a, b, proxy = setup
+    spawn(proxy.url, "counted")
+    offset = a.log_path.stat().st_size
+    known = len(a.get("/api/agents").json())
+    server.stop()
+    try:
+        detail = a.get("/api/health/detail", timeout=10)
+        scrape = a.get("/metrics", timeout=10)
+    finally:
+        server.start()
+    assert detail.status_code == 200, detail.text
+    body = detail.json()
+    assert (body["status"], body["database"], body["agent_count"]) == ("degraded", "error", known)
+    assert scrape.status_code == 200 and "agentd_build_info" in scrape.text
+    assert "agentd_budget_spent_usd" not in scrape.text
+    wait_for(lambda: a.get("/api/health/detail", timeout=5).json()["database"] == "connected", 5,
+             what="database connected")
+    assert "Traceback" not in _log_since(a, offset)
