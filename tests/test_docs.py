@@ -328,15 +328,18 @@ def _cli_help(*words: str) -> str:
 def test_every_command_and_option_of_the_cli_is_documented() -> None:
     text = "\n".join((ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("cli.md", "workflows.md"))
     missing = []
-    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
-    assert "start" in commands and "workflow" in commands
+    top = _cli_help()
+    commands = re.search(r"\{([a-z,]+)\}", top).group(1).split(",")
+    assert "start" in commands and "workflow" in commands and "cron" in commands
+    # Each command, groups included, is listed with a line saying what it does.
+    assert [c for c in commands if not re.search(rf"^    {c} +[A-Z]", top, re.M)] == []
     for command in commands:
         subcommands = [[command]]
-        if command == "workflow":
+        if command in ("workflow", "cron"):
             subcommands = [[command, sub] for sub in re.search(r"\{([a-z,]+)\}", _cli_help(command)).group(1).split(",")]
         for words in subcommands:
             if f"agentd {' '.join(words)}" not in text and not (
-                    len(words) == 2 and re.search(rf"agentd workflow [a-z|\\]*\b{words[1]}\b", text)):
+                    len(words) == 2 and re.search(rf"agentd {words[0]} [a-z|\\]*\b{words[1]}\b", text)):
                 missing.append(" ".join(words))
             for line in _cli_help(*words).splitlines():
                 names = re.findall(r"(--[a-z][a-z-]*)", line) if line.lstrip().startswith("-") else []

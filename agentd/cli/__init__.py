@@ -256,9 +256,11 @@ def main(argv: list[str] | None = None) -> None:
 
     parser.add_commands(workflow_commands,
                         group_name="workflow",
-                        group_kwargs={"help": "create, list and run workflows (agentd workflow --help)"})
+                        group_kwargs={"title": "Create, list, run and delete workflows",
+                                      "help": "create, list and run workflows (agentd workflow --help)"})
     from agentd.cli.cron import COMMANDS as cron_commands
 
     parser.add_commands(cron_commands, group_name="cron",
-                        group_kwargs={"help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
+                        group_kwargs={"title": "Add, list, run, pause, resume and remove cron jobs",
+                                      "help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
     parser.dispatch(argv=argv)
