@@ -255,6 +255,21 @@ def test_every_route_the_app_serves_is_in_the_docs() -> None:
     assert len(rules) > 100
 
 
+def test_every_path_of_the_served_openapi_is_described_by_a_page() -> None:
+    """The generated reference lists every route; a reader also finds each one explained on
+    docs/http-api.md or its topic page."""
+    document, _ = hooks.served_app_facts()
+    text = _shape(_docs_text().replace("$ID", "{}"))
+    assert len(document["paths"]) > 80
+
+    def named(path: str) -> bool:
+        # A parameter may be written as a placeholder or as a real value (`whatsapp` for {name}).
+        pattern = r"[a-z0-9_.-]+|\{\}".join(re.escape(part) for part in _shape(path).split("{}"))
+        return re.search(rf"{pattern}(?![\w/{{])", text) is not None
+
+    assert [path for path in document["paths"] if not named(path)] == []
+
+
 # -- the site ----------------------------------------------------------------------------------
 
 def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
