@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -251,16 +252,19 @@ def init() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agentd` console script."""
     parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
-    parser.add_commands([start, stop, status, doctor, init, usage, budget])
+    # Each help text says its own default where there is one; argh's formatter would append
+    # the raw value as well ("(default: '')" after "default: start of this month").
+    plain = {"formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser.add_commands([start, stop, status, doctor, init, usage, budget], func_kwargs=plain)
     from agentd.cli.workflow import COMMANDS as workflow_commands
 
-    parser.add_commands(workflow_commands,
+    parser.add_commands(workflow_commands, func_kwargs=plain,
                         group_name="workflow",
                         group_kwargs={"title": "Create, list, run and delete workflows",
                                       "help": "create, list and run workflows (agentd workflow --help)"})
     from agentd.cli.cron import COMMANDS as cron_commands
 
-    parser.add_commands(cron_commands, group_name="cron",
+    parser.add_commands(cron_commands, func_kwargs=plain, group_name="cron",
                         group_kwargs={"title": "Add, list, run, pause, resume and remove cron jobs",
                                       "help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
     parser.dispatch(argv=argv)
