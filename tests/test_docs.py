@@ -255,6 +255,33 @@ def test_every_route_the_app_serves_is_in_the_docs() -> None:
     assert len(rules) > 100
 
 
+def test_every_route_the_docs_name_is_served_with_that_method() -> None:
+    """`GET /api/...` in prose and `| GET | `/api/...` |` rows name a route and method the app
+    serves (the channel pages are left out: they also quote the platforms' own APIs)."""
+    _, rules = hooks.served_app_facts()
+    served: dict[str, set[str]] = {}
+    for rule, methods in rules:
+        served.setdefault(_shape(rule), set()).update(methods)
+    verbs = "GET|POST|PUT|PATCH|DELETE"
+    wrong, checked = [], 0
+    for document in DOCUMENTS:
+        if "channels" in document.parts:
+            continue
+        text = document.read_text(encoding="utf-8")
+        # A route named as refusing a method ("`GET /mcp` answers 405") is not a claim it serves it.
+        named = re.findall(rf"`({verbs}) (/(?:api|v1|mcp|a2a)\b[^`\s?]*)(?=[`\s?])(?!`\s+answers 405)", text)
+        for row in re.finditer(rf"^\| *((?:{verbs})(?: *[/,] *(?:{verbs}))*) *\| *`(/[^`?]*)", text, re.M):
+            named += [(verb, row.group(2)) for verb in re.split(r"[ /,]+", row.group(1))]
+        checked += len(named)
+        for verb, path in named:
+            for variant in {re.sub(r"\[[^\]]*\]", "", path), re.sub(r"[\[\]]", "", path)}:
+                shape = _shape(re.sub(r"\$[A-Z_]+", "{}", variant))
+                if verb not in served.get(shape, set()):
+                    wrong.append(f"{document.name}: {verb} {variant}")
+    assert wrong == []
+    assert checked > 150
+
+
 def test_every_path_of_the_served_openapi_is_described_by_a_page() -> None:
     """The generated reference lists every route; a reader also finds each one explained on
     docs/http-api.md or its topic page."""
