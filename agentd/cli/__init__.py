@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -267,4 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_commands(cron_commands, func_kwargs=plain, group_name="cron",
                         group_kwargs={"title": "Add, list, run, pause, resume and remove cron jobs",
                                       "help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
+    words = sys.argv[1:] if argv is None else argv
+    if not words or words in (["workflow"], ["cron"]):
+        # A command is missing: say which ones there are, and fail as argparse does for a bad one.
+        with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit):
+            parser.parse_args([*words, "--help"])
+        raise SystemExit(2)
     parser.dispatch(argv=argv)
