@@ -255,6 +255,48 @@ def test_every_route_the_app_serves_is_in_the_docs() -> None:
     assert len(rules) > 100
 
 
+def test_every_route_the_docs_name_is_served_with_that_method() -> None:
+    """`GET /api/...` in prose and `| GET | `/api/...` |` rows name a route and method the app
+    serves (the channel pages are left out: they also quote the platforms' own APIs)."""
+    _, rules = hooks.served_app_facts()
+    served: dict[str, set[str]] = {}
+    for rule, methods in rules:
+        served.setdefault(_shape(rule), set()).update(methods)
+    verbs = "GET|POST|PUT|PATCH|DELETE"
+    wrong, checked = [], 0
+    for document in DOCUMENTS:
+        if "channels" in document.parts:
+            continue
+        text = document.read_text(encoding="utf-8")
+        # A route named as refusing a method ("`GET /mcp` answers 405") is not a claim it serves it.
+        named = re.findall(rf"`({verbs}) (/(?:api|v1|mcp|a2a)\b[^`\s?]*)(?=[`\s?])(?!`\s+answers 405)", text)
+        for row in re.finditer(rf"^\| *((?:{verbs})(?: *[/,] *(?:{verbs}))*) *\| *`(/[^`?]*)", text, re.M):
+            named += [(verb, row.group(2)) for verb in re.split(r"[ /,]+", row.group(1))]
+        checked += len(named)
+        for verb, path in named:
+            for variant in {re.sub(r"\[[^\]]*\]", "", path), re.sub(r"[\[\]]", "", path)}:
+                shape = _shape(re.sub(r"\$[A-Z_]+", "{}", variant))
+                if verb not in served.get(shape, set()):
+                    wrong.append(f"{document.name}: {verb} {variant}")
+    assert wrong == []
+    assert checked > 150
+
+
+def test_every_path_of_the_served_openapi_is_described_by_a_page() -> None:
+    """The generated reference lists every route; a reader also finds each one explained on
+    docs/http-api.md or its topic page."""
+    document, _ = hooks.served_app_facts()
+    text = _shape(_docs_text().replace("$ID", "{}"))
+    assert len(document["paths"]) > 80
+
+    def named(path: str) -> bool:
+        # A parameter may be written as a placeholder or as a real value (`whatsapp` for {name}).
+        pattern = r"[a-z0-9_.-]+|\{\}".join(re.escape(part) for part in _shape(path).split("{}"))
+        return re.search(rf"{pattern}(?![\w/{{])", text) is not None
+
+    assert [path for path in document["paths"] if not named(path)] == []
+
+
 # -- the site ----------------------------------------------------------------------------------
 
 def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
@@ -328,15 +370,18 @@ def _cli_help(*words: str) -> str:
 def test_every_command_and_option_of_the_cli_is_documented() -> None:
     text = "\n".join((ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("cli.md", "workflows.md"))
     missing = []
-    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
-    assert "start" in commands and "workflow" in commands
+    top = _cli_help()
+    commands = re.search(r"\{([a-z,]+)\}", top).group(1).split(",")
+    assert "start" in commands and "workflow" in commands and "cron" in commands
+    # Each command, groups included, is listed with a line saying what it does.
+    assert [c for c in commands if not re.search(rf"^    {c} +[A-Z]", top, re.M)] == []
     for command in commands:
         subcommands = [[command]]
-        if command == "workflow":
+        if command in ("workflow", "cron"):
             subcommands = [[command, sub] for sub in re.search(r"\{([a-z,]+)\}", _cli_help(command)).group(1).split(",")]
         for words in subcommands:
             if f"agentd {' '.join(words)}" not in text and not (
-                    len(words) == 2 and re.search(rf"agentd workflow [a-z|\\]*\b{words[1]}\b", text)):
+                    len(words) == 2 and re.search(rf"agentd {words[0]} [a-z|\\]*\b{words[1]}\b", text)):
                 missing.append(" ".join(words))
             for line in _cli_help(*words).splitlines():
                 names = re.findall(r"(--[a-z][a-z-]*)", line) if line.lstrip().startswith("-") else []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import logging
 import os
@@ -251,14 +253,25 @@ def init() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agentd` console script."""
     parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
-    parser.add_commands([start, stop, status, doctor, init, usage, budget])
+    # Each help text says its own default where there is one; argh's formatter would append
+    # the raw value as well ("(default: '')" after "default: start of this month").
+    plain = {"formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser.add_commands([start, stop, status, doctor, init, usage, budget], func_kwargs=plain)
     from agentd.cli.workflow import COMMANDS as workflow_commands
 
-    parser.add_commands(workflow_commands,
+    parser.add_commands(workflow_commands, func_kwargs=plain,
                         group_name="workflow",
-                        group_kwargs={"help": "create, list and run workflows (agentd workflow --help)"})
+                        group_kwargs={"title": "Create, list, run and delete workflows",
+                                      "help": "create, list and run workflows (agentd workflow --help)"})
     from agentd.cli.cron import COMMANDS as cron_commands
 
-    parser.add_commands(cron_commands, group_name="cron",
-                        group_kwargs={"help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
+    parser.add_commands(cron_commands, func_kwargs=plain, group_name="cron",
+                        group_kwargs={"title": "Add, list, run, pause, resume and remove cron jobs",
+                                      "help": "list, add, run, pause, resume and remove cron jobs (agentd cron --help)"})
+    words = sys.argv[1:] if argv is None else argv
+    if not words or words in (["workflow"], ["cron"]):
+        # A command is missing: say which ones there are, and fail as argparse does for a bad one.
+        with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit):
+            parser.parse_args([*words, "--help"])
+        raise SystemExit(2)
     parser.dispatch(argv=argv)

@@ -65,7 +65,7 @@ def cron_list(agent: str = "", as_json: bool = False) -> None:
 @argh.arg("--workflow", help="run this workflow (id or name) instead of an agent turn")
 @argh.arg("--input", help="the workflow's input")
 @argh.arg("--one-shot", help="run once, then disable the job")
-@argh.arg("--catch-up", choices=("skip", "once"), help="after downtime: skip or run once")
+@argh.arg("--catch-up", choices=("skip", "once"), help="after downtime: skip or run once (default: skip)")
 @argh.arg("--max-runs-per-day", type=int, help="pause the job after this many runs a day (UTC)")
 @argh.arg("--max-cost-usd-per-day", type=float, help="pause the job after it cost this many USD a day (UTC)")
 @argh.arg("--webhook", help="POST each result to this https:// URL")

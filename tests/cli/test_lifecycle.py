@@ -356,6 +356,26 @@ def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
         assert command in r.stdout
 
 
+@pytest.mark.parametrize("words", [[], ["workflow"], ["cron"]])
+def test_a_missing_command_shows_the_choices_and_fails(words: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "agentd", *words], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 2
+    assert r.stdout == ""
+    expected = {(): "{start,stop,status,doctor,init,usage,budget,workflow,cron}",
+                ("workflow",): "{create,list,run,runs,delete}", ("cron",): "{list,add,run,pause,resume,rm}"}
+    assert f"usage: agentd {' '.join(words)}".replace("  ", " ") in r.stderr
+    assert expected[tuple(words)] in r.stderr
+
+
+def test_option_help_states_each_default_once_in_words() -> None:
+    r = subprocess.run([sys.executable, "-m", "agentd", "usage", "--help"], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0
+    assert "ISO 8601 start (default: start of this month, UTC)\n" in r.stdout
+    assert "(default: '')" not in r.stdout and "(default: False)" not in r.stdout
+
+
 @pytest.mark.slow
 def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
     d = daemon_factory()
