@@ -58,6 +58,22 @@ class Browser:
         return WebDriverWait(self.chrome, seconds, poll_frequency=0.05,
                              ignored_exceptions=(WebDriverException,)).until(until)
 
+    def click_and_wait(self, button: Any) -> None:
+        """Click `button` (scrolled into view) and wait until the next page has loaded."""
+        from selenium.webdriver.common.by import By
+
+        self.chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+        old = self.chrome.find_element(By.TAG_NAME, "html")
+        button.click()
+        self.wait(lambda d: old.id != d.find_element(By.TAG_NAME, "html").id
+                  and d.execute_script("return document.readyState") == "complete")
+
+    def note(self) -> list[str]:
+        """The paragraphs of the page's note (what the last form did)."""
+        from selenium.webdriver.common.by import By
+
+        return [p.text for p in self.chrome.find_elements(By.CSS_SELECTOR, "#page-note p")]
+
     def page_width(self) -> int:
         return self.chrome.execute_script("return document.documentElement.scrollWidth")
 

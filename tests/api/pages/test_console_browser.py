@@ -60,15 +60,11 @@ def submit(web: Browser, element) -> None:
     """Submit the form `element` is in (through its button) and wait for the next page."""
     form = element if element.tag_name == "form" else element.find_element(By.XPATH, "ancestor::form")
     button = form.find_element(By.CSS_SELECTOR, "button[type=submit], button:not([type])")
-    web.chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
-    old = web.chrome.find_element(By.TAG_NAME, "html")
-    button.click()
-    web.wait(lambda d: old.id != d.find_element(By.TAG_NAME, "html").id
-             and d.execute_script("return document.readyState") == "complete")
+    web.click_and_wait(button)
 
 
 def note(web: Browser) -> list[str]:
-    return [p.text for p in web.chrome.find_elements(By.CSS_SELECTOR, "#page-note p")]
+    return web.note()
 
 
 def row_of(web: Browser, text: str):

@@ -51,15 +51,11 @@ def fill(web: Browser, element_id: str, text: str) -> None:
 
 def submit(web: Browser, button_id: str = "", button=None) -> None:
     button = button or web.chrome.find_element(By.ID, button_id)
-    web.chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
-    old = web.chrome.find_element(By.TAG_NAME, "html")
-    button.click()
-    web.wait(lambda d: old.id != d.find_element(By.TAG_NAME, "html").id
-             and d.execute_script("return document.readyState") == "complete")
+    web.click_and_wait(button)
 
 
 def note(web: Browser) -> list[str]:
-    return [p.text for p in web.chrome.find_elements(By.CSS_SELECTOR, "#page-note p")]
+    return web.note()
 
 
 def button(web: Browser, label: str):
