@@ -82,7 +82,8 @@ class ChannelContext:
                  audit: Callable[..., None],
                  load_state: Callable[[], dict[str, Any]],
                  save_state: Callable[[dict[str, Any]], None],
-                 configured: frozenset[str] | None = None) -> None:
+                 configured: frozenset[str] | None = None,
+                 store_secrets: Callable[[dict[str, str]], None] | None = None) -> None:
         self.name = name
         # The keys the adapter's `[channels.<name>]` section sets (None: an adapter made
         # outside the runtime). A webhook adapter opens its own port only when its section
@@ -93,6 +94,9 @@ class ChannelContext:
         self._audit = audit
         self.load_state = load_state
         self.save_state = save_state
+        # A credential the platform itself replaced (a rotated refresh token): written where
+        # the configure API writes secrets (secrets.env and the environment), never the database.
+        self.store_secrets = store_secrets
         self.log = logging.getLogger(f"agentd.channels.{name}")
         # `[api] trusted_proxies`: a webhook listener behind one of them records the
         # real sender, not the proxy (`client_of(peer, header)`, the runtime's).

@@ -85,7 +85,6 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
         if spec is None:
             raise BadRequest(f"{key}: unknown key for channel {info.name} "
                              f"(accepted: {', '.join(sorted(info.keys))})")
-        overrides.check_adapter_key(info.name, key)
         if value is None:
             continue
         out[key] = (overrides.check(value, info.name) if key == "overrides"

@@ -5,7 +5,7 @@ Honoured: `model`, `system_prompt`, `dm_policy`, `group_policy`, `rate_limit_per
 `threading`, `output_format` (read by the adapter's sender), `usage_footer`, `prefix_agent_name`,
 `typing_mode` and `lifecycle_reactions` (the last two on adapters whose platform has typing /
 reactions: agentd/channels/lifecycle.py). Keys agentd does not implement are refused (400
-naming the key) rather than saved and ignored; so are a few adapter-specific keys.
+naming the key) rather than saved and ignored.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ GROUP_POLICIES = ("respond", "mention-only", "shared", "ignore")
 FOOTERS = ("off", "tokens", "cost", "full")
 # Override keys agentd has no behaviour for: refused rather than saved and ignored.
 NOT_IMPLEMENTED: tuple[str, ...] = ()
-# Adapter keys of the catalogue that no adapter reads yet: refused, never saved.
-ADAPTER_KEYS_NOT_IMPLEMENTED = {
-    "matrix": ("refresh_token_env",),
-}
 SLACK_MODES = ("socket", "events")
 SLOW_DOWN = ("You are sending messages faster than this channel allows "
              "({limit} per minute). Please wait a moment and try again.")
@@ -91,13 +87,6 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
                              "group_policy, rate_limit_per_user, threading, output_format, usage_footer, "
                              "typing_mode, lifecycle_reactions, prefix_agent_name)")
     return out
-
-
-def check_adapter_key(channel: str, key: str) -> None:
-    """400 for an adapter key of the catalogue that agentd does not implement."""
-    if key in ADAPTER_KEYS_NOT_IMPLEMENTED.get(channel, ()):
-        raise BadRequest(f"{key}: not implemented by the {channel} adapter; remove it "
-                         "(it would be saved and ignored)")
 
 
 def check_adapter_value(channel: str, key: str, value: Any) -> Any:

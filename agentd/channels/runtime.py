@@ -158,7 +158,7 @@ class ChannelManager:
             name, self.listen_host, deliver=lambda msg: self.inbound.deliver(name, msg),
             audit=self.audit, load_state=lambda: dict(self.store.get_setting(key, {}) or {}),
             save_state=lambda state: self.store.set_setting(key, state),
-            configured=frozenset(self.sections.get(name) or {}))
+            configured=frozenset(self.sections.get(name) or {}), store_secrets=self.store_secrets)
         ctx.client_of = lambda peer, header: self.client_of(peer, header)
         return ctx
 

@@ -119,7 +119,7 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
     ("slack", {"overrides": {"threading": "yes"}}, "overrides.threading"),
     ("discord", {"auto_thread": "sometimes"}, "auto_thread"),
     ("telegram", {"thread_routes": {"general": "helper"}}, "thread_routes"),
-    ("matrix", {"refresh_token_env": "MATRIX_REFRESH"}, "refresh_token_env"),
+    ("matrix", {"refresh_token_env": "not a variable name"}, "refresh_token_env"),
 ])
 def test_keys_not_implemented_or_bad_are_refused_naming_them(channel_daemon, channel, body, named):
     before = (channel_daemon.home / "config.toml").read_text()

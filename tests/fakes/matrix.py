@@ -12,6 +12,12 @@ Media (client-server API v1.11, authenticated media): `POST /_matrix/media/v3/up
 answers an `mxc://` URI, `GET /_matrix/client/v1/media/download/{server}/{media}` serves
 it with the access token only; users send files as `m.image` / `m.file` messages.
 
+Refresh tokens (client-server API v1.3): with `refresh_token` set, `expire()` ends the
+current access token's life: calls with it answer 401 `M_UNKNOWN_TOKEN` with
+`soft_logout: true`, and `POST /_matrix/client/v3/refresh` trades the refresh token for a
+new access token and a new refresh token (the old one spent; a spent or unknown one is 401
+`M_UNKNOWN_TOKEN`, `soft_logout: false`). `refreshes` records each trade.
+
 An event keeps its whole content (`format`, `formatted_body` beside `body`); one over
 64 KiB is 413 M_TOO_LARGE.
 
@@ -33,8 +39,11 @@ MAX_EVENT = 65_536  # the spec's limit on an event's size (M_TOO_LARGE beyond it
 
 
 class FakeMatrix(FakeServer):
-    def __init__(self, token: str, bot: str = "@bot:test") -> None:
+    def __init__(self, token: str, bot: str = "@bot:test", refresh_token: str = "") -> None:
         self.token, self.bot = token, bot
+        self.refresh_token = refresh_token
+        self.expired: set[str] = set()  # access tokens past their life
+        self.refreshes: list[dict[str, str]] = []  # {"used": refresh token, "access": new token}
         self.events: list[tuple[str, dict[str, Any]]] = []  # (room, event); index = stream position
         self.txns: dict[tuple[str, str], str] = {}
         self.typing: list[tuple[str, str, bool]] = []
@@ -62,10 +71,30 @@ class FakeMatrix(FakeServer):
             kind, data = self.media[media]
             return data, 200, {"Content-Type": kind}
 
+        @app.post(PREFIX + "/refresh")
+        def refresh():
+            body = request.get_json(silent=True)
+            if not isinstance(body, dict) or not isinstance(body.get("refresh_token"), str):
+                return jsonify({"errcode": "M_MISSING_PARAM", "error": "refresh_token is required"}), 400
+            with self.cond:
+                if not self.refresh_token or body["refresh_token"] != self.refresh_token:
+                    return jsonify({"errcode": "M_UNKNOWN_TOKEN", "error": "Unknown refresh token",
+                                    "soft_logout": False}), 401
+                self.expired.add(self.token)
+                self.token, self.refresh_token = f"syt_{uuid.uuid4().hex}", f"syr_{uuid.uuid4().hex}"
+                self.refreshes.append({"used": body["refresh_token"], "access": self.token})
+                return jsonify({"access_token": self.token, "refresh_token": self.refresh_token,
+                                "expires_in_ms": 60_000})
+
         @app.before_request
         def auth():
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return jsonify({"errcode": "M_UNKNOWN_TOKEN", "error": "Invalid access token"}), 401
+            if request.path == PREFIX + "/refresh":
+                return None  # the refresh token is the credential, in the body
+            header = request.headers.get("Authorization") or ""
+            if header != f"Bearer {self.token}" or self.token in self.expired:
+                soft = header.removeprefix("Bearer ") in self.expired
+                return jsonify({"errcode": "M_UNKNOWN_TOKEN", "error": "Access token has expired" if soft
+                                else "Invalid access token", "soft_logout": soft}), 401
 
         @app.before_request
         def throttled():
@@ -210,6 +239,12 @@ class FakeMatrix(FakeServer):
                                                                     "event_id": event_id}}}))
             self.cond.notify_all()
             return new_id
+
+    def expire(self) -> None:
+        """The current access token expires (soft logout): the client must refresh it."""
+        with self.cond:
+            self.expired.add(self.token)
+            self.cond.notify_all()
 
     def reactions_on(self, event_id: str) -> list[str]:
         """The bot's live reactions on `event_id`."""

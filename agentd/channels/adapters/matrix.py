@@ -12,17 +12,23 @@ names it, a pill or the body names its user id, or the message replies to one of
 Files: `m.image`, `m.file`, `m.audio` and `m.video` messages carry an `mxc://` URI, fetched
 through the homeserver's authenticated media API (`GET /_matrix/client/v1/media/download/
 {server}/{media}` with the access token), never from anywhere else; files go out with
-`POST /_matrix/media/v3/upload` and an `m.image` or `m.file` message naming the new URI."""
+`POST /_matrix/media/v3/upload` and an `m.image` or `m.file` message naming the new URI.
+
+With `refresh_token_env`, an expired access token (401 `M_UNKNOWN_TOKEN`, `soft_logout`) is
+traded at `POST /_matrix/client/v3/refresh` and the call repeated (matrix_auth.py); the new
+pair replaces the old one in `secrets.env`."""
 
 from __future__ import annotations
 
 import collections
 import html
+import os
 import uuid
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
+from agentd.channels.adapters.matrix_auth import RefreshingToken
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
 from agentd.channels.conversation import reply_thread
@@ -43,8 +49,26 @@ class MatrixAdapter(PollingAdapter):
         self.reaction_events: dict[tuple[str, str, str], str] = {}  # (room, event, emoji) -> reaction
 
     def prepare(self) -> None:
-        self.client(self.env("access_token_env"), self.settings.get("homeserver_url") or "https://matrix.org")
+        token = self.env("access_token_env")
+        self.client(token, self.settings.get("homeserver_url") or "https://matrix.org")
         self.user_id = str(self.settings.get("user_id") or "")
+        if self.settings.get("refresh_token_env"):
+            self.auth = RefreshingToken(self.homeserver, token, self.env("refresh_token_env"), self._save_tokens)
+            self.http.session.auth = self.auth
+
+    def _save_tokens(self, access: str, refresh: str) -> None:
+        """Keep a refreshed pair: the homeserver spent the old refresh token, so a restart
+        must start from the new one."""
+        self.http.session.headers["Authorization"] = f"Bearer {access}"  # files fetched from now on
+        values = {self.settings["access_token_env"]: access, self.settings["refresh_token_env"]: refresh}
+        if self.ctx.store_secrets is None:
+            os.environ.update(values)
+            return
+        try:
+            self.ctx.store_secrets(values)
+        except OSError as exc:
+            self.ctx.log.warning("refreshed tokens kept in memory only, secrets.env not written: %s", exc)
+            os.environ.update(values)
 
     def client(self, token: str, homeserver: str) -> None:
         """The client-server API of `homeserver`, as the token's user."""
@@ -184,6 +208,11 @@ class MatrixAdapter(PollingAdapter):
         if event:
             self.http.request("PUT", f"{self.base}/rooms/{quote(conversation.chat_id, safe='')}/redact/"
                               f"{quote(event, safe='')}/{uuid.uuid4().hex}", json={}, retries=0)
+
+    def close(self) -> None:
+        super().close()
+        if getattr(self, "auth", None) is not None:
+            self.auth.close()
 
     def test_target(self, override: str = "") -> Conversation:
         room = override or next(iter(self.settings.get("allowed_rooms") or []), "")
