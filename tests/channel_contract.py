@@ -152,6 +152,30 @@ def rate_limited(daemon, case: Case, fake) -> None:
     assert fake.sent[-1]["at"] - asked >= 1.0
 
 
+SLOW_DOWN = ("You are sending messages faster than this channel allows (1 per minute). "
+             "Please wait a moment and try again.")
+
+
+def overrides(daemon, case: Case, fake, fake_llm) -> None:
+    """The channel's `overrides` reach the run and the reply: its model and system prompt go
+    to the model, the reply starts with the agent's name, and a second message within the
+    minute gets the polite refusal instead of a run."""
+    setup(daemon, case, fake, overrides={"model": "gpt-4o-mini", "system_prompt": f"Speak as the {case.name} bot.",
+                                         "prefix_agent_name": True, "rate_limit_per_user": 1})
+    first = f"overridden on {case.name}"
+    chat = case.say(fake, case.user, first)
+    wait_for(lambda: case.replies(fake, chat), what=f"{case.name} reply")
+    assert case.replies(fake, chat) == [f"[helper] echo: {first}"], case.replies(fake, chat)
+    sent = [r["json"] for r in list(fake_llm.requests) if first in str(r.get("json"))][-1]
+    assert sent["model"] == "gpt-4o-mini"
+    assert f"Speak as the {case.name} bot." in next(m["content"] for m in sent["messages"] if m["role"] == "system")
+    second = f"too soon on {case.name}"
+    chat = case.say(fake, case.user, second)
+    wait_for(lambda: len(case.replies(fake, chat)) == 2, what=f"{case.name} refusal")
+    assert case.replies(fake, chat)[-1] == SLOW_DOWN
+    assert not [r for r in list(fake_llm.requests) if second in str(r.get("json"))]
+
+
 def reconnect_and_stop(daemon, case: Case, fake, down_for: float = 1.0) -> None:
     """The platform goes away and comes back: the adapter reconnects; DELETE stops it."""
     setup(daemon, case, fake)

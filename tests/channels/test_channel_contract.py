@@ -51,6 +51,16 @@ def test_rate_limit(daemon, case, fake):
     contract.rate_limited(daemon, case, fake)
 
 
+# The overrides are read by the one inbound path all adapters share; these platforms each
+# answer differently (threads, topics, HTML, mrkdwn), so the reply is checked on each.
+OVERRIDES = ("telegram", "matrix", "slack", "discord", "zulip", "rocketchat")
+
+
+@pytest.mark.parametrize("case", [pytest.param(CASES[name], id=name) for name in OVERRIDES])
+def test_overrides(daemon, case, fake, fake_llm):
+    contract.overrides(daemon, case, fake, fake_llm)
+
+
 @pytest.mark.parametrize("case", adapters("reconnect_and_stop"))
 def test_reconnect_and_stop(daemon, case, fake):
     contract.reconnect_and_stop(daemon, case, fake)

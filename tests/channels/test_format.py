@@ -135,10 +135,17 @@ def test_whatsapp_markup():
     TRICKY,
     "- top\n  - child\n    1. one\n    2. two\n       - grand\n\n       more\n\n       ```sh\n       ls\n       ```\n- back",
     "10. ten\n11. eleven\n    - sub\n\n> quoted **text** `x`\n\n***\n\n# H [l](http://a.b/(x)) snake_case \\*lit\\*",
+    "[helper] see [1], \\[a\\](b), \\[r\\]: x, [q\\]\\[z] and _e_ __s__ x_ _y a_b é_é [l](http://a.b) [",
 ])
 def test_markdown_written_back_parses_to_the_same_reply(source):
     assert parse(only(source, "markdown")) == parse(source)
     assert parse(only(source, "discord").replace("\u200b", "")) == parse(source)
+
+
+def test_markdown_escapes_only_what_would_be_read_as_markup():
+    text = "[helper] see [1] in file_name.txt, not \\[a\\](b), *x* and 2\\*3 or _y"
+    assert only(text, "markdown") == "[helper] see [1] in file_name.txt, not [a\\](b), *x* and 2\\*3 or \\_y"
+    assert only(text, "discord") == "[helper] see [1] in file_name.txt, not [a\\](b), *x* and 2\\*3 or \\_y"
 
 
 # -- splitting -----------------------------------------------------------------------------

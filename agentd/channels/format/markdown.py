@@ -8,10 +8,12 @@ import re
 from agentd.channels.format.document import EM, STRIKE, STRONG, Span
 from agentd.channels.format.layout import LineTarget
 
-# What would be read as markup: emphasis and code marks, brackets, a "<" that could open
-# an autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
-# so a platform that shows the text raw shows few backslashes.
-SPECIAL = re.compile(r"([\\`*_~\[\]]|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
+# What would be read as markup: emphasis and code marks; a "_" unless it sits between two
+# letters or digits (intraword, where it never starts emphasis); a "]" that could close a
+# link or a reference ("](", "][", "]:", or the text's end); a "<" that could open an
+# autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
+# so "[helper]" or "file_name" read as written where a platform shows the text raw.
+SPECIAL = re.compile(r"([\\`*~]|(?<![^\W_])_|_(?![^\W_])|\](?=[(\[:]|\Z)|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
 LINE_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)", re.M)
 
 
