@@ -3,9 +3,10 @@ password fields): checked here, written to `secrets.env` and the daemon's enviro
 the same writer as provider keys (agentd/providers.py), never to config.toml.
 
 A secret belongs to one of the adapter's `*_env` keys; the section records the variable's
-NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_TOKEN`) or a
-name of the adapter's own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a
-provider key or anything else of the daemon's environment.
+NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_TOKEN`; for a
+key without one, `<ADAPTER>_<KEY>` such as `MATRIX_REFRESH_TOKEN`) or a name of the adapter's
+own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a provider key or anything
+else of the daemon's environment.
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ def secret_values(info: ChannelInfo, values: dict[str, Any], secrets: Any) -> di
             continue  # an empty password field keeps what is stored
         if not isinstance(value, str) or len(value) > MAX_SECRET or any(c in value for c in "\r\n\0"):
             raise BadRequest(f"secrets.{key}: must be a single-line string of at most {MAX_SECRET} characters")
-        name = values.get(key) or keys[key]
-        if not name:
-            raise BadRequest(f"secrets.{key}: name its variable in {key} (like {info.name.upper()}_TOKEN)")
+        # A key without a catalogue default (matrix refresh_token_env) is named after itself.
+        name = values.get(key) or keys[key] or f"{info.name.upper()}_{key.removesuffix('_env').upper()}"
         if not allowed_name(info, key, name):
             raise BadRequest(f"{key}: a secret saved by agentd goes to {keys[key] or 'a variable'} or a variable "
                              f"starting with {info.name.upper()}_, not {name}")

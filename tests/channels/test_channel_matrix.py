@@ -113,3 +113,16 @@ def test_a_refused_refresh_token_is_a_connection_error_naming_the_refresh(channe
         assert "syr_first" not in str(audit(channel_daemon))
     finally:
         channel_daemon.delete("/api/channels/matrix/configure")
+
+
+def test_a_refresh_token_without_a_variable_name_is_stored_under_matrix_refresh_token(channel_daemon):
+    try:
+        response = channel_daemon.post("/api/channels/matrix/configure", json={
+            "access_token_env": "MATRIX_ACCESS_TOKEN", "homeserver_url": "http://127.0.0.1:9",
+            "secrets": {"refresh_token_env": "syr_named_by_default"}})
+        assert response.status_code == 200, response.text
+        assert response.json()["secrets_saved"] == ["MATRIX_REFRESH_TOKEN"]
+        assert secrets_env(channel_daemon)["MATRIX_REFRESH_TOKEN"] == "syr_named_by_default"
+        assert 'refresh_token_env = "MATRIX_REFRESH_TOKEN"' in (channel_daemon.home / "config.toml").read_text()
+    finally:
+        channel_daemon.delete("/api/channels/matrix/configure")
