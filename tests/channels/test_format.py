@@ -146,6 +146,8 @@ def test_markdown_escapes_only_what_would_be_read_as_markup():
     text = "[helper] see [1] in file_name.txt, not \\[a\\](b), *x* and 2\\*3 or _y"
     assert only(text, "markdown") == "[helper] see [1] in file_name.txt, not [a\\](b), *x* and 2\\*3 or \\_y"
     assert only(text, "discord") == "[helper] see [1] in file_name.txt, not [a\\](b), *x* and 2\\*3 or \\_y"
+    # Discord reads "||" as a spoiler mark and "_" after a letter outside ASCII as emphasis.
+    assert only("a || b || c and é_x_é", "discord") == "a \\|\\| b \\|\\| c and é\\_x\\_é"
 
 
 # -- splitting -----------------------------------------------------------------------------

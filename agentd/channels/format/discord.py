@@ -23,7 +23,8 @@ class Discord(Markdown):
     name = "discord"
 
     def escape(self, text: str) -> str:
-        return neutralise(super().escape(text))
+        # "||" opens and closes a spoiler on Discord, not in CommonMark.
+        return neutralise(super().escape(text)).replace("||", "\\|\\|")
 
     def heading(self, spans: list[Span], level: int) -> str:
         # Discord draws three heading sizes.

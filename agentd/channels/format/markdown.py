@@ -13,7 +13,7 @@ from agentd.channels.format.layout import LineTarget
 # link or a reference ("](", "][", "]:", or the text's end); a "<" that could open an
 # autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
 # so "[helper]" or "file_name" read as written where a platform shows the text raw.
-SPECIAL = re.compile(r"([\\`*~]|(?<![^\W_])_|_(?![^\W_])|\](?=[(\[:]|\Z)|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
+SPECIAL = re.compile(r"([\\`*~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=[(\[:]|\Z)|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
 LINE_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)", re.M)
 
 
