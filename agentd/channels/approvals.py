@@ -25,7 +25,8 @@ from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.channels")
 # `/approve <id>`; `!approve` too, for clients (IRC, Matrix) that take `/word` as their own command.
-COMMAND = re.compile(r"^\s*[/!](approve|reject)\s+([0-9a-fA-F-]{6,64})\s*$")
+# `/deny` is the word people reach for as often as `/reject`: both reject.
+COMMAND = re.compile(r"^\s*[/!](approve|reject|deny)\s+([0-9a-fA-F-]{6,64})\s*$")
 NOT_ALLOWED = ("Sorry, you cannot answer this approval: only the people allowed to use this "
                "conversation with the agent can.")
 UNKNOWN = "There is no pending approval {id} in this conversation (it may have been decided already)."
@@ -59,7 +60,10 @@ def parse(text: str) -> tuple[str, str] | None:
     counts: an email reply quotes the request below the answer."""
     first = next((line for line in (text or "").splitlines() if line.strip()), "")
     match = COMMAND.match(first)
-    return (match.group(1), match.group(2).replace("-", "").lower()) if match else None
+    if not match:
+        return None
+    verb = "reject" if match.group(1) == "deny" else match.group(1)
+    return verb, match.group(2).replace("-", "").lower()
 
 
 class ChatApprovals:

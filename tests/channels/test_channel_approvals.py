@@ -471,6 +471,8 @@ def test_irc_typed_approve_and_refusal(daemon, ircd):
     ("/approve 3f0c9a1b2c3d4e5f", ("approve", "3f0c9a1b2c3d4e5f")),
     ("  !REJECT 3F0C9A1B2C3D  ", None),  # the verb is lower case, as typed from the request
     ("!reject 3F0C9A1B2C3D", ("reject", "3f0c9a1b2c3d")),
+    ("/deny 3f0c9a1b2c3d", ("reject", "3f0c9a1b2c3d")),
+    ("!deny 3f0c9a1b2c3d", ("reject", "3f0c9a1b2c3d")),
     ("/approve 3f0c9a1b2c3d\n\n> Reply /approve 3f0c9a1b2c3d or /reject ...", ("approve", "3f0c9a1b2c3d")),
     ("please /approve 3f0c9a1b2c3d", None),
     ("/approve", None),
