@@ -117,3 +117,14 @@ def test_poll_interval_secs_pauses_between_get_updates(channel_daemon, telegram)
     wait_for(lambda: len(telegram.polls) >= start + 3, timeout=15, what="three polls")
     starts = [p["at"] for p in telegram.polls[start:start + 3]]
     assert all(later - earlier < 1.8 for earlier, later in zip(starts[1:], starts[2:])), starts
+
+
+def test_poll_interval_secs_pauses_between_get_updates_calls(channel_daemon, telegram):
+    setup(channel_daemon, telegram, poll_interval_secs=1.5)
+    wait_for(lambda: len(telegram.polls) >= 2, what="polling")
+    said = time.time()
+    telegram.user_says(531, "paced", username="ann")  # the long poll in flight returns it at once
+    wait_for(lambda: telegram.replies_to(531), what="reply")
+    wait_for(lambda: [p for p in telegram.polls if p["at"] > said], what="the next getUpdates")
+    following = [p["at"] for p in telegram.polls if p["at"] > said]
+    assert following[0] - said >= 1.4  # not at once: the pause came first
