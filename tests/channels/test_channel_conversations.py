@@ -137,6 +137,27 @@ def test_mention_only_answers_mentions_and_replies_to_the_bot(daemon, telegram):
     assert fake.replies_to(room)[1] == "echo: a reply to the bot"
 
 
+def test_dm_and_group_policies_apart(daemon, telegram, fake_llm):
+    """dm_policy governs direct chats only and group_policy groups only."""
+    fake, setup = telegram
+    setup(overrides={"dm_policy": "ignore", "group_policy": "respond"})
+    room = GROUP - 5
+    fake.user_says(ANN, "a direct word", "ann")
+    fake.user_says(ANN, "a group word", "ann", room, "supergroup")
+    wait_for(lambda: fake.replies_to(room) == ["echo: a group word"], what="group answered")
+    wait_for(lambda: "dm_policy is ignore" in refusals(daemon, "telegram"), what="direct refusal")
+    assert fake.replies_to(ANN) == [] and prompts(fake_llm, "a direct word") == []
+    setup(overrides={"dm_policy": "mention-only", "group_policy": "ignore"})
+    fake.user_says(ANN, "another group word", "ann", room, "supergroup")
+    fake.user_says(ANN, "no mention here", "ann")
+    fake.user_says(ANN, "@agentd_bot now with one", "ann")
+    wait_for(lambda: fake.replies_to(ANN) == ["echo: now with one"], what="mentioned direct message answered")
+    reasons = refusals(daemon, "telegram")
+    assert "group_policy is ignore" in reasons
+    assert "dm_policy is mention-only and the bot was not mentioned" in reasons
+    assert fake.replies_to(room) == ["echo: a group word"] and prompts(fake_llm, "no mention here") == []
+
+
 def test_threading_false_answers_in_the_chat(daemon, telegram):
     fake, setup = telegram
     setup(overrides={"threading": False})
