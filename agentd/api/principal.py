@@ -170,6 +170,20 @@ def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -
                 raise unknown(ref) from None
 
 
+def reach_workflow(workflow_id: Any, unknown: Callable[[str], AgentdError] | None = None) -> None:
+    """Refuse a workflow with a step on an agent outside the key's list, as `reach_agent`
+    refuses that agent. An unknown workflow is left to the route's own checks."""
+    if not principal().agents or not isinstance(workflow_id, str):
+        return
+    try:
+        steps = current_app.extensions["agentd.kernel"].workflows.get(workflow_id)["steps"]
+    except AgentdError:
+        return
+    for step in steps:
+        if step.get("agent"):
+            reach_agent(next(iter(step["agent"].values()), None), unknown)
+
+
 def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
     """The rows a key limited to some agents may see: those whose agent fields (`agent_id`
     unless named) name only its agents, or no agent."""

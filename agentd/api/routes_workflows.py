@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_agent
+from agentd.api.principal import principal, reach_workflow
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -65,12 +65,9 @@ def delete(workflow_id: str):
 def payer(workflow_id: str) -> str:
     """The scoped key a run of the workflow is started by (it pays for the steps); 404 `agent
     not found` when a step names an agent outside the key's list."""
-    who = principal()
-    if who.agents:
-        for step in kernel().workflows.get(workflow_id)["steps"]:
-            if step.get("agent"):
-                reach_agent(next(iter(step["agent"].values())))
-    return who.key_id
+    kernel().workflows.get(workflow_id)  # (unknown: 404 workflow not found)
+    reach_workflow(workflow_id)
+    return principal().key_id
 
 
 @bp.post("/api/workflows/<workflow_id>/run")
