@@ -461,6 +461,47 @@ def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:
     assert bad.status_code == 400 and "user" in bad.json()["error"]
 
 
+def test_two_keys_on_one_agent_see_sessions_of_their_own(d: Daemon, fake_llm) -> None:
+    agent_id, _ = spawn(d, "shared")
+    tag = uuid.uuid4().hex[:6]
+    one, two = new_key(d), new_key(d)
+    ones = as_key(d, one, "POST", f"/api/agents/{agent_id}/message", json={"message": f"{tag} one says hi"})
+    assert ones.status_code == 200, ones.text
+    streamed = as_key(d, two, "POST", f"/api/agents/{agent_id}/message/stream", json={"message": f"{tag} two says hi"})
+    assert streamed.status_code == 200 and "event: done" in streamed.text
+    mark = len(fake_llm.requests)
+    assert as_key(d, one, "POST", f"/api/agents/{agent_id}/message",
+                  json={"message": f"{tag} one again"}).status_code == 200
+    assert _histories(fake_llm, mark, f"{tag} one again") == [[f"{tag} one says hi", f"{tag} one again"]]
+
+    def contents(key: dict[str, Any] | None, **query: str) -> tuple[str, list[str]]:
+        r = as_key(d, key, "GET", f"/api/agents/{agent_id}/session", params=query) if key else \
+            d.get(f"/api/agents/{agent_id}/session", params=query)
+        assert r.status_code == 200, r.text
+        return r.json()["session_id"], [m["content"] for m in r.json()["messages"]]
+
+    own_id, seen = contents(one)
+    assert seen == [f"{tag} one says hi", f"echo: {tag} one says hi", f"{tag} one again", f"echo: {tag} one again"]
+    two_id, seen = contents(two)
+    assert seen == [f"{tag} two says hi", f"echo: {tag} two says hi"]
+    agent_session = d.get(f"/api/agents/{agent_id}").json()["session_id"]
+    assert len({own_id, two_id, agent_session}) == 3
+    assert contents(None) == (agent_session, [])  # the admin's: the agent's own, which no key talked in
+    # A person's session is read with the `user` the messages named.
+    assert as_key(d, one, "POST", f"/api/agents/{agent_id}/message",
+                  json={"message": f"{tag} for dana", "user": "dana"}).status_code == 200
+    assert contents(one, user="dana")[1] == [f"{tag} for dana", f"echo: {tag} for dana"]
+    assert contents(two, user="dana")[1] == []  # a key's people are its own
+    r = as_key(d, one, "GET", f"/api/agents/{agent_id}/session", params={"user": ""})
+    assert r.status_code == 400 and "user" in r.json()["error"]
+    # A reset with a key clears the session it talks in, not another's.
+    manager = new_key(d, scopes=["read", "message", "manage"])
+    assert as_key(d, manager, "POST", f"/api/agents/{agent_id}/message", json={"message": f"{tag} m"}).status_code == 200
+    r = as_key(d, manager, "POST", f"/api/agents/{agent_id}/session/reset")
+    assert r.status_code == 200 and r.json()["session_id"] == contents(manager)[0], r.text
+    assert contents(manager)[1] == [] and len(contents(one)[1]) == 4
+
+
 def test_keys_need_an_admin_key(daemon_factory, fake_llm) -> None:
     keyless = daemon_factory(llm_config(fake_llm), env_extra=LLM_ENV)
     r = keyless.post("/api/keys", json={"name": "x", "scopes": ["read"]})
