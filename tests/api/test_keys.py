@@ -174,9 +174,18 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     assert as_key(d, key, "GET", f"/api/agents/{inside}").status_code == 200
     models = {m["id"] for m in as_key(d, key, "GET", "/v1/models").json()["data"]}
     assert f"agentd:{inside_name}" in models and f"agentd:{outside_name}" not in models
+
+    def refusals() -> list[dict[str, Any]]:
+        return [e["detail"] for e in d.get("/api/audit/recent", params={"limit": 100}).json()
+                if e["event"] == "key.refused" and e["subject"] == key["name"]]
+
+    before = len(refusals())
     r = as_key(d, key, "POST", "/v1/chat/completions",
                json={"model": f"agentd:{outside_name}", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # Refused as absent, and audited as a refusal of the key like every other.
+    assert len(refusals()) == before + 1
+    assert refusals()[0] == {"key_id": key["id"], "reason": "agent", "agent_id": outside}
     by_id = new_key(d, agents=[outside])
     assert as_key(d, by_id, "GET", f"/api/agents/{outside}").status_code == 200
     assert as_key(d, by_id, "GET", f"/api/agents/{inside}").status_code == 404
