@@ -337,7 +337,58 @@ def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
     assert d.post(f"/api/workflows/{mine}/run", json={"input": "admin"}).json()["status"] == "completed"
     for path in (f"/api/workflows/{foreign}/run", f"/api/workflows/{foreign}/runs"):
         r = as_key(d, key, "POST", path, json={"input": "x"})
-        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (path, r.text)
+        assert r.status_code == 404 and r.json() == {"error": "workflow not found"}, (path, r.text)
+
+
+def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
+    _, mine = spawn(d, "wf-mine")
+    _, hidden = spawn(d, "wf-hidden")
+
+    def workflow(agent: str) -> str:
+        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
+                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
+        assert r.status_code == 201, r.text
+        return r.json()["workflow_id"]
+
+    own, foreign = workflow(mine), workflow(hidden)
+    run = d.post(f"/api/workflows/{foreign}/run", json={"input": "private"}).json()
+    assert run["status"] == "completed", run
+    key = new_key(d, scopes=["read", "message", "manage"], agents=[mine])
+    listed = [w["id"] for w in as_key(d, key, "GET", "/api/workflows").json()]
+    assert own in listed and foreign not in listed
+    assert as_key(d, key, "GET", f"/api/workflows/{own}").status_code == 200
+    definition = {"name": "taken over", "steps": [{"name": "one", "agent_name": mine, "prompt": "x"}]}
+    for method, path, error in [("GET", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("PUT", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("DELETE", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("GET", f"/api/workflows/{foreign}/runs", "workflow not found"),
+                                ("GET", f"/api/workflows/runs/{run['run_id']}", "workflow run not found"),
+                                ("GET", f"/api/workflows/runs/{run['run_id']}/events", "workflow run not found"),
+                                ("POST", f"/api/workflows/runs/{run['run_id']}/cancel", "workflow run not found")]:
+        r = as_key(d, key, method, path, json=definition if method == "PUT" else None)
+        assert r.status_code == 404 and r.json() == {"error": error}, (method, path, r.text)
+    assert d.get(f"/api/workflows/{foreign}").json()["steps"][0]["agent"] == {"name": hidden}  # unchanged
+    # A definition naming the agent is refused as one naming no agent the key may see.
+    for method, path in [("POST", "/api/workflows"), ("PUT", f"/api/workflows/{own}")]:
+        for step in ({"agent_name": hidden}, {"agent": {"name": hidden}}, {"agent_id": foreign_id(d, hidden)}):
+            body = {"name": f"wf-{uuid.uuid4().hex[:6]}", "steps": [{"name": "one", "prompt": "x", **step}]}
+            r = as_key(d, key, method, path, json=body)
+            assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (method, step, r.text)
+    # The dashboard's lists leave it out too.
+    browser = requests.Session()
+    login = browser.get(f"{d.url}/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+    assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                        allow_redirects=False).status_code == 303
+    for page in ("/workflows", "/", "/schedules"):
+        text = browser.get(f"{d.url}{page}").text
+        assert foreign not in text and hidden not in text, page
+    assert browser.get(f"{d.url}/workflows/{foreign}").status_code == 404
+    assert browser.get(f"{d.url}/workflows/runs/{run['run_id']}").status_code == 404
+
+
+def foreign_id(d: Daemon, name: str) -> str:
+    return next(a["id"] for a in d.get("/api/agents").json() if a["name"] == name)
 
 
 def test_a_key_rate_limit(d: Daemon) -> None:

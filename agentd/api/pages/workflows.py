@@ -8,6 +8,7 @@ from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
+from agentd.api.principal import reachable_workflows
 from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
@@ -19,7 +20,8 @@ RUNS_SHOWN = 20
 @bp.get("/workflows")
 def workflows():
     engine = kernel().workflows
-    return render_template("workflows.html", workflows=engine.list(), runs=engine.recent_runs(RUNS_SHOWN))
+    return render_template("workflows.html", workflows=reachable_workflows(engine.list()),
+                           runs=reachable_workflows(engine.recent_runs(RUNS_SHOWN), "workflow_id"))
 
 
 def _workflow_page(workflow_id: str, status: int = 200, error: str = "", draft: str = ""):
