@@ -199,6 +199,18 @@ def reach_workflow(workflow_id: Any, unknown: Callable[[str], AgentdError] | Non
         reach_agent(ref, unknown)
 
 
+def reach_definition(data: Any) -> None:
+    """Refuse a workflow definition (a request body) with a step on an agent outside the
+    key's list: 404 `agent not found`, as if the agent did not exist."""
+    steps = data.get("steps") if isinstance(data, dict) else None
+    for step in steps if isinstance(steps, list) else []:
+        if isinstance(step, dict):
+            agent = step.get("agent")
+            for ref in [step.get("agent_name"), step.get("agent_id"),
+                        *(agent.values() if isinstance(agent, dict) else ())]:
+                reach_agent(ref)
+
+
 def reachable_workflows(rows: list[dict[str, Any]], field: str = "id") -> list[dict[str, Any]]:
     """The workflows (or runs: `field="workflow_id"`) a key limited to some agents may see:
     those whose steps name only its agents."""

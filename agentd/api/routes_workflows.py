@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_agent, reach_workflow, reachable_workflows
+from agentd.api.principal import principal, reach_definition, reach_workflow, reachable_workflows
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -24,13 +24,7 @@ def _definition() -> object:
     """The request's workflow definition; a step on an agent outside a scoped key's list is
     404 `agent not found`, as if the agent did not exist."""
     data = body.json_body()
-    steps = data.get("steps") if isinstance(data, dict) else None
-    for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict):
-            agent = step.get("agent")
-            for ref in [step.get("agent_name"), step.get("agent_id"),
-                        *(agent.values() if isinstance(agent, dict) else ())]:
-                reach_agent(ref)
+    reach_definition(data)
     return data
 
 

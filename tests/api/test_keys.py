@@ -380,7 +380,7 @@ def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
     token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
     assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
                         allow_redirects=False).status_code == 303
-    for page in ("/workflows", "/", "/schedules"):
+    for page in ("/workflows", "/", "/schedules", "/workflows/new"):
         text = browser.get(f"{d.url}{page}").text
         assert foreign not in text and hidden not in text, page
     assert browser.get(f"{d.url}/workflows/{foreign}").status_code == 404
