@@ -55,6 +55,8 @@ class KeyRuns:
     def _acting(self, key_id: str) -> Principal:
         who = self.keys.acting(key_id)
         who.require(CREATING_SCOPE)
+        # Before a trigger counts a firing (the run's own check comes after it).
+        self.keys.budgets.check_budget(key_id)
         return who
 
     @staticmethod

@@ -194,3 +194,10 @@ def test_a_keys_trigger_runs_as_the_key_and_is_refused_once_disabled(d: Daemon) 
     assert refusal()[0]["detail"]["error"] == f"API key '{key['name']}' is disabled"
     assert spent(d, key)[1] == 1
     assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1  # a refusal is no firing
+    # Over its budget: refused the same way.
+    d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True, "budget_usd_per_day": 0.000001})
+    event = d.post("/api/events", json={"event_type": word}).json()["event_id"]
+    wait_until(refusal, "the firing refused for the budget")
+    assert refusal()[0]["detail"]["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its "
+                                                      "budget: ")
+    assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1
