@@ -15,7 +15,7 @@ from agentd.agents.run_request import check_message
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.api.principal import principal, run_fields
+from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.runs import run_blocking
 from agentd.api.schemas import (MESSAGE_SCHEMA, AgentModelSchema, ManifestSchema, MessageSchema, ModeSchema,
                                 SessionQuery, SpawnSchema)
@@ -279,12 +279,7 @@ def profiles():
 @bp.get("/api/approvals")
 @doc("Pending Manual-mode tool calls", tags="approvals", response={"type": "array", "items": out.ApprovalSchema})
 def approvals():
-    pending = kernel().approvals.pending()
-    who = principal()
-    if who.agents:  # a key limited to some agents sees their approvals only
-        reachable = {h.id for h in who.visible(kernel().agents.handles())}
-        pending = [p for p in pending if p["agent_id"] in reachable]
-    return jsonify(pending)
+    return jsonify(reachable(kernel().approvals.pending()))
 
 
 @bp.post("/api/approvals/<approval_id>/approve")

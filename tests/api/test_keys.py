@@ -273,6 +273,16 @@ def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
         assert approval is not None, "no approval appeared"
         key = new_key(d, scopes=["read", "manage"], agents=["nobody-*"])
         assert as_key(d, key, "GET", "/api/approvals").json() == []
+        # Nor on the dashboard's approvals and overview pages.
+        browser = requests.Session()
+        login = browser.get(f"{d.url}/login")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                            allow_redirects=False).status_code == 303
+        for page in ("/approvals", "/"):
+            text = browser.get(f"{d.url}{page}").text
+            assert approval["id"] not in text and approval["agent_name"] not in text, page
+        assert approval["agent_name"] in d.get("/approvals").text  # the admin's page shows it
         for decision in ("approve", "reject"):
             r = as_key(d, key, "POST", f"/api/approvals/{approval['id']}/{decision}")
             assert r.status_code == 404 and r.json() == {"error": "approval not found"}, r.text

@@ -12,7 +12,7 @@ from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages.notes import see_other_with
-from agentd.api.principal import principal, run_fields
+from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.routes_agents import message_text
 from agentd.api.runs import run_blocking
 from agentd.errors import AgentdError, BadRequest, Conflict, NotFound, PayloadTooLarge
@@ -264,7 +264,7 @@ def agent_kill(agent_id: str):
 
 @bp.get("/approvals")
 def approvals():
-    return render_template("approvals.html", approvals=kernel().approvals.pending())
+    return render_template("approvals.html", approvals=reachable(kernel().approvals.pending()))
 
 
 @bp.post("/approvals/<approval_id>/<decision>")
