@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 from pony import orm
 
-from agentd.errors import Conflict, NotFound, Unauthorized
+from agentd.errors import Conflict, Forbidden, NotFound, Unauthorized
 from agentd.key_budgets import KeyBudgets
 from agentd.principals import ADMIN, Principal
 from agentd.store import Store
@@ -233,6 +233,24 @@ class ApiKeys:
                 return None
             return Principal(row.id, row.name, list(row.scopes), list(row.agents or []),
                              row.rate_limit_per_minute, refused=self.refused)
+
+    def acting(self, key_id: str) -> Principal:
+        """The principal a cron job or trigger created by `key_id` runs as; Forbidden saying
+        why when the key was deleted, is disabled or expired (audited as a refusal)."""
+        with orm.db_session:
+            row = self.store.e.ApiKeyRow.get(id=key_id)
+            if row is None:
+                raise Forbidden(f"the API key that created it was deleted (key id {key_id})")
+            name, enabled, expires = row.name, row.enabled, row.expires_at
+            who = Principal(row.id, row.name, list(row.scopes), list(row.agents or []),
+                            row.rate_limit_per_minute, refused=self.refused)
+        if not enabled:
+            self.audit("key.refused", name, {"key_id": key_id, "reason": "disabled"})
+            raise Forbidden(f"API key '{name}' is disabled")
+        if expires is not None and self._now() >= expires:
+            self.audit("key.refused", name, {"key_id": key_id, "reason": "expired"})
+            raise Forbidden(f"API key '{name}' expired at {iso(expires)}")
+        return who
 
     def refused(self, who: Principal, why: str, detail: dict[str, Any]) -> None:
         """Audit one refused request of a key (its name, never its secret)."""

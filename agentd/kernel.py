@@ -58,6 +58,7 @@ from agentd.workflows import WorkflowEngine
 from agentd.audit import AuditLog
 from agentd.apikeys import ApiKeys
 from agentd.key_budgets import KeyBudgets
+from agentd.key_runs import KeyRuns
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
@@ -204,8 +205,10 @@ class Kernel:
                                         shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
         from agentd.triggers.service import Triggers
 
+        # Cron jobs and triggers created with a scoped key run as that key.
+        key_runs = KeyRuns(self.keys, registry.find, lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
-                                 config.triggers.rate_limit_per_minute, self.audit.record)
+                                 config.triggers.rate_limit_per_minute, self.audit.record, key_runs)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
@@ -238,7 +241,7 @@ class Kernel:
                                    wake=cron_wake,
                                    live_daemons=(lambda: {d["id"] for d in self.cluster.daemons()})
                                    if self.cluster.shared else None,
-                                   on_lag=self.metrics.scheduler_lag.observe)
+                                   on_lag=self.metrics.scheduler_lag.observe, key_runs=key_runs)
         self.cluster.on_tick.append(self.scheduler.reap)
         # The effective configuration and its hot reload (agentd/settings.py).
         self.settings = Settings(config, self.catalog, self.audit.record,

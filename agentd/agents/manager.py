@@ -103,8 +103,8 @@ class AgentManager:
         return self.spawn_warnings(handle)
 
     # -- sessions and uploads ---------------------------------------------------------
-    def session(self, handle: AgentHandle) -> dict[str, Any]:
-        return self.sessions.session(handle)
+    def session(self, handle: AgentHandle, session_id: str | None = None) -> dict[str, Any]:
+        return self.sessions.session(handle, session_id)
 
     def delete_session(self, session_id: str) -> None:
         self.sessions.delete_session(session_id)

@@ -201,15 +201,16 @@ class SessionStore:
                 if self.store.e.SessionRow.get(id=session_id) is None:
                     raise
 
-    def session(self, handle: AgentHandle) -> dict[str, Any]:
-        """GET /api/agents/{id}/session."""
+    def session(self, handle: AgentHandle, session_id: str | None = None) -> dict[str, Any]:
+        """GET /api/agents/{id}/session (`session_id`: another session of the agent, a person's)."""
+        session_id = session_id or handle.session_id
         with orm.db_session:
-            row = self.store.e.SessionRow.get(id=handle.session_id)
+            row = self.store.e.SessionRow.get(id=session_id)
             label = row.label if row is not None else None
-            rows = self.store.raw_rows(self._SELECT, {"session": handle.session_id})
+            rows = self.store.raw_rows(self._SELECT, {"session": session_id})
         stored = _decode(body for (body,) in rows)
         messages = api_view(stored)
-        return {"session_id": handle.session_id, "agent_id": handle.id,
+        return {"session_id": session_id, "agent_id": handle.id,
                 "message_count": len(messages),
                 "context_window_tokens": estimate_tokens(stored, handle.manifest.model["system_prompt"]),
                 "label": label, "messages": messages}

@@ -120,10 +120,26 @@ class KeyLimits:
 TASK_AGENTS = ("assigned_to", "claimed_by", "created_by")
 
 
+def step_agents(steps: list[dict[str, Any]]) -> list[str]:
+    """The agents (ids or names) a workflow's steps name."""
+    return [ref for step in steps if step.get("agent")
+            for ref in [next(iter(step["agent"].values()), None)] if isinstance(ref, str) and ref]
+
+
+def _workflow_agents(kernel: Any, workflow_id: str) -> list[str]:
+    return step_agents(kernel.workflows.get(workflow_id)["steps"])
+
+
 def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], str] | None:
-    """(agent ids, what is not found) for a cron job, trigger, pending approval or task named
-    in the path (a task names up to three agents: for whom, by whom, by whom posted)."""
+    """(agent ids or names, what is not found) for a cron job, trigger, pending approval,
+    task, workflow or workflow run named in the path (a task names up to three agents: for
+    whom, by whom, by whom posted; a workflow those of its steps)."""
     try:
+        if "workflow_id" in view_args:
+            return _workflow_agents(kernel, view_args["workflow_id"]), "workflow not found"
+        if "run_id" in view_args:
+            run = kernel.workflows.run_detail(view_args["run_id"])
+            return _workflow_agents(kernel, run["workflow_id"]), "workflow run not found"
         if "approval_id" in view_args:
             found = [a for a in kernel.approvals.pending() if a["id"] == view_args["approval_id"]]
             return ([found[0]["agent_id"]], "approval not found") if found else None
@@ -168,6 +184,53 @@ def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -
                 if unknown is None:
                     raise
                 raise unknown(ref) from None
+
+
+def reach_workflow(workflow_id: Any, unknown: Callable[[str], AgentdError] | None = None) -> None:
+    """Refuse a workflow with a step on an agent outside the key's list, as `reach_agent`
+    refuses that agent. An unknown workflow is left to the route's own checks."""
+    if not principal().agents or not isinstance(workflow_id, str):
+        return
+    try:
+        agents = _workflow_agents(current_app.extensions["agentd.kernel"], workflow_id)
+    except AgentdError:
+        return
+    for ref in agents:
+        reach_agent(ref, unknown)
+
+
+def reach_definition(data: Any) -> None:
+    """Refuse a workflow definition (a request body) with a step on an agent outside the
+    key's list: 404 `agent not found`, as if the agent did not exist."""
+    steps = data.get("steps") if isinstance(data, dict) else None
+    for step in steps if isinstance(steps, list) else []:
+        if isinstance(step, dict):
+            agent = step.get("agent")
+            for ref in [step.get("agent_name"), step.get("agent_id"),
+                        *(agent.values() if isinstance(agent, dict) else ())]:
+                reach_agent(ref)
+
+
+def reachable_workflows(rows: list[dict[str, Any]], field: str = "id") -> list[dict[str, Any]]:
+    """The workflows (or runs: `field="workflow_id"`) a key limited to some agents may see:
+    those whose steps name only its agents."""
+    who = principal()
+    if not who.agents:
+        return rows
+    kernel = current_app.extensions["agentd.kernel"]
+    seen: dict[str, bool] = {}
+
+    def ok(workflow_id: str) -> bool:
+        if workflow_id not in seen:
+            try:
+                refs = _workflow_agents(kernel, workflow_id)
+            except AgentdError:
+                refs = []
+            handles = [kernel.agents.find(ref) for ref in refs]
+            seen[workflow_id] = all(h is None or who.may_reach(h) for h in handles)
+        return seen[workflow_id]
+
+    return [r for r in rows if ok(r[field])]
 
 
 def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:

@@ -15,10 +15,11 @@ from agentd.agents.run_request import check_message
 from agentd.agents.manifest import MANIFEST_LIMIT, profile_list
 from agentd.api import body
 from agentd.api.routes_system import kernel
-from agentd.api.principal import principal, run_fields
+from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.runs import run_blocking
-from agentd.api.schemas import MESSAGE_SCHEMA, ManifestSchema, MessageSchema, ModeSchema, AgentModelSchema, SpawnSchema
-from agentd.errors import BadRequest, Conflict, PayloadTooLarge
+from agentd.api.schemas import (MESSAGE_SCHEMA, AgentModelSchema, ManifestSchema, MessageSchema, ModeSchema,
+                                SessionQuery, SpawnSchema)
+from agentd.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
 bp = Blueprint("agents", __name__)
@@ -133,16 +134,29 @@ def message(agent_id: str):
     text = message_text(data)
     try:
         result = run_blocking(kernel(), handle, text, data["attachments"],
-                              run=run_fields(principal(), handle, data.get("user"), data.get("session")))
+                              run=run_fields(principal(), handle, data.get("user"), data.get("session"),
+                                             own_session=True))
     except RunCancelled:
         raise Conflict("run cancelled: the agent was stopped before it answered") from None
     return jsonify(result_body(result))
 
 
+def talking_in(handle: AgentHandle) -> str | None:
+    """The session `?user=` / `?session=` name, for the request's key, as a message with
+    them talks in: None for the agent's own (the admin's without either)."""
+    query = body.validate(SessionQuery(), request.args.to_dict())
+    return run_fields(principal(), handle, query.get("user"), query.get("session"),
+                      own_session=True).get("session_id")
+
+
 @bp.get("/api/agents/<agent_id>/session")
-@doc("The agent's session (conversation history)", tags="agents", response=out.SessionSchema)
+@doc("The agent's session (conversation history)", tags="agents", query=SessionQuery, response=out.SessionSchema,
+     description="Without `user` or `session`: the agent's own session, or for a scoped key the session it "
+                 "talks in without them (its own). With one: that person's or named session, as a message "
+                 "naming it talks in (a scoped key's people are its own).")
 def session(agent_id: str):
-    return jsonify(kernel().agents.session(agent(agent_id)))
+    handle = agent(agent_id)
+    return jsonify(kernel().agents.session(handle, talking_in(handle)))
 
 
 @bp.put("/api/agents/<agent_id>/mode")
@@ -210,11 +224,20 @@ def compact(agent_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/session/reset")
-@doc("Clear the agent's session", tags="agents", response=out.ResetSchema)
+@doc("Clear the agent's session", tags="agents", query=SessionQuery, response=out.ResetSchema,
+     description="The session `GET /api/agents/{id}/session` with the same `user` or `session` shows "
+                 "(a scoped key's own without them).")
 def reset(agent_id: str):
     handle = agent(agent_id)
-    kernel().agents.reset_session(handle)
-    return jsonify({"status": "reset", "agent_id": handle.id, "session_id": handle.session_id})
+    session_id = talking_in(handle)
+    if session_id is None:
+        kernel().agents.reset_session(handle)
+    else:
+        try:
+            kernel().agents.delete_session(session_id)
+        except NotFound:
+            pass  # never talked in: nothing to clear
+    return jsonify({"status": "reset", "agent_id": handle.id, "session_id": session_id or handle.session_id})
 
 
 @bp.delete("/api/sessions/<session_id>")
@@ -256,12 +279,7 @@ def profiles():
 @bp.get("/api/approvals")
 @doc("Pending Manual-mode tool calls", tags="approvals", response={"type": "array", "items": out.ApprovalSchema})
 def approvals():
-    pending = kernel().approvals.pending()
-    who = principal()
-    if who.agents:  # a key limited to some agents sees their approvals only
-        reachable = {h.id for h in who.visible(kernel().agents.handles())}
-        pending = [p for p in pending if p["agent_id"] in reachable]
-    return jsonify(pending)
+    return jsonify(reachable(kernel().approvals.pending()))
 
 
 @bp.post("/api/approvals/<approval_id>/approve")

@@ -8,7 +8,7 @@ from marshmallow import fields
 from agentd.api import body
 from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
-from agentd.api.principal import reach_agent, reachable
+from agentd.api.principal import principal, reach_agent, reach_workflow, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
 from agentd.errors import BadRequest
@@ -31,12 +31,24 @@ def _body() -> dict:
     if isinstance(data, dict):
         # An agent outside a scoped key's list is refused in the words an unknown one gets.
         reach_agent(data.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+        reach_job_workflow(data.get("action"))
     return data
+
+
+def reach_job_workflow(action: object) -> None:
+    """A workflow action whose steps name an agent outside a scoped key's list is refused as
+    one naming an unknown workflow."""
+    if isinstance(action, dict) and action.get("kind") == "workflow_run":
+        workflow_id = action.get("workflow_id")
+        reach_workflow(workflow_id, lambda _ref: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
 
 
 @bp.post("/api/cron/jobs")
 @doc("Create a cron job", tags="cron", body=sc.JOB_CREATE, ok=201, response=sc.JOB,
-     description="`agent_id` takes the agent's id or name. A 400 names the field at fault.",
+     description="`agent_id` takes the agent's id or name. A 400 names the field at fault. A job created "
+                 "with a scoped API key runs as that key (`key_id`): its spend counts toward the key's budget, "
+                 "and a run is refused (failed, with the reason) once the key is deleted, disabled, expired, "
+                 "over its budget or no longer reaches the agent.",
      errors={409: "The agent has as many jobs as `[schedules] max_jobs_per_agent` allows"},
      links={"GetJob": ("cron.detail", {"job_id": "$response.body#/id"}),
             "UpdateJob": ("cron.update", {"job_id": "$response.body#/id"}),
@@ -48,7 +60,7 @@ def _body() -> dict:
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
                    "max_runs_per_day": 3})
 def create():
-    return jsonify(kernel().cron.create(_body())), 201
+    return jsonify(kernel().cron.create(_body(), key_id=principal().key_id)), 201
 
 
 @bp.get("/api/cron/jobs")

@@ -62,9 +62,12 @@ def resolve_agent(model: str) -> AgentHandle:
     """`agentd:<name>`, then an agent UUID, then a plain agent name."""
     agents = kernel().agents
     handle = agents.by_name(model[len(PREFIX):]) if model.startswith(PREFIX) else agents.find(model)
-    if handle is None or handle.killed or not principal().may_reach(handle):
+    if handle is None or handle.killed:
         raise ModelNotFound(model)
-    return handle
+    try:
+        return principal().reach(handle)  # (an agent outside a key's list is audited as refused)
+    except NotFound:
+        raise ModelNotFound(model) from None
 
 
 def _parts(content: Any, index: int) -> tuple[str, list[ImagePart]]:

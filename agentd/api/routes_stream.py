@@ -39,7 +39,7 @@ def message_stream(agent_id: str):
         k.runs.build_user_message(handle, text, data["attachments"])
     return stream_run(k, handle, text, data["attachments"], None,
                       StreamShape(opening=(), render=_render, keep_alive=comment("keep-alive")),
-                      run=run_fields(principal(), handle, data.get("user"), data.get("session")))
+                      run=run_fields(principal(), handle, data.get("user"), data.get("session"), own_session=True))
 
 
 def _render(event: Event) -> tuple[list[str], bool]:

@@ -7,7 +7,7 @@ from flask import Blueprint, jsonify, request
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import reach_agent, reachable
+from agentd.api.principal import principal, reach_agent, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas_triggers import EventSchema, TriggerCreateSchema, TriggerQuery, TriggerUpdateSchema
 
@@ -17,7 +17,10 @@ bp = Blueprint("triggers", __name__)
 @bp.post("/api/triggers")
 @doc("Create a trigger", tags="triggers", body=TriggerCreateSchema, ok=201, response=out.TriggerSchema,
      description="Runs the agent with `prompt_template` (`{{event}}` replaced by the event as JSON) whenever "
-                 "an event matches `pattern`. A run a trigger started never fires its own agent's triggers.",
+                 "an event matches `pattern`. A run a trigger started never fires its own agent's triggers. "
+                 "A trigger created with a scoped API key runs as that key (`key_id`): its spend counts toward "
+                 "the key's budget, and a firing is refused (audited `trigger.refused`) once the key is deleted, "
+                 "disabled, expired, over its budget or no longer reaches the agent.",
      body_example={"agent_id": "3f0c8a52-6f1e-4c39-9a57-2d8f3c1b7e10", "pattern": {"content_match": "deploy"},
                    "prompt_template": "Something happened: {{event}}", "max_runs_per_day": 20},
      errors={404: "No agent with that id or name"},
@@ -27,7 +30,7 @@ bp = Blueprint("triggers", __name__)
 def create():
     data = body.load(TriggerCreateSchema())
     reach_agent(data.get("agent_id"))
-    return jsonify(kernel().triggers.create(data)), 201
+    return jsonify(kernel().triggers.create(data, key_id=principal().key_id)), 201
 
 
 @bp.get("/api/triggers")

@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_agent
+from agentd.api.principal import principal, reach_definition, reach_workflow, reachable_workflows
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -20,10 +20,19 @@ from agentd.api.sse import comment, format_event, sse_response
 bp = Blueprint("workflows", __name__)
 
 
+def _definition() -> object:
+    """The request's workflow definition; a step on an agent outside a scoped key's list is
+    404 `agent not found`, as if the agent did not exist."""
+    data = body.json_body()
+    reach_definition(data)
+    return data
+
+
 @bp.post("/api/workflows")
 @doc("Create a workflow", tags="workflows", body=WorkflowSchema, ok=201, response=out.WorkflowCreatedSchema,
      description="Steps are checked at create time (agent references, enums, templates); a 400 names the "
                  "step and field.",
+     errors={404: "A step names an agent outside the scoped key's list (`agent not found`)"},
      links={"GetWorkflow": ("workflows.detail", {"workflow_id": "$response.body#/workflow_id"}),
             "RunWorkflow": ("workflows.run", {"workflow_id": "$response.body#/workflow_id"}),
             "StartRun": ("workflows.start_run", {"workflow_id": "$response.body#/workflow_id"}),
@@ -31,14 +40,14 @@ bp = Blueprint("workflows", __name__)
             "UpdateWorkflow": ("workflows.update", {"workflow_id": "$response.body#/workflow_id"}),
             "DeleteWorkflow": ("workflows.delete", {"workflow_id": "$response.body#/workflow_id"})})
 def create():
-    workflow_id = kernel().workflows.create(body.json_body())
+    workflow_id = kernel().workflows.create(_definition())
     return jsonify({"workflow_id": workflow_id}), 201
 
 
 @bp.get("/api/workflows")
 @doc("List workflows", tags="workflows", response={"type": "array", "items": out.WorkflowItemSchema})
 def list_workflows():
-    return jsonify(kernel().workflows.list())
+    return jsonify(reachable_workflows(kernel().workflows.list()))
 
 
 @bp.get("/api/workflows/<workflow_id>")
@@ -48,9 +57,10 @@ def detail(workflow_id: str):
 
 
 @bp.put("/api/workflows/<workflow_id>")
-@doc("Replace a workflow's definition", tags="workflows", body=WorkflowSchema, response=out.WorkflowChangedSchema)
+@doc("Replace a workflow's definition", tags="workflows", body=WorkflowSchema, response=out.WorkflowChangedSchema,
+     errors={404: "No such workflow, or a step names an agent outside the scoped key's list (`agent not found`)"})
 def update(workflow_id: str):
-    kernel().workflows.update(workflow_id, body.json_body())
+    kernel().workflows.update(workflow_id, _definition())
     return jsonify({"status": "updated", "workflow_id": workflow_id})
 
 
@@ -65,12 +75,9 @@ def delete(workflow_id: str):
 def payer(workflow_id: str) -> str:
     """The scoped key a run of the workflow is started by (it pays for the steps); 404 `agent
     not found` when a step names an agent outside the key's list."""
-    who = principal()
-    if who.agents:
-        for step in kernel().workflows.get(workflow_id)["steps"]:
-            if step.get("agent"):
-                reach_agent(next(iter(step["agent"].values())))
-    return who.key_id
+    kernel().workflows.get(workflow_id)  # (unknown: 404 workflow not found)
+    reach_workflow(workflow_id)
+    return principal().key_id
 
 
 @bp.post("/api/workflows/<workflow_id>/run")

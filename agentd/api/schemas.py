@@ -134,6 +134,13 @@ class _Query(Schema):
         unknown = EXCLUDE
 
 
+class SessionQuery(_Query):
+    user = fields.String(validate=validate.Length(min=1, max=256), metadata={
+        "description": "The session of this person (as a message's `user` names it)"})
+    session = fields.String(validate=validate.Length(min=1, max=256), metadata={
+        "description": "The named session (as a message's `session` names it; beats `user`)"})
+
+
 class ModelsQuery(_Query):
     provider = fields.String(metadata={"description": "Only this provider's models"})
     tier = fields.String(metadata={"description": "Only this tier"})

@@ -82,7 +82,10 @@ JOB: dict[str, Any] = {"type": "object", "required": [
         "max_runs_per_day": {"type": ["integer", "null"]}, "max_cost_usd_per_day": {"type": ["number", "null"]},
         "next_run_at": {"type": ["string", "null"], "description": "The next due time (UTC); null while paused"},
         "last_run": LAST_RUN, "paused_reason": _NULL_STR,
-        "origin": {"type": "string", "enum": ["api", "tool", "manifest"]}, "created_at": _TIME}}
+        "origin": {"type": "string", "enum": ["api", "tool", "manifest"]},
+        "key_id": {"type": ["string", "null"], "description": "The scoped API key that created the job; its runs "
+                   "act as that key (its budget, agent list and state apply). null: the admin's"},
+        "created_at": _TIME}}
 
 RUN: dict[str, Any] = {"type": "object", "required": [
     "id", "job_id", "started_at", "finished_at", "status", "reason", "cost_usd", "output", "error", "delivery"],

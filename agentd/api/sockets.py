@@ -148,7 +148,7 @@ class AgentSocket:
                 raise BadRequest("'user' and 'session' must be strings")
             ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
                                                        origin="ws", **run_fields(self.who, self.handle, user,
-                                                                                 session)))
+                                                                                 session, own_session=True)))
         except AgentdError as exc:  # quota, budget, the agent's queue is full
             self.send("error", content=exc.message)
             return

@@ -32,7 +32,7 @@ FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_
           "max_runs_per_day", "max_cost_usd_per_day"}
 PUBLIC = ("id", "name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
           "max_runs_per_day", "max_cost_usd_per_day", "next_run_at", "last_run", "paused_reason", "origin",
-          "created_at")
+          "key_id", "created_at")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -199,11 +199,13 @@ class CronJobs:
         return out
 
     # -- operations ----------------------------------------------------------------------
-    def create(self, data: Any, origin: str = "api") -> dict[str, Any]:
+    def create(self, data: Any, origin: str = "api", key_id: str = "") -> dict[str, Any]:
+        """A new job; `key_id`: the scoped API key creating it, which its runs act as."""
         fields = self.validate(data)
         if "agent_id" not in data and fields["action"]["kind"] == "agent_turn":
             raise BadRequest("agent_id: required")
         fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"])
+        fields["key_id"] = key_id or None
         return self.add(fields, origin)
 
     def add(self, fields: dict[str, Any], origin: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@ PostgreSQL database only one daemon wins) and then decides:
   (`enabled: false`, `paused_reason`) and audited;
 * else the run starts on the run pool: an agent turn through the one run path
   (`Runs.start(RunRequest(..., origin="schedule"))`) or a workflow run, then the delivery.
+  A job created with a scoped API key runs as that key (agentd/key_runs.py): its spend is
+  the key's, and a key deleted, disabled, expired or over its budget fails the run, saying so.
 
 A run record left `running` by a daemon that died is failed by the cluster heartbeat
 (`reap`), as the lease reaper fails agent runs.
@@ -24,7 +26,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Executor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agentd.agents.events import Event
 from agentd.agents.handle import RunOptions
@@ -40,6 +42,9 @@ from agentd.schedules.delivery import Delivery
 from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
 from agentd.schedules.store import CronStore
 from agentd.store.outage import log_failure
+
+if TYPE_CHECKING:
+    from agentd.key_runs import KeyRuns
 
 OVERLAP = "previous run still running"
 log = logging.getLogger("agentd.schedules")
@@ -58,10 +63,10 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 class Scheduler:
     def __init__(self, store: CronStore, settings: SchedulesConfig, daemon_id: str, runs: Runs,
-                 find_agent: Callable[[str], Any], run_workflow: Callable[[str, str], dict[str, Any]],
+                 find_agent: Callable[[str], Any], run_workflow: Callable[[str, str, str], dict[str, Any]],
                  delivery: Delivery, listeners: AgentListeners, audit: Audit, executor: Executor,
                  wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None,
-                 on_lag: Callable[[float], None] | None = None,
+                 on_lag: Callable[[float], None] | None = None, key_runs: KeyRuns | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
@@ -86,6 +91,8 @@ class Scheduler:
         self.live_daemons = live_daemons
         # Told how late each due time this daemon claimed was handled (the metrics' histogram).
         self.on_lag = on_lag
+        # The scoped key a job created with one acts as (None: every job is the admin's).
+        self.key_runs = key_runs
         # Set when a job changes on this daemon (CronJobs is given its `set`).
         self._wake = wake or threading.Event()
         self._stop = threading.Event()
@@ -260,7 +267,9 @@ class Scheduler:
         output, error, cost = None, None, None
         try:
             if job["action"]["kind"] == "workflow_run":
-                result = self.run_workflow(job["action"]["workflow_id"], job["action"].get("input", ""))
+                workflow_id = job["action"]["workflow_id"]
+                payer = self.key_runs.workflow_payer(job.get("key_id"), workflow_id) if self.key_runs else ""
+                result = self.run_workflow(workflow_id, job["action"].get("input", ""), payer)
                 output, error = result.get("output"), result.get("error")
             else:
                 output, cost = self._agent_turn(job)
@@ -311,6 +320,7 @@ class Scheduler:
         handle = self.find_agent(job["agent_id"])
         if handle is None:
             raise AgentdError(f"agent {job['agent_id']} not found")
+        acting = self.key_runs.fields(job.get("key_id"), handle) if self.key_runs else {}
         message = job["action"]["message"]
         sockets = self.listeners.of(handle.id)
         for socket in sockets:
@@ -322,7 +332,7 @@ class Scheduler:
                 socket.on_event(event)
 
         request = RunRequest(handle, message, options=RunOptions(source="cron"), emit=emit if sockets else None,
-                             on=CALLER, origin="schedule", from_client=False)
+                             on=CALLER, origin="schedule", from_client=False, **acting)
         timeout = job["action"].get("timeout_secs")
         try:
             ticket = self.runs.start(request)

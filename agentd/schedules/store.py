@@ -222,7 +222,7 @@ def _job(row: Any) -> dict[str, Any]:
             "max_cost_usd_per_day": row.max_cost_usd_per_day, "next_due": row.next_due,
             "next_run_at": iso_seconds(row.next_due), "last_run": dict(row.last_run) if row.last_run else None,
             "paused_reason": row.paused_reason, "origin": row.origin, "failures": row.failures,
-            "backoff_until": row.backoff_until,
+            "backoff_until": row.backoff_until, "key_id": row.key_id,
             "created_at": row.created_at.isoformat().replace("+00:00", "Z")}
 
 

@@ -198,6 +198,8 @@ def define_schedule_entities(db: Database) -> dict[str, Any]:
         backoff_until = Optional(float, nullable=True, optimistic=False)
         last_run = Optional(orm.Json, nullable=True)
         created_at = Required(datetime)
+        # The scoped API key that created the job: its runs act as that key (NULL: the admin's).
+        key_id = Optional(str, nullable=True)
 
     class CronRunRow(db.Entity):
         _table_ = "cron_runs"
@@ -329,6 +331,8 @@ def define_autonomy_entities(db: Database) -> dict[str, Any]:
         fire_count = Required(int, default=0)
         last_fired_at = Optional(datetime, nullable=True)
         created_at = Required(datetime)
+        # The scoped API key that created the trigger: its runs act as that key (NULL: the admin's).
+        key_id = Optional(str, nullable=True)
 
     class TaskRow(db.Entity):
         """One task of the shared board; claims are conditional updates of `status`."""

@@ -125,6 +125,14 @@ def _coordination_8(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE cluster_daemons ADD COLUMN url TEXT")
 
 
+def _step_9(cur: Any, backend: str) -> None:
+    """Cron jobs and triggers name the scoped API key that created them (`key_id`): their
+    runs act as that key. Existing ones name none (the admin's)."""
+    for table in ("cron_jobs", "triggers"):
+        if table_exists(cur, backend, table) and not column_exists(cur, backend, table, "key_id"):
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN key_id TEXT")
+
+
 # The time columns of the entities at schema 7 (frozen: a later step names its own).
 TIME_COLUMNS_V7 = {
     "agents": ("created_at", "last_active"), "sessions": ("created_at",), "memory_kv": ("updated_at",),
@@ -173,7 +181,7 @@ def step_7(cur: Any, backend: str) -> None:
 
 # version -> step that brings a database from version-1 to version (existing tables only).
 STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6,
-                                                 7: step_7}
+                                                 7: step_7, 9: _step_9}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}

@@ -4,7 +4,8 @@ The service listens on the event bus. For each event it reads the enabled trigge
 event's kind, keeps those whose pattern matches, skips a trigger of the agent whose own
 trigger-started run caused the event (no loops), admits each firing against the trigger's
 rate limit and daily caps (agentd/triggers/store.py) and starts the run through the one run
-path with origin `trigger`. A run's cost is added to its trigger's day when it ends.
+path with origin `trigger` (as the scoped API key that created the trigger, if one did:
+agentd/key_runs.py). A run's cost is added to its trigger's day when it ends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from agentd.agents.manifest import Manifest
     from agentd.agents.registry import AgentRegistry
     from agentd.agents.runs import Runs
+    from agentd.key_runs import KeyRuns
 
 log = logging.getLogger("agentd.triggers")
 
@@ -58,8 +60,10 @@ class TriggerLifecycle:
 
 class Triggers:
     def __init__(self, store: TriggerStore, bus: EventBus, registry: AgentRegistry, runs: Runs,
-                 rate_limit_per_minute: int, audit: Audit | None = None) -> None:
+                 rate_limit_per_minute: int, audit: Audit | None = None, key_runs: KeyRuns | None = None) -> None:
         self.store = store
+        # The scoped key a trigger created with one acts as (None: every trigger is the admin's).
+        self.key_runs = key_runs
         self.registry = registry
         self.runs = runs
         self.rate_limit_per_minute = rate_limit_per_minute  # when a trigger sets none
@@ -67,7 +71,8 @@ class Triggers:
         bus.subscribe(self.on_event)
 
     # -- the API's operations --------------------------------------------------------
-    def create(self, data: dict[str, Any]) -> dict[str, Any]:
+    def create(self, data: dict[str, Any], key_id: str = "") -> dict[str, Any]:
+        """A new trigger; `key_id`: the scoped API key creating it, which its runs act as."""
         agent_id = data["agent_id"]
         handle = self.registry.find(agent_id)
         if handle is None:
@@ -78,7 +83,8 @@ class Triggers:
             raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
         caps = {name: check_cap(name, data.get(name), "trigger")
                 for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute")}
-        trigger = self.store.create(handle.id, kind, pattern, template, enabled=data.get("enabled", True), **caps)
+        trigger = self.store.create(handle.id, kind, pattern, template, enabled=data.get("enabled", True),
+                                    key_id=key_id or None, **caps)
         if self.audit is not None:
             self.audit("trigger.create", handle.name, {"trigger_id": trigger["id"], "agent_id": handle.id})
         return trigger
@@ -133,6 +139,11 @@ class Triggers:
         handle = self.registry.find(trigger.agent_id)
         if handle is None:
             return
+        try:
+            acting = self.key_runs.fields(trigger.key_id, handle) if self.key_runs else {}
+        except AgentdError as exc:
+            self._refused(trigger, handle, event, exc)
+            return
         admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
         if not admitted:
             log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
@@ -141,18 +152,22 @@ class Triggers:
 
         prompt = patterns.render(trigger.prompt_template, event)
         try:
-            ticket = self.runs.start(RunRequest(handle, prompt, on=WORKER, origin=ORIGIN, from_client=False))
+            ticket = self.runs.start(RunRequest(handle, prompt, on=WORKER, origin=ORIGIN, from_client=False,
+                                                **acting))
         except AgentdError as exc:
-            log.warning("trigger %s: agent %s refused the run: %s", trigger.id, handle.name, exc.message)
-            if self.audit is not None:
-                self.audit("trigger.refused", handle.name, {"trigger_id": trigger.id, "event_id": event.id,
-                                                            "error": exc.message[:200]})
+            self._refused(trigger, handle, event, exc)
             return
         if self.audit is not None:
             self.audit("trigger.fire", handle.name, {"trigger_id": trigger.id, "agent_id": handle.id,
                                                      "event_id": event.id, "event_type": event.type})
         if ticket.future is not None:
             ticket.future.add_done_callback(lambda f: self._finished(trigger, f))
+
+    def _refused(self, trigger: Trigger, handle: AgentHandle, event: Event, exc: AgentdError) -> None:
+        log.warning("trigger %s: agent %s refused the run: %s", trigger.id, handle.name, exc.message)
+        if self.audit is not None:
+            self.audit("trigger.refused", handle.name, {"trigger_id": trigger.id, "event_id": event.id,
+                                                        "error": exc.message[:200]})
 
     def _finished(self, trigger: Trigger, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:

@@ -34,6 +34,7 @@ class Trigger:
     agent_id: str
     pattern: dict[str, Any]
     prompt_template: str
+    key_id: str | None = None  # the scoped API key its runs act as (None: the admin's)
 
 
 def _naive(dt: datetime | None) -> datetime | None:
@@ -70,6 +71,7 @@ class TriggerStore:
             "cost_today_usd": round(row.cost_today, 10) if row.day == _today() else 0.0,
             "fire_count": row.fire_count,
             "last_fired_at": iso(row.last_fired_at) if row.last_fired_at else None,
+            "key_id": row.key_id,
             "created_at": iso(row.created_at),
         }
 
@@ -96,19 +98,19 @@ class TriggerStore:
         with orm.db_session:
             rows = self._whole(orm.select(t for t in self.store.e.TriggerRow
                                           if t.kind == kind and t.enabled and t.paused_reason is None))
-            return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template) for r in rows]
+            return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template, r.key_id) for r in rows]
 
     # -- writing -------------------------------------------------------------------
     def create(self, agent_id: str, kind: str, pattern: dict[str, Any], prompt_template: str,
                enabled: bool = True, max_runs_per_day: int | None = None,
                max_cost_usd_per_day: float | None = None, rate_limit_per_minute: int | None = None,
-               source: str = "api") -> dict[str, Any]:
+               source: str = "api", key_id: str | None = None) -> dict[str, Any]:
         with _write:
             row = self.store.e.TriggerRow(
                 id=str(uuid.uuid4()), agent_id=agent_id, kind=kind, pattern=json.dumps(pattern, ensure_ascii=False),
                 prompt_template=prompt_template, enabled=enabled, source=source,
                 max_runs_per_day=max_runs_per_day, max_cost_usd_per_day=max_cost_usd_per_day,
-                rate_limit_per_minute=rate_limit_per_minute, created_at=_now())
+                rate_limit_per_minute=rate_limit_per_minute, created_at=_now(), key_id=key_id or None)
             orm.flush()
             return self._json(row)
 

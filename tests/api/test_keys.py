@@ -174,9 +174,18 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     assert as_key(d, key, "GET", f"/api/agents/{inside}").status_code == 200
     models = {m["id"] for m in as_key(d, key, "GET", "/v1/models").json()["data"]}
     assert f"agentd:{inside_name}" in models and f"agentd:{outside_name}" not in models
+
+    def refusals() -> list[dict[str, Any]]:
+        return [e["detail"] for e in d.get("/api/audit/recent", params={"limit": 100}).json()
+                if e["event"] == "key.refused" and e["subject"] == key["name"]]
+
+    before = len(refusals())
     r = as_key(d, key, "POST", "/v1/chat/completions",
                json={"model": f"agentd:{outside_name}", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # Refused as absent, and audited as a refusal of the key like every other.
+    assert len(refusals()) == before + 1
+    assert refusals()[0] == {"key_id": key["id"], "reason": "agent", "agent_id": outside}
     by_id = new_key(d, agents=[outside])
     assert as_key(d, by_id, "GET", f"/api/agents/{outside}").status_code == 200
     assert as_key(d, by_id, "GET", f"/api/agents/{inside}").status_code == 404
@@ -264,6 +273,16 @@ def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
         assert approval is not None, "no approval appeared"
         key = new_key(d, scopes=["read", "manage"], agents=["nobody-*"])
         assert as_key(d, key, "GET", "/api/approvals").json() == []
+        # Nor on the dashboard's approvals and overview pages.
+        browser = requests.Session()
+        login = browser.get(f"{d.url}/login")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                            allow_redirects=False).status_code == 303
+        for page in ("/approvals", "/"):
+            text = browser.get(f"{d.url}{page}").text
+            assert approval["id"] not in text and approval["agent_name"] not in text, page
+        assert approval["agent_name"] in d.get("/approvals").text  # the admin's page shows it
         for decision in ("approve", "reject"):
             r = as_key(d, key, "POST", f"/api/approvals/{approval['id']}/{decision}")
             assert r.status_code == 404 and r.json() == {"error": "approval not found"}, r.text
@@ -328,7 +347,58 @@ def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
     assert d.post(f"/api/workflows/{mine}/run", json={"input": "admin"}).json()["status"] == "completed"
     for path in (f"/api/workflows/{foreign}/run", f"/api/workflows/{foreign}/runs"):
         r = as_key(d, key, "POST", path, json={"input": "x"})
-        assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (path, r.text)
+        assert r.status_code == 404 and r.json() == {"error": "workflow not found"}, (path, r.text)
+
+
+def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
+    _, mine = spawn(d, "wf-mine")
+    _, hidden = spawn(d, "wf-hidden")
+
+    def workflow(agent: str) -> str:
+        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
+                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
+        assert r.status_code == 201, r.text
+        return r.json()["workflow_id"]
+
+    own, foreign = workflow(mine), workflow(hidden)
+    run = d.post(f"/api/workflows/{foreign}/run", json={"input": "private"}).json()
+    assert run["status"] == "completed", run
+    key = new_key(d, scopes=["read", "message", "manage"], agents=[mine])
+    listed = [w["id"] for w in as_key(d, key, "GET", "/api/workflows").json()]
+    assert own in listed and foreign not in listed
+    assert as_key(d, key, "GET", f"/api/workflows/{own}").status_code == 200
+    definition = {"name": "taken over", "steps": [{"name": "one", "agent_name": mine, "prompt": "x"}]}
+    for method, path, error in [("GET", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("PUT", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("DELETE", f"/api/workflows/{foreign}", "workflow not found"),
+                                ("GET", f"/api/workflows/{foreign}/runs", "workflow not found"),
+                                ("GET", f"/api/workflows/runs/{run['run_id']}", "workflow run not found"),
+                                ("GET", f"/api/workflows/runs/{run['run_id']}/events", "workflow run not found"),
+                                ("POST", f"/api/workflows/runs/{run['run_id']}/cancel", "workflow run not found")]:
+        r = as_key(d, key, method, path, json=definition if method == "PUT" else None)
+        assert r.status_code == 404 and r.json() == {"error": error}, (method, path, r.text)
+    assert d.get(f"/api/workflows/{foreign}").json()["steps"][0]["agent"] == {"name": hidden}  # unchanged
+    # A definition naming the agent is refused as one naming no agent the key may see.
+    for method, path in [("POST", "/api/workflows"), ("PUT", f"/api/workflows/{own}")]:
+        for step in ({"agent_name": hidden}, {"agent": {"name": hidden}}, {"agent_id": foreign_id(d, hidden)}):
+            body = {"name": f"wf-{uuid.uuid4().hex[:6]}", "steps": [{"name": "one", "prompt": "x", **step}]}
+            r = as_key(d, key, method, path, json=body)
+            assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (method, step, r.text)
+    # The dashboard's lists leave it out too.
+    browser = requests.Session()
+    login = browser.get(f"{d.url}/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+    assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
+                        allow_redirects=False).status_code == 303
+    for page in ("/workflows", "/", "/schedules", "/workflows/new"):
+        text = browser.get(f"{d.url}{page}").text
+        assert foreign not in text and hidden not in text, page
+    assert browser.get(f"{d.url}/workflows/{foreign}").status_code == 404
+    assert browser.get(f"{d.url}/workflows/runs/{run['run_id']}").status_code == 404
+
+
+def foreign_id(d: Daemon, name: str) -> str:
+    return next(a["id"] for a in d.get("/api/agents").json() if a["name"] == name)
 
 
 def test_a_key_rate_limit(d: Daemon) -> None:
@@ -459,6 +529,47 @@ def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:
         [f"{tag} carol one", f"{tag} carol two", f"{tag} carol three"]]
     bad = d.post(f"/api/agents/{agent_id}/message", json={"message": "x", "user": ""})
     assert bad.status_code == 400 and "user" in bad.json()["error"]
+
+
+def test_two_keys_on_one_agent_see_sessions_of_their_own(d: Daemon, fake_llm) -> None:
+    agent_id, _ = spawn(d, "shared")
+    tag = uuid.uuid4().hex[:6]
+    one, two = new_key(d), new_key(d)
+    ones = as_key(d, one, "POST", f"/api/agents/{agent_id}/message", json={"message": f"{tag} one says hi"})
+    assert ones.status_code == 200, ones.text
+    streamed = as_key(d, two, "POST", f"/api/agents/{agent_id}/message/stream", json={"message": f"{tag} two says hi"})
+    assert streamed.status_code == 200 and "event: done" in streamed.text
+    mark = len(fake_llm.requests)
+    assert as_key(d, one, "POST", f"/api/agents/{agent_id}/message",
+                  json={"message": f"{tag} one again"}).status_code == 200
+    assert _histories(fake_llm, mark, f"{tag} one again") == [[f"{tag} one says hi", f"{tag} one again"]]
+
+    def contents(key: dict[str, Any] | None, **query: str) -> tuple[str, list[str]]:
+        r = as_key(d, key, "GET", f"/api/agents/{agent_id}/session", params=query) if key else \
+            d.get(f"/api/agents/{agent_id}/session", params=query)
+        assert r.status_code == 200, r.text
+        return r.json()["session_id"], [m["content"] for m in r.json()["messages"]]
+
+    own_id, seen = contents(one)
+    assert seen == [f"{tag} one says hi", f"echo: {tag} one says hi", f"{tag} one again", f"echo: {tag} one again"]
+    two_id, seen = contents(two)
+    assert seen == [f"{tag} two says hi", f"echo: {tag} two says hi"]
+    agent_session = d.get(f"/api/agents/{agent_id}").json()["session_id"]
+    assert len({own_id, two_id, agent_session}) == 3
+    assert contents(None) == (agent_session, [])  # the admin's: the agent's own, which no key talked in
+    # A person's session is read with the `user` the messages named.
+    assert as_key(d, one, "POST", f"/api/agents/{agent_id}/message",
+                  json={"message": f"{tag} for dana", "user": "dana"}).status_code == 200
+    assert contents(one, user="dana")[1] == [f"{tag} for dana", f"echo: {tag} for dana"]
+    assert contents(two, user="dana")[1] == []  # a key's people are its own
+    r = as_key(d, one, "GET", f"/api/agents/{agent_id}/session", params={"user": ""})
+    assert r.status_code == 400 and "user" in r.json()["error"]
+    # A reset with a key clears the session it talks in, not another's.
+    manager = new_key(d, scopes=["read", "message", "manage"])
+    assert as_key(d, manager, "POST", f"/api/agents/{agent_id}/message", json={"message": f"{tag} m"}).status_code == 200
+    r = as_key(d, manager, "POST", f"/api/agents/{agent_id}/session/reset")
+    assert r.status_code == 200 and r.json()["session_id"] == contents(manager)[0], r.text
+    assert contents(manager)[1] == [] and len(contents(one)[1]) == 4
 
 
 def test_keys_need_an_admin_key(daemon_factory, fake_llm) -> None:

@@ -309,7 +309,7 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
         "migrating database schema to version 4", "migrating database schema to version 5",
         "migrating database schema to version 6", "migrating database schema to version 7",
-        "migrating database schema to version 8", "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
+        "migrating database schema to version 8", "migrating database schema to version 9", "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
@@ -325,7 +325,7 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert "messages" not in columns
     assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd"),
                                                 (6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -373,8 +373,9 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
     assert COORDINATION <= tables
     assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
                                                 (5, "migrated by agentd"), (6, "migrated by agentd"),
-                                                (7, "migrated by agentd"), (8, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8] == list(range(1, SCHEMA_VERSION + 1))
+                                                (7, "migrated by agentd"), (8, "migrated by agentd"),
+                                                (9, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
@@ -452,7 +453,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 5", "migrating database schema to version 6",
-            "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8"]
+            "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
+            "migrating database schema to version 9"]
         assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
@@ -467,7 +469,7 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     finally:
         store.close()
     assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd"),
-                                                (7, "migrated by agentd"), (8, "migrated by agentd")]
+                                                (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -492,14 +494,15 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 6", "migrating database schema to version 7"
-        ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8"]
+        ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
+            "migrating database schema to version 9"]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
     finally:
         store.close()
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -538,7 +541,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
                                     "audit.at: 3 time(s) rewritten as naive UTC",
                                     "tasks.created_at of row 1 is not a time ('soon'); left as it is"]
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 7"] + rewritten + ["migrating database schema to version 8"]
+            "migrating database schema to version 7"] + rewritten + ["migrating database schema to version 8",
+            "migrating database schema to version 9"]
         with orm.db_session:
             texts = list(store.db.select("SELECT id, created_at FROM workflow_runs ORDER BY created_at, id"))
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
@@ -559,7 +563,43 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
         assert runs.run("r1")["state"] == {"status": "failed"}
     finally:
         store.close()
-    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd")]
+    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_9_names_the_key_of_each_cron_job_and_trigger(tmp_path: Path, backend: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A schema-8 database (cron jobs and triggers without `key_id`) gets the column; its
+    jobs and triggers stay and name no key (the admin's), and version 9 is recorded."""
+    from pony import orm
+
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    open_store(path, target).close()
+    _execute(path, url, [
+        "DELETE FROM agentd_schema WHERE version > 8", "ALTER TABLE cron_jobs DROP COLUMN key_id",
+        "ALTER TABLE triggers DROP COLUMN key_id",
+        "INSERT INTO cron_jobs (id, name, agent_id, schedule, action, delivery, enabled, one_shot, catch_up, origin, "
+        "failures, created_at) VALUES ('j1', 'old job', 'a1', '{}', '{}', '{}', true, false, 'skip', 'api', 0, "
+        "'2026-01-01 00:00:00.000000')",
+        "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
+        "cost_today, window_count, fire_count, created_at) VALUES ('t1', 'a1', 'content_match', '{}', 'x', true, "
+        "'api', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000')"])
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    store = open_store(path, target)
+    try:
+        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+            "migrating database schema to version 9"]
+        with orm.db_session:
+            assert list(store.db.select("SELECT id, name, key_id FROM cron_jobs")) == [("j1", "old job", None)]
+            assert list(store.db.select("SELECT id, key_id FROM triggers")) == [("t1", None)]
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+    finally:
+        store.close()
+    assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd")]
 
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema_sqlite.json"

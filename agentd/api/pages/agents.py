@@ -12,10 +12,10 @@ from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages.notes import see_other_with
-from agentd.api.principal import principal, run_fields
+from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.routes_agents import message_text
 from agentd.api.runs import run_blocking
-from agentd.errors import AgentdError, BadRequest, Conflict, PayloadTooLarge
+from agentd.errors import AgentdError, BadRequest, Conflict, NotFound, PayloadTooLarge
 
 HISTORY_SHOWN = 50   # messages per page of the agent's history, newest page first (the 60 KB page budget)
 PAGE_SIZE = 100      # agents per /agents page (a thousand rows make a slow, heavy page)
@@ -137,7 +137,7 @@ def _agent_page(agent_id: str, status: int = 200, error: str = "", draft: str = 
     k = kernel()
     handle = k.agents.get(agent_id)
     detail = k.agents.detail(handle)
-    session = k.agents.session(handle)
+    session = k.agents.session(handle, _own_session(handle))
     messages = session["messages"]
     # Page 1 holds the newest HISTORY_SHOWN messages, page 2 the ones before them, ...
     pages = max(1, -(-len(messages) // HISTORY_SHOWN))
@@ -173,7 +173,7 @@ def agent_message(agent_id: str):
         text = message_text({"message": text})
         attachments = _attachments(handle)
         try:
-            run_blocking(k, handle, text, attachments, run=run_fields(principal(), handle))
+            run_blocking(k, handle, text, attachments, run=run_fields(principal(), handle, own_session=True))
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:
@@ -226,7 +226,23 @@ def agent_compact(agent_id: str):
 
 @bp.post("/agents/<agent_id>/reset")
 def agent_reset(agent_id: str):
-    return _agent_action(agent_id, lambda agents, handle: agents.reset_session(handle), refusal_on_page=False)
+    return _agent_action(agent_id, _reset, refusal_on_page=False)
+
+
+def _own_session(handle: Any) -> str | None:
+    """The session the page's login talks in: a scoped key's own, else the agent's (None)."""
+    return run_fields(principal(), handle, own_session=True).get("session_id")
+
+
+def _reset(agents: Any, handle: Any) -> None:
+    own = _own_session(handle)
+    if own is None:
+        agents.reset_session(handle)
+        return
+    try:
+        agents.delete_session(own)
+    except NotFound:
+        pass  # never talked in: nothing to clear
 
 
 @bp.get("/agents/<agent_id>/kill")
@@ -248,7 +264,7 @@ def agent_kill(agent_id: str):
 
 @bp.get("/approvals")
 def approvals():
-    return render_template("approvals.html", approvals=kernel().approvals.pending())
+    return render_template("approvals.html", approvals=reachable(kernel().approvals.pending()))
 
 
 @bp.post("/approvals/<approval_id>/<decision>")

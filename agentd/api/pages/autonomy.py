@@ -41,7 +41,7 @@ def trigger_create():
             raise BadRequest("agent_id: choose the agent to run")
         body = trigger_body(form)
         reach_agent(body.get("agent_id"))
-        trigger = kernel().triggers.create(body)
+        trigger = kernel().triggers.create(body, key_id=principal().key_id)
     except AgentdError as exc:
         return _triggers_page(exc.status, exc.message, form)
     return see_other_with("pages.triggers", [f"trigger created for {_agent_names().get(trigger['agent_id'])}"],

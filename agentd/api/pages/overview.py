@@ -7,7 +7,7 @@ from collections import Counter
 from flask import current_app, render_template
 
 from agentd.api.pages import bp, kernel, see_other
-from agentd.api.principal import principal
+from agentd.api.principal import principal, reachable, reachable_workflows
 from agentd.api.pages.channels import channel_rows
 
 
@@ -24,7 +24,8 @@ def index():
     channels, _live = channel_rows(k)
     return render_template("overview.html", config=k.config, health=health,
                            states=sorted(states.items()), budget=k.metering.budget(),
-                           approvals=k.approvals.pending(), runs=k.workflows.recent_runs(10),
+                           approvals=reachable(k.approvals.pending()),
+                           runs=reachable_workflows(k.workflows.recent_runs(10), "workflow_id"),
                            channels=[c for c in channels if c.get("configured")],
                            channel_total=len(channels))
 

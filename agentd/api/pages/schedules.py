@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from flask import make_response, render_template, request
 
 from agentd.api.pages import bp, kernel
-from agentd.api.principal import principal, reach_agent, reachable
+from agentd.api.principal import principal, reach_agent, reachable, reachable_workflows
+from agentd.api.routes_cron import reach_job_workflow
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body, typed
 from agentd.errors import AgentdError, BadRequest
@@ -75,7 +76,7 @@ def _schedules_page(status: int = 200, error: str = "", form: dict | None = None
     triggers = reachable(k.triggers.list())
     return _render("schedules.html", status, jobs=jobs, agents=names, error=error,
                    triggers=triggers[:TRIGGERS_SHOWN], triggers_total=len(triggers), names=names,
-                   workflows=k.workflows.list(), form=form or {"one_shot": ""})
+                   workflows=reachable_workflows(k.workflows.list()), form=form or {"one_shot": ""})
 
 
 @bp.get("/schedules")
@@ -92,7 +93,8 @@ def schedule_create():
     try:
         body = job_body(form, bool(form["one_shot"]))
         reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
-        job = kernel().cron.create(body)
+        reach_job_workflow(body.get("action"))
+        job = kernel().cron.create(body, key_id=principal().key_id)
     except AgentdError as exc:
         return _schedules_page(exc.status, exc.message, form)
     return see_other_with("pages.schedule_page", [f"cron job {job['name']} created; next run {_due(job)}"],

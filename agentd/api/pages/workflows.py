@@ -8,6 +8,7 @@ from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
+from agentd.api.principal import principal, reach_definition, reachable_workflows
 from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
@@ -19,7 +20,8 @@ RUNS_SHOWN = 20
 @bp.get("/workflows")
 def workflows():
     engine = kernel().workflows
-    return render_template("workflows.html", workflows=engine.list(), runs=engine.recent_runs(RUNS_SHOWN))
+    return render_template("workflows.html", workflows=reachable_workflows(engine.list()),
+                           runs=reachable_workflows(engine.recent_runs(RUNS_SHOWN), "workflow_id"))
 
 
 def _workflow_page(workflow_id: str, status: int = 200, error: str = "", draft: str = ""):
@@ -59,7 +61,7 @@ def workflow_run_get(workflow_id: str):
 # -- create and edit ------------------------------------------------------------------------------
 
 def _form_page(form: WorkflowForm, workflow: dict | None = None, status: int = 200):
-    agents = sorted(h.name for h in kernel().agents.handles())
+    agents = sorted(h.name for h in principal().visible(kernel().agents.handles()))
     return render_template("workflow_form.html", form=form, workflow=workflow, agents=agents, modes=MODES,
                            error_modes=ERROR_MODES), status
 
@@ -70,6 +72,7 @@ def _save(workflow_id: str | None):
     form, body, rows = WorkflowForm(), None, []
     try:
         form, body, rows = workflow_form.read(request.form)
+        reach_definition(body)
         if workflow is None:
             workflow_id = engine.create(body)
         else:

@@ -26,6 +26,9 @@ class TriggerSchema(Out):
     cost_today_usd = Num()
     fire_count = Int()
     last_fired_at = NullStr()
+    key_id = req(fields.String(allow_none=True, metadata={
+        "description": "The scoped API key that created the trigger; its runs act as that key (its budget, "
+                       "agent list and state apply). null: the admin's"}))
     created_at = Str()
 
 

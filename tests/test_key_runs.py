@@ -1,0 +1,203 @@
+"""Cron jobs and triggers created with a scoped API key run as that key, through the real
+daemon: the spend of their runs is the key's (exactly the runs' cost), and a key deleted,
+disabled, over its budget or no longer reaching the agent gets its job's run failed with
+the reason in the run history (its trigger's firing refused in the audit trail) while the
+admin's jobs run on."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared, wait_until
+
+ADMIN = "admin-secret-for-key-runs"
+NEVER = {"kind": "cron", "expr": "0 0 1 1 *"}  # due once a year: these jobs run when told to
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    home = make_home(tmp_path_factory.mktemp("key-runs"), f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    yield daemon
+    stop_shared(daemon)
+
+
+def spawn(d: Daemon, prefix: str) -> tuple[str, str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"], name
+
+
+def new_key(d: Daemon, **fields: Any) -> dict[str, Any]:
+    body = {"name": f"k-{uuid.uuid4().hex[:8]}", "scopes": ["read", "manage"], **fields}
+    r = d.post("/api/keys", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def as_key(d: Daemon, key: dict[str, Any], method: str, path: str, **kwargs: Any) -> requests.Response:
+    return requests.request(method, d.url + path, headers={"Authorization": f"Bearer {key['key']}"}, timeout=30,
+                            **kwargs)
+
+
+def make_job(d: Daemon, key: dict[str, Any] | None, agent: str, message: str = "hello") -> dict[str, Any]:
+    body = {"name": f"j-{uuid.uuid4().hex[:6]}", "agent_id": agent, "schedule": NEVER,
+            "action": {"kind": "agent_turn", "message": message}}
+    r = as_key(d, key, "POST", "/api/cron/jobs", json=body) if key else d.post("/api/cron/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def run_now(d: Daemon, job: dict[str, Any]) -> dict[str, Any]:
+    """Run the job now (as the admin) and wait for the run to end; the run record."""
+    r = d.post(f"/api/cron/jobs/{job['id']}/run")
+    assert r.status_code == 202, r.text
+    run_id = r.json()["id"]
+
+    def ended() -> dict[str, Any] | None:
+        found = [x for x in d.get(f"/api/cron/jobs/{job['id']}/runs").json() if x["id"] == run_id]
+        return found[0] if found and found[0]["status"] != "running" else None
+
+    wait_until(ended, "the job's run to end", timeout=20)
+    return ended()  # type: ignore[return-value]
+
+
+def spent(d: Daemon, key: dict[str, Any]) -> tuple[float, int]:
+    usage = d.get("/api/usage", params={"key": key["id"]}).json()
+    return usage["total_cost_usd"], usage["requests"]
+
+
+def test_a_keys_job_runs_as_the_key_and_is_refused_once_it_is_revoked(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "nightly")
+    key = new_key(d)
+    job = make_job(d, key, agent_id)
+    assert job["key_id"] == key["id"]
+    assert d.get(f"/api/cron/jobs/{job['id']}").json()["key_id"] == key["id"]
+    admins = make_job(d, None, agent_id)
+    assert admins["key_id"] is None
+
+    run = run_now(d, job)
+    assert run["status"] == "ok" and run["cost_usd"] > 0, run
+    # The run's spend is the key's, to the last digit the API keeps.
+    assert d.get(f"/api/keys/{key['id']}").json()["spent_usd_today"] == round(run["cost_usd"], 10)
+    total, requests_ = spent(d, key)
+    assert requests_ == 1 and total == pytest.approx(run["cost_usd"], rel=1e-9, abs=1e-12)
+    # The admin's job is nobody's spend but the daemon's.
+    assert run_now(d, admins)["status"] == "ok"
+    assert spent(d, key)[1] == 1
+
+    # Disabled: the run is refused, saying why, and costs nothing.
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False}).status_code == 200
+    refused = run_now(d, job)
+    assert (refused["status"], refused["error"], refused["cost_usd"], refused["output"]) == (
+        "failed", f"API key '{key['name']}' is disabled", None, None)
+    assert d.get(f"/api/cron/jobs/{job['id']}").json()["last_run"]["error"] == refused["error"]
+    assert spent(d, key)[1] == 1
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True}).status_code == 200
+    assert run_now(d, job)["status"] == "ok"
+    assert spent(d, key)[1] == 2
+
+    # Without `manage` (the scope that made the job) or the agent in its list, refused too.
+    d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["read"]})
+    assert run_now(d, job)["error"] == f"forbidden: API key '{key['name']}' is missing scope 'manage'"
+    d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["manage"], "agents": ["elsewhere-*"]})
+    agent_name = d.get(f"/api/agents/{agent_id}").json()["name"]
+    assert run_now(d, job)["error"] == f"API key '{key['name']}' may not reach agent '{agent_name}'"
+    assert spent(d, key)[1] == 2
+
+    # Deleted: refused for good; the admin's job runs on.
+    assert d.delete(f"/api/keys/{key['id']}").status_code == 200
+    gone = run_now(d, job)
+    assert (gone["status"], gone["error"]) == ("failed", f"the API key that created it was deleted (key id {key['id']})")
+    assert run_now(d, admins)["status"] == "ok"
+    refusals = [e["detail"]["reason"] for e in d.get("/api/audit/recent", params={"limit": 200}).json()
+                if e["event"] == "key.refused" and e["detail"].get("key_id") == key["id"]]
+    assert {"disabled", "scope", "agent"} <= set(refusals), refusals
+
+
+def test_a_keys_job_over_its_budget_is_refused_while_other_jobs_run(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "thrifty")
+    key = new_key(d, budget_usd_per_day=0.000001)
+    job = make_job(d, key, agent_id)
+    first = run_now(d, job)
+    assert first["status"] == "ok" and first["cost_usd"] > 0.000001
+    second = run_now(d, job)
+    assert second["status"] == "failed", second
+    assert second["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its budget: ")
+    assert spent(d, key) == (pytest.approx(first["cost_usd"], rel=1e-9, abs=1e-12), 1)
+    assert run_now(d, make_job(d, new_key(d), agent_id))["status"] == "ok"
+
+
+def test_a_keys_workflow_job_is_the_keys_and_only_on_its_agents(d: Daemon) -> None:
+    _, mine = spawn(d, "flow-own")
+    _, foreign = spawn(d, "flow-foreign")
+
+    def workflow(agent: str) -> str:
+        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
+                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
+        assert r.status_code == 201, r.text
+        return r.json()["workflow_id"]
+
+    own, other = workflow(mine), workflow(foreign)
+    key = new_key(d, agents=[mine])
+
+    def body(workflow_id: str) -> dict[str, Any]:
+        return {"name": f"wj-{uuid.uuid4().hex[:6]}", "schedule": NEVER,
+                "action": {"kind": "workflow_run", "workflow_id": workflow_id, "input": "go"}}
+
+    r = as_key(d, key, "POST", "/api/cron/jobs", json=body(other))
+    assert r.status_code == 400 and r.json() == {"error": f"action.workflow_id: no workflow '{other}'"}, r.text
+    r = as_key(d, key, "POST", "/api/cron/jobs", json=body(own))
+    assert r.status_code == 201 and r.json()["key_id"] == key["id"], r.text
+    run = run_now(d, r.json())
+    assert run["status"] == "ok", run
+    total, requests_ = spent(d, key)
+    assert requests_ == 1 and total > 0
+    # A step moved to an agent outside the key's list afterwards: the run is refused.
+    moved = d.http.put(f"{d.url}/api/workflows/{own}", json={
+        "name": f"wf-{uuid.uuid4().hex[:6]}", "steps": [{"name": "one", "agent_name": foreign, "prompt": "x"}]})
+    assert moved.status_code == 200, moved.text
+    refused = run_now(d, r.json())
+    assert refused["error"] == f"API key '{key['name']}' may not reach agent '{foreign}'"
+    assert spent(d, key)[1] == 1
+
+
+def test_a_keys_trigger_runs_as_the_key_and_is_refused_once_disabled(d: Daemon) -> None:
+    agent_id, name = spawn(d, "watcher")
+    key = new_key(d)
+    word = f"deploy-{uuid.uuid4().hex[:6]}"
+    r = as_key(d, key, "POST", "/api/triggers", json={"agent_id": agent_id, "pattern": {"content_match": word},
+                                                       "prompt_template": "saw {{event}}"})
+    assert r.status_code == 201 and r.json()["key_id"] == key["id"], r.text
+    trigger = r.json()
+    assert d.get(f"/api/triggers/{trigger['id']}").json()["key_id"] == key["id"]
+
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    wait_until(lambda: spent(d, key)[1] == 1, "the trigger's run paid by the key")
+    assert d.get(f"/api/keys/{key['id']}").json()["spent_usd_today"] > 0
+
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False}).status_code == 200
+    event = d.post("/api/events", json={"event_type": word}).json()["event_id"]
+
+    def refusal() -> list[dict[str, Any]]:
+        return [e for e in d.get("/api/audit/recent", params={"limit": 100}).json()
+                if e["event"] == "trigger.refused" and e["detail"].get("event_id") == event]
+
+    wait_until(refusal, "the refused firing")
+    assert refusal()[0]["subject"] == name
+    assert refusal()[0]["detail"]["error"] == f"API key '{key['name']}' is disabled"
+    assert spent(d, key)[1] == 1
+    assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1  # a refusal is no firing
+    # Over its budget: refused the same way.
+    d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True, "budget_usd_per_day": 0.000001})
+    event = d.post("/api/events", json={"event_type": word}).json()["event_id"]
+    wait_until(refusal, "the firing refused for the budget")
+    assert refusal()[0]["detail"]["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its "
+                                                      "budget: ")
+    assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1
