@@ -30,7 +30,7 @@ def near(store: Store, agent_id: str, ids: list[str]) -> dict[str, tuple]:
     params.update({f"i{n}": fid for n, fid in enumerate(ids)})
     names = ", ".join(f"$i{n}" for n in range(len(ids)))
     with orm.db_session:
-        return {row[0]: tuple(row[1:]) for row in store.db.select(
+        return {row[0]: row[1:] for row in store.raw_rows(
             "SELECT id, content, metadata, confidence, accessed_at FROM memory_fragments "
             f"WHERE agent_id = $a AND id IN ({names})", params)}
 
