@@ -9,7 +9,7 @@ queued up; two kinds of exchange:
   the store only finds the fragment and compares it;
 - new: every exchange a new text (questions of scripts/data/recall_set.json), a new row.
 
-    python scripts/bench_memory_worker.py [--exchanges 1600] [--batch 1,16] [--agents 64]
+    python scripts/bench_memory_worker.py [--exchanges 1600] [--batch 1,16] [--agents 64] [--opcodes]
 
 Prints figures only.
 """
@@ -36,8 +36,32 @@ FACTS = ["The user's favourite colour is teal.", "The user works night shifts at
 ANSWER = "Hi! How can I help you today?"
 
 
-def per_exchange(kind: str, batch: int, exchanges: int, agent_count: int = 64) -> float:
-    """CPU ms per exchange stored `batch` at a time."""
+def _instructions(store_batch, batches: list) -> float:
+    """Python bytecode instructions run by `store_batch` over `batches`, per exchange (C
+    parts, SQLite and numpy, count as the one instruction that called them)."""
+    count = [0]
+
+    def trace(frame, event, arg):  # noqa: ANN001 - sys.settrace's signature
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+
+        def local(frame, event, arg):  # noqa: ANN001
+            if event == "opcode":
+                count[0] += 1
+            return local
+        return local
+
+    sys.settrace(trace)
+    try:
+        for items in batches:
+            store_batch(items)
+    finally:
+        sys.settrace(None)
+    return count[0] / sum(len(items) for items in batches)
+
+
+def per_exchange(kind: str, batch: int, exchanges: int, agent_count: int = 64,
+                 opcodes: bool = False) -> float:
+    """CPU ms per exchange stored `batch` at a time (with `opcodes`: Python instructions)."""
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Path(tmp) / "agentd.db")
         svc = MemoryService(MemoryConfig(auto_remember=True), store)
@@ -67,6 +91,9 @@ def per_exchange(kind: str, batch: int, exchanges: int, agent_count: int = 64) -
             warm = 200
             for n in range(0, warm, batch):
                 svc._store_exchanges([item(k) for k in range(n, n + batch)])
+            if opcodes:
+                return _instructions(svc._store_exchanges, [[item(k) for k in range(n, n + batch)]
+                                                            for n in range(warm, warm + 320, batch)])
             started = time.process_time()
             for n in range(warm, warm + exchanges, batch):
                 svc._store_exchanges([item(k) for k in range(n, n + batch)])
@@ -81,12 +108,15 @@ def main() -> None:
     parser.add_argument("--exchanges", type=int, default=1600)
     parser.add_argument("--batch", default="1,16")
     parser.add_argument("--agents", type=int, default=64, help="agents holding four facts each (their indexes loaded)")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="Python bytecode instructions per exchange instead of CPU (a busy host does not move it)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
-    print(f"{'exchange':<8} " + " ".join(f"| {'ms, ' + str(b) + ' per pass':>16}" for b in batches))
+    unit = "instructions" if args.opcodes else "ms"
+    print(f"{'exchange':<8} " + " ".join(f"| {unit + ', ' + str(b) + ' per pass':>22}" for b in batches))
     for kind in ("same", "new"):
-        figures = [per_exchange(kind, b, args.exchanges, args.agents) for b in batches]
-        print(f"{kind:<8} " + " ".join(f"| {figure:>16.3f}" for figure in figures), flush=True)
+        figures = [per_exchange(kind, b, args.exchanges, args.agents, args.opcodes) for b in batches]
+        print(f"{kind:<8} " + " ".join(f"| {figure:>22.{0 if args.opcodes else 3}f}" for figure in figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def near(store: Store, agent_id: str, ids: list[str]) -> dict[str, tuple]:
     params.update({f"i{n}": fid for n, fid in enumerate(ids)})
     names = ", ".join(f"$i{n}" for n in range(len(ids)))
     with orm.db_session:
-        return {row[0]: tuple(row[1:]) for row in store.db.select(
+        return {row[0]: row[1:] for row in store.raw_rows(
             "SELECT id, content, metadata, confidence, accessed_at FROM memory_fragments "
             f"WHERE agent_id = $a AND id IN ({names})", params)}
 
@@ -71,9 +71,12 @@ def insert(store: Store, agent_id: str, fid: str, content: str, vector: np.ndarr
                 "metadata": json.dumps(metadata), "source": source, "scope": scope,
                 "confidence": float(confidence), "created": created, "accessed": accessed,
                 "count": access_count})
-    for key, value in metadata.items():
-        db.execute("INSERT INTO memory_metadata (agent_id, memory_id, key, value) VALUES ($a, $f, $k, $v)",
-                   {"a": agent_id, "f": fid, "k": key, "v": canonical(value)})
+    if metadata:
+        # On the connection whose transaction the statement above began: Pony's bookkeeping
+        # per statement costs more than the insert itself.
+        store.raw_many("INSERT INTO memory_metadata (agent_id, memory_id, key, value) VALUES ($a, $f, $k, $v)",
+                       [{"a": agent_id, "f": fid, "k": key, "v": canonical(value)}
+                        for key, value in metadata.items()])
 
 
 def supersede(store: Store, agent_id: str, older: list[str], by: str) -> None:

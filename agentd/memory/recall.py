@@ -45,9 +45,9 @@ def stamp(value: Any) -> str:
     return iso(_as_dt(value))
 
 
-def canonical(value: Any) -> str:
-    """The side table's form of a metadata value: compact JSON with sorted keys."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+# The side table's form of a metadata value: compact JSON with sorted keys (one encoder for
+# all calls: json.dumps with these options builds a new one each time).
+canonical: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
 def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:

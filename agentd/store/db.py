@@ -5,6 +5,7 @@ entities of agentd/store/entities.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import sqlite3
@@ -113,11 +114,15 @@ class Store:
         """Rows of a statement on this session's DB-API connection, `$name` parameters bound
         in the backend's own style. For hot paths and statements Pony's `select()` refuses
         (a leading `WITH`); call inside `db_session`."""
-        # (The bound driver decides, not `backend`: tests run a SQLite store as if shared.)
-        style = r"%(\1)s" if self.db.provider.dialect == "PostgreSQL" else r":\1"
         cursor = self.db.get_connection().cursor()
-        cursor.execute(_PARAM.sub(style, sql), params)
+        cursor.execute(_bound(sql, self.db.provider.dialect), params)
         return cursor.fetchall()
+
+    def raw_many(self, sql: str, rows: list[dict[str, Any]]) -> None:
+        """A statement once per parameter dict of `rows`, on this session's DB-API connection
+        (as `raw_rows`), inside a db_session whose write transaction a statement run through
+        Pony has begun (so the session commits it)."""
+        self.db.get_connection().cursor().executemany(_bound(sql, self.db.provider.dialect), rows)
 
     def write(self, work: Callable[[Tx], T]) -> T:
         """Run `work(tx)` in a committed write transaction (agentd/store/writer.py says what
@@ -159,6 +164,15 @@ class Store:
 # The settings row a health check writes while the disk is full, to see when it no longer is.
 WRITE_PROBE = "store.write_probe"
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@functools.lru_cache(maxsize=512)
+def _bound(sql: str, dialect: str) -> str:
+    """`sql` with its `$name` parameters in the style of the bound driver (it decides, not
+    `backend`: tests run a SQLite store as if shared). Statements repeat: each is rewritten once."""
+    return _PARAM.sub(r"%(\1)s" if dialect == "PostgreSQL" else r":\1", sql)
+
+
 _WRITER_LOCK = threading.Lock()
 _PING_LOCK = threading.Lock()
 
