@@ -15,7 +15,9 @@ _TIME = {"type": "string", "format": "date-time"}
 SCHEDULE: dict[str, Any] = {"oneOf": [
     {"type": "object", "additionalProperties": False, "required": ["kind", "expr"],
      "properties": {"kind": {"const": "cron"},
-                    "expr": {"type": "string", "description": "A 5-field cron expression", "minLength": 9},
+                    "expr": {"type": "string", "minLength": 6,
+                             "description": "A 5-field cron expression, or @hourly, @daily, @midnight, "
+                                            "@weekly, @monthly, @yearly, @annually"},
                     "tz": {"type": ["string", "null"], "description": "IANA time zone (default UTC)"}}},
     {"type": "object", "additionalProperties": False, "required": ["kind", "every_secs"],
      "properties": {"kind": {"const": "every"},

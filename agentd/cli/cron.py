@@ -58,7 +58,7 @@ def cron_list(agent: str = "", as_json: bool = False) -> None:
 @argh.arg("name", help="the job's name")
 @argh.arg("--agent", help="the agent to run (id or name)")
 @argh.arg("--message", help="what the agent is told at each due time")
-@argh.arg("--cron", help="a 5-field cron expression, e.g. '0 9 * * 1-5'")
+@argh.arg("--cron", help="a 5-field cron expression, e.g. '0 9 * * 1-5', or @hourly, @daily, @weekly, @monthly")
 @argh.arg("--tz", help="IANA time zone of --cron (default UTC)")
 @argh.arg("--every", type=int, help="an interval in seconds")
 @argh.arg("--at", help="one time, ISO 8601 (no offset: UTC)")

@@ -3,7 +3,7 @@
 Three kinds, as the API and the `cron_create` tool write them:
 
 * `{"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"}` -- a standard 5-field cron
-  expression (croniter) read in an IANA zone (default UTC);
+  expression (croniter), or a nickname such as `@daily`, read in an IANA zone (default UTC);
 * `{"kind": "every", "every_secs": 60}` -- a fixed interval from the job's first due time;
 * `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means UTC).
 
@@ -24,6 +24,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from agentd.errors import BadRequest
 
 KINDS = ("cron", "every", "at")
+# The nicknames every cron takes for the commonest expressions (croniter reads them as their
+# 5-field equivalents: @daily is 0 0 * * *). @reboot has no due time, so it is not one of them.
+NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 # A cron walk that finds no instant after this many wall times is a schedule that never fires
 # (`0 0 30 2 *`, February 30th): such an expression is refused when created.
 _MAX_STEPS = 1000
@@ -117,11 +120,7 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
     if unknown:
         raise BadRequest(f"{field}.{unknown[0]}: unknown field for kind {kind}")
     if kind == "cron":
-        from croniter import croniter
-
-        expr = data.get("expr")
-        if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
-            raise BadRequest(f"{field}.expr: must be a 5-field cron expression (minute hour day month weekday)")
+        expr = _cron_expr(data.get("expr"), f"{field}.expr")
         tz = data.get("tz", "UTC")
         if tz is None:
             tz = "UTC"
@@ -131,7 +130,7 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
             ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError):
             raise BadRequest(f"{field}.tz: unknown time zone {tz!r}") from None
-        schedule = Schedule("cron", expr=" ".join(expr.split()), tz=tz)
+        schedule = Schedule("cron", expr=expr, tz=tz)
         if schedule.next_after(datetime.now(timezone.utc).timestamp()) is None:
             raise BadRequest(f"{field}.expr: the expression never matches a date")
         return schedule
@@ -141,6 +140,31 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
             raise BadRequest(f"{field}.every_secs: must be an integer from 1 to {366 * 86400} (366 days)")
         return Schedule("every", every_secs=secs)
     return Schedule("at", at=parse_time(data.get("at"), f"{field}.at"))
+
+
+def _cron_expr(expr: Any, field: str) -> str:
+    """A 5-field expression or a nickname, whitespace normalised; 400 saying what is wrong."""
+    from croniter import CroniterError, croniter
+
+    usage = (f"{field}: must be a 5-field cron expression (minute hour day month weekday) "
+             f"or one of {', '.join(NICKNAMES)}")
+    if not isinstance(expr, str) or not expr.strip():
+        raise BadRequest(usage)
+    expr = " ".join(expr.split())
+    if expr.startswith("@"):
+        if expr.lower() not in NICKNAMES:
+            raise BadRequest(usage)
+        return expr.lower()
+    if len(expr.split()) != 5:
+        raise BadRequest(f"{usage}; {expr!r} has {len(expr.split())} fields")
+    try:
+        croniter(expr)
+    except (CroniterError, ValueError) as exc:
+        # croniter's own words say what is wrong ("[61 * * * *] is not acceptable, out of range").
+        reason = str(exc)
+        reason = reason.replace(f"[{expr}]", repr(expr)) if f"[{expr}]" in reason else f"{expr!r}: {reason}"
+        raise BadRequest(f"{usage}; {reason}") from None
+    return expr
 
 
 def schedule_from_json(data: dict[str, Any]) -> Schedule:
@@ -159,4 +183,4 @@ def day_start(now: float) -> float:
     return day.timestamp()
 
 
-__all__ = ["KINDS", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]
+__all__ = ["KINDS", "NICKNAMES", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]

@@ -143,6 +143,14 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
         r = d.post("/api/cron/jobs", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    # The cron nicknames are taken as written; six fields are not a standard expression.
+    nick = job(d, name="nick", agent_id="shapes", schedule={"kind": "cron", "expr": "@daily", "tz": "Asia/Tokyo"},
+               action=turn("m"))
+    assert nick["schedule"] == {"kind": "cron", "expr": "@daily", "tz": "Asia/Tokyo"}
+    assert nick["next_run_at"].endswith("T15:00:00Z")  # midnight in Tokyo
+    r = d.post("/api/cron/jobs", json={"name": "six", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "cron", "expr": "0 0 9 * * *"}})
+    assert r.status_code == 400 and r.json()["error"].endswith("'0 0 9 * * *' has 6 fields"), r.text
     # A null delivery is no delivery, as the served document says.
     body = d.get("/api/openapi.json").json()["paths"]["/api/cron/jobs"]["post"]["requestBody"]
     delivery = body["content"]["application/json"]["schema"]["properties"]["delivery"]["oneOf"]

@@ -78,6 +78,33 @@ def test_a_bad_schedule_names_its_field(body, field) -> None:
     assert refused.value.message.startswith(field + ":")
 
 
+@pytest.mark.parametrize("expr, says", [
+    ("0 0 9 * * *", "'0 0 9 * * *' has 6 fields"),
+    ("* * * *", "'* * * *' has 4 fields"),
+    ("61 * * * *", "'61 * * * *' is not acceptable, out of range"),
+    ("*/0 * * * *", "step '0' in field 0 is not acceptable"),
+    ("@reboot", "or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"),
+])
+def test_a_refused_cron_expression_says_what_is_wrong(expr, says) -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_schedule({"kind": "cron", "expr": expr})
+    assert refused.value.message.startswith(
+        "schedule.expr: must be a 5-field cron expression (minute hour day month weekday) or one of @yearly")
+    assert refused.value.message.endswith(says)
+
+
+def test_cron_nicknames_are_read_in_the_jobs_zone() -> None:
+    start = datetime(2026, 3, 6, 12, tzinfo=timezone.utc)
+    daily = parse_schedule({"kind": "cron", "expr": "@Daily", "tz": "America/New_York"})
+    assert daily.to_json() == {"kind": "cron", "expr": "@daily", "tz": "America/New_York"}
+    assert [d.isoformat() for d in walk(daily, start, 3)] == [
+        "2026-03-07T00:00:00-05:00", "2026-03-08T00:00:00-05:00", "2026-03-09T00:00:00-04:00"]
+    assert walk(parse_schedule({"kind": "cron", "expr": "@hourly", "tz": "America/New_York"}), start, 1)[0] \
+        == datetime(2026, 3, 6, 8, tzinfo=NEW_YORK)
+    assert [d.isoformat() for d in walk(parse_schedule({"kind": "cron", "expr": "@monthly"}), start, 2)] == [
+        "2026-03-31T20:00:00-04:00", "2026-04-30T20:00:00-04:00"]  # 00:00 UTC on the 1st
+
+
 NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
 
 
@@ -87,6 +114,7 @@ NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
     ("Every minute", {"kind": "every", "every_secs": 60}),
     ("every 2 hours", {"kind": "every", "every_secs": 7200}),
     ("hourly", {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}),
+    ("@weekly", {"kind": "cron", "expr": "@weekly", "tz": "UTC"}),
     ("daily at 9am", {"kind": "cron", "expr": "0 9 * * *", "tz": "UTC"}),
     ("daily at 09:30", {"kind": "cron", "expr": "30 9 * * *", "tz": "UTC"}),
     ("weekdays at 6pm", {"kind": "cron", "expr": "0 18 * * 1-5", "tz": "UTC"}),
