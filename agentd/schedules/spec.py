@@ -5,7 +5,8 @@ Three kinds, as the API and the `cron_create` tool write them:
 * `{"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"}` -- a standard 5-field cron
   expression (croniter), or a nickname such as `@daily`, read in an IANA zone (default UTC);
 * `{"kind": "every", "every_secs": 60}` -- a fixed interval from the job's first due time;
-* `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means UTC).
+* `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means the
+  zone `tz`, default UTC).
 
 Due times are Unix seconds (UTC). A cron expression is walked in the zone's wall-clock time
 and each wall time is mapped to one instant: a time the spring-forward gap skips runs at the
@@ -95,8 +96,9 @@ def iso_seconds(value: float | None) -> str | None:
     return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def parse_time(text: Any, field: str) -> float:
-    """An ISO 8601 time (no offset: UTC) as Unix seconds; 400 naming `field` otherwise."""
+def parse_time(text: Any, field: str, tz: str = "UTC") -> float:
+    """An ISO 8601 time (no offset: in the zone `tz`, UTC by default) as Unix seconds; 400
+    naming `field` otherwise."""
     if not isinstance(text, str) or not text.strip():
         raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z")
     try:
@@ -104,7 +106,8 @@ def parse_time(text: Any, field: str) -> float:
     except ValueError:
         raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        # A wall time the fall-back hour repeats is its first occurrence, as for cron.
+        when = when.replace(tzinfo=timezone.utc if tz == "UTC" else ZoneInfo(tz), fold=0)
     return when.timestamp()
 
 
@@ -115,21 +118,15 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
     kind = data.get("kind")
     if kind not in KINDS:
         raise BadRequest(f"{field}.kind: must be one of cron, every, at")
-    allowed = {"cron": {"kind", "expr", "tz"}, "every": {"kind", "every_secs"}, "at": {"kind", "at"}}[kind]
+    allowed = {"cron": {"kind", "expr", "tz"}, "every": {"kind", "every_secs", "tz"}, "at": {"kind", "at", "tz"}}[kind]
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"{field}.{unknown[0]}: unknown field for kind {kind}")
+    # Every kind takes `tz`: the zone of a cron expression and of an `at` time written without
+    # an offset; an interval is the same in every zone.
+    tz = _zone(data.get("tz"), f"{field}.tz")
     if kind == "cron":
         expr = _cron_expr(data.get("expr"), f"{field}.expr")
-        tz = data.get("tz", "UTC")
-        if tz is None:
-            tz = "UTC"
-        if not isinstance(tz, str) or not tz:
-            raise BadRequest(f"{field}.tz: must be an IANA time zone name, e.g. Europe/Berlin")
-        try:
-            ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise BadRequest(f"{field}.tz: unknown time zone {tz!r}") from None
         schedule = Schedule("cron", expr=expr, tz=tz)
         if schedule.next_after(datetime.now(timezone.utc).timestamp()) is None:
             raise BadRequest(f"{field}.expr: the expression never matches a date")
@@ -139,7 +136,26 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
         if isinstance(secs, bool) or not isinstance(secs, int) or not 1 <= secs <= 366 * 86400:
             raise BadRequest(f"{field}.every_secs: must be an integer from 1 to {366 * 86400} (366 days)")
         return Schedule("every", every_secs=secs)
-    return Schedule("at", at=parse_time(data.get("at"), f"{field}.at"))
+    return Schedule("at", at=parse_time(data.get("at"), f"{field}.at", tz))
+
+
+def find_zone(name: str) -> ZoneInfo | None:
+    """The IANA zone `name`, or None when there is none by that name."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a name that is a folder of the zone database ("Europe") or too long a path.
+        return None
+
+
+def _zone(tz: Any, field: str) -> str:
+    if tz is None:
+        return "UTC"
+    if not isinstance(tz, str) or not tz:
+        raise BadRequest(f"{field}: must be an IANA time zone name, e.g. Europe/Berlin")
+    if find_zone(tz) is None:
+        raise BadRequest(f"{field}: unknown time zone {tz!r}")
+    return tz
 
 
 def _cron_expr(expr: Any, field: str) -> str:
@@ -183,4 +199,4 @@ def day_start(now: float) -> float:
     return day.timestamp()
 
 
-__all__ = ["KINDS", "NICKNAMES", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]
+__all__ = ["KINDS", "NICKNAMES", "find_zone", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]

@@ -151,6 +151,18 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     r = d.post("/api/cron/jobs", json={"name": "six", "agent_id": "shapes", "action": turn("m"),
                                        "schedule": {"kind": "cron", "expr": "0 0 9 * * *"}})
     assert r.status_code == 400 and r.json()["error"].endswith("'0 0 9 * * *' has 6 fields"), r.text
+    # A folder of the zone database is an unknown zone (a 400, not an internal error), here
+    # and in a manifest; an `at` without an offset is read in its `tz`.
+    r = d.post("/api/cron/jobs", json={"name": "tz", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "Europe"}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.tz: unknown time zone 'Europe'"})
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
+                                                     'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    at = job(d, name="at berlin", agent_id="shapes", action=turn("m"),
+             schedule={"kind": "at", "at": "2031-07-01T09:00:00", "tz": "Europe/Berlin"})
+    assert at["schedule"] == {"kind": "at", "at": "2031-07-01T07:00:00Z"}
+    assert at["next_run_at"] == "2031-07-01T07:00:00Z"
     # A null delivery is no delivery, as the served document says.
     body = d.get("/api/openapi.json").json()["paths"]["/api/cron/jobs"]["post"]["requestBody"]
     delivery = body["content"]["application/json"]["schema"]["properties"]["delivery"]["oneOf"]

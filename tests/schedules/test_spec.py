@@ -52,6 +52,17 @@ def test_a_monthly_job_lands_on_the_last_matching_day() -> None:
     assert datetime.fromtimestamp(due, timezone.utc) == datetime(2026, 3, 31, 9, tzinfo=timezone.utc)
 
 
+def test_an_at_time_without_an_offset_is_read_in_its_zone() -> None:
+    berlin = {"kind": "at", "at": "2030-06-01T09:00:00", "tz": "Europe/Berlin"}
+    assert parse_schedule(berlin).to_json() == {"kind": "at", "at": "2030-06-01T07:00:00Z"}
+    assert parse_schedule({**berlin, "at": "2030-06-01T09:00:00+00:00"}).to_json()["at"] == "2030-06-01T09:00:00Z"
+    assert parse_schedule({**berlin, "tz": None}).to_json()["at"] == "2030-06-01T09:00:00Z"
+    # The fall-back hour repeats 02:30: its first occurrence, as for a cron expression.
+    assert parse_schedule({**berlin, "at": "2030-10-27T02:30:00"}).to_json()["at"] == "2030-10-27T00:30:00Z"
+    assert parse_schedule({"kind": "every", "every_secs": 5, "tz": "Asia/Tokyo"}).to_json() == \
+        {"kind": "every", "every_secs": 5}
+
+
 def test_an_interval_keeps_its_phase() -> None:
     every = parse_schedule({"kind": "every", "every_secs": 10})
     assert every.next_after(1000.0, anchor=1000.0) == 1010.0
@@ -64,6 +75,9 @@ def test_an_interval_keeps_its_phase() -> None:
     ({"kind": "cron", "expr": "61 * * * *"}, "schedule.expr"),
     ({"kind": "cron", "expr": "0 0 30 2 *"}, "schedule.expr"),
     ({"kind": "cron", "expr": "0 9 * * *", "tz": "Mars/Olympus"}, "schedule.tz"),
+    ({"kind": "cron", "expr": "0 9 * * *", "tz": "Europe"}, "schedule.tz"),  # a folder of the zone database
+    ({"kind": "at", "at": "2030-01-01T09:00:00", "tz": "America/"}, "schedule.tz"),
+    ({"kind": "every", "every_secs": 5, "tz": 5}, "schedule.tz"),
     ({"kind": "every", "every_secs": 0}, "schedule.every_secs"),
     ({"kind": "every", "every_secs": 1.5}, "schedule.every_secs"),
     ({"kind": "every", "every_secs": True}, "schedule.every_secs"),
