@@ -108,7 +108,11 @@ def parse_time(text: Any, field: str, tz: str = "UTC") -> float:
     if when.tzinfo is None:
         # A wall time the fall-back hour repeats is its first occurrence, as for cron.
         when = when.replace(tzinfo=timezone.utc if tz == "UTC" else ZoneInfo(tz), fold=0)
-    return when.timestamp()
+    try:
+        # A time whose offset moves it past year 9999 (or before year 1) in UTC has no instant.
+        return when.astimezone(timezone.utc).timestamp()
+    except (OverflowError, ValueError):
+        raise BadRequest(f"{field}: must be a time from year 1 to year 9999 in UTC") from None
 
 
 def parse_schedule(data: Any, field: str = "schedule") -> Schedule:

@@ -159,6 +159,9 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
                                                      'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
     assert (r.status_code, r.json()["error"]) == (400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    r = d.post("/api/cron/jobs", json={"name": "far", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "at", "at": "9999-12-31T23:59:59-23:59"}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.at: must be a time from year 1 to year 9999 in UTC"})
     at = job(d, name="at berlin", agent_id="shapes", action=turn("m"),
              schedule={"kind": "at", "at": "2031-07-01T09:00:00", "tz": "Europe/Berlin"})
     assert at["schedule"] == {"kind": "at", "at": "2031-07-01T07:00:00Z"}

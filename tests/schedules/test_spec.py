@@ -82,6 +82,9 @@ def test_an_interval_keeps_its_phase() -> None:
     ({"kind": "every", "every_secs": 1.5}, "schedule.every_secs"),
     ({"kind": "every", "every_secs": True}, "schedule.every_secs"),
     ({"kind": "at", "at": "tomorrow"}, "schedule.at"),
+    ({"kind": "at", "at": "9999-12-31T23:59:59-23:59"}, "schedule.at"),  # past year 9999 in UTC
+    ({"kind": "at", "at": "9999-12-31T23:59:59", "tz": "America/New_York"}, "schedule.at"),
+    ({"kind": "at", "at": "0001-01-01T00:00:00+14:00"}, "schedule.at"),
     ({"kind": "weekly"}, "schedule.kind"),
     ({"kind": "every", "every_secs": 5, "expr": "x"}, "schedule.expr"),
     ("0 9 * * *", "schedule"),
