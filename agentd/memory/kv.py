@@ -6,7 +6,8 @@ from typing import Any, Callable
 
 from pony import orm
 
-from agentd.errors import NotFound
+from agentd.errors import BadRequest, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.timestamps import utcnow
 from agentd.store import Store
 
@@ -45,6 +46,10 @@ class KvMemory:
             return (False, None) if row is None else (True, row.value)
 
     def set(self, agent_id: str, key: str, value: Any, origin: str = "") -> None:
+        if holds_nul(key):
+            raise BadRequest(f"key {NUL_MESSAGE}")
+        if holds_nul(value):
+            raise BadRequest(f"value: a string {NUL_MESSAGE}")
         for attempt in range(_INSERT_ATTEMPTS):
             try:
                 changed = self._set(agent_id, key, value)

@@ -159,6 +159,12 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
                                                      'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
     assert (r.status_code, r.json()["error"]) == (400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    for url in ("https://[invalid", "https://hooks.example.com:99999/x", "https://exa mple.com/x"):
+        r = d.post("/api/cron/jobs", json={"name": "hook", "agent_id": "shapes", "action": turn("m"),
+                                           "delivery": {"kind": "webhook", "url": url, "secret_env": "S"},
+                                           "schedule": {"kind": "every", "every_secs": 60}})
+        assert (r.status_code, r.json()["error"]) == (
+            400, "delivery.url: must be an https:// URL (http:// only to a loopback address)"), url
     r = d.post("/api/cron/jobs", json={"name": "far", "agent_id": "shapes", "action": turn("m"),
                                        "schedule": {"kind": "at", "at": "9999-12-31T23:59:59-23:59"}})
     assert (r.status_code, r.json()) == (400, {"error": "schedule.at: must be a time from year 1 to year 9999 in UTC"})
