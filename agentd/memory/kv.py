@@ -41,6 +41,8 @@ class KvMemory:
 
     def get(self, agent_id: str, key: str) -> tuple[bool, Any]:
         """(found, value)."""
+        if holds_nul(key):
+            return False, None  # no key holds NUL (and PostgreSQL refuses it in a query)
         with orm.db_session:
             row = self.store.e.KvRow.get(agent=agent_id, key=key)
             return (False, None) if row is None else (True, row.value)
@@ -79,6 +81,8 @@ class KvMemory:
             return self.store.e.AgentRow.exists(id=agent_id)
 
     def delete(self, agent_id: str, key: str, origin: str = "") -> bool:
+        if holds_nul(key):
+            return False
         with _write:
             row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
             if row is None:
