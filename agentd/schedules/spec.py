@@ -203,4 +203,5 @@ def day_start(now: float) -> float:
     return day.timestamp()
 
 
-__all__ = ["KINDS", "NICKNAMES", "find_zone", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]
+__all__ = ["KINDS", "NICKNAMES", "Schedule", "day_start", "find_zone", "iso_seconds", "parse_schedule", "parse_time",
+           "schedule_from_json"]

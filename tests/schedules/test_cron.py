@@ -158,7 +158,8 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     assert (r.status_code, r.json()) == (400, {"error": "schedule.tz: unknown time zone 'Europe'"})
     r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
                                                      'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
-    assert (r.status_code, r.json()["error"]) == (400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    assert (r.status_code, r.json()["error"]) == (
+        400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
     for url in ("https://[invalid", "https://hooks.example.com:99999/x", "https://exa mple.com/x"):
         r = d.post("/api/cron/jobs", json={"name": "hook", "agent_id": "shapes", "action": turn("m"),
                                            "delivery": {"kind": "webhook", "url": url, "secret_env": "S"},
