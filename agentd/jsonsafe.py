@@ -96,3 +96,19 @@ def loads(data: bytes | str, limit: int = MAX_DEPTH) -> Any:
         except UnicodeEncodeError:
             raise JsonNotPortable(LONE_SURROGATE_MESSAGE) from None
     return value
+
+
+NUL_MESSAGE = "must not contain the NUL character (\\u0000), which PostgreSQL cannot store"
+
+
+def holds_nul(value: Any) -> bool:
+    """True when a string anywhere in `value` (an object's keys included) holds U+0000.
+    PostgreSQL's text and jsonb cannot store it: what is kept in a column of either is
+    refused with NUL_MESSAGE on every backend, so a daemon answers the same on both."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(v) for v in value)
+    return False

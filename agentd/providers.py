@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from agentd.agents.manager import AgentManager
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.http_urls import usable_http_url
 from agentd.llm.catalog import Catalog, ProviderInfo
 
 log = logging.getLogger("agentd.providers")
@@ -70,20 +70,9 @@ def validate_url(url: Any) -> str:
     """An http(s) URL with a host, without a trailing slash."""
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("base_url must be a non-empty string")
-    problem = f"base_url must be an http:// or https:// URL with a host, got {url!r}"
-    import requests  # here, not at start: requests loads with the first use that needs it
-
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url.strip()):
-        raise BadRequest(problem)
-    try:
-        parsed = urlparse(url.strip())
-        if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.hostname is None:
-            raise BadRequest(problem)
-        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-        # What requests cannot send to would fail every later call to this provider.
-        requests.models.PreparedRequest().prepare_url(url.strip(), None)
-    except (ValueError, requests.exceptions.RequestException):
-        raise BadRequest(problem) from None
+    # What requests cannot send to would fail every later call to this provider.
+    if not usable_http_url(url.strip()):
+        raise BadRequest(f"base_url must be an http:// or https:// URL with a host, got {url!r}")
     return url.strip().rstrip("/")
 
 

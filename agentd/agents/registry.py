@@ -208,6 +208,8 @@ class AgentRegistry:
 
     def find(self, ref: str) -> AgentHandle | None:
         """By id or exact name (tools and workflows refer to agents either way)."""
+        if isinstance(ref, str) and "\x00" in ref:
+            return None  # no id or name holds NUL, and PostgreSQL refuses it in a query
         if self.store.shared:
             try:
                 shared.sync_agent(self, agent_id=str(uuid.UUID(ref)))

@@ -12,6 +12,7 @@ from agentd.api import body
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.memory.kv import MAX_KEY_LENGTH
 
 bp = Blueprint("memory", __name__)
@@ -21,6 +22,8 @@ KEY_PARAM = {"key": {"maxLength": MAX_KEY_LENGTH}}
 def _key(key: str) -> str:
     if not key or len(key) > MAX_KEY_LENGTH:
         raise BadRequest(f"key must be 1-{MAX_KEY_LENGTH} characters")
+    if holds_nul(key):
+        raise BadRequest(f"key {NUL_MESSAGE}")
     return key
 
 

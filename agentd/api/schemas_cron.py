@@ -15,14 +15,20 @@ _TIME = {"type": "string", "format": "date-time"}
 SCHEDULE: dict[str, Any] = {"oneOf": [
     {"type": "object", "additionalProperties": False, "required": ["kind", "expr"],
      "properties": {"kind": {"const": "cron"},
-                    "expr": {"type": "string", "description": "A 5-field cron expression", "minLength": 9},
+                    "expr": {"type": "string", "minLength": 6,
+                             "description": "A 5-field cron expression, or @hourly, @daily, @midnight, "
+                                            "@weekly, @monthly, @yearly, @annually"},
                     "tz": {"type": ["string", "null"], "description": "IANA time zone (default UTC)"}}},
     {"type": "object", "additionalProperties": False, "required": ["kind", "every_secs"],
      "properties": {"kind": {"const": "every"},
-                    "every_secs": {"type": "integer", "minimum": 1, "maximum": 366 * 86400}}},
+                    "every_secs": {"type": "integer", "minimum": 1, "maximum": 366 * 86400},
+                    "tz": {"type": ["string", "null"], "description": "IANA time zone (an interval is the same "
+                                                                      "in every zone)"}}},
     {"type": "object", "additionalProperties": False, "required": ["kind", "at"],
      "properties": {"kind": {"const": "at"}, "at": {"type": "string", "minLength": 10,
-                                                  "description": "ISO 8601 time; no offset means UTC"}}},
+                                                  "description": "ISO 8601 time; no offset means the zone tz"},
+                    "tz": {"type": ["string", "null"], "description": "IANA time zone of an `at` without an "
+                                                                      "offset (default UTC)"}}},
 ]}
 
 ACTION: dict[str, Any] = {"oneOf": [

@@ -7,6 +7,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat
 from agentd.tasks.board import MAX_TEXT, MAX_TITLE, STATUSES
 from agentd.triggers.patterns import MAX_TEXT as PATTERN_MAX
@@ -87,8 +88,14 @@ class TriggerQuery(_Loose):
                                                       "agent has none)"})
 
 
+def _no_nul(value: str) -> None:
+    if holds_nul(value):
+        raise ValidationError(NUL_MESSAGE)
+
+
 class EventSchema(_Loose):
-    event_type = fields.String(required=True, validate=[validate.Length(min=1, max=200), validate.Regexp(NOT_BLANK)],
+    event_type = fields.String(required=True, validate=[validate.Length(min=1, max=200), validate.Regexp(NOT_BLANK),
+                                                        _no_nul],
                                metadata={"description": "The event's type (e.g. `code_review_requested`)"})
     payload = fields.Dict(load_default=dict, metadata={"description": "Any JSON object"})
 

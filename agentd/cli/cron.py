@@ -58,10 +58,10 @@ def cron_list(agent: str = "", as_json: bool = False) -> None:
 @argh.arg("name", help="the job's name")
 @argh.arg("--agent", help="the agent to run (id or name)")
 @argh.arg("--message", help="what the agent is told at each due time")
-@argh.arg("--cron", help="a 5-field cron expression, e.g. '0 9 * * 1-5'")
-@argh.arg("--tz", help="IANA time zone of --cron (default UTC)")
+@argh.arg("--cron", help="a 5-field cron expression, e.g. '0 9 * * 1-5', or @hourly, @daily, @weekly, @monthly")
+@argh.arg("--tz", help="IANA time zone of --cron, and of an --at without an offset (default UTC)")
 @argh.arg("--every", type=int, help="an interval in seconds")
-@argh.arg("--at", help="one time, ISO 8601 (no offset: UTC)")
+@argh.arg("--at", help="one time, ISO 8601 (no offset: in --tz, default UTC)")
 @argh.arg("--workflow", help="run this workflow (id or name) instead of an agent turn")
 @argh.arg("--input", help="the workflow's input")
 @argh.arg("--one-shot", help="run once, then disable the job")
@@ -85,7 +85,7 @@ def cron_add(name: str, agent: str = "", message: str = "", cron: str = "", tz: 
     elif every is not None:
         schedule = {"kind": "every", "every_secs": int(every)}
     else:
-        schedule = {"kind": "at", "at": at}
+        schedule = {"kind": "at", "at": at, **({"tz": tz} if tz else {})}
     client = _client(_config())
     if workflow:
         action: dict[str, Any] = {"kind": "workflow_run", "workflow_id": _workflow_id(client, workflow),

@@ -6,7 +6,8 @@ from typing import Any, Callable
 
 from pony import orm
 
-from agentd.errors import NotFound
+from agentd.errors import BadRequest, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.timestamps import utcnow
 from agentd.store import Store
 
@@ -40,11 +41,17 @@ class KvMemory:
 
     def get(self, agent_id: str, key: str) -> tuple[bool, Any]:
         """(found, value)."""
+        if holds_nul(key):
+            return False, None  # no key holds NUL (and PostgreSQL refuses it in a query)
         with orm.db_session:
             row = self.store.e.KvRow.get(agent=agent_id, key=key)
             return (False, None) if row is None else (True, row.value)
 
     def set(self, agent_id: str, key: str, value: Any, origin: str = "") -> None:
+        if holds_nul(key):
+            raise BadRequest(f"key {NUL_MESSAGE}")
+        if holds_nul(value):
+            raise BadRequest(f"value: a string {NUL_MESSAGE}")
         for attempt in range(_INSERT_ATTEMPTS):
             try:
                 changed = self._set(agent_id, key, value)
@@ -74,6 +81,8 @@ class KvMemory:
             return self.store.e.AgentRow.exists(id=agent_id)
 
     def delete(self, agent_id: str, key: str, origin: str = "") -> bool:
+        if holds_nul(key):
+            return False
         with _write:
             row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
             if row is None:

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
 from agentd.errors import BadRequest, Conflict, NotFound
+from agentd.http_urls import usable_http_url
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.schedules.spec import parse_schedule, schedule_from_json
 from agentd.schedules.store import RUN_RETENTION, CronStore
 
@@ -52,6 +54,8 @@ def _text(data: dict[str, Any], key: str, field: str, *, required: bool = True, 
         raise BadRequest(f"{field}: must be a non-empty string")
     if len(value.encode("utf-8")) > limit:
         raise BadRequest(f"{field}: too long (max {limit} bytes)")
+    if holds_nul(value):
+        raise BadRequest(f"{field}: {NUL_MESSAGE}")
     return value
 
 
@@ -83,6 +87,8 @@ def parse_action(data: Any, workflow_exists: Callable[[str], bool]) -> dict[str,
             raise BadRequest("action.input: must be a string")
         if len(text.encode("utf-8")) > MESSAGE_LIMIT:
             raise BadRequest("action.input: too long (max 64 KB)")
+        if holds_nul(text):
+            raise BadRequest(f"action.input: {NUL_MESSAGE}")
         if not workflow_exists(workflow_id):
             raise BadRequest(f"action.workflow_id: no workflow {workflow_id!r}")
         return {"kind": "workflow_run", "workflow_id": workflow_id, "input": text}
@@ -108,10 +114,9 @@ def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict
     if kind == "webhook":
         _only(data, {"kind", "url", "secret_env"}, "delivery")
         url = _text(data, "url", "delivery.url")
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        if not host or parts.scheme not in ("https", "http") or (parts.scheme == "http"
-                                                                   and not is_loopback_host(host)):
+        # (An unusable URL -- a space, a port out of range, `https://[` -- would fail every delivery.)
+        parts = urlsplit(url) if usable_http_url(url) else None
+        if parts is None or (parts.scheme == "http" and not is_loopback_host(parts.hostname or "")):
             raise BadRequest("delivery.url: must be an https:// URL (http:// only to a loopback address)")
         secret_env = _text(data, "secret_env", "delivery.secret_env", limit=200)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", secret_env):

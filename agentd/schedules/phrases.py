@@ -2,7 +2,7 @@
 
 Accepted (times are UTC, case does not matter):
 
-* a 5-field cron expression: `0 */5 * * *`;
+* a 5-field cron expression: `0 */5 * * *`, or a nickname: `@daily`, `@hourly`, ...;
 * `every N seconds|minutes|hours|days` (`every minute`, `every 2 hours`), `hourly`, `daily`;
 * `daily at 9am`, `every day at 09:30`, `weekdays at 6pm`, `weekends at 10:00`,
   `mondays at 8:15` (any weekday name);
@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from agentd.errors import BadRequest
-from agentd.schedules.spec import iso_seconds, parse_time
+from agentd.schedules.spec import NICKNAMES, iso_seconds, parse_time
 
 UNITS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 DAYS = {"sunday": 0, "monday": 1, "tuesday": 2, "wednesday": 3, "thursday": 4, "friday": 5, "saturday": 6}
@@ -43,6 +43,8 @@ def parse_phrase(text: Any, now: float | None = None) -> dict[str, Any]:
     phrase = " ".join(text.strip().lower().split())
     now = time.time() if now is None else now
     if len(phrase.split()) == 5 and re.fullmatch(r"[\d*/,\-a-z ?]+", phrase) and not phrase.startswith("every"):
+        return {"kind": "cron", "expr": phrase, "tz": "UTC"}
+    if phrase in NICKNAMES:
         return {"kind": "cron", "expr": phrase, "tz": "UTC"}
     if phrase in ("hourly", "every hour"):
         return {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}

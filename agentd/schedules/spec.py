@@ -3,9 +3,10 @@
 Three kinds, as the API and the `cron_create` tool write them:
 
 * `{"kind": "cron", "expr": "30 2 * * *", "tz": "Europe/Berlin"}` -- a standard 5-field cron
-  expression (croniter) read in an IANA zone (default UTC);
+  expression (croniter), or a nickname such as `@daily`, read in an IANA zone (default UTC);
 * `{"kind": "every", "every_secs": 60}` -- a fixed interval from the job's first due time;
-* `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means UTC).
+* `{"kind": "at", "at": "2026-12-01T09:00:00Z"}` -- one time (ISO 8601; no offset means the
+  zone `tz`, default UTC).
 
 Due times are Unix seconds (UTC). A cron expression is walked in the zone's wall-clock time
 and each wall time is mapped to one instant: a time the spring-forward gap skips runs at the
@@ -24,6 +25,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from agentd.errors import BadRequest
 
 KINDS = ("cron", "every", "at")
+# The nicknames every cron takes for the commonest expressions (croniter reads them as their
+# 5-field equivalents: @daily is 0 0 * * *). @reboot has no due time, so it is not one of them.
+NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 # A cron walk that finds no instant after this many wall times is a schedule that never fires
 # (`0 0 30 2 *`, February 30th): such an expression is refused when created.
 _MAX_STEPS = 1000
@@ -92,8 +96,9 @@ def iso_seconds(value: float | None) -> str | None:
     return datetime.fromtimestamp(value, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def parse_time(text: Any, field: str) -> float:
-    """An ISO 8601 time (no offset: UTC) as Unix seconds; 400 naming `field` otherwise."""
+def parse_time(text: Any, field: str, tz: str = "UTC") -> float:
+    """An ISO 8601 time (no offset: in the zone `tz`, UTC by default) as Unix seconds; 400
+    naming `field` otherwise."""
     if not isinstance(text, str) or not text.strip():
         raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z")
     try:
@@ -101,8 +106,13 @@ def parse_time(text: Any, field: str) -> float:
     except ValueError:
         raise BadRequest(f"{field}: must be an ISO 8601 time, e.g. 2026-12-01T09:00:00Z") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
+        # A wall time the fall-back hour repeats is its first occurrence, as for cron.
+        when = when.replace(tzinfo=timezone.utc if tz == "UTC" else ZoneInfo(tz), fold=0)
+    try:
+        # A time whose offset moves it past year 9999 (or before year 1) in UTC has no instant.
+        return when.astimezone(timezone.utc).timestamp()
+    except (OverflowError, ValueError):
+        raise BadRequest(f"{field}: must be a time from year 1 to year 9999 in UTC") from None
 
 
 def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
@@ -112,26 +122,16 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
     kind = data.get("kind")
     if kind not in KINDS:
         raise BadRequest(f"{field}.kind: must be one of cron, every, at")
-    allowed = {"cron": {"kind", "expr", "tz"}, "every": {"kind", "every_secs"}, "at": {"kind", "at"}}[kind]
+    allowed = {"cron": {"kind", "expr", "tz"}, "every": {"kind", "every_secs", "tz"}, "at": {"kind", "at", "tz"}}[kind]
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise BadRequest(f"{field}.{unknown[0]}: unknown field for kind {kind}")
+    # Every kind takes `tz`: the zone of a cron expression and of an `at` time written without
+    # an offset; an interval is the same in every zone.
+    tz = _zone(data.get("tz"), f"{field}.tz")
     if kind == "cron":
-        from croniter import croniter
-
-        expr = data.get("expr")
-        if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
-            raise BadRequest(f"{field}.expr: must be a 5-field cron expression (minute hour day month weekday)")
-        tz = data.get("tz", "UTC")
-        if tz is None:
-            tz = "UTC"
-        if not isinstance(tz, str) or not tz:
-            raise BadRequest(f"{field}.tz: must be an IANA time zone name, e.g. Europe/Berlin")
-        try:
-            ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise BadRequest(f"{field}.tz: unknown time zone {tz!r}") from None
-        schedule = Schedule("cron", expr=" ".join(expr.split()), tz=tz)
+        expr = _cron_expr(data.get("expr"), f"{field}.expr")
+        schedule = Schedule("cron", expr=expr, tz=tz)
         if schedule.next_after(datetime.now(timezone.utc).timestamp()) is None:
             raise BadRequest(f"{field}.expr: the expression never matches a date")
         return schedule
@@ -140,7 +140,51 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
         if isinstance(secs, bool) or not isinstance(secs, int) or not 1 <= secs <= 366 * 86400:
             raise BadRequest(f"{field}.every_secs: must be an integer from 1 to {366 * 86400} (366 days)")
         return Schedule("every", every_secs=secs)
-    return Schedule("at", at=parse_time(data.get("at"), f"{field}.at"))
+    return Schedule("at", at=parse_time(data.get("at"), f"{field}.at", tz))
+
+
+def find_zone(name: str) -> ZoneInfo | None:
+    """The IANA zone `name`, or None when there is none by that name."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a name that is a folder of the zone database ("Europe") or too long a path.
+        return None
+
+
+def _zone(tz: Any, field: str) -> str:
+    if tz is None:
+        return "UTC"
+    if not isinstance(tz, str) or not tz:
+        raise BadRequest(f"{field}: must be an IANA time zone name, e.g. Europe/Berlin")
+    if find_zone(tz) is None:
+        raise BadRequest(f"{field}: unknown time zone {tz!r}")
+    return tz
+
+
+def _cron_expr(expr: Any, field: str) -> str:
+    """A 5-field expression or a nickname, whitespace normalised; 400 saying what is wrong."""
+    from croniter import CroniterError, croniter
+
+    usage = (f"{field}: must be a 5-field cron expression (minute hour day month weekday) "
+             f"or one of {', '.join(NICKNAMES)}")
+    if not isinstance(expr, str) or not expr.strip():
+        raise BadRequest(usage)
+    expr = " ".join(expr.split())
+    if expr.startswith("@"):
+        if expr.lower() not in NICKNAMES:
+            raise BadRequest(usage)
+        return expr.lower()
+    if len(expr.split()) != 5:
+        raise BadRequest(f"{usage}; {expr!r} has {len(expr.split())} fields")
+    try:
+        croniter(expr)
+    except (CroniterError, ValueError) as exc:
+        # croniter's own words say what is wrong ("[61 * * * *] is not acceptable, out of range").
+        reason = str(exc)
+        reason = reason.replace(f"[{expr}]", repr(expr)) if f"[{expr}]" in reason else f"{expr!r}: {reason}"
+        raise BadRequest(f"{usage}; {reason}") from None
+    return expr
 
 
 def schedule_from_json(data: dict[str, Any]) -> Schedule:
@@ -159,4 +203,5 @@ def day_start(now: float) -> float:
     return day.timestamp()
 
 
-__all__ = ["KINDS", "Schedule", "day_start", "iso_seconds", "parse_schedule", "parse_time", "schedule_from_json"]
+__all__ = ["KINDS", "NICKNAMES", "Schedule", "day_start", "find_zone", "iso_seconds", "parse_schedule", "parse_time",
+           "schedule_from_json"]

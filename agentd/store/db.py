@@ -20,7 +20,7 @@ from pony import orm
 from pony.orm import Database
 
 from agentd.errors import AgentdError
-from agentd.store import message_journal, migrate, utc
+from agentd.store import exact_json, message_journal, migrate, utc
 from agentd.store.backend import DatabaseUrl, bind_postgres, connect_postgres
 from agentd.store.checkpoint import CONNECTION_PRAGMAS, WalCheckpointer
 from agentd.store.entities import define_entities
@@ -220,6 +220,7 @@ def open_store(path: Path, database_url: DatabaseUrl | None = None) -> Store:
         found = migrate.run_steps(cur, "sqlite")
         db.bind(provider="sqlite", filename=str(path), create_db=True)
         utc.install(db)
+        exact_json.install(db)
         db.generate_mapping(create_tables=True)
         migrate.run_late_steps(cur, "sqlite", found)
         migrate.record(cur, "sqlite", found)

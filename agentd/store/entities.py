@@ -10,6 +10,8 @@ from typing import Any
 from pony import orm
 from pony.orm import Database, Optional, PrimaryKey, Required, Set
 
+from agentd.store.exact_json import ExactJson
+
 
 def define_entities(db: Database) -> SimpleNamespace:
     class Setting(db.Entity):
@@ -55,8 +57,9 @@ def define_entities(db: Database) -> SimpleNamespace:
         _table_ = "memory_kv"
         agent = Required(AgentRow)
         key = Required(str, autostrip=False)  # "a " and "a" are two keys; "  " is a key
-        # Any JSON value, `null` included (stored as SQL NULL, read back as None).
-        value = Optional(orm.Json, nullable=True)
+        # Any JSON value, `null` included (stored as SQL NULL, read back as None); numbers
+        # read back exactly, big integers included.
+        value = Optional(ExactJson, nullable=True)
         updated_at = Required(datetime)
         PrimaryKey(agent, key)
 

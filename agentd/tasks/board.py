@@ -16,6 +16,7 @@ from pony import orm
 
 from agentd.schema_fields import is_blank
 from agentd.errors import BadRequest, Conflict, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
@@ -31,6 +32,8 @@ def _text(value: Any, name: str, limit: int, empty_ok: bool = False) -> str:
         raise BadRequest(f"{name}: must be a non-empty string")
     if len(value) > limit:
         raise BadRequest(f"{name}: at most {limit} characters")
+    if holds_nul(value):
+        raise BadRequest(f"{name}: {NUL_MESSAGE}")
     return value
 
 
@@ -92,6 +95,8 @@ class TaskBoard:
         """Oldest first; `assigned_to` and `claimed_by` take an agent's id or name."""
         if status is not None and status not in STATUSES:
             raise BadRequest(f"status: must be one of {', '.join(STATUSES)}")
+        if holds_nul(assigned_to) or holds_nul(claimed_by):
+            return []  # no task names such an agent (and PostgreSQL refuses NUL in a query)
         assigned_to, claimed_by = (self._id_of(ref) for ref in (assigned_to, claimed_by))
         with orm.db_session:
             query = self.store.e.TaskRow.select()

@@ -59,7 +59,8 @@ def validate(pattern: Any, where: str = "pattern") -> tuple[str, dict[str, Any]]
                          f"{MAX_TEXT} characters")
     try:
         re.compile(match)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:
+        # OverflowError: a repeat count past what the engine holds (a{99999999999}).
         raise BadRequest(f"{where}.channel_message.match: invalid regular expression: {exc}") from None
     return kind, {kind: {"channel": channel, "match": match}}
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from agentd.agents.handle import parse_uuid
 from agentd.schema_fields import is_blank
 from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.triggers import patterns
 from agentd.triggers.bus import Event, EventBus
 from agentd.triggers.manifest import check_cap, proactive_conditions
@@ -78,9 +79,7 @@ class Triggers:
         if handle is None:
             raise NotFound("agent not found")
         kind, pattern = patterns.validate(data["pattern"])
-        template = data["prompt_template"]
-        if is_blank(template) or len(template) > MAX_TEMPLATE:
-            raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
+        template = _template(data["prompt_template"])
         caps = {name: check_cap(name, data.get(name), "trigger")
                 for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute")}
         trigger = self.store.create(handle.id, kind, pattern, template, enabled=data.get("enabled", True),
@@ -106,9 +105,8 @@ class Triggers:
         for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute"):
             if name in changes:
                 changes[name] = check_cap(name, changes[name], "trigger")
-        template = changes.get("prompt_template")
-        if template is not None and (is_blank(template) or len(template) > MAX_TEMPLATE):
-            raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
+        if changes.get("prompt_template") is not None:
+            _template(changes["prompt_template"])
         trigger = self.store.update(parse_uuid(trigger_id, "trigger"), changes)
         if trigger is None:
             raise NotFound("trigger not found")
@@ -175,3 +173,11 @@ class Triggers:
         cost = getattr(future.result(), "cost_usd", None)
         if cost:
             self.store.add_cost(trigger.id, cost)
+
+
+def _template(template: str) -> str:
+    if is_blank(template) or len(template) > MAX_TEMPLATE:
+        raise BadRequest(f"prompt_template: must be a non-empty string of at most {MAX_TEMPLATE} characters")
+    if holds_nul(template):
+        raise BadRequest(f"prompt_template: {NUL_MESSAGE}")
+    return template

@@ -143,6 +143,36 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
         r = d.post("/api/cron/jobs", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"].startswith(field + ":"), (field, r.json())
+    # The cron nicknames are taken as written; six fields are not a standard expression.
+    nick = job(d, name="nick", agent_id="shapes", schedule={"kind": "cron", "expr": "@daily", "tz": "Asia/Tokyo"},
+               action=turn("m"))
+    assert nick["schedule"] == {"kind": "cron", "expr": "@daily", "tz": "Asia/Tokyo"}
+    assert nick["next_run_at"].endswith("T15:00:00Z")  # midnight in Tokyo
+    r = d.post("/api/cron/jobs", json={"name": "six", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "cron", "expr": "0 0 9 * * *"}})
+    assert r.status_code == 400 and r.json()["error"].endswith("'0 0 9 * * *' has 6 fields"), r.text
+    # A folder of the zone database is an unknown zone (a 400, not an internal error), here
+    # and in a manifest; an `at` without an offset is read in its `tz`.
+    r = d.post("/api/cron/jobs", json={"name": "tz", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "Europe"}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.tz: unknown time zone 'Europe'"})
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
+                                                     'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
+    assert (r.status_code, r.json()["error"]) == (
+        400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    for url in ("https://[invalid", "https://hooks.example.com:99999/x", "https://exa mple.com/x"):
+        r = d.post("/api/cron/jobs", json={"name": "hook", "agent_id": "shapes", "action": turn("m"),
+                                           "delivery": {"kind": "webhook", "url": url, "secret_env": "S"},
+                                           "schedule": {"kind": "every", "every_secs": 60}})
+        assert (r.status_code, r.json()["error"]) == (
+            400, "delivery.url: must be an https:// URL (http:// only to a loopback address)"), url
+    r = d.post("/api/cron/jobs", json={"name": "far", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "at", "at": "9999-12-31T23:59:59-23:59"}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.at: must be a time from year 1 to year 9999 in UTC"})
+    at = job(d, name="at berlin", agent_id="shapes", action=turn("m"),
+             schedule={"kind": "at", "at": "2031-07-01T09:00:00", "tz": "Europe/Berlin"})
+    assert at["schedule"] == {"kind": "at", "at": "2031-07-01T07:00:00Z"}
+    assert at["next_run_at"] == "2031-07-01T07:00:00Z"
     # A null delivery is no delivery, as the served document says.
     body = d.get("/api/openapi.json").json()["paths"]["/api/cron/jobs"]["post"]["requestBody"]
     delivery = body["content"]["application/json"]["schema"]["properties"]["delivery"]["oneOf"]

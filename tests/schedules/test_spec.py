@@ -52,6 +52,17 @@ def test_a_monthly_job_lands_on_the_last_matching_day() -> None:
     assert datetime.fromtimestamp(due, timezone.utc) == datetime(2026, 3, 31, 9, tzinfo=timezone.utc)
 
 
+def test_an_at_time_without_an_offset_is_read_in_its_zone() -> None:
+    berlin = {"kind": "at", "at": "2030-06-01T09:00:00", "tz": "Europe/Berlin"}
+    assert parse_schedule(berlin).to_json() == {"kind": "at", "at": "2030-06-01T07:00:00Z"}
+    assert parse_schedule({**berlin, "at": "2030-06-01T09:00:00+00:00"}).to_json()["at"] == "2030-06-01T09:00:00Z"
+    assert parse_schedule({**berlin, "tz": None}).to_json()["at"] == "2030-06-01T09:00:00Z"
+    # The fall-back hour repeats 02:30: its first occurrence, as for a cron expression.
+    assert parse_schedule({**berlin, "at": "2030-10-27T02:30:00"}).to_json()["at"] == "2030-10-27T00:30:00Z"
+    assert parse_schedule({"kind": "every", "every_secs": 5, "tz": "Asia/Tokyo"}).to_json() == \
+        {"kind": "every", "every_secs": 5}
+
+
 def test_an_interval_keeps_its_phase() -> None:
     every = parse_schedule({"kind": "every", "every_secs": 10})
     assert every.next_after(1000.0, anchor=1000.0) == 1010.0
@@ -64,10 +75,16 @@ def test_an_interval_keeps_its_phase() -> None:
     ({"kind": "cron", "expr": "61 * * * *"}, "schedule.expr"),
     ({"kind": "cron", "expr": "0 0 30 2 *"}, "schedule.expr"),
     ({"kind": "cron", "expr": "0 9 * * *", "tz": "Mars/Olympus"}, "schedule.tz"),
+    ({"kind": "cron", "expr": "0 9 * * *", "tz": "Europe"}, "schedule.tz"),  # a folder of the zone database
+    ({"kind": "at", "at": "2030-01-01T09:00:00", "tz": "America/"}, "schedule.tz"),
+    ({"kind": "every", "every_secs": 5, "tz": 5}, "schedule.tz"),
     ({"kind": "every", "every_secs": 0}, "schedule.every_secs"),
     ({"kind": "every", "every_secs": 1.5}, "schedule.every_secs"),
     ({"kind": "every", "every_secs": True}, "schedule.every_secs"),
     ({"kind": "at", "at": "tomorrow"}, "schedule.at"),
+    ({"kind": "at", "at": "9999-12-31T23:59:59-23:59"}, "schedule.at"),  # past year 9999 in UTC
+    ({"kind": "at", "at": "9999-12-31T23:59:59", "tz": "America/New_York"}, "schedule.at"),
+    ({"kind": "at", "at": "0001-01-01T00:00:00+14:00"}, "schedule.at"),
     ({"kind": "weekly"}, "schedule.kind"),
     ({"kind": "every", "every_secs": 5, "expr": "x"}, "schedule.expr"),
     ("0 9 * * *", "schedule"),
@@ -76,6 +93,33 @@ def test_a_bad_schedule_names_its_field(body, field) -> None:
     with pytest.raises(BadRequest) as refused:
         parse_schedule(body)
     assert refused.value.message.startswith(field + ":")
+
+
+@pytest.mark.parametrize("expr, says", [
+    ("0 0 9 * * *", "'0 0 9 * * *' has 6 fields"),
+    ("* * * *", "'* * * *' has 4 fields"),
+    ("61 * * * *", "'61 * * * *' is not acceptable, out of range"),
+    ("*/0 * * * *", "step '0' in field 0 is not acceptable"),
+    ("@reboot", "or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"),
+])
+def test_a_refused_cron_expression_says_what_is_wrong(expr, says) -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_schedule({"kind": "cron", "expr": expr})
+    assert refused.value.message.startswith(
+        "schedule.expr: must be a 5-field cron expression (minute hour day month weekday) or one of @yearly")
+    assert refused.value.message.endswith(says)
+
+
+def test_cron_nicknames_are_read_in_the_jobs_zone() -> None:
+    start = datetime(2026, 3, 6, 12, tzinfo=timezone.utc)
+    daily = parse_schedule({"kind": "cron", "expr": "@Daily", "tz": "America/New_York"})
+    assert daily.to_json() == {"kind": "cron", "expr": "@daily", "tz": "America/New_York"}
+    assert [d.isoformat() for d in walk(daily, start, 3)] == [
+        "2026-03-07T00:00:00-05:00", "2026-03-08T00:00:00-05:00", "2026-03-09T00:00:00-04:00"]
+    assert walk(parse_schedule({"kind": "cron", "expr": "@hourly", "tz": "America/New_York"}), start, 1)[0] \
+        == datetime(2026, 3, 6, 8, tzinfo=NEW_YORK)
+    assert [d.isoformat() for d in walk(parse_schedule({"kind": "cron", "expr": "@monthly"}), start, 2)] == [
+        "2026-03-31T20:00:00-04:00", "2026-04-30T20:00:00-04:00"]  # 00:00 UTC on the 1st
 
 
 NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
@@ -87,6 +131,7 @@ NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
     ("Every minute", {"kind": "every", "every_secs": 60}),
     ("every 2 hours", {"kind": "every", "every_secs": 7200}),
     ("hourly", {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}),
+    ("@weekly", {"kind": "cron", "expr": "@weekly", "tz": "UTC"}),
     ("daily at 9am", {"kind": "cron", "expr": "0 9 * * *", "tz": "UTC"}),
     ("daily at 09:30", {"kind": "cron", "expr": "30 9 * * *", "tz": "UTC"}),
     ("weekdays at 6pm", {"kind": "cron", "expr": "0 18 * * 1-5", "tz": "UTC"}),

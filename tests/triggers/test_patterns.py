@@ -37,6 +37,8 @@ def test_validate_normalises_and_names_what_is_wrong() -> None:
          'pattern.channel_message: must be an object {"channel", "match"}'),
         ({"channel_message": {"channel": "irc", "match": 3}},
          "pattern.channel_message.match: must be a regular expression of at most 1000 characters"),
+        ({"channel_message": {"channel": "irc", "match": "a{99999999999}"}},
+         "pattern.channel_message.match: invalid regular expression: the repetition number is too large"),
     ]
     for pattern, message in cases:
         with pytest.raises(BadRequest) as info:

@@ -104,6 +104,8 @@ def test_crud_and_errors(d) -> None:
            ({"agent_id": a, "pattern": {"content_match": "x", "agent_failed": "*"}, "prompt_template": "p"}, 400),
            ({"agent_id": a, "pattern": {"channel_message": {"channel": "webhook", "match": "("}},
              "prompt_template": "p"}, 400),
+           ({"agent_id": a, "pattern": {"channel_message": {"channel": "webhook", "match": "a{99999999999}"}},
+             "prompt_template": "p"}, 400),
            ({"agent_id": a, "pattern": {"content_match": " "}, "prompt_template": "p"}, 400),
            ({"agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "p", "max_runs_per_day": 0}, 400),
            ({"agent_id": a, "pattern": {"content_match": "x"}}, 400)]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 
 # What the model sees of a task list: the newest tasks, each description cut.
 LIST_MAX = 50
@@ -69,6 +70,8 @@ def event_publish(ctx: ToolContext, args: dict[str, Any]) -> str:
     event_type = args["event_type"].strip()
     if not event_type or len(event_type) > 200:
         raise ToolError("event_type: must be a non-empty string of at most 200 characters")
+    if holds_nul(event_type):
+        raise ToolError(f"event_type: {NUL_MESSAGE}")
     payload = args.get("payload") or {}
     if len(json.dumps(payload)) > PAYLOAD_MAX:
         raise ToolError(f"payload: at most {PAYLOAD_MAX} bytes of JSON")

@@ -14,7 +14,7 @@ from agentd.errors import AgentdError
       {"key": {"type": "string", "description": "Key"}, "value": {"description": "Any JSON value"}},
       ("key", "value"))
 def memory_store(ctx: ToolContext, args: dict[str, Any]) -> str:
-    ctx.require_ops().kv_set(ctx.agent_id, args["key"], args["value"])
+    _call(ctx.require_ops().kv_set, ctx.agent_id, args["key"], args["value"])
     return f"stored {args['key']}"
 
 

@@ -5,7 +5,7 @@ is included (templates/_triggers_table.html)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from flask import make_response, render_template, request
 
@@ -15,6 +15,7 @@ from agentd.api.routes_cron import reach_job_workflow
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body, typed
 from agentd.errors import AgentdError, BadRequest
+from agentd.schedules.spec import find_zone
 
 RUNS_SHOWN = 50
 JOBS_SHOWN = 20      # jobs a page of /schedules (the 60 KB page budget)
@@ -26,10 +27,10 @@ def _zone() -> tuple[str, ZoneInfo, str]:
     """The viewer's zone: `?tz=` (remembered in a cookie), else the cookie, else UTC; and
     what to tell the viewer when the zone asked for is not one."""
     name = request.args.get("tz") or request.cookies.get(TZ_COOKIE) or "UTC"
-    try:
-        return name, ZoneInfo(name), ""
-    except (ZoneInfoNotFoundError, ValueError):
+    zone = find_zone(name)
+    if zone is None:
         return "UTC", ZoneInfo("UTC"), f"unknown time zone {name!r}: times are shown in UTC"
+    return name, zone, ""
 
 
 @bp.app_template_filter("in_zone")

@@ -133,6 +133,8 @@ def test_an_unknown_viewer_zone_is_said_and_not_remembered(dash) -> None:
     html = text(client, "/schedules?tz=Nowhere/Land")
     assert "unknown time zone &#39;Nowhere/Land&#39;: times are shown in UTC" in html
     assert 'name="tz" value="UTC"' in html and 'name="tz" value="UTC"' in text(client, "/schedules")
+    # A folder of the zone database is no zone either.
+    assert "unknown time zone &#39;Europe&#39;: times are shown in UTC" in text(client, "/schedules?tz=Europe")
 
 
 def test_the_run_history_keeps_and_answers_the_last_200_runs(dash) -> None:
