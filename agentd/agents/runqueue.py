@@ -74,7 +74,8 @@ class Poller:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-        self._wake.set()
+        if not self._wake.is_set():  # (a busy daemon's poller is awake already: no lock taken)
+            self._wake.set()
         return key
 
     def remove(self, key: int) -> None:
