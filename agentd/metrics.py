@@ -95,7 +95,8 @@ class Metrics:
         r.register(_StateCollector(self))
         # Label children looked up once: a dict read per observation instead of `labels()`
         # (which takes the metric's lock); a race only makes `labels()` return the same child twice.
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # A counter and the histogram observed with it are one entry (`_pair`).
+        self._children: dict[tuple[Any, ...], Any] = {}
         if not agent_labels:
             for origin in ORIGINS:
                 for outcome in RUN_OUTCOMES:
@@ -110,31 +111,50 @@ class Metrics:
             child = self._children[(metric, labels)] = metric.labels(*labels)
         return child
 
+    def _pair(self, key: tuple[str, ...], count: Any, count_labels: tuple[str, ...], latency: Any,
+              latency_labels: tuple[str, ...]) -> tuple[Any, Any]:
+        """The children of two metrics observed together, kept under one `key`."""
+        pair = self._children[key] = (self._child(count, *count_labels), self._child(latency, *latency_labels))
+        return pair
+
     def http_request(self, method: str, route: str, status: str, seconds: float) -> None:
-        self._child(self.http_requests, method, route, status).inc()
-        self._child(self.http_latency, method, route).observe(seconds)
+        key = ("http", method, route, status)
+        pair = self._children.get(key) or self._pair(key, self.http_requests, (method, route, status),
+                                                     self.http_latency, (method, route))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def run_finished(self, origin: str, outcome: str, seconds: float, agent: str = "") -> None:
         origin = origin if origin in ORIGINS else "other"
         if self.agent_labels:
-            self._child(self.runs, origin, outcome, agent).inc()
+            key = ("run", origin, outcome, agent)
+            pair = self._children.get(key) or self._pair(key, self.runs, (origin, outcome, agent),
+                                                         self.run_latency, (origin,))
         else:
-            self._child(self.runs, origin, outcome).inc()
-        self._child(self.run_latency, origin).observe(seconds)
+            key = ("run", origin, outcome)
+            pair = self._children.get(key) or self._pair(key, self.runs, key[1:], self.run_latency, (origin,))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def refusal(self, reason: str, agent: str = "") -> None:
         self.refused.labels(*((reason, agent) if self.agent_labels else (reason,))).inc()
 
     def llm_call(self, provider: str, model: str, outcome: str, seconds: float,
                  first_event: float | None = None) -> None:
-        self._child(self.llm_calls, provider, model, outcome).inc()
-        self._child(self.llm_latency, provider, model).observe(seconds)
+        key = ("llm", provider, model, outcome)
+        pair = self._children.get(key) or self._pair(key, self.llm_calls, (provider, model, outcome),
+                                                     self.llm_latency, (provider, model))
+        pair[0].inc()
+        pair[1].observe(seconds)
         if first_event is not None:
             self._child(self.llm_ttft, provider, model).observe(first_event)
 
     def usage(self, provider: str, model: str, input_tokens: int, output_tokens: int, cost: float | None) -> None:
-        self._child(self.tokens, provider, model, "input").inc(input_tokens)
-        self._child(self.tokens, provider, model, "output").inc(output_tokens)
+        key = ("tokens", provider, model)
+        pair = self._children.get(key) or self._pair(key, self.tokens, (provider, model, "input"),
+                                                     self.tokens, (provider, model, "output"))
+        pair[0].inc(input_tokens)
+        pair[1].inc(output_tokens)
         if cost:
             self._child(self.cost, provider, model).inc(cost)
 

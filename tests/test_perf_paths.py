@@ -127,14 +127,17 @@ def test_run_ids_are_version_7_uuids_in_time_order() -> None:
     import time
     import uuid
 
-    from agentd.ids import time_ordered_uuid
+    from agentd.ids import time_ordered_uuid, time_ordered_uuid_str
 
     before = time.time_ns() // 1_000_000
     ids = []
     for _ in range(3):
-        ids += [time_ordered_uuid() for _ in range(1000)]
+        ids += [time_ordered_uuid() for _ in range(500)]
+        ids += [uuid.UUID(text) for text in (time_ordered_uuid_str() for _ in range(500))]
         time.sleep(0.003)  # later milliseconds sort after
     after = time.time_ns() // 1_000_000
+    text = time_ordered_uuid_str()
+    assert str(uuid.UUID(text)) == text
     assert all(u.version == 7 and u.variant == uuid.RFC_4122 for u in ids)
     assert len(set(ids)) == 3000
     stamps = [u.int >> 80 for u in ids]

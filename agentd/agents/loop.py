@@ -93,7 +93,7 @@ class RunSpec:
     history: list[Message]
     user: Message
     tools: list[Tool]
-    tool_ctx: ToolContext
+    tool_ctx: ToolContext | Callable[[], ToolContext]  # (or what makes it, at the first tool call)
     llm: LlmCall
     max_iterations: int
     tool_timeout: float
@@ -245,11 +245,14 @@ class AgentLoop:
                 reason = {"rejected": "a human rejected it", "timeout": "approval timed out",
                           "cancelled": "the run was cancelled"}.get(decision, decision)
                 return f"denied: the call to '{name}' was not performed because {reason}.", True
-        stop = CallStop(self.spec.tool_ctx.cancel)
+        ctx = self.spec.tool_ctx
+        if not isinstance(ctx, ToolContext):
+            ctx = self.spec.tool_ctx = ctx()
+        stop = CallStop(ctx.cancel)
         # The tool's thread keeps the run's context: its log lines name the run's request and
         # agent, and its HTTP calls and the runs it starts stay in the run's trace.
         future = _TOOL_POOL.submit(contextvars.copy_context().run, tool.run,
-                                   dataclasses.replace(self.spec.tool_ctx, cancel=stop), args)
+                                   dataclasses.replace(ctx, cancel=stop), args)
         try:
             output = future.result(timeout=self.spec.tool_timeout)
             return (output if isinstance(output, str) else json.dumps(output)), False

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentd.agents.loop import RunCancelled, RunResult
@@ -34,14 +33,23 @@ BUSY_RETRY_AFTER = 2  # seconds a client refused for a busy agent is told to wai
 WAIT_POLL = 0.1  # how often a waiting request checks for stop and client disconnects
 
 
-@dataclass
 class QueuedRun:
     """A run waiting for its agent (or running): `execute(handle)` runs it to completion for
     the agent whose queue it is in; its result goes to `future`."""
 
-    execute: Callable[[Any], RunResult]
-    cancel: threading.Event
-    future: Future = field(default_factory=Future)
+    def __init__(self, execute: Callable[[Any], RunResult], cancel: threading.Event) -> None:
+        self.execute = execute
+        self.cancel = cancel
+        self._future: Future | None = None
+
+    @property
+    def future(self) -> Future:
+        """Made on first use: a run its caller claimed runs on the caller's thread and never
+        needs one. A queued run's is made before it is queued, on the submitting thread."""
+        future = self._future
+        if future is None:
+            future = self._future = Future()
+        return future
 
 
 class Poller:
@@ -66,7 +74,8 @@ class Poller:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-        self._wake.set()
+        if not self._wake.is_set():  # (a busy daemon's poller is awake already: no lock taken)
+            self._wake.set()
         return key
 
     def remove(self, key: int) -> None:

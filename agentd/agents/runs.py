@@ -239,19 +239,24 @@ class Runs:
         if skills and any(t.name == "skill_describe" for t in tools):
             system = f"{system}\n\n{prompt_lines(skills)}"
         refresh_system = None
+        owner = None
         if self.memory is not None:
+            owner = self._memory_owner(handle, request)
             # Recalled before every model call of the run (unchanged memory is not searched again).
-            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system,
-                                                         owner=self._memory_owner(handle, request))
+            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system, owner=owner)
             system = refresh_system()
-        workspace = handle.workspace
-        if workspace is None:
-            workspace = handle.workspace = self.config.workspaces_dir / handle.name
-        ctx = ToolContext(agent_id=handle.id, workspace=workspace, capabilities=caps, tools_config=self.config.tools,
-                          ops=self.ops_for(handle, request.origin if request else ""),
-                          cancel=cancel, services=self.tool_services, agent_name=handle.name,
-                          model=self._model_access(handle), skills=skills, a2a=self.a2a,
-                          cron=self.cron)
+
+        def tool_ctx() -> ToolContext:
+            # Made by the run's first tool call: most runs make none.
+            workspace = handle.workspace
+            if workspace is None:
+                workspace = handle.workspace = self.config.workspaces_dir / handle.name
+            return ToolContext(agent_id=handle.id, workspace=workspace, capabilities=caps,
+                               tools_config=self.config.tools,
+                               ops=self.ops_for(handle, request.origin if request else ""), cancel=cancel,
+                               services=self.tool_services, agent_name=handle.name,
+                               model=self._model_access(handle), skills=skills, a2a=self.a2a, cron=self.cron)
+
         approver = None
         if handle.mode == "Manual":
             def approver(tool: str, args: dict[str, Any]) -> str:
@@ -275,7 +280,7 @@ class Runs:
 
         spec = RunSpec(model=self.models.catalog.resolve(options.model) if options.model else handle.model,
                        system=system, history=sessions.history(session, window), user=user,
-                       tools=tools, tool_ctx=ctx,
+                       tools=tools, tool_ctx=tool_ctx,
                        llm=self.models.llm_call(handle, usage if sessions.write_usage is not None else None,
                                                 model=options.model),
                        max_iterations=handle.manifest.max_iterations,
@@ -316,7 +321,7 @@ class Runs:
                       source=options.source)
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response,
-                                       owner=self._memory_owner(handle, request))
+                                       owner=owner)
         return result
 
     def _publish_failure(self, handle: AgentHandle, request: RunRequest, cause: str) -> None:

@@ -11,7 +11,7 @@ import ipaddress
 import time
 from typing import Iterable
 
-from flask import Flask, Response, g, request
+from flask import Flask, Request, Response, g, request
 
 from agentd.api import dashauth
 from agentd.api.errors import error_response
@@ -106,11 +106,18 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
     app.wsgi_app = ResponseHeaders(app.wsgi_app, origins, config.api.rate_limit_burst,  # type: ignore[method-assign]
                                    fixed_headers)
 
-    # These hooks run on every request: each takes the request from its proxy once.
+    # One hook, in this order: CORS preflight, rate limit, auth. It runs on every request
+    # and takes the request from its proxy once.
     @app.before_request
-    def _start() -> Response | None:
+    def _front() -> Response | None:
         req = request._get_current_object()
         g._get_current_object().started = time.perf_counter()
+        refusal = _preflight(req)
+        if refusal is None:
+            refusal = _rate_limit(req)
+        return _auth(req) if refusal is None else refusal
+
+    def _preflight(req: Request) -> Response | None:
         if req.method != "OPTIONS":
             return None
         origin = req.headers.get("Origin")
@@ -124,9 +131,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
             return response
         return None
 
-    @app.before_request
-    def _rate_limit() -> Response | None:
-        req = request._get_current_object()
+    def _rate_limit(req: Request) -> Response | None:
         if (not req.path.startswith(("/api/", "/v1/", "/a2a")) and req.path != "/metrics"
                 and req.blueprint != "webhooks"):
             return None
@@ -141,9 +146,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
 
     limits = app.extensions.setdefault("agentd.key_limits", principal.KeyLimits())
 
-    @app.before_request
-    def _auth() -> Response | None:
-        req = request._get_current_object()
+    def _auth(req: Request) -> Response | None:
         if (_is_public(req.path, req.method) or req.blueprint in ("pages", "webhooks")
                 or (config.api_key and is_agent_card(req.path, req.method))):
             # Dashboard pages authenticate themselves (login redirect, CSRF on forms);

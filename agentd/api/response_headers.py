@@ -31,6 +31,7 @@ RATE = "agentd.rate"
 # Kept when the app set its own (a dashboard page's frame policy, say).
 SECURITY_DEFAULTS = (("X-Content-Type-Options", "nosniff"), ("X-Frame-Options", "DENY"),
                      ("Referrer-Policy", "strict-origin-when-cross-origin"))
+_SECURITY = tuple((name.lower(), (name, value)) for name, value in SECURITY_DEFAULTS)
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
 
 StartResponse = Callable[..., Any]
@@ -50,6 +51,10 @@ class ResponseHeaders:
         self.origins = origins
         self.burst = str(burst)
         self.fixed = list(fixed)  # the same on every answer (`X-Agentd-Daemon`); they replace the app's
+        # Every name `add` may replace in the app's headers.
+        self._replaceable = frozenset({"x-request-id", "x-ratelimit-limit", "x-ratelimit-remaining",
+                                       "x-ratelimit-reset", "access-control-allow-origin", "cache-control",
+                                       *(name.lower() for name, _ in self.fixed)})
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         environ[REQUEST_ID] = rid = random_uuid_hex()
@@ -70,7 +75,8 @@ class ResponseHeaders:
 
     def add(self, environ: dict[str, Any], headers: list[tuple[str, str]]) -> None:
         """Add (or replace) the common headers in `headers`, the answer's list."""
-        present = {name.lower() for name, _ in headers}
+        # The app's headers by lower-case name (the first of a repeated one).
+        present = {name.lower(): value for name, value in reversed(headers)}
         replaced: list[tuple[str, str]] = [("X-Request-Id", environ[REQUEST_ID]), *self.fixed]
         decision = environ.get(RATE)
         if decision is not None:
@@ -81,25 +87,19 @@ class ResponseHeaders:
         if cors:
             replaced.append(("Access-Control-Allow-Origin", origin))
         api = is_api(environ.get("PATH_INFO", ""))
-        if api and not _content_type(headers).startswith("text/event-stream"):
+        if api and not present.get("content-type", "").lower().startswith("text/event-stream"):
             # Event streams keep their `no-cache` (agentd.api.sse), which proxies know.
             replaced.append(("Cache-Control", "no-store"))
-        names = {name.lower() for name, _ in replaced}
-        if present & names:
-            headers[:] = [h for h in headers if h[0].lower() not in names]
+        if not self._replaceable.isdisjoint(present):  # (rarely: most answers set none of them)
+            names = {name.lower() for name, _ in replaced}
+            if not names.isdisjoint(present):
+                headers[:] = [h for h in headers if h[0].lower() not in names]
         headers += replaced
         if cors:
             headers.append(("Vary", "Origin"))
-        headers += [h for h in SECURITY_DEFAULTS if h[0].lower() not in present]
+        headers += [h for name, h in _SECURITY if name not in present]
         if api and "content-security-policy" not in present:
             headers.append(("Content-Security-Policy", API_CSP))
-
-
-def _content_type(headers: list[tuple[str, str]]) -> str:
-    for name, value in headers:
-        if name.lower() == "content-type":
-            return value.lower()
-    return ""
 
 
 def _log_request(environ: dict[str, Any], status: str, started: float) -> None:

@@ -23,7 +23,7 @@ from pony import orm
 from agentd import logs
 from agentd.cluster.config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
-from agentd.ids import time_ordered_uuid
+from agentd.ids import time_ordered_uuid_str
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, relaxed_commit
 from agentd.store.outage import translate
@@ -165,7 +165,7 @@ class RunLeases:
 
     def _try_begin(self, handle: Any, session_id: str, name: str, cancel: threading.Event) -> LocalRun | None:
         secs = self.settings.lease_secs
-        run_id = str(time_ordered_uuid())
+        run_id = time_ordered_uuid_str()
         if not self.shared:
             with self._lock:
                 if name in self._sessions:

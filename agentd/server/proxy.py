@@ -46,6 +46,7 @@ log = logging.getLogger("agentd.proxy")
 # WSGI keys of every header this layer interprets; stripped from untrusted peers.
 FORWARDED_KEYS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORWARDED_HOST",
                   "HTTP_X_FORWARDED_PORT", "HTTP_X_FORWARDED_PREFIX", "HTTP_FORWARDED")
+_FORWARDED = frozenset(FORWARDED_KEYS)
 # Where the socket peer is kept once REMOTE_ADDR names the real client (for logs).
 PEER_KEY = "agentd.proxy_peer"
 
@@ -74,10 +75,10 @@ class ProxyHeaders:
         environ[PEER_KEY] = peer
         if self.trusted and self.trusted.contains(peer):
             self._apply(environ)
-        for key in FORWARDED_KEYS:
-            # Applied values live in the standard keys now; the raw headers are
-            # dropped either way so no handler ever reads them directly.
-            environ.pop(key, None)
+        # Applied values live in the standard keys now; the raw headers are dropped
+        # either way so no handler ever reads them directly.
+        for key in _FORWARDED.intersection(environ):
+            del environ[key]
         return self.app(environ, start_response)
 
     def _apply(self, environ: dict[str, Any]) -> None:

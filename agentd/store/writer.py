@@ -21,6 +21,7 @@ PostgreSQL (no such cache; several daemons) keeps a Pony transaction per write.
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from abc import ABC, abstractmethod
 import sqlite3
 import threading
@@ -67,10 +68,10 @@ class SqliteTx:
     last-row-id lookup) opening the transaction itself (the connection's implicit BEGIN
     IMMEDIATE, one call instead of a statement's several)."""
 
-    # `$name` SQL -> sqlite3's `?` form, the names in their order and whether it changes
-    # rows: a handful of statements (a run's append has one form per number of messages),
-    # bounded all the same.
-    _converted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
+    # `$name` SQL -> sqlite3's `?` form, the names in their order, whether it changes rows
+    # and what picks the names' values (one C call): a handful of statements (a run's append
+    # has one form per number of messages), bounded all the same.
+    _converted: dict[str, tuple[str, tuple[str, ...], bool, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {}
     CACHE_SIZE = 256
 
     def __init__(self, cursor: sqlite3.Cursor) -> None:
@@ -81,10 +82,12 @@ class SqliteTx:
         if converted is None:
             if len(self._converted) >= self.CACHE_SIZE:
                 self._converted.clear()
-            converted = self._converted[sql] = (_PARAM.sub("?", sql), tuple(_PARAM.findall(sql)),
-                                                bool(_CHANGE.match(sql)))
-        native, names, change = converted
-        values = [params[name] for name in names]
+            names = tuple(_PARAM.findall(sql))
+            pick = itemgetter(*names) if len(names) > 1 else (
+                (lambda p, name=names[0]: (p[name],)) if names else (lambda p: ()))
+            converted = self._converted[sql] = (_PARAM.sub("?", sql), names, bool(_CHANGE.match(sql)), pick)
+        native, _, change, pick = converted
+        values = pick(params)
         if change:
             return self.cursor.executemany(native, (values,)).rowcount
         if not self.cursor.connection.in_transaction:
