@@ -169,15 +169,16 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 # How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
-# `type` follows from the status (401 authentication_error, 429 rate_limit_error,
-# 5xx server_error). The spec answers an agent that failed with 500 server_error and no
-# code; only what a client can act on differs (a key, Retry-After, an outage, a timeout). Each
+# `type` follows from the status (429 rate_limit_error, 5xx server_error). The spec answers
+# an agent that failed with 500 server_error and no code; only what a client can act on
+# differs (Retry-After, an outage, a timeout). A provider that refused its key is the
+# agent's failure too: a 401 would tell the client its own key to agentd is wrong. Each
 # answer is final for this request (agentd already retried the provider), so it says
 # `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
 # multiplying upstream calls and undoing a user's stop.
 _RUN_FAILURES: dict[str, tuple[int, str | None]] = {
-    "missing_key": (401, "missing_provider_key"),
-    "auth": (401, "provider_auth_failed"),
+    "missing_key": (500, None),
+    "auth": (500, None),
     "rate_limit": (429, "upstream_rate_limited"),
     "server": (503, "upstream_unavailable"),
     "unreachable": (503, "upstream_unavailable"),
@@ -240,13 +241,13 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
                  "`tool_choice` (other than none/auto), `n` > 1, `logprobs` and `logit_bias` are refused "
                  "with 400. With `stream: true` the answer is `text/event-stream`: `data: {chat.completion.chunk}` "
                  "lines, then `data: [DONE]`.",
-     errors={401: "Provider key missing or rejected (`missing_provider_key`, `provider_auth_failed`)",
-             404: "No agent for `model` (`model_not_found`)",
+     errors={404: "No agent for `model` (`model_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed (no `code`): the provider refused the request, answered something "
+             500: "The agent failed (no `code`): the provider's key is missing or was rejected, the "
+                  "provider refused the request, answered something "
                   "unusable, reset the connection or cut the stream off, or the loop guard stopped the run",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",

@@ -205,14 +205,13 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
                  "`background: true` are refused with 400. With `stream: true` the answer is "
                  "`text/event-stream` of Responses events (`event: response.created` ... "
                  "`response.completed`, or `response.failed`), each with a `sequence_number`.",
-     errors={401: "Provider key missing or rejected (`missing_provider_key`, `provider_auth_failed`)",
-             404: "No agent for `model` (`model_not_found`), or `previous_response_id` names no stored "
+     errors={404: "No agent for `model` (`model_not_found`), or `previous_response_id` names no stored "
                   "response (`previous_response_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed (no `code`)",
+             500: "The agent failed (no `code`), its provider's key missing or rejected included",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",
              504: "The provider timed out (`upstream_timeout`)"})

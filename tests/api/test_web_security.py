@@ -451,12 +451,14 @@ def test_v1_upstream_refusal_is_500_server_error_and_not_retried(no_retry_daemon
     assert len(user_turns_in(fake_llm, marker)) == 1, "the SDK retried a final answer"
 
 
-def test_v1_missing_provider_key_is_authentication_error(no_retry_daemon, fake_llm) -> None:
+def test_v1_missing_provider_key_is_the_agents_failure(no_retry_daemon, fake_llm) -> None:
+    """Not a 401: the client's own key to agentd is fine, and a 401 would say it is not."""
     d = no_retry_daemon
     agent_id = spawn(d, model='[model]\nprovider = "groq"\nmodel = "llama-3.3-70b-versatile"\n')
-    with pytest.raises(openai.AuthenticationError) as info:
+    with pytest.raises(openai.InternalServerError) as info:
         sdk(d).chat.completions.create(model=agent_id, messages=[{"role": "user", "content": "hi"}])
-    assert info.value.status_code == 401 and info.value.body["type"] == "authentication_error"
+    assert info.value.status_code == 500 and info.value.body["type"] == "server_error"
+    assert "code" not in info.value.body or info.value.body["code"] is None
     assert "GROQ_API_KEY" in info.value.body["message"]
 
 
@@ -464,8 +466,11 @@ def test_v1_upstream_401_and_429_map_to_their_classes(no_retry_daemon, fake_llm)
     d = no_retry_daemon
     agent_id = spawn(d)
     marker = uuid.uuid4().hex
-    with pytest.raises(openai.AuthenticationError):
+    # The provider refused agentd's key to it: the agent failed (500), not the client's key.
+    with pytest.raises(openai.InternalServerError) as failed:
         sdk(d).chat.completions.create(model=agent_id, messages=[{"role": "user", "content": f"[[fail:401]] {marker}"}])
+    assert failed.value.body["type"] == "server_error" and "rejected the API key" in failed.value.body["message"]
+    assert failed.value.response.headers["x-should-retry"] == "false"
     assert len(user_turns_in(fake_llm, marker)) == 1
     marker = uuid.uuid4().hex
     with pytest.raises(openai.RateLimitError) as info:
