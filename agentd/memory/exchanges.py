@@ -60,7 +60,8 @@ class ExchangeWorker:
         (whose session it came from) is recorded so only that person's runs recall it."""
         if not self.config.auto_remember or not user_text.strip() or not answer.strip():
             return
-        content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT]
+        # PostgreSQL cannot store U+0000 in text; the session keeps the exchange as written.
+        content = f"{ASKED}{user_text}{ANSWERED}{answer}"[:fields.MAX_CONTENT].replace("\x00", "\ufffd")
         metadata: dict[str, Any] = {"session_id": session_id}
         if owner is not None:
             metadata[OWNER] = owner

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from tests.agents.test_agents import say, spawn
+from tests.support import wait_until
 
 NUL = "must not contain the NUL character (\\u0000), which PostgreSQL cannot store"
 
@@ -60,3 +61,22 @@ def test_tools_answer_nul_text_with_a_tool_error(agent_daemon) -> None:
         body = say(d, agent_id, f"[[tool:{name} {json.dumps(args)}]]").json()
         assert body["response"] == f"tool said: error: {error}", (name, body)
     assert d.get(f"/api/memory/agents/{agent_id}/kv").json() == {}
+
+
+def test_an_exchange_holding_nul_is_answered_kept_and_remembered(agent_daemon) -> None:
+    """A message is never refused for U+0000: the session keeps it as written, and the
+    remembered exchange holds U+FFFD in its place (PostgreSQL cannot store the NUL)."""
+    d = agent_daemon
+    agent_id = spawn(d)
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[reply:a\x00b]] nul\x00text"})
+    assert (r.status_code, r.json()["response"]) == (200, "a\x00b")
+    messages = d.get(f"/api/agents/{agent_id}/session").json()["messages"]
+    assert [m["content"] for m in messages] == ["[[reply:a\x00b]] nul\x00text", "a\x00b"]
+
+    def remembered() -> list[str]:
+        items = d.get(f"/api/memory/agents/{agent_id}/memories").json()
+        items = items.get("memories", items) if isinstance(items, dict) else items
+        return [m["content"] for m in items if "nul" in m["content"]]
+
+    wait_until(remembered, "the exchange remembered")
+    assert "\x00" not in remembered()[0] and "nul\ufffdtext" in remembered()[0] and "a\ufffdb" in remembered()[0]
