@@ -14,7 +14,8 @@ from flask import Response, current_app, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.notes import see_other_with
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.memory.kv import MAX_KEY_LENGTH
 
 MEMORIES_SHOWN = 50
 KV_SHOWN = 100        # key-value entries per page of the memory page (700 entries were ~57 KB)
@@ -138,6 +139,13 @@ def memory_delete(agent_id: str, memory_id: str):
 
 # -- key-value entries ----------------------------------------------------------------------------
 
+def _kv_key(key: str) -> str:
+    """The typed key, refused as the API refuses it (an empty key names no entry)."""
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise BadRequest(f"key must be 1-{MAX_KEY_LENGTH} characters")
+    return key
+
+
 def _kv_value(text: str) -> Any:
     """The typed value: JSON when it parses as JSON, else the text itself as a string."""
     try:
@@ -151,9 +159,7 @@ def memory_kv_set(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
     try:
-        if not key or len(key) > 256:
-            raise BadRequest("key must be 1-256 characters")
-        kernel().kv.set(handle.id, key, _kv_value(request.form.get("value", "")))
+        kernel().kv.set(handle.id, _kv_key(key), _kv_value(request.form.get("value", "")))
     except AgentdError as exc:
         return _done(handle.id, [exc.message], ok=False, _anchor="kv")
     return _done(handle.id, [f"key {key} saved"], _anchor="kv")
@@ -163,8 +169,11 @@ def memory_kv_set(agent_id: str):
 def memory_kv_delete(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
-    if not kernel().kv.delete(handle.id, key):
-        return _done(handle.id, [f"key not found: {key}"], ok=False, _anchor="kv")
+    try:
+        if not kernel().kv.delete(handle.id, _kv_key(key)):
+            raise NotFound(f"key not found: {key}")
+    except AgentdError as exc:
+        return _done(handle.id, [exc.message], ok=False, _anchor="kv")
     return _done(handle.id, [f"key {key} deleted"], _anchor="kv")
 
 

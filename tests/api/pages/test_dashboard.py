@@ -83,6 +83,12 @@ def csrf(client, path: str = "/agents") -> str:
 
 # -- every page renders ------------------------------------------------------------------
 
+def note_of(html: str) -> str:
+    """The message a page shows after a form's redirect ('' when none)."""
+    shown = re.search(r'id="page-note">(.*?)</div>', html, re.S)
+    return " | ".join(re.findall(r"<p>(.*?)</p>", shown.group(1))) if shown else ""
+
+
 def test_every_page_renders_with_key_content(dash) -> None:
     client, kernel = dash
     agent_id = spawn(kernel)
@@ -245,12 +251,14 @@ def test_agent_actions_with_token(dash) -> None:
     agent_id = spawn(kernel)
     token = csrf(client)
     post(client, f"/agents/{agent_id}/message", {"message": "one", "csrf_token": token})
-    r = post(client, f"/agents/{agent_id}/stop", {"csrf_token": token})
-    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}"
-    r = post(client, f"/agents/{agent_id}/compact", {"csrf_token": token})
-    assert r.status_code == 303
-    r = post(client, f"/agents/{agent_id}/reset", {"csrf_token": token})
-    assert r.status_code == 303
+    said = {}
+    for action in ("stop", "compact", "reset"):
+        r = post(client, f"/agents/{agent_id}/{action}", {"csrf_token": token})
+        assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+        said[action] = note_of(page(client, r.headers["Location"]).get_data(as_text=True))
+    assert said == {"stop": "agent helper: nothing was running",
+                    "compact": "agent helper: no compaction needed (2 messages)",
+                    "reset": "agent helper: session reset"}
     assert kernel.agents.session(kernel.agents.get(agent_id))["messages"] == []
     r = post(client, f"/agents/{agent_id}/mode", {"mode": "Sideways", "csrf_token": token})
     assert r.status_code == 400 and "invalid mode" in r.get_data(as_text=True)
@@ -300,11 +308,14 @@ def test_approvals_page_decides_with_token(dash) -> None:
     assert post(client, f"/approvals/{approval.id}/approve", {}).status_code == 403
     assert approval.decision is None
     r = post(client, f"/approvals/{approval.id}/approve", {"csrf_token": token_of(html), "back": f"agent:{agent_id}"})
-    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}"
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == "helper: file_write approved"
     assert approval.decision == "approved"
     second = kernel.approvals.request(agent_id, "helper", "shell_exec", {})
     r = post(client, f"/approvals/{second.id}/reject", {"csrf_token": token_of(html)})
-    assert r.status_code == 303 and r.headers["Location"] == "/approvals" and second.decision == "rejected"
+    assert r.status_code == 303 and r.headers["Location"].startswith("/approvals?note=")
+    assert second.decision == "rejected"
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == "helper: shell_exec rejected"
     r = post(client, f"/approvals/{second.id}/approve", {"csrf_token": token_of(html)})
     assert r.status_code == 409 and r.mimetype == "text/html"
 
@@ -665,7 +676,7 @@ def test_links_follow_a_proxy_prefix(dash) -> None:
     assert f'data-stream-url="/agentd/api/agents/{agent_id}/message/stream"' in html
     r = client.post(f"/agents/{agent_id}/mode", data={"mode": "Manual", "csrf_token": token_of(html)},
                     base_url="http://localhost/agentd", environ_base=LOCAL)
-    assert r.status_code == 303 and r.headers["Location"] == f"/agentd/agents/{agent_id}"
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agentd/agents/{agent_id}?note=")
 
 
 def test_page_weight_budgets(dash) -> None:

@@ -258,6 +258,12 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": "prefs/colour"})
     assert note(web.follow(r)) == "key prefs/colour deleted"
     assert d.get(f"{base}/kv").json() == {"motto": "carpe diem"}
+    for key, said in (("", "key must be 1-256 characters"), ("nosuch", "key not found: nosuch")):
+        r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": key})
+        assert note(web.follow(r)) == said
+    r = web.post(f"/agents/{agent_id}/memory/kv/delete", {})
+    assert note(web.follow(r)) == "key must be 1-256 characters"
+    assert d.get(f"{base}/kv").json() == {"motto": "carpe diem"}
 
     web.get(f"/agents/{agent_id}/memory/graph")
     for entity, kind in (("Ada", "person"), ("Engines", "concept")):
