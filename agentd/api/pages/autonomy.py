@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import render_template, request
 
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, kernel
 from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body, typed
@@ -66,14 +66,18 @@ def trigger_action(trigger_id: str, action: str):
     return see_other_with("pages.triggers", [f"trigger {done}"])
 
 
-def _tasks_page(status: int = 200, error: str = ""):
+TASKS_SHOWN = 50  # tasks a page of /tasks (the 60 KB page budget)
+
+
+def _tasks_page(status: int = 200, error: str = "", form: dict | None = None):
     wanted = request.args.get("status") or None
     try:
         tasks = reachable(kernel().tasks.list(status=wanted), *TASK_AGENTS)
     except AgentdError as exc:
         tasks, status, error = [], exc.status, exc.message
-    return render_template("tasks.html", tasks=list(reversed(tasks)), names=_agent_names(), wanted=wanted,
-                           error=error), status
+    paged = page_of(list(reversed(tasks)), TASKS_SHOWN)
+    return render_template("tasks.html", tasks=paged["items"], paged=paged, names=_agent_names(), wanted=wanted,
+                           error=error, form=form or {}), status
 
 
 @bp.get("/tasks")
@@ -83,19 +87,21 @@ def tasks():
 
 @bp.post("/tasks")
 def task_post():
-    form = request.form
+    """Post a task as POST /api/tasks does; a refusal comes back above the form, with what was typed."""
+    form = typed(("title", "assigned_to"), "description")
     try:
-        reach_agent(form.get("assigned_to"), lambda name: NotFound(f"no agent with id or name {name!r}"))
-        kernel().tasks.post(form.get("title", ""), form.get("description", ""), form.get("assigned_to") or None)
+        reach_agent(form["assigned_to"], lambda name: NotFound(f"no agent with id or name {name!r}"))
+        task = kernel().tasks.post(form["title"], form["description"], form["assigned_to"] or None)
     except AgentdError as exc:
-        return _tasks_page(exc.status, exc.message)
-    return see_other("pages.tasks")
+        return _tasks_page(exc.status, exc.message, form)
+    return see_other_with("pages.tasks", [f"task {task['title']} posted"], _anchor=f"task-{task['id']}")
 
 
 @bp.post("/tasks/<task_id>/delete")
 def task_delete(task_id: str):
     try:
+        task = kernel().tasks.get(task_id)
         kernel().tasks.delete(task_id)
     except AgentdError as exc:
         return _tasks_page(exc.status, exc.message)
-    return see_other("pages.tasks")
+    return see_other_with("pages.tasks", [f"task {task['title']} deleted"])

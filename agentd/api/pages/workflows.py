@@ -8,18 +8,22 @@ from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
+from agentd.api.pages.schedules import page_of
 from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
 from agentd.workflows.definition import ERROR_MODES, MODES, StepError
 
 RUNS_SHOWN = 20
+WORKFLOWS_SHOWN = 50  # definitions a page of /workflows (the 60 KB page budget)
 
 
 @bp.get("/workflows")
 def workflows():
     engine = kernel().workflows
-    return render_template("workflows.html", workflows=engine.list(), runs=engine.recent_runs(RUNS_SHOWN))
+    paged = page_of(engine.list(), WORKFLOWS_SHOWN)
+    return render_template("workflows.html", workflows=paged["items"], paged=paged,
+                           runs=engine.recent_runs(RUNS_SHOWN))
 
 
 def _workflow_page(workflow_id: str, status: int = 200, error: str = "", draft: str = ""):
