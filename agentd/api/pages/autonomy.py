@@ -66,7 +66,7 @@ def trigger_action(trigger_id: str, action: str):
     return see_other_with("pages.triggers", [f"trigger {done}"])
 
 
-TASKS_SHOWN = 50  # tasks a page of /tasks (the 60 KB page budget)
+TASKS_SHOWN = 30  # tasks a page of /tasks (the 60 KB page budget)
 
 
 def _tasks_page(status: int = 200, error: str = "", form: dict | None = None):

@@ -78,6 +78,12 @@ def _schedules_page(status: int = 200, error: str = "", form: dict | None = None
                    workflows=k.workflows.list(), form=form or {"one_shot": ""})
 
 
+def _workflow_ref(typed_ref: str) -> str:
+    """The id of the workflow typed by name (the form's box past 100 workflows), else as typed."""
+    named = [w["id"] for w in kernel().workflows.list() if w["name"] == typed_ref]
+    return named[0] if len(named) == 1 else typed_ref
+
+
 @bp.get("/schedules")
 def schedules():
     return _schedules_page()
@@ -90,7 +96,7 @@ def schedule_create():
     form = typed(FIELDS, "message")
     form["one_shot"] = "on" if request.form.get("one_shot") else ""
     try:
-        body = job_body(form, bool(form["one_shot"]))
+        body = job_body({**form, "workflow_id": _workflow_ref(form["workflow_id"])}, bool(form["one_shot"]))
         reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
         job = kernel().cron.create(body)
     except AgentdError as exc:

@@ -171,3 +171,36 @@ def test_many_jobs_and_triggers_are_paged_under_the_page_budget(dash) -> None:
         assert len(html.encode()) < budget and shown in html and pager in html, (path, len(html.encode()))
     html = text(client, "/schedules")
     assert "number 20<" not in html and html.count('<tr id="trigger-') == 10 and ">All 35 triggers</a>" in html
+
+
+def test_past_100_agents_and_workflows_the_forms_take_typed_names(dash) -> None:
+    client, kernel = dash
+    for i in range(260):
+        kernel.agents.spawn(f'name = "agent-with-a-long-name-{i:04d}"\n')
+    for i in range(110):
+        kernel.workflows.create({"name": f"flow-with-a-long-name-{i:03d}",
+                                 "steps": [{"name": "one", "agent_name": "agent-with-a-long-name-0000",
+                                            "prompt": "p"}]})
+    budget = 60_000 - sum(len(client.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    for path, box in (("/schedules", 'id="job-agent" name="agent_id" value=""'),
+                      ("/triggers", 'id="trigger-agent" name="agent_id" value=""')):
+        html = text(client, path)
+        assert len(html.encode()) < budget and box in html, (path, len(html.encode()))
+    assert 'id="job-workflow" name="workflow_id" value=""' in text(client, "/schedules")
+    token = csrf(text(client, "/schedules"))
+    r = client.post("/schedules", data={"csrf_token": token, "name": "by names", "agent_id": "",
+                                        "kind": "every", "every_secs": "3600", "workflow_id": "flow-with-a-long-name-107",
+                                        "input": "go"}, environ_base=LOCAL)
+    [job] = kernel.cron.list()
+    flow = [w for w in kernel.workflows.list() if w["name"] == "flow-with-a-long-name-107"][0]
+    assert r.status_code == 303 and job["action"] == {"kind": "workflow_run", "workflow_id": flow["id"], "input": "go"}
+    r = client.post("/schedules", data={"csrf_token": token, "name": "typo", "agent_id": "", "kind": "every",
+                                        "every_secs": "3600", "workflow_id": "no-such-flow"}, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and "action.workflow_id: no workflow &#39;no-such-flow&#39;" in page
+    assert 'id="job-workflow" name="workflow_id" value="no-such-flow"' in page, "what was typed is kept"
+    r = client.post("/triggers", data={"csrf_token": token, "agent_id": "agent-with-a-long-name-0201",
+                                       "kind": "content_match", "pattern": "deploy", "prompt_template": "{{event}}"},
+                    environ_base=LOCAL)
+    [trigger] = kernel.triggers.list()
+    assert r.status_code == 303 and trigger["agent_id"] == kernel.agents.by_name("agent-with-a-long-name-0201").id
