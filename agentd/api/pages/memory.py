@@ -48,6 +48,11 @@ def _done(agent_id: str, lines: list[str], ok: bool = True, endpoint: str = "pag
     return see_other_with(endpoint, lines, ok=ok, agent_id=agent_id, **values)
 
 
+def _typed(*fields: str) -> dict[str, str]:
+    """What a refused form held, to fill it with again."""
+    return {name: request.form.get(name, "") for name in fields}
+
+
 @bp.get("/agents/<agent_id>/memory")
 def agent_memory(agent_id: str):
     k = kernel()
@@ -102,7 +107,7 @@ def memory_add(agent_id: str):
         result = _required_service().remember(handle.id, form.get("content", ""), None,
                                               form.get("scope") or None)
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False)
+        return _done(handle.id, [exc.message], ok=False, typed=_typed("content", "scope"), _anchor="memories")
     said = "merged into a fragment it repeats" if result["merged"] else "remembered"
     return _done(handle.id, [f"fragment {said}"], _anchor="memories")
 
@@ -123,7 +128,8 @@ def memory_edit(agent_id: str, memory_id: str):
     except AgentdError as exc:
         if exc.status == 404:
             raise
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_fragment", memory_id=memory_id)
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_fragment", memory_id=memory_id,
+                     typed=_typed("content", "scope"))
     return _done(handle.id, ["fragment saved"], _anchor="memories")
 
 
@@ -161,7 +167,7 @@ def memory_kv_set(agent_id: str):
     try:
         kernel().kv.set(handle.id, _kv_key(key), _kv_value(request.form.get("value", "")))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, _anchor="kv")
+        return _done(handle.id, [exc.message], ok=False, typed=_typed("key", "value"), _anchor="kv")
     return _done(handle.id, [f"key {key} saved"], _anchor="kv")
 
 
@@ -260,7 +266,8 @@ def memory_entity_add(agent_id: str):
     try:
         _required_service().add_entity(handle.id, form.get("entity_type", ""), form.get("name", ""))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph")
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph",
+                     typed=_typed("name", "entity_type"))
     return _done(handle.id, [f"entity {form.get('name', '').strip()} saved"], endpoint="pages.memory_graph")
 
 
@@ -272,6 +279,7 @@ def memory_relation_add(agent_id: str):
         _required_service().add_relation(handle.id, form.get("source", ""), form.get("relation", ""),
                                          form.get("target", ""))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph")
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph",
+                     typed=_typed("source", "relation", "target"))
     return _done(handle.id, [f"relation {form.get('source')} {form.get('relation')} {form.get('target')} saved"],
                  endpoint="pages.memory_graph")

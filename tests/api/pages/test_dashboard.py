@@ -512,7 +512,10 @@ def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
     assert "ollama: base URL set to http://127.0.0.1:11999/v1" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.providers.base_url(kernel.providers.get("ollama")) == "http://127.0.0.1:11999/v1"
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "ollama", "base_url": "ftp://x"})
-    assert "ollama: " in page(client, r.headers["Location"]).get_data(as_text=True)
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "ollama: " in html
+    assert '<option value="ollama" selected>' in html and 'value="ftp://x"' in html, "what was typed is kept"
+    assert 'value="ftp://x"' not in page(client, "/providers").get_data(as_text=True)
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "nosuch", "base_url": "http://x"})
     assert "nosuch: " in page(client, r.headers["Location"]).get_data(as_text=True)
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "", "base_url": "http://x"})
@@ -528,9 +531,15 @@ def test_budget_form_sets_the_monthly_limit(dash) -> None:
     assert "budget: limit set to $12.5 a month" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.metering.limit_usd == 12.5
     for bad in ("-1", "nan", "lots"):
-        r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": bad})
-        assert "is not an amount in USD of 0 or more" in page(client, r.headers["Location"]).get_data(as_text=True)
+        r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": bad, "alert_levels": "0.5, 0.9"})
+        html = page(client, r.headers["Location"]).get_data(as_text=True)
+        assert "is not an amount in USD of 0 or more" in html
+        assert f'name="limit_usd" min="0" step="any" required value="{bad}"' in html and 'value="0.5, 0.9"' in html
+    r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "20", "alert_levels": "0.5, 2"})
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "alert levels &#39;0.5, 2&#39; must be" in html and 'required value="20"' in html and 'value="0.5, 2"' in html
     assert kernel.metering.limit_usd == 12.5
+    assert 'required value="12.5"' in page(client, "/usage").get_data(as_text=True), "the saved limit otherwise"
     r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "0"})
     assert "budget: no limit" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.metering.limit_usd == 0

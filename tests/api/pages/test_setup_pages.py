@@ -134,8 +134,14 @@ def test_a_key_is_saved_private_tested_and_never_shown(fresh: Web, fake_llm) -> 
     # Failures say what is wrong, on the setup page, and change nothing.
     assert fresh.follow(fresh.post("/setup/provider", {"provider": "groq"})) == (
         "/setup", "groq: no API key for groq: set GROQ_API_KEY or POST /api/providers/groq/key")
-    path, shown = fresh.follow(fresh.post("/setup/provider", {"provider": "groq", "base_url": "not a url"}))
+    r = fresh.post("/setup/provider", {"provider": "groq", "base_url": "not a url", "api_key": "gsk-typed-secret"})
+    path, shown = fresh.follow(r)
     assert shown == "groq: base_url must be an http:// or https:// URL with a host, got 'not a url'"
+    html = fresh.get(r.headers["Location"]).get_data(as_text=True)
+    assert re.search(r'<input id="setup-url" [^>]*value="not a url">', html)
+    assert "gsk-typed-secret" not in html and "gsk-typed-secret" not in r.headers["Location"], "a key is never kept"
+    r = fresh.post("/setup/default", {"provider": "groq", "model": "has spaces"})
+    assert 'value="has spaces"' in fresh.get(r.headers["Location"]).get_data(as_text=True), "what was typed is kept"
     assert fresh.follow(fresh.post("/setup/provider", {"provider": "nope"})) == ("/setup", "nope: provider not found: nope")
     assert fresh.follow(fresh.post("/setup/default", {"provider": "openai", "model": ""})) == (
         "/setup", "default model: model must be a model name without spaces")
