@@ -517,6 +517,17 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     assert d.get(f"/api/keys/{key_id}").status_code == 404
     usage = browser.get(f"{d.url}/usage")
     assert usage.status_code == 200 and 'id="per-key"' in usage.text
+    typed = {"name": f"{name}-late", "scopes": ["read", "manage"], "agents": "helper-*", "budget_usd_per_day": "3",
+             "rate_limit_per_minute": "7", "csrf_token": token}
+    for expiry, error in (("tomorrow", "expires_at: expires_at is not an ISO 8601 date-time with an offset "
+                                       "(2030-01-01T00:00:00Z): &#39;tomorrow&#39;"),
+                          ("2030-01-01T00:00:00", "with an offset")):
+        refused = browser.post(f"{d.url}/keys", data={**typed, "expires_at": expiry}, allow_redirects=False)
+        assert refused.status_code == 400 and error in refused.text, refused.text[-3000:]
+        assert all(f'value="{value}"' in refused.text
+                   for value in (f"{name}-late", "helper-*", "3", "7", expiry)), "what was typed is kept"
+        assert re.findall(r'name="scopes" value="(\w+)" checked', refused.text) == ["read", "manage"]
+    assert d.get(f"/api/keys/{name}-late").status_code == 404
 
 
 def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:

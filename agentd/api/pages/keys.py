@@ -3,8 +3,11 @@ delete), over the same kernel calls as /api/keys."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import make_response, render_template, request, url_for
 from itsdangerous import BadSignature
+from marshmallow import ValidationError
 
 from agentd.api import dashauth
 from agentd.api.body import format_validation
@@ -22,8 +25,9 @@ SHOWN_COOKIE = "agentd_key_once"
 SHOWN_MAX_AGE = 120
 
 
-def _keys_page(status: int = 200, error: str = "", secret: dict | None = None):
-    return render_template("keys.html", keys=kernel().keys.list(), error=error, secret=secret,
+def _keys_page(status: int = 200, error: str = "", secret: dict | None = None, form: Any = None):
+    """`form`: a refused creation's fields, to fill the form with again."""
+    return render_template("keys.html", keys=kernel().keys.list(), error=error, secret=secret, form=form,
                            scopes=("read", "message", "manage", "admin"),
                            admin_key=bool(kernel().config.api_key)), status
 
@@ -81,12 +85,13 @@ def keys_create():
                 data[field] = value
         if form.get("expires_at", "").strip():
             data["expires_at"] = form["expires_at"].strip()
-        errors = KeyCreateSchema().validate(data)
-        if errors:
-            raise BadRequest(f"invalid key: {format_validation(errors)}")
-        created = kernel().keys.create(KeyCreateSchema().load(data), principal())
+        try:
+            body = KeyCreateSchema().load(data)
+        except ValidationError as exc:  # the expiry is read after the fields' own checks
+            raise BadRequest(f"invalid key: {format_validation(exc.messages)}") from None
+        created = kernel().keys.create(body, principal())
     except AgentdError as exc:
-        return _keys_page(exc.status, exc.message)
+        return _keys_page(exc.status, exc.message, form=form)
     return _show_once(created, "created")
 
 
