@@ -7,7 +7,7 @@ from flask import render_template, request
 from agentd.api.pages import bp, kernel
 from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
-from agentd.api.pages.schedule_form import TRIGGER_FIELDS, trigger_body, typed
+from agentd.api.pages.schedule_form import TRIGGER_FIELDS, _number, trigger_body, typed
 from agentd.api.pages.schedules import page_of
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.triggers import patterns
@@ -20,15 +20,55 @@ def _agent_names() -> dict[str, str]:
 TRIGGERS_SHOWN = 30  # triggers a page of /triggers (the 60 KB page budget)
 
 
-def _triggers_page(status: int = 200, error: str = "", form: dict | None = None):
+CAPS = ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute")
+
+
+def _triggers_page(status: int = 200, error: str = "", form: dict | None = None, editing: dict | None = None,
+                   edit_error: str = ""):
+    """`editing`: the trigger whose edit form shows ({"trigger": ..., "form": what it holds})."""
     paged = page_of(reachable(kernel().triggers.list()), TRIGGERS_SHOWN)
     return render_template("triggers.html", triggers=paged["items"], paged=paged, names=_agent_names(),
-                           error=error, form=form or {}, kinds=patterns.KINDS), status
+                           error=error, form=form or {}, kinds=patterns.KINDS, editing=editing,
+                           edit_error=edit_error), status
+
+
+def _editable(trigger: dict) -> dict[str, str]:
+    form = {key: "" if trigger[key] is None else f"{trigger[key]:g}" for key in CAPS}
+    form["prompt_template"] = trigger["prompt_template"]
+    return form
 
 
 @bp.get("/triggers")
 def triggers():
-    return _triggers_page()
+    edit = request.args.get("edit")
+    if not edit:
+        return _triggers_page()
+    trigger = kernel().triggers.get(edit)  # unknown: the ordinary 404 page
+    reach_agent(trigger["agent_id"], lambda _: NotFound("trigger not found"))
+    return _triggers_page(editing={"trigger": trigger, "form": _editable(trigger)})
+
+
+@bp.post("/triggers/<trigger_id>/edit")
+def trigger_edit(trigger_id: str):
+    """Change the trigger's prompt and caps as PATCH /api/triggers/{id} does (an emptied cap is
+    removed); a refusal comes back above the edit form, with what was typed."""
+    service = kernel().triggers
+    trigger = service.get(trigger_id)
+    form = typed(CAPS, "prompt_template")
+    changes = {"prompt_template": form["prompt_template"]}
+    changes.update({key: _cap(form[key], float if key == "max_cost_usd_per_day" else int) for key in CAPS})
+    try:
+        service.update(trigger_id, changes)
+    except AgentdError as exc:
+        return _triggers_page(exc.status, editing={"trigger": trigger, "form": form}, edit_error=exc.message)
+    return see_other_with("pages.triggers", [f"trigger saved for {_agent_names().get(trigger['agent_id'])}"],
+                          _anchor=f"trigger-{trigger_id}")
+
+
+def _cap(text: str, kind: type):
+    """A typed cap: None when empty (no cap), else as the add form reads it."""
+    return _number(text, kind) if text else None
+
 
 
 @bp.post("/triggers")

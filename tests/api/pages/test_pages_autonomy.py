@@ -162,3 +162,34 @@ def _many_a_page(app, kernel) -> None:
     newest = client.get("/tasks", environ_base=LOCAL).get_data(as_text=True)
     assert "task 079 " in newest and "task 049 " not in newest, "the newest tasks come first"
     assert "task 049 " in client.get("/tasks?page=2", environ_base=LOCAL).get_data(as_text=True)
+
+
+def test_a_trigger_is_edited_from_the_triggers_page(dash) -> None:
+    app, kernel = dash
+    spawn(kernel, "edited")
+    made = kernel.triggers.create({"agent_id": "edited", "pattern": {"content_match": "deploy"},
+                                   "prompt_template": "Look: {{event}}", "max_runs_per_day": 4})
+    client = app.test_client()
+    html = client.get("/triggers", environ_base=LOCAL).get_data(as_text=True)
+    assert f'href="/triggers?edit={made["id"]}#edit-trigger">Edit</a>' in _row(html, f"trigger-{made['id']}")
+    html = client.get(f"/triggers?edit={made['id']}", environ_base=LOCAL).get_data(as_text=True)
+    form = re.search(r'<form [^>]*id="trigger-edit-form">.*?</form>', html, re.S).group(0)
+    assert f'action="/triggers/{made["id"]}/edit"' in form and ">Look: {{event}}</textarea>" in form
+    assert 'name="max_runs_per_day" value="4"' in form
+    token = token_of(html)
+    typed = {"prompt_template": "Now: {{event}}", "max_runs_per_day": "", "max_cost_usd_per_day": "0.25",
+             "rate_limit_per_minute": "0", "csrf_token": token}
+    r = client.post(f"/triggers/{made['id']}/edit", data=typed, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and "trigger.rate_limit_per_minute: must be an integer between 1 and 1000000" in page
+    assert ">Now: {{event}}</textarea>" in page and 'name="max_cost_usd_per_day" value="0.25"' in page
+    assert kernel.triggers.get(made["id"])["prompt_template"] == "Look: {{event}}", "a refused edit changes nothing"
+    r = client.post(f"/triggers/{made['id']}/edit", data={**typed, "rate_limit_per_minute": "3"}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "trigger saved for edited"
+    saved = kernel.triggers.get(made["id"])
+    assert (saved["prompt_template"], saved["max_runs_per_day"], saved["max_cost_usd_per_day"],
+            saved["rate_limit_per_minute"]) == ("Now: {{event}}", None, 0.25, 3)
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert client.get(f"/triggers?edit={missing}", environ_base=LOCAL).status_code == 404
+    assert client.post(f"/triggers/{missing}/edit", data=typed, environ_base=LOCAL).status_code == 404
+    kernel.triggers.delete(made["id"])
