@@ -77,7 +77,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.workflow_run_page": "read", "pages.workflow_run_get": "read", "pages.workflow_new": "manage", "pages.workflow_create": "manage",
     "pages.workflow_edit": "manage", "pages.workflow_update": "manage", "pages.workflow_cancel": "manage",
     "pages.provider_key": "admin", "pages.provider_url": "admin", "pages.budget_set": "admin",
-    "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin",
+    "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin", "pages.key_edit": "admin",
     "pages.agent_files": "read", "pages.agent_file": "read", "pages.mcp_servers": "read", "pages.skills": "read",
     "pages.skill_install": "admin", "pages.skill_delete": "admin", "pages.skills_reload": "manage",
     "pages.mcp_reload": "admin",
