@@ -628,6 +628,39 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     assert d.get(f"/api/keys/{key_id}").status_code == 404
     usage = browser.get(f"{d.url}/usage")
     assert usage.status_code == 200 and 'id="per-key"' in usage.text
+    typed = {"name": f"{name}-late", "scopes": ["read", "manage"], "agents": "helper-*", "budget_usd_per_day": "3",
+             "rate_limit_per_minute": "7", "csrf_token": token}
+    for expiry, error in (("tomorrow", "expires_at: expires_at is not an ISO 8601 date-time with an offset "
+                                       "(2030-01-01T00:00:00Z): &#39;tomorrow&#39;"),
+                          ("2030-01-01T00:00:00", "with an offset")):
+        refused = browser.post(f"{d.url}/keys", data={**typed, "expires_at": expiry}, allow_redirects=False)
+        assert refused.status_code == 400 and error in refused.text, refused.text[-3000:]
+        assert all(f'value="{value}"' in refused.text
+                   for value in (f"{name}-late", "helper-*", "3", "7", expiry)), "what was typed is kept"
+        assert re.findall(r'name="scopes" value="(\w+)" checked', refused.text) == ["read", "manage"]
+    assert d.get(f"/api/keys/{name}-late").status_code == 404
+
+    edited = browser.post(f"{d.url}/keys", data={"name": f"{name}-edit", "scopes": ["read"], "agents": "helper-*",
+                                                  "budget_usd_per_day": "2", "csrf_token": token})
+    key_id = d.get(f"/api/keys/{name}-edit").json()["id"]
+    assert f'href="/keys?edit={key_id}#edit-key">Edit</a>' in edited.text
+    form = browser.get(f"{d.url}/keys?edit={key_id}").text
+    form = form[form.index('id="edit-key"'):]
+    assert (f'action="/keys/{key_id}/edit"' in form and f'value="{name}-edit"' in form and 'value="helper-*"' in form
+            and 'name="budget_usd_per_day" inputmode="decimal" value="2"' in form)
+    assert re.findall(r'name="scopes" value="(\w+)" checked', form) == ["read"]
+    change = {"name": f"{name}-edited", "scopes": ["read", "message"], "agents": "", "budget_usd_per_day": "",
+              "budget_usd_per_month": "9", "rate_limit_per_minute": "0", "expires_at": "", "csrf_token": token}
+    refused = browser.post(f"{d.url}/keys/{key_id}/edit", data=change, allow_redirects=False)
+    assert refused.status_code == 400 and "rate_limit_per_minute: Must be greater than or equal to 1" in refused.text
+    assert f'value="{name}-edited"' in refused.text and 'id="edit-key"' in refused.text, "what was typed is kept"
+    saved = browser.post(f"{d.url}/keys/{key_id}/edit", data={**change, "rate_limit_per_minute": "30"},
+                         allow_redirects=False)
+    assert saved.status_code == 303 and f"key {name}-edited saved" in browser.get(d.url + saved.headers["Location"]).text
+    key = d.get(f"/api/keys/{key_id}").json()
+    assert (key["name"], key["scopes"], key["agents"], key["budget_usd_per_day"], key["budget_usd_per_month"],
+            key["rate_limit_per_minute"], key["expires_at"]) == (f"{name}-edited", ["read", "message"], [], None,
+                                                                 9.0, 30, None)
 
 
 def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:

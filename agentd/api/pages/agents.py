@@ -192,8 +192,9 @@ def _attachments(handle: Any) -> list[dict[str, str]]:
     return [{"file_id": saved["file_id"]}]
 
 
-def _agent_action(agent_id: str, action: Callable[[Any, Any], Any], refusal_on_page: bool = True):
-    """Run one session action from the agent page's forms, then show the agent again.
+def _agent_action(agent_id: str, action: Callable[[Any, Any], str], refusal_on_page: bool = True):
+    """Run one session action from the agent page's forms, then show the agent again with
+    the line `action` answers.
 
     With `refusal_on_page`, an AgentdError re-renders the agent page with its message and
     status; otherwise it reaches the ordinary error handler.
@@ -201,27 +202,41 @@ def _agent_action(agent_id: str, action: Callable[[Any, Any], Any], refusal_on_p
     agents = kernel().agents
     handle = agents.get(agent_id)
     try:
-        action(agents, handle)
+        said = action(agents, handle)
     except AgentdError as exc:
         if not refusal_on_page:
             raise
         return _agent_page(agent_id, exc.status, exc.message)
-    return see_other("pages.agent_page", agent_id=handle.id)
+    return see_other_with("pages.agent_page", [f"agent {handle.name}: {said}"], agent_id=handle.id)
+
+
+def _set_mode(agents: Any, handle: Any) -> str:
+    mode = request.form.get("mode", "")
+    agents.set_mode(handle, mode)
+    return f"mode set to {mode}"
+
+
+def _stop(agents: Any, handle: Any) -> str:
+    return "its run was stopped" if agents.stop(handle) else "nothing was running"
+
+
+def _compact(agents: Any, handle: Any) -> str:
+    return agents.compact(handle)["message"]
 
 
 @bp.post("/agents/<agent_id>/mode")
 def agent_mode(agent_id: str):
-    return _agent_action(agent_id, lambda agents, handle: agents.set_mode(handle, request.form.get("mode", "")))
+    return _agent_action(agent_id, _set_mode)
 
 
 @bp.post("/agents/<agent_id>/stop")
 def agent_stop(agent_id: str):
-    return _agent_action(agent_id, lambda agents, handle: agents.stop(handle), refusal_on_page=False)
+    return _agent_action(agent_id, _stop, refusal_on_page=False)
 
 
 @bp.post("/agents/<agent_id>/compact")
 def agent_compact(agent_id: str):
-    return _agent_action(agent_id, lambda agents, handle: agents.compact(handle))
+    return _agent_action(agent_id, _compact)
 
 
 @bp.post("/agents/<agent_id>/reset")
@@ -234,15 +249,16 @@ def _own_session(handle: Any) -> str | None:
     return run_fields(principal(), handle, own_session=True).get("session_id")
 
 
-def _reset(agents: Any, handle: Any) -> None:
+def _reset(agents: Any, handle: Any) -> str:
     own = _own_session(handle)
     if own is None:
         agents.reset_session(handle)
-        return
+        return "session reset"
     try:
         agents.delete_session(own)
     except NotFound:
         pass  # never talked in: nothing to clear
+    return "session reset"
 
 
 @bp.get("/agents/<agent_id>/kill")
@@ -270,13 +286,11 @@ def approvals():
 @bp.post("/approvals/<approval_id>/<decision>")
 def approval_decide(approval_id: str, decision: str):
     queue = kernel().approvals
-    if decision == "approve":
-        queue.approve(approval_id)
-    elif decision == "reject":
-        queue.reject(approval_id)
-    else:
+    if decision not in ("approve", "reject"):
         raise BadRequest("decision must be approve or reject")
+    decided = queue.approve(approval_id) if decision == "approve" else queue.reject(approval_id)
+    said = [f"{decided.agent_name}: {decided.tool} {decided.decision}"]
     back = request.form.get("back", "")
     if back.startswith("agent:"):
-        return see_other("pages.agent_page", agent_id=back[6:])
-    return see_other("pages.approvals")
+        return see_other_with("pages.agent_page", said, agent_id=back[6:])
+    return see_other_with("pages.approvals", said)

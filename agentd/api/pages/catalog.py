@@ -72,14 +72,16 @@ def budget_set():
     from agentd.api.routes_catalog import BudgetSchema
 
     raw = request.form.get("limit_usd", "").strip()
+    raw_levels = request.form.get("alert_levels", "").strip()
+    typed = {"limit_usd": raw, "alert_levels": raw_levels}
     try:
         limit = float(raw)
         if limit != limit or limit in (float("inf"), float("-inf")):
             raise ValueError(raw)
         BudgetSchema().load({"limit_usd": limit})
     except (ValueError, ValidationError):
-        return see_other_with("pages.usage", [f"budget: {raw!r} is not an amount in USD of 0 or more"], ok=False)
-    raw_levels = request.form.get("alert_levels", "").strip()
+        return see_other_with("pages.usage", [f"budget: {raw!r} is not an amount in USD of 0 or more"], ok=False,
+                              typed=typed)
     levels = None
     if raw_levels:
         try:
@@ -88,7 +90,7 @@ def budget_set():
         except (ValueError, ValidationError):
             return see_other_with("pages.usage", [
                 f"budget: alert levels {raw_levels!r} must be 1 to {MAX_ALERT_LEVELS} fractions of the limit, "
-                "each above 0 and at most 1 (e.g. 0.5, 0.8, 1)"], ok=False)
+                "each above 0 and at most 1 (e.g. 0.5, 0.8, 1)"], ok=False, typed=typed)
     metering = kernel().metering
     metering.set_limit(limit, levels)
     note = "budget: no limit" if limit == 0 else f"budget: limit set to ${limit:g} a month"
@@ -141,11 +143,12 @@ def provider_url():
     OpenAI-compatible server, a proxy)."""
     providers = kernel().providers
     name = request.form.get("provider", "").strip()
+    typed = {"provider": name, "base_url": request.form.get("base_url", "")}
     if not name:
-        return see_other_with("pages.providers", ["choose a provider"], ok=False)
+        return see_other_with("pages.providers", ["choose a provider"], ok=False, typed=typed)
     try:
         providers.get(name)
-        outcome = providers.set_url(name, request.form.get("base_url", ""))
+        outcome = providers.set_url(name, typed["base_url"])
     except AgentdError as exc:
-        return see_other_with("pages.providers", [f"{name}: {exc.message}"], ok=False)
+        return see_other_with("pages.providers", [f"{name}: {exc.message}"], ok=False, typed=typed)
     return see_other_with("pages.providers", [f"{name}: base URL set to {outcome['base_url']}"])

@@ -3,15 +3,19 @@ delete), over the same kernel calls as /api/keys."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import make_response, render_template, request, url_for
 from itsdangerous import BadSignature
+from marshmallow import ValidationError
+from werkzeug.datastructures import MultiDict
 
 from agentd.api import dashauth
 from agentd.api.body import format_validation
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
-from agentd.api.schemas_keys import KeyCreateSchema
+from agentd.api.schemas_keys import KeyCreateSchema, KeyUpdateSchema
 from agentd.errors import AgentdError, BadRequest
 
 ACTIONS = ("disable", "enable", "rotate", "delete")
@@ -22,14 +26,30 @@ SHOWN_COOKIE = "agentd_key_once"
 SHOWN_MAX_AGE = 120
 
 
-def _keys_page(status: int = 200, error: str = "", secret: dict | None = None):
-    return render_template("keys.html", keys=kernel().keys.list(), error=error, secret=secret,
+def _keys_page(status: int = 200, error: str = "", secret: dict | None = None, form: Any = None,
+               editing: dict | None = None):
+    """`form`: a refused form's fields, to fill it with again; `editing`: the key the form edits."""
+    return render_template("keys.html", keys=kernel().keys.list(), error=error, secret=secret, form=form,
+                           editing=editing,
                            scopes=("read", "message", "manage", "admin"),
                            admin_key=bool(kernel().config.api_key)), status
 
 
+def _key_form(key: dict) -> MultiDict:
+    """The key as the form's fields, to edit it."""
+    number = {f: "" if key[f] is None else f"{key[f]:g}"
+              for f in ("budget_usd_per_day", "budget_usd_per_month", "rate_limit_per_minute")}
+    return MultiDict([("name", key["name"]), *(("scopes", s) for s in key["scopes"]),
+                      ("agents", ", ".join(key["agents"] or [])), *number.items(),
+                      ("expires_at", key["expires_at"] or "")])
+
+
 @bp.get("/keys")
 def keys():
+    edit = request.args.get("edit")
+    if edit:
+        key = kernel().keys.get(edit)  # unknown: the ordinary 404 page
+        return _keys_page(form=_key_form(key), editing=key)
     value = request.cookies.get(SHOWN_COOKIE)
     if not value:
         return _keys_page()
@@ -68,26 +88,52 @@ def _number(field: str, kind: type) -> float | int | None:
         raise BadRequest(f"{field} must be a number") from None
 
 
+def _typed_key(form: Any, cleared: Any) -> dict:
+    """The key the form describes; an empty number or expiry is left out, or `cleared` (None: no
+    budget, no limit, never) when editing."""
+    data: dict = {"name": form.get("name", "").strip(), "scopes": form.getlist("scopes"),
+                  "agents": [a.strip() for a in form.get("agents", "").split(",") if a.strip()]}
+    for field, kind in (("budget_usd_per_day", float), ("budget_usd_per_month", float),
+                        ("rate_limit_per_minute", int)):
+        value = _number(field, kind)
+        if value is not None or cleared is not ...:
+            data[field] = value
+    expiry = form.get("expires_at", "").strip()
+    if expiry or cleared is not ...:
+        data["expires_at"] = expiry or None
+    return data
+
+
+def _loaded(schema: Any, data: dict) -> dict:
+    try:
+        return schema.load(data)
+    except ValidationError as exc:  # the expiry is read after the fields' own checks
+        raise BadRequest(f"invalid key: {format_validation(exc.messages)}") from None
+
+
 @bp.post("/keys")
 def keys_create():
     form = request.form
-    data: dict = {"name": form.get("name", "").strip(), "scopes": form.getlist("scopes"),
-                  "agents": [a.strip() for a in form.get("agents", "").split(",") if a.strip()]}
     try:
-        for field, kind in (("budget_usd_per_day", float), ("budget_usd_per_month", float),
-                            ("rate_limit_per_minute", int)):
-            value = _number(field, kind)
-            if value is not None:
-                data[field] = value
-        if form.get("expires_at", "").strip():
-            data["expires_at"] = form["expires_at"].strip()
-        errors = KeyCreateSchema().validate(data)
-        if errors:
-            raise BadRequest(f"invalid key: {format_validation(errors)}")
-        created = kernel().keys.create(KeyCreateSchema().load(data), principal())
+        created = kernel().keys.create(_loaded(KeyCreateSchema(), _typed_key(form, ...)), principal())
     except AgentdError as exc:
-        return _keys_page(exc.status, exc.message)
+        return _keys_page(exc.status, exc.message, form=form)
     return _show_once(created, "created")
+
+
+@bp.post("/keys/<key_id>/edit")
+def key_edit(key_id: str):
+    """Change the key's name, scopes, agents, budgets, rate limit and expiry as PATCH
+    /api/keys/{id} does; an emptied number or expiry is removed, no agents means all."""
+    keys_ = kernel().keys
+    key = keys_.get(key_id)  # unknown: the ordinary 404 page
+    form = request.form
+    try:
+        data = _typed_key(form, None)
+        updated = keys_.update(key_id, _loaded(KeyUpdateSchema(), data), principal())
+    except AgentdError as exc:
+        return _keys_page(exc.status, exc.message, form=form, editing=key)
+    return see_other_with("pages.keys", [f"key {updated['name']} saved"], _anchor=f"key-{key_id}")
 
 
 @bp.post("/keys/<key_id>/<action>")

@@ -19,7 +19,7 @@ SLICE_SECS = 0.5
 @bp.get("/logs")
 def logs():
     lines = kernel().log_tail.last(SHOWN)
-    return render_template("logs.html", lines=lines, after=lines[-1][0] if lines else 0, shown=SHOWN)
+    return render_template("logs.html", lines=lines, after=lines[-1][0] if lines else 0, limit=SHOWN)
 
 
 @bp.get("/logs/stream")

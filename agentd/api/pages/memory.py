@@ -14,7 +14,8 @@ from flask import Response, current_app, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
 from agentd.api.pages.notes import see_other_with
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.memory.kv import MAX_KEY_LENGTH
 
 MEMORIES_SHOWN = 50
 KV_SHOWN = 100        # key-value entries per page of the memory page (700 entries were ~57 KB)
@@ -45,6 +46,11 @@ def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
 def _done(agent_id: str, lines: list[str], ok: bool = True, endpoint: str = "pages.agent_memory",
           **values: Any) -> Response:
     return see_other_with(endpoint, lines, ok=ok, agent_id=agent_id, **values)
+
+
+def _typed(*fields: str) -> dict[str, str]:
+    """What a refused form held, to fill it with again."""
+    return {name: request.form.get(name, "") for name in fields}
 
 
 @bp.get("/agents/<agent_id>/memory")
@@ -101,7 +107,7 @@ def memory_add(agent_id: str):
         result = _required_service().remember(handle.id, form.get("content", ""), None,
                                               form.get("scope") or None)
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False)
+        return _done(handle.id, [exc.message], ok=False, typed=_typed("content", "scope"), _anchor="memories")
     said = "merged into a fragment it repeats" if result["merged"] else "remembered"
     return _done(handle.id, [f"fragment {said}"], _anchor="memories")
 
@@ -122,7 +128,8 @@ def memory_edit(agent_id: str, memory_id: str):
     except AgentdError as exc:
         if exc.status == 404:
             raise
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_fragment", memory_id=memory_id)
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_fragment", memory_id=memory_id,
+                     typed=_typed("content", "scope"))
     return _done(handle.id, ["fragment saved"], _anchor="memories")
 
 
@@ -138,6 +145,13 @@ def memory_delete(agent_id: str, memory_id: str):
 
 # -- key-value entries ----------------------------------------------------------------------------
 
+def _kv_key(key: str) -> str:
+    """The typed key, refused as the API refuses it (an empty key names no entry)."""
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise BadRequest(f"key must be 1-{MAX_KEY_LENGTH} characters")
+    return key
+
+
 def _kv_value(text: str) -> Any:
     """The typed value: JSON when it parses as JSON, else the text itself as a string."""
     try:
@@ -151,11 +165,9 @@ def memory_kv_set(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
     try:
-        if not key or len(key) > 256:
-            raise BadRequest("key must be 1-256 characters")
-        kernel().kv.set(handle.id, key, _kv_value(request.form.get("value", "")))
+        kernel().kv.set(handle.id, _kv_key(key), _kv_value(request.form.get("value", "")))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, _anchor="kv")
+        return _done(handle.id, [exc.message], ok=False, typed=_typed("key", "value"), _anchor="kv")
     return _done(handle.id, [f"key {key} saved"], _anchor="kv")
 
 
@@ -163,8 +175,11 @@ def memory_kv_set(agent_id: str):
 def memory_kv_delete(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
-    if not kernel().kv.delete(handle.id, key):
-        return _done(handle.id, [f"key not found: {key}"], ok=False, _anchor="kv")
+    try:
+        if not kernel().kv.delete(handle.id, _kv_key(key)):
+            raise NotFound(f"key not found: {key}")
+    except AgentdError as exc:
+        return _done(handle.id, [exc.message], ok=False, _anchor="kv")
     return _done(handle.id, [f"key {key} deleted"], _anchor="kv")
 
 
@@ -251,7 +266,8 @@ def memory_entity_add(agent_id: str):
     try:
         _required_service().add_entity(handle.id, form.get("entity_type", ""), form.get("name", ""))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph")
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph",
+                     typed=_typed("name", "entity_type"))
     return _done(handle.id, [f"entity {form.get('name', '').strip()} saved"], endpoint="pages.memory_graph")
 
 
@@ -263,6 +279,7 @@ def memory_relation_add(agent_id: str):
         _required_service().add_relation(handle.id, form.get("source", ""), form.get("relation", ""),
                                          form.get("target", ""))
     except AgentdError as exc:
-        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph")
+        return _done(handle.id, [exc.message], ok=False, endpoint="pages.memory_graph",
+                     typed=_typed("source", "relation", "target"))
     return _done(handle.id, [f"relation {form.get('source')} {form.get('relation')} {form.get('target')} saved"],
                  endpoint="pages.memory_graph")

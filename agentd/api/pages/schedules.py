@@ -80,6 +80,12 @@ def _schedules_page(status: int = 200, error: str = "", form: dict | None = None
                    workflows=reachable_workflows(k.workflows.list()), form=form or {"one_shot": ""})
 
 
+def _workflow_ref(typed_ref: str) -> str:
+    """The id of the workflow typed by name (the form's box past 100 workflows), else as typed."""
+    named = [w["id"] for w in kernel().workflows.list() if w["name"] == typed_ref]
+    return named[0] if len(named) == 1 else typed_ref
+
+
 @bp.get("/schedules")
 def schedules():
     return _schedules_page()
@@ -92,7 +98,7 @@ def schedule_create():
     form = typed(FIELDS, "message")
     form["one_shot"] = "on" if request.form.get("one_shot") else ""
     try:
-        body = job_body(form, bool(form["one_shot"]))
+        body = job_body({**form, "workflow_id": _workflow_ref(form["workflow_id"])}, bool(form["one_shot"]))
         reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
         reach_job_workflow(body.get("action"))
         job = kernel().cron.create(body, key_id=principal().key_id)
@@ -102,12 +108,59 @@ def schedule_create():
                           job_id=job["id"])
 
 
-@bp.get("/schedules/<job_id>")
-def schedule_page(job_id: str):
+def _job_page(job_id: str, status: int = 200, error: str = "", form: dict | None = None):  # type: ignore[no-untyped-def]
     k = kernel()
     job = k.cron.get(job_id)
     handle = k.agents.find(job["agent_id"]) if job["agent_id"] else None
-    return _render("schedule.html", job=job, agent=handle, runs=k.cron.runs(job_id, RUNS_SHOWN))
+    return _render("schedule.html", status, job=job, agent=handle, runs=k.cron.runs(job_id, RUNS_SHOWN),
+                   agents={h.id: h.name for h in principal().visible(k.agents.handles())},
+                   workflows=k.workflows.list(), error=error,
+                   form=form or _job_form(job, handle.name if handle else ""))
+
+
+def _job_form(job: dict, agent_name: str) -> dict[str, str]:
+    """The job as the form's fields, to edit it."""
+    schedule, action, delivery = job["schedule"], job["action"], job["delivery"]
+    form = {"name": job["name"], "agent_id": agent_name, "kind": schedule["kind"],
+            "expr": schedule.get("expr", ""), "tz": schedule.get("tz", ""),
+            "every_secs": str(schedule.get("every_secs", "")), "at": schedule.get("at", ""),
+            "message": action.get("message", ""), "workflow_id": action.get("workflow_id", ""),
+            "input": action.get("input", ""), "delivery": delivery["kind"], "channel": delivery.get("channel", ""),
+            "chat_id": delivery.get("chat_id") or "", "url": delivery.get("url", ""),
+            "secret_env": delivery.get("secret_env", ""), "catch_up": job["catch_up"],
+            "one_shot": "on" if job["one_shot"] else ""}
+    for key in ("max_runs_per_day", "max_cost_usd_per_day"):
+        form[key] = "" if job[key] is None else f"{job[key]:g}"
+    return form
+
+
+@bp.get("/schedules/<job_id>")
+def schedule_page(job_id: str):
+    return _job_page(job_id)
+
+
+@bp.post("/schedules/<job_id>/edit")
+def schedule_edit(job_id: str):
+    """Change the job as PATCH /api/cron/jobs/{id} does, from the same form as a new job's; an
+    emptied cap or agent is removed. A refusal comes back above the form, with what was typed."""
+    k = kernel()
+    k.cron.get(job_id)  # unknown: the ordinary 404 page
+    form = typed(FIELDS, "message")
+    form["one_shot"] = "on" if request.form.get("one_shot") else ""
+    try:
+        body = job_body({**form, "workflow_id": _workflow_ref(form["workflow_id"])}, bool(form["one_shot"]))
+        body.setdefault("agent_id", None)
+        body.setdefault("delivery", {"kind": "none"})
+        for key in ("max_runs_per_day", "max_cost_usd_per_day"):
+            body.setdefault(key, None)
+        reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
+        job = k.cron.update(job_id, body)
+    except AgentdError as exc:
+        if exc.status == 404:
+            raise
+        return _job_page(job_id, exc.status, exc.message, form)
+    return see_other_with("pages.schedule_page", [f"cron job {job['name']} saved; next run {_due(job)}"],
+                          job_id=job_id)
 
 
 def _act(job_id: str, action, done) -> object:  # type: ignore[no-untyped-def]

@@ -48,7 +48,8 @@ def setup_provider():
         outcome = providers.test(name)
     except AgentdError as exc:
         message = exc.message if exc.message.startswith(f"{name}:") else f"{name}: {exc.message}"
-        return see_other_with("pages.setup", done + [message], ok=False, provider=name or None)
+        return see_other_with("pages.setup", done + [message], ok=False, provider=name or None,
+                              typed={"base_url": base_url})
     done.append(f"{name}: reached in {outcome.get('response_time_ms')} ms; now make one of its models the default")
     return see_other_with("pages.setup", done, provider=name, _anchor="default-model")
 
@@ -57,11 +58,12 @@ def setup_provider():
 def setup_default():
     """Write `[default_model]` to config.toml and use it from now on."""
     provider = request.form.get("provider", "")
+    model = request.form.get("model", "")
     try:
-        outcome = kernel().settings.set_default_model(provider, request.form.get("model", ""))
+        outcome = kernel().settings.set_default_model(provider, model)
     except AgentdError as exc:
         return see_other_with("pages.setup", [f"default model: {exc.message}"], ok=False,
-                              provider=provider or None, _anchor="default-model")
+                              provider=provider or None, typed={"model": model}, _anchor="default-model")
     return see_other_with("pages.agents_list",
                           [f"default model set to {outcome['provider']}/{outcome['model']}; spawn an agent below"],
                           _anchor="spawn")

@@ -1,13 +1,56 @@
-"""The skills page: every skill of the home with its state (the JSON is GET /api/skills)."""
+"""The skills page: every skill of the home with its state (the JSON is GET /api/skills), and
+the forms that install one (a folder on this machine, a zip URL or an uploaded zip), delete
+one and scan the folder again, over the calls /api/skills makes."""
 
 from __future__ import annotations
 
-from flask import render_template
+from flask import render_template, request
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.notes import see_other_with
+from agentd.errors import AgentdError, BadRequest
+from agentd.skills import MAX_ARCHIVE_BYTES
 
 
 @bp.get("/skills")
 def skills():
     listed = kernel().skills.list()
     return render_template("skills.html", skills=listed, valid=sum(1 for s in listed if s["valid"]))
+
+
+@bp.post("/skills/install")
+def skill_install():
+    """As POST /api/skills/install: the uploaded zip when one was chosen, else the URL, else the path."""
+    service = kernel().skills
+    path, url = request.form.get("path", "").strip(), request.form.get("url", "").strip()
+    upload = request.files.get("file")
+    try:
+        if upload is not None and upload.filename:
+            skill = service.install_zip(upload.read(MAX_ARCHIVE_BYTES + 1))
+        elif url:
+            skill = service.install_url(url)
+        elif path:
+            skill = service.install_path(path)
+        else:
+            raise BadRequest("give a folder on this machine, a zip's URL or a zip file")
+    except AgentdError as exc:
+        return see_other_with("pages.skills", [exc.message], ok=False, typed={"path": path, "url": url})
+    said = "installed" if skill["valid"] else "installed but not valid: " + "; ".join(skill["errors"])
+    return see_other_with("pages.skills", [f"skill {skill['name']} {said}"], ok=skill["valid"])
+
+
+@bp.post("/skills/delete")
+def skill_delete():
+    name = request.form.get("name", "")
+    try:
+        kernel().skills.delete(name)
+    except AgentdError as exc:
+        return see_other_with("pages.skills", [exc.message], ok=False)
+    return see_other_with("pages.skills", [f"skill {name} deleted"])
+
+
+@bp.post("/skills/reload")
+def skills_reload():
+    listed = kernel().skills.reload()
+    valid = sum(1 for s in listed if s["valid"])
+    return see_other_with("pages.skills", [f"skills folder read again: {valid} of {len(listed)} valid"])

@@ -9,18 +9,21 @@ from agentd.api.pages import bp, kernel, see_other
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reach_definition, reachable_workflows
+from agentd.api.pages.schedules import page_of
 from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
 from agentd.errors import AgentdError
 from agentd.workflows.definition import ERROR_MODES, MODES, StepError
 
 RUNS_SHOWN = 20
+WORKFLOWS_SHOWN = 50  # definitions a page of /workflows (the 60 KB page budget)
 
 
 @bp.get("/workflows")
 def workflows():
     engine = kernel().workflows
-    return render_template("workflows.html", workflows=reachable_workflows(engine.list()),
+    paged = page_of(reachable_workflows(engine.list()), WORKFLOWS_SHOWN)
+    return render_template("workflows.html", workflows=paged["items"], paged=paged,
                            runs=reachable_workflows(engine.recent_runs(RUNS_SHOWN), "workflow_id"))
 
 

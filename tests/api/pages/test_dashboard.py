@@ -83,6 +83,12 @@ def csrf(client, path: str = "/agents") -> str:
 
 # -- every page renders ------------------------------------------------------------------
 
+def note_of(html: str) -> str:
+    """The message a page shows after a form's redirect ('' when none)."""
+    shown = re.search(r'id="page-note">(.*?)</div>', html, re.S)
+    return " | ".join(re.findall(r"<p>(.*?)</p>", shown.group(1))) if shown else ""
+
+
 def test_every_page_renders_with_key_content(dash) -> None:
     client, kernel = dash
     agent_id = spawn(kernel)
@@ -245,12 +251,14 @@ def test_agent_actions_with_token(dash) -> None:
     agent_id = spawn(kernel)
     token = csrf(client)
     post(client, f"/agents/{agent_id}/message", {"message": "one", "csrf_token": token})
-    r = post(client, f"/agents/{agent_id}/stop", {"csrf_token": token})
-    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}"
-    r = post(client, f"/agents/{agent_id}/compact", {"csrf_token": token})
-    assert r.status_code == 303
-    r = post(client, f"/agents/{agent_id}/reset", {"csrf_token": token})
-    assert r.status_code == 303
+    said = {}
+    for action in ("stop", "compact", "reset"):
+        r = post(client, f"/agents/{agent_id}/{action}", {"csrf_token": token})
+        assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+        said[action] = note_of(page(client, r.headers["Location"]).get_data(as_text=True))
+    assert said == {"stop": "agent helper: nothing was running",
+                    "compact": "agent helper: no compaction needed (2 messages)",
+                    "reset": "agent helper: session reset"}
     assert kernel.agents.session(kernel.agents.get(agent_id))["messages"] == []
     r = post(client, f"/agents/{agent_id}/mode", {"mode": "Sideways", "csrf_token": token})
     assert r.status_code == 400 and "invalid mode" in r.get_data(as_text=True)
@@ -300,11 +308,14 @@ def test_approvals_page_decides_with_token(dash) -> None:
     assert post(client, f"/approvals/{approval.id}/approve", {}).status_code == 403
     assert approval.decision is None
     r = post(client, f"/approvals/{approval.id}/approve", {"csrf_token": token_of(html), "back": f"agent:{agent_id}"})
-    assert r.status_code == 303 and r.headers["Location"] == f"/agents/{agent_id}"
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == "helper: file_write approved"
     assert approval.decision == "approved"
     second = kernel.approvals.request(agent_id, "helper", "shell_exec", {})
     r = post(client, f"/approvals/{second.id}/reject", {"csrf_token": token_of(html)})
-    assert r.status_code == 303 and r.headers["Location"] == "/approvals" and second.decision == "rejected"
+    assert r.status_code == 303 and r.headers["Location"].startswith("/approvals?note=")
+    assert second.decision == "rejected"
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == "helper: shell_exec rejected"
     r = post(client, f"/approvals/{second.id}/approve", {"csrf_token": token_of(html)})
     assert r.status_code == 409 and r.mimetype == "text/html"
 
@@ -501,7 +512,10 @@ def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
     assert "ollama: base URL set to http://127.0.0.1:11999/v1" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.providers.base_url(kernel.providers.get("ollama")) == "http://127.0.0.1:11999/v1"
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "ollama", "base_url": "ftp://x"})
-    assert "ollama: " in page(client, r.headers["Location"]).get_data(as_text=True)
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "ollama: " in html
+    assert '<option value="ollama" selected>' in html and 'value="ftp://x"' in html, "what was typed is kept"
+    assert 'value="ftp://x"' not in page(client, "/providers").get_data(as_text=True)
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "nosuch", "base_url": "http://x"})
     assert "nosuch: " in page(client, r.headers["Location"]).get_data(as_text=True)
     r = post(client, "/providers/url", {"csrf_token": token, "provider": "", "base_url": "http://x"})
@@ -517,9 +531,15 @@ def test_budget_form_sets_the_monthly_limit(dash) -> None:
     assert "budget: limit set to $12.5 a month" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.metering.limit_usd == 12.5
     for bad in ("-1", "nan", "lots"):
-        r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": bad})
-        assert "is not an amount in USD of 0 or more" in page(client, r.headers["Location"]).get_data(as_text=True)
+        r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": bad, "alert_levels": "0.5, 0.9"})
+        html = page(client, r.headers["Location"]).get_data(as_text=True)
+        assert "is not an amount in USD of 0 or more" in html
+        assert f'name="limit_usd" min="0" step="any" required value="{bad}"' in html and 'value="0.5, 0.9"' in html
+    r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "20", "alert_levels": "0.5, 2"})
+    html = page(client, r.headers["Location"]).get_data(as_text=True)
+    assert "alert levels &#39;0.5, 2&#39; must be" in html and 'required value="20"' in html and 'value="0.5, 2"' in html
     assert kernel.metering.limit_usd == 12.5
+    assert 'required value="12.5"' in page(client, "/usage").get_data(as_text=True), "the saved limit otherwise"
     r = post(client, "/usage/budget", {"csrf_token": token, "limit_usd": "0"})
     assert "budget: no limit" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert kernel.metering.limit_usd == 0
@@ -665,7 +685,7 @@ def test_links_follow_a_proxy_prefix(dash) -> None:
     assert f'data-stream-url="/agentd/api/agents/{agent_id}/message/stream"' in html
     r = client.post(f"/agents/{agent_id}/mode", data={"mode": "Manual", "csrf_token": token_of(html)},
                     base_url="http://localhost/agentd", environ_base=LOCAL)
-    assert r.status_code == 303 and r.headers["Location"] == f"/agentd/agents/{agent_id}"
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agentd/agents/{agent_id}?note=")
 
 
 def test_page_weight_budgets(dash) -> None:

@@ -144,7 +144,8 @@ def test_reject_from_approvals_page(browser, agent_daemon) -> None:
         # page being replaced with "unhandled inspector error" rather than "stale": ask again.
         WebDriverWait(browser, 15, poll_frequency=0.05,
                       ignored_exceptions=(WebDriverException,)).until(EC.staleness_of(row))
-        assert browser.current_url == f"{d.url}/approvals"
+        assert browser.current_url.startswith(f"{d.url}/approvals?note=")
+        assert browser.find_element(By.ID, "page-note").text.endswith(": file_write rejected")
         assert agent_id not in browser.page_source
     finally:
         browser.close()

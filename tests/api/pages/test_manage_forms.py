@@ -223,6 +223,11 @@ def test_memory_fragments_search_add_edit_delete(web: Browser) -> None:
     assert tea["scope"] == "preferences" and len(listed) == 2
     r = web.post(f"/agents/{agent_id}/memory/fragments", {"content": "   "})
     assert "content" in note(web.follow(r)) and d.get(f"{base}/memories").json()["total"] == 2
+    r = web.post(f"/agents/{agent_id}/memory/fragments", {"content": "Kept <after> a refusal", "scope": "s" * 300})
+    page = web.follow(r)
+    assert note(page).startswith("scope") and d.get(f"{base}/memories").json()["total"] == 2
+    assert ">Kept &lt;after&gt; a refusal</textarea>" in page and f'value="{"s" * 300}"' in page, \
+        "what was typed is kept"
 
     page = web.get(f"/agents/{agent_id}/memory?q=what+does+the+user+like+to+drink").text
     found = re.search(r'<table id="found-table">.*?</table>', page, re.S).group(0)
@@ -258,6 +263,15 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": "prefs/colour"})
     assert note(web.follow(r)) == "key prefs/colour deleted"
     assert d.get(f"{base}/kv").json() == {"motto": "carpe diem"}
+    for key, said in (("", "key must be 1-256 characters"), ("nosuch", "key not found: nosuch")):
+        r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": key})
+        assert note(web.follow(r)) == said
+    r = web.post(f"/agents/{agent_id}/memory/kv/delete", {})
+    assert note(web.follow(r)) == "key must be 1-256 characters"
+    r = web.post(f"/agents/{agent_id}/memory/kv", {"key": "k" * 300, "value": '{"kept": true}'})
+    page = web.follow(r)
+    assert note(page) == "key must be 1-256 characters" and "&#34;kept&#34;: true}</textarea>" in page
+    assert d.get(f"{base}/kv").json() == {"motto": "carpe diem"}
 
     web.get(f"/agents/{agent_id}/memory/graph")
     for entity, kind in (("Ada", "person"), ("Engines", "concept")):
@@ -268,7 +282,9 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     assert note(web.follow(r)) == "relation Ada knows_about Engines saved"
     r = web.post(f"/agents/{agent_id}/memory/graph/relations", {"source": "Ada", "relation": "knows_about",
                                                                 "target": "Nobody"})
-    assert note(web.follow(r)) == "entity not found: Nobody"
+    page = web.follow(r)
+    assert note(page) == "entity not found: Nobody"
+    assert all(f'value="{typed}"' in page for typed in ("Ada", "knows_about", "Nobody")), "what was typed is kept"
     matches = d.post(f"{base}/graph/query", json={"source": "Ada"}).json()["matches"]
     ada, engines = matches[0]["source"]["id"], matches[0]["target"]["id"]
     page = web.get(f"/agents/{agent_id}/memory/graph").text

@@ -262,7 +262,8 @@ def test_refused_action_renders_the_agent_page(dash) -> None:
             "Auto, Manual, Observe</p>") in html
     assert f'action="/agents/{agent_id}/message"' in html, "BUG: a refused action shows an error page, not the agent"
     r = client.post(f"/agents/{agent_id}/mode", data={"mode": "Manual", "csrf_token": token}, environ_base=LOCAL)
-    assert (r.status_code, r.headers["Location"]) == (303, f"/agents/{agent_id}")
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+    assert "agent moded: mode set to Manual" in client.get(r.headers["Location"], environ_base=LOCAL).get_data(as_text=True)
     assert kernel.agents.get(agent_id).mode == "Manual"
 
 

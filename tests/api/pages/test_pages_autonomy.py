@@ -109,15 +109,87 @@ def test_tasks_page_posts_lists_and_deletes(dash) -> None:
     token = token_of(client.get("/tasks", environ_base=LOCAL).get_data(as_text=True))
     r = client.post("/tasks", data={"title": "Write <notes>", "description": "short", "assigned_to": "helper",
                                     "csrf_token": token}, environ_base=LOCAL)
-    assert r.status_code == 303
     [task] = kernel.tasks.list()
+    assert r.status_code == 303 and _note(client, r) == "task Write <notes> posted"
+    assert r.headers["Location"].endswith(f"#task-{task['id']}")
     assert task["assigned_to"] == helper
     html = client.get("/tasks", environ_base=LOCAL).get_data(as_text=True)
     assert "Write &lt;notes&gt;" in html
     row = _row(html, f"task-{task['id']}")
     assert '<span class="pill pending">pending</span>' in row and "<td>helper</td>" in row
     assert f"task-{task['id']}" not in client.get("/tasks?status=completed", environ_base=LOCAL).get_data(as_text=True)
-    r = client.post("/tasks", data={"title": "x", "assigned_to": "nobody", "csrf_token": token}, environ_base=LOCAL)
-    assert r.status_code == 404 and "no agent with id or name &#39;nobody&#39;" in r.get_data(as_text=True)
-    assert client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL).status_code == 303
+    r = client.post("/tasks", data={"title": "Tidy <up>", "description": "first\nsecond", "assigned_to": "nobody",
+                                    "csrf_token": token}, environ_base=LOCAL)
+    html = r.get_data(as_text=True)
+    assert r.status_code == 404 and "no agent with id or name &#39;nobody&#39;" in html
+    assert ('name="title" required maxlength="200" value="Tidy &lt;up&gt;"' in html
+            and ">first\nsecond</textarea>" in html and 'name="assigned_to" value="nobody"' in html), \
+        "what was typed is kept"
+    r = client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "task Write <notes> deleted"
     assert kernel.tasks.list() == []
+    r = client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert r.status_code == 404 and "task not found" in r.get_data(as_text=True)
+
+
+def test_tasks_and_workflows_pages_show_many_a_page(dash) -> None:
+    app, kernel = dash
+    spawn(kernel, "pager")
+    try:
+        _many_a_page(app, kernel)
+    finally:  # the other tests of this module share the board
+        for task in kernel.tasks.list():
+            kernel.tasks.delete(task["id"])
+
+
+def _many_a_page(app, kernel) -> None:
+    for i in range(80):
+        kernel.tasks.post(f"task {i:03d} " + "t" * 190, "d" * 400)
+    for i in range(110):
+        kernel.workflows.create({"name": f"flow-{i:03d}", "description": "w" * 900,
+                                 "steps": [{"name": "one", "agent_name": "pager", "prompt": "p"}]})
+    client = app.test_client()
+    # 60 KB with the stylesheet and the script.
+    budget = 60_000 - sum(len(client.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    for path, shown, total in (("/tasks", 30, 80), ("/workflows", 50, 110)):
+        pages = [client.get(f"{path}?page={n}", environ_base=LOCAL) for n in (1, 2, 3, 4)]
+        texts = [p.get_data(as_text=True) for p in pages]
+        assert all(p.status_code == 200 and len(p.data) < budget for p in pages), [len(p.data) for p in pages]
+        assert [re.search(r"<span>(\d+–\d+ of \d+) \(page", t).group(1) for t in texts] == \
+            [f"1–{shown} of {total}", f"{shown + 1}–{2 * shown} of {total}", f"{2 * shown + 1}–{total} of {total}",
+             f"{2 * shown + 1}–{total} of {total}"], "past the end: the last page"
+        assert 'rel="next"' in texts[0] and 'rel="next"' not in texts[2] and 'rel="prev"' in texts[2]
+    newest = client.get("/tasks", environ_base=LOCAL).get_data(as_text=True)
+    assert "task 079 " in newest and "task 049 " not in newest, "the newest tasks come first"
+    assert "task 049 " in client.get("/tasks?page=2", environ_base=LOCAL).get_data(as_text=True)
+
+
+def test_a_trigger_is_edited_from_the_triggers_page(dash) -> None:
+    app, kernel = dash
+    spawn(kernel, "edited")
+    made = kernel.triggers.create({"agent_id": "edited", "pattern": {"content_match": "deploy"},
+                                   "prompt_template": "Look: {{event}}", "max_runs_per_day": 4})
+    client = app.test_client()
+    html = client.get("/triggers", environ_base=LOCAL).get_data(as_text=True)
+    assert f'href="/triggers?edit={made["id"]}#edit-trigger">Edit</a>' in _row(html, f"trigger-{made['id']}")
+    html = client.get(f"/triggers?edit={made['id']}", environ_base=LOCAL).get_data(as_text=True)
+    form = re.search(r'<form [^>]*id="trigger-edit-form">.*?</form>', html, re.S).group(0)
+    assert f'action="/triggers/{made["id"]}/edit"' in form and ">Look: {{event}}</textarea>" in form
+    assert 'name="max_runs_per_day" value="4"' in form
+    token = token_of(html)
+    typed = {"prompt_template": "Now: {{event}}", "max_runs_per_day": "", "max_cost_usd_per_day": "0.25",
+             "rate_limit_per_minute": "0", "csrf_token": token}
+    r = client.post(f"/triggers/{made['id']}/edit", data=typed, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and "trigger.rate_limit_per_minute: must be an integer between 1 and 1000000" in page
+    assert ">Now: {{event}}</textarea>" in page and 'name="max_cost_usd_per_day" value="0.25"' in page
+    assert kernel.triggers.get(made["id"])["prompt_template"] == "Look: {{event}}", "a refused edit changes nothing"
+    r = client.post(f"/triggers/{made['id']}/edit", data={**typed, "rate_limit_per_minute": "3"}, environ_base=LOCAL)
+    assert r.status_code == 303 and _note(client, r) == "trigger saved for edited"
+    saved = kernel.triggers.get(made["id"])
+    assert (saved["prompt_template"], saved["max_runs_per_day"], saved["max_cost_usd_per_day"],
+            saved["rate_limit_per_minute"]) == ("Now: {{event}}", None, 0.25, 3)
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert client.get(f"/triggers?edit={missing}", environ_base=LOCAL).status_code == 404
+    assert client.post(f"/triggers/{missing}/edit", data=typed, environ_base=LOCAL).status_code == 404
+    kernel.triggers.delete(made["id"])

@@ -173,3 +173,68 @@ def test_many_jobs_and_triggers_are_paged_under_the_page_budget(dash) -> None:
         assert len(html.encode()) < budget and shown in html and pager in html, (path, len(html.encode()))
     html = text(client, "/schedules")
     assert "number 20<" not in html and html.count('<tr id="trigger-') == 10 and ">All 35 triggers</a>" in html
+
+
+def test_past_100_agents_and_workflows_the_forms_take_typed_names(dash) -> None:
+    client, kernel = dash
+    for i in range(260):
+        kernel.agents.spawn(f'name = "agent-with-a-long-name-{i:04d}"\n')
+    for i in range(110):
+        kernel.workflows.create({"name": f"flow-with-a-long-name-{i:03d}",
+                                 "steps": [{"name": "one", "agent_name": "agent-with-a-long-name-0000",
+                                            "prompt": "p"}]})
+    budget = 60_000 - sum(len(client.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    for path, box in (("/schedules", 'id="job-agent" name="agent_id" value=""'),
+                      ("/triggers", 'id="trigger-agent" name="agent_id" value=""')):
+        html = text(client, path)
+        assert len(html.encode()) < budget and box in html, (path, len(html.encode()))
+    assert 'id="job-workflow" name="workflow_id" value=""' in text(client, "/schedules")
+    token = csrf(text(client, "/schedules"))
+    r = client.post("/schedules", data={"csrf_token": token, "name": "by names", "agent_id": "",
+                                        "kind": "every", "every_secs": "3600", "workflow_id": "flow-with-a-long-name-107",
+                                        "input": "go"}, environ_base=LOCAL)
+    [job] = kernel.cron.list()
+    flow = [w for w in kernel.workflows.list() if w["name"] == "flow-with-a-long-name-107"][0]
+    assert r.status_code == 303 and job["action"] == {"kind": "workflow_run", "workflow_id": flow["id"], "input": "go"}
+    r = client.post("/schedules", data={"csrf_token": token, "name": "typo", "agent_id": "", "kind": "every",
+                                        "every_secs": "3600", "workflow_id": "no-such-flow"}, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and "action.workflow_id: no workflow &#39;no-such-flow&#39;" in page
+    assert 'id="job-workflow" name="workflow_id" value="no-such-flow"' in page, "what was typed is kept"
+    r = client.post("/triggers", data={"csrf_token": token, "agent_id": "agent-with-a-long-name-0201",
+                                       "kind": "content_match", "pattern": "deploy", "prompt_template": "{{event}}"},
+                    environ_base=LOCAL)
+    [trigger] = kernel.triggers.list()
+    assert r.status_code == 303 and trigger["agent_id"] == kernel.agents.by_name("agent-with-a-long-name-0201").id
+
+
+def test_a_job_is_edited_from_its_page(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "editor"\n')
+    kernel.agents.spawn('name = "other"\n')
+    job = kernel.cron.create({"name": "nightly", "agent_id": "editor",
+                              "schedule": {"kind": "cron", "expr": "0 2 * * *", "tz": "Europe/Berlin"},
+                              "action": {"kind": "agent_turn", "message": "Tidy <up>."}, "max_runs_per_day": 3})
+    html = text(client, f"/schedules/{job['id']}")
+    form = re.search(r'<form method="post" action="/schedules/[^"]+/edit" class="stack" id="job-form">.*?</form>',
+                     html, re.S).group(0)
+    assert ('value="nightly"' in form and '<option value="editor" selected>' in form and 'value="0 2 * * *"' in form
+            and 'value="Europe/Berlin"' in form and ">Tidy &lt;up&gt;.</textarea>" in form and 'value="3"' in form)
+    edited = {"csrf_token": csrf(html), "name": "nightly", "agent_id": "other", "kind": "every", "every_secs": "7200",
+              "message": "Tidy again.", "max_runs_per_day": "", "max_cost_usd_per_day": "0.5", "catch_up": "once"}
+    r = client.post(f"/schedules/{job['id']}/edit", data={**edited, "every_secs": "0"}, environ_base=LOCAL)
+    page = r.get_data(as_text=True)
+    assert r.status_code == 400 and "schedule.every_secs: must be an integer from 1" in page
+    assert 'id="job-every" name="every_secs" value="0"' in page and "Tidy again.</textarea>" in page
+    assert kernel.cron.get(job["id"])["schedule"]["kind"] == "cron", "a refused edit changes nothing"
+    r = client.post(f"/schedules/{job['id']}/edit", data=edited, environ_base=LOCAL)
+    saved = kernel.cron.get(job["id"])
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/schedules/{job['id']}?note=")
+    due = saved["next_run_at"]
+    assert note(client, r) == f"cron job nightly saved; next run {due[:10]} {due[11:19]} UTC"
+    assert (saved["agent_id"], saved["schedule"], saved["action"]) == (
+        kernel.agents.by_name("other").id, {"kind": "every", "every_secs": 7200},
+        {"kind": "agent_turn", "message": "Tidy again."})
+    assert (saved["max_runs_per_day"], saved["max_cost_usd_per_day"], saved["catch_up"]) == (None, 0.5, "once")
+    assert client.post("/schedules/00000000-0000-0000-0000-000000000000/edit", data=edited,
+                       environ_base=LOCAL).status_code == 404

@@ -134,8 +134,14 @@ def test_a_key_is_saved_private_tested_and_never_shown(fresh: Web, fake_llm) -> 
     # Failures say what is wrong, on the setup page, and change nothing.
     assert fresh.follow(fresh.post("/setup/provider", {"provider": "groq"})) == (
         "/setup", "groq: no API key for groq: set GROQ_API_KEY or POST /api/providers/groq/key")
-    path, shown = fresh.follow(fresh.post("/setup/provider", {"provider": "groq", "base_url": "not a url"}))
+    r = fresh.post("/setup/provider", {"provider": "groq", "base_url": "not a url", "api_key": "gsk-typed-secret"})
+    path, shown = fresh.follow(r)
     assert shown == "groq: base_url must be an http:// or https:// URL with a host, got 'not a url'"
+    html = fresh.get(r.headers["Location"]).get_data(as_text=True)
+    assert re.search(r'<input id="setup-url" [^>]*value="not a url">', html)
+    assert "gsk-typed-secret" not in html and "gsk-typed-secret" not in r.headers["Location"], "a key is never kept"
+    r = fresh.post("/setup/default", {"provider": "groq", "model": "has spaces"})
+    assert 'value="has spaces"' in fresh.get(r.headers["Location"]).get_data(as_text=True), "what was typed is kept"
     assert fresh.follow(fresh.post("/setup/provider", {"provider": "nope"})) == ("/setup", "nope: provider not found: nope")
     assert fresh.follow(fresh.post("/setup/default", {"provider": "openai", "model": ""})) == (
         "/setup", "default model: model must be a model name without spaces")
@@ -237,10 +243,23 @@ def test_audit_filters_on_the_page_and_the_api(web: Web) -> None:
     assert "since: &#39;soon&#39; is not a time (YYYY-MM-DDTHH:MM)" in html
 
 
+def test_the_audit_page_keeps_its_weight_with_many_agents(fresh: Web) -> None:
+    for i in range(300):
+        fresh.kernel.agents.spawn(f'name = "an-agent-with-a-long-enough-name-{i:04d}"\n')
+    fresh.kernel.audit.record("config.reload", "", {"changed": ["x" * 5000]})
+    html = fresh.get("/audit").get_data(as_text=True)
+    budget = PAGE_BUDGET - sum(len(fresh.get(f"/static/{f}").data) for f in ("app.css", "app.js"))
+    assert len(html.encode()) < budget, len(html.encode())
+    assert html.count("<tr><td>") == 100 and len(re.findall(r'<option value="an-agent', html)) == 100
+    assert "x" * 200 not in html and "x" * 150 in html, "a long detail is cut in its row"
+    assert "The newest 100 events (at most 100)." in html and "/api/audit/recent?limit=100" in html
+
+
 def test_log_page_shows_the_tail_and_streams_new_lines(web: Web) -> None:
     logging.getLogger("agentd.test").warning("first marker <b>")
     html = web.get("/logs").get_data(as_text=True)
     assert "WARNING agentd.test: first marker &lt;b&gt;" in html
+    assert "The daemon's newest 200 log lines (times in UTC)." in html
     after = int(re.search(r'data-after="(\d+)"', html).group(1))
     logging.getLogger("agentd.test").warning("second marker")
     r = web.client.get(f"/logs/stream?after={after}", environ_base=LOCAL)
