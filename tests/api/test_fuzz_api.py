@@ -147,6 +147,11 @@ CONFIG = CONFIG_HEAD + "".join([
         "A 404 here may be about the agent the body names (documented: no agent with that id or "
         "name), not the task the link led to; the resource check reads every 404 as the task.",
         "checks.ensure_resource_availability.enabled = false"),
+    operations(["a2a.rpc", "a2a.agent_rpc"],
+        "A JSON-RPC endpoint: every request, even one that is not JSON-RPC, is answered with HTTP 200 "
+        "and the refusal as a JSON-RPC error in the body (-32700, -32600, -32602), as the A2A JSON-RPC "
+        "binding asks. tests/a2a/test_a2a.py checks those errors.",
+        "checks.negative_data_rejection.enabled = false"),
     operations("keys.delete_key",
         "Keys are found by id or by name: another scenario's DELETE /api/keys/{name} (a short "
         "generated name such as '0') removes a key this scenario just created, and its 404 is right.",
