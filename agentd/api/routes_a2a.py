@@ -157,8 +157,10 @@ def _rpc(agent: str | None) -> Response:
             finally:
                 stream_slots().release()
     except RpcError as exc:
-        return jsonify(error_response(rpc_id if isinstance(rpc_id, (str, int)) else None,
-                                      exc.code, exc.message, exc.data))
+        # An id that is not a string or an integer (JSON's true and false included) is not
+        # echoed: JSON-RPC answers null where the request's id could not be read.
+        valid = isinstance(rpc_id, (str, int)) and not isinstance(rpc_id, bool)
+        return jsonify(error_response(rpc_id if valid else None, exc.code, exc.message, exc.data))
     return jsonify({"jsonrpc": "2.0", "id": rpc_id, "result": result})
 
 
