@@ -46,8 +46,9 @@ class Operation:
     ok: int = 200
     response: SchemaLike | None = None
     response_media: str = "application/json"
-    # The 2xx answer may also be an SSE stream (the request's `stream: true`).
-    sse_alt: bool = False
+    # The 2xx answer may also be an SSE stream (the request's `stream: true`); a schema here
+    # names its events (the generic SSE event otherwise).
+    sse_alt: bool | dict[str, Any] = False
     ok_description: str = ""
     ok_headers: tuple[str, ...] = ()
     errors: dict[int, str] = field(default_factory=dict)

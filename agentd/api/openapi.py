@@ -113,7 +113,8 @@ def _ok_response(op: Operation) -> dict[str, Any]:
     if op.response is not None:
         response["content"] = {op.response_media: {"schema": op.response}}
         if op.sse_alt:
-            response["content"]["text/event-stream"] = {"schema": out.SSE}
+            event = op.sse_alt if isinstance(op.sse_alt, dict) else out.SSE
+            response["content"]["text/event-stream"] = {"schema": event}
     return response
 
 
@@ -210,6 +211,8 @@ def build_document(app: Flask) -> dict[str, Any]:
     plugin.converter.add_attribute_function(_extra_json_schema)  # type: ignore[union-attr]
     spec.components.schema("Error", schema=out.ErrorSchema)
     spec.components.schema("OpenAIError", schema=out.OpenAIErrorSchema)
+    for name, schema in out.JSONRPC_COMPONENTS.items():
+        spec.components.schema(name, schema)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",
                                                "description": "The daemon's `api_key`"})
     for name, header in _headers().items():

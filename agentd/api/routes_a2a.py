@@ -114,7 +114,7 @@ RPC_TEXT = ("A2A over JSON-RPC 2.0: `message/send` (`SendMessage`), `message/str
             "run could not start), except `message/stream`, answered as Server-Sent Events whose "
             "`data` are JSON-RPC responses. The body is read as JSON whatever its Content-Type.")
 RPC_DOC = dict(tags="a2a", description=RPC_TEXT, body=out.JSONRPC_REQUEST, checks_media=False,
-               response=out.JSONRPC_RESPONSE, sse_alt=True,
+               response=out.JSONRPC_RESPONSE, sse_alt=out.JSONRPC_EVENT,
                errors={503: "Too many requests are waiting for agents; retry shortly"})
 
 

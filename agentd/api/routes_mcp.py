@@ -51,7 +51,7 @@ RPC_REFUSED = "The message is not a JSON-RPC message the transport takes (a JSON
 # and there is no session to end; the protocol lets a server answer 405 to both.
 @bp.post("/mcp")
 @doc("agentd's agents as MCP tools (Model Context Protocol, Streamable HTTP)", tags="mcp",
-     description=MCP_TEXT, body=out.JSONRPC_REQUEST, response=out.JSONRPC_RESPONSE, sse_alt=True,
+     description=MCP_TEXT, body=out.JSONRPC_REQUEST, response=out.JSONRPC_RESPONSE, sse_alt=out.JSONRPC_EVENT,
      replies={202: ("A notification or response was accepted (no body)", None),
               400: (RPC_REFUSED, out.JSONRPC_ERROR),
               404: ("Unknown method (a JSON-RPC error, with a revision after 2025-11-25)", out.JSONRPC_ERROR),

@@ -165,6 +165,11 @@ def test_schemathesis_finds_nothing(tmp_path: Path, fake_llm) -> None:
     st = shutil.which("st") or str(Path(sys.executable).with_name("st"))
     home = make_home(tmp_path / "fuzz", f'api_key = "{API_KEY}"\n' + llm_config(fake_llm, GUILDED))
     daemon = Daemon(home, api_key=API_KEY, env_extra=LLM_ENV).start()
+    # /mcp loads the MCP SDK on its first request; on two busy cores that can take longer than
+    # the fuzzer's 10 s request timeout, so it is loaded before the fuzzer starts.
+    ping = daemon.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=60,
+                       headers={"Authorization": f"Bearer {API_KEY}", "Accept": "application/json, text/event-stream"})
+    assert ping.status_code == 200, ping.text
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # tests/fuzz_hooks.py: valid spawns
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     config = tmp_path / "schemathesis.toml"

@@ -10,11 +10,13 @@ from marshmallow import fields as ma
 
 from agentd.api.schemas_out.base import Bool, Out, Str, req
 
-__all__ = ["AgentCardSchema", "JSONRPC_REQUEST", "JSONRPC_RESPONSE", "JSONRPC_ERROR"]
+__all__ = ["AgentCardSchema", "JSONRPC_REQUEST", "JSONRPC_RESPONSE", "JSONRPC_ERROR", "JSONRPC_EVENT",
+           "JSONRPC_COMPONENTS"]
 
-_ID: dict[str, Any] = {"type": ["string", "integer", "null"], "description": "The request's id"}
+_ID: dict[str, Any] = {"type": ["string", "integer", "null"],
+                       "description": "The request's id (null where it could not be read)"}
 
-JSONRPC_REQUEST: dict[str, Any] = {
+_REQUEST: dict[str, Any] = {
     "type": "object", "description": "A JSON-RPC 2.0 request (a notification has no `id`)",
     "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]},
                    "id": {"description": "A string or an integer. (MCP takes a message whose id is "
@@ -27,16 +29,31 @@ _ERROR_OBJECT: dict[str, Any] = {
     "type": "object", "properties": {"code": {"type": "integer"}, "message": {"type": "string"}, "data": {}},
     "required": ["code", "message"]}
 
-JSONRPC_RESPONSE: dict[str, Any] = {
+_RESPONSE: dict[str, Any] = {
     "type": "object", "description": "A JSON-RPC 2.0 response: a `result`, or an `error` with its code",
-    "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": _ID, "result": {},
-                   "error": _ERROR_OBJECT},
+    "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": _ID, "result": {}, "error": _ERROR_OBJECT},
     "required": ["jsonrpc", "id"]}
 
-JSONRPC_ERROR: dict[str, Any] = {
+_ERROR: dict[str, Any] = {
     "type": "object", "description": "A JSON-RPC 2.0 error response",
     "properties": {"jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": _ID, "error": _ERROR_OBJECT},
     "required": ["jsonrpc", "id", "error"]}
+
+_EVENT: dict[str, Any] = {
+    "type": "object", "description": "One Server-Sent Event whose `data` is a JSON-RPC message",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}},
+    "required": ["data"]}
+
+# Named in the document's components: tools that infer links between operations (schemathesis)
+# name a resource after an inline schema's path, and would read the `id` of an answer of
+# POST /a2a/agents/{name} as an agent's id.
+JSONRPC_COMPONENTS: dict[str, dict[str, Any]] = {
+    "JsonRpcRequest": _REQUEST, "JsonRpcResponse": _RESPONSE, "JsonRpcError": _ERROR, "JsonRpcEvent": _EVENT}
+JSONRPC_REQUEST = {"$ref": "#/components/schemas/JsonRpcRequest"}
+JSONRPC_RESPONSE = {"$ref": "#/components/schemas/JsonRpcResponse"}
+JSONRPC_ERROR = {"$ref": "#/components/schemas/JsonRpcError"}
+JSONRPC_EVENT = {"$ref": "#/components/schemas/JsonRpcEvent"}
 
 
 def _strings() -> ma.Field:
