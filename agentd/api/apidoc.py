@@ -22,6 +22,8 @@ from typing import Any, Callable, TypeVar
 
 from marshmallow import Schema
 
+from agentd.a2a.card import CARD_PATH, LEGACY_CARD_PATH
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # A body or response schema: a marshmallow class or instance, or a raw JSON schema dict.
@@ -44,8 +46,9 @@ class Operation:
     ok: int = 200
     response: SchemaLike | None = None
     response_media: str = "application/json"
-    # The 2xx answer may also be an SSE stream (the request's `stream: true`).
-    sse_alt: bool = False
+    # The 2xx answer may also be an SSE stream (the request's `stream: true`); a schema here
+    # names its events (the generic SSE event otherwise).
+    sse_alt: bool | dict[str, Any] = False
     ok_description: str = ""
     ok_headers: tuple[str, ...] = ()
     errors: dict[int, str] = field(default_factory=dict)
@@ -54,6 +57,11 @@ class Operation:
     links: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     public: bool = False
     websocket: bool = False
+    # Answers besides `ok` and the common errors, or in place of a common error's body:
+    # status -> (description, JSON body schema, or None for an empty body).
+    replies: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    # False: the body is read as JSON whatever its Content-Type (no 415).
+    checks_media: bool = True
 
 
 def doc(summary: str, **details: Any) -> Callable[[F], F]:
@@ -75,6 +83,8 @@ def operation_of(view: Callable[..., Any]) -> Operation | None:
 
 
 def is_api_path(rule: str) -> bool:
-    """Routes under /api/ and /v1/ (and /metrics) are the API; everything else (dashboard
-    pages, /static, the /api HTML page) is not part of the document."""
-    return rule.startswith(("/api/", "/v1/")) or rule == "/metrics"
+    """Routes under /api/ and /v1/, /metrics, the MCP endpoint and A2A's cards and endpoints
+    are the API; everything else (dashboard pages, /static, the /api HTML page, the chat
+    platforms' webhooks) is not part of the document."""
+    return (rule.startswith(("/api/", "/v1/", "/a2a/")) or rule in ("/metrics", "/mcp", "/a2a")
+            or rule in (CARD_PATH, LEGACY_CARD_PATH))

@@ -132,7 +132,7 @@ def install_middleware(app: Flask, config: Config, clock=time.monotonic,
         return None
 
     def _rate_limit(req: Request) -> Response | None:
-        if (not req.path.startswith(("/api/", "/v1/", "/a2a")) and req.path != "/metrics"
+        if (not req.path.startswith(("/api/", "/v1/", "/a2a", "/.well-known/")) and req.path not in ("/metrics", "/mcp")
                 and req.blueprint != "webhooks"):
             return None
         decision = limiter.hit(req.remote_addr or "unknown")

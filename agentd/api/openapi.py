@@ -113,7 +113,8 @@ def _ok_response(op: Operation) -> dict[str, Any]:
     if op.response is not None:
         response["content"] = {op.response_media: {"schema": op.response}}
         if op.sse_alt:
-            response["content"]["text/event-stream"] = {"schema": out.SSE}
+            event = op.sse_alt if isinstance(op.sse_alt, dict) else out.SSE
+            response["content"]["text/event-stream"] = {"schema": event}
     return response
 
 
@@ -168,14 +169,30 @@ def _operation(rule: Rule, method: str, op: Operation) -> dict[str, Any]:
         common.add(404)
     if op.body is not None:
         common.add(413)
-        if op.body_media == "application/json":
+        if op.body_media == "application/json" and op.checks_media:
             common.add(415)
     for status in sorted(common | set(op.errors)):
         own, shared = op.errors.get(status), COMMON_ERRORS.get(status)
         text = f"{own}. Also: {shared}" if own and shared else own or shared or "error"
         responses[str(status)] = _error_response(path, text, status)
+    for status, (text, schema) in sorted(op.replies.items()):
+        responses[str(status)] = _reply(responses.get(str(status)), text, schema)
     result["responses"] = responses
     return result
+
+
+def _reply(common: dict[str, Any] | None, text: str, schema: Any) -> dict[str, Any]:
+    """One of an operation's own answers; where the daemon answers the same status with its
+    own error (a refused Host is a 400 everywhere), the body is either shape."""
+    response: dict[str, Any] = {"description": text,
+                                "headers": {"X-Request-Id": {"$ref": "#/components/headers/RequestId"}}}
+    if common is not None:
+        response = {**common, "description": f"{text}. Also: {common['description']}"}
+    if schema is not None:
+        if common is not None and "content" in common:
+            schema = {"oneOf": [common["content"]["application/json"]["schema"], schema]}
+        response["content"] = {"application/json": {"schema": schema}}
+    return response
 
 
 def _extra_json_schema(converter: Any, field: Any, ret: dict[str, Any], **_: Any) -> dict[str, Any]:
@@ -194,6 +211,8 @@ def build_document(app: Flask) -> dict[str, Any]:
     plugin.converter.add_attribute_function(_extra_json_schema)  # type: ignore[union-attr]
     spec.components.schema("Error", schema=out.ErrorSchema)
     spec.components.schema("OpenAIError", schema=out.OpenAIErrorSchema)
+    for name, schema in out.JSONRPC_COMPONENTS.items():
+        spec.components.schema(name, schema)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",
                                                "description": "The daemon's `api_key`"})
     for name, header in _headers().items():

@@ -15,6 +15,8 @@ from agentd import jsonsafe
 from agentd.a2a import card as cards
 from agentd.a2a.wire import PARSE_ERROR, RpcError, error_response
 from agentd.api import body
+from agentd.api import schemas_out as out
+from agentd.api.apidoc import doc
 from agentd.api.principal import ADMIN, Principal, current, principal
 from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots
 from agentd.api.sse import comment, format_event, sse_response
@@ -50,11 +52,23 @@ def _reader() -> Principal:
         return ADMIN  # a wrong key reads what a request without one reads
 
 
+CARD_TEXT = ("Public, so a client learns from it how to authenticate; a request bringing a key limited "
+             "to some agents is shown only those")
+
+
 @bp.get(cards.CARD_PATH)
-@bp.get(cards.LEGACY_CARD_PATH)
+@doc("The daemon's A2A agent card: every agent as a skill, the endpoint /a2a", tags="a2a",
+     description=CARD_TEXT, response=out.AgentCardSchema, public=True)
 def daemon_card():
     handles = _reader().visible(kernel().agents.handles())
     return _card_response(cards.daemon_card(_base(), handles, _keyed()))
+
+
+@bp.get(cards.LEGACY_CARD_PATH)
+@doc("The daemon's A2A agent card at the path older clients read (the same card)", tags="a2a",
+     description=CARD_TEXT, response=out.AgentCardSchema, public=True)
+def daemon_card_legacy():
+    return daemon_card()
 
 
 def _handle(name: str, who: Principal | None = None) -> Any:
@@ -65,24 +79,54 @@ def _handle(name: str, who: Principal | None = None) -> Any:
 
 
 @bp.get("/a2a/agents")
+@doc("Every agent's own A2A agent card", tags="a2a",
+     response={"type": "array", "items": out.AgentCardSchema})
 def agent_cards():
     """Every agent's own card (the daemon's card lists them as skills)."""
     base, keyed = _base(), _keyed()
     return jsonify([cards.agent_card(base, h, keyed) for h in principal().visible(kernel().agents.handles())])
 
 
+AGENT_PARAM = {"name": {"description": "Agent name"}}
+
+
 @bp.get("/a2a/agents/<name>" + cards.CARD_PATH)
-@bp.get("/a2a/agents/<name>" + cards.LEGACY_CARD_PATH)
+@doc("One agent's A2A agent card; its endpoint is /a2a/agents/{name}", tags="a2a",
+     description=CARD_TEXT, response=out.AgentCardSchema, public=True, path_params=AGENT_PARAM,
+     errors={404: "No agent by that name"})
 def agent_card(name: str):
     return _card_response(cards.agent_card(_base(), _handle(name, _reader()), _keyed()))
 
 
+@bp.get("/a2a/agents/<name>" + cards.LEGACY_CARD_PATH)
+@doc("One agent's A2A agent card at the path older clients read (the same card)", tags="a2a",
+     description=CARD_TEXT, response=out.AgentCardSchema, public=True, path_params=AGENT_PARAM,
+     errors={404: "No agent by that name"})
+def agent_card_legacy(name: str):
+    return agent_card(name)
+
+
+RPC_TEXT = ("A2A over JSON-RPC 2.0: `message/send` (`SendMessage`), `message/stream` "
+            "(`SendStreamingMessage`), `tasks/get` (`GetTask`), `tasks/cancel` (`CancelTask`). "
+            "Every answer is HTTP 200 with a `result` or an `error` (-32700 not JSON, -32600 not a "
+            "request, -32601 unknown method, -32602 bad params, -32001 task not found, -32002 not "
+            "cancelable, -32003 push notifications, -32004 not offered, -32005 file parts, -32603 the "
+            "run could not start), except `message/stream`, answered as Server-Sent Events whose "
+            "`data` are JSON-RPC responses. The body is read as JSON whatever its Content-Type.")
+RPC_DOC = dict(tags="a2a", description=RPC_TEXT, body=out.JSONRPC_REQUEST, checks_media=False,
+               response=out.JSONRPC_RESPONSE, sse_alt=out.JSONRPC_EVENT,
+               errors={503: "Too many requests are waiting for agents; retry shortly"})
+
+
 @bp.post("/a2a")
+@doc("A2A JSON-RPC endpoint of every agent (`metadata.agent` names one)", **RPC_DOC)
 def rpc():
     return _rpc(None)
 
 
 @bp.post("/a2a/agents/<name>")
+@doc("A2A JSON-RPC endpoint of one agent", path_params=AGENT_PARAM,
+     **{**RPC_DOC, "errors": {**RPC_DOC["errors"], 404: "No agent by that name"}})
 def agent_rpc(name: str):
     _handle(name)
     return _rpc(name)
@@ -113,8 +157,10 @@ def _rpc(agent: str | None) -> Response:
             finally:
                 stream_slots().release()
     except RpcError as exc:
-        return jsonify(error_response(rpc_id if isinstance(rpc_id, (str, int)) else None,
-                                      exc.code, exc.message, exc.data))
+        # An id that is not a string or an integer (JSON's true and false included) is not
+        # echoed: JSON-RPC answers null where the request's id could not be read.
+        valid = isinstance(rpc_id, (str, int)) and not isinstance(rpc_id, bool)
+        return jsonify(error_response(rpc_id if valid else None, exc.code, exc.message, exc.data))
     return jsonify({"jsonrpc": "2.0", "id": rpc_id, "result": result})
 
 

@@ -100,6 +100,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     # MCP and A2A: the cards are public (remote agents discover before they authenticate)
     "mcp.mcp_endpoint": "message", "mcp.list_servers": "read", "mcp.reload_servers": "admin",
     "a2a.daemon_card": PUBLIC, "a2a.agent_card": PUBLIC, "a2a.agent_cards": "read",
+    "a2a.daemon_card_legacy": PUBLIC, "a2a.agent_card_legacy": PUBLIC,
     "a2a.rpc": "message", "a2a.agent_rpc": "message",
     # skills, tools, uploads, metrics
     "skills.list_skills": "read", "skills.install": "admin", "skills.delete": "admin", "skills.reload": "manage",

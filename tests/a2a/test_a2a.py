@@ -394,3 +394,13 @@ def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
     assert rest[-1]["status"]["state"] == "canceled"
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
     assert rpc(a, "tasks/cancel", {"id": task_id})["error"]["code"] == -32002
+
+
+@pytest.mark.parametrize("bad_id", [False, True, 1.5, [1], {"a": 1}])
+def test_an_unreadable_id_is_answered_with_a_null_id(pair, bad_id) -> None:
+    a, _ = pair
+    r = a.post("/a2a", json={"jsonrpc": "2.0", "id": bad_id, "method": "message/send", "params": {}})
+    assert r.status_code == 200
+    assert r.json() == {"jsonrpc": "2.0", "id": None, "error": {
+        "code": -32600, "message": 'invalid JSON-RPC 2.0 request: it needs jsonrpc "2.0", a string method '
+                                   "and a string or integer id"}}

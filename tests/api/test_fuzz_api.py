@@ -152,6 +152,11 @@ CONFIG = CONFIG_HEAD + "".join([
         "A 404 here may be about the agent the body names (documented: no agent with that id or "
         "name), not the task the link led to; the resource check reads every 404 as the task.",
         "checks.ensure_resource_availability.enabled = false"),
+    operations(["a2a.rpc", "a2a.agent_rpc"],
+        "A JSON-RPC endpoint: every request, even one that is not JSON-RPC, is answered with HTTP 200 "
+        "and the refusal as a JSON-RPC error in the body (-32700, -32600, -32602), as the A2A JSON-RPC "
+        "binding asks. tests/a2a/test_a2a.py checks those errors.",
+        "checks.negative_data_rejection.enabled = false"),
     operations("keys.delete_key",
         "Keys are found by id or by name: another scenario's DELETE /api/keys/{name} (a short "
         "generated name such as '0') removes a key this scenario just created, and its 404 is right.",
@@ -165,6 +170,11 @@ def test_schemathesis_finds_nothing(tmp_path: Path, fake_llm) -> None:
     st = shutil.which("st") or str(Path(sys.executable).with_name("st"))
     home = make_home(tmp_path / "fuzz", f'api_key = "{API_KEY}"\n' + llm_config(fake_llm, GUILDED))
     daemon = Daemon(home, api_key=API_KEY, env_extra=LLM_ENV).start()
+    # /mcp loads the MCP SDK on its first request; on two busy cores that can take longer than
+    # the fuzzer's 10 s request timeout, so it is loaded before the fuzzer starts.
+    ping = daemon.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=60,
+                       headers={"Authorization": f"Bearer {API_KEY}", "Accept": "application/json, text/event-stream"})
+    assert ping.status_code == 200, ping.text
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # tests/fuzz_hooks.py: valid spawns
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
     config = tmp_path / "schemathesis.toml"

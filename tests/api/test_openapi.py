@@ -67,6 +67,31 @@ def test_pages_are_not_part_of_the_api(app) -> None:
     assert "/api" not in paths and "/" not in paths and not any(p.startswith("/static") for p in paths)
 
 
+def test_mcp_and_a2a_are_documented_with_what_they_answer(app) -> None:
+    paths = build_document(app)["paths"]
+    mcp = paths["/mcp"]
+    assert set(mcp) == {"post"}, "GET and DELETE answer 405: the transport is stateless"
+    post = mcp["post"]
+    assert {"200", "202", "400", "401", "404", "406", "413", "415"} <= set(post["responses"])
+    assert post["responses"]["200"]["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcResponse"}},
+        "text/event-stream": {"schema": {"$ref": "#/components/schemas/JsonRpcEvent"}}}
+    assert "content" not in post["responses"]["202"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/JsonRpcRequest"}
+    for path in ("/.well-known/agent-card.json", "/.well-known/agent.json",
+                 "/a2a/agents/{name}/.well-known/agent-card.json", "/a2a/agents/{name}/.well-known/agent.json"):
+        card = paths[path]["get"]
+        assert card["security"] == [] and "401" not in card["responses"], path
+        assert card["responses"]["200"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/AgentCard"}, path
+    assert "security" not in paths["/a2a/agents"]["get"] and "401" in paths["/a2a/agents"]["get"]["responses"]
+    for path in ("/a2a", "/a2a/agents/{name}"):
+        rpc = paths[path]["post"]
+        assert rpc["responses"]["200"]["content"] == post["responses"]["200"]["content"], path
+        assert "415" not in rpc["responses"], "the body is read as JSON whatever its Content-Type"
+    assert "404" in paths["/a2a/agents/{name}"]["post"]["responses"] and "404" not in paths["/a2a"]["post"]["responses"]
+
+
 def test_document_shape(app) -> None:
     d = build_document(app)
     assert d["openapi"] == "3.1.0" and d["info"]["version"] == agentd.__version__
@@ -86,9 +111,17 @@ def test_document_shape(app) -> None:
             error = "OpenAIError" if path.startswith("/v1/") else "Error"
             for status, response in op["responses"].items():
                 if status.startswith(("4", "5")):
-                    ref = response["content"]["application/json"]["schema"]["$ref"]
-                    assert ref == f"#/components/schemas/{error}", where
+                    schema = response["content"]["application/json"]["schema"]
+                    # MCP's transport refuses some messages with a JSON-RPC error of its own.
+                    if "oneOf" in schema:
+                        assert path == "/mcp" and schema["oneOf"][1] == {"$ref": "#/components/schemas/JsonRpcError"}
+                        schema = schema["oneOf"][0]
+                    elif path == "/mcp" and status in ("404", "406"):
+                        assert schema == {"$ref": "#/components/schemas/JsonRpcError"}, where
+                        continue
+                    assert schema["$ref"] == f"#/components/schemas/{error}", where
     assert d["components"]["schemas"]["Error"]["required"] == ["error"]
+    assert d["components"]["schemas"]["JsonRpcError"]["required"] == ["jsonrpc", "id", "error"]
     assert set(d["components"]["schemas"]["OpenAIErrorBody"]["properties"]) == {"message", "type", "code"}
     assert "code" not in d["components"]["schemas"]["OpenAIErrorBody"].get("required", []), "code may be absent"
     # SSE routes answer text/event-stream; the WebSocket is described in text.

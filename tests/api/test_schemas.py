@@ -106,7 +106,9 @@ def test_doc_attaches_an_operation() -> None:
 @pytest.mark.parametrize("rule, api", [
     ("/api/agents", True), ("/v1/models", True), ("/api", False), ("/api/", True), ("/v1", False),
     ("/apix/a", False), ("/static/x", False), ("/", False), ("/dashboard/api/x", False),
-    ("/metrics", True), ("/metrics/x", False)])
+    ("/metrics", True), ("/metrics/x", False), ("/mcp", True), ("/mcp/x", False), ("/a2a", True),
+    ("/a2a/agents/<name>", True), ("/.well-known/agent-card.json", True), ("/.well-known/agent.json", True),
+    ("/.well-known/other", False), ("/channels/<name>/webhook", False)])
 def test_is_api_path(rule: str, api: bool) -> None:
     assert apidoc.is_api_path(rule) is api
 

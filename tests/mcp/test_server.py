@@ -189,7 +189,12 @@ def test_endpoint_refuses_what_it_does_not_serve_with_json_errors(pair) -> None:
     # Stateless: no server-initiated stream to hold open, so GET is refused at once.
     get = first.get("/mcp", headers={**auth, "Accept": "text/event-stream"}, timeout=5)
     assert get.status_code == 405 and get.json() == {"error": "method GET not allowed on /mcp"}
-    assert get.headers["Allow"] == "DELETE, OPTIONS, POST"
+    assert get.headers["Allow"] == "OPTIONS, POST"
+    # Nor is there a session to end: DELETE is refused the same way.
+    delete = first.delete("/mcp", headers=auth, timeout=5)
+    assert delete.status_code == 405 and delete.json() == {"error": "method DELETE not allowed on /mcp"}
+    # /mcp is rate-limited like the rest of the API.
+    assert int(get.headers["X-RateLimit-Limit"]) > 0
     hello = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
     plain = first.post("/mcp", data=hello, headers={**auth, "Content-Type": "text/plain"})
     assert plain.status_code == 415

@@ -15,3 +15,4 @@ from agentd.api.schemas_out.mcp import *  # noqa: F401,F403
 from agentd.api.schemas_out.openai import *  # noqa: F401,F403
 from agentd.api.schemas_out.triggers import *  # noqa: F401,F403
 from agentd.api.schemas_out.keys import *  # noqa: F401,F403
+from agentd.api.schemas_out.a2a import *  # noqa: F401,F403
