@@ -56,10 +56,13 @@ class ClusterNginx:
         self.dir.chmod(0o755)
         self.port = _free_port()
         text = CLUSTER_CONF.read_text()
-        for old, new, count in [("listen 80;", f"listen 127.0.0.1:{self.port};", 1),
-                                ("127.0.0.1:4201", f"127.0.0.1:{ports[0]}", 2),
-                                ("127.0.0.1:4202", f"127.0.0.1:{ports[1]}", 2)]:
+        swaps = [("listen 80;", f"listen 127.0.0.1:{self.port};", 1),
+                 ("127.0.0.1:4201", f"127.0.0.1:{ports[0]}", 2),
+                 ("127.0.0.1:4202", f"127.0.0.1:{ports[1]}", 2)]
+        # Counted before any swap: a daemon port such as 42021 holds the text "127.0.0.1:4202".
+        for old, _, count in swaps:
             assert text.count(old) == count, f"{CLUSTER_CONF.name} no longer contains {old!r} {count}x"
+        for old, new, _ in swaps:
             text = text.replace(old, new)
         temps = ""
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
