@@ -6,8 +6,8 @@
     python scripts/mutation.py --all-tests agentd/metering.py            # whole suite, not the mapped files
     python scripts/mutation.py --baseline 424a618 agentd/metering.py     # the tests as they were at a commit
 
-Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, static/,
-templates/ and a setup.cfg whose [mutmut] section names just that module), so runs are
+Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, what the
+tests read beside them (COPIED) and a setup.cfg whose [mutmut] section names just that module), so runs are
 independent, incremental (mutmut keeps its results there; --fresh starts over) and can
 use a focused test selection: TESTS below maps each module to the test files that exercise
 it. A narrower selection can only lower a score, never inflate it; --all-tests uses the
@@ -200,6 +200,10 @@ TESTS: dict[str, list[str]] = {
     # The agent tools through the daemon's real agent manager (several agents, the fake LLM calling them).
     "agentd/agents/tools/agents.py": ["tests/agents/tools/test_tool_agents.py", "tests/agents/test_messaging.py"],
     "agentd/agents/tools/memory.py": ["tests/agents/tools/test_tool_memory.py"],
+    # The media tools through one daemon; the fake LLM serves the vision, audio and image endpoints.
+    "agentd/agents/tools/media.py": ["tests/agents/tools/test_tool_media.py"],
+    # The A2A server between two real daemons (the client's own tests only reach it as a peer).
+    "agentd/a2a/server.py": ["tests/a2a/test_a2a.py"],
     "agentd/agents/tools/system.py": ["tests/agents/tools/test_tool_memory.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/api/test_request_runs.py"],
@@ -290,6 +294,13 @@ ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_d
              "--ignore=tests/test_mutation_setup.py"]
 
 
+# What the scratch copy holds: the package, the tests, and whatever the tests read beside
+# them (the templates, the docs and README that tests/test_docs.py checks, scripts/docs_hooks.py
+# it imports, .ci/run, requirements.txt) -- so any test file runs there, mapped or not.
+COPIED = ("agentd", "tests", "static", "templates", "scripts", "docs", ".ci",
+          "README.md", "CHANGELOG.md", "mkdocs.yml", "requirements.txt", "setup.py")
+
+
 def slug(module: str, baseline: str | None = None) -> str:
     name = module.replace("/", "_").removesuffix(".py")
     return f"{name}@{baseline}" if baseline else name
@@ -302,11 +313,14 @@ def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = N
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "mutants", ".mutation")
-    for name in ("agentd", "tests", "static", "templates"):
-        target = work / name
-        if target.exists():
+    for name in COPIED:
+        source, target = ROOT / name, work / name
+        if target.is_dir():
             shutil.rmtree(target)
-        shutil.copytree(ROOT / name, target, ignore=ignore)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, target)
     mutants = work / "mutants"
     if mutants.exists():
         # mutmut never refreshes its copies of files it does not mutate: drop them so
@@ -335,6 +349,8 @@ def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     section["only_mutate"] = "\n" + module
     section["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     section["use_git_change_detection"] = "false"
+    # mutmut copies the tests itself; the rest of COPIED must be named to reach its mutants/.
+    section["also_copy"] = "\n" + "\n".join(name for name in COPIED if name not in ("agentd", "tests"))
     if TIMEOUT_CONSTANT is not None:
         section["timeout_constant"] = str(TIMEOUT_CONSTANT)
     with open(work / "setup.cfg", "w") as f:
