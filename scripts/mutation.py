@@ -412,7 +412,8 @@ def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str],
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     # mutmut keeps earlier verdicts; mutants that survived before are run again explicitly,
     # since the tests may have changed since.
-    again = [name for name, status in statuses(work, module).items() if status not in KILLED]
+    # (Mutants never checked, as after an interrupted run, are run by the first pass already.)
+    again = [name for name, status in statuses(work, module).items() if status not in (*KILLED, "not checked")]
     with open(log, "w") as out:
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
         proc = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
