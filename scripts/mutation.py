@@ -202,8 +202,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/tools/memory.py": ["tests/agents/tools/test_tool_memory.py"],
     # The media tools through one daemon; the fake LLM serves the vision, audio and image endpoints.
     "agentd/agents/tools/media.py": ["tests/agents/tools/test_tool_media.py"],
-    # The A2A server between two real daemons (the client's own tests only reach it as a peer).
-    "agentd/a2a/server.py": ["tests/a2a/test_a2a.py"],
+    # The A2A service over a real agent manager in process (tests/a2a/test_a2a.py drives the same
+    # service between two daemons: two daemon starts per mutant).
+    "agentd/a2a/server.py": ["tests/a2a/test_a2a_server.py"],
     "agentd/agents/tools/system.py": ["tests/agents/tools/test_tool_memory.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/api/test_request_runs.py"],
