@@ -17,7 +17,7 @@ from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolError
 from agentd.tasks.board import TaskBoard
 from agentd.triggers.bus import CUSTOM, EventBus
-from mgrsupport import Env, Recorder, llm_config, manifest, run, fake  # noqa: F401 (fake: a fixture)
+from mgrsupport import Env, Recorder, llm_config, manifest, run, submit, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
@@ -256,3 +256,56 @@ def test_the_audit_names_a_caller_that_is_gone_by_its_id_and_is_optional(board) 
     assert board.audit.calls[0][2]["agent_id"] == "gone-agent"
     task = board.ops(audit=False).task_post(a.id, "quiet", "", None)
     assert board.tasks.get(task["id"])["title"] == "quiet" and len(board.audit.calls) == 1
+
+
+def test_kv_writes_carry_the_origin_of_the_run_they_happen_in(mgr) -> None:
+    a = spawn(mgr, "a")
+    spawn(mgr, "b", extra='profile = "full"\n')
+    heard = Recorder()
+    mgr.runs.kv.on_change = heard
+    mgr.runs.ops_for(a, "trigger").kv_set(a.id, "k", 1)
+    AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).kv_set(a.id, "k", 2)
+    # A message one agent sends another starts a run of origin "agent": the target's writes say so.
+    mgr.runs.ops_for(a).send_to_agent(a.id, "b", '[[tool:memory_store {"key": "n", "value": "v"}]]')
+    b = mgr.by_name("b")
+    assert heard.calls == [(a.id, "k", 1, False, "trigger"), (a.id, "k", 2, False, ""), (b.id, "n", "v", False, "agent")]
+
+
+def test_a_nested_send_runs_on_the_calling_thread_and_waits_at_most_its_timeout(mgr, monkeypatch) -> None:
+    a, b = spawn(mgr, "a"), spawn(mgr, "b")
+    ops = mgr.runs.ops_for(a)
+    # Both workers of the pool busy: a nested send does not queue for one.
+    busy = [submit(mgr, spawn(mgr, f"busy{n}"), "[[slow:3]] busy") for n in range(2)]
+    started = time.monotonic()
+    assert ops.send_to_agent(a.id, "b", "now") == "echo: now"
+    assert time.monotonic() - started < 2.5, "the nested run waited for a worker of the pool"
+    # The target busy past the nested timeout: the send gives up, as a tool error.
+    assert [f.result(10).response for f in busy] == ["echo: busy", "echo: busy"]
+    monkeypatch.setattr(AgentOpsImpl, "NESTED_LOCK_TIMEOUT", 0.3)
+    slow = submit(mgr, b, "[[slow:3]] long")
+    deadline = time.monotonic() + 2
+    while not b.run_lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(ToolError) as err:
+        ops.send_to_agent(a.id, "b", "later")
+    assert str(err.value) == "agent b is busy with another run"
+    assert time.monotonic() - started < 2.5, "the nested send waited past its timeout"
+    assert slow.result(10).response == "echo: long"
+
+
+def test_an_agents_message_is_not_held_to_the_clients_64_kb(mgr) -> None:
+    a = spawn(mgr, "a")
+    spawn(mgr, "b")
+    text = "x" * (64 * 1024 + 1)
+    assert mgr.runs.ops_for(a).send_to_agent(a.id, "b", text) == "echo: " + text
+
+
+def test_without_a_registry_the_audit_names_the_caller_by_its_id(env, mgr) -> None:
+    board = Board(env, mgr)
+    try:
+        ops = AgentOpsImpl(None, mgr.runs, mgr.runs.kv, cooperation=Cooperation(board.tasks, board.bus, board.audit))
+        task = ops.task_post("caller-id", "t", "", None)
+        assert board.audit.calls == [("tool.task_post", "caller-id", {"agent_id": "caller-id", "task_id": task["id"]})]
+    finally:
+        board.bus.close()
