@@ -373,14 +373,20 @@ def test_keep_alives_while_the_run_is_quiet(mgr, monkeypatch) -> None:
 
 def test_cancel_stops_a_running_task(mgr) -> None:
     spawn(mgr, "alpha")
+    spawn(mgr, "beta")
     a2a = A2AService(mgr, mgr.runs)
     events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit,
                         alive=lambda: True, poll=0.01)
     task = next(events)["result"]
     next(events)
-    canceled = a2a.call("tasks/cancel", {"id": task["id"]}, None)
+    assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, "beta") == (
+        -32001, "Task not found", {"id": task["id"]}), "another agent's endpoint does not know the task"
+    canceled = a2a.call("tasks/cancel", {"id": task["id"]}, "alpha")
     assert canceled["id"] == task["id"] and canceled["status"]["state"] == "canceled"
     assert set(canceled["status"]) == {"state", "timestamp"}
+    # Canceled (the run still ending): a second cancel is refused at once.
+    assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None) == (
+        -32002, "Task cannot be canceled", {"id": task["id"]})
     rest = [i["result"] for i in events]
     assert rest[-1]["final"] is True and rest[-1]["status"]["state"] == "canceled"
     assert rest[-1]["status"]["message"]["parts"][0]["text"] == "run stopped"

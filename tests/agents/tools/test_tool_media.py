@@ -19,6 +19,7 @@ from email.policy import HTTP
 import pytest
 import requests
 
+from agentd.agents.tools import ToolError
 from conftest import LLM_ENV, llm_config
 from fakellm import TINY_PNG
 from support import Daemon, make_home, stop_shared
@@ -325,7 +326,8 @@ def test_what_a_tool_makes_is_named_by_the_time_and_audited(md, fake_llm) -> Non
     agent = agent_with_files(md)
     saved = json.loads(call(md, agent, "text_to_speech", text="hello", format="opus"))
     assert re.fullmatch(r"output/speech-\d{8}-\d{6}-\d{3}\.opus", saved["path"]), saved["path"]
-    assert saved["content_type"] == "audio/ogg"
+    assert saved["content_type"] == "audio/ogg" and saved["filename"] == saved["path"].removeprefix("output/")
+    assert saved["size"] == len(b"FAKEAUDIO:hello")
     assert last(fake_llm, "/v1/audio/speech")["headers"]["Authorization"] == "Bearer test-openai"
     assert {"agent_id": agent, "file_id": saved["file_id"], "bytes": len(b"FAKEAUDIO:hello")} in \
         audited(md, "tool.text_to_speech")
@@ -335,3 +337,18 @@ def test_what_a_tool_makes_is_named_by_the_time_and_audited(md, fake_llm) -> Non
     assert last(fake_llm, "/v1/images/generations")["json"] == {
         "model": "dall-e-2", "prompt": "a dot", "n": 2, "size": "1024x1024", "response_format": "b64_json"}
     assert [(workspace(md, agent) / p).read_bytes() for p in paths] == [TINY_PNG, TINY_PNG]
+
+
+def test_outside_a_run_there_is_no_model_to_ask(tmp_path) -> None:
+    """Called without a run's model (a tool context of its own), the tools say so."""
+    from tests.agents.tools.test_tools import make_ctx, run
+
+    ctx = make_ctx(tmp_path)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "pic.png").write_bytes(TINY_PNG)
+    (tmp_path / "ws" / "talk.wav").write_bytes(b"RIFF")
+    for name, args, message in (("media_describe", {"path": "pic.png"}, "the agent's model is not available here"),
+                                ("speech_to_text", {"path": "talk.wav"}, "the agent's provider is not available here")):
+        with pytest.raises(ToolError) as err:
+            run(ctx, name, **args)
+        assert str(err.value) == message
