@@ -802,3 +802,37 @@ def test_tools_by_origin_groups_built_in_and_skill_tools(mgr) -> None:
                                                           "skill": ["skill_describe", "skill_list"]}
     plain = mgr.spawn(manifest("plain", '[capabilities]\ntools = ["file_read"]\n'))
     assert mgr.registry.tools_by_origin(plain) == {"built-in": ["file_read"]}
+
+
+def test_hooks_hear_of_each_agent_loaded_and_killed(env, mgr) -> None:
+    mgr.spawn(manifest("first"))
+    second = mgr.spawn(manifest("second"))
+    hooks = Hooks()
+    again = env.manager()
+    again.registry.hooks = (hooks,)
+    assert again.registry.load() == 2
+    assert sorted(hooks.calls) == [("loaded", "first"), ("loaded", "second")]
+    hooks.calls.clear()
+    again.registry.kill(again.registry.get(second.id))
+    assert hooks.calls == [("killed", "second")]
+
+
+def test_a_kill_the_database_refuses_leaves_the_agent_as_it_was(env, mgr, monkeypatch) -> None:
+    hooks = Hooks()
+    mgr.registry.hooks = (hooks,)
+    h = mgr.spawn(manifest("stays"))
+    mgr.registry.set_state(h, "Suspended")
+    hooks.calls.clear()
+    env.audit.calls.clear()
+
+    def refuse(agent_id: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mgr.registry, "_delete_rows", refuse)
+    with pytest.raises(OSError):
+        mgr.registry.kill(h)
+    assert (h.killed, h.state) == (False, "Suspended")
+    assert mgr.registry.get(h.id) is h and mgr.registry.find("stays") is h and mgr.registry.by_name("stays") is h
+    assert mgr.registry._agents == {h.id: h} and mgr.registry._by_name == {"stays": h.id}
+    assert mgr.registry._killing == set() and hooks.calls == [] and env.audit.calls == []
+    assert row_of(env, h.id)["state"] == "Suspended"
