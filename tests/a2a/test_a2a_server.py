@@ -111,7 +111,10 @@ def test_send_answers_a_completed_task(mgr) -> None:
     assert task["status"]["state"] == "completed" and task["status"]["message"] == answer
     assert task["status"]["timestamp"].endswith("+00:00")
     [artifact] = task["artifacts"]
-    assert (artifact["name"], artifact["parts"]) == ("response", [{"kind": "text", "text": "echo: hello"}])
+    assert artifact == {"artifactId": artifact["artifactId"], "name": "response",
+                        "parts": [{"kind": "text", "text": "echo: hello"}]}
+    assert str(uuid.UUID(artifact["artifactId"])) == artifact["artifactId"]
+    assert a2a._cancels == {}, "a finished task keeps no cancel handle"
     # The conversation is a session of the agent's own, labelled with the context.
     assert session_of(mgr, alpha, context) == ("a2a:" + context, ["hello", "echo: hello"])
     assert a2a.call("tasks/get", {"id": task["id"]}, "alpha") == task
@@ -193,6 +196,8 @@ def test_a_failed_or_refused_run(mgr) -> None:
     a2a = A2AService(mgr, mgr.runs)
     task = a2a.call("message/send", {"message": user("[[fail:400]] no")}, "alpha")
     assert task["status"]["state"] == "failed" and task["artifacts"] == []
+    assert sorted(task["status"]) == ["message", "state", "timestamp"] and task["status"]["timestamp"].endswith("+00:00")
+    assert a2a._cancels == {}
     message = task["status"]["message"]
     assert (message["role"], message["taskId"], message["contextId"]) == ("agent", task["id"], task["contextId"])
     assert message["parts"] == [{"kind": "text", "text": "message delivery failed: openai model gpt-4o: "
