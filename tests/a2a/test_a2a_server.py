@@ -225,7 +225,8 @@ def test_tasks_get_history_length_and_not_found(mgr) -> None:
     task = a2a.call("message/send", {"message": user("hi")}, "alpha")
     get = lambda **p: a2a.call("tasks/get", {"id": task["id"], **p}, None)  # noqa: E731
     assert [len(get(historyLength=n)["history"]) for n in (0, 1, 2, 5)] == [0, 1, 2, 2]
-    assert get(historyLength=1)["history"] == task["history"][-1:]
+    assert get(historyLength=1) == {**task, "history": task["history"][-1:]}
+    assert get(historyLength=0) == {**task, "history": []}
     assert get() == task and len(task["history"]) == 2, "a shortened answer leaves the task whole"
     for bad in (-1, True, "1", 1.0):
         assert refused(get, historyLength=bad) == (-32602, "params.historyLength must be a non-negative integer",

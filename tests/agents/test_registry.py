@@ -549,6 +549,8 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path,
         extra = env.store.e.SessionRow(id=str(uuid.uuid4()), agent=a.id, created_at=utcnow())
         env.store.e.SessionMessageRow(session=extra, body='{"role": "user", "content": "x"}')
         env.store.e.SessionMessageRow(session=b.session_id, body='{"role": "user", "content": "kept"}')
+        for h in (a, b):   # each agent's stored /v1/responses answer
+            env.store.e.ResponseRow(id=f"resp_{h.name}", agent_id=h.id, created_at=utcnow(), body="{}")
     running = threading.Event()
     a.cancel = running
     env.audit.calls.clear()
@@ -567,6 +569,7 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path,
         assert [m.body for m in e.SessionMessageRow.select()] == ['{"role": "user", "content": "kept"}'], \
             "BUG: the killed agent's messages outlived it (or the bystander's went with them)"
         assert orm.count(u for u in e.UploadRow if u.agent.id == b.id) == 2
+        assert [r.id for r in e.ResponseRow.select()] == ["resp_bystander"]
     assert mgr.runs.kv.get(b.id, "k") == (True, "bystander")
     assert memory.forgotten == [a.id]
     assert f"killed agent victim ({a.id})" in [r.getMessage() for r in caplog.records]
