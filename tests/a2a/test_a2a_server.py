@@ -284,10 +284,12 @@ def submit(fn):
 
 
 def test_a_stream_of_one_answer(mgr) -> None:
-    spawn(mgr, "alpha")
+    alpha = spawn(mgr, "alpha")
+    spawn(mgr, "beta")
     a2a = A2AService(mgr, mgr.runs)
-    items = collect(a2a.stream(9, "message/stream", {"message": user("[[chunks:3]]")}, "alpha", submit,
-                               alive=lambda: True, poll=0.01))
+    items = collect(a2a.stream(9, "message/stream", {"message": user("[[chunks:3]]", contextId="ctx-s")}, "alpha",
+                               submit, alive=lambda: True, poll=0.01))
+    assert session_of(mgr, alpha, "ctx-s") == ("a2a:ctx-s", ["[[chunks:3]]", "w1 w2 w3"])
     assert all(i["jsonrpc"] == "2.0" and i["id"] == 9 for i in items)
     results = [i["result"] for i in items]
     first, working = results[0], results[1]
@@ -301,6 +303,8 @@ def test_a_stream_of_one_answer(mgr) -> None:
     assert [(c["append"], c["lastChunk"]) for c in chunks] == [(False, False)] + [(True, False)] * (len(chunks) - 2) \
         + [(True, True)]
     assert texts[-1] == "" and len({c["artifact"]["artifactId"] for c in chunks}) == 1
+    artifact_id = chunks[0]["artifact"]["artifactId"]
+    assert str(uuid.UUID(artifact_id)) == artifact_id
     assert {c["artifact"]["name"] for c in chunks} == {"response"}
     last = results[-1]
     assert last["kind"] == "status-update" and last["final"] is True and last["status"]["state"] == "completed"
@@ -424,3 +428,28 @@ def test_a_stream_text_delta_event_is_a_chunk(mgr) -> None:
     chunks = [(r["artifact"]["parts"][0]["text"], r["append"], r["lastChunk"]) for r in out
               if r["kind"] == "artifact-update"]
     assert chunks == [("a", False, False), ("b", True, False), ("", True, True)]
+
+
+def test_a_scoped_keys_stream_is_its_own_conversation(mgr) -> None:
+    alpha = spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    items = collect(a2a.stream(1, "message/stream", {"message": user("mine", contextId="k-ctx")}, None, submit,
+                               alive=lambda: True, poll=0.01, caller=SCOPED))
+    assert items[-1]["result"]["status"]["state"] == "completed"
+    assert session_of(mgr, alpha, "k-ctx", SCOPED) == ("a2a:k-ctx", ["mine", "echo: mine"])
+    assert session_of(mgr, alpha, "k-ctx")[1] is None
+    task_id = items[0]["result"]["id"]
+    assert refused(a2a.call, "tasks/get", {"id": task_id}, None, caller=OTHER)[0] == -32001
+
+
+def test_a_client_leaving_is_noticed_within_the_default_poll(mgr) -> None:
+    spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    here = threading.Event()
+    here.set()
+    events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit, alive=here.is_set)
+    next(events), next(events)
+    here.clear()
+    started = time.monotonic()
+    assert list(events) == []
+    assert time.monotonic() - started < 0.9, "the stream noticed the client's departure late"
