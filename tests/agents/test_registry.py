@@ -839,3 +839,22 @@ def test_a_kill_the_database_refuses_leaves_the_agent_as_it_was(env, mgr, monkey
     assert mgr.registry._agents == {h.id: h} and mgr.registry._by_name == {"stays": h.id}
     assert mgr.registry._killing == set() and hooks.calls == [] and env.audit.calls == []
     assert row_of(env, h.id)["state"] == "Suspended"
+
+
+def test_tools_of_mcp_servers_are_grouped_by_their_server(env) -> None:
+    from agentd.agents.tools.base import Tool
+
+    asked: list[list[str]] = []
+
+    def mcp_tools(servers: list[str]) -> list[Tool]:
+        asked.append(servers)
+        return [Tool("mcp_files_read", "read", {}, lambda ctx, args: "", origin="mcp:files")]
+
+    mgr = env.manager()
+    registry = type(mgr.registry)(env.config, env.store, env.catalog, mgr.registry.queues, mcp_tools=mcp_tools)
+    h = registry.spawn('name = "remote"\nmcp_servers = ["files"]\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                       '[capabilities]\ntools = ["file_read", "mcp_files_read"]\n')
+    assert registry.tools_by_origin(h) == {"built-in": ["file_read"], "mcp:files": ["mcp_files_read"]}
+    assert [t.name for t in registry.effective_tools(h)[0]] == ["file_read", "mcp_files_read"]
+    assert asked == [["files"], ["files"]]
+    assert [t.name for t in registry.effective_tools(h, "Observe")[0]] == ["file_read"]
