@@ -370,17 +370,6 @@ def test_a_stream_whose_client_left_stops_the_run(mgr) -> None:
     assert alpha is not None
 
 
-def test_keep_alives_while_the_run_is_quiet(mgr, monkeypatch) -> None:
-    spawn(mgr, "alpha")
-    monkeypatch.setattr(server, "KEEPALIVE_SECS", 0.1)
-    a2a = A2AService(mgr, mgr.runs)
-    items = collect(a2a.stream(1, "message/stream", {"message": user("[[slow:0.6]] hi")}, "alpha", submit,
-                               alive=lambda: True, poll=0.02))
-    quiet = [i for i in items if i == {}]
-    assert 2 <= len(quiet) <= 7, len(quiet)
-    assert items[-1]["result"]["final"] is True
-
-
 def test_cancel_stops_a_running_task(mgr) -> None:
     spawn(mgr, "alpha")
     spawn(mgr, "beta")
@@ -404,52 +393,69 @@ def test_cancel_stops_a_running_task(mgr) -> None:
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None, caller=OTHER)[0] == -32001
 
 
-def test_a_stream_text_delta_event_is_a_chunk(mgr) -> None:
-    """Only text deltas with content become chunks; other events are skipped."""
-    spawn(mgr, "alpha")
-    a2a = A2AService(mgr, mgr.runs)
-    task = {"id": "t", "contextId": "c", "status": {"state": "working", "timestamp": "now"}, "metadata": {},
-            "history": [], "artifacts": [], "kind": "task"}
+class Answer:
+    response = "ab"
+
+
+class Ticket:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def events_of(mgr, items: list, alive=lambda: True, v1: bool = False, poll: float = 0.01) -> tuple[list, Ticket]:
+    """The responses `_stream_events` makes of `items` (events of a run, then its outcome)."""
     import queue
 
-    class Result:
-        response = "ab"
-
+    a2a = A2AService(mgr, mgr.runs)
+    task = {"kind": "task", "id": "t", "contextId": "c", "status": {"state": "working", "timestamp": "now"},
+            "metadata": {}, "history": [], "artifacts": []}
     events: queue.Queue = queue.Queue()
-    for item in (Event("tool_call", {"name": "x"}), Event("text_delta", {"content": ""}),
-                 Event("text_delta", {"content": "a"}), Event("text_delta", {"content": "b"}), ("result", Result())):
+    for item in items:
         events.put(item)
-
-    class Ticket:
-        def stop(self) -> None:
-            raise AssertionError("a finished stream does not stop its run")
-
-    out = [i["result"] for i in a2a._stream_events(3, False, task, Ticket(), events, "art", lambda: True, 0.01)]
-    chunks = [(r["artifact"]["parts"][0]["text"], r["append"], r["lastChunk"]) for r in out
-              if r["kind"] == "artifact-update"]
-    assert chunks == [("a", False, False), ("b", True, False), ("", True, True)]
+    ticket = Ticket()
+    return list(a2a._stream_events(3, v1, task, ticket, events, "art", alive, poll)), ticket
 
 
-def test_a_scoped_keys_stream_is_its_own_conversation(mgr) -> None:
-    alpha = spawn(mgr, "alpha")
-    a2a = A2AService(mgr, mgr.runs)
-    items = collect(a2a.stream(1, "message/stream", {"message": user("mine", contextId="k-ctx")}, None, submit,
-                               alive=lambda: True, poll=0.01, caller=SCOPED))
-    assert items[-1]["result"]["status"]["state"] == "completed"
-    assert session_of(mgr, alpha, "k-ctx", SCOPED) == ("a2a:k-ctx", ["mine", "echo: mine"])
-    assert session_of(mgr, alpha, "k-ctx")[1] is None
-    task_id = items[0]["result"]["id"]
-    assert refused(a2a.call, "tasks/get", {"id": task_id}, None, caller=OTHER)[0] == -32001
+def chunks_of(out: list) -> list[tuple]:
+    return [(r["result"]["artifact"]["parts"][0]["text"], r["result"]["append"], r["result"]["lastChunk"])
+            for r in out if r and r["result"].get("kind") == "artifact-update"]
 
 
-def test_a_client_leaving_is_noticed_within_the_default_poll(mgr) -> None:
-    spawn(mgr, "alpha")
-    a2a = A2AService(mgr, mgr.runs)
-    here = threading.Event()
-    here.set()
-    events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit, alive=here.is_set)
-    next(events), next(events)
-    here.clear()
-    started = time.monotonic()
-    assert list(events) == []
-    assert time.monotonic() - started < 0.9, "the stream noticed the client's departure late"
+def test_text_deltas_are_chunks_and_other_events_are_skipped(mgr) -> None:
+    out, ticket = events_of(mgr, [Event("tool_call", {"name": "x"}), Event("text_delta", {"content": ""}),
+                                  Event("text_delta", {"content": "a"}), Event("text_delta", {"content": "b"}),
+                                  ("result", Answer())])
+    assert chunks_of(out) == [("a", False, False), ("b", True, False), ("", True, True)]
+    assert ticket.stopped == 0, "a finished stream does not stop its run"
+    first = out[0]["result"]
+    assert first["status"] == {"state": "submitted", "timestamp": "now"}
+    for r in out[2:-1]:
+        assert {k: v for k, v in r["result"].items() if k != "artifact"} == {
+            "kind": "artifact-update", "taskId": "t", "contextId": "c", "append": r["result"]["append"],
+            "lastChunk": r["result"]["lastChunk"]}
+        assert r["result"]["artifact"] == {"artifactId": "art", "name": "response",
+                                           "parts": r["result"]["artifact"]["parts"]}
+
+
+def test_an_answer_without_deltas_is_one_last_chunk(mgr) -> None:
+    out, _ = events_of(mgr, [("result", Answer())])
+    assert chunks_of(out) == [("ab", False, True)]
+    v1, _ = events_of(mgr, [("result", Answer())], v1=True)
+    assert [r["id"] for r in v1] == [3, 3, 3, 3]
+    assert [next(iter(r["result"])) for r in v1] == ["task", "statusUpdate", "artifactUpdate", "statusUpdate"]
+
+
+@pytest.mark.parametrize("first_event, alive_polls, keepalives", [(False, 5, 2), (True, 5, 2), (False, 4, 2),
+                                                                   (False, 3, 1)])
+def test_a_keepalive_every_keepalive_interval_of_quiet(mgr, monkeypatch, first_event, alive_polls, keepalives) -> None:
+    """Quiet time is counted in polls (poll 1 ms, interval 2 ms: one keep-alive every two empty
+    polls, counted from the stream's start or its last event); the stream ends when the client has left."""
+    monkeypatch.setattr(server, "KEEPALIVE_SECS", 0.002)
+    answers = iter([True] * alive_polls + [False])
+    out, ticket = events_of(mgr, [Event("tool_call", {})] if first_event else [], alive=lambda: next(answers),
+                            poll=0.001)
+    assert out[2:] == [{}] * keepalives
+    assert ticket.stopped == 1, "a stream whose client left stops its run"
