@@ -380,9 +380,9 @@ def test_cancel_stops_a_running_task(mgr) -> None:
     next(events)
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, "beta") == (
         -32001, "Task not found", {"id": task["id"]}), "another agent's endpoint does not know the task"
-    canceled = a2a.call("tasks/cancel", {"id": task["id"]}, "alpha")
-    assert canceled["id"] == task["id"] and canceled["status"]["state"] == "canceled"
-    assert set(canceled["status"]) == {"state", "timestamp"}
+    canceled = a2a.call("CancelTask", {"id": task["id"]}, "alpha")
+    assert canceled["id"] == task["id"] and canceled["status"]["state"] == "TASK_STATE_CANCELED"
+    assert set(canceled["status"]) == {"state", "timestamp"} and "kind" not in canceled
     # Canceled (the run still ending): a second cancel is refused at once.
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None) == (
         -32002, "Task cannot be canceled", {"id": task["id"]})
@@ -459,3 +459,28 @@ def test_a_keepalive_every_keepalive_interval_of_quiet(mgr, monkeypatch, first_e
                             poll=0.001)
     assert out[2:] == [{}] * keepalives
     assert ticket.stopped == 1, "a stream whose client left stops its run"
+
+
+def test_a_scoped_keys_stream_is_its_own_conversation(mgr) -> None:
+    alpha = spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    items = collect(a2a.stream(1, "message/stream", {"message": user("mine", contextId="k-ctx")}, None, submit,
+                               alive=lambda: True, poll=0.01, caller=SCOPED))
+    assert items[-1]["result"]["status"]["state"] == "completed"
+    assert session_of(mgr, alpha, "k-ctx", SCOPED) == ("a2a:k-ctx", ["mine", "echo: mine"])
+    assert session_of(mgr, alpha, "k-ctx")[1] is None
+    task_id = items[0]["result"]["id"]
+    assert refused(a2a.call, "tasks/get", {"id": task_id}, None, caller=OTHER)[0] == -32001
+
+
+def test_a_client_leaving_is_noticed_within_the_default_poll(mgr) -> None:
+    spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    here = threading.Event()
+    here.set()
+    events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit, alive=here.is_set)
+    next(events), next(events)
+    here.clear()
+    started = time.monotonic()
+    assert list(events) == []
+    assert time.monotonic() - started < 0.9, "the stream noticed the client's departure late"
