@@ -178,6 +178,9 @@ def test_context_ids(mgr) -> None:
     assert elsewhere["contextId"] != "ctx-1"
     scoped = a2a.call("message/send", {"message": user("two", taskId=first["id"])}, "alpha", caller=SCOPED)
     assert scoped["contextId"] != "ctx-1"
+    own = a2a.call("message/send", {"message": user("one", contextId="s-ctx")}, "alpha", caller=SCOPED)
+    again = a2a.call("message/send", {"message": user("two", taskId=own["id"])}, "alpha", caller=SCOPED)
+    assert again["contextId"] == "s-ctx", "a key's follow-up to its own task continues the context"
     unknown = a2a.call("message/send", {"message": user("two", taskId="nope")}, "alpha")
     assert unknown["contextId"] not in ("ctx-1", "nope")
     for bad in ("", 5, "x" * 201):

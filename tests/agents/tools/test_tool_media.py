@@ -223,6 +223,9 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
     cut = jpeg(0xC0)
     frame_at = cut.index(b"\xff\xc0")
     files.update(edge_jpg=cut[:frame_at + 10], short_jpg=cut[:frame_at + 9])
+    # Header fields are unsigned: past 32767 (GIF) or 2**31 - 1 (PNG) they stay positive.
+    files.update(wide_gif=b"GIF89a" + struct.pack("<HH", 40000, 65535),
+                 wide_png=TINY_PNG[:16] + struct.pack(">II", 2**31, 2**32 - 1) + TINY_PNG[24:])
     agent = agent_with_files(md, **files)
 
     def analyze(name: str) -> dict:
@@ -238,6 +241,8 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
         got = analyze(f"f{marker:x}.jpg")
         assert (got["format"], got["width"], got["height"]) == ("jpeg", 640, 480), hex(marker)
     assert (analyze("edge.jpg")["width"], analyze("short.jpg")["width"]) == (640, None)
+    assert [(m["width"], m["height"]) for m in map(analyze, ("wide.gif", "wide.png"))] == [
+        (40000, 65535), (2**31, 2**32 - 1)]
 
 
 def test_files_past_the_limits_are_refused_by_size(md) -> None:
