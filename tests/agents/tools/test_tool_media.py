@@ -69,7 +69,8 @@ class GroqStandIn:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.base = f"http://127.0.0.1:{self.server.server_port}/openai/v1"
+        # (with a trailing slash, as a configured URL may have)
+        self.base = f"http://127.0.0.1:{self.server.server_port}/openai/v1/"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -225,11 +226,15 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
     files.update(edge_jpg=cut[:frame_at + 10], short_jpg=cut[:frame_at + 9])
     # Header fields are unsigned: past 32767 (GIF) or 2**31 - 1 (PNG) they stay positive.
     files.update(wide_gif=b"GIF89a" + struct.pack("<HH", 40000, 65535),
-                 wide_png=TINY_PNG[:16] + struct.pack(">II", 2**31, 2**32 - 1) + TINY_PNG[24:])
+                 wide_png=TINY_PNG[:16] + struct.pack(">II", 2**31, 2**32 - 1) + TINY_PNG[24:],
+                 wide_jpg=b"\xff\xd8\xff\xe1" + struct.pack(">H", 40000) + bytes(39998)
+                 + jpeg(0xC0, height=40000, width=50000)[2:])
     agent = agent_with_files(md, **files)
 
     def analyze(name: str) -> dict:
-        return json.loads(call(md, agent, "image_analyze", path=name))
+        call(md, agent, "image_analyze", path=name)   # (the fake LLM repeats 500 characters of it)
+        tools = [t for m in md.get(f"/api/agents/{agent}/session").json()["messages"] for t in m.get("tools", [])]
+        return json.loads(tools[-1]["result"])
 
     call(md, agent, "image_analyze", path="full.gif")   # (the fake LLM repeats 500 characters of it)
     tools = [t for m in md.get(f"/api/agents/{agent}/session").json()["messages"] for t in m.get("tools", [])]
@@ -241,8 +246,8 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
         got = analyze(f"f{marker:x}.jpg")
         assert (got["format"], got["width"], got["height"]) == ("jpeg", 640, 480), hex(marker)
     assert (analyze("edge.jpg")["width"], analyze("short.jpg")["width"]) == (640, None)
-    assert [(m["width"], m["height"]) for m in map(analyze, ("wide.gif", "wide.png"))] == [
-        (40000, 65535), (2**31, 2**32 - 1)]
+    assert [(m["width"], m["height"]) for m in map(analyze, ("wide.gif", "wide.png", "wide.jpg"))] == [
+        (40000, 65535), (2**31, 2**32 - 1), (50000, 40000)]
 
 
 def test_files_past_the_limits_are_refused_by_size(md) -> None:
