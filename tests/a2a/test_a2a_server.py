@@ -487,3 +487,22 @@ def test_a_client_leaving_is_noticed_within_the_default_poll(mgr) -> None:
     started = time.monotonic()
     assert list(events) == []
     assert time.monotonic() - started < 0.9, "the stream noticed the client's departure late"
+
+
+def test_an_a2a_run_has_origin_a2a(tmp_path, fake, monkeypatch) -> None:
+    from mgrsupport import Recorder
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-a2a")
+    env = Env(tmp_path / "own", llm_config(fake))
+    try:
+        mgr = env.manager()
+        alpha = mgr.spawn('name = "alpha"\nprofile = "full"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+        heard = Recorder()
+        mgr.runs.kv.on_change = heard
+        a2a = A2AService(mgr, mgr.runs)
+        task = a2a.call("message/send", {"message": user('[[tool:memory_store {"key": "k", "value": "v"}]]')},
+                        "alpha", caller=SCOPED)
+        assert task["status"]["state"] == "completed"
+        assert heard.calls == [(alpha.id, "k", "v", False, "a2a")], "the agent's tools ran in a run of origin a2a"
+    finally:
+        env.close()
