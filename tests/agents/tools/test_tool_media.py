@@ -228,7 +228,8 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
     files.update(wide_gif=b"GIF89a" + struct.pack("<HH", 40000, 65535),
                  wide_png=TINY_PNG[:16] + struct.pack(">II", 2**31, 2**32 - 1) + TINY_PNG[24:],
                  wide_jpg=b"\xff\xd8\xff\xe1" + struct.pack(">H", 40000) + bytes(39998)
-                 + jpeg(0xC0, height=40000, width=50000)[2:])
+                 + jpeg(0xC0, height=40000, width=50000)[2:],
+                 pic_webp=b"RIFF" + struct.pack("<I", 30) + b"WEBPVP8 " + bytes(22))
     agent = agent_with_files(md, **files)
 
     def analyze(name: str) -> dict:
@@ -248,6 +249,8 @@ def test_dimensions_are_read_from_each_kind_of_header(md) -> None:
     assert (analyze("edge.jpg")["width"], analyze("short.jpg")["width"]) == (640, None)
     assert [(m["width"], m["height"]) for m in map(analyze, ("wide.gif", "wide.png", "wide.jpg"))] == [
         (40000, 65535), (2**31, 2**32 - 1), (50000, 40000)]
+    webp = analyze("pic.webp")   # read, without dimensions
+    assert (webp["format"], webp["width"], webp["height"]) == ("webp", None, None)
 
 
 def test_files_past_the_limits_are_refused_by_size(md) -> None:
