@@ -506,3 +506,17 @@ def test_an_a2a_run_has_origin_a2a(tmp_path, fake, monkeypatch) -> None:
         assert heard.calls == [(alpha.id, "k", "v", False, "a2a")], "the agent's tools ran in a run of origin a2a"
     finally:
         env.close()
+
+
+def test_a_run_refused_before_it_starts_is_an_rpc_error(mgr) -> None:
+    spawn(mgr, "alpha")
+    mgr.spawn('name = "limited"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+              '[capabilities]\nmax_llm_tokens_per_hour = 1\n')
+    a2a = A2AService(mgr, mgr.runs)
+    assert refused(a2a.call, "message/send", {"message": user("x" * (64 * 1024 + 1))}, "alpha") == (
+        -32602, "message too large (max 64 KB)", {"status": 413})
+    assert a2a.call("message/send", {"message": user("one")}, "limited")["status"]["state"] == "completed"
+    code, message, data = refused(a2a.call, "message/send", {"message": user("two")}, "limited")
+    assert (code, data) == (-32603, {"status": 429}) and message.startswith("message delivery failed: quota exceeded: "), (
+        code, message, data)
+    assert list(a2a._cancels) == [], "a refused run leaves no task to cancel"
