@@ -6,8 +6,8 @@
     python scripts/mutation.py --all-tests agentd/metering.py            # whole suite, not the mapped files
     python scripts/mutation.py --baseline 424a618 agentd/metering.py     # the tests as they were at a commit
 
-Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, static/,
-templates/ and a setup.cfg whose [mutmut] section names just that module), so runs are
+Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, what the
+tests read beside them (COPIED) and a setup.cfg whose [mutmut] section names just that module), so runs are
 independent, incremental (mutmut keeps its results there; --fresh starts over) and can
 use a focused test selection: TESTS below maps each module to the test files that exercise
 it. A narrower selection can only lower a score, never inflate it; --all-tests uses the
@@ -200,6 +200,11 @@ TESTS: dict[str, list[str]] = {
     # The agent tools through the daemon's real agent manager (several agents, the fake LLM calling them).
     "agentd/agents/tools/agents.py": ["tests/agents/tools/test_tool_agents.py", "tests/agents/test_messaging.py"],
     "agentd/agents/tools/memory.py": ["tests/agents/tools/test_tool_memory.py"],
+    # The media tools through one daemon; the fake LLM serves the vision, audio and image endpoints.
+    "agentd/agents/tools/media.py": ["tests/agents/tools/test_tool_media.py"],
+    # The A2A service over a real agent manager in process (tests/a2a/test_a2a.py drives the same
+    # service between two daemons: two daemon starts per mutant).
+    "agentd/a2a/server.py": ["tests/a2a/test_a2a_server.py"],
     "agentd/agents/tools/system.py": ["tests/agents/tools/test_tool_memory.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/api/test_request_runs.py"],
@@ -290,6 +295,13 @@ ALL_TESTS = ["tests/", "--ignore=tests/fakellm_selftest", "--ignore=tests/test_d
              "--ignore=tests/test_mutation_setup.py"]
 
 
+# What the scratch copy holds: the package, the tests, and whatever the tests read beside
+# them (the templates, the docs and README that tests/test_docs.py checks, scripts/docs_hooks.py
+# it imports, .ci/run, requirements.txt) -- so any test file runs there, mapped or not.
+COPIED = ("agentd", "tests", "static", "templates", "scripts", "docs", ".ci",
+          "README.md", "CHANGELOG.md", "mkdocs.yml", "requirements.txt", "setup.py")
+
+
 def slug(module: str, baseline: str | None = None) -> str:
     name = module.replace("/", "_").removesuffix(".py")
     return f"{name}@{baseline}" if baseline else name
@@ -302,11 +314,14 @@ def prepare(module: str, tests: list[str], fresh: bool, baseline: str | None = N
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "mutants", ".mutation")
-    for name in ("agentd", "tests", "static", "templates"):
-        target = work / name
-        if target.exists():
+    for name in COPIED:
+        source, target = ROOT / name, work / name
+        if target.is_dir():
             shutil.rmtree(target)
-        shutil.copytree(ROOT / name, target, ignore=ignore)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=ignore)
+        elif source.exists():
+            shutil.copy2(source, target)
     mutants = work / "mutants"
     if mutants.exists():
         # mutmut never refreshes its copies of files it does not mutate: drop them so
@@ -335,6 +350,8 @@ def prepare_config(work: Path, module: str, tests: list[str]) -> None:
     section["only_mutate"] = "\n" + module
     section["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(tests)
     section["use_git_change_detection"] = "false"
+    # mutmut copies the tests itself; the rest of COPIED must be named to reach its mutants/.
+    section["also_copy"] = "\n" + "\n".join(name for name in COPIED if name not in ("agentd", "tests"))
     if TIMEOUT_CONSTANT is not None:
         section["timeout_constant"] = str(TIMEOUT_CONSTANT)
     with open(work / "setup.cfg", "w") as f:
@@ -350,6 +367,12 @@ def statuses(work: Path, module: str) -> dict[str, str]:
         return {}
     data = json.loads(meta.read_text())
     return {name: status_by_exit_code[code] for name, code in data["exit_code_by_key"].items()}
+
+
+def mutated_functions(work: Path, module: str) -> list[str]:
+    """The functions of `module` mutmut made mutants of."""
+    meta = work / "mutants" / (module + ".meta")
+    return list(json.loads(meta.read_text())["hash_by_function_name"]) if meta.exists() else []
 
 
 KILLED = ("killed", "timeout", "caught by type check", "skipped")
@@ -390,7 +413,8 @@ def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str],
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     # mutmut keeps earlier verdicts; mutants that survived before are run again explicitly,
     # since the tests may have changed since.
-    again = [name for name, status in statuses(work, module).items() if status not in KILLED]
+    # (Mutants never checked, as after an interrupted run, are run by the first pass already.)
+    again = [name for name, status in statuses(work, module).items() if status not in (*KILLED, "not checked")]
     with open(log, "w") as out:
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
         proc = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -398,7 +422,11 @@ def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str],
             proc = subprocess.run(command + again, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
     took = time.monotonic() - started
     result = statuses(work, module)
-    if proc.returncode != 0 or not result:
+    if not result and not mutated_functions(work, module):
+        # mutmut leaves decorated functions alone (a module of @tool functions has none to mutate)
+        # and then exits 1 for want of a covered mutant.
+        print(f"{module}: no mutants (every function is decorated or the module has none)", file=sys.stderr)
+    elif proc.returncode != 0 or not result:
         print(f"{module}: mutmut failed (exit {proc.returncode}); see {log}", file=sys.stderr)
     return Counter(result.values()), result, took
 

@@ -146,3 +146,29 @@ def test_a_daemon_ends_when_the_test_process_that_started_it_is_killed(tmp_path:
     if not gone():
         os.kill(daemon_pid, signal.SIGKILL)
         pytest.fail("the daemon outlived the killed test process that started it")
+
+
+def test_the_scratch_copy_holds_what_any_test_file_reads(tmp_path: Path, monkeypatch) -> None:
+    """A module without a mapped test selection runs the whole suite, whose tests/test_docs.py
+    imports scripts/docs_hooks.py and reads the docs, README and .ci/run beside the tests."""
+    import configparser
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts" / "mutation.py")
+    mutation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutation)
+    monkeypatch.setattr(mutation, "SCRATCH", tmp_path)
+    assert "agentd/ids.py" in mutation.TESTS
+    work = mutation.prepare("agentd/not_mapped.py", mutation.ALL_TESTS, fresh=True)
+    assert work == tmp_path / "agentd_not_mapped"
+    for name in ("scripts/docs_hooks.py", "docs/testing.md", "README.md", "CHANGELOG.md", "mkdocs.yml",
+                 ".ci/run", "requirements.txt", "static", "templates", "agentd/__init__.py", "tests/support.py"):
+        assert (work / name).exists(), name
+    cfg = configparser.ConfigParser()
+    cfg.read(work / "setup.cfg")
+    section = cfg["mutmut"]
+    assert section["only_mutate"].split() == ["agentd/not_mapped.py"]
+    assert section["pytest_add_cli_args_test_selection"].split() == mutation.ALL_TESTS
+    # mutmut copies the tests itself; all else must be named for its mutants/ copy.
+    assert set(section["also_copy"].split()) == {"static", "templates", "scripts", "docs", ".ci", "README.md",
+                                                 "CHANGELOG.md", "mkdocs.yml", "requirements.txt", "setup.py"}

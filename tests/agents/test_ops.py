@@ -1,26 +1,36 @@
 """What tools may do to other agents (agentd/agents/ops.py), through a real manager.
 
 Listing and finding (near-miss queries), sends (unknown target, self-send, nested
-runs, a refused target), spawn and kill on behalf of an agent, KV and memory access.
+runs, a refused target), spawn and kill on behalf of an agent, KV and memory access, and the
+task board, events and activation on a real board and bus (what each call audits, exactly).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from agentd.agents.cooperation import Cooperation
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolError
-from mgrsupport import Env, llm_config, manifest, run, fake  # noqa: F401 (fake: a fixture)
+from agentd.tasks.board import TaskBoard
+from agentd.triggers.bus import CUSTOM, EventBus
+from mgrsupport import Env, Recorder, llm_config, manifest, run, submit, fake  # noqa: F401 (fake: a fixture)
 
 
 @pytest.fixture()
-def mgr(tmp_path: Path, fake, monkeypatch):
+def env(tmp_path: Path, fake, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
     e = Env(tmp_path, llm_config(fake))
-    yield e.manager()
+    yield e
     e.close()
+
+
+@pytest.fixture()
+def mgr(env):
+    return env.manager()
 
 
 def spawn(mgr, name: str, description: str = "", tags: str = "[]", extra: str = ""):
@@ -127,3 +137,175 @@ def test_kv_and_memory(mgr) -> None:
     assert str(err.value) == "semantic memory is not available here"
     marker = object()
     assert AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv, marker).memory_service() is marker
+
+
+class Board:
+    """A real task board and event bus as the kernel gives them to the agents' operations,
+    with the audit callback recorded and the bus's events collected."""
+
+    def __init__(self, env: Env, mgr) -> None:
+        self.mgr = mgr
+        self.tasks = TaskBoard(env.store, mgr.registry.find)
+        self.bus = EventBus()
+        self.events: list = []
+        self.bus.subscribe(self.events.append)
+        self.audit = Recorder()
+
+    def ops(self, audit: bool = True, **kw) -> AgentOpsImpl:
+        cooperation = Cooperation(self.tasks, self.bus, self.audit if audit else None)
+        return AgentOpsImpl(self.mgr.registry, self.mgr.runs, self.mgr.runs.kv, cooperation=cooperation, **kw)
+
+
+@pytest.fixture()
+def board(env, mgr):
+    b = Board(env, mgr)
+    yield b
+    b.bus.close()
+
+
+def test_without_a_board_the_cooperation_calls_are_tool_errors(mgr) -> None:
+    a = spawn(mgr, "a")
+    ops = mgr.runs.ops_for(a)
+    assert ops.cooperation is None and ops.origin == ""
+    calls = [lambda: ops.task_post(a.id, "t", "d", None), lambda: ops.task_claim(a.id),
+             lambda: ops.task_complete(a.id, "x", "r"), lambda: ops.task_list(a.id, None),
+             lambda: ops.event_publish(a.id, "e", {})]
+    for call in calls:
+        with pytest.raises(ToolError) as err:
+            call()
+        assert str(err.value) == "the task board and events are not available here"
+
+
+def test_task_post_claim_complete_and_list_audit_each_call(board) -> None:
+    boss, worker = spawn(board.mgr, "boss"), spawn(board.mgr, "worker")
+    ops = board.ops()
+    posted = ops.task_post(boss.id, "Summarise", "two lines", "worker")
+    assert (posted["title"], posted["description"], posted["status"], posted["assigned_to"], posted["created_by"]) == (
+        "Summarise", "two lines", "pending", worker.id, boss.id)
+    assert board.tasks.get(posted["id"]) == posted
+    assert board.audit.calls == [("tool.task_post", "boss", {"agent_id": boss.id, "task_id": posted["id"]})]
+    for bad, message in ((lambda: ops.task_post(boss.id, "x", "y", "ghost"), "no agent with id or name 'ghost'"),
+                         (lambda: ops.task_post(boss.id, "", "y", None), "title: must be a non-empty string"),
+                         (lambda: ops.task_list(boss.id, "nonsense"),
+                          "status: must be one of pending, in_progress, completed")):
+        with pytest.raises(ToolError) as err:
+            bad()
+        assert str(err.value) == message
+    assert len(board.audit.calls) == 1, "a refused call is not audited"
+
+    assert ops.task_list(boss.id, "pending") == [posted]
+    assert ops.task_list(boss.id, "completed") == []
+    assert board.audit.calls[1:] == [("tool.task_list", "boss", {"agent_id": boss.id, "status": "pending", "count": 1}),
+                                     ("tool.task_list", "boss", {"agent_id": boss.id, "status": "completed",
+                                                                 "count": 0})]
+    del board.audit.calls[:]
+
+    assert ops.task_claim(boss.id) is None, "a task assigned to another agent is not the boss's to claim"
+    assert board.audit.calls == [], "claiming nothing is not audited"
+    claimed = ops.task_claim(worker.id)
+    assert (claimed["id"], claimed["status"], claimed["claimed_by"]) == (posted["id"], "in_progress", worker.id)
+    assert board.audit.calls == [("tool.task_claim", "worker", {"agent_id": worker.id, "task_id": posted["id"]})]
+    with pytest.raises(ToolError) as err:
+        ops.task_complete(boss.id, posted["id"], "mine")
+    assert str(err.value) == f"task {posted['id']} was claimed by another agent"
+    done = ops.task_complete(worker.id, posted["id"], "done")
+    assert (done["status"], done["result"]) == ("completed", "done")
+    assert board.audit.calls[1:] == [("tool.task_complete", "worker", {"agent_id": worker.id,
+                                                                      "task_id": posted["id"]})]
+    with pytest.raises(ToolError) as err:
+        ops.task_complete(worker.id, posted["id"], "again")
+    assert str(err.value) == f"task {posted['id']} is completed, not in_progress"
+    assert len(board.audit.calls) == 2
+
+
+def test_event_publish_carries_the_agent_and_the_runs_origin(board) -> None:
+    a = spawn(board.mgr, "a")
+    event_id = board.ops(origin="trigger").event_publish(a.id, "build_done", {"ok": True})
+    plain_id = board.ops().event_publish(a.id, "plain", {})
+    deadline = time.monotonic() + 5
+    while len(board.events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first, second = board.events
+    assert (first.id, first.kind, first.type, first.payload, first.agent_id, first.origin) == (
+        event_id, CUSTOM, "build_done", {"ok": True}, a.id, "trigger")
+    assert (second.id, second.type, second.origin) == (plain_id, "plain", ""), "outside a run the origin is empty"
+    assert board.audit.calls == [
+        ("tool.event_publish", "a", {"agent_id": a.id, "event_id": event_id, "event_type": "build_done"}),
+        ("tool.event_publish", "a", {"agent_id": a.id, "event_id": plain_id, "event_type": "plain"})]
+
+
+def test_activate_agent_marks_it_running_and_says_what_it_was(board) -> None:
+    a, b = spawn(board.mgr, "a"), spawn(board.mgr, "b")
+    ops = board.ops()
+    board.mgr.registry.set_state(b, "Suspended")
+    assert ops.activate_agent(a.id, "b") == {"agent_id": b.id, "name": "b", "state": "Running", "was": "Suspended"}
+    assert b.state == "Running" and board.mgr.registry.get(b.id).state == "Running"
+    assert ops.activate_agent(a.id, b.id) == {"agent_id": b.id, "name": "b", "state": "Running", "was": "Running"}
+    assert board.audit.calls == [("tool.agent_activate", "a", {"agent_id": a.id, "target": b.id, "was": "Suspended"}),
+                                 ("tool.agent_activate", "a", {"agent_id": a.id, "target": b.id, "was": "Running"})]
+    with pytest.raises(ToolError) as err:
+        ops.activate_agent(a.id, "ghost")
+    assert str(err.value) == "no agent with id or name 'ghost' (terminated agents cannot be revived)"
+    assert len(board.audit.calls) == 2
+
+
+def test_the_audit_names_a_caller_that_is_gone_by_its_id_and_is_optional(board) -> None:
+    a = spawn(board.mgr, "a")
+    board.ops().task_post("gone-agent", "t", "", None)
+    assert board.audit.calls[0][:2] == ("tool.task_post", "gone-agent")
+    assert board.audit.calls[0][2]["agent_id"] == "gone-agent"
+    task = board.ops(audit=False).task_post(a.id, "quiet", "", None)
+    assert board.tasks.get(task["id"])["title"] == "quiet" and len(board.audit.calls) == 1
+
+
+def test_kv_writes_carry_the_origin_of_the_run_they_happen_in(mgr) -> None:
+    a = spawn(mgr, "a")
+    spawn(mgr, "b", extra='profile = "full"\n')
+    heard = Recorder()
+    mgr.runs.kv.on_change = heard
+    mgr.runs.ops_for(a, "trigger").kv_set(a.id, "k", 1)
+    AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).kv_set(a.id, "k", 2)
+    # A message one agent sends another starts a run of origin "agent": the target's writes say so.
+    mgr.runs.ops_for(a).send_to_agent(a.id, "b", '[[tool:memory_store {"key": "n", "value": "v"}]]')
+    b = mgr.by_name("b")
+    assert heard.calls == [(a.id, "k", 1, False, "trigger"), (a.id, "k", 2, False, ""), (b.id, "n", "v", False, "agent")]
+
+
+def test_a_nested_send_runs_on_the_calling_thread_and_waits_at_most_its_timeout(mgr, monkeypatch) -> None:
+    a, b = spawn(mgr, "a"), spawn(mgr, "b")
+    ops = mgr.runs.ops_for(a)
+    # Both workers of the pool busy: a nested send does not queue for one.
+    busy = [submit(mgr, spawn(mgr, f"busy{n}"), "[[slow:3]] busy") for n in range(2)]
+    started = time.monotonic()
+    assert ops.send_to_agent(a.id, "b", "now") == "echo: now"
+    assert time.monotonic() - started < 2.5, "the nested run waited for a worker of the pool"
+    # The target busy past the nested timeout: the send gives up, as a tool error.
+    assert [f.result(10).response for f in busy] == ["echo: busy", "echo: busy"]
+    monkeypatch.setattr(AgentOpsImpl, "NESTED_LOCK_TIMEOUT", 0.3)
+    slow = submit(mgr, b, "[[slow:3]] long")
+    deadline = time.monotonic() + 2
+    while not b.run_lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(ToolError) as err:
+        ops.send_to_agent(a.id, "b", "later")
+    assert str(err.value) == "agent b is busy with another run"
+    assert time.monotonic() - started < 2.5, "the nested send waited past its timeout"
+    assert slow.result(10).response == "echo: long"
+
+
+def test_an_agents_message_is_not_held_to_the_clients_64_kb(mgr) -> None:
+    a = spawn(mgr, "a")
+    spawn(mgr, "b")
+    text = "x" * (64 * 1024 + 1)
+    assert mgr.runs.ops_for(a).send_to_agent(a.id, "b", text) == "echo: " + text
+
+
+def test_without_a_registry_the_audit_names_the_caller_by_its_id(env, mgr) -> None:
+    board = Board(env, mgr)
+    try:
+        ops = AgentOpsImpl(None, mgr.runs, mgr.runs.kv, cooperation=Cooperation(board.tasks, board.bus, board.audit))
+        task = ops.task_post("caller-id", "t", "", None)
+        assert board.audit.calls == [("tool.task_post", "caller-id", {"agent_id": "caller-id", "task_id": task["id"]})]
+    finally:
+        board.bus.close()

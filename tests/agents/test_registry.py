@@ -549,6 +549,8 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path,
         extra = env.store.e.SessionRow(id=str(uuid.uuid4()), agent=a.id, created_at=utcnow())
         env.store.e.SessionMessageRow(session=extra, body='{"role": "user", "content": "x"}')
         env.store.e.SessionMessageRow(session=b.session_id, body='{"role": "user", "content": "kept"}')
+        for h in (a, b):   # each agent's stored /v1/responses answer
+            env.store.e.ResponseRow(id=f"resp_{h.name}", agent_id=h.id, created_at=utcnow(), body="{}")
     running = threading.Event()
     a.cancel = running
     env.audit.calls.clear()
@@ -567,6 +569,7 @@ def test_kill_deletes_everything_the_agent_owned_and_nothing_else(env, tmp_path,
         assert [m.body for m in e.SessionMessageRow.select()] == ['{"role": "user", "content": "kept"}'], \
             "BUG: the killed agent's messages outlived it (or the bystander's went with them)"
         assert orm.count(u for u in e.UploadRow if u.agent.id == b.id) == 2
+        assert [r.id for r in e.ResponseRow.select()] == ["resp_bystander"]
     assert mgr.runs.kv.get(b.id, "k") == (True, "bystander")
     assert memory.forgotten == [a.id]
     assert f"killed agent victim ({a.id})" in [r.getMessage() for r in caplog.records]
@@ -685,3 +688,173 @@ def test_an_agent_stored_with_a_bare_string_grant_still_loads(env, mgr) -> None:
     fresh = env.manager()
     assert fresh.load() == 1
     assert fresh.get(kept.id).manifest.capabilities["tools"] == ["file_read"]
+
+
+# -- manifest updates, state, in-memory lookups, tools by origin ------------------------------
+class Hooks:
+    """An AgentHooks that records what it is asked, and refuses a manifest named `refuse`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def check(self, manifest) -> None:
+        self.calls.append(("check", manifest.name))
+        if manifest.data.get("description") == "refuse":
+            raise BadRequest("refused by a hook")
+
+    def spawned(self, handle) -> None:
+        self.calls.append(("spawned", handle.model))
+
+    def loaded(self, handle) -> None:
+        self.calls.append(("loaded", handle.name))
+
+    def killed(self, handle) -> None:
+        self.calls.append(("killed", handle.name))
+
+
+def test_update_manifest_replaces_the_manifest_and_keeps_the_agent(env, mgr, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="agentd.agents")
+    hooks = Hooks()
+    mgr.registry.hooks = (hooks,)
+    h = mgr.spawn(manifest("upd"))
+    before = row_of(env, h.id)
+    hooks.calls.clear()
+    env.audit.calls.clear()
+    h.list_json = "cached"
+    text = manifest("upd", '[capabilities]\ntools = ["file_read", "no_such_tool"]\n', provider="anthropic",
+                    model="claude-sonnet-4-6")
+    warnings = mgr.registry.update_manifest(h, text)
+    assert warnings == [w for w in warnings if "unknown tool 'no_such_tool' ignored" in w] and len(warnings) == 1
+    assert (h.provider, h.model, h.manifest.data["capabilities"]["tools"], h.list_json) == (
+        "anthropic", "claude-sonnet-4-6", ["file_read", "no_such_tool"], None)
+    row = row_of(env, h.id)
+    assert row == {**before, "manifest_toml": text.strip()}
+    with orm.db_session:
+        assert env.store.e.AgentRow.get(id=h.id).manifest == h.manifest.data
+    assert env.audit.calls == [("agent.update", "upd", {"agent_id": h.id, "provider": "anthropic",
+                                                         "model": "claude-sonnet-4-6"})]
+    assert hooks.calls == [("check", "upd"), ("spawned", "claude-sonnet-4-6")]
+    assert f"agent upd ({h.id}) manifest updated: anthropic/claude-sonnet-4-6" in caplog.messages
+    assert mgr.find("upd") is h and (h.mode, h.session_id) == ("Auto", before["session_id"])
+
+
+def test_update_manifest_refusals_change_nothing(env, mgr) -> None:
+    hooks = Hooks()
+    mgr.registry.hooks = (hooks,)
+    h = mgr.spawn(manifest("keep"))
+    before, model = row_of(env, h.id), h.model
+    env.audit.calls.clear()
+    hooks.calls.clear()
+    refusals = [("", "manifest_toml is required"), ("  \n", "manifest_toml is required"),
+                (manifest("other"), "name: an agent keeps its name ('keep'); spawn a new agent for another"),
+                (manifest("keep", provider="nosuch", model="m1"),
+                 "invalid manifest format: model.provider: unknown provider 'nosuch' "
+                 "(set model.base_url for a custom endpoint)"),
+                (manifest("keep").replace('description = "agent keep"', 'description = "refuse"'),
+                 "refused by a hook")]
+    for text, message in refusals:
+        with pytest.raises(BadRequest) as err:
+            mgr.registry.update_manifest(h, text)
+        assert err.value.message == message, text
+    with pytest.raises(BadRequest):
+        mgr.registry.update_manifest(h, None)
+    assert row_of(env, h.id) == before and h.model == model and env.audit.calls == []
+    assert hooks.calls == [("check", "keep"), ("check", "keep")], "only parsed manifests of this agent are checked"
+    # A custom endpoint needs no catalog provider.
+    assert mgr.registry.update_manifest(h, manifest("keep", 'base_url = "http://127.0.0.1:9/v1"\n',
+                                                    provider="nosuch", model="m1")) == []
+    assert (h.provider, h.base_url) == ("nosuch", "http://127.0.0.1:9/v1")
+    # An agent whose row is gone (killed by another daemon) is not found.
+    gone = mgr.spawn(manifest("gone"))
+    with orm.db_session:
+        env.store.e.AgentRow.get(id=gone.id).delete()
+    with pytest.raises(NotFound) as err:
+        mgr.registry.update_manifest(gone, manifest("gone", provider="anthropic", model="claude-sonnet-4-6"))
+    assert err.value.message == "agent not found" and gone.model == "gpt-4o"
+
+
+def test_update_manifest_without_an_audit_hook(env) -> None:
+    mgr = env.manager(audit=None)
+    h = mgr.spawn(manifest("quiet"))
+    assert mgr.registry.update_manifest(h, manifest("quiet", model="gpt-4o-mini")) == []
+    assert h.model == "gpt-4o-mini"
+
+
+def test_set_state_writes_the_handle_and_its_row(env, mgr) -> None:
+    h = mgr.spawn(manifest("stated"))
+    mgr.registry.set_state(h, "Suspended")
+    assert h.state == "Suspended" and row_of(env, h.id)["state"] == "Suspended"
+    with orm.db_session:
+        env.store.e.AgentRow.get(id=h.id).delete()
+    mgr.registry.set_state(h, "Running")   # a row deleted meanwhile: the handle alone
+    assert h.state == "Running" and row_of(env, h.id) is None
+
+
+def test_loaded_and_loaded_handle_are_what_is_in_memory(mgr) -> None:
+    a, b = mgr.spawn(manifest("one")), mgr.spawn(manifest("two"))
+    assert mgr.registry.loaded() == [a, b]
+    assert mgr.registry.loaded_handle(a.id) is a and mgr.registry.loaded_handle("nope") is None
+    mgr.kill(a)
+    assert mgr.registry.loaded() == [b] and mgr.registry.loaded_handle(a.id) is None
+
+
+def test_tools_by_origin_groups_built_in_and_skill_tools(mgr) -> None:
+    h = mgr.spawn(manifest("grouped", '[capabilities]\ntools = ["file_read", "skill_list", "skill_describe"]\n'))
+    groups = mgr.registry.tools_by_origin(h)
+    assert {k: sorted(v) for k, v in groups.items()} == {"built-in": ["file_read"],
+                                                          "skill": ["skill_describe", "skill_list"]}
+    plain = mgr.spawn(manifest("plain", '[capabilities]\ntools = ["file_read"]\n'))
+    assert mgr.registry.tools_by_origin(plain) == {"built-in": ["file_read"]}
+
+
+def test_hooks_hear_of_each_agent_loaded_and_killed(env, mgr) -> None:
+    mgr.spawn(manifest("first"))
+    second = mgr.spawn(manifest("second"))
+    hooks = Hooks()
+    again = env.manager()
+    again.registry.hooks = (hooks,)
+    assert again.registry.load() == 2
+    assert sorted(hooks.calls) == [("loaded", "first"), ("loaded", "second")]
+    hooks.calls.clear()
+    again.registry.kill(again.registry.get(second.id))
+    assert hooks.calls == [("killed", "second")]
+
+
+def test_a_kill_the_database_refuses_leaves_the_agent_as_it_was(env, mgr, monkeypatch) -> None:
+    hooks = Hooks()
+    mgr.registry.hooks = (hooks,)
+    h = mgr.spawn(manifest("stays"))
+    mgr.registry.set_state(h, "Suspended")
+    hooks.calls.clear()
+    env.audit.calls.clear()
+
+    def refuse(agent_id: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mgr.registry, "_delete_rows", refuse)
+    with pytest.raises(OSError):
+        mgr.registry.kill(h)
+    assert (h.killed, h.state) == (False, "Suspended")
+    assert mgr.registry.get(h.id) is h and mgr.registry.find("stays") is h and mgr.registry.by_name("stays") is h
+    assert mgr.registry._agents == {h.id: h} and mgr.registry._by_name == {"stays": h.id}
+    assert mgr.registry._killing == set() and hooks.calls == [] and env.audit.calls == []
+    assert row_of(env, h.id)["state"] == "Suspended"
+
+
+def test_tools_of_mcp_servers_are_grouped_by_their_server(env) -> None:
+    from agentd.agents.tools.base import Tool
+
+    asked: list[list[str]] = []
+
+    def mcp_tools(servers: list[str]) -> list[Tool]:
+        asked.append(servers)
+        return [Tool("mcp_files_read", "read", {}, lambda ctx, args: "", origin="mcp:files")]
+
+    mgr = env.manager()
+    registry = type(mgr.registry)(env.config, env.store, env.catalog, mgr.registry.queues, mcp_tools=mcp_tools)
+    h = registry.spawn('name = "remote"\nmcp_servers = ["files"]\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                       '[capabilities]\ntools = ["file_read", "mcp_files_read"]\n')
+    assert registry.tools_by_origin(h) == {"built-in": ["file_read"], "mcp:files": ["mcp_files_read"]}
+    assert [t.name for t in registry.effective_tools(h)[0]] == ["file_read", "mcp_files_read"]
+    assert asked == [["files"], ["files"]]
+    assert [t.name for t in registry.effective_tools(h, "Observe")[0]] == ["file_read"]

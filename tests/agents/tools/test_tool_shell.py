@@ -7,6 +7,9 @@ or empty, and the output cap exactly at its edge across several pipe reads.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +157,41 @@ def test_cancel_stops_the_program(tmp_path) -> None:
 def test_a_shell_running_an_allowed_command_still_runs(wide) -> None:
     assert _check(wide, 'sh -c "echo hi there"') == ["sh", "-c", "echo hi there"]
     assert _check(wide, "bash -c 'LANG=C ls -l'") == ["bash", "-c", "LANG=C ls -l"]
+
+
+def test_the_program_gets_only_the_harmless_environment(wide, monkeypatch) -> None:
+    """The daemon's environment holds provider keys and tokens: a program sees PATH, HOME, the
+    locale and the like, and nothing else."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("lc_lower", "not a locale variable")
+    monkeypatch.setenv("XLC_ALL", "not one either")
+    monkeypatch.setenv("TZ", "UTC")
+    out = run(wide, "shell_exec", command="env")
+    assert out.startswith("exit code 0\n")
+    seen = dict(line.split("=", 1) for line in out.splitlines()[1:])
+    kept = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR"}
+    assert seen == {k: v for k, v in os.environ.items() if k in kept or k.startswith("LC_")}
+    assert seen["LC_ALL"] == "C.UTF-8" and seen["LC_TIME"] == "C" and seen["TZ"] == "UTC"
+    assert seen["PATH"] == os.environ["PATH"]
+    assert not {"OPENAI_API_KEY", "lc_lower", "XLC_ALL"} & set(seen)
+
+
+def test_the_output_reader_never_holds_the_daemons_exit(tmp_path) -> None:
+    """The pipe reader runs while the program does; a program's detached child can hold the pipe
+    open for good, so the reader is a daemon thread (named for thread dumps)."""
+    ctx = make_ctx(tmp_path, shell=["python3"])
+    command = script(ctx, "slow.py", "import time\ntime.sleep(0.8)\nprint('done')\n")
+    before = set(threading.enumerate())
+    answer: list[str] = []
+    caller = threading.Thread(target=lambda: answer.append(run(ctx, "shell_exec", command=command)))
+    caller.start()
+    deadline = time.monotonic() + 5
+    readers: list[threading.Thread] = []
+    while not readers and time.monotonic() < deadline:
+        readers = [t for t in threading.enumerate() if t not in before and t is not caller]
+        time.sleep(0.01)
+    caller.join(10)
+    assert answer == ["exit code 0\ndone\n"]
+    assert [(t.name, t.daemon) for t in readers] == [("shell-drain", True)]
