@@ -9,6 +9,7 @@ ntfy channel adapter failing over to the surviving daemon."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -59,11 +60,11 @@ class ClusterNginx:
         swaps = [("listen 80;", f"listen 127.0.0.1:{self.port};", 1),
                  ("127.0.0.1:4201", f"127.0.0.1:{ports[0]}", 2),
                  ("127.0.0.1:4202", f"127.0.0.1:{ports[1]}", 2)]
-        # Counted before any swap: a daemon port such as 42021 holds the text "127.0.0.1:4202".
         for old, _, count in swaps:
             assert text.count(old) == count, f"{CLUSTER_CONF.name} no longer contains {old!r} {count}x"
-        for old, new, _ in swaps:
-            text = text.replace(old, new)
+        # In one pass: a daemon port such as 42021 holds the text "127.0.0.1:4202".
+        new_of = {old: new for old, new, _ in swaps}
+        text = re.sub("|".join(map(re.escape, new_of)), lambda m: new_of[m.group(0)], text)
         temps = ""
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.dir / kind).mkdir(mode=0o777)
