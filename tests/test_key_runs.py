@@ -10,9 +10,10 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
-import requests
 
 from conftest import LLM_ENV, llm_config
+from tests.api.test_keys import as_key, spawn
+from tests.api.test_keys import new_key as keys_new_key
 from support import Daemon, make_home, stop_shared, wait_until
 
 ADMIN = "admin-secret-for-key-runs"
@@ -27,23 +28,9 @@ def d(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
     stop_shared(daemon)
 
 
-def spawn(d: Daemon, prefix: str) -> tuple[str, str]:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
-    assert r.status_code == 201, r.text
-    return r.json()["agent_id"], name
-
-
 def new_key(d: Daemon, **fields: Any) -> dict[str, Any]:
-    body = {"name": f"k-{uuid.uuid4().hex[:8]}", "scopes": ["read", "manage"], **fields}
-    r = d.post("/api/keys", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def as_key(d: Daemon, key: dict[str, Any], method: str, path: str, **kwargs: Any) -> requests.Response:
-    return requests.request(method, d.url + path, headers={"Authorization": f"Bearer {key['key']}"}, timeout=30,
-                            **kwargs)
+    """A key that may create jobs and triggers (`manage`)."""
+    return keys_new_key(d, **{"scopes": ["read", "manage"], **fields})
 
 
 def make_job(d: Daemon, key: dict[str, Any] | None, agent: str, message: str = "hello") -> dict[str, Any]:
