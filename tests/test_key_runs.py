@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import LLM_ENV, llm_config
-from tests.api.test_keys import as_key, spawn
+from tests.api.test_keys import as_key, make_workflow, spawn
 from tests.api.test_keys import new_key as keys_new_key
 from support import Daemon, make_home, stop_shared, wait_until
 
@@ -125,13 +125,7 @@ def test_a_keys_workflow_job_is_the_keys_and_only_on_its_agents(d: Daemon) -> No
     _, mine = spawn(d, "flow-own")
     _, foreign = spawn(d, "flow-foreign")
 
-    def workflow(agent: str) -> str:
-        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
-                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
-        assert r.status_code == 201, r.text
-        return r.json()["workflow_id"]
-
-    own, other = workflow(mine), workflow(foreign)
+    own, other = make_workflow(d, mine), make_workflow(d, foreign)
     key = new_key(d, agents=[mine])
 
     def body(workflow_id: str) -> dict[str, Any]:

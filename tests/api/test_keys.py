@@ -51,6 +51,14 @@ def as_key(d: Daemon, key: dict[str, Any] | str, method: str, path: str, **kwarg
                             **kwargs)
 
 
+def make_workflow(d: Daemon, agent: str) -> str:
+    """A one-step workflow on `agent` (by name), made by the admin; its id."""
+    r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
+                                       "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
+    assert r.status_code == 201, r.text
+    return r.json()["workflow_id"]
+
+
 def test_create_shows_the_secret_once_and_stores_only_a_salted_hash(d: Daemon) -> None:
     expires = (datetime.now(timezone.utc) + timedelta(days=30)).replace(microsecond=0)
     body = {"name": f"ci-{uuid.uuid4().hex[:6]}", "scopes": ["read"], "agents": ["support-*"],
@@ -329,13 +337,7 @@ def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
     _, name = spawn(d, "flow")
     _, hidden_name = spawn(d, "flow-hidden")
 
-    def workflow(agent: str) -> str:
-        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
-                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
-        assert r.status_code == 201, r.text
-        return r.json()["workflow_id"]
-
-    mine, foreign = workflow(name), workflow(hidden_name)
+    mine, foreign = make_workflow(d, name), make_workflow(d, hidden_name)
     key = new_key(d, scopes=["read", "manage"], agents=[name], budget_usd_per_day=0.000001)
     first = as_key(d, key, "POST", f"/api/workflows/{mine}/run", json={"input": "go"})
     assert first.status_code == 200 and first.json()["status"] == "completed", first.text
@@ -354,13 +356,7 @@ def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
     _, mine = spawn(d, "wf-mine")
     _, hidden = spawn(d, "wf-hidden")
 
-    def workflow(agent: str) -> str:
-        r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
-                                           "steps": [{"name": "one", "agent_name": agent, "prompt": "{{input}}"}]})
-        assert r.status_code == 201, r.text
-        return r.json()["workflow_id"]
-
-    own, foreign = workflow(mine), workflow(hidden)
+    own, foreign = make_workflow(d, mine), make_workflow(d, hidden)
     run = d.post(f"/api/workflows/{foreign}/run", json={"input": "private"}).json()
     assert run["status"] == "completed", run
     key = new_key(d, scopes=["read", "message", "manage"], agents=[mine])
