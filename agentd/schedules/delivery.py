@@ -45,16 +45,19 @@ class Delivery:
         self.initial_delay = initial_delay
         self.max_delay = max_delay
 
-    def start(self, job: dict[str, Any], run: dict[str, Any], output: str) -> dict[str, Any] | None:
-        """Begin delivering (on a thread of its own); the run's first delivery state, None
-        for a job without delivery."""
-        target = job["delivery"]
-        if target.get("kind", "none") == "none":
+    @staticmethod
+    def pending(job: dict[str, Any]) -> dict[str, Any] | None:
+        """The run's delivery state before the first attempt; None for a job without delivery."""
+        if job["delivery"].get("kind", "none") == "none":
             return None
-        thread = threading.Thread(target=self._deliver, args=(target, job, run, output),
+        return {"status": "pending", "attempts": 0, "error": None}
+
+    def start(self, job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+        """Begin delivering, on a thread of its own. Called once the run's `pending` state is
+        stored: each attempt records its outcome over it, never the other way round."""
+        thread = threading.Thread(target=self._deliver, args=(job["delivery"], job, run, output),
                                   name=f"agentd-cron-delivery-{run['id'][:8]}", daemon=True)
         thread.start()
-        return {"status": "pending", "attempts": 0, "error": None}
 
     def _deliver(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
         try:

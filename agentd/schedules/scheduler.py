@@ -285,8 +285,10 @@ class Scheduler:
         output = None if output is None else output[:OUTPUT_LIMIT]
         run = self.store.get_run(run_id) or {"id": run_id}
         run.update(status=status, finished_at=iso_seconds(time.time()), cost_usd=cost)
-        delivery = self.delivery.start(job, run, output or "") if status == "ok" else None
+        delivery = self.delivery.pending(job) if status == "ok" else None
         self.store.finish_run(run_id, status, output, error, cost, delivery)
+        if delivery is not None:
+            self.delivery.start(job, run, output or "")
         self.audit("cron.run", job["name"], {"job_id": job["id"], "run_id": run_id, "status": status,
                                              "source": "cron"})
         self._after(job, status)
