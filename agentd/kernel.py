@@ -205,7 +205,6 @@ class Kernel:
                                         shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
         from agentd.triggers.service import Triggers
 
-        # Cron jobs and triggers created with a scoped key run as that key.
         key_runs = KeyRuns(self.keys, registry.find, lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
                                  config.triggers.rate_limit_per_minute, self.audit.record, key_runs)
