@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.handle import AgentHandle
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manifest import parse_manifest
@@ -413,3 +414,62 @@ def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
     assert seen[0] == {}, "BUG: a run without a disconnect check is watched (the watcher would call None)"
     assert list(seen[1]) == [id(watched.cancel)]
     assert q.watch._watched == {}, "BUG: a finished run is still watched"
+
+
+class StopRequests:
+    """The cluster's stop requests to other daemons: agent ids asked, and how many runs each reached."""
+
+    def __init__(self, reached: int) -> None:
+        self.reached = reached
+        self.asked: list[str] = []
+
+    def request_stop(self, agent_id: str) -> int:
+        self.asked.append(agent_id)
+        return self.reached
+
+
+def test_stop_sets_the_running_runs_cancel_and_cancels_the_agents_approvals(pool) -> None:
+    approvals = ApprovalQueue()
+    h, other = handle("stopped"), handle("other")
+    waiting = approvals.request(h.id, h.name, "shell_exec", {})
+    elsewhere = approvals.request(other.id, other.name, "shell_exec", {})
+    q = RunQueues(pool, lambda: 5, approvals=approvals)
+    assert q.stop(h) is False, "nothing running: nothing stopped"
+    assert waiting.decision == "cancelled" and elsewhere.decision is None
+    h.starting = threading.Event()  # a queued run just started, its cancel not handed over yet
+    assert q.stop(h) is True and h.starting.is_set()
+    assert q.stop(h) is False, "an already cancelled run is not stopped twice"
+    h.starting, h.cancel = None, threading.Event()
+    assert q.stop(h) is True and h.cancel.is_set()
+
+
+def test_stop_on_a_shared_database_asks_the_other_daemons_only_when_no_run_is_here(pool) -> None:
+    h = handle("shared")
+    cluster = StopRequests(reached=1)
+    q = RunQueues(pool, lambda: 5, cluster=cluster, shared=True)
+    h.cancel = threading.Event()
+    assert q.stop(h) is True and h.cancel.is_set() and cluster.asked == []
+    assert q.stop(h) is True and cluster.asked == [h.id], "already cancelled here: another daemon's run"
+    h.cancel = None
+    assert RunQueues(pool, lambda: 5, cluster=StopRequests(reached=0), shared=True).stop(h) is False
+    # Not shared (one daemon): the cluster is never asked.
+    lonely = StopRequests(reached=1)
+    assert RunQueues(pool, lambda: 5, cluster=lonely).stop(h) is False and lonely.asked == []
+
+
+def test_cancel_withdraws_the_queue_and_stops_the_running_run(pool) -> None:
+    runs = Runs()
+    q = queues(pool, runs)
+    h = handle("cancelled")
+    release = runs.gate("first")
+    first = q.submit(h, runs.job("first"))
+    assert runs.began["first"].wait(WAIT)
+    queued = q.submit(h, runs.job("queued"))
+    h.cancel = threading.Event()
+    q.cancel(h)
+    assert h.cancel.is_set()
+    with pytest.raises(RunCancelled):
+        queued.result(WAIT)
+    release.set()
+    first.result(WAIT)
+    assert runs.started == ["first"]
