@@ -189,8 +189,7 @@ class Kernel:
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).
         self.settings_follower: SettingsFollower | None = None
         if store.shared:
-            self.settings_follower = SettingsFollower(store, self.custom_models, models.url_overrides,
-                                                      self.metering)
+            self.settings_follower = SettingsFollower(store, self.custom_models, self.providers, self.metering)
             self.settings_follower.start()
         self.memory.start()
         from agentd.memory.notify import MemoryNotifier

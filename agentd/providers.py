@@ -156,6 +156,18 @@ class ProviderKeys:
             self.agents.store.set_setting("provider_urls", dict(self.agents.url_overrides))
         return {"status": "updated", "provider": name, "base_url": url}
 
+    def follow_urls(self) -> None:
+        """Take over the URL overrides another daemon on a shared database set (see
+        agentd/cluster/settings_follow.py); read under the lock `set_url` writes under, so a
+        stale read cannot undo a URL set here a moment ago."""
+        with self._lock:
+            urls = self.agents.store.get_setting("provider_urls", {}) or {}
+            overrides = self.agents.url_overrides
+            # Replace in place: the model layer holds this very dict.
+            for name in [n for n in overrides if n not in urls]:
+                del overrides[name]
+            overrides.update(urls)
+
     def test(self, name: str) -> dict[str, Any]:
         """A real, minimal call: list the provider's models with a short timeout."""
         info = self.get(name)

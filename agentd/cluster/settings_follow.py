@@ -3,8 +3,9 @@
 A few settings live in the database but are also held in memory for speed: custom models
 (in the catalog), provider URL overrides and the monthly budget limit and alert levels. On the embedded
 SQLite database one daemon writes them, so memory is always current. When several daemons
-share PostgreSQL, a change made through one must reach the others: this follower re-reads
-those settings every `interval` seconds (one small query) and applies what changed.
+share PostgreSQL, a change made through one must reach the others: this follower asks each
+owner to re-read its settings every `interval` seconds. Each owner reads under the lock its
+own writes hold, so a read that raced a local write cannot undo it.
 """
 
 from __future__ import annotations
@@ -20,17 +21,15 @@ from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.settings")
 
-FOLLOWED = ("custom_models", "provider_urls", "budget_limit_usd", "budget_alert_levels")
-
 
 class SettingsFollower:
     """Polls the followed settings and applies changes made by other daemons."""
 
-    def __init__(self, store: Store, custom_models: Any, url_overrides: dict[str, str], metering: Any,
+    def __init__(self, store: Store, custom_models: Any, providers: Any, metering: Any,
                  interval: float = 1.0) -> None:
         self.store = store
         self.custom_models = custom_models
-        self.url_overrides = url_overrides
+        self.providers = providers
         self.metering = metering
         self.interval = interval
         self._stop = threading.Event()
@@ -55,14 +54,9 @@ class SettingsFollower:
 
     def poll_once(self) -> None:
         """Read the followed settings once and apply them."""
+        self.custom_models.follow()
+        self.providers.follow_urls()
         with orm.db_session:
-            rows = {s.key: s.value for s in orm.select(s for s in self.store.e.Setting if s.key in FOLLOWED)}
-        self.custom_models.follow(rows.get("custom_models") or [])
-        urls = rows.get("provider_urls") or {}
-        if urls != self.url_overrides:
-            # Replace in place: the agent manager holds this very dict.
-            for name in list(self.url_overrides):
-                if name not in urls:
-                    del self.url_overrides[name]
-            self.url_overrides.update(urls)
-        self.metering.follow_limit(float(rows.get("budget_limit_usd") or 0.0), rows.get("budget_alert_levels"))
+            limit = self.store.get_setting("budget_limit_usd")
+            levels = self.store.get_setting("budget_alert_levels")
+        self.metering.follow_limit(float(limit or 0.0), levels)

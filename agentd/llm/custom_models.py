@@ -46,11 +46,14 @@ class CustomModels:
             stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != model_id]
             self.store.set_setting(SETTING, stored)
 
-    def follow(self, stored: list[dict[str, Any]]) -> None:
-        """Make the catalog's custom models match `stored` (written by another daemon on a
-        shared database; see agentd/cluster/settings_follow.py)."""
+    def follow(self) -> None:
+        """Make the catalog's custom models match the stored ones, which another daemon on a
+        shared database may have changed (see agentd/cluster/settings_follow.py).
+
+        Read under the lock `add` and `remove` hold while they write: a read taken before
+        one of them committed would otherwise undo the model it just added."""
         with self._lock:
-            wanted = {m["id"]: m for m in stored}
+            wanted = {m["id"]: m for m in self.store.get_setting(SETTING, []) or []}
             for info in self.catalog.models(tier="custom"):
                 data = wanted.get(info.id)
                 if data is None or self._info(data) != info:

@@ -615,3 +615,41 @@ def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -
     assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
         ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
     s.close()
+
+
+def test_a_setting_written_here_is_never_undone_by_the_follower(store) -> None:
+    """The follower re-reads shared settings all the time; a read that raced a local write
+    must not put the old value back, even for a moment (a URL saved and tested at once)."""
+    from agentd.cluster.settings_follow import SettingsFollower
+    from agentd.llm.custom_models import CustomModels
+    from agentd.providers import ProviderKeys
+
+    catalog = Catalog.load()
+    config = SimpleNamespace(provider_urls={})
+    providers = ProviderKeys(config, catalog, SimpleNamespace(store=store, url_overrides={}))
+    custom = CustomModels(store, catalog)
+    metering = Metering(store, catalog)
+    follower = SettingsFollower(store, custom, providers, metering, interval=0.0)
+    follower.start()
+    try:
+        openai = providers.get("openai")
+        for i in range(60):
+            url = f"http://127.0.0.1:{9000 + i}/v1"
+            providers.set_url("openai", url)
+            assert providers.base_url(openai) == url, f"BUG: the follower undid a URL set here (round {i})"
+            model = f"follow-{i}"
+            custom.add({"id": model, "display_name": model, "provider": "openai",
+                        "context_window": 8192, "max_output_tokens": 1024,
+                        "input_cost_per_m": 0.0, "output_cost_per_m": 0.0, "supports_tools": True,
+                        "supports_vision": False, "supports_streaming": True})
+            assert catalog.get_model(model) is not None, f"BUG: the follower undid a model added here ({i})"
+            custom.remove(model)
+        metering.set_limit(7.5)
+        time.sleep(0.05)
+        assert metering.limit_usd == 7.5
+    finally:
+        follower.close()
+    # What another daemon wrote reaches this one.
+    store.set_setting("provider_urls", {"openai": "http://127.0.0.1:9999/v1"})
+    follower.poll_once()
+    assert providers.base_url(openai) == "http://127.0.0.1:9999/v1"
