@@ -155,9 +155,12 @@ class Kernel:
         # Cron jobs (agentd/schedules/): validated and stored here; the ticker below fires them.
         cron_store = CronStore(store)
         cron_wake = threading.Event()
+        key_runs = KeyRuns(self.keys, lambda ref: self.agents.find(ref),
+                           lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.cron = CronJobs(cron_store, config.schedules, resolve_agent=lambda ref: self.agents.find(ref),
                              workflow_exists=self._workflow_exists,
-                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set)
+                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set,
+                             audit=self.audit.record, key_runs=key_runs)
         # The open WebSockets of each agent, which also see the runs cron jobs start.
         self.listeners = AgentListeners()
         registry = AgentRegistry(config, store, self.catalog, queues, self.memory, self.audit.record,
@@ -175,7 +178,7 @@ class Kernel:
                          self.kv, self.memory, self.cluster, preflight=lambda _handle: self.metering.check_budget(),
                          metrics=self.metrics, cooperation=Cooperation(self.tasks, self.events, self.audit.record),
                          tool_services=self.tool_services, skills=self.skills, a2a=a2a_client, cron=self.cron,
-                         key_budget=self.key_budgets.check_budget)
+                         key_budget=self.key_budgets.check_budget, key_runs=key_runs)
         self.agents = AgentManager(registry, sessions, models, uploads, self.runs)
         self.mcp_endpoint = McpEndpoint(self.mcp_loop, self.agents, self.runs, self.memory, self.keys)
         # The A2A JSON-RPC methods over the same agents and runs (agentd/a2a/server.py).
@@ -204,7 +207,6 @@ class Kernel:
                                         shared=self.cluster.shared, on_finish=sources.workflow_runs(self.events))
         from agentd.triggers.service import Triggers
 
-        key_runs = KeyRuns(self.keys, registry.find, lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
                                  config.triggers.rate_limit_per_minute, self.audit.record, key_runs)
         # No run survives a restart: runs this daemon left `running` by a crash are marked

@@ -7,6 +7,11 @@ the reason in the job's run history or the trigger's `trigger.refused` audit ent
 key was deleted, is disabled or expired, no longer holds `manage` (the scope that made the
 job), or no longer reaches an agent the run needs. A job or trigger without a key is the
 admin's and runs as before.
+
+The same holds for what a key's run starts from inside: a job its `cron_create` or
+`schedule_create` tool makes, or an agent's manifest schedule when the key spawned it,
+remembers the key; a message its `agent_send` tool sends is a run of the key, refused
+when the key no longer reaches the agent.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from agentd.apikeys import ApiKeys
-from agentd.errors import Forbidden, NotFound
+from agentd.errors import AgentdError, Forbidden, NotFound
 from agentd.principals import Principal, run_fields
 
 CREATING_SCOPE = "manage"  # what POST /api/cron/jobs and /api/triggers need
@@ -30,12 +35,17 @@ class KeyRuns:
         self.find_agent = find_agent
         self.workflow_steps = workflow_steps
 
-    def fields(self, key_id: str | None, handle: Any) -> dict[str, str]:
-        """The RunRequest fields of a run of `handle` acting as `key_id` ({}: the admin's)."""
+    def fields(self, key_id: str | None, handle: Any, scope: str | None = CREATING_SCOPE,
+               hidden: Callable[[], AgentdError] | None = None) -> dict[str, str]:
+        """The RunRequest fields of a run of `handle` acting as `key_id` ({}: the admin's);
+        `scope`: what the key must hold (None: a run of the key asks, which it holds);
+        `hidden()`: the refusal of an agent outside the key's list (see `reach`)."""
         if not key_id:
             return {}
-        who = self._acting(key_id)
-        self._reach(who, handle)
+        who = self.acting(key_id, scope)
+        # Before a trigger counts a firing (the run's own check comes after it).
+        self.keys.budgets.check_budget(key_id)
+        self.reach(who, handle, hidden)
         return run_fields(who, handle)
 
     def workflow_payer(self, key_id: str | None, workflow_id: str) -> str:
@@ -43,25 +53,36 @@ class KeyRuns:
         agent its steps name is within the key's list."""
         if not key_id:
             return ""
-        who = self._acting(key_id)
-        if who.agents:
-            for step in self.workflow_steps(workflow_id):
-                ref = next(iter(step["agent"].values()), None) if step.get("agent") else None
-                handle = self.find_agent(ref) if isinstance(ref, str) and ref else None
-                if handle is not None:
-                    self._reach(who, handle)
+        who = self.acting(key_id)
+        self.keys.budgets.check_budget(key_id)
+        self.reach_steps(who, workflow_id)
         return who.key_id
 
-    def _acting(self, key_id: str) -> Principal:
+    def acting(self, key_id: str, scope: str | None = CREATING_SCOPE) -> Principal:
+        """The key as it is now; Forbidden when it is gone, disabled, expired or without `scope`."""
         who = self.keys.acting(key_id)
-        who.require(CREATING_SCOPE)
-        # Before a trigger counts a firing (the run's own check comes after it).
-        self.keys.budgets.check_budget(key_id)
+        if scope is not None:
+            who.require(scope)
         return who
 
+    def reach_steps(self, who: Principal, workflow_id: str,
+                    hidden: Callable[[], AgentdError] | None = None) -> None:
+        """`reach` for every agent a workflow's steps name."""
+        if not who.agents:
+            return
+        for step in self.workflow_steps(workflow_id):
+            ref = next(iter(step["agent"].values()), None) if step.get("agent") else None
+            handle = self.find_agent(ref) if isinstance(ref, str) and ref else None
+            if handle is not None:
+                self.reach(who, handle, hidden)
+
     @staticmethod
-    def _reach(who: Principal, handle: Any) -> None:
+    def reach(who: Principal, handle: Any, hidden: Callable[[], AgentdError] | None = None) -> None:
+        """Forbidden naming the agent when it is outside the key's list (audited), or
+        `hidden()` where the caller answers as for an agent that does not exist."""
         try:
             who.reach(handle)  # (audited)
         except NotFound:
+            if hidden is not None:
+                raise hidden() from None
             raise Forbidden(f"API key '{who.name}' may not reach agent '{handle.name}'") from None

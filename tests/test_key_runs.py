@@ -6,6 +6,7 @@ admin's jobs run on."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Iterator
 
@@ -182,3 +183,114 @@ def test_a_keys_trigger_runs_as_the_key_and_is_refused_once_disabled(d: Daemon) 
     assert refusal()[0]["detail"]["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its "
                                                       "budget: ")
     assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1
+
+
+def spawn_full(d: Daemon, prefix: str) -> tuple[str, str]:
+    """An agent offered every tool (the schedule and agent tools among them)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{name}"\nprofile = "full"\n'})
+    assert r.status_code == 201, r.text
+    return r.json()["agent_id"], name
+
+
+def tool_turn(d: Daemon, key: dict[str, Any], agent_id: str, tool: str, args: dict[str, Any]) -> str:
+    """The agent's answer to a message, sent with `key`, whose model calls `tool` once."""
+    r = as_key(d, key, "POST", f"/api/agents/{agent_id}/message",
+               json={"message": f"[[tool:{tool} {json.dumps(args)}]]"})
+    assert r.status_code == 200, r.text
+    return r.json()["response"]
+
+
+def cron_entries(d: Daemon, job_id: str) -> list[dict[str, Any]]:
+    return [e for e in d.get("/api/audit/recent", params={"limit": 200, "prefix": "cron."}).json()
+            if e["detail"].get("job_id") == job_id and e["event"] in ("cron.create", "cron.update", "cron.delete")]
+
+
+def test_a_job_a_keys_run_makes_with_its_tools_is_the_keys(d: Daemon) -> None:
+    agent_id, name = spawn_full(d, "planner")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    said = tool_turn(d, key, agent_id, "cron_create", {"name": "digest", "schedule": NEVER,
+                                                         "action": {"kind": "agent_turn", "message": "digest"}})
+    job_id = json.loads(said.removeprefix("tool said: "))["id"]
+    job = d.get(f"/api/cron/jobs/{job_id}").json()
+    assert (job["key_id"], job["origin"], job["agent_id"]) == (key["id"], "tool", agent_id)
+    listed = as_key(d, key, "GET", "/api/cron/jobs", params={"agent_id": agent_id}).json()
+    assert [(j["id"], j["key_id"]) for j in listed] == [(job_id, key["id"])]
+    before = spent(d, key)[1]
+
+    run = run_now(d, job)
+    assert run["status"] == "ok" and run["cost_usd"] > 0, run
+    total, requests_ = spent(d, key)
+    assert requests_ == before + 1
+    # Disabled: the job's firing is refused, as the API's own job of the key would be.
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False}).status_code == 200
+    refused = run_now(d, job)
+    assert (refused["status"], refused["error"]) == ("failed", f"API key '{key['name']}' is disabled")
+    assert spent(d, key) == (total, requests_)
+
+    # schedule_create makes the key's job too.
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True}).status_code == 200
+    said = tool_turn(d, key, agent_id, "schedule_create", {"description": "stand-up", "schedule": "daily at 9am"})
+    made = json.loads(said.removeprefix("tool said: "))
+    assert d.get(f"/api/cron/jobs/{made['id']}").json()["key_id"] == key["id"]
+    [created] = cron_entries(d, job_id)
+    assert (created["event"], created["subject"], created["detail"]) == (
+        "cron.create", "digest", {"job_id": job_id, "agent_id": agent_id, "by": key["name"], "key_id": key["id"],
+                                  "origin": "tool"})
+    # The admin's run of the same tool makes the admin's job, as before.
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": '[[tool:schedule_create {"description": '
+                                                                   '"mine", "schedule": "hourly"}]]'})
+    admins = json.loads(r.json()["response"].removeprefix("tool said: "))
+    assert d.get(f"/api/cron/jobs/{admins['id']}").json()["key_id"] is None
+
+
+def test_a_keys_run_may_not_schedule_what_the_key_may_not_do(d: Daemon) -> None:
+    agent_id, name = spawn_full(d, "scheduler")
+    _, outside = spawn(d, "outside")
+    workflow = make_workflow(d, outside)
+    key = new_key(d, scopes=["message", "manage"], agents=[name])
+    said = tool_turn(d, key, agent_id, "schedule_create", {"description": "x", "schedule": "hourly",
+                                                           "agent": outside})
+    # The API's words for an agent outside the key's list: as if there were none.
+    assert said == f"tool said: error: agent_id: no agent '{outside}'"
+    said = tool_turn(d, key, agent_id, "cron_create", {
+        "name": "flow", "schedule": NEVER, "action": {"kind": "workflow_run", "workflow_id": workflow}})
+    assert said == f"tool said: error: action.workflow_id: no workflow '{workflow}'"
+    assert d.get("/api/cron/jobs", params={"agent_id": outside}).json() == []
+    # A key that may only message makes no jobs at all (they need `manage`).
+    talker = new_key(d, scopes=["message"])
+    said = tool_turn(d, talker, agent_id, "schedule_create", {"description": "x", "schedule": "hourly"})
+    assert said == f"tool said: error: forbidden: API key '{talker['name']}' is missing scope 'manage'"
+    assert [j for j in d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()] == []
+
+
+def test_an_agent_send_from_a_keys_run_is_the_keys_run(d: Daemon) -> None:
+    sender, name = spawn_full(d, "sender")
+    _, helper = spawn(d, "helper")
+    _, outside = spawn(d, "aside")
+    key = new_key(d, scopes=["message"], agents=[name, helper])
+    said = tool_turn(d, key, sender, "agent_send", {"agent_id": helper, "message": "hi there"})
+    assert said == "tool said: echo: hi there"
+    # Two model calls of the sender and one of the helper, all paid by the key.
+    assert spent(d, key)[1] == 3
+    said = tool_turn(d, key, sender, "agent_send", {"agent_id": outside, "message": "hi"})
+    assert said == f"tool said: error: no agent with id or name '{outside}'"
+    assert spent(d, key)[1] == 5  # the sender's two calls; no run of the agent outside the list
+    d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"budget_usd_per_day": 0.000001})
+    r = d.post(f"/api/agents/{sender}/message",
+               json={"message": f"[[tool:agent_send {json.dumps({'agent_id': helper, 'message': 'hi'})}]]"})
+    assert r.json()["response"] == "tool said: echo: hi"  # the admin's send pays no key
+
+
+def test_cron_jobs_created_changed_and_deleted_are_audited_with_who_did_it(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "audited")
+    key = new_key(d)
+    job = make_job(d, key, agent_id)
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{job['id']}", json={"enabled": False, "max_runs_per_day": 3})
+    assert r.status_code == 200, r.text
+    assert d.delete(f"/api/cron/jobs/{job['id']}").status_code == 200
+    by_key = {"job_id": job["id"], "agent_id": agent_id, "by": key["name"], "key_id": key["id"]}
+    assert [(e["event"], e["subject"], e["detail"]) for e in cron_entries(d, job["id"])] == [
+        ("cron.delete", job["name"], {"job_id": job["id"], "agent_id": agent_id, "by": "admin"}),
+        ("cron.update", job["name"], {**by_key, "fields": ["enabled", "max_runs_per_day"]}),
+        ("cron.create", job["name"], {**by_key, "origin": "api"})]

@@ -49,8 +49,9 @@ class AgentManager:
     def load(self) -> int:
         return self.registry.load()
 
-    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
-        return self.registry.spawn(manifest_toml, signed_manifest)
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "") -> AgentHandle:
+        """`key_id`: the scoped API key spawning it, which its manifest's jobs and triggers act as."""
+        return self.registry.spawn(manifest_toml, signed_manifest, key_id)
 
     def spawn_warnings(self, handle: AgentHandle) -> list[str]:
         """What a spawn reports without failing: unknown manifest keys, a provider without a key."""
@@ -90,16 +91,16 @@ class AgentManager:
     def kill(self, handle: AgentHandle) -> None:
         self.registry.kill(handle)
 
-    def update_manifest(self, handle: AgentHandle, manifest_toml: str) -> list[str]:
+    def update_manifest(self, handle: AgentHandle, manifest_toml: str, key_id: str = "") -> list[str]:
         """Replace the agent's manifest (PUT /api/agents/{id}/manifest); its warnings."""
-        self.registry.update_manifest(handle, manifest_toml)
+        self.registry.update_manifest(handle, manifest_toml, key_id)
         return self.spawn_warnings(handle)
 
-    def set_model(self, handle: AgentHandle, model_ref: str) -> list[str]:
+    def set_model(self, handle: AgentHandle, model_ref: str, key_id: str = "") -> list[str]:
         """Point the agent at `provider/model` (or `default`), keeping the rest of its manifest."""
         from agentd.agents.manifest_edit import with_model
 
-        self.registry.update_manifest(handle, with_model(handle.manifest.toml_text, model_ref))
+        self.registry.update_manifest(handle, with_model(handle.manifest.toml_text, model_ref), key_id)
         return self.spawn_warnings(handle)
 
     # -- sessions and uploads ---------------------------------------------------------

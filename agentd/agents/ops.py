@@ -22,7 +22,7 @@ class AgentOpsImpl:
 
     def __init__(self, registry: AgentRegistry, runs: Runs, kv: KvMemory,
                  memory: MemoryService | None = None, cooperation: Cooperation | None = None,
-                 origin: str = "") -> None:
+                 origin: str = "", key_id: str = "") -> None:
         self.registry = registry
         self.runs = runs
         self.kv = kv
@@ -30,6 +30,8 @@ class AgentOpsImpl:
         self.cooperation = cooperation
         # The origin of the run these operations serve: the events they cause carry it.
         self.origin = origin
+        # The scoped API key that run is paid by: the runs and agents it starts are that key's.
+        self.key_id = key_id
 
     def list_agents(self) -> list[dict[str, Any]]:
         return [{"id": h.id, "name": h.name, "state": h.state, "mode": h.mode,
@@ -52,15 +54,23 @@ class AgentOpsImpl:
         from agentd.agents.run_request import INLINE, RunRequest
 
         try:
+            acting = self._key_runs().fields(self.key_id, handle, scope=None,
+                                             hidden=lambda: ToolError(f"no agent with id or name {target!r}")) \
+                if self.key_id else {}
             result = self.runs.start(RunRequest(handle, message, on=INLINE, wait=self.NESTED_LOCK_TIMEOUT,
-                                                from_client=False, origin="agent")).result()
+                                                from_client=False, origin="agent", **acting)).result()
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         return result.response
 
+    def _key_runs(self) -> Any:
+        if self.runs.key_runs is None:
+            raise ToolError("scoped API keys are not available here")
+        return self.runs.key_runs
+
     def spawn_agent(self, caller_id: str, manifest_toml: str) -> dict[str, Any]:
         try:
-            handle = self.registry.spawn(manifest_toml)
+            handle = self.registry.spawn(manifest_toml, key_id=self.key_id)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         return {"agent_id": handle.id, "name": handle.name}
@@ -71,6 +81,12 @@ class AgentOpsImpl:
             raise ToolError(f"no agent with id or name {target!r}")
         if handle.id == caller_id:
             raise ToolError("an agent cannot kill itself")
+        if self.key_id:
+            try:
+                who = self._key_runs().acting(self.key_id, scope=None)
+            except AgentdError as exc:
+                raise ToolError(exc.message) from None
+            self._key_runs().reach(who, handle, lambda: ToolError(f"no agent with id or name {target!r}"))
         self.registry.kill(handle)
 
     def kv_get(self, agent_id: str, key: str) -> tuple[bool, Any]:

@@ -33,10 +33,11 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 
 class AgentHooks(Protocol):
-    """What a service does at an agent's spawn (after `check` accepted the manifest) and kill."""
+    """What a service does at an agent's spawn (after `check` accepted the manifest) and kill;
+    `key_id`: the scoped API key that spawned the agent or changed its manifest ("": the admin)."""
 
     def check(self, manifest: Manifest) -> None: ...
-    def spawned(self, handle: AgentHandle) -> None: ...
+    def spawned(self, handle: AgentHandle, key_id: str = "") -> None: ...
     def loaded(self, handle: AgentHandle) -> None: ...
     def killed(self, handle: AgentHandle) -> None: ...
 
@@ -114,7 +115,7 @@ class AgentRegistry:
             self._agents[handle.id] = handle
             self._by_name[handle.name] = handle.id
 
-    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None) -> AgentHandle:
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "") -> AgentHandle:
         """Validate, persist and register a new agent."""
         if signed_manifest is not None:
             try:
@@ -155,10 +156,10 @@ class AgentRegistry:
         if self.audit is not None:
             self.audit("agent.spawn", handle.name, {"agent_id": handle.id})
         for hook in self.hooks:
-            hook.spawned(handle)
+            hook.spawned(handle, key_id)
         return handle
 
-    def update_manifest(self, handle: AgentHandle, manifest_toml: str) -> list[str]:
+    def update_manifest(self, handle: AgentHandle, manifest_toml: str, key_id: str = "") -> list[str]:
         """Replace a live agent's manifest (its name stays); its session, mode and id are kept.
         Returns the manifest's warnings, as a spawn does."""
         if not manifest_toml or not manifest_toml.strip():
@@ -185,7 +186,7 @@ class AgentRegistry:
         if self.audit is not None:
             self.audit("agent.update", handle.name, {"agent_id": handle.id, "provider": provider, "model": model})
         for hook in self.hooks:
-            hook.spawned(handle)  # the hooks sync what they keep to the new manifest
+            hook.spawned(handle, key_id)  # the hooks sync what they keep to the new manifest
         return list(manifest.warnings)
 
     def apply_manifest(self, handle: AgentHandle, manifest: Manifest) -> None:

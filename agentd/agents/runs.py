@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from agentd.a2a.client import A2AClient
     from agentd.agents.cooperation import Cooperation
     from agentd.cluster import Cluster
+    from agentd.key_runs import KeyRuns
     from agentd.skills import Skills
     from agentd.memory.service import MemoryService
 
@@ -79,7 +80,7 @@ class Runs:
                  metrics: Metrics | None = None, cooperation: Cooperation | None = None,
                  tool_services: ToolServices | None = None, skills: Skills | None = None,
                  a2a: A2AClient | None = None, cron: Any = None,
-                 key_budget: Callable[[str], None] | None = None) -> None:
+                 key_budget: Callable[[str], None] | None = None, key_runs: KeyRuns | None = None) -> None:
         self.config = config
         self.catalog = catalog
         self.registry = registry
@@ -101,6 +102,8 @@ class Runs:
         # The quota, the budget (Metering.check_budget) and a scoped key's own budget
         # (KeyBudgets.check_budget), asked before every run.
         self.checks = RunChecks(preflight, key_budget, metrics)
+        # What a scoped key's run may start from inside: jobs, other agents' runs (agentd/key_runs.py).
+        self.key_runs = key_runs
 
     # -- starting -----------------------------------------------------------------
     def start(self, request: RunRequest) -> RunTicket:
@@ -135,9 +138,10 @@ class Runs:
                            endpoint=lambda: self.models.endpoint(handle.provider, handle.api_key_env,
                                                                  handle.base_url))
 
-    def ops_for(self, handle: AgentHandle, origin: str = "") -> AgentOpsImpl:
-        """What the agent's tools may do to other agents and memory, in a run from `origin`."""
-        return AgentOpsImpl(self.registry, self, self.kv, self.memory, self.cooperation, origin)
+    def ops_for(self, handle: AgentHandle, origin: str = "", key_id: str = "") -> AgentOpsImpl:
+        """What the agent's tools may do to other agents and memory, in a run from `origin`
+        paid by `key_id` (a scoped API key; "": the admin's)."""
+        return AgentOpsImpl(self.registry, self, self.kv, self.memory, self.cooperation, origin, key_id)
 
     # -- running ------------------------------------------------------------------
     def build_user_message(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]],
@@ -251,11 +255,13 @@ class Runs:
             workspace = handle.workspace
             if workspace is None:
                 workspace = handle.workspace = self.config.workspaces_dir / handle.name
+            key_id = request.key_id if request else ""
             return ToolContext(agent_id=handle.id, workspace=workspace, capabilities=caps,
                                tools_config=self.config.tools,
-                               ops=self.ops_for(handle, request.origin if request else ""), cancel=cancel,
+                               ops=self.ops_for(handle, request.origin if request else "", key_id), cancel=cancel,
                                services=self.tool_services, agent_name=handle.name,
-                               model=self._model_access(handle), skills=skills, a2a=self.a2a, cron=self.cron)
+                               model=self._model_access(handle), skills=skills, a2a=self.a2a, cron=self.cron,
+                               key_id=key_id, key_runs=self.key_runs)
 
         approver = None
         if handle.mode == "Manual":

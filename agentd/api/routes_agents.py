@@ -89,7 +89,7 @@ def spawn():
         raise PayloadTooLarge("manifest too large (max 1 MB)")
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
-    handle = kernel().agents.spawn(manifest, data["signed_manifest"])
+    handle = kernel().agents.spawn(manifest, data["signed_manifest"], principal().key_id)
     # Unknown manifest keys or a missing provider key do not fail a spawn; they are reported
     # so a typo or the missing setup step is seen before the first message.
     return jsonify({"agent_id": handle.id, "name": handle.name,
@@ -178,7 +178,7 @@ def update_manifest(agent_id: str):
     manifest = body.load(ManifestSchema())["manifest_toml"]
     if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
         raise PayloadTooLarge("manifest too large (max 1 MB)")
-    warnings = kernel().agents.update_manifest(handle, manifest)
+    warnings = kernel().agents.update_manifest(handle, manifest, principal().key_id)
     return jsonify(updated_body(handle, warnings))
 
 
@@ -188,7 +188,7 @@ def update_manifest(agent_id: str):
      errors={400: "Not provider/model, or an unknown provider"})
 def set_model(agent_id: str):
     handle = agent(agent_id)
-    warnings = kernel().agents.set_model(handle, body.load(AgentModelSchema())["model"])
+    warnings = kernel().agents.set_model(handle, body.load(AgentModelSchema())["model"], principal().key_id)
     return jsonify(updated_body(handle, warnings))
 
 

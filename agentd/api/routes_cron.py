@@ -8,10 +8,9 @@ from marshmallow import fields
 from agentd.api import body
 from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_agent, reach_workflow, reachable
+from agentd.api.principal import principal, reachable
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
-from agentd.errors import BadRequest
 
 bp = Blueprint("cron", __name__)
 
@@ -24,23 +23,6 @@ class CronJobsQuery(_Query):
 
 def _job(job_id: str) -> dict:
     return kernel().cron.get_raw(job_id)
-
-
-def _body() -> dict:
-    data = body.json_body()
-    if isinstance(data, dict):
-        # An agent outside a scoped key's list is refused in the words an unknown one gets.
-        reach_agent(data.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
-        reach_job_workflow(data.get("action"))
-    return data
-
-
-def reach_job_workflow(action: object) -> None:
-    """A workflow action whose steps name an agent outside a scoped key's list is refused as
-    one naming an unknown workflow."""
-    if isinstance(action, dict) and action.get("kind") == "workflow_run":
-        workflow_id = action.get("workflow_id")
-        reach_workflow(workflow_id, lambda _ref: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
 
 
 @bp.post("/api/cron/jobs")
@@ -60,7 +42,7 @@ def reach_job_workflow(action: object) -> None:
                    "action": {"kind": "agent_turn", "message": "Write the morning report."},
                    "max_runs_per_day": 3})
 def create():
-    return jsonify(kernel().cron.create(_body(), key_id=principal().key_id)), 201
+    return jsonify(kernel().cron.create(body.json_body(), by=principal())), 201
 
 
 @bp.get("/api/cron/jobs")
@@ -85,13 +67,13 @@ def detail(job_id: str):
      description="Only the fields given change. Resuming clears `paused_reason` and the failure backoff "
                  "and computes the next due time from now.")
 def update(job_id: str):
-    return jsonify(kernel().cron.update(job_id, _body()))
+    return jsonify(kernel().cron.update(job_id, body.json_body(), by=principal()))
 
 
 @bp.delete("/api/cron/jobs/<job_id>")
 @doc("Delete a cron job and its run history", tags="cron", response=sc.REMOVED, path_params=JOB_ID)
 def delete(job_id: str):
-    kernel().cron.delete(job_id)
+    kernel().cron.delete(job_id, by=principal())
     return jsonify({"status": "removed", "job_id": job_id})
 
 

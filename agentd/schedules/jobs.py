@@ -8,7 +8,10 @@ A job (`POST /api/cron/jobs`):
      "delivery": {kind: none} | {kind: channel, channel, chat_id?} | {kind: webhook, url, secret_env?},
      "enabled", "one_shot", "catch_up": skip|once, "max_runs_per_day", "max_cost_usd_per_day"}
 
-Every 400 names the field at fault.
+Every 400 names the field at fault. An agent or workflow outside a scoped key's list is
+refused in the words an unknown one gets. Creating, changing and deleting a job is audited
+(`cron.create`, `cron.update`, `cron.delete`) with who did it: `by` is the scoped key's name
+(and `key_id` its id) or `admin`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import ipaddress
 import re
 import time
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from agentd.agents.handle import MESSAGE_LIMIT
@@ -25,8 +28,14 @@ from agentd.config import SchedulesConfig
 from agentd.errors import BadRequest, Conflict, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
+from agentd.principals import ADMIN, Principal
 from agentd.schedules.spec import parse_schedule, schedule_from_json
 from agentd.schedules.store import RUN_RETENTION, CronStore
+
+if TYPE_CHECKING:
+    from agentd.key_runs import KeyRuns
+
+Audit = Callable[[str, str, dict[str, Any]], None]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
@@ -142,12 +151,16 @@ def _limit(data: dict[str, Any], key: str, integer: bool) -> Any:
 
 class CronJobs:
     """The jobs; `resolve_agent(ref)` finds an agent by id or name (None: unknown),
-    `workflow_exists(id)`, `channel_configured(name)`; `changed()` wakes the ticker."""
+    `workflow_exists(id)`, `channel_configured(name)`; `changed()` wakes the ticker;
+    `key_runs`: what a scoped key may reach (None: every caller is the admin)."""
 
     def __init__(self, store: CronStore, settings: SchedulesConfig, resolve_agent: Callable[[str], Any],
                  workflow_exists: Callable[[str], bool], channel_configured: Callable[[str], bool],
-                 changed: Callable[[], None] = lambda: None) -> None:
+                 changed: Callable[[], None] = lambda: None, audit: Audit | None = None,
+                 key_runs: KeyRuns | None = None) -> None:
         self.store = store
+        self.audit = audit
+        self.key_runs = key_runs
         self.settings = settings
         self.resolve_agent = resolve_agent
         self.workflow_exists = workflow_exists
@@ -155,7 +168,7 @@ class CronJobs:
         self.changed = changed
 
     # -- validation ----------------------------------------------------------------------
-    def _agent_id(self, ref: Any, action: dict[str, Any]) -> str:
+    def _agent_id(self, ref: Any, action: dict[str, Any], by: Principal) -> str:
         if ref is None and action["kind"] == "workflow_run":
             return ""
         if not isinstance(ref, str) or not ref.strip():
@@ -163,7 +176,21 @@ class CronJobs:
         handle = self.resolve_agent(ref.strip())
         if handle is None:
             raise BadRequest(f"agent_id: no agent {ref!r}")
+        if by.agents and self.key_runs is not None:
+            self.key_runs.reach(by, handle, lambda: BadRequest(f"agent_id: no agent {ref!r}"))
         return handle.id
+
+    def _reach_workflow(self, action: dict[str, Any], by: Principal) -> None:
+        if action["kind"] == "workflow_run" and by.agents and self.key_runs is not None:
+            workflow_id = action["workflow_id"]
+            self.key_runs.reach_steps(by, workflow_id,
+                                      lambda: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
+
+    def _audited(self, event: str, job: dict[str, Any], by: Principal, **detail: Any) -> None:
+        if self.audit is not None:
+            who = {"by": by.name, "key_id": by.key_id} if by.key_id else {"by": by.name}
+            self.audit(event, job["name"], {"job_id": job["id"], "agent_id": job["agent_id"] or None, **who,
+                                            **detail})
 
     def validate(self, data: Any, partial: bool = False) -> dict[str, Any]:
         """The stored fields of a job body (`partial`: a PATCH, only the fields given)."""
@@ -204,14 +231,17 @@ class CronJobs:
         return out
 
     # -- operations ----------------------------------------------------------------------
-    def create(self, data: Any, origin: str = "api", key_id: str = "") -> dict[str, Any]:
-        """A new job; `key_id`: the scoped API key creating it, which its runs act as."""
+    def create(self, data: Any, origin: str = "api", by: Principal = ADMIN) -> dict[str, Any]:
+        """A new job; `by`: who creates it (a scoped key's runs of it act as that key)."""
         fields = self.validate(data)
         if "agent_id" not in data and fields["action"]["kind"] == "agent_turn":
             raise BadRequest("agent_id: required")
-        fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"])
-        fields["key_id"] = key_id or None
-        return self.add(fields, origin)
+        fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"], by)
+        self._reach_workflow(fields["action"], by)
+        fields["key_id"] = by.key_id or None
+        job = self.add(fields, origin)
+        self._audited("cron.create", job, by, origin=origin)
+        return job
 
     def add(self, fields: dict[str, Any], origin: str) -> dict[str, Any]:
         """Store validated fields as a new job (its first due time computed here)."""
@@ -249,12 +279,20 @@ class CronJobs:
     def list(self, agent_id: str | None = None) -> list[dict[str, Any]]:
         return [self.view(j) for j in self.store.list(agent_id)]
 
-    def update(self, job_id: str, data: Any) -> dict[str, Any]:
+    def update(self, job_id: str, data: Any, by: Principal = ADMIN) -> dict[str, Any]:
+        updated = self.change(job_id, data, by)
+        self._audited("cron.update", updated, by, fields=sorted(data))
+        return self.view(updated)
+
+    def change(self, job_id: str, data: Any, by: Principal = ADMIN) -> dict[str, Any]:
+        """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
         action = changes.get("action", job["action"])
+        if "action" in changes:
+            self._reach_workflow(action, by)
         if "agent_id" in data:
-            changes["agent_id"] = self._agent_id(data["agent_id"], action)
+            changes["agent_id"] = self._agent_id(data["agent_id"], action, by)
         elif action["kind"] == "agent_turn" and not job["agent_id"]:
             raise BadRequest("agent_id: required for an agent_turn action")
         enabled = changes.get("enabled", job["enabled"])
@@ -272,13 +310,14 @@ class CronJobs:
         if updated is None:
             raise NotFound("cron job not found")
         self.changed()
-        return self.view(updated)
+        return updated
 
-    def delete(self, job_id: str) -> None:
-        key = self._key(job_id)
-        if key is None or not self.store.delete(key):
+    def delete(self, job_id: str, by: Principal = ADMIN) -> None:
+        job = self.get_raw(job_id)
+        if not self.store.delete(job["id"]):
             raise NotFound("cron job not found")
         self.changed()
+        self._audited("cron.delete", job, by)
 
     def delete_agent_jobs(self, agent_id: str) -> int:
         ids = self.store.agent_jobs(agent_id)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from agentd.config import ToolsConfig
+from agentd.errors import AgentdError
+from agentd.principals import ADMIN, Principal
 
 
 class ToolError(Exception):
@@ -53,6 +55,10 @@ class ToolContext:
     a2a: Any = None
     # The cron jobs the schedule_* and cron_* tools manage (agentd/schedules/jobs.py).
     cron: Any = None
+    # The scoped API key the run is paid by ("": the admin's), which what the tools start
+    # from inside it acts as, and the checks it must pass (agentd/key_runs.py).
+    key_id: str = ""
+    key_runs: Any = None
 
     def require_ops(self) -> AgentOps:
         if self.ops is None:
@@ -63,6 +69,18 @@ class ToolContext:
         if self.services is None:
             raise ToolError("this tool needs the daemon's tool services, which are not available here")
         return self.services
+
+    def acting(self) -> Principal:
+        """Who a job this run makes is created by: its scoped key as the key is now (refused
+        when disabled, deleted, expired or without `manage`), else the admin."""
+        if not self.key_id:
+            return ADMIN
+        if self.key_runs is None:
+            raise ToolError("scoped API keys are not available here")
+        try:
+            return self.key_runs.acting(self.key_id)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
 
     def audit(self, event: str, detail: dict[str, Any]) -> None:
         """One audit entry for a side effect a tool performed (`tool.<name>`)."""

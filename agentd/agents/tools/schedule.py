@@ -2,6 +2,8 @@
 
 An agent schedules its own follow-ups ("remind me at 9:00 tomorrow") as cron jobs
 (agentd/schedules/). The jobs an agent lists and removes are its own: those that run it.
+In a run paid by a scoped API key, a job is made and removed as that key (`manage`, its
+agent list), and each of the job's runs is the key's (agentd/key_runs.py).
 None of these tools is offered in Observe mode (like the original, not even the lists).
 """
 
@@ -43,7 +45,14 @@ def _own(ctx: ToolContext, job_id: Any) -> dict[str, Any]:
 
 def _create(ctx: ToolContext, body: dict[str, Any]) -> dict[str, Any]:
     try:
-        return _cron(ctx).create(body, origin="tool")
+        return _cron(ctx).create(body, origin="tool", by=ctx.acting())
+    except AgentdError as exc:
+        raise ToolError(exc.message) from None
+
+
+def _delete(ctx: ToolContext, job: dict[str, Any]) -> None:
+    try:
+        _cron(ctx).delete(job["id"], by=ctx.acting())
     except AgentdError as exc:
         raise ToolError(exc.message) from None
 
@@ -94,7 +103,7 @@ def schedule_list(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"id": {"type": "string", "description": "The schedule ID to remove"}}, required=("id",))
 def schedule_delete(ctx: ToolContext, args: dict[str, Any]) -> str:
     job = _own(ctx, args["id"])
-    _cron(ctx).delete(job["id"])
+    _delete(ctx, job)
     return f"removed scheduled task {job['id']} ({job['name']})"
 
 
@@ -131,5 +140,5 @@ def cron_list(ctx: ToolContext, args: dict[str, Any]) -> str:
       {"job_id": {"type": "string", "description": "The UUID of the cron job to cancel"}}, required=("job_id",))
 def cron_cancel(ctx: ToolContext, args: dict[str, Any]) -> str:
     job = _own(ctx, args["job_id"])
-    _cron(ctx).delete(job["id"])
+    _delete(ctx, job)
     return f"cancelled cron job {job['id']} ({job['name']})"

@@ -80,7 +80,7 @@ def agents_spawn():
             manifest_text = manifest_edit.build(form["name"], form["model"], form["profile"], form["system_prompt"])
         else:
             manifest_text = manifest
-        handle = k.agents.spawn(manifest_text, None)
+        handle = k.agents.spawn(manifest_text, None, principal().key_id)
     except AgentdError as exc:
         # Shown inline above the form, which keeps what was typed.
         return _agents_page(exc.status, exc.message, manifest, form)
@@ -113,7 +113,7 @@ def agent_manifest(agent_id: str):
     try:
         if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
             raise PayloadTooLarge("manifest too large (max 1 MB)")
-        warnings = agents.update_manifest(handle, manifest)
+        warnings = agents.update_manifest(handle, manifest, principal().key_id)
     except AgentdError as exc:
         return _edit_page(handle, exc.status, exc.message, manifest)
     return see_other_with("pages.agent_page", [f"agent {handle.name}: manifest saved"] + warnings,
@@ -126,7 +126,7 @@ def agent_model(agent_id: str):
     agents = kernel().agents
     handle = agents.get(agent_id)
     try:
-        warnings = agents.set_model(handle, request.form.get("model", ""))
+        warnings = agents.set_model(handle, request.form.get("model", ""), principal().key_id)
     except AgentdError as exc:
         return see_other_with("pages.agent_edit", [f"model: {exc.message}"], ok=False, agent_id=handle.id)
     return see_other_with("pages.agent_page", [f"agent {handle.name}: model set to {handle.provider}/{handle.model}"]

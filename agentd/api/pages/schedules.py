@@ -10,11 +10,10 @@ from zoneinfo import ZoneInfo
 from flask import make_response, render_template, request
 
 from agentd.api.pages import bp, kernel
-from agentd.api.principal import principal, reach_agent, reachable, reachable_workflows
-from agentd.api.routes_cron import reach_job_workflow
+from agentd.api.principal import principal, reachable, reachable_workflows
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body, typed
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError
 from agentd.schedules.spec import find_zone
 
 RUNS_SHOWN = 50
@@ -99,9 +98,7 @@ def schedule_create():
     form["one_shot"] = "on" if request.form.get("one_shot") else ""
     try:
         body = job_body({**form, "workflow_id": _workflow_ref(form["workflow_id"])}, bool(form["one_shot"]))
-        reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
-        reach_job_workflow(body.get("action"))
-        job = kernel().cron.create(body, key_id=principal().key_id)
+        job = kernel().cron.create(body, by=principal())
     except AgentdError as exc:
         return _schedules_page(exc.status, exc.message, form)
     return see_other_with("pages.schedule_page", [f"cron job {job['name']} created; next run {_due(job)}"],
@@ -153,8 +150,7 @@ def schedule_edit(job_id: str):
         body.setdefault("delivery", {"kind": "none"})
         for key in ("max_runs_per_day", "max_cost_usd_per_day"):
             body.setdefault(key, None)
-        reach_agent(body.get("agent_id"), lambda ref: BadRequest(f"agent_id: no agent {ref!r}"))
-        job = k.cron.update(job_id, body)
+        job = k.cron.update(job_id, body, by=principal())
     except AgentdError as exc:
         if exc.status == 404:
             raise
@@ -180,13 +176,13 @@ def _act(job_id: str, action, done) -> object:  # type: ignore[no-untyped-def]
 
 @bp.post("/schedules/<job_id>/enable")
 def schedule_enable(job_id: str):
-    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": True}),
+    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": True}, by=principal()),
                 lambda job: f"resumed; next run {_due(job)}")
 
 
 @bp.post("/schedules/<job_id>/disable")
 def schedule_disable(job_id: str):
-    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": False}),
+    return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": False}, by=principal()),
                 lambda job: "paused; nothing fires until it is enabled again")
 
 
@@ -200,5 +196,5 @@ def schedule_run(job_id: str):
 @bp.post("/schedules/<job_id>/delete")
 def schedule_delete(job_id: str):
     name = kernel().cron.get(job_id)["name"]
-    kernel().cron.delete(job_id)
+    kernel().cron.delete(job_id, by=principal())
     return see_other_with("pages.schedules", [f"cron job {name} deleted, with its history"])
