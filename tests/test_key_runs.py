@@ -294,3 +294,64 @@ def test_cron_jobs_created_changed_and_deleted_are_audited_with_who_did_it(d: Da
         ("cron.delete", job["name"], {"job_id": job["id"], "agent_id": agent_id, "by": "admin"}),
         ("cron.update", job["name"], {**by_key, "fields": ["enabled", "max_runs_per_day"]}),
         ("cron.create", job["name"], {**by_key, "origin": "api"})]
+
+
+def test_the_schedule_of_an_agent_a_key_spawns_or_changes_is_the_keys(d: Daemon) -> None:
+    key = new_key(d, scopes=["read", "message", "manage"])
+    name = f"daily-{uuid.uuid4().hex[:6]}"
+    periodic = f'name = "{name}"\n[schedule.periodic]\ncron = "0 0 1 1 *"\n'
+    r = as_key(d, key, "POST", "/api/agents", json={"manifest_toml": periodic})
+    assert r.status_code == 201, r.text
+    agent_id = r.json()["agent_id"]
+    [job] = d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()
+    assert (job["name"], job["origin"], job["key_id"]) == (f"{name}:periodic", "manifest", key["id"])
+    run = run_now(d, job)
+    assert run["status"] == "ok" and spent(d, key) == (pytest.approx(run["cost_usd"], rel=1e-9, abs=1e-12), 1)
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False}).status_code == 200
+    assert run_now(d, job)["error"] == f"API key '{key['name']}' is disabled"
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True}).status_code == 200
+
+    # The manifest's jobs act as whoever wrote the manifest last: the admin's change makes it the admin's.
+    changed = periodic.replace("0 0 1 1 *", "0 0 2 1 *")
+    assert d.http.put(f"{d.url}/api/agents/{agent_id}/manifest", json={"manifest_toml": changed}).status_code == 200
+    [job] = d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()
+    assert (job["schedule"]["expr"], job["key_id"]) == ("0 0 2 1 *", None)
+    r = as_key(d, key, "PUT", f"/api/agents/{agent_id}/manifest", json={"manifest_toml": periodic})
+    assert r.status_code == 200, r.text
+    assert d.get(f"/api/cron/jobs/{job['id']}").json()["key_id"] == key["id"]
+
+    # A manifest's proactive conditions become triggers of the key.
+    watcher = f'name = "watch-{uuid.uuid4().hex[:6]}"\n[schedule.proactive]\nconditions = [{{ content_match = "x" }}]\n'
+    r = as_key(d, key, "POST", "/api/agents", json={"manifest_toml": watcher})
+    assert r.status_code == 201, r.text
+    [trigger] = d.get("/api/triggers", params={"agent_id": r.json()["agent_id"]}).json()
+    assert (trigger["source"], trigger["key_id"]) == ("manifest", key["id"])
+
+    # An agent a key's run spawns with the agent_spawn tool: its manifest's job is the key's too.
+    spawner = f"spawner-{uuid.uuid4().hex[:6]}"
+    r = d.post("/api/agents", json={"manifest_toml": f'name = "{spawner}"\nprofile = "full"\n'
+                                                     '[capabilities]\nagent_spawn = true\n'})
+    child = f"child-{uuid.uuid4().hex[:6]}"
+    said = tool_turn(d, key, r.json()["agent_id"], "agent_spawn",
+                     {"manifest_toml": f'name = "{child}"\n[schedule.continuous]\ncheck_interval_secs = 86400\n'})
+    child_id = json.loads(said.removeprefix("tool said: "))["agent_id"]
+    [job] = d.get("/api/cron/jobs", params={"agent_id": child_id}).json()
+    assert (job["name"], job["key_id"]) == (f"{child}:continuous", key["id"])
+    # The admin's spawn makes the admin's job, as before.
+    r = d.post("/api/agents", json={"manifest_toml": periodic.replace(name, f"{name}-admin")})
+    assert d.get("/api/cron/jobs", params={"agent_id": r.json()["agent_id"]}).json()[0]["key_id"] is None
+
+
+def test_a_keys_run_lists_and_kills_only_the_keys_agents(d: Daemon) -> None:
+    boss, name = spawn_full(d, "boss")
+    _, mine = spawn(d, "minion")
+    _, outside = spawn(d, "bystander")
+    key = new_key(d, scopes=["message"], agents=[name, "minion-*"])
+    listed = tool_turn(d, key, boss, "agent_list", {})
+    assert f'"name": "{name}"' in listed and f'"name": "{mine}"' in listed, listed
+    assert listed.count('"name": ') == 2 and outside not in listed, listed
+    assert tool_turn(d, key, boss, "agent_kill", {"agent_id": outside}) == (
+        f"tool said: error: no agent with id or name '{outside}'")
+    assert any(a["name"] == outside for a in d.get("/api/agents").json())
+    assert tool_turn(d, key, boss, "agent_kill", {"agent_id": mine}) == f"tool said: killed agent {mine}"
+    assert not any(a["name"] == mine for a in d.get("/api/agents").json())

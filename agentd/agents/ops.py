@@ -34,9 +34,13 @@ class AgentOpsImpl:
         self.key_id = key_id
 
     def list_agents(self) -> list[dict[str, Any]]:
+        """Every agent; in a scoped key's run, those in the key's list (as GET /api/agents)."""
+        handles = self.registry.handles()
+        if self.key_id:
+            handles = self._acting().visible(handles)
         return [{"id": h.id, "name": h.name, "state": h.state, "mode": h.mode,
                  "model": f"{h.provider}/{h.model}", "description": h.manifest.data["description"],
-                 "tags": h.manifest.data["tags"]} for h in self.registry.handles()]
+                 "tags": h.manifest.data["tags"]} for h in handles]
 
     def find_agents(self, query: str) -> list[dict[str, Any]]:
         q = query.lower()
@@ -68,6 +72,13 @@ class AgentOpsImpl:
             raise ToolError("scoped API keys are not available here")
         return self.runs.key_runs
 
+    def _acting(self) -> Any:
+        """The run's scoped key as it is now (a disabled or deleted key is a ToolError)."""
+        try:
+            return self._key_runs().acting(self.key_id, scope=None)
+        except AgentdError as exc:
+            raise ToolError(exc.message) from None
+
     def spawn_agent(self, caller_id: str, manifest_toml: str) -> dict[str, Any]:
         try:
             handle = self.registry.spawn(manifest_toml, key_id=self.key_id)
@@ -82,11 +93,7 @@ class AgentOpsImpl:
         if handle.id == caller_id:
             raise ToolError("an agent cannot kill itself")
         if self.key_id:
-            try:
-                who = self._key_runs().acting(self.key_id, scope=None)
-            except AgentdError as exc:
-                raise ToolError(exc.message) from None
-            self._key_runs().reach(who, handle, lambda: ToolError(f"no agent with id or name {target!r}"))
+            self._key_runs().reach(self._acting(), handle, lambda: ToolError(f"no agent with id or name {target!r}"))
         self.registry.kill(handle)
 
     def kv_get(self, agent_id: str, key: str) -> tuple[bool, Any]:
