@@ -38,7 +38,7 @@ class KeyRuns:
     def fields(self, key_id: str | None, handle: Any, scope: str | None = CREATING_SCOPE,
                hidden: Callable[[], AgentdError] | None = None) -> dict[str, str]:
         """The RunRequest fields of a run of `handle` acting as `key_id` ({}: the admin's);
-        `scope`: what the key must hold (None: a run of the key asks, which it holds);
+        `scope`: what the key must hold (None: nothing beyond what started the asking run);
         `hidden()`: the refusal of an agent outside the key's list (see `reach`)."""
         if not key_id:
             return {}
