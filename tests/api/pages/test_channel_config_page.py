@@ -160,7 +160,13 @@ def test_the_form_names_only_the_adapters_own_variables(dash) -> None:
 def test_remove_from_the_page(dash) -> None:
     browser, fake, _daemon = dash
     browser.page("/channels/telegram")
-    browser.submit("/channels/telegram/configure", form_for(fake))
-    note, page = browser.submit("/channels/telegram/remove", {})
+    note, page = browser.submit("/channels/telegram/configure", form_for(fake))
+    assert '<a class="button bad" href="/channels/telegram/remove">Remove configuration…</a>' in page
+    asked = browser.post("/channels/telegram/remove", {})
+    assert (asked.status_code, asked.headers["Location"]) == (303, "/channels/telegram/remove")
+    page = browser.page("/channels/telegram/remove")
+    assert "<h1>Remove the telegram configuration?</h1>" in page
+    assert state(browser.page("/channels/telegram")) != "not configured", "removed without confirmation"
+    note, page = browser.submit("/channels/telegram/remove", {"confirm": "yes"})
     assert note == "telegram: configuration removed and the adapter stopped"
     assert state(page) == "not configured"
