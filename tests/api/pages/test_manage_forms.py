@@ -267,7 +267,7 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     page = web.get(f"/agents/{agent_id}/memory?kv_key=prefs/colour").text
     assert 'id="kv-key" name="key" value="prefs/colour"' in page and "&#34;main&#34;: &#34;blue&#34;" in page
     delete = f"/agents/{agent_id}/memory/kv/delete"
-    assert f'<a class="" href="{delete}?key=prefs/colour">Delete…</a>' in page
+    assert f'<a href="{delete}?key=prefs/colour">Delete…</a>' in page
     r = web.post(delete, {"key": "prefs/colour"})  # without confirming: the confirmation page
     assert (r.status_code, r.headers["Location"]) == (303, f"{delete}?key=prefs%2Fcolour")
     asked = web.follow(r)
