@@ -51,6 +51,7 @@ POLL_ENV = {"SIGNAL_UNUSED": "x", "REDDIT_CLIENT_SECRET": "reddit-secret", "REDD
 POLL_ENV.update({"DISCORD_BOT_TOKEN": "discord-bot-token", "DISCORD_OTHER_TOKEN": "not-the-bot-token",
                  "SLACK_APP_TOKEN": "xapp-1-A0-1-appsecret", "SLACK_BOT_TOKEN": "xoxb-1-2-botsecret",
                  "SLACK_SIGNING_SECRET": "slack-signing-secret", "REVOLT_BOT_TOKEN": "revolt-bot-token",
+                 "REVOLT_OTHER_TOKEN": "not-the-bot-token",
                  "GUILDED_BOT_TOKEN": "guilded-bot-token"})
 # What the shared daemon, and an adapter run in this process, find in the environment.
 ENV = {**CHANNEL_ENV, **POLL_ENV}

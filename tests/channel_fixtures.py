@@ -85,7 +85,7 @@ def channel_daemon(tmp_path_factory, fake_llm) -> Iterator[Daemon]:
 
 
 # Secrets the channel tests' daemons see (the fakes accept exactly these).
-CHANNEL_ENV = {"TEST_WEBHOOK_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "123456:TESTTOKEN",
+CHANNEL_ENV = {"WEBHOOK_TEST_SECRET": "s3cret-hmac", "TELEGRAM_BOT_TOKEN": "123456:TESTTOKEN",
                "MATRIX_ACCESS_TOKEN": "syt_matrix_token", "NTFY_TOKEN": "tk_ntfy",
                "GOTIFY_APP_TOKEN": "AppTokenX", "GOTIFY_CLIENT_TOKEN": "ClientTokenY",
                "MATTERMOST_TOKEN": "mm-token", "EMAIL_PASSWORD": "mailpass"}

@@ -43,12 +43,14 @@ def reload_channels():
      body={"type": "object", "additionalProperties": True,
            "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
                           "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
-                          "variables, never secrets. Optional `secrets`: an object of `{\"<key>_env\": "
+                          "variables, never secrets (only the key's default or one starting with the adapter's "
+                          "name in capitals). Optional `secrets`: an object of `{\"<key>_env\": "
                           "\"<secret value>\"}` written to secrets.env (mode 0600) and the daemon's "
                           "environment under the key's variable (its default, or one starting with the "
                           "adapter's name in capitals), never to config.toml and never echoed"},
      response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
-                                                     "`*_env` value, a `secrets` entry that is not a secret key, or "
+                                                     "`*_env` value, a `*_env` naming a variable outside the adapter's own (its default or "
+                                                     "`<ADAPTER>_...`), a `secrets` entry that is not a secret key, or "
                                                      "no `default_agent` from a key limited to some agents",
                                                 404: "Unknown channel, or (a key limited to some agents) one that "
                                                      "names or answers as an agent outside the key's list"})

@@ -65,7 +65,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.providers": "read", "pages.usage": "read", "pages.workflows": "read", "pages.workflow_page": "read",
     "pages.agent_message": "message", "pages.agent_stop": "message",
     "pages.agents_spawn": "manage", "pages.agent_compact": "manage", "pages.agent_kill": "manage",
-    "pages.agent_mode": "manage", "pages.agent_kill_confirm": "manage", "pages.agent_reset": "manage",
+    "pages.agent_mode": "manage", "pages.agent_reset": "manage",
     "pages.approval_decide": "manage",
     "pages.workflow_run": "manage", "pages.provider_test": "manage",
     "pages.memory_fragment": "read", "pages.memory_export": "read", "pages.memory_graph": "read",

@@ -216,6 +216,7 @@ class ChannelManager:
             body = dict(body)
             secrets = body.pop("secrets")
         values = validate(info, body)
+        channel_secrets.check_names(info, values, self.sections.get(name) or {})
         stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
         if stored and self.store_secrets is None:
             raise BadRequest("secrets: this daemon cannot store channel secrets")

@@ -1,12 +1,14 @@
-"""Channel secrets given as values (the `secrets` object of a configure body, the dashboard's
-password fields): checked here, written to `secrets.env` and the daemon's environment by
-the same writer as provider keys (agentd/providers.py), never to config.toml.
+"""Channel secrets through the API and the dashboard: the variables a configure body may name
+in `*_env` keys, and secrets given as values (the `secrets` object, the dashboard's password
+fields), written to `secrets.env` and the daemon's environment by the same writer as
+provider keys (agentd/providers.py), never to config.toml.
 
 A secret belongs to one of the adapter's `*_env` keys; the section records the variable's
 NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_TOKEN`; for a
 key without one, `<ADAPTER>_<KEY>` such as `MATRIX_REFRESH_TOKEN`) or a name of the adapter's
 own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a provider key or anything
-else of the daemon's environment.
+else of the daemon's environment, nor have the adapter read one and send it to a URL of the
+caller's choosing. config.toml edited by hand names any variable: the operator owns the machine.
 """
 
 from __future__ import annotations
@@ -35,6 +37,23 @@ def allowed_name(info: ChannelInfo, key: str, name: str) -> bool:
                                            or name.startswith(info.name.upper() + "_"))
 
 
+def accepted(info: ChannelInfo, key: str) -> str:
+    """The variables `key` may name through the API, in words."""
+    prefix = f"a variable starting with {info.name.upper()}_"
+    default = env_keys(info).get(key)
+    return f"{default} or {prefix}" if default else prefix
+
+
+def check_names(info: ChannelInfo, values: dict[str, Any], saved: dict[str, Any]) -> None:
+    """400 for a `*_env` key of `values` naming a variable outside the adapter's own; a name
+    the saved section already holds under that key stays (the operator may have written it)."""
+    for key, name in values.items():
+        if key.endswith("_env") and not allowed_name(info, key, name) and saved.get(key) != name:
+            # The name is not echoed: a secret pasted into the field may look like one.
+            raise BadRequest(f"{key}: channel {info.name} may only read {accepted(info, key)} "
+                             "(other variables are named in config.toml by hand)")
+
+
 def secret_values(info: ChannelInfo, values: dict[str, Any], secrets: Any) -> dict[str, str]:
     """{variable: value} to store for `secrets` ({"<key>_env": "<value>"}); sets each key's
     variable name in `values` (the section). 400 names the key, never the value."""
@@ -53,8 +72,7 @@ def secret_values(info: ChannelInfo, values: dict[str, Any], secrets: Any) -> di
         # A key without a catalogue default (matrix refresh_token_env) is named after itself.
         name = values.get(key) or keys[key] or f"{info.name.upper()}_{key.removesuffix('_env').upper()}"
         if not allowed_name(info, key, name):
-            raise BadRequest(f"{key}: a secret saved by agentd goes to {keys[key] or 'a variable'} or a variable "
-                             f"starting with {info.name.upper()}_, not {name}")
+            raise BadRequest(f"{key}: a secret saved by agentd goes to {accepted(info, key)}, not {name}")
         values[key] = name
         out[name] = value.strip()
     return out

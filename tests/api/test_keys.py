@@ -616,11 +616,18 @@ def test_dashboard_keys_page(d: Daemon) -> None:
     assert secret not in browser.get(f"{d.url}/keys").text  # shown once
     assert browser.post(f"{d.url}/keys/{key_id}/disable", data={"csrf_token": token}).status_code == 200
     assert d.get(f"/api/keys/{key_id}").json()["enabled"] is False
-    rotated = browser.post(f"{d.url}/keys/{key_id}/rotate", data={"csrf_token": token})
+    # Rotating and deleting ask first (the confirmation page), and do nothing until confirmed.
+    asked = browser.post(f"{d.url}/keys/{key_id}/rotate", data={"csrf_token": token})
+    assert asked.status_code == 200 and [r.status_code for r in asked.history] == [303]
+    assert f"<h1>Rotate key {name}?</h1>" in asked.text and 'id="key-value"' not in asked.text
+    rotated = browser.post(f"{d.url}/keys/{key_id}/rotate", data={"csrf_token": token, "confirm": "yes"})
     assert rotated.status_code == 200 and secret not in rotated.text and 'id="key-value"' in rotated.text
     assert [r.status_code for r in rotated.history] == [303]
     assert 'id="key-value"' not in browser.get(f"{d.url}/keys").text, "a refresh shows no secret"
-    assert browser.post(f"{d.url}/keys/{key_id}/delete", data={"csrf_token": token}).status_code == 200
+    asked = browser.post(f"{d.url}/keys/{key_id}/delete", data={"csrf_token": token})
+    assert f"<h1>Delete key {name}?</h1>" in asked.text and d.get(f"/api/keys/{key_id}").status_code == 200
+    deleted = browser.post(f"{d.url}/keys/{key_id}/delete", data={"csrf_token": token, "confirm": "yes"})
+    assert deleted.status_code == 200 and f"key {name} deleted" in deleted.text
     assert d.get(f"/api/keys/{key_id}").status_code == 404
     usage = browser.get(f"{d.url}/usage")
     assert usage.status_code == 200 and 'id="per-key"' in usage.text
@@ -721,7 +728,7 @@ def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> No
         assert "nowhere to go" in d.get("/channels/webhook").text  # the failed test, on the admin's page
         assert "nowhere to go" not in page.text and "nowhere to go" not in listing.text
         token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
-        browser.post(f"{d.url}/channels/webhook/remove", data={"csrf_token": token})
+        browser.post(f"{d.url}/channels/webhook/remove", data={"csrf_token": token, "confirm": "yes"})
         for method, path, body in [("DELETE", "/api/channels/webhook/configure", None),
                                    ("POST", "/api/channels/webhook/test", {"message": "hi"}),
                                    ("POST", "/api/channels/webhook/configure", {"default_agent": inside_name})]:

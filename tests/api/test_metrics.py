@@ -34,7 +34,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemo
         "[api]\n", "[api]\ntrusted_proxies = [\"127.0.0.1\"]\n", 1)
     assert "trusted_proxies" in config
     d = Daemon(make_home(tmp_path_factory.mktemp("metrics"), config),
-               env_extra={**LLM_ENV, "TEST_WEBHOOK_SECRET": SECRET}).start()
+               env_extra={**LLM_ENV, "WEBHOOK_TEST_SECRET": SECRET}).start()
     yield d
     stop_shared(d)
 
@@ -245,7 +245,7 @@ def test_channel_messages_in_out_and_refused_by_adapter(daemon: Daemon) -> None:
     callback = Recorder()
     port = free_port()
     r = daemon.post("/api/channels/webhook/configure", json={
-        "listen_port": port, "callback_url": callback.url + "/cb", "secret_env": "TEST_WEBHOOK_SECRET",
+        "listen_port": port, "callback_url": callback.url + "/cb", "secret_env": "WEBHOOK_TEST_SECRET",
         "default_agent": "hooked", "allowed_users": ["u-ok"]})
     assert r.status_code == 200, r.text
     try:

@@ -9,9 +9,10 @@ import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import requests
 
 from channel_fixtures import audit, channel, channel_daemon, configure, wait_for  # noqa: F401
-from support import Daemon, FAST_API, make_home
+from support import Daemon, FAST_API, free_port, make_home
 
 SPEC_FIELDS = {"name", "display_name", "icon", "description", "category", "difficulty", "setup_time",
                "quick_setup", "setup_type", "configured", "active", "fields", "setup_steps", "config_template"}
@@ -55,6 +56,64 @@ def test_configure_validates_types_and_env_names(channel_daemon):
         assert "hunter2" not in response.json()["error"] and "sk-ABC" not in response.json()["error"]
     config = (channel_daemon.home / "config.toml").read_text()
     assert "hunter2" not in config and "sk-ABC" not in config and "channels.irc" not in config
+
+
+ADMIN = "admin-key-for-channel-env-names"
+OUTSIDE = "(other variables are named in config.toml by hand)"
+
+
+def test_env_keys_set_through_the_api_name_only_the_adapters_own_variables(tmp_path):
+    port = free_port()
+    by_hand = (f'[channels.webhook]\nlisten_port = {port}\ncallback_url = "http://127.0.0.1:9/"\n'
+               'secret_env = "OPERATOR_HOOK_SECRET"\n')
+    home = make_home(tmp_path, f'api_key = "{ADMIN}"\n' + FAST_API + by_hand)
+    env = {"OPERATOR_HOOK_SECRET": "hand-picked", "OPENAI_API_KEY": "sk-provider-key"}
+    daemon = Daemon(home, api_key=ADMIN, env_extra=env).start()
+    try:
+        # The operator's own file names any variable.
+        wait_for(lambda: channel(daemon, "webhook")["active"], what="webhook active")
+        created = daemon.post("/api/keys", json={"name": "channel-manager", "scopes": ["manage"]})
+        manager = {"Authorization": f"Bearer {created.json()['key']}"}
+        before = (home / "config.toml").read_text()
+        refused = ("bot_token_env: channel telegram may only read TELEGRAM_BOT_TOKEN or a variable "
+                   f"starting with TELEGRAM_ {OUTSIDE}")
+        for name in ("OPENAI_API_KEY", "PATH", "AGENTD_API_KEY", "WEBHOOK_SECRET"):
+            for headers in ({}, manager):
+                response = daemon.post("/api/channels/telegram/configure", headers=headers,
+                                       json={"bot_token_env": name, "api_url": "http://attacker.example"})
+                assert (response.status_code, response.json()) == (400, {"error": refused}), (name, headers)
+        response = daemon.post("/api/channels/irc/configure", json={"password_env": "OPENAI_API_KEY"})
+        assert response.json() == {"error": f"password_env: channel irc may only read a variable starting with "
+                                            f"IRC_ {OUTSIDE}"}
+        assert (home / "config.toml").read_text() == before
+        for name in ("TELEGRAM_BOT_TOKEN", "TELEGRAM_OTHER"):
+            response = daemon.post("/api/channels/telegram/configure", headers=manager,
+                                   json={"bot_token_env": name, "api_url": "http://127.0.0.1:9"})
+            assert response.status_code == 200, response.text
+            saved = tomllib.loads((home / "config.toml").read_text())["channels"]["telegram"]
+            assert saved == {"bot_token_env": name, "api_url": "http://127.0.0.1:9"}
+        # Saving the operator's section again keeps the name the file holds, and no other.
+        webhook = {"listen_port": port, "callback_url": "http://127.0.0.1:9/", "secret_env": "OPERATOR_HOOK_SECRET"}
+        response = daemon.post("/api/channels/webhook/configure", headers=manager,
+                               json={**webhook, "default_agent": "helper"})
+        assert response.status_code == 200 and response.json()["activated"] is True, response.text
+        response = daemon.post("/api/channels/webhook/configure", headers=manager,
+                               json={**webhook, "secret_env": "OPERATOR_OTHER_SECRET"})
+        assert response.json() == {"error": "secret_env: channel webhook may only read WEBHOOK_SECRET or a variable "
+                                            f"starting with WEBHOOK_ {OUTSIDE}"}
+        response = daemon.post("/api/channels/webhook/configure", headers=manager,
+                               json={**webhook, "secrets": {"secret_env": "overwrite"}})
+        assert response.json() == {"error": "secret_env: a secret saved by agentd goes to WEBHOOK_SECRET or a "
+                                            "variable starting with WEBHOOK_, not OPERATOR_HOOK_SECRET"}
+        assert "overwrite" not in (home / "config.toml").read_text() and not (home / "secrets.env").exists()
+        # What the API saved is read back at the next start like the rest of the file.
+        daemon.stop()
+        daemon.start()
+        wait_for(lambda: channel(daemon, "webhook")["active"], what="webhook active after a restart")
+        assert tomllib.loads((home / "config.toml").read_text())["channels"]["telegram"]["bot_token_env"] == \
+            "TELEGRAM_OTHER"
+    finally:
+        daemon.stop()
 
 
 @pytest.mark.parametrize("port", [0, 65536, 6667.5])
@@ -127,9 +186,8 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
 
 def test_reload_applies_hand_edits(tmp_path):
     home = make_home(tmp_path)
-    daemon = Daemon(home, env_extra={"TEST_WEBHOOK_SECRET": "x"}).start()
+    daemon = Daemon(home, env_extra={"WEBHOOK_TEST_SECRET": "x"}).start()
     try:
-        from support import free_port
         port = free_port()
         with open(home / "config.toml", "a") as fh:
             fh.write(f'\n[channels.webhook]\nlisten_port = {port}\ncallback_url = "http://127.0.0.1:9/"\n')
@@ -142,7 +200,6 @@ def test_reload_applies_hand_edits(tmp_path):
             fh.write('[channels]\nlisten_host = "127.0.0.2"\n')
         assert daemon.post("/api/channels/reload").json() == {"status": "reloaded", "channels_active": 1}
         wait_for(lambda: channel(daemon, "webhook")["active"], what="webhook active again")
-        import requests
         assert requests.post(f"http://127.0.0.2:{port}/", json={"sender_id": "a", "message": "b"},
                              timeout=5).status_code == 202
         (home / "config.toml").write_text(text[:text.index("[channels.webhook]")])

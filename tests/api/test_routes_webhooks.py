@@ -28,7 +28,7 @@ from tests.server.test_proxy import REMOTE, Stack, config_text
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
                                 reason="nginx is not installed (.ci/apt-packages installs it)")
 
-HOOK_SECRET = CHANNEL_ENV["TEST_WEBHOOK_SECRET"]
+HOOK_SECRET = CHANNEL_ENV["WEBHOOK_TEST_SECRET"]
 LINE_SECRET = CHANNEL_ENV["LINE_CHANNEL_SECRET"]
 FB_SECRET = CHANNEL_ENV["MESSENGER_APP_SECRET"]
 JSON = {"Content-Type": "application/json"}
@@ -50,7 +50,7 @@ class Platforms:
         self.line = FakeLine(CHANNEL_ENV["LINE_CHANNEL_ACCESS_TOKEN"]).start()
         self.fb = messenger.FakeMessenger(CHANNEL_ENV["MESSENGER_PAGE_TOKEN"]).start()
         configure(self.daemon, "webhook", callback_url=self.callback.url + "/cb",
-                  secret_env="TEST_WEBHOOK_SECRET", default_agent="helper")
+                  secret_env="WEBHOOK_TEST_SECRET", default_agent="helper")
         configure(self.daemon, "line", api_url=self.line.url, default_agent="helper")
         configure(self.daemon, "messenger", api_url=self.fb.url, default_agent="helper")
         for name in ("webhook", "line", "messenger"):
@@ -153,7 +153,7 @@ def test_unknown_channel_and_the_api_stay_closed(platforms: Platforms) -> None:
 
 def test_unsigned_webhook_serves_loopback_clients_only(platforms: Platforms) -> None:
     configure(platforms.daemon, "webhook", callback_url=platforms.callback.url + "/cb",
-              secret_env="UNSET_WEBHOOK_SECRET", default_agent="helper")
+              secret_env="WEBHOOK_UNSET_SECRET", default_agent="helper")
     wait_active(platforms.daemon, "webhook")
     try:
         body = json.dumps({"sender_id": "u-9", "message": "unsigned"}).encode()
@@ -164,7 +164,7 @@ def test_unsigned_webhook_serves_loopback_clients_only(platforms: Platforms) -> 
         assert local.status_code == 202, local.text
     finally:
         configure(platforms.daemon, "webhook", callback_url=platforms.callback.url + "/cb",
-                  secret_env="TEST_WEBHOOK_SECRET", default_agent="helper", listen_port=None)
+                  secret_env="WEBHOOK_TEST_SECRET", default_agent="helper", listen_port=None)
         wait_active(platforms.daemon, "webhook")
 
 

@@ -149,7 +149,7 @@ def hook(files_daemon):  # noqa: F811
     callback = Recorder()
     port = free_port()
     configure(files_daemon, "webhook", listen_port=port, callback_url=callback.url + "/cb",
-              secret_env="TEST_WEBHOOK_SECRET", default_agent="filer")
+              secret_env="WEBHOOK_TEST_SECRET", default_agent="filer")
     wait_active(files_daemon, "webhook")
     yield f"http://127.0.0.1:{port}/webhook", callback
     files_daemon.delete("/api/channels/webhook/configure")
@@ -158,7 +158,7 @@ def hook(files_daemon):  # noqa: F811
 
 def post_hook(url: str, payload: dict) -> requests.Response:
     body = json.dumps(payload).encode()
-    signature = "sha256=" + hmac.new(ENV["TEST_WEBHOOK_SECRET"].encode(), body, hashlib.sha256).hexdigest()
+    signature = "sha256=" + hmac.new(ENV["WEBHOOK_TEST_SECRET"].encode(), body, hashlib.sha256).hexdigest()
     return requests.post(url, data=body, headers={"X-Webhook-Signature": signature,
                                                   "Content-Type": "application/json"}, timeout=5)
 
@@ -189,7 +189,7 @@ def test_webhook_attachments_both_ways_in_the_json(files_daemon, hook, fake_llm)
     assert item["filename"].endswith(".png") and reply["message"].startswith("tool said: ")
     signed = [r for r in callback.requests if json.loads(r["body"]).get("attachments")][0]
     assert signed["headers"]["X-Webhook-Signature"] == \
-        "sha256=" + hmac.new(ENV["TEST_WEBHOOK_SECRET"].encode(), signed["body"], hashlib.sha256).hexdigest()
+        "sha256=" + hmac.new(ENV["WEBHOOK_TEST_SECRET"].encode(), signed["body"], hashlib.sha256).hexdigest()
     # Files alone are a message; a bad attachment is a 400 that names it.
     only = post_hook(url, {"sender_id": "w-4", "attachments": [text]})
     assert only.status_code == 202

@@ -15,7 +15,7 @@ from channel_fixtures import channel_daemon, configure, remove, wait_active, wai
 from fakes.recorder import Recorder
 from support import free_port
 
-SECRET = "s3cret-hmac"  # TEST_WEBHOOK_SECRET in the daemon's environment
+SECRET = "s3cret-hmac"  # WEBHOOK_TEST_SECRET in the daemon's environment
 
 
 def send(url: str, sender: str, text: str) -> None:
@@ -30,7 +30,7 @@ def test_a_senders_exchange_is_not_recalled_for_another_sender(channel_daemon, f
     d = channel_daemon
     callback = Recorder()
     port = free_port()
-    configure(d, "webhook", listen_port=port, callback_url=callback.url + "/cb", secret_env="TEST_WEBHOOK_SECRET",
+    configure(d, "webhook", listen_port=port, callback_url=callback.url + "/cb", secret_env="WEBHOOK_TEST_SECRET",
               default_agent="helper")
     wait_active(d, "webhook")
     url = f"http://127.0.0.1:{port}/"

@@ -25,7 +25,7 @@ def hook(channel_daemon):
 
     def setup(**overrides):  # type: ignore[no-untyped-def]
         configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url + "/cb",
-                  secret_env="TEST_WEBHOOK_SECRET", default_agent="helper", overrides=overrides)
+                  secret_env="WEBHOOK_TEST_SECRET", default_agent="helper", overrides=overrides)
         wait_active(channel_daemon, "webhook")
 
     def say(sender: str, text: str) -> None:

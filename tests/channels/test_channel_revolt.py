@@ -59,7 +59,7 @@ def test_unanswered_pings_reconnect_and_bad_token(daemon, fake):  # noqa: F811
     fake.pong = True
     fake.user_says("ann", "still there?")
     wait_for(lambda: fake.replies("DMANN") == ["echo: still there?"], what="reply after reconnect")
-    result = configure(daemon, "revolt", **{**CASE.config(fake), "bot_token_env": "DISCORD_OTHER_TOKEN"})
+    result = configure(daemon, "revolt", **{**CASE.config(fake), "bot_token_env": "REVOLT_OTHER_TOKEN"})
     assert result["activated"] is False and channel(daemon, "revolt")["active"] is False
     assert "HTTP 401" in audit(daemon, "channel.start_failed", "revolt")[0]["detail"]["error"]
 

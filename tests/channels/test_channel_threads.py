@@ -77,7 +77,7 @@ def test_webhook_listener_thread_ends():
     assert adapter.health()
     adapter.stop()
     assert adapter.threads_alive() == 0 and not adapter.health()
-    assert os.environ["TEST_WEBHOOK_SECRET"]  # (the env fixture ran)
+    assert os.environ["WEBHOOK_TEST_SECRET"]  # (the env fixture ran)
 
 
 def test_stop_interrupts_a_long_poll_in_flight():

@@ -14,7 +14,7 @@ from channel_fixtures import audit, channel, channel_daemon, configure, remove, 
 from fakes.recorder import Recorder
 from support import free_port
 
-SECRET = "s3cret-hmac"  # the value of TEST_WEBHOOK_SECRET in the daemon's environment
+SECRET = "s3cret-hmac"  # the value of WEBHOOK_TEST_SECRET in the daemon's environment
 
 
 def sign(body: bytes, secret: str = SECRET) -> str:
@@ -26,7 +26,7 @@ def hook(channel_daemon):
     callback = Recorder()
     port = free_port()
     configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url + "/cb",
-              secret_env="TEST_WEBHOOK_SECRET", default_agent="helper")
+              secret_env="WEBHOOK_TEST_SECRET", default_agent="helper")
     wait_active(channel_daemon, "webhook")
     yield f"http://127.0.0.1:{port}/", callback
     remove(channel_daemon, "webhook")
@@ -72,7 +72,7 @@ def test_bad_body_is_400_and_allow_list_refuses(channel_daemon, hook):
     body = b'{"sender_id": 5}'
     assert requests.post(url, data=body, headers={"X-Webhook-Signature": sign(body)}, timeout=5).status_code == 400
     configure(channel_daemon, "webhook", listen_port=int(url.rsplit(":", 1)[1].strip("/")),
-              callback_url=callback.url + "/cb", secret_env="TEST_WEBHOOK_SECRET", allowed_users=["vip"])
+              callback_url=callback.url + "/cb", secret_env="WEBHOOK_TEST_SECRET", allowed_users=["vip"])
     wait_active(channel_daemon, "webhook")
     for sender in ("intruder", "vip"):
         body = json.dumps({"sender_id": sender, "message": f"from {sender}"}).encode()
@@ -98,7 +98,7 @@ def test_without_a_set_secret_nothing_is_signed(channel_daemon):
     callback, port = Recorder(), free_port()
     try:
         configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
-                  secret_env="UNSET_SECRET_VARIABLE")
+                  secret_env="WEBHOOK_UNSET_SECRET")
         wait_active(channel_daemon, "webhook")
         response = requests.post(f"http://127.0.0.1:{port}/", json={"sender_id": "s", "message": "plain"}, timeout=5)
         assert response.status_code == 202
@@ -154,7 +154,7 @@ def test_a_web_page_cannot_drive_an_unsigned_webhook(channel_daemon, fake_llm, b
     callback, port = Recorder(), free_port()
     try:
         configure(channel_daemon, "webhook", listen_port=port, callback_url=callback.url,
-                  secret_env="UNSET_SECRET_VARIABLE", default_agent="helper")
+                  secret_env="WEBHOOK_UNSET_SECRET", default_agent="helper")
         wait_active(channel_daemon, "webhook")
         before = len(fake_llm.requests)
         body = json.dumps({"sender_id": "mallory", "message": "do something"})

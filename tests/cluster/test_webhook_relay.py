@@ -28,7 +28,7 @@ from support import Daemon, make_home
 from tests.cluster.test_cluster import ClusterNginx
 
 LEASE = 4.0
-SECRET = CHANNEL_ENV["TEST_WEBHOOK_SECRET"]
+SECRET = CHANNEL_ENV["WEBHOOK_TEST_SECRET"]
 HOOK = "/channels/webhook/webhook"
 
 pytestmark = [
@@ -72,7 +72,7 @@ def test_a_standby_relays_webhooks_to_the_daemon_holding_the_channel(tmp_path, f
         for name in ("daemon-a", "daemon-b"):
             extra = (f'\n[cluster]\ndaemon_id = "{name}"\nlease_secs = {LEASE}\n'
                      f'\n[channels.webhook]\ncallback_url = "{callback.url}/cb"\n'
-                     'secret_env = "TEST_WEBHOOK_SECRET"\ndefault_agent = "helper"\n')
+                     'secret_env = "WEBHOOK_TEST_SECRET"\ndefault_agent = "helper"\n')
             home = make_home(tmp_path / name, llm_config(fake_llm, extra))
             # One after the other: daemon-a takes the channel, daemon-b is its standby.
             daemons.append(Daemon(home, env_extra={**LLM_ENV, **CHANNEL_ENV, "AGENTD_DATABASE_URL": db_url}).start())

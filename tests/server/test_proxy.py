@@ -422,7 +422,7 @@ def test_webhook_audit_names_the_sender_behind_a_trusted_proxy(tmp_path: Path, f
         assert d.post("/api/agents", json={"manifest_toml": AGENT_TOML}).status_code == 201
         port = free_port()
         configure(d, "webhook", listen_port=port, callback_url="http://127.0.0.1:9/cb",
-                  secret_env="TEST_WEBHOOK_SECRET", default_agent="helper")
+                  secret_env="WEBHOOK_TEST_SECRET", default_agent="helper")
         wait_active(d, "webhook")
         for xff in (REMOTE, f"127.0.0.1, {OTHER_REMOTE}, 127.0.0.1"):
             r = requests.post(f"http://127.0.0.1:{port}/", data=b"{}", timeout=5,

@@ -88,7 +88,7 @@ def test_full_disk_refuses_a_channel_configuration_and_leaves_config_toml_as_it_
     before = (d.home / "config.toml").read_text()
     _limit(d, 0)
     try:
-        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TG_TOKEN"})
+        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TELEGRAM_OTHER_TOKEN"})
         assert r.status_code == 507 and r.headers["Retry-After"] == "2", r.text
         assert r.json() == {"error": HOME_FULL}
     finally:
@@ -164,7 +164,7 @@ def test_a_really_full_disk(small_disk: Path, fake_llm) -> None:
         r = d.put(f"{kv}/during", json={"value": "x" * 100_000})
         assert r.status_code == 507 and r.headers["Retry-After"] == "2", r.text
         assert r.json() == {"error": FULL}
-        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TG_TOKEN"})
+        r = d.post("/api/channels/telegram/configure", json={"bot_token_env": "TELEGRAM_OTHER_TOKEN"})
         assert r.status_code == 507 and r.json() == {"error": HOME_FULL}, r.text
         assert d.get(f"{kv}/before").json()["value"] == "kept"
         assert [a["name"] for a in d.get("/api/agents").json()] == ["filler"]

@@ -24,7 +24,7 @@ SECRET = "trigger-hook-secret"
 @pytest.fixture(scope="module")
 def d(tmp_path_factory, fake_llm):
     home = make_home(tmp_path_factory.mktemp("triggers"), llm_config(fake_llm))
-    daemon = Daemon(home, env_extra={**LLM_ENV, "TRIGGER_HOOK_SECRET": SECRET}).start()
+    daemon = Daemon(home, env_extra={**LLM_ENV, "WEBHOOK_TRIGGER_SECRET": SECRET}).start()
     yield daemon
     daemon.stop()
 
@@ -256,7 +256,7 @@ def test_channel_message_through_the_webhook_channel(d) -> None:
     callback = Recorder()
     port = free_port()
     r = d.post("/api/channels/webhook/configure", json={"listen_port": port, "callback_url": callback.url + "/cb",
-                                                        "secret_env": "TRIGGER_HOOK_SECRET"})
+                                                        "secret_env": "WEBHOOK_TRIGGER_SECRET"})
     assert r.status_code == 200, r.text
     wait_until(lambda: next(c for c in d.get("/api/channels").json() if c["name"] == "webhook")["active"],
                "webhook active")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from flask import render_template, request
+from flask import render_template, request, url_for
 
 from agentd.agents.loop import RunCancelled
 from agentd.agents import manifest_edit
 from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
 from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.routes_agents import message_text
@@ -239,8 +240,14 @@ def agent_compact(agent_id: str):
     return _agent_action(agent_id, _compact)
 
 
-@bp.post("/agents/<agent_id>/reset")
+@bp.route("/agents/<agent_id>/reset", methods=["GET", "POST"])
 def agent_reset(agent_id: str):
+    handle = kernel().agents.get(agent_id)
+    asked = ask_first(f"Reset the session of {handle.name}?", "The conversation so far is cleared; the agent "
+                      "starts the next message with no history. This cannot be undone.", "Reset the session",
+                      url_for("pages.agent_page", agent_id=handle.id))
+    if asked is not None:
+        return asked
     return _agent_action(agent_id, _reset, refusal_on_page=False)
 
 
@@ -261,19 +268,15 @@ def _reset(agents: Any, handle: Any) -> str:
     return "session reset"
 
 
-@bp.get("/agents/<agent_id>/kill")
-def agent_kill_confirm(agent_id: str):
-    """The confirmation step before a kill (a page of its own: it works without JavaScript)."""
-    agents = kernel().agents
-    return render_template("kill.html", agent=agents.summary(agents.get(agent_id)))
-
-
-@bp.post("/agents/<agent_id>/kill")
+@bp.route("/agents/<agent_id>/kill", methods=["GET", "POST"])
 def agent_kill(agent_id: str):
     agents = kernel().agents
     handle = agents.get(agent_id)
-    if request.form.get("confirm") != "yes":
-        return see_other("pages.agent_kill_confirm", agent_id=handle.id)
+    asked = ask_first(f"Kill agent {handle.name}?", "The agent stops, its session and memory go with it, and it "
+                      "leaves the agent list. This cannot be undone.", f"Kill {handle.name}",
+                      url_for("pages.agent_page", agent_id=handle.id))
+    if asked is not None:
+        return asked
     agents.kill(handle)
     return see_other_with("pages.agents_list", [f"agent {handle.name} was killed"])
 

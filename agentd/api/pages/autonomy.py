@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from flask import render_template, request
+from flask import abort, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import TRIGGER_FIELDS, _number, trigger_body, typed
@@ -88,18 +89,25 @@ def trigger_create():
                           _anchor=f"trigger-{trigger['id']}")
 
 
-@bp.post("/triggers/<trigger_id>/<action>")
+@bp.route("/triggers/<trigger_id>/<action>", methods=["GET", "POST"])
 def trigger_action(trigger_id: str, action: str):
-    """enable (also resumes a paused trigger), disable or delete, as the JSON API does."""
+    """enable (also resumes a paused trigger), disable or delete (once confirmed), as the JSON API does."""
     service = kernel().triggers
     try:
-        service.get(trigger_id)  # (an unknown one: its 404 above the list)
+        trigger = service.get(trigger_id)  # (an unknown one: its 404 above the list)
         if action == "delete":
+            asked = ask_first(f"Delete this trigger of {_agent_names().get(trigger['agent_id'])}?",
+                              "It stops firing, with its counters. This cannot be undone.", "Delete the trigger",
+                              url_for("pages.triggers", _anchor=f"trigger-{trigger_id}"))
+            if asked is not None:
+                return asked
             service.delete(trigger_id)
-        elif action in ("enable", "disable"):
-            service.update(trigger_id, {"enabled": action == "enable"})
-        else:
+        elif action not in ("enable", "disable"):
             return _triggers_page(404, f"unknown action {action!r}")
+        elif request.method != "POST":
+            abort(405)
+        else:
+            service.update(trigger_id, {"enabled": action == "enable"})
     except AgentdError as exc:
         return _triggers_page(exc.status, exc.message)
     done = {"delete": "deleted", "enable": "enabled", "disable": "disabled"}[action]
@@ -137,10 +145,14 @@ def task_post():
     return see_other_with("pages.tasks", [f"task {task['title']} posted"], _anchor=f"task-{task['id']}")
 
 
-@bp.post("/tasks/<task_id>/delete")
+@bp.route("/tasks/<task_id>/delete", methods=["GET", "POST"])
 def task_delete(task_id: str):
     try:
         task = kernel().tasks.get(task_id)
+        asked = ask_first(f"Delete task {task['title']}?", "It leaves the board, with its result. This cannot be "
+                          "undone.", "Delete the task", url_for("pages.tasks", _anchor=f"task-{task_id}"))
+        if asked is not None:
+            return asked
         kernel().tasks.delete(task_id)
     except AgentdError as exc:
         return _tasks_page(exc.status, exc.message)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from flask import render_template, request
+from flask import abort, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.routes_catalog import TIERS
@@ -120,13 +121,21 @@ def provider_test(name: str):
     return see_other_with("pages.providers", [f"{name}: reached in {outcome.get('response_time_ms')} ms"])
 
 
-@bp.post("/providers/<name>/key")
+@bp.route("/providers/<name>/key", methods=["GET", "POST"])
 def provider_key(name: str):
-    """Saves the provider's key (or, with `remove`, removes it) as PUT and DELETE
-    /api/providers/{name}/key do: into the daemon's environment and `secrets.env`. The page
-    never shows a key back."""
+    """Saves the provider's key (or, with `remove` and once confirmed, removes it) as PUT and
+    DELETE /api/providers/{name}/key do: into the daemon's environment and `secrets.env`. The
+    page never shows a key back."""
     providers = kernel().providers
-    providers.get(name)
+    info = providers.get(name)
+    if request.values.get("remove"):
+        asked = ask_first(f"Remove the {name} API key?", f"{info.api_key_env} leaves secrets.env and the daemon's "
+                          f"environment: agents on {name} models fail until a key is set again.", "Remove the key",
+                          url_for("pages.providers"))
+        if asked is not None:
+            return asked
+    elif request.method != "POST":
+        abort(405)
     try:
         if request.form.get("remove"):
             providers.delete_key(name)

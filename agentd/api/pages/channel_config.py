@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flask import abort, render_template, request
+from flask import abort, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.channel_reach import hide_unreached, reach_channel, reaches_channel
@@ -152,7 +153,7 @@ def channel_configure(name: str):
     return see_other_with("pages.channel_page", lines, ok=bool(result["activated"]), name=name)
 
 
-@bp.post("/channels/<name>/remove")
+@bp.route("/channels/<name>/remove", methods=["GET", "POST"])
 def channel_remove(name: str):
     channels = kernel().channels
     if name not in channels.catalog.names():
@@ -161,6 +162,11 @@ def channel_remove(name: str):
         reach_channel(name)
     except AgentdError as exc:
         return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
+    asked = ask_first(f"Remove the {name} configuration?", f"Its [channels.{name}] section leaves config.toml and "
+                      "the adapter stops; its secrets stay in secrets.env.", f"Remove {name}",
+                      url_for("pages.channel_page", name=name))
+    if asked is not None:
+        return asked
     channels.remove(name)
     return see_other_with("pages.channel_page", [f"{name}: configuration removed and the adapter stopped"],
                           name=name)

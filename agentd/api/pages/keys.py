@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import make_response, render_template, request, url_for
+from flask import abort, make_response, render_template, request, url_for
 from itsdangerous import BadSignature
 from marshmallow import ValidationError
 from werkzeug.datastructures import MultiDict
@@ -13,12 +13,18 @@ from werkzeug.datastructures import MultiDict
 from agentd.api import dashauth
 from agentd.api.body import format_validation
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.schemas_keys import KeyCreateSchema, KeyUpdateSchema
 from agentd.errors import AgentdError, BadRequest
 
 ACTIONS = ("disable", "enable", "rotate", "delete")
+# The actions that cannot be undone, and what their confirmation says: question, consequence, button.
+ASKED = {"rotate": ("Rotate key {name}?", "A new secret is shown once and the current one stops working at once: "
+                                          "every client using it needs the new one.", "Rotate {name}"),
+         "delete": ("Delete key {name}?", "Requests made with it are refused from now on. This cannot be undone.",
+                    "Delete {name}")}
 # The new secret travels to the page the POST redirects to in this cookie: signed, bound to
 # the session, scoped to /keys and short-lived, and cleared as soon as the page showed it. It
 # needs no server-side state, so any daemon behind a load balancer can show it.
@@ -136,15 +142,22 @@ def key_edit(key_id: str):
     return see_other_with("pages.keys", [f"key {updated['name']} saved"], _anchor=f"key-{key_id}")
 
 
-@bp.post("/keys/<key_id>/<action>")
+@bp.route("/keys/<key_id>/<action>", methods=["GET", "POST"])
 def key_action(key_id: str, action: str):
     keys_ = kernel().keys
     try:
-        if action == "rotate":
-            return _show_once(keys_.rotate(key_id, principal()), "rotated")
         if action not in ACTIONS:
             raise BadRequest(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
         name = keys_.get(key_id)["name"]
+        if action in ASKED:
+            question, consequence, button = (text.format(name=name) for text in ASKED[action])
+            asked = ask_first(question, consequence, button, url_for("pages.keys", _anchor=f"key-{key_id}"))
+            if asked is not None:
+                return asked
+        elif request.method != "POST":
+            abort(405)
+        if action == "rotate":
+            return _show_once(keys_.rotate(key_id, principal()), "rotated")
         if action == "delete":
             keys_.delete(key_id, principal())
         else:

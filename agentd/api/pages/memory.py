@@ -13,6 +13,7 @@ from typing import Any
 from flask import Response, current_app, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.memory.kv import MAX_KEY_LENGTH
@@ -133,9 +134,14 @@ def memory_edit(agent_id: str, memory_id: str):
     return _done(handle.id, ["fragment saved"], _anchor="memories")
 
 
-@bp.post("/agents/<agent_id>/memory/fragments/<memory_id>/delete")
+@bp.route("/agents/<agent_id>/memory/fragments/<memory_id>/delete", methods=["GET", "POST"])
 def memory_delete(agent_id: str, memory_id: str):
     handle = kernel().agents.get(agent_id)
+    asked = ask_first(f"Delete this memory fragment of {handle.name}?", "The agent no longer recalls it. This "
+                      "cannot be undone.", "Delete the fragment",
+                      url_for("pages.memory_fragment", agent_id=handle.id, memory_id=memory_id))
+    if asked is not None:
+        return asked
     try:
         _required_service().delete(handle.id, memory_id)
     except AgentdError as exc:
@@ -171,10 +177,15 @@ def memory_kv_set(agent_id: str):
     return _done(handle.id, [f"key {key} saved"], _anchor="kv")
 
 
-@bp.post("/agents/<agent_id>/memory/kv/delete")
+@bp.route("/agents/<agent_id>/memory/kv/delete", methods=["GET", "POST"])
 def memory_kv_delete(agent_id: str):
     handle = kernel().agents.get(agent_id)
-    key = request.form.get("key", "")
+    key = request.values.get("key", "")
+    asked = ask_first(f"Delete key {key} of {handle.name}?", "The entry and its value are deleted. This cannot "
+                      "be undone.", "Delete the entry", url_for("pages.agent_memory", agent_id=handle.id,
+                                                                 _anchor="kv"))
+    if asked is not None:
+        return asked
     try:
         if not kernel().kv.delete(handle.id, _kv_key(key)):
             raise NotFound(f"key not found: {key}")

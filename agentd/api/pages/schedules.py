@@ -7,9 +7,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
-from flask import make_response, render_template, request
+from flask import make_response, render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.principal import principal, reachable, reachable_workflows
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body, typed
@@ -193,8 +194,12 @@ def schedule_run(job_id: str):
                 lambda run: "started; its result shows in the history")
 
 
-@bp.post("/schedules/<job_id>/delete")
+@bp.route("/schedules/<job_id>/delete", methods=["GET", "POST"])
 def schedule_delete(job_id: str):
     name = kernel().cron.get(job_id)["name"]
+    asked = ask_first(f"Delete cron job {name}?", "The job stops firing and its run history goes with it. "
+                      "This cannot be undone.", f"Delete {name}", url_for("pages.schedule_page", job_id=job_id))
+    if asked is not None:
+        return asked
     kernel().cron.delete(job_id, by=principal())
     return see_other_with("pages.schedules", [f"cron job {name} deleted, with its history"])

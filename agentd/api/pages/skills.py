@@ -4,9 +4,10 @@ one and scan the folder again, over the calls /api/skills makes."""
 
 from __future__ import annotations
 
-from flask import render_template, request
+from flask import render_template, request, url_for
 
 from agentd.api.pages import bp, kernel
+from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError, BadRequest
 from agentd.skills import MAX_ARCHIVE_BYTES
@@ -39,9 +40,13 @@ def skill_install():
     return see_other_with("pages.skills", [f"skill {skill['name']} {said}"], ok=skill["valid"])
 
 
-@bp.post("/skills/delete")
+@bp.route("/skills/delete", methods=["GET", "POST"])
 def skill_delete():
-    name = request.form.get("name", "")
+    name = request.values.get("name", "")
+    asked = ask_first(f"Delete skill {name}?", "Its folder is deleted from the skills folder and agents can no "
+                      "longer use it. This cannot be undone.", f"Delete {name}", url_for("pages.skills"))
+    if asked is not None:
+        return asked
     try:
         kernel().skills.delete(name)
     except AgentdError as exc:

@@ -132,18 +132,26 @@ def test_configure_test_button_state_and_errors(dash) -> None:
     assert TOKEN not in daemon.get("/api/channels").text
 
 
-def test_a_secret_cannot_be_written_to_a_foreign_variable(dash) -> None:
+def test_the_form_names_only_the_adapters_own_variables(dash) -> None:
     browser, fake, daemon = dash
     browser.page("/channels/telegram")
-    note, page = browser.submit("/channels/telegram/configure",
-                                form_for(fake, "x", **{"env:bot_token_env": "PATH"}))
-    assert note.startswith("telegram: bot_token_env: a secret saved by agentd goes to TELEGRAM_BOT_TOKEN")
+    refused = ("telegram: bot_token_env: channel telegram may only read TELEGRAM_BOT_TOKEN or a variable "
+               "starting with TELEGRAM_ (other variables are named in config.toml by hand)")
+    before = (daemon.home / "config.toml").read_text()
+    for name, secret in (("PATH", "x"), ("OPENAI_API_KEY", ""), ("AGENTD_API_KEY", "")):
+        form = form_for(fake, secret, **{"env:bot_token_env": name})
+        assert browser.submit("/channels/telegram/configure", form)[0] == refused, name
+    assert (daemon.home / "config.toml").read_text() == before
     secrets = daemon.home / "secrets.env"
     assert not secrets.exists() or "PATH=" not in secrets.read_text()
+    note, page = browser.submit("/channels/telegram/configure",
+                                form_for(fake, **{"env:bot_token_env": "TELEGRAM_OTHER"}))
+    assert note.startswith("telegram: configuration saved"), note
+    assert 'bot_token_env = "TELEGRAM_OTHER"' in (daemon.home / "config.toml").read_text()
     # The API takes the same `secrets` object and answers the same refusal.
     response = daemon.post("/api/channels/telegram/configure",
                            json={"bot_token_env": "OPENAI_API_KEY", "secrets": {"bot_token_env": "x"}})
-    assert response.status_code == 400 and "x" not in response.json()["error"].split(": ", 1)[0]
+    assert (response.status_code, response.json()) == (400, {"error": refused.removeprefix("telegram: ")})
     response = daemon.post("/api/channels/telegram/configure",
                            json={"secrets": {"default_agent": "x"}})
     assert response.status_code == 400 and response.json()["error"].startswith("secrets.default_agent: not a secret key")
@@ -152,7 +160,13 @@ def test_a_secret_cannot_be_written_to_a_foreign_variable(dash) -> None:
 def test_remove_from_the_page(dash) -> None:
     browser, fake, _daemon = dash
     browser.page("/channels/telegram")
-    browser.submit("/channels/telegram/configure", form_for(fake))
-    note, page = browser.submit("/channels/telegram/remove", {})
+    note, page = browser.submit("/channels/telegram/configure", form_for(fake))
+    assert '<a class="button bad" href="/channels/telegram/remove">Remove configuration…</a>' in page
+    asked = browser.post("/channels/telegram/remove", {})
+    assert (asked.status_code, asked.headers["Location"]) == (303, "/channels/telegram/remove")
+    page = browser.page("/channels/telegram/remove")
+    assert "<h1>Remove the telegram configuration?</h1>" in page
+    assert state(browser.page("/channels/telegram")) != "not configured", "removed without confirmation"
+    note, page = browser.submit("/channels/telegram/remove", {"confirm": "yes"})
     assert note == "telegram: configuration removed and the adapter stopped"
     assert state(page) == "not configured"

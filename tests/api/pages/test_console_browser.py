@@ -116,7 +116,9 @@ def test_provider_key_url_test_and_remove(console: Browser, daemon: Daemon) -> N
     assert note(web) == ["ollama: base URL set to http://127.0.0.1:11999/v1"]
     assert row_of(web, "Ollama").find_element(By.CSS_SELECTOR, ".url").text == "http://127.0.0.1:11999/v1"
 
-    submit(web, row_of(web, "Groq").find_element(By.XPATH, ".//button[text()='Remove']"))
+    web.click_and_wait(row_of(web, "Groq").find_element(By.LINK_TEXT, "Remove…"))
+    assert auth(daemon, "groq") == "configured", "the link alone removes nothing"
+    submit(web, web.chrome.find_element(By.ID, "confirm"))
     assert note(web) == ["groq: key removed"]
     assert row_of(web, "Groq").find_element(By.CSS_SELECTOR, ".pill").text == "missing"
     assert auth(daemon, "groq") == "missing"
@@ -269,7 +271,9 @@ def test_create_a_key_see_its_secret_once_and_revoke_it(console: Browser, daemon
     assert note(web) == [f"key {name} disabled"]
     assert "disabled" in web.chrome.find_element(By.ID, f"key-{key['id']}").text
     assert daemon.get("/api/agents", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
-    submit(web, web.chrome.find_element(By.ID, f"key-{key['id']}").find_element(By.XPATH, ".//button[text()='Delete']"))
+    web.click_and_wait(web.chrome.find_element(By.ID, f"key-{key['id']}").find_element(By.LINK_TEXT, "Delete…"))
+    assert web.chrome.find_element(By.TAG_NAME, "h1").text == f"Delete key {name}?"
+    submit(web, web.chrome.find_element(By.ID, "confirm"))
     assert note(web) == [f"key {name} deleted"]
     assert not web.chrome.find_elements(By.ID, f"key-{key['id']}")
     assert name not in [k["name"] for k in daemon.get("/api/keys").json()]

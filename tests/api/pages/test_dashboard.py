@@ -21,6 +21,7 @@ from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from support import with_test_db
+from tests.api.pages.test_pages import asks_first
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 REMOTE = {"REMOTE_ADDR": "203.0.113.9"}
@@ -101,7 +102,7 @@ def test_every_page_renders_with_key_content(dash) -> None:
         f"/agents/{agent_id}": ["helper", "the helper", f'action="/agents/{agent_id}/message"',
                                 '<textarea id="message" name="message"', f'href="/agents/{agent_id}/kill"',
                                 f'action="/agents/{agent_id}/stop"', f'action="/agents/{agent_id}/compact"',
-                                f'action="/agents/{agent_id}/reset"', f'action="/agents/{agent_id}/mode"',
+                                f'href="/agents/{agent_id}/reset"', f'action="/agents/{agent_id}/mode"',
                                 f'data-stream-url="/api/agents/{agent_id}/message/stream"'],
         f"/agents/{agent_id}/memory": ["colour", "<pre>&#34;blue&#34;</pre>", "Semantic memories"],
         "/approvals": ["Pending approvals", "No tool call is waiting"],
@@ -253,9 +254,16 @@ def test_agent_actions_with_token(dash) -> None:
     post(client, f"/agents/{agent_id}/message", {"message": "one", "csrf_token": token})
     said = {}
     for action in ("stop", "compact", "reset"):
-        r = post(client, f"/agents/{agent_id}/{action}", {"csrf_token": token})
+        confirmed = {"confirm": "yes"} if action == "reset" else {}
+        r = post(client, f"/agents/{agent_id}/{action}", {"csrf_token": token, **confirmed})
         assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
         said[action] = note_of(page(client, r.headers["Location"]).get_data(as_text=True))
+        if action == "compact":  # the reset asks first, and clears nothing until confirmed
+            r = post(client, f"/agents/{agent_id}/reset", {"csrf_token": token})
+            assert (r.status_code, r.headers["Location"]) == (303, f"/agents/{agent_id}/reset")
+            html = page(client, f"/agents/{agent_id}/reset").get_data(as_text=True)
+            assert "<h1>Reset the session of helper?</h1>" in html and 'name="confirm" value="yes"' in html
+            assert kernel.agents.session(kernel.agents.get(agent_id))["messages"] != []
     assert said == {"stop": "agent helper: nothing was running",
                     "compact": "agent helper: no compaction needed (2 messages)",
                     "reset": "agent helper: session reset"}
@@ -500,7 +508,10 @@ def test_provider_key_and_url_forms(dash, monkeypatch) -> None:
     r = post(client, "/providers/groq/key", {"csrf_token": token, "api_key": "two\nlines"})
     assert "groq: api_key must be a single line" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert os.environ["GROQ_API_KEY"] == "gsk-dashboard-secret"
-    r = post(client, "/providers/groq/key", {"csrf_token": token, "remove": "1"})
+    listed = page(client, "/providers").get_data(as_text=True)
+    assert '<a class="button bad" href="/providers/groq/key?remove=1">Remove…</a>' in listed
+    r = asks_first(client, "/providers/groq/key", token, "Remove the groq API key?",
+                   lambda: "GROQ_API_KEY" in os.environ, remove="1")
     assert "groq: key removed" in page(client, r.headers["Location"]).get_data(as_text=True)
     assert "GROQ_API_KEY" not in os.environ and "gsk-dashboard-secret" not in kernel.config.secrets_path.read_text()
     # Without the CSRF token nothing is saved.

@@ -159,9 +159,12 @@ def test_memory_search_add_edit_delete(browser, agent_daemon) -> None:
     assert sorted(r.find_element(By.CSS_SELECTOR, ".text").text for r in rows) == [
         "The user drinks coffee now", "Volcanoes erupt molten rock"]
     coffee = next(r for r in rows if "coffee" in r.text)
-    button = coffee.find_element(By.CSS_SELECTOR, "button")
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
-    button.click()
+    link = coffee.find_element(By.LINK_TEXT, "Delete…")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", link)
+    link.click()
+    wait(browser).until(EC.presence_of_element_located((By.ID, "confirm")))
+    assert len(d.get(f"/api/memory/agents/{agent_id}/memories").json()["memories"]) == 2, "the link deletes nothing"
+    submit(browser, "confirm")
     assert note(browser) == "fragment deleted"
     listed = d.get(f"/api/memory/agents/{agent_id}/memories").json()["memories"]
     assert [m["content"] for m in listed] == ["Volcanoes erupt molten rock"]

@@ -211,7 +211,7 @@ def test_run_from_the_page_follow_its_steps_and_cancel(web: Browser) -> None:
 
 def test_memory_fragments_search_add_edit_delete(web: Browser) -> None:
     d = web.d
-    agent_id, _ = spawn(d)
+    agent_id, name = spawn(d)
     base = f"/api/memory/agents/{agent_id}"
     web.get(f"/agents/{agent_id}/memory")
     r = web.post(f"/agents/{agent_id}/memory/fragments", {"content": "The user drinks green tea every morning",
@@ -242,10 +242,16 @@ def test_memory_fragments_search_add_edit_delete(web: Browser) -> None:
     assert d.put(f"{base}/memories/{tea['id']}", json={"content": "The user drinks cocoa"}).json()["content"] == \
         "The user drinks cocoa"
 
-    r = web.post(f"/agents/{agent_id}/memory/fragments/{tea['id']}/delete")
+    delete = f"/agents/{agent_id}/memory/fragments/{tea['id']}/delete"
+    assert f'<a class="button bad" href="{delete}" id="fragment-delete">Delete fragment…</a>' in page
+    r = web.post(delete)  # without confirming: the confirmation page, nothing deleted
+    assert (r.status_code, r.headers["Location"]) == (303, delete)
+    assert f"<h1>Delete this memory fragment of {name}?</h1>" in web.follow(r)
+    assert d.get(f"{base}/memories/{tea['id']}").status_code == 200
+    r = web.post(delete, {"confirm": "yes"})
     assert note(web.follow(r)) == "fragment deleted"
     assert d.get(f"{base}/memories/{tea['id']}").status_code == 404
-    r = web.post(f"/agents/{agent_id}/memory/fragments/{tea['id']}/delete")
+    r = web.post(delete, {"confirm": "yes"})
     assert note(web.follow(r)) == f"memory not found: {tea['id']}"
 
 
@@ -260,13 +266,20 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     assert d.get(f"{base}/kv").json() == {"prefs/colour": {"main": "blue"}, "motto": "carpe diem"}
     page = web.get(f"/agents/{agent_id}/memory?kv_key=prefs/colour").text
     assert 'id="kv-key" name="key" value="prefs/colour"' in page and "&#34;main&#34;: &#34;blue&#34;" in page
-    r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": "prefs/colour"})
+    delete = f"/agents/{agent_id}/memory/kv/delete"
+    assert f'<a href="{delete}?key=prefs/colour">Delete…</a>' in page
+    r = web.post(delete, {"key": "prefs/colour"})  # without confirming: the confirmation page
+    assert (r.status_code, r.headers["Location"]) == (303, f"{delete}?key=prefs%2Fcolour")
+    asked = web.follow(r)
+    assert f"<h1>Delete key prefs/colour of {name}?</h1>" in asked and 'name="key" value="prefs/colour"' in asked
+    assert d.get(f"{base}/kv").json() == {"prefs/colour": {"main": "blue"}, "motto": "carpe diem"}
+    r = web.post(delete, {"key": "prefs/colour", "confirm": "yes"})
     assert note(web.follow(r)) == "key prefs/colour deleted"
     assert d.get(f"{base}/kv").json() == {"motto": "carpe diem"}
     for key, said in (("", "key must be 1-256 characters"), ("nosuch", "key not found: nosuch")):
-        r = web.post(f"/agents/{agent_id}/memory/kv/delete", {"key": key})
+        r = web.post(delete, {"key": key, "confirm": "yes"})
         assert note(web.follow(r)) == said
-    r = web.post(f"/agents/{agent_id}/memory/kv/delete", {})
+    r = web.post(delete, {"confirm": "yes"})
     assert note(web.follow(r)) == "key must be 1-256 characters"
     r = web.post(f"/agents/{agent_id}/memory/kv", {"key": "k" * 300, "value": '{"kept": true}'})
     page = web.follow(r)

@@ -13,9 +13,11 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
+from typing import Callable, Iterator
+from urllib.parse import urlencode
 
 import pytest
+from markupsafe import escape
 
 from agentd.api import create_app
 from agentd.api import pages
@@ -23,6 +25,7 @@ from agentd.api.pages import agents as agent_pages
 from agentd.api.pages import auth as auth_pages
 from agentd.api.pages import catalog as catalog_pages
 from agentd.api.pages import channels as channel_pages
+from agentd.api.pages import confirm as confirm_pages
 from agentd.api.pages import memory as memory_pages
 from agentd.config import parse_config
 from agentd.kernel import Kernel
@@ -64,6 +67,23 @@ def token_of(html: str) -> str:
     return match.group(1)
 
 
+def asks_first(client, path: str, token: str, question: str, exists: Callable[[], bool], **fields: str):
+    """A destructive action's flow (pages/confirm.py): its POST without `confirm` is sent to the
+    confirmation page and `exists()` stays true, the page asks `question` and posts `fields`
+    back with `confirm=yes`. Returns the confirmed POST's response."""
+    here = path + ("?" + urlencode(fields) if fields else "")
+    r = client.post(path, data={"csrf_token": token, **fields}, environ_base=LOCAL)
+    assert (r.status_code, r.headers["Location"]) == (303, here)
+    html = client.get(here, environ_base=LOCAL).get_data(as_text=True)
+    assert f"<h1>{escape(question)}</h1>" in html and f'action="{path}"' in html
+    assert 'name="confirm" value="yes"' in html and exists(), "BUG: destroyed without confirmation"
+    for name, value in fields.items():
+        assert f'<input type="hidden" name="{name}" value="{escape(value)}">' in html
+    assert client.post(path, data={"confirm": "yes", **fields}, environ_base=LOCAL).status_code == 403
+    assert exists(), "BUG: destroyed without the CSRF token"
+    return client.post(path, data={"csrf_token": token, "confirm": "yes", **fields}, environ_base=LOCAL)
+
+
 # -- pages/__init__.py -----------------------------------------------------------------------------------------------
 
 def test_see_other_is_a_303_to_the_page(dash) -> None:
@@ -72,6 +92,29 @@ def test_see_other_is_a_303_to_the_page(dash) -> None:
         r = pages.see_other("pages.agent_page", agent_id="abc")
         assert (r.status_code, r.location) == (303, "/prefix/agents/abc")
         assert pages.kernel() is dash[1]
+
+
+# -- pages/confirm.py ------------------------------------------------------------------------------------------------
+
+def test_ask_first_shows_the_page_and_lets_only_a_confirmed_post_through(dash) -> None:
+    app, _ = dash
+    agent_id = spawn(app.extensions["agentd.kernel"], "confirm-target")
+    ask = ("Go?", "It is gone for good.", "Do it", "/back")
+    url = f"/prefix/agents/{agent_id}/kill"
+    with app.test_request_context(f"/agents/{agent_id}/kill?key=a%26b&key=c&confirm=yes",
+                                  base_url="http://localhost/prefix"):
+        html = confirm_pages.ask_first(*ask)
+        assert "<h1>Go?</h1>\n<p>It is gone for good.</p>" in html and f'action="{url}"' in html
+        assert ('<input type="hidden" name="key" value="a&amp;b"><input type="hidden" name="key" value="c">'
+                '<input type="hidden" name="confirm" value="yes">') in html
+        assert '<button type="submit" class="bad" id="confirm">Do it</button>' in html
+        assert '<a href="/back">Cancel</a>' in html
+    with app.test_request_context(f"/agents/{agent_id}/kill", method="POST", base_url="http://localhost/prefix",
+                                  data={"csrf_token": "t", "key": "a&b", "confirm": "no"}):
+        r = confirm_pages.ask_first(*ask)
+        assert (r.status_code, r.location) == (303, url + "?key=a%26b")
+    with app.test_request_context(f"/agents/{agent_id}/kill", method="POST", data={"confirm": "yes"}):
+        assert confirm_pages.ask_first(*ask) is None
 
 
 # -- pages/agents.py -------------------------------------------------------------------------------------------------

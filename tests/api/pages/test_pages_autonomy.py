@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 from agentd.api import create_app
-from tests.api.pages.test_pages import LOCAL, build, spawn, token_of
+from tests.api.pages.test_pages import LOCAL, asks_first, build, spawn, token_of
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +54,10 @@ def test_triggers_page_shows_caps_and_the_paused_reason_and_its_buttons_work(das
     row = _row(client.get("/triggers", environ_base=LOCAL).get_data(as_text=True), f"trigger-{made['id']}")
     assert '<span class="pill">disabled</span>' in row and ">Enable</button>" in row
     assert client.post(f"/triggers/{made['id']}/enable", data={}, environ_base=LOCAL).status_code == 403
-    assert client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token},
-                       environ_base=LOCAL).status_code == 303
-    assert kernel.triggers.list() == []
+    assert f'<a class="button bad" href="/triggers/{made["id"]}/delete">Delete…</a>' in row
+    r = asks_first(client, f"/triggers/{made['id']}/delete", token, "Delete this trigger of watcher?",
+                   lambda: len(kernel.triggers.list()) == 1)
+    assert r.status_code == 303 and kernel.triggers.list() == []
     r = client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
     assert r.status_code == 404 and '<p class="error" role="alert">trigger not found</p>' in r.get_data(as_text=True)
 
@@ -98,7 +99,8 @@ def test_a_trigger_is_added_from_the_form_and_each_button_says_what_it_did(dash)
     assert r.status_code == 303 and _note(client, r) == "trigger disabled"
     r = client.post(f"/triggers/{made['id']}/enable", data={"csrf_token": token}, environ_base=LOCAL)
     assert r.status_code == 303 and _note(client, r) == "trigger enabled"
-    r = client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    r = client.post(f"/triggers/{made['id']}/delete", data={"csrf_token": token, "confirm": "yes"},
+                    environ_base=LOCAL)
     assert r.status_code == 303 and _note(client, r) == "trigger deleted" and kernel.triggers.list(agent_id) == []
 
 
@@ -125,7 +127,9 @@ def test_tasks_page_posts_lists_and_deletes(dash) -> None:
     assert ('name="title" required maxlength="200" value="Tidy &lt;up&gt;"' in html
             and ">first\nsecond</textarea>" in html and 'name="assigned_to" value="nobody"' in html), \
         "what was typed is kept"
-    r = client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert f'<a class="button bad" href="/tasks/{task["id"]}/delete">Delete…</a>' in row
+    r = asks_first(client, f"/tasks/{task['id']}/delete", token, "Delete task Write <notes>?",
+                   lambda: len(kernel.tasks.list()) == 1)
     assert r.status_code == 303 and _note(client, r) == "task Write <notes> deleted"
     assert kernel.tasks.list() == []
     r = client.post(f"/tasks/{task['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)

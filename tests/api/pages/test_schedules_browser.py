@@ -89,7 +89,10 @@ def test_a_job_from_the_form_run_paused_resumed_and_deleted(page: Browser, daemo
     assert note(web) == [f"cron job {job} paused; nothing fires until it is enabled again"]
     submit(web, button=button(web, "Enable"))
     assert note(web)[0].startswith(f"cron job {job} resumed; next run ")
-    submit(web, button=button(web, "Delete"))
+    web.click_and_wait(web.chrome.find_element(By.LINK_TEXT, "Delete…"))
+    assert web.chrome.find_element(By.TAG_NAME, "h1").text == f"Delete cron job {job}?"
+    assert [j["name"] for j in daemon.get("/api/cron/jobs").json()].count(job) == 1, "the link alone deletes nothing"
+    submit(web, button=button(web, f"Delete {job}"))
     assert note(web) == [f"cron job {job} deleted, with its history"]
     assert not web.chrome.find_elements(By.LINK_TEXT, job)
     assert [j for j in daemon.get("/api/cron/jobs").json() if j["name"] == job] == []

@@ -15,6 +15,7 @@ from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from support import with_test_db
+from tests.api.pages.test_pages import asks_first
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 
@@ -84,7 +85,9 @@ def test_the_schedules_page_lists_steers_and_shows_history(dash) -> None:
     page = text(client, f"/schedules/{job['id']}")
     assert "good &lt;i&gt;morning&lt;/i&gt;" in page and "run now" in page and "History" in page
     assert ">ok</span>" in text(client, "/schedules")
-    r = client.post(f"/schedules/{job['id']}/delete", data={"csrf_token": token}, environ_base=LOCAL)
+    assert f'<a class="button bad" href="/schedules/{job["id"]}/delete">Delete…</a>' in page
+    r = asks_first(client, f"/schedules/{job['id']}/delete", token, "Delete cron job morning?",
+                   lambda: len(kernel.cron.list()) == 1)
     assert r.status_code == 303 and kernel.cron.list() == []
     assert note(client, r) == "cron job morning deleted, with its history"
     assert client.get(f"/schedules/{job['id']}", environ_base=LOCAL).status_code == 404

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from agentd.api import create_app
-from tests.api.pages.test_pages import LOCAL, build, token_of
+from tests.api.pages.test_pages import LOCAL, asks_first, build, token_of
 
 SKILL_MD = "---\nname: {name}\ndescription: Writes {name} notes\n---\nSay {name}.\n"
 
@@ -61,11 +61,13 @@ def test_skills_are_installed_deleted_and_read_again_from_the_page(dash, tmp_pat
     said, _ = _note(client, client.post("/skills/install", data={"csrf_token": token}, environ_base=LOCAL))
     assert said == "give a folder on this machine, a zip's URL or a zip file"
 
-    said, _ = _note(client, client.post("/skills/delete", data={"csrf_token": token, "name": "release"},
-                                        environ_base=LOCAL))
+    assert '<a class="button bad" href="/skills/delete?name=release">Delete…</a>' in page
+    r = asks_first(client, "/skills/delete", token, "Delete skill release?",
+                   lambda: len(kernel.skills.list()) == 2, name="release")
+    said, _ = _note(client, r)
     assert said == "skill release deleted" and [s["name"] for s in kernel.skills.list()] == ["notes"]
-    said, _ = _note(client, client.post("/skills/delete", data={"csrf_token": token, "name": "release"},
-                                        environ_base=LOCAL))
+    said, _ = _note(client, client.post("/skills/delete", data={"csrf_token": token, "name": "release",
+                                                                "confirm": "yes"}, environ_base=LOCAL))
     assert said == "no skill named 'release'"
     said, _ = _note(client, client.post("/skills/reload", data={"csrf_token": token}, environ_base=LOCAL))
     assert said == "skills folder read again: 1 of 1 valid"
