@@ -13,6 +13,7 @@ from agentd.api.apidoc import doc
 from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
 from agentd.api.channel_reach import hide_unreached, reach_channel
+from agentd.api.principal import principal
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
 
@@ -43,13 +44,13 @@ def reload_channels():
      body={"type": "object", "additionalProperties": True,
            "description": "The adapter's keys (see its `fields`): `default_agent`, `allowed_users`, "
                           "`allowed_channels` and adapter-specific ones; `*_env` keys name environment "
-                          "variables, never secrets (only the key's default or one starting with the adapter's "
-                          "name in capitals). Optional `secrets`: an object of `{\"<key>_env\": "
+                          "variables, never secrets (for a scoped key, only the key's default or one starting "
+                          "with the adapter's name in capitals). Optional `secrets`: an object of `{\"<key>_env\": "
                           "\"<secret value>\"}` written to secrets.env (mode 0600) and the daemon's "
                           "environment under the key's variable (its default, or one starting with the "
                           "adapter's name in capitals), never to config.toml and never echoed"},
      response=out.ChannelConfiguredSchema, errors={400: "Unknown key, a key or override agentd does not implement, wrong type, a secret given as a "
-                                                     "`*_env` value, a `*_env` naming a variable outside the adapter's own (its default or "
+                                                     "`*_env` value, a scoped key's `*_env` naming a variable outside the adapter's own (its default or "
                                                      "`<ADAPTER>_...`), a `secrets` entry that is not a secret key, or "
                                                      "no `default_agent` from a key limited to some agents",
                                                 404: "Unknown channel, or (a key limited to some agents) one that "
@@ -57,7 +58,7 @@ def reload_channels():
 def configure(name: str):
     data = body.json_body()
     reach_channel(name, data)
-    return jsonify(kernel().channels.configure(name, data))
+    return jsonify(kernel().channels.configure(name, data, confined=not principal().is_admin))
 
 
 @bp.delete("/api/channels/<name>/configure")

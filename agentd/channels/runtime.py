@@ -208,15 +208,17 @@ class ChannelManager:
             out.append(item)
         return out
 
-    def configure(self, name: str, body: Any) -> dict[str, Any]:
-        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter."""
+    def configure(self, name: str, body: Any, confined: bool = False) -> dict[str, Any]:
+        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter. `confined`
+        (a caller short of the admin): `*_env` keys name only the adapter's own variables."""
         info = self.catalog.get(name)
         secrets = None
         if isinstance(body, dict) and "secrets" in body:
             body = dict(body)
             secrets = body.pop("secrets")
         values = validate(info, body)
-        channel_secrets.check_names(info, values, self.sections.get(name) or {})
+        if confined:
+            channel_secrets.check_names(info, values, self.sections.get(name) or {})
         stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
         if stored and self.store_secrets is None:
             raise BadRequest("secrets: this daemon cannot store channel secrets")

@@ -7,8 +7,9 @@ A secret belongs to one of the adapter's `*_env` keys; the section records the v
 NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_TOKEN`; for a
 key without one, `<ADAPTER>_<KEY>` such as `MATRIX_REFRESH_TOKEN`) or a name of the adapter's
 own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a provider key or anything
-else of the daemon's environment, nor have the adapter read one and send it to a URL of the
-caller's choosing. config.toml edited by hand names any variable: the operator owns the machine.
+else of the daemon's environment. Nor can a scoped API key name one in a `*_env` key and have
+the adapter send it to a URL of the key's choosing. The admin names any variable (as in a
+config.toml edited by hand): it could send a provider's key anywhere by its base URL anyway.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ def accepted(info: ChannelInfo, key: str) -> str:
 
 def check_names(info: ChannelInfo, values: dict[str, Any], saved: dict[str, Any]) -> None:
     """400 for a `*_env` key of `values` naming a variable outside the adapter's own; a name
-    the saved section already holds under that key stays (the operator may have written it)."""
+    the saved section already holds under that key stays (the admin may have written it)."""
     for key, name in values.items():
         if key.endswith("_env") and not allowed_name(info, key, name) and saved.get(key) != name:
             # The name is not echoed: a secret pasted into the field may look like one.
             raise BadRequest(f"{key}: channel {info.name} may only read {accepted(info, key)} "
-                             "(other variables are named in config.toml by hand)")
+                             "(other variables only the admin may name)")
 
 
 def secret_values(info: ChannelInfo, values: dict[str, Any], secrets: Any) -> dict[str, str]:

@@ -59,7 +59,7 @@ def test_configure_validates_types_and_env_names(channel_daemon):
 
 
 ADMIN = "admin-key-for-channel-env-names"
-OUTSIDE = "(other variables are named in config.toml by hand)"
+OUTSIDE = "(other variables only the admin may name)"
 
 
 def test_env_keys_set_through_the_api_name_only_the_adapters_own_variables(tmp_path):
@@ -78,14 +78,17 @@ def test_env_keys_set_through_the_api_name_only_the_adapters_own_variables(tmp_p
         refused = ("bot_token_env: channel telegram may only read TELEGRAM_BOT_TOKEN or a variable "
                    f"starting with TELEGRAM_ {OUTSIDE}")
         for name in ("OPENAI_API_KEY", "PATH", "AGENTD_API_KEY", "WEBHOOK_SECRET"):
-            for headers in ({}, manager):
-                response = daemon.post("/api/channels/telegram/configure", headers=headers,
-                                       json={"bot_token_env": name, "api_url": "http://attacker.example"})
-                assert (response.status_code, response.json()) == (400, {"error": refused}), (name, headers)
-        response = daemon.post("/api/channels/irc/configure", json={"password_env": "OPENAI_API_KEY"})
+            response = daemon.post("/api/channels/telegram/configure", headers=manager,
+                                   json={"bot_token_env": name, "api_url": "http://attacker.example"})
+            assert (response.status_code, response.json()) == (400, {"error": refused}), name
+        response = daemon.post("/api/channels/irc/configure", headers=manager, json={"password_env": "OPENAI_API_KEY"})
         assert response.json() == {"error": f"password_env: channel irc may only read a variable starting with "
                                             f"IRC_ {OUTSIDE}"}
         assert (home / "config.toml").read_text() == before
+        # The admin names any variable, as in config.toml.
+        response = daemon.post("/api/channels/irc/configure", json={"server": "127.0.0.1", "password_env": "MY_IRC_PASS"})
+        assert response.status_code == 200, response.text
+        assert tomllib.loads((home / "config.toml").read_text())["channels"]["irc"]["password_env"] == "MY_IRC_PASS"
         for name in ("TELEGRAM_BOT_TOKEN", "TELEGRAM_OTHER"):
             response = daemon.post("/api/channels/telegram/configure", headers=manager,
                                    json={"bot_token_env": name, "api_url": "http://127.0.0.1:9"})
