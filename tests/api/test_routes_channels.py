@@ -182,7 +182,9 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         assert (home / "config.toml").read_text() == original
         assert channel(daemon, "discord")["configured"] is False
         events = [e["event"] for e in audit(daemon, subject="discord")]
-        assert events[:3] == ["channel.remove", "channel.start_failed", "channel.configure"]
+        # Newest first; a reload of the written file may have tried the start once more.
+        assert events[0] == "channel.remove" and events[-1] == "channel.configure", events
+        assert set(events[1:-1]) == {"channel.start_failed"}, events
     finally:
         daemon.stop()
 
