@@ -13,18 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 metrics_table, schedules_table, tools_table, triggers_table, split_listen)
-from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
+from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
+                                 memory_table, metrics_table, schedules_table, tools_table, triggers_table,
+                                 split_listen)
+from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, ChannelsConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
+from agentd.a2a.client import remote_agents
+from agentd.cluster.config import cluster_settings
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
-           "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
+           "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
            "TelemetryConfig", "ToolsConfig", "home_dir",
            "load_config", "parse_config", "split_listen", "write_default_config"]
 
@@ -52,6 +55,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     triggers: TriggersConfig = field(default_factory=TriggersConfig)
     schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
+    channels: ChannelsConfig = field(default_factory=ChannelsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -164,7 +168,12 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     if "otel" in telemetry:
         cfg.telemetry.otel = expect(telemetry["otel"], bool, "telemetry.otel", "a boolean")
     cfg.schedules = schedules_table(data)
+    cfg.channels = channels_table(data)
     split_listen(cfg.api.listen_addr)
+    # Tables their own packages read when the daemon starts: checked here too, so that
+    # `agentd doctor` and a settings reload refuse what the start would.
+    cluster_settings(data, cfg.api.listen_addr)
+    remote_agents(data)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None

@@ -341,6 +341,15 @@ def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     afile.write_text("x")
     code, checks = doctor(afile)
     assert (code, checks["home_dir"]["status"]) == (1, "fail")
+    # Tables read by the channels, the cluster and A2A at start, checked before it.
+    for text, fault in (('[channels]\nworkers = "x"\n', "config key channels.workers: expected an integer, got str"),
+                        ("[cluster]\nlease_secs = 0\n", "config key cluster.lease_secs: must be a number between 1 and 3600")):
+        home = make_home(tmp_path / fault.split()[2], text)
+        code, checks = doctor(home)
+        assert (code, checks["config"]) == (1, {"check": "config", "status": "fail",
+                                                "message": f"invalid config {home / 'config.toml'}: {fault}"})
+        started = run_cli(home, "start", port=free_port())
+        assert (started.returncode, started.stderr) == (1, f"error: invalid config {home / 'config.toml'}: {fault}\n")
     home = make_home(tmp_path / "busy")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
