@@ -144,7 +144,9 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
         entry = next((p for p in listing if p.get("id") == provider), None)
         if entry is not None and (not env or env == entry.get("api_key_env")):
             if entry.get("auth_status") == "configured":
-                return Check("provider_keys", "ok", f"the daemon has {env} for {provider}{held}")
+                others = [name for name in keyed if name != provider]
+                also = f"; it also has keys for {', '.join(others)}" if others else ""
+                return Check("provider_keys", "ok", f"the daemon has {env} for {provider}{also}")
             if entry.get("auth_status") == "not_required" or not env:
                 return Check("provider_keys", "ok", f"default provider {provider} needs no key{held}")
             return Check("provider_keys", "warn",
@@ -159,8 +161,10 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
 
     if read_secrets(cfg.secrets_path).get(env):
         return Check("provider_keys", "ok", f"{env} for {provider} is in {cfg.secrets_path}")
+    unasked = "" if live is None or listing is not None else (
+        f" (the daemon at {live.base_url} did not say which keys it holds: give the CLI its API key, AGENTD_API_KEY)")
     return Check("provider_keys", "warn",
-                 f"{env} is not set: agents on the default provider {provider} cannot run")
+                 f"{env} is not set: agents on the default provider {provider} cannot run{unasked}")
 
 
 def _check_secrets_file(path: Path) -> Check | None:
