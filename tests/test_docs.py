@@ -122,10 +122,11 @@ def _local(code: str, port: int) -> str:
 
 def _check_config(example: Example, tmp_path: Path) -> None:
     from agentd.channels.catalog import ChannelCatalog, validate
-    from agentd.config import parse_config
+    from agentd.config import parse_config, unknown_keys
 
     data = tomllib.loads(example.code)
     parse_config(data, tmp_path)
+    assert unknown_keys(data) == [], f"{example.where}: keys agentd does not read"
     hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
     catalog = ChannelCatalog.load()
     for name, section in (data.get("channels") or {}).items():
@@ -203,6 +204,23 @@ def test_every_config_key_the_code_accepts_is_in_the_reference() -> None:
     for key in documented:
         table_name, _, name = key.rpartition(".")
         assert (f"[{table_name}] {name}" if table_name else f"`{key}`") in table or name == "<adapter>"
+
+
+def test_no_documented_key_is_called_unknown() -> None:
+    """The start and `agentd doctor` warn about keys agentd does not read: never about one
+    the reference lists."""
+    from agentd.config import unknown_keys
+
+    called = []
+    for key, *_ in hooks.config_keys():
+        table_name, _, name = key.rpartition(".")
+        name = {"<provider>": "openai", "<adapter>": "telegram"}.get(name, name)
+        value = {} if name == "telegram" else 1
+        if unknown_keys({table_name: {name: value}} if table_name else {name: value}):
+            called.append(key)
+    assert called == []
+    assert unknown_keys({"api": {"threds": 4}, "log_levl": "debug", "channels": {"wrkers": 2, "telegram": {}}}) == [
+        "api.threds", "log_levl", "channels.wrkers"]
 
 
 def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) -> None:

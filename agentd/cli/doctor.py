@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentd.cli.client import HEALTH_TIMEOUT, ApiClient, DaemonInfo, find_daemon, read_daemon_file
-from agentd.config import Config, load_config, split_listen
+from agentd.config import Config, load_config, split_listen, unknown_keys
 from agentd.errors import AgentdError
 from agentd.store.db import SQLITE_MAGIC
 
@@ -239,8 +239,13 @@ def run_checks(home: Path) -> list[Check]:
         if config_path.exists():
             tomllib.loads(config_path.read_text(encoding="utf-8"))
         cfg = load_config(home)
-        checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
-                            else "no config.toml; defaults apply"))
+        unknown = unknown_keys(cfg.raw)
+        if unknown:
+            checks.append(Check("config", "warn", f"{config_path} parsed; keys agentd does not read, ignored: "
+                                f"{', '.join(unknown)}"))
+        else:
+            checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
+                                else "no config.toml; defaults apply"))
     except UnicodeDecodeError:
         checks.append(Check("config", "fail", f"{config_path} is not UTF-8 text"))
         return checks

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, Chann
                                   TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.a2a.client import remote_agents
-from agentd.cluster.config import cluster_settings
+from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
@@ -29,7 +29,7 @@ from agentd.store.backend import DatabaseUrl, parse_database_url
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
            "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
            "TelemetryConfig", "ToolsConfig", "home_dir",
-           "load_config", "parse_config", "split_listen", "write_default_config"]
+           "load_config", "parse_config", "split_listen", "unknown_keys", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
 _expect = expect
@@ -179,6 +179,24 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
     cfg.mcp_servers = parse_mcp_servers(data)
     return cfg
+
+
+def unknown_keys(data: dict[str, Any]) -> list[str]:
+    """The keys of a parsed config.toml that agentd does not read (`table.key`), so that a
+    misspelt key is named rather than ignored without a word."""
+    tables = {f.name: {sub.name for sub in fields(default)} for f in fields(Config)
+              if is_dataclass(default := f.default_factory() if callable(f.default_factory) else None)}
+    tables |= {"cluster": {f.name for f in fields(ClusterSettings)}, "a2a": {"agents"}}
+    plain = {f.name for f in fields(Config)} - set(tables) - {"home", "raw", "database"} | {"api_listen", "database_url"}
+    unknown = []
+    for key, value in data.items():
+        if key in tables and isinstance(value, dict):
+            # A table under [channels] is an adapter's, checked by the channel catalogue.
+            unknown += [f"{key}.{name}" for name, item in value.items()
+                        if name not in tables[key] and not (key == "channels" and isinstance(item, dict))]
+        elif key not in tables and key not in plain:
+            unknown.append(key)
+    return unknown
 
 
 def load_config(home: Path | None = None) -> Config:

@@ -331,6 +331,17 @@ def test_doctor_with_broken_config(tmp_path: Path) -> None:
     assert code == 1 and checks["config"]["status"] == "fail"
 
 
+def test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start(daemon_factory) -> None:
+    d = daemon_factory(FAST_API + "threds = 4\n[channels]\nwrkers = 2\n")
+    code, checks = doctor(d.home, d.port)
+    assert (code, checks["config"]) == (0, {
+        "check": "config", "status": "warn",
+        "message": f"{d.home / 'config.toml'} parsed; keys agentd does not read, ignored: api.threds, channels.wrkers"})
+    for key in ("api.threds", "channels.wrkers"):
+        assert f"WARNING agentd.daemon: config key {key} is not one agentd reads: it is ignored " \
+               "(see docs/configuration.md)" in d.log()
+
+
 def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     home = make_home(tmp_path / "latin1")
     (home / "config.toml").write_bytes("# caf\xe9\n".encode("latin-1"))
