@@ -286,4 +286,10 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit):
             parser.parse_args([*words, "--help"])
         raise SystemExit(2)
-    parser.dispatch(argv=argv)
+    try:
+        parser.dispatch(argv=argv)
+    except BrokenPipeError:
+        # The reader left early (`agentd usage --json | head`): stop quietly, as other tools do.
+        # Python would flush stdout into the closed pipe again at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None

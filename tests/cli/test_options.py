@@ -1,13 +1,17 @@
 """Options the CLI cannot send are refused with a message before any daemon is asked: no
-traceback, and nothing the user typed is dropped without a word."""
+traceback, and nothing the user typed is dropped without a word. Output into a pipe its
+reader closed ends the command quietly."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from support import make_home, run_cli
+from support import agentd_env, make_home, run_cli
 
 
 @pytest.mark.parametrize("words, option", [
@@ -37,3 +41,14 @@ def test_an_amount_of_usd_is_a_finite_number(tmp_path: Path, words: list[str], o
 def test_cron_add_refuses_an_option_it_would_not_send(tmp_path: Path, extra: list[str], message: str) -> None:
     done = run_cli(make_home(tmp_path), "cron", "add", "j", "--agent", "a", "--message", "m", *extra)
     assert (done.returncode, done.stderr) == (1, f"error: {message}\n")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `agentd doctor --json | head -1` once head has its line
+    try:
+        done = subprocess.run([sys.executable, "-m", "agentd", "doctor", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=agentd_env(make_home(tmp_path)), timeout=60)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, "")
