@@ -62,7 +62,11 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
     if "api_listen" in data:
         api.listen_addr = expect(data["api_listen"], str, "api_listen", "a string")
     if "listen_addr" in table:
-        api.listen_addr = expect(table["listen_addr"], str, "api.listen_addr", "a string")
+        addr = expect(table["listen_addr"], str, "api.listen_addr", "a string")
+        if "api_listen" in data and addr != api.listen_addr:
+            raise ConfigError(f"config key api.listen_addr: {addr!r} and api_listen {api.listen_addr!r} are two "
+                              "names of one setting; keep one")
+        api.listen_addr = addr
     if "rate_limit_per_second" in table:
         rate = expect(table["rate_limit_per_second"], (int, float), "api.rate_limit_per_second", "a number")
         if rate <= 0:

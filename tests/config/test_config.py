@@ -84,6 +84,8 @@ def test_unparsable_toml_names_the_line(tmp_path: Path) -> None:
     ('[metrics]\nenabled = "yes"\n', "metrics.enabled: expected a boolean"),
     ('[metrics]\nagent_labels = 1\n', "metrics.agent_labels: expected a boolean"),
     ('[default_model]\nprovider = 3\n', "default_model.provider"),
+    ('api_listen = "127.0.0.1:4201"\n[api]\nlisten_addr = "127.0.0.1:4202"\n',
+     "config key api.listen_addr: '127.0.0.1:4202' and api_listen '127.0.0.1:4201' are two names of one setting; keep one"),
     ('[channels]\nlisten_host = 5\n', "config key channels.listen_host: expected a string, got int"),
     ('[channels]\nlisten_host = " "\n', "config key channels.listen_host: must be an address such as 127.0.0.1"),
     # Tables their own packages read at start are refused by the config as the start would.
