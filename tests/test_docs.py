@@ -206,6 +206,15 @@ def test_every_config_key_the_code_accepts_is_in_the_reference() -> None:
         assert (f"[{table_name}] {name}" if table_name else f"`{key}`") in table or name == "<adapter>"
 
 
+def test_every_agentd_variable_the_code_reads_is_in_the_environment_table() -> None:
+    read = set()
+    for path in (ROOT / "agentd").rglob("*.py"):
+        read |= set(re.findall(r"\"(AGENTD_[A-Z_]+)\"", path.read_text(encoding="utf-8")))
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = set(re.findall(r"^\| `(AGENTD_[A-Z_]+)` \|", page, re.M))
+    assert len(read) > 5 and read == table
+
+
 def test_no_documented_key_is_called_unknown() -> None:
     """The start and `agentd doctor` warn about keys agentd does not read: never about one
     the reference lists."""
