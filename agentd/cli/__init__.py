@@ -182,8 +182,9 @@ def doctor(as_json: bool = False) -> None:
     if as_json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:
+        width = max(len(c.name) for c in checks)
         for c in checks:
-            print(f"[{c.status:4}] {c.name:16} {c.message}")
+            print(f"[{c.status:4}] {c.name:{width}} {c.message}")
     if any(c.status == "fail" for c in checks):
         raise SystemExit(1)
 

@@ -5,6 +5,7 @@ reader closed ends the command quietly."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,13 @@ def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(tmp_pat
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (1, "")
+
+
+def test_doctor_lines_up_its_messages(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    # A daemon.json nobody answers for: the longest check name, stale_daemon_file, is listed.
+    (home / "daemon.json").write_text('{"listen_addr": "127.0.0.1:9", "pid": 999999999, "started_at": ""}')
+    lines = run_cli(home, "doctor").stdout.splitlines()
+    assert any(" stale_daemon_file " in line for line in lines)
+    columns = {re.match(r"\[\w+ *\] \w+ +", line).end() for line in lines}
+    assert len(columns) == 1, lines
