@@ -21,6 +21,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,6 +255,38 @@ def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) ->
         assert key in str(refused.value) or (key == "api_listen" and "api_listen" in str(refused.value)), key
         checked += 1
     assert checked >= 40
+
+
+def test_every_range_the_reference_states_is_the_one_the_code_keeps(tmp_path: Path) -> None:
+    """A key described with a range, "(1-1024)", takes both ends and is refused one step past
+    either, naming the key."""
+    from agentd.config import ConfigError, parse_config
+
+    cluster_settings = hooks.cluster_module().cluster_settings
+    checked = []
+    for key, kind, _, meaning in hooks.config_keys():
+        stated = re.search(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)-(-?\d+(?:\.\d+)?)[;)]", meaning)
+        if stated is None:
+            continue
+        number = float if kind == "number" else int
+        low, high = number(stated.group(1)), number(stated.group(2))
+        step = 0.001 if kind == "number" else 1
+        table_name, _, name = key.rpartition(".")
+
+        def parse(value: Any) -> None:
+            data = {table_name: {name: value}} if table_name else {name: value}
+            if table_name == "cluster":
+                cluster_settings(data, "127.0.0.1:4200")
+            else:
+                parse_config(data, tmp_path)
+
+        parse(low)
+        parse(high)
+        for wrong in (low - step, high + step):
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                parse(wrong)
+        checked.append(key)
+    assert len(checked) >= 15 and "channels.workers" in checked
 
 
 def _shape(path: str) -> str:
