@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from agentd.a2a.client import remote_agents
+from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
                                  memory_table, metrics_table, schedules_table, tools_table, triggers_table,
                                  split_listen)
@@ -20,15 +22,13 @@ from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, Chann
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
-from agentd.a2a.client import remote_agents
-from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
-           "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
-           "TelemetryConfig", "ToolsConfig", "home_dir",
+           "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
+           "SchedulesConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
            "load_config", "parse_config", "split_listen", "unknown_keys", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
@@ -184,8 +184,9 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
 def unknown_keys(data: dict[str, Any]) -> list[str]:
     """The keys of a parsed config.toml that agentd does not read (`table.key`), so that a
     misspelt key is named rather than ignored without a word."""
-    tables = {f.name: {sub.name for sub in fields(default)} for f in fields(Config)
-              if is_dataclass(default := f.default_factory() if callable(f.default_factory) else None)}
+    defaults = Config(home=Path())
+    tables = {f.name: {sub.name for sub in fields(table)} for f in fields(Config)
+              if is_dataclass(table := getattr(defaults, f.name))}
     tables |= {"cluster": {f.name for f in fields(ClusterSettings)}, "a2a": {"agents"}}
     plain = {f.name for f in fields(Config)} - set(tables) - {"home", "raw", "database"} | {"api_listen", "database_url"}
     unknown = []
