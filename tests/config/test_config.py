@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentd.config import DEFAULT_CONFIG_TEXT, load_config, split_listen, write_default_config
+from agentd.config import DEFAULT_CONFIG_TEXT, load_config, split_listen, unknown_keys, write_default_config
 from agentd.errors import ConfigError
 
 
@@ -44,6 +44,8 @@ def test_default_template_parses_to_defaults(tmp_path: Path) -> None:
     cfg = load_config(tmp_path)
     assert cfg.api_listen == "127.0.0.1:4200"
     assert (tmp_path / "data").is_dir() and (tmp_path / "agents").is_dir()
+    # `agentd init`'s file never makes the start warn about a key it does not read.
+    assert unknown_keys(cfg.raw) == [] and len(cfg.raw) > 5
 
 
 def test_listen_addr_alias_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
