@@ -128,7 +128,6 @@ def _check_config(example: Example, tmp_path: Path) -> None:
     data = tomllib.loads(example.code)
     parse_config(data, tmp_path)
     assert unknown_keys(data) == [], f"{example.where}: keys agentd does not read"
-    hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
     catalog = ChannelCatalog.load()
     for name, section in (data.get("channels") or {}).items():
         if isinstance(section, dict):
