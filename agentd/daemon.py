@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from agentd.cli.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
 from agentd import tracing
-from agentd.config import Config
+from agentd.config import Config, unknown_keys
 from agentd.errors import AgentdError
 from agentd.logs import setup_logging
 from agentd.malloc_tuning import tune_malloc
@@ -264,6 +264,8 @@ def tune_interpreter(malloc_arenas: int = 0, mmap_threshold_kb: int = 0) -> None
 def run_daemon(config: Config) -> None:
     """`agentd start`: raises StartError (or another AgentdError) if it cannot start."""
     setup_logging(config.log_level, config.log_format)
+    for key in unknown_keys(config.raw):
+        log.warning("config key %s is not one agentd reads: it is ignored (see docs/configuration.md)", key)
     tune_interpreter(config.api.malloc_arenas, config.api.malloc_mmap_threshold_kb)
     daemon = Daemon(config)
     try:

@@ -75,8 +75,10 @@ class Settings:
         values["home"] = str(cfg.home)
         values["database"] = cfg.database.masked if cfg.database is not None else f"sqlite:{cfg.db_path}"
         values["mcp_servers"] = [_plain(s) for s in cfg.mcp_servers]
-        for key, value in cfg.raw.items():  # tables the typed config does not hold (channels, ...)
-            values.setdefault(key, value)
+        for key, value in cfg.raw.items():  # what the typed config does not hold (channels' adapters, ...)
+            typed = values.setdefault(key, value)
+            if isinstance(typed, dict) and isinstance(value, dict) and typed is not value:
+                values[key] = {**value, **typed}
         return flatten(mask(values))
 
     def reload(self) -> dict[str, Any]:

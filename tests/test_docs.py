@@ -21,6 +21,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,11 +123,11 @@ def _local(code: str, port: int) -> str:
 
 def _check_config(example: Example, tmp_path: Path) -> None:
     from agentd.channels.catalog import ChannelCatalog, validate
-    from agentd.config import parse_config
+    from agentd.config import parse_config, unknown_keys
 
     data = tomllib.loads(example.code)
     parse_config(data, tmp_path)
-    hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
+    assert unknown_keys(data) == [], f"{example.where}: keys agentd does not read"
     catalog = ChannelCatalog.load()
     for name, section in (data.get("channels") or {}).items():
         if isinstance(section, dict):
@@ -205,6 +206,32 @@ def test_every_config_key_the_code_accepts_is_in_the_reference() -> None:
         assert (f"[{table_name}] {name}" if table_name else f"`{key}`") in table or name == "<adapter>"
 
 
+def test_every_agentd_variable_the_code_reads_is_in_the_environment_table() -> None:
+    read = set()
+    for path in (ROOT / "agentd").rglob("*.py"):
+        read |= set(re.findall(r"\"(AGENTD_[A-Z_]+)\"", path.read_text(encoding="utf-8")))
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = set(re.findall(r"^\| `(AGENTD_[A-Z_]+)` \|", page, re.M))
+    assert len(read) > 5 and read == table
+
+
+def test_no_documented_key_is_called_unknown() -> None:
+    """The start and `agentd doctor` warn about keys agentd does not read: never about one
+    the reference lists."""
+    from agentd.config import unknown_keys
+
+    called = []
+    for key, *_ in hooks.config_keys():
+        table_name, _, name = key.rpartition(".")
+        name = {"<provider>": "openai", "<adapter>": "telegram"}.get(name, name)
+        value = {} if name == "telegram" else 1
+        if unknown_keys({table_name: {name: value}} if table_name else {name: value}):
+            called.append(key)
+    assert called == []
+    assert unknown_keys({"api": {"threds": 4}, "log_levl": "debug", "channels": {"wrkers": 2, "telegram": {}}}) == [
+        "api.threds", "log_levl", "channels.wrkers"]
+
+
 def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) -> None:
     """Each key of the reference with a plain value: its default is accepted, and a value of
     the wrong kind is refused naming the key (so the reference names real keys)."""
@@ -227,6 +254,38 @@ def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) ->
         assert key in str(refused.value) or (key == "api_listen" and "api_listen" in str(refused.value)), key
         checked += 1
     assert checked >= 40
+
+
+def test_every_range_the_reference_states_is_the_one_the_code_keeps(tmp_path: Path) -> None:
+    """A key described with a range, "(1-1024)", takes both ends and is refused one step past
+    either, naming the key."""
+    from agentd.config import ConfigError, parse_config
+
+    cluster_settings = hooks.cluster_module().cluster_settings
+    checked = []
+    for key, kind, _, meaning in hooks.config_keys():
+        stated = re.search(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)-(-?\d+(?:\.\d+)?)[;)]", meaning)
+        if stated is None:
+            continue
+        number = float if kind == "number" else int
+        low, high = number(stated.group(1)), number(stated.group(2))
+        step = 0.001 if kind == "number" else 1
+        table_name, _, name = key.rpartition(".")
+
+        def parse(value: Any) -> None:
+            data = {table_name: {name: value}} if table_name else {name: value}
+            if table_name == "cluster":
+                cluster_settings(data, "127.0.0.1:4200")
+            else:
+                parse_config(data, tmp_path)
+
+        parse(low)
+        parse(high)
+        for wrong in (low - step, high + step):
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                parse(wrong)
+        checked.append(key)
+    assert len(checked) >= 15 and "channels.workers" in checked
 
 
 def _shape(path: str) -> str:

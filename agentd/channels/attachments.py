@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from agentd.llm.catalog import Catalog
 
 log = logging.getLogger("agentd.channels.files")
-DEFAULT_MAX_BYTES = UPLOAD_LIMIT
 MAX_REDIRECTS = 3
 # What the providers' image parts take; other images are kept as files with a note.
 MODEL_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")

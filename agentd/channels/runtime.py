@@ -19,13 +19,14 @@ from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
 from agentd.channels.approvals import ChatApprovals
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound
-from agentd.channels.attachments import DEFAULT_MAX_BYTES, ChannelFiles
+from agentd.channels.attachments import ChannelFiles
 from agentd.channels.allowlists import recipients
 from agentd.channels.catalog import ChannelCatalog, field_views, settings_for, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.inbound import InboundRouter
 from agentd.channels.tomledit import edit_file
-from agentd.errors import AgentdError, BadRequest
+from agentd.config import channels_table
+from agentd.errors import AgentdError, BadRequest, ConfigError
 from agentd.llm.think import strip_think
 from agentd.store import Store
 
@@ -59,29 +60,19 @@ class ChannelManager:
         # Adapters inside start(): a platform may call the webhook back while it is being
         # registered (Viber's set_webhook), so the route serves an adapter once it listens.
         self.starting: dict[str, Adapter] = {}
-        self._apply_globals(raw_channels)
-        self.dispatcher = Dispatcher(self.workers, self.queue_limit)
+        settings = channels_table({"channels": raw_channels})
+        self.listen_host = settings.listen_host
+        self.dispatcher = Dispatcher(settings.workers, settings.queue_limit)
         self.inbound = InboundRouter(
             self.sections, self.running, agents, runs, audit, self.dispatcher,
             ChatApprovals(approvals if approvals is not None else ApprovalQueue(), audit), files,
-            self.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound)
+            settings.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound)
         self._initial = raw_channels
         # Several daemons on one database (agentd/channels/leaders.py): an adapter starts only
         # where may_run(name) is true (the daemon holding its leader lease); on_stopped(name)
         # hands the lease back when it stops here.
         self.may_run: Callable[[str], bool] = lambda name: True
         self.on_stopped: Callable[[str], None] = lambda name: None
-
-    def _apply_globals(self, raw: dict[str, Any]) -> None:
-        self.listen_host = str(raw.get("listen_host", "127.0.0.1"))
-        self.workers = int(raw.get("workers", 8))
-        self.queue_limit = int(raw.get("queue_limit", 32))
-        cap = raw.get("max_file_bytes", DEFAULT_MAX_BYTES)
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-            log.warning("config key channels.max_file_bytes: must be a positive whole number of bytes; "
-                        "using %d", DEFAULT_MAX_BYTES)
-            cap = DEFAULT_MAX_BYTES
-        self.max_file_bytes = min(cap, DEFAULT_MAX_BYTES)
 
     # -- lifecycle -------------------------------------------------------------------
     def start_all(self) -> None:
@@ -257,9 +248,10 @@ class ChannelManager:
             raw = tomllib.loads(text).get("channels", {})
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise BadRequest(f"cannot reload channels: {self.config_path}: {exc}") from None
-        if not isinstance(raw, dict):
-            raise BadRequest("cannot reload channels: [channels] must be a table")
-        host = str(raw.get("listen_host", "127.0.0.1"))
+        try:
+            host = channels_table({"channels": raw}).listen_host
+        except ConfigError as exc:
+            raise BadRequest(f"cannot reload channels: {exc.message}") from None
         if host != self.listen_host:  # listeners must re-bind: restart every adapter
             with self._lock:
                 self.listen_host = host

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -35,6 +36,17 @@ def _config() -> Config:
     except AgentdError as exc:
         _fail(exc.message)
         raise  # unreachable; keeps type checkers calm
+
+
+def usd(text: str) -> float:
+    """An option's amount of US dollars: a finite number (nan and inf cannot be sent as JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an amount of USD (a number such as 25 or 0.5)")
+    return value
 
 
 def _client(config: Config) -> ApiClient:
@@ -170,8 +182,9 @@ def doctor(as_json: bool = False) -> None:
     if as_json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:
+        width = max(len(c.name) for c in checks)
         for c in checks:
-            print(f"[{c.status:4}] {c.name:16} {c.message}")
+            print(f"[{c.status:4}] {c.name:{width}} {c.message}")
     if any(c.status == "fail" for c in checks):
         raise SystemExit(1)
 
@@ -198,7 +211,7 @@ def usage(as_json: bool = False, since: str = "", until: str = "") -> None:
                        f"{m['cost_usd']:.6f}"] for m in models]))
 
 
-@argh.arg("--set", dest="set_limit", type=float, help="set the monthly limit in USD (0 = unlimited)")
+@argh.arg("--set", dest="set_limit", type=usd, help="set the monthly limit in USD (0 = unlimited)")
 @argh.arg("--json", dest="as_json", help="print the raw JSON")
 def budget(set_limit: float | None = None, as_json: bool = False) -> None:
     """Show the monthly budget, or set it with --set."""
@@ -274,4 +287,10 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit):
             parser.parse_args([*words, "--help"])
         raise SystemExit(2)
-    parser.dispatch(argv=argv)
+    try:
+        parser.dispatch(argv=argv)
+    except BrokenPipeError:
+        # The reader left early (`agentd usage --json | head`): stop quietly, as other tools do.
+        # Python would flush stdout into the closed pipe again at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None

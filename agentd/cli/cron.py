@@ -7,7 +7,7 @@ from typing import Any
 
 import argh
 
-from agentd.cli import _client, _config, _fail, _get, _table
+from agentd.cli import _client, _config, _fail, _get, _table, usd
 from agentd.cli.client import ApiClient
 from agentd.cli.workflow import _error_text, _workflow_id
 
@@ -67,7 +67,7 @@ def cron_list(agent: str = "", as_json: bool = False) -> None:
 @argh.arg("--one-shot", help="run once, then disable the job")
 @argh.arg("--catch-up", choices=("skip", "once"), help="after downtime: skip or run once (default: skip)")
 @argh.arg("--max-runs-per-day", type=int, help="pause the job after this many runs a day (UTC)")
-@argh.arg("--max-cost-usd-per-day", type=float, help="pause the job after it cost this many USD a day (UTC)")
+@argh.arg("--max-cost-usd-per-day", type=usd, help="pause the job after it cost this many USD a day (UTC)")
 @argh.arg("--webhook", help="POST each result to this https:// URL")
 @argh.arg("--secret-env", help="environment variable with the webhook's HMAC secret")
 @argh.arg("--channel", help="send each result to this configured channel")
@@ -80,6 +80,17 @@ def cron_add(name: str, agent: str = "", message: str = "", cron: str = "", tz: 
     """Create a cron job: an agent told --message, or a --workflow, on --cron, --every or --at."""
     if sum((bool(cron), every is not None, bool(at))) != 1:
         _fail("give exactly one of --cron, --every, --at")
+    # An option that would not be sent is refused rather than dropped without a word.
+    for unused, option, partner in ((tz and every is not None, "--tz", "--cron or --at"),
+                                    (input and not workflow, "--input", "--workflow"),
+                                    (secret_env and not webhook, "--secret-env", "--webhook"),
+                                    (chat_id and not channel, "--chat-id", "--channel")):
+        if unused:
+            _fail(f"{option} goes with {partner}")
+    if workflow and message:
+        _fail("give --message (an agent turn) or --workflow, not both")
+    if webhook and channel:
+        _fail("give at most one of --webhook, --channel")
     if cron:
         schedule: dict[str, Any] = {"kind": "cron", "expr": cron, **({"tz": tz} if tz else {})}
     elif every is not None:

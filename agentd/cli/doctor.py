@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentd.cli.client import HEALTH_TIMEOUT, ApiClient, DaemonInfo, find_daemon, read_daemon_file
-from agentd.config import Config, load_config, split_listen
+from agentd.config import Config, load_config, split_listen, unknown_keys
 from agentd.errors import AgentdError
 from agentd.store.db import SQLITE_MAGIC
 
@@ -144,7 +144,9 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
         entry = next((p for p in listing if p.get("id") == provider), None)
         if entry is not None and (not env or env == entry.get("api_key_env")):
             if entry.get("auth_status") == "configured":
-                return Check("provider_keys", "ok", f"the daemon has {env} for {provider}{held}")
+                others = [name for name in keyed if name != provider]
+                also = f"; it also has keys for {', '.join(others)}" if others else ""
+                return Check("provider_keys", "ok", f"the daemon has {env} for {provider}{also}")
             if entry.get("auth_status") == "not_required" or not env:
                 return Check("provider_keys", "ok", f"default provider {provider} needs no key{held}")
             return Check("provider_keys", "warn",
@@ -159,8 +161,10 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
 
     if read_secrets(cfg.secrets_path).get(env):
         return Check("provider_keys", "ok", f"{env} for {provider} is in {cfg.secrets_path}")
+    unasked = "" if live is None or listing is not None else (
+        f" (the daemon at {live.base_url} did not say which keys it holds: give the CLI its API key, AGENTD_API_KEY)")
     return Check("provider_keys", "warn",
-                 f"{env} is not set: agents on the default provider {provider} cannot run")
+                 f"{env} is not set: agents on the default provider {provider} cannot run{unasked}")
 
 
 def _check_secrets_file(path: Path) -> Check | None:
@@ -235,8 +239,13 @@ def run_checks(home: Path) -> list[Check]:
         if config_path.exists():
             tomllib.loads(config_path.read_text(encoding="utf-8"))
         cfg = load_config(home)
-        checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
-                            else "no config.toml; defaults apply"))
+        unknown = unknown_keys(cfg.raw)
+        if unknown:
+            checks.append(Check("config", "warn", f"{config_path} parsed; keys agentd does not read, ignored: "
+                                f"{', '.join(unknown)}"))
+        else:
+            checks.append(Check("config", "ok", f"{config_path} parsed" if config_path.exists()
+                                else "no config.toml; defaults apply"))
     except UnicodeDecodeError:
         checks.append(Check("config", "fail", f"{config_path} is not UTF-8 text"))
         return checks

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, default_model_table, expect, memory_table,
-                                 metrics_table, schedules_table, tools_table, triggers_table, split_listen)
-from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, DefaultModel, LlmConfig,
+from agentd.a2a.client import remote_agents
+from agentd.cluster.config import ClusterSettings, cluster_settings
+from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
+                                 memory_table, metrics_table, schedules_table, tools_table, triggers_table,
+                                 split_listen)
+from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, ChannelsConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
@@ -24,9 +27,9 @@ from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 from agentd.store.backend import DatabaseUrl, parse_database_url
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
-           "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig", "SchedulesConfig",
-           "TelemetryConfig", "ToolsConfig", "home_dir",
-           "load_config", "parse_config", "split_listen", "write_default_config"]
+           "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
+           "SchedulesConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
+           "load_config", "parse_config", "split_listen", "unknown_keys", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
 _expect = expect
@@ -52,6 +55,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     triggers: TriggersConfig = field(default_factory=TriggersConfig)
     schedules: SchedulesConfig = field(default_factory=SchedulesConfig)
+    channels: ChannelsConfig = field(default_factory=ChannelsConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     # PostgreSQL instead of the home's SQLite file (agentd/store/backend.py): from
     # `database_url` (no password allowed) or AGENTD_DATABASE_URL (wins). None = SQLite.
@@ -164,12 +168,36 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     if "otel" in telemetry:
         cfg.telemetry.otel = expect(telemetry["otel"], bool, "telemetry.otel", "a boolean")
     cfg.schedules = schedules_table(data)
+    cfg.channels = channels_table(data)
     split_listen(cfg.api.listen_addr)
+    # Tables their own packages read when the daemon starts: checked here too, so that
+    # `agentd doctor` and a settings reload refuse what the start would.
+    cluster_settings(data, cfg.api.listen_addr)
+    remote_agents(data)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
     cfg.mcp_servers = parse_mcp_servers(data)
     return cfg
+
+
+def unknown_keys(data: dict[str, Any]) -> list[str]:
+    """The keys of a parsed config.toml that agentd does not read (`table.key`), so that a
+    misspelt key is named rather than ignored without a word."""
+    defaults = Config(home=Path())
+    tables = {f.name: {sub.name for sub in fields(table)} for f in fields(Config)
+              if is_dataclass(table := getattr(defaults, f.name))}
+    tables |= {"cluster": {f.name for f in fields(ClusterSettings)}, "a2a": {"agents"}}
+    plain = {f.name for f in fields(Config)} - set(tables) - {"home", "raw", "database"} | {"api_listen", "database_url"}
+    unknown = []
+    for key, value in data.items():
+        if key in tables and isinstance(value, dict):
+            # A table under [channels] is an adapter's, checked by the channel catalogue.
+            unknown += [f"{key}.{name}" for name, item in value.items()
+                        if name not in tables[key] and not (key == "channels" and isinstance(item, dict))]
+        elif key not in tables and key not in plain:
+            unknown.append(key)
+    return unknown
 
 
 def load_config(home: Path | None = None) -> Config:

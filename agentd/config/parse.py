@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agentd.config.tables import (ApiConfig, DefaultModel, MemoryConfig, MetricsConfig, SchedulesConfig, ToolsConfig,
-                                  TriggersConfig)
+from agentd.config.tables import (ApiConfig, ChannelsConfig, DefaultModel, MemoryConfig, MetricsConfig,
+                                  SchedulesConfig, ToolsConfig, TriggersConfig)
 from agentd.errors import ConfigError
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -62,7 +62,11 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
     if "api_listen" in data:
         api.listen_addr = expect(data["api_listen"], str, "api_listen", "a string")
     if "listen_addr" in table:
-        api.listen_addr = expect(table["listen_addr"], str, "api.listen_addr", "a string")
+        addr = expect(table["listen_addr"], str, "api.listen_addr", "a string")
+        if "api_listen" in data and addr != api.listen_addr:
+            raise ConfigError(f"config key api.listen_addr: {addr!r} and api_listen {api.listen_addr!r} are two "
+                              "names of one setting; keep one")
+        api.listen_addr = addr
     if "rate_limit_per_second" in table:
         rate = expect(table["rate_limit_per_second"], (int, float), "api.rate_limit_per_second", "a number")
         if rate <= 0:
@@ -223,3 +227,18 @@ def schedules_table(data: dict[str, Any]) -> SchedulesConfig:
                 raise ConfigError(f"config key schedules.{key}: must be between {low} and {high}")
             setattr(cfg, key, float(value))
     return cfg
+
+
+def channels_table(data: dict[str, Any]) -> ChannelsConfig:
+    """The daemon-wide keys of `[channels]`, validated (the adapters' tables are left alone)."""
+    channels = ChannelsConfig()
+    table = expect(data.get("channels", {}), dict, "channels", "a table")
+    if "listen_host" in table:
+        host = expect(table["listen_host"], str, "channels.listen_host", "a string").strip()
+        if not host:
+            raise ConfigError("config key channels.listen_host: must be an address such as 127.0.0.1")
+        channels.listen_host = host
+    set_int(table, channels, "channels", "workers", 1, 256)
+    set_int(table, channels, "channels", "queue_limit", 0, 10_000)
+    set_int(table, channels, "channels", "max_file_bytes", 1, ChannelsConfig.max_file_bytes)
+    return channels

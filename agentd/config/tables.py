@@ -169,3 +169,15 @@ class SchedulesConfig:
     misfire_grace_secs: float = 60.0
     delivery_attempts: int = 5
     max_jobs_per_agent: int = 50
+
+
+@dataclass
+class ChannelsConfig:
+    """The daemon-wide keys of `[channels]`; its sub-tables are the adapters' own
+    (agentd/channels/runtime.py reads those)."""
+
+    listen_host: str = "127.0.0.1"
+    workers: int = 8
+    queue_limit: int = 32
+    # A channel file is an upload: it is never larger than the upload limit (10 MiB).
+    max_file_bytes: int = 10 * 1024 * 1024

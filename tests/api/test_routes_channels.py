@@ -213,6 +213,10 @@ def test_reload_applies_hand_edits(tmp_path):
         (home / "config.toml").write_text("this is = = not toml")
         response = daemon.post("/api/channels/reload")
         assert response.status_code == 400 and "cannot reload" in response.json()["error"]
+        (home / "config.toml").write_text("[channels]\nlisten_host = 5\n")
+        response = daemon.post("/api/channels/reload")
+        assert (response.status_code, response.json()) == (400, {
+            "error": "cannot reload channels: config key channels.listen_host: expected a string, got int"})
     finally:
         daemon.stop()
 

@@ -28,7 +28,7 @@ def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path)
         check = provider_keys(home, d.port)
         assert check == {"check": "provider_keys", "status": "ok",
                          "message": "the daemon has ANTHROPIC_API_KEY for anthropic; "
-                                    "the daemon has keys for anthropic, groq"}, check
+                                    "it also has keys for groq"}, check
         assert "sk-ant-doctor" not in json.dumps(check)
     finally:
         d.stop()
@@ -39,3 +39,17 @@ def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path)
     (home / "secrets.env").unlink()
     check = provider_keys(home, d.port)
     assert check["status"] == "warn" and check["message"].startswith("ANTHROPIC_API_KEY is not set")
+
+
+def test_doctor_says_when_the_daemon_would_not_tell_it_the_keys(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    # The key lives in the daemon's environment only (a service's environment file).
+    d = Daemon(home, api_key="k-doctor", env_extra={"AGENTD_API_KEY": "k-doctor", "ANTHROPIC_API_KEY": "sk-ant"}).start()
+    try:
+        check = provider_keys(home, d.port)
+    finally:
+        d.stop()
+    assert check == {"check": "provider_keys", "status": "warn",
+                     "message": "ANTHROPIC_API_KEY is not set: agents on the default provider anthropic cannot run "
+                                f"(the daemon at http://127.0.0.1:{d.port} did not say which keys it holds: "
+                                "give the CLI its API key, AGENTD_API_KEY)"}, check

@@ -331,6 +331,17 @@ def test_doctor_with_broken_config(tmp_path: Path) -> None:
     assert code == 1 and checks["config"]["status"] == "fail"
 
 
+def test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start(daemon_factory) -> None:
+    d = daemon_factory(FAST_API + "threds = 4\n[channels]\nwrkers = 2\n")
+    code, checks = doctor(d.home, d.port)
+    assert (code, checks["config"]) == (0, {
+        "check": "config", "status": "warn",
+        "message": f"{d.home / 'config.toml'} parsed; keys agentd does not read, ignored: api.threds, channels.wrkers"})
+    for key in ("api.threds", "channels.wrkers"):
+        assert f"WARNING agentd.daemon: config key {key} is not one agentd reads: it is ignored " \
+               "(see docs/configuration.md)" in d.log()
+
+
 def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     home = make_home(tmp_path / "latin1")
     (home / "config.toml").write_bytes("# caf\xe9\n".encode("latin-1"))
@@ -341,6 +352,15 @@ def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     afile.write_text("x")
     code, checks = doctor(afile)
     assert (code, checks["home_dir"]["status"]) == (1, "fail")
+    # Tables read by the channels, the cluster and A2A at start, checked before it.
+    for text, fault in (('[channels]\nworkers = "x"\n', "config key channels.workers: expected an integer, got str"),
+                        ("[cluster]\nlease_secs = 0\n", "config key cluster.lease_secs: must be a number between 1 and 3600")):
+        home = make_home(tmp_path / fault.split()[2], text)
+        code, checks = doctor(home)
+        assert (code, checks["config"]) == (1, {"check": "config", "status": "fail",
+                                                "message": f"invalid config {home / 'config.toml'}: {fault}"})
+        started = run_cli(home, "start", port=free_port())
+        assert (started.returncode, started.stderr) == (1, f"error: invalid config {home / 'config.toml'}: {fault}\n")
     home = make_home(tmp_path / "busy")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
