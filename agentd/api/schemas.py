@@ -241,9 +241,10 @@ class ChatRequestSchema(Schema):
     frequency_penalty = StrictFloat(allow_none=True, validate=validate.Range(-2.0, 2.0))
     response_format = fields.Nested(ResponseFormatSchema, allow_none=True)
     user = fields.String(allow_none=True, metadata={"description": "End-user id, passed on where supported"})
+    n = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 128),
+                       metadata={"description": "The answer always has one choice: more is dropped and "
+                                                "named in `x-agentd-dropped-params`"})
     # Accepted only with the values that change nothing (the route refuses others by name).
-    n = fields.Integer(strict=True, allow_none=True, validate=validate.OneOf([1]),
-                       metadata={"description": "Only 1 (one choice per run)"})
     tools = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0), metadata={
         "description": "Refused when non-empty: agents own their tools"})
     functions = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0))

@@ -206,10 +206,11 @@ def test_v1_timeout_is_an_openai_error(fast, up) -> None:
     started = time.monotonic()
     r = v1_open(fast, name, "hi", stream=False)
     assert time.monotonic() - started < TIMEOUT + 1 + SLACK
-    assert r.status_code == 504
+    # The agent failed: the spec's 500 server_error without a code; the message says why.
+    assert r.status_code == 500
     error = r.json()["error"]
-    assert set(error) == {"message", "type", "code"} and "timed out" in error["message"]
-    assert error["type"] == "server_error" and error["code"] == "upstream_timeout"
+    assert set(error) == {"message", "type"} and "timed out" in error["message"]
+    assert error["type"] == "server_error"
     # agentd already spent the retries the deadline allowed: clients must not multiply them.
     assert r.headers["x-should-retry"] == "false"
 
