@@ -227,8 +227,8 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
                  "`user` and `response_format` go to the agent's model; what its provider has no "
                  "equivalent for is dropped and named in `x-agentd-dropped-params`, as is `n` > 1 (the "
                  "answer always has one choice). `tools`, `functions`, `tool_choice` (other than "
-                 "none/auto), `logprobs` and `logit_bias` are refused with 400. With `stream: true` the answer is `text/event-stream`: `data: {chat.completion.chunk}` "
-                 "lines, then `data: [DONE]`.",
+                 "none/auto), `logprobs` and `logit_bias` are refused with 400. With `stream: true` the "
+                 "answer is `text/event-stream`: `data: {chat.completion.chunk}` lines, then `data: [DONE]`.",
      errors={404: "No agent for `model` (`model_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
