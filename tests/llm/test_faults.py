@@ -570,7 +570,8 @@ def test_upstream_429_and_503_keep_status_and_retry_after(fast, up, code) -> Non
     assert len(up.by_fault(fault)) - before == 2  # retried once after 1 s; a second wait would pass the deadline
     assert f"status={code}" in failure_line(fast, name)
     r = v1_open(fast, name, "busy?", stream=False)
-    assert r.status_code == code and r.headers["Retry-After"] == "1"
+    # /v1: a provider still throttling stays a 429; any other failure is the agent's, the spec's 500.
+    assert r.status_code == (429 if code == 429 else 500) and r.headers["Retry-After"] == "1"
     events = list(sse(sse_open(fast, agent_id, "busy?")))
     assert events[-1][1] == "error" and events[-1][2]["status"] == code and events[-1][2]["retry_after"] == 1
 
