@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from agentd.api.response_headers import REQUEST_ID
@@ -98,6 +98,10 @@ def _http_error(exc: HTTPException) -> Response:
     message = _HTTP_MESSAGES.get(status) or (exc.description or exc.name).rstrip(".")
     if status == 404:
         message = f"not found: {request.method} {request.path}"
+        bare = request.path.rstrip("/")
+        if bare and bare != request.path and _routed(bare):
+            # One URL per resource (the guards compare paths exactly): say which one.
+            message += f" (the route is {bare}, without the trailing slash)"
     elif status == 405:
         allowed = exc.valid_methods if hasattr(exc, "valid_methods") else None
         message = f"method {request.method} not allowed on {request.path}"
@@ -106,6 +110,15 @@ def _http_error(exc: HTTPException) -> Response:
             response.headers["Allow"] = ", ".join(sorted(allowed))
         return response
     return error_response(status, message)
+
+
+def _routed(path: str) -> bool:
+    """Whether `path` names a route for this request's method."""
+    try:
+        current_app.create_url_adapter(request).match(path, request.method)
+    except HTTPException:
+        return False
+    return True
 
 
 def _agentd_error(exc: AgentdError) -> Response:

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from flask import Blueprint, jsonify, request
 from werkzeug.routing import PathConverter
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates
+from marshmallow import RAISE, Schema, ValidationError, fields, post_load, validate, validates
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
@@ -45,16 +45,22 @@ class CustomModelSchema(Schema):
         validate.Length(min=1, max=200),
         validate.Regexp("^" + NOT_CUSTOM_ROUTE,
                         error="ids `custom` and `custom/...` name the custom-model routes, not a model")])
-    display_name = fields.String(required=True, validate=validate.Length(min=1, max=200))
+    # Only `id` and `provider` are needed; what is left out takes these defaults (the name: the id).
+    display_name = fields.String(validate=validate.Length(min=1, max=200),
+                                 metadata={"description": "Default: the id"})
     provider = fields.String(required=True)
     tier = fields.String(load_default="custom", validate=validate.OneOf(TIERS))
-    context_window = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
-    max_output_tokens = fields.Integer(required=True, strict=True, validate=validate.Range(min=1))
-    input_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
-    output_cost_per_m = StrictFloat(required=True, validate=validate.Range(min=0))
-    supports_tools = StrictBoolean(required=True)
-    supports_vision = StrictBoolean(required=True)
-    supports_streaming = StrictBoolean(required=True)
+    context_window = fields.Integer(load_default=128_000, strict=True, validate=validate.Range(min=1))
+    max_output_tokens = fields.Integer(load_default=8192, strict=True, validate=validate.Range(min=1))
+    input_cost_per_m = StrictFloat(load_default=0.0, validate=validate.Range(min=0))
+    output_cost_per_m = StrictFloat(load_default=0.0, validate=validate.Range(min=0))
+    supports_tools = StrictBoolean(load_default=True)
+    supports_vision = StrictBoolean(load_default=False)
+    supports_streaming = StrictBoolean(load_default=True)
+
+    @post_load
+    def _named(self, data: dict, **_: object) -> dict:
+        return {**data, "display_name": data.get("display_name") or data["id"]}
 
     @validates("provider")
     def _known(self, value: str, **_: object) -> None:

@@ -44,11 +44,12 @@ bp = Blueprint("openai", __name__)
 PREFIX = "agentd:"
 DATA_URI = re.compile(r"^data:(image/[A-Za-z0-9.+-]+);base64,(.*)$", re.S)
 # Parameters that would change the answer but that an agent run cannot honour: the agent
-# owns its tools, and a run yields exactly one choice without log probabilities.
+# owns its tools, and a run yields no log probabilities. `n` is not among them: the spec
+# answers always one choice, so `n` > 1 is dropped and named like an unmapped option.
 REFUSED = {
     "tools": lambda v: bool(v), "functions": lambda v: bool(v), "tool_choice": lambda v: v not in (None, "none", "auto"),
     "function_call": lambda v: v not in (None, "none", "auto"), "logprobs": lambda v: bool(v),
-    "top_logprobs": lambda v: v is not None, "n": lambda v: v not in (None, 1), "logit_bias": lambda v: bool(v),
+    "top_logprobs": lambda v: v is not None, "logit_bias": lambda v: bool(v),
 }
 DROPPED_HEADER = "x-agentd-dropped-params"
 
@@ -168,28 +169,15 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
             "total_tokens": input_tokens + output_tokens}
 
 
-# How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
-# `type` follows from the status (429 rate_limit_error, 5xx server_error). The spec answers
-# an agent that failed with 500 server_error and no code; only what a client can act on
-# differs (Retry-After, an outage, a timeout). A provider that refused its key is the
-# agent's failure too: a 401 would tell the client its own key to agentd is wrong. Each
-# answer is final for this request (agentd already retried the provider), so it says
-# `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
+# How a failed run maps onto OpenAI's conventions. The spec answers an agent that failed
+# with 500 server_error and no code, whatever failed inside it: the provider's outage,
+# timeout or refusal as much as a missing key or the loop guard (the message says which).
+# Only a provider still throttling differs: 429 with its Retry-After is something a client
+# can act on. Each answer is final for this request (agentd already retried the provider),
+# so it says `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
 # multiplying upstream calls and undoing a user's stop.
-_RUN_FAILURES: dict[str, tuple[int, str | None]] = {
-    "missing_key": (500, None),
-    "auth": (500, None),
-    "rate_limit": (429, "upstream_rate_limited"),
-    "server": (503, "upstream_unavailable"),
-    "unreachable": (503, "upstream_unavailable"),
-    "timeout": (504, "upstream_timeout"),
-    "bad_request": (500, None),
-    "not_found": (500, None),
-    "bad_response": (500, None),
-    "loop_guard": (500, None),
-    "reset": (500, None),
-    "truncated": (500, None),
-}
+_THROTTLED = (429, "upstream_rate_limited")
+_FAILED = (500, None)
 
 
 def final_error(status: int, message: str, code: str | None, retry_after: float | None = None) -> Response:
@@ -204,7 +192,7 @@ STOPPED_MESSAGE = "the run was stopped before the agent answered"
 def failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
     """OpenAI status and code of a failed run: from the run error's kind, else the refusal's."""
     if kind is not None:
-        return _RUN_FAILURES.get(kind, (500, None))
+        return _THROTTLED if kind == "rate_limit" else _FAILED
     if status == 429:
         # Budget or token quota: retrying before Retry-After cannot succeed.
         return 429, code or ("budget_exceeded" if "budget" in message else "quota_exceeded")
@@ -237,21 +225,20 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
                  "supplies history); system/developer messages are extra instructions for this run. "
                  "`top_p`, `stop`, `seed`, `presence_penalty`, `frequency_penalty`, `max_completion_tokens`, "
                  "`user` and `response_format` go to the agent's model; what its provider has no "
-                 "equivalent for is dropped and named in `x-agentd-dropped-params`. `tools`, `functions`, "
-                 "`tool_choice` (other than none/auto), `n` > 1, `logprobs` and `logit_bias` are refused "
-                 "with 400. With `stream: true` the answer is `text/event-stream`: `data: {chat.completion.chunk}` "
-                 "lines, then `data: [DONE]`.",
+                 "equivalent for is dropped and named in `x-agentd-dropped-params`, as is `n` > 1 (the "
+                 "answer always has one choice). `tools`, `functions`, `tool_choice` (other than "
+                 "none/auto), `logprobs` and `logit_bias` are refused with 400. With `stream: true` the "
+                 "answer is `text/event-stream`: `data: {chat.completion.chunk}` lines, then `data: [DONE]`.",
      errors={404: "No agent for `model` (`model_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
              500: "The agent failed (no `code`): the provider's key is missing or was rejected, the "
-                  "provider refused the request, answered something "
-                  "unusable, reset the connection or cut the stream off, or the loop guard stopped the run",
-             503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
-                  "too many streams",
-             504: "The provider timed out (`upstream_timeout`)"})
+                  "provider failed, was unreachable or timed out after retries, refused the request, "
+                  "answered something unusable, reset the connection or cut the stream off, or the loop "
+                  "guard stopped the run",
+             503: "Too many streams"})
 def chat_completions():
     try:
         return _chat_completions()
@@ -268,7 +255,7 @@ def _chat_completions():
     run = run_fields(principal(), handle, user=data.get("user") or None, own_session=True)
     completion_id = f"chatcmpl-{random_uuid_str()}"
     created = int(time.time())
-    dropped = dropped_params(handle, options.params)
+    dropped = dropped_params(handle, options.params) + (["n"] if (data.get("n") or 1) > 1 else [])
     if stream:
         return with_dropped(_stream(handle, text, options, completion_id, created, include_usage, run), dropped)
     result = run_blocking(kernel(), handle, text, [], options, origin="v1", run=run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate
 
 from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat, is_blank
 
@@ -42,11 +42,19 @@ class MessageSchema(Schema):
 
     message = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="message is empty"),
                             metadata={"description": "The message (max 64 KB)", "maxLength": 65536})
-    attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list)
-    user = fields.String(validate=validate.Length(min=1, max=256), metadata={
+    # null is the option left out (dropped before loading; allow_none documents it).
+    attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list, allow_none=True)
+    user = fields.String(allow_none=True, validate=validate.Length(min=1, max=256), metadata={
         "description": "The person talking: the agent answers in a session of this person's own"})
-    session = fields.String(validate=validate.Length(min=1, max=256), metadata={
+    session = fields.String(allow_none=True, validate=validate.Length(min=1, max=256), metadata={
         "description": "A named session of the agent to talk in (beats `user`)"})
+
+    @pre_load
+    def _null_is_absent(self, data: Any, **_: Any) -> Any:
+        """JSON clients send `null` for an option they leave out (a WebSocket frame's are read so too)."""
+        if isinstance(data, dict) and any(data.get(key, "") is None for key in _MESSAGE_OPTIONS):
+            return {k: v for k, v in data.items() if not (v is None and k in _MESSAGE_OPTIONS)}
+        return data
 
     def fast_load(self, data: dict[str, Any]) -> dict[str, Any] | None:
         """What load() returns for the common body (a non-blank `message` string and no
@@ -57,6 +65,9 @@ class MessageSchema(Schema):
                 or is_blank(message):
             return None
         return {"message": message, "attachments": []}
+
+
+_MESSAGE_OPTIONS = ("attachments", "user", "session")
 
 
 # Shared instances: a schema may load many bodies concurrently, and building one per
@@ -241,9 +252,10 @@ class ChatRequestSchema(Schema):
     frequency_penalty = StrictFloat(allow_none=True, validate=validate.Range(-2.0, 2.0))
     response_format = fields.Nested(ResponseFormatSchema, allow_none=True)
     user = fields.String(allow_none=True, metadata={"description": "End-user id, passed on where supported"})
+    n = fields.Integer(strict=True, allow_none=True, validate=validate.Range(1, 128),
+                       metadata={"description": "The answer always has one choice: more is dropped and "
+                                                "named in `x-agentd-dropped-params`"})
     # Accepted only with the values that change nothing (the route refuses others by name).
-    n = fields.Integer(strict=True, allow_none=True, validate=validate.OneOf([1]),
-                       metadata={"description": "Only 1 (one choice per run)"})
     tools = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0), metadata={
         "description": "Refused when non-empty: agents own their tools"})
     functions = fields.List(fields.Dict(), allow_none=True, validate=validate.Length(max=0))

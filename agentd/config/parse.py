@@ -72,7 +72,7 @@ def api_table(data: dict[str, Any]) -> ApiConfig:
         if rate <= 0:
             raise ConfigError("config key api.rate_limit_per_second: must be greater than 0")
         api.rate_limit_per_second = float(rate)
-        api.rate_limit_burst = max(1, int(rate * 2))
+        api.rate_limit_burst = max(1, int(rate))
     if "rate_limit_burst" in table:
         burst = expect(table["rate_limit_burst"], int, "api.rate_limit_burst", "an integer")
         if burst < 1:

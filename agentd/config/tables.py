@@ -16,7 +16,8 @@ class ApiConfig:
 
     listen_addr: str = DEFAULT_LISTEN
     rate_limit_per_second: float = 30.0
-    rate_limit_burst: int = 60
+    # One second's worth: the spec's "30 requests per second" holds within any second.
+    rate_limit_burst: int = 30
     cors_origins: list[str] = field(default_factory=list)
     # Host names served besides loopback names and the listen address (DNS rebinding
     # guard): exact names, `*.example.com` wildcards, or "*" to turn the check off.

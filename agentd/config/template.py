@@ -28,9 +28,10 @@ log_format = "text"
 network_enabled = false
 
 [api]
-# Requests per second per client IP (GCRA), and the burst allowed on top.
+# Requests per second per client IP (GCRA), and how many may come at once
+# (default: one second's worth).
 rate_limit_per_second = 30
-rate_limit_burst = 60
+rate_limit_burst = 30
 # Extra browser origins allowed by CORS when api_key is set; state-changing
 # requests from any other web origin are refused (with or without api_key).
 cors_origins = []

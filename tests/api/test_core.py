@@ -608,6 +608,14 @@ def test_http_errors_are_json(tmp_path: Path) -> None:
     assert r.status_code == 404 and r.get_json() == {"error": "not found: GET /api/nope"}
     r = client.get("/v1/nope")
     assert r.get_json() == {"error": {"message": "not found: GET /v1/nope", "type": "invalid_request_error"}}
+    # A trailing slash names the route it missed (only one the method has).
+    r = client.post("/api/upload/")
+    assert r.status_code == 404 and r.get_json() == {
+        "error": "not found: POST /api/upload/ (the route is /api/upload, without the trailing slash)"}
+    r = client.post("/api/upload//")
+    assert r.get_json() == {"error": "not found: POST /api/upload// (the route is /api/upload, without the trailing slash)"}
+    assert client.get("/api/nope/").get_json() == {"error": "not found: GET /api/nope/"}
+    assert client.put("/api/upload/").get_json() == {"error": "not found: PUT /api/upload/"}
     r = client.delete("/api/upload")
     assert r.status_code == 405 and r.get_json() == {"error": "method DELETE not allowed on /api/upload"}
     assert r.headers["Allow"] == "OPTIONS, POST"

@@ -63,6 +63,12 @@ allow-x00 = false
 # More scenarios for the stateful phase: each one spawns, links and cleans up through the API.
 max-examples = 25
 
+[phases.stateful.inference]
+# The document's own links only (and Location headers). Dependency analysis guesses links by
+# field names: it feeds the `name` of GET /a2a/agents to every `{agent_id}`, a UUID (`format:
+# uuid`) whose route answers a name with the documented 400 naming the id to use.
+algorithms = ["location-headers"]
+
 [checks]
 # Every check (the command line's `--checks all` would override the per-operation switches below).
 enabled = true

@@ -126,6 +126,21 @@ def test_idle_client_bursts_exactly_the_burst_through_the_daemon(daemon_factory)
         f"BUG: an idle client may burst past the limit: {codes} in {took:.2f}s"
 
 
+def test_the_rate_is_also_the_burst_unless_configured(daemon_factory) -> None:
+    """The spec's "30 requests per second": within any second a client gets no more than the
+    rate, so the burst defaults to one second's worth (also when only the rate is set)."""
+    d = daemon_factory("")  # no config at all: the defaults
+    r = client_from("127.0.0.5").get(f"{d.url}/api/agents", timeout=10)
+    assert (r.headers["X-RateLimit-Limit"], r.headers["X-RateLimit-Remaining"]) == ("30", "29"), \
+        "BUG: the default burst lets a client send more than 30 requests in its first second"
+    d = daemon_factory("[api]\nrate_limit_per_second = 1\nshutdown_grace_secs = 5\n")
+    client = client_from("127.0.0.6")
+    rs = [client.get(f"{d.url}/api/agents", timeout=10) for _ in range(2)]
+    assert [(r.status_code, r.headers["X-RateLimit-Limit"]) for r in rs] == [(200, "1"), (429, "1")], \
+        "BUG: one request per second let a second request through at once"
+    assert rs[1].headers["Retry-After"] == "1"
+
+
 # -- API key and CORS near misses -----------------------------------------------------------------
 
 KEY = "k-" + "7" * 30

@@ -144,7 +144,7 @@ def test_request_schemas_are_the_validating_classes(app) -> None:
     assert set(schemas["Spawn"]["properties"]) == {"manifest_toml", "signed_manifest"}
     assert schemas["CustomModel"]["properties"]["tier"]["enum"][0] == "frontier"
     chat = schemas["ChatRequest"]["properties"]
-    assert chat["top_p"]["maximum"] == 1.0 and chat["n"]["enum"] == [1, None] and chat["tools"]["maxItems"] == 0
+    assert chat["top_p"]["maximum"] == 1.0 and (chat["n"]["minimum"], chat["n"]["maximum"]) == (1, 128) and chat["tools"]["maxItems"] == 0
 
 
 def test_served_publicly_with_the_package_version(daemon_factory) -> None:
@@ -222,7 +222,7 @@ def test_booleans_are_json_booleans(agent_daemon) -> None:
 def test_refused_openai_parameters_are_refused_whatever_their_shape(agent_daemon) -> None:
     name = f"r-{spawn(agent_daemon)[:6]}"
     spawn(agent_daemon, name)
-    for extra in ({"logit_bias": {"x": {}}}, {"tools": [{}]}, {"n": 2}, {"top_logprobs": 0}):
+    for extra in ({"logit_bias": {"x": {}}}, {"tools": [{}]}, {"top_logprobs": 0}):
         r = agent_daemon.post("/v1/chat/completions", json={"model": name, **extra,
                                                              "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 400, extra

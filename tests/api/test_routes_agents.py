@@ -142,3 +142,23 @@ def test_a_name_where_the_id_belongs_answers_400_naming_the_id(shared_daemon) ->
     r = d.get("/api/agents/nobody-by-this-name")
     assert r.status_code == 400 and r.json() == {"error": "invalid agent id: 'nobody-by-this-name' is not a UUID"}
     assert d.get(f"/api/agents/{agent_id}").status_code == 200
+
+
+def test_null_options_of_a_message_are_left_out(agent_daemon) -> None:
+    """JSON clients send `null` for `attachments`, `user` and `session` they do not use: the
+    message runs as without them, on the plain and the streamed endpoint alike."""
+    d = agent_daemon
+    agent_id = d.post("/api/agents", json={"manifest_toml": f'name = "nulls-{uuid.uuid4().hex[:6]}"\n'
+                                                             '[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'}
+                      ).json()["agent_id"]
+    nulls = {"attachments": None, "user": None, "session": None}
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[reply:plain]]", **nulls})
+    assert (r.status_code, r.json()["response"]) == (200, "plain"), r.text
+    r = d.post(f"/api/agents/{agent_id}/message/stream", json={"message": "[[reply:streamed]]", **nulls})
+    assert r.status_code == 200 and 'data: {"content":"streamed","done":false}' in r.text, r.text
+    messages = d.get(f"/api/agents/{agent_id}/session").json()["messages"]
+    assert [m["content"] for m in messages] == ["[[reply:plain]]", "plain", "[[reply:streamed]]", "streamed"], \
+        "BUG: a null user or session moved the turn out of the agent's own session"
+    # The message itself stays required.
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": None, **nulls})
+    assert (r.status_code, r.json()) == (400, {"error": "invalid request: message: Field may not be null."})

@@ -73,9 +73,15 @@ def test_custom_models(fresh) -> None:
                          ({"supports_tools": "yes"}, "supports_tools")):
         r = fresh.post("/api/models/custom", json={**CUSTOM, "id": f"x-{uuid.uuid4().hex[:4]}", **change})
         assert r.status_code == 400 and word in r.json()["error"], (change, r.text)
-    missing = dict(CUSTOM, id="incomplete")
-    del missing["display_name"]
-    assert fresh.post("/api/models/custom", json=missing).status_code == 400
+    # Only id and provider are needed: the rest takes defaults, the name being the id.
+    r = fresh.post("/api/models/custom", json={"id": "bare-model", "provider": "ollama"})
+    assert r.status_code == 201, r.text
+    assert fresh.get("/api/models/bare-model").json() == {
+        "id": "bare-model", "display_name": "bare-model", "provider": "ollama", "tier": "custom",
+        "context_window": 128000, "max_output_tokens": 8192, "input_cost_per_m": 0.0, "output_cost_per_m": 0.0,
+        "supports_tools": True, "supports_vision": False, "supports_streaming": True, "aliases": []}
+    r = fresh.post("/api/models/custom", json={"id": "no-provider"})
+    assert (r.status_code, r.json()) == (400, {"error": "invalid request: provider: Missing data for required field."})
     # custom models are priced like any other
     agent_id = spawn(fresh, model='[model]\nprovider = "openai"\nmodel = "my-model"\n')
     assert say(fresh, agent_id, "priced").json()["cost_usd"] > 0

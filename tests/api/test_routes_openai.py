@@ -156,7 +156,7 @@ def test_streaming_passes_parameters_and_names_dropped_ones(agent_daemon, fake_l
 def test_client_tools_and_other_refusals_stay(agent_daemon, oa) -> None:
     name, _ = agent(agent_daemon)
     refused = [({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "'tools'"),
-               ({"tool_choice": "required"}, "'tool_choice'"), ({"n": 3}, "'n'"), ({"logprobs": True}, "'logprobs'"),
+               ({"tool_choice": "required"}, "'tool_choice'"), ({"logprobs": True}, "'logprobs'"),
                ({"logit_bias": {"50256": -100}}, "'logit_bias'")]
     for params, word in refused:
         with pytest.raises(openai.BadRequestError) as err:
@@ -171,6 +171,48 @@ def test_client_tools_and_other_refusals_stay(agent_daemon, oa) -> None:
             r.chat.completions.create(model=name, messages=[{"role": "user", "content": "x"}], **params)
         assert word in str(err.value)
         assert err.value.body["type"] == "invalid_request_error"
+
+
+def test_n_above_one_answers_one_choice_and_names_n_dropped(agent_daemon, oa) -> None:
+    """The spec: always one choice. `n` > 1 is not refused: the answer has one choice and
+    the header names `n` as dropped."""
+    name, marker = agent(agent_daemon)
+    raw = oa.chat.completions.with_raw_response.create(
+        model=name, messages=[{"role": "user", "content": f"[[reply:only one]] {marker}"}], n=3)
+    completion = raw.parse()
+    assert raw.status_code == 200 and raw.headers["x-agentd-dropped-params"] == "n"
+    assert [(c.index, c.message.content, c.finish_reason) for c in completion.choices] == [(0, "only one", "stop")]
+    raw = oa.chat.completions.with_raw_response.create(
+        model=name, messages=[{"role": "user", "content": f"[[reply:one again]] {marker}"}], n=1)
+    assert raw.status_code == 200 and "x-agentd-dropped-params" not in raw.headers
+    streamed = oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "[[chunks:2]]"}],
+                                          n=2, stream=True)
+    chunks = list(streamed)
+    assert {c.choices[0].index for c in chunks if c.choices} == {0}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "w1 w2"
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "x"}], n=0)
+    assert err.value.body == {"message": "invalid request: n: Must be greater than or equal to 1 and less "
+                                         "than or equal to 128.", "type": "invalid_request_error"}
+
+
+@pytest.mark.parametrize("failing", ["[[fail:500]]", "[[fail:503]]", "unreachable"])
+def test_a_provider_that_fails_is_the_agents_failure(agent_daemon, oa, failing: str) -> None:
+    """The spec's OpenAI-style errors: an agent whose processing failed answers 500
+    server_error without a code, whether its provider erred, was down or could not be reached."""
+    if failing == "unreachable":
+        name, _ = agent(agent_daemon, model='[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                                              'base_url = "http://127.0.0.1:9/v1"\n')
+        text = "hello"
+    else:
+        name, _ = agent(agent_daemon)
+        text = failing
+    with pytest.raises(openai.InternalServerError) as err:
+        oa.chat.completions.create(model=name, messages=[{"role": "user", "content": text}])
+    assert err.value.status_code == 500, f"BUG: a failed agent answered {err.value.status_code}"
+    assert set(err.value.body) == {"message", "type"} and err.value.body["type"] == "server_error"
+    assert err.value.body["message"].startswith("message delivery failed: ")
+    assert err.value.response.headers["x-should-retry"] == "false"
 
 
 def test_langchain_json_mode_and_sampling(agent_daemon, fake_llm) -> None:
@@ -294,9 +336,9 @@ def test_a_request_without_options_drops_nothing_without_asking_the_catalog() ->
     ({"function_call": "f"}, "function_call"), ({"function_call": "auto"}, None), ({"function_call": "none"}, None),
     ({"logprobs": True}, "logprobs"), ({"logprobs": False}, None),
     ({"top_logprobs": 0}, "top_logprobs"), ({"top_logprobs": None}, None),
-    ({"n": 2}, "n"), ({"n": 0}, "n"), ({"n": 1}, None), ({"n": None}, None),
+    ({"n": 2}, None), ({"n": 1}, None), ({"n": None}, None),
     ({"logit_bias": {"50256": -100}}, "logit_bias"), ({"logit_bias": {}}, None),
-    ({"n": 2, "tools": [{}]}, "tools"),
+    ({"n": 1, "tools": [{}]}, "tools"),
 ])
 def test_refused_parameters(data: dict, refused) -> None:
     if refused is None:
@@ -352,10 +394,9 @@ def failure(app: Flask, exc) -> tuple[int, dict, dict]:
 
 
 @pytest.mark.parametrize("kind, status, code", [
-    ("rate_limit", 429, "upstream_rate_limited"), ("server", 503, "upstream_unavailable"),
-    ("unreachable", 503, "upstream_unavailable"), ("timeout", 504, "upstream_timeout"),
-    # An agent that failed is the spec's 500 server_error, with no code.
-    ("missing_key", 500, None), ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
+    ("rate_limit", 429, "upstream_rate_limited"),
+    # An agent that failed is the spec's 500 server_error, with no code, whatever failed in it.
+    ("server", 500, None), ("unreachable", 500, None), ("timeout", 500, None), ("missing_key", 500, None), ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
     ("reset", 500, None), ("truncated", 500, None), ("something_new", 500, None),
 ])
 def test_run_failure_mapping(bare_app: Flask, kind: str, status: int, code: str | None) -> None:
@@ -715,7 +756,7 @@ def test_bad_bodies_and_refused_parameters(env: Env) -> None:
     assert (r.status_code, r.get_json()) == (400, error_body("malformed JSON: Expecting value at line 1 column 1", None))
     r = env.post(json.dumps([1]), content_type="application/json")
     assert (r.status_code, r.get_json()) == (400, error_body("request body must be a JSON object, got list", None))
-    for key, value in (("tools", [{"type": "function"}]), ("n", 2), ("logprobs", True), ("tool_choice", "required")):
+    for key, value in (("tools", [{"type": "function"}]), ("logprobs", True), ("tool_choice", "required")):
         r = env.chat(model="nobody", messages=[{"role": "user", "content": "hi"}], **{key: value})
         assert (r.status_code, r.get_json()) == (400, error_body(
             f"unsupported parameter '{key}': agentd agents choose their own tools and answer with one choice; "
@@ -846,7 +887,7 @@ def test_stream_error_event(env: Env) -> None:
 
 @pytest.mark.parametrize("text, error", [
     ("[[fail:429]]", {"type": "rate_limit_error", "code": "upstream_rate_limited"}),
-    ("[[fail:503]]", {"type": "server_error", "code": "upstream_unavailable"}),
+    ("[[fail:503]]", {"type": "server_error", "code": None}),
     ("[[fail:401]]", {"type": "server_error", "code": None}),
 ])
 def test_stream_errors_are_mapped_like_unstreamed_ones(env: Env, text: str, error: dict) -> None:
