@@ -169,15 +169,28 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
             "total_tokens": input_tokens + output_tokens}
 
 
-# How a failed run maps onto OpenAI's conventions. The spec answers an agent that failed
-# with 500 server_error and no code, whatever failed inside it: the provider's outage,
-# timeout or refusal as much as a missing key or the loop guard (the message says which).
-# Only a provider still throttling differs: 429 with its Retry-After is something a client
-# can act on. Each answer is final for this request (agentd already retried the provider),
-# so it says `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
+# How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
+# `type` follows from the status (429 rate_limit_error, 5xx server_error). The spec answers
+# an agent that failed with 500 server_error and no code; only what a client can act on
+# differs (Retry-After, an outage, a timeout). A provider that refused its key is the
+# agent's failure too: a 401 would tell the client its own key to agentd is wrong. Each
+# answer is final for this request (agentd already retried the provider), so it says
+# `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
 # multiplying upstream calls and undoing a user's stop.
-_THROTTLED = (429, "upstream_rate_limited")
-_FAILED = (500, None)
+_RUN_FAILURES: dict[str, tuple[int, str | None]] = {
+    "missing_key": (500, None),
+    "auth": (500, None),
+    "rate_limit": (429, "upstream_rate_limited"),
+    "server": (503, "upstream_unavailable"),
+    "unreachable": (503, "upstream_unavailable"),
+    "timeout": (504, "upstream_timeout"),
+    "bad_request": (500, None),
+    "not_found": (500, None),
+    "bad_response": (500, None),
+    "loop_guard": (500, None),
+    "reset": (500, None),
+    "truncated": (500, None),
+}
 
 
 def final_error(status: int, message: str, code: str | None, retry_after: float | None = None) -> Response:
@@ -192,7 +205,7 @@ STOPPED_MESSAGE = "the run was stopped before the agent answered"
 def failure_code(kind: str | None, status: int, code: str | None, message: str) -> tuple[int, str | None]:
     """OpenAI status and code of a failed run: from the run error's kind, else the refusal's."""
     if kind is not None:
-        return _THROTTLED if kind == "rate_limit" else _FAILED
+        return _RUN_FAILURES.get(kind, (500, None))
     if status == 429:
         # Budget or token quota: retrying before Retry-After cannot succeed.
         return 429, code or ("budget_exceeded" if "budget" in message else "quota_exceeded")
@@ -235,10 +248,11 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
              500: "The agent failed (no `code`): the provider's key is missing or was rejected, the "
-                  "provider failed, was unreachable or timed out after retries, refused the request, "
-                  "answered something unusable, reset the connection or cut the stream off, or the loop "
-                  "guard stopped the run",
-             503: "Too many streams"})
+                  "provider refused the request, answered something unusable, reset the connection or "
+                  "cut the stream off, or the loop guard stopped the run",
+             503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
+                  "too many streams",
+             504: "The provider timed out (`upstream_timeout`)"})
 def chat_completions():
     try:
         return _chat_completions()

@@ -211,9 +211,10 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
              413: "Message over 64 KB",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed (no `code`): its provider's key missing or rejected, the provider "
-                  "failing, unreachable or timing out after retries included",
-             503: "Too many streams"})
+             500: "The agent failed (no `code`), its provider's key missing or rejected included",
+             503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
+                  "too many streams",
+             504: "The provider timed out (`upstream_timeout`)"})
 def create_response():
     try:
         return _create()

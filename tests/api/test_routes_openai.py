@@ -196,10 +196,11 @@ def test_n_above_one_answers_one_choice_and_names_n_dropped(agent_daemon, oa) ->
                                          "than or equal to 128.", "type": "invalid_request_error"}
 
 
-@pytest.mark.parametrize("failing", ["[[fail:500]]", "[[fail:503]]", "unreachable"])
-def test_a_provider_that_fails_is_the_agents_failure(agent_daemon, oa, failing: str) -> None:
-    """The spec's OpenAI-style errors: an agent whose processing failed answers 500
-    server_error without a code, whether its provider erred, was down or could not be reached."""
+@pytest.mark.parametrize("failing", ["[[fail:400]]", "[[fail:500]]", "unreachable"])
+def test_a_provider_that_fails_answers_the_spec_s_500_or_says_it_is_down(agent_daemon, oa, failing: str) -> None:
+    """An agent whose processing failed (its provider refused the request) is the spec's 500
+    server_error without a code; a provider that is down after the retries is 503
+    `upstream_unavailable`. Neither is retried by the SDK."""
     if failing == "unreachable":
         name, _ = agent(agent_daemon, model='[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
                                               'base_url = "http://127.0.0.1:9/v1"\n')
@@ -207,10 +208,14 @@ def test_a_provider_that_fails_is_the_agents_failure(agent_daemon, oa, failing: 
     else:
         name, _ = agent(agent_daemon)
         text = failing
-    with pytest.raises(openai.InternalServerError) as err:
+    with pytest.raises(openai.APIStatusError) as err:
         oa.chat.completions.create(model=name, messages=[{"role": "user", "content": text}])
-    assert err.value.status_code == 500, f"BUG: a failed agent answered {err.value.status_code}"
-    assert set(err.value.body) == {"message", "type"} and err.value.body["type"] == "server_error"
+    if failing == "[[fail:400]]":
+        assert err.value.status_code == 500, f"BUG: a failed agent answered {err.value.status_code}"
+        assert set(err.value.body) == {"message", "type"}
+    else:
+        assert err.value.status_code == 503 and err.value.body["code"] == "upstream_unavailable"
+    assert err.value.body["type"] == "server_error"
     assert err.value.body["message"].startswith("message delivery failed: ")
     assert err.value.response.headers["x-should-retry"] == "false"
 
@@ -394,9 +399,10 @@ def failure(app: Flask, exc) -> tuple[int, dict, dict]:
 
 
 @pytest.mark.parametrize("kind, status, code", [
-    ("rate_limit", 429, "upstream_rate_limited"),
-    # An agent that failed is the spec's 500 server_error, with no code, whatever failed in it.
-    ("server", 500, None), ("unreachable", 500, None), ("timeout", 500, None), ("missing_key", 500, None), ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
+    ("rate_limit", 429, "upstream_rate_limited"), ("server", 503, "upstream_unavailable"),
+    ("unreachable", 503, "upstream_unavailable"), ("timeout", 504, "upstream_timeout"),
+    # An agent that failed is the spec's 500 server_error, with no code.
+    ("missing_key", 500, None), ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
     ("reset", 500, None), ("truncated", 500, None), ("something_new", 500, None),
 ])
 def test_run_failure_mapping(bare_app: Flask, kind: str, status: int, code: str | None) -> None:
@@ -887,7 +893,7 @@ def test_stream_error_event(env: Env) -> None:
 
 @pytest.mark.parametrize("text, error", [
     ("[[fail:429]]", {"type": "rate_limit_error", "code": "upstream_rate_limited"}),
-    ("[[fail:503]]", {"type": "server_error", "code": None}),
+    ("[[fail:503]]", {"type": "server_error", "code": "upstream_unavailable"}),
     ("[[fail:401]]", {"type": "server_error", "code": None}),
 ])
 def test_stream_errors_are_mapped_like_unstreamed_ones(env: Env, text: str, error: dict) -> None:
