@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from agentd import __version__, malloc_tuning
 from agentd.cachefill import cache_fill
-from agentd.config import Config
+from agentd.config import Config, remote_agents
 from agentd.timestamps import iso, utcnow
-from agentd.a2a.client import A2AClient, remote_agents
+from agentd.a2a.client import A2AClient
 from agentd.a2a.server import A2AService
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.listeners import AgentListeners
@@ -186,7 +186,6 @@ class Kernel:
         self.providers = ProviderKeys(config, self.catalog, self.agents)
         # The dashboard's first-run setup: is a provider usable yet, which local servers answer.
         self.first_run = FirstRun(config, self.catalog, self.providers)
-        # The newest log lines, for the dashboard's log page (the log itself goes to stderr).
         self.log_tail = LogTail()
         logging.getLogger().addHandler(self.log_tail)
         # Shared PostgreSQL: follow the settings other daemons change (agentd/cluster/settings_follow.py).

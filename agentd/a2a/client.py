@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from agentd.errors import ConfigError
+from agentd.config.parse import RemoteAgent, remote_agents  # noqa: F401 - the client's own names
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -20,32 +19,6 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 class A2AClientError(Exception):
     """A remote agent could not be reached or answered something unusable."""
-
-
-@dataclass(frozen=True)
-class RemoteAgent:
-    name: str
-    url: str  # its card, its base URL or its JSON-RPC endpoint
-    api_key_env: str = ""
-
-
-def remote_agents(raw: Any) -> list[RemoteAgent]:
-    """The `[a2a] agents` list of config.toml (validated)."""
-    table = raw.get("a2a", {}) if isinstance(raw, dict) else {}
-    if not isinstance(table, dict):
-        raise ConfigError("config key a2a.agents: [a2a] must be a table")
-    items = table.get("agents", [])
-    if not isinstance(items, list):
-        raise ConfigError("config key a2a.agents: must be an array of tables {name, url, api_key_env}")
-    agents = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"] \
-                or not isinstance(item.get("url"), str) or not item["url"].startswith(("http://", "https://")) \
-                or not isinstance(item.get("api_key_env", ""), str):
-            raise ConfigError("config key a2a.agents: each entry needs a name and an http(s) url "
-                              "(and optionally api_key_env, the name of an environment variable)")
-        agents.append(RemoteAgent(item["name"], item["url"], item.get("api_key_env", "")))
-    return agents
 
 
 def _json(response: Any, what: str) -> Any:

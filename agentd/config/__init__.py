@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from agentd.a2a.client import remote_agents
 from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
-                                 memory_table, metrics_table, schedules_table, tools_table, triggers_table,
-                                 split_listen)
+                                 memory_table, metrics_table, remote_agents, schedules_table, tools_table,
+                                 triggers_table, split_listen)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, ChannelsConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
@@ -29,7 +28,7 @@ from agentd.store.backend import DatabaseUrl, parse_database_url
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
            "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
            "SchedulesConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
-           "load_config", "parse_config", "split_listen", "unknown_keys", "write_default_config"]
+           "load_config", "parse_config", "remote_agents", "split_listen", "unknown_keys", "write_default_config"]
 
 # The pre-split private name, kept so table parsers added here by other branches still work.
 _expect = expect

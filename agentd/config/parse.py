@@ -7,6 +7,7 @@ assembles the results into a `Config`.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from agentd.config.tables import (ApiConfig, ChannelsConfig, DefaultModel, MemoryConfig, MetricsConfig,
@@ -242,3 +243,31 @@ def channels_table(data: dict[str, Any]) -> ChannelsConfig:
     set_int(table, channels, "channels", "queue_limit", 0, 10_000)
     set_int(table, channels, "channels", "max_file_bytes", 1, ChannelsConfig.max_file_bytes)
     return channels
+
+
+@dataclass(frozen=True)
+class RemoteAgent:
+    """One `[a2a] agents` entry: a remote A2A agent the a2a_* tools may call."""
+
+    name: str
+    url: str  # its card, its base URL or its JSON-RPC endpoint
+    api_key_env: str = ""
+
+
+def remote_agents(raw: Any) -> list[RemoteAgent]:
+    """The `[a2a] agents` list of config.toml (validated)."""
+    table = raw.get("a2a", {}) if isinstance(raw, dict) else {}
+    if not isinstance(table, dict):
+        raise ConfigError("config key a2a.agents: [a2a] must be a table")
+    items = table.get("agents", [])
+    if not isinstance(items, list):
+        raise ConfigError("config key a2a.agents: must be an array of tables {name, url, api_key_env}")
+    agents = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"] \
+                or not isinstance(item.get("url"), str) or not item["url"].startswith(("http://", "https://")) \
+                or not isinstance(item.get("api_key_env", ""), str):
+            raise ConfigError("config key a2a.agents: each entry needs a name and an http(s) url "
+                              "(and optionally api_key_env, the name of an environment variable)")
+        agents.append(RemoteAgent(item["name"], item["url"], item.get("api_key_env", "")))
+    return agents
