@@ -275,9 +275,6 @@ class Scheduler:
                 output, cost = self._agent_turn(job)
         except AgentdError as exc:
             error = exc.message
-        except RunCancelled:
-            error = ("run cancelled (timeout_secs passed or the daemon is stopping)"
-                     if job["action"].get("timeout_secs") else "run cancelled (the daemon is stopping)")
         except Exception as exc:  # noqa: BLE001 - the run record must close whatever failed
             log.exception("cron job %s: run crashed", job["name"])
             error = f"internal error: {type(exc).__name__}: {exc}"
@@ -336,14 +333,25 @@ class Scheduler:
         request = RunRequest(handle, message, options=RunOptions(source="cron"), emit=emit if sockets else None,
                              on=CALLER, origin="schedule", from_client=False, **acting)
         timeout = job["action"].get("timeout_secs")
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            request.cancel.set()
+
         try:
             ticket = self.runs.start(request)
             if timeout:
-                timer = threading.Timer(timeout, request.cancel.set)
+                timer = threading.Timer(timeout, expire)
                 timer.daemon = True
                 timer.start()
             try:
                 result = ticket.result()
+            except RunCancelled:
+                if not expired.is_set():
+                    raise
+                # The run's own words ("run cancelled") would not tell a timeout from a stop.
+                raise AgentdError(f"timed out after {timeout} s (action.timeout_secs)") from None
             finally:
                 if timeout:
                     timer.cancel()

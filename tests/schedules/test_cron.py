@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
@@ -312,6 +313,22 @@ def test_run_now_and_a_workflow_action(env) -> None:
     assert started.json()["status"] == "running" and started.json()["reason"] == "run now"
     done = wait_for(lambda: ran(d, created["id"]), 10, what="the workflow run")
     assert done[0]["output"] == "workflow says hi" and done[0]["id"] == started.json()["id"]
+
+
+def test_a_run_past_its_timeout_fails_saying_so(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "sluggish")
+    created = job(d, name="sluggish", agent_id="sluggish", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                  action={"kind": "agent_turn", "message": "[[slow:4]] late answer", "timeout_secs": 1})
+    started = d.post(f"/api/cron/jobs/{created['id']}/run")
+    assert started.status_code == 202, started.text
+    [failed] = wait_for(lambda: ran(d, created["id"], "failed"), 10, what="the timed-out run")
+    assert failed["error"] == "timed out after 1 s (action.timeout_secs)" and failed["output"] is None
+    took = (datetime.fromisoformat(failed["finished_at"]) - datetime.fromisoformat(failed["started_at"]))
+    assert took.total_seconds() < 3.5
+    # The agent is free again for its next message.
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[reply:awake]]"})
+    assert r.status_code == 200 and r.json()["response"] == "awake"
 
 
 def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
