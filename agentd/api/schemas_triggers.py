@@ -7,6 +7,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
+from agentd.api.schemas import _Body
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat
 from agentd.tasks.board import MAX_TEXT, MAX_TITLE, STATUSES
@@ -75,7 +76,9 @@ TriggerCreateSchema = _Loose.from_dict({
     **_caps(),
 }, name="TriggerCreateSchema")
 
-TriggerUpdateSchema = _Loose.from_dict({
+# A change names only what it may change: a pattern or agent given here would otherwise be
+# dropped without a word while the answer says 200.
+TriggerUpdateSchema = _Body.from_dict({
     "enabled": StrictBoolean(metadata={"description": "false pauses the trigger; true resumes it (a paused "
                                                       "trigger too)"}),
     "prompt_template": fields.String(**_TEMPLATE),

@@ -95,6 +95,11 @@ def test_crud_and_errors(d) -> None:
     assert d.get(f"/api/triggers/{made['id']}").json()["id"] == made["id"]
     r = d.request("PATCH", f"/api/triggers/{made['id']}", json={"enabled": False, "max_runs_per_day": None})
     assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["max_runs_per_day"] is None
+    for field, value in [("pattern", {"content_match": "y"}), ("agent_id", other), ("max_run_per_day", 1)]:
+        r = d.request("PATCH", f"/api/triggers/{made['id']}", json={field: value, "enabled": True})
+        assert (r.status_code, r.json()) == (400, {"error": f"invalid request: {field}: Unknown field."})
+    kept = d.get(f"/api/triggers/{made['id']}").json()
+    assert (kept["pattern"], kept["agent_id"], kept["enabled"]) == ({"content_match": "x"}, a, False)
     assert d.delete(f"/api/triggers/{made['id']}").json() == {"status": "removed", "trigger_id": made["id"]}
     assert d.delete(f"/api/triggers/{made['id']}").status_code == 404
     assert d.delete("/api/triggers/nope").json() == {"error": "invalid trigger id: 'nope' is not a UUID"}
