@@ -442,6 +442,32 @@ def test_manifest_schedules_follow_the_agent(env) -> None:
     assert bad.status_code == 400 and "periodic.cron" in bad.json()["error"]
 
 
+def test_a_changed_manifest_replaces_the_agents_schedule(env) -> None:
+    d, _, _ = env
+    agent_id = spawn(d, "shifting", '[schedule.continuous]\ncheck_interval_secs = 3600\n')
+    [continuous] = d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()
+    kept = job(d, name="kept", agent_id=agent_id, schedule={"kind": "cron", "expr": "0 0 1 1 *"}, action=turn("x"))
+
+    def change(schedule: str) -> None:
+        r = d.request("PUT", f"/api/agents/{agent_id}/manifest", json={"manifest_toml": f'name = "shifting"\n{schedule}'})
+        assert r.status_code == 200, r.text
+
+    def mine() -> list[tuple[str, dict[str, Any]]]:
+        return sorted((j["name"], j["schedule"]) for j in d.get("/api/cron/jobs", params={"agent_id": agent_id}).json())
+
+    change('schedule = {periodic = {cron = "30 8 * * *", tz = "Europe/Paris"}}\n')
+    assert mine() == [("kept", {"kind": "cron", "expr": "0 0 1 1 *", "tz": "UTC"}),
+                      ("shifting:periodic", {"kind": "cron", "expr": "30 8 * * *", "tz": "Europe/Paris"})]
+    assert d.get(f"/api/cron/jobs/{continuous['id']}").status_code == 404
+    change('[schedule.proactive]\nconditions = [{ content_match = "shift-signal" }]\n')
+    assert mine() == [("kept", {"kind": "cron", "expr": "0 0 1 1 *", "tz": "UTC"})]
+    assert [(t["pattern"], t["source"]) for t in d.get("/api/triggers", params={"agent_id": agent_id}).json()] == [
+        ({"content_match": "shift-signal"}, "manifest")]
+    change("")
+    assert d.get("/api/triggers", params={"agent_id": agent_id}).json() == []
+    assert [j["id"] for j in d.get("/api/cron/jobs", params={"agent_id": agent_id}).json()] == [kept["id"]]
+
+
 def test_an_agent_schedules_its_own_follow_up_with_the_tools(env) -> None:
     d, _, _ = env
     agent_id = spawn(d, "planner", 'profile = "full"\n')
@@ -466,6 +492,23 @@ def test_an_agent_schedules_its_own_follow_up_with_the_tools(env) -> None:
     d.request("PUT", f"/api/agents/{agent_id}/mode", json={"mode": "Observe"})
     tools = d.get(f"/api/agents/{agent_id}").json()["capabilities"]["tools"]
     assert not [t for t in tools if t.startswith(("schedule_", "cron_"))]
+
+
+def test_the_tools_are_refused_in_observe_mode_and_outside_the_capability_list(env) -> None:
+    d, _, _ = env
+    watcher = spawn(d, "onlooker", 'profile = "full"\n')
+    assert d.request("PUT", f"/api/agents/{watcher}/mode", json={"mode": "Observe"}).status_code == 200
+    narrow = spawn(d, "narrow", '[capabilities]\ntools = ["file_read"]\n')
+    calls = {"schedule_create": {"description": "ping", "schedule": "every 5 minutes"},
+             "cron_create": {"name": "sneaky", "schedule": {"kind": "every", "every_secs": 60},
+                             "action": {"kind": "agent_turn", "message": "ping"}}}
+    for agent_id, why in [(watcher, " (Observe mode: read-only tools)"), (narrow, "")]:
+        for name, args in calls.items():
+            r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:{name} {json.dumps(args)}]]"})
+            assert r.status_code == 200, r.text
+            assert r.json()["response"] == (f"tool said: permission denied: tool '{name}' is not available to "
+                                            f"this agent{why}")
+        assert d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() == []
 
 
 def test_a_cron_run_is_broadcast_to_the_agents_websockets(env) -> None:
