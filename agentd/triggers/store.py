@@ -65,8 +65,8 @@ class TriggerStore:
             "max_runs_per_day": row.max_runs_per_day,
             "max_cost_usd_per_day": row.max_cost_usd_per_day,
             "rate_limit_per_minute": row.rate_limit_per_minute,
-            "paused": row.paused_reason is not None,
-            "paused_reason": row.paused_reason,
+            "paused": _pause(row) is not None,
+            "paused_reason": _pause(row),
             "runs_today": row.runs_today if row.day == _today() else 0,
             "cost_today_usd": round(row.cost_today, 10) if row.day == _today() else 0.0,
             "fire_count": row.fire_count,
@@ -94,11 +94,13 @@ class TriggerStore:
             return self._json(found[0]) if found else None
 
     def candidates(self, kind: str) -> list[Trigger]:
-        """Enabled, unpaused triggers whose pattern is of `kind` (patterns.KINDS' keys)."""
+        """Enabled, unpaused triggers whose pattern is of `kind` (patterns.KINDS' keys); a
+        pause for a daily cap of an earlier day is over (`admit` clears it)."""
         with orm.db_session:
             rows = self._whole(orm.select(t for t in self.store.e.TriggerRow
-                                          if t.kind == kind and t.enabled and t.paused_reason is None))
-            return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template, r.key_id) for r in rows]
+                                          if t.kind == kind and t.enabled))
+            return [Trigger(r.id, r.agent_id, json.loads(r.pattern), r.prompt_template, r.key_id) for r in rows
+                    if _pause(r) is None]
 
     # -- writing -------------------------------------------------------------------
     def create(self, agent_id: str, kind: str, pattern: dict[str, Any], prompt_template: str,
@@ -217,6 +219,15 @@ class TriggerStore:
         if self.audit is not None:
             self.audit("trigger.paused", trigger_id, {"trigger_id": trigger_id, "agent_id": agent_id,
                                                       "reason": reason})
+
+
+def _pause(row: Any) -> str | None:
+    """The row's pause as of now: one for a daily cap ends with its UTC day, before the row
+    itself is rolled over by the next admission."""
+    reason = row.paused_reason
+    if reason is not None and reason.startswith(CAP_REASONS) and row.day != _today():
+        return None
+    return reason
 
 
 def _today() -> str:

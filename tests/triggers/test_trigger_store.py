@@ -60,7 +60,11 @@ def test_daily_runs_cap_pauses_until_the_next_utc_day(env) -> None:
     assert audit == [("trigger.paused", tid, {"trigger_id": tid, "agent_id": "a1", "reason": reason})]
     assert triggers.admit(tid, 100) == (False, reason)
     assert len(audit) == 1, "a paused trigger is not paused again"
+    assert triggers.candidates("content_match") == []
     clock.now = datetime(2026, 3, 2, 0, 0, 1)
+    # The new day ends the pause before any event comes: it shows so, and events reach it.
+    assert (triggers.get(tid)["paused"], triggers.get(tid)["paused_reason"]) == (False, None)
+    assert [t.id for t in triggers.candidates("content_match")] == [tid]
     assert triggers.admit(tid, 100) == (True, "")
     got = triggers.get(tid)
     assert (got["paused"], got["runs_today"], got["fire_count"]) == (False, 1, 3)
@@ -82,6 +86,14 @@ def test_cost_cap_and_resume(env) -> None:
     assert triggers.update(tid, {"enabled": False})["enabled"] is False
     assert triggers.admit(tid, 100) == (False, "disabled")
     assert [e[0] for e in audit] == ["trigger.paused"]
+    # A cost pause ends with its UTC day too.
+    spent = make(triggers, max_cost_usd_per_day=0.01)
+    triggers.admit(spent, 100)
+    triggers.add_cost(spent, 0.02)
+    assert triggers.get(spent)["paused"] is True and triggers.candidates("content_match") == []
+    clock.now = datetime(2026, 3, 2, 0, 0, 1)
+    assert triggers.get(spent)["paused"] is False
+    assert [t.id for t in triggers.candidates("content_match")] == [spent]
 
 
 def test_candidates_and_delete_for_agent(env) -> None:
