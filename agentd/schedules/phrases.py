@@ -3,11 +3,13 @@
 Accepted (times are UTC, case does not matter):
 
 * a 5-field cron expression: `0 */5 * * *`, or a nickname: `@daily`, `@hourly`, ...;
-* `every N seconds|minutes|hours|days` (`every minute`, `every 2 hours`), `hourly`, `daily`;
+* `every N seconds|minutes|hours|days` (`every minute`, `every 2 hours`), `hourly`, `daily`,
+  `weekly` (Sundays at 00:00);
 * `daily at 9am`, `every day at 09:30`, `weekdays at 6pm`, `weekends at 10:00`,
   `mondays at 8:15` (any weekday name);
 * one time: an ISO 8601 time (`2026-12-01T09:00:00Z`), `at <ISO time>`, `in 20 minutes`,
-  `today at 17:00`, `tomorrow at 9:00` (or `9:00 tomorrow`).
+  `today at 17:00`, `tomorrow at 9:00` (or `tomorrow 9am`, `9:00 tomorrow`), `at 9am` (its
+  next occurrence: today, or tomorrow once it has passed).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def parse_phrase(text: Any, now: float | None = None) -> dict[str, Any]:
         return {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}
     if phrase in ("daily", "every day"):
         return {"kind": "cron", "expr": "0 0 * * *", "tz": "UTC"}
+    if phrase == "weekly":
+        return {"kind": "cron", "expr": "0 0 * * 0", "tz": "UTC"}
     match = re.fullmatch(r"every (?:(\d+) )?(second|sec|minute|min|hour|day|week)s?", phrase)
     if match:
         count = int(match.group(1) or 1)
@@ -59,14 +63,15 @@ def parse_phrase(text: Any, now: float | None = None) -> dict[str, Any]:
     match = re.fullmatch(r"in (\d+) (second|sec|minute|min|hour|day|week)s?", phrase)
     if match:
         return {"kind": "at", "at": iso_seconds(now + int(match.group(1)) * UNITS[match.group(2)])}
-    match = (re.fullmatch(r"(today|tomorrow) at " + _TIME, phrase)
-             or re.fullmatch(r"(?:at )?" + _TIME + r" (today|tomorrow)", phrase))
+    match = (re.fullmatch(r"(today|tomorrow) (?:at )?" + _TIME, phrase)
+             or re.fullmatch(r"(?:at )?" + _TIME + r" (today|tomorrow)", phrase)
+             or re.fullmatch(r"at " + _TIME + r"()", phrase))
     if match:
         groups = match.groups()
         day, clock = (groups[0], groups[1:]) if groups[0] in ("today", "tomorrow") else (groups[3], groups[:3])
         hour, minute = _clock(*clock)
         base = datetime.fromtimestamp(now, timezone.utc).replace(hour=hour, minute=minute, second=0, microsecond=0)
-        if day == "tomorrow":
+        if day == "tomorrow" or (not day and base.timestamp() <= now):
             base += timedelta(days=1)
         return {"kind": "at", "at": iso_seconds(base.timestamp())}
     match = re.fullmatch(r"(daily|every day|weekdays|every weekday|weekends|(?:every )?([a-z]+?)s?) at " + _TIME,

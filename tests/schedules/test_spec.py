@@ -139,13 +139,17 @@ NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
     ("in 20 minutes", {"kind": "at", "at": "2026-09-21T14:33:20Z"}),
     ("tomorrow at 9:00", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
     ("9:00 tomorrow", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
+    ("tomorrow 9am", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
+    ("at 5:30pm", {"kind": "at", "at": "2026-09-21T17:30:00Z"}),
+    ("at 14:13", {"kind": "at", "at": "2026-09-22T14:13:00Z"}),  # passed a moment ago: tomorrow's
+    ("weekly", {"kind": "cron", "expr": "0 0 * * 0", "tz": "UTC"}),
     ("2026-12-01T09:00:00Z", {"kind": "at", "at": "2026-12-01T09:00:00Z"}),
 ])
 def test_schedule_create_phrases(phrase, expected) -> None:
     assert parse_phrase(phrase, now=NOW) == expected
 
 
-@pytest.mark.parametrize("phrase", ["now and then", "every 0 minutes", "daily at 25:00", ""])
+@pytest.mark.parametrize("phrase", ["now and then", "every 0 minutes", "daily at 25:00", "at 13pm", ""])
 def test_an_unreadable_phrase_is_refused(phrase) -> None:
     with pytest.raises(BadRequest):
         parse_phrase(phrase, now=NOW)
