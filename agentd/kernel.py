@@ -240,7 +240,8 @@ class Kernel:
                                    wake=cron_wake,
                                    live_daemons=(lambda: {d["id"] for d in self.cluster.daemons()})
                                    if self.cluster.shared else None,
-                                   on_lag=self.metrics.scheduler_lag.observe, key_runs=key_runs)
+                                   on_lag=self.metrics.scheduler_lag.observe, key_runs=key_runs,
+                                   workflow_cost=self.workflows.run_cost)
         self.cluster.on_tick.append(self.scheduler.reap)
         # The effective configuration and its hot reload (agentd/settings.py).
         self.settings = Settings(config, self.catalog, self.audit.record,

@@ -67,6 +67,7 @@ class Scheduler:
                  delivery: Delivery, listeners: AgentListeners, audit: Audit, executor: Executor,
                  wake: threading.Event | None = None, live_daemons: Callable[[], set[str]] | None = None,
                  on_lag: Callable[[float], None] | None = None, key_runs: KeyRuns | None = None,
+                 workflow_cost: Callable[[str], float | None] | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
@@ -83,6 +84,8 @@ class Scheduler:
         self.runs = runs
         self.find_agent = find_agent
         self.run_workflow = run_workflow
+        # What a workflow run's steps cost (its run id): a workflow job's spend, for its caps.
+        self.workflow_cost = workflow_cost
         self.delivery = delivery
         self.listeners = listeners
         self.audit = audit
@@ -271,6 +274,8 @@ class Scheduler:
                 payer = self.key_runs.workflow_payer(job.get("key_id"), workflow_id) if self.key_runs else ""
                 result = self.run_workflow(workflow_id, job["action"].get("input", ""), payer)
                 output, error = result.get("output"), result.get("error")
+                if self.workflow_cost is not None and result.get("run_id"):
+                    cost = self.workflow_cost(result["run_id"])
             else:
                 output, cost = self._agent_turn(job)
         except AgentdError as exc:

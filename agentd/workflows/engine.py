@@ -126,6 +126,12 @@ class WorkflowEngine:
             raise NotFound("workflow run not found")
         return run
 
+    def run_cost(self, run_id: str) -> float | None:
+        """What a run's steps cost in USD (None: no step reported a cost)."""
+        costs = [step["cost_usd"] for step in self.run_detail(run_id)["step_results"]
+                 if step.get("cost_usd") is not None]
+        return sum(costs) if costs else None
+
     # -- running ------------------------------------------------------------------------
     def run(self, workflow_id: str, text: str, key_id: str = "") -> dict[str, Any]:
         """Run to the end in the calling thread; `{run_id, output, status[, error]}`. `key_id`:

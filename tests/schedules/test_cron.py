@@ -313,6 +313,17 @@ def test_run_now_and_a_workflow_action(env) -> None:
     assert started.json()["status"] == "running" and started.json()["reason"] == "run now"
     done = wait_for(lambda: ran(d, created["id"]), 10, what="the workflow run")
     assert done[0]["output"] == "workflow says hi" and done[0]["id"] == started.json()["id"]
+    # The run costs what its steps cost, and that spend counts toward the job's cap.
+    [wf_run] = d.get(f"/api/workflows/{wf.json()['workflow_id']}/runs").json()
+    [step] = d.get(f"/api/workflows/runs/{wf_run['id']}").json()["step_results"]
+    assert step["cost_usd"] > 0 and done[0]["cost_usd"] == step["cost_usd"]
+    capped = job(d, name="wf capped", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                 action={"kind": "workflow_run", "workflow_id": wf.json()["workflow_id"]},
+                 max_cost_usd_per_day=step["cost_usd"] / 2)
+    assert d.post(f"/api/cron/jobs/{capped['id']}/run").status_code == 202
+    paused = wait_for(lambda: (j := d.get(f"/api/cron/jobs/{capped['id']}").json())["paused_reason"] and j, 10,
+                      what="the cost cap")
+    assert paused["enabled"] is False and paused["paused_reason"].startswith("max_cost_usd_per_day reached ($")
 
 
 def test_a_run_past_its_timeout_fails_saying_so(env) -> None:
