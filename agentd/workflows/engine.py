@@ -127,9 +127,9 @@ class WorkflowEngine:
         return run
 
     def run_cost(self, run_id: str) -> float | None:
-        """What a run's steps cost in USD (None: no step reported a cost)."""
-        costs = [step["cost_usd"] for step in self.run_detail(run_id)["step_results"]
-                 if step.get("cost_usd") is not None]
+        """What a run's steps cost in USD (None: no step reported a cost, or no such run)."""
+        run = self.db.run(run_id) or {}
+        costs = [step["cost_usd"] for step in run.get("step_results", []) if step.get("cost_usd") is not None]
         return sum(costs) if costs else None
 
     # -- running ------------------------------------------------------------------------
