@@ -41,7 +41,11 @@ def _in_zone(value: str | None, zone: ZoneInfo) -> str:
     when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return when.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+    except OverflowError:
+        # The last hours of year 9999 (UTC) have no wall time in a zone east of UTC.
+        return when.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
 
 
 def _render(template: str, status: int = 200, **values):  # type: ignore[no-untyped-def]

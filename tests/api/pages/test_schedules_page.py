@@ -140,6 +140,16 @@ def test_an_unknown_viewer_zone_is_said_and_not_remembered(dash) -> None:
     assert "unknown time zone &#39;Europe&#39;: times are shown in UTC" in text(client, "/schedules?tz=Europe")
 
 
+def test_a_time_with_no_wall_time_in_the_viewers_zone_is_shown_in_utc(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "far"\n')
+    job = kernel.cron.create({"name": "last day", "agent_id": "far",
+                              "schedule": {"kind": "at", "at": "9999-12-31T23:00:00Z"},
+                              "action": {"kind": "agent_turn", "message": "x"}})
+    for path in ("/schedules?tz=Asia/Tokyo", f"/schedules/{job['id']}"):
+        assert '<time datetime="9999-12-31T23:00:00Z">9999-12-31 23:00:00 UTC</time>' in text(client, path)
+
+
 def test_the_run_history_keeps_and_answers_the_last_200_runs(dash) -> None:
     client, kernel = dash
     kernel.agents.spawn('name = "busy"\n')
