@@ -73,6 +73,12 @@ TriggerCreateSchema = _Loose.from_dict({
                                                    "description": "Which events fire the trigger"}),
     "prompt_template": fields.String(required=True, **_TEMPLATE),
     "enabled": StrictBoolean(load_default=True),
+    # The original's lifetime cap on firings; only its "no limit" is taken, so a trigger
+    # meant to fire a few times is never created to fire without end.
+    "max_fires": StrictInteger(load_only=True, validate=validate.Equal(
+        0, error="only 0 (no limit) is taken: cap a trigger with max_runs_per_day, max_cost_usd_per_day or "
+                 "rate_limit_per_minute"),
+        metadata={"description": "The original's lifetime cap on firings: only 0 (no limit) is accepted"}),
     **_caps(),
 }, name="TriggerCreateSchema")
 

@@ -118,6 +118,16 @@ def test_crud_and_errors(d) -> None:
         r = d.post("/api/triggers", json=body)
         assert r.status_code == status, (body, r.text)
         assert set(r.json()) == {"error"}
+    # The original's max_fires: its "no limit" is taken; a limit is refused, never dropped.
+    r = d.post("/api/triggers", json={"agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "p",
+                                      "max_fires": 3})
+    assert (r.status_code, r.json()) == (400, {"error": "invalid request: max_fires: only 0 (no limit) is taken: "
+                                                        "cap a trigger with max_runs_per_day, max_cost_usd_per_day "
+                                                        "or rate_limit_per_minute"})
+    r = d.post("/api/triggers", json={"agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "p",
+                                      "max_fires": 0})
+    assert r.status_code == 201 and "max_fires" not in r.json()
+    d.delete(f"/api/triggers/{r.json()['id']}")
     assert d.post("/api/events", json={"payload": {}}).status_code == 400
     assert d.post("/api/events", json={"event_type": "x", "payload": "text"}).status_code == 400
 
