@@ -460,7 +460,8 @@ def test_a_changed_manifest_replaces_the_agents_schedule(env) -> None:
     kept = job(d, name="kept", agent_id=agent_id, schedule={"kind": "cron", "expr": "0 0 1 1 *"}, action=turn("x"))
 
     def change(schedule: str) -> None:
-        r = d.request("PUT", f"/api/agents/{agent_id}/manifest", json={"manifest_toml": f'name = "shifting"\n{schedule}'})
+        r = d.request("PUT", f"/api/agents/{agent_id}/manifest",
+                      json={"manifest_toml": f'name = "shifting"\n{schedule}'})
         assert r.status_code == 200, r.text
 
     def mine() -> list[tuple[str, dict[str, Any]]]:
