@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
+from agentd.env_names import confined
 from agentd.errors import BadRequest, Conflict, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
@@ -39,6 +40,8 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
+# The variables a scoped key's webhook delivery may sign with (agentd/env_names.py).
+WEBHOOK_ENV_PREFIX = "AGENTD_WEBHOOK_"
 FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
           "max_runs_per_day", "max_cost_usd_per_day"}
 PUBLIC = ("id", "name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
@@ -186,6 +189,16 @@ class CronJobs:
             self.key_runs.reach_steps(by, workflow_id,
                                       lambda: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
 
+    @staticmethod
+    def _confine(delivery: dict[str, Any] | None, by: Principal, saved: str = "") -> None:
+        """400 for a scoped key's webhook `secret_env` outside its prefix; one the job already
+        has stays (the admin may have named it)."""
+        name = (delivery or {}).get("secret_env") or ""
+        if name and not by.is_admin and name != saved and not confined(name, WEBHOOK_ENV_PREFIX):
+            # The name is not echoed: a secret pasted into the field may look like one.
+            raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
+                             f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
+
     def _audited(self, event: str, job: dict[str, Any], by: Principal, **detail: Any) -> None:
         if self.audit is not None:
             who = {"by": by.name, "key_id": by.key_id} if by.key_id else {"by": by.name}
@@ -234,6 +247,7 @@ class CronJobs:
     def create(self, data: Any, origin: str = "api", by: Principal = ADMIN) -> dict[str, Any]:
         """A new job; `by`: who creates it (a scoped key's runs of it act as that key)."""
         fields = self.validate(data)
+        self._confine(fields["delivery"], by)
         if "agent_id" not in data and fields["action"]["kind"] == "agent_turn":
             raise BadRequest("agent_id: required")
         fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"], by)
@@ -288,6 +302,7 @@ class CronJobs:
         """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
+        self._confine(changes.get("delivery"), by, job["delivery"].get("secret_env") or "")
         action = changes.get("action", job["action"])
         if "action" in changes:
             self._reach_workflow(action, by)
