@@ -355,3 +355,86 @@ def test_a_keys_run_lists_and_kills_only_the_keys_agents(d: Daemon) -> None:
     assert any(a["name"] == outside for a in d.get("/api/agents").json())
     assert tool_turn(d, key, boss, "agent_kill", {"agent_id": mine}) == f"tool said: killed agent {mine}"
     assert not any(a["name"] == mine for a in d.get("/api/agents").json())
+
+
+def test_an_agent_a_key_spawned_keeps_its_jobs_the_keys_across_restarts(tmp_path, fake_llm) -> None:
+    """The manifest's job, deleted through the API, is made again at the next start: as the
+    key that spawned the agent, not as the admin; once that key is deleted, still as the key,
+    so its runs are refused saying why."""
+    home = make_home(tmp_path, f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    try:
+        key = new_key(daemon, scopes=["read", "message", "manage"])
+        periodic = 'name = "{}"\n[schedule.periodic]\ncron = "0 0 1 1 *"\n'
+        r = as_key(daemon, key, "POST", "/api/agents", json={"manifest_toml": periodic.format("keys-daily")})
+        assert r.status_code == 201, r.text
+        agent_id = r.json()["agent_id"]
+        admins_agent = daemon.post("/api/agents", json={"manifest_toml": periodic.format("admins-daily")}).json()
+
+        def manifest_job(agent: str) -> dict[str, Any]:
+            [job] = daemon.get("/api/cron/jobs", params={"agent_id": agent}).json()
+            return job
+
+        for _ in range(2):  # the second time, the job made again at the first restart
+            assert daemon.delete(f"/api/cron/jobs/{manifest_job(agent_id)['id']}").status_code == 200
+            assert daemon.delete(f"/api/cron/jobs/{manifest_job(admins_agent['agent_id'])['id']}").status_code == 200
+            daemon.stop()
+            daemon.start()
+            job = manifest_job(agent_id)
+            assert (job["name"], job["origin"], job["key_id"]) == ("keys-daily:periodic", "manifest", key["id"])
+            assert manifest_job(admins_agent["agent_id"])["key_id"] is None
+            listed = as_key(daemon, key, "GET", "/api/cron/jobs", params={"agent_id": agent_id}).json()
+            assert [j["id"] for j in listed] == [job["id"]]
+        run = run_now(daemon, job)
+        assert run["status"] == "ok" and spent(daemon, key) == (pytest.approx(run["cost_usd"], rel=1e-9,
+                                                                              abs=1e-12), 1)
+
+        # The key deleted: the job made again is still the key's, and refused for it.
+        assert daemon.delete(f"/api/keys/{key['id']}").status_code == 200
+        assert daemon.delete(f"/api/cron/jobs/{job['id']}").status_code == 200
+        daemon.stop()
+        daemon.start()
+        job = manifest_job(agent_id)
+        assert job["key_id"] == key["id"]
+        gone = run_now(daemon, job)
+        assert (gone["status"], gone["error"]) == (
+            "failed", f"the API key that created it was deleted (key id {key['id']})")
+    finally:
+        stop_shared(daemon)
+
+
+def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon) -> None:
+    """A scoped key may name only an AGENTD_WEBHOOK_ variable as a webhook's `secret_env`
+    (else it could have any secret of the daemon's environment sign a body for a URL of its
+    choosing); the admin names any, and a key's change keeps the variable the job has."""
+    agent_id, name = spawn_full(d, "reporter")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    hook = {"kind": "webhook", "url": "https://hooks.example.com/agentd"}
+    refusal = {"error": "delivery.secret_env: a scoped API key may only name a variable starting with "
+                        "AGENTD_WEBHOOK_ (other variables only the admin may name)"}
+    body = {"name": "report", "agent_id": agent_id, "schedule": NEVER, "action": {"kind": "agent_turn", "message": "x"}}
+    for variable in ("OPENAI_API_KEY", "PATH", "agentd_webhook_lower", "X_AGENTD_WEBHOOK_"):
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": variable}})
+        assert (r.status_code, r.json()) == (400, refusal), variable
+    assert d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() == []
+    r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": "AGENTD_WEBHOOK_REPORT"}})
+    assert r.status_code == 201 and r.json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT", r.text
+    own = r.json()
+
+    # The admin names any variable; a key's change may keep it, not name another.
+    admins = d.post("/api/cron/jobs", json={**body, "name": "admins", "delivery": {**hook, "secret_env": "CRON_SECRET"}})
+    assert admins.status_code == 201, admins.text
+    moved = {**hook, "url": "https://hooks.example.com/moved", "secret_env": "CRON_SECRET"}
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": moved})
+    assert r.status_code == 200 and r.json()["delivery"] == moved, r.text
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{own['id']}", json={"delivery": {**hook, "secret_env": "HOME"}})
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get(f"/api/cron/jobs/{own['id']}").json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT"
+
+    # The same rule for the cron_create tool in a run the key started; the admin's run names any.
+    tool = {"name": "by-tool", "schedule": NEVER, "action": {"kind": "agent_turn", "message": "x"},
+            "delivery": {**hook, "secret_env": "OPENAI_API_KEY"}}
+    assert tool_turn(d, key, agent_id, "cron_create", tool) == f"tool said: error: {refusal['error']}"
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:cron_create {json.dumps(tool)}]]"})
+    made = json.loads(r.json()["response"].removeprefix("tool said: "))
+    assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"]["secret_env"] == "OPENAI_API_KEY"

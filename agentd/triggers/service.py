@@ -40,7 +40,7 @@ ORIGIN = "trigger"
 class TriggerLifecycle:
     """The agent registry's hooks: a manifest's proactive conditions become the agent's
     triggers at spawn (replacing earlier ones), acting as the scoped key that spawned the
-    agent or changed its manifest; a kill removes every trigger of the agent."""
+    agent or changed its manifest (`handle.key_id`); a kill removes every trigger of the agent."""
 
     def __init__(self, store: TriggerStore) -> None:
         self.store = store
@@ -48,10 +48,10 @@ class TriggerLifecycle:
     def check(self, manifest: Manifest) -> None:
         proactive_conditions(manifest.toml_text)
 
-    def spawned(self, handle: AgentHandle, key_id: str = "") -> None:
+    def spawned(self, handle: AgentHandle) -> None:
         self.store.delete_for_agent(handle.id, source="manifest")
         for condition in proactive_conditions(handle.manifest.toml_text):
-            self.store.create(handle.id, source="manifest", key_id=key_id, **condition)
+            self.store.create(handle.id, source="manifest", key_id=handle.key_id, **condition)
 
     def loaded(self, handle: AgentHandle) -> None:
         pass  # the triggers are rows of the database already
