@@ -320,12 +320,14 @@ class Kernel:
         self.store.close()
 
     # -- events ----------------------------------------------------------
-    def publish_event(self, data: dict[str, Any]) -> str:
-        """POST /api/events: a custom event on the bus; its id."""
+    def publish_event(self, data: dict[str, Any], key_id: str = "") -> str:
+        """POST /api/events: a custom event on the bus; its id. `key_id`: the scoped API key
+        publishing it ("": the admin)."""
         from agentd.triggers.bus import CUSTOM, Event
 
-        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api"))
-        self.audit.record("event.publish", data["event_type"], {"event_id": event.id})
+        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api", key_id=key_id))
+        self.audit.record("event.publish", data["event_type"],
+                          {"event_id": event.id, **({"key_id": key_id} if key_id else {})})
         return event.id
 
     # -- status ----------------------------------------------------------

@@ -438,3 +438,49 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
     r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:cron_create {json.dumps(tool)}]]"})
     made = json.loads(r.json()["response"].removeprefix("tool said: "))
     assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"]["secret_env"] == "OPENAI_API_KEY"
+
+
+def test_a_keys_events_fire_only_triggers_of_agents_the_key_reaches(d: Daemon) -> None:
+    """An event a scoped key publishes (POST /api/events, event_publish in its run, a workflow
+    run of the key completing) fires the triggers of the key's agents only, whoever owns them;
+    the admin's events fire every trigger."""
+    sender, sender_name = spawn_full(d, "announcer")
+    inside, inside_name = spawn(d, "listener")
+    outside, _ = spawn(d, "stranger")
+    key = new_key(d, scopes=["message", "manage"], agents=[sender_name, inside_name])
+    other = new_key(d)  # another owner: a key that reaches every agent
+    word = f"release-{uuid.uuid4().hex[:6]}"
+    workflow = make_workflow(d, inside_name)
+
+    def watch(agent_id: str, pattern: dict[str, Any], owner: dict[str, Any] | None = None) -> str:
+        body = {"agent_id": agent_id, "pattern": pattern, "prompt_template": "[[reply:ok]] {{event}}"}
+        r = as_key(d, owner, "POST", "/api/triggers", json=body) if owner else d.post("/api/triggers", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    watchers = {"inside": watch(inside, {"content_match": word}),
+                "outside": watch(outside, {"content_match": word}),
+                "other's": watch(outside, {"content_match": word}, other),
+                "inside, workflow": watch(inside, {"workflow_completed": workflow}),
+                "outside, workflow": watch(outside, {"workflow_completed": workflow})}
+
+    def fired() -> dict[str, int]:
+        """Once every event so far was evaluated (the bus hears them in order: a later
+        admin's event fired its sentinel trigger), each trigger's firings."""
+        sentinel = watch(inside, {"content_match": f"sentinel-{uuid.uuid4().hex[:6]}"})
+        word_ = d.get(f"/api/triggers/{sentinel}").json()["pattern"]["content_match"]
+        assert d.post("/api/events", json={"event_type": word_}).status_code == 202
+        wait_until(lambda: d.get(f"/api/triggers/{sentinel}").json()["fire_count"] == 1, "the sentinel event")
+        assert d.delete(f"/api/triggers/{sentinel}").status_code == 200
+        return {name: d.get(f"/api/triggers/{tid}").json()["fire_count"] for name, tid in watchers.items()}
+
+    assert as_key(d, key, "POST", "/api/events", json={"event_type": word}).status_code == 202
+    said = tool_turn(d, key, sender, "event_publish", {"event_type": word})
+    assert said.startswith("tool said: "), said
+    run = as_key(d, key, "POST", f"/api/workflows/{workflow}/run", json={"input": "go"})
+    assert run.status_code == 200 and run.json()["status"] == "completed", run.text
+    assert fired() == {"inside": 2, "outside": 0, "other's": 0, "inside, workflow": 1, "outside, workflow": 0}
+
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    assert d.post(f"/api/workflows/{workflow}/run", json={"input": "go"}).status_code == 200
+    assert fired() == {"inside": 3, "outside": 1, "other's": 1, "inside, workflow": 2, "outside, workflow": 1}

@@ -6,6 +6,10 @@ trigger-started run caused the event (no loops), admits each firing against the 
 rate limit and daily caps (agentd/triggers/store.py) and starts the run through the one run
 path with origin `trigger` (as the scoped API key that created the trigger, if one did:
 agentd/key_runs.py). A run's cost is added to its trigger's day when it ends.
+
+An event a scoped key published (`Event.key_id`) fires only the triggers of agents the key
+may reach, whoever owns the trigger: a key cannot make an agent outside its list run with
+the key's text in its prompt. The run stays the trigger owner's, as the owner set it up.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from agentd.triggers.store import Trigger, TriggerStore
 
 if TYPE_CHECKING:
     from agentd.agents.handle import AgentHandle
+    from agentd.principals import Principal
     from agentd.agents.manifest import Manifest
     from agentd.agents.registry import AgentRegistry
     from agentd.agents.runs import Runs
@@ -122,6 +127,13 @@ class Triggers:
 
     # -- firing -------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        publisher = None  # the scoped key that published the event (None: the admin or the daemon)
+        if event.key_id and self.key_runs is not None:
+            publisher = self.key_runs.keys.principal(event.key_id)
+            if publisher is None:
+                log.info("event %s not evaluated: the API key that published it is deleted, disabled or expired",
+                         event.id)
+                return
         for kind, target in patterns.KINDS.items():
             if target != event.kind:
                 continue
@@ -132,11 +144,16 @@ class Triggers:
                     log.info("trigger %s not fired: event %s came from its own agent's trigger run",
                              trigger.id, event.id)
                     continue
-                self._fire(trigger, event)
+                self._fire(trigger, event, publisher)
 
-    def _fire(self, trigger: Trigger, event: Event) -> None:
+    def _fire(self, trigger: Trigger, event: Event, publisher: Principal | None = None) -> None:
         handle = self.registry.find(trigger.agent_id)
         if handle is None:
+            return
+        if publisher is not None and not publisher.may_reach(handle):
+            # Else a key could run, with its text in the prompt, an agent it may not reach.
+            log.info("trigger %s not fired: event %s came from API key '%s', which does not reach agent %s",
+                     trigger.id, event.id, publisher.name, handle.name)
             return
         try:
             acting = self.key_runs.fields(trigger.key_id, handle) if self.key_runs else {}
