@@ -159,7 +159,7 @@ class Kernel:
                            lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.cron = CronJobs(cron_store, config.schedules, resolve_agent=lambda ref: self.agents.find(ref),
                              workflow_exists=self._workflow_exists,
-                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set,
+                             channel_agents=self.channel_agents, changed=cron_wake.set,
                              audit=self.audit.record, key_runs=key_runs)
         # The open WebSockets of each agent, which also see the runs cron jobs start.
         self.listeners = AgentListeners()
@@ -250,6 +250,14 @@ class Kernel:
         self.channels.start_all()
         self.mcp_watch.start()
         self.scheduler.start()
+
+    def channel_agents(self, name: str) -> list[Any] | None:
+        """The agents channel `name` answers as (its fallback: the daemon's first agent); None
+        when it is not configured."""
+        if name not in self.channels.sections:
+            return None
+        first = next(iter(self.agents.handles()), None)
+        return [self.agents.find(ref) if ref else first for ref in self.channels.agents_named(name)]
 
     def _workflow_exists(self, workflow_id: str) -> bool:
         try:

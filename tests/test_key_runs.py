@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import LLM_ENV, llm_config
+from fakes.ntfy import FakeNtfy
 from tests.api.test_keys import as_key, make_workflow, spawn
 from tests.api.test_keys import new_key as keys_new_key
 from support import Daemon, make_home, stop_shared, wait_until
@@ -484,3 +485,38 @@ def test_a_keys_events_fire_only_triggers_of_agents_the_key_reaches(d: Daemon) -
     assert d.post("/api/events", json={"event_type": word}).status_code == 202
     assert d.post(f"/api/workflows/{workflow}/run", json={"input": "go"}).status_code == 200
     assert fired() == {"inside": 3, "outside": 1, "other's": 1, "inside, workflow": 2, "outside, workflow": 1}
+
+
+def test_a_keys_job_delivers_only_to_channels_of_the_keys_agents(d: Daemon) -> None:
+    """A job of a key limited to some agents may send its result only to a channel that
+    answers as the key's agents; another is refused as an unknown channel would be."""
+    _, mine = spawn(d, "courier")
+    _, theirs = spawn(d, "desk")
+    ntfy = FakeNtfy("ntfy-token-for-key-runs").start()
+    try:
+        r = d.post("/api/channels/ntfy/configure", json={
+            "topic": "key-runs", "server_url": ntfy.url, "default_agent": theirs,
+            "secrets": {"token_env": "ntfy-token-for-key-runs"}})
+        assert r.status_code == 200, r.text
+        key = new_key(d, agents=[mine])
+        body = {"name": "courier", "agent_id": mine, "schedule": NEVER,
+                "action": {"kind": "agent_turn", "message": "[[reply:parcel]]"},
+                "delivery": {"kind": "channel", "channel": "ntfy"}}
+        r = as_key(d, key, "POST", "/api/cron/jobs", json=body)
+        assert (r.status_code, r.json()) == (400, {"error": "delivery.channel: channel 'ntfy' is not configured"})
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {"kind": "none"}})
+        assert r.status_code == 201, r.text
+        r = as_key(d, key, "PATCH", f"/api/cron/jobs/{r.json()['id']}", json={"delivery": body["delivery"]})
+        assert (r.status_code, r.json()) == (400, {"error": "delivery.channel: channel 'ntfy' is not configured"})
+
+        # Once the channel answers as the key's agent, the key's job delivers to it.
+        r = d.post("/api/channels/ntfy/configure", json={"topic": "key-runs", "server_url": ntfy.url,
+                                                         "default_agent": mine})
+        assert r.status_code == 200, r.text
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "name": "courier-2"})
+        assert r.status_code == 201, r.text
+        assert run_now(d, r.json())["status"] == "ok"
+        wait_until(lambda: any(m["message"] == "parcel" for m in ntfy.messages), "the delivery to ntfy")
+    finally:
+        d.delete("/api/channels/ntfy/configure")
+        ntfy.stop()
