@@ -207,7 +207,8 @@ class Kernel:
         from agentd.triggers.service import Triggers
 
         self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
-                                 config.triggers.rate_limit_per_minute, self.audit.record, key_runs)
+                                 config.triggers.rate_limit_per_minute, self.audit.record, key_runs,
+                                 self.channel_agents)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()

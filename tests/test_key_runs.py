@@ -441,6 +441,25 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
     assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"]["secret_env"] == "OPENAI_API_KEY"
 
 
+def watch(d: Daemon, agent_id: str, pattern: dict[str, Any], owner: dict[str, Any] | None = None) -> str:
+    """A trigger of `agent_id` (created by `owner`, else the admin); its id."""
+    body = {"agent_id": agent_id, "pattern": pattern, "prompt_template": "[[reply:ok]] {{event}}"}
+    r = as_key(d, owner, "POST", "/api/triggers", json=body) if owner else d.post("/api/triggers", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def fire_counts(d: Daemon, triggers: dict[str, str], agent_id: str) -> dict[str, int]:
+    """Once every event so far was evaluated (the bus hears them in order: a later admin's
+    event fired a sentinel trigger of `agent_id`), each trigger's firings."""
+    word = f"sentinel-{uuid.uuid4().hex[:6]}"
+    sentinel = watch(d, agent_id, {"content_match": word})
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    wait_until(lambda: d.get(f"/api/triggers/{sentinel}").json()["fire_count"] == 1, "the sentinel event")
+    assert d.delete(f"/api/triggers/{sentinel}").status_code == 200
+    return {name: d.get(f"/api/triggers/{tid}").json()["fire_count"] for name, tid in triggers.items()}
+
+
 def test_a_keys_events_fire_only_triggers_of_agents_the_key_reaches(d: Daemon) -> None:
     """An event a scoped key publishes (POST /api/events, event_publish in its run, a workflow
     run of the key completing) fires the triggers of the key's agents only, whoever owns them;
@@ -453,27 +472,14 @@ def test_a_keys_events_fire_only_triggers_of_agents_the_key_reaches(d: Daemon) -
     word = f"release-{uuid.uuid4().hex[:6]}"
     workflow = make_workflow(d, inside_name)
 
-    def watch(agent_id: str, pattern: dict[str, Any], owner: dict[str, Any] | None = None) -> str:
-        body = {"agent_id": agent_id, "pattern": pattern, "prompt_template": "[[reply:ok]] {{event}}"}
-        r = as_key(d, owner, "POST", "/api/triggers", json=body) if owner else d.post("/api/triggers", json=body)
-        assert r.status_code == 201, r.text
-        return r.json()["id"]
-
-    watchers = {"inside": watch(inside, {"content_match": word}),
-                "outside": watch(outside, {"content_match": word}),
-                "other's": watch(outside, {"content_match": word}, other),
-                "inside, workflow": watch(inside, {"workflow_completed": workflow}),
-                "outside, workflow": watch(outside, {"workflow_completed": workflow})}
+    watchers = {"inside": watch(d, inside, {"content_match": word}),
+                "outside": watch(d, outside, {"content_match": word}),
+                "other's": watch(d, outside, {"content_match": word}, other),
+                "inside, workflow": watch(d, inside, {"workflow_completed": workflow}),
+                "outside, workflow": watch(d, outside, {"workflow_completed": workflow})}
 
     def fired() -> dict[str, int]:
-        """Once every event so far was evaluated (the bus hears them in order: a later
-        admin's event fired its sentinel trigger), each trigger's firings."""
-        sentinel = watch(inside, {"content_match": f"sentinel-{uuid.uuid4().hex[:6]}"})
-        word_ = d.get(f"/api/triggers/{sentinel}").json()["pattern"]["content_match"]
-        assert d.post("/api/events", json={"event_type": word_}).status_code == 202
-        wait_until(lambda: d.get(f"/api/triggers/{sentinel}").json()["fire_count"] == 1, "the sentinel event")
-        assert d.delete(f"/api/triggers/{sentinel}").status_code == 200
-        return {name: d.get(f"/api/triggers/{tid}").json()["fire_count"] for name, tid in watchers.items()}
+        return fire_counts(d, watchers, inside)
 
     assert as_key(d, key, "POST", "/api/events", json={"event_type": word}).status_code == 202
     said = tool_turn(d, key, sender, "event_publish", {"event_type": word})
@@ -517,6 +523,54 @@ def test_a_keys_job_delivers_only_to_channels_of_the_keys_agents(d: Daemon) -> N
         assert r.status_code == 201, r.text
         assert run_now(d, r.json())["status"] == "ok"
         wait_until(lambda: any(m["message"] == "parcel" for m in ntfy.messages), "the delivery to ntfy")
+    finally:
+        d.delete("/api/channels/ntfy/configure")
+        ntfy.stop()
+
+
+def test_a_keys_triggers_hear_only_events_of_the_keys_agents(d: Daemon) -> None:
+    """A trigger of a key limited to some agents does not fire (with the event in its prompt)
+    for another agent's failure or published event, a workflow on another agent, or a
+    message of a channel answering as another agent; the admin's trigger hears them all."""
+    listener, listener_name = spawn(d, "ear")
+    helper_id, helper = spawn(d, "ear-helper")
+    outsider, outsider_name = spawn_full(d, "loudmouth")
+    key = new_key(d, agents=[listener_name, helper])
+    word = f"gossip-{uuid.uuid4().hex[:6]}"
+    ntfy = FakeNtfy("ntfy-token-for-key-ears").start()
+    patterns = {"failed": {"agent_failed": "*"}, "workflow": {"workflow_completed": "*"},
+                "channel": {"channel_message": {"channel": "ntfy", "match": "psst"}}, "event": {"content_match": word}}
+    triggers = {name: watch(d, listener, pattern, key) for name, pattern in patterns.items()}
+    admins = {f"admin's {name}": watch(d, listener, pattern) for name, pattern in patterns.items()}
+    try:
+        def channel_answers_as(agent: str) -> None:
+            r = d.post("/api/channels/ntfy/configure", json={
+                "topic": "ears", "server_url": ntfy.url, "default_agent": agent,
+                "secrets": {"token_env": "ntfy-token-for-key-ears"}})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: ntfy.subscriptions, "the channel's subscription")
+            ntfy.subscriptions.clear()
+
+        def everything_happens_on(agent_id: str, name: str) -> None:
+            r = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[fail:400]]"})
+            assert r.status_code >= 400
+            assert d.post(f"/api/workflows/{make_workflow(d, name)}/run", json={"input": "go"}).status_code == 200
+            channel_answers_as(name)
+            ntfy.publish("ears", "psst")
+
+        everything_happens_on(outsider, outsider_name)
+        r = d.post(f"/api/agents/{outsider}/message",
+                   json={"message": f"[[tool:event_publish {json.dumps({'event_type': word})}]]"})
+        assert r.status_code == 200, r.text
+        assert fire_counts(d, {**triggers, **admins}, listener) == {
+            "failed": 0, "workflow": 0, "channel": 0, "event": 0,
+            "admin's failed": 1, "admin's workflow": 1, "admin's channel": 1, "admin's event": 1}
+
+        everything_happens_on(helper_id, helper)
+        assert d.post("/api/events", json={"event_type": word}).status_code == 202
+        assert fire_counts(d, {**triggers, **admins}, listener) == {
+            "failed": 1, "workflow": 1, "channel": 1, "event": 1,
+            "admin's failed": 2, "admin's workflow": 2, "admin's channel": 2, "admin's event": 2}
     finally:
         d.delete("/api/channels/ntfy/configure")
         ntfy.stop()

@@ -23,7 +23,7 @@ from agentd.schema_fields import is_blank
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.triggers import patterns
-from agentd.triggers.bus import Event, EventBus
+from agentd.triggers.bus import CHANNEL, WORKFLOW, Event, EventBus
 from agentd.triggers.manifest import check_cap, proactive_conditions
 from agentd.triggers.store import Trigger, TriggerStore
 
@@ -67,10 +67,13 @@ class TriggerLifecycle:
 
 class Triggers:
     def __init__(self, store: TriggerStore, bus: EventBus, registry: AgentRegistry, runs: Runs,
-                 rate_limit_per_minute: int, audit: Audit | None = None, key_runs: KeyRuns | None = None) -> None:
+                 rate_limit_per_minute: int, audit: Audit | None = None, key_runs: KeyRuns | None = None,
+                 channel_agents: Callable[[str], list[Any] | None] = lambda name: None) -> None:
         self.store = store
         # The scoped key a trigger created with one acts as (None: every trigger is the admin's).
         self.key_runs = key_runs
+        # The agents a channel answers as (agentd/kernel.py): what a key's trigger may hear of it.
+        self.channel_agents = channel_agents
         self.registry = registry
         self.runs = runs
         self.rate_limit_per_minute = rate_limit_per_minute  # when a trigger sets none
@@ -160,6 +163,9 @@ class Triggers:
         except AgentdError as exc:
             self._refused(trigger, handle, event, exc)
             return
+        if trigger.key_id and not self._heard(trigger.key_id, event):
+            log.info("trigger %s not fired: event %s is of an agent outside its API key's list", trigger.id, event.id)
+            return
         admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
         if not admitted:
             log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
@@ -178,6 +184,25 @@ class Triggers:
                                                      "event_id": event.id, "event_type": event.type})
         if ticket.future is not None:
             ticket.future.add_done_callback(lambda f: self._finished(trigger, f))
+
+    def _heard(self, key_id: str, event: Event) -> bool:
+        """Whether a trigger of `key_id` may hear `event`: not when it is of an agent outside
+        the key's list (its failure or its published event), of a channel answering as one,
+        or of a workflow with a step on one; else a key would read what it may not reach."""
+        if self.key_runs is None:
+            return True
+        who = self.key_runs.keys.principal(key_id)
+        if who is None or not who.agents:
+            return who is not None
+        agents = [self.registry.find(event.agent_id)] if event.agent_id else []
+        try:
+            if event.kind == CHANNEL:
+                agents += self.channel_agents(event.payload.get("channel") or "") or []
+            elif event.kind == WORKFLOW:
+                agents += self.key_runs.step_agents(event.payload.get("workflow_id") or "")
+        except AgentdError:
+            return False  # its workflow deleted meanwhile: nothing left to tell what it reached
+        return all(h is None or who.may_reach(h) for h in agents)
 
     def _refused(self, trigger: Trigger, handle: AgentHandle, event: Event, exc: AgentdError) -> None:
         log.warning("trigger %s: agent %s refused the run: %s", trigger.id, handle.name, exc.message)
