@@ -257,8 +257,8 @@ class Kernel:
         when it is not configured."""
         if name not in self.channels.sections:
             return None
-        first = next(iter(self.agents.handles()), None)
-        return [self.agents.find(ref) if ref else first for ref in self.channels.agents_named(name)]
+        return [self.agents.find(ref) if ref else next(iter(self.agents.handles()), None)
+                for ref in self.channels.agents_named(name)]
 
     def _workflow_exists(self, workflow_id: str) -> bool:
         try:

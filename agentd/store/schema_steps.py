@@ -193,8 +193,7 @@ def step_7(cur: Any, backend: str) -> None:
 
 # version -> step that brings a database from version-1 to version (existing tables only).
 STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6,
-                                                 7: step_7, 9: _step_9,
-                                                 10: _step_10}
+                                                 7: step_7, 9: _step_9, 10: _step_10}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}

@@ -10,6 +10,8 @@ agentd/key_runs.py). A run's cost is added to its trigger's day when it ends.
 An event a scoped key published (`Event.key_id`) fires only the triggers of agents the key
 may reach, whoever owns the trigger: a key cannot make an agent outside its list run with
 the key's text in its prompt. The run stays the trigger owner's, as the owner set it up.
+The other way round, a trigger of a key limited to some agents hears no event of an agent
+outside the key's list (`_heard`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from agentd.triggers.store import Trigger, TriggerStore
 
 if TYPE_CHECKING:
     from agentd.agents.handle import AgentHandle
-    from agentd.principals import Principal
     from agentd.agents.manifest import Manifest
     from agentd.agents.registry import AgentRegistry
     from agentd.agents.runs import Runs
     from agentd.key_runs import KeyRuns
+    from agentd.principals import Principal
 
 log = logging.getLogger("agentd.triggers")
 
