@@ -418,12 +418,14 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
         r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": variable}})
         assert (r.status_code, r.json()) == (400, refusal), variable
     assert d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() == []
-    r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": "AGENTD_WEBHOOK_REPORT"}})
+    mine = {**hook, "secret_env": "AGENTD_WEBHOOK_REPORT"}
+    r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": mine})
     assert r.status_code == 201 and r.json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT", r.text
     own = r.json()
 
     # The admin names any variable; a key's change may keep it, not name another.
-    admins = d.post("/api/cron/jobs", json={**body, "name": "admins", "delivery": {**hook, "secret_env": "CRON_SECRET"}})
+    admins = d.post("/api/cron/jobs", json={**body, "name": "admins",
+                                            "delivery": {**hook, "secret_env": "CRON_SECRET"}})
     assert admins.status_code == 201, admins.text
     moved = {**hook, "url": "https://hooks.example.com/moved", "secret_env": "CRON_SECRET"}
     r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": moved})
@@ -533,9 +535,9 @@ def test_a_keys_triggers_hear_only_events_of_the_keys_agents(d: Daemon) -> None:
     for another agent's failure or published event, a workflow on another agent, or a
     message of a channel answering as another agent; the admin's trigger hears them all."""
     listener, listener_name = spawn(d, "ear")
-    helper_id, helper = spawn(d, "ear-helper")
+    friend_id, friend = spawn(d, "ear-friend")
     outsider, outsider_name = spawn_full(d, "loudmouth")
-    key = new_key(d, agents=[listener_name, helper])
+    key = new_key(d, agents=[listener_name, friend])
     word = f"gossip-{uuid.uuid4().hex[:6]}"
     ntfy = FakeNtfy("ntfy-token-for-key-ears").start()
     patterns = {"failed": {"agent_failed": "*"}, "workflow": {"workflow_completed": "*"},
@@ -566,7 +568,7 @@ def test_a_keys_triggers_hear_only_events_of_the_keys_agents(d: Daemon) -> None:
             "failed": 0, "workflow": 0, "channel": 0, "event": 0,
             "admin's failed": 1, "admin's workflow": 1, "admin's channel": 1, "admin's event": 1}
 
-        everything_happens_on(helper_id, helper)
+        everything_happens_on(friend_id, friend)
         assert d.post("/api/events", json={"event_type": word}).status_code == 202
         assert fire_counts(d, {**triggers, **admins}, listener) == {
             "failed": 1, "workflow": 1, "channel": 1, "event": 1,

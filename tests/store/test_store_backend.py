@@ -309,7 +309,9 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
         "migrating database schema to version 4", "migrating database schema to version 5",
         "migrating database schema to version 6", "migrating database schema to version 7",
-        "migrating database schema to version 8", "migrating database schema to version 9", "migrating database schema to version 10", "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
+        "migrating database schema to version 8",
+        "migrating database schema to version 9", "migrating database schema to version 10",
+        "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
@@ -325,7 +327,8 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert "messages" not in columns
     assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd"),
                                                 (6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd"), (9, "migrated by agentd"), (10, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -469,7 +472,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     finally:
         store.close()
     assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd"),
-                                                (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"), (10, "migrated by agentd")]
+                                                (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -502,7 +506,8 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
     finally:
         store.close()
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd"), (9, "migrated by agentd"), (10, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -563,7 +568,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
         assert runs.run("r1")["state"] == {"status": "failed"}
     finally:
         store.close()
-    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"), (10, "migrated by agentd")]
+    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
