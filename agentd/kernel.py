@@ -159,7 +159,7 @@ class Kernel:
                            lambda workflow_id: self.workflows.get(workflow_id)["steps"])
         self.cron = CronJobs(cron_store, config.schedules, resolve_agent=lambda ref: self.agents.find(ref),
                              workflow_exists=self._workflow_exists,
-                             channel_configured=lambda name: name in self.channels.sections, changed=cron_wake.set,
+                             channel_agents=self.channel_agents, changed=cron_wake.set,
                              audit=self.audit.record, key_runs=key_runs)
         # The open WebSockets of each agent, which also see the runs cron jobs start.
         self.listeners = AgentListeners()
@@ -207,7 +207,8 @@ class Kernel:
         from agentd.triggers.service import Triggers
 
         self.triggers = Triggers(trigger_store, self.events, registry, self.runs,
-                                 config.triggers.rate_limit_per_minute, self.audit.record, key_runs)
+                                 config.triggers.rate_limit_per_minute, self.audit.record, key_runs,
+                                 self.channel_agents)
         # No run survives a restart: runs this daemon left `running` by a crash are marked
         # failed now (other daemons' runs are theirs; the cluster reaper fails a dead one's).
         self.workflows.recover()
@@ -251,6 +252,14 @@ class Kernel:
         self.channels.start_all()
         self.mcp_watch.start()
         self.scheduler.start()
+
+    def channel_agents(self, name: str) -> list[Any] | None:
+        """The agents channel `name` answers as (its fallback: the daemon's first agent); None
+        when it is not configured."""
+        if name not in self.channels.sections:
+            return None
+        return [self.agents.find(ref) if ref else next(iter(self.agents.handles()), None)
+                for ref in self.channels.agents_named(name)]
 
     def _workflow_exists(self, workflow_id: str) -> bool:
         try:
@@ -321,12 +330,14 @@ class Kernel:
         self.store.close()
 
     # -- events ----------------------------------------------------------
-    def publish_event(self, data: dict[str, Any]) -> str:
-        """POST /api/events: a custom event on the bus; its id."""
+    def publish_event(self, data: dict[str, Any], key_id: str = "") -> str:
+        """POST /api/events: a custom event on the bus; its id. `key_id`: the scoped API key
+        publishing it ("": the admin)."""
         from agentd.triggers.bus import CUSTOM, Event
 
-        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api"))
-        self.audit.record("event.publish", data["event_type"], {"event_id": event.id})
+        event = self.events.publish(Event(CUSTOM, data["event_type"], data["payload"], origin="api", key_id=key_id))
+        self.audit.record("event.publish", data["event_type"],
+                          {"event_id": event.id, **({"key_id": key_id} if key_id else {})})
         return event.id
 
     # -- status ----------------------------------------------------------

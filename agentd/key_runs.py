@@ -70,11 +70,18 @@ class KeyRuns:
         """`reach` for every agent a workflow's steps name."""
         if not who.agents:
             return
+        for handle in self.step_agents(workflow_id):
+            self.reach(who, handle, hidden)
+
+    def step_agents(self, workflow_id: str) -> list[Any]:
+        """The agents a workflow's steps name (those that exist)."""
+        found = []
         for step in self.workflow_steps(workflow_id):
             ref = next(iter(step["agent"].values()), None) if step.get("agent") else None
             handle = self.find_agent(ref) if isinstance(ref, str) and ref else None
             if handle is not None:
-                self.reach(who, handle, hidden)
+                found.append(handle)
+        return found
 
     @staticmethod
     def reach(who: Principal, handle: Any, hidden: Callable[[], AgentdError] | None = None) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import LLM_ENV, llm_config
+from fakes.ntfy import FakeNtfy
 from tests.api.test_keys import as_key, make_workflow, spawn
 from tests.api.test_keys import new_key as keys_new_key
 from support import Daemon, make_home, stop_shared, wait_until
@@ -355,3 +356,223 @@ def test_a_keys_run_lists_and_kills_only_the_keys_agents(d: Daemon) -> None:
     assert any(a["name"] == outside for a in d.get("/api/agents").json())
     assert tool_turn(d, key, boss, "agent_kill", {"agent_id": mine}) == f"tool said: killed agent {mine}"
     assert not any(a["name"] == mine for a in d.get("/api/agents").json())
+
+
+def test_an_agent_a_key_spawned_keeps_its_jobs_the_keys_across_restarts(tmp_path, fake_llm) -> None:
+    """The manifest's job, deleted through the API, is made again at the next start: as the
+    key that spawned the agent, not as the admin; once that key is deleted, still as the key,
+    so its runs are refused saying why."""
+    home = make_home(tmp_path, f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    try:
+        key = new_key(daemon, scopes=["read", "message", "manage"])
+        periodic = 'name = "{}"\n[schedule.periodic]\ncron = "0 0 1 1 *"\n'
+        r = as_key(daemon, key, "POST", "/api/agents", json={"manifest_toml": periodic.format("keys-daily")})
+        assert r.status_code == 201, r.text
+        agent_id = r.json()["agent_id"]
+        admins_agent = daemon.post("/api/agents", json={"manifest_toml": periodic.format("admins-daily")}).json()
+
+        def manifest_job(agent: str) -> dict[str, Any]:
+            [job] = daemon.get("/api/cron/jobs", params={"agent_id": agent}).json()
+            return job
+
+        for _ in range(2):  # the second time, the job made again at the first restart
+            assert daemon.delete(f"/api/cron/jobs/{manifest_job(agent_id)['id']}").status_code == 200
+            assert daemon.delete(f"/api/cron/jobs/{manifest_job(admins_agent['agent_id'])['id']}").status_code == 200
+            daemon.stop()
+            daemon.start()
+            job = manifest_job(agent_id)
+            assert (job["name"], job["origin"], job["key_id"]) == ("keys-daily:periodic", "manifest", key["id"])
+            assert manifest_job(admins_agent["agent_id"])["key_id"] is None
+            listed = as_key(daemon, key, "GET", "/api/cron/jobs", params={"agent_id": agent_id}).json()
+            assert [j["id"] for j in listed] == [job["id"]]
+        run = run_now(daemon, job)
+        assert run["status"] == "ok" and spent(daemon, key) == (pytest.approx(run["cost_usd"], rel=1e-9,
+                                                                              abs=1e-12), 1)
+
+        # The key deleted: the job made again is still the key's, and refused for it.
+        assert daemon.delete(f"/api/keys/{key['id']}").status_code == 200
+        assert daemon.delete(f"/api/cron/jobs/{job['id']}").status_code == 200
+        daemon.stop()
+        daemon.start()
+        job = manifest_job(agent_id)
+        assert job["key_id"] == key["id"]
+        gone = run_now(daemon, job)
+        assert (gone["status"], gone["error"]) == (
+            "failed", f"the API key that created it was deleted (key id {key['id']})")
+    finally:
+        stop_shared(daemon)
+
+
+def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon) -> None:
+    """A scoped key may name only an AGENTD_WEBHOOK_ variable as a webhook's `secret_env`
+    (else it could have any secret of the daemon's environment sign a body for a URL of its
+    choosing); the admin names any, and a key's change keeps the variable the job has."""
+    agent_id, name = spawn_full(d, "reporter")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    hook = {"kind": "webhook", "url": "https://hooks.example.com/agentd"}
+    refusal = {"error": "delivery.secret_env: a scoped API key may only name a variable starting with "
+                        "AGENTD_WEBHOOK_ (other variables only the admin may name)"}
+    body = {"name": "report", "agent_id": agent_id, "schedule": NEVER, "action": {"kind": "agent_turn", "message": "x"}}
+    for variable in ("OPENAI_API_KEY", "PATH", "agentd_webhook_lower", "X_AGENTD_WEBHOOK_"):
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": variable}})
+        assert (r.status_code, r.json()) == (400, refusal), variable
+    assert d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() == []
+    mine = {**hook, "secret_env": "AGENTD_WEBHOOK_REPORT"}
+    r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": mine})
+    assert r.status_code == 201 and r.json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT", r.text
+    own = r.json()
+
+    # The admin names any variable; a key's change may keep it, not name another.
+    admins = d.post("/api/cron/jobs", json={**body, "name": "admins",
+                                            "delivery": {**hook, "secret_env": "CRON_SECRET"}})
+    assert admins.status_code == 201, admins.text
+    moved = {**hook, "url": "https://hooks.example.com/moved", "secret_env": "CRON_SECRET"}
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": moved})
+    assert r.status_code == 200 and r.json()["delivery"] == moved, r.text
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{own['id']}", json={"delivery": {**hook, "secret_env": "HOME"}})
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get(f"/api/cron/jobs/{own['id']}").json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT"
+
+    # The same rule for the cron_create tool in a run the key started; the admin's run names any.
+    tool = {"name": "by-tool", "schedule": NEVER, "action": {"kind": "agent_turn", "message": "x"},
+            "delivery": {**hook, "secret_env": "OPENAI_API_KEY"}}
+    assert tool_turn(d, key, agent_id, "cron_create", tool) == f"tool said: error: {refusal['error']}"
+    r = d.post(f"/api/agents/{agent_id}/message", json={"message": f"[[tool:cron_create {json.dumps(tool)}]]"})
+    made = json.loads(r.json()["response"].removeprefix("tool said: "))
+    assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"]["secret_env"] == "OPENAI_API_KEY"
+
+
+def watch(d: Daemon, agent_id: str, pattern: dict[str, Any], owner: dict[str, Any] | None = None) -> str:
+    """A trigger of `agent_id` (created by `owner`, else the admin); its id."""
+    body = {"agent_id": agent_id, "pattern": pattern, "prompt_template": "[[reply:ok]] {{event}}"}
+    r = as_key(d, owner, "POST", "/api/triggers", json=body) if owner else d.post("/api/triggers", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def fire_counts(d: Daemon, triggers: dict[str, str], agent_id: str) -> dict[str, int]:
+    """Once every event so far was evaluated (the bus hears them in order: a later admin's
+    event fired a sentinel trigger of `agent_id`), each trigger's firings."""
+    word = f"sentinel-{uuid.uuid4().hex[:6]}"
+    sentinel = watch(d, agent_id, {"content_match": word})
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    wait_until(lambda: d.get(f"/api/triggers/{sentinel}").json()["fire_count"] == 1, "the sentinel event")
+    assert d.delete(f"/api/triggers/{sentinel}").status_code == 200
+    return {name: d.get(f"/api/triggers/{tid}").json()["fire_count"] for name, tid in triggers.items()}
+
+
+def test_a_keys_events_fire_only_triggers_of_agents_the_key_reaches(d: Daemon) -> None:
+    """An event a scoped key publishes (POST /api/events, event_publish in its run, a workflow
+    run of the key completing) fires the triggers of the key's agents only, whoever owns them;
+    the admin's events fire every trigger."""
+    sender, sender_name = spawn_full(d, "announcer")
+    inside, inside_name = spawn(d, "listener")
+    outside, _ = spawn(d, "stranger")
+    key = new_key(d, scopes=["message", "manage"], agents=[sender_name, inside_name])
+    other = new_key(d)  # another owner: a key that reaches every agent
+    word = f"release-{uuid.uuid4().hex[:6]}"
+    workflow = make_workflow(d, inside_name)
+
+    watchers = {"inside": watch(d, inside, {"content_match": word}),
+                "outside": watch(d, outside, {"content_match": word}),
+                "other's": watch(d, outside, {"content_match": word}, other),
+                "inside, workflow": watch(d, inside, {"workflow_completed": workflow}),
+                "outside, workflow": watch(d, outside, {"workflow_completed": workflow})}
+
+    def fired() -> dict[str, int]:
+        return fire_counts(d, watchers, inside)
+
+    assert as_key(d, key, "POST", "/api/events", json={"event_type": word}).status_code == 202
+    said = tool_turn(d, key, sender, "event_publish", {"event_type": word})
+    assert said.startswith("tool said: "), said
+    run = as_key(d, key, "POST", f"/api/workflows/{workflow}/run", json={"input": "go"})
+    assert run.status_code == 200 and run.json()["status"] == "completed", run.text
+    assert fired() == {"inside": 2, "outside": 0, "other's": 0, "inside, workflow": 1, "outside, workflow": 0}
+
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    assert d.post(f"/api/workflows/{workflow}/run", json={"input": "go"}).status_code == 200
+    assert fired() == {"inside": 3, "outside": 1, "other's": 1, "inside, workflow": 2, "outside, workflow": 1}
+
+
+def test_a_keys_job_delivers_only_to_channels_of_the_keys_agents(d: Daemon) -> None:
+    """A job of a key limited to some agents may send its result only to a channel that
+    answers as the key's agents; another is refused as an unknown channel would be."""
+    _, mine = spawn(d, "courier")
+    _, theirs = spawn(d, "desk")
+    ntfy = FakeNtfy("ntfy-token-for-key-runs").start()
+    try:
+        r = d.post("/api/channels/ntfy/configure", json={
+            "topic": "key-runs", "server_url": ntfy.url, "default_agent": theirs,
+            "secrets": {"token_env": "ntfy-token-for-key-runs"}})
+        assert r.status_code == 200, r.text
+        key = new_key(d, agents=[mine])
+        body = {"name": "courier", "agent_id": mine, "schedule": NEVER,
+                "action": {"kind": "agent_turn", "message": "[[reply:parcel]]"},
+                "delivery": {"kind": "channel", "channel": "ntfy"}}
+        r = as_key(d, key, "POST", "/api/cron/jobs", json=body)
+        assert (r.status_code, r.json()) == (400, {"error": "delivery.channel: channel 'ntfy' is not configured"})
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {"kind": "none"}})
+        assert r.status_code == 201, r.text
+        r = as_key(d, key, "PATCH", f"/api/cron/jobs/{r.json()['id']}", json={"delivery": body["delivery"]})
+        assert (r.status_code, r.json()) == (400, {"error": "delivery.channel: channel 'ntfy' is not configured"})
+
+        # Once the channel answers as the key's agent, the key's job delivers to it.
+        r = d.post("/api/channels/ntfy/configure", json={"topic": "key-runs", "server_url": ntfy.url,
+                                                         "default_agent": mine})
+        assert r.status_code == 200, r.text
+        r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "name": "courier-2"})
+        assert r.status_code == 201, r.text
+        assert run_now(d, r.json())["status"] == "ok"
+        wait_until(lambda: any(m["message"] == "parcel" for m in ntfy.messages), "the delivery to ntfy")
+    finally:
+        d.delete("/api/channels/ntfy/configure")
+        ntfy.stop()
+
+
+def test_a_keys_triggers_hear_only_events_of_the_keys_agents(d: Daemon) -> None:
+    """A trigger of a key limited to some agents does not fire (with the event in its prompt)
+    for another agent's failure or published event, a workflow on another agent, or a
+    message of a channel answering as another agent; the admin's trigger hears them all."""
+    listener, listener_name = spawn(d, "ear")
+    friend_id, friend = spawn(d, "ear-friend")
+    outsider, outsider_name = spawn_full(d, "loudmouth")
+    key = new_key(d, agents=[listener_name, friend])
+    word = f"gossip-{uuid.uuid4().hex[:6]}"
+    ntfy = FakeNtfy("ntfy-token-for-key-ears").start()
+    patterns = {"failed": {"agent_failed": "*"}, "workflow": {"workflow_completed": "*"},
+                "channel": {"channel_message": {"channel": "ntfy", "match": "psst"}}, "event": {"content_match": word}}
+    triggers = {name: watch(d, listener, pattern, key) for name, pattern in patterns.items()}
+    admins = {f"admin's {name}": watch(d, listener, pattern) for name, pattern in patterns.items()}
+    try:
+        def channel_answers_as(agent: str) -> None:
+            r = d.post("/api/channels/ntfy/configure", json={
+                "topic": "ears", "server_url": ntfy.url, "default_agent": agent,
+                "secrets": {"token_env": "ntfy-token-for-key-ears"}})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: ntfy.subscriptions, "the channel's subscription")
+            ntfy.subscriptions.clear()
+
+        def everything_happens_on(agent_id: str, name: str) -> None:
+            r = d.post(f"/api/agents/{agent_id}/message", json={"message": "[[fail:400]]"})
+            assert r.status_code >= 400
+            assert d.post(f"/api/workflows/{make_workflow(d, name)}/run", json={"input": "go"}).status_code == 200
+            channel_answers_as(name)
+            ntfy.publish("ears", "psst")
+
+        everything_happens_on(outsider, outsider_name)
+        r = d.post(f"/api/agents/{outsider}/message",
+                   json={"message": f"[[tool:event_publish {json.dumps({'event_type': word})}]]"})
+        assert r.status_code == 200, r.text
+        assert fire_counts(d, {**triggers, **admins}, listener) == {
+            "failed": 0, "workflow": 0, "channel": 0, "event": 0,
+            "admin's failed": 1, "admin's workflow": 1, "admin's channel": 1, "admin's event": 1}
+
+        everything_happens_on(friend_id, friend)
+        assert d.post("/api/events", json={"event_type": word}).status_code == 202
+        assert fire_counts(d, {**triggers, **admins}, listener) == {
+            "failed": 1, "workflow": 1, "channel": 1, "event": 1,
+            "admin's failed": 2, "admin's workflow": 2, "admin's channel": 2, "admin's event": 2}
+    finally:
+        d.delete("/api/channels/ntfy/configure")
+        ntfy.stop()

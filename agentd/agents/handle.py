@@ -52,6 +52,9 @@ class AgentHandle:
     model: str
     api_key_env: str
     base_url: str
+    # The scoped API key that spawned the agent or last changed its manifest ("": the admin):
+    # the key its manifest's jobs and triggers act as (agentd/key_runs.py).
+    key_id: str = ""
     run_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel: threading.Event | None = None
     # The cancel event of the queued run this agent's queue has started, set before the run

@@ -154,7 +154,7 @@ class AgentOpsImpl:
         from agentd.triggers.bus import CUSTOM, Event
 
         event = self._cooperation().events.publish(Event(CUSTOM, event_type, payload, agent_id=caller_id,
-                                                         origin=self.origin))
+                                                         origin=self.origin, key_id=self.key_id))
         self._audit("tool.event_publish", caller_id, {"event_id": event.id, "event_type": event_type})
         return event.id
 

@@ -33,11 +33,11 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 
 class AgentHooks(Protocol):
-    """What a service does at an agent's spawn (after `check` accepted the manifest) and kill;
-    `key_id`: the scoped API key that spawned the agent or changed its manifest ("": the admin)."""
+    """What a service does at an agent's spawn or manifest change (after `check` accepted the
+    manifest), at a start and at a kill; what it keeps for the manifest acts as `handle.key_id`."""
 
     def check(self, manifest: Manifest) -> None: ...
-    def spawned(self, handle: AgentHandle, key_id: str = "") -> None: ...
+    def spawned(self, handle: AgentHandle) -> None: ...
     def loaded(self, handle: AgentHandle) -> None: ...
     def killed(self, handle: AgentHandle) -> None: ...
 
@@ -100,6 +100,7 @@ class AgentRegistry:
             return None
         handle = self._handle(row.id, manifest, row.mode, row.created_at, row.session_id)
         handle.last_active = row.last_active
+        handle.key_id = row.key_id or ""
         return handle
 
     def _handle(self, agent_id: str, manifest: Manifest, mode: str, created_at: datetime,
@@ -132,6 +133,7 @@ class AgentRegistry:
             hook.check(manifest)
         now = utcnow()
         handle = self._handle(str(uuid.uuid4()), manifest, "Auto", now, str(uuid.uuid4()))
+        handle.key_id = key_id
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{handle.provider!r} (set model.base_url for a custom endpoint)")
@@ -144,7 +146,8 @@ class AgentRegistry:
                 with orm.db_session:
                     row = self.store.e.AgentRow(id=handle.id, name=handle.name, manifest_toml=manifest_toml,
                                                 manifest=manifest.data, mode=handle.mode, state=handle.state,
-                                                created_at=now, last_active=now, session_id=handle.session_id)
+                                                created_at=now, last_active=now, session_id=handle.session_id,
+                                                key_id=key_id or None)
                     self.store.e.SessionRow(id=handle.session_id, agent=row, created_at=now)
             except orm.TransactionIntegrityError:
                 # Another daemon on the shared database spawned this name a moment ago.
@@ -156,7 +159,7 @@ class AgentRegistry:
         if self.audit is not None:
             self.audit("agent.spawn", handle.name, {"agent_id": handle.id})
         for hook in self.hooks:
-            hook.spawned(handle, key_id)
+            hook.spawned(handle)
         return handle
 
     def update_manifest(self, handle: AgentHandle, manifest_toml: str, key_id: str = "") -> list[str]:
@@ -181,12 +184,14 @@ class AgentRegistry:
                     raise NotFound("agent not found")
                 row.manifest_toml = manifest_toml
                 row.manifest = manifest.data
+                row.key_id = key_id or None
             self.apply_manifest(handle, manifest)
+            handle.key_id = key_id
         log.info("agent %s (%s) manifest updated: %s/%s", handle.name, handle.id, provider, model)
         if self.audit is not None:
             self.audit("agent.update", handle.name, {"agent_id": handle.id, "provider": provider, "model": model})
         for hook in self.hooks:
-            hook.spawned(handle, key_id)  # the hooks sync what they keep to the new manifest
+            hook.spawned(handle)  # the hooks sync what they keep to the new manifest
         return list(manifest.warnings)
 
     def apply_manifest(self, handle: AgentHandle, manifest: Manifest) -> None:

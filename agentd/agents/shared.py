@@ -99,6 +99,7 @@ def _adopt(registry: "AgentRegistry", row: Any) -> None:
         handle = registry._agents.get(row.id)
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
+            handle.key_id = row.key_id or ""
             if row.manifest_toml != handle.manifest.toml_text.strip():  # Pony strips what it stores
                 _new_manifest(registry, handle, row.manifest_toml)
             return

@@ -57,11 +57,4 @@ def reaches_channel(name: str) -> bool:
     """Whether the request's key reaches every agent channel `name` answers as (what
     reach_channel checks, asked without auditing a refusal)."""
     who = principal()
-    if not who.agents:
-        return True
-    agents = kernel().agents
-    for ref in kernel().channels.agents_named(name):
-        handle = agents.find(ref) if ref else next(iter(agents.handles()), None)
-        if handle is not None and not who.may_reach(handle):
-            return False
-    return True
+    return not who.agents or all(h is None or who.may_reach(h) for h in kernel().channel_agents(name) or [])

@@ -67,5 +67,5 @@ def delete(trigger_id: str):
                  "after answering; each matching trigger fires once, on this daemon.",
      errors={413: "Event over 64 KB"})
 def publish_event():
-    event = kernel().publish_event(body.load(EventSchema(), 65_536))
+    event = kernel().publish_event(body.load(EventSchema(), 65_536), principal().key_id)
     return jsonify({"status": "accepted", "event_id": event}), 202

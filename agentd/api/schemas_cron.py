@@ -52,7 +52,8 @@ DELIVERY: dict[str, Any] = {"oneOf": [
                     "url": {"type": "string", "minLength": 10, "maxLength": 2048,
                             "description": "https:// (http:// only to a loopback address)"},
                     "secret_env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 200,
-                                   "description": "Environment variable holding the HMAC secret"}}},
+                                   "description": "Environment variable holding the HMAC secret (a scoped API "
+                                                  "key: one starting with AGENTD_WEBHOOK_)"}}},
 ]}
 
 _LIMITS = {

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentd.channels import overrides
+from agentd.env_names import ENV_NAME
 from agentd.errors import BadRequest, NotFound
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "channels.json"
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # List keys that act as allow-lists of senders / of chats (adapter-specific names).
 USER_LISTS = ("allowed_users", "allowed_senders")
 # (Teams `allowed_tenants` lists tenant ids, not chats: the teams adapter checks it.)

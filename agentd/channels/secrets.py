@@ -8,15 +8,17 @@ NAME under that key. The variable is the key's catalogue default (`TELEGRAM_BOT_
 key without one, `<ADAPTER>_<KEY>` such as `MATRIX_REFRESH_TOKEN`) or a name of the adapter's
 own (`TELEGRAM_...`): a configure body can never overwrite `PATH`, a provider key or anything
 else of the daemon's environment. Nor can a scoped API key name one in a `*_env` key and have
-the adapter send it to a URL of the key's choosing. The admin names any variable (as in a
-config.toml edited by hand): it could send a provider's key anywhere by its base URL anyway.
+the adapter send it to a URL of the key's choosing (agentd/env_names.py). The admin names any
+variable (as in a config.toml edited by hand): it could send a provider's key anywhere by its
+base URL anyway.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentd.channels.catalog import ENV_NAME, ChannelInfo
+from agentd.channels.catalog import ChannelInfo
+from agentd.env_names import confined
 from agentd.errors import BadRequest
 
 MAX_SECRET = 8192
@@ -34,8 +36,7 @@ def env_keys(info: ChannelInfo) -> dict[str, str]:
 
 
 def allowed_name(info: ChannelInfo, key: str, name: str) -> bool:
-    return bool(ENV_NAME.match(name)) and (name == env_keys(info).get(key)
-                                           or name.startswith(info.name.upper() + "_"))
+    return confined(name, info.name.upper() + "_", env_keys(info).get(key) or "")
 
 
 def accepted(info: ChannelInfo, key: str) -> str:

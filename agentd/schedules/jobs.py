@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
+from agentd.env_names import confined
 from agentd.errors import BadRequest, Conflict, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
@@ -39,6 +40,8 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
+# The variables a scoped key's webhook delivery may sign with (agentd/env_names.py).
+WEBHOOK_ENV_PREFIX = "AGENTD_WEBHOOK_"
 FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
           "max_runs_per_day", "max_cost_usd_per_day"}
 PUBLIC = ("id", "name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
@@ -104,7 +107,7 @@ def parse_action(data: Any, workflow_exists: Callable[[str], bool]) -> dict[str,
     raise BadRequest("action.kind: must be agent_turn or workflow_run")
 
 
-def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict[str, Any]:
+def parse_delivery(data: Any, channel_agents: Callable[[str], list[Any] | None]) -> dict[str, Any]:
     if data is None:
         return {"kind": "none"}
     if not isinstance(data, dict):
@@ -116,7 +119,7 @@ def parse_delivery(data: Any, channel_configured: Callable[[str], bool]) -> dict
     if kind == "channel":
         _only(data, {"kind", "channel", "chat_id"}, "delivery")
         channel = _text(data, "channel", "delivery.channel", limit=100)
-        if not channel_configured(channel):
+        if channel_agents(channel) is None:
             raise BadRequest(f"delivery.channel: channel {channel!r} is not configured")
         return {"kind": "channel", "channel": channel,
                 "chat_id": _text(data, "chat_id", "delivery.chat_id", required=False, limit=512)}
@@ -151,11 +154,12 @@ def _limit(data: dict[str, Any], key: str, integer: bool) -> Any:
 
 class CronJobs:
     """The jobs; `resolve_agent(ref)` finds an agent by id or name (None: unknown),
-    `workflow_exists(id)`, `channel_configured(name)`; `changed()` wakes the ticker;
+    `workflow_exists(id)`, `channel_agents(name)`: the agents a channel answers as (None:
+    not configured; a None entry: an agent gone); `changed()` wakes the ticker;
     `key_runs`: what a scoped key may reach (None: every caller is the admin)."""
 
     def __init__(self, store: CronStore, settings: SchedulesConfig, resolve_agent: Callable[[str], Any],
-                 workflow_exists: Callable[[str], bool], channel_configured: Callable[[str], bool],
+                 workflow_exists: Callable[[str], bool], channel_agents: Callable[[str], list[Any] | None],
                  changed: Callable[[], None] = lambda: None, audit: Audit | None = None,
                  key_runs: KeyRuns | None = None) -> None:
         self.store = store
@@ -164,7 +168,7 @@ class CronJobs:
         self.settings = settings
         self.resolve_agent = resolve_agent
         self.workflow_exists = workflow_exists
-        self.channel_configured = channel_configured
+        self.channel_agents = channel_agents
         self.changed = changed
 
     # -- validation ----------------------------------------------------------------------
@@ -185,6 +189,23 @@ class CronJobs:
             workflow_id = action["workflow_id"]
             self.key_runs.reach_steps(by, workflow_id,
                                       lambda: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
+
+    def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal, saved: str = "") -> None:
+        """400 for a scoped key's delivery beyond the key: a webhook `secret_env` outside its
+        prefix (one the job already has stays: the admin may have named it), or a channel
+        answering as an agent outside the key's list (in the words for an unknown channel)."""
+        delivery = delivery or {}
+        name = delivery.get("secret_env") or ""
+        if name and not by.is_admin and name != saved and not confined(name, WEBHOOK_ENV_PREFIX):
+            # The name is not echoed: a secret pasted into the field may look like one.
+            raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
+                             f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
+        if delivery.get("kind") == "channel" and by.agents and self.key_runs is not None:
+            channel = delivery["channel"]
+            for handle in self.channel_agents(channel) or []:
+                if handle is not None:
+                    self.key_runs.reach(by, handle, lambda: BadRequest(
+                        f"delivery.channel: channel {channel!r} is not configured"))
 
     def _audited(self, event: str, job: dict[str, Any], by: Principal, **detail: Any) -> None:
         if self.audit is not None:
@@ -214,7 +235,7 @@ class CronJobs:
         if "action" in data:
             out["action"] = parse_action(data["action"], self.workflow_exists)
         if "delivery" in data or not partial:
-            out["delivery"] = parse_delivery(data.get("delivery"), self.channel_configured)
+            out["delivery"] = parse_delivery(data.get("delivery"), self.channel_agents)
         for key in ("enabled", "one_shot"):
             if key in data:
                 if not isinstance(data[key], bool):
@@ -234,6 +255,7 @@ class CronJobs:
     def create(self, data: Any, origin: str = "api", by: Principal = ADMIN) -> dict[str, Any]:
         """A new job; `by`: who creates it (a scoped key's runs of it act as that key)."""
         fields = self.validate(data)
+        self._check_delivery(fields["delivery"], by)
         if "agent_id" not in data and fields["action"]["kind"] == "agent_turn":
             raise BadRequest("agent_id: required")
         fields["agent_id"] = self._agent_id(data.get("agent_id"), fields["action"], by)
@@ -288,6 +310,7 @@ class CronJobs:
         """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
+        self._check_delivery(changes.get("delivery"), by, job["delivery"].get("secret_env") or "")
         action = changes.get("action", job["action"])
         if "action" in changes:
             self._reach_workflow(action, by)

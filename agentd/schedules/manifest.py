@@ -9,7 +9,9 @@ the agent removes all its jobs, whoever made them. `proactive` conditions are tr
 not jobs: they are left to the trigger engine.
 
 The job acts as the scoped API key that spawned the agent or last changed its manifest
-(agentd/key_runs.py): its runs are that key's, and stop when the key is disabled or deleted.
+(`handle.key_id`, kept with the agent: a job made again at a start is the key's too;
+agentd/key_runs.py): its runs are that key's, and are refused once the key is disabled or
+deleted.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ class ManifestSchedules:
     def check(self, manifest: Any) -> None:
         pass  # the manifest's parser has validated its schedule
 
-    def spawned(self, handle: Any, key_id: str = "") -> None:
-        self.sync(handle, key_id)
+    def spawned(self, handle: Any) -> None:
+        self.sync(handle)
 
     def loaded(self, handle: Any) -> None:
         if wanted(handle.name, handle.manifest.schedule) is None:
@@ -64,8 +66,7 @@ class ManifestSchedules:
         if removed:
             log.info("agent %s: %d cron job(s) removed with it", handle.name, removed)
 
-    def sync(self, handle: Any, key_id: str | None = None) -> None:
-        """`key_id`: the key the job acts as from now ("": the admin; None: as it did)."""
+    def sync(self, handle: Any) -> None:
         want = wanted(handle.name, handle.manifest.schedule)
         mine = [j for j in self.jobs.store.list(handle.id) if j["origin"] == "manifest"]
         keep = None
@@ -80,9 +81,9 @@ class ManifestSchedules:
         action = {"kind": "agent_turn", "message": message}
         if keep is None:
             self.jobs.add({"name": name, "agent_id": handle.id, "schedule": spec, "action": action,
-                           "delivery": {"kind": "none"}, "key_id": key_id or None}, origin="manifest")
+                           "delivery": {"kind": "none"}, "key_id": handle.key_id or None}, origin="manifest")
             return
         if keep["schedule"] != spec or keep["action"] != action:
             self.jobs.change(keep["id"], {"schedule": spec, "action": action})
-        if key_id is not None and keep["key_id"] != (key_id or None):
-            self.jobs.store.update(keep["id"], key_id=key_id or None)
+        if keep["key_id"] != (handle.key_id or None):
+            self.jobs.store.update(keep["id"], key_id=handle.key_id or None)

@@ -31,6 +31,10 @@ def define_entities(db: Database) -> SimpleNamespace:
         created_at = Required(datetime)
         last_active = Required(datetime)
         session_id = Required(str)
+        # The scoped API key that spawned the agent or last changed its manifest (agentd/key_runs.py):
+        # its manifest's jobs and triggers act as it, also when made again at a start. NULL: the admin
+        # (schema 10).
+        key_id = Optional(str, nullable=True)
         sessions = Set("SessionRow")
         kv = Set("KvRow")
         uploads = Set("UploadRow")

@@ -133,6 +133,18 @@ def _step_9(cur: Any, backend: str) -> None:
             cur.execute(f"ALTER TABLE {table} ADD COLUMN key_id TEXT")
 
 
+def _step_10(cur: Any, backend: str) -> None:
+    """Agents name the scoped API key that spawned them or last changed their manifest
+    (`agents.key_id`), so a manifest job made again at a start stays the key's. An existing
+    agent takes the key its manifest's jobs or triggers already act as (none: the admin's)."""
+    if not column_exists(cur, backend, "agents", "key_id"):
+        cur.execute("ALTER TABLE agents ADD COLUMN key_id TEXT")
+    for table, origin in (("cron_jobs", "origin"), ("triggers", "source")):
+        if table_exists(cur, backend, table) and column_exists(cur, backend, table, "key_id"):
+            cur.execute(f"UPDATE agents SET key_id = (SELECT MIN(t.key_id) FROM {table} t WHERE "
+                        f"t.agent_id = agents.id AND t.{origin} = 'manifest') WHERE key_id IS NULL")
+
+
 # The time columns of the entities at schema 7 (frozen: a later step names its own).
 TIME_COLUMNS_V7 = {
     "agents": ("created_at", "last_active"), "sessions": ("created_at",), "memory_kv": ("updated_at",),
@@ -181,7 +193,7 @@ def step_7(cur: Any, backend: str) -> None:
 
 # version -> step that brings a database from version-1 to version (existing tables only).
 STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step_5, 6: _step_6,
-                                                 7: step_7, 9: _step_9}
+                                                 7: step_7, 9: _step_9, 10: _step_10}
 # version -> step that fills tables new at that version (Pony has just created them) from
 # existing ones; runs after the mapping, on a database that had an older version only.
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}

@@ -39,6 +39,10 @@ class Event:
     # must not fire its agent's triggers again.
     agent_id: str | None = None
     origin: str = ""
+    # The scoped API key that published it (POST /api/events, event_publish in a run of the
+    # key, a workflow run the key started; "": the admin or the daemon): it fires only
+    # triggers of agents the key reaches (agentd/triggers/service.py).
+    key_id: str = ""
     id: str = field(default_factory=lambda: str(uuid.uuid4()))
     at: datetime = field(default_factory=utcnow)
 

@@ -6,6 +6,12 @@ trigger-started run caused the event (no loops), admits each firing against the 
 rate limit and daily caps (agentd/triggers/store.py) and starts the run through the one run
 path with origin `trigger` (as the scoped API key that created the trigger, if one did:
 agentd/key_runs.py). A run's cost is added to its trigger's day when it ends.
+
+An event a scoped key published (`Event.key_id`) fires only the triggers of agents the key
+may reach, whoever owns the trigger: a key cannot make an agent outside its list run with
+the key's text in its prompt. The run stays the trigger owner's, as the owner set it up.
+The other way round, a trigger of a key limited to some agents hears no event of an agent
+outside the key's list (`_heard`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from agentd.schema_fields import is_blank
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.triggers import patterns
-from agentd.triggers.bus import Event, EventBus
+from agentd.triggers.bus import CHANNEL, WORKFLOW, Event, EventBus
 from agentd.triggers.manifest import check_cap, proactive_conditions
 from agentd.triggers.store import Trigger, TriggerStore
 
@@ -29,6 +35,7 @@ if TYPE_CHECKING:
     from agentd.agents.registry import AgentRegistry
     from agentd.agents.runs import Runs
     from agentd.key_runs import KeyRuns
+    from agentd.principals import Principal
 
 log = logging.getLogger("agentd.triggers")
 
@@ -40,7 +47,7 @@ ORIGIN = "trigger"
 class TriggerLifecycle:
     """The agent registry's hooks: a manifest's proactive conditions become the agent's
     triggers at spawn (replacing earlier ones), acting as the scoped key that spawned the
-    agent or changed its manifest; a kill removes every trigger of the agent."""
+    agent or changed its manifest (`handle.key_id`); a kill removes every trigger of the agent."""
 
     def __init__(self, store: TriggerStore) -> None:
         self.store = store
@@ -48,10 +55,10 @@ class TriggerLifecycle:
     def check(self, manifest: Manifest) -> None:
         proactive_conditions(manifest.toml_text)
 
-    def spawned(self, handle: AgentHandle, key_id: str = "") -> None:
+    def spawned(self, handle: AgentHandle) -> None:
         self.store.delete_for_agent(handle.id, source="manifest")
         for condition in proactive_conditions(handle.manifest.toml_text):
-            self.store.create(handle.id, source="manifest", key_id=key_id, **condition)
+            self.store.create(handle.id, source="manifest", key_id=handle.key_id, **condition)
 
     def loaded(self, handle: AgentHandle) -> None:
         pass  # the triggers are rows of the database already
@@ -62,10 +69,13 @@ class TriggerLifecycle:
 
 class Triggers:
     def __init__(self, store: TriggerStore, bus: EventBus, registry: AgentRegistry, runs: Runs,
-                 rate_limit_per_minute: int, audit: Audit | None = None, key_runs: KeyRuns | None = None) -> None:
+                 rate_limit_per_minute: int, audit: Audit | None = None, key_runs: KeyRuns | None = None,
+                 channel_agents: Callable[[str], list[Any] | None] = lambda name: None) -> None:
         self.store = store
         # The scoped key a trigger created with one acts as (None: every trigger is the admin's).
         self.key_runs = key_runs
+        # The agents a channel answers as (agentd/kernel.py): what a key's trigger may hear of it.
+        self.channel_agents = channel_agents
         self.registry = registry
         self.runs = runs
         self.rate_limit_per_minute = rate_limit_per_minute  # when a trigger sets none
@@ -122,6 +132,13 @@ class Triggers:
 
     # -- firing -------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        publisher = None  # the scoped key that published the event (None: the admin or the daemon)
+        if event.key_id and self.key_runs is not None:
+            publisher = self.key_runs.keys.principal(event.key_id)
+            if publisher is None:
+                log.info("event %s not evaluated: the API key that published it is deleted, disabled or expired",
+                         event.id)
+                return
         for kind, target in patterns.KINDS.items():
             if target != event.kind:
                 continue
@@ -132,16 +149,24 @@ class Triggers:
                     log.info("trigger %s not fired: event %s came from its own agent's trigger run",
                              trigger.id, event.id)
                     continue
-                self._fire(trigger, event)
+                self._fire(trigger, event, publisher)
 
-    def _fire(self, trigger: Trigger, event: Event) -> None:
+    def _fire(self, trigger: Trigger, event: Event, publisher: Principal | None = None) -> None:
         handle = self.registry.find(trigger.agent_id)
         if handle is None:
+            return
+        if publisher is not None and not publisher.may_reach(handle):
+            # Else a key could run, with its text in the prompt, an agent it may not reach.
+            log.info("trigger %s not fired: event %s came from API key '%s', which does not reach agent %s",
+                     trigger.id, event.id, publisher.name, handle.name)
             return
         try:
             acting = self.key_runs.fields(trigger.key_id, handle) if self.key_runs else {}
         except AgentdError as exc:
             self._refused(trigger, handle, event, exc)
+            return
+        if trigger.key_id and not self._heard(trigger.key_id, event):
+            log.info("trigger %s not fired: event %s is of an agent outside its API key's list", trigger.id, event.id)
             return
         admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
         if not admitted:
@@ -161,6 +186,25 @@ class Triggers:
                                                      "event_id": event.id, "event_type": event.type})
         if ticket.future is not None:
             ticket.future.add_done_callback(lambda f: self._finished(trigger, f))
+
+    def _heard(self, key_id: str, event: Event) -> bool:
+        """Whether a trigger of `key_id` may hear `event`: not when it is of an agent outside
+        the key's list (its failure or its published event), of a channel answering as one,
+        or of a workflow with a step on one; else a key would read what it may not reach."""
+        if self.key_runs is None:
+            return True
+        who = self.key_runs.keys.principal(key_id)
+        if who is None or not who.agents:
+            return who is not None
+        agents = [self.registry.find(event.agent_id)] if event.agent_id else []
+        try:
+            if event.kind == CHANNEL:
+                agents += self.channel_agents(event.payload.get("channel") or "") or []
+            elif event.kind == WORKFLOW:
+                agents += self.key_runs.step_agents(event.payload.get("workflow_id") or "")
+        except AgentdError:
+            return False  # its workflow deleted meanwhile: nothing left to tell what it reached
+        return all(h is None or who.may_reach(h) for h in agents)
 
     def _refused(self, trigger: Trigger, handle: AgentHandle, event: Event, exc: AgentdError) -> None:
         log.warning("trigger %s: agent %s refused the run: %s", trigger.id, handle.name, exc.message)

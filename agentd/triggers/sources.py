@@ -20,15 +20,17 @@ def kv_changes(bus: EventBus) -> Callable[[str, str, Any, bool, str], None]:
     return changed
 
 
-def workflow_runs(bus: EventBus) -> Callable[[dict[str, Any], dict[str, Any]], None]:
-    """WorkflowEngine's on_finish: a completed run is a `workflow_completed` event."""
-    def finished(workflow: dict[str, Any], result: dict[str, Any]) -> None:
+def workflow_runs(bus: EventBus) -> Callable[[dict[str, Any], dict[str, Any], str], None]:
+    """WorkflowEngine's on_finish: a completed run is a `workflow_completed` event, of the
+    scoped key that started the run (its output is the key's doing)."""
+    def finished(workflow: dict[str, Any], result: dict[str, Any], key_id: str = "") -> None:
         if result.get("status") != "completed":
             return
         output = result.get("output") or ""
         bus.publish(Event(WORKFLOW, "workflow_completed",
                           {"workflow_id": workflow.get("id"), "workflow_name": workflow.get("name"),
-                           "run_id": result["run_id"], "status": "completed", "output": output[:OUTPUT_MAX]}))
+                           "run_id": result["run_id"], "status": "completed", "output": output[:OUTPUT_MAX]},
+                          key_id=key_id))
     return finished
 
 

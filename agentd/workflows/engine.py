@@ -36,11 +36,12 @@ class WorkflowEngine:
 
     def __init__(self, store: Store, agents: AgentRegistry, runs: Runs, executor: concurrent.futures.Executor,
                  backoff_base: float = BACKOFF_BASE, daemon_id: str | None = None,
-                 shared: bool = False, on_finish: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+                 shared: bool = False, on_finish: Callable[[dict[str, Any], dict[str, Any], str], None] | None = None
                  ) -> None:
         """`daemon_id` is this daemon's cluster id (recorded as each run's owner); `shared`
         says other daemons use the same database (PostgreSQL), whose runs are not ours;
-        `on_finish(workflow, result)` hears of every run that ended."""
+        `on_finish(workflow, result, key_id)` hears of every run that ended (`key_id`: the scoped
+        API key that started it, "": the admin's)."""
         self.db = WorkflowStore(store)
         self.on_finish = on_finish
         self.agents = agents
@@ -221,5 +222,5 @@ class WorkflowEngine:
         if error:
             body["error"] = error
         if self.on_finish is not None:
-            self.on_finish(workflow, body)
+            self.on_finish(workflow, body, run.key_id)
         return body

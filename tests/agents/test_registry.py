@@ -702,7 +702,7 @@ class Hooks:
         if manifest.data.get("description") == "refuse":
             raise BadRequest("refused by a hook")
 
-    def spawned(self, handle, key_id: str = "") -> None:
+    def spawned(self, handle) -> None:
         self.calls.append(("spawned", handle.model))
 
     def loaded(self, handle) -> None:

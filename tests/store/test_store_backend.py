@@ -309,7 +309,9 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
         "migrating database schema to version 4", "migrating database schema to version 5",
         "migrating database schema to version 6", "migrating database schema to version 7",
-        "migrating database schema to version 8", "migrating database schema to version 9", "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
+        "migrating database schema to version 8",
+        "migrating database schema to version 9", "migrating database schema to version 10",
+        "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
             rows = store.raw_rows("SELECT session, body FROM session_messages ORDER BY id", {})
@@ -325,7 +327,8 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert "messages" not in columns
     assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd"),
                                                 (6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd"), (9, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -374,8 +377,8 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
     assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
                                                 (5, "migrated by agentd"), (6, "migrated by agentd"),
                                                 (7, "migrated by agentd"), (8, "migrated by agentd"),
-                                                (9, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9] == list(range(1, SCHEMA_VERSION + 1))
+                                                (9, "migrated by agentd"), (10, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
@@ -454,7 +457,7 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 5", "migrating database schema to version 6",
             "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
-            "migrating database schema to version 9"]
+            "migrating database schema to version 9", "migrating database schema to version 10"]
         assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
@@ -469,7 +472,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
     finally:
         store.close()
     assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd"),
-                                                (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd")]
+                                                (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -495,14 +499,15 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 6", "migrating database schema to version 7"
         ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
-            "migrating database schema to version 9"]
+            "migrating database schema to version 9", "migrating database schema to version 10"]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
     finally:
         store.close()
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
-                                                (8, "migrated by agentd"), (9, "migrated by agentd")]
+                                                (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -542,7 +547,7 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
                                     "tasks.created_at of row 1 is not a time ('soon'); left as it is"]
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 7"] + rewritten + ["migrating database schema to version 8",
-            "migrating database schema to version 9"]
+            "migrating database schema to version 9", "migrating database schema to version 10"]
         with orm.db_session:
             texts = list(store.db.select("SELECT id, created_at FROM workflow_runs ORDER BY created_at, id"))
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
@@ -563,7 +568,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
         assert runs.run("r1")["state"] == {"status": "failed"}
     finally:
         store.close()
-    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd")]
+    assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
+                                                (10, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -592,14 +598,60 @@ def test_migration_9_names_the_key_of_each_cron_job_and_trigger(tmp_path: Path, 
     store = open_store(path, target)
     try:
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 9"]
+            "migrating database schema to version 9", "migrating database schema to version 10"]
         with orm.db_session:
             assert list(store.db.select("SELECT id, name, key_id FROM cron_jobs")) == [("j1", "old job", None)]
             assert list(store.db.select("SELECT id, key_id FROM triggers")) == [("t1", None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
     finally:
         store.close()
-    assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd")]
+    assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd"), (10, "migrated by agentd")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_10_names_the_key_of_each_agent_from_its_manifest_work(tmp_path: Path, backend: str,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A schema-9 database (agents without `key_id`) gets the column; an agent takes the key
+    its manifest's job or trigger acts as, and one whose key made only an API job of it, or
+    whose manifest work is the admin's, names none; version 10 is recorded."""
+    from pony import orm
+
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    open_store(path, target).close()
+
+    def agent(agent_id: str) -> str:
+        return ("INSERT INTO agents (id, name, manifest_toml, manifest, mode, state, created_at, last_active, "
+                f"session_id) VALUES ('{agent_id}', '{agent_id}', 'name = \"{agent_id}\"', '{{}}', 'Auto', 'Running', "
+                f"'2026-01-01 00:00:00.000000', '2026-01-01 00:00:00.000000', 's-{agent_id}')")
+
+    def job(job_id: str, agent_id: str, origin: str, key: str) -> str:
+        return ("INSERT INTO cron_jobs (id, name, agent_id, schedule, action, delivery, enabled, one_shot, catch_up, "
+                f"origin, failures, created_at, key_id) VALUES ('{job_id}', '{job_id}', '{agent_id}', '{{}}', '{{}}', "
+                f"'{{}}', true, false, 'skip', '{origin}', 0, '2026-01-01 00:00:00.000000', {key})")
+
+    _execute(path, url, [
+        "DELETE FROM agentd_schema WHERE version > 9", "ALTER TABLE agents DROP COLUMN key_id",
+        *(agent(a) for a in ("a1", "a2", "a3", "a4")),
+        job("j1", "a1", "manifest", "'k1'"), job("j3", "a3", "api", "'k3'"), job("j4", "a4", "manifest", "NULL"),
+        "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
+        "cost_today, window_count, fire_count, created_at, key_id) VALUES ('t2', 'a2', 'content_match', '{}', 'x', "
+        "true, 'manifest', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000', 'k2')"])
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    store = open_store(path, target)
+    try:
+        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+            "migrating database schema to version 10"]
+        with orm.db_session:
+            assert sorted(store.db.select("SELECT id, key_id FROM agents")) == [
+                ("a1", "k1"), ("a2", "k2"), ("a3", None), ("a4", None)]
+            versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
+    finally:
+        store.close()
+    assert [tuple(v) for v in versions][9:] == [(10, "migrated by agentd")]
 
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema_sqlite.json"

@@ -60,7 +60,7 @@ class ToolServices:
     def check(self, manifest: Any) -> None:
         pass
 
-    def spawned(self, handle: Any, key_id: str = "") -> None:
+    def spawned(self, handle: Any) -> None:
         pass
 
     def loaded(self, handle: Any) -> None:
