@@ -89,6 +89,9 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
             continue
         out[key] = (overrides.check(value, info.name) if key == "overrides"
                     else _coerce(key, spec["kind"], overrides.check_adapter_value(info.name, key, value)))
+        if key.endswith("_secs") and out[key] == 0 and spec.get("default"):
+            # The adapter reads 0 as "unset" and waits its default instead.
+            raise BadRequest(f"{key}: must be more than 0 (leave it out for the default, {spec['default']})")
     return out
 
 

@@ -131,11 +131,22 @@ def test_configure_refuses_a_port_outside_1_to_65535(channel_daemon, port):
     ("telegram", {"long_poll_secs": 86401}, "long_poll_secs: must be at most 86400 (a day), got 86401"),
     ("slack", {"thread_ttl_hours": 8761}, "thread_ttl_hours: must be at most 8760 (a year), got 8761"),
     ("discord", {"intents": 1.5}, "intents: must be a whole number, got 1.5"),
+    ("telegram", {"long_poll_secs": 0}, "long_poll_secs: must be more than 0 (leave it out for the default, 25)"),
+    ("email", {"poll_interval_secs": "0"}, "poll_interval_secs: must be more than 0 (leave it out for the default, 30)"),
+    ("irc", {"send_interval_secs": 0.0}, "send_interval_secs: must be more than 0 (leave it out for the default, 0.5)"),
 ])
 def test_configure_refuses_numbers_no_adapter_can_use(channel_daemon, name, body, error):
     response = channel_daemon.post(f"/api/channels/{name}/configure", json=body)
     assert response.status_code == 400 and response.json()["error"].startswith(error), response.text
     assert f"channels.{name}" not in (channel_daemon.home / "config.toml").read_text()
+
+
+def test_configure_takes_zero_where_the_adapter_honours_it(channel_daemon):
+    response = channel_daemon.post("/api/channels/telegram/configure", json={"poll_interval_secs": 0})
+    assert response.status_code == 200, response.json()
+    section = tomllib.loads((channel_daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    assert section["poll_interval_secs"] == 0
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
 
 
 @pytest.mark.parametrize("key", ["port", "imap_port"])
