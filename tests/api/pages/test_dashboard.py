@@ -667,7 +667,7 @@ def test_memory_page_pages_key_value_entries(dash) -> None:
 
 def test_error_pages_are_html_and_api_errors_stay_json(dash) -> None:
     client, _ = dash
-    for path, status in (("/nope", 404), ("/agents/not-a-uuid", 400),
+    for path, status in (("/nope", 404), ("/agents/not-a-uuid", 404),
                          ("/agents/00000000-0000-4000-8000-000000000000", 404),
                          ("/workflows/00000000-0000-4000-8000-000000000000", 404)):
         r = page(client, path)
