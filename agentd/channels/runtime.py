@@ -227,8 +227,12 @@ class ChannelManager:
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
         if stored:
             result["secrets_saved"] = sorted(stored)
-        if not started:
-            result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
+        notes = [] if started else [f"{name}: configuration saved but the adapter could not start (see the audit trail)"]
+        missing = [agent for agent in self.agents_named(name, values) if agent and self.inbound.agents.find(agent) is None]
+        if missing:
+            notes.append(f"no agent named {', '.join(missing)} yet: messages for it get an apology until it is spawned")
+        if notes:
+            result["note"] = "; ".join(notes)
         return result
 
     def remove(self, name: str) -> dict[str, Any]:

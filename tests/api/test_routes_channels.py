@@ -149,6 +149,18 @@ def test_configure_takes_zero_where_the_adapter_honours_it(channel_daemon):
     assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
 
 
+def test_configure_says_when_the_agents_it_names_do_not_exist(channel_daemon):
+    body = {"api_url": "http://127.0.0.1:9", "default_agent": "nosuch", "thread_routes": {"5": "ghost", "6": "helper"}}
+    response = channel_daemon.post("/api/channels/telegram/configure", json=body)
+    assert response.status_code == 200 and response.json() == {
+        "status": "configured", "channel": "telegram", "activated": True,
+        "note": "no agent named nosuch, ghost yet: messages for it get an apology until it is spawned"}
+    response = channel_daemon.post("/api/channels/telegram/configure", json={**body, "default_agent": "helper",
+                                                                               "thread_routes": {}})
+    assert response.json() == {"status": "configured", "channel": "telegram", "activated": True}
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
+
+
 @pytest.mark.parametrize("key", ["port", "imap_port"])
 def test_configure_takes_the_first_and_last_port(channel_daemon, key):
     name = "irc" if key == "port" else "email"
