@@ -89,6 +89,27 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
     return out
 
 
+def choices_for(channel: str) -> dict[str, tuple[str, ...] | str]:
+    """The overrides `channel`'s adapter honours, in the table's order, each with its
+    choices ("text" and "number" for free values): what a form may offer."""
+    mention = channel in MENTION_ADAPTERS
+    out: dict[str, tuple[str, ...] | str] = {
+        "model": "text", "system_prompt": "text",
+        "dm_policy": tuple(p for p in POLICIES if mention or p != "mention-only"),
+        "group_policy": tuple(p for p in GROUP_POLICIES if mention or p != "mention-only"),
+        "rate_limit_per_user": "number"}
+    if channel in THREAD_ADAPTERS:
+        out["threading"] = ("true", "false")
+    out["output_format"] = OUTPUT_FORMATS
+    out["usage_footer"] = FOOTERS
+    if channel in lifecycle.TYPING:
+        out["typing_mode"] = lifecycle.TYPING_MODES
+    if channel in lifecycle.REACTIONS:
+        out["lifecycle_reactions"] = ("true", "false")
+    out["prefix_agent_name"] = ("true", "false")
+    return out
+
+
 def check_adapter_value(channel: str, key: str, value: Any) -> Any:
     """The adapter keys about threads, checked (400 naming the key) and normalised."""
     if (channel, key) == ("discord", "auto_thread"):

@@ -708,7 +708,7 @@ def test_page_weight_budgets(dash) -> None:
     assert js <= 10 * 1024
     for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", f"/agents/{agent_id}/kill",
                  "/approvals", "/usage",
-                 "/models", "/providers", "/workflows", "/channels"):
+                 "/models", "/providers", "/workflows", "/channels", "/channels/slack", "/channels/telegram"):
         html = len(page(client, path).data)
         assert html + css + js <= 60 * 1024, f"{path}: {html} + {css} + {js} bytes"
 
