@@ -173,7 +173,7 @@ def channel_page(name: str):
     hide_unreached(fields)
     hide_unreached(item["fields"])
     return render_template("channel.html", channel=item, fields=fields, overrides=override_fields(info, section),
-                           webhook=channels.webhook(name) is not None,
+                           webhook=channels.webhook(name) is not None, running=name in channels.running,
                            problems=_problems(name), test_message=TEST_MESSAGE)
 
 

@@ -90,14 +90,19 @@ def test_configure_test_button_state_and_errors(dash) -> None:
     assert refused.status_code == 403
     assert not (daemon.home / "secrets.env").exists()
 
-    # A wrong token: saved, the adapter cannot start; the page says so and shows the error.
+    # A wrong token: saved, the adapter runs but the platform refuses it; the page says it is
+    # connecting and shows the error.
     note, page = browser.submit("/channels/telegram/configure", form_for(fake, WRONG))
     assert "telegram: configuration saved" in note and "TELEGRAM_BOT_TOKEN" in note
-    assert state(page) == "configured, not running"
+    assert state(page) == "connecting"
     # The platform's refusal reaches the page's last errors (the adapter retries meanwhile).
     page = wait_for(lambda: (lambda p: "Unauthorized" in p and p)(browser.page("/channels/telegram")),
                     what="the error on the page")
-    assert "channel.connection_error" in page and state(page) == "configured, not running"
+    assert "channel.connection_error" in page and state(page) == "connecting"
+    # An adapter that cannot start at all is not running.
+    note, page = browser.submit("/channels/guilded/configure", {"bot_token_env": ""})
+    assert "could not start" in note and state(page) == "configured, not running"
+    browser.submit("/channels/guilded/remove", {"confirm": "yes"})
     assert "Unauthorized" in browser.page("/channels")  # the list's last-error column
     # The Test button shows what the platform answered.
     note, _ = browser.submit("/channels/telegram/test", {"message": "hello?", "chat_id": ""})
