@@ -228,9 +228,12 @@ class ChannelManager:
         if stored:
             result["secrets_saved"] = sorted(stored)
         notes = [] if started else [f"{name}: configuration saved but the adapter could not start (see the audit trail)"]
-        missing = [agent for agent in self.agents_named(name, values) if agent and self.inbound.agents.find(agent) is None]
+        named = self.agents_named(name, values)
+        missing = [agent for agent in named if agent and self.inbound.agents.find(agent) is None]
         if missing:
             notes.append(f"no agent named {', '.join(missing)} yet: messages for it get an apology until it is spawned")
+        elif "" in named and not self.inbound.agents.handles():
+            notes.append("no agent runs yet: messages get an apology until one is spawned")
         if notes:
             result["note"] = "; ".join(notes)
         return result

@@ -161,6 +161,17 @@ def test_configure_says_when_the_agents_it_names_do_not_exist(channel_daemon):
     assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
 
 
+def test_configure_says_when_no_agent_runs(tmp_path):
+    daemon = Daemon(make_home(tmp_path), env_extra={"TELEGRAM_BOT_TOKEN": "123456:TESTTOKEN"}).start()
+    try:
+        response = daemon.post("/api/channels/telegram/configure", json={"api_url": "http://127.0.0.1:9"})
+        assert response.status_code == 200 and response.json() == {
+            "status": "configured", "channel": "telegram", "activated": True,
+            "note": "no agent runs yet: messages get an apology until one is spawned"}
+    finally:
+        daemon.stop()
+
+
 @pytest.mark.parametrize("key", ["port", "imap_port"])
 def test_configure_takes_the_first_and_last_port(channel_daemon, key):
     name = "irc" if key == "port" else "email"
