@@ -227,7 +227,7 @@ class ChannelManager:
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
         if stored:
             result["secrets_saved"] = sorted(stored)
-        notes = [] if started else [f"{name}: configuration saved but the adapter could not start (see the audit trail)"]
+        notes = [] if started else ["the adapter could not start (see the audit trail)"]
         named = self.agents_named(name, values)
         missing = [agent for agent in named if agent and self.inbound.agents.find(agent) is None]
         if missing:

@@ -101,7 +101,9 @@ def test_configure_test_button_state_and_errors(dash) -> None:
     assert "channel.connection_error" in page and state(page) == "connecting"
     # An adapter that cannot start at all is not running.
     note, page = browser.submit("/channels/guilded/configure", {"bot_token_env": ""})
-    assert "could not start" in note and state(page) == "configured, not running"
+    assert note == ("guilded: configuration saved  the adapter could not start (see the audit trail); "
+                    "no agent runs yet: messages get an apology until one is spawned")
+    assert state(page) == "configured, not running"
     browser.submit("/channels/guilded/remove", {"confirm": "yes"})
     assert "Unauthorized" in browser.page("/channels")  # the list's last-error column
     # The Test button shows what the platform answered.
