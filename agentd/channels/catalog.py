@@ -8,6 +8,7 @@ accepts with its kind and default (tests/channels/test_channel_catalog.py checks
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -106,10 +107,16 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
         if isinstance(value, bool):
             raise BadRequest(f"{key}: must be a number")
         if isinstance(value, str):
+            text = value.strip()
             try:
-                value = float(value.strip()) if "." in value else int(value.strip())
+                value = int(text)
             except ValueError:
-                raise BadRequest(f"{key}: must be a number, got {value!r}") from None
+                try:
+                    value = float(text)  # 1.5, 1e3
+                except ValueError:
+                    raise BadRequest(f"{key}: must be a number, got {text!r}") from None
+                if not math.isfinite(value):
+                    raise BadRequest(f"{key}: must be a number, got {text!r}")
         if not isinstance(value, (int, float)):
             raise BadRequest(f"{key}: must be a number")
         if value < 0:

@@ -141,6 +141,19 @@ def test_configure_refuses_numbers_no_adapter_can_use(channel_daemon, name, body
     assert f"channels.{name}" not in (channel_daemon.home / "config.toml").read_text()
 
 
+def test_configure_reads_numbers_as_a_form_types_them(channel_daemon):
+    for text, saved in ((" 30 ", 30), ("2.5", 2.5), ("1e3", 1000.0)):
+        response = channel_daemon.post("/api/channels/telegram/configure", json={"long_poll_secs": text})
+        assert response.status_code == 200, response.json()
+        assert tomllib.loads((channel_daemon.home / "config.toml").read_text())["channels"]["telegram"] == \
+            {"long_poll_secs": saved}
+    for text in ("nan", "-inf", "ten", "1e999"):
+        response = channel_daemon.post("/api/channels/telegram/configure", json={"long_poll_secs": text})
+        assert (response.status_code, response.json()) == (
+            400, {"error": f"long_poll_secs: must be a number, got {text!r}"})
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
+
+
 def test_configure_takes_zero_where_the_adapter_honours_it(channel_daemon):
     response = channel_daemon.post("/api/channels/telegram/configure", json={"poll_interval_secs": 0})
     assert response.status_code == 200, response.json()
