@@ -17,7 +17,7 @@ from typing import Any
 
 from agentd.channels import lifecycle
 from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
-from agentd.channels.format import OUTPUT_FORMATS
+from agentd.channels.format import ALIASES, OUTPUT_FORMATS
 from agentd.errors import BadRequest
 
 POLICIES = ("respond", "mention-only", "ignore")
@@ -100,7 +100,7 @@ def choices_for(channel: str) -> dict[str, tuple[str, ...] | str]:
         "rate_limit_per_user": "number"}
     if channel in THREAD_ADAPTERS:
         out["threading"] = ("true", "false")
-    out["output_format"] = OUTPUT_FORMATS
+    out["output_format"] = tuple(f for f in OUTPUT_FORMATS if f not in ALIASES)
     out["usage_footer"] = FOOTERS
     if channel in lifecycle.TYPING:
         out["typing_mode"] = lifecycle.TYPING_MODES

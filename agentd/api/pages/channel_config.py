@@ -83,6 +83,8 @@ def override_fields(info: ChannelInfo, section: dict[str, Any] | None) -> list[d
             continue
         text = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         kind = "textarea" if key == "system_prompt" else choices if isinstance(choices, str) else "choice"
+        if kind == "choice" and text and text not in choices:
+            choices = (*choices, text)  # saved under another name (plain_text): kept, shown selected
         rows.append({"key": f"overrides.{key}", "label": key, "type": kind, "value": text, "required": False,
                      "placeholder": "", "choices": choices if kind == "choice" else ()})
     return rows

@@ -205,6 +205,16 @@ def test_overrides_are_set_and_cleared_on_the_page(dash) -> None:
     assert section["overrides"] == {"usage_footer": "cost"}
     browser.submit("/channels/telegram/configure", keep)
     assert "overrides" not in tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    # A value saved under another of its names is shown selected, so saving the page keeps it.
+    assert daemon.post("/api/channels/telegram/configure", json={
+        **tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"],
+        "overrides": {"output_format": "plain_text"}}).status_code == 200
+    page = browser.page("/channels/telegram")
+    assert '<option value="plain_text" selected>plain_text</option>' in page
+    assert page.count('<option value="slack_mrkdwn">') == 0
+    browser.submit("/channels/telegram/configure", {"overrides.output_format": "plain_text"})
+    assert tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]["overrides"] == \
+        {"output_format": "plain_text"}
 
 
 def test_remove_from_the_page(dash) -> None:
