@@ -19,6 +19,7 @@ from agentd.channels import lifecycle
 from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
 from agentd.channels.format import ALIASES, OUTPUT_FORMATS
 from agentd.errors import BadRequest
+from agentd.money import format_usd
 
 POLICIES = ("respond", "mention-only", "ignore")
 # `shared`: the group answers like `respond`, with one session for all its senders.
@@ -152,7 +153,7 @@ def footer(mode: str, input_tokens: int, output_tokens: int, cost_usd: float | N
     if mode in ("tokens", "full"):
         parts.append(f"{input_tokens} in / {output_tokens} out tokens")
     if mode in ("cost", "full"):
-        parts.append(f"${cost_usd:.4f}" if cost_usd is not None else "cost unknown")
+        parts.append(format_usd(cost_usd) if cost_usd is not None else "cost unknown")
     return " · ".join(parts)
 
 
