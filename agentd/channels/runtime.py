@@ -18,12 +18,13 @@ from agentd.agents.runs import Runs
 from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
 from agentd.channels.approvals import ChatApprovals
-from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound
+from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound, Unreachable
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.allowlists import recipients
 from agentd.channels.catalog import ChannelCatalog, field_views, settings_for, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.inbound import InboundRouter
+from agentd.channels.start_retry import StartRetries
 from agentd.channels.tomledit import edit_file
 from agentd.config import channels_table
 from agentd.errors import AgentdError, BadRequest, ConfigError
@@ -60,6 +61,7 @@ class ChannelManager:
         # Adapters inside start(): a platform may call the webhook back while it is being
         # registered (Viber's set_webhook), so the route serves an adapter once it listens.
         self.starting: dict[str, Adapter] = {}
+        self.start_retries = StartRetries(self._start_again)
         settings = channels_table({"channels": raw_channels})
         self.listen_host = settings.listen_host
         self.dispatcher = Dispatcher(settings.workers, settings.queue_limit)
@@ -81,6 +83,7 @@ class ChannelManager:
 
     def close(self) -> None:
         with self._lock:
+            self.start_retries.close()
             for name in list(self.running):
                 self._stop(name, reason="shutdown")
         self.dispatcher.close()
@@ -121,17 +124,29 @@ class ChannelManager:
             adapter.start()
         except (AgentdError, ChannelError, OSError, ValueError) as exc:
             message = getattr(exc, "message", None) or str(exc)
-            log.warning("channel %s could not start: %s", name, message)
-            self.audit("channel.start_failed", name, {"error": message[:300]})
+            detail: dict[str, Any] = {"error": message[:300]}
+            if isinstance(exc, Unreachable):
+                detail["retry_in_secs"] = self.start_retries.later(name)
+            log.warning("channel %s could not start: %s%s", name, message,
+                        f" (trying again in {detail['retry_in_secs']:.0f} s)" if "retry_in_secs" in detail else "")
+            self.audit("channel.start_failed", name, detail)
             self.on_stopped(name)
             return False
         finally:
             self.starting.pop(name, None)
+        self.start_retries.forget(name)
         self.running[name] = adapter
         self.audit("channel.start", name, {})
         return True
 
+    def _start_again(self, name: str) -> None:
+        with self._lock:
+            if name in self.sections and name not in self.running:
+                log.info("channel %s: starting again", name)
+                self._start(name)
+
     def _stop(self, name: str, reason: str) -> None:
+        self.start_retries.forget(name)
         adapter = self.running.pop(name, None)
         if adapter is None:
             self.on_stopped(name)
