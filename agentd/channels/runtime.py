@@ -242,7 +242,9 @@ class ChannelManager:
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
         if stored:
             result["secrets_saved"] = sorted(stored)
-        notes = [] if started else ["the adapter could not start (see the audit trail)"]
+        notes = [] if started else [
+            "the platform does not answer yet: the adapter starts on its own once it does"
+            if self.start_retries.pending(name) else "the adapter could not start (see the audit trail)"]
         named = self.agents_named(name, values)
         missing = [agent for agent in named if agent and self.inbound.agents.find(agent) is None]
         if missing:

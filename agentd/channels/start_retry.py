@@ -46,6 +46,10 @@ class StartRetries:
             del self._timers[name]
         self._start(name)
 
+    def pending(self, name: str) -> bool:
+        """Whether `name` is waiting to be started again."""
+        return name in self._timers
+
     def forget(self, name: str) -> None:
         """No pending start for `name`, and its next wait is the first again."""
         with self._lock:

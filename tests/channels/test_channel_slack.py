@@ -85,6 +85,7 @@ def test_a_platform_unreachable_at_start_is_tried_again(daemon, fake):  # noqa: 
     fake.stop()  # Slack cannot be reached when the channel starts (a boot before the network)
     result = configure(daemon, "slack", **CASE.config(fake), default_agent="helper")
     assert result["activated"] is False
+    assert result["note"] == "the platform does not answer yet: the adapter starts on its own once it does"
     failed = audit(daemon, "channel.start_failed", "slack")[0]["detail"]
     assert failed == {"error": f"POST {fake.url}/api/auth.test: ConnectionError", "retry_in_secs": 5.0}
     fake.start()
