@@ -140,8 +140,8 @@ class ChannelManager:
         return True
 
     def _start_again(self, name: str) -> None:
-        with self._lock:
-            if name in self.sections and name not in self.running:
+        with self._lock:  # close() sets `closed` under this lock: no start after shutdown
+            if not self.start_retries.closed and name in self.sections and name not in self.running:
                 log.info("channel %s: starting again", name)
                 self._start(name)
 

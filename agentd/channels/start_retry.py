@@ -23,6 +23,7 @@ class StartRetries:
         self._timers: dict[str, threading.Timer] = {}
         self._waits: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.closed = False
 
     def later(self, name: str) -> float:
         """Start `name` again after its next wait; returns that wait in seconds."""
@@ -59,5 +60,7 @@ class StartRetries:
             timer.cancel()
 
     def close(self) -> None:
+        """No more starts: a timer already firing finds `closed` set."""
+        self.closed = True
         for name in list(self._timers):
             self.forget(name)
