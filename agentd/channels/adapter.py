@@ -74,6 +74,11 @@ class ChannelError(Exception):
     """A platform call failed (the message says which and why)."""
 
 
+class Unreachable(ChannelError):
+    """The platform did not answer (no connection, or 429/5xx until the retries ran out):
+    the same call may well work later."""
+
+
 class ChannelContext:
     """What the runtime hands an adapter: delivery, audit, persisted state, settings."""
 

@@ -8,6 +8,7 @@ accepts with its kind and default (tests/channels/test_channel_catalog.py checks
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,9 @@ def validate(info: ChannelInfo, body: Any) -> dict[str, Any]:
             continue
         out[key] = (overrides.check(value, info.name) if key == "overrides"
                     else _coerce(key, spec["kind"], overrides.check_adapter_value(info.name, key, value)))
+        if key.endswith("_secs") and out[key] == 0 and spec.get("default"):
+            # The adapter reads 0 as "unset" and waits its default instead.
+            raise BadRequest(f"{key}: must be more than 0 (leave it out for the default, {spec['default']})")
     return out
 
 
@@ -102,10 +106,16 @@ def _coerce(key: str, kind: str, value: Any) -> Any:
         if isinstance(value, bool):
             raise BadRequest(f"{key}: must be a number")
         if isinstance(value, str):
+            text = value.strip()
             try:
-                value = float(value.strip()) if "." in value else int(value.strip())
+                value = int(text)
             except ValueError:
-                raise BadRequest(f"{key}: must be a number, got {value!r}") from None
+                try:
+                    value = float(text)  # 1.5, 1e3
+                except ValueError:
+                    raise BadRequest(f"{key}: must be a number, got {text!r}") from None
+                if not math.isfinite(value):
+                    raise BadRequest(f"{key}: must be a number, got {text!r}")
         if not isinstance(value, (int, float)):
             raise BadRequest(f"{key}: must be a number")
         if value < 0:

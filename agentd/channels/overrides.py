@@ -17,8 +17,9 @@ from typing import Any
 
 from agentd.channels import lifecycle
 from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
-from agentd.channels.format import OUTPUT_FORMATS
+from agentd.channels.format import ALIASES, OUTPUT_FORMATS
 from agentd.errors import BadRequest
+from agentd.money import format_usd
 
 POLICIES = ("respond", "mention-only", "ignore")
 # `shared`: the group answers like `respond`, with one session for all its senders.
@@ -89,6 +90,27 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
     return out
 
 
+def choices_for(channel: str) -> dict[str, tuple[str, ...] | str]:
+    """The overrides `channel`'s adapter honours, in the table's order, each with its
+    choices ("text" and "number" for free values): what a form may offer."""
+    mention = channel in MENTION_ADAPTERS
+    out: dict[str, tuple[str, ...] | str] = {
+        "model": "text", "system_prompt": "text",
+        "dm_policy": tuple(p for p in POLICIES if mention or p != "mention-only"),
+        "group_policy": tuple(p for p in GROUP_POLICIES if mention or p != "mention-only"),
+        "rate_limit_per_user": "number"}
+    if channel in THREAD_ADAPTERS:
+        out["threading"] = ("true", "false")
+    out["output_format"] = tuple(f for f in OUTPUT_FORMATS if f not in ALIASES)
+    out["usage_footer"] = FOOTERS
+    if channel in lifecycle.TYPING:
+        out["typing_mode"] = lifecycle.TYPING_MODES
+    if channel in lifecycle.REACTIONS:
+        out["lifecycle_reactions"] = ("true", "false")
+    out["prefix_agent_name"] = ("true", "false")
+    return out
+
+
 def check_adapter_value(channel: str, key: str, value: Any) -> Any:
     """The adapter keys about threads, checked (400 naming the key) and normalised."""
     if (channel, key) == ("discord", "auto_thread"):
@@ -131,7 +153,7 @@ def footer(mode: str, input_tokens: int, output_tokens: int, cost_usd: float | N
     if mode in ("tokens", "full"):
         parts.append(f"{input_tokens} in / {output_tokens} out tokens")
     if mode in ("cost", "full"):
-        parts.append(f"${cost_usd:.4f}" if cost_usd is not None else "cost unknown")
+        parts.append(format_usd(cost_usd) if cost_usd is not None else "cost unknown")
     return " · ".join(parts)
 
 

@@ -18,12 +18,13 @@ from agentd.agents.runs import Runs
 from agentd.channels import secrets as channel_secrets
 from agentd.channels import adapters as registry
 from agentd.channels.approvals import ChatApprovals
-from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound
+from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound, Unreachable
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.allowlists import recipients
 from agentd.channels.catalog import ChannelCatalog, field_views, settings_for, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.inbound import InboundRouter
+from agentd.channels.start_retry import StartRetries
 from agentd.channels.tomledit import edit_file
 from agentd.config import channels_table
 from agentd.errors import AgentdError, BadRequest, ConfigError
@@ -60,6 +61,7 @@ class ChannelManager:
         # Adapters inside start(): a platform may call the webhook back while it is being
         # registered (Viber's set_webhook), so the route serves an adapter once it listens.
         self.starting: dict[str, Adapter] = {}
+        self.start_retries = StartRetries(self._start_again)
         settings = channels_table({"channels": raw_channels})
         self.listen_host = settings.listen_host
         self.dispatcher = Dispatcher(settings.workers, settings.queue_limit)
@@ -81,6 +83,7 @@ class ChannelManager:
 
     def close(self) -> None:
         with self._lock:
+            self.start_retries.close()
             for name in list(self.running):
                 self._stop(name, reason="shutdown")
         self.dispatcher.close()
@@ -121,17 +124,29 @@ class ChannelManager:
             adapter.start()
         except (AgentdError, ChannelError, OSError, ValueError) as exc:
             message = getattr(exc, "message", None) or str(exc)
-            log.warning("channel %s could not start: %s", name, message)
-            self.audit("channel.start_failed", name, {"error": message[:300]})
+            detail: dict[str, Any] = {"error": message[:300]}
+            if isinstance(exc, Unreachable):
+                detail["retry_in_secs"] = self.start_retries.later(name)
+            log.warning("channel %s could not start: %s%s", name, message,
+                        f" (trying again in {detail['retry_in_secs']:.0f} s)" if "retry_in_secs" in detail else "")
+            self.audit("channel.start_failed", name, detail)
             self.on_stopped(name)
             return False
         finally:
             self.starting.pop(name, None)
+        self.start_retries.forget(name)
         self.running[name] = adapter
         self.audit("channel.start", name, {})
         return True
 
+    def _start_again(self, name: str) -> None:
+        with self._lock:  # close() sets `closed` under this lock: no start after shutdown
+            if not self.start_retries.closed and name in self.sections and name not in self.running:
+                log.info("channel %s: starting again", name)
+                self._start(name)
+
     def _stop(self, name: str, reason: str) -> None:
+        self.start_retries.forget(name)
         adapter = self.running.pop(name, None)
         if adapter is None:
             self.on_stopped(name)
@@ -227,8 +242,17 @@ class ChannelManager:
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
         if stored:
             result["secrets_saved"] = sorted(stored)
-        if not started:
-            result["note"] = f"{name}: configuration saved but the adapter could not start (see the audit trail)"
+        notes = [] if started else [
+            "the platform does not answer yet: the adapter starts on its own once it does"
+            if self.start_retries.pending(name) else "the adapter could not start (see the audit trail)"]
+        named = self.agents_named(name, values)
+        missing = [agent for agent in named if agent and self.inbound.agents.find(agent) is None]
+        if missing:
+            notes.append(f"no agent named {', '.join(missing)} yet: messages for it get an apology until it is spawned")
+        elif "" in named and not self.inbound.agents.handles():
+            notes.append("no agent runs yet: messages get an apology until one is spawned")
+        if notes:
+            result["note"] = "; ".join(notes)
         return result
 
     def remove(self, name: str) -> dict[str, Any]:

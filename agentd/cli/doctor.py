@@ -176,11 +176,13 @@ def _check_secrets_file(path: Path) -> Check | None:
     return Check("secrets_file", "ok", f"{path} is private (0600)")
 
 
-def _check_exposure(cfg: Config) -> Check:
-    """Listening beyond loopback without a key serves the API to the whole network."""
+def _check_exposure(cfg: Config, live: DaemonInfo | None) -> Check:
+    """Listening beyond loopback without a key serves the API to the whole network. A running
+    daemon's own address counts (its service may set AGENTD_LISTEN where the CLI does not)."""
     from agentd.server.webguard import host_name
 
-    host = host_name(cfg.host)
+    listen = live.listen_addr if live is not None else cfg.api_listen
+    host = host_name(split_listen(listen)[0])
     loopback = host == "localhost"
     if not loopback:
         try:
@@ -188,11 +190,11 @@ def _check_exposure(cfg: Config) -> Check:
         except ValueError:
             loopback = False
     if loopback:
-        return Check("exposure", "ok", f"listening on loopback ({cfg.api_listen})")
+        return Check("exposure", "ok", f"listening on loopback ({listen})")
     if cfg.api_key:
-        return Check("exposure", "ok", f"listening on {cfg.api_listen}; api_key is set")
+        return Check("exposure", "ok", f"listening on {listen}; api_key is set")
     return Check("exposure", "warn",
-                 f"listening on non-loopback address {cfg.api_listen} without an api_key: remote clients "
+                 f"listening on non-loopback address {listen} without an api_key: remote clients "
                  "are refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1")
 
 
@@ -279,7 +281,7 @@ def run_checks(home: Path) -> list[Check]:
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_skills(cfg.home / "skills"))
     checks.append(_check_keys(cfg, live))
-    checks.append(_check_exposure(cfg))
+    checks.append(_check_exposure(cfg, live))
     proxies = _check_proxies(cfg)
     if proxies is not None:
         checks.append(proxies)

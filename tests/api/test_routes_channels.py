@@ -131,11 +131,58 @@ def test_configure_refuses_a_port_outside_1_to_65535(channel_daemon, port):
     ("telegram", {"long_poll_secs": 86401}, "long_poll_secs: must be at most 86400 (a day), got 86401"),
     ("slack", {"thread_ttl_hours": 8761}, "thread_ttl_hours: must be at most 8760 (a year), got 8761"),
     ("discord", {"intents": 1.5}, "intents: must be a whole number, got 1.5"),
+    ("telegram", {"long_poll_secs": 0}, "long_poll_secs: must be more than 0 (leave it out for the default, 25)"),
+    ("email", {"poll_interval_secs": "0"}, "poll_interval_secs: must be more than 0 (leave it out for the default, 30)"),
+    ("irc", {"send_interval_secs": 0.0}, "send_interval_secs: must be more than 0 (leave it out for the default, 0.5)"),
 ])
 def test_configure_refuses_numbers_no_adapter_can_use(channel_daemon, name, body, error):
     response = channel_daemon.post(f"/api/channels/{name}/configure", json=body)
     assert response.status_code == 400 and response.json()["error"].startswith(error), response.text
     assert f"channels.{name}" not in (channel_daemon.home / "config.toml").read_text()
+
+
+def test_configure_reads_numbers_as_a_form_types_them(channel_daemon):
+    for text, saved in ((" 30 ", 30), ("2.5", 2.5), ("1e3", 1000.0)):
+        response = channel_daemon.post("/api/channels/telegram/configure", json={"long_poll_secs": text})
+        assert response.status_code == 200, response.json()
+        assert tomllib.loads((channel_daemon.home / "config.toml").read_text())["channels"]["telegram"] == \
+            {"long_poll_secs": saved}
+    for text in ("nan", "-inf", "ten", "1e999"):
+        response = channel_daemon.post("/api/channels/telegram/configure", json={"long_poll_secs": text})
+        assert (response.status_code, response.json()) == (
+            400, {"error": f"long_poll_secs: must be a number, got {text!r}"})
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
+
+
+def test_configure_takes_zero_where_the_adapter_honours_it(channel_daemon):
+    response = channel_daemon.post("/api/channels/telegram/configure", json={"poll_interval_secs": 0})
+    assert response.status_code == 200, response.json()
+    section = tomllib.loads((channel_daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    assert section["poll_interval_secs"] == 0
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
+
+
+def test_configure_says_when_the_agents_it_names_do_not_exist(channel_daemon):
+    body = {"api_url": "http://127.0.0.1:9", "default_agent": "nosuch", "thread_routes": {"5": "ghost", "6": "helper"}}
+    response = channel_daemon.post("/api/channels/telegram/configure", json=body)
+    assert response.status_code == 200 and response.json() == {
+        "status": "configured", "channel": "telegram", "activated": True,
+        "note": "no agent named nosuch, ghost yet: messages for it get an apology until it is spawned"}
+    response = channel_daemon.post("/api/channels/telegram/configure", json={**body, "default_agent": "helper",
+                                                                               "thread_routes": {}})
+    assert response.json() == {"status": "configured", "channel": "telegram", "activated": True}
+    assert channel_daemon.delete("/api/channels/telegram/configure").status_code == 200
+
+
+def test_configure_says_when_no_agent_runs(tmp_path):
+    daemon = Daemon(make_home(tmp_path), env_extra={"TELEGRAM_BOT_TOKEN": "123456:TESTTOKEN"}).start()
+    try:
+        response = daemon.post("/api/channels/telegram/configure", json={"api_url": "http://127.0.0.1:9"})
+        assert response.status_code == 200 and response.json() == {
+            "status": "configured", "channel": "telegram", "activated": True,
+            "note": "no agent runs yet: messages get an apology until one is spawned"}
+    finally:
+        daemon.stop()
 
 
 @pytest.mark.parametrize("key", ["port", "imap_port"])

@@ -102,6 +102,11 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
     say("u-3", "without footer")
     wait_for(lambda: len(replies()) == 2, what="second reply")
     assert replies()[1] == "echo: without footer"
+    # A cheap model's few millionths of a dollar show, to two significant digits.
+    setup(usage_footer="full", model="gpt-4o-mini")
+    say("u-3", "cheap")
+    wait_for(lambda: len(replies()) == 3, what="third reply")
+    assert re.fullmatch(r"echo: cheap\n\n\d+ in / \d+ out tokens · \$0\.0000(0[1-9]\d|[1-9]\d)", replies()[2]), replies()
 
 
 @pytest.mark.parametrize("channel,body,named", [

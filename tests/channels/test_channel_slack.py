@@ -81,6 +81,23 @@ def test_ok_false_errors_and_bad_tokens(daemon, fake):  # noqa: F811
     assert "not_allowed_token_type" in audit(daemon, "channel.start_failed", "slack")[0]["detail"]["error"]
 
 
+def test_a_platform_unreachable_at_start_is_tried_again(daemon, fake):  # noqa: F811
+    fake.stop()  # Slack cannot be reached when the channel starts (a boot before the network)
+    result = configure(daemon, "slack", **CASE.config(fake), default_agent="helper")
+    assert result["activated"] is False
+    assert result["note"] == "the platform does not answer yet: the adapter starts on its own once it does"
+    failed = audit(daemon, "channel.start_failed", "slack")[0]["detail"]
+    assert failed == {"error": f"POST {fake.url}/api/auth.test: ConnectionError", "retry_in_secs": 5.0}
+    fake.start()
+    wait_active(daemon, "slack", timeout=30)
+    assert audit(daemon, "channel.start", "slack")
+    assert "channel slack: starting again" in daemon.log()
+    # A refusal is for a person to fix: it is not tried again.
+    result = configure(daemon, "slack", **{**CASE.config(fake), "bot_token_env": "SLACK_APP_TOKEN"})
+    assert result["activated"] is False
+    assert "retry_in_secs" not in audit(daemon, "channel.start_failed", "slack")[0]["detail"]
+
+
 def test_events_api_over_http(daemon, fake, fake_llm):  # noqa: F811
     port = free_port()
     configure(daemon, "slack", api_url=fake.url + "/api", bot_token_env="SLACK_BOT_TOKEN", webhook_port=port,

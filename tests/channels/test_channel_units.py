@@ -17,6 +17,7 @@ from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
 from agentd.channels.dispatch import Dispatcher
+from agentd.channels.start_retry import StartRetries
 from agentd import hmacs
 from agentd.channels.tomledit import ConfigEditError, edit_file, replace_section
 from agentd.retry import Backoff, retry_after
@@ -284,3 +285,16 @@ def test_email_html_only_mail_is_read_as_text():
     from agentd.channels.adapters.email import _html_text
 
     assert _html_text("<p>Hello <b>there</b></p><p>line2</p>") == "\nHello there\nline2"
+
+
+def test_start_retries_wait_twice_as_long_each_time_and_stop_when_forgotten() -> None:
+    started: list[str] = []
+    retries = StartRetries(started.append)
+    assert [retries.later("slack") for _ in range(8)] == [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0]
+    assert retries.pending("slack") and not retries.pending("matrix")
+    retries.forget("slack")
+    assert not retries.pending("slack") and retries.later("slack") == 5.0  # the first wait again
+    retries.close()
+    assert retries.closed and not retries.pending("slack")
+    time.sleep(0.1)
+    assert started == []

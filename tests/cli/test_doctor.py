@@ -53,3 +53,16 @@ def test_doctor_says_when_the_daemon_would_not_tell_it_the_keys(tmp_path: Path) 
                      "message": "ANTHROPIC_API_KEY is not set: agents on the default provider anthropic cannot run "
                                 f"(the daemon at http://127.0.0.1:{d.port} did not say which keys it holds: "
                                 "give the CLI its API key, AGENTD_API_KEY)"}, check
+
+
+def test_doctor_judges_the_running_daemons_own_address(tmp_path: Path) -> None:
+    home = make_home(tmp_path)  # config.toml keeps the default api_listen, 127.0.0.1:4200
+    d = Daemon(home).start()  # listening where its AGENTD_LISTEN says
+    try:
+        r = run_cli(home, "doctor", "--json")  # a shell without AGENTD_LISTEN
+    finally:
+        d.stop()
+    checks = {c["check"]: c for c in json.loads(r.stdout)}
+    assert checks["daemon"]["message"].startswith(f"running at http://127.0.0.1:{d.port} ")
+    assert checks["exposure"] == {"check": "exposure", "status": "ok",
+                                  "message": f"listening on loopback (127.0.0.1:{d.port})"}

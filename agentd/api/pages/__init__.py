@@ -42,23 +42,25 @@ def see_other(endpoint: str, **values: str) -> Response:
     return redirect(url_for(endpoint, **values), code=303)
 
 
-def _agent_by_name() -> None:
+def _agent_by_name() -> str:
     """People type an agent's name where its id goes in a dashboard URL (`/agents/helper`).
 
     Called once the visitor may see pages, before a scoped key's reach is checked against
-    the id the name stands for. Any other text stays, for the view's 400."""
+    the id the name stands for. Returns the text that names no agent ("" when it does)."""
     values = request.view_args or {}
     ref = values.get("agent_id")
     if not ref:
-        return
+        return ""
     try:
         uuid.UUID(ref)
-        return
+        return ""
     except ValueError:
         pass
     handle = kernel().agents.by_name(ref)
-    if handle is not None and not handle.killed:
-        values["agent_id"] = handle.id
+    if handle is None or handle.killed:
+        return ref
+    values["agent_id"] = handle.id
+    return ""
 
 
 @bp.before_request
@@ -75,10 +77,14 @@ def _gate() -> Response | None:
         return redirect(url_for("pages.login", next=target), code=303)
     if request.method == "POST" and request.endpoint != "pages.login_submit" and not dashauth.csrf_ok():
         return error_response(403, "missing or invalid CSRF token: reload the page and try again")
-    _agent_by_name()
+    unknown = _agent_by_name()
     if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
         # A scoped key's login sees what its scopes and agent list allow (agentd/api/principal.py).
-        return principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"])
+        refused = principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"])
+        if refused is not None:
+            return refused
+    if unknown:
+        return error_response(404, f"no agent named {unknown!r}")
     return None
 
 

@@ -291,9 +291,14 @@ def approval_decide(approval_id: str, decision: str):
     queue = kernel().approvals
     if decision not in ("approve", "reject"):
         raise BadRequest("decision must be approve or reject")
-    decided = queue.approve(approval_id) if decision == "approve" else queue.reject(approval_id)
-    said = [f"{decided.agent_name}: {decided.tool} {decided.decision}"]
+    ok = True
+    try:
+        decided = queue.approve(approval_id) if decision == "approve" else queue.reject(approval_id)
+        said = [f"{decided.agent_name}: {decided.tool} {decided.decision}"]
+    except (NotFound, Conflict) as exc:  # decided meanwhile: in a chat, the API, another tab, a timeout
+        why = exc.message if isinstance(exc, Conflict) else "it was decided elsewhere or timed out"
+        said, ok = [f"approval {approval_id} is no longer pending: {why}"], False
     back = request.form.get("back", "")
     if back.startswith("agent:"):
-        return see_other_with("pages.agent_page", said, agent_id=back[6:])
-    return see_other_with("pages.approvals", said)
+        return see_other_with("pages.agent_page", said, ok=ok, agent_id=back[6:])
+    return see_other_with("pages.approvals", said, ok=ok)

@@ -1,7 +1,7 @@
 """`/channels/<name>`: one adapter's form, Test button, live state and last errors.
 
 The form is built from the adapter's catalogue entry (its `fields`, then its other keys
-under "More settings") and saved through the same kernel call as
+under "More settings", then the `overrides` its adapter honours) and saved through the same kernel call as
 POST /api/channels/{name}/configure: secrets typed into password fields go in its `secrets`
 object, so they land in `secrets.env` (mode 0600) and the daemon's environment and never in
 config.toml; the page only says whether each is set. The Test button sends a real message
@@ -21,6 +21,7 @@ from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
 from agentd.api.channel_reach import hide_unreached, reach_channel, reaches_channel
+from agentd.channels import overrides as channel_overrides
 from agentd.channels.catalog import ChannelInfo, field_views, settings_for
 from agentd.errors import AgentdError
 
@@ -71,6 +72,45 @@ def form_fields(info: ChannelInfo, section: dict[str, Any] | None) -> list[dict[
     return rows
 
 
+def override_fields(info: ChannelInfo, section: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One input per override the adapter honours (`overrides.<key>`), holding the saved
+    value ("" : the channel's default). A table of reaction emoji is left as saved."""
+    saved = (section or {}).get("overrides") or {}
+    rows = []
+    for key, choices in channel_overrides.choices_for(info.name).items():
+        value = saved.get(key)
+        if isinstance(value, dict):
+            continue
+        text = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        kind = "textarea" if key == "system_prompt" else choices if isinstance(choices, str) else "choice"
+        if kind == "choice" and text and text not in choices:
+            choices = (*choices, text)  # saved under another name (plain_text): kept, shown selected
+        rows.append({"key": f"overrides.{key}", "label": key, "type": kind, "value": text, "required": False,
+                     "placeholder": "", "choices": choices if kind == "choice" else ()})
+    return rows
+
+
+def _overrides(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any] | None:
+    """The `overrides` table with the posted override inputs applied (an emptied input
+    removes its key); None when the form posted none of them."""
+    form = request.form
+    rows = [row for row in override_fields(info, section) if row["key"] in form]
+    if not rows:
+        return None
+    table = dict(section.get("overrides") or {})
+    for row in rows:
+        key, value = row["key"].split(".", 1)[1], form.get(row["key"], "").strip()
+        if not value:
+            table.pop(key, None)
+        elif row["type"] == "choice" and row["choices"] == ("true", "false"):
+            table[key] = value == "true"
+        elif row["type"] == "number" and value.isdigit():
+            table[key] = int(value)
+        else:
+            table[key] = value  # anything else is checked, and refused naming the key, on saving
+    return table
+
+
 def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
     """The configure body from the posted form: the saved section with each posted input
     applied (an emptied input removes its key, an input not posted leaves it alone, an
@@ -104,6 +144,12 @@ def _body(info: ChannelInfo, section: dict[str, Any]) -> dict[str, Any]:
                 body[key] = value
             else:
                 body.pop(key, None)
+    table = _overrides(info, section)
+    if table is not None:
+        if table:
+            body["overrides"] = table
+        else:
+            body.pop("overrides", None)
     if secrets:
         body["secrets"] = secrets
     return body
@@ -128,8 +174,8 @@ def channel_page(name: str):
     fields = form_fields(info, section)
     hide_unreached(fields)
     hide_unreached(item["fields"])
-    return render_template("channel.html", channel=item, fields=fields,
-                           webhook=channels.webhook(name) is not None,
+    return render_template("channel.html", channel=item, fields=fields, overrides=override_fields(info, section),
+                           webhook=channels.webhook(name) is not None, running=name in channels.running,
                            problems=_problems(name), test_message=TEST_MESSAGE)
 
 

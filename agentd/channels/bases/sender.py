@@ -14,7 +14,7 @@ import requests.adapters
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from agentd.channels.adapter import ChannelError
+from agentd.channels.adapter import ChannelError, Unreachable
 from agentd.retry import Backoff, retry_after
 
 log = logging.getLogger("agentd.channels.sender")
@@ -78,13 +78,13 @@ class HttpSender:
             except requests.RequestException as exc:
                 error = f"{method} {_short(url)}: {type(exc).__name__}"
                 if attempt + 1 >= attempts or backoff.wait(self.stop):
-                    raise ChannelError(error) from None
+                    raise Unreachable(error) from None
                 continue
             if response.status_code < 400:
                 return response
             if response.status_code not in RETRY_STATUS or attempt + 1 >= attempts:
-                raise ChannelError(f"{method} {_short(url)}: HTTP {response.status_code} "
-                                   f"{response.text[:200]}")
+                failed = Unreachable if response.status_code in RETRY_STATUS else ChannelError
+                raise failed(f"{method} {_short(url)}: HTTP {response.status_code} {response.text[:200]}")
             wait, delay = self.retry_wait(response), backoff.next_delay()
             wait = delay if wait is None else min(wait, self.max_wait)
             log.info("%s %s: HTTP %s, retrying in %.1fs", method, _short(url), response.status_code, wait)

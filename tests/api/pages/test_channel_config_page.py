@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import stat
+import tomllib
 from typing import Iterator
 
 import pytest
@@ -89,14 +90,21 @@ def test_configure_test_button_state_and_errors(dash) -> None:
     assert refused.status_code == 403
     assert not (daemon.home / "secrets.env").exists()
 
-    # A wrong token: saved, the adapter cannot start; the page says so and shows the error.
+    # A wrong token: saved, the adapter runs but the platform refuses it; the page says it is
+    # connecting and shows the error.
     note, page = browser.submit("/channels/telegram/configure", form_for(fake, WRONG))
     assert "telegram: configuration saved" in note and "TELEGRAM_BOT_TOKEN" in note
-    assert state(page) == "configured, not running"
+    assert state(page) == "connecting"
     # The platform's refusal reaches the page's last errors (the adapter retries meanwhile).
     page = wait_for(lambda: (lambda p: "Unauthorized" in p and p)(browser.page("/channels/telegram")),
                     what="the error on the page")
-    assert "channel.connection_error" in page and state(page) == "configured, not running"
+    assert "channel.connection_error" in page and state(page) == "connecting"
+    # An adapter that cannot start at all is not running.
+    note, page = browser.submit("/channels/guilded/configure", {"bot_token_env": ""})
+    assert note == ("guilded: configuration saved  the adapter could not start (see the audit trail); "
+                    "no agent runs yet: messages get an apology until one is spawned")
+    assert state(page) == "configured, not running"
+    browser.submit("/channels/guilded/remove", {"confirm": "yes"})
     assert "Unauthorized" in browser.page("/channels")  # the list's last-error column
     # The Test button shows what the platform answered.
     note, _ = browser.submit("/channels/telegram/test", {"message": "hello?", "chat_id": ""})
@@ -150,6 +158,63 @@ def test_the_admins_form_names_any_variable_and_saves_secrets_only_to_the_adapte
     response = daemon.post("/api/channels/telegram/configure",
                            json={"secrets": {"default_agent": "x"}})
     assert response.status_code == 400 and response.json()["error"].startswith("secrets.default_agent: not a secret key")
+
+
+def test_overrides_are_set_and_cleared_on_the_page(dash) -> None:
+    browser, fake, daemon = dash
+    page = browser.page("/channels/telegram")
+    assert ('<select id="f-overrides.dm_policy" name="overrides.dm_policy"><option value="">(default)</option>'
+            '<option value="respond">respond</option><option value="mention-only">mention-only</option>'
+            '<option value="ignore">ignore</option></select>') in page
+    assert '<textarea id="f-overrides.system_prompt" name="overrides.system_prompt" rows="3"></textarea>' in page
+    # ntfy tells no mention and has no threads, typing or reactions: its form does not offer
+    # what saving would refuse.
+    ntfy = browser.page("/channels/ntfy")
+    assert 'name="overrides.usage_footer"' in ntfy and '<option value="mention-only">' not in ntfy
+    for key in ("threading", "typing_mode", "lifecycle_reactions"):
+        assert f'name="overrides.{key}"' not in ntfy, key
+
+    browser.page("/channels/telegram")
+    before = (daemon.home / "config.toml").read_text()
+    note, _ = browser.submit("/channels/telegram/configure", {**form_for(fake), "overrides.rate_limit_per_user": "many"})
+    assert note == ("telegram: overrides.rate_limit_per_user: must be a whole number of messages per minute "
+                    "(0: no limit)")
+    assert (daemon.home / "config.toml").read_text() == before
+
+    note, page = browser.submit("/channels/telegram/configure", {
+        **form_for(fake), "overrides.model": "gpt-4o-mini", "overrides.system_prompt": "Answer in French.",
+        "overrides.rate_limit_per_user": "5", "overrides.usage_footer": "tokens", "overrides.threading": "false",
+        "overrides.prefix_agent_name": "true", "overrides.dm_policy": ""})
+    assert note.startswith("telegram: configuration saved"), note
+    saved = daemon.get("/api/channels").json()
+    section = tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    assert section["overrides"] == {"model": "gpt-4o-mini", "system_prompt": "Answer in French.",
+                                    "rate_limit_per_user": 5, "usage_footer": "tokens", "threading": False,
+                                    "prefix_agent_name": True}
+    assert saved and '<option value="tokens" selected>tokens</option>' in page
+    assert '<details id="overrides" open>' in page and ">Answer in French.</textarea>" in page
+
+    # Saving the form without touching them keeps them; emptying one removes it.
+    browser.submit("/channels/telegram/configure", {"allowed_users": ""})
+    assert tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]["overrides"] \
+        == section["overrides"]
+    keep = {"overrides.model": "", "overrides.system_prompt": "", "overrides.rate_limit_per_user": "",
+            "overrides.usage_footer": "", "overrides.threading": "", "overrides.prefix_agent_name": ""}
+    browser.submit("/channels/telegram/configure", {**keep, "overrides.usage_footer": "cost"})
+    section = tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    assert section["overrides"] == {"usage_footer": "cost"}
+    browser.submit("/channels/telegram/configure", keep)
+    assert "overrides" not in tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]
+    # A value saved under another of its names is shown selected, so saving the page keeps it.
+    assert daemon.post("/api/channels/telegram/configure", json={
+        **tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"],
+        "overrides": {"output_format": "plain_text"}}).status_code == 200
+    page = browser.page("/channels/telegram")
+    assert '<option value="plain_text" selected>plain_text</option>' in page
+    assert page.count('<option value="slack_mrkdwn">') == 0
+    browser.submit("/channels/telegram/configure", {"overrides.output_format": "plain_text"})
+    assert tomllib.loads((daemon.home / "config.toml").read_text())["channels"]["telegram"]["overrides"] == \
+        {"output_format": "plain_text"}
 
 
 def test_remove_from_the_page(dash) -> None:

@@ -296,4 +296,24 @@ def test_configure_a_channel_field_and_its_secret(console: Browser, daemon: Daem
     assert token not in web.chrome.page_source, "a saved secret is never shown"
     assert web.chrome.find_element(By.ID, "f-bot_token_env").get_attribute("value") == ""
     assert web.chrome.find_element(By.ID, "f-api_url").get_attribute("value") == "http://127.0.0.1:9/unreachable"
-    assert web.chrome.find_element(By.ID, "state").text in ("configured, not running", "active")
+    assert web.chrome.find_element(By.ID, "state").text == "connecting"  # nothing answers at that api_url
+
+
+def test_set_a_channels_overrides(console: Browser, daemon: Daemon) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    web = console
+    web.open("/channels/telegram")
+    if not web.chrome.find_element(By.ID, "overrides").get_attribute("open"):  # open once any is set
+        opener = web.chrome.find_element(By.XPATH, "//summary[text()='Overrides for this channel']")
+        web.chrome.execute_script("arguments[0].scrollIntoView({block: 'center'})", opener)
+        opener.click()
+    Select(web.chrome.find_element(By.ID, "f-overrides.usage_footer")).select_by_value("tokens")
+    fill(web.chrome, "f-overrides.system_prompt", "Answer in French.")
+    submit(web, web.chrome.find_element(By.ID, "f-overrides.usage_footer"))
+    assert note(web)[0].startswith("telegram: configuration saved")
+    chosen = Select(web.chrome.find_element(By.ID, "f-overrides.usage_footer")).first_selected_option
+    assert chosen.get_attribute("value") == "tokens"
+    assert web.chrome.find_element(By.ID, "f-overrides.system_prompt").get_attribute("value") == "Answer in French."
+    config = (daemon.home / "config.toml").read_text()
+    assert 'usage_footer = "tokens"' in config and 'system_prompt = "Answer in French."' in config

@@ -324,8 +324,21 @@ def test_approvals_page_decides_with_token(dash) -> None:
     assert r.status_code == 303 and r.headers["Location"].startswith("/approvals?note=")
     assert second.decision == "rejected"
     assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == "helper: shell_exec rejected"
+    # Decided meanwhile (in a chat, another tab): the page says so, and the decision stands.
     r = post(client, f"/approvals/{second.id}/approve", {"csrf_token": token_of(html)})
-    assert r.status_code == 409 and r.mimetype == "text/html"
+    assert r.status_code == 303 and r.headers["Location"].startswith("/approvals?note=")
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == \
+        f"approval {second.id} is no longer pending: approval already rejected"
+    assert second.decision == "rejected"
+    r = post(client, f"/approvals/{approval.id}/reject", {"csrf_token": token_of(html), "back": f"agent:{agent_id}"})
+    assert r.status_code == 303 and r.headers["Location"].startswith(f"/agents/{agent_id}?note=")
+    assert note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == \
+        f"approval {approval.id} is no longer pending: approval already approved"
+    assert approval.decision == "approved"
+    # Gone from the queue (a timeout, a restart): the same page, naming the likely reasons.
+    r = post(client, "/approvals/no-such-approval/approve", {"csrf_token": token_of(html)})
+    assert r.status_code == 303 and note_of(page(client, r.headers["Location"]).get_data(as_text=True)) == \
+        "approval no-such-approval is no longer pending: it was decided elsewhere or timed out"
 
 
 # -- login ---------------------------------------------------------------------------------
@@ -667,7 +680,7 @@ def test_memory_page_pages_key_value_entries(dash) -> None:
 
 def test_error_pages_are_html_and_api_errors_stay_json(dash) -> None:
     client, _ = dash
-    for path, status in (("/nope", 404), ("/agents/not-a-uuid", 400),
+    for path, status in (("/nope", 404), ("/agents/not-a-uuid", 404),
                          ("/agents/00000000-0000-4000-8000-000000000000", 404),
                          ("/workflows/00000000-0000-4000-8000-000000000000", 404)):
         r = page(client, path)
@@ -708,7 +721,7 @@ def test_page_weight_budgets(dash) -> None:
     assert js <= 10 * 1024
     for path in ("/", "/agents", f"/agents/{agent_id}", f"/agents/{agent_id}/memory", f"/agents/{agent_id}/kill",
                  "/approvals", "/usage",
-                 "/models", "/providers", "/workflows", "/channels"):
+                 "/models", "/providers", "/workflows", "/channels", "/channels/slack", "/channels/telegram"):
         html = len(page(client, path).data)
         assert html + css + js <= 60 * 1024, f"{path}: {html} + {css} + {js} bytes"
 

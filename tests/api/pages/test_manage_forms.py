@@ -374,8 +374,11 @@ def test_agent_pages_answer_at_the_agent_name(web: Browser) -> None:
     assert d.get(f"/api/agents/{agent_id}/session").json()["messages"][-1]["content"] == "echo: hello by name"
     r = web.post(f"/agents/{name}/memory/kv", {"key": "mood", "value": "calm"})
     assert r.status_code == 303 and d.get(f"/api/memory/agents/{agent_id}/kv/mood").json() == "calm"
-    missing = web.get("/agents/no-such-agent")
-    assert missing.status_code == 400 and "invalid agent id: &#39;no-such-agent&#39; is not a UUID" in missing.text
+    for path in ("/agents/no-such-agent", "/agents/no-such-agent/memory"):
+        missing = web.get(path)
+        assert missing.status_code == 404 and '<p class="error" role="alert">no agent named &#39;no-such-agent&#39;</p>' \
+            in missing.text, path
+    assert web.post("/agents/no-such-agent/message", {"message": "hi"}).status_code == 404
     # The JSON API keeps its UUID contract, with the hint.
     r = d.get(f"/api/agents/{name}")
     assert r.status_code == 400 and r.json() == {
