@@ -82,6 +82,9 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
         "error: 'sudo' is denied by the daemon's shell policy"
     assert call(pd, agent, "process_start", command="sleep 1 | cat") == \
         "error: shell metacharacter '|' is not allowed: commands run without a shell (one program with its arguments)"
+    nul = "error: the command contains a NUL character (\\u0000), which no program argument can hold"
+    assert call(pd, agent, "process_start", command="echo", args=["a\0b"]) == nul
+    assert call(pd, agent, "process_start", command="echo a\0b") == nul
     env = json.loads(call(pd, agent, "process_start", command="python3", args=["-c", ENV_CHECK]))
     wait_until(lambda: not alive(env["pid"]), "the program exits")
     output = json.loads(call(pd, agent, "process_poll", process_id=env["process_id"]))["output"]
