@@ -1,8 +1,9 @@
 """browser_*: a real (headless Chromium) browser per agent, for pages that need JavaScript.
 
-The session lives in agentd/agents/tools/browser_sessions.py. Every page the browser ends up
-on (after navigate, click, back, script) passes the same SSRF check as web_fetch; a page that
-fails it is left for about:blank.
+The session lives in agentd/agents/tools/browser_sessions.py. Every connection the browser
+makes (pages, redirects, images, scripts' requests) goes through the agent's proxy, which
+applies web_fetch's SSRF check to it (agentd/agents/tools/browser_proxy.py); the page the
+browser ends up on is checked too, and left for about:blank when it fails.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ return els.find(e => text(e) === wanted) || els.find(e => text(e).includes(wante
 
 
 def _browser(ctx: ToolContext) -> Browser:
-    return ctx.require_services().browsers.get(ctx.agent_id)
+    return ctx.require_services().browsers.get(ctx.agent_id, lambda url: check_url(ctx, url))
 
 
 def _cap(ctx: ToolContext, text: str) -> str:

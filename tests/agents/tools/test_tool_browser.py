@@ -30,7 +30,15 @@ setTimeout(() => { const d = document.createElement('div'); d.id = 'late'; d.tex
 document.body.appendChild(d); }, 300);</script></body></html>""",
     "/second": "<html><head><title>Second</title></head><body><p>the second page</p></body></html>",
     "/secret": "<html><body>internal secret</body></html>",
+    # Requests a page makes by itself, to an address the agent may not reach.
+    "/embeds": """<html><head><title>Embeds</title></head><body><p>embeds</p><script>
+const other = 'http://localhost:' + location.port;
+new Image().src = other + '/pixel';
+fetch(other + '/fetched', {mode: 'no-cors'}).catch(() => {});
+const f = document.createElement('iframe'); f.src = other + '/framed'; document.body.appendChild(f);
+</script></body></html>""",
 }
+HITS: list[str] = []
 
 
 class _Site(http.server.BaseHTTPRequestHandler):
@@ -38,6 +46,13 @@ class _Site(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        HITS.append(f"{self.headers['Host'].split(':')[0]} {self.path}")
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/secret")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = PAGES.get(self.path, "<html><body>not found</body></html>").encode()
         self.send_response(200 if self.path in PAGES else 404)
         self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -124,6 +139,12 @@ def test_private_addresses_are_refused_like_web_fetch(bd, site) -> None:
     left = call(bd, agent, "browser_click", selector="Leave")
     assert left.startswith("error: refusing to fetch localhost"), left
     assert "internal secret" not in call(bd, agent, "browser_read_page")
+    redirected = call(bd, agent, "browser_navigate", url=site + "/redirect")
+    assert redirected.startswith("error: refusing to fetch localhost"), redirected
+    assert call(bd, agent, "browser_navigate", url=site + "/embeds").startswith("title: Embeds\n")
+    assert call(bd, agent, "browser_navigate", url=site + "/second").startswith("title: Second\n")
+    assert [hit for hit in HITS if hit.startswith("localhost")] == [], \
+        "BUG: the browser connected to an address web_fetch refuses"
     narrow = spawn(bd, extra='[capabilities]\nnetwork = ["example.com"]\n')
     assert call(bd, narrow, "browser_navigate", url=site + "/") == \
         "error: host 127.0.0.1 is not in this agent's network allowlist (example.com)"
