@@ -88,7 +88,7 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
     env = json.loads(call(pd, agent, "process_start", command="python3", args=["-c", ENV_CHECK]))
     wait_until(lambda: not alive(env["pid"]), "the program exits")
     output = json.loads(call(pd, agent, "process_poll", process_id=env["process_id"]))["output"]
-    assert output == "[] True\n", "BUG: a program started by a tool sees the daemon's secrets"
+    assert output == "['AGENTD_PROCESS'] True\n", "BUG: a program started by a tool sees the daemon's secrets"
     first = json.loads(call(pd, agent, "process_start", command="sleep 30"))
     assert first["command"] == "sleep 30"
     second = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
@@ -97,9 +97,15 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
     other = spawn(pd)
     assert call(pd, other, "process_poll", process_id=first["process_id"]) == \
         f"error: no process {first['process_id']!r} for this agent (see process_list)"
+    # A program that left its process group, started by one that exited.
+    call(pd, agent, "process_kill", process_id=second["process_id"])
+    escaped = json.loads(call(pd, agent, "process_start", command="setsid", args=["sleep", "303"]))
+    wait_until(lambda: _named("sleep 303"), "the program in a session of its own runs")
+    runaway = _named("sleep 303")[0]
+    assert not alive(escaped["pid"]) and os.getsid(runaway) == runaway
     # Killing the agent ends its programs.
     assert pd.delete(f"/api/agents/{agent}").status_code == 200
-    wait_until(lambda: not alive(first["pid"]) and not alive(second["pid"]), "the killed agent's programs end")
+    wait_until(lambda: not alive(first["pid"]) and not alive(runaway), "the killed agent's programs end")
 
 
 def test_memory_limit_applies(pd) -> None:
@@ -155,6 +161,10 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
     wait_until(lambda: any("sleep 301" in _cmdline(p) for p in _pids()), "the grandchild runs")
     grandchild = next(p for p in _pids() if "sleep 301" in _cmdline(p))
     assert alive(started["pid"]) and alive(tree["pid"])
+    # One that left the process group for a session of its own ends too.
+    call(daemon, agent, "process_start", command="setsid", args=["sleep", "304"])
+    wait_until(lambda: _named("sleep 304"), "the program in a session of its own runs")
+    runaway = _named("sleep 304")[0]
     if how == "sigterm":
         assert daemon.stop() == 0
     else:
@@ -162,11 +172,15 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         daemon.proc.wait(15)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(alive(p) for p in (started["pid"], tree["pid"], grandchild)):
+    while time.monotonic() < deadline and any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)):
         time.sleep(0.05)
-    assert not alive(started["pid"]) and not alive(tree["pid"]) and not alive(grandchild), \
+    assert not any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)), \
         "BUG: a program started with process_start outlived the daemon"
     assert daemon.problems() == []
+
+
+def _named(command: str) -> list[int]:
+    return [p for p in _pids() if _cmdline(p).strip() == command]
 
 
 def _pids() -> list[int]:
