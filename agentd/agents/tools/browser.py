@@ -189,8 +189,8 @@ def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
       read_only=True, **_FAMILY)
 def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
     direction = args.get("direction") or "down"
-    amount = args.get("amount") or SCROLL_DEFAULT
-    if amount < 0:
+    amount = args.get("amount", SCROLL_DEFAULT)
+    if amount < 1:
         raise ToolError(f"amount is a number of pixels, at least 1 (the direction says which way), not {amount}")
     moves = {"down": (0, amount), "up": (0, -amount), "right": (amount, 0), "left": (-amount, 0)}
     if direction not in moves:

@@ -108,6 +108,8 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
         "error: direction must be one of up, down, left, right, not 'sideways'"
     assert call(bd, agent, "browser_scroll", direction="up", amount=-300) == \
         "error: amount is a number of pixels, at least 1 (the direction says which way), not -300"
+    assert call(bd, agent, "browser_scroll", amount=0) == \
+        "error: amount is a number of pixels, at least 1 (the direction says which way), not 0"
     shot = json.loads(call(bd, agent, "browser_screenshot"))
     assert shot["content_type"] == "image/png" and shot["url"] == site + "/"
     listed = bd.get(f"/api/agents/{agent}/uploads").json()
