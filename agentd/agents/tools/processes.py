@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import signal
 import subprocess
 import threading
@@ -27,6 +28,7 @@ from agentd.config import ToolsConfig
 
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a process group
 KEEP_EXITED = 20
+WRITE_WAIT = 5.0  # seconds process_write waits for a program to read its input
 # `<daemon pid>:<agent id>:<process id>` in the environment of a program and of everything it starts.
 MARKER = "AGENTD_PROCESS"
 
@@ -278,13 +280,38 @@ def process_write(ctx: ToolContext, args: dict[str, Any]) -> str:
     data = args["data"] if args["data"].endswith("\n") else args["data"] + "\n"
     if not proc.alive() or proc.popen.stdin is None:
         raise ToolError(f"process {proc.id} has exited (code {proc.popen.returncode})")
+    payload = data.encode()
+    sent = 0
     try:
-        proc.popen.stdin.write(data.encode())
-        proc.popen.stdin.flush()
+        sent = _write_within(proc.popen.stdin.fileno(), payload, WRITE_WAIT)
     except (BrokenPipeError, OSError, ValueError):
         raise ToolError(f"process {proc.id} no longer reads its input") from None
-    ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": len(data.encode())})
-    return f"wrote {len(data.encode())} bytes to {proc.id}"
+    finally:
+        if sent:
+            ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": sent})
+    if sent < len(payload):
+        raise ToolError(f"process {proc.id} took {sent} of {len(payload)} bytes within {WRITE_WAIT:g}s: "
+                        "it is not reading its input")
+    return f"wrote {len(payload)} bytes to {proc.id}"
+
+
+def _write_within(fd: int, payload: bytes, wait: float) -> int:
+    """Write what the program reads within `wait` seconds; the number of bytes written.
+
+    A program that does not read its input would otherwise hold the call (and a tool
+    thread) until the tool's deadline once the pipe is full.
+    """
+    os.set_blocking(fd, False)
+    sent = 0
+    deadline = time.monotonic() + wait
+    while sent < len(payload):
+        if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+            break
+        try:
+            sent += os.write(fd, payload[sent:])
+        except BlockingIOError:
+            continue
+    return sent
 
 
 @tool("process_kill", "Terminate a running process and clean up its resources.", _ID, ("process_id",),

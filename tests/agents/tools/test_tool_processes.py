@@ -54,6 +54,21 @@ def test_start_write_poll_list_kill(pd) -> None:
     assert {"tool.process_start", "tool.process_write", "tool.process_kill"} <= set(events)
 
 
+def test_writing_to_a_program_that_does_not_read_gives_up(pd) -> None:
+    agent = spawn(pd)
+    started = json.loads(call(pd, agent, "process_start", command="sleep", args=["60"]))
+    proc_id = started["process_id"]
+    # The pipe takes the first write whole; the second finds it full.
+    data = "x" * 60_000
+    assert call(pd, agent, "process_write", process_id=proc_id, data=data) == f"wrote 60001 bytes to {proc_id}"
+    begun = time.monotonic()
+    refused = call(pd, agent, "process_write", process_id=proc_id, data=data)
+    assert time.monotonic() - begun < 10
+    assert refused.startswith(f"error: process {proc_id} took ") and \
+        refused.endswith(" of 60001 bytes within 5s: it is not reading its input"), refused
+    assert call(pd, agent, "process_kill", process_id=proc_id).startswith(f"process {proc_id} killed")
+
+
 def test_ring_buffer_keeps_the_newest_bytes_and_counts_the_rest(pd) -> None:
     agent = spawn(pd)
     started = json.loads(call(pd, agent, "process_start", command="python3",
