@@ -108,10 +108,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 # Chromium sends to another host comes back here to be checked.
                 path = parts.path or "/"
                 path += f"?{parts.query}" if parts.query else ""
-                headers = [h for h in rest.split(b"\r\n")
-                           if not h.lower().startswith((b"proxy-connection:", b"connection:", b"keep-alive:"))]
-                first = (f"{method} {path} {version}\r\n".encode() + b"Connection: close\r\n"
-                         + b"\r\n".join(headers))
+                fields, _, body = rest.partition(b"\r\n\r\n")
+                headers = [h + b"\r\n" for h in fields.split(b"\r\n") if h and not h.lower().startswith(
+                    (b"proxy-connection:", b"connection:", b"keep-alive:"))]
+                first = (f"{method} {path} {version}\r\nConnection: close\r\n".encode() + b"".join(headers)
+                         + b"\r\n" + body)
             if first:
                 upstream.sendall(first)
             back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)

@@ -65,6 +65,11 @@ def test_a_plain_request_goes_to_its_server_in_origin_form_one_per_connection(pr
     assert answer.endswith(b"\r\n\r\nok")
     assert received == [f"GET /page?q=1 HTTP/1.1\r\nConnection: close\r\nHost: 127.0.0.1:{port}\r\n"
                         "Accept: */*\r\n\r\n".encode()]
+    body = "a=1\r\nconnection: kept, it is the body"
+    ask(proxy, f"POST http://127.0.0.1:{port}/form HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    assert received[1] == (f"POST /form HTTP/1.1\r\nConnection: close\r\nHost: 127.0.0.1:{port}\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
 
 
 def test_a_tunnel_carries_bytes_to_an_allowed_host(proxy, upstream) -> None:
