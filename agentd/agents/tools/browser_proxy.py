@@ -19,7 +19,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from agentd.agents.tools.base import ToolError
-from agentd.agents.tools.web import blocked_address
+from agentd.agents.tools.web import blocked_address, refusal
 
 log = logging.getLogger("agentd.tools.browser")
 HEAD_MAX = 65_536
@@ -128,8 +128,7 @@ class _Handler(socketserver.BaseRequestHandler):
             address = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
             if blocked_address(address):
                 sock.close()
-                raise ToolError(f"refusing to fetch {host}: it resolves to the private or loopback address "
-                                f"{address}")
+                raise refusal(host, address)
         return sock
 
 

@@ -109,6 +109,6 @@ def test_the_connected_address_is_checked_again(upstream) -> None:
     finally:
         server.close()
     assert answer.endswith(b"\r\n\r\nrefusing to fetch 127.0.0.1: it resolves to the private or loopback "
-                           b"address 127.0.0.1\n")
+                           b"address 127.0.0.1 (add the host to [tools] fetch_allow_hosts to permit it)\n")
     wait_until(lambda: received, "the server sees the connection close")
     assert received == [b""]
