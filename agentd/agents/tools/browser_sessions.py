@@ -85,11 +85,15 @@ class BrowserSessions:
         proxy = BrowserProxy(check, self.config.fetch_allow_hosts)
         options = webdriver.ChromeOptions()
         options.binary_location = self.config.chromium_path
-        # `<-loopback>`: Chromium would otherwise reach localhost directly, past the proxy.
+        # `<-loopback>`: Chromium would otherwise reach localhost directly, past the proxy;
+        # WebRTC's UDP would too.
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                     "--window-size=1280,900", "--disable-extensions", "--no-first-run",
                     f"--proxy-server=http://{proxy.address}", "--proxy-bypass-list=<-loopback>"):
             options.add_argument(arg)
+        options.add_experimental_option("prefs", {"webrtc.ip_handling_policy": "disable_non_proxied_udp",
+                                                  "webrtc.multiple_routes_enabled": False,
+                                                  "webrtc.nonproxied_udp_enabled": False})
         try:
             driver = webdriver.Chrome(service=Service(executable_path=self.config.chromedriver_path),
                                       options=options)

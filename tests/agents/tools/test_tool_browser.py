@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -39,6 +40,12 @@ const f = document.createElement('iframe'); f.src = other + '/framed'; document.
 </script></body></html>""",
 }
 HITS: list[str] = []
+# WebRTC asks a STUN server over UDP, past any HTTP proxy, unless the browser is told not to.
+WEBRTC = """<html><head><title>Peer</title></head><body><script>
+const pc = new RTCPeerConnection({iceServers: [{urls: 'stun:127.0.0.1:' + location.hash.slice(1)}]});
+pc.createDataChannel('x');
+pc.createOffer().then(offer => pc.setLocalDescription(offer));
+</script></body></html>"""
 
 
 class _Site(http.server.BaseHTTPRequestHandler):
@@ -47,6 +54,14 @@ class _Site(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         HITS.append(f"{self.headers['Host'].split(':')[0]} {self.path}")
+        if self.path == "/peer":
+            body = WEBRTC.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path == "/redirect":
             self.send_response(302)
             self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/secret")
@@ -147,6 +162,14 @@ def test_private_addresses_are_refused_like_web_fetch(bd, site) -> None:
     assert call(bd, agent, "browser_navigate", url=site + "/second").startswith("title: Second\n")
     assert [hit for hit in HITS if hit.startswith("localhost")] == [], \
         "BUG: the browser connected to an address web_fetch refuses"
+    stun = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stun.bind(("127.0.0.1", 0))
+    stun.settimeout(3)
+    with stun:
+        assert call(bd, agent, "browser_navigate", url=f"{site}/peer#{stun.getsockname()[1]}").startswith(
+            "title: Peer\n")
+        with pytest.raises(socket.timeout):
+            stun.recvfrom(2048)
     narrow = spawn(bd, extra='[capabilities]\nnetwork = ["example.com"]\n')
     assert call(bd, narrow, "browser_navigate", url=site + "/") == \
         "error: host 127.0.0.1 is not in this agent's network allowlist (example.com)"
