@@ -85,12 +85,12 @@ class BrowserSessions:
         proxy = BrowserProxy(check, self.config.fetch_allow_hosts)
         options = webdriver.ChromeOptions()
         options.binary_location = self.config.chromium_path
-        # `<-loopback>`: Chromium would otherwise reach localhost directly, past the proxy;
-        # WebRTC's UDP would too.
+        # `<-loopback>`: Chromium would otherwise reach localhost directly, past the proxy.
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                     "--window-size=1280,900", "--disable-extensions", "--no-first-run",
                     f"--proxy-server=http://{proxy.address}", "--proxy-bypass-list=<-loopback>"):
             options.add_argument(arg)
+        # WebRTC's UDP (STUN) would go past the proxy too.
         options.add_experimental_option("prefs", {"webrtc.ip_handling_policy": "disable_non_proxied_udp",
                                                   "webrtc.multiple_routes_enabled": False,
                                                   "webrtc.nonproxied_udp_enabled": False})
