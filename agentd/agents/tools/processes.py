@@ -281,14 +281,12 @@ def process_write(ctx: ToolContext, args: dict[str, Any]) -> str:
     if not proc.alive() or proc.popen.stdin is None:
         raise ToolError(f"process {proc.id} has exited (code {proc.popen.returncode})")
     payload = data.encode()
-    sent = 0
     try:
         sent = _write_within(proc.popen.stdin.fileno(), payload, WRITE_WAIT)
     except (BrokenPipeError, OSError, ValueError):
         raise ToolError(f"process {proc.id} no longer reads its input") from None
-    finally:
-        if sent:
-            ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": sent})
+    if sent:
+        ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": sent})
     if sent < len(payload):
         raise ToolError(f"process {proc.id} took {sent} of {len(payload)} bytes within {WRITE_WAIT:g}s: "
                         "it is not reading its input")
