@@ -210,7 +210,9 @@ def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
        "timeout_ms": {"type": "integer", "description": "Max wait time in milliseconds (default: 5000, max: 30000)"}},
       ("selector",), read_only=True, **_FAMILY)
 def browser_wait(ctx: ToolContext, args: dict[str, Any]) -> str:
-    timeout_ms = min(max(args.get("timeout_ms") or WAIT_DEFAULT_MS, 1), WAIT_MAX_MS)
+    timeout_ms = min(args.get("timeout_ms", WAIT_DEFAULT_MS), WAIT_MAX_MS)
+    if timeout_ms < 1:
+        raise ToolError(f"timeout_ms is a number of milliseconds, at least 1, not {timeout_ms}")
 
     def wait(driver: Any) -> str:
         from selenium.common.exceptions import TimeoutException

@@ -112,6 +112,9 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
     page = call(bd, agent, "browser_navigate", url=site + "/")
     assert page.startswith(f"title: Local app\nurl: {site}/\n\nrendered by script"), page
     assert call(bd, agent, "browser_wait", selector="#late", timeout_ms=5000) == "#late is present"
+    assert call(bd, agent, "browser_wait", selector="#late", timeout_ms=0) == \
+        "error: timeout_ms is a number of milliseconds, at least 1, not 0"
+    assert call(bd, agent, "browser_wait", selector="#never", timeout_ms=50) == "error: '#never' did not appear within 50 ms"
     assert "late content" in call(bd, agent, "browser_read_page")
     assert call(bd, agent, "browser_type", selector="#name", text="Ann") == "typed 3 characters into #name"
     assert "hello Ann" in call(bd, agent, "browser_click", selector="#go")
