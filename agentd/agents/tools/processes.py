@@ -244,8 +244,8 @@ _ID = {"process_id": {"type": "string", "description": "The process ID returned 
       ("command",), capability="shell", family="processes")
 def process_start(ctx: ToolContext, args: dict[str, Any]) -> str:
     extra = args.get("args")
-    if extra is None and any(c.isspace() for c in args["command"].strip()):
-        # "python3 -m http.server" in `command` alone: split it as shell_exec does (no shell).
+    if not extra and any(c.isspace() for c in args["command"].strip()):
+        # "python3 -m http.server" in `command` (and no `args`): split it as shell_exec does (no shell).
         argv = check_command(ctx, args["command"])
     else:
         if not all(isinstance(a, str) for a in extra or []):

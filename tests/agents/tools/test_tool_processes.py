@@ -71,7 +71,9 @@ def test_a_run_may_poll_a_program_more_often_than_it_repeats_other_calls(pd) -> 
 
 def test_writing_to_a_program_that_does_not_read_gives_up(pd) -> None:
     agent = spawn(pd)
-    started = json.loads(call(pd, agent, "process_start", command="sleep", args=["60"]))
+    # A whole command line with empty `args` is split as when `args` is left out.
+    started = json.loads(call(pd, agent, "process_start", command="sleep 60", args=[]))
+    assert started["command"] == "sleep 60"
     proc_id = started["process_id"]
     # The pipe takes the first write whole; the second finds it full.
     data = "x" * 60_000
