@@ -26,7 +26,7 @@ from agentd import __version__
 log = logging.getLogger("agentd.metrics")
 
 # The run path's origins; anything else is counted as `other` so a typo cannot add series.
-ORIGINS = ("api", "sse", "ws", "v1", "channel", "workflow", "agent", "schedule", "trigger")
+ORIGINS = ("api", "sse", "ws", "v1", "channel", "workflow", "agent", "schedule", "trigger", "a2a", "mcp")
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
 REFUSAL_REASONS = ("queue_full", "budget", "quota", "rate_limit", "size")
 CHANNEL_DIRECTIONS = ("in", "out", "refused")

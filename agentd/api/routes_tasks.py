@@ -24,7 +24,7 @@ def _reach(ref: str | None) -> None:
 
 
 @bp.get("/api/tasks")
-@doc("List tasks, oldest first", tags="tasks", query=TaskQuery, response=_TASK)
+@doc("List the newest 500 tasks, oldest first", tags="tasks", query=TaskQuery, response=_TASK)
 def list_tasks():
     try:
         args = TaskQuery().load(request.args)

@@ -92,7 +92,8 @@ class TaskBoard:
 
     def list(self, status: str | None = None, assigned_to: str | None = None,
              claimed_by: str | None = None) -> list[dict[str, Any]]:
-        """Oldest first; `assigned_to` and `claimed_by` take an agent's id or name."""
+        """The newest LIST_LIMIT tasks, oldest first; `assigned_to` and `claimed_by` take an
+        agent's id or name."""
         if status is not None and status not in STATUSES:
             raise BadRequest(f"status: must be one of {', '.join(STATUSES)}")
         if holds_nul(assigned_to) or holds_nul(claimed_by):
@@ -106,7 +107,8 @@ class TaskBoard:
                 query = query.filter(lambda t: t.assigned_to == assigned_to)
             if claimed_by is not None:
                 query = query.filter(lambda t: t.claimed_by == claimed_by)
-            return [self._json(r) for r in self._whole(query.order_by(lambda t: (t.created_at, t.id)))[:LIST_LIMIT]]
+            newest = self._whole(query.order_by(lambda t: (orm.desc(t.created_at), orm.desc(t.id))))[:LIST_LIMIT]
+            return [self._json(r) for r in reversed(newest)]
 
     def _take(self, task_id: str, agent_id: str) -> bool:
         """The conditional update: True when this call moved the task to in_progress."""

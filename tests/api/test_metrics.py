@@ -106,6 +106,20 @@ def test_a_message_is_counted_by_route_run_model_call_and_tokens(daemon: Daemon)
     assert value(after, "agentd_http_requests_total", method="GET", route="/metrics", status="200") >= 1
 
 
+def test_runs_from_a2a_and_mcp_are_counted_by_their_origin(daemon: Daemon) -> None:
+    spawn(daemon, "remote-asked")
+    before = scrape(daemon)
+    message = {"kind": "message", "role": "user", "messageId": "m-1", "parts": [{"kind": "text", "text": "hi"}]}
+    r = daemon.post("/a2a/agents/remote-asked", json={"jsonrpc": "2.0", "id": 1, "method": "message/send",
+                                                      "params": {"message": message}})
+    assert r.status_code == 200 and r.json()["result"]["status"]["state"] == "completed", r.text
+    after = scrape(daemon)
+    assert value(after, "agentd_runs_total", origin="a2a", outcome="completed") == \
+        value(before, "agentd_runs_total", origin="a2a", outcome="completed") + 1
+    assert value(after, "agentd_runs_total", origin="mcp", outcome="completed") == 0
+    assert value(after, "agentd_runs_total", origin="other", outcome="completed") is None
+
+
 def test_a_streamed_run_a_failed_model_call_and_refusals(daemon: Daemon) -> None:
     agent_id = spawn(daemon, "streamed")
     before = scrape(daemon)

@@ -69,6 +69,22 @@ def test_api_post_list_claim_complete_delete(agent_daemon) -> None:
     assert d.get("/api/tasks?status=done").status_code == 400
 
 
+def test_lists_show_the_newest_tasks(agent_daemon) -> None:
+    d = agent_daemon
+    worker, _ = _agent(d)
+    titles = [f"t-{i}" for i in range(502)]
+    for title in titles:
+        assert d.post("/api/tasks", json={"title": title, "assigned_to": worker}).status_code == 201
+    listed = d.get(f"/api/tasks?assigned_to={worker}").json()
+    assert [t["title"] for t in listed] == titles[2:]
+    # The tool shows the newest 50 of the board, oldest first.
+    shown = _tool(d, worker, "task_list", status="pending")
+    assert shown.startswith('[{"id": "') and '"title": "t-452"' in shown[:120], shown
+    while left := d.get(f"/api/tasks?assigned_to={worker}").json():
+        for task in left:
+            assert d.delete(f"/api/tasks/{task['id']}").status_code == 200
+
+
 def test_claims_racing_on_one_task_have_one_winner(agent_daemon) -> None:
     d = agent_daemon
     agents = [_agent(d)[0] for _ in range(8)]

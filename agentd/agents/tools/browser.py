@@ -1,8 +1,9 @@
 """browser_*: a real (headless Chromium) browser per agent, for pages that need JavaScript.
 
-The session lives in agentd/agents/tools/browser_sessions.py. Every page the browser ends up
-on (after navigate, click, back, script) passes the same SSRF check as web_fetch; a page that
-fails it is left for about:blank.
+The session lives in agentd/agents/tools/browser_sessions.py. Every connection the browser
+makes (pages, redirects, images, scripts' requests) goes through the agent's proxy, which
+applies web_fetch's SSRF check to it (agentd/agents/tools/browser_proxy.py); the page the
+browser ends up on is checked too, and left for about:blank when it fails.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ return els.find(e => text(e) === wanted) || els.find(e => text(e).includes(wante
 
 
 def _browser(ctx: ToolContext) -> Browser:
-    return ctx.require_services().browsers.get(ctx.agent_id)
+    return ctx.require_services().browsers.get(ctx.agent_id, lambda url: check_url(ctx, url))
 
 
 def _cap(ctx: ToolContext, text: str) -> str:
@@ -188,8 +189,8 @@ def browser_close(ctx: ToolContext, args: dict[str, Any]) -> str:
       read_only=True, **_FAMILY)
 def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
     direction = args.get("direction") or "down"
-    amount = args.get("amount") or SCROLL_DEFAULT
-    if amount < 0:
+    amount = args.get("amount", SCROLL_DEFAULT)
+    if amount < 1:
         raise ToolError(f"amount is a number of pixels, at least 1 (the direction says which way), not {amount}")
     moves = {"down": (0, amount), "up": (0, -amount), "right": (amount, 0), "left": (-amount, 0)}
     if direction not in moves:
@@ -209,7 +210,9 @@ def browser_scroll(ctx: ToolContext, args: dict[str, Any]) -> str:
        "timeout_ms": {"type": "integer", "description": "Max wait time in milliseconds (default: 5000, max: 30000)"}},
       ("selector",), read_only=True, **_FAMILY)
 def browser_wait(ctx: ToolContext, args: dict[str, Any]) -> str:
-    timeout_ms = min(max(args.get("timeout_ms") or WAIT_DEFAULT_MS, 1), WAIT_MAX_MS)
+    timeout_ms = min(args.get("timeout_ms", WAIT_DEFAULT_MS), WAIT_MAX_MS)
+    if timeout_ms < 1:
+        raise ToolError(f"timeout_ms is a number of milliseconds, at least 1, not {timeout_ms}")
 
     def wait(driver: Any) -> str:
         from selenium.common.exceptions import TimeoutException

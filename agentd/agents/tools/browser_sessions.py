@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from agentd.config import ToolsConfig
 
@@ -32,10 +32,12 @@ def browser_unavailable(config: ToolsConfig) -> str | None:
 
 
 class Browser:
-    """An agent's browser; `lock` serialises the agent's calls on it."""
+    """An agent's browser and the proxy all its connections go through; `lock` serialises
+    the agent's calls on it."""
 
-    def __init__(self, driver: Any) -> None:
+    def __init__(self, driver: Any, proxy: Any) -> None:
         self.driver = driver
+        self.proxy = proxy
         self.lock = threading.Lock()
         self.used = time.monotonic()
 
@@ -52,7 +54,9 @@ class BrowserSessions:
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def get(self, agent_id: str) -> Browser:
+    def get(self, agent_id: str, check: Callable[[str], None]) -> Browser:
+        """The agent's browser, started on first use; `check(url)` raises ToolError for a
+        place it may not connect to (the agent's rules as they are now)."""
         with self._lock:
             if self._closed:
                 from agentd.agents.tools.base import ToolError
@@ -60,10 +64,11 @@ class BrowserSessions:
                 raise ToolError("the daemon is stopping")
             browser = self._browsers.get(agent_id)
             if browser is None:
-                browser = self._browsers[agent_id] = Browser(self._start())
+                browser = self._browsers[agent_id] = self._start(check)
                 if self._sweeper is None:
                     self._sweeper = threading.Thread(target=self._sweep, daemon=True, name="browser-idle")
                     self._sweeper.start()
+            browser.proxy.check = check
             browser.used = time.monotonic()
             return browser
 
@@ -71,19 +76,33 @@ class BrowserSessions:
         with self._lock:
             return agent_id in self._browsers
 
-    def _start(self) -> Any:
+    def _start(self, check: Callable[[str], None]) -> Browser:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
+        from agentd.agents.tools.browser_proxy import BrowserProxy
+
+        proxy = BrowserProxy(check, self.config.fetch_allow_hosts)
         options = webdriver.ChromeOptions()
         options.binary_location = self.config.chromium_path
+        # `<-loopback>`: Chromium would otherwise reach localhost directly, past the proxy.
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                    "--window-size=1280,900", "--disable-extensions", "--no-first-run"):
+                    "--window-size=1280,900", "--disable-extensions", "--no-first-run",
+                    f"--proxy-server=http://{proxy.address}", "--proxy-bypass-list=<-loopback>"):
             options.add_argument(arg)
-        driver = webdriver.Chrome(service=Service(executable_path=self.config.chromedriver_path), options=options)
+        # WebRTC's UDP (STUN) would go past the proxy too.
+        options.add_experimental_option("prefs", {"webrtc.ip_handling_policy": "disable_non_proxied_udp",
+                                                  "webrtc.multiple_routes_enabled": False,
+                                                  "webrtc.nonproxied_udp_enabled": False})
+        try:
+            driver = webdriver.Chrome(service=Service(executable_path=self.config.chromedriver_path),
+                                      options=options)
+        except BaseException:
+            proxy.close()
+            raise
         driver.set_page_load_timeout(30)
         driver.set_script_timeout(30)
-        return driver
+        return Browser(driver, proxy)
 
     def close(self, agent_id: str) -> bool:
         with self._lock:
@@ -94,6 +113,7 @@ class BrowserSessions:
             browser.driver.quit()
         except Exception:  # noqa: BLE001 - a dead browser is closed already
             log.debug("browser quit failed", exc_info=True)
+        browser.proxy.close()
         return True
 
     def close_all(self) -> None:

@@ -42,8 +42,8 @@ def _cap(text: str, limit: int) -> str:
 
 
 @tool("docker_exec", "Execute a command inside a Docker container sandbox. Provides OS-level isolation with "
-      "resource limits, network isolation, and capability dropping. Requires Docker to be installed and "
-      "docker.enabled=true.",
+      "resource limits, network isolation, and capability dropping. Requires a Docker or Podman socket in "
+      "[tools] container_runtime.",
       {"command": {"type": "string", "description": "The command to execute inside the container"}},
       ("command",), capability="shell", family="containers", check=runtime_unavailable)
 def docker_exec(ctx: ToolContext, args: dict[str, Any]) -> str:

@@ -248,7 +248,7 @@ def text_to_speech(ctx: ToolContext, args: dict[str, Any]) -> str:
       ("prompt",), family="media")
 def image_generate(ctx: ToolContext, args: dict[str, Any]) -> str:
     prompt, model = args["prompt"], args.get("model") or "dall-e-3"
-    count = args.get("count") or 1
+    count = args.get("count", 1)
     if not prompt.strip() or len(prompt) > 4000:
         raise ToolError("prompt must have 1 to 4000 characters")
     if model not in IMAGE_MODELS:

@@ -3,7 +3,8 @@
 The shell policy applies (agentd/agents/tools/shell.py: deny list, allowlist, no shell, a
 scrubbed environment). Each program runs in its own session (process group) so that killing
 it ends its children too; the daemon kills every group when the agent is killed or the
-daemon stops, and after `[tools] process_max_runtime_secs`.
+daemon stops, and after `[tools] process_max_runtime_secs`. A descendant that left the group
+(`setsid`, a daemonizing server) still carries MARKER in its environment, and is found by it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import signal
 import subprocess
 import threading
@@ -26,6 +28,9 @@ from agentd.config import ToolsConfig
 
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a process group
 KEEP_EXITED = 20
+WRITE_WAIT = 5.0  # seconds process_write waits for a program to read its input
+# `<daemon pid>:<agent id>:<process id>` in the environment of a program and of everything it starts.
+MARKER = "AGENTD_PROCESS"
 
 
 class Ring:
@@ -99,6 +104,26 @@ def kill_group(popen: subprocess.Popen, grace: float = KILL_GRACE) -> None:
             continue
 
 
+def kill_marked(*path: str) -> None:
+    """SIGKILL every process whose MARKER starts with this daemon's pid and `path` (agent id,
+    process id), wherever it now is in the process tree."""
+    needle = b"\0" + ":".join((f"{MARKER}={os.getpid()}", *path)).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = b"\0" + fh.read()
+        except OSError:
+            continue
+        at = environ.find(needle)
+        if at >= 0 and environ[at + len(needle):at + len(needle) + 1] in (b"\0", b":", b""):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 class ProcessTable:
     """Every agent's running programs; thread-safe."""
 
@@ -123,8 +148,10 @@ class ProcessTable:
             if len(running) >= cfg.process_max_per_agent:
                 raise ToolError(f"this agent already runs {len(running)} processes (the limit is "
                                 f"{cfg.process_max_per_agent}): kill one with process_kill first")
+            proc_id = f"proc-{uuid.uuid4().hex[:8]}"
             try:
-                popen = subprocess.Popen(argv, cwd=workspace_root(ctx), env=scrubbed_env(),
+                popen = subprocess.Popen(argv, cwd=workspace_root(ctx),
+                                         env={**scrubbed_env(), MARKER: f"{os.getpid()}:{ctx.agent_id}:{proc_id}"},
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          start_new_session=True,
                                          preexec_fn=_limits(cfg.process_max_memory_mb * 1024 * 1024))
@@ -132,7 +159,7 @@ class ProcessTable:
                 raise ToolError(f"program not found: {argv[0]}") from None
             except PermissionError:
                 raise ToolError(f"permission denied running {argv[0]}") from None
-            proc = Proc(f"proc-{uuid.uuid4().hex[:8]}", ctx.agent_id, argv, popen, Ring(cfg.process_buffer_bytes))
+            proc = Proc(proc_id, ctx.agent_id, argv, popen, Ring(cfg.process_buffer_bytes))
             self._procs[proc.id] = proc
         threading.Thread(target=self._read, args=(proc,), daemon=True, name=f"proc-{proc.id}").start()
         return proc
@@ -159,6 +186,7 @@ class ProcessTable:
         if proc.alive():
             proc.killed_reason = f"killed after {self.config.process_max_runtime_secs:g}s (the run time limit)"
             kill_group(proc.popen)
+            kill_marked(proc.agent_id, proc.id)
 
     def get(self, agent_id: str, process_id: str) -> Proc:
         with self._lock:
@@ -175,6 +203,7 @@ class ProcessTable:
         with self._lock:
             self._procs.pop(proc.id, None)
         kill_group(proc.popen)
+        kill_marked(proc.agent_id, proc.id)
         if proc.popen.stdin is not None:
             try:
                 proc.popen.stdin.close()
@@ -185,6 +214,7 @@ class ProcessTable:
         """Kill every program of an agent (it was killed)."""
         for proc in self.list(agent_id):
             self.kill(proc)
+        kill_marked(agent_id)  # (those of programs no longer listed too)
 
     def close(self) -> None:
         """Kill every program (the daemon stops); the groups are signalled together."""
@@ -196,6 +226,7 @@ class ProcessTable:
             thread.start()
         for thread in threads:
             thread.join(KILL_GRACE + 6)
+        kill_marked()
 
 
 def _table(ctx: ToolContext) -> ProcessTable:
@@ -213,8 +244,8 @@ _ID = {"process_id": {"type": "string", "description": "The process ID returned 
       ("command",), capability="shell", family="processes")
 def process_start(ctx: ToolContext, args: dict[str, Any]) -> str:
     extra = args.get("args")
-    if extra is None and any(c.isspace() for c in args["command"].strip()):
-        # "python3 -m http.server" in `command` alone: split it as shell_exec does (no shell).
+    if not extra and any(c.isspace() for c in args["command"].strip()):
+        # "python3 -m http.server" in `command` (and no `args`): split it as shell_exec does (no shell).
         argv = check_command(ctx, args["command"])
     else:
         if not all(isinstance(a, str) for a in extra or []):
@@ -249,13 +280,36 @@ def process_write(ctx: ToolContext, args: dict[str, Any]) -> str:
     data = args["data"] if args["data"].endswith("\n") else args["data"] + "\n"
     if not proc.alive() or proc.popen.stdin is None:
         raise ToolError(f"process {proc.id} has exited (code {proc.popen.returncode})")
+    payload = data.encode()
     try:
-        proc.popen.stdin.write(data.encode())
-        proc.popen.stdin.flush()
+        sent = _write_within(proc.popen.stdin.fileno(), payload, WRITE_WAIT)
     except (BrokenPipeError, OSError, ValueError):
         raise ToolError(f"process {proc.id} no longer reads its input") from None
-    ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": len(data.encode())})
-    return f"wrote {len(data.encode())} bytes to {proc.id}"
+    if sent:
+        ctx.audit("tool.process_write", {"process_id": proc.id, "bytes": sent})
+    if sent < len(payload):
+        raise ToolError(f"process {proc.id} took {sent} of {len(payload)} bytes within {WRITE_WAIT:g}s: "
+                        "it is not reading its input")
+    return f"wrote {len(payload)} bytes to {proc.id}"
+
+
+def _write_within(fd: int, payload: bytes, wait: float) -> int:
+    """Write what the program reads within `wait` seconds; the number of bytes written.
+
+    A program that does not read its input would otherwise hold the call (and a tool
+    thread) until the tool's deadline once the pipe is full.
+    """
+    os.set_blocking(fd, False)
+    sent = 0
+    deadline = time.monotonic() + wait
+    while sent < len(payload):
+        if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
+            break
+        try:
+            sent += os.write(fd, payload[sent:])
+        except BlockingIOError:
+            continue
+    return sent
 
 
 @tool("process_kill", "Terminate a running process and clean up its resources.", _ID, ("process_id",),

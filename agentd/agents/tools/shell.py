@@ -62,6 +62,8 @@ def check_argv(ctx: ToolContext, argv: list[str]) -> list[str]:
     wrappers) and the agent's `shell` allowlist. Every tool that starts programs asks here."""
     if not argv or not argv[0].strip():
         raise ToolError("empty command")
+    if any("\0" in arg for arg in argv):
+        raise ToolError("the command contains a NUL character (\\u0000), which no program argument can hold")
     program = os.path.basename(argv[0])
     for name in _wrapped_programs(argv):
         if name in ctx.tools_config.shell_deny:

@@ -30,7 +30,7 @@ def blocked_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> b
     return address.is_multicast or address.is_reserved or not address.is_global
 
 
-def _refusal(host: str, address: Any) -> ToolError:
+def refusal(host: str, address: Any) -> ToolError:
     return ToolError(f"refusing to fetch {host}: it resolves to the private or loopback address "
                      f"{address} (add the host to [tools] fetch_allow_hosts to permit it)")
 
@@ -61,7 +61,7 @@ def check_url(ctx: ToolContext, url: str) -> None:
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
         if blocked_address(address):
-            raise _refusal(host, address)
+            raise refusal(host, address)
 
 
 def guarded_session(allow_hosts: list[str]) -> requests.Session:
@@ -85,7 +85,7 @@ def guarded_session(allow_hosts: list[str]) -> requests.Session:
         address = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
         if blocked_address(address):
             sock.close()
-            raise _refusal(host, address)
+            raise refusal(host, address)
 
     class Conn(HTTPConnection):
         def _new_conn(self) -> socket.socket:

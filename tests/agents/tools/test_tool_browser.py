@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -30,7 +31,21 @@ setTimeout(() => { const d = document.createElement('div'); d.id = 'late'; d.tex
 document.body.appendChild(d); }, 300);</script></body></html>""",
     "/second": "<html><head><title>Second</title></head><body><p>the second page</p></body></html>",
     "/secret": "<html><body>internal secret</body></html>",
+    # Requests a page makes by itself, to an address the agent may not reach.
+    "/embeds": """<html><head><title>Embeds</title></head><body><p>embeds</p><script>
+const other = 'http://localhost:' + location.port;
+new Image().src = other + '/pixel';
+fetch(other + '/fetched', {mode: 'no-cors'}).catch(() => {});
+const f = document.createElement('iframe'); f.src = other + '/framed'; document.body.appendChild(f);
+</script></body></html>""",
 }
+HITS: list[str] = []
+# WebRTC asks a STUN server over UDP, past any HTTP proxy, unless the browser is told not to.
+WEBRTC = """<html><head><title>Peer</title></head><body><script>
+const pc = new RTCPeerConnection({iceServers: [{urls: 'stun:127.0.0.1:' + location.hash.slice(1)}]});
+pc.createDataChannel('x');
+pc.createOffer().then(offer => pc.setLocalDescription(offer));
+</script></body></html>"""
 
 
 class _Site(http.server.BaseHTTPRequestHandler):
@@ -38,6 +53,21 @@ class _Site(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        HITS.append(f"{self.headers['Host'].split(':')[0]} {self.path}")
+        if self.path == "/peer":
+            body = WEBRTC.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/secret")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = PAGES.get(self.path, "<html><body>not found</body></html>").encode()
         self.send_response(200 if self.path in PAGES else 404)
         self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -82,6 +112,9 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
     page = call(bd, agent, "browser_navigate", url=site + "/")
     assert page.startswith(f"title: Local app\nurl: {site}/\n\nrendered by script"), page
     assert call(bd, agent, "browser_wait", selector="#late", timeout_ms=5000) == "#late is present"
+    assert call(bd, agent, "browser_wait", selector="#late", timeout_ms=0) == \
+        "error: timeout_ms is a number of milliseconds, at least 1, not 0"
+    assert call(bd, agent, "browser_wait", selector="#never", timeout_ms=50) == "error: '#never' did not appear within 50 ms"
     assert "late content" in call(bd, agent, "browser_read_page")
     assert call(bd, agent, "browser_type", selector="#name", text="Ann") == "typed 3 characters into #name"
     assert "hello Ann" in call(bd, agent, "browser_click", selector="#go")
@@ -93,6 +126,8 @@ def test_a_page_that_needs_javascript(bd, site) -> None:
         "error: direction must be one of up, down, left, right, not 'sideways'"
     assert call(bd, agent, "browser_scroll", direction="up", amount=-300) == \
         "error: amount is a number of pixels, at least 1 (the direction says which way), not -300"
+    assert call(bd, agent, "browser_scroll", amount=0) == \
+        "error: amount is a number of pixels, at least 1 (the direction says which way), not 0"
     shot = json.loads(call(bd, agent, "browser_screenshot"))
     assert shot["content_type"] == "image/png" and shot["url"] == site + "/"
     listed = bd.get(f"/api/agents/{agent}/uploads").json()
@@ -124,6 +159,20 @@ def test_private_addresses_are_refused_like_web_fetch(bd, site) -> None:
     left = call(bd, agent, "browser_click", selector="Leave")
     assert left.startswith("error: refusing to fetch localhost"), left
     assert "internal secret" not in call(bd, agent, "browser_read_page")
+    redirected = call(bd, agent, "browser_navigate", url=site + "/redirect")
+    assert redirected.startswith("error: refusing to fetch localhost"), redirected
+    assert call(bd, agent, "browser_navigate", url=site + "/embeds").startswith("title: Embeds\n")
+    assert call(bd, agent, "browser_navigate", url=site + "/second").startswith("title: Second\n")
+    assert [hit for hit in HITS if hit.startswith("localhost")] == [], \
+        "BUG: the browser connected to an address web_fetch refuses"
+    stun = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stun.bind(("127.0.0.1", 0))
+    stun.settimeout(3)
+    with stun:
+        assert call(bd, agent, "browser_navigate", url=f"{site}/peer#{stun.getsockname()[1]}").startswith(
+            "title: Peer\n")
+        with pytest.raises(socket.timeout):
+            stun.recvfrom(2048)
     narrow = spawn(bd, extra='[capabilities]\nnetwork = ["example.com"]\n')
     assert call(bd, narrow, "browser_navigate", url=site + "/") == \
         "error: host 127.0.0.1 is not in this agent's network allowlist (example.com)"

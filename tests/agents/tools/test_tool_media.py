@@ -170,6 +170,8 @@ def test_image_generation_stores_uploads(md, fake_llm) -> None:
         assert image["content_type"] == "image/png"
         assert md.get(f"/api/agents/{agent}/uploads/{image['file_id']}").content == TINY_PNG
     assert call(md, agent, "image_generate", prompt="x", count=2) == "error: count must be 1 to 4 (dall-e-3 makes 1)"
+    assert call(md, agent, "image_generate", prompt="x", model="dall-e-2", count=0) == \
+        "error: count must be 1 to 4 (dall-e-3 makes 1)"
     assert call(md, agent, "image_generate", prompt="x", size="4096x4096") == \
         "error: size must be one of 1024x1024, 1792x1024, 1024x1792 for dall-e-3, not '4096x4096'"
     assert call(md, agent, "image_generate", prompt="x", model="gpt-image-1", quality="hd") == \

@@ -54,6 +54,38 @@ def test_start_write_poll_list_kill(pd) -> None:
     assert {"tool.process_start", "tool.process_write", "tool.process_kill"} <= set(events)
 
 
+def test_a_run_may_poll_a_program_more_often_than_it_repeats_other_calls(pd) -> None:
+    agent = spawn(pd)
+    started = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
+    args = json.dumps({"process_id": started["process_id"]})
+    r = pd.post(f"/api/agents/{agent}/message", json={"message": f"[[tool:process_poll {args} x9]]"})
+    assert r.json()["response"] == (
+        f'tool said: {{"process_id": "{started["process_id"]}", "alive": true, "exit_code": null, "output": ""}}'
+        "\n\n[loop guard] warning: tool 'process_poll' has been called 9 times with identical arguments; it will "
+        "be blocked from call 15 on.")
+    r = pd.post(f"/api/agents/{agent}/message", json={"message": f"[[tool:process_poll {args} x15]]"})
+    assert r.json()["response"] == ("tool said: blocked by loop guard: tool 'process_poll' was called 15 times "
+                                    "with identical arguments; it was not run. Try a different approach.")
+    call(pd, agent, "process_kill", process_id=started["process_id"])
+
+
+def test_writing_to_a_program_that_does_not_read_gives_up(pd) -> None:
+    agent = spawn(pd)
+    # A whole command line with empty `args` is split as when `args` is left out.
+    started = json.loads(call(pd, agent, "process_start", command="sleep 60", args=[]))
+    assert started["command"] == "sleep 60"
+    proc_id = started["process_id"]
+    # The pipe takes the first write whole; the second finds it full.
+    data = "x" * 60_000
+    assert call(pd, agent, "process_write", process_id=proc_id, data=data) == f"wrote 60001 bytes to {proc_id}"
+    begun = time.monotonic()
+    refused = call(pd, agent, "process_write", process_id=proc_id, data=data)
+    assert time.monotonic() - begun < 10
+    assert refused.startswith(f"error: process {proc_id} took ") and \
+        refused.endswith(" of 60001 bytes within 5s: it is not reading its input"), refused
+    assert call(pd, agent, "process_kill", process_id=proc_id).startswith(f"process {proc_id} killed")
+
+
 def test_ring_buffer_keeps_the_newest_bytes_and_counts_the_rest(pd) -> None:
     agent = spawn(pd)
     started = json.loads(call(pd, agent, "process_start", command="python3",
@@ -82,10 +114,13 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
         "error: 'sudo' is denied by the daemon's shell policy"
     assert call(pd, agent, "process_start", command="sleep 1 | cat") == \
         "error: shell metacharacter '|' is not allowed: commands run without a shell (one program with its arguments)"
+    nul = "error: the command contains a NUL character (\\u0000), which no program argument can hold"
+    assert call(pd, agent, "process_start", command="echo", args=["a\0b"]) == nul
+    assert call(pd, agent, "process_start", command="echo a\0b") == nul
     env = json.loads(call(pd, agent, "process_start", command="python3", args=["-c", ENV_CHECK]))
     wait_until(lambda: not alive(env["pid"]), "the program exits")
     output = json.loads(call(pd, agent, "process_poll", process_id=env["process_id"]))["output"]
-    assert output == "[] True\n", "BUG: a program started by a tool sees the daemon's secrets"
+    assert output == "['AGENTD_PROCESS'] True\n", "BUG: a program started by a tool sees the daemon's secrets"
     first = json.loads(call(pd, agent, "process_start", command="sleep 30"))
     assert first["command"] == "sleep 30"
     second = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
@@ -94,9 +129,15 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
     other = spawn(pd)
     assert call(pd, other, "process_poll", process_id=first["process_id"]) == \
         f"error: no process {first['process_id']!r} for this agent (see process_list)"
+    # A program that left its process group, started by one that exited.
+    call(pd, agent, "process_kill", process_id=second["process_id"])
+    escaped = json.loads(call(pd, agent, "process_start", command="setsid", args=["sleep", "303"]))
+    wait_until(lambda: _named("sleep 303"), "the program in a session of its own runs")
+    runaway = _named("sleep 303")[0]
+    assert not alive(escaped["pid"]) and os.getsid(runaway) == runaway
     # Killing the agent ends its programs.
     assert pd.delete(f"/api/agents/{agent}").status_code == 200
-    wait_until(lambda: not alive(first["pid"]) and not alive(second["pid"]), "the killed agent's programs end")
+    wait_until(lambda: not alive(first["pid"]) and not alive(runaway), "the killed agent's programs end")
 
 
 def test_memory_limit_applies(pd) -> None:
@@ -152,6 +193,10 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
     wait_until(lambda: any("sleep 301" in _cmdline(p) for p in _pids()), "the grandchild runs")
     grandchild = next(p for p in _pids() if "sleep 301" in _cmdline(p))
     assert alive(started["pid"]) and alive(tree["pid"])
+    # One that left the process group for a session of its own ends too.
+    call(daemon, agent, "process_start", command="setsid", args=["sleep", "304"])
+    wait_until(lambda: _named("sleep 304"), "the program in a session of its own runs")
+    runaway = _named("sleep 304")[0]
     if how == "sigterm":
         assert daemon.stop() == 0
     else:
@@ -159,11 +204,15 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         daemon.proc.wait(15)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(alive(p) for p in (started["pid"], tree["pid"], grandchild)):
+    while time.monotonic() < deadline and any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)):
         time.sleep(0.05)
-    assert not alive(started["pid"]) and not alive(tree["pid"]) and not alive(grandchild), \
+    assert not any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)), \
         "BUG: a program started with process_start outlived the daemon"
     assert daemon.problems() == []
+
+
+def _named(command: str) -> list[int]:
+    return [p for p in _pids() if _cmdline(p).strip() == command]
 
 
 def _pids() -> list[int]:

@@ -18,6 +18,7 @@ from agentd.agents.tools import ToolContext, ToolError
 from agentd.agents.tools.shell import _check
 from tests.agents.tools.test_tools import make_ctx, run
 
+NUL_REFUSAL = "the command contains a NUL character (\\u0000), which no program argument can hold"
 META_TAIL = ": commands run without a shell (one program with its arguments)"
 
 
@@ -46,6 +47,7 @@ def test_refusal_messages_are_exact(tmp_path) -> None:
     assert refusal(ctx, 'echo "open') == "cannot parse the command: No closing quotation"
     assert refusal(ctx, "ls -l") == "'ls' is not in this agent's shell allowlist (echo, sleep)"
     assert refusal(ctx, "sudo id") == "'sudo' is denied by the daemon's shell policy"
+    assert refusal(ctx, "echo a\0b") == NUL_REFUSAL
     bare = make_ctx(tmp_path, shell=[])
     assert refusal(bare, "echo hi") == "'echo' is not in this agent's shell allowlist (empty)", \
         "BUG: an empty allowlist is not reported as empty"
