@@ -448,3 +448,36 @@ def test_every_command_and_option_of_the_cli_is_documented() -> None:
                 if names and "--help" not in names and not any(re.search(rf"{n}\b", text) for n in names):
                     missing.append(f"{' '.join(words)} {names[-1]}")
     assert missing == []
+
+
+# -- the pages that describe the code ----------------------------------------------------------
+
+def _fenced_after(page: str, heading: str) -> str:
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    section = text[text.index(heading):]
+    return section.split("```", 2)[1]
+
+
+def test_the_architecture_layout_names_every_package_and_module_and_only_those() -> None:
+    """The layout on docs/architecture.md names each package and top-level module of agentd/
+    (a comma list after a path shares its folder), and every path it names exists."""
+    layout = _fenced_after("architecture.md", "## Layout")
+    named: set[str] = set()
+    for path, more in re.findall(r"(agentd/[\w/]*\w(?:\.py|/))((?:, \w+\.py)*)", layout):
+        folder = path.rpartition("/")[0] if path.endswith(".py") else path.rstrip("/")
+        named |= {path.rstrip("/")} | {f"{folder}/{name}" for name in re.findall(r"\w+\.py", more)}
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
+    present = {f"agentd/{p.name}" for p in (ROOT / "agentd").iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists())
+               or (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))}
+    assert sorted(present - named) == []
+
+
+def test_every_runtime_dependency_is_in_the_installation_table() -> None:
+    """docs/installation.md lists every pinned dependency with why it is there."""
+    page = (ROOT / "docs" / "installation.md").read_text(encoding="utf-8")
+    table = page[page.index("## Dependencies"):]
+    rows = " ".join(re.findall(r"^\| ([^|]+) \|", table, re.M)).lower()
+    pinned = [line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert [name for name in pinned if not re.search(rf"(?<![\w-]){re.escape(name.lower())}(?![\w-])", rows)] == []
