@@ -450,6 +450,17 @@ def test_every_command_and_option_of_the_cli_is_documented() -> None:
     assert missing == []
 
 
+def test_the_readme_is_short_and_every_link_and_image_it_names_exists() -> None:
+    """A screen or two for a user: what agentd is, the quick start, a first agent, the
+    screenshot and links into the docs; the site checks its own links, not the README's."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300
+    assert re.findall(r"^## (.+)$", readme, re.M)[:3] == ["Quick start", "A first agent", "Documentation"]
+    targets = re.findall(r"\]\(([^)#\s]+)", readme)
+    assert "docs/img/dashboard.png" in targets and len(targets) > 20
+    assert [t for t in targets if "://" not in t and not (ROOT / t).is_file()] == []
+
+
 # -- the pages that describe the code ----------------------------------------------------------
 
 def _fenced_after(page: str, heading: str) -> str:
