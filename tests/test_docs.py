@@ -215,6 +215,19 @@ def test_every_agentd_variable_the_code_reads_is_in_the_environment_table() -> N
     assert len(read) > 5 and read == table
 
 
+def test_every_variable_the_code_reads_by_name_is_in_the_docs() -> None:
+    """Beyond agentd's own: the standard variables it honours (a CA bundle, OpenTelemetry)
+    are named on a page; a variable the code sets itself is not a setting."""
+    read, set_here = set(), set()
+    for path in (ROOT / "agentd").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        read |= set(re.findall(r"os\.(?:environ\.get\(|environ\[|getenv\()\"([A-Z][A-Z0-9_]+)\"", text))
+        set_here |= set(re.findall(r"os\.environ\[\"([A-Z][A-Z0-9_]+)\"\] =", text))
+    text = _docs_text()
+    assert len(read) > 10
+    assert sorted(name for name in read - set_here if not re.search(rf"`{name}[`=]", text)) == []
+
+
 def test_no_documented_key_is_called_unknown() -> None:
     """The start and `agentd doctor` warn about keys agentd does not read: never about one
     the reference lists."""
