@@ -482,6 +482,23 @@ def _fenced_after(page: str, heading: str) -> str:
     return section.split("```", 2)[1]
 
 
+HISTORY = re.compile(r"\bcode before\b|\bbefore and after\b|\bbefore\b[^.|]{0,60}\bafter\b|\bused to\b"
+                     r"|\bno longer\b|\bwent from\b|\bearlier runs?\b|\bnow checks\b", re.I)
+
+
+def test_the_performance_page_gives_current_figures_only() -> None:
+    """Each figure is today's, with the command that reproduces it: no table or sentence
+    compares the code before a change with the code after it (the changelog tells changes)."""
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    hits = [f"{number}: {line[:100]}" for number, line in enumerate(page.splitlines(), 1) if HISTORY.search(line)]
+    lines = page.splitlines()
+    for number, (line, rule) in enumerate(zip(lines, lines[1:]), 1):
+        if rule.startswith("|---") and any(re.match(r"(?:[\w ]+ )?(?:before|after|now)(?:$|[,:]| \()", cell.strip())
+                                           for cell in line.split("|")):
+            hits.append(f"{number}: {line[:100]}")
+    assert hits == []
+
+
 def test_the_architecture_layout_names_every_package_and_module_and_only_those() -> None:
     """The layout on docs/architecture.md names each package and top-level module of agentd/
     (a comma list after a path shares its folder), and every path it names exists."""
