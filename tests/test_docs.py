@@ -111,6 +111,14 @@ def test_the_quick_start_commands_are_the_ones_ci_runs() -> None:
     assert ci[-1] == quick.code.splitlines()[1]
 
 
+def test_every_command_of_the_cli_is_run_by_an_example() -> None:
+    """Each command `agentd --help` lists runs, as written, in an example against the test
+    daemon; `start` is how every example daemon is started."""
+    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
+    run = "\n".join(e.code for d in DOCUMENTS for e in examples(d) if e.kind == "run")
+    assert [c for c in commands if c != "start" and not re.search(rf"^agentd {c}\b", run, re.M)] == []
+
+
 def _runs_a_daemon(document: Path) -> bool:
     return any(e.kind in ("run", "manifest") for e in examples(document))
 
