@@ -277,36 +277,73 @@ def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) ->
     assert checked >= 40
 
 
+STATED_RANGE = re.compile(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)(?:-| to )(-?\d+(?:\.\d+)?)[;)]")
+STATED_LOW = re.compile(r"\((?:[^()]*?[ ;(])?(at least|greater than) (-?\d+(?:\.\d+)?)[;)]")
+
+
+def _parse_key(key: str, value: Any, home: Path) -> None:
+    """Parse a config holding `key` = `value` alone, as the start does."""
+    from agentd.config import parse_config
+
+    table_name, _, name = key.rpartition(".")
+    data = {table_name: {name: value}} if table_name else {name: value}
+    if table_name == "cluster":
+        hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
+    else:
+        parse_config(data, home)
+
+
+def _refused(key: str, value: Any, home: Path) -> bool:
+    from agentd.config import ConfigError
+
+    try:
+        _parse_key(key, value, home)
+    except ConfigError as refused:
+        assert key in str(refused), key
+        return True
+    return False
+
+
 def test_every_range_the_reference_states_is_the_one_the_code_keeps(tmp_path: Path) -> None:
     """A key described with a range, "(1-1024)", takes both ends and is refused one step past
     either, naming the key."""
-    from agentd.config import ConfigError, parse_config
-
-    cluster_settings = hooks.cluster_module().cluster_settings
     checked = []
     for key, kind, _, meaning in hooks.config_keys():
-        stated = re.search(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)-(-?\d+(?:\.\d+)?)[;)]", meaning)
+        stated = STATED_RANGE.search(meaning)
         if stated is None:
             continue
         number = float if kind == "number" else int
         low, high = number(stated.group(1)), number(stated.group(2))
         step = 0.001 if kind == "number" else 1
-        table_name, _, name = key.rpartition(".")
-
-        def parse(value: Any) -> None:
-            data = {table_name: {name: value}} if table_name else {name: value}
-            if table_name == "cluster":
-                cluster_settings(data, "127.0.0.1:4200")
-            else:
-                parse_config(data, tmp_path)
-
-        parse(low)
-        parse(high)
-        for wrong in (low - step, high + step):
-            with pytest.raises(ConfigError, match=re.escape(key)):
-                parse(wrong)
+        assert not _refused(key, low, tmp_path) and not _refused(key, high, tmp_path), key
+        assert _refused(key, low - step, tmp_path) and _refused(key, high + step, tmp_path), key
         checked.append(key)
     assert len(checked) >= 15 and "channels.workers" in checked
+
+
+def test_every_bound_the_code_keeps_is_stated_in_the_reference(tmp_path: Path) -> None:
+    """A number key the code refuses some value for (below zero, zero, a billion) states its
+    bounds: "(1-20)" (checked above), "(at least 1)" or "(greater than 0)", and a stated
+    lower bound is the one the code keeps."""
+    unstated, checked = [], 0
+    for key, kind, _, meaning in hooks.config_keys():
+        if kind not in ("integer", "number") or "<" in key or STATED_RANGE.search(meaning):
+            continue
+        low = STATED_LOW.search(meaning)
+        if low is None:
+            if any(_refused(key, value, tmp_path) for value in (-1, 0, 10**9)):
+                unstated.append(key)
+            continue
+        bound = (float if kind == "number" else int)(low.group(2))
+        step = 0.001 if kind == "number" else 1
+        at_least = low.group(1) == "at least"
+        assert _refused(key, bound - step if at_least else bound, tmp_path), key
+        assert not _refused(key, bound if at_least else bound + step, tmp_path), key
+        if _refused(key, 10**9, tmp_path):
+            unstated.append(key)
+        checked += 1
+    assert unstated == []
+    assert checked >= 20
 
 
 def _shape(path: str) -> str:
