@@ -36,16 +36,9 @@ class DocsError(Exception):
 # -- configuration -----------------------------------------------------------------------
 
 def cluster_module() -> Any:
-    """The module of the [cluster] table (`ClusterSettings`, `cluster_settings`): it has lived
-    beside the config and in the cluster package, and either is the schema."""
-    for name in ("agentd.cluster.config", "agentd.cluster.config", "agentd.config.cluster"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(module, "ClusterSettings"):
-            return module
-    raise DocsError("ClusterSettings (the [cluster] table) not found")
+    """The module of the [cluster] table (`ClusterSettings`, `cluster_settings`): the cluster
+    package reads that table itself, so the config's dataclasses do not hold it."""
+    return importlib.import_module("agentd.cluster.config")
 
 
 def _type_name(value: Any, annotation: Any) -> str:

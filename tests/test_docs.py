@@ -111,6 +111,14 @@ def test_the_quick_start_commands_are_the_ones_ci_runs() -> None:
     assert ci[-1] == quick.code.splitlines()[1]
 
 
+def test_every_command_of_the_cli_is_run_by_an_example() -> None:
+    """Each command `agentd --help` lists runs, as written, in an example against the test
+    daemon; `start` is how every example daemon is started."""
+    commands = re.search(r"\{([a-z,]+)\}", _cli_help()).group(1).split(",")
+    run = "\n".join(e.code for d in DOCUMENTS for e in examples(d) if e.kind == "run")
+    assert [c for c in commands if c != "start" and not re.search(rf"^agentd {c}\b", run, re.M)] == []
+
+
 def _runs_a_daemon(document: Path) -> bool:
     return any(e.kind in ("run", "manifest") for e in examples(document))
 
@@ -215,6 +223,19 @@ def test_every_agentd_variable_the_code_reads_is_in_the_environment_table() -> N
     assert len(read) > 5 and read == table
 
 
+def test_every_variable_the_code_reads_by_name_is_in_the_docs() -> None:
+    """Beyond agentd's own: the standard variables it honours (a CA bundle, OpenTelemetry)
+    are named on a page; a variable the code sets itself is not a setting."""
+    read, set_here = set(), set()
+    for path in (ROOT / "agentd").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        read |= set(re.findall(r"os\.(?:environ\.get\(|environ\[|getenv\()\"([A-Z][A-Z0-9_]+)\"", text))
+        set_here |= set(re.findall(r"os\.environ\[\"([A-Z][A-Z0-9_]+)\"\] =", text))
+    text = _docs_text()
+    assert len(read) > 10
+    assert sorted(name for name in read - set_here if not re.search(rf"`{name}[`=]", text)) == []
+
+
 def test_no_documented_key_is_called_unknown() -> None:
     """The start and `agentd doctor` warn about keys agentd does not read: never about one
     the reference lists."""
@@ -256,36 +277,73 @@ def test_every_documented_key_is_read_and_checked_by_the_code(tmp_path: Path) ->
     assert checked >= 40
 
 
+STATED_RANGE = re.compile(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)(?:-| to )(-?\d+(?:\.\d+)?)[;)]")
+STATED_LOW = re.compile(r"\((?:[^()]*?[ ;(])?(at least|greater than) (-?\d+(?:\.\d+)?)[;)]")
+
+
+def _parse_key(key: str, value: Any, home: Path) -> None:
+    """Parse a config holding `key` = `value` alone, as the start does."""
+    from agentd.config import parse_config
+
+    table_name, _, name = key.rpartition(".")
+    data = {table_name: {name: value}} if table_name else {name: value}
+    if table_name == "cluster":
+        hooks.cluster_module().cluster_settings(data, "127.0.0.1:4200")
+    else:
+        parse_config(data, home)
+
+
+def _refused(key: str, value: Any, home: Path) -> bool:
+    from agentd.config import ConfigError
+
+    try:
+        _parse_key(key, value, home)
+    except ConfigError as refused:
+        assert key in str(refused), key
+        return True
+    return False
+
+
 def test_every_range_the_reference_states_is_the_one_the_code_keeps(tmp_path: Path) -> None:
     """A key described with a range, "(1-1024)", takes both ends and is refused one step past
     either, naming the key."""
-    from agentd.config import ConfigError, parse_config
-
-    cluster_settings = hooks.cluster_module().cluster_settings
     checked = []
     for key, kind, _, meaning in hooks.config_keys():
-        stated = re.search(r"\((?:[^()]*?[ ;(])?(-?\d+(?:\.\d+)?)-(-?\d+(?:\.\d+)?)[;)]", meaning)
+        stated = STATED_RANGE.search(meaning)
         if stated is None:
             continue
         number = float if kind == "number" else int
         low, high = number(stated.group(1)), number(stated.group(2))
         step = 0.001 if kind == "number" else 1
-        table_name, _, name = key.rpartition(".")
-
-        def parse(value: Any) -> None:
-            data = {table_name: {name: value}} if table_name else {name: value}
-            if table_name == "cluster":
-                cluster_settings(data, "127.0.0.1:4200")
-            else:
-                parse_config(data, tmp_path)
-
-        parse(low)
-        parse(high)
-        for wrong in (low - step, high + step):
-            with pytest.raises(ConfigError, match=re.escape(key)):
-                parse(wrong)
+        assert not _refused(key, low, tmp_path) and not _refused(key, high, tmp_path), key
+        assert _refused(key, low - step, tmp_path) and _refused(key, high + step, tmp_path), key
         checked.append(key)
     assert len(checked) >= 15 and "channels.workers" in checked
+
+
+def test_every_bound_the_code_keeps_is_stated_in_the_reference(tmp_path: Path) -> None:
+    """A number key the code refuses some value for (below zero, zero, a billion) states its
+    bounds: "(1-20)" (checked above), "(at least 1)" or "(greater than 0)", and a stated
+    lower bound is the one the code keeps."""
+    unstated, checked = [], 0
+    for key, kind, _, meaning in hooks.config_keys():
+        if kind not in ("integer", "number") or "<" in key or STATED_RANGE.search(meaning):
+            continue
+        low = STATED_LOW.search(meaning)
+        if low is None:
+            if any(_refused(key, value, tmp_path) for value in (-1, 0, 10**9)):
+                unstated.append(key)
+            continue
+        bound = (float if kind == "number" else int)(low.group(2))
+        step = 0.001 if kind == "number" else 1
+        at_least = low.group(1) == "at least"
+        assert _refused(key, bound - step if at_least else bound, tmp_path), key
+        assert not _refused(key, bound if at_least else bound + step, tmp_path), key
+        if _refused(key, 10**9, tmp_path):
+            unstated.append(key)
+        checked += 1
+    assert unstated == []
+    assert checked >= 20
 
 
 def _shape(path: str) -> str:
@@ -448,3 +506,64 @@ def test_every_command_and_option_of_the_cli_is_documented() -> None:
                 if names and "--help" not in names and not any(re.search(rf"{n}\b", text) for n in names):
                     missing.append(f"{' '.join(words)} {names[-1]}")
     assert missing == []
+
+
+def test_the_readme_is_short_and_every_link_and_image_it_names_exists() -> None:
+    """A screen or two for a user: what agentd is, the quick start, a first agent, the
+    screenshot and links into the docs; the site checks its own links, not the README's."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300
+    assert re.findall(r"^## (.+)$", readme, re.M)[:3] == ["Quick start", "A first agent", "Documentation"]
+    targets = re.findall(r"\]\(([^)#\s]+)", readme)
+    assert "docs/img/dashboard.png" in targets and len(targets) > 20
+    assert [t for t in targets if "://" not in t and not (ROOT / t).is_file()] == []
+
+
+# -- the pages that describe the code ----------------------------------------------------------
+
+def _fenced_after(page: str, heading: str) -> str:
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    section = text[text.index(heading):]
+    return section.split("```", 2)[1]
+
+
+HISTORY = re.compile(r"\bcode before\b|\bbefore and after\b|\bbefore\b[^.|]{0,60}\bafter\b|\bused to\b"
+                     r"|\bno longer\b|\bwent from\b|\bearlier runs?\b|\bnow checks\b", re.I)
+
+
+def test_the_performance_page_gives_current_figures_only() -> None:
+    """Each figure is today's, with the command that reproduces it: no table or sentence
+    compares the code before a change with the code after it (the changelog tells changes)."""
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    hits = [f"{number}: {line[:100]}" for number, line in enumerate(page.splitlines(), 1) if HISTORY.search(line)]
+    lines = page.splitlines()
+    for number, (line, rule) in enumerate(zip(lines, lines[1:]), 1):
+        if rule.startswith("|---") and any(re.match(r"(?:[\w ]+ )?(?:before|after|now)(?:$|[,:]| \()", cell.strip())
+                                           for cell in line.split("|")):
+            hits.append(f"{number}: {line[:100]}")
+    assert hits == []
+
+
+def test_the_architecture_layout_names_every_package_and_module_and_only_those() -> None:
+    """The layout on docs/architecture.md names each package and top-level module of agentd/
+    (a comma list after a path shares its folder), and every path it names exists."""
+    layout = _fenced_after("architecture.md", "## Layout")
+    named: set[str] = set()
+    for path, more in re.findall(r"(agentd/[\w/]*\w(?:\.py|/))((?:, \w+\.py)*)", layout):
+        folder = path.rpartition("/")[0] if path.endswith(".py") else path.rstrip("/")
+        named |= {path.rstrip("/")} | {f"{folder}/{name}" for name in re.findall(r"\w+\.py", more)}
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
+    present = {f"agentd/{p.name}" for p in (ROOT / "agentd").iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists())
+               or (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))}
+    assert sorted(present - named) == []
+
+
+def test_every_runtime_dependency_is_in_the_installation_table() -> None:
+    """docs/installation.md lists every pinned dependency with why it is there."""
+    page = (ROOT / "docs" / "installation.md").read_text(encoding="utf-8")
+    table = page[page.index("## Dependencies"):]
+    rows = " ".join(re.findall(r"^\| ([^|]+) \|", table, re.M)).lower()
+    pinned = [line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert [name for name in pinned if not re.search(rf"(?<![\w-]){re.escape(name.lower())}(?![\w-])", rows)] == []

@@ -848,3 +848,30 @@ def test_where_a_started_run_executes(env) -> None:
     held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
     held.abandon()
     assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"
+
+
+# Each place a run starts, by the origin it gives: the architecture page lists the same.
+STARTS = {"api/runs.py": "message, /v1", "api/streaming.py": "SSE", "api/sockets.py": "WebSocket",
+          "channels/inbound.py": "channel", "workflows/steps.py": "workflow", "agents/ops.py": "agent_send",
+          "schedules/scheduler.py": "schedule", "triggers/service.py": "trigger", "a2a/server.py": "a2a",
+          "mcp/server.py": "mcp"}
+
+
+def test_every_run_starts_through_runs_start_and_nothing_else_enters_a_run() -> None:
+    """No module but the run path builds an agent loop or calls its inner steps, and every
+    way a run starts calls `Runs.start`."""
+    import re
+
+    import agentd
+
+    package = Path(agentd.__file__).parent
+    bypass, starting = [], set()
+    for path in package.rglob("*.py"):
+        where = path.relative_to(package).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if where not in ("agents/runs.py", "agents/run_request.py"):
+            bypass += [f"{where}: {hit}" for hit in re.findall(r"AgentLoop\(|_run_locked\(|runs\._execute\(", text)]
+        if re.search(r"\bruns\.start\((?:RunRequest\(|request\)|self\._request\()", text):
+            starting.add(where)
+    assert bypass == []
+    assert starting == set(STARTS)

@@ -185,6 +185,32 @@ def test_three_daemons_start_at_once_on_one_empty_database(tmp_path: Path) -> No
         assert daemon.stop() == 0
 
 
+def test_the_documented_setup_gives_a_database_a_daemon_runs_on(tmp_path: Path) -> None:
+    """docs/postgresql.md's one-time setup, run as written by the superuser, makes a role and
+    a database on which a daemon logging in as that role creates its tables and keeps data."""
+    import re
+    import subprocess
+    from urllib.parse import urlsplit
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "postgresql.md").read_text()
+    setup = re.search(r"```sh\n(createuser[^`]*)```", page).group(1)
+    admin = urlsplit(pgtest.databases().admin_url)
+    env = {**os.environ, "PGHOST": admin.hostname, "PGPORT": str(admin.port), "PGUSER": admin.username or "postgres"}
+    done = subprocess.run(["bash", "-e", "-c", setup], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    url = f"postgresql://agentd@{admin.hostname}:{admin.port}/agentd"
+    try:
+        daemon = Daemon(make_home(tmp_path, FAST_API), env_extra={"AGENTD_DATABASE_URL": url}).start()
+        assert daemon.get("/api/health/detail").json()["database"] == "connected"
+        assert daemon.post("/api/agents", json={"manifest_toml": 'name = "on-pg"\n'}).status_code == 201
+        assert daemon.stop() == 0
+        assert _pg_rows(url, "SELECT name FROM agents") == [("on-pg",)]
+        assert _pg_rows(url, "SELECT tableowner FROM pg_tables WHERE tablename = 'agents'") == [("agentd",)]
+    finally:
+        pgtest.databases()._admin("DROP DATABASE IF EXISTS agentd WITH (FORCE)")
+        pgtest.databases()._admin("DROP ROLE IF EXISTS agentd")
+
+
 def test_password_from_environment_is_masked_in_the_log(tmp_path: Path) -> None:
     url = pgtest.databases().new_url()
     assert url.startswith("postgresql://postgres@"), url
