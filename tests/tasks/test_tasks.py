@@ -4,6 +4,7 @@ agent_activate called by the fake LLM, Observe mode, and claims racing on one ta
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 
@@ -80,6 +81,17 @@ def test_lists_show_the_newest_tasks(agent_daemon) -> None:
     # The tool shows the newest 50 of the board, oldest first.
     shown = _tool(d, worker, "task_list", status="pending")
     assert shown.startswith('[{"id": "') and '"title": "t-452"' in shown[:120], shown
+    # Long descriptions and results are cut for the model, never on the board.
+    long = d.post("/api/tasks", json={"title": "long", "description": "d" * 600, "assigned_to": worker}).json()
+    assert d.post(f"/api/tasks/{long['id']}/claim", json={"agent_id": worker}).status_code == 200
+    assert d.post(f"/api/tasks/{long['id']}/complete", json={"result": "r" * 600}).status_code == 200
+    _tool(d, worker, "task_list", status="completed")
+    results = [t["result"] for m in d.get(f"/api/agents/{worker}/session").json()["messages"]
+               for t in m.get("tools", [])]
+    listing = re.sub(r" \(the newest \d+ of \d+\)$", "", results[-1])
+    shown = next(t for t in json.loads(listing) if t["id"] == long["id"])
+    assert (shown["description"], shown["result"]) == ("d" * 500 + "...", "r" * 500 + "...")
+    assert d.get(f"/api/tasks/{long['id']}").json()["result"] == "r" * 600
     while left := d.get(f"/api/tasks?assigned_to={worker}").json():
         for task in left:
             assert d.delete(f"/api/tasks/{task['id']}").status_code == 200

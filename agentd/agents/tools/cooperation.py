@@ -9,15 +9,18 @@ from typing import Any
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 
-# What the model sees of a task list: the newest tasks, each description cut.
+# What the model sees of a task list: the newest tasks, each description and result cut.
 LIST_MAX = 50
 DESCRIPTION_MAX = 500
 PAYLOAD_MAX = 65_536
 
 
+def _cut(text: str | None) -> str | None:
+    return text if text is None or len(text) <= DESCRIPTION_MAX else text[:DESCRIPTION_MAX] + "..."
+
+
 def _short(task: dict[str, Any]) -> dict[str, Any]:
-    text = task["description"]
-    return {**task, "description": text if len(text) <= DESCRIPTION_MAX else text[:DESCRIPTION_MAX] + "..."}
+    return {**task, "description": _cut(task["description"]), "result": _cut(task["result"])}
 
 
 @tool("task_post", "Post a task to the shared task queue for another agent to pick up.",

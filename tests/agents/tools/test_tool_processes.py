@@ -131,9 +131,10 @@ def test_policy_limits_and_scrubbed_environment(pd) -> None:
         f"error: no process {first['process_id']!r} for this agent (see process_list)"
     # A program that left its process group, started by one that exited.
     call(pd, agent, "process_kill", process_id=second["process_id"])
-    escaped = json.loads(call(pd, agent, "process_start", command="setsid", args=["sleep", "303"]))
-    wait_until(lambda: _named("sleep 303"), "the program in a session of its own runs")
-    runaway = _named("sleep 303")[0]
+    seconds = f"303.{os.getpid()}"  # (a command line no other test run shares)
+    escaped = json.loads(call(pd, agent, "process_start", command="setsid", args=["sleep", seconds]))
+    wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+    runaway = _named(f"sleep {seconds}")[0]
     assert not alive(escaped["pid"]) and os.getsid(runaway) == runaway
     # Killing the agent ends its programs.
     assert pd.delete(f"/api/agents/{agent}").status_code == 200
@@ -194,9 +195,10 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
     grandchild = next(p for p in _pids() if "sleep 301" in _cmdline(p))
     assert alive(started["pid"]) and alive(tree["pid"])
     # One that left the process group for a session of its own ends too.
-    call(daemon, agent, "process_start", command="setsid", args=["sleep", "304"])
-    wait_until(lambda: _named("sleep 304"), "the program in a session of its own runs")
-    runaway = _named("sleep 304")[0]
+    seconds = f"304.{os.getpid()}"  # (a command line no other test run shares)
+    call(daemon, agent, "process_start", command="setsid", args=["sleep", seconds])
+    wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+    runaway = _named(f"sleep {seconds}")[0]
     if how == "sigterm":
         assert daemon.stop() == 0
     else:
