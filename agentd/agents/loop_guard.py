@@ -1,8 +1,8 @@
 """Loop guard: stops a model that keeps making the same tool call.
 
 An identical call is the same tool name with the same canonical JSON arguments.
-The 3rd identical call runs with a warning, the 5th and later are blocked (the 9th and
-15th for POLLING tools), and 30 blocked calls in one run stop the run.
+The 3rd identical call runs with a warning, the 5th and later are blocked, and
+30 blocked calls in one run stop the run.
 """
 
 from __future__ import annotations
@@ -14,11 +14,6 @@ from typing import Any
 WARN_AT = 3
 BLOCK_AT = 5
 STOP_AFTER_BLOCKED = 30
-# Tools that are asked again while something changes elsewhere (a program's output, a page,
-# the task board): repeating them is how they are used, so they warn and block three times later.
-POLLING = frozenset({"process_poll", "process_list", "browser_read_page", "browser_wait", "task_claim",
-                     "task_list"})
-POLL_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -48,16 +43,15 @@ class LoopGuard:
         key = call_key(name, arguments)
         count = self.counts.get(key, 0) + 1
         self.counts[key] = count
-        factor = POLL_FACTOR if name in POLLING else 1
-        if count >= BLOCK_AT * factor:
+        if count >= BLOCK_AT:
             self.blocked += 1
             return Verdict("block", count,
                            f"blocked by loop guard: tool '{name}' was called {count} times with "
                            "identical arguments; it was not run. Try a different approach.")
-        if count >= WARN_AT * factor:
+        if count >= WARN_AT:
             return Verdict("warn", count,
                            f"[loop guard] warning: tool '{name}' has been called {count} times with "
-                           f"identical arguments; it will be blocked from call {BLOCK_AT * factor} on.")
+                           f"identical arguments; it will be blocked from call {BLOCK_AT} on.")
         return Verdict("allow", count)
 
     @property

@@ -54,21 +54,6 @@ def test_start_write_poll_list_kill(pd) -> None:
     assert {"tool.process_start", "tool.process_write", "tool.process_kill"} <= set(events)
 
 
-def test_a_run_may_poll_a_program_more_often_than_it_repeats_other_calls(pd) -> None:
-    agent = spawn(pd)
-    started = json.loads(call(pd, agent, "process_start", command="sleep", args=["30"]))
-    args = json.dumps({"process_id": started["process_id"]})
-    r = pd.post(f"/api/agents/{agent}/message", json={"message": f"[[tool:process_poll {args} x9]]"})
-    assert r.json()["response"] == (
-        f'tool said: {{"process_id": "{started["process_id"]}", "alive": true, "exit_code": null, "output": ""}}'
-        "\n\n[loop guard] warning: tool 'process_poll' has been called 9 times with identical arguments; it will "
-        "be blocked from call 15 on.")
-    r = pd.post(f"/api/agents/{agent}/message", json={"message": f"[[tool:process_poll {args} x15]]"})
-    assert r.json()["response"] == ("tool said: blocked by loop guard: tool 'process_poll' was called 15 times "
-                                    "with identical arguments; it was not run. Try a different approach.")
-    call(pd, agent, "process_kill", process_id=started["process_id"])
-
-
 def test_writing_to_a_program_that_does_not_read_gives_up(pd) -> None:
     agent = spawn(pd)
     # A whole command line with empty `args` is split as when `args` is left out.
