@@ -11,7 +11,8 @@ A job (`POST /api/cron/jobs`):
 Every 400 names the field at fault. An agent or workflow outside a scoped key's list is
 refused in the words an unknown one gets. Creating, changing and deleting a job is audited
 (`cron.create`, `cron.update`, `cron.delete`) with who did it: `by` is the scoped key's name
-(and `key_id` its id) or `admin`.
+(and `key_id` its id) or `admin`. A scoped key that changes what a job does (its agent,
+action or delivery) makes the job its own: its runs act as the key from then on.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
+# The fields that say what a job does: a scoped key changing one makes the job the key's.
+OWNED = {"agent_id", "action", "delivery"}
 # The variables a scoped key's webhook delivery may sign with (agentd/env_names.py).
 WEBHOOK_ENV_PREFIX = "AGENTD_WEBHOOK_"
 FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
@@ -318,6 +321,9 @@ class CronJobs:
             changes["agent_id"] = self._agent_id(data["agent_id"], action, by)
         elif action["kind"] == "agent_turn" and not job["agent_id"]:
             raise BadRequest("agent_id: required for an agent_turn action")
+        if by.key_id and any(changes[name] != job[name] for name in OWNED if name in changes):
+            # What the job does is now the key's words: its runs are the key's, not the admin's.
+            changes["key_id"] = by.key_id
         enabled = changes.get("enabled", job["enabled"])
         if "enabled" in changes or "schedule" in changes:
             if enabled:
