@@ -407,7 +407,7 @@ def test_an_agent_a_key_spawned_keeps_its_jobs_the_keys_across_restarts(tmp_path
 def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon) -> None:
     """A scoped key may name only an AGENTD_WEBHOOK_ variable as a webhook's `secret_env`
     (else it could have any secret of the daemon's environment sign a body for a URL of its
-    choosing); the admin names any, and a key's change keeps the variable the job has."""
+    choosing); the admin names any, and a key's change may keep the job's webhook as it is."""
     agent_id, name = spawn_full(d, "reporter")
     key = new_key(d, scopes=["read", "message", "manage"])
     hook = {"kind": "webhook", "url": "https://hooks.example.com/agentd"}
@@ -427,9 +427,14 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
     admins = d.post("/api/cron/jobs", json={**body, "name": "admins",
                                             "delivery": {**hook, "secret_env": "CRON_SECRET"}})
     assert admins.status_code == 201, admins.text
-    moved = {**hook, "url": "https://hooks.example.com/moved", "secret_env": "CRON_SECRET"}
+    kept = {**hook, "secret_env": "CRON_SECRET"}
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": kept, "enabled": False})
+    assert r.status_code == 200 and r.json()["delivery"] == kept, r.text
+    # Not to another URL: the admin's secret would sign what goes to the key's address.
+    moved = {**kept, "url": "https://hooks.example.com/moved"}
     r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": moved})
-    assert r.status_code == 200 and r.json()["delivery"] == moved, r.text
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get(f"/api/cron/jobs/{admins.json()['id']}").json()["delivery"] == kept
     r = as_key(d, key, "PATCH", f"/api/cron/jobs/{own['id']}", json={"delivery": {**hook, "secret_env": "HOME"}})
     assert (r.status_code, r.json()) == (400, refusal)
     assert d.get(f"/api/cron/jobs/{own['id']}").json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT"

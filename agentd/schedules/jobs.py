@@ -193,13 +193,16 @@ class CronJobs:
             self.key_runs.reach_steps(by, workflow_id,
                                       lambda: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
 
-    def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal, saved: str = "") -> None:
+    def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal,
+                        saved: dict[str, Any] | None = None) -> None:
         """400 for a scoped key's delivery beyond the key: a webhook `secret_env` outside its
-        prefix (one the job already has stays: the admin may have named it), or a channel
-        answering as an agent outside the key's list (in the words for an unknown channel)."""
+        prefix (the job's `saved` webhook may stay as it is: the admin may have named it; not
+        with another URL), or a channel answering as an agent outside the key's list (in the
+        words for an unknown channel)."""
         delivery = delivery or {}
         name = delivery.get("secret_env") or ""
-        if name and not by.is_admin and name != saved and not confined(name, WEBHOOK_ENV_PREFIX):
+        kept = saved is not None and all(delivery.get(k) == saved.get(k) for k in ("url", "secret_env"))
+        if name and not by.is_admin and not kept and not confined(name, WEBHOOK_ENV_PREFIX):
             # The name is not echoed: a secret pasted into the field may look like one.
             raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
                              f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
@@ -313,7 +316,7 @@ class CronJobs:
         """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
-        self._check_delivery(changes.get("delivery"), by, job["delivery"].get("secret_env") or "")
+        self._check_delivery(changes.get("delivery"), by, job["delivery"])
         action = changes.get("action", job["action"])
         if "action" in changes:
             self._reach_workflow(action, by)

@@ -198,8 +198,10 @@ class Triggers:
         if self.key_runs is None:
             return True
         who = self.key_runs.keys.principal(key_id)
-        if who is None or not who.agents:
-            return who is not None
+        if who is None:
+            return False
+        if not who.agents:
+            return True
         agents = [self.registry.find(event.agent_id)] if event.agent_id else []
         try:
             if event.kind == CHANNEL:
