@@ -407,7 +407,7 @@ def test_an_agent_a_key_spawned_keeps_its_jobs_the_keys_across_restarts(tmp_path
 def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon) -> None:
     """A scoped key may name only an AGENTD_WEBHOOK_ variable as a webhook's `secret_env`
     (else it could have any secret of the daemon's environment sign a body for a URL of its
-    choosing); the admin names any, and a key's change keeps the variable the job has."""
+    choosing); the admin names any, and a key's change may keep the job's webhook as it is."""
     agent_id, name = spawn_full(d, "reporter")
     key = new_key(d, scopes=["read", "message", "manage"])
     hook = {"kind": "webhook", "url": "https://hooks.example.com/agentd"}
@@ -427,9 +427,14 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
     admins = d.post("/api/cron/jobs", json={**body, "name": "admins",
                                             "delivery": {**hook, "secret_env": "CRON_SECRET"}})
     assert admins.status_code == 201, admins.text
-    moved = {**hook, "url": "https://hooks.example.com/moved", "secret_env": "CRON_SECRET"}
+    kept = {**hook, "secret_env": "CRON_SECRET"}
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": kept, "enabled": False})
+    assert r.status_code == 200 and r.json()["delivery"] == kept, r.text
+    # Not to another URL: the admin's secret would sign what goes to the key's address.
+    moved = {**kept, "url": "https://hooks.example.com/moved"}
     r = as_key(d, key, "PATCH", f"/api/cron/jobs/{admins.json()['id']}", json={"delivery": moved})
-    assert r.status_code == 200 and r.json()["delivery"] == moved, r.text
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get(f"/api/cron/jobs/{admins.json()['id']}").json()["delivery"] == kept
     r = as_key(d, key, "PATCH", f"/api/cron/jobs/{own['id']}", json={"delivery": {**hook, "secret_env": "HOME"}})
     assert (r.status_code, r.json()) == (400, refusal)
     assert d.get(f"/api/cron/jobs/{own['id']}").json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT"
@@ -576,3 +581,34 @@ def test_a_keys_triggers_hear_only_events_of_the_keys_agents(d: Daemon) -> None:
     finally:
         d.delete("/api/channels/ntfy/configure")
         ntfy.stop()
+
+
+def test_a_key_that_rewrites_the_admins_job_or_trigger_makes_it_its_own(d: Daemon) -> None:
+    """A scoped key changing what an admin's job does (or a trigger's template) makes it the
+    key's: its runs are paid by the key and reach only the key's agents, instead of running
+    the key's words as the admin. Pausing it or changing its caps leaves it the admin's."""
+    agent_id, name = spawn_full(d, "errand")
+    outside, outside_name = spawn(d, "vault")
+    key = new_key(d, agents=[name])
+    job = make_job(d, None, agent_id)
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{job['id']}", json={"enabled": False, "max_runs_per_day": 5,
+                                                                     "action": job["action"]})
+    assert r.status_code == 200 and r.json()["key_id"] is None, r.text
+    send = {"agent_id": outside_name, "message": "open up"}
+    r = as_key(d, key, "PATCH", f"/api/cron/jobs/{job['id']}", json={
+        "enabled": True, "action": {"kind": "agent_turn", "message": f"[[tool:agent_send {json.dumps(send)}]]"}})
+    assert r.status_code == 200 and r.json()["key_id"] == key["id"], r.text
+    run = run_now(d, job)
+    assert (run["status"], run["output"]) == ("ok", f"tool said: error: no agent with id or name '{outside_name}'")
+    assert d.get(f"/api/agents/{outside}/session").json()["messages"] == []
+    assert spent(d, key)[1] == 2  # the two model calls of the run
+
+    word = f"chime-{uuid.uuid4().hex[:6]}"
+    trigger = watch(d, agent_id, {"content_match": word})
+    r = as_key(d, key, "PATCH", f"/api/triggers/{trigger}", json={"max_runs_per_day": 9,
+                                                                  "prompt_template": "[[reply:ok]] {{event}}"})
+    assert r.status_code == 200 and r.json()["key_id"] is None, r.text
+    r = as_key(d, key, "PATCH", f"/api/triggers/{trigger}", json={"prompt_template": "[[reply:mine]] {{event}}"})
+    assert r.status_code == 200 and r.json()["key_id"] == key["id"], r.text
+    assert d.post("/api/events", json={"event_type": word}).status_code == 202
+    wait_until(lambda: spent(d, key)[1] == 3, "the trigger's run paid by the key")

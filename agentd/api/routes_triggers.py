@@ -50,7 +50,7 @@ def detail(trigger_id: str):
 @doc("Change a trigger: enable or pause it, its caps, its template", tags="triggers", body=TriggerUpdateSchema,
      response=out.TriggerSchema, description="`enabled: true` also resumes a trigger paused by a cap.")
 def update(trigger_id: str):
-    return jsonify(kernel().triggers.update(trigger_id, body.load(TriggerUpdateSchema())))
+    return jsonify(kernel().triggers.update(trigger_id, body.load(TriggerUpdateSchema()), principal().key_id))
 
 
 @bp.delete("/api/triggers/<trigger_id>")

@@ -11,7 +11,8 @@ A job (`POST /api/cron/jobs`):
 Every 400 names the field at fault. An agent or workflow outside a scoped key's list is
 refused in the words an unknown one gets. Creating, changing and deleting a job is audited
 (`cron.create`, `cron.update`, `cron.delete`) with who did it: `by` is the scoped key's name
-(and `key_id` its id) or `admin`.
+(and `key_id` its id) or `admin`. A scoped key that changes what a job does (its agent,
+action or delivery) makes the job its own: its runs act as the key from then on.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ Audit = Callable[[str, str, dict[str, Any]], None]
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.:@-]{0,127}$")
 CATCH_UP = ("skip", "once")
+# The fields that say what a job does: a scoped key changing one makes the job the key's.
+OWNED = {"agent_id", "action", "delivery"}
 # The variables a scoped key's webhook delivery may sign with (agentd/env_names.py).
 WEBHOOK_ENV_PREFIX = "AGENTD_WEBHOOK_"
 FIELDS = {"name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",
@@ -190,13 +193,16 @@ class CronJobs:
             self.key_runs.reach_steps(by, workflow_id,
                                       lambda: BadRequest(f"action.workflow_id: no workflow {workflow_id!r}"))
 
-    def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal, saved: str = "") -> None:
+    def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal,
+                        saved: dict[str, Any] | None = None) -> None:
         """400 for a scoped key's delivery beyond the key: a webhook `secret_env` outside its
-        prefix (one the job already has stays: the admin may have named it), or a channel
-        answering as an agent outside the key's list (in the words for an unknown channel)."""
+        prefix (the job's `saved` webhook may stay as it is: the admin may have named it; not
+        with another URL), or a channel answering as an agent outside the key's list (in the
+        words for an unknown channel)."""
         delivery = delivery or {}
         name = delivery.get("secret_env") or ""
-        if name and not by.is_admin and name != saved and not confined(name, WEBHOOK_ENV_PREFIX):
+        kept = saved is not None and all(delivery.get(k) == saved.get(k) for k in ("url", "secret_env"))
+        if name and not by.is_admin and not kept and not confined(name, WEBHOOK_ENV_PREFIX):
             # The name is not echoed: a secret pasted into the field may look like one.
             raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
                              f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
@@ -310,7 +316,7 @@ class CronJobs:
         """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
-        self._check_delivery(changes.get("delivery"), by, job["delivery"].get("secret_env") or "")
+        self._check_delivery(changes.get("delivery"), by, job["delivery"])
         action = changes.get("action", job["action"])
         if "action" in changes:
             self._reach_workflow(action, by)
@@ -318,6 +324,9 @@ class CronJobs:
             changes["agent_id"] = self._agent_id(data["agent_id"], action, by)
         elif action["kind"] == "agent_turn" and not job["agent_id"]:
             raise BadRequest("agent_id: required for an agent_turn action")
+        if by.key_id and any(changes[name] != job[name] for name in OWNED if name in changes):
+            # What the job does is now the key's words: its runs are the key's, not the admin's.
+            changes["key_id"] = by.key_id
         enabled = changes.get("enabled", job["enabled"])
         if "enabled" in changes or "schedule" in changes:
             if enabled:

@@ -112,12 +112,16 @@ class Triggers:
             raise NotFound("trigger not found")
         return trigger
 
-    def update(self, trigger_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def update(self, trigger_id: str, changes: dict[str, Any], key_id: str = "") -> dict[str, Any]:
+        """`key_id`: the scoped API key changing it; a key that changes its template (its
+        words in the prompt) makes the trigger the key's: its runs act as the key from then on."""
         for name in ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute"):
             if name in changes:
                 changes[name] = check_cap(name, changes[name], "trigger")
         if changes.get("prompt_template") is not None:
             _template(changes["prompt_template"])
+            if key_id and changes["prompt_template"] != self.get(trigger_id)["prompt_template"]:
+                changes["key_id"] = key_id
         trigger = self.store.update(parse_uuid(trigger_id, "trigger"), changes)
         if trigger is None:
             raise NotFound("trigger not found")
@@ -194,8 +198,10 @@ class Triggers:
         if self.key_runs is None:
             return True
         who = self.key_runs.keys.principal(key_id)
-        if who is None or not who.agents:
-            return who is not None
+        if who is None:
+            return False
+        if not who.agents:
+            return True
         agents = [self.registry.find(event.agent_id)] if event.agent_id else []
         try:
             if event.kind == CHANNEL:

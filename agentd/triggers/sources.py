@@ -23,7 +23,7 @@ def kv_changes(bus: EventBus) -> Callable[[str, str, Any, bool, str], None]:
 def workflow_runs(bus: EventBus) -> Callable[[dict[str, Any], dict[str, Any], str], None]:
     """WorkflowEngine's on_finish: a completed run is a `workflow_completed` event, of the
     scoped key that started the run (its output is the key's doing)."""
-    def finished(workflow: dict[str, Any], result: dict[str, Any], key_id: str = "") -> None:
+    def finished(workflow: dict[str, Any], result: dict[str, Any], key_id: str) -> None:
         if result.get("status") != "completed":
             return
         output = result.get("output") or ""

@@ -59,7 +59,7 @@ def trigger_edit(trigger_id: str):
     changes = {"prompt_template": form["prompt_template"]}
     changes.update({key: _cap(form[key], float if key == "max_cost_usd_per_day" else int) for key in CAPS})
     try:
-        service.update(trigger_id, changes)
+        service.update(trigger_id, changes, principal().key_id)
     except AgentdError as exc:
         return _triggers_page(exc.status, editing={"trigger": trigger, "form": form}, edit_error=exc.message)
     return see_other_with("pages.triggers", [f"trigger saved for {_agent_names().get(trigger['agent_id'])}"],
