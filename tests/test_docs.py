@@ -609,3 +609,12 @@ def _has(obj: Any, attrs: str) -> bool:
     if obj is None and inspect.isclass(owner):
         return re.search(rf"self\.{attr}\b *(?::[^=]*)?= ", inspect.getsource(owner)) is not None
     return callable(obj)
+
+
+def test_the_test_folders_mirror_the_packages() -> None:
+    """As docs/testing.md says: each folder holding tests is the folder of a package of
+    agentd/ (the fake LLM's own tests apart)."""
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
+    assert len(folders) > 10
+    assert sorted(str(f) for f in folders - {Path("."), Path("fakellm_selftest")}
+                  if not (ROOT / "agentd" / f / "__init__.py").is_file()) == []
