@@ -567,3 +567,54 @@ def test_every_runtime_dependency_is_in_the_installation_table() -> None:
     pinned = [line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")]
     assert [name for name in pinned if not re.search(rf"(?<![\w-]){re.escape(name.lower())}(?![\w-])", rows)] == []
+
+
+def test_every_function_the_message_walks_name_exists() -> None:
+    """The walks of docs/architecture.md ("Following a message") name `package/module.Name`,
+    `module.Class.method` and `Class.method` steps: each is in the code, so a rename that
+    leaves them stale fails."""
+    import importlib
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    walks = text[text.index("## Following a message"):text.index("## The stack")]
+    modules: dict[str, list[str]] = {}   # a module's last name or a class's name -> modules
+    for path in (ROOT / "agentd").rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules.setdefault(module.rpartition(".")[2], []).append(module)
+        for name in re.findall(r"^class (\w+)", path.read_text(encoding="utf-8"), re.M):
+            modules.setdefault(name, []).append(module)
+    missing, checked = [], 0
+    for ref in re.findall(r"`((?:[a-z_]+/)*[A-Za-z_]+\.[A-Za-z_]\w*(?:\.\w+)?)`", walks):
+        if ref.endswith(".py") or re.match(r"(channel|chat)\.", ref):
+            continue   # a file, or an audit record's or a response's type
+        head, _, attrs = ref.partition(".")
+        if "/" in head:
+            candidates = ["agentd." + head.replace("/", ".")]
+        else:
+            candidates = modules.get(head, [])
+            attrs = ref if head[0].isupper() else attrs
+        checked += 1
+        if not any(_has(importlib.import_module(name), attrs) for name in candidates):
+            missing.append(ref)
+    assert missing == []
+    assert checked >= 30
+
+
+def _has(obj: Any, attrs: str) -> bool:
+    """`obj` has the callable `attrs` (dotted), or its class sets that attribute in `__init__`."""
+    import inspect
+
+    for attr in attrs.split("."):
+        owner, obj = obj, getattr(obj, attr, None)
+    if obj is None and inspect.isclass(owner):
+        return re.search(rf"self\.{attr}\b *(?::[^=]*)?= ", inspect.getsource(owner)) is not None
+    return callable(obj)
+
+
+def test_the_test_folders_mirror_the_packages() -> None:
+    """As docs/testing.md says: each folder holding tests is the folder of a package of
+    agentd/ (the fake LLM's own tests apart)."""
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
+    assert len(folders) > 10
+    assert sorted(str(f) for f in folders - {Path("."), Path("fakellm_selftest")}
+                  if not (ROOT / "agentd" / f / "__init__.py").is_file()) == []

@@ -78,3 +78,19 @@ def test_labels_are_found(text: str) -> None:
                                   "POST /api/agents/{id}/stop", "stop_reason 2"])
 def test_product_words_pass(text: str) -> None:
     assert not LABEL.search(text), text
+
+
+def test_commit_subjects_since_this_check_speak_of_the_product() -> None:
+    """Every commit that came after this file (merged branches included) has a subject
+    without a work-tracking label."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+
+    added = git("log", "--diff-filter=A", "--format=%H", "--", str(THIS_FILE.relative_to(ROOT))).split()[-1]
+    # `added..HEAD` and `added` itself: a shallow clone has no parent of its oldest commit.
+    subjects = (git("log", "--format=%h %s", f"{added}..HEAD") + git("log", "-1", "--format=%h %s", added)).splitlines()
+    assert subjects
+    assert [line for line in subjects if LABEL.search(line.partition(" ")[2])] == []

@@ -850,11 +850,10 @@ def test_where_a_started_run_executes(env) -> None:
     assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"
 
 
-# Each place a run starts, by the origin it gives: the architecture page lists the same.
-STARTS = {"api/runs.py": "message, /v1", "api/streaming.py": "SSE", "api/sockets.py": "WebSocket",
-          "channels/inbound.py": "channel", "workflows/steps.py": "workflow", "agents/ops.py": "agent_send",
-          "schedules/scheduler.py": "schedule", "triggers/service.py": "trigger", "a2a/server.py": "a2a",
-          "mcp/server.py": "mcp"}
+# Each place a run starts (message and /v1, SSE, WebSocket, channel, workflow step, agent_send,
+# cron job, trigger, A2A, MCP): the architecture page lists the same.
+STARTS = {"api/runs.py", "api/streaming.py", "api/sockets.py", "channels/inbound.py", "workflows/steps.py",
+          "agents/ops.py", "schedules/scheduler.py", "triggers/service.py", "a2a/server.py", "mcp/server.py"}
 
 
 def test_every_run_starts_through_runs_start_and_nothing_else_enters_a_run() -> None:
@@ -874,4 +873,4 @@ def test_every_run_starts_through_runs_start_and_nothing_else_enters_a_run() -> 
         if re.search(r"\bruns\.start\((?:RunRequest\(|request\)|self\._request\()", text):
             starting.add(where)
     assert bypass == []
-    assert starting == set(STARTS)
+    assert starting == STARTS

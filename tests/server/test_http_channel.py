@@ -117,3 +117,23 @@ def test_a_slow_reader_gets_a_streamed_answer_larger_than_the_output_limit() -> 
         client.close()
         srv.task_dispatcher.shutdown(timeout=5)
         wasyncore.close_all(srv._map)
+
+
+def test_the_server_layer_names_the_waitress_it_is_tested_with_and_the_tests_to_rerun() -> None:
+    """agentd/server/ relies on waitress internals: its docstring names the version setup.cfg
+    pins and the installed one, and each test file to run again for a new waitress exists."""
+    import configparser
+    import re
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import agentd.server
+
+    root = Path(agentd.server.__file__).resolve().parents[2]
+    setup = configparser.ConfigParser()
+    setup.read(root / "setup.cfg")
+    pinned = re.search(r"^waitress==(\S+)$", setup["options"]["install_requires"], re.M).group(1)
+    doc = agentd.server.__doc__
+    assert re.search(r"tested with waitress ([\d.]+)", doc).group(1) == pinned == version("waitress")
+    named = re.findall(r"tests/[\w/]+\.py", doc)
+    assert len(named) >= 5 and [n for n in named if not (root / n).is_file()] == []
