@@ -7,6 +7,7 @@ on first use whatever backend the rest of the suite runs on.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -17,6 +18,7 @@ import uuid
 import zlib
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Iterator
 
 import psycopg2
 import pytest
@@ -110,6 +112,7 @@ def test_sqlite_schema_is_versioned_and_old_databases_adopted(tmp_path: Path) ->
     conn.execute("ALTER TABLE uploads DROP COLUMN content")  # what schema 2 added
     conn.commit()
     conn.close()
+
     open_store(path).close()
     rows = _sqlite_versions(path)
     assert rows[0] == (1, "existing schema adopted by agentd")
@@ -292,6 +295,26 @@ def _execute(path: Path, url: str | None, statements: list[str]) -> None:
         conn.execute(statement)
     conn.commit()
     conn.close()
+
+
+@contextlib.contextmanager
+def _upgraded(tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture,
+              statements: list[str]) -> Iterator[tuple[Any, list[str]]]:
+    """A store opened on a new database that `statements` first took back to an older
+    schema (its rows as an earlier agentd left them): the store and what it logged."""
+    from agentd.store import open_store
+
+    path = tmp_path / "data" / "agentd.db"
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    target = parse_database_url(url, "test", allow_password=True) if url else None
+    open_store(path, target).close()
+    _execute(path, url, statements)
+    caplog.set_level(logging.INFO, logger="agentd.store")
+    store = open_store(path, target)
+    try:
+        yield store, [r.getMessage() for r in caplog.records if r.name == "agentd.store"]
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -509,28 +532,17 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
     name no key (the admin's), and version 6 is recorded."""
     from pony import orm
 
-    from agentd.store import open_store
-
-    path = tmp_path / "data" / "agentd.db"
-    url = pgtest.databases().new_url() if backend == "postgres" else None
-    target = parse_database_url(url, "test", allow_password=True) if url else None
-    open_store(path, target).close()
-    _execute(path, url, [
+    with _upgraded(tmp_path, backend, caplog, [
         "DELETE FROM agentd_schema WHERE version > 5", "ALTER TABLE usage DROP COLUMN key_id",
         "INSERT INTO usage (agent_id, agent_name, provider, model, input_tokens, output_tokens, cost_usd, priced, at) "
-        "VALUES ('a1', 'old', 'openai', 'gpt-4o', 10, 5, 0.25, true, '2026-01-01 00:00:00')"])
-    caplog.set_level(logging.INFO, logger="agentd.store")
-    store = open_store(path, target)
-    try:
-        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
+        "VALUES ('a1', 'old', 'openai', 'gpt-4o', 10, 5, 0.25, true, '2026-01-01 00:00:00')"]) as (store, logged):
+        assert logged == [
             "migrating database schema to version 6", "migrating database schema to version 7"
         ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
             "migrating database schema to version 9", "migrating database schema to version 10"]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
-    finally:
-        store.close()
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
                                                 (8, "migrated by agentd"), (9, "migrated by agentd"),
                                                 (10, "migrated by agentd")]
@@ -605,13 +617,7 @@ def test_migration_9_names_the_key_of_each_cron_job_and_trigger(tmp_path: Path, 
     jobs and triggers stay and name no key (the admin's), and version 9 is recorded."""
     from pony import orm
 
-    from agentd.store import open_store
-
-    path = tmp_path / "data" / "agentd.db"
-    url = pgtest.databases().new_url() if backend == "postgres" else None
-    target = parse_database_url(url, "test", allow_password=True) if url else None
-    open_store(path, target).close()
-    _execute(path, url, [
+    with _upgraded(tmp_path, backend, caplog, [
         "DELETE FROM agentd_schema WHERE version > 8", "ALTER TABLE cron_jobs DROP COLUMN key_id",
         "ALTER TABLE triggers DROP COLUMN key_id",
         "INSERT INTO cron_jobs (id, name, agent_id, schedule, action, delivery, enabled, one_shot, catch_up, origin, "
@@ -619,18 +625,12 @@ def test_migration_9_names_the_key_of_each_cron_job_and_trigger(tmp_path: Path, 
         "'2026-01-01 00:00:00.000000')",
         "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
         "cost_today, window_count, fire_count, created_at) VALUES ('t1', 'a1', 'content_match', '{}', 'x', true, "
-        "'api', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000')"])
-    caplog.set_level(logging.INFO, logger="agentd.store")
-    store = open_store(path, target)
-    try:
-        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 9", "migrating database schema to version 10"]
+        "'api', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000')"]) as (store, logged):
+        assert logged == ["migrating database schema to version 9", "migrating database schema to version 10"]
         with orm.db_session:
             assert list(store.db.select("SELECT id, name, key_id FROM cron_jobs")) == [("j1", "old job", None)]
             assert list(store.db.select("SELECT id, key_id FROM triggers")) == [("t1", None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
-    finally:
-        store.close()
     assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd"), (10, "migrated by agentd")]
 
 
@@ -642,13 +642,6 @@ def test_migration_10_names_the_key_of_each_agent_from_its_manifest_work(tmp_pat
     whose manifest work is the admin's, names none; version 10 is recorded."""
     from pony import orm
 
-    from agentd.store import open_store
-
-    path = tmp_path / "data" / "agentd.db"
-    url = pgtest.databases().new_url() if backend == "postgres" else None
-    target = parse_database_url(url, "test", allow_password=True) if url else None
-    open_store(path, target).close()
-
     def agent(agent_id: str) -> str:
         return ("INSERT INTO agents (id, name, manifest_toml, manifest, mode, state, created_at, last_active, "
                 f"session_id) VALUES ('{agent_id}', '{agent_id}', 'name = \"{agent_id}\"', '{{}}', 'Auto', 'Running', "
@@ -659,24 +652,18 @@ def test_migration_10_names_the_key_of_each_agent_from_its_manifest_work(tmp_pat
                 f"origin, failures, created_at, key_id) VALUES ('{job_id}', '{job_id}', '{agent_id}', '{{}}', '{{}}', "
                 f"'{{}}', true, false, 'skip', '{origin}', 0, '2026-01-01 00:00:00.000000', {key})")
 
-    _execute(path, url, [
+    with _upgraded(tmp_path, backend, caplog, [
         "DELETE FROM agentd_schema WHERE version > 9", "ALTER TABLE agents DROP COLUMN key_id",
         *(agent(a) for a in ("a1", "a2", "a3", "a4")),
         job("j1", "a1", "manifest", "'k1'"), job("j3", "a3", "api", "'k3'"), job("j4", "a4", "manifest", "NULL"),
         "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
         "cost_today, window_count, fire_count, created_at, key_id) VALUES ('t2', 'a2', 'content_match', '{}', 'x', "
-        "true, 'manifest', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000', 'k2')"])
-    caplog.set_level(logging.INFO, logger="agentd.store")
-    store = open_store(path, target)
-    try:
-        assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
-            "migrating database schema to version 10"]
+        "true, 'manifest', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000', 'k2')"]) as (store, logged):
+        assert logged == ["migrating database schema to version 10"]
         with orm.db_session:
             assert sorted(store.db.select("SELECT id, key_id FROM agents")) == [
                 ("a1", "k1"), ("a2", "k2"), ("a3", None), ("a4", None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
-    finally:
-        store.close()
     assert [tuple(v) for v in versions][9:] == [(10, "migrated by agentd")]
 
 
