@@ -36,6 +36,7 @@ SCRATCH = ROOT / ".mutation"
 
 # module -> test files that exercise it (all paths relative to the repo root).
 TESTS: dict[str, list[str]] = {
+    "agentd/schedules/phrases.py": ["tests/schedules/test_spec.py"],
     "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
                                 "tests/api/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
     # middleware.py in process (its daemon tests in tests/api/test_guards_daemon.py outlast mutmut's stats

@@ -3,6 +3,7 @@ interval schedules, validation messages, and the phrases of `schedule_create`.""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
@@ -144,15 +145,56 @@ NOW = datetime(2026, 9, 21, 14, 13, 20, tzinfo=timezone.utc).timestamp()
     ("at 14:13", {"kind": "at", "at": "2026-09-22T14:13:00Z"}),  # passed a moment ago: tomorrow's
     ("weekly", {"kind": "cron", "expr": "0 0 * * 0", "tz": "UTC"}),
     ("2026-12-01T09:00:00Z", {"kind": "at", "at": "2026-12-01T09:00:00Z"}),
+    ("at 2026-12-01T09:00:00Z", {"kind": "at", "at": "2026-12-01T09:00:00Z"}),
+    ("2026-12-01 09:00:00+01:00", {"kind": "at", "at": "2026-12-01T08:00:00Z"}),
+    ("0 9 * * MON", {"kind": "cron", "expr": "0 9 * * mon", "tz": "UTC"}),
+    ("every hour", {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"}),
+    ("daily", {"kind": "cron", "expr": "0 0 * * *", "tz": "UTC"}),
+    ("Every  Day", {"kind": "cron", "expr": "0 0 * * *", "tz": "UTC"}),
+    ("every day at 23:59", {"kind": "cron", "expr": "59 23 * * *", "tz": "UTC"}),
+    ("daily at 0:00", {"kind": "cron", "expr": "0 0 * * *", "tz": "UTC"}),
+    ("every weekday at 12am", {"kind": "cron", "expr": "0 0 * * 1-5", "tz": "UTC"}),
+    ("weekends at 12pm", {"kind": "cron", "expr": "0 12 * * 0,6", "tz": "UTC"}),
+    ("fridays at 1am", {"kind": "cron", "expr": "0 1 * * 5", "tz": "UTC"}),
+    ("today at 17:00", {"kind": "at", "at": "2026-09-21T17:00:00Z"}),
+    ("today at 0:00", {"kind": "at", "at": "2026-09-21T00:00:00Z"}),  # asked for: kept, though past
+    ("at 9:00 tomorrow", {"kind": "at", "at": "2026-09-22T09:00:00Z"}),
 ])
 def test_schedule_create_phrases(phrase, expected) -> None:
     assert parse_phrase(phrase, now=NOW) == expected
 
 
-@pytest.mark.parametrize("phrase", ["now and then", "every 0 minutes", "daily at 25:00", "at 13pm", ""])
-def test_an_unreadable_phrase_is_refused(phrase) -> None:
-    with pytest.raises(BadRequest):
+def test_a_time_of_day_reached_this_very_second_is_tomorrows() -> None:
+    on_the_minute = datetime(2026, 9, 21, 14, 13, tzinfo=timezone.utc).timestamp()
+    assert parse_phrase("at 14:13", now=on_the_minute) == {"kind": "at", "at": "2026-09-22T14:13:00Z"}
+
+
+def test_a_phrase_is_read_against_the_clock_when_no_time_is_given() -> None:
+    before = time.time()
+    at = datetime.fromisoformat(parse_phrase("in 1 minute")["at"].replace("Z", "+00:00")).timestamp()
+    assert before + 59 <= at <= time.time() + 61
+
+
+CANNOT_READ = ("; use a cron expression, 'every 5 minutes', 'daily at 9am', 'weekdays at 6pm', "
+               "'tomorrow at 9:00' or an ISO 8601 time")
+
+
+@pytest.mark.parametrize("phrase, says", [
+    ("now and then", "schedule: cannot read 'now and then'" + CANNOT_READ),
+    ("blursdays at 9am", "schedule: cannot read 'blursdays at 9am'" + CANNOT_READ),
+    ("every 0 minutes", "schedule: the interval must be at least 1"),
+    ("daily at 25:00", "schedule: 25:00 is not a time"),
+    ("daily at 24", "schedule: 24:00 is not a time"),
+    ("daily at 9:60", "schedule: 9:60 is not a time"),
+    ("at 13pm", "schedule: 13pm is not a time"),
+    ("daily at 0am", "schedule: 0am is not a time"),
+    ("", "schedule: must be a cron expression or a phrase such as 'every 5 minutes'"),
+    (None, "schedule: must be a cron expression or a phrase such as 'every 5 minutes'"),
+])
+def test_an_unreadable_phrase_is_refused(phrase, says) -> None:
+    with pytest.raises(BadRequest) as refused:
         parse_phrase(phrase, now=NOW)
+    assert refused.value.message == says
 
 
 def test_the_four_manifest_schedules() -> None:
