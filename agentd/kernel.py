@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import sys
 import threading
 import time
@@ -392,21 +391,4 @@ class Kernel:
             "sqlite_page_cache_kib": PAGE_CACHE_KIB if sqlite else None,
             "sqlite_heap_kib": sqlite_heap_kib() if sqlite else None,
             "caches": cache_fill(self.agents.sessions.cached, self.memory),
-        }
-
-    @staticmethod
-    def version() -> dict[str, str]:
-        """The body of GET /api/version (seven string fields, plus python_version)."""
-        from agentd.buildinfo import build_date, git_sha
-
-        return {
-            "name": "agentd",
-            "version": __version__,
-            "build_date": build_date(),
-            "git_sha": git_sha(),
-            # The spec's field comes from the Rust original; agentd has no Rust toolchain.
-            "rust_version": "none",
-            "python_version": platform.python_version(),
-            "platform": platform.system().lower(),
-            "arch": platform.machine(),
         }

@@ -13,6 +13,7 @@ from agentd.api.apidoc import doc
 from agentd.api.principal import principal
 from agentd.api.schemas import TicksQuery
 from agentd.api.sse import format_event, sse_response
+from agentd import buildinfo
 from agentd.errors import BadRequest
 from agentd.kernel import Kernel
 
@@ -44,7 +45,7 @@ def health_detail():
 @bp.get("/api/version")
 @doc("Name, version and build of the daemon", public=True, response=out.VersionSchema, tags="system")
 def version():
-    return jsonify(Kernel.version())
+    return jsonify(buildinfo.version())
 
 
 @bp.get("/api/status")
