@@ -37,6 +37,7 @@ SCRATCH = ROOT / ".mutation"
 # module -> test files that exercise it (all paths relative to the repo root).
 TESTS: dict[str, list[str]] = {
     "agentd/schedules/phrases.py": ["tests/schedules/test_spec.py"],
+    "agentd/agents/tools/browser_proxy.py": ["tests/agents/tools/test_tool_browser_proxy.py"],
     "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
                                 "tests/api/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
     # middleware.py in process (its daemon tests in tests/api/test_guards_daemon.py outlast mutmut's stats

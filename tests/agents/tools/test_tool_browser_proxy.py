@@ -112,3 +112,62 @@ def test_the_connected_address_is_checked_again(upstream) -> None:
                            b"address 127.0.0.1 (add the host to [tools] fetch_allow_hosts to permit it)\n")
     wait_until(lambda: received, "the server sees the connection close")
     assert received == [b""]
+
+
+def test_bytes_sent_later_cross_the_tunnel_both_ways(proxy, upstream) -> None:
+    port, received = upstream
+    with socket.create_connection(("127.0.0.1", int(proxy.address.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+        assert sock.recv(65536) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+        sock.sendall(b"later")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert received == [b"later"]
+    assert answer == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+def test_a_request_head_in_pieces_is_read_whole(proxy, upstream) -> None:
+    port, received = upstream
+    with socket.create_connection(("127.0.0.1", int(proxy.address.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(f"GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHo".encode())
+        threading.Event().wait(0.2)  # the first piece arrives alone
+        sock.sendall(f"st: 127.0.0.1:{port}\r\n\r\n".encode())
+        while sock.recv(65536):
+            pass
+    assert received == [f"GET /x HTTP/1.1\r\nConnection: close\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()]
+
+
+def test_status_lines_say_what_went_wrong(proxy) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    answer = ask(proxy, f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n")
+    assert f"\r\n\r\ncannot connect to 127.0.0.1:{port}: ".encode() in answer
+    for request in (b"nonsense\r\n\r\n", b"CONNECT 127.0.0.1:99999 HTTP/1.1\r\n\r\n",
+                    b"GET /relative HTTP/1.1\r\n\r\n"):
+        assert ask(proxy, request).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+
+
+def test_allowed_hosts_are_matched_whatever_their_case(upstream) -> None:
+    """A host in fetch_allow_hosts, written in any case, may connect to a loopback address."""
+    port, received = upstream
+    server = BrowserProxy(lambda url: None, ["LocalHost"])
+    try:
+        answer = ask(server, f"CONNECT LOCALHOST:{port} HTTP/1.1\r\n\r\nhi".encode())
+    finally:
+        server.close()
+    assert answer.startswith(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    assert received == [b"hi"]
+
+
+def test_a_refused_connection_is_logged_with_its_reason(proxy, upstream, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="agentd.tools.browser")
+    ask(proxy, f"CONNECT localhost:{upstream[0]} HTTP/1.1\r\n\r\n".encode())
+    assert [r.getMessage() for r in caplog.records if r.name == "agentd.tools.browser"] == [
+        "browser connection refused: refusing to fetch localhost: it resolves to the private or loopback "
+        "address 127.0.0.1"]
