@@ -104,6 +104,24 @@ def test_mode_and_session_taken_over_caches_dropped_only_on_a_new_session(pair) 
         "BUG: a session reset on another daemon keeps the old history here"
 
 
+def test_the_key_an_agent_acts_as_follows_its_row(pair) -> None:
+    """A key that spawned or re-manifested the agent on another daemon is the one its
+    manifest work acts as here too; the admin's again once the row names none."""
+    a, b, store = pair
+    h = a.spawn(manifest("kappa"), key_id="k-spawn")
+    shared.sync_agent(b.registry, agent_id=h.id)
+    mine = b.registry._agents[h.id]
+    assert mine.key_id == "k-spawn"
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).key_id = "k-other"
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert b.registry._agents[h.id] is mine and mine.key_id == "k-other"
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).key_id = None
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert mine.key_id == ""
+
+
 def test_a_manifest_saved_elsewhere_is_taken_over(pair, caplog) -> None:
     a, b, store = pair
     h = a.spawn(manifest("epsilon"))
