@@ -340,7 +340,8 @@ class AgentRegistry:
     def _delete_rows(self, agent_id: str) -> None:
         """The agent's row and everything it owned, in one transaction."""
         with orm.db_session:
-            row = self.store.e.AgentRow.get(id=agent_id)
+            # Locked first, as key-value writes lock it first (agentd/memory/kv.py).
+            row = self.store.e.AgentRow.get_for_update(id=agent_id)
             if row is None:
                 return
             for upload in row.uploads:

@@ -13,13 +13,13 @@ from agentd.store import Store
 
 MAX_KEY_LENGTH = 256
 
-# Writes to one key are last-writer-wins: each takes the row's lock before reading it
+# Writes of one agent's keys are last-writer-wins: each first locks the agent's row
 # (SQLite: the write lock from the start; PostgreSQL: SELECT ... FOR UPDATE), so two PUTs,
 # or a PUT and a DELETE, of one key at once serialize instead of failing Pony's optimistic
-# check, and a PUT that follows a DELETE recreates the key rather than updating nothing.
+# check or racing each other's insert, a PUT that follows a DELETE recreates the key, and
+# a write after the agent's deletion finds no agent. The agent's deletion takes the same
+# lock first, so the two never wait on each other in opposite orders.
 _write = orm.db_session(optimistic=False)
-# Two first writes of one key both insert; the loser's retry finds the row and updates it.
-_INSERT_ATTEMPTS = 3
 
 
 # (agent_id, key, value (None when deleted), deleted, origin of the run that wrote it or "")
@@ -52,21 +52,14 @@ class KvMemory:
             raise BadRequest(f"key {NUL_MESSAGE}")
         if holds_nul(value):
             raise BadRequest(f"value: a string {NUL_MESSAGE}")
-        for attempt in range(_INSERT_ATTEMPTS):
-            try:
-                changed = self._set(agent_id, key, value)
-                break
-            except orm.TransactionIntegrityError:
-                # Another writer created the key first, or the agent was deleted meanwhile.
-                if not self._agent_exists(agent_id):
-                    raise NotFound("agent not found") from None
-                if attempt == _INSERT_ATTEMPTS - 1:
-                    raise
+        changed = self._set(agent_id, key, value)
         if changed and self.on_change is not None:
             self.on_change(agent_id, key, value, False, origin)
 
     def _set(self, agent_id: str, key: str, value: Any) -> bool:
         with _write:
+            if self.store.e.AgentRow.get_for_update(id=agent_id) is None:
+                raise NotFound("agent not found")
             row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
             if row is None:
                 self.store.e.KvRow(agent=agent_id, key=key, value=value, updated_at=utcnow())
@@ -76,14 +69,12 @@ class KvMemory:
             row.updated_at = utcnow()
             return changed
 
-    def _agent_exists(self, agent_id: str) -> bool:
-        with orm.db_session:
-            return self.store.e.AgentRow.exists(id=agent_id)
-
     def delete(self, agent_id: str, key: str, origin: str = "") -> bool:
         if holds_nul(key):
             return False
         with _write:
+            if self.store.e.AgentRow.get_for_update(id=agent_id) is None:
+                return False
             row = self.store.e.KvRow.get_for_update(agent=agent_id, key=key)
             if row is None:
                 return False
