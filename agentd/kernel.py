@@ -320,8 +320,7 @@ class Kernel:
         self.audit.record("kernel.shutdown", "agentd", {})
         logging.getLogger().removeHandler(self.log_tail)
         self.workflows.close()
-        for handle in self.agents.handles():
-            self.runs.stop(handle)
+        self.runs.stop_all()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.cluster.close()
         self.memory_notifier.close()

@@ -340,9 +340,14 @@ class Runs:
         }, agent_id=handle.id, origin=request.origin))
 
     def stop_all(self) -> None:
-        """Shutdown: cancel every queued and running run (their provider calls close at once)."""
+        """Shutdown: cancel every queued and running run of this daemon (their provider calls
+        close at once; an approval a run waits on ends with it). Only this daemon's runs, and
+        nothing that needs the database: a stop does not wait on it, nor on its outage."""
         for handle in self.registry.loaded():
-            self.queues.cancel(handle)
+            self.queues.cancel_queued(handle)
+            for event in (handle.cancel, handle.starting):
+                if event is not None:
+                    event.set()
 
     def _memory_owner(self, handle: AgentHandle, request: RunRequest | None) -> str | None:
         """The person whose episodic memory a run sees and adds to; None: the agent shares

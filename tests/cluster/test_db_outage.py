@@ -180,36 +180,37 @@ def test_postgres_restart_under_load(setup) -> None:
     spanning = a.post(f"/api/agents/{spanning_agent}/message/stream", stream=True, timeout=30,
                       json={"message": "[[chunks:60]] [[pace:100]] across"})
     assert spanning.status_code == 200
-    stream = a.post(f"/api/agents/{streamer}/message/stream", json={"message": "[[slow:1]] cut"},
+    stream = a.post(f"/api/agents/{streamer}/message/stream", json={"message": "[[slow:3]] cut"},
                     stream=True, timeout=30)
     assert stream.status_code == 200
     ws = websocket.create_connection(f"ws://127.0.0.1:{b.port}/api/agents/{socketed}/ws", timeout=10)
     assert json.loads(ws.recv())["type"] == "connected"
-    ws.send(json.dumps({"type": "message", "content": "[[slow:1]] cut"}))
+    ws.send(json.dumps({"type": "message", "content": "[[slow:3]] cut"}))
     time.sleep(0.3)
     server.stop()
     down_at = time.monotonic()
+    try:  # a failed check must not leave the server down for the module's other tests
+        body = "".join(c.decode() for c in stream.iter_content(None))
+        assert "event: error" in body, body
+        assert f'"error":"{UNAVAILABLE}","status":503' in body, body
+        frames = [json.loads(ws.recv())]
+        while frames[-1]["type"] not in ("error", "response"):
+            frames.append(json.loads(ws.recv()))
+        ws.close()
+        assert frames[-1] == {"type": "error", "content": UNAVAILABLE}, frames
+        for d in (a, b):
+            assert d.get("/api/health", timeout=5).json() == {"status": "degraded"}
+            r = d.put(f"/api/memory/agents/{agent}/kv/during", json={"value": 1}, timeout=10)
+            assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
+            assert r.json() == {"error": UNAVAILABLE}
+            r = d.post("/v1/chat/completions", json={"model": "steady", "messages": [{"role": "user", "content": "x"}]},
+                       timeout=10)
+            assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
+            assert r.json() == {"error": {"message": UNAVAILABLE, "type": "server_error"}}
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - down_at)))  # an outage well under the lease
 
-    body = "".join(c.decode() for c in stream.iter_content(None))
-    assert "event: error" in body, body
-    assert f'"error":"{UNAVAILABLE}","status":503' in body, body
-    frames = [json.loads(ws.recv())]
-    while frames[-1]["type"] not in ("error", "response"):
-        frames.append(json.loads(ws.recv()))
-    ws.close()
-    assert frames[-1] == {"type": "error", "content": UNAVAILABLE}, frames
-    for d in (a, b):
-        assert d.get("/api/health", timeout=5).json() == {"status": "degraded"}
-        r = d.put(f"/api/memory/agents/{agent}/kv/during", json={"value": 1}, timeout=10)
-        assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
-        assert r.json() == {"error": UNAVAILABLE}
-        r = d.post("/v1/chat/completions", json={"model": "steady", "messages": [{"role": "user", "content": "x"}]},
-                   timeout=10)
-        assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
-        assert r.json() == {"error": {"message": UNAVAILABLE, "type": "server_error"}}
-    time.sleep(max(0.0, 1.5 - (time.monotonic() - down_at)))  # an outage well under the lease
-
-    server.start()
+    finally:
+        server.start()
     back_at = time.monotonic()
     wait_for(lambda: _serving(a, agent) and _serving(b, agent), 5, what="both daemons serving again")
     recovered = time.monotonic() - back_at
@@ -322,3 +323,21 @@ def test_health_detail_and_metrics_answer_while_the_database_is_down(setup) -> N
     wait_for(lambda: a.get("/api/health/detail", timeout=5).json()["database"] == "connected", 5,
              what="database connected")
     assert "Traceback" not in _log_since(a, offset)
+
+
+def test_a_daemon_stopped_while_the_database_is_down_exits_cleanly(setup, tmp_path) -> None:
+    """Stopping must not depend on the database: its runs end, it exits 0, no traceback."""
+    server, a, b, proxy = setup
+    home = make_home(tmp_path, a.home.joinpath("config.toml").read_text().replace('"daemon-a"', '"daemon-c"'))
+    c = Daemon(home, env_extra={**LLM_ENV, "AGENTD_DATABASE_URL": server.url}).start()
+    agent = spawn(c.url, "stopped-offline")
+    stream = c.post(f"/api/agents/{agent}/message/stream", json={"message": "[[slow:5]] stopping"},
+                    stream=True, timeout=30)
+    assert stream.status_code == 200
+    server.stop()
+    try:
+        assert c.stop() == 0
+    finally:
+        server.start()
+    assert "Traceback" not in c.log()
+    wait_for(lambda: _serving(a, agent), 5, what="daemon a serving again")

@@ -512,7 +512,9 @@ def test_restart_mid_run_marks_run_failed(tmp_path: Path, fake_llm) -> None:
     {"name": "nap", "prompt": "[[fail:400]] zz", "error_mode": "retry", "max_retries": 9},
 ])
 def test_a_graceful_stop_ends_a_run_saying_the_daemon_stops(tmp_path: Path, fake_llm, step: dict) -> None:
-    d = Daemon(make_home(tmp_path / "graceful", llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    # Model calls outlast a stop that a loaded machine is slow to deliver.
+    config = llm_config(fake_llm).replace("timeout_secs = 3\n", "timeout_secs = 30\n")
+    d = Daemon(make_home(tmp_path / "graceful", config), env_extra=LLM_ENV).start()
     try:
         spawn(d, "sleeper")
         nonce = uuid.uuid4().hex  # the fake LLM is the session's: other tests' prompts are in its log

@@ -129,7 +129,7 @@ def test_create_with_an_error_at_the_step_run_with_live_steps_and_cancel(browser
     # Cancel a run while its first step runs.
     browser.back()
     wait(browser).until(EC.presence_of_element_located((By.ID, "input")))
-    fill(browser, "input", "stop")
+    fill(browser, "input", "[[slow:10]] stop")  # long enough to be cancelled on a loaded machine
     browser.find_element(By.CSS_SELECTOR, "#run button[type=submit]").click()
     wait(browser).until(lambda b: states(b) and states(b)[0] == "running")
     submit(browser, "cancel-run")
