@@ -58,7 +58,7 @@ def reload_channels():
 def configure(name: str):
     data = body.json_body()
     reach_channel(name, data)
-    return jsonify(kernel().channels.configure(name, data, confined=not principal().is_admin))
+    return jsonify(kernel().channels.configure(name, data, key_id=principal().key_id))
 
 
 @bp.delete("/api/channels/<name>/configure")

@@ -32,6 +32,7 @@ from agentd.llm.think import strip_think
 from agentd.store import Store
 
 log = logging.getLogger("agentd.channels")
+KEY_SETTING = "channel_key:"  # + the channel's name: the key its runs act as
 
 
 class ChannelManager:
@@ -68,7 +69,8 @@ class ChannelManager:
         self.inbound = InboundRouter(
             self.sections, self.running, agents, runs, audit, self.dispatcher,
             ChatApprovals(approvals if approvals is not None else ApprovalQueue(), audit), files,
-            settings.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound)
+            settings.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound,
+            self.key_of)
         self._initial = raw_channels
         # Several daemons on one database (agentd/channels/leaders.py): an adapter starts only
         # where may_run(name) is true (the daemon holding its leader lease); on_stopped(name)
@@ -208,22 +210,29 @@ class ChannelManager:
                         active=adapter is not None and bool(adapter.health()),
                         implemented=registry.has(info.name) and not registry.why_unavailable(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
-                        config_template=data["config_template"])
+                        config_template=data["config_template"],
+                        key_id=(self.key_of(info.name) or None) if section is not None else None)
             if not item["implemented"]:
                 item["reason"] = registry.why_unavailable(info.name) or f"{info.name}: no adapter module"
             out.append(item)
         return out
 
-    def configure(self, name: str, body: Any, confined: bool = False) -> dict[str, Any]:
-        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter. `confined`
-        (a caller short of the admin): `*_env` keys name only the adapter's own variables."""
+    def key_of(self, name: str) -> str:
+        """The scoped API key channel `name`'s runs act as ("": the admin's): the key that
+        configured it last (agentd/key_runs.py)."""
+        return self.store.get_setting(f"{KEY_SETTING}{name}", "") or ""
+
+    def configure(self, name: str, body: Any, key_id: str = "") -> dict[str, Any]:
+        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter. `key_id`:
+        the scoped API key configuring it (its `*_env` keys name only the adapter's own
+        variables), which the channel's runs then act as; "": the admin."""
         info = self.catalog.get(name)
         secrets = None
         if isinstance(body, dict) and "secrets" in body:
             body = dict(body)
             secrets = body.pop("secrets")
         values = validate(info, body)
-        if confined:
+        if key_id:
             channel_secrets.check_names(info, values, self.sections.get(name) or {})
         stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
         if stored and self.store_secrets is None:
@@ -232,7 +241,10 @@ class ChannelManager:
             if stored:
                 self.store_secrets(stored)  # before the adapter starts: it reads them at once
             edit_file(self.config_path, ["channels", name], values)
+            self.store.set_setting(f"{KEY_SETTING}{name}", key_id)
             detail: dict[str, Any] = {"keys": sorted(values)}
+            if key_id:
+                detail["key_id"] = key_id
             if stored:
                 detail["secrets_saved"] = sorted(stored)  # names only
             self.audit("channel.configure", name, detail)
@@ -260,6 +272,7 @@ class ChannelManager:
         self.catalog.get(name)
         with self._lock:
             edit_file(self.config_path, ["channels", name], None)
+            self.store.set_setting(f"{KEY_SETTING}{name}", "")
             self._stop(name, reason="removed")
             self.sections.pop(name, None)
             self.audit("channel.remove", name, {})

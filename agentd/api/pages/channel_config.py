@@ -188,7 +188,7 @@ def channel_configure(name: str):
     try:
         data = _body(info, dict(channels.sections.get(name) or {}))
         reach_channel(name, data)
-        result = channels.configure(name, data, confined=not principal().is_admin)
+        result = channels.configure(name, data, key_id=principal().key_id)
     except AgentdError as exc:
         return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
     lines = [f"{name}: configuration saved" + ("; the adapter started" if result["activated"] else "")]
