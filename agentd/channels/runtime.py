@@ -62,6 +62,8 @@ class ChannelManager:
         # Adapters inside start(): a platform may call the webhook back while it is being
         # registered (Viber's set_webhook), so the route serves an adapter once it listens.
         self.starting: dict[str, Adapter] = {}
+        # Why a configured adapter could not start, by name, until it starts or is removed.
+        self.errors: dict[str, str] = {}
         self.start_retries = StartRetries(self._start_again)
         settings = channels_table({"channels": raw_channels})
         self.listen_host = settings.listen_host
@@ -121,7 +123,11 @@ class ChannelManager:
         if not self.may_run(name):
             return False
         try:
-            settings = settings_for(info, validate(info, self.sections[name]))
+            try:
+                settings = settings_for(info, validate(info, self.sections[name]))
+            except BadRequest as exc:
+                # Only a section read from the file gets here: the API refuses it before saving.
+                raise ChannelError(f"{self.config_path} [channels.{name}]: {exc.message}") from None
             adapter = self.starting[name] = cls(self._context(name), settings)
             adapter.start()
         except (AgentdError, ChannelError, OSError, ValueError) as exc:
@@ -131,12 +137,14 @@ class ChannelManager:
                 detail["retry_in_secs"] = self.start_retries.later(name)
             log.warning("channel %s could not start: %s%s", name, message,
                         f" (trying again in {detail['retry_in_secs']:.0f} s)" if "retry_in_secs" in detail else "")
+            self.errors[name] = message
             self.audit("channel.start_failed", name, detail)
             self.on_stopped(name)
             return False
         finally:
             self.starting.pop(name, None)
         self.start_retries.forget(name)
+        self.errors.pop(name, None)
         self.running[name] = adapter
         self.audit("channel.start", name, {})
         return True
@@ -149,6 +157,7 @@ class ChannelManager:
 
     def _stop(self, name: str, reason: str) -> None:
         self.start_retries.forget(name)
+        self.errors.pop(name, None)
         adapter = self.running.pop(name, None)
         if adapter is None:
             self.on_stopped(name)
@@ -212,6 +221,8 @@ class ChannelManager:
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
                         config_template=data["config_template"],
                         key_id=(self.key_of(info.name) or None) if section is not None else None)
+            if info.name in self.errors and section is not None:
+                item["error"] = self.errors[info.name]
             if not item["implemented"]:
                 item["reason"] = registry.why_unavailable(info.name) or f"{info.name}: no adapter module"
             out.append(item)
