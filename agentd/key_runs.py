@@ -12,6 +12,9 @@ The same holds for what a key's run starts from inside: a job its `cron_create` 
 `schedule_create` tool makes, or an agent's manifest schedule when the key spawned it,
 remembers the key; a message its `agent_send` tool sends is a run of the key, refused
 when the key no longer reaches the agent.
+
+A chat channel a scoped key configured acts as the key too (agentd/channels/inbound.py):
+each inbound message's run is the key's, refused with a reply to the sender.
 """
 
 from __future__ import annotations

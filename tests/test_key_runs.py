@@ -19,13 +19,14 @@ from tests.api.test_keys import new_key as keys_new_key
 from support import Daemon, make_home, stop_shared, wait_until
 
 ADMIN = "admin-secret-for-key-runs"
+WEBHOOK_SECRETS = {"AGENTD_WEBHOOK_REPORT": "report-secret", "CRON_SECRET": "admins-secret"}
 NEVER = {"kind": "cron", "expr": "0 0 1 1 *"}  # due once a year: these jobs run when told to
 
 
 @pytest.fixture(scope="module")
 def d(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
     home = make_home(tmp_path_factory.mktemp("key-runs"), f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
-    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    daemon = Daemon(home, api_key=ADMIN, env_extra={**LLM_ENV, **WEBHOOK_SECRETS}).start()
     yield daemon
     stop_shared(daemon)
 
@@ -418,6 +419,10 @@ def test_a_keys_webhook_delivery_signs_only_with_a_variable_of_its_own(d: Daemon
         r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": variable}})
         assert (r.status_code, r.json()) == (400, refusal), variable
     assert d.get("/api/cron/jobs", params={"agent_id": agent_id}).json() == []
+    # A variable of its own that the daemon's environment does not hold would fail every delivery.
+    r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": {**hook, "secret_env": "AGENTD_WEBHOOK_NONE"}})
+    assert (r.status_code, r.json()) == (400, {"error": "delivery.secret_env: environment variable AGENTD_WEBHOOK_NONE "
+                                                        "is not set (the daemon reads its environment when it starts)"})
     mine = {**hook, "secret_env": "AGENTD_WEBHOOK_REPORT"}
     r = as_key(d, key, "POST", "/api/cron/jobs", json={**body, "delivery": mine})
     assert r.status_code == 201 and r.json()["delivery"]["secret_env"] == "AGENTD_WEBHOOK_REPORT", r.text

@@ -28,6 +28,14 @@ def hide_unreached(fields: list[dict[str, Any]]) -> None:
             field["has_value"] = False
 
 
+def hide_unreached_item(item: dict[str, Any]) -> None:
+    """`hide_unreached` for a channel list item, and its start `error` for a key that does
+    not reach the channel (it may name another agent)."""
+    hide_unreached(item["fields"])
+    if "error" in item and not reaches_channel(item["name"]):
+        del item["error"]
+
+
 def reach_channel(name: str, new: Any = None) -> None:
     """A key limited to some agents configures, removes and tests only a channel whose
     messages go to its agents (404 `agent not found` otherwise, as for the agents

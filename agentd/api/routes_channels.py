@@ -12,7 +12,7 @@ from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.schemas import AuditQuery, ChannelTestBodySchema, QrStatusQuery
 from agentd.api import body
-from agentd.api.channel_reach import hide_unreached, reach_channel
+from agentd.api.channel_reach import hide_unreached_item, reach_channel
 from agentd.api.principal import principal
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest
@@ -27,7 +27,7 @@ bp = Blueprint("channels", __name__)
 def list_channels():
     items = kernel().channels.list()
     for item in items:
-        hide_unreached(item["fields"])
+        hide_unreached_item(item)
     return jsonify(items)
 
 
@@ -58,7 +58,7 @@ def reload_channels():
 def configure(name: str):
     data = body.json_body()
     reach_channel(name, data)
-    return jsonify(kernel().channels.configure(name, data, confined=not principal().is_admin))
+    return jsonify(kernel().channels.configure(name, data, key_id=principal().key_id))
 
 
 @bp.delete("/api/channels/<name>/configure")

@@ -24,12 +24,13 @@ from agentd.channels.approvals import ChatApprovals, parse as approval_command
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.catalog import USER_LISTS
 from agentd.channels.dispatch import Dispatcher
-from agentd.errors import BadRequest, NotFound, PayloadTooLarge
+from agentd.errors import AgentdError, BadRequest, NotFound, PayloadTooLarge
 from agentd.llm.think import strip_think
 
 log = logging.getLogger("agentd.channels")
 SESSION_NS = uuid.UUID("6f1c2a8e-3b7d-4c55-9a61-0d2f7e4b9c13")
 APOLOGY = "Sorry, something went wrong while answering your message. Please try again later."
+KEY_REFUSED = "Sorry, this channel may not answer now: {reason}"
 
 
 def session_id(agent_id: str, key: str) -> str:
@@ -59,6 +60,8 @@ class InboundRouter:
     on_message: Callable[[str, str], None]
     # Hears of every inbound message the allow-lists let through (the event bus).
     on_inbound: Callable[[str, Inbound], None] | None
+    # The scoped API key a channel's runs act as ("": the admin's), by channel name.
+    key_of: Callable[[str], str]
     sender_limits: channel_overrides.SenderLimits = field(default_factory=channel_overrides.SenderLimits)
 
     def deliver(self, name: str, msg: Inbound) -> None:
@@ -124,9 +127,11 @@ class InboundRouter:
                                               int(self.overrides(name).get("rate_limit_per_user") or 0)):
                 self.audit("channel.rate_limited", name, {"message_id": msg.message_id, "sender": msg.sender_id})
                 reply = channel_overrides.SLOW_DOWN.format(limit=self.overrides(name)["rate_limit_per_user"])
+            elif (refused := self._key_refusal(name, key_id := self.key_of(name), handle, msg)) is not None:
+                reply = refused
             else:
                 text, images = self._take_files(adapter, handle, msg)
-                reply = self._run(adapter, handle, conversation, text, msg.sender_id, life, images) \
+                reply = self._run(adapter, handle, conversation, text, msg.sender_id, life, key_id, images) \
                     if text.strip() or images else ""
         except Exception as exc:  # noqa: BLE001 - errors become an apology, never a crash
             error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -158,6 +163,21 @@ class InboundRouter:
         if not handles:
             raise ChannelError("no agent is running to answer channel messages")
         return handles[0]
+
+    def _key_refusal(self, name: str, key_id: str, handle, msg: Inbound) -> str | None:  # type: ignore[no-untyped-def]
+        """None when `key_id`, the key channel `name` acts as, may run `handle` now (or the
+        channel is the admin's), else the reply saying why not (audited)."""
+        if not key_id or self.runs.key_runs is None:
+            return None
+        try:
+            self.runs.key_runs.fields(key_id, handle)
+        except AgentdError as exc:
+            self.on_message(name, "refused")
+            self.audit("channel.refused", name, {"sender": msg.sender_id, "chat": msg.conversation.chat_id,
+                                                 "message_id": msg.message_id, "key_id": key_id,
+                                                 "reason": exc.message})
+            return KEY_REFUSED.format(reason=exc.message)
+        return None
 
     def _may_answer(self, name: str, requester: str) -> Callable[[Inbound], bool]:
         """Who may answer an approval asked in a conversation: the channel's allowed users
@@ -201,7 +221,8 @@ class InboundRouter:
                                                           "conversation": conversation.key})
 
     def _run(self, adapter: Adapter, handle, conversation: Conversation, text: str,  # type: ignore[no-untyped-def]
-             sender: str, life: lifecycle.Lifecycle, images: list[dict[str, Any]] | None = None) -> str:
+             sender: str, life: lifecycle.Lifecycle, key_id: str,
+             images: list[dict[str, Any]] | None = None) -> str:
         chosen = self.overrides(adapter.name)
         emit, forget = None, lambda: None
         if handle.mode == "Manual":  # its tool calls are asked for in this conversation
@@ -217,6 +238,7 @@ class InboundRouter:
                                                 session_id=session_id(handle.id, conversation.key),
                                                 label=conversation.key,
                                                 owner=f"channel:{adapter.name}:{sender}",
+                                                key_id=key_id,
                                                 emit=emit)).result()
         finally:
             forget()

@@ -32,6 +32,7 @@ from agentd.llm.think import strip_think
 from agentd.store import Store
 
 log = logging.getLogger("agentd.channels")
+KEY_SETTING = "channel_key:"  # + the channel's name: the key its runs act as
 
 
 class ChannelManager:
@@ -61,6 +62,8 @@ class ChannelManager:
         # Adapters inside start(): a platform may call the webhook back while it is being
         # registered (Viber's set_webhook), so the route serves an adapter once it listens.
         self.starting: dict[str, Adapter] = {}
+        # Why a configured adapter could not start, by name, until it starts or is removed.
+        self.errors: dict[str, str] = {}
         self.start_retries = StartRetries(self._start_again)
         settings = channels_table({"channels": raw_channels})
         self.listen_host = settings.listen_host
@@ -68,7 +71,8 @@ class ChannelManager:
         self.inbound = InboundRouter(
             self.sections, self.running, agents, runs, audit, self.dispatcher,
             ChatApprovals(approvals if approvals is not None else ApprovalQueue(), audit), files,
-            settings.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound)
+            settings.max_file_bytes, on_message or (lambda adapter, direction: None), on_inbound,
+            self.key_of)
         self._initial = raw_channels
         # Several daemons on one database (agentd/channels/leaders.py): an adapter starts only
         # where may_run(name) is true (the daemon holding its leader lease); on_stopped(name)
@@ -119,7 +123,11 @@ class ChannelManager:
         if not self.may_run(name):
             return False
         try:
-            settings = settings_for(info, validate(info, self.sections[name]))
+            try:
+                settings = settings_for(info, validate(info, self.sections[name]))
+            except BadRequest as exc:
+                # Only a section read from the file gets here: the API refuses it before saving.
+                raise ChannelError(f"{self.config_path} [channels.{name}]: {exc.message}") from None
             adapter = self.starting[name] = cls(self._context(name), settings)
             adapter.start()
         except (AgentdError, ChannelError, OSError, ValueError) as exc:
@@ -129,12 +137,14 @@ class ChannelManager:
                 detail["retry_in_secs"] = self.start_retries.later(name)
             log.warning("channel %s could not start: %s%s", name, message,
                         f" (trying again in {detail['retry_in_secs']:.0f} s)" if "retry_in_secs" in detail else "")
+            self.errors[name] = message
             self.audit("channel.start_failed", name, detail)
             self.on_stopped(name)
             return False
         finally:
             self.starting.pop(name, None)
         self.start_retries.forget(name)
+        self.errors.pop(name, None)
         self.running[name] = adapter
         self.audit("channel.start", name, {})
         return True
@@ -147,6 +157,7 @@ class ChannelManager:
 
     def _stop(self, name: str, reason: str) -> None:
         self.start_retries.forget(name)
+        self.errors.pop(name, None)
         adapter = self.running.pop(name, None)
         if adapter is None:
             self.on_stopped(name)
@@ -208,22 +219,31 @@ class ChannelManager:
                         active=adapter is not None and bool(adapter.health()),
                         implemented=registry.has(info.name) and not registry.why_unavailable(info.name),
                         fields=field_views(info, section), setup_steps=data["setup_steps"],
-                        config_template=data["config_template"])
+                        config_template=data["config_template"],
+                        key_id=(self.key_of(info.name) or None) if section is not None else None)
+            if info.name in self.errors and section is not None:
+                item["error"] = self.errors[info.name]
             if not item["implemented"]:
                 item["reason"] = registry.why_unavailable(info.name) or f"{info.name}: no adapter module"
             out.append(item)
         return out
 
-    def configure(self, name: str, body: Any, confined: bool = False) -> dict[str, Any]:
-        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter. `confined`
-        (a caller short of the admin): `*_env` keys name only the adapter's own variables."""
+    def key_of(self, name: str) -> str:
+        """The scoped API key channel `name`'s runs act as ("": the admin's): the key that
+        configured it last (agentd/key_runs.py)."""
+        return self.store.get_setting(f"{KEY_SETTING}{name}", "") or ""
+
+    def configure(self, name: str, body: Any, key_id: str = "") -> dict[str, Any]:
+        """Validate, write `[channels.<name>]` atomically, hot-reload that adapter. `key_id`:
+        the scoped API key configuring it (its `*_env` keys name only the adapter's own
+        variables), which the channel's runs then act as; "": the admin."""
         info = self.catalog.get(name)
         secrets = None
         if isinstance(body, dict) and "secrets" in body:
             body = dict(body)
             secrets = body.pop("secrets")
         values = validate(info, body)
-        if confined:
+        if key_id:
             channel_secrets.check_names(info, values, self.sections.get(name) or {})
         stored = channel_secrets.secret_values(info, values, secrets) if secrets is not None else {}
         if stored and self.store_secrets is None:
@@ -232,7 +252,10 @@ class ChannelManager:
             if stored:
                 self.store_secrets(stored)  # before the adapter starts: it reads them at once
             edit_file(self.config_path, ["channels", name], values)
+            self.store.set_setting(f"{KEY_SETTING}{name}", key_id)
             detail: dict[str, Any] = {"keys": sorted(values)}
+            if key_id:
+                detail["key_id"] = key_id
             if stored:
                 detail["secrets_saved"] = sorted(stored)  # names only
             self.audit("channel.configure", name, detail)
@@ -260,6 +283,7 @@ class ChannelManager:
         self.catalog.get(name)
         with self._lock:
             edit_file(self.config_path, ["channels", name], None)
+            self.store.set_setting(f"{KEY_SETTING}{name}", "")
             self._stop(name, reason="removed")
             self.sections.pop(name, None)
             self.audit("channel.remove", name, {})

@@ -18,6 +18,7 @@ action or delivery) makes the job its own: its runs act as the key from then on.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import time
 import uuid
@@ -195,10 +196,11 @@ class CronJobs:
 
     def _check_delivery(self, delivery: dict[str, Any] | None, by: Principal,
                         saved: dict[str, Any] | None = None) -> None:
-        """400 for a scoped key's delivery beyond the key: a webhook `secret_env` outside its
-        prefix (the job's `saved` webhook may stay as it is: the admin may have named it; not
-        with another URL), or a channel answering as an agent outside the key's list (in the
-        words for an unknown channel)."""
+        """400 for a webhook `secret_env` the daemon's environment does not hold, and for a
+        scoped key's delivery beyond the key: a `secret_env` outside its prefix (checked first,
+        so a key learns nothing of other variables), or a channel answering as an agent outside
+        the key's list (in the words for an unknown channel). The job's `saved` webhook may
+        stay as it is (the admin may have named it; not with another URL)."""
         delivery = delivery or {}
         name = delivery.get("secret_env") or ""
         kept = saved is not None and all(delivery.get(k) == saved.get(k) for k in ("url", "secret_env"))
@@ -206,6 +208,11 @@ class CronJobs:
             # The name is not echoed: a secret pasted into the field may look like one.
             raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
                              f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
+        if name and not kept and not os.environ.get(name):
+            # Every delivery would fail: the daemon reads its environment only when it starts.
+            # Named only to the caller who sent it (an error is neither stored nor logged).
+            raise BadRequest(f"delivery.secret_env: environment variable {name} is not set "
+                             "(the daemon reads its environment when it starts)")
         if delivery.get("kind") == "channel" and by.agents and self.key_runs is not None:
             channel = delivery["channel"]
             for handle in self.channel_agents(channel) or []:

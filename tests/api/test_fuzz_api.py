@@ -145,8 +145,8 @@ CONFIG = CONFIG_HEAD + "".join([
         "The name must be a skill installed on this daemon (server state)."),
     acceptance_off(["cron.create", "cron.update"],
         "A job names an agent and a workflow that exist now, a cron expression that matches dates, "
-        "a known time zone, an `at` time in the future and a configured channel: server state and "
-        "rules JSON Schema cannot state."),
+        "a known time zone, an `at` time in the future, a configured channel and a webhook secret "
+        "variable the daemon's environment holds: server state and rules JSON Schema cannot state."),
     acceptance_off("cron.run",
         "Run now answers 409 while the job's previous run is still going or the job is over its "
         "daily cap (documented): server state."),

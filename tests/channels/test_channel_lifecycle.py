@@ -1,11 +1,13 @@
 """Channels across daemon restarts: adapters stop on SIGTERM (audited), configured
-sections start again on the next start, and long replies are split for IRC."""
+sections start again on the next start (one the API would refuse fails alone, saying why),
+and long replies are split for IRC."""
 
 from __future__ import annotations
 
 import pytest
 
-from channel_fixtures import CHANNEL_ENV, audit, channel, configure, start_channel_daemon, wait_active
+from channel_fixtures import CHANNEL_ENV, audit, channel, configure, start_channel_daemon, wait_active, wait_for
+from fakes.ntfy import FakeNtfy
 from fakes.servers import IrcUser, Ngircd
 from support import Daemon, free_port
 
@@ -56,3 +58,35 @@ def test_shutdown_stops_adapters_and_restart_brings_them_back(tmp_path, fake_llm
         assert channel(daemon, "irc")["configured"] is True
     finally:
         daemon.stop()
+
+
+def test_a_section_the_api_would_refuse_fails_alone_saying_why(tmp_path, fake_llm):
+    """config.toml written by hand with a value the API refuses (an interval of 0 the adapter
+    would replace by its default): that adapter does not start, saying why in the log, in
+    `GET /api/channels` and on its page; the daemon and the other channels start normally."""
+    ntfy = FakeNtfy(CHANNEL_ENV["NTFY_TOKEN"]).start()
+    sections = ('\n[channels.telegram]\nbot_token_env = "TELEGRAM_BOT_TOKEN"\nlong_poll_secs = 0\n'
+                f'\n[channels.ntfy]\ntopic = "healthy"\nserver_url = "{ntfy.url}"\ntoken_env = "NTFY_TOKEN"\n'
+                'default_agent = "helper"\n')
+    daemon = start_channel_daemon(tmp_path, fake_llm, env=CHANNEL_ENV, extra_config=sections)
+    try:
+        why = (f"{daemon.home / 'config.toml'} [channels.telegram]: long_poll_secs: must be more than 0 "
+               "(leave it out for the default, 25)")
+        assert f"channel telegram could not start: {why}\n" in daemon.log()
+        telegram = channel(daemon, "telegram")
+        assert (telegram["configured"], telegram["active"], telegram["error"]) == (True, False, why)
+        page = daemon.get("/channels/telegram")
+        assert page.status_code == 200 and f'<dd id="start-error">{why}</dd>' in page.text
+
+        wait_active(daemon, "ntfy")
+        assert "error" not in channel(daemon, "ntfy")
+        ntfy.publish("healthy", "still here")
+        wait_for(lambda: ntfy.bot_messages("healthy"), what="the ntfy reply")
+        assert ntfy.bot_messages("healthy") == ["echo: still here"]
+
+        assert daemon.delete("/api/channels/telegram/configure").status_code == 200
+        assert "error" not in channel(daemon, "telegram")
+        assert daemon.problems() == []
+    finally:
+        daemon.stop()
+        ntfy.stop()

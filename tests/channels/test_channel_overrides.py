@@ -142,7 +142,9 @@ def test_config_file_naming_an_unimplemented_key_does_not_start_the_channel(chan
     try:
         assert channel_daemon.post("/api/channels/reload").status_code == 200
         failed = audit(channel_daemon, "channel.start_failed", "webhook")
-        assert failed and failed[0]["detail"]["error"].startswith("overrides.typing_mode: not implemented")
+        # The file and the section are named: the API never saves such a section.
+        assert failed and failed[0]["detail"]["error"].startswith(
+            f"{path} [channels.webhook]: overrides.typing_mode: not implemented")
         assert "overrides.typing_mode: not implemented" in channel_daemon.log()
     finally:
         path.write_text(original)

@@ -421,6 +421,26 @@ def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun
     receiver.status = 200
 
 
+def test_a_webhook_naming_an_unset_variable_is_refused_at_creation_and_change(env) -> None:
+    """Every delivery would fail: the daemon reads its environment only when it starts."""
+    d, receiver, _ = env
+    spawn(d, "unsigned")
+    refusal = {"error": "delivery.secret_env: environment variable CRON_UNSET_SECRET is not set "
+                        "(the daemon reads its environment when it starts)"}
+    unset = {"kind": "webhook", "url": f"{receiver.url}/unset", "secret_env": "CRON_UNSET_SECRET"}
+    body = {"name": "unsigned", "agent_id": "unsigned", "action": turn("m"),
+            "schedule": {"kind": "cron", "expr": "0 0 1 1 *"}}
+    r = d.post("/api/cron/jobs", json={**body, "delivery": unset})
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get("/api/cron/jobs", params={"agent_id": "unsigned"}).json() == []
+
+    signed = {**unset, "secret_env": "CRON_SECRET"}
+    made = job(d, **body, delivery=signed)
+    r = d.request("PATCH", f"/api/cron/jobs/{made['id']}", json={"delivery": unset})
+    assert (r.status_code, r.json()) == (400, refusal)
+    assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"] == signed
+
+
 def test_results_go_to_a_channel_through_its_sender(env) -> None:
     d, _, ntfy = env
     spawn(d, "announcer")

@@ -4,7 +4,8 @@ The shell policy applies (agentd/agents/tools/shell.py: deny list, allowlist, no
 scrubbed environment). Each program runs in its own session (process group) so that killing
 it ends its children too; the daemon kills every group when the agent is killed or the
 daemon stops, and after `[tools] process_max_runtime_secs`. A descendant that left the group
-(`setsid`, a daemonizing server) still carries MARKER in its environment, and is found by it.
+(`setsid`, a daemonizing server) still carries its marker (shell.MARKER) in its environment,
+and is found by it.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from typing import Any
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
 from agentd.agents.tools.files import workspace_root
-from agentd.agents.tools.shell import check_argv, check_command, scrubbed_env
+from agentd.agents.tools.shell import check_argv, check_command, kill_marked, marked_env
 from agentd.config import ToolsConfig
 
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a process group
 KEEP_EXITED = 20
 WRITE_WAIT = 5.0  # seconds process_write waits for a program to read its input
-# `<daemon pid>:<agent id>:<process id>` in the environment of a program and of everything it starts.
-MARKER = "AGENTD_PROCESS"
 
 
 class Ring:
@@ -104,26 +103,6 @@ def kill_group(popen: subprocess.Popen, grace: float = KILL_GRACE) -> None:
             continue
 
 
-def kill_marked(*path: str) -> None:
-    """SIGKILL every process whose MARKER starts with this daemon's pid and `path` (agent id,
-    process id), wherever it now is in the process tree."""
-    needle = b"\0" + ":".join((f"{MARKER}={os.getpid()}", *path)).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                environ = b"\0" + fh.read()
-        except OSError:
-            continue
-        at = environ.find(needle)
-        if at >= 0 and environ[at + len(needle):at + len(needle) + 1] in (b"\0", b":", b""):
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 class ProcessTable:
     """Every agent's running programs; thread-safe."""
 
@@ -151,7 +130,7 @@ class ProcessTable:
             proc_id = f"proc-{uuid.uuid4().hex[:8]}"
             try:
                 popen = subprocess.Popen(argv, cwd=workspace_root(ctx),
-                                         env={**scrubbed_env(), MARKER: f"{os.getpid()}:{ctx.agent_id}:{proc_id}"},
+                                         env=marked_env(ctx.agent_id, proc_id),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          start_new_session=True,
                                          preexec_fn=_limits(cfg.process_max_memory_mb * 1024 * 1024))

@@ -1,4 +1,9 @@
-"""shell_exec: run one program, without a shell, in the agent workspace."""
+"""shell_exec: run one program, without a shell, in the agent workspace.
+
+Also what every tool that starts programs shares: the shell policy, the scrubbed
+environment, and the marker that finds a program's descendants after they left its process
+group (`setsid`, `nohup ... &` in a script, a daemonizing server) to kill them with it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from typing import Any
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
@@ -24,6 +30,8 @@ WRAPPERS = {"env", "nice", "nohup", "timeout", "stdbuf", "setsid", "xargs", "tim
             "sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"}
 
 
+# `<daemon pid>:<agent id>:<program id>` in the environment of a program and of everything it starts.
+MARKER = "AGENTD_PROCESS"
 ENV_KEEP = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR"}
 
 
@@ -82,14 +90,41 @@ def scrubbed_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("LC_")}
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """End the command's whole process group and reap the command (no zombie is left)."""
+def marked_env(agent_id: str, program_id: str) -> dict[str, str]:
+    """`scrubbed_env()` with MARKER naming this daemon, the agent and the program."""
+    return {**scrubbed_env(), MARKER: f"{os.getpid()}:{agent_id}:{program_id}"}
+
+
+def kill_marked(*path: str) -> None:
+    """SIGKILL every process whose MARKER starts with this daemon's pid and `path` (agent id,
+    program id), wherever it now is in the process tree."""
+    needle = b"\0" + ":".join((f"{MARKER}={os.getpid()}", *path)).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = b"\0" + fh.read()
+        except OSError:
+            continue
+        at = environ.find(needle)
+        if at >= 0 and environ[at + len(needle):at + len(needle) + 1] in (b"\0", b":", b""):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _kill(proc: subprocess.Popen, mark: tuple[str, str]) -> None:
+    """End the command's whole process group and what left it (`mark`: its agent and program
+    ids, as in its marker), and reap the command (no zombie is left)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except PermissionError:
         return
     except ProcessLookupError:
         pass
+    kill_marked(*mark)
     proc.wait()
 
 
@@ -105,9 +140,11 @@ def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
     if requested is not None and requested <= 0:
         raise ToolError("timeout_seconds must be greater than 0")
     timeout = min(float(requested or cfg.shell_timeout_secs), cfg.shell_timeout_secs)
+    mark = (ctx.agent_id, f"shell-{uuid.uuid4().hex[:12]}")
     try:
-        # Own session: a timeout kills the whole process group, grandchildren included.
-        proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL, env=scrubbed_env(),
+        # Own session: a timeout kills the whole process group, grandchildren included; the
+        # marker finds those that started a session of their own.
+        proc = subprocess.Popen(argv, cwd=workspace_root(ctx), stdin=subprocess.DEVNULL, env=marked_env(*mark),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except FileNotFoundError:
         raise ToolError(f"program not found: {argv[0]}") from None
@@ -118,15 +155,15 @@ def shell_exec(ctx: ToolContext, args: dict[str, Any]) -> str:
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         if ctx.cancel is not None and ctx.cancel.is_set():
-            _kill(proc)
+            _kill(proc, mark)
             raise ToolError("command cancelled with the run")
         if time.monotonic() >= deadline:
-            _kill(proc)
+            _kill(proc, mark)
             raise ToolError(f"command timed out after {timeout:g}s and was killed")
         time.sleep(POLL)
     # Background children left behind would outlive the call (and may hold the pipe open):
-    # the session is the command's alone, so end whatever is left of it.
-    _kill(proc)
+    # the session and the marker are the command's alone, so end whatever is left of it.
+    _kill(proc, mark)
     drain.thread.join(5)
     text = drain.text()
     if drain.total > limit:

@@ -20,7 +20,7 @@ from agentd.api.pages import bp, kernel
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
-from agentd.api.channel_reach import hide_unreached, reach_channel, reaches_channel
+from agentd.api.channel_reach import hide_unreached, hide_unreached_item, reach_channel, reaches_channel
 from agentd.channels import overrides as channel_overrides
 from agentd.channels.catalog import ChannelInfo, field_views, settings_for
 from agentd.errors import AgentdError
@@ -173,7 +173,7 @@ def channel_page(name: str):
     section = channels.sections.get(name)
     fields = form_fields(info, section)
     hide_unreached(fields)
-    hide_unreached(item["fields"])
+    hide_unreached_item(item)
     return render_template("channel.html", channel=item, fields=fields, overrides=override_fields(info, section),
                            webhook=channels.webhook(name) is not None, running=name in channels.running,
                            problems=_problems(name), test_message=TEST_MESSAGE)
@@ -188,7 +188,7 @@ def channel_configure(name: str):
     try:
         data = _body(info, dict(channels.sections.get(name) or {}))
         reach_channel(name, data)
-        result = channels.configure(name, data, confined=not principal().is_admin)
+        result = channels.configure(name, data, key_id=principal().key_id)
     except AgentdError as exc:
         return see_other_with("pages.channel_page", [f"{name}: {exc.message}"], ok=False, name=name)
     lines = [f"{name}: configuration saved" + ("; the adapter started" if result["activated"] else "")]

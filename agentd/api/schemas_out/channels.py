@@ -35,6 +35,8 @@ class ChannelSchema(Out):
     fields = req(ma.List(ma.Nested(ChannelFieldSchema)))
     setup_steps = req(ma.List(ma.String()))
     config_template = Str()
+    error = ma.String()  # only while a configured adapter could not start: why
+    key_id = ma.String(allow_none=True)  # the scoped API key its runs act as (null: the admin's)
 
 
 ChannelConfiguredSchema = reply("ChannelConfiguredSchema", "configured", channel=Str(), activated=Bool(),

@@ -2,12 +2,14 @@
 
 Near misses for every check that guards something: a denied program hidden behind a wrapper
 at each position, wrapper arguments that only look like programs, the allowlist as `true`
-or empty, and the output cap exactly at its edge across several pipe reads.
+or empty, and the output cap exactly at its edge across several pipe reads. Through the real
+daemon: what a command started in a session of its own ends with the command.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,10 @@ import pytest
 
 from agentd.agents.tools import ToolContext, ToolError
 from agentd.agents.tools.shell import _check
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared
 from tests.agents.tools.test_tools import make_ctx, run
+from tests.agents.tools.tool_calls import alive, call, spawn
 
 NUL_REFUSAL = "the command contains a NUL character (\\u0000), which no program argument can hold"
 META_TAIL = ": commands run without a shell (one program with its arguments)"
@@ -174,6 +179,9 @@ def test_the_program_gets_only_the_harmless_environment(wide, monkeypatch) -> No
     assert out.startswith("exit code 0\n")
     seen = dict(line.split("=", 1) for line in out.splitlines()[1:])
     kept = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR"}
+    # Plus the marker that finds what the command starts: this daemon, the agent, the command.
+    marker = seen.pop("AGENTD_PROCESS", "")
+    assert re.fullmatch(rf"{os.getpid()}:agent-1:shell-[0-9a-f]{{12}}", marker), marker
     assert seen == {k: v for k, v in os.environ.items() if k in kept or k.startswith("LC_")}
     assert seen["LC_ALL"] == "C.UTF-8" and seen["LC_TIME"] == "C" and seen["TZ"] == "UTC"
     assert seen["PATH"] == os.environ["PATH"]
@@ -197,3 +205,39 @@ def test_the_output_reader_never_holds_the_daemons_exit(tmp_path) -> None:
     caller.join(10)
     assert answer == ["exit code 0\ndone\n"]
     assert [(t.name, t.daemon) for t in readers] == [("shell-drain", True)]
+
+
+# Starts `sleep <argv[1]>` in a session of its own (out of the command's process group),
+# writes its pid to runaway.pid and prints it, then sleeps <argv[2]> seconds.
+ESCAPE = ("import subprocess, sys, time\n"
+          "p = subprocess.Popen(['setsid', 'sleep', sys.argv[1]])\n"
+          "open('runaway.pid', 'w').write(str(p.pid))\n"
+          "print(p.pid, flush=True)\n"
+          "time.sleep(float(sys.argv[2]))\n")
+
+
+@pytest.fixture(scope="module")
+def sd(tmp_path_factory, fake_llm):
+    daemon = Daemon(make_home(tmp_path_factory.mktemp("shell"), llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    yield daemon
+    stop_shared(daemon)
+
+
+def ended(pid: int, within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def test_what_a_command_started_in_a_session_of_its_own_ends_with_it(sd) -> None:
+    agent = spawn(sd)
+    call(sd, agent, "file_write", path="escape.py", content=ESCAPE)
+    out = call(sd, agent, "shell_exec", command="python3 escape.py 300 0")
+    pid = int(out.removeprefix("exit code 0\n"))
+    assert ended(pid), "BUG: a program a shell_exec command started with setsid outlived the command"
+
+    out = call(sd, agent, "shell_exec", command="python3 escape.py 301 30", timeout_seconds=1)
+    assert out == "error: command timed out after 1s and was killed"
+    pid = int(call(sd, agent, "shell_exec", command="cat runaway.pid").removeprefix("exit code 0\n"))
+    assert ended(pid), "BUG: a program a timed-out shell_exec command started with setsid outlived it"
