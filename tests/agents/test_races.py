@@ -1,0 +1,68 @@
+"""Agents under concurrent clients, through the real daemon: spawns of one name, kills of one
+agent and uploads racing its deletion answer documented statuses, never 500, and leave
+exactly one agent or none, with nothing of a deleted agent behind."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+
+import requests
+
+from support import db_rows
+from tests.agents.test_agents import manifest, spawn
+from tests.memory.test_races import _together
+
+
+def test_spawns_of_one_name_at_once_create_one_agent(shared_daemon) -> None:
+    d = shared_daemon
+    name = f"twin-{uuid.uuid4().hex[:6]}"
+    answers: Counter = Counter()
+
+    def work(i: int, s: requests.Session) -> None:
+        r = s.post(f"{d.url}/api/agents", json={"manifest_toml": manifest(name)})
+        answers[(r.status_code, r.json()["error"] if r.status_code != 201 else "")] += 1
+
+    _together(8, work)
+    assert answers == {(201, ""): 1, (409, f"an agent named '{name}' already exists"): 7}, answers
+    assert [a["name"] for a in d.get("/api/agents").json()].count(name) == 1
+
+
+def test_kills_of_one_agent_at_once(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    answers: Counter = Counter()
+
+    def work(i: int, s: requests.Session) -> None:
+        r = s.delete(f"{d.url}/api/agents/{agent_id}")
+        answers[(r.status_code, str(r.json()))] += 1
+
+    _together(6, work)
+    assert answers == {(200, str({"status": "killed", "agent_id": agent_id})): 1,
+                       (404, str({"error": "agent not found"})): 5}, answers
+
+
+def test_uploads_racing_the_agents_deletion(shared_daemon) -> None:
+    d = shared_daemon
+    for round_ in range(8):
+        agent_id = spawn(d)
+        answers: Counter = Counter()
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                time.sleep(0.005 * (round_ % 4))  # a few uploads land first in some rounds
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+                return
+            for _ in range(6):
+                r = s.post(f"{d.url}/api/agents/{agent_id}/upload",
+                           files={"file": ("notes.txt", b"hello", "text/plain")})
+                answers[("UPLOAD", r.status_code)] += 1
+                if r.status_code == 404:
+                    assert r.json() == {"error": "agent not found"}, r.text
+
+        _together(6, work)
+        assert answers[("KILL", 200)] == 1
+        assert set(answers) <= {("KILL", 200), ("UPLOAD", 201), ("UPLOAD", 404)}, \
+            f"BUG: an upload racing the agent's deletion answered {answers}"
+        assert db_rows(d.home, "SELECT COUNT(*) FROM uploads WHERE agent = ?", (agent_id,)) == [(0,)]
