@@ -47,8 +47,10 @@ class WorkflowStore:
         return workflow_id
 
     def update(self, workflow_id: str, definition: WorkflowDef) -> bool:
-        with orm.db_session:
-            row = self.store.e.WorkflowRow.get(id=workflow_id)
+        """Replace the definition; last writer wins (the row locked, not Pony's optimistic
+        check, which fails a writer that raced another or the deletion)."""
+        with _write:
+            row = self.store.e.WorkflowRow.get_for_update(id=workflow_id)
             if row is None:
                 return False
             row.name, row.description = definition.name, definition.description

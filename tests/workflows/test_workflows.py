@@ -601,3 +601,32 @@ def test_runs_racing_the_workflows_deletion(agent_daemon) -> None:
         assert db_rows(d.home, "SELECT COUNT(*) FROM workflow_runs WHERE workflow_id NOT IN "
                                "(SELECT id FROM workflows)") == [(0,)], \
             "BUG: a run started while its workflow was deleted outlives the workflow"
+
+
+def test_updates_of_one_workflow_at_once_and_its_deletion(agent_daemon) -> None:
+    d = agent_daemon
+    name = agent_name(d)
+    for round_ in range(4):
+        wid = create(d, [{"name": "one", "agent_name": name, "prompt": "{{input}}"}], name=f"u{round_}")
+        answers: list[tuple[str, int, dict]] = []
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0 and round_ % 2:
+                time.sleep(0.01)
+                r = s.delete(f"{d.url}/api/workflows/{wid}")
+                answers.append(("delete", r.status_code, r.json()))
+                return
+            for j in range(4):
+                r = s.put(f"{d.url}/api/workflows/{wid}", json={
+                    "name": f"u{round_}-{i}-{j}", "steps": [{"name": f"s{i}-{j}", "agent_name": name, "prompt": "{{input}}"}]})
+                answers.append(("put", r.status_code, r.json()))
+
+        _together(6, work)
+        assert all(status == 200 or (what, status, body) == ("put", 404, {"error": "workflow not found"})
+                   for what, status, body in answers), f"BUG: {answers}"
+        if round_ % 2:
+            assert d.get(f"/api/workflows/{wid}").status_code == 404
+        else:
+            stored = d.get(f"/api/workflows/{wid}").json()
+            writer = stored["name"].removeprefix(f"u{round_}-")
+            assert [s["name"] for s in stored["steps"]] == [f"s{writer}"], stored
