@@ -1,6 +1,6 @@
 """Agents under concurrent clients, through the real daemon: spawns of one name, kills of one
-agent and uploads racing its deletion answer documented statuses, never 500, and leave
-exactly one agent or none, with nothing of a deleted agent behind."""
+agent, and uploads and changes of mode or manifest racing its deletion answer documented
+statuses, never 500, and leave exactly one agent or none, with nothing of a deleted agent behind."""
 
 from __future__ import annotations
 
@@ -66,3 +66,32 @@ def test_uploads_racing_the_agents_deletion(shared_daemon) -> None:
         assert set(answers) <= {("KILL", 200), ("UPLOAD", 201), ("UPLOAD", 404)}, \
             f"BUG: an upload racing the agent's deletion answered {answers}"
         assert db_rows(d.home, "SELECT COUNT(*) FROM uploads WHERE agent = ?", (agent_id,)) == [(0,)]
+
+
+def test_changes_racing_the_agents_deletion(shared_daemon) -> None:
+    d = shared_daemon
+    answers: Counter = Counter()
+    wrong: list[str] = []
+    for round_ in range(10):
+        name = f"changing-{uuid.uuid4().hex[:6]}"
+        agent_id = spawn(d, name)
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                time.sleep(0.005 * (round_ % 4))  # a few changes land first in some rounds
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+                return
+            for j in range(6):
+                if i % 2:
+                    r = s.put(f"{d.url}/api/agents/{agent_id}/mode", json={"mode": ("Manual", "Auto")[j % 2]})
+                else:
+                    r = s.put(f"{d.url}/api/agents/{agent_id}/manifest",
+                              json={"manifest_toml": manifest(name, ('profile = "coding"', 'profile = "minimal"')[j % 2])})
+                answers[("PUT", r.status_code)] += 1
+                if r.status_code == 404 and r.json() != {"error": "agent not found"}:
+                    wrong.append(r.text)
+
+        _together(5, work)
+    assert set(answers) <= {("KILL", 200), ("PUT", 200), ("PUT", 404)}, \
+        f"BUG: a change racing the agent's deletion answered {answers}"
+    assert answers[("KILL", 200)] == 10 and wrong == []
