@@ -8,6 +8,7 @@ import time
 import uuid
 from collections import Counter
 
+import pytest
 import requests
 
 from support import db_rows
@@ -43,35 +44,18 @@ def test_kills_of_one_agent_at_once(shared_daemon) -> None:
                        (404, str({"error": "agent not found"})): 5}, answers
 
 
-def test_uploads_racing_the_agents_deletion(shared_daemon) -> None:
-    d = shared_daemon
-    for round_ in range(8):
-        agent_id = spawn(d)
-        answers: Counter = Counter()
-
-        def work(i: int, s: requests.Session) -> None:
-            if i == 0:
-                time.sleep(0.005 * (round_ % 4))  # a few uploads land first in some rounds
-                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
-                return
-            for _ in range(6):
-                r = s.post(f"{d.url}/api/agents/{agent_id}/upload",
-                           files={"file": ("notes.txt", b"hello", "text/plain")})
-                answers[("UPLOAD", r.status_code)] += 1
-                if r.status_code == 404:
-                    assert r.json() == {"error": "agent not found"}, r.text
-
-        _together(6, work)
-        assert answers[("KILL", 200)] == 1
-        assert set(answers) <= {("KILL", 200), ("UPLOAD", 201), ("UPLOAD", 404)}, \
-            f"BUG: an upload racing the agent's deletion answered {answers}"
-        assert db_rows(d.home, "SELECT COUNT(*) FROM uploads WHERE agent = ?", (agent_id,)) == [(0,)]
+CHANGES = {
+    "upload": lambda s, url, name, j: s.post(f"{url}/upload", files={"file": ("notes.txt", b"hello", "text/plain")}),
+    "mode": lambda s, url, name, j: s.put(f"{url}/mode", json={"mode": ("Manual", "Auto")[j % 2]}),
+    "manifest": lambda s, url, name, j: s.put(f"{url}/manifest", json={
+        "manifest_toml": manifest(name, ('profile = "coding"', 'profile = "minimal"')[j % 2])}),
+}
 
 
-def test_changes_racing_the_agents_deletion(shared_daemon) -> None:
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_changes_racing_the_agents_deletion(shared_daemon, change: str) -> None:
     d = shared_daemon
     answers: Counter = Counter()
-    wrong: list[str] = []
     for round_ in range(10):
         name = f"changing-{uuid.uuid4().hex[:6]}"
         agent_id = spawn(d, name)
@@ -82,16 +66,12 @@ def test_changes_racing_the_agents_deletion(shared_daemon) -> None:
                 answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
                 return
             for j in range(6):
-                if i % 2:
-                    r = s.put(f"{d.url}/api/agents/{agent_id}/mode", json={"mode": ("Manual", "Auto")[j % 2]})
-                else:
-                    r = s.put(f"{d.url}/api/agents/{agent_id}/manifest",
-                              json={"manifest_toml": manifest(name, ('profile = "coding"', 'profile = "minimal"')[j % 2])})
-                answers[("PUT", r.status_code)] += 1
-                if r.status_code == 404 and r.json() != {"error": "agent not found"}:
-                    wrong.append(r.text)
+                r = CHANGES[change](s, f"{d.url}/api/agents/{agent_id}", name, j)
+                answers[(r.status_code, r.json().get("error"))] += 1
 
         _together(5, work)
-    assert set(answers) <= {("KILL", 200), ("PUT", 200), ("PUT", 404)}, \
+        assert db_rows(d.home, "SELECT COUNT(*) FROM uploads WHERE agent = ?", (agent_id,)) == [(0,)]
+    ok = 201 if change == "upload" else 200
+    assert set(answers) <= {("KILL", 200), (ok, None), (404, "agent not found")}, \
         f"BUG: a change racing the agent's deletion answered {answers}"
-    assert answers[("KILL", 200)] == 10 and wrong == []
+    assert answers[("KILL", 200)] == 10
