@@ -346,7 +346,8 @@ class AgentRegistry:
     def _delete_rows(self, agent_id: str) -> None:
         """The agent's row and everything it owned, in one transaction."""
         with orm.db_session:
-            # Locked first, as key-value writes lock it first (agentd/memory/kv.py).
+            # Locked first, as every writer of the agent's rows locks it first (key-value
+            # memory, uploads, cron jobs, triggers, stored responses, graph writes).
             row = self.store.e.AgentRow.get_for_update(id=agent_id)
             if row is None:
                 return

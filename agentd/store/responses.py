@@ -18,8 +18,8 @@ class StoredResponses:
         self.store = store
 
     def save(self, agent_id: str, response: dict[str, Any], key_id: str = "") -> None:
-        """Keep `response` (nothing once the agent is deleted); `key_id` names the scoped API key whose request it answered (only
-        that key, and the admin, may read it back)."""
+        """Keep `response` (nothing once the agent is deleted); `key_id` names the scoped API
+        key whose request it answered (only that key, and the admin, may read it back)."""
         body = json.dumps({"key_id": key_id, "response": response} if key_id else response,
                           ensure_ascii=False, separators=(",", ":"))
         with orm.db_session(optimistic=False):
