@@ -322,21 +322,6 @@ def test_manifest_proactive_conditions_and_kill(d) -> None:
                                  "must be a non-empty string")
 
 
-def test_triggers_and_their_counters_survive_a_restart(d) -> None:
-    a, _ = agent(d)
-    word = f"restart-{uuid.uuid4().hex[:6]}"
-    t = trigger(d, a, {"content_match": word}, "[[reply:ok]] after {{event}}", max_runs_per_day=5)
-    publish(d, word)
-    answered(d, a, 1)
-    d.stop()
-    d.start()
-    got = d.get(f"/api/triggers/{t['id']}").json()
-    assert (got["pattern"], got["fire_count"], got["runs_today"], got["max_runs_per_day"]) == (
-        {"content_match": word}, 1, 1, 5)
-    publish(d, word)
-    assert len(answered(d, a, 2)) == 2
-
-
 def test_creates_racing_the_agents_deletion_leave_no_trigger_behind(d) -> None:
     for round_ in range(14):
         agent_id, _ = agent(d)
@@ -358,3 +343,19 @@ def test_creates_racing_the_agents_deletion_leave_no_trigger_behind(d) -> None:
                    for what, status, body in answers if what == "create"), answers
         assert db_rows(d.home, "SELECT COUNT(*) FROM triggers WHERE agent_id = ?", (agent_id,)) == [(0,)], \
             "BUG: a trigger created while its agent was deleted outlives the agent"
+
+
+def test_triggers_and_their_counters_survive_a_restart(d) -> None:
+    a, _ = agent(d)
+    word = f"restart-{uuid.uuid4().hex[:6]}"
+    t = trigger(d, a, {"content_match": word}, "[[reply:ok]] after {{event}}", max_runs_per_day=5)
+    publish(d, word)
+    answered(d, a, 1)
+    d.stop()
+    d.start()
+    got = d.get(f"/api/triggers/{t['id']}").json()
+    assert (got["pattern"], got["fire_count"], got["runs_today"], got["max_runs_per_day"]) == (
+        {"content_match": word}, 1, 1, 5)
+    publish(d, word)
+    assert len(answered(d, a, 2)) == 2
+
