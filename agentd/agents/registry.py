@@ -43,6 +43,10 @@ class AgentHooks(Protocol):
 
 log = logging.getLogger("agentd.agents")
 
+# Changes of an agent's row lock it (as its deletion does) rather than trust Pony's optimistic
+# check, which turns a change racing the deletion into an error instead of "agent not found".
+_write = orm.db_session(optimistic=False)
+
 
 
 class AgentRegistry:
@@ -178,8 +182,8 @@ class AgentRegistry:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{provider!r} (set model.base_url for a custom endpoint)")
         with self._lock:
-            with orm.db_session:
-                row = self.store.e.AgentRow.get(id=handle.id)
+            with _write:
+                row = self.store.e.AgentRow.get_for_update(id=handle.id)
                 if row is None:
                     raise NotFound("agent not found")
                 row.manifest_toml = manifest_toml
@@ -293,8 +297,10 @@ class AgentRegistry:
             raise BadRequest(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
         handle.mode = mode
         handle.last_active = utcnow()
-        with orm.db_session:
-            row = self.store.e.AgentRow.get(id=handle.id)
+        with _write:
+            row = self.store.e.AgentRow.get_for_update(id=handle.id)
+            if row is None:
+                raise NotFound("agent not found")
             row.mode = mode
             row.last_active = handle.last_active
 
@@ -340,7 +346,8 @@ class AgentRegistry:
     def _delete_rows(self, agent_id: str) -> None:
         """The agent's row and everything it owned, in one transaction."""
         with orm.db_session:
-            # Locked first, as key-value writes lock it first (agentd/memory/kv.py).
+            # Locked first, as every writer of the agent's rows locks it first (key-value
+            # memory, uploads, cron jobs, triggers, stored responses, graph writes).
             row = self.store.e.AgentRow.get_for_update(id=agent_id)
             if row is None:
                 return

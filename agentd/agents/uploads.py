@@ -39,8 +39,12 @@ class Uploads:
                              "audio/*, application/pdf")
         file_id = str(uuid.uuid4())
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
-        # The bytes live in the database: every daemon sharing it can attach the file.
-        with orm.db_session:
+        # The bytes live in the database: every daemon sharing it can attach the file. The
+        # agent's row is locked first, as its deletion locks it first: an upload racing the
+        # deletion finds no agent rather than a missing foreign key.
+        with orm.db_session(optimistic=False):
+            if self.store.e.AgentRow.get_for_update(id=agent_id) is None:
+                raise NotFound("agent not found")
             self.store.e.UploadRow(id=file_id, agent=agent_id, filename=safe_name,
                                    content_type=content_type, size=len(data), content=data,
                                    created_at=utcnow())

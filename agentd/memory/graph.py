@@ -20,6 +20,12 @@ from agentd.store import Store
 
 MATCH_LIMIT = 1000
 
+# One agent's graph writes run one at a time: each first locks the agent's row (SQLite: the
+# write lock from the start; PostgreSQL: SELECT ... FOR UPDATE), so the same entity or
+# relation added by two clients at once is created once and then merged, never twice nor
+# failing Pony's optimistic check.
+_write = orm.db_session(optimistic=False)
+
 _WALK = """
 WITH RECURSIVE reach(node, depth) AS (
     SELECT id, 0 FROM kg_entities
@@ -69,7 +75,8 @@ class KnowledgeGraph:
                    entity_id: str | None = None) -> dict[str, Any]:
         """Create an entity; the same name and type again updates (merges) its properties."""
         now = utcnow()
-        with orm.db_session:
+        with _write:
+            self.store.e.AgentRow.get_for_update(id=agent_id)
             e = self.store.e.EntityRow
             row = e.get(agent_id=agent_id, id=entity_id) if entity_id else None
             if row is None:
@@ -89,7 +96,8 @@ class KnowledgeGraph:
     def add_relation(self, agent_id: str, source: str, relation: str, target: str,
                      properties: dict[str, Any], confidence: float) -> dict[str, Any]:
         """Link two existing entities (by id or name); the same triple again is updated."""
-        with orm.db_session:
+        with _write:
+            self.store.e.AgentRow.get_for_update(id=agent_id)
             src, dst = self._find(agent_id, source), self._find(agent_id, target)
             for ref, row in ((source, src), (target, dst)):
                 if row is None:

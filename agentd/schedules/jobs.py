@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.config import SchedulesConfig
 from agentd.env_names import confined
-from agentd.errors import BadRequest, Conflict, NotFound
+from agentd.errors import BadRequest, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.principals import ADMIN, Principal
@@ -280,16 +280,13 @@ class CronJobs:
 
     def add(self, fields: dict[str, Any], origin: str) -> dict[str, Any]:
         """Store validated fields as a new job (its first due time computed here)."""
-        if fields["agent_id"] and self.store.count(fields["agent_id"]) >= self.settings.max_jobs_per_agent:
-            raise Conflict(f"the agent has {self.settings.max_jobs_per_agent} cron jobs already "
-                           f"(max_jobs_per_agent)")
         fields.setdefault("enabled", True)
         fields["origin"] = origin
         schedule = schedule_from_json(fields["schedule"])
         fields["next_due"] = schedule.first_due(time.time()) if fields["enabled"] else None
         if fields["enabled"] and fields["next_due"] is None:
             raise BadRequest("schedule.at: must be in the future")
-        job = self.store.create(fields)
+        job = self.store.create(fields, self.settings.max_jobs_per_agent)
         self.changed()
         return self.view(job)
 

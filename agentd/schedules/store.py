@@ -15,6 +15,7 @@ from typing import Any
 
 from pony import orm
 
+from agentd.errors import Conflict, NotFound
 from agentd.schedules.spec import iso_seconds
 from agentd.store import Store
 
@@ -27,9 +28,17 @@ class CronStore:
         self.e = store.e
 
     # -- jobs ------------------------------------------------------------------------
-    def create(self, fields: dict[str, Any]) -> dict[str, Any]:
+    def create(self, fields: dict[str, Any], max_per_agent: int) -> dict[str, Any]:
+        """The new job; an agent's job is counted against `max_per_agent` with the agent's row
+        locked, as its deletion locks it first, so creates at once never pass the cap together
+        and none outlives the agent."""
         job_id = str(uuid.uuid4())
-        with orm.db_session:
+        with orm.db_session(optimistic=False):
+            if fields["agent_id"]:
+                if self.e.AgentRow.get_for_update(id=fields["agent_id"]) is None:
+                    raise NotFound("agent not found")
+                if self.count(fields["agent_id"]) >= max_per_agent:
+                    raise Conflict(f"the agent has {max_per_agent} cron jobs already (max_jobs_per_agent)")
             self.e.CronJobRow(id=job_id, created_at=datetime.now(timezone.utc), **fields)
         return self.get(job_id)  # type: ignore[return-value]
 

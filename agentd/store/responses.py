@@ -18,11 +18,15 @@ class StoredResponses:
         self.store = store
 
     def save(self, agent_id: str, response: dict[str, Any], key_id: str = "") -> None:
-        """Keep `response`; `key_id` names the scoped API key whose request it answered (only
-        that key, and the admin, may read it back)."""
+        """Keep `response` (nothing once the agent is deleted); `key_id` names the scoped API
+        key whose request it answered (only that key, and the admin, may read it back)."""
         body = json.dumps({"key_id": key_id, "response": response} if key_id else response,
                           ensure_ascii=False, separators=(",", ":"))
-        with orm.db_session:
+        with orm.db_session(optimistic=False):
+            # The agent's row is locked first, as its deletion locks it first: a run that ends
+            # after the agent was deleted keeps nothing, its responses went with it.
+            if self.store.e.AgentRow.get_for_update(id=agent_id) is None:
+                return
             row = self.store.e.ResponseRow.get(id=response["id"])
             if row is None:
                 self.store.e.ResponseRow(id=response["id"], agent_id=agent_id, created_at=utcnow(), body=body)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from pony import orm
 
+from agentd.errors import NotFound
 from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
@@ -108,6 +109,10 @@ class TriggerStore:
                max_cost_usd_per_day: float | None = None, rate_limit_per_minute: int | None = None,
                source: str = "api", key_id: str | None = None) -> dict[str, Any]:
         with _write:
+            # The agent's row is locked first, as its deletion locks it first: a trigger
+            # created while the agent is deleted finds no agent rather than outliving it.
+            if self.store.e.AgentRow.get_for_update(id=agent_id) is None:
+                raise NotFound("agent not found")
             row = self.store.e.TriggerRow(
                 id=str(uuid.uuid4()), agent_id=agent_id, kind=kind, pattern=json.dumps(pattern, ensure_ascii=False),
                 prompt_template=prompt_template, enabled=enabled, source=source,

@@ -14,6 +14,7 @@ from typing import Any
 
 from pony import orm
 
+from agentd.errors import Conflict, NotFound
 from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 from agentd.workflows.definition import WorkflowDef
@@ -46,8 +47,10 @@ class WorkflowStore:
         return workflow_id
 
     def update(self, workflow_id: str, definition: WorkflowDef) -> bool:
-        with orm.db_session:
-            row = self.store.e.WorkflowRow.get(id=workflow_id)
+        """Replace the definition; last writer wins (the row locked, not Pony's optimistic
+        check, which fails a writer that raced another or the deletion)."""
+        with _write:
+            row = self.store.e.WorkflowRow.get_for_update(id=workflow_id)
             if row is None:
                 return False
             row.name, row.description = definition.name, definition.description
@@ -55,11 +58,16 @@ class WorkflowStore:
             return True
 
     def delete(self, workflow_id: str) -> bool:
-        """Delete a workflow and its run records."""
-        with orm.db_session:
-            row = self.store.e.WorkflowRow.get(id=workflow_id)
+        """Delete a workflow and its run records; Conflict while a run is in progress. The
+        workflow's row is locked first, as a new run locks it first, so no run starts between
+        the count and the deletion."""
+        with _write:
+            row = self.store.e.WorkflowRow.get_for_update(id=workflow_id)
             if row is None:
                 return False
+            active = self.active_run_count(workflow_id)
+            if active:
+                raise Conflict(f"workflow has {active} run(s) in progress; delete it when they end")
             orm.delete(r for r in self.store.e.WorkflowRunRow if r.workflow_id == workflow_id)
             row.delete()
             return True
@@ -87,7 +95,9 @@ class WorkflowStore:
         """A new `pending` run driven by daemon `owner`; evicts the oldest finished runs
         above the retention limit."""
         run_id = str(uuid.uuid4())
-        with self._run_lock, orm.db_session:
+        with self._run_lock, _write:
+            if self.store.e.WorkflowRow.get_for_update(id=workflow["id"]) is None:
+                raise NotFound("workflow not found")
             runs = self.store.e.WorkflowRunRow
             runs(id=run_id, workflow_id=workflow["id"], workflow_name=workflow["name"], status="pending",
                  input=text, created_at=utcnow(), daemon_id=owner)

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
+from collections import Counter
 
 import openai
 import pytest
 import requests
 
+from support import db_rows
 from tests.agents.test_agents import spawn
+from tests.memory.test_races import _together
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +241,25 @@ def test_openapi_documents_the_routes(agent_daemon) -> None:
     assert set(paths["/v1/responses"]) >= {"post"}
     assert set(paths["/v1/responses/{response_id}"]) >= {"get", "delete"}
     assert "post" in paths["/v1/embeddings"]
+
+
+def test_responses_racing_the_agents_deletion_keep_nothing_of_it(agent_daemon) -> None:
+    d = agent_daemon
+    answers: Counter = Counter()
+    for round_ in range(8):
+        agent_id = spawn(d)
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                time.sleep(0.01 * (round_ % 4))  # some runs answer first in some rounds
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+                return
+            for _ in range(4):
+                r = s.post(f"{d.url}/v1/responses", json={"model": agent_id, "input": "[[slow:0.02]] hi"})
+                answers[("RESPONSE", r.status_code)] += 1
+
+        _together(5, work)
+        assert db_rows(d.home, "SELECT COUNT(*) FROM openai_responses WHERE agent_id = ?", (agent_id,)) == [(0,)], \
+            "BUG: a response stored after its agent was deleted outlives the agent"
+    assert answers[("KILL", 200)] == 8
+    assert set(answers) <= {("KILL", 200), ("RESPONSE", 200), ("RESPONSE", 404), ("RESPONSE", 409)}, answers

@@ -1,6 +1,7 @@
 """Memory routes under concurrent clients, through the real daemon: writes to one key-value key
 are last-writer-wins and never answer 500, whether they race each other, a DELETE of the key or
-the agent's own deletion; an export or a recall racing deletions of fragments answers with what is left."""
+the agent's own deletion; an export or a recall racing deletions of fragments answers with what is left;
+one entity or relation added by many clients at once is stored once with every client's properties."""
 
 from __future__ import annotations
 
@@ -130,3 +131,30 @@ def test_reads_while_fragments_are_deleted(shared_daemon, read: str) -> None:
         t.join()
     assert set(exports) == {200, ("DELETE", 200)}, exports
     assert READS[read](d.http, base).json()["memories"] == []
+
+
+def test_one_entity_and_relation_added_from_many_clients_at_once(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = spawn(d)
+    base = f"{d.url}/api/memory/agents/{agent_id}"
+    answers: Counter = Counter()
+
+    def work(i: int, s: requests.Session) -> None:
+        for j in range(4):
+            r = s.post(f"{base}/entities", json={"name": f"Ada{j}", "entity_type": "person", "properties": {f"p{i}": i}})
+            answers[("entity", r.status_code)] += 1
+        for j in range(1, 4):
+            r = s.post(f"{base}/relations", json={"source": "ada0", "relation": "knows", "target": f"Ada{j}"})
+            answers[("relation", r.status_code)] += 1
+
+    _together(8, work)
+    assert answers == {("entity", 201): 32, ("relation", 201): 24}, \
+        f"BUG: one entity added at once by many clients answered {answers}"
+    exported = d.get(f"/api/memory/agents/{agent_id}/export").json()
+    entities = {e["name"]: e for e in exported["entities"]}
+    assert sorted(entities) == ["Ada0", "Ada1", "Ada2", "Ada3"] and len(exported["entities"]) == 4, \
+        "BUG: an entity added at once by many clients was created more than once"
+    assert all(e["properties"] == {f"p{i}": i for i in range(8)} for e in entities.values()), \
+        "BUG: a client's properties were lost to another's merge"
+    assert sorted((r["source"], r["relation"], r["target"]) for r in exported["relations"]) == \
+        sorted((entities["Ada0"]["id"], "knows", entities[f"Ada{j}"]["id"]) for j in range(1, 4))

@@ -53,9 +53,9 @@ def ticker(tmp_path):
     jobs = {}
     for name, schedule in (("every", {"kind": "every", "every_secs": 60}),
                            ("hourly", {"kind": "cron", "expr": "0 * * * *", "tz": "UTC"})):
-        jobs[name] = cron.create({"name": name, "agent_id": "a", "schedule": schedule, "catch_up": "skip",
+        jobs[name] = cron.create({"name": name, "agent_id": "", "schedule": schedule, "catch_up": "skip",
                                   "action": {"kind": "agent_turn", "message": "x"}, "delivery": {"kind": "none"},
-                                  "next_due": schedule_from_json(schedule).first_due(clocks.wall)})["id"]
+                                  "next_due": schedule_from_json(schedule).first_due(clocks.wall)}, 50)["id"]
     yield scheduler, cron, clocks, jobs
     store.close()
 

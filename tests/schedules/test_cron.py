@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
 import pytest
+import requests
 import websocket
 
 from channel_fixtures import CHANNEL_ENV, wait_for
@@ -377,6 +378,66 @@ def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
     for t in deleters:
         t.join()
     assert sorted(answers) == [200] + [404] * 5
+
+
+def test_creates_from_many_clients_at_once_stop_at_the_agents_cap(env) -> None:
+    d, _, _ = env
+    spawn(d, "capped")
+    never = {"kind": "cron", "expr": "0 0 1 1 *"}
+    barrier = threading.Barrier(8)
+    answers: list[tuple[int, Any]] = []
+
+    def create(i: int) -> None:
+        with requests.Session() as s:
+            barrier.wait()
+            for j in range(8):
+                r = s.post(f"{d.url}/api/cron/jobs", json={"name": f"c{i}-{j}", "agent_id": "capped",
+                                                           "schedule": never, "action": turn("x")})
+                answers.append((r.status_code, r.json() if r.status_code != 201 else None))
+
+    creators = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for t in creators:
+        t.start()
+    for t in creators:
+        t.join()
+    full = {"error": "the agent has 50 cron jobs already (max_jobs_per_agent)"}
+    assert sorted(answers, key=lambda a: a[0]) == [(201, None)] * 50 + [(409, full)] * 14, \
+        "BUG: jobs created at once pass the agent's cap together"
+    assert len(d.get("/api/cron/jobs?agent_id=capped").json()) == 50
+
+
+def test_creates_racing_the_agents_deletion_leave_no_job_behind(env) -> None:
+    d, _, _ = env
+    never = {"kind": "cron", "expr": "0 0 1 1 *"}
+    for round_ in range(10):
+        agent_id = spawn(d, f"doomed-{round_}")
+        barrier = threading.Barrier(6)
+        answers: list[tuple[str, int, Any]] = []
+
+        def work(i: int) -> None:
+            with requests.Session() as s:
+                barrier.wait()
+                if i == 0:
+                    time.sleep(0.02)  # a few creates land first
+                    answers.append(("kill", s.delete(f"{d.url}/api/agents/{agent_id}").status_code, None))
+                    return
+                for j in range(6):
+                    r = s.post(f"{d.url}/api/cron/jobs", json={"name": f"j{i}-{j}", "agent_id": agent_id,
+                                                               "schedule": never, "action": turn("x")})
+                    answers.append(("create", r.status_code, r.json()))
+
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        gone = [{"error": f"agent_id: no agent {agent_id!r}"}, {"error": "agent not found"}]
+        assert [a for a in answers if a[0] == "kill"] == [("kill", 200, None)]
+        assert all(status == 201 or (status in (400, 404) and body in gone)
+                   for what, status, body in answers if what == "create"), answers
+        assert d.get(f"/api/cron/jobs?agent_id={agent_id}").json() == []
+        assert [j for j in d.get("/api/cron/jobs").json() if j["agent_id"] == agent_id] == [], \
+            "BUG: a job created while its agent was deleted outlives the agent"
 
 
 def test_the_global_budget_refuses_an_unattended_run(env) -> None:

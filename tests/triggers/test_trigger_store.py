@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from pony import orm
 
 from agentd.store import open_store
+from agentd.timestamps import utcnow
 from agentd.triggers import store as store_module
 from agentd.triggers.store import TriggerStore
 from support import store_url_for
@@ -27,6 +29,10 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setattr(store_module, "_now", clock)
     audit: list = []
     store = open_store(tmp_path / "agentd.db", store_url_for(tmp_path))
+    with orm.db_session:  # triggers belong to agents that exist
+        for agent_id in ("a1", "a2"):
+            store.e.AgentRow(id=agent_id, name=agent_id, manifest_toml="x", manifest={}, created_at=utcnow(),
+                             last_active=utcnow(), session_id=agent_id)
     yield TriggerStore(store, lambda *entry: audit.append(entry)), clock, audit
     store.close()
 

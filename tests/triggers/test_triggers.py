@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 import uuid
 from typing import Any
 
@@ -15,8 +16,9 @@ import requests
 
 from conftest import LLM_ENV, llm_config
 from fakes.recorder import Recorder
-from support import Daemon, free_port, make_home, wait_until
+from support import Daemon, db_rows, free_port, make_home, wait_until
 from tests.agents.test_agents import spawn
+from tests.memory.test_races import _together
 
 SECRET = "trigger-hook-secret"
 
@@ -320,6 +322,29 @@ def test_manifest_proactive_conditions_and_kill(d) -> None:
                                  "must be a non-empty string")
 
 
+def test_creates_racing_the_agents_deletion_leave_no_trigger_behind(d) -> None:
+    for round_ in range(14):
+        agent_id, _ = agent(d)
+        answers: list[tuple[str, int, Any]] = []
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                time.sleep(0.005 * (round_ % 4))  # a few creates land first in some rounds
+                answers.append(("kill", s.delete(f"{d.url}/api/agents/{agent_id}").status_code, None))
+                return
+            for _ in range(6):
+                r = s.post(f"{d.url}/api/triggers", json={"agent_id": agent_id, "pattern": {"content_match": "x"},
+                                                          "prompt_template": "t {{event}}"})
+                answers.append(("create", r.status_code, r.json()))
+
+        _together(6, work)
+        assert [a for a in answers if a[0] == "kill"] == [("kill", 200, None)]
+        assert all(status == 201 or (status == 404 and body == {"error": "agent not found"})
+                   for what, status, body in answers if what == "create"), answers
+        assert db_rows(d.home, "SELECT COUNT(*) FROM triggers WHERE agent_id = ?", (agent_id,)) == [(0,)], \
+            "BUG: a trigger created while its agent was deleted outlives the agent"
+
+
 def test_triggers_and_their_counters_survive_a_restart(d) -> None:
     a, _ = agent(d)
     word = f"restart-{uuid.uuid4().hex[:6]}"
@@ -333,3 +358,4 @@ def test_triggers_and_their_counters_survive_a_restart(d) -> None:
         {"content_match": word}, 1, 1, 5)
     publish(d, word)
     assert len(answered(d, a, 2)) == 2
+

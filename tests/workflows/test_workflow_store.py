@@ -15,6 +15,7 @@ from pony import orm
 
 from support import store_url_for
 
+from agentd.errors import Conflict, NotFound
 from agentd.store import open_store
 from agentd.workflows.definition import WorkflowDef
 from agentd.workflows.store import RUN_RETENTION, WorkflowStore
@@ -61,13 +62,19 @@ def test_delete_removes_the_workflow_and_only_its_runs(db: WorkflowStore) -> Non
     keep = db.get(db.create(WorkflowDef("keep", "", STEPS)))
     gone = db.get(db.create(WorkflowDef("gone", "", STEPS)))
     kept_run = db.create_run(keep, "k")
-    db.create_run(gone, "g1")
-    db.create_run(gone, "g2")
+    done = db.create_run(gone, "g1")
+    going = db.create_run(gone, "g2")
+    assert db.finish_run(done, "completed", "out", None, [], 1) is True
     assert db.run_count() == 3
+    with pytest.raises(Conflict, match=r"^workflow has 1 run\(s\) in progress; delete it when they end$"):
+        db.delete(gone["id"])
+    assert db.finish_run(going, "failed", "", "stopped", [], 0) is True
     assert db.delete(gone["id"]) is True
     assert db.get(gone["id"]) is None and db.runs(gone["id"]) == []
     assert [r["id"] for r in db.runs(keep["id"])] == [kept_run] and db.run_count() == 1
     assert db.delete(gone["id"]) is False
+    with pytest.raises(NotFound, match="^workflow not found$"):
+        db.create_run(gone, "g3")
 
 
 def test_run_record_through_its_life(db: WorkflowStore) -> None:

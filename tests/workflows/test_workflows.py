@@ -16,8 +16,9 @@ import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, run_cli, store_url_for
+from support import Daemon, db_rows, make_home, run_cli, store_url_for, wait_until
 from tests.agents.test_agents import spawn
+from tests.memory.test_races import _together
 
 
 def agent_name(d: Daemon, prefix: str = "wf") -> str:
@@ -567,3 +568,67 @@ def test_cli_create_list_run(agent_daemon, tmp_path: Path) -> None:
     bad.write_text('name = "bad"\n[[steps]]\nagent_name = "nobody-here"\n')
     r = run_cli(d.home, "workflow", "create", str(bad))
     assert r.returncode != 0 and "no agent with name 'nobody-here'" in r.stderr
+
+
+def test_runs_racing_the_workflows_deletion(agent_daemon) -> None:
+    d = agent_daemon
+    name = agent_name(d)
+    for round_ in range(8):
+        wid = create(d, [{"name": "one", "agent_name": name, "prompt": "[[reply:done]] {{input}}"}], name=f"r{round_}")
+        answers: list[tuple[str, int, dict]] = []
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                time.sleep(0.004 * (round_ % 4))  # a few runs start first in some rounds
+                r = s.delete(f"{d.url}/api/workflows/{wid}")
+                answers.append(("delete", r.status_code, r.json()))
+                return
+            for _ in range(3):
+                r = (s.post(f"{d.url}/api/workflows/{wid}/run", json={"input": "x"}) if i % 2 else
+                     s.post(f"{d.url}/api/workflows/{wid}/runs", json={"input": "x"}))
+                answers.append(("run", r.status_code, r.json()))
+
+        _together(6, work)
+        gone = {"error": "workflow not found"}
+        busy = [{"error": f"workflow has {n} run(s) in progress; delete it when they end"} for n in range(1, 16)]
+        assert all(status in (200, 202) or (status == 404 and body == gone)
+                   for what, status, body in answers if what == "run"), answers
+        [(_, status, body)] = [a for a in answers if a[0] == "delete"]
+        assert status == 200 or (status == 409 and body in busy), (status, body)
+        if status == 200:
+            assert d.get(f"/api/workflows/{wid}").status_code == 404
+        else:
+            wait_until(lambda: all(r["state"]["status"] in ("completed", "failed")
+                                   for r in d.get(f"/api/workflows/{wid}/runs").json()), "the runs to end")
+        assert db_rows(d.home, "SELECT COUNT(*) FROM workflow_runs WHERE workflow_id NOT IN "
+                               "(SELECT id FROM workflows)") == [(0,)], \
+            "BUG: a run started while its workflow was deleted outlives the workflow"
+
+
+def test_updates_of_one_workflow_at_once_and_its_deletion(agent_daemon) -> None:
+    d = agent_daemon
+    name = agent_name(d)
+    for round_ in range(4):
+        wid = create(d, [{"name": "one", "agent_name": name, "prompt": "{{input}}"}], name=f"u{round_}")
+        answers: list[tuple[str, int, dict]] = []
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0 and round_ % 2:
+                time.sleep(0.01)
+                r = s.delete(f"{d.url}/api/workflows/{wid}")
+                answers.append(("delete", r.status_code, r.json()))
+                return
+            for j in range(4):
+                r = s.put(f"{d.url}/api/workflows/{wid}", json={
+                    "name": f"u{round_}-{i}-{j}", "steps": [{"name": f"s{i}-{j}", "agent_name": name, "prompt": "{{input}}"}]})
+                answers.append(("put", r.status_code, r.json()))
+
+        _together(6, work)
+        assert all(status == 200 or (what, status, body) == ("put", 404, {"error": "workflow not found"})
+                   for what, status, body in answers), f"BUG: {answers}"
+        if round_ % 2:
+            assert d.get(f"/api/workflows/{wid}").status_code == 404
+        else:
+            stored = d.get(f"/api/workflows/{wid}").json()
+            writer = stored["name"].removeprefix(f"u{round_}-")
+            assert [s["name"] for s in stored["steps"]] == [f"s{writer}"], stored
