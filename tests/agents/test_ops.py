@@ -357,6 +357,12 @@ def test_a_keys_run_lists_messages_and_kills_only_the_keys_agents(env) -> None:
     assert mgr.find("bystander") is outside and not outside.killed
     ops.kill_agent(boss.id, "minion-1")
     assert mgr.find("minion-1") is None and mine.killed
+    # An agent the key's run spawns is the key's (its manifest's schedules act as the key).
+    child = ops.spawn_agent(boss.id, 'name = "minion-2"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    assert mgr.get(child["agent_id"]).key_id == key_id
+    admins = AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).spawn_agent(
+        boss.id, 'name = "minion-3"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    assert mgr.get(admins["agent_id"]).key_id == ""
 
 
 def test_a_disabled_or_deleted_key_stops_its_runs_agent_operations(env) -> None:
