@@ -4,6 +4,7 @@ local HTTP server (card paths, keys, refusals, exact errors). Between daemons: t
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -65,6 +66,8 @@ class Remote:
     each answer scripted per path (status, body), every request recorded."""
 
     def __init__(self) -> None:
+        # path -> (status, body): a dict is sent as JSON, bytes as they are (with a Location
+        # header), a callable's chunks one by one
         self.answers: dict[str, tuple[int, Any]] = {}
         self.requests: list[dict[str, Any]] = []
         app = Flask("remote-a2a")
@@ -74,6 +77,8 @@ class Remote:
             self.requests.append({"method": request.method, "path": request.path, "headers": dict(request.headers),
                                   "json": request.get_json(silent=True)})
             status, body = self.answers.get(request.path, (404, {"error": "not found"}))
+            if callable(body):
+                return Response(body(), status, mimetype="application/json")
             if isinstance(body, bytes):
                 return Response(body, status, {"Location": "/elsewhere"})
             return jsonify(body), status
@@ -152,6 +157,9 @@ def test_cards_that_cannot_be_used(remote) -> None:
     with pytest.raises(A2AClientError, match=r"^no A2A agent named 'far' \(known: none; discover one with "
                                              r"a2a_discover or list it under \[a2a\] agents\)$"):
         client.resolve("far")
+    head = b'{"name": "big", "pad": "'
+    remote.answers["/big.json"] = (200, head + b"x" * (MAX_RESPONSE_BYTES - len(head) - 2) + b'"}')
+    assert fetch(client, remote.url + "/big.json")[0]["name"] == "big", "a card of exactly the limit is read"
 
 
 def test_an_answer_that_is_not_json(remote) -> None:
@@ -165,6 +173,27 @@ def test_an_answer_that_is_not_json(remote) -> None:
     with pytest.raises(A2AClientError) as err:
         _json(Page(), "the agent card at x")
     assert str(err.value) == "the agent card at x did not answer JSON"
+
+
+def test_an_endless_or_stalled_answer_is_cut_off(remote) -> None:
+    def endless() -> Iterator[bytes]:
+        yield b'{"name": "' + b"x" * MAX_RESPONSE_BYTES
+        time.sleep(5)
+        yield b'"}'
+
+    def stalled() -> Iterator[bytes]:
+        time.sleep(5)
+        yield b"{}"
+    remote.answers["/endless.json"] = (200, endless)
+    remote.answers["/rpc"] = (200, stalled)
+    client = A2AClient([], {}.get, timeout=0.5)
+    began = time.monotonic()
+    with pytest.raises(A2AClientError) as err:
+        fetch(client, remote.url + "/endless.json")
+    assert str(err.value) == f"the agent card at {remote.url}/endless.json answered more than 4194304 bytes"
+    with pytest.raises(requests.exceptions.Timeout):
+        client.send(remote.url + "/rpc", "hi", "c", requests.post, [].append)
+    assert time.monotonic() - began < 4
 
 
 def test_the_address_check_runs_before_each_request(remote) -> None:
@@ -232,7 +261,8 @@ def test_what_a_remote_agent_may_answer_a_message(remote) -> None:
                 ([1, 2], 200, "the remote agent answered something that is not JSON-RPC"),
                 ({"jsonrpc": "2.0", "id": "1"}, 200, "the remote agent's answer has no result"),
                 ({"jsonrpc": "2.0", "id": "1", "result": "text"}, 200, "the remote agent's answer has no result"),
-                ({}, 503, f"the A2A endpoint {url} answered HTTP 503"))
+                ({}, 503, f"the A2A endpoint {url} answered HTTP 503"),
+                (b"", 307, f"the A2A endpoint {url} answered HTTP 307"))
     for body, status, message in refusals:
         with pytest.raises(A2AClientError) as err:
             answer(body, status)
