@@ -184,16 +184,23 @@ def test_an_endless_or_stalled_answer_is_cut_off(remote) -> None:
     def stalled() -> Iterator[bytes]:
         time.sleep(5)
         yield b"{}"
-    remote.answers["/endless.json"] = (200, endless)
-    remote.answers["/rpc"] = (200, stalled)
+    for path in ("/endless.json", "/endless"):
+        remote.answers[path] = (200, endless)
+    for path in ("/stalled.json", "/stalled"):
+        remote.answers[path] = (200, stalled)
     client = A2AClient([], {}.get, timeout=0.5)
     began = time.monotonic()
     with pytest.raises(A2AClientError) as err:
         fetch(client, remote.url + "/endless.json")
     assert str(err.value) == f"the agent card at {remote.url}/endless.json answered more than 4194304 bytes"
+    with pytest.raises(A2AClientError) as err:
+        client.send(remote.url + "/endless", "hi", "c", requests.post, [].append)
+    assert str(err.value) == f"the A2A endpoint {remote.url}/endless answered more than 4194304 bytes"
     with pytest.raises(requests.exceptions.Timeout):
-        client.send(remote.url + "/rpc", "hi", "c", requests.post, [].append)
-    assert time.monotonic() - began < 4
+        fetch(client, remote.url + "/stalled.json")
+    with pytest.raises(requests.exceptions.Timeout):
+        client.send(remote.url + "/stalled", "hi", "c", requests.post, [].append)
+    assert time.monotonic() - began < 6
 
 
 def test_the_address_check_runs_before_each_request(remote) -> None:
