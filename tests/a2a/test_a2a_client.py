@@ -259,7 +259,8 @@ def test_what_a_remote_agent_may_answer_a_message(remote) -> None:
     def answer(body: Any, status: int = 200) -> str:
         remote.answers["/rpc"] = (status, body)
         return client.send(url, "hi", "c", requests.post, [].append)
-    task = {"kind": "task", "status": {"state": "completed"}, "artifacts": [{"parts": [{"kind": "text", "text": "done"}]}]}
+    task = {"kind": "task", "status": {"state": "completed"},
+            "artifacts": [{"parts": [{"kind": "text", "text": "done"}]}]}
     assert answer({"jsonrpc": "2.0", "id": "1", "result": task}) == "done"
     assert answer({"jsonrpc": "2.0", "id": "1", "result": {"task": task}}) == "done"
     assert answer({"jsonrpc": "2.0", "id": "1", "result": {"message": {"parts": [{"text": "m"}]}}}) == "m"

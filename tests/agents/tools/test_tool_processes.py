@@ -360,7 +360,8 @@ def test_a_program_past_its_run_time_is_ended_with_a_note(tmp_path: Path) -> Non
 
 
 def test_kill_ends_the_group_and_a_program_ignoring_sigterm_is_killed(programs: Programs) -> None:
-    ignoring = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    ignoring = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "time.sleep(60)")
     stubborn = programs.start("python3", "-c", ignoring)
     wait_until(lambda: programs.poll(stubborn["process_id"])["output"], "the program ignores SIGTERM")
     began = time.monotonic()
