@@ -219,7 +219,9 @@ TESTS: dict[str, list[str]] = {
         "test_kill_ends_the_group_and_a_program_ignoring_sigterm_is_killed",
         "test_an_agents_release_ends_only_its_programs_even_those_that_left_the_group",
         "test_a_stopping_daemon_ends_every_program_and_starts_no_more", "test_a_program_that_cannot_start",
-        "test_a_write_waits_for_a_slow_reader_and_gives_up_on_one_that_never_reads")],
+        "test_a_write_waits_for_a_slow_reader_and_gives_up_on_one_that_never_reads",
+        "test_a_kill_ends_the_programs_runaways_and_no_other_program_of_the_agent",
+        "test_a_program_past_its_run_time_takes_no_other_program_with_it")],
     # The A2A client in process against a remote agent on a local HTTP server (tests/a2a/test_a2a.py
     # drives it between two daemons: two daemon starts per mutant).
     "agentd/a2a/client.py": ["tests/a2a/test_a2a_client.py"],

@@ -404,6 +404,29 @@ def test_a_write_waits_for_a_slow_reader_and_gives_up_on_one_that_never_reads(pr
                       {"agent_id": "agent-1", "process_id": deaf["process_id"], "bytes": sent}]
 
 
+def test_a_kill_ends_the_programs_runaways_and_no_other_program_of_the_agent(programs: Programs) -> None:
+    seconds = f"307.{os.getpid()}"
+    keep = programs.start("sleep", "30")
+    tree = programs.start("sh", "-c", f"setsid sleep {seconds} & sleep 30")
+    wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+    runaway = _named(f"sleep {seconds}")[0]
+    programs.run("process_kill", process_id=tree["process_id"])
+    wait_until(lambda: not alive(runaway), "the program that left the killed one's group ends")
+    assert alive(keep["pid"]) and programs.poll(keep["process_id"])["alive"] is True
+
+
+def test_a_program_past_its_run_time_takes_no_other_program_with_it(tmp_path: Path) -> None:
+    programs = Programs(tmp_path, process_max_runtime_secs=2.0)
+    try:
+        first = programs.start("sleep", "30")
+        time.sleep(1.5)
+        second = programs.start("sleep", "30")
+        wait_until(lambda: not alive(first["pid"]), "the first program's run time ends")
+        assert alive(second["pid"]) and "note" not in programs.poll(second["process_id"])
+    finally:
+        programs.table.close()
+
+
 def test_an_agents_release_ends_only_its_programs_even_those_that_left_the_group(programs: Programs) -> None:
     seconds = f"305.{os.getpid()}"
     mine = programs.start("sleep", "30")
