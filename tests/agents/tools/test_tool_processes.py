@@ -442,10 +442,15 @@ def test_an_agents_release_ends_only_its_programs_even_those_that_left_the_group
 
 def test_a_stopping_daemon_ends_every_program_and_starts_no_more(programs: Programs) -> None:
     one, two = programs.start("sleep", "30"), programs.start("sleep", "30", agent_id="agent-2")
+    # A program that cleans up on SIGTERM is given the chance.
+    graceful = programs.start("python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+                              "(open('bye', 'w').write('bye'), sys.exit(0))); print('ready', flush=True); time.sleep(30)")
+    wait_until(lambda: programs.poll(graceful["process_id"])["output"], "the program handles SIGTERM")
     began = time.monotonic()
     programs.table.close()
     assert time.monotonic() - began < KILL_GRACE
-    assert not alive(one["pid"]) and not alive(two["pid"])
+    assert not alive(one["pid"]) and not alive(two["pid"]) and not alive(graceful["pid"])
+    assert (programs.tmp_path / "agent-1" / "bye").read_text() == "bye"
     with pytest.raises(ToolError) as err:
         programs.start("sleep", "1")
     assert str(err.value) == "the daemon is stopping"
