@@ -444,7 +444,8 @@ def test_a_stopping_daemon_ends_every_program_and_starts_no_more(programs: Progr
     one, two = programs.start("sleep", "30"), programs.start("sleep", "30", agent_id="agent-2")
     # A program that cleans up on SIGTERM is given the chance.
     graceful = programs.start("python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
-                              "(open('bye', 'w').write('bye'), sys.exit(0))); print('ready', flush=True); time.sleep(30)")
+                              "(open('bye', 'w').write('bye'), sys.exit(0))); print('ready', flush=True); "
+                              "time.sleep(30)")
     wait_until(lambda: programs.poll(graceful["process_id"])["output"], "the program handles SIGTERM")
     began = time.monotonic()
     programs.table.close()
