@@ -207,6 +207,26 @@ TESTS: dict[str, list[str]] = {
     # The A2A service over a real agent manager in process (tests/a2a/test_a2a.py drives the same
     # service between two daemons: two daemon starts per mutant).
     "agentd/a2a/server.py": ["tests/a2a/test_a2a_server.py"],
+    # The process table in process: the same tools on the daemon's tool services (the daemon
+    # tests of the same file start a daemon per mutant).
+    "agentd/agents/tools/processes.py": [f"tests/agents/tools/test_tool_processes.py::{t}" for t in (
+        "test_ring_keeps_the_newest_bytes_across_writes_and_counts_what_it_dropped",
+        "test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit",
+        "test_a_poll_reports_output_dropped_from_a_small_buffer",
+        "test_the_list_shows_running_and_exited_programs_with_their_exit_codes",
+        "test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten",
+        "test_a_program_past_its_run_time_is_ended_with_a_note",
+        "test_kill_ends_the_group_and_a_program_ignoring_sigterm_is_killed",
+        "test_an_agents_release_ends_only_its_programs_even_those_that_left_the_group",
+        "test_a_stopping_daemon_ends_every_program_and_starts_no_more", "test_a_program_that_cannot_start",
+        "test_a_write_waits_for_a_slow_reader_and_gives_up_on_one_that_never_reads",
+        "test_a_kill_ends_the_programs_runaways_and_no_other_program_of_the_agent",
+        "test_a_program_past_its_run_time_takes_no_other_program_with_it")],
+    # The A2A client in process against a remote agent on a local HTTP server (tests/a2a/test_a2a.py
+    # drives it between two daemons: two daemon starts per mutant).
+    "agentd/a2a/client.py": ["tests/a2a/test_a2a_client.py"],
+    # Data only (the board, the bus, the audit callback): what the agents' operations reach through it.
+    "agentd/agents/cooperation.py": ["tests/agents/test_ops.py"],
     "agentd/agents/tools/system.py": ["tests/agents/tools/test_tool_memory.py::test_system_time_is_utc_iso_and_unix_of_the_same_moment"],
     # mut-routes: the rest of the API layer.
     "agentd/api/runs.py": ["tests/api/test_request_runs.py"],

@@ -106,21 +106,20 @@ class A2AClient:
     def fetch_card(self, url: str, get: Callable[..., Any], check: Callable[[str], None]) -> tuple[dict, str]:
         """(card, its URL): `url` is the card itself or the base URL it is under."""
         candidates = [url] if url.rstrip("/").endswith(".json") else [url.rstrip("/") + p for p in CARD_PATHS]
-        last = ""
         for candidate in candidates:
             check(candidate)
             with get(candidate, headers={"Accept": "application/json", **self.headers_for(candidate)},
                      timeout=self.timeout, stream=True, allow_redirects=False) as response:
+                # A 404 moves on to the next path; the last path's answer is the card or the error.
                 if response.status_code == 404 and candidate is not candidates[-1]:
-                    last = "404"
                     continue
                 card = _json(response, f"the agent card at {candidate}")
-            if not isinstance(card, dict) or not isinstance(card.get("name"), str):
-                raise A2AClientError(f"{candidate} is not an A2A agent card (no name)")
-            with self._lock:
-                self._known[card["name"]] = candidate
-            return card, candidate
-        raise A2AClientError(f"no agent card under {url} ({last})")
+            break
+        if not isinstance(card, dict) or not isinstance(card.get("name"), str):
+            raise A2AClientError(f"{candidate} is not an A2A agent card (no name)")
+        with self._lock:
+            self._known[card["name"]] = candidate
+        return card, candidate
 
     def endpoint(self, url: str, get: Callable[..., Any], check: Callable[[str], None]) -> str:
         """A JSON-RPC endpoint from a card URL, a base URL with a card, or the endpoint itself."""

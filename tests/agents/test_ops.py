@@ -3,6 +3,8 @@
 Listing and finding (near-miss queries), sends (unknown target, self-send, nested
 runs, a refused target), spawn and kill on behalf of an agent, KV and memory access, and the
 task board, events and activation on a real board and bus (what each call audits, exactly).
+In a run paid by a scoped API key (real keys on the same store): only the key's agents are
+listed, messaged and killed, the nested run is the key's, and a disabled key stops all three.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import pytest
 from agentd.agents.cooperation import Cooperation
 from agentd.agents.ops import AgentOpsImpl
 from agentd.agents.tools import ToolError
+from agentd.apikeys import ApiKeys
+from agentd.key_budgets import KeyBudgets
+from agentd.key_runs import KeyRuns
 from agentd.tasks.board import TaskBoard
 from agentd.triggers.bus import CUSTOM, EventBus
 from mgrsupport import Env, Recorder, llm_config, manifest, run, submit, fake  # noqa: F401 (fake: a fixture)
@@ -309,3 +314,92 @@ def test_without_a_registry_the_audit_names_the_caller_by_its_id(env, mgr) -> No
         assert board.audit.calls == [("tool.task_post", "caller-id", {"agent_id": "caller-id", "task_id": task["id"]})]
     finally:
         board.bus.close()
+
+
+class Keyed:
+    """A manager whose runs know scoped API keys as the kernel wires them (real keys and
+    budgets on the test's store); each run's budget check is recorded."""
+
+    def __init__(self, env: Env) -> None:
+        self.budget = Recorder()
+        self.mgr = env.manager(key_budget=self.budget)
+        self.keys = ApiKeys(env.store, "admin-secret", env.audit, KeyBudgets(env.store, env.audit))
+        self.mgr.runs.key_runs = KeyRuns(self.keys, self.mgr.find, lambda workflow_id: [])
+
+    def key(self, agents: list[str], scopes: tuple[str, ...] = ("message",)) -> str:
+        return self.keys.create({"name": f"k{len(self.keys.list())}", "scopes": list(scopes), "agents": agents})["id"]
+
+
+def test_a_keys_run_lists_messages_and_kills_only_the_keys_agents(env) -> None:
+    keyed = Keyed(env)
+    mgr = keyed.mgr
+    boss, mine, outside = spawn(mgr, "boss"), spawn(mgr, "minion-1", "helps"), spawn(mgr, "bystander", "helps")
+    key_id = keyed.key(["boss", "minion-*"])   # `message` only: nothing beyond what started the run
+    ops = mgr.runs.ops_for(boss, key_id=key_id)
+    assert [a["name"] for a in ops.list_agents()] == ["boss", "minion-1"]
+    assert [a["name"] for a in ops.find_agents("helps")] == ["minion-1"]
+    # Without a key the same agent's operations see and reach everyone.
+    assert [a["name"] for a in AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).list_agents()] == [
+        "boss", "minion-1", "bystander"]
+
+    for target in ("bystander", outside.id):
+        with pytest.raises(ToolError) as err:
+            ops.send_to_agent(boss.id, target, "hi")
+        assert str(err.value) == f"no agent with id or name {target!r}"
+    assert keyed.budget.calls == [] and not outside.session_tail, "no run of an agent outside the key's list"
+    assert ops.send_to_agent(boss.id, "minion-1", "hi there") == "echo: hi there"
+    assert keyed.budget.calls == [(key_id,)], "the nested run is the key's: checked against its budget"
+    assert mine.session_tail[-1] == {"role": "assistant", "content": "echo: hi there"}
+
+    with pytest.raises(ToolError) as err:
+        ops.kill_agent(boss.id, "bystander")
+    assert str(err.value) == "no agent with id or name 'bystander'"
+    assert mgr.find("bystander") is outside and not outside.killed
+    ops.kill_agent(boss.id, "minion-1")
+    assert mgr.find("minion-1") is None and mine.killed
+    # An agent the key's run spawns is the key's (its manifest's schedules act as the key).
+    child = ops.spawn_agent(boss.id, 'name = "minion-2"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    assert mgr.get(child["agent_id"]).key_id == key_id
+    admins = AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).spawn_agent(
+        boss.id, 'name = "minion-3"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    assert mgr.get(admins["agent_id"]).key_id == ""
+
+
+def test_a_disabled_or_deleted_key_stops_its_runs_agent_operations(env) -> None:
+    keyed = Keyed(env)
+    mgr = keyed.mgr
+    boss, _ = spawn(mgr, "boss"), spawn(mgr, "minion")
+    key_id = keyed.key(["boss", "minion"])
+    ops = mgr.runs.ops_for(boss, key_id=key_id)
+    keyed.keys.update(key_id, {"enabled": False})
+    name = keyed.keys.get(key_id)["name"]
+    for call in (ops.list_agents, lambda: ops.send_to_agent(boss.id, "minion", "hi"),
+                 lambda: ops.kill_agent(boss.id, "minion")):
+        with pytest.raises(ToolError) as err:
+            call()
+        assert str(err.value) == f"API key '{name}' is disabled"
+    assert mgr.find("minion") is not None and keyed.budget.calls == []
+    keyed.keys.delete(key_id)
+    with pytest.raises(ToolError) as err:
+        ops.list_agents()
+    assert str(err.value) == f"the API key that created it was deleted (key id {key_id})"
+
+
+def test_a_key_where_keys_are_not_wired_is_a_tool_error(mgr) -> None:
+    a, _ = spawn(mgr, "a"), spawn(mgr, "b")
+    ops = mgr.runs.ops_for(a, key_id="some-key")
+    for call in (ops.list_agents, lambda: ops.send_to_agent(a.id, "b", "hi"), lambda: ops.kill_agent(a.id, "b")):
+        with pytest.raises(ToolError) as err:
+            call()
+        assert str(err.value) == "scoped API keys are not available here"
+    assert mgr.find("b") is not None
+
+
+def test_an_event_published_in_a_keys_run_is_the_keys(board) -> None:
+    a = spawn(board.mgr, "a")
+    keyed_id = board.ops(key_id="key-1").event_publish(a.id, "keyed", {})
+    plain_id = board.ops().event_publish(a.id, "plain", {})
+    deadline = time.monotonic() + 5
+    while len(board.events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(e.id, e.key_id) for e in board.events] == [(keyed_id, "key-1"), (plain_id, "")]

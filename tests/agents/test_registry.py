@@ -780,6 +780,25 @@ def test_update_manifest_without_an_audit_hook(env) -> None:
     assert h.model == "gpt-4o-mini"
 
 
+@lone_store_only
+def test_the_key_that_spawned_or_last_changed_an_agent_is_kept_and_loaded_back(env, mgr) -> None:
+    def key_of(agent_id: str) -> tuple[str, str | None, str]:
+        with orm.db_session:
+            stored = env.store.e.AgentRow.get(id=agent_id).key_id
+        fresh = env.manager()
+        fresh.load()
+        return mgr.get(agent_id).key_id, stored, fresh.get(agent_id).key_id
+
+    h = mgr.spawn(manifest("keyed"), key_id="key-1")
+    assert key_of(h.id) == ("key-1", "key-1", "key-1")
+    mgr.registry.update_manifest(h, manifest("keyed", model="gpt-4o-mini"), key_id="key-2")
+    assert key_of(h.id) == ("key-2", "key-2", "key-2")
+    # The admin's change makes the agent's manifest the admin's again.
+    mgr.registry.update_manifest(h, manifest("keyed"))
+    assert key_of(h.id) == ("", None, "")
+    assert key_of(mgr.spawn(manifest("admins")).id) == ("", None, "")
+
+
 def test_set_state_writes_the_handle_and_its_row(env, mgr) -> None:
     h = mgr.spawn(manifest("stated"))
     mgr.registry.set_state(h, "Suspended")

@@ -1,14 +1,24 @@
-"""process_* through the real daemon: the fake LLM calls the tools, the programs really run."""
+"""process_* through the real daemon: the fake LLM calls the tools, the programs really run.
+Then the process table's limits, buffers, run time, kills and stop in process (the same tools on
+the daemon's real tool services, real programs), where the timing can be exact."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
+
+from agentd.agents.tools import ToolContext, ToolError, get_tool, validate_args
+from agentd.agents.tools.processes import KEEP_EXITED, KILL_GRACE, WRITE_WAIT, Ring
+from agentd.agents.tools.services import ToolServices
+from agentd.config import ToolsConfig
 
 from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home, run_cli, stop_shared, wait_until
@@ -211,3 +221,261 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+# -- the process table in process: the same tools on a real ToolServices, the programs real --------
+
+class Programs:
+    """The daemon's tool services for one test (programs really run), and a context per agent."""
+
+    def __init__(self, tmp_path: Path, **limits: Any) -> None:
+        self.tmp_path = tmp_path
+        self.audit: list[tuple[str, str, dict]] = []
+        self.services = ToolServices(ToolsConfig(**limits), lambda *entry: self.audit.append(entry),
+                                     lambda *a: {}, lambda *a, **k: {})
+        self.table = self.services.processes
+
+    def ctx(self, agent_id: str = "agent-1") -> ToolContext:
+        return ToolContext(agent_id, self.tmp_path / agent_id, {"shell": ["*"]}, self.table.config,
+                           services=self.services)
+
+    def run(self, name: str, agent_id: str = "agent-1", **args: Any) -> str:
+        tool = get_tool(name)
+        validate_args(tool, args)
+        return tool.run(self.ctx(agent_id), args)
+
+    def start(self, *argv: str, agent_id: str = "agent-1") -> dict[str, Any]:
+        return json.loads(self.run("process_start", agent_id, command=argv[0], args=list(argv[1:])))
+
+    def poll(self, proc_id: str, agent_id: str = "agent-1") -> dict[str, Any]:
+        return json.loads(self.run("process_poll", agent_id, process_id=proc_id))
+
+    def ended(self, proc_id: str) -> dict[str, Any]:
+        """Polls until the program has exited and its output is read; the last poll, the output joined."""
+        polls = []
+        wait_until(lambda: polls.append(self.poll(proc_id)) or not polls[-1]["alive"], "the program exits")
+        wait_until(lambda: self.table.get("agent-1", proc_id).popen.stdout.closed, "its output is read")
+        polls.append(self.poll(proc_id))
+        return {**polls[-1], "output": "".join(p["output"] for p in polls),
+                "dropped_bytes": sum(p.get("dropped_bytes", 0) for p in polls)}
+
+
+@pytest.fixture()
+def programs(tmp_path: Path) -> Iterator[Programs]:
+    p = Programs(tmp_path, process_max_per_agent=3, process_buffer_bytes=10, process_max_memory_mb=64)
+    yield p
+    p.table.close()
+
+
+def test_ring_keeps_the_newest_bytes_across_writes_and_counts_what_it_dropped() -> None:
+    ring = Ring(5)
+    ring.add(b"abc")
+    ring.add(b"defg")
+    assert (bytes(ring.data), ring.dropped) == (b"cdefg", 2)
+    ring.add(b"hi")
+    assert ring.take() == ("efghi", 4)
+    assert ring.take() == ("", 0)
+    ring.add(b"\xff12")
+    assert ring.take() == ("\ufffd12", 0)
+    ring.add(b"123456")   # one byte over
+    assert ring.take() == ("23456", 1)
+
+
+def test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit(programs: Programs) -> None:
+    code = ("import os, resource; print(os.getcwd()); print(os.environ['AGENTD_PROCESS']); "
+            "print(resource.getrlimit(resource.RLIMIT_AS)[0] // 1048576)")
+    programs.table.config.process_buffer_bytes = 4096
+    started = programs.start("python3", "-c", code)
+    proc_id, pid = started["process_id"], started["pid"]
+    assert started == {"process_id": proc_id, "pid": pid, "command": f"python3 -c {code}"}
+    assert proc_id.startswith("proc-") and len(proc_id) == 13
+    done = programs.ended(proc_id)
+    assert done["output"] == f"{(programs.tmp_path / 'agent-1').resolve()}\n{os.getpid()}:agent-1:{proc_id}\n64\n"
+    assert (done["alive"], done["exit_code"], done["dropped_bytes"]) == (False, 0, 0) and "note" not in done
+    assert programs.audit == [("tool.process_start", "agent-1",
+                               {"agent_id": "agent-1", "process_id": proc_id, "command": "python3", "pid": pid})]
+
+
+def test_a_poll_reports_output_dropped_from_a_small_buffer(programs: Programs) -> None:
+    started = programs.start("python3", "-c", "print('0123456789abcdef')")
+    done = programs.ended(started["process_id"])
+    assert (done["output"], done["dropped_bytes"]) == ("789abcdef\n", 7)
+
+
+def test_the_list_shows_running_and_exited_programs_with_their_exit_codes(programs: Programs) -> None:
+    running = programs.start("sleep", "30")
+    failed = programs.start("sh", "-c", "exit 3")
+    programs.ended(failed["process_id"])
+    listed = json.loads(programs.run("process_list"))
+    assert [(p["process_id"], p["command"], p["pid"], p["alive"], p["exit_code"]) for p in listed] == [
+        (running["process_id"], "sleep 30", running["pid"], True, None),
+        (failed["process_id"], "sh -c exit 3", failed["pid"], False, 3)]
+    assert all(isinstance(p["uptime_secs"], float) and 0 <= p["uptime_secs"] < 30 for p in listed)
+    time.sleep(0.25)
+    uptimes = [p["uptime_secs"] for p in json.loads(programs.run("process_list"))]
+    assert uptimes == [round(u, 1) for u in uptimes] and uptimes[0] >= 0.2, "seconds to one decimal"
+    assert json.loads(programs.run("process_list", "agent-2")) == []
+    with pytest.raises(ToolError) as err:
+        programs.run("process_write", process_id=failed["process_id"], data="x")
+    assert str(err.value) == f"process {failed['process_id']} has exited (code 3)"
+    with pytest.raises(ToolError) as err:
+        programs.run("process_poll", "agent-2", process_id=running["process_id"])
+    assert str(err.value) == f"no process {running['process_id']!r} for this agent (see process_list)"
+
+
+def test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten(programs: Programs) -> None:
+    exited = []
+    for _ in range(KEEP_EXITED + 2):
+        exited.append(programs.start("true")["process_id"])
+        wait_until(lambda: not programs.table.get("agent-1", exited[-1]).alive(), "the program exits")
+    running = [programs.start("sleep", "30")["process_id"] for _ in range(3)]
+    with pytest.raises(ToolError) as err:
+        programs.start("sleep", "30")
+    assert str(err.value) == ("this agent already runs 3 processes (the limit is 3): kill one with "
+                              "process_kill first")
+    listed = [p["process_id"] for p in json.loads(programs.run("process_list"))]
+    assert listed == exited[2:] + running, "the two oldest exited programs are forgotten, the rest stay"
+    # Another agent has a limit of its own.
+    assert programs.start("true", agent_id="agent-2")["command"] == "true"
+
+
+def test_a_program_past_its_run_time_is_ended_with_a_note(tmp_path: Path) -> None:
+    programs = Programs(tmp_path, process_max_runtime_secs=0.5)
+    try:
+        started = programs.start("sleep", "30")
+        done = programs.ended(started["process_id"])
+        assert (done["alive"], done["exit_code"], done["note"]) == (
+            False, -signal.SIGTERM, "killed after 0.5s (the run time limit)")
+        quick = programs.start("sleep", "0.1")
+        assert "note" not in programs.ended(quick["process_id"])
+        # A program it started that left the group ends with it.
+        seconds = f"306.{os.getpid()}"
+        tree = programs.start("sh", "-c", f"setsid sleep {seconds} & sleep 30")
+        wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+        runaway = _named(f"sleep {seconds}")[0]
+        assert programs.ended(tree["process_id"])["note"] == "killed after 0.5s (the run time limit)"
+        wait_until(lambda: not alive(runaway), "the program that left the group ends")
+    finally:
+        programs.table.close()
+
+
+def test_kill_ends_the_group_and_a_program_ignoring_sigterm_is_killed(programs: Programs) -> None:
+    ignoring = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "time.sleep(60)")
+    stubborn = programs.start("python3", "-c", ignoring)
+    wait_until(lambda: programs.poll(stubborn["process_id"])["output"], "the program ignores SIGTERM")
+    began = time.monotonic()
+    said = programs.run("process_kill", process_id=stubborn["process_id"])
+    assert said == f"process {stubborn['process_id']} killed (exit code {-signal.SIGKILL})"
+    assert KILL_GRACE <= time.monotonic() - began < KILL_GRACE + 3 and not alive(stubborn["pid"])
+    # The leader ends on SIGTERM; a child of its group that ignores it (and cleared its
+    # environment, so nothing marks it as the program's) is killed straight after.
+    tree = programs.start("sh", "-c", f"env -i {shutil.which('python3')} -c \"{ignoring}\" & wait")
+    wait_until(lambda: programs.poll(tree["process_id"])["output"], "the child ignores SIGTERM")
+    child = _group_members(tree["pid"])[0]
+    began = time.monotonic()
+    assert programs.run("process_kill", process_id=tree["process_id"]) == (
+        f"process {tree['process_id']} killed (exit code {-signal.SIGTERM})")
+    assert time.monotonic() - began < KILL_GRACE
+    wait_until(lambda: not alive(child), "the child that ignored SIGTERM ends")
+    assert [e[0] for e in programs.audit].count("tool.process_kill") == 2
+    with pytest.raises(ToolError) as err:
+        programs.poll(tree["process_id"])
+    assert str(err.value).startswith(f"no process {tree['process_id']!r}")
+
+
+def test_a_write_waits_for_a_slow_reader_and_gives_up_on_one_that_never_reads(programs: Programs) -> None:
+    programs.table.config.process_buffer_bytes = 100
+    slow = programs.start("python3", "-c", "import sys, time; time.sleep(1); print(len(sys.stdin.buffer.readline()))")
+    data = "x" * 150_000   # more than a pipe holds: the rest goes in as the program reads
+    assert programs.run("process_write", process_id=slow["process_id"], data=data) == (
+        f"wrote 150001 bytes to {slow['process_id']}")
+    assert programs.ended(slow["process_id"])["output"] == "150001\n"
+    deaf = programs.start("sleep", "30")
+    began = time.monotonic()
+    with pytest.raises(ToolError) as err:
+        programs.run("process_write", process_id=deaf["process_id"], data=data)
+    assert WRITE_WAIT <= time.monotonic() - began < WRITE_WAIT + 0.9
+    sent = int(str(err.value).split(" took ")[1].split(" ")[0])
+    assert 0 < sent < 150_001 and str(err.value) == (
+        f"process {deaf['process_id']} took {sent} of 150001 bytes within 5s: it is not reading its input")
+    writes = [e[2] for e in programs.audit if e[0] == "tool.process_write"]
+    assert writes == [{"agent_id": "agent-1", "process_id": slow["process_id"], "bytes": 150_001},
+                      {"agent_id": "agent-1", "process_id": deaf["process_id"], "bytes": sent}]
+
+
+def test_a_kill_ends_the_programs_runaways_and_no_other_program_of_the_agent(programs: Programs) -> None:
+    seconds = f"307.{os.getpid()}"
+    keep = programs.start("sleep", "30")
+    tree = programs.start("sh", "-c", f"setsid sleep {seconds} & sleep 30")
+    wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+    runaway = _named(f"sleep {seconds}")[0]
+    programs.run("process_kill", process_id=tree["process_id"])
+    wait_until(lambda: not alive(runaway), "the program that left the killed one's group ends")
+    assert alive(keep["pid"]) and programs.poll(keep["process_id"])["alive"] is True
+
+
+def test_a_program_past_its_run_time_takes_no_other_program_with_it(tmp_path: Path) -> None:
+    programs = Programs(tmp_path, process_max_runtime_secs=2.0)
+    try:
+        first = programs.start("sleep", "30")
+        time.sleep(1.5)
+        second = programs.start("sleep", "30")
+        wait_until(lambda: not alive(first["pid"]), "the first program's run time ends")
+        assert alive(second["pid"]) and "note" not in programs.poll(second["process_id"])
+    finally:
+        programs.table.close()
+
+
+def test_an_agents_release_ends_only_its_programs_even_those_that_left_the_group(programs: Programs) -> None:
+    seconds = f"305.{os.getpid()}"
+    mine = programs.start("sleep", "30")
+    programs.start("setsid", "sleep", seconds)
+    wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
+    runaway = _named(f"sleep {seconds}")[0]
+    theirs = programs.start("sleep", "30", agent_id="agent-2")
+    programs.table.release("agent-1")
+    wait_until(lambda: not alive(mine["pid"]) and not alive(runaway), "agent-1's programs end")
+    assert alive(theirs["pid"]) and json.loads(programs.run("process_list")) == []
+    assert [p["pid"] for p in json.loads(programs.run("process_list", "agent-2"))] == [theirs["pid"]]
+
+
+def test_a_stopping_daemon_ends_every_program_and_starts_no_more(programs: Programs) -> None:
+    one, two = programs.start("sleep", "30"), programs.start("sleep", "30", agent_id="agent-2")
+    # A program that cleans up on SIGTERM is given the chance.
+    graceful = programs.start("python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: "
+                              "(open('bye', 'w').write('bye'), sys.exit(0))); print('ready', flush=True); "
+                              "time.sleep(30)")
+    wait_until(lambda: programs.poll(graceful["process_id"])["output"], "the program handles SIGTERM")
+    began = time.monotonic()
+    programs.table.close()
+    assert time.monotonic() - began < KILL_GRACE
+    assert not alive(one["pid"]) and not alive(two["pid"]) and not alive(graceful["pid"])
+    assert (programs.tmp_path / "agent-1" / "bye").read_text() == "bye"
+    with pytest.raises(ToolError) as err:
+        programs.start("sleep", "1")
+    assert str(err.value) == "the daemon is stopping"
+
+
+def test_a_program_that_cannot_start(programs: Programs) -> None:
+    with pytest.raises(ToolError) as err:
+        programs.start("no-such-program-here")
+    assert str(err.value) == "program not found: no-such-program-here"
+    script = programs.tmp_path / "agent-1" / "script.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\necho hi\n")
+    with pytest.raises(ToolError) as err:
+        programs.start("./script.sh")
+    assert str(err.value) == "permission denied running ./script.sh"
+    assert json.loads(programs.run("process_list")) == [] and programs.audit == []
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for pid in _pids():
+        try:
+            if pid != pgid and os.getpgid(pid) == pgid:
+                members.append(pid)
+        except OSError:
+            pass
+    return members
