@@ -9,6 +9,7 @@ import threading
 
 from agentd.cluster.config import ClusterSettings
 from agentd.store.leases import Lease, Leases
+from agentd.store.outage import translate
 
 log = logging.getLogger("agentd.cluster")
 
@@ -42,7 +43,12 @@ class HeldLeases:
         with self._lock:
             lease = self._held.pop(name, None)
         if lease is not None:
-            self.leases.release(lease)
+            try:
+                self.leases.release(lease)
+            except Exception as exc:  # noqa: BLE001 - only the database's outage is expected
+                if translate(exc) is None:
+                    raise
+                # Held no more here; the lease runs out by itself and another daemon takes it.
 
     def holder(self, name: str) -> str | None:
         return self.leases.holder(name)

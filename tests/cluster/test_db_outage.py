@@ -296,7 +296,8 @@ def test_a_channel_configured_during_an_outage_starts_once_the_database_is_back(
         assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
         assert r.json() == {"error": UNAVAILABLE}
         wait_for(lambda: a.get("/api/cluster", timeout=5).json().get("channel_leaders") == {"ntfy": "daemon-a"},
-                 15, what="ntfy started on daemon-a")
+                 15, what="ntfy started on daemon-a",
+                 explain=lambda: (a.get("/api/cluster", timeout=5).json(), _log_since(a, offset)[-4000:]))
         wait_for(lambda: ntfy.subscriptions, 10, what="ntfy subscribed")
         assert a.delete("/api/channels/ntfy/configure").status_code == 200
         assert "Traceback" not in _log_since(a, offset)
@@ -325,11 +326,20 @@ def test_health_detail_and_metrics_answer_while_the_database_is_down(setup) -> N
     assert "Traceback" not in _log_since(a, offset)
 
 
-def test_a_daemon_stopped_while_the_database_is_down_exits_cleanly(setup, tmp_path) -> None:
-    """Stopping must not depend on the database: its runs end, it exits 0, no traceback."""
+def test_a_daemon_stopped_while_the_database_is_down_exits_cleanly(setup, tmp_path, fake_llm) -> None:
+    """Stopping must not depend on the database: its runs end, the channel it leads is let
+    go, it exits 0, no traceback."""
+    from fakes.ntfy import FakeNtfy
+
     server, a, b, proxy = setup
-    home = make_home(tmp_path, a.home.joinpath("config.toml").read_text().replace('"daemon-a"', '"daemon-c"'))
-    c = Daemon(home, env_extra={**LLM_ENV, "AGENTD_DATABASE_URL": server.url}).start()
+    ntfy = FakeNtfy("ntfy-offline-token").start()
+    channel = (f'\n[channels.ntfy]\ntopic = "offline"\nserver_url = "{ntfy.url}"\n'
+               'token_env = "NTFY_OFFLINE_TOKEN"\n')
+    config = llm_config(fake_llm, f'\n[cluster]\ndaemon_id = "daemon-c"\nlease_secs = {LEASE}\n' + channel)
+    home = make_home(tmp_path, config.replace("timeout_secs = 3\n", "timeout_secs = 20\n"))
+    c = Daemon(home, env_extra={**LLM_ENV, "AGENTD_DATABASE_URL": server.url,
+                                "NTFY_OFFLINE_TOKEN": "ntfy-offline-token"}).start()
+    wait_for(lambda: ntfy.subscriptions, 10, what="ntfy subscribed")
     agent = spawn(c.url, "stopped-offline")
     stream = c.post(f"/api/agents/{agent}/message/stream", json={"message": "[[slow:5]] stopping"},
                     stream=True, timeout=30)
@@ -339,5 +349,6 @@ def test_a_daemon_stopped_while_the_database_is_down_exits_cleanly(setup, tmp_pa
         assert c.stop() == 0
     finally:
         server.start()
+        ntfy.stop()
     assert "Traceback" not in c.log()
     wait_for(lambda: _serving(a, agent), 5, what="daemon a serving again")

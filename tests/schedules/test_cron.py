@@ -382,7 +382,7 @@ def test_run_now_pressed_at_once_from_many_clients_starts_one_run(env) -> None:
 
 def test_creates_from_many_clients_at_once_stop_at_the_agents_cap(env) -> None:
     d, _, _ = env
-    spawn(d, "capped")
+    spawn(d, "crowded")
     never = {"kind": "cron", "expr": "0 0 1 1 *"}
     barrier = threading.Barrier(8)
     answers: list[tuple[int, Any]] = []
@@ -391,7 +391,7 @@ def test_creates_from_many_clients_at_once_stop_at_the_agents_cap(env) -> None:
         with requests.Session() as s:
             barrier.wait()
             for j in range(8):
-                r = s.post(f"{d.url}/api/cron/jobs", json={"name": f"c{i}-{j}", "agent_id": "capped",
+                r = s.post(f"{d.url}/api/cron/jobs", json={"name": f"c{i}-{j}", "agent_id": "crowded",
                                                            "schedule": never, "action": turn("x")})
                 answers.append((r.status_code, r.json() if r.status_code != 201 else None))
 
@@ -403,7 +403,7 @@ def test_creates_from_many_clients_at_once_stop_at_the_agents_cap(env) -> None:
     full = {"error": "the agent has 50 cron jobs already (max_jobs_per_agent)"}
     assert sorted(answers, key=lambda a: a[0]) == [(201, None)] * 50 + [(409, full)] * 14, \
         "BUG: jobs created at once pass the agent's cap together"
-    assert len(d.get("/api/cron/jobs?agent_id=capped").json()) == 50
+    assert len(d.get("/api/cron/jobs?agent_id=crowded").json()) == 50
 
 
 def test_creates_racing_the_agents_deletion_leave_no_job_behind(env) -> None:
