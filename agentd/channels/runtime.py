@@ -251,8 +251,9 @@ class ChannelManager:
         with self._lock:
             if stored:
                 self.store_secrets(stored)  # before the adapter starts: it reads them at once
+            if key_id:  # before the file: a key's section is never saved as the admin's
+                self.store.set_setting(f"{KEY_SETTING}{name}", key_id)
             edit_file(self.config_path, ["channels", name], values)
-            self.store.set_setting(f"{KEY_SETTING}{name}", key_id)
             detail: dict[str, Any] = {"keys": sorted(values)}
             if key_id:
                 detail["key_id"] = key_id
@@ -261,6 +262,10 @@ class ChannelManager:
             self.audit("channel.configure", name, detail)
             self._stop(name, reason="reconfigured")
             self.sections[name] = values
+            if not key_id:
+                # After the section: while the database is out this fails (503, retry) with the
+                # file saved, and the channel starts once it is back, as the key it acted as.
+                self.store.set_setting(f"{KEY_SETTING}{name}", "")
             started = self._start(name)
         result: dict[str, Any] = {"status": "configured", "channel": name, "activated": started}
         if stored:
@@ -283,10 +288,12 @@ class ChannelManager:
         self.catalog.get(name)
         with self._lock:
             edit_file(self.config_path, ["channels", name], None)
-            self.store.set_setting(f"{KEY_SETTING}{name}", "")
             self._stop(name, reason="removed")
             self.sections.pop(name, None)
             self.audit("channel.remove", name, {})
+            # Last: while the database is out this fails (503) with the channel removed all the
+            # same; the key is cleared by the next configure.
+            self.store.set_setting(f"{KEY_SETTING}{name}", "")
         return {"status": "removed", "channel": name}
 
     def reload(self) -> dict[str, Any]:
