@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import ROOT, bench_daemon, fake_llm  # noqa: E402
+from memsupport import add_agents  # noqa: E402  (tests/, on the path through benchlib)
 
 SUBJECTS = ["The user", "My manager", "Alice", "The build server", "Our team", "The customer", "Bob", "The database",
             "The marketing lead", "The new intern", "The payment service", "My neighbour"]
@@ -187,7 +188,7 @@ def recall_bench(sizes: list[int], queries: int) -> None:
     vectors = embedder.embed(texts)
     asks = sentences(queries, 99)
     with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(Path(tmp) / "bench.db")
+        store = add_agents(open_store(Path(tmp) / "bench.db"), ("writer", "batcher"))
         memory = SemanticMemory(store, lambda: embedder)
 
         # remember/s: real writes (embedding, dedup search, insert) into fresh agents, one
@@ -332,7 +333,7 @@ def recall_quality() -> None:
     embedder.load()
     for how, batch in (("one at a time", 1), ("batches of 32", 32)):
         with tempfile.TemporaryDirectory() as tmp:
-            memory = SemanticMemory(open_store(Path(tmp) / "q.db"), lambda: embedder)
+            memory = SemanticMemory(add_agents(open_store(Path(tmp) / "q.db"), ("agent",)), lambda: embedder)
             ids: dict[str, str] = {}
             # Plus 500 generated sentences about other people and things: more to search past.
             items = labelled["fragments"] + [{"id": f"noise{n}", "content": text}
@@ -367,7 +368,7 @@ def exchange_quality(labelled, embedder) -> None:  # type: ignore[no-untyped-def
     items = labelled["fragments"] + [{"id": f"noise{n}", "content": text} for n, text in enumerate(sentences(500, 7))]
     for how, whole in (("the user message's vector", False), ("question and answer embedded whole", True)):
         with tempfile.TemporaryDirectory() as tmp:
-            memory = SemanticMemory(open_store(Path(tmp) / "x.db"), lambda: embedder)
+            memory = SemanticMemory(add_agents(open_store(Path(tmp) / "x.db"), ("agent",)), lambda: embedder)
             ids: dict[str, str] = {}
             for at in range(0, len(items), 32):
                 chunk = items[at:at + 32]

@@ -26,10 +26,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # (after PYTHONPATH: another checkout can be measured)
+sys.path.append(str(ROOT / "tests"))
 
 from agentd.config import MemoryConfig  # noqa: E402
 from agentd.memory.service import MemoryService  # noqa: E402
 from agentd.store import open_store  # noqa: E402
+from memsupport import add_agents  # noqa: E402
 
 FACTS = ["The user's favourite colour is teal.", "The user works night shifts at a hospital.",
          "The user is learning Portuguese for a trip to Porto.", "The user's cat is called Miso."]
@@ -67,6 +69,7 @@ def per_exchange(kind: str, batch: int, exchanges: int, agent_count: int = 64,
         svc = MemoryService(MemoryConfig(auto_remember=True), store)
         try:
             agents = [str(uuid.uuid4()) for _ in range(agent_count)]
+            add_agents(store, agents)  # fragments are stored only for an existing agent
             for agent in agents:
                 for fact in FACTS:
                     svc.remember(agent, fact)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,39 @@ class ScriptedEmbedder:
             np.zeros((0, self.dims), dtype=np.float32)
 
 
+# The agent ids the in-process tests name: fragments are stored only for an existing agent.
+AGENTS = ("a", "a1", "a2", "a3", "b")
+
+
+def add_agent(store: Any, agent_id: str | None = None) -> str:
+    """Create an agent's row in `store` (a new id when none is given); its id."""
+    from pony import orm
+
+    from agentd.timestamps import utcnow
+
+    agent_id = agent_id or str(uuid.uuid4())
+    with orm.db_session:
+        if store.e.AgentRow.get(id=agent_id) is None:
+            store.e.AgentRow(id=agent_id, name=f"test-{agent_id}", manifest_toml="x", manifest={},
+                             created_at=utcnow(), last_active=utcnow(), session_id=str(uuid.uuid4()))
+    return agent_id
+
+
+def add_agents(store: Any, agent_ids: Any = AGENTS) -> Any:
+    """`store` holding the rows of `agent_ids` (by default the ids the tests name)."""
+    for agent_id in agent_ids:
+        add_agent(store, agent_id)
+    return store
+
+
 def new_memory(tmp: Path, embedder: Any = None):  # type: ignore[no-untyped-def]
-    """(SemanticMemory on a fresh store at tmp/m.db, its scripted embedder, changed-agent log)."""
+    """(SemanticMemory on a fresh store at tmp/m.db holding the agents of AGENTS, its
+    scripted embedder, changed-agent log)."""
     from agentd.memory.semantic import SemanticMemory
     from agentd.store import open_store
 
     embedder = embedder or ScriptedEmbedder()
-    memory = SemanticMemory(open_store(tmp / "m.db"), lambda: embedder)
+    memory = SemanticMemory(add_agents(open_store(tmp / "m.db")), lambda: embedder)
     changed: list[str] = []
     memory.changed = changed.append
     return memory, embedder, changed

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from agentd.config import MemoryConfig
+from agentd.errors import NotFound
 from agentd.memory import fields
 from agentd.memory.trim import Trimmer
 from agentd.store import Store
@@ -130,15 +131,21 @@ class ExchangeWorker:
             try:
                 stored = together[n] if together is not None else self.semantic.remember_many(
                     agent_id, fragments[agent_id], chosen[agent_id], same_text_only=not whole)
-                known = self._exchanges.get(agent_id)
-                if known is None:
-                    while len(self._exchanges) >= AGENTS_KEPT:
-                        self._exchanges.pop(next(iter(self._exchanges)), None)
-                    known = self._exchanges[agent_id] = {}
-                for (_, user_text, _, _), result in zip(items, stored):
-                    known[result["id"]] = user_text
+            except NotFound:
+                stored = []
             except Exception as exc:  # noqa: BLE001 - a failed remember is logged, never raised
                 log_failure(log, exc, "remembering %d exchange(s) of agent %s failed", len(items), agent_id)
+                continue
+            if not stored:  # deleted since its exchanges were queued: nobody could read them
+                log.debug("%d exchange(s) of deleted agent %s not remembered", len(items), agent_id)
+                continue
+            known = self._exchanges.get(agent_id)
+            if known is None:
+                while len(self._exchanges) >= AGENTS_KEPT:
+                    self._exchanges.pop(next(iter(self._exchanges)), None)
+                known = self._exchanges[agent_id] = {}
+            for (_, user_text, _, _), result in zip(items, stored):
+                known[result["id"]] = user_text
         return ran
 
     def _exchange_vectors(self, batch: list[tuple[str, str, str, dict[str, Any]]]

@@ -160,7 +160,7 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
                 # Our own vectors are already unit length: keep them bit for bit.
                 m["vector"] = vector if abs(norm - 1.0) < 1e-4 else vector / max(norm, 1e-12)
         counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": len(new_memories)}
-        with orm.db_session:
+        with semantic.owned(agent_id):
             for m in new_memories:
                 fragment_rows.insert(store, agent_id, m["id"], m["content"], m["vector"], embedder.name,
                                      m["metadata"], m["source"], m["scope"], m["confidence"], m["created_at"],

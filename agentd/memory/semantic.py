@@ -16,7 +16,7 @@ import re
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from pony import orm
@@ -31,6 +31,12 @@ from agentd.memory.querycache import QueryCache
 from agentd.memory.recall import NEAR_TIE, Recall, _as_dt, canonical, epoch, fragment, stamp  # noqa: F401
 from agentd.memory.vectors import AgentIndex
 from agentd.store import Store
+
+# A fragment is stored in a transaction that first locks its agent's row (SQLite: the write
+# lock from the start; PostgreSQL: SELECT ... FOR UPDATE), as every writer of an agent's rows
+# does and as the agent's deletion does: a fragment is either stored before the deletion,
+# which then removes it, or finds no agent and is not stored.
+_write = orm.db_session(optimistic=False)
 
 # Fragments whose vectors the loaded indexes may hold in all (about 1.6 KB each).
 INDEX_CACHE_FRAGMENTS = 20_000
@@ -212,8 +218,10 @@ class SemanticMemory(Recall):
         """Store a fragment, or merge it into a near-duplicate; `{id, merged}`."""
         vector = self.embedder.embed([content])[0]
         with self.lock(agent_id):
-            result = self._remember(agent_id, self.index(agent_id), content, vector, source, scope,
-                                    metadata or {}, confidence)
+            index = self.index(agent_id)
+            with self.owned(agent_id):
+                result = self._remember(agent_id, index, content, vector, source, scope, metadata or {},
+                                        confidence)
         if not result["merged"]:  # (a merge adds no row: nothing more to hold)
             self._trim(agent_id)
         self._changed(agent_id)
@@ -236,10 +244,13 @@ class SemanticMemory(Recall):
             vectors = self.embedder.embed([item["content"] for item in items])
         with self.lock(agent_id):
             index = self.index(agent_id)
-            results = [self._remember(agent_id, index, item["content"], vector,
-                                      item.get("source", "user_provided"), item.get("scope", "semantic"),
-                                      item.get("metadata") or {}, item.get("confidence", 1.0), same_text_only)
-                       for item, vector in zip(items, vectors)]
+            results = []
+            for item, vector in zip(items, vectors):
+                with self.owned(agent_id):
+                    results.append(self._remember(agent_id, index, item["content"], vector,
+                                                  item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                                  item.get("metadata") or {}, item.get("confidence", 1.0),
+                                                  same_text_only))
         if not all(result["merged"] for result in results):
             self._trim(agent_id)
         self._changed(agent_id)
@@ -250,10 +261,10 @@ class SemanticMemory(Recall):
         """`remember_many` for several agents' fragments (`(agent_id, items, vectors)`, one
         group per agent) in one transaction: the background worker's batch, one commit
         instead of one per fragment. Every group's agent lock is held until the commit, so no
-        other write of theirs reads the index ahead of the store. When the transaction fails
-        none of it is kept: the groups' indexes, which may hold rows the rollback undid, are
-        dropped (the next search reads them back) and the error is raised; the caller can
-        still store the groups one by one (`remember_many`)."""
+        other write of theirs reads the index ahead of the store. The group of an agent that
+        no longer exists is dropped (its result is empty). When the transaction fails none
+        of it is kept and the error is raised; the caller can still store the groups one by
+        one (`remember_many`)."""
         agents = sorted({agent_id for agent_id, _, _ in groups})
         with contextlib.ExitStack() as held:
             for agent_id in agents:  # always in this order: two holders never wait on each other
@@ -261,20 +272,13 @@ class SemanticMemory(Recall):
             # Read before the transaction: a build must not hold the write lock it would take.
             indexes = {agent_id: self.index(agent_id) for agent_id in agents}
             versions = {agent_id: index.version for agent_id, index in indexes.items()}
-            try:
-                with orm.db_session:
-                    results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
-                                               item.get("source", "user_provided"), item.get("scope", "semantic"),
-                                               item.get("metadata") or {}, item.get("confidence", 1.0),
-                                               same_text_only)
-                                for item, vector in zip(items, vectors)]
-                               for agent_id, items, vectors in groups]
-            except BaseException:
-                with self._guard:
-                    for agent_id in agents:
-                        self._generation[agent_id] = next(_GENERATIONS)
-                        self._indexes.pop(agent_id, None)
-                raise
+            with self.writing(agents) as alive:
+                results = [[self._remember(agent_id, indexes[agent_id], item["content"], vector,
+                                           item.get("source", "user_provided"), item.get("scope", "semantic"),
+                                           item.get("metadata") or {}, item.get("confidence", 1.0),
+                                           same_text_only)
+                            for item, vector in zip(items, vectors)] if agent_id in alive else []
+                           for agent_id, items, vectors in groups]
         # One pass over the cache for the batch, keeping every index it grew.
         grown = [agent_id for (agent_id, _, _), stored in zip(groups, results)
                  if not all(result["merged"] for result in stored)]
@@ -286,6 +290,33 @@ class SemanticMemory(Recall):
             if indexes[agent_id].version != versions[agent_id]:
                 self._changed(agent_id)
         return results
+
+    @contextlib.contextmanager
+    def writing(self, agents: Sequence[str]) -> Iterator[set[str]]:
+        """One transaction that first locks the rows of `agents` (sorted, under their
+        locks here) and yields those that exist. When it fails, their indexes, which may
+        hold rows the rollback undid, are dropped (the next search reads them back)."""
+        params = {f"a{n}": agent_id for n, agent_id in enumerate(agents)}
+        names = ", ".join(f"${key}" for key in params)
+        # One statement for the batch, the rows locked in id order (ORDER BY before the lock).
+        lock = f"SELECT id FROM agents WHERE id IN ({names}) ORDER BY id" + (" FOR UPDATE" if self.store.shared else "")
+        try:
+            with _write:
+                yield {row[0] for row in self.store.raw_rows(lock, params)}
+        except BaseException:
+            with self._guard:
+                for agent_id in agents:
+                    self._generation[agent_id] = next(_GENERATIONS)
+                    self._indexes.pop(agent_id, None)
+            raise
+
+    @contextlib.contextmanager
+    def owned(self, agent_id: str) -> Iterator[None]:
+        """`writing` for one agent; NotFound when it no longer exists."""
+        with self.writing([agent_id]) as alive:
+            if not alive:
+                raise NotFound("agent not found")
+            yield
 
     def _remember(self, agent_id: str, index: AgentIndex, content: str, vector: np.ndarray, source: str,
                   scope: str, metadata: dict[str, Any], confidence: float,

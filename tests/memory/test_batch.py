@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from memsupport import add_agents
+
 
 @pytest.fixture(scope="module")
 def memory(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
@@ -19,7 +21,8 @@ def memory(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     from agentd.store import open_store
 
     embedder = LocalEmbedder()
-    store = open_store(tmp_path_factory.mktemp("membatch") / "m.db")
+    store = add_agents(open_store(tmp_path_factory.mktemp("membatch") / "m.db"),
+                       ("batch", "cache", "g1", "g2", "rollback", "single", "told-1", "told-2", "twice", "tx1", "tx2"))
     return SemanticMemory(store, lambda: embedder)
 
 

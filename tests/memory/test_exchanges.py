@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from agentd.memory import service as service_mod
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
-from memsupport import ScriptedEmbedder
+from memsupport import ScriptedEmbedder, add_agent, add_agents
 
 WAIT = 20.0
 
@@ -46,7 +45,7 @@ class HeldEmbedder(ScriptedEmbedder):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("exchanges") / "agentd.db")
+    s = add_agents(open_store(tmp_path_factory.mktemp("exchanges") / "agentd.db"))
     yield s
     s.close()
 
@@ -71,7 +70,7 @@ def contents(svc: MemoryService, agent: str) -> dict[str, dict]:
 
 
 def test_the_exchange_keeps_whose_session_it_came_from(svc) -> None:
-    a = str(uuid.uuid4())
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "hello there", "hi", owner="alice")
     svc.after_exchange(a, "s1", "from the agent's own session", "ok", owner="")
     svc.after_exchange(a, "s2", "no owner given", "fine")
@@ -83,7 +82,7 @@ def test_the_exchange_keeps_whose_session_it_came_from(svc) -> None:
 
 
 def test_a_question_is_embedded_once_and_the_heap_handed_back_after_that_run_only(svc) -> None:
-    a = str(uuid.uuid4())
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s", "a question never recalled", "x")
     svc.drain()
     assert svc.emb.calls[-1] == ["a question never recalled"] and svc.trims == [1]
@@ -98,7 +97,7 @@ def test_a_question_is_embedded_once_and_the_heap_handed_back_after_that_run_onl
 def test_the_whole_exchange_embedded_is_a_model_run_each_batch(store) -> None:
     svc = service(store, embed_whole_exchange=True)
     try:
-        a = str(uuid.uuid4())
+        a = add_agent(store)
         for answer in ("x", "y"):
             svc.after_exchange(a, "s", "same question", answer)
             svc.drain()
@@ -119,7 +118,7 @@ def small_queue(store, monkeypatch):
 
 def test_a_full_queue_drops_the_exchange_with_a_warning_and_keeps_the_queued_ones(small_queue, caplog) -> None:
     svc = small_queue
-    a = str(uuid.uuid4())
+    a = add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "first", "one")          # taken by the worker, held in the model
     assert svc.emb.entered.wait(WAIT)
@@ -139,7 +138,7 @@ def test_a_full_queue_drops_the_exchange_with_a_warning_and_keeps_the_queued_one
 
 
 def test_a_batch_of_forgotten_agents_only_runs_no_model_and_hands_nothing_back(svc) -> None:
-    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    a, b = add_agent(svc.store), add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(b, "s", "first", "one")          # held in the model
     assert svc.emb.entered.wait(WAIT)
@@ -159,7 +158,7 @@ def test_whole_exchanges_close_in_meaning_merge_and_question_vectors_need_the_sa
             same = np.zeros(svc.emb.dims, dtype=np.float32)
             same[-1] = 1.0
             svc.emb.vectors.update({one: same, other: same})
-            a = str(uuid.uuid4())
+            a = add_agent(store)
             for answer in ("blue", "blue indeed"):
                 svc.after_exchange(a, "s", "the sky?", answer)
                 svc.drain()
@@ -170,7 +169,7 @@ def test_whole_exchanges_close_in_meaning_merge_and_question_vectors_need_the_sa
 
 
 def test_a_failed_model_run_is_logged_and_still_hands_the_heap_back(svc, caplog) -> None:
-    a = str(uuid.uuid4())
+    a = add_agent(svc.store)
     real = svc.emb.embed
 
     def down(texts):  # type: ignore[no-untyped-def]
@@ -190,7 +189,7 @@ def test_a_failed_model_run_is_logged_and_still_hands_the_heap_back(svc, caplog)
 
 def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are_stored(svc, caplog,
                                                                                         monkeypatch) -> None:
-    a, b, c = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
     semantic = svc.semantic
     real = semantic._remember
 
@@ -217,11 +216,44 @@ def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are
     assert a not in svc._exchanges and list(svc._exchanges[b].values()) == ["q2"]
 
 
+@pytest.mark.parametrize("together", [True, False], ids=["one transaction", "agent by agent"])
+def test_exchanges_of_an_agent_deleted_meanwhile_are_dropped_quietly(svc, caplog, monkeypatch, together) -> None:
+    from pony import orm
+
+    a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
+    if not together:  # the batch's transaction fails for c: the others are stored one agent at a time
+        semantic, real = svc.semantic, svc.semantic._remember
+
+        def remember(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if agent_id == c:
+                raise RuntimeError("no room")
+            return real(agent_id, *args, **kwargs)
+
+        monkeypatch.setattr(semantic, "_remember", remember)
+    svc.emb.gate = threading.Event()
+    svc.after_exchange(c, "s", "first", "one")          # held in the model: the next two go together
+    assert svc.emb.entered.wait(WAIT)
+    svc.after_exchange(a, "s", "q1", "a1")
+    svc.after_exchange(b, "s", "q2", "a2")
+    with orm.db_session:  # deleted by another daemon: this one never heard of it
+        svc.store.db.execute("DELETE FROM agents WHERE id = $a", {"a": a})
+    with caplog.at_level(logging.DEBUG, logger="agentd.memory"):
+        svc.emb.gate.set()
+        svc.drain()
+    dropped = [r for r in caplog.records if a in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in dropped] == [
+        (logging.DEBUG, f"1 exchange(s) of deleted agent {a} not remembered")]
+    assert list(contents(svc, b)) == ["User asked: q2\nI responded: a2"]
+    with orm.db_session:
+        assert svc.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a", {"a": a}) == [0]
+    assert a not in svc._exchanges
+
+
 def test_the_agents_whose_exchanges_are_known_are_bounded_oldest_out(svc, monkeypatch) -> None:
     from agentd.memory import exchanges
 
     monkeypatch.setattr(exchanges, "AGENTS_KEPT", 2)
-    agents = [str(uuid.uuid4()) for _ in range(3)]
+    agents = [add_agent(svc.store) for _ in range(3)]
     for n, agent in enumerate(agents):
         svc.after_exchange(agent, "s", f"question {n}", "answer")
         svc.drain(WAIT)

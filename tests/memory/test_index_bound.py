@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memsupport import new_memory, unit
+from memsupport import add_agent, add_agents, new_memory, unit
 
 
 def axis(n: int):  # type: ignore[no-untyped-def]
@@ -15,6 +15,7 @@ def axis(n: int):  # type: ignore[no-untyped-def]
 def test_least_recently_used_indexes_are_dropped_and_read_back(tmp_path: Path) -> None:
     memory, embedder, _ = new_memory(tmp_path)
     memory.max_fragments = 4
+    add_agent(memory.store, "c")
     for n, agent in enumerate(["a", "b", "c"]):
         for k in range(2):
             text = f"{agent} fact {k}"
@@ -36,6 +37,7 @@ def test_least_recently_used_indexes_are_dropped_and_read_back(tmp_path: Path) -
 def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path) -> None:
     memory, embedder, _ = new_memory(tmp_path)
     memory.max_fragments = 2
+    add_agents(memory.store, ("big", "small"))
     for k in range(3):
         embedder.vectors[f"fact {k}"] = axis(k)
         memory.remember("big", f"fact {k}")
@@ -51,6 +53,7 @@ def test_indexes_of_agents_with_one_fragment_take_about_the_bound_in_rows(tmp_pa
     # with one fragment each must not cost a large first allocation apiece.
     memory, embedder, _ = new_memory(tmp_path)
     memory.max_fragments = 40
+    add_agents(memory.store, [f"agent-{n}" for n in range(60)])
     for n in range(60):
         text = f"agent {n}'s only fact"
         embedder.vectors[text] = axis(n % 7)
@@ -66,6 +69,7 @@ def test_an_index_read_back_and_written_to_does_not_double(tmp_path: Path) -> No
     # The pattern of a daemon with more agents than the cache holds: an agent's index is read
     # back from the store (exactly full), then the exchange is remembered into it.
     memory, embedder, _ = new_memory(tmp_path)
+    add_agent(memory.store, "agent")
     for k in range(200):
         embedder.vectors[f"fact {k}"] = axis(k % 7)
         memory.remember("agent", f"fact {k}")

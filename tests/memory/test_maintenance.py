@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from memsupport import at, new_memory, sql, unit
+from memsupport import add_agent, add_agents, at, new_memory, sql, unit
 
 from agentd.config import MemoryConfig
 from agentd.memory.fields import MemoryFilter
@@ -221,6 +221,7 @@ def test_a_fold_chain_counts_each_fragment_once(mem) -> None:  # type: ignore[no
 def test_agents_with_memories(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     assert agents_with_memories(memory) == []
+    add_agents(memory.store, ("x", "y"))
     emb.vectors.update({"p": unit(1), "r": unit(0, 1)})
     memory.remember("x", "p")
     memory.remember("x", "r")
@@ -256,7 +257,7 @@ def test_a_row_gone_from_the_store_is_not_folded(mem) -> None:  # type: ignore[n
     memory, emb, _ = mem
     # Another daemon deleted a fragment this daemon's index still holds: nothing to fold.
     for gone in ("older", "newer"):
-        agent = f"agent-{gone}"
+        agent = add_agent(memory.store, f"agent-{gone}")
         emb.vectors.update({f"p{gone}": unit(1), f"pp{gone}": unit(0, 1)})
         old = memory.remember(agent, f"p{gone}")["id"]
         new = memory.remember(agent, f"pp{gone}")["id"]
@@ -291,6 +292,7 @@ def test_a_fragment_created_exactly_at_the_previous_run_is_fresh(mem) -> None:  
     for agent, when in (("first", "1970-01-01 00:00:00.000000"), ("at", "2024-01-01 00:00:00.000000"),
                         ("before", "2023-12-31 23:59:59.999999")):
         emb.vectors.update({f"p{agent}": unit(1), f"pp{agent}": unit(0, 1)})
+        add_agent(memory.store, agent)
         memory.remember(agent, f"p{agent}")
         new = memory.remember(agent, f"pp{agent}")["id"]
         write(memory, "UPDATE memory_fragments SET created_at = ? WHERE agent_id = ?", when, agent)

@@ -12,6 +12,7 @@ from typing import Callable
 import pytest
 import requests
 
+from support import db_rows, wait_until
 from tests.agents.test_agents import spawn
 
 
@@ -158,3 +159,57 @@ def test_one_entity_and_relation_added_from_many_clients_at_once(shared_daemon) 
         "BUG: a client's properties were lost to another's merge"
     assert sorted((r["source"], r["relation"], r["target"]) for r in exported["relations"]) == \
         sorted((entities["Ada0"]["id"], "knows", entities[f"Ada{j}"]["id"]) for j in range(1, 4))
+
+
+CUT_OFF = "run cancelled: the agent was stopped before it answered"
+
+
+def test_fragments_remembered_while_the_agent_is_deleted_go_with_it(agent_daemon) -> None:
+    d = agent_daemon
+    warm = spawn(d)  # the embedding model loads once, before the races
+    assert d.post(f"/api/memory/agents/{warm}/memories", json={"content": "warm up"}).status_code == 201
+    killed: list[str] = []
+    answers: Counter = Counter()
+    wrong: list[str] = []
+
+    for _ in range(12):
+        agent_id = spawn(d)
+        killed.append(agent_id)
+        base = f"{d.url}/api/memory/agents/{agent_id}"
+        writing = threading.Event()
+
+        def work(i: int, s: requests.Session) -> None:
+            if i == 0:
+                writing.wait(10)  # the deletion lands among the writes, not before them all
+                answers[("KILL", s.delete(f"{d.url}/api/agents/{agent_id}").status_code)] += 1
+            elif i == 1:
+                # Each answered message queues its exchange for the background auto-remember.
+                for j in range(4):
+                    r = s.post(f"{d.url}/api/agents/{agent_id}/message", json={"message": f"hello {j}"})
+                    answers[("MESSAGE", r.status_code)] += 1
+                    if r.status_code == 409 and r.json() != {"error": CUT_OFF}:
+                        wrong.append(r.text)
+            else:
+                for j in range(8):
+                    r = s.post(f"{base}/memories", json={"content": f"writer {i} fact {j}"})
+                    writing.set()
+                    answers[("REMEMBER", r.status_code)] += 1
+                    if r.status_code == 404 and r.json() != {"error": "agent not found"}:
+                        wrong.append(r.text)
+
+        _together(6, work)
+
+    # The worker stores exchanges in the order they were queued: once a later agent's
+    # exchange is stored, every exchange of the deleted agents has been handled.
+    last = spawn(d)
+    assert d.post(f"/api/agents/{last}/message", json={"message": "the last one"}).status_code == 200
+    wait_until(lambda: d.get(f"/api/memory/agents/{last}/memories").json()["total"] == 1,
+               "the last exchange to be remembered")
+    assert answers[("KILL", 200)] == 12 and answers[("REMEMBER", 201)] > 0, answers
+    assert set(answers) <= {("KILL", 200), ("REMEMBER", 201), ("REMEMBER", 404),
+                            ("MESSAGE", 200), ("MESSAGE", 404), ("MESSAGE", 409)}, answers
+    assert wrong == []
+    marks = ", ".join("?" for _ in killed)
+    left = db_rows(d.home, f"SELECT agent_id, content FROM memory_fragments WHERE agent_id IN ({marks})",
+                   tuple(killed))
+    assert left == [], f"{len(left)} fragment(s) outlived their deleted agent: {left[:5]}"

@@ -346,7 +346,7 @@ def test_parallel_touches_of_overlapping_fragments_all_count(tmp_path: Path) -> 
     import threading
 
     import pgtest
-    from memsupport import ScriptedEmbedder
+    from memsupport import ScriptedEmbedder, add_agents
 
     from agentd.memory.semantic import SemanticMemory
     from agentd.store import open_store
@@ -354,7 +354,8 @@ def test_parallel_touches_of_overlapping_fragments_all_count(tmp_path: Path) -> 
 
     url = pgtest.url_for_home(tmp_path)
     emb = ScriptedEmbedder()
-    memory = SemanticMemory(open_store(tmp_path / "m.db", DatabaseUrl(url) if url else None), lambda: emb)
+    memory = SemanticMemory(add_agents(open_store(tmp_path / "m.db", DatabaseUrl(url) if url else None)),
+                            lambda: emb)
     emb.vectors.update({f"f{i}": unit(1) for i in range(12)})
     fids = [memory.remember("a", f"f{i}")["id"] for i in range(12)]
     errors: list = []

@@ -19,7 +19,7 @@ from support import Daemon, db_rows, make_home
 import sqlite3
 from datetime import datetime
 import numpy as np
-from memsupport import ScriptedEmbedder, at, new_memory, sql, unit
+from memsupport import ScriptedEmbedder, add_agents, at, new_memory, sql, unit
 from agentd.errors import NotFound
 from agentd.memory.semantic import DEDUP_THRESHOLD, SUPERSEDE_THRESHOLD, contradicts
 
@@ -1060,13 +1060,31 @@ def test_rebuild_sizes_without_a_declared_dimension(tmp_path: Path) -> None:
     assert third.index("nobody").dimensions == 384, "no rows, no size: the local model's 384"
 
 
+def test_a_fragment_for_an_agent_that_is_gone_is_not_stored(tmp_path: Path) -> None:
+    from pony import orm
+
+    memory, emb, changed = new_memory(tmp_path)
+    emb.vectors.update({"p": unit(1), "q": unit(0, 1)})
+    memory.remember("a", "p")
+    with orm.db_session:  # the agent's deletion, on this daemon or another
+        memory.store.db.execute("DELETE FROM agents WHERE id = 'a'")
+    for write in (lambda: memory.remember("a", "q"), lambda: memory.remember_many("a", [{"content": "q"}])):
+        with pytest.raises(NotFound) as info:
+            write()
+        assert info.value.message == "agent not found"
+    assert memory.remember_groups([("a", [{"content": "q"}], [unit(0, 1)]), ("b", [{"content": "q"}], [unit(0, 1)])]) \
+        == [[], [{"id": sql(memory, "SELECT id FROM memory_fragments WHERE agent_id = 'b'")[0][0], "merged": False}]]
+    assert sql(memory, "SELECT content FROM memory_fragments WHERE agent_id = 'a'") == [("p",)]
+    assert changed == ["a", "b"]
+
+
 def test_without_a_change_listener(tmp_path: Path) -> None:
     from agentd.memory.semantic import SemanticMemory
     from agentd.store import open_store
 
     emb = ScriptedEmbedder()
     emb.vectors["p"] = unit(1)
-    memory = SemanticMemory(open_store(tmp_path / "n.db"), lambda: emb)
+    memory = SemanticMemory(add_agents(open_store(tmp_path / "n.db")), lambda: emb)
     assert memory.changed is None
     fid = memory.remember("a", "p")["id"]
     memory.remember_many("a", [{"content": "p"}])

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +22,7 @@ from agentd.memory import exchanges as exchanges_mod, fields, fragment_rows, ser
 from agentd.memory.service import MemoryService
 from agentd.store import open_store
 
-from memsupport import ScriptedEmbedder
+from memsupport import ScriptedEmbedder, add_agent, add_agents
 from support import wait_until
 
 DIMS = 1536
@@ -77,7 +76,7 @@ class AxisEmbedder(ScriptedEmbedder):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = open_store(tmp_path_factory.mktemp("svc") / "agentd.db")
+    s = add_agents(open_store(tmp_path_factory.mktemp("svc") / "agentd.db"))
     yield s
     s.close()
 
@@ -95,10 +94,6 @@ def svc(store):
     s.emb = emb  # type: ignore[attr-defined]
     yield s
     s.close()
-
-
-def new_agent() -> str:
-    return str(uuid.uuid4())
 
 
 def bad(fn: Callable[[], Any]) -> str:
@@ -159,7 +154,7 @@ def test_semantic_is_built_once_and_reports_writes(svc) -> None:
     sem = svc.semantic
     assert svc.loaded is True and svc.semantic is sem
     assert sem.embedder is svc.emb
-    a = new_agent()
+    a = add_agent(svc.store)
     sem.remember(a, "hello there")
     assert changed == [a]
 
@@ -167,7 +162,7 @@ def test_semantic_is_built_once_and_reports_writes(svc) -> None:
 # -- argument defaults and limits -------------------------------------------------------------
 
 def test_remember_defaults_and_explicit_values(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     fid = svc.remember(a, "the sky is blue")["id"]
     got = svc.get(a, fid)
     assert (got["content"], got["source"], got["scope"], got["metadata"], got["confidence"]) == \
@@ -192,7 +187,7 @@ def test_remember_defaults_and_explicit_values(svc) -> None:
 
 
 def test_recall_defaults_limits_and_filter(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     texts = [f"fact number {i}" for i in range(8)]
     for t in texts:
         svc.remember(a, t)
@@ -215,13 +210,13 @@ def test_recall_defaults_limits_and_filter(svc) -> None:
     # The spec's agent_id filter: the agent's own id matches, another's matches nothing.
     got = svc.recall(a, "which facts", limit=100, flt={"agent_id": a})
     assert [f["content"] for f in got] == texts
-    assert svc.recall(a, "which facts", limit=100, flt={"agent_id": new_agent()}) == []
+    assert svc.recall(a, "which facts", limit=100, flt={"agent_id": add_agent(svc.store)}) == []
     assert bad(lambda: svc.recall(a, "q", flt={"agent_id": 5})) == "filter.agent_id must be a non-empty string"
     assert bad(lambda: svc.recall(a, "", flt={"agent_id": "other"})) == "query must be a non-empty string"
 
 
 def test_recall_without_min_score_keeps_zero_scores(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "unrelated thing")
     svc.emb.query("orthogonal question", {})
     got = svc.recall(a, "orthogonal question")
@@ -229,7 +224,7 @@ def test_recall_without_min_score_keeps_zero_scores(svc) -> None:
 
 
 def test_page_get_delete_and_their_limits(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     ids = [svc.remember(a, f"page item {i}")["id"] for i in range(3)]
     page = svc.page(a, 1000, 2**31)
     assert page["total"] == 3 and page["memories"] == []
@@ -245,7 +240,7 @@ def test_page_get_delete_and_their_limits(svc) -> None:
 
 
 def test_graph_arguments(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     assert svc.add_entity(a, "person", "  Alice  ")["created"] is True
     assert svc.add_entity(a, {"custom": "robot"}, "R2", {"color": "blue"})["created"] is True
     svc.add_entity(a, "person", "Bob")
@@ -300,7 +295,7 @@ def test_graph_arguments(svc) -> None:
 
 def test_consolidate_is_of_the_agent(store) -> None:
     s, emb = make(store, decay_days=-1)  # every fragment counts as not recalled for a day
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(store), add_agent(store)
     s.remember(a, "decaying fact")
     s.remember(b, "other fact")
     report = s.consolidate(a)
@@ -312,7 +307,7 @@ def test_consolidate_is_of_the_agent(store) -> None:
 def test_consolidate_export_import_report_changes(svc) -> None:
     changed: list[str] = []
     svc.on_change = changed.append
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     svc.remember(a, "portable fact")
     svc.add_entity(a, "person", "Carol")
     changed.clear()
@@ -334,7 +329,7 @@ def test_consolidate_export_import_report_changes(svc) -> None:
 # -- forget -----------------------------------------------------------------------------------
 
 def test_forget_agent_loaded_and_not_loaded(store, svc) -> None:
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(store), add_agent(store)
     for agent in (a, b):
         svc.remember(agent, f"fact of {agent}", metadata={"k": "v"})
         svc.add_entity(agent, "person", "Dana")
@@ -365,7 +360,7 @@ def block(*contents: str) -> str:
 
 
 def test_system_context_block_exact(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "Alice likes tea")
     svc.remember(a, "Bob likes coffee")
     svc.remember(a, "weather is nice")
@@ -381,7 +376,7 @@ def test_system_context_block_exact(svc) -> None:
 
 def test_system_context_limit_and_min_score_from_config(store) -> None:
     s, emb = make(store, recall_limit=2, min_score=0.5)
-    a = new_agent()
+    a = add_agent(store)
     for t in ("t1", "t2", "t3"):
         s.remember(a, t)
     emb.query("q", {"t1": 0.4, "t2": 0.55, "t3": 0.6})
@@ -400,7 +395,7 @@ def test_system_context_limit_and_min_score_from_config(store) -> None:
 
 
 def test_blank_user_text_recalls_nothing(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "something")
     calls = len(svc.emb.calls)
     assert svc.system_context(a, "  \n", [], "S") == "S"
@@ -409,7 +404,7 @@ def test_blank_user_text_recalls_nothing(svc) -> None:
 
 def test_no_fragments_no_model_run(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     assert s.system_context(a, "hello", [], "S") == "S"
     assert s.loaded is False and emb.calls == [], "BUG: an agent without memories loads the model"
     assert a in s._empty
@@ -426,7 +421,7 @@ def test_no_fragments_no_model_run(store) -> None:
 
 def test_invalidate_all_and_changed_clear_the_empty_cache(store) -> None:
     s, emb = make(store)
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(store), add_agent(store)
     assert s.system_context(a, "x", [], "S") == "S"
     assert s.system_context(b, "x", [], "S") == "S"
     assert s._empty == {a, b}
@@ -444,7 +439,7 @@ def test_invalidate_all_and_changed_clear_the_empty_cache(store) -> None:
 
 
 def test_invalidate_reaches_the_loaded_index(svc) -> None:
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     svc.remember(a, "one")
     svc.remember(b, "two")
     assert svc.semantic.version(a) is not None and svc.semantic.version(b) is not None
@@ -457,7 +452,7 @@ def test_invalidate_reaches_the_loaded_index(svc) -> None:
 
 def test_a_count_racing_a_write_is_not_cached(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     real = s._count
 
     def count_then_write(agent_id: str) -> int:
@@ -475,7 +470,7 @@ def exchange(user: str, answer: str) -> str:
 
 
 def test_exchanges_in_the_window_are_skipped_and_older_ones_recalled(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "my name is Ann", "Hello Ann")
     svc.after_exchange(a, "s1", "I live in Oslo", "Nice city")
     svc.drain()
@@ -498,7 +493,7 @@ def test_exchanges_in_the_window_are_skipped_and_older_ones_recalled(svc) -> Non
 
 
 def test_in_session_skip_compares_the_whole_question(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "tea", "yes")
     svc.drain()
     e = exchange("tea", "yes")
@@ -513,7 +508,7 @@ def test_in_session_skip_compares_the_whole_question(svc) -> None:
 
 
 def test_an_answer_holding_the_separator_is_still_the_same_exchange(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "q", "x\nI responded: y")
     svc.drain()
     e = exchange("q", "x\nI responded: y")
@@ -523,7 +518,7 @@ def test_an_answer_holding_the_separator_is_still_the_same_exchange(svc) -> None
 
 
 def test_a_deleted_exchange_does_not_hide_other_fragments(svc, caplog) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "q1", "a1")
     svc.after_exchange(a, "s1", "q2", "a2")
     svc.drain()
@@ -539,7 +534,7 @@ def test_a_deleted_exchange_does_not_hide_other_fragments(svc, caplog) -> None:
 
 
 def test_other_fragments_are_recalled_beside_exchanges_in_the_window(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "hi", "hello")
     svc.drain()
     svc.remember(a, "a fact")
@@ -548,7 +543,7 @@ def test_other_fragments_are_recalled_beside_exchanges_in_the_window(svc) -> Non
 
 
 def test_a_failed_recall_returns_the_system_text(svc, caplog) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "fact")
     svc.emb.fail = True
     with caplog.at_level(logging.ERROR, logger="agentd.memory"):
@@ -558,7 +553,7 @@ def test_a_failed_recall_returns_the_system_text(svc, caplog) -> None:
 
 
 def test_context_for_run_searches_again_only_after_a_change(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "first fact")
     svc.emb.query("q", {"first fact": 0.9, "second fact": 0.8})
     svc.semantic.invalidate(a)  # not loaded: the first call loads it
@@ -576,7 +571,7 @@ def test_context_for_run_searches_again_only_after_a_change(svc) -> None:
 
 
 def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     fid = svc.remember(a, "first fact")["id"]
     svc.emb.query("race q", {"first fact": 0.9, "racing fact": 0.3})
     current = svc.context_for_run(a, "race q", [], "S")
@@ -590,7 +585,7 @@ def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
 
 
 def test_context_for_run_of_an_agent_without_memories(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     current = svc.context_for_run(a, "q", [], "S")
     assert current() == "S"
     svc.emb.query("q", {"late fact": 0.9})
@@ -600,7 +595,7 @@ def test_context_for_run_of_an_agent_without_memories(svc) -> None:
 
 def test_context_for_run_when_nothing_is_loaded(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     current = s.context_for_run(a, "q", [], "S")
     assert current() == "S" and current() == "S"
     assert s.loaded is False
@@ -609,7 +604,7 @@ def test_context_for_run_when_nothing_is_loaded(store) -> None:
 # -- the background worker --------------------------------------------------------------------
 
 def test_after_exchange_stores_an_episodic_fragment(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     changed: list[str] = []
     svc.on_change = changed.append
     svc.after_exchange(a, "sess-1", "question?", "answer!")
@@ -627,7 +622,7 @@ def test_after_exchange_stores_an_episodic_fragment(svc) -> None:
 
 
 def test_after_exchange_truncates_and_skips_blank_parts(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s", " ", "answer")
     svc.after_exchange(a, "s", "question", "\n")
     svc.drain()
@@ -642,13 +637,13 @@ def test_after_exchange_truncates_and_skips_blank_parts(svc) -> None:
 
 def test_auto_remember_off(store) -> None:
     s, emb = make(store, auto_remember=False)
-    a = new_agent()
+    a = add_agent(store)
     s.after_exchange(a, "s", "q", "a")
     assert s._worker is None and s._queue.qsize() == 0
 
 
 def test_worker_batches_of_32_per_model_run(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
@@ -663,7 +658,7 @@ def test_worker_batches_of_32_per_model_run(svc) -> None:
 
 def test_exchanges_sent_close_together_are_stored_in_one_pass(svc, monkeypatch) -> None:
     monkeypatch.setattr(exchanges_mod, "WORKER_WAIT_SECS", 1.0)
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     calls = len(svc.emb.calls)
     started = time.monotonic()
     svc.after_exchange(a, "s", "one", "1")
@@ -676,7 +671,7 @@ def test_exchanges_sent_close_together_are_stored_in_one_pass(svc, monkeypatch) 
 
 
 def test_an_exchange_reuses_the_vector_its_recall_made(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.remember(a, "a fact to recall against")
     svc.emb.query("where do I live?", {"a fact to recall against": 0.5})
     svc.system_context(a, "where do I live?", [], "S")
@@ -690,7 +685,7 @@ def test_an_exchange_reuses_the_vector_its_recall_made(svc) -> None:
 
 
 def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
@@ -708,7 +703,7 @@ def test_exchanges_not_recalled_first_embed_their_questions_once_per_batch(svc) 
 
 
 def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(svc, monkeypatch) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "hi", "hello")
     svc.drain()
     (first,) = svc.page(a, 10, 0)["memories"]
@@ -731,7 +726,7 @@ def test_the_same_exchange_again_only_moves_accessed_at_unless_it_brings_more(sv
 
 
 def test_exchanges_in_the_session_are_dropped_before_their_rows_are_read(svc, monkeypatch) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.after_exchange(a, "s1", "where is my car?", "in the garage")
     svc.drain()
     svc.remember(a, "The car is blue")
@@ -748,7 +743,7 @@ def test_exchanges_in_the_session_are_dropped_before_their_rows_are_read(svc, mo
 def test_embed_whole_exchange_runs_the_model_on_question_and_answer(store) -> None:
     s, emb = make(store, embed_whole_exchange=True)
     try:
-        a = new_agent()
+        a = add_agent(store)
         s.after_exchange(a, "s", "where do I live?", "In Oslo")
         s.after_exchange(a, "s", "where do I live?", "In Oslo")
         s.drain()
@@ -759,7 +754,7 @@ def test_embed_whole_exchange_runs_the_model_on_question_and_answer(store) -> No
 
 
 def test_a_full_queue_drops_the_exchange_with_a_warning(svc, caplog) -> None:
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
@@ -776,7 +771,7 @@ def test_a_full_queue_drops_the_exchange_with_a_warning(svc, caplog) -> None:
 
 
 def test_a_failed_batch_is_logged_and_the_worker_goes_on(svc, caplog) -> None:
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
@@ -798,7 +793,7 @@ def test_a_failed_batch_is_logged_and_the_worker_goes_on(svc, caplog) -> None:
 
 
 def test_a_batch_whose_transaction_fails_is_stored_agent_by_agent(svc, monkeypatch) -> None:
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     tried: list[list[str]] = []
 
     def fail(groups: Any, same_text_only: bool = False) -> Any:
@@ -817,7 +812,7 @@ def test_a_batch_whose_transaction_fails_is_stored_agent_by_agent(svc, monkeypat
 
 
 def test_exchanges_of_a_forgotten_agent_are_not_stored(svc) -> None:
-    a, b = new_agent(), new_agent()
+    a, b = add_agent(svc.store), add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(b, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
@@ -832,7 +827,7 @@ def test_exchanges_of_a_forgotten_agent_are_not_stored(svc) -> None:
 
 def test_close_stores_what_is_queued_then_stops_the_worker(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     emb.gate = threading.Event()
     s.after_exchange(a, "s", "first", "one")
     assert emb.entered.wait(WAIT)
@@ -851,7 +846,7 @@ def test_close_stores_what_is_queued_then_stops_the_worker(store) -> None:
 
 def test_close_gives_up_on_a_stuck_worker_after_five_seconds(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     emb.gate = threading.Event()
     s.after_exchange(a, "s", "stuck", "one")
     assert emb.entered.wait(WAIT)
@@ -871,7 +866,7 @@ def test_close_gives_up_on_a_stuck_worker_after_five_seconds(store) -> None:
 
 def test_close_with_exchanges_still_queued_behind_the_sentinel(store) -> None:
     s, emb = make(store)
-    a = new_agent()
+    a = add_agent(store)
     emb.gate = threading.Event()
     s.after_exchange(a, "s", "first", "one")
     assert emb.entered.wait(WAIT)
@@ -888,7 +883,7 @@ def test_close_with_exchanges_still_queued_behind_the_sentinel(store) -> None:
 
 def test_drain_returns_after_its_timeout(svc) -> None:
     before = set(threading.enumerate())   # (other tests' pools in this process are not ours)
-    a = new_agent()
+    a = add_agent(svc.store)
     svc.emb.gate = threading.Event()
     svc.after_exchange(a, "s", "q", "a")
     started = time.monotonic()
@@ -916,7 +911,7 @@ def test_scheduled_consolidation_runs_every_period(tmp_path, caplog) -> None:
     st = open_store(tmp_path / "agentd.db")
     try:
         s, emb = make(st, consolidate_every_hours=0.6 / 3600, decay_days=-1)
-        a, b = new_agent(), new_agent()
+        a, b = add_agent(st), add_agent(st)
         with caplog.at_level(logging.INFO, logger="agentd.memory"):
             s.start()
             thread = s._scheduler
