@@ -77,7 +77,8 @@ JOB_PATCH: dict[str, Any] = {"type": "object", "additionalProperties": False, "p
 
 LAST_RUN = {"type": ["object", "null"], "properties": {
     "run_id": {"type": "string"}, "status": {"type": "string"}, "started_at": _NULL_STR,
-    "finished_at": _NULL_STR, "reason": {"type": "string"}, "error": _NULL_STR}}
+    "finished_at": _NULL_STR, "reason": {"type": "string"}, "error": _NULL_STR,
+    "delivery": {"type": ["object", "null"], "description": "The run's delivery state (null without delivery)"}}}
 
 JOB: dict[str, Any] = {"type": "object", "required": [
     "id", "name", "agent_id", "schedule", "action", "delivery", "enabled", "one_shot", "catch_up",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import socket
+import sqlite3
 import stat
 import tomllib
 from dataclasses import dataclass
@@ -226,6 +228,48 @@ def _check_mcp_servers(cfg: Config) -> Check:
                  "; ".join(detail for _, detail in results))
 
 
+def _cron_deliveries(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
+    """(name, delivery) of every cron job, read without writing (the database check reports
+    a database that cannot be read)."""
+    try:
+        if cfg.database is not None:
+            from agentd.store.backend import connect_postgres
+
+            conn: Any = connect_postgres(cfg.database)
+        elif cfg.db_path.exists():
+            conn = sqlite3.connect(f"file:{cfg.db_path}?mode=ro", uri=True, timeout=5.0)
+        else:
+            return []
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT name, delivery FROM cron_jobs")
+            rows = cur.fetchall()
+        finally:
+            conn.close()
+    except Exception:  # noqa: BLE001 - no server, no schema yet, not a database
+        return []
+    return [(name, json.loads(delivery) if isinstance(delivery, str) else delivery) for name, delivery in rows]
+
+
+def _check_cron_webhooks(cfg: Config) -> Check | None:
+    """Cron webhooks signed with a `secret_env` a start would not find (environment first,
+    then secrets.env): every delivery of theirs fails."""
+    from agentd.providers import read_secrets
+    from agentd.schedules.delivery import unset_secret
+
+    signed = [(name, delivery) for name, delivery in _cron_deliveries(cfg)
+              if delivery.get("kind") == "webhook" and delivery.get("secret_env")]
+    if not signed:
+        return None
+    environ = {**read_secrets(cfg.secrets_path), **os.environ}
+    missing = [(name, variable) for name, delivery in signed if (variable := unset_secret(delivery, environ))]
+    if not missing:
+        return Check("cron_webhooks", "ok", f"the secret_env of {len(signed)} cron webhook(s) is set")
+    return Check("cron_webhooks", "warn", "; ".join(
+        f"cron job {name}: secret_env {variable} is set neither in the environment nor in "
+        f"{cfg.secrets_path}: every delivery of its webhook fails" for name, variable in missing))
+
+
 def run_checks(home: Path) -> list[Check]:
     """Run every check in order; later checks are skipped when the config is unusable."""
     checks: list[Check] = []
@@ -288,5 +332,8 @@ def run_checks(home: Path) -> list[Check]:
     secrets = _check_secrets_file(cfg.secrets_path)
     if secrets is not None:
         checks.append(secrets)
+    webhooks = _check_cron_webhooks(cfg)
+    if webhooks is not None:
+        checks.append(webhooks)
     checks.append(_check_mcp_servers(cfg))
     return checks

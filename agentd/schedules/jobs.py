@@ -18,7 +18,6 @@ action or delivery) makes the job its own: its runs act as the key from then on.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import time
 import uuid
@@ -32,6 +31,7 @@ from agentd.errors import BadRequest, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.principals import ADMIN, Principal
+from agentd.schedules.delivery import unset_secret
 from agentd.schedules.spec import parse_schedule, schedule_from_json
 from agentd.schedules.store import RUN_RETENTION, CronStore
 
@@ -208,7 +208,7 @@ class CronJobs:
             # The name is not echoed: a secret pasted into the field may look like one.
             raise BadRequest(f"delivery.secret_env: a scoped API key may only name a variable starting with "
                              f"{WEBHOOK_ENV_PREFIX} (other variables only the admin may name)")
-        if name and not kept and not os.environ.get(name):
+        if not kept and unset_secret(delivery):
             # Every delivery would fail: the daemon reads its environment only when it starts.
             # Named only to the caller who sent it (an error is neither stored nor logged).
             raise BadRequest(f"delivery.secret_env: environment variable {name} is not set "

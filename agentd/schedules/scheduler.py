@@ -38,7 +38,7 @@ from agentd.config import SchedulesConfig
 from agentd.errors import AgentdError, Conflict, NotFound
 from agentd.llm.think import strip_think
 from agentd.retry import backoff_delay
-from agentd.schedules.delivery import Delivery
+from agentd.schedules.delivery import Delivery, unset_secret
 from agentd.schedules.spec import day_start, iso_seconds, schedule_from_json
 from agentd.schedules.store import CronStore
 from agentd.store.outage import log_failure
@@ -109,6 +109,13 @@ class Scheduler:
             self.store.fail_running("the daemon stopped while the run was in progress")
         else:
             self.store.fail_running("daemon {daemon} restarted while the run was in progress", daemon_id=self.daemon_id)
+        for job in self.store.list():
+            missing = unset_secret(job["delivery"])
+            if missing:
+                # Jobs stored before the variable went away, or a start without it: said once
+                # here rather than only in each failed delivery.
+                log.warning("cron job %s: its webhook's secret_env %s is not set in the daemon's environment; "
+                            "every delivery fails until the daemon starts with it", job["name"], missing)
         if not self.settings.enabled:
             return
         self._thread = threading.Thread(target=self._loop, name="agentd-scheduler", daemon=True)

@@ -154,10 +154,15 @@ class CronStore:
             self._set_last_run(row.job_id, row)
 
     def set_delivery(self, run_id: str, delivery: dict[str, Any]) -> None:
-        with orm.db_session:
+        """The run's delivery state, and the job's `last_run` while it is that run."""
+        with orm.db_session(optimistic=False):
             row = self.e.CronRunRow.get(id=run_id)
-            if row is not None:
-                row.delivery = delivery
+            if row is None:
+                return
+            row.delivery = delivery
+            job = self.e.CronJobRow.get(id=row.job_id)
+            if job is not None and job.last_run and job.last_run.get("run_id") == run_id:
+                job.last_run = {**job.last_run, "delivery": delivery}
 
     def _last_run(self, job_id: str, run_id: str) -> None:
         with orm.db_session(optimistic=False):
@@ -172,7 +177,7 @@ class CronStore:
         if job is not None:
             job.last_run = {"run_id": run.id, "status": run.status, "started_at": iso_seconds(run.started_at),
                             "finished_at": iso_seconds(run.finished_at), "reason": run.reason or "",
-                            "error": run.error}
+                            "error": run.error, "delivery": None if run.delivery is None else dict(run.delivery)}
             self.store.db.execute(
                 "DELETE FROM cron_runs WHERE job_id = $j AND id NOT IN (SELECT id FROM cron_runs WHERE job_id = $j "
                 "ORDER BY started_at DESC LIMIT $n)", {"j": job_id, "n": RUN_RETENTION})

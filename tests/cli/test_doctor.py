@@ -66,3 +66,37 @@ def test_doctor_judges_the_running_daemons_own_address(tmp_path: Path) -> None:
     assert checks["daemon"]["message"].startswith(f"running at http://127.0.0.1:{d.port} ")
     assert checks["exposure"] == {"check": "exposure", "status": "ok",
                                   "message": f"listening on loopback (127.0.0.1:{d.port})"}
+
+
+def test_doctor_names_each_cron_webhook_whose_secret_a_start_would_not_find(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    d = Daemon(home, env_extra={"CRON_DOCTOR_SECRET": "s3cret-value", "CRON_OTHER_SECRET": "other"}).start()
+    try:
+        r = d.post("/api/agents", json={"manifest_toml": 'name = "doc"\n'})
+        assert r.status_code == 201, r.text
+        for name, variable in (("nightly report", "CRON_DOCTOR_SECRET"), ("weekly", "CRON_OTHER_SECRET")):
+            r = d.post("/api/cron/jobs", json={
+                "name": name, "agent_id": "doc", "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+                "action": {"kind": "agent_turn", "message": "m"},
+                "delivery": {"kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret_env": variable}})
+            assert r.status_code == 201, r.text
+    finally:
+        d.stop()
+
+    def webhooks(**env: str) -> dict[str, str] | None:
+        r = run_cli(home, "doctor", "--json", env_extra=env)
+        return {c["check"]: c for c in json.loads(r.stdout)}.get("cron_webhooks")
+
+    secrets = home / "secrets.env"
+    assert webhooks(CRON_OTHER_SECRET="other") == {
+        "check": "cron_webhooks", "status": "warn",
+        "message": f"cron job nightly report: secret_env CRON_DOCTOR_SECRET is set neither in the environment "
+                   f"nor in {secrets}: every delivery of its webhook fails"}
+    both = webhooks()
+    assert both is not None and both["message"].count("cron job ") == 2 and "cron job weekly: " in both["message"]
+    assert "s3cret-value" not in json.dumps(both)
+    # A start loads secrets.env: a variable there is held.
+    secrets.write_text("CRON_DOCTOR_SECRET=from-the-file\n")
+    secrets.chmod(0o600)
+    assert webhooks(CRON_OTHER_SECRET="other") == {
+        "check": "cron_webhooks", "status": "ok", "message": "the secret_env of 2 cron webhook(s) is set"}

@@ -502,6 +502,42 @@ def test_a_webhook_naming_an_unset_variable_is_refused_at_creation_and_change(en
     assert d.get(f"/api/cron/jobs/{made['id']}").json()["delivery"] == signed
 
 
+def test_a_webhook_whose_variable_is_gone_at_start_is_named_in_the_log_and_in_the_last_run(
+        tmp_path, fake_llm) -> None:
+    receiver = Receiver()
+    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\ndelivery_attempts = 1\n"))
+    d = Daemon(home, env_extra={**LLM_ENV, "CRON_SECRET": SECRET, "CRON_LOST_SECRET": SECRET}).start()
+    try:
+        spawn(d, "forgetful")
+        created = job(d, name="lost hook", agent_id="forgetful", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                      action=turn("[[reply:for nobody]]"),
+                      delivery={"kind": "webhook", "url": f"{receiver.url}/lost", "secret_env": "CRON_LOST_SECRET"})
+        job(d, name="kept hook", agent_id="forgetful", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+            action=turn("x"), delivery={"kind": "webhook", "url": f"{receiver.url}/kept", "secret_env": "CRON_SECRET"})
+        assert "CRON_LOST_SECRET" not in d.log()
+        d.stop()
+        # Started again without the variable (a service whose environment file lost it).
+        before = len(d.log())
+        d = Daemon(home, env_extra={**LLM_ENV, "CRON_SECRET": SECRET}).start()
+        warned = [line for line in d.log()[before:].splitlines() if "secret_env" in line]
+        assert len(warned) == 1 and warned[0].endswith(
+            "WARNING agentd.schedules: cron job lost hook: its webhook's secret_env CRON_LOST_SECRET is not set in "
+            "the daemon's environment; every delivery fails until the daemon starts with it"), warned
+        assert d.post(f"/api/cron/jobs/{created['id']}/run").status_code == 202
+        run = wait_for(lambda: (r := ran(d, created["id"])) and r[0]["delivery"]["status"] == "failed" and r[0],
+                       10, what="the delivery given up")
+        failure = {"status": "failed", "attempts": 1,
+                   "error": "the environment variable CRON_LOST_SECRET (secret_env) is not set"}
+        assert run["delivery"] == failure and run["output"] == "for nobody"
+        last = d.get(f"/api/cron/jobs/{created['id']}").json()["last_run"]
+        assert last["run_id"] == run["id"] and last["delivery"] == failure
+        assert receiver.on("/lost") == []
+        assert SECRET not in d.log()
+    finally:
+        d.stop()
+        receiver.server.shutdown()
+
+
 def test_results_go_to_a_channel_through_its_sender(env) -> None:
     d, _, ntfy = env
     spawn(d, "announcer")
