@@ -187,25 +187,34 @@ def test_a_failed_model_run_is_logged_and_still_hands_the_heap_back(svc, caplog)
     assert list(contents(svc, a)) == ["User asked: q2\nI responded: a2"]
 
 
-def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are_stored(svc, caplog,
-                                                                                        monkeypatch) -> None:
-    a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
-    semantic = svc.semantic
-    real = semantic._remember
+def no_room_for(agent: str, svc: MemoryService, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every store of `agent`'s fragments fails (and with it the batch's one transaction)."""
+    real = svc.semantic._remember
 
     def remember(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if agent_id == a:
+        if agent_id == agent:
             raise RuntimeError("no room")
         return real(agent_id, *args, **kwargs)
 
-    # The batch's one transaction fails too; agent by agent, only a's exchanges are lost.
-    monkeypatch.setattr(semantic, "_remember", remember)
+    monkeypatch.setattr(svc.semantic, "_remember", remember)
+
+
+def behind_a_held_one(svc: MemoryService, held: str, exchanges: list[tuple[str, str, str]]) -> None:
+    """Queue `exchanges` (agent, question, answer) while an exchange of `held` is held in the
+    model (until `svc.emb.gate` is set): they are stored together, as the next batch."""
     svc.emb.gate = threading.Event()
-    svc.after_exchange(c, "s", "first", "one")          # held in the model: the next three go together
+    svc.after_exchange(held, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
-    svc.after_exchange(a, "s", "q1", "a1")
-    svc.after_exchange(b, "s", "q2", "a2")
-    svc.after_exchange(a, "s", "q3", "a3")
+    for agent, question, answer in exchanges:
+        svc.after_exchange(agent, "s", question, answer)
+
+
+def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are_stored(svc, caplog,
+                                                                                        monkeypatch) -> None:
+    a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
+    # The batch's one transaction fails too; agent by agent, only a's exchanges are lost.
+    no_room_for(a, svc, monkeypatch)
+    behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "q2", "a2"), (a, "q3", "a3")])
     with caplog.at_level(logging.ERROR, logger="agentd.memory"):
         svc.emb.gate.set()
         svc.drain()
@@ -220,21 +229,10 @@ def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are
 def test_exchanges_of_an_agent_deleted_meanwhile_are_dropped_quietly(svc, caplog, monkeypatch, together) -> None:
     from pony import orm
 
-    a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
-    if not together:  # the batch's transaction fails for c: the others are stored one agent at a time
-        semantic, real = svc.semantic, svc.semantic._remember
-
-        def remember(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
-            if agent_id == c:
-                raise RuntimeError("no room")
-            return real(agent_id, *args, **kwargs)
-
-        monkeypatch.setattr(semantic, "_remember", remember)
-    svc.emb.gate = threading.Event()
-    svc.after_exchange(c, "s", "first", "one")          # held in the model: the next two go together
-    assert svc.emb.entered.wait(WAIT)
-    svc.after_exchange(a, "s", "q1", "a1")
-    svc.after_exchange(b, "s", "q2", "a2")
+    a, b, c, d = (add_agent(svc.store) for _ in range(4))
+    if not together:  # the batch's transaction fails for d: the others are stored one agent at a time
+        no_room_for(d, svc, monkeypatch)
+    behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "q2", "a2"), (d, "q3", "a3")])
     with orm.db_session:  # deleted by another daemon: this one never heard of it
         svc.store.db.execute("DELETE FROM agents WHERE id = $a", {"a": a})
     with caplog.at_level(logging.DEBUG, logger="agentd.memory"):
@@ -243,6 +241,8 @@ def test_exchanges_of_an_agent_deleted_meanwhile_are_dropped_quietly(svc, caplog
     dropped = [r for r in caplog.records if a in r.getMessage()]
     assert [(r.levelno, r.getMessage()) for r in dropped] == [
         (logging.DEBUG, f"1 exchange(s) of deleted agent {a} not remembered")]
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert failed == ([] if together else [f"remembering 1 exchange(s) of agent {d} failed"])
     assert list(contents(svc, b)) == ["User asked: q2\nI responded: a2"]
     with orm.db_session:
         assert svc.store.db.select("SELECT COUNT(*) FROM memory_fragments WHERE agent_id = $a", {"a": a}) == [0]
