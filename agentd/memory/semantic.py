@@ -293,8 +293,8 @@ class SemanticMemory(Recall):
 
     @contextlib.contextmanager
     def writing(self, agents: Sequence[str]) -> Iterator[set[str]]:
-        """One transaction that first locks the rows of `agents` (sorted, under their
-        locks here) and yields those that exist. When it fails, their indexes, which may
+        """One transaction that first locks the rows of `agents` (whose locks here the
+        caller holds) and yields those that exist. When it fails, their indexes, which may
         hold rows the rollback undid, are dropped (the next search reads them back)."""
         params = {f"a{n}": agent_id for n, agent_id in enumerate(agents)}
         names = ", ".join(f"${key}" for key in params)
