@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -22,7 +24,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "(postgres: a temp cluster via initdb/pg_ctl, or AGENTD_TEST_DATABASE_URL)")
 
 
+def _cache_bytecode_outside_the_tree() -> None:
+    """Let the daemons and CLI runs the suite starts keep compiled bytecode in a private
+    temp folder when the environment forbids writing it beside the sources.
+
+    Every one of those processes imports agentd afresh; without bytecode each compiles
+    every module from source again. Mutation runs (scripts/mutation.py) ask for no
+    bytecode on purpose and keep their environment as it is."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    if "MUTANT_UNDER_TEST" in os.environ or "mutmut" in sys.modules:
+        return
+    cache = Path(tempfile.gettempdir()) / f"agentd-tests-bytecode-{os.getuid()}"
+    try:
+        cache.mkdir(mode=0o700, exist_ok=True)
+        found = cache.lstat()
+    except OSError:
+        return
+    # Only a real folder of our own: another user's could hand us their bytecode.
+    if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid():
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _cache_bytecode_outside_the_tree()
     backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
     if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):
         pgtest.enable()
