@@ -42,9 +42,9 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.server.slots import Slots
 
     class LazyBuilderRule(Rule):
-        """Werkzeug compiles two URL builders per route as the route is added, Python source
-        generated and compiled each: about a fifth of a daemon's start, for builders the API
-        never asks for. Each is compiled the first time it builds a URL instead."""
+        """Werkzeug compiles two URL builders per route as the route is added (Python source
+        generated and compiled for each), a large part of the daemon's start, for builders
+        the API never asks for. Each is compiled the first time it builds a URL instead."""
 
         def _compile_builder(self, append_unknown: bool = True) -> Callable[..., tuple[str, str]]:
             compile_builder = super()._compile_builder

@@ -74,7 +74,7 @@ def test_create_app_with_pool_stats_and_limiter(kernel: Kernel) -> None:
 
 
 def test_url_builders_are_compiled_when_first_used(kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building the app compiles none of the routes' URL builders (a fifth of a daemon's start);
+    """Building the app compiles none of the routes' URL builders (a large part of a start);
     each is compiled once, the first time it builds a URL, and builds what Werkzeug's would."""
     from flask import url_for
     from werkzeug.routing import Rule
