@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -13,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import FAST_API, STARTED, Daemon, make_home, take_daemon_hits  # noqa: E402
+from support import FAST_API, STARTED, Daemon, make_home, private_cache, take_daemon_hits  # noqa: E402
 from support import stop_shared as _stop_shared  # noqa: E402
 import pgtest  # noqa: E402
 
@@ -35,14 +33,8 @@ def _cache_bytecode_outside_the_tree() -> None:
         return
     if "MUTANT_UNDER_TEST" in os.environ or "mutmut" in sys.modules:
         return
-    cache = Path(tempfile.gettempdir()) / f"agentd-tests-bytecode-{os.getuid()}"
-    try:
-        cache.mkdir(mode=0o700, exist_ok=True)
-        found = cache.lstat()
-    except OSError:
-        return
-    # Only a real folder of our own: another user's could hand us their bytecode.
-    if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid():
+    cache = private_cache("bytecode")
+    if cache is not None:
         os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
         del os.environ["PYTHONDONTWRITEBYTECODE"]
 

@@ -7,8 +7,10 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +55,22 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free TCP port below the ephemeral range")
+
+
+def private_cache(name: str) -> Path | None:
+    """`<temp>/agentd-tests-<uid>/<name>`, kept from run to run for what tools compute once
+    (compiled bytecode, Hypothesis's character tables); None when that folder is not a real
+    folder of this user's own, whose contents another user could have written."""
+    root = Path(tempfile.gettempdir()) / f"agentd-tests-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        found = root.lstat()
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+            return None
+        (root / name).mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return root / name
 
 
 def make_home(root: Path, config_text: str | None = None) -> Path:
