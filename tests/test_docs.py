@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -486,18 +487,12 @@ def _cli_help(*words: str) -> str:
     from agentd.cli import main
 
     out = io.StringIO()
-    columns = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "200"  # argparse reads the width from it
-    try:
-        # Hidden as in the console script: argh's notes on how it names options, for its developers.
-        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done, warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            main([*words, "--help"])
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
+    # argparse takes the width from COLUMNS; argh's deprecation notes (for its developers) are
+    # hidden as in the console script.
+    with mock.patch.dict(os.environ, COLUMNS="200"), warnings.catch_warnings(), \
+            contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        warnings.simplefilter("ignore", DeprecationWarning)
+        main([*words, "--help"])
     assert done.value.code in (0, None), out.getvalue()
     return out.getvalue()
 

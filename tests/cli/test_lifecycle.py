@@ -142,8 +142,8 @@ def test_stop_without_daemon(tmp_path: Path) -> None:
 
 
 def test_stop_forces_a_hung_daemon(tmp_path: Path) -> None:
-    """A daemon that never shuts down (here: stopped by SIGSTOP) is killed after 5 s: the
-    shutdown request's own 5 s, then 5 s of waiting, however long each health look could take."""
+    """A daemon that never shuts down (here: stopped by SIGSTOP) is killed once the shutdown
+    request (5 s) and the wait (5 s) are over, however long each look at its health could take."""
     d = Daemon(make_home(tmp_path)).start()
     d.expect_crash("killed on purpose: the test is that stop forces it")
     os.kill(d.proc.pid, signal.SIGSTOP)
