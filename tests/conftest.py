@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import FAST_API, STARTED, Daemon, make_home, take_daemon_hits  # noqa: E402
+from support import FAST_API, STARTED, Daemon, make_home, private_cache, take_daemon_hits  # noqa: E402
 from support import stop_shared as _stop_shared  # noqa: E402
 import pgtest  # noqa: E402
 
@@ -22,7 +22,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "(postgres: a temp cluster via initdb/pg_ctl, or AGENTD_TEST_DATABASE_URL)")
 
 
+def _cache_bytecode_outside_the_tree() -> None:
+    """Let the daemons and CLI runs the suite starts keep compiled bytecode in a private
+    temp folder when the environment forbids writing it beside the sources.
+
+    Every one of those processes imports agentd afresh; without bytecode each compiles
+    every module from source again. Mutation runs (scripts/mutation.py) ask for no
+    bytecode on purpose and keep their environment as it is."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    if "MUTANT_UNDER_TEST" in os.environ or "mutmut" in sys.modules:
+        return
+    cache = private_cache("bytecode")
+    if cache is not None:
+        os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _cache_bytecode_outside_the_tree()
     backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
     if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):
         pgtest.enable()

@@ -7,8 +7,10 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +55,22 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free TCP port below the ephemeral range")
+
+
+def private_cache(name: str) -> Path | None:
+    """`<temp>/agentd-tests-<uid>/<name>`, kept from run to run for what tools compute once
+    (compiled bytecode, Hypothesis's character tables); None when that folder is not a real
+    folder of this user's own, whose contents another user could have written."""
+    root = Path(tempfile.gettempdir()) / f"agentd-tests-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        found = root.lstat()
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+            return None
+        (root / name).mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return root / name
 
 
 def make_home(root: Path, config_text: str | None = None) -> Path:
@@ -178,6 +196,7 @@ class Daemon:
         self.killed = False           # the test SIGKILLed it: its exit code says nothing
         self.checked_log_offset = 0   # log bytes already checked for tracebacks
         self.exit_checked = False     # the exit code was looked at (report it once)
+        self.settled = False          # exited and fully checked: nothing new can come
         self.http = requests.Session()
         if api_key:
             self.http.headers["Authorization"] = f"Bearer {api_key}"
@@ -193,6 +212,7 @@ class Daemon:
 
     def start(self, wait: bool = True) -> "Daemon":
         STARTED.append(self)
+        self.settled = False
         log = open(self.log_path, "ab")
         env = agentd_env(self.home, self.port, **self.env_extra)
         command = [sys.executable, "-m", "agentd", "start"]
@@ -278,6 +298,8 @@ class Daemon:
 
     def new_log(self) -> str:
         """Log text written since the last call (the part not yet checked)."""
+        if self.settled:
+            return ""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self.checked_log_offset)
@@ -289,7 +311,10 @@ class Daemon:
 
     def problems(self) -> list[str]:
         """Why this daemon did not behave: a traceback in its (new) log, a non-zero exit."""
+        # Whether it had exited before its log is read: then the log read is the whole of it.
+        exited = self.proc is not None and self.proc.poll() is not None
         if self.crash_expected:
+            self.settled = exited
             return []
         found = []
         text = self.new_log()
@@ -302,6 +327,8 @@ class Daemon:
             if code not in (None, 0):
                 found.append(f"daemon {self.url} (home {self.home}) exited with code {code}:\n"
                              f"{self.log()[-3000:]}")
+        # Every test checks every daemon its worker started: a settled one costs nothing more.
+        self.settled = exited and (self.exit_checked or self.killed)
         return found
 
     def stop_and_check(self) -> list[str]:

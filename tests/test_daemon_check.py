@@ -49,7 +49,10 @@ def test_clean_stop_check_flags_tracebacks_and_bad_exits(tmp_path: Path) -> None
         shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_inner.py").write_text(INNER)
     root = HERE.parent
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+    # The same plugins left out as setup.cfg's addopts leaves out (this run does not read it).
+    plugins = [arg for name in ("cacheprovider", "randomly", "langsmith_plugin", "hypothesispytest",
+                                "schemathesis", "benchmark") for arg in ("-p", f"no:{name}")]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", *plugins,
                           "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                          cwd=root, capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr

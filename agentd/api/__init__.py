@@ -30,6 +30,7 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     """Build the Flask app serving `kernel` (`limiter`: the rate limiter the start gate
     already counted requests with, so the budget is one from the first request on)."""
     from flask import Flask, request
+    from werkzeug.routing import Rule
 
     from agentd import tracing
     from agentd.api.errors import register_error_handlers
@@ -40,8 +41,25 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     from agentd.server.proxy import install_proxy_headers
     from agentd.server.slots import Slots
 
+    class LazyBuilderRule(Rule):
+        """Werkzeug compiles two URL builders per route as the route is added (Python source
+        generated and compiled for each), a large part of the daemon's start, for builders
+        the API never asks for. Each is compiled the first time it builds a URL instead."""
+
+        def _compile_builder(self, append_unknown: bool = True) -> Callable[..., tuple[str, str]]:
+            compile_builder = super()._compile_builder
+            compiled: list[Callable[..., tuple[str, str]]] = []
+
+            def build(rule: Rule, *args: Any, **kwargs: Any) -> tuple[str, str]:
+                if not compiled:  # two first uses at once compile the same builder twice
+                    compiled.append(compile_builder(append_unknown))
+                return compiled[0](rule, *args, **kwargs)
+
+            return build
+
     class AgentdFlask(Flask):
         json_provider_class = CachedEncoderProvider
+        url_rule_class = LazyBuilderRule
         _sync: dict[Callable, Callable] | None = None  # a hook or view -> what Flask calls
 
         def ensure_sync(self, func: Callable) -> Callable:

@@ -76,8 +76,11 @@ def start() -> None:
     os._exit(0)
 
 
+STOP_WAIT_SECS = 5.0
+
+
 def stop() -> None:
-    """Stop the running daemon: graceful first, forced after 5 seconds."""
+    """Stop the running daemon: graceful first, forced after STOP_WAIT_SECS."""
     config = _config()
     info = read_daemon_file(config.daemon_file)
     if info is None:
@@ -106,12 +109,18 @@ def stop() -> None:
             os.kill(info.pid, signal.SIGTERM)  # the API refused (no key?): the signal is graceful too
         except OSError:
             pass
-    for _ in range(10):
-        if find_daemon(config) is None and not (ours and _pid_alive(info.pid)):
+    # Each look is bounded by the time left: a hung daemon accepts connections but never
+    # answers, and a whole health timeout per look would wait many times STOP_WAIT_SECS.
+    deadline = time.monotonic() + STOP_WAIT_SECS
+    while True:
+        left = deadline - time.monotonic()
+        if find_daemon(config, timeout=max(0.1, left)) is None and not (ours and _pid_alive(info.pid)):
             config.daemon_file.unlink(missing_ok=True)
             print("agentd stopped")
             return
-        time.sleep(0.5)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     if not ours:
         _fail(f"agentd at {info.base_url} did not stop, and pid {info.pid} cannot be confirmed as the "
               "process that wrote daemon.json: nothing was killed")

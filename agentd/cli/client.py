@@ -83,10 +83,10 @@ def is_healthy(base_url: str, timeout: float = HEALTH_TIMEOUT) -> bool:
         return False
 
 
-def find_daemon(config: Config) -> DaemonInfo | None:
-    """The live daemon named by daemon.json, or None."""
+def find_daemon(config: Config, timeout: float = HEALTH_TIMEOUT) -> DaemonInfo | None:
+    """The live daemon named by daemon.json (answering within `timeout` s), or None."""
     info = read_daemon_file(config.daemon_file)
-    if info is not None and is_healthy(info.base_url):
+    if info is not None and is_healthy(info.base_url, timeout):
         return info
     return None
 

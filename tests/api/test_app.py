@@ -71,3 +71,29 @@ def test_create_app_with_pool_stats_and_limiter(kernel: Kernel) -> None:
     assert r.status_code == 200
     r = client.get("/static/does-not-exist.css", environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert r.status_code == 404
+
+
+def test_url_builders_are_compiled_when_first_used(kernel: Kernel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the app compiles none of the routes' URL builders (a large part of a start);
+    each is compiled once, the first time it builds a URL, and builds what Werkzeug's would."""
+    from flask import url_for
+    from werkzeug.routing import Rule
+
+    compiled: list[str] = []
+    werkzeug_compile = Rule._compile_builder
+
+    def counting(rule: Rule, append_unknown: bool = True):  # type: ignore[no-untyped-def]
+        compiled.append(rule.endpoint)
+        return werkzeug_compile(rule, append_unknown)
+
+    monkeypatch.setattr(Rule, "_compile_builder", counting)
+    app = api.create_app(kernel)
+    assert len(list(app.url_map.iter_rules())) > 200
+    assert compiled == [], "BUG: the app compiled URL builders while it was built"
+    with app.test_request_context():
+        assert url_for("pages.agent_page", agent_id="a b") == "/agents/a%20b"
+        assert url_for("pages.agent_page", agent_id="c", tab="memory") == "/agents/c?tab=memory"
+        assert url_for("static", filename="app.css") == "/static/app.css"
+        assert url_for("pages.agent_page", agent_id="d") == "/agents/d"
+    # url_for uses the builder that appends unknown arguments as the query: one per route used.
+    assert sorted(compiled) == ["pages.agent_page", "static"], compiled

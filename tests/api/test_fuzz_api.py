@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home
+from support import Daemon, make_home, private_cache
 
 API_KEY = "fuzz-key"
 MAX_EXAMPLES = 5
@@ -183,6 +183,11 @@ def test_schemathesis_finds_nothing(tmp_path: Path, fake_llm) -> None:
     assert ping.status_code == 200, ping.text
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks",  # tests/fuzz_hooks.py: valid spawns
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    # Hypothesis builds its table of the characters UTF-8 encodes (a pass over all of Unicode)
+    # unless an earlier run left it in its storage folder: keep that folder between runs.
+    storage = private_cache("hypothesis")
+    if storage is not None:
+        env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     try:
