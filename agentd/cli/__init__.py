@@ -272,13 +272,18 @@ def init() -> None:
     print(f"{'kept existing' if existed else 'wrote'} {path}")
 
 
+# Taken while the names are still the functions: importing the submodule agentd.cli.doctor
+# (the doctor command does) rebinds this package's name `doctor` to that module.
+COMMANDS = (start, stop, status, doctor, init, usage, budget)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `agentd` console script."""
     parser = argh.ArghParser(prog="agentd", description="agentd: a local daemon for LLM agents")
     # Each help text says its own default where there is one; argh's formatter would append
     # the raw value as well ("(default: '')" after "default: start of this month").
     plain = {"formatter_class": argparse.RawDescriptionHelpFormatter}
-    parser.add_commands([start, stop, status, doctor, init, usage, budget], func_kwargs=plain)
+    parser.add_commands(list(COMMANDS), func_kwargs=plain)
     from agentd.cli.workflow import COMMANDS as workflow_commands
 
     parser.add_commands(workflow_commands, func_kwargs=plain,
