@@ -244,10 +244,13 @@ TESTS: dict[str, list[str]] = {
     # The task on a recorded channel, then on a real waitress server.
     "agentd/server/task.py": ["tests/api/test_one_write.py", "tests/server/test_websocket.py",
                               "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
-    # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
-    # _stream and _cluster have none).
+    # Route modules: only their undecorated helpers are mutated (routes_workflows, _stream and
+    # _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/api/test_route_helpers.py"]
-       for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs", "routes_webhooks")},
+       for name in ("routes_catalog", "routes_channels", "routes_memory", "routes_system", "routes_docs",
+                    "routes_webhooks")},
+    # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
+    "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
                                "tests/test_perf_paths.py::test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine"],
     # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
