@@ -289,6 +289,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],
+    # Data only (no mutants): the daemon's channel answers are checked against these schemas.
+    "agentd/api/schemas_out/channels.py": [f"tests/api/test_routes_channels.py::{t}" for t in (
+        "test_catalogue_lists_the_spec_40", "test_configure_writes_section_keeps_comments_and_remove_deletes_it")],
     "agentd/api/apidoc.py": ["tests/api/test_schemas.py", *(f"tests/api/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],
