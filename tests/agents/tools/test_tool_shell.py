@@ -223,6 +223,7 @@ def test_the_marker_is_found_wherever_it_is_in_a_programs_environment_and_only_w
              for where in places}
 
     def living() -> set[tuple[str, str]]:
+        time.sleep(0.3)  # a SIGKILL sent to any other has landed by now
         return {key for key, p in procs.items() if alive(p.pid)}
 
     try:
