@@ -213,6 +213,8 @@ TESTS: dict[str, list[str]] = {
         "test_ring_keeps_the_newest_bytes_across_writes_and_counts_what_it_dropped",
         "test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit",
         "test_a_poll_reports_output_dropped_from_a_small_buffer",
+        "test_a_programs_error_output_is_read_with_its_output_in_order",
+        "test_the_output_reader_never_holds_the_daemons_exit",
         "test_the_list_shows_running_and_exited_programs_with_their_exit_codes",
         "test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten",
         "test_a_program_past_its_run_time_is_ended_with_a_note",
