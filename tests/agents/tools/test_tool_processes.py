@@ -290,7 +290,8 @@ def test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit(progra
     assert started == {"process_id": proc_id, "pid": pid, "command": f"python3 -c {code}"}
     assert proc_id.startswith("proc-") and len(proc_id) == 13
     done = programs.ended(proc_id)
-    assert done["output"] == f"{(programs.tmp_path / 'agent-1').resolve()}\n{os.getpid()}:agent-1:{proc_id}\n{64 * 1024 * 1024}\n"
+    assert done["output"] == (f"{(programs.tmp_path / 'agent-1').resolve()}\n{os.getpid()}:agent-1:{proc_id}\n"
+                              f"{64 * 1024 * 1024}\n")
     assert (done["alive"], done["exit_code"], done["dropped_bytes"]) == (False, 0, 0) and "note" not in done
     assert programs.audit == [("tool.process_start", "agent-1",
                                {"agent_id": "agent-1", "process_id": proc_id, "command": "python3", "pid": pid})]
