@@ -213,6 +213,8 @@ TESTS: dict[str, list[str]] = {
         "test_ring_keeps_the_newest_bytes_across_writes_and_counts_what_it_dropped",
         "test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit",
         "test_a_poll_reports_output_dropped_from_a_small_buffer",
+        "test_a_programs_error_output_is_read_with_its_output_in_order",
+        "test_the_output_reader_never_holds_the_daemons_exit",
         "test_the_list_shows_running_and_exited_programs_with_their_exit_codes",
         "test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten",
         "test_a_program_past_its_run_time_is_ended_with_a_note",
@@ -244,10 +246,13 @@ TESTS: dict[str, list[str]] = {
     # The task on a recorded channel, then on a real waitress server.
     "agentd/server/task.py": ["tests/api/test_one_write.py", "tests/server/test_websocket.py",
                               "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
-    # Route modules: only their undecorated helpers are mutated (routes_channels, _workflows,
-    # _stream and _cluster have none).
+    # Route modules: only their undecorated helpers are mutated (routes_workflows, _stream and
+    # _cluster have none).
     **{f"agentd/api/{name}.py": ["tests/api/test_route_helpers.py"]
-       for name in ("routes_catalog", "routes_memory", "routes_system", "routes_docs", "routes_webhooks")},
+       for name in ("routes_catalog", "routes_channels", "routes_memory", "routes_system", "routes_docs",
+                    "routes_webhooks")},
+    # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
+    "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
                                "tests/test_perf_paths.py::test_flask_is_asked_once_per_hook_whether_it_is_a_coroutine"],
     # The dashboard's helpers (its views are decorated: not mutated; overview.py has no helper):
@@ -286,6 +291,9 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],
+    # Data only (no mutants): the daemon's channel answers are checked against these schemas.
+    "agentd/api/schemas_out/channels.py": [f"tests/api/test_routes_channels.py::{t}" for t in (
+        "test_catalogue_lists_the_spec_40", "test_configure_writes_section_keeps_comments_and_remove_deletes_it")],
     "agentd/api/apidoc.py": ["tests/api/test_schemas.py", *(f"tests/api/test_openapi.py::{t}" for t in (
         "test_every_route_is_documented", "test_a_route_added_without_documentation_fails",
         "test_pages_are_not_part_of_the_api", "test_document_shape", "test_request_schemas_are_the_validating_classes"))],

@@ -137,6 +137,6 @@ def audit_time(name: str) -> datetime | None:
     try:
         if not RFC3339.match(raw):
             raise ValueError(raw)
-        return datetime.fromisoformat(raw.upper().replace("Z", "+00:00"))
+        return datetime.fromisoformat(raw.upper())
     except ValueError:
         raise BadRequest(f"{name}: must be an RFC 3339 time such as 2026-01-31T09:00:00Z, got {raw!r}") from None

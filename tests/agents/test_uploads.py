@@ -1,16 +1,18 @@
 """Uploaded files (agentd/agents/uploads.py), in process: limits at and past the cap,
-content-type near misses, safe names, what is stored, and reading back for a run."""
+content-type near misses, safe names, what is stored, reading back for a run, and the
+agent's file listing and one file's content."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT
-from agentd.errors import BadRequest, PayloadTooLarge
+from agentd.errors import BadRequest, NotFound, PayloadTooLarge
 from agentd.timestamps import utcnow
 from mgrsupport import Env, manifest
 
@@ -107,3 +109,49 @@ def test_uploads_from_before_schema_2_are_read_from_their_file(env, mgr, tmp_pat
                               path="", content=None, created_at=utcnow())
     assert mgr.uploads.read(h, ids[0])["data"] == b"from a file"
     assert mgr.uploads.read(h, ids[1]) == {"id": ids[1], "filename": "none", "content_type": "text/plain", "data": b""}
+
+
+def test_the_listing_is_the_agents_files_newest_first_without_content(env, mgr) -> None:
+    h = mgr.spawn(manifest("lister"))
+    other = mgr.spawn(manifest("other"))
+    assert mgr.uploads.listing(h) == []
+    mgr.save_upload(other, "theirs.txt", "text/plain", b"not yours")
+    ids = [mgr.save_upload(h, f"f{i}.txt", "text/plain", b"x" * (i + 1))["file_id"] for i in range(3)]
+    # Two files of the same moment are listed by id, the greater first.
+    same = datetime(2026, 3, 4, 5, 6, 7)
+    twins = sorted([str(uuid.UUID(int=1)), str(uuid.UUID(int=2))])
+    with orm.db_session:
+        for i, fid in enumerate(ids):
+            env.store.e.UploadRow[fid].created_at = datetime(2026, 3, 4, 5, 6, i)
+        for fid in twins:
+            env.store.e.UploadRow(id=fid, agent=h.id, filename="twin.pdf", content_type="application/pdf", size=4,
+                                  content=b"%PDF", created_at=same)
+    assert mgr.uploads.listing(h) == [
+        {"file_id": twins[1], "filename": "twin.pdf", "content_type": "application/pdf", "size": 4,
+         "created_at": "2026-03-04T05:06:07+00:00"},
+        {"file_id": twins[0], "filename": "twin.pdf", "content_type": "application/pdf", "size": 4,
+         "created_at": "2026-03-04T05:06:07+00:00"},
+        *({"file_id": ids[i], "filename": f"f{i}.txt", "content_type": "text/plain", "size": i + 1,
+           "created_at": f"2026-03-04T05:06:0{i}+00:00"} for i in (2, 1, 0))]
+    assert [f["filename"] for f in mgr.uploads.listing(other)] == ["theirs.txt"]
+
+
+def test_a_files_content_is_its_agents_only(mgr) -> None:
+    h = mgr.spawn(manifest("owner"))
+    other = mgr.spawn(manifest("stranger"))
+    fid = mgr.save_upload(h, "a.txt", "text/plain", b"bytes")["file_id"]
+    assert mgr.uploads.content(h, fid) == {"id": fid, "filename": "a.txt", "content_type": "text/plain",
+                                           "data": b"bytes"}
+    for agent, asked in ((other, fid), (h, str(uuid.uuid4()))):
+        with pytest.raises(NotFound) as err:
+            mgr.uploads.content(agent, asked)
+        assert err.value.message == f"agent {agent.name} has no file {asked}"
+    with pytest.raises(BadRequest) as bad:
+        mgr.uploads.content(h, "nope")
+    assert (bad.value.message, bad.value.status) == ("invalid file id: 'nope' is not a UUID", 400)
+
+
+def test_a_file_for_an_agent_that_is_gone_is_refused(mgr) -> None:
+    with pytest.raises(NotFound) as err:
+        mgr.uploads.save_for(str(uuid.uuid4()), "made.txt", "text/plain", b"x")
+    assert err.value.message == "agent not found"

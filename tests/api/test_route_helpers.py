@@ -1,7 +1,8 @@
 """The undecorated helpers of the route modules exactly (mutmut 3 leaves the Flask-decorated
 route functions alone; these are what it mutates): usage windows and their ISO 8601 parsing
 (routes_catalog), KV key bounds, JSON object bodies and integer query arguments
-(routes_memory), the app's kernel (routes_system), the lazily built document
+(routes_memory), the audit trail's RFC 3339 `since`/`until` (routes_channels), the app's
+kernel (routes_system), the lazily built document
 (routes_docs), a webhook's body and reply (routes_webhooks, in a bare app). Inside request
 contexts of the daemon's own app, in process."""
 
@@ -11,11 +12,13 @@ import io
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import unquote
 
 import pytest
 from flask import Flask
 
-from agentd.api import create_app, routes_catalog, routes_docs, routes_memory, routes_system, routes_webhooks
+from agentd.api import (create_app, routes_catalog, routes_channels, routes_docs, routes_memory, routes_system,
+                        routes_webhooks)
 from agentd.channels.bases.webhook import MAX_BODY
 from agentd.cluster.webhook_intake import Reply
 from agentd.config import parse_config
@@ -90,6 +93,40 @@ def test_window(app) -> None:
         assert info.value.message == "'since' must be before 'until'"
     assert window(app, "since=2026-01-31T23:59:59.999999Z&until=2026-02-01") == \
         (datetime(2026, 1, 31, 23, 59, 59, 999999, tzinfo=UTC), until), "BUG: a one-microsecond window refused"
+
+
+def audit_time(app, query: str, name: str = "since"):
+    with app.test_request_context(f"/x?{query}"):
+        return routes_channels.audit_time(name)
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("since=2026-01-31T09:00:00Z", datetime(2026, 1, 31, 9, tzinfo=UTC)),
+    ("since=2026-01-31t09:00:00z", datetime(2026, 1, 31, 9, tzinfo=UTC)),
+    ("since=2026-01-31T09:00:00.5Z", datetime(2026, 1, 31, 9, 0, 0, 500000, tzinfo=UTC)),
+    ("since=2026-01-31T09:00:00.123456%2B02:00", datetime(2026, 1, 31, 9, 0, 0, 123456,
+                                                           tzinfo=timezone(timedelta(hours=2)))),
+    ("since=2026-01-31T09:00:00-05:30", datetime(2026, 1, 31, 9, tzinfo=timezone(-timedelta(hours=5, minutes=30)))),
+])
+def test_audit_time_parses_rfc3339(app, query: str, expected: datetime) -> None:
+    got = audit_time(app, query)
+    assert got == expected and got.utcoffset() == expected.utcoffset()
+
+
+def test_audit_time_absent(app) -> None:
+    assert audit_time(app, "") is None
+    assert audit_time(app, "since=2026-01-31T09:00:00Z", "until") is None
+    assert audit_time(app, "until=2026-01-31T09:00:00Z", "until") == datetime(2026, 1, 31, 9, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("value", ["", "yesterday", "2026-01-31", "2026-01-31T09:00:00", "2026-01-31%2009:00:00Z",
+                                   "2026-01-31T09:00:00.1234567Z", "2026-01-31T09:00:00Zx", "x2026-01-31T09:00:00Z",
+                                   "2026-01-31T09:00:00Z%0A", "2026-13-01T09:00:00Z", "2026-01-31T09:00:00%2B0200"])
+def test_audit_time_refuses(app, value: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        audit_time(app, f"until={value}", "until")
+    shown = unquote(value)
+    assert info.value.message == f"until: must be an RFC 3339 time such as 2026-01-31T09:00:00Z, got {shown!r}"
 
 
 def test_kv_key_bounds() -> None:

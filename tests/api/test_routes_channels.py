@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from agentd.api import schemas_out as out
 from channel_fixtures import audit, channel, channel_daemon, configure, wait_for  # noqa: F401
 from support import Daemon, FAST_API, free_port, make_home
 
@@ -33,6 +34,7 @@ def test_catalogue_lists_the_spec_40(channel_daemon):
             assert field["type"] in ("secret", "text", "number", "list")
         assert item["config_template"].startswith(f"[channels.{item['name']}]")
     assert counts == {"messaging": 12, "social": 5, "enterprise": 10, "developer": 9, "notifications": 4}
+    assert out.ChannelSchema(many=True).validate(items) == {}, "the list is not what /api/openapi.json documents"
     telegram = next(c for c in items if c["name"] == "telegram")
     token = next(f for f in telegram["fields"] if f["key"] == "bot_token_env")
     # The daemon's environment has TELEGRAM_BOT_TOKEN set (channel_fixtures.CHANNEL_ENV).
@@ -208,6 +210,7 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         assert response.status_code == 200
         assert response.json()["status"] == "configured" and response.json()["channel"] == "discord"
         assert response.json()["activated"] is False
+        assert out.ChannelConfiguredSchema().validate(response.json()) == {}
         text = (home / "config.toml").read_text()
         assert text.startswith(original)  # every byte before the new section is unchanged
         section = tomllib.loads(text)["channels"]["discord"]
@@ -224,6 +227,8 @@ def test_configure_writes_section_keeps_comments_and_remove_deletes_it(tmp_path)
         assert [c["name"] for c in listed if not c["implemented"]] == ["keybase", "guilded"]
         assert all(c["reason"] for c in listed if not c["implemented"])
         assert [c["name"] for c in listed if "reason" in c] == ["keybase", "guilded"]
+        # A configured adapter that could not start: its `error` and `key_id` as documented.
+        assert out.ChannelSchema(many=True).validate(listed) == {} and item["key_id"] is None and item["error"]
         removed = daemon.delete("/api/channels/discord/configure")
         assert removed.json() == {"status": "removed", "channel": "discord"}
         assert (home / "config.toml").read_text() == original

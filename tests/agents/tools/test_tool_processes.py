@@ -283,14 +283,15 @@ def test_ring_keeps_the_newest_bytes_across_writes_and_counts_what_it_dropped() 
 
 def test_a_program_runs_in_the_workspace_with_its_marker_and_memory_limit(programs: Programs) -> None:
     code = ("import os, resource; print(os.getcwd()); print(os.environ['AGENTD_PROCESS']); "
-            "print(resource.getrlimit(resource.RLIMIT_AS)[0] // 1048576)")
+            "print(resource.getrlimit(resource.RLIMIT_AS)[0])")
     programs.table.config.process_buffer_bytes = 4096
     started = programs.start("python3", "-c", code)
     proc_id, pid = started["process_id"], started["pid"]
     assert started == {"process_id": proc_id, "pid": pid, "command": f"python3 -c {code}"}
     assert proc_id.startswith("proc-") and len(proc_id) == 13
     done = programs.ended(proc_id)
-    assert done["output"] == f"{(programs.tmp_path / 'agent-1').resolve()}\n{os.getpid()}:agent-1:{proc_id}\n64\n"
+    assert done["output"] == (f"{(programs.tmp_path / 'agent-1').resolve()}\n{os.getpid()}:agent-1:{proc_id}\n"
+                              f"{64 * 1024 * 1024}\n")
     assert (done["alive"], done["exit_code"], done["dropped_bytes"]) == (False, 0, 0) and "note" not in done
     assert programs.audit == [("tool.process_start", "agent-1",
                                {"agent_id": "agent-1", "process_id": proc_id, "command": "python3", "pid": pid})]
@@ -300,6 +301,23 @@ def test_a_poll_reports_output_dropped_from_a_small_buffer(programs: Programs) -
     started = programs.start("python3", "-c", "print('0123456789abcdef')")
     done = programs.ended(started["process_id"])
     assert (done["output"], done["dropped_bytes"]) == ("789abcdef\n", 7)
+
+
+def test_a_programs_error_output_is_read_with_its_output_in_order(programs: Programs) -> None:
+    programs.table.config.process_buffer_bytes = 4096
+    code = ("import sys; print('out 1', flush=True); print('err 1', file=sys.stderr, flush=True); "
+            "print('out 2', flush=True); sys.exit('fatal: gone')")
+    done = programs.ended(programs.start("python3", "-c", code)["process_id"])
+    assert (done["output"], done["exit_code"]) == ("out 1\nerr 1\nout 2\nfatal: gone\n", 1)
+
+
+def test_the_output_reader_never_holds_the_daemons_exit(programs: Programs) -> None:
+    """A descendant that cleared its environment and left the group can hold the pipe open for
+    good: the reader is a daemon thread (named for thread dumps)."""
+    before = set(threading.enumerate())
+    started = programs.start("sleep", "30")
+    readers = [t for t in threading.enumerate() if t not in before and t.name.startswith("proc-")]
+    assert [(t.name, t.daemon) for t in readers] == [(f"proc-{started['process_id']}", True)]
 
 
 def test_the_list_shows_running_and_exited_programs_with_their_exit_codes(programs: Programs) -> None:
@@ -418,10 +436,15 @@ def test_a_kill_ends_the_programs_runaways_and_no_other_program_of_the_agent(pro
 def test_a_program_past_its_run_time_takes_no_other_program_with_it(tmp_path: Path) -> None:
     programs = Programs(tmp_path, process_max_runtime_secs=2.0)
     try:
+        timers = {t for t in threading.enumerate() if isinstance(t, threading.Timer)}
         first = programs.start("sleep", "30")
+        wait_until(lambda: {t for t in threading.enumerate() if isinstance(t, threading.Timer)} - timers,
+                   "the first program's run time is counted")
+        expiry = ({t for t in threading.enumerate() if isinstance(t, threading.Timer)} - timers).pop()
         time.sleep(1.5)
         second = programs.start("sleep", "30")
-        wait_until(lambda: not alive(first["pid"]), "the first program's run time ends")
+        wait_until(lambda: not expiry.is_alive(), "the first program's run time ends and it is killed")
+        assert not alive(first["pid"])
         assert alive(second["pid"]) and "note" not in programs.poll(second["process_id"])
     finally:
         programs.table.close()

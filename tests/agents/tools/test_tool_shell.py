@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentd.agents.tools import ToolContext, ToolError
-from agentd.agents.tools.shell import _check
+from agentd.agents.tools.shell import MARKER, _check, kill_marked
 from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home, stop_shared
 from tests.agents.tools.test_tools import make_ctx, run
@@ -205,6 +206,37 @@ def test_the_output_reader_never_holds_the_daemons_exit(tmp_path) -> None:
     caller.join(10)
     assert answer == ["exit code 0\ndone\n"]
     assert [(t.name, t.daemon) for t in readers] == [("shell-drain", True)]
+
+
+def test_the_marker_is_found_wherever_it_is_in_a_programs_environment_and_only_whole() -> None:
+    """A descendant may rebuild its environment (`env -i AGENTD_PROCESS=... prog`): its marker
+    can be the first variable, the last or the only one. A program or agent whose id merely
+    begins the same is another one, and lives on."""
+    def started(marker: str, where: str) -> subprocess.Popen:
+        value, path = f"{os.getpid()}:{marker}", os.environ["PATH"]
+        env = {"first": {MARKER: value, "PATH": path}, "last": {"PATH": path, MARKER: value}, "only": {MARKER: value}}
+        return subprocess.Popen(["/bin/sleep", "60"], env=env[where])
+
+    places = ("first", "last", "only")
+    procs = {(marker, where): started(marker, where)
+             for marker in ("agent-m:prog-1", "agent-m:prog-10", "agent-mn:prog-1", "agent-k:prog-1")
+             for where in places}
+
+    def living() -> set[tuple[str, str]]:
+        time.sleep(0.3)  # a SIGKILL sent to any other has landed by now
+        return {key for key, p in procs.items() if alive(p.pid)}
+
+    try:
+        kill_marked("agent-m", "prog-1")
+        assert all(ended(procs["agent-m:prog-1", where].pid) for where in places)
+        assert living() == set(procs) - {("agent-m:prog-1", where) for where in places}
+        kill_marked("agent-m")  # an agent's release: every program of that agent
+        assert all(ended(procs["agent-m:prog-10", where].pid) for where in places)
+        assert living() == {(marker, where) for marker in ("agent-mn:prog-1", "agent-k:prog-1") for where in places}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
 
 
 # Starts `sleep <argv[1]>` in a session of its own (out of the command's process group),
