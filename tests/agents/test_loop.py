@@ -434,9 +434,10 @@ def test_a_timed_out_shell_command_is_killed(fake, tmp_path) -> None:
 
 
 def test_a_tool_call_sees_its_run_cancelled(fake, tmp_path) -> None:
-    stopped = threading.Event()
+    started, stopped = threading.Event(), threading.Event()
 
     def waits(ctx, args):
+        started.set()
         while not ctx.cancel.is_set():
             time.sleep(0.01)
         stopped.set()
@@ -456,8 +457,10 @@ def test_a_tool_call_sees_its_run_cancelled(fake, tmp_path) -> None:
 
     runner = threading.Thread(target=go, daemon=True)
     runner.start()
-    threading.Timer(0.2, ctx.cancel.set).start()
-    # (well before the 30 s tool timeout, which would tell the tool to stop anyway)
+    # Cancelled once the tool runs (a run cancelled before its tool call never calls it),
+    # well before the 30 s tool timeout, which would tell the tool to stop anyway.
+    assert started.wait(10), "the model's tool call never reached the tool"
+    ctx.cancel.set()
     assert stopped.wait(5), "BUG: a tool call does not see its run's cancel through its own stop signal"
     runner.join(5)
     assert len(outcome) == 1 and isinstance(outcome[0], RunCancelled)
