@@ -673,8 +673,13 @@ def test_the_daemon_writes_a_chunk_per_event_and_the_end_in_one(agent_daemon: Da
     # which would write the opening on its own. This test is about runs after that.
     assert agent_daemon.post(f"/api/agents/{agent_id}/message", json={"message": "warm up"}).status_code == 200
     chunks = stream_chunks(agent_daemon, agent_id, "[[chunks:3]]" + pace)
-    # The opening leaves with the run's first event, before the model is asked.
-    assert chunks[0].startswith(": stream open") and '"phase":"streaming"' in chunks[0]
+    # The opening leaves with the run's first event, before the model is asked; on a loaded
+    # host the run may take longer than the keeper's grace (STALE_HOLD) to get there, and the
+    # keeper writes the opening alone (the holding itself is timed in the tests above).
+    assert chunks[0].startswith(": stream open"), chunks
+    if chunks[0] == ": stream open\n\n":
+        chunks[:2] = [chunks[0] + chunks[1]]
+    assert '"phase":"streaming"' in chunks[0], chunks
     # Each word in a chunk of its own, as it comes (at once, or 300 ms apart).
     words = [c for c in chunks if "event: chunk" in c]
     assert [c.count("event: chunk") for c in words] == [1, 1, 1], chunks
