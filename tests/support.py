@@ -399,6 +399,16 @@ def in_forked_child(check: Callable[[], bool]) -> bool:
         os.close(write)
 
 
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def wait_until(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> None:
     """Poll `cond` every 20 ms until it is true; fail the test, naming `what`, after `timeout` s."""
     end = time.monotonic() + timeout

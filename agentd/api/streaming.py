@@ -123,14 +123,15 @@ def _written(stream: "WrittenStream", claimed: RunTicket, disconnected: Callable
 class WrittenStream:
     """One run's events written straight to its client; any thread may deliver."""
 
-    def __init__(self, shape: StreamShape, heartbeat: float) -> None:
+    def __init__(self, shape: StreamShape, heartbeat: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._write: Callable[[bytes], Any] | None = None
         self._write_last: Callable[[bytes], Any] | None = None
         self.shape = shape
         self.heartbeat = heartbeat
         self.cancel = threading.Event()  # the run's: set when its client is gone
         self._lock = threading.Lock()  # one write at a time (run, worker and keeper threads)
-        self._last = time.monotonic()
+        self._last = clock()
         # Until `open`, rendered events wait here: a queued run's worker may start before
         # the response does, and nothing may reach the socket ahead of the opening.
         self._pending: list[str] | None = []
@@ -175,11 +176,11 @@ class WrittenStream:
         try:
             if self._ended or self._finished or self._pending is not None:
                 return
-            if self._held and time.monotonic() - self._held_at >= STALE_HOLD:
+            if self._held and self._clock() - self._held_at >= STALE_HOLD:
                 self._send([])  # what follows is late: the held chunks go alone
             if self.cancel.is_set():
                 self._deliver(Event("stopped", {"message": "run stopped"}))
-            elif time.monotonic() - self._last >= self.heartbeat:
+            elif self._clock() - self._last >= self.heartbeat:
                 self._send([self.shape.keep_alive])
         finally:
             self._lock.release()
@@ -205,7 +206,7 @@ class WrittenStream:
     def _hold(self, chunks: list[str]) -> None:
         """Keep `chunks` to leave with the next write (nothing is held before the opening)."""
         if not self._held:
-            self._held_at = time.monotonic()
+            self._held_at = self._clock()
         self._held.extend(chunks)
 
     def _send(self, chunks: tuple[str, ...] | list[str], final: bool = False) -> None:
@@ -225,7 +226,7 @@ class WrittenStream:
             self._ended = self._finished = True
             self.cancel.set()
         else:
-            self._last = time.monotonic()
+            self._last = self._clock()
 
 
 def _followed_at_once(event: Event) -> bool:

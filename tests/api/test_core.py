@@ -24,17 +24,7 @@ from agentd.llm.catalog import Catalog
 from agentd.memory.kv import KvMemory
 from agentd.metering import Metering, month_bounds
 from agentd.store import open_store
-from support import store_url_for
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from support import Clock, store_url_for
 
 
 # -- loop guard -------------------------------------------------------------------------------

@@ -1,18 +1,11 @@
 """GCRA limiter arithmetic with a controlled clock."""
 
 from agentd.api.ratelimit import GcraLimiter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from support import Clock
 
 
 def test_burst_then_refuse_then_refill() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     limiter = GcraLimiter(rate=10, burst=5, clock=clock)
     decisions = [limiter.hit("a") for _ in range(6)]
     assert [d.allowed for d in decisions] == [True] * 5 + [False]
@@ -25,14 +18,14 @@ def test_burst_then_refuse_then_refill() -> None:
 
 
 def test_clients_are_independent() -> None:
-    limiter = GcraLimiter(rate=1, burst=1, clock=Clock())
+    limiter = GcraLimiter(rate=1, burst=1, clock=Clock(100.0))
     assert limiter.hit("a").allowed
     assert not limiter.hit("a").allowed
     assert limiter.hit("b").allowed
 
 
 def test_steady_rate_is_sustained() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     limiter = GcraLimiter(rate=30, burst=2, clock=clock)
     allowed = 0
     for _ in range(300):  # ten seconds at 30/s
@@ -42,7 +35,7 @@ def test_steady_rate_is_sustained() -> None:
 
 
 def test_reset_after_reports_time_to_full_bucket() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     limiter = GcraLimiter(rate=10, burst=10, clock=clock)
     for _ in range(10):
         last = limiter.hit("a")

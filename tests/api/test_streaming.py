@@ -32,7 +32,7 @@ from agentd.api import create_app
 from agentd.api.streaming import KEEPER, STALE_HOLD, StreamShape, WrittenStream
 from agentd.config import parse_config
 from agentd.kernel import Kernel
-from support import Daemon, with_test_db
+from support import Clock, Daemon, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 WAIT = 15.0
@@ -336,34 +336,38 @@ def shape() -> StreamShape:
     return StreamShape(opening=("O\n",), render=render, keep_alive="K\n", closing=("C\n",))
 
 
-def written(write: Any, heartbeat: float) -> WrittenStream:
-    stream = WrittenStream(shape(), heartbeat)
+def written(write: Any, heartbeat: float, clock: Clock | None = None) -> WrittenStream:
+    stream = WrittenStream(shape(), heartbeat, clock or time.monotonic)
     stream.attach(write)
     return stream
 
 
 def test_keepalive_after_the_heartbeat_and_not_while_events_come() -> None:
-    wire = Wire()
-    stream = written(wire, 0.6)
+    wire, clock = Wire(), Clock()
+    stream = written(wire, 1.0, clock)
     stream.open()
+    clock.now = 1000.75
     stream.tick()
     assert wire.text() == ": stream open\n\nO\n", "BUG: a keep-alive before the heartbeat passed"
-    time.sleep(0.65)
+    clock.now = 1001.0
     stream.tick()
     assert wire.text() == ": stream open\n\nO\nK\n"
     stream.tick()
     assert wire.text() == ": stream open\n\nO\nK\n", "BUG: keep-alives are not spaced by the heartbeat"
-    time.sleep(0.4)
-    stream.deliver(Event("text_delta"))  # 0.4 s after the keep-alive: the clock starts again here
-    time.sleep(0.3)
-    stream.tick()  # 0.7 s after the keep-alive, 0.3 s after the event
+    clock.now = 1001.5
+    stream.deliver(Event("text_delta"))  # 0.5 s after the keep-alive: the clock starts again here
+    clock.now = 1002.25
+    stream.tick()  # 1.25 s after the keep-alive, 0.75 s after the event
     assert wire.text() == ": stream open\n\nO\nK\ntext_delta\n", "BUG: an event did not reset the keep-alive clock"
+    clock.now = 1002.5
+    stream.tick()
+    assert wire.text() == ": stream open\n\nO\nK\ntext_delta\nK\n"
     stream.deliver(Event("done"))
     assert wire.chunks[-1] == b"done\nC\n", "the final event and the closing go out in one write"
-    time.sleep(0.65)
+    clock.now = 1004.0
     stream.tick()
     stream.deliver(Event("late"))
-    assert wire.text() == ": stream open\n\nO\nK\ntext_delta\ndone\nC\n", "BUG: written after the final event"
+    assert wire.text() == ": stream open\n\nO\nK\ntext_delta\nK\ndone\nC\n", "BUG: written after the final event"
 
 
 def test_events_before_the_opening_wait_for_it() -> None:
@@ -475,8 +479,8 @@ def labelled() -> StreamShape:
     return StreamShape(opening=("O;",), render=render, keep_alive="K;", closing=("C;",))
 
 
-def labelled_stream(wire: Writes) -> WrittenStream:
-    stream = WrittenStream(labelled(), heartbeat=60)
+def labelled_stream(wire: Writes, clock: Clock | None = None) -> WrittenStream:
+    stream = WrittenStream(labelled(), 60, clock or time.monotonic)
     stream.attach(wire)
     return stream
 
@@ -539,13 +543,14 @@ def test_a_held_opening_leaves_at_an_event_the_transport_does_not_show() -> None
 
 
 def test_the_keeper_writes_what_was_held_once_it_is_a_poll_interval_old() -> None:
-    wire = Writes()
-    stream = labelled_stream(wire)
+    wire, clock = Writes(), Clock()
+    stream = labelled_stream(wire, clock)
     stream.open()
     stream.deliver(Event("phase", {"phase": "done"}))
+    clock.now = 1000.0 + STALE_HOLD * 0.9
     stream.tick()
     assert len(wire.writes) == 1, "BUG: the keeper raced the run's end"
-    time.sleep(STALE_HOLD + 0.02)
+    clock.now = 1000.0 + STALE_HOLD
     stream.tick()
     assert wire.writes[1:] == ["done;"]
     stream.tick()
@@ -553,27 +558,27 @@ def test_the_keeper_writes_what_was_held_once_it_is_a_poll_interval_old() -> Non
 
 
 def test_a_held_opening_is_aged_from_when_it_was_held() -> None:
-    wire = Writes()
-    stream = labelled_stream(wire)
+    wire, clock = Writes(), Clock()
+    stream = labelled_stream(wire, clock)
     stream.deliver(Event("text_delta"))
-    time.sleep(STALE_HOLD + 0.02)  # waiting for the opening is not holding
+    clock.now = held = 1000.0 + 2 * STALE_HOLD  # waiting for the opening is not holding
     stream.open(hold=True)
     stream.tick()
     assert wire.writes == [], "BUG: the keeper wrote an opening just held"
-    time.sleep(STALE_HOLD / 2)
+    clock.now = held + STALE_HOLD / 2
     stream.deliver(Event("phase", {"phase": "done"}))  # held later: the first held chunk sets the age
-    time.sleep(STALE_HOLD / 2 + 0.02)
+    clock.now = held + STALE_HOLD
     stream.tick()
     assert wire.writes == [": stream open\n\nO;text_delta;done;"]
 
 
 def test_nothing_held_is_written_after_finish() -> None:
-    wire = Writes()
-    stream = labelled_stream(wire)
+    wire, clock = Writes(), Clock()
+    stream = labelled_stream(wire, clock)
     stream.open()
     stream.deliver(Event("phase", {"phase": "done"}))
     stream.finish()
-    time.sleep(STALE_HOLD + 0.02)
+    clock.now = 1000.0 + 2 * STALE_HOLD
     stream.tick()
     assert wire.writes == [": stream open\n\nO;"]
 
