@@ -1,6 +1,7 @@
 """Hot reload of `[[mcp_servers]]`: the config file is checked every `interval` seconds
-(its modification time and size, one `stat`), and a change is applied to the hub. A file
-that no longer parses leaves the running servers as they are and is logged."""
+(its modification time and size, one `stat`), and a change is applied to the hub once the
+file has stayed the same for one more look. A file that no longer parses leaves the running
+servers as they are and is logged."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class ConfigWatch:
         self.apply = apply
         self.interval = interval
         self._seen = self._signature()
+        self._changed: tuple[int, int] | None = None  # a change seen once, not yet applied
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,10 +56,18 @@ class ConfigWatch:
             self.check()
 
     def check(self) -> bool:
-        """Apply the file if it changed since the last look; True when it was applied."""
+        """Apply the file if it changed and has stayed the same since the last look; True
+        when it was applied. (An editor or a script that writes the file in place leaves it
+        empty or half written for a moment, which parses as a file with fewer servers: those
+        would be stopped, and started again at the next look.)"""
         seen = self._signature()
         if seen == self._seen:
+            self._changed = None
             return False
+        if seen != self._changed:
+            self._changed = seen
+            return False
+        self._changed = None
         self._seen = seen
         return self.reload()
 
