@@ -25,6 +25,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[tuple[D
     """`first` (with an API key) serves its agents over MCP; `second` (keyless) uses it."""
     first = Daemon(make_home(tmp_path_factory.mktemp("mcp-first"), f'api_key = "{KEY}"\n' + llm_config(fake_llm)),
                    api_key=KEY, env_extra=LLM_ENV).start()
+    # /mcp loads the MCP SDK on its first request; on a loaded host that can outlast the
+    # second daemon's discover probe, whose client then settles for the older revision.
+    loaded = first.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, timeout=60,
+                        headers={"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"})
+    assert loaded.status_code == 200, loaded.text
     extra = url_server("first", f"{first.url}/mcp", headers_env={"Authorization": "FIRST_AUTH"}, timeout_secs=20)
     second = Daemon(make_home(tmp_path_factory.mktemp("mcp-second"), llm_config(fake_llm, extra)),
                     env_extra={**LLM_ENV, "FIRST_AUTH": f"Bearer {KEY}"}).start()
