@@ -227,7 +227,9 @@ class Daemon:
             self.wait_healthy()
         return self
 
-    def wait_healthy(self, timeout: float = 30.0) -> None:
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        # Only a deadline: a ready daemon answers at once, and on a loaded host its app can
+        # take long to load.
         if "MUTANT_UNDER_TEST" in os.environ:   # set ("" for the clean run) by mutmut for every run
             timeout = max(timeout, 120.0)   # mutated code imports mutmut; mutation runs load the machine
         deadline = time.monotonic() + timeout
