@@ -68,7 +68,8 @@ class Env:
 
     def manager(self, record_usage: Any = None, preflight: Any = None, write_usage: Any = None,
                 memory: Any = None, cluster: Any = None, audit: Any = "recorder",
-                approvals: Any = None, store: Any = None, key_budget: Any = None) -> AgentManager:
+                approvals: Any = None, store: Any = None, key_budget: Any = None,
+                cooperation: Any = None, skills: Any = None) -> AgentManager:
         """The agent services on this store (or `store`), wired as the kernel wires them."""
         approvals = approvals or ApprovalQueue()
         store = store or self.store
@@ -80,7 +81,8 @@ class Env:
         sessions = SessionStore(store, registry, models, write_usage)
         uploads = Uploads(store)
         runs = Runs(self.config, self.catalog, registry, sessions, models, uploads, queues, approvals,
-                    KvMemory(store), memory, cluster, preflight, key_budget=key_budget)
+                    KvMemory(store), memory, cluster, preflight, cooperation=cooperation, skills=skills,
+                    key_budget=key_budget)
         return AgentManager(registry, sessions, models, uploads, runs)
 
     def close(self) -> None:

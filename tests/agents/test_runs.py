@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from agentd.agents.run_checks import check_quota
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
-from support import children_named
+from support import children_named, wait_until
 from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest,  # noqa: F401 (fake: a fixture)
                         run, run_in_conversation, run_on_caller, submit)
 
@@ -184,6 +185,30 @@ def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
     got = params_of(mgr, h, RunOptions(params=GenerationParams(top_p=0.5)))
     assert got["max_tokens"] == 321 and fake.requests[-1]["json"]["top_p"] == 0.5, \
         "BUG: the request's sampling parameters did not reach the model"
+
+
+def test_the_agents_permitted_skills_are_listed_in_its_system_prompt_when_it_can_read_them(env, tmp_path) -> None:
+    from agentd.skills import Skills
+
+    for name in ("alpha", "beta"):
+        (tmp_path / "skills" / name).mkdir(parents=True)
+        (tmp_path / "skills" / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: The {name} skill\n---\n"
+                                                             f"Do {name}.\n")
+    mgr = env.manager(skills=Skills(tmp_path / "skills"))
+
+    def agent(name: str, tools: str):
+        return mgr.spawn(f'name = "{name}"\nskills = ["beta"]\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                         f'system_prompt = "S"\n[capabilities]\ntools = {tools}\n')
+
+    reader = agent("reader", '["skill_describe"]')
+    assert json.loads(run(mgr, reader, "[[echo_params]]").response)["system"] == \
+        "S\n\nSkills you can use (read one's instructions with skill_describe before following it):\n" \
+        "- beta: The beta skill"
+    assert run(mgr, reader, '[[tool:skill_describe {"name": "beta"}]]').response == \
+        "tool said: # beta\nThe beta skill\n\nDo beta."
+    other = agent("no-reader", '["system_time"]')
+    assert json.loads(run(mgr, other, "[[echo_params]]").response)["system"] == "S", \
+        "skills are not offered to an agent that cannot read them"
 
 
 def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:
@@ -368,6 +393,46 @@ def test_other_failures_still_write_usage(env) -> None:
     assert len(line) == 1 and line[0].startswith(
         "run failed: agent=boom provider=openai model=gpt-4o status=500 cause=RuntimeError: metering broke duration=")
     assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+
+
+def test_a_failed_run_is_published_as_agent_failed_and_a_stopped_one_is_not(env) -> None:
+    from agentd.agents.cooperation import Cooperation
+    from agentd.triggers.bus import EventBus
+
+    bus = EventBus()
+    heard: list = []
+    bus.subscribe(heard.append)
+    mgr = env.manager(cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("falls-over"))
+    try:
+        with pytest.raises(AgentRunError) as err:
+            run(mgr, h, "[[fail:400]]", origin="trigger")
+        wait_until(lambda: len(heard) == 1, "the agent_failed event")
+        [event] = heard
+        assert (event.kind, event.type, event.agent_id, event.origin, event.key_id) == \
+            ("agent", "agent_failed", h.id, "trigger", "")
+        assert event.payload == {"agent_id": h.id, "agent_name": "falls-over", "error": err.value.message,
+                                 "run_origin": "trigger"}
+
+        def record(handle, provider, model, response, usage=None):
+            raise RuntimeError("x" * 2000)
+
+        env.usage.value = record
+        with pytest.raises(RuntimeError):
+            run(mgr, h, "y")
+        wait_until(lambda: len(heard) == 2, "the second agent_failed event")
+        assert heard[1].payload["error"] == "RuntimeError: " + "x" * 986, "the cause is cut at 1000 characters"
+        assert (heard[1].origin, heard[1].payload["run_origin"]) == ("api", "api")
+        env.usage.value = None
+        threading.Timer(0.3, lambda: mgr.stop(h)).start()
+        with pytest.raises(RunCancelled):
+            run(mgr, h, "[[slow:5]]")
+        with pytest.raises(AgentRunError) as err:
+            run(mgr, h, "[[fail:400]]")
+        wait_until(lambda: len(heard) == 3, "the third agent_failed event")
+        assert heard[2].payload["error"] == err.value.message, "BUG: a stopped run was published as a failure"
+    finally:
+        bus.close()
 
 
 class caplog_at_warning:
@@ -567,6 +632,81 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None
     assert written == [{"model": "gpt-4o", "key_id": None}], "BUG: a stopped run's usage was not written"
 
 
+def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, monkeypatch) -> None:
+    from fakellm import TINY_PNG
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    monkeypatch.setenv("MEDIA_KEY", "sk-media")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    # The daemon's OpenAI URL leads nowhere: only the agent's own base_url reaches the provider.
+    config = llm_config(fake)
+    env = Env(tmp_path, {**config, "provider_urls": {**config["provider_urls"], "openai": dead}})
+    try:
+        mgr = env.manager()
+        tools = f'api_key_env = "MEDIA_KEY"\nbase_url = "{fake.openai_base}"\n' \
+                '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n'
+        seeing = mgr.spawn(manifest("seeing", tools))
+        unknown = mgr.spawn(manifest("unknown", tools, model="my-own-finetune"))
+        claude = mgr.spawn(manifest("claude", '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n',
+                                    provider="anthropic", model="claude-sonnet-4-6"))
+        for h in (seeing, unknown, claude):
+            workspace = env.config.workspaces_dir / h.name
+            workspace.mkdir(parents=True)
+            (workspace / "p.png").write_bytes(TINY_PNG)
+            (workspace / "clip.wav").write_bytes(b"RIFF0000WAVE")
+        asked = len(fake.requests)
+        assert run(mgr, seeing, '[[tool:media_describe {"path": "p.png"}]]').response == \
+            "tool said: echo: Describe this image."
+        look = fake.requests[asked + 1]
+        assert look["headers"]["authorization"] == "Bearer sk-media"
+        assert look["json"] == {"model": "gpt-4o", "max_tokens": 1024, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe this image."},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()}}]}]}
+        asked = len(fake.requests)
+        assert run(mgr, seeing, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: transcript of clip.wav (12 bytes)"
+        heard = fake.requests[asked + 1]
+        assert (heard["path"], heard["headers"]["authorization"]) == ("/v1/audio/transcriptions", "Bearer sk-media")
+        assert run(mgr, unknown, '[[tool:media_describe {"path": "p.png"}]]').response == \
+            "tool said: error: model my-own-finetune is not in the catalog, so it is not known to accept images: " \
+            "use a vision-capable model"
+        assert run(mgr, claude, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: error: speech-to-text is not available: provider anthropic has no OpenAI-compatible " \
+            "/audio/transcriptions endpoint"
+    finally:
+        env.close()
+
+
+def test_tools_reach_the_daemons_memory_and_event_bus_in_the_name_of_the_runs_origin_and_key(env) -> None:
+    from agentd.agents.cooperation import Cooperation
+    from agentd.triggers.bus import EventBus
+
+    class Memory(MemoryStandIn):
+        def remember(self, agent_id, content, source, scope, metadata, confidence):
+            self.remembered = (agent_id, content, source)
+            return {"merged": False, "id": "m1"}
+
+    memory, bus, heard = Memory(), EventBus(), []
+    bus.subscribe(heard.append)
+    mgr = env.manager(memory=memory, cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("cooperates", '[capabilities]\ntools = ["memory_remember", "event_publish"]\n'))
+    try:
+        assert run(mgr, h, '[[tool:memory_remember {"content": "the sky is blue"}]]').response == \
+            "tool said: remembered as memory m1"
+        assert memory.remembered == (h.id, "the sky is blue", "inference")
+        said = run(mgr, h, '[[tool:event_publish {"event_type": "ping", "payload": {"n": 1}}]]',
+                   origin="trigger", key_id="k1").response
+        wait_until(lambda: heard, "the published event")
+        [event] = heard
+        assert said == f"tool said: published event {event.id} (ping)"
+        assert (event.kind, event.type, event.payload, event.agent_id, event.origin, event.key_id) == \
+            ("custom", "ping", {"n": 1}, h.id, "trigger", "k1")
+    finally:
+        bus.close()
+
+
 def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
     h = mgr.spawn(manifest("imgfail"))
     png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG-bytes")
@@ -580,8 +720,6 @@ def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
 def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monkeypatch) -> None:
     # The primary cannot be reached; its fallback times out, and a timeout ends the chain
     # with the fallback's own error: the line names the fallback, not the agent's model.
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
@@ -704,6 +842,21 @@ def test_a_runs_owner_reaches_memory_unless_the_agent_shares(env) -> None:
     run(mgr, private, "hi")
     run(mgr, shared, "hi", owner="user:alice")
     assert memory.owners == ["user:alice", "user:alice", "", "", None, None]
+
+
+def test_the_daemons_share_episodic_setting_is_the_default_a_manifest_overrides(tmp_path, fake, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    env = Env(tmp_path, {**llm_config(fake), "memory": {"share_episodic": True}})
+    try:
+        memory = MemoryStandIn()
+        mgr = env.manager(memory=memory)
+        shared = mgr.spawn(manifest("shares-by-default"))
+        own = mgr.spawn(manifest("keeps-its-own", "[memory]\nshare_episodic = false\n"))
+        run(mgr, shared, "hi", owner="user:bob")
+        run(mgr, own, "hi", owner="user:bob")
+        assert memory.owners == [None, None, "user:bob", "user:bob"]
+    finally:
+        env.close()
 
 
 def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:
