@@ -312,9 +312,12 @@ def test_run_blocking_runs_in_the_requests_session_with_the_api_origin(env: Env)
         assert result.response == "hi ann"
         with pytest.raises(AgentdError):
             runs.run_blocking(env.kernel, handle, "[[fail:400]]", [])
+        with pytest.raises(AgentdError):
+            runs.run_blocking(env.kernel, handle, "[[fail:400]]", [], origin="v1")
     person = env.kernel.agents.session(handle, session_id)
     assert (person["label"], [m["content"] for m in person["messages"]]) == \
         ("user:ann", ["[[reply:hi ann]]", "hi ann"]), "BUG: the request's session was not the run's"
     assert [m["content"] for m in env.kernel.agents.session(handle)["messages"]][0] == "[[fail:400]]"
-    wait_until(lambda: heard, "the agent_failed event")
-    assert [(e.type, e.origin, e.payload["run_origin"]) for e in heard] == [("agent_failed", "api", "api")]
+    wait_until(lambda: len(heard) == 2, "the agent_failed events")
+    assert [(e.type, e.origin, e.payload["run_origin"]) for e in heard] == \
+        [("agent_failed", "api", "api"), ("agent_failed", "v1", "v1")]
