@@ -644,7 +644,10 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
     config = llm_config(fake)
     env = Env(tmp_path, {**config, "provider_urls": {**config["provider_urls"], "openai": dead}})
     try:
-        mgr = env.manager()
+        from agentd.agents.tools.services import ToolServices
+
+        audit = Recorder()
+        mgr = env.manager(tool_services=ToolServices(env.config.tools, audit, Recorder(), Recorder()))
         tools = f'api_key_env = "MEDIA_KEY"\nbase_url = "{fake.openai_base}"\n' \
                 '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n'
         seeing = mgr.spawn(manifest("seeing", tools))
@@ -669,6 +672,10 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
             "tool said: transcript of clip.wav (12 bytes)"
         heard = fake.requests[asked + 1]
         assert (heard["path"], heard["headers"]["authorization"]) == ("/v1/audio/transcriptions", "Bearer sk-media")
+        assert audit.calls == [
+            ("tool.image_to_model", "seeing", {"agent_id": seeing.id, "bytes": len(TINY_PNG), "model": "gpt-4o"}),
+            ("tool.speech_to_text", "seeing", {"agent_id": seeing.id, "file": "clip.wav", "bytes": 12,
+                                               "provider": "openai"})]
         assert run(mgr, unknown, '[[tool:media_describe {"path": "p.png"}]]').response == \
             "tool said: error: model my-own-finetune is not in the catalog, so it is not known to accept images: " \
             "use a vision-capable model"
@@ -705,6 +712,42 @@ def test_tools_reach_the_daemons_memory_and_event_bus_in_the_name_of_the_runs_or
             ("custom", "ping", {"n": 1}, h.id, "trigger", "k1")
     finally:
         bus.close()
+
+
+def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key(env) -> None:
+    class Cron:
+        def __init__(self) -> None:
+            self.deleted: list = []
+
+        def get(self, job_id):
+            return {"id": job_id, "name": "nightly", "agent_id": h.id}
+
+        def delete(self, job_id, by):
+            self.deleted.append((job_id, by))
+
+    class KeyRuns:
+        def acting(self, key_id):
+            return f"principal of {key_id}"
+
+    class A2A:
+        def resolve(self, name):
+            return f"http://{name}.example"
+
+        def endpoint(self, url, get, check):
+            return url + "/a2a"
+
+        def send(self, endpoint, message, context, post, check):
+            return f"{endpoint} answered {message}"
+
+    cron = Cron()
+    mgr = env.manager(cron=cron, key_runs=KeyRuns(), a2a=A2A())
+    h = mgr.spawn(manifest("reaches", '[capabilities]\nnetwork = ["*"]\n'
+                                      'tools = ["schedule_delete", "a2a_send"]\n'))
+    assert run(mgr, h, '[[tool:schedule_delete {"id": "j1"}]]', key_id="k1").response == \
+        "tool said: removed scheduled task j1 (nightly)"
+    assert cron.deleted == [("j1", "principal of k1")], "BUG: the job was changed by someone else than the run's key"
+    assert run(mgr, h, '[[tool:a2a_send {"agent_name": "remote", "message": "hi"}]]').response == \
+        "tool said: http://remote.example/a2a answered hi"
 
 
 def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
