@@ -435,6 +435,43 @@ def test_a_failed_run_is_published_as_agent_failed_and_a_stopped_one_is_not(env)
         bus.close()
 
 
+def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(env, monkeypatch) -> None:
+    from agentd.metrics import Metrics
+
+    metrics = Metrics(agent_labels=True)
+    mgr = env.manager(metrics=metrics)
+    h = mgr.spawn(manifest("counted"))
+    run(mgr, h, "ok", origin="trigger")
+    with pytest.raises(AgentRunError):
+        run(mgr, h, "[[fail:400]]")
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(RunCancelled):
+        run(mgr, h, "x", cancel=stopped, origin="schedule")
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert [sample("agentd_runs_total", origin=origin, outcome=outcome, agent="counted") for origin, outcome in
+            (("trigger", "completed"), ("api", "failed"), ("schedule", "cancelled"))] == [1.0, 1.0, 1.0]
+    assert sample("agentd_run_duration_seconds_count", origin="trigger") == 1.0
+    assert 0 < sample("agentd_run_duration_seconds_sum", origin="trigger") < 60
+    monkeypatch.setattr(env.config.agents, "max_queue", 1)
+    h.run_lock.acquire()
+    try:
+        running = submit(mgr, h, "first")
+        wait_until(lambda: h.busy and not h.waiting, "the first run to leave the queue")
+        queued = submit(mgr, h, "second")
+        with pytest.raises(TooManyRequests) as err:
+            submit(mgr, h, "third")
+        assert err.value.message == ("agent counted is busy: 1 requests are already waiting for it (max_queue 1); "
+                                     "try again later")
+        assert sample("agentd_requests_refused_total", reason="queue_full", agent="counted") == 1.0
+    finally:
+        h.run_lock.release()
+    assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
+
+
 class caplog_at_warning:
     """The agentd.agents records logged inside the block."""
 
