@@ -472,6 +472,29 @@ def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(en
     assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
 
 
+def test_a_runs_log_lines_name_its_request_and_agent_on_whichever_thread_runs_it(mgr) -> None:
+    from agentd import logs
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    seen: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append((record.getMessage().split(":")[0], logs.current()))
+    logger = logging.getLogger("agentd.agents")
+    logger.addHandler(handler)
+    try:
+        h = mgr.spawn(manifest("logged"))
+        with pytest.raises(AgentRunError):
+            run(mgr, h, "[[fail:400]]", request_id="req-1")
+        assert logs.current() == logs.LogContext(), "the caller's context is given back"
+        queued = mgr.runs.start(RunRequest(h, "[[fail:400]]", on=WORKER, request_id="req-2"))
+        with pytest.raises(AgentRunError):
+            queued.future.result(10)
+    finally:
+        logger.removeHandler(handler)
+    assert [context for line, context in seen if line == "run failed"] == [
+        logs.LogContext("req-1", "logged"), logs.LogContext("req-2", "logged")]
+
+
 class caplog_at_warning:
     """The agentd.agents records logged inside the block."""
 
@@ -996,6 +1019,22 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     with pytest.raises(NotFound) as err:
         run_in_conversation(mgr, gone, str(uuid.uuid4()), "x")
     assert err.value.message == "agent not found"
+
+
+def test_a_conversations_run_for_a_worker_is_checked_once_and_does_not_wait_for_the_agent(env) -> None:
+    import uuid
+
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
+    h = mgr.spawn(manifest("chatty"))
+    sid = str(uuid.uuid4())
+    with h.run_lock:  # the agent's own session is busy
+        ticket = mgr.runs.start(RunRequest(h, "hello", on=WORKER, session_id=sid, label="tg:7"))
+        assert ticket.future.result(10).response == "echo: hello"
+    assert preflight.calls == [(h,)], "checked when started, not again on the worker"
+    assert [m["content"] for m in session_of(env, sid)] == ["hello", "echo: hello"]
 
 
 def test_run_now_runs_with_everything_it_was_given(env, mgr, fake) -> None:
