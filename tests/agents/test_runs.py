@@ -495,6 +495,42 @@ def test_a_runs_log_lines_name_its_request_and_agent_on_whichever_thread_runs_it
         logs.LogContext("req-1", "logged"), logs.LogContext("req-2", "logged")]
 
 
+def test_a_database_outage_in_a_run_is_answered_as_the_outage_and_not_as_the_agents_failure(env, monkeypatch) -> None:
+    import sqlite3
+
+    from agentd.agents.cooperation import Cooperation
+    from agentd.store.outage import OUTAGE, StorageFull
+    from agentd.triggers.bus import EventBus
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    bus, heard = EventBus(), []
+    bus.subscribe(heard.append)
+    mgr = env.manager(cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("outage"))
+    env.usage.value = full
+    monkeypatch.setattr(OUTAGE, "since", None)
+    try:
+        with caplog_at_warning() as records:
+            with pytest.raises(StorageFull) as err:
+                run(mgr, h, "x")
+        env.usage.value = None
+        with pytest.raises(AgentRunError) as failed:
+            run(mgr, h, "[[fail:400]]")
+        # The bus delivers in order: had the outage been published, it would be heard first.
+        wait_until(lambda: heard, "the agent_failed event")
+        assert [e.payload["error"] for e in heard] == [failed.value.message], \
+            "BUG: an outage was published as the agent's failure"
+    finally:
+        OUTAGE.since = OUTAGE.error = None
+        bus.close()
+    assert (err.value.status, err.value.message) == \
+        (507, "insufficient storage: the disk holding the database is full; free some space and retry")
+    assert [r.getMessage() for r in records if r.getMessage().startswith("run failed")] == [], \
+        "the outage is logged once, not per run"
+
+
 class caplog_at_warning:
     """The agentd.agents records logged inside the block."""
 
