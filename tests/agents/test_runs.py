@@ -211,6 +211,21 @@ def test_the_agents_permitted_skills_are_listed_in_its_system_prompt_when_it_can
         "skills are not offered to an agent that cannot read them"
 
 
+def test_a_runs_own_model_and_source_are_used_for_that_run_only(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("override"))
+    calls = len(env.usage.calls)
+    assert run(mgr, h, "[[reply:by cron]]", options=RunOptions(model="gpt4-mini", source="cron")).response == "by cron"
+    assert fake.requests[-1]["json"]["model"] == "gpt-4o-mini", "an alias is resolved to its model"
+    assert [call[2] for call in env.usage.calls[calls:]] == ["gpt-4o-mini"], "the call is paid at its own model"
+    run(mgr, h, "[[reply:by hand]]")
+    assert fake.requests[-1]["json"]["model"] == "gpt-4o"
+    with pytest.raises(AgentRunError):
+        run(mgr, h, "[[fail:400]]", options=RunOptions(source="cron"))
+    assert [(m["content"][:12], m.get("source")) for m in session_of(env, h.session_id)] == [
+        ("[[reply:by c", "cron"), ("by cron", None), ("[[reply:by h", None), ("by hand", None),
+        ("[[fail:400]]", "cron"), ("[run failed:", None)]
+
+
 def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:
     h = mgr.spawn(manifest("iter", "[resources]\nmax_iterations = 2\n"))
     result = run(mgr, h, '[[tool:system_time {} x5]]')
