@@ -439,9 +439,10 @@ def test_a_failed_run_is_published_as_agent_failed_and_a_stopped_one_is_not(env)
         assert heard[1].payload["error"] == "RuntimeError: " + "x" * 986, "the cause is cut at 1000 characters"
         assert (heard[1].origin, heard[1].payload["run_origin"]) == ("api", "api")
         env.usage.value = None
-        threading.Timer(0.3, lambda: mgr.stop(h)).start()
+        stopped = threading.Event()
+        stopped.set()
         with pytest.raises(RunCancelled):
-            run(mgr, h, "[[slow:5]]")
+            run(mgr, h, "x", cancel=stopped)
         with pytest.raises(AgentRunError) as err:
             run(mgr, h, "[[fail:400]]")
         wait_until(lambda: len(heard) == 3, "the third agent_failed event")
@@ -744,6 +745,7 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None
 
 
 def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, monkeypatch) -> None:
+    from agentd.agents.tools.services import ToolServices
     from fakellm import TINY_PNG
 
     with socket.socket() as s:
@@ -755,8 +757,6 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
     config = llm_config(fake)
     env = Env(tmp_path, {**config, "provider_urls": {**config["provider_urls"], "openai": dead}})
     try:
-        from agentd.agents.tools.services import ToolServices
-
         audit = Recorder()
         mgr = env.manager(tool_services=ToolServices(env.config.tools, audit, Recorder(), Recorder()))
         tools = f'api_key_env = "MEDIA_KEY"\nbase_url = "{fake.openai_base}"\n' \
