@@ -102,7 +102,7 @@ def test_a_request_for_a_busy_agent_cannot_take_the_reserved_slots(env: Env) -> 
                 runs.acquire_stream_slot("queued behind a hung run", handle)
             handle.busy = False
             runs.acquire_stream_slot(handle=handle)   # an idle agent's run starts now
-            runs.acquire_stream_slot()                   # (no agent: as idle)
+            runs.acquire_stream_slot()                # (no agent: as idle)
         assert slots.in_use == 8
     finally:
         handle.busy = False
