@@ -765,7 +765,8 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
         unknown = mgr.spawn(manifest("unknown", tools, model="my-own-finetune"))
         claude = mgr.spawn(manifest("claude", '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n',
                                     provider="anthropic", model="claude-sonnet-4-6"))
-        for h in (seeing, unknown, claude):
+        proxied = mgr.spawn(manifest("proxied", tools, provider="my-proxy"))   # a provider the catalog does not know
+        for h in (seeing, unknown, claude, proxied):
             workspace = env.config.workspaces_dir / h.name
             workspace.mkdir(parents=True)
             (workspace / "p.png").write_bytes(TINY_PNG)
@@ -792,6 +793,9 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
             "use a vision-capable model"
         assert run(mgr, claude, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
             "tool said: error: speech-to-text is not available: provider anthropic has no OpenAI-compatible " \
+            "/audio/transcriptions endpoint"
+        assert run(mgr, proxied, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: error: speech-to-text is not available: provider my-proxy has no OpenAI-compatible " \
             "/audio/transcriptions endpoint"
     finally:
         env.close()
