@@ -1087,7 +1087,7 @@ def test_a_conversations_run_for_a_worker_is_checked_once_and_does_not_wait_for_
     sid = str(uuid.uuid4())
     with h.run_lock:  # the agent's own session is busy
         ticket = mgr.runs.start(RunRequest(h, "hello", on=WORKER, session_id=sid, label="tg:7"))
-        assert ticket.future.result(10).response == "echo: hello"
+        assert (ticket.here, ticket.result().response) == (False, "echo: hello")
     assert preflight.calls == [(h,)], "checked when started, not again on the worker"
     assert [m["content"] for m in session_of(env, sid)] == ["hello", "echo: hello"]
 
