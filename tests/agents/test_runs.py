@@ -488,6 +488,26 @@ def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(en
     assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
 
 
+def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(mgr) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentd import tracing
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    exporter = InMemorySpanExporter()
+    assert tracing.configure(False, exporter=exporter)
+    try:
+        h = mgr.spawn(manifest("traced-worker"))
+        with tracing.span("request") as request:
+            ticket = mgr.runs.start(RunRequest(h, "hi", on=WORKER, origin="ws"))
+        assert ticket.result().response == "echo: hi"
+    finally:
+        tracing.shutdown()
+    [run_span] = [s for s in exporter.get_finished_spans() if s.name == "agent.run"]
+    assert run_span.parent.span_id == request.get_span_context().span_id
+    assert (run_span.attributes["agentd.agent"], run_span.attributes["agentd.run.origin"]) == ("traced-worker", "ws")
+
+
 def test_a_runs_log_lines_name_its_request_and_agent_on_whichever_thread_runs_it(mgr) -> None:
     from agentd import logs
     from agentd.agents.run_request import WORKER, RunRequest
@@ -1171,6 +1191,10 @@ def test_where_a_started_run_executes(env) -> None:
         h.run_lock.release()
     with pytest.raises(RunCancelled):
         running.future.result(10)
+    stopped = mgr.runs.start(RunRequest(h, "never", on=CALLER))
+    stopped.stop()
+    with pytest.raises(RunCancelled):
+        stopped.result()
     # abandon(): a run held for a caller that will not wait frees the agent, never runs.
     held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
     held.abandon()
