@@ -160,7 +160,7 @@ class Runs:
                                     "agentd.run.finish_reason": result.finish_reason})
             return result
 
-    def _execute_untraced(self, request: RunRequest, recheck: bool = True) -> RunResult:
+    def _execute_untraced(self, request: RunRequest, recheck: bool) -> RunResult:
         """Run one request to completion in the calling thread (`recheck`: the quota and
         budget again, for a run that waited in its agent's queue). `request.cancel` stops
         the run; stop() and kill() set it too, except for a conversation's run."""

@@ -488,12 +488,14 @@ def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(en
     assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
 
 
-def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(mgr) -> None:
+def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(env) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from agentd import tracing
-    from agentd.agents.run_request import WORKER, RunRequest
+    from agentd.agents.run_request import INLINE, WORKER, RunRequest
 
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
     exporter = InMemorySpanExporter()
     assert tracing.configure(False, exporter=exporter)
     try:
@@ -501,9 +503,12 @@ def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(mg
         with tracing.span("request") as request:
             ticket = mgr.runs.start(RunRequest(h, "hi", on=WORKER, origin="ws"))
         assert ticket.result().response == "echo: hi"
+        assert len(preflight.calls) == 2, "a queued run is checked again when a worker takes it"
+        assert mgr.runs.start(RunRequest(h, "now", on=INLINE)).result().response == "echo: now"
+        assert len(preflight.calls) == 3, "a run that did not wait is checked once"
     finally:
         tracing.shutdown()
-    [run_span] = [s for s in exporter.get_finished_spans() if s.name == "agent.run"]
+    run_span = [s for s in exporter.get_finished_spans() if s.name == "agent.run"][0]
     assert run_span.parent.span_id == request.get_span_context().span_id
     assert (run_span.attributes["agentd.agent"], run_span.attributes["agentd.run.origin"]) == ("traced-worker", "ws")
 
