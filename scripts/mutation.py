@@ -178,7 +178,9 @@ TESTS: dict[str, list[str]] = {
             "test_a_full_queue_drops_the_exchange_with_a_warning",
             "test_close_gives_up_on_a_stuck_worker_after_five_seconds"))],
     "agentd/agents/model_call.py": ["tests/agents/test_model_call.py"],
-    "agentd/agents/runs.py": ["tests/agents/test_runs.py"],
+    # In process on a real manager and store; the run's span through a kernel with an in-memory exporter.
+    "agentd/agents/runs.py": ["tests/agents/test_runs.py",
+                              "tests/test_tracing.py::test_spans_of_a_request_and_the_traceparent_sent_upstream"],
     # The modules beside the run path: what a caller hands it, the refusals, the user turn.
     **{f"agentd/agents/{name}.py": ["tests/agents/test_runs.py"] for name in ("run_request", "run_checks", "user_turn")},
     # The shared plumbing: backoff and Retry-After, HMAC, SSE lines.

@@ -68,8 +68,9 @@ class Env:
 
     def manager(self, record_usage: Any = None, preflight: Any = None, write_usage: Any = None,
                 memory: Any = None, cluster: Any = None, audit: Any = "recorder",
-                approvals: Any = None, store: Any = None, key_budget: Any = None) -> AgentManager:
-        """The agent services on this store (or `store`), wired as the kernel wires them."""
+                approvals: Any = None, store: Any = None, key_budget: Any = None, **services: Any) -> AgentManager:
+        """The agent services on this store (or `store`), wired as the kernel wires them;
+        `services`: Runs' other collaborators (cooperation, skills, tool_services, a2a, cron, key_runs)."""
         approvals = approvals or ApprovalQueue()
         store = store or self.store
         models = ModelCalls(self.config, self.catalog, record_usage or self.usage)
@@ -80,7 +81,7 @@ class Env:
         sessions = SessionStore(store, registry, models, write_usage)
         uploads = Uploads(store)
         runs = Runs(self.config, self.catalog, registry, sessions, models, uploads, queues, approvals,
-                    KvMemory(store), memory, cluster, preflight, key_budget=key_budget)
+                    KvMemory(store), memory, cluster, preflight, key_budget=key_budget, **services)
         return AgentManager(registry, sessions, models, uploads, runs)
 
     def close(self) -> None:

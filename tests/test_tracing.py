@@ -97,7 +97,10 @@ def test_spans_of_a_request_and_the_traceparent_sent_upstream(traced) -> None:
     assert all(c.parent.span_id == run.context.span_id for c in calls)
     assert tool.parent.span_id == run.context.span_id
     assert request.attributes["http.route"] == "/v1/chat/completions"
-    assert run.attributes["agentd.agent"] == "traced" and run.attributes["agentd.run.origin"] == "v1"
+    assert dict(run.attributes) == {"agentd.agent": "traced", "agentd.run.origin": "v1", "agentd.run.finish_reason": "stop",
+                                    "gen_ai.usage.input_tokens": 26, "gen_ai.usage.output_tokens": 13}
+    assert [sum(c.attributes[f"gen_ai.usage.{kind}_tokens"] for c in calls) for kind in ("input", "output")] == \
+        [26, 13], "the run's tokens are its model calls' together"
     assert calls[0].attributes["gen_ai.system"] == "openai" and calls[0].attributes["gen_ai.request.model"] == "gpt-4o"
     assert calls[1].attributes["gen_ai.usage.output_tokens"] > 0
     assert tool.attributes == {"agentd.tool": "lookup", "agentd.tool.is_error": True}

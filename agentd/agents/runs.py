@@ -160,7 +160,7 @@ class Runs:
                                     "agentd.run.finish_reason": result.finish_reason})
             return result
 
-    def _execute_untraced(self, request: RunRequest, recheck: bool = True) -> RunResult:
+    def _execute_untraced(self, request: RunRequest, recheck: bool) -> RunResult:
         """Run one request to completion in the calling thread (`recheck`: the quota and
         budget again, for a run that waited in its agent's queue). `request.cancel` stops
         the run; stop() and kill() set it too, except for a conversation's run."""
@@ -228,8 +228,8 @@ class Runs:
 
     def _run_locked(self, handle: AgentHandle, session: AgentHandle | ConversationSession, user: Message,
                     image_refs: list[dict[str, Any]], emit: Sink | None, options: RunOptions,
-                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None = None,
-                    request: RunRequest | None = None) -> RunResult:
+                    cancel: threading.Event, complete: Callable[[Any, float | None], None] | None,
+                    request: RunRequest) -> RunResult:
         """One run to completion in `session` (the agent's own: the handle); `complete(tx, cost)`
         closes its run record in the transaction that saves the session (see Cluster.run)."""
         sessions = self.sessions
@@ -255,13 +255,12 @@ class Runs:
             workspace = handle.workspace
             if workspace is None:
                 workspace = handle.workspace = self.config.workspaces_dir / handle.name
-            key_id = request.key_id if request else ""
             return ToolContext(agent_id=handle.id, workspace=workspace, capabilities=caps,
                                tools_config=self.config.tools,
-                               ops=self.ops_for(handle, request.origin if request else "", key_id), cancel=cancel,
+                               ops=self.ops_for(handle, request.origin, request.key_id), cancel=cancel,
                                services=self.tool_services, agent_name=handle.name,
                                model=self._model_access(handle), skills=skills, a2a=self.a2a, cron=self.cron,
-                               key_id=key_id, key_runs=self.key_runs)
+                               key_id=request.key_id, key_runs=self.key_runs)
 
         approver = None
         if handle.mode == "Manual":
@@ -273,7 +272,7 @@ class Runs:
                 return self.approvals.wait(approval, self.config.tools.approval_timeout_secs, cancel)
         costs: list[float | None] = []
         # This run's usage rows, written with its session, each naming the key that pays.
-        usage: list[dict[str, Any]] = KeyRows(request.key_id if request is not None else "")
+        usage: list[dict[str, Any]] = KeyRows(request.key_id)
 
         quota = handle.manifest.tokens_per_hour  # (the log is read only against a quota)
 
@@ -349,7 +348,7 @@ class Runs:
                 if event is not None:
                     event.set()
 
-    def _memory_owner(self, handle: AgentHandle, request: RunRequest | None) -> str | None:
+    def _memory_owner(self, handle: AgentHandle, request: RunRequest) -> str | None:
         """The person whose episodic memory a run sees and adds to; None: the agent shares
         its episodic memory across sessions (`[memory] share_episodic`, or the manifest's)."""
         shared = handle.manifest.data.get("memory", {}).get("share_episodic")
@@ -357,7 +356,7 @@ class Runs:
             shared = self.config.memory.share_episodic
         if shared:
             return None
-        return request.owner if request is not None else ""
+        return request.owner
 
     def stop(self, handle: AgentHandle) -> bool:
         """Cancel the agent's current run; True when one was running."""

@@ -149,7 +149,7 @@ def _rpc(agent: str | None) -> Response:
             result = service.call(method, params, agent, caller=principal())
         else:
             # Waiting for the run holds a server thread, like a plain message request.
-            acquire_stream_slot(k, "server busy: too many requests are waiting for agents; try again shortly")
+            acquire_stream_slot("server busy: too many requests are waiting for agents; try again shortly")
             try:
                 disconnected = client_disconnected()
                 result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected),
@@ -166,7 +166,7 @@ def _rpc(agent: str | None) -> Response:
 
 def _stream(rpc_id: Any, method: str, params: dict[str, Any], agent: str | None) -> Response:
     k = kernel()
-    acquire_stream_slot(k)
+    acquire_stream_slot()
     try:
         disconnected = client_disconnected()
         events = k.a2a.stream(rpc_id, method, params, agent, k.executor.submit,

@@ -180,6 +180,6 @@ def step_events(run_id: str) -> Iterator[str]:
 def run_events(run_id: str):
     engine = kernel().workflows
     engine.run_detail(run_id)  # an unknown run is a 404 before the stream begins
-    acquire_stream_slot(kernel())
+    acquire_stream_slot()
     slots = stream_slots()
     return sse_response(step_events(run_id), on_close=slots.release)

@@ -38,11 +38,11 @@ def stream_slots() -> Slots:
     return current_app._get_current_object().extensions["agentd.stream_slots"]
 
 
-def acquire_stream_slot(kernel: Kernel, message: str = "too many concurrent streams; try again shortly",
+def acquire_stream_slot(message: str = "too many concurrent streams; try again shortly",
                         handle: AgentHandle | None = None) -> None:
     """Long-lived connections are capped so plain HTTP always has threads; one that would
     wait behind its agent's current run cannot take the share kept for runs that start now."""
-    if not stream_slots().acquire(blocking=False, waiting=handle is not None and handle.busy):
+    if not stream_slots().acquire(waiting=handle is not None and handle.busy):
         raise TooManyStreams(message, retry_after=1)
 
 
@@ -58,7 +58,7 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
     ticket = kernel.runs.start(RunRequest(handle, text, attachments, options, on=CALLER, origin=origin,
                                           **(run or {})))
     try:
-        acquire_stream_slot(kernel, "server busy: too many requests are waiting for agents; try again shortly",
+        acquire_stream_slot("server busy: too many requests are waiting for agents; try again shortly",
                             handle if waiting else None)
     except BaseException:
         ticket.abandon()

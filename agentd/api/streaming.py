@@ -59,7 +59,7 @@ def stream_run(kernel: Kernel, handle: AgentHandle, text: str, attachments: list
                options: RunOptions | None, shape: StreamShape, origin: str = "sse",
                run: dict[str, str] | None = None) -> Response:
     """Start streaming `text` to `handle` as Server-Sent Events; refusals are raised here."""
-    acquire_stream_slot(kernel, handle=handle)
+    acquire_stream_slot(handle=handle)
     slots = stream_slots()
     try:
         stream = WrittenStream(shape, kernel.config.api.sse_keepalive_secs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from agentd.agents.run_checks import check_quota
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
-from support import children_named
+from support import children_named, wait_until
 from mgrsupport import (Env, Recorder, fake, llm_config, lone_store_only, manifest,  # noqa: F401 (fake: a fixture)
                         run, run_in_conversation, run_on_caller, submit)
 
@@ -184,6 +185,45 @@ def test_system_prompt_sampling_and_limits(mgr, fake) -> None:
     got = params_of(mgr, h, RunOptions(params=GenerationParams(top_p=0.5)))
     assert got["max_tokens"] == 321 and fake.requests[-1]["json"]["top_p"] == 0.5, \
         "BUG: the request's sampling parameters did not reach the model"
+
+
+def test_the_agents_permitted_skills_are_listed_in_its_system_prompt_when_it_can_read_them(env, tmp_path) -> None:
+    from agentd.skills import Skills
+
+    for name in ("alpha", "beta"):
+        (tmp_path / "skills" / name).mkdir(parents=True)
+        (tmp_path / "skills" / name / "SKILL.md").write_text(f"---\nname: {name}\ndescription: The {name} skill\n---\n"
+                                                             f"Do {name}.\n")
+    mgr = env.manager(skills=Skills(tmp_path / "skills"))
+
+    def agent(name: str, tools: str):
+        return mgr.spawn(f'name = "{name}"\nskills = ["beta"]\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
+                         f'system_prompt = "S"\n[capabilities]\ntools = {tools}\n')
+
+    reader = agent("reader", '["skill_describe"]')
+    assert json.loads(run(mgr, reader, "[[echo_params]]").response)["system"] == \
+        "S\n\nSkills you can use (read one's instructions with skill_describe before following it):\n" \
+        "- beta: The beta skill"
+    assert run(mgr, reader, '[[tool:skill_describe {"name": "beta"}]]').response == \
+        "tool said: # beta\nThe beta skill\n\nDo beta."
+    other = agent("no-reader", '["system_time"]')
+    assert json.loads(run(mgr, other, "[[echo_params]]").response)["system"] == "S", \
+        "skills are not offered to an agent that cannot read them"
+
+
+def test_a_runs_own_model_and_source_are_used_for_that_run_only(env, mgr, fake) -> None:
+    h = mgr.spawn(manifest("override"))
+    calls = len(env.usage.calls)
+    assert run(mgr, h, "[[reply:by cron]]", options=RunOptions(model="gpt4-mini", source="cron")).response == "by cron"
+    assert fake.requests[-1]["json"]["model"] == "gpt-4o-mini", "an alias is resolved to its model"
+    assert [call[2] for call in env.usage.calls[calls:]] == ["gpt-4o-mini"], "the call is paid at its own model"
+    run(mgr, h, "[[reply:by hand]]")
+    assert fake.requests[-1]["json"]["model"] == "gpt-4o"
+    with pytest.raises(AgentRunError):
+        run(mgr, h, "[[fail:400]]", options=RunOptions(source="cron"))
+    assert [(m["content"][:12], m.get("source")) for m in session_of(env, h.session_id)] == [
+        ("[[reply:by c", "cron"), ("by cron", None), ("[[reply:by h", None), ("by hand", None),
+        ("[[fail:400]]", "cron"), ("[run failed:", None)]
 
 
 def test_iteration_limit_and_tool_timeout_come_from_the_manifest(env, mgr, fake) -> None:
@@ -368,6 +408,168 @@ def test_other_failures_still_write_usage(env) -> None:
     assert len(line) == 1 and line[0].startswith(
         "run failed: agent=boom provider=openai model=gpt-4o status=500 cause=RuntimeError: metering broke duration=")
     assert 0 <= float(line[0].rsplit("duration=", 1)[1].rstrip("s")) < 60
+
+
+def test_a_failed_run_is_published_as_agent_failed_and_a_stopped_one_is_not(env) -> None:
+    from agentd.agents.cooperation import Cooperation
+    from agentd.triggers.bus import EventBus
+
+    bus = EventBus()
+    heard: list = []
+    bus.subscribe(heard.append)
+    mgr = env.manager(cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("falls-over"))
+    try:
+        with pytest.raises(AgentRunError) as err:
+            run(mgr, h, "[[fail:400]]", origin="trigger")
+        wait_until(lambda: len(heard) == 1, "the agent_failed event")
+        [event] = heard
+        assert (event.kind, event.type, event.agent_id, event.origin, event.key_id) == \
+            ("agent", "agent_failed", h.id, "trigger", "")
+        assert event.payload == {"agent_id": h.id, "agent_name": "falls-over", "error": err.value.message,
+                                 "run_origin": "trigger"}
+
+        def record(handle, provider, model, response, usage=None):
+            raise RuntimeError("x" * 2000)
+
+        env.usage.value = record
+        with pytest.raises(RuntimeError):
+            run(mgr, h, "y")
+        wait_until(lambda: len(heard) == 2, "the second agent_failed event")
+        assert heard[1].payload["error"] == "RuntimeError: " + "x" * 986, "the cause is cut at 1000 characters"
+        assert (heard[1].origin, heard[1].payload["run_origin"]) == ("api", "api")
+        env.usage.value = None
+        stopped = threading.Event()
+        stopped.set()
+        with pytest.raises(RunCancelled):
+            run(mgr, h, "x", cancel=stopped)
+        with pytest.raises(AgentRunError) as err:
+            run(mgr, h, "[[fail:400]]")
+        wait_until(lambda: len(heard) == 3, "the third agent_failed event")
+        assert heard[2].payload["error"] == err.value.message, "BUG: a stopped run was published as a failure"
+    finally:
+        bus.close()
+
+
+def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(env, monkeypatch) -> None:
+    from agentd.metrics import Metrics
+
+    metrics = Metrics(agent_labels=True)
+    mgr = env.manager(metrics=metrics)
+    h = mgr.spawn(manifest("counted"))
+    run(mgr, h, "ok", origin="trigger")
+    with pytest.raises(AgentRunError):
+        run(mgr, h, "[[fail:400]]")
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(RunCancelled):
+        run(mgr, h, "x", cancel=stopped, origin="schedule")
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert [sample("agentd_runs_total", origin=origin, outcome=outcome, agent="counted") for origin, outcome in
+            (("trigger", "completed"), ("api", "failed"), ("schedule", "cancelled"))] == [1.0, 1.0, 1.0]
+    assert sample("agentd_run_duration_seconds_count", origin="trigger") == 1.0
+    assert 0 < sample("agentd_run_duration_seconds_sum", origin="trigger") < 60
+    monkeypatch.setattr(env.config.agents, "max_queue", 1)
+    h.run_lock.acquire()
+    try:
+        running = submit(mgr, h, "first")
+        wait_until(lambda: h.busy and not h.waiting, "the first run to leave the queue")
+        queued = submit(mgr, h, "second")
+        with pytest.raises(TooManyRequests) as err:
+            submit(mgr, h, "third")
+        assert err.value.message == ("agent counted is busy: 1 requests are already waiting for it (max_queue 1); "
+                                     "try again later")
+        assert sample("agentd_requests_refused_total", reason="queue_full", agent="counted") == 1.0
+    finally:
+        h.run_lock.release()
+    assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
+
+
+def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(env) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentd import tracing
+    from agentd.agents.run_request import INLINE, WORKER, RunRequest
+
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
+    exporter = InMemorySpanExporter()
+    assert tracing.configure(False, exporter=exporter)
+    try:
+        h = mgr.spawn(manifest("traced-worker"))
+        with tracing.span("request") as request:
+            ticket = mgr.runs.start(RunRequest(h, "hi", on=WORKER, origin="ws"))
+        assert ticket.result().response == "echo: hi"
+        assert len(preflight.calls) == 2, "a queued run is checked again when a worker takes it"
+        assert mgr.runs.start(RunRequest(h, "now", on=INLINE)).result().response == "echo: now"
+        assert len(preflight.calls) == 3, "a run that did not wait is checked once"
+    finally:
+        tracing.shutdown()
+    run_span = [s for s in exporter.get_finished_spans() if s.name == "agent.run"][0]
+    assert run_span.parent.span_id == request.get_span_context().span_id
+    assert (run_span.attributes["agentd.agent"], run_span.attributes["agentd.run.origin"]) == ("traced-worker", "ws")
+
+
+def test_a_runs_log_lines_name_its_request_and_agent_on_whichever_thread_runs_it(mgr) -> None:
+    from agentd import logs
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    seen: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append((record.getMessage().split(":")[0], logs.current()))
+    logger = logging.getLogger("agentd.agents")
+    logger.addHandler(handler)
+    try:
+        h = mgr.spawn(manifest("logged"))
+        with pytest.raises(AgentRunError):
+            run(mgr, h, "[[fail:400]]", request_id="req-1")
+        assert logs.current() == logs.LogContext(), "the caller's context is given back"
+        queued = mgr.runs.start(RunRequest(h, "[[fail:400]]", on=WORKER, request_id="req-2"))
+        with pytest.raises(AgentRunError):
+            queued.future.result(10)
+    finally:
+        logger.removeHandler(handler)
+    assert [context for line, context in seen if line == "run failed"] == [
+        logs.LogContext("req-1", "logged"), logs.LogContext("req-2", "logged")]
+
+
+def test_a_database_outage_in_a_run_is_answered_as_the_outage_and_not_as_the_agents_failure(env, monkeypatch) -> None:
+    import sqlite3
+
+    from agentd.agents.cooperation import Cooperation
+    from agentd.store.outage import OUTAGE, StorageFull
+    from agentd.triggers.bus import EventBus
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    bus, heard = EventBus(), []
+    bus.subscribe(heard.append)
+    mgr = env.manager(cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("outage"))
+    env.usage.value = full
+    monkeypatch.setattr(OUTAGE, "since", None)
+    try:
+        with caplog_at_warning() as records:
+            with pytest.raises(StorageFull) as err:
+                run(mgr, h, "x")
+        env.usage.value = None
+        with pytest.raises(AgentRunError) as failed:
+            run(mgr, h, "[[fail:400]]")
+        # The bus delivers in order: had the outage been published, it would be heard first.
+        wait_until(lambda: heard, "the agent_failed event")
+        assert [e.payload["error"] for e in heard] == [failed.value.message], \
+            "BUG: an outage was published as the agent's failure"
+    finally:
+        OUTAGE.since = OUTAGE.error = None
+        bus.close()
+    assert (err.value.status, err.value.message) == \
+        (507, "insufficient storage: the disk holding the database is full; free some space and retry")
+    assert [r.getMessage() for r in records if r.getMessage().startswith("run failed")] == [], \
+        "the outage is logged once, not per run"
 
 
 class caplog_at_warning:
@@ -567,6 +769,127 @@ def test_tools_get_the_agents_id_its_operations_and_the_runs_cancel(env) -> None
     assert written == [{"model": "gpt-4o", "key_id": None}], "BUG: a stopped run's usage was not written"
 
 
+def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, monkeypatch) -> None:
+    from agentd.agents.tools.services import ToolServices
+    from fakellm import TINY_PNG
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    monkeypatch.setenv("MEDIA_KEY", "sk-media")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    # The daemon's OpenAI URL leads nowhere: only the agent's own base_url reaches the provider.
+    config = llm_config(fake)
+    env = Env(tmp_path, {**config, "provider_urls": {**config["provider_urls"], "openai": dead}})
+    try:
+        audit = Recorder()
+        mgr = env.manager(tool_services=ToolServices(env.config.tools, audit, Recorder(), Recorder()))
+        tools = f'api_key_env = "MEDIA_KEY"\nbase_url = "{fake.openai_base}"\n' \
+                '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n'
+        seeing = mgr.spawn(manifest("seeing", tools))
+        unknown = mgr.spawn(manifest("unknown", tools, model="my-own-finetune"))
+        claude = mgr.spawn(manifest("claude", '[capabilities]\ntools = ["media_describe", "speech_to_text"]\n',
+                                    provider="anthropic", model="claude-sonnet-4-6"))
+        proxied = mgr.spawn(manifest("proxied", tools, provider="my-proxy"))   # a provider the catalog does not know
+        for h in (seeing, unknown, claude, proxied):
+            workspace = env.config.workspaces_dir / h.name
+            workspace.mkdir(parents=True)
+            (workspace / "p.png").write_bytes(TINY_PNG)
+            (workspace / "clip.wav").write_bytes(b"RIFF0000WAVE")
+        asked = len(fake.requests)
+        assert run(mgr, seeing, '[[tool:media_describe {"path": "p.png"}]]').response == \
+            "tool said: echo: Describe this image."
+        look = fake.requests[asked + 1]
+        assert look["headers"]["authorization"] == "Bearer sk-media"
+        assert look["json"] == {"model": "gpt-4o", "max_tokens": 1024, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Describe this image."},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(TINY_PNG).decode()}}]}]}
+        asked = len(fake.requests)
+        assert run(mgr, seeing, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: transcript of clip.wav (12 bytes)"
+        heard = fake.requests[asked + 1]
+        assert (heard["path"], heard["headers"]["authorization"]) == ("/v1/audio/transcriptions", "Bearer sk-media")
+        assert audit.calls == [
+            ("tool.image_to_model", "seeing", {"agent_id": seeing.id, "bytes": len(TINY_PNG), "model": "gpt-4o"}),
+            ("tool.speech_to_text", "seeing", {"agent_id": seeing.id, "file": "clip.wav", "bytes": 12,
+                                               "provider": "openai"})]
+        assert run(mgr, unknown, '[[tool:media_describe {"path": "p.png"}]]').response == \
+            "tool said: error: model my-own-finetune is not in the catalog, so it is not known to accept images: " \
+            "use a vision-capable model"
+        assert run(mgr, claude, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: error: speech-to-text is not available: provider anthropic has no OpenAI-compatible " \
+            "/audio/transcriptions endpoint"
+        assert run(mgr, proxied, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
+            "tool said: error: speech-to-text is not available: provider my-proxy has no OpenAI-compatible " \
+            "/audio/transcriptions endpoint"
+    finally:
+        env.close()
+
+
+def test_tools_reach_the_daemons_memory_and_event_bus_in_the_name_of_the_runs_origin_and_key(env) -> None:
+    from agentd.agents.cooperation import Cooperation
+    from agentd.triggers.bus import EventBus
+
+    class Memory(MemoryStandIn):
+        def remember(self, agent_id, content, source, scope, metadata, confidence):
+            self.remembered = (agent_id, content, source)
+            return {"merged": False, "id": "m1"}
+
+    memory, bus, heard = Memory(), EventBus(), []
+    bus.subscribe(heard.append)
+    mgr = env.manager(memory=memory, cooperation=Cooperation(None, bus))
+    h = mgr.spawn(manifest("cooperates", '[capabilities]\ntools = ["memory_remember", "event_publish"]\n'))
+    try:
+        assert run(mgr, h, '[[tool:memory_remember {"content": "the sky is blue"}]]').response == \
+            "tool said: remembered as memory m1"
+        assert memory.remembered == (h.id, "the sky is blue", "inference")
+        said = run(mgr, h, '[[tool:event_publish {"event_type": "ping", "payload": {"n": 1}}]]',
+                   origin="trigger", key_id="k1").response
+        wait_until(lambda: heard, "the published event")
+        [event] = heard
+        assert said == f"tool said: published event {event.id} (ping)"
+        assert (event.kind, event.type, event.payload, event.agent_id, event.origin, event.key_id) == \
+            ("custom", "ping", {"n": 1}, h.id, "trigger", "k1")
+    finally:
+        bus.close()
+
+
+def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key(env) -> None:
+    class Cron:
+        def __init__(self) -> None:
+            self.deleted: list = []
+
+        def get(self, job_id):
+            return {"id": job_id, "name": "nightly", "agent_id": h.id}
+
+        def delete(self, job_id, by):
+            self.deleted.append((job_id, by))
+
+    class KeyRuns:
+        def acting(self, key_id):
+            return f"principal of {key_id}"
+
+    class A2A:
+        def resolve(self, name):
+            return f"http://{name}.example"
+
+        def endpoint(self, url, get, check):
+            return url + "/a2a"
+
+        def send(self, endpoint, message, context, post, check):
+            return f"{endpoint} answered {message}"
+
+    cron = Cron()
+    mgr = env.manager(cron=cron, key_runs=KeyRuns(), a2a=A2A())
+    h = mgr.spawn(manifest("reaches", '[capabilities]\nnetwork = ["*"]\n'
+                                      'tools = ["schedule_delete", "a2a_send"]\n'))
+    assert run(mgr, h, '[[tool:schedule_delete {"id": "j1"}]]', key_id="k1").response == \
+        "tool said: removed scheduled task j1 (nightly)"
+    assert cron.deleted == [("j1", "principal of k1")], "BUG: the job was changed by someone else than the run's key"
+    assert run(mgr, h, '[[tool:a2a_send {"agent_name": "remote", "message": "hi"}]]').response == \
+        "tool said: http://remote.example/a2a answered hi"
+
+
 def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
     h = mgr.spawn(manifest("imgfail"))
     png = mgr.save_upload(h, "p.png", "image/png", b"\x89PNG-bytes")
@@ -580,8 +903,6 @@ def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
 def test_the_run_failed_line_names_the_model_that_failed_last(mgr, caplog, monkeypatch) -> None:
     # The primary cannot be reached; its fallback times out, and a timeout ends the chain
     # with the fallback's own error: the line names the fallback, not the agent's model.
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
@@ -706,6 +1027,21 @@ def test_a_runs_owner_reaches_memory_unless_the_agent_shares(env) -> None:
     assert memory.owners == ["user:alice", "user:alice", "", "", None, None]
 
 
+def test_the_daemons_share_episodic_setting_is_the_default_a_manifest_overrides(tmp_path, fake, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    env = Env(tmp_path, {**llm_config(fake), "memory": {"share_episodic": True}})
+    try:
+        memory = MemoryStandIn()
+        mgr = env.manager(memory=memory)
+        shared = mgr.spawn(manifest("shares-by-default"))
+        own = mgr.spawn(manifest("keeps-its-own", "[memory]\nshare_episodic = false\n"))
+        run(mgr, shared, "hi", owner="user:bob")
+        run(mgr, own, "hi", owner="user:bob")
+        assert memory.owners == [None, None, "user:bob", "user:bob"]
+    finally:
+        env.close()
+
+
 def test_run_now_on_a_busy_agent_and_wait_for_a_client_that_left(mgr) -> None:
     h = mgr.spawn(manifest("nowbusy"))
     first = submit(mgr, h, "[[slow:0.5]] first")
@@ -763,6 +1099,22 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     with pytest.raises(NotFound) as err:
         run_in_conversation(mgr, gone, str(uuid.uuid4()), "x")
     assert err.value.message == "agent not found"
+
+
+def test_a_conversations_run_for_a_worker_is_checked_once_and_does_not_wait_for_the_agent(env) -> None:
+    import uuid
+
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    preflight = Recorder()
+    mgr = env.manager(preflight=preflight)
+    h = mgr.spawn(manifest("chatty"))
+    sid = str(uuid.uuid4())
+    with h.run_lock:  # the agent's own session is busy
+        ticket = mgr.runs.start(RunRequest(h, "hello", on=WORKER, session_id=sid, label="tg:7"))
+        assert (ticket.here, ticket.result().response) == (False, "echo: hello")
+    assert preflight.calls == [(h,)], "checked when started, not again on the worker"
+    assert [m["content"] for m in session_of(env, sid)] == ["hello", "echo: hello"]
 
 
 def test_run_now_runs_with_everything_it_was_given(env, mgr, fake) -> None:
@@ -844,6 +1196,10 @@ def test_where_a_started_run_executes(env) -> None:
         h.run_lock.release()
     with pytest.raises(RunCancelled):
         running.future.result(10)
+    stopped = mgr.runs.start(RunRequest(h, "never", on=CALLER))
+    stopped.stop()
+    with pytest.raises(RunCancelled):
+        stopped.result()
     # abandon(): a run held for a caller that will not wait frees the agent, never runs.
     held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
     held.abandon()

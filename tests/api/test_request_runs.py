@@ -19,7 +19,7 @@ from agentd.api import create_app, runs, streaming
 from agentd.config import parse_config
 from agentd.errors import AgentdError, TooManyRequests
 from agentd.kernel import Kernel
-from support import with_test_db
+from support import wait_until, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 WAIT = 15.0
@@ -96,13 +96,13 @@ def test_a_request_for_a_busy_agent_cannot_take_the_reserved_slots(env: Env) -> 
     try:
         with env.app.app_context():
             for _ in range(6):
-                runs.acquire_stream_slot(env.kernel, handle=handle)
+                runs.acquire_stream_slot(handle=handle)
             handle.busy = True
             with pytest.raises(runs.TooManyStreams):
-                runs.acquire_stream_slot(env.kernel, "queued behind a hung run", handle)
+                runs.acquire_stream_slot("queued behind a hung run", handle)
             handle.busy = False
-            runs.acquire_stream_slot(env.kernel, handle=handle)   # an idle agent's run starts now
-            runs.acquire_stream_slot(env.kernel)                   # (no agent: as idle)
+            runs.acquire_stream_slot(handle=handle)   # an idle agent's run starts now
+            runs.acquire_stream_slot()                # (no agent: as idle)
         assert slots.in_use == 8
     finally:
         handle.busy = False
@@ -114,17 +114,17 @@ def test_stream_slots_cap_at_max_streams(env: Env) -> None:
     assert slots.total == 2  # [api] max_streams
     context = env.app.app_context()
     context.push()
-    runs.acquire_stream_slot(env.kernel)
-    runs.acquire_stream_slot(env.kernel)
+    runs.acquire_stream_slot()
+    runs.acquire_stream_slot()
     with pytest.raises(runs.TooManyStreams) as info:
-        runs.acquire_stream_slot(env.kernel)   # max_streams = 2: the third is refused at once
+        runs.acquire_stream_slot()   # max_streams = 2: the third is refused at once
     assert (info.value.status, info.value.message, info.value.retry_after) == \
         (503, "too many concurrent streams; try again shortly", 1)
     with pytest.raises(runs.TooManyStreams) as info:
-        runs.acquire_stream_slot(env.kernel, "custom text")
+        runs.acquire_stream_slot("custom text")
     assert info.value.message == "custom text"
     slots.release()
-    runs.acquire_stream_slot(env.kernel)   # a freed slot is usable again
+    runs.acquire_stream_slot()   # a freed slot is usable again
     slots.release()
     slots.release()
     context.pop()
@@ -270,3 +270,54 @@ def test_run_blocking_passes_attachments_and_options(env: Env) -> None:
     assert (info.value.status, info.value.message) == (400, "invalid file id: '' is not a UUID"), \
         "BUG: attachments were dropped"
 
+
+def test_run_blocking_for_a_busy_agent_cannot_take_the_reserved_slots_and_leaves_nothing_queued(env: Env) -> None:
+    from agentd.agents.run_request import WORKER, RunRequest
+    from agentd.server.slots import Slots
+
+    saved = env.slots
+    env.app.extensions["agentd.stream_slots"] = slots = Slots(8)
+    hung, idle = env.spawn("hung"), env.spawn("idle")
+    running = env.kernel.runs.start(RunRequest(hung, "[[slow:10]] hung", on=WORKER))
+    try:
+        wait_until(lambda: hung.busy, "the agent's run to start")
+        for _ in range(6):
+            assert slots.acquire()
+        with env.app.test_request_context("/x"):
+            with pytest.raises(runs.TooManyStreams) as info:
+                runs.run_blocking(env.kernel, hung, "[[reply:queued]]", [])
+            assert (info.value.status, info.value.message, info.value.retry_after) == \
+                (503, "server busy: too many requests are waiting for agents; try again shortly", 1)
+            assert (len(hung.waiting), slots.in_use) == (0, 6), "BUG: a refused request left its run queued"
+            assert runs.run_blocking(env.kernel, idle, "[[reply:now]]", []).response == "now", \
+                "an idle agent's request takes a reserved slot"
+        assert slots.in_use == 6
+    finally:
+        running.stop()
+        with pytest.raises(RunCancelled):
+            running.future.result(WAIT)
+        env.app.extensions["agentd.stream_slots"] = saved
+
+
+def test_run_blocking_runs_in_the_requests_session_with_the_api_origin(env: Env) -> None:
+    import uuid
+
+    handle = env.spawn("fields")
+    heard: list = []
+    env.kernel.events.subscribe(lambda event: heard.append(event) if event.agent_id == handle.id else None)
+    session_id = str(uuid.uuid4())
+    with env.app.test_request_context("/x"):
+        result = runs.run_blocking(env.kernel, handle, "[[reply:hi ann]]", [],
+                                   run={"owner": "user:ann", "session_id": session_id, "label": "user:ann"})
+        assert result.response == "hi ann"
+        with pytest.raises(AgentdError):
+            runs.run_blocking(env.kernel, handle, "[[fail:400]]", [])
+        with pytest.raises(AgentdError):
+            runs.run_blocking(env.kernel, handle, "[[fail:400]]", [], origin="v1")
+    person = env.kernel.agents.session(handle, session_id)
+    assert (person["label"], [m["content"] for m in person["messages"]]) == \
+        ("user:ann", ["[[reply:hi ann]]", "hi ann"]), "BUG: the request's session was not the run's"
+    assert [m["content"] for m in env.kernel.agents.session(handle)["messages"]][0] == "[[fail:400]]"
+    wait_until(lambda: len(heard) == 2, "the agent_failed events")
+    assert [(e.type, e.origin, e.payload["run_origin"]) for e in heard] == \
+        [("agent_failed", "api", "api"), ("agent_failed", "v1", "v1")]
