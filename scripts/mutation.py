@@ -89,9 +89,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/workflows/store.py": ["tests/workflows/test_workflow_store.py"],
     "agentd/agents/session.py": ["tests/agents/test_session.py", "tests/api/test_core.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
-    # a scripted embedder so scores sit exactly at the thresholds.
+    # a scripted embedder so scores sit exactly at the thresholds; the batched writes of the
+    # auto-remember worker and the bound on the loaded indexes.
     "agentd/memory/semantic.py": ["tests/memory/test_semantic.py", "tests/memory/test_portable.py",
-                                  "tests/memory/test_maintenance.py"],
+                                  "tests/memory/test_maintenance.py", "tests/memory/test_batch.py",
+                                  "tests/memory/test_exchanges.py", "tests/memory/test_index_bound.py"],
     "agentd/memory/fragment_rows.py": ["tests/memory/test_semantic.py", "tests/memory/test_service.py",
                                        "tests/memory/test_portable.py", "tests/memory/test_maintenance.py"],
     "agentd/memory/recall.py": ["tests/memory/test_recall.py"],
