@@ -838,6 +838,23 @@ def test_remember_many_dedups_within_the_batch_with_defaults(mem) -> None:  # ty
     assert changed == ["a"]
 
 
+def test_same_text_only_passes_over_closer_fragments_to_the_very_same_text(mem) -> None:  # type: ignore[no-untyped-def]
+    """An exchange's vector is its question's: a closer fragment of another answer is passed
+    over, the exchange stated word for word again further down is merged into."""
+    import math
+
+    memory, emb, _ = mem
+    blue, indeed = "User asked: the sky?\nI responded: blue", "User asked: the sky?\nI responded: blue indeed"
+    first = memory.remember_many("a", [{"content": blue}], [unit(1)], same_text_only=True)[0]
+    other = memory.remember_many("a", [{"content": indeed}], [at(0.99)], same_text_only=True)[0]
+    assert other["merged"] is False
+    angle = math.radians(6)  # 0.9945 to the first, 0.9993 to the other
+    again = memory.remember_many("a", [{"content": blue, "metadata": {"k": 1}}],
+                                 [unit(math.cos(angle), math.sin(angle))], same_text_only=True)
+    assert again == [{"id": first["id"], "merged": True}]
+    assert {r[1]: json.loads(r[8]) for r in rows(memory, "a")} == {blue: {"k": 1}, indeed: {}}
+
+
 def test_delete_removes_row_metadata_and_index_entry(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, changed = mem
     emb.vectors.update({"p": unit(1), "q": unit(0, 1)})
