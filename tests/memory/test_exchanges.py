@@ -83,6 +83,13 @@ def test_the_exchange_keeps_whose_session_it_came_from(svc) -> None:
         "User asked: no owner given\nI responded: fine": {"session_id": "s2"}}
 
 
+def test_a_nul_character_is_remembered_as_the_replacement_character(svc) -> None:
+    a = add_agent(svc.store)
+    svc.after_exchange(a, "s", "a\x00b", "c\x00")   # (PostgreSQL stores no U+0000 in text)
+    svc.drain()
+    assert list(contents(svc, a)) == ["User asked: a\ufffdb\nI responded: c\ufffd"]
+
+
 def test_a_question_is_embedded_once_and_the_heap_handed_back_after_that_run_only(svc) -> None:
     a = add_agent(svc.store)
     svc.after_exchange(a, "s", "a question never recalled", "x")
@@ -212,6 +219,7 @@ def behind_a_held_one(svc: MemoryService, held: str, exchanges: list[tuple[str, 
     """Queue `exchanges` (agent, question, answer) while an exchange of `held` is held in the
     model (until `svc.emb.gate` is set): they are stored together, as the next batch."""
     svc.emb.gate = threading.Event()
+    svc.emb.entered.clear()
     svc.after_exchange(held, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
     for agent, question, answer in exchanges:
@@ -249,10 +257,13 @@ def test_stored_agent_by_agent_near_duplicates_merge_as_in_one_transaction(store
         [kept] = svc.page(b, 10, 0)["memories"]
         no_room_for(a)  # the batch's one transaction fails: b's exchanges are stored on their own
         behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "the sky?", "blue"), (b, "the sky?", "blue indeed")])
-        with caplog.at_level(logging.ERROR, logger="agentd.memory"):
+        with caplog.at_level(logging.DEBUG, logger="agentd.memory"):
             svc.emb.gate.set()
             svc.drain()
-        assert [r.getMessage() for r in caplog.records] == [f"remembering 1 exchange(s) of agent {a} failed"]
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (logging.DEBUG, "one transaction for 3 exchange(s) failed; storing them agent by agent"),
+            (logging.ERROR, f"remembering 1 exchange(s) of agent {a} failed")]
+        assert all(isinstance(r.exc_info[1], IntegrityError) for r in caplog.records)
         stored = {m["content"]: (m["id"], m["metadata"]) for m in svc.page(b, 10, 0)["memories"]}
         if whole:  # close in meaning: the newer wording replaces the older one
             assert stored == {other: (kept["id"], {"session_id": "s"})}
