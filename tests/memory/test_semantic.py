@@ -1000,7 +1000,8 @@ def test_forget_agent_whose_index_is_not_loaded(mem, tmp_path: Path) -> None:  #
     assert changed == ["a"] and rows(fresh, "a") == [] and fresh.loaded_ids("a") is None
 
 
-@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many", "update"])
+@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many", "update",
+                                       "remember_groups"])
 def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: ignore[no-untyped-def]
     import threading
 
@@ -1010,7 +1011,8 @@ def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: 
     calls = {"forget_agent": lambda: memory.forget_agent("a"), "delete": lambda: memory.delete("a", fid),
              "remember": lambda: memory.remember("a", "q"),
              "remember_many": lambda: memory.remember_many("a", [{"content": "q"}]),
-             "update": lambda: memory.update("a", fid, "q")}
+             "update": lambda: memory.update("a", fid, "q"),
+             "remember_groups": lambda: memory.remember_groups([("a", [{"content": "q"}], [unit(0, 1)])])}
     worker = threading.Thread(target=calls[operation])
     with memory.lock("a"):
         worker.start()
