@@ -54,15 +54,17 @@ def test_a_search_of_a_loaded_index_makes_it_the_most_recently_used(tmp_path: Pa
     assert len(memory.loaded_ids("a")) == 2 and len(memory.loaded_ids("c")) == 2
 
 
-@pytest.mark.parametrize("many", [False, True], ids=["remember", "remember_many"])
-def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path, many: bool) -> None:
+@pytest.mark.parametrize("write", ["remember", "remember_many", "remember_groups"])
+def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path, write: str) -> None:
     memory, embedder, _ = new_memory(tmp_path)
     memory.max_fragments = 2
     add_agents(memory.store, ("big", "small"))
 
     def remember(agent: str, text: str) -> None:
-        if many:
+        if write == "remember_many":
             memory.remember_many(agent, [{"content": text}])
+        elif write == "remember_groups":
+            memory.remember_groups([(agent, [{"content": text}], [embedder.vectors[text]])])
         else:
             memory.remember(agent, text)
 
