@@ -26,6 +26,7 @@ def test_least_recently_used_indexes_are_dropped_and_read_back(tmp_path: Path) -
     # Six fragments were written; only the two most recent agents' four stay loaded.
     assert memory.loaded_ids("a") is None
     assert len(memory.loaded_ids("b")) == 2 and len(memory.loaded_ids("c")) == 2
+    assert memory.cached_fragments() == 4  # (caches.index_fragments.held of /api/health/detail)
 
     embedder.vectors["query"] = unit(1.0, 1.0)  # axes 0 and 1: "a"'s facts
     found = memory.recall("a", "query", 5, None, None)
