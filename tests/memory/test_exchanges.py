@@ -2,7 +2,8 @@
 SQLite store with a scripted embedder that can be held mid-run. Whose session an exchange
 came from, the question's vector made once, the heap handed back after a model run only, and
 a full queue dropping the exchange with a warning while keeping the queued ones (on a small
-queue: the default thousand is the service's own test, tests/memory/test_service.py)."""
+queue: the default thousand is the service's own test, tests/memory/test_service.py), and a
+batch the database refuses for one agent stored agent by agent, merging as it would have."""
 
 from __future__ import annotations
 
