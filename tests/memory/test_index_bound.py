@@ -77,6 +77,9 @@ def test_an_index_larger_than_the_bound_is_kept_while_in_use(tmp_path: Path, wri
     # "big" grew past the bound as it was written: the other index went, "big" stays.
     assert memory.loaded_ids("small") is None
     assert len(memory.loaded_ids("big")) == 3
+    memory.invalidate("big")  # read back from the store, it stays too (not read again at each search)
+    memory.index("big")
+    assert len(memory.loaded_ids("big")) == 3
     embedder.vectors["other"] = axis(5)
     remember("small", "other")
     assert memory.loaded_ids("big") is None
