@@ -91,7 +91,7 @@ TESTS: dict[str, list[str]] = {
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
     # a scripted embedder so scores sit exactly at the thresholds; the batched writes of the
     # auto-remember worker and the bound on the loaded indexes. (test_semantic.py's daemon
-    # tests load the bundled model in a daemon per test: minutes per mutant of the index build.)
+    # tests are left out: each mutant would start a daemon and load the bundled model.)
     "agentd/memory/semantic.py": ["tests/memory/test_semantic.py", "tests/memory/test_portable.py",
                                   "tests/memory/test_maintenance.py", "tests/memory/test_batch.py",
                                   "tests/memory/test_exchanges.py", "tests/memory/test_index_bound.py",
