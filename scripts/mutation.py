@@ -89,9 +89,23 @@ TESTS: dict[str, list[str]] = {
     "agentd/workflows/store.py": ["tests/workflows/test_workflow_store.py"],
     "agentd/agents/session.py": ["tests/agents/test_session.py", "tests/api/test_core.py"],
     # Semantic memory, graph, consolidation, export/import: in-process on a real store, with
-    # a scripted embedder so scores sit exactly at the thresholds.
+    # a scripted embedder so scores sit exactly at the thresholds; the batched writes of the
+    # auto-remember worker and the bound on the loaded indexes. (test_semantic.py's daemon
+    # tests are left out: each mutant would start a daemon and load the bundled model.)
     "agentd/memory/semantic.py": ["tests/memory/test_semantic.py", "tests/memory/test_portable.py",
-                                  "tests/memory/test_maintenance.py"],
+                                  "tests/memory/test_maintenance.py", "tests/memory/test_batch.py",
+                                  "tests/memory/test_exchanges.py", "tests/memory/test_index_bound.py",
+                                  *(f"--deselect=tests/memory/test_semantic.py::{t}" for t in (
+                                      "test_recall_by_meaning_without_shared_words",
+                                      "test_write_validation_and_unknown_agent",
+                                      "test_dedup_merges_paraphrases_but_keeps_contradictions", "test_every_filter",
+                                      "test_agents_never_see_each_others_memories", "test_list_paging_get_and_delete",
+                                      "test_graph_depth_cycles_and_validation", "test_graph_depth_beyond_16_walks_16_hops",
+                                      "test_consolidation_merges_decays_and_drops", "test_export_import_round_trip",
+                                      "test_fact_from_a_cleared_session_reaches_the_model",
+                                      "test_memory_tools_in_the_loop", "test_killing_an_agent_deletes_its_memory",
+                                      "test_model_loads_only_when_memory_is_first_used",
+                                      "test_provider_embeddings_over_http", "test_scheduled_consolidation_and_restart"))],
     "agentd/memory/fragment_rows.py": ["tests/memory/test_semantic.py", "tests/memory/test_service.py",
                                        "tests/memory/test_portable.py", "tests/memory/test_maintenance.py"],
     "agentd/memory/recall.py": ["tests/memory/test_recall.py"],

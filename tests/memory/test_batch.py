@@ -22,7 +22,7 @@ def memory(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
     embedder = LocalEmbedder()
     store = add_agents(open_store(tmp_path_factory.mktemp("membatch") / "m.db"),
-                       ("batch", "cache", "g1", "g2", "rollback", "single", "told-1", "told-2", "twice", "tx1", "tx2"))
+                       ("batch", "cache", "g1", "g2", "rollback", "single", "told-1", "told-2", "twice", "tx1", "tx2", "plain-1", "plain-2"))
     return SemanticMemory(store, lambda: embedder)
 
 
@@ -105,6 +105,17 @@ def test_groups_of_several_agents_are_stored_like_their_own_batches(memory) -> N
     assert meta_rows(memory, "g1", first[0][0]["id"]) == {"session_id": '"s2"'}
     assert memory.get("g2", first[1][0]["id"])["metadata"] == {"topic": "dogs"}
     assert memory.page("g1", 10, 0)["total"] == 2 and memory.page("g2", 10, 0)["total"] == 1
+
+
+@pytest.mark.parametrize("same_text_only", [False, True])
+def test_a_group_item_without_source_scope_or_confidence_gets_remembers_defaults(memory, same_text_only) -> None:  # type: ignore[no-untyped-def]
+    agent = f"plain-{int(same_text_only) + 1}"
+    vector = memory.embedder.embed(["The user's boat is green"])[0]
+    [[out]] = memory.remember_groups([(agent, [{"content": "The user's boat is green"}], [vector])],
+                                     same_text_only=same_text_only)
+    boat = memory.get(agent, out["id"])
+    assert (boat["source"], boat["scope"], boat["confidence"], boat["metadata"]) == \
+        ("user_provided", "semantic", 1.0, {})
 
 
 def test_a_failed_group_keeps_nothing_of_the_transaction(memory) -> None:  # type: ignore[no-untyped-def]

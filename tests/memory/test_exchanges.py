@@ -2,7 +2,8 @@
 SQLite store with a scripted embedder that can be held mid-run. Whose session an exchange
 came from, the question's vector made once, the heap handed back after a model run only, and
 a full queue dropping the exchange with a warning while keeping the queued ones (on a small
-queue: the default thousand is the service's own test, tests/memory/test_service.py)."""
+queue: the default thousand is the service's own test, tests/memory/test_service.py), and a
+batch the database refuses for one agent stored agent by agent, merging as it would have."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pony import orm
+from pony.orm.dbapiprovider import IntegrityError
 
 from agentd.config import MemoryConfig
 from agentd.memory import service as service_mod
@@ -79,6 +82,13 @@ def test_the_exchange_keeps_whose_session_it_came_from(svc) -> None:
         "User asked: hello there\nI responded: hi": {"session_id": "s1", "owner": "alice"},
         "User asked: from the agent's own session\nI responded: ok": {"session_id": "s1", "owner": ""},
         "User asked: no owner given\nI responded: fine": {"session_id": "s2"}}
+
+
+def test_a_nul_character_is_remembered_as_the_replacement_character(svc) -> None:
+    a = add_agent(svc.store)
+    svc.after_exchange(a, "s", "a\x00b", "c\x00")   # (PostgreSQL stores no U+0000 in text)
+    svc.drain()
+    assert list(contents(svc, a)) == ["User asked: a\ufffdb\nI responded: c\ufffd"]
 
 
 def test_a_question_is_embedded_once_and_the_heap_handed_back_after_that_run_only(svc) -> None:
@@ -187,22 +197,30 @@ def test_a_failed_model_run_is_logged_and_still_hands_the_heap_back(svc, caplog)
     assert list(contents(svc, a)) == ["User asked: q2\nI responded: a2"]
 
 
-def no_room_for(agent: str, svc: MemoryService, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Every store of `agent`'s fragments fails (and with it the batch's one transaction)."""
-    real = svc.semantic._remember
+@pytest.fixture()
+def no_room_for(store):  # type: ignore[no-untyped-def]
+    """`no_room_for(agent)`: the database refuses every new fragment of `agent` (and with it
+    the batch's one transaction), as a full table or a broken constraint would."""
+    triggers: list[str] = []
 
-    def remember(agent_id, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if agent_id == agent:
-            raise RuntimeError("no room")
-        return real(agent_id, *args, **kwargs)
+    def refuse(agent: str) -> None:
+        name = "no_room_" + agent.replace("-", "_")
+        with orm.db_session:
+            store.db.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON memory_fragments "
+                             f"WHEN NEW.agent_id = '{agent}' BEGIN SELECT RAISE(ABORT, 'no room'); END")
+        triggers.append(name)
 
-    monkeypatch.setattr(svc.semantic, "_remember", remember)
+    yield refuse
+    with orm.db_session:
+        for name in triggers:
+            store.db.execute(f"DROP TRIGGER {name}")
 
 
 def behind_a_held_one(svc: MemoryService, held: str, exchanges: list[tuple[str, str, str]]) -> None:
     """Queue `exchanges` (agent, question, answer) while an exchange of `held` is held in the
     model (until `svc.emb.gate` is set): they are stored together, as the next batch."""
     svc.emb.gate = threading.Event()
+    svc.emb.entered.clear()
     svc.after_exchange(held, "s", "first", "one")
     assert svc.emb.entered.wait(WAIT)
     for agent, question, answer in exchanges:
@@ -210,28 +228,60 @@ def behind_a_held_one(svc: MemoryService, held: str, exchanges: list[tuple[str, 
 
 
 def test_a_failed_store_of_one_agent_is_logged_with_its_cause_and_the_others_are_stored(svc, caplog,
-                                                                                        monkeypatch) -> None:
+                                                                                        no_room_for) -> None:
     a, b, c = add_agent(svc.store), add_agent(svc.store), add_agent(svc.store)
     # The batch's one transaction fails too; agent by agent, only a's exchanges are lost.
-    no_room_for(a, svc, monkeypatch)
+    no_room_for(a)
     behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "q2", "a2"), (a, "q3", "a3")])
     with caplog.at_level(logging.ERROR, logger="agentd.memory"):
         svc.emb.gate.set()
         svc.drain()
     [record] = caplog.records
     assert (record.levelno, record.getMessage()) == (logging.ERROR, f"remembering 2 exchange(s) of agent {a} failed")
-    assert isinstance(record.exc_info[1], RuntimeError) and str(record.exc_info[1]) == "no room"
+    assert isinstance(record.exc_info[1], IntegrityError) and str(record.exc_info[1]) == "no room"
     assert list(contents(svc, b)) == ["User asked: q2\nI responded: a2"] and contents(svc, a) == {}
     assert a not in svc._exchanges and list(svc._exchanges[b].values()) == ["q2"]
 
 
-@pytest.mark.parametrize("together", [True, False], ids=["one transaction", "agent by agent"])
-def test_exchanges_of_an_agent_deleted_meanwhile_are_dropped_quietly(svc, caplog, monkeypatch, together) -> None:
-    from pony import orm
+@pytest.mark.parametrize("whole", [False, True], ids=["question vectors", "whole exchanges"])
+def test_stored_agent_by_agent_near_duplicates_merge_as_in_one_transaction(store, caplog, no_room_for,
+                                                                             whole) -> None:
+    one, other = "User asked: the sky?\nI responded: blue", "User asked: the sky?\nI responded: blue indeed"
+    svc = service(store, embed_whole_exchange=whole)
+    try:
+        same = np.zeros(svc.emb.dims, dtype=np.float32)
+        same[-1] = 1.0
+        svc.emb.vectors.update({one: same, other: same})
+        a, b, c = add_agent(store), add_agent(store), add_agent(store)
+        svc.after_exchange(b, "s0", "the sky?", "blue")
+        svc.drain()
+        [kept] = svc.page(b, 10, 0)["memories"]
+        no_room_for(a)  # the batch's one transaction fails: b's exchanges are stored on their own
+        behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "the sky?", "blue"), (b, "the sky?", "blue indeed")])
+        with caplog.at_level(logging.DEBUG, logger="agentd.memory"):
+            svc.emb.gate.set()
+            svc.drain()
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (logging.DEBUG, "one transaction for 3 exchange(s) failed; storing them agent by agent"),
+            (logging.ERROR, f"remembering 1 exchange(s) of agent {a} failed")]
+        assert all(isinstance(r.exc_info[1], IntegrityError) for r in caplog.records)
+        stored = {m["content"]: (m["id"], m["metadata"]) for m in svc.page(b, 10, 0)["memories"]}
+        if whole:  # close in meaning: the newer wording replaces the older one
+            assert stored == {other: (kept["id"], {"session_id": "s"})}
+        else:  # the same question only: the very same exchange merges, another answer is its own
+            assert stored[one] == (kept["id"], {"session_id": "s"})
+            assert list(stored) == [other, one] and stored[other][1] == {"session_id": "s"}
+        assert list(svc._exchanges[b].values()) == ["the sky?"] * len(stored)
+        assert contents(svc, a) == {} and list(contents(svc, c)) == ["User asked: first\nI responded: one"]
+    finally:
+        svc.close()
 
+
+@pytest.mark.parametrize("together", [True, False], ids=["one transaction", "agent by agent"])
+def test_exchanges_of_an_agent_deleted_meanwhile_are_dropped_quietly(svc, caplog, no_room_for, together) -> None:
     a, b, c, d = (add_agent(svc.store) for _ in range(4))
     if not together:  # the batch's transaction fails for d: the others are stored one agent at a time
-        no_room_for(d, svc, monkeypatch)
+        no_room_for(d)
     behind_a_held_one(svc, c, [(a, "q1", "a1"), (b, "q2", "a2"), (d, "q3", "a3")])
     with orm.db_session:  # deleted by another daemon: this one never heard of it
         svc.store.db.execute("DELETE FROM agents WHERE id = $a", {"a": a})

@@ -150,6 +150,15 @@ def test_vector_normalisation(pair) -> None:  # type: ignore[no-untyped-def]
     assert np.frombuffer(blob, dtype="<f4").tolist() == unit(0, 1).tolist()
 
 
+def test_an_imported_exchange_is_agent_wide(pair) -> None:  # type: ignore[no-untyped-def]
+    memory, kg, _ = pair
+    item = mem_item(source="conversation", scope="episodic", metadata={"session_id": "s1", "owner": "user:alice"})
+    import_doc(memory, kg, "a", doc(memories=[item]))
+    # Whose session it once came from is dropped: every run of the agent may recall it.
+    assert memory.get("a", "m1")["metadata"] == {"session_id": "s1"}
+    assert sql(memory, "SELECT key, value FROM memory_metadata WHERE memory_id = 'm1'") == [("session_id", '"s1"')]
+
+
 def test_import_defaults_and_fields(pair) -> None:  # type: ignore[no-untyped-def]
     memory, kg, emb = pair
     item = {"id": "m1", "content": "c", "source": "inference", "scope": "s", "confidence": 1,

@@ -760,6 +760,25 @@ def test_merge_keeps_id_takes_newer_wording_max_confidence_and_merged_metadata(m
     assert meta(memory, "a", cat) == {"topic": '"pets"', "other": "1"}
 
 
+def test_the_same_text_again_marks_an_old_fragment_used_and_merges_new_metadata(mem) -> None:  # type: ignore[no-untyped-def]
+    from pony import orm
+
+    memory, emb, _ = mem
+    emb.vectors["Rex is the dog"] = unit(1)
+    fid = memory.remember("a", "Rex is the dog", metadata={"topic": "pets"})["id"]
+    hour_ago = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=1)
+    with orm.db_session:
+        memory.store.db.execute("UPDATE memory_fragments SET accessed_at = $t WHERE id = $f", {"t": hour_ago, "f": fid})
+    # Stated again an hour later: used again (decay counts from then), nothing else to change.
+    assert memory.remember("a", "Rex is the dog", metadata={"topic": "pets"}) == {"id": fid, "merged": True}
+    accessed = datetime.fromisoformat(memory.get("a", fid)["accessed_at"])
+    assert abs(accessed.timestamp() - time.time()) < 60, "BUG: the restated fragment still looks an hour old"
+    # Again with metadata it lacks: merged in.
+    assert memory.remember("a", "Rex is the dog", metadata={"name": "Rex"}) == {"id": fid, "merged": True}
+    assert memory.get("a", fid)["metadata"] == {"topic": "pets", "name": "Rex"}
+    assert meta(memory, "a", fid) == {"topic": '"pets"', "name": '"Rex"'}
+
+
 def test_dedup_is_per_scope_and_per_agent(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     emb.vectors.update({"x": unit(1), "xx": at(0.99)})
@@ -817,6 +836,23 @@ def test_remember_many_dedups_within_the_batch_with_defaults(mem) -> None:  # ty
     assert got[out[2]["id"]][1:5] == ("two", "system", "s2", 0.25)
     assert meta(memory, "a", out[0]["id"]) == {"k": "1", "j": "2"}
     assert changed == ["a"]
+
+
+def test_same_text_only_passes_over_closer_fragments_to_the_very_same_text(mem) -> None:  # type: ignore[no-untyped-def]
+    """An exchange's vector is its question's: a closer fragment of another answer is passed
+    over, the exchange stated word for word again further down is merged into."""
+    import math
+
+    memory, emb, _ = mem
+    blue, indeed = "User asked: the sky?\nI responded: blue", "User asked: the sky?\nI responded: blue indeed"
+    first = memory.remember_many("a", [{"content": blue}], [unit(1)], same_text_only=True)[0]
+    other = memory.remember_many("a", [{"content": indeed}], [at(0.99)], same_text_only=True)[0]
+    assert other["merged"] is False
+    angle = math.radians(6)  # 0.9945 to the first, 0.9993 to the other
+    again = memory.remember_many("a", [{"content": blue, "metadata": {"k": 1}}],
+                                 [unit(math.cos(angle), math.sin(angle))], same_text_only=True)
+    assert again == [{"id": first["id"], "merged": True}]
+    assert {r[1]: json.loads(r[8]) for r in rows(memory, "a")} == {blue: {"k": 1}, indeed: {}}
 
 
 def test_delete_removes_row_metadata_and_index_entry(mem) -> None:  # type: ignore[no-untyped-def]
@@ -964,7 +1000,8 @@ def test_forget_agent_whose_index_is_not_loaded(mem, tmp_path: Path) -> None:  #
     assert changed == ["a"] and rows(fresh, "a") == [] and fresh.loaded_ids("a") is None
 
 
-@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many"])
+@pytest.mark.parametrize("operation", ["forget_agent", "delete", "remember", "remember_many", "update",
+                                       "remember_groups"])
 def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: ignore[no-untyped-def]
     import threading
 
@@ -973,7 +1010,9 @@ def test_writes_wait_for_the_agents_lock(mem, operation: str) -> None:  # type: 
     fid = memory.remember("a", "p")["id"]
     calls = {"forget_agent": lambda: memory.forget_agent("a"), "delete": lambda: memory.delete("a", fid),
              "remember": lambda: memory.remember("a", "q"),
-             "remember_many": lambda: memory.remember_many("a", [{"content": "q"}])}
+             "remember_many": lambda: memory.remember_many("a", [{"content": "q"}]),
+             "update": lambda: memory.update("a", fid, "q"),
+             "remember_groups": lambda: memory.remember_groups([("a", [{"content": "q"}], [unit(0, 1)])])}
     worker = threading.Thread(target=calls[operation])
     with memory.lock("a"):
         worker.start()
@@ -1187,6 +1226,12 @@ def test_update_rewrites_a_fragment_in_place(tmp_path: Path) -> None:
     assert sql(memory, "SELECT content, scope FROM memory_fragments WHERE id = ?", tea) == [("coffee", "prefs")]
     memory.update("a", tea, "coffee", scope="drinks")
     assert memory.get("a", tea)["scope"] == "drinks" and memory.count("a") == 2
+    # Recall's filters read the index: it holds the new scope and confidence, the row's time and source.
+    assert index_row(memory, "a", tea) == (stored_epoch(memory, tea), 0.9, "user_provided", "drinks")
+    assert memory.index("a").vectors[memory.index("a").pos[tea]].tolist() == unit(0, 0, 1).tolist()
+    # The stored vector is read back by the next daemon to build the index.
+    assert sql(memory, "SELECT embedding, model FROM memory_fragments WHERE id = ?", tea) == \
+        [(unit(0, 0, 1).astype("<f4").tobytes(), "test/scripted")]
     with pytest.raises(NotFound, match="memory not found"):
         memory.update("a", str(uuid.uuid4()), "coffee")
     with pytest.raises(NotFound):
