@@ -335,8 +335,11 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     hung: dict = {}
     threading.Thread(target=lambda: hung.update(r=_swallow(lambda: a.post(
         f"/api/workflows/{wid}/run", json={"input": "doomed"}, timeout=60))), daemon=True).start()
-    (run,) = wait_for(lambda: [r for r in on_second_step() if r["state"]["status"] == "running"], 20,
-                      what="the second run reaching its slow step")
+    # Killed once the slow step's agent run has its record (a loaded host can take a while
+    # between the first step's end and the second's run starting).
+    (run,) = wait_for(lambda: runs(b.url, status="running")
+                      and [r for r in on_second_step() if r["state"]["status"] == "running"], 20,
+                      what="the second run's slow step running on daemon-a")
     a.kill()
     killed_at = time.monotonic()
     failed = wait_for(lambda: workflow_run(b, run["id"])["state"] == {"status": "failed"}
