@@ -36,6 +36,7 @@ SCRATCH = ROOT / ".mutation"
 
 # module -> test files that exercise it (all paths relative to the repo root).
 TESTS: dict[str, list[str]] = {
+    "agentd/mcp/watch.py": ["tests/mcp/test_watch.py"],
     "agentd/schedules/phrases.py": ["tests/schedules/test_spec.py"],
     "agentd/agents/tools/browser_proxy.py": ["tests/agents/tools/test_tool_browser_proxy.py"],
     "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
