@@ -35,8 +35,7 @@ class ConfigWatch:
         self.path = path
         self.apply = apply
         self.interval = interval
-        self._seen = self._signature()
-        self._changed: tuple[int, int] | None = None  # a change seen once, not yet applied
+        self._seen = self._looked = self._signature()  # the file applied; the file at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,6 +47,8 @@ class ConfigWatch:
         return st.st_mtime_ns, st.st_size
 
     def start(self) -> None:
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(target=self._loop, name="agentd-mcp-config", daemon=True)
         self._thread.start()
 
@@ -58,17 +59,12 @@ class ConfigWatch:
     def check(self) -> bool:
         """Apply the file if it changed and has stayed the same since the last look; True
         when it was applied. (An editor or a script that writes the file in place leaves it
-        empty or half written for a moment, which parses as a file with fewer servers: those
-        would be stopped, and started again at the next look.)"""
+        empty or half written for a moment, one that replaces it leaves no file: either reads as
+        a file with fewer servers, which would be stopped and started again at the next look.)"""
         seen = self._signature()
-        if seen == self._seen:
-            self._changed = None
+        settled, self._looked = seen == self._looked, seen
+        if seen == self._seen or not settled:
             return False
-        if seen != self._changed:
-            self._changed = seen
-            return False
-        self._changed = None
-        self._seen = seen
         return self.reload()
 
     def reload(self) -> bool:
