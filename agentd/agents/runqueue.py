@@ -17,8 +17,10 @@ the run of one that went away.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -66,6 +68,7 @@ class Poller:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        _POLLERS.add(self)
 
     def add_check(self, key: int, check: Callable[[], None]) -> int:
         """Call `check()` on every pass until `remove(key)`."""
@@ -96,6 +99,19 @@ class Poller:
                 self._wake.clear()
         for check in checks:
             check()
+
+
+_POLLERS: "weakref.WeakSet[Poller]" = weakref.WeakSet()
+
+
+def _forget_polling() -> None:
+    # A forked child has none of its parent's threads, and the checks registered are the
+    # parent's streams and clients, not the child's: each poller starts afresh there.
+    for poller in list(_POLLERS):
+        poller._watched, poller._lock, poller._wake, poller._thread = {}, threading.Lock(), threading.Event(), None
+
+
+os.register_at_fork(after_in_child=_forget_polling)
 
 
 class DisconnectWatch(Poller):

@@ -17,6 +17,7 @@ import pytest
 from agentd.agents.loop import RunCancelled
 from agentd.agents.runqueue import DisconnectWatch, QueuedRun, RunQueues
 from agentd.errors import NotFound, TooManyRequests
+from support import in_forked_child
 
 
 def agent() -> SimpleNamespace:
@@ -206,6 +207,28 @@ def test_the_watch_polls_only_what_it_watches_and_sleeps_when_empty() -> None:
     watch.remove(watch.add(after, lambda: True))  # removed before a poll: never cancelled
     watch.poll()
     assert not after.is_set()
+
+
+def test_a_forked_child_watches_its_own_clients_on_a_thread_of_its_own() -> None:
+    watch = DisconnectWatch()
+    asked: list[str] = []  # appended to without a lock: a fork may land at any moment
+    key = watch.add(threading.Event(), lambda: asked.append("parent"))
+    deadline = time.monotonic() + WAIT
+    while not asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert asked, "the parent's watch never polled"
+
+    def child_watches_only_its_own() -> bool:
+        del asked[:]
+        left = threading.Event()
+        watch.add(left, lambda: True)
+        return left.wait(WAIT) and asked == []
+
+    try:
+        assert in_forked_child(child_watches_only_its_own), \
+            "BUG: a forked child's watch has no thread, or polls its parent's clients"
+    finally:
+        watch.remove(key)
 
 
 def test_the_watch_thread_is_a_named_daemon_thread_and_removal_is_idempotent() -> None:
