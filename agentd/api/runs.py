@@ -77,10 +77,15 @@ def result_event(result: RunResult) -> Event:
                           "finish_reason": result.finish_reason, "tool_calls": result.tool_calls})
 
 
+def stopped_event() -> Event:
+    """The event that ends the stream of a stopped run."""
+    return Event("stopped", {"message": "run stopped"})
+
+
 def failure_event(exc: BaseException) -> Event:
     """The `stopped` or `error` event that ends a stream whose run did not finish."""
     if isinstance(exc, RunCancelled):
-        return Event("stopped", {"message": "run stopped"})
+        return stopped_event()
     message = exc.message if isinstance(exc, AgentdError) else f"internal error: {exc}"
     return Event("error", {"message": message, "status": getattr(exc, "status", 500),
                            "retry_after": getattr(exc, "retry_after", None),

@@ -36,7 +36,8 @@ from agentd.agents.events import Event
 from agentd.agents.manager import AgentHandle, RunOptions
 from agentd.agents.run_request import CALLER, RunRequest, RunTicket
 from agentd.agents.runqueue import Poller
-from agentd.api.runs import POLL_SECS, acquire_stream_slot, client_disconnected, failure_event, result_event, stream_slots
+from agentd.api.runs import (POLL_SECS, acquire_stream_slot, client_disconnected, failure_event, result_event,
+                             stopped_event, stream_slots)
 from agentd.api.sse import comment
 from agentd.kernel import Kernel
 from agentd.server.task import LAST_WRITE_KEY, ClientGone
@@ -165,7 +166,6 @@ class WrittenStream:
     def finish(self) -> None:
         with self._lock:
             self._finished = True
-            self._held = []
 
     def tick(self) -> None:
         """The keeper's pass: what was held for a poll interval, a keep-alive after
@@ -179,7 +179,7 @@ class WrittenStream:
             if self._held and self._clock() - self._held_at >= STALE_HOLD:
                 self._send([])  # what follows is late: the held chunks go alone
             if self.cancel.is_set():
-                self._deliver(Event("stopped", {"message": "run stopped"}))
+                self._deliver(stopped_event())
             elif self._clock() - self._last >= self.heartbeat:
                 self._send([self.shape.keep_alive])
         finally:
@@ -195,8 +195,7 @@ class WrittenStream:
         elif not chunks:
             # An event this transport does not show; the run has begun: a held opening
             # goes now (a model call may follow).
-            if self._held and self._pending is None:
-                self._send([])
+            self._send([])
             return
         elif self._pending is None and _followed_at_once(event):
             self._hold(chunks)

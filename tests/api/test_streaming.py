@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from waitress.channel import ClientDisconnected
 from werkzeug.datastructures import Headers
 from werkzeug.test import EnvironBuilder
@@ -32,7 +33,7 @@ from agentd.api import create_app
 from agentd.api.streaming import KEEPER, STALE_HOLD, StreamShape, WrittenStream
 from agentd.config import parse_config
 from agentd.kernel import Kernel
-from support import Clock, Daemon, with_test_db
+from support import Clock, Daemon, wait_until, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 WAIT = 15.0
@@ -207,6 +208,27 @@ def test_each_event_is_written_as_the_run_emits_it_on_the_request_thread(env: En
     settle(env, handle)
 
 
+def runs_counted(env: Env, origin: str) -> float:
+    """agentd_runs_total of `origin` (completed runs), as /metrics shows it."""
+    text = env.client.get("/metrics", environ_base=LOCAL).get_data(as_text=True)
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "agentd_runs_total" and s.labels.get("origin") == origin
+               and s.labels.get("outcome") == "completed")
+
+
+def test_an_idle_agents_stream_opens_with_the_runs_first_event_and_counts_as_sse(env: Env) -> None:
+    handle = env.spawn("opens")
+    before = runs_counted(env, "sse")
+    wire = Wire()
+    env.sse(handle, "[[reply:hi]]", wire)
+    # One write for the opening and the run's first event; on a loaded host the run may take
+    # longer than STALE_HOLD to get there, and the keeper (another thread) writes the opening alone.
+    assert wire.chunks[0].startswith(b": stream open\n\nevent: phase\n") or wire.threads[0] != threading.get_ident(), \
+        f"BUG: the opening left on its own ahead of the run's first event: {wire.chunks[:2]!r}"
+    wait_until(lambda: runs_counted(env, "sse") == before + 1, "the run counted under origin sse")
+    settle(env, handle)
+
+
 def test_a_busy_agents_stream_is_written_by_the_worker_that_runs_it(env: Env) -> None:
     handle = env.spawn("busy")
     first_wire, second_wire = Wire(), Wire()
@@ -258,6 +280,43 @@ def test_a_full_queue_is_refused_before_the_stream_starts(env: Env) -> None:
     settle(env, handle)
 
 
+def test_a_stream_that_would_wait_for_its_agent_leaves_the_reserved_slot_to_idle_agents(env: Env) -> None:
+    busy = env.spawn("share")
+    assert [env.slots.acquire() for _ in range(2)] == [True, True]  # two other streams: 2 of 4 slots
+    first = threading.Thread(target=lambda: env.sse(busy, "[[slow:30]] hold", Wire()))
+    try:
+        first.start()
+        wait_until(lambda: busy.busy, "the first stream's run")  # the third slot
+        r = env.sse(busy, "[[reply:queued]]", None)
+        assert (r.status_code, r.get_json(), r.headers["Retry-After"]) == \
+            (503, {"error": "too many concurrent streams; try again shortly"}, "1")
+        idle = env.spawn("share")
+        r = env.sse(idle, "[[reply:now]]", None)  # the last slot, kept for runs that start at once
+        assert r.status_code == 200 and 'event: chunk\ndata: {"content":"now","done":false}' in r.get_data(as_text=True)
+    finally:
+        env.kernel.agents.stop(busy)
+        first.join(WAIT)
+        env.slots.release()
+        env.slots.release()
+    settle(env, busy)
+
+
+def test_a_streamed_message_joins_the_session_it_names(env: Env, fake_llm) -> None:
+    handle = env.spawn("session")
+    wire = Wire()
+    env.post(f"/api/agents/{handle.id}/message/stream", {"message": "[[reply:streamed]] one", "session": "talk"},
+             wire)
+    assert 'data: {"content":"streamed","done":false}' in wire.text()
+    mark = len(fake_llm.requests)
+    r = env.client.post(f"/api/agents/{handle.id}/message", environ_base=LOCAL,
+                        json={"message": "[[reply:plain]] two", "session": "talk"})
+    assert r.status_code == 200 and r.get_json()["response"] == "plain"
+    [asked] = fake_llm.requests[mark:]
+    assert [(m["role"], m["content"]) for m in asked["json"]["messages"] if m["role"] != "system"] == [
+        ("user", "[[reply:streamed]] one"), ("assistant", "streamed"), ("user", "[[reply:plain]] two")]
+    settle(env, handle)
+
+
 def test_a_stop_ends_the_stream_at_once(env: Env) -> None:
     handle = env.spawn("stop")
     wire = Wire()
@@ -283,7 +342,9 @@ def test_a_stop_ends_the_stream_at_once(env: Env) -> None:
 def test_a_client_that_left_stops_its_run_and_nothing_more_is_written(env: Env) -> None:
     handle = env.spawn("left")
     wire = Wire(gone_after=1)  # the opening goes out; the first delta finds the client gone
+    started = time.monotonic()
     r = env.v1(handle, "[[pace:400]] [[chunks:100]]", wire)  # 40 s, unless stopped
+    assert time.monotonic() - started < WAIT, "BUG: the run of a client that left went on"
     assert r.body == b""
     assert len(wire.chunks) == 1 and wire.attempts == 2, (wire.chunks, wire.attempts)
     settle(env, handle)
@@ -543,14 +604,14 @@ def test_a_held_opening_leaves_at_an_event_the_transport_does_not_show() -> None
 
 
 def test_the_keeper_writes_what_was_held_once_it_is_a_poll_interval_old() -> None:
-    wire, clock = Writes(), Clock()
+    wire, clock = Writes(), Clock(0.0)  # from 0: the age is STALE_HOLD exactly, not a rounding above it
     stream = labelled_stream(wire, clock)
     stream.open()
     stream.deliver(Event("phase", {"phase": "done"}))
-    clock.now = 1000.0 + STALE_HOLD * 0.9
+    clock.now = STALE_HOLD * 0.9
     stream.tick()
     assert len(wire.writes) == 1, "BUG: the keeper raced the run's end"
-    clock.now = 1000.0 + STALE_HOLD
+    clock.now = STALE_HOLD
     stream.tick()
     assert wire.writes[1:] == ["done;"]
     stream.tick()
@@ -641,9 +702,14 @@ def test_a_client_that_disconnects_while_the_model_is_silent_stops_the_run(env: 
     gone = threading.Event()
     threading.Timer(0.3, gone.set).start()
     wire = Wire()
+    started = time.monotonic()
     env.sse(handle, "[[slow:60]] hi", wire, environ={"waitress.client_disconnected": gone.is_set})
-    settle(env, handle)  # within WAIT, long before the model's 60 s
+    # Long before the model's 60 s and the model call's own limit (llm.timeout_secs, 20 s).
+    assert time.monotonic() - started < WAIT, "BUG: a client that went away did not stop the run"
     assert "event: chunk" not in wire.text()
+    assert wire.text().endswith('event: done\ndata: {"done":true,"stopped":true,'
+                                '"usage":{"input_tokens":0,"output_tokens":0}}\n\n')
+    settle(env, handle)
 
 
 # -- through the daemon ------------------------------------------------------------------------------------
