@@ -87,11 +87,11 @@ def test_the_watcher_looks_every_second_on_one_thread_until_closed(tmp_path: Pat
     path.write_text(servers("a"))
     applied = threading.Event()
     watch = ConfigWatch(path, lambda specs: applied.set())
+    path.write_text(servers("a", "b"))
     before = set(threading.enumerate())
     started = time.monotonic()
     watch.start()
     watch.start()
-    path.write_text(servers("a", "b"))
     threads = [t for t in threading.enumerate() if t not in before and t.name == "agentd-mcp-config"]
     assert [t.daemon for t in threads] == [True], "one thread, which never keeps the process alive"
     try:
