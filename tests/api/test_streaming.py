@@ -33,6 +33,7 @@ from agentd.api import create_app
 from agentd.api.streaming import KEEPER, STALE_HOLD, StreamShape, WrittenStream
 from agentd.config import parse_config
 from agentd.kernel import Kernel
+from agentd.server.task import LAST_WRITE_KEY
 from support import Clock, Daemon, wait_until, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
@@ -187,6 +188,16 @@ def test_the_test_client_gets_the_bytes_the_servers_write_gets(env: Env, route: 
     else:
         assert wire.text().count("event: chunk\n") == 3
         assert "event: done\n" in wire.text()
+    settle(env, handle)
+
+
+def test_the_final_event_goes_with_the_servers_last_write(env: Env) -> None:
+    handle = env.spawn("last")
+    wire, last = Wire(), Wire()
+    env.v1(handle, "[[reply:end]]", wire, environ={LAST_WRITE_KEY: last})
+    # The daemon's server sends these bytes with the end of the chunked answer: one socket write.
+    assert last.text().endswith("data: [DONE]\n\n") and len(last.chunks) == 1
+    assert "[DONE]" not in wire.text()
     settle(env, handle)
 
 
