@@ -1,4 +1,5 @@
-"""agentd.mcp.watch: the config file's `[[mcp_servers]]` applied live (in process, looks made by hand)."""
+"""agentd.mcp.watch: the config file's `[[mcp_servers]]` applied live (in process: looks made by hand, then the
+watcher's own thread and a real MCP hub)."""
 
 from __future__ import annotations
 
