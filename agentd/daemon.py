@@ -100,7 +100,7 @@ class Daemon:
         return serve.pool_stats(self.server)
 
     def request_stop(self) -> None:
-        """Ask the loop to stop; safe from any thread (not from a signal handler)."""
+        """Ask the loop to stop; safe from any thread and from the first signal's handler."""
         self._stop.set()
         if self.server is not None:
             serve.wake(self.server)
@@ -111,8 +111,9 @@ class Daemon:
             self._remove_daemon_file()  # nothing will answer at its address any more
             os._exit(1)
         log.info("%s received: shutting down", signal.Signals(signum).name)
-        # Only set the flag: the poll loop wakes within its short timeout.
-        self._stop.set()
+        # The server is still open here (the loop closes it only once the flag is set), so
+        # its wake-up pipe ends the poll now instead of at the poll's timeout.
+        self.request_stop()
 
     def start(self) -> None:
         """Bind the port, write daemon.json, then open the kernel and build the app in the

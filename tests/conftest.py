@@ -22,6 +22,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "(postgres: a temp cluster via initdb/pg_ctl, or AGENTD_TEST_DATABASE_URL)")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` (setup.cfg) starts two workers per core: a test spends much of its time
+    waiting on the processes it started (a daemon's boot and stop, a reply, a timeout the
+    test is about), and a second worker per core runs meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS
+    still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 2 * len(os.sched_getaffinity(0))
+
+
 def _cache_bytecode_outside_the_tree() -> None:
     """Let the daemons and CLI runs the suite starts keep compiled bytecode in a private
     temp folder when the environment forbids writing it beside the sources.

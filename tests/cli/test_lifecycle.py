@@ -33,6 +33,32 @@ def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None
     assert "agentd stopped" in d.log()
 
 
+def test_sigterm_wakes_the_server_loop_at_once(tmp_path: Path) -> None:
+    """The SIGTERM handler pulls the server's wake-up pipe, so the loop's poll returns now
+    rather than at its timeout: a stop takes no idle wait. The handler is called as the
+    signal would call it, in a daemon of a child process."""
+    script = (
+        "import select, signal\n"
+        "from agentd.config import load_config\n"
+        "from agentd.daemon import Daemon\n"
+        "daemon = Daemon(load_config())\n"
+        "daemon.start()\n"
+        "daemon._boot_thread.join(60)\n"
+        "wake = daemon.server.trigger._fds[0]\n"
+        "before = select.select([wake], [], [], 0)[0]\n"
+        "daemon._on_signal(signal.SIGTERM, None)\n"
+        "after = select.select([wake], [], [], 0)[0]\n"
+        "print(bool(before), bool(after), daemon._stop.is_set(), flush=True)\n"
+        "daemon._drain()\n"
+        "daemon.release_home()\n"
+    )
+    home = make_home(tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], env=agentd_env(home, free_port()),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
+
+
 def test_second_start_refuses(daemon_factory) -> None:
     d = daemon_factory()
     r = run_cli(d.home, "start", port=free_port())
