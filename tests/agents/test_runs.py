@@ -285,11 +285,14 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
     result = run(mgr, h, '[[tool:file_write {"path": "b.txt", "content": "ok"}]]', emit=events.append)
     phases = [e.data for e in events if e.type == "phase" and e.data["phase"] == "awaiting_approval"
               and e.data["detail"] != "file_write"]
-    assert len(phases) == 1 and phases[0]["detail"].startswith("file_write (approval ")
     assert (env.config.workspaces_dir / "manual" / "b.txt").read_text() == "ok"
     assert result.response.startswith("tool said: ")
     assert [(a["agent_id"], a["agent_name"], a["tool"], a["input"]) for a in asked] == \
         [(h.id, "manual", "file_write", {"path": "b.txt", "content": "ok"})], "BUG: the approval names the wrong call"
+    # A chat platform's approval buttons are built from the event's approval_id.
+    approval_id = asked[0]["id"]
+    assert phases == [{"phase": "awaiting_approval", "approval_id": approval_id,
+                       "detail": f"file_write (approval {approval_id})"}]
     # Nobody decides: the call is denied after approval_timeout_secs (1 s here), no event sink needed.
     started = time.monotonic()
     result = run(mgr, h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
@@ -822,6 +825,29 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
         assert run(mgr, proxied, '[[tool:speech_to_text {"path": "clip.wav"}]]').response == \
             "tool said: error: speech-to-text is not available: provider my-proxy has no OpenAI-compatible " \
             "/audio/transcriptions endpoint"
+    finally:
+        env.close()
+
+
+def test_a_stop_ends_a_media_tools_model_call_at_once(tmp_path, fake, monkeypatch) -> None:
+    from fakellm import TINY_PNG
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    env = Env(tmp_path, llm_config(fake, timeout_secs=60))
+    try:
+        mgr = env.manager()
+        h = mgr.spawn(manifest("looking", '[capabilities]\ntools = ["media_describe"]\n'))
+        workspace = env.config.workspaces_dir / h.name
+        workspace.mkdir(parents=True)
+        (workspace / "p.png").write_bytes(TINY_PNG)
+        asked = len(fake.requests)
+        future = submit(mgr, h, '[[tool:media_describe {"path": "p.png", "prompt": "[[slow:60]] look"}]]')
+        assert fake.wait_requests(asked + 2, 30), "the tool never asked the model"
+        assert fake.requests[asked + 1]["json"]["messages"][0]["content"][0]["text"] == "[[slow:60]] look"
+        assert mgr.stop(h) is True
+        # Well before the model's answer or the call's own time limit (60 s each).
+        with pytest.raises(RunCancelled):
+            future.result(20)
     finally:
         env.close()
 
