@@ -1127,6 +1127,20 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     assert err.value.message == "agent not found"
 
 
+def test_a_failed_run_in_a_conversation_closes_that_conversations_turn(env, mgr) -> None:
+    import uuid
+
+    h = mgr.spawn(manifest("convfail"))
+    run(mgr, h, "main")
+    sid = str(uuid.uuid4())
+    with pytest.raises(AgentRunError) as err:
+        run_in_conversation(mgr, h, sid, "[[fail:400]]", label="tg:9")
+    note = "[run failed: " + err.value.message.removeprefix("message delivery failed: ") + "]"
+    assert session_of(env, sid) == [{"role": "user", "content": "[[fail:400]]"}, {"role": "assistant", "content": note}]
+    assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"], \
+        "BUG: a conversation's failure was written into the agent's own session"
+
+
 def test_a_conversations_run_for_a_worker_is_checked_once_and_does_not_wait_for_the_agent(env) -> None:
     import uuid
 
