@@ -301,11 +301,11 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
 
 # -- results and failures --------------------------------------------------------------------------
 def test_cost_of_a_run(env, mgr) -> None:
-    costs = iter([0.1, 0.2000000000004, None])
+    costs = iter([0.1, 0.20000000006, None])
     env.usage.value = lambda *a: next(costs)
     h = mgr.spawn(manifest("cost"))
     result = run(mgr, h, '[[tool:system_time {}]]')
-    assert result.cost_usd == 0.3, "two calls, summed and rounded to 10 places"
+    assert result.cost_usd == 0.3000000001, "two calls, summed and rounded to 10 places"
     env.usage.value = lambda *a: None
     assert run(mgr, h, "x").cost_usd is None
     costs = iter([0.5, None])
@@ -1040,6 +1040,25 @@ def test_a_keys_run_is_checked_against_its_budget_and_its_rows_name_it(env) -> N
         run(mgr, h, "hi", key_id="broke")
     assert err.value.retry_after == 30
     assert asked == ["k1", "broke"], "a key's budget is asked before each of its runs (and only its)"
+
+
+def test_a_keys_queued_run_is_refused_when_its_budget_ran_out_while_it_waited(env) -> None:
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    asked: list = []
+
+    def key_budget(key_id: str) -> None:
+        asked.append(key_id)
+        if len(asked) > 1:
+            raise TooManyRequests("over its budget", retry_after=30)
+
+    mgr = env.manager(key_budget=key_budget)
+    h = mgr.spawn(manifest("spent"))
+    ticket = mgr.runs.start(RunRequest(h, "hi", on=WORKER, key_id="k1"))
+    with pytest.raises(TooManyRequests) as err:
+        ticket.future.result(10)
+    assert (err.value.message, err.value.retry_after) == ("over its budget", 30)
+    assert asked == ["k1", "k1"], "checked when started and again when a worker takes it"
 
 
 def test_a_runs_owner_reaches_memory_unless_the_agent_shares(env) -> None:
