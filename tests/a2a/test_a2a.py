@@ -119,8 +119,9 @@ def test_a_scoped_key_reaches_only_its_agents_and_its_tasks(pair) -> None:
     # An agent outside the key's list is as absent: by path (404) and by metadata.
     body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("hi")}}
     assert b.post("/a2a/agents/asker", json=body, headers=scoped).status_code == 404
-    named = rpc(b, "message/send", {"message": user("hi"), "metadata": {"agent": "asker"}}, headers=scoped)
-    assert named["error"]["message"] == "no agent named 'asker'"
+    for method in ("message/send", "message/stream"):
+        named = rpc(b, method, {"message": user("hi"), "metadata": {"agent": "asker"}}, headers=scoped)
+        assert named["error"]["message"] == "no agent named 'asker'", method
     # Only the key's own tasks can be read back; the admin sees them all.
     task_id = sent["result"]["id"]
     other = b.post("/api/keys", json={"name": "a2a-other", "scopes": ["message"]}).json()["key"]
