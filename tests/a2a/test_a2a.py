@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, free_port, make_home
+from support import Daemon, free_port, make_home, wait_until
 
 KEY = "b-secret-key"
 FULL = 'profile = "full"'
@@ -78,6 +78,9 @@ def test_daemon_card_lists_every_agent_as_a_skill(pair) -> None:
     assert "caller" in skills
     assert "securitySchemes" not in card, "a keyless daemon asks for no credentials"
     assert a.get("/.well-known/agent.json").json() == card
+    # A client asks again rather than keep a card whose agents have changed.
+    assert r.headers["Cache-Control"] == "no-cache"
+    assert a.get("/a2a/agents/helper/.well-known/agent-card.json").headers["Cache-Control"] == "no-cache"
 
 
 def test_agent_card_per_agent(pair) -> None:
@@ -235,6 +238,24 @@ def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pai
     assert final["status"]["message"]["parts"] == [{"kind": "text", "text": "w1 w2 w3"}]
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["artifacts"][0]["parts"] == [
         {"kind": "text", "text": "w1 w2 w3"}]
+
+
+def test_a_stream_holds_a_server_slot_until_it_ends(daemon_factory, fake_llm) -> None:
+    d = daemon_factory(llm_config(fake_llm).replace("[api]\n", "[api]\nmax_streams = 1\n", 1), env_extra=LLM_ENV)
+    spawn(d, "single")
+    path = f"{d.url}/a2a/agents/single"
+    send = {"jsonrpc": "2.0", "id": 2, "method": "message/send", "params": {"message": user("after")}}
+    stream = {"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": user("[[slow:1]] first")}}
+    with d.http.post(path, json=stream, stream=True, timeout=30) as r:
+        lines = r.iter_lines(decode_unicode=True)
+        assert json.loads(next(line for line in lines if line.startswith("data: "))[6:])["result"]["kind"] == "task"
+        busy = requests.post(path, json=send, timeout=30)
+        assert (busy.status_code, busy.headers["Retry-After"], busy.json()) == (503, "1", {
+            "error": "server busy: too many requests are waiting for agents; try again shortly"})
+        last = [json.loads(line[6:])["result"] for line in lines if line.startswith("data: ")][-1]
+    assert (last["final"], last["status"]["state"]) == (True, "completed")
+    wait_until(lambda: requests.post(path, json=send, timeout=30).status_code == 200,
+               "the ended stream's slot to be given back", timeout=10)
 
 
 def test_a_failed_run_is_a_failed_task(pair) -> None:
