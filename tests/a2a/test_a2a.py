@@ -418,6 +418,19 @@ def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
     assert rpc(a, "tasks/cancel", {"id": task_id})["error"]["code"] == -32002
 
 
+def test_a_client_leaving_a_stream_stops_its_task(pair) -> None:
+    a, _ = pair
+    request = {"jsonrpc": "2.0", "id": "l", "method": "message/stream",
+               "params": {"message": user("[[slow:20]] nobody reads this")}}
+    with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30) as r:
+        lines = r.iter_lines(decode_unicode=True)
+        task_id = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))["result"]["id"]
+    # Noticed within the stream's poll, long before the model call's own time limit (3 s) ends it.
+    wait_until(lambda: rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] != "working",
+               "the task of the stream its client left to end")
+    assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
+
+
 @pytest.mark.parametrize("bad_id", [False, True, 1.5, [1], {"a": 1}])
 def test_an_unreadable_id_is_answered_with_a_null_id(pair, bad_id) -> None:
     a, _ = pair
