@@ -293,6 +293,8 @@ def test_json_rpc_errors(pair, body, code) -> None:
     answer = r.json()
     assert answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code and answer["error"]["message"]
     assert "result" not in answer
+    # A readable id is echoed, even on a request refused for another reason; a client matches answers by it.
+    assert answer["id"] == (body.get("id") if isinstance(body, dict) else None)
 
 
 def test_parse_error(pair) -> None:
