@@ -184,6 +184,10 @@ def test_message_send_returns_a_completed_task(pair) -> None:
     got = rpc(a, "tasks/get", {"id": task["id"]})["result"]
     assert got["id"] == task["id"] and got["status"]["state"] == "completed"
     assert rpc(a, "tasks/get", {"id": task["id"], "historyLength": 1})["result"]["history"] == task["history"][-1:]
+    # An agent's own endpoint knows only that agent's tasks.
+    assert rpc(a, "tasks/get", {"id": task["id"]}, path="/a2a/agents/helper")["result"]["id"] == task["id"]
+    assert rpc(a, "tasks/get", {"id": task["id"]}, path="/a2a/agents/caller")["error"] == {
+        "code": -32001, "message": "Task not found", "data": {"id": task["id"]}}
     # The 1.0 method names answer the 1.0 shapes.
     v1 = rpc(a, "SendMessage", {"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "v1"}]},
                                 "metadata": {"agent": "helper"}})["result"]["task"]
