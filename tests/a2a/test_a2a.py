@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Iterator
 
 import pytest
 import requests
@@ -210,12 +211,17 @@ def test_context_id_is_a_conversation(pair, fake_llm) -> None:
     assert "kumquat" not in json.dumps(last["json"]), "another context is another session"
 
 
-def sse_events(response: requests.Response) -> list[dict]:
-    events = []
+def sse_events(response: requests.Response) -> Iterator[dict]:
+    """The JSON-RPC responses of a stream, read as they arrive."""
     for line in response.iter_lines(decode_unicode=True):
         if line and line.startswith("data: "):
-            events.append(json.loads(line[len("data: "):]))
-    return events
+            yield json.loads(line[len("data: "):])
+
+
+def open_stream(d: Daemon, text: str, path: str = "/a2a/agents/helper", rpc_id: object = "s") -> requests.Response:
+    """A message/stream request's response, open (use it in a `with` block)."""
+    request = {"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream", "params": {"message": user(text)}}
+    return d.http.post(f"{d.url}{path}", json=request, stream=True, timeout=30)
 
 
 def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pair) -> None:
@@ -225,7 +231,7 @@ def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pai
     with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30,
                      headers={"Accept": "text/event-stream"}) as r:
         assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-        events = sse_events(r)
+        events = list(sse_events(r))
     assert all(e["jsonrpc"] == "2.0" and e["id"] == 7 for e in events)
     results = [e["result"] for e in events]
     assert results[0]["kind"] == "task" and results[0]["status"]["state"] == "submitted"
@@ -249,14 +255,13 @@ def test_a_stream_holds_a_server_slot_until_it_ends(daemon_factory, fake_llm) ->
     spawn(d, "single")
     path = f"{d.url}/a2a/agents/single"
     send = {"jsonrpc": "2.0", "id": 2, "method": "message/send", "params": {"message": user("after")}}
-    stream = {"jsonrpc": "2.0", "id": 1, "method": "message/stream", "params": {"message": user("[[slow:1]] first")}}
-    with d.http.post(path, json=stream, stream=True, timeout=30) as r:
-        lines = r.iter_lines(decode_unicode=True)
-        assert json.loads(next(line for line in lines if line.startswith("data: "))[6:])["result"]["kind"] == "task"
+    with open_stream(d, "[[slow:1]] first", "/a2a/agents/single") as r:
+        events = sse_events(r)
+        assert next(events)["result"]["kind"] == "task"
         busy = requests.post(path, json=send, timeout=30)
         assert (busy.status_code, busy.headers["Retry-After"], busy.json()) == (503, "1", {
             "error": "server busy: too many requests are waiting for agents; try again shortly"})
-        last = [json.loads(line[6:])["result"] for line in lines if line.startswith("data: ")][-1]
+        last = list(events)[-1]["result"]
     assert (last["final"], last["status"]["state"]) == (True, "completed")
     wait_until(lambda: requests.post(path, json=send, timeout=30).status_code == 200,
                "the ended stream's slot to be given back", timeout=10)
@@ -409,15 +414,12 @@ def test_the_official_a2a_sdk_client_sends_streams_and_reads_tasks(pair) -> None
 
 def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
     a, _ = pair
-    request = {"jsonrpc": "2.0", "id": "s", "method": "message/stream",
-               "params": {"message": user("[[slow:20]] never finished")}}
-    with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30) as r:
-        lines = r.iter_lines(decode_unicode=True)
-        first = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))
-        task_id = first["result"]["id"]
+    with open_stream(a, "[[slow:20]] never finished") as r:
+        events = sse_events(r)
+        task_id = next(events)["result"]["id"]
         canceled = rpc(a, "tasks/cancel", {"id": task_id})["result"]
         assert canceled["id"] == task_id and canceled["status"]["state"] == "canceled"
-        rest = [json.loads(line[6:])["result"] for line in lines if line.startswith("data: ")]
+        rest = [e["result"] for e in events]
     assert rest[-1]["kind"] == "status-update" and rest[-1]["final"] is True
     assert rest[-1]["status"]["state"] == "canceled"
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
@@ -426,11 +428,8 @@ def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
 
 def test_a_client_leaving_a_stream_stops_its_task(pair) -> None:
     a, _ = pair
-    request = {"jsonrpc": "2.0", "id": "l", "method": "message/stream",
-               "params": {"message": user("[[slow:20]] nobody reads this")}}
-    with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30) as r:
-        lines = r.iter_lines(decode_unicode=True)
-        task_id = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))["result"]["id"]
+    with open_stream(a, "[[slow:20]] nobody reads this") as r:
+        task_id = next(sse_events(r))["result"]["id"]
     # Noticed within the stream's poll, long before the model call's own time limit (3 s) ends it.
     wait_until(lambda: rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] != "working",
                "the task of the stream its client left to end")
