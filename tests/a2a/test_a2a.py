@@ -436,6 +436,24 @@ def test_a_client_leaving_a_stream_stops_its_task(pair) -> None:
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
 
 
+def a2a_runs(d: Daemon, outcome: str) -> float:
+    """The daemon's count of A2A runs that ended with `outcome` (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(d.get("/metrics").text) for s in family.samples
+               if s.name == "agentd_runs_total" and (s.labels["origin"], s.labels["outcome"]) == ("a2a", outcome))
+
+
+def test_a_client_leaving_a_send_stops_its_run(pair) -> None:
+    a, _ = pair
+    before = a2a_runs(a, "cancelled")
+    send = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("[[slow:20]] gone")}}
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{a.url}/a2a/agents/helper", json=send, timeout=1)
+    # Stopped, not ended by the model call's own time limit (3 s here) as a failure.
+    wait_until(lambda: a2a_runs(a, "cancelled") == before + 1, "the run of the send its client left to stop")
+
+
 @pytest.mark.parametrize("bad_id", [False, True, 1.5, [1], {"a": 1}])
 def test_an_unreadable_id_is_answered_with_a_null_id(pair, bad_id) -> None:
     a, _ = pair
