@@ -1202,6 +1202,23 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
     assert not h.busy and run_on_caller(mgr, h, "again").response == "echo: again"
 
 
+def test_a_conversations_run_on_the_callers_thread_stops_when_its_client_left(env, mgr) -> None:
+    import uuid
+
+    from agentd.agents.run_request import INLINE, RunRequest
+
+    h = mgr.spawn(manifest("convleft"))
+    sid = str(uuid.uuid4())
+    left = threading.Event()
+    # (Stopped, not ended by the model call's own time limit: 5 s here.)
+    ticket = mgr.runs.start(RunRequest(h, "[[slow:30]] long", on=INLINE, session_id=sid))
+    threading.Timer(0.3, left.set).start()
+    with pytest.raises(RunCancelled):
+        ticket.result(left.is_set)
+    assert session_of(env, sid) == [{"role": "user", "content": "[[slow:30]] long"},
+                                    {"role": "assistant", "content": STOPPED_NOTE}]
+
+
 # -- Runs.start: one entry for every run ------------------------------------------------------------
 def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
     from agentd.agents.run_request import CALLER, INLINE, WORKER, RunRequest, check_message
