@@ -402,9 +402,9 @@ def step_events(d: Daemon, run_id: str) -> list[tuple[str, object]]:
 def test_step_events_of_a_run(agent_daemon) -> None:
     d = agent_daemon
     a = agent_name(d)
-    # Each step answers after 2 s: the stream is open before the first one ends.
-    wid = create(d, [{"name": "first", "agent_name": a, "prompt": "[[slow:2]] one {{input}}"},
-                     {"name": "second", "agent_name": a, "prompt": "[[slow:2]] two {{input}}"}])
+    # The first step answers after 4 s: the stream is open long before it ends.
+    wid = create(d, [{"name": "first", "agent_name": a, "prompt": "[[slow:4]] one {{input}}"},
+                     {"name": "second", "agent_name": a, "prompt": "[[slow:1]] two {{input}}"}])
     r = d.post(f"/api/workflows/{wid}/runs", json={"input": "go"})
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
