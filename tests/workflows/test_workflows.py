@@ -402,8 +402,8 @@ def step_events(d: Daemon, run_id: str) -> list[tuple[str, object]]:
 def test_step_events_of_a_run(agent_daemon) -> None:
     d = agent_daemon
     a = agent_name(d)
-    # The first step answers after 4 s: the stream is open long before it ends.
-    wid = create(d, [{"name": "first", "agent_name": a, "prompt": "[[slow:4]] one {{input}}"},
+    # The first step answers after 2.5 s (under the model call limit of 3 s): the stream is open before it ends.
+    wid = create(d, [{"name": "first", "agent_name": a, "prompt": "[[slow:2.5]] one {{input}}"},
                      {"name": "second", "agent_name": a, "prompt": "[[slow:1]] two {{input}}"}])
     r = d.post(f"/api/workflows/{wid}/runs", json={"input": "go"})
     assert r.status_code == 202, r.text
