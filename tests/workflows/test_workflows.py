@@ -396,6 +396,7 @@ def step_events(d: Daemon, run_id: str) -> list[tuple[str, object]]:
     names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
     data = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert len(names) == len(data), r.text
+    assert ": keep-alive" not in r.text.splitlines(), "a keep-alive before 15 s of quiet"
     return list(zip(names, data))
 
 
