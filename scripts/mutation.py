@@ -263,11 +263,20 @@ TESTS: dict[str, list[str]] = {
     # The task on a recorded channel, then on a real waitress server.
     "agentd/server/task.py": ["tests/api/test_one_write.py", "tests/server/test_websocket.py",
                               "--deselect=tests/server/test_websocket.py::test_two_threads_sending_keep_frames_whole"],
-    # Route modules: only their undecorated helpers are mutated (routes_workflows, _stream and
-    # _cluster have none).
+    # Route modules: only their undecorated helpers are mutated (routes_stream and routes_cluster
+    # have none).
     **{f"agentd/api/{name}.py": ["tests/api/test_route_helpers.py"]
        for name in ("routes_catalog", "routes_channels", "routes_memory", "routes_system", "routes_docs",
                     "routes_webhooks")},
+    # The A2A routes' helpers (cards, the JSON-RPC body, the stream slot) between two daemons.
+    "agentd/api/routes_a2a.py": ["tests/a2a/test_a2a.py"],
+    # The workflow routes' helpers (the definition, the payer, the step events) through a daemon:
+    # the tests that reach them, not the engine's (tests/workflows/test_engine.py has those).
+    "agentd/api/routes_workflows.py": [*(f"tests/workflows/test_workflows.py::{t}" for t in (
+        "test_create_list_detail_delete", "test_unknown_workflow_is_404", "test_create_rejects_bad_steps",
+        "test_run_input_validation", "test_runs_are_listed_per_workflow", "test_step_events_of_a_run")),
+        "tests/api/test_keys.py::test_a_keys_workflow_runs_are_its_own_spend",
+        "tests/api/test_keys.py::test_workflows_on_an_agent_outside_the_list_are_absent"],
     # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
     "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",

@@ -282,7 +282,9 @@ class A2AService:
                 return
         finally:
             if not finished:
+                # The client left: its run is stopped, and the task reads so from now on.
                 ticket.stop()
+                self._finish(task, exc=RunCancelled("run cancelled"))
 
     # -- tasks --------------------------------------------------------------------
     def _remember(self, task: dict[str, Any], cancel: threading.Event) -> None:

@@ -102,7 +102,8 @@ class RunTicket:
             return self._claimed.result(disconnected)
         if self.future is not None:
             return self._runs.queues.wait(self.future, self.request.cancel, disconnected)
-        return self._runs._execute(self.request, recheck=False)
+        with self._runs.queues.watch.watching(self.request.cancel, disconnected):
+            return self._runs._execute(self.request, recheck=False)
 
     def abandon(self) -> None:
         """The caller will not wait for the run (its client left first): free the agent, or

@@ -22,7 +22,8 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.errors import AgentdError, NotFound, TooManyRequests
@@ -127,6 +128,16 @@ class DisconnectWatch(Poller):
                 cancel.set()
         return self.add_check(id(cancel), check)
 
+    @contextmanager
+    def watching(self, cancel: threading.Event, disconnected: Callable[[], bool] | None) -> Iterator[None]:
+        """`add` for the block's duration (`disconnected` None: a caller with no client to lose)."""
+        key = self.add(cancel, disconnected) if disconnected is not None else None
+        try:
+            yield
+        finally:
+            if key is not None:
+                self.remove(key)
+
 
 class RunQueues:
     """The queues of every agent, and stopping their runs.
@@ -187,14 +198,12 @@ class RunQueues:
     def _run_claimed(self, handle: Any, job: QueuedRun,
                      disconnected: Callable[[], bool] | None) -> RunResult:
         """Run `job` for an agent this thread has claimed, then hand the agent on."""
-        key = self.watch.add(job.cancel, disconnected) if disconnected is not None else None
         try:
-            if job.cancel.is_set() or handle.killed:
-                raise RunCancelled("run cancelled before it started")
-            return self._start(handle, job)
+            with self.watch.watching(job.cancel, disconnected):
+                if job.cancel.is_set() or handle.killed:
+                    raise RunCancelled("run cancelled before it started")
+                return self._start(handle, job)
         finally:
-            if key is not None:
-                self.watch.remove(key)
             self._hand_on(handle)
 
     def _start(self, handle: Any, job: QueuedRun) -> RunResult:

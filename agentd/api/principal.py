@@ -186,19 +186,6 @@ def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -
                 raise unknown(ref) from None
 
 
-def reach_workflow(workflow_id: Any, unknown: Callable[[str], AgentdError] | None = None) -> None:
-    """Refuse a workflow with a step on an agent outside the key's list, as `reach_agent`
-    refuses that agent. An unknown workflow is left to the route's own checks."""
-    if not principal().agents or not isinstance(workflow_id, str):
-        return
-    try:
-        agents = _workflow_agents(current_app.extensions["agentd.kernel"], workflow_id)
-    except AgentdError:
-        return
-    for ref in agents:
-        reach_agent(ref, unknown)
-
-
 def reach_definition(data: Any) -> None:
     """Refuse a workflow definition (a request body) with a step on an agent outside the
     key's list: 404 `agent not found`, as if the agent did not exist."""

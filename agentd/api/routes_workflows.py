@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_definition, reach_workflow, reachable_workflows
+from agentd.api.principal import principal, reach_definition, reachable_workflows
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -73,10 +73,9 @@ def delete(workflow_id: str):
 
 
 def payer(workflow_id: str) -> str:
-    """The scoped key a run of the workflow is started by (it pays for the steps); 404 `agent
-    not found` when a step names an agent outside the key's list."""
+    """The scoped key a run of the workflow is started by (it pays for the steps). A workflow
+    with a step on an agent outside the key's list was refused before the route (`authorize`)."""
     kernel().workflows.get(workflow_id)  # (unknown: 404 workflow not found)
-    reach_workflow(workflow_id)
     return principal().key_id
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Iterator
 
 import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, free_port, make_home
+from support import Daemon, free_port, make_home, wait_until
 
 KEY = "b-secret-key"
 FULL = 'profile = "full"'
@@ -78,6 +79,9 @@ def test_daemon_card_lists_every_agent_as_a_skill(pair) -> None:
     assert "caller" in skills
     assert "securitySchemes" not in card, "a keyless daemon asks for no credentials"
     assert a.get("/.well-known/agent.json").json() == card
+    # A client asks again rather than keep a card whose agents have changed.
+    assert r.headers["Cache-Control"] == "no-cache"
+    assert a.get("/a2a/agents/helper/.well-known/agent-card.json").headers["Cache-Control"] == "no-cache"
 
 
 def test_agent_card_per_agent(pair) -> None:
@@ -119,8 +123,9 @@ def test_a_scoped_key_reaches_only_its_agents_and_its_tasks(pair) -> None:
     # An agent outside the key's list is as absent: by path (404) and by metadata.
     body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("hi")}}
     assert b.post("/a2a/agents/asker", json=body, headers=scoped).status_code == 404
-    named = rpc(b, "message/send", {"message": user("hi"), "metadata": {"agent": "asker"}}, headers=scoped)
-    assert named["error"]["message"] == "no agent named 'asker'"
+    for method in ("message/send", "message/stream"):
+        named = rpc(b, method, {"message": user("hi"), "metadata": {"agent": "asker"}}, headers=scoped)
+        assert named["error"]["message"] == "no agent named 'asker'", method
     # Only the key's own tasks can be read back; the admin sees them all.
     task_id = sent["result"]["id"]
     other = b.post("/api/keys", json={"name": "a2a-other", "scopes": ["message"]}).json()["key"]
@@ -180,6 +185,10 @@ def test_message_send_returns_a_completed_task(pair) -> None:
     got = rpc(a, "tasks/get", {"id": task["id"]})["result"]
     assert got["id"] == task["id"] and got["status"]["state"] == "completed"
     assert rpc(a, "tasks/get", {"id": task["id"], "historyLength": 1})["result"]["history"] == task["history"][-1:]
+    # An agent's own endpoint knows only that agent's tasks.
+    assert rpc(a, "tasks/get", {"id": task["id"]}, path="/a2a/agents/helper")["result"]["id"] == task["id"]
+    assert rpc(a, "tasks/get", {"id": task["id"]}, path="/a2a/agents/caller")["error"] == {
+        "code": -32001, "message": "Task not found", "data": {"id": task["id"]}}
     # The 1.0 method names answer the 1.0 shapes.
     v1 = rpc(a, "SendMessage", {"message": {"role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "v1"}]},
                                 "metadata": {"agent": "helper"}})["result"]["task"]
@@ -202,12 +211,17 @@ def test_context_id_is_a_conversation(pair, fake_llm) -> None:
     assert "kumquat" not in json.dumps(last["json"]), "another context is another session"
 
 
-def sse_events(response: requests.Response) -> list[dict]:
-    events = []
+def sse_events(response: requests.Response) -> Iterator[dict]:
+    """The JSON-RPC responses of a stream, read as they arrive."""
     for line in response.iter_lines(decode_unicode=True):
         if line and line.startswith("data: "):
-            events.append(json.loads(line[len("data: "):]))
-    return events
+            yield json.loads(line[len("data: "):])
+
+
+def open_stream(d: Daemon, text: str, path: str = "/a2a/agents/helper", rpc_id: object = "s") -> requests.Response:
+    """A message/stream request's response, open (use it in a `with` block)."""
+    request = {"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream", "params": {"message": user(text)}}
+    return d.http.post(f"{d.url}{path}", json=request, stream=True, timeout=30)
 
 
 def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pair) -> None:
@@ -217,7 +231,7 @@ def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pai
     with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30,
                      headers={"Accept": "text/event-stream"}) as r:
         assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-        events = sse_events(r)
+        events = list(sse_events(r))
     assert all(e["jsonrpc"] == "2.0" and e["id"] == 7 for e in events)
     results = [e["result"] for e in events]
     assert results[0]["kind"] == "task" and results[0]["status"]["state"] == "submitted"
@@ -234,6 +248,23 @@ def test_message_stream_sends_task_status_artifact_chunks_and_a_final_status(pai
     assert final["status"]["message"]["parts"] == [{"kind": "text", "text": "w1 w2 w3"}]
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["artifacts"][0]["parts"] == [
         {"kind": "text", "text": "w1 w2 w3"}]
+
+
+def test_a_stream_holds_a_server_slot_until_it_ends(daemon_factory, fake_llm) -> None:
+    d = daemon_factory(llm_config(fake_llm).replace("[api]\n", "[api]\nmax_streams = 1\n", 1), env_extra=LLM_ENV)
+    spawn(d, "single")
+    path = f"{d.url}/a2a/agents/single"
+    send = {"jsonrpc": "2.0", "id": 2, "method": "message/send", "params": {"message": user("after")}}
+    with open_stream(d, "[[slow:1]] first", "/a2a/agents/single") as r:
+        events = sse_events(r)
+        assert next(events)["result"]["kind"] == "task"
+        busy = requests.post(path, json=send, timeout=30)
+        assert (busy.status_code, busy.headers["Retry-After"], busy.json()) == (503, "1", {
+            "error": "server busy: too many requests are waiting for agents; try again shortly"})
+        last = list(events)[-1]["result"]
+    assert (last["final"], last["status"]["state"]) == (True, "completed")
+    wait_until(lambda: requests.post(path, json=send, timeout=30).status_code == 200,
+               "the ended stream's slot to be given back", timeout=10)
 
 
 def test_a_failed_run_is_a_failed_task(pair) -> None:
@@ -271,6 +302,8 @@ def test_json_rpc_errors(pair, body, code) -> None:
     answer = r.json()
     assert answer["jsonrpc"] == "2.0" and answer["error"]["code"] == code and answer["error"]["message"]
     assert "result" not in answer
+    # A readable id is echoed, even on a request refused for another reason; a client matches answers by it.
+    assert answer["id"] == (body.get("id") if isinstance(body, dict) else None)
 
 
 def test_parse_error(pair) -> None:
@@ -381,19 +414,44 @@ def test_the_official_a2a_sdk_client_sends_streams_and_reads_tasks(pair) -> None
 
 def test_tasks_cancel_stops_a_streamed_run(pair) -> None:
     a, _ = pair
-    request = {"jsonrpc": "2.0", "id": "s", "method": "message/stream",
-               "params": {"message": user("[[slow:20]] never finished")}}
-    with a.http.post(f"{a.url}/a2a/agents/helper", json=request, stream=True, timeout=30) as r:
-        lines = r.iter_lines(decode_unicode=True)
-        first = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))
-        task_id = first["result"]["id"]
+    with open_stream(a, "[[slow:20]] never finished") as r:
+        events = sse_events(r)
+        task_id = next(events)["result"]["id"]
         canceled = rpc(a, "tasks/cancel", {"id": task_id})["result"]
         assert canceled["id"] == task_id and canceled["status"]["state"] == "canceled"
-        rest = [json.loads(line[6:])["result"] for line in lines if line.startswith("data: ")]
+        rest = [e["result"] for e in events]
     assert rest[-1]["kind"] == "status-update" and rest[-1]["final"] is True
     assert rest[-1]["status"]["state"] == "canceled"
     assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
     assert rpc(a, "tasks/cancel", {"id": task_id})["error"]["code"] == -32002
+
+
+def test_a_client_leaving_a_stream_stops_its_task(pair) -> None:
+    a, _ = pair
+    with open_stream(a, "[[slow:20]] nobody reads this") as r:
+        task_id = next(sse_events(r))["result"]["id"]
+    # Noticed within the stream's poll, long before the model call's own time limit (3 s) ends it.
+    wait_until(lambda: rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] != "working",
+               "the task of the stream its client left to end")
+    assert rpc(a, "tasks/get", {"id": task_id})["result"]["status"]["state"] == "canceled"
+
+
+def a2a_runs(d: Daemon, outcome: str) -> float:
+    """The daemon's count of A2A runs that ended with `outcome` (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(d.get("/metrics").text) for s in family.samples
+               if s.name == "agentd_runs_total" and (s.labels["origin"], s.labels["outcome"]) == ("a2a", outcome))
+
+
+def test_a_client_leaving_a_send_stops_its_run(pair) -> None:
+    a, _ = pair
+    before = a2a_runs(a, "cancelled")
+    send = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("[[slow:20]] gone")}}
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{a.url}/a2a/agents/helper", json=send, timeout=1)
+    # Stopped, not ended by the model call's own time limit (3 s here) as a failure.
+    wait_until(lambda: a2a_runs(a, "cancelled") == before + 1, "the run of the send its client left to stop")
 
 
 @pytest.mark.parametrize("bad_id", [False, True, 1.5, [1], {"a": 1}])

@@ -285,11 +285,14 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
     result = run(mgr, h, '[[tool:file_write {"path": "b.txt", "content": "ok"}]]', emit=events.append)
     phases = [e.data for e in events if e.type == "phase" and e.data["phase"] == "awaiting_approval"
               and e.data["detail"] != "file_write"]
-    assert len(phases) == 1 and phases[0]["detail"].startswith("file_write (approval ")
     assert (env.config.workspaces_dir / "manual" / "b.txt").read_text() == "ok"
     assert result.response.startswith("tool said: ")
     assert [(a["agent_id"], a["agent_name"], a["tool"], a["input"]) for a in asked] == \
         [(h.id, "manual", "file_write", {"path": "b.txt", "content": "ok"})], "BUG: the approval names the wrong call"
+    # A chat platform's approval buttons are built from the event's approval_id.
+    approval_id = asked[0]["id"]
+    assert phases == [{"phase": "awaiting_approval", "approval_id": approval_id,
+                       "detail": f"file_write (approval {approval_id})"}]
     # Nobody decides: the call is denied after approval_timeout_secs (1 s here), no event sink needed.
     started = time.monotonic()
     result = run(mgr, h, '[[tool:file_write {"path": "c.txt", "content": "no"}]]')
@@ -298,11 +301,11 @@ def test_manual_mode_asks_for_approval_and_emits_the_phase(env, mgr) -> None:
 
 # -- results and failures --------------------------------------------------------------------------
 def test_cost_of_a_run(env, mgr) -> None:
-    costs = iter([0.1, 0.2000000000004, None])
+    costs = iter([0.1, 0.20000000006, None])
     env.usage.value = lambda *a: next(costs)
     h = mgr.spawn(manifest("cost"))
     result = run(mgr, h, '[[tool:system_time {}]]')
-    assert result.cost_usd == 0.3, "two calls, summed and rounded to 10 places"
+    assert result.cost_usd == 0.3000000001, "two calls, summed and rounded to 10 places"
     env.usage.value = lambda *a: None
     assert run(mgr, h, "x").cost_usd is None
     costs = iter([0.5, None])
@@ -826,6 +829,29 @@ def test_media_tools_reach_the_agents_own_model_and_provider(tmp_path, fake, mon
         env.close()
 
 
+def test_a_stop_ends_a_media_tools_model_call_at_once(tmp_path, fake, monkeypatch) -> None:
+    from fakellm import TINY_PNG
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai")
+    env = Env(tmp_path, llm_config(fake, timeout_secs=60))
+    try:
+        mgr = env.manager()
+        h = mgr.spawn(manifest("looking", '[capabilities]\ntools = ["media_describe"]\n'))
+        workspace = env.config.workspaces_dir / h.name
+        workspace.mkdir(parents=True)
+        (workspace / "p.png").write_bytes(TINY_PNG)
+        asked = len(fake.requests)
+        future = submit(mgr, h, '[[tool:media_describe {"path": "p.png", "prompt": "[[slow:60]] look"}]]')
+        assert fake.wait_requests(asked + 2, 30), "the tool never asked the model"
+        assert fake.requests[asked + 1]["json"]["messages"][0]["content"][0]["text"] == "[[slow:60]] look"
+        assert mgr.stop(h) is True
+        # Well before the model's answer or the call's own time limit (60 s each).
+        with pytest.raises(RunCancelled):
+            future.result(20)
+    finally:
+        env.close()
+
+
 def test_tools_reach_the_daemons_memory_and_event_bus_in_the_name_of_the_runs_origin_and_key(env) -> None:
     from agentd.agents.cooperation import Cooperation
     from agentd.triggers.bus import EventBus
@@ -1016,6 +1042,25 @@ def test_a_keys_run_is_checked_against_its_budget_and_its_rows_name_it(env) -> N
     assert asked == ["k1", "broke"], "a key's budget is asked before each of its runs (and only its)"
 
 
+def test_a_keys_queued_run_is_refused_when_its_budget_ran_out_while_it_waited(env) -> None:
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    asked: list = []
+
+    def key_budget(key_id: str) -> None:
+        asked.append(key_id)
+        if len(asked) > 1:
+            raise TooManyRequests("over its budget", retry_after=30)
+
+    mgr = env.manager(key_budget=key_budget)
+    h = mgr.spawn(manifest("spent"))
+    ticket = mgr.runs.start(RunRequest(h, "hi", on=WORKER, key_id="k1"))
+    with pytest.raises(TooManyRequests) as err:
+        ticket.future.result(10)
+    assert (err.value.message, err.value.retry_after) == ("over its budget", 30)
+    assert asked == ["k1", "k1"], "checked when started and again when a worker takes it"
+
+
 def test_a_runs_owner_reaches_memory_unless_the_agent_shares(env) -> None:
     memory = MemoryStandIn()
     mgr = env.manager(memory=memory)
@@ -1101,6 +1146,20 @@ def test_conversations_have_their_own_sessions(env, mgr, fake) -> None:
     assert err.value.message == "agent not found"
 
 
+def test_a_failed_run_in_a_conversation_closes_that_conversations_turn(env, mgr) -> None:
+    import uuid
+
+    h = mgr.spawn(manifest("convfail"))
+    run(mgr, h, "main")
+    sid = str(uuid.uuid4())
+    with pytest.raises(AgentRunError) as err:
+        run_in_conversation(mgr, h, sid, "[[fail:400]]", label="tg:9")
+    note = "[run failed: " + err.value.message.removeprefix("message delivery failed: ") + "]"
+    assert session_of(env, sid) == [{"role": "user", "content": "[[fail:400]]"}, {"role": "assistant", "content": note}]
+    assert [m["content"] for m in session_of(env, h.session_id)] == ["main", "echo: main"], \
+        "BUG: a conversation's failure was written into the agent's own session"
+
+
 def test_a_conversations_run_for_a_worker_is_checked_once_and_does_not_wait_for_the_agent(env) -> None:
     import uuid
 
@@ -1141,6 +1200,23 @@ def test_run_now_honours_its_cancel_event_and_a_client_that_left(mgr) -> None:
     with pytest.raises(RunCancelled):
         run_on_caller(mgr, h, "[[slow:5]] long", disconnected=left.is_set)
     assert not h.busy and run_on_caller(mgr, h, "again").response == "echo: again"
+
+
+def test_a_conversations_run_on_the_callers_thread_stops_when_its_client_left(env, mgr) -> None:
+    import uuid
+
+    from agentd.agents.run_request import INLINE, RunRequest
+
+    h = mgr.spawn(manifest("convleft"))
+    sid = str(uuid.uuid4())
+    left = threading.Event()
+    # (Stopped, not ended by the model call's own time limit: 5 s here.)
+    ticket = mgr.runs.start(RunRequest(h, "[[slow:30]] long", on=INLINE, session_id=sid))
+    threading.Timer(0.3, left.set).start()
+    with pytest.raises(RunCancelled):
+        ticket.result(left.is_set)
+    assert session_of(env, sid) == [{"role": "user", "content": "[[slow:30]] long"},
+                                    {"role": "assistant", "content": STOPPED_NOTE}]
 
 
 # -- Runs.start: one entry for every run ------------------------------------------------------------

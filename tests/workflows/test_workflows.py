@@ -389,6 +389,42 @@ def test_runs_are_listed_per_workflow(agent_daemon) -> None:
     assert {r["id"] for r in d.get(f"/api/workflows/{w2}/runs").json()} == r2
 
 
+def step_events(d: Daemon, run_id: str) -> list[tuple[str, object]]:
+    """A run's event stream read to its end: (event name, data) pairs."""
+    r = requests.get(f"{d.url}/api/workflows/runs/{run_id}/events", stream=True, timeout=60)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+    data = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert len(names) == len(data), r.text
+    assert ": keep-alive" not in r.text.splitlines(), "a keep-alive before 15 s of quiet"
+    return list(zip(names, data))
+
+
+def test_step_events_of_a_run(agent_daemon) -> None:
+    d = agent_daemon
+    a = agent_name(d)
+    # The first step answers after 2.5 s (under the model call limit of 3 s): the stream is open before it ends.
+    wid = create(d, [{"name": "first", "agent_name": a, "prompt": "[[slow:2.5]] one {{input}}"},
+                     {"name": "second", "agent_name": a, "prompt": "[[slow:1]] two {{input}}"}])
+    r = d.post(f"/api/workflows/{wid}/runs", json={"input": "go"})
+    assert r.status_code == 202, r.text
+    run_id = r.json()["run_id"]
+    events = step_events(d, run_id)
+    recorded = results(d, run_id)
+    done = ("done", {"run_id": run_id, "status": "completed", "output": "echo: two echo: one go", "error": None,
+                     "steps_completed": 2})
+    assert events == [("step_started", {"step_index": 0, "step_name": "first"}), ("step_result", recorded[0]),
+                      ("step_started", {"step_index": 1, "step_name": "second"}), ("step_result", recorded[1]), done]
+    # A finished run answers its results and its end at once.
+    assert step_events(d, run_id) == [("step_result", recorded[0]), ("step_result", recorded[1]), done]
+    failed = run(d, create(d, [{"name": "bad", "agent_name": a, "prompt": "[[fail:400]]"}]))
+    [(name, result), last] = step_events(d, failed["run_id"])
+    assert (name, result["status"]) == ("step_result", "failed")
+    assert last == ("done", {"run_id": failed["run_id"], "status": "failed", "output": "", "error": failed["error"],
+                             "steps_completed": 0})
+    assert d.get(f"/api/workflows/runs/{uuid.uuid4()}/events").status_code == 404
+
+
 def test_twenty_parallel_runs_of_one_workflow(agent_daemon) -> None:
     d = agent_daemon
     a, b = agent_name(d), agent_name(d)
