@@ -431,15 +431,21 @@ def test_option_help_states_each_default_once_in_words() -> None:
 def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
     d = daemon_factory()
     response: dict = {}
+    import threading
+    in_flight = threading.Event()
 
     def slow_stream() -> None:
         r = requests.get(f"{d.url}/api/_sse/ticks?n=3&interval=0.7", stream=True, timeout=30)
-        response["text"] = r.text
+        chunks = []
+        for chunk in r.iter_content(chunk_size=None):
+            chunks.append(chunk)
+            in_flight.set()
+        response["text"] = b"".join(chunks).decode()
 
-    import threading
     t = threading.Thread(target=slow_stream)
     t.start()
-    time.sleep(0.3)
+    # The signal comes once the first tick is in: before that the request may not have reached the daemon.
+    assert in_flight.wait(30), "the stream never started"
     d.proc.send_signal(15)
     t.join(30)
     assert '"done":true' in response.get("text", "")
