@@ -221,6 +221,7 @@ class RunQueues:
             if job is None:
                 handle.busy = False
                 return
+            handle.starting = job.cancel
         try:
             self.executor.submit(self._drain, handle, job)
         except RuntimeError:  # shutting down: nobody will run the rest
@@ -229,6 +230,7 @@ class RunQueues:
                 job.future.set_exception(RunCancelled("run cancelled before it started"))
             with handle.queue_lock:
                 handle.busy = False
+                handle.starting = None
 
     def submit(self, handle: Any, job: QueuedRun) -> Future:
         """Start `job` now if the agent is idle, else queue it; 429 when the queue is full."""
@@ -246,11 +248,14 @@ class RunQueues:
                 handle.waiting.append(job)
                 return job.future
             handle.busy = True
+            # A stop that comes before a worker picks the run up still reaches it.
+            handle.starting = job.cancel
         try:
             self.executor.submit(self._drain, handle, job)
         except RuntimeError:  # the executor is shut down: the daemon is stopping
             with handle.queue_lock:
                 handle.busy = False
+                handle.starting = None
             raise AgentdError("the daemon is shutting down", status=503) from None
         return job.future
 
@@ -260,6 +265,7 @@ class RunQueues:
             self._run_job(handle, job)
             with handle.queue_lock:
                 job = handle.waiting.popleft() if handle.waiting else None
+                handle.starting = None if job is None else job.cancel
                 if job is None:
                     handle.busy = False
 

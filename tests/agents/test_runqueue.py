@@ -171,6 +171,7 @@ def test_shut_down_executor_is_503_and_leaves_the_agent_idle() -> None:
         RunQueues(executor, lambda: 5).submit(h, Runs().job("x"))
     assert (info.value.message, info.value.status) == ("the daemon is shutting down", 503)
     assert h.busy is False, "BUG: a refused submit leaves the agent busy forever"
+    assert h.starting is None, "BUG: a stop of the idle agent would report a run"
 
 
 def test_cancelled_or_killed_before_start_never_runs(pool) -> None:
@@ -393,6 +394,70 @@ def test_hand_on_after_shutdown_cancels_the_next_run_exactly() -> None:
     with pytest.raises(RunCancelled) as info:
         nxt.future.result(0)
     assert info.value.message == "run cancelled before it started" and h.busy is False
+    assert h.starting is None, "BUG: a stop of the idle agent would report a run"
+
+
+def _one_held_worker() -> tuple[ThreadPoolExecutor, threading.Event]:
+    """A pool whose only worker is busy until the event is set: what it is given waits."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    held = threading.Event()
+    executor.submit(held.wait, WAIT)
+    return executor, held
+
+
+def test_a_stop_reaches_a_run_no_worker_has_picked_up_yet() -> None:
+    executor, held = _one_held_worker()
+    try:
+        runs, h = Runs(), handle("unpicked")
+        q = RunQueues(executor, lambda: 5)
+        job = runs.job("late")
+        q.submit(h, job)
+        assert q.stop(h) is True, "BUG: a stop right after the request finds no run"
+        held.set()
+        with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+            job.future.result(WAIT)
+        assert runs.started == []
+        assert _eventually(lambda: h.busy is False) and h.starting is None
+        assert q.stop(h) is False
+    finally:
+        held.set()
+        executor.shutdown(wait=False)
+
+
+def test_a_stop_reaches_a_queued_run_handed_on_to_a_worker() -> None:
+    executor, held = _one_held_worker()
+    try:
+        runs, h = Runs(), handle("handed")
+        q = RunQueues(executor, lambda: 5)
+        h.busy = True  # a run on a server thread holds the agent
+        nxt = runs.job("next")
+        h.waiting.append(nxt)
+        q._hand_on(h)
+        assert q.stop(h) is True, "BUG: the run handed on to a worker is out of a stop's reach"
+        held.set()
+        with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+            nxt.future.result(WAIT)
+        assert runs.started == [] and _eventually(lambda: h.busy is False) and h.starting is None
+    finally:
+        held.set()
+        executor.shutdown(wait=False)
+
+
+def test_a_run_its_owner_dropped_before_a_worker_took_it_leaves_nothing_to_stop() -> None:
+    executor, held = _one_held_worker()
+    try:
+        runs, h = Runs(), handle("dropped")
+        q = RunQueues(executor, lambda: 5)
+        job = runs.job("dropped")
+        q.submit(h, job)
+        assert job.future.cancel()
+        held.set()
+        assert _eventually(lambda: h.busy is False)
+        assert h.starting is None and q.stop(h) is False, "BUG: a stop reports a run that never ran"
+        assert runs.started == []
+    finally:
+        held.set()
+        executor.shutdown(wait=False)
 
 
 def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
