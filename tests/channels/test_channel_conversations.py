@@ -182,13 +182,17 @@ def slack(daemon):
 
 def test_slack_threads_are_separate_and_followed_for_thread_ttl_hours(daemon, slack, fake_llm):
     fake, setup = slack
-    setup(thread_ttl_hours=0.0005)  # 1.8 seconds
+    # Long enough for the second answer and the follow-up below to arrive within it on a
+    # loaded host, short enough to wait out.
+    ttl = 0.0015 * 3600
+    setup(thread_ttl_hours=0.0015)
     fake.user_says("U1ANN", "first thread secret is plums", channel="C0THREADS", mention=True)
     first = fake.said[-1]["ts"]
     wait_for(lambda: fake.replies("C0THREADS"), what="first answer")
     fake.user_says("U1ANN", "which fruit was it?", channel="C0THREADS", mention=True)
     second = fake.said[-1]["ts"]
     wait_for(lambda: len(fake.replies("C0THREADS")) == 2, what="second answer")
+    second_answered = time.monotonic()
     assert [s["thread_ts"] for s in fake.sent if s["channel"] == "C0THREADS"] == [first, second]
     assert all("plums" not in p for p in prompts(fake_llm, "which fruit was it?"))
     # In a thread the bot answered in, a message without a mention is answered (same session).
@@ -199,8 +203,9 @@ def test_slack_threads_are_separate_and_followed_for_thread_ttl_hours(daemon, sl
     assert keys[-3:] == [f"slack:chat:C0THREADS:thread:{first}:user:U1ANN",
                          f"slack:chat:C0THREADS:thread:{second}:user:U1ANN",
                          f"slack:chat:C0THREADS:thread:{first}:user:U1ANN"]
-    # Past thread_ttl_hours the thread is no longer followed.
-    time.sleep(2.0)
+    # Past thread_ttl_hours the thread is no longer followed. (The adapter starts following a
+    # thread once its answer is posted, a moment after the fake saw it: hence the extra wait.)
+    time.sleep(max(0.0, second_answered + ttl + 1.5 - time.monotonic()))
     fake.user_says("U1ANN", "still there?", channel="C0THREADS", thread_ts=second)
     time.sleep(1.0)
     assert len(fake.replies("C0THREADS")) == 3
