@@ -356,19 +356,18 @@ def test_agent_killed_after_create_fails_the_step_clearly(agent_daemon) -> None:
     assert d.get(f"/api/workflows/{wid}/runs").json()[0]["state"] == {"status": "failed"}
 
 
-def test_agent_killed_mid_step(agent_daemon) -> None:
+def test_agent_killed_mid_step(agent_daemon, fake_llm) -> None:
     d = agent_daemon
     name = agent_name(d)
     agent_id = next(a["id"] for a in d.get("/api/agents").json() if a["name"] == name)
-    wid = create(d, [{"name": "long", "agent_name": name, "prompt": "[[slow:2]]zz", "timeout_secs": 30,
+    nonce = uuid.uuid4().hex  # the fake LLM is the session's: other tests' prompts are in its log
+    wid = create(d, [{"name": "long", "agent_name": name, "prompt": f"[[slow:2]]{nonce}", "timeout_secs": 30,
                       "error_mode": "retry", "max_retries": 3}])
     box: dict = {}
     thread = threading.Thread(target=lambda: box.update(run(d, wid)))
     thread.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not d.get(f"/api/workflows/{wid}/runs").json():
-        time.sleep(0.02)
-    time.sleep(0.2)
+    # The step's model call has begun: the step is running, not about to look its agent up.
+    wait_until(lambda: any(nonce in str(r["json"]) for r in fake_llm.requests), "the step's model call")
     # A workflow with a run in progress cannot be deleted.
     assert d.delete(f"/api/workflows/{wid}").status_code == 409
     assert d.delete(f"/api/agents/{agent_id}").status_code == 200
