@@ -243,7 +243,8 @@ def test_a_thread_started_for_a_task_is_no_queue_warning_but_a_full_pool_warns(c
 
 
 def test_a_request_waits_while_enough_others_have_only_just_begun_then_runs_when_one_grows_old() -> None:
-    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=0.4)
+    # Fresh for a second: the check below that the third waits comes well inside it on a loaded host.
+    dispatcher = LifoTaskDispatcher(fresh_limit=2, fresh_secs=1.0)
     dispatcher.set_thread_count(6)
     release = threading.Event()
     ran: list[int] = []
@@ -256,7 +257,7 @@ def test_a_request_waits_while_enough_others_have_only_just_begun_then_runs_when
         time.sleep(0.1)
         assert len(ran) == 2 and len(dispatcher.queue) == 1, "BUG: a third started beside two fresh ones"
         _wait_for(lambda: len(ran) == 3, "the held request never ran once the others grew old")
-        assert 0.35 < time.monotonic() - began < 2.0
+        assert 0.95 < time.monotonic() - began < 5.0
         assert len(set(ran)) == 3, "each request holds a thread of its own"
     finally:
         release.set()
