@@ -23,6 +23,7 @@ from agentd.key_runs import KeyRuns
 from agentd.tasks.board import TaskBoard
 from agentd.triggers.bus import CUSTOM, EventBus
 from mgrsupport import Env, Recorder, llm_config, manifest, run, submit, fake  # noqa: F401 (fake: a fixture)
+from support import wait_until
 
 
 @pytest.fixture()
@@ -288,9 +289,7 @@ def test_a_nested_send_runs_on_the_calling_thread_and_waits_at_most_its_timeout(
     assert [f.result(10).response for f in busy] == ["echo: busy", "echo: busy"]
     monkeypatch.setattr(AgentOpsImpl, "NESTED_LOCK_TIMEOUT", 0.3)
     slow = submit(mgr, b, "[[slow:3]] long")
-    deadline = time.monotonic() + 2
-    while not b.run_lock.locked() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(b.run_lock.locked, "b's run holds the agent")
     started = time.monotonic()
     with pytest.raises(ToolError) as err:
         ops.send_to_agent(a.id, "b", "later")
