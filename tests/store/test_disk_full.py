@@ -61,13 +61,13 @@ def test_full_disk_refuses_writes_keeps_reads_and_recovers(daemon) -> None:
         assert d.get(f"{kv}/before").json()["value"] == "kept"
         assert [a["name"] for a in d.get("/api/agents").json()] == ["filler"]
         assert d.get(f"/api/agents/{agent}/session").json()["message_count"] == 2
-        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, 3, what="health degraded")
+        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, what="health degraded")
     finally:
         _limit(d, resource.RLIM_INFINITY)
 
-    wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 10000}).status_code == 200, 5,
+    wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 10000}).status_code == 200,
              what="writes accepted again")
-    wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, 3, what="health ok")
+    wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, what="health ok")
     reply = d.post(f"/api/agents/{agent}/message", json={"message": "after"})
     assert reply.status_code == 200 and reply.json()["response"] == "echo: after"
     assert d.get(f"{kv}/during").status_code == 404
@@ -109,7 +109,7 @@ def test_a_kill_refused_by_a_full_disk_leaves_the_agent_alive(daemon) -> None:
         assert "survivor" in [a["name"] for a in d.get("/api/agents").json()]
     finally:
         _limit(d, resource.RLIM_INFINITY)
-    wait_for(lambda: d.put(f"/api/memory/agents/{agent}/kv/after", json={"value": 1}).status_code == 200, 5,
+    wait_for(lambda: d.put(f"/api/memory/agents/{agent}/kv/after", json={"value": 1}).status_code == 200,
              what="writes accepted again")
     reply = d.post(f"/api/agents/{agent}/message", json={"message": "still here"})
     assert reply.status_code == 200 and reply.json()["response"] == "echo: still here"
@@ -168,16 +168,16 @@ def test_a_really_full_disk(small_disk: Path, fake_llm) -> None:
         assert r.status_code == 507 and r.json() == {"error": HOME_FULL}, r.text
         assert d.get(f"{kv}/before").json()["value"] == "kept"
         assert [a["name"] for a in d.get("/api/agents").json()] == ["filler"]
-        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, 3, what="health degraded")
+        wait_for(lambda: d.get("/api/health").json() == {"status": "degraded"}, what="health degraded")
         doctor = run_cli(d.home, "doctor", port=d.port)
         assert doctor.returncode == 1
         assert re.search(r"\[fail\] disk_space +0 MB free on the disk holding .*: under 10 MB writes will "
                          r"soon answer 507; free some space", doctor.stdout), doctor.stdout
 
         ballast.unlink()
-        wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 100_000}).status_code == 200, 5,
+        wait_for(lambda: d.put(f"{kv}/after", json={"value": "x" * 100_000}).status_code == 200,
                  what="writes accepted again")
-        wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, 3, what="health ok")
+        wait_for(lambda: d.get("/api/health").json() == {"status": "ok"}, what="health ok")
         assert d.get(f"{kv}/during").status_code == 404
         assert "Traceback" not in d.log()
     finally:
