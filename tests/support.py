@@ -418,3 +418,15 @@ def wait_until(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Non
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+MINUTE, DAY = 60, 86400
+
+
+def within_one_utc_period(seconds: float, period: int = MINUTE) -> None:
+    """Return once the next `seconds` fall in one UTC minute (or day: `period=DAY`, which also
+    keeps them in one month): at once, or just after the period ends when less is left of it.
+    For checks of what a limit counts per UTC minute or day, on a host that may be slow."""
+    left = period - time.time() % period
+    if left < seconds:
+        time.sleep(left + 0.1)

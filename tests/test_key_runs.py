@@ -16,7 +16,7 @@ from conftest import LLM_ENV, llm_config
 from fakes.ntfy import FakeNtfy
 from tests.api.test_keys import as_key, make_workflow, spawn
 from tests.api.test_keys import new_key as keys_new_key
-from support import Daemon, make_home, stop_shared, wait_until
+from support import DAY, Daemon, make_home, stop_shared, wait_until, within_one_utc_period
 
 ADMIN = "admin-secret-for-key-runs"
 WEBHOOK_SECRETS = {"AGENTD_WEBHOOK_REPORT": "report-secret", "CRON_SECRET": "admins-secret"}
@@ -113,6 +113,7 @@ def test_a_keys_job_runs_as_the_key_and_is_refused_once_it_is_revoked(d: Daemon)
 
 def test_a_keys_job_over_its_budget_is_refused_while_other_jobs_run(d: Daemon) -> None:
     agent_id, _ = spawn(d, "thrifty")
+    within_one_utc_period(30, DAY)  # the spend and the refusal below, in one budget day
     key = new_key(d, budget_usd_per_day=0.000001)
     job = make_job(d, key, agent_id)
     first = run_now(d, job)

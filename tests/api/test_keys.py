@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, db_dump, db_rows, make_home, stop_shared
+from support import DAY, Daemon, db_dump, db_rows, make_home, stop_shared, within_one_utc_period
 
 ADMIN = "admin-secret-for-keys"
 
@@ -302,6 +302,7 @@ def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
 
 def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None:
     agent_id, name = spawn(d, "budget")
+    within_one_utc_period(30, DAY)  # the spend and the refusals below, in one budget day
     tight = new_key(d, budget_usd_per_day=0.000001)
     other = new_key(d)
     first = as_key(d, tight, "POST", f"/api/agents/{agent_id}/message", json={"message": "one"})
@@ -338,6 +339,7 @@ def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
     _, hidden_name = spawn(d, "flow-hidden")
 
     mine, foreign = make_workflow(d, name), make_workflow(d, hidden_name)
+    within_one_utc_period(30, DAY)  # the spend and the refusal below, in one budget day
     key = new_key(d, scopes=["read", "manage"], agents=[name], budget_usd_per_day=0.000001)
     first = as_key(d, key, "POST", f"/api/workflows/{mine}/run", json={"input": "go"})
     assert first.status_code == 200 and first.json()["status"] == "completed", first.text
@@ -399,6 +401,7 @@ def foreign_id(d: Daemon, name: str) -> str:
 
 def test_a_key_rate_limit(d: Daemon) -> None:
     key = new_key(d, rate_limit_per_minute=3)
+    within_one_utc_period(10)  # the requests below, counted per UTC minute
     codes = [as_key(d, key, "GET", "/api/status").status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]
     r = as_key(d, key, "GET", "/api/status")
@@ -671,6 +674,7 @@ def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:
 
     agent_id, _ = spawn(d, "socket")
     tag = uuid.uuid4().hex[:6]
+    within_one_utc_period(30, DAY)  # the spend and the refusal below, in one budget day
     key = new_key(d, budget_usd_per_day=0.000001)
     base = d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws?token={key['key']}"
     ws = websocket.create_connection(f"{base}&user=erin", timeout=10)

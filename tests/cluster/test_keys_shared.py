@@ -5,7 +5,6 @@ PostgreSQL server (tests/pgtest.py), the fake LLM."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Iterator
 
@@ -14,7 +13,7 @@ import requests
 
 import pgtest
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, stop_shared
+from support import DAY, Daemon, make_home, stop_shared, within_one_utc_period
 
 ADMIN = "shared-admin-key"
 
@@ -46,6 +45,7 @@ def test_a_budget_spent_on_one_daemon_is_refused_on_the_other(pair) -> None:
     a, b = pair
     r = a.post("/api/agents", json={"manifest_toml": f'name = "kb-{uuid.uuid4().hex[:6]}"\n'})
     agent_id = r.json()["agent_id"]
+    within_one_utc_period(30, DAY)  # the spend and the refusal below, in one budget month
     made = key(a, budget_usd_per_month=0.000001)
     spent = as_key(a, made["key"], "POST", f"/api/agents/{agent_id}/message", json={"message": "on a"})
     assert spent.status_code == 200, spent.text
@@ -59,8 +59,7 @@ def test_a_budget_spent_on_one_daemon_is_refused_on_the_other(pair) -> None:
 def test_rate_limit_and_disabling_hold_on_both(pair) -> None:
     a, b = pair
     made = key(a, rate_limit_per_minute=4)
-    if time.time() % 60 > 54:  # the requests below fall in one UTC minute
-        time.sleep(61 - time.time() % 60)
+    within_one_utc_period(10)  # the requests below, counted per UTC minute
     codes = [as_key(d, made["key"], "GET", "/api/status").status_code for d in (a, b, a, b, a, b)]
     assert codes == [200, 200, 200, 200, 429, 429]
     other = key(b)
