@@ -134,8 +134,12 @@ def test_the_rate_is_also_the_burst_unless_configured(daemon_factory) -> None:
     assert (r.headers["X-RateLimit-Limit"], r.headers["X-RateLimit-Remaining"]) == ("30", "29"), \
         "BUG: the default burst lets a client send more than 30 requests in its first second"
     d = daemon_factory("[api]\nrate_limit_per_second = 1\nshutdown_grace_secs = 5\n")
-    client = client_from("127.0.0.6")
-    rs = [client.get(f"{d.url}/api/agents", timeout=10) for _ in range(2)]
+    for address in ("127.0.0.6", "127.0.0.7", "127.0.0.8"):
+        client = client_from(address)
+        started = time.monotonic()
+        rs = [client.get(f"{d.url}/api/agents", timeout=10) for _ in range(2)]
+        if time.monotonic() - started < 1.0:
+            break  # both within one second; on a host too slow for that, again from a fresh address
     assert [(r.status_code, r.headers["X-RateLimit-Limit"]) for r in rs] == [(200, "1"), (429, "1")], \
         "BUG: one request per second let a second request through at once"
     assert rs[1].headers["Retry-After"] == "1"
