@@ -397,67 +397,59 @@ def test_hand_on_after_shutdown_cancels_the_next_run_exactly() -> None:
     assert h.starting is None, "BUG: a stop of the idle agent would report a run"
 
 
-def _one_held_worker() -> tuple[ThreadPoolExecutor, threading.Event]:
+@pytest.fixture()
+def held():
     """A pool whose only worker is busy until the event is set: what it is given waits."""
     executor = ThreadPoolExecutor(max_workers=1)
-    held = threading.Event()
-    executor.submit(held.wait, WAIT)
-    return executor, held
+    release = threading.Event()
+    executor.submit(release.wait, WAIT)
+    yield executor, release
+    release.set()
+    executor.shutdown(wait=False)
 
 
-def test_a_stop_reaches_a_run_no_worker_has_picked_up_yet() -> None:
-    executor, held = _one_held_worker()
-    try:
-        runs, h = Runs(), handle("unpicked")
-        q = RunQueues(executor, lambda: 5)
-        job = runs.job("late")
-        q.submit(h, job)
-        assert q.stop(h) is True, "BUG: a stop right after the request finds no run"
-        held.set()
-        with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
-            job.future.result(WAIT)
-        assert runs.started == []
-        assert _eventually(lambda: h.busy is False) and h.starting is None
-        assert q.stop(h) is False
-    finally:
-        held.set()
-        executor.shutdown(wait=False)
+def _submitted_to(held, name: str) -> tuple[RunQueues, AgentHandle, QueuedRun, Runs]:
+    """A run of a new agent submitted to the held pool: accepted, no worker has it yet."""
+    runs, h = Runs(), handle(name)
+    q = RunQueues(held[0], lambda: 5)
+    job = runs.job(name)
+    q.submit(h, job)
+    return q, h, job, runs
 
 
-def test_a_stop_reaches_a_queued_run_handed_on_to_a_worker() -> None:
-    executor, held = _one_held_worker()
-    try:
-        runs, h = Runs(), handle("handed")
-        q = RunQueues(executor, lambda: 5)
-        h.busy = True  # a run on a server thread holds the agent
-        nxt = runs.job("next")
-        h.waiting.append(nxt)
-        q._hand_on(h)
-        assert q.stop(h) is True, "BUG: the run handed on to a worker is out of a stop's reach"
-        held.set()
-        with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
-            nxt.future.result(WAIT)
-        assert runs.started == [] and _eventually(lambda: h.busy is False) and h.starting is None
-    finally:
-        held.set()
-        executor.shutdown(wait=False)
+def test_a_stop_reaches_a_run_no_worker_has_picked_up_yet(held) -> None:
+    q, h, job, runs = _submitted_to(held, "unpicked")
+    assert q.stop(h) is True, "BUG: a stop right after the request finds no run"
+    held[1].set()
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        job.future.result(WAIT)
+    assert runs.started == []
+    assert _eventually(lambda: h.busy is False) and h.starting is None
+    assert q.stop(h) is False
 
 
-def test_a_run_its_owner_dropped_before_a_worker_took_it_leaves_nothing_to_stop() -> None:
-    executor, held = _one_held_worker()
-    try:
-        runs, h = Runs(), handle("dropped")
-        q = RunQueues(executor, lambda: 5)
-        job = runs.job("dropped")
-        q.submit(h, job)
-        assert job.future.cancel()
-        held.set()
-        assert _eventually(lambda: h.busy is False)
-        assert h.starting is None and q.stop(h) is False, "BUG: a stop reports a run that never ran"
-        assert runs.started == []
-    finally:
-        held.set()
-        executor.shutdown(wait=False)
+def test_a_stop_reaches_a_queued_run_handed_on_to_a_worker(held) -> None:
+    executor, release = held
+    runs, h = Runs(), handle("handed")
+    q = RunQueues(executor, lambda: 5)
+    h.busy = True  # a run on a server thread holds the agent
+    nxt = runs.job("next")
+    h.waiting.append(nxt)
+    q._hand_on(h)
+    assert q.stop(h) is True, "BUG: the run handed on to a worker is out of a stop's reach"
+    release.set()
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        nxt.future.result(WAIT)
+    assert runs.started == [] and _eventually(lambda: h.busy is False) and h.starting is None
+
+
+def test_a_run_its_owner_dropped_before_a_worker_took_it_leaves_nothing_to_stop(held) -> None:
+    q, h, job, runs = _submitted_to(held, "dropped")
+    assert job.future.cancel()
+    held[1].set()
+    assert _eventually(lambda: h.busy is False)
+    assert h.starting is None and q.stop(h) is False, "BUG: a stop reports a run that never ran"
+    assert runs.started == []
 
 
 def test_run_here_watches_a_client_only_while_it_runs(pool) -> None:
