@@ -23,7 +23,7 @@ import websocket
 from channel_fixtures import CHANNEL_ENV, wait_for
 from conftest import LLM_ENV, llm_config
 from fakes.ntfy import FakeNtfy
-from support import Daemon, agentd_env, make_home, stop_shared
+from support import DAY, Daemon, agentd_env, make_home, stop_shared, within_one_utc_period
 
 SECRET = "cron-webhook-secret"
 
@@ -258,6 +258,7 @@ def test_a_one_shot_job_runs_once_then_is_disabled(env) -> None:
 
 def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
     d, _, _ = env
+    within_one_utc_period(30, DAY)  # the runs counted below, in one UTC day
     spawn(d, "capped")
     created = job(d, name="capped", agent_id="capped", action=turn("[[reply:ok]]"), max_runs_per_day=2)
     paused = wait_for(lambda: (j := d.get(f"/api/cron/jobs/{created['id']}").json())["paused_reason"] and j, 10,
@@ -274,6 +275,7 @@ def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
 
 def test_max_cost_per_day_pauses_the_job(env) -> None:
     d, _, _ = env
+    within_one_utc_period(30, DAY)  # the spend counted below, in one UTC day
     spawn(d, "spender")
     created = job(d, name="spender", agent_id="spender", action=turn("[[reply:costly]]"),
                   max_cost_usd_per_day=0.00001)

@@ -16,7 +16,7 @@ import requests
 
 from conftest import LLM_ENV, llm_config
 from fakes.recorder import Recorder
-from support import Daemon, db_rows, free_port, make_home, wait_until
+from support import DAY, Daemon, db_rows, free_port, make_home, wait_until, within_one_utc_period
 from tests.agents.test_agents import spawn
 from tests.memory.test_races import _together
 
@@ -135,6 +135,7 @@ def test_crud_and_errors(d) -> None:
 
 
 def test_content_match_fires_with_the_exact_prompt(d) -> None:
+    within_one_utc_period(30, DAY)  # the runs counted below, in one UTC day
     a, _ = agent(d)
     t = trigger(d, a, {"content_match": "Deploy-Done"}, "[[reply:ok]] got {{event}} and {single} {{other}}")
     event_id = publish(d, "deploy-done", {"service": "web"})
@@ -214,6 +215,7 @@ def test_rate_limit_per_trigger(d) -> None:
 
 
 def test_caps_pause_with_reason_and_audit(d) -> None:
+    within_one_utc_period(30, DAY)  # the runs and spend counted below, in one UTC day
     a, name = agent(d)
     word = f"cap-{uuid.uuid4().hex[:6]}"
     runs = trigger(d, a, {"content_match": word}, max_runs_per_day=1)
@@ -346,6 +348,7 @@ def test_creates_racing_the_agents_deletion_leave_no_trigger_behind(d) -> None:
 
 
 def test_triggers_and_their_counters_survive_a_restart(d) -> None:
+    within_one_utc_period(30, DAY)  # the runs counted below, in one UTC day
     a, _ = agent(d)
     word = f"restart-{uuid.uuid4().hex[:6]}"
     t = trigger(d, a, {"content_match": word}, "[[reply:ok]] after {{event}}", max_runs_per_day=5)
