@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -292,6 +293,19 @@ def test_status_table_and_json(daemon_factory) -> None:
 def test_status_without_daemon(tmp_path: Path) -> None:
     r = run_cli(make_home(tmp_path), "status")
     assert r.returncode == 1 and "not running" in r.stderr
+
+
+@pytest.mark.parametrize("words, code", [(["--help"], 0), (["status"], 1)])
+def test_a_command_that_needs_no_daemon_loads_neither_the_server_nor_the_database(
+        tmp_path: Path, words: list[str], code: int) -> None:
+    # Every command pays for what it imports: Flask, Pony and the kernel are the daemon's.
+    r = run_cli(make_home(tmp_path), *words, env_extra={"PYTHONPROFILEIMPORTTIME": "1", "AGENTD_DATABASE_URL": ""})
+    assert r.returncode == code
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)$", r.stderr, re.M))
+    assert {"argh", "agentd.config"} <= imported, "BUG: the import log is not being read"
+    daemon_side = sorted(name for name in imported if name.split(".")[0] in ("pony", "flask", "werkzeug", "requests")
+                         or name.startswith(("agentd.store", "agentd.server", "agentd.kernel", "agentd.api")))
+    assert daemon_side == []
 
 
 def test_cli_uses_the_api_key(daemon_factory) -> None:
