@@ -177,7 +177,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     remote_agents(data)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()
-        # Only with a URL: importing the store package loads Pony, which no CLI command needs.
+        # Only with a URL: the store package loads Pony, which reading the config does not need.
         from agentd.store.backend import parse_database_url
 
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
