@@ -152,6 +152,9 @@ class Daemon:
     def _boot(self) -> None:
         """Open the kernel and build the app; on failure stop the daemon with the error."""
         began = time.monotonic()
+        # No collections while the boot builds what lives as long as the process (frozen
+        # below): they would only walk it.
+        gc.disable()
         try:
             delay = float(os.environ.get("AGENTD_TEST_BOOT_DELAY", "0") or 0)
             if delay > 0:  # tests only: widen the window in which the gate serves alone
@@ -180,6 +183,8 @@ class Daemon:
             self._boot_error = exc
             self.gate.fail(exc.message if isinstance(exc, AgentdError) else str(exc))
             self.request_stop()
+        finally:
+            gc.enable()
 
     def serve(self) -> None:
         """Run until a signal or POST /api/shutdown, then shut down gracefully."""

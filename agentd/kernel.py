@@ -61,7 +61,7 @@ from agentd.key_runs import KeyRuns
 from agentd.channels.attachments import ChannelFiles
 from agentd.channels.qr import QrLogins
 from agentd.channels.runtime import ChannelManager
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import cluster_settings
 from agentd.errors import AgentdError
 from agentd.schedules.delivery import Delivery

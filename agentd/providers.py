@@ -11,13 +11,15 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentd.agents.manager import AgentManager
 from agentd.config import Config
 from agentd.errors import AgentdError, BadRequest, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.llm.catalog import Catalog, ProviderInfo
+
+if TYPE_CHECKING:  # `agentd doctor` reads secrets.env through this module without the agents
+    from agentd.agents.manager import AgentManager
 
 log = logging.getLogger("agentd.providers")
 

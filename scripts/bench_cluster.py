@@ -1,4 +1,4 @@
-"""What the cluster coordination costs per agent run (agentd/cluster/__init__.py).
+"""What the cluster coordination costs per agent run (agentd/cluster/coordinator.py).
 
 Every run takes its session's lease, writes a run record (one transaction) and closes both
 (a second transaction). This measures that bookkeeping around an empty run body, next to
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's agentd
 
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings
 from agentd.store import open_store
 

@@ -289,7 +289,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/api/schemas.py": ["tests/api/test_schemas.py"],
     # Coordination on SQLite in process (the PostgreSQL variants of the same tests need a
     # server per run; tests/cluster/test_cluster.py runs them through daemons).
-    "agentd/cluster/__init__.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    "agentd/cluster/coordinator.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],

@@ -218,7 +218,8 @@ def test_the_daemon_tunes_the_collector_and_switch_interval() -> None:
 
 def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
     """After the boot thread opened the kernel and app, those objects are out of the
-    collector's sight (gc.freeze); the kernel stops this daemon on POST /api/shutdown, the
+    collector's sight (gc.freeze), and the collector never ran in that thread meanwhile (it
+    runs again once the boot is done); the kernel stops this daemon on POST /api/shutdown, the
     app reports this server's pool, and the ready line tells how long the boot took (here
     stretched by AGENTD_TEST_BOOT_DELAY). The daemon starts in a child process: its 128
     server threads, background threads and frozen heap stay out of the test worker."""
@@ -231,8 +232,11 @@ def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     script = (
-        "import gc, logging, sys\n"
+        "import gc, logging, sys, threading\n"
         "logging.basicConfig(stream=sys.stderr, level=logging.INFO, format='%(message)s')\n"
+        "in_boot = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and threading.current_thread().name == "
+        "'agentd-boot' and in_boot.append(info['generation']))\n"
         "from agentd.config import load_config\n"
         "from agentd.daemon import Daemon\n"
         "daemon = Daemon(load_config())\n"
@@ -241,7 +245,8 @@ def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
         "k = daemon.kernel\n"
         "print(k is not None, daemon._boot_error, gc.get_freeze_count(),\n"
         "      k._shutdown_hook == daemon.request_stop,\n"
-        "      daemon.server.application.extensions['agentd.pool_stats']() == daemon._pool_stats(), flush=True)\n"
+        "      daemon.server.application.extensions['agentd.pool_stats']() == daemon._pool_stats(),\n"
+        "      len(in_boot), gc.isenabled(), flush=True)\n"
         "daemon.request_stop()\n"
         "daemon._drain()\n"
         "daemon.release_home()\n"
@@ -250,9 +255,10 @@ def test_boot_freezes_what_it_built(tmp_path: Path) -> None:
            "AGENTD_TEST_BOOT_DELAY": "0.4"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    booted, error, frozen, stops_daemon, reports_pool = done.stdout.split()
+    booted, error, frozen, stops_daemon, reports_pool, boot_collections, collecting = done.stdout.split()
     assert booted == "True" and error == "None"
     assert int(frozen) > 1000
+    assert (boot_collections, collecting) == ("0", "True")
     assert stops_daemon == "True" and reports_pool == "True"
     took = re.search(r"^agentd ready \(kernel and app loaded in (\d+\.\d\d)s\)$", done.stderr, re.M)
     assert took is not None, done.stderr

@@ -30,7 +30,7 @@ from agentd.errors import AgentdError, NotFound, TooManyRequests
 
 if TYPE_CHECKING:
     from agentd.agents.approvals import ApprovalQueue
-    from agentd.cluster import Cluster
+    from agentd.cluster.coordinator import Cluster
 
 BUSY_RETRY_AFTER = 2  # seconds a client refused for a busy agent is told to wait
 WAIT_POLL = 0.1  # how often a waiting request checks for stop and client disconnects

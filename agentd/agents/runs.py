@@ -62,7 +62,7 @@ from agentd.store.outage import translate
 if TYPE_CHECKING:
     from agentd.a2a.client import A2AClient
     from agentd.agents.cooperation import Cooperation
-    from agentd.cluster import Cluster
+    from agentd.cluster.coordinator import Cluster
     from agentd.key_runs import KeyRuns
     from agentd.skills import Skills
     from agentd.memory.service import MemoryService

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from agentd.channels.runtime import ChannelManager
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 
 log = logging.getLogger("agentd.channels.leader")
 RETRY_FAILED_SECS = 60.0

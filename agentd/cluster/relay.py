@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 from agentd import hmacs
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 
 log = logging.getLogger("agentd.cluster.relay")
 

@@ -5,8 +5,8 @@ conversation's), waiting while another daemon holds it, exactly as a run waits f
 agent's local run lock; then it writes its run record (`agent_runs`), admitted by the
 budget gate. (A lone daemon with no budget limit has nothing to reserve and nobody to
 tell: it writes the record once, complete, in the transaction that saves the run's
-session.) The heartbeat (agentd/cluster/__init__.py) renews the leases and records of the
-runs here, closes the ones that ended while the database was out and applies stop
+session.) The heartbeat (agentd/cluster/coordinator.py) renews the leases and records of
+the runs here, closes the ones that ended while the database was out and applies stop
 requests made on other daemons.
 """
 

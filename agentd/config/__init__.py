@@ -11,7 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
@@ -23,7 +23,9 @@ from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, Chann
 from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
-from agentd.store.backend import DatabaseUrl, parse_database_url
+
+if TYPE_CHECKING:
+    from agentd.store.backend import DatabaseUrl
 
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
            "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
@@ -175,6 +177,9 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
     remote_agents(data)
     if "database_url" in data:
         url = expect(data["database_url"], str, "database_url", "a string").strip()
+        # Only with a URL: the store package loads Pony, which reading the config does not need.
+        from agentd.store.backend import parse_database_url
+
         cfg.database = parse_database_url(url, "config key database_url", allow_password=False) if url else None
     cfg.mcp_servers = parse_mcp_servers(data)
     return cfg
@@ -229,6 +234,8 @@ def load_config(home: Path | None = None) -> Config:
         cfg.api_key = os.environ.get("AGENTD_API_KEY", "").strip()
     env_url = os.environ.get("AGENTD_DATABASE_URL", "").strip()
     if env_url:
+        from agentd.store.backend import parse_database_url  # (only with a URL: see parse_config)
+
         # The environment may hold a password: it is not a file anyone reads by accident.
         cfg.database = parse_database_url(env_url, "AGENTD_DATABASE_URL", allow_password=True)
     return cfg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -292,6 +293,26 @@ def test_status_table_and_json(daemon_factory) -> None:
 def test_status_without_daemon(tmp_path: Path) -> None:
     r = run_cli(make_home(tmp_path), "status")
     assert r.returncode == 1 and "not running" in r.stderr
+
+
+# What only the daemon needs: the web framework, the metrics, the kernel, the agents' runtime.
+DAEMON_ONLY = ("flask", "werkzeug", "prometheus_client", "agentd.api", "agentd.kernel", "agentd.server.serve",
+               "agentd.agents.manager")
+# ...and the database layer and the HTTP client, which `agentd doctor` uses and these do not.
+DATABASE_AND_HTTP = ("pony", "agentd.store", "requests")
+
+
+@pytest.mark.parametrize("words, code, not_loaded", [(["--help"], 0, DAEMON_ONLY + DATABASE_AND_HTTP),
+                                                     (["status"], 1, DAEMON_ONLY + DATABASE_AND_HTTP),
+                                                     (["doctor"], 0, DAEMON_ONLY)])
+def test_a_command_loads_only_what_it_uses(tmp_path: Path, words: list[str], code: int,
+                                           not_loaded: tuple[str, ...]) -> None:
+    # Every command pays for what it imports, each time it runs.
+    r = run_cli(make_home(tmp_path), *words, env_extra={"PYTHONPROFILEIMPORTTIME": "1", "AGENTD_DATABASE_URL": ""})
+    assert r.returncode == code, r.stdout
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)$", r.stderr, re.M))
+    assert {"argh", "agentd.config"} <= imported, "BUG: the import log is not being read"
+    assert sorted(name for name in imported if any(name == n or name.startswith(f"{n}.") for n in not_loaded)) == []
 
 
 def test_cli_uses_the_api_key(daemon_factory) -> None:

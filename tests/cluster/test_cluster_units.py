@@ -19,7 +19,7 @@ from pony import orm
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog

@@ -17,7 +17,7 @@ from flask import Flask, request as flask_request
 from pony import orm
 
 import agentd.cluster.relay as relay_module
-from agentd.cluster import Cluster
+from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import cluster_settings
 from agentd.cluster.relay import FORWARDED_BY, FORWARDED_FOR, FORWARDED_SIGNATURE, Inbound, WebhookRelay
 from agentd.errors import ConfigError
