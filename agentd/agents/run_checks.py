@@ -10,6 +10,7 @@ from typing import Callable
 from agentd.agents.handle import AgentHandle
 from agentd.errors import TooManyRequests
 from agentd.metrics import Metrics
+from agentd.store.outage import translate
 
 
 def recent_tokens(handle: AgentHandle, now: float) -> collections.deque:
@@ -61,6 +62,13 @@ class RunChecks:
         except TooManyRequests:
             self.refused("budget", handle)
             raise
+        except Exception as exc:
+            # The budgets are read from the database (a shared one on every check): its outage
+            # is a 503 to retry, also on the worker that checks a queued run again.
+            unavailable = translate(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from None
 
     def refused(self, reason: str, handle: AgentHandle) -> None:
         # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.

@@ -539,6 +539,38 @@ def test_a_runs_log_lines_name_its_request_and_agent_on_whichever_thread_runs_it
         logs.LogContext("req-1", "logged"), logs.LogContext("req-2", "logged")]
 
 
+def test_a_database_outage_in_the_budget_check_is_the_outage_on_the_caller_and_on_the_worker(env, monkeypatch) -> None:
+    # The budgets are read from a shared database: a run queued before the server went away
+    # is checked again on its worker, outside the run's own handling of the outage.
+    import sqlite3
+
+    from agentd.agents.run_request import WORKER, RunRequest
+    from agentd.store.outage import OUTAGE, StorageFull
+
+    failing = threading.Event()
+    caller = threading.current_thread()
+
+    def preflight(_handle) -> None:
+        if failing.is_set() or threading.current_thread() is not caller:
+            raise sqlite3.OperationalError("database or disk is full")
+
+    mgr = env.manager(preflight=preflight)
+    h = mgr.spawn(manifest("budget-outage"))
+    monkeypatch.setattr(OUTAGE, "since", None)
+    try:
+        ticket = mgr.runs.start(RunRequest(h, "queued", on=WORKER, origin="ws"))  # passes on the caller
+        with pytest.raises(StorageFull) as on_worker:
+            ticket.result()
+        failing.set()
+        with pytest.raises(StorageFull) as on_caller:
+            mgr.runs.start(RunRequest(h, "refused", on=WORKER, origin="ws"))
+    finally:
+        OUTAGE.since = OUTAGE.error = None
+    assert (on_worker.value.status, on_caller.value.status) == (507, 507)
+    assert on_worker.value.message == \
+        "insufficient storage: the disk holding the database is full; free some space and retry"
+
+
 def test_a_database_outage_in_a_run_is_answered_as_the_outage_and_not_as_the_agents_failure(env, monkeypatch) -> None:
     import sqlite3
 
