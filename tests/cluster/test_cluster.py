@@ -336,10 +336,14 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     threading.Thread(target=lambda: hung.update(r=_swallow(lambda: a.post(
         f"/api/workflows/{wid}/run", json={"input": "doomed"}, timeout=60))), daemon=True).start()
     # Killed once the slow step's agent run has its record (a loaded host can take a while
-    # between the first step's end and the second's run starting).
+    # between the first step's end and the second's run starting), and just after one of its
+    # 2 s naps began: a nap seen running may end before the kill lands, leaving no run to fail.
     (run,) = wait_for(lambda: runs(b.url, status="running")
                       and [r for r in on_second_step() if r["state"]["status"] == "running"], 20,
                       what="the second run's slow step running on daemon-a")
+    seen = {r["id"] for r in runs(b.url, status="running")}
+    wait_for(lambda: {r["id"] for r in runs(b.url, status="running")} - seen, 20, interval=0.02,
+             what="the next nap's agent run starting on daemon-a")
     a.kill()
     killed_at = time.monotonic()
     failed = wait_for(lambda: workflow_run(b, run["id"])["state"] == {"status": "failed"}
