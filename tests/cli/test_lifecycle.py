@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import FAST_API, Daemon, agentd_env, free_port, make_home, run_cli
+from support import FAST_API, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli
 
 
 def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None:
@@ -52,9 +52,9 @@ def test_sigterm_wakes_the_server_loop_at_once(tmp_path: Path) -> None:
         "daemon._drain()\n"
         "daemon.release_home()\n"
     )
-    home = make_home(tmp_path)
-    done = subprocess.run([sys.executable, "-c", script], env=agentd_env(home, free_port()),
-                          capture_output=True, text=True, timeout=120)
+    env = agentd_env(make_home(tmp_path), free_port())
+    done = subprocess.run(agentd_command(["-c", script], env), env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
 
