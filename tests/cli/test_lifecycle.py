@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import FAST_API, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli
+from support import FAST_API, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli, wait_until
 
 
 def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None:
@@ -445,6 +445,24 @@ def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
     assert '"done":true' in response.get("text", "")
     assert d.proc.wait(15) == 0
 
+
+def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(daemon_factory) -> None:
+    """The first SIGTERM starts the graceful stop (here held by a stream in flight, for up to
+    a minute); a second one ends the daemon now, with exit code 1 and no daemon.json left."""
+    d = daemon_factory(FAST_API.replace("shutdown_grace_secs = 5", "shutdown_grace_secs = 60"))
+    d.expect_crash("a second SIGTERM exits at once with 1")
+    stream = requests.get(f"{d.url}/api/_sse/ticks?n=100&interval=0.5", stream=True, timeout=30)
+    try:
+        assert any(line.startswith(b"event: tick") for line in stream.iter_lines()), "the stream is under way"
+        d.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "SIGTERM received" in d.log(), "the first SIGTERM's log line")
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 1
+    finally:
+        stream.close()
+    said = [line.split(" agentd.daemon: ", 1)[1] for line in d.log().splitlines() if " agentd.daemon: " in line]
+    assert said[-2:] == ["SIGTERM received: shutting down", "second SIGTERM: exiting now"], said
+    assert not (d.home / "daemon.json").exists()
 
 def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
     import fcntl
