@@ -288,6 +288,15 @@ TESTS: dict[str, list[str]] = {
         "test_run_input_validation", "test_runs_are_listed_per_workflow", "test_step_events_of_a_run")),
         "tests/api/test_keys.py::test_a_keys_workflow_runs_are_its_own_spend",
         "tests/api/test_keys.py::test_workflows_on_an_agent_outside_the_list_are_absent"],
+    # Who a request acts as and what it reaches: every route's scope and the channels in process,
+    # then a scoped key's agent list over jobs, triggers, approvals and workflows through a daemon.
+    "agentd/api/principal.py": ["tests/api/test_scopes.py", "tests/api/test_channel_reach.py",
+                                "tests/api/test_agent_reach.py", *(f"tests/api/test_keys.py::{t}" for t in (
+                                    "test_scopes_are_enforced_with_the_scope_named",
+                                    "test_an_agent_outside_the_list_is_absent",
+                                    "test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent",
+                                    "test_an_approval_of_an_agent_outside_the_list_is_absent",
+                                    "test_workflows_on_an_agent_outside_the_list_are_absent", "test_a_key_rate_limit"))],
     # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
     "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
