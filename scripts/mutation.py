@@ -146,6 +146,8 @@ TESTS: dict[str, list[str]] = {
                          "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
                          *(f"tests/cli/test_lifecycle.py::{t}" for t in (
                              "test_start_writes_daemon_file_and_sigterm_removes_it",
+                             "test_a_sigterm_during_the_boot_waits_for_the_kernel_then_stops_cleanly",
+                             "test_a_daemon_whose_daemon_file_was_removed_meanwhile_stops_cleanly",
                              "test_sigterm_wakes_the_server_loop_at_once", "test_second_start_refuses",
                              "test_stale_daemon_file_is_removed", "test_port_in_use_fails_clearly",
                              "test_locked_database_fails_clearly", "test_shutdown_endpoint_stops_gracefully",

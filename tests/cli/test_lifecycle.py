@@ -20,6 +20,11 @@ import requests
 from support import FAST_API, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli, wait_until
 
 
+def daemon_said(d: Daemon) -> list[str]:
+    """The messages of the daemon's own log lines (logger agentd.daemon), in order."""
+    return [line.split(" agentd.daemon: ", 1)[1] for line in d.log().splitlines() if " agentd.daemon: " in line]
+
+
 def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None:
     home = make_home(tmp_path)
     d = Daemon(home).start()
@@ -30,7 +35,32 @@ def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None
     assert stat.S_IMODE((home / "daemon.json").stat().st_mode) == 0o600
     assert d.stop() == 0
     assert not (home / "daemon.json").exists()
-    assert "agentd stopped" in d.log()
+    assert daemon_said(d)[-2:] == ["SIGTERM received: shutting down", "agentd stopped"]
+
+
+def test_a_sigterm_during_the_boot_waits_for_the_kernel_then_stops_cleanly(tmp_path: Path) -> None:
+    d = Daemon(make_home(tmp_path), env_extra={"AGENTD_TEST_BOOT_DELAY": "3"}).start(wait=False)
+
+    def probed() -> bool:   # the start gate answers while the kernel still loads
+        try:
+            return requests.get(f"{d.url}/api/health", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    wait_until(probed, "the start gate's answer", timeout=60)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(60) == 0
+    said = daemon_said(d)
+    assert said[-1] == "agentd stopped" and said[-2].startswith("agentd ready"), said
+    assert "SIGTERM received: shutting down" in said[:-2], "signalled during the boot"
+    assert not (d.home / "daemon.json").exists()
+
+
+def test_a_daemon_whose_daemon_file_was_removed_meanwhile_stops_cleanly(daemon_factory) -> None:
+    d = daemon_factory()
+    (d.home / "daemon.json").unlink()
+    assert d.stop() == 0
+    assert daemon_said(d)[-1] == "agentd stopped"
 
 
 def test_sigterm_wakes_the_server_loop_at_once(tmp_path: Path) -> None:
@@ -460,8 +490,7 @@ def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(daemon_factory)
         assert d.proc.wait(30) == 1
     finally:
         stream.close()
-    said = [line.split(" agentd.daemon: ", 1)[1] for line in d.log().splitlines() if " agentd.daemon: " in line]
-    assert said[-2:] == ["SIGTERM received: shutting down", "second SIGTERM: exiting now"], said
+    assert daemon_said(d)[-2:] == ["SIGTERM received: shutting down", "second SIGTERM: exiting now"]
     assert not (d.home / "daemon.json").exists()
 
 def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
