@@ -430,6 +430,20 @@ def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     assert code == 1 and checks["port"]["status"] == "fail" and "in use by another program" in checks["port"]["message"]
 
 
+def test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it(tmp_path: Path) -> None:
+    """secrets.env is read by the boot, after the port is bound: the start ends with the error
+    and leaves no daemon.json; doctor fails the file with the same words."""
+    home = make_home(tmp_path)
+    (home / "secrets.env").write_bytes("KEY=caf\xe9\n".encode("latin-1"))
+    os.chmod(home / "secrets.env", 0o600)
+    error = (f"cannot read {home / 'secrets.env'}: 'utf-8' codec can't decode byte 0xe9 in position 7: "
+             "invalid continuation byte")
+    started = run_cli(home, "start", port=free_port())
+    assert (started.returncode, started.stderr.splitlines()[-1]) == (1, f"error: {error}")
+    assert not (home / "daemon.json").exists()
+    code, checks = doctor(home)
+    assert (code, checks["secrets_file"]) == (1, {"check": "secrets_file", "status": "fail", "message": error})
+
 def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "agentd", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
