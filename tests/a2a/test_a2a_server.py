@@ -396,6 +396,17 @@ def test_cancel_stops_a_running_task(mgr) -> None:
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None, caller=OTHER)[0] == -32001
 
 
+def test_cancel_by_its_0_3_name_answers_the_task_in_the_0_3_shape(mgr) -> None:
+    spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit,
+                        alive=lambda: True, poll=0.01)
+    task = next(events)["result"]
+    next(events)
+    canceled = a2a.call("tasks/cancel", {"id": task["id"]}, "alpha")
+    assert (canceled["kind"], canceled["id"], canceled["status"]["state"]) == ("task", task["id"], "canceled")
+    assert [i["result"] for i in events][-1]["status"]["state"] == "canceled"
+
 class Answer:
     response = "ab"
 
