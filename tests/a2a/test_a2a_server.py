@@ -519,6 +519,35 @@ def test_an_a2a_run_has_origin_a2a(tmp_path, fake, monkeypatch) -> None:
         env.close()
 
 
+def test_a_scoped_keys_run_is_paid_by_the_key_and_remembered_as_its_conversation(tmp_path, fake, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-a2a")
+    env = Env(tmp_path, llm_config(fake))
+    written: list = []
+    owners: list = []
+
+    class Memory:
+        """The two calls a run makes to the memory service, with whose conversation each is."""
+
+        def context_for_run(self, agent_id, user_text, window, system, owner=None):
+            owners.append(owner)
+            return lambda: system
+
+        def after_exchange(self, agent_id, session_id, user_text, answer, owner=None) -> None:
+            owners.append(owner)
+
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows), memory=Memory())
+    env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
+    try:
+        spawn(mgr, "alpha")
+        a2a = A2AService(mgr, mgr.runs)
+        for caller in (SCOPED, server.ADMIN):
+            assert a2a.call("message/send", {"message": user("hi")}, "alpha", caller=caller)["status"]["state"] \
+                == "completed"
+        assert written == [{"model": "gpt-4o", "key_id": "key-1"}, {"model": "gpt-4o", "key_id": None}]
+        assert owners == ["key:key-1", "key:key-1", "", ""]
+    finally:
+        env.close()
+
 def test_a_run_refused_before_it_starts_is_an_rpc_error(mgr) -> None:
     spawn(mgr, "alpha")
     mgr.spawn('name = "limited"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
