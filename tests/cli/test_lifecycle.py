@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import FAST_API, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli, wait_until
+from support import FAST_API, TRACEBACK, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli, wait_until
 
 
 def daemon_said(d: Daemon) -> list[str]:
@@ -505,6 +505,7 @@ def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(daemon_factory)
     finally:
         stream.close()
     assert daemon_said(d)[-2:] == ["SIGTERM received: shutting down", "second SIGTERM: exiting now"]
+    assert TRACEBACK not in d.log()
     assert not (d.home / "daemon.json").exists()
 
 def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
