@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -373,14 +374,20 @@ def test_a_stream_whose_client_left_stops_the_run(mgr) -> None:
     assert alpha is not None
 
 
-def test_cancel_stops_a_running_task(mgr) -> None:
-    spawn(mgr, "alpha")
-    spawn(mgr, "beta")
-    a2a = A2AService(mgr, mgr.runs)
+def running_task(a2a: A2AService) -> tuple[dict, Iterator]:
+    """A slow message streamed to alpha: its task (now working) and the rest of its stream."""
     events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit,
                         alive=lambda: True, poll=0.01)
     task = next(events)["result"]
     next(events)
+    return task, events
+
+
+def test_cancel_stops_a_running_task(mgr) -> None:
+    spawn(mgr, "alpha")
+    spawn(mgr, "beta")
+    a2a = A2AService(mgr, mgr.runs)
+    task, events = running_task(a2a)
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, "beta") == (
         -32001, "Task not found", {"id": task["id"]}), "another agent's endpoint does not know the task"
     canceled = a2a.call("CancelTask", {"id": task["id"]}, "alpha")
@@ -399,13 +406,11 @@ def test_cancel_stops_a_running_task(mgr) -> None:
 def test_cancel_by_its_0_3_name_answers_the_task_in_the_0_3_shape(mgr) -> None:
     spawn(mgr, "alpha")
     a2a = A2AService(mgr, mgr.runs)
-    events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit,
-                        alive=lambda: True, poll=0.01)
-    task = next(events)["result"]
-    next(events)
+    task, events = running_task(a2a)
     canceled = a2a.call("tasks/cancel", {"id": task["id"]}, "alpha")
     assert (canceled["kind"], canceled["id"], canceled["status"]["state"]) == ("task", task["id"], "canceled")
     assert [i["result"] for i in events][-1]["status"]["state"] == "canceled"
+
 
 class Answer:
     response = "ab"
