@@ -1219,7 +1219,6 @@ def test_a_conversations_run_on_the_callers_thread_stops_when_its_client_left(en
                                     {"role": "assistant", "content": STOPPED_NOTE}]
 
 
-
 def test_a_conversations_run_on_a_worker_stops_when_its_client_left_or_it_is_stopped(env, mgr, fake) -> None:
     import uuid
 
@@ -1231,10 +1230,16 @@ def test_a_conversations_run_on_a_worker_stops_when_its_client_left_or_it_is_sto
         asked = len(fake.requests)
         ticket = mgr.runs.start(RunRequest(h, "[[slow:30]] long", on=WORKER, session_id=sid))
         assert ticket.here is False
-        # Stopped once its model call is under way (not ended by that call's own time limit).
-        stopper = threading.Thread(target=lambda: (
-            wait_until(lambda: len(fake.requests) > asked, "the run's model call"),
-            left.set() if how == "client left" else ticket.stop()))
+
+        def stop() -> None:
+            # Once its model call is under way (then not ended by that call's own time limit).
+            wait_until(lambda: len(fake.requests) > asked, "the run's model call")
+            if how == "client left":
+                left.set()
+            else:
+                ticket.stop()
+
+        stopper = threading.Thread(target=stop)
         stopper.start()
         with pytest.raises(RunCancelled):
             ticket.result(left.is_set)
@@ -1242,6 +1247,7 @@ def test_a_conversations_run_on_a_worker_stops_when_its_client_left_or_it_is_sto
         assert isinstance(ticket.future.exception(30), RunCancelled), how
         assert session_of(env, sid) == [{"role": "user", "content": "[[slow:30]] long"},
                                         {"role": "assistant", "content": STOPPED_NOTE}], how
+
 
 # -- Runs.start: one entry for every run ------------------------------------------------------------
 def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
@@ -1304,7 +1310,6 @@ def test_where_a_started_run_executes(env) -> None:
     held = mgr.runs.start(RunRequest(h, "never", on=CALLER))
     held.abandon()
     assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"
-
 
 
 def test_a_run_queued_behind_the_agents_current_run_is_taken_out_by_stop_or_abandon(env, fake) -> None:
