@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentd.config import Config
-from agentd.errors import AgentdError, BadRequest, NotFound
+from agentd.errors import AgentdError, BadRequest, ConfigError, NotFound
 from agentd.http_urls import usable_http_url
 from agentd.llm.catalog import Catalog, ProviderInfo
 
@@ -31,12 +31,15 @@ class ProviderTestFailed(AgentdError):
 
 
 def read_secrets(path: Path) -> dict[str, str]:
-    """Parse secrets.env (`NAME=value`, `#` comments); missing file = empty."""
+    """Parse secrets.env (`NAME=value`, `#` comments); missing file = empty, one that is not
+    UTF-8 a ConfigError naming it."""
     values: dict[str, str] = {}
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return values
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:

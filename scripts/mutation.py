@@ -5,6 +5,7 @@
     python scripts/mutation.py --survivors agentd/agents/loop_guard.py   # also print surviving diffs
     python scripts/mutation.py --all-tests agentd/metering.py            # whole suite, not the mapped files
     python scripts/mutation.py --baseline 424a618 agentd/metering.py     # the tests as they were at a commit
+    python scripts/mutation.py --functions serve _drain agentd/daemon.py  # some functions (methods too) only
 
 Each module runs in its own scratch copy (.mutation/<module>/: agentd/, tests/, what the
 tests read beside them (COPIED) and a setup.cfg whose [mutmut] section names just that module), so runs are
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import fnmatch
 import json
 import os
 import shutil
@@ -135,12 +137,24 @@ TESTS: dict[str, list[str]] = {
     "agentd/server/slots.py": ["tests/server/test_slots.py"],
     "agentd/store/writer.py": ["tests/store/test_store_writer.py", "tests/agents/test_session_store.py",
                                "tests/store/test_wal_checkpoint.py"],
-    # The daemon's start is reached through the CLI tests (lifecycle: minutes per mutant);
-    # this selection covers the interpreter settings and the boot (the gate, the freeze).
+    # The interpreter settings and the boot (the gate, the freeze), then the start's refusals
+    # and the stop (signals, the shutdown route, the drain) through the CLI's tests: a daemon
+    # or two per test, so a large run takes --functions.
     "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/server/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
-                         "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads"],
+                         "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
+                         *(f"tests/cli/test_lifecycle.py::{t}" for t in (
+                             "test_start_writes_daemon_file_and_sigterm_removes_it",
+                             "test_a_sigterm_during_the_boot_waits_for_the_kernel_then_stops_cleanly",
+                             "test_a_daemon_whose_daemon_file_was_removed_meanwhile_stops_cleanly",
+                             "test_sigterm_wakes_the_server_loop_at_once", "test_second_start_refuses",
+                             "test_stale_daemon_file_is_removed", "test_port_in_use_fails_clearly",
+                             "test_locked_database_fails_clearly", "test_shutdown_endpoint_stops_gracefully",
+                             "test_graceful_shutdown_lets_inflight_request_finish",
+                             "test_a_second_sigterm_during_the_graceful_stop_exits_at_once",
+                             "test_a_held_home_lock_refuses_the_start",
+                             "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
     # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
     "agentd/server/serve.py": ["tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
                                "tests/server/test_startgate.py"],
@@ -277,6 +291,15 @@ TESTS: dict[str, list[str]] = {
         "test_run_input_validation", "test_runs_are_listed_per_workflow", "test_step_events_of_a_run")),
         "tests/api/test_keys.py::test_a_keys_workflow_runs_are_its_own_spend",
         "tests/api/test_keys.py::test_workflows_on_an_agent_outside_the_list_are_absent"],
+    # Who a request acts as and what it reaches: every route's scope and the channels in process,
+    # then a scoped key's agent list over jobs, triggers, approvals and workflows through a daemon.
+    "agentd/api/principal.py": ["tests/api/test_scopes.py", "tests/api/test_channel_reach.py",
+                                "tests/api/test_agent_reach.py", *(f"tests/api/test_keys.py::{t}" for t in (
+                                    "test_scopes_are_enforced_with_the_scope_named",
+                                    "test_an_agent_outside_the_list_is_absent",
+                                    "test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent",
+                                    "test_an_approval_of_an_agent_outside_the_list_is_absent",
+                                    "test_workflows_on_an_agent_outside_the_list_are_absent", "test_a_key_rate_limit"))],
     # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
     "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
@@ -414,15 +437,24 @@ def prepare_config(work: Path, module: str, tests: list[str]) -> None:
         cfg.write(f)
 
 
-def statuses(work: Path, module: str) -> dict[str, str]:
-    """mutant name -> mutmut status, read from mutmut's own result file."""
+def mutant_patterns(module: str, functions: list[str] | None) -> list[str]:
+    """mutmut's name patterns for the mutants of these functions or methods of `module` (none: all)."""
+    dotted = module.removesuffix(".py").replace("/", ".")
+    return [pattern for name in functions or ()
+            for pattern in (f"{dotted}.x_{name}__mutmut_*", f"{dotted}.xǁ*ǁ{name}__mutmut_*")]
+
+
+def statuses(work: Path, module: str, patterns: list[str] | None = None) -> dict[str, str]:
+    """mutant name -> mutmut status, read from mutmut's own result file (only those matching
+    `patterns`, when given)."""
     from mutmut.stats import status_by_exit_code
 
     meta = work / "mutants" / (module + ".meta")
     if not meta.exists():
         return {}
     data = json.loads(meta.read_text())
-    return {name: status_by_exit_code[code] for name, code in data["exit_code_by_key"].items()}
+    return {name: status_by_exit_code[code] for name, code in data["exit_code_by_key"].items()
+            if not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)}
 
 
 def mutated_functions(work: Path, module: str) -> list[str]:
@@ -470,14 +502,16 @@ def run(module: str, args: argparse.Namespace) -> tuple[Counter, dict[str, str],
     # mutmut keeps earlier verdicts; mutants that survived before are run again explicitly,
     # since the tests may have changed since.
     # (Mutants never checked, as after an interrupted run, are run by the first pass already.)
-    again = [name for name, status in statuses(work, module).items() if status not in (*KILLED, "not checked")]
+    chosen = mutant_patterns(module, args.functions)
+    again = [name for name, status in statuses(work, module, chosen).items()
+             if status not in (*KILLED, "not checked")]
     with open(log, "w") as out:
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
-        proc = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.run(command + chosen, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
         if again and proc.returncode == 0:
             proc = subprocess.run(command + again, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=env)
     took = time.monotonic() - started
-    result = statuses(work, module)
+    result = statuses(work, module, chosen)
     if not result and not mutated_functions(work, module):
         # mutmut leaves decorated functions alone (a module of @tool functions has none to mutate)
         # and then exits 1 for want of a covered mutant.
@@ -497,6 +531,8 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="forget earlier results for these modules")
     parser.add_argument("--survivors", action="store_true", help="print the diff of every surviving mutant")
     parser.add_argument("--baseline", metavar="REV", help="score the test files of git revision REV instead")
+    parser.add_argument("--functions", nargs="+", metavar="NAME",
+                        help="mutate only these functions or methods (a large module's changed part)")
     args = parser.parse_args()
     global TIMEOUT_CONSTANT
     TIMEOUT_CONSTANT = args.timeout_constant

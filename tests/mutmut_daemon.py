@@ -1,7 +1,8 @@
-"""Start the daemon under mutation testing: `python tests/mutmut_daemon.py start`.
+"""Start the daemon under mutation testing: `python tests/mutmut_daemon.py start` (any
+agentd command, or `-c SCRIPT` for a test's own script).
 
-support.Daemon uses this launcher (instead of `python -m agentd`) only when mutmut's
-MUTANT_UNDER_TEST is set. It does three things plain `python -m agentd` cannot:
+support.Daemon and support.run_cli use this launcher (instead of `python -m agentd`) only
+when mutmut's MUTANT_UNDER_TEST is set. It does three things plain `python -m agentd` cannot:
 
 * It imports agentd from the working directory, which mutmut sets to its `mutants/` copy,
   so the daemon runs the mutated code (`python -m` would do the same; this keeps it explicit).
@@ -63,6 +64,11 @@ def main() -> None:
         _record_hits(hits)
     threading.Thread(target=_end_with_the_test, args=(os.getppid(),), name="mutmut-parent-watch",
                      daemon=True).start()
+    if sys.argv[1:2] == ["-c"]:   # a test's own script, run as `python -c SCRIPT` runs it
+        script = sys.argv[2]
+        sys.argv = ["-c", *sys.argv[3:]]
+        exec(compile(script, "<string>", "exec"), {"__name__": "__main__"})
+        return
     sys.argv = ["agentd", *sys.argv[1:]]
     runpy.run_module("agentd", run_name="__main__", alter_sys=True)
 

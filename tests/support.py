@@ -27,6 +27,22 @@ TRACEBACK = "Traceback (most recent call last)"
 # Every Daemon ever started in this test process, in start order. The autouse fixture
 # `_daemons_stop_cleanly` (conftest.py) checks each one's log and exit code.
 STARTED: list["Daemon"] = []
+# Where each process a test started under mutmut lists the mutated functions it ran.
+HIT_FILES: list[Path] = []
+LAUNCHER = Path(__file__).resolve().parent / "mutmut_daemon.py"
+
+
+def agentd_command(args: list[str], env: dict[str, str], hits: Path | None = None) -> list[str]:
+    """`python -m agentd ARGS` (`python -c SCRIPT` when ARGS is `-c SCRIPT`). Under mutmut the
+    launcher of tests/mutmut_daemon.py runs it instead: the mutated copy, listing the functions
+    it ran in `hits` (a file of its own if None) for the test's stats."""
+    if not os.environ.get("MUTANT_UNDER_TEST"):
+        return [sys.executable, *(args if args[:1] == ["-c"] else ["-m", "agentd", *args])]
+    hits = hits or Path(tempfile.gettempdir()) / f"agentd-mutmut-hits-{os.getpid()}-{len(HIT_FILES)}.txt"
+    env["AGENTD_MUTMUT_HITS"] = str(hits)
+    if hits not in HIT_FILES:
+        HIT_FILES.append(hits)
+    return [sys.executable, str(LAUNCHER), *args]
 
 
 def _ephemeral_low() -> int:
@@ -160,9 +176,9 @@ def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60
 
     A Python traceback in its output fails the calling test: a CLI answers with a message,
     never a crash. A test that expects one passes `allow_traceback=True`."""
-    result = subprocess.run([sys.executable, "-m", "agentd", *args],
-                            env=agentd_env(home, port, **(env_extra or {})),
-                            capture_output=True, text=True, timeout=timeout)
+    env = agentd_env(home, port, **(env_extra or {}))
+    result = subprocess.run(agentd_command(list(args), env), env=env, capture_output=True, text=True,
+                            timeout=timeout)
     if not allow_traceback:
         for stream in (result.stdout, result.stderr):
             assert TRACEBACK not in stream, (
@@ -215,12 +231,7 @@ class Daemon:
         self.settled = False
         log = open(self.log_path, "ab")
         env = agentd_env(self.home, self.port, **self.env_extra)
-        command = [sys.executable, "-m", "agentd", "start"]
-        if os.environ.get("MUTANT_UNDER_TEST"):
-            # Under mutmut: run the mutated copy in the working directory and report
-            # which of its functions ran (tests/mutmut_daemon.py explains why).
-            command = [sys.executable, str(Path(__file__).resolve().parent / "mutmut_daemon.py"), "start"]
-            env["AGENTD_MUTMUT_HITS"] = str(self.hits_path)
+        command = agentd_command(["start"], env, self.hits_path)
         self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
@@ -355,8 +366,7 @@ def stop_shared(daemon: Daemon) -> None:
 def take_daemon_hits() -> set[str]:
     """Names of mutated functions the daemons ran since the last call (mutmut stats phase)."""
     names: set[str] = set()
-    for daemon in STARTED:
-        path = daemon.hits_path
+    for path in HIT_FILES:
         taken = path.with_suffix(".taken")
         try:
             os.replace(path, taken)

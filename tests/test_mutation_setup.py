@@ -97,6 +97,36 @@ def probe_route():
         os.environ.pop("AGENTD_MUTMUT_HITS", None)
 
 
+
+def test_stats_phase_reports_the_hits_of_a_tests_own_script(broken_copy: Path, tmp_path: Path, monkeypatch) -> None:
+    """A test's `python -c` script started through the support runs the copy and reports its hits."""
+    pytest.importorskip("mutmut")
+    import subprocess
+
+    from support import agentd_command, agentd_env
+
+    init = broken_copy / "agentd" / "health_probe.py"
+    init.write_text('''
+from mutmut.mutation.trampoline import wrap_in_trampoline as _mutmut_mutated
+
+
+def x_probe__mutmut_orig() -> str:
+    return "probe"
+
+
+@_mutmut_mutated({"_mutmut_orig": x_probe__mutmut_orig})
+def probe() -> str:
+    return x_probe__mutmut_orig()
+''')
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    take_daemon_hits()
+    env = agentd_env(make_home(tmp_path / "home"))
+    script = "from agentd.health_probe import probe\nprint(probe())"
+    done = subprocess.run(agentd_command(["-c", script], env), env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "probe\n"), done.stderr
+    assert take_daemon_hits() == {"agentd.health_probe.x_probe"}
+
+
 PARENT = """
 import json, subprocess, sys, time
 env = json.loads(sys.argv[1])

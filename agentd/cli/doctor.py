@@ -159,9 +159,7 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
         return Check("provider_keys", "ok", f"default provider {provider} needs no key")
     if os.environ.get(env):
         return Check("provider_keys", "ok", f"{env} is set for {provider}")
-    from agentd.providers import read_secrets
-
-    if read_secrets(cfg.secrets_path).get(env):
+    if _held_secrets(cfg).get(env):
         return Check("provider_keys", "ok", f"{env} for {provider} is in {cfg.secrets_path}")
     unasked = "" if live is None or listing is not None else (
         f" (the daemon at {live.base_url} did not say which keys it holds: give the CLI its API key, AGENTD_API_KEY)")
@@ -169,9 +167,25 @@ def _check_keys(cfg: Config, live: DaemonInfo | None) -> Check:
                  f"{env} is not set: agents on the default provider {provider} cannot run{unasked}")
 
 
+def _held_secrets(cfg: Config) -> dict[str, str]:
+    """What secrets.env holds (nothing when it is unreadable: `_check_secrets_file` fails it)."""
+    from agentd.providers import read_secrets
+
+    try:
+        return read_secrets(cfg.secrets_path)
+    except AgentdError:
+        return {}
+
+
 def _check_secrets_file(path: Path) -> Check | None:
+    from agentd.providers import read_secrets
+
     if not path.exists():
         return None
+    try:
+        read_secrets(path)
+    except AgentdError as exc:
+        return Check("secrets_file", "fail", exc.message)
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         return Check("secrets_file", "warn", f"{path} has mode {oct(mode)}; run chmod 600 {path}")
@@ -254,14 +268,13 @@ def _cron_deliveries(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
 def _check_cron_webhooks(cfg: Config) -> Check | None:
     """Cron webhooks signed with a `secret_env` a start would not find (environment first,
     then secrets.env): every delivery of theirs fails."""
-    from agentd.providers import read_secrets
     from agentd.schedules.delivery import unset_secret
 
     signed = [(name, delivery) for name, delivery in _cron_deliveries(cfg)
               if delivery.get("kind") == "webhook" and delivery.get("secret_env")]
     if not signed:
         return None
-    environ = {**read_secrets(cfg.secrets_path), **os.environ}
+    environ = {**_held_secrets(cfg), **os.environ}
     missing = [(name, variable) for name, delivery in signed if (variable := unset_secret(delivery, environ))]
     if not missing:
         return Check("cron_webhooks", "ok", f"the secret_env of {len(signed)} cron webhook(s) is set")

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -373,14 +374,20 @@ def test_a_stream_whose_client_left_stops_the_run(mgr) -> None:
     assert alpha is not None
 
 
-def test_cancel_stops_a_running_task(mgr) -> None:
-    spawn(mgr, "alpha")
-    spawn(mgr, "beta")
-    a2a = A2AService(mgr, mgr.runs)
+def running_task(a2a: A2AService) -> tuple[dict, Iterator]:
+    """A slow message streamed to alpha: its task (now working) and the rest of its stream."""
     events = a2a.stream(1, "message/stream", {"message": user("[[slow:5]]")}, "alpha", submit,
                         alive=lambda: True, poll=0.01)
     task = next(events)["result"]
     next(events)
+    return task, events
+
+
+def test_cancel_stops_a_running_task(mgr) -> None:
+    spawn(mgr, "alpha")
+    spawn(mgr, "beta")
+    a2a = A2AService(mgr, mgr.runs)
+    task, events = running_task(a2a)
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, "beta") == (
         -32001, "Task not found", {"id": task["id"]}), "another agent's endpoint does not know the task"
     canceled = a2a.call("CancelTask", {"id": task["id"]}, "alpha")
@@ -394,6 +401,15 @@ def test_cancel_stops_a_running_task(mgr) -> None:
     assert rest[-1]["status"]["message"]["parts"][0]["text"] == "run stopped"
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None)[0] == -32002
     assert refused(a2a.call, "tasks/cancel", {"id": task["id"]}, None, caller=OTHER)[0] == -32001
+
+
+def test_cancel_by_its_0_3_name_answers_the_task_in_the_0_3_shape(mgr) -> None:
+    spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    task, events = running_task(a2a)
+    canceled = a2a.call("tasks/cancel", {"id": task["id"]}, "alpha")
+    assert (canceled["kind"], canceled["id"], canceled["status"]["state"]) == ("task", task["id"], "canceled")
+    assert [i["result"] for i in events][-1]["status"]["state"] == "canceled"
 
 
 class Answer:
@@ -507,6 +523,35 @@ def test_an_a2a_run_has_origin_a2a(tmp_path, fake, monkeypatch) -> None:
     finally:
         env.close()
 
+
+def test_a_scoped_keys_run_is_paid_by_the_key_and_remembered_as_its_conversation(tmp_path, fake, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-a2a")
+    env = Env(tmp_path, llm_config(fake))
+    written: list = []
+    owners: list = []
+
+    class Memory:
+        """The two calls a run makes to the memory service, with whose conversation each is."""
+
+        def context_for_run(self, agent_id, user_text, window, system, owner=None):
+            owners.append(owner)
+            return lambda: system
+
+        def after_exchange(self, agent_id, session_id, user_text, answer, owner=None) -> None:
+            owners.append(owner)
+
+    mgr = env.manager(write_usage=lambda tx, rows: written.extend(rows), memory=Memory())
+    env.usage.value = lambda handle, provider, model, response, usage=None: usage.append({"model": model})
+    try:
+        spawn(mgr, "alpha")
+        a2a = A2AService(mgr, mgr.runs)
+        for caller in (SCOPED, server.ADMIN):
+            assert a2a.call("message/send", {"message": user("hi")}, "alpha", caller=caller)["status"]["state"] \
+                == "completed"
+        assert written == [{"model": "gpt-4o", "key_id": "key-1"}, {"model": "gpt-4o", "key_id": None}]
+        assert owners == ["key:key-1", "key:key-1", "", ""]
+    finally:
+        env.close()
 
 def test_a_run_refused_before_it_starts_is_an_rpc_error(mgr) -> None:
     spawn(mgr, "alpha")

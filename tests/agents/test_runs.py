@@ -1251,6 +1251,36 @@ def test_a_conversations_run_on_the_callers_thread_stops_when_its_client_left(en
                                     {"role": "assistant", "content": STOPPED_NOTE}]
 
 
+def test_a_conversations_run_on_a_worker_stops_when_its_client_left_or_it_is_stopped(env, mgr, fake) -> None:
+    import uuid
+
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    h = mgr.spawn(manifest("convworker"))
+    for how in ("client left", "stopped"):
+        sid, left = str(uuid.uuid4()), threading.Event()
+        asked = len(fake.requests)
+        ticket = mgr.runs.start(RunRequest(h, "[[slow:30]] long", on=WORKER, session_id=sid))
+        assert ticket.here is False
+
+        def stop() -> None:
+            # Once its model call is under way (then not ended by that call's own time limit).
+            wait_until(lambda: len(fake.requests) > asked, "the run's model call")
+            if how == "client left":
+                left.set()
+            else:
+                ticket.stop()
+
+        stopper = threading.Thread(target=stop)
+        stopper.start()
+        with pytest.raises(RunCancelled):
+            ticket.result(left.is_set)
+        stopper.join(30)
+        assert isinstance(ticket.future.exception(30), RunCancelled), how
+        assert session_of(env, sid) == [{"role": "user", "content": "[[slow:30]] long"},
+                                        {"role": "assistant", "content": STOPPED_NOTE}], how
+
+
 # -- Runs.start: one entry for every run ------------------------------------------------------------
 def test_start_refuses_a_clients_message_over_64_kb_before_anything_runs(env, fake) -> None:
     from agentd.agents.run_request import CALLER, INLINE, WORKER, RunRequest, check_message
@@ -1313,6 +1343,34 @@ def test_where_a_started_run_executes(env) -> None:
     held.abandon()
     assert h.busy is False and [m["content"] for m in session_of(env, h.session_id)][-1] != "echo: never"
 
+
+def test_a_run_queued_behind_the_agents_current_run_is_taken_out_by_stop_or_abandon(env, fake) -> None:
+    from agentd.agents.run_request import CALLER, WORKER, RunRequest
+
+    mgr = env.manager()
+    h = mgr.spawn(manifest("queued"))
+    asked = len(fake.requests)
+    running = mgr.runs.start(RunRequest(h, "[[slow:30]] running", on=WORKER))
+    try:
+        wait_until(lambda: len(fake.requests) > asked, "the running run's model call")
+        held = mgr.runs.start(RunRequest(h, "held", on=CALLER))
+        assert (held.here, held.future is not None, len(h.waiting)) == (False, True, 1), \
+            "a caller's run behind a busy agent waits for a worker"
+        held.stop()
+        assert len(h.waiting) == 0 and held.request.cancel.is_set()
+        with pytest.raises(RunCancelled):
+            held.future.result(1)
+        queued = mgr.runs.start(RunRequest(h, "queued", on=WORKER))
+        assert len(h.waiting) == 1
+        queued.abandon()
+        assert len(h.waiting) == 0 and queued.request.cancel.is_set()
+        with pytest.raises(RunCancelled):
+            queued.future.result(1)
+    finally:
+        running.stop()
+    with pytest.raises(RunCancelled):
+        running.future.result(30)
+    assert [m["content"] for m in session_of(env, h.session_id)] == ["[[slow:30]] running", STOPPED_NOTE]
 
 # Each place a run starts (message and /v1, SSE, WebSocket, channel, workflow step, agent_send,
 # cron job, trigger, A2A, MCP): the architecture page lists the same.

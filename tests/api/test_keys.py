@@ -295,6 +295,9 @@ def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
             r = as_key(d, key, "POST", f"/api/approvals/{approval['id']}/{decision}")
             assert r.status_code == 404 and r.json() == {"error": "approval not found"}, r.text
         assert d.post(f"/api/approvals/{approval['id']}/reject").status_code == 200
+        # An approval nobody has (this one, now decided) is the route's own 404 for the key too.
+        r = as_key(d, key, "POST", f"/api/approvals/{approval['id']}/approve")
+        assert r.status_code == 404 and r.json() == {"error": "approval not found"}, r.text
     finally:
         talk.join(30)
     assert result["r"].status_code == 200

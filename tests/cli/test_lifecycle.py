@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from support import FAST_API, Daemon, agentd_env, free_port, make_home, run_cli
+from support import FAST_API, TRACEBACK, Daemon, agentd_command, agentd_env, free_port, make_home, run_cli, wait_until
+
+
+def daemon_said(d: Daemon) -> list[str]:
+    """The messages of the daemon's own log lines (logger agentd.daemon), in order."""
+    return [line.split(" agentd.daemon: ", 1)[1] for line in d.log().splitlines() if " agentd.daemon: " in line]
 
 
 def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None:
@@ -31,7 +36,32 @@ def test_start_writes_daemon_file_and_sigterm_removes_it(tmp_path: Path) -> None
     assert stat.S_IMODE((home / "daemon.json").stat().st_mode) == 0o600
     assert d.stop() == 0
     assert not (home / "daemon.json").exists()
-    assert "agentd stopped" in d.log()
+    assert daemon_said(d)[-2:] == ["SIGTERM received: shutting down", "agentd stopped"]
+
+
+def test_a_sigterm_during_the_boot_waits_for_the_kernel_then_stops_cleanly(tmp_path: Path) -> None:
+    d = Daemon(make_home(tmp_path), env_extra={"AGENTD_TEST_BOOT_DELAY": "3"}).start(wait=False)
+
+    def probed() -> bool:   # the start gate answers while the kernel still loads
+        try:
+            return requests.get(f"{d.url}/api/health", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    wait_until(probed, "the start gate's answer", timeout=60)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(60) == 0
+    said = daemon_said(d)
+    assert said[-1] == "agentd stopped" and said[-2].startswith("agentd ready"), said
+    assert "SIGTERM received: shutting down" in said[:-2], "signalled during the boot"
+    assert not (d.home / "daemon.json").exists()
+
+
+def test_a_daemon_whose_daemon_file_was_removed_meanwhile_stops_cleanly(daemon_factory) -> None:
+    d = daemon_factory()
+    (d.home / "daemon.json").unlink()
+    assert d.stop() == 0
+    assert daemon_said(d)[-1] == "agentd stopped"
 
 
 def test_sigterm_wakes_the_server_loop_at_once(tmp_path: Path) -> None:
@@ -53,9 +83,9 @@ def test_sigterm_wakes_the_server_loop_at_once(tmp_path: Path) -> None:
         "daemon._drain()\n"
         "daemon.release_home()\n"
     )
-    home = make_home(tmp_path)
-    done = subprocess.run([sys.executable, "-c", script], env=agentd_env(home, free_port()),
-                          capture_output=True, text=True, timeout=120)
+    env = agentd_env(make_home(tmp_path), free_port())
+    done = subprocess.run(agentd_command(["-c", script], env), env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
 
@@ -421,6 +451,20 @@ def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     assert code == 1 and checks["port"]["status"] == "fail" and "in use by another program" in checks["port"]["message"]
 
 
+def test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it(tmp_path: Path) -> None:
+    """secrets.env is read by the boot, after the port is bound: the start ends with the error
+    and leaves no daemon.json; doctor fails the file with the same words."""
+    home = make_home(tmp_path)
+    (home / "secrets.env").write_bytes("KEY=caf\xe9\n".encode("latin-1"))
+    os.chmod(home / "secrets.env", 0o600)
+    error = (f"cannot read {home / 'secrets.env'}: 'utf-8' codec can't decode byte 0xe9 in position 7: "
+             "invalid continuation byte")
+    started = run_cli(home, "start", port=free_port())
+    assert (started.returncode, started.stderr.splitlines()[-1]) == (1, f"error: {error}")
+    assert not (home / "daemon.json").exists()
+    code, checks = doctor(home)
+    assert (code, checks["secrets_file"]) == (1, {"check": "secrets_file", "status": "fail", "message": error})
+
 def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "agentd", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
@@ -472,6 +516,24 @@ def test_graceful_shutdown_lets_inflight_request_finish(daemon_factory) -> None:
     assert '"done":true' in response.get("text", "")
     assert d.proc.wait(15) == 0
 
+
+def test_a_second_sigterm_during_the_graceful_stop_exits_at_once(daemon_factory) -> None:
+    """The first SIGTERM starts the graceful stop (here held by a stream in flight, for up to
+    a minute); a second one ends the daemon now, with exit code 1 and no daemon.json left."""
+    d = daemon_factory(FAST_API.replace("shutdown_grace_secs = 5", "shutdown_grace_secs = 60"))
+    d.expect_crash("a second SIGTERM exits at once with 1")
+    stream = requests.get(f"{d.url}/api/_sse/ticks?n=100&interval=0.5", stream=True, timeout=30)
+    try:
+        assert any(line.startswith(b"event: tick") for line in stream.iter_lines()), "the stream is under way"
+        d.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "SIGTERM received" in d.log(), "the first SIGTERM's log line")
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 1
+    finally:
+        stream.close()
+    assert daemon_said(d)[-2:] == ["SIGTERM received: shutting down", "second SIGTERM: exiting now"]
+    assert TRACEBACK not in d.log()
+    assert not (d.home / "daemon.json").exists()
 
 def test_a_held_home_lock_refuses_the_start(tmp_path: Path) -> None:
     import fcntl
