@@ -10,7 +10,7 @@ from typing import Callable
 from agentd.agents.handle import AgentHandle
 from agentd.errors import TooManyRequests
 from agentd.metrics import Metrics
-from agentd.store.outage import translate
+from agentd.store.outage import as_outage
 
 
 def recent_tokens(handle: AgentHandle, now: float) -> collections.deque:
@@ -55,20 +55,16 @@ class RunChecks:
             self.refused("quota", handle)
             raise
         try:
-            if self.preflight is not None:
-                self.preflight(handle)
-            if key_id and self.key_budget is not None:
-                self.key_budget(key_id)
+            # The budgets are read from the database (a shared one on every check): its outage
+            # is a 503 to retry, also on the worker that checks a queued run again.
+            with as_outage():
+                if self.preflight is not None:
+                    self.preflight(handle)
+                if key_id and self.key_budget is not None:
+                    self.key_budget(key_id)
         except TooManyRequests:
             self.refused("budget", handle)
             raise
-        except Exception as exc:
-            # The budgets are read from the database (a shared one on every check): its outage
-            # is a 503 to retry, also on the worker that checks a queued run again.
-            unavailable = translate(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from None
 
     def refused(self, reason: str, handle: AgentHandle) -> None:
         # Bodies over a size limit are counted by the HTTP layer, which refuses most of them.

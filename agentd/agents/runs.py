@@ -57,7 +57,7 @@ from agentd.llm.types import ChatResponse, ImagePart, LLMError, Message
 from agentd.memory.kv import KvMemory
 from agentd.metrics import Metrics
 from agentd.skills import prompt_lines
-from agentd.store.outage import translate
+from agentd.store.outage import as_outage, translate
 
 if TYPE_CHECKING:
     from agentd.a2a.client import A2AClient
@@ -147,7 +147,8 @@ class Runs:
     def build_user_message(self, handle: AgentHandle, text: str, attachments: list[dict[str, Any]],
                            images: list[ImagePart] | None = None) -> tuple[Message, list[dict[str, Any]]]:
         """The user turn (agentd/agents/user_turn.py): 400 for a bad attachment before a run starts."""
-        return build_user_message(self.uploads, self.catalog, handle, text, attachments, images)
+        with as_outage():  # attachments are read from the database, maybe on a queued run's worker
+            return build_user_message(self.uploads, self.catalog, handle, text, attachments, images)
 
     def _execute(self, request: RunRequest, recheck: bool = True) -> RunResult:
         if not tracing.enabled():

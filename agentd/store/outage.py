@@ -18,7 +18,8 @@ import sqlite3
 import sys
 import threading
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 from agentd.errors import AgentdError
 
@@ -158,6 +159,21 @@ def translate(exc: BaseException) -> DatabaseUnavailable | None:
     if error is not None:
         OUTAGE.noticed(error)
     return error
+
+
+@contextmanager
+def as_outage() -> Iterator[None]:
+    """The block's failure that is the database's outage raises as that outage (a 503 or 507
+    the client retries); any other failure as it was."""
+    try:
+        yield
+    except AgentdError:
+        raise
+    except Exception as exc:
+        unavailable = translate(exc)
+        if unavailable is None:
+            raise
+        raise unavailable from None
 
 
 def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args: object) -> None:

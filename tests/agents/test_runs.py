@@ -571,6 +571,30 @@ def test_a_database_outage_in_the_budget_check_is_the_outage_on_the_caller_and_o
         "insufficient storage: the disk holding the database is full; free some space and retry"
 
 
+def test_a_database_outage_reading_a_queued_runs_attachment_is_the_outage(mgr, monkeypatch) -> None:
+    import sqlite3
+
+    from agentd.agents.run_request import WORKER, RunRequest
+    from agentd.store.outage import OUTAGE, StorageFull
+
+    h = mgr.spawn(manifest("attachment-outage"))
+    upload = mgr.runs.uploads.save_upload(h, "note.txt", "text/plain", b"hello")
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(mgr.runs.uploads, "read", full)  # the store fails under the run, not the run
+    monkeypatch.setattr(OUTAGE, "since", None)
+    try:
+        ticket = mgr.runs.start(RunRequest(h, "read this", [{"file_id": upload["file_id"]}], on=WORKER, origin="ws"))
+        with pytest.raises(StorageFull) as err:
+            ticket.result()
+    finally:
+        OUTAGE.since = OUTAGE.error = None
+    assert (err.value.status, err.value.message) == \
+        (507, "insufficient storage: the disk holding the database is full; free some space and retry")
+
+
 def test_a_database_outage_in_a_run_is_answered_as_the_outage_and_not_as_the_agents_failure(env, monkeypatch) -> None:
     import sqlite3
 
