@@ -160,7 +160,7 @@ class Cluster:
 
     def _reap(self) -> None:
         """Fail the runs (and workflow runs) of daemons that stopped renewing their leases."""
-        for run_id, agent_id, daemon in self.runs.reap():
+        for run_id, agent_id, daemon in self.runs.reap(self.settings.lease_secs):
             log.warning("run %s of agent %s failed: daemon %s stopped renewing its lease", run_id, agent_id, daemon)
             self._cancel_approvals_of(daemon)
             self._audit("agent.run_failed", agent_id, {"run_id": run_id, "daemon_id": daemon})

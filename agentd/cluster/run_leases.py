@@ -195,7 +195,7 @@ class RunLeases:
                 return None
             # Taking an expired lease: the run that held it died with its daemon. (A lone
             # daemon on SQLite failed every leftover run when it started.)
-            self.runs.reap(session_id=session_id)
+            self.runs.reap(secs, session_id=session_id)
         else:
             lease = Lease(name, "")  # held in self._sessions
         reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0

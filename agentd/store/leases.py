@@ -32,6 +32,7 @@ from typing import Any
 from pony import orm
 
 from agentd.store import Store
+from agentd.store.outage import OUTAGE
 from agentd.store.writer import Tx
 
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")
@@ -103,14 +104,17 @@ class Leases:
         self.owner = owner
 
     def take(self, name: str, secs: float, now: float | None = None) -> Lease | None:
-        """Inside a db_session: take `name` when free or expired; None when someone holds it."""
+        """Inside a db_session: take `name` when free or expired; None when someone holds it.
+
+        Just after a database outage, a lease that ran out during it is still held
+        (`Outage.lease_cutoff`)."""
         now = time.time() if now is None else now
         token = uuid.uuid4().hex
         cursor = self.store.db.execute(
             "INSERT INTO cluster_leases (name, owner, token, expires_at) VALUES ($n, $o, $t, $x) "
             "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
-            "expires_at = excluded.expires_at WHERE cluster_leases.expires_at < $now",
-            {"n": name, "o": self.owner, "t": token, "x": now + secs, "now": now})
+            "expires_at = excluded.expires_at WHERE cluster_leases.expires_at < $cutoff",
+            {"n": name, "o": self.owner, "t": token, "x": now + secs, "cutoff": OUTAGE.lease_cutoff(now, secs)})
         return Lease(name, token) if cursor.rowcount == 1 else None
 
     def acquire(self, name: str, secs: float) -> Lease | None:
@@ -196,13 +200,16 @@ class RunLog:
                                              f"AND status = 'running' AND id IN ({names})", params))
         return set(run_ids) - alive
 
-    def reap(self, now: float | None = None, session_id: str | None = None) -> list[tuple[str, str, str]]:
-        """Mark runs whose lease expired `failed`: [(run_id, agent_id, daemon_id)].
+    def reap(self, lease_secs: float, now: float | None = None,
+             session_id: str | None = None) -> list[tuple[str, str, str]]:
+        """Mark runs whose lease (of `lease_secs`) expired `failed`: [(run_id, agent_id, daemon_id)].
 
-        Inside or outside a db_session; with `session_id` only that session's runs."""
+        Inside or outside a db_session; with `session_id` only that session's runs. Just
+        after a database outage, a lease that ran out during it has not expired
+        (`Outage.lease_cutoff`)."""
         now = time.time() if now is None else now
-        params: dict[str, Any] = {"now": now}
-        where = "status = 'running' AND lease_expires < $now"
+        params: dict[str, Any] = {"now": now, "cutoff": OUTAGE.lease_cutoff(now, lease_secs)}
+        where = "status = 'running' AND lease_expires < $cutoff"
         if session_id is not None:
             where += " AND session_id = $s"
             params["s"] = session_id
@@ -219,7 +226,8 @@ class RunLog:
     def reap_workflow_runs(self, self_id: str, lease_secs: float,
                            now: float | None = None) -> list[tuple[str, str, str]]:
         """Fail the pending/running workflow runs of daemons whose lease expired (no heartbeat
-        for `lease_secs`, or no daemon row at all): [(run_id, daemon_id, error)].
+        for `lease_secs`, or no daemon row at all; just after a database outage, not for
+        a heartbeat that ran out during it): [(run_id, daemon_id, error)].
 
         Runs of this daemon (`self_id`) and runs without an owner are not touched: this
         daemon's are alive, ownerless ones are failed by the next daemon start. The steps
@@ -229,7 +237,7 @@ class RunLog:
         reaped: list[tuple[str, str, str]] = []
         with orm.db_session(optimistic=False):
             live = set(self.store.db.select("SELECT id FROM cluster_daemons WHERE heartbeat_at >= $t",
-                                            {"t": now - lease_secs}))
+                                            {"t": OUTAGE.lease_cutoff(now, lease_secs) - lease_secs}))
             candidates = orm.select((r.id, r.daemon_id) for r in runs if r.status in ("pending", "running")
                                     and r.daemon_id is not None and r.daemon_id != self_id)[:]
             ended = datetime.fromtimestamp(now, timezone.utc)

@@ -119,6 +119,8 @@ class Outage:
         self._lock = threading.Lock()
         self.since: float | None = None  # monotonic time the current outage was first seen
         self.error: DatabaseUnavailable | None = None
+        self._began_at = 0.0  # wall-clock start of the current or the last outage
+        self._ended = -float("inf")  # monotonic end of the last outage
 
     @property
     def active(self) -> bool:
@@ -134,7 +136,7 @@ class Outage:
         with self._lock:
             if self.since is not None:
                 return
-            self.since, self.error = time.monotonic(), error
+            self.since, self.error, self._began_at = time.monotonic(), error, time.time()
         log.warning("%s (answering %d until it recovers)", error.message, error.status)
 
     def cleared(self, wrote: bool) -> None:
@@ -145,8 +147,22 @@ class Outage:
         with self._lock:
             if self.since is None or (self.writes_blocked and not wrote):
                 return
-            lasted, self.since, self.error = time.monotonic() - self.since, None, None
+            self._ended = time.monotonic()
+            lasted, self.since, self.error = self._ended - self.since, None, None
         log.warning("database available again after %.1fs", lasted)
+
+    def lease_cutoff(self, now: float, lease_secs: float) -> float:
+        """The time a lease (or a heartbeat) must have expired before for its owner to be
+        taken for gone at `now`.
+
+        A lease that ran out while this daemon could not reach the database either says
+        nothing about its owner, most likely cut off too and renewing again at its next
+        heartbeat: during an outage and for one lease after it, only leases that expired
+        before the outage began count."""
+        with self._lock:
+            if self.since is None and time.monotonic() - self._ended >= lease_secs:
+                return now
+            return min(now, self._began_at)
 
 
 OUTAGE = Outage()

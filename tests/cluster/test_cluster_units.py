@@ -72,7 +72,7 @@ def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
     with orm.db_session:
         runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
         runs.start("r-live", "a2", "s2", "B", time.time() + 30)
-    reaped = runs.reap()
+    reaped = runs.reap(30)
     assert reaped == [("r-dead", "a1", "A")]
     by_id = {r["id"]: r for r in runs.list()}
     assert by_id["r-dead"]["status"] == "failed"
@@ -315,6 +315,44 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     assert status(live_c)[0] == "pending"
     # A lone daemon (owners None) fails every active run.
     assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")
+
+
+def test_what_ran_out_during_a_database_outage_is_kept_for_a_lease_after_it(store, monkeypatch) -> None:
+    """B was cut off by the outage like A: its run lease, session lease and heartbeat that
+    expired meanwhile are neither reaped nor taken over until B has had one lease after the
+    database's return to renew them; what expired before the outage began goes at once."""
+    from agentd.store import leases as leases_module
+    from agentd.store.outage import DatabaseUnavailable, Outage
+    from agentd.workflows.definition import WorkflowDef
+    from agentd.workflows.store import WorkflowStore
+
+    outage = Outage()
+    monkeypatch.setattr(leases_module, "OUTAGE", outage)
+    wf = WorkflowStore(store)
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
+    b.members.beat(started=True)
+    on_b = wf.create_run(wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}]))), "b", "B")
+    with orm.db_session:
+        assert b.leases.take("run:s0", -5) is not None  # expired before the outage: B is gone
+        b.runs.start("r-old", "a0", "s0", "B", time.time() - 5)
+        assert b.leases.take("run:s1", 1) is not None
+        b.runs.start("r-cut", "a1", "s1", "B", time.time() + 1)
+    outage.noticed(DatabaseUnavailable("gone"))
+    time.sleep(1.2)  # every lease of B runs out while nobody reaches the database
+    outage.cleared(wrote=True)
+
+    a.tick()
+    status = lambda: {r["id"]: r["status"] for r in a.runs.list()}  # noqa: E731
+    assert status() == {"r-old": "failed", "r-cut": "running"}
+    assert a.leases.acquire("run:s1", 1) is None and a.leases.acquire("run:s0", 1) is not None
+    assert wf.run(on_b)["state"]["status"] == "pending"
+
+    time.sleep(1.05)  # B had a whole lease since the return and renewed nothing: it is gone
+    a.tick()
+    assert status() == {"r-old": "failed", "r-cut": "failed"}
+    assert a.leases.acquire("run:s1", 1) is not None
+    assert wf.run(on_b)["state"]["status"] == "failed"
 
 
 # -- a lone daemon (SQLite): run leases in memory, the record closed with the session -------------

@@ -178,7 +178,7 @@ def test_postgres_restart_under_load(setup) -> None:
 
     # A run that starts before the outage and ends after it, on daemon a.
     spanning = a.post(f"/api/agents/{spanning_agent}/message/stream", stream=True, timeout=30,
-                      json={"message": "[[chunks:60]] [[pace:100]] across"})
+                      json={"message": "[[chunks:90]] [[pace:100]] across"})
     assert spanning.status_code == 200
     stream = a.post(f"/api/agents/{streamer}/message/stream", json={"message": "[[slow:3]] cut"},
                     stream=True, timeout=30)
@@ -207,7 +207,9 @@ def test_postgres_restart_under_load(setup) -> None:
                        timeout=10)
             assert r.status_code == 503 and r.headers["Retry-After"] == "2", r.text
             assert r.json() == {"error": {"message": UNAVAILABLE, "type": "server_error"}}
-        time.sleep(max(0.0, 1.5 - (time.monotonic() - down_at)))  # an outage well under the lease
+        # Down for longer than a heartbeat, shorter than the lease: the leases renewed last
+        # before the outage run out during it or just after.
+        time.sleep(max(0.0, LEASE - 1.5 - (time.monotonic() - down_at)))
 
     finally:
         server.start()

@@ -516,7 +516,7 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
                     "EXPLAIN QUERY PLAN SELECT id FROM agent_runs WHERE status = 'running' AND lease_expires < $n",
                     {"n": 10.0}))
                 assert "agent_runs_running" in plan, plan
-        assert RunLog(store).reap(now=10.0) == [("r2", "a1", "d1")]
+        assert RunLog(store).reap(30, now=10.0) == [("r2", "a1", "d1")]
         assert sorted((r["id"], r["status"]) for r in RunLog(store).list()) == [("r1", "completed"), ("r2", "failed")]
     finally:
         store.close()
