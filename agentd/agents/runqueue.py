@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.errors import AgentdError, NotFound, TooManyRequests
+from agentd.store.outage import unless_unavailable
 
 if TYPE_CHECKING:
     from agentd.agents.approvals import ApprovalQueue
@@ -158,16 +159,21 @@ class RunQueues:
         self.watch = DisconnectWatch()
 
     def stop(self, handle: Any) -> bool:
-        """Cancel the agent's current run; True when one was running."""
+        """Cancel the agent's current run; True when one was running.
+
+        A run of this daemon stops without the database (its approval waits end with it),
+        so a stop works while the database is out; only asking other daemons needs it."""
         cancel = handle.cancel or handle.starting
+        if cancel is not None and not cancel.is_set():
+            cancel.set()
+            if self.approvals is not None:
+                unless_unavailable(lambda: self.approvals.cancel_agent(handle.id))()
+            return True
         if self.approvals is not None:
             self.approvals.cancel_agent(handle.id)
-        if self.cluster is not None and self.shared and (cancel is None or cancel.is_set()):
+        if self.cluster is not None and self.shared:
             return self.cluster.request_stop(handle.id) > 0
-        if cancel is None or cancel.is_set():
-            return False
-        cancel.set()
-        return True
+        return False
 
     def cancel(self, handle: Any) -> None:
         """Cancel every queued run of the agent and stop its current one (kill, shutdown)."""

@@ -4,7 +4,8 @@ A daemon keeps a handle per agent in memory (locks, queues, caches). On a shared
 the agents table is the truth: an agent spawned, re-moded or killed through another
 daemon must look the same here. AgentRegistry calls these on every lookup when
 `store.shared` is true; on the embedded SQLite database (one daemon) they are never
-called, so that path is unchanged.
+called, so that path is unchanged. While the database is out, the daemon's own view of
+its agents serves (a stop, an agent's detail): nobody can spawn or kill one meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pony import orm
 
+from agentd.store.outage import unless_unavailable
+
 if TYPE_CHECKING:
     from agentd.agents.handle import AgentHandle
     from agentd.agents.registry import AgentRegistry
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentd.agents")
 
 
+@unless_unavailable
 def sync_agent(registry: "AgentRegistry", agent_id: str | None = None, name: str | None = None) -> None:
     """Make the in-memory handle of one agent (by id or name) match its database row:
     adopt an agent spawned elsewhere, forget one killed elsewhere, take over its mode."""
@@ -38,6 +42,7 @@ def sync_agent(registry: "AgentRegistry", agent_id: str | None = None, name: str
         _forget(registry, gone)
 
 
+@unless_unavailable
 def sync_all(registry: "AgentRegistry") -> None:
     """Make the set of handles match the agents table (for lists and status)."""
     with orm.db_session:

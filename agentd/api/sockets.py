@@ -35,6 +35,7 @@ from agentd.api.schemas import MESSAGE_SCHEMA
 from agentd.principals import ADMIN, Principal
 from agentd.errors import AgentdError, BadRequest
 from agentd.schema_fields import is_blank
+from agentd.store.outage import as_outage
 
 log = logging.getLogger("agentd.ws")
 
@@ -146,10 +147,11 @@ class AgentSocket:
             user, session = frame.get("user") or self.user, frame.get("session") or self.session
             if not isinstance(user, (str, type(None))) or not isinstance(session, (str, type(None))):
                 raise BadRequest("'user' and 'session' must be strings")
-            ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
-                                                       origin="ws", **run_fields(self.who, self.handle, user,
-                                                                                 session, own_session=True)))
-        except AgentdError as exc:  # quota, budget, the agent's queue is full
+            with as_outage():
+                ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
+                                                           origin="ws", **run_fields(self.who, self.handle, user,
+                                                                                     session, own_session=True)))
+        except AgentdError as exc:  # quota, budget, the agent's queue is full, the database is down
             self.send("error", content=exc.message)
             return
         future = ticket.future
@@ -177,21 +179,27 @@ class AgentSocket:
         command = frame.get("command")
         agents = self.kernel.agents
         if command == "stop":
-            stopped = agents.stop(self.handle)
-            self.send("command_result", command="stop", message="run cancelled" if stopped else "no run in progress")
+            self._answer(command, lambda: "run cancelled" if agents.stop(self.handle) else "no run in progress")
         elif command in ("reset", "new"):
-            agents.reset_session(self.handle)
-            self.send("command_result", command=command, message="session reset; history cleared")
+            def reset() -> str:
+                agents.reset_session(self.handle)
+                return "session reset; history cleared"
+            self._answer(command, reset)
         elif command == "compact":
-            def compact() -> None:
-                try:
-                    result = agents.compact(self.handle)
-                    self.send("command_result", command="compact", message=result["message"])
-                except AgentdError as exc:
-                    self.send("error", content=exc.message)
-            self.kernel.executor.submit(compact)
+            self.kernel.executor.submit(self._answer, "compact", lambda: agents.compact(self.handle)["message"])
         else:
             self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
+
+    def _answer(self, command: str, work: Callable[[], str]) -> None:
+        """Run a command's `work` and send its result, or the `error` frame it failed with
+        (a database outage included: the socket stays open)."""
+        try:
+            with as_outage():
+                message = work()
+        except AgentdError as exc:
+            self.send("error", content=exc.message)
+            return
+        self.send("command_result", command=command, message=message)
 
     def serve(self) -> None:
         self.send("connected", agent_id=self.handle.id)

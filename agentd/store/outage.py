@@ -13,13 +13,14 @@ outage reports to the same place.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import sqlite3
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, ParamSpec, TypeVar
 
 from agentd.errors import AgentdError
 
@@ -28,6 +29,7 @@ log = logging.getLogger("agentd.store")
 RETRY_AFTER_SECS = 2.0
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # sqlite3 messages that mean the file cannot grow or be written, not a bug in a statement.
 _SQLITE_FULL = ("database or disk is full", "disk i/o error")
@@ -199,12 +201,13 @@ def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args:
         logger.error(message, *args, exc_info=exc)
 
 
-def unless_unavailable(read: Callable[[], T]) -> Callable[[], T | None]:
+def unless_unavailable(read: Callable[P, T]) -> Callable[P, T | None]:
     """`read`, giving None instead of raising while the database is out (for a reader that
     can go without, such as a metrics scrape); other failures still raise."""
-    def guarded() -> T | None:
+    @functools.wraps(read)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> T | None:
         try:
-            return read()
+            return read(*args, **kwargs)
         except Exception as exc:
             if translate(exc) is None:
                 raise

@@ -356,3 +356,61 @@ def test_a_daemon_stopped_while_the_database_is_down_exits_cleanly(setup, tmp_pa
         ntfy.stop()
     assert "Traceback" not in c.log()
     wait_for(lambda: _serving(a, agent), 5, what="daemon a serving again")
+
+
+def test_a_websocket_during_an_outage_gets_error_frames_and_stays_open(setup) -> None:
+    """A message or a command sent while the database is down is answered with an `error`
+    frame saying so (as HTTP answers 503), and the socket serves again once it is back."""
+    server, a, b, proxy = setup
+    agent = spawn(proxy.url, "socket-outage")
+    offset = a.log_path.stat().st_size
+    ws = websocket.create_connection(f"ws://127.0.0.1:{a.port}/api/agents/{agent}/ws", timeout=10)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        server.stop()
+        try:
+            frames = []
+            for frame in ({"type": "message", "content": "during"}, {"type": "command", "command": "reset"},
+                          {"type": "command", "command": "compact"}, {"type": "command", "command": "stop"}):
+                ws.send(json.dumps(frame))
+                frames.append(json.loads(ws.recv()))
+        finally:
+            server.start()
+        assert frames == [{"type": "error", "content": UNAVAILABLE}] * 4, frames
+        wait_for(lambda: _serving(a, agent), 5, what="daemon-a serving again")
+        ws.send(json.dumps({"type": "message", "content": "after"}))
+        reply = [json.loads(ws.recv())]
+        while reply[-1]["type"] not in ("error", "response"):
+            reply.append(json.loads(ws.recv()))
+        assert reply[-1]["type"] == "response" and reply[-1]["content"] == "echo: after", reply
+    finally:
+        ws.close()
+    assert "Traceback" not in _log_since(a, offset)
+
+
+def test_a_stop_during_an_outage_stops_the_run_of_its_daemon(setup) -> None:
+    """Stopping a run of this daemon needs no database: the stop answers `run cancelled`
+    and the run ends at once, while the database is down."""
+    server, a, b, proxy = setup
+    agent = spawn(proxy.url, "stopped-in-outage")
+    offset = a.log_path.stat().st_size
+    stream = a.post(f"/api/agents/{agent}/message/stream", json={"message": "[[slow:20]] long"},
+                    stream=True, timeout=30)
+    assert stream.status_code == 200
+    wait_for(lambda: a.get(f"/api/cluster/runs?agent_id={agent}&status=running").json(), 10, what="the run started")
+    server.stop()
+    try:
+        r = a.post(f"/api/agents/{agent}/stop", timeout=10)
+        started = time.monotonic()
+        body = "".join(c.decode() for c in stream.iter_content(None))
+        ended_in = time.monotonic() - started
+    finally:
+        server.start()
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "stopped", "agent_id": agent, "was_running": True, "message": "run cancelled"}
+    # It ends as a stopped stream does, or with the outage's error when the run's end could
+    # not be saved: either way at once, long before the model's answer.
+    assert ("event: done" in body and '"stopped":true' in body or f'"error":"{UNAVAILABLE}"' in body), body
+    assert ended_in < 10, (ended_in, body)
+    wait_for(lambda: _serving(a, agent), 5, what="daemon-a serving again")
+    assert "Traceback" not in _log_since(a, offset)
