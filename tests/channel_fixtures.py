@@ -67,9 +67,15 @@ def stop_closes_the_listener(daemon: Daemon, name: str, send: Callable[[], Any],
         wait_active(daemon, name)
 
 
+# The channel tests are about the adapters, so their daemons remember no exchanges and none
+# loads the embedding model for it; a test of what a channel's conversations remember asks
+# for `remember=True` (the default configuration).
+NO_REMEMBERING = "\n[memory]\nauto_remember = false\n"
+
+
 def start_channel_daemon(root: Path, fake_llm, env: dict[str, str] | None = None,
-                         extra_config: str = "") -> Daemon:
-    home = make_home(root, llm_config(fake_llm, extra_config))
+                         extra_config: str = "", remember: bool = False) -> Daemon:
+    home = make_home(root, llm_config(fake_llm, extra_config + ("" if remember else NO_REMEMBERING)))
     daemon = Daemon(home, env_extra={**LLM_ENV, **(env or {})}).start()
     created = daemon.post("/api/agents", json={"manifest_toml": AGENT_TOML})
     assert created.status_code == 201, created.text

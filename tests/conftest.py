@@ -97,15 +97,24 @@ DAEMON_FIXTURES = {"agent_daemon", "shared_daemon", "daemon_factory", "guarded",
 
 
 TESTS = Path(__file__).resolve().parent
-# Parts of the suite whose outcome does not depend on the database: the adapters, drivers,
-# HTTP server, CLI, MCP/A2A/skills and the repository checks make the same store calls the
-# rest of the suite makes, so the PostgreSQL pass leaves them to the SQLite pass.
-BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "skills", "config", "cli"}
+# Parts of the suite (folders and files under tests/) whose outcome does not depend on the
+# database: the adapters, drivers, HTTP server, CLI, MCP/A2A/skills and the repository checks
+# make the same store calls the rest of the suite makes, so the PostgreSQL pass leaves them to
+# the SQLite pass. So do the tools whose work is files, processes, the network and a browser,
+# and the dashboard's scripts in a browser: the pages' server side runs on both backends in
+# tests/api/pages/test_pages.py and its neighbours, the files a tool keeps in
+# tests/agents/test_uploads.py.
+BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "skills", "config", "cli",
+                *(f"agents/tools/test_tool_{name}.py" for name in (
+                    "base", "browser", "browser_proxy", "containers", "files", "media", "patch",
+                    "processes", "shell", "web")),
+                *(f"api/pages/test_{name}_browser.py" for name in (
+                    "console", "dashboard", "manage", "schedules", "setup"))}
 
 
 def _backend_free(item: pytest.Item) -> bool:
     parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
-    return len(parts) == 1 or parts[0] in BACKEND_FREE
+    return len(parts) == 1 or any("/".join(parts[:depth]) in BACKEND_FREE for depth in range(1, len(parts) + 1))
 
 
 def _names_paths(config: pytest.Config) -> bool:
