@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -50,8 +51,37 @@ def _cache_bytecode_outside_the_tree() -> None:
         del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
+MEMORY_FOLDER = Path("/dev/shm")
+
+
+def _in_memory(folder: Path) -> bool:
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[1:3] == [str(folder), "tmpfs"] for line in mounts if len(line.split()) > 2)
+
+
+def _temp_folders_in_memory(config: pytest.Config) -> None:
+    """Make the tests' temporary folders (`tmp_path`: the daemons' homes with their SQLite
+    databases and logs) in /dev/shm when it is a tmpfs this user may write with room to
+    spare, unless `--basetemp` or PYTEST_DEBUG_TEMPROOT already chose a place.
+
+    The suite creates and syncs thousands of small databases; on a disk other work shares,
+    each sync waits behind that work. The folders stay pytest's own: numbered, only this
+    user's, the last three runs kept."""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    if not _in_memory(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
+        return
+    if shutil.disk_usage(MEMORY_FOLDER).free < 2 * 2**30:
+        return
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(MEMORY_FOLDER)  # the workers xdist starts inherit it
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _cache_bytecode_outside_the_tree()
+    _temp_folders_in_memory(config)
     backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
     if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):
         pgtest.enable()
