@@ -142,9 +142,15 @@ BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "
                     "console", "dashboard", "manage", "schedules", "setup"))}
 
 
-def _backend_free(item: pytest.Item) -> bool:
-    parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
-    return len(parts) == 1 or any("/".join(parts[:depth]) in BACKEND_FREE for depth in range(1, len(parts) + 1))
+def _backend_free(path: Path) -> bool:
+    """Whether `path`, a folder or a test file, is part of BACKEND_FREE (or a top-level test file)."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return False
+    if len(parts) == 1 and path.is_file():
+        return parts[0].startswith("test_")
+    return any("/".join(parts[:depth]) in BACKEND_FREE for depth in range(1, len(parts) + 1))
 
 
 def _names_paths(config: pytest.Config) -> bool:
@@ -152,15 +158,17 @@ def _names_paths(config: pytest.Config) -> bool:
                for arg in config.invocation_params.args)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The PostgreSQL pass of the whole suite runs only the database-dependent part, and
+    does not even import the rest (a file or folder named on the command line always runs)."""
+    if pgtest.ENABLED and not _names_paths(config) and _backend_free(collection_path):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The PostgreSQL pass of the whole suite runs only the database-dependent part (a file
-    or folder named on the command line always runs). Under mutmut (which runs with -x),
-    in-process tests run before the daemon ones: most mutants are killed by a fast test,
-    so the slow ones rarely have to start."""
-    if pgtest.ENABLED and not _names_paths(config):
-        kept = [item for item in items if not _backend_free(item)]
-        config.hook.pytest_deselected(items=[item for item in items if _backend_free(item)])
-        items[:] = kept
+    """Under mutmut (which runs with -x), in-process tests run before the daemon ones: most
+    mutants are killed by a fast test, so the slow ones rarely have to start."""
     if os.environ.get("MUTANT_UNDER_TEST") in (None, "", "stats", "fail"):
         # A test given longer than the suite's timeout runs for minutes: first, so that it
         # never runs alone at the end (worksteal hands each worker a run of the collection
