@@ -59,7 +59,7 @@ def _in_memory(folder: Path) -> bool:
         mounts = Path("/proc/mounts").read_text().splitlines()
     except OSError:
         return False
-    return any(line.split()[1:3] == [str(folder), "tmpfs"] for line in mounts if len(line.split()) > 2)
+    return any(line.split()[1:3] == [str(folder), "tmpfs"] for line in mounts)
 
 
 def _temp_folders_in_memory(config: pytest.Config) -> None:
@@ -246,6 +246,11 @@ def llm_config(fake, extra: str = "") -> str:
             "\n[default_model]\nprovider = \"openai\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
             f"\n[provider_urls]\nopenai = \"{fake.openai_base}\"\nanthropic = \"{fake.anthropic_base}\"\n"
             f"gemini = \"{fake.gemini_base}\"\ndeepseek = \"{fake.openai_base}\"\n" + extra)
+
+
+# Added to the config of a daemon whose tests are about neither memory nor the default
+# configuration: it remembers no exchange, so it never loads the embedding model for one.
+NO_REMEMBERING = "\n[memory]\nauto_remember = false\n"
 
 
 LLM_ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic",
