@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home
 
 AGENT_TOML = 'name = "helper"\nprofile = "minimal"\n[model]\nprovider = "default"\nmodel = "default"\n'
@@ -68,8 +68,10 @@ def stop_closes_the_listener(daemon: Daemon, name: str, send: Callable[[], Any],
 
 
 def start_channel_daemon(root: Path, fake_llm, env: dict[str, str] | None = None,
-                         extra_config: str = "") -> Daemon:
-    home = make_home(root, llm_config(fake_llm, extra_config))
+                         extra_config: str = "", remember: bool = False) -> Daemon:
+    # The channel tests are about the adapters: their daemons remember no exchange, except
+    # for a test of what a channel's conversations remember (the default configuration).
+    home = make_home(root, llm_config(fake_llm, extra_config + ("" if remember else NO_REMEMBERING)))
     daemon = Daemon(home, env_extra={**LLM_ENV, **(env or {})}).start()
     created = daemon.post("/api/agents", json={"manifest_toml": AGENT_TOML})
     assert created.status_code == 201, created.text

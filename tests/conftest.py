@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -50,8 +51,37 @@ def _cache_bytecode_outside_the_tree() -> None:
         del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
+MEMORY_FOLDER = Path("/dev/shm")
+
+
+def _in_memory(folder: Path) -> bool:
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[1:3] == [str(folder), "tmpfs"] for line in mounts)
+
+
+def _temp_folders_in_memory(config: pytest.Config) -> None:
+    """Make the tests' temporary folders (`tmp_path`: the daemons' homes with their SQLite
+    databases and logs) in /dev/shm when it is a tmpfs this user may write with room to
+    spare, unless `--basetemp` or PYTEST_DEBUG_TEMPROOT already chose a place.
+
+    The suite creates and syncs thousands of small databases; on a disk other work shares,
+    each sync waits behind that work. The folders stay pytest's own: numbered, only this
+    user's, the last three runs kept."""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    if not _in_memory(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
+        return
+    if shutil.disk_usage(MEMORY_FOLDER).free < 2 * 2**30:
+        return
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(MEMORY_FOLDER)  # the workers xdist starts inherit it
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _cache_bytecode_outside_the_tree()
+    _temp_folders_in_memory(config)
     backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
     if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):
         pgtest.enable()
@@ -97,15 +127,30 @@ DAEMON_FIXTURES = {"agent_daemon", "shared_daemon", "daemon_factory", "guarded",
 
 
 TESTS = Path(__file__).resolve().parent
-# Parts of the suite whose outcome does not depend on the database: the adapters, drivers,
-# HTTP server, CLI, MCP/A2A/skills and the repository checks make the same store calls the
-# rest of the suite makes, so the PostgreSQL pass leaves them to the SQLite pass.
-BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "skills", "config", "cli"}
+# Parts of the suite (folders and files under tests/) whose outcome does not depend on the
+# database: the adapters, drivers, HTTP server, CLI, MCP/A2A/skills and the repository checks
+# make the same store calls the rest of the suite makes, so the PostgreSQL pass leaves them to
+# the SQLite pass. So do the tools whose work is files, processes, the network and a browser,
+# and the dashboard's scripts in a browser: the pages' server side runs on both backends in
+# tests/api/pages/test_pages.py and its neighbours, the files a tool keeps in
+# tests/agents/test_uploads.py.
+BACKEND_FREE = {"channels", "llm", "server", "fakellm_selftest", "mcp", "a2a", "skills", "config", "cli",
+                *(f"agents/tools/test_tool_{name}.py" for name in (
+                    "base", "browser", "browser_proxy", "containers", "files", "media", "patch",
+                    "processes", "shell", "web")),
+                *(f"api/pages/test_{name}_browser.py" for name in (
+                    "console", "dashboard", "manage", "schedules", "setup"))}
 
 
-def _backend_free(item: pytest.Item) -> bool:
-    parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
-    return len(parts) == 1 or parts[0] in BACKEND_FREE
+def _backend_free(path: Path) -> bool:
+    """Whether `path`, a folder or a test file, is part of BACKEND_FREE (or a top-level test file)."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return False
+    if len(parts) == 1 and path.is_file():
+        return parts[0].startswith("test_")
+    return any("/".join(parts[:depth]) in BACKEND_FREE for depth in range(1, len(parts) + 1))
 
 
 def _names_paths(config: pytest.Config) -> bool:
@@ -113,15 +158,17 @@ def _names_paths(config: pytest.Config) -> bool:
                for arg in config.invocation_params.args)
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The PostgreSQL pass of the whole suite runs only the database-dependent part, and
+    does not even import the rest (a file or folder named on the command line always runs)."""
+    if pgtest.ENABLED and not _names_paths(config) and _backend_free(collection_path):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The PostgreSQL pass of the whole suite runs only the database-dependent part (a file
-    or folder named on the command line always runs). Under mutmut (which runs with -x),
-    in-process tests run before the daemon ones: most mutants are killed by a fast test,
-    so the slow ones rarely have to start."""
-    if pgtest.ENABLED and not _names_paths(config):
-        kept = [item for item in items if not _backend_free(item)]
-        config.hook.pytest_deselected(items=[item for item in items if _backend_free(item)])
-        items[:] = kept
+    """Under mutmut (which runs with -x), in-process tests run before the daemon ones: most
+    mutants are killed by a fast test, so the slow ones rarely have to start."""
     if os.environ.get("MUTANT_UNDER_TEST") in (None, "", "stats", "fail"):
         # A test given longer than the suite's timeout runs for minutes: first, so that it
         # never runs alone at the end (worksteal hands each worker a run of the collection
@@ -199,6 +246,11 @@ def llm_config(fake, extra: str = "") -> str:
             "\n[default_model]\nprovider = \"openai\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
             f"\n[provider_urls]\nopenai = \"{fake.openai_base}\"\nanthropic = \"{fake.anthropic_base}\"\n"
             f"gemini = \"{fake.gemini_base}\"\ndeepseek = \"{fake.openai_base}\"\n" + extra)
+
+
+# Added to the config of a daemon whose tests are about neither memory nor the default
+# configuration: it remembers no exchange, so it never loads the embedding model for one.
+NO_REMEMBERING = "\n[memory]\nauto_remember = false\n"
 
 
 LLM_ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic",

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import FAST_API, Daemon
 from tests.agents.test_agents import say, spawn
 
@@ -31,7 +31,7 @@ def gpt4o_cost(input_tokens: int, output_tokens: int) -> float:
 # -- cost and budget ------------------------------------------------------------------------------
 
 def test_cost_and_budget_exact(daemon_factory, fake_llm) -> None:
-    d = daemon_factory(llm_config(fake_llm), env_extra=LLM_ENV)
+    d = daemon_factory(llm_config(fake_llm, NO_REMEMBERING), env_extra=LLM_ENV)
     agent_id = spawn(d, extra='profile = "coding"', model=GPT4O)
     body = say(d, agent_id, "[[reply:ok]] " + "padding " * 40).json()
     inp, out = body["input_tokens"], body["output_tokens"]
@@ -197,7 +197,7 @@ def guarded(tmp_path_factory, fake_llm):
     from support import Daemon, make_home, stop_shared
 
     home = make_home(tmp_path_factory.mktemp("guarded"),
-                     llm_config(fake_llm, "\n[tools]\napproval_timeout_secs = 0.6\n"))
+                     llm_config(fake_llm, "\n[tools]\napproval_timeout_secs = 0.6\n" + NO_REMEMBERING))
     d = Daemon(home, env_extra=LLM_ENV).start()
     yield d
     stop_shared(d)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, db_dump, make_home, run_cli
 from tests.agents.test_agents import say, spawn
 
@@ -25,7 +25,7 @@ MODEL_FIELDS = {"id", "display_name", "provider", "tier", "context_window", "max
 @pytest.fixture
 def fresh(tmp_path: Path, fake_llm):
     """A daemon of its own (these tests change budget, keys and usage)."""
-    d = Daemon(make_home(tmp_path, llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    d = Daemon(make_home(tmp_path, llm_config(fake_llm, NO_REMEMBERING)), env_extra=LLM_ENV).start()
     yield d
     d.stop()
 

@@ -27,7 +27,8 @@ ANN, BOB = 602, 603
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, fake_llm):
-    started = start_channel_daemon(tmp_path_factory.mktemp("conversations"), fake_llm, env=ENV)
+    started = start_channel_daemon(tmp_path_factory.mktemp("conversations"), fake_llm, env=ENV,
+                                   remember=True)
     created = started.post("/api/agents", json={"manifest_toml": 'name = "scout"\nprofile = "minimal"\n'
                                                 '[model]\nprovider = "default"\nmodel = "default"\n'})
     assert created.status_code == 201, created.text

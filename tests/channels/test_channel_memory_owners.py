@@ -9,9 +9,10 @@ import hmac
 import json
 import time
 
+import pytest
 import requests
 
-from channel_fixtures import channel_daemon, configure, remove, wait_active, wait_for  # noqa: F401
+from channel_fixtures import CHANNEL_ENV, configure, remove, start_channel_daemon, wait_active, wait_for
 from fakes.recorder import Recorder
 from support import free_port
 
@@ -26,8 +27,16 @@ def send(url: str, sender: str, text: str) -> None:
     assert r.status_code == 202, r.text
 
 
-def test_a_senders_exchange_is_not_recalled_for_another_sender(channel_daemon, fake_llm) -> None:
-    d = channel_daemon
+@pytest.fixture(scope="module")
+def remembering_daemon(tmp_path_factory, fake_llm):
+    """The channel daemon with exchanges remembered (the default configuration)."""
+    daemon = start_channel_daemon(tmp_path_factory.mktemp("owners"), fake_llm, env=CHANNEL_ENV, remember=True)
+    yield daemon
+    daemon.stop()
+
+
+def test_a_senders_exchange_is_not_recalled_for_another_sender(remembering_daemon, fake_llm) -> None:
+    d = remembering_daemon
     callback = Recorder()
     port = free_port()
     configure(d, "webhook", listen_port=port, callback_url=callback.url + "/cb", secret_env="WEBHOOK_TEST_SECRET",

@@ -22,7 +22,7 @@ import pytest
 import requests
 import websocket
 
-from conftest import LLM_ENV
+from conftest import LLM_ENV, NO_REMEMBERING
 from misbehaving_upstream import Upstream
 from support import Daemon, make_home
 
@@ -34,14 +34,14 @@ SLACK = 1.0  # added to every bound the issue names
 
 RATE = "rate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
 # Remembering exchanges loads an embedding model in the background, whose thread pool appears
-# at an unpredictable moment after the first answer: off, so thread counts measure runs only.
-QUIET = "\n[memory]\nauto_remember = false\n"
+# at an unpredictable moment after the first answer: off (NO_REMEMBERING), so thread counts
+# measure runs only.
 FAST = (f"[api]\n{RATE}\n[llm]\ntimeout_secs = {TIMEOUT}\nstream_idle_secs = {IDLE}\nretries = 3\n"
-        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
+        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + NO_REMEMBERING)
 # Calls that hang long enough to watch what else happens meanwhile; room for 200 held requests
 # (150 of them waiting behind a hung run: max_streams less its reserved quarter, agentd/server/slots.py).
 SLOW = (f"[api]\n{RATE}threads = {SLOW_THREADS}\nmax_streams = 270\n\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
-        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
+        f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + NO_REMEMBERING)
 
 
 @pytest.fixture(scope="module")
@@ -501,7 +501,7 @@ def test_many_stuck_agents_starve_nobody_with_the_default_caps(tmp_path_factory,
     would wait behind a hung run are refused (503) first, so a message to a healthy agent,
     whose run starts at once, still finds a slot (agentd/server/slots.py)."""
     d = _daemon(tmp_path_factory, f"[api]\n{RATE}\n[llm]\ntimeout_secs = 60\nstream_idle_secs = 30\n"
-                                  f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + QUIET)
+                                  f"\n[agents]\nmax_queue = {MAX_QUEUE}\n" + NO_REMEMBERING)
     try:
         _, agents, healthy, pool, futures = _hang_fifty_agents(d, up)
         deadline = time.monotonic() + 20

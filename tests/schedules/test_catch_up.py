@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 
 from channel_fixtures import wait_for
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home
 
 
 def test_missed_due_times_after_a_restart(tmp_path, fake_llm) -> None:
-    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\nmisfire_grace_secs = 1\n"))
+    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\nmisfire_grace_secs = 1\n" + NO_REMEMBERING))
     d = Daemon(home, env_extra=LLM_ENV).start()
     try:
         assert d.post("/api/agents", json={"manifest_toml": 'name = "sleeper"\n'}).status_code == 201

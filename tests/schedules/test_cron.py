@@ -21,7 +21,7 @@ import requests
 import websocket
 
 from channel_fixtures import CHANNEL_ENV, wait_for
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.ntfy import FakeNtfy
 from support import DAY, Daemon, agentd_env, make_home, stop_shared, within_one_utc_period
 
@@ -61,7 +61,7 @@ def env(tmp_path_factory, fake_llm) -> Iterator[tuple[Daemon, Receiver, FakeNtfy
     ntfy = FakeNtfy(CHANNEL_ENV["NTFY_TOKEN"]).start()
     extra = ('\n[schedules]\nmisfire_grace_secs = 30\ndelivery_attempts = 2\n'
              f'\n[channels.ntfy]\ntopic = "cron-out"\nserver_url = "{ntfy.url}"\ntoken_env = "NTFY_TOKEN"\n')
-    home = make_home(tmp_path_factory.mktemp("cron"), llm_config(fake_llm, extra))
+    home = make_home(tmp_path_factory.mktemp("cron"), llm_config(fake_llm, extra + NO_REMEMBERING))
     daemon = Daemon(home, env_extra={**LLM_ENV, **CHANNEL_ENV, "CRON_SECRET": SECRET}).start()
     yield daemon, receiver, ntfy
     stop_shared(daemon)
@@ -507,7 +507,7 @@ def test_a_webhook_naming_an_unset_variable_is_refused_at_creation_and_change(en
 def test_a_webhook_whose_variable_is_gone_at_start_is_named_in_the_log_and_in_the_last_run(
         tmp_path, fake_llm) -> None:
     receiver = Receiver()
-    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\ndelivery_attempts = 1\n"))
+    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\ndelivery_attempts = 1\n" + NO_REMEMBERING))
     d = Daemon(home, env_extra={**LLM_ENV, "CRON_SECRET": SECRET, "CRON_LOST_SECRET": SECRET}).start()
     try:
         spawn(d, "forgetful")

@@ -9,7 +9,7 @@ import pytest
 
 import pgtest
 from channel_fixtures import wait_for
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home
 
 LEASE = 2.0
@@ -27,7 +27,7 @@ def test_each_due_time_fires_on_one_daemon(tmp_path, fake_llm) -> None:
     try:
         for name in ("cron-a", "cron-b"):
             extra = f'\n[cluster]\ndaemon_id = "{name}"\nlease_secs = {LEASE}\n'
-            home = make_home(tmp_path / name, llm_config(fake_llm, extra))
+            home = make_home(tmp_path / name, llm_config(fake_llm, extra + NO_REMEMBERING))
             daemons.append(Daemon(home, env_extra={**LLM_ENV, "AGENTD_DATABASE_URL": db_url}).start())
         a, b = daemons
         assert a.post("/api/agents", json={"manifest_toml": 'name = "shared"\n'}).status_code == 201

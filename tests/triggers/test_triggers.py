@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.recorder import Recorder
 from support import DAY, Daemon, db_rows, free_port, make_home, wait_until, within_one_utc_period
 from tests.agents.test_agents import spawn
@@ -25,7 +25,7 @@ SECRET = "trigger-hook-secret"
 
 @pytest.fixture(scope="module")
 def d(tmp_path_factory, fake_llm):
-    home = make_home(tmp_path_factory.mktemp("triggers"), llm_config(fake_llm))
+    home = make_home(tmp_path_factory.mktemp("triggers"), llm_config(fake_llm, NO_REMEMBERING))
     daemon = Daemon(home, env_extra={**LLM_ENV, "WEBHOOK_TRIGGER_SECRET": SECRET}).start()
     yield daemon
     daemon.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home, stop_shared, wait_until
 from tests.agents.tools.tool_calls import call, spawn
 
@@ -87,7 +87,7 @@ def site():
 @pytest.fixture(scope="module")
 def bd(tmp_path_factory, fake_llm):
     extra = '\n[tools]\nfetch_allow_hosts = ["127.0.0.1"]\nbrowser_idle_secs = 2\nbrowser_max_text_bytes = 4000\n'
-    home = make_home(tmp_path_factory.mktemp("browser"), llm_config(fake_llm, extra))
+    home = make_home(tmp_path_factory.mktemp("browser"), llm_config(fake_llm, extra + NO_REMEMBERING))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     yield daemon
     stop_shared(daemon)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from channel_fixtures import audit, configure, wait_active, wait_for
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.recorder import Recorder
 from support import Daemon, free_port, make_home, stop_shared
 from tests.agents.tools.tool_calls import call, spawn
@@ -15,7 +15,7 @@ from tests.agents.tools.tool_calls import call, spawn
 
 @pytest.fixture(scope="module")
 def sent(tmp_path_factory, fake_llm):
-    home = make_home(tmp_path_factory.mktemp("chan"), llm_config(fake_llm))
+    home = make_home(tmp_path_factory.mktemp("chan"), llm_config(fake_llm, NO_REMEMBERING))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     callback = Recorder()
     configure(daemon, "webhook", listen_port=free_port(), callback_url=callback.url + "/cb",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.docker_engine import FakeDockerEngine
 from support import Daemon, make_home, stop_shared
 from tests.agents.tools.tool_calls import SHELL, call, spawn
@@ -23,7 +23,7 @@ def engine(tmp_path_factory):
 def cd(tmp_path_factory, fake_llm, engine):
     extra = (f'\n[tools]\ncontainer_runtime = "{engine.path}"\ncontainer_timeout_secs = 1.5\n'
              'container_memory_mb = 256\ncontainer_cpus = 0.5\n')
-    home = make_home(tmp_path_factory.mktemp("containers"), llm_config(fake_llm, extra))
+    home = make_home(tmp_path_factory.mktemp("containers"), llm_config(fake_llm, extra + NO_REMEMBERING))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     yield daemon
     stop_shared(daemon)

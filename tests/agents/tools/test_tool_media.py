@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from agentd.agents.tools import ToolError
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakellm import TINY_PNG
 from support import Daemon, make_home, stop_shared
 from tests.agents.tools.tool_calls import call
@@ -99,7 +99,7 @@ def groq(fake_llm):
 @pytest.fixture(scope="module")
 def md(tmp_path_factory, fake_llm, groq):
     extra = f'groq = "{groq.base}"\n\n[tools]\nshell_max_output_bytes = {OUTPUT_CAP}\n'
-    home = make_home(tmp_path_factory.mktemp("media"), llm_config(fake_llm, extra))
+    home = make_home(tmp_path_factory.mktemp("media"), llm_config(fake_llm, extra + NO_REMEMBERING))
     daemon = Daemon(home, env_extra={**LLM_ENV, "GROQ_API_KEY": "test-groq"}).start()
     yield daemon
     stop_shared(daemon)

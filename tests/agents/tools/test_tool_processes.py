@@ -20,7 +20,7 @@ from agentd.agents.tools.processes import KEEP_EXITED, KILL_GRACE, WRITE_WAIT, R
 from agentd.agents.tools.services import ToolServices
 from agentd.config import ToolsConfig
 
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home, run_cli, stop_shared, wait_until
 from tests.agents.tools.tool_calls import alive, call, spawn
 
@@ -33,7 +33,7 @@ LIMITS = "\n[tools]\nprocess_max_per_agent = 2\nprocess_buffer_bytes = 64\nproce
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory, fake_llm):
-    home = make_home(tmp_path_factory.mktemp("proc"), llm_config(fake_llm, LIMITS))
+    home = make_home(tmp_path_factory.mktemp("proc"), llm_config(fake_llm, LIMITS + NO_REMEMBERING))
     daemon = Daemon(home, env_extra={**LLM_ENV, "AGENTD_TEST_SECRET": "s3cret"}).start()
     yield daemon
     stop_shared(daemon)
@@ -180,7 +180,7 @@ def test_manual_mode_asks_before_a_program_starts(pd) -> None:
 
 @pytest.mark.parametrize("how", ["sigterm", "agentd stop"])
 def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
-    home = make_home(tmp_path / "h", llm_config(fake_llm))
+    home = make_home(tmp_path / "h", llm_config(fake_llm, NO_REMEMBERING))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     agent = spawn(daemon)
     started = json.loads(call(daemon, agent, "process_start", command="sleep", args=["300"]))

@@ -19,7 +19,7 @@ import pytest
 
 from agentd.agents.tools import ToolContext, ToolError
 from agentd.agents.tools.shell import MARKER, _check, kill_marked
-from conftest import LLM_ENV, llm_config
+from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home, stop_shared
 from tests.agents.tools.test_tools import make_ctx, run
 from tests.agents.tools.tool_calls import alive, call, spawn
@@ -250,7 +250,7 @@ ESCAPE = ("import subprocess, sys, time\n"
 
 @pytest.fixture(scope="module")
 def sd(tmp_path_factory, fake_llm):
-    daemon = Daemon(make_home(tmp_path_factory.mktemp("shell"), llm_config(fake_llm)), env_extra=LLM_ENV).start()
+    daemon = Daemon(make_home(tmp_path_factory.mktemp("shell"), llm_config(fake_llm, NO_REMEMBERING)), env_extra=LLM_ENV).start()
     yield daemon
     stop_shared(daemon)
 
