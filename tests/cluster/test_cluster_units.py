@@ -7,6 +7,7 @@ daemon's own path (SQLite, run leases in memory) is tested at the end."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,12 +17,14 @@ from types import SimpleNamespace
 import pytest
 from pony import orm
 
+from channel_fixtures import wait_for
+
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
 from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings, cluster_settings
-from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
+from agentd.errors import AgentdError, ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
 from agentd.cluster.budget_gate import BudgetGate
@@ -157,11 +160,241 @@ def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -
     assert "r9" in failed and failed["r9"]["daemon_id"] == "A"
 
 
+def _run_rows(s) -> dict[str, tuple]:
+    with orm.db_session:
+        return {r[0]: tuple(r[1:]) for r in s.db.select(
+            "SELECT id, status, error, reserve_usd, ended_at IS NOT NULL FROM agent_runs")}
+
+
+def test_a_start_fails_what_its_daemon_id_left_running_and_close_hands_everything_back(store, caplog) -> None:
+    """A daemon starting again under its id: its previous life's runs are failed and its
+    leases dropped at once (nobody waits them out); another daemon's are left alone."""
+    runs = RunLog(store)
+    with orm.db_session:
+        assert Leases(store, "A").take("run:s1", 30) is not None
+        assert Leases(store, "B").take("run:s2", 30) is not None
+        runs.start("r-old", "a1", "s1", "A", time.time() + 30, reserve_usd=0.5)
+        runs.start("r-b", "a2", "s2", "B", time.time() + 30, reserve_usd=0.5)
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()
+    try:
+        assert _run_rows(store) == {"r-old": ("failed", "daemon A restarted while the run was in flight", 0.0, True),
+                                    "r-b": ("running", None, 0.5, False)}
+        assert [r.getMessage() for r in caplog.records] == ["marked 1 run(s) left running by a previous daemon failed"]
+        assert (b.leases.holder("run:s1"), b.leases.holder("run:s2")) == (None, "B")
+        assert [(d["id"], d["listen"], d["self"]) for d in a.daemons()] == [("A", "x:1", True)]
+        assert a.claim("channel:telegram") is True and a.holds("channel:telegram") is True
+        assert b.claim("channel:telegram") is False and b.holder("channel:telegram") == "A"
+        assert a.status() == {"daemon_id": "A", "shared_database": True, "lease_secs": 30.0, "runs_here": 0,
+                              "leases_held": ["channel:telegram"], "daemons": a.daemons()}
+    finally:
+        a.close()
+    assert not a._thread.is_alive()
+    assert b.holder("channel:telegram") is None and b.daemons() == []  # the others take over now
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()  # nothing left over: nothing to say
+    a.close()
+    assert caplog.records == []
+
+
+def test_a_lone_daemon_start_fails_every_run_left_running_and_drops_every_lease(tmp_path, caplog) -> None:
+    s = open_store(tmp_path / "lone.db")
+    runs = RunLog(s)
+    with orm.db_session:
+        assert Leases(s, "old").take("run:s1", 30) is not None
+        runs.start("r-other", "a1", "s1", "old", time.time() + 30, reserve_usd=0.5)
+        runs.start("r-own", "a2", "s2", "A", time.time() + 30, reserve_usd=0.5)
+    a = Cluster(s, ClusterSettings("A", lease_secs=30), "x:1")
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()
+    a.close()
+    assert _run_rows(s) == {"r-other": ("failed", "the daemon stopped while the run was in flight", 0.0, True),
+                            "r-own": ("failed", "daemon A restarted while the run was in flight", 0.0, True)}
+    assert [r.getMessage() for r in caplog.records] == ["marked 2 run(s) left running by a previous daemon failed"]
+    assert _lease_rows(s) == 0
+    s.close()
+
+
+def test_the_heartbeat_ticks_until_close_and_outlives_a_failing_tick(store, caplog) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    ticks: list[float] = []
+
+    def hook() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 1:
+            raise ValueError("hook exploded")
+
+    a.on_tick.append(hook)
+    with caplog.at_level(logging.ERROR, logger="agentd.cluster"):
+        a.start()
+        try:
+            wait_for(lambda: len(ticks) >= 2, timeout=20, what="a heartbeat after the failing one")
+        finally:
+            a.close()
+    assert not a._thread.is_alive()
+    assert [(r.getMessage(), str(r.exc_info[1])) for r in caplog.records] == [
+        ("cluster heartbeat failed", "hook exploded")]
+    assert ticks[1] - ticks[0] >= 0.3  # one heartbeat (a third of the lease) apart
+
+
+def test_the_reaper_cancels_a_dead_daemons_approvals_and_audits_its_runs(store, caplog) -> None:
+    audited: list[tuple] = []
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True,
+                audit=lambda *entry: audited.append(entry))
+    on_a, on_b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
+    waiting_on_a = on_a.request("a9", "alpha", "shell_exec", {})
+    waiting_on_b = on_b.request("a1", "alpha", "shell_exec", {})
+    with orm.db_session:
+        b.runs.start("r9", "a9", "s9", "A", time.time() - 1)  # A stopped renewing it
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        b.tick()
+    assert audited == [("agent.run_failed", "a9", {"run_id": "r9", "daemon_id": "A"})]
+    assert [r.getMessage() for r in caplog.records] == ["run r9 of agent a9 failed: daemon A stopped renewing its lease"]
+    with orm.db_session:
+        decisions = dict(store.db.select("SELECT id, decision FROM cluster_approvals"))
+    assert decisions == {waiting_on_a.id: "cancelled", waiting_on_b.id: None}
+    assert [p["id"] for p in on_b.pending()] == [waiting_on_b.id]
+    b.tick()  # nothing more to reap
+    assert len(audited) == 1
+
+
+def test_the_first_heartbeat_prunes_old_runs_silent_daemons_and_decided_approvals(store) -> None:
+    now, day = time.time(), 86400
+    with orm.db_session:
+        for run_id, status, ended in [("r-8d", "completed", now - 8 * day), ("r-6d", "failed", now - 6 * day),
+                                      ("r-live", "running", None)]:
+            store.db.execute("INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, "
+                             "ended_at, lease_expires, reserve_usd) VALUES ($i, 'a1', $i, 'A', $st, $t, $e, $x, 0)",
+                             {"i": run_id, "st": status, "t": now - 9 * day, "e": ended, "x": now + 60})
+        for daemon, beat in [("gone", now - 2 * day), ("quiet", now - day + 600)]:
+            store.db.execute("INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at, url) "
+                             "VALUES ($d, 'x:9', 1, $t, $t, '')", {"d": daemon, "t": beat})
+        for approval, decided in [("p-old", now - day - 600), ("p-new", now - day + 600), ("p-open", None)]:
+            store.db.execute("INSERT INTO cluster_approvals (id, agent_id, agent_name, tool, input, requested_at, "
+                             "daemon_id, decision, decided_at) VALUES ($i, 'a1', 'alpha', 't', '{}', 'x', 'A', $d, $t)",
+                             {"i": approval, "d": "approved" if decided else None, "t": decided})
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+
+    def left() -> tuple[list, list, list]:
+        with orm.db_session:
+            return tuple(sorted(store.db.select(f"SELECT id FROM {table}"))
+                         for table in ("agent_runs", "cluster_daemons", "cluster_approvals"))
+
+    b.tick()
+    assert left() == (["r-6d", "r-live"], ["B", "quiet"], ["p-new", "p-open"])
+    with orm.db_session:
+        store.db.execute("UPDATE agent_runs SET ended_at = $t WHERE id = 'r-6d'", {"t": now - 8 * day})
+    b.tick()  # pruning is hourly: not again at once
+    assert left()[0] == ["r-6d", "r-live"]
+
+
+def test_a_cluster_answers_for_its_leases_members_and_streams(store) -> None:
+    leaving = threading.Event()
+    a = Cluster(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:1"), "x:1", shared=True,
+                leaving=leaving)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30, advertise_url="http://b:2"), "x:2", shared=True)
+    a.members.beat(started=True)
+    assert (b.member_url("A"), b.member_url("B")) == ("http://a:1", None)
+    assert a.peer_secret() == b.peer_secret() and len(a.peer_secret()) == 64
+    assert a.claim("channel:slack") is True
+    a.release("channel:slack")
+    assert (a.holds("channel:slack"), a.holder("channel:slack")) == (False, None)
+    assert b.claim("channel:slack") is True and a.holder("channel:slack") == "B"
+    inside, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None,
+                                              lambda: (inside.set(), done.wait(10), None)[2]))
+    t.start()
+    try:
+        assert inside.wait(5)
+        a.check_stream(handle())  # running here: fine
+        with pytest.raises(Conflict) as refused:
+            b.check_stream(handle())
+        assert refused.value.message == "run is on daemon A; route stream paths by agent id"
+        assert b.status()["runs_here"] == 0 and a.status()["runs_here"] == 1
+        assert b.request_stop("a1") == 1
+    finally:
+        done.set()
+        t.join(5)
+    with orm.db_session:
+        b.runs.start("r-b", "a1", "s5", "B", time.time() + 30)
+    leaving.set()  # A shuts down: stopping its agents asks nothing of B
+    assert a.request_stop("a1") == 0 and b.runs.stop_requests("B") == []
+    leaving.clear()
+    assert a.request_stop("a1") == 1 and b.runs.stop_requests("B") == ["r-b"]
+
+
 def _swallow(fn):
     try:
         fn()
     except BaseException:  # noqa: BLE001
         pass
+
+
+def test_a_run_names_its_record_in_the_log_context_and_keeps_500_characters_of_its_error(store) -> None:
+    from agentd import logs
+
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    seen: list[str | None] = []
+    a.run(handle(), threading.Event(), None, lambda: seen.append(logs.current().run_id))
+    (run,) = a.runs.list()
+    assert seen == [run["id"]] and logs.current().run_id is None
+
+    def long_failure():
+        raise ValueError("x" * 600)
+
+    with pytest.raises(ValueError):
+        a.run(handle("a1", "s2"), threading.Event(), None, long_failure)
+    assert {r["session_id"]: r["error"] for r in a.runs.list()}["s2"] == "ValueError: " + "x" * 488
+
+
+def test_a_run_that_cannot_start_says_why_and_leaves_no_record(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    ran: list[str] = []
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        a.run(handle(), cancelled, None, lambda: ran.append("cancelled"))
+    killed = handle()
+    killed.killed = True
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        a.run(killed, threading.Event(), None, lambda: ran.append("killed"))
+    lease = b.leases.acquire("run:s1", 30)
+    a.close()  # the daemon stops: a run waiting for a session held elsewhere gives up
+    with pytest.raises(AgentdError) as stopping:
+        a.run(handle(), threading.Event(), None, lambda: ran.append("stopping"))
+    assert (stopping.value.status, stopping.value.message) == (503, "the daemon is shutting down")
+    b.leases.release(lease)
+    assert ran == [] and a.runs.list() == [] and a.leases.holder("run:s1") is None
+
+
+def test_the_heartbeat_stops_a_run_that_lost_its_lease_or_its_record(store, caplog) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    bodies = {name: _HeldRun(store, None) for name in ("s1", "s2")}
+    cancels = {name: threading.Event() for name in bodies}
+    threads = [threading.Thread(target=_swallow, args=(lambda n=n: a.run(handle("a1", n), cancels[n], None,
+                                                                           bodies[n]),))
+               for n in bodies]
+    for t in threads:
+        t.start()
+    assert all(b.inside.wait(5) for b in bodies.values())
+    ids = {r["session_id"]: r["id"] for r in a.runs.list()}
+    with orm.db_session:
+        # Another daemon took s1's lease; s2's record was failed by another daemon's reaper.
+        store.db.execute("UPDATE cluster_leases SET owner = 'B', token = 'theirs' WHERE name = 'run:s1'")
+        store.db.execute("UPDATE agent_runs SET status = 'failed' WHERE session_id = 's2'")
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.tick()
+    assert cancels["s1"].is_set() and cancels["s2"].is_set()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"run {ids['s1']} lost its lease (this daemon was too slow); stopping it"]
+    for b in bodies.values():
+        b.release.set()
+    for t in threads:
+        t.join(5)
 
 
 def test_approval_decided_by_another_daemon(store) -> None:
