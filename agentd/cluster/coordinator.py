@@ -19,7 +19,7 @@ from agentd.cluster.held_leases import HeldLeases
 from agentd.cluster.members import Members
 from agentd.cluster.run_leases import RunLeases
 from agentd.store import Store
-from agentd.store.leases import Leases, RunLog, is_shared
+from agentd.store.leases import Leases, RunLog
 from agentd.store.outage import OUTAGE, log_failure
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class Cluster:
         self.listen = listen
         # Whether other daemons use this database (PostgreSQL). `shared=True` on SQLite lets
         # tests run two clusters on one file, which a daemon's lock on SQLite never allows.
-        self.shared = is_shared(store) if shared is None else shared
+        self.shared = store.shared if shared is None else shared
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
         # Admission of runs against the monthly budget (reservations on a shared database).

@@ -43,30 +43,12 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
 
 
-def is_shared(store: Store) -> bool:
-    """True when the store is a server database several daemons may share (PostgreSQL)."""
-    shared = getattr(store, "shared", None)
-    if isinstance(shared, bool):
-        return shared
-    return getattr(store.db, "provider_name", "sqlite") == "postgres"
-
-
-def ensure_tables(store: Store) -> None:
-    """Create the coordination tables if missing (idempotent). Opening a store already does
-    this (schema 3, agentd/store/migrate.py); kept for callers written before that."""
-    from agentd.store.schema_steps import COORDINATION_V3
-
-    with orm.db_session:
-        for statement in COORDINATION_V3:
-            store.db.execute(statement)
-
-
 def global_lock(store: Store, name: str) -> None:
     """Inside a db_session: hold a database-wide lock named `name` until it commits.
 
     PostgreSQL: a transaction-level advisory lock. SQLite: the write transaction that
     Pony opens for a raw statement already excludes every other writer."""
-    if is_shared(store):
+    if store.shared:
         store.db.execute("SELECT pg_advisory_xact_lock($k)", {"k": lock_key(name)})
     else:
         store.db.execute("UPDATE cluster_leases SET owner = owner WHERE 1 = 0")
@@ -78,7 +60,7 @@ def relaxed_commit(store: Store) -> None:
     Leases and run records are coordination state, renewed every heartbeat: if the server
     crashed right after the commit, the worst case is a lease that expires anyway. Waiting for
     the disk would add a flush (tens of ms on a busy disk) to every run, twice."""
-    if is_shared(store):
+    if store.shared:
         store.db.execute("SET LOCAL synchronous_commit TO OFF")
 
 
@@ -323,4 +305,4 @@ def _iso(value: float | None) -> str | None:
     return datetime.fromtimestamp(float(value), timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-__all__ = ["Lease", "Leases", "RunLog", "ensure_tables", "global_lock", "is_shared", "lock_key"]
+__all__ = ["Lease", "Leases", "RunLog", "global_lock", "lock_key"]

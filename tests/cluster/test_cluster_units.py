@@ -29,7 +29,7 @@ from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
 from agentd.cluster.budget_gate import BudgetGate
 from agentd.store import open_store
-from agentd.store.leases import Leases, RunLog
+from agentd.store.leases import Leases, RunLog, lock_key
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -75,15 +75,58 @@ def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
     with orm.db_session:
         runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
         runs.start("r-live", "a2", "s2", "B", time.time() + 30)
+        store.db.execute("UPDATE agent_runs SET reserve_usd = 0.5")
     reaped = runs.reap(30)
     assert reaped == [("r-dead", "a1", "A")]
-    by_id = {r["id"]: r for r in runs.list()}
-    assert by_id["r-dead"]["status"] == "failed"
-    assert "daemon A stopped renewing" in by_id["r-dead"]["error"]
-    assert by_id["r-live"]["status"] == "running"
+    assert _run_rows(store) == {
+        "r-dead": ("failed", "daemon A stopped renewing the run's lease (it died or lost the database)", 0.0, True),
+        "r-live": ("running", None, 0.5, False)}
     assert runs.finish("r-dead", "completed") is False  # the late owner cannot undo the verdict
     assert runs.finish("r-live", "completed", cost_usd=0.5) is True
     assert {r["id"]: r["status"] for r in runs.list()} == {"r-dead": "failed", "r-live": "completed"}
+
+
+def test_a_renewed_lease_and_record_outlive_their_first_expiry(store) -> None:
+    a, b = Leases(store, "A"), Leases(store, "B")
+    runs = RunLog(store)
+    lease = a.acquire("run:s1", 0.3)
+    with orm.db_session:
+        runs.start("r1", "a1", "s1", "A", time.time() + 0.3)
+    started = time.time()
+    assert a.renew(lease, 30) is True
+    assert runs.renew("A", ["r1", "r-gone"], time.time() + 30) == {"r-gone"}
+    assert runs.renew("B", ["r1"], time.time() + 30) == {"r1"}  # not B's run
+    assert runs.renew("A", [], time.time() + 30) == set()
+    wait_for(lambda: time.time() > started + 0.4, what="the first expiry")
+    assert b.acquire("run:s1", 30) is None and b.holder("run:s1") == "A"
+    assert runs.reap(30) == [] and [r["status"] for r in runs.list()] == ["running"]
+
+
+def test_taking_over_a_dead_daemons_session_fails_only_that_sessions_run(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    with orm.db_session:
+        assert a.leases.take("run:s1", -1) is not None  # A died holding the session
+        a.runs.start("r1", "a1", "s1", "A", time.time() - 1)
+        a.runs.start("r2", "a2", "s2", "A", time.time() - 1)
+    b.run(handle("a1", "s1"), threading.Event(), None, lambda: None)
+    assert sorted((r["id"] if r["daemon_id"] == "A" else "b", r["status"]) for r in b.runs.list()) == [
+        ("b", "completed"), ("r1", "failed"), ("r2", "running")]  # r2 waits for the heartbeat's reaper
+
+
+def test_run_times_are_shown_as_utc_with_a_z() -> None:
+    assert RunLog.view(("r1", "a1", "s1", "A", "completed", 1700000000.5, 1700000061, None, 0.25)) == {
+        "id": "r1", "agent_id": "a1", "session_id": "s1", "daemon_id": "A", "status": "completed",
+        "started_at": "2023-11-14T22:13:20.500000Z", "ended_at": "2023-11-14T22:14:21Z", "error": None,
+        "cost_usd": 0.25}
+    assert RunLog.view(("r1", "a1", "s1", "A", "running", 0, None, None, None))["ended_at"] is None
+
+
+def test_lock_keys_are_signed_64_bit_and_the_same_in_every_daemon() -> None:
+    keys = [lock_key(f"name-{i}") for i in range(64)]
+    assert all(-2 ** 63 <= k < 2 ** 63 for k in keys) and min(keys) < 0 < max(keys)  # PostgreSQL's bigint
+    # Daemons of different releases share one database: the key of a name never changes.
+    assert lock_key("agentd:budget") == -5155229106946707214
 
 
 def test_second_daemon_waits_for_the_session_lease(store) -> None:
