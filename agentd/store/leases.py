@@ -85,12 +85,12 @@ class Leases:
         self.store = store
         self.owner = owner
 
-    def take(self, name: str, secs: float, now: float | None = None) -> Lease | None:
+    def take(self, name: str, secs: float) -> Lease | None:
         """Inside a db_session: take `name` when free or expired; None when someone holds it.
 
         Just after a database outage, a lease that ran out during it is still held
         (`Outage.lease_cutoff`)."""
-        now = time.time() if now is None else now
+        now = time.time()
         token = uuid.uuid4().hex
         cursor = self.store.db.execute(
             "INSERT INTO cluster_leases (name, owner, token, expires_at) VALUES ($n, $o, $t, $x) "
@@ -205,8 +205,7 @@ class RunLog:
                      "e": f"daemon {daemon} stopped renewing the run's lease (it died or lost the database)"})
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
-    def reap_workflow_runs(self, self_id: str, lease_secs: float,
-                           now: float | None = None) -> list[tuple[str, str, str]]:
+    def reap_workflow_runs(self, self_id: str, lease_secs: float) -> list[tuple[str, str, str]]:
         """Fail the pending/running workflow runs of daemons whose lease expired (no heartbeat
         for `lease_secs`, or no daemon row at all; just after a database outage, not for
         a heartbeat that ran out during it): [(run_id, daemon_id, error)].
@@ -214,7 +213,7 @@ class RunLog:
         Runs of this daemon (`self_id`) and runs without an owner are not touched: this
         daemon's are alive, ownerless ones are failed by the next daemon start. The steps
         in flight are agent runs with records of their own, failed by `reap`."""
-        now = time.time() if now is None else now
+        now = time.time()
         runs = self.store.e.WorkflowRunRow
         reaped: list[tuple[str, str, str]] = []
         with orm.db_session(optimistic=False):

@@ -593,6 +593,23 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")
 
 
+def test_a_reaped_workflow_run_ends_at_the_time_it_was_reaped_whatever_the_machines_zone(store, monkeypatch) -> None:
+    from agentd.workflows.definition import WorkflowDef
+    from agentd.workflows.store import WorkflowStore
+
+    wf = WorkflowStore(store)
+    gone = wf.create_run(wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}]))), "g", "C")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert [r[0] for r in RunLog(store).reap_workflow_runs("B", 30)] == [gone]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    ended = datetime.fromisoformat(wf.run(gone)["completed_at"].replace("Z", "+00:00"))
+    assert abs(ended.timestamp() - time.time()) < 60
+
+
 def test_what_ran_out_during_a_database_outage_is_kept_for_a_lease_after_it(store, monkeypatch) -> None:
     """B was cut off by the outage like A: its run lease, session lease and heartbeat that
     expired meanwhile are neither reaped nor taken over until B has had one lease after the
