@@ -815,9 +815,10 @@ def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the
     release.set()
     t.join(5)
     assert _records(s) == [("s1", "completed", None, 0.25, 0.0, "A")]
+    a.run(handle(), threading.Event(), 0.2, lambda: SimpleNamespace(cost_usd=None))  # the session is free again
     metering.set_limit(0)
     a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
-    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s2", "completed")]
+    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s1", "completed"), ("s2", "completed")]
     s.close()
 
 
@@ -830,6 +831,7 @@ def test_a_shared_database_lists_only_records(store) -> None:
     assert inside.wait(5)
     assert [(r["status"], r["session_id"]) for r in a.runs.list()] == [("running", "s1")]
     assert [(r["status"], r["session_id"]) for r in a.list_runs()] == [("running", "s1")]
+    assert _records(store) == [("s1", "running", None, None, 0.0, "A")]  # no budget: nothing reserved
     b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
     assert a.running_elsewhere("s1") is None and b.running_elsewhere("s1") == "A"
     assert b.running_elsewhere("s2") is None
@@ -928,12 +930,16 @@ def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -
     a, s = _lone(tmp_path)
     put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
 
+    listed: list[list] = []
+
     def body(complete):
         s.write(lambda tx: (tx.execute(put, {"k": "session", "v": '"saved"'}), complete(tx, 0.25)))
+        listed.append([r["status"] for r in a.list_runs()])  # closed: listed once, from its record
         return SimpleNamespace(cost_usd=0.25)
 
     a.run(handle(), threading.Event(), None, body, completes=True)
     assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
+    assert listed == [["completed"]]
 
     def close_then_fail(complete):
         def write(tx):
@@ -945,6 +951,56 @@ def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -
         a.run(handle("a1", "s2"), threading.Event(), None, close_then_fail, completes=True)
     assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
         ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
+    s.close()
+
+
+def test_a_run_records_how_it_ended(store, monkeypatch) -> None:
+    from agentd.store import outage as outage_module
+    from agentd.store.outage import Outage
+
+    monkeypatch.setattr(outage_module, "OUTAGE", Outage())  # the body's outage is the test's own
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    endings = {"s1": RunCancelled("stopped by the user"), "s2": Conflict("agent alpha is busy with another run"),
+               "s3": OSError(28, "No space left on device")}
+    for session, exc in endings.items():
+        def body(exc=exc):
+            raise exc
+        with pytest.raises(type(exc)):
+            a.run(handle("a1", session), threading.Event(), None, body)
+    assert sorted((r["session_id"], r["status"], r["error"]) for r in a.runs.list()) == [
+        ("s1", "cancelled", "stopped by the user"),
+        ("s2", "failed", "agent alpha is busy with another run"),
+        ("s3", "failed", "insufficient storage: the disk holding the daemon's home is full; free some space and retry")]
+
+
+def test_a_shared_runs_close_rolls_back_with_the_sessions_write(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+
+    def close_then_fail(complete):
+        def write(tx):
+            complete(tx, 1.0)
+            raise RuntimeError("the save failed")
+        store.write(write)
+
+    with pytest.raises(RuntimeError):
+        a.run(handle(), threading.Event(), None, close_then_fail, completes=True)
+    assert [(r["status"], r["error"], r["cost_usd"]) for r in a.runs.list()] == [
+        ("failed", "RuntimeError: the save failed", None)]
+    assert a.leases.holder("run:s1") is None
+
+
+def test_a_run_reserves_the_most_its_own_agent_cost_this_month(tmp_path) -> None:
+    a, s, metering = _lone_with_budget(tmp_path)
+    metering.set_limit(5.0)
+    a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.25))
+    a.run(handle("a2", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.75))
+    held = _HeldRun(s, None)
+    t = threading.Thread(target=lambda: a.run(handle("a1", "s1"), threading.Event(), None, held))
+    t.start()
+    assert held.inside.wait(5)
+    held.release.set()
+    t.join(5)
+    assert held.during[0][-1] == ("s1", "running", None, None, 0.25, "A")
     s.close()
 
 
