@@ -1,4 +1,4 @@
-"""Coordination primitives (agentd/store/leases.py, agentd/cluster/__init__.py, shared approvals,
+"""Coordination primitives (agentd/store/leases.py, agentd/cluster/coordinator.py, shared approvals,
 budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
 one database stand for two daemons (`shared=True`: on SQLite, which a daemon locks for
 itself, only a test can do that). Runs on SQLite; the multi-daemon test
@@ -24,6 +24,7 @@ from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
 from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings, cluster_settings
+from agentd.cluster.members import Members
 from agentd.errors import AgentdError, ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
@@ -218,7 +219,8 @@ def test_a_start_fails_what_its_daemon_id_left_running_and_close_hands_everythin
         assert Leases(store, "B").take("run:s2", 30) is not None
         runs.start("r-old", "a1", "s1", "A", time.time() + 30, reserve_usd=0.5)
         runs.start("r-b", "a2", "s2", "B", time.time() + 30, reserve_usd=0.5)
-    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    Members(store, ClusterSettings("A", advertise_url="http://old:9"), "old:9").beat(started=True)
+    a = Cluster(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:1"), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
     with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
         a.start()
@@ -227,7 +229,8 @@ def test_a_start_fails_what_its_daemon_id_left_running_and_close_hands_everythin
                                     "r-b": ("running", None, 0.5, False)}
         assert [r.getMessage() for r in caplog.records] == ["marked 1 run(s) left running by a previous daemon failed"]
         assert (b.leases.holder("run:s1"), b.leases.holder("run:s2")) == (None, "B")
-        assert [(d["id"], d["listen"], d["self"]) for d in a.daemons()] == [("A", "x:1", True)]
+        # Its row is written anew: where it listens now, not in its previous life.
+        assert [(d["id"], d["listen"], d["url"], d["self"]) for d in a.daemons()] == [("A", "x:1", "http://a:1", True)]
         assert a.claim("channel:telegram") is True and a.holds("channel:telegram") is True
         assert b.claim("channel:telegram") is False and b.holder("channel:telegram") == "A"
         assert a.status() == {"daemon_id": "A", "shared_database": True, "lease_secs": 30.0, "runs_here": 0,
