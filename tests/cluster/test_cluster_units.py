@@ -159,6 +159,15 @@ def test_second_daemon_waits_for_the_session_lease(store) -> None:
     assert len(a.runs.list()) == 2  # the refused attempt left no run record
 
 
+def test_a_run_waits_up_to_its_lock_timeout_for_the_session(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    lease = a.leases.acquire("run:s1", 30)
+    threading.Timer(0.3, a.leases.release, args=(lease,)).start()
+    b.run(handle(), threading.Event(), 30, lambda: None)
+    assert [(r["status"], r["daemon_id"]) for r in b.runs.list()] == [("completed", "B")]
+
+
 def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2", shared=True)
@@ -179,7 +188,7 @@ def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
     assert b.leases.holder("run:s1") is None
 
 
-def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -> None:
+def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store, caplog) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
     cancel = threading.Event()
@@ -189,9 +198,14 @@ def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -
     deadline = time.monotonic() + 5
     while not a.runs.list() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert b.request_stop("a1") == 1
-    a.tick()
+    with orm.db_session:  # a record of A's that A no longer runs (it is ending)
+        a.runs.start("r-ending", "a1", "s8", "A", time.time() + 30)
+    assert b.request_stop("a1") == 2
+    with caplog.at_level(logging.INFO, logger="agentd.cluster"):
+        a.tick()
     assert cancel.is_set()  # A saw B's stop request
+    (run,) = [r for r in a.runs.list() if r["id"] != "r-ending"]
+    assert [r.getMessage() for r in caplog.records] == [f"run {run['id']} stopped on request of another daemon"]
     release.set()
     t.join()
     # A "dies" holding a run: nobody renews it, B's heartbeat marks it failed.
