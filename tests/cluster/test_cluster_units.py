@@ -300,6 +300,25 @@ def test_the_heartbeat_ticks_until_close_and_outlives_a_failing_tick(store, capl
     assert ticks[1] - ticks[0] >= 0.3  # one heartbeat (a third of the lease) apart
 
 
+def test_a_heartbeat_ends_an_outage_that_only_a_write_can_end(store, monkeypatch) -> None:
+    from agentd.cluster import coordinator
+    from agentd.store.outage import Outage, StorageFull
+
+    outage = Outage()
+    monkeypatch.setattr(coordinator, "OUTAGE", outage)
+    outage.noticed(StorageFull("insufficient storage: full"))
+    Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True).tick()  # it wrote its heartbeat
+    assert not outage.active
+
+
+def test_a_run_of_a_conversation_holds_that_conversations_session(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    held: list[str | None] = []
+    a.run(handle(), threading.Event(), None, lambda: held.append(a.leases.holder("run:telegram:42")),
+          session_id="telegram:42")
+    assert held == ["A"] and [r["session_id"] for r in a.runs.list()] == ["telegram:42"]
+
+
 def test_the_reaper_cancels_a_dead_daemons_approvals_and_audits_its_runs(store, caplog) -> None:
     audited: list[tuple] = []
     b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True,
@@ -557,7 +576,7 @@ def test_cluster_settings_limits_and_defaults() -> None:
     assert cluster_settings(None, "h:7").daemon_id == f"{socket.gethostname()}:7"
 
 
-def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
+def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store, caplog) -> None:
     from agentd.workflows.definition import WorkflowDef
     from agentd.workflows.store import WorkflowStore
 
@@ -582,7 +601,10 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
         run = wf.run(run_id)
         return run["state"]["status"], run["error"], run["daemon_id"]
 
-    b.tick()  # A is alive: only C's run goes
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        b.tick()  # A is alive: only C's run goes
+    assert [r.getMessage() for r in caplog.records] == [
+        f"workflow run {gone} failed: daemon C stopped while it was in progress"]
     c_error = "daemon C stopped while the run was in progress (its lease expired; marked failed by daemon B)"
     assert status(gone) == ("failed", c_error, "C")
     assert [status(r)[0] for r in (on_a, on_b, pending_a, unowned, done_a)] == \
