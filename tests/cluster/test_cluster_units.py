@@ -963,6 +963,16 @@ def test_record_finish_and_release_write_in_the_transaction_they_are_given(store
     assert leases.holder("run:s9") is None
 
 
+def _closes_then_fails(s):
+    """A run body whose session write closes the run's record, then fails (and rolls back)."""
+    def body(complete):
+        def write(tx):
+            complete(tx, 1.0)
+            raise RuntimeError("the save failed")
+        s.write(write)
+    return body
+
+
 def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -> None:
     """The daemon's path: the session write runs on the store's writer (no Pony session open)
     and `complete(tx, cost)` closes the run record in that same transaction."""
@@ -980,14 +990,8 @@ def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -
     assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
     assert listed == [["completed"]]
 
-    def close_then_fail(complete):
-        def write(tx):
-            complete(tx, 1.0)
-            raise RuntimeError("the save failed")
-        s.write(write)
-
     with pytest.raises(RuntimeError):
-        a.run(handle("a1", "s2"), threading.Event(), None, close_then_fail, completes=True)
+        a.run(handle("a1", "s2"), threading.Event(), None, _closes_then_fails(s), completes=True)
     assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
         ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
     s.close()
@@ -1014,15 +1018,8 @@ def test_a_run_records_how_it_ended(store, monkeypatch) -> None:
 
 def test_a_shared_runs_close_rolls_back_with_the_sessions_write(store) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
-
-    def close_then_fail(complete):
-        def write(tx):
-            complete(tx, 1.0)
-            raise RuntimeError("the save failed")
-        store.write(write)
-
     with pytest.raises(RuntimeError):
-        a.run(handle(), threading.Event(), None, close_then_fail, completes=True)
+        a.run(handle(), threading.Event(), None, _closes_then_fails(store), completes=True)
     assert [(r["status"], r["error"], r["cost_usd"]) for r in a.runs.list()] == [
         ("failed", "RuntimeError: the save failed", None)]
     assert a.leases.holder("run:s1") is None
