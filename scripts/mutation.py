@@ -328,8 +328,17 @@ TESTS: dict[str, list[str]] = {
     "agentd/channels/attachments.py": ["tests/channels/test_attachments.py"],
     "agentd/store/leases.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
     "agentd/store/checkpoint.py": ["tests/store/test_wal_checkpoint.py"],
-    # Which failures are an outage and the log lines at each end of one, in process.
-    "agentd/store/outage.py": ["tests/store/test_outage.py"],
+    # Which failures are an outage and the log lines at each end of one, in process; a full
+    # disk through the daemon (not under a file-size limit nor on a read-only home: either
+    # fails the daemon's own record of the functions it ran); the lease cut-off through two clusters.
+    "agentd/store/outage.py": ["tests/store/test_outage.py", "tests/store/test_disk_full.py",
+                               *(f"--deselect=tests/store/test_disk_full.py::{t}" for t in (
+                                   "test_full_disk_refuses_writes_keeps_reads_and_recovers",
+                                   "test_full_disk_refuses_a_channel_configuration_and_leaves_config_toml_as_it_was",
+                                   "test_a_kill_refused_by_a_full_disk_leaves_the_agent_alive",
+                                   "test_a_read_only_home_is_refused_at_start_with_a_clear_message")),
+                               "tests/cluster/test_cluster_units.py::"
+                               "test_what_ran_out_during_a_database_outage_is_kept_for_a_lease_after_it[sqlite]"],
     # The time converter and the audit trail on real SQLite stores, in process.
     "agentd/store/utc.py": ["tests/store/test_utc.py", "-knot postgres"],
     "agentd/audit.py": ["tests/test_audit.py", "tests/store/test_utc.py"],

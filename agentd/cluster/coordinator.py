@@ -19,7 +19,7 @@ from agentd.cluster.held_leases import HeldLeases
 from agentd.cluster.members import Members
 from agentd.cluster.run_leases import RunLeases
 from agentd.store import Store
-from agentd.store.leases import Leases, RunLog, is_shared
+from agentd.store.leases import Leases, RunLog
 from agentd.store.outage import OUTAGE, log_failure
 
 if TYPE_CHECKING:
@@ -41,14 +41,11 @@ class Cluster:
         self.store = store
         self.settings = settings
         self.id = settings.daemon_id
-        self.listen = listen
         # Whether other daemons use this database (PostgreSQL). `shared=True` on SQLite lets
         # tests run two clusters on one file, which a daemon's lock on SQLite never allows.
-        self.shared = is_shared(store) if shared is None else shared
+        self.shared = store.shared if shared is None else shared
         self.leases = Leases(store, self.id)
         self.runs = RunLog(store)
-        # Admission of runs against the monthly budget (reservations on a shared database).
-        self.budget = budget
         self.on_tick: list[Callable[[], None]] = []  # channel leaders, ... (called every heartbeat)
         # The kernel's audit trail (AuditLog.record): runs failed by the reaper are recorded there.
         self.audit = audit
@@ -58,6 +55,7 @@ class Cluster:
         self._stop = threading.Event()
         self.members = Members(store, settings, listen)
         self.held = HeldLeases(self.leases, settings)  # other leases (channels) renewed with the runs
+        # `budget`: admission of runs against the monthly budget (reservations on a shared database).
         self.run_leases = RunLeases(store, settings, self.shared, self.leases, self.runs, budget, self.leaving,
                                     self._stop)
         self._thread: threading.Thread | None = None

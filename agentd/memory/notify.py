@@ -20,7 +20,6 @@ from typing import Any, Callable
 from pony import orm
 
 from agentd.store import Store
-from agentd.store.leases import is_shared
 from agentd.store.outage import log_failure, translate
 
 log = logging.getLogger("agentd.memory.notify")
@@ -36,7 +35,7 @@ class MemoryNotifier:
         self.store = store
         self.daemon_id = daemon_id
         self.invalidate = invalidate
-        self.enabled = is_shared(store)
+        self.enabled = store.shared
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: Any = None

@@ -43,30 +43,12 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
 
 
-def is_shared(store: Store) -> bool:
-    """True when the store is a server database several daemons may share (PostgreSQL)."""
-    shared = getattr(store, "shared", None)
-    if isinstance(shared, bool):
-        return shared
-    return getattr(store.db, "provider_name", "sqlite") == "postgres"
-
-
-def ensure_tables(store: Store) -> None:
-    """Create the coordination tables if missing (idempotent). Opening a store already does
-    this (schema 3, agentd/store/migrate.py); kept for callers written before that."""
-    from agentd.store.schema_steps import COORDINATION_V3
-
-    with orm.db_session:
-        for statement in COORDINATION_V3:
-            store.db.execute(statement)
-
-
 def global_lock(store: Store, name: str) -> None:
     """Inside a db_session: hold a database-wide lock named `name` until it commits.
 
     PostgreSQL: a transaction-level advisory lock. SQLite: the write transaction that
     Pony opens for a raw statement already excludes every other writer."""
-    if is_shared(store):
+    if store.shared:
         store.db.execute("SELECT pg_advisory_xact_lock($k)", {"k": lock_key(name)})
     else:
         store.db.execute("UPDATE cluster_leases SET owner = owner WHERE 1 = 0")
@@ -78,7 +60,7 @@ def relaxed_commit(store: Store) -> None:
     Leases and run records are coordination state, renewed every heartbeat: if the server
     crashed right after the commit, the worst case is a lease that expires anyway. Waiting for
     the disk would add a flush (tens of ms on a busy disk) to every run, twice."""
-    if is_shared(store):
+    if store.shared:
         store.db.execute("SET LOCAL synchronous_commit TO OFF")
 
 
@@ -103,12 +85,12 @@ class Leases:
         self.store = store
         self.owner = owner
 
-    def take(self, name: str, secs: float, now: float | None = None) -> Lease | None:
+    def take(self, name: str, secs: float) -> Lease | None:
         """Inside a db_session: take `name` when free or expired; None when someone holds it.
 
         Just after a database outage, a lease that ran out during it is still held
         (`Outage.lease_cutoff`)."""
-        now = time.time() if now is None else now
+        now = time.time()
         token = uuid.uuid4().hex
         cursor = self.store.db.execute(
             "INSERT INTO cluster_leases (name, owner, token, expires_at) VALUES ($n, $o, $t, $x) "
@@ -223,8 +205,7 @@ class RunLog:
                      "e": f"daemon {daemon} stopped renewing the run's lease (it died or lost the database)"})
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
-    def reap_workflow_runs(self, self_id: str, lease_secs: float,
-                           now: float | None = None) -> list[tuple[str, str, str]]:
+    def reap_workflow_runs(self, self_id: str, lease_secs: float) -> list[tuple[str, str, str]]:
         """Fail the pending/running workflow runs of daemons whose lease expired (no heartbeat
         for `lease_secs`, or no daemon row at all; just after a database outage, not for
         a heartbeat that ran out during it): [(run_id, daemon_id, error)].
@@ -232,7 +213,7 @@ class RunLog:
         Runs of this daemon (`self_id`) and runs without an owner are not touched: this
         daemon's are alive, ownerless ones are failed by the next daemon start. The steps
         in flight are agent runs with records of their own, failed by `reap`."""
-        now = time.time() if now is None else now
+        now = time.time()
         runs = self.store.e.WorkflowRunRow
         reaped: list[tuple[str, str, str]] = []
         with orm.db_session(optimistic=False):
@@ -323,4 +304,4 @@ def _iso(value: float | None) -> str | None:
     return datetime.fromtimestamp(float(value), timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-__all__ = ["Lease", "Leases", "RunLog", "ensure_tables", "global_lock", "is_shared", "lock_key"]
+__all__ = ["Lease", "Leases", "RunLog", "global_lock", "lock_key"]

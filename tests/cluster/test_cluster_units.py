@@ -1,4 +1,4 @@
-"""Coordination primitives (agentd/store/leases.py, agentd/cluster/__init__.py, shared approvals,
+"""Coordination primitives (agentd/store/leases.py, agentd/cluster/coordinator.py, shared approvals,
 budget gate) on a real store: two `Cluster`/queue objects with different daemon ids on
 one database stand for two daemons (`shared=True`: on SQLite, which a daemon locks for
 itself, only a test can do that). Runs on SQLite; the multi-daemon test
@@ -7,6 +7,7 @@ daemon's own path (SQLite, run leases in memory) is tested at the end."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,17 +17,20 @@ from types import SimpleNamespace
 import pytest
 from pony import orm
 
+from channel_fixtures import wait_for
+
 from agentd.agents.loop import RunCancelled
 from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
 from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings, cluster_settings
-from agentd.errors import ConfigError, Conflict, NotFound, TooManyRequests
+from agentd.cluster.members import Members
+from agentd.errors import AgentdError, ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
 from agentd.cluster.budget_gate import BudgetGate
 from agentd.store import open_store
-from agentd.store.leases import Leases, RunLog
+from agentd.store.leases import Leases, RunLog, lock_key
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -72,15 +76,58 @@ def test_expired_run_is_reaped_failed_and_live_one_kept(store) -> None:
     with orm.db_session:
         runs.start("r-dead", "a1", "s1", "A", time.time() - 1)
         runs.start("r-live", "a2", "s2", "B", time.time() + 30)
+        store.db.execute("UPDATE agent_runs SET reserve_usd = 0.5")
     reaped = runs.reap(30)
     assert reaped == [("r-dead", "a1", "A")]
-    by_id = {r["id"]: r for r in runs.list()}
-    assert by_id["r-dead"]["status"] == "failed"
-    assert "daemon A stopped renewing" in by_id["r-dead"]["error"]
-    assert by_id["r-live"]["status"] == "running"
+    assert _run_rows(store) == {
+        "r-dead": ("failed", "daemon A stopped renewing the run's lease (it died or lost the database)", 0.0, True),
+        "r-live": ("running", None, 0.5, False)}
     assert runs.finish("r-dead", "completed") is False  # the late owner cannot undo the verdict
     assert runs.finish("r-live", "completed", cost_usd=0.5) is True
     assert {r["id"]: r["status"] for r in runs.list()} == {"r-dead": "failed", "r-live": "completed"}
+
+
+def test_a_renewed_lease_and_record_outlive_their_first_expiry(store) -> None:
+    a, b = Leases(store, "A"), Leases(store, "B")
+    runs = RunLog(store)
+    lease = a.acquire("run:s1", 0.3)
+    with orm.db_session:
+        runs.start("r1", "a1", "s1", "A", time.time() + 0.3)
+    started = time.time()
+    assert a.renew(lease, 30) is True
+    assert runs.renew("A", ["r1", "r-gone"], time.time() + 30) == {"r-gone"}
+    assert runs.renew("B", ["r1"], time.time() + 30) == {"r1"}  # not B's run
+    assert runs.renew("A", [], time.time() + 30) == set()
+    wait_for(lambda: time.time() > started + 0.4, what="the first expiry")
+    assert b.acquire("run:s1", 30) is None and b.holder("run:s1") == "A"
+    assert runs.reap(30) == [] and [r["status"] for r in runs.list()] == ["running"]
+
+
+def test_taking_over_a_dead_daemons_session_fails_only_that_sessions_run(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    with orm.db_session:
+        assert a.leases.take("run:s1", -1) is not None  # A died holding the session
+        a.runs.start("r1", "a1", "s1", "A", time.time() - 1)
+        a.runs.start("r2", "a2", "s2", "A", time.time() - 1)
+    b.run(handle("a1", "s1"), threading.Event(), None, lambda: None)
+    assert sorted((r["id"] if r["daemon_id"] == "A" else "b", r["status"]) for r in b.runs.list()) == [
+        ("b", "completed"), ("r1", "failed"), ("r2", "running")]  # r2 waits for the heartbeat's reaper
+
+
+def test_run_times_are_shown_as_utc_with_a_z() -> None:
+    assert RunLog.view(("r1", "a1", "s1", "A", "completed", 1700000000.5, 1700000061, None, 0.25)) == {
+        "id": "r1", "agent_id": "a1", "session_id": "s1", "daemon_id": "A", "status": "completed",
+        "started_at": "2023-11-14T22:13:20.500000Z", "ended_at": "2023-11-14T22:14:21Z", "error": None,
+        "cost_usd": 0.25}
+    assert RunLog.view(("r1", "a1", "s1", "A", "running", 0, None, None, None))["ended_at"] is None
+
+
+def test_lock_keys_are_signed_64_bit_and_the_same_in_every_daemon() -> None:
+    keys = [lock_key(f"name-{i}") for i in range(64)]
+    assert all(-2 ** 63 <= k < 2 ** 63 for k in keys) and min(keys) < 0 < max(keys)  # PostgreSQL's bigint
+    # Daemons of different releases share one database: the key of a name never changes.
+    assert lock_key("agentd:budget") == -5155229106946707214
 
 
 def test_second_daemon_waits_for_the_session_lease(store) -> None:
@@ -112,6 +159,15 @@ def test_second_daemon_waits_for_the_session_lease(store) -> None:
     assert len(a.runs.list()) == 2  # the refused attempt left no run record
 
 
+def test_a_run_waits_up_to_its_lock_timeout_for_the_session(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    lease = a.leases.acquire("run:s1", 30)
+    threading.Timer(0.3, a.leases.release, args=(lease,)).start()
+    b.run(handle(), threading.Event(), 30, lambda: None)
+    assert [(r["status"], r["daemon_id"]) for r in b.runs.list()] == [("completed", "B")]
+
+
 def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=5), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=5), "x:2", shared=True)
@@ -132,7 +188,7 @@ def test_cancel_while_waiting_and_failed_body_are_recorded(store) -> None:
     assert b.leases.holder("run:s1") is None
 
 
-def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -> None:
+def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store, caplog) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=1), "x:2", shared=True)
     cancel = threading.Event()
@@ -142,9 +198,14 @@ def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -
     deadline = time.monotonic() + 5
     while not a.runs.list() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert b.request_stop("a1") == 1
-    a.tick()
+    with orm.db_session:  # a record of A's that A no longer runs (it is ending)
+        a.runs.start("r-ending", "a1", "s8", "A", time.time() + 30)
+    assert b.request_stop("a1") == 2
+    with caplog.at_level(logging.INFO, logger="agentd.cluster"):
+        a.tick()
     assert cancel.is_set()  # A saw B's stop request
+    (run,) = [r for r in a.runs.list() if r["id"] != "r-ending"]
+    assert [r.getMessage() for r in caplog.records] == [f"run {run['id']} stopped on request of another daemon"]
     release.set()
     t.join()
     # A "dies" holding a run: nobody renews it, B's heartbeat marks it failed.
@@ -157,11 +218,262 @@ def test_tick_marks_a_dead_daemons_run_failed_and_applies_stop_requests(store) -
     assert "r9" in failed and failed["r9"]["daemon_id"] == "A"
 
 
+def _run_rows(s) -> dict[str, tuple]:
+    with orm.db_session:
+        return {r[0]: tuple(r[1:]) for r in s.db.select(
+            "SELECT id, status, error, reserve_usd, ended_at IS NOT NULL FROM agent_runs")}
+
+
+def test_a_start_fails_what_its_daemon_id_left_running_and_close_hands_everything_back(store, caplog) -> None:
+    """A daemon starting again under its id: its previous life's runs are failed and its
+    leases dropped at once (nobody waits them out); another daemon's are left alone."""
+    runs = RunLog(store)
+    with orm.db_session:
+        assert Leases(store, "A").take("run:s1", 30) is not None
+        assert Leases(store, "B").take("run:s2", 30) is not None
+        runs.start("r-old", "a1", "s1", "A", time.time() + 30, reserve_usd=0.5)
+        runs.start("r-b", "a2", "s2", "B", time.time() + 30, reserve_usd=0.5)
+    Members(store, ClusterSettings("A", advertise_url="http://old:9"), "old:9").beat(started=True)
+    a = Cluster(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:1"), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()
+    try:
+        assert _run_rows(store) == {"r-old": ("failed", "daemon A restarted while the run was in flight", 0.0, True),
+                                    "r-b": ("running", None, 0.5, False)}
+        assert [r.getMessage() for r in caplog.records] == ["marked 1 run(s) left running by a previous daemon failed"]
+        assert (b.leases.holder("run:s1"), b.leases.holder("run:s2")) == (None, "B")
+        # Its row is written anew: where it listens now, not in its previous life.
+        assert [(d["id"], d["listen"], d["url"], d["self"]) for d in a.daemons()] == [("A", "x:1", "http://a:1", True)]
+        assert a.claim("channel:telegram") is True and a.holds("channel:telegram") is True
+        assert b.claim("channel:telegram") is False and b.holder("channel:telegram") == "A"
+        assert a.status() == {"daemon_id": "A", "shared_database": True, "lease_secs": 30.0, "runs_here": 0,
+                              "leases_held": ["channel:telegram"], "daemons": a.daemons()}
+    finally:
+        a.close()
+    assert not a._thread.is_alive()
+    assert b.holder("channel:telegram") is None and b.daemons() == []  # the others take over now
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()  # nothing left over: nothing to say
+    a.close()
+    assert caplog.records == []
+
+
+def test_a_lone_daemon_start_fails_every_run_left_running_and_drops_every_lease(tmp_path, caplog) -> None:
+    s = open_store(tmp_path / "lone.db")
+    runs = RunLog(s)
+    with orm.db_session:
+        assert Leases(s, "old").take("run:s1", 30) is not None
+        runs.start("r-other", "a1", "s1", "old", time.time() + 30, reserve_usd=0.5)
+        runs.start("r-own", "a2", "s2", "A", time.time() + 30, reserve_usd=0.5)
+    a = Cluster(s, ClusterSettings("A", lease_secs=30), "x:1")
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.start()
+    a.close()
+    assert _run_rows(s) == {"r-other": ("failed", "the daemon stopped while the run was in flight", 0.0, True),
+                            "r-own": ("failed", "daemon A restarted while the run was in flight", 0.0, True)}
+    assert [r.getMessage() for r in caplog.records] == ["marked 2 run(s) left running by a previous daemon failed"]
+    assert _lease_rows(s) == 0
+    s.close()
+
+
+def test_the_heartbeat_ticks_until_close_and_outlives_a_failing_tick(store, caplog) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=1), "x:1", shared=True)
+    ticks: list[float] = []
+
+    def hook() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 1:
+            raise ValueError("hook exploded")
+
+    a.on_tick.append(hook)
+    with caplog.at_level(logging.ERROR, logger="agentd.cluster"):
+        a.start()
+        try:
+            wait_for(lambda: len(ticks) >= 2, timeout=20, what="a heartbeat after the failing one")
+        finally:
+            a.close()
+    assert not a._thread.is_alive()
+    assert [(r.getMessage(), str(r.exc_info[1])) for r in caplog.records] == [
+        ("cluster heartbeat failed", "hook exploded")]
+    assert ticks[1] - ticks[0] >= 0.3  # one heartbeat (a third of the lease) apart
+
+
+def test_a_heartbeat_ends_an_outage_that_only_a_write_can_end(store, monkeypatch) -> None:
+    from agentd.cluster import coordinator
+    from agentd.store.outage import Outage, StorageFull
+
+    outage = Outage()
+    monkeypatch.setattr(coordinator, "OUTAGE", outage)
+    outage.noticed(StorageFull("insufficient storage: full"))
+    Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True).tick()  # it wrote its heartbeat
+    assert not outage.active
+
+
+def test_a_run_of_a_conversation_holds_that_conversations_session(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    held: list[str | None] = []
+    a.run(handle(), threading.Event(), None, lambda: held.append(a.leases.holder("run:telegram:42")),
+          session_id="telegram:42")
+    assert held == ["A"] and [r["session_id"] for r in a.runs.list()] == ["telegram:42"]
+
+
+def test_the_reaper_cancels_a_dead_daemons_approvals_and_audits_its_runs(store, caplog) -> None:
+    audited: list[tuple] = []
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True,
+                audit=lambda *entry: audited.append(entry))
+    on_a, on_b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
+    waiting_on_a = on_a.request("a9", "alpha", "shell_exec", {})
+    waiting_on_b = on_b.request("a1", "alpha", "shell_exec", {})
+    with orm.db_session:
+        b.runs.start("r9", "a9", "s9", "A", time.time() - 1)  # A stopped renewing it
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        b.tick()
+    assert audited == [("agent.run_failed", "a9", {"run_id": "r9", "daemon_id": "A"})]
+    assert [r.getMessage() for r in caplog.records] == ["run r9 of agent a9 failed: daemon A stopped renewing its lease"]
+    with orm.db_session:
+        decisions = dict(store.db.select("SELECT id, decision FROM cluster_approvals"))
+    assert decisions == {waiting_on_a.id: "cancelled", waiting_on_b.id: None}
+    assert [p["id"] for p in on_b.pending()] == [waiting_on_b.id]
+    b.tick()  # nothing more to reap
+    assert len(audited) == 1
+
+
+def test_the_first_heartbeat_prunes_old_runs_silent_daemons_and_decided_approvals(store) -> None:
+    now, day = time.time(), 86400
+    with orm.db_session:
+        for run_id, status, ended in [("r-8d", "completed", now - 8 * day), ("r-6d", "failed", now - 6 * day),
+                                      ("r-live", "running", None)]:
+            store.db.execute("INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, "
+                             "ended_at, lease_expires, reserve_usd) VALUES ($i, 'a1', $i, 'A', $st, $t, $e, $x, 0)",
+                             {"i": run_id, "st": status, "t": now - 9 * day, "e": ended, "x": now + 60})
+        for daemon, beat in [("gone", now - 2 * day), ("quiet", now - day + 600)]:
+            store.db.execute("INSERT INTO cluster_daemons (id, listen, pid, started_at, heartbeat_at, url) "
+                             "VALUES ($d, 'x:9', 1, $t, $t, '')", {"d": daemon, "t": beat})
+        for approval, decided in [("p-old", now - day - 600), ("p-new", now - day + 600), ("p-open", None)]:
+            store.db.execute("INSERT INTO cluster_approvals (id, agent_id, agent_name, tool, input, requested_at, "
+                             "daemon_id, decision, decided_at) VALUES ($i, 'a1', 'alpha', 't', '{}', 'x', 'A', $d, $t)",
+                             {"i": approval, "d": "approved" if decided else None, "t": decided})
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+
+    def left() -> tuple[list, list, list]:
+        with orm.db_session:
+            return tuple(sorted(store.db.select(f"SELECT id FROM {table}"))
+                         for table in ("agent_runs", "cluster_daemons", "cluster_approvals"))
+
+    b.tick()
+    assert left() == (["r-6d", "r-live"], ["B", "quiet"], ["p-new", "p-open"])
+    with orm.db_session:
+        store.db.execute("UPDATE agent_runs SET ended_at = $t WHERE id = 'r-6d'", {"t": now - 8 * day})
+    b.tick()  # pruning is hourly: not again at once
+    assert left()[0] == ["r-6d", "r-live"]
+
+
+def test_a_cluster_answers_for_its_leases_members_and_streams(store) -> None:
+    leaving = threading.Event()
+    a = Cluster(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:1"), "x:1", shared=True,
+                leaving=leaving)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30, advertise_url="http://b:2"), "x:2", shared=True)
+    a.members.beat(started=True)
+    assert (b.member_url("A"), b.member_url("B")) == ("http://a:1", None)
+    assert a.peer_secret() == b.peer_secret() and len(a.peer_secret()) == 64
+    assert a.claim("channel:slack") is True
+    a.release("channel:slack")
+    assert (a.holds("channel:slack"), a.holder("channel:slack")) == (False, None)
+    assert b.claim("channel:slack") is True and a.holder("channel:slack") == "B"
+    inside, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None,
+                                              lambda: (inside.set(), done.wait(10), None)[2]))
+    t.start()
+    try:
+        assert inside.wait(5)
+        a.check_stream(handle())  # running here: fine
+        with pytest.raises(Conflict) as refused:
+            b.check_stream(handle())
+        assert refused.value.message == "run is on daemon A; route stream paths by agent id"
+        assert b.status()["runs_here"] == 0 and a.status()["runs_here"] == 1
+        assert b.request_stop("a1") == 1
+    finally:
+        done.set()
+        t.join(5)
+    with orm.db_session:
+        b.runs.start("r-b", "a1", "s5", "B", time.time() + 30)
+    leaving.set()  # A shuts down: stopping its agents asks nothing of B
+    assert a.request_stop("a1") == 0 and b.runs.stop_requests("B") == []
+    leaving.clear()
+    assert a.request_stop("a1") == 1 and b.runs.stop_requests("B") == ["r-b"]
+
+
 def _swallow(fn):
     try:
         fn()
     except BaseException:  # noqa: BLE001
         pass
+
+
+def test_a_run_names_its_record_in_the_log_context_and_keeps_500_characters_of_its_error(store) -> None:
+    from agentd import logs
+
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    seen: list[str | None] = []
+    a.run(handle(), threading.Event(), None, lambda: seen.append(logs.current().run_id))
+    (run,) = a.runs.list()
+    assert seen == [run["id"]] and logs.current().run_id is None
+
+    def long_failure():
+        raise ValueError("x" * 600)
+
+    with pytest.raises(ValueError):
+        a.run(handle("a1", "s2"), threading.Event(), None, long_failure)
+    assert {r["session_id"]: r["error"] for r in a.runs.list()}["s2"] == "ValueError: " + "x" * 488
+
+
+def test_a_run_that_cannot_start_says_why_and_leaves_no_record(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
+    ran: list[str] = []
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        a.run(handle(), cancelled, None, lambda: ran.append("cancelled"))
+    killed = handle()
+    killed.killed = True
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        a.run(killed, threading.Event(), None, lambda: ran.append("killed"))
+    lease = b.leases.acquire("run:s1", 30)
+    a.close()  # the daemon stops: a run waiting for a session held elsewhere gives up
+    with pytest.raises(AgentdError) as stopping:
+        a.run(handle(), threading.Event(), None, lambda: ran.append("stopping"))
+    assert (stopping.value.status, stopping.value.message) == (503, "the daemon is shutting down")
+    b.leases.release(lease)
+    assert ran == [] and a.runs.list() == [] and a.leases.holder("run:s1") is None
+
+
+def test_the_heartbeat_stops_a_run_that_lost_its_lease_or_its_record(store, caplog) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    bodies = {name: _HeldRun(store, None) for name in ("s1", "s2")}
+    cancels = {name: threading.Event() for name in bodies}
+    threads = [threading.Thread(target=_swallow, args=(lambda n=n: a.run(handle("a1", n), cancels[n], None,
+                                                                           bodies[n]),))
+               for n in bodies]
+    for t in threads:
+        t.start()
+    assert all(b.inside.wait(5) for b in bodies.values())
+    ids = {r["session_id"]: r["id"] for r in a.runs.list()}
+    with orm.db_session:
+        # Another daemon took s1's lease; s2's record was failed by another daemon's reaper.
+        store.db.execute("UPDATE cluster_leases SET owner = 'B', token = 'theirs' WHERE name = 'run:s1'")
+        store.db.execute("UPDATE agent_runs SET status = 'failed' WHERE session_id = 's2'")
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.tick()
+    assert cancels["s1"].is_set() and cancels["s2"].is_set()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"run {ids['s1']} lost its lease (this daemon was too slow); stopping it"]
+    for b in bodies.values():
+        b.release.set()
+    for t in threads:
+        t.join(5)
 
 
 def test_approval_decided_by_another_daemon(store) -> None:
@@ -264,7 +576,7 @@ def test_cluster_settings_limits_and_defaults() -> None:
     assert cluster_settings(None, "h:7").daemon_id == f"{socket.gethostname()}:7"
 
 
-def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
+def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store, caplog) -> None:
     from agentd.workflows.definition import WorkflowDef
     from agentd.workflows.store import WorkflowStore
 
@@ -289,7 +601,10 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
         run = wf.run(run_id)
         return run["state"]["status"], run["error"], run["daemon_id"]
 
-    b.tick()  # A is alive: only C's run goes
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        b.tick()  # A is alive: only C's run goes
+    assert [r.getMessage() for r in caplog.records] == [
+        f"workflow run {gone} failed: daemon C stopped while it was in progress"]
     c_error = "daemon C stopped while the run was in progress (its lease expired; marked failed by daemon B)"
     assert status(gone) == ("failed", c_error, "C")
     assert [status(r)[0] for r in (on_a, on_b, pending_a, unowned, done_a)] == \
@@ -315,6 +630,23 @@ def test_reaper_fails_workflow_runs_of_a_dead_daemon_only(store) -> None:
     assert status(live_c)[0] == "pending"
     # A lone daemon (owners None) fails every active run.
     assert wf.fail_interrupted("alone") == 1 and status(live_c) == ("failed", "alone", "C")
+
+
+def test_a_reaped_workflow_run_ends_at_the_time_it_was_reaped_whatever_the_machines_zone(store, monkeypatch) -> None:
+    from agentd.workflows.definition import WorkflowDef
+    from agentd.workflows.store import WorkflowStore
+
+    wf = WorkflowStore(store)
+    gone = wf.create_run(wf.get(wf.create(WorkflowDef("w", "", [{"name": "s"}]))), "g", "C")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert [r[0] for r in RunLog(store).reap_workflow_runs("B", 30)] == [gone]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    ended = datetime.fromisoformat(wf.run(gone)["completed_at"].replace("Z", "+00:00"))
+    assert abs(ended.timestamp() - time.time()) < 60
 
 
 def test_what_ran_out_during_a_database_outage_is_kept_for_a_lease_after_it(store, monkeypatch) -> None:
@@ -522,9 +854,10 @@ def test_a_lone_run_under_a_budget_limit_is_recorded_with_its_reservation_at_the
     release.set()
     t.join(5)
     assert _records(s) == [("s1", "completed", None, 0.25, 0.0, "A")]
+    a.run(handle(), threading.Event(), 0.2, lambda: SimpleNamespace(cost_usd=None))  # the session is free again
     metering.set_limit(0)
     a.run(handle("a1", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=None))
-    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s2", "completed")]
+    assert [r[:2] for r in _records(s)] == [("s1", "completed"), ("s1", "completed"), ("s2", "completed")]
     s.close()
 
 
@@ -537,6 +870,7 @@ def test_a_shared_database_lists_only_records(store) -> None:
     assert inside.wait(5)
     assert [(r["status"], r["session_id"]) for r in a.runs.list()] == [("running", "s1")]
     assert [(r["status"], r["session_id"]) for r in a.list_runs()] == [("running", "s1")]
+    assert _records(store) == [("s1", "running", None, None, 0.0, "A")]  # no budget: nothing reserved
     b = Cluster(store, ClusterSettings("B", lease_secs=30), "x:2", shared=True)
     assert a.running_elsewhere("s1") is None and b.running_elsewhere("s1") == "A"
     assert b.running_elsewhere("s2") is None
@@ -629,29 +963,80 @@ def test_record_finish_and_release_write_in_the_transaction_they_are_given(store
     assert leases.holder("run:s9") is None
 
 
+def _closes_then_fails(s):
+    """A run body whose session write closes the run's record, then fails (and rolls back)."""
+    def body(complete):
+        def write(tx):
+            complete(tx, 1.0)
+            raise RuntimeError("the save failed")
+        s.write(write)
+    return body
+
+
 def test_complete_closes_the_record_in_the_store_writers_transaction(tmp_path) -> None:
     """The daemon's path: the session write runs on the store's writer (no Pony session open)
     and `complete(tx, cost)` closes the run record in that same transaction."""
     a, s = _lone(tmp_path)
     put = "INSERT INTO settings (key, value) VALUES ($k, $v)"
 
+    listed: list[list] = []
+
     def body(complete):
         s.write(lambda tx: (tx.execute(put, {"k": "session", "v": '"saved"'}), complete(tx, 0.25)))
+        listed.append([r["status"] for r in a.list_runs()])  # closed: listed once, from its record
         return SimpleNamespace(cost_usd=0.25)
 
     a.run(handle(), threading.Event(), None, body, completes=True)
     assert [(r["status"], r["cost_usd"]) for r in a.runs.list()] == [("completed", 0.25)]
-
-    def close_then_fail(complete):
-        def write(tx):
-            complete(tx, 1.0)
-            raise RuntimeError("the save failed")
-        s.write(write)
+    assert listed == [["completed"]]
 
     with pytest.raises(RuntimeError):
-        a.run(handle("a1", "s2"), threading.Event(), None, close_then_fail, completes=True)
+        a.run(handle("a1", "s2"), threading.Event(), None, _closes_then_fails(s), completes=True)
     assert [(r["status"], r["error"]) for r in a.runs.list() if r["session_id"] == "s2"] == [
         ("failed", "RuntimeError: the save failed")], "BUG: the close survived its rolled-back transaction"
+    s.close()
+
+
+def test_a_run_records_how_it_ended(store, monkeypatch) -> None:
+    from agentd.store import outage as outage_module
+    from agentd.store.outage import Outage
+
+    monkeypatch.setattr(outage_module, "OUTAGE", Outage())  # the body's outage is the test's own
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    endings = {"s1": RunCancelled("stopped by the user"), "s2": Conflict("agent alpha is busy with another run"),
+               "s3": OSError(28, "No space left on device")}
+    for session, exc in endings.items():
+        def body(exc=exc):
+            raise exc
+        with pytest.raises(type(exc)):
+            a.run(handle("a1", session), threading.Event(), None, body)
+    assert sorted((r["session_id"], r["status"], r["error"]) for r in a.runs.list()) == [
+        ("s1", "cancelled", "stopped by the user"),
+        ("s2", "failed", "agent alpha is busy with another run"),
+        ("s3", "failed", "insufficient storage: the disk holding the daemon's home is full; free some space and retry")]
+
+
+def test_a_shared_runs_close_rolls_back_with_the_sessions_write(store) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    with pytest.raises(RuntimeError):
+        a.run(handle(), threading.Event(), None, _closes_then_fails(store), completes=True)
+    assert [(r["status"], r["error"], r["cost_usd"]) for r in a.runs.list()] == [
+        ("failed", "RuntimeError: the save failed", None)]
+    assert a.leases.holder("run:s1") is None
+
+
+def test_a_run_reserves_the_most_its_own_agent_cost_this_month(tmp_path) -> None:
+    a, s, metering = _lone_with_budget(tmp_path)
+    metering.set_limit(5.0)
+    a.run(handle("a1", "s1"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.25))
+    a.run(handle("a2", "s2"), threading.Event(), None, lambda: SimpleNamespace(cost_usd=0.75))
+    held = _HeldRun(s, None)
+    t = threading.Thread(target=lambda: a.run(handle("a1", "s1"), threading.Event(), None, held))
+    t.start()
+    assert held.inside.wait(5)
+    held.release.set()
+    t.join(5)
+    assert held.during[0][-1] == ("s1", "running", None, None, 0.25, "A")
     s.close()
 
 

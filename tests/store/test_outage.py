@@ -7,15 +7,18 @@ import errno
 import logging
 import sqlite3
 import sys
+import time
 
 import psycopg2
 import pytest
 from pony.orm import dbapiprovider
 from pony.orm.core import CommitException
 
+from channel_fixtures import wait_for
+
 from agentd.store import outage
 from agentd.store.outage import (DatabaseUnavailable, Outage, ReadOnly, StorageFull, _classify, log_failure,
-                                  translate)
+                                  translate, unless_unavailable)
 
 
 def _raised_from(outer: Exception, inner: Exception) -> Exception:
@@ -178,3 +181,34 @@ def test_translate_records_the_outage_and_log_failure_logs_only_other_failures(
     log_failure(jobs, boom, "job %s failed", "j2")
     assert [(r.name, r.levelname, r.getMessage(), r.exc_info[1]) for r in caplog.records] == [
         ("agentd.test.jobs", "ERROR", "job j2 failed", boom)]
+
+
+def test_a_reader_that_can_go_without_gets_none_during_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    fresh = Outage()
+    monkeypatch.setattr(outage, "OUTAGE", fresh)
+    assert unless_unavailable(lambda: 7)() == 7
+
+    def down() -> int:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def broken() -> int:
+        raise ValueError("bad")
+
+    assert unless_unavailable(down)() is None and type(fresh.error) is StorageFull
+    with pytest.raises(ValueError, match="bad"):
+        unless_unavailable(broken)()
+
+
+def test_leases_run_out_on_time_except_from_an_outage_start_until_one_lease_after_its_end() -> None:
+    outage = Outage()
+    later = time.time() + 100
+    assert outage.lease_cutoff(later, 0.3) == later  # never an outage: a lease ends when it says
+    before = time.time()
+    outage.noticed(DatabaseUnavailable("gone"))
+    began = time.time()
+    cutoff = outage.lease_cutoff(later, 0.3)
+    assert before <= cutoff <= began  # only what ran out before the outage began
+    assert outage.lease_cutoff(before - 5, 0.3) == before - 5  # never a time still to come
+    outage.cleared(wrote=True)
+    assert outage.lease_cutoff(later, 0.3) == cutoff  # the owners get one lease to renew
+    wait_for(lambda: outage.lease_cutoff(later, 0.3) == later, timeout=10, what="the lease after the outage")
