@@ -211,7 +211,10 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/runs.py": ["tests/agents/test_runs.py",
                               "tests/test_tracing.py::test_spans_of_a_request_and_the_traceparent_sent_upstream"],
     # The modules beside the run path: what a caller hands it, the refusals, the user turn.
-    **{f"agentd/agents/{name}.py": ["tests/agents/test_runs.py"] for name in ("run_request", "run_checks", "user_turn")},
+    **{f"agentd/agents/{name}.py": ["tests/agents/test_runs.py"] for name in ("run_request", "user_turn")},
+    # Every run makes the checks: the tests of the refusals, their counts and when a run is checked again.
+    "agentd/agents/run_checks.py": ["tests/agents/test_runs.py",
+                                    "-kquota or token_log or hour or budget or refusal or checked or counted or continues_the_trace"],
     # The shared plumbing: backoff and Retry-After, HMAC, SSE lines.
     "agentd/retry.py": ["tests/channels/test_channel_units.py", "tests/llm/test_drivers.py"],
     "agentd/hmacs.py": ["tests/channels/test_channel_units.py"],

@@ -30,7 +30,7 @@ def check_quota(handle: AgentHandle) -> None:
     log_ = recent_tokens(handle, now)
     used = sum(n for _, n in log_)
     if used >= limit:
-        retry = int(log_[0][0] + 3600 - now) + 1 if log_ else 60
+        retry = int(log_[0][0] + 3600 - now) + 1  # (a limit is positive: the log is not empty)
         raise TooManyRequests(
             f"message delivery failed: quota exceeded: {used} of {limit} LLM tokens used in the "
             "last hour (max_llm_tokens_per_hour)", retry_after=retry)
@@ -47,7 +47,7 @@ class RunChecks:
         self.key_budget = key_budget
         self.metrics = metrics
 
-    def precheck(self, handle: AgentHandle, key_id: str = "") -> None:
+    def precheck(self, handle: AgentHandle, key_id: str) -> None:
         """Refusals that must happen before a response starts (quota, budget, the key's budget)."""
         try:
             check_quota(handle)

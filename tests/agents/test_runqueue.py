@@ -47,9 +47,9 @@ class Runs:
             self.began.setdefault(text, threading.Event())
             return self.gates.setdefault(text, threading.Event())
 
-    def job(self, text: str) -> QueuedRun:
+    def job(self, text: str, cancel: threading.Event | None = None) -> QueuedRun:
         """A run of `text` by this runner."""
-        j = QueuedRun(lambda h: self(h, j), threading.Event())
+        j = QueuedRun(lambda h: self(h, j), cancel or threading.Event())
         j.text = text  # type: ignore[attr-defined]
         return j
 
@@ -441,6 +441,42 @@ def test_a_stop_reaches_a_queued_run_handed_on_to_a_worker(held) -> None:
     with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
         nxt.future.result(WAIT)
     assert runs.started == [] and _eventually(lambda: h.busy is False) and h.starting is None
+
+
+class PausingCancel(threading.Event):
+    """A run's cancel event that holds the first other thread to read it until `go` is set:
+    the worker taking the run is stopped right there, where the test acts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.owner = threading.get_ident()
+
+    def is_set(self) -> bool:
+        if threading.get_ident() != self.owner and not self.reached.is_set():
+            self.reached.set()
+            assert self.go.wait(WAIT)
+        return super().is_set()
+
+
+def test_a_stop_reaches_the_next_queued_run_as_the_worker_moves_on_to_it(pool) -> None:
+    runs, h = Runs(), handle("moving-on")
+    q = queues(pool, runs)
+    first = runs.job("first")
+    q.submit(h, first)
+    assert runs.gate("first") and runs.began["first"].wait(WAIT)
+    cancel = PausingCancel()
+    nxt = runs.job("next", cancel)
+    q.submit(h, nxt)
+    runs.gate("first").set()
+    assert first.future.result(WAIT) == "done first by moving-on"
+    assert cancel.reached.wait(WAIT), "the worker takes the queued run"
+    assert q.stop(h) is True, "BUG: a stop between two queued runs finds no run"
+    cancel.go.set()
+    with pytest.raises(RunCancelled, match="^run cancelled before it started$"):
+        nxt.future.result(WAIT)
+    assert runs.started == ["first"]
+    assert _eventually(lambda: h.busy is False) and h.starting is None
 
 
 def test_a_run_its_owner_dropped_before_a_worker_took_it_leaves_nothing_to_stop(held) -> None:

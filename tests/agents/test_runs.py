@@ -22,7 +22,7 @@ from pony import orm
 
 from agentd.agents.handle import STOPPED_NOTE, RunOptions
 from agentd.agents.loop import RunCancelled
-from agentd.agents.run_checks import check_quota
+from agentd.agents.run_checks import check_quota, recent_tokens
 from agentd.agents.run_errors import AgentRunError
 from agentd.errors import BadRequest, Conflict, NotFound, TooManyRequests
 from agentd.llm.types import GenerationParams, ImagePart
@@ -59,7 +59,7 @@ def test_quota_at_and_past_the_limit(mgr) -> None:
     check_quota(h)   # 99 of 100: allowed
     h.token_log.append((now - 5, 1))
     with pytest.raises(TooManyRequests) as err:
-        mgr.runs.checks.precheck(h)
+        mgr.runs.checks.precheck(h, "")
     assert err.value.message == ("message delivery failed: quota exceeded: 100 of 100 LLM tokens used in the "
                                  "last hour (max_llm_tokens_per_hour)")
     assert err.value.retry_after == 600, "retry when the oldest entry leaves the hour"
@@ -125,6 +125,13 @@ def test_the_token_log_keeps_only_the_last_hour_and_nothing_without_a_quota(mgr)
     free = mgr.spawn(manifest("unlimited"))
     run(mgr, free, "x")
     assert len(free.token_log) == 0, "BUG: an agent without a quota keeps a token log nobody reads"
+
+
+def test_a_token_used_an_hour_ago_no_longer_counts(mgr) -> None:
+    h = mgr.spawn(manifest("exact-hour", "[capabilities]\nmax_llm_tokens_per_hour = 10\n"))
+    h.token_log.extend([(1000.0, 1), (1000.5, 2), (1001.0, 4)])
+    assert [n for _, n in recent_tokens(h, 4600.5)] == [4]
+    assert list(h.token_log) == [(1001.0, 4)], "the entries that left the hour are dropped"
 
 
 def test_attachments_in_the_user_turn(mgr) -> None:
@@ -489,6 +496,40 @@ def test_runs_are_counted_by_origin_and_outcome_and_a_full_queue_as_a_refusal(en
     finally:
         h.run_lock.release()
     assert [running.result(10).response, queued.result(10).response] == ["echo: first", "echo: second"]
+
+
+def test_quota_and_budget_refusals_are_counted_by_reason_and_agent(env) -> None:
+    from agentd.metrics import Metrics
+
+    metrics = Metrics(agent_labels=True)
+    broke = {"agent": False, "key": False}
+
+    def budget(_handle) -> None:
+        if broke["agent"]:
+            raise TooManyRequests("budget exceeded", retry_after=60)
+
+    def key_budget(_key_id: str) -> None:
+        if broke["key"]:
+            raise TooManyRequests("the key's budget is exceeded", retry_after=60)
+
+    mgr = env.manager(metrics=metrics, preflight=budget, key_budget=key_budget)
+    rationed = mgr.spawn(manifest("rationed", "[capabilities]\nmax_llm_tokens_per_hour = 1\n"))
+    paying = mgr.spawn(manifest("paying"))
+    run(mgr, rationed, "spend it")
+    with pytest.raises(TooManyRequests):
+        run(mgr, rationed, "once more")
+    broke["agent"] = True
+    with pytest.raises(TooManyRequests):
+        run(mgr, paying, "hi")
+    broke.update(agent=False, key=True)
+    with pytest.raises(TooManyRequests):
+        run(mgr, paying, "hi", key_id="k1")
+
+    def refused(reason: str, agent: str) -> float | None:
+        return metrics.registry.get_sample_value("agentd_requests_refused_total", {"reason": reason, "agent": agent})
+
+    assert [refused("quota", "rationed"), refused("budget", "paying")] == [1.0, 2.0]
+    assert [refused("budget", "rationed"), refused("quota", "paying")] == [None, None]
 
 
 def test_a_run_on_a_worker_continues_the_trace_of_the_request_that_started_it(env) -> None:
