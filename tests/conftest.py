@@ -114,6 +114,15 @@ def _daemons_stop_cleanly(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail("\n\n".join(problems), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_outage_outlives_its_test() -> Iterator[None]:
+    """The database outage state is the process's (agentd/store/outage.py): one a test
+    caused in process, and the lease grace after it, end with that test."""
+    yield
+    from agentd.store.outage import OUTAGE
+
+    OUTAGE.__init__()  # type: ignore[misc]
+
 def _feed_mutmut_stats() -> None:
     """mutmut's stats phase: count the functions the daemons ran as covered by this test."""
     if os.environ.get("MUTANT_UNDER_TEST") != "stats":
