@@ -88,7 +88,11 @@ class Cluster:
             self._run(f"{self.bindir}/pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         except (RuntimeError, subprocess.TimeoutExpired):
             pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # Removed by a process of its own: a worker's cluster holds a database per daemon
+        # (gigabytes, hundreds of thousands of files), and xdist kills a worker still busy
+        # 10 s after the run's end, which left the folder half removed in the temp directory.
+        subprocess.Popen(["rm", "-rf", str(self.dir)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class Databases:
