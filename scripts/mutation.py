@@ -546,6 +546,9 @@ def main() -> None:
     parser.add_argument("--functions", nargs="+", metavar="NAME",
                         help="mutate only these functions or methods (a large module's changed part)")
     args = parser.parse_args()
+    if args.functions:  # `--functions a b MODULE.py`: the names take the module along
+        args.modules += [name for name in args.functions if name.endswith(".py")]
+        args.functions = [name for name in args.functions if not name.endswith(".py")]
     global TIMEOUT_CONSTANT
     TIMEOUT_CONSTANT = args.timeout_constant
     rows = []
