@@ -265,6 +265,25 @@ def test_stop_command(client: Client) -> None:
     assert frames[-2:] == [{"type": "typing", "state": "stop"}, {"type": "error", "content": "run cancelled"}]
 
 
+
+def test_a_message_frame_names_its_person_or_session(srv: AppServer, client: Client) -> None:
+    """A message frame's `user` or `session` field picks the session its run talks in;
+    without them the socket's own (here the agent's own session)."""
+    def said(query: str) -> list[str]:
+        r = srv.app.test_client().get(f"/api/agents/{client.agent_id}/session{query}", environ_base=LOCAL)
+        return [m["content"] for m in r.get_json()["messages"]]
+
+    for frame in ({"user": "erin", "content": "from erin"}, {"session": "notes", "content": "in notes"},
+                  {"content": "own"}):
+        client.send({"type": "message", **frame})
+        assert client.until("response")[-1]["content"] == f"echo: {frame['content']}"
+    assert said("?user=erin") == ["from erin", "echo: from erin"]
+    assert said("?session=notes") == ["in notes", "echo: in notes"]
+    assert said("") == ["own", "echo: own"]
+    for bad in ({"user": 7}, {"session": ["notes"]}):
+        client.send({"type": "message", "content": "x", **bad})
+        assert client.frame() == {"type": "error", "content": "'user' and 'session' must be strings"}
+
 @pytest.mark.parametrize("command", ["reset", "new"])
 def test_reset_commands_clear_the_history(srv: AppServer, client: Client, command: str) -> None:
     client.send({"type": "message", "content": "[[reply:remember]]"})
