@@ -530,7 +530,9 @@ def test_stop_sets_the_running_runs_cancel_and_cancels_the_agents_approvals(pool
     assert q.stop(h) is False, "nothing running: nothing stopped"
     assert waiting.decision == "cancelled" and elsewhere.decision is None
     h.starting = threading.Event()  # a queued run just started, its cancel not handed over yet
+    again = approvals.request(h.id, h.name, "shell_exec", {})
     assert q.stop(h) is True and h.starting.is_set()
+    assert again.decision == "cancelled", "the stopped run's approvals end with it, at once"
     assert q.stop(h) is False, "an already cancelled run is not stopped twice"
     h.starting, h.cancel = None, threading.Event()
     assert q.stop(h) is True and h.cancel.is_set()
