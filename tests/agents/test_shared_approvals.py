@@ -105,11 +105,14 @@ def test_timeout_polls_in_steps_and_records_the_timeout(store) -> None:
     a = SharedApprovalQueue(store, "A")
     approval = a.request("a1", "alpha", "t", {})
     approval._event = RecordingEvent()
+    began = time.monotonic()
     assert a.wait(approval, 0.5) == "timeout" and approval.decision == "timeout"
+    assert time.monotonic() - began >= 0.5, "BUG: the wait ended before its timeout"
     waits = approval._event.waits
     assert waits[0] == POLL_SECS == 0.2 and all(0 < w <= POLL_SECS for w in waits), \
         f"BUG: the waiter does not poll its row every {POLL_SECS} s: {waits}"
-    assert 0.45 <= sum(waits) <= 0.5 + 1e-9, f"BUG: the wait is not bounded by the timeout: {waits}"
+    # The polls between the waits take their share of the timeout (more on a loaded host).
+    assert sum(waits) <= 0.5 + 1e-9, f"BUG: the wait is not bounded by the timeout: {waits}"
     assert rows(store) == [] and a.pending() == []
 
 
