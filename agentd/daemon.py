@@ -110,10 +110,12 @@ class Daemon:
             log.warning("second %s: exiting now", signal.Signals(signum).name)
             self._remove_daemon_file()  # nothing will answer at its address any more
             os._exit(1)
-        log.info("%s received: shutting down", signal.Signals(signum).name)
-        # The server is still open here (the loop closes it only once the flag is set), so
-        # its wake-up pipe ends the poll now instead of at the poll's timeout.
+        # The flag first: a second signal can run this handler again while the line below is
+        # being logged, and must find the stop under way. The server is still open here (the
+        # loop closes it only once the flag is set), so its wake-up pipe ends the poll now
+        # instead of at the poll's timeout.
         self.request_stop()
+        log.info("%s received: shutting down", signal.Signals(signum).name)
 
     def start(self) -> None:
         """Bind the port, write daemon.json, then open the kernel and build the app in the
