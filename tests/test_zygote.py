@@ -155,15 +155,17 @@ def test_two_children_draw_different_random_numbers_and_ids(tmp_path: Path) -> N
     assert first["random"] != second["random"] and first["id"] != second["id"]
 
 
-def test_an_environment_an_interpreter_reads_at_start_gets_a_process_of_its_own(tmp_path: Path,
-                                                                                 monkeypatch) -> None:
+def test_another_start_environment_or_directory_gets_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
     env, log = agentd_env(tmp_path), tmp_path / "log"
     started = [start_process(["status"], env, log),
                start_process(["status"], {**env, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, log)]
+    with monkeypatch.context() as patch:
+        patch.chdir(tmp_path)   # first on the path of `python -m agentd`: it might hold another agentd
+        started.append(start_process(["status"], env, log))
     monkeypatch.setenv("AGENTD_TEST_FORK", "0")
     started.append(start_process(["status"], env, log))
-    assert [type(proc) for proc in started] == [zygote.ForkedProcess, subprocess.Popen, subprocess.Popen]
-    assert [proc.wait(30) for proc in started] == [1, 1, 1], log.read_text()   # "agentd is not running"
+    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 3
+    assert [proc.wait(30) for proc in started] == [1] * 4, log.read_text()   # "agentd is not running"
 
 
 def test_the_zygote_ends_when_its_worker_goes_away_and_its_children_live_on(tmp_path: Path) -> None:

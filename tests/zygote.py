@@ -191,19 +191,23 @@ class ForkedProcess:
 class Zygote:
     """The worker's end of one zygote process."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], cwd: str | None = None) -> None:
         env = {k: v for k, v in env.items() if not k.startswith("AGENTD_")}
         self.startup = startup_part(env)
+        self.cwd = cwd or os.getcwd()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.channel = ours
         self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())],
-                                        env=env, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
+                                        env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                        pass_fds=[theirs.fileno()])
         theirs.close()
         self._lock = threading.Lock()
 
-    def can_start(self, env: dict[str, str]) -> bool:
-        """Whether a child of this zygote starts as a process with environment `env` would."""
-        return startup_part(env) == self.startup
+    def can_start(self, env: dict[str, str], cwd: str) -> bool:
+        """Whether a child of this zygote starts as a process of its own would in `env` and
+        `cwd`: the interpreter reads the one when it starts, and the other comes first on
+        `sys.path`, where the zygote's imports were found."""
+        return startup_part(env) == self.startup and os.path.realpath(cwd) == os.path.realpath(self.cwd)
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -239,18 +243,20 @@ class Zygote:
 
 
 _shared: Zygote | None = None
+# The worker's own directory (a test may be in another when it starts the first daemon).
+_WORKER_CWD = os.getcwd()
 _shared_lock = threading.Lock()
 
 
 def shared(env: dict[str, str]) -> Zygote | None:
     """This process's zygote (started on first use, ended at exit), or None when a child of
-    it would not start as a process with environment `env` would."""
+    it would not start as a process with environment `env` in the current directory would."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = Zygote(env)
+            _shared = Zygote(env, _WORKER_CWD)
             atexit.register(_shared.close)
-    return _shared if _shared.can_start(env) else None
+    return _shared if _shared.can_start(env, os.getcwd()) else None
 
 
 if __name__ == "__main__":
