@@ -147,6 +147,8 @@ def test_the_zygote_has_imported_what_an_idle_daemon_has_and_nothing_else(tmp_pa
     assert not LAZY & (top | modules), sorted(LAZY & (top | modules))
     # agentd.daemon reads AGENTD_SWITCH_INTERVAL when imported: the daemon's own value counts.
     assert "agentd.daemon" not in modules
+    # PostgreSQL's driver only where the daemons use PostgreSQL (--db=postgres).
+    assert ("psycopg2" in modules) == zygote.uses_postgres(agentd_env(tmp_path))
 
 
 def test_two_children_draw_different_random_numbers_and_ids(tmp_path: Path) -> None:
@@ -157,15 +159,17 @@ def test_two_children_draw_different_random_numbers_and_ids(tmp_path: Path) -> N
 
 def test_another_start_environment_or_directory_gets_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
     env, log = agentd_env(tmp_path), tmp_path / "log"
+    other_database = "" if zygote.uses_postgres(env) else "postgresql://nobody@127.0.0.1:1/none"
     started = [start_process(["status"], env, log),
-               start_process(["status"], {**env, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, log)]
+               start_process(["status"], {**env, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, log),
+               start_process(["status"], {**env, "AGENTD_DATABASE_URL": other_database}, log)]
     with monkeypatch.context() as patch:
         patch.chdir(tmp_path)   # first on the path of `python -m agentd`: it might hold another agentd
         started.append(start_process(["status"], env, log))
     monkeypatch.setenv("AGENTD_TEST_FORK", "0")
     started.append(start_process(["status"], env, log))
-    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 3
-    assert [proc.wait(30) for proc in started] == [1] * 4, log.read_text()   # "agentd is not running"
+    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 4
+    assert [proc.wait(30) for proc in started] == [1] * 5, log.read_text()   # "agentd is not running"
 
 
 def test_the_zygote_ends_when_its_worker_goes_away_and_its_children_live_on(tmp_path: Path) -> None:

@@ -38,6 +38,9 @@ PRELOAD = ("agentd.cli", "agentd.cli.workflow", "agentd.cli.cron", "agentd.cli.c
            "agentd.providers", "agentd.api")
 PRELOAD_PACKAGES = ("agentd.api",)
 NOT_PRELOADED = ("agentd.api.openapi",)
+# What a daemon on PostgreSQL imports besides: the zygote of daemons whose environment names
+# a database (the --db=postgres pass) has it; a SQLite daemon never loads it.
+PRELOAD_POSTGRES = ("pony.orm.dbproviders.postgres",)
 
 # Environment variables the interpreter or the C library read when the process starts: a
 # forked child keeps the zygote's, so a daemon that asks for other values needs a process
@@ -50,16 +53,20 @@ def startup_part(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_VARIABLES)}
 
 
+def uses_postgres(env: dict[str, str]) -> bool:
+    return env.get("AGENTD_DATABASE_URL", "").startswith("postgres")
+
+
 def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
 # -- the zygote ------------------------------------------------------------------------------
-def preload() -> None:
+def preload(postgres: bool) -> None:
     import importlib
     import pkgutil
 
-    for name in PRELOAD:
+    for name in PRELOAD + (PRELOAD_POSTGRES if postgres else ()):
         importlib.import_module(name)
     for package in PRELOAD_PACKAGES:
         for found in pkgutil.walk_packages(sys.modules[package].__path__, package + "."):
@@ -124,7 +131,7 @@ def main() -> None:
     # Ctrl-C reaches the whole process group: the worker decides, and its going away ends this.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[0] = os.getcwd()   # started as a script; its children run as `python -m agentd`
-    preload()
+    preload(postgres=sys.argv[2:] == ["postgres"])
     if threads() != 1:
         raise SystemExit(f"the zygote runs {threads()} threads after its imports")
     become(serve(channel))
@@ -192,12 +199,14 @@ class Zygote:
     """The worker's end of one zygote process."""
 
     def __init__(self, env: dict[str, str], cwd: str | None = None) -> None:
+        self.postgres = uses_postgres(env)
         env = {k: v for k, v in env.items() if not k.startswith("AGENTD_")}
         self.startup = startup_part(env)
         self.cwd = cwd or os.getcwd()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.channel = ours
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())],
+        command = [sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())]
+        self.process = subprocess.Popen(command + ["postgres"] * self.postgres,
                                         env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                         pass_fds=[theirs.fileno()])
         theirs.close()
@@ -207,7 +216,8 @@ class Zygote:
         """Whether a child of this zygote starts as a process of its own would in `env` and
         `cwd`: the interpreter reads the one when it starts, and the other comes first on
         `sys.path`, where the zygote's imports were found."""
-        return startup_part(env) == self.startup and os.path.realpath(cwd) == os.path.realpath(self.cwd)
+        return (startup_part(env) == self.startup and os.path.realpath(cwd) == os.path.realpath(self.cwd)
+                and uses_postgres(env) == self.postgres)
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
