@@ -106,14 +106,11 @@ def serve(channel: socket.socket) -> dict[str, Any]:
 
 def become(request: dict[str, Any]) -> None:
     """In the forked child: become `python -m MODULE ARGS` with the request's environment,
-    cwd and log, as a process of its own would start."""
+    cwd and log (stdin is the zygote's /dev/null), as a process of its own would start."""
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()   # what `-m` puts first
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -207,7 +204,7 @@ class Zygote:
         self.channel = ours
         command = [sys.executable, str(Path(__file__).resolve()), str(theirs.fileno())]
         self.process = subprocess.Popen(command + ["postgres"] * self.postgres,
-                                        env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                        env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,   # its children's too
                                         pass_fds=[theirs.fileno()])
         theirs.close()
         self._lock = threading.Lock()
