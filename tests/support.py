@@ -170,13 +170,18 @@ def db_dump(home: Path) -> bytes:
     return b"\n".join(str(row).encode() for t in tables for row in db_rows(home, f'SELECT t::text FROM "{t}" t'))
 
 
+# Whether daemons fork from this process's zygote (tests/zygote.py): the test session turns it
+# on (conftest.py); the benchmarks that import this module measure processes of their own.
+FORK_DAEMONS = False
+
+
 def start_process(args: list[str], env: dict[str, str], log_path: Path,
                   hits: Path | None = None) -> subprocess.Popen | zygote.ForkedProcess:
     """`python -m agentd ARGS` with its output appended to `log_path`: forked from this worker's
     zygote (tests/zygote.py), or a process of its own under mutmut, with AGENTD_TEST_FORK=0,
     or when `env` sets what an interpreter reads at its start to other values."""
     command = agentd_command(args, env, hits)
-    if command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
+    if FORK_DAEMONS and command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
         source = zygote.shared(env)
         if source is not None:
             return source.spawn(args, env, log_path)

@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+import support  # noqa: E402
 import zygote  # noqa: E402
 from support import Daemon, agentd_env, make_home, start_process, wait_until  # noqa: E402
 
@@ -166,10 +167,13 @@ def test_another_start_environment_or_directory_gets_a_process_of_its_own(tmp_pa
     with monkeypatch.context() as patch:
         patch.chdir(tmp_path)   # first on the path of `python -m agentd`: it might hold another agentd
         started.append(start_process(["status"], env, log))
+    with monkeypatch.context() as patch:
+        patch.setattr(support, "FORK_DAEMONS", False)   # outside the test session: the benchmarks
+        started.append(start_process(["status"], env, log))
     monkeypatch.setenv("AGENTD_TEST_FORK", "0")
     started.append(start_process(["status"], env, log))
-    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 4
-    assert [proc.wait(30) for proc in started] == [1] * 5, log.read_text()   # "agentd is not running"
+    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 5
+    assert [proc.wait(30) for proc in started] == [1] * 6, log.read_text()   # "agentd is not running"
 
 
 def test_the_zygote_ends_when_its_worker_goes_away_and_its_children_live_on(tmp_path: Path) -> None:

@@ -10,6 +10,10 @@ returns a `ForkedProcess`, which answers as much of `subprocess.Popen` as the te
 The zygote never reaps a child unless asked: a child that has exited stays a zombie, its pid
 taken, until the worker (which sees the exit on a pidfd) asks for its status. So a pid the
 worker signals is the daemon's or a zombie's, never a stranger's, as with a child of its own.
+
+What a child cannot have afresh: the hash seed of `str` (the zygote's, so a worker's daemons
+order their sets alike) and what the interpreter read from the environment at its start
+(`STARTUP_VARIABLES`: a daemon that sets those gets a process of its own).
 """
 
 from __future__ import annotations
