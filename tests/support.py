@@ -178,8 +178,9 @@ FORK_DAEMONS = False
 def start_process(args: list[str], env: dict[str, str], log_path: Path,
                   hits: Path | None = None) -> subprocess.Popen | zygote.ForkedProcess:
     """`python -m agentd ARGS` with its output appended to `log_path`: forked from this worker's
-    zygote (tests/zygote.py), or a process of its own under mutmut, with AGENTD_TEST_FORK=0,
-    or when `env` sets what an interpreter reads at its start to other values."""
+    zygote (tests/zygote.py), or a process of its own under mutmut (the launcher runs it),
+    outside the test session, with AGENTD_TEST_FORK=0, and where a fork would not start as a
+    process of its own would (`zygote.shared`)."""
     command = agentd_command(args, env, hits)
     if FORK_DAEMONS and command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
         source = zygote.shared(env)

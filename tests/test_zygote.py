@@ -51,17 +51,16 @@ def probe(what: str) -> None:
     print("on stderr", file=sys.stderr, flush=True)
 
 
-def spawn_probe(tmp_path: Path, what: str, **env: str) -> tuple[zygote.ForkedProcess, Path]:
-    env = {**agentd_env(tmp_path), **env}
+def spawn_probe(tmp_path: Path, what: str) -> tuple[zygote.ForkedProcess, Path]:
+    env = agentd_env(tmp_path)
     log = tmp_path / f"probe-{what}-{time.monotonic_ns()}.log"
     return zygote.shared(env).spawn([what], env, log, cwd=str(TESTS), module="test_zygote"), log
 
 
-def probe_report(tmp_path: Path, **env: str) -> tuple[dict, list[str], zygote.ForkedProcess]:
-    proc, log = spawn_probe(tmp_path, "report", **env)
+def probe_report(tmp_path: Path) -> dict:
+    proc, log = spawn_probe(tmp_path, "report")
     assert proc.wait(30) == 0, log.read_text()
-    lines = log.read_text().splitlines()
-    return json.loads(lines[0]), lines[1:], proc
+    return json.loads(log.read_text().splitlines()[0])
 
 
 def parent_of(pid: int) -> int:
@@ -133,15 +132,15 @@ def test_a_child_starts_as_python_m_would_with_the_requested_environment_and_cwd
     assert report["streams"] == ["/dev/null", str(log), str(log)]
     assert rest == ["on stderr", "atexit ran"], "stderr goes to the log; atexit handlers run at the exit"
     assert report["fds"] == ["0", "1", "2", "3"], "only the standard streams (3: the listing itself)"
-    fresh = subprocess.run([sys.executable, "-c", "import json, test_zygote as t; print(json.dumps(t.signal_handlers()))"],
-                           cwd=TESTS, capture_output=True, text=True, check=True).stdout
+    show = "import json, test_zygote; print(json.dumps(test_zygote.signal_handlers()))"
+    fresh = subprocess.run([sys.executable, "-c", show], cwd=TESTS, capture_output=True, text=True, check=True).stdout
     assert report["signals"] == json.loads(fresh), "a fresh interpreter's"
 
 
 def test_the_zygote_has_imported_what_an_idle_daemon_has_and_nothing_else(tmp_path: Path) -> None:
     from test_idle_imports import LAZY
 
-    report, _, _ = probe_report(tmp_path)
+    report = probe_report(tmp_path)
     modules = set(report["modules"])
     assert {"agentd.kernel", "agentd.api.routes_agents", "flask", "pony.orm"} <= modules
     top = {name.split(".")[0] for name in modules}
@@ -153,8 +152,7 @@ def test_the_zygote_has_imported_what_an_idle_daemon_has_and_nothing_else(tmp_pa
 
 
 def test_two_children_draw_different_random_numbers_and_ids(tmp_path: Path) -> None:
-    first, _, _ = probe_report(tmp_path)
-    second, _, _ = probe_report(tmp_path)
+    first, second = probe_report(tmp_path), probe_report(tmp_path)
     assert first["random"] != second["random"] and first["id"] != second["id"]
 
 
