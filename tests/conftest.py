@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import support  # noqa: E402
 from support import FAST_API, STARTED, Daemon, make_home, private_cache, take_daemon_hits  # noqa: E402
 from support import stop_shared as _stop_shared  # noqa: E402
 import pgtest  # noqa: E402
@@ -81,6 +82,7 @@ def _temp_folders_in_memory(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _cache_bytecode_outside_the_tree()
+    support.FORK_DAEMONS = True
     _temp_folders_in_memory(config)
     backend = config.getoption("--db") or os.environ.get("AGENTD_TEST_DB", "").strip().lower()
     if backend == "postgres" or (not backend and os.environ.get("AGENTD_TEST_DATABASE_URL", "").strip()):

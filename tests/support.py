@@ -18,6 +18,7 @@ from typing import Any, Callable
 import requests
 
 import pgtest
+import zygote
 
 # Tests hammer the API; the default 30 req/s would turn them into rate-limit tests.
 FAST_API = "[api]\nrate_limit_per_second = 100000\nrate_limit_burst = 100000\nshutdown_grace_secs = 5\n"
@@ -169,6 +170,26 @@ def db_dump(home: Path) -> bytes:
     return b"\n".join(str(row).encode() for t in tables for row in db_rows(home, f'SELECT t::text FROM "{t}" t'))
 
 
+# Whether daemons fork from this process's zygote (tests/zygote.py): the test session turns it
+# on (conftest.py); the benchmarks that import this module measure processes of their own.
+FORK_DAEMONS = False
+
+
+def start_process(args: list[str], env: dict[str, str], log_path: Path,
+                  hits: Path | None = None) -> subprocess.Popen | zygote.ForkedProcess:
+    """`python -m agentd ARGS` with its output appended to `log_path`: forked from this worker's
+    zygote (tests/zygote.py), or a process of its own under mutmut (the launcher runs it),
+    outside the test session, with AGENTD_TEST_FORK=0, and where a fork would not start as a
+    process of its own would (`zygote.shared`)."""
+    command = agentd_command(args, env, hits)
+    if FORK_DAEMONS and command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
+        source = zygote.shared(env)
+        if source is not None:
+            return source.spawn(args, env, log_path)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,
             env_extra: dict[str, str] | None = None,
             allow_traceback: bool = False) -> subprocess.CompletedProcess:
@@ -205,7 +226,7 @@ class Daemon:
         self.port = port or free_port()
         self.api_key = api_key
         self.env_extra = env_extra or {}
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | zygote.ForkedProcess | None = None
         self.log_path = home / "daemon.log"
         # Set by expect_crash(): this daemon may exit non-zero / log a traceback on purpose.
         self.crash_expected: str = ""
@@ -229,11 +250,8 @@ class Daemon:
     def start(self, wait: bool = True) -> "Daemon":
         STARTED.append(self)
         self.settled = False
-        log = open(self.log_path, "ab")
         env = agentd_env(self.home, self.port, **self.env_extra)
-        command = agentd_command(["start"], env, self.hits_path)
-        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        self.proc = start_process(["start"], env, self.log_path, self.hits_path)
         if wait:
             self.wait_healthy()
         return self

@@ -45,7 +45,7 @@ def test_marker_opts_out(daemon_factory):
 
 @pytest.mark.slow
 def test_clean_stop_check_flags_tracebacks_and_bad_exits(tmp_path: Path) -> None:
-    for name in ("conftest.py", "support.py", "pgtest.py", "fakellm.py"):
+    for name in ("conftest.py", "support.py", "pgtest.py", "fakellm.py", "zygote.py"):
         shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_inner.py").write_text(INNER)
     root = HERE.parent
