@@ -108,7 +108,7 @@ def serve(channel: socket.socket) -> dict[str, Any]:
         channel.send(json.dumps(reply).encode())
 
 
-def become(request: dict[str, Any]) -> None:
+def become(request: dict[str, Any], sigint: Any) -> None:
     """In the forked child: become `python -m MODULE ARGS` with the request's environment,
     cwd and log (stdin is the zygote's /dev/null), as a process of its own would start."""
     os.environ.clear()
@@ -119,7 +119,7 @@ def become(request: dict[str, Any]) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, sigint)
     sys.argv = [request["module"], *request["args"]]
     import runpy
 
@@ -129,13 +129,16 @@ def become(request: dict[str, Any]) -> None:
 
 def main() -> None:
     channel = socket.socket(fileno=int(sys.argv[1]))
+    # What an interpreter started now would have: Python's handler, or SIG_IGN when the
+    # suite itself runs with SIGINT ignored (in the background, under nohup).
+    sigint = signal.getsignal(signal.SIGINT)
     # Ctrl-C reaches the whole process group: the worker decides, and its going away ends this.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[0] = os.getcwd()   # started as a script; its children run as `python -m agentd`
     preload(postgres=sys.argv[2:] == ["postgres"])
     if threads() != 1:
         raise SystemExit(f"the zygote runs {threads()} threads after its imports")
-    become(serve(channel))
+    become(serve(channel), sigint)
 
 
 # -- the worker's side -----------------------------------------------------------------------
