@@ -81,6 +81,10 @@ class ApprovalQueue:
         with self._lock:
             return self._pending.get(approval_id)
 
+    def find(self, approval_id: str) -> Approval | None:
+        """The approval while it is known: pending, or decided and not yet taken by its run."""
+        return self.local(approval_id)
+
     def approve(self, approval_id: str) -> Approval:
         return self._decide(approval_id, "approved")  # type: ignore[return-value]
 

@@ -99,6 +99,9 @@ class SharedApprovalQueue(ApprovalQueue):
             raise NotFound("approval not found")
         raise Conflict(f"approval already {current.decision}")
 
+    def find(self, approval_id: str) -> Approval | None:
+        return self._load(approval_id)
+
     def _load(self, approval_id: str) -> Approval | None:
         with orm.db_session:
             rows = self.store.db.select("SELECT id, agent_id, agent_name, tool, input, requested_at, decision "

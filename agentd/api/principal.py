@@ -131,7 +131,7 @@ def _workflow_agents(kernel: Any, workflow_id: str) -> list[str]:
 
 
 def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], str] | None:
-    """(agent ids or names, what is not found) for a cron job, trigger, pending approval,
+    """(agent ids or names, what is not found) for a cron job, trigger, approval,
     task, workflow or workflow run named in the path (a task names up to three agents: for
     whom, by whom, by whom posted; a workflow those of its steps)."""
     try:
@@ -141,8 +141,10 @@ def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], 
             run = kernel.workflows.run_detail(view_args["run_id"])
             return _workflow_agents(kernel, run["workflow_id"]), "workflow run not found"
         if "approval_id" in view_args:
-            found = [a for a in kernel.approvals.pending() if a["id"] == view_args["approval_id"]]
-            return ([found[0]["agent_id"]], "approval not found") if found else None
+            # Decided ones too: until its run takes the decision, deciding again answers 409,
+            # which would tell a key that an approval outside its list exists.
+            approval = kernel.approvals.find(view_args["approval_id"])
+            return ([approval.agent_id], "approval not found") if approval is not None else None
         if "job_id" in view_args:
             return [kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or ""], "cron job not found"
         if "trigger_id" in view_args:

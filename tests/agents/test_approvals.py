@@ -63,7 +63,9 @@ def test_a_decision_reaches_the_waiting_run(decide: str, decision: str) -> None:
     a = q.request("agent-1", "alice", "shell_exec", {"command": "ls"})
     decided = getattr(q, decide)(a.id)
     assert decided is a and a.decision == decision and a.as_dict()["status"] == decision
+    assert q.find(a.id) is a, "BUG: a decided approval its run has not taken yet is not found"
     assert q.wait(a, timeout=30) == decision, f"BUG: a {decision} call is not reported as {decision}"
+    assert q.find(a.id) is None
     with pytest.raises(NotFound, match="^approval not found$"):
         q.approve(a.id)   # a finished wait forgets the approval
 

@@ -67,11 +67,15 @@ def test_a_decision_on_another_daemon_reaches_the_waiter(store) -> None:
     approval = a.request("a1", "alpha", "t", {"x": 1})
     decided = b.reject(approval.id)
     assert decided is not approval, "B has no local waiter: it answers from the row"
+    found = b.find(approval.id)
+    assert (found.id, found.agent_id, found.decision) == (approval.id, "a1", "rejected"), \
+        "BUG: a decided approval its run has not taken yet is not found on another daemon"
     assert (decided.id, decided.agent_id, decided.agent_name, decided.tool, decided.input, decided.requested_at,
             decided.decision) == (approval.id, "a1", "alpha", "t", {"x": 1}, approval.requested_at, "rejected")
     assert a.wait(approval, 30) == "rejected" and approval.decision == "rejected"
     assert rows(store) == [], "BUG: a finished approval stays in the table"
     assert a._pending == {}, "BUG: finished approvals pile up in the daemon's memory"
+    assert b.find(approval.id) is None
     with pytest.raises(NotFound, match="^approval not found$"):
         b.approve(approval.id)
 
