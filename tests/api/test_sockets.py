@@ -245,6 +245,19 @@ def test_failed_run_sends_its_error(client: Client) -> None:
                                                          "required field.; attachments.0.bogus: Unknown field."}
 
 
+def test_a_run_that_fails_inside_agentd_is_an_internal_error(srv: AppServer, client: Client,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault of agentd's own (not an error it names) is told as such, without its details."""
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a fault inside the run")
+
+    monkeypatch.setattr(srv.kernel.runs, "_run_locked", broken)
+    client.send({"type": "message", "content": "hi"})
+    assert final_frames(client.until("error")) == [{"type": "typing", "state": "start"},
+                                                   {"type": "typing", "state": "stop"},
+                                                   {"type": "error", "content": "internal error"}]
+
+
 def test_attachments_default_to_none(client: Client) -> None:
     for attachments in (None, [], ""):
         client.send({"type": "message", "content": "[[reply:ok]]", "attachments": attachments})
@@ -288,6 +301,51 @@ def test_a_message_frame_names_its_person_or_session(srv: AppServer, client: Cli
     for bad in ({"user": 7}, {"session": ["notes"]}):
         client.send({"type": "message", "content": "x", **bad})
         assert client.frame() == {"type": "error", "content": "'user' and 'session' must be strings"}
+
+def test_a_scoped_key_talks_in_its_own_session_and_its_runs_count_as_websocket_runs(
+        tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key's socket without `user` or `session` talks in a session of the key's own, as its
+    HTTP messages do; the agent's own session sees none of it. /metrics counts the run as ws."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
+    server = AppServer(tmp_path, fake_llm, {"api_key": "admin-for-sockets"})
+    http = server.app.test_client()
+    admin = {"Authorization": "Bearer admin-for-sockets"}
+
+    def runs() -> list[str]:
+        """The run counters that are not 0."""
+        text = http.get("/metrics", headers=admin, environ_base=LOCAL).get_data(as_text=True)
+        return [line for line in text.splitlines() if line.startswith("agentd_runs_total{") and
+                not line.endswith(" 0.0")]
+
+    try:
+        r = http.post("/api/agents", json={"manifest_toml": 'name = "keyed"\n'}, headers=admin, environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        agent_id = r.get_json()["agent_id"]
+        r = http.post("/api/keys", json={"name": "socket-key", "scopes": ["read", "message"]}, headers=admin,
+                      environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        key = {"Authorization": f"Bearer {r.get_json()['key']}"}
+        assert runs() == []
+        ws = websocket.create_connection(server.url(f"/api/agents/{agent_id}/ws"), timeout=WAIT, header=key)
+        try:
+            assert json.loads(ws.recv())["type"] == "connected"
+            ws.send(json.dumps({"type": "message", "content": "from the key"}))
+            while (frame := json.loads(ws.recv()))["type"] != "response":
+                pass
+            assert frame["content"] == "echo: from the key"
+        finally:
+            ws.close()
+
+        def said(headers: dict) -> list[str]:
+            r = http.get(f"/api/agents/{agent_id}/session", headers=headers, environ_base=LOCAL)
+            return [m["content"] for m in r.get_json()["messages"]]
+
+        assert said(key) == ["from the key", "echo: from the key"]
+        assert said(admin) == [], "BUG: a key's socket talked in the agent's own session"
+        assert runs() == ['agentd_runs_total{origin="ws",outcome="completed"} 1.0']
+    finally:
+        server.stop()
+
 
 @pytest.mark.parametrize("command", ["reset", "new"])
 def test_reset_commands_clear_the_history(srv: AppServer, client: Client, command: str) -> None:
