@@ -319,6 +319,9 @@ TESTS: dict[str, list[str]] = {
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    # config.toml and the environment read in process (the start and `agentd doctor` show the
+    # same messages: tests/cli/).
+    "agentd/config/__init__.py": ["tests/config/test_config.py"],
     **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
                                      "-knot postgres"]
        for name in ("run_leases", "held_leases", "members")},
