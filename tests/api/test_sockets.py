@@ -151,6 +151,12 @@ def test_message_frames_in_order(client: Client) -> None:
     assert frames[-2] == {"type": "typing", "state": "stop"}, "BUG: typing stop is not right before the response"
 
 
+def test_a_quiet_socket_stays_open(client: Client) -> None:
+    time.sleep(1.0)   # the handler's reads time out meanwhile
+    client.send({"type": "ping"})
+    assert client.raw() == '{"type":"pong"}'
+
+
 def test_plain_text_frame_is_a_message(client: Client) -> None:
     client.send("[[reply:plain]]")
     assert client.until("response")[-1]["content"] == "plain"
@@ -219,6 +225,31 @@ def test_frame_limit_at_and_past_64_kib(client: Client) -> None:
     assert client.until("response")[-1]["content"] == "fits", "BUG: a frame of exactly 64 KiB is refused"
     client.ws.send_binary(b"z" * 65537)
     assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+
+
+def test_the_json_of_a_frame_may_pass_64_kib_but_not_its_message(client: Client) -> None:
+    """A message frame's JSON may pass 64 KiB by its envelope and escapes (its content is what
+    the message limit counts); any other frame may not."""
+    fits = "[[reply:fits]] " + "\u00e9" * 30000   # 60,015 bytes, six times as many escaped
+    client.send({"type": "message", "content": fits})
+    assert client.until("response")[-1]["content"] == "fits"
+    client.send({"type": "ping", "pad": "x" * 65536})
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+    client.send({"type": "command", "command": "stop", "pad": "x" * 65536})
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+
+
+def test_a_binary_frame_past_the_json_limit_once_decoded_is_refused(client: Client) -> None:
+    """Each invalid UTF-8 byte of a binary frame is read as U+FFFD (3 bytes): the frame is
+    measured as decoded, and refused past 4 x 64 KiB before it is parsed."""
+    envelope = b'{"type":"message","content":"', b'"}'
+    at_limit = envelope[0] + b"\xff" * 87371 + envelope[1]   # 262,144 bytes decoded
+    client.ws.send_binary(at_limit)
+    assert client.frame() == {"type": "error", "content": "message too large (max 64 KB)"}
+    client.ws.send_binary(at_limit[:-2] + b"a" + envelope[1])
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+    client.send({"type": "ping"})
+    assert client.frame() == {"type": "pong"}
 
 
 def test_too_deep_json_is_refused(client: Client) -> None:
@@ -347,6 +378,29 @@ def test_a_scoped_key_talks_in_its_own_session_and_its_runs_count_as_websocket_r
         server.stop()
 
 
+@pytest.mark.parametrize("query, session", [("?user=erin", "?user=erin"), ("?session=notes", "?session=notes"),
+                                            ("?user=", "")])
+def test_the_socket_s_user_or_session_picks_the_session_its_runs_talk_in(srv: AppServer, query: str,
+                                                                         session: str) -> None:
+    agent_id = srv.spawn("person")
+    ws = websocket.create_connection(srv.url(f"/api/agents/{agent_id}/ws{query}"), timeout=WAIT)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        ws.send(json.dumps({"type": "message", "content": "hello"}))
+        while (frame := json.loads(ws.recv()))["type"] != "response":
+            pass
+    finally:
+        ws.close()
+
+    def said(query: str) -> list[str]:
+        r = srv.app.test_client().get(f"/api/agents/{agent_id}/session{query}", environ_base=LOCAL)
+        return [m["content"] for m in r.get_json()["messages"]]
+
+    assert said(session) == ["hello", "echo: hello"]
+    if session:
+        assert said("") == [], "BUG: the socket's person talked in the agent's own session"
+
+
 @pytest.mark.parametrize("command", ["reset", "new"])
 def test_reset_commands_clear_the_history(srv: AppServer, client: Client, command: str) -> None:
     client.send({"type": "message", "content": "[[reply:remember]]"})
@@ -426,6 +480,31 @@ def test_client_leaving_stops_its_runs(srv: AppServer, caplog: pytest.LogCapture
         f"BUG: the running run was not stopped or the queued one ran: {texts}"
     failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert failed == [], "BUG: the socket's handler failed while stopping its runs"
+
+
+def test_a_cron_run_is_shown_while_the_socket_is_open(srv: AppServer) -> None:
+    """An agent's cron job's run reaches the agent's open sockets; a closed one is forgotten."""
+    agent_id = srv.spawn("cronned")
+    http = srv.app.test_client()
+    r = http.post("/api/cron/jobs", environ_base=LOCAL, json={
+        "name": "chime", "agent_id": agent_id, "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+        "action": {"kind": "agent_turn", "message": "[[reply:chimed]]"}})
+    assert r.status_code == 201, r.get_data(as_text=True)
+    job_id = r.get_json()["id"]
+    c = Client(srv, agent_id)
+    try:
+        c.frame()
+        assert http.post(f"/api/cron/jobs/{job_id}/run", environ_base=LOCAL).status_code == 202
+        frames = final_frames(c.until("response"))
+        assert frames[:2] == [{"type": "message", "content": "[[reply:chimed]]", "source": "cron", "job_id": job_id,
+                               "job_name": "chime"}, {"type": "typing", "state": "start"}]
+        assert frames[-1]["content"] == "chimed"
+    finally:
+        c.close()
+    deadline = time.monotonic() + WAIT
+    while srv.kernel.listeners.of(agent_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.kernel.listeners.of(agent_id) == [], "BUG: a closed socket still listens to the agent's cron runs"
 
 
 def test_unknown_agent_is_404_before_the_upgrade(srv: AppServer) -> None:
