@@ -63,15 +63,19 @@ def test_values_as_read(tmp_path: Path) -> None:
     write(tmp_path, 'api_key = "  admin  "\nlog_level = "DEBUG"\nnetwork_enabled = true\n'
                     'database_url = " postgresql://agentd@db.example/agentd "\n'
                     '[provider_urls]\nopenai = "http://127.0.0.1:9/v1"\n'
-                    '[llm]\ntimeout_secs = 5\nstream_idle_secs = 0.5\n[telemetry]\notel = true\n')
+                    '[llm]\ntimeout_secs = 0.5\nstream_idle_secs = 5\n[telemetry]\notel = true\n'
+                    '[tools]\nsearch_url = "http://127.0.0.1:9/search?q={query}"\n')
     cfg = load_config(tmp_path)
     assert (cfg.api_key, cfg.log_level, cfg.network_enabled, cfg.provider_urls, cfg.telemetry.otel) == \
         ("admin", "debug", True, {"openai": "http://127.0.0.1:9/v1"}, True)
     assert cfg.database == DatabaseUrl("postgresql://agentd@db.example/agentd")
-    assert (cfg.llm.timeout_secs, cfg.llm.stream_idle_secs) == (5.0, 0.5)
+    assert (cfg.llm.timeout_secs, cfg.llm.stream_idle_secs) == (0.5, 5.0)
+    assert type(cfg.llm.stream_idle_secs) is float
+    assert (cfg.tools.search_url, cfg.tools.shell_timeout_secs) == ("http://127.0.0.1:9/search?q={query}", 30.0)
+    write(tmp_path, 'database_url = ""\n[llm]\ntimeout_secs = 7\nstream_idle_secs = 0.25\n')
+    cfg = load_config(tmp_path)
+    assert (cfg.database, cfg.llm.timeout_secs, cfg.llm.stream_idle_secs) == (None, 7.0, 0.25)
     assert type(cfg.llm.timeout_secs) is float
-    write(tmp_path, 'database_url = ""\n')
-    assert load_config(tmp_path).database is None
 
 
 def test_the_environment_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +87,8 @@ def test_the_environment_over_the_file(tmp_path: Path, monkeypatch: pytest.Monke
     cfg = load_config(tmp_path)
     assert (cfg.api_listen, cfg.api_key, cfg.database) == (
         "127.0.0.1:5000", "from-env", DatabaseUrl("postgresql://agentd:pw@other.example/agentd"))
+    monkeypatch.setenv("AGENTD_DATABASE_URL", "  ")
+    assert load_config(tmp_path).database == DatabaseUrl("postgresql://agentd@db.example/agentd")
     monkeypatch.setenv("AGENTD_DATABASE_URL", "sqlite:///x.db")
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path)
