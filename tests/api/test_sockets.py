@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 import websocket
+from prometheus_client.parser import text_string_to_metric_families
 from waitress import wasyncore
 
 from agentd import jsonsafe
@@ -342,11 +343,11 @@ def test_a_scoped_key_talks_in_its_own_session_and_its_runs_count_as_websocket_r
     http = server.app.test_client()
     admin = {"Authorization": "Bearer admin-for-sockets"}
 
-    def runs() -> list[str]:
-        """The run counters that are not 0."""
+    def runs() -> list[tuple[str, str, float]]:
+        """The run counters that are not 0: (origin, outcome, count)."""
         text = http.get("/metrics", headers=admin, environ_base=LOCAL).get_data(as_text=True)
-        return [line for line in text.splitlines() if line.startswith("agentd_runs_total{") and
-                not line.endswith(" 0.0")]
+        return [(x.labels["origin"], x.labels["outcome"], x.value) for family in text_string_to_metric_families(text)
+                for x in family.samples if x.name == "agentd_runs_total" and x.value]
 
     try:
         r = http.post("/api/agents", json={"manifest_toml": 'name = "keyed"\n'}, headers=admin, environ_base=LOCAL)
@@ -373,7 +374,7 @@ def test_a_scoped_key_talks_in_its_own_session_and_its_runs_count_as_websocket_r
 
         assert said(key) == ["from the key", "echo: from the key"]
         assert said(admin) == [], "BUG: a key's socket talked in the agent's own session"
-        assert runs() == ['agentd_runs_total{origin="ws",outcome="completed"} 1.0']
+        assert runs() == [("ws", "completed", 1.0)]
     finally:
         server.stop()
 
