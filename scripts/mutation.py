@@ -319,6 +319,18 @@ TESTS: dict[str, list[str]] = {
     # The entity declarations: the schema tests (a fresh database's shape, each migration).
     "agentd/store/entities.py": ["tests/store/test_store_backend.py", "-knot postgres"],
     "agentd/cluster/config.py": ["tests/cluster/test_cluster_units.py", "-knot postgres"],
+    # config.toml and the environment read in process (the start and `agentd doctor` show the
+    # same messages: tests/cli/).
+    "agentd/config/__init__.py": ["tests/config/test_config.py"],
+    # `agentd doctor` through the CLI (a process per check run), beside and without a daemon.
+    "agentd/cli/doctor.py": ["tests/cli/test_doctor.py", "tests/cli/test_doctor_disk.py",
+                             "tests/cli/test_options.py::test_doctor_lines_up_its_messages",
+                             "tests/api/test_web_security.py::test_doctor_warns_on_non_loopback_listen_without_key",
+                             "tests/server/test_proxy.py::test_doctor_warns_about_trusted_proxies_without_a_key",
+                             *(f"tests/cli/test_lifecycle.py::{t}" for t in (
+                                 "test_doctor_reports_failures", "test_doctor_with_broken_config",
+                                 "test_doctor_fails_what_start_would_fail_on",
+                                 "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
     **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
                                      "-knot postgres"]
        for name in ("run_leases", "held_leases", "members")},

@@ -26,7 +26,7 @@ from agentd import jsonsafe
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manager import AgentHandle
-from agentd.agents.run_request import WORKER, RunRequest, RunTicket, check_message
+from agentd.agents.run_request import RunRequest, RunTicket, check_message
 from agentd.api import body
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
@@ -148,9 +148,9 @@ class AgentSocket:
             if not isinstance(user, (str, type(None))) or not isinstance(session, (str, type(None))):
                 raise BadRequest("'user' and 'session' must be strings")
             with as_outage():
-                ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, on=WORKER,
-                                                           origin="ws", **run_fields(self.who, self.handle, user,
-                                                                                     session, own_session=True)))
+                ticket = self.kernel.runs.start(RunRequest(self.handle, content, attachments, emit=emit, origin="ws",
+                                                           **run_fields(self.who, self.handle, user, session,
+                                                                        own_session=True)))
         except AgentdError as exc:  # quota, budget, the agent's queue is full, the database is down
             self.send("error", content=exc.message)
             return

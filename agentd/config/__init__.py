@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
-                                 memory_table, metrics_table, remote_agents, schedules_table, tools_table,
-                                 triggers_table, split_listen)
+                                 memory_table, metrics_table, remote_agents, schedules_table, set_int,
+                                 split_listen, tools_table, triggers_table)
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, ChannelsConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
@@ -31,9 +31,6 @@ __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS",
            "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
            "SchedulesConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
            "load_config", "parse_config", "remote_agents", "split_listen", "unknown_keys", "write_default_config"]
-
-# The pre-split private name, kept so table parsers added here by other branches still work.
-_expect = expect
 
 
 @dataclass
@@ -142,11 +139,7 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
         if timeout <= 0:
             raise ConfigError("config key llm.timeout_secs: must be greater than 0")
         cfg.llm.timeout_secs = float(timeout)
-    if "retries" in llm:
-        retries = expect(llm["retries"], int, "llm.retries", "an integer")
-        if not 0 <= retries <= 10:
-            raise ConfigError("config key llm.retries: must be between 0 and 10")
-        cfg.llm.retries = retries
+    set_int(llm, cfg.llm, "llm", "retries", 0, 10)
     cfg.memory = memory_table(data)
     cfg.metrics = metrics_table(data)
     if "stream_idle_secs" in llm:
@@ -155,16 +148,8 @@ def parse_config(data: dict[str, Any], home: Path) -> Config:
             raise ConfigError("config key llm.stream_idle_secs: must be greater than 0")
         cfg.llm.stream_idle_secs = float(idle)
     agents = expect(data.get("agents", {}), dict, "agents", "a table")
-    if "max_queue" in agents:
-        max_queue = expect(agents["max_queue"], int, "agents.max_queue", "an integer")
-        if not 0 <= max_queue <= 10_000:
-            raise ConfigError("config key agents.max_queue: must be between 0 and 10000")
-        cfg.agents.max_queue = max_queue
-    if "cached_sessions" in agents:
-        cached = expect(agents["cached_sessions"], int, "agents.cached_sessions", "an integer")
-        if not 1 <= cached <= 1_000_000:
-            raise ConfigError("config key agents.cached_sessions: must be between 1 and 1000000")
-        cfg.agents.cached_sessions = cached
+    set_int(agents, cfg.agents, "agents", "max_queue", 0, 10_000)
+    set_int(agents, cfg.agents, "agents", "cached_sessions", 1, 1_000_000)
     telemetry = expect(data.get("telemetry", {}), dict, "telemetry", "a table")
     if "otel" in telemetry:
         cfg.telemetry.otel = expect(telemetry["otel"], bool, "telemetry.otel", "a boolean")

@@ -141,8 +141,27 @@ def test_a_manifest_saved_elsewhere_is_taken_over(pair, caplog) -> None:
         store.e.AgentRow.get(id=h.id).manifest_toml = "name = "
     with caplog.at_level(logging.ERROR, logger="agentd.agents"):
         shared.sync_agent(b.registry, agent_id=h.id)
-    assert mine.model == "deepseek-chat", "an unreadable manifest leaves the handle as it was"
-    assert "the manifest saved elsewhere cannot be read" in caplog.text
+    assert b.registry._agents[h.id] is mine and mine.manifest is parsed and mine.model == "deepseek-chat", \
+        "an unreadable manifest leaves the handle as it was"
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"agent epsilon ({h.id}): the manifest saved elsewhere cannot be read: "
+        "invalid manifest format: TOML syntax error: Invalid value (at end of document)"]
+
+
+def test_a_manifest_saved_elsewhere_is_read_by_the_rules_of_a_stored_agent(pair, caplog) -> None:
+    """A daemon from before grants had to be arrays may still save `tools = "file_read"`
+    (a one-item list then): this daemon takes it over as it loads such an agent at start."""
+    a, b, store = pair
+    h = a.spawn(manifest("lambda"))
+    shared.sync_agent(b.registry, agent_id=h.id)
+    mine = b.registry._agents[h.id]
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).manifest_toml = manifest("lambda", "gpt-4o-mini") + \
+            '[capabilities]\ntools = "file_read"\n'
+    caplog.set_level(logging.ERROR, logger="agentd.agents")
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert [r.getMessage() for r in caplog.records] == []
+    assert (mine.model, mine.manifest.capabilities["tools"]) == ("gpt-4o-mini", ["file_read"])
 
 
 def test_an_agent_killed_elsewhere_is_forgotten(pair, caplog) -> None:

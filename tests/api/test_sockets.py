@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 import websocket
+from prometheus_client.parser import text_string_to_metric_families
 from waitress import wasyncore
 
 from agentd import jsonsafe
@@ -151,6 +152,12 @@ def test_message_frames_in_order(client: Client) -> None:
     assert frames[-2] == {"type": "typing", "state": "stop"}, "BUG: typing stop is not right before the response"
 
 
+def test_a_quiet_socket_stays_open(client: Client) -> None:
+    time.sleep(1.0)   # the handler's reads time out meanwhile
+    client.send({"type": "ping"})
+    assert client.raw() == '{"type":"pong"}'
+
+
 def test_plain_text_frame_is_a_message(client: Client) -> None:
     client.send("[[reply:plain]]")
     assert client.until("response")[-1]["content"] == "plain"
@@ -221,6 +228,31 @@ def test_frame_limit_at_and_past_64_kib(client: Client) -> None:
     assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
 
 
+def test_the_json_of_a_frame_may_pass_64_kib_but_not_its_message(client: Client) -> None:
+    """A message frame's JSON may pass 64 KiB by its envelope and escapes (its content is what
+    the message limit counts); any other frame may not."""
+    fits = "[[reply:fits]] " + "\u00e9" * 30000   # 60,015 bytes, six times as many escaped
+    client.send({"type": "message", "content": fits})
+    assert client.until("response")[-1]["content"] == "fits"
+    client.send({"type": "ping", "pad": "x" * 65536})
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+    client.send({"type": "command", "command": "stop", "pad": "x" * 65536})
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+
+
+def test_a_binary_frame_past_the_json_limit_once_decoded_is_refused(client: Client) -> None:
+    """Each invalid UTF-8 byte of a binary frame is read as U+FFFD (3 bytes): the frame is
+    measured as decoded, and refused past 4 x 64 KiB before it is parsed."""
+    envelope = b'{"type":"message","content":"', b'"}'
+    at_limit = envelope[0] + b"\xff" * 87371 + envelope[1]   # 262,144 bytes decoded
+    client.ws.send_binary(at_limit)
+    assert client.frame() == {"type": "error", "content": "message too large (max 64 KB)"}
+    client.ws.send_binary(at_limit[:-2] + b"a" + envelope[1])
+    assert client.frame() == {"type": "error", "content": "frame too large (max 64 KB)"}
+    client.send({"type": "ping"})
+    assert client.frame() == {"type": "pong"}
+
+
 def test_too_deep_json_is_refused(client: Client) -> None:
     depth = jsonsafe.MAX_DEPTH + 1
     client.send("[" * depth + "]" * depth)
@@ -243,6 +275,19 @@ def test_failed_run_sends_its_error(client: Client) -> None:
     client.send({"type": "message", "content": "hi", "attachments": [{"bogus": 1}]})
     assert client.frame() == {"type": "error", "content": "invalid request: attachments.0.file_id: Missing data for "
                                                          "required field.; attachments.0.bogus: Unknown field."}
+
+
+def test_a_run_that_fails_inside_agentd_is_an_internal_error(srv: AppServer, client: Client,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault of agentd's own (not an error it names) is told as such, without its details."""
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a fault inside the run")
+
+    monkeypatch.setattr(srv.kernel.runs, "_run_locked", broken)
+    client.send({"type": "message", "content": "hi"})
+    assert final_frames(client.until("error")) == [{"type": "typing", "state": "start"},
+                                                   {"type": "typing", "state": "stop"},
+                                                   {"type": "error", "content": "internal error"}]
 
 
 def test_attachments_default_to_none(client: Client) -> None:
@@ -288,6 +333,74 @@ def test_a_message_frame_names_its_person_or_session(srv: AppServer, client: Cli
     for bad in ({"user": 7}, {"session": ["notes"]}):
         client.send({"type": "message", "content": "x", **bad})
         assert client.frame() == {"type": "error", "content": "'user' and 'session' must be strings"}
+
+def test_a_scoped_key_talks_in_its_own_session_and_its_runs_count_as_websocket_runs(
+        tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key's socket without `user` or `session` talks in a session of the key's own, as its
+    HTTP messages do; the agent's own session sees none of it. /metrics counts the run as ws."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
+    server = AppServer(tmp_path, fake_llm, {"api_key": "admin-for-sockets"})
+    http = server.app.test_client()
+    admin = {"Authorization": "Bearer admin-for-sockets"}
+
+    def runs() -> list[tuple[str, str, float]]:
+        """The run counters that are not 0: (origin, outcome, count)."""
+        text = http.get("/metrics", headers=admin, environ_base=LOCAL).get_data(as_text=True)
+        return [(x.labels["origin"], x.labels["outcome"], x.value) for family in text_string_to_metric_families(text)
+                for x in family.samples if x.name == "agentd_runs_total" and x.value]
+
+    try:
+        r = http.post("/api/agents", json={"manifest_toml": 'name = "keyed"\n'}, headers=admin, environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        agent_id = r.get_json()["agent_id"]
+        r = http.post("/api/keys", json={"name": "socket-key", "scopes": ["read", "message"]}, headers=admin,
+                      environ_base=LOCAL)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        key = {"Authorization": f"Bearer {r.get_json()['key']}"}
+        assert runs() == []
+        ws = websocket.create_connection(server.url(f"/api/agents/{agent_id}/ws"), timeout=WAIT, header=key)
+        try:
+            assert json.loads(ws.recv())["type"] == "connected"
+            ws.send(json.dumps({"type": "message", "content": "from the key"}))
+            while (frame := json.loads(ws.recv()))["type"] != "response":
+                pass
+            assert frame["content"] == "echo: from the key"
+        finally:
+            ws.close()
+
+        def said(headers: dict) -> list[str]:
+            r = http.get(f"/api/agents/{agent_id}/session", headers=headers, environ_base=LOCAL)
+            return [m["content"] for m in r.get_json()["messages"]]
+
+        assert said(key) == ["from the key", "echo: from the key"]
+        assert said(admin) == [], "BUG: a key's socket talked in the agent's own session"
+        assert runs() == [("ws", "completed", 1.0)]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("query, session", [("?user=erin", "?user=erin"), ("?session=notes", "?session=notes"),
+                                            ("?user=", "")])
+def test_the_socket_s_user_or_session_picks_the_session_its_runs_talk_in(srv: AppServer, query: str,
+                                                                         session: str) -> None:
+    agent_id = srv.spawn("person")
+    ws = websocket.create_connection(srv.url(f"/api/agents/{agent_id}/ws{query}"), timeout=WAIT)
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        ws.send(json.dumps({"type": "message", "content": "hello"}))
+        while (frame := json.loads(ws.recv()))["type"] != "response":
+            pass
+    finally:
+        ws.close()
+
+    def said(query: str) -> list[str]:
+        r = srv.app.test_client().get(f"/api/agents/{agent_id}/session{query}", environ_base=LOCAL)
+        return [m["content"] for m in r.get_json()["messages"]]
+
+    assert said(session) == ["hello", "echo: hello"]
+    if session:
+        assert said("") == [], "BUG: the socket's person talked in the agent's own session"
+
 
 @pytest.mark.parametrize("command", ["reset", "new"])
 def test_reset_commands_clear_the_history(srv: AppServer, client: Client, command: str) -> None:
@@ -368,6 +481,31 @@ def test_client_leaving_stops_its_runs(srv: AppServer, caplog: pytest.LogCapture
         f"BUG: the running run was not stopped or the queued one ran: {texts}"
     failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert failed == [], "BUG: the socket's handler failed while stopping its runs"
+
+
+def test_a_cron_run_is_shown_while_the_socket_is_open(srv: AppServer) -> None:
+    """An agent's cron job's run reaches the agent's open sockets; a closed one is forgotten."""
+    agent_id = srv.spawn("cronned")
+    http = srv.app.test_client()
+    r = http.post("/api/cron/jobs", environ_base=LOCAL, json={
+        "name": "chime", "agent_id": agent_id, "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+        "action": {"kind": "agent_turn", "message": "[[reply:chimed]]"}})
+    assert r.status_code == 201, r.get_data(as_text=True)
+    job_id = r.get_json()["id"]
+    c = Client(srv, agent_id)
+    try:
+        c.frame()
+        assert http.post(f"/api/cron/jobs/{job_id}/run", environ_base=LOCAL).status_code == 202
+        frames = final_frames(c.until("response"))
+        assert frames[:2] == [{"type": "message", "content": "[[reply:chimed]]", "source": "cron", "job_id": job_id,
+                               "job_name": "chime"}, {"type": "typing", "state": "start"}]
+        assert frames[-1]["content"] == "chimed"
+    finally:
+        c.close()
+    deadline = time.monotonic() + WAIT
+    while srv.kernel.listeners.of(agent_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.kernel.listeners.of(agent_id) == [], "BUG: a closed socket still listens to the agent's cron runs"
 
 
 def test_unknown_agent_is_404_before_the_upgrade(srv: AppServer) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support import Daemon, make_home, run_cli
+from support import FAST_API, Daemon, make_home, run_cli
 
 
 def provider_keys(home: Path, port: int) -> dict[str, str]:
@@ -100,3 +100,31 @@ def test_doctor_names_each_cron_webhook_whose_secret_a_start_would_not_find(tmp_
     secrets.chmod(0o600)
     assert webhooks(CRON_OTHER_SECRET="other") == {
         "check": "cron_webhooks", "status": "ok", "message": "the secret_env of 2 cron webhook(s) is set"}
+
+
+def test_doctor_tells_a_readable_secrets_file_and_proxies_without_a_key(tmp_path: Path) -> None:
+    """secrets.env that others than its owner may read, and trusted proxies whose clients
+    (remote, all of them) no key serves: warnings naming what to do."""
+    home = make_home(tmp_path, FAST_API.replace("[api]\n", '[api]\ntrusted_proxies = ["127.0.0.1", "10.0.0.0/8"]\n', 1))
+    secrets = home / "secrets.env"
+    secrets.write_text("OPENAI_API_KEY=sk-doctor\n")
+
+    def checks(mode: int, **env: str) -> tuple[dict | None, dict | None]:
+        secrets.chmod(mode)
+        found = {c["check"]: c for c in json.loads(run_cli(home, "doctor", "--json", env_extra=env).stdout)}
+        return found.get("secrets_file"), found.get("trusted_proxies")
+
+    assert checks(0o604) == (
+        {"check": "secrets_file", "status": "warn", "message": f"{secrets} has mode 0o604; run chmod 600 {secrets}"},
+        {"check": "trusted_proxies", "status": "warn",
+         "message": "trusted_proxies is set (127.0.0.1, 10.0.0.0/8) but api_key is not: clients behind the proxy "
+                    "are remote and get 401; set api_key (or AGENTD_API_KEY)"})
+    assert checks(0o640, AGENTD_API_KEY="k")[0]["message"] == f"{secrets} has mode 0o640; run chmod 600 {secrets}"
+    assert checks(0o600, AGENTD_API_KEY="k") == (
+        {"check": "secrets_file", "status": "ok", "message": f"{secrets} is private (0600)"},
+        {"check": "trusted_proxies", "status": "ok",
+         "message": "forwarding headers trusted from 127.0.0.1, 10.0.0.0/8; api_key is set"})
+    secrets.unlink()
+    (home / "config.toml").write_text(FAST_API)
+    names = {c["check"] for c in json.loads(run_cli(home, "doctor", "--json").stdout)}
+    assert "config" in names and names.isdisjoint({"secrets_file", "trusted_proxies"})

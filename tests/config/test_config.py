@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agentd.config import DEFAULT_CONFIG_TEXT, load_config, split_listen, unknown_keys, write_default_config
+from agentd.config import (DEFAULT_CONFIG_TEXT, home_dir, load_config, split_listen, unknown_keys,
+                           write_default_config)
 from agentd.errors import ConfigError
+from agentd.store.backend import DatabaseUrl
 
 
 def write(home: Path, text: str) -> Path:
@@ -18,7 +20,7 @@ def write(home: Path, text: str) -> Path:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("AGENTD_LISTEN", "AGENTD_API_KEY", "AGENTD_HOME"):
+    for key in ("AGENTD_LISTEN", "AGENTD_API_KEY", "AGENTD_HOME", "AGENTD_DATABASE_URL"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -30,6 +32,68 @@ def test_defaults_without_a_file(tmp_path: Path) -> None:
     assert cfg.api_key == ""
     assert cfg.log_level == "info"
     assert (cfg.log_format, cfg.metrics.enabled, cfg.metrics.agent_labels) == ("text", True, False)
+
+
+def test_the_home_holds_the_daemons_files(tmp_path: Path) -> None:
+    cfg = load_config(tmp_path)
+    assert (cfg.config_path, cfg.data_dir, cfg.db_path, cfg.daemon_file, cfg.agents_dir, cfg.workspaces_dir,
+            cfg.secrets_path) == (tmp_path / "config.toml", tmp_path / "data", tmp_path / "data" / "agentd.db",
+                                  tmp_path / "daemon.json", tmp_path / "agents", tmp_path / "workspaces",
+                                  tmp_path / "secrets.env")
+    assert (cfg.host, cfg.port) == ("127.0.0.1", 4200)
+    assert (cfg.network_enabled, cfg.provider_urls, cfg.database, cfg.mcp_servers, cfg.telemetry.otel) == \
+        (False, {}, None, [], False)
+    assert (cfg.llm.timeout_secs, cfg.llm.retries, cfg.llm.stream_idle_secs) == (300.0, 3, 60.0)
+    assert (cfg.agents.max_queue, cfg.agents.cached_sessions) == (8, 256)
+
+
+def test_the_home_is_agentd_home_else_dot_agentd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert home_dir() == Path.home() / ".agentd"
+    monkeypatch.setenv("AGENTD_HOME", "  ")
+    assert home_dir() == Path.home() / ".agentd"
+    monkeypatch.setenv("AGENTD_HOME", "~/elsewhere")
+    assert home_dir() == Path.home() / "elsewhere"
+    monkeypatch.setenv("AGENTD_HOME", f" {tmp_path} ")
+    write(tmp_path, 'log_level = "debug"\n')
+    cfg = load_config()
+    assert (cfg.home, cfg.log_level) == (tmp_path, "debug")
+
+
+def test_values_as_read(tmp_path: Path) -> None:
+    write(tmp_path, 'api_key = "  admin  "\nlog_level = "DEBUG"\nnetwork_enabled = true\n'
+                    'database_url = " postgresql://agentd@db.example/agentd "\n'
+                    '[provider_urls]\nopenai = "http://127.0.0.1:9/v1"\n'
+                    '[llm]\ntimeout_secs = 0.5\nstream_idle_secs = 5\n[telemetry]\notel = true\n'
+                    '[tools]\nsearch_url = "http://127.0.0.1:9/search?q={query}"\n')
+    cfg = load_config(tmp_path)
+    assert (cfg.api_key, cfg.log_level, cfg.network_enabled, cfg.provider_urls, cfg.telemetry.otel) == \
+        ("admin", "debug", True, {"openai": "http://127.0.0.1:9/v1"}, True)
+    assert cfg.database == DatabaseUrl("postgresql://agentd@db.example/agentd")
+    assert (cfg.llm.timeout_secs, cfg.llm.stream_idle_secs) == (0.5, 5.0)
+    assert type(cfg.llm.stream_idle_secs) is float
+    assert (cfg.tools.search_url, cfg.tools.shell_timeout_secs) == ("http://127.0.0.1:9/search?q={query}", 30.0)
+    write(tmp_path, 'database_url = ""\n[llm]\ntimeout_secs = 7\nstream_idle_secs = 0.25\n')
+    cfg = load_config(tmp_path)
+    assert (cfg.database, cfg.llm.timeout_secs, cfg.llm.stream_idle_secs) == (None, 7.0, 0.25)
+    assert type(cfg.llm.timeout_secs) is float
+
+
+def test_the_environment_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, 'api_listen = "127.0.0.1:5000"\ndatabase_url = "postgresql://agentd@db.example/agentd"\n')
+    monkeypatch.setenv("AGENTD_LISTEN", "  ")
+    monkeypatch.setenv("AGENTD_API_KEY", "  from-env  ")
+    # The environment may hold a password; config.toml may not.
+    monkeypatch.setenv("AGENTD_DATABASE_URL", " postgresql://agentd:pw@other.example/agentd ")
+    cfg = load_config(tmp_path)
+    assert (cfg.api_listen, cfg.api_key, cfg.database) == (
+        "127.0.0.1:5000", "from-env", DatabaseUrl("postgresql://agentd:pw@other.example/agentd"))
+    monkeypatch.setenv("AGENTD_DATABASE_URL", "  ")
+    assert load_config(tmp_path).database == DatabaseUrl("postgresql://agentd@db.example/agentd")
+    monkeypatch.setenv("AGENTD_DATABASE_URL", "sqlite:///x.db")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message == ("AGENTD_DATABASE_URL: must be a postgresql:// URL (got scheme 'sqlite'); "
+                                 "leave it unset for the embedded SQLite database")
 
 
 def test_log_format_and_metrics_keys(tmp_path: Path) -> None:
@@ -69,7 +133,61 @@ def test_unparsable_toml_names_the_line(tmp_path: Path) -> None:
     write(tmp_path, 'log_level = "info"\napi_listen = \n')
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path)
-    assert "line 2" in err.value.message and "config.toml" in err.value.message
+    assert err.value.message == f"cannot parse {tmp_path / 'config.toml'}: Invalid value (at line 2, column 14)"
+
+
+def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_bytes(b'\xfflog_level = "info"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message == (f"cannot read {tmp_path / 'config.toml'}: 'utf-8' codec can't decode byte 0xff "
+                                 "in position 0: invalid start byte")
+    (tmp_path / "config.toml").unlink()
+    (tmp_path / "config.toml").mkdir()
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message.startswith(f"cannot read {tmp_path / 'config.toml'}: [Errno 21] Is a directory")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('api_key = 3\n', "config key api_key: expected a string, got int"),
+    ('log_level = 3\n', "config key log_level: expected a string, got int"),
+    ('log_level = "loud"\n', "config key log_level: 'loud' is not one of debug, info, warning, error, critical"),
+    ('log_format = 3\n', "config key log_format: expected a string, got int"),
+    ('network_enabled = "yes"\n', "config key network_enabled: expected a boolean, got str"),
+    ('provider_urls = 5\n', "config key provider_urls: expected a table, got int"),
+    ('[provider_urls]\nopenai = 5\n', "config key provider_urls.openai: expected a string, got int"),
+    ('llm = 3\n', "config key llm: expected a table, got int"),
+    ('[llm]\ntimeout_secs = 0\n', "config key llm.timeout_secs: must be greater than 0"),
+    ('[llm]\ntimeout_secs = -0.5\n', "config key llm.timeout_secs: must be greater than 0"),
+    ('[llm]\ntimeout_secs = true\n', "config key llm.timeout_secs: expected a number, got a boolean"),
+    ('[llm]\nstream_idle_secs = 0\n', "config key llm.stream_idle_secs: must be greater than 0"),
+    ('[llm]\nstream_idle_secs = "1"\n', "config key llm.stream_idle_secs: expected a number, got str"),
+    ('agents = []\n', "config key agents: expected a table, got list"),
+    ('telemetry = 1\n', "config key telemetry: expected a table, got int"),
+    ('[telemetry]\notel = "yes"\n', "config key telemetry.otel: expected a boolean, got str"),
+    ('database_url = 5\n', "config key database_url: expected a string, got int"),
+    ('database_url = "postgresql://agentd:pw@db.example/agentd"\n',
+     "config key database_url: must not contain a password (secrets never go in config.toml); set PGPASSWORD, "
+     "use ~/.pgpass, or put the whole URL in AGENTD_DATABASE_URL"),
+])
+def test_a_refused_value_is_named_with_its_file(tmp_path: Path, text: str, message: str) -> None:
+    write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message == f"invalid config {tmp_path / 'config.toml'}: {message}"
+
+
+def test_unknown_keys_are_named_as_table_dot_key() -> None:
+    """What the start and `agentd doctor` warn about: keys of agentd's tables it does not
+    read, and top-level keys that are neither a table nor a setting."""
+    assert unknown_keys({"api_listen": "127.0.0.1:1", "database_url": "", "api_key": "", "log_level": "info",
+                         "api": {"threads": 4}, "llm": {"retries": 1}, "cluster": {"lease_secs": 5},
+                         "a2a": {"agents": []}, "channels": {"workers": 2, "telegram": {"token_env": "T"}},
+                         "mcp_servers": []}) == []
+    assert unknown_keys({"api": {"threds": 4}, "cluster": {"leases": 5}, "a2a": {"agent": []},
+                         "channels": {"telegram": 1}, "home": "/x", "raw": {}, "database": "x", "llm": 5}) == [
+        "api.threds", "cluster.leases", "a2a.agent", "channels.telegram", "home", "raw", "database"]
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -117,7 +235,8 @@ BOUNDED_INTEGERS = [("api", "threads", 1, 1024), ("api", "max_streams", 1, 1024)
                     ("triggers", "rate_limit_per_minute", 1, 10_000), ("schedules", "failure_backoff_after", 1, 1000),
                     ("schedules", "delivery_attempts", 1, 20), ("schedules", "max_jobs_per_agent", 1, 100_000),
                     ("channels", "workers", 1, 256), ("channels", "queue_limit", 0, 10_000),
-                    ("channels", "max_file_bytes", 1, 10 * 1024 * 1024)]
+                    ("channels", "max_file_bytes", 1, 10 * 1024 * 1024), ("llm", "retries", 0, 10),
+                    ("agents", "max_queue", 0, 10_000), ("agents", "cached_sessions", 1, 1_000_000)]
 
 
 @pytest.mark.parametrize("section, key, low, high", BOUNDED_INTEGERS)
