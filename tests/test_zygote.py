@@ -25,6 +25,9 @@ import support  # noqa: E402
 import zygote  # noqa: E402
 from support import Daemon, agentd_env, make_home, start_process, wait_until  # noqa: E402
 
+# Without pidfds (Linux before 5.3) every daemon is a process of its own and there is no zygote.
+pytestmark = pytest.mark.skipif(not zygote.PIDFDS, reason="this kernel gives no pidfds")
+
 TESTS = Path(__file__).resolve().parent
 
 

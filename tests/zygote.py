@@ -262,10 +262,25 @@ _WORKER_CWD = os.getcwd()
 _shared_lock = threading.Lock()
 
 
+def _pidfds_work() -> bool:
+    """Whether this kernel and Python give pidfds (Linux 5.3 and later), which watch a child."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+PIDFDS = _pidfds_work()
+
+
 def shared(env: dict[str, str]) -> Zygote | None:
     """This process's zygote (started on first use, ended at exit), or None when a child of
-    it would not start as a process with environment `env` in the current directory would."""
+    it would not start as a process with environment `env` in the current directory would,
+    or cannot be watched here (no pidfds)."""
     global _shared
+    if not PIDFDS:
+        return None
     with _shared_lock:
         if _shared is None:
             _shared = Zygote(env, _WORKER_CWD)
