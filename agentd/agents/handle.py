@@ -72,6 +72,9 @@ class AgentHandle:
     llm_tail: dict[int, tuple[dict[str, Any], Any, bool]] = field(default_factory=dict)
     # The session whose `sessions` row this process's message writes have made sure of.
     session_row: str = ""
+    # A manifest another daemon saved that this one could not read (agentd/agents/shared.py):
+    # refused and logged once, not again at every lookup while the row holds it.
+    unreadable_manifest: str = ""
     # The agent's workspace directory, once a run has needed it (names never change).
     workspace: Path | None = None
     # Requests waiting for this agent: they hold no run-pool worker while they wait.

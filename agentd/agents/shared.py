@@ -91,7 +91,9 @@ def _new_manifest(registry: "AgentRegistry", handle: "AgentHandle", text: str) -
 
     try:
         registry.apply_manifest(handle, parse_manifest(text, new=False))
+        handle.unreadable_manifest = ""
     except AgentdError as exc:
+        handle.unreadable_manifest = text
         log.error("agent %s (%s): the manifest saved elsewhere cannot be read: %s", handle.name, handle.id,
                   exc.message)
 
@@ -105,8 +107,9 @@ def _adopt(registry: "AgentRegistry", row: Any) -> None:
         if handle is not None:
             _refresh(handle, row.mode, row.session_id)
             handle.key_id = row.key_id or ""
-            if row.manifest_toml != handle.manifest.toml_text.strip():  # Pony strips what it stores
-                _new_manifest(registry, handle, row.manifest_toml)
+            text = row.manifest_toml  # Pony strips what it stores
+            if text != handle.manifest.toml_text.strip() and text != handle.unreadable_manifest:
+                _new_manifest(registry, handle, text)
             return
         stale = registry._by_name.get(row.name)
     # `_by_name` only names registered handles, and `row.id` has none (checked above), so a

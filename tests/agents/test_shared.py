@@ -143,9 +143,25 @@ def test_a_manifest_saved_elsewhere_is_taken_over(pair, caplog) -> None:
         shared.sync_agent(b.registry, agent_id=h.id)
     assert b.registry._agents[h.id] is mine and mine.manifest is parsed and mine.model == "deepseek-chat", \
         "an unreadable manifest leaves the handle as it was"
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
-        f"agent epsilon ({h.id}): the manifest saved elsewhere cannot be read: "
-        "invalid manifest format: TOML syntax error: Invalid value (at end of document)"]
+    refusal = (f"agent epsilon ({h.id}): the manifest saved elsewhere cannot be read: "
+               "invalid manifest format: TOML syntax error: Invalid value (at end of document)")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [refusal]
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="agentd.agents"):
+        shared.sync_agent(b.registry, agent_id=h.id)
+        shared.sync_agent(b.registry, agent_id=h.id)
+    assert caplog.records == [], "the same unreadable manifest is logged once, not at every lookup"
+    assert mine.manifest is parsed
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).manifest_toml = manifest("epsilon", "gpt-4o-mini")
+    shared.sync_agent(b.registry, agent_id=h.id)
+    assert mine.model == "gpt-4o-mini"
+    with orm.db_session:
+        store.e.AgentRow.get(id=h.id).manifest_toml = "name = "
+    with caplog.at_level(logging.ERROR, logger="agentd.agents"):
+        shared.sync_agent(b.registry, agent_id=h.id)
+    assert [r.getMessage() for r in caplog.records] == [refusal], \
+        "saved again after a readable one, it is refused and logged again"
 
 
 def test_a_manifest_saved_elsewhere_is_read_by_the_rules_of_a_stored_agent(pair, caplog) -> None:
