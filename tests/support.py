@@ -182,12 +182,18 @@ def start_process(args: list[str], env: dict[str, str], log_path: Path,
     outside the test session, with AGENTD_TEST_FORK=0, and where a fork would not start as a
     process of its own would (`zygote.shared`)."""
     command = agentd_command(args, env, hits)
-    if FORK_DAEMONS and command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
-        source = zygote.shared(env)
-        if source is not None:
-            return source.spawn(args, env, log_path)
+    source = _zygote_for(command, args, env)
+    if source is not None:
+        return source.spawn(args, env, log_path)
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _zygote_for(command: list[str], args: list[str], env: dict[str, str]) -> zygote.Zygote | None:
+    """The zygote to fork `command` from, or None when it is to be a process of its own."""
+    if FORK_DAEMONS and command[1:] == ["-m", "agentd", *args] and os.environ.get("AGENTD_TEST_FORK") != "0":
+        return zygote.shared(env)
+    return None
 
 
 def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60,
@@ -198,14 +204,32 @@ def run_cli(home: Path, *args: str, port: int | None = None, timeout: float = 60
     A Python traceback in its output fails the calling test: a CLI answers with a message,
     never a crash. A test that expects one passes `allow_traceback=True`."""
     env = agentd_env(home, port, **(env_extra or {}))
-    result = subprocess.run(agentd_command(list(args), env), env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = _run_to_completion(agentd_command(list(args), env), list(args), env, timeout)
     if not allow_traceback:
         for stream in (result.stdout, result.stderr):
             assert TRACEBACK not in stream, (
                 f"`agentd {' '.join(args)}` printed a Python traceback (exit {result.returncode}):\n"
                 f"{traceback_excerpt(stream)}")
     return result
+
+
+def _run_to_completion(command: list[str], args: list[str], env: dict[str, str],
+                       timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)`, forked from the zygote
+    when it can be (its output goes through files there)."""
+    source = _zygote_for(command, args, env)
+    if source is None:
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="agentd-cli-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        proc = source.spawn(args, env, out, errors=err)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
 
 
 def traceback_excerpt(text: str, lines: int = 40) -> str:

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 
 import support  # noqa: E402
 import zygote  # noqa: E402
-from support import Daemon, agentd_env, make_home, start_process, wait_until  # noqa: E402
+from support import Daemon, agentd_env, make_home, run_cli, start_process, wait_until  # noqa: E402
 
 # Without pidfds (Linux before 5.3) every daemon is a process of its own and there is no zygote.
 pytestmark = pytest.mark.skipif(not zygote.PIDFDS, reason="this kernel gives no pidfds")
@@ -138,6 +138,39 @@ def test_a_child_starts_as_python_m_would_with_the_requested_environment_and_cwd
     show = "import json, test_zygote; print(json.dumps(test_zygote.signal_handlers()))"
     fresh = subprocess.run([sys.executable, "-c", show], cwd=TESTS, capture_output=True, text=True, check=True).stdout
     assert report["signals"] == json.loads(fresh), "a fresh interpreter's"
+
+
+def test_a_child_given_an_error_log_writes_its_standard_error_there(tmp_path: Path) -> None:
+    env = agentd_env(tmp_path)
+    out, err = tmp_path / "out", tmp_path / "err"
+    proc = zygote.shared(env).spawn(["report"], env, out, cwd=str(TESTS), module="test_zygote", errors=err)
+    assert proc.wait(30) == 0, err.read_text()
+    report, *rest = out.read_text().splitlines()
+    assert json.loads(report)["streams"] == ["/dev/null", str(out), str(err)]
+    assert rest == ["atexit ran"] and err.read_text() == "on stderr\n"
+
+
+def test_a_cli_command_run_to_completion_is_forked_and_answers_as_a_process_would(
+        tmp_path: Path, monkeypatch) -> None:
+    home = make_home(tmp_path / "home")
+
+    def no_process_of_its_own(*args, **kwargs):
+        raise AssertionError("run as a process of its own")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess, "run", no_process_of_its_own)
+        forked = run_cli(home, "status")
+    monkeypatch.setenv("AGENTD_TEST_FORK", "0")
+    alone = run_cli(home, "status")
+    monkeypatch.delenv("AGENTD_TEST_FORK")
+    assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+    assert (forked.returncode, forked.stdout) == (1, "")
+    assert forked.stderr.startswith("error: agentd is not running")
+    assert forked.args == [sys.executable, "-m", "agentd", "status"]
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli(home, "start", port=support.free_port(), timeout=1)
+    assert time.monotonic() - started < 10, "a command past its timeout is killed"
 
 
 def test_the_zygote_has_imported_what_an_idle_daemon_has_and_nothing_else(tmp_path: Path) -> None:

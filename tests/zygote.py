@@ -110,15 +110,16 @@ def serve(channel: socket.socket) -> dict[str, Any]:
 
 def become(request: dict[str, Any], sigint: Any) -> None:
     """In the forked child: become `python -m MODULE ARGS` with the request's environment,
-    cwd and log (stdin is the zygote's /dev/null), as a process of its own would start."""
+    cwd, log and error log (the log when none; stdin is the zygote's /dev/null), as a process
+    of its own would start."""
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()   # what `-m` puts first
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, request["log"]), (2, request.get("errors") or request["log"])):
+        opened = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        os.dup2(opened, fd)
+        os.close(opened)
     signal.signal(signal.SIGINT, sigint)
     sys.argv = [request["module"], *request["args"]]
     import runpy
@@ -239,10 +240,11 @@ class Zygote:
         return reply
 
     def spawn(self, args: list[str], env: dict[str, str], log: Path, cwd: str | None = None,
-              module: str = "agentd") -> ForkedProcess:
-        """`python -m MODULE ARGS` in environment `env`, its output appended to `log`."""
+              module: str = "agentd", errors: Path | None = None) -> ForkedProcess:
+        """`python -m MODULE ARGS` in environment `env`, its output appended to `log` (its
+        standard error to `errors` if given)."""
         reply = self.request({"op": "fork", "module": module, "args": args, "env": env,
-                              "cwd": cwd or os.getcwd(), "log": str(log)})
+                              "cwd": cwd or os.getcwd(), "log": str(log), "errors": str(errors or "")})
         return ForkedProcess(self, reply["pid"], [sys.executable, "-m", module, *args])
 
     def close(self) -> None:

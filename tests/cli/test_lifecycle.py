@@ -356,13 +356,11 @@ def test_cli_uses_the_api_key(daemon_factory) -> None:
 
 def test_init_writes_commented_config(tmp_path: Path) -> None:
     home = tmp_path / "fresh"
-    r = subprocess.run([sys.executable, "-m", "agentd", "init"], env=agentd_env(home),
-                       capture_output=True, text=True)
+    r = run_cli(home, "init")
     assert r.returncode == 0 and "wrote" in r.stdout
     text = (home / "config.toml").read_text()
     assert text.startswith("#") and 'api_listen = "127.0.0.1:4200"' in text
-    r = subprocess.run([sys.executable, "-m", "agentd", "init"], env=agentd_env(home),
-                       capture_output=True, text=True)
+    r = run_cli(home, "init")
     assert "kept existing" in r.stdout
 
 

@@ -9,7 +9,6 @@ import hashlib
 import hmac
 import json
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
@@ -23,7 +22,7 @@ import websocket
 from channel_fixtures import CHANNEL_ENV, wait_for
 from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.ntfy import FakeNtfy
-from support import DAY, Daemon, agentd_env, make_home, stop_shared, within_one_utc_period
+from support import DAY, Daemon, make_home, run_cli, stop_shared, within_one_utc_period
 
 SECRET = "cron-webhook-secret"
 
@@ -666,8 +665,7 @@ def test_the_cli_adds_runs_pauses_resumes_and_removes_a_job(env) -> None:
     spawn(d, "clied")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agentd", "cron", *args], capture_output=True, text=True,
-                              env=agentd_env(d.home, d.port), timeout=60)
+        return run_cli(d.home, "cron", *args, port=d.port)
 
     added = cli("add", "cli job", "--agent", "clied", "--cron", "0 6 * * *", "--tz", "Europe/Paris",
                 "--message", "[[reply:from the cli]]", "--max-runs-per-day", "5")
