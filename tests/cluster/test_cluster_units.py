@@ -134,24 +134,25 @@ def test_second_daemon_waits_for_the_session_lease(store) -> None:
     a = Cluster(store, ClusterSettings("A", lease_secs=5), "127.0.0.1:1", shared=True)
     b = Cluster(store, ClusterSettings("B", lease_secs=5), "127.0.0.1:2", shared=True)
     spans: dict[str, tuple[float, float]] = {}
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
-    def body(name: str, hold: float):
+    def body(name: str):
         def run():
             t0 = time.monotonic()
             started.set()
-            time.sleep(hold)
+            release.wait(30)
             spans[name] = (t0, time.monotonic())
             return SimpleNamespace(cost_usd=None)
         return run
 
-    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, body("A", 0.5)))
+    t = threading.Thread(target=lambda: a.run(handle(), threading.Event(), None, body("A")))
     t.start()
-    started.wait(5)
+    assert started.wait(30)
     assert b.running_elsewhere("s1") == "A"
     with pytest.raises(Conflict, match="busy"):
-        b.run(handle(), threading.Event(), 0.1, body("never", 0))
-    b.run(handle(), threading.Event(), None, body("B", 0))
+        b.run(handle(), threading.Event(), 0.1, body("never"))
+    threading.Timer(0.5, release.set).start()  # A ends while B waits for the lease
+    b.run(handle(), threading.Event(), None, body("B"))
     t.join()
     assert spans["B"][0] >= spans["A"][1]  # B started only after A finished
     assert [r["daemon_id"] for r in a.runs.list()] == ["B", "A"]
