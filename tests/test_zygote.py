@@ -12,6 +12,7 @@ import sys
 AT_START = {"modules": sorted(sys.modules), "fds": sorted(os.listdir("/proc/self/fd"))}
 
 import atexit  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import signal  # noqa: E402
@@ -49,7 +50,7 @@ def probe(what: str) -> None:
         "path0": sys.path[0], "argv": sys.argv, "name": __name__,
         "streams": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)],
         "signals": signal_handlers(),
-        "random": random.random(), "id": random_uuid_str(),
+        "random": random.random(), "id": random_uuid_str(), "frozen": gc.get_freeze_count(),
     }), flush=True)
     print("on stderr", file=sys.stderr, flush=True)
 
@@ -135,6 +136,7 @@ def test_a_child_starts_as_python_m_would_with_the_requested_environment_and_cwd
     assert report["streams"] == ["/dev/null", str(log), str(log)]
     assert rest == ["on stderr", "atexit ran"], "stderr goes to the log; atexit handlers run at the exit"
     assert report["fds"] == ["0", "1", "2", "3"], "only the standard streams (3: the listing itself)"
+    assert report["frozen"] > 10000, "what the zygote imported is out of the collector's sight"
     show = "import json, test_zygote; print(json.dumps(test_zygote.signal_handlers()))"
     fresh = subprocess.run([sys.executable, "-c", show], cwd=TESTS, capture_output=True, text=True, check=True).stdout
     assert report["signals"] == json.loads(fresh), "a fresh interpreter's"

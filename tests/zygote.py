@@ -13,12 +13,14 @@ worker signals is the daemon's or a zombie's, never a stranger's, as with a chil
 
 What a child cannot have afresh: the hash seed of `str` (the zygote's, so a worker's daemons
 order their sets alike) and what the interpreter read from the environment at its start
-(`STARTUP_VARIABLES`: a daemon that sets those gets a process of its own).
+(`STARTUP_VARIABLES`: a daemon that sets those gets a process of its own). And what the zygote
+imported starts frozen (`gc.freeze`), where a daemon's boot puts it anyway.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import select
@@ -139,6 +141,10 @@ def main() -> None:
     preload(postgres=sys.argv[2:] == ["postgres"])
     if threads() != 1:
         raise SystemExit(f"the zygote runs {threads()} threads after its imports")
+    # What was imported stays out of the collector's sight in every child, as a daemon's boot
+    # puts it anyway (agentd/daemon.py): a child's collections and its exit then leave those
+    # pages shared with the zygote instead of copying them to touch each object.
+    gc.freeze()
     become(serve(channel), sigint)
 
 
