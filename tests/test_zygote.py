@@ -196,10 +196,8 @@ def test_two_children_draw_different_random_numbers_and_ids(tmp_path: Path) -> N
 
 def test_another_start_environment_or_directory_gets_a_process_of_its_own(tmp_path: Path, monkeypatch) -> None:
     env, log = agentd_env(tmp_path), tmp_path / "log"
-    other_database = "" if zygote.uses_postgres(env) else "postgresql://nobody@127.0.0.1:1/none"
     started = [start_process(["status"], env, log),
-               start_process(["status"], {**env, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, log),
-               start_process(["status"], {**env, "AGENTD_DATABASE_URL": other_database}, log)]
+               start_process(["status"], {**env, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, log)]
     with monkeypatch.context() as patch:
         patch.chdir(tmp_path)   # first on the path of `python -m agentd`: it might hold another agentd
         started.append(start_process(["status"], env, log))
@@ -208,8 +206,20 @@ def test_another_start_environment_or_directory_gets_a_process_of_its_own(tmp_pa
         started.append(start_process(["status"], env, log))
     monkeypatch.setenv("AGENTD_TEST_FORK", "0")
     started.append(start_process(["status"], env, log))
-    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 5
-    assert [proc.wait(30) for proc in started] == [1] * 6, log.read_text()   # "agentd is not running"
+    assert [type(proc) for proc in started] == [zygote.ForkedProcess] + [subprocess.Popen] * 4
+    assert [proc.wait(30) for proc in started] == [1] * 5, log.read_text()   # "agentd is not running"
+
+
+def test_daemons_on_the_other_database_fork_from_a_zygote_of_their_own(tmp_path: Path) -> None:
+    env, log = agentd_env(tmp_path), tmp_path / "log"
+    other = {**env, "AGENTD_DATABASE_URL": "" if zygote.uses_postgres(env) else "postgresql://nobody@127.0.0.1:1/none"}
+    mine, theirs = start_process(["status"], env, log), start_process(["status"], other, log)
+    assert type(mine) is type(theirs) is zygote.ForkedProcess
+    assert (mine.zygote.postgres, theirs.zygote.postgres) == (zygote.uses_postgres(env), zygote.uses_postgres(other))
+    assert parent_of(theirs.pid) == theirs.zygote.process.pid != mine.zygote.process.pid
+    again = start_process(["status"], other, log)
+    assert again.zygote is theirs.zygote, "started once, then reused"
+    assert [mine.wait(30), theirs.wait(30), again.wait(30)] == [1, 1, 1], log.read_text()
 
 
 def test_the_zygote_ends_when_its_worker_goes_away_and_its_children_live_on(tmp_path: Path) -> None:

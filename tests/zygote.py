@@ -1,6 +1,7 @@
-"""A zygote for the test daemons: one process per pytest worker that has imported what
-`python -m agentd start` imports and forks a child that becomes the daemon, so that each
-daemon the suite starts skips those imports (most of a daemon's CPU before it answers).
+"""A zygote for the test daemons: one process per pytest worker (and a second for daemons on
+PostgreSQL) that has imported what `python -m agentd start` imports and forks a child that
+becomes the daemon, so that each daemon the suite starts skips those imports (most of a
+daemon's CPU before it answers).
 
 Run as a script, this file is the zygote: it serves requests on a SOCK_SEQPACKET socket
 (one JSON message a request, one a reply) until the worker closes it or goes away. Imported,
@@ -264,7 +265,9 @@ class Zygote:
             self.process.wait()
 
 
-_shared: Zygote | None = None
+# By whether its daemons use PostgreSQL: either pass starts both kinds (the cluster tests'
+# daemons share a PostgreSQL server on the SQLite pass too), and only the one imports its driver.
+_shared: dict[bool, Zygote] = {}
 # The worker's own directory (a test may be in another when it starts the first daemon).
 _WORKER_CWD = os.getcwd()
 _shared_lock = threading.Lock()
@@ -283,17 +286,18 @@ PIDFDS = _pidfds_work()
 
 
 def shared(env: dict[str, str]) -> Zygote | None:
-    """This process's zygote (started on first use, ended at exit), or None when a child of
-    it would not start as a process with environment `env` in the current directory would,
-    or cannot be watched here (no pidfds)."""
-    global _shared
+    """This process's zygote for daemons like the one `env` starts (started on first use,
+    ended at exit), or None when a child of it would not start as a process with environment
+    `env` in the current directory would, or cannot be watched here (no pidfds)."""
     if not PIDFDS:
         return None
+    postgres = uses_postgres(env)
     with _shared_lock:
-        if _shared is None:
-            _shared = Zygote(env, _WORKER_CWD)
-            atexit.register(_shared.close)
-    return _shared if _shared.can_start(env, os.getcwd()) else None
+        source = _shared.get(postgres)
+        if source is None:
+            source = _shared[postgres] = Zygote(env, _WORKER_CWD)
+            atexit.register(source.close)
+    return source if source.can_start(env, os.getcwd()) else None
 
 
 if __name__ == "__main__":
