@@ -74,9 +74,10 @@ log = logging.getLogger("agentd.kernel")
 
 
 def _model_calls_in_flight() -> int:
-    """Model calls holding a connection; the drivers load on the first call (none before)."""
-    drivers = sys.modules.get("agentd.llm.drivers")
-    return drivers.active_calls() if drivers is not None else 0
+    """Model calls holding a connection; the drivers load on the first call (none before, nor
+    while another thread is still importing them)."""
+    active_calls = getattr(sys.modules.get("agentd.llm.drivers"), "active_calls", None)
+    return active_calls() if active_calls is not None else 0
 
 
 class Kernel:

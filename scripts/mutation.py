@@ -155,6 +155,9 @@ TESTS: dict[str, list[str]] = {
                              "test_a_second_sigterm_during_the_graceful_stop_exits_at_once",
                              "test_a_held_home_lock_refuses_the_start",
                              "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
+    # The kernel through the daemon's app in process, runs going to the fake LLM (a daemon per
+    # mutant of its build would take hours: most of its mutants are in `__init__`).
+    "agentd/kernel.py": ["tests/test_kernel.py", "tests/api/test_app.py"],
     # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
     "agentd/server/serve.py": ["tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
                                "tests/server/test_startgate.py"],

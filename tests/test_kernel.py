@@ -1,0 +1,318 @@
+"""agentd/kernel.py: what the kernel answers the routes (status, health detail, custom events,
+the agents a channel answers as, whether a workflow exists, a run's usage), the services it
+wires together meeting through the daemon's app, and its stop (the shutdown hook, the
+runs stopped, what is released). In process over a real kernel, runs going to the fake LLM."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from agentd import __version__, malloc_tuning
+from agentd.api import create_app
+from agentd.cachefill import cache_fill
+from agentd.config import parse_config
+from agentd.kernel import Kernel
+from agentd.store import open_store
+from agentd.store.checkpoint import PAGE_CACHE_KIB
+from agentd.timestamps import iso
+from support import wait_until, with_test_db
+
+# A variable nobody sets: the channel is configured but its adapter cannot start.
+UNSET_TOKEN = "TELEGRAM_KERNEL_TEST_TOKEN"
+ADMIN = "kernel-admin"
+
+
+def config_data(fake_llm, **extra: Any) -> dict[str, Any]:
+    return {"api_key": ADMIN, "api": {"rate_limit_per_second": 100000, "rate_limit_burst": 100000, "max_streams": 8},
+            "llm": {"timeout_secs": 10, "retries": 1},
+            "default_model": {"provider": "openai", "model": "gpt-4o", "api_key_env": "OPENAI_API_KEY"},
+            "provider_urls": {"openai": fake_llm.openai_base},
+            "memory": {"auto_remember": False}, **extra}
+
+
+class Site:
+    """A kernel and the daemon's app over it (its pool figures a fixed stand-in)."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.app = create_app(kernel, lambda: {"threads": 3, "busy": 1})
+        self.client = self.app.test_client()
+
+    def call(self, method: str, path: str, token: str = ADMIN, **kwargs: Any) -> tuple[int, Any]:
+        r = self.client.open(path, method=method, headers={"Authorization": f"Bearer {token}"}, **kwargs)
+        return r.status_code, r.get_json()
+
+    def spawn(self, name: str) -> Any:
+        status, body = self.call("POST", "/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+        assert status == 201, body
+        return self.kernel.agents.get(body["agent_id"])
+
+
+def open_kernel(home: Path, fake_llm, **extra: Any) -> Kernel:
+    return Kernel.open(parse_config(with_test_db(config_data(fake_llm, **extra), home), home))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Site]:
+    """One kernel for the module: a telegram channel that answers as `desk` in its own
+    conversations and as `route` in one thread (its adapter never starts)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("OPENAI_API_KEY", "test-openai")
+    patch.delenv(UNSET_TOKEN, raising=False)
+    home = tmp_path_factory.mktemp("kernel")
+    kernel = open_kernel(home, fake_llm, channels={
+        "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
+        "discord": {"bot_token_env": UNSET_TOKEN}})
+    site = Site(kernel)
+    site.desk = site.spawn("desk")
+    yield site
+    kernel.close()
+    patch.undo()
+
+
+@pytest.fixture
+def own(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+    """A kernel of the test's own, for what stops it."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
+    site = Site(open_kernel(tmp_path / "home", fake_llm))
+    site.closed = False
+    yield site
+    if not site.closed:
+        site.kernel.close()
+
+
+# -- status ------------------------------------------------------------------------------------------------------
+
+def test_status_names_the_daemon_and_its_agents(site: Site) -> None:
+    kernel = site.kernel
+    status, body = site.call("GET", "/api/status")
+    handles = kernel.agents.handles()
+    assert status == 200
+    assert 0 <= body.pop("uptime_seconds") <= kernel.uptime_seconds
+    assert body == {"status": "running", "version": __version__, "agent_count": len(handles),
+                    "default_provider": "openai", "default_model": "gpt-4o",
+                    "api_listen": kernel.config.api_listen, "home_dir": str(kernel.config.home),
+                    "log_level": kernel.config.log_level, "network_enabled": kernel.config.network_enabled,
+                    "agents": [kernel.agents.summary(h) for h in handles]}
+    assert site.desk in handles and body["agents"]
+    # What a caller may reach narrows the agents and their count.
+    only_desk = kernel.status(lambda hs: [h for h in hs if h.name == "desk"])
+    assert only_desk["agent_count"] == 1 and only_desk["agents"] == [kernel.agents.summary(site.desk)]
+    assert kernel.agent_summaries(lambda hs: []) == []
+    assert kernel.agent_summaries() == body["agents"]
+
+
+def test_uptime_counts_whole_seconds_since_the_start(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = site.kernel._started_mono
+    monkeypatch.setattr(time, "monotonic", lambda: started + 7.9)
+    assert site.kernel.uptime_seconds == 7
+
+
+# -- health detail -----------------------------------------------------------------------------------------------
+
+def test_health_detail_reports_every_figure(site: Site) -> None:
+    kernel = site.kernel
+    sqlite = kernel.store.backend == "sqlite"
+    status, body = site.call("GET", "/api/health/detail")
+    assert status == 200
+    threads = body.pop("process_threads")
+    assert isinstance(threads, int) and threads >= 2
+    heap = body.pop("sqlite_heap_kib")
+    assert (isinstance(heap, int) and heap > 0) if sqlite else heap is None
+    assert 0 <= body.pop("uptime_seconds") <= kernel.uptime_seconds
+    malloc = malloc_tuning.applied()
+    assert body == {"status": "ok", "version": __version__, "database": "connected",
+                    "agent_count": len(kernel.agents.handles()), "thread_pool": {"threads": 3, "busy": 1},
+                    "started_at": iso(kernel.started_at), "model_calls_in_flight": 0,
+                    "malloc_arenas": malloc["arenas"], "malloc_mmap_threshold": malloc["mmap_threshold"],
+                    "sqlite_page_cache_kib": PAGE_CACHE_KIB if sqlite else None,
+                    "caches": cache_fill(kernel.agents.sessions.cached, kernel.memory)}
+
+
+def test_health_detail_while_the_database_is_out(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = site.kernel
+    monkeypatch.setattr(kernel.store, "ping", lambda: False)
+    body = kernel.health_detail({})
+    assert (body["status"], body["database"]) == ("degraded", "error")
+    assert body["agent_count"] == len(kernel.agents.registry.loaded()) >= 1
+
+
+def test_model_calls_in_flight_are_counted(site: Site) -> None:
+    """A model call holding its connection shows while it lasts; none before the drivers load
+    or while they load."""
+    done: list[tuple[int, Any]] = []
+    worker = threading.Thread(target=lambda: done.append(site.call(
+        "POST", f"/api/agents/{site.desk.id}/message", json={"message": "[[slow:1.5]] still there?"})))
+    worker.start()
+    try:
+        wait_until(lambda: site.kernel.health_detail({})["model_calls_in_flight"] == 1, 10)
+    finally:
+        worker.join(15)
+    assert done and done[0][0] == 200, done
+    assert site.kernel.health_detail({})["model_calls_in_flight"] == 0
+    drivers = sys.modules.pop("agentd.llm.drivers")
+    try:
+        assert site.kernel.health_detail({})["model_calls_in_flight"] == 0
+        # While the first model call imports them, the drivers' module has none of its functions yet.
+        sys.modules["agentd.llm.drivers"] = types.ModuleType("agentd.llm.drivers")
+        assert site.kernel.health_detail({})["model_calls_in_flight"] == 0
+    finally:
+        sys.modules["agentd.llm.drivers"] = drivers
+
+
+# -- a run's usage -------------------------------------------------------------------------------------------------
+
+def test_a_runs_usage_is_metered_and_counted_in_the_metrics(site: Site) -> None:
+    """What a model call used reaches the month's usage and the metrics, input and output apart."""
+    handle = site.spawn("usage")
+    status, answer = site.call("POST", f"/api/agents/{handle.id}/message", json={"message": "one two three"})
+    assert status == 200 and answer["response"] == "echo: one two three", answer
+    assert answer["input_tokens"] != answer["output_tokens"]
+    status, rows = site.call("GET", f"/api/budget/agents")
+    assert status == 200
+    row = next(r for r in rows if r["agent_id"] == handle.id)
+    assert (row["input_tokens"], row["output_tokens"]) == (answer["input_tokens"], answer["output_tokens"])
+    assert row["spent_usd"] == pytest.approx(answer["cost_usd"]) and answer["cost_usd"] > 0
+    metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("agentd_llm_")}
+    totals = site.kernel.metering.by_model(*month())
+    gpt = next(r for r in totals if r["model"] == "gpt-4o")
+    assert samples['agentd_llm_tokens_total{model="gpt-4o",provider="openai",type="input"}'] == gpt["input_tokens"]
+    assert samples['agentd_llm_tokens_total{model="gpt-4o",provider="openai",type="output"}'] == gpt["output_tokens"]
+    assert samples['agentd_llm_cost_usd_total{model="gpt-4o",provider="openai"}'] == pytest.approx(gpt["cost_usd"])
+
+
+def month():
+    from agentd.metering import month_bounds
+    from agentd.timestamps import utcnow
+
+    return month_bounds(utcnow())
+
+
+# -- custom events -------------------------------------------------------------------------------------------------
+
+def test_a_published_event_reaches_the_bus_and_the_audit(site: Site) -> None:
+    heard: list[Any] = []
+    site.kernel.events.subscribe(heard.append)
+    status, body = site.call("POST", "/api/events", json={"event_type": "deploy.done", "payload": {"v": 1}})
+    assert (status, body["status"]) == (202, "accepted"), body
+    wait_until(lambda: any(e.id == body["event_id"] for e in heard), 5)
+    event = next(e for e in heard if e.id == body["event_id"])
+    assert (event.kind, event.type, event.payload, event.origin, event.key_id) == (
+        "custom", "deploy.done", {"v": 1}, "api", "")
+    entry = site.kernel.audit.recent(1, prefix="event.")[0]
+    assert (entry["event"], entry["subject"], entry["detail"]) == (
+        "event.publish", "deploy.done", {"event_id": body["event_id"]})
+    key = site.kernel.keys.create({"name": "publisher", "scopes": ["message"]})
+    status, body = site.call("POST", "/api/events", key["key"], json={"event_type": "keyed", "payload": {}})
+    assert status == 202, body
+    event_id = body["event_id"]
+    wait_until(lambda: any(e.id == event_id for e in heard), 5)
+    assert next(e for e in heard if e.id == event_id).key_id == key["id"]
+    entry = site.kernel.audit.recent(1, prefix="event.")[0]
+    assert (entry["subject"], entry["detail"]) == ("keyed", {"event_id": event_id, "key_id": key["id"]})
+
+
+# -- channels and workflows ------------------------------------------------------------------------------------
+
+def test_the_agents_a_channel_answers_as(site: Site) -> None:
+    kernel = site.kernel
+    assert kernel.channel_agents("slack") is None   # not configured
+    assert kernel.channel_agents("telegram") == [site.desk, None]   # `route` is not spawned
+    route = site.spawn("route")
+    assert kernel.channel_agents("telegram") == [site.desk, route]
+    # No default agent: the daemon's first agent.
+    assert kernel.channel_agents("discord") == [kernel.agents.handles()[0]]
+
+
+def test_a_cron_job_runs_only_a_workflow_that_exists(site: Site) -> None:
+    job = {"name": "nightly", "agent_id": "desk", "schedule": {"kind": "cron", "expr": "0 3 * * *"}}
+    status, body = site.call("POST", "/api/cron/jobs", json={
+        **job, "action": {"kind": "workflow_run", "workflow_id": "nowhere", "input": "go"}})
+    assert (status, body["error"]) == (400, "action.workflow_id: no workflow 'nowhere'")
+    status, created = site.call("POST", "/api/workflows", json={
+        "name": "wf", "steps": [{"name": "one", "agent_name": "desk", "prompt": "{{input}}"}]})
+    assert status == 201, created
+    status, body = site.call("POST", "/api/cron/jobs", json={
+        **job, "action": {"kind": "workflow_run", "workflow_id": created["workflow_id"], "input": "go"}})
+    assert status == 201, body
+    assert body["action"] == {"kind": "workflow_run", "workflow_id": created["workflow_id"], "input": "go"}
+
+
+# -- the run pool ------------------------------------------------------------------------------------------------
+
+def test_the_run_pool_holds_a_worker_per_stream_and_32_more(site: Site) -> None:
+    executor = site.kernel.executor
+    assert executor._max_workers == 8 + 32
+    assert executor.submit(lambda: threading.current_thread().name).result(5).startswith("agentd-run_")
+
+
+# -- stopping ------------------------------------------------------------------------------------------------------
+
+def test_the_shutdown_route_asks_the_daemon_to_stop(own: Site) -> None:
+    kernel = own.kernel
+    asked: list[bool] = []
+    assert own.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})   # no hook yet: only the flag
+    assert kernel.stopping.is_set()
+    kernel.set_shutdown_hook(lambda: asked.append(True))
+    assert own.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})
+    assert asked == [True]
+
+
+def test_stopping_the_runs_ends_a_run_and_fires_no_more_jobs(own: Site) -> None:
+    kernel = own.kernel
+    handle = own.spawn("long")
+    done: list[tuple[int, Any]] = []
+    worker = threading.Thread(target=lambda: done.append(own.call(
+        "POST", f"/api/agents/{handle.id}/message", json={"message": "[[hang]]"})))
+    worker.start()
+    wait_until(lambda: handle.busy, 10)
+    kernel.stop_runs()
+    worker.join(10)
+    assert kernel.stopping.is_set()
+    assert done and done[0][0] in (409, 503), done
+
+
+def test_close_releases_everything_and_records_the_shutdown(own: Site) -> None:
+    kernel = own.kernel
+    path = kernel.config.db_path
+    own.closed = True
+    kernel.close()
+    assert kernel.stopping.is_set()
+    assert kernel.log_tail not in logging.getLogger().handlers
+    with pytest.raises(RuntimeError):
+        kernel.executor.submit(print)
+    if kernel.store.backend == "sqlite":
+        store = open_store(path, kernel.config.database)
+        try:
+            from agentd.audit import AuditLog
+
+            events = [(e["event"], e["subject"], e["detail"]) for e in AuditLog(store).recent(2, prefix="kernel.")]
+        finally:
+            store.close()
+        assert events == [("kernel.shutdown", "agentd", {}), ("kernel.start", "agentd", {"version": __version__})]
+
+
+def test_open_makes_the_home_and_names_a_database_that_is_not_sqlite(tmp_path: Path, fake_llm,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    home = tmp_path / "a" / "b"
+    with caplog.at_level(logging.INFO, logger="agentd.kernel"):
+        kernel = Kernel.open(parse_config(with_test_db(config_data(fake_llm), home), home))
+    try:
+        assert home.is_dir()
+        named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("database:")]
+        if kernel.store.backend == "sqlite":
+            assert named == []
+        else:
+            assert named == [f"database: {kernel.store.backend} {kernel.store.where}"]
+    finally:
+        kernel.close()
