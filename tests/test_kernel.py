@@ -60,30 +60,18 @@ def open_kernel(home: Path, fake_llm, **extra: Any) -> Kernel:
     return Kernel.open(parse_config(with_test_db(config_data(fake_llm, **extra), home), home))
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Site]:
-    """One kernel for the module: a telegram channel that answers as `desk` in its own
-    conversations and as `route` in one thread (its adapter never starts)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("OPENAI_API_KEY", "test-openai")
-    patch.delenv(UNSET_TOKEN, raising=False)
-    home = tmp_path_factory.mktemp("kernel")
-    kernel = open_kernel(home, fake_llm, channels={
-        "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
-        "discord": {"bot_token_env": UNSET_TOKEN}})
-    site = Site(kernel)
-    site.desk = site.spawn("desk")
-    yield site
-    kernel.close()
-    patch.undo()
-
-
 @pytest.fixture
-def own(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
-    """A kernel of the test's own, for what stops it."""
+def site(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+    """A kernel of the test's own (its build is what most of the kernel's code does) with the
+    agent `desk`, and a telegram channel that answers as `desk` in its own conversations and as
+    `route` in one thread (its adapter never starts)."""
     monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
-    site = Site(open_kernel(tmp_path / "home", fake_llm))
-    site.closed = False
+    monkeypatch.delenv(UNSET_TOKEN, raising=False)
+    site = Site(open_kernel(tmp_path / "home", fake_llm, channels={
+        "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
+        "discord": {"bot_token_env": UNSET_TOKEN}}))
+    site.closed, site.fake_llm = False, fake_llm
+    site.desk = site.spawn("desk")
     yield site
     if not site.closed:
         site.kernel.close()
@@ -258,21 +246,21 @@ def test_the_run_pool_holds_a_worker_per_stream_and_32_more(site: Site) -> None:
 
 # -- stopping ------------------------------------------------------------------------------------------------------
 
-def test_the_shutdown_route_asks_the_daemon_to_stop(own: Site) -> None:
-    kernel = own.kernel
+def test_the_shutdown_route_asks_the_daemon_to_stop(site: Site) -> None:
+    kernel = site.kernel
     asked: list[bool] = []
-    assert own.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})   # no hook yet: only the flag
+    assert site.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})   # no hook yet: only the flag
     assert kernel.stopping.is_set()
     kernel.set_shutdown_hook(lambda: asked.append(True))
-    assert own.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})
+    assert site.call("POST", "/api/shutdown") == (200, {"status": "shutting_down"})
     assert asked == [True]
 
 
-def test_stopping_the_runs_ends_a_run_and_fires_no_more_jobs(own: Site) -> None:
-    kernel = own.kernel
-    handle = own.spawn("long")
+def test_stopping_the_runs_ends_a_run_and_fires_no_more_jobs(site: Site) -> None:
+    kernel = site.kernel
+    handle = site.spawn("long")
     done: list[tuple[int, Any]] = []
-    worker = threading.Thread(target=lambda: done.append(own.call(
+    worker = threading.Thread(target=lambda: done.append(site.call(
         "POST", f"/api/agents/{handle.id}/message", json={"message": "[[hang]]"})))
     worker.start()
     wait_until(lambda: handle.busy, 10)
@@ -282,10 +270,10 @@ def test_stopping_the_runs_ends_a_run_and_fires_no_more_jobs(own: Site) -> None:
     assert done and done[0][0] in (409, 503), done
 
 
-def test_close_releases_everything_and_records_the_shutdown(own: Site) -> None:
-    kernel = own.kernel
+def test_close_releases_everything_and_records_the_shutdown(site: Site) -> None:
+    kernel = site.kernel
     path = kernel.config.db_path
-    own.closed = True
+    site.closed = True
     kernel.close()
     assert kernel.stopping.is_set()
     assert kernel.log_tail not in logging.getLogger().handlers
@@ -314,5 +302,81 @@ def test_open_makes_the_home_and_names_a_database_that_is_not_sqlite(tmp_path: P
             assert named == []
         else:
             assert named == [f"database: {kernel.store.backend} {kernel.store.where}"]
+    finally:
+        kernel.close()
+
+
+# -- the services meeting through the kernel --------------------------------------------------------------------
+
+def test_events_of_memory_and_workflows_reach_the_bus_and_fire_triggers(site: Site) -> None:
+    listener = site.spawn("listener")
+    heard: list[Any] = []
+    site.kernel.events.subscribe(heard.append)
+    status, trigger = site.call("POST", "/api/triggers", json={
+        "agent_id": "listener", "pattern": {"content_match": "kernel-ping"}, "prompt_template": "[[reply:heard]]"})
+    assert status == 201, trigger
+    status, body = site.call("PUT", f"/api/memory/agents/{listener.id}/kv/flag", json={"n": 7})
+    assert status == 200, body
+    status, workflow = site.call("POST", "/api/workflows", json={
+        "name": "echoes", "steps": [{"name": "one", "agent_name": "listener", "prompt": "say {{input}}"}]})
+    status, run = site.call("POST", f"/api/workflows/{workflow['workflow_id']}/run", json={"input": "hi"})
+    assert status == 200, run
+    status, _ = site.call("POST", "/api/events", json={"event_type": "kernel-ping", "payload": {}})
+    assert status == 202
+    wait_until(lambda: site.call("GET", f"/api/triggers/{trigger['id']}")[1]["fire_count"] == 1, 10)
+    kinds = [(e.type, e.payload) for e in heard if e.type in ("memory_key_changed", "workflow_completed")]
+    assert kinds == [("memory_key_changed", {"agent_id": listener.id, "key": "flag", "value": {"n": 7}, "operation": "set"}),
+                     ("workflow_completed", {"workflow_id": workflow["workflow_id"], "workflow_name": "echoes",
+                                             "run_id": run["run_id"], "status": "completed",
+                                             "output": "echo: say hi"})]
+
+
+def test_a_cron_job_run_now_runs_its_agent(site: Site) -> None:
+    handle = site.spawn("cron")
+    status, job = site.call("POST", "/api/cron/jobs", json={
+        "name": "now", "agent_id": handle.name, "schedule": {"kind": "cron", "expr": "0 3 * * *"},
+        "action": {"kind": "agent_turn", "message": "[[reply:on time]]"}})
+    assert status == 201, job
+    status, body = site.call("POST", f"/api/cron/jobs/{job['id']}/run")
+    assert status in (200, 202), body
+    wait_until(lambda: site.call("GET", f"/api/cron/jobs/{job['id']}/runs")[1][0]["status"] != "running", 10)
+    runs = site.call("GET", f"/api/cron/jobs/{job['id']}/runs")[1]
+    assert (runs[0]["status"], runs[0]["output"], runs[0]["daemon_id"]) == ("ok", "on time", site.kernel.cluster.id)
+    assert runs[0]["cost_usd"] > 0
+    assert any(e["event"] == "cron.create" for e in site.kernel.audit.recent(20, prefix="cron."))
+
+
+def test_a_reload_applies_the_channels_mcp_servers_and_skills(site: Site) -> None:
+    assert site.kernel.settings.reload() == {
+        "status": "reloaded", "applied": ["default_model", "provider_urls", "llm", "log_level", "channels",
+                                          "mcp_servers", "skills"], "failed": []}
+    entry = site.kernel.audit.recent(1, prefix="config.")[0]
+    assert (entry["event"], entry["subject"]) == ("config.reload", "agentd")
+
+
+def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
+    status, added = site.call("POST", "/api/models/custom", json={
+        "id": "kernel-model", "display_name": "Kernel model", "provider": "openai", "tier": "custom"})
+    assert status == 201, added
+    status, model = site.call("GET", "/api/models/kernel-model")
+    assert (status, model["display_name"]) == (200, "Kernel model"), model
+    status, task = site.call("POST", "/api/tasks", json={"title": "Review", "description": "the notes"})
+    assert status == 201, task
+    assert site.call("GET", f"/api/tasks/{task['id']}")[1]["title"] == "Review"
+    status, providers = site.call("GET", "/api/providers")
+    openai = next(p for p in providers if p["id"] == "openai")
+    assert (status, openai["base_url"], openai["auth_status"]) == (200, site.fake_llm.openai_base, "configured")
+    assert site.call("GET", f"/api/agents/{site.desk.id}/uploads") == (200, [])
+
+
+def test_a_restart_restores_the_agents_and_says_how_many(site: Site, caplog: pytest.LogCaptureFixture) -> None:
+    config = site.kernel.config
+    site.closed = True
+    site.kernel.close()
+    with caplog.at_level(logging.INFO, logger="agentd.kernel"):
+        kernel = Kernel.open(config)
+    try:
+        assert [h.name for h in kernel.agents.handles()] == ["desk"]
+        assert "restored 1 agent(s)" in [r.getMessage() for r in caplog.records]
     finally:
         kernel.close()
