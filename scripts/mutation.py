@@ -137,10 +137,12 @@ TESTS: dict[str, list[str]] = {
     "agentd/server/slots.py": ["tests/server/test_slots.py"],
     "agentd/store/writer.py": ["tests/store/test_store_writer.py", "tests/agents/test_session_store.py",
                                "tests/store/test_wal_checkpoint.py"],
-    # The interpreter settings and the boot (the gate, the freeze), then the start's refusals
-    # and the stop (signals, the shutdown route, the drain) through the CLI's tests: a daemon
-    # or two per test, so a large run takes --functions.
-    "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
+    # The start's refusals, the store, the interpreter settings and a whole start and stop in
+    # process; then the boot (the gate, the freeze), the refusals and the stop (signals, the
+    # shutdown route, the drain) through the CLI's tests: a daemon or two per test, so a large
+    # run takes --functions.
+    "agentd/daemon.py": ["tests/test_daemon.py",
+                         "tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/server/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
                          "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
