@@ -318,7 +318,7 @@ class Kernel:
         self.mcp_endpoint.close()
         self.mcp_loop.close()
         self.events.close()
-        self.audit.record("kernel.shutdown", "agentd", {})
+        self.audit.record("kernel.shutdown", "agentd")
         logging.getLogger().removeHandler(self.log_tail)
         self.workflows.close()
         self.runs.stop_all()
@@ -329,7 +329,7 @@ class Kernel:
         self.store.close()
 
     # -- events ----------------------------------------------------------
-    def publish_event(self, data: dict[str, Any], key_id: str = "") -> str:
+    def publish_event(self, data: dict[str, Any], key_id: str) -> str:
         """POST /api/events: a custom event on the bus; its id. `key_id`: the scoped API key
         publishing it ("": the admin)."""
         from agentd.triggers.bus import CUSTOM, Event

@@ -81,6 +81,7 @@ def site(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 def test_status_names_the_daemon_and_its_agents(site: Site) -> None:
     kernel = site.kernel
+    site.spawn("other")
     status, body = site.call("GET", "/api/status")
     handles = kernel.agents.handles()
     assert status == 200
@@ -216,10 +217,13 @@ def test_the_agents_a_channel_answers_as(site: Site) -> None:
     kernel = site.kernel
     assert kernel.channel_agents("slack") is None   # not configured
     assert kernel.channel_agents("telegram") == [site.desk, None]   # `route` is not spawned
+    # No default agent: the daemon's first agent, and none while no agent runs.
+    assert kernel.channel_agents("discord") == [site.desk]
+    kernel.agents.kill(site.desk)
+    assert kernel.channel_agents("discord") == [None]
     route = site.spawn("route")
-    assert kernel.channel_agents("telegram") == [site.desk, route]
-    # No default agent: the daemon's first agent.
-    assert kernel.channel_agents("discord") == [kernel.agents.handles()[0]]
+    assert kernel.channel_agents("telegram") == [None, route]
+    assert kernel.channel_agents("discord") == [route]
 
 
 def test_a_cron_job_runs_only_a_workflow_that_exists(site: Site) -> None:
@@ -273,12 +277,18 @@ def test_stopping_the_runs_ends_a_run_and_fires_no_more_jobs(site: Site) -> None
 def test_close_releases_everything_and_records_the_shutdown(site: Site) -> None:
     kernel = site.kernel
     path = kernel.config.db_path
+    release = threading.Event()
+    for _ in range(kernel.executor._max_workers):
+        kernel.executor.submit(release.wait, 10)
+    queued = kernel.executor.submit(print, "never")
     site.closed = True
     kernel.close()
     assert kernel.stopping.is_set()
     assert kernel.log_tail not in logging.getLogger().handlers
     with pytest.raises(RuntimeError):
         kernel.executor.submit(print)
+    assert queued.cancelled(), "a run queued for a worker never starts after the close"
+    release.set()
     if kernel.store.backend == "sqlite":
         store = open_store(path, kernel.config.database)
         try:
