@@ -91,7 +91,7 @@ class Kernel:
         self._started_mono = time.monotonic()
         # Runs never wait here for an agent (each agent queues its own requests), so one
         # worker per long-held request keeps a stuck provider from blocking other agents.
-        self.executor = ThreadPoolExecutor(max_workers=max(32, config.api.max_streams + 32),
+        self.executor = ThreadPoolExecutor(max_workers=config.api.max_streams + 32,
                                            thread_name_prefix="agentd-run")
         self.stopping = threading.Event()
         self._shutdown_hook: Callable[[], None] | None = None

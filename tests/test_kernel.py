@@ -278,8 +278,7 @@ def test_close_releases_everything_and_records_the_shutdown(site: Site) -> None:
     kernel = site.kernel
     path = kernel.config.db_path
     release = threading.Event()
-    for _ in range(kernel.executor._max_workers):
-        kernel.executor.submit(release.wait, 10)
+    running = [kernel.executor.submit(release.wait, 10) for _ in range(kernel.executor._max_workers)]
     queued = kernel.executor.submit(print, "never")
     site.closed = True
     kernel.close()
@@ -288,6 +287,7 @@ def test_close_releases_everything_and_records_the_shutdown(site: Site) -> None:
     with pytest.raises(RuntimeError):
         kernel.executor.submit(print)
     assert queued.cancelled(), "a run queued for a worker never starts after the close"
+    assert not any(f.done() for f in running), "the close waited for the runs in progress"
     release.set()
     if kernel.store.backend == "sqlite":
         store = open_store(path, kernel.config.database)
