@@ -400,3 +400,26 @@ def test_a_restart_restores_the_agents_and_says_how_many(site: Site, caplog: pyt
         assert "restored 1 agent(s)" in [r.getMessage() for r in caplog.records]
     finally:
         kernel.close()
+
+
+def test_a_stored_response_is_read_back(site: Site) -> None:
+    status, made = site.call("POST", "/v1/responses", json={"model": "agentd:desk", "input": "[[reply:kept]]"})
+    assert status == 200, made
+    status, read = site.call("GET", f"/v1/responses/{made['id']}")
+    assert (status, read) == (200, made)
+    assert made["status"] == "completed" and made["output"][0]["content"][0]["text"] == "kept", made
+
+
+def test_metering_can_be_switched_off_for_benchmarks(tmp_path: Path, fake_llm,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """AGENTD_BENCH_NO_METERING=1 (scripts/bench_catalog.py) measures a run without its usage records."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
+    monkeypatch.setenv("AGENTD_BENCH_NO_METERING", "1")
+    site = Site(open_kernel(tmp_path / "home", fake_llm))
+    try:
+        handle = site.spawn("bench")
+        status, answer = site.call("POST", f"/api/agents/{handle.id}/message", json={"message": "hello"})
+        assert status == 200 and answer["input_tokens"] > 0, answer
+        assert site.kernel.metering.by_model(*month()) == []
+    finally:
+        site.kernel.close()
