@@ -333,7 +333,8 @@ def test_events_of_memory_and_workflows_reach_the_bus_and_fire_triggers(site: Si
     heard: list[Any] = []
     site.kernel.events.subscribe(heard.append)
     status, trigger = site.call("POST", "/api/triggers", json={
-        "agent_id": "listener", "pattern": {"content_match": "kernel-ping"}, "prompt_template": "[[reply:heard]]"})
+        "agent_id": "listener", "pattern": {"content_match": "kernel-ping"}, "prompt_template": "[[reply:heard]]",
+        "max_runs_per_day": 1})
     assert status == 201, trigger
     status, body = site.call("PUT", f"/api/memory/agents/{listener.id}/kv/flag", json={"n": 7})
     assert status == 200, body
@@ -344,6 +345,8 @@ def test_events_of_memory_and_workflows_reach_the_bus_and_fire_triggers(site: Si
     status, _ = site.call("POST", "/api/events", json={"event_type": "kernel-ping", "payload": {}})
     assert status == 202
     wait_until(lambda: site.call("GET", f"/api/triggers/{trigger['id']}")[1]["fire_count"] == 1, 10)
+    paused = site.kernel.audit.recent(1, prefix="trigger.paused")
+    assert [(e["subject"], e["detail"]["agent_id"]) for e in paused] == [(trigger["id"], listener.id)]
     kinds = [(e.type, e.payload) for e in heard if e.type in ("memory_key_changed", "workflow_completed")]
     assert kinds == [("memory_key_changed", {"agent_id": listener.id, "key": "flag", "value": {"n": 7}, "operation": "set"}),
                      ("workflow_completed", {"workflow_id": workflow["workflow_id"], "workflow_name": "echoes",
@@ -423,3 +426,14 @@ def test_metering_can_be_switched_off_for_benchmarks(tmp_path: Path, fake_llm,
         assert site.kernel.metering.by_model(*month()) == []
     finally:
         site.kernel.close()
+
+
+def test_a_key_over_its_budget_is_refused_and_audited(site: Site) -> None:
+    key = site.kernel.keys.create({"name": "thrifty", "scopes": ["message"], "budget_usd_per_day": 0.0000001})
+    path = f"/api/agents/{site.desk.id}/message"
+    assert site.call("POST", path, key["key"], json={"message": "one"})[0] == 200
+    status, body = site.call("POST", path, key["key"], json={"message": "two"})
+    assert status == 429 and "API key 'thrifty' is over its budget" in body["error"], body
+    refused = site.kernel.audit.recent(1, prefix="key.")[0]
+    assert (refused["event"], refused["subject"], refused["detail"]) == (
+        "key.refused", "thrifty", {"key_id": key["id"], "reason": "budget", "period": "today"})
