@@ -64,13 +64,13 @@ def open_kernel(home: Path, fake_llm, **extra: Any) -> Kernel:
 @pytest.fixture
 def site(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
     """A kernel of the test's own (its build is what most of the kernel's code does) with the
-    agent `desk`, and a telegram channel that answers as `desk` in its own conversations and as
-    `route` in one thread (its adapter never starts)."""
+    agent `desk`, a telegram channel that answers as `desk` in its own conversations and as
+    `route` in one thread (its adapter never starts), and a daemon id of its own."""
     monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
     monkeypatch.delenv(UNSET_TOKEN, raising=False)
     site = Site(open_kernel(tmp_path / "home", fake_llm, channels={
         "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
-        "discord": {"bot_token_env": UNSET_TOKEN}}))
+        "discord": {"bot_token_env": UNSET_TOKEN}}, cluster={"daemon_id": "kernel-daemon"}))
     site.closed, site.fake_llm = False, fake_llm
     site.desk = site.spawn("desk")
     yield site
@@ -364,7 +364,7 @@ def test_a_cron_job_run_now_runs_its_agent(site: Site) -> None:
     assert status in (200, 202), body
     wait_until(lambda: site.call("GET", f"/api/cron/jobs/{job['id']}/runs")[1][0]["status"] != "running", 10)
     runs = site.call("GET", f"/api/cron/jobs/{job['id']}/runs")[1]
-    assert (runs[0]["status"], runs[0]["output"], runs[0]["daemon_id"]) == ("ok", "on time", site.kernel.cluster.id)
+    assert (runs[0]["status"], runs[0]["output"], runs[0]["daemon_id"]) == ("ok", "on time", "kernel-daemon")
     assert runs[0]["cost_usd"] > 0
     assert any(e["event"] == "cron.create" for e in site.kernel.audit.recent(20, prefix="cron."))
 
