@@ -173,21 +173,43 @@ def test_a_runs_usage_is_metered_and_counted_in_the_metrics(site: Site) -> None:
     metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
     totals = site.kernel.metering.by_model(*month())
     gpt = next(r for r in totals if r["model"] == "gpt-4o")
-    assert sample(metrics, "agentd_llm_tokens_total", type="input") == gpt["input_tokens"]
-    assert sample(metrics, "agentd_llm_tokens_total", type="output") == gpt["output_tokens"]
-    assert sample(metrics, "agentd_llm_cost_usd_total") == pytest.approx(gpt["cost_usd"])
+    gpt4o = {"model": "gpt-4o", "provider": "openai"}
+    assert sample(metrics, "agentd_llm_tokens_total", type="input", **gpt4o) == gpt["input_tokens"]
+    assert sample(metrics, "agentd_llm_tokens_total", type="output", **gpt4o) == gpt["output_tokens"]
+    assert sample(metrics, "agentd_llm_cost_usd_total", **gpt4o) == pytest.approx(gpt["cost_usd"])
+    assert sample(metrics, "agentd_budget_spent_usd") == pytest.approx(site.kernel.metering.budget()["spent_usd"])
 
 
 def sample(exposition: str, name: str, **labels: str) -> float:
-    """The value of the metric `name` of gpt-4o at openai with these labels too (a shared
-    database's daemon adds its own label)."""
-    wanted = {"model": "gpt-4o", "provider": "openai", **labels}
+    """The value of the metric `name` with these labels (a shared database's daemon adds its own)."""
     for line in exposition.splitlines():
         metric, _, value = line.rpartition(" ")
-        if metric.startswith(name + "{") and wanted.items() <= dict(
+        if metric.partition("{")[0] == name and labels.items() <= dict(
                 re.findall(r'(\w+)="([^"]*)"', metric)).items():
             return float(value)
-    raise AssertionError(f"no {name} {wanted}")
+    raise AssertionError(f"no {name} {labels}")
+
+
+def test_a_message_waiting_for_its_busy_agent_counts_in_the_queue_depth(site: Site) -> None:
+    path = f"/api/agents/{site.desk.id}/message"
+    done: list[tuple[int, Any]] = []
+    workers = [threading.Thread(target=lambda text=text: done.append(site.call("POST", path, json={"message": text})))
+               for text in ("[[slow:1.5]] first", "second")]
+
+    def depth() -> float:
+        metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
+        return sample(metrics, "agentd_agent_queue_depth")
+
+    assert depth() == 0
+    workers[0].start()
+    try:
+        wait_until(lambda: site.desk.busy, 10)
+        workers[1].start()
+        wait_until(lambda: depth() == 1, 10)
+    finally:
+        for worker in workers:
+            worker.join(15)
+    assert sorted(status for status, _ in done) == [200, 200] and depth() == 0
 
 
 def month():
