@@ -65,12 +65,13 @@ def open_kernel(home: Path, fake_llm, **extra: Any) -> Kernel:
 def site(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
     """A kernel of the test's own (its build is what most of the kernel's code does) with the
     agent `desk`, a telegram channel that answers as `desk` in its own conversations and as
-    `route` in one thread (its adapter never starts), and a daemon id of its own."""
+    `route` in one thread (its adapter never starts), a daemon id of its own and metrics per agent."""
     monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
     monkeypatch.delenv(UNSET_TOKEN, raising=False)
     site = Site(open_kernel(tmp_path / "home", fake_llm, channels={
         "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
-        "discord": {"bot_token_env": UNSET_TOKEN}}, cluster={"daemon_id": "kernel-daemon"}))
+        "discord": {"bot_token_env": UNSET_TOKEN}}, cluster={"daemon_id": "kernel-daemon"},
+        metrics={"agent_labels": True}))
     site.closed, site.fake_llm = False, fake_llm
     site.desk = site.spawn("desk")
     yield site
@@ -198,7 +199,7 @@ def test_a_message_waiting_for_its_busy_agent_counts_in_the_queue_depth(site: Si
 
     def depth() -> float:
         metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
-        return sample(metrics, "agentd_agent_queue_depth")
+        return sample(metrics, "agentd_agent_queue_depth", agent="desk")   # [metrics] agent_labels
 
     assert depth() == 0
     workers[0].start()
