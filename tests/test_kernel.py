@@ -51,8 +51,8 @@ class Site:
         r = self.client.open(path, method=method, headers={"Authorization": f"Bearer {token}"}, **kwargs)
         return r.status_code, r.get_json()
 
-    def spawn(self, name: str) -> Any:
-        status, body = self.call("POST", "/api/agents", json={"manifest_toml": f'name = "{name}"\n'})
+    def spawn(self, name: str, extra: str = "") -> Any:
+        status, body = self.call("POST", "/api/agents", json={"manifest_toml": f'name = "{name}"\n{extra}'})
         assert status == 201, body
         return self.kernel.agents.get(body["agent_id"])
 
@@ -460,3 +460,21 @@ def test_a_key_over_its_budget_is_refused_and_audited(site: Site) -> None:
     refused = site.kernel.audit.recent(1, prefix="key.")[0]
     assert (refused["event"], refused["subject"], refused["detail"]) == (
         "key.refused", "thrifty", {"key_id": key["id"], "reason": "budget", "period": "today"})
+
+
+def test_a_tool_call_of_an_agent_in_manual_mode_waits_for_its_approval(site: Site) -> None:
+    handle = site.spawn("careful", 'profile = "coding"\n')
+    assert site.call("PUT", f"/api/agents/{handle.id}/mode", json={"mode": "Manual"})[0] == 200
+    done: list[tuple[int, Any]] = []
+    worker = threading.Thread(target=lambda: done.append(site.call(
+        "POST", f"/api/agents/{handle.id}/message",
+        json={"message": '[[tool:file_write {"path": "m.txt", "content": "ok"}]]'})))
+    worker.start()
+    try:
+        wait_until(lambda: site.call("GET", "/api/approvals")[1], 10)
+        approval = site.call("GET", "/api/approvals")[1][0]
+        assert (approval["agent_id"], approval["tool"]) == (handle.id, "file_write"), approval
+        assert site.call("POST", f"/api/approvals/{approval['id']}/approve")[0] == 200
+    finally:
+        worker.join(15)
+    assert done[0][0] == 200 and "wrote 2 bytes" in done[0][1]["response"], done
