@@ -5,6 +5,7 @@ runs stopped, what is released). In process over a real kernel, runs going to th
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -478,3 +479,49 @@ def test_a_tool_call_of_an_agent_in_manual_mode_waits_for_its_approval(site: Sit
     finally:
         worker.join(15)
     assert done[0][0] == 200 and "wrote 2 bytes" in done[0][1]["response"], done
+
+
+def test_an_agents_schedule_and_trigger_live_and_go_with_it(site: Site) -> None:
+    handle = site.spawn("reporter", 'schedule = {periodic = {cron = "0 9 * * 1-5", tz = "Asia/Tokyo"}}\n')
+    [job] = site.call("GET", f"/api/cron/jobs?agent_id={handle.id}")[1]
+    assert (job["name"], job["origin"]) == ("reporter:periodic", "manifest")
+    status, trigger = site.call("POST", "/api/triggers", json={
+        "agent_id": handle.id, "pattern": {"content_match": "x"}, "prompt_template": "y"})
+    assert status == 201, trigger
+    assert site.call("DELETE", f"/api/agents/{handle.id}")[0] == 200
+    assert site.call("GET", f"/api/cron/jobs/{job['id']}")[0] == 404
+    assert site.call("GET", f"/api/triggers/{trigger['id']}")[0] == 404
+
+
+def test_the_monthly_budget_refuses_a_run_once_spent(site: Site) -> None:
+    path = f"/api/agents/{site.desk.id}/message"
+    assert site.call("POST", path, json={"message": "spend"})[0] == 200
+    assert site.call("PUT", "/api/budget", json={"limit_usd": 0.0000001})[0] == 200
+    status, body = site.call("POST", path, json={"message": "more"})
+    assert status == 429 and "budget" in body["error"], body
+
+
+def test_an_upload_is_kept_for_its_agent(site: Site) -> None:
+    r = site.client.post(f"/api/agents/{site.desk.id}/upload", headers={"Authorization": f"Bearer {ADMIN}"},
+                         data={"file": (io.BytesIO(b"hello"), "note.txt", "text/plain")})
+    assert r.status_code == 201, r.get_json()
+    [kept] = site.call("GET", f"/api/agents/{site.desk.id}/uploads")[1]
+    assert (kept["file_id"], kept["filename"], kept["size"]) == (r.get_json()["file_id"], "note.txt", 5), kept
+
+
+def test_the_log_tail_holds_what_the_daemon_logged(site: Site) -> None:
+    logging.getLogger("agentd.kernel").warning("a line for the log page")
+    assert any("a line for the log page" in str(line) for line in site.kernel.log_tail.last(10))
+
+
+def test_the_skills_of_the_home_are_listed(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "home" / "skills" / "greet"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: greet\ndescription: Say hello\n---\nSay hello.\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
+    site = Site(open_kernel(tmp_path / "home", fake_llm))
+    try:
+        status, skills = site.call("GET", "/api/skills")
+        assert status == 200 and [(s["name"], s["description"]) for s in skills] == [("greet", "Say hello")], skills
+    finally:
+        site.kernel.close()
