@@ -6,6 +6,7 @@ runs stopped, what is released). In process over a real kernel, runs going to th
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import sys
@@ -525,3 +526,19 @@ def test_the_skills_of_the_home_are_listed(tmp_path: Path, fake_llm, monkeypatch
         assert status == 200 and [(s["name"], s["description"]) for s in skills] == [("greet", "Say hello")], skills
     finally:
         site.kernel.close()
+
+
+def test_the_mcp_endpoint_runs_the_agents(site: Site) -> None:
+    def call(method: str, **params: Any) -> dict:
+        r = site.client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                             headers={"Authorization": f"Bearer {ADMIN}",
+                                      "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 200, r.get_data(as_text=True)
+        data = [line[6:] for line in r.get_data(as_text=True).splitlines() if line.startswith("data: ")]
+        return json.loads(data[-1])["result"]
+
+    assert "message_agent" in [tool["name"] for tool in call("tools/list")["tools"]]
+    listed = call("tools/call", name="list_agents", arguments={})
+    assert "desk" in listed["content"][0]["text"], listed
+    answer = call("tools/call", name="message_agent", arguments={"agent": "desk", "message": "[[reply:via mcp]]"})
+    assert answer["content"][0]["text"] == "via mcp", answer
