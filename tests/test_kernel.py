@@ -542,3 +542,24 @@ def test_the_mcp_endpoint_runs_the_agents(site: Site) -> None:
     assert "desk" in listed["content"][0]["text"], listed
     answer = call("tools/call", name="message_agent", arguments={"agent": "desk", "message": "[[reply:via mcp]]"})
     assert answer["content"][0]["text"] == "via mcp", answer
+
+
+def test_an_a2a_message_runs_the_agent(site: Site) -> None:
+    message = {"kind": "message", "role": "user", "messageId": "m-1", "parts": [{"kind": "text", "text": "[[reply:via a2a]]"}]}
+    status, body = site.call("POST", "/a2a/agents/desk", json={
+        "jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}})
+    assert status == 200 and body["result"]["status"]["state"] == "completed", body
+    assert "via a2a" in json.dumps(body["result"]["artifacts"])
+
+
+def test_a_key_limited_to_some_agents_cannot_schedule_a_workflow_reaching_others(site: Site) -> None:
+    site.spawn("outside")
+    status, workflow = site.call("POST", "/api/workflows", json={
+        "name": "both", "steps": [{"name": "one", "agent_name": "desk", "prompt": "{{input}}"},
+                                  {"name": "two", "agent_name": "outside", "prompt": "{{input}}"}]})
+    assert status == 201, workflow
+    key = site.kernel.keys.create({"name": "desk-only", "scopes": ["read", "manage", "message"], "agents": ["desk"]})
+    status, body = site.call("POST", "/api/cron/jobs", key["key"], json={
+        "name": "w", "agent_id": "desk", "schedule": {"kind": "cron", "expr": "0 3 * * *"},
+        "action": {"kind": "workflow_run", "workflow_id": workflow["workflow_id"], "input": "go"}})
+    assert (status, body["error"]) == (400, f"action.workflow_id: no workflow {workflow['workflow_id']!r}"), body
