@@ -563,3 +563,11 @@ def test_a_key_limited_to_some_agents_cannot_schedule_a_workflow_reaching_others
         "name": "w", "agent_id": "desk", "schedule": {"kind": "cron", "expr": "0 3 * * *"},
         "action": {"kind": "workflow_run", "workflow_id": workflow["workflow_id"], "input": "go"}})
     assert (status, body["error"]) == (400, f"action.workflow_id: no workflow {workflow['workflow_id']!r}"), body
+
+
+def test_a_channel_configured_through_the_api_is_written_to_config_toml(site: Site) -> None:
+    status, body = site.call("POST", "/api/channels/telegram/configure",
+                             json={"bot_token_env": UNSET_TOKEN, "default_agent": "desk"})
+    assert status == 200 and body["activated"] is False, body
+    assert "[channels.telegram]" in site.kernel.config.config_path.read_text()
+    assert site.kernel.audit.recent(1, prefix="channel.")[0]["subject"] == "telegram"
