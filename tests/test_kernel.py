@@ -572,3 +572,20 @@ def test_a_channel_configured_through_the_api_is_written_to_config_toml(site: Si
     assert status == 200 and body["activated"] is False, body
     assert "[channels.telegram]" in site.kernel.config.config_path.read_text()
     assert site.kernel.audit.recent(1, prefix="channel.")[0]["subject"] == "telegram"
+
+
+def test_stopping_an_agent_waiting_for_an_approval_withdraws_it(site: Site) -> None:
+    handle = site.spawn("halted", 'profile = "coding"\n')
+    assert site.call("PUT", f"/api/agents/{handle.id}/mode", json={"mode": "Manual"})[0] == 200
+    done: list[tuple[int, Any]] = []
+    worker = threading.Thread(target=lambda: done.append(site.call(
+        "POST", f"/api/agents/{handle.id}/message",
+        json={"message": '[[tool:file_write {"path": "m.txt", "content": "ok"}]]'})))
+    worker.start()
+    try:
+        wait_until(lambda: site.call("GET", "/api/approvals")[1], 10)
+        assert site.call("POST", f"/api/agents/{handle.id}/stop")[0] == 200
+        assert site.call("GET", "/api/approvals") == (200, [])
+    finally:
+        worker.join(15)
+    assert done[0][0] == 409, done
