@@ -589,3 +589,14 @@ def test_stopping_an_agent_waiting_for_an_approval_withdraws_it(site: Site) -> N
     finally:
         worker.join(15)
     assert done[0][0] == 409, done
+
+
+def test_an_agents_tools_reach_the_kernels_memory_tasks_and_schedules(site: Site) -> None:
+    handle = site.spawn("worker", 'profile = "full"\n')
+    calls = ('memory_store {"key": "k", "value": 1} | task_post {"title": "T", "description": "D"} | '
+             'schedule_create {"description": "check", "schedule": "daily at 9am"}')
+    status, answer = site.call("POST", f"/api/agents/{handle.id}/message", json={"message": f"[[tools:{calls}]]"})
+    assert status == 200, answer
+    assert site.call("GET", f"/api/memory/agents/{handle.id}/kv/k") == (200, 1)
+    assert [t["title"] for t in site.call("GET", "/api/tasks")[1]] == ["T"]
+    assert [j["name"] for j in site.call("GET", f"/api/cron/jobs?agent_id={handle.id}")[1]] == ["check"]
