@@ -181,6 +181,7 @@ def test_a_runs_usage_is_metered_and_counted_in_the_metrics(site: Site) -> None:
     assert sample(metrics, "agentd_llm_tokens_total", type="output", **gpt4o) == gpt["output_tokens"]
     assert sample(metrics, "agentd_llm_cost_usd_total", **gpt4o) == pytest.approx(gpt["cost_usd"])
     assert sample(metrics, "agentd_llm_calls_total", outcome="ok", **gpt4o) == gpt["requests"]
+    assert sample(metrics, "agentd_runs_total", origin="api", outcome="completed", agent="usage") == 1
     assert sample(metrics, "agentd_budget_spent_usd") == pytest.approx(site.kernel.metering.budget()["spent_usd"])
 
 
