@@ -372,6 +372,9 @@ def test_events_of_memory_and_workflows_reach_the_bus_and_fire_triggers(site: Si
     status, _ = site.call("POST", "/api/events", json={"event_type": "kernel-ping", "payload": {}})
     assert status == 202
     wait_until(lambda: site.call("GET", f"/api/triggers/{trigger['id']}")[1]["fire_count"] == 1, 10)
+    wait_until(lambda: "heard" in json.dumps(site.call("GET", f"/api/agents/{listener.id}/session")[1]), 10)
+    fired = site.kernel.audit.recent(1, prefix="trigger.fire")
+    assert [(e["subject"], e["detail"]["trigger_id"]) for e in fired] == [("listener", trigger["id"])], fired
     paused = site.kernel.audit.recent(1, prefix="trigger.paused")
     assert [(e["subject"], e["detail"]["agent_id"]) for e in paused] == [(trigger["id"], listener.id)]
     kinds = [(e.type, e.payload) for e in heard if e.type in ("memory_key_changed", "workflow_completed")]
@@ -417,6 +420,10 @@ def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
     openai = next(p for p in providers if p["id"] == "openai")
     assert (status, openai["base_url"], openai["auth_status"]) == (200, site.fake_llm.openai_base, "configured")
     assert site.call("GET", f"/api/agents/{site.desk.id}/uploads") == (200, [])
+    # The dashboard's first-run setup: the default model's provider has its key, and the
+    # catalogue's local providers are the ones it offers to probe.
+    assert site.kernel.first_run.needed() is False
+    assert [p.id for p in site.kernel.first_run.local_providers()] == ["ollama", "vllm", "lmstudio"]
 
 
 def test_a_restart_restores_the_agents_and_says_how_many(site: Site, caplog: pytest.LogCaptureFixture) -> None:
