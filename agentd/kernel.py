@@ -214,7 +214,7 @@ class Kernel:
         self.workflows.recover()
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
-        raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
+        raw_channels = config.raw.get("channels")
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
