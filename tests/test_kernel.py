@@ -275,6 +275,11 @@ def test_a_cron_job_runs_only_a_workflow_that_exists(site: Site) -> None:
         **job, "action": {"kind": "workflow_run", "workflow_id": created["workflow_id"], "input": "go"}})
     assert status == 201, body
     assert body["action"] == {"kind": "workflow_run", "workflow_id": created["workflow_id"], "input": "go"}
+    assert site.call("POST", f"/api/cron/jobs/{body['id']}/run")[0] in (200, 202)
+    wait_until(lambda: site.call("GET", f"/api/cron/jobs/{body['id']}/runs")[1][0]["status"] != "running", 10)
+    [run] = site.call("GET", f"/api/cron/jobs/{body['id']}/runs")[1]
+    assert (run["status"], run["output"]) == ("ok", "echo: go"), run
+    assert run["cost_usd"] > 0
 
 
 # -- the run pool ------------------------------------------------------------------------------------------------
