@@ -478,8 +478,10 @@ def test_a_key_over_its_budget_is_refused_and_audited(site: Site) -> None:
         "key.refused", "thrifty", {"key_id": key["id"], "reason": "budget", "period": "today"})
 
 
-def test_a_tool_call_of_an_agent_in_manual_mode_waits_for_its_approval(site: Site) -> None:
-    handle = site.spawn("careful", 'profile = "coding"\n')
+def waiting_for_approval(site: Site, name: str) -> tuple[Any, threading.Thread, list[tuple[int, Any]]]:
+    """An agent in manual mode whose message (in `worker`, its answer in `done`) waits for the
+    approval of a file write."""
+    handle = site.spawn(name, 'profile = "coding"\n')
     assert site.call("PUT", f"/api/agents/{handle.id}/mode", json={"mode": "Manual"})[0] == 200
     done: list[tuple[int, Any]] = []
     worker = threading.Thread(target=lambda: done.append(site.call(
@@ -488,6 +490,15 @@ def test_a_tool_call_of_an_agent_in_manual_mode_waits_for_its_approval(site: Sit
     worker.start()
     try:
         wait_until(lambda: site.call("GET", "/api/approvals")[1], 10)
+    except BaseException:
+        worker.join(15)
+        raise
+    return handle, worker, done
+
+
+def test_a_tool_call_of_an_agent_in_manual_mode_waits_for_its_approval(site: Site) -> None:
+    handle, worker, done = waiting_for_approval(site, "careful")
+    try:
         approval = site.call("GET", "/api/approvals")[1][0]
         assert (approval["agent_id"], approval["tool"]) == (handle.id, "file_write"), approval
         assert site.call("POST", f"/api/approvals/{approval['id']}/approve")[0] == 200
@@ -588,15 +599,8 @@ def test_a_channel_configured_through_the_api_is_written_to_config_toml(site: Si
 
 
 def test_stopping_an_agent_waiting_for_an_approval_withdraws_it(site: Site) -> None:
-    handle = site.spawn("halted", 'profile = "coding"\n')
-    assert site.call("PUT", f"/api/agents/{handle.id}/mode", json={"mode": "Manual"})[0] == 200
-    done: list[tuple[int, Any]] = []
-    worker = threading.Thread(target=lambda: done.append(site.call(
-        "POST", f"/api/agents/{handle.id}/message",
-        json={"message": '[[tool:file_write {"path": "m.txt", "content": "ok"}]]'})))
-    worker.start()
+    handle, worker, done = waiting_for_approval(site, "halted")
     try:
-        wait_until(lambda: site.call("GET", "/api/approvals")[1], 10)
         assert site.call("POST", f"/api/agents/{handle.id}/stop")[0] == 200
         assert site.call("GET", "/api/approvals") == (200, [])
     finally:
