@@ -21,7 +21,7 @@ from agentd import daemon as daemon_module
 from agentd.cli.client import DaemonInfo, process_identity, write_daemon_file
 from agentd.config import parse_config
 from agentd.daemon import Daemon, StartError, check_not_running, lock_home, open_daemon_store, tune_interpreter
-from support import free_port, wait_until, with_test_db
+from support import free_port, with_test_db
 
 
 def config_for(home: Path, **extra):
