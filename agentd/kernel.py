@@ -74,9 +74,10 @@ log = logging.getLogger("agentd.kernel")
 
 
 def _model_calls_in_flight() -> int:
-    """Model calls holding a connection; the drivers load on the first call (none before)."""
-    drivers = sys.modules.get("agentd.llm.drivers")
-    return drivers.active_calls() if drivers is not None else 0
+    """Model calls holding a connection; the drivers load on the first call (none before, nor
+    while another thread is still importing them)."""
+    active_calls = getattr(sys.modules.get("agentd.llm.drivers"), "active_calls", None)
+    return active_calls() if active_calls is not None else 0
 
 
 class Kernel:
@@ -90,7 +91,7 @@ class Kernel:
         self._started_mono = time.monotonic()
         # Runs never wait here for an agent (each agent queues its own requests), so one
         # worker per long-held request keeps a stuck provider from blocking other agents.
-        self.executor = ThreadPoolExecutor(max_workers=max(32, config.api.max_streams + 32),
+        self.executor = ThreadPoolExecutor(max_workers=config.api.max_streams + 32,
                                            thread_name_prefix="agentd-run")
         self.stopping = threading.Event()
         self._shutdown_hook: Callable[[], None] | None = None
@@ -213,7 +214,7 @@ class Kernel:
         self.workflows.recover()
         self.audit.record("kernel.start", "agentd", {"version": __version__})
         # Channels (agentd/channels/): adapters whose messages run in their conversations' sessions.
-        raw_channels = config.raw.get("channels", {}) if isinstance(config.raw, dict) else {}
+        raw_channels = config.raw.get("channels")
         self.channels = ChannelManager(config.config_path, raw_channels if isinstance(raw_channels, dict) else {},
                                        store, self.agents, self.runs, self.audit.record,
                                        on_message=self.metrics.channel_message,
@@ -317,7 +318,7 @@ class Kernel:
         self.mcp_endpoint.close()
         self.mcp_loop.close()
         self.events.close()
-        self.audit.record("kernel.shutdown", "agentd", {})
+        self.audit.record("kernel.shutdown", "agentd")
         logging.getLogger().removeHandler(self.log_tail)
         self.workflows.close()
         self.runs.stop_all()
@@ -328,7 +329,7 @@ class Kernel:
         self.store.close()
 
     # -- events ----------------------------------------------------------
-    def publish_event(self, data: dict[str, Any], key_id: str = "") -> str:
+    def publish_event(self, data: dict[str, Any], key_id: str) -> str:
         """POST /api/events: a custom event on the bus; its id. `key_id`: the scoped API key
         publishing it ("": the admin)."""
         from agentd.triggers.bus import CUSTOM, Event

@@ -137,10 +137,12 @@ TESTS: dict[str, list[str]] = {
     "agentd/server/slots.py": ["tests/server/test_slots.py"],
     "agentd/store/writer.py": ["tests/store/test_store_writer.py", "tests/agents/test_session_store.py",
                                "tests/store/test_wal_checkpoint.py"],
-    # The interpreter settings and the boot (the gate, the freeze), then the start's refusals
-    # and the stop (signals, the shutdown route, the drain) through the CLI's tests: a daemon
-    # or two per test, so a large run takes --functions.
-    "agentd/daemon.py": ["tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
+    # The start's refusals, the store, the interpreter settings and a whole start and stop in
+    # process; then the boot (the gate, the freeze), the refusals and the stop (signals, the
+    # shutdown route, the drain) through the CLI's tests: a daemon or two per test, so a large
+    # run takes --functions.
+    "agentd/daemon.py": ["tests/test_daemon.py",
+                         "tests/test_perf_paths.py::test_the_daemon_tunes_the_collector_and_switch_interval",
                          "tests/test_perf_paths.py::test_boot_freezes_what_it_built", "tests/server/test_startgate.py",
                          # the pool figures of /api/health/detail (`_pool_stats`)
                          "tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
@@ -155,6 +157,9 @@ TESTS: dict[str, list[str]] = {
                              "test_a_second_sigterm_during_the_graceful_stop_exits_at_once",
                              "test_a_held_home_lock_refuses_the_start",
                              "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
+    # The kernel through the daemon's app in process, runs going to the fake LLM (a daemon per
+    # mutant of its build would take hours: most of its mutants are in `__init__`).
+    "agentd/kernel.py": ["tests/test_kernel.py", "tests/api/test_app.py"],
     # The server the daemon binds, its pool figures, and its drain through a daemon's stop.
     "agentd/server/serve.py": ["tests/server/test_dispatcher.py::test_the_daemon_reports_its_pool_size_and_started_threads",
                                "tests/server/test_startgate.py"],
