@@ -265,8 +265,8 @@ class Zygote:
             self.process.wait()
 
 
-# By whether its daemons use PostgreSQL: either pass starts both kinds (the cluster tests'
-# daemons share a PostgreSQL server on the SQLite pass too), and only the one imports its driver.
+# By whether its daemons use PostgreSQL: either pass starts both kinds (the tests of daemons
+# sharing a PostgreSQL database run on the SQLite pass too), and only the one imports its driver.
 _shared: dict[bool, Zygote] = {}
 # The worker's own directory (a test may be in another when it starts the first daemon).
 _WORKER_CWD = os.getcwd()
