@@ -60,7 +60,7 @@ def check_not_running(config: Config) -> None:
     config.daemon_file.unlink(missing_ok=True)
 
 
-def lock_home(config: Config) -> IO[str]:
+def lock_home(config: Config) -> IO[bytes]:
     """Hold `<home>/daemon.lock` for the daemon's life (`Daemon.release_home`, or the exit, drops it).
 
     `check_not_running` reads daemon.json, which a daemon writes only once it listens: two
@@ -69,7 +69,7 @@ def lock_home(config: Config) -> IO[str]:
     path = config.home / "daemon.lock"
     try:
         config.home.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")
+        handle = open(path, "ab")
     except OSError as exc:
         raise StartError(f"cannot write in the home {config.home} ({exc.strerror}): agentd keeps its "
                          "database, lock and logs there; make it writable (or free some space)") from None
@@ -94,7 +94,7 @@ class Daemon:
         self._boot_thread: threading.Thread | None = None
         self._boot_error: BaseException | None = None
         self._store: Any = None
-        self._home_lock: IO[str] | None = None
+        self._home_lock: IO[bytes] | None = None
 
     def _pool_stats(self) -> dict[str, int]:
         return serve.pool_stats(self.server)
@@ -248,17 +248,13 @@ def open_daemon_store(config: Config) -> Any:
     from agentd.store import open_store
 
     config.home.mkdir(parents=True, exist_ok=True)
-    # PostgreSQL when the config names one (`database`, set by the shared-database work).
-    database = getattr(config, "database", None)
-    if database is None:
-        return open_store(config.db_path)
-    store = open_store(config.db_path, database)
+    store = open_store(config.db_path, config.database)
     if store.backend != "sqlite":
         log.info("database: %s %s", store.backend, store.where)  # `where` is masked (as Kernel.open)
     return store
 
 
-def tune_interpreter(malloc_arenas: int = 0, mmap_threshold_kb: int = 0) -> None:
+def tune_interpreter(malloc_arenas: int, mmap_threshold_kb: int) -> None:
     """The process-wide interpreter settings a busy threaded daemon wants; glibc's malloc is
     tuned before any server thread starts (agentd/malloc_tuning.py; 0: glibc's default)."""
     tune_malloc(malloc_arenas, mmap_threshold_kb)

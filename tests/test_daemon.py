@@ -21,6 +21,8 @@ from agentd import daemon as daemon_module
 from agentd.cli.client import DaemonInfo, process_identity, write_daemon_file
 from agentd.config import parse_config
 from agentd.daemon import Daemon, StartError, check_not_running, lock_home, open_daemon_store, tune_interpreter
+from agentd.store.backend import parse_database_url
+import pgtest
 from support import free_port, with_test_db
 
 
@@ -117,18 +119,24 @@ def test_a_home_that_cannot_be_written_refuses_the_start(tmp_path: Path) -> None
         "there; make it writable (or free some space)")
 
 
-def test_the_store_is_opened_in_a_new_home(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_store_is_opened_in_a_new_home(tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture) -> None:
     home = tmp_path / "a" / "b"
-    config = config_for(home)
+    config = parse_config({"memory": {"auto_remember": False}}, home)
+    if backend == "postgres":
+        # On both passes of the suite: the PostgreSQL one is not the one mutation runs.
+        url = pgtest.databases().new_url().replace("postgres@", "postgres:hidden@", 1)
+        config.database = parse_database_url(url, "test", allow_password=True)
     with caplog.at_level(logging.INFO, logger="agentd.daemon"):
         store = open_daemon_store(config)
     try:
-        assert home.is_dir() and store.ping()
-        named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("database:")]
-        if store.backend == "sqlite":
+        assert home.is_dir() and store.ping() and store.backend == backend
+        named = [r.getMessage() for r in caplog.records if r.name == "agentd.daemon"]
+        if backend == "sqlite":
             assert named == [] and config.db_path.exists()
         else:
-            assert named == [f"database: {store.backend} {store.where}"]
+            masked = url.replace(":hidden@", ":***@", 1)
+            assert named == [f"database: postgres {masked}"] and not config.db_path.exists()
     finally:
         store.close()
 

@@ -208,7 +208,7 @@ def test_the_daemon_tunes_the_collector_and_switch_interval() -> None:
     threshold, interval = gc.get_threshold(), sys.getswitchinterval()
     try:
         sys.setswitchinterval(0.001)  # (not the value it sets: the test sees it set)
-        tune_interpreter()
+        tune_interpreter(0, 0)
         assert gc.get_threshold() == GC_THRESHOLD == (7000, 10, 10)
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL) and SWITCH_INTERVAL == 0.005
     finally:
