@@ -26,6 +26,7 @@ from agentd.kernel import Kernel
 from agentd.store import open_store
 from agentd.store.checkpoint import PAGE_CACHE_KIB
 from agentd.timestamps import iso
+import pgtest
 from support import wait_until, with_test_db
 
 # A variable nobody sets: the channel is configured but its adapter cannot start.
@@ -59,18 +60,30 @@ class Site:
         return self.kernel.agents.get(body["agent_id"])
 
 
-def open_kernel(home: Path, fake_llm, **extra: Any) -> Kernel:
-    return Kernel.open(parse_config(with_test_db(config_data(fake_llm, **extra), home), home))
+def kernel_config(home: Path, fake_llm, backend: str | None = None, **extra: Any) -> Any:
+    """The kernel's config on the suite's backend, or on `backend` ("sqlite", "postgres")
+    whichever pass of the suite runs (mutation runs use the SQLite one)."""
+    data = config_data(fake_llm, **extra)
+    if backend is None:
+        data = with_test_db(data, home)
+    elif backend == "postgres":
+        data["database_url"] = pgtest.databases().new_url()
+    return parse_config(data, home)
+
+
+def open_kernel(home: Path, fake_llm, backend: str | None = None, **extra: Any) -> Kernel:
+    return Kernel.open(kernel_config(home, fake_llm, backend, **extra))
 
 
 @pytest.fixture
-def site(tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
+def site(request: pytest.FixtureRequest, tmp_path: Path, fake_llm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
     """A kernel of the test's own (its build is what most of the kernel's code does) with the
     agent `desk`, a telegram channel that answers as `desk` in its own conversations and as
-    `route` in one thread (its adapter never starts), a daemon id of its own and metrics per agent."""
+    `route` in one thread (its adapter never starts), a daemon id of its own and metrics per agent.
+    Parametrized indirectly with a backend, it is on that backend."""
     monkeypatch.setenv("OPENAI_API_KEY", "test-openai")
     monkeypatch.delenv(UNSET_TOKEN, raising=False)
-    site = Site(open_kernel(tmp_path / "home", fake_llm, channels={
+    site = Site(open_kernel(tmp_path / "home", fake_llm, getattr(request, "param", None), channels={
         "telegram": {"bot_token_env": UNSET_TOKEN, "default_agent": "desk", "thread_routes": {"42": "route"}},
         "discord": {"bot_token_env": UNSET_TOKEN}}, cluster={"daemon_id": "kernel-daemon"},
         metrics={"agent_labels": True}))
@@ -110,6 +123,7 @@ def test_uptime_counts_whole_seconds_since_the_start(site: Site) -> None:
 
 # -- health detail -----------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("site", ["sqlite", "postgres"], indirect=True)
 def test_health_detail_reports_every_figure(site: Site) -> None:
     kernel = site.kernel
     sqlite = kernel.store.backend == "sqlite"
@@ -183,6 +197,16 @@ def test_a_runs_usage_is_metered_and_counted_in_the_metrics(site: Site) -> None:
     assert sample(metrics, "agentd_llm_calls_total", outcome="ok", **gpt4o) == gpt["requests"]
     assert sample(metrics, "agentd_runs_total", origin="api", outcome="completed", agent="usage") == 1
     assert sample(metrics, "agentd_budget_spent_usd") == pytest.approx(site.kernel.metering.budget()["spent_usd"])
+
+
+@pytest.mark.parametrize("site", ["sqlite", "postgres"], indirect=True)
+def test_metrics_name_the_daemon_only_on_a_shared_database(site: Site) -> None:
+    metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
+    labelled = {line.partition(" ")[0] for line in metrics.splitlines() if line.startswith("agentd_open_streams")}
+    if site.kernel.store.backend == "sqlite":
+        assert labelled == {"agentd_open_streams"}
+    else:
+        assert labelled == {'agentd_open_streams{daemon_id="kernel-daemon"}'}
 
 
 def sample(exposition: str, name: str, **labels: str) -> float:
@@ -342,18 +366,20 @@ def test_close_releases_everything_and_records_the_shutdown(site: Site) -> None:
         assert events == [("kernel.shutdown", "agentd", {}), ("kernel.start", "agentd", {"version": __version__})]
 
 
-def test_open_makes_the_home_and_names_a_database_that_is_not_sqlite(tmp_path: Path, fake_llm,
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_open_makes_the_home_and_names_a_database_that_is_not_sqlite(tmp_path: Path, fake_llm, backend: str,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     home = tmp_path / "a" / "b"
+    config = kernel_config(home, fake_llm, backend)
     with caplog.at_level(logging.INFO, logger="agentd.kernel"):
-        kernel = Kernel.open(parse_config(with_test_db(config_data(fake_llm), home), home))
+        kernel = Kernel.open(config)
     try:
-        assert home.is_dir()
+        assert home.is_dir() and kernel.store.backend == backend
         named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("database:")]
-        if kernel.store.backend == "sqlite":
-            assert named == []
+        if backend == "sqlite":
+            assert named == [] and config.db_path.exists()
         else:
-            assert named == [f"database: {kernel.store.backend} {kernel.store.where}"]
+            assert named == [f"database: postgres {config.database.masked}"] and not config.db_path.exists()
     finally:
         kernel.close()
 
