@@ -444,9 +444,13 @@ def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
     assert status == 201, added
     status, model = site.call("GET", "/api/models/kernel-model")
     assert (status, model["display_name"]) == (200, "Kernel model"), model
-    status, task = site.call("POST", "/api/tasks", json={"title": "Review", "description": "the notes"})
+    status, task = site.call("POST", "/api/tasks", json={"title": "Review", "description": "the notes",
+                                                         "assigned_to": "desk"})
     assert status == 201, task
-    assert site.call("GET", f"/api/tasks/{task['id']}")[1]["title"] == "Review"
+    assert site.call("GET", f"/api/tasks/{task['id']}")[1]["assigned_to"] == site.desk.id
+    # No WhatsApp gateway is configured: the QR login says so.
+    status, qr = site.call("POST", "/api/channels/whatsapp/qr/start")
+    assert status == 503, qr
     status, providers = site.call("GET", "/api/providers")
     openai = next(p for p in providers if p["id"] == "openai")
     assert (status, openai["base_url"], openai["auth_status"]) == (200, site.fake_llm.openai_base, "configured")
@@ -455,6 +459,36 @@ def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
     # catalogue's local providers are the ones it offers to probe.
     assert site.kernel.first_run.needed() is False
     assert [p.id for p in site.kernel.first_run.local_providers()] == ["ollama", "vllm", "lmstudio"]
+    # What the setup page saves: a model of a catalogue provider becomes the default.
+    assert site.kernel.settings.set_default_model("openai", "gpt-4o-mini") == {
+        "status": "updated", "provider": "openai", "model": "gpt-4o-mini"}
+    assert site.call("GET", "/api/status")[1]["default_model"] == "gpt-4o-mini"
+
+
+def test_a_recall_is_timed_in_the_metrics_and_embeddings_use_the_memory_model(site: Site) -> None:
+    base = f"/api/memory/agents/{site.desk.id}"
+    assert site.call("POST", f"{base}/memories", json={"content": "The office opens at nine."})[0] == 201
+    status, found = site.call("POST", f"{base}/recall", json={"query": "When does the office open?"})
+    assert status == 200 and [f["content"] for f in found["memories"]] == ["The office opens at nine."], found
+    metrics = site.client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).get_data(as_text=True)
+    assert sample(metrics, "agentd_memory_recall_seconds_count") == 1
+    status, body = site.call("POST", "/v1/embeddings", json={"model": "all-MiniLM-L6-v2-onnx-int8",
+                                                            "input": "The office opens at nine."})
+    assert status == 200, body
+    vector = body["data"][0]["embedding"]
+    assert len(vector) == 384 and sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_message_is_sent_to_the_model_with_what_its_agent_remembers(site: Site) -> None:
+    fact = "The office opens at nine."
+    assert site.call("POST", f"/api/memory/agents/{site.desk.id}/memories", json={"content": fact})[0] == 201
+    status, answer = site.call("POST", f"/api/agents/{site.desk.id}/message",
+                               json={"message": "When does the office open?"})
+    assert status == 200, answer
+    sent = next(r["json"] for r in reversed(list(site.fake_llm.requests))
+                if "When does the office open?" in json.dumps(r.get("json")))
+    system = "\n".join(m["content"] for m in sent["messages"] if m["role"] == "system")
+    assert f"- {fact}" in system, system
 
 
 def test_a_restart_restores_the_agents_and_says_how_many(site: Site, caplog: pytest.LogCaptureFixture) -> None:
