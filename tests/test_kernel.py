@@ -430,6 +430,17 @@ def test_a_cron_job_run_now_runs_its_agent(site: Site) -> None:
     assert any(e["event"] == "cron.create" for e in site.kernel.audit.recent(20, prefix="cron."))
 
 
+def test_a_cron_job_delivers_only_to_a_configured_channel(site: Site) -> None:
+    job = {"name": "report", "agent_id": "desk", "schedule": {"kind": "cron", "expr": "0 3 * * *"},
+           "action": {"kind": "agent_turn", "message": "report"}}
+    status, made = site.call("POST", "/api/cron/jobs", json={
+        **job, "delivery": {"kind": "channel", "channel": "telegram", "chat_id": "42"}})
+    assert status == 201 and made["delivery"] == {"kind": "channel", "channel": "telegram", "chat_id": "42"}, made
+    status, refused = site.call("POST", "/api/cron/jobs", json={
+        **job, "name": "elsewhere", "delivery": {"kind": "channel", "channel": "slack"}})
+    assert (status, refused["error"]) == (400, "delivery.channel: channel 'slack' is not configured")
+
+
 def test_a_reload_applies_the_channels_mcp_servers_and_skills(site: Site) -> None:
     assert site.kernel.settings.reload() == {
         "status": "reloaded", "applied": ["default_model", "provider_urls", "llm", "log_level", "channels",
