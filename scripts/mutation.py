@@ -156,7 +156,10 @@ TESTS: dict[str, list[str]] = {
                              "test_graceful_shutdown_lets_inflight_request_finish",
                              "test_a_second_sigterm_during_the_graceful_stop_exits_at_once",
                              "test_a_held_home_lock_refuses_the_start",
-                             "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
+                             "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it",
+                             # `run_daemon`: the keys it warns about, the log format it sets up
+                             "test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start")),
+                         "tests/test_logs.py::test_json_log_lines_carry_the_request_id_into_the_run"],
     # The kernel through the daemon's app in process, runs going to the fake LLM (a daemon per
     # mutant of its build would take hours: most of its mutants are in `__init__`).
     "agentd/kernel.py": ["tests/test_kernel.py", "tests/api/test_app.py"],
@@ -335,7 +338,10 @@ TESTS: dict[str, list[str]] = {
                              *(f"tests/cli/test_lifecycle.py::{t}" for t in (
                                  "test_doctor_reports_failures", "test_doctor_with_broken_config",
                                  "test_doctor_fails_what_start_would_fail_on",
-                                 "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it"))],
+                                 "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it",
+                             # `run_daemon`: the keys it warns about, the log format it sets up
+                             "test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start")),
+                         "tests/test_logs.py::test_json_log_lines_carry_the_request_id_into_the_run"],
     **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
                                      "-knot postgres"]
        for name in ("run_leases", "held_leases", "members")},

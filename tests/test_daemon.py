@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +17,7 @@ from typing import Iterator
 
 import pytest
 import requests
+from werkzeug.test import Client
 
 from agentd import daemon as daemon_module
 from agentd.cli.client import DaemonInfo, process_identity, write_daemon_file
@@ -157,13 +159,18 @@ def test_the_interpreter_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- a start, boot and stop ----------------------------------------------------------------------------------------
 
-def test_a_daemon_starts_boots_serves_and_stops(tmp_path: Path) -> None:
+def test_a_daemon_starts_boots_serves_and_stops(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The server loop runs in this (the main) thread, where signal handlers go; a client
     thread asks what a user would, then for the stop."""
-    config = config_for(tmp_path / "home")
+    config = config_for(tmp_path / "home", cluster={"daemon_id": "in-process"})
     daemon = Daemon(config)
-    daemon.start()
+    with caplog.at_level(logging.INFO, logger="agentd.daemon"):
+        daemon.start()
     base = f"http://{config.api_listen}"
+    # The gate answers the probe during the boot naming the daemon, as the app does after it.
+    assert daemon.gate.extra_headers == [("X-Agentd-Daemon", "in-process")]
+    # A boot that hangs does not keep the process from exiting.
+    assert (daemon._boot_thread.name, daemon._boot_thread.daemon) == ("agentd-boot", True)
     seen: dict = {}
 
     def client() -> None:
@@ -181,7 +188,8 @@ def test_a_daemon_starts_boots_serves_and_stops(tmp_path: Path) -> None:
             lock_home(config)   # the running daemon holds its home
         asker = threading.Thread(target=client)
         asker.start()
-        daemon.serve()   # returns once the client's stop is done
+        with caplog.at_level(logging.INFO, logger="agentd.daemon"):
+            daemon.serve()   # returns once the client's stop is done
         asker.join(10)
     finally:
         daemon.release_home()
@@ -190,5 +198,46 @@ def test_a_daemon_starts_boots_serves_and_stops(tmp_path: Path) -> None:
     assert detail.status_code == 200 and detail.headers["X-Agentd-Daemon"] == daemon.kernel.cluster.id
     assert detail.json()["thread_pool"]["threads"] == seen["pool"]["threads"] == config.api.threads
     assert seen["shutdown"] == {"status": "shutting_down"}
+    assert not config.daemon_file.exists()
+    lock_home(config).close()
+    said = [r.getMessage() for r in caplog.records if r.name == "agentd.daemon"]
+    assert said[0] == f"agentd listening on http://{config.api_listen} (home {config.home})"
+    ready = re.fullmatch(r"agentd ready \(kernel and app loaded in (\d+\.\d\d)s\)", said[1])
+    assert ready and 0 < float(ready[1]) < 60, said
+    assert said[-1] == "agentd stopped"
+
+
+def test_a_boot_that_fails_ends_the_start_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTD_TEST_BOOT_DELAY", "soon")   # not a number: the boot fails
+    config = config_for(tmp_path / "home")
+    daemon = Daemon(config)
+    daemon.start()
+    closed: list[bool] = []
+    close_store = daemon._store.close
+    monkeypatch.setattr(daemon._store, "close", lambda: closed.append(True) or close_store())
+    try:
+        with pytest.raises(StartError) as failed:
+            daemon.serve()
+    finally:
+        daemon.release_home()
+    why = "agentd failed to start: could not convert string to float: 'soon'"
+    assert failed.value.message == why
+    assert closed == [True] and not config.daemon_file.exists()
+    # A request that waited for the app is told why there is none.
+    answer = Client(daemon.gate).get("/api/status")
+    assert (answer.status_code, answer.get_json()) == (503, {"error": why})
+    daemon.release_home()   # (again: nothing left to release)
+    lock_home(config).close()
+
+
+def test_an_address_not_of_this_host_refuses_the_start(tmp_path: Path) -> None:
+    config = config_for(tmp_path / "home", api_key="k", api_listen="192.0.2.1:8080")   # TEST-NET-1
+    daemon = Daemon(config)
+    try:
+        with pytest.raises(StartError) as refused:
+            daemon.start()
+    finally:
+        daemon.release_home()
+    assert refused.value.message == "cannot listen on 192.0.2.1:8080: Cannot assign requested address"
     assert not config.daemon_file.exists()
     lock_home(config).close()
