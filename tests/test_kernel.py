@@ -449,7 +449,7 @@ def test_a_reload_applies_the_channels_mcp_servers_and_skills(site: Site) -> Non
     assert (entry["event"], entry["subject"]) == ("config.reload", "agentd")
 
 
-def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
+def test_the_routes_reach_the_services_the_kernel_built(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
     status, added = site.call("POST", "/api/models/custom", json={
         "id": "kernel-model", "display_name": "Kernel model", "provider": "openai", "tier": "custom"})
     assert status == 201, added
@@ -460,8 +460,10 @@ def test_the_routes_reach_the_services_the_kernel_built(site: Site) -> None:
     assert status == 201, task
     assert site.call("GET", f"/api/tasks/{task['id']}")[1]["assigned_to"] == site.desk.id
     # No WhatsApp gateway is configured: the QR login says so.
-    status, qr = site.call("POST", "/api/channels/whatsapp/qr/start")
-    assert status == 503, qr
+    monkeypatch.delenv("WHATSAPP_WEB_GATEWAY_URL", raising=False)
+    assert site.call("POST", "/api/channels/whatsapp/qr/start") == (503, {
+        "error": "WhatsApp Web gateway not configured: set WHATSAPP_WEB_GATEWAY_URL to the URL of a running "
+                 "gateway (e.g. http://127.0.0.1:3009)"})
     status, providers = site.call("GET", "/api/providers")
     openai = next(p for p in providers if p["id"] == "openai")
     assert (status, openai["base_url"], openai["auth_status"]) == (200, site.fake_llm.openai_base, "configured")
