@@ -126,7 +126,7 @@ def test_the_store_is_opened_in_a_new_home(tmp_path: Path, backend: str, caplog:
     home = tmp_path / "a" / "b"
     config = parse_config({"memory": {"auto_remember": False}}, home)
     if backend == "postgres":
-        # On both passes of the suite: the PostgreSQL one is not the one mutation runs.
+        # Explicitly: this file runs in the suite's SQLite pass only, as mutation runs do.
         url = pgtest.databases().new_url().replace("postgres@", "postgres:hidden@", 1)
         config.database = parse_database_url(url, "test", allow_password=True)
     with caplog.at_level(logging.INFO, logger="agentd.daemon"):
