@@ -333,15 +333,14 @@ TESTS: dict[str, list[str]] = {
     # `agentd doctor` through the CLI (a process per check run), beside and without a daemon.
     "agentd/cli/doctor.py": ["tests/cli/test_doctor.py", "tests/cli/test_doctor_disk.py",
                              "tests/cli/test_options.py::test_doctor_lines_up_its_messages",
+                             "tests/mcp/test_mcp_doctor.py", "tests/skills/test_skills.py::test_doctor_reports_bad_front_matter",
                              "tests/api/test_web_security.py::test_doctor_warns_on_non_loopback_listen_without_key",
                              "tests/server/test_proxy.py::test_doctor_warns_about_trusted_proxies_without_a_key",
                              *(f"tests/cli/test_lifecycle.py::{t}" for t in (
-                                 "test_doctor_reports_failures", "test_doctor_with_broken_config",
+                                 "test_doctor_healthy_install", "test_doctor_reports_failures", "test_doctor_with_broken_config",
                                  "test_doctor_fails_what_start_would_fail_on",
                                  "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it",
-                             # `run_daemon`: the keys it warns about, the log format it sets up
-                             "test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start")),
-                         "tests/test_logs.py::test_json_log_lines_carry_the_request_id_into_the_run"],
+                                 "test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start"))],
     **{f"agentd/cluster/{name}.py": ["tests/cluster/test_cluster_units.py", "tests/cluster/test_relay.py",
                                      "-knot postgres"]
        for name in ("run_leases", "held_leases", "members")},
@@ -371,7 +370,9 @@ TESTS: dict[str, list[str]] = {
     # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
     # same tests run in the suite's --db=postgres pass).
     **{f"agentd/store/{name}.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"]
-       for name in ("migrate", "schema_steps", "schema_probe", "message_journal")},
+       for name in ("migrate", "schema_steps", "message_journal")},
+    # What the steps ask of the database, on SQLite and on the temporary PostgreSQL cluster.
+    "agentd/store/schema_probe.py": ["tests/store/test_store_backend.py", "-kschema_probe"],
     "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],

@@ -1,12 +1,133 @@
-"""`agentd doctor`'s provider key check (agentd/cli/doctor.py): the running daemon's keys,
-else what a start would load."""
+"""`agentd doctor` (agentd/cli/doctor.py): every check on a home not yet created, the
+database checks on SQLite and PostgreSQL, and the provider key check (the running daemon's
+keys, else what a start would load)."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
-from support import FAST_API, Daemon, make_home, run_cli
+import pgtest
+import psycopg2
+from support import FAST_API, Daemon, free_port, make_home, run_cli
+
+from agentd.store.backend import parse_database_url
+from agentd.store.db import open_store
+from agentd.store.migrate import SCHEMA_VERSION, VERSION_TABLE
+
+
+def doctor(home: Path, port: int | None = None, **env: str) -> tuple[int, list[dict[str, str]]]:
+    r = run_cli(home, "doctor", "--json", port=port, env_extra=env)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_doctor_on_a_home_not_yet_created_runs_every_check_in_order(tmp_path: Path) -> None:
+    home, port = tmp_path / "new-home", free_port()
+    code, checks = doctor(home, port, AGENTD_DATABASE_URL="", ANTHROPIC_API_KEY="")
+    disk = checks.pop(4)
+    assert (code, checks) == (0, [
+        {"check": "home_dir", "status": "warn", "message": f"{home} does not exist; `agentd init` creates it"},
+        {"check": "config", "status": "ok", "message": "no config.toml; defaults apply"},
+        {"check": "port", "status": "ok", "message": f"127.0.0.1:{port} is free"},
+        {"check": "database", "status": "warn",
+         "message": f"{home / 'data' / 'agentd.db'} missing; it is created on first start"},
+        {"check": "agent_manifests", "status": "ok", "message": "0 manifest(s) valid"},
+        {"check": "skills", "status": "ok", "message": "0 skill(s) valid"},
+        {"check": "provider_keys", "status": "warn",
+         "message": "ANTHROPIC_API_KEY is not set: agents on the default provider anthropic cannot run"},
+        {"check": "exposure", "status": "ok", "message": f"listening on loopback (127.0.0.1:{port})"},
+        {"check": "mcp_servers", "status": "ok", "message": "no MCP servers configured"}])
+    # The nearest directory that exists is measured; the message names the home.
+    assert disk["check"] == "disk_space" and disk["message"].endswith(f" MB free on the disk holding {home}")
+    assert not home.exists()  # doctor only looks
+
+
+def test_doctor_reads_the_sqlite_file_and_the_manifests_without_changing_them(tmp_path: Path) -> None:
+    home, port = make_home(tmp_path), free_port()
+    db = home / "data" / "agentd.db"
+    db.parent.mkdir()
+    db.touch()  # an empty file: SQLite makes it a database on first start
+    (home / "agents").mkdir()
+    (home / "agents" / "one.toml").write_text('name = "one"\n')
+    (home / "agents" / "two.toml").write_text('name = "two"\n')
+    (home / "daemon.json").write_text("{}")
+
+    def found() -> dict[str, dict[str, str]]:
+        return {c["check"]: c for c in doctor(home, port, AGENTD_DATABASE_URL="")[1]}
+
+    checks = found()
+    assert checks["database"] == {"check": "database", "status": "ok", "message": f"{db} is a SQLite database"}
+    assert checks["disk_space"]["message"].endswith(f" MB free on the disk holding {db.parent}")
+    assert checks["agent_manifests"] == {"check": "agent_manifests", "status": "ok", "message": "2 manifest(s) valid"}
+    assert checks["stale_daemon_file"] == {
+        "check": "stale_daemon_file", "status": "warn",
+        "message": f"{home / 'daemon.json'} exists but no daemon answers; `agentd start` removes it"}
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    assert found()["database"]["status"] == "ok"
+    (home / "agents" / "two.toml").write_text('name = "two"\nprofile = "nonsense"\n')
+    assert found()["agent_manifests"] == {
+        "check": "agent_manifests", "status": "fail",
+        "message": "two.toml: invalid manifest format: profile: unknown profile 'nonsense'; one of automation, "
+                   "coding, custom, full, messaging, minimal, research"}
+    db.write_bytes(b"SQLite format 2\x00" + bytes(100))
+    assert found()["database"] == {"check": "database", "status": "fail", "message": f"{db} is not a SQLite file"}
+    assert db.read_bytes().startswith(b"SQLite format 2")
+
+
+def test_doctor_checks_the_postgresql_schema(tmp_path: Path) -> None:
+    url = pgtest.databases().new_url()
+    home = make_home(tmp_path)
+
+    def database(address: str = url) -> tuple[int, dict[str, str]]:
+        code, checks = doctor(home, free_port(), AGENTD_DATABASE_URL=address)
+        return code, next(c for c in checks if c["check"] == "database")
+
+    assert database() == (0, {"check": "database", "status": "warn",
+                              "message": f"PostgreSQL {url} is empty; the schema is created on first start"})
+    open_store(home / "data" / "agentd.db", parse_database_url(url, "test", allow_password=False)).close()
+    assert database() == (0, {"check": "database", "status": "ok",
+                              "message": f"PostgreSQL {url}, schema version {SCHEMA_VERSION}"})
+    conn = psycopg2.connect(url)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {VERSION_TABLE} (version, applied_at, description) VALUES (%s, %s, %s)",
+                        (SCHEMA_VERSION + 1, "2026-12-01T00:00:00", "from a newer agentd"))
+    finally:
+        conn.close()
+    assert database() == (1, {"check": "database", "status": "fail",
+                              "message": f"PostgreSQL {url} has schema version {SCHEMA_VERSION + 1}, newer than "
+                                         f"this agentd's ({SCHEMA_VERSION})"})
+    nobody = f"postgresql://agentd:s3cret@127.0.0.1:{free_port()}/agentd"
+    code, check = database(nobody)
+    assert (code, check["status"]) == (1, "fail") and "s3cret" not in check["message"]
+    assert check["message"].startswith(f"cannot connect to postgresql://agentd:***@127.0.0.1:{nobody.split(':')[3]}")
+    assert "Connection refused" in check["message"] and "\n" not in check["message"]
+
+
+def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None:
+    port = free_port()
+    home = make_home(tmp_path, f'api_listen = "localhost:{port}"\n' + FAST_API +
+                               '[default_model]\nprovider = "ollama"\nmodel = "llama3"\napi_key_env = ""\n')
+
+    def checks(**env: str) -> dict[str, dict[str, str]]:
+        return {c["check"]: c for c in doctor(home, **env)[1]}
+
+    found = checks()
+    assert [found[name]["message"] for name in ("port", "exposure", "provider_keys")] == [
+        f"localhost:{port} is free", f"listening on loopback (localhost:{port})", "default provider ollama needs no key"]
+    found = checks(AGENTD_LISTEN=f"[::1]:{port}")
+    assert [found[name]["message"] for name in ("port", "exposure")] == [
+        f"[::1]:{port} is free", f"listening on loopback ([::1]:{port})"]
+    d = Daemon(home, env_extra={"GROQ_API_KEY": "gsk-doctor"}).start()
+    try:
+        found = checks()
+    finally:
+        d.stop()
+    assert found["provider_keys"] == {"check": "provider_keys", "status": "ok",
+                                      "message": "default provider ollama needs no key; the daemon has keys for groq"}
 
 
 def provider_keys(home: Path, port: int) -> dict[str, str]:

@@ -24,6 +24,7 @@ from agentd.agents.shared_approvals import SharedApprovalQueue
 from agentd.store.writer import PonyTx
 from agentd.cluster.coordinator import Cluster
 from agentd.cluster.config import ClusterSettings, cluster_settings
+from agentd.cluster.held_leases import HeldLeases
 from agentd.cluster.members import Members
 from agentd.errors import AgentdError, ConfigError, Conflict, NotFound, TooManyRequests
 from agentd.llm.catalog import Catalog
@@ -404,6 +405,67 @@ def test_a_cluster_answers_for_its_leases_members_and_streams(store) -> None:
     assert a.request_stop("a1") == 0 and b.runs.stop_requests("B") == []
     leaving.clear()
     assert a.request_stop("a1") == 1 and b.runs.stop_requests("B") == ["r-b"]
+
+
+def test_held_leases_are_renewed_lost_to_another_daemon_and_handed_back(store, caplog) -> None:
+    a = HeldLeases(Leases(store, "A"), ClusterSettings("A", lease_secs=30))
+    b = HeldLeases(Leases(store, "B"), ClusterSettings("B", lease_secs=30))
+
+    def expires(name: str) -> float:
+        with orm.db_session:
+            return store.db.select("SELECT expires_at FROM cluster_leases WHERE name = $n", {"n": name})[0]
+
+    def run_out(name: str) -> None:
+        with orm.db_session:
+            store.db.execute("UPDATE cluster_leases SET expires_at = $x WHERE name = $n", {"x": time.time() - 1, "n": name})
+
+    assert a.claim("channel:slack") is True and a.claim("channel:slack") is True  # kept, not taken twice
+    assert (b.claim("channel:slack"), b.holds("channel:slack"), b.holder("channel:slack")) == (False, False, "A")
+    assert a.claim("channel:irc") is True and a.names() == ["channel:irc", "channel:slack"]
+    run_out("channel:slack")
+    run_out("channel:irc")
+    assert b.claim("channel:slack") is True  # ran out: B takes it over
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.renew()
+    assert [r.getMessage() for r in caplog.records] == ["lease channel:slack lost"]
+    assert a.names() == ["channel:irc"] and not a.holds("channel:slack") and a.holder("channel:slack") == "B"
+    assert expires("channel:irc") > time.time() + 25  # pushed out a whole lease again
+    a.release("channel:irc")
+    a.release("channel:irc")  # held no more: nothing to hand back
+    assert a.holder("channel:irc") is None and a.names() == []
+    assert a.claim("channel:irc") and a.claim("channel:xmpp")
+    a.release_all()
+    assert a.names() == [] and [b.holder(n) for n in ("channel:irc", "channel:xmpp", "channel:slack")] == [None, None, "B"]
+
+
+def test_held_leases_handed_back_during_an_outage_are_dropped_here(monkeypatch, caplog) -> None:
+    """The database cannot take the lease back: it runs out there by itself. Any other
+    failure of the release is a bug and raises; on the way out nothing raises."""
+    from agentd.store import outage as outage_module
+    from agentd.store.outage import DatabaseUnavailable, Outage
+
+    monkeypatch.setattr(outage_module, "OUTAGE", Outage())
+    failure: list[Exception] = []
+
+    def release(lease) -> None:
+        raise failure[0]
+
+    leases = SimpleNamespace(acquire=lambda name, secs: SimpleNamespace(name=name, token="t"), release=release)
+    held = HeldLeases(leases, ClusterSettings("A", lease_secs=30))
+    for error in (DatabaseUnavailable("database unavailable: gone"), ValueError("a bug")):
+        failure[:] = [error]
+        assert held.claim("channel:slack")
+        if isinstance(error, ValueError):
+            with pytest.raises(ValueError, match="a bug"):
+                held.release("channel:slack")
+        else:
+            held.release("channel:slack")
+        assert held.names() == []
+    assert held.claim("channel:a") and held.claim("channel:b")
+    with caplog.at_level(logging.DEBUG, logger="agentd.cluster"):
+        held.release_all()
+    assert held.names() == [] and [r.getMessage() for r in caplog.records if r.name == "agentd.cluster"] == [
+        "lease channel:a not released", "lease channel:b not released"]
 
 
 def _swallow(fn):

@@ -318,6 +318,29 @@ def _upgraded(tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture,
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_schema_probe_sees_tables_and_columns_of_this_schema_alike_on_both_backends(tmp_path: Path,
+                                                                                       backend: str) -> None:
+    from agentd.store.schema_probe import column_exists, param, table_exists
+
+    url = pgtest.databases().new_url() if backend == "postgres" else None
+    # On PostgreSQL a table of another schema, by the same name, is not this database's.
+    _execute(tmp_path / "probe.db", url, ["CREATE TABLE things (id INTEGER, label TEXT)"] + (
+        ["CREATE SCHEMA elsewhere", "CREATE TABLE elsewhere.others (id INTEGER, hidden TEXT)"] if url else []))
+    conn = psycopg2.connect(url) if url else sqlite3.connect(str(tmp_path / "probe.db"))
+    try:
+        cur = conn.cursor()
+        assert param(backend) == ("%s" if url else "?")
+        assert [table_exists(cur, backend, name) for name in ("things", "others", "missing")] == [True, False, False]
+        assert [column_exists(cur, backend, "things", name) for name in ("id", "label", "hidden")] == [True, True, False]
+        assert column_exists(cur, backend, "others", "hidden") is False
+        cur.execute(f"INSERT INTO things (id, label) VALUES ({param(backend)}, {param(backend)})", (1, "one"))
+        cur.execute("SELECT label FROM things")
+        assert cur.fetchall() == [("one",)]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: str,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A schema-3 database (each session one JSON array in `sessions.messages`) is migrated
