@@ -40,7 +40,10 @@ class CronStore:
                 if self.count(fields["agent_id"]) >= max_per_agent:
                     raise Conflict(f"the agent has {max_per_agent} cron jobs already (max_jobs_per_agent)")
             self.e.CronJobRow(id=job_id, created_at=datetime.now(timezone.utc), **fields)
-        return self.get(job_id)  # type: ignore[return-value]
+        job = self.get(job_id)
+        if job is None:  # the agent was deleted since the commit, and its jobs with it
+            raise NotFound("agent not found")
+        return job
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         with orm.db_session:
