@@ -159,7 +159,8 @@ TESTS: dict[str, list[str]] = {
                              "test_a_secrets_file_that_is_not_utf8_fails_the_start_and_doctor_naming_it",
                              # `run_daemon`: the keys it warns about, the log format it sets up
                              "test_a_key_agentd_does_not_read_is_named_by_doctor_and_the_start")),
-                         "tests/test_logs.py::test_json_log_lines_carry_the_request_id_into_the_run"],
+                         "tests/test_logs.py::test_json_log_lines_carry_the_request_id_into_the_run",
+                         "tests/test_tracing.py::test_the_configuration_alone_turns_traces_on"],
     # The kernel through the daemon's app in process, runs going to the fake LLM (a daemon per
     # mutant of its build would take hours: most of its mutants are in `__init__`).
     "agentd/kernel.py": ["tests/test_kernel.py", "tests/api/test_app.py"],

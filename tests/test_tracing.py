@@ -193,3 +193,20 @@ def test_daemon_continues_the_clients_trace_to_the_provider(otel_daemon, fake_ll
     # A streamed answer is written through the traced app as before.
     r = d.post("/v1/responses", json={"model": "agentd:otel", "input": "streamed", "stream": True})
     assert r.status_code == 200 and "event: response.completed" in r.text
+
+
+def test_the_configuration_alone_turns_traces_on(tmp_path: Path, fake_llm) -> None:
+    """`[telemetry] otel = true` with no OTLP endpoint in the environment (spans exported
+    nowhere: `OTEL_TRACES_EXPORTER=none`): the client's trace still reaches the provider."""
+    home = make_home(tmp_path, llm_config(fake_llm, "\n[telemetry]\notel = true\n"))
+    d = Daemon(home, env_extra={**LLM_ENV, "OTEL_TRACES_EXPORTER": "none"}).start()
+    try:
+        assert d.post("/api/agents", json={"manifest_toml": 'name = "configured"\n'}).status_code == 201
+        r = d.post("/v1/chat/completions", headers={"traceparent": TRACEPARENT},
+                   json={"model": "agentd:configured", "messages": [{"role": "user", "content": "configured trace"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        d.stop()
+    entry = next(e for e in reversed(fake_llm.requests) if "configured trace" in json.dumps(e.get("json") or {}))
+    version, trace_id, parent, flags = entry["headers"]["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "01") and parent != CLIENT_SPAN

@@ -101,3 +101,29 @@ def test_daemon_is_healthy_before_its_kernel_and_requests_meanwhile_wait_for_it(
     assert refused.status_code == 400 and refused.json() == {"error": "host not allowed"}
     assert "agentd ready" in d.log()
     d.stop()
+
+
+def test_the_probes_answered_during_the_start_count_against_the_apps_rate_limit(tmp_path: Path) -> None:
+    """One limiter for the gate and the app: a client that spent its burst on the gate's
+    probes is not given a fresh one when the app takes over."""
+    home = make_home(tmp_path, "[api]\nrate_limit_per_second = 0.01\nrate_limit_burst = 3\n")
+    d = Daemon(home, env_extra={"AGENTD_TEST_BOOT_DELAY": "2"}).start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        first = None
+        while first is None and time.monotonic() < deadline:
+            try:
+                first = requests.get(f"{d.url}/api/health", timeout=1)
+            except requests.RequestException:
+                time.sleep(0.02)
+        second = requests.get(f"{d.url}/api/health", timeout=5)
+        assert "agentd ready" not in d.log(), "the app took over before both probes were answered"
+        assert [r.headers["X-RateLimit-Remaining"] for r in (first, second)] == ["2", "1"]
+        while "agentd ready" not in d.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        last = requests.get(f"{d.url}/api/health", timeout=5)
+        refused = requests.get(f"{d.url}/api/health", timeout=5)
+        assert (last.status_code, last.headers["X-RateLimit-Remaining"]) == (200, "0")
+        assert refused.status_code == 429
+    finally:
+        d.stop()
