@@ -407,6 +407,44 @@ def test_a_cluster_answers_for_its_leases_members_and_streams(store) -> None:
     assert a.request_stop("a1") == 1 and b.runs.stop_requests("B") == ["r-b"]
 
 
+def test_members_rows_heartbeats_liveness_and_their_shared_key(store, monkeypatch) -> None:
+    from agentd.cluster import members as members_module
+
+    a = Members(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:1"), "127.0.0.1:4200")
+    b = Members(store, ClusterSettings("B", lease_secs=30), "127.0.0.1:4201")
+    a.beat(started=True)
+    b.beat(started=True)
+    listed = a.daemons()
+    assert [(m["id"], m["listen"], m["url"], m["pid"], m["self"]) for m in listed] == [
+        ("A", "127.0.0.1:4200", "http://a:1", os.getpid(), True), ("B", "127.0.0.1:4201", "", os.getpid(), False)]
+    assert all(m["started_at"].endswith("Z") and m["heartbeat_at"].endswith("Z") for m in listed)
+    assert [m["self"] for m in b.daemons()] == [False, True]
+    assert (b.member_url("A"), a.member_url("B"), a.member_url("nobody")) == ("http://a:1", None, None)
+    # A heartbeat renews the time only; a start rewrites the whole row.
+    moved = Members(store, ClusterSettings("A", lease_secs=30, advertise_url="http://a:2"), "127.0.0.1:4300")
+    moved.beat()
+    assert (b.member_url("A"), [m["listen"] for m in a.daemons()]) == ("http://a:1", ["127.0.0.1:4200", "127.0.0.1:4201"])
+    moved.beat(started=True)  # listed by start time: A started again after B
+    assert (b.member_url("A"), [m["listen"] for m in a.daemons()]) == ("http://a:2", ["127.0.0.1:4201", "127.0.0.1:4300"])
+    # Silent for more than a lease: not live (not listed, no URL); for a day: forgotten.
+    clock = [time.time() + 31]
+    monkeypatch.setattr(members_module.time, "time", lambda: clock[0])
+    b.beat()
+    assert ([m["id"] for m in b.daemons()], b.member_url("A")) == (["B"], None)
+    clock[0] += members_module.FORGET_SECS - 31 + 1
+    b.beat()
+    with orm.db_session:
+        b.prune()
+        assert sorted(r for r in store.db.select("SELECT id FROM cluster_daemons")) == ["B"]
+    b.leave()
+    with orm.db_session:
+        assert store.db.select("SELECT id FROM cluster_daemons") == []
+    # One key for the cluster, made once, whoever asks first.
+    key = b.peer_secret()
+    assert len(key) == 64 and int(key, 16) >= 0 and a.peer_secret() == key == Members(
+        store, ClusterSettings("C"), "x:3").peer_secret()
+
+
 def test_held_leases_are_renewed_lost_to_another_daemon_and_handed_back(store, caplog) -> None:
     a = HeldLeases(Leases(store, "A"), ClusterSettings("A", lease_secs=30))
     b = HeldLeases(Leases(store, "B"), ClusterSettings("B", lease_secs=30))
