@@ -368,12 +368,12 @@ TESTS: dict[str, list[str]] = {
     # The time converter and the audit trail on real SQLite stores, in process.
     "agentd/store/utc.py": ["tests/store/test_utc.py", "-knot postgres"],
     "agentd/audit.py": ["tests/test_audit.py", "tests/store/test_utc.py"],
-    # Schema versions and steps on SQLite files in process (the PostgreSQL variants of the
-    # same tests run in the suite's --db=postgres pass).
-    **{f"agentd/store/{name}.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"]
-       for name in ("migrate", "schema_steps", "message_journal")},
-    # What the steps ask of the database, on SQLite and on the temporary PostgreSQL cluster.
-    "agentd/store/schema_probe.py": ["tests/store/test_store_backend.py", "-kschema_probe"],
+    # Schema versions and steps on SQLite files and on the temporary PostgreSQL cluster, in
+    # process (the cluster starts once per run of the selection, in about two seconds).
+    **{f"agentd/store/{name}.py": ["tests/store/test_store_backend.py", "-kmigration or versioned or schema_probe"]
+       for name in ("migrate", "schema_steps", "schema_probe")},
+    # The journal a killed daemon left beside its SQLite file.
+    "agentd/store/message_journal.py": ["tests/store/test_store_backend.py", "-k(migration or versioned) and not postgres"],
     "agentd/api/schemas_memory.py": ["tests/api/test_schemas.py"],
     # The response schemas' field helpers (the rest of schemas_out/ is data: no functions).
     "agentd/api/schemas_out/base.py": ["tests/api/test_schemas_out.py"],
