@@ -5,6 +5,7 @@ keys, else what a start would load)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -105,6 +106,20 @@ def test_doctor_checks_the_postgresql_schema(tmp_path: Path) -> None:
     assert (code, check["status"]) == (1, "fail") and "s3cret" not in check["message"]
     assert check["message"].startswith(f"cannot connect to postgresql://agentd:***@127.0.0.1:{nobody.split(':')[3]}")
     assert "Connection refused" in check["message"] and "\n" not in check["message"]
+
+
+def test_doctor_without_the_postgres_extra_says_what_to_install(tmp_path: Path, monkeypatch) -> None:
+    # A CLI of its own (not forked from a zygote that has psycopg2 loaded), where importing
+    # psycopg2 fails as it does when the extra is not installed.
+    monkeypatch.setenv("AGENTD_TEST_FORK", "0")
+    shim = tmp_path / "shim" / "psycopg2"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('raise ImportError("No module named \'psycopg2\'")\n')
+    path = os.pathsep.join(p for p in (str(shim.parent), os.environ.get("PYTHONPATH", "")) if p)
+    code, checks = doctor(make_home(tmp_path), free_port(), PYTHONPATH=path,
+                          AGENTD_DATABASE_URL="postgresql://agentd@127.0.0.1:5432/agentd")
+    assert (code, next(c for c in checks if c["check"] == "database")) == (1, {
+        "check": "database", "status": "fail", "message": "database_url needs psycopg2: pip install 'agentd[postgres]'"})
 
 
 def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None:
