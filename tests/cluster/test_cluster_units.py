@@ -426,11 +426,13 @@ def test_members_rows_heartbeats_liveness_and_their_shared_key(store, monkeypatc
     assert (b.member_url("A"), [m["listen"] for m in a.daemons()]) == ("http://a:1", ["127.0.0.1:4200", "127.0.0.1:4201"])
     moved.beat(started=True)  # listed by start time: A started again after B
     assert (b.member_url("A"), [m["listen"] for m in a.daemons()]) == ("http://a:2", ["127.0.0.1:4201", "127.0.0.1:4300"])
+    started = next(m["started_at"] for m in b.daemons() if m["id"] == "B")
     # Silent for more than a lease: not live (not listed, no URL); for a day: forgotten.
     clock = [time.time() + 31]
     monkeypatch.setattr(members_module.time, "time", lambda: clock[0])
     b.beat()
     assert ([m["id"] for m in b.daemons()], b.member_url("A")) == (["B"], None)
+    assert [(m["started_at"], m["heartbeat_at"] > started) for m in b.daemons()] == [(started, True)]
     clock[0] += members_module.FORGET_SECS - 31 + 1
     b.beat()
     with orm.db_session:
