@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pgtest
 import psycopg2
+import pytest
 from support import FAST_API, Daemon, free_port, make_home, run_cli
 
 from agentd.store.backend import parse_database_url
@@ -73,6 +74,11 @@ def test_doctor_reads_the_sqlite_file_and_the_manifests_without_changing_them(tm
         "check": "agent_manifests", "status": "fail",
         "message": "two.toml: invalid manifest format: profile: unknown profile 'nonsense'; one of automation, "
                    "coding, custom, full, messaging, minimal, research"}
+    (home / "agents" / "one.toml").write_bytes('name = "café"\n'.encode("latin-1"))
+    assert found()["agent_manifests"]["message"] == (
+        "one.toml: 'utf-8' codec can't decode byte 0xe9 in position 11: invalid continuation byte; "
+        "two.toml: invalid manifest format: profile: unknown profile 'nonsense'; one of automation, "
+        "coding, custom, full, messaging, minimal, research")
     db.write_bytes(b"SQLite format 2\x00" + bytes(100))
     assert found()["database"] == {"check": "database", "status": "fail", "message": f"{db} is not a SQLite file"}
     assert db.read_bytes().startswith(b"SQLite format 2")
@@ -108,18 +114,25 @@ def test_doctor_checks_the_postgresql_schema(tmp_path: Path) -> None:
     assert "Connection refused" in check["message"] and "\n" not in check["message"]
 
 
-def test_doctor_without_the_postgres_extra_says_what_to_install(tmp_path: Path, monkeypatch) -> None:
-    # A CLI of its own (not forked from a zygote that has psycopg2 loaded), where importing
-    # psycopg2 fails as it does when the extra is not installed.
+@pytest.mark.parametrize("module, config, env, check, message", [
+    ("psycopg2", "", {"AGENTD_DATABASE_URL": "postgresql://agentd@127.0.0.1:5432/agentd"}, "database",
+     "database_url needs psycopg2: pip install 'agentd[postgres]'"),
+    ("mcp", '[[mcp_servers]]\nname = "files"\ncommand = "mcp-files"\n', {}, "mcp_servers",
+     "the MCP SDK is not installed: pip install 'agentd[mcp]'"),
+])
+def test_doctor_without_an_extra_says_what_to_install(tmp_path: Path, monkeypatch, module: str, config: str,
+                                                      env: dict[str, str], check: str, message: str) -> None:
+    # A CLI of its own (not forked from a zygote that has the library loaded), where importing
+    # it fails as it does when the extra is not installed.
     monkeypatch.setenv("AGENTD_TEST_FORK", "0")
-    shim = tmp_path / "shim" / "psycopg2"
+    shim = tmp_path / "shim" / module
     shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text('raise ImportError("No module named \'psycopg2\'")\n')
+    (shim / "__init__.py").write_text(f'raise ImportError("No module named {module!r}")\n')
     path = os.pathsep.join(p for p in (str(shim.parent), os.environ.get("PYTHONPATH", "")) if p)
-    code, checks = doctor(make_home(tmp_path), free_port(), PYTHONPATH=path,
-                          AGENTD_DATABASE_URL="postgresql://agentd@127.0.0.1:5432/agentd")
-    assert (code, next(c for c in checks if c["check"] == "database")) == (1, {
-        "check": "database", "status": "fail", "message": "database_url needs psycopg2: pip install 'agentd[postgres]'"})
+    code, checks = doctor(make_home(tmp_path, config + FAST_API), free_port(), PYTHONPATH=path,
+                          **{"AGENTD_DATABASE_URL": "", **env})
+    assert (code, next(c for c in checks if c["check"] == check)) == (1, {
+        "check": check, "status": "fail", "message": message})
 
 
 def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None:
@@ -136,6 +149,13 @@ def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None
     found = checks(AGENTD_LISTEN=f"[::1]:{port}")
     assert [found[name]["message"] for name in ("port", "exposure")] == [
         f"[::1]:{port} is free", f"listening on loopback ([::1]:{port})"]
+    # Every address: the API's key serves remote clients; without one they get 401.
+    assert checks(AGENTD_LISTEN=f"0.0.0.0:{port}", AGENTD_API_KEY="k-doctor")["exposure"] == {
+        "check": "exposure", "status": "ok", "message": f"listening on 0.0.0.0:{port}; api_key is set"}
+    assert checks(AGENTD_LISTEN=f"0.0.0.0:{port}")["exposure"] == {
+        "check": "exposure", "status": "warn",
+        "message": f"listening on non-loopback address 0.0.0.0:{port} without an api_key: remote clients are "
+                   "refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1"}
     d = Daemon(home, env_extra={"GROQ_API_KEY": "gsk-doctor"}).start()
     try:
         found = checks()

@@ -20,3 +20,8 @@ def test_doctor_checks_each_mcp_server_starts(tmp_path: Path) -> None:
     assert checks["mcp_servers"]["message"] == (
         "time: started (2026-07-28, 2 tools); "
         "junk: not an MCP server: it wrote \"HTTP/1.1 418 I'm a teapot, not JSON-RPC\"")
+    # Every server started: the check passes.
+    (home / "config.toml").write_text(stdio_server("time", args=["-m", "mcp_server_time", "--local-timezone", "UTC"]))
+    r = run_cli(home, "doctor", "--json", port=free_port(), env_extra={"AGENTD_DATABASE_URL": ""})
+    assert {c["check"]: c for c in json.loads(r.stdout)}["mcp_servers"] == {
+        "check": "mcp_servers", "status": "ok", "message": "time: started (2026-07-28, 2 tools)"}
