@@ -369,7 +369,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/store/utc.py": ["tests/store/test_utc.py", "-knot postgres"],
     "agentd/audit.py": ["tests/test_audit.py", "tests/store/test_utc.py"],
     # Schema versions and steps on SQLite files and on the temporary PostgreSQL cluster, in
-    # process (the cluster starts once per run of the selection, in about two seconds).
+    # process (the cluster starts once per run of the selection).
     **{f"agentd/store/{name}.py": ["tests/store/test_store_backend.py", "-kmigration or versioned or schema_probe"]
        for name in ("migrate", "schema_steps", "schema_probe")},
     # The journal a killed daemon left beside its SQLite file.
