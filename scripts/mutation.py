@@ -40,6 +40,8 @@ SCRATCH = ROOT / ".mutation"
 TESTS: dict[str, list[str]] = {
     "agentd/mcp/watch.py": ["tests/mcp/test_watch.py"],
     "agentd/schedules/phrases.py": ["tests/schedules/test_spec.py"],
+    # The cron jobs' rows: the job API and its races through a daemon.
+    "agentd/schedules/store.py": ["tests/schedules/test_cron.py"],
     "agentd/agents/tools/browser_proxy.py": ["tests/agents/tools/test_tool_browser_proxy.py"],
     "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
                                 "tests/api/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
