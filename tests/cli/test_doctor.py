@@ -156,6 +156,14 @@ def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None
         "check": "exposure", "status": "warn",
         "message": f"listening on non-loopback address 0.0.0.0:{port} without an api_key: remote clients are "
                    "refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1"}
+    # A host name other than localhost may resolve to any address: it counts as remote. The
+    # rest of 127.0.0.0/8 and a name in capitals are loopback.
+    assert checks(AGENTD_LISTEN=f"agentd.example:{port}")["exposure"] == {
+        "check": "exposure", "status": "warn",
+        "message": f"listening on non-loopback address agentd.example:{port} without an api_key: remote "
+                   "clients are refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1"}
+    assert [checks(AGENTD_LISTEN=f"{host}:{port}")["exposure"]["message"] for host in ("127.0.0.2", "LOCALHOST")] == [
+        f"listening on loopback (127.0.0.2:{port})", f"listening on loopback (LOCALHOST:{port})"]
     d = Daemon(home, env_extra={"GROQ_API_KEY": "gsk-doctor"}).start()
     try:
         found = checks()
