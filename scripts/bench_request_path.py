@@ -9,6 +9,8 @@ the one other processes disturbed least), then, with `--opcodes`, the Python byt
 instructions run per request, in all and by file: a count that does not move with the
 machine's load, so a change to the request path can be weighed on a busy host. (The C
 parts, JSON, SQLite and system calls, count as the single instruction that called them.)
+The bare Flask + requests proxy's app (`scripts/bare_proxy.py`) is measured the same way in
+the same run, as the reference: its least CPU, its instruction count and agentd's ratio to each.
 
     python scripts/bench_request_path.py [--route v1|message] [--requests 2000] [--rounds 5]
                                          [--opcodes] [--top 30] [--by-function]
@@ -44,6 +46,73 @@ def _short(path: str) -> str:
     return path
 
 
+class Harness:
+    """Hands requests straight to a WSGI app and measures them."""
+
+    def __init__(self, app, environs: list[tuple[dict, bytes]], reset=lambda: None) -> None:
+        self.app, self.environs, self.reset, self.statuses = app, environs, reset, []
+
+    def start_response(self, status: str, headers: list, exc_info: object = None) -> object:
+        self.statuses.append(status)
+        return lambda data: None
+
+    def one(self, i: int) -> None:
+        base, body = self.environs[i % len(self.environs)]
+        environ = dict(base)
+        environ["wsgi.input"] = io.BytesIO(body)
+        answer = self.app(environ, self.start_response)
+        for _ in answer:
+            pass
+        getattr(answer, "close", lambda: None)()
+
+    def cpu(self, requests: int, rounds: int) -> list[float]:
+        """The thread's CPU ms per request, each round (after an unrecorded warm-up)."""
+        for i in range(300):  # warm-up: connections, caches, lazy imports
+            self.one(i)
+        cpu = []
+        for _ in range(rounds):
+            self.reset()
+            self.statuses.clear()
+            began = time.thread_time()
+            for i in range(requests):
+                self.one(i)
+            cpu.append((time.thread_time() - began) * 1000 / requests)
+            if not all(s.startswith("200") for s in self.statuses):
+                raise SystemExit(f"not every request answered 200: {sorted(set(self.statuses))}")
+        return cpu
+
+    def opcodes(self, traced: int, by_function: bool) -> collections.Counter[str]:
+        """Bytecode instructions run by `traced` requests, by file (or function)."""
+        counts: collections.Counter[str] = collections.Counter()
+
+        def trace(frame, event, arg):  # noqa: ANN001 - sys.settrace's signature
+            code = frame.f_code
+            key = _short(code.co_filename) + (f":{code.co_name}" if by_function else "")
+            frame.f_trace_opcodes, frame.f_trace_lines = True, False
+
+            def local(frame, event, arg):  # noqa: ANN001
+                if event == "opcode":
+                    counts[key] += 1
+                return local
+            return local
+
+        self.reset()
+        sys.settrace(trace)
+        try:
+            for i in range(traced):
+                self.one(i)
+        finally:
+            sys.settrace(None)
+        return counts
+
+
+def environ(path: str, body: bytes) -> tuple[dict, bytes]:
+    from werkzeug.test import EnvironBuilder
+
+    return (EnvironBuilder(path=path, method="POST", data=body, content_type="application/json",
+                           headers={"Host": "127.0.0.1"}, environ_base=LOCAL).get_environ(), body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--route", choices=("v1", "message"), default="v1")
@@ -56,7 +125,7 @@ def main() -> None:
 
     os.environ["OPENAI_API_KEY"] = "bench"
     upstream_proc, upstream = start_process([sys.executable, str(ROOT / "scripts" / "fast_upstream.py")])
-    from werkzeug.test import EnvironBuilder
+    import bare_proxy
 
     from agentd.api import create_app
     from agentd.config import parse_config
@@ -81,65 +150,27 @@ def main() -> None:
                         b'"stream": false, "model": "agentd:bench-%d"}' % i) for i in range(AGENTS)]
         else:
             targets = [(f"/api/agents/{i}/message", b'{"message": "hello"}') for i in ids]
-        environs = [(EnvironBuilder(path=path, method="POST", data=body, content_type="application/json",
-                                    headers={"Host": "127.0.0.1"}, environ_base=LOCAL).get_environ(), body)
-                    for path, body in targets]
-        statuses: list[str] = []
-
-        def start_response(status: str, headers: list, exc_info: object = None) -> object:
-            statuses.append(status)
-            return lambda data: None
-
-        def one(i: int) -> None:
-            base, body = environs[i % AGENTS]
-            environ = dict(base)
-            environ["wsgi.input"] = io.BytesIO(body)
-            answer = app(environ, start_response)
-            for _ in answer:
-                pass
-            getattr(answer, "close", lambda: None)()
 
         def reset() -> None:
             for agent_id in ids:
                 client.post(f"/api/agents/{agent_id}/session/reset", environ_base=LOCAL)
 
-        for i in range(300):  # warm-up: connections, caches, lazy imports
-            one(i)
-        cpu = []
-        for _ in range(args.rounds):
-            reset()
-            statuses.clear()
-            began = time.thread_time()
-            for i in range(args.requests):
-                one(i)
-            cpu.append((time.thread_time() - began) * 1000 / args.requests)
-            if not all(s.startswith("200") for s in statuses):
-                raise SystemExit(f"not every request answered 200: {sorted(set(statuses))}")
-        print(f"{args.route}: thread CPU ms per request, {args.requests} requests a round: "
-              + " ".join(f"{c:.3f}" for c in cpu) + f" (least {min(cpu):.3f})")
+        agentd = Harness(app, [environ(path, body) for path, body in targets], reset)
+        bare = Harness(bare_proxy.build(upstream), [environ("/v1/chat/completions", b'{"messages": [{"role": '
+                                                            b'"user", "content": "hello"}], "stream": false}')])
+        rows = [("agentd " + args.route, agentd.cpu(args.requests, args.rounds)),
+                ("bare proxy", bare.cpu(args.requests, args.rounds))]
+        print(f"thread CPU ms per request, {args.requests} requests a round:")
+        for label, cpu in rows:
+            print(f"  {label:<14} " + " ".join(f"{c:.3f}" for c in cpu) + f" (least {min(cpu):.3f})")
+        print(f"  agentd / bare: {min(rows[0][1]) / min(rows[1][1]):.2f}")
         if args.opcodes:
-            counts: collections.Counter[str] = collections.Counter()
-
-            def trace(frame, event, arg):  # noqa: ANN001 - sys.settrace's signature
-                code = frame.f_code
-                key = _short(code.co_filename) + (f":{code.co_name}" if args.by_function else "")
-                frame.f_trace_opcodes, frame.f_trace_lines = True, False
-
-                def local(frame, event, arg):  # noqa: ANN001
-                    if event == "opcode":
-                        counts[key] += 1
-                    return local
-                return local
-
-            reset()
             traced = min(args.requests, 300)
-            sys.settrace(trace)
-            try:
-                for i in range(traced):
-                    one(i)
-            finally:
-                sys.settrace(None)
-            print(f"bytecode instructions per request: {sum(counts.values()) / traced:.0f}")
+            counts = agentd.opcodes(traced, args.by_function)
+            reference = sum(bare.opcodes(traced, False).values()) / traced
+            total = sum(counts.values()) / traced
+            print(f"bytecode instructions per request: {total:.0f} (bare proxy {reference:.0f}, "
+                  f"agentd / bare {total / reference:.2f})")
             for key, n in counts.most_common(args.top):
                 print(f"{n / traced:9.0f}  {key}")
     finally:
