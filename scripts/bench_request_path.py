@@ -11,9 +11,11 @@ machine's load, so a change to the request path can be weighed on a busy host. (
 parts, JSON, SQLite and system calls, count as the single instruction that called them.)
 The bare Flask + requests proxy's app (`scripts/bare_proxy.py`) is measured the same way in
 the same run, as the reference: its least CPU, its instruction count and agentd's ratio to each.
+`--write` times the message's write transaction on SQLite: its opening, each statement and
+its commit, in thread CPU per request over the measured rounds.
 
     python scripts/bench_request_path.py [--route v1|message] [--requests 2000] [--rounds 5]
-                                         [--opcodes] [--top 30] [--by-function]
+                                         [--opcodes] [--top 30] [--by-function] [--write]
 """
 
 from __future__ import annotations
@@ -106,6 +108,48 @@ class Harness:
         return counts
 
 
+def time_the_write() -> dict[str, list[float]]:
+    """Wrap the SQLite writer so each transaction's opening, statements and commit add their
+    thread CPU (and count) to the dict returned, by the statement's first words."""
+    from agentd.store import writer
+
+    spent: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+
+    def add(key: str, began: float) -> None:
+        entry = spent[key]
+        entry[0] += 1
+        entry[1] += time.thread_time() - began
+
+    execute, transaction = writer.SqliteTx.execute, writer.SqliteWriter._transaction
+
+    def timed_execute(self, sql: str, params: dict) -> int:  # noqa: ANN001
+        began = time.thread_time()
+        try:
+            return execute(self, sql, params)
+        finally:
+            add(" ".join(sql.split()[:3]), began)
+
+    def timed_transaction(self, work):  # noqa: ANN001
+        def steps(tx):  # noqa: ANN001
+            began = time.thread_time()
+            self.conn.execute("BEGIN IMMEDIATE")
+            add("BEGIN", began)
+            result = work(tx)
+            began = time.thread_time()
+            self.conn.commit()
+            add("COMMIT", began)
+            return result
+
+        began = time.thread_time()
+        try:
+            return transaction(self, steps)
+        finally:
+            add("the whole transaction", began)
+
+    writer.SqliteTx.execute, writer.SqliteWriter._transaction = timed_execute, timed_transaction
+    return spent
+
+
 def environ(path: str, body: bytes) -> tuple[dict, bytes]:
     from werkzeug.test import EnvironBuilder
 
@@ -121,6 +165,7 @@ def main() -> None:
     parser.add_argument("--opcodes", action="store_true", help="count bytecode instructions per request")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--by-function", action="store_true", help="count by function, not by file")
+    parser.add_argument("--write", action="store_true", help="time the write transaction's steps")
     args = parser.parse_args()
 
     os.environ["OPENAI_API_KEY"] = "bench"
@@ -156,6 +201,7 @@ def main() -> None:
                 client.post(f"/api/agents/{agent_id}/session/reset", environ_base=LOCAL)
 
         agentd = Harness(app, [environ(path, body) for path, body in targets], reset)
+        write = time_the_write() if args.write else None
         bare = Harness(bare_proxy.build(upstream), [environ("/v1/chat/completions", b'{"messages": [{"role": '
                                                             b'"user", "content": "hello"}], "stream": false}')])
         rows = [("agentd " + args.route, agentd.cpu(args.requests, args.rounds)),
@@ -164,6 +210,11 @@ def main() -> None:
         for label, cpu in rows:
             print(f"  {label:<14} " + " ".join(f"{c:.3f}" for c in cpu) + f" (least {min(cpu):.3f})")
         print(f"  agentd / bare: {min(rows[0][1]) / min(rows[1][1]):.2f}")
+        if write is not None:
+            measured = args.requests * args.rounds
+            print("the write, thread CPU µs per request (warm-up included):")
+            for key, (count, spent) in sorted(write.items(), key=lambda kv: -kv[1][1]):
+                print(f"  {spent * 1e6 / (measured + 300):7.1f}  {key} ({count / (measured + 300):.2f} a request)")
         if args.opcodes:
             traced = min(args.requests, 300)
             counts = agentd.opcodes(traced, args.by_function)
