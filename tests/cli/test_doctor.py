@@ -144,8 +144,10 @@ def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None
         return {c["check"]: c for c in doctor(home, **env)[1]}
 
     found = checks()
-    assert [found[name]["message"] for name in ("port", "exposure", "provider_keys")] == [
-        f"localhost:{port} is free", f"listening on loopback (localhost:{port})", "default provider ollama needs no key"]
+    assert [found[name]["message"] for name in ("port", "exposure")] == [
+        f"localhost:{port} is free", f"listening on loopback (localhost:{port})"]
+    assert found["provider_keys"] == {"check": "provider_keys", "status": "ok",
+                                      "message": "default provider ollama needs no key"}
     found = checks(AGENTD_LISTEN=f"[::1]:{port}")
     assert [found[name]["message"] for name in ("port", "exposure")] == [
         f"[::1]:{port} is free", f"listening on loopback ([::1]:{port})"]
@@ -173,21 +175,28 @@ def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None
                                       "message": "default provider ollama needs no key; the daemon has keys for groq"}
 
 
-def provider_keys(home: Path, port: int) -> dict[str, str]:
+def provider_keys(home: Path, port: int, **env: str) -> dict[str, str]:
     # The CLI's own environment never has the key: only the daemon (or its home) may.
-    r = run_cli(home, "doctor", "--json", port=port, env_extra={"ANTHROPIC_API_KEY": ""})
+    r = run_cli(home, "doctor", "--json", port=port, env_extra={"ANTHROPIC_API_KEY": "", **env})
     return {c["check"]: c for c in json.loads(r.stdout)}["provider_keys"]
+
+
+# A daemon holding no provider key, whatever the environment running the tests has.
+NO_KEYS = {name: "" for name in os.environ if name.endswith("_API_KEY")} | {"ANTHROPIC_API_KEY": ""}
 
 
 def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path) -> None:
     home = make_home(tmp_path)
-    d = Daemon(home, env_extra={"ANTHROPIC_API_KEY": ""}).start()
+    d = Daemon(home, env_extra=NO_KEYS).start()
     try:
-        check = provider_keys(home, d.port)
-        assert check["status"] == "warn" and "the daemon has no ANTHROPIC_API_KEY" in check["message"]
-        assert "/api/providers/anthropic/key" in check["message"]
+        assert provider_keys(home, d.port) == {"check": "provider_keys", "status": "warn", "message":
+            "the daemon has no ANTHROPIC_API_KEY: agents on the default provider anthropic cannot run; run "
+            f"`curl -X POST http://127.0.0.1:{d.port}/api/providers/anthropic/key` with "
+            '{"api_key": "..."} or set ANTHROPIC_API_KEY; the daemon has no provider keys'}
         r = d.post("/api/providers/anthropic/key", json={"api_key": "sk-ant-doctor"})
         assert r.status_code == 200, r.text
+        assert provider_keys(home, d.port) == {"check": "provider_keys", "status": "ok",
+                                               "message": "the daemon has ANTHROPIC_API_KEY for anthropic"}
         d.post("/api/providers/groq/key", json={"api_key": "gsk-doctor"})
         check = provider_keys(home, d.port)
         assert check == {"check": "provider_keys", "status": "ok",
@@ -211,12 +220,28 @@ def test_doctor_says_when_the_daemon_would_not_tell_it_the_keys(tmp_path: Path) 
     d = Daemon(home, api_key="k-doctor", env_extra={"AGENTD_API_KEY": "k-doctor", "ANTHROPIC_API_KEY": "sk-ant"}).start()
     try:
         check = provider_keys(home, d.port)
+        told = provider_keys(home, d.port, AGENTD_API_KEY="k-doctor")
     finally:
         d.stop()
     assert check == {"check": "provider_keys", "status": "warn",
                      "message": "ANTHROPIC_API_KEY is not set: agents on the default provider anthropic cannot run "
                                 f"(the daemon at http://127.0.0.1:{d.port} did not say which keys it holds: "
                                 "give the CLI its API key, AGENTD_API_KEY)"}, check
+    assert told == {"check": "provider_keys", "status": "ok",
+                    "message": "the daemon has ANTHROPIC_API_KEY for anthropic"}
+
+
+def test_doctor_reads_a_key_of_the_default_models_own_name_from_the_environment(tmp_path: Path) -> None:
+    # The daemon lists the provider's own variable; a default model keyed by another name is
+    # judged as a start would read it, not by the daemon's answer for the provider.
+    home = make_home(tmp_path, FAST_API + '[default_model]\nprovider = "anthropic"\nmodel = "claude-sonnet-4-6"\n'
+                                          'api_key_env = "MY_ANTHROPIC_KEY"\n')
+    d = Daemon(home, env_extra=NO_KEYS).start()
+    try:
+        assert provider_keys(home, d.port, MY_ANTHROPIC_KEY="sk-ant-own") == {
+            "check": "provider_keys", "status": "ok", "message": "MY_ANTHROPIC_KEY is set for anthropic"}
+    finally:
+        d.stop()
 
 
 def test_doctor_judges_the_running_daemons_own_address(tmp_path: Path) -> None:

@@ -228,11 +228,28 @@ def test_skill_files_are_confined_to_the_skill(d: Daemon, path: str) -> None:
     assert out.startswith("tool said: error: ") and "secret outside" not in out and "root:" not in out, out
 
 
-def test_doctor_reports_bad_front_matter(home: Path) -> None:
+def test_doctor_reports_bad_front_matter(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    write_skill(home / "skills", "release-notes")
+    for name, text in (("broken", "---\nname: Not A Valid Name\n---\nbody\n"), ("plain", "no front matter here\n")):
+        (home / "skills" / name).mkdir()
+        (home / "skills" / name / "SKILL.md").write_text(text)
     result = run_cli(home, "doctor", "--json")
     checks = {c["check"]: c for c in json.loads(result.stdout)}
-    assert checks["skills"]["status"] == "warn"
-    assert "broken" in checks["skills"]["message"] and "'name'" in checks["skills"]["message"]
+    # Every bad skill, in folder order, with each of its errors; the good one is not named.
+    assert checks["skills"] == {"check": "skills", "status": "warn", "message":
+        "broken: front matter 'name' must be 1-64 lowercase letters, digits and hyphens (not starting or ending "
+        "with a hyphen); front matter 'description' must be a non-empty string; "
+        "plain: SKILL.md must start with YAML front matter between '---' lines"}
+    (home / "skills" / "broken" / "SKILL.md").unlink()
+    (home / "skills" / "plain" / "SKILL.md").write_text("---\nname: plain\ndescription: Plain words\n---\nbody\n")
+    result = run_cli(home, "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    assert checks["skills"] == {"check": "skills", "status": "warn", "message": "broken: no SKILL.md in the folder"}
+    (home / "skills" / "broken").rmdir()
+    result = run_cli(home, "doctor", "--json")
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    assert checks["skills"] == {"check": "skills", "status": "ok", "message": "2 skill(s) valid"}
 
 
 def test_dashboard_lists_skills_with_their_state(d: Daemon) -> None:
