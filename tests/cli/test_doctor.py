@@ -24,6 +24,10 @@ def doctor(home: Path, port: int | None = None, **env: str) -> tuple[int, list[d
     return r.returncode, json.loads(r.stdout)
 
 
+# A daemon holding no provider key, whatever the environment running the tests has.
+NO_KEYS = {name: "" for name in os.environ if name.endswith("_API_KEY")} | {"ANTHROPIC_API_KEY": ""}
+
+
 def test_doctor_on_a_home_not_yet_created_runs_every_check_in_order(tmp_path: Path) -> None:
     home, port = tmp_path / "new-home", free_port()
     code, checks = doctor(home, port, AGENTD_DATABASE_URL="", ANTHROPIC_API_KEY="")
@@ -166,23 +170,19 @@ def test_doctor_on_a_keyless_provider_and_loopback_names(tmp_path: Path) -> None
                    "clients are refused (401), but set api_key (or AGENTD_API_KEY) to serve them, or bind 127.0.0.1"}
     assert [checks(AGENTD_LISTEN=f"{host}:{port}")["exposure"]["message"] for host in ("127.0.0.2", "LOCALHOST")] == [
         f"listening on loopback (127.0.0.2:{port})", f"listening on loopback (LOCALHOST:{port})"]
-    d = Daemon(home, env_extra={"GROQ_API_KEY": "gsk-doctor"}).start()
+    d = Daemon(home, env_extra={**NO_KEYS, "OPENAI_API_KEY": "sk-doctor", "GROQ_API_KEY": "gsk-doctor"}).start()
     try:
         found = checks()
     finally:
         d.stop()
     assert found["provider_keys"] == {"check": "provider_keys", "status": "ok",
-                                      "message": "default provider ollama needs no key; the daemon has keys for groq"}
+                                      "message": "default provider ollama needs no key; the daemon has keys for groq, openai"}
 
 
 def provider_keys(home: Path, port: int, **env: str) -> dict[str, str]:
     # The CLI's own environment never has the key: only the daemon (or its home) may.
     r = run_cli(home, "doctor", "--json", port=port, env_extra={"ANTHROPIC_API_KEY": "", **env})
     return {c["check"]: c for c in json.loads(r.stdout)}["provider_keys"]
-
-
-# A daemon holding no provider key, whatever the environment running the tests has.
-NO_KEYS = {name: "" for name in os.environ if name.endswith("_API_KEY")} | {"ANTHROPIC_API_KEY": ""}
 
 
 def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path) -> None:
@@ -197,11 +197,12 @@ def test_doctor_asks_the_daemon_for_its_keys_then_reads_the_home(tmp_path: Path)
         assert r.status_code == 200, r.text
         assert provider_keys(home, d.port) == {"check": "provider_keys", "status": "ok",
                                                "message": "the daemon has ANTHROPIC_API_KEY for anthropic"}
-        d.post("/api/providers/groq/key", json={"api_key": "gsk-doctor"})
+        for provider in ("openai", "groq"):
+            d.post(f"/api/providers/{provider}/key", json={"api_key": "sk-doctor"}).raise_for_status()
         check = provider_keys(home, d.port)
         assert check == {"check": "provider_keys", "status": "ok",
                          "message": "the daemon has ANTHROPIC_API_KEY for anthropic; "
-                                    "it also has keys for groq"}, check
+                                    "it also has keys for groq, openai"}, check
         assert "sk-ant-doctor" not in json.dumps(check)
     finally:
         d.stop()
@@ -240,6 +241,12 @@ def test_doctor_reads_a_key_of_the_default_models_own_name_from_the_environment(
     try:
         assert provider_keys(home, d.port, MY_ANTHROPIC_KEY="sk-ant-own") == {
             "check": "provider_keys", "status": "ok", "message": "MY_ANTHROPIC_KEY is set for anthropic"}
+        # A default provider the daemon does not list at all: its key is judged as a start reads it.
+        (home / "config.toml").write_text(FAST_API + '[default_model]\nprovider = "nosuch"\nmodel = "m"\n'
+                                                     'api_key_env = "NOSUCH_KEY"\n')
+        assert provider_keys(home, d.port) == {
+            "check": "provider_keys", "status": "warn",
+            "message": "NOSUCH_KEY is not set: agents on the default provider nosuch cannot run"}
     finally:
         d.stop()
 
