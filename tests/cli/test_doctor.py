@@ -4,9 +4,12 @@ keys, else what a start would load)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pgtest
@@ -230,6 +233,45 @@ def test_doctor_says_when_the_daemon_would_not_tell_it_the_keys(tmp_path: Path) 
                                 "give the CLI its API key, AGENTD_API_KEY)"}, check
     assert told == {"check": "provider_keys", "status": "ok",
                     "message": "the daemon has ANTHROPIC_API_KEY for anthropic"}
+
+
+def test_doctor_gives_up_on_a_daemon_that_never_lists_its_keys(tmp_path: Path) -> None:
+    # A daemon that answers its health probe, then nothing: doctor waits the probe's 2 s for
+    # the provider listing, not the minutes a stuck daemon could take.
+    release = threading.Event()
+
+    class Stuck(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's API
+            if self.path != "/api/health":
+                release.wait(60)
+            body = b'{"status": "ok"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    home = make_home(tmp_path)
+    (home / "daemon.json").write_text(json.dumps({"listen_addr": f"127.0.0.1:{port}", "pid": os.getpid()}))
+    try:
+        began = time.monotonic()
+        check = provider_keys(home, port)
+        took = time.monotonic() - began
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert check == {"check": "provider_keys", "status": "warn",
+                     "message": "ANTHROPIC_API_KEY is not set: agents on the default provider anthropic cannot run "
+                                f"(the daemon at http://127.0.0.1:{port} did not say which keys it holds: "
+                                "give the CLI its API key, AGENTD_API_KEY)"}
+    assert took < 30, took
 
 
 def test_doctor_reads_a_key_of_the_default_models_own_name_from_the_environment(tmp_path: Path) -> None:
