@@ -65,6 +65,11 @@ class ChannelLeaders:
                     continue  # it failed to start here a moment ago: do not flood the audit trail
                 if self.cluster.holder(lease_name(name)) is not None:
                     continue  # a live leader elsewhere (cheap read before trying to write)
+                if not self.cluster.claim(lease_name(name)):
+                    # Taken meanwhile, or one that ran out during a database outage, kept
+                    # for its owner for one lease after it: not a failed start, try again
+                    # at the next heartbeat.
+                    continue
                 if channels._start(name):
                     self._failed.pop(name, None)
                     log.info("channel %s: took over as leader on daemon %s", name, self.cluster.id)

@@ -1,0 +1,92 @@
+"""Which daemon runs a channel's adapter (agentd/channels/leaders.py): two daemons'
+clusters on one store, each with its channels, taking the adapter's lease in turn."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentd.channels.leaders import ChannelLeaders
+from agentd.cluster.config import ClusterSettings
+from agentd.cluster.coordinator import Cluster
+from agentd.store import leases as leases_module
+from agentd.store import open_store
+from agentd.store.outage import DatabaseUnavailable, Outage
+
+
+class Channels:
+    """The part of ChannelManager the leaders drive: its sections, running adapters and
+    `_start` (which asks `may_run` first, as the manager does) and `_stop`."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self._lock = threading.Lock()
+        self.sections = {"ntfy": {"topic": "t"}}
+        self.running: dict[str, object] = {}
+        self.starts: list[str] = []
+        self.audits: list[tuple] = []
+        self.fail = fail
+
+    def _start(self, name: str) -> bool:
+        if not self.may_run(name):
+            return False
+        self.starts.append(name)
+        if self.fail:
+            self.on_stopped(name)
+            return False
+        self.running[name] = object()
+        return True
+
+    def _stop(self, name: str, reason: str) -> None:
+        self.running.pop(name, None)
+        self.on_stopped(name)
+
+    def audit(self, *entry: object) -> None:
+        self.audits.append(entry)
+
+
+@pytest.fixture()
+def store(tmp_path: Path):
+    s = open_store(tmp_path / "agentd.db")
+    yield s
+    s.close()
+
+
+def daemon(store, name: str, channels: Channels) -> tuple[Cluster, ChannelLeaders]:
+    cluster = Cluster(store, ClusterSettings(name, lease_secs=1), f"x:{name}", shared=True)
+    return cluster, ChannelLeaders(cluster, channels)
+
+
+def test_a_lease_kept_after_a_database_outage_is_taken_at_a_later_heartbeat(store, monkeypatch) -> None:
+    """B led the channel and was cut off by the outage as A was: for one lease after the
+    database's return its lapsed lease is still B's. A waits, without counting that as a
+    failed start, and takes the adapter over at the first heartbeat after."""
+    outage = Outage()
+    monkeypatch.setattr(leases_module, "OUTAGE", outage)
+    channels_a, channels_b = Channels(), Channels()
+    a, leaders_a = daemon(store, "A", channels_a)
+    b, _ = daemon(store, "B", channels_b)
+    assert channels_b._start("ntfy") and leaders_a.view() == {"ntfy": "B"}
+    outage.noticed(DatabaseUnavailable("gone"))
+    time.sleep(1.2)  # B's lease runs out while nobody reaches the database
+    outage.cleared(wrote=True)
+
+    a.tick()  # the heartbeat: leases renewed, then the leaders' turn
+    assert (channels_a.starts, channels_a.running, leaders_a.view()) == ([], {}, {"ntfy": None})
+    time.sleep(1.05)  # B had a whole lease since the return and renewed nothing
+    a.tick()
+    assert (channels_a.starts, list(channels_a.running), leaders_a.view()) == (["ntfy"], ["ntfy"], {"ntfy": "A"})
+    assert channels_a.audits == [("channel.leader", "ntfy", {"daemon_id": "A"})]
+    b.tick()  # B, back, finds its lease taken and stops its adapter
+    assert channels_b.running == {}
+
+
+def test_an_adapter_that_failed_to_start_is_not_tried_again_for_a_minute(store) -> None:
+    channels = Channels(fail=True)
+    cluster, leaders = daemon(store, "A", channels)
+    cluster.tick()
+    cluster.tick()
+    assert (channels.starts, channels.running, cluster.holds("channel:ntfy"), leaders.view()) == (
+        ["ntfy"], {}, False, {"ntfy": None})
