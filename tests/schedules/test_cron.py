@@ -265,8 +265,10 @@ def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
     assert paused["enabled"] is False and paused["next_run_at"] is None
     assert paused["paused_reason"] == "max_runs_per_day reached (2 runs today, UTC)"
     assert len(ran(d, created["id"])) == 2
-    audit = d.get("/api/audit/recent", params={"event": "cron.job_paused"}).json()
-    assert any(e["detail"] == {"job_id": created["id"], "reason": paused["paused_reason"]} for e in audit)
+    # The audit entry is written just after the pause it reports.
+    wait_for(lambda: any(e["detail"] == {"job_id": created["id"], "reason": paused["paused_reason"]}
+                         for e in d.get("/api/audit/recent", params={"event": "cron.job_paused"}).json()),
+             10, what="the pause's audit entry")
     # Run now refuses too; resuming does not reset today's count.
     r = d.post(f"/api/cron/jobs/{created['id']}/run")
     assert r.status_code == 409 and "max_runs_per_day" in r.json()["error"]
