@@ -70,7 +70,12 @@ class ChannelLeaders:
                     # for its owner for one lease after it: not a failed start, try again
                     # at the next heartbeat.
                     continue
-                if channels._start(name):
+                try:
+                    started = channels._start(name)
+                except BaseException:
+                    self.cluster.release(lease_name(name))  # nothing runs under it here
+                    raise
+                if started:
                     self._failed.pop(name, None)
                     log.info("channel %s: took over as leader on daemon %s", name, self.cluster.id)
                     channels.audit("channel.leader", name, {"daemon_id": self.cluster.id})

@@ -21,7 +21,7 @@ class Channels:
     """The part of ChannelManager the leaders drive: its sections, running adapters and
     `_start` (which asks `may_run` first, as the manager does) and `_stop`."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool | str = False) -> None:
         self._lock = threading.Lock()
         self.sections = {"ntfy": {"topic": "t"}}
         self.running: dict[str, object] = {}
@@ -30,6 +30,8 @@ class Channels:
         self.fail = fail
 
     def _start(self, name: str) -> bool:
+        if self.fail == "raise":  # as loading an adapter's module can, before it asks
+            raise ImportError("no module named 'nio'")
         if not self.may_run(name):
             return False
         self.starts.append(name)
@@ -90,3 +92,11 @@ def test_an_adapter_that_failed_to_start_is_not_tried_again_for_a_minute(store) 
     cluster.tick()
     assert (channels.starts, channels.running, cluster.holds("channel:ntfy"), leaders.view()) == (
         ["ntfy"], {}, False, {"ntfy": None})
+
+
+def test_a_start_that_raises_leaves_the_lease_free(store) -> None:
+    channels = Channels(fail="raise")
+    cluster, leaders = daemon(store, "A", channels)
+    with pytest.raises(ImportError):
+        leaders.tick()
+    assert (cluster.holds("channel:ntfy"), leaders.view()) == (False, {"ntfy": None})
