@@ -56,8 +56,11 @@ def store(tmp_path: Path):
     s.close()
 
 
+LEASE = 2.0  # long enough that a busy host's pause between two steps does not span it
+
+
 def daemon(store, name: str, channels: Channels) -> tuple[Cluster, ChannelLeaders]:
-    cluster = Cluster(store, ClusterSettings(name, lease_secs=1), f"x:{name}", shared=True)
+    cluster = Cluster(store, ClusterSettings(name, lease_secs=LEASE), f"x:{name}", shared=True)
     return cluster, ChannelLeaders(cluster, channels)
 
 
@@ -72,12 +75,12 @@ def test_a_lease_kept_after_a_database_outage_is_taken_at_a_later_heartbeat(stor
     b, _ = daemon(store, "B", channels_b)
     assert channels_b._start("ntfy") and leaders_a.view() == {"ntfy": "B"}
     outage.noticed(DatabaseUnavailable("gone"))
-    time.sleep(1.2)  # B's lease runs out while nobody reaches the database
+    time.sleep(LEASE + 0.2)  # B's lease runs out while nobody reaches the database
     outage.cleared(wrote=True)
 
     a.tick()  # the heartbeat: leases renewed, then the leaders' turn
     assert (channels_a.starts, channels_a.running, leaders_a.view()) == ([], {}, {"ntfy": None})
-    time.sleep(1.05)  # B had a whole lease since the return and renewed nothing
+    time.sleep(LEASE + 0.05)  # B had a whole lease since the return and renewed nothing
     a.tick()
     assert (channels_a.starts, list(channels_a.running), leaders_a.view()) == (["ntfy"], ["ntfy"], {"ntfy": "A"})
     assert channels_a.audits == [("channel.leader", "ntfy", {"daemon_id": "A"})]
