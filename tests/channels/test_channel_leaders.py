@@ -3,6 +3,7 @@ clusters on one store, each with its channels, taking the adapter's lease in tur
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ class Channels:
         self.sections = {"ntfy": {"topic": "t"}}
         self.running: dict[str, object] = {}
         self.starts: list[str] = []
+        self.stops: list[tuple[str, str]] = []
         self.audits: list[tuple] = []
         self.fail = fail
 
@@ -42,6 +44,7 @@ class Channels:
         return True
 
     def _stop(self, name: str, reason: str) -> None:
+        self.stops.append((name, reason))
         self.running.pop(name, None)
         self.on_stopped(name)
 
@@ -64,7 +67,7 @@ def daemon(store, name: str, channels: Channels) -> tuple[Cluster, ChannelLeader
     return cluster, ChannelLeaders(cluster, channels)
 
 
-def test_a_lease_kept_after_a_database_outage_is_taken_at_a_later_heartbeat(store, monkeypatch) -> None:
+def test_a_lease_kept_after_a_database_outage_is_taken_at_a_later_heartbeat(store, monkeypatch, caplog) -> None:
     """B led the channel and was cut off by the outage as A was: for one lease after the
     database's return its lapsed lease is still B's. A waits, without counting that as a
     failed start, and takes the adapter over at the first heartbeat after."""
@@ -85,7 +88,27 @@ def test_a_lease_kept_after_a_database_outage_is_taken_at_a_later_heartbeat(stor
     assert (channels_a.starts, list(channels_a.running), leaders_a.view()) == (["ntfy"], ["ntfy"], {"ntfy": "A"})
     assert channels_a.audits == [("channel.leader", "ntfy", {"daemon_id": "A"})]
     b.tick()  # B, back, finds its lease taken and stops its adapter
-    assert channels_b.running == {}
+    assert (channels_b.running, channels_b.stops) == ({}, [("ntfy", "leader lease lost")])
+    assert "channel ntfy: leader lease lost; stopping it here" in [r.getMessage() for r in caplog.records]
+
+
+def test_each_adapter_has_its_leader_and_standbys_say_who_it_is(store, caplog) -> None:
+    caplog.set_level(logging.INFO, "agentd.channels.leader")
+    channels_a, channels_b = Channels(), Channels()
+    channels_a.sections = channels_b.sections = {"ntfy": {}, "telegram": {}}
+    a, leaders_a = daemon(store, "A", channels_a)
+    b, leaders_b = daemon(store, "B", channels_b)
+    assert channels_b._start("ntfy")  # B leads ntfy; telegram is free
+    a.tick()
+    assert (channels_a.starts, sorted(channels_a.running), leaders_a.view()) == (
+        ["telegram"], ["telegram"], {"ntfy": "B", "telegram": "A"})
+    assert (leaders_a.holder("ntfy"), leaders_a.holder("telegram")) == ("B", "A")
+    a.tick()  # what runs here under its own lease keeps running
+    assert (channels_a.starts, channels_a.stops, sorted(channels_a.running)) == (["telegram"], [], ["telegram"])
+    assert channels_a._start("ntfy") is False and channels_a.starts == ["telegram"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "channel telegram: took over as leader on daemon A",
+        "channel ntfy runs on daemon B; this daemon is on standby"]
 
 
 def test_an_adapter_that_failed_to_start_is_not_tried_again_for_a_minute(store) -> None:
