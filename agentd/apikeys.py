@@ -111,7 +111,12 @@ class ApiKeys:
 
     def _row(self, ref: str) -> Any:
         """A key by id or name (inside a db_session)."""
-        row = self.store.e.ApiKeyRow.get(id=ref) or self.store.e.ApiKeyRow.get(name=ref)
+        row = None
+        # Pony strips a string before it looks it up: a reference with white space around it
+        # would find the key without (names are stored stripped), and one of white space alone
+        # is refused as no value at all.
+        if ref == ref.strip():
+            row = self.store.e.ApiKeyRow.get(id=ref) or self.store.e.ApiKeyRow.get(name=ref)
         if row is None:
             raise NotFound(f"API key not found: {ref}")
         return row

@@ -13,6 +13,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -108,6 +109,13 @@ def test_bad_bodies_and_unknown_keys(d: Daemon) -> None:
         r = d.http.request(method, f"{d.url}/api/keys/nope", json={} if method == "PATCH" else None)
         assert r.status_code == 404 and r.json() == {"error": "API key not found: nope"}, (method, r.text)
     assert d.post("/api/keys/nope/rotate").status_code == 404
+    # White space alone, or around a key's id or name, names no key.
+    for ref in (" ", "\u00a0", "\t", "\u3000", f" {key['id']}", f"{key['name']}\u00a0"):
+        for method in ("GET", "PATCH", "DELETE", "POST"):
+            path = f"/api/keys/{quote(ref)}" + ("/rotate" if method == "POST" else "")
+            r = d.http.request(method, d.url + path, json={} if method == "PATCH" else None)
+            assert r.status_code == 404 and r.json() == {"error": f"API key not found: {ref}"}, (method, ref, r.text)
+    assert d.get(f"/api/keys/{key['id']}").json()["name"] == key["name"]
     wrong = key["key"][:-4] + "AAAA"
     r = as_key(d, wrong, "GET", "/api/status")
     assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
