@@ -248,6 +248,7 @@ class Daemon:
                  env_extra: dict[str, str] | None = None) -> None:
         self.home = home
         self.port = port or free_port()
+        self.port_picked = not port   # free_port() chose it: another one will do as well
         self.api_key = api_key
         self.env_extra = env_extra or {}
         self.proc: subprocess.Popen | zygote.ForkedProcess | None = None
@@ -274,11 +275,26 @@ class Daemon:
     def start(self, wait: bool = True) -> "Daemon":
         STARTED.append(self)
         self.settled = False
-        env = agentd_env(self.home, self.port, **self.env_extra)
-        self.proc = start_process(["start"], env, self.log_path, self.hits_path)
-        if wait:
+        first = self.proc is None
+        self._launch()
+        if not wait:
+            return self
+        try:
+            self.wait_healthy()
+        except RuntimeError:
+            # free_port()'s port was free when it looked; another worker's server may have
+            # taken it before the daemon bound it. A first start moves to another port.
+            if not (first and self.port_picked and self.proc.poll() is not None
+                    and f"127.0.0.1:{self.port} is already in use" in self.log()):
+                raise
+            self.port = free_port()
+            self._launch()
             self.wait_healthy()
         return self
+
+    def _launch(self) -> None:
+        env = agentd_env(self.home, self.port, **self.env_extra)
+        self.proc = start_process(["start"], env, self.log_path, self.hits_path)
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         # Only a deadline: a ready daemon answers at once, and on a loaded host its app can
