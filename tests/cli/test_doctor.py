@@ -306,9 +306,11 @@ def test_doctor_judges_the_running_daemons_own_address(tmp_path: Path) -> None:
                                   "message": f"listening on loopback (127.0.0.1:{d.port})"}
 
 
-def test_doctor_names_each_cron_webhook_whose_secret_a_start_would_not_find(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_doctor_names_each_cron_webhook_whose_secret_a_start_would_not_find(tmp_path: Path, backend: str) -> None:
     home = make_home(tmp_path)
-    d = Daemon(home, env_extra={"CRON_DOCTOR_SECRET": "s3cret-value", "CRON_OTHER_SECRET": "other"}).start()
+    database = {"AGENTD_DATABASE_URL": pgtest.databases().new_url()} if backend == "postgres" else {}
+    d = Daemon(home, env_extra={"CRON_DOCTOR_SECRET": "s3cret-value", "CRON_OTHER_SECRET": "other", **database}).start()
     try:
         r = d.post("/api/agents", json={"manifest_toml": 'name = "doc"\n'})
         assert r.status_code == 201, r.text
@@ -322,7 +324,7 @@ def test_doctor_names_each_cron_webhook_whose_secret_a_start_would_not_find(tmp_
         d.stop()
 
     def webhooks(**env: str) -> dict[str, str] | None:
-        r = run_cli(home, "doctor", "--json", env_extra=env)
+        r = run_cli(home, "doctor", "--json", env_extra={**database, **env})
         return {c["check"]: c for c in json.loads(r.stdout)}.get("cron_webhooks")
 
     secrets = home / "secrets.env"
