@@ -5,7 +5,7 @@ A job (`POST /api/cron/jobs`):
 
     {"name", "agent_id" (id or name), "schedule": {kind: cron|every|at, ...},
      "action": {kind: agent_turn, message} | {kind: workflow_run, workflow_id, input},
-     "delivery": {kind: none} | {kind: channel, channel, chat_id?} | {kind: webhook, url, secret_env?},
+     "delivery": {kind: none} | {kind: channel, channel, chat_id?} | {kind: webhook, url, secret_env},
      "enabled", "one_shot", "catch_up": skip|once, "max_runs_per_day", "max_cost_usd_per_day"}
 
 Every 400 names the field at fault. An agent or workflow outside a scoped key's list is
