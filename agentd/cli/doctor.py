@@ -256,7 +256,7 @@ def _cron_deliveries(cfg: Config) -> list[tuple[str, dict[str, Any]]]:
             return []
         try:
             cur = conn.cursor()
-            cur.execute("SELECT name, delivery FROM cron_jobs")
+            cur.execute("SELECT name, delivery FROM cron_jobs ORDER BY name")
             rows = cur.fetchall()
         finally:
             conn.close()
