@@ -447,8 +447,8 @@ def test_doctor_fails_what_start_would_fail_on(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        code, checks = doctor(home, taken.getsockname()[1])
         port = taken.getsockname()[1]
+        code, checks = doctor(home, port)
     assert (code, checks["port"]) == (1, {"check": "port", "status": "fail",
                                           "message": f"127.0.0.1:{port} is in use by another program"})
 
