@@ -319,7 +319,9 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     def on_second_step() -> list:
         return [r for r in b.get(f"/api/workflows/{wid}/runs").json() if r["steps_completed"] == 1]
 
-    (run,) = wait_for(on_second_step, 20, what="the run on daemon-a reaching its slow step")
+    # Its first step is one model call, but a loaded host can take long to get the run going.
+    (run,) = wait_for(on_second_step, 60, what="the run on daemon-a reaching its slow step",
+                      explain=lambda: (b.get(f"/api/workflows/{wid}/runs").json(), finished))
     assert run["state"] == {"status": "running"} and workflow_run(b, run["id"])["daemon_id"] == "daemon-a"
     b.stop()
     b.start()
