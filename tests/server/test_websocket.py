@@ -479,22 +479,29 @@ def test_rejected_upgrade_is_plain_http(server: Server) -> None:
 def test_no_leaked_threads_or_fds(server: Server) -> None:
     http_ok(server)
     wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "a quiet server")
-    base_threads, base_fds = threading.active_count(), open_fds()
+    # The threads alive now, by identity: one of them (an earlier test's) may end meanwhile,
+    # so a count would not tell the readers this test starts.
+    base_threads, base_fds = set(threading.enumerate()), open_fds()
+
+    def started() -> set[threading.Thread]:
+        return set(threading.enumerate()) - base_threads
 
     clients = [connect(server, "/ws/echo-noping" if k % 2 else "/ws/echo") for k in range(20)]
-    for k, ws in enumerate(clients):
-        ws.send(f"hi {k}")
-        assert ws.recv() == f"hi {k}"
-    wait_until(lambda: ws_transport.active_websockets(server.waitress) == 20, "20 live sockets")
-    assert threading.active_count() >= base_threads + 20  # one reader thread each
-    for k, ws in enumerate(clients):
-        if k < 12:
-            ws.close()
-        else:
-            drop(ws, reset=k % 2 == 0)
+    try:
+        for k, ws in enumerate(clients):
+            ws.send(f"hi {k}")
+            assert ws.recv() == f"hi {k}"
+        wait_until(lambda: ws_transport.active_websockets(server.waitress) == 20, "20 live sockets")
+        assert len(started()) >= 20  # one reader thread each
+    finally:
+        for k, ws in enumerate(clients):  # a failure above must not leave them to the next test
+            if k < 12:
+                ws.close()
+            else:
+                drop(ws, reset=k % 2 == 0)
 
     wait_until(lambda: ws_transport.active_websockets(server.waitress) == 0, "handlers to finish")
-    wait_until(lambda: threading.active_count() <= base_threads + 1, "reader threads to exit")
+    wait_until(lambda: len(started()) <= 1, "reader threads to exit")
     wait_until(lambda: open_fds() <= base_fds + 3, "descriptors to be closed")
     http_ok(server)
 
