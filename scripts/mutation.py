@@ -44,6 +44,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/schedules/store.py": ["tests/schedules/test_cron.py"],
     # Which daemon runs a channel adapter: two clusters on one store, a stand-in channel manager.
     "agentd/channels/leaders.py": ["tests/channels/test_channel_leaders.py"],
+    "agentd/apikeys.py": ["tests/api/test_keys.py"],
     "agentd/agents/tools/browser_proxy.py": ["tests/agents/tools/test_tool_browser_proxy.py"],
     "agentd/api/ratelimit.py": ["tests/api/test_ratelimit.py", "tests/api/test_core.py",
                                 "tests/api/test_guards_daemon.py::test_rate_limit_headers_through_the_daemon"],
