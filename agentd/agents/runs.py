@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from agentd.key_runs import KeyRuns
     from agentd.skills import Skills
     from agentd.memory.service import MemoryService
+    from agentd.store.writer import Tx
 
 log = logging.getLogger("agentd.agents")
 
@@ -243,13 +244,13 @@ class Runs:
         skills = self.skills.permitted(handle.manifest.data.get("skills")) if self.skills is not None else []
         if skills and any(t.name == "skill_describe" for t in tools):
             system = f"{system}\n\n{prompt_lines(skills)}"
-        refresh_system = None
+        recall = None
         owner = None
         if self.memory is not None:
             owner = self._memory_owner(handle, request)
             # Recalled before every model call of the run (unchanged memory is not searched again).
-            refresh_system = self.memory.context_for_run(handle.id, user.content or "", window, system, owner=owner)
-            system = refresh_system()
+            recall = self.memory.context_for_run(handle.id, user.content or "", window, system, owner=owner)
+            system = recall()
 
         def tool_ctx() -> ToolContext:
             # Made by the run's first tool call: most runs make none.
@@ -296,14 +297,22 @@ class Runs:
                        else model_cfg["temperature"],
                        emit=emit, approver=approver, on_usage=on_usage,
                        mode_note="Observe mode: read-only tools" if handle.mode == "Observe" else "",
-                       params=options.params, refresh_system=refresh_system)
+                       params=options.params, refresh_system=recall)
         loop = AgentLoop(spec, cancel)
+
+        def close_turn(tx: Tx, cost: float | None = None, answered: bool = False) -> None:
+            # In the transaction that saves the session: what memory recalled for the run is
+            # counted as accessed, an answered run's record closed.
+            if recall is not None:
+                recall.count_accesses(tx)
+            if answered and complete is not None:
+                complete(tx, cost)
 
         def save_unanswered(note: str) -> None:
             # A run that ends without an answer still closes its turn, so the history the
             # model sees next time never holds a user message nobody answered.
             sessions.save(handle, loop.new_messages + [Message(role="assistant", content=note)],
-                          image_refs, usage, session=session, source=options.source)
+                          image_refs, usage, also=close_turn, session=session, source=options.source)
 
         try:
             result = loop.run()
@@ -323,7 +332,7 @@ class Runs:
             raise
         result.cost_usd = None if not costs or any(c is None for c in costs) else round(sum(costs), 10)
         sessions.save(handle, result.new_messages, image_refs, usage,
-                      also=None if complete is None else lambda tx: complete(tx, result.cost_usd), session=session,
+                      also=lambda tx: close_turn(tx, result.cost_usd, answered=True), session=session,
                       source=options.source)
         if self.memory is not None:
             self.memory.after_exchange(handle.id, session.session_id, user.content or "", result.response,

@@ -18,6 +18,7 @@ from pony import orm
 
 from agentd.errors import NotFound
 from agentd.timestamps import iso, utcnow
+from agentd.memory.access import access_updates
 from agentd.memory.fields import MemoryFilter
 from agentd.memory.vectors import Hit
 
@@ -90,27 +91,17 @@ class Recall:
     def _touch(self, agent_id: str, items: list[dict[str, Any]]) -> None:
         """Count the access of what recall returned (one UPDATE)."""
         now = utcnow()
-        ids = [item["id"] for item in items]
-        params: dict[str, Any] = {"now": now, "a": agent_id}
-        params.update({f"i{n}": fid for n, fid in enumerate(ids)})
-        names = ", ".join(f"$i{n}" for n in range(len(ids)))
-        where = f"agent_id = $a AND id IN ({names})"
-        if self.store.shared:
-            # Row locks in id order, as remember's supersede takes them: a plain UPDATE locks
-            # in scan order, and two writers locking the same rows in different orders
-            # deadlock (seen in CI's PostgreSQL pass). One statement: Pony runs a lone
-            # SELECT ... FOR UPDATE outside the transaction, which would lock nothing.
-            where = f"agent_id = $a AND id IN (SELECT id FROM memory_fragments WHERE {where} ORDER BY id FOR UPDATE)"
         try:
             with orm.db_session:
                 # Through Pony (not the raw connection) so the session knows to commit.
-                self.store.db.execute("UPDATE memory_fragments SET accessed_at = $now, "
-                                      f"access_count = access_count + 1 WHERE {where}", params)
+                for sql, params in access_updates(agent_id, {item["id"]: 1 for item in items}, now,
+                                                  self.store.shared):
+                    self.store.db.execute(sql, params)
         except orm.DatabaseError as exc:
             # Access counts are bookkeeping: should PostgreSQL still find a deadlock (a writer
             # not ordered like these), the recall answers all the same.
             logging.getLogger("agentd.memory").warning("access count of %d fragments of agent %s not updated: %s",
-                                                       len(ids), agent_id, str(exc).splitlines()[0])
+                                                       len(items), agent_id, str(exc).splitlines()[0])
             return
         for item in items:
             item["accessed_at"] = iso(now)

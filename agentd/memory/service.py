@@ -21,11 +21,14 @@ from agentd.memory import fields
 from agentd.memory.exchanges import AGENTS_KEPT, ANSWERED, ASKED, OWNER, ExchangeWorker
 from agentd.memory.exchanges import QUEUE_LIMIT, WORKER_BATCH  # noqa: F401
 from agentd.memory.graph import KnowledgeGraph
+from agentd.memory.access import access_updates
 from agentd.memory.trim import Trimmer
 from agentd.store import Store
 from agentd.store.outage import log_failure
+from agentd.timestamps import utcnow
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agentd.store.writer import Tx
     from agentd.llm.types import ProviderEndpoint
     from agentd.memory.embedder import Embedder
     from agentd.memory.semantic import SemanticMemory
@@ -238,12 +241,14 @@ class MemoryService(ExchangeWorker):
 
     # -- the agent loop -------------------------------------------------------------------
     def system_context(self, agent_id: str, user_text: str, history: list[dict[str, Any]], system: str,
-                       owner: str | None = None) -> str:
+                       owner: str | None = None,
+                       seen: Callable[[list[dict[str, Any]]], None] | None = None) -> str:
         """`system` plus the fragments most relevant to the user's message (never raises).
 
         Exchanges still in the session are skipped: the model already sees them. With
         `owner` (a person, "" for the agent's own session), exchanges remembered from other
-        people's sessions are skipped too; agent-wide facts are always seen.
+        people's sessions are skipped too; agent-wide facts are always seen. The fragments
+        recalled are counted as accessed at once, or given to `seen` to count later.
         """
         if self.config.recall_limit <= 0 or not user_text.strip():
             return system
@@ -266,40 +271,23 @@ class MemoryService(ExchangeWorker):
 
             found = self._timed_recall(agent_id, user_text, self.config.recall_limit, self.config.min_score,
                                        skip=in_session, skip_ids=frozenset(session_ids),
-                                       hide=None if owner is None else others_of(owner))
+                                       hide=None if owner is None else others_of(owner), touch=seen is None)
         except Exception as exc:  # noqa: BLE001 - memory must never fail a run
             log_failure(log, exc, "memory recall for agent %s failed", agent_id)
             return system
         if not found:
             return system
+        if seen is not None:
+            seen(found)
         lines = "\n".join(f"- {f['content']}" for f in found)
         block = (f"{CONTEXT_HEADING}\nFacts remembered from earlier conversations, most relevant first "
                  f"(newer facts override older ones):\n{lines}")
         return f"{system}\n\n{block}" if system else block
 
     def context_for_run(self, agent_id: str, user_text: str, history: list[dict[str, Any]],
-                        system: str, owner: str | None = None) -> Callable[[], str]:
-        """What the loop calls before each model call: `system_context`, searched again only
-        when the agent's memory changed since the previous call of this run (a fact stored
-        by a tool, another request or the background worker reaches the next model call;
-        unchanged memory is not searched, embedded or access-counted again)."""
-        last: list[Any] = [None, system]
-
-        def version() -> int | None:
-            return self._semantic.version(agent_id) if self._semantic is not None else None
-
-        def current() -> str:
-            before = version()
-            if before is not None and before == last[0]:
-                return last[1]
-            text = self.system_context(agent_id, user_text, history, system, owner)
-            # Read before the recall, so a write racing with it is searched next time; when the
-            # index was not loaded yet, the recall itself has just loaded it.
-            last[0] = before if before is not None else version()
-            last[1] = text
-            return text
-
-        return current
+                        system: str, owner: str | None = None) -> RunRecall:
+        """What the loop calls before each model call (see `RunRecall`)."""
+        return RunRecall(self, agent_id, user_text, history, system, owner)
 
     def _nothing_to_recall(self, agent_id: str, asked: Callable[[], set[str]], session_ids: set[str]) -> bool:
         """True when the agent has no fragments, or only exchanges of its current session
@@ -372,3 +360,49 @@ class MemoryService(ExchangeWorker):
                 self._queue.put_nowait(None)
             except queue.Full:
                 pass
+
+
+class RunRecall:
+    """`system_context` for each model call of one run, searched again only when the agent's
+    memory changed since the previous call (a fact stored by a tool, another request or the
+    background worker reaches the next model call; unchanged memory is not searched, embedded
+    or access-counted again).
+
+    What the recalls returned is counted as accessed in the run's own write
+    (`count_accesses(tx)`, with its session): a transaction of its own per message, on a
+    connection other than the writer's, cost the daemon more than the rest of the recall."""
+
+    def __init__(self, service: MemoryService, agent_id: str, user_text: str, history: list[dict[str, Any]],
+                 system: str, owner: str | None) -> None:
+        self._service = service
+        self._args = (agent_id, user_text, history, system, owner)
+        self._version: int | None = None
+        self._text = system
+        self._accessed: dict[str, int] = {}  # fragment id -> recalls that returned it
+
+    def _index_version(self) -> int | None:
+        semantic = self._service._semantic
+        return semantic.version(self._args[0]) if semantic is not None else None
+
+    def __call__(self) -> str:
+        before = self._index_version()
+        if before is not None and before == self._version:
+            return self._text
+        self._text = self._service.system_context(*self._args, seen=self._seen)
+        # Read before the recall, so a write racing with it is searched next time; when the
+        # index was not loaded yet, the recall itself has just loaded it.
+        self._version = before if before is not None else self._index_version()
+        return self._text
+
+    def _seen(self, found: list[dict[str, Any]]) -> None:
+        for item in found:
+            self._accessed[item["id"]] = self._accessed.get(item["id"], 0) + 1
+
+    def count_accesses(self, tx: Tx) -> None:
+        """Count what this run's recalls returned as accessed, in the write `tx`. On a shared
+        database the rows another transaction holds are left uncounted: the run's write never
+        waits on bookkeeping."""
+        if self._accessed:
+            for sql, params in access_updates(self._args[0], self._accessed, utcnow(),
+                                              self._service.store.shared, skip_locked=True):
+                tx.execute(sql, params)

@@ -535,7 +535,14 @@ def test_a_scoped_keys_run_is_paid_by_the_key_and_remembered_as_its_conversation
 
         def context_for_run(self, agent_id, user_text, window, system, owner=None):
             owners.append(owner)
-            return lambda: system
+
+            class Recall:
+                def __call__(self) -> str:
+                    return system
+
+                def count_accesses(self, tx) -> None:
+                    pass
+            return Recall()
 
         def after_exchange(self, agent_id, session_id, user_text, answer, owner=None) -> None:
             owners.append(owner)

@@ -697,7 +697,15 @@ def test_memory_hooks(env) -> None:
 
         def context_for_run(self, agent_id, user_text, stored, system, owner=None):
             self.calls.append(("context", agent_id, user_text, list(stored), system, owner))
-            return lambda: system + "\n\nRECALLED"
+            calls = self.calls
+
+            class Recall:
+                def __call__(self) -> str:
+                    return system + "\n\nRECALLED"
+
+                def count_accesses(self, tx) -> None:
+                    calls.append(("count",))
+            return Recall()
 
         def after_exchange(self, *args, owner=None):
             self.calls.append(("after",) + args + (owner,))
@@ -707,7 +715,7 @@ def test_memory_hooks(env) -> None:
     h = mgr.spawn(manifest("mem", 'system_prompt = "S"\n'))
     result = run(mgr, h, "[[echo_params]]", options=RunOptions(extra_system="X"))
     assert json.loads(result.response)["system"] == "S\n\nX\n\nRECALLED"
-    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX", ""),
+    assert memory.calls == [("context", h.id, "[[echo_params]]", [], "S\n\nX", ""), ("count",),
                                 ("after", h.id, h.session_id, "[[echo_params]]", result.response, "")]
 
 
@@ -1080,15 +1088,21 @@ class MemoryStandIn:
         self.exchanges: list = []
         self.owners: list = []
         self.refreshes = 0
+        self.counted: list = []  # the transactions a run counted its recalls' accesses in
 
     def context_for_run(self, agent_id, user_text, window, system, owner=None):
         self.asked.append((agent_id, user_text, system))
         self.owners.append(owner)
+        memory = self
 
-        def refresh() -> str:
-            self.refreshes += 1
-            return f"{system} #{self.refreshes}"
-        return refresh
+        class Recall:
+            def __call__(self) -> str:
+                memory.refreshes += 1
+                return f"{system} #{memory.refreshes}"
+
+            def count_accesses(self, tx) -> None:
+                memory.counted.append(tx)
+        return Recall()
 
     def after_exchange(self, agent_id, session_id, user_text, answer, owner=None) -> None:
         self.exchanges.append((agent_id, session_id, user_text, answer))
@@ -1104,6 +1118,7 @@ def test_memory_is_asked_with_the_users_text_and_refreshed_before_each_model_cal
     assert systems == ["S #1", "S #2"], "BUG: the system prompt is not refreshed before each model call"
     assert memory.asked == [(h.id, "[[tool:system_time {}]]", "S")]
     assert memory.exchanges == [(h.id, h.session_id, "[[tool:system_time {}]]", result.response)]
+    assert len(memory.counted) == 1 and memory.counted[0] is not None, "BUG: the recalls' accesses not counted"
     image = ImagePart("image/png", base64.b64encode(b"\x89PNG-m").decode("ascii"))
     run(mgr, h, "", options=RunOptions(images=[image]))
     assert memory.asked[-1][1] == "" and memory.exchanges[-1][2] == "", "an image-only message has no text"

@@ -554,20 +554,21 @@ def test_a_failed_recall_returns_the_system_text(svc, caplog) -> None:
 
 def test_context_for_run_searches_again_only_after_a_change(svc) -> None:
     a = add_agent(svc.store)
-    svc.remember(a, "first fact")
+    first = svc.remember(a, "first fact")["id"]
     svc.emb.query("q", {"first fact": 0.9, "second fact": 0.8})
     svc.semantic.invalidate(a)  # not loaded: the first call loads it
     current = svc.context_for_run(a, "q", [], "S")
     assert current() == "S\n\n" + block("first fact")
     embeds = len(svc.emb.calls)
-    touched = svc.get(a, svc.page(a, 1, 0)["memories"][0]["id"])["access_count"]
     assert current() == "S\n\n" + block("first fact")
-    assert svc.get(a, svc.page(a, 1, 0)["memories"][0]["id"])["access_count"] == touched, \
-        "BUG: unchanged memory searched (and access-counted) again"
-    svc.remember(a, "second fact")
-    embeds = len(svc.emb.calls)
+    assert len(svc.emb.calls) == embeds, "BUG: unchanged memory embedded again"
+    second = svc.remember(a, "second fact")["id"]
     assert current() == "S\n\n" + block("first fact", "second fact")
     assert current() == "S\n\n" + block("first fact", "second fact")
+    assert svc.get(a, first)["access_count"] == 0, "BUG: counted before the run's write"
+    svc.store.write(current.count_accesses)
+    # Searched twice (at the start and after the change), not once per call.
+    assert (svc.get(a, first)["access_count"], svc.get(a, second)["access_count"]) == (2, 1)
 
 
 def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
@@ -577,11 +578,47 @@ def test_a_write_racing_the_recall_is_searched_next_time(svc) -> None:
     current = svc.context_for_run(a, "race q", [], "S")
     svc.emb.hooks["race q"] = lambda: svc.remember(a, "racing fact")  # lands while the recall runs
     assert current() == "S\n\n" + block("first fact", "racing fact")
-    assert svc.get(a, fid)["access_count"] == 1
     assert current() == "S\n\n" + block("first fact", "racing fact")
+    assert current() == "S\n\n" + block("first fact", "racing fact")
+    svc.store.write(current.count_accesses)
     assert svc.get(a, fid)["access_count"] == 2, "BUG: a write during the recall is taken as seen"
-    assert current() == "S\n\n" + block("first fact", "racing fact")
-    assert svc.get(a, fid)["access_count"] == 2
+
+
+def test_a_run_counts_what_it_recalled_in_the_write_it_is_given(svc) -> None:
+    a = add_agent(svc.store)
+    fid = svc.remember(a, "the fact")["id"]
+    untouched = svc.get(a, fid)["accessed_at"]
+    svc.emb.query("q", {"the fact": 0.9})
+    current = svc.context_for_run(a, "q", [], "S")
+    assert current() == "S\n\n" + block("the fact")
+    assert svc.get(a, fid)["access_count"] == 0
+    statements: list = []
+
+    class Tx:
+        def execute(self, sql: str, params: dict) -> int:
+            statements.append((sql, params))
+            return 1
+
+    current.count_accesses(Tx())
+    assert [(sql, {k: v for k, v in params.items() if k != "now"}) for sql, params in statements] == [
+        ("UPDATE memory_fragments SET accessed_at = $now, access_count = access_count + $n "
+         "WHERE agent_id = $a AND id IN ($i0)", {"a": a, "n": 1, "i0": fid})]
+    svc.store.write(current.count_accesses)
+    got = svc.get(a, fid)
+    assert got["access_count"] == 1 and got["accessed_at"] > untouched
+
+
+def test_a_run_that_recalled_nothing_writes_nothing(svc) -> None:
+    a = add_agent(svc.store)
+    svc.remember(a, "unrelated fact")
+    current = svc.context_for_run(a, "nothing like it", [], "S")
+    assert current() == "S"
+
+    class Tx:
+        def execute(self, sql: str, params: dict) -> int:
+            raise AssertionError(f"nothing to count, yet: {sql}")
+
+    current.count_accesses(Tx())
 
 
 def test_context_for_run_of_an_agent_without_memories(svc) -> None:
