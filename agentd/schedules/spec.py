@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -31,6 +31,8 @@ NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight
 # A cron walk that finds no instant after this many wall times is a schedule that never fires
 # (`0 0 30 2 *`, February 30th): such an expression is refused when created.
 _MAX_STEPS = 1000
+# The largest change of a zone's offset at once (daylight-saving shifts are one hour, some two).
+_SHIFT = timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -70,17 +72,37 @@ class Schedule:
         # (Loaded with the first cron job, not by an idle daemon.)
         from croniter import CroniterBadDateError, croniter
 
-        local = datetime.fromtimestamp(after, timezone.utc).astimezone(zone).replace(tzinfo=None)
-        walk = croniter(self.expr, local)
+        # Wall times inside a spring-forward gap map to instants after it, out of wall order
+        # (02:30 of the gap runs after 03:00): the walk starts at `after`'s wall time read
+        # with the offset before any shift, and takes the earliest instant among the wall
+        # times up to one shift past the first that is due.
+        start = min(_wall(after, zone), _wall(after - _SHIFT.total_seconds(), zone) + _SHIFT)
+        walk = croniter(self.expr, start)
+        best: float | None = None
+        horizon: datetime | None = None
         for _ in range(_MAX_STEPS):
             try:
                 wall = walk.get_next(datetime)
             except CroniterBadDateError:  # an expression that never matches a date
-                return None
+                break
+            if horizon is not None and wall > horizon:
+                break
             instant = _instant(wall, zone)
-            if instant > after:
-                return instant
-        return None
+            if instant > after and (best is None or instant < best):
+                if best is None and _offset(after, zone) == _offset(instant + _SHIFT.total_seconds(), zone):
+                    return instant  # no shift on the way: wall order is time order
+                best = instant
+                horizon = horizon or wall + _SHIFT
+        return best
+
+
+def _offset(instant: float, zone: ZoneInfo) -> timedelta | None:
+    return datetime.fromtimestamp(instant, zone).utcoffset()
+
+
+def _wall(instant: float, zone: ZoneInfo) -> datetime:
+    """The naive wall-clock time of `instant` in `zone`."""
+    return datetime.fromtimestamp(instant, timezone.utc).astimezone(zone).replace(tzinfo=None)
 
 
 def _instant(wall: datetime, zone: ZoneInfo) -> float:

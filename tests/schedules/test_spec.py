@@ -221,3 +221,26 @@ def test_the_four_manifest_schedules() -> None:
         with pytest.raises(ManifestError) as refused:
             parse_manifest(f'name = "m"\n{bad}\n')
         assert says in refused.value.message, (bad, refused.value.message)
+
+
+@pytest.mark.parametrize("expr, zone, start, expected", [
+    # 2027-03-28 02:00 CET jumps to 03:00 CEST: both half hours of the gap run, an hour later.
+    ("*/30 2 * * *", "Europe/Berlin", datetime(2027, 3, 27, 1, 15, tzinfo=timezone.utc),
+     ["03-27 02:30 CET", "03-28 03:00 CEST", "03-28 03:30 CEST", "03-29 02:00 CEST"]),
+    # 2027-03-14 02:00 EST jumps to 03:00 EDT.
+    ("15,45 2 * * *", "America/New_York", datetime(2027, 3, 13, 7, 30, tzinfo=timezone.utc),
+     ["03-13 02:45 EST", "03-14 03:15 EDT", "03-14 03:45 EDT", "03-15 02:15 EDT"]),
+    # The gap's 02:15 and the next hour's 03:15 are one instant: one run each, in time order.
+    ("15,45 2,3 * * *", "America/New_York", datetime(2027, 3, 14, 6, tzinfo=timezone.utc),
+     ["03-14 03:15 EDT", "03-14 03:45 EDT", "03-15 02:15 EDT", "03-15 02:45 EDT"]),
+    # The repeated fall-back hour runs each of its slots once.
+    ("*/30 1 * * *", "America/New_York", datetime(2026, 10, 31, 12, tzinfo=timezone.utc),
+     ["11-01 01:00 EDT", "11-01 01:30 EDT", "11-02 01:00 EST", "11-02 01:30 EST"]),
+])
+def test_every_slot_of_a_day_with_a_shift_runs_once(expr: str, zone: str, start: datetime,
+                                                     expected: list[str]) -> None:
+    due, got = start.timestamp(), []
+    for _ in expected:
+        due = parse_schedule({"kind": "cron", "expr": expr, "tz": zone}).next_after(due)
+        got.append(datetime.fromtimestamp(due, ZoneInfo(zone)).strftime("%m-%d %H:%M %Z"))
+    assert got == expected
