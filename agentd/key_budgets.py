@@ -55,8 +55,9 @@ class KeyBudgets:
                 return
             name, per_day, per_month = row.name, row.budget_usd_per_day, row.budget_usd_per_month
         now = self._now()
-        for limit, (start, end), period in ((per_day, day_bounds(now), "today"),
-                                            (per_month, month_bounds(now), "this month")):
+        # The month first: when both are spent, the refusal holds until the month's end.
+        for limit, (start, end), period in ((per_month, month_bounds(now), "this month"),
+                                            (per_day, day_bounds(now), "today")):
             if limit is None:
                 continue
             spent = self._sum(key_id, start, end)

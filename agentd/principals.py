@@ -7,9 +7,12 @@ import fnmatch
 import uuid
 from typing import Any, Callable, Iterable
 
-from agentd.errors import Forbidden, NotFound
+from agentd.errors import BadRequest, Forbidden, NotFound
+from agentd.jsonsafe import NUL_MESSAGE
 
 ADMIN_NAME = "admin"
+# The longest `user` or `session` name a run takes (the message schema's bound too).
+PERSON_MAX = 256
 
 
 class Principal:
@@ -70,6 +73,13 @@ def run_fields(who: Principal, handle: Any, user: str | None = None, session: st
     person talking (`user` or a named `session`; with `own_session`, a scoped key without
     either gets a session of its own). A scoped key's people are its own: the same `user`
     through two keys is two sessions."""
+    for field, value in (("user", user), ("session", session)):
+        # Checked here for every way in (`/v1`'s `user` has no schema of ours): the label
+        # must be one `GET .../session?user=` can name, and one PostgreSQL can store.
+        if value and len(value) > PERSON_MAX:
+            raise BadRequest(f"invalid request: {field}: Length must be between 1 and {PERSON_MAX}.")
+        if value and "\x00" in value:
+            raise BadRequest(f"invalid request: {field}: {NUL_MESSAGE}")
     owner = ""
     if session:
         owner = f"session:{session}"

@@ -10,6 +10,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate
 
+from agentd.principals import PERSON_MAX
 from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat, is_blank
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -44,9 +45,9 @@ class MessageSchema(Schema):
                             metadata={"description": "The message (max 64 KB)", "maxLength": 65536})
     # null is the option left out (dropped before loading; allow_none documents it).
     attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list, allow_none=True)
-    user = fields.String(allow_none=True, validate=validate.Length(min=1, max=256), metadata={
+    user = fields.String(allow_none=True, validate=validate.Length(min=1, max=PERSON_MAX), metadata={
         "description": "The person talking: the agent answers in a session of this person's own"})
-    session = fields.String(allow_none=True, validate=validate.Length(min=1, max=256), metadata={
+    session = fields.String(allow_none=True, validate=validate.Length(min=1, max=PERSON_MAX), metadata={
         "description": "A named session of the agent to talk in (beats `user`)"})
 
     @pre_load

@@ -345,6 +345,20 @@ def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None
     assert d.get("/api/usage", params={"key": "nobody"}).status_code == 404
 
 
+def test_a_key_over_both_budgets_waits_for_the_months_end(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "budget-both")
+    within_one_utc_period(30, DAY)
+    broke = new_key(d, budget_usd_per_day=0.000001, budget_usd_per_month=0.000001)
+    assert as_key(d, broke, "POST", f"/api/agents/{agent_id}/message", json={"message": "one"}).status_code == 200
+    r = as_key(d, broke, "POST", f"/api/agents/{agent_id}/message", json={"message": "two"})
+    now = datetime.now(timezone.utc)
+    month_end = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=timezone.utc)
+    assert r.status_code == 429, r.text
+    # The day's end would only bring another refusal: the wait is to the month's.
+    assert abs(int(r.headers["Retry-After"]) - (month_end - now).total_seconds()) < 5, r.headers
+    assert r.json()["error"].endswith("spent this month"), r.text
+
+
 def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
     _, name = spawn(d, "flow")
     _, hidden_name = spawn(d, "flow-hidden")
@@ -539,6 +553,32 @@ def test_native_user_and_session_parameters(d: Daemon, fake_llm) -> None:
         [f"{tag} carol one", f"{tag} carol two", f"{tag} carol three"]]
     bad = d.post(f"/api/agents/{agent_id}/message", json={"message": "x", "user": ""})
     assert bad.status_code == 400 and "user" in bad.json()["error"]
+
+
+NUL_REFUSED = "must not contain the NUL character (\\u0000), which PostgreSQL cannot store"
+
+
+def test_a_person_or_session_name_is_refused_the_same_way_everywhere(d: Daemon) -> None:
+    agent_id, name = spawn(d, "names")
+    long_name = "p" * 257
+    for field, value, error in [("user", "a\x00b", f"invalid request: user: {NUL_REFUSED}"),
+                                ("session", "a\x00b", f"invalid request: session: {NUL_REFUSED}"),
+                                ("user", long_name, "invalid request: user: Length must be between 1 and 256.")]:
+        r = d.post(f"/api/agents/{agent_id}/message", json={"message": "hi", field: value})
+        assert (r.status_code, r.json()) == (400, {"error": error}), r.text
+        r = d.get(f"/api/agents/{agent_id}/session", params={field: value})
+        assert r.status_code == 400 and r.json()["error"].startswith(f"invalid request: {field}: "), r.text
+    # `/v1`'s `user` names the same person's session, with the same limits.
+    for value, error in [("a\x00b", f"invalid request: user: {NUL_REFUSED}"),
+                         (long_name, "invalid request: user: Length must be between 1 and 256.")]:
+        for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/responses", {"input": "hi"})]:
+            r = d.post(path, json={"model": f"agentd:{name}", "user": value, **body})
+            assert (r.status_code, r.json()["error"]["message"]) == (400, error), r.text
+    r = d.post("/v1/chat/completions", json={"model": f"agentd:{name}", "user": "p" * 256,
+                                             "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert d.get(f"/api/agents/{agent_id}/session", params={"user": "p" * 256}).json()["message_count"] == 2
 
 
 def test_two_keys_on_one_agent_see_sessions_of_their_own(d: Daemon, fake_llm) -> None:
