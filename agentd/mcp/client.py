@@ -123,11 +123,12 @@ class Connection:
 
     async def _connected(self) -> None:
         spec = self.spec
-        client = Client(self._transport(), read_timeout_seconds=spec.timeout_secs,
-                        message_handler=self._incoming)
+        startup = max(spec.timeout_secs, STARTUP_SECS)
+        # The SDK's own deadline covers the handshake too: a server gets `startup` to answer
+        # it; calls and probes keep their own, shorter deadlines (asyncio.timeout below).
+        client = Client(self._transport(), read_timeout_seconds=startup, message_handler=self._incoming)
         self._broken = asyncio.Event()
         self._garbage = None
-        startup = max(spec.timeout_secs, STARTUP_SECS)
         try:
             async with asyncio.timeout(startup) as self._handshake:
                 await client.__aenter__()
@@ -273,8 +274,8 @@ def _transport_failure(exc: BaseException) -> bool:
 
 async def _check_one(spec: McpServerSpec) -> tuple[bool, str]:
     conn = Connection(spec)
-    client = Client(conn._transport(), read_timeout_seconds=spec.timeout_secs, message_handler=conn._incoming)
     startup = max(spec.timeout_secs, STARTUP_SECS)
+    client = Client(conn._transport(), read_timeout_seconds=startup, message_handler=conn._incoming)
     try:
         async with asyncio.timeout(startup) as conn._handshake:
             async with client:

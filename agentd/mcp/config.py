@@ -64,7 +64,8 @@ def _spec(index: int, table: Any) -> McpServerSpec:
     if not isinstance(command, str) or not isinstance(url, str):
         raise _fail(index, "command" if not isinstance(command, str) else "url", "expected a string")
     if bool(command.strip()) == bool(url.strip()):
-        raise _fail(index, "command", "give either command (stdio) or url (Streamable HTTP), not both")
+        raise _fail(index, "command", "give either command (stdio) or url (Streamable HTTP), not both"
+                    if command.strip() else "give command (stdio) or url (Streamable HTTP)")
     if url and not re.match(r"^https?://", url):
         raise _fail(index, "url", "expected an http:// or https:// URL")
     args = table.get("args", [])

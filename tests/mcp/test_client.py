@@ -223,6 +223,21 @@ def test_config_change_is_applied_live(mcp_daemon) -> None:
     assert list(servers(mcp_daemon)) == ["time", "box", "web", "junk"]
 
 
+def test_a_server_slower_to_start_than_its_call_deadline_becomes_ready(mcp_daemon) -> None:
+    # `timeout_secs` is each call's deadline; a server gets at least 30 s to answer its handshake
+    # (the SDK's discovery probe waits 10 s of it before the handshake proper).
+    config = mcp_daemon.home / "config.toml"
+    before = config.read_text()
+    try:
+        config.write_text(before + stdio_server("late", TOOLBOX, args=["--start-delay", "12"], timeout_secs=1))
+        late = wait_state(mcp_daemon, "late", "ready", timeout=40)
+        assert (late["restarts"], late["last_error"]) == (0, None), late
+        assert _say(mcp_daemon, _agent(mcp_daemon), _call("mcp_late_echo", text="x")) == "tool said: echo:x"
+    finally:
+        config.write_text(before)
+        mcp_daemon.post("/api/mcp/reload")
+
+
 def test_dashboard_lists_servers_and_groups_an_agents_tools(mcp_daemon) -> None:
     page = mcp_daemon.get("/mcp-servers")
     assert page.status_code == 200

@@ -28,8 +28,11 @@ def test_servers_parse_into_specs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tables, message", [
-    ({"name": "x"}, "mcp_servers[0].command: give either command (stdio) or url (Streamable HTTP), not both"),
-    ({"name": "x", "command": "a", "url": "http://h/mcp"}, "mcp_servers[0].command: give either command"),
+    ({"name": "x"}, "mcp_servers[0].command: give command (stdio) or url (Streamable HTTP)"),
+    ({"name": "x", "command": " ", "url": ""},
+     "mcp_servers[0].command: give command (stdio) or url (Streamable HTTP)"),
+    ({"name": "x", "command": "a", "url": "http://h/mcp"},
+     "mcp_servers[0].command: give either command (stdio) or url (Streamable HTTP), not both"),
     ({"name": "x", "command": "a", "env": {"TOKEN": "secret"}}, "mcp_servers[0].env: values are not allowed here"),
     ({"name": "x", "url": "http://h/mcp", "headers": {"Authorization": "Bearer s"}},
      "mcp_servers[0].headers: literal header values are not allowed"),

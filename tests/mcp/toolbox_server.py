@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -80,6 +81,8 @@ def pid() -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--start-delay":  # a server slow to start (npx, uvx)
+        time.sleep(float(sys.argv[2]))
     if len(sys.argv) > 2 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:
