@@ -17,6 +17,7 @@ the run of one that went away.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -27,7 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from agentd.agents.loop import RunCancelled, RunResult
 from agentd.errors import AgentdError, NotFound, TooManyRequests
-from agentd.store.outage import unless_unavailable
+from agentd.store.outage import log_failure, unless_unavailable
+
+log = logging.getLogger("agentd.agents")
 
 if TYPE_CHECKING:
     from agentd.agents.approvals import ApprovalQueue
@@ -100,7 +103,14 @@ class Poller:
             if not checks:
                 self._wake.clear()
         for check in checks:
-            check()
+            try:
+                check()
+            except Exception as exc:  # noqa: BLE001 - one failing check must not end the others' polling
+                log_failure(log, exc, "%s: a check failed and was dropped", self.name)
+                with self._lock:
+                    for key, registered in list(self._watched.items()):
+                        if registered is check:
+                            del self._watched[key]
 
 
 _POLLERS: "weakref.WeakSet[Poller]" = weakref.WeakSet()

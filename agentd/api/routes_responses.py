@@ -140,7 +140,9 @@ class Shape:
         self.handle = handle
         self.data = data
         self.store = data.get("store") is not False
-        self.key_id = principal().key_id  # (read while the request is current: a stream ends later)
+        # Read while the request is current: a stream ends later, on a thread without it.
+        self.key_id = principal().key_id
+        self.responses = kernel().responses
 
     def message(self, text: str | None, status: str) -> dict[str, Any]:
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
@@ -182,7 +184,7 @@ class Shape:
 
     def keep(self, obj: dict[str, Any]) -> None:
         if self.store:
-            kernel().responses.save(self.handle.id, obj, self.key_id)
+            self.responses.save(self.handle.id, obj, self.key_id)
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.handle import AgentHandle
 from agentd.agents.loop import RunCancelled
 from agentd.agents.manifest import parse_manifest
-from agentd.agents.runqueue import QueuedRun, RunQueues
+from agentd.agents.runqueue import Poller, QueuedRun, RunQueues
 from agentd.errors import AgentdError, NotFound, TooManyRequests
 
 WAIT = 10  # generous: the machine is shared
@@ -568,3 +568,22 @@ def test_cancel_withdraws_the_queue_and_stops_the_running_run(pool) -> None:
     release.set()
     first.result(WAIT)
     assert runs.started == ["first"]
+
+
+def test_a_failing_check_is_dropped_and_the_others_go_on_being_polled(caplog) -> None:
+    poller = Poller("agentd-test-poller", 60.0)
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise RuntimeError("no application context")
+
+    poller.add_check(1, broken)
+    poller.add_check(2, lambda: calls.append("fine"))
+    with caplog.at_level("ERROR", logger="agentd.agents"):
+        poller.poll()
+        poller.poll()
+    assert calls == ["broken", "fine", "fine"]
+    assert [r.getMessage() for r in caplog.records] == ["agentd-test-poller: a check failed and was dropped"]
+    assert str(caplog.records[0].exc_info[1]) == "no application context"
+    poller.remove(2)

@@ -191,6 +191,27 @@ def test_stream_failure_is_response_failed(agent_daemon, oa) -> None:
     assert oa.responses.retrieve(failed.id).status == "failed"
 
 
+def test_a_stopped_stream_is_response_failed_and_streams_go_on(agent_daemon, oa) -> None:
+    d, name = agent_daemon, f"r-{uuid.uuid4().hex[:8]}"
+    agent_id = spawn(d, name)
+    with requests.post(f"{d.url}/v1/responses", json={"model": f"agentd:{name}", "input": "[[slow:3]] b",
+                                                      "stream": True}, stream=True, timeout=30) as r:
+        lines = r.iter_lines(decode_unicode=True)
+        for line in lines:
+            if line == "event: response.in_progress":
+                assert d.post(f"/api/agents/{agent_id}/stop").json()["was_running"] is True
+                break
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    failed = events[-1]
+    assert failed["type"] == "response.failed", events
+    assert (failed["response"]["status"], failed["response"]["error"]) == (
+        "failed", {"code": "run_cancelled", "message": "the run was stopped before the agent answered"})
+    assert oa.responses.retrieve(failed["response"]["id"]).status == "failed"
+    # The stop was delivered from the thread that watches every stream: it goes on watching.
+    later = list(oa.responses.create(model=f"agentd:{name}", input="[[slow:0.2]] again", stream=True))
+    assert later[-1].type == "response.completed"
+
+
 def test_failures_and_refusals(agent_daemon) -> None:
     d = agent_daemon
     name = agent(d)
