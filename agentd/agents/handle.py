@@ -60,6 +60,9 @@ class AgentHandle:
     # The cancel event of the queued run this agent's queue has started, set before the run
     # takes run_lock, so a stop in between (precheck, a slow first commit) still reaches it.
     starting: threading.Event | None = None
+    # The cancel events of the runs going on in the agent's other sessions (a person's, a
+    # named one, a channel conversation's), by session id: a stop names the session it ends.
+    session_runs: dict[str, set[threading.Event]] = field(default_factory=dict)
     token_log: collections.deque = field(default_factory=collections.deque)
     killed: bool = False
     # The latest stored messages of the session (at most the history window), once read: a

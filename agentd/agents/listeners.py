@@ -1,6 +1,7 @@
 """Who is watching an agent: the open WebSockets of each agent, so a run nobody asked for
 in that socket (a cron job's) is shown there too. A listener has `send(type, **data)` (one
-frame) and `on_event(event)` (a run's events, as for its own runs)."""
+frame), `on_event(event)` (a run's events, as for its own runs) and `session_id`, the session
+of the agent it talks in (None: the agent's own): it is shown the runs written there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from agentd.agents.events import Event
 
 
 class Listener(Protocol):
+    session_id: str | None
+
     def send(self, type_: str, **data: Any) -> None: ...
     def on_event(self, event: Event) -> None: ...
 

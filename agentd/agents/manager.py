@@ -15,7 +15,7 @@ The services, each built with its collaborators by the kernel (agentd/kernel.py)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from agentd.agents.handle import (CAPABILITY_TOOLS, COMPACT_KEEP, MESSAGE_LIMIT, MODES, STOPPED_NOTE,
                                   UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, RunOptions, parse_uuid)
@@ -26,6 +26,7 @@ from agentd.agents.run_errors import AgentRunError, run_error
 from agentd.agents.runs import Runs
 from agentd.agents.session_store import SessionStore
 from agentd.agents.uploads import Uploads
+from agentd.errors import NotFound
 
 __all__ = ["AgentHandle", "AgentManager", "AgentOpsImpl", "AgentRunError", "CAPABILITY_TOOLS", "COMPACT_KEEP",
            "MESSAGE_LIMIT", "MODES", "RunOptions", "STOPPED_NOTE", "UPLOAD_LIMIT", "UPLOAD_TYPES",
@@ -107,11 +108,19 @@ class AgentManager:
     def session(self, handle: AgentHandle, session_id: str | None = None) -> dict[str, Any]:
         return self.sessions.session(handle, session_id)
 
-    def delete_session(self, session_id: str) -> None:
-        self.sessions.delete_session(session_id)
+    def delete_session(self, session_id: str, may: Callable[[str, str | None], bool] | None = None) -> None:
+        self.sessions.delete_session(session_id, may)
 
-    def reset_session(self, handle: AgentHandle) -> None:
-        self.sessions.reset_session(handle)
+    def reset_session(self, handle: AgentHandle, session_id: str | None = None) -> None:
+        """Clear the agent's own session, or its session `session_id` (a person's, a named
+        one): one never talked in has nothing to clear."""
+        if session_id is None:
+            self.sessions.reset_session(handle)
+            return
+        try:
+            self.sessions.delete_session(session_id)
+        except NotFound:
+            pass
 
     def compact(self, handle: AgentHandle) -> dict[str, Any]:
         return self.sessions.compact(handle)
@@ -126,9 +135,10 @@ class AgentManager:
         return self.uploads.content(handle, file_id)
 
     # -- runs -------------------------------------------------------------------------
-    def stop(self, handle: AgentHandle) -> bool:
-        """Cancel the agent's current run; True when one was running."""
-        return self.runs.stop(handle)
+    def stop(self, handle: AgentHandle, session_id: str | None = None) -> bool:
+        """Cancel the agent's current run (with `session_id`: the runs in that session of
+        it); True when one was running."""
+        return self.runs.stop(handle, session_id)
 
     def stop_all(self) -> None:
         self.runs.stop_all()

@@ -165,7 +165,7 @@ class Runs:
     def _execute_untraced(self, request: RunRequest, recheck: bool) -> RunResult:
         """Run one request to completion in the calling thread (`recheck`: the quota and
         budget again, for a run that waited in its agent's queue). `request.cancel` stops
-        the run; stop() and kill() set it too, except for a conversation's run."""
+        the run; stop() sets it too, kill() except for a run in another session."""
         # Whichever thread runs it, the run's log lines name its request and agent.
         token = logs.bind(request_id=request.request_id, agent=request.handle.name)
         try:
@@ -189,10 +189,13 @@ class Runs:
         started = time.monotonic()
         outcome = "failed"
         try:
-            if handle.killed or cancel.is_set():
-                raise RunCancelled("run cancelled")
             if lock is not None:
                 handle.cancel = cancel
+            else:
+                with handle.queue_lock:
+                    handle.session_runs.setdefault(session.session_id, set()).add(cancel)
+            if handle.killed or cancel.is_set():
+                raise RunCancelled("run cancelled")
             if self.cluster is not None:
                 result = self.cluster.run(handle, cancel, lock_timeout,
                                           lambda complete: self._run_locked(handle, session, user, image_refs,
@@ -225,6 +228,13 @@ class Runs:
             if lock is not None:
                 handle.cancel = None
                 lock.release()
+            else:
+                with handle.queue_lock:
+                    running = handle.session_runs.get(session.session_id)
+                    if running is not None:
+                        running.discard(cancel)
+                        if not running:
+                            del handle.session_runs[session.session_id]
             if self.metrics is not None:
                 self.metrics.run_finished(request.origin, outcome, time.monotonic() - started, handle.name)
 
@@ -368,6 +378,13 @@ class Runs:
             return None
         return request.owner
 
-    def stop(self, handle: AgentHandle) -> bool:
-        """Cancel the agent's current run; True when one was running."""
-        return self.queues.stop(handle)
+    def stop(self, handle: AgentHandle, session_id: str | None = None) -> bool:
+        """Cancel the agent's current run in its own session, or with `session_id` the runs
+        going on in that session of it; True when one was running."""
+        if session_id is None or session_id == handle.session_id:
+            return self.queues.stop(handle)
+        with handle.queue_lock:
+            running = [cancel for cancel in handle.session_runs.get(session_id, ()) if not cancel.is_set()]
+        for cancel in running:
+            cancel.set()
+        return bool(running)

@@ -215,12 +215,13 @@ class SessionStore:
                 "context_window_tokens": estimate_tokens(stored, handle.manifest.model["system_prompt"]),
                 "label": label, "messages": messages}
 
-    def delete_session(self, session_id: str) -> None:
-        """Clear a session's history (the agent keeps the same session id)."""
+    def delete_session(self, session_id: str, may: Callable[[str, str | None], bool] | None = None) -> None:
+        """Clear a session's history (the agent keeps the same session id). `may(agent_id,
+        label)` says whether the caller may clear it: one it may not is not found."""
         key = parse_uuid(session_id, "session")
         with orm.db_session:
             row = self.store.e.SessionRow.get(id=key)
-            if row is None:
+            if row is None or (may is not None and not may(row.agent.id, row.label)):
                 raise NotFound("session not found")
             owner = self.registry.loaded_handle(row.agent.id)
             self.store.db.execute("DELETE FROM session_messages WHERE session = $key", {"key": key})

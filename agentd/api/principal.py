@@ -86,6 +86,26 @@ def current(config: Config) -> Principal | None:
     return found  # type: ignore[return-value]
 
 
+def rechecker() -> Callable[[], Principal] | None:
+    """For a connection that outlives its request (a WebSocket): what resolves its scoped
+    key again, as the request's was resolved, raising Unauthorized once the key is deleted,
+    disabled, expired or (for a token) rotated. None for the admin."""
+    who = principal()
+    if who.is_admin:
+        return None
+    keys = current_app.extensions["agentd.kernel"].keys
+    token = presented_key()
+    if token is not None:
+        return lambda: keys.verify(token)
+
+    def by_login() -> Principal:  # a dashboard login with the key
+        found = keys.principal(who.key_id)
+        if found is None:
+            raise Unauthorized(f"API key '{who.name}' is no longer valid")
+        return found
+    return by_login
+
+
 def principal() -> Principal:
     """The principal of the current request (admin when none was resolved: a route only
     runs after the auth hook let its request through)."""

@@ -19,7 +19,7 @@ from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.runs import run_blocking
 from agentd.api.schemas import (MESSAGE_SCHEMA, AgentModelSchema, ManifestSchema, MessageSchema, ModeSchema,
                                 SessionQuery, SpawnSchema)
-from agentd.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
+from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
 bp = Blueprint("agents", __name__)
@@ -206,10 +206,12 @@ def kill(agent_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/stop")
-@doc("Cancel the agent's current run", tags="agents", response=out.StoppedSchema)
+@doc("Cancel the agent's current run", tags="agents", query=SessionQuery, response=out.StoppedSchema,
+     description="The run in the session `GET /api/agents/{id}/session` with the same `user` or `session` "
+                 "shows (a scoped key's own without them).")
 def stop(agent_id: str):
     handle = agent(agent_id)
-    was_running = kernel().agents.stop(handle)
+    was_running = kernel().agents.stop(handle, talking_in(handle))
     return jsonify({"status": "stopped" if was_running else "idle", "agent_id": handle.id,
                     "was_running": was_running,
                     "message": "run cancelled" if was_running else "no run in progress"})
@@ -230,20 +232,25 @@ def compact(agent_id: str):
 def reset(agent_id: str):
     handle = agent(agent_id)
     session_id = talking_in(handle)
-    if session_id is None:
-        kernel().agents.reset_session(handle)
-    else:
-        try:
-            kernel().agents.delete_session(session_id)
-        except NotFound:
-            pass  # never talked in: nothing to clear
+    kernel().agents.reset_session(handle, session_id)
     return jsonify({"status": "reset", "agent_id": handle.id, "session_id": session_id or handle.session_id})
 
 
 @bp.delete("/api/sessions/<session_id>")
-@doc("Clear a session's history", tags="agents", response=out.SessionDeletedSchema)
+@doc("Clear a session's history", tags="agents", response=out.SessionDeletedSchema,
+     description="A scoped key clears only the sessions it talks in (its own, its people's, its named "
+                 "ones) of agents in its list; any other session is 404, as an unknown one.")
 def delete_session(session_id: str):
-    kernel().agents.delete_session(session_id)
+    who = principal()
+
+    def keys_own(agent_id: str, label: str | None) -> bool:
+        # A scoped key's sessions are those it talked in (its own, its people's, its named
+        # ones), of agents in its list; any other is not found, as if absent.
+        handle = kernel().agents.find(agent_id)
+        return (handle is not None and who.may_reach(handle)
+                and (label == f"key:{who.key_id}" or (label or "").startswith(f"key:{who.key_id}:")))
+
+    kernel().agents.delete_session(session_id, None if who.is_admin else keys_own)
     return jsonify({"status": "deleted", "session_id": session_id})
 
 

@@ -29,11 +29,11 @@ from agentd.agents.manager import AgentHandle
 from agentd.agents.run_request import RunRequest, RunTicket, check_message
 from agentd.api import body
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, run_fields
+from agentd.api.principal import principal, rechecker, run_fields
 from agentd.api.runs import stream_slots
 from agentd.api.schemas import MESSAGE_SCHEMA
 from agentd.principals import ADMIN, Principal
-from agentd.errors import AgentdError, BadRequest
+from agentd.errors import AgentdError, BadRequest, Unauthorized
 from agentd.schema_fields import is_blank
 from agentd.store.outage import as_outage
 
@@ -62,7 +62,8 @@ class AgentSocket:
     """One connected client talking to one agent."""
 
     def __init__(self, ws: Any, kernel: Any, handle: AgentHandle, who: Principal = ADMIN,
-                 user: str | None = None, session: str | None = None) -> None:
+                 user: str | None = None, session: str | None = None,
+                 recheck: Callable[[], Principal] | None = None) -> None:
         self.ws = ws
         self.kernel = kernel
         self.handle = handle
@@ -71,6 +72,11 @@ class AgentSocket:
         self.who = who
         self.user = user
         self.session = session
+        # A scoped key is resolved again before each frame that acts (agentd/api/principal.py).
+        self._recheck = recheck
+        # The session this socket talks in (None: the agent's own), for its commands and
+        # for the cron runs it is shown.
+        self.session_id = run_fields(who, handle, user, session, own_session=True).get("session_id")
         self._send_lock = threading.Lock()
         self._recent: deque[float] = deque()
         self.open = True
@@ -117,6 +123,8 @@ class AgentSocket:
         content = frame.get("content")
         if not isinstance(content, str) or is_blank(content):
             self.send("error", content="missing or empty 'content' field")
+            return
+        if not self._allowed("message"):
             return
         try:
             check_message(content)
@@ -178,17 +186,41 @@ class AgentSocket:
     def handle_command(self, frame: dict[str, Any]) -> None:
         command = frame.get("command")
         agents = self.kernel.agents
-        if command == "stop":
-            self._answer(command, lambda: "run cancelled" if agents.stop(self.handle) else "no run in progress")
+        if command not in ("stop", "reset", "new", "compact"):
+            self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
+        elif not self._allowed("message" if command == "stop" else "manage"):
+            return
+        elif command == "stop":
+            self._answer(command, lambda: "run cancelled" if agents.stop(self.handle, self.session_id)
+                         else "no run in progress")
         elif command in ("reset", "new"):
             def reset() -> str:
-                agents.reset_session(self.handle)
+                agents.reset_session(self.handle, self.session_id)
                 return "session reset; history cleared"
             self._answer(command, reset)
-        elif command == "compact":
-            self.kernel.executor.submit(self._answer, "compact", lambda: agents.compact(self.handle)["message"])
         else:
-            self.send("error", content=f"unknown command {command!r}: use stop, reset or compact")
+            self.kernel.executor.submit(self._answer, "compact", lambda: agents.compact(self.handle)["message"])
+
+    def _allowed(self, scope: str) -> bool:
+        """Whether the key may still act with `scope` on this agent, checked as a request's
+        would be: a key deleted, disabled, expired or rotated since the handshake ends the
+        socket; a scope or an agent taken from it refuses the frame."""
+        if self._recheck is None:
+            return True
+        try:
+            with as_outage():
+                who = self._recheck()
+            who.require(scope)
+            who.reach(self.handle)
+        except Unauthorized as exc:
+            self.send("error", content=exc.message)
+            self.open = False
+            return False
+        except AgentdError as exc:
+            self.send("error", content=exc.message)
+            return False
+        self.who = who
+        return True
 
     def _answer(self, command: str, work: Callable[[], str]) -> None:
         """Run a command's `work` and send its result, or the `error` frame it failed with
@@ -329,8 +361,13 @@ def register_sockets(app: Flask) -> _LazySock:
             ws.send(json.dumps({"type": "error", "content": "too many concurrent streams; try again shortly"}))
             return
         try:
-            AgentSocket(ws, kernel, handle, principal(), request.args.get("user") or None,
-                        request.args.get("session") or None).serve()
+            try:
+                socket = AgentSocket(ws, kernel, handle, principal(), request.args.get("user") or None,
+                                     request.args.get("session") or None, rechecker())
+            except AgentdError as exc:  # a `user` or `session` no session can be named by
+                ws.send(json.dumps({"type": "error", "content": exc.message}))
+                return
+            socket.serve()
         finally:
             slots.release()
 

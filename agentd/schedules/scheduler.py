@@ -333,7 +333,8 @@ class Scheduler:
             raise AgentdError(f"agent {job['agent_id']} not found")
         acting = self.key_runs.fields(job.get("key_id"), handle) if self.key_runs else {}
         message = job["action"]["message"]
-        sockets = self.listeners.of(handle.id)
+        # Shown on the agent's sockets that talk in the session the run writes to, and no other.
+        sockets = [s for s in self.listeners.of(handle.id) if s.session_id == acting.get("session_id")]
         for socket in sockets:
             socket.send("message", content=message, source="cron", job_id=job["id"], job_name=job["name"])
             socket.send("typing", state="start")

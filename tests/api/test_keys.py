@@ -750,6 +750,138 @@ def test_websocket_with_a_key_and_a_user(d: Daemon, fake_llm) -> None:
     assert refused.value.status_code == 403
 
 
+def _socket(d: Daemon, agent_id: str, key: dict[str, Any] | None = None, query: str = ""):
+    import websocket
+
+    token = f"?token={key['key']}" if key else "?"
+    ws = websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws{token}{query}",
+                                     timeout=10)
+    assert json.loads(ws.recv())["type"] == "connected"
+    return ws
+
+
+def _answer(ws) -> dict[str, Any]:
+    """The frame that ends what the last frame sent asked for."""
+    while True:
+        frame = json.loads(ws.recv())
+        if frame["type"] in ("response", "error", "command_result"):
+            return frame
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ("disable", "API key '{name}' is disabled"),
+    ("delete", "invalid API key"),
+    ("rotate", "invalid API key"),
+])
+def test_an_open_socket_stops_working_when_its_key_does(d: Daemon, change: str, refusal: str) -> None:
+    import websocket
+
+    agent_id, _ = spawn(d, "sock-key")
+    key = new_key(d)
+    ws = _socket(d, agent_id, key)
+    try:
+        ws.send(json.dumps({"type": "message", "content": "before"}))
+        assert _answer(ws)["type"] == "response"
+        if change == "disable":
+            assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": False}).status_code == 200
+        elif change == "delete":
+            assert d.delete(f"/api/keys/{key['id']}").status_code == 200
+        else:
+            assert d.post(f"/api/keys/{key['id']}/rotate").status_code == 200
+        ws.send(json.dumps({"type": "message", "content": "after"}))
+        assert _answer(ws) == {"type": "error", "content": refusal.format(name=key["name"])}
+        with pytest.raises((websocket.WebSocketConnectionClosedException, ConnectionError)):
+            for _ in range(5):  # the daemon closes the socket: nothing else comes
+                ws.recv()
+    finally:
+        ws.close()
+    assert [m["content"] for m in d.get(f"/api/agents/{agent_id}/session").json()["messages"]] == []
+
+
+def test_a_sockets_frames_need_the_scopes_the_routes_need(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "sock-scope")
+    d.post(f"/api/agents/{agent_id}/message", json={"message": "the admin's own"}).raise_for_status()
+    key = new_key(d)  # read and message
+    ws = _socket(d, agent_id, key)
+    try:
+        for command in ("reset", "new", "compact"):
+            ws.send(json.dumps({"type": "command", "command": command}))
+            assert _answer(ws) == {"type": "error",
+                                   "content": f"forbidden: API key '{key['name']}' is missing scope 'manage'"}
+        ws.send(json.dumps({"type": "message", "content": "mine"}))
+        assert _answer(ws)["type"] == "response"
+        assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["read"]}).status_code == 200
+        ws.send(json.dumps({"type": "message", "content": "no longer"}))
+        assert _answer(ws) == {"type": "error",
+                               "content": f"forbidden: API key '{key['name']}' is missing scope 'message'"}
+        assert d.http.patch(f"{d.url}/api/keys/{key['id']}",
+                            json={"scopes": ["read", "message", "manage"]}).status_code == 200
+        # A reset clears the session the socket talks in (the key's own), not the agent's.
+        ws.send(json.dumps({"type": "command", "command": "reset"}))
+        assert _answer(ws) == {"type": "command_result", "command": "reset",
+                               "message": "session reset; history cleared"}
+    finally:
+        ws.close()
+    assert as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["messages"] == []
+    assert [m["content"] for m in d.get(f"/api/agents/{agent_id}/session").json()["messages"]] == [
+        "the admin's own", "echo: the admin's own"]
+
+
+def test_a_stop_ends_the_run_of_the_session_it_names(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "stopper")
+    key = new_key(d)
+    outcome: dict[str, Any] = {}
+
+    def talk(label: str, **kwargs: Any) -> None:
+        outcome[label] = (as_key(d, key, "POST", f"/api/agents/{agent_id}/message", **kwargs) if label != "admin"
+                          else d.post(f"/api/agents/{agent_id}/message", **kwargs))
+
+    runs = [threading.Thread(target=talk, args=("key",), kwargs={"json": {"message": "[[slow:2.5]] key"}}),
+            threading.Thread(target=talk, args=("admin",), kwargs={"json": {"message": "[[slow:2.5]] admin"}})]
+    for run in runs:
+        run.start()
+    try:
+        time.sleep(1)
+        r = as_key(d, key, "POST", f"/api/agents/{agent_id}/stop")
+        assert r.json() == {"status": "stopped", "agent_id": agent_id, "was_running": True,
+                            "message": "run cancelled"}, r.text
+        r = as_key(d, key, "POST", f"/api/agents/{agent_id}/stop", params={"user": "nobody"})
+        assert r.json()["was_running"] is False
+    finally:
+        for run in runs:
+            run.join(30)
+    assert (outcome["key"].status_code, outcome["key"].json()["error"]) == (
+        409, "run cancelled: the agent was stopped before it answered")
+    assert outcome["admin"].status_code == 200, "BUG: a key's stop ended the admin's run"
+
+
+def test_a_key_clears_only_its_own_sessions(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "sessions")
+    hidden_id, _ = spawn(d, "sessions-hidden")
+    key = new_key(d, scopes=["read", "message", "manage"], agents=[agent_id])
+    other = new_key(d)
+    for who, target, extra in [(key, agent_id, {}), (key, agent_id, {"user": "ann"}), (other, agent_id, {}),
+                               (None, agent_id, {"user": "ann"}), (None, hidden_id, {})]:
+        r = (as_key(d, who, "POST", f"/api/agents/{target}/message", json={"message": "hi", **extra}) if who
+             else d.post(f"/api/agents/{target}/message", json={"message": "hi", **extra}))
+        assert r.status_code == 200, r.text
+    mine = as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["session_id"]
+    my_ann = as_key(d, key, "GET", f"/api/agents/{agent_id}/session", params={"user": "ann"}).json()["session_id"]
+    others = [as_key(d, other, "GET", f"/api/agents/{agent_id}/session").json()["session_id"],
+              d.get(f"/api/agents/{agent_id}/session", params={"user": "ann"}).json()["session_id"],
+              d.get(f"/api/agents/{agent_id}/session").json()["session_id"],
+              d.get(f"/api/agents/{hidden_id}/session").json()["session_id"]]
+    for session_id in others:
+        r = as_key(d, key, "DELETE", f"/api/sessions/{session_id}")
+        assert (r.status_code, r.json()) == (404, {"error": "session not found"}), r.text
+    assert d.get(f"/api/agents/{agent_id}/session", params={"user": "ann"}).json()["message_count"] == 2
+    for session_id in (mine, my_ann):
+        r = as_key(d, key, "DELETE", f"/api/sessions/{session_id}")
+        assert r.json() == {"status": "deleted", "session_id": session_id}, r.text
+    assert as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["message_count"] == 0
+    assert d.delete(f"/api/sessions/{others[1]}").status_code == 200  # the admin clears any
+
+
 def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> None:
     inside, inside_name = spawn(d, "desk-a")
     outside, outside_name = spawn(d, "desk-b")

@@ -647,14 +647,20 @@ def test_a_cron_run_is_broadcast_to_the_agents_websockets(env) -> None:
     d, _, _ = env
     agent_id = spawn(d, "social")
     ws = websocket.create_connection(f"ws://127.0.0.1:{d.port}/api/agents/{agent_id}/ws", timeout=10)
+    # A socket talking in a person's session is not shown a run written to the agent's own.
+    elsewhere = websocket.create_connection(f"ws://127.0.0.1:{d.port}/api/agents/{agent_id}/ws?user=ann", timeout=10)
     try:
         assert json.loads(ws.recv())["type"] == "connected"
+        assert json.loads(elsewhere.recv())["type"] == "connected"
         created = job(d, name="chatter", agent_id=agent_id, action=turn("[[reply:hello sockets]]"), one_shot=True)
         frames = []
         while not frames or frames[-1]["type"] != "response":
             frames.append(json.loads(ws.recv()))
+        elsewhere.send(json.dumps({"type": "ping"}))
+        assert json.loads(elsewhere.recv()) == {"type": "pong"}
     finally:
         ws.close()
+        elsewhere.close()
     assert frames[0] == {"type": "message", "content": "[[reply:hello sockets]]", "source": "cron",
                          "job_id": created["id"], "job_name": "chatter"}
     assert frames[1] == {"type": "typing", "state": "start"}
