@@ -66,7 +66,7 @@ def _caps() -> dict[str, fields.Field]:
 _TEMPLATE = {"validate": [validate.Length(min=1, max=MAX_TEMPLATE), validate.Regexp(NOT_BLANK)],
              "metadata": {"description": "The run's message; `{{event}}` becomes the event as JSON"}}
 
-TriggerCreateSchema = _Loose.from_dict({
+TriggerCreateSchema = _Body.from_dict({
     "agent_id": fields.String(required=True, validate=validate.Length(min=1, max=200),
                               metadata={"description": "The agent to run (id or name)"}),
     "pattern": fields.Raw(required=True, metadata={"oneOf": PATTERN_SHAPES,

@@ -267,7 +267,7 @@ class Scheduler:
 
     def pause(self, job: dict[str, Any], reason: str, due: float | None) -> dict[str, Any]:
         self.store.update(job["id"], enabled=False, next_due=None, paused_reason=reason)
-        run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", f"job paused: {reason}")
+        run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", reason)
         self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": reason})
         log.warning("cron job %s paused: %s", job["name"], reason)
         return self.store.get_run(run_id)  # type: ignore[return-value]
@@ -293,9 +293,10 @@ class Scheduler:
         status = "failed" if error else "ok"
         output = None if output is None else output[:OUTPUT_LIMIT]
         run = self.store.get_run(run_id) or {"id": run_id}
-        run.update(status=status, finished_at=iso_seconds(time.time()), cost_usd=cost)
+        finished = time.time()  # (the delivered body and the stored run tell the same time)
+        run.update(status=status, finished_at=iso_seconds(finished), cost_usd=cost)
         delivery = self.delivery.pending(job) if status == "ok" else None
-        self.store.finish_run(run_id, status, output, error, cost, delivery)
+        self.store.finish_run(run_id, status, output, error, cost, delivery, finished)
         if delivery is not None:
             self.delivery.start(job, run, output or "")
         self.audit("cron.run", job["name"], {"job_id": job["id"], "run_id": run_id, "status": status,

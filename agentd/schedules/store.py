@@ -144,7 +144,8 @@ class CronStore:
         return run_id
 
     def finish_run(self, run_id: str, status: str, output: str | None, error: str | None,
-                   cost: float | None, delivery: dict[str, Any] | None) -> None:
+                   cost: float | None, delivery: dict[str, Any] | None, finished_at: float | None = None) -> None:
+        """Close a run (at `finished_at`, Unix seconds; default now)."""
         # The job's last run changes in the same transaction: nobody reads the run finished
         # while its job still shows it running.
         with orm.db_session(optimistic=False):
@@ -152,7 +153,8 @@ class CronStore:
             if row is None:
                 return
             if row.status == "running":  # not already failed by the reaper
-                row.set(status=status, output=output, error=error, cost_usd=cost, finished_at=time.time())
+                row.set(status=status, output=output, error=error, cost_usd=cost,
+                        finished_at=time.time() if finished_at is None else finished_at)
             row.delivery = delivery
             self._set_last_run(row.job_id, row)
 

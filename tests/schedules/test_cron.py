@@ -265,6 +265,8 @@ def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
     assert paused["enabled"] is False and paused["next_run_at"] is None
     assert paused["paused_reason"] == "max_runs_per_day reached (2 runs today, UTC)"
     assert len(ran(d, created["id"])) == 2
+    # The due time the cap stopped is a skipped run with the pause's reason.
+    assert [r["reason"] for r in ran(d, created["id"], "skipped")] == [paused["paused_reason"]]
     # The audit entry is written just after the pause it reports.
     wait_for(lambda: any(e["detail"] == {"job_id": created["id"], "reason": paused["paused_reason"]}
                          for e in d.get("/api/audit/recent", params={"event": "cron.job_paused"}).json()),
@@ -474,6 +476,8 @@ def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun
     run = wait_for(lambda: (r := ran(d, created["id"])) and r[0]["delivery"]["status"] == "delivered" and r[0],
                    5, what="delivery recorded")
     assert run["delivery"] == {"status": "delivered", "attempts": 1, "error": None}
+    # The body's run is the stored run, to the microsecond.
+    assert body["run"] == {key: run[key] for key in ("id", "status", "started_at", "finished_at", "cost_usd")}
 
     receiver.status = 500
     failing = job(d, name="hook fails", agent_id="hooked", action=turn("[[reply:again]]"), one_shot=True,

@@ -102,6 +102,13 @@ def test_crud_and_errors(d) -> None:
         assert (r.status_code, r.json()) == (400, {"error": f"invalid request: {field}: Unknown field."})
     kept = d.get(f"/api/triggers/{made['id']}").json()
     assert (kept["pattern"], kept["agent_id"], kept["enabled"]) == ({"content_match": "x"}, a, False)
+    # A misspelt cap or an unknown field is refused at creation too, not dropped without a word.
+    before = len(d.get("/api/triggers").json())
+    for field in ("max_run_per_day", "colour"):
+        r = d.post("/api/triggers", json={"agent_id": a, "pattern": {"content_match": "x"}, "prompt_template": "p",
+                                          field: 1})
+        assert (r.status_code, r.json()) == (400, {"error": f"invalid request: {field}: Unknown field."})
+    assert len(d.get("/api/triggers").json()) == before
     assert d.delete(f"/api/triggers/{made['id']}").json() == {"status": "removed", "trigger_id": made["id"]}
     assert d.delete(f"/api/triggers/{made['id']}").status_code == 404
     assert d.delete("/api/triggers/nope").json() == {"error": "invalid trigger id: 'nope' is not a UUID"}
