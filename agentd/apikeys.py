@@ -228,16 +228,25 @@ class ApiKeys:
         self._touch(key_id, now)
         return Principal(key_id, name, scopes, agents, rpm, refused=self.refused)
 
-    def principal(self, key_id: str) -> Principal | None:
-        """The principal of a key by id (a dashboard session logged in with it); None when
-        it is gone, disabled or expired."""
+    def principal(self, key_id: str, login: str | None = None) -> Principal | None:
+        """The principal of a key by id; None when it is gone, disabled or expired. `login`:
+        the `login_mark` of the secret a dashboard session signed in with, so a rotation
+        ends that session as it ends the old secret."""
         with orm.db_session:
             row = self.store.e.ApiKeyRow.get(id=key_id)
             if row is None or not row.enabled or (row.expires_at is not None
                                                    and self._now() >= row.expires_at):
                 return None
+            if login is not None and not hmac.compare_digest(login, _login_mark(bytes(row.secret_hash))):
+                return None
             return Principal(row.id, row.name, list(row.scopes), list(row.agents or []),
                              row.rate_limit_per_minute, refused=self.refused)
+
+    def login_mark(self, key_id: str) -> str:
+        """What a dashboard session signed in with the key keeps of its current secret."""
+        with orm.db_session:
+            row = self.store.e.ApiKeyRow.get(id=key_id)
+            return "" if row is None else _login_mark(bytes(row.secret_hash))
 
     def acting(self, key_id: str) -> Principal:
         """The principal a cron job or trigger created by `key_id` runs as; Forbidden saying
@@ -294,3 +303,7 @@ class ApiKeys:
         return 0.0
 
 
+def _login_mark(secret_hash: bytes) -> str:
+    """A short digest of a key's stored hash: it changes with every rotation, and tells
+    nothing of the secret (a session cookie is signed, not encrypted)."""
+    return hashlib.sha256(b"agentd dashboard login\x00" + secret_hash).hexdigest()[:16]

@@ -46,12 +46,13 @@ class Sessions:
         self._revoked: set[str] = set()
         self._lock = threading.Lock()
 
-    def issue(self, authenticated: bool, key_id: str = "") -> tuple[str, dict[str, Any]]:
+    def issue(self, authenticated: bool, key_id: str = "", login: str = "") -> tuple[str, dict[str, Any]]:
         """A new session (fresh id) and its signed cookie value (`key_id`: logged in with
-        that scoped key rather than the admin key)."""
+        that scoped key rather than the admin key; `login`: the key's login mark)."""
         data: dict[str, Any] = {"sid": secrets.token_urlsafe(18), "auth": authenticated}
         if key_id:
             data["key"] = key_id
+            data["login"] = login
         return self._serializer.dumps(data), data
 
     def read(self, value: str | None) -> dict[str, Any] | None:
@@ -115,12 +116,12 @@ def ensure_session() -> dict[str, Any]:
     return session
 
 
-def start_session(authenticated: bool, key_id: str = "") -> dict[str, Any]:
+def start_session(authenticated: bool, key_id: str = "", login: str = "") -> dict[str, Any]:
     """A fresh session replacing any old one (a new id on login stops session fixation)."""
     old = current_session()
     if old is not None:
         sessions().revoke(old["sid"])
-    value, session = sessions().issue(authenticated, key_id)
+    value, session = sessions().issue(authenticated, key_id, login)
     g.dash_session = session
     g.dash_set_cookie = value
     return session

@@ -63,7 +63,9 @@ def _resolve(config: Config) -> Principal | None:
         if not session or not session.get("auth"):
             return None
         key_id = session.get("key")
-        return current_app.extensions["agentd.kernel"].keys.principal(key_id) if key_id else ADMIN
+        if not key_id:
+            return ADMIN
+        return current_app.extensions["agentd.kernel"].keys.principal(key_id, str(session.get("login", "")))
     if hmacs.same(presented, config.api_key):
         return ADMIN
     if presented.startswith(TOKEN_PREFIX):
@@ -98,8 +100,11 @@ def rechecker() -> Callable[[], Principal] | None:
     if token is not None:
         return lambda: keys.verify(token)
 
+    session = dashauth.current_session() or {}
+    login = str(session.get("login", ""))
+
     def by_login() -> Principal:  # a dashboard login with the key
-        found = keys.principal(who.key_id)
+        found = keys.principal(who.key_id, login)
         if found is None:
             raise Unauthorized(f"API key '{who.name}' is no longer valid")
         return found

@@ -650,6 +650,11 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     page = browser.get(f"{d.url}/schedules")
     assert page.status_code == 200 and job["name"] not in page.text and hidden_name not in page.text
     assert browser.get(f"{d.url}/schedules/{job['id']}").status_code == 404
+    # A rotation ends the sessions signed in with the old secret, as it ends the secret.
+    assert d.post(f"/api/keys/{key['id']}/rotate").status_code == 200
+    r = browser.get(f"{d.url}/api/agents")
+    assert r.status_code == 401, r.text
+    assert browser.get(f"{d.url}/agents", allow_redirects=False).status_code in (302, 303)
 
 
 def test_dashboard_keys_page(d: Daemon) -> None:

@@ -67,7 +67,8 @@ def login_submit():
             key_id = kernel().keys.verify(presented).key_id
         except Unauthorized as exc:
             return _login_page(exc.message, 401, new_session=False)
-    dashauth.start_session(authenticated=True, key_id=key_id)
+    dashauth.start_session(authenticated=True, key_id=key_id,
+                           login=kernel().keys.login_mark(key_id) if key_id else "")
     target = _safe_next(request.form.get("next"))
     # `next` is a path inside the app; behind a proxy prefix the prefix goes in front.
     return redirect(request.script_root + target, code=303) if target else see_other("pages.index")
