@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate
+from marshmallow import (EXCLUDE, INCLUDE, RAISE, Schema, ValidationError, fields, pre_load, validate,
+                         validates_schema)
 
 from agentd.principals import PERSON_MAX
 from agentd.schema_fields import NOT_BLANK, StrictBoolean, StrictFloat, is_blank
@@ -214,7 +215,18 @@ class ResponseFormatSchema(Schema):
         unknown = INCLUDE
 
     type = fields.String(required=True, validate=validate.OneOf(("text", "json_object", "json_schema")))
-    json_schema = fields.Dict(metadata={"description": "`{name, schema, strict}` with type json_schema"})
+    json_schema = fields.Dict(metadata={"description": "`{name, schema, strict}` with type json_schema "
+                                                       "(`name` required)"})
+
+    @validates_schema
+    def _json_schema_named(self, data: dict[str, Any], **_: Any) -> None:
+        # A provider refuses a json_schema format without its schema's name: refused here
+        # with a 400 instead of coming back as the provider's failure.
+        if data.get("type") == "json_schema":
+            spec = data.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+                raise ValidationError("required with type json_schema: an object with a `name`",
+                                      field_name="json_schema")
 
 
 class ChatMessageSchema(Schema):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import INCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import INCLUDE, Schema, ValidationError, fields, validate, validates_schema
 
 from agentd.schema_fields import StrictBoolean, StrictFloat
 
@@ -27,6 +27,15 @@ class TextFormatSchema(Schema):
     schema = fields.Dict(metadata={"description": "The JSON Schema the answer follows (json_schema)"})
     strict = StrictBoolean(allow_none=True)
     description = fields.String(allow_none=True)
+
+    @validates_schema
+    def _json_schema_complete(self, data: dict[str, Any], **_: Any) -> None:
+        # What a provider needs of a json_schema format, refused here with a 400 rather than
+        # coming back as the provider's failure.
+        if data.get("type") == "json_schema":
+            for name in ("name", "schema"):
+                if not data.get(name):
+                    raise ValidationError("required with type json_schema", field_name=name)
 
 
 class TextConfigSchema(Schema):

@@ -97,6 +97,19 @@ def test_json_schema_format_and_single_stop_string(agent_daemon, fake_llm, oa) -
     assert sent["response_format"] == fmt and sent["stop"] == ["###"]
 
 
+@pytest.mark.parametrize("fmt", [{"type": "json_schema"}, {"type": "json_schema", "json_schema": {}},
+                                 {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}])
+def test_a_json_schema_format_without_its_name_is_refused(agent_daemon, fake_llm, fmt) -> None:
+    name, marker = agent(agent_daemon)
+    sent = len(fake_llm.requests)
+    r = agent_daemon.post("/v1/chat/completions", json={"model": name, "response_format": fmt,
+                                                        "messages": [{"role": "user", "content": marker}]})
+    assert (r.status_code, r.json()) == (400, {"error": {
+        "message": "invalid request: response_format.json_schema: required with type json_schema: an object with "
+                   "a `name`", "type": "invalid_request_error"}})
+    assert not any(marker in json.dumps(q.get("json") or {}) for q in fake_llm.requests[sent:])
+
+
 def test_defaults_are_not_sent(agent_daemon, fake_llm, oa) -> None:
     """Default values (penalty 0, format text) mean "not given": nothing extra goes upstream."""
     name, marker = agent(agent_daemon)

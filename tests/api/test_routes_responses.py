@@ -215,6 +215,10 @@ def test_a_stopped_stream_is_response_failed_and_streams_go_on(agent_daemon, oa)
 def test_failures_and_refusals(agent_daemon) -> None:
     d = agent_daemon
     name = agent(d)
+    for fmt, missing in [({"type": "json_schema"}, "name"), ({"type": "json_schema", "name": "pet"}, "schema")]:
+        r = d.post("/v1/responses", json={"model": f"agentd:{name}", "input": "hi", "text": {"format": fmt}})
+        assert (r.status_code, r.json()["error"]["message"]) == (
+            400, f"invalid request: text.format.{missing}: required with type json_schema"), r.text
     r = d.post("/v1/responses", json={"model": f"agentd:{name}", "input": "[[fail:400]]"})
     assert r.status_code == 500 and r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["type"] == "server_error" and "code" not in r.json()["error"]
