@@ -136,14 +136,19 @@ def wsgi(app: Callable[..., Any]) -> Callable[..., Any]:
     return OpenTelemetryMiddleware(app, tracer_provider=_provider)
 
 
-def name_request(method: str, rule: str) -> None:
+def name_request(method: str, rule: str | None) -> None:
     """Name the current request's span by its route template, written as in the OpenAPI
-    document (`GET /v1/responses/{response_id}`)."""
+    document (`GET /v1/responses/{response_id}`); a request no route matched by its method
+    alone, as OpenTelemetry's HTTP conventions ask (never its path: one name per path
+    scanned would be without bound)."""
     if _tracer is None:
         return
     from opentelemetry import trace
 
-    route = _CONVERTER.sub(r"{\1}", rule)
     current = trace.get_current_span()
+    if rule is None:
+        current.update_name(method)
+        return
+    route = _CONVERTER.sub(r"{\1}", rule)
     current.update_name(f"{method} {route}")
     current.set_attribute("http.route", route)

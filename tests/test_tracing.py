@@ -109,6 +109,16 @@ def test_spans_of_a_request_and_the_traceparent_sent_upstream(traced) -> None:
     assert sent == [f"00-{TRACE_ID}-{format(c.context.span_id, '016x')}-01" for c in calls]
 
 
+def test_a_refused_request_is_named_by_its_route_and_an_unknown_path_by_its_method(traced) -> None:
+    client, exporter, _ = traced
+    refused = client.get("/api/status", environ_base={"REMOTE_ADDR": "203.0.113.9"})
+    assert refused.status_code == 401
+    refused.close()
+    client.get("/api/nope/4711", environ_base=LOCAL).close()
+    named = [(s.name, s.attributes.get("http.route")) for s in exporter.get_finished_spans()]
+    assert named == [("GET /api/status", "/api/status"), ("GET", None)]
+
+
 def test_a_tool_that_runs_another_agent_stays_in_the_trace(traced) -> None:
     client, exporter, _fake = traced
     for name in ("caller", "callee"):

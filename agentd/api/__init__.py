@@ -141,10 +141,10 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
     # Outermost: the guard, rate limiter, auth and logs see the real client.
     install_proxy_headers(app, trusted)
     if tracing.enabled():
-        @app.before_request
         def _name_span() -> None:
-            if request.url_rule is not None:
-                tracing.name_request(request.method, request.url_rule.rule)
+            tracing.name_request(request.method, request.url_rule.rule if request.url_rule is not None else None)
 
+        # First of the hooks: a request the auth hook refuses is named by its route too.
+        app.before_request_funcs.setdefault(None, []).insert(0, _name_span)
         app.wsgi_app = tracing.wsgi(app.wsgi_app)  # type: ignore[method-assign]
     return app
