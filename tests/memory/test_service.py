@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -606,6 +607,37 @@ def test_a_run_counts_what_it_recalled_in_the_write_it_is_given(svc) -> None:
     svc.store.write(current.count_accesses)
     got = svc.get(a, fid)
     assert got["access_count"] == 1 and got["accessed_at"] > untouched
+
+
+def test_a_runs_count_on_postgresql_leaves_out_the_fragments_another_transaction_holds(tmp_path) -> None:
+    import psycopg2
+    import pgtest
+    from agentd.store.backend import parse_database_url
+
+    if pgtest.pg_bindir() is None and not os.environ.get("AGENTD_TEST_DATABASE_URL"):
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    url = pgtest.databases().new_url()
+    store = add_agents(open_store(tmp_path / "agentd.db", parse_database_url(url, "test", allow_password=True)))
+    svc, emb = make(store)
+    try:
+        a = add_agent(store)
+        held, free = (svc.remember(a, text)["id"] for text in ("held fact", "free fact"))
+        emb.query("q", {"held fact": 0.9, "free fact": 0.8})
+        current = svc.context_for_run(a, "q", [], "S")
+        assert current() == "S\n\n" + block("held fact", "free fact")
+        other = psycopg2.connect(url)
+        try:
+            other.cursor().execute("SELECT id FROM memory_fragments WHERE id = %s FOR UPDATE", (held,))
+            written = threading.Event()
+            threading.Thread(target=lambda: (store.write(current.count_accesses), written.set()), daemon=True).start()
+            assert written.wait(10), "BUG: the run's write waited on a row another transaction holds"
+        finally:
+            other.rollback()
+            other.close()
+        assert (svc.get(a, held)["access_count"], svc.get(a, free)["access_count"]) == (0, 1)
+    finally:
+        svc.close()
+        store.close()
 
 
 def test_a_run_that_recalled_nothing_writes_nothing(svc) -> None:

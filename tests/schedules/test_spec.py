@@ -236,6 +236,10 @@ def test_the_four_manifest_schedules() -> None:
     # The repeated fall-back hour runs each of its slots once.
     ("*/30 1 * * *", "America/New_York", datetime(2026, 10, 31, 12, tzinfo=timezone.utc),
      ["11-01 01:00 EDT", "11-01 01:30 EDT", "11-02 01:00 EST", "11-02 01:30 EST"]),
+    # Lord Howe Island moves by half an hour (2026-10-04 02:00 to 02:30): the gap's 02:10 runs
+    # at 02:40, after 02:35, which exists.
+    ("10,35 2 * * *", "Australia/Lord_Howe", datetime(2026, 10, 2, 12, tzinfo=timezone.utc),
+     ["10-03 02:10 +1030", "10-03 02:35 +1030", "10-04 02:35 +11", "10-04 02:40 +11", "10-05 02:10 +11"]),
 ])
 def test_every_slot_of_a_day_with_a_shift_runs_once(expr: str, zone: str, start: datetime,
                                                      expected: list[str]) -> None:
@@ -244,3 +248,12 @@ def test_every_slot_of_a_day_with_a_shift_runs_once(expr: str, zone: str, start:
         due = parse_schedule({"kind": "cron", "expr": expr, "tz": zone}).next_after(due)
         got.append(datetime.fromtimestamp(due, ZoneInfo(zone)).strftime("%m-%d %H:%M %Z"))
     assert got == expected
+
+
+def test_an_interval_and_a_single_time_have_their_own_next_due_times() -> None:
+    every = parse_schedule({"kind": "every", "every_secs": 60})
+    assert every.next_after(1000.0) == 1060.0
+    assert every.next_after(1000.0, anchor=910.0) == 1030.0  # the interval keeps its phase
+    at = parse_schedule({"kind": "at", "at": "2030-06-01T09:00:00Z"})
+    when = datetime(2030, 6, 1, 9, tzinfo=timezone.utc).timestamp()
+    assert (at.next_after(when - 1), at.next_after(when), at.next_after(when + 1)) == (when, None, None)
