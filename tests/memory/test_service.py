@@ -635,6 +635,22 @@ def test_a_runs_count_on_postgresql_leaves_out_the_fragments_another_transaction
             other.rollback()
             other.close()
         assert (svc.get(a, held)["access_count"], svc.get(a, free)["access_count"]) == (0, 1)
+        # A recall asked for through the API counts every fragment it returns: it waits for
+        # the row instead.
+        other = psycopg2.connect(url)
+        try:
+            other.cursor().execute("SELECT id FROM memory_fragments WHERE id = %s FOR UPDATE", (held,))
+            recalled: list = []
+            asked = threading.Thread(target=lambda: recalled.append(svc.recall(a, "q")), daemon=True)
+            asked.start()
+            asked.join(0.5)
+            assert asked.is_alive(), "the recall did not wait for the row it counts"
+        finally:
+            other.rollback()
+            other.close()
+        asked.join(10)
+        assert [(f["content"], f["access_count"]) for f in recalled[0]] == [("held fact", 1), ("free fact", 2)]
+        assert (svc.get(a, held)["access_count"], svc.get(a, free)["access_count"]) == (1, 2)
     finally:
         svc.close()
         store.close()
