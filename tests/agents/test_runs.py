@@ -1476,3 +1476,23 @@ def test_every_run_starts_through_runs_start_and_nothing_else_enters_a_run() -> 
             starting.add(where)
     assert bypass == []
     assert starting == STARTS
+
+
+def test_a_stop_naming_a_session_ends_that_sessions_runs_only(env, mgr, fake) -> None:
+    import uuid
+
+    from agentd.agents.run_request import WORKER, RunRequest
+
+    h = mgr.spawn(manifest("sessionstop"))
+    mine, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+    asked = len(fake.requests)
+    tickets = {sid: mgr.runs.start(RunRequest(h, f"[[slow:2]] {sid}", on=WORKER, session_id=sid))
+               for sid in (mine, theirs)}
+    wait_until(lambda: len(fake.requests) >= asked + 2, "both runs' model calls")
+    assert mgr.runs.stop(h, str(uuid.uuid4())) is False  # a session with no run going
+    assert mgr.runs.stop(h) is False  # the agent's own session: idle
+    assert mgr.runs.stop(h, mine) is True
+    assert isinstance(tickets[mine].future.exception(30), RunCancelled)
+    assert tickets[theirs].future.result(30).response == f"echo: {theirs}"
+    assert mgr.runs.stop(h, mine) is False, "a stopped session's run is no longer counted as running"
+    assert h.session_runs == {}, "a finished run leaves no cancel event behind"
