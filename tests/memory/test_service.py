@@ -656,6 +656,15 @@ def test_a_runs_count_on_postgresql_leaves_out_the_fragments_another_transaction
         store.close()
 
 
+def test_a_runs_recall_sees_its_persons_exchanges_and_not_anothers(svc) -> None:
+    a = add_agent(svc.store)
+    for text, owner in (("alice's exchange", "user:alice"), ("bob's exchange", "user:bob")):
+        svc.remember(a, text, source="conversation", scope="episodic", metadata={"owner": owner})
+    svc.emb.query("q", {"alice's exchange": 0.9, "bob's exchange": 0.8})
+    assert svc.context_for_run(a, "q", [], "S", owner="user:alice")() == "S\n\n" + block("alice's exchange")
+    assert svc.context_for_run(a, "q", [], "S")() == "S\n\n" + block("alice's exchange", "bob's exchange")
+
+
 def test_a_run_that_recalled_nothing_writes_nothing(svc) -> None:
     a = add_agent(svc.store)
     svc.remember(a, "unrelated fact")
