@@ -50,12 +50,12 @@ def login_submit():
     key = kernel().config.api_key
     if not key:
         return see_other("pages.index")
-    # The form carries the anonymous session's token; a wrong one is refused. A login
-    # without a session cookie at all is still accepted: logging a browser into the one
-    # identity this daemon has gains an attacker nothing, and cross-site posts never get
-    # here (request guard) nor carry the SameSite=Strict cookie.
+    # The form carries the session's token; a session's post without it, or with a wrong
+    # one, is refused. A login without a session cookie at all is still accepted: logging a
+    # browser into the one identity this daemon has gains an attacker nothing, and cross-site
+    # posts never get here (request guard) nor carry the SameSite=Strict cookie.
     token = request.form.get(dashauth.CSRF_FIELD)
-    if token is not None and dashauth.current_session() is not None and not dashauth.csrf_ok(token):
+    if dashauth.current_session() is not None and (token is None or not dashauth.csrf_ok(token)):
         raise Forbidden("missing or invalid CSRF token: reload the page and try again")
     presented = request.form.get("api_key", "")
     key_id = ""

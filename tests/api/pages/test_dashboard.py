@@ -373,6 +373,10 @@ def test_login_flow_and_cookie_flags(keyed) -> None:
     assert r.status_code == 401 and "invalid API key" in r.get_data(as_text=True)
     assert "Set-Cookie" not in r.headers
     assert client.get("/", environ_base=REMOTE).status_code == 303
+    # The session's post without its token is refused, the right key or not.
+    r = client.post("/login", data={"api_key": KEY, "next": "/agents"}, environ_base=REMOTE)
+    assert r.status_code == 403 and "missing or invalid CSRF token" in r.get_data(as_text=True)
+    assert client.get("/", environ_base=REMOTE).status_code == 303
     # Right key: a new session cookie, never the key.
     r = client.post("/login", data={"api_key": KEY, "csrf_token": token, "next": "/agents"}, environ_base=REMOTE)
     assert r.status_code == 303 and r.headers["Location"] == "/agents"
