@@ -25,8 +25,9 @@ from agentd.errors import AgentdError
 
 log = logging.getLogger("agentd.channels")
 # `/approve <id>`; `!approve` too, for clients (IRC, Matrix) that take `/word` as their own command.
-# `/deny` is the word people reach for as often as `/reject`: both reject.
-COMMAND = re.compile(r"^\s*[/!](approve|reject|deny)\s+([0-9a-fA-F-]{6,64})\s*$")
+# `/deny` is the word people reach for as often as `/reject`: both reject. Telegram's clients
+# address a command to one bot of a group as `/approve@botname`.
+COMMAND = re.compile(r"^\s*[/!](approve|reject|deny)(?:@[A-Za-z0-9_]+)?\s+([0-9a-fA-F-]{6,64})\s*$")
 NOT_ALLOWED = ("Sorry, you cannot answer this approval: only the people allowed to use this "
                "conversation with the agent can.")
 UNKNOWN = "There is no pending approval {id} in this conversation (it may have been decided already)."

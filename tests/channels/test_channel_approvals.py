@@ -94,6 +94,21 @@ def test_telegram_buttons_approve_and_other_users_are_refused(daemon, telegram):
     assert daemon.post(f"/api/approvals/{approval['id']}/approve").status_code == 404
 
 
+def test_telegram_group_command_addressed_to_the_bot_answers_the_approval(daemon, telegram):
+    configure(daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
+              default_agent="keeper", allowed_users=["ann", "701"], overrides={"group_policy": "mention-only"})
+    wait_active(daemon, "telegram")
+    group = -1004
+    telegram.user_says(701, "@agentd_bot " + WRITE % "tg-at.txt", username="ann", chat_id=group, chat_type="group")
+    approval = pending(daemon, "tg-at.txt")
+    # What a Telegram client sends when the command is picked from the bot's menu in a group.
+    telegram.user_says(701, f"/approve@agentd_bot {approval['id']}", username="ann", chat_id=group,
+                       chat_type="group")
+    wait_for(lambda: any(r.startswith("tool said: ") for r in telegram.replies_to(group)), what="the agent's reply")
+    assert f"✅ Approved: file_write runs now (approval {approval['id']}, by ann)." in telegram.replies_to(group)
+    assert written(daemon, "tg-at.txt")
+
+
 def test_telegram_forum_topic_request_stays_in_the_topic(daemon, telegram):
     configure(daemon, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=telegram.url, long_poll_secs=1,
               default_agent="keeper")
@@ -484,6 +499,9 @@ def test_irc_typed_approve_and_refusal(daemon, ircd):
     ("please /approve 3f0c9a1b2c3d", None),
     ("/approve", None),
     ("/approve not-an-id!", None),
+    ("/approve@agentd_bot 3f0c9a1b2c3d", ("approve", "3f0c9a1b2c3d")),  # Telegram, in a group
+    ("/reject@agentd_bot 3f0c9a1b2c3d", ("reject", "3f0c9a1b2c3d")),
+    ("/approve@ 3f0c9a1b2c3d", None),
 ])
 def test_approval_commands(text, command):
     """What counts as an answer: the first line only (an email reply quotes the request)."""
