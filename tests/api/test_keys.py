@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from conftest import LLM_ENV, llm_config
-from support import DAY, Daemon, db_dump, db_rows, make_home, stop_shared, within_one_utc_period
+from support import DAY, Daemon, db_dump, db_rows, make_home, stop_shared, wait_until, within_one_utc_period
 
 ADMIN = "admin-secret-for-keys"
 
@@ -846,10 +846,12 @@ def test_a_stop_ends_the_run_of_the_session_it_names(d: Daemon) -> None:
     for run in runs:
         run.start()
     try:
-        time.sleep(1)
-        r = as_key(d, key, "POST", f"/api/agents/{agent_id}/stop")
-        assert r.json() == {"status": "stopped", "agent_id": agent_id, "was_running": True,
-                            "message": "run cancelled"}, r.text
+        # Asked until the key's run is under way (a stop before then finds nothing to stop).
+        stopped: list[requests.Response] = []
+        wait_until(lambda: stopped.append(r := as_key(d, key, "POST", f"/api/agents/{agent_id}/stop"))
+                   or r.json()["was_running"], "the key's run to be stopped", timeout=10)
+        assert stopped[-1].json() == {"status": "stopped", "agent_id": agent_id, "was_running": True,
+                                      "message": "run cancelled"}, stopped[-1].text
         r = as_key(d, key, "POST", f"/api/agents/{agent_id}/stop", params={"user": "nobody"})
         assert r.json()["was_running"] is False
     finally:
