@@ -50,6 +50,15 @@ class Principal:
             return True
         return any(p == agent.id or fnmatch.fnmatchcase(agent.name, p) for p in self.agents)
 
+    def talks_in(self, agent: Any, label: str | None) -> bool:
+        """Whether the session of `agent` labelled `label` (as `run_fields` labels them) is one
+        this principal talks in: any for the admin; for a scoped key its own, its people's and
+        its named ones, of an agent in its list."""
+        if self.is_admin:
+            return True
+        own = f"key:{self.key_id}"
+        return self.may_reach(agent) and (label == own or (label or "").startswith(own + ":"))
+
     def reach(self, agent: Any) -> Any:
         """`agent`, or a 404 exactly like an unknown agent's (audited)."""
         if not self.may_reach(agent):

@@ -44,6 +44,7 @@ TESTS: dict[str, list[str]] = {
     "agentd/schedules/spec.py": ["tests/schedules/test_spec.py"],
     # The statements that count recalled fragments as accessed, through the memory service.
     "agentd/memory/access.py": ["tests/memory/test_service.py", "tests/memory/test_recall.py"],
+    "agentd/memory/run_recall.py": ["tests/memory/test_service.py"],
     # The cron jobs' rows: the job API and its races through a daemon.
     "agentd/schedules/store.py": ["tests/schedules/test_cron.py"],
     # Which daemon runs a channel adapter: two clusters on one store, a stand-in channel manager.

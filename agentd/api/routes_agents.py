@@ -243,14 +243,11 @@ def reset(agent_id: str):
 def delete_session(session_id: str):
     who = principal()
 
-    def keys_own(agent_id: str, label: str | None) -> bool:
-        # A scoped key's sessions are those it talked in (its own, its people's, its named
-        # ones), of agents in its list; any other is not found, as if absent.
+    def talks_in(agent_id: str, label: str | None) -> bool:  # any other session is not found
         handle = kernel().agents.find(agent_id)
-        return (handle is not None and who.may_reach(handle)
-                and (label == f"key:{who.key_id}" or (label or "").startswith(f"key:{who.key_id}:")))
+        return handle is not None and who.talks_in(handle, label)
 
-    kernel().agents.delete_session(session_id, None if who.is_admin else keys_own)
+    kernel().agents.delete_session(session_id, None if who.is_admin else talks_in)
     return jsonify({"status": "deleted", "session_id": session_id})
 
 
