@@ -190,7 +190,9 @@ TESTS: dict[str, list[str]] = {
                              "test_the_daemon_reports_its_pool_size_and_started_threads"],
     "agentd/api/dashauth.py": ["tests/api/test_dashauth.py",
                                "tests/api/pages/test_dashboard.py::test_posts_without_valid_csrf_token_are_refused_and_change_nothing"],
-    "agentd/api/routes_agents.py": ["tests/api/test_routes_agents.py"],
+    "agentd/api/routes_agents.py": ["tests/api/test_routes_agents.py", *(f"tests/api/test_keys.py::{t}" for t in (
+        "test_a_stop_ends_the_run_of_the_session_it_names", "test_a_key_clears_only_its_own_sessions",
+        "test_two_keys_on_one_agent_see_sessions_of_their_own"))],
     # One module-scoped kernel and test client, the session's fake LLM: a mutant's child runs in seconds.
     "agentd/api/routes_openai.py": ["tests/api/test_routes_openai.py"],
     # The agent manager's modules (mut-mgr): real managers on a real store, in process.
@@ -321,7 +323,12 @@ TESTS: dict[str, list[str]] = {
                                     "test_an_agent_outside_the_list_is_absent",
                                     "test_jobs_triggers_and_runs_of_an_agent_outside_the_list_are_absent",
                                     "test_an_approval_of_an_agent_outside_the_list_is_absent",
-                                    "test_workflows_on_an_agent_outside_the_list_are_absent", "test_a_key_rate_limit"))],
+                                    "test_workflows_on_an_agent_outside_the_list_are_absent", "test_a_key_rate_limit",
+                                    "test_an_open_socket_stops_working_when_its_key_does",
+                                    "test_a_sockets_frames_need_the_scopes_the_routes_need",
+                                    "test_dashboard_login_with_a_key_sees_what_it_may"))],
+    # Who a request acts as, and the sessions a key talks in: scoped keys through a daemon.
+    "agentd/principals.py": ["tests/api/test_keys.py"],
     # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
     "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
