@@ -214,7 +214,8 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/views.py": ["tests/agents/test_views.py", *(f"tests/agents/test_registry.py::{t}" for t in (
         "test_auth_status", "test_summary_list_item_and_detail_shapes", "test_defaults_in_the_views",
         "test_list_json_is_the_listing_of_the_live_agents"))],
-    "agentd/agents/session_store.py": ["tests/agents/test_session_store.py"],
+    "agentd/agents/session_store.py": ["tests/agents/test_session_store.py",
+                                       "tests/api/test_keys.py::test_a_key_clears_only_its_own_sessions"],
     # The glibc settings in process with a stand-in mallopt (the tests against glibc itself run
     # a child interpreter, where mutmut sees no calls; the daemon test only reads the figures back).
     "agentd/malloc_tuning.py": ["tests/test_malloc_tuning.py", "--deselect=tests/test_malloc_tuning.py::"
@@ -246,7 +247,11 @@ TESTS: dict[str, list[str]] = {
     "agentd/agents/listing.py": ["tests/agents/test_listing.py"],
     "agentd/agents/uploads.py": ["tests/agents/test_uploads.py"],
     "agentd/agents/manager.py": ["tests/agents/test_manager.py", "tests/agents/test_agents.py",
-                                 "tests/agents/test_messaging.py", "tests/api/test_routes_agents.py", "tests/api/test_transports.py"],
+                                 "tests/agents/test_messaging.py", "tests/api/test_routes_agents.py", "tests/api/test_transports.py",
+                                 *(f"tests/api/test_keys.py::{t}" for t in (
+                                     "test_a_stop_ends_the_run_of_the_session_it_names",
+                                     "test_a_key_clears_only_its_own_sessions",
+                                     "test_two_keys_on_one_agent_see_sessions_of_their_own"))],
     # Agent manifests, run queues, events, signing and the built-in tools' plumbing (mut-agents2).
     "agentd/agents/manifest.py": ["tests/agents/test_manifest.py"],
     "agentd/agents/runqueue.py": ["tests/agents/test_runqueue.py", "tests/agents/test_run_here.py"],

@@ -247,7 +247,7 @@ def delete_session(session_id: str):
         handle = kernel().agents.find(agent_id)
         return handle is not None and who.talks_in(handle, label)
 
-    kernel().agents.delete_session(session_id, None if who.is_admin else talks_in)
+    kernel().agents.delete_session(session_id, talks_in)
     return jsonify({"status": "deleted", "session_id": session_id})
 
 

@@ -612,6 +612,9 @@ def test_two_keys_on_one_agent_see_sessions_of_their_own(d: Daemon, fake_llm) ->
                   json={"message": f"{tag} for dana", "user": "dana"}).status_code == 200
     assert contents(one, user="dana")[1] == [f"{tag} for dana", f"echo: {tag} for dana"]
     assert contents(two, user="dana")[1] == []  # a key's people are its own
+    labels = {who: as_key(d, key, "GET", f"/api/agents/{agent_id}/session", params=query).json()["label"]
+              for who, key, query in [("one", one, {}), ("one's dana", one, {"user": "dana"})]}
+    assert labels == {"one": f"key:{one['id']}", "one's dana": f"key:{one['id']}:user:dana"}
     r = as_key(d, one, "GET", f"/api/agents/{agent_id}/session", params={"user": ""})
     assert r.status_code == 400 and "user" in r.json()["error"]
     # A reset with a key clears the session it talks in, not another's.
@@ -887,6 +890,19 @@ def test_a_key_clears_only_its_own_sessions(d: Daemon) -> None:
         assert r.json() == {"status": "deleted", "session_id": session_id}, r.text
     assert as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["message_count"] == 0
     assert d.delete(f"/api/sessions/{others[1]}").status_code == 200  # the admin clears any
+    assert d.delete(f"/api/sessions/{others[3]}").status_code == 200  # of any agent
+
+
+def test_a_keys_cron_job_runs_in_the_agents_own_session(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "cron-own")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    created = as_key(d, key, "POST", "/api/cron/jobs", json={
+        "agent_id": agent_id, "name": f"own-{uuid.uuid4().hex[:6]}", "schedule": {"kind": "every", "every_secs": 3600},
+        "action": {"kind": "agent_turn", "message": "from the key's job"}})
+    assert created.status_code == 201, created.text
+    assert as_key(d, key, "POST", f"/api/cron/jobs/{created.json()['id']}/run").status_code == 202
+    wait_until(lambda: d.get(f"/api/agents/{agent_id}/session").json()["message_count"] == 2, "the job's run")
+    assert as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["message_count"] == 0
 
 
 def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> None:
