@@ -638,7 +638,7 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     job = d.post("/api/cron/jobs", json={"agent_id": hidden, "name": f"dash-job-{uuid.uuid4().hex[:6]}",
                                          "schedule": {"kind": "every", "every_secs": 3600},
                                          "action": {"kind": "agent_turn", "message": "m"}}).json()
-    key = new_key(d, scopes=["read"], agents=["dash-in-*"])
+    key = new_key(d, scopes=["read", "message"], agents=["dash-in-*"])
     browser = requests.Session()
     login = browser.get(f"{d.url}/login")
     token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
@@ -653,8 +653,21 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     page = browser.get(f"{d.url}/schedules")
     assert page.status_code == 200 and job["name"] not in page.text and hidden_name not in page.text
     assert browser.get(f"{d.url}/schedules/{job['id']}").status_code == 404
-    # A rotation ends the sessions signed in with the old secret, as it ends the secret.
-    assert d.post(f"/api/keys/{key['id']}/rotate").status_code == 200
+    # A socket the login opened (the dashboard's chat) works until the key's secret changes.
+    import websocket
+
+    ws = websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{visible}/ws",
+                                     timeout=10, cookie="; ".join(f"{k}={v}" for k, v in browser.cookies.items()))
+    try:
+        assert json.loads(ws.recv())["type"] == "connected"
+        ws.send(json.dumps({"type": "command", "command": "stop"}))
+        assert _answer(ws) == {"type": "command_result", "command": "stop", "message": "no run in progress"}
+        # A rotation ends the sessions signed in with the old secret, as it ends the secret.
+        assert d.post(f"/api/keys/{key['id']}/rotate").status_code == 200
+        ws.send(json.dumps({"type": "command", "command": "stop"}))
+        assert _answer(ws) == {"type": "error", "content": f"API key '{key['name']}' is no longer valid"}
+    finally:
+        ws.close()
     r = browser.get(f"{d.url}/api/agents")
     assert r.status_code == 401, r.text
     assert browser.get(f"{d.url}/agents", allow_redirects=False).status_code in (302, 303)
