@@ -357,7 +357,9 @@ def test_workflow_runs_belong_to_their_daemon(cluster) -> None:
     assert failed["error"] == reason and failed["daemon_id"] == "daemon-a"
     assert failed["output"] == "" and failed["completed_at"] and failed["steps_completed"] == 1
     assert [r["step_name"] for r in failed["step_results"]] == ["first"]
-    audit = b.get("/api/audit/recent", params={"event": "workflow."}).json()
+    # The audit entry is written just after the run is marked failed.
+    audit = wait_for(lambda: b.get("/api/audit/recent", params={"event": "workflow."}).json(), 10,
+                     what="the failed run's audit entry")
     assert [(e["event"], e["subject"], e["detail"]) for e in audit] == \
         [("workflow.run_failed", run["id"], {"daemon_id": "daemon-a", "error": reason})]
     # The step's agent run died with a too (its own record, reaped the same way).
