@@ -50,13 +50,19 @@ class Principal:
             return True
         return any(p == agent.id or fnmatch.fnmatchcase(agent.name, p) for p in self.agents)
 
+    @property
+    def label(self) -> str | None:
+        """A scoped key's session label (its people's begin with it and a colon); None for
+        the admin, who talks in every session."""
+        return None if self.is_admin else f"key:{self.key_id}"
+
     def talks_in(self, agent: Any, label: str | None) -> bool:
         """Whether the session of `agent` labelled `label` (as `run_fields` labels them) is one
         this principal talks in: any for the admin; for a scoped key its own, its people's and
         its named ones, of an agent in its list."""
-        if self.is_admin:
+        own = self.label
+        if own is None:
             return True
-        own = f"key:{self.key_id}"
         return self.may_reach(agent) and (label == own or (label or "").startswith(own + ":"))
 
     def reach(self, agent: Any) -> Any:
@@ -97,7 +103,7 @@ def run_fields(who: Principal, handle: Any, user: str | None = None, session: st
     elif own_session and not who.is_admin:
         owner = "key"
     if owner and not who.is_admin:
-        owner = f"key:{who.key_id}" if owner == "key" else f"key:{who.key_id}:{owner}"
+        owner = who.label if owner == "key" else f"{who.label}:{owner}"
     fields = {"key_id": who.key_id, "owner": owner}
     if owner:
         fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))

@@ -9,6 +9,7 @@ from agentd.api.apidoc import doc
 from agentd.api.schemas_memory import (EntitySchema, FragmentUpdateSchema, GraphQuerySchema, MemoryPageQuery,
                                        RecallSchema, RelationSchema, RememberSchema)
 from agentd.api import body
+from agentd.api.principal import principal
 from agentd.api.routes_agents import agent
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, NotFound
@@ -145,7 +146,7 @@ def recall(agent_id: str):
     handle = agent(agent_id)
     data = _obj()
     found = kernel().memory.recall(handle.id, data.get("query"), data.get("limit"), data.get("min_score"),
-                                   data.get("filter"))
+                                   data.get("filter"), principal().label)
     return jsonify({"memories": found})
 
 

@@ -108,9 +108,10 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
     @server.tool(name="recall_memory", description="Fragments of an agent's memory nearest in meaning to a query.")
     def recall_memory(agent: AgentRef, query: Annotated[str, Field(description="What to recall")], ctx: Context,
                       limit: Annotated[int, Field(ge=1, le=100, description="How many fragments")] = 5) -> str:
-        handle = find(agent, who(ctx), "read")
+        caller = who(ctx)
+        handle = find(agent, caller, "read")
         try:
-            return json.dumps(memory.recall(handle.id, query, limit))
+            return json.dumps(memory.recall(handle.id, query, limit, owner=caller.label))
         except AgentdError as exc:
             raise ToolError(exc.message) from None
 

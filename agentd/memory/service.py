@@ -36,13 +36,16 @@ log = logging.getLogger("agentd.memory")
 CONTEXT_HEADING = "## Relevant memories"
 
 
-def others_of(owner: str) -> Callable[[dict[str, Any]], bool]:
-    """Whether a recalled fragment is an exchange of someone other than `owner`. Fragments
-    without an owner (explicit memory_store, imports, consolidation) are agent-wide."""
+def others_of(owner: str, people: bool = False) -> Callable[[dict[str, Any]], bool]:
+    """Whether a recalled fragment is an exchange of someone other than `owner` (with
+    `people`, other than `owner` and the people it speaks for: owners `owner:...`).
+    Fragments without an owner (explicit memory_store, imports, consolidation) are agent-wide."""
     def hide(item: dict[str, Any]) -> bool:
         metadata = item.get("metadata") or {}
-        return (OWNER in metadata and metadata[OWNER] != owner and item.get("source") == "conversation"
-                and item.get("scope") == "episodic")
+        if OWNER not in metadata or item.get("source") != "conversation" or item.get("scope") != "episodic":
+            return False
+        theirs = str(metadata[OWNER])
+        return theirs != owner and not (people and theirs.startswith(owner + ":"))
     return hide
 
 
@@ -130,12 +133,14 @@ class MemoryService(ExchangeWorker):
             fields.confidence(confidence) if confidence is not None else 1.0)
 
     def recall(self, agent_id: str, query: Any, limit: Any = None, min_score: Any = None,
-               flt: Any = None) -> list[dict[str, Any]]:
+               flt: Any = None, owner: str | None = None) -> list[dict[str, Any]]:
+        """The fragments nearest `query`; with `owner` (a scoped key's session label), the
+        exchanges of sessions other than the key's own and its people's are left out."""
         args = (fields.text(query, "query"), fields.integer(limit, "limit", 1, 100) if limit is not None else 5,
                 fields.score(min_score) if min_score is not None else None, fields.memory_filter(flt))
         if args[3].agent_id is not None and args[3].agent_id != agent_id:
             return []  # an agent's memory holds only its own fragments
-        return self._timed_recall(agent_id, *args)
+        return self._timed_recall(agent_id, *args, hide=None if owner is None else others_of(owner, people=True))
 
     def _timed_recall(self, agent_id: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         started = time.perf_counter()

@@ -906,6 +906,31 @@ def test_a_key_clears_only_its_own_sessions(d: Daemon) -> None:
     assert d.delete(f"/api/sessions/{others[3]}").status_code == 200  # of any agent
 
 
+def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "recall")
+    key, other = new_key(d), new_key(d)
+    for who, extra, text in [(key, {}, "the key's own pet is a parrot"), (key, {"user": "ann"}, "ann's pet is a cat"),
+                             (other, {}, "the other key's pet is a dog"), (None, {"user": "bo"}, "bo's pet is a fish")]:
+        r = (as_key(d, who, "POST", f"/api/agents/{agent_id}/message", json={"message": text, **extra}) if who
+             else d.post(f"/api/agents/{agent_id}/message", json={"message": text, **extra}))
+        assert r.status_code == 200, r.text
+    assert d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": "every pet here is fed at noon"}
+                  ).status_code == 201
+    wait_until(lambda: d.get(f"/api/memory/agents/{agent_id}/memories").json()["total"] == 5, "the exchanges stored")
+    query = {"query": "which pet", "limit": 10, "min_score": 0}
+
+    def recalled(who: dict[str, Any] | None) -> set[str]:
+        r = (as_key(d, who, "POST", f"/api/memory/agents/{agent_id}/recall", json=query) if who
+             else d.post(f"/api/memory/agents/{agent_id}/recall", json=query))
+        assert r.status_code == 200, r.text
+        return {next(w for w in ("parrot", "cat", "dog", "fish", "noon") if w in m["content"])
+                for m in r.json()["memories"]}
+
+    assert recalled(key) == {"parrot", "cat", "noon"}
+    assert recalled(other) == {"dog", "noon"}
+    assert recalled(None) == {"parrot", "cat", "dog", "fish", "noon"}
+
+
 def test_a_keys_cron_job_runs_in_the_agents_own_session(d: Daemon) -> None:
     agent_id, _ = spawn(d, "cron-own")
     key = new_key(d, scopes=["read", "message", "manage"])

@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import LLM_ENV, llm_config
-from support import Daemon, make_home, stop_shared
+from support import Daemon, make_home, stop_shared, wait_until
 from tests.mcp.support_mcp import url_server, wait_state
 
 KEY = "k-" + uuid.uuid4().hex
@@ -186,6 +186,17 @@ def test_a_scoped_key_sees_and_messages_only_its_agents(pair) -> None:
     assert refused.status_code == 403 and "missing scope 'message'" in refused.json()["error"]
     # The scoped key's run is its own: the agent's own session did not get it.
     assert other and first.get(f"/api/agents/{mine}/session").json()["messages"] == []
+    # Nor does its recall see another person's exchange with the agent.
+    assert first.post(f"/api/agents/{mine}/message", json={"message": "[[reply:zed's secret]]", "user": "zed"}
+                      ).status_code == 200
+    wait_until(lambda: first.get(f"/api/memory/agents/{mine}/memories").json()["total"] == 2, "both exchanges stored")
+
+    async def recall() -> list[dict[str, Any]]:
+        async with _client(first, created.json()["key"]) as client:
+            found = await client.call_tool("recall_memory", {"agent": "scoped-mine", "query": "secret", "limit": 10})
+        return json.loads(found.content[0].text)
+
+    assert [m["metadata"]["owner"] for m in asyncio.run(recall())] == [f"key:{created.json()['id']}"]
 
 
 def test_endpoint_refuses_what_it_does_not_serve_with_json_errors(pair) -> None:

@@ -77,3 +77,7 @@ def test_who_may_see_a_fragment() -> None:
     older = {"source": "conversation", "scope": "episodic", "metadata": {"session_id": "s"}}
     fact = {"source": "user_provided", "scope": "semantic", "metadata": {"owner": "user:bob"}}
     assert [hide(f) for f in (mine, theirs, agents_own, older, fact)] == [False, True, True, False, False]
+    # A scoped key's recall sees its own exchanges and its people's, not another key's.
+    key = others_of("key:k1", people=True)
+    assert [key({**mine, "metadata": {"owner": owner}}) for owner in ("key:k1", "key:k1:user:ann", "key:k12", "")
+            ] == [False, False, True, True]
