@@ -122,8 +122,10 @@ class AgentManager:
         except NotFound:
             pass
 
-    def compact(self, handle: AgentHandle) -> dict[str, Any]:
-        return self.sessions.compact(handle)
+    def compact(self, handle: AgentHandle, session_id: str | None = None) -> dict[str, Any]:
+        """Summarise the older messages of the agent's own session, or of its session
+        `session_id` (a person's, a named one)."""
+        return self.sessions.compact(handle, session_id)
 
     def save_upload(self, handle: AgentHandle, filename: str, content_type: str, data: bytes) -> dict[str, Any]:
         return self.uploads.save_upload(handle, filename, content_type, data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import threading
@@ -51,14 +52,6 @@ class SessionStore:
     _SELECT_LAST = "SELECT body FROM session_messages WHERE session = $session ORDER BY id DESC LIMIT $n"
 
     # -- session ------------------------------------------------------------------
-    def _read_session(self, handle: AgentHandle) -> list[dict[str, Any]]:
-        """Every stored message of the session, read from the database; refreshes the cache."""
-        with orm.db_session:
-            rows = self.store.raw_rows(self._SELECT, {"session": handle.session_id})
-        messages = _decode(body for (body,) in rows)
-        self._cache_session(handle, messages)
-        return messages
-
     def _cache_session(self, handle: AgentHandle, messages: list[dict[str, Any]],
                        session: Session | None = None) -> None:
         """Make the window's tail of `messages` (the session, or its end) the session's cache."""
@@ -97,15 +90,6 @@ class SessionStore:
             "INSERT INTO session_messages (session, body) SELECT $session, column1 FROM "
             f"(VALUES {', '.join(values)}) AS added WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $session) "
             "ORDER BY column2", names) > 0
-
-    def _write_session(self, handle: AgentHandle, messages: list[dict[str, Any]]) -> None:
-        """Inside a db_session: make `messages` the whole session and cache them."""
-        self.store.db.execute("DELETE FROM session_messages WHERE session = $session",
-                              {"session": handle.session_id})
-        if messages:
-            self._append(PonyTx(self.store.db), handle.session_id,
-                         [_encode(m) for m in messages])
-        self._cache_session(handle, messages)
 
     @staticmethod
     def history(handle: Session, window: list[dict[str, Any]]) -> list[Message]:
@@ -231,10 +215,20 @@ class SessionStore:
     def reset_session(self, handle: AgentHandle) -> None:
         self.delete_session(handle.session_id)
 
-    def compact(self, handle: AgentHandle) -> dict[str, Any]:
-        """Summarise older messages with the agent's own model; keep the recent ones."""
-        with handle.run_lock:
-            stored = self._read_session(handle)
+    def compact(self, handle: AgentHandle, session_id: str | None = None) -> dict[str, Any]:
+        """Summarise older messages of the agent's own session (or of its session
+        `session_id`) with the agent's own model; keep the recent ones.
+
+        The older messages are replaced in place, the first by the summary: runs in another
+        session take no lock, so a message one of them adds meanwhile is kept after the
+        recent ones."""
+        own = session_id is None or session_id == handle.session_id
+        session_id = handle.session_id if own else session_id
+        with handle.run_lock if own else contextlib.nullcontext():
+            with orm.db_session:
+                rows = self.store.raw_rows("SELECT id, body FROM session_messages WHERE session = $session "
+                                           "ORDER BY id", {"session": session_id})
+            stored = _decode(body for _, body in rows)
             split = len(stored) - COMPACT_KEEP
             # Never separate a tool result from the call that asked for it.
             while split > 0 and stored[split]["role"] == "tool":
@@ -258,14 +252,18 @@ class SessionStore:
             from agentd.llm.think import strip_think
 
             summary = strip_think(response.text).strip() or "(empty summary)"
-            new = [{"role": "user", "content": f"[Summary of the earlier conversation]\n{summary}"}] + kept
+            first = {"role": "user", "content": f"[Summary of the earlier conversation]\n{summary}"}
+            names = {"session": session_id, "first": rows[0][0], "last": rows[split - 1][0], "body": _encode(first)}
             with orm.db_session:
-                self._write_session(handle, new)
+                self.store.db.execute("UPDATE session_messages SET body = $body WHERE id = $first", names)
+                self.store.db.execute("DELETE FROM session_messages WHERE session = $session AND id > $first "
+                                      "AND id <= $last", names)
+            if own:
+                self._cache_session(handle, [first] + kept)
         return {"status": "ok", "compacted": True, "summarized_messages": len(older),
                 "kept_messages": len(kept),
                 "message": f"compacted {len(older)} messages into a summary of {len(summary)} chars, "
                            f"kept {len(kept)} recent messages"}
-
 
 def _decode(bodies: Iterable[str]) -> list[dict[str, Any]]:
     """Messages from their stored JSON texts (one parse for all of them)."""

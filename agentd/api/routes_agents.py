@@ -218,11 +218,14 @@ def stop(agent_id: str):
 
 
 @bp.post("/api/agents/<agent_id>/session/compact")
-@doc("Summarise older messages with the agent's own model, keep the last 10", tags="agents",
+@doc("Summarise older messages with the agent's own model, keep the last 10", tags="agents", query=SessionQuery,
      response=out.CompactSchema, errors={409: "The agent is busy", 502: "The provider refused the request",
-                                         503: "The provider failed", 504: "The provider timed out"})
+                                         503: "The provider failed", 504: "The provider timed out"},
+     description="The session `GET /api/agents/{id}/session` with the same `user` or `session` shows "
+                 "(a scoped key's own without them).")
 def compact(agent_id: str):
-    return jsonify(kernel().agents.compact(agent(agent_id)))
+    handle = agent(agent_id)
+    return jsonify(kernel().agents.compact(handle, talking_in(handle)))
 
 
 @bp.post("/api/agents/<agent_id>/session/reset")

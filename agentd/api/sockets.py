@@ -199,7 +199,7 @@ class AgentSocket:
                 return "session reset; history cleared"
             self._answer(command, reset)
         else:
-            self.kernel.executor.submit(self._answer, "compact", lambda: agents.compact(self.handle)["message"])
+            self.kernel.executor.submit(self._answer, "compact", lambda: agents.compact(self.handle, self.session_id)["message"])
 
     def _allowed(self, scope: str) -> bool:
         """Whether the key may still act with `scope` on this agent, checked as a request's

@@ -931,6 +931,32 @@ def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemo
     assert recalled(None) == {"parrot", "cat", "dog", "fish", "noon"}
 
 
+def test_a_key_compacts_its_own_session_and_keeps_what_arrives_meanwhile(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "compact")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "the admin's turn"}).status_code == 200
+    # The summary call is slow: a turn of the key's arrives while it runs.
+    texts = ["[[slow:1]][[reply:SUMMARY]] first"] + [f"turn {n}" for n in range(1, 6)]
+    for text in texts:
+        assert as_key(d, key, "POST", f"/api/agents/{agent_id}/message", json={"message": text}).status_code == 200
+    before = [m["content"] for m in as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["messages"]]
+    compacted: list[requests.Response] = []
+    worker = threading.Thread(target=lambda: compacted.append(
+        as_key(d, key, "POST", f"/api/agents/{agent_id}/session/compact")))
+    worker.start()
+    time.sleep(0.4)
+    assert as_key(d, key, "POST", f"/api/agents/{agent_id}/message", json={"message": "[[reply:late]]"}
+                  ).status_code == 200
+    worker.join(30)
+    assert compacted[0].status_code == 200, compacted[0].text
+    assert (compacted[0].json()["summarized_messages"], compacted[0].json()["kept_messages"]) == (2, 10)
+    after = [m["content"] for m in as_key(d, key, "GET", f"/api/agents/{agent_id}/session").json()["messages"]]
+    assert after == ["[Summary of the earlier conversation]\nSUMMARY"] + before[2:] + ["[[reply:late]]", "late"]
+    # The admin's session was not touched.
+    own = d.get(f"/api/agents/{agent_id}/session").json()
+    assert own["message_count"] == 2 and own["messages"][0]["content"] == "the admin's turn"
+
+
 def test_a_keys_cron_job_runs_in_the_agents_own_session(d: Daemon) -> None:
     agent_id, _ = spawn(d, "cron-own")
     key = new_key(d, scopes=["read", "message", "manage"])
