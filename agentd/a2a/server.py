@@ -119,12 +119,18 @@ class A2AService:
         context_id = message.get("contextId")
         if context_id is not None and (not isinstance(context_id, str) or not context_id or len(context_id) > 200):
             raise RpcError(INVALID_PARAMS, "message.contextId must be a non-empty string of at most 200 characters")
-        if not context_id and isinstance(message.get("taskId"), str):
+        task_ref = message.get("taskId")
+        if task_ref is not None:
+            # A task a message names must be one of the caller's for this agent (A2A: a
+            # client's taskId references an existing task); it continues that task's context.
             with self._lock:
-                earlier = self._tasks.get(message["taskId"])
-                same_key = self._task_keys.get(message["taskId"], "") == caller.key_id
-            if earlier is not None and earlier["metadata"]["agent"] == handle.name and same_key:
-                context_id = earlier["contextId"]
+                earlier = self._tasks.get(task_ref) if isinstance(task_ref, str) else None
+                same_key = self._task_keys.get(task_ref, "") == caller.key_id if earlier is not None else False
+            if earlier is None or earlier["metadata"]["agent"] != handle.name or not same_key:
+                raise RpcError(TASK_NOT_FOUND, "Task not found", {"id": task_ref})
+            if context_id and context_id != earlier["contextId"]:
+                raise RpcError(INVALID_PARAMS, f"message.contextId is not the context of task {task_ref}")
+            context_id = earlier["contextId"]
         context_id = context_id or str(uuid.uuid4())
         task_id = str(uuid.uuid4())
         user = {"kind": "message", "messageId": str(message.get("messageId") or uuid.uuid4()), "role": "user",

@@ -292,6 +292,9 @@ def test_a_failed_run_is_a_failed_task(pair) -> None:
     ({"jsonrpc": "2.0", "id": 1, "method": "message/send",
       "params": {"message": {"role": "user", "parts": [{"kind": "file", "file": {"uri": "http://x/y"}}]},
                  "metadata": {"agent": "helper"}}}, -32005),
+    ({"jsonrpc": "2.0", "id": 1, "method": "message/send",
+      "params": {"message": {"role": "user", "parts": [{"kind": "text", "text": "x"}], "taskId": "no-such-task"},
+                 "metadata": {"agent": "helper"}}}, -32001),
     ({"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": "no-such-task"}}, -32001),
     ({"jsonrpc": "2.0", "id": 1, "method": "tasks/cancel", "params": {"id": "no-such-task"}}, -32001),
 ])

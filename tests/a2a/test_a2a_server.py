@@ -171,19 +171,20 @@ def test_context_ids(mgr) -> None:
     a2a = A2AService(mgr, mgr.runs)
     first = a2a.call("message/send", {"message": user("one", contextId="ctx-1")}, "alpha")
     assert first["contextId"] == "ctx-1"
-    # A follow-up naming the earlier task (no contextId) continues its context; the same task
-    # for another agent, or from another key, does not.
+    # A follow-up naming the earlier task continues its context; the same task for another
+    # agent, from another key, or a task never seen is not found, and nothing runs.
     follow = a2a.call("message/send", {"message": user("two", taskId=first["id"])}, "alpha")
-    assert follow["contextId"] == "ctx-1"
-    elsewhere = a2a.call("message/send", {"message": user("two", taskId=first["id"])}, "beta")
-    assert elsewhere["contextId"] != "ctx-1"
-    scoped = a2a.call("message/send", {"message": user("two", taskId=first["id"])}, "alpha", caller=SCOPED)
-    assert scoped["contextId"] != "ctx-1"
+    assert follow["contextId"] == "ctx-1" and follow["id"] != first["id"]
+    for agent_name, caller, task_id in [("beta", None, first["id"]), ("alpha", SCOPED, first["id"]),
+                                        ("alpha", None, "nope"), ("alpha", None, 5)]:
+        kwargs = {"caller": caller} if caller else {}
+        assert refused(a2a.call, "message/send", {"message": user("three", taskId=task_id)}, agent_name,
+                       **kwargs) == (-32001, "Task not found", {"id": task_id}), (agent_name, task_id)
+    assert refused(a2a.call, "message/send", {"message": user("three", taskId=first["id"], contextId="ctx-2")},
+                   "alpha") == (-32602, f"message.contextId is not the context of task {first['id']}", None)
     own = a2a.call("message/send", {"message": user("one", contextId="s-ctx")}, "alpha", caller=SCOPED)
     again = a2a.call("message/send", {"message": user("two", taskId=own["id"])}, "alpha", caller=SCOPED)
     assert again["contextId"] == "s-ctx", "a key's follow-up to its own task continues the context"
-    unknown = a2a.call("message/send", {"message": user("two", taskId="nope")}, "alpha")
-    assert unknown["contextId"] not in ("ctx-1", "nope")
     for bad in ("", 5, "x" * 201):
         assert refused(a2a.call, "message/send", {"message": user("x", contextId=bad)}, "alpha") == (
             -32602, "message.contextId must be a non-empty string of at most 200 characters", None), bad
@@ -191,7 +192,7 @@ def test_context_ids(mgr) -> None:
     # Each (agent, context) is a session of its own, labelled a2a:<context>; a key's contexts are its own.
     assert session_of(mgr, alpha, "ctx-1") == ("a2a:ctx-1", ["one", "echo: one", "two", "echo: two"])
     assert session_of(mgr, alpha, "ctx-1", SCOPED)[1] is None, "the key never wrote to context ctx-1"
-    assert session_of(mgr, alpha, scoped["contextId"], SCOPED) == (f"a2a:{scoped['contextId']}", ["two", "echo: two"])
+    assert session_of(mgr, alpha, "s-ctx", SCOPED) == ("a2a:s-ctx", ["one", "echo: one", "two", "echo: two"])
     assert session_of(mgr, alpha, "c" * 200)[0] == ("a2a:" + "c" * 200)[:200]
 
 
