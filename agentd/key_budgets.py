@@ -64,6 +64,6 @@ class KeyBudgets:
             if spent >= limit:
                 self.audit("key.refused", name, {"key_id": key_id, "reason": "budget", "period": period})
                 raise TooManyRequests(
-                    f"message delivery failed: API key '{name}' is over its budget: {format_usd(spent)} of "
+                    f"message delivery failed: quota exceeded: API key '{name}' is over its budget: {format_usd(spent)} of "
                     f"{format_usd(limit)} spent {period}",
                     retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")

@@ -203,7 +203,7 @@ class Metering:
             end = self._period_end
         if spent >= limit:
             raise TooManyRequests(
-                f"message delivery failed: budget exceeded: {format_usd(spent)} of {format_usd(limit)} "
+                f"message delivery failed: quota exceeded: monthly budget reached: {format_usd(spent)} of {format_usd(limit)} "
                 "spent this month",
                 retry_after=max(1, math.ceil((end - now).total_seconds())))
 

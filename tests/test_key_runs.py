@@ -120,7 +120,7 @@ def test_a_keys_job_over_its_budget_is_refused_while_other_jobs_run(d: Daemon) -
     assert first["status"] == "ok" and first["cost_usd"] > 0.000001
     second = run_now(d, job)
     assert second["status"] == "failed", second
-    assert second["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its budget: ")
+    assert second["error"].startswith(f"message delivery failed: quota exceeded: API key '{key['name']}' is over its budget: ")
     assert spent(d, key) == (pytest.approx(first["cost_usd"], rel=1e-9, abs=1e-12), 1)
     assert run_now(d, make_job(d, new_key(d), agent_id))["status"] == "ok"
 
@@ -183,7 +183,7 @@ def test_a_keys_trigger_runs_as_the_key_and_is_refused_once_disabled(d: Daemon) 
     d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"enabled": True, "budget_usd_per_day": 0.000001})
     event = d.post("/api/events", json={"event_type": word}).json()["event_id"]
     wait_until(refusal, "the firing refused for the budget")
-    assert refusal()[0]["detail"]["error"].startswith(f"message delivery failed: API key '{key['name']}' is over its "
+    assert refusal()[0]["detail"]["error"].startswith(f"message delivery failed: quota exceeded: API key '{key['name']}' is over its "
                                                       "budget: ")
     assert d.get(f"/api/triggers/{trigger['id']}").json()["fire_count"] == 1
 

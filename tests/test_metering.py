@@ -126,7 +126,7 @@ def test_the_budget_refusal_names_spend_limit_and_time_to_the_period_end(store) 
     metering.set_limit(0.002)
     with pytest.raises(TooManyRequests) as caught:
         metering.check_budget()
-    assert caught.value.message == "message delivery failed: budget exceeded: $0.0026 of $0.0020 spent this month"
+    assert caught.value.message == "message delivery failed: quota exceeded: monthly budget reached: $0.0026 of $0.0020 spent this month"
     assert caught.value.retry_after == 3600 and caught.value.status == 429
 
 
@@ -181,7 +181,7 @@ def test_a_shared_check_sums_the_spend_only_under_a_limit(store, caplog) -> None
         assert [r for r in caplog.records if "SUM(cost_usd)" in r.getMessage()]
     finally:
         orm.set_sql_debug(False)
-    assert caught.value.message == "message delivery failed: budget exceeded: $0.0052 of $0.0040 spent this month"
+    assert caught.value.message == "message delivery failed: quota exceeded: monthly budget reached: $0.0052 of $0.0040 spent this month"
     assert here.budget()["spent_usd"] == pytest.approx(0.0052)
 
 

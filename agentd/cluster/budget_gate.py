@@ -58,7 +58,7 @@ class BudgetGate:
         if spent + reserved >= limit:
             held = f" (+ {format_usd(reserved)} reserved by runs in flight)" if reserved > 0 else ""
             raise TooManyRequests(
-                f"message delivery failed: budget exceeded: {format_usd(spent)}{held} of {format_usd(limit)} "
+                f"message delivery failed: quota exceeded: monthly budget reached: {format_usd(spent)}{held} of {format_usd(limit)} "
                 "spent this month", retry_after=max(1, math.ceil((end - now).total_seconds())))
         return self._estimate(agent_id, start.timestamp())
 

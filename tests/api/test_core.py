@@ -375,7 +375,7 @@ def test_budget_exactly_at_the_limit_is_refused_just_under_is_allowed(store) -> 
     with pytest.raises(TooManyRequests) as exc:
         metering.check_budget()
         pytest.fail("BUG: budget lets one more call through when spending is exactly at the limit")
-    assert exc.value.message.startswith("message delivery failed: budget exceeded: $0.0026 of $")
+    assert exc.value.message.startswith("message delivery failed: quota exceeded: monthly budget reached: $0.0026 of $")
     assert exc.value.retry_after >= 1
     metering.set_limit(0.0026 + 1e-9)
     metering.check_budget()   # just under the limit: allowed

@@ -44,7 +44,7 @@ def test_cost_and_budget_exact(daemon_factory, fake_llm) -> None:
     assert d.put("/api/budget", json={"limit_usd": cost}).json() == {"status": "updated", "limit_usd": cost}
     r = say(d, agent_id, "one more")
     assert r.status_code == 429, "BUG: budget lets one more call through when spending is exactly at the limit"
-    assert r.json()["error"].startswith("message delivery failed: budget exceeded")
+    assert r.json()["error"].startswith("message delivery failed: quota exceeded: monthly budget reached")
     assert int(r.headers["Retry-After"]) >= 1
     b = d.get("/api/budget").json()
     assert b["spent_usd"] == pytest.approx(cost, abs=1e-12) and b["remaining_usd"] == 0

@@ -168,10 +168,10 @@ def test_usage_and_budget(fresh) -> None:
     assert [a["level"] for a in status["alerts"]] == ["warning", "critical"]
     assert status["remaining_usd"] == 0
     r = say(fresh, agent_id, "refused")
-    assert r.status_code == 429 and r.json()["error"].startswith("message delivery failed: budget exceeded")
+    assert r.status_code == 429 and r.json()["error"].startswith("message delivery failed: quota exceeded: monthly budget reached")
     assert int(r.headers["Retry-After"]) > 0
     r = fresh.post("/v1/chat/completions", json={"model": "spender", "messages": [{"role": "user", "content": "x"}]})
-    assert r.status_code == 429 and "budget exceeded" in r.json()["error"]["message"]
+    assert r.status_code == 429 and "monthly budget reached" in r.json()["error"]["message"]
     fresh.put("/api/budget", json={"limit_usd": 0})
     assert say(fresh, agent_id, "unlimited again").status_code == 200
     totals = fresh.get("/api/usage").json()

@@ -243,7 +243,7 @@ def test_two_daemons_behind_nginx_act_as_one(cluster, fake_llm) -> None:
         answers = [f.result() for f in futures]
     codes = sorted(r.status_code for r in answers)
     assert codes == [200, 429, 429, 429, 429, 429], [r.text for r in answers]
-    assert all("budget exceeded" in r.json()["error"] for r in answers if r.status_code == 429)
+    assert all("monthly budget reached" in r.json()["error"] for r in answers if r.status_code == 429)
     final = [d.get("/api/budget").json() for d in (a, b)]
     assert final[0]["spent_usd"] == final[1]["spent_usd"] == pytest.approx(spent + cost, rel=1e-6)
     assert final[0]["spent_usd"] < limit + cost  # at most the one run admitted under the limit

@@ -634,7 +634,7 @@ def test_budget_gate_admits_parallel_runs_as_if_sequential(store) -> None:
     t2.start()
     second.wait(5)
     # 0.004 + 0.008 reserved >= 0.01: a third run on either daemon is refused
-    with pytest.raises(TooManyRequests, match=r"budget exceeded: \$0.0040 \(\+ \$0.0080 reserved"):
+    with pytest.raises(TooManyRequests, match=r"monthly budget reached: \$0.0040 \(\+ \$0.0080 reserved"):
         b.run(handle("a3", "s3"), threading.Event(), None, lambda: None)
     hold.set()
     t.join()

@@ -457,7 +457,7 @@ def test_the_global_budget_refuses_an_unattended_run(env) -> None:
         [failed] = wait_for(lambda: ran(d, created["id"], "failed"), 10, what="the refused run")
     finally:
         d.put("/api/budget", json={"limit_usd": 0})
-    assert failed["error"].startswith("message delivery failed: budget exceeded: ")
+    assert failed["error"].startswith("message delivery failed: quota exceeded: monthly budget reached: ")
     assert failed["cost_usd"] is None and failed["output"] is None
 
 
