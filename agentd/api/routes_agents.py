@@ -22,6 +22,10 @@ from agentd.api.schemas import (MESSAGE_SCHEMA, AgentModelSchema, ManifestSchema
 from agentd.errors import BadRequest, Conflict, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
+# A manifest of the largest size, sent as JSON: a valid TOML text escapes to at most three
+# times its UTF-8 size (`\u00e9` for `é`), so the manifest's own limit decides, not the body's.
+MANIFEST_BODY_LIMIT = 3 * MANIFEST_LIMIT + 65_536
+
 bp = Blueprint("agents", __name__)
 
 
@@ -83,7 +87,7 @@ def result_body(result: RunResult) -> dict[str, Any]:
                           {"mode": "collect"}]}),
             "KillAgent": ("agents.kill", {"agent_id": "$response.body#/agent_id"})})
 def spawn():
-    data = body.load(SpawnSchema())
+    data = body.load(SpawnSchema(), MANIFEST_BODY_LIMIT)
     manifest = data["manifest_toml"]
     if manifest is not None and len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
         raise PayloadTooLarge("manifest too large (max 1 MB)")
@@ -175,7 +179,7 @@ def set_mode(agent_id: str):
      errors={400: "Invalid manifest, or a different name", 413: "Manifest over 1 MB"})
 def update_manifest(agent_id: str):
     handle = agent(agent_id)
-    manifest = body.load(ManifestSchema())["manifest_toml"]
+    manifest = body.load(ManifestSchema(), MANIFEST_BODY_LIMIT)["manifest_toml"]
     if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
         raise PayloadTooLarge("manifest too large (max 1 MB)")
     warnings = kernel().agents.update_manifest(handle, manifest, principal().key_id)

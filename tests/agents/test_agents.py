@@ -88,6 +88,20 @@ def test_manifest_over_one_megabyte_is_413(agent_daemon) -> None:
     assert r.status_code == 413 and "1 MB" in r.json()["error"]
 
 
+def test_a_manifest_of_one_megabyte_is_taken_however_json_escapes_it(agent_daemon) -> None:
+    head = 'name = "escaped"\n##'
+    accents = head + "é" * ((1024 * 1024 - len(head) - 1) // 2) + "\n"  # sent as \u00e9: three times its size
+    lines = 'name = "escaped"\n' + "#\n" * ((1024 * 1024 - 17) // 2)  # \n is two bytes in JSON
+    for text in (accents, lines):
+        assert len(text.encode()) <= 1024 * 1024
+        r = agent_daemon.post("/api/agents", json={"manifest_toml": text})
+        assert r.status_code == 201, r.text[:200]
+        r = agent_daemon.put(f"/api/agents/{r.json()['agent_id']}/manifest", json={"manifest_toml": text})
+        assert r.status_code == 200, r.text[:200]
+        assert agent_daemon.delete(f"/api/agents/{r.json()['agent_id']}").status_code == 200
+    assert len(accents.encode()) == 1024 * 1024
+
+
 def test_duplicate_name_is_409(agent_daemon) -> None:
     spawn(agent_daemon, "dup")
     r = agent_daemon.post("/api/agents", json={"manifest_toml": manifest("dup")})
