@@ -191,13 +191,16 @@ class Catalog:
 
     # -- custom models -------------------------------------------------------
     def add_custom(self, info: ModelInfo) -> None:
-        """Register a runtime model with tier `custom` (the caller has checked the id is free)."""
-        if info.tier != CUSTOM_TIER:
-            info = dataclasses.replace(info, tier=CUSTOM_TIER)
+        """Register a runtime model, of the tier it names (the caller has checked the id is free)."""
         with self._lock:
             self._custom[info.id] = info
             # Rebuilt whole on every change (rare) so lookups stay single dict hits.
             self._index = _build_index(self._builtin, self._custom.values())
+
+    def custom_models(self) -> list[ModelInfo]:
+        """The models added at runtime, whatever their tier."""
+        with self._lock:
+            return list(self._custom.values())
 
     def remove_custom(self, model_id: str) -> bool:
         """Remove a custom model; False when `model_id` is not one (built-ins stay)."""

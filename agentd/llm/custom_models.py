@@ -6,14 +6,14 @@ import threading
 from typing import Any
 
 from agentd.errors import Conflict, NotFound
-from agentd.llm.catalog import Catalog, ModelInfo
+from agentd.llm.catalog import CUSTOM_TIER, Catalog, ModelInfo
 from agentd.store import Store
 
 SETTING = "custom_models"
 
 
 class CustomModels:
-    """Adds and removes tier-`custom` models and keeps them across restarts."""
+    """Adds and removes models at runtime and keeps them across restarts."""
 
     def __init__(self, store: Store, catalog: Catalog) -> None:
         self.store = store
@@ -24,17 +24,17 @@ class CustomModels:
 
     @staticmethod
     def _info(data: dict[str, Any]) -> ModelInfo:
-        fields = {k: v for k, v in data.items() if k != "tier"}
-        return ModelInfo(tier="custom", aliases=[], **fields)
+        # (Models stored before the tier was kept have none: they were `custom`.)
+        return ModelInfo(aliases=[], **{"tier": CUSTOM_TIER, **data})
 
     def add(self, data: dict[str, Any]) -> str:
-        """Add a model (tier becomes `custom`); 409 when the id or an alias is taken."""
+        """Add a model (of the tier it names, `custom` by default); 409 when the id is taken."""
         with self._lock:
             if self.catalog.get_model(data["id"]) is not None:
                 raise Conflict(f"a model with id {data['id']!r} already exists")
             self.catalog.add_custom(self._info(data))
             stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != data["id"]]
-            stored.append({k: v for k, v in data.items() if k != "tier"})
+            stored.append(data)
             self.store.set_setting(SETTING, stored)
         return data["id"]
 
@@ -54,7 +54,7 @@ class CustomModels:
         one of them committed would otherwise undo the model it just added."""
         with self._lock:
             wanted = {m["id"]: m for m in self.store.get_setting(SETTING, []) or []}
-            for info in self.catalog.models(tier="custom"):
+            for info in self.catalog.custom_models():
                 data = wanted.get(info.id)
                 if data is None or self._info(data) != info:
                     self.catalog.remove_custom(info.id)

@@ -85,9 +85,15 @@ def test_custom_models(fresh) -> None:
     # custom models are priced like any other
     agent_id = spawn(fresh, model='[model]\nprovider = "openai"\nmodel = "my-model"\n')
     assert say(fresh, agent_id, "priced").json()["cost_usd"] > 0
+    # A tier named is kept, across a restart too.
+    assert fresh.post("/api/models/custom", json={"id": "fast-one", "provider": "ollama", "tier": "fast"}
+                      ).status_code == 201
     fresh.stop()
     fresh.start()
     assert fresh.get("/api/models/my-model").json()["tier"] == "custom"
+    assert fresh.get("/api/models/fast-one").json()["tier"] == "fast"
+    assert "fast-one" in {m["id"] for m in fresh.get("/api/models", params={"tier": "fast"}).json()}
+    assert fresh.delete("/api/models/custom/fast-one").status_code == 200
     assert fresh.delete("/api/models/custom/my-model").json() == {"status": "removed", "model_id": "my-model"}
     assert fresh.delete("/api/models/custom/my-model").status_code == 404
     assert fresh.delete("/api/models/custom/gpt-4o").status_code == 404

@@ -158,10 +158,11 @@ def test_custom_models_are_per_instance(catalog) -> None:
     assert catalog.models(tier="custom") == []
 
 
-def test_custom_models_get_tier_custom(catalog) -> None:
+def test_custom_models_keep_their_tier(catalog) -> None:
     catalog.add_custom(custom_model(tier="fast", aliases=["mine"]))
     model = catalog.get_model("my-model")
-    assert model.tier == "custom"
+    assert model.tier == "fast" and catalog.custom_models() == [model]
+    assert catalog.models(tier="fast")[-1] is model
     assert catalog.get_model("mine") is model and catalog.aliases()["mine"] == "my-model"
 
 
