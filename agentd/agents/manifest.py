@@ -146,7 +146,7 @@ class ManifestSchema(_Strict):
     @validates("name")
     def _name(self, value: str, **_: Any) -> None:
         if not NAME_RE.match(value):
-            raise ValidationError("must be 1-64 letters, digits, spaces, '_', '.' or '-', "
+            raise ValidationError("must be 1-64 ASCII letters, digits, spaces, '_', '.' or '-', "
                                   "starting with a letter or digit")
 
     @validates("profile")

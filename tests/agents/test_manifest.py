@@ -89,8 +89,8 @@ def test_one_bare_string_is_a_one_item_list_of_tags_but_no_grant() -> None:
 @pytest.mark.parametrize("text, message", [
     ('name = 5\n', "name: Not a valid string."),
     ('description = "no name"\n', "name: Missing data for required field."),
-    ('name = ""\n', "name: must be 1-64 letters, digits, spaces, '_', '.' or '-', starting with a letter or digit"),
-    ('name = "-x"\n', "name: must be 1-64 letters, digits, spaces, '_', '.' or '-', starting with a letter or digit"),
+    ('name = ""\n', "name: must be 1-64 ASCII letters, digits, spaces, '_', '.' or '-', starting with a letter or digit"),
+    ('name = "-x"\n', "name: must be 1-64 ASCII letters, digits, spaces, '_', '.' or '-', starting with a letter or digit"),
     ('name = "x"\nprofile = "wizard"\n',
      "profile: unknown profile 'wizard'; one of automation, coding, custom, full, messaging, minimal, research"),
     ('name = "x"\n[model]\nmax_tokens = "lots"\ntemperature = 3\n',
