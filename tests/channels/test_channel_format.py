@@ -142,6 +142,18 @@ def test_discord_mentions_never_ping_and_long_code_is_split_whole(daemon, discor
     assert lines == code.split("\n")
 
 
+def test_discord_long_reply_keeps_links_and_words_whole(daemon, discord):  # noqa: F811
+    # The link does not fit the room the first paragraph leaves: it opens the next message,
+    # its address with it, and no word is cut across two messages.
+    para = " ".join(["word"] * 394)
+    tail = " ".join(f"w{n}" for n in range(600))
+    reply_of("discord", discord, daemon, f"{para}\n\n[link text here](https://example.com/x) {tail}", count=3)
+    parts = [s["content"] for s in discord.sent]
+    assert len(parts) == 3 and all(len(p.encode("utf-16-le")) // 2 <= 2000 for p in parts)
+    assert parts[1].startswith("[link text here](<https://example.com/x>) w0 w1")
+    assert " ".join(parts).split() == f"echo: {para} [link text here](<https://example.com/x>) {tail}".split()
+
+
 @pytest.fixture(scope="module")
 def ircd(tmp_path_factory):
     server = Ngircd(tmp_path_factory.mktemp("ircd")).start()

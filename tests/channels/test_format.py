@@ -206,6 +206,41 @@ def test_words_go_whole_into_parts_under_the_limit():
     assert render("  \n ", "slack", 4000) == []
 
 
+def test_a_link_that_fits_a_part_goes_whole_to_the_next():
+    # The link does not fit the room the first paragraph leaves: it starts the next part.
+    reply = "aaaa bbbb cccc dddd\n\n[link text here](https://example.com/x) tail words here"
+    for target in TARGETS:
+        limit = measure(only("[link text here](https://example.com/x)", target), "chars") + 3
+        parts = [p.text for p in render(reply, target, limit)]
+        assert all(len(p) <= limit for p in parts), (target, parts)
+        [linked] = [p for p in parts if "link text" in p]
+        assert "link text here" in linked and "https://example.com/x" in linked, (target, parts)
+    assert [p.text for p in render(reply, "plain", 40)] == [
+        "aaaa bbbb cccc dddd", "link text here (https://example.com/x)", "tail words here"]
+
+
+def test_a_word_or_code_line_is_cut_only_when_longer_than_a_part():
+    para = " ".join(["word"] * 397)  # leaves room for part of the next word
+    reply = para + "\n\nExtraordinarily " + " ".join(["word"] * 500)  # longer than a part
+    parts = [p.text for p in render(reply, "discord", 2000)]
+    assert [w for p in parts for w in p.split()] == reply.split()
+    assert parts[1].startswith("Extraordinarily word")
+
+    code = "\n".join(f"result_{n} = compute_something(alpha, beta)" for n in range(80))
+    para = " ".join(["word"] * 395)  # leaves room for the fences and part of a line
+    parts = [p.text for p in render(para + "\n\n```python\n" + code + "\n```", "discord", 2000)]
+    assert all(len(p) <= 2000 and p.count("```") in (0, 2) for p in parts)
+    assert [line for p in parts for line in p.split("\n") if line.startswith("result_")] == code.split("\n")
+
+    # In a list, the next part goes on at the margin, the word whole.
+    assert [p.text for p in render("- aaaa bbbb\n- extraordinary words follow here", "plain", 20)] == [
+        "• aaaa bbbb", "• extraordinary", "words follow here"]
+    parts = [p.text for p in render("- a\n  - aaaa bbbb cccc dddd eeee ffff", "markdown", 16)]
+    assert parts == ["- a\n  - aaaa", "bbbb cccc dddd", "eeee ffff"]  # four spaces would be code
+    # A word longer than a part is still cut, between characters.
+    assert [p.text for p in render("ab " + "x" * 30, "plain", 12)] == ["ab", "x" * 12, "x" * 12, "x" * 6]
+
+
 def test_matrix_parts_count_body_and_html_together():
     reply = "\n\n".join(f"paragraph **{n}** & more text here" for n in range(30))
     parts = render(reply, "html", 300, "bytes", both=True)

@@ -26,11 +26,11 @@ class LineTarget:
                 # second paragraph included, stands apart.
                 tight = block.item and bool(previous.lists) and block.quote == previous.quote
                 out.append("\n" if tight else "\n\n")
-            out.append(self.block(block))
+            out.append(self.block(block, first=previous is None))
             previous = block
         return "".join(out).strip("\n")
 
-    def block(self, block: Block) -> str:
+    def block(self, block: Block, first: bool = False) -> str:
         if block.kind == "code":
             body = self.code_block(block.code, block.lang)
         elif block.kind == "rule":
@@ -41,6 +41,10 @@ class LineTarget:
             body = self.spans(block.spans)
         lines = body.split("\n")
         lead, hang = self.list_lead(block)
+        if first and not block.item:
+            # A part that goes on with an item begun in the part before starts at the margin:
+            # alone, the indent means nothing (four spaces open a code block in Markdown).
+            lead = hang = ""
         lines = [(lead if n == 0 else hang) + line for n, line in enumerate(lines)]
         return self.quote(lines, block.quote)
 

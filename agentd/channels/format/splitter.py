@@ -2,9 +2,10 @@
 
 Parts break between blocks where they can, then between lines of a code block (each part
 closes the block and the next reopens it, language kept), then between words of a
-paragraph. A link is never cut unless it alone is longer than the limit, and a cut never
-falls inside a character, an emoji sequence or a letter with its accents. The size of a
-part is measured on what is sent (the rendered text, in the platform's own unit).
+paragraph. A word, link or code line is cut only when it alone is longer than a part,
+and a cut never falls inside a character, an emoji sequence or a letter with its accents.
+The size of a part is measured on what is sent (the rendered text, in the platform's own
+unit).
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ def split(blocks: list[Block], fits: Fits, most: int) -> list[list[Block]]:
             parts.append(current)
             current = [block]
             continue
-        head, rest = _cut(block, lambda piece: fits([*current, piece]), most)
+        # A word, link or code line goes whole into the room left after other blocks, or
+        # starts the next part: it is cut only when it is longer than a part of its own.
+        head, rest = _cut(block, lambda piece: fits([*current, piece]), most, whole=bool(current))
         if head is None and current:
             parts.append(current)
             current = []
-            head, rest = _cut(block, lambda piece: fits([piece]), most)
+            head, rest = _cut(block, lambda piece: fits([piece]), most, whole=False)
         if head is None:  # nothing fits at all (a limit smaller than any markup): send it whole
             head, rest = block, None
         current.append(head)
@@ -53,13 +56,17 @@ def split(blocks: list[Block], fits: Fits, most: int) -> list[list[Block]]:
     return parts
 
 
-def _cut(block: Block, fits: Callable[[Block], bool], most: int) -> tuple[Block | None, Block | None]:
-    """The longest head of `block` that fits, and the rest (None, None when none fits)."""
+def _cut(block: Block, fits: Callable[[Block], bool], most: int,
+         whole: bool) -> tuple[Block | None, Block | None]:
+    """The longest head of `block` that fits, and the rest (None, None when none fits);
+    with `whole`, a head of whole words and code lines only."""
     if block.kind == "code":
         lines = block.code.split("\n")
         k = _longest(min(len(lines), most), lambda n: fits(block.but(code="\n".join(lines[:n]))))
         if k:
             return block.but(code="\n".join(lines[:k])), block.but(code="\n".join(lines[k:]), item=False)
+        if whole:
+            return None, None
         line = lines[0]
         k = _longest(min(len(line), most), lambda n: fits(block.but(code=line[:n])))
         k = safe_cut(line, k)
@@ -72,6 +79,8 @@ def _cut(block: Block, fits: Callable[[Block], bool], most: int) -> tuple[Block 
         k = _longest(min(len(atoms), most), lambda n: fits(block.but(spans=_join(atoms[:n]))))
         if k:
             return block.but(spans=_join(atoms[:k])), _rest(block, [s for a in atoms[k:] for s in a] + tail)
+        if whole:
+            return None, None
         return _cut_atom(block, atoms, tail, fits, most)
     return None, None
 
