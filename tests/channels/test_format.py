@@ -150,6 +150,17 @@ def test_markdown_escapes_only_what_would_be_read_as_markup():
     assert only("a || b || c and é_x_é", "discord") == "a \\|\\| b \\|\\| c and é\\_x\\_é"
 
 
+def test_markdown_line_starts_keep_the_text_as_written():
+    # CommonMark escapes punctuation only: the dot after a number takes the backslash.
+    for target in ("markdown", "discord"):
+        assert only("We shipped in\n2023. It went well.", target) == "We shipped in\n2023\\. It went well."
+        assert only("1\\. not ordered", target) == "1\\. not ordered"
+        assert only("1\\) nor this", target) == "1\\) nor this"
+        assert only("a\n\\---", target) == "a\n\\---"  # not a heading's underline
+        for source in ("We shipped in\n2023. It went well.", "1\\) x", "a\n\\---", "a\n\\=", "a\n\\-- -"):
+            assert parse(only(source, target)) == parse(source), source
+
+
 # -- splitting -----------------------------------------------------------------------------
 
 def test_a_long_code_block_is_closed_and_reopened_with_its_language():

@@ -14,7 +14,18 @@ from agentd.channels.format.layout import LineTarget
 # autolink, tag or mention, an "&" that could be an entity. Other characters stay bare,
 # so "[helper]" or "file_name" read as written where a platform shows the text raw.
 SPECIAL = re.compile(r"([\\`*~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=[(\[:]|\Z)|<(?=[A-Za-z/!?@#:])|&(?=#?\w+;))")
-LINE_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)", re.M)
+# What would open a block at a line's start: a heading, quote or bullet mark; a line of
+# "-" or "=" (a rule or a heading's underline); an ordered item's number, whose "." or ")"
+# takes the backslash (CommonMark escapes punctuation only: a backslash before a digit is
+# shown as it is).
+LINE_START = re.compile(r"^(\s*)(?:([#>+-])(?=\s|$)|([-=])(?=[-= \t]*$)|(\d+)([.)])(?=\s|$))", re.M)
+
+
+def _escaped_start(match: re.Match[str]) -> str:
+    indent, mark, line, number, dot = match.groups()
+    if number:
+        return f"{indent}{number}\\{dot}"
+    return f"{indent}\\{mark or line}"
 
 
 class Markdown(LineTarget):
@@ -23,7 +34,7 @@ class Markdown(LineTarget):
     wraps = {STRONG: ("**", "**"), EM: ("*", "*"), STRIKE: ("~~", "~~")}
 
     def escape(self, text: str) -> str:
-        return LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2), SPECIAL.sub(r"\\\1", text))
+        return LINE_START.sub(_escaped_start, SPECIAL.sub(r"\\\1", text))
 
     def code_escape(self, text: str) -> str:
         return text
