@@ -70,6 +70,10 @@ def test_mention_round_trip_and_allow_list(daemon, gateway):  # noqa: F811
         refused = wait_for(lambda: audit(daemon, "channel.refused", "twitch"), what="refusal")
         assert refused[0]["detail"]["sender"] == "mallory"
         assert not any("just chatting" in l or "let me in" in l for l in ann.lines if l.startswith(":agentbot!"))
+        # A long answer goes as IRC lines of at most 400 UTF-8 bytes, whole characters each.
+        ann.send("PRIVMSG #streamer :@AgentBot " + "✅" * 140)
+        got = [ann.wait(lambda l: l.startswith(":agentbot!") and "✅" in l).split(" :", 1)[1] for _ in range(2)]
+        assert got == ["@ann: " + "✅" * 131, "@ann: " + "✅" * 9]
     finally:
         ann.close()
         mallory.close()

@@ -2,7 +2,8 @@
 `PASS oauth:<token>`, `NICK`, `CAP REQ` for tags, `JOIN #channel`, PING/PONG, and
 `PRIVMSG` in the channels listed. Messages addressed to the bot ("@nick ..." or
 "nick: ...") are answered in the channel as "@user <answer>". The IRC adapter does
-the protocol work; this one adds Twitch's login, IRCv3 tags and 500-character lines."""
+the protocol work and the splitting (lines of at most 400 UTF-8 bytes, well within
+Twitch's 500 characters a message); this one adds Twitch's login and IRCv3 tags."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from agentd.channels.adapters.irc import IrcAdapter
 
 
 class TwitchAdapter(IrcAdapter):
-    max_message_len = 500
-
     def __init__(self, ctx, settings) -> None:  # type: ignore[no-untyped-def]
         settings = dict(settings)
         # Twitch channel names are the lower-case login with a leading '#'.
