@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from flask import Blueprint, current_app, jsonify, request
@@ -11,10 +12,11 @@ from agentd.api import schemas_out as out
 from agentd.api.body import format_validation
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal
-from agentd.api.schemas import TicksQuery
+from agentd.api import body
+from agentd.api.schemas import ShutdownQuery, TicksQuery
 from agentd.api.sse import format_event, sse_response
 from agentd import buildinfo
-from agentd.errors import BadRequest
+from agentd.errors import BadRequest, Conflict
 from agentd.kernel import Kernel
 
 bp = Blueprint("system", __name__)
@@ -55,11 +57,16 @@ def status():
 
 
 @bp.post("/api/shutdown")
-@doc("Stop the daemon gracefully", response=out.StatusOnlySchema, tags="system",
+@doc("Stop the daemon gracefully", response=out.StatusOnlySchema, tags="system", query=ShutdownQuery,
+     errors={409: "`home` names another home than the one this daemon serves"},
      description="Answers `{status: shutting_down}`, then stops accepting connections, gives "
                  "in-flight requests `shutdown_grace_secs` and exits.")
 def shutdown():
-    kernel().request_shutdown()
+    k = kernel()
+    home = body.validate(ShutdownQuery(), request.args.to_dict()).get("home")
+    if home is not None and os.path.realpath(home) != os.path.realpath(k.config.home):
+        raise Conflict(f"this daemon serves another home: {k.config.home}")
+    k.request_shutdown()
     return jsonify({"status": "shutting_down"})
 
 

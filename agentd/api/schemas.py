@@ -147,6 +147,12 @@ class _Query(Schema):
         unknown = EXCLUDE
 
 
+class ShutdownQuery(_Query):
+    home = fields.String(validate=validate.Length(min=1, max=4096), metadata={
+        "description": "Stop only if this daemon serves this home folder (409 otherwise): how `agentd stop` "
+                       "makes sure a stale daemon.json never stops another home's daemon"})
+
+
 class SessionQuery(_Query):
     user = fields.String(validate=validate.Length(min=1, max=256), metadata={
         "description": "The session of this person (as a message's `user` names it)"})

@@ -89,8 +89,14 @@ def stop() -> None:
 
     client = ApiClient(info.base_url, config.api_key, timeout=5)
     try:
-        response = client.request("POST", "/api/shutdown")
+        # `home`: the daemon now at the recorded address may serve another home (this
+        # daemon.json is stale); it refuses, and is left running.
+        response = client.request("POST", "/api/shutdown", params={"home": str(config.home)})
         asked, answered = response.ok, True
+        if response.status_code == 409:
+            config.daemon_file.unlink(missing_ok=True)
+            _fail(f"agentd was not running (removed stale daemon.json): the daemon at {info.base_url} "
+                  "serves another home")
         if not asked:
             print(f"shutdown request refused: HTTP {response.status_code} {response.text.strip()}",
                   file=sys.stderr)

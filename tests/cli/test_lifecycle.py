@@ -230,6 +230,24 @@ def test_stop_never_kills_a_process_that_is_not_agentd(tmp_path: Path) -> None:
     assert not (home / "daemon.json").exists()
 
 
+def test_stop_never_stops_the_daemon_of_another_home(daemon_factory, tmp_path: Path) -> None:
+    """A stale daemon.json whose address another home's daemon now serves: that daemon is
+    asked, refuses, and keeps running; the file goes."""
+    other = daemon_factory()
+    home = make_home(tmp_path / "stale")
+    (home / "daemon.json").write_text(json.dumps(
+        {"listen_addr": other.url.removeprefix("http://"), "pid": 999_999_999, "started_at": "x"}))
+    r = run_cli(home, "stop")
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.strip() == (f"error: agentd was not running (removed stale daemon.json): the daemon at {other.url} "
+                                "serves another home")
+    assert other.get("/api/health").status_code == 200 and not (home / "daemon.json").exists()
+    r = other.post("/api/shutdown", params={"home": str(home)})
+    assert (r.status_code, r.json()) == (409, {"error": f"this daemon serves another home: {other.home}"})
+    assert other.post("/api/shutdown", params={"home": str(other.home / ".")}).json() == {"status": "shutting_down"}
+    other.proc.wait(15)
+
+
 def _decoy(tmp_path: Path, how: str) -> subprocess.Popen:
     """A program that is not agentd but whose command line says "agentd" (the command lines
     users really have: a tool under ~/agentd-tools/, or one that calls itself agentd)."""
