@@ -13,6 +13,7 @@ from typing import Any
 from agentd.config.tables import (ApiConfig, ChannelsConfig, DefaultModel, MemoryConfig, MetricsConfig,
                                   SchedulesConfig, ToolsConfig, TriggersConfig)
 from agentd.errors import ConfigError
+from agentd.llm.catalog import Catalog
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
@@ -128,6 +129,11 @@ def default_model_table(data: dict[str, Any]) -> DefaultModel:
     for key in ("provider", "model", "api_key_env", "base_url"):
         if key in table:
             setattr(model, key, expect(table[key], str, f"default_model.{key}", "a string"))
+    if "provider" in table and "api_key_env" not in table:
+        # The key variable of the provider named, not the default provider's: a local
+        # server (Ollama, LM Studio) has none.
+        info = Catalog.load().get_provider(model.provider)
+        model.api_key_env = info.api_key_env if info is not None else ""
     return model
 
 

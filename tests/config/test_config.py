@@ -78,6 +78,17 @@ def test_values_as_read(tmp_path: Path) -> None:
     assert type(cfg.llm.timeout_secs) is float
 
 
+def test_a_default_model_without_a_key_variable_takes_its_providers(tmp_path: Path) -> None:
+    for table, env in (('provider = "ollama"\nmodel = "llama3.2"', ""),
+                       ('provider = "openai"\nmodel = "gpt-4o"', "OPENAI_API_KEY"),
+                       ('provider = "ollama"\nmodel = "llama3.2"\napi_key_env = "MY_KEY"', "MY_KEY"),
+                       ('provider = "my-proxy"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"', "")):
+        write(tmp_path, f"[default_model]\n{table}\n")
+        assert load_config(tmp_path).default_model.api_key_env == env, table
+    write(tmp_path, '[default_model]\nmodel = "claude-opus-4-6"\n')
+    assert load_config(tmp_path).default_model.api_key_env == "ANTHROPIC_API_KEY"
+
+
 def test_the_environment_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path, 'api_listen = "127.0.0.1:5000"\ndatabase_url = "postgresql://agentd@db.example/agentd"\n')
     monkeypatch.setenv("AGENTD_LISTEN", "  ")

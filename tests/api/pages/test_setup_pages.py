@@ -6,6 +6,7 @@ script. The same flows in a browser are tests/api/pages/test_setup_browser.py.""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -15,12 +16,13 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import requests
 
 from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.kernel import Kernel
 from agentd.settings import MASK, Settings
-from support import with_test_db
+from support import FAST_API, Daemon, make_home, run_cli, with_test_db
 
 LOCAL = {"REMOTE_ADDR": "127.0.0.1"}
 PAGE_BUDGET = 60_000
@@ -113,6 +115,38 @@ def test_a_fresh_home_is_sent_to_setup_until_a_local_provider_is_the_default(fre
     assert r.status_code == 200 and "<h1>Overview</h1>" in r.get_data(as_text=True)
     assert '<a href="/setup">Setup</a>' in r.get_data(as_text=True), "the setup page keeps a link"
     assert "is <code>ollama/llama3.2</code>" in fresh.get("/setup").get_data(as_text=True)
+
+
+def test_a_local_default_chosen_on_the_setup_page_holds_after_a_restart(tmp_path: Path, fake_llm) -> None:
+    # The fake LLM stands where LM Studio is expected; no provider key anywhere.
+    home = make_home(tmp_path, FAST_API + f'[provider_urls]\nlmstudio = "{fake_llm.openai_base}"\n')
+    daemon = Daemon(home, env_extra={name: "" for name in KEY_VARS}).start()
+    browser = requests.Session()
+
+    def post(path: str, form: dict) -> requests.Response:
+        page = browser.get(f"{daemon.url}/setup", timeout=30).text
+        token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', page).group(1)
+        return browser.post(daemon.url + path, data={"csrf_token": token, **form}, allow_redirects=False,
+                            timeout=30)
+
+    assert "Use LM Studio</button>" in browser.get(f"{daemon.url}/setup", timeout=30).text
+    assert post("/setup/provider", {"provider": "lmstudio"}).status_code == 303
+    assert post("/setup/default", {"provider": "lmstudio", "model": "fake-model"}).status_code == 303
+    r = daemon.post("/api/agents", json={"manifest_toml": 'name = "local"\n'})
+    assert r.status_code == 201 and r.json()["warnings"] == [], r.text
+    agent_id = r.json()["agent_id"]
+    r = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "[[reply:before]] hi"})
+    assert (r.status_code, r.json().get("response")) == (200, "before"), r.text
+    daemon.stop()
+    daemon.start()
+    r = daemon.post(f"/api/agents/{agent_id}/message", json={"message": "[[reply:after]] hi"})
+    assert (r.status_code, r.json().get("response")) == (200, "after"), r.text
+    r = daemon.post("/api/agents", json={"manifest_toml": 'name = "later"\n'})
+    assert r.status_code == 201 and r.json()["warnings"] == [], r.text
+    assert browser.get(f"{daemon.url}/", allow_redirects=False, timeout=30).status_code == 200
+    checks = {c["check"]: c for c in json.loads(run_cli(home, "doctor", "--json", port=daemon.port).stdout)}
+    assert checks["provider_keys"]["status"] == "ok" and "ANTHROPIC" not in checks["provider_keys"]["message"]
+    daemon.stop()
 
 
 def test_a_key_is_saved_private_tested_and_never_shown(fresh: Web, fake_llm) -> None:
