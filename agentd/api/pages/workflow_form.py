@@ -61,9 +61,8 @@ def _stored_step(step: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in step.items() if v is not None}
 
 
-def read(form: MultiDict) -> tuple[WorkflowForm, dict[str, Any] | Any, list[int]]:
-    """The typed form, the request body it stands for, and for each step of that body the
-    fieldset it came from (empty fieldsets are left out)."""
+def read(form: MultiDict) -> WorkflowForm:
+    """The form as typed (empty step fieldsets are left out)."""
     typed = WorkflowForm(name=form.get("name", ""), description=form.get("description", ""),
                          definition=form.get("definition", "") if form.get("use_definition") else "")
     rows = []
@@ -71,12 +70,16 @@ def read(form: MultiDict) -> tuple[WorkflowForm, dict[str, Any] | Any, list[int]
         if f"steps-{i}-name" not in form:
             break
         rows.append({k: form.get(f"steps-{i}-{k}", "") for k in STEP_FIELDS})
-    filled = [i for i, row in enumerate(rows) if any(row[k].strip() for k in ("name", "agent_name", "prompt"))]
-    typed.steps = [rows[i] for i in filled]
+    typed.steps = [row for row in rows if any(row[k].strip() for k in ("name", "agent_name", "prompt"))]
+    return typed
+
+
+def body(typed: WorkflowForm) -> dict[str, Any] | Any:
+    """The request body the typed form stands for: the definition text when one was given,
+    else the fields (step i of the body is step fieldset i of `typed.steps`)."""
     if typed.definition.strip():
-        return typed, parse_text(typed.definition), []
-    body = {"name": typed.name, "description": typed.description, "steps": [_step(rows[i]) for i in filled]}
-    return typed, body, filled
+        return parse_text(typed.definition)
+    return {"name": typed.name, "description": typed.description, "steps": [_step(row) for row in typed.steps]}
 
 
 def _step(row: dict[str, str]) -> dict[str, Any]:

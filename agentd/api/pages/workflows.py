@@ -72,9 +72,9 @@ def _form_page(form: WorkflowForm, workflow: dict | None = None, status: int = 2
 def _save(workflow_id: str | None):
     engine = kernel().workflows
     workflow = engine.get(workflow_id) if workflow_id else None
-    form, body, rows = WorkflowForm(), None, []
+    form = workflow_form.read(request.form)
     try:
-        form, body, rows = workflow_form.read(request.form)
+        body = workflow_form.body(form)
         reach_definition(body)
         if workflow is None:
             workflow_id = engine.create(body)
@@ -83,7 +83,7 @@ def _save(workflow_id: str | None):
     except StepError as exc:
         form.error, form.error_field = exc.message, exc.field
         # Steps typed in fieldsets: the fieldset of the refused step; typed as text: none.
-        form.error_row = exc.index if rows and exc.index < len(rows) else None
+        form.error_row = exc.index if not form.definition.strip() and exc.index < len(form.steps) else None
         return _form_page(form, workflow, exc.status)
     except AgentdError as exc:
         form.error = exc.message

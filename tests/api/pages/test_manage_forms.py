@@ -145,8 +145,17 @@ def test_workflow_from_toml_text_and_a_text_error(web: Browser) -> None:
     _, agent = spawn(d)
     web.get("/workflows/new")
     toml_text = f'name = "from-toml"\n\n[[steps]]\nname = "only"\nagent_name = "{agent}"\nprompt = "hi {{{{input}}}}"\n'
-    r = web.post("/workflows/new", {"use_definition": "1", "definition": "name = [broken"})
-    assert r.status_code == 400 and "the definition is not valid TOML" in r.text
+    # A text that does not parse comes back as typed: the name, the text, the box ticked.
+    for broken, error in (('name = "wfF"\n[[steps]\nname="x"', "the definition is not valid TOML: "),
+                          ('{"name": "wfF", "steps": [', "the definition is not valid JSON: ")):
+        r = web.post("/workflows/new", {"name": "wfF", "description": "kept", "use_definition": "1",
+                                        "definition": broken, **step_fields(0, "typed-step", agent, "typed prompt")})
+        assert r.status_code == 400 and error in r.text, r.text
+        assert 'name="name" value="wfF"' in r.text and 'name="description" value="kept"' in r.text
+        typed = re.search(r'<textarea name="definition" id="wf-definition"[^>]*>(.*?)</textarea>', r.text, re.S)
+        assert htmllib.unescape(typed.group(1)) == broken
+        assert 'name="use_definition" value="1" checked>' in r.text
+        assert 'name="steps-0-name" value="typed-step"' in r.text and "typed prompt</textarea>" in r.text
     r = web.post("/workflows/new", {"use_definition": "1", "definition": toml_text})
     assert note(web.follow(r)) == "workflow from-toml created"
     workflow_id = r.headers["Location"].split("/")[2].split("?")[0]
