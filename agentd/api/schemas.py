@@ -42,7 +42,7 @@ class MessageSchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    message = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="message is empty"),
+    message = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="must not be empty"),
                             metadata={"description": "The message (max 64 KB)", "maxLength": 65536})
     # null is the option left out (dropped before loading; allow_none documents it).
     attachments = fields.List(fields.Nested(AttachmentSchema), load_default=list, allow_none=True)
@@ -82,20 +82,20 @@ class ModeSchema(_Body):
 
 
 class ManifestSchema(_Body):
-    manifest_toml = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="manifest_toml is empty"),
+    manifest_toml = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="must not be empty"),
                                   metadata={"description": "The agent's new manifest (TOML, max 1 MB); "
                                                            "its `name` must stay the agent's"})
 
 
 class AgentModelSchema(_Body):
     model = fields.String(required=True, validate=validate.Regexp(r"^(default|[^/\s]+/\S+)$",
-                                                                  error="model must be provider/model or default"),
+                                                                  error="must be provider/model or default"),
                           metadata={"description": "`provider/model`, or `default` for the config's default model",
                                     "example": "openai/gpt-4o"})
 
 
 class ProviderKeySchema(_Body):
-    api_key = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="api_key is empty"),
+    api_key = fields.String(required=True, validate=validate.Regexp(NOT_BLANK, error="must not be empty"),
                             metadata={"description": "The key; kept in the daemon's environment and "
                                                      "secrets file, never in config.toml"})
 

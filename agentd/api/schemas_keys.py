@@ -29,7 +29,7 @@ def parse_expiry(value: str) -> datetime:
 
 def _name(required: bool = False) -> fields.Field:
     return fields.String(required=required, validate=validate.Regexp(
-        KEY_NAME, error="name must be 1-64 letters, digits, spaces, '_', '.', '@' or '-', starting with a letter "
+        KEY_NAME, error="must be 1-64 letters, digits, spaces, '_', '.', '@' or '-', starting with a letter "
                         "or digit"),
         metadata={"description": "A unique name (audit records and usage name the key by it)", "pattern": KEY_NAME})
 

@@ -13,9 +13,9 @@ class SkillInstallSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    path = fields.String(validate=validate.Regexp(NOT_BLANK, error="path is empty"), metadata={
+    path = fields.String(validate=validate.Regexp(NOT_BLANK, error="must not be empty"), metadata={
         "description": "Absolute path of a skill folder (with SKILL.md) on the daemon's machine"})
-    url = fields.String(validate=validate.Regexp(NOT_BLANK, error="url is empty"), metadata={
+    url = fields.String(validate=validate.Regexp(NOT_BLANK, error="must not be empty"), metadata={
         "description": "http(s) URL of a zip archive; its host must be in [tools] fetch_allow_hosts"})
 
     @validates_schema

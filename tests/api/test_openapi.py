@@ -184,7 +184,7 @@ def test_blank_message_is_refused_by_the_schema(agent_daemon) -> None:
     for text in ("", "   \n\t", "\ufeff", "\u3000\ufeff\x85 ", "\x1f"):
         for route in ("message", "message/stream"):
             r = agent_daemon.post(f"/api/agents/{agent_id}/{route}", json={"message": text})
-            assert (r.status_code, r.json()) == (400, {"error": "invalid request: message: message is empty"}), \
+            assert (r.status_code, r.json()) == (400, {"error": "invalid request: message: must not be empty"}), \
                 (route, text)
 
 

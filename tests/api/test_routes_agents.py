@@ -70,7 +70,7 @@ def test_agent_lookup_through_the_app(tmp_path: Path) -> None:
         assert r.status_code == 404 and r.get_json() == {"error": "agent not found"}
         r = client.post(f"/api/agents/{agent_id}/message", json={"message": "   "}, environ_base=LOCAL)
         # The schema refuses it first; message_text's own check guards the dashboard's chat form.
-        assert r.status_code == 400 and r.get_json() == {"error": "invalid request: message: message is empty"}
+        assert r.status_code == 400 and r.get_json() == {"error": "invalid request: message: must not be empty"}
         r = client.post(f"/api/agents/{agent_id}/message", json={"message": "a" * 65537}, environ_base=LOCAL)
         assert r.status_code == 413 and r.get_json() == {"error": "message too large (max 64 KB)"}
         assert client.delete(f"/api/agents/{agent_id}", environ_base=LOCAL).status_code in (200, 204)

@@ -140,8 +140,8 @@ FAST = [
 SLOW = [
     (MESSAGE_SCHEMA, {"message": "hi", "attachments": []}, None),
     (MESSAGE_SCHEMA, {"message": "hi", "attachments": None, "user": None, "session": None}, None),
-    (MESSAGE_SCHEMA, {"message": "  \n\t"}, "message: message is empty"),
-    (MESSAGE_SCHEMA, {"message": ""}, "message: message is empty"),
+    (MESSAGE_SCHEMA, {"message": "  \n\t"}, "message: must not be empty"),
+    (MESSAGE_SCHEMA, {"message": ""}, "message: must not be empty"),
     (MESSAGE_SCHEMA, {"message": 5}, "message: Not a valid string."),
     (MESSAGE_SCHEMA, {"message": None}, "message: Field may not be null."),
     (MESSAGE_SCHEMA, {}, "message: Missing data for required field."),

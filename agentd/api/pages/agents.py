@@ -129,7 +129,7 @@ def agent_model(agent_id: str):
     try:
         warnings = agents.set_model(handle, request.form.get("model", ""), principal().key_id)
     except AgentdError as exc:
-        return see_other_with("pages.agent_edit", [f"model: {exc.message}"], ok=False, agent_id=handle.id)
+        return see_other_with("pages.agent_edit", [exc.message], ok=False, agent_id=handle.id)
     return see_other_with("pages.agent_page", [f"agent {handle.name}: model set to {handle.provider}/{handle.model}"]
                           + warnings, ok=not warnings, agent_id=handle.id)
 

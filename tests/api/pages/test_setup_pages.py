@@ -223,7 +223,10 @@ def test_edit_model_and_manifest_keep_the_conversation(web: Web) -> None:
         "API key: set DEEPSEEK_API_KEY or POST /api/providers/deepseek/key")
     assert "# a comment that stays" in handle.manifest.toml_text
     assert web.follow(web.post(f"/agents/{handle.id}/model", {"model": "gpt-4o"})) == (
-        f"/agents/{handle.id}/edit", "model: model: expected provider/model or default, got 'gpt-4o'")
+        f"/agents/{handle.id}/edit", "model: expected provider/model or default, got 'gpt-4o'")
+    assert web.follow(web.post(f"/agents/{handle.id}/model", {"model": "nope/x"})) == (
+        f"/agents/{handle.id}/edit", "invalid manifest format: model.provider: unknown provider 'nope' "
+                                     "(set model.base_url for a custom endpoint)")
     new = 'name = "editable"\ndescription = "now described"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n'
     assert web.follow(web.post(f"/agents/{handle.id}/manifest", {"manifest_toml": new})) == (
         f"/agents/{handle.id}", "agent editable: manifest saved")
@@ -242,7 +245,7 @@ def test_edit_model_and_manifest_keep_the_conversation(web: Web) -> None:
     r = api.put(f"/api/agents/{handle.id}/manifest", json={"manifest_toml": 'name = "renamed"\n'}, environ_base=LOCAL)
     assert r.status_code == 400 and "keeps its name" in r.get_json()["error"]
     r = api.put(f"/api/agents/{handle.id}/model", json={"model": "gpt 4"}, environ_base=LOCAL)
-    assert r.status_code == 400
+    assert (r.status_code, r.get_json()) == (400, {"error": "invalid request: model: must be provider/model or default"})
     r = api.put("/api/agents/00000000-0000-4000-8000-000000000000/model", json={"model": "default"},
                 environ_base=LOCAL)
     assert r.status_code == 404
