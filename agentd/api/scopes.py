@@ -74,7 +74,7 @@ ENDPOINT_SCOPES: dict[str, str | None] = {
     "pages.memory_kv_set": "manage", "pages.memory_kv_delete": "manage", "pages.memory_import": "manage",
     "pages.memory_consolidate": "manage", "pages.memory_entity_add": "manage",
     "pages.memory_relation_add": "manage",
-    "pages.workflow_run_page": "read", "pages.workflow_run_get": "read", "pages.workflow_new": "manage", "pages.workflow_create": "manage",
+    "pages.workflow_run_page": "read", "pages.workflow_new": "manage", "pages.workflow_create": "manage",
     "pages.workflow_edit": "manage", "pages.workflow_update": "manage", "pages.workflow_cancel": "manage",
     "pages.provider_key": "admin", "pages.provider_url": "admin", "pages.budget_set": "admin",
     "pages.keys": "admin", "pages.keys_create": "admin", "pages.key_action": "admin", "pages.key_edit": "admin",

@@ -12,9 +12,11 @@ the session's CSRF token or is refused with 403 before anything changes.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
+from typing import Any, Callable
 
 from flask import Blueprint, Response, current_app, g, redirect, request, url_for
 
@@ -40,6 +42,20 @@ def kernel() -> Kernel:
 def see_other(endpoint: str, **values: str) -> Response:
     """303 to another dashboard page (a POST's answer: the browser then GETs it)."""
     return redirect(url_for(endpoint, **values), code=303)
+
+
+def form_post(rule: str, page: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Route a form's POST at `rule`. A refused POST shows its page at that URL; opening the
+    URL again (GET) answers 303 to `page` instead of 405, with the URL's values it takes."""
+    def register(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def answer(**values: Any) -> Any:
+            if request.method == "GET":
+                taken = next(current_app.url_map.iter_rules(page)).arguments
+                return see_other(page, **{k: v for k, v in values.items() if k in taken})
+            return view(**values)
+        return bp.route(rule, methods=["GET", "POST"])(answer)
+    return register
 
 
 def _agent_by_name() -> str:

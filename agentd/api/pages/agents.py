@@ -10,7 +10,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents import manifest_edit
 from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, form_post, kernel, see_other
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reachable, run_fields
@@ -105,7 +105,7 @@ def agent_edit(agent_id: str):
     return _edit_page(kernel().agents.get(agent_id))
 
 
-@bp.post("/agents/<agent_id>/manifest")
+@form_post("/agents/<agent_id>/manifest", "pages.agent_edit")
 def agent_manifest(agent_id: str):
     """Replace the manifest as PUT /api/agents/{id}/manifest does."""
     agents = kernel().agents
@@ -121,7 +121,7 @@ def agent_manifest(agent_id: str):
                           ok=not warnings, agent_id=handle.id)
 
 
-@bp.post("/agents/<agent_id>/model")
+@form_post("/agents/<agent_id>/model", "pages.agent_edit")
 def agent_model(agent_id: str):
     """Set the model as PUT /api/agents/{id}/model does."""
     agents = kernel().agents
@@ -161,7 +161,7 @@ def agent_page(agent_id: str):
     return _agent_page(agent_id)
 
 
-@bp.post("/agents/<agent_id>/message")
+@form_post("/agents/<agent_id>/message", "pages.agent_page")
 def agent_message(agent_id: str):
     """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back.
 
@@ -225,17 +225,17 @@ def _compact(agents: Any, handle: Any) -> str:
     return agents.compact(handle)["message"]
 
 
-@bp.post("/agents/<agent_id>/mode")
+@form_post("/agents/<agent_id>/mode", "pages.agent_page")
 def agent_mode(agent_id: str):
     return _agent_action(agent_id, _set_mode)
 
 
-@bp.post("/agents/<agent_id>/stop")
+@form_post("/agents/<agent_id>/stop", "pages.agent_page")
 def agent_stop(agent_id: str):
     return _agent_action(agent_id, _stop, refusal_on_page=False)
 
 
-@bp.post("/agents/<agent_id>/compact")
+@form_post("/agents/<agent_id>/compact", "pages.agent_page")
 def agent_compact(agent_id: str):
     return _agent_action(agent_id, _compact)
 
@@ -286,7 +286,7 @@ def approvals():
     return render_template("approvals.html", approvals=reachable(kernel().approvals.pending()))
 
 
-@bp.post("/approvals/<approval_id>/<decision>")
+@form_post("/approvals/<approval_id>/<decision>", "pages.approvals")
 def approval_decide(approval_id: str, decision: str):
     queue = kernel().approvals
     if decision not in ("approve", "reject"):

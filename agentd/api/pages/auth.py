@@ -7,7 +7,7 @@ from flask import redirect, render_template, request
 
 from agentd import hmacs
 from agentd.api import dashauth
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, form_post, kernel, see_other
 from agentd.apikeys import TOKEN_PREFIX
 from agentd.errors import Forbidden, Unauthorized
 
@@ -74,7 +74,7 @@ def login_submit():
     return redirect(request.script_root + target, code=303) if target else see_other("pages.index")
 
 
-@bp.post("/logout")
+@form_post("/logout", "pages.index")
 def logout():
     dashauth.end_session()
     return see_other("pages.login") if kernel().config.api_key else see_other("pages.index")

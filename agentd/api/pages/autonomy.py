@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flask import abort, render_template, request, url_for
+from flask import render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel, see_other
 from agentd.api.pages.confirm import ask_first
 from agentd.api.principal import TASK_AGENTS, principal, reach_agent, reachable
 from agentd.api.pages.notes import see_other_with
@@ -49,7 +49,7 @@ def triggers():
     return _triggers_page(editing={"trigger": trigger, "form": _editable(trigger)})
 
 
-@bp.post("/triggers/<trigger_id>/edit")
+@form_post("/triggers/<trigger_id>/edit", "pages.triggers")
 def trigger_edit(trigger_id: str):
     """Change the trigger's prompt and caps as PATCH /api/triggers/{id} does (an emptied cap is
     removed); a refusal comes back above the edit form, with what was typed."""
@@ -105,7 +105,7 @@ def trigger_action(trigger_id: str, action: str):
         elif action not in ("enable", "disable"):
             return _triggers_page(404, f"unknown action {action!r}")
         elif request.method != "POST":
-            abort(405)
+            return see_other("pages.triggers")
         else:
             service.update(trigger_id, {"enabled": action == "enable"})
     except AgentdError as exc:

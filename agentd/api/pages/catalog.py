@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from flask import abort, render_template, request, url_for
+from flask import render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel, see_other
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
@@ -64,7 +64,7 @@ def _levels(raw: str) -> list[float]:
     return out
 
 
-@bp.post("/usage/budget")
+@form_post("/usage/budget", "pages.usage")
 def budget_set():
     """Sets the monthly limit and the alert levels as PUT /api/budget does (0: no limit; alert
     levels left empty: unchanged)."""
@@ -107,7 +107,7 @@ def providers():
     return render_template("providers.html", providers=kernel().providers.listing())
 
 
-@bp.post("/providers/<name>/test")
+@form_post("/providers/<name>/test", "pages.providers")
 def provider_test(name: str):
     """Runs the same test as POST /api/providers/{name}/test, then shows its outcome on the
     providers page (a redirect, so a refresh does not run it again)."""
@@ -135,7 +135,7 @@ def provider_key(name: str):
         if asked is not None:
             return asked
     elif request.method != "POST":
-        abort(405)
+        return see_other("pages.providers")
     try:
         if request.form.get("remove"):
             providers.delete_key(name)
@@ -146,7 +146,7 @@ def provider_key(name: str):
     return see_other_with("pages.providers", [f"{name}: key saved; test it with its Test button"])
 
 
-@bp.post("/providers/url")
+@form_post("/providers/url", "pages.providers")
 def provider_url():
     """Sets a provider's base URL as PUT /api/providers/{name}/url does (a local
     OpenAI-compatible server, a proxy)."""

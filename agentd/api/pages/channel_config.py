@@ -16,7 +16,7 @@ from typing import Any
 
 from flask import abort, render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
@@ -179,7 +179,7 @@ def channel_page(name: str):
                            problems=_problems(name), test_message=TEST_MESSAGE)
 
 
-@bp.post("/channels/<name>/configure")
+@form_post("/channels/<name>/configure", "pages.channel_page")
 def channel_configure(name: str):
     channels = kernel().channels
     if name not in channels.catalog.names():
@@ -218,7 +218,7 @@ def channel_remove(name: str):
                           name=name)
 
 
-@bp.post("/channels/<name>/test")
+@form_post("/channels/<name>/test", "pages.channel_page")
 def channel_test(name: str):
     channels = kernel().channels
     if name not in channels.catalog.names():

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import abort, make_response, render_template, request, url_for
+from flask import make_response, render_template, request, url_for
 from itsdangerous import BadSignature
 from marshmallow import ValidationError
 from werkzeug.datastructures import MultiDict
 
 from agentd.api import dashauth
 from agentd.api.body import format_validation
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel, see_other
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal
@@ -127,7 +127,7 @@ def keys_create():
     return _show_once(created, "created")
 
 
-@bp.post("/keys/<key_id>/edit")
+@form_post("/keys/<key_id>/edit", "pages.keys")
 def key_edit(key_id: str):
     """Change the key's name, scopes, agents, budgets, rate limit and expiry as PATCH
     /api/keys/{id} does; an emptied number or expiry is removed, no agents means all."""
@@ -155,7 +155,7 @@ def key_action(key_id: str, action: str):
             if asked is not None:
                 return asked
         elif request.method != "POST":
-            abort(405)
+            return see_other("pages.keys")
         if action == "rotate":
             return _show_once(keys_.rotate(key_id, principal()), "rotated")
         if action == "delete":

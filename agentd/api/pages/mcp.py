@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import render_template
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import ConfigError
 
@@ -14,7 +14,7 @@ def mcp_servers():
     return render_template("mcp.html", servers=kernel().mcp.servers())
 
 
-@bp.post("/mcp-servers/reload")
+@form_post("/mcp-servers/reload", "pages.mcp_servers")
 def mcp_reload():
     """Re-read [[mcp_servers]] from config.toml as POST /api/mcp/reload does."""
     try:

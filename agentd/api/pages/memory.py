@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Response, current_app, render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError, BadRequest, NotFound
@@ -100,7 +100,7 @@ def _required_service() -> Any:
 
 # -- fragments ----------------------------------------------------------------------------------
 
-@bp.post("/agents/<agent_id>/memory/fragments")
+@form_post("/agents/<agent_id>/memory/fragments", "pages.agent_memory")
 def memory_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form
@@ -166,7 +166,7 @@ def _kv_value(text: str) -> Any:
         return text
 
 
-@bp.post("/agents/<agent_id>/memory/kv")
+@form_post("/agents/<agent_id>/memory/kv", "pages.agent_memory")
 def memory_kv_set(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
@@ -206,7 +206,7 @@ def memory_export(agent_id: str):
     return response
 
 
-@bp.post("/agents/<agent_id>/memory/import")
+@form_post("/agents/<agent_id>/memory/import", "pages.agent_memory")
 def memory_import(agent_id: str):
     handle = kernel().agents.get(agent_id)
     upload = request.files.get("document")
@@ -226,7 +226,7 @@ def memory_import(agent_id: str):
     return _done(handle.id, lines, ok=not result["errors"])
 
 
-@bp.post("/agents/<agent_id>/memory/consolidate")
+@form_post("/agents/<agent_id>/memory/consolidate", "pages.agent_memory")
 def memory_consolidate(agent_id: str):
     handle = kernel().agents.get(agent_id)
     try:
@@ -270,7 +270,7 @@ def memory_entity(agent_id: str, entity_id: str):
                            outgoing=outgoing, incoming=incoming)
 
 
-@bp.post("/agents/<agent_id>/memory/graph/entities")
+@form_post("/agents/<agent_id>/memory/graph/entities", "pages.memory_graph")
 def memory_entity_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form
@@ -282,7 +282,7 @@ def memory_entity_add(agent_id: str):
     return _done(handle.id, [f"entity {form.get('name', '').strip()} saved"], endpoint="pages.memory_graph")
 
 
-@bp.post("/agents/<agent_id>/memory/graph/relations")
+@form_post("/agents/<agent_id>/memory/graph/relations", "pages.memory_graph")
 def memory_relation_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form

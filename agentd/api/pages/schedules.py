@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 from flask import make_response, render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.confirm import ask_first
 from agentd.api.principal import principal, reachable, reachable_workflows
 from agentd.api.pages.notes import see_other_with
@@ -141,7 +141,7 @@ def schedule_page(job_id: str):
     return _job_page(job_id)
 
 
-@bp.post("/schedules/<job_id>/edit")
+@form_post("/schedules/<job_id>/edit", "pages.schedule_page")
 def schedule_edit(job_id: str):
     """Change the job as PATCH /api/cron/jobs/{id} does, from the same form as a new job's; an
     emptied cap or agent is removed. A refusal comes back above the form, with what was typed."""
@@ -179,19 +179,19 @@ def _act(job_id: str, action, done) -> object:  # type: ignore[no-untyped-def]
     return see_other_with(back.pop("endpoint"), [f"cron job {name} {done(result)}"], **back)
 
 
-@bp.post("/schedules/<job_id>/enable")
+@form_post("/schedules/<job_id>/enable", "pages.schedule_page")
 def schedule_enable(job_id: str):
     return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": True}, by=principal()),
                 lambda job: f"resumed; next run {_due(job)}")
 
 
-@bp.post("/schedules/<job_id>/disable")
+@form_post("/schedules/<job_id>/disable", "pages.schedule_page")
 def schedule_disable(job_id: str):
     return _act(job_id, lambda: kernel().cron.update(job_id, {"enabled": False}, by=principal()),
                 lambda job: "paused; nothing fires until it is enabled again")
 
 
-@bp.post("/schedules/<job_id>/run")
+@form_post("/schedules/<job_id>/run", "pages.schedule_page")
 def schedule_run(job_id: str):
     k = kernel()
     return _act(job_id, lambda: k.scheduler.run_now(k.cron.get_raw(job_id)),

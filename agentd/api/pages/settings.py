@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import render_template
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError
 from agentd.settings import RESTART_ONLY
@@ -17,7 +17,7 @@ def settings():
                            restart_only=RESTART_ONLY)
 
 
-@bp.post("/settings/reload")
+@form_post("/settings/reload", "pages.settings")
 def settings_reload():
     try:
         outcome = kernel().settings.reload()

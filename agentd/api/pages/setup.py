@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import render_template, request
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError
 
@@ -27,7 +27,7 @@ def setup():
                            default=k.config.default_model)
 
 
-@bp.post("/setup/provider")
+@form_post("/setup/provider", "pages.setup")
 def setup_provider():
     """Set the provider's URL and key when given, then test it (POST /api/providers/{name}/test)."""
     providers = kernel().providers
@@ -54,7 +54,7 @@ def setup_provider():
     return see_other_with("pages.setup", done, provider=name, _anchor="default-model")
 
 
-@bp.post("/setup/default")
+@form_post("/setup/default", "pages.setup")
 def setup_default():
     """Write `[default_model]` to config.toml and use it from now on."""
     provider = request.form.get("provider", "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flask import render_template, request, url_for
 
-from agentd.api.pages import bp, kernel
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError, BadRequest
@@ -19,7 +19,7 @@ def skills():
     return render_template("skills.html", skills=listed, valid=sum(1 for s in listed if s["valid"]))
 
 
-@bp.post("/skills/install")
+@form_post("/skills/install", "pages.skills")
 def skill_install():
     """As POST /api/skills/install: the uploaded zip when one was chosen, else the URL, else the path."""
     service = kernel().skills
@@ -54,7 +54,7 @@ def skill_delete():
     return see_other_with("pages.skills", [f"skill {name} deleted"])
 
 
-@bp.post("/skills/reload")
+@form_post("/skills/reload", "pages.skills")
 def skills_reload():
     listed = kernel().skills.reload()
     valid = sum(1 for s in listed if s["valid"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import render_template, request, url_for
 
 from agentd.agents.run_request import check_message
-from agentd.api.pages import bp, kernel, see_other
+from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reach_definition, reachable_workflows
@@ -42,7 +42,7 @@ def workflow_page(workflow_id: str):
     return _workflow_page(workflow_id)
 
 
-@bp.post("/workflows/<workflow_id>/run")
+@form_post("/workflows/<workflow_id>/run", "pages.workflow_page")
 def workflow_run(workflow_id: str):
     """Starts a run like POST /api/workflows/{id}/runs, then 303 to the run's page (its steps
     stream in with JavaScript; without, a refresh shows how far it got)."""
@@ -53,12 +53,6 @@ def workflow_run(workflow_id: str):
     except AgentdError as exc:
         return _workflow_page(workflow_id, exc.status, exc.message, draft=text)
     return see_other_with("pages.workflow_run_page", ["run started"], run_id=started["run_id"])
-
-
-@bp.get("/workflows/<workflow_id>/run")
-def workflow_run_get(workflow_id: str):
-    """A refused run's page sits at the POST's URL; opening that URL again shows the workflow."""
-    return see_other("pages.workflow_page", workflow_id=kernel().workflows.get(workflow_id)["id"])
 
 
 # -- create and edit ------------------------------------------------------------------------------
@@ -139,7 +133,7 @@ def workflow_run_page(run_id: str):
                            events_url=url_for("workflows.run_events", run_id=run["id"]) if active else "")
 
 
-@bp.post("/workflows/runs/<run_id>/cancel")
+@form_post("/workflows/runs/<run_id>/cancel", "pages.workflow_run_page")
 def workflow_cancel(run_id: str):
     engine = kernel().workflows
     run = engine.run_detail(run_id)

@@ -219,6 +219,66 @@ def test_chat_errors_render_on_the_page(dash) -> None:
     assert 'role="alert"' in html and "[[fail:401]] keep me</textarea>" in html
 
 
+def test_a_refused_agent_form_keeps_its_input_and_its_url_leads_back_to_the_page(dash) -> None:
+    client, kernel = dash
+    spawn(kernel, "refused")
+    agent_id = kernel.agents.by_name("refused").id
+    token = csrf(client)
+    unknown = 'name = "refused"\n[model]\nprovider = "nowhere"\nmodel = "m"\n'
+    for path, form, status, kept, back in (
+            ("message", {"message": "[[fail:401]] keep me"}, 500, "[[fail:401]] keep me</textarea>", ""),
+            ("manifest", {"manifest_toml": unknown}, 400, "unknown provider &#39;nowhere&#39;", "/edit"),
+            ("mode", {"mode": "bogus"}, 400, "invalid mode", "")):
+        r = post(client, f"/agents/refused/{path}", {"csrf_token": token, **form})
+        assert r.status_code >= status and r.mimetype == "text/html" and kept in r.get_data(as_text=True), path
+        r = page(client, f"/agents/refused/{path}")
+        assert (r.status_code, r.headers["Location"]) == (303, f"/agents/{agent_id}{back}"), path
+
+
+def test_every_form_url_answers_a_get(dash) -> None:
+    """Each URL a dashboard form posts to answers GET: the page the form is on (303), or a
+    page of its own (a list, a form, a confirmation); never 405."""
+    client, kernel = dash
+    agent = spawn(kernel, "formed")
+    workflow = kernel.workflows.create({"name": "formed-wf", "steps": [{"agent_name": "formed", "prompt": "hi"}]})
+    job = kernel.cron.create({"name": "formed-job", "agent_id": "formed", "schedule": {"kind": "every", "every_secs": 3600},
+                              "action": {"kind": "agent_turn", "message": "hi"}})["id"]
+    trigger = kernel.triggers.create({"agent_id": "formed", "pattern": {"content_match": "x"},
+                                      "prompt_template": "{{event}}"})["id"]
+    key = "k1"  # (scoped keys need an admin key: this daemon has none, so the key's actions are its 404)
+    values = {"agent_id": agent, "workflow_id": workflow, "run_id": "r1", "job_id": job, "trigger_id": trigger,
+              "key_id": key, "memory_id": "m1", "name": "telegram", "approval_id": "a1",
+              "decision": "approve", "action": "enable"}
+    leads_to = {
+        f"/agents/{agent}/manifest": f"/agents/{agent}/edit", f"/agents/{agent}/model": f"/agents/{agent}/edit",
+        **{f"/agents/{agent}/{form}": f"/agents/{agent}" for form in ("message", "mode", "stop", "compact")},
+        **{f"/agents/{agent}/memory/{form}": f"/agents/{agent}/memory"
+           for form in ("fragments", "kv", "import", "consolidate")},
+        **{f"/agents/{agent}/memory/graph/{form}": f"/agents/{agent}/memory/graph" for form in ("entities", "relations")},
+        "/approvals/a1/approve": "/approvals", "/logout": "/",
+        f"/triggers/{trigger}/edit": "/triggers", f"/triggers/{trigger}/enable": "/triggers",
+        f"/keys/{key}/edit": "/keys", f"/keys/{key}/enable": 404,
+        "/usage/budget": "/usage", "/providers/url": "/providers", "/providers/openai/test": "/providers",
+        "/providers/openai/key": "/providers",
+        "/channels/telegram/configure": "/channels/telegram", "/channels/telegram/test": "/channels/telegram",
+        "/mcp-servers/reload": "/mcp-servers", "/settings/reload": "/settings", "/setup/provider": "/setup",
+        "/setup/default": "/setup", "/skills/install": "/skills", "/skills/reload": "/skills",
+        **{f"/schedules/{job}/{form}": f"/schedules/{job}" for form in ("edit", "enable", "disable", "run")},
+        f"/workflows/{workflow}/run": f"/workflows/{workflow}", "/workflows/runs/r1/cancel": "/workflows/runs/r1"}
+    task = kernel.tasks.post("formed task", "")["id"]
+    rules = [r for r in client.application.url_map.iter_rules() if r.endpoint.startswith("pages.")]
+    pages = {r.rule for r in rules if "GET" in r.methods and "POST" not in r.methods}
+    answered = {}
+    for rule in rules:
+        if "POST" not in rule.methods or rule.rule in pages:  # (a list or a form's own page)
+            continue
+        named = {"name": "openai"} if rule.rule.startswith("/providers/") else {}
+        path = rule.build({**values, "task_id": task, **named}, append_unknown=False)[1]
+        r = page(client, path)
+        answered[path] = r.headers["Location"].split("?")[0] if r.status_code == 303 else r.status_code
+    assert {path: to for path, to in answered.items() if to != 200} == leads_to
+
+
 # -- CSRF ----------------------------------------------------------------------------------
 
 def test_posts_without_valid_csrf_token_are_refused_and_change_nothing(dash) -> None:
