@@ -104,8 +104,11 @@ def run_fields(who: Principal, handle: Any, user: str | None = None, session: st
         owner = "key"
     if owner and not who.is_admin:
         owner = who.label if owner == "key" else f"{who.label}:{owner}"
-    fields = {"key_id": who.key_id, "owner": owner}
-    if owner:
-        fields["session_id"] = str(uuid.uuid5(SESSION_NS, f"{handle.id}|{owner}"))
-        fields["label"] = owner
-    return fields
+    return {"key_id": who.key_id, **session_fields(handle, owner)}
+
+
+def session_fields(handle: Any, label: str) -> dict[str, str]:
+    """RunRequest fields of the agent's session labelled `label` ("": its own)."""
+    if not label:
+        return {"owner": ""}
+    return {"owner": label, "session_id": str(uuid.uuid5(SESSION_NS, f"{handle.id}|{label}")), "label": label}

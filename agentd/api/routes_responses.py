@@ -21,6 +21,7 @@ from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
 from agentd.api.principal import principal, run_fields
+from agentd.principals import session_fields
 from agentd.api.routes_openai import (STOPPED_MESSAGE, dropped_params, failure_code, generation_params,
                                       image_part, refuse_unsupported, resolve_agent, run_failure,
                                       with_dropped)
@@ -104,6 +105,7 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, d
     handle = resolve_agent(data["model"])
     previous = data.get("previous_response_id")
     user = data.get("user") or None
+    continued: str | None = None  # the label of the session the previous response was answered in
     if previous:
         stored = _visible(previous)
         if stored is None:
@@ -111,8 +113,10 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, d
         if stored[0] != handle.id:
             raise BadRequest(f"previous response '{previous}' was answered by another agent; continue it "
                              "with the same model", code="previous_response_mismatch")
-        # Continuing a person's response continues that person's session.
+        # Continuing a response continues its session (a person's, a key's), whoever asks,
+        # unless the request names its own `user`.
         user = user or stored[1].get("user") or None
+        continued = stored[2]
     text, images, systems = parse_input(data["input"])
     if is_blank(text) and not images:
         raise BadRequest("no user message found in input", code="missing_message")
@@ -127,13 +131,15 @@ def parse_request(data: dict[str, Any]) -> tuple[AgentHandle, str, RunOptions, d
     options.images = images
     # The OpenAI `user` (else a scoped key itself) talks in a session of its own.
     run = run_fields(principal(), handle, user=user, own_session=True)
+    if continued is not None and not data.get("user"):
+        run.update(session_fields(handle, continued))
     return handle, text or "(image)", options, run
 
 
 class Shape:
     """The response object of one request, in each state it passes through."""
 
-    def __init__(self, handle: AgentHandle, data: dict[str, Any]) -> None:
+    def __init__(self, handle: AgentHandle, data: dict[str, Any], session: str = "") -> None:
         self.id = f"resp_{random_uuid_hex()}"
         self.message_id = f"msg_{random_uuid_hex()}"
         self.created_at = int(time.time())
@@ -142,6 +148,7 @@ class Shape:
         self.store = data.get("store") is not False
         # Read while the request is current: a stream ends later, on a thread without it.
         self.key_id = principal().key_id
+        self.session = session  # the label of the session it is answered in
         self.responses = kernel().responses
 
     def message(self, text: str | None, status: str) -> dict[str, Any]:
@@ -184,7 +191,7 @@ class Shape:
 
     def keep(self, obj: dict[str, Any]) -> None:
         if self.store:
-            self.responses.save(self.handle.id, obj, self.key_id)
+            self.responses.save(self.handle.id, obj, self.key_id, self.session)
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
@@ -232,7 +239,7 @@ def _create() -> Response:
                          "remove it from the request")
     data = body.validate(RESPONSES_REQUEST_SCHEMA, raw)
     handle, text, options, run = parse_request(data)
-    shape = Shape(handle, data)
+    shape = Shape(handle, data, run.get("label", ""))
     dropped = dropped_params(handle, options.params)
     if data.get("stream"):
         return with_dropped(_stream(handle, text, options, shape, run), dropped)
@@ -280,9 +287,9 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape, r
                       run=run)
 
 
-def _visible(response_id: str) -> tuple[str, dict[str, Any]] | None:
-    """(agent id, response) of a stored response the caller may see: a scoped key sees only
-    its own answers, and none of an agent outside its list."""
+def _visible(response_id: str) -> tuple[str, dict[str, Any], str | None] | None:
+    """(agent id, response, its session's label or None) of a stored response the caller may
+    see: a scoped key sees only its own answers, and none of an agent outside its list."""
     stored = kernel().responses.get(response_id)
     if stored is None:
         return None
@@ -295,7 +302,7 @@ def _visible(response_id: str) -> tuple[str, dict[str, Any]] | None:
             who.reach(handle)  # (a refusal is audited)
         except NotFound:
             return None
-    return stored[0], stored[1]
+    return stored[0], stored[1], stored[3]
 
 
 def _stored(response_id: str) -> dict[str, Any]:

@@ -17,11 +17,12 @@ class StoredResponses:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def save(self, agent_id: str, response: dict[str, Any], key_id: str = "") -> None:
+    def save(self, agent_id: str, response: dict[str, Any], key_id: str = "", session: str = "") -> None:
         """Keep `response` (nothing once the agent is deleted); `key_id` names the scoped API
-        key whose request it answered (only that key, and the admin, may read it back)."""
-        body = json.dumps({"key_id": key_id, "response": response} if key_id else response,
-                          ensure_ascii=False, separators=(",", ":"))
+        key whose request it answered (only that key, and the admin, may read it back),
+        `session` the label of the agent's session it was answered in ("" its own)."""
+        kept = {"key_id": key_id, "session": session, "response": response} if key_id or session else response
+        body = json.dumps(kept, ensure_ascii=False, separators=(",", ":"))
         with orm.db_session(optimistic=False):
             # The agent's row is locked first, as its deletion locks it first: a run that ends
             # after the agent was deleted keeps nothing, its responses went with it.
@@ -33,8 +34,9 @@ class StoredResponses:
             else:
                 row.body = body
 
-    def get(self, response_id: str) -> tuple[str, dict[str, Any], str] | None:
-        """(agent id, response object, the key it answered or ""), or None for an id never stored."""
+    def get(self, response_id: str) -> tuple[str, dict[str, Any], str, str | None] | None:
+        """(agent id, response object, the key it answered or "", the label of its session:
+        "" the agent's own, None when not recorded), or None for an id never stored."""
         rows = self.store.e.ResponseRow
         with orm.db_session:
             # Both columns in one query: the body is a lazy column, and a second query for it
@@ -43,9 +45,10 @@ class StoredResponses:
         if not found:
             return None
         body = json.loads(found[0][1])
-        if body.get("object") == "response":  # an admin's answer: stored as the client got it
-            return found[0][0], body, ""
-        return found[0][0], body["response"], body["key_id"]
+        if body.get("object") == "response":  # an admin's answer (in the agent's own session
+            # unless it names a `user`: kept so before sessions were recorded)
+            return found[0][0], body, "", None if body.get("user") else ""
+        return found[0][0], body["response"], body["key_id"], body.get("session")
 
     def delete(self, response_id: str) -> bool:
         """Forget one stored response; False when there was none (or a concurrent delete won)."""

@@ -499,11 +499,16 @@ def test_responses_user_and_keys_talk_in_sessions_of_their_own(d: Daemon, fake_l
     respond(ADMIN, f"{tag} bob 0", user="bob")
     keys_first = respond(key["key"], f"{tag} key 0")
     # previous_response_id continues the session the response was answered in.
-    respond(ADMIN, f"{tag} alice 1", previous_response_id=alice["id"])
+    alice_1 = respond(ADMIN, f"{tag} alice 1", previous_response_id=alice["id"])
     respond(ADMIN, f"{tag} bob 1", user="bob")
-    respond(key["key"], f"{tag} key 1")
+    keys_second = respond(key["key"], f"{tag} key 1")
     for who in ("alice", "bob", "key"):
         assert _histories(fake_llm, mark, f"{tag} {who} 1") == [[f"{tag} {who} 0", f"{tag} {who} 1"]], who
+    # So does a chain of them, and the admin's continuation of a key's response.
+    respond(ADMIN, f"{tag} alice 2", previous_response_id=alice_1["id"])
+    respond(ADMIN, f"{tag} key 2", previous_response_id=keys_second["id"])
+    for who in ("alice", "key"):
+        assert _histories(fake_llm, mark, f"{tag} {who} 2") == [[f"{tag} {who} {n}" for n in range(3)]], who
     assert d.get(f"/api/agents/{agent_id}/session").json()["messages"] == []
     # The key's spend is the key's.
     assert d.get("/api/usage", params={"key": key["name"]}).json()["requests"] == 2
