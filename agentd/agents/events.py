@@ -2,8 +2,10 @@
 
 Event types and their data:
   text_delta  {content}
-  tool_use    {id, tool}                      the model started a tool call
-  tool_input  {id, tool, input}               the call's arguments are complete
+  tool_use    {id, tool, index}               the model started a tool call (index: its place
+                                              among the run's tool calls, across turns)
+  tool_args_delta {index, arguments}          a fragment of the call's JSON arguments
+  tool_input  {id, tool, input, index}        the call's arguments are complete
   tool_result {id, tool, input, result, is_error}
   phase       {phase, detail}                 streaming, thinking, tool_use, awaiting_approval, done, cancelled
   done        {response, input_tokens, output_tokens, iterations, cost_usd, finish_reason, tool_calls}

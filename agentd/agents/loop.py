@@ -122,6 +122,10 @@ class AgentLoop:
         # Kept on the object so a run that fails or is cancelled can still save its progress.
         self.new_messages: list[Message] = [spec.user]
         self.system = spec.system
+        # Tool calls the model began in this run: a call's `index` in the run's events is its
+        # place among them, not its place in its model call (a stream's client assembles calls
+        # by index and would merge the calls of different turns).
+        self.calls_begun = 0
 
     def _emit(self, type_: str, **data: Any) -> None:
         if self.spec.emit is not None:
@@ -139,18 +143,22 @@ class AgentLoop:
         on_event = None
         think = ThinkFilter()
         if spec.emit is not None:
+            indexes: dict[int, int] = {}  # the model's index of a call -> its index in the run
+
             def on_event(event: Any) -> None:
                 if isinstance(event, TextDelta):
                     visible = think.feed(event.text)
                     if visible:
                         self._emit("text_delta", content=visible)
                 elif isinstance(event, ToolCallStart):
-                    self._emit("tool_use", id=event.id, tool=event.name, index=event.index)
+                    indexes[event.index] = self.calls_begun
+                    self.calls_begun += 1
+                    self._emit("tool_use", id=event.id, tool=event.name, index=indexes[event.index])
                 elif isinstance(event, ToolCallDelta):
-                    self._emit("tool_args_delta", index=event.index, arguments=event.arguments)
+                    self._emit("tool_args_delta", index=indexes[event.index], arguments=event.arguments)
                 elif isinstance(event, ToolCallEnd):
                     self._emit("tool_input", id=event.id, tool=event.name, input=event.arguments,
-                               index=event.index)
+                               index=indexes[event.index])
         try:
             response = spec.llm(request, on_event, self.cancel)
         except LLMError as exc:

@@ -166,6 +166,20 @@ def test_streaming_passes_parameters_and_names_dropped_ones(agent_daemon, fake_l
     assert upstream_request(fake_llm, marker)["json"]["top_p"] == 0.2
 
 
+def test_the_sdk_stream_helper_keeps_the_tool_calls_of_each_turn_apart(agent_daemon, oa) -> None:
+    """The SDK assembles streamed tool calls by `index`: calls of different turns of the run
+    have indexes of their own, so they stay two calls, in the order they were made."""
+    name, _ = agent(agent_daemon)
+    call = '[[tool:memory_store {"key": "c", "value": "3"} x2]]'
+    with oa.chat.completions.stream(model=name, messages=[{"role": "user", "content": call}]) as stream:
+        final = stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["memory_store", "memory_store"], calls
+    assert calls[0].id.startswith("call_") and calls[1].id.startswith("call_") and calls[0].id != calls[1].id
+    assert [json.loads(c.function.arguments) for c in calls] == [{"key": "c", "value": "3"}] * 2
+    assert [c.index for c in calls] == [0, 1]
+
+
 def test_client_tools_and_other_refusals_stay(agent_daemon, oa) -> None:
     name, _ = agent(agent_daemon)
     refused = [({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "'tools'"),
