@@ -254,9 +254,11 @@ class ChatRequestSchema(Schema):
     class Meta:
         unknown = INCLUDE
 
-    model = fields.String(required=True, validate=validate.Length(min=1), metadata={
+    # An empty `model` names no agent: the route answers it 404 `model_not_found`, as the spec does.
+    model = fields.String(required=True, metadata={
         "description": "The agent: `agentd:<name>`, its id, or its name"})
-    messages = fields.List(fields.Nested(ChatMessageSchema), required=True, validate=validate.Length(min=1))
+    # An empty list holds no user message: the route answers it 400 `missing_message`.
+    messages = fields.List(fields.Nested(ChatMessageSchema), required=True)
     # null is the default (false), as OpenAI takes it.
     stream = StrictBoolean(allow_none=True)
     stream_options = fields.Dict(allow_none=True, metadata={"description": "`{include_usage: true}`"})

@@ -62,7 +62,8 @@ class ResponsesRequestSchema(Schema):
     class Meta:
         unknown = INCLUDE
 
-    model = fields.String(required=True, validate=validate.Length(min=1), metadata={
+    # An empty `model` names no agent: the route answers it 404 `model_not_found`, as the spec does.
+    model = fields.String(required=True, metadata={
         "description": "The agent: `agentd:<name>`, its id, or its name"})
     input = ResponseInputField(required=True, metadata={
         "description": "A string, or an array of message items `{role, content}` (`type: message` "

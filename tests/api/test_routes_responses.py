@@ -222,8 +222,11 @@ def test_failures_and_refusals(agent_daemon) -> None:
     r = d.post("/v1/responses", json={"model": f"agentd:{name}", "input": "[[fail:400]]"})
     assert r.status_code == 500 and r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["type"] == "server_error" and "code" not in r.json()["error"]
-    r = d.post("/v1/responses", json={"model": "agentd:nobody", "input": "hi"})
-    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    for model in ("agentd:nobody", "agentd:", ""):
+        r = d.post("/v1/responses", json={"model": model, "input": "hi"})
+        assert (r.status_code, r.json()["error"]) == (404, {
+            "message": f"no agent found for model '{model}'", "type": "invalid_request_error",
+            "code": "model_not_found"}), model
     for extra, message in [
             ({"tools": [{"type": "function", "name": "f"}]}, "unsupported parameter 'tools'"),
             ({"background": True}, "unsupported parameter 'background'"),
