@@ -26,6 +26,7 @@ OPENAI_TYPES = {
     409: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    424: "invalid_request_error",
     429: "rate_limit_error",
 }
 # 503 and 507 keep the default `server_error` type: the server, not the request, failed.

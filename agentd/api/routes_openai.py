@@ -170,15 +170,17 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 # How a failed run maps onto OpenAI's conventions: kind -> (status, code); the error
-# `type` follows from the status (429 rate_limit_error, 5xx server_error). The spec answers
-# an agent that failed with 500 server_error and no code; only what a client can act on
-# differs (Retry-After, an outage, a timeout). A provider that refused its key is the
-# agent's failure too: a 401 would tell the client its own key to agentd is wrong. Each
+# `type` follows from the status (4xx invalid_request_error, 429 rate_limit_error, 5xx
+# server_error). The spec answers an agent that failed with 500 server_error and no code;
+# only what a client can act on differs (Retry-After, an outage, a timeout, a provider key
+# the daemon lacks, whose message names the setting, as the native API's 424 does). A
+# provider that refused its key is the agent's failure: a 401 would tell the client its own
+# key to agentd is wrong. Each
 # answer is final for this request (agentd already retried the provider), so it says
 # `x-should-retry: false`: without it the official SDKs retry 409/429/5xx twice,
 # multiplying upstream calls and undoing a user's stop.
 _RUN_FAILURES: dict[str, tuple[int, str | None]] = {
-    "missing_key": (500, None),
+    "missing_key": (424, "provider_key_missing"),
     "auth": (500, None),
     "rate_limit": (429, "upstream_rate_limited"),
     "server": (503, "upstream_unavailable"),
@@ -245,11 +247,13 @@ def _stream_error(message: str, status: int, code: str | None) -> str:
      errors={404: "No agent for `model` (`model_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
+             424: "The agent's provider has no API key; the message names the setting "
+                  "(`provider_key_missing`)",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed (no `code`): the provider's key is missing or was rejected, the "
-                  "provider refused the request, answered something unusable, reset the connection or "
-                  "cut the stream off, or the loop guard stopped the run",
+             500: "The agent failed (no `code`): the provider rejected its key, refused the request, "
+                  "answered something unusable, reset the connection or cut the stream off, or the "
+                  "loop guard stopped the run",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",
              504: "The provider timed out (`upstream_timeout`)"})

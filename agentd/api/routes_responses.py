@@ -218,9 +218,11 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
                   "response (`previous_response_not_found`)",
              409: "The run was stopped (`run_cancelled`)",
              413: "Message over 64 KB",
+             424: "The agent's provider has no API key; the message names the setting "
+                  "(`provider_key_missing`)",
              429: "Budget or quota exhausted (`budget_exceeded`, `quota_exceeded`), the agent's queue is "
                   "full (`agent_busy`), or the provider still throttled (`upstream_rate_limited`)",
-             500: "The agent failed (no `code`), its provider's key missing or rejected included",
+             500: "The agent failed (no `code`), its provider's key rejected included",
              503: "The provider failed or was unreachable after retries (`upstream_unavailable`), or "
                   "too many streams",
              504: "The provider timed out (`upstream_timeout`)"})

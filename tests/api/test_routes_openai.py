@@ -247,6 +247,30 @@ def test_a_provider_that_fails_answers_the_spec_s_500_or_says_it_is_down(agent_d
     assert err.value.response.headers["x-should-retry"] == "false"
 
 
+def test_an_agent_whose_provider_has_no_key_answers_424_naming_the_fix(agent_daemon, oa) -> None:
+    """A setting the daemon lacks, not an agent that failed: 424 with the native API's message,
+    in OpenAI's shape, on chat completions and Responses, plain and streamed."""
+    name, _ = agent(agent_daemon, '[model]\nprovider = "groq"\nmodel = "llama-3.3-70b-versatile"\n')
+    message = ("message delivery failed: groq model llama-3.3-70b-versatile: no API key: set GROQ_API_KEY "
+               "in the daemon's environment or POST /api/providers/groq/key")
+    error = {"message": message, "type": "invalid_request_error", "code": "provider_key_missing"}
+    with pytest.raises(openai.APIStatusError) as err:
+        oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+    assert (err.value.status_code, err.value.body) == (424, error)
+    assert err.value.response.headers["x-should-retry"] == "false"
+    r = agent_daemon.post("/v1/responses", json={"model": name, "input": "hi"})
+    assert (r.status_code, r.json(), r.headers["x-should-retry"]) == (424, {"error": error}, "false")
+    # Streamed, the run finds the key missing after the stream opened: its error line says the same.
+    r = agent_daemon.post("/v1/chat/completions", stream=True, json={
+        "model": name, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data:")]
+    assert lines[-2:] == ["data: " + json.dumps({"error": error}, separators=(",", ":")), "data: [DONE]"]
+    r = agent_daemon.post("/v1/responses", stream=True, json={"model": name, "input": "hi", "stream": True})
+    events = [json.loads(line[5:]) for line in r.iter_lines(decode_unicode=True) if line.startswith("data:")]
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"] == {"code": "provider_key_missing", "message": message}
+
+
 def test_langchain_json_mode_and_sampling(agent_daemon, fake_llm) -> None:
     from langchain_openai import ChatOpenAI
 
@@ -428,8 +452,10 @@ def failure(app: Flask, exc) -> tuple[int, dict, dict]:
 @pytest.mark.parametrize("kind, status, code", [
     ("rate_limit", 429, "upstream_rate_limited"), ("server", 503, "upstream_unavailable"),
     ("unreachable", 503, "upstream_unavailable"), ("timeout", 504, "upstream_timeout"),
+    # A provider key the daemon lacks is a setting to make, named by the message.
+    ("missing_key", 424, "provider_key_missing"),
     # An agent that failed is the spec's 500 server_error, with no code.
-    ("missing_key", 500, None), ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
+    ("auth", 500, None), ("bad_request", 500, None), ("not_found", 500, None), ("bad_response", 500, None), ("loop_guard", 500, None),
     ("reset", 500, None), ("truncated", 500, None), ("something_new", 500, None),
 ])
 def test_run_failure_mapping(bare_app: Flask, kind: str, status: int, code: str | None) -> None:
