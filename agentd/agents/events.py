@@ -8,7 +8,7 @@ Event types and their data:
   tool_input  {id, tool, input, index}        the call's arguments are complete
   tool_result {id, tool, input, result, is_error}
   phase       {phase, detail}                 streaming, thinking, tool_use, awaiting_approval, done, cancelled
-  done        {response, input_tokens, output_tokens, iterations, cost_usd, finish_reason, tool_calls}
+  done        {input_tokens, output_tokens, iterations, cost_usd, finish_reason, tool_calls}
   error       {message, status}
 """
 

@@ -83,6 +83,12 @@ class RunResult:
     cost_usd: float | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def said(self) -> str:
+        """Everything the agent said in the run, as its stream showed it: the text of the
+        turns that called tools too, then the answer (`response` is the answer alone)."""
+        return "".join(m.content or "" for m in self.new_messages if m.role == "assistant")
+
 
 @dataclass
 class RunSpec:
@@ -214,6 +220,7 @@ class AgentLoop:
         # The model was still calling tools when the iteration budget ran out.
         text = f"[stopped after {spec.max_iterations} iterations: the agent was still calling tools]"
         new_messages.append(Message(role="assistant", content=text))
+        self._emit("text_delta", content=text)  # a stream's client reads the answer from its text
         self._emit("phase", phase="done", detail="max_iterations")
         return RunResult(text, self.usage, spec.max_iterations, "tool_calls", new_messages,
                          tool_calls=all_calls)

@@ -277,7 +277,8 @@ def _chat_completions():
     if stream:
         return with_dropped(_stream(handle, text, options, completion_id, created, include_usage, run), dropped)
     result = run_blocking(kernel(), handle, text, [], options, origin="v1", run=run)
-    message: dict[str, Any] = {"role": "assistant", "content": result.response}
+    # What the stream of the same run would have sent, as OpenAI's clients expect of a content.
+    message: dict[str, Any] = {"role": "assistant", "content": result.said}
     if result.finish_reason == "tool_calls" and result.tool_calls:
         message["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}

@@ -246,7 +246,7 @@ def _create() -> Response:
     if data.get("stream"):
         return with_dropped(_stream(handle, text, options, shape, run), dropped)
     result = run_blocking(kernel(), handle, text, [], options, origin="v1", run=run)
-    obj = shape.finished(result.response, result.finish_reason,
+    obj = shape.finished(result.said, result.finish_reason,
                          (result.usage.input_tokens, result.usage.output_tokens))
     return with_dropped(jsonify(obj), dropped)
 
@@ -264,12 +264,15 @@ def _stream(handle: AgentHandle, text: str, options: RunOptions, shape: Shape, r
                event("response.output_item.added", output_index=0, item=shape.message(None, "in_progress")),
                event("response.content_part.added", **where, part=shape.part("")))
 
+    said: list[str] = []  # the final text is the deltas', as OpenAI's clients assemble it
+
     def render(ev: Event) -> tuple[list[str], bool]:
         d = ev.data
         if ev.type == "text_delta":
+            said.append(d["content"])
             return [event("response.output_text.delta", **where, delta=d["content"], logprobs=[])], False
         if ev.type == "done":
-            obj = shape.finished(d["response"] or "", d["finish_reason"], (d["input_tokens"], d["output_tokens"]))
+            obj = shape.finished("".join(said), d["finish_reason"], (d["input_tokens"], d["output_tokens"]))
             item = obj["output"][0]
             final = "response.incomplete" if obj["status"] == "incomplete" else "response.completed"
             return [event("response.output_text.done", **where, text=item["content"][0]["text"], logprobs=[]),

@@ -71,7 +71,7 @@ def run_blocking(kernel: Kernel, handle: AgentHandle, text: str, attachments: li
 
 def result_event(result: RunResult) -> Event:
     """The `done` event that ends a stream whose run finished."""
-    return Event("done", {"response": result.response, "input_tokens": result.usage.input_tokens,
+    return Event("done", {"input_tokens": result.usage.input_tokens,
                           "output_tokens": result.usage.output_tokens,
                           "iterations": result.iterations, "cost_usd": result.cost_usd,
                           "finish_reason": result.finish_reason, "tool_calls": result.tool_calls})

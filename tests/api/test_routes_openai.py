@@ -1005,6 +1005,22 @@ def test_stream_tool_calls_are_forwarded(env: Env) -> None:
     assert events[-2]["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
 
 
+@pytest.mark.parametrize("extra, text, said", [
+    ("", '[[think:calls]] [[tool:lookup {"q": 1}]]',
+     "calling a tooltool said: permission denied: tool 'lookup' is not available to this agent"),
+    ("[resources]\nmax_iterations = 2\n", '[[think:calls]] [[tool:lookup {"q": 1} x100]]',
+     "calling a toolcalling a tool[stopped after 2 iterations: the agent was still calling tools]"),
+])
+def test_the_streamed_text_is_the_unstreamed_content(env: Env, extra: str, text: str, said: str) -> None:
+    """What a run said in the turns that called tools, and the text of a run stopped at its
+    iteration limit, are in both: a client joining the deltas reads the plain answer's content."""
+    name, _ = env.spawn("said", extra)
+    r = env.chat(model=name, messages=[{"role": "user", "content": text}])
+    assert r.get_json()["choices"][0]["message"]["content"] == said
+    events = sse(env.chat(model=name, messages=[{"role": "user", "content": text}], stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == said
+
+
 def test_stream_stopped(env: Env) -> None:
     name, agent_id = env.spawn("stopme")
     aside = env.stream_aside(name, "[[slow:20]] [[reply:never]]")

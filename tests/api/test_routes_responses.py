@@ -182,6 +182,20 @@ def test_stream_helper(agent_daemon, oa) -> None:
     assert final.status == "completed"
 
 
+def test_the_streamed_text_is_the_unstreamed_output_text(agent_daemon, oa) -> None:
+    """Text of a turn that called a tool is streamed as it comes, and is part of the answer."""
+    name = agent(agent_daemon)
+    said = "calling a tooltool said: permission denied: tool 'lookup' is not available to this agent"
+    text = '[[think:calls]] [[tool:lookup {"q": 1}]]'
+    assert oa.responses.create(model=f"agentd:{name}", input=text).output_text == said
+    with oa.responses.stream(model=f"agentd:{name}", input=text) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == said
+    assert [e.text for e in events if e.type == "response.output_text.done"] == [said]
+    assert final.output_text == said and oa.responses.retrieve(final.id).output_text == said
+
+
 def test_stream_failure_is_response_failed(agent_daemon, oa) -> None:
     name = agent(agent_daemon)
     events = list(oa.responses.create(model=f"agentd:{name}", input="[[fail:400]]", stream=True))
