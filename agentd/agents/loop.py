@@ -28,6 +28,9 @@ from agentd.llm.types import (ChatRequest, ChatResponse, GenerationParams, LLMEr
 
 log = logging.getLogger("agentd.loop")
 
+# What sets the text of one turn apart from an earlier turn's, streamed and in `said`.
+TURN_BREAK = "\n\n"
+
 # Tools run on their own pool so a slow tool cannot starve agent runs.
 _TOOL_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agentd-tool")
 
@@ -87,7 +90,7 @@ class RunResult:
     def said(self) -> str:
         """Everything the agent said in the run, as its stream showed it: the text of the
         turns that called tools too, then the answer (`response` is the answer alone)."""
-        return "".join(m.content or "" for m in self.new_messages if m.role == "assistant")
+        return TURN_BREAK.join(m.content for m in self.new_messages if m.role == "assistant" and m.content)
 
 
 @dataclass
@@ -132,10 +135,24 @@ class AgentLoop:
         # place among them, not its place in its model call (a stream's client assembles calls
         # by index and would merge the calls of different turns).
         self.calls_begun = 0
+        self._spoke = False  # an earlier turn streamed text
+        self._turn_spoke = False  # this turn did
 
     def _emit(self, type_: str, **data: Any) -> None:
         if self.spec.emit is not None:
             self.spec.emit(Event(type_, data))
+
+    def _new_turn(self) -> None:
+        self._spoke = self._spoke or self._turn_spoke
+        self._turn_spoke = False
+
+    def _say(self, text: str) -> None:
+        """Stream `text`; a turn's first words after an earlier turn's begin with TURN_BREAK."""
+        if not self._turn_spoke:
+            self._turn_spoke = True
+            if self._spoke:
+                text = TURN_BREAK + text
+        self._emit("text_delta", content=text)
 
     def _check_cancel(self) -> None:
         if self.cancel.is_set():
@@ -148,6 +165,7 @@ class AgentLoop:
                               temperature=spec.temperature, params=spec.params)
         on_event = None
         think = ThinkFilter()
+        self._new_turn()
         if spec.emit is not None:
             indexes: dict[int, int] = {}  # the model's index of a call -> its index in the run
 
@@ -155,7 +173,7 @@ class AgentLoop:
                 if isinstance(event, TextDelta):
                     visible = think.feed(event.text)
                     if visible:
-                        self._emit("text_delta", content=visible)
+                        self._say(visible)
                 elif isinstance(event, ToolCallStart):
                     indexes[event.index] = self.calls_begun
                     self.calls_begun += 1
@@ -174,7 +192,7 @@ class AgentLoop:
         if spec.emit is not None:
             tail = think.flush()
             if tail:
-                self._emit("text_delta", content=tail)
+                self._say(tail)
         self.usage = self.usage + response.usage
         if spec.on_usage is not None:
             spec.on_usage(response)
@@ -220,7 +238,8 @@ class AgentLoop:
         # The model was still calling tools when the iteration budget ran out.
         text = f"[stopped after {spec.max_iterations} iterations: the agent was still calling tools]"
         new_messages.append(Message(role="assistant", content=text))
-        self._emit("text_delta", content=text)  # a stream's client reads the answer from its text
+        self._new_turn()
+        self._say(text)  # a stream's client reads the answer from its text
         self._emit("phase", phase="done", detail="max_iterations")
         return RunResult(text, self.usage, spec.max_iterations, "tool_calls", new_messages,
                          tool_calls=all_calls)

@@ -1007,9 +1007,9 @@ def test_stream_tool_calls_are_forwarded(env: Env) -> None:
 
 @pytest.mark.parametrize("extra, text, said", [
     ("", '[[think:calls]] [[tool:lookup {"q": 1}]]',
-     "calling a tooltool said: permission denied: tool 'lookup' is not available to this agent"),
+     "calling a tool\n\ntool said: permission denied: tool 'lookup' is not available to this agent"),
     ("[resources]\nmax_iterations = 2\n", '[[think:calls]] [[tool:lookup {"q": 1} x100]]',
-     "calling a toolcalling a tool[stopped after 2 iterations: the agent was still calling tools]"),
+     "calling a tool\n\ncalling a tool\n\n[stopped after 2 iterations: the agent was still calling tools]"),
 ])
 def test_the_streamed_text_is_the_unstreamed_content(env: Env, extra: str, text: str, said: str) -> None:
     """What a run said in the turns that called tools, and the text of a run stopped at its

@@ -185,7 +185,7 @@ def test_stream_helper(agent_daemon, oa) -> None:
 def test_the_streamed_text_is_the_unstreamed_output_text(agent_daemon, oa) -> None:
     """Text of a turn that called a tool is streamed as it comes, and is part of the answer."""
     name = agent(agent_daemon)
-    said = "calling a tooltool said: permission denied: tool 'lookup' is not available to this agent"
+    said = "calling a tool\n\ntool said: permission denied: tool 'lookup' is not available to this agent"
     text = '[[think:calls]] [[tool:lookup {"q": 1}]]'
     assert oa.responses.create(model=f"agentd:{name}", input=text).output_text == said
     with oa.responses.stream(model=f"agentd:{name}", input=text) as stream:
