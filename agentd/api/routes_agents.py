@@ -19,7 +19,7 @@ from agentd.api.principal import principal, reachable, run_fields
 from agentd.api.runs import run_blocking
 from agentd.api.schemas import (MESSAGE_SCHEMA, AgentModelSchema, ManifestSchema, MessageSchema, ModeSchema,
                                 SessionQuery, SpawnSchema)
-from agentd.errors import BadRequest, Conflict, PayloadTooLarge
+from agentd.errors import BadRequest, Conflict, NotFound, PayloadTooLarge
 from agentd.schema_fields import is_blank
 
 # A manifest of the largest size, sent as JSON: a valid TOML text escapes to at most three
@@ -141,6 +141,8 @@ def message(agent_id: str):
                               run=run_fields(principal(), handle, data.get("user"), data.get("session"),
                                              own_session=True))
     except RunCancelled:
+        if handle.killed:  # (the agent is gone now: as for a message sent a moment later)
+            raise NotFound("agent not found") from None
         raise Conflict("run cancelled: the agent was stopped before it answered") from None
     return jsonify(result_body(result))
 
