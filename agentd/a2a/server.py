@@ -86,12 +86,14 @@ class A2AService:
         return method in SEND
 
     def call(self, method: str, params: dict[str, Any], agent_name: str | None,
-             wait: Callable[[Any], Any] | None = None, caller: Principal = ADMIN) -> Any:
-        """The result of a non-streaming method (`wait(ticket)` waits for a run's result),
-        as `caller` (the request's API key) may see and do it."""
+             wait: Callable[[Any], Any] | None = None, caller: Principal = ADMIN,
+             submit: Callable[[Callable[[], Any]], Any] | None = None) -> Any:
+        """The result of a non-streaming method (`wait(ticket)` waits for a run's result;
+        `submit(fn)` runs a run elsewhere when the client asks not to wait), as `caller` (the
+        request's API key) may see and do it."""
         v1 = method[:1].isupper()
         if method in SEND:
-            result = self._send(params, agent_name, wait, caller)
+            result = self._send(params, agent_name, wait, caller, submit)
             return {"task": to_v1(result)} if v1 else result
         if method in GET:
             task = self._task(params, agent_name, caller)
@@ -197,16 +199,26 @@ class A2AService:
             self._cancels.pop(task["id"], None)
 
     def _send(self, params: dict[str, Any], agent_name: str | None, wait: Callable[[Any], Any] | None,
-              caller: Principal) -> dict:
+              caller: Principal, submit: Callable[[Callable[[], Any]], Any] | None = None) -> dict:
         handle, text, task, context_id = self._prepare(params, agent_name, caller)
         ticket = self._start(handle, text, context_id, task, caller=caller)
+        config = params.get("configuration") if isinstance(params.get("configuration"), dict) else {}
+        # A2A 0.3's `blocking: false`, 1.0's `returnImmediately: true`: answer the working
+        # task now; the client follows it with tasks/get.
+        if submit is not None and (config.get("blocking") is False or config.get("returnImmediately") is True):
+            now = dict(task, history=list(task["history"]))
+            submit(lambda: self._settle(task, ticket.result))
+            return now
+        self._settle(task, lambda: wait(ticket) if wait is not None else ticket.result())
+        return task
+
+    def _settle(self, task: dict[str, Any], result: Callable[[], Any]) -> None:
         try:
-            result = wait(ticket) if wait is not None else ticket.result()
+            value = result()
         except Exception as exc:  # noqa: BLE001 - every failure of the run is the task's state
             self._finish(task, exc=exc)
         else:
-            self._finish(task, result)
-        return task
+            self._finish(task, value)
 
     # -- message/stream -----------------------------------------------------------
     def stream(self, rpc_id: Any, method: str, params: dict[str, Any], agent_name: str | None,

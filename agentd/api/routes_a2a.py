@@ -153,7 +153,7 @@ def _rpc(agent: str | None) -> Response:
             try:
                 disconnected = client_disconnected()
                 result = service.call(method, params, agent, wait=lambda ticket: ticket.result(disconnected),
-                                      caller=principal())
+                                      caller=principal(), submit=kernel().executor.submit)
             finally:
                 stream_slots().release()
     except RpcError as exc:

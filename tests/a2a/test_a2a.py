@@ -8,6 +8,7 @@ Daemon `a` is keyless (loopback only); daemon `b` has an API key, and `a` lists 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Iterator
 
@@ -195,6 +196,26 @@ def test_message_send_returns_a_completed_task(pair) -> None:
     assert v1["status"]["state"] == "TASK_STATE_COMPLETED" and "kind" not in v1
     assert v1["artifacts"][0]["parts"] == [{"text": "echo: v1"}]
     assert rpc(a, "GetTask", {"id": v1["id"]})["result"]["status"]["message"]["role"] == "ROLE_AGENT"
+
+
+@pytest.mark.parametrize("method, configuration, working", [
+    ("message/send", {"blocking": False}, "working"),
+    ("SendMessage", {"returnImmediately": True}, "TASK_STATE_WORKING"),
+])
+def test_a_send_that_asks_not_to_wait_answers_the_working_task(pair, method, configuration, working) -> None:
+    a, _ = pair
+    message = (user("[[slow:1]] [[reply:later]]") if method == "message/send" else
+               {"role": "ROLE_USER", "messageId": "m2", "parts": [{"text": "[[slow:1]] [[reply:later]]"}]})
+    began = time.monotonic()
+    result = rpc(a, method, {"message": message, "metadata": {"agent": "helper"}, "configuration": configuration})
+    task = result["result"] if method == "message/send" else result["result"]["task"]
+    assert time.monotonic() - began < 0.9 and task["status"]["state"] == working and not task.get("artifacts")
+    get = "tasks/get" if method == "message/send" else "GetTask"
+    wait_until(lambda: rpc(a, get, {"id": task["id"]})["result"]["status"]["state"] in ("completed",
+                                                                                           "TASK_STATE_COMPLETED"),
+               "the task completed")
+    done = rpc(a, get, {"id": task["id"]})["result"]
+    assert done["artifacts"][0]["parts"][0]["text"] == "later"
 
 
 def test_context_id_is_a_conversation(pair, fake_llm) -> None:
