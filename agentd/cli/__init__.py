@@ -80,7 +80,7 @@ STOP_WAIT_SECS = 5.0
 
 
 def stop() -> None:
-    """Stop the running daemon: graceful first, forced after STOP_WAIT_SECS."""
+    """Stop the running daemon: graceful first, forced after 5 s."""
     config = _config()
     info = read_daemon_file(config.daemon_file)
     if info is None:
