@@ -14,6 +14,7 @@ from flask import Flask, jsonify
 from marshmallow import Schema, fields, validate as mvalidate
 
 from agentd.api import body
+from agentd.api.routes_agents import MANIFEST_BODY_LIMIT
 from agentd.api.errors import register_error_handlers
 from agentd import jsonsafe
 from agentd.jsonsafe import MAX_DEPTH, TOO_DEEP_MESSAGE
@@ -412,14 +413,15 @@ def test_chunked_body_past_the_cap_is_413_through_the_daemon(shared_daemon) -> N
         for i in range(0, total, 65536):
             yield text[i:i + 65536]
 
-    r = requests.post(f"{d.url}/api/agents", data=chunks(body.JSON_BODY_LIMIT + 1),
+    cap = MANIFEST_BODY_LIMIT  # the spawn route's cap
+    r = requests.post(f"{d.url}/api/agents", data=chunks(cap + 1),
                       headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413, f"BUG: a chunked body one byte past the cap answered {r.status_code}: {r.text[:200]}"
     # waitress buffers a chunked body and declares its length, so the declared-size message shows.
-    assert r.json() == {"error": "request body too large: 1572865 bytes (limit 1572864)"}
-    r = requests.post(f"{d.url}/api/agents", data=chunks(body.JSON_BODY_LIMIT),
+    assert r.json() == {"error": f"request body too large: {cap + 1} bytes (limit {cap})"}
+    r = requests.post(f"{d.url}/api/agents", data=chunks(cap),
                       headers={"Content-Type": "application/json"}, timeout=60)
-    # Read whole and parsed: the spawn route itself refuses the 1.5 MB manifest.
+    # Read whole and parsed: the spawn route itself refuses the 3 MB manifest.
     assert r.json() == {"error": "manifest too large (max 1 MB)"}, \
         f"BUG: a chunked body exactly at the cap was cut or refused: {r.text[:200]}"
 

@@ -141,9 +141,9 @@ def test_every_app_has_slots_of_its_own(env: Env) -> None:
 def test_done_event_is_exact(env: Env) -> None:
     handle = env.spawn("done")
     events = streamed(env, handle, "[[reply:hello]]")
-    assert events[-1] == Event("done", {"response": "hello", "input_tokens": 7, "output_tokens": 1, "iterations": 1,
+    assert events[-1] == Event("done", {"input_tokens": 7, "output_tokens": 1, "iterations": 1,
                                         "cost_usd": 2.75e-05, "finish_reason": "stop", "tool_calls": []})
-    assert list(events[-1].data) == ["response", "input_tokens", "output_tokens", "iterations", "cost_usd",
+    assert list(events[-1].data) == ["input_tokens", "output_tokens", "iterations", "cost_usd",
                                      "finish_reason", "tool_calls"]
     assert Event("text_delta", {"content": "hello"}) in events
 

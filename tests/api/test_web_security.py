@@ -451,14 +451,14 @@ def test_v1_upstream_refusal_is_500_server_error_and_not_retried(no_retry_daemon
     assert len(user_turns_in(fake_llm, marker)) == 1, "the SDK retried a final answer"
 
 
-def test_v1_missing_provider_key_is_the_agents_failure(no_retry_daemon, fake_llm) -> None:
+def test_v1_missing_provider_key_is_not_the_clients_key(no_retry_daemon, fake_llm) -> None:
     """Not a 401: the client's own key to agentd is fine, and a 401 would say it is not."""
     d = no_retry_daemon
     agent_id = spawn(d, model='[model]\nprovider = "groq"\nmodel = "llama-3.3-70b-versatile"\n')
-    with pytest.raises(openai.InternalServerError) as info:
+    with pytest.raises(openai.APIStatusError) as info:
         sdk(d).chat.completions.create(model=agent_id, messages=[{"role": "user", "content": "hi"}])
-    assert info.value.status_code == 500 and info.value.body["type"] == "server_error"
-    assert "code" not in info.value.body or info.value.body["code"] is None
+    assert info.value.status_code == 424 and info.value.body["type"] == "invalid_request_error"
+    assert info.value.body["code"] == "provider_key_missing"
     assert "GROQ_API_KEY" in info.value.body["message"]
 
 

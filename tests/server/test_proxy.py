@@ -147,7 +147,7 @@ def test_api_through_the_prefix_over_tls(keyed: Stack) -> None:
 
 
 def test_body_limits_answer_json_through_nginx(keyed: Stack) -> None:
-    r = keyed.post("/agentd/api/agents", headers=bearer(), data=b'{"manifest_toml": "' + b"x" * 2_000_000 + b'"}',
+    r = keyed.post("/agentd/api/agents", headers=bearer(), data=b'{"manifest_toml": "' + b"x" * 4_000_000 + b'"}',
                    timeout=60)
     assert r.status_code == 413 and "error" in r.json(), "the daemon's own 413 passes through"
     agent_id = keyed.post("/agentd/api/agents", headers=bearer(),
