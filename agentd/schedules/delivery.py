@@ -2,7 +2,8 @@
 
 A delivery runs after the agent's run ended and never runs the agent again: a failed
 attempt is recorded on the run (`delivery: {status, attempts, error}`) and retried with
-backoff (agentd/retry.py) up to `[schedules] delivery_attempts`.
+backoff (agentd/retry.py) up to `[schedules] delivery_attempts`. A delivery a stopped daemon
+left unfinished is resumed by the next daemon to start (Scheduler.start).
 
 Webhook: `POST <url>` with the JSON body `{"job": {id, name, agent_id}, "run": {id, status,
 started_at, finished_at, cost_usd}, "output": "..."}` and `X-Agentd-Signature:
@@ -59,23 +60,37 @@ class Delivery:
             return None
         return {"status": "pending", "attempts": 0, "error": None}
 
-    def start(self, job: dict[str, Any], run: dict[str, Any], output: str) -> None:
-        """Begin delivering, on a thread of its own. Called once the run's `pending` state is
-        stored: each attempt records its outcome over it, never the other way round."""
-        thread = threading.Thread(target=self._deliver, args=(job["delivery"], job, run, output),
+    def start(self, job: dict[str, Any], run: dict[str, Any], output: str, done: int = 0) -> None:
+        """Begin delivering, on a thread of its own, after `done` attempts made already. Called
+        once the run's `pending` state is stored: each attempt records its outcome over it,
+        never the other way round."""
+        thread = threading.Thread(target=self._deliver, args=(job["delivery"], job, run, output, done),
                                   name=f"agentd-cron-delivery-{run['id'][:8]}", daemon=True)
         thread.start()
 
-    def _deliver(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+    def resume(self, job: dict[str, Any], run: dict[str, Any]) -> None:
+        """Go on with the delivery of a stored run that a stopped daemon left `pending` or
+        `retrying`: its stored output, to the job's delivery, counting the attempts on."""
+        state = run["delivery"]
+        if self.pending(job) is None:
+            self.record(run["id"], {**state, "status": "failed", "error": "the job's delivery was removed"})
+        elif state["attempts"] >= self.attempts:  # `delivery_attempts` lowered since
+            self.record(run["id"], {**state, "status": "failed"})
+        else:
+            self.start(job, run, run["output"] or "", state["attempts"])
+
+    def _deliver(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str,
+                 done: int) -> None:
         try:
-            self._attempts(target, job, run, output)
+            self._attempts(target, job, run, output, done)
         except Exception as exc:  # noqa: BLE001 - e.g. the database closed by a shutdown meanwhile
             log.warning("cron job %s: delivery state not recorded: %s", job["name"], exc)
 
-    def _attempts(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str) -> None:
+    def _attempts(self, target: dict[str, Any], job: dict[str, Any], run: dict[str, Any], output: str,
+                  done: int) -> None:
         backoff = Backoff(self.initial_delay, self.max_delay)
         error = ""
-        for attempt in range(1, self.attempts + 1):
+        for attempt in range(done + 1, self.attempts + 1):
             try:
                 self._send_once(target, job, run, output)
             except Exception as exc:  # noqa: BLE001 - every failure is recorded and retried

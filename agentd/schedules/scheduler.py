@@ -18,6 +18,8 @@ PostgreSQL database only one daemon wins) and then decides:
 
 A run record left `running` by a daemon that died is failed by the cluster heartbeat
 (`reap`), as the lease reaper fails agent runs.
+A delivery left `pending` or `retrying` by a stopped daemon is resumed by the next daemon
+to start, from the attempt it reached.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class Scheduler:
             self.store.fail_running("the daemon stopped while the run was in progress")
         else:
             self.store.fail_running("daemon {daemon} restarted while the run was in progress", daemon_id=self.daemon_id)
+        self._resume_deliveries()
         for job in self.store.list():
             missing = unset_secret(job["delivery"])
             if missing:
@@ -120,6 +123,20 @@ class Scheduler:
             return
         self._thread = threading.Thread(target=self._loop, name="agentd-scheduler", daemon=True)
         self._thread.start()
+
+    def _resume_deliveries(self) -> None:
+        """Deliveries left unfinished by this daemon's previous life or, on a shared database,
+        by a daemon no longer alive: each is taken by one starting daemon (the run moves to it,
+        so a daemon starting later leaves it alone while this one is alive)."""
+        others = self.live_daemons() - {self.daemon_id} if self.live_daemons is not None else set()
+        for run_id, owner in self.store.unfinished_deliveries():
+            if owner in others or not self.store.take_run(run_id, owner, self.daemon_id):
+                continue
+            run = self.store.get_run(run_id)
+            job = self.store.get(run["job_id"]) if run is not None else None
+            if job is not None and run["delivery"]["status"] in ("pending", "retrying"):
+                log.info("cron job %s: resuming the delivery of run %s", job["name"], run_id)
+                self.delivery.resume(job, run)
 
     def close(self) -> None:
         self._stop.set()

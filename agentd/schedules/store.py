@@ -169,6 +169,18 @@ class CronStore:
             if job is not None and job.last_run and job.last_run.get("run_id") == run_id:
                 job.last_run = {**job.last_run, "delivery": delivery}
 
+    def unfinished_deliveries(self) -> list[tuple[str, str]]:
+        """(run_id, daemon_id) of the runs whose delivery is `pending` or `retrying`."""
+        with orm.db_session:
+            return list(orm.select((r.id, r.daemon_id) for r in self.e.CronRunRow if r.status == "ok" and (
+                r.delivery["status"] == "pending" or r.delivery["status"] == "retrying")))
+
+    def take_run(self, run_id: str, owner: str, daemon_id: str) -> bool:
+        """Move the run from daemon `owner` to `daemon_id`; True for the one daemon that did."""
+        with orm.db_session:
+            return self.store.db.execute("UPDATE cron_runs SET daemon_id = $d WHERE id = $i AND daemon_id = $o",
+                                         {"d": daemon_id, "i": run_id, "o": owner}).rowcount == 1
+
     def _last_run(self, job_id: str, run_id: str) -> None:
         with orm.db_session(optimistic=False):
             run = self.e.CronRunRow.get(id=run_id)

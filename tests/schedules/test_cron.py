@@ -489,6 +489,34 @@ def test_results_go_to_a_signed_webhook_and_failures_are_retried_without_a_rerun
     receiver.status = 200
 
 
+def test_a_delivery_cut_off_by_a_restart_is_resumed_without_a_rerun(tmp_path, fake_llm) -> None:
+    receiver = Receiver()
+    receiver.status = 503
+    home = make_home(tmp_path, llm_config(fake_llm, "\n[schedules]\ndelivery_attempts = 6\n" + NO_REMEMBERING))
+    d = Daemon(home, env_extra={**LLM_ENV, "CRON_SECRET": SECRET}).start()
+    try:
+        spawn(d, "interrupted")
+        created = job(d, name="interrupted", agent_id="interrupted", schedule={"kind": "cron", "expr": "0 0 1 1 *"},
+                      action=turn("[[reply:worth waiting for]]"),
+                      delivery={"kind": "webhook", "url": f"{receiver.url}/flaky", "secret_env": "CRON_SECRET"})
+        assert d.post(f"/api/cron/jobs/{created['id']}/run").status_code == 202
+        wait_for(lambda: len(receiver.on("/flaky")) >= 2, 10, what="two failed attempts")
+        d.stop()
+        before = len(receiver.on("/flaky"))
+        receiver.status = 200
+        d = Daemon(home, env_extra={**LLM_ENV, "CRON_SECRET": SECRET}).start()
+        run = wait_for(lambda: (r := ran(d, created["id"])) and r[0]["delivery"]["status"] == "delivered" and r[0],
+                       15, what="the delivery resumed")
+        # The attempts count on from where the stopped daemon left them; the agent ran once.
+        assert run["delivery"] == {"status": "delivered", "attempts": before + 1, "error": None}
+        assert len(receiver.on("/flaky")) == before + 1 and len(runs(d, created["id"])) == 1
+        assert json.loads(receiver.on("/flaky")[-1]["body"])["output"] == "worth waiting for"
+        assert d.get(f"/api/cron/jobs/{created['id']}").json()["last_run"]["delivery"] == run["delivery"]
+    finally:
+        d.stop()
+        receiver.server.shutdown()
+
+
 def test_a_webhook_naming_an_unset_variable_is_refused_at_creation_and_change(env) -> None:
     """Every delivery would fail: the daemon reads its environment only when it starts."""
     d, receiver, _ = env
