@@ -342,8 +342,7 @@ class Scheduler:
         if fresh["enabled"] and fresh["max_cost_usd_per_day"] is not None:
             over = self._over_cap(fresh, self.clock())
             if over.startswith("max_cost"):
-                self.store.update(job["id"], enabled=False, next_due=None, paused_reason=over)
-                self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": over})
+                self.pause(fresh, over, None)
 
     def _agent_turn(self, job: dict[str, Any]) -> tuple[str, float | None]:
         handle = self.find_agent(job["agent_id"])

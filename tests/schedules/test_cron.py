@@ -286,6 +286,11 @@ def test_max_cost_per_day_pauses_the_job(env) -> None:
                       what="the pause")
     assert paused["paused_reason"].startswith("max_cost_usd_per_day reached ($0.0000")
     assert len(ran(d, created["id"])) == 1
+    # The run that crossed the cap is followed by a skipped run with the pause's reason.
+    assert [r["reason"] for r in ran(d, created["id"], "skipped")] == [paused["paused_reason"]]
+    wait_for(lambda: any(e["detail"] == {"job_id": created["id"], "reason": paused["paused_reason"]}
+                         for e in d.get("/api/audit/recent", params={"event": "cron.job_paused"}).json()),
+             10, what="the pause's audit entry")
 
 
 def test_provider_failures_in_a_row_back_off(env) -> None:
