@@ -7,7 +7,9 @@ from __future__ import annotations
 import html as htmllib
 import re
 import time
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -129,6 +131,21 @@ def test_a_job_is_added_from_the_form_and_a_refusal_keeps_what_was_typed(dash) -
                                         "every_secs": "60", "message": "tick", "one_shot": "on"}, environ_base=LOCAL)
     once = [j for j in kernel.cron.list() if j["name"] == "once"][0]
     assert r.status_code == 303 and once["schedule"] == {"kind": "every", "every_secs": 60} and once["one_shot"] is True
+
+
+def test_the_triggers_on_the_schedules_page_are_shown_in_the_viewers_zone(dash) -> None:
+    client, kernel = dash
+    kernel.agents.spawn('name = "watched"\n')
+    made = kernel.triggers.create({"agent_id": "watched", "pattern": {"content_match": "deploy"},
+                                   "prompt_template": "p"})
+    kernel.triggers.store.admit(made["id"], 10)  # one firing: its time is the trigger's last_fired_at
+    fired = kernel.triggers.get(made["id"])["last_fired_at"]
+    tokyo = datetime.fromisoformat(fired).astimezone(ZoneInfo("Asia/Tokyo")).strftime("%Y-%m-%d %H:%M:%S")
+    html = text(client, "/schedules?tz=Asia/Tokyo")
+    assert "Last fired (Asia/Tokyo)" in html and f'<time datetime="{fired}">{tokyo}</time>' in html
+    # The triggers' own page says once that its times are UTC.
+    page = text(client, "/triggers")
+    assert "Times are UTC." in page and f"<td>{fired[:19].replace('T', ' ')}</td>" in page
 
 
 def test_an_unknown_viewer_zone_is_said_and_not_remembered(dash) -> None:
