@@ -18,7 +18,8 @@ JOB_ID = {"job_id": {"format": "uuid"}}
 
 
 class CronJobsQuery(_Query):
-    agent_id = fields.String(metadata={"description": sc.LIST_QUERY_DOC + " (an unknown agent has none)"})
+    agent_id = fields.String(metadata={"description": sc.LIST_QUERY_DOC
+                                       + " (an unknown agent has none; empty: every job)"})
 
 
 def _job(job_id: str) -> dict:

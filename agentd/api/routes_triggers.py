@@ -37,7 +37,7 @@ def create():
 @doc("List triggers, oldest first", tags="triggers", query=TriggerQuery,
      response={"type": "array", "items": out.TriggerSchema})
 def list_triggers():
-    return jsonify(reachable(kernel().triggers.list(request.args.get("agent_id"))))
+    return jsonify(reachable(kernel().triggers.list(request.args.get("agent_id") or None)))
 
 
 @bp.get("/api/triggers/<trigger_id>")

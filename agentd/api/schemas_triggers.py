@@ -94,7 +94,7 @@ TriggerUpdateSchema = _Body.from_dict({
 
 class TriggerQuery(_Loose):
     agent_id = fields.String(metadata={"description": "Only this agent's triggers (its id or name; an unknown "
-                                                      "agent has none)"})
+                                                      "agent has none; empty: every trigger)"})
 
 
 def _no_nul(value: str) -> None:

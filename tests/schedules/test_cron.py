@@ -111,6 +111,9 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     assert d.get(f"/api/cron/jobs/{created['id']}").json() == created
     assert created["id"] in [j["id"] for j in d.get("/api/cron/jobs").json()]
     assert [j["id"] for j in d.get("/api/cron/jobs", params={"agent_id": "shapes"}).json()] == [created["id"]]
+    # An empty agent_id is no filter, as for the triggers.
+    every = [j["id"] for j in d.get("/api/cron/jobs").json()]
+    assert [j["id"] for j in d.get("/api/cron/jobs?agent_id=").json()] == every
 
     paused = d.request("PATCH", f"/api/cron/jobs/{created['id']}", json={"enabled": False})
     assert paused.status_code == 200 and paused.json()["enabled"] is False and paused.json()["next_run_at"] is None

@@ -94,6 +94,9 @@ def test_crud_and_errors(d) -> None:
     trigger(d, other, {"agent_failed": "*"})
     assert [t["id"] for t in d.get(f"/api/triggers?agent_id={a}").json()] == [made["id"]]
     assert {made["id"]} < {t["id"] for t in d.get("/api/triggers").json()}
+    # An empty agent_id is no filter, as for the cron jobs.
+    every = [t["id"] for t in d.get("/api/triggers").json()]
+    assert [t["id"] for t in d.get("/api/triggers?agent_id=").json()] == every
     assert d.get(f"/api/triggers/{made['id']}").json()["id"] == made["id"]
     r = d.request("PATCH", f"/api/triggers/{made['id']}", json={"enabled": False, "max_runs_per_day": None})
     assert r.status_code == 200 and r.json()["enabled"] is False and r.json()["max_runs_per_day"] is None
