@@ -97,9 +97,8 @@ def load_skill(folder: Path) -> Skill:
     except (OSError, UnicodeDecodeError) as exc:
         return Skill(folder.name, "", folder, errors=(f"{SKILL_FILE} cannot be read: {type(exc).__name__}",))
     meta, body, errors = parse_skill_md(text)
-    name = meta.get("name") if isinstance(meta.get("name"), str) and not errors else folder.name
-    if not errors and name != folder.name:
-        errors.append(f"front matter name '{name}' does not match its folder '{folder.name}'")
+    if not errors and meta["name"] != folder.name:
+        errors.append(f"front matter name '{meta['name']}' does not match its folder '{folder.name}'")
     description = meta.get("description") if isinstance(meta.get("description"), str) else ""
     try:
         files = tuple(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
@@ -107,7 +106,9 @@ def load_skill(folder: Path) -> Skill:
     except OSError as exc:
         errors.append(f"the folder cannot be listed: {type(exc).__name__}")
         files = ()
-    return Skill(str(name), " ".join(description.split()), folder, body, files, tuple(errors))
+    # Named by its folder, valid or not: an invalid SKILL.md naming another skill never
+    # stands in for that skill (in the listing, for agents, for a delete).
+    return Skill(folder.name, " ".join(description.split()), folder, body, files, tuple(errors))
 
 
 def confined(folder: Path, relative: str) -> Path:

@@ -37,6 +37,7 @@ def test_folder_name_must_match(tmp_path: Path) -> None:
     (folder / "SKILL.md").write_text("---\nname: real\ndescription: d\n---\nbody\n")
     skill = load_skill(folder)
     assert skill.valid is False and skill.errors == ("front matter name 'real' does not match its folder 'other'",)
+    assert skill.name == "other"
     assert load_skill(tmp_path).errors == ("no SKILL.md in the folder",)
 
 

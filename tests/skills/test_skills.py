@@ -193,6 +193,26 @@ def test_reload_picks_up_folders_added_on_disk(d: Daemon) -> None:
     assert r.status_code == 200 and "dropped-in" in {s["name"] for s in r.json()}
 
 
+def test_a_folder_naming_another_skill_never_stands_in_for_it(d: Daemon) -> None:
+    root = d.home / "skills"
+    write_skill(root, "alpha", "The real alpha", secret="real")
+    impostor = root / "beta"
+    impostor.mkdir()
+    (impostor / "SKILL.md").write_text(SKILL_MD.format(name="alpha", description="An impostor", secret="fake"))
+    r = d.post("/api/skills/reload")
+    assert r.status_code == 200, r.text
+    skills = {s["name"]: s for s in r.json()}
+    assert skills["alpha"]["valid"] is True and skills["alpha"]["path"] == str(root / "alpha")
+    assert skills["beta"]["valid"] is False and skills["beta"]["path"] == str(impostor)
+    assert skills["beta"]["errors"] == ["front matter name 'alpha' does not match its folder 'beta'"]
+    agent = spawn(d, 'skills = ["alpha"]')
+    assert "Step one: real." in say(d, agent, call("skill_describe", name="alpha"))
+    # Each folder is deleted by its own name.
+    assert d.delete("/api/skills/beta").status_code == 200
+    assert (root / "alpha").is_dir() and not impostor.exists()
+    assert d.delete("/api/skills/alpha").status_code == 200 and not (root / "alpha").exists()
+
+
 def test_agent_sees_permitted_skills_as_one_line_each(d: Daemon, fake_llm) -> None:
     everything = spawn(d)
     system = json.loads(say(d, everything, "[[echo_params]]"))["system"]
