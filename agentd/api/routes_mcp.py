@@ -10,10 +10,9 @@ from agentd.api.apidoc import doc
 from agentd.api.principal import principal
 from agentd.api.routes_system import kernel
 from agentd.errors import BadRequest, ConfigError, PayloadTooLarge
-from agentd.mcp.endpoint import MAX_BODY_BYTES
+from agentd.mcp.endpoint import KEY_HEADER, MAX_BODY_BYTES
 
 bp = Blueprint("mcp", __name__)
-KEY_HEADER = "HTTP_X_AGENTD_KEY_ID"  # read by agentd/mcp/server.py as `x-agentd-key-id`
 
 
 @bp.get("/api/mcp/servers")

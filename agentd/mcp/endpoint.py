@@ -4,6 +4,7 @@ request, so the SDK is not imported before an MCP client calls (agentd/mcp/serve
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from typing import Any
@@ -11,6 +12,55 @@ from wsgiref.util import is_hop_by_hop
 
 # One JSON-RPC message; the route refuses a larger declared body with the API's JSON error.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# A body larger than this is no cancellation notification (it is read only to look for one).
+MAX_NOTIFICATION_BYTES = 64 * 1024
+KEY_HEADER = "HTTP_X_AGENTD_KEY_ID"  # set by the route (agentd/api/routes_mcp.py), read as `x-agentd-key-id`
+
+
+class Running:
+    """The `message_agent` runs under way, by `caller`. The transport is stateless, so a
+    client's `notifications/cancelled` arrives in a POST of its own: it stops the runs of
+    the request it names that the same key asked for from the same address."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, str, str], set[threading.Event]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(environ: dict[str, Any], request_id: Any) -> tuple[str, str, str]:
+        return environ.get(KEY_HEADER, ""), environ.get("REMOTE_ADDR", ""), str(request_id)
+
+    def add(self, environ: dict[str, Any], request_id: Any, cancel: threading.Event) -> None:
+        with self._lock:
+            self._runs.setdefault(self._key(environ, request_id), set()).add(cancel)
+
+    def remove(self, environ: dict[str, Any], request_id: Any, cancel: threading.Event) -> None:
+        key = self._key(environ, request_id)
+        with self._lock:
+            events = self._runs.get(key, set())
+            events.discard(cancel)
+            if not events:
+                self._runs.pop(key, None)
+
+    def notified(self, environ: dict[str, Any]) -> None:
+        """Act on a `notifications/cancelled` in the request's body (which is kept for the SDK)."""
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        if not 0 < length <= MAX_NOTIFICATION_BYTES:
+            return
+        body = environ["wsgi.input"].read(length)
+        environ["wsgi.input"] = io.BytesIO(body)
+        if b"notifications/cancelled" not in body:
+            return
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return
+        if isinstance(message, dict) and message.get("method") == "notifications/cancelled" \
+                and isinstance(message.get("params"), dict) and "requestId" in message["params"]:
+            with self._lock:
+                events = list(self._runs.get(self._key(environ, message["params"]["requestId"]), ()))
+            for event in events:
+                event.set()
 
 
 class McpEndpoint:
@@ -18,7 +68,8 @@ class McpEndpoint:
 
     def __init__(self, loop: Any, agents: Any, runs: Any, memory: Any, keys: Any) -> None:
         self._loop = loop
-        self._parts = (agents, runs, memory, keys)
+        self.running = Running()
+        self._parts = (agents, runs, memory, keys, self.running)
         self._wsgi: Any = None
         self._stop: Any = None  # set: the transport's session manager ends
         self._serving: Any = None  # the session manager's task on the loop
@@ -58,6 +109,8 @@ class McpEndpoint:
                     self._wsgi = self._build()
                 except ImportError:
                     return _missing_extra(start_response)
+
+        self.running.notified(environ)
 
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             # The SSE response names `Connection`, which a WSGI app may not (PEP 3333):

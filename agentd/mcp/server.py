@@ -23,6 +23,8 @@ from pydantic import Field
 from agentd import __version__
 from agentd.principals import ADMIN, Principal, run_fields
 from agentd.errors import AgentdError
+from agentd.mcp.endpoint import Running
+from agentd.server.task import DISCONNECTED_KEY
 
 AgentRef = Annotated[str, Field(description="The agent's id or name (as list_agents gives them)")]
 
@@ -30,9 +32,10 @@ AgentRef = Annotated[str, Field(description="The agent's id or name (as list_age
 PROGRESS_TEXT_LIMIT = 2000
 
 
-def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
+def build_server(agents: Any, runs: Any, memory: Any, keys: Any, running: Running) -> MCPServer:
     """The MCP server over the agent manager, the run path and semantic memory; each call
-    acts as the request's API key (`keys`: agentd/apikeys.py), as the JSON API does."""
+    acts as the request's API key (`keys`: agentd/apikeys.py), as the JSON API does. A
+    message's run stops when its client leaves or cancels the request (`running`)."""
     server = MCPServer("agentd", version=__version__,
                        instructions="Agents hosted by this agentd daemon: list them, send one a message, "
                                     "or recall what one remembers.")
@@ -81,10 +84,13 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
         events: asyncio.Queue = asyncio.Queue()
         request = RunRequest(handle, message, emit=lambda e: loop.call_soon_threadsafe(events.put_nowait, e),
                              origin="mcp", **run_fields(caller, handle, own_session=True))
+        # The HTTP request the daemon's server is answering (a2wsgi hands its environ on).
+        environ = ctx.request_context.request.scope.get("wsgi_environ") or {}
 
         def run() -> str:
-            return runs.start(request).result().response
+            return runs.start(request).result(environ.get(DISCONNECTED_KEY)).response
 
+        running.add(environ, ctx.request_id, request.cancel)
         done = asyncio.ensure_future(asyncio.to_thread(run))
         step = 0
         try:
@@ -102,6 +108,7 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any) -> MCPServer:
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         finally:
+            running.remove(environ, ctx.request_id, request.cancel)
             if not done.done():
                 request.cancel.set()  # the client went away: the run stops too
 

@@ -4,12 +4,16 @@ agentd that has the first as one of its `[[mcp_servers]]`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+import time
 import uuid
 from typing import Any, Iterator
 
 import httpx2
 import pytest
+import requests
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -220,3 +224,55 @@ def test_endpoint_refuses_what_it_does_not_serve_with_json_errors(pair) -> None:
                      headers={**auth, "Content-Type": "application/json"})
     assert big.status_code == 413
     assert big.json() == {"error": f"request body too large: {size} bytes (limit {4 * 1024 * 1024})"}
+
+
+def test_a_message_run_stops_when_its_client_leaves_or_cancels(pair, fake_llm) -> None:
+    first, _ = pair
+    agent_id = _spawn(first, "slowpoke")
+    # Nine model turns of a second each, eight of them calling a tool.
+    slow = "[[slow:1]] [[tool:system_time {} x8]]"
+
+    def stopped(marker: str) -> None:
+        """The run of the message starting with `marker` stopped: it made no model call once
+        its client left, and the session has its stop, not its answer."""
+        time.sleep(3.5)
+        calls = sum(marker in json.dumps(r["json"] or {}) for r in list(fake_llm.requests))
+        assert calls <= 3, f"the run went on after its client left ({calls} model calls)"
+        messages = first.get(f"/api/agents/{agent_id}/session").json()["messages"]
+        asked = max(i for i, m in enumerate(messages) if str(m["content"]).startswith(marker))
+        assert messages[-1]["content"] == "[run stopped before the agent answered]"
+        assert len(messages) - asked <= 6, messages[asked:]
+
+    async def leave() -> None:
+        async with _client(first) as client:
+            call = asyncio.ensure_future(client.session.call_tool(
+                "message_agent", {"agent": "slowpoke", "message": f"left {slow}"}))
+            await asyncio.sleep(1.5)
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+
+    asyncio.run(leave())
+    stopped("left")
+
+    # A client that keeps its stream open and posts notifications/cancelled for its request.
+    headers = {"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json", "MCP-Protocol-Version": "2025-11-25"}
+    call = {"jsonrpc": "2.0", "id": 77, "method": "tools/call",
+            "params": {"name": "message_agent", "arguments": {"agent": "slowpoke", "message": f"cancelled {slow}"}}}
+    answer: list[str] = []
+
+    def stream() -> None:
+        with requests.post(f"{first.url}/mcp", json=call, headers=headers, stream=True, timeout=30) as r:
+            answer.extend(line for line in r.iter_lines(decode_unicode=True) if line.startswith("data:"))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(1.5)
+    cancelled = requests.post(f"{first.url}/mcp", headers=headers, timeout=10, json={
+        "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77, "reason": "user"}})
+    assert cancelled.status_code == 202
+    reader.join(10)
+    assert not reader.is_alive(), "the cancelled request was not answered"
+    assert answer and json.loads(answer[-1].removeprefix("data:"))["result"]["isError"] is True
+    stopped("cancelled")
