@@ -83,6 +83,7 @@ class Connection:
         self._stop = asyncio.Event()
         self._garbage: str | None = None  # the last line the server wrote that was not JSON-RPC
         self._handshake: Any = None  # the handshake's deadline while it runs
+        self._http_status: int | None = None  # of the server's last HTTP answer
 
     # -- the connection ----------------------------------------------------
     def _transport(self) -> Any:
@@ -95,7 +96,19 @@ class Connection:
                                                       cwd=spec.cwd or None), errlog=_DEVNULL)
         headers = {header: os.environ[var] for header, var in spec.headers_env if var in os.environ}
         timeout = httpx2.Timeout(spec.timeout_secs, read=max(spec.timeout_secs, 300.0))
-        return streamable_http_client(spec.url, http_client=create_mcp_http_client(headers=headers, timeout=timeout))
+        http = create_mcp_http_client(headers=headers, timeout=timeout)
+        http.event_hooks["response"].append(self._answered)
+        return streamable_http_client(spec.url, http_client=http)
+
+    async def _answered(self, response: Any) -> None:
+        self._http_status = response.status_code
+
+    def _reason(self, exc: BaseException) -> str:
+        """`_message`, with the HTTP status the SDK leaves out of its error for a refusal (401, 403, 500)."""
+        text = _message(exc)
+        if text.endswith("Server returned an error response") and (self._http_status or 0) >= 400:
+            return f"{text} (HTTP {self._http_status})"
+        return text
 
     async def supervise(self) -> None:
         """Connect, serve calls, reconnect after a failure; until `stop`."""
@@ -106,7 +119,7 @@ class Connection:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - whatever the server did, the daemon goes on
-                self.last_error = _message(exc)
+                self.last_error = self._reason(exc)
                 log.warning("MCP server %s: %s", self.spec.name, self.last_error)
             finally:
                 self._client = None
@@ -140,7 +153,7 @@ class Connection:
             self._handshake = None
         try:
             async with asyncio.timeout(startup):
-                tools = await self._list_tools(client)
+                tools = await self._list_tools(client) if _offers_tools(client) else []
             self.tools = tools
             self.protocol_version = client.protocol_version
             info = client.server_info
@@ -234,7 +247,7 @@ class Connection:
             raise
         except Exception as exc:
             if self._client is not client or _transport_failure(exc):
-                self.last_error = _message(exc)
+                self.last_error = self._reason(exc)
                 self._mark_broken()
                 raise ServerGone(f"MCP server '{self.spec.name}' failed: {self.last_error}") from None
             raise
@@ -264,11 +277,22 @@ class Connection:
 
 
 def _transport_failure(exc: BaseException) -> bool:
-    """Whether `exc` says the connection is gone (not that the server answered with an error)."""
+    """Whether `exc` says the connection is gone: not that the server answered with an error,
+    nor that the SDK refused what it answered (RuntimeError for structured content that does
+    not match the tool's output schema, ValidationError for a result the protocol does not allow)."""
     from mcp import MCPError
     from mcp_types.jsonrpc import CONNECTION_CLOSED
+    from pydantic import ValidationError
 
-    return not isinstance(exc, MCPError) or (exc.code == CONNECTION_CLOSED and exc.message == "Connection closed")
+    if isinstance(exc, MCPError):
+        return exc.code == CONNECTION_CLOSED and exc.message == "Connection closed"
+    return not isinstance(exc, (RuntimeError, ValidationError))
+
+
+def _offers_tools(client: Any) -> bool:
+    """Whether the server declared the tools capability (a server of prompts or resources
+    only need not answer tools/list)."""
+    return client.server_capabilities.tools is not None
 
 
 
@@ -279,7 +303,7 @@ async def _check_one(spec: McpServerSpec) -> tuple[bool, str]:
     try:
         async with asyncio.timeout(startup) as conn._handshake:
             async with client:
-                tools = await conn._list_tools(client)
+                tools = await conn._list_tools(client) if _offers_tools(client) else []
                 return True, f"{spec.name}: started ({client.protocol_version}, {len(tools)} tools)"
     except TimeoutError:
         if conn._garbage:
@@ -288,7 +312,7 @@ async def _check_one(spec: McpServerSpec) -> tuple[bool, str]:
     except BaseException as exc:  # noqa: BLE001 - a check reports, it does not raise
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        return False, f"{spec.name}: {_message(exc)}"
+        return False, f"{spec.name}: {conn._reason(exc)}"
 
 
 def check_servers(specs: list[McpServerSpec]) -> list[tuple[bool, str]]:

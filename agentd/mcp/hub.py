@@ -15,7 +15,7 @@ from typing import Any, Callable
 from agentd.agents.tools.base import Tool, ToolContext, ToolError
 from agentd.mcp.config import McpServerSpec
 from agentd.mcp.loop import LoopThread
-from agentd.mcp.names import tool_name
+from agentd.mcp.names import tool_names
 
 log = logging.getLogger("agentd.mcp")
 
@@ -41,7 +41,7 @@ class McpHub:
         self._specs: dict[str, McpServerSpec] = {}
         self._conns: dict[str, Any] = {}
         self._tasks: dict[str, Any] = {}
-        self._tools: dict[tuple[str, int], list[Tool]] = {}
+        self._tools: dict[tuple[str, int, tuple[str, ...]], list[Tool]] = {}
         self._lock = threading.RLock()
         self._closed = False
         self.apply(specs)
@@ -111,43 +111,53 @@ class McpHub:
         with self._lock:
             return list(self._specs)
 
-    def servers(self) -> list[dict[str, Any]]:
-        """GET /api/mcp/servers: each server's state, protocol version and tools."""
+    def _named(self) -> tuple[list[Any], dict[tuple[str, str], str]]:
+        """The connections in the file's order, and the agent tool name of each of their tools:
+        named over every server's last known tools, so a name stays while another server
+        restarts, and the earlier server keeps a name two would make."""
         with self._lock:
             conns = list(self._conns.values())
+        return conns, tool_names((c.spec.name, t.name) for c in conns for t in c.tools)
+
+    def servers(self) -> list[dict[str, Any]]:
+        """GET /api/mcp/servers: each server's state, protocol version and tools."""
+        conns, names = self._named()
         items = []
         for conn in conns:
             status = conn.status()
             for tool in status["tools"]:
-                tool["agent_tool"] = tool_name(conn.spec.name, tool["name"])
+                tool["agent_tool"] = names.get((conn.spec.name, tool["name"]))
             items.append(status)
         return items
 
     def tools_for(self, allowed: list[str]) -> list[Tool]:
         """The agent tools of the ready servers in `allowed` (empty: every server)."""
-        with self._lock:
-            conns = [c for n, c in self._conns.items() if not allowed or n in allowed]
+        conns, names = self._named()
         tools: list[Tool] = []
         for conn in conns:
-            if conn.state != "ready":
+            if conn.state != "ready" or (allowed and conn.spec.name not in allowed):
                 continue
-            key = (conn.spec.name, id(conn.tools))
+            server = conn.spec.name
+            mine: dict[str, Any] = {}
+            for tool in conn.tools:
+                mine.setdefault(names[(server, tool.name)], tool)  # a tool listed twice is offered once
+            key = (server, id(conn.tools), tuple(mine))
             cached = self._tools.get(key)
             if cached is None:
-                cached = [self._tool(conn.spec, t) for t in conn.tools]
-                self._tools = {k: v for k, v in self._tools.items() if k[0] != conn.spec.name}
+                cached = [self._tool(conn.spec, t, name) for name, t in mine.items()]
+                self._tools = {k: v for k, v in self._tools.items() if k[0] != server}
                 self._tools[key] = cached
             tools.extend(cached)
         return tools
 
-    def _tool(self, spec: McpServerSpec, mcp_tool: Any) -> Tool:
+    def _tool(self, spec: McpServerSpec, mcp_tool: Any, name: str) -> Tool:
         server, remote = spec.name, mcp_tool.name
 
         def run(ctx: ToolContext, args: dict[str, Any]) -> str:
             return self.call(server, remote, args, ctx.cancel)
 
         description = (mcp_tool.description or mcp_tool.title or remote).strip()
-        return Tool(tool_name(server, remote), f"[MCP server {server}] {description}",
+        return Tool(name, f"[MCP server {server}] {description}",
                     _schema(mcp_tool.input_schema), run, origin=f"mcp:{server}", family="mcp")
 
     # -- calls ---------------------------------------------------------------

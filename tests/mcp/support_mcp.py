@@ -15,6 +15,7 @@ from support import free_port
 HERE = Path(__file__).parent
 TOOLBOX = HERE / "toolbox_server.py"
 GARBAGE = HERE / "garbage_server.py"
+LOWLEVEL = HERE / "lowlevel_server.py"
 
 
 def stdio_server(name: str, script: Path | None = None, args: list[str] | None = None, **keys: Any) -> str:

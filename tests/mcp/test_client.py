@@ -5,7 +5,10 @@ the model's next request."""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
+import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -16,7 +19,7 @@ import pytest
 
 from conftest import LLM_ENV, llm_config
 from support import Daemon, make_home, stop_shared
-from tests.mcp.support_mcp import GARBAGE, TOOLBOX, HttpToolbox, servers, stdio_server, url_server, wait_state
+from tests.mcp.support_mcp import GARBAGE, LOWLEVEL, TOOLBOX, HttpToolbox, servers, stdio_server, url_server, wait_state
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +253,82 @@ def test_dashboard_lists_servers_and_groups_an_agents_tools(mcp_daemon) -> None:
     assert '<dt>Tools (built-in)</dt><dd class="tools" data-origin="built-in">file_read</dd>' in html
     assert ('<dt>Tools (MCP server time)</dt><dd class="tools" data-origin="MCP server time">'
             'mcp_time_convert_time</dd>') in html
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """An MCP endpoint that refuses every request as a wrong API key."""
+
+    def do_POST(self) -> None:  # noqa: N802 - the handler's API
+        body = b'{"error": "invalid API key"}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def odd_daemon(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    """Servers the SDK's MCPServer cannot make: tool names that collide as agent tool names,
+    an answer its output schema refuses, no tools at all; and an HTTP server refusing its key."""
+    refusing = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=refusing.serve_forever, daemon=True).start()
+    extra = (stdio_server("a", LOWLEVEL, args=["tools", "b_c", "x.y", "x_y"])
+             + stdio_server("a_b", LOWLEVEL, args=["tools", "c"])
+             + stdio_server("odd", LOWLEVEL, args=["badout"])
+             + stdio_server("prompts", LOWLEVEL, args=["prompts"])
+             + url_server("locked", f"http://127.0.0.1:{refusing.server_address[1]}/mcp"))
+    home = make_home(tmp_path_factory.mktemp("mcp-odd"), llm_config(fake_llm, extra))
+    daemon = Daemon(home, env_extra=LLM_ENV).start()
+    for name in ("a", "a_b", "odd"):
+        wait_state(daemon, name, "ready")
+    yield daemon
+    stop_shared(daemon)
+    refusing.shutdown()
+    refusing.server_close()
+
+
+def _hashed(name: str, server: str, tool: str) -> str:
+    digest = hashlib.sha256(f"{server}\0{tool}".encode()).hexdigest()[:8]
+    return f"{name}_{digest}"
+
+
+def test_tools_whose_names_collide_get_names_of_their_own(odd_daemon, fake_llm) -> None:
+    listed = servers(odd_daemon)
+    names = {(server, t["name"]): t["agent_tool"] for server in ("a", "a_b") for t in listed[server]["tools"]}
+    # The first server in the file, and a server's first tool, keep the name both would make.
+    assert names == {("a", "b_c"): "mcp_a_b_c", ("a", "x.y"): "mcp_a_x_y",
+                     ("a", "x_y"): _hashed("mcp_a_x_y", "a", "x_y"), ("a_b", "c"): _hashed("mcp_a_b_c", "a_b", "c")}
+    agent = _agent(odd_daemon)
+    fake_llm.requests.clear()
+    for (_, tool), name in names.items():
+        assert _say(odd_daemon, agent, _call(name)) == f"tool said: {tool} called"
+    offered = [t["function"]["name"] for t in fake_llm.requests[0]["json"]["tools"]]
+    assert len(offered) == len(set(offered)) and set(names.values()) <= set(offered)
+
+
+def test_an_answer_its_output_schema_refuses_is_the_models_error_and_the_server_stays(odd_daemon) -> None:
+    agent = _agent(odd_daemon, 'mcp_servers = ["odd"]')
+    pid = _say(odd_daemon, agent, _call("mcp_odd_pid"))
+    assert _say(odd_daemon, agent, _call("mcp_odd_badout")).startswith(
+        "tool said: error: MCP server 'odd' refused 'badout': Invalid structured content returned by tool "
+        "badout: 'many' is not of type 'integer'\n")
+    odd = servers(odd_daemon)["odd"]
+    assert (odd["state"], odd["restarts"], odd["last_error"]) == ("ready", 0, None)
+    assert _say(odd_daemon, agent, _call("mcp_odd_pid")) == pid
+
+
+def test_a_server_without_tools_is_ready_with_none(odd_daemon) -> None:
+    prompts = wait_state(odd_daemon, "prompts", "ready")
+    assert (prompts["tools"], prompts["restarts"], prompts["last_error"]) == ([], 0, None)
+    time.sleep(6)  # past a probe: an answer to it, even an error, keeps the server
+    prompts = servers(odd_daemon)["prompts"]
+    assert (prompts["state"], prompts["restarts"]) == ("ready", 0)
+
+
+def test_an_http_server_refusing_the_request_is_failed_with_its_status(odd_daemon) -> None:
+    locked = wait_state(odd_daemon, "locked", "failed", last_error=lambda e: bool(e))
+    assert locked["last_error"] == "MCPError: Server returned an error response (HTTP 401)"

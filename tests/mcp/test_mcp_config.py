@@ -10,7 +10,7 @@ import pytest
 from agentd.agents.tools.base import ToolError
 from agentd.config import ConfigError, parse_config
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
-from agentd.mcp.names import tool_name
+from agentd.mcp.names import tool_name, tool_names
 from agentd.mcp.results import render
 
 
@@ -61,6 +61,13 @@ def test_tool_names_follow_the_providers_rules() -> None:
     assert tool_name("my.server", "do it/now") == "mcp_my_server_do_it_now"
     long_a, long_b = tool_name("s", "x" * 80 + "a"), tool_name("s", "x" * 80 + "b")
     assert len(long_a) == 64 and long_a != long_b and long_a.startswith("mcp_s_xxx")
+    # Tools that would share a name: the first keeps it, the later ones get a hash of their own.
+    pairs = [("a", "b_c"), ("a", "x.y"), ("a", "x_y"), ("a_b", "c"), ("a", "b_c")]
+    names = tool_names(pairs)
+    assert list(names) == pairs[:4] and len(set(names.values())) == 4
+    assert names[("a", "b_c")] == "mcp_a_b_c" and names[("a", "x.y")] == "mcp_a_x_y"
+    assert names[("a_b", "c")].startswith("mcp_a_b_c_") and len(names[("a_b", "c")]) == len("mcp_a_b_c_") + 8
+    assert tool_names(pairs) == names  # the same every time
 
 
 def test_results_render_every_kind_of_content() -> None:
