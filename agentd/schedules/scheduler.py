@@ -283,8 +283,9 @@ class Scheduler:
         return ""
 
     def pause(self, job: dict[str, Any], reason: str, due: float | None) -> dict[str, Any]:
-        self.store.update(job["id"], enabled=False, next_due=None, paused_reason=reason)
+        # The skipped run first: a job seen paused has its record of why.
         run_id = self.store.add_run(job["id"], self.daemon_id, due, "skipped", reason)
+        self.store.update(job["id"], enabled=False, next_due=None, paused_reason=reason)
         self.audit("cron.job_paused", job["name"], {"job_id": job["id"], "reason": reason})
         log.warning("cron job %s paused: %s", job["name"], reason)
         return self.store.get_run(run_id)  # type: ignore[return-value]
