@@ -65,11 +65,17 @@ class Principal:
             return True
         return self.may_reach(agent) and (label == own or (label or "").startswith(own + ":"))
 
+    def sees(self, agent: Any) -> bool:
+        """Whether the key's agent list admits `agent`; a refusal is audited."""
+        if self.may_reach(agent):
+            return True
+        if self._refused is not None:
+            self._refused(self, "agent", {"agent_id": agent.id})
+        return False
+
     def reach(self, agent: Any) -> Any:
         """`agent`, or a 404 exactly like an unknown agent's (audited)."""
-        if not self.may_reach(agent):
-            if self._refused is not None:
-                self._refused(self, "agent", {"agent_id": agent.id})
+        if not self.sees(agent):
             raise NotFound("agent not found")
         return agent
 

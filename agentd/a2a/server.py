@@ -157,7 +157,7 @@ class A2AService:
                 return handles[0]
             raise RpcError(INVALID_PARAMS, "name the agent: params.metadata.agent, or send to the agent's own "
                                            "endpoint /a2a/agents/<name>")
-        if handle is None or not caller.may_reach(handle):
+        if handle is None or not caller.sees(handle):
             raise RpcError(INVALID_PARAMS, f"no agent named {path_name or ref!r}")
         return handle
 

@@ -68,6 +68,11 @@ def _html_error(status: int, message: str) -> Response:
 DEFAULT_RETRY_AFTER = 1.0  # seconds, on a 429 whose cause gave no delay of its own
 
 
+def retry_after_header(seconds: float | None) -> str:
+    """The `Retry-After` value of a refusal: whole seconds, at least 1."""
+    return str(max(1, int(-(-(DEFAULT_RETRY_AFTER if seconds is None else seconds) // 1))))
+
+
 def error_response(status: int, message: str, *, code: str | None = None,
                    retry_after: float | None = None) -> Response:
     """A JSON error in the shape the request's route family expects (HTML off the API)."""
@@ -77,7 +82,7 @@ def error_response(status: int, message: str, *, code: str | None = None,
     if not is_api_path(request.path):
         response = _html_error(status, message)
         if retry_after is not None:
-            response.headers["Retry-After"] = str(max(1, int(-(-retry_after // 1))))
+            response.headers["Retry-After"] = retry_after_header(retry_after)
         return response
     if request.path.startswith("/v1/"):
         # The spec's OpenAI error leaves `code` out when there is none (never `null`).
@@ -90,7 +95,7 @@ def error_response(status: int, message: str, *, code: str | None = None,
     response = jsonify(body)
     response.status_code = status
     if retry_after is not None:
-        response.headers["Retry-After"] = str(max(1, int(-(-retry_after // 1))))
+        response.headers["Retry-After"] = retry_after_header(retry_after)
     return response
 
 

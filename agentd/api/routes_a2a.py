@@ -73,7 +73,7 @@ def daemon_card_legacy():
 
 def _handle(name: str, who: Principal | None = None) -> Any:
     handle = kernel().agents.by_name(name)
-    if handle is None or not (who or principal()).may_reach(handle):
+    if handle is None or not (who or principal()).sees(handle):
         raise NotFound(f"no agent named '{name}'")
     return handle
 

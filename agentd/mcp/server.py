@@ -54,7 +54,7 @@ def build_server(agents: Any, runs: Any, memory: Any, keys: Any, running: Runnin
         try:
             caller.require(scope)
             handle = agents.find(ref)
-            if handle is None or not caller.may_reach(handle):
+            if handle is None or not caller.sees(handle):
                 raise ToolError(f"no agent with id or name {ref!r}")
         except AgentdError as exc:
             raise ToolError(exc.message) from None

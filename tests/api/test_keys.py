@@ -52,6 +52,16 @@ def as_key(d: Daemon, key: dict[str, Any] | str, method: str, path: str, **kwarg
                             **kwargs)
 
 
+def signed_in(d: Daemon, secret: str) -> requests.Session:
+    """A browser session signed in to the dashboard with `secret`."""
+    browser = requests.Session()
+    login = browser.get(f"{d.url}/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
+    r = browser.post(f"{d.url}/login", data={"api_key": secret, "csrf_token": token}, allow_redirects=False)
+    assert r.status_code == 303, r.text
+    return browser
+
+
 def make_workflow(d: Daemon, agent: str) -> str:
     """A one-step workflow on `agent` (by name), made by the admin; its id."""
     r = d.post("/api/workflows", json={"name": f"wf-{uuid.uuid4().hex[:6]}",
@@ -202,6 +212,15 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     # Refused as absent, and audited as a refusal of the key like every other.
     assert len(refusals()) == before + 1
     assert refusals()[0] == {"key_id": key["id"], "reason": "agent", "agent_id": outside}
+    # So on A2A: the agent's own endpoint and the daemon's, naming it.
+    send = {"jsonrpc": "2.0", "id": 1, "method": "message/send",
+            "params": {"message": {"role": "user", "messageId": "m", "parts": [{"kind": "text", "text": "hi"}]}}}
+    r = as_key(d, key, "POST", f"/a2a/agents/{outside_name}", json=send)
+    assert r.status_code == 404 and r.json() == {"error": f"no agent named '{outside_name}'"}
+    r = as_key(d, key, "POST", "/a2a", json={**send, "params": {**send["params"], "metadata": {"agent": outside}}})
+    assert r.json()["error"]["code"] == -32602
+    assert refusals()[:2] == [{"key_id": key["id"], "reason": "agent", "agent_id": outside}] * 2
+    assert len(refusals()) == before + 3
     by_id = new_key(d, agents=[outside])
     assert as_key(d, by_id, "GET", f"/api/agents/{outside}").status_code == 200
     assert as_key(d, by_id, "GET", f"/api/agents/{inside}").status_code == 404
@@ -290,11 +309,7 @@ def test_an_approval_of_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
         key = new_key(d, scopes=["read", "manage"], agents=["nobody-*"])
         assert as_key(d, key, "GET", "/api/approvals").json() == []
         # Nor on the dashboard's approvals and overview pages.
-        browser = requests.Session()
-        login = browser.get(f"{d.url}/login")
-        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
-        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
-                            allow_redirects=False).status_code == 303
+        browser = signed_in(d, key["key"])
         for page in ("/approvals", "/"):
             text = browser.get(f"{d.url}{page}").text
             assert approval["id"] not in text and approval["agent_name"] not in text, page
@@ -336,6 +351,12 @@ def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None
         assert f"API key '{tight['name']}' is over its budget" in text
         if path.startswith("/v1/"):
             assert r.json()["error"]["code"] == "key_budget_exceeded"
+    # The dashboard's chat, signed in with the key, says when to come back too.
+    browser = signed_in(d, tight["key"])
+    token = re.search(r'name="csrf_token" value="([^"]+)"', browser.get(f"{d.url}/agents/{agent_id}").text).group(1)
+    r = browser.post(f"{d.url}/agents/{agent_id}/message", data={"message": "five", "csrf_token": token})
+    assert r.status_code == 429 and "is over its budget" in r.text and "five" in r.text
+    assert abs(int(r.headers["Retry-After"]) - (day_end - datetime.now(timezone.utc)).total_seconds()) < 5
     # Another key, and the admin, keep working; the spend is the key's.
     assert as_key(d, other, "POST", f"/api/agents/{agent_id}/message", json={"message": "three"}).status_code == 200
     assert d.post(f"/api/agents/{agent_id}/message", json={"message": "four"}).status_code == 200
@@ -380,10 +401,13 @@ def test_a_keys_workflow_runs_are_its_own_spend(d: Daemon) -> None:
 
 
 def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
-    _, mine = spawn(d, "wf-mine")
+    mine_id, mine = spawn(d, "wf-mine")
     _, hidden = spawn(d, "wf-hidden")
 
     own, foreign = make_workflow(d, mine), make_workflow(d, hidden)
+    job = d.post("/api/cron/jobs", json={"agent_id": mine_id, "name": f"wf-job-{uuid.uuid4().hex[:6]}",
+                                         "schedule": {"kind": "every", "every_secs": 3600},
+                                         "action": {"kind": "agent_turn", "message": "x"}}).json()
     run = d.post(f"/api/workflows/{foreign}/run", json={"input": "private"}).json()
     assert run["status"] == "completed", run
     key = new_key(d, scopes=["read", "message", "manage"], agents=[mine])
@@ -408,14 +432,11 @@ def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
             r = as_key(d, key, method, path, json=body)
             assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (method, step, r.text)
     # The dashboard's lists leave it out too.
-    browser = requests.Session()
-    login = browser.get(f"{d.url}/login")
-    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
-    assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
-                        allow_redirects=False).status_code == 303
-    for page in ("/workflows", "/", "/schedules", "/workflows/new"):
+    browser = signed_in(d, key["key"])
+    for page in ("/workflows", "/", "/schedules", "/workflows/new", f"/schedules/{job['id']}"):
         text = browser.get(f"{d.url}{page}").text
         assert foreign not in text and hidden not in text, page
+    assert own in browser.get(f"{d.url}/schedules/{job['id']}").text  # (the job's form offers the key's own)
     assert browser.get(f"{d.url}/workflows/{foreign}").status_code == 404
     assert browser.get(f"{d.url}/workflows/runs/{run['run_id']}").status_code == 404
 
@@ -644,11 +665,7 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
                                          "schedule": {"kind": "every", "every_secs": 3600},
                                          "action": {"kind": "agent_turn", "message": "m"}}).json()
     key = new_key(d, scopes=["read", "message"], agents=["dash-in-*"])
-    browser = requests.Session()
-    login = browser.get(f"{d.url}/login")
-    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
-    r = browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token}, allow_redirects=False)
-    assert r.status_code == 303, r.text
+    browser = signed_in(d, key["key"])
     page = browser.get(f"{d.url}/agents")
     assert page.status_code == 200 and visible in page.text and hidden not in page.text
     assert browser.get(f"{d.url}/agents/{hidden}").status_code == 404
@@ -992,11 +1009,7 @@ def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> No
         assert field["has_value"] is False and outside_name not in json.dumps(listed)
         admin_view = next(c for c in d.get("/api/channels").json() if c["name"] == "webhook")
         assert next(f for f in admin_view["fields"] if f["key"] == "default_agent")["value"] == outside_name
-        browser = requests.Session()
-        login = browser.get(f"{d.url}/login")
-        token = re.search(r'name="csrf_token" value="([^"]+)"', login.text).group(1)
-        assert browser.post(f"{d.url}/login", data={"api_key": key["key"], "csrf_token": token},
-                            allow_redirects=False).status_code == 303
+        browser = signed_in(d, key["key"])
         as_key(d, key, "POST", "/api/channels/webhook/test", json={"message": "hi"})
         d.post("/api/channels/webhook/test", json={"message": "hi"})  # fails: it names no callback_url
         page = browser.get(f"{d.url}/channels/webhook")

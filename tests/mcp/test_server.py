@@ -184,6 +184,9 @@ def test_a_scoped_key_sees_and_messages_only_its_agents(pair) -> None:
     out = asyncio.run(session())
     assert [a["id"] for a in out["agents"]] == [mine]
     assert out["other"].is_error and out["other"].content[0].text.endswith("no agent with id or name 'scoped-other'")
+    refused = [e["detail"] for e in first.get("/api/audit/recent", params={"limit": 50}).json()
+               if e["event"] == "key.refused" and e["subject"] == "mcp-scoped"]
+    assert refused == [{"key_id": created.json()["id"], "reason": "agent", "agent_id": other}]
     assert out["mine"].is_error is False and out["mine"].content[0].text == "ok"
     refused = first.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                          headers={"Authorization": f"Bearer {reader}", "Accept": "application/json, text/event-stream"})

@@ -21,9 +21,10 @@ from typing import Any, Callable
 from flask import Blueprint, Response, current_app, g, redirect, request, url_for
 
 from agentd.api import dashauth, principal
-from agentd.api.errors import error_response, is_api_path
+from agentd.api.errors import error_response, is_api_path, retry_after_header
 from agentd.api.middleware import is_authorized, is_loopback
 from agentd.api.pages.notes import current_note
+from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 
 bp = Blueprint("pages", __name__)
@@ -42,6 +43,12 @@ def kernel() -> Kernel:
 def see_other(endpoint: str, **values: str) -> Response:
     """303 to another dashboard page (a POST's answer: the browser then GETs it)."""
     return redirect(url_for(endpoint, **values), code=303)
+
+
+def refused(page: tuple[str, int], exc: AgentdError) -> tuple[str, int, dict[str, str]]:
+    """`page`, showing the refusal `exc`: a 429 says when to come back, as the API's does."""
+    body, status = page
+    return body, status, {"Retry-After": retry_after_header(exc.retry_after)} if status == 429 else {}
 
 
 def form_post(rule: str, page: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -10,7 +10,7 @@ from agentd.agents.loop import RunCancelled
 from agentd.agents import manifest_edit
 from agentd.agents.manager import MODES, UPLOAD_LIMIT
 from agentd.agents.manifest import MANIFEST_LIMIT, PROFILES
-from agentd.api.pages import bp, form_post, kernel, see_other
+from agentd.api.pages import bp, form_post, kernel, refused, see_other
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reachable, run_fields
@@ -178,7 +178,7 @@ def agent_message(agent_id: str):
         except RunCancelled:
             raise Conflict("run cancelled: the agent was stopped before it answered") from None
     except AgentdError as exc:
-        return _agent_page(agent_id, exc.status, exc.message, draft=text)
+        return refused(_agent_page(agent_id, exc.status, exc.message, draft=text), exc)
     return see_other("pages.agent_page", agent_id=handle.id, _anchor="latest")
 
 

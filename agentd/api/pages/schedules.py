@@ -86,7 +86,7 @@ def _schedules_page(status: int = 200, error: str = "", form: dict | None = None
 
 def _workflow_ref(typed_ref: str) -> str:
     """The id of the workflow typed by name (the form's box past 100 workflows), else as typed."""
-    named = [w["id"] for w in kernel().workflows.list() if w["name"] == typed_ref]
+    named = [w["id"] for w in reachable_workflows(kernel().workflows.list()) if w["name"] == typed_ref]
     return named[0] if len(named) == 1 else typed_ref
 
 
@@ -116,7 +116,7 @@ def _job_page(job_id: str, status: int = 200, error: str = "", form: dict | None
     handle = k.agents.find(job["agent_id"]) if job["agent_id"] else None
     return _render("schedule.html", status, job=job, agent=handle, runs=k.cron.runs(job_id, RUNS_SHOWN),
                    agents={h.id: h.name for h in principal().visible(k.agents.handles())},
-                   workflows=k.workflows.list(), error=error,
+                   workflows=reachable_workflows(k.workflows.list()), error=error,
                    form=form or _job_form(job, handle.name if handle else ""))
 
 

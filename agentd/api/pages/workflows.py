@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import render_template, request, url_for
 
 from agentd.agents.run_request import check_message
-from agentd.api.pages import bp, form_post, kernel
+from agentd.api.pages import bp, form_post, kernel, refused
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
 from agentd.api.principal import principal, reach_definition, reachable_workflows
@@ -51,7 +51,7 @@ def workflow_run(workflow_id: str):
         check_message(text, "input")
         started = kernel().workflows.start(workflow_id, text, payer(workflow_id))
     except AgentdError as exc:
-        return _workflow_page(workflow_id, exc.status, exc.message, draft=text)
+        return refused(_workflow_page(workflow_id, exc.status, exc.message, draft=text), exc)
     return see_other_with("pages.workflow_run_page", ["run started"], run_id=started["run_id"])
 
 
