@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 from typing import Any
 from wsgiref.util import is_hop_by_hop
+
+log = logging.getLogger("agentd.mcp")
 
 # One JSON-RPC message; the route refuses a larger declared body with the API's JSON error.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -107,7 +110,9 @@ class McpEndpoint:
             if self._wsgi is None:
                 try:
                     self._wsgi = self._build()
-                except ImportError:
+                except ImportError as exc:
+                    # Named in the log: a broken install is not always a missing one.
+                    log.warning("/mcp cannot load the MCP SDK: %s", exc)
                     return _missing_extra(start_response)
 
         self.running.notified(environ)
