@@ -134,7 +134,7 @@ TESTS: dict[str, list[str]] = {
     # the lone daemon on SQLite.
     "agentd/memory/notify.py": ["tests/memory/test_notify.py"],
     # The memory facade on a real SQLite store with the scripted embedder (tests/memsupport.py).
-    "agentd/memory/service.py": ["tests/memory/test_service.py"],
+    "agentd/memory/service.py": ["tests/memory/test_service.py", "tests/memory/test_episodic_owners.py"],
     # The API layer's request guard, body parsing and proxy headers (mut-api).
     # guard.py in process only: tests/api/test_web_security.py checks it through the daemon, whose start
     # outlasts the clean-test run's 30 s health wait on a loaded machine.
@@ -215,7 +215,12 @@ TESTS: dict[str, list[str]] = {
         "test_auth_status", "test_summary_list_item_and_detail_shapes", "test_defaults_in_the_views",
         "test_list_json_is_the_listing_of_the_live_agents"))],
     "agentd/agents/session_store.py": ["tests/agents/test_session_store.py",
-                                       "tests/api/test_keys.py::test_a_key_clears_only_its_own_sessions"],
+                                       "tests/api/test_keys.py::test_a_key_clears_only_its_own_sessions",
+                                       "tests/api/test_keys.py::test_a_key_compacts_its_own_session_and_keeps_"
+                                       "what_arrives_meanwhile"],
+    # Stored responses: the Responses API through a daemon, a key's and a person's chains.
+    "agentd/store/responses.py": ["tests/api/test_routes_responses.py",
+                                  "tests/api/test_keys.py::test_responses_user_and_keys_talk_in_sessions_of_their_own"],
     # The glibc settings in process with a stand-in mallopt (the tests against glibc itself run
     # a child interpreter, where mutmut sees no calls; the daemon test only reads the figures back).
     "agentd/malloc_tuning.py": ["tests/test_malloc_tuning.py", "--deselect=tests/test_malloc_tuning.py::"

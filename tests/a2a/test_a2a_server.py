@@ -196,6 +196,28 @@ def test_context_ids(mgr) -> None:
     assert session_of(mgr, alpha, "c" * 200)[0] == ("a2a:" + "c" * 200)[:200]
 
 
+@pytest.mark.parametrize("configuration", [{"blocking": False}, {"returnImmediately": True}])
+def test_a_send_that_asks_not_to_wait_answers_before_the_run_ends(mgr, configuration) -> None:
+    spawn(mgr, "alpha")
+    a2a = A2AService(mgr, mgr.runs)
+    submitted: list = []
+    params = {"message": user("[[reply:later]]"), "configuration": configuration}
+    task = a2a.call("message/send", params, "alpha", submit=submitted.append)
+    assert task["status"]["state"] == "working" and task["artifacts"] == [] and len(submitted) == 1
+    assert a2a.call("tasks/get", {"id": task["id"]}, "alpha")["status"]["state"] == "working"
+    submitted[0]()  # the run, where the daemon's executor would run it
+    done = a2a.call("tasks/get", {"id": task["id"]}, "alpha")
+    assert done["status"]["state"] == "completed" and done["artifacts"][0]["parts"] == [
+        {"kind": "text", "text": "later"}]
+    assert task["status"]["state"] == "working", "the answer given is a copy, not the task going on"
+    # Waiting is the default, and the other values of the options wait too.
+    for config in ({}, {"blocking": True}, {"returnImmediately": False}, {"blocking": "no"}):
+        waited = a2a.call("message/send", {"message": user("[[reply:now]]"), "configuration": config}, "alpha",
+                          submit=submitted.append)
+        assert waited["status"]["state"] == "completed", config
+    assert len(submitted) == 1
+
+
 def test_a_failed_or_refused_run(mgr) -> None:
     spawn(mgr, "alpha")
     a2a = A2AService(mgr, mgr.runs)
