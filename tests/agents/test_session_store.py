@@ -447,6 +447,22 @@ def test_compaction_waits_for_a_running_run(env, mgr) -> None:
     assert uuid.UUID(h.session_id)
 
 
+def test_compacting_another_session_waits_for_no_run_of_the_agents_own(env, mgr) -> None:
+    h = mgr.spawn(manifest("person"))
+    other = str(uuid.uuid4())
+    mgr.sessions.ensure(h, other, "user:ann")
+    put_session(env, other, turns(COMPACT_KEEP + 2))
+    h.run_lock.acquire()  # the agent's own session is busy
+    try:
+        done = threading.Event()
+        threading.Thread(target=lambda: (mgr.compact(h, other), done.set()), daemon=True).start()
+        assert done.wait(10), "BUG: compacting a person's session waited for the agent's own run"
+    finally:
+        h.run_lock.release()
+    assert json.loads(stored_text(env, other))[0]["content"] == "[Summary of the earlier conversation]\nSUMMARY"
+    assert stored_rows(env, h.session_id) == []
+
+
 def test_a_compacted_session_is_stored_as_unescaped_json_text(env, mgr) -> None:
     h = mgr.spawn(manifest("utf"))
     messages = [{"role": "user", "content": "[[reply:Zusammenfassung für dich]] ä"}] + \
