@@ -298,11 +298,15 @@ class Kernel:
     def stop_runs(self) -> None:
         """The start of a shutdown: workflow runs end `failed` saying the daemon is stopping
         (before their agents' runs are cancelled, so a step never blames its agent and a
-        retry never waits out its backoff), then every agent run stops."""
+        retry never waits out its backoff), then every agent run stops and every program
+        and browser of the tools ends."""
         self.stopping.set()
         self.scheduler.close()
         self.workflows.close()
         self.agents.stop_all()
+        # The agents' programs and browsers end now, not after the grace period: a stop
+        # that is forced before it ends (`agentd stop` waits 5 s) must leave none behind.
+        self.tool_services.close()
 
     def close(self) -> None:
         """Release everything; called once by the daemon after the server stopped."""

@@ -80,7 +80,8 @@ STOP_WAIT_SECS = 5.0
 
 
 def stop() -> None:
-    """Stop the running daemon: graceful first, forced after 5 s."""
+    """Stop the running daemon: graceful first, forced once its `shutdown_grace_secs` and 5 s
+    more have passed."""
     config = _config()
     info = read_daemon_file(config.daemon_file)
     if info is None:
@@ -115,9 +116,10 @@ def stop() -> None:
             os.kill(info.pid, signal.SIGTERM)  # the API refused (no key?): the signal is graceful too
         except OSError:
             pass
-    # Each look is bounded by the time left: a hung daemon accepts connections but never
-    # answers, and a whole health timeout per look would wait many times STOP_WAIT_SECS.
-    deadline = time.monotonic() + STOP_WAIT_SECS
+    # The daemon gives requests under way its grace period before it closes what the tools
+    # started; forced sooner, it would leave that behind. Each look is bounded by the time
+    # left: a hung daemon accepts connections but never answers.
+    deadline = time.monotonic() + config.api.shutdown_grace_secs + STOP_WAIT_SECS
     while True:
         left = deadline - time.monotonic()
         if find_daemon(config, timeout=max(0.1, left)) is None and not (ours and _pid_alive(info.pid)):

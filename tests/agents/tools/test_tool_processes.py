@@ -4,16 +4,19 @@ the daemon's real tool services, real programs), where the timing can be exact."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import requests
 
 from agentd.agents.tools import ToolContext, ToolError, get_tool, validate_args
 from agentd.agents.tools.processes import KEEP_EXITED, KILL_GRACE, WRITE_WAIT, Ring
@@ -178,11 +181,14 @@ def test_manual_mode_asks_before_a_program_starts(pd) -> None:
     assert call(pd, agent, "process_list") == "[]"
 
 
-@pytest.mark.parametrize("how", ["sigterm", "agentd stop"])
+@pytest.mark.parametrize("how", ["sigterm", "agentd stop", "agentd stop mid-call"])
 def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
-    home = make_home(tmp_path / "h", llm_config(fake_llm, NO_REMEMBERING))
+    # The default grace: a tool call still going holds the daemon's drain longer than
+    # `agentd stop` waits before it forces the stop.
+    home = make_home(tmp_path / "h", llm_config(fake_llm, NO_REMEMBERING + '[tools]\nfetch_allow_hosts = ["127.0.0.1"]\n'
+                                                ).replace("shutdown_grace_secs = 5", "shutdown_grace_secs = 10"))
     daemon = Daemon(home, env_extra=LLM_ENV).start()
-    agent = spawn(daemon)
+    agent = spawn(daemon, '[capabilities]\nshell = ["*"]\nnetwork = ["*"]\n')
     started = json.loads(call(daemon, agent, "process_start", command="sleep", args=["300"]))
     # A grandchild in the same process group ends too.
     tree = json.loads(call(daemon, agent, "process_start", command="sh", args=["-c", "sleep 301 & wait"]))
@@ -194,17 +200,31 @@ def test_no_program_outlives_the_daemon(tmp_path, fake_llm, how) -> None:
     call(daemon, agent, "process_start", command="setsid", args=["sleep", seconds])
     wait_until(lambda: _named(f"sleep {seconds}"), "the program in a session of its own runs")
     runaway = _named(f"sleep {seconds}")[0]
+    if how == "agentd stop mid-call":
+        # A fetch from a server that never answers: a call the run's stop does not end.
+        silent = socket.create_server(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/never"
+        def fetch() -> None:
+            with contextlib.suppress(requests.RequestException):  # (the daemon goes away under it)
+                daemon.post(f"/api/agents/{agent}/message",
+                            json={"message": f'[[tool:web_fetch {{"url": "{url}"}}]]'}, timeout=60)
+
+        threading.Thread(target=fetch, daemon=True).start()
+        silent.settimeout(30)
+        held = silent.accept()[0]  # the call is under way, and waits for an answer
     if how == "sigterm":
         assert daemon.stop() == 0
     else:
         done = run_cli(home, "stop", port=daemon.port)
-        assert done.returncode == 0, done.stdout + done.stderr
+        assert (done.returncode, done.stdout.strip()) == (0, "agentd stopped"), done.stdout + done.stderr
         daemon.proc.wait(15)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)):
         time.sleep(0.05)
     assert not any(alive(p) for p in (started["pid"], tree["pid"], grandchild, runaway)), \
         "BUG: a program started with process_start outlived the daemon"
+    if how == "agentd stop mid-call":
+        held.close()
     assert daemon.problems() == []
 
 
