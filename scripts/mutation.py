@@ -219,7 +219,7 @@ TESTS: dict[str, list[str]] = {
                                        "tests/api/test_keys.py::test_a_key_compacts_its_own_session_and_keeps_"
                                        "what_arrives_meanwhile"],
     # Stored responses: the Responses API through a daemon, a key's and a person's chains.
-    "agentd/store/responses.py": ["tests/api/test_routes_responses.py",
+    "agentd/store/responses.py": ["tests/store/test_responses.py", "tests/api/test_routes_responses.py",
                                   "tests/api/test_keys.py::test_responses_user_and_keys_talk_in_sessions_of_their_own"],
     # The glibc settings in process with a stand-in mallopt (the tests against glibc itself run
     # a child interpreter, where mutmut sees no calls; the daemon test only reads the figures back).

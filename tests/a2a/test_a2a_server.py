@@ -209,11 +209,14 @@ def test_a_send_that_asks_not_to_wait_answers_before_the_run_ends(mgr, configura
     done = a2a.call("tasks/get", {"id": task["id"]}, "alpha")
     assert done["status"]["state"] == "completed" and done["artifacts"][0]["parts"] == [
         {"kind": "text", "text": "later"}]
-    assert task["status"]["state"] == "working", "the answer given is a copy, not the task going on"
+    # The answer given is a copy, not the task going on.
+    assert task["status"]["state"] == "working" and [m["role"] for m in task["history"]] == ["user"]
+    assert [m["role"] for m in done["history"]] == ["user", "agent"]
     # Waiting is the default, and the other values of the options wait too.
-    for config in ({}, {"blocking": True}, {"returnImmediately": False}, {"blocking": "no"}):
-        waited = a2a.call("message/send", {"message": user("[[reply:now]]"), "configuration": config}, "alpha",
-                          submit=submitted.append)
+    for config in (None, {}, {"blocking": True}, {"returnImmediately": False}, {"blocking": "no"}, "no"):
+        params = {"message": user("[[reply:now]]")} if config is None else {"message": user("[[reply:now]]"),
+                                                                            "configuration": config}
+        waited = a2a.call("message/send", params, "alpha", submit=submitted.append)
         assert waited["status"]["state"] == "completed", config
     assert len(submitted) == 1
 

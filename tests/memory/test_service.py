@@ -665,6 +665,23 @@ def test_a_runs_recall_sees_its_persons_exchanges_and_not_anothers(svc) -> None:
     assert svc.context_for_run(a, "q", [], "S")() == "S\n\n" + block("alice's exchange", "bob's exchange")
 
 
+def test_a_keys_recall_sees_its_own_and_its_peoples_exchanges_and_agent_wide_facts(svc) -> None:
+    a = add_agent(svc.store)
+    scores = {}
+    for n, (text, owner) in enumerate((("the key's own", "key:k1"), ("its person's", "key:k1:user:ann"),
+                                       ("another key's", "key:k12"), ("the agent's own session", ""))):
+        svc.remember(a, text, source="conversation", scope="episodic", metadata={"owner": owner})
+        scores[text] = 0.9 - n / 10
+    # Not exchanges, whoever they name: agent-wide.
+    svc.remember(a, "a fact for all", metadata={"owner": "key:k12"})
+    svc.remember(a, "a summary for all", source="conversation", scope="semantic", metadata={"owner": "key:k12"})
+    scores.update({"a fact for all": 0.4, "a summary for all": 0.35})
+    svc.emb.query("q", scores)
+    assert [m["content"] for m in svc.recall(a, "q", 10, 0, owner="key:k1")] == [
+        "the key's own", "its person's", "a fact for all", "a summary for all"]
+    assert [m["content"] for m in svc.recall(a, "q", 10, 0)] == list(scores)
+
+
 def test_a_run_that_recalled_nothing_writes_nothing(svc) -> None:
     a = add_agent(svc.store)
     svc.remember(a, "unrelated fact")
