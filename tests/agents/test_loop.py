@@ -204,6 +204,22 @@ def test_think_text_never_reaches_the_history_or_the_stream(fake, tmp_path) -> N
     assert result.new_messages[1].content == "calling a tool"
 
 
+def test_each_turns_text_is_set_apart_streamed_and_in_what_the_run_said(fake, tmp_path) -> None:
+    spec, events, _ = spec_for(fake, tmp_path, '[[think:calls]] [[tool:file_read {"path": "x"} x2]]',
+                               max_iterations=2)
+    result = run_loop(spec)
+    said = "calling a tool\n\ncalling a tool\n\n[stopped after 2 iterations: the agent was still calling tools]"
+    deltas = [e.data["content"] for e in events if e.type == "text_delta"]
+    assert "".join(deltas) == said == result.said
+    # The break opens a turn's first delta, never a later one of the same turn.
+    assert deltas == ["calling", " a", " tool", "\n\ncalling", " a", " tool",
+                      "\n\n[stopped after 2 iterations: the agent was still calling tools]"]
+    # A turn that said nothing is no break: the plain answer after a silent tool call.
+    spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_read {"path": "x"}]]')
+    result = run_loop(spec)
+    assert "".join(e.data["content"] for e in events if e.type == "text_delta") == result.said == result.response
+
+
 def test_without_a_sink_nothing_is_emitted_and_the_answer_is_the_same(fake, tmp_path) -> None:
     spec, events, _ = spec_for(fake, tmp_path, '[[tool:file_write {"path": "q", "content": "z"}]]',
                                emit=None, stream=False)
