@@ -338,7 +338,7 @@ TESTS: dict[str, list[str]] = {
                                     "test_a_sockets_frames_need_the_scopes_the_routes_need",
                                     "test_dashboard_login_with_a_key_sees_what_it_may"))],
     # Who a request acts as, and the sessions a key talks in: scoped keys through a daemon.
-    "agentd/principals.py": ["tests/api/test_keys.py"],
+    "agentd/principals.py": ["tests/test_principals.py", "tests/api/test_keys.py"],
     # A scoped key over the channels: through the daemon's app in process, a real kernel and keys.
     "agentd/api/channel_reach.py": ["tests/api/test_channel_reach.py"],
     "agentd/api/__init__.py": ["tests/api/test_app.py",
