@@ -20,7 +20,7 @@ from agentd.channels import adapters as registry
 from agentd.channels.approvals import ChatApprovals
 from agentd.channels.adapter import Adapter, ChannelContext, ChannelError, Inbound, Unreachable
 from agentd.channels.attachments import ChannelFiles
-from agentd.channels.allowlists import recipients
+from agentd.channels.allowlists import admits, recipients
 from agentd.channels.catalog import ChannelCatalog, field_views, settings_for, validate
 from agentd.channels.dispatch import Dispatcher
 from agentd.channels.inbound import InboundRouter
@@ -352,12 +352,12 @@ class ChannelManager:
         if adapter is None:
             configured = ", ".join(sorted(self.running)) or "none"
             raise BadRequest(f"channel {name!r} is not running here (running: {configured})")
-        allowed = recipients(self.sections.get(name, {}))
-        if allowed and recipient.lower() not in allowed:
+        section = self.sections.get(name, {})
+        if not admits(section, recipient):
             self.audit("channel.refused", name, {"recipient": recipient, "agent": agent,
                                                  "reason": "recipient not in the channel's allow-lists"})
             raise BadRequest(f"recipient {recipient!r} is not in channel {name}'s allow-lists "
-                             f"({', '.join(sorted(allowed))})")
+                             f"({', '.join(sorted(recipients(section)))})")
         try:
             conversation = adapter.test_target(recipient)
         except ChannelError as exc:

@@ -12,7 +12,7 @@ import pytest
 import responses
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
-from agentd.channels.allowlists import recipients, refusal
+from agentd.channels.allowlists import admits, recipients, refusal
 from agentd.channels.bases.sender import HttpSender
 from agentd.channels.bases.webhook import within_window
 from agentd.channels.catalog import ChannelCatalog, validate
@@ -268,7 +268,12 @@ def test_allow_lists():
     mail = Inbound(Conversation("email", "a@corp.example", "a@corp.example", direct=True), "a@corp.example", "x")
     assert refusal({"allowed_senders": ["@corp.example"]}, mail) == ""
     assert refusal({"allowed_senders": ["@other.example"]}, mail) != ""
-    # Whom an agent may send to: every listed sender and chat, whatever the list's name.
+    # Whom an agent may send to: a sender the lists let in, or a listed chat; anyone without lists.
+    assert admits({}, "anyone")
+    assert admits({"allowed_senders": ["@corp.example"]}, "A@Corp.example")
+    assert not admits({"allowed_senders": ["@corp.example"]}, "a@other.example")
+    assert admits({"allowed_users": ["bob"], "allowed_channels": ["#room"]}, "#Room")
+    assert not admits({"allowed_channels": ["#room"]}, "bob")
     assert recipients({}) == set()
     assert recipients({"allowed_users": ["Bob"], "allowed_rooms": ["#Room"], "streams": ["dev"],
                        "allowed_tenants": ["t1"]}) == {"bob", "#room", "dev"}

@@ -19,7 +19,7 @@ def sent(tmp_path_factory, fake_llm):
     daemon = Daemon(home, env_extra=LLM_ENV).start()
     callback = Recorder()
     configure(daemon, "webhook", listen_port=free_port(), callback_url=callback.url + "/cb",
-              allowed_users=["alice", "team-room"])
+              allowed_users=["alice", "team-room", "@example.com"])
     wait_active(daemon, "webhook")
     yield daemon, callback
     callback.close()
@@ -46,7 +46,7 @@ def test_recipients_outside_the_allow_lists_are_refused(sent) -> None:
     agent = spawn(daemon, extra="")
     before = len(callback.requests)
     assert call(daemon, agent, "channel_send", channel="webhook", recipient="mallory", message="hi") == \
-        "error: recipient 'mallory' is not in channel webhook's allow-lists (alice, team-room)"
+        "error: recipient 'mallory' is not in channel webhook's allow-lists (@example.com, alice, team-room)"
     assert call(daemon, agent, "channel_send", channel="telegram", recipient="alice", message="hi") == \
         "error: channel 'telegram' is not running here (running: webhook)"
     assert call(daemon, agent, "channel_send", channel="webhook", recipient="alice") == \
@@ -57,6 +57,18 @@ def test_recipients_outside_the_allow_lists_are_refused(sent) -> None:
                 file_path="../../secrets.env").startswith("error: path escapes the agent workspace")
     assert len(callback.requests) == before
     assert audit(daemon, "channel.refused", "webhook")[0]["detail"]["recipient"] == "mallory"
+
+
+def test_a_domain_entry_admits_every_address_at_that_domain(sent) -> None:
+    daemon, callback = sent
+    agent = spawn(daemon, extra="")
+    result = json.loads(call(daemon, agent, "channel_send", channel="webhook", recipient="bob@example.com",
+                             message="hi"))
+    assert result["status"] == "sent" and result["recipient"] == "bob@example.com"
+    wait_for(lambda: any(json.loads(r["body"])["sender_id"] == "bob@example.com" for r in callback.requests),
+             what="the webhook callback")
+    assert call(daemon, agent, "channel_send", channel="webhook", recipient="bob@example.org",
+                message="hi").startswith("error: recipient 'bob@example.org' is not in channel webhook's allow-lists")
 
 
 def test_observe_mode_never_sends(sent) -> None:
