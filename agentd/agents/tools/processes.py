@@ -65,15 +65,22 @@ class Proc:
     popen: subprocess.Popen
     out: Ring
     started: float = field(default_factory=time.monotonic)
+    # When the program was first seen exited: its uptime stops there.
+    ended: float | None = None
     killed_reason: str = ""
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        if self.popen.poll() is None:
+            return True
+        if self.ended is None:
+            self.ended = time.monotonic()
+        return False
 
     def summary(self) -> dict[str, Any]:
+        alive = self.alive()
         return {"process_id": self.id, "command": " ".join(self.argv), "pid": self.popen.pid,
-                "alive": self.alive(), "exit_code": self.popen.returncode,
-                "uptime_secs": round(time.monotonic() - self.started, 1)}
+                "alive": alive, "exit_code": self.popen.returncode,
+                "uptime_secs": round((time.monotonic() if alive else self.ended) - self.started, 1)}
 
 
 def _limits(memory_bytes: int):
@@ -160,6 +167,7 @@ class ProcessTable:
         finally:
             timer.cancel()
             proc.popen.wait()
+            proc.alive()
 
     def _expire(self, proc: Proc) -> None:
         if proc.alive():
@@ -216,7 +224,7 @@ _ID = {"process_id": {"type": "string", "description": "The process ID returned 
 
 
 @tool("process_start", "Start a long-running process (REPL, server, watcher). Returns a process_id for "
-      "subsequent poll/write/kill operations. Max 5 processes per agent.",
+      "subsequent poll/write/kill operations. An agent may run only a few at once; exited ones do not count.",
       {"command": {"type": "string", "description": "The executable to run (e.g. 'python', 'node', 'npm')"},
        "args": {"type": "array", "items": {"type": "string"},
                 "description": "Command-line arguments (e.g. ['-i'] for interactive Python)"}},

@@ -67,6 +67,15 @@ def test_start_write_poll_list_kill(pd) -> None:
     assert {"tool.process_start", "tool.process_write", "tool.process_kill"} <= set(events)
 
 
+def test_the_tool_offered_to_the_model_states_no_limit_the_configuration_may_change(pd, fake_llm) -> None:
+    agent = spawn(pd)
+    call(pd, agent, "process_list")
+    offered = [t["function"]["description"] for r in fake_llm.requests for t in (r["json"] or {}).get("tools") or []
+               if t["function"]["name"] == "process_start"]
+    # The daemon allows 2 programs (LIMITS): a number in the description could only be wrong.
+    assert offered and not any(c.isdigit() for c in offered[-1]), offered[-1]
+
+
 def test_writing_to_a_program_that_does_not_read_gives_up(pd) -> None:
     agent = spawn(pd)
     # A whole command line with empty `args` is split as when `args` is left out.
@@ -359,6 +368,15 @@ def test_the_list_shows_running_and_exited_programs_with_their_exit_codes(progra
     with pytest.raises(ToolError) as err:
         programs.run("process_poll", "agent-2", process_id=running["process_id"])
     assert str(err.value) == f"no process {running['process_id']!r} for this agent (see process_list)"
+
+
+def test_an_exited_programs_uptime_stops_at_its_exit(programs: Programs) -> None:
+    proc_id = programs.start("sleep", "0.3")["process_id"]
+    programs.ended(proc_id)
+    first = json.loads(programs.run("process_list"))[0]["uptime_secs"]
+    time.sleep(0.5)
+    assert json.loads(programs.run("process_list"))[0]["uptime_secs"] == first
+    assert first >= 0.3
 
 
 def test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten(programs: Programs) -> None:
