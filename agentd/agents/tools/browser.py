@@ -9,7 +9,9 @@ browser ends up on is checked too, and left for about:blank when it fails.
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from agentd.agents.tools.base import ToolContext, ToolError, tool
@@ -19,6 +21,8 @@ from agentd.agents.tools.web import check_url
 WAIT_DEFAULT_MS = 5000
 WAIT_MAX_MS = 30000
 SCROLL_DEFAULT = 600
+# Above the 30 s a page load, a script's callback and browser_wait may take.
+CALL_LIMIT = 40.0
 # Clickable things whose visible text a model names instead of a CSS selector.
 _BY_TEXT = """
 const wanted = arguments[0].trim();
@@ -86,24 +90,53 @@ def _act(ctx: ToolContext, action: Any) -> str:
     """Run `action(driver)` on the agent's browser and describe the page afterwards."""
     from selenium.common.exceptions import InvalidSessionIdException, NoSuchWindowException, WebDriverException
 
-    try:
-        browser = _browser(ctx)
-    except WebDriverException as exc:
-        raise ToolError(f"the browser did not start: {_first_line(exc)}") from None
-    with browser.lock:
+    while True:
+        try:
+            browser = _browser(ctx)
+        except WebDriverException as exc:
+            raise ToolError(f"the browser did not start: {_first_line(exc)}") from None
+        with browser.lock:
+            if browser.closed:  # while this call waited for the one before it
+                continue
+            try:
+                return _within(ctx, browser, action)
+            except (InvalidSessionIdException, NoSuchWindowException) as exc:
+                # The browser died or its window is gone: the next call starts a new one.
+                ctx.require_services().browsers.close(ctx.agent_id)
+                raise ToolError(f"the browser was lost ({_first_line(exc)}); call again to start a new one") from None
+            except WebDriverException as exc:
+                raise ToolError(f"browser: {_first_line(exc)}") from None
+            except ToolError:
+                raise
+            except Exception:
+                if browser.closed:  # by browser_close, the agent's kill or the daemon's stop
+                    raise ToolError("the browser was closed during this call; call again to start a new one") from None
+                raise
+            finally:
+                browser.used = time.monotonic()
+
+
+def _within(ctx: ToolContext, browser: Browser, action: Any) -> str:
+    """`action`'s answer, or the page after it, within CALL_LIMIT seconds. A page's script that
+    never ends holds chromedriver and every call after it: the browser is killed instead."""
+    answer: Future[str] = Future()
+
+    def work() -> None:
         try:
             result = action(browser.driver)
-            if isinstance(result, str):
-                return result
-            return _page(ctx, browser.driver)
-        except (InvalidSessionIdException, NoSuchWindowException) as exc:
-            # The browser died or its window is gone: the next call starts a new one.
-            ctx.require_services().browsers.close(ctx.agent_id)
-            raise ToolError(f"the browser was lost ({_first_line(exc)}); call again to start a new one") from None
-        except WebDriverException as exc:
-            raise ToolError(f"browser: {_first_line(exc)}") from None
-        finally:
-            browser.used = time.monotonic()
+            answer.set_result(result if isinstance(result, str) else _page(ctx, browser.driver))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
+            answer.set_exception(exc)
+
+    threading.Thread(target=work, daemon=True, name="browser-call").start()
+    try:
+        return answer.result(CALL_LIMIT)
+    except TimeoutError:
+        if answer.done():  # the action's own
+            raise
+        ctx.require_services().browsers.close(ctx.agent_id, wait=0)
+        raise ToolError(f"the browser did not answer within {CALL_LIMIT:g} s (a script that never ends?): it "
+                        "was closed, and the next browser call starts a new one") from None
 
 
 def _first_line(exc: Exception) -> str:

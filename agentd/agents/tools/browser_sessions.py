@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any, Callable
@@ -18,6 +19,7 @@ from agentd.config import ToolsConfig
 
 log = logging.getLogger("agentd.tools.browser")
 SWEEP_SECS = 5.0
+QUIT_WAIT = 5.0  # seconds a browser has to quit before its processes are killed
 
 
 def browser_unavailable(config: ToolsConfig) -> str | None:
@@ -40,6 +42,32 @@ class Browser:
         self.proxy = proxy
         self.lock = threading.Lock()
         self.used = time.monotonic()
+        self.closed = False
+
+    def end(self, wait: float) -> None:
+        """Quit the browser, giving it `wait` seconds, then kill whatever is left of it: a page
+        busy in a script that never ends holds chromedriver, and quit() with it."""
+        self.closed = True
+        quitter = threading.Thread(target=self._quit, daemon=True, name="browser-quit")
+        quitter.start()
+        quitter.join(wait)
+        chromedriver = self.driver.service.process
+        # chromedriver leads a process group of its own, which every Chromium process joins.
+        try:
+            os.killpg(chromedriver.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            chromedriver.wait(QUIT_WAIT)
+        except Exception:  # noqa: BLE001 - SIGKILLed: it is reaped by the quit thread or the next wait
+            log.debug("chromedriver not reaped", exc_info=True)
+        self.proxy.close()
+
+    def _quit(self) -> None:
+        try:
+            self.driver.quit()
+        except Exception:  # noqa: BLE001 - a dead or killed browser is closed already
+            log.debug("browser quit failed", exc_info=True)
 
 
 class BrowserSessions:
@@ -95,8 +123,8 @@ class BrowserSessions:
                                                   "webrtc.multiple_routes_enabled": False,
                                                   "webrtc.nonproxied_udp_enabled": False})
         try:
-            driver = webdriver.Chrome(service=Service(executable_path=self.config.chromedriver_path),
-                                      options=options)
+            service = Service(executable_path=self.config.chromedriver_path, popen_kw={"start_new_session": True})
+            driver = webdriver.Chrome(service=service, options=options)
         except BaseException:
             proxy.close()
             raise
@@ -104,16 +132,13 @@ class BrowserSessions:
         driver.set_script_timeout(30)
         return Browser(driver, proxy)
 
-    def close(self, agent_id: str) -> bool:
+    def close(self, agent_id: str, wait: float = QUIT_WAIT) -> bool:
+        """Close the agent's browser, killing it when it does not quit within `wait` seconds."""
         with self._lock:
             browser = self._browsers.pop(agent_id, None)
         if browser is None:
             return False
-        try:
-            browser.driver.quit()
-        except Exception:  # noqa: BLE001 - a dead browser is closed already
-            log.debug("browser quit failed", exc_info=True)
-        browser.proxy.close()
+        browser.end(wait)
         return True
 
     def close_all(self) -> None:
@@ -121,8 +146,11 @@ class BrowserSessions:
             self._closed = True
             agents = list(self._browsers)
         self._stop.set()
-        for agent_id in agents:
-            self.close(agent_id)
+        closers = [threading.Thread(target=self.close, args=(a,), daemon=True) for a in agents]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(2 * QUIT_WAIT + 1)
 
     def _sweep(self) -> None:
         while not self._stop.wait(min(SWEEP_SECS, self.config.browser_idle_secs)):

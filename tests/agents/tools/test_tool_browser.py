@@ -6,10 +6,12 @@ import http.server
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from agentd.agents.tools.browser import CALL_LIMIT
 from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from support import Daemon, make_home, stop_shared, wait_until
 from tests.agents.tools.tool_calls import call, spawn
@@ -107,6 +109,19 @@ def drivers(d: Daemon) -> list[int]:
     return found
 
 
+def group(leader: int) -> list[int]:
+    """The live processes of `leader`'s process group (chromedriver's: every Chromium process)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            rest = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(rest[3]) == leader and rest[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_a_page_that_needs_javascript(bd, site) -> None:
     agent = spawn(bd, extra=NET)
     page = call(bd, agent, "browser_navigate", url=site + "/")
@@ -190,3 +205,20 @@ def test_idle_and_killed_agents_lose_their_browser(bd, site) -> None:
     mine = set(drivers(bd)) - before
     assert bd.delete(f"/api/agents/{other}").status_code == 200
     wait_until(lambda: not set(drivers(bd)) & mine, "the killed agent's browser closes", timeout=15)
+
+
+def test_a_script_that_never_ends_costs_the_browser_and_no_more(bd, site) -> None:
+    before = set(drivers(bd))
+    agent = spawn(bd, extra=NET)
+    assert call(bd, agent, "browser_navigate", url=site + "/second").startswith("title: Second\n")
+    (driver,) = set(drivers(bd)) - before
+    assert len(group(driver)) > 1, "chromedriver leads a group with its Chromium processes"
+    begun = time.monotonic()
+    answer = call(bd, agent, "browser_run_js", expression="while (true) {}")
+    assert answer == (f"error: the browser did not answer within {CALL_LIMIT:g} s (a script that never ends?): "
+                      "it was closed, and the next browser call starts a new one")
+    assert time.monotonic() - begun < CALL_LIMIT + 10
+    wait_until(lambda: not group(driver), "the wedged browser's processes end", timeout=10)
+    assert call(bd, agent, "browser_navigate", url=site + "/second").startswith("title: Second\n")
+    assert len(set(drivers(bd)) - before - {driver}) == 1
+    assert call(bd, agent, "browser_close") == "browser closed"
