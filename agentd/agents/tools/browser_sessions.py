@@ -53,10 +53,12 @@ class Browser:
         quitter.join(wait)
         chromedriver = self.driver.service.process
         # chromedriver leads a process group of its own, which every Chromium process joins.
-        try:
-            os.killpg(chromedriver.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Once it is reaped its pid may be another's: only a chromedriver not yet reaped is killed.
+        if chromedriver.poll() is None:
+            try:
+                os.killpg(chromedriver.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             chromedriver.wait(QUIT_WAIT)
         except Exception:  # noqa: BLE001 - SIGKILLed: it is reaped by the quit thread or the next wait
