@@ -47,7 +47,10 @@ def channel(daemon: Daemon, name: str) -> dict[str, Any]:
 
 
 def wait_active(daemon: Daemon, name: str, timeout: float = 30.0) -> None:
-    wait_for(lambda: channel(daemon, name)["active"], timeout, what=f"{name} active")
+    # On a timeout: the channel as listed (its `error`) and the daemon's last log lines of it.
+    wait_for(lambda: channel(daemon, name)["active"], timeout, what=f"{name} active",
+             explain=lambda: (channel(daemon, name), [line for line in daemon.log().splitlines()
+                                                      if name in line.lower()][-5:]))
 
 
 def remove(daemon: Daemon, name: str) -> None:
