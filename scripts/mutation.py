@@ -281,6 +281,7 @@ TESTS: dict[str, list[str]] = {
         "test_a_programs_error_output_is_read_with_its_output_in_order",
         "test_the_output_reader_never_holds_the_daemons_exit",
         "test_the_list_shows_running_and_exited_programs_with_their_exit_codes",
+        "test_an_exited_programs_uptime_stops_at_its_exit",
         "test_exited_programs_do_not_count_toward_the_limit_and_the_oldest_are_forgotten",
         "test_a_program_past_its_run_time_is_ended_with_a_note",
         "test_kill_ends_the_group_and_a_program_ignoring_sigterm_is_killed",
