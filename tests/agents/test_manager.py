@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from agentd.agents import manager as manager_module
-from agentd.agents.handle import RunOptions
+from agentd.agents.handle import COMPACT_KEEP, RunOptions
 from agentd.agents.ops import AgentOpsImpl
 from agentd.errors import TooManyRequests
 from mgrsupport import Env, llm_config, manifest, submit, fake  # noqa: F401 (fake: a fixture)
+from support import put_session
 
 
 @pytest.fixture()
@@ -102,3 +104,17 @@ def test_a_queued_run_carries_every_field(env) -> None:
 
     with pytest.raises(RunCancelled):
         first.result(10)
+
+
+def test_compact_acts_on_the_session_named(env) -> None:
+    m = env.manager()
+    h = m.spawn(manifest("compacting"))
+    other = str(uuid.uuid4())
+    m.sessions.ensure(h, other, "user:ann")
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(COMPACT_KEEP + 2)]
+    for session_id in (h.session_id, other):
+        put_session(env.store, session_id, turns)
+    assert m.compact(h, other)["summarized_messages"] == 2
+    assert m.session(h, other)["message_count"] == COMPACT_KEEP + 1
+    assert m.session(h)["message_count"] == COMPACT_KEEP + 2, "BUG: the agent's own session was compacted"
+    assert m.compact(h)["summarized_messages"] == 2

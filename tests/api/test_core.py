@@ -562,6 +562,12 @@ def test_retry_after_header_is_rounded_up(tmp_path: Path, retry: str, header: st
     assert "Retry-After" not in client.get("/api/raise/bad").headers
 
 
+def test_the_retry_after_value_of_a_delay_and_of_none() -> None:
+    from agentd.api.errors import retry_after_header
+
+    assert [retry_after_header(s) for s in (None, 0, 0.2, 1.0, 7.3)] == ["1", "1", "1", "1", "8"]
+
+
 @pytest.mark.parametrize("path", ["/api/raise/quota", "/v1/raise/quota"])
 def test_a_429_without_a_delay_of_its_own_still_says_retry_after(tmp_path: Path, path: str) -> None:
     """The spec: `Retry-After` on 429, also when the cause (a provider's bare 429) named none."""
