@@ -63,9 +63,13 @@ class HeldLeases:
             held = list(self._held.items())
         for name, lease in held:
             if not self.leases.renew(lease, self.settings.lease_secs):
-                log.warning("lease %s lost", name)
                 with self._lock:
-                    self._held.pop(name, None)
+                    # Released and claimed again meanwhile (a channel reconfigured): the
+                    # new lease is held, only the old one is gone.
+                    if self._held.get(name) is not lease:
+                        continue
+                    del self._held[name]
+                log.warning("lease %s lost", name)
 
     def release_all(self) -> None:
         """Hand every lease back (best effort: the daemon is on its way out)."""

@@ -31,7 +31,7 @@ from agentd.llm.catalog import Catalog
 from agentd.metering import Metering
 from agentd.cluster.budget_gate import BudgetGate
 from agentd.store import open_store
-from agentd.store.leases import Leases, RunLog, lock_key
+from agentd.store.leases import Lease, Leases, RunLog, lock_key
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -476,6 +476,27 @@ def test_held_leases_are_renewed_lost_to_another_daemon_and_handed_back(store, c
     assert a.claim("channel:irc") and a.claim("channel:xmpp")
     a.release_all()
     assert a.names() == [] and [b.holder(n) for n in ("channel:irc", "channel:xmpp", "channel:slack")] == [None, None, "B"]
+
+
+def test_a_lease_claimed_again_while_the_heartbeat_renews_the_old_one_stays_held(store, caplog) -> None:
+    class Reconfigured(Leases):
+        """A channel is reconfigured between the heartbeat's copy of the leases and its renewal."""
+
+        def renew(self, lease: Lease, secs: float) -> bool:
+            if lease.name == "channel:telegram" and not reclaimed:
+                held.release("channel:telegram")
+                reclaimed.append(held.claim("channel:telegram"))
+            return super().renew(lease, secs)
+
+    reclaimed: list[bool] = []
+    held = HeldLeases(Reconfigured(store, "A"), ClusterSettings("A", lease_secs=30))
+    assert held.claim("channel:telegram") is True
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        held.renew()
+    assert reclaimed == [True] and caplog.records == []
+    assert held.holds("channel:telegram") and held.holder("channel:telegram") == "A"
+    held.release("channel:telegram")  # the new lease is the one handed back: free for the others
+    assert held.holder("channel:telegram") is None
 
 
 def test_held_leases_handed_back_during_an_outage_are_dropped_here(monkeypatch, caplog) -> None:
