@@ -263,12 +263,13 @@ class RunLeases:
         with self._lock:
             local = [run for run in self.local.values() if not run.closed and not run.deferred]
         for run in local:
-            if self.shared and not self.leases.renew(run.lease, secs):
+            # A run that ended meanwhile handed its lease back and closed its record: nothing lost.
+            if self.shared and not self.leases.renew(run.lease, secs) and not run.closed:
                 log.warning("run %s lost its lease (this daemon was too slow); stopping it", run.run_id)
                 run.cancel.set()
         lost = self.runs.renew(self.id, [r.run_id for r in local], time.time() + secs)
         for run in local:
-            if run.run_id in lost:
+            if run.run_id in lost and not run.closed:
                 run.cancel.set()
 
     def apply_stop_requests(self) -> None:

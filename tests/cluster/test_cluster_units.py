@@ -600,6 +600,28 @@ def test_the_heartbeat_stops_a_run_that_lost_its_lease_or_its_record(store, capl
         t.join(5)
 
 
+def test_a_run_that_ends_while_the_heartbeat_renews_its_lease_is_not_said_to_have_lost_it(store, caplog) -> None:
+    a = Cluster(store, ClusterSettings("A", lease_secs=30), "x:1", shared=True)
+    body, cancel = _HeldRun(store, None), threading.Event()
+    thread = threading.Thread(target=a.run, args=(handle("a1", "s1"), cancel, None, body))
+    thread.start()
+    assert body.inside.wait(5)
+
+    class EndingFirst(Leases):
+        """The run ends between the heartbeat's copy of the runs and its renewal of their leases."""
+
+        def renew(self, lease: Lease, secs: float) -> bool:
+            body.release.set()
+            thread.join(5)
+            return super().renew(lease, secs)
+
+    a.run_leases.leases = EndingFirst(store, "A")
+    with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
+        a.tick()
+    assert caplog.records == [] and not cancel.is_set()
+    assert [r["status"] for r in a.runs.list()] == ["completed"]
+
+
 def test_approval_decided_by_another_daemon(store) -> None:
     a, b = SharedApprovalQueue(store, "A"), SharedApprovalQueue(store, "B")
     approval = a.request("a1", "alpha", "file_write", {"path": "x"})
