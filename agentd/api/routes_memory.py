@@ -111,13 +111,13 @@ def remember(agent_id: str):
      response=out.FragmentPageSchema)
 def list_memories(agent_id: str):
     handle = agent(agent_id)
-    return jsonify(kernel().memory.page(handle.id, _int_arg("limit", 50), _int_arg("offset", 0)))
+    return jsonify(kernel().memory.page(handle.id, _int_arg("limit", 50), _int_arg("offset", 0), principal().label))
 
 
 @bp.get(f"{_BASE}/memories/<memory_id>")
 @doc("One fragment", tags="memory", response=out.FragmentSchema, errors={404: "No such agent or memory"})
 def get_memory(agent_id: str, memory_id: str):
-    return jsonify(kernel().memory.get(agent(agent_id).id, memory_id))
+    return jsonify(kernel().memory.get(agent(agent_id).id, memory_id, principal().label))
 
 
 @bp.put(f"{_BASE}/memories/<memory_id>")
@@ -128,14 +128,14 @@ def update_memory(agent_id: str, memory_id: str):
     handle = agent(agent_id)
     data = _obj()
     return jsonify(kernel().memory.update(handle.id, memory_id, data.get("content"), data.get("scope"),
-                                          data.get("confidence")))
+                                          data.get("confidence"), principal().label))
 
 
 @bp.delete(f"{_BASE}/memories/<memory_id>")
 @doc("Forget one fragment", tags="memory", response=out.FragmentDeletedSchema,
      errors={404: "No such agent or memory"})
 def delete_memory(agent_id: str, memory_id: str):
-    kernel().memory.delete(agent(agent_id).id, memory_id)
+    kernel().memory.delete(agent(agent_id).id, memory_id, principal().label)
     return jsonify({"status": "deleted", "id": memory_id})
 
 
@@ -194,7 +194,7 @@ def consolidate(agent_id: str):
 @doc("Everything the agent remembers, as one portable JSON document", tags="memory",
      response=out.MemoryExportSchema)
 def export(agent_id: str):
-    return jsonify(kernel().memory.export(agent(agent_id).id))
+    return jsonify(kernel().memory.export(agent(agent_id).id, principal().label))
 
 
 @bp.post(f"{_BASE}/import")

@@ -20,19 +20,21 @@ from agentd.errors import BadRequest
 from agentd.timestamps import iso, utcnow
 from agentd.memory import fields, fragment_rows
 from agentd.memory.graph import KnowledgeGraph
+from agentd.memory.recall import visible_to
 from agentd.memory.semantic import SemanticMemory, epoch, fragment
 
 FORMAT = "agentd.memory"
 VERSION = 1
 
 
-def export(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str) -> dict[str, Any]:
-    """Everything the agent remembers, vectors included."""
+def export(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, owner: str | None = None) -> dict[str, Any]:
+    """Everything the agent remembers, vectors included; with `owner`, without other
+    people's exchanges (`visible_to`)."""
     with orm.db_session:
         row = semantic.store.e.MemoryRow
         # Long text is read with the rows, not one row at a time later: a fragment deleted
         # meanwhile would leave nothing to read (a 500 instead of an export without it).
-        rows = (orm.select(m for m in row if m.agent_id == agent_id).order_by(lambda m: m.key)
+        rows = (visible_to(orm.select(m for m in row if m.agent_id == agent_id), owner).order_by(lambda m: m.key)
                 .prefetch(row.content, row.metadata))
         memories = []
         for row in rows:

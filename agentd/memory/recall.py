@@ -51,6 +51,25 @@ def stamp(value: Any) -> str:
 canonical: Callable[[Any], str] = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 
+# A fragment row `m` that is not another person's exchange, for the session label $own
+# (canonical JSON) and its people ($people, that text without its closing quote, plus a
+# colon; $people_len its length): the SQL form of agentd.memory.service.others_of with people.
+_NOT_OTHERS = ("""NOT ("m"."source" = 'conversation' AND "m"."scope" = 'episodic' AND EXISTS ("""
+               """SELECT 1 FROM memory_metadata mm WHERE mm.agent_id = "m"."agent_id" AND mm.memory_id = "m"."id" """
+               """AND mm.key = 'owner' AND mm.value <> $own AND substr(mm.value, 1, $people_len) <> $people))""")
+
+
+def visible_to(query: Any, owner: str | None) -> Any:
+    """A Pony query over MemoryRow (its variable named `m`) without the exchanges of
+    sessions other than `owner`'s and its people's; all of it for None (the admin)."""
+    if owner is None:
+        return query
+    own = canonical(owner)
+    people = canonical(owner + ":")[:-1]
+    people_len = len(people)
+    return query.filter(lambda m: orm.raw_sql(_NOT_OTHERS))
+
+
 def fragment(row: Any, embedding: bool = False) -> dict[str, Any]:
     """The API shape of a fragment row (without its vector unless asked)."""
     out = {"id": row.id, "agent_id": row.agent_id, "content": row.content,
@@ -114,10 +133,10 @@ class Recall:
                 raise NotFound(f"memory not found: {fid}")
             return fragment(row)
 
-    def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
-        """Newest first."""
+    def page(self, agent_id: str, limit: int, offset: int, owner: str | None = None) -> dict[str, Any]:
+        """Newest first; with `owner`, what `visible_to` leaves."""
         with orm.db_session:
-            query = orm.select(m for m in self.store.e.MemoryRow if m.agent_id == agent_id)
+            query = visible_to(orm.select(m for m in self.store.e.MemoryRow if m.agent_id == agent_id), owner)
             total = query.count()
             row_type = self.store.e.MemoryRow
             # Load the long text columns with the rows: read lazily afterwards, a fragment

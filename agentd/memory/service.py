@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentd.config import MemoryConfig
+from agentd.errors import NotFound
 from agentd.memory import fields
 # (QUEUE_LIMIT and WORKER_BATCH are read from here too.)
 from agentd.memory.exchanges import AGENTS_KEPT, ANSWERED, ASKED, OWNER, ExchangeWorker
@@ -150,22 +151,31 @@ class MemoryService(ExchangeWorker):
             if self._on_recall is not None:
                 self._on_recall(time.perf_counter() - started)
 
-    def page(self, agent_id: str, limit: int, offset: int) -> dict[str, Any]:
+    # With `owner` (a scoped key's session label), the reads and writes below leave other
+    # people's exchanges out, as recall does: not listed, exported or found (404).
+    def page(self, agent_id: str, limit: int, offset: int, owner: str | None = None) -> dict[str, Any]:
         return self.semantic.page(agent_id, fields.integer(limit, "limit", 1, 1000),
-                                  fields.integer(offset, "offset", 0, 2**31))
+                                  fields.integer(offset, "offset", 0, 2**31), owner)
 
-    def get(self, agent_id: str, memory_id: str) -> dict[str, Any]:
-        return self.semantic.get(agent_id, memory_id)
+    def get(self, agent_id: str, memory_id: str, owner: str | None = None) -> dict[str, Any]:
+        item = self.semantic.get(agent_id, memory_id)
+        if owner is not None and others_of(owner, people=True)(item):
+            raise NotFound(f"memory not found: {memory_id}")
+        return item
 
     def update(self, agent_id: str, memory_id: str, content: Any, scope: Any = None,
-               confidence: Any = None) -> dict[str, Any]:
+               confidence: Any = None, owner: str | None = None) -> dict[str, Any]:
         """Rewrite a fragment's content (and scope, confidence); the fragment as it now is."""
+        if owner is not None:
+            self.get(agent_id, memory_id, owner)
         self.semantic.update(agent_id, memory_id, fields.text(content, "content"),
                              fields.text(scope, "scope", fields.MAX_NAME) if scope is not None else None,
                              fields.confidence(confidence) if confidence is not None else None)
         return self.semantic.get(agent_id, memory_id)
 
-    def delete(self, agent_id: str, memory_id: str) -> None:
+    def delete(self, agent_id: str, memory_id: str, owner: str | None = None) -> None:
+        if owner is not None:
+            self.get(agent_id, memory_id, owner)
         self.semantic.delete(agent_id, memory_id)
 
     def add_entity(self, agent_id: str, entity_type: Any, name: Any, properties: Any = None) -> dict[str, Any]:
@@ -199,10 +209,10 @@ class MemoryService(ExchangeWorker):
         finally:
             self._changed(agent_id)
 
-    def export(self, agent_id: str) -> dict[str, Any]:
+    def export(self, agent_id: str, owner: str | None = None) -> dict[str, Any]:
         from agentd.memory.portable import export
 
-        return export(self.semantic, self.graph, agent_id)
+        return export(self.semantic, self.graph, agent_id, owner)
 
     def import_doc(self, agent_id: str, doc: Any) -> dict[str, Any]:
         from agentd.memory.portable import import_doc

@@ -953,6 +953,53 @@ def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemo
     assert recalled(None) == {"parrot", "cat", "dog", "fish", "noon"}
 
 
+def test_a_key_lists_exports_and_reaches_only_its_own_exchanges_and_agent_wide_facts(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "listing")
+    key = new_key(d, scopes=["read", "message", "manage"])
+    other = new_key(d)
+    for who, extra, text in [(key, {}, "my pet is a parrot"), (key, {"user": "ann"}, "ann's pet is a cat"),
+                             (other, {}, "the other key's pet is a dog"), (None, {"user": "bo"}, "bo's pet is a fish")]:
+        r = (as_key(d, who, "POST", f"/api/agents/{agent_id}/message", json={"message": text, **extra}) if who
+             else d.post(f"/api/agents/{agent_id}/message", json={"message": text, **extra}))
+        assert r.status_code == 200, r.text
+    assert d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": "every pet here is fed at noon"}
+                  ).status_code == 201
+    base = f"/api/memory/agents/{agent_id}"
+    wait_until(lambda: d.get(f"{base}/memories").json()["total"] == 5, "the exchanges stored")
+    pets = ("parrot", "cat", "dog", "fish", "noon")
+
+    def pet(text: str) -> str:
+        return next(w for w in pets if w in text)
+
+    everything = {pet(m["content"]): m["id"] for m in d.get(f"{base}/memories").json()["memories"]}
+    listed = as_key(d, key, "GET", f"{base}/memories").json()
+    assert listed["total"] == 3 and sorted(pet(m["content"]) for m in listed["memories"]) == ["cat", "noon", "parrot"]
+    paged = as_key(d, key, "GET", f"{base}/memories", params={"limit": 2, "offset": 2}).json()
+    assert paged["total"] == 3 and len(paged["memories"]) == 1
+    assert sorted(pet(m["content"]) for m in as_key(d, other, "GET", f"{base}/memories").json()["memories"]) == [
+        "dog", "noon"]
+    exported = as_key(d, key, "GET", f"{base}/export").json()
+    assert sorted(pet(m["content"]) for m in exported["memories"]) == ["cat", "noon", "parrot"]
+    assert len(d.get(f"{base}/export").json()["memories"]) == 5
+    absent = {"error": f"memory not found: {everything['dog']}"}
+    for method, extra in (("GET", {}), ("PUT", {"json": {"content": "mine now"}}), ("DELETE", {})):
+        r = as_key(d, key, method, f"{base}/memories/{everything['dog']}", **extra)
+        assert (r.status_code, r.json()) == (404, absent), (method, r.text)
+    assert pet(d.get(f"{base}/memories/{everything['dog']}").json()["content"]) == "dog"  # untouched
+    for own in ("parrot", "cat", "noon"):
+        assert as_key(d, key, "GET", f"{base}/memories/{everything[own]}").status_code == 200
+    r = as_key(d, key, "PUT", f"{base}/memories/{everything['cat']}", json={"content": "ann's pet is a black cat"})
+    assert r.status_code == 200 and r.json()["content"] == "ann's pet is a black cat", r.text
+    assert as_key(d, key, "DELETE", f"{base}/memories/{everything['parrot']}").status_code == 200
+    # The dashboard's memory page, its search, a fragment's page and the export file alike.
+    browser = signed_in(d, key["key"])
+    page = browser.get(f"{d.url}/agents/{agent_id}/memory", params={"q": "which pet"}).text
+    assert "black cat" in page and "noon" in page and "dog" not in page and "fish" not in page
+    assert browser.get(f"{d.url}/agents/{agent_id}/memory/fragments/{everything['fish']}").status_code == 404
+    document = browser.get(f"{d.url}/agents/{agent_id}/memory/export").json()
+    assert sorted(pet(m["content"]) for m in document["memories"]) == ["cat", "noon"]
+
+
 def test_a_key_compacts_its_own_session_and_keeps_what_arrives_meanwhile(d: Daemon) -> None:
     agent_id, _ = spawn(d, "compact")
     key = new_key(d, scopes=["read", "message", "manage"])

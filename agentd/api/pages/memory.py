@@ -13,6 +13,7 @@ from typing import Any
 from flask import Response, current_app, render_template, request, url_for
 
 from agentd.api.pages import bp, form_post, kernel
+from agentd.api.principal import principal
 from agentd.api.pages.confirm import ask_first
 from agentd.api.pages.notes import see_other_with
 from agentd.errors import AgentdError, BadRequest, NotFound
@@ -37,11 +38,11 @@ def _memory_service(k: Any = None) -> Any:
     return service if callable(getattr(service, "page", None)) else None
 
 
-def _memories(k: Any, agent_id: str, offset: int) -> dict[str, Any] | None:
+def _memories(k: Any, agent_id: str, offset: int, owner: str | None) -> dict[str, Any] | None:
     """A page of semantic memories (GET /api/memory/agents/{id}/memories) when the daemon
     has the memory service, else None."""
     service = _memory_service(k)
-    return None if service is None else service.page(agent_id, MEMORIES_SHOWN, offset)
+    return None if service is None else service.page(agent_id, MEMORIES_SHOWN, offset, owner)
 
 
 def _done(agent_id: str, lines: list[str], ok: bool = True, endpoint: str = "pages.agent_memory",
@@ -64,13 +65,14 @@ def agent_memory(agent_id: str):
     search_error = ""
     query = (request.args.get("q") or "").strip()
     if service is not None:
-        memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
+        owner = principal().label
+        memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN, owner)
         if memories["total"] and (page - 1) * MEMORIES_SHOWN >= memories["total"]:
             page = -(-memories["total"] // MEMORIES_SHOWN)  # past the end: the last page
-            memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN)
+            memories = _memories(k, handle.id, (page - 1) * MEMORIES_SHOWN, owner)
         if query:
             try:
-                found = service.recall(handle.id, query, FOUND_SHOWN)
+                found = service.recall(handle.id, query, FOUND_SHOWN, owner=owner)
             except AgentdError as exc:
                 search_error = exc.message
     json_url = (url_for("memory.list_memories", agent_id=handle.id)
@@ -116,7 +118,7 @@ def memory_add(agent_id: str):
 @bp.get("/agents/<agent_id>/memory/fragments/<memory_id>")
 def memory_fragment(agent_id: str, memory_id: str):
     handle = kernel().agents.get(agent_id)
-    fragment = _required_service().get(handle.id, memory_id)
+    fragment = _required_service().get(handle.id, memory_id, principal().label)
     return render_template("memory_fragment.html", agent=kernel().agents.summary(handle), fragment=fragment)
 
 
@@ -125,7 +127,8 @@ def memory_edit(agent_id: str, memory_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form
     try:
-        _required_service().update(handle.id, memory_id, form.get("content", ""), form.get("scope") or None)
+        _required_service().update(handle.id, memory_id, form.get("content", ""), form.get("scope") or None,
+                                   owner=principal().label)
     except AgentdError as exc:
         if exc.status == 404:
             raise
@@ -143,7 +146,7 @@ def memory_delete(agent_id: str, memory_id: str):
     if asked is not None:
         return asked
     try:
-        _required_service().delete(handle.id, memory_id)
+        _required_service().delete(handle.id, memory_id, principal().label)
     except AgentdError as exc:
         return _done(handle.id, [exc.message], ok=False)
     return _done(handle.id, ["fragment deleted"], _anchor="memories")
@@ -200,7 +203,7 @@ def memory_kv_delete(agent_id: str):
 def memory_export(agent_id: str):
     """GET /api/memory/agents/{id}/export's document, as a file to keep."""
     handle = kernel().agents.get(agent_id)
-    document = _required_service().export(handle.id)
+    document = _required_service().export(handle.id, principal().label)
     response = Response(json.dumps(document, ensure_ascii=False), mimetype="application/json")
     response.headers["Content-Disposition"] = f'attachment; filename="memory-{handle.name}.json"'
     return response

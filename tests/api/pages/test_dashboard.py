@@ -701,8 +701,9 @@ def test_memory_page_with_and_without_semantic_memory(dash) -> None:
     service = getattr(kernel, "memory", None)
     seen: list = []
 
-    def fake_page(agent: str, limit: int, offset: int) -> dict:
+    def fake_page(agent: str, limit: int, offset: int, owner: str | None) -> dict:
         seen.append((agent, limit, offset))
+        assert owner is None  # the admin's login: everyone's exchanges
         items = [{"id": str(i), "content": f"fact {i} {XSS}", "source": "user_provided", "scope": "semantic",
                   "confidence": 1.0, "created_at": "2026-01-02T03:04:05+00:00"} for i in range(offset, min(offset + limit, 60))]
         return {"memories": items, "total": 60}

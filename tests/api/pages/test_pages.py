@@ -313,18 +313,18 @@ def test_refused_action_renders_the_agent_page(dash) -> None:
 def test_memories_helper() -> None:
     calls: list[tuple] = []
 
-    def page(agent_id: str, limit: int, offset: int) -> dict:
-        calls.append((agent_id, limit, offset))
+    def page(agent_id: str, limit: int, offset: int, owner: str | None) -> dict:
+        calls.append((agent_id, limit, offset, owner))
         return {"memories": [], "total": 0}
 
-    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150) == \
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page=page)), "a1", 150, "key:k1") == \
         {"memories": [], "total": 0}
-    assert calls == [("a1", 50, 150)]
-    assert memory_pages._memories(SimpleNamespace(), "a1", 0) is None
-    assert memory_pages._memories(SimpleNamespace(memory=None), "a1", 0) is None
-    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0) is None
-    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0) is None
-    assert calls == [("a1", 50, 150)]
+    assert calls == [("a1", 50, 150, "key:k1")]
+    assert memory_pages._memories(SimpleNamespace(), "a1", 0, None) is None
+    assert memory_pages._memories(SimpleNamespace(memory=None), "a1", 0, None) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace()), "a1", 0, None) is None
+    assert memory_pages._memories(SimpleNamespace(memory=SimpleNamespace(page="not callable")), "a1", 0, None) is None
+    assert calls == [("a1", 50, 150, "key:k1")]
 
 
 # -- pages/auth.py ---------------------------------------------------------------------------------------------------
