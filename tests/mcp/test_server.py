@@ -235,6 +235,9 @@ def test_a_message_run_stops_when_its_client_leaves_or_cancels(pair, fake_llm) -
     # Nine model turns of a second each, eight of them calling a tool.
     slow = "[[slow:1]] [[tool:system_time {} x8]]"
 
+    # The fake LLM is shared with other tests: a message is known by a word of its own.
+    left, cancelled_word = f"left-{uuid.uuid4().hex[:8]}", f"cancelled-{uuid.uuid4().hex[:8]}"
+
     def stopped(marker: str) -> None:
         """The run of the message starting with `marker` stopped: it made no model call once
         its client left, and the session has its stop, not its answer."""
@@ -249,20 +252,20 @@ def test_a_message_run_stops_when_its_client_leaves_or_cancels(pair, fake_llm) -
     async def leave() -> None:
         async with _client(first) as client:
             call = asyncio.ensure_future(client.session.call_tool(
-                "message_agent", {"agent": "slowpoke", "message": f"left {slow}"}))
+                "message_agent", {"agent": "slowpoke", "message": f"{left} {slow}"}))
             await asyncio.sleep(1.5)
             call.cancel()
             with contextlib.suppress(BaseException):
                 await call
 
     asyncio.run(leave())
-    stopped("left")
+    stopped(left)
 
     # A client that keeps its stream open and posts notifications/cancelled for its request.
     headers = {"Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream",
                "Content-Type": "application/json", "MCP-Protocol-Version": "2025-11-25"}
     call = {"jsonrpc": "2.0", "id": 77, "method": "tools/call",
-            "params": {"name": "message_agent", "arguments": {"agent": "slowpoke", "message": f"cancelled {slow}"}}}
+            "params": {"name": "message_agent", "arguments": {"agent": "slowpoke", "message": f"{cancelled_word} {slow}"}}}
     answer: list[str] = []
 
     def stream() -> None:
@@ -278,4 +281,4 @@ def test_a_message_run_stops_when_its_client_leaves_or_cancels(pair, fake_llm) -
     reader.join(10)
     assert not reader.is_alive(), "the cancelled request was not answered"
     assert answer and json.loads(answer[-1].removeprefix("data:"))["result"]["isError"] is True
-    stopped("cancelled")
+    stopped(cancelled_word)
