@@ -36,6 +36,7 @@ from agentd.api.schemas import CHAT_REQUEST_SCHEMA, ChatRequestSchema
 from agentd.llm import params as llm_params
 from agentd.llm.types import GenerationParams, ImagePart
 from agentd.schema_fields import is_blank
+from agentd.store.outage import DatabaseUnavailable
 
 log = logging.getLogger("agentd.api")
 
@@ -220,6 +221,10 @@ def run_failure(exc: AgentdError) -> Response:
         return final_error(409, STOPPED_MESSAGE, "run_cancelled")
     kind = exc.kind if isinstance(exc, AgentRunError) else None  # always a string on a run error
     status, code = failure_code(kind, exc.status, exc.code, exc.message)
+    if code == "agent_busy" or isinstance(exc, DatabaseUnavailable):
+        # Passing states the run never reached: the same request after Retry-After may well
+        # succeed, and the SDKs wait for it before their own retry.
+        return error_response(status, exc.message, code=code, retry_after=exc.retry_after)
     return final_error(status, exc.message, code, exc.retry_after)
 
 

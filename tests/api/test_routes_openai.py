@@ -25,6 +25,7 @@ from agentd.api import routes_openai as ro
 from agentd.api import create_app
 from agentd.config import parse_config
 from agentd.errors import BadRequest, TooManyRequests
+from agentd.store.outage import DatabaseUnavailable
 from agentd.kernel import Kernel
 from agentd.llm.types import GenerationParams, ImagePart
 from support import with_test_db
@@ -481,8 +482,13 @@ def test_run_failure_cancelled_and_quota(bare_app: Flask) -> None:
     assert body["error"]["message"] == "monthly budget reached", "BUG: the refusal lost its message"
     status, body, headers = failure(bare_app, TooManyRequests("token quota used up"))
     assert (status, body["error"]["code"], headers["Retry-After"]) == (429, "quota_exceeded", "1")
-    status, body, _ = failure(bare_app, TooManyRequests("agent queue full", code="agent_busy"))
-    assert (status, body["error"]["code"]) == (429, "agent_busy")
+    # A full queue and a database outage pass: the SDKs may retry them, after Retry-After.
+    status, body, headers = failure(bare_app, TooManyRequests("agent queue full", retry_after=2, code="agent_busy"))
+    assert (status, body["error"]["code"], headers["Retry-After"]) == (429, "agent_busy", "2")
+    assert "x-should-retry" not in headers
+    status, body, headers = failure(bare_app, DatabaseUnavailable("database unavailable"))
+    assert (status, body["error"]["type"], headers["Retry-After"]) == (503, "server_error", "2")
+    assert "x-should-retry" not in headers
 
 
 # -- through the app ---------------------------------------------------------------------------------------------
