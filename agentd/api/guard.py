@@ -21,6 +21,7 @@ from flask import Flask, Response, jsonify, request
 
 from agentd.api.errors import error_response, is_api_path
 from agentd.config import Config
+from agentd.server.proxy import ARRIVED_HOST_KEY
 from agentd.server.webguard import (CROSS_SITE_MESSAGE, CROSS_SITE_VALUES, HOST_CHARS, HOST_MESSAGE,  # noqa: F401
                                     LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
 
@@ -45,7 +46,7 @@ def install_guard(app: Flask, config: Config) -> None:
     def _guard() -> Response | None:
         req = request._get_current_object()  # (each use of the proxy looks the request up again)
         environ = req.environ
-        if not hosts.allows(environ.get("HTTP_HOST")):
+        if not hosts.allows(environ.get("HTTP_HOST")) or not hosts.allows(environ.get(ARRIVED_HOST_KEY)):
             if is_api_path(req.path):
                 return _refusal(400, HOST_MESSAGE)
             return error_response(400, HOST_MESSAGE)  # a dashboard page gets a short HTML page

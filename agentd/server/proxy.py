@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from agentd.server.forwarded import TrustedProxies, forwarded_client, parse_ip, parse_networks
 
-__all__ = ["ProxyHeaders", "TrustedProxies", "install_proxy_headers", "parse_ip", "parse_networks"]
+__all__ = ["ARRIVED_HOST_KEY", "ProxyHeaders", "TrustedProxies", "install_proxy_headers", "parse_ip", "parse_networks"]
 
 log = logging.getLogger("agentd.proxy")
 
@@ -49,6 +49,10 @@ FORWARDED_KEYS = ("HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO", "HTTP_X_FORW
 _FORWARDED = frozenset(FORWARDED_KEYS)
 # Where the socket peer is kept once REMOTE_ADDR names the real client (for logs).
 PEER_KEY = "agentd.proxy_peer"
+# The Host a loopback peer's request arrived with, before a forwarded host replaced it: the
+# guard judges it too. A browser on this machine is a loopback peer as much as a local proxy,
+# and may set X-Forwarded-Host itself; after DNS rebinding only its own Host gives it away.
+ARRIVED_HOST_KEY = "agentd.arrived_host"
 
 _HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{1,5})?$")
 # A forwarded port: ASCII digits only (str.isdigit also accepts "０" and "²").
@@ -74,6 +78,9 @@ class ProxyHeaders:
         peer = environ.get("REMOTE_ADDR", "")
         environ[PEER_KEY] = peer
         if self.trusted and self.trusted.contains(peer):
+            ip = parse_ip(peer)
+            if ip is not None and ip.is_loopback:
+                environ[ARRIVED_HOST_KEY] = environ.get("HTTP_HOST")
             self._apply(environ)
         # Applied values live in the standard keys now; the raw headers are dropped
         # either way so no handler ever reads them directly.

@@ -248,6 +248,23 @@ def test_forwarding_headers_from_an_untrusted_loopback_peer_are_ignored(tmp_path
         d.stop()
 
 
+def test_a_rebound_page_on_this_machine_cannot_forward_a_host_of_its_own(tmp_path: Path) -> None:
+    # deploy.md's config without the key: loopback peers are trusted proxies. A page whose
+    # name now resolves to 127.0.0.1 sends its own Host, and may add X-Forwarded-Host itself.
+    d = Daemon(make_home(tmp_path, config_text())).start()
+    try:
+        for forwarded in ({"X-Forwarded-Host": f"localhost:{d.port}"}, {"X-Forwarded-Host": PUBLIC_NAME},
+                          {"Forwarded": "for=127.0.0.1;host=localhost"}):
+            r = d.get("/api/agents", headers={"Host": f"attacker.example:{d.port}", **forwarded})
+            assert (r.status_code, r.json()) == (400, {"error": "host not allowed"}), forwarded
+        # What a proxy on this machine sends: its own upstream address, or the public name.
+        for host in (f"127.0.0.1:{d.port}", PUBLIC_NAME):
+            r = d.get("/api/agents", headers={"Host": host, "X-Forwarded-Host": PUBLIC_NAME})
+            assert r.status_code == 200, host
+    finally:
+        d.stop()
+
+
 def test_rate_limit_and_request_log_use_the_real_client(tmp_path: Path) -> None:
     stack = Stack(tmp_path, config_text(top={"log_level": "debug"}, rate_limit_per_second=0.01,
                                         rate_limit_burst=2), api_key=KEY)
