@@ -23,7 +23,8 @@ from agentd.api.errors import error_response, is_api_path
 from agentd.config import Config
 from agentd.server.proxy import ARRIVED_HOST_KEY
 from agentd.server.webguard import (CROSS_SITE_MESSAGE, CROSS_SITE_VALUES, HOST_CHARS, HOST_MESSAGE,  # noqa: F401
-                                    LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, host_name)
+                                    LOOPBACK_NAMES, STATE_CHANGING, HostPolicy, OriginPolicy, allowed_origins,
+                                    host_name)
 
 
 def _refusal(status: int, message: str) -> Response:
@@ -41,7 +42,7 @@ def _own_origin() -> str:
 def install_guard(app: Flask, config: Config) -> None:
     """Register the guard as the app's first before-request hook."""
     hosts = HostPolicy(config.host, config.api.allowed_hosts)
-    origins = OriginPolicy(config.port, config.api.cors_origins)
+    origins = OriginPolicy(config.port, allowed_origins(config))
 
     def _guard() -> Response | None:
         req = request._get_current_object()  # (each use of the proxy looks the request up again)

@@ -19,6 +19,7 @@ from agentd.api.ratelimit import GcraLimiter
 from agentd.api.response_headers import RATE, ResponseHeaders
 from agentd.config import Config
 from agentd.errors import Unauthorized
+from agentd.server.webguard import allowed_origins
 
 PUBLIC_GET = {"/api/health", "/api/version", "/", "/favicon.ico"}
 # The API description documents nothing secret; the page listing it (/api) is
@@ -48,18 +49,6 @@ def _is_loopback(addr: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
         ip = ip.ipv4_mapped
     return ip.is_loopback
-
-
-def allowed_origins(config: Config) -> set[str]:
-    """CORS origins per the spec: localhost forms of the port and dev ports 3000/8080,
-    plus `[api] cors_origins` when an API key protects the daemon."""
-    origins: set[str] = set()
-    for port in {config.port, 3000, 8080}:
-        origins.add(f"http://127.0.0.1:{port}")
-        origins.add(f"http://localhost:{port}")
-    if config.api_key:
-        origins.update(config.api.cors_origins)
-    return origins
 
 
 def _is_public(path: str, method: str) -> bool:

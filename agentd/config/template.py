@@ -32,8 +32,9 @@ network_enabled = false
 # (default: one second's worth).
 rate_limit_per_second = 30
 rate_limit_burst = 30
-# Extra browser origins allowed by CORS when api_key is set; state-changing
-# requests from any other web origin are refused (with or without api_key).
+# Extra browser origins allowed (CORS and state-changing requests) when api_key
+# is set; besides the daemon's own, only the loopback dev ports 3000 and 8080
+# are, and requests from any other web origin are refused.
 cors_origins = []
 # Host names served besides localhost/127.0.0.1/[::1] and the listen address
 # (e.g. the name a reverse proxy forwards): exact, "*.example.com", or "*" (off).

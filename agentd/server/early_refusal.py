@@ -28,7 +28,7 @@ from waitress.utilities import Error
 
 from agentd.server.websocket import servers_of
 from agentd.config import Config
-from agentd.server.webguard import CROSS_SITE_MESSAGE, HOST_MESSAGE, HostPolicy, OriginPolicy
+from agentd.server.webguard import CROSS_SITE_MESSAGE, HOST_MESSAGE, HostPolicy, OriginPolicy, allowed_origins
 
 log = logging.getLogger("agentd.http")
 
@@ -99,7 +99,7 @@ class GuardedParser(HTTPRequestParser):
 def request_check(config: Config) -> Check:
     """The guard's decision from the parsed headers alone (no forwarding headers applied)."""
     hosts = HostPolicy(config.host, config.api.allowed_hosts)
-    origins = OriginPolicy(config.port, config.api.cors_origins)
+    origins = OriginPolicy(config.port, allowed_origins(config))
 
     def check(parser: HTTPRequestParser) -> tuple[int, str] | None:
         headers = parser.headers

@@ -14,12 +14,27 @@ import ipaddress
 import re
 from typing import Iterable
 
+from agentd.config import Config
+
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 CROSS_SITE_VALUES = frozenset({"cross-site", "same-site"})
 CROSS_SITE_MESSAGE = "cross-site request refused"
 HOST_MESSAGE = "host not allowed"
 HOST_CHARS = re.compile(r"[a-z0-9._:%-]+")  # what a DNS name or an IP literal (zone included) holds
+
+
+def allowed_origins(config: Config) -> set[str]:
+    """The browser origins that may call the daemon, for CORS and the guard alike (the spec's
+    list): the loopback forms of its own port and of the dev ports 3000 and 8080, plus
+    `[api] cors_origins` when an API key protects the daemon."""
+    origins: set[str] = set()
+    for port in {config.port, 3000, 8080}:
+        origins.add(f"http://127.0.0.1:{port}")
+        origins.add(f"http://localhost:{port}")
+    if config.api_key:
+        origins.update(config.api.cors_origins)
+    return origins
 
 
 def host_name(host_header: str) -> str:
@@ -80,10 +95,12 @@ class HostPolicy:
 class OriginPolicy:
     """Which browser origins may send state-changing requests."""
 
-    def __init__(self, port: int, cors_origins: Iterable[str]) -> None:
+    def __init__(self, port: int, allowed: Iterable[str]) -> None:
         # The daemon's own loopback origins are the same daemon under another name.
         self.own = {f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}"}
-        self.configured = {o.rstrip("/").lower() for o in cors_origins}
+        # Other sites allowed_origins(config) lets in: cross-site by definition, so a browser's
+        # Sec-Fetch-Site does not count against them (it does against the daemon's own).
+        self.configured = {o.rstrip("/").lower() for o in allowed} - self.own
 
     def refuses(self, method: str, origin: str | None, fetch_site: str | None, own_origin: str,
                 upgrade: str | None = None) -> bool:

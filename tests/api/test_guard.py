@@ -212,9 +212,10 @@ def test_websocket_handshake_is_judged_like_a_post(upgrade, refused: bool) -> No
 
 # -- the installed guard --------------------------------------------------------------------------
 
-def make_app(tmp_path: Path, api: dict | None = None, listen: str = "127.0.0.1:4200") -> tuple[Flask, list]:
+def make_app(tmp_path: Path, api: dict | None = None, listen: str = "127.0.0.1:4200",
+             api_key: str = "") -> tuple[Flask, list]:
     """A Flask app with the guard installed after another before-request hook."""
-    config = parse_config({"api": api or {}, "api_listen": listen}, tmp_path)
+    config = parse_config({"api": api or {}, "api_listen": listen, "api_key": api_key}, tmp_path)
     app = Flask("agentd-guard-test")
     ran: list[str] = []
 
@@ -307,8 +308,8 @@ def test_host_is_checked_before_origin(tmp_path: Path) -> None:
 
 
 def test_guard_uses_the_configured_hosts_origins_and_port(tmp_path: Path) -> None:
-    app, ran = make_app(tmp_path, {"allowed_hosts": ["agents.internal"], "cors_origins": ["https://app.example.com"]},
-                        listen="127.0.0.1:4321")
+    api = {"allowed_hosts": ["agents.internal"], "cors_origins": ["https://app.example.com"]}
+    app, ran = make_app(tmp_path, api, listen="127.0.0.1:4321", api_key="k" * 32)
     client = app.test_client()
     assert client.get("/api/things", headers={"Host": "agents.internal:8443"}).status_code == 200
     assert client.get("/api/things", headers={"Host": "agents.internal.evil"}).status_code == 400
@@ -316,6 +317,14 @@ def test_guard_uses_the_configured_hosts_origins_and_port(tmp_path: Path) -> Non
     assert client.post("/api/things", headers={"Origin": "http://localhost:4321"}).status_code == 200
     assert client.post("/api/things", headers={"Origin": "http://localhost:4200"}).status_code == 403, \
         "BUG: the guard trusts a loopback origin on another port"
+    # The origins CORS allows, no more: the dev ports, and `cors_origins` only under a key.
+    keyless = make_app(tmp_path, api, listen="127.0.0.1:4321")[0].test_client()
+    for origin in ("http://localhost:3000", "http://127.0.0.1:8080"):
+        for client_ in (client, keyless):
+            r = client_.post("/api/things", headers={"Origin": origin, "Sec-Fetch-Site": "same-site"})
+            assert r.status_code == 200, origin
+    assert keyless.post("/api/things", headers={"Origin": "https://app.example.com"}).status_code == 403
+    assert keyless.post("/api/things", headers={"Origin": "http://localhost:3001"}).status_code == 403
 
 
 def test_same_origin_under_its_own_name_and_scheme(tmp_path: Path) -> None:

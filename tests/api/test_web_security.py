@@ -167,22 +167,29 @@ def test_same_origin_and_plain_clients_are_served(shared_daemon) -> None:
     assert r.status_code == 201
 
 
-@pytest.mark.parametrize("api_key", ["", "k3y-for-cors"])
-def test_configured_cors_origin_may_post_with_and_without_key(daemon_factory, api_key) -> None:
-    d = daemon_factory(FAST_API + 'cors_origins = ["https://app.example.com"]\n', api_key=api_key)
-    if api_key:
-        (d.home / "config.toml").write_text(FAST_API + 'cors_origins = ["https://app.example.com"]\n'
-                                            f'api_key = "{api_key}"\n')
-        d.stop()
-        d.start()
-    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    r = raw(d, "POST", "/api/agents", json={"manifest_toml": 'name = "cors-ok"\n'},
+def test_a_configured_cors_origin_may_post_under_a_key_and_the_dev_ports_always(daemon_factory) -> None:
+    key = "k3y-for-cors"
+    cors = 'cors_origins = ["https://app.example.com"]\n'
+    keyed = daemon_factory(f'api_key = "{key}"\n' + FAST_API + cors, api_key=key)
+    keyless = daemon_factory(FAST_API + cors)
+    auth = {"Authorization": f"Bearer {key}"}
+    r = raw(keyed, "POST", "/api/agents", json={"manifest_toml": 'name = "cors-ok"\n'},
             headers={"Origin": "https://app.example.com", "Sec-Fetch-Site": "cross-site", **auth})
     assert r.status_code == 201, r.text
     for near in ("https://app.example.com.evil.example", "http://app.example.com", "https://evil-app.example.com"):
-        r = raw(d, "POST", "/api/agents", json={"manifest_toml": 'name = "cors-no"\n'},
+        r = raw(keyed, "POST", "/api/agents", json={"manifest_toml": 'name = "cors-no"\n'},
                 headers={"Origin": near, **auth})
         assert r.status_code == 403, f"near-miss origin {near} was allowed"
+    # Without a key CORS lets in the daemon's own and the dev ports' loopback origins only
+    # (the spec's list), and the guard the same ones: what a preflight allows, a post may do.
+    for origin, allowed in (("https://app.example.com", False), ("http://localhost:3000", True),
+                            ("http://127.0.0.1:8080", True), ("http://localhost:3001", False)):
+        preflight = raw(keyless, "OPTIONS", "/api/agents", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+        assert preflight.status_code == (204 if allowed else 403), origin
+        r = raw(keyless, "POST", "/api/agents", json={"manifest_toml": f'name = "dev-{origin[-4:]}"\n'},
+                headers={"Origin": origin, "Sec-Fetch-Site": "same-site"})
+        assert r.status_code == (201 if allowed else 403), (origin, r.text)
 
 
 def test_cross_site_websocket_handshake_is_refused(agent_daemon) -> None:

@@ -96,9 +96,17 @@ def head(method: str = "POST", **headers: str) -> GuardedParser:
      (403, "cross-site request refused")),
 ])
 def test_the_check_is_the_guards_policy(tmp_path: Path, headers: dict, verdict) -> None:
-    config = parse_config({"api": {"allowed_hosts": ["agents.internal"],
-                                   "cors_origins": ["https://app.example.com"]}}, tmp_path)
+    config = parse_config({"api_key": "k" * 32, "api": {"allowed_hosts": ["agents.internal"],
+                                                       "cors_origins": ["https://app.example.com"]}}, tmp_path)
     assert request_check(config)(head(**headers)) == verdict
+
+
+def test_the_check_lets_in_the_origins_cors_allows(tmp_path: Path) -> None:
+    keyless = request_check(parse_config({"api": {"cors_origins": ["https://app.example.com"]}}, tmp_path))
+    dev = {"Host": "127.0.0.1:4200", "Sec-Fetch-Site": "same-site"}
+    assert keyless(head(Origin="http://localhost:3000", **dev)) is None
+    assert keyless(head(Origin="http://127.0.0.1:8080", **dev)) is None
+    assert keyless(head(Host="127.0.0.1:4200", Origin="https://app.example.com")) == (403, "cross-site request refused")
 
 
 def test_a_websocket_handshake_with_a_body_is_judged_like_a_post(tmp_path: Path) -> None:
