@@ -84,3 +84,6 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     logging.captureWarnings(fmt == "json")
     # waitress's per-queue warnings are noise for a daemon sized for streams.
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+    # urllib3's debug lines carry whole request paths, where some platforms put the bot's
+    # token (Telegram's /bot<token>/...): the daemon's own lines name calls without it.
+    logging.getLogger("urllib3").setLevel(logging.INFO)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import websocket
@@ -85,3 +86,21 @@ def test_a_record_names_the_bound_run_and_its_exception() -> None:
     assert line["time"].endswith("Z") and "ValueError: boom" in line["exception"]
     assert (after_run["request_id"], after_run["agent"], after_run["run_id"]) == ("req-1", "a1", None)
     assert logs.current() == logs.LogContext()
+
+
+def test_a_debug_log_holds_no_token_a_platform_puts_in_its_urls(tmp_path: Path) -> None:
+    from channel_fixtures import configure, wait_active
+    from fakes.telegram import FakeTelegram
+
+    token = "123456:S3CRETTGAPIZQX4"
+    fake = FakeTelegram(token).start()
+    d = Daemon(make_home(tmp_path, 'log_level = "debug"\n'), env_extra={"TELEGRAM_BOT_TOKEN": token}).start()
+    try:
+        configure(d, "telegram", bot_token_env="TELEGRAM_BOT_TOKEN", api_url=fake.url, long_poll_secs=1)
+        wait_active(d, "telegram")
+        time.sleep(2.5)  # getMe and a long poll or two
+        log = d.log()
+        assert "DEBUG" in log and "telegram" in log and "S3CRETTGAPIZQX4" not in log
+    finally:
+        d.stop()
+        fake.stop()
