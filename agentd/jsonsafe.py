@@ -55,15 +55,16 @@ def _float(text: str) -> float:
 # `json.loads` with these hooks builds a decoder per call; one serves every call and thread
 # (as `json.loads`' own default decoder does).
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+_PLAIN = json.JSONDecoder()
 
 
-def _decode(data: bytes | str) -> Any:
+def _decode(data: bytes | str, decoder: json.JSONDecoder = _DECODER) -> Any:
     """`json.loads(data, parse_constant=_constant, parse_float=_float)`, step for step."""
     if isinstance(data, str):
         if data.startswith("\ufeff"):
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
-        return _DECODER.decode(data)
-    return _DECODER.decode(data.decode(json.detect_encoding(data), "surrogatepass"))
+        return decoder.decode(data)
+    return decoder.decode(data.decode(json.detect_encoding(data), "surrogatepass"))
 
 
 def depth_exceeds(data: bytes, limit: int = MAX_DEPTH) -> bool:
@@ -88,7 +89,13 @@ def loads(data: bytes | str, limit: int = MAX_DEPTH) -> Any:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if depth_exceeds(raw, limit):
         raise JsonTooDeep(TOO_DEEP_MESSAGE)
-    value = _decode(data)
+    try:
+        value = _decode(data)
+    except JsonNotPortable:
+        # The hooks fire as the decoder meets a NaN: text that is no JSON at all ("NaN is a
+        # word") fails as json.loads fails it.
+        _decode(data, _PLAIN)
+        raise
     if _SURROGATE.search(raw):
         # A well-formed pair decodes to one character and encodes; a lone half does not.
         try:

@@ -78,15 +78,22 @@ def json_body(max_bytes: int = JSON_BODY_LIMIT, *, allow_empty: bool = False) ->
             raise UnsupportedMediaType(
                 f"Content-Type must be application/json (got {request.content_type or 'none'})")
     try:
+        return portable_json(data)
+    except UnicodeDecodeError:
+        raise BadRequest("malformed JSON: body is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+
+
+def portable_json(data: bytes | str) -> Any:
+    """`jsonsafe.loads`, what it refuses (too deep, NaN, Infinity, a lone surrogate) a 400
+    as for a request body; text that is not JSON at all raises json.JSONDecodeError."""
+    try:
         return jsonsafe.loads(data)
     except jsonsafe.JsonTooDeep:
         raise BadRequest(jsonsafe.TOO_DEEP_MESSAGE) from None
     except jsonsafe.JsonNotPortable as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
-    except UnicodeDecodeError:
-        raise BadRequest("malformed JSON: body is not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
 
 
 def format_validation(messages: Any, prefix: str = "") -> str:

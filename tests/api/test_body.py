@@ -508,6 +508,7 @@ def test_loads_decodes_as_json_loads_does(data) -> None:
 
 @pytest.mark.parametrize("data", [
     "\ufeff{}", b"", "  ", b"[1, 2", b'{"a": 1} x', b"\xff\xfe\x00", "{'a': 1}",
+    b"NaN is a word", "Infinity and beyond", b"[1e400, ",  # not JSON at all, wherever a NaN sits
 ])
 def test_loads_fails_as_json_loads_does(data) -> None:
     with pytest.raises(ValueError) as ours:

@@ -12,6 +12,8 @@ from typing import Any
 
 from flask import Response, current_app, render_template, request, url_for
 
+from agentd import jsonsafe
+from agentd.api import body
 from agentd.api.pages import bp, form_post, kernel
 from agentd.api.principal import principal
 from agentd.api.pages.confirm import ask_first
@@ -162,10 +164,11 @@ def _kv_key(key: str) -> str:
 
 
 def _kv_value(text: str) -> Any:
-    """The typed value: JSON when it parses as JSON, else the text itself as a string."""
+    """The typed value: JSON when it parses as JSON, else the text itself as a string. JSON
+    the API's PUT refuses (NaN, Infinity, a lone surrogate, too deep) is refused alike."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return body.portable_json(text)
+    except json.JSONDecodeError:
         return text
 
 
@@ -217,7 +220,7 @@ def memory_import(agent_id: str):
         if upload is None or not upload.filename:
             raise BadRequest("choose an export file (JSON) to import")
         try:
-            document = json.loads(upload.read())
+            document = jsonsafe.loads(upload.read())
         except ValueError as exc:
             raise BadRequest(f"the file is not JSON: {exc}") from None
         result = _required_service().import_doc(handle.id, document)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from werkzeug.datastructures import MultiDict
 
+from agentd import jsonsafe
 from agentd.errors import BadRequest
 
 # Form fields of a step, in the order a fieldset shows them.
@@ -101,10 +102,12 @@ def parse_text(text: str) -> Any:
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
-            return json.loads(stripped)
+            return jsonsafe.loads(stripped)
         except ValueError as exc:
             raise BadRequest(f"the definition is not valid JSON: {exc}") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadRequest(f"the definition is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or table
+        raise BadRequest("the definition is not valid TOML: nested too deeply") from None

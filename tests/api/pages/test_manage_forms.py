@@ -336,6 +336,51 @@ def test_memory_key_values_graph_export_import_consolidate(web: Browser) -> None
     assert re.fullmatch(r"consolidated: \d+ merged, \d+ decayed", note(web.follow(r)))
 
 
+def test_forms_refuse_what_the_json_api_refuses(web: Browser) -> None:
+    """JSON the API refuses (NaN, Infinity, 1e400, a lone surrogate, deep nesting) is refused by
+    the forms too, on the page with what was typed, never stored nor a 500."""
+    d = web.d
+    agent_id, agent = spawn(d)
+    base = f"/api/memory/agents/{agent_id}"
+    web.get(f"/agents/{agent_id}/memory")
+    r = web.post(f"/agents/{agent_id}/memory/kv", {"key": "plain", "value": "NaN is a word here"})
+    assert note(web.follow(r)) == "key plain saved"
+    deep = "[" * 5000 + "]" * 5000
+    finite = "malformed JSON: numbers must be finite (no NaN, Infinity or values past 1.8e308)"
+    for value, said in (("NaN", finite), ("Infinity", finite), ("-Infinity", finite), ("1e400", finite),
+                        ('["\\ud800"]', "malformed JSON: a string holds a lone surrogate (\\ud800-\\udfff without its "
+                                          "pair)"),
+                        (deep, "JSON nested too deeply")):
+        api = d.put(f"{base}/kv/k", data=value, headers={"Content-Type": "application/json"})
+        assert (api.status_code, api.json()) == (400, {"error": said}), value[:20]
+        page = web.follow(web.post(f"/agents/{agent_id}/memory/kv", {"key": "k", "value": value}))
+        assert note(page) == said, value[:20]
+        typed = re.search(r'<textarea[^>]*name="value"[^>]*>(.*?)</textarea>', page, re.S)
+        # (A value longer than the page carries back is left out.)
+        assert htmllib.unescape(typed.group(1)) == (value if len(value) <= 4000 else ""), value[:20]
+    listing = d.get(f"{base}/kv")
+    assert json.loads(listing.text) == {"plain": "NaN is a word here"}
+
+    web.get("/workflows/new")
+    step = step_fields(0, "only", agent, "hi")
+    for definition, said in (('{"name": "deep", "x": ' + deep + "}", "not valid JSON: JSON nested too deeply"),
+                             ('name = "deep"\nx = ' + deep, "not valid TOML: nested too deeply"),
+                             ('{"name": "s\\ud800", "steps": []}', "not valid JSON: a string holds a lone surrogate"),
+                             ('{"name": "n", "steps": [{"agent_name": "' + agent + '", "timeout_secs": NaN}]}',
+                              "not valid JSON: numbers must be finite")):
+        r = web.post("/workflows/new", {"name": "typed", "use_definition": "1", "definition": definition, **step})
+        assert r.status_code == 400 and f"the definition is {said}" in htmllib.unescape(r.text), definition[:30]
+        kept = re.search(r'<textarea name="definition" id="wf-definition"[^>]*>(.*?)</textarea>', r.text, re.S)
+        assert htmllib.unescape(kept.group(1)) == definition and 'name="name" value="typed"' in r.text
+    assert [w for w in d.get("/api/workflows").json() if w["name"] in ("deep", "typed")] == []
+
+    nested = b'{"format": "agentd.memory", "version": 1, "memories": ' + deep.encode() + b"}"
+    r = web.post(f"/agents/{agent_id}/memory/import", files={"document": ("deep.json", io.BytesIO(nested),
+                                                                          "application/json")})
+    assert note(web.follow(r)) == "the file is not JSON: JSON nested too deeply"
+    assert d.get(f"{base}/memories").json()["total"] == 0
+
+
 # -- chat uploads --------------------------------------------------------------------------------
 
 def test_chat_message_with_a_file_and_an_image(web: Browser) -> None:
