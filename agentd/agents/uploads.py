@@ -11,6 +11,7 @@ from pony import orm
 
 from agentd.agents.handle import UPLOAD_LIMIT, UPLOAD_TYPES, AgentHandle, parse_uuid
 from agentd.errors import BadRequest, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.timestamps import iso, utcnow
 from agentd.store import Store
 
@@ -37,6 +38,9 @@ class Uploads:
         if not content_type.startswith(UPLOAD_TYPES):
             raise BadRequest(f"unsupported content type {content_type!r}: allowed image/*, text/*, "
                              "audio/*, application/pdf")
+        for field, value in (("filename", filename), ("content type", content_type)):
+            if holds_nul(value):
+                raise BadRequest(f"{field} {NUL_MESSAGE}")
         file_id = str(uuid.uuid4())
         safe_name = os.path.basename(filename or "upload")[:200] or "upload"
         # The bytes live in the database: every daemon sharing it can attach the file. The

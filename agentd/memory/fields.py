@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agentd.errors import BadRequest
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.schema_fields import is_blank
 
 SOURCES = ("conversation", "document", "observation", "inference", "user_provided", "system")
@@ -50,6 +51,8 @@ def text(value: Any, name: str, limit: int = MAX_CONTENT) -> str:
     if not isinstance(value, str) or is_blank(value):
         raise BadRequest(f"{name} must be a non-empty string")
     _encodable(value, name)
+    if holds_nul(value):
+        raise BadRequest(f"{name} {NUL_MESSAGE}")
     if len(value) > limit:
         raise BadRequest(f"{name} is too long ({len(value)} characters, limit {limit})")
     return value
@@ -74,6 +77,8 @@ def obj(value: Any, name: str) -> dict[str, Any]:
         if not key or len(key) > MAX_NAME:
             raise BadRequest(f"{name} keys must be 1-{MAX_NAME} characters")
         _encodable(key, f"{name} key")
+    if holds_nul(value):
+        raise BadRequest(f"{name}: a string {NUL_MESSAGE}")
     try:
         json.dumps(value, allow_nan=False)
     except ValueError:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from agentd.errors import BadRequest
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 
 MODES = ("sequential", "fan_out", "collect", "conditional", "loop")
 ERROR_MODES = ("fail", "skip", "retry")
@@ -110,6 +111,8 @@ def _string(value: Any, index: int, step: dict[str, Any], field: str, *, require
         raise _fail(index, step, field, f"must be a string, got {type(value).__name__}")
     if required and not value.strip():
         raise _fail(index, step, field, "must not be empty")
+    if holds_nul(value):
+        raise _fail(index, step, field, NUL_MESSAGE)
     return value
 
 
@@ -270,6 +273,9 @@ def parse_workflow(body: Any, agent_exists: AgentExists) -> WorkflowDef:
     description = "" if description is None else description
     if not isinstance(description, str):
         raise BadRequest("invalid workflow: description: must be a string")
+    for field, value in (("name", name), ("description", description)):
+        if holds_nul(value):
+            raise BadRequest(f"invalid workflow: {field}: {NUL_MESSAGE}")
     raw_steps = body.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise BadRequest("invalid workflow: steps: a non-empty array of steps is required")

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from agentd.agents.manager import AgentHandle, parse_uuid
 from agentd.agents.registry import AgentRegistry
 from agentd.agents.runs import Runs
-from agentd.errors import AgentdError, Conflict, NotFound
+from agentd.errors import AgentdError, BadRequest, Conflict, NotFound
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.store import Store
 from agentd.workflows.definition import parse_workflow
 from agentd.workflows.steps import BACKOFF_BASE, RunState, StepRunner, resolve
@@ -186,6 +187,8 @@ class WorkflowEngine:
     def _begin(self, workflow_id: str, text: str, key_id: str = "") -> tuple[dict[str, Any], RunState]:
         if self._closing.is_set():
             raise AgentdError("the daemon is shutting down", status=503)
+        if holds_nul(text):
+            raise BadRequest(f"input {NUL_MESSAGE}")
         workflow = self.get(workflow_id)
         run = RunState(run_id=self.db.create_run(workflow, text, self.daemon_id), workflow=workflow,
                        current=text, key_id=key_id)

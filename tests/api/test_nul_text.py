@@ -1,7 +1,7 @@
 """Text holding U+0000, which PostgreSQL cannot store, is refused with a 400 naming the field
 on every backend (never a 500 on PostgreSQL), by the routes and tools that keep what they are
-given: cron jobs, triggers, events, the task board and key-value memory. A lookup by such a
-name finds nothing."""
+given: cron jobs, triggers, events, the task board, key-value memory, memory fragments and the
+knowledge graph (and their import), workflows and uploads. A lookup by such a name finds nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ NUL = "must not contain the NUL character (\\u0000), which PostgreSQL cannot sto
 def test_nul_text_is_refused_by_name(agent_daemon) -> None:
     d = agent_daemon
     agent_id = spawn(d)
+    memory = f"/api/memory/agents/{agent_id}"
+    fragment = d.post(f"{memory}/memories", json={"content": "kept"}).json()["id"]
+    assert d.post(f"{memory}/entities", json={"entity_type": "person", "name": "Ann"}).status_code == 201
+    export = d.get(f"{memory}/export").json()
+    workflow = d.post("/api/workflows", json={"name": "w", "steps": [{"agent_id": agent_id}]}).json()["workflow_id"]
     job = {"name": "nul", "agent_id": agent_id, "schedule": {"kind": "every", "every_secs": 3600}, "enabled": False}
     trigger = {"agent_id": agent_id, "pattern": {"content_match": "x"}, "prompt_template": "p"}
     refused = [
@@ -30,10 +35,40 @@ def test_nul_text_is_refused_by_name(agent_daemon) -> None:
         ("PUT", f"/api/memory/agents/{agent_id}/kv/k", {"\x00": 1}, "value: a string " + NUL),
         ("PUT", f"/api/memory/agents/{agent_id}/kv/k\x00", 1, "key " + NUL),
         ("GET", f"/api/memory/agents/{agent_id}/kv/k\x00", None, "key " + NUL),
+        ("POST", f"{memory}/memories", {"content": "a\x00b"}, "content " + NUL),
+        ("POST", f"{memory}/memories", {"content": "c", "scope": "\x00"}, "scope " + NUL),
+        ("POST", f"{memory}/memories", {"content": "c", "metadata": {"k": ["\x00"]}}, "metadata: a string " + NUL),
+        ("PUT", f"{memory}/memories/{fragment}", {"content": "a\x00b"}, "content " + NUL),
+        ("POST", f"{memory}/entities", {"entity_type": "person", "name": "a\x00b"}, "name " + NUL),
+        ("POST", f"{memory}/entities", {"entity_type": {"custom": "p\x00"}, "name": "n"}, "entity_type " + NUL),
+        ("POST", f"{memory}/entities", {"entity_type": "person", "name": "n", "properties": {"\x00": 1}},
+         "properties: a string " + NUL),
+        ("POST", f"{memory}/relations", {"source": "Ann", "relation": "knows", "target": "A\x00"}, "target " + NUL),
+        ("POST", f"{memory}/recall", {"query": "q\x00"}, "query " + NUL),
+        ("POST", f"{memory}/graph/query", {"source": "A\x00"}, "source " + NUL),
+        ("POST", f"{memory}/import", {**export, "entities": [{"id": "e", "entity_type": "person", "name": "\x00",
+                                                              "created_at": "2024-01-01T00:00:00Z"}]},
+         "entities[0].name " + NUL),
+        ("POST", "/api/workflows", {"name": "w\x00", "steps": [{"agent_id": agent_id}]}, "invalid workflow: name: " + NUL),
+        ("POST", "/api/workflows", {"name": "w", "description": "\x00", "steps": [{"agent_id": agent_id}]},
+         "invalid workflow: description: " + NUL),
+        ("POST", "/api/workflows", {"name": "w", "steps": [{"agent_id": agent_id, "prompt": "p\x00"}]},
+         "invalid workflow: step 1: prompt: " + NUL),
+        ("POST", f"/api/workflows/{workflow}/runs", {"input": "a\x00b"}, "input " + NUL),
+        ("POST", f"/api/workflows/{workflow}/run", {"input": "a\x00b"}, "input " + NUL),
     ]
     for method, path, body, error in refused:
         r = d.request(method, path, json=body)
         assert (r.status_code, r.json()) == (400, {"error": error}), (method, path, r.text)
+    for filename, content_type, error in (("a\x00b.txt", "text/plain", "filename " + NUL),
+                                          ("a.txt", "text/plain\x00", "content type " + NUL)):
+        r = d.post(f"/api/agents/{agent_id}/upload", files={"file": (filename, b"x", content_type)})
+        assert (r.status_code, r.json()) == (400, {"error": error}), (filename, content_type, r.text)
+    assert d.get(f"/api/agents/{agent_id}/uploads").json() == []
+    assert [m["content"] for m in d.get(f"{memory}/memories").json()["memories"]] == ["kept"]
+    assert [e["name"] for e in d.get(f"{memory}/export").json()["entities"]] == ["Ann"]
+    assert [w["name"] for w in d.get("/api/workflows").json()] == ["w"]
+    assert d.get(f"/api/workflows/{workflow}/runs").json() == []
     task = d.post("/api/tasks", json={"title": "t"}).json()
     r = d.post(f"/api/tasks/{task['id']}/claim", json={"agent_id": agent_id})
     assert r.status_code == 200, r.text
