@@ -71,6 +71,16 @@ class KnowledgeGraph:
             row = rows[0] if len(rows) == 1 else None
         return row
 
+    def named(self, agent_id: str, entity_type: str, name: str) -> Any:
+        """Inside a db_session: the agent's entity of this type and name (any case), or None."""
+        return orm.select(x for x in self.store.e.EntityRow if x.agent_id == agent_id
+                          and x.entity_type == entity_type and x.name.lower() == name.lower()).first()
+
+    def linking(self, agent_id: str, source_id: str, relation: str, target_id: str) -> Any:
+        """Inside a db_session: the agent's relation of this triple, or None."""
+        return orm.select(x for x in self.store.e.RelationRow if x.agent_id == agent_id and x.source == source_id
+                          and x.relation == relation and x.target == target_id).first()
+
     def add_entity(self, agent_id: str, entity_type: str, name: str, properties: dict[str, Any],
                    entity_id: str | None = None) -> dict[str, Any]:
         """Create an entity; the same name and type again updates (merges) its properties."""
@@ -80,8 +90,7 @@ class KnowledgeGraph:
             e = self.store.e.EntityRow
             row = e.get(agent_id=agent_id, id=entity_id) if entity_id else None
             if row is None:
-                row = orm.select(x for x in e if x.agent_id == agent_id and x.entity_type == entity_type
-                                 and x.name.lower() == name.lower()).first()
+                row = self.named(agent_id, entity_type, name)
             if row is None:
                 row = e(agent_id=agent_id, id=entity_id or str(uuid.uuid4()), entity_type=entity_type, name=name,
                         properties=json.dumps(properties), created_at=now, updated_at=now)
@@ -103,8 +112,7 @@ class KnowledgeGraph:
                 if row is None:
                     raise NotFound(f"entity not found: {ref}")
             r = self.store.e.RelationRow
-            row = orm.select(x for x in r if x.agent_id == agent_id and x.source == src.id
-                             and x.relation == relation and x.target == dst.id).first()
+            row = self.linking(agent_id, src.id, relation, dst.id)
             if row is not None:
                 merged = json.loads(row.properties or "{}")
                 merged.update(properties)

@@ -130,6 +130,16 @@ def validate(doc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list
     return memories, entities, relations
 
 
+def _merge(row: Any, properties: dict[str, Any]) -> bool:
+    """The document's properties over those of the entity or relation the graph already
+    holds; whether that changed them."""
+    merged = json.dumps({**json.loads(row.properties or "{}"), **properties})
+    if merged == row.properties:
+        return False
+    row.properties = merged
+    return True
+
+
 def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, doc: Any) -> dict[str, Any]:
     """The spec's import report: counts of what was added, and `errors` (notes on what was not)."""
     memories, entities, relations = validate(doc)
@@ -162,14 +172,26 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
                 # Our own vectors are already unit length: keep them bit for bit.
                 m["vector"] = vector if abs(norm - 1.0) < 1e-4 else vector / max(norm, 1e-12)
         counts = {"entities_imported": 0, "relations_imported": 0, "memories_imported": len(new_memories)}
+        # A fragment superseded by one neither imported nor kept (deleted since) is not superseded.
+        fragment_ids = set(index.pos) | {m["id"] for m in memories}
         with semantic.owned(agent_id):
             for m in new_memories:
                 fragment_rows.insert(store, agent_id, m["id"], m["content"], m["vector"], embedder.name,
                                      m["metadata"], m["source"], m["scope"], m["confidence"], m["created_at"],
                                      m["accessed_at"], m["access_count"])
-                store.e.MemoryRow.get(agent_id=agent_id, id=m["id"]).superseded_by = m["superseded_by"]
+                if m["superseded_by"] in fragment_ids:
+                    store.e.MemoryRow.get(agent_id=agent_id, id=m["id"]).superseded_by = m["superseded_by"]
+            # An entity of the name and type of one the graph holds is that one, as for POST
+            # .../entities: its properties are merged in, and relations naming it land on it.
+            same: dict[str, str] = {}
             for e in entities:
                 if e["id"] in known_entities:
+                    continue
+                row = graph.named(agent_id, e["entity_type"], e["name"])
+                if row is not None:
+                    same[e["id"]] = row.id
+                    if _merge(row, e["properties"]):
+                        row.updated_at = utcnow()
                     continue
                 store.e.EntityRow(agent_id=agent_id, id=e["id"], entity_type=e["entity_type"], name=e["name"],
                                   properties=json.dumps(e["properties"]),
@@ -178,8 +200,13 @@ def import_doc(semantic: SemanticMemory, graph: KnowledgeGraph, agent_id: str, d
             for r in relations:
                 if store.e.RelationRow.get(agent_id=agent_id, id=r["id"]) is not None:
                     continue
-                store.e.RelationRow(agent_id=agent_id, id=r["id"], source=r["source"], relation=r["relation"],
-                                    target=r["target"], properties=json.dumps(r["properties"]),
+                source, target = same.get(r["source"], r["source"]), same.get(r["target"], r["target"])
+                row = graph.linking(agent_id, source, r["relation"], target)
+                if row is not None:
+                    _merge(row, r["properties"])
+                    continue
+                store.e.RelationRow(agent_id=agent_id, id=r["id"], source=source, relation=r["relation"],
+                                    target=target, properties=json.dumps(r["properties"]),
                                     confidence=r["confidence"], created_at=r["created_at"])
                 counts["relations_imported"] += 1
         for m in new_memories:

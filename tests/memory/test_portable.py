@@ -173,7 +173,8 @@ def test_import_defaults_and_fields(pair) -> None:  # type: ignore[no-untyped-de
     got = memory.get("a", "m1")
     assert (got["metadata"], got["access_count"], got["confidence"], got["source"]) == ({}, 0, 1.0, "inference")
     assert got["created_at"] == got["accessed_at"] == "2024-03-01T10:00:00+00:00"
-    assert sql(memory, "SELECT superseded_by FROM memory_fragments WHERE id = 'm1'") == [("m9",)]
+    # Superseded by a fragment neither in the document nor kept by the agent: not superseded.
+    assert sql(memory, "SELECT superseded_by FROM memory_fragments WHERE id = 'm1'") == [(None,)]
     ents_out, rels_out = kg.export("a")
     assert [(e["entity_type"], e["properties"], e["updated_at"]) for e in ents_out] == \
         [("person", {}, T0), ("pet", {"p": 1}, "2024-03-02T00:00:00+00:00")]

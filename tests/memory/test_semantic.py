@@ -386,6 +386,44 @@ def test_export_import_round_trip(d: Daemon) -> None:
     assert recall(d, fresh, "What temperature should the water be for a cuppa?", limit=1)[0]["id"] == good["id"]
 
 
+def test_import_of_an_entity_the_graph_holds_updates_it(d: Daemon) -> None:
+    """An imported entity of the name and type of one the agent has is that entity (as POST
+    .../entities): no second Ann, the document's relations land on the one Ann, and names keep
+    finding her. The items' `agent_id` (the agent exported from) is ignored, and a fragment
+    superseded by a fragment no longer there is imported as not superseded."""
+    agent = spawn(d)
+    ann = entity(d, agent, "person", "Ann", role="engineer")
+    other = spawn(d)
+    kept, older = fragment("Ann drinks green tea", agent_id=other), fragment("Ann drinks coffee", agent_id=other)
+    older["superseded_by"] = kept["id"]
+    gone = fragment("Ann lived in Oslo", agent_id=other, superseded_by=str(uuid.uuid4()))
+    twin, bob = str(uuid.uuid4()), str(uuid.uuid4())
+    people = [{"id": twin, "entity_type": "person", "name": "ann", "properties": {"team": "core"}, "created_at": old(1),
+               "agent_id": other},
+              {"id": bob, "entity_type": "person", "name": "Bob", "created_at": old(1), "agent_id": other}]
+    links = [{"id": str(uuid.uuid4()), "source": twin, "relation": "knows_about", "target": bob, "created_at": old(1),
+              "agent_id": other}]
+    document = doc([kept, older, gone], agent_id=other, entities=people, relations=links)
+    report = d.post(f"{base(agent)}/import", json=document).json()
+    assert report == {"memories_imported": 3, "entities_imported": 1, "relations_imported": 1,
+                      "memories_reembedded": 3, "errors": []}
+    exported = d.get(f"{base(agent)}/export").json()
+    assert [(e["id"], e["name"], e["properties"]) for e in exported["entities"]] == [
+        (ann, "Ann", {"role": "engineer", "team": "core"}), (bob, "Bob", {})]
+    assert [(r["source"], r["target"]) for r in exported["relations"]] == [(ann, bob)]
+    assert {m["agent_id"] for m in exported["memories"]} == {agent}
+    assert {m["content"]: m["superseded_by"] for m in exported["memories"]} == {
+        "Ann drinks green tea": None, "Ann drinks coffee": kept["id"], "Ann lived in Oslo": None}
+    assert d.post(f"{base(agent)}/relations", json={"source": "Ann", "relation": "works_at",
+                                                    "target": "Bob"}).status_code == 201
+    assert sorted(triples(d, agent, source="Ann")) == [("Ann", "knows_about", "Bob"), ("Ann", "works_at", "Bob")]
+    # A second import adds nothing.
+    assert d.post(f"{base(agent)}/import", json=document).json() == {
+        "memories_imported": 0, "entities_imported": 0, "relations_imported": 0, "memories_reembedded": 0,
+        "errors": []}
+    assert len(d.get(f"{base(agent)}/export").json()["entities"]) == 2
+
+
 def _system_prompts(fake, since: int) -> list[str]:
     out = []
     for req in fake.requests[since:]:
