@@ -6,7 +6,7 @@ untrusted JSON text (request bodies, WebSocket frames, webhook payloads) goes
 through `loads`, which refuses anything nested deeper than `MAX_DEPTH` before
 the decoder sees it.
 
-Python's decoder also takes `NaN`, `Infinity` and `1e400` (infinite) and `"\\ud800"`
+Python's decoder also takes `NaN`, `Infinity`, `1e400` (infinite), an integer past 1.8e308 and `"\\ud800"`
 (a lone surrogate, which no UTF-8 store or client can take): stored, they came back
 as text no JSON parser reads, or failed the write with a 500. `loads` refuses them.
 """
@@ -52,14 +52,26 @@ def _float(text: str) -> float:
     return value
 
 
+def _int(text: str) -> int:
+    value = int(text)
+    # Only an integer of 309 digits or more can be past the float limit (1.8e308), where
+    # JavaScript reads Infinity and Python's float() raises: it is refused as 1e400 is.
+    if len(text) > 308:
+        try:
+            float(value)
+        except OverflowError:
+            raise JsonNotPortable(NOT_FINITE_MESSAGE) from None
+    return value
+
+
 # `json.loads` with these hooks builds a decoder per call; one serves every call and thread
 # (as `json.loads`' own default decoder does).
-_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float, parse_int=_int)
 _PLAIN = json.JSONDecoder()
 
 
 def _decode(data: bytes | str, decoder: json.JSONDecoder = _DECODER) -> Any:
-    """`json.loads(data, parse_constant=_constant, parse_float=_float)`, step for step."""
+    """`json.loads(data, parse_constant=_constant, parse_float=_float, parse_int=_int)`, step for step."""
     if isinstance(data, str):
         if data.startswith("\ufeff"):
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)

@@ -24,15 +24,31 @@ def is_blank(text: str) -> bool:
     return _NOT_BLANK.match(text) is None
 
 
+TOO_LARGE = "Number too large (past 1.8e308)."
+
+
+def finite_float(value: int | float) -> float | None:
+    """`value` as a float, or None for NaN, infinity and an integer past what a float holds
+    (JSON and TOML integers have no bound; Python's float() of one raises OverflowError)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 class StrictFloat(fields.Float):
     """A JSON/TOML number only: "1.5" (a string), true and NaN are type errors, not coerced."""
 
-    default_error_messages = {"invalid": "Not a valid number."}
+    default_error_messages = {"invalid": "Not a valid number.", "too_large": TOO_LARGE}
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.make_error("invalid")
-        return float(value)
+        number = finite_float(value)
+        if number is None:
+            raise self.make_error("invalid" if isinstance(value, float) else "too_large")
+        return number
 
 
 class WholeNumber(fields.Integer):

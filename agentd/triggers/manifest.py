@@ -17,7 +17,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any
 
-from agentd.schema_fields import is_blank
+from agentd.schema_fields import finite_float, is_blank
 from agentd.errors import BadRequest
 from agentd.triggers import patterns
 
@@ -38,9 +38,10 @@ def check_cap(name: str, value: Any, where: str) -> int | float | None:
     if value is None:
         return None
     if name == "max_cost_usd_per_day":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        cost = None if isinstance(value, bool) or not isinstance(value, (int, float)) else finite_float(value)
+        if cost is None or cost <= 0:
             raise BadRequest(f"{where}.{name}: must be a number greater than 0")
-        return float(value)
+        return cost
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
         raise BadRequest(f"{where}.{name}: must be an integer between 1 and 1000000")
     return value

@@ -450,7 +450,7 @@ def test_validate_takes_a_schemas_fast_load_when_it_answers() -> None:
 # -- what JSON cannot hold (agentd/jsonsafe.py) ------------------------------------------
 
 @pytest.mark.parametrize("text", [b"NaN", b"-Infinity", b"Infinity", b"[1, NaN]", b"1e309", b"-1e309",
-                                  b'{"a": {"b": 1e400}}'])
+                                  b'{"a": {"b": 1e400}}', b"9" + b"0" * 308, b"-1" + b"0" * 400, b"[1" + b"0" * 400 + b"]"])
 def test_non_finite_numbers_are_refused(text: bytes) -> None:
     with pytest.raises(jsonsafe.JsonNotPortable, match="^numbers must be finite"):
         jsonsafe.loads(text)
@@ -459,6 +459,11 @@ def test_non_finite_numbers_are_refused(text: bytes) -> None:
 @pytest.mark.parametrize("text", [b"1.7976931348623157e308", b"-1e308", b"5e-324", b"0.1", b"1e-400"])
 def test_finite_numbers_pass_exactly(text: bytes) -> None:
     assert jsonsafe.loads(text) == float(text)
+
+
+@pytest.mark.parametrize("value", [0, -7, 10 ** 308, int(1.7976931348623157e308), -int(1.7976931348623157e308)])
+def test_integers_a_float_holds_pass_exactly(value: int) -> None:
+    assert jsonsafe.loads(str(value)) == value
 
 
 @pytest.mark.parametrize("text", [b'"\\ud800"', b'"\\uDBFF"', b'"\\udc00x"', b'"a\\ude00"', b'["\\ud83d"]',

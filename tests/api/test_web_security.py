@@ -317,6 +317,63 @@ def test_what_json_cannot_hold_is_a_400_not_a_500_or_bad_json_later(agent_daemon
     assert r.status_code == 200 and d.get(f"/api/memory/agents/{agent_id}/kv/k").json() == "\U0001F600"
 
 
+BIG = "1" + "0" * 400  # an integer JSON and TOML allow, past what a float holds
+
+
+def test_an_integer_past_the_float_limit_is_a_400_in_every_number_field(agent_daemon) -> None:
+    d = agent_daemon
+    name = f"big-{uuid.uuid4().hex[:8]}"
+    agent_id = spawn(d, name)
+    mem = f"/api/memory/agents/{agent_id}"
+    memory_id = d.post(f"{mem}/memories", json={"content": "kept"}).json()["id"]
+    trigger_id = d.post("/api/triggers", json={"agent_id": agent_id, "pattern": {"content_match": "x"},
+                                              "prompt_template": "p"}).json()["trigger_id"]
+    job_id = d.post("/api/cron/jobs", json={
+        "name": "big", "agent_id": agent_id, "schedule": {"kind": "every", "every_secs": 3600}, "enabled": False,
+        "action": {"kind": "agent_turn", "message": "m"}}).json()["id"]
+    chat = f'{{"model": "{name}", "messages": [{{"role": "user", "content": "hi"}}], '
+    bodies = [
+        ("PUT", "/api/budget", '{"limit_usd": BIG}'),
+        ("POST", f"{mem}/memories", '{"content": "c", "confidence": BIG}'),
+        ("PUT", f"{mem}/memories/{memory_id}", '{"content": "c", "confidence": BIG}'),
+        ("POST", f"{mem}/recall", '{"query": "x", "min_score": -BIG}'),
+        ("POST", f"{mem}/recall", '{"query": "x", "filter": {"min_confidence": BIG}}'),
+        ("POST", f"{mem}/relations", '{"source": "a", "relation": "r", "target": "b", "confidence": BIG}'),
+        ("POST", "/api/models/custom", '{"id": "m-big", "provider": "openai", "input_cost_per_m": BIG}'),
+        ("PATCH", f"/api/triggers/{trigger_id}", '{"max_cost_usd_per_day": BIG}'),
+        ("PATCH", f"/api/cron/jobs/{job_id}", '{"max_cost_usd_per_day": BIG}'),
+        ("POST", "/api/keys", '{"name": "kb", "scopes": ["read"], "budget_usd_per_day": BIG}'),
+        ("PUT", f"{mem}/kv/big", "BIG"),
+        ("POST", "/v1/chat/completions", chat + '"temperature": BIG}'),
+        ("POST", "/v1/chat/completions", chat + '"top_p": BIG}'),
+        ("POST", "/v1/responses", f'{{"model": "{name}", "input": "hi", "temperature": BIG}}'),
+    ]
+    for method, path, text in bodies:
+        r = d.request(method, path, data=text.replace("BIG", BIG), headers={"Content-Type": "application/json"})
+        error = r.json()["error"]
+        if path.startswith("/v1/"):
+            assert error["type"] == "invalid_request_error", (path, r.text)
+            error = error["message"]
+        assert (r.status_code, error) == (400, "malformed JSON: numbers must be finite (no NaN, Infinity or "
+                                                "values past 1.8e308)"), (method, path, text, r.text)
+    assert d.get(f"{mem}/kv").json() == {}, "nothing stored"
+    # The largest integer a float holds is an ordinary number.
+    r = d.put(f"{mem}/kv/big", data=str(int(1.7976931348623157e308)), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    # TOML integers have no bound either: a manifest names the key.
+    for extra, error in [
+        (f"[model]\ntemperature = {BIG}\n", "model.temperature: Number too large (past 1.8e308)."),
+        (f"[schedule.proactive]\nconditions = [{{ content_match = \"x\", max_cost_usd_per_day = {BIG} }}]\n",
+         "schedule.proactive.conditions[0].max_cost_usd_per_day: must be a number greater than 0"),
+    ]:
+        text = f'name = "big-spawn"\n{extra}'
+        r = d.post("/api/agents", json={"manifest_toml": text})
+        assert (r.status_code, r.json()) == (400, {"error": f"invalid manifest format: {error}"}), r.text
+        r = d.put(f"/api/agents/{agent_id}/manifest", json={"manifest_toml": text.replace("big-spawn", name)})
+        assert (r.status_code, r.json()) == (400, {"error": f"invalid manifest format: {error}"}), r.text
+    assert "OverflowError" not in d.log()
+
+
 # -- deeply nested JSON ---------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["/api/agents", "/api/memory/agents/{id}/kv/deep", "/api/agents/{id}/message",
