@@ -16,6 +16,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, pre_load, validate, validates
 
+from agentd import tomlsafe
 from agentd.agents.manifest_schedule import REACTIVE, ScheduleField
 from agentd.errors import BadRequest, PayloadTooLarge
 from agentd.schema_fields import StrictFloat
@@ -251,7 +252,7 @@ def parse_manifest(text: str, new: bool = True) -> Manifest:
         # 413 like a too-large `manifest_toml`, also for one inside a signed envelope.
         raise PayloadTooLarge("manifest too large (max 1 MB)")
     try:
-        raw = tomllib.loads(text)
+        raw = tomlsafe.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"TOML syntax error: {exc}") from None
     grants = raw.get("capabilities")

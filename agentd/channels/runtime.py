@@ -12,6 +12,7 @@ import threading
 import tomllib
 from typing import Any, Callable
 
+from agentd import tomlsafe
 from agentd.agents.approvals import ApprovalQueue
 from agentd.agents.manager import AgentManager
 from agentd.agents.runs import Runs
@@ -300,7 +301,7 @@ class ChannelManager:
         """Re-read config.toml; start/stop/restart the adapters whose section changed."""
         try:
             text = self.config_path.read_text(encoding="utf-8") if self.config_path.exists() else ""
-            raw = tomllib.loads(text).get("channels", {})
+            raw = tomlsafe.loads(text).get("channels", {})
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise BadRequest(f"cannot reload channels: {self.config_path}: {exc}") from None
         try:

@@ -20,6 +20,7 @@ from tomlkit.container import Container
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Comment, Item, Table, Whitespace
 
+from agentd import tomlsafe
 from agentd.errors import AgentdError
 
 
@@ -161,7 +162,7 @@ def edit_file(path: Path, table: list[str], values: dict[str, Any] | None) -> No
         raise ConfigEditError(f"cannot read {path}: {exc}", status=500) from None
     try:
         new = replace_section(text, table, values)
-        parsed = tomllib.loads(new)
+        parsed = tomlsafe.loads(new)
     except ConfigEditError as exc:
         raise ConfigEditError(f"cannot edit {path}: {exc.message}") from None
     except (TOMLKitError, tomllib.TOMLDecodeError) as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentd import tomlsafe
 from agentd.cli.client import HEALTH_TIMEOUT, ApiClient, DaemonInfo, find_daemon, read_daemon_file
 from agentd.config import Config, load_config, split_listen, unknown_keys
 from agentd.errors import AgentdError
@@ -296,7 +297,7 @@ def run_checks(home: Path) -> list[Check]:
     config_path = home / "config.toml"
     try:
         if config_path.exists():
-            tomllib.loads(config_path.read_text(encoding="utf-8"))
+            tomlsafe.loads(config_path.read_text(encoding="utf-8"))
         cfg = load_config(home)
         unknown = unknown_keys(cfg.raw)
         if unknown:

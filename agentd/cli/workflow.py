@@ -18,19 +18,21 @@ def _workflow_file(path: str) -> Any:
     """A workflow definition from a .toml or .json file (by extension; JSON otherwise tried first)."""
     import tomllib
 
+    from agentd import tomlsafe
+
     try:
         text = open(path, encoding="utf-8").read()
     except OSError as exc:
         _fail(f"cannot read {path}: {exc.strerror}")
     try:
         if path.endswith(".toml"):
-            return tomllib.loads(text)
+            return tomlsafe.loads(text)
         if path.endswith(".json"):
             return json.loads(text)
         try:
             return json.loads(text)
         except ValueError:
-            return tomllib.loads(text)
+            return tomlsafe.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         _fail(f"{path} is not valid TOML or JSON: {exc}")
 

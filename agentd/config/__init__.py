@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentd import tomlsafe
 from agentd.cluster.config import ClusterSettings, cluster_settings
 from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_table, default_model_table, expect,
                                  memory_table, metrics_table, remote_agents, schedules_table, set_int,
@@ -199,7 +200,7 @@ def load_config(home: Path | None = None) -> Config:
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomlsafe.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"cannot parse {path}: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Callable
 
+from agentd import tomlsafe
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 
@@ -22,7 +23,7 @@ def read_specs(path: Path) -> list[McpServerSpec]:
     if not path.exists():
         return []
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomlsafe.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     return parse_mcp_servers(data)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any
 
+from agentd import tomlsafe
 from agentd.schema_fields import finite_float, is_blank
 from agentd.errors import BadRequest
 from agentd.triggers import patterns
@@ -28,7 +29,7 @@ CAPS = ("max_runs_per_day", "max_cost_usd_per_day", "rate_limit_per_minute")
 def schedule_table(manifest_toml: str) -> Any:
     """The raw `schedule` value of a manifest (None when absent or unreadable)."""
     try:
-        return tomllib.loads(manifest_toml).get("schedule")
+        return tomlsafe.loads(manifest_toml).get("schedule")
     except (tomllib.TOMLDecodeError, TypeError):
         return None
 

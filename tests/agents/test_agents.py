@@ -82,6 +82,25 @@ def test_bad_manifests(agent_daemon, toml_text: str, status: int, fragment: str)
     assert r.json()["error"].startswith("invalid manifest format")
 
 
+@pytest.mark.parametrize("nesting, at_limit", [
+    ("x = " + "[" * 500 + "]" * 500, "x = " + "[" * 63 + "]" * 63),
+    ("x = " + "{a = " * 400 + "1" + "}" * 400, "x = " + "{a = " * 63 + "1" + "}" * 63),
+    (".".join(["a"] * 65) + " = 1", ".".join(["a"] * 64) + " = 1"),  # the document is the first level
+])
+def test_a_manifest_nested_too_deeply_is_a_400(agent_daemon, nesting: str, at_limit: str) -> None:
+    d = agent_daemon
+    agent_id = spawn(d)
+    error = "invalid manifest format: TOML syntax error: nested too deeply (more than 64 levels)"
+    r = d.post("/api/agents", json={"manifest_toml": manifest("deep", nesting)})
+    assert (r.status_code, r.json()) == (400, {"error": error}), r.text[:300]
+    r = d.put(f"/api/agents/{agent_id}/manifest", json={"manifest_toml": manifest("deep", nesting)})
+    assert (r.status_code, r.json()) == (400, {"error": error}), r.text[:300]
+    assert d.get(f"/api/agents/{agent_id}").json()["name"] != "deep", "the agent is unchanged"
+    r = d.post("/api/agents", json={"manifest_toml": manifest("deep", at_limit)})
+    assert r.status_code == 201, r.text[:300]
+    assert d.delete(f"/api/agents/{r.json()['agent_id']}").status_code == 200
+
+
 def test_manifest_over_one_megabyte_is_413(agent_daemon) -> None:
     big = 'name = "big"\ndescription = "' + "x" * (1024 * 1024) + '"\n'
     r = agent_daemon.post("/api/agents", json={"manifest_toml": big})

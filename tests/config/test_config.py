@@ -145,6 +145,10 @@ def test_unparsable_toml_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path)
     assert err.value.message == f"cannot parse {tmp_path / 'config.toml'}: Invalid value (at line 2, column 14)"
+    write(tmp_path, 'log_level = "info"\nx = ' + "[" * 500 + "]" * 500 + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message == f"cannot parse {tmp_path / 'config.toml'}: nested too deeply (more than 64 levels)"
 
 
 def test_an_unreadable_file_is_named(tmp_path: Path) -> None:

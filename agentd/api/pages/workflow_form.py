@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from werkzeug.datastructures import MultiDict
 
-from agentd import jsonsafe
+from agentd import jsonsafe, tomlsafe
 from agentd.errors import BadRequest
 
 # Form fields of a step, in the order a fieldset shows them.
@@ -106,8 +106,6 @@ def parse_text(text: str) -> Any:
         except ValueError as exc:
             raise BadRequest(f"the definition is not valid JSON: {exc}") from None
     try:
-        return tomllib.loads(text)
+        return tomlsafe.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadRequest(f"the definition is not valid TOML: {exc}") from None
-    except RecursionError:  # tomllib recurses once per nested array or table
-        raise BadRequest("the definition is not valid TOML: nested too deeply") from None

@@ -147,6 +147,8 @@ def test_workflow_from_toml_text_and_a_text_error(web: Browser) -> None:
     toml_text = f'name = "from-toml"\n\n[[steps]]\nname = "only"\nagent_name = "{agent}"\nprompt = "hi {{{{input}}}}"\n'
     # A text that does not parse comes back as typed: the name, the text, the box ticked.
     for broken, error in (('name = "wfF"\n[[steps]\nname="x"', "the definition is not valid TOML: "),
+                          ('name = "wfF"\nx = ' + "[" * 500 + "]" * 500,
+                           "the definition is not valid TOML: nested too deeply (more than 64 levels)"),
                           ('{"name": "wfF", "steps": [', "the definition is not valid JSON: ")):
         r = web.post("/workflows/new", {"name": "wfF", "description": "kept", "use_definition": "1",
                                         "definition": broken, **step_fields(0, "typed-step", agent, "typed prompt")})
