@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pynacl loads on first use: most daemons never verify a signature
     from nacl.signing import SigningKey
 
+from agentd import jsonsafe
 from agentd.errors import Forbidden
 
 
@@ -47,9 +48,9 @@ def verify_envelope(envelope_text: str, manifest_toml: str | None) -> str:
 
     When `manifest_toml` is given it must match the signed manifest (trimmed).
     """
-    try:
-        envelope = json.loads(envelope_text)
-    except (TypeError, json.JSONDecodeError):
+    try:  # (anything but a text is no JSON text: "" fails as one)
+        envelope = jsonsafe.loads(envelope_text if isinstance(envelope_text, str) else "")
+    except ValueError:
         raise SignatureError("signed_manifest is not valid JSON") from None
     if not isinstance(envelope, dict) or not isinstance(envelope.get("manifest"), str):
         raise SignatureError("envelope has no manifest text")

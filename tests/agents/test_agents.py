@@ -144,8 +144,10 @@ def test_signed_manifest(agent_daemon) -> None:
     other = sign_manifest(manifest("signed-four"), key)
     r = agent_daemon.post("/api/agents", json={"manifest_toml": manifest("signed-five"), "signed_manifest": other})
     assert r.status_code == 403 and "does not match" in r.json()["error"]
-    r = agent_daemon.post("/api/agents", json={"signed_manifest": "{nope"})
-    assert r.status_code == 403
+    for garbage in ("{nope", "[" * 5000 + "]" * 5000, '{"a": ' * 3000, '{"manifest": "\\ud800"}'):
+        r = agent_daemon.post("/api/agents", json={"manifest_toml": manifest("signed-six"), "signed_manifest": garbage})
+        assert (r.status_code, r.json()) == (
+            403, {"error": "manifest signature verification failed: signed_manifest is not valid JSON"}), garbage[:20]
     # Over 1 MB inside a signed envelope: 413, as for manifest_toml.
     big = manifest("signed-big") + "#" + "x" * (1024 * 1024) + "\n"
     r = agent_daemon.post("/api/agents", json={"signed_manifest": sign_manifest(big, key, "tester")})
