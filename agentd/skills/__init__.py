@@ -70,6 +70,8 @@ def parse_skill_md(text: str) -> tuple[dict[str, Any], str, list[str]]:
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return {}, text, [f"SKILL.md front matter is not valid YAML: {first}"]
+    except RecursionError:  # PyYAML's composer recurses once per nested collection
+        return {}, text, ["SKILL.md front matter is nested too deeply"]
     if not isinstance(meta, dict):
         return {}, text, ["SKILL.md front matter must be a mapping (name: ..., description: ...)"]
     errors = []
@@ -298,7 +300,11 @@ class Skills:
         return staging
 
     def _commit(self, staging: Path) -> dict[str, Any]:
-        meta, _, errors = parse_skill_md((staging / SKILL_FILE).read_text(encoding="utf-8", errors="replace"))
+        try:
+            text = (staging / SKILL_FILE).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest(f"invalid skill: {SKILL_FILE} is not UTF-8 text") from None
+        meta, _, errors = parse_skill_md(text)
         if errors:
             raise BadRequest("invalid skill: " + "; ".join(errors))
         name = meta["name"]

@@ -176,6 +176,18 @@ def test_zip_upload_and_zip_slip(d: Daemon) -> None:
     assert not [p for p in (d.home / "skills").iterdir() if p.name.startswith(".")], "staging left behind"
 
 
+def test_a_zip_with_an_unusable_skill_md_installs_nothing(d: Daemon) -> None:
+    deep = "---\nname: deep\ndescription: d\nx: " + "[" * 5000 + "]" * 5000 + "\n---\n"
+    for name, text, error in [
+        ("deep", deep, "invalid skill: SKILL.md front matter is nested too deeply"),
+        ("latin", b"---\nname: latin\ndescription: \xff\xfe\n---\n", "invalid skill: SKILL.md is not UTF-8 text"),
+    ]:
+        r = d.post("/api/skills/install", files={"file": (f"{name}.zip", zip_of({"SKILL.md": text}), "application/zip")})
+        assert (r.status_code, r.json()) == (400, {"error": error}), r.text
+        assert name not in listing(d) and not (d.home / "skills" / name).exists()
+    assert not [p for p in (d.home / "skills").iterdir() if p.name.startswith(".")], "staging left behind"
+
+
 def test_install_from_url_only_from_allowed_hosts(d: Daemon, archive_server) -> None:
     _Archive.payload = zip_of({"SKILL.md": SKILL_MD.format(name="fetched", description="From a URL", secret="u")})
     port = archive_server.server_address[1]
@@ -188,9 +200,17 @@ def test_install_from_url_only_from_allowed_hosts(d: Daemon, archive_server) -> 
 
 def test_reload_picks_up_folders_added_on_disk(d: Daemon) -> None:
     write_skill(d.home / "skills", "dropped-in", "Copied by hand")
+    deep = d.home / "skills" / "deep-by-hand"
+    deep.mkdir()
+    (deep / "SKILL.md").write_text("---\nname: deep-by-hand\ndescription: d\nx: " + "[" * 5000 + "]" * 5000 + "\n---\n")
     assert "dropped-in" not in listing(d)
     r = d.post("/api/skills/reload")
-    assert r.status_code == 200 and "dropped-in" in {s["name"] for s in r.json()}
+    assert r.status_code == 200, r.text
+    skills = {s["name"]: s for s in r.json()}
+    assert skills["dropped-in"]["valid"] is True
+    assert (skills["deep-by-hand"]["valid"], skills["deep-by-hand"]["errors"]) == (
+        False, ["SKILL.md front matter is nested too deeply"])
+    assert d.delete("/api/skills/deep-by-hand").status_code == 200
 
 
 def test_a_folder_naming_another_skill_never_stands_in_for_it(d: Daemon) -> None:
