@@ -13,7 +13,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from agentd import jsonsafe
 from agentd.a2a import card as cards
-from agentd.a2a.wire import PARSE_ERROR, RpcError, error_response
+from agentd.a2a.wire import INVALID_REQUEST, PARSE_ERROR, RpcError, error_response
 from agentd.api import body
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
@@ -21,7 +21,7 @@ from agentd.api.principal import ADMIN, Principal, current, principal
 from agentd.api.runs import acquire_stream_slot, client_disconnected, stream_slots
 from agentd.api.sse import comment, format_event, sse_response
 from agentd.api.routes_system import kernel
-from agentd.errors import AgentdError, NotFound
+from agentd.errors import AgentdError, NotFound, PayloadTooLarge
 
 bp = Blueprint("a2a", __name__)
 
@@ -109,9 +109,9 @@ def agent_card_legacy(name: str):
 RPC_TEXT = ("A2A over JSON-RPC 2.0: `message/send` (`SendMessage`), `message/stream` "
             "(`SendStreamingMessage`), `tasks/get` (`GetTask`), `tasks/cancel` (`CancelTask`). "
             "Every answer is HTTP 200 with a `result` or an `error` (-32700 not JSON, -32600 not a "
-            "request, -32601 unknown method, -32602 bad params, -32001 task not found, -32002 not "
-            "cancelable, -32003 push notifications, -32004 not offered, -32005 file parts, -32603 the "
-            "run could not start), except `message/stream`, answered as Server-Sent Events whose "
+            "request or a body over 256 KB, -32601 unknown method, -32602 bad params, -32001 task not "
+            "found, -32002 not cancelable, -32003 push notifications, -32004 not offered, -32005 file "
+            "parts, -32603 the run could not start), except `message/stream`, answered as Server-Sent Events whose "
             "`data` are JSON-RPC responses. The body is read as JSON whatever its Content-Type.")
 RPC_DOC = dict(tags="a2a", description=RPC_TEXT, body=out.JSONRPC_REQUEST, checks_media=False,
                response=out.JSONRPC_RESPONSE, sse_alt=out.JSONRPC_EVENT,
@@ -135,7 +135,12 @@ def agent_rpc(name: str):
 def _rpc(agent: str | None) -> Response:
     k = kernel()
     service = k.a2a
-    data = body.raw_body(RPC_BODY_LIMIT)
+    try:
+        data = body.raw_body(RPC_BODY_LIMIT)
+    except PayloadTooLarge:
+        # A JSON-RPC error like every other refusal here (A2A's reference server answers so too).
+        return jsonify(error_response(None, INVALID_REQUEST,
+                                      f"Invalid Request: body too large (max {RPC_BODY_LIMIT // 1024} KB)"))
     try:
         payload = jsonsafe.loads(data)  # (nesting past its depth limit is a parse error too)
     except (ValueError, UnicodeDecodeError):

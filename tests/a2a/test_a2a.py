@@ -340,6 +340,22 @@ def test_parse_error(pair) -> None:
     assert deep.status_code == 200 and deep.json()["error"]["code"] == -32700
 
 
+def test_a_body_over_256_kb_is_a_json_rpc_error(pair) -> None:
+    a, _ = pair
+    request = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "no/such"}).encode()
+    at_limit = request[:-1] + b" " * (256 * 1024 - len(request)) + b"}"
+    for path in ("/a2a", "/a2a/agents/helper"):
+        r = a.post(path, data=at_limit, headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json()["id"], r.json()["error"]["code"]) == (200, 7, -32601), r.text
+        r = a.post(path, data=at_limit + b" " * (1 if path == "/a2a" else 4 * 1024 * 1024),
+                   headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json()) == (200, {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": "Invalid Request: body too large (max 256 KB)"}}), r.text
+    # As A2A's reference server does, the body is read as JSON whatever its Content-Type says.
+    r = a.post("/a2a", data=request, headers={"Content-Type": "text/plain"})
+    assert (r.status_code, r.json()["id"], r.json()["error"]["code"]) == (200, 7, -32601), r.text
+
+
 def test_a_finished_task_cannot_be_canceled(pair) -> None:
     a, _ = pair
     task = rpc(a, "message/send", {"message": user("done soon")}, path="/a2a/agents/helper")["result"]
