@@ -450,7 +450,8 @@ def test_validate_takes_a_schemas_fast_load_when_it_answers() -> None:
 # -- what JSON cannot hold (agentd/jsonsafe.py) ------------------------------------------
 
 @pytest.mark.parametrize("text", [b"NaN", b"-Infinity", b"Infinity", b"[1, NaN]", b"1e309", b"-1e309",
-                                  b'{"a": {"b": 1e400}}', b"9" + b"0" * 308, b"-1" + b"0" * 400, b"[1" + b"0" * 400 + b"]"])
+                                  b'{"a": {"b": 1e400}}', b"9" + b"0" * 308, b"-1" + b"0" * 400,
+                                  b"[1" + b"0" * 400 + b"]"])
 def test_non_finite_numbers_are_refused(text: bytes) -> None:
     with pytest.raises(jsonsafe.JsonNotPortable, match="^numbers must be finite"):
         jsonsafe.loads(text)

@@ -182,7 +182,8 @@ def test_a_zip_with_an_unusable_skill_md_installs_nothing(d: Daemon) -> None:
         ("deep", deep, "invalid skill: SKILL.md front matter is nested too deeply"),
         ("latin", b"---\nname: latin\ndescription: \xff\xfe\n---\n", "invalid skill: SKILL.md is not UTF-8 text"),
     ]:
-        r = d.post("/api/skills/install", files={"file": (f"{name}.zip", zip_of({"SKILL.md": text}), "application/zip")})
+        archive = zip_of({"SKILL.md": text})
+        r = d.post("/api/skills/install", files={"file": (f"{name}.zip", archive, "application/zip")})
         assert (r.status_code, r.json()) == (400, {"error": error}), r.text
         assert name not in listing(d) and not (d.home / "skills" / name).exists()
     assert not [p for p in (d.home / "skills").iterdir() if p.name.startswith(".")], "staging left behind"
