@@ -131,6 +131,27 @@ def test_whatsapp_markup():
         "*b* _i_ ~s~ `c` x (https://a.test)\n\n```x```")
 
 
+TABLE = "| h1 | h2 |\n|---|---|\n| [cell](https://cell.example/z) | **b** |\n| `x\\|y` | <https://a.test> |"
+
+# A link or a style in a table's cell, as each format writes it in any other text.
+TABLE_ROWS = {
+    "slack": "*h1* | *h2*\n<https://cell.example/z|cell> | *b*\n`x|y` | <https://a.test>",
+    "telegram_html": '<b>h1</b> | <b>h2</b>\n<a href="https://cell.example/z">cell</a> | <b>b</b>\n'
+                     '<code>x|y</code> | <a href="https://a.test">https://a.test</a>',
+    "html": '<strong>h1</strong> | <strong>h2</strong><br><a href="https://cell.example/z">cell</a> | '
+            '<strong>b</strong><br><code>x|y</code> | <a href="https://a.test">https://a.test</a>',
+    "discord": "**h1** | **h2**\n[cell](<https://cell.example/z>) | **b**\n`x|y` | <https://a.test>",
+    "markdown": "**h1** | **h2**\n[cell](https://cell.example/z) | **b**\n`x|y` | <https://a.test>",
+    "whatsapp": "*h1* | *h2*\ncell (https://cell.example/z) | *b*\n`x|y` | https://a.test",
+    "plain": "h1 | h2\ncell (https://cell.example/z) | b\nx|y | https://a.test",
+}
+
+
+@pytest.mark.parametrize("target", TABLE_ROWS)
+def test_a_table_is_a_line_a_row_whose_cells_keep_links_and_marks(target):
+    assert only(TABLE, target) == TABLE_ROWS[target]
+
+
 @pytest.mark.parametrize("source", [
     TRICKY,
     "- top\n  - child\n    1. one\n    2. two\n       - grand\n\n       more\n\n       ```sh\n       ls\n       ```\n- back",

@@ -96,8 +96,8 @@ def parse(text: str) -> list[Block]:
         elif kind == "hr":
             blocks.append(_block("rule", lists, quote))
         elif kind == "table_open":
-            end, table = _table(tokens, i)
-            blocks.append(_block("code", lists, quote, code=table))
+            end, rows = _table(tokens, i)
+            blocks.append(_block("para", lists, quote, spans=rows))
             i = end
         elif kind == "html_block":  # only with html on; kept as text all the same
             blocks.append(_block("para", lists, quote, spans=[Span(tok.content.rstrip("\n"))]))
@@ -156,22 +156,29 @@ def merged(spans: list[Span]) -> list[Span]:
     return out
 
 
-def _table(tokens: list[Any], start: int) -> tuple[int, str]:
-    """A table as aligned monospace rows (no chat platform draws Markdown tables)."""
-    rows: list[list[str]] = []
+def _table(tokens: list[Any], start: int) -> tuple[int, list[Span]]:
+    """A table as lines of text, one a row, its cells apart by " | " and the header's in
+    bold: no chat platform draws Markdown tables, and a cell keeps its links and marks as
+    any other text does."""
+    spans: list[Span] = []
+    header, first = False, True
     i = start
     while tokens[i].type != "table_close":
         tok = tokens[i]
-        if tok.type == "tr_open":
-            rows.append([])
+        if tok.type in ("thead_open", "thead_close"):
+            header = tok.type == "thead_open"
+        elif tok.type == "tr_open":
+            if spans:
+                spans.append(Span("\n", brk=True))
+            first = True
         elif tok.type == "inline":
-            rows[-1].append("".join(span.text for span in inline_spans(tok.children or [])))
+            if not first:
+                spans.append(Span(" | "))
+            first = False
+            spans += [Span(s.text, s.marks | {STRONG}, s.href, s.brk) if header else s
+                      for s in inline_spans(tok.children or [])]
         i += 1
-    widths = [max(len(row[c]) if c < len(row) else 0 for row in rows) for c in range(max(map(len, rows)))]
-    lines = [" | ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)).rstrip() for row in rows]
-    if len(lines) > 1:
-        lines.insert(1, "-+-".join("-" * w for w in widths))
-    return i, "\n".join(lines)
+    return i, merged(spans)
 
 
 def plain_text(spans: list[Span]) -> str:
