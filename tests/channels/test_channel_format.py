@@ -59,6 +59,14 @@ if a &lt; b:
 ```"""
 
 
+def test_slack_shows_escaped_markers_as_written_and_table_links(daemon, slack):  # noqa: F811
+    reply_of("slack", slack, daemon, "price \\*not bold\\* and 2 * 3 or **foo**bar\n\n"
+                                     "| h1 | h2 |\n|---|---|\n| [cell](https://cell.example/z) | **b** |")
+    assert slack.sent[-1]["text"] == (
+        "echo: price \u2060*\u2060not bold\u2060*\u2060 and 2 * 3 or *foo*\u200bbar\n\n"
+        "*h1* | *h2*\n<https://cell.example/z|cell> | *b*")
+
+
 def test_telegram_gets_html_the_bot_api_parses(daemon, telegram):  # noqa: F811
     chat = reply_of("telegram", telegram, daemon, TRICKY)
     sent = telegram.sent[-1]

@@ -152,6 +152,21 @@ def test_a_table_is_a_line_a_row_whose_cells_keep_links_and_marks(target):
     assert only(TABLE, target) == TABLE_ROWS[target]
 
 
+def test_slack_and_whatsapp_show_literal_markers_as_written():
+    # Neither has an escape: a marker the text pairs up gets a word joiner on both sides,
+    # one that could not pair stays as it is, and a style against a letter gets a
+    # zero-width space at its edge.
+    wj, zwsp = "\u2060", "\u200b"
+    for target in ("slack", "whatsapp"):
+        assert only(r"price \*not bold\* and \_not it\_ or \~not struck\~", target) == (
+            f"price {wj}*{wj}not bold{wj}*{wj} and {wj}_{wj}not it{wj}_{wj} or {wj}~{wj}not struck{wj}~{wj}")
+        assert only("2 * 3 = 6, snake_case_name, ~/bin and Foo_(bar)", target) == (
+            "2 * 3 = 6, snake_case_name, ~/bin and Foo_(bar)")
+        assert only(r"**5\* off** today", target) == f"*5{wj}*{wj} off* today"
+        assert only("**foo**bar and foo**bar**", target) == f"*foo*{zwsp}bar and foo{zwsp}*bar*"
+        assert only("`*code*` and **a** *b*", target) == "`*code*` and *a* _b_"
+
+
 @pytest.mark.parametrize("source", [
     TRICKY,
     "- top\n  - child\n    1. one\n    2. two\n       - grand\n\n       more\n\n       ```sh\n       ls\n       ```\n- back",

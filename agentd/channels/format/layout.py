@@ -7,6 +7,11 @@ from itertools import groupby
 
 from agentd.channels.format.document import CODE, EM, STRIKE, STRONG, Block, Span
 
+# Invisible: a zero-width space parts a marker from a letter (a word's edge to platforms
+# whose markers count only there); a word joiner on both sides of a literal marker keeps
+# it off a word's edge, whether the platform reads the joiner as a letter or as a space.
+ZWSP, WJ = "\u200b", "\u2060"
+
 
 class LineTarget:
     """Renders blocks one after another; subclasses write the inline parts."""
@@ -16,6 +21,8 @@ class LineTarget:
     quote_prefix = "> "
     # The marks in the order they nest, outermost first, with their opening/closing text.
     wraps: dict[str, tuple[str, str]] = {}
+    # Markers that count only at a word's edge (Slack, WhatsApp), which have no escape.
+    word_bound = False
 
     def render(self, blocks: list[Block]) -> str:
         out: list[str] = []
@@ -77,7 +84,7 @@ class LineTarget:
             items = list(group)
             text = self.marked(items, (STRONG, EM, STRIKE))
             out.append(self.link(text, "".join(s.text for s in items), href) if href else text)
-        return "".join(out)
+        return self.joined(out)
 
     def marked(self, spans: list[Span], marks: tuple[str, ...]) -> str:
         if not marks:
@@ -87,7 +94,40 @@ class LineTarget:
         for has, group in groupby(spans, key=lambda s: mark in s.marks and not s.brk):
             text = self.marked(list(group), inner)
             out.append(self.wrap(mark, text) if has and mark in self.wraps else text)
-        return "".join(out)
+        return self.joined(out)
+
+    def joined(self, pieces: list[str]) -> str:
+        """`pieces` one after another; where markers count only at a word's edge, a marked
+        run against a letter (`**foo**bar`) gets a zero-width space there, or it would
+        show its markers instead of its style."""
+        if not self.word_bound:
+            return "".join(pieces)
+        markers = {before for before, _ in self.wraps.values()}
+        out = ""
+        for piece in pieces:
+            if out and piece and ((out[-1] in markers and piece[0].isalnum())
+                                  or (out[-1].isalnum() and piece[0] in markers)):
+                out += ZWSP
+            out += piece
+        return out
+
+    def literal(self, span: Span) -> str:
+        """A span's text where markers count only at a word's edge: a `*`, `_` or `~` that
+        could open or close a style and has a partner to pair with (in the text, or the
+        span's own style around it) is kept inert; `2 * 3` or `snake_case` stay as
+        written."""
+        text = span.text
+        for mark, (marker, _) in self.wraps.items():
+            spots = [at for at, char in enumerate(text) if char == marker]
+            opens = [at for at in spots if not text[at - 1:at].isalnum() and not text[at + 1:at + 2].isspace()]
+            closes = [at for at in spots if not text[at - 1:at].isspace() and not text[at + 1:at + 2].isalnum()]
+            # A styled span's own markers open before its text and close after it.
+            styled = mark in span.marks
+            first = -1 if styled else min(opens, default=len(text))
+            last = len(text) if styled else max(closes, default=-1)
+            inert = {at for at in opens if at < last} | {at for at in closes if at > first}
+            text = "".join(WJ + char + WJ if at in inert else char for at, char in enumerate(text))
+        return text
 
     def wrap(self, mark: str, text: str) -> str:
         # Markers go inside the spaces around a run: "*bold* " not "*bold *", which
@@ -102,7 +142,9 @@ class LineTarget:
     def leaf(self, span: Span) -> str:
         if span.brk:
             return self.line_break()
-        return self.inline_code(span.text) if CODE in span.marks else self.escape(span.text)
+        if CODE in span.marks:
+            return self.inline_code(span.text)
+        return self.escape(self.literal(span) if self.word_bound else span.text)
 
     def line_break(self) -> str:
         return "\n"

@@ -12,6 +12,7 @@ from agentd.channels.format.layout import LineTarget
 class Slack(LineTarget):
     name = "slack"
     wraps = {STRONG: ("*", "*"), EM: ("_", "_"), STRIKE: ("~", "~")}
+    word_bound = True
 
     def escape(self, text: str) -> str:
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -10,6 +10,7 @@ from agentd.channels.format.plain import Plain
 class WhatsApp(Plain):
     name = "whatsapp"
     wraps = {STRONG: ("*", "*"), EM: ("_", "_"), STRIKE: ("~", "~")}
+    word_bound = True
 
     def inline_code(self, text: str) -> str:
         return f"`{text}`"
