@@ -100,6 +100,8 @@ class Case:
     stop: Callable[[Any], None] = _stop              # ends the fake
     ready: Callable[[Any], Any] | None = None        # (fake) waits until what users say now is read
     exempt: dict[str, str] = field(default_factory=dict)  # check -> why it does not apply
+    # (fake, user, text) -> the group chat of a message there that does not mention the bot
+    group_say: Callable[[Any, str, str], Any] | None = None
 
 
 def serve(daemon, case: Case) -> Iterator[Any]:
@@ -175,6 +177,46 @@ def overrides(daemon, case: Case, fake, fake_llm) -> None:
     wait_for(lambda: len(case.replies(fake, chat)) == 2, what=f"{case.name} refusal")
     assert case.replies(fake, chat)[-1] == SLOW_DOWN
     assert not [r for r in list(fake_llm.requests) if second in str(r.get("json"))]
+
+
+MULTILINE = "please fix:\n```py\ndef f(x):\n    return x\n```\n- a\n- b"
+
+
+def multiline(daemon, case: Case, fake, fake_llm) -> None:
+    """A message of several lines (code, a list) reaches the model with its newlines and indentation."""
+    setup(daemon, case, fake)
+    text = MULTILINE.replace("fix", f"fix on {case.name}")
+    chat = case.say(fake, case.user, text)
+    wait_for(lambda: case.replies(fake, chat), what=f"{case.name} reply")
+    sent = [r["json"] for r in list(fake_llm.requests) if f"fix on {case.name}" in str(r.get("json"))][-1]
+    assert [m["content"] for m in sent["messages"] if m["role"] == "user"][-1] == text
+
+
+def group_policies(daemon, case: Case, fake, fake_llm) -> None:
+    """A group message that does not mention the bot: unanswered and not refused by default,
+    answered under `respond` (a session per sender) and `shared` (one for the group), refused
+    under `mention-only`."""
+    setup(daemon, case, fake)
+    refused = len(audit(daemon, "channel.refused", case.name))
+    chat = case.group_say(fake, case.user, f"chatter on {case.name}")
+    direct = case.say(fake, case.user, f"direct on {case.name}")
+    wait_for(lambda: case.replies(fake, direct), what=f"{case.name} direct reply")
+    time.sleep(1.0)
+    assert case.replies(fake, chat) == [] and not [r for r in list(fake_llm.requests)
+                                                   if f"chatter on {case.name}" in str(r.get("json"))]
+    assert len(audit(daemon, "channel.refused", case.name)) == refused
+    for policy, answered in (("respond", 1), ("shared", 2)):
+        setup(daemon, case, fake, overrides={"group_policy": policy})
+        text = f"unmentioned under {policy} on {case.name}"
+        chat = case.group_say(fake, case.user, text)
+        wait_for(lambda: len(case.replies(fake, chat)) == answered, what=f"{case.name} {policy} reply")
+        assert case.replies(fake, chat)[-1] == f"echo: {text}"
+        key = audit(daemon, "channel.inbound", case.name)[0]["detail"]["conversation"]
+        assert key.startswith(f"{case.name}:chat:") and (":user:" in key) == (policy == "respond"), key
+    setup(daemon, case, fake, overrides={"group_policy": "mention-only"})
+    case.group_say(fake, case.user, "unmentioned under mention-only")
+    wait_for(lambda: [e for e in audit(daemon, "channel.refused", case.name) if e["detail"]["reason"]
+                      == "group_policy is mention-only and the bot was not mentioned"], what="refusal")
 
 
 def reconnect_and_stop(daemon, case: Case, fake, down_for: float = 1.0) -> None:
@@ -290,7 +332,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
          config=lambda fake: {"api_url": fake.url + "/api/v10", "bot_token_env": "DISCORD_BOT_TOKEN"},
          say=lambda fake, user, text: fake.user_says(user, text),
          replies=lambda fake, chat: fake.replies(chat),
-         other_id="id-mallory",
+         other_id="id-mallory", group_say=lambda fake, user, text: fake.user_says(user, text, channel="C1"),
          start=lambda: FakeDiscord(ENV["DISCORD_BOT_TOKEN"], heartbeat_ms=400).start()),
     Case("discourse",
          config=lambda fake: {"base_url": fake.url, "api_key_env": "DISCOURSE_API_KEY",
@@ -354,6 +396,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
                               "poll_interval_secs": 0.2},
          say=lambda fake, user, text: fake.user_says(user, text),
          replies=lambda fake, chat: fake.replies(chat),
+         group_say=lambda fake, user, text: fake.user_says(user, text, room="GENERALROOM"),
          start=lambda: FakeRocketChat(ENV["ROCKETCHAT_TOKEN"]).start()),
     Case("signal",
          config=lambda fake: {"api_url": fake.url, "phone_number": SIGNAL_BOT, "poll_interval_secs": 0.1},
@@ -367,6 +410,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
          say=lambda fake, user, text: fake.user_says(user, text),
          replies=lambda fake, chat: fake.replies(chat),
          user="U1ANN", other="U1MALLORY",
+         group_say=lambda fake, user, text: fake.user_says(user, text, channel="C0GROUP"),
          start=lambda: FakeSlack(ENV["SLACK_APP_TOKEN"], ENV["SLACK_BOT_TOKEN"], ENV["SLACK_SIGNING_SECRET"]).start()),
     Case("telegram",
          config=lambda fake: {"bot_token_env": "TELEGRAM_BOT_TOKEN", "api_url": fake.url, "long_poll_secs": 1},
@@ -395,5 +439,6 @@ CASES: dict[str, Case] = {case.name: case for case in (
          say=lambda fake, user, text: fake.user_says(user, text),
          replies=lambda fake, chat: fake.replies(chat),
          user="ann@zulip.test", other="mallory", other_id="mallory@zulip.test",
+         group_say=lambda fake, user, text: fake.user_says(user, text, stream="general", topic="team"),
          start=lambda: FakeZulip(ENV["ZULIP_API_KEY"]).start()),
 )}

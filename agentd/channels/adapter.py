@@ -64,6 +64,10 @@ class Inbound:
     edited: bool = False
     # The bot was mentioned or replied to (adapters of conversation.MENTION_ADAPTERS say so).
     mentioned: bool = False
+    # A group message the adapter's own rule answers when `group_policy` is unset (it mentions
+    # or replies to the bot, or is in a thread the bot follows); other group messages are
+    # delivered too, and answered only under `respond` / `shared`.
+    addressed: bool = True
     # An agent the adapter routes this message to (telegram `thread_routes`), by name.
     agent: str = ""
     # Files and images sent with the message (agentd/channels/attachments.py fetches them).

@@ -10,6 +10,7 @@ session (nor, through the sender as memory owner, each other's recalled fragment
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Adapters that tell whether the bot was mentioned or replied to (`Inbound.mentioned`):
@@ -18,9 +19,19 @@ MENTION_ADAPTERS = frozenset({
     "slack", "discord", "telegram", "matrix", "mattermost", "zulip", "irc", "xmpp", "teams",
     "rocketchat", "nextcloud", "revolt", "pumble",
 })
+# Adapters whose platform hands the bot only the group messages that address it (mentions and
+# replies, a robot's @-callbacks): `group_policy` respond / shared could answer nothing more, so
+# they are refused there.
+ADDRESSED_ONLY = frozenset({"mastodon", "bluesky", "nostr", "webex", "google_chat", "dingtalk"})
 # Adapters that can answer either in a thread under the message or in the channel itself:
 # only these accept the `threading` override.
 THREAD_ADAPTERS = frozenset({"slack", "discord", "matrix", "mattermost", "rocketchat", "telegram"})
+
+
+def without_mention(text: str, mention: str) -> str:
+    """`text` without the bot's mention (`mention`, a pattern, case ignored) and the blanks after
+    it; its lines and indentation stay, so pasted code and lists reach the agent as written."""
+    return re.sub(rf"(?:{mention})[ \t]*", "", text, flags=re.IGNORECASE).strip()
 
 
 def key_of(channel: str, chat_id: str, user_id: str, direct: bool, thread_id: str = "",

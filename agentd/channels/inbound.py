@@ -68,6 +68,8 @@ class InboundRouter:
         """Called by adapter readers: allow-list check, then queue (never blocks)."""
         settings = self.sections.get(name, {})
         chosen = self.overrides(name)
+        if not msg.conversation.direct and not msg.addressed and not chosen.get("group_policy"):
+            return  # group chatter not addressed to the bot: not answered, nor refused
         msg.conversation.shared = not msg.conversation.direct and chosen.get("group_policy") == "shared"
         adapter = self.running.get(name)
         if adapter is not None and approval_command(msg.text) and (

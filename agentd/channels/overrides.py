@@ -16,7 +16,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from agentd.channels import lifecycle
-from agentd.channels.conversation import MENTION_ADAPTERS, THREAD_ADAPTERS
+from agentd.channels.conversation import ADDRESSED_ONLY, MENTION_ADAPTERS, THREAD_ADAPTERS
 from agentd.channels.format import ALIASES, OUTPUT_FORMATS
 from agentd.errors import BadRequest
 from agentd.money import format_usd
@@ -24,6 +24,8 @@ from agentd.money import format_usd
 POLICIES = ("respond", "mention-only", "ignore")
 # `shared`: the group answers like `respond`, with one session for all its senders.
 GROUP_POLICIES = ("respond", "mention-only", "shared", "ignore")
+# The group policies that answer group messages not addressed to the bot.
+UNADDRESSED = ("respond", "shared")
 FOOTERS = ("off", "tokens", "cost", "full")
 # Override keys agentd has no behaviour for: refused rather than saved and ignored.
 NOT_IMPLEMENTED: tuple[str, ...] = ()
@@ -55,6 +57,10 @@ def check(value: Any, channel: str = "") -> dict[str, Any]:
             if item == "mention-only" and channel and channel not in MENTION_ADAPTERS:
                 raise BadRequest(f"{name}: mention-only is not supported by the {channel} adapter "
                                  "(it cannot tell whether the bot was mentioned); use respond or ignore")
+            if key == "group_policy" and item in UNADDRESSED and channel in ADDRESSED_ONLY:
+                raise BadRequest(f"{name}: {item} is not supported by the {channel} adapter (the platform "
+                                 "hands the bot only the group messages that mention or reply to it); "
+                                 "leave it unset or use ignore")
             out[key] = item
         elif key == "threading":
             if not isinstance(item, bool):
@@ -97,7 +103,8 @@ def choices_for(channel: str) -> dict[str, tuple[str, ...] | str]:
     out: dict[str, tuple[str, ...] | str] = {
         "model": "text", "system_prompt": "text",
         "dm_policy": tuple(p for p in POLICIES if mention or p != "mention-only"),
-        "group_policy": tuple(p for p in GROUP_POLICIES if mention or p != "mention-only"),
+        "group_policy": tuple(p for p in GROUP_POLICIES if (mention or p != "mention-only")
+                              and (channel not in ADDRESSED_ONLY or p not in UNADDRESSED)),
         "rate_limit_per_user": "number"}
     if channel in THREAD_ADAPTERS:
         out["threading"] = ("true", "false")

@@ -61,6 +61,20 @@ def test_overrides(daemon, case, fake, fake_llm):
     contract.overrides(daemon, case, fake, fake_llm)
 
 
+@pytest.mark.parametrize("case", [pytest.param(case, id=name) for name, case in CASES.items() if case.group_say])
+def test_group_policies(daemon, case, fake, fake_llm):
+    contract.group_policies(daemon, case, fake, fake_llm)
+
+
+# The adapters that take the bot's mention out of the text.
+MULTILINE = ("zulip", "rocketchat", "nextcloud", "twist", "discourse", "reddit", "bluesky")
+
+
+@pytest.mark.parametrize("case", [pytest.param(CASES[name], id=name) for name in MULTILINE])
+def test_multiline_text_reaches_the_model_as_written(daemon, case, fake, fake_llm):
+    contract.multiline(daemon, case, fake, fake_llm)
+
+
 @pytest.mark.parametrize("case", adapters("reconnect_and_stop"))
 def test_reconnect_and_stop(daemon, case, fake):
     contract.reconnect_and_stop(daemon, case, fake)

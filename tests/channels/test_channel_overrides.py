@@ -120,6 +120,8 @@ def test_usage_footer_and_prefix_agent_name(channel_daemon, hook):
     ("webhook", {"overrides": {"usage_footer": "loud"}}, "overrides.usage_footer"),
     ("webhook", {"overrides": {"colour": "blue"}}, "overrides.colour"),
     ("email", {"overrides": {"group_policy": "mention-only"}}, "overrides.group_policy"),
+    ("mastodon", {"overrides": {"group_policy": "respond"}}, "overrides.group_policy"),
+    ("webex", {"overrides": {"group_policy": "shared"}}, "overrides.group_policy"),
     ("slack", {"overrides": {"dm_policy": "shared"}}, "overrides.dm_policy"),
     ("slack", {"overrides": {"threading": "yes"}}, "overrides.threading"),
     ("discord", {"auto_thread": "sometimes"}, "auto_thread"),

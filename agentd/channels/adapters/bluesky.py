@@ -15,11 +15,13 @@ embed images (and video through a separate video service), never other files."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 
 
 CDN = "https://cdn.bsky.app"
@@ -77,7 +79,7 @@ class BlueskyAdapter(PollingAdapter):
         author, record = note.get("author") or {}, note.get("record") or {}
         if author.get("did") == self.did or record.get("$type") != "app.bsky.feed.post":
             return
-        text = " ".join(w for w in str(record.get("text", "")).split() if w.lower() != f"@{self.handle}".lower())
+        text = without_mention(str(record.get("text", "")), rf"(?<!\S)@{re.escape(self.handle)}(?!\S)")
         parent = {"uri": note["uri"], "cid": note["cid"]}
         root = (record.get("reply") or {}).get("root") or parent
         conversation = Conversation(self.name, root["uri"], author["did"], meta={"root": root, "parent": parent})

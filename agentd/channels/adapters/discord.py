@@ -164,9 +164,10 @@ class DiscordAdapter(GatewayAdapter):
         mentioned = mentioned or str(((d.get("referenced_message") or {}).get("author") or {}).get("id")
                                      or "") == self.bot_id
         parent = self.threads.get(channel, "")
-        if guild:  # in a guild channel, answer only when addressed (or in a free-response channel or our thread)
-            if not (mentioned or parent or channel in (self.settings.get("free_response_channels") or [])):
-                return
+        # In a guild channel, addressed: a mention, a free-response channel or our thread.
+        addressed = not guild or mentioned or bool(parent) \
+            or channel in (self.settings.get("free_response_channels") or [])
+        if guild:
             text = re.sub(rf"<@!?{re.escape(self.bot_id)}>", "", text).strip()
         files = [Attachment(str(a.get("filename") or a.get("id") or "file"), str(a.get("content_type") or ""),
                             int(a.get("size") or 0), str(a.get("url") or ""))
@@ -185,8 +186,8 @@ class DiscordAdapter(GatewayAdapter):
         username = str(author.get("username") or "")
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=message_id,
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, attachments=files,
-                                 edited=edited))
+                                 chat_aliases=(guild,) if guild else (), mentioned=mentioned, addressed=addressed,
+                                 attachments=files, edited=edited))
 
     def file_hosts(self) -> set[str]:
         api = str(self.settings.get("api_url") or "")

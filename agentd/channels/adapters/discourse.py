@@ -21,6 +21,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 
 
 UPLOAD_MARKDOWN = re.compile(r"!?\[[^\]\n]*\]\(upload://[^)\s]+\)(?: \([^)\n]*\))?")
@@ -91,13 +92,13 @@ class DiscourseAdapter(PollingAdapter):
         text = UPLOAD_MARKDOWN.sub("", str(post.get("raw") or "")).strip()
         mention = f"@{self.username}".lower()
         in_category = bool(self.categories) and self._category(post) & self.categories
-        if mention not in text.lower() and not in_category:
-            return
-        text = " ".join(w for w in text.split() if w.lower() != mention)
+        addressed = mention in text.lower() or in_category
+        text = without_mention(text, rf"(?<!\S){re.escape(mention)}(?!\S)")
         conversation = Conversation(self.name, str(post["topic_id"]), username,
                                     meta={"post_number": post.get("post_number")})
         self.ctx.deliver(Inbound(conversation, sender_id=username, text=text, message_id=str(post["id"]),
-                                 sender_name=str(post.get("name") or username), attachments=self._files(post)))
+                                 sender_name=str(post.get("name") or username), attachments=self._files(post),
+                                 addressed=bool(addressed)))
 
     def _files(self, post: dict[str, Any]) -> list[Attachment]:
         parser = _Uploads()

@@ -176,15 +176,17 @@ class FeishuAdapter(WebhookAdapter):
         direct = message.get("chat_type") == "p2p"
         mentions = [m for m in message.get("mentions") or [] if isinstance(m, dict)]
         names = {n.lower() for n in self.settings.get("bot_names") or []}
-        if not isinstance(text, str) or not (text or files) or (not direct and not any(
-                not names or str(m.get("name") or "").lower() in names for m in mentions)):
-            return 200, {}  # groups: only messages addressed to the bot
+        if not isinstance(text, str) or not (text or files):
+            return 200, {}
+        # A group message is addressed when it mentions the bot (one of `bot_names`, when set).
+        mentioned = any(not names or str(m.get("name") or "").lower() in names for m in mentions)
         ids = sender.get("sender_id") or {}
         user = str(ids.get("open_id") or "")
         conversation = Conversation(self.name, str(message.get("chat_id") or user), user, direct=direct,
                                     meta={"message_id": str(message.get("message_id") or "")})
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=MENTION.sub("", text).strip(),
                                  message_id=conversation.meta["message_id"], attachments=files,
+                                 addressed=direct or mentioned,
                                  sender_aliases=tuple(str(ids[k]) for k in ("user_id", "union_id") if ids.get(k))))
         return 200, {}
 

@@ -63,21 +63,17 @@ class IrcAdapter(LineSocketAdapter):
         sender = prefix.split("!", 1)[0]
         if not sender or text.startswith("\x01"):  # CTCP (ACTION, VERSION...) is not a message
             return
-        mentioned = True  # channel messages reach the agent only when addressed "nick: ..."
         if target.lower() == self.current_nick.lower():
             conversation = Conversation(self.name, sender, sender, direct=True)
             mentioned = self.current_nick.lower() in text.lower()
-        else:
-            lowered = text.lower()
-            for mark in (":", ",", " "):
-                if lowered.startswith(self.current_nick.lower() + mark):
-                    text = text[len(self.current_nick) + 1:].strip()
-                    break
-            else:
-                return  # channel chatter not addressed to us
+        else:  # a channel message is addressed when it starts "nick: ..."
+            mentioned = any(text.lower().startswith(self.current_nick.lower() + mark) for mark in (":", ",", " "))
+            if mentioned:
+                text = text[len(self.current_nick) + 1:].strip()
             conversation = Conversation(self.name, target, sender, meta={"addressee": sender})
         self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text, sender_name=sender,
-                                 message_id=f"{target}:{sender}:{abs(hash(text)) % 10**8}", mentioned=mentioned))
+                                 message_id=f"{target}:{sender}:{abs(hash(text)) % 10**8}", mentioned=mentioned,
+                                 addressed=mentioned or conversation.direct))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if self.sock is None:

@@ -137,17 +137,17 @@ class MumbleAdapter(Adapter):
         text = html.unescape(re.sub(r"<[^>]+>", "", INLINE_IMAGE.sub("", raw))).strip()  # Mumble text is HTML
         if actor is None or actor == self.session or not name or not (text or images):
             return
+        addressed = True
         if self.session in fields.get(2, []):
             conversation = Conversation(self.name, name, name, direct=True)
-        else:
+        else:  # a channel message is addressed when it starts with our name ("agentd: ...")
             prefix = re.match(rf"{re.escape(self.username)}\s*(?:[:,]\s*|$)", text, re.IGNORECASE)
-            if not prefix:
-                return  # channel chatter not addressed to us
-            text = text[prefix.end():]
+            addressed = bool(prefix)
+            text = text[prefix.end():] if prefix else text
             channel = self.channels.get(fields.get(3, [self.my_channel])[0], "")
             conversation = Conversation(self.name, channel, name, meta={"addressee": name})
         self.ctx.deliver(Inbound(conversation, sender_id=name, text=text, sender_name=name,
-                                 message_id=f"{actor}:{time.time_ns()}", attachments=images))
+                                 message_id=f"{actor}:{time.time_ns()}", attachments=images, addressed=addressed))
 
     @staticmethod
     def _image(match: re.Match[str]) -> Attachment | None:

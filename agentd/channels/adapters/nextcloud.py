@@ -2,7 +2,8 @@
 conversations (`GET .../spreed/api/v4/room`), long-polls each room's chat with
 `lookIntoFuture=1` from the last known message id (persisted; history before the first
 start is not answered), replies with `POST .../spreed/api/v1/chat/{token}` {message,
-replyTo}. Group conversations are answered when the bot is mentioned; one-to-one always.
+replyTo}. Group conversations are answered when the bot is mentioned (every message under
+`overrides.group_policy` respond / shared); one-to-one always.
 
 Files: Talk shares a file to a conversation as a share of the sender's Nextcloud Files; the
 message names it as a `file` rich object (`name`, `size`, `mimetype`, `path` in the
@@ -14,6 +15,7 @@ Docs: https://nextcloud-talk.readthedocs.io/en/latest/chat/#share-a-file-to-the-
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import PurePosixPath
 from typing import Any
@@ -22,6 +24,7 @@ from urllib.parse import quote
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 
 ONE_TO_ONE = 1
 
@@ -73,20 +76,19 @@ class NextcloudAdapter(PollingAdapter):
         text, mentioned, files = str(message.get("message") or ""), False, []
         for key, param in (message.get("messageParameters") or {}).items():
             if isinstance(param, dict) and param.get("type") == "user" and param.get("id") == self.me:
-                mentioned, text = True, text.replace("{" + key + "}", "")
+                mentioned, text = True, without_mention(text, re.escape("{" + key + "}"))
             elif isinstance(param, dict) and param.get("type") == "file" and param.get("path"):
                 files.append(self._attachment(param))
                 text = text.replace("{" + key + "}", "")
             elif isinstance(param, dict):
                 text = text.replace("{" + key + "}", "@" + str(param.get("name") or param.get("id")))
         direct = room.get("type") == ONE_TO_ONE
-        if not direct and not mentioned:
-            return
         user = str(message["actorId"])
         conversation = Conversation(self.name, room["token"], user, direct=direct, meta={"reply_to": message["id"]})
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(text.split()),
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=text.strip(),
                                  message_id=str(message["id"]), attachments=files,
-                                 sender_name=str(message.get("actorDisplayName") or user), mentioned=mentioned))
+                                 sender_name=str(message.get("actorDisplayName") or user), mentioned=mentioned,
+                                 addressed=direct or mentioned))
 
     def dav(self, path: str) -> str:
         """The WebDAV URL of `path` in the account's own files."""

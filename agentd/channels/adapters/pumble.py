@@ -2,7 +2,8 @@
 app's signing secret (`x-pumble-request-signature` = hex HMAC-SHA256 of
 `{x-pumble-request-timestamp}:{raw body}`, checked with a replay window before parsing);
 `NEW_MESSAGE` events (the notification JSON in the envelope's `body`) from direct channels,
-or mentioning the bot elsewhere, reach the agent. Replies go through the Pumble API with
+or mentioning the bot elsewhere (every one under `overrides.group_policy` respond / shared),
+reach the agent. Replies go through the Pumble API with
 the bot's access token (`token` header) and the app key (`x-app-token`):
 `POST /v1/channels/{id}/messages` in direct channels, `POST /v1/channels/{id}/messages/
 {threadRootId}` (a thread reply) in the others.
@@ -103,15 +104,14 @@ class PumbleAdapter(WebhookAdapter):
         mention = f"<<@{self.bot_id}>>"
         direct = self.is_direct(channel)
         mentioned = self.bot_id in (event.get("mu") or []) or mention in text
-        if not direct and not mentioned:
-            return 200, b"ok"  # channel chatter not addressed to the bot
         # Answered in the message's thread (its own when it starts one): a conversation of its own.
         thread = "" if direct else str(event.get("trId") or event.get("mId") or "")
         conversation = Conversation(self.name, channel, author, direct=direct, meta={"thread": thread},
                                     thread_id=thread)
         files = self._files(channel, str(event.get("mId") or "")) if shared else []
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text.replace(mention, "").strip(),
-                                 message_id=str(event.get("mId") or ""), mentioned=mentioned, attachments=files))
+                                 message_id=str(event.get("mId") or ""), mentioned=mentioned,
+                                 addressed=direct or mentioned, attachments=files))
         return 200, b"ok"
 
     def _files(self, channel: str, message_id: str) -> list[Attachment]:

@@ -7,11 +7,13 @@ answered."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 
 USER_AGENT = "agentd-channel/1.0 (by agentd)"
 
@@ -70,14 +72,14 @@ class RedditAdapter(PollingAdapter):
         author, text = str(comment.get("author") or ""), str(comment.get("body") or "")
         mention = f"u/{self.username}".lower()
         ours = set(self.state.get("own") or [])
-        if author.lower() == self.username.lower() or (mention not in text.lower()
-                                                        and comment.get("parent_id") not in ours):
+        if author.lower() == self.username.lower():
             return
-        text = " ".join(w for w in text.split() if w.lower().lstrip("/") != mention)
+        addressed = mention in text.lower() or comment.get("parent_id") in ours
+        text = without_mention(text, rf"(?<!\S)/?{re.escape(mention)}(?!\S)")
         conversation = Conversation(self.name, str(comment.get("subreddit")), author,
                                     meta={"thing_id": comment["name"]})
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text, message_id=comment["name"],
-                                 sender_name=author))
+                                 sender_name=author, addressed=addressed))
 
     def send(self, conversation: Conversation, text: str) -> str:
         if not hasattr(self, "api_url"):

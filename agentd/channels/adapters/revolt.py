@@ -134,16 +134,15 @@ class RevoltAdapter(GatewayAdapter):
         channel_type, server = self._kind(channel)
         direct = channel_type == "DirectMessage"
         mentioned = self.bot_id in (d.get("mentions") or []) or f"<@{self.bot_id}>" in text
-        if not direct:  # servers and groups: only messages that mention the bot
-            if not mentioned:
-                return
+        if not direct:
             text = text.replace(f"<@{self.bot_id}>", "").strip()
         username = str(self.users.get(author, {}).get("username") or "")
         conversation = Conversation(self.name, channel, author, direct=direct,
                                     meta={"reply_to": "" if direct else str(d.get("_id") or "")})
         self.ctx.deliver(Inbound(conversation, sender_id=author, text=text, message_id=str(d.get("_id") or ""),
                                  sender_name=username, sender_aliases=(username,) if username else (),
-                                 chat_aliases=(server,) if server else (), mentioned=mentioned, attachments=files))
+                                 chat_aliases=(server,) if server else (), mentioned=mentioned,
+                                 addressed=direct or mentioned, attachments=files))
 
     def _attachment(self, f: dict[str, Any]) -> Attachment:
         tag = quote(str(f.get("tag") or "attachments"), safe="")

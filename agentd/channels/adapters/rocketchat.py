@@ -2,7 +2,8 @@
 channels the bot has joined (`channels.list.joined` + `channels.history`) and of its
 direct rooms (`im.list` + `im.history`) from a persisted timestamp per room, replies
 with `chat.postMessage` (in the thread when the message was in one). Channel messages
-are answered when they mention the bot; direct messages always. Reactions: `chat.react`
+are answered when they mention the bot (all of them under `overrides.group_policy` respond /
+shared); direct messages always. Reactions: `chat.react`
 (`:name:`, `shouldReact` false takes one back).
 
 Files: a message's `attachments` (`title`, `title_link` `/file-upload/{id}/{name}`, the
@@ -14,13 +15,14 @@ replaced the deprecated `rooms.upload`; an image is shown as one."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 from urllib.parse import urljoin
 
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
-from agentd.channels.conversation import reply_thread
+from agentd.channels.conversation import reply_thread, without_mention
 from agentd.channels.lifecycle import emoji_name
 
 
@@ -72,9 +74,7 @@ class RocketChatAdapter(PollingAdapter):
             return  # our own messages and system messages (joins, topic changes...)
         mention = f"@{self.me}"
         mentioned = any(m.get("username") == self.me for m in message.get("mentions") or []) or mention in text
-        if not direct and not mentioned:
-            return
-        text = " ".join(w for w in text.split() if w != mention)
+        text = without_mention(text, rf"(?<!\S){re.escape(mention)}(?!\S)")
         thread = reply_thread(self.settings, str(message.get("tmid") or ""), str(message["_id"]), direct,
                               default=True)
         # A thread (tmid) is a conversation of its own.
@@ -83,7 +83,7 @@ class RocketChatAdapter(PollingAdapter):
         self.ctx.deliver(Inbound(conversation, sender_id=str(user.get("username")), text=text,
                                  message_id=str(message["_id"]), sender_name=str(user.get("name") or ""),
                                  sender_aliases=(str(user.get("_id")),), mentioned=mentioned,
-                                 attachments=files))
+                                 addressed=direct or mentioned, attachments=files))
 
     def _files(self, message: dict[str, Any]) -> list[Attachment]:
         declared = {str(f.get("name")): f for f in message.get("files") or [] if isinstance(f, dict)}

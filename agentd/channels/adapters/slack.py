@@ -12,11 +12,13 @@ v0 HMAC-SHA256 of `v0:{timestamp}:{body}` with the signing secret, timestamp wit
 
 Events: `message` in direct messages (channel_type im) and `app_mention` in channels
 (answered in the message's thread while `auto_thread_reply`, or as `overrides.threading`
-says). A thread the bot answered in is followed for `thread_ttl_hours` after its last
-message there: its later `message` events are answered without a mention (while
-`auto_thread_reply`). Each thread is a conversation of its own. An edited direct message
-(`message_changed`) is answered as a new one. Web API calls answer HTTP 200 with
-`{"ok": false, "error": ...}` on failure, 429 + Retry-After when rate limited.
+says); other channel `message` events are delivered as not addressed to the bot, answered
+under `overrides.group_policy` respond / shared. A thread the bot answered in is followed
+for `thread_ttl_hours` after its last message there: its later `message` events are
+answered without a mention (while `auto_thread_reply`). Each thread is a conversation of
+its own. An edited direct message (`message_changed`) is answered as a new one. Web API
+calls answer HTTP 200 with `{"ok": false, "error": ...}` on failure, 429 + Retry-After
+when rate limited.
 
 Files: a message's `files` (subtype `file_share`) are fetched from `url_private_download`
 with the bot token, only from files.slack.com (or the host of `api_url`); files go out
@@ -113,8 +115,6 @@ class SlackCommon:
             return  # edits, joins, bots (ourselves included)
         direct = event.get("channel_type") == "im"
         existing = str(event.get("thread_ts") or "")
-        if event["type"] == "message" and not direct and not self.following(channel, existing):
-            return  # channel messages reach us as app_mention when they address the bot
         if (channel, ts) in self.seen:
             return  # the same message as `message` and `app_mention`, or a retried delivery
         self.seen.append((channel, ts))
@@ -129,9 +129,10 @@ class SlackCommon:
                               default=bool(self.settings.get("auto_thread_reply", True)))
         conversation = Conversation(self.name, channel, user, direct=direct, meta={"thread_ts": thread},
                                     thread_id=thread)
+        mentioned = event["type"] == "app_mention" or mention in raw
         self.ctx.deliver(Inbound(conversation, sender_id=user, text=text, message_id=first, edited=edited,
-                                 chat_aliases=(team,) if team else (),
-                                 mentioned=event["type"] == "app_mention" or mention in raw,
+                                 chat_aliases=(team,) if team else (), mentioned=mentioned,
+                                 addressed=direct or mentioned or self.following(channel, existing),
                                  attachments=files))
 
     def _attachments(self, files: Any) -> list[Attachment]:

@@ -22,6 +22,7 @@ from typing import Any
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 
 
 FILE_HOSTS = {"files.twist.com"}
@@ -68,7 +69,7 @@ class TwistAdapter(PollingAdapter):
     def _handle(self, comment: dict[str, Any], channel: str) -> None:
         # The chat is the channel's name: `allowed_channels` lists names (the runtime checks them).
         text = str(comment.get("content") or "")
-        if comment.get("creator") == self.me or not self.mention.search(text):
+        if comment.get("creator") == self.me:
             return
         user = str(comment["creator"])
         conversation = Conversation(self.name, channel, user,
@@ -77,9 +78,10 @@ class TwistAdapter(PollingAdapter):
         files = [Attachment(str(a.get("file_name") or a.get("title") or "file"), str(a.get("underlying_type") or ""),
                             int(a.get("file_size") or 0), str(a["url"]), headers=auth)
                  for a in comment.get("attachments") or [] if isinstance(a, dict) and a.get("url")]
-        self.ctx.deliver(Inbound(conversation, sender_id=user, text=" ".join(self.mention.sub("", text).split()),
+        self.ctx.deliver(Inbound(conversation, sender_id=user, text=without_mention(text, self.mention.pattern),
                                  message_id=str(comment["id"]), sender_name=str(comment.get("creator_name") or ""),
-                                 sender_aliases=(str(comment.get("creator_name") or ""),), attachments=files))
+                                 sender_aliases=(str(comment.get("creator_name") or ""),), attachments=files,
+                                 addressed=bool(self.mention.search(text))))
 
     def file_hosts(self) -> set[str]:
         api = str(self.settings.get("api_url") or "")

@@ -211,18 +211,16 @@ class XmppAdapter(Adapter):
         nick, body = msg["mucnick"], msg["body"] or ""
         if nick == self.nick or msg["delay"]["stamp"] or msg["subject"]:
             return  # our own echo, replayed history, topic changes
-        for mark in (":", ",", " "):
-            if body.lower().startswith(self.nick.lower() + mark):
-                break
-        else:
-            return  # room chatter not addressed to us
+        # Addressed: the message starts with our nick ("nick: ...").
+        addressed = any(body.lower().startswith(self.nick.lower() + mark) for mark in (":", ",", " "))
         room = msg["from"].bare
         real = self.client.plugin["xep_0045"].get_jid_property(room, nick, "jid")
         sender = str(real.bare) if real else f"{room}/{nick}"
         conversation = Conversation(self.name, room, sender, meta={"addressee": nick})
-        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=body[len(self.nick) + 1:].strip(),
+        self.ctx.deliver(Inbound(conversation, sender_id=sender,
+                                 text=body[len(self.nick) + 1:].strip() if addressed else body,
                                  message_id=msg["id"] or "", sender_name=nick, sender_aliases=(nick,),
-                                 mentioned=True))  # room messages reach the agent only when addressed
+                                 mentioned=addressed, addressed=addressed))
 
     def _call(self, fn: Any) -> Any:
         """Run `fn` on the adapter's loop and wait for it (the sender's threads are not the loop's)."""

@@ -4,7 +4,8 @@
 a private message), typing with `POST /api/v1/typing`, reactions with
 `POST`/`DELETE /api/v1/messages/{id}/reactions` (emoji by name). A queue the server forgot
 (BAD_EVENT_QUEUE_ID) is registered again. Stream messages are answered when they
-mention the bot; private messages always.
+mention the bot (all of them under `overrides.group_policy` respond / shared); private
+messages always.
 
 Files: a message shares a file by linking its upload (`[name](/user_uploads/...)` in the
 raw Markdown); each such link is fetched from the realm (`server_url`'s host only) with the
@@ -25,6 +26,7 @@ import requests
 from agentd.channels.adapter import ChannelError, Conversation, Inbound
 from agentd.channels.attachments import Attachment, host_of
 from agentd.channels.bases.polling import PollingAdapter
+from agentd.channels.conversation import without_mention
 from agentd.channels.lifecycle import emoji_name
 
 
@@ -84,9 +86,7 @@ class ZulipAdapter(PollingAdapter):
         mention = f"@**{self.full_name}**"
         mentioned = "mentioned" in flags or mention in text
         if message.get("type") == "stream":
-            if not mentioned:
-                return
-            text = text.replace(mention, "").strip()
+            text = without_mention(text, re.escape(mention))
             stream, topic = str(message.get("display_recipient")), str(message.get("subject", ""))
             # A topic is a conversation of its own, answered in the same topic.
             conversation = Conversation(self.name, stream, sender, meta={"topic": topic, "to": stream},
@@ -94,11 +94,11 @@ class ZulipAdapter(PollingAdapter):
         else:
             conversation = Conversation(self.name, sender, sender, direct=True,
                                         meta={"to": [sender], "user_ids": [message.get("sender_id")]})
-        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=re.sub(r"\s+", " ", text).strip(),
+        self.ctx.deliver(Inbound(conversation, sender_id=sender, text=text.strip(),
                                  message_id=str(message.get("id")),
                                  sender_name=str(message.get("sender_full_name") or sender),
                                  sender_aliases=(str(message.get("sender_id")),), mentioned=mentioned,
-                                 attachments=self._files(text)))
+                                 addressed=mentioned or message.get("type") != "stream", attachments=self._files(text)))
 
     def _files(self, text: str) -> list[Attachment]:
         found, seen = [], set()

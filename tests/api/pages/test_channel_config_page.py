@@ -80,6 +80,11 @@ def test_the_form_is_built_from_the_catalogue(dash) -> None:
     assert 'name="api_url"' in page and 'name="default_chat_id"' in page  # the adapter's other keys
     assert state(page) == "not configured"
     assert 'href="/channels/telegram"' in browser.page("/channels")
+    # A platform that hands the bot only the group messages addressed to it is not offered
+    # the group policies that would answer the others.
+    for name, offered in (("slack", ["respond", "mention-only", "shared", "ignore"]), ("mastodon", ["ignore"])):
+        select = re.search(r'name="overrides.group_policy">(.*?)</select>', browser.page(f"/channels/{name}")).group(1)
+        assert re.findall(r'<option value="([^"]+)"', select) == offered, (name, select)
     assert browser.http.get(browser.daemon.url + "/channels/nosuch", timeout=10).status_code == 404
 
 
