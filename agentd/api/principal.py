@@ -155,6 +155,12 @@ def _workflow_agents(kernel: Any, workflow_id: str) -> list[str]:
     return step_agents(kernel.workflows.get(workflow_id)["steps"])
 
 
+def _job_workflow(job: dict[str, Any]) -> str | None:
+    """The workflow a cron job's action runs (None: it runs an agent)."""
+    action = job.get("action") or {}
+    return action.get("workflow_id") if action.get("kind") == "workflow_run" else None
+
+
 def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], str] | None:
     """(agent ids or names, what is not found) for a cron job, trigger, approval,
     task, workflow or workflow run named in the path (a task names up to three agents: for
@@ -171,7 +177,13 @@ def _owners_in_path(kernel: Any, view_args: dict[str, Any]) -> tuple[list[str], 
             approval = kernel.approvals.find(view_args["approval_id"])
             return ([approval.agent_id], "approval not found") if approval is not None else None
         if "job_id" in view_args:
-            return [kernel.cron.get_raw(view_args["job_id"]).get("agent_id") or ""], "cron job not found"
+            job = kernel.cron.get_raw(view_args["job_id"])
+            workflow_id = _job_workflow(job)
+            try:
+                steps = _workflow_agents(kernel, workflow_id) if workflow_id else []
+            except AgentdError:
+                steps = []  # its workflow deleted meanwhile: the job's own agent decides
+            return [job.get("agent_id") or "", *steps], "cron job not found"
         if "trigger_id" in view_args:
             return [kernel.triggers.get(view_args["trigger_id"])["agent_id"]], "trigger not found"
         if "task_id" in view_args:
@@ -225,16 +237,19 @@ def reach_definition(data: Any) -> None:
                 reach_agent(ref)
 
 
-def reachable_workflows(rows: list[dict[str, Any]], field: str = "id") -> list[dict[str, Any]]:
-    """The workflows (or runs: `field="workflow_id"`) a key limited to some agents may see:
-    those whose steps name only its agents."""
+def reachable_workflows(rows: list[dict[str, Any]], field: str | Callable[[dict[str, Any]], str | None] = "id"
+                        ) -> list[dict[str, Any]]:
+    """The workflows (or runs: `field="workflow_id"`; or what `field(row)` says runs one, None
+    for none) a key limited to some agents may see: those whose steps name only its agents."""
     who = principal()
     if not who.agents:
         return rows
     kernel = current_app.extensions["agentd.kernel"]
     seen: dict[str, bool] = {}
 
-    def ok(workflow_id: str) -> bool:
+    def ok(workflow_id: str | None) -> bool:
+        if workflow_id is None:
+            return True
         if workflow_id not in seen:
             try:
                 refs = _workflow_agents(kernel, workflow_id)
@@ -244,7 +259,13 @@ def reachable_workflows(rows: list[dict[str, Any]], field: str = "id") -> list[d
             seen[workflow_id] = all(h is None or who.may_reach(h) for h in handles)
         return seen[workflow_id]
 
-    return [r for r in rows if ok(r[field])]
+    return [r for r in rows if ok(field(r) if callable(field) else r[field])]
+
+
+def reachable_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cron jobs a key limited to some agents may see: of its agents, and running no
+    workflow it may not see."""
+    return reachable_workflows(reachable(rows), _job_workflow)
 
 
 def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:

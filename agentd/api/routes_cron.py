@@ -8,7 +8,7 @@ from marshmallow import fields
 from agentd.api import body
 from agentd.api import schemas_cron as sc
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reachable
+from agentd.api.principal import principal, reachable_jobs
 from agentd.api.routes_system import kernel
 from agentd.api.schemas import _Query
 
@@ -51,9 +51,9 @@ def create():
 def list_jobs():
     ref = request.args.get("agent_id", "")
     if not ref:
-        return jsonify(reachable(kernel().cron.list()))
+        return jsonify(reachable_jobs(kernel().cron.list()))
     handle = kernel().agents.find(ref)
-    return jsonify(reachable(kernel().cron.list(handle.id)) if handle is not None else [])
+    return jsonify(reachable_jobs(kernel().cron.list(handle.id)) if handle is not None else [])
 
 
 @bp.get("/api/cron/jobs/<job_id>")

@@ -441,6 +441,48 @@ def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
     assert browser.get(f"{d.url}/workflows/runs/{run['run_id']}").status_code == 404
 
 
+def test_a_cron_job_running_a_workflow_outside_the_list_is_absent(d: Daemon) -> None:
+    mine_id, mine = spawn(d, "cronwf-mine")
+    _, hidden = spawn(d, "cronwf-hidden")
+    own, foreign = make_workflow(d, mine), make_workflow(d, hidden)
+
+    def job(workflow_id: str) -> dict[str, Any]:
+        r = d.post("/api/cron/jobs", json={"name": f"wf-job-{uuid.uuid4().hex[:6]}",
+                                           "schedule": {"kind": "every", "every_secs": 3600},
+                                           "action": {"kind": "workflow_run", "workflow_id": workflow_id}})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    shown, hidden_job = job(own), job(foreign)
+    # On an agent of the key's own, and running the workflow: as absent still.
+    on_mine = d.post("/api/cron/jobs", json={"agent_id": mine_id, "name": f"wf-job-{uuid.uuid4().hex[:6]}",
+                                             "schedule": {"kind": "every", "every_secs": 3600},
+                                             "action": {"kind": "workflow_run", "workflow_id": foreign}}).json()
+    key = new_key(d, scopes=["read", "message", "manage"], agents=[mine])
+    listed = [j["id"] for j in as_key(d, key, "GET", "/api/cron/jobs").json()]
+    assert shown["id"] in listed and hidden_job["id"] not in listed and on_mine["id"] not in listed
+    assert [j["id"] for j in as_key(d, key, "GET", "/api/cron/jobs", params={"agent_id": mine}).json()] == []
+    for job_id in (hidden_job["id"], on_mine["id"]):
+        for method, path in [("GET", ""), ("PATCH", ""), ("DELETE", ""), ("POST", "/run"), ("GET", "/runs")]:
+            r = as_key(d, key, method, f"/api/cron/jobs/{job_id}{path}",
+                       json={"enabled": False} if method == "PATCH" else None)
+            assert r.status_code == 404 and r.json() == {"error": "cron job not found"}, (method, path, r.text)
+    assert d.get(f"/api/cron/jobs/{hidden_job['id']}/runs").json() == []  # nothing ran
+    assert d.get(f"/api/cron/jobs/{hidden_job['id']}").json()["enabled"] is True
+    # The dashboard's Schedules leave it out, and its page and buttons are not found.
+    browser = signed_in(d, key["key"])
+    page = browser.get(f"{d.url}/schedules").text
+    assert shown["name"] in page and hidden_job["name"] not in page and foreign not in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    assert browser.get(f"{d.url}/schedules/{hidden_job['id']}").status_code == 404
+    for action in ("run", "disable", "delete"):
+        r = browser.post(f"{d.url}/schedules/{hidden_job['id']}/{action}", data={"csrf_token": token},
+                         allow_redirects=False)
+        assert r.status_code == 404, (action, r.text)
+    assert d.get(f"/api/cron/jobs/{hidden_job['id']}/runs").json() == []
+    assert as_key(d, key, "GET", f"/api/cron/jobs/{shown['id']}").status_code == 200
+
+
 def foreign_id(d: Daemon, name: str) -> str:
     return next(a["id"] for a in d.get("/api/agents").json() if a["name"] == name)
 

@@ -11,7 +11,7 @@ from flask import make_response, render_template, request, url_for
 
 from agentd.api.pages import bp, form_post, kernel
 from agentd.api.pages.confirm import ask_first
-from agentd.api.principal import principal, reachable, reachable_workflows
+from agentd.api.principal import principal, reachable, reachable_jobs, reachable_workflows
 from agentd.api.pages.notes import see_other_with
 from agentd.api.pages.schedule_form import FIELDS, job_body, typed
 from agentd.errors import AgentdError
@@ -77,7 +77,7 @@ def _due(job: dict) -> str:
 def _schedules_page(status: int = 200, error: str = "", form: dict | None = None):  # type: ignore[no-untyped-def]
     k = kernel()
     names = {h.id: h.name for h in principal().visible(k.agents.handles())}
-    jobs = page_of(reachable(k.cron.list()), JOBS_SHOWN)
+    jobs = page_of(reachable_jobs(k.cron.list()), JOBS_SHOWN)
     triggers = reachable(k.triggers.list())
     return _render("schedules.html", status, jobs=jobs, agents=names, error=error,
                    triggers=triggers[:TRIGGERS_SHOWN], triggers_total=len(triggers), names=names,
