@@ -370,9 +370,12 @@ class Kernel:
             "agents": agents,
         }
 
-    def health_detail(self, pool: dict[str, int]) -> dict[str, Any]:
-        """The body of GET /api/health/detail; `pool` is the HTTP server's thread use."""
+    def health_detail(self, pool: dict[str, int],
+                      visible: Callable[[list[Any]], list[Any]] | None = None) -> dict[str, Any]:
+        """The body of GET /api/health/detail; `pool` is the HTTP server's thread use,
+        `visible` narrows the agents counted to what the caller may reach."""
         db_ok = self.store.ping()
+        handles = self.agents.handles() if db_ok else self.agents.registry.loaded()
         malloc = malloc_tuning.applied()
         sqlite = self.store.backend == "sqlite"
         return {
@@ -382,7 +385,7 @@ class Kernel:
             "database": "connected" if db_ok else "error",
             # A count needs no summaries; while the database is out, the agents this daemon
             # knows (a shared database's list cannot be read then).
-            "agent_count": len(self.agents.handles()) if db_ok else len(self.agents.registry.loaded()),
+            "agent_count": len(visible(handles) if visible else handles),
             "thread_pool": pool,
             "started_at": iso(self.started_at),
             # Every live thread of the process, and the model calls holding a connection.

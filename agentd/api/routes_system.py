@@ -41,7 +41,7 @@ def health():
 def health_detail():
     k = kernel()
     pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
-    return jsonify(k.health_detail(pool))
+    return jsonify(k.health_detail(pool, principal().visible))
 
 
 @bp.get("/api/version")

@@ -241,6 +241,10 @@ def test_status_budget_and_usage_show_a_key_only_its_own(d: Daemon) -> None:
     key = new_key(d, agents=[inside_name])
     status = as_key(d, key, "GET", "/api/status").json()
     assert [a["id"] for a in status["agents"]] == [inside] and status["agent_count"] == 1
+    assert as_key(d, key, "GET", "/api/health/detail").json()["agent_count"] == 1
+    overview = signed_in(d, key["key"]).get(f"{d.url}/").text
+    assert re.search(r'Agents</a> <span class="count">(\d+)</span>', overview).group(1) == "1"
+    assert d.get("/api/health/detail").json()["agent_count"] >= 2
     assert [a["agent_id"] for a in as_key(d, key, "GET", "/api/budget/agents").json()] == [inside]
     admin_view = {a["agent_id"] for a in d.get("/api/budget/agents").json()}
     assert {inside, outside} <= admin_view

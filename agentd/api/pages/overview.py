@@ -19,8 +19,9 @@ def index():
     pool = current_app.extensions.get("agentd.pool_stats", lambda: {})()
     # GET /api/health/detail's figures; agent states counted from the handles (the full
     # /api/status body would build a summary of every agent only to count them).
-    health = k.health_detail(pool)
-    states = Counter(h.state for h in principal().visible(k.agents.handles()))
+    who = principal()
+    health = k.health_detail(pool, who.visible)
+    states = Counter(h.state for h in who.visible(k.agents.handles()))
     channels, _live = channel_rows(k)
     return render_template("overview.html", config=k.config, health=health,
                            states=sorted(states.items()), budget=k.metering.budget(),
