@@ -9,7 +9,7 @@ from typing import Any
 from flask import current_app
 
 from agentd.api.principal import principal, reach_agent
-from agentd.errors import BadRequest
+from agentd.errors import BadRequest, NotFound
 
 
 def kernel() -> Any:
@@ -39,8 +39,9 @@ def hide_unreached_item(item: dict[str, Any]) -> None:
 def reach_channel(name: str, new: Any = None) -> None:
     """A key limited to some agents configures, removes and tests only a channel whose
     messages go to its agents (404 `agent not found` otherwise, as for the agents
-    themselves), and names one of them as the `default_agent` of a `new` configuration:
-    without one the channel would answer as the daemon's first agent, whoever that is."""
+    themselves), and names one of them as the `default_agent` of a `new` configuration
+    (an agent that does not exist is as refused): without one the channel would answer as
+    the daemon's first agent, whoever that is."""
     channels = kernel().channels
     channels.catalog.get(name)  # an unknown channel is 404 whoever asks
     who = principal()
@@ -58,6 +59,10 @@ def reach_channel(name: str, new: Any = None) -> None:
     for ref in channels.agents_named(name, new):
         if not ref:
             raise BadRequest("default_agent: a key limited to some agents must name one of its agents")
+        if kernel().agents.find(ref) is None:
+            # Not yet one of its agents; refused as one outside its list is, so the answer
+            # tells no agent that exists from one that does not.
+            raise NotFound("agent not found")
         reach_agent(ref)
 
 

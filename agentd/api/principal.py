@@ -18,6 +18,7 @@ person whose session it is.
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import Any, Callable
 
 from flask import Response, current_app, g, request
@@ -225,18 +226,6 @@ def reach_agent(ref: Any, unknown: Callable[[str], AgentdError] | None = None) -
                 raise unknown(ref) from None
 
 
-def reach_definition(data: Any) -> None:
-    """Refuse a workflow definition (a request body) with a step on an agent outside the
-    key's list: 404 `agent not found`, as if the agent did not exist."""
-    steps = data.get("steps") if isinstance(data, dict) else None
-    for step in steps if isinstance(steps, list) else []:
-        if isinstance(step, dict):
-            agent = step.get("agent")
-            for ref in [step.get("agent_name"), step.get("agent_id"),
-                        *(agent.values() if isinstance(agent, dict) else ())]:
-                reach_agent(ref)
-
-
 def reachable_workflows(rows: list[dict[str, Any]], field: str | Callable[[dict[str, Any]], str | None] = "id"
                         ) -> list[dict[str, Any]]:
     """The workflows (or runs: `field="workflow_id"`; or what `field(row)` says runs one, None
@@ -279,6 +268,14 @@ def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
     return [r for r in rows if all(not r.get(f) or r[f] in ids for f in named)]
 
 
+def _is_id(ref: str) -> bool:
+    try:
+        uuid.UUID(ref)
+    except ValueError:
+        return False
+    return True
+
+
 def authorize(who: Principal, limits: KeyLimits) -> Response | None:
     """The route's scope, the agent in its path, the key's rate limit: a refusal or None."""
     if who.is_admin:
@@ -288,7 +285,10 @@ def authorize(who: Principal, limits: KeyLimits) -> Response | None:
         if scope is not None:
             who.require(scope)
         agent_id = (request.view_args or {}).get("agent_id")
-        if agent_id:
+        # Only an id: a name where the id belongs is the route's 400 (the dashboard has turned
+        # the names of the key's agents into ids), so a hidden agent's name answers as a
+        # name no agent has.
+        if agent_id and _is_id(agent_id):
             handle = current_app.extensions["agentd.kernel"].agents.find(agent_id)
             if handle is not None:
                 who.reach(handle)

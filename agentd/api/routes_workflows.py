@@ -9,7 +9,7 @@ from flask import Blueprint, jsonify
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
-from agentd.api.principal import principal, reach_definition, reachable_workflows
+from agentd.api.principal import principal, reachable_workflows
 from agentd.api.schemas import WorkflowRunSchema, WorkflowSchema
 from agentd.agents.run_request import check_message
 from agentd.api import body
@@ -20,19 +20,11 @@ from agentd.api.sse import comment, format_event, sse_response
 bp = Blueprint("workflows", __name__)
 
 
-def _definition() -> object:
-    """The request's workflow definition; a step on an agent outside a scoped key's list is
-    404 `agent not found`, as if the agent did not exist."""
-    data = body.json_body()
-    reach_definition(data)
-    return data
-
-
 @bp.post("/api/workflows")
 @doc("Create a workflow", tags="workflows", body=WorkflowSchema, ok=201, response=out.WorkflowCreatedSchema,
      description="Steps are checked at create time (agent references, enums, templates); a 400 names the "
-                 "step and field.",
-     errors={404: "A step names an agent outside the scoped key's list (`agent not found`)"},
+                 "step and field; a step on an agent outside the scoped key's list is refused as one on an "
+                 "agent that does not exist.",
      links={"GetWorkflow": ("workflows.detail", {"workflow_id": "$response.body#/workflow_id"}),
             "RunWorkflow": ("workflows.run", {"workflow_id": "$response.body#/workflow_id"}),
             "StartRun": ("workflows.start_run", {"workflow_id": "$response.body#/workflow_id"}),
@@ -40,7 +32,7 @@ def _definition() -> object:
             "UpdateWorkflow": ("workflows.update", {"workflow_id": "$response.body#/workflow_id"}),
             "DeleteWorkflow": ("workflows.delete", {"workflow_id": "$response.body#/workflow_id"})})
 def create():
-    workflow_id = kernel().workflows.create(_definition())
+    workflow_id = kernel().workflows.create(body.json_body(), principal().sees)
     return jsonify({"workflow_id": workflow_id}), 201
 
 
@@ -58,9 +50,9 @@ def detail(workflow_id: str):
 
 @bp.put("/api/workflows/<workflow_id>")
 @doc("Replace a workflow's definition", tags="workflows", body=WorkflowSchema, response=out.WorkflowChangedSchema,
-     errors={404: "No such workflow, or a step names an agent outside the scoped key's list (`agent not found`)"})
+     errors={404: "No such workflow"})
 def update(workflow_id: str):
-    kernel().workflows.update(workflow_id, _definition())
+    kernel().workflows.update(workflow_id, body.json_body(), principal().sees)
     return jsonify({"status": "updated", "workflow_id": workflow_id})
 
 

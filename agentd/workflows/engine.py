@@ -84,16 +84,24 @@ class WorkflowEngine:
         """The live agent a step refers to (by id or exact name), or None."""
         return resolve(self.agents, ref)
 
-    def create(self, body: Any) -> str:
-        definition = parse_workflow(body, lambda ref: self.resolve(ref) is not None)
+    def _exists(self, sees: Callable[[AgentHandle], bool] | None) -> Callable[[dict[str, str]], bool]:
+        """Whether a step's agent exists for someone who `sees` only some agents."""
+        def exists(ref: dict[str, str]) -> bool:
+            handle = self.resolve(ref)
+            return handle is not None and (sees is None or sees(handle))
+        return exists
+
+    def create(self, body: Any, sees: Callable[[AgentHandle], bool] | None = None) -> str:
+        """`sees`: the agents the creator may reach (a step on another is one on no agent)."""
+        definition = parse_workflow(body, self._exists(sees))
         workflow_id = self.db.create(definition)
         log.info("created workflow %s (%s) with %d step(s)", definition.name, workflow_id,
                  len(definition.steps))
         return workflow_id
 
-    def update(self, workflow_id: str, body: Any) -> None:
+    def update(self, workflow_id: str, body: Any, sees: Callable[[AgentHandle], bool] | None = None) -> None:
         key = parse_uuid(workflow_id, "workflow")
-        definition = parse_workflow(body, lambda ref: self.resolve(ref) is not None)
+        definition = parse_workflow(body, self._exists(sees))
         if not self.db.update(key, definition):
             raise NotFound("workflow not found")
 

@@ -227,8 +227,11 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     # A name where the id belongs: the id is named only for an agent the key may reach.
     r = as_key(d, key, "GET", f"/api/agents/{inside_name}")
     assert r.status_code == 400 and r.json()["error"].endswith(f"did you mean agent {inside}?")
+    # A hidden agent's name gets what a name no agent has gets, with no hint.
     r = as_key(d, key, "GET", f"/api/agents/{outside_name}")
-    assert r.status_code == 404 and r.json() == {"error": "agent not found"}, "BUG: the hint names a hidden agent"
+    unknown = as_key(d, key, "GET", "/api/agents/nobody-here")
+    assert r.status_code == unknown.status_code == 400
+    assert r.json()["error"].replace(outside_name, "<name>") == unknown.json()["error"].replace("nobody-here", "<name>")
     r = as_key(d, key, "GET", f"/api/agents/{outside}/uploads")
     assert r.status_code == 404 and r.json() == {"error": "agent not found"}
 
@@ -429,14 +432,31 @@ def test_workflows_on_an_agent_outside_the_list_are_absent(d: Daemon) -> None:
         r = as_key(d, key, method, path, json=definition if method == "PUT" else None)
         assert r.status_code == 404 and r.json() == {"error": error}, (method, path, r.text)
     assert d.get(f"/api/workflows/{foreign}").json()["steps"][0]["agent"] == {"name": hidden}  # unchanged
-    # A definition naming the agent is refused as one naming no agent the key may see.
+    # A definition naming the agent is refused exactly as one naming an agent that does not exist.
     for method, path in [("POST", "/api/workflows"), ("PUT", f"/api/workflows/{own}")]:
-        for step in ({"agent_name": hidden}, {"agent": {"name": hidden}}, {"agent_id": foreign_id(d, hidden)}):
-            body = {"name": f"wf-{uuid.uuid4().hex[:6]}", "steps": [{"name": "one", "prompt": "x", **step}]}
-            r = as_key(d, key, method, path, json=body)
-            assert r.status_code == 404 and r.json() == {"error": "agent not found"}, (method, step, r.text)
-    # The dashboard's lists leave it out too.
+        for field, shown, missing in [("agent_name", hidden, "nobody-here"), ("agent", hidden, "nobody-here"),
+                                      ("agent_id", foreign_id(d, hidden), str(uuid.uuid4()))]:
+            answers = []
+            for ref in (shown, missing):
+                step = {field: {"name": ref} if field == "agent" else ref}
+                body = {"name": f"wf-{uuid.uuid4().hex[:6]}", "steps": [{"name": "one", "prompt": "x", **step}]}
+                r = as_key(d, key, method, path, json=body)
+                answers.append((r.status_code, r.json()["error"].replace(ref, "<ref>")))
+            assert answers[0] == answers[1] and answers[0][0] == 400, (method, field, answers)
     browser = signed_in(d, key["key"])
+    token = re.search(r'name="csrf_token" value="([^"]+)"', browser.get(f"{d.url}/workflows/new").text).group(1)
+    pages = []
+    for agent in (hidden, "nobody-here"):
+        form = {"name": f"wf-{uuid.uuid4().hex[:6]}", "description": "", "csrf_token": token}
+        for i, (name, on) in enumerate([("one", mine), ("two", agent)]):
+            form.update({f"steps-{i}-name": name, f"steps-{i}-agent_name": on, f"steps-{i}-prompt": "p",
+                         f"steps-{i}-mode": "sequential", f"steps-{i}-error_mode": "fail"})
+        r = browser.post(f"{d.url}/workflows/new", data=form)
+        marked = re.search(r'<fieldset[^>]*id="step-(\d)"[^>]*aria-invalid="true"', r.text)
+        error = re.search(r'id="step-1-error">([^<]*)<', r.text)
+        pages.append((r.status_code, marked and marked.group(1), error and error.group(1).replace(agent, "")))
+    assert pages[0] == pages[1] and pages[0][:2] == (400, "1"), pages
+    # The dashboard's lists leave it out too.
     for page in ("/workflows", "/", "/schedules", "/workflows/new", f"/schedules/{job['id']}"):
         text = browser.get(f"{d.url}{page}").text
         assert foreign not in text and hidden not in text, page
@@ -715,6 +735,10 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     page = browser.get(f"{d.url}/agents")
     assert page.status_code == 200 and visible in page.text and hidden not in page.text
     assert browser.get(f"{d.url}/agents/{hidden}").status_code == 404
+    # By name too, in the words a name no agent has gets.
+    by_name, unknown = browser.get(f"{d.url}/agents/{hidden_name}"), browser.get(f"{d.url}/agents/nobody-here")
+    assert by_name.status_code == unknown.status_code == 404
+    assert by_name.text.replace(hidden_name, "<name>") == unknown.text.replace("nobody-here", "<name>")
     assert browser.get(f"{d.url}/keys").status_code == 403
     assert [a["id"] for a in browser.get(f"{d.url}/api/agents").json()] == [visible]
     assert browser.get(f"{d.url}/usage").status_code == 200
@@ -1089,8 +1113,9 @@ def test_a_channel_of_an_agent_outside_the_list_is_out_of_reach(d: Daemon) -> No
     outside, outside_name = spawn(d, "desk-b")
     key = new_key(d, scopes=["read", "manage"], agents=["desk-a-*"])
     absent = {"error": "agent not found"}
-    r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"default_agent": outside_name})
-    assert (r.status_code, r.json()) == (404, absent)
+    for agent in (outside_name, "desk-a-nobody", str(uuid.uuid4())):  # (an agent that does not exist: the same)
+        r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"default_agent": agent})
+        assert (r.status_code, r.json()) == (404, absent), agent
     r = as_key(d, key, "POST", "/api/channels/webhook/configure", json={"allowed_users": ["u1"]})
     assert r.status_code == 400 and r.json()["error"].startswith("default_agent: ")
     r = as_key(d, key, "POST", "/api/channels/nosuch/configure", json={})

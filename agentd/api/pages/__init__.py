@@ -69,7 +69,8 @@ def _agent_by_name() -> str:
     """People type an agent's name where its id goes in a dashboard URL (`/agents/helper`).
 
     Called once the visitor may see pages, before a scoped key's reach is checked against
-    the id the name stands for. Returns the text that names no agent ("" when it does)."""
+    the id the name stands for. Returns the text that names no agent the visitor may see
+    ("" when it does)."""
     values = request.view_args or {}
     ref = values.get("agent_id")
     if not ref:
@@ -80,8 +81,8 @@ def _agent_by_name() -> str:
     except ValueError:
         pass
     handle = kernel().agents.by_name(ref)
-    if handle is None or handle.killed:
-        return ref
+    if handle is None or handle.killed or not principal.principal().sees(handle):
+        return ref  # (one outside a scoped key's list: as if there were none)
     values["agent_id"] = handle.id
     return ""
 

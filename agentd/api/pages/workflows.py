@@ -8,7 +8,7 @@ from agentd.agents.run_request import check_message
 from agentd.api.pages import bp, form_post, kernel, refused
 from agentd.api.pages import workflow_form
 from agentd.api.pages.notes import see_other_with
-from agentd.api.principal import principal, reach_definition, reachable_workflows
+from agentd.api.principal import principal, reachable_workflows
 from agentd.api.pages.schedules import page_of
 from agentd.api.routes_workflows import payer
 from agentd.api.pages.workflow_form import WorkflowForm
@@ -69,11 +69,10 @@ def _save(workflow_id: str | None):
     form = workflow_form.read(request.form)
     try:
         body = workflow_form.body(form)
-        reach_definition(body)
         if workflow is None:
-            workflow_id = engine.create(body)
+            workflow_id = engine.create(body, principal().sees)
         else:
-            engine.update(workflow["id"], body)
+            engine.update(workflow["id"], body, principal().sees)
     except StepError as exc:
         form.error, form.error_field = exc.message, exc.field
         # Steps typed in fieldsets: the fieldset of the refused step; typed as text: none.
