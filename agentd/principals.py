@@ -79,6 +79,14 @@ class Principal:
             raise NotFound("agent not found")
         return agent
 
+    def check_spawn(self, agent: Any) -> None:
+        """403 for a new agent the key could never reach: one its list does not name (audited)."""
+        if not self.may_reach(agent):
+            if self._refused is not None:
+                self._refused(self, "spawn", {"name": agent.name})
+            raise Forbidden(f"forbidden: API key '{self.name}' may only spawn agents its list names "
+                            f"({', '.join(self.agents)}), not '{agent.name}'")
+
     def visible(self, agents: Iterable[Any]) -> list[Any]:
         return [a for a in agents if self.may_reach(a)]
 

@@ -50,9 +50,11 @@ class AgentManager:
     def load(self) -> int:
         return self.registry.load()
 
-    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "") -> AgentHandle:
-        """`key_id`: the scoped API key spawning it, which its manifest's jobs and triggers act as."""
-        return self.registry.spawn(manifest_toml, signed_manifest, key_id)
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "",
+              check: Callable[[AgentHandle], None] | None = None) -> AgentHandle:
+        """`key_id`: the scoped API key spawning it, which its manifest's jobs and triggers act as;
+        `check(handle)`: what may refuse the new agent before it is stored."""
+        return self.registry.spawn(manifest_toml, signed_manifest, key_id, check)
 
     def spawn_warnings(self, handle: AgentHandle) -> list[str]:
         """What a spawn reports without failing: unknown manifest keys, a provider without a key."""

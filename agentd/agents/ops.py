@@ -81,7 +81,8 @@ class AgentOpsImpl:
 
     def spawn_agent(self, caller_id: str, manifest_toml: str) -> dict[str, Any]:
         try:
-            handle = self.registry.spawn(manifest_toml, key_id=self.key_id)
+            handle = self.registry.spawn(manifest_toml, key_id=self.key_id,
+                                         check=self._acting().check_spawn if self.key_id else None)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         return {"agent_id": handle.id, "name": handle.name}

@@ -120,8 +120,9 @@ class AgentRegistry:
             self._agents[handle.id] = handle
             self._by_name[handle.name] = handle.id
 
-    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "") -> AgentHandle:
-        """Validate, persist and register a new agent."""
+    def spawn(self, manifest_toml: str | None, signed_manifest: str | None = None, key_id: str = "",
+              check: Callable[[AgentHandle], None] | None = None) -> AgentHandle:
+        """Validate, persist and register a new agent; `check(handle)` may refuse it first."""
         if signed_manifest is not None:
             try:
                 manifest_toml = verify_envelope(signed_manifest, manifest_toml)
@@ -141,6 +142,8 @@ class AgentRegistry:
         if self.catalog.get_provider(handle.provider) is None and not handle.base_url:
             raise BadRequest(f"invalid manifest format: model.provider: unknown provider "
                              f"{handle.provider!r} (set model.base_url for a custom endpoint)")
+        if check is not None:
+            check(handle)
         if self.store.shared:
             shared.sync_agent(self, name=manifest.name)
         with self._lock:

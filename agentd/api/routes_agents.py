@@ -67,7 +67,8 @@ def result_body(result: RunResult) -> dict[str, Any]:
      description="Unknown manifest keys and a provider without an API key do not fail a spawn; "
                  "they are listed in `warnings`.",
      errors={400: "Invalid manifest (`invalid manifest format: <key>: <problem>`)",
-             403: "Signed manifest failed verification", 409: "An agent with this name exists",
+             403: "Signed manifest failed verification, or a scoped key's agent list does not name the agent",
+             409: "An agent with this name exists",
              413: "Manifest over 1 MB"},
      links={"GetAgent": ("agents.detail", {"agent_id": "$response.body#/agent_id"}),
             "MessageAgent": ("agents.message", {"agent_id": "$response.body#/agent_id"}),
@@ -93,7 +94,8 @@ def spawn():
         raise PayloadTooLarge("manifest too large (max 1 MB)")
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
-    handle = kernel().agents.spawn(manifest, data["signed_manifest"], principal().key_id)
+    who = principal()
+    handle = kernel().agents.spawn(manifest, data["signed_manifest"], who.key_id, who.check_spawn)
     # Unknown manifest keys or a missing provider key do not fail a spawn; they are reported
     # so a typo or the missing setup step is seen before the first message.
     return jsonify({"agent_id": handle.id, "name": handle.name,

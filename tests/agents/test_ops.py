@@ -359,6 +359,11 @@ def test_a_keys_run_lists_messages_and_kills_only_the_keys_agents(env) -> None:
     # An agent the key's run spawns is the key's (its manifest's schedules act as the key).
     child = ops.spawn_agent(boss.id, 'name = "minion-2"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
     assert mgr.get(child["agent_id"]).key_id == key_id
+    # One it could never reach is refused, and not made.
+    with pytest.raises(ToolError) as err:
+        ops.spawn_agent(boss.id, 'name = "stray"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
+    assert "may only spawn agents its list names (boss, minion-*), not 'stray'" in str(err.value)
+    assert mgr.find("stray") is None
     admins = AgentOpsImpl(mgr.registry, mgr.runs, mgr.runs.kv).spawn_agent(
         boss.id, 'name = "minion-3"\n[model]\nprovider = "openai"\nmodel = "gpt-4o"\n')
     assert mgr.get(admins["agent_id"]).key_id == ""

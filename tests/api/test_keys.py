@@ -236,6 +236,29 @@ def test_an_agent_outside_the_list_is_absent(d: Daemon) -> None:
     assert r.status_code == 404 and r.json() == {"error": "agent not found"}
 
 
+def test_a_key_spawns_only_agents_its_list_names(d: Daemon) -> None:
+    tag = uuid.uuid4().hex[:6]
+    key = new_key(d, scopes=["read", "manage"], agents=[f"made-{tag}-*"])
+    refusal = (f"forbidden: API key '{key['name']}' may only spawn agents its list names (made-{tag}-*), "
+               f"not 'stray-{tag}'")
+    r = as_key(d, key, "POST", "/api/agents", json={"manifest_toml": f'name = "stray-{tag}"\n'})
+    assert r.status_code == 403 and r.json() == {"error": refusal}, r.text
+    assert f"stray-{tag}" not in {a["name"] for a in d.get("/api/agents").json()}
+    refused = [e["detail"] for e in d.get("/api/audit/recent", params={"limit": 20}).json()
+               if e["event"] == "key.refused" and e["subject"] == key["name"]]
+    assert refused[0] == {"key_id": key["id"], "reason": "spawn", "name": f"stray-{tag}"}
+    browser = signed_in(d, key["key"])
+    token = re.search(r'name="csrf_token" value="([^"]+)"', browser.get(f"{d.url}/agents").text).group(1)
+    form = {"name": f"stray-{tag}", "model": "", "profile": "", "mode": "", "system_prompt": "", "csrf_token": token}
+    page = browser.post(f"{d.url}/agents", data=form, allow_redirects=False)
+    assert page.status_code == 403 and refusal.replace("'", "&#39;") in page.text
+    assert f'value="stray-{tag}"' in page.text, "what was typed is kept"
+    assert f"stray-{tag}" not in {a["name"] for a in d.get("/api/agents").json()}
+    r = as_key(d, key, "POST", "/api/agents", json={"manifest_toml": f'name = "made-{tag}-one"\n'})
+    assert r.status_code == 201, r.text
+    assert as_key(d, key, "GET", f"/api/agents/{r.json()['agent_id']}").status_code == 200
+
+
 def test_status_budget_and_usage_show_a_key_only_its_own(d: Daemon) -> None:
     inside, inside_name = spawn(d, "seen")
     outside, _ = spawn(d, "unseen")

@@ -81,7 +81,8 @@ def agents_spawn():
             manifest_text = manifest_edit.build(form["name"], form["model"], form["profile"], form["system_prompt"])
         else:
             manifest_text = manifest
-        handle = k.agents.spawn(manifest_text, None, principal().key_id)
+        who = principal()
+        handle = k.agents.spawn(manifest_text, None, who.key_id, who.check_spawn)
     except AgentdError as exc:
         # Shown inline above the form, which keeps what was typed.
         return _agents_page(exc.status, exc.message, manifest, form)
