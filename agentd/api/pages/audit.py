@@ -24,6 +24,11 @@ def _time(name: str) -> tuple[datetime | None, str]:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)), ""
 
 
+def _rfc3339(when: datetime | None) -> str | None:
+    """`when` as GET /api/audit/recent takes it (None: no filter)."""
+    return when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z") if when else None
+
+
 @bp.get("/audit")
 def audit():
     k = kernel()
@@ -39,5 +44,6 @@ def audit():
     agents = sorted({e["subject"] for e in known if e["subject"] in names})[:SUGGESTED]
     return render_template("audit.html", events=events, agent=agent, action=action,
                            since=request.args.get("since", ""), until=request.args.get("until", ""),
+                           since_utc=_rfc3339(since), until_utc=_rfc3339(until),
                            errors=[e for e in (since_error, until_error) if e], limit=SHOWN,
                            agents=agents, actions=actions)

@@ -276,6 +276,13 @@ def test_audit_filters_on_the_page_and_the_api(web: Web) -> None:
     assert '<option value="audited-a">' in html, "the agent filter offers the agents"
     html = web.get("/audit?agent=audited-b&since=2999-01-01T00:00").get_data(as_text=True)
     assert "No event matches." in html
+    # The page's JSON link carries every filter the page applies, so it shows the same rows.
+    for times, shown in (("since=2999-01-01T00:00", 0), ("until=2999-01-01T00:00:30", 1),
+                         ("since=2000-01-01T00:00&until=2001-01-01T00:00", 0)):
+        html = web.get(f"/audit?agent=audited-b&action=agent.&{times}").get_data(as_text=True)
+        link = re.search(r'href="(/api/audit/recent\?[^"]*)"', html).group(1).replace("&amp;", "&")
+        rows = api.get(link, environ_base=LOCAL).get_json()
+        assert len(rows) == len(re.findall(r"<td>audited-b</td>", html)) == shown, (times, link, rows)
     html = web.get("/audit?since=soon").get_data(as_text=True)
     assert "since: &#39;soon&#39; is not a time (YYYY-MM-DDTHH:MM)" in html
 
