@@ -788,6 +788,23 @@ def test_dashboard_login_with_a_key_sees_what_it_may(d: Daemon) -> None:
     assert browser.get(f"{d.url}/agents", allow_redirects=False).status_code in (302, 303)
 
 
+def test_dashboard_offers_only_the_forms_a_keys_scopes_allow(d: Daemon) -> None:
+    agent_id, name = spawn(d, "forms")
+    pages = {}
+    for scopes in (["read"], ["read", "message"], ["read", "message", "manage"]):
+        browser = signed_in(d, new_key(d, scopes=scopes, agents=["forms-*"])["key"])
+        pages[len(scopes)] = (browser.get(f"{d.url}/agents").text, browser.get(f"{d.url}/agents/{agent_id}").text)
+    listing, agent = pages[1]
+    assert 'id="spawn-form"' not in listing and name in listing
+    assert 'id="chat"' not in agent and 'id="chat-scope"' in agent and "Kill agent" not in agent
+    assert 'name="mode"' not in agent and "Stop run" not in agent
+    listing, agent = pages[2]
+    assert 'id="spawn-form"' not in listing and 'id="chat"' in agent and "Stop run" in agent
+    assert "Kill agent" not in agent and 'name="mode"' not in agent
+    listing, agent = pages[3]
+    assert 'id="spawn-form"' in listing and 'id="chat"' in agent and "Kill agent" in agent and 'name="mode"' in agent
+
+
 def test_dashboard_keys_page(d: Daemon) -> None:
     browser = requests.Session()
     login = browser.get(f"{d.url}/login")

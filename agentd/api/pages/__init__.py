@@ -24,6 +24,7 @@ from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path, retry_after_header
 from agentd.api.middleware import is_authorized, is_loopback
 from agentd.api.pages.notes import current_note
+from agentd.api.scopes import scope_of
 from agentd.errors import AgentdError
 from agentd.kernel import Kernel
 
@@ -129,8 +130,14 @@ def _page_headers(response: Response) -> Response:
 def _template_globals() -> dict:
     config = kernel().config
     return {"csrf_token": dashauth.csrf_token, "auth_enabled": bool(config.api_key),
-            "logged_in": dashauth.cookie_authenticates, "who": principal.principal,
+            "logged_in": dashauth.cookie_authenticates, "who": principal.principal, "may": _may,
             "note": current_note}
+
+
+def _may(endpoint: str) -> bool:
+    """Whether the viewer holds the scope `endpoint` needs: a form it would be refused is not offered."""
+    scope = scope_of(endpoint)
+    return scope is None or principal.principal().has(scope)
 
 
 @bp.app_template_filter("usd")
