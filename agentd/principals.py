@@ -90,6 +90,16 @@ class Principal:
     def visible(self, agents: Iterable[Any]) -> list[Any]:
         return [a for a in agents if self.may_reach(a)]
 
+    def seen_rows(self, rows: list[dict[str, Any]], agents: Callable[[], Iterable[Any]],
+                  fields: Iterable[str] = ("agent_id",)) -> list[dict[str, Any]]:
+        """The rows the key may see: those whose agent fields name only agents of its list
+        (`agents()`: every agent), or no agent."""
+        if not self.agents:
+            return rows
+        ids = {a.id for a in self.visible(agents())}
+        named = tuple(fields)
+        return [r for r in rows if all(not r.get(f) or r[f] in ids for f in named)]
+
 
 ADMIN = Principal()
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentd.agents.tools import ToolError
+from agentd.api.scopes import scope_of
 from agentd.errors import AgentdError
 from agentd.memory.kv import KvMemory
+from agentd.principals import ADMIN, Principal
+from agentd.tasks.board import TASK_AGENTS
 
 if TYPE_CHECKING:  # runs.py imports this module
     from agentd.agents.cooperation import Cooperation
@@ -72,12 +75,27 @@ class AgentOpsImpl:
             raise ToolError("scoped API keys are not available here")
         return self.runs.key_runs
 
-    def _acting(self) -> Any:
-        """The run's scoped key as it is now (a disabled or deleted key is a ToolError)."""
+    def _acting(self, scope: str | None = None) -> Any:
+        """The run's scoped key as it is now (a disabled or deleted key, or one without
+        `scope`, is a ToolError)."""
         try:
-            return self._key_runs().acting(self.key_id, scope=None)
+            return self._key_runs().acting(self.key_id, scope=scope)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
+
+    def _as_route(self, endpoint: str) -> Principal:
+        """Who the run acts as, holding the scope the API route `endpoint` needs: the tool may
+        do what the run's key may do through the API, no more (the admin in the admin's run)."""
+        return self._acting(scope_of(endpoint)) if self.key_id else ADMIN
+
+    def _reach(self, who: Principal, handle: Any, unknown: str) -> None:
+        """An agent outside the key's list is refused as an unknown one is (`unknown`)."""
+        if who.agents:
+            self._key_runs().reach(who, handle, lambda: ToolError(unknown))
+
+    def _seen(self, who: Principal, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tasks the key sees, as GET /api/tasks shows them to it."""
+        return who.seen_rows(tasks, self.registry.handles, TASK_AGENTS)
 
     def spawn_agent(self, caller_id: str, manifest_toml: str) -> dict[str, Any]:
         try:
@@ -94,7 +112,7 @@ class AgentOpsImpl:
         if handle.id == caller_id:
             raise ToolError("an agent cannot kill itself")
         if self.key_id:
-            self._key_runs().reach(self._acting(), handle, lambda: ToolError(f"no agent with id or name {target!r}"))
+            self._reach(self._acting(), handle, f"no agent with id or name {target!r}")
         self.registry.kill(handle)
 
     def kv_get(self, agent_id: str, key: str) -> tuple[bool, Any]:
@@ -122,6 +140,10 @@ class AgentOpsImpl:
             audit(event, caller.name if caller is not None else caller_id, {"agent_id": caller_id, **detail})
 
     def task_post(self, caller_id: str, title: str, description: str, assigned_to: str | None) -> dict[str, Any]:
+        who = self._as_route("tasks.create")
+        handle = self.registry.find(assigned_to) if assigned_to else None
+        if handle is not None:
+            self._reach(who, handle, f"no agent with id or name {assigned_to!r}")
         try:
             task = self._cooperation().tasks.post(title, description, assigned_to, created_by=caller_id)
         except AgentdError as exc:
@@ -130,22 +152,28 @@ class AgentOpsImpl:
         return task
 
     def task_claim(self, caller_id: str) -> dict[str, Any] | None:
-        task = self._cooperation().tasks.claim_next(caller_id)
+        who = self._as_route("tasks.claim")
+        task = self._cooperation().tasks.claim_next(caller_id, seen=lambda tasks: self._seen(who, tasks))
         if task is not None:
             self._audit("tool.task_claim", caller_id, {"task_id": task["id"]})
         return task
 
     def task_complete(self, caller_id: str, task_id: str, result: str) -> dict[str, Any]:
+        who = self._as_route("tasks.complete")
+        board = self._cooperation().tasks
         try:
-            task = self._cooperation().tasks.complete(task_id, result, agent_ref=caller_id)
+            if who.agents and not self._seen(who, [board.get(task_id)]):
+                raise ToolError("task not found")
+            task = board.complete(task_id, result, agent_ref=caller_id)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         self._audit("tool.task_complete", caller_id, {"task_id": task_id})
         return task
 
     def task_list(self, caller_id: str, status: str | None) -> list[dict[str, Any]]:
+        who = self._as_route("tasks.list_tasks")
         try:
-            tasks = self._cooperation().tasks.list(status=status)
+            tasks = self._seen(who, self._cooperation().tasks.list(status=status))
         except AgentdError as exc:
             raise ToolError(exc.message) from None
         self._audit("tool.task_list", caller_id, {"status": status, "count": len(tasks)})
@@ -162,9 +190,12 @@ class AgentOpsImpl:
     def activate_agent(self, caller_id: str, target: str) -> dict[str, Any]:
         """Bring an agent into this daemon's registry (from the shared database when another
         daemon spawned it) and mark it Running; a killed agent stays gone."""
+        unknown = f"no agent with id or name {target!r} (terminated agents cannot be revived)"
         handle = self.registry.find(target)
         if handle is None:
-            raise ToolError(f"no agent with id or name {target!r} (terminated agents cannot be revived)")
+            raise ToolError(unknown)
+        if self.key_id:
+            self._reach(self._acting(), handle, unknown)
         was = handle.state
         if was != "Running":
             self.registry.set_state(handle, "Running")

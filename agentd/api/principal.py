@@ -32,6 +32,7 @@ from agentd.apikeys import TOKEN_PREFIX
 from agentd.principals import ADMIN, Principal, run_fields  # noqa: F401 - the routes' import
 from agentd.config import Config
 from agentd.errors import AgentdError, NotFound, Unauthorized
+from agentd.tasks.board import TASK_AGENTS
 
 _UNSET = object()
 
@@ -141,9 +142,6 @@ class KeyLimits:
                 found = self._limiters[who.key_id] = (rpm, GcraLimiter(rpm / 60.0, rpm))
         decision = found[1].hit(who.key_id)
         return 0.0 if decision.allowed else max(decision.retry_after, 0.001)
-
-
-TASK_AGENTS = ("assigned_to", "claimed_by", "created_by")
 
 
 def step_agents(steps: list[dict[str, Any]]) -> list[str]:
@@ -260,12 +258,8 @@ def reachable_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def reachable(rows: list[dict[str, Any]], *fields: str) -> list[dict[str, Any]]:
     """The rows a key limited to some agents may see: those whose agent fields (`agent_id`
     unless named) name only its agents, or no agent."""
-    who = principal()
-    if not who.agents:
-        return rows
-    ids = {h.id for h in who.visible(current_app.extensions["agentd.kernel"].agents.handles())}
-    named = fields or ("agent_id",)
-    return [r for r in rows if all(not r.get(f) or r[f] in ids for f in named)]
+    return principal().seen_rows(rows, current_app.extensions["agentd.kernel"].agents.handles,
+                                 fields or ("agent_id",))
 
 
 def _is_id(ref: str) -> bool:

@@ -21,10 +21,13 @@ from agentd.store import Store
 from agentd.timestamps import iso, utcnow
 
 STATUSES = ("pending", "in_progress", "completed")
+# The agents a task names: for whom, by whom claimed, by whom posted.
+TASK_AGENTS = ("assigned_to", "claimed_by", "created_by")
 MAX_TITLE = 200
 MAX_TEXT = 65_536
 LIST_LIMIT = 500
 _write = orm.db_session(optimistic=False)
+Seen = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 def _text(value: Any, name: str, limit: int, empty_ok: bool = False) -> str:
@@ -130,16 +133,18 @@ class TaskBoard:
             raise Conflict(f"task {task_id} is not pending (status: {self.get(task_id)['status']})")
         return self.get(task_id)
 
-    def claim_next(self, agent_id: str) -> dict[str, Any] | None:
+    def claim_next(self, agent_id: str, seen: Seen | None = None) -> dict[str, Any] | None:
         """The oldest pending task assigned to the agent or to nobody, claimed; None when
-        there is none left."""
+        there is none left. `seen(tasks)`: those of the tasks (their id and TASK_AGENTS) the
+        claimer may see (a scoped key's run)."""
         with orm.db_session:
             rows = orm.select(t for t in self.store.e.TaskRow
                               if t.status == "pending" and (t.assigned_to is None or t.assigned_to == agent_id))
-            ordered = [r.id for r in rows.order_by(lambda t: (t.created_at, t.id)).limit(LIST_LIMIT)]
-        for task_id in ordered:
-            if self._take(task_id, agent_id):
-                return self.get(task_id)
+            ordered = [{"id": r.id, **{f: getattr(r, f) for f in TASK_AGENTS}}
+                       for r in rows.order_by(lambda t: (t.created_at, t.id)).limit(LIST_LIMIT)]
+        for task in seen(ordered) if seen is not None else ordered:
+            if self._take(task["id"], agent_id):
+                return self.get(task["id"])
         return None
 
     def complete(self, task_id: str, result: str, agent_ref: str | None = None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The task board through the real daemon: /api/tasks, the task_* tools, event_publish and
-agent_activate called by the fake LLM, Observe mode, and claims racing on one task."""
+agent_activate called by the fake LLM, Observe mode, claims racing on one task, and the
+tools in a run of a scoped API key (the key's agents and scopes, as on /api/tasks)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,24 @@ import json
 import re
 import threading
 import uuid
+from typing import Any, Iterator
 
+import pytest
+
+from conftest import LLM_ENV, llm_config
+from support import Daemon, make_home, stop_shared
 from tests.agents.test_agents import say, spawn
+from tests.api.test_keys import as_key, new_key
+
+ADMIN = "admin-secret-for-tasks"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory, fake_llm) -> Iterator[Daemon]:
+    home = make_home(tmp_path_factory.mktemp("tasks-keys"), f'api_key = "{ADMIN}"\n' + llm_config(fake_llm))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
+    yield daemon
+    stop_shared(daemon)
 
 
 def _agent(d, extra: str = "") -> tuple[str, str]:
@@ -26,6 +43,13 @@ def _tool(d, caller: str, tool: str, /, **args) -> str:
     out = r.json()["response"]
     assert out.startswith("tool said: "), out
     return out[len("tool said: "):]
+
+
+def _key_tool(d, key: dict[str, Any], caller: str, tool: str, /, **args) -> str:
+    """What `tool` answered in a run of `caller` that `key` started."""
+    r = as_key(d, key, "POST", f"/api/agents/{caller}/message", json={"message": _call(tool, **args)})
+    assert r.status_code == 200, r.text
+    return r.json()["response"].removeprefix("tool said: ")
 
 
 def _audit(d, event: str) -> list[dict]:
@@ -209,3 +233,60 @@ def test_event_publish_and_agent_activate(agent_daemon) -> None:
     assert _tool(d, caller, "agent_activate", agent_id="ghost") == (
         "error: no agent with id or name 'ghost' (terminated agents cannot be revived)")
     assert any(e["detail"]["target"] == target for e in _audit(d, "tool.agent_activate"))
+
+
+def test_a_keys_run_sees_and_reaches_only_the_tasks_and_agents_of_the_key(keyed) -> None:
+    d = keyed
+    mine, mine_name = _agent(d)
+    outside, outside_name = _agent(d)
+    secret = d.post("/api/tasks", json={"title": "secret plan", "description": "classified",
+                                        "assigned_to": outside_name}).json()
+    # Posted by the agent outside the list (older than the shared one: an admin's claim takes it first).
+    theirs = json.loads(_tool(d, outside, "task_post", title="their chore", description="theirs"))["task_id"]
+    shared = d.post("/api/tasks", json={"title": "shared chore", "description": ""}).json()
+    key = new_key(d, scopes=["read", "message", "manage"], agents=[mine_name])
+
+    # The tool lists what GET /api/tasks shows the key.
+    listed = json.loads(_key_tool(d, key, mine, "task_list"))
+    assert [t["id"] for t in listed] == [t["id"] for t in as_key(d, key, "GET", "/api/tasks").json()] == [shared["id"]]
+    # A task for an agent outside the list is refused as the API refuses it: as for an unknown agent.
+    refused = as_key(d, key, "POST", "/api/tasks", json={"title": "t", "assigned_to": outside_name})
+    assert refused.status_code == 404
+    assert _key_tool(d, key, mine, "task_post", title="t", description="d", assigned_to=outside_name) == (
+        f"error: {refused.json()['error']}") == f"error: no agent with id or name '{outside_name}'"
+    assert [t["title"] for t in d.get("/api/tasks").json()].count("t") == 0
+    # A claim takes the oldest task the key sees; completing a task it does not see finds none.
+    assert json.loads(_key_tool(d, key, mine, "task_claim"))["id"] == shared["id"]
+    assert d.get(f"/api/tasks/{theirs}").json()["status"] == "pending"
+    assert _key_tool(d, key, mine, "task_complete", task_id=secret["id"], result="x") == "error: task not found"
+    assert _key_tool(d, key, mine, "task_claim") == "no pending task to claim"
+    assert _key_tool(d, key, mine, "task_complete", task_id=shared["id"], result="done") == (
+        f"completed task {shared['id']}")
+    # agent_activate: an agent outside the list is an unknown one.
+    assert _key_tool(d, key, mine, "agent_activate", agent_id=outside_name) == (
+        f"error: no agent with id or name '{outside_name}' (terminated agents cannot be revived)")
+    assert not any(e["detail"]["target"] == outside for e in _audit(d, "tool.agent_activate"))
+    assert json.loads(_key_tool(d, key, mine, "agent_activate", agent_id=mine_name))["agent_id"] == mine
+    # The admin's run sees the whole board, as before.
+    assert secret["id"] in _tool(d, mine, "task_list", status="pending")  # (the model sees 500 characters)
+
+
+def test_a_keys_run_changes_the_board_only_with_the_scope_the_api_needs(keyed) -> None:
+    d = keyed
+    caller, caller_name = _agent(d)
+    task = d.post("/api/tasks", json={"title": "for the talker", "description": "", "assigned_to": caller}).json()
+    talker = new_key(d, scopes=["message"], agents=[caller_name])
+    r = as_key(d, talker, "POST", "/api/tasks", json={"title": "by the talker"})
+    missing = f"error: forbidden: API key '{talker['name']}' is missing scope"
+    assert r.status_code == 403 and f"error: {r.json()['error']}" == f"{missing} 'manage'"
+    assert _key_tool(d, talker, caller, "task_post", title="by the talker", description="x") == f"{missing} 'manage'"
+    assert _key_tool(d, talker, caller, "task_claim") == f"{missing} 'manage'"
+    assert _key_tool(d, talker, caller, "task_complete", task_id=task["id"], result="x") == f"{missing} 'manage'"
+    assert _key_tool(d, talker, caller, "task_list") == f"{missing} 'read'"
+    assert d.get(f"/api/tasks/{task['id']}").json()["status"] == "pending"
+    assert "by the talker" not in [t["title"] for t in d.get("/api/tasks").json()]
+    # With `manage`, the same run posts and claims.
+    manager = new_key(d, scopes=["message", "manage"], agents=[caller_name])
+    assert json.loads(_key_tool(d, manager, caller, "task_post", title="by the manager", description="x"))[
+        "status"] == "pending"
+    assert json.loads(_key_tool(d, manager, caller, "task_claim"))["id"] == task["id"]

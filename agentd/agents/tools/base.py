@@ -70,15 +70,15 @@ class ToolContext:
             raise ToolError("this tool needs the daemon's tool services, which are not available here")
         return self.services
 
-    def acting(self) -> Principal:
-        """Who a job this run makes is created by: its scoped key as the key is now (refused
-        when disabled, deleted, expired or without `manage`), else the admin."""
+    def acting(self, scope: str = "manage") -> Principal:
+        """Who what this run does acts as (a job it makes is created by): its scoped key as
+        the key is now (refused when disabled, deleted, expired or without `scope`), else the admin."""
         if not self.key_id:
             return ADMIN
         if self.key_runs is None:
             raise ToolError("scoped API keys are not available here")
         try:
-            return self.key_runs.acting(self.key_id)
+            return self.key_runs.acting(self.key_id, scope)
         except AgentdError as exc:
             raise ToolError(exc.message) from None
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from agentd.agents.handle import MESSAGE_LIMIT
 from agentd.agents.tools.base import ToolContext, ToolError, tool
+from agentd.api.scopes import scope_of
 from agentd.errors import AgentdError
 
 
@@ -35,6 +36,8 @@ from agentd.errors import AgentdError
                                                       "message_thread_id, Slack thread_ts)"}},
       ("channel", "recipient"), family="channels")
 def channel_send(ctx: ToolContext, args: dict[str, Any]) -> str:
+    # A key's run sends only what the key could send itself: a channel's test message.
+    ctx.acting(scope_of("channels.test"))
     attached = _workspace_file(ctx, args) if args.get("file_path") else None
     # A media URL goes in the message, where every platform shows it.
     parts = [args.get("message") or ""]

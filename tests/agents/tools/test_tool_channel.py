@@ -1,8 +1,10 @@
-"""channel_send through the real daemon: the fake LLM calls it, the webhook adapter's sender delivers."""
+"""channel_send through the real daemon: the fake LLM calls it, the webhook adapter's sender delivers;
+in a scoped API key's run, only with the scope the key needs to send a channel's test message."""
 
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -11,12 +13,15 @@ from conftest import LLM_ENV, NO_REMEMBERING, llm_config
 from fakes.recorder import Recorder
 from support import Daemon, free_port, make_home, stop_shared
 from tests.agents.tools.tool_calls import call, spawn
+from tests.api.test_keys import as_key, new_key
+
+ADMIN = "admin-secret-for-channel-send"
 
 
 @pytest.fixture(scope="module")
 def sent(tmp_path_factory, fake_llm):
-    home = make_home(tmp_path_factory.mktemp("chan"), llm_config(fake_llm, NO_REMEMBERING))
-    daemon = Daemon(home, env_extra=LLM_ENV).start()
+    home = make_home(tmp_path_factory.mktemp("chan"), f'api_key = "{ADMIN}"\n' + llm_config(fake_llm, NO_REMEMBERING))
+    daemon = Daemon(home, api_key=ADMIN, env_extra=LLM_ENV).start()
     callback = Recorder()
     configure(daemon, "webhook", listen_port=free_port(), callback_url=callback.url + "/cb",
               allowed_users=["alice", "team-room", "@example.com"])
@@ -78,3 +83,23 @@ def test_observe_mode_never_sends(sent) -> None:
     r = daemon.post(f"/api/agents/{agent}/message", json={
         "message": '[[tool:channel_send {"channel": "webhook", "recipient": "alice", "message": "x"}]]'})
     assert "permission denied: tool 'channel_send' is not available" in r.json()["response"]
+
+
+def test_a_keys_run_sends_only_with_the_scope_a_channel_test_needs(sent) -> None:
+    daemon, callback = sent
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    agent = spawn(daemon, extra="", name=name)
+    send = f"[[tool:channel_send {json.dumps({'channel': 'webhook', 'recipient': 'alice', 'message': 'from a key'})}]]"
+    before = len(callback.requests)
+    talker = new_key(daemon, scopes=["read", "message"], agents=[name])
+    refused = as_key(daemon, talker, "POST", "/api/channels/webhook/test", json={"message": "hi", "chat_id": "alice"})
+    assert refused.status_code == 403
+    said = as_key(daemon, talker, "POST", f"/api/agents/{agent}/message", json={"message": send}).json()["response"]
+    assert said == f"tool said: error: {refused.json()['error']}" == (
+        f"tool said: error: forbidden: API key '{talker['name']}' is missing scope 'manage'")
+    assert len(callback.requests) == before
+    manager = new_key(daemon, scopes=["message", "manage"], agents=[name])
+    said = as_key(daemon, manager, "POST", f"/api/agents/{agent}/message", json={"message": send}).json()["response"]
+    assert json.loads(said.removeprefix("tool said: "))["status"] == "sent"
+    wait_for(lambda: len(callback.requests) > before, what="the webhook callback")
+    assert json.loads(callback.requests[-1]["body"])["message"] == "from a key"
