@@ -44,6 +44,8 @@
     var p = el("p"); p.appendChild(el("strong", null, a.tool)); p.appendChild(document.createTextNode(" is waiting for approval"));
     card.appendChild(p);
     card.appendChild(el("pre", null, JSON.stringify(a.input, null, 1)));
+    /* The page leaves the decision URLs out for a key without the scope to decide. */
+    if (!body.dataset.approveUrl) return card;
     [["Approve", "ok", body.dataset.approveUrl], ["Reject", "bad", body.dataset.rejectUrl]].forEach(function (b) {
       var btn = el("button", b[1], b[0]);
       btn.type = "button";

@@ -805,6 +805,80 @@ def test_dashboard_offers_only_the_forms_a_keys_scopes_allow(d: Daemon) -> None:
     assert 'id="spawn-form"' in listing and 'id="chat"' in agent and "Kill agent" in agent and 'name="mode"' in agent
 
 
+def test_every_dashboard_page_offers_only_the_forms_a_keys_scopes_allow(d: Daemon) -> None:
+    agent_id, name = spawn(d, "pageforms")
+    api = f"/api/memory/agents/{agent_id}"
+    assert d.put(f"{api}/kv/colour", json="blue").status_code == 200
+    fragment = d.post(f"{api}/memories", json={"content": "likes tea"}).json()["id"]
+    job = d.post("/api/cron/jobs", json={"agent_id": agent_id, "name": f"forms-{uuid.uuid4().hex[:6]}",
+                                         "schedule": {"kind": "every", "every_secs": 3600},
+                                         "action": {"kind": "agent_turn", "message": "m"}}).json()["id"]
+    trigger = d.post("/api/triggers", json={"agent_id": agent_id, "pattern": {"content_match": "x"},
+                                            "prompt_template": "saw {{event}}"}).json()["id"]
+    task = d.post("/api/tasks", json={"title": "a task"}).json()["id"]
+    workflow = make_workflow(d, name)
+    agent, memory, job_url = f"/agents/{agent_id}", f"/agents/{agent_id}/memory", f"/schedules/{job}"
+    fragment_url, trigger_url = f"{memory}/fragments/{fragment}", f"/triggers/{trigger}"
+    workflow_url = f"/workflows/{workflow}"
+    # A tool call waiting for approval, for the approvals page's buttons.
+    assert d.http.put(f"{d.url}/api/agents/{agent_id}/mode", json={"mode": "Manual"}).status_code == 200
+    talk = threading.Thread(target=lambda: d.post(f"/api/agents/{agent_id}/message", json={
+        "message": '[[tool:memory_store {"key": "k", "value": "v"}]]'}))
+    talk.start()
+    wait_until(lambda: any(a["agent_id"] == agent_id for a in d.get("/api/approvals").json()), "an approval")
+    approval = next(a["id"] for a in d.get("/api/approvals").json() if a["agent_id"] == agent_id)
+
+    def post(url: str) -> str:
+        return f'method="post" action="{url}"'
+
+    def link(url: str) -> str:  # a link to the page with the form, or to a confirmed action's question
+        return f'href="{url}"'
+
+    # page -> (what the page holds when it offers the form, the scope the form needs)
+    pages = {
+        agent: [(post(f"{agent}/message"), "message"), (post(f"{agent}/stop"), "message"),
+                (post(f"{agent}/mode"), "manage"), (link(f"{agent}/kill"), "manage"),
+                (post(f"/approvals/{approval}/approve"), "manage")],
+        "/approvals": [(post(f"/approvals/{approval}/approve"), "manage"),
+                       (post(f"/approvals/{approval}/reject"), "manage")],
+        memory: [(post(f"{memory}/kv"), "manage"), (link(f"{memory}/kv/delete?key=colour"), "manage"),
+                 (post(f"{memory}/fragments"), "manage"), (link(f"{fragment_url}/delete"), "manage"),
+                 (post(f"{memory}/import"), "manage"), (post(f"{memory}/consolidate"), "manage")],
+        fragment_url: [(post(fragment_url), "manage"), (link(f"{fragment_url}/delete"), "manage")],
+        f"{memory}/graph": [(post(f"{memory}/graph/entities"), "manage"),
+                            (post(f"{memory}/graph/relations"), "manage")],
+        "/providers": [(post("/providers/openai/test"), "manage"), (post("/providers/openai/key"), "admin"),
+                       (post("/providers/url"), "admin")],
+        "/usage": [(post("/usage/budget"), "admin")],
+        "/schedules": [(post("/schedules"), "manage"), (post(f"{job_url}/run"), "manage"),
+                       (post(f"{job_url}/disable"), "manage")],
+        job_url: [(post(f"{job_url}/edit"), "manage"), (post(f"{job_url}/run"), "manage"),
+                  (link(f"{job_url}/delete"), "manage")],
+        f"/triggers?edit={trigger}": [(post("/triggers"), "manage"), (post(f"{trigger_url}/edit"), "manage"),
+                                      (post(f"{trigger_url}/disable"), "manage"),
+                                      (link(f"{trigger_url}/delete"), "manage")],
+        "/tasks": [(post("/tasks"), "manage"), (link(f"/tasks/{task}/delete"), "manage")],
+        "/workflows": [(link("/workflows/new"), "manage")],
+        workflow_url: [(post(f"{workflow_url}/run"), "manage"), (link(f"{workflow_url}/edit"), "manage")],
+        "/channels/telegram": [(post("/channels/telegram/configure"), "manage")],
+        "/skills": [(post("/skills/install"), "admin"), (post("/skills/reload"), "manage")],
+        "/mcp-servers": [(post("/mcp-servers/reload"), "admin")],
+    }
+    try:
+        for scopes in (["read"], ["read", "message"], ["admin"]):
+            browser = signed_in(d, ADMIN if scopes == ["admin"] else new_key(d, scopes=scopes)["key"])
+            for page, forms in pages.items():
+                r = browser.get(d.url + page)
+                assert r.status_code == 200, (scopes, page, r.status_code)
+                for form, scope in forms:
+                    assert (form in r.text) == (scope in scopes or scopes == ["admin"]), (scopes, page, form)
+                # Where a whole form is gone, the page says which scope it needs.
+                assert ("which this key does not hold" in r.text) == (scopes != ["admin"]), (scopes, page)
+    finally:
+        d.post(f"/api/approvals/{approval}/reject")
+        talk.join(30)
+
+
 def test_dashboard_keys_page(d: Daemon) -> None:
     browser = requests.Session()
     login = browser.get(f"{d.url}/login")
