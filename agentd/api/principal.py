@@ -270,8 +270,11 @@ def _is_id(ref: str) -> bool:
     return True
 
 
-def authorize(who: Principal, limits: KeyLimits) -> Response | None:
-    """The route's scope, the agent in its path, the key's rate limit: a refusal or None."""
+def authorize(who: Principal, limits: KeyLimits,
+              answer: Callable[..., Response] = error_response) -> Response | None:
+    """The route's scope, the agent in its path, the key's rate limit: a refusal or None.
+
+    `answer(status, message, code=..., retry_after=...)` makes the refusal's response."""
     if who.is_admin:
         return None
     try:
@@ -289,11 +292,11 @@ def authorize(who: Principal, limits: KeyLimits) -> Response | None:
         if who.agents:
             _reach_owner(who, request.view_args or {})
     except AgentdError as exc:
-        return error_response(exc.status, exc.message)
+        return answer(exc.status, exc.message)
     wait = limits.hit(who)
     if wait > 0:
         current_app.extensions["agentd.kernel"].keys.refused(who, "rate limit", {})
-        return error_response(429, f"rate limit exceeded: API key '{who.name}' allows "
+        return answer(429, f"rate limit exceeded: API key '{who.name}' allows "
                                    f"{who.rate_limit_per_minute} requests a minute",
                               code="rate_limit_exceeded", retry_after=wait)
     return None

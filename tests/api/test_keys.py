@@ -879,6 +879,22 @@ def test_every_dashboard_page_offers_only_the_forms_a_keys_scopes_allow(d: Daemo
         talk.join(30)
 
 
+def test_a_form_the_keys_scope_refuses_shows_what_was_typed(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "draft")
+    key = new_key(d, scopes=["read", "message"])
+    browser = signed_in(d, key["key"])
+    page = browser.get(f"{d.url}/agents/{agent_id}").text
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    # The page offered the chat; the key loses the scope before the message is sent.
+    assert d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["read"]}).status_code == 200
+    draft = "a long message <worth> keeping"
+    r = browser.post(f"{d.url}/agents/{agent_id}/message", data={"message": draft, "csrf_token": token},
+                     allow_redirects=False)
+    assert r.status_code == 403 and "is missing scope &#39;message&#39;" in r.text, r.text
+    assert "a long message &lt;worth&gt; keeping" in r.text, "what was typed is shown to copy"
+    assert draft not in str(d.get(f"/api/agents/{agent_id}/session").json())
+
+
 def test_dashboard_keys_page(d: Daemon) -> None:
     browser = requests.Session()
     login = browser.get(f"{d.url}/login")

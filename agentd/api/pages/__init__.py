@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any, Callable
 
-from flask import Blueprint, Response, current_app, g, redirect, request, url_for
+from flask import Blueprint, Response, current_app, g, redirect, render_template, request, url_for
 
 from agentd.api import dashauth, principal
 from agentd.api.errors import error_response, is_api_path, retry_after_header
@@ -52,9 +52,17 @@ def refused(page: tuple[str, int], exc: AgentdError) -> tuple[str, int, dict[str
     return body, status, {"Retry-After": retry_after_header(exc.retry_after)} if status == 429 else {}
 
 
-def form_post(rule: str, page: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+# A form_post endpoint -> the fields a refusal of it by the key's scope shows again.
+KEPT: dict[str, tuple[str, ...]] = {}
+
+
+def form_post(rule: str, page: str,
+              keeps: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Route a form's POST at `rule`. A refused POST shows its page at that URL; opening the
-    URL again (GET) answers 303 to `page` instead of 405, with the URL's values it takes."""
+    URL again (GET) answers 303 to `page` instead of 405, with the URL's values it takes.
+
+    `keeps`: the typed fields (never a secret) that the refusal page of a key without the
+    form's scope shows, since the form's page no longer offers the form to fill again."""
     def register(view: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(view)
         def answer(**values: Any) -> Any:
@@ -62,8 +70,20 @@ def form_post(rule: str, page: str) -> Callable[[Callable[..., Any]], Callable[.
                 taken = next(current_app.url_map.iter_rules(page)).arguments
                 return see_other(page, **{k: v for k, v in values.items() if k in taken})
             return view(**values)
+        KEPT[f"{bp.name}.{view.__name__}"] = keeps
         return bp.route(rule, methods=["GET", "POST"])(answer)
     return register
+
+
+def _refusal(status: int, message: str, **more: Any) -> Response:
+    """The gate's refusal: an error page, which for a form's POST refused by the key's scope
+    also shows what was typed, as the form's other refusals keep it."""
+    fields = KEPT.get(request.endpoint or "", ()) if status == 403 and request.method == "POST" else ()
+    kept = [(k, request.form[k]) for k in fields if request.form.get(k)]
+    if not kept:
+        return error_response(status, message, **more)
+    return Response(render_template("error.html", status=status, message=message, typed=kept, no_session=True),
+                    status=status, mimetype="text/html")
 
 
 def _agent_by_name() -> str:
@@ -105,7 +125,7 @@ def _gate() -> Response | None:
     unknown = _agent_by_name()
     if config.api_key and request.endpoint not in OPEN_ENDPOINTS:
         # A scoped key's login sees what its scopes and agent list allow (agentd/api/principal.py).
-        refused = principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"])
+        refused = principal.authorize(principal.principal(), current_app.extensions["agentd.key_limits"], _refusal)
         if refused is not None:
             return refused
     if unknown:

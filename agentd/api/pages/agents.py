@@ -106,7 +106,7 @@ def agent_edit(agent_id: str):
     return _edit_page(kernel().agents.get(agent_id))
 
 
-@form_post("/agents/<agent_id>/manifest", "pages.agent_edit")
+@form_post("/agents/<agent_id>/manifest", "pages.agent_edit", keeps=("manifest_toml",))
 def agent_manifest(agent_id: str):
     """Replace the manifest as PUT /api/agents/{id}/manifest does."""
     agents = kernel().agents
@@ -162,7 +162,7 @@ def agent_page(agent_id: str):
     return _agent_page(agent_id)
 
 
-@form_post("/agents/<agent_id>/message", "pages.agent_page")
+@form_post("/agents/<agent_id>/message", "pages.agent_page", keeps=("message",))
 def agent_message(agent_id: str):
     """The no-JavaScript chat: run the message (as POST /api/agents/{id}/message), then 303 back.
 

@@ -49,7 +49,7 @@ def triggers():
     return _triggers_page(editing={"trigger": trigger, "form": _editable(trigger)})
 
 
-@form_post("/triggers/<trigger_id>/edit", "pages.triggers")
+@form_post("/triggers/<trigger_id>/edit", "pages.triggers", keeps=("prompt_template",))
 def trigger_edit(trigger_id: str):
     """Change the trigger's prompt and caps as PATCH /api/triggers/{id} does (an emptied cap is
     removed); a refusal comes back above the edit form, with what was typed."""

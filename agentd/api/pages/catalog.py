@@ -64,7 +64,7 @@ def _levels(raw: str) -> list[float]:
     return out
 
 
-@form_post("/usage/budget", "pages.usage")
+@form_post("/usage/budget", "pages.usage", keeps=("limit_usd", "alert_levels"))
 def budget_set():
     """Sets the monthly limit and the alert levels as PUT /api/budget does (0: no limit; alert
     levels left empty: unchanged)."""
@@ -146,7 +146,7 @@ def provider_key(name: str):
     return see_other_with("pages.providers", [f"{name}: key saved; test it with its Test button"])
 
 
-@form_post("/providers/url", "pages.providers")
+@form_post("/providers/url", "pages.providers", keeps=("provider", "base_url"))
 def provider_url():
     """Sets a provider's base URL as PUT /api/providers/{name}/url does (a local
     OpenAI-compatible server, a proxy)."""

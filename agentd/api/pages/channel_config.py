@@ -218,7 +218,7 @@ def channel_remove(name: str):
                           name=name)
 
 
-@form_post("/channels/<name>/test", "pages.channel_page")
+@form_post("/channels/<name>/test", "pages.channel_page", keeps=("message",))
 def channel_test(name: str):
     channels = kernel().channels
     if name not in channels.catalog.names():

@@ -104,7 +104,7 @@ def _required_service() -> Any:
 
 # -- fragments ----------------------------------------------------------------------------------
 
-@form_post("/agents/<agent_id>/memory/fragments", "pages.agent_memory")
+@form_post("/agents/<agent_id>/memory/fragments", "pages.agent_memory", keeps=("content", "scope"))
 def memory_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form
@@ -172,7 +172,7 @@ def _kv_value(text: str) -> Any:
         return text
 
 
-@form_post("/agents/<agent_id>/memory/kv", "pages.agent_memory")
+@form_post("/agents/<agent_id>/memory/kv", "pages.agent_memory", keeps=("key", "value"))
 def memory_kv_set(agent_id: str):
     handle = kernel().agents.get(agent_id)
     key = request.form.get("key", "")
@@ -276,7 +276,7 @@ def memory_entity(agent_id: str, entity_id: str):
                            outgoing=outgoing, incoming=incoming)
 
 
-@form_post("/agents/<agent_id>/memory/graph/entities", "pages.memory_graph")
+@form_post("/agents/<agent_id>/memory/graph/entities", "pages.memory_graph", keeps=("name", "entity_type"))
 def memory_entity_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form
@@ -288,7 +288,8 @@ def memory_entity_add(agent_id: str):
     return _done(handle.id, [f"entity {form.get('name', '').strip()} saved"], endpoint="pages.memory_graph")
 
 
-@form_post("/agents/<agent_id>/memory/graph/relations", "pages.memory_graph")
+@form_post("/agents/<agent_id>/memory/graph/relations", "pages.memory_graph",
+           keeps=("source", "relation", "target"))
 def memory_relation_add(agent_id: str):
     handle = kernel().agents.get(agent_id)
     form = request.form

@@ -141,7 +141,7 @@ def schedule_page(job_id: str):
     return _job_page(job_id)
 
 
-@form_post("/schedules/<job_id>/edit", "pages.schedule_page")
+@form_post("/schedules/<job_id>/edit", "pages.schedule_page", keeps=("message",))
 def schedule_edit(job_id: str):
     """Change the job as PATCH /api/cron/jobs/{id} does, from the same form as a new job's; an
     emptied cap or agent is removed. A refusal comes back above the form, with what was typed."""

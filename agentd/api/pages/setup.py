@@ -27,7 +27,7 @@ def setup():
                            default=k.config.default_model)
 
 
-@form_post("/setup/provider", "pages.setup")
+@form_post("/setup/provider", "pages.setup", keeps=("base_url",))
 def setup_provider():
     """Set the provider's URL and key when given, then test it (POST /api/providers/{name}/test)."""
     providers = kernel().providers
@@ -54,7 +54,7 @@ def setup_provider():
     return see_other_with("pages.setup", done, provider=name, _anchor="default-model")
 
 
-@form_post("/setup/default", "pages.setup")
+@form_post("/setup/default", "pages.setup", keeps=("model",))
 def setup_default():
     """Write `[default_model]` to config.toml and use it from now on."""
     provider = request.form.get("provider", "")

@@ -19,7 +19,7 @@ def skills():
     return render_template("skills.html", skills=listed, valid=sum(1 for s in listed if s["valid"]))
 
 
-@form_post("/skills/install", "pages.skills")
+@form_post("/skills/install", "pages.skills", keeps=("path", "url"))
 def skill_install():
     """As POST /api/skills/install: the uploaded zip when one was chosen, else the URL, else the path."""
     service = kernel().skills

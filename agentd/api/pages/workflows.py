@@ -42,7 +42,7 @@ def workflow_page(workflow_id: str):
     return _workflow_page(workflow_id)
 
 
-@form_post("/workflows/<workflow_id>/run", "pages.workflow_page")
+@form_post("/workflows/<workflow_id>/run", "pages.workflow_page", keeps=("input",))
 def workflow_run(workflow_id: str):
     """Starts a run like POST /api/workflows/{id}/runs, then 303 to the run's page (its steps
     stream in with JavaScript; without, a refresh shows how far it got)."""
