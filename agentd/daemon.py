@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from agentd.cli.client import DaemonInfo, is_healthy, process_identity, read_daemon_file, write_daemon_file
 from agentd import tracing
-from agentd.config import Config, unknown_keys
+from agentd.config import Config, unknown_keys, unwritable_home
 from agentd.errors import AgentdError
 from agentd.logs import setup_logging
 from agentd.malloc_tuning import tune_malloc
@@ -71,8 +71,7 @@ def lock_home(config: Config) -> IO[bytes]:
         config.home.mkdir(parents=True, exist_ok=True)
         handle = open(path, "ab")
     except OSError as exc:
-        raise StartError(f"cannot write in the home {config.home} ({exc.strerror}): agentd keeps its "
-                         "database, lock and logs there; make it writable (or free some space)") from None
+        raise StartError(unwritable_home(config.home, exc)) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -12,12 +12,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import argh
 
 from agentd.cli.client import ApiClient, find_daemon, process_identity, read_daemon_file
-from agentd.config import Config, home_dir, load_config, write_default_config
+from agentd.config import Config, home_dir, load_config, unwritable_home, write_default_config
 from agentd.errors import AgentdError
 from agentd.money import format_usd
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # requests loads in the commands that talk to a daemon, not i
     import requests
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -60,7 +60,7 @@ def start() -> None:
     """Start the daemon in the foreground (Ctrl-C or `agentd stop` ends it)."""
     from agentd.daemon import run_daemon
 
-    write_default_config(_usable_home())
+    _write_home()
     config = _config()
     try:
         run_daemon(config)
@@ -264,19 +264,22 @@ def _get(client: ApiClient, path: str, params: dict[str, str] | None = None) -> 
     return response.json()
 
 
-def _usable_home() -> Path:
-    """The home directory, or exit 1 saying why it cannot be one (a file is in its place)."""
+def _write_home() -> Path:
+    """Create the home layout and its config.toml (kept if present), or exit 1 saying why the
+    home cannot be one (a file is in its place, a read-only file system)."""
     home = home_dir()
     if home.exists() and not home.is_dir():
         _fail(f"{home} is not a directory: set AGENTD_HOME to a directory")
-    return home
+    try:
+        return write_default_config(home)
+    except OSError as exc:
+        _fail(unwritable_home(home, exc))
 
 
 def init() -> None:
     """Create the home directory and a commented config.toml (kept if present)."""
-    home = _usable_home()
-    existed = (home / "config.toml").exists()
-    path = write_default_config(home)
+    existed = (home_dir() / "config.toml").exists()
+    path = _write_home()
     print(f"{'kept existing' if existed else 'wrote'} {path}")
 
 

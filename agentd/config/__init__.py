@@ -21,7 +21,7 @@ from agentd.config.parse import (LOG_FORMATS, LOG_LEVELS, api_table, channels_ta
 from agentd.config.tables import (DEFAULT_LISTEN, AgentsConfig, ApiConfig, ChannelsConfig, DefaultModel, LlmConfig,
                                   MemoryConfig, MetricsConfig, SchedulesConfig, TelemetryConfig, ToolsConfig,
                                   TriggersConfig)
-from agentd.config.template import DEFAULT_CONFIG_TEXT, write_default_config
+from agentd.config.template import DEFAULT_CONFIG_TEXT, unwritable_home, write_default_config
 from agentd.errors import ConfigError
 from agentd.mcp.config import McpServerSpec, parse_mcp_servers
 
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_CONFIG_TEXT", "DEFAULT_LISTEN", "LOG_FORMATS", "LOG_LEVELS", "AgentsConfig", "ApiConfig",
            "ChannelsConfig", "Config", "ConfigError", "DefaultModel", "LlmConfig", "MemoryConfig", "MetricsConfig",
            "SchedulesConfig", "TelemetryConfig", "ToolsConfig", "home_dir",
-           "load_config", "parse_config", "remote_agents", "split_listen", "unknown_keys", "write_default_config"]
+           "load_config", "parse_config", "remote_agents", "split_listen", "unknown_keys", "unwritable_home",
+           "write_default_config"]
 
 
 @dataclass

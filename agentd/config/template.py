@@ -122,6 +122,12 @@ api_key_env = "ANTHROPIC_API_KEY"
 """
 
 
+def unwritable_home(home: Path, exc: OSError) -> str:
+    """Why a daemon cannot run on `home`, for `agentd start` and `agentd init` alike."""
+    return (f"cannot write in the home {home} ({exc.strerror}): agentd keeps its database, lock and logs "
+            "there; make it writable (or free some space)")
+
+
 def write_default_config(home: Path) -> Path:
     """Create the home layout and a commented config.toml unless one exists."""
     home.mkdir(parents=True, exist_ok=True)

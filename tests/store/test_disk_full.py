@@ -203,3 +203,17 @@ def test_a_read_only_home_is_refused_at_start_with_a_clear_message(small_disk: P
         f"error: cannot write in the home {home} (Read-only file system): agentd keeps its database, lock "
         "and logs there; make it writable (or free some space)")
     assert "Traceback" not in started.stderr
+
+
+def test_a_read_only_home_not_laid_out_yet_is_refused_by_start_and_init_with_a_clear_message(
+        small_disk: Path) -> None:
+    bare = make_home(small_disk)
+    missing = small_disk / "never-made"
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    for home in (bare, missing):
+        for command in ("start", "init"):
+            done = run_cli(home, command, port=free_port())
+            assert done.returncode == 1, done.stdout
+            assert done.stderr.strip().splitlines()[-1] == (
+                f"error: cannot write in the home {home} (Read-only file system): agentd keeps its database, "
+                "lock and logs there; make it writable (or free some space)")
