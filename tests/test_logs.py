@@ -37,6 +37,7 @@ def test_json_log_lines_carry_the_request_id_into_the_run(tmp_path: Path, fake_l
     request_id = failed.headers["X-Request-Id"]
 
     ws = websocket.create_connection(d.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws", timeout=15)
+    socket_request_id = ws.getheaders()["x-request-id"]
     assert json.loads(ws.recv())["type"] == "connected"
     ws.send(json.dumps({"type": "message", "content": "[[fail:401]] over the socket"}))
     while json.loads(ws.recv())["type"] not in ("error", "response"):
@@ -57,9 +58,14 @@ def test_json_log_lines_carry_the_request_id_into_the_run(tmp_path: Path, fake_l
     # Every line the run wrote names that request, and the agent.
     assert not [r for r in records if r["message"].startswith(("model call failed", "run failed"))
                 and (r["request_id"] is None or r["agent"] != "logged")]
-    # The socket's run ran on a worker thread and still names the upgrade request (its own id).
+    # The socket's run ran on a worker thread and still names the upgrade request: the id its 101 answered.
     socket_run = [r for r in records if r["message"].startswith("run failed") and r["request_id"] != request_id]
-    assert len(socket_run) == 1 and socket_run[0]["request_id"] and socket_run[0]["agent"] == "logged"
+    assert len(socket_run) == 1 and socket_run[0]["request_id"] == socket_request_id
+    assert socket_run[0]["agent"] == "logged"
+    # Its access line is written at the opening, with the status the wire said.
+    opening = [r for r in records if r["logger"] == "agentd.http" and r["request_id"] == socket_request_id]
+    assert len(opening) == 1 and f"/api/agents/{agent_id}/ws -> 101 (" in opening[0]["message"], opening
+    assert records.index(opening[0]) < records.index(socket_run[0])
     # The request's own access line, written by the HTTP layer.
     access = [r for r in records if r["logger"] == "agentd.http" and r["request_id"] == request_id]
     assert len(access) == 1 and f"request {request_id}" in access[0]["message"]

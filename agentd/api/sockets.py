@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from flask import Blueprint, Flask, current_app, request
+from flask import Blueprint, Flask, Response, current_app, request
 
 from agentd import jsonsafe
 from agentd.agents.events import Event
@@ -305,15 +305,38 @@ class _LazySock:
 
             @functools.wraps(handler)
             def view(*args: Any, **kwargs: Any) -> Any:
+                # The two headers routing does not look at; without them the handshake would fail
+                # after its 101 was counted.
+                if request.headers.get("Sec-WebSocket-Version") != "13" or not request.headers.get(
+                        "Sec-WebSocket-Key"):
+                    raise BadRequest("not a WebSocket handshake: send Sec-WebSocket-Key and "
+                                     "Sec-WebSocket-Version: 13")
                 if not built:
                     from flask_sock import Sock
 
                     Sock().route(path, bp=_Keep(built))(handler)
-                return built[0](*args, **kwargs)
+                return _Opening(functools.partial(built[0], *args, **kwargs))
 
             bp.route(path, websocket=True)(view)
 
         return decorator
+
+
+class _Opening(Response):
+    """The answer to a handshake: its `101 Switching Protocols` goes through the WSGI layers
+    first, so the request is counted, timed and logged at its opening and gets the common
+    headers (`X-Request-Id`, which the socket's runs log), which the transport writes into the
+    101 (agentd/server/websocket.py). Then the socket lives on this thread; flask-sock's own
+    answer at its end is dropped."""
+
+    def __init__(self, session: Callable[[], Any]) -> None:
+        super().__init__(status=101)
+        self._session = session
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("101 Switching Protocols", [])
+        self._session()
+        return []
 
 
 class _Keep:

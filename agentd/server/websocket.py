@@ -148,7 +148,7 @@ class WebSocketTask(WriteTask):
                 log.info("websocket client %s went away before the handshake: %s", peer, exc)
                 stream = WebSocketStream(peer=peer)
             else:
-                stream = WebSocketStream(fileno=fd, peer=peer)
+                stream = WebSocketStream(fileno=fd, peer=peer, headers=self.response_headers)
             self._ws_stream = stream
             registry = _registry_of(channel.server)
             if registry is not None:

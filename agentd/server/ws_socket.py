@@ -40,7 +40,8 @@ _GOING_AWAY_FRAME = b"\x88\x02\x03\xe9"
 class WebSocketStream(socket.socket):
     """The dup'd connection simple-websocket reads and writes after the hijack."""
 
-    def __init__(self, *, fileno: int | None = None, peer: str = "?") -> None:
+    def __init__(self, *, fileno: int | None = None, peer: str = "?",
+                 headers: list[tuple[str, str]] | None = None) -> None:
         if fileno is None:
             # Stand-in for a connection that was already gone at hijack time:
             # an unconnected socket gives the selector a valid descriptor and
@@ -60,6 +61,9 @@ class WebSocketStream(socket.socket):
         self._ws_dead = fileno is None
         self._ws_handshake_done = False
         self._ws_reader_started = False
+        # The headers the app answered the handshake with (its request id...): they go into
+        # the 101, which simple-websocket writes whole in the first send.
+        self._ws_head = "".join(f"{name}: {value}\r\n" for name, value in headers or ()).encode("latin-1")
 
     # -- used by simple-websocket --------------------------------------------
 
@@ -93,6 +97,8 @@ class WebSocketStream(socket.socket):
         with self._ws_lock:
             if self._ws_dead or self._ws_closed.is_set():
                 return  # the peer is gone; the reader reports the close
+            if not self._ws_handshake_done and self._ws_head:
+                data = bytes(data).replace(b"\r\n\r\n", b"\r\n" + self._ws_head + b"\r\n", 1)
             try:
                 super().sendall(data, flags)
             except OSError as exc:

@@ -8,6 +8,7 @@ import hmac
 import json
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +26,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 REMOTE = "203.0.113.7"
 SECRET = "hook-secret"
 MESSAGE_ROUTE = "/api/agents/<agent_id>/message"
+SOCKET_ROUTE = "/api/agents/<agent_id>/ws"
 
 
 @pytest.fixture(scope="module")
@@ -228,16 +230,25 @@ def test_the_route_is_in_the_openapi_document(daemon: Daemon) -> None:
     assert "401" in operation["responses"]
 
 
-def test_an_open_websocket_is_counted_while_it_is_open(daemon: Daemon) -> None:
+def test_an_open_websocket_is_counted_while_it_is_open_and_its_opening_as_a_101(daemon: Daemon) -> None:
     agent_id = spawn(daemon, "socketed")
     ws = websocket.create_connection(daemon.url.replace("http://", "ws://") + f"/api/agents/{agent_id}/ws",
                                      timeout=15)
     try:
         assert json.loads(ws.recv())["type"] == "connected"
-        assert value(scrape(daemon), "agentd_open_websockets") == 1
+        samples = scrape(daemon)
+        assert value(samples, "agentd_open_websockets") == 1
+        # The request is its opening: counted once answered, with the status the wire said.
+        assert value(samples, "agentd_http_requests_total", method="GET", route=SOCKET_ROUTE, status="101") == 1
+        time.sleep(1.5)
     finally:
         ws.close()
     wait_until(lambda: value(scrape(daemon), "agentd_open_websockets") == 0, "the socket to be counted closed")
+    samples = scrape(daemon)
+    assert value(samples, "agentd_http_requests_total", method="GET", route=SOCKET_ROUTE, status="101") == 1
+    assert value(samples, "agentd_http_requests_total", method="GET", route=SOCKET_ROUTE, status="200") is None
+    assert value(samples, "agentd_http_request_duration_seconds_count", method="GET", route=SOCKET_ROUTE) == 1
+    assert value(samples, "agentd_http_request_duration_seconds_sum", method="GET", route=SOCKET_ROUTE) < 1
 
 
 def test_docs_and_dashboard_name_exactly_the_served_metrics(daemon: Daemon) -> None:

@@ -518,6 +518,16 @@ def test_unknown_agent_is_404_before_the_upgrade(srv: AppServer) -> None:
     assert r.status_code == 400 and list(r.json()) == ["error"]
 
 
+@pytest.mark.parametrize("headers", [{"Sec-WebSocket-Version": "13"},
+                                     {"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "8"}])
+def test_a_handshake_without_its_key_or_version_is_a_400(srv: AppServer, headers: dict) -> None:
+    agent_id = srv.spawn("handshake")
+    r = requests.get(f"http://127.0.0.1:{srv.port}/api/agents/{agent_id}/ws", timeout=WAIT,
+                     headers={"Upgrade": "websocket", "Connection": "Upgrade", **headers})
+    assert r.status_code == 400
+    assert r.json() == {"error": "not a WebSocket handshake: send Sec-WebSocket-Key and Sec-WebSocket-Version: 13"}
+
+
 def test_echo_socket(srv: AppServer) -> None:
     ws = websocket.create_connection(srv.url("/api/_ws/echo"), timeout=WAIT)
     try:
