@@ -59,8 +59,9 @@ def status():
 @bp.post("/api/shutdown")
 @doc("Stop the daemon gracefully", response=out.StatusOnlySchema, tags="system", query=ShutdownQuery,
      errors={409: "`home` names another home than the one this daemon serves"},
-     description="Answers `{status: shutting_down}`, then stops accepting connections, gives "
-                 "in-flight requests `shutdown_grace_secs` and exits.")
+     description="Answers `{status: shutting_down}`, then stops accepting connections, stops the runs "
+                 "under way at once (recorded as stopped), gives in-flight requests `shutdown_grace_secs` "
+                 "to answer that and exits.")
 def shutdown():
     k = kernel()
     home = body.validate(ShutdownQuery(), request.args.to_dict()).get("home")

@@ -241,8 +241,20 @@ class AgentSocket:
             self._receive()
         finally:
             self.kernel.listeners.remove(self.handle.id, self)
+        if self.kernel.stopping.is_set():
+            self._see_runs_end()
         self.open = False
         self.stop_runs()
+
+    def _see_runs_end(self) -> None:
+        """The daemon is stopping and has stopped this socket's runs: each sends its end as
+        a stop command's does (`typing: stop`, `error: run cancelled`), as SSE and `/v1`
+        clients get theirs, within the grace period; then the socket goes away."""
+        deadline = time.monotonic() + self.kernel.config.api.shutdown_grace_secs
+        while self._runs and self.open and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._send_lock:
+            going_away(self.ws)
 
     def _receive(self) -> None:
         from simple_websocket import ConnectionClosed  # loaded by the upgrade already
@@ -289,6 +301,16 @@ class AgentSocket:
         """The client is gone: withdraw this socket's queued runs and cancel its running one."""
         for ticket in list(self._runs.values()):
             ticket.stop()
+
+
+def going_away(ws: Any) -> None:
+    """Close with 1001 "going away": the daemon is stopping (a client that left already is fine)."""
+    from simple_websocket import ConnectionClosed  # loaded by the upgrade already
+
+    try:
+        ws.close(1001)
+    except (ConnectionClosed, OSError):
+        pass
 
 
 class _LazySock:
@@ -399,11 +421,12 @@ def register_sockets(app: Flask) -> _LazySock:
          errors={400: "Not a WebSocket handshake"})
     def echo(ws) -> None:  # type: ignore[no-untyped-def]
         """Echo every frame back; used to check the WebSocket transport."""
-        while True:
-            data = ws.receive()
-            if data is None:
-                return
-            ws.send(data)
+        stopping = current_app.extensions["agentd.kernel"].stopping
+        while not stopping.is_set():
+            data = ws.receive(timeout=0.25)
+            if data is not None:
+                ws.send(data)
+        going_away(ws)
 
     app.register_blueprint(bp)
     return sock

@@ -50,7 +50,8 @@ malloc_arenas = 2
 # Blocks of at least this many KiB are mapped and handed back on free (0: glibc's
 # threshold, which rises as large blocks are freed). MALLOC_MMAP_THRESHOLD_ wins.
 malloc_mmap_threshold_kb = 16
-# Seconds in-flight requests get to finish on shutdown.
+# Seconds in-flight requests get on shutdown to send their answer: the runs under way are
+# stopped at once (recorded as stopped), and their clients told so within this time.
 shutdown_grace_secs = 10
 # Reverse proxies (addresses or CIDRs, e.g. ["127.0.0.1"]) whose X-Forwarded-For,
 # -Proto, -Host, -Prefix and Forwarded headers are believed. Set api_key too:

@@ -66,8 +66,6 @@ def wake(server: Any) -> None:
 
 def drain(server: Any, grace_secs: float) -> None:
     """Stop accepting, let in-flight answers finish for up to `grace_secs`, close all."""
-    # WebSocket handlers wait on their client; "going away" frees their workers now.
-    close_websockets(server)
     # Close only the listening socket: the trigger and the open channels stay, so
     # in-flight responses are still flushed.
     try:
@@ -81,6 +79,9 @@ def drain(server: Any, grace_secs: float) -> None:
         if not dispatcher.active_count and not dispatcher.queue and not pending_output:
             break
         poll(server, 0.05)
+    # The app's WebSocket handlers end by themselves (going away once their runs' ends are
+    # sent); one still held by its client is told "going away" here, which frees its worker.
+    close_websockets(server)
     close(server)
 
 

@@ -6,6 +6,7 @@ cases, which need handlers the product does not have."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import struct
 import time
@@ -204,3 +205,24 @@ def test_agent_socket_when_max_streams_is_reached(daemon_factory, fake_llm) -> N
         finally:
             ws.close()
     wait_until(freed, "the closed socket's stream slot to be released")
+
+
+def test_a_socket_mid_run_at_shutdown_gets_the_stop_notice_then_going_away(daemon_factory, fake_llm) -> None:
+    """As a stop command's run ends: `typing: stop` and `error: run cancelled`, then close 1001."""
+    d = daemon_factory(llm_config(fake_llm), env_extra=LLM_ENV)
+    agent_id = spawn(d)
+    ws = agent_socket(d, agent_id)
+    ws.send(json.dumps({"type": "message", "content": "[[chunks:40]] [[pace:300]]"}))
+    until(ws, "text_delta")
+    d.proc.send_signal(signal.SIGTERM)
+    frames = []
+    while True:
+        opcode, frame = ws.recv_data_frame(control_frame=True)
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            break
+        frames.append(json.loads(frame.data))
+    assert [f for f in frames if f["type"] not in ("text_delta", "phase")][-2:] == [
+        {"type": "typing", "state": "stop"}, {"type": "error", "content": "run cancelled"}]
+    assert struct.unpack("!H", frame.data[:2])[0] == 1001
+    ws.close()
+    assert d.proc.wait(15) == 0
