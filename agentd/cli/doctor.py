@@ -80,6 +80,28 @@ def _check_postgres(cfg: Config) -> Check:
     return Check("database", "ok", f"PostgreSQL {where}, schema version {version}")
 
 
+def _check_sqlite(path: Path) -> Check:
+    """The database file is SQLite (or empty), with a schema this agentd can use."""
+    from agentd.store.migrate import SCHEMA_VERSION, VERSION_TABLE, newer_schema
+
+    with open(path, "rb") as fh:
+        if fh.read(16) != SQLITE_MAGIC and path.stat().st_size:
+            return Check("database", "fail", f"{path} is not a SQLite file")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            known = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                 (VERSION_TABLE,)).fetchone()
+            version = conn.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}").fetchone()[0] if known else None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        version = None  # unreadable now (locked, say): the start says what it finds
+    if version is not None and version > SCHEMA_VERSION:
+        return Check("database", "fail", f"database {path}: {newer_schema(version)}")
+    return Check("database", "ok", f"{path} is a SQLite database")
+
+
 def check_disk(where: Path) -> Check:
     """Free space and writability of the directory holding the database (or the home)."""
     probe = where
@@ -330,11 +352,7 @@ def run_checks(home: Path) -> list[Check]:
     elif not cfg.db_path.exists():
         checks.append(Check("database", "warn", f"{cfg.db_path} missing; it is created on first start"))
     else:
-        with open(cfg.db_path, "rb") as fh:
-            magic_ok = fh.read(16) == SQLITE_MAGIC or cfg.db_path.stat().st_size == 0
-        checks.append(Check("database", "ok" if magic_ok else "fail",
-                            f"{cfg.db_path} is a SQLite database" if magic_ok
-                            else f"{cfg.db_path} is not a SQLite file"))
+        checks.append(_check_sqlite(cfg.db_path))
     checks.append(check_disk(cfg.db_path.parent if cfg.db_path.parent.exists() else home))
     checks.append(_check_manifests(cfg.agents_dir))
     checks.append(_check_skills(cfg.home / "skills"))

@@ -66,13 +66,17 @@ def found_version(cur: Any, backend: str) -> int:
     return 1
 
 
+def newer_schema(version: int) -> str:
+    """Why a database at `version` is refused (by the start, and by `agentd doctor`)."""
+    return f"database schema version {version} is newer than this agentd's ({SCHEMA_VERSION}); upgrade agentd"
+
+
 def run_steps(cur: Any, backend: str) -> int:
     """Bring existing tables to SCHEMA_VERSION; returns the version found. Call with the
     migration lock held, before Pony maps (and creates) the tables."""
     version = found_version(cur, backend)
     if version > SCHEMA_VERSION:
-        raise SchemaError(f"database schema version {version} is newer than this agentd's "
-                          f"({SCHEMA_VERSION}); upgrade agentd")
+        raise SchemaError(newer_schema(version))
     for step in range(version + 1, SCHEMA_VERSION + 1):
         if version > 0:
             log.info("migrating database schema to version %d", step)

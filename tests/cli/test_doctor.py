@@ -78,6 +78,21 @@ def test_doctor_reads_the_sqlite_file_and_the_manifests_without_changing_them(tm
     conn.execute("CREATE TABLE t (x)")
     conn.close()
     assert found()["database"]["status"] == "ok"
+    # A schema from a newer agentd, which `agentd start` refuses: refused here in its words.
+    open_store(db).close()
+    assert found()["database"] == {"check": "database", "status": "ok", "message": f"{db} is a SQLite database"}
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(f"INSERT INTO {VERSION_TABLE} (version, applied_at, description) VALUES (?, ?, ?)",
+                     (SCHEMA_VERSION + 1, "2026-12-01T00:00:00", "from a newer agentd"))
+    conn.close()
+    assert found()["database"] == {
+        "check": "database", "status": "fail",
+        "message": f"database {db}: database schema version {SCHEMA_VERSION + 1} is newer than this agentd's "
+                   f"({SCHEMA_VERSION}); upgrade agentd"}
+    started = run_cli(home, "start", port=free_port(), env_extra={"AGENTD_DATABASE_URL": ""})
+    assert started.returncode == 1 and started.stderr.strip().splitlines()[-1] == \
+        "error: " + found()["database"]["message"]
     (home / "agents" / "two.toml").write_text('name = "two"\nprofile = "nonsense"\n')
     assert found()["agent_manifests"] == {
         "check": "agent_manifests", "status": "fail",
