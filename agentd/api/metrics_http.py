@@ -9,6 +9,7 @@ while its handler holds the connection.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, Iterable
 
@@ -19,6 +20,8 @@ from agentd.metrics import UNMATCHED, Metrics
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _STREAMING = "agentd.metrics.sse"
+# A rule's converter is left out of its label: `<path:key>` reads `<key>`, like every other variable.
+_CONVERTER = re.compile(r"<[^<>:]+:([^<>]+)>")
 
 
 class RequestMetrics:
@@ -27,6 +30,7 @@ class RequestMetrics:
     def __init__(self, app: Callable[..., Iterable[bytes]], metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._routes: dict[str, str] = {}  # rule -> its label
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         started = time.perf_counter()
@@ -55,7 +59,7 @@ class RequestMetrics:
         rule = getattr(request, "url_rule", None)
         method = environ.get("REQUEST_METHOD", "")
         self.metrics.http_request(method if method in METHODS else "other",
-                                  rule.rule if rule is not None else UNMATCHED, code,
+                                  self._route(rule.rule) if rule is not None else UNMATCHED, code,
                                   time.perf_counter() - started)
         if code == "429":
             decision = environ.get(RATE)
@@ -66,6 +70,12 @@ class RequestMetrics:
         elif code == "200" and _is_event_stream(headers) and not environ.get(_STREAMING):
             environ[_STREAMING] = True
             self.metrics.open_streams.inc()
+
+    def _route(self, rule: str) -> str:
+        label = self._routes.get(rule)
+        if label is None:
+            label = self._routes[rule] = _CONVERTER.sub(r"<\1>", rule)
+        return label
 
 
 def _is_event_stream(headers: list[tuple[str, str]]) -> bool:

@@ -193,6 +193,15 @@ def test_unknown_paths_share_one_label(daemon: Daemon) -> None:
     assert value(samples, "agentd_http_requests_total", method="GET", route="unmatched", status="404") == 3
 
 
+def test_a_route_variable_is_labelled_without_its_converter(daemon: Daemon) -> None:
+    agent_id = spawn(daemon, "keyed")
+    assert daemon.put(f"/api/memory/agents/{agent_id}/kv/a/b", json={"value": 1}).status_code == 200
+    samples = scrape(daemon)
+    assert value(samples, "agentd_http_requests_total", method="PUT",
+                 route="/api/memory/agents/<agent_id>/kv/<key>", status="200") == 1
+    assert not [key for key in samples if any(":" in v for name, v in key[1] if name == "route")]
+
+
 def test_a_remote_client_of_a_keyless_daemon_is_refused(daemon: Daemon) -> None:
     r = daemon.get("/metrics", headers={"X-Forwarded-For": REMOTE})
     assert r.status_code == 401
