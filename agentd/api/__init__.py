@@ -95,7 +95,8 @@ def create_app(kernel: Kernel, pool_stats: Callable[[], dict] | None = None, lim
         from agentd.api.metrics_http import RequestMetrics
 
         # Inside the common headers: the request id is set and the answer's own status is seen.
-        app.wsgi_app = RequestMetrics(app.wsgi_app, kernel.metrics)  # type: ignore[method-assign]
+        app.wsgi_app = RequestMetrics(app.wsgi_app, kernel.metrics,  # type: ignore[method-assign]
+                                      kernel.agents.registry.loaded_handle)
     # Every answer names the daemon that gave it (agentd/api/routes_cluster.py).
     install_middleware(app, kernel.config, fixed_headers=[("X-Agentd-Daemon", kernel.cluster.id)])
     install_guard(app, kernel.config)

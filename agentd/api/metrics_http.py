@@ -27,9 +27,11 @@ _CONVERTER = re.compile(r"<[^<>:]+:([^<>]+)>")
 class RequestMetrics:
     """WSGI middleware counting every answer of `app` in `metrics`."""
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], metrics: Metrics) -> None:
+    def __init__(self, app: Callable[..., Iterable[bytes]], metrics: Metrics,
+                 agent_named: Callable[[str], Any] = lambda agent_id: None) -> None:
         self.app = app
         self.metrics = metrics
+        self.agent_named = agent_named  # the loaded agent of an id (its handle), or None
         self._routes: dict[str, str] = {}  # rule -> its label
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -66,10 +68,16 @@ class RequestMetrics:
             if decision is not None and not decision.allowed:
                 self.metrics.refusal("rate_limit")
         elif code == "413":
-            self.metrics.refusal("size")
+            self.metrics.refusal("size", self._agent(request) if self.metrics.agent_labels else "")
         elif code == "200" and _is_event_stream(headers) and not environ.get(_STREAMING):
             environ[_STREAMING] = True
             self.metrics.open_streams.inc()
+
+    def _agent(self, request: Any) -> str:
+        """The name of the agent the request's path names, or "" (no agent, or none known here)."""
+        agent_id = (getattr(request, "view_args", None) or {}).get("agent_id")
+        handle = self.agent_named(agent_id) if isinstance(agent_id, str) else None
+        return handle.name if handle is not None else ""
 
     def _route(self, rule: str) -> str:
         label = self._routes.get(rule)

@@ -219,11 +219,17 @@ def test_metrics_need_the_key_when_one_is_set_and_agent_names_label_per_agent_se
     assert anonymous.json() == {"error": "missing API key: send Authorization: Bearer <api_key>"}
     wrong = requests.get(f"{d.url}/metrics", headers={"Authorization": "Bearer nope"}, timeout=10)
     assert (wrong.status_code, wrong.json()) == (401, {"error": "invalid API key"})
-    spawn(d, "labelled")
+    agent_id = spawn(d, "labelled")
+    # A body refused for its size is the agent's when the path names one.
+    assert d.post(f"/api/agents/{agent_id}/message", json={"message": "x" * (64 * 1024 + 1)}).status_code == 413
+    assert d.post("/api/agents", data=b"x" * (4 * 1024 * 1024),
+                  headers={"Content-Type": "application/json"}).status_code == 413
     samples = scrape(d)
     assert value(samples, "agentd_http_requests_total", method="GET", route="/metrics", status="401") == 2
     assert value(samples, "agentd_agent_queue_depth", agent="labelled") == 0
     assert value(samples, "agentd_agent_queue_depth") is None
+    assert value(samples, "agentd_requests_refused_total", reason="size", agent="labelled") == 1
+    assert value(samples, "agentd_requests_refused_total", reason="size", agent="") == 1
 
 
 def test_disabled_metrics_are_not_served(tmp_path: Path) -> None:
