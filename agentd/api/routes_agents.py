@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
+from marshmallow import Schema
 
 from agentd.api import schemas_out as out
 from agentd.api.apidoc import doc
@@ -25,8 +26,25 @@ from agentd.schema_fields import is_blank
 # A manifest of the largest size, sent as JSON: a valid TOML text escapes to at most three
 # times its UTF-8 size (`\u00e9` for `é`), so the manifest's own limit decides, not the body's.
 MANIFEST_BODY_LIMIT = 3 * MANIFEST_LIMIT + 65_536
+MANIFEST_TOO_LARGE = "manifest too large (max 1 MB)"
 
 bp = Blueprint("agents", __name__)
+
+
+def manifest_body(schema: Schema) -> dict[str, Any]:
+    """A spawn's or manifest update's body. One over 1 MB is taken only as JSON whose
+    `manifest_toml` is within 1 MB once its escapes are undone: any other is refused as too
+    large, whatever else is wrong with it (the size is judged first)."""
+    try:
+        data = body.load(schema, MANIFEST_BODY_LIMIT)
+    except (BadRequest, body.UnsupportedMediaType):
+        if len(body.raw_body(MANIFEST_BODY_LIMIT)) > MANIFEST_LIMIT:
+            raise PayloadTooLarge(MANIFEST_TOO_LARGE) from None
+        raise
+    manifest = data["manifest_toml"]
+    if manifest is not None and len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
+        raise PayloadTooLarge(MANIFEST_TOO_LARGE)
+    return data
 
 
 def agent(agent_id: str) -> AgentHandle:
@@ -88,10 +106,8 @@ def result_body(result: RunResult) -> dict[str, Any]:
                           {"mode": "collect"}]}),
             "KillAgent": ("agents.kill", {"agent_id": "$response.body#/agent_id"})})
 def spawn():
-    data = body.load(SpawnSchema(), MANIFEST_BODY_LIMIT)
+    data = manifest_body(SpawnSchema())
     manifest = data["manifest_toml"]
-    if manifest is not None and len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
-        raise PayloadTooLarge("manifest too large (max 1 MB)")
     if not manifest and not data["signed_manifest"]:
         raise BadRequest("invalid request: manifest_toml is required")
     who = principal()
@@ -183,9 +199,7 @@ def set_mode(agent_id: str):
      errors={400: "Invalid manifest, or a different name", 413: "Manifest over 1 MB"})
 def update_manifest(agent_id: str):
     handle = agent(agent_id)
-    manifest = body.load(ManifestSchema(), MANIFEST_BODY_LIMIT)["manifest_toml"]
-    if len(manifest.encode("utf-8")) > MANIFEST_LIMIT:
-        raise PayloadTooLarge("manifest too large (max 1 MB)")
+    manifest = manifest_body(ManifestSchema())["manifest_toml"]
     warnings = kernel().agents.update_manifest(handle, manifest, principal().key_id)
     return jsonify(updated_body(handle, warnings))
 

@@ -426,6 +426,24 @@ def test_chunked_body_past_the_cap_is_413_through_the_daemon(shared_daemon) -> N
         f"BUG: a chunked body exactly at the cap was cut or refused: {r.text[:200]}"
 
 
+def test_a_spawn_or_manifest_body_over_1_mb_is_judged_by_its_size_first(shared_daemon) -> None:
+    d = shared_daemon
+    agent_id = d.post("/api/agents", json={"manifest_toml": 'name = "resized"\n'}).json()["agent_id"]
+    over = b"x" * (1024 * 1024 + 1)
+    for method, path in (("POST", "/api/agents"), ("PUT", f"/api/agents/{agent_id}/manifest")):
+        for data, content_type in ((over, "application/json"), (over, "text/plain"),
+                                   (json.dumps({"manifest_toml": over.decode(), "x": 1}).encode(), "application/json")):
+            r = d.request(method, path, data=data, headers={"Content-Type": content_type})
+            assert (r.status_code, r.json()) == (413, {"error": "manifest too large (max 1 MB)"}), (path, r.text)
+        r = d.request(method, path, data=b"x" * 1024, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON"), r.text
+    # Over 1 MB as JSON, within it once its escapes are undone: taken.
+    escaped = json.dumps({"manifest_toml": 'name = "resized"\n#' + "é" * 200_000 + "\n"}).encode()
+    assert len(escaped) > 1024 * 1024
+    r = d.put(f"/api/agents/{agent_id}/manifest", data=escaped, headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_validate_takes_a_schemas_fast_load_when_it_answers() -> None:
     """A schema's `fast_load` (the common bodies without marshmallow) answers first; None
     from it, or no fast_load at all, means the schema's own load()."""
