@@ -5,7 +5,8 @@ event's kind, keeps those whose pattern matches, skips a trigger of the agent wh
 trigger-started run caused the event (no loops), admits each firing against the trigger's
 rate limit and daily caps (agentd/triggers/store.py) and starts the run through the one run
 path with origin `trigger` (as the scoped API key that created the trigger, if one did:
-agentd/key_runs.py). A run's cost is added to its trigger's day when it ends.
+agentd/key_runs.py); a firing whose run is refused is taken back. A run's cost is added to
+its trigger's day when it ends.
 
 An event a scoped key published (`Event.key_id`) fires only the triggers of agents the key
 may reach, whoever owns the trigger: a key cannot make an agent outside its list run with
@@ -172,9 +173,9 @@ class Triggers:
         if trigger.key_id and not self._heard(trigger.key_id, event):
             log.info("trigger %s not fired: event %s is of an agent outside its API key's list", trigger.id, event.id)
             return
-        admitted, why = self.store.admit(trigger.id, self.rate_limit_per_minute)
-        if not admitted:
-            log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, why)
+        admission = self.store.admit(trigger.id, self.rate_limit_per_minute)
+        if not admission.admitted:
+            log.info("trigger %s not fired for event %s: %s", trigger.id, event.id, admission.why)
             return
         from agentd.agents.run_request import WORKER, RunRequest
 
@@ -183,11 +184,13 @@ class Triggers:
             ticket = self.runs.start(RunRequest(handle, prompt, on=WORKER, origin=ORIGIN, from_client=False,
                                                 **acting))
         except AgentdError as exc:
+            self.store.refund(trigger.id, admission)
             self._refused(trigger, handle, event, exc)
             return
         if self.audit is not None:
             self.audit("trigger.fire", handle.name, {"trigger_id": trigger.id, "agent_id": handle.id,
                                                      "event_id": event.id, "event_type": event.type})
+        self.store.started(trigger.id, handle.id, admission)
         if ticket.future is not None:
             ticket.future.add_done_callback(lambda f: self._finished(trigger, f))
 

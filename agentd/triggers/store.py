@@ -1,8 +1,8 @@
 """Trigger rows and the counters every firing is admitted against.
 
-Admission (`admit`) and cost (`add_cost`) update the trigger's row under a row lock
-(`SELECT ... FOR UPDATE` on PostgreSQL; one writer at a time on SQLite), so the per-minute
-rate limit and the daily caps hold across every daemon sharing the database.
+Admission (`admit`), its undoing (`refund`) and cost (`add_cost`) update the trigger's row
+under a row lock (`SELECT ... FOR UPDATE` on PostgreSQL; one writer at a time on SQLite), so
+the per-minute rate limit and the daily caps hold across every daemon sharing the database.
 """
 
 from __future__ import annotations
@@ -36,6 +36,17 @@ class Trigger:
     pattern: dict[str, Any]
     prompt_template: str
     key_id: str | None = None  # the scoped API key its runs act as (None: the admin's)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One firing counted against its trigger (`admitted`), or why it was not (`why`)."""
+
+    admitted: bool
+    why: str = ""
+    at: datetime | None = None  # when it was counted
+    before: datetime | None = None  # the trigger's last_fired_at until then
+    paused: str | None = None  # the pause its counting reached, audited once its run started
 
 
 def _naive(dt: datetime | None) -> datetime | None:
@@ -147,43 +158,73 @@ class TriggerStore:
             return query.delete(bulk=True)
 
     # -- firing --------------------------------------------------------------------
-    def admit(self, trigger_id: str, default_rate: int) -> tuple[bool, str]:
-        """Count one firing if the trigger may fire now: (True, "") or (False, why not).
-        Reaching `max_runs_per_day` pauses the trigger for the rest of the UTC day."""
+    def admit(self, trigger_id: str, default_rate: int) -> Admission:
+        """Count one firing if the trigger may fire now. Reaching `max_runs_per_day` pauses
+        the trigger for the rest of the UTC day; that pause is audited by `started`, as a
+        firing whose run is then refused is undone by `refund`."""
         now = _now()
         paused = None
-        admitted, why = False, ""
+        admission = Admission(False)
         with self._lock, _write:
             row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
             if row is None:
-                return False, "deleted"
+                return Admission(False, "deleted")
             self._roll_day(row, now)
             agent_id = row.agent_id
             limit = row.rate_limit_per_minute or default_rate
             start = _naive(row.window_start)
             if not row.enabled:
-                why = "disabled"
+                admission = Admission(False, "disabled")
             elif row.paused_reason is not None:
-                why = row.paused_reason
+                admission = Admission(False, row.paused_reason)
             elif row.max_runs_per_day is not None and row.runs_today >= row.max_runs_per_day:
-                paused = why = row.paused_reason = self._runs_reason(row)
+                paused = row.paused_reason = self._runs_reason(row)
+                admission = Admission(False, paused)
             elif row.max_cost_usd_per_day is not None and row.cost_today >= row.max_cost_usd_per_day:
-                paused = why = row.paused_reason = self._cost_reason(row)
+                paused = row.paused_reason = self._cost_reason(row)
+                admission = Admission(False, paused)
             elif start is not None and timedelta(0) <= now - start < timedelta(minutes=1) and row.window_count >= limit:
-                why = f"rate limit: {limit} run(s) per minute"
+                admission = Admission(False, f"rate limit: {limit} run(s) per minute")
             else:
                 if start is None or not timedelta(0) <= now - start < timedelta(minutes=1):
                     row.window_start, row.window_count = now, 0
+                before = _naive(row.last_fired_at)
                 row.window_count += 1
                 row.runs_today += 1
                 row.fire_count += 1
                 row.last_fired_at = now
-                admitted = True
+                reached = None
                 if row.max_runs_per_day is not None and row.runs_today >= row.max_runs_per_day:
-                    paused = row.paused_reason = self._runs_reason(row)
+                    reached = row.paused_reason = self._runs_reason(row)
+                admission = Admission(True, "", now, before, reached)
         if paused is not None:
             self._audit_pause(trigger_id, agent_id, paused)
-        return admitted, why
+        return admission
+
+    def started(self, trigger_id: str, agent_id: str, admission: Admission) -> None:
+        """The admitted firing's run started: audit the pause its counting reached."""
+        if admission.paused is not None:
+            self._audit_pause(trigger_id, agent_id, admission.paused)
+
+    def refund(self, trigger_id: str, admission: Admission) -> None:
+        """Undo an admitted firing whose run was refused: it does not count towards the
+        rate limit, the day's runs or `fire_count`, and lifts the pause it reached. The
+        row's counters are decremented rather than restored, so firings other daemons
+        counted meanwhile still count."""
+        with self._lock, _write:
+            row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
+            if row is None:
+                return
+            if row.day == admission.at.date().isoformat():
+                row.runs_today = max(row.runs_today - 1, 0)
+                if row.paused_reason is not None and row.paused_reason.startswith(CAP_REASONS[0]) \
+                        and row.max_runs_per_day is not None and row.runs_today < row.max_runs_per_day:
+                    row.paused_reason = None
+            if _naive(row.window_start) is not None and _naive(row.window_start) <= admission.at:
+                row.window_count = max(row.window_count - 1, 0)
+            row.fire_count = max(row.fire_count - 1, 0)
+            if _naive(row.last_fired_at) == admission.at:
+                row.last_fired_at = admission.before
 
     def add_cost(self, trigger_id: str, cost: float) -> None:
         """Add a run's cost to the day's; reaching `max_cost_usd_per_day` pauses the trigger."""

@@ -255,6 +255,37 @@ def test_caps_pause_with_reason_and_audit(d) -> None:
     assert d.get(f"/api/triggers/{spend['id']}").json()["fire_count"] == 1
 
 
+def test_a_firing_the_global_budget_refuses_does_not_count(d) -> None:
+    within_one_utc_period(30, DAY)  # the day's runs counted below, in one UTC day
+    a, name = agent(d)
+    assert d.post(f"/api/agents/{a}/message", json={"message": "spend"}).json()["cost_usd"] > 0.000001
+    word = f"broke-{uuid.uuid4().hex[:6]}"
+    capped = trigger(d, a, {"content_match": word}, max_runs_per_day=1)
+    assert d.put("/api/budget", json={"limit_usd": 0.000001}).status_code == 200
+    try:
+        event = publish(d, word)
+
+        def refusal() -> list[dict[str, Any]]:
+            return [e for e in d.get("/api/audit/recent", params={"limit": 500}).json()
+                    if e["event"] == "trigger.refused" and e["detail"].get("event_id") == event]
+
+        wait_until(refusal, "the refused firing")
+    finally:
+        d.put("/api/budget", json={"limit_usd": 0})
+    assert refusal()[0]["subject"] == name and "budget" in refusal()[0]["detail"]["error"]
+    got = d.get(f"/api/triggers/{capped['id']}").json()
+    assert (got["fire_count"], got["runs_today"], got["last_fired_at"]) == (0, 0, None)
+    assert (got["paused"], got["paused_reason"]) == (False, None)
+    # With the budget lifted the next event fires it, and that run reaches the cap.
+    publish(d, word)
+    assert len(answered(d, a, 2)) == 2
+    got = d.get(f"/api/triggers/{capped['id']}").json()
+    assert (got["fire_count"], got["runs_today"], got["paused"]) == (1, 1, True)
+    paused = [e for e in d.get("/api/audit/recent?limit=500&event=trigger.paused").json()
+              if e["detail"]["trigger_id"] == capped["id"]]
+    assert len(paused) == 1
+
+
 def test_workflow_completed_and_agent_failed(d) -> None:
     worker, worker_name = agent(d)
     watcher, _ = agent(d)

@@ -33,7 +33,7 @@ def test_triggers_page_shows_caps_and_the_paused_reason_and_its_buttons_work(das
     made = kernel.triggers.create({"agent_id": "watcher", "pattern": {"content_match": "deploy <now>"},
                                    "prompt_template": "Look: {{event}}", "max_runs_per_day": 1,
                                    "max_cost_usd_per_day": 0.5})
-    assert kernel.triggers.store.admit(made["id"], 6) == (True, "")
+    assert kernel.triggers.store.admit(made["id"], 6).admitted
     reason = "max_runs_per_day reached: 1 of 1 run(s) today (resumes at 00:00 UTC)"
     client = app.test_client()
     page = client.get("/triggers", environ_base=LOCAL)
