@@ -17,6 +17,7 @@ only, so a change of daylight-saving time neither skips nor doubles a run.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -28,6 +29,15 @@ KINDS = ("cron", "every", "at")
 # The nicknames every cron takes for the commonest expressions (croniter reads them as their
 # 5-field equivalents: @daily is 0 0 * * *). @reboot has no due time, so it is not one of them.
 NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+# What a standard field holds: numbers, `*`, lists, ranges and steps, and in the month and
+# weekday fields their names. croniter reads more (L, W, #, ?, R), which no other cron does.
+_STANDARD_FIELD = re.compile(r"[0-9*,/-]*")
+_NAMES = {3: re.compile(r"jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec"),
+          4: re.compile(r"sun|mon|tue|wed|thu|fri|sat")}
+# Names the host's zone database holds that are no IANA zone: the host's own zone, and the
+# zones again under other rules (`right/` counts leap seconds).
+_HOST_ZONES = ("localtime", "posixrules")
+_HOST_ZONE_FOLDERS = ("posix/", "right/")
 # A cron walk that finds no instant after this many wall times is a schedule that never fires
 # (`0 0 30 2 *`, February 30th): such an expression is refused when created.
 _MAX_STEPS = 1000
@@ -167,6 +177,8 @@ def parse_schedule(data: Any, field: str = "schedule") -> Schedule:
 
 def find_zone(name: str) -> ZoneInfo | None:
     """The IANA zone `name`, or None when there is none by that name."""
+    if name in _HOST_ZONES or name.startswith(_HOST_ZONE_FOLDERS):
+        return None
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -199,6 +211,10 @@ def _cron_expr(expr: Any, field: str) -> str:
         return expr.lower()
     if len(expr.split()) != 5:
         raise BadRequest(f"{usage}; {expr!r} has {len(expr.split())} fields")
+    for index, value in enumerate(expr.split()):
+        names = _NAMES.get(index)
+        if not _STANDARD_FIELD.fullmatch(names.sub("", value.lower()) if names else value):
+            raise BadRequest(f"{usage}; {value!r} in field {index} is not standard cron")
     try:
         croniter(expr)
     except (CroniterError, ValueError) as exc:

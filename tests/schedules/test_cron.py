@@ -155,6 +155,14 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     r = d.post("/api/cron/jobs", json={"name": "six", "agent_id": "shapes", "action": turn("m"),
                                        "schedule": {"kind": "cron", "expr": "0 0 9 * * *"}})
     assert r.status_code == 400 and r.json()["error"].endswith("'0 0 9 * * *' has 6 fields"), r.text
+    # croniter's own additions (last day, nearest weekday, nth weekday, `?`) are no standard cron.
+    for expr, says in (("0 0 L * *", "'L' in field 2"), ("0 0 1W * *", "'1W' in field 2"),
+                       ("0 0 * * 1#2", "'1#2' in field 4"), ("0 0 ? * *", "'?' in field 2")):
+        r = d.post("/api/cron/jobs", json={"name": "extended", "agent_id": "shapes", "action": turn("m"),
+                                           "schedule": {"kind": "cron", "expr": expr}})
+        assert (r.status_code, r.json()["error"]) == (
+            400, "schedule.expr: must be a 5-field cron expression (minute hour day month weekday) or one of "
+                 f"@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly; {says} is not standard cron")
     # A folder of the zone database is an unknown zone (a 400, not an internal error), here
     # and in a manifest; an `at` without an offset is read in its `tz`.
     r = d.post("/api/cron/jobs", json={"name": "tz", "agent_id": "shapes", "action": turn("m"),
@@ -164,6 +172,14 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
                                                      'schedule = {periodic = {cron = "0 9 * * *", tz = "America"}}\n'})
     assert (r.status_code, r.json()["error"]) == (
         400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'America'"), r.text
+    # The host's own zone is no IANA zone: what it means differs from host to host.
+    r = d.post("/api/cron/jobs", json={"name": "tz", "agent_id": "shapes", "action": turn("m"),
+                                       "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "localtime"}})
+    assert (r.status_code, r.json()) == (400, {"error": "schedule.tz: unknown time zone 'localtime'"})
+    r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
+                                                     'schedule = {periodic = {cron = "0 9 * * *", tz = "localtime"}}\n'})
+    assert (r.status_code, r.json()["error"]) == (
+        400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'localtime'"), r.text
     for url in ("https://[invalid", "https://hooks.example.com:99999/x", "https://exa mple.com/x"):
         r = d.post("/api/cron/jobs", json={"name": "hook", "agent_id": "shapes", "action": turn("m"),
                                            "delivery": {"kind": "webhook", "url": url, "secret_env": "S"},

@@ -77,6 +77,8 @@ def test_an_interval_keeps_its_phase() -> None:
     ({"kind": "cron", "expr": "0 0 30 2 *"}, "schedule.expr"),
     ({"kind": "cron", "expr": "0 9 * * *", "tz": "Mars/Olympus"}, "schedule.tz"),
     ({"kind": "cron", "expr": "0 9 * * *", "tz": "Europe"}, "schedule.tz"),  # a folder of the zone database
+    ({"kind": "cron", "expr": "0 9 * * *", "tz": "localtime"}, "schedule.tz"),  # the host's zone, no IANA name
+    ({"kind": "cron", "expr": "0 9 * * *", "tz": "right/UTC"}, "schedule.tz"),  # UTC counting leap seconds
     ({"kind": "at", "at": "2030-01-01T09:00:00", "tz": "America/"}, "schedule.tz"),
     ({"kind": "every", "every_secs": 5, "tz": 5}, "schedule.tz"),
     ({"kind": "every", "every_secs": 0}, "schedule.every_secs"),
@@ -102,6 +104,12 @@ def test_a_bad_schedule_names_its_field(body, field) -> None:
     ("61 * * * *", "'61 * * * *' is not acceptable, out of range"),
     ("*/0 * * * *", "step '0' in field 0 is not acceptable"),
     ("@reboot", "or one of @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"),
+    ("0 0 L * *", "'L' in field 2 is not standard cron"),
+    ("0 0 LW * *", "'LW' in field 2 is not standard cron"),
+    ("0 0 * * fri#2", "'fri#2' in field 4 is not standard cron"),
+    ("0 0 * * L5", "'L5' in field 4 is not standard cron"),
+    ("R 0 * * *", "'R' in field 0 is not standard cron"),
+    ("0 0 * jull *", "'jull' in field 3 is not standard cron"),
 ])
 def test_a_refused_cron_expression_says_what_is_wrong(expr, says) -> None:
     with pytest.raises(BadRequest) as refused:
@@ -109,6 +117,11 @@ def test_a_refused_cron_expression_says_what_is_wrong(expr, says) -> None:
     assert refused.value.message.startswith(
         "schedule.expr: must be a 5-field cron expression (minute hour day month weekday) or one of @yearly")
     assert refused.value.message.endswith(says)
+
+
+def test_month_and_weekday_names_are_standard_cron() -> None:
+    named = parse_schedule({"kind": "cron", "expr": "0 9 1-7/2 JAN-mar,dec mon-FRI,sun"})
+    assert named.to_json() == {"kind": "cron", "expr": "0 9 1-7/2 JAN-mar,dec mon-FRI,sun", "tz": "UTC"}
 
 
 def test_cron_nicknames_are_read_in_the_jobs_zone() -> None:
