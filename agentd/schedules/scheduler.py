@@ -272,6 +272,8 @@ class Scheduler:
             if self.store.get(job["id"]) is None:  # deleted meanwhile
                 raise NotFound("cron job not found")
             raise Conflict("the job's previous run is still running")
+        if job["one_shot"]:  # its one run: nothing left to run, as after a due time
+            self.store.update(job["id"], enabled=False, next_due=None)
         return started
 
     def _over_cap(self, job: dict[str, Any], now: float) -> str:

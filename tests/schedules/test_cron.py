@@ -274,6 +274,19 @@ def test_a_one_shot_job_runs_once_then_is_disabled(env) -> None:
     assert after["enabled"] is False and after["next_run_at"] is None
 
 
+def test_a_one_shot_job_run_now_is_its_one_run(env) -> None:
+    d, _, _ = env
+    spawn(d, "once now")
+    created = job(d, name="once now", agent_id="once now", action=turn("[[reply:done now]]"), one_shot=True,
+                  schedule={"kind": "every", "every_secs": 3})
+    assert d.post(f"/api/cron/jobs/{created['id']}/run").status_code == 202
+    after = d.get(f"/api/cron/jobs/{created['id']}").json()
+    assert after["enabled"] is False and after["next_run_at"] is None
+    wait_for(lambda: ran(d, created["id"]), 10, what="the run")
+    time.sleep(3.5)  # past the due time it had
+    assert [(r["reason"], r["output"]) for r in runs(d, created["id"])] == [("run now", "done now")]
+
+
 def test_max_runs_per_day_pauses_the_job_with_the_reason(env) -> None:
     d, _, _ = env
     within_one_utc_period(30, DAY)  # the runs counted below, in one UTC day
