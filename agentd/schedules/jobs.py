@@ -320,6 +320,10 @@ class CronJobs:
         """`update` without its audit entry (a manifest's own job follows its agent's)."""
         job = self.get_raw(job_id)
         changes = self.validate(data, partial=True)
+        if job["origin"] == "manifest" and changes.get("name", job["name"]) != job["name"]:
+            # The name is how each start finds the job the manifest keeps (agentd/schedules/manifest.py).
+            raise BadRequest(f"name: a manifest schedule's job keeps the name its agent's manifest gives it "
+                             f"({job['name']!r})")
         self._check_delivery(changes.get("delivery"), by, job["delivery"])
         action = changes.get("action", job["action"])
         if "action" in changes:

@@ -632,6 +632,12 @@ def test_manifest_schedules_follow_the_agent(env) -> None:
     assert report["name"] == "reporter:periodic"
     assert report["schedule"] == {"kind": "cron", "expr": "0 9 * * 1-5", "tz": "Asia/Tokyo"}
     assert report["action"]["message"].startswith("Scheduled check (cron 0 9 * * 1-5)")
+    # Its name is how each start finds it again: renaming it is refused, other changes are taken.
+    r = d.request("PATCH", f"/api/cron/jobs/{report['id']}", json={"name": "renamed-periodic"})
+    assert (r.status_code, r.json()) == (400, {"error": "name: a manifest schedule's job keeps the name its "
+                                                        "agent's manifest gives it ('reporter:periodic')"})
+    r = d.request("PATCH", f"/api/cron/jobs/{report['id']}", json={"name": "reporter:periodic", "max_runs_per_day": 3})
+    assert (r.status_code, r.json()["name"], r.json()["max_runs_per_day"]) == (200, "reporter:periodic", 3)
     # Killing an agent removes all its jobs, the API's too.
     extra = job(d, name="extra", agent_id=agent_id, schedule={"kind": "cron", "expr": "0 0 1 1 *"},
                 action=turn("x"))
