@@ -211,19 +211,23 @@ class TriggerStore:
         rate limit, the day's runs or `fire_count`, and lifts the pause it reached. The
         row's counters are decremented rather than restored, so firings other daemons
         counted meanwhile still count."""
+        at = admission.at
+        if at is None:
+            return  # not admitted: nothing was counted
         with self._lock, _write:
             row = self.store.e.TriggerRow.get_for_update(id=trigger_id)
             if row is None:
                 return
-            if row.day == admission.at.date().isoformat():
+            if row.day == at.date().isoformat():
                 row.runs_today = max(row.runs_today - 1, 0)
                 if row.paused_reason is not None and row.paused_reason.startswith(CAP_REASONS[0]) \
                         and row.max_runs_per_day is not None and row.runs_today < row.max_runs_per_day:
                     row.paused_reason = None
-            if _naive(row.window_start) is not None and _naive(row.window_start) <= admission.at:
+            start = _naive(row.window_start)
+            if start is not None and start <= at:
                 row.window_count = max(row.window_count - 1, 0)
             row.fire_count = max(row.fire_count - 1, 0)
-            if _naive(row.last_fired_at) == admission.at:
+            if _naive(row.last_fired_at) == at:
                 row.last_fired_at = admission.before
 
     def add_cost(self, trigger_id: str, cost: float) -> None:

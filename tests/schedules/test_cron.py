@@ -176,8 +176,8 @@ def test_jobs_api_shapes_and_refusals(env) -> None:
     r = d.post("/api/cron/jobs", json={"name": "tz", "agent_id": "shapes", "action": turn("m"),
                                        "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "localtime"}})
     assert (r.status_code, r.json()) == (400, {"error": "schedule.tz: unknown time zone 'localtime'"})
-    r = d.post("/api/agents", json={"manifest_toml": 'name = "zoned"\n'
-                                                     'schedule = {periodic = {cron = "0 9 * * *", tz = "localtime"}}\n'})
+    manifest = 'name = "zoned"\nschedule = {periodic = {cron = "0 9 * * *", tz = "localtime"}}\n'
+    r = d.post("/api/agents", json={"manifest_toml": manifest})
     assert (r.status_code, r.json()["error"]) == (
         400, "invalid manifest format: schedule: periodic.tz: unknown time zone 'localtime'"), r.text
     for url in ("https://[invalid", "https://hooks.example.com:99999/x", "https://exa mple.com/x"):
