@@ -997,7 +997,7 @@ def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key
             self.deleted.append((job_id, by))
 
     class KeyRuns:
-        def acting(self, key_id):
+        def acting(self, key_id, scope="manage"):
             return f"principal of {key_id}"
 
     class A2A:
