@@ -151,6 +151,7 @@ class Connection:
             raise ServerGone(f"no answer to the MCP handshake within {startup:g}s") from None
         finally:
             self._handshake = None
+        failure: BaseException | None = None
         try:
             async with asyncio.timeout(startup):
                 tools = await self._list_tools(client) if _offers_tools(client) else []
@@ -164,13 +165,21 @@ class Connection:
             self.backoff.reset()
             log.info("MCP server %s ready (%s, %d tools)", spec.name, self.protocol_version, len(tools))
             await self._watch(client)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self._client = None
             try:
                 async with asyncio.timeout(5):
-                    await client.__aexit__(None, None, None)
-            except BaseException:  # noqa: BLE001 - a dead server cannot be closed politely
-                pass
+                    await client.__aexit__(type(failure) if failure else None, failure,
+                                           failure.__traceback__ if failure else None)
+            except BaseException as closing:  # noqa: BLE001 - a dead server cannot be closed politely
+                # A transport that fails (an HTTP server gone) cancels the task that opened the
+                # client; told of that cancellation, closing raises the transport's error instead,
+                # which makes it a failure to restart after rather than the supervisor's end.
+                if isinstance(failure, asyncio.CancelledError) and not isinstance(closing, asyncio.CancelledError):
+                    raise closing from None
 
     async def _incoming(self, message: Any) -> None:
         """Messages the session did not route; a line that is not JSON-RPC arrives as an exception."""

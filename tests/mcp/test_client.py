@@ -161,6 +161,22 @@ def test_hung_server_is_restarted(mcp_daemon) -> None:
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_http_server_that_goes_down_is_failed_and_reconnected_when_back(mcp_daemon, http_toolbox) -> None:
+    agent = _agent(mcp_daemon)
+    first_pid = _say(mcp_daemon, agent, _call("mcp_web_pid"))
+    restarts = servers(mcp_daemon)["web"]["restarts"]
+    http_toolbox.proc.kill()
+    http_toolbox.proc.wait(10)
+    web = wait_state(mcp_daemon, "web", "failed", restarts=lambda n: n > restarts)
+    assert web["last_error"] == "ConnectError: All connection attempts failed" and web["tools"] == []
+    assert _say(mcp_daemon, agent, _call("mcp_web_echo", text="x")) == (
+        "tool said: permission denied: tool 'mcp_web_echo' is not available to this agent")
+    http_toolbox.__enter__()  # the same server back on the same port
+    wait_state(mcp_daemon, "web", "ready", timeout=40)
+    assert _say(mcp_daemon, agent, _call("mcp_web_echo", text="y")) == "tool said: echo:y"
+    assert _say(mcp_daemon, agent, _call("mcp_web_pid")) != first_pid
+
+
 def test_allow_list_keeps_other_servers_tools_away(mcp_daemon) -> None:
     agent = _agent(mcp_daemon, 'mcp_servers = ["time"]')
     detail = mcp_daemon.get(f"/api/agents/{agent}").json()
