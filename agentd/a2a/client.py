@@ -11,9 +11,11 @@ import threading
 import uuid
 from typing import Any, Callable
 
+from agentd.a2a.wire import to_v1
 from agentd.config.parse import RemoteAgent, remote_agents  # noqa: F401 - the client's own names
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+V03, V1 = "0.3", "1.0"
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
@@ -37,14 +39,18 @@ def _json(response: Any, what: str) -> Any:
         raise A2AClientError(f"{what} did not answer JSON") from None
 
 
-def card_endpoint(card: dict[str, Any]) -> str:
-    """The JSON-RPC endpoint a card names (the 1.0 interface list first, then `url`)."""
-    for interface in card.get("supportedInterfaces") or []:
-        if isinstance(interface, dict) and str(interface.get("protocolBinding", "")).upper() == "JSONRPC" \
-                and isinstance(interface.get("url"), str):
-            return interface["url"]
+def card_endpoint(card: dict[str, Any]) -> tuple[str, str]:
+    """The JSON-RPC endpoint a card names and the A2A version to speak there: a 1.x interface
+    of the 1.0 list first, then another JSON-RPC one of it, then `url`, spoken as 0.3."""
+    jsonrpc = [i for i in card.get("supportedInterfaces") or [] if isinstance(i, dict)
+               and str(i.get("protocolBinding", "")).upper() == "JSONRPC" and isinstance(i.get("url"), str)]
+    for interface in jsonrpc:
+        if str(interface.get("protocolVersion", "")).split(".")[0] == "1":
+            return interface["url"], V1
+    if jsonrpc:
+        return jsonrpc[0]["url"], V03
     if isinstance(card.get("url"), str) and card["url"]:
-        return card["url"]
+        return card["url"], V03
     raise A2AClientError("the agent card names no JSON-RPC endpoint")
 
 
@@ -57,7 +63,7 @@ def summary(card: dict[str, Any], card_url: str) -> dict[str, Any]:
     if not protocols:
         protocols = [f"{card.get('preferredTransport', 'JSONRPC')} {card.get('protocolVersion', '')}".strip()]
     try:
-        endpoint = card_endpoint(card)
+        endpoint, _ = card_endpoint(card)
     except A2AClientError:
         endpoint = ""
     return {"name": card.get("name"), "description": card.get("description"), "url": endpoint,
@@ -121,22 +127,29 @@ class A2AClient:
             self._known[card["name"]] = candidate
         return card, candidate
 
-    def endpoint(self, url: str, get: Callable[..., Any], check: Callable[[str], None]) -> str:
-        """A JSON-RPC endpoint from a card URL, a base URL with a card, or the endpoint itself."""
+    def endpoint(self, url: str, get: Callable[..., Any], check: Callable[[str], None]) -> tuple[str, str]:
+        """(JSON-RPC endpoint, A2A version) from a card URL, a base URL with a card, or the
+        endpoint itself (spoken as 0.3, which a URL without a card cannot rule out)."""
         from urllib.parse import urlsplit
 
         if url.rstrip("/").endswith(".json") or urlsplit(url).path in ("", "/"):
             return card_endpoint(self.fetch_card(url, get, check)[0])
-        return url
+        return url, V03
 
     def send(self, endpoint: str, text: str, context_id: str, post: Callable[..., Any],
-             check: Callable[[str], None]) -> str:
-        """message/send; the answer's text (A2AClientError when the task failed)."""
+             check: Callable[[str], None], version: str = V03) -> str:
+        """`message/send` (1.0: `SendMessage`); the answer's text (A2AClientError when the task failed)."""
         check(endpoint)
-        request = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": "message/send",
-                   "params": {"message": {"kind": "message", "role": "user", "messageId": str(uuid.uuid4()),
-                                          "contextId": context_id, "parts": [{"kind": "text", "text": text}]}}}
-        with post(endpoint, json=request, headers={"Accept": "application/json", **self.headers_for(endpoint)},
+        message = {"kind": "message", "role": "user", "messageId": str(uuid.uuid4()), "contextId": context_id,
+                   "parts": [{"kind": "text", "text": text}]}
+        headers = {"Accept": "application/json", **self.headers_for(endpoint)}
+        if version == V1:
+            method, message = "SendMessage", to_v1(message)
+            headers["A2A-Version"] = V1
+        else:
+            method = "message/send"
+        request = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": {"message": message}}
+        with post(endpoint, json=request, headers=headers,
                   timeout=self.timeout, stream=True, allow_redirects=False) as response:
             answer = _json(response, f"the A2A endpoint {endpoint}")
         if not isinstance(answer, dict):

@@ -8,8 +8,11 @@ Daemon `a` is keyless (loopback only); daemon `b` has an API key, and `a` lists 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -397,6 +400,37 @@ def test_agentd_to_agentd_discover_then_send_by_name(pair) -> None:
     # (the fake model quotes a tool's first 500 characters)
     daemon = say(b, "asker", call("a2a_discover", url=a.url))
     assert daemon.startswith('tool said: {"name": "agentd", "description": ') and '{"id": "helper"' in daemon
+
+
+@pytest.fixture(scope="module")
+def sdk_agent() -> Iterator[str]:
+    """The base URL of an agent served by a2a-sdk 1.x with its defaults (it speaks only A2A 1.0)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "sdk_server.py"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    def up() -> bool:
+        try:
+            return requests.get(url + ".well-known/agent-card.json", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_until(up, "the a2a-sdk agent", timeout=30)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a2a_send_speaks_1_0_to_an_agent_whose_card_offers_only_1_0(pair, sdk_agent) -> None:
+    _, b = pair
+    assert say(b, "asker", call("a2a_send", message="hello sdk", agent_url=sdk_agent)) == (
+        "tool said: sdk-echo: hello sdk")
+    out = say(b, "asker", call("a2a_discover", url=sdk_agent))
+    assert json.loads(out[len("tool said: "):])["protocols"] == ["JSONRPC 1.0"]
+    assert say(b, "asker", call("a2a_send", message="by name", agent_name="sdkagent")) == (
+        "tool said: sdk-echo: by name")
 
 
 def test_configured_remote_agent_gets_the_key(pair) -> None:

@@ -44,8 +44,13 @@ def test_the_key_goes_only_to_the_configured_origin() -> None:
 def test_card_endpoint_prefers_the_jsonrpc_interface() -> None:
     card = {"url": "http://a/old", "supportedInterfaces": [
         {"url": "http://a/grpc", "protocolBinding": "GRPC"}, {"url": "http://a/rpc", "protocolBinding": "JSONRPC"}]}
-    assert card_endpoint(card) == "http://a/rpc"
-    assert card_endpoint({"url": "http://a/old"}) == "http://a/old"
+    assert card_endpoint(card) == ("http://a/rpc", "0.3")
+    assert card_endpoint({"url": "http://a/old"}) == ("http://a/old", "0.3")
+    # A JSON-RPC interface of a 1.x version is spoken as 1.0, ahead of one of 0.3.
+    both = {"url": "http://a/old", "supportedInterfaces": [
+        {"url": "http://a/v03", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+        {"url": "http://a/v1", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]}
+    assert card_endpoint(both) == ("http://a/v1", "1.0")
     with pytest.raises(A2AClientError):
         card_endpoint({"name": "x"})
 
@@ -222,12 +227,13 @@ def test_the_key_goes_with_the_card_request_and_the_message(remote) -> None:
     remote.card("/.well-known/agent-card.json", {**CARD, "url": remote.url + "/rpc"})
     remote.answers["/rpc"] = (200, {"jsonrpc": "2.0", "id": "1", "result": {"kind": "message", "parts": [
         {"kind": "text", "text": "hello "}, {"kind": "data", "data": {}}, {"kind": "text", "text": "back"}]}})
-    endpoint = client.endpoint(remote.url, requests.get, [].append)
-    assert endpoint == remote.url + "/rpc"
+    endpoint, version = client.endpoint(remote.url, requests.get, [].append)
+    assert (endpoint, version) == (remote.url + "/rpc", "0.3")
     assert client.send(endpoint, "hi", "ctx-1", requests.post, [].append) == "hello back"
     card_request, rpc = remote.requests
     assert card_request["headers"]["Authorization"] == rpc["headers"]["Authorization"] == "Bearer k-123"
     assert rpc["method"] == "POST" and rpc["headers"]["Accept"] == "application/json"
+    assert "a2a-version" not in {k.lower() for k in rpc["headers"]}  # none: 0.3
     sent = rpc["json"]
     message = sent["params"]["message"]
     assert (sent["jsonrpc"], sent["method"], list(sent["params"])) == ("2.0", "message/send", ["message"])
@@ -243,12 +249,13 @@ def test_which_urls_are_read_for_an_endpoint(remote) -> None:
     remote.card("/.well-known/agent-card.json", CARD)
     remote.card("/far.json", {**CARD, "url": "http://far.example/other"})
     for base in (remote.url, remote.url + "/"):
-        assert client.endpoint(base, requests.get, [].append) == "http://far.example/rpc"
+        assert client.endpoint(base, requests.get, [].append) == ("http://far.example/rpc", "0.3")
     remote.card("/far.json/", {**CARD, "url": "http://far.example/slash"})
-    assert client.endpoint(remote.url + "/far.json", requests.get, [].append) == "http://far.example/other"
-    assert client.endpoint(remote.url + "/far.json/", requests.get, [].append) == "http://far.example/slash"
+    assert client.endpoint(remote.url + "/far.json", requests.get, [].append) == ("http://far.example/other", "0.3")
+    assert client.endpoint(remote.url + "/far.json/", requests.get, [].append) == ("http://far.example/slash", "0.3")
     before = len(remote.requests)
-    assert client.endpoint(remote.url + "/a2a/agents/far", requests.get, [].append) == remote.url + "/a2a/agents/far"
+    assert client.endpoint(remote.url + "/a2a/agents/far", requests.get, [].append) == (
+        remote.url + "/a2a/agents/far", "0.3")
     assert len(remote.requests) == before, "an endpoint's own URL is used without a card"
 
 
@@ -299,7 +306,7 @@ def test_what_a_model_is_shown_of_a_card() -> None:
 def test_card_endpoints_that_are_not_usable() -> None:
     card = {"supportedInterfaces": [{"url": 5, "protocolBinding": "JSONRPC"}, "junk",
                                     {"url": "http://a/grpc", "protocolBinding": "GRPC"}], "url": "http://a/old"}
-    assert card_endpoint(card) == "http://a/old"
+    assert card_endpoint(card) == ("http://a/old", "0.3")
     for bad in ({"url": ""}, {"url": 7}, {"supportedInterfaces": [{"url": "http://a/x"}]}):
         with pytest.raises(A2AClientError) as err:
             card_endpoint(bad)

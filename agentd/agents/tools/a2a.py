@@ -60,10 +60,10 @@ def a2a_send(ctx: ToolContext, args: dict[str, Any]) -> str:
             def check(u: str) -> None:
                 check_url(ctx, u)
 
-            endpoint = client.endpoint(url, session.get, check)
+            endpoint, version = client.endpoint(url, session.get, check)
             # Without a session id, one conversation per (agent, remote endpoint) continues.
             context = args.get("session_id") or str(uuid.uuid5(_CONTEXTS, f"{ctx.agent_id}:{endpoint}"))
-            return client.send(endpoint, args["message"], context, session.post, check)
+            return client.send(endpoint, args["message"], context, session.post, check, version)
         except A2AClientError as exc:
             raise ToolError(str(exc)) from None
         except requests.RequestException as exc:
