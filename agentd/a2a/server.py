@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator
 
 from agentd.a2a.wire import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
                               PUSH_NOT_SUPPORTED, TASK_NOT_CANCELABLE, TASK_NOT_FOUND,
-                              UNSUPPORTED_OPERATION, RpcError, agent_message, message_text,
-                              result_response, text_part, to_v1)
+                              UNSUPPORTED_OPERATION, VERSION_NOT_SUPPORTED, RpcError, agent_message,
+                              message_text, result_response, text_part, to_v1)
 from agentd.agents.events import Event
 from agentd.agents.loop import RunCancelled
 from agentd.agents.run_request import RunRequest
@@ -47,6 +47,8 @@ SEND = {"message/send", "SendMessage"}
 STREAM = {"message/stream", "SendStreamingMessage"}
 GET = {"tasks/get", "GetTask"}
 CANCEL = {"tasks/cancel", "CancelTask"}
+# The A2A versions served (Major.Minor; A2A reads a request without `A2A-Version` as 0.3).
+VERSIONS = ("0.3", "1.0")
 # A2A methods this server knows but does not offer (the card says so too).
 UNSUPPORTED = {"tasks/resubscribe", "SubscribeToTask", "tasks/list", "ListTasks",
                "agent/getAuthenticatedExtendedCard", "GetExtendedAgentCard"}
@@ -78,6 +80,14 @@ class A2AService:
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object")
         return rpc_id, payload["method"], params
+
+    @staticmethod
+    def check_version(header: str | None) -> None:
+        """RpcError -32009 for an `A2A-Version` this server does not speak (its patch part aside)."""
+        version = (header or "").strip()
+        if version and ".".join(version.split(".")[:2]) not in VERSIONS:
+            raise RpcError(VERSION_NOT_SUPPORTED, f"A2A version {version[:20]} is not supported "
+                                                  f"(supported: {', '.join(VERSIONS)})", {"supported": list(VERSIONS)})
 
     def is_stream(self, method: str) -> bool:
         return method in STREAM

@@ -111,7 +111,7 @@ RPC_TEXT = ("A2A over JSON-RPC 2.0: `message/send` (`SendMessage`), `message/str
             "Every answer is HTTP 200 with a `result` or an `error` (-32700 not JSON, -32600 not a "
             "request or a body over 256 KB, -32601 unknown method, -32602 bad params, -32001 task not "
             "found, -32002 not cancelable, -32003 push notifications, -32004 not offered, -32005 file "
-            "parts, -32603 the run could not start), except `message/stream`, answered as Server-Sent Events whose "
+            "parts, -32009 an `A2A-Version` other than 0.3 and 1.0, -32603 the run could not start), except `message/stream`, answered as Server-Sent Events whose "
             "`data` are JSON-RPC responses. The body is read as JSON whatever its Content-Type.")
 RPC_DOC = dict(tags="a2a", description=RPC_TEXT, body=out.JSONRPC_REQUEST, checks_media=False,
                response=out.JSONRPC_RESPONSE, sse_alt=out.JSONRPC_EVENT,
@@ -148,6 +148,7 @@ def _rpc(agent: str | None) -> Response:
     rpc_id = payload.get("id") if isinstance(payload, dict) else None
     try:
         rpc_id, method, params = service.check_request(payload)
+        service.check_version(request.headers.get("A2A-Version"))
         if service.is_stream(method):
             return _stream(rpc_id, method, params, agent)
         if not service.runs_a_message(method):

@@ -333,6 +333,19 @@ def test_json_rpc_errors(pair, body, code) -> None:
     assert answer["id"] == (body.get("id") if isinstance(body, dict) else None)
 
 
+def test_an_a2a_version_not_served_is_refused(pair) -> None:
+    a, _ = pair
+    v1 = {"message": {"role": "ROLE_USER", "messageId": str(uuid.uuid4()), "parts": [{"text": "versioned"}]}}
+    for method in ("SendMessage", "SendStreamingMessage", "GetTask"):
+        error = rpc(a, method, v1, path="/a2a/agents/helper", headers={"A2A-Version": "9.9"})["error"]
+        assert error == {"code": -32009, "message": "A2A version 9.9 is not supported (supported: 0.3, 1.0)",
+                         "data": {"supported": ["0.3", "1.0"]}}
+    # The versions served, with or without a patch part; no header is 0.3.
+    for version in ("1.0", "1.0.2", "0.3", "0.3.0", ""):
+        task = rpc(a, "SendMessage", v1, path="/a2a/agents/helper", headers={"A2A-Version": version})["result"]["task"]
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", version
+
+
 def test_parse_error(pair) -> None:
     a, _ = pair
     r = a.post("/a2a", data=b"{not json", headers={"Content-Type": "application/json"})
