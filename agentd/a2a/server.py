@@ -134,7 +134,7 @@ class A2AService:
         task_ref = message.get("taskId")
         if task_ref is not None:
             # A task a message names must be one of the caller's for this agent (A2A: a
-            # client's taskId references an existing task); it continues that task's context.
+            # client's taskId references an existing task); one still running continues its context.
             with self._lock:
                 earlier = self._tasks.get(task_ref) if isinstance(task_ref, str) else None
                 same_key = self._task_keys.get(task_ref, "") == caller.key_id if earlier is not None else False
@@ -142,6 +142,11 @@ class A2AService:
                 raise RpcError(TASK_NOT_FOUND, "Task not found", {"id": task_ref})
             if context_id and context_id != earlier["contextId"]:
                 raise RpcError(INVALID_PARAMS, f"message.contextId is not the context of task {task_ref}")
+            state = earlier["status"]["state"]
+            if state in TERMINAL:
+                # A2A: a task that ended takes no more messages; its context does.
+                raise RpcError(UNSUPPORTED_OPERATION, f"task {task_ref} is {state}: it takes no more messages; "
+                                                      "send to its contextId instead", {"id": task_ref})
             context_id = earlier["contextId"]
         context_id = context_id or str(uuid.uuid4())
         task_id = str(uuid.uuid4())

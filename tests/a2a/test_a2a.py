@@ -221,6 +221,26 @@ def test_a_send_that_asks_not_to_wait_answers_the_working_task(pair, method, con
     assert done["artifacts"][0]["parts"][0]["text"] == "later"
 
 
+def test_a_message_naming_a_task_that_ended_is_refused(pair) -> None:
+    a, _ = pair
+    path = "/a2a/agents/helper"
+    done = rpc(a, "message/send", {"message": user("first")}, path=path)["result"]
+    running = rpc(a, "SendMessage", {"message": {"role": "ROLE_USER", "messageId": "r1", "parts": [
+        {"text": "[[slow:30]] long"}]}, "configuration": {"returnImmediately": True}}, path=path)["result"]["task"]
+    assert rpc(a, "CancelTask", {"id": running["id"]}, path=path)["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+    for task in (done, running):
+        for method, message in (("message/send", user("again", taskId=task["id"])),
+                                ("SendMessage", {"role": "ROLE_USER", "messageId": "r2", "taskId": task["id"],
+                                                 "parts": [{"text": "again"}]})):
+            error = rpc(a, method, {"message": message}, path=path)["error"]
+            state = "completed" if task is done else "canceled"
+            assert error == {"code": -32004, "data": {"id": task["id"]}, "message": (
+                f"task {task['id']} is {state}: it takes no more messages; send to its contextId instead")}
+    # Its context goes on.
+    again = rpc(a, "message/send", {"message": user("again", contextId=done["contextId"])}, path=path)["result"]
+    assert again["status"]["state"] == "completed" and again["contextId"] == done["contextId"]
+
+
 def test_context_id_is_a_conversation(pair, fake_llm) -> None:
     a, _ = pair
     ctx = f"ctx-{uuid.uuid4().hex}"

@@ -171,9 +171,13 @@ def test_context_ids(mgr) -> None:
     a2a = A2AService(mgr, mgr.runs)
     first = a2a.call("message/send", {"message": user("one", contextId="ctx-1")}, "alpha")
     assert first["contextId"] == "ctx-1"
-    # A follow-up naming the earlier task continues its context; the same task for another
-    # agent, from another key, or a task never seen is not found, and nothing runs.
-    follow = a2a.call("message/send", {"message": user("two", taskId=first["id"])}, "alpha")
+    # A follow-up naming the earlier task, which ended, is refused (A2A: its context goes on);
+    # the same task for another agent, from another key, or a task never seen is not found,
+    # and nothing runs.
+    ended = f"task {first['id']} is completed: it takes no more messages; send to its contextId instead"
+    assert refused(a2a.call, "message/send", {"message": user("two", taskId=first["id"])}, "alpha") == (
+        -32004, ended, {"id": first["id"]})
+    follow = a2a.call("message/send", {"message": user("two", contextId="ctx-1")}, "alpha")
     assert follow["contextId"] == "ctx-1" and follow["id"] != first["id"]
     for agent_name, caller, task_id in [("beta", None, first["id"]), ("alpha", SCOPED, first["id"]),
                                         ("alpha", None, "nope"), ("alpha", None, 5)]:
@@ -183,8 +187,10 @@ def test_context_ids(mgr) -> None:
     assert refused(a2a.call, "message/send", {"message": user("three", taskId=first["id"], contextId="ctx-2")},
                    "alpha") == (-32602, f"message.contextId is not the context of task {first['id']}", None)
     own = a2a.call("message/send", {"message": user("one", contextId="s-ctx")}, "alpha", caller=SCOPED)
-    again = a2a.call("message/send", {"message": user("two", taskId=own["id"])}, "alpha", caller=SCOPED)
-    assert again["contextId"] == "s-ctx", "a key's follow-up to its own task continues the context"
+    assert refused(a2a.call, "message/send", {"message": user("two", taskId=own["id"])}, "alpha",
+                   caller=SCOPED)[0] == -32004, "a key's own task is found"
+    again = a2a.call("message/send", {"message": user("two", contextId="s-ctx")}, "alpha", caller=SCOPED)
+    assert again["contextId"] == "s-ctx"
     for bad in ("", 5, "x" * 201):
         assert refused(a2a.call, "message/send", {"message": user("x", contextId=bad)}, "alpha") == (
             -32602, "message.contextId must be a non-empty string of at most 200 characters", None), bad
