@@ -2,7 +2,7 @@
 
 A card carries both the single-interface fields older clients read (`url`,
 `protocolVersion`, `preferredTransport`) and the A2A 1.0 `supportedInterfaces` list,
-all naming the same JSON-RPC endpoint.
+all naming the same JSON-RPC endpoint, and its security in both generations' shapes.
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ def _card(name: str, description: str, endpoint: str, skills: list[dict[str, Any
         "skills": skills,
     }
     if keyed:
-        card["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
-                                              "description": "The daemon's API key"}}
+        # One scheme in both generations' shapes, as a2a-sdk's own server writes it: 0.3 reads
+        # `type` and `scheme` and `security`, 1.0 the `httpAuthSecurityScheme` member and
+        # `securityRequirements`; each ignores the other's fields.
+        described = {"description": "The daemon's API key"}
+        card["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer", **described,
+                                              "httpAuthSecurityScheme": {"scheme": "Bearer", **described}}}
         card["security"] = [{"bearer": []}]
+        card["securityRequirements"] = [{"schemes": {"bearer": {"list": []}}}]
     return card
 
 

@@ -103,9 +103,19 @@ def test_keyed_daemon_card_is_public_and_names_the_scheme_but_calls_need_the_key
     _, b = pair
     card = requests.get(f"{b.url}/.well-known/agent-card.json", timeout=10)
     assert card.status_code == 200
-    assert card.json()["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer",
-                                                         "description": "The daemon's API key"}}
+    described = {"description": "The daemon's API key"}
+    assert card.json()["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer", **described,
+                                                         "httpAuthSecurityScheme": {"scheme": "Bearer", **described}}}
     assert card.json()["security"] == [{"bearer": []}]
+    assert card.json()["securityRequirements"] == [{"schemes": {"bearer": {"list": []}}}]
+    # A2A 1.0's schema (protobuf JSON, unknown fields ignored as a 1.0 client reads a card)
+    # reads the scheme and the requirement.
+    from a2a.types import a2a_pb2 as pb
+    from google.protobuf.json_format import ParseDict
+
+    parsed = ParseDict(card.json(), pb.AgentCard(), ignore_unknown_fields=True)
+    assert parsed.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+    assert list(parsed.security_requirements[0].schemes) == ["bearer"]
     assert requests.get(f"{b.url}/a2a/agents/bee/.well-known/agent-card.json", timeout=10).status_code == 200
     body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": user("hi")}}
     for path in ("/a2a", "/a2a/agents/bee"):

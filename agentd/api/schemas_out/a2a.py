@@ -98,5 +98,7 @@ class AgentCardSchema(Out):
     defaultInputModes = _strings()  # noqa: N815
     defaultOutputModes = _strings()  # noqa: N815
     skills = req(ma.List(ma.Nested(AgentSkillSchema)))
-    securitySchemes = ma.Dict(metadata={"description": "With an API key: how to present it"})  # noqa: N815
-    security = ma.List(ma.Dict())
+    securitySchemes = ma.Dict(metadata={"description": "With an API key: how to present it (A2A 0.3 and 1.0 "  # noqa: N815
+                                                       "fields in one scheme)"})
+    security = ma.List(ma.Dict(), metadata={"description": "A2A 0.3's requirement"})
+    securityRequirements = ma.List(ma.Dict(), metadata={"description": "A2A 1.0's requirement"})  # noqa: N815
