@@ -997,7 +997,7 @@ def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key
             self.deleted.append((job_id, by))
 
     class KeyRuns:
-        def acting(self, key_id, scope="manage"):
+        def acting(self, key_id, scope=None):
             return f"principal of {key_id}"
 
     class A2A:
@@ -1005,10 +1005,10 @@ def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key
             return f"http://{name}.example"
 
         def endpoint(self, url, get, check):
-            return url + "/a2a"
+            return url + "/a2a", "1.0"
 
-        def send(self, endpoint, message, context, post, check):
-            return f"{endpoint} answered {message}"
+        def send(self, endpoint, message, context, post, check, version):
+            return f"{endpoint} answered {message} in {version}"
 
     cron = Cron()
     mgr = env.manager(cron=cron, key_runs=KeyRuns(), a2a=A2A())
@@ -1018,7 +1018,7 @@ def test_tools_reach_the_daemons_cron_jobs_and_a2a_client_acting_as_the_runs_key
         "tool said: removed scheduled task j1 (nightly)"
     assert cron.deleted == [("j1", "principal of k1")], "BUG: the job was changed by someone else than the run's key"
     assert run(mgr, h, '[[tool:a2a_send {"agent_name": "remote", "message": "hi"}]]').response == \
-        "tool said: http://remote.example/a2a answered hi"
+        "tool said: http://remote.example/a2a answered hi in 1.0"
 
 
 def test_a_failed_run_keeps_the_user_turns_images(env, mgr) -> None:
