@@ -490,11 +490,17 @@ def test_a_lease_claimed_again_while_the_heartbeat_renews_the_old_one_stays_held
 
     reclaimed: list[bool] = []
     held = HeldLeases(Reconfigured(store, "A"), ClusterSettings("A", lease_secs=30))
-    assert held.claim("channel:telegram") is True
+    assert held.claim("channel:telegram") is True and held.claim("channel:zulip") is True
+    # Renewed after telegram's: zulip ran out and another daemon took it meanwhile.
+    with orm.db_session:
+        store.db.execute("UPDATE cluster_leases SET expires_at = $x WHERE name = 'channel:zulip'",
+                         {"x": time.time() - 1})
+    assert Leases(store, "B").acquire("channel:zulip", 30) is not None
     with caplog.at_level(logging.WARNING, logger="agentd.cluster"):
         held.renew()
-    assert reclaimed == [True] and caplog.records == []
+    assert reclaimed == [True] and [r.getMessage() for r in caplog.records] == ["lease channel:zulip lost"]
     assert held.holds("channel:telegram") and held.holder("channel:telegram") == "A"
+    assert held.names() == ["channel:telegram"]
     held.release("channel:telegram")  # the new lease is the one handed back: free for the others
     assert held.holder("channel:telegram") is None
 
