@@ -109,6 +109,31 @@ def test_page_newest_first_with_total_offset_and_limit(mem) -> None:  # type: ig
     assert ids(memory.page("a", 10, 0)["memories"]) == [made[0], made[3], made[2], made[1], made[4]]
 
 
+def test_a_page_for_a_session_label_leaves_out_other_peoples_exchanges(mem) -> None:  # type: ignore[no-untyped-def]
+    memory, emb, _ = mem
+    made: dict[str, str] = {}
+    for i, (name, source, scope, owner) in enumerate([
+            ("own", "conversation", "episodic", "key:k1"), ("person", "conversation", "episodic", "key:k1:user:ann"),
+            ("longer", "conversation", "episodic", "key:k12"), ("agent", "conversation", "episodic", ""),
+            ("user", "conversation", "episodic", "user:bob"), ("ownerless", "conversation", "episodic", None),
+            ("fact", "user_provided", "episodic", "key:k12"), ("kept", "conversation", "semantic", "key:k12"),
+            ("zoe", "conversation", "episodic", "user:zo\u00eb"), ("zoe2", "conversation", "episodic", "user:zo\u00eb2")]):
+        emb.vectors[name] = unit(*([0] * i), 1) if i < 8 else unit(*([0] * (i - 8)), 1, -1)  # none alike
+        metadata = {"session_id": "s"} if owner is None else {"owner": owner}
+        made[memory.remember("a", name, source=source, scope=scope, metadata=metadata)["id"]] = name
+
+    def seen(owner: str | None) -> list[str]:
+        page = memory.page("a", 20, 0, owner)
+        assert page["total"] == len(page["memories"])
+        return sorted(made[m["id"]] for m in page["memories"])
+
+    assert seen("key:k1") == ["fact", "kept", "own", "ownerless", "person"]
+    assert seen("key:k12") == ["fact", "kept", "longer", "ownerless"]
+    assert seen("user:zo\u00eb") == ["fact", "kept", "ownerless", "zoe"]
+    assert seen(None) == sorted(made.values())
+    assert memory.page("a", 2, 1, "key:k1")["total"] == 5 and len(memory.page("a", 2, 4, "key:k1")["memories"]) == 1
+
+
 def test_empty_agent_recalls_nothing_without_embedding(mem) -> None:  # type: ignore[no-untyped-def]
     memory, emb, _ = mem
     assert memory.recall("a", "anything") == [] and emb.calls == []
