@@ -1128,9 +1128,9 @@ def test_a_key_clears_only_its_own_sessions(d: Daemon) -> None:
     assert d.delete(f"/api/sessions/{others[3]}").status_code == 200  # of any agent
 
 
-def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemon) -> None:
-    agent_id, _ = spawn(d, "recall")
-    key, other = new_key(d), new_key(d)
+def tell_pets(d: Daemon, agent_id: str, key: dict[str, Any], other: dict[str, Any]) -> None:
+    """Four exchanges remembered, one of each owner (the key, its person ann, another key, the
+    admin's person bo), and one agent-wide fact; back once all five are stored."""
     for who, extra, text in [(key, {}, "the key's own pet is a parrot"), (key, {"user": "ann"}, "ann's pet is a cat"),
                              (other, {}, "the other key's pet is a dog"), (None, {"user": "bo"}, "bo's pet is a fish")]:
         r = (as_key(d, who, "POST", f"/api/agents/{agent_id}/message", json={"message": text, **extra}) if who
@@ -1139,6 +1139,12 @@ def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemo
     assert d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": "every pet here is fed at noon"}
                   ).status_code == 201
     wait_until(lambda: d.get(f"/api/memory/agents/{agent_id}/memories").json()["total"] == 5, "the exchanges stored")
+
+
+def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemon) -> None:
+    agent_id, _ = spawn(d, "recall")
+    key, other = new_key(d), new_key(d)
+    tell_pets(d, agent_id, key, other)
     query = {"query": "which pet", "limit": 10, "min_score": 0}
 
     def recalled(who: dict[str, Any] | None) -> set[str]:
@@ -1155,17 +1161,9 @@ def test_a_keys_recall_sees_only_its_own_exchanges_and_agent_wide_facts(d: Daemo
 
 def test_a_key_lists_exports_and_reaches_only_its_own_exchanges_and_agent_wide_facts(d: Daemon) -> None:
     agent_id, _ = spawn(d, "listing")
-    key = new_key(d, scopes=["read", "message", "manage"])
-    other = new_key(d)
-    for who, extra, text in [(key, {}, "my pet is a parrot"), (key, {"user": "ann"}, "ann's pet is a cat"),
-                             (other, {}, "the other key's pet is a dog"), (None, {"user": "bo"}, "bo's pet is a fish")]:
-        r = (as_key(d, who, "POST", f"/api/agents/{agent_id}/message", json={"message": text, **extra}) if who
-             else d.post(f"/api/agents/{agent_id}/message", json={"message": text, **extra}))
-        assert r.status_code == 200, r.text
-    assert d.post(f"/api/memory/agents/{agent_id}/memories", json={"content": "every pet here is fed at noon"}
-                  ).status_code == 201
+    key, other = new_key(d, scopes=["read", "message", "manage"]), new_key(d)
+    tell_pets(d, agent_id, key, other)
     base = f"/api/memory/agents/{agent_id}"
-    wait_until(lambda: d.get(f"{base}/memories").json()["total"] == 5, "the exchanges stored")
     pets = ("parrot", "cat", "dog", "fish", "noon")
 
     def pet(text: str) -> str:
