@@ -146,8 +146,7 @@ def add_custom():
 @bp.delete("/api/models/custom/<path:model_id>")
 @doc("Remove a custom model", tags="models", response=out.ModelRemovedSchema)
 def remove_custom(model_id: str):
-    kernel().custom_models.remove(model_id)
-    return jsonify({"status": "removed", "model_id": model_id})
+    return jsonify({"status": "removed", "model_id": kernel().custom_models.remove(model_id)})
 
 
 # -- providers ------------------------------------------------------------------------

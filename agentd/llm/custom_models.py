@@ -38,13 +38,16 @@ class CustomModels:
             self.store.set_setting(SETTING, stored)
         return data["id"]
 
-    def remove(self, model_id: str) -> None:
-        """Remove a custom model; 404 for unknown or built-in ids."""
+    def remove(self, model_id: str) -> str:
+        """Remove a custom model (its id in any case, as GET finds it) and say its id; 404 for
+        unknown or built-in ids."""
         with self._lock:
+            model_id = next((m.id for m in self.catalog.custom_models() if m.id.lower() == model_id.lower()), model_id)
             if not self.catalog.remove_custom(model_id):
                 raise NotFound(f"custom model not found: {model_id}")
             stored = [m for m in self.store.get_setting(SETTING, []) or [] if m["id"] != model_id]
             self.store.set_setting(SETTING, stored)
+        return model_id
 
     def follow(self) -> None:
         """Make the catalog's custom models match the stored ones, which another daemon on a

@@ -150,7 +150,11 @@ class StepRunner:
 
     @staticmethod
     def _step_error(index: int, step: dict[str, Any], message: str) -> str:
-        return f"step {index + 1} ({step['name']!r}) failed: {message}"
+        label = f"step {index + 1}"
+        # A step without a name of its own was given its label as one: do not say it twice.
+        if step["name"] != label:
+            label += f" ({step['name']!r})"
+        return f"{label} failed: {message}"
 
     def _single(self, run: RunState, index: int) -> str | None:
         step = run.workflow["steps"][index]

@@ -433,6 +433,9 @@ def test_a_step_times_out_and_its_agent_run_is_cancelled(engine, agents) -> None
     body = engine.run(skip, "passed")
     assert (body["status"], body["output"]) == ("completed", "passed")
     assert records(engine, body)[0]["error"] == "timed out after 1s"
+    # A step named by its label alone is not named twice.
+    unnamed = flow(engine, {"agent_name": "slow", "timeout_secs": 1}, name="u")
+    assert engine.run(unnamed, "x")["error"] == "step 1 failed: timed out after 1s"
 
 
 def test_missing_and_killed_agents(engine, agents) -> None:
