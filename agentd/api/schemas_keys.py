@@ -10,6 +10,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, post_load, valid
 
 from agentd.apikeys import SCOPES
 from agentd.errors import BadRequest
+from agentd.jsonsafe import NUL_MESSAGE, holds_nul
 from agentd.schema_fields import StrictBoolean, StrictFloat, WholeNumber
 
 KEY_NAME = r"^[A-Za-z0-9][A-Za-z0-9 _.@-]{0,63}$"
@@ -34,6 +35,11 @@ def _name(required: bool = False) -> fields.Field:
         metadata={"description": "A unique name (audit records and usage name the key by it)", "pattern": KEY_NAME})
 
 
+def _no_nul(value: str) -> None:
+    if holds_nul(value):
+        raise ValidationError(NUL_MESSAGE)
+
+
 def _scopes(required: bool = False) -> fields.Field:
     return fields.List(fields.String(validate=validate.OneOf(SCOPES)), required=required,
                        validate=validate.Length(min=1),
@@ -46,7 +52,7 @@ class _KeyFields(Schema):
 
     name = _name()
     scopes = _scopes()
-    agents = fields.List(fields.String(validate=validate.Length(min=1, max=200)), allow_none=True,
+    agents = fields.List(fields.String(validate=[validate.Length(min=1, max=200), _no_nul]), allow_none=True,
                          metadata={"description": "Agent ids or name patterns (`support-*`) the key may reach; "
                                                   "empty or absent: every agent"})
     budget_usd_per_day = StrictFloat(allow_none=True, validate=validate.Range(min=0, max=1e9), metadata={

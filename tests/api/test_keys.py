@@ -106,13 +106,17 @@ def test_bad_bodies_and_unknown_keys(d: Daemon) -> None:
                       ({"name": "x", "scopes": ["root"]}, "scopes"), ({"name": "x", "scopes": []}, "scopes"),
                       ({"name": "x", "scopes": ["read"], "budget_usd_per_day": -1}, "budget_usd_per_day"),
                       ({"name": "x", "scopes": ["read"], "expires_at": "soon"}, "expires_at"),
-                      ({"name": "x", "scopes": ["read"], "colour": "red"}, "colour")]:
+                      ({"name": "x", "scopes": ["read"], "colour": "red"}, "colour"),
+                      # What PostgreSQL cannot store is refused on every backend.
+                      ({"name": "x", "scopes": ["read"], "agents": ["x\x00y"]}, "NUL character")]:
         r = d.post("/api/keys", json=bad)
         assert r.status_code == 400 and word in r.json()["error"], (bad, r.text)
     key = new_key(d, scopes=["read", "message", "read"], agents=["a-*", "a-*"])
     assert key["scopes"] == ["read", "message"] and key["agents"] == ["a-*"]
     patched = d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"scopes": ["manage", "manage"]}).json()
     assert patched["scopes"] == ["manage"]
+    r = d.http.patch(f"{d.url}/api/keys/{key['id']}", json={"agents": ["a\x00b"]})
+    assert r.status_code == 400 and "NUL character" in r.json()["error"], r.text
     again = d.post("/api/keys", json={"name": key["name"], "scopes": ["read"]})
     assert again.status_code == 409 and key["name"] in again.json()["error"]
     for method in ("GET", "PATCH", "DELETE"):
